@@ -1,0 +1,119 @@
+//! Byte buffers that either own their memory or borrow it from an owner kept alive beside them
+//! (a memory-mapped numpy array handed over from Python), so weights reach the kernels without a
+//! copy.
+
+use std::sync::Arc;
+
+/// An immutable run of bytes with its owner. Cloning shares the owner, never the bytes.
+#[derive(Clone)]
+pub struct Buffer {
+    ptr: *const u8,
+    len: usize,
+    _owner: Arc<dyn Send + Sync>,
+}
+
+// SAFETY: the bytes are immutable for the buffer's lifetime and the owner is Send + Sync, so
+// sharing the pointer across threads is as safe as sharing the owner.
+unsafe impl Send for Buffer {}
+// SAFETY: as above; nothing mutates through a Buffer.
+unsafe impl Sync for Buffer {}
+
+/// Owned storage aligned to 64 bytes (a cache line), for data the engine repacks itself.
+struct Aligned(Vec<CacheLine>);
+
+/// One 64-byte, 64-aligned line of storage.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct CacheLine([u8; 64]);
+
+impl Buffer {
+    /// Copy `bytes` into a new 64-byte-aligned buffer that owns them.
+    pub fn from_bytes(bytes: &[u8]) -> Buffer {
+        let mut store = vec![CacheLine([0u8; 64]); bytes.len().div_ceil(64)];
+        // SAFETY: `store` holds at least bytes.len() bytes, and the regions do not overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), store.as_mut_ptr() as *mut u8, bytes.len())
+        };
+        let ptr = store.as_ptr() as *const u8;
+        Buffer {
+            ptr,
+            len: bytes.len(),
+            _owner: Arc::new(Aligned(store)),
+        }
+    }
+
+    /// A buffer of f32 values (copied), for tests and small tensors.
+    pub fn from_f32(values: &[f32]) -> Buffer {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Buffer::from_bytes(&bytes)
+    }
+
+    /// Borrow `len` bytes at `ptr`, kept valid by `owner`.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be readable and unchanged for as long as `owner` lives.
+    pub unsafe fn borrowed(ptr: *const u8, len: usize, owner: Arc<dyn Send + Sync>) -> Buffer {
+        Buffer {
+            ptr,
+            len,
+            _owner: owner,
+        }
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        if self.len == 0 {
+            return &[];
+        }
+        // SAFETY: the constructor's contract keeps ptr..ptr+len readable while the owner lives,
+        // and the owner lives as long as self.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when the buffer holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Address of the first byte (for zero-copy checks).
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Buffer({} bytes at {:p})", self.len, self.ptr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn owned_copy_is_aligned_and_equal() {
+        let data: Vec<u8> = (0..200u8).collect();
+        let b = Buffer::from_bytes(&data);
+        assert_eq!(b.as_slice(), &data[..]);
+        assert_eq!(b.as_ptr() as usize % 64, 0);
+        let c = b.clone();
+        assert_eq!(c.as_ptr(), b.as_ptr());
+    }
+
+    #[test]
+    fn borrowed_keeps_owner_alive() {
+        let owner: Arc<Vec<u8>> = Arc::new(vec![1, 2, 3]);
+        let ptr = owner.as_ptr();
+        // SAFETY: the Vec is never mutated and is kept alive by the Arc we hand over.
+        let b = unsafe { Buffer::borrowed(ptr, 3, owner.clone()) };
+        drop(owner);
+        assert_eq!(b.as_slice(), &[1, 2, 3]);
+        assert_eq!(b.as_ptr(), ptr);
+    }
+}

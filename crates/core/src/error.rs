@@ -1,0 +1,70 @@
+//! The one error type of the Rust side, with `bail!`/`ensure!` helpers. Each variant maps to one
+//! Python exception class in the bindings crate.
+
+use thiserror::Error as ThisError;
+
+/// Everything that can go wrong below Python.
+#[derive(Debug, ThisError)]
+pub enum Error {
+    /// A tensor or buffer whose size or shape does not fit what it claims to be.
+    #[error("shape mismatch: {0}")]
+    Shape(String),
+    /// A weight format or model feature the engine does not implement.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// A model file (or the tensors it describes) is malformed.
+    #[error("bad model file: {0}")]
+    ModelFile(String),
+    /// A token id outside the vocabulary.
+    #[error("token id out of range: {0}")]
+    Token(String),
+    /// More tokens than the context window holds.
+    #[error("context overflow: {0}")]
+    ContextOverflow(String),
+    /// A plan or neuron table that does not fit the model it is used with.
+    #[error("plan mismatch: {0}")]
+    Plan(String),
+    /// Anything else (a bug, a failed thread pool, ...), with context.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Result with the crate's [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Return early with an error variant built from a format string:
+/// `bail!(Shape, "rows {} != {}", a, b)`.
+#[macro_export]
+macro_rules! bail {
+    ($kind:ident, $($arg:tt)*) => {
+        return Err($crate::Error::$kind(format!($($arg)*)))
+    };
+}
+
+/// `ensure!(cond, Kind, "message {}", x)`: bail with that error unless `cond` holds.
+#[macro_export]
+macro_rules! ensure {
+    ($cond:expr, $kind:ident, $($arg:tt)*) => {
+        if !$cond {
+            $crate::bail!($kind, $($arg)*);
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(n: usize) -> Result<usize> {
+        ensure!(n < 4, Shape, "n = {n} is not < 4");
+        Ok(n)
+    }
+
+    #[test]
+    fn ensure_returns_the_named_variant() {
+        assert_eq!(check(3).unwrap(), 3);
+        let err = check(5).unwrap_err();
+        assert!(matches!(err, Error::Shape(_)));
+        assert_eq!(err.to_string(), "shape mismatch: n = 5 is not < 4");
+    }
+}

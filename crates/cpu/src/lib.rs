@@ -1,0 +1,1 @@
+//! CPU kernels (placeholder until the kernel work lands).
