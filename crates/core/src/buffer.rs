@@ -19,7 +19,7 @@ unsafe impl Send for Buffer {}
 unsafe impl Sync for Buffer {}
 
 /// Owned storage aligned to 64 bytes (a cache line), for data the engine repacks itself.
-struct Aligned(Vec<CacheLine>);
+struct Aligned(#[allow(dead_code)] Vec<CacheLine>);
 
 /// One 64-byte, 64-aligned line of storage.
 #[derive(Clone, Copy)]

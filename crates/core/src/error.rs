@@ -24,6 +24,9 @@ pub enum Error {
     /// A plan or neuron table that does not fit the model it is used with.
     #[error("plan mismatch: {0}")]
     Plan(String),
+    /// The caller asked to stop (Ctrl-C) between two chunks of work.
+    #[error("interrupted")]
+    Interrupted,
     /// Anything else (a bug, a failed thread pool, ...), with context.
     #[error("{0}")]
     Other(String),

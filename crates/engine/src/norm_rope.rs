@@ -1,0 +1,91 @@
+//! RMSNorm and rotary position embeddings (both pairings), on f32 rows.
+
+use powerinfer_core::RopeStyle;
+
+/// `out = x / sqrt(mean(x²) + eps) * w`, one row.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let ss: f64 = x.iter().map(|&v| (v as f64) * (v as f64)).sum();
+    let scale = (1.0 / (ss / x.len() as f64 + eps as f64).sqrt()) as f32;
+    for ((o, &v), &g) in out.iter_mut().zip(x).zip(w) {
+        *o = v * scale * g;
+    }
+}
+
+/// Rotary embedding tables for one position: cos and sin of `pos · θ^(−2i/head_dim)`.
+pub struct RopeAngles {
+    pub cos: Vec<f32>,
+    pub sin: Vec<f32>,
+}
+
+impl RopeAngles {
+    /// Angles for position `pos` (computed in f64: positions reach tens of thousands of rad).
+    pub fn new(pos: usize, head_dim: usize, theta: f32) -> RopeAngles {
+        let half = head_dim / 2;
+        let (mut cos, mut sin) = (Vec::with_capacity(half), Vec::with_capacity(half));
+        for i in 0..half {
+            let inv_freq = (theta as f64).powf(-2.0 * i as f64 / head_dim as f64);
+            let a = pos as f64 * inv_freq;
+            cos.push(a.cos() as f32);
+            sin.push(a.sin() as f32);
+        }
+        RopeAngles { cos, sin }
+    }
+}
+
+/// Rotate every head of `x` (heads × head_dim, contiguous) in place.
+pub fn apply_rope(x: &mut [f32], head_dim: usize, angles: &RopeAngles, style: RopeStyle) {
+    let half = head_dim / 2;
+    for head in x.chunks_exact_mut(head_dim) {
+        for i in 0..half {
+            let (a, b) = match style {
+                RopeStyle::Norm => (2 * i, 2 * i + 1),
+                RopeStyle::Neox => (i, i + half),
+            };
+            let (x0, x1) = (head[a], head[b]);
+            let (c, s) = (angles.cos[i], angles.sin[i]);
+            head[a] = x0 * c - x1 * s;
+            head[b] = x0 * s + x1 * c;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_matches_definition() {
+        let x = [1.0f32, -2.0, 3.0];
+        let w = [1.0f32, 0.5, 2.0];
+        let mut out = [0.0f32; 3];
+        rms_norm(&x, &w, 1e-6, &mut out);
+        let r = ((1.0 + 4.0 + 9.0) / 3.0f64 + 1e-6).sqrt();
+        for i in 0..3 {
+            assert!((out[i] as f64 - x[i] as f64 / r * w[i] as f64).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn rope_styles_agree_under_permutation() {
+        // Neox on [a0..a3, b0..b3] equals Norm on the interleaved [a0,b0,a1,b1,...].
+        let hd = 8;
+        let ang = RopeAngles::new(37, hd, 10000.0);
+        let neox_in: Vec<f32> = (0..hd).map(|i| i as f32 * 0.3 - 1.0).collect();
+        let mut norm_in = vec![0.0; hd];
+        for i in 0..hd / 2 {
+            norm_in[2 * i] = neox_in[i];
+            norm_in[2 * i + 1] = neox_in[i + hd / 2];
+        }
+        let (mut a, mut b) = (neox_in.clone(), norm_in);
+        apply_rope(&mut a, hd, &ang, RopeStyle::Neox);
+        apply_rope(&mut b, hd, &ang, RopeStyle::Norm);
+        for i in 0..hd / 2 {
+            assert!((a[i] - b[2 * i]).abs() < 1e-6);
+            assert!((a[i + hd / 2] - b[2 * i + 1]).abs() < 1e-6);
+        }
+        // Rotation keeps the norm.
+        let n0: f32 = neox_in.iter().map(|v| v * v).sum();
+        let n1: f32 = a.iter().map(|v| v * v).sum();
+        assert!((n0 - n1).abs() < 1e-4);
+    }
+}

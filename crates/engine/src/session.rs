@@ -1,0 +1,131 @@
+//! A [`Session`]: a model shared by reference, its own KV cache and thread pool, and the
+//! prefill/decode entry points.
+
+use std::sync::Arc;
+
+use powerinfer_core::{Error, Result};
+
+use crate::forward::{forward, Logits, Scratch};
+use crate::kv_cache::KvCache;
+use crate::weights::ModelWeights;
+
+/// Tokens per prefill chunk: bounds scratch memory while keeping matrix-matrix batches.
+pub const PREFILL_CHUNK: usize = 256;
+
+/// One conversation's state over a shared model.
+pub struct Session {
+    model: Arc<ModelWeights>,
+    cache: KvCache,
+    scratch: Scratch,
+    pool: rayon::ThreadPool,
+}
+
+impl Session {
+    /// A fresh session with `threads` worker threads (0 = one per core) and room for `n_ctx`
+    /// positions (capped at the model's context).
+    pub fn new(model: Arc<ModelWeights>, threads: usize, n_ctx: usize) -> Result<Session> {
+        let c = &model.config;
+        let n_ctx = if n_ctx == 0 { c.max_context } else { n_ctx.min(c.max_context) };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("powerinfer-{i}"))
+            .build()
+            .map_err(|e| Error::Other(format!("could not start {threads} threads: {e}")))?;
+        let cache = KvCache::new(c.n_layers, c.kv_dim(), n_ctx);
+        Ok(Session {
+            model,
+            cache,
+            scratch: Scratch::default(),
+            pool,
+        })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &ModelWeights {
+        &self.model
+    }
+
+    /// Positions in the KV cache.
+    pub fn n_past(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Context size in positions.
+    pub fn n_ctx(&self) -> usize {
+        self.cache.capacity()
+    }
+
+    /// Worker threads.
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// Forget everything (a fresh context).
+    pub fn reset(&mut self) {
+        self.cache.truncate(0);
+    }
+
+    /// Keep only the first `n` positions.
+    pub fn truncate(&mut self, n: usize) {
+        self.cache.truncate(n);
+    }
+
+    /// Bytes held by the KV cache.
+    pub fn kv_cache_bytes(&self) -> usize {
+        self.cache.allocated_bytes()
+    }
+
+    /// Feed `tokens` after the cached context, in chunks of [`PREFILL_CHUNK`]; returns the last
+    /// token's logits, or every token's when `which` is [`Logits::All`]. The `between` callback
+    /// runs between chunks and may abort (e.g. on Ctrl-C) by returning an error; on any error
+    /// the cache is rolled back to where it was.
+    pub fn feed(
+        &mut self,
+        tokens: &[u32],
+        which: Logits,
+        mut between: impl FnMut() -> Result<()>,
+    ) -> Result<Vec<f32>> {
+        let start = self.cache.len();
+        let out = self.feed_inner(tokens, which, &mut between);
+        if out.is_err() {
+            self.cache.truncate(start);
+        }
+        out
+    }
+
+    fn feed_inner(
+        &mut self,
+        tokens: &[u32],
+        which: Logits,
+        between: &mut impl FnMut() -> Result<()>,
+    ) -> Result<Vec<f32>> {
+        powerinfer_core::ensure!(!tokens.is_empty(), Shape, "no tokens to feed");
+        let need = self.cache.len() + tokens.len();
+        powerinfer_core::ensure!(
+            need <= self.cache.capacity(),
+            ContextOverflow,
+            "{} cached + {} new tokens exceed the context of {} tokens",
+            self.cache.len(),
+            tokens.len(),
+            self.cache.capacity()
+        );
+        let mut all = Vec::new();
+        let mut last = Vec::new();
+        let n_chunks = tokens.len().div_ceil(PREFILL_CHUNK);
+        for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+            let (model, cache, scratch) = (&*self.model, &mut self.cache, &mut self.scratch);
+            let logits = self.pool.install(|| forward(model, cache, scratch, chunk, which))?;
+            match which {
+                Logits::All => all.extend_from_slice(&logits),
+                Logits::Last => last = logits,
+            }
+            if i + 1 < n_chunks {
+                between()?;
+            }
+        }
+        Ok(match which {
+            Logits::All => all,
+            Logits::Last => last,
+        })
+    }
+}

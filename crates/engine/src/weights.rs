@@ -1,0 +1,134 @@
+//! The model's weights grouped per layer, built from canonical tensor names
+//! (`token_embd`, `output`, `output_norm`, `blk.N.attn_q`, ... as the Python loaders name them)
+//! and checked against the config.
+
+use std::collections::HashMap;
+
+use powerinfer_core::{bail, ensure, ModelConfig, Result, Weight};
+
+/// One decoder layer.
+#[derive(Clone, Debug)]
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    pub wq: Weight,
+    pub wk: Weight,
+    pub wv: Weight,
+    pub wo: Weight,
+    pub ffn_norm: Vec<f32>,
+    pub w_gate: Weight,
+    pub w_up: Weight,
+    pub w_down: Weight,
+}
+
+/// All weights of a llama-style model, plus its config.
+#[derive(Clone, Debug)]
+pub struct ModelWeights {
+    pub config: ModelConfig,
+    pub token_embd: Weight,
+    pub output: Weight,
+    pub output_norm: Vec<f32>,
+    pub layers: Vec<LayerWeights>,
+}
+
+/// Take a tensor out of the map and check its shape.
+fn take(
+    map: &mut HashMap<String, Weight>,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<Weight> {
+    let Some(w) = map.remove(name) else {
+        bail!(ModelFile, "missing tensor {name}");
+    };
+    ensure!(
+        w.rows == rows && w.cols == cols,
+        Shape,
+        "tensor {name} is {} x {}, the config implies {rows} x {cols}",
+        w.rows,
+        w.cols
+    );
+    Ok(w)
+}
+
+/// A norm vector as f32, whatever its stored format.
+fn take_vector(map: &mut HashMap<String, Weight>, name: &str, len: usize) -> Result<Vec<f32>> {
+    let w = take(map, name, 1, len)?;
+    let mut out = vec![0.0f32; len];
+    powerinfer_cpu::dequantize_row(w.dtype, w.row(0), &mut out)?;
+    ensure!(
+        out.iter().all(|v| v.is_finite()),
+        ModelFile,
+        "tensor {name} holds non-finite values"
+    );
+    Ok(out)
+}
+
+impl ModelWeights {
+    /// Group `tensors` (canonical names) into layers, checking every shape against `config`.
+    /// `output` may be absent, in which case the embedding table is used (tied embeddings).
+    pub fn from_tensors(
+        config: ModelConfig,
+        mut tensors: HashMap<String, Weight>,
+    ) -> Result<ModelWeights> {
+        config.validate()?;
+        let c = &config;
+        let token_embd = take(&mut tensors, "token_embd", c.vocab_size, c.dim)?;
+        let output = match tensors.contains_key("output") {
+            true => take(&mut tensors, "output", c.vocab_size, c.dim)?,
+            false => token_embd.clone(),
+        };
+        let output_norm = take_vector(&mut tensors, "output_norm", c.dim)?;
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for i in 0..c.n_layers {
+            let mut t = |name: &str, rows: usize, cols: usize| {
+                take(&mut tensors, &format!("blk.{i}.{name}"), rows, cols)
+            };
+            let wq = t("attn_q", c.q_dim(), c.dim)?;
+            let wk = t("attn_k", c.kv_dim(), c.dim)?;
+            let wv = t("attn_v", c.kv_dim(), c.dim)?;
+            let wo = t("attn_output", c.dim, c.q_dim())?;
+            let w_gate = t("ffn_gate", c.ffn_dim, c.dim)?;
+            let w_up = t("ffn_up", c.ffn_dim, c.dim)?;
+            let w_down = t("ffn_down", c.dim, c.ffn_dim)?;
+            let attn_norm = take_vector(&mut tensors, &format!("blk.{i}.attn_norm"), c.dim)?;
+            let ffn_norm = take_vector(&mut tensors, &format!("blk.{i}.ffn_norm"), c.dim)?;
+            layers.push(LayerWeights {
+                attn_norm,
+                wq,
+                wk,
+                wv,
+                wo,
+                ffn_norm,
+                w_gate,
+                w_up,
+                w_down,
+            });
+        }
+        if let Some(extra) = tensors.keys().next() {
+            bail!(ModelFile, "unexpected tensor {extra} (not part of a {}-layer llama)", c.n_layers);
+        }
+        Ok(ModelWeights {
+            config,
+            token_embd,
+            output,
+            output_norm,
+            layers,
+        })
+    }
+
+    /// Weight bytes a decode step reads: every matrix once, one embedding row, the norms.
+    pub fn bytes_per_token(&self) -> usize {
+        let mats: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                    .iter()
+                    .map(|w| w.n_bytes())
+                    .sum::<usize>()
+                    + 8 * self.config.dim
+            })
+            .sum();
+        mats + self.output.n_bytes() + self.token_embd.row_bytes() + 4 * self.config.dim
+    }
+}

@@ -1,0 +1,43 @@
+"""powerinfer-rs: fast local LLM inference exploiting activation locality (after PowerInfer).
+
+A Rust core (the ``_core`` extension) runs the model; this package loads models (GGUF files and
+Hugging Face directories), tokenizes, samples and drives generation::
+
+    from powerinfer_rs import Engine
+    engine = Engine.from_pretrained()          # the default model, fetched once into a cache
+    print(engine.generate("The capital of France is", max_new_tokens=16, temperature=0))
+"""
+
+from __future__ import annotations
+
+from .engine import Engine, GenerationStats
+from .errors import (
+    ContextOverflowError,
+    CudaError,
+    InternalError,
+    ModelFileError,
+    PlanError,
+    PowerInferError,
+    ShapeError,
+    TokenError,
+    UnsupportedError,
+    VramBudgetError,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Engine",
+    "GenerationStats",
+    "PowerInferError",
+    "ModelFileError",
+    "UnsupportedError",
+    "ShapeError",
+    "TokenError",
+    "ContextOverflowError",
+    "PlanError",
+    "VramBudgetError",
+    "CudaError",
+    "InternalError",
+    "__version__",
+]

