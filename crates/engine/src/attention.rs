@@ -2,6 +2,9 @@
 
 use rayon::prelude::*;
 
+/// Multiply-adds below which attention runs on the calling thread.
+const PARALLEL_MIN_WORK: usize = 1 << 18;
+
 /// Shape of one attention call.
 pub struct AttnShape {
     pub n_heads: usize,
@@ -41,36 +44,46 @@ pub fn attention(
     let kv_dim = shape.n_kv_heads * hd;
     let group = shape.n_heads / shape.n_kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
-    out.par_chunks_mut(hd)
-        .enumerate()
-        .for_each_init(Vec::new, |scores, (idx, o)| {
-            let (t, h) = (idx / shape.n_heads, idx % shape.n_heads);
-            let kvh = h / group;
-            let qh = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
-            let n_pos = start + t + 1;
-            scores.clear();
-            let mut max = f32::NEG_INFINITY;
-            for p in 0..n_pos {
-                let k = &keys[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
-                let s = dot(qh, k) * scale;
-                max = max.max(s);
-                scores.push(s);
+    let one_head = |scores: &mut Vec<f32>, idx: usize, o: &mut [f32]| {
+        let (t, h) = (idx / shape.n_heads, idx % shape.n_heads);
+        let kvh = h / group;
+        let qh = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
+        let n_pos = start + t + 1;
+        scores.clear();
+        let mut max = f32::NEG_INFINITY;
+        for p in 0..n_pos {
+            let k = &keys[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
+            let s = dot(qh, k) * scale;
+            max = max.max(s);
+            scores.push(s);
+        }
+        let mut sum = 0.0f32;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            sum += *s;
+        }
+        let inv = 1.0 / sum;
+        o.fill(0.0);
+        for (p, &w) in scores.iter().enumerate() {
+            let v = &values[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
+            let w = w * inv;
+            for (oi, &vi) in o.iter_mut().zip(v) {
+                *oi += w * vi;
             }
-            let mut sum = 0.0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            let inv = 1.0 / sum;
-            o.fill(0.0);
-            for (p, &w) in scores.iter().enumerate() {
-                let v = &values[p * kv_dim + kvh * hd..p * kv_dim + (kvh + 1) * hd];
-                let w = w * inv;
-                for (oi, &vi) in o.iter_mut().zip(v) {
-                    *oi += w * vi;
-                }
-            }
-        });
+        }
+    };
+    // Multiply-adds of the whole call; below this a parallel region costs more than it saves.
+    let work = out.len() / hd * (start + out.len() / q_dim) * hd;
+    if work < PARALLEL_MIN_WORK {
+        let mut scores = Vec::new();
+        for (idx, o) in out.chunks_mut(hd).enumerate() {
+            one_head(&mut scores, idx, o);
+        }
+    } else {
+        out.par_chunks_mut(hd)
+            .enumerate()
+            .for_each_init(Vec::new, |scores, (idx, o)| one_head(scores, idx, o));
+    }
 }
 
 #[cfg(test)]
@@ -78,7 +91,14 @@ mod tests {
     use super::*;
 
     /// Straight f64 loops over the definition.
-    fn reference(shape: &AttnShape, q: &[f32], k: &[f32], v: &[f32], start: usize, n: usize) -> Vec<f64> {
+    fn reference(
+        shape: &AttnShape,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        start: usize,
+        n: usize,
+    ) -> Vec<f64> {
         let hd = shape.head_dim;
         let (qd, kd) = (shape.n_heads * hd, shape.n_kv_heads * hd);
         let g = shape.n_heads / shape.n_kv_heads;
@@ -89,7 +109,9 @@ mod tests {
                 let s: Vec<f64> = (0..=start + t)
                     .map(|p| {
                         (0..hd)
-                            .map(|i| q[t * qd + h * hd + i] as f64 * k[p * kd + kvh * hd + i] as f64)
+                            .map(|i| {
+                                q[t * qd + h * hd + i] as f64 * k[p * kd + kvh * hd + i] as f64
+                            })
                             .sum::<f64>()
                             / (hd as f64).sqrt()
                     })
@@ -107,13 +129,19 @@ mod tests {
         out
     }
 
-    #[test]
-    fn matches_reference_with_gqa() {
-        let shape = AttnShape { n_heads: 6, n_kv_heads: 2, head_dim: 10 };
-        let (start, n) = (5, 3);
+    fn check(start: usize, n: usize) {
+        let shape = AttnShape {
+            n_heads: 6,
+            n_kv_heads: 2,
+            head_dim: 10,
+        };
         let total = start + n;
         let gen = |len: usize, seed: u32| -> Vec<f32> {
-            (0..len).map(|i| (((i as u32 * 2654435761u32) ^ seed) % 1000) as f32 / 500.0 - 1.0).collect()
+            (0..len)
+                .map(|i| {
+                    (((i as u32).wrapping_mul(2654435761u32) ^ seed) % 1000) as f32 / 500.0 - 1.0
+                })
+                .collect()
         };
         let q = gen(n * 60, 1);
         let k = gen(total * 20, 2);
@@ -124,5 +152,16 @@ mod tests {
         for (a, b) in out.iter().zip(&r) {
             assert!((*a as f64 - b).abs() < 1e-5, "{a} vs {b}");
         }
+    }
+
+    #[test]
+    fn matches_reference_with_gqa_serial_path() {
+        check(5, 3);
+    }
+
+    #[test]
+    fn matches_reference_with_gqa_parallel_path() {
+        // 4 tokens x 6 heads x ~2000 positions x 10 is above PARALLEL_MIN_WORK.
+        check(2000, 4);
     }
 }

@@ -1,6 +1,6 @@
 //! One forward pass over a chunk of tokens: the dense llama layer loop.
 
-use powerinfer_core::{ensure, Result, Weight};
+use powerinfer_core::{ensure, Activation, Result, Weight};
 use powerinfer_cpu::{matmul, matvec};
 use rayon::prelude::*;
 
@@ -30,9 +30,31 @@ fn project(w: &Weight, x: &[f32], n: usize, y: &mut Vec<f32>) -> Result<()> {
 /// RMSNorm every row of `x` (n rows of `w.len()`) into `out`.
 fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
     out.resize(x.len(), 0.0);
+    if x.len() == w.len() {
+        // One token: not worth a parallel region.
+        rms_norm(x, w, eps, out);
+        return;
+    }
     out.par_chunks_mut(w.len())
         .zip(x.par_chunks(w.len()))
         .for_each(|(o, xr)| rms_norm(xr, w, eps, o));
+}
+
+/// `gate = act(gate) * up`, elementwise; parallel only when there is enough work.
+fn gated_activation(act: Activation, gate: &mut [f32], up: &[f32]) {
+    const CHUNK: usize = 16 * 1024;
+    let apply = |g: &mut [f32], u: &[f32]| {
+        g.iter_mut()
+            .zip(u)
+            .for_each(|(g, u)| *g = act.apply(*g) * u)
+    };
+    if gate.len() <= CHUNK {
+        apply(gate, up);
+    } else {
+        gate.par_chunks_mut(CHUNK)
+            .zip(up.par_chunks(CHUNK))
+            .for_each(|(g, u)| apply(g, u));
+    }
 }
 
 /// Scratch buffers reused across layers and calls.
@@ -63,7 +85,11 @@ pub fn forward(
     let n = tokens.len();
     ensure!(n > 0, Shape, "forward needs at least one token");
     if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-        powerinfer_core::bail!(Token, "token id {bad} is not below the vocabulary size {}", c.vocab_size);
+        powerinfer_core::bail!(
+            Token,
+            "token id {bad} is not below the vocabulary size {}",
+            c.vocab_size
+        );
     }
     let start = cache.len();
     cache.reserve(n)?;
@@ -89,8 +115,18 @@ pub fn forward(
         project(&layer.wk, &s.xn, n, &mut s.k)?;
         project(&layer.wv, &s.xn, n, &mut s.v)?;
         for t in 0..n {
-            apply_rope(&mut s.q[t * c.q_dim()..(t + 1) * c.q_dim()], c.head_dim, &angles[t], c.rope_style);
-            apply_rope(&mut s.k[t * c.kv_dim()..(t + 1) * c.kv_dim()], c.head_dim, &angles[t], c.rope_style);
+            apply_rope(
+                &mut s.q[t * c.q_dim()..(t + 1) * c.q_dim()],
+                c.head_dim,
+                &angles[t],
+                c.rope_style,
+            );
+            apply_rope(
+                &mut s.k[t * c.kv_dim()..(t + 1) * c.kv_dim()],
+                c.head_dim,
+                &angles[t],
+                c.rope_style,
+            );
         }
         cache.write(l, start, &s.k, &s.v);
         let (keys, values) = cache.layer(l, start + n);
@@ -102,11 +138,7 @@ pub fn forward(
         norm_rows(&s.x, &layer.ffn_norm, c.rms_eps, &mut s.xn);
         project(&layer.w_gate, &s.xn, n, &mut s.gate)?;
         project(&layer.w_up, &s.xn, n, &mut s.up)?;
-        let act = c.activation;
-        s.gate
-            .par_chunks_mut(4096)
-            .zip(s.up.par_chunks(4096))
-            .for_each(|(g, u)| g.iter_mut().zip(u).for_each(|(g, u)| *g = act.apply(*g) * u));
+        gated_activation(c.activation, &mut s.gate, &s.up);
         project(&layer.w_down, &s.gate, n, &mut s.down)?;
         s.x.iter_mut().zip(&s.down).for_each(|(x, d)| *x += d);
     }
@@ -116,7 +148,12 @@ pub fn forward(
         Logits::Last => (n - 1, 1),
         Logits::All => (0, n),
     };
-    norm_rows(&s.x[first * c.dim..], &model.output_norm, c.rms_eps, &mut s.xn);
+    norm_rows(
+        &s.x[first * c.dim..],
+        &model.output_norm,
+        c.rms_eps,
+        &mut s.xn,
+    );
     let mut logits = Vec::new();
     project(&model.output, &s.xn, n_out, &mut logits)?;
     Ok(logits)

@@ -54,7 +54,10 @@ impl KvCache {
             self.len,
             self.capacity
         );
-        let have = self.keys.first().map_or(0, |k| k.len() / self.kv_dim.max(1));
+        let have = self
+            .keys
+            .first()
+            .map_or(0, |k| k.len() / self.kv_dim.max(1));
         if need > have {
             let grow_to = (need.div_ceil(GROW_STEP) * GROW_STEP).min(self.capacity);
             for buf in self.keys.iter_mut().chain(self.values.iter_mut()) {

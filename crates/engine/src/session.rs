@@ -25,7 +25,11 @@ impl Session {
     /// positions (capped at the model's context).
     pub fn new(model: Arc<ModelWeights>, threads: usize, n_ctx: usize) -> Result<Session> {
         let c = &model.config;
-        let n_ctx = if n_ctx == 0 { c.max_context } else { n_ctx.min(c.max_context) };
+        let n_ctx = if n_ctx == 0 {
+            c.max_context
+        } else {
+            n_ctx.min(c.max_context)
+        };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("powerinfer-{i}"))
@@ -114,7 +118,9 @@ impl Session {
         let n_chunks = tokens.len().div_ceil(PREFILL_CHUNK);
         for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
             let (model, cache, scratch) = (&*self.model, &mut self.cache, &mut self.scratch);
-            let logits = self.pool.install(|| forward(model, cache, scratch, chunk, which))?;
+            let logits = self
+                .pool
+                .install(|| forward(model, cache, scratch, chunk, which))?;
             match which {
                 Logits::All => all.extend_from_slice(&logits),
                 Logits::Last => last = logits,

@@ -31,12 +31,7 @@ pub struct ModelWeights {
 }
 
 /// Take a tensor out of the map and check its shape.
-fn take(
-    map: &mut HashMap<String, Weight>,
-    name: &str,
-    rows: usize,
-    cols: usize,
-) -> Result<Weight> {
+fn take(map: &mut HashMap<String, Weight>, name: &str, rows: usize, cols: usize) -> Result<Weight> {
     let Some(w) = map.remove(name) else {
         bail!(ModelFile, "missing tensor {name}");
     };
@@ -105,7 +100,11 @@ impl ModelWeights {
             });
         }
         if let Some(extra) = tensors.keys().next() {
-            bail!(ModelFile, "unexpected tensor {extra} (not part of a {}-layer llama)", c.n_layers);
+            bail!(
+                ModelFile,
+                "unexpected tensor {extra} (not part of a {}-layer llama)",
+                c.n_layers
+            );
         }
         Ok(ModelWeights {
             config,

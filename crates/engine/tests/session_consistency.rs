@@ -1,0 +1,148 @@
+//! Whole-model checks on a tiny random model: batched prefill equals token-by-token decoding,
+//! chunked prefill equals one pass, and bad input is refused without touching the context.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use powerinfer_core::{Activation, Error, ModelConfig, RopeStyle, Weight};
+use powerinfer_engine::forward::Logits;
+use powerinfer_engine::{ModelWeights, Session};
+
+/// Relative tolerance between two computations of the same logits in f32.
+const TOL: f32 = 1e-4;
+
+fn config(activation: Activation) -> ModelConfig {
+    ModelConfig {
+        n_layers: 2,
+        dim: 64,
+        ffn_dim: 96,
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 16,
+        vocab_size: 50,
+        max_context: 600,
+        rms_eps: 1e-5,
+        rope_theta: 10000.0,
+        rope_style: RopeStyle::Norm,
+        activation,
+    }
+}
+
+/// Deterministic pseudo-random values in [-scale, scale).
+fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+fn model(activation: Activation) -> Arc<ModelWeights> {
+    let c = config(activation);
+    let mut t = HashMap::new();
+    let mut seed = 0;
+    let mut add = |name: String, rows: usize, cols: usize, scale: f32| {
+        seed += 1;
+        let w = Weight::from_f32(rows, cols, &values(rows * cols, seed, scale)).unwrap();
+        t.insert(name, w);
+    };
+    add("token_embd".into(), c.vocab_size, c.dim, 1.0);
+    add("output_norm".into(), 1, c.dim, 1.0);
+    for i in 0..c.n_layers {
+        let s = 1.0 / (c.dim as f32).sqrt();
+        add(format!("blk.{i}.attn_norm"), 1, c.dim, 1.0);
+        add(format!("blk.{i}.ffn_norm"), 1, c.dim, 1.0);
+        add(format!("blk.{i}.attn_q"), c.q_dim(), c.dim, s);
+        add(format!("blk.{i}.attn_k"), c.kv_dim(), c.dim, s);
+        add(format!("blk.{i}.attn_v"), c.kv_dim(), c.dim, s);
+        add(format!("blk.{i}.attn_output"), c.dim, c.q_dim(), s);
+        add(format!("blk.{i}.ffn_gate"), c.ffn_dim, c.dim, s);
+        add(format!("blk.{i}.ffn_up"), c.ffn_dim, c.dim, s);
+        add(format!("blk.{i}.ffn_down"), c.dim, c.ffn_dim, s);
+    }
+    Arc::new(ModelWeights::from_tensors(c, t).unwrap())
+}
+
+fn assert_close(a: &[f32], b: &[f32]) {
+    assert_eq!(a.len(), b.len());
+    let norm: f32 = b.iter().map(|v| v * v).sum::<f32>().sqrt();
+    let diff: f32 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y) * (x - y))
+        .sum::<f32>()
+        .sqrt();
+    assert!(diff <= TOL * norm, "relative difference {}", diff / norm);
+}
+
+fn no_check() -> powerinfer_core::Result<()> {
+    Ok(())
+}
+
+#[test]
+fn prefill_equals_token_by_token() {
+    for act in [Activation::Silu, Activation::Relu] {
+        let m = model(act);
+        let tokens: Vec<u32> = (0..300).map(|i| (i * 7 % 50) as u32).collect();
+        let mut batch = Session::new(m.clone(), 3, 0).unwrap();
+        // 300 tokens span two prefill chunks.
+        let all = batch.feed(&tokens, Logits::All, no_check).unwrap();
+        let mut single = Session::new(m.clone(), 2, 0).unwrap();
+        let vocab = m.config.vocab_size;
+        for (i, &t) in tokens.iter().enumerate() {
+            let last = single.feed(&[t], Logits::Last, no_check).unwrap();
+            assert_close(&last, &all[i * vocab..(i + 1) * vocab]);
+        }
+        assert_eq!(single.n_past(), 300);
+    }
+}
+
+#[test]
+fn bad_input_leaves_the_context_alone() {
+    let m = model(Activation::Silu);
+    let mut s = Session::new(m, 1, 10).unwrap();
+    s.feed(&[1, 2, 3], Logits::Last, no_check).unwrap();
+    assert!(matches!(
+        s.feed(&[1, 99], Logits::Last, no_check),
+        Err(Error::Token(_))
+    ));
+    assert!(matches!(
+        s.feed(&[1; 8], Logits::Last, no_check),
+        Err(Error::ContextOverflow(_))
+    ));
+    assert!(matches!(
+        s.feed(&[], Logits::Last, no_check),
+        Err(Error::Shape(_))
+    ));
+    assert_eq!(s.n_past(), 3);
+    // An interrupt between prefill chunks rolls back too.
+    let mut long = Session::new(model(Activation::Silu), 1, 0).unwrap();
+    let tokens = vec![1u32; 400];
+    let r = long.feed(&tokens, Logits::Last, || Err(Error::Interrupted));
+    assert!(matches!(r, Err(Error::Interrupted)));
+    assert_eq!(long.n_past(), 0);
+}
+
+#[test]
+fn missing_or_misshapen_tensors_are_refused() {
+    let c = config(Activation::Silu);
+    let mut t = HashMap::new();
+    t.insert(
+        "token_embd".to_string(),
+        Weight::from_f32(c.vocab_size, c.dim, &vec![0.0; c.vocab_size * c.dim]).unwrap(),
+    );
+    let err = ModelWeights::from_tensors(c.clone(), t.clone()).unwrap_err();
+    assert!(matches!(err, Error::ModelFile(_)), "{err}");
+    t.insert(
+        "output_norm".into(),
+        Weight::from_f32(1, 3, &[1.0; 3]).unwrap(),
+    );
+    let err = ModelWeights::from_tensors(c, t).unwrap_err();
+    assert!(matches!(err, Error::Shape(_)), "{err}");
+}
