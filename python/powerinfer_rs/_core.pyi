@@ -1,6 +1,6 @@
 """Type stubs of the Rust extension module."""
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt

@@ -41,9 +41,7 @@ def _sampling(p: argparse.ArgumentParser) -> None:
         "--repetition-penalty", type=float, default=1.0, help="penalty for seen tokens (1.0 = off)"
     )
     p.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
-    p.add_argument(
-        "--stop", action="append", default=[], help="stop string (repeat for several)"
-    )
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeat for several)")
     p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
 
 

@@ -1,0 +1,111 @@
+"""Chat prompts: render a model's Jinja chat template the way HF ``apply_chat_template`` does.
+
+Templates run in a sandboxed Jinja environment with ``trim_blocks`` and ``lstrip_blocks`` on,
+the ``raise_exception`` and ``strftime_now`` helpers and a ``tojson`` filter that keeps
+non-ASCII text, as in ``transformers``. A model without a template gets ChatML.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from .errors import ModelFileError, PowerInferError
+
+#: ChatML, used when a model ships no template.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+class ChatTemplateError(PowerInferError, ValueError):
+    """The messages do not fit the template (the template called ``raise_exception``), or
+    they are not a list of ``{"role": str, "content": str}`` mappings."""
+
+
+def _raise_exception(message: str) -> None:
+    raise ChatTemplateError(f"chat template: {message}")
+
+
+def _tojson(
+    x: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=16)
+def _compile(template: str) -> jinja2.Template:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(template)
+    except jinja2.TemplateError as e:
+        raise ModelFileError(f"the model's chat template does not compile: {e}") from e
+
+
+def _check_messages(messages: Any) -> list[dict[str, Any]]:
+    if not isinstance(messages, Sequence) or isinstance(messages, (str, bytes)):
+        raise ChatTemplateError("messages must be a list of {'role': ..., 'content': ...}")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise ChatTemplateError(f"message {i} is not a mapping")
+        if not isinstance(m.get("role"), str):
+            raise ChatTemplateError(f"message {i} has no string 'role'")
+        if "content" in m and not isinstance(m["content"], (str, list, type(None))):
+            raise ChatTemplateError(f"message {i}: 'content' must be a string")
+        out.append(dict(m))
+    return out
+
+
+def format_chat(
+    template: str | None,
+    messages: list[dict[str, Any]],
+    add_generation_prompt: bool = True,
+    bos_token: str = "",
+    eos_token: str = "",
+    **extra: Any,
+) -> str:
+    """Render ``messages`` with ``template`` (ChatML when ``None``) into the prompt text.
+
+    ``extra`` keyword arguments are passed to the template (e.g. ``tools``). Raises
+    :class:`ModelFileError` for a template that does not compile and
+    :class:`ChatTemplateError` when the template rejects the conversation.
+    """
+    msgs = _check_messages(messages)
+    tpl = _compile(template if template is not None else CHATML_TEMPLATE)
+    try:
+        return tpl.render(
+            messages=msgs,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            **extra,
+        )
+    except PowerInferError:
+        raise
+    except jinja2.TemplateError as e:
+        raise ModelFileError(f"the model's chat template failed: {e}") from e
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        raise ChatTemplateError(f"the chat template could not render these messages: {e}") from e

@@ -1,0 +1,54 @@
+"""Model loading: GGUF files and Hugging Face directories -> :class:`LoadedModel`.
+
+``load_model(path)`` picks the loader from what ``path`` is. Weights come back as raw,
+memory-mapped byte views (:class:`TensorData`) under canonical llama tensor names.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import ModelFileError
+from .gguf_loader import load_gguf
+from .hf_loader import load_hf_dir
+from .types import (
+    BLOCK_LAYOUT,
+    SUPPORTED_DTYPES,
+    LoadedModel,
+    ModelConfig,
+    TensorData,
+    expected_shapes,
+    row_bytes,
+)
+
+
+def load_model(path: str | os.PathLike[str]) -> LoadedModel:
+    """Load a model from a ``.gguf`` file or a Hugging Face model directory."""
+    p = Path(path)
+    if p.is_dir():
+        return load_hf_dir(p)
+    if p.is_file():
+        with open(p, "rb") as f:
+            magic = f.read(4)
+        if magic == b"GGUF" or p.suffix.lower() == ".gguf":
+            return load_gguf(p)
+        raise ModelFileError(
+            f"{p}: neither a GGUF file nor a Hugging Face model directory (config.json + "
+            "*.safetensors)"
+        )
+    raise ModelFileError(f"{p}: no such file or directory")
+
+
+__all__ = [
+    "BLOCK_LAYOUT",
+    "SUPPORTED_DTYPES",
+    "LoadedModel",
+    "ModelConfig",
+    "TensorData",
+    "expected_shapes",
+    "load_gguf",
+    "load_hf_dir",
+    "load_model",
+    "row_bytes",
+]

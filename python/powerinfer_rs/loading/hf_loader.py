@@ -1,0 +1,250 @@
+"""Load a Hugging Face llama-family model directory (config.json + safetensors + tokenizer.json).
+
+Supported: ``LlamaForCausalLM`` and ``MistralForCausalLM`` checkpoints in BF16/F16/F32, either
+one ``model.safetensors`` or shards listed by ``model.safetensors.index.json``. HF checkpoints
+keep q/k in the original layout, so RoPE rotates the halves of each head: ``rope_style =
+"neox"``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelFileError, ShapeError, UnsupportedError
+from ..tokenizer import Tokenizer
+from .safetensors_mmap import RawTensor, read_safetensors
+from .types import LoadedModel, ModelConfig, TensorData, check_tensors, fingerprint
+
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("LlamaForCausalLM", "MistralForCausalLM")
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "mistral")
+
+_GLOBAL_NAMES = {
+    "model.embed_tokens.weight": "token_embd",
+    "lm_head.weight": "output",
+    "model.norm.weight": "output_norm",
+}
+_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm",
+    "post_attention_layernorm.weight": "ffn_norm",
+    "self_attn.q_proj.weight": "attn_q",
+    "self_attn.k_proj.weight": "attn_k",
+    "self_attn.v_proj.weight": "attn_v",
+    "self_attn.o_proj.weight": "attn_output",
+    "mlp.gate_proj.weight": "ffn_gate",
+    "mlp.up_proj.weight": "ffn_up",
+    "mlp.down_proj.weight": "ffn_down",
+}
+_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
+
+
+def load_json(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a JSON object; :class:`ModelFileError` if unreadable, invalid or not an object."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelFileError(f"{os.fspath(path)}: cannot read JSON: {e}") from e
+    if not isinstance(obj, dict):
+        raise ModelFileError(f"{os.fspath(path)}: expected a JSON object")
+    return obj
+
+
+def _optional_json(path: Path) -> dict[str, Any]:
+    return load_json(path) if path.is_file() else {}
+
+
+def canonical_name(hf_name: str) -> str | None:
+    """Canonical tensor name for an HF parameter name; ``None`` for tensors the engine ignores.
+
+    Biases raise :class:`UnsupportedError` (llama has none; ignoring them would be wrong).
+    """
+    if hf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[hf_name]
+    if hf_name.endswith(".bias"):
+        raise UnsupportedError(f"tensor {hf_name!r}: biases are not supported")
+    m = _LAYER_RE.fullmatch(hf_name)
+    if m and m.group(2) in _LAYER_NAMES:
+        return f"blk.{int(m.group(1))}.{_LAYER_NAMES[m.group(2)]}"
+    return None
+
+
+def _activation(act: Any) -> str:
+    if act in ("silu", "swish"):
+        return "silu"
+    if act == "relu":
+        return "relu"
+    if isinstance(act, str) and act.startswith("gelu"):
+        return "gelu"
+    raise UnsupportedError(f"hidden_act {act!r} is not supported (silu, relu, gelu)")
+
+
+def _req_int(cfg: dict[str, Any], key: str, default: Any = None) -> int:
+    v = cfg.get(key, default)
+    if v is None:
+        raise ModelFileError(f"config.json: {key!r} is missing")
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ModelFileError(f"config.json: {key!r} must be an integer, got {v!r}")
+    return v
+
+
+def _ids(v: Any) -> list[int]:
+    if isinstance(v, bool):
+        return []
+    if isinstance(v, int):
+        return [v]
+    if isinstance(v, list):
+        return [x for x in v if isinstance(x, int) and not isinstance(x, bool)]
+    return []
+
+
+def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
+    """Build a :class:`ModelConfig` from a parsed ``config.json`` (token ids filled later)."""
+    archs = cfg.get("architectures") or []
+    mtype = cfg.get("model_type")
+    if not any(a in SUPPORTED_ARCHITECTURES for a in archs) and mtype not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedError(
+            f"architecture {archs or mtype!r} is not supported "
+            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
+    if cfg.get("rope_scaling"):
+        raise UnsupportedError(f"rope_scaling {cfg['rope_scaling']!r} is not supported")
+    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+        raise UnsupportedError("attention/MLP biases are not supported")
+    dim = _req_int(cfg, "hidden_size")
+    n_heads = _req_int(cfg, "num_attention_heads")
+    if n_heads <= 0:
+        raise ShapeError(f"num_attention_heads must be positive, got {n_heads}")
+    head_dim = cfg.get("head_dim") or dim // n_heads
+    rope_theta = cfg.get("rope_theta", 10000.0)
+    eps = cfg.get("rms_norm_eps", 1e-6)
+    for k, v in (("rope_theta", rope_theta), ("rms_norm_eps", eps)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ModelFileError(f"config.json: {k!r} must be a number, got {v!r}")
+    bos = cfg.get("bos_token_id")
+    c = ModelConfig(
+        arch="llama",
+        n_layers=_req_int(cfg, "num_hidden_layers"),
+        dim=dim,
+        ffn_dim=_req_int(cfg, "intermediate_size"),
+        n_heads=n_heads,
+        n_kv_heads=_req_int(cfg, "num_key_value_heads", n_heads),
+        head_dim=_req_int({"head_dim": head_dim}, "head_dim"),
+        vocab_size=_req_int(cfg, "vocab_size"),
+        max_context=_req_int(cfg, "max_position_embeddings", 2048),
+        rms_eps=float(eps),
+        rope_theta=float(rope_theta),
+        rope_style="neox",
+        activation=_activation(cfg.get("hidden_act", "silu")),
+        bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
+        eos_token_ids=_ids(cfg.get("eos_token_id")),
+        add_bos=False,
+        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+    )
+    return c
+
+
+def _weight_files(d: Path) -> list[Path]:
+    index = d / "model.safetensors.index.json"
+    if index.is_file():
+        wm = load_json(index).get("weight_map")
+        if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+            raise ModelFileError(f"{index}: 'weight_map' must map tensor names to file names")
+        files = []
+        for name in dict.fromkeys(wm.values()):
+            f = d / name
+            if Path(name).name != name or not f.is_file():
+                raise ModelFileError(f"{index}: shard {name!r} is missing")
+            files.append(f)
+        return files
+    single = d / "model.safetensors"
+    if single.is_file():
+        return [single]
+    shards = sorted(d.glob("*.safetensors"))
+    if not shards:
+        raise ModelFileError(f"{d}: no model.safetensors or model.safetensors.index.json")
+    return shards
+
+
+def _tensors(files: list[Path]) -> dict[str, TensorData]:
+    out: dict[str, TensorData] = {}
+    for f in files:
+        raw: dict[str, RawTensor] = read_safetensors(f)
+        for hf_name, rt in raw.items():
+            try:
+                name = canonical_name(hf_name)
+            except UnsupportedError as e:
+                raise UnsupportedError(f"{f}: {e}") from None
+            if name is None:
+                continue
+            if name in out:
+                raise ModelFileError(f"{f}: tensor {hf_name!r} appears in more than one shard")
+            if len(rt.shape) == 1:
+                rows, cols = 1, rt.shape[0]
+            elif len(rt.shape) == 2:
+                rows, cols = rt.shape
+            else:
+                raise ShapeError(f"{f}: tensor {hf_name!r} has {len(rt.shape)} dimensions")
+            if rows == 0 or cols == 0:
+                raise ShapeError(f"{f}: tensor {hf_name!r} is empty")
+            out[name] = TensorData(name, rt.dtype, rows, cols, rt.data)
+    return out
+
+
+def _chat_template(d: Path, tok_cfg: dict[str, Any]) -> str | None:
+    jinja = d / "chat_template.jinja"
+    if jinja.is_file():
+        try:
+            return jinja.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ModelFileError(f"{jinja}: {e}") from e
+    t = tok_cfg.get("chat_template")
+    if isinstance(t, list):  # [{"name": "default", "template": ...}, ...]
+        named = {x.get("name"): x.get("template") for x in t if isinstance(x, dict)}
+        t = named.get("default") or next(iter(named.values()), None)
+    return t if isinstance(t, str) else None
+
+
+def load_hf_dir(path: str | os.PathLike[str]) -> LoadedModel:
+    """Load an HF model directory (memory-mapped safetensors, zero copy)."""
+    d = Path(path)
+    if not (d / "config.json").is_file():
+        raise ModelFileError(f"{d}: no config.json (not a Hugging Face model directory)")
+    cfg_json = load_json(d / "config.json")
+    cfg = config_from_hf(cfg_json)
+
+    tok_cfg = _optional_json(d / "tokenizer_config.json")
+    gen_cfg = _optional_json(d / "generation_config.json")
+    if not (d / "tokenizer.json").is_file():
+        raise ModelFileError(f"{d}: no tokenizer.json")
+    extra_eos = _ids(gen_cfg.get("eos_token_id")) + cfg.eos_token_ids
+    gen_bos = _ids(gen_cfg.get("bos_token_id"))
+    bos = cfg.bos_token_id if cfg.bos_token_id is not None else (gen_bos[0] if gen_bos else None)
+    tok = Tokenizer.from_hf_files(d / "tokenizer.json", tok_cfg, extra_eos, bos_id=bos)
+    cfg.bos_token_id = tok.bos_id
+    cfg.eos_token_ids = list(tok.eos_ids)
+    cfg.add_bos = tok.add_bos
+    cfg.validate()
+    if tok.vocab_size > cfg.vocab_size:
+        raise ShapeError(
+            f"{d}: tokenizer has {tok.vocab_size} tokens, the model only {cfg.vocab_size}"
+        )
+
+    tensors = _tensors(_weight_files(d))
+    if "output" not in tensors and "token_embd" in tensors:
+        tensors["output"] = tensors["token_embd"]
+        cfg.tie_embeddings = True
+    else:
+        cfg.tie_embeddings = False
+    check_tensors(cfg, tensors, str(d))
+    return LoadedModel(
+        config=cfg,
+        tensors=tensors,
+        tokenizer=tok,
+        chat_template=_chat_template(d, tok_cfg),
+        path=str(d),
+        fingerprint=fingerprint(cfg, tensors),
+    )

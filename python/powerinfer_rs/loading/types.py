@@ -1,0 +1,242 @@
+"""The data types every loader returns: tensors as raw byte views, the model config, the model.
+
+Weights are never converted here. A :class:`TensorData` is a 1-D ``uint8`` view of the
+memory-mapped file in the tensor's on-disk format (see :data:`BLOCK_LAYOUT`), so the Rust side
+gets the bytes without a copy and decides itself how to repack them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import ModelFileError, ShapeError, UnsupportedError
+
+if TYPE_CHECKING:
+    from ..tokenizer import Tokenizer
+
+#: dtype name -> (elements per block, bytes per block). Quantised formats are GGML's layouts:
+#: Q8_0 = f16 scale + 32 x i8; Q4_0 = f16 scale + 16 bytes of nibbles; Q4_1 = f16 scale,
+#: f16 min + 16 bytes of nibbles.
+BLOCK_LAYOUT: dict[str, tuple[int, int]] = {
+    "F32": (1, 4),
+    "F16": (1, 2),
+    "BF16": (1, 2),
+    "Q8_0": (32, 34),
+    "Q4_0": (32, 18),
+    "Q4_1": (32, 20),
+}
+
+SUPPORTED_DTYPES: tuple[str, ...] = tuple(BLOCK_LAYOUT)
+ACTIVATIONS: tuple[str, ...] = ("silu", "relu", "gelu")
+ROPE_STYLES: tuple[str, ...] = ("norm", "neox")
+
+#: Per-layer tensors, canonical suffixes after ``blk.{i}.``.
+LAYER_TENSORS: tuple[str, ...] = (
+    "attn_norm",
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    "ffn_norm",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+)
+
+
+def row_bytes(dtype: str, cols: int) -> int:
+    """Bytes one row of ``cols`` elements takes in ``dtype``.
+
+    Raises :class:`UnsupportedError` for an unknown dtype and :class:`ShapeError` when a
+    quantised row is not a whole number of blocks.
+    """
+    try:
+        block, size = BLOCK_LAYOUT[dtype]
+    except KeyError:
+        raise UnsupportedError(
+            f"weight dtype {dtype!r} is not supported (supported: {', '.join(SUPPORTED_DTYPES)})"
+        ) from None
+    if cols <= 0 or cols % block:
+        raise ShapeError(f"a {dtype} row needs a positive multiple of {block} elements, got {cols}")
+    return cols // block * size
+
+
+@dataclass
+class TensorData:
+    """One weight matrix (or vector) as raw bytes.
+
+    ``rows`` is the number of output features for ``y = W @ x`` (vocabulary size for the
+    embedding, 1 for norm vectors) and ``cols`` the number of input features. ``data`` is a
+    1-D C-contiguous ``uint8`` view into the memory-mapped file, ``rows * row_bytes`` long.
+    """
+
+    name: str
+    dtype: str
+    rows: int
+    cols: int
+    data: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.rows <= 0:
+            raise ShapeError(f"tensor {self.name}: rows must be positive, got {self.rows}")
+        want = self.rows * row_bytes(self.dtype, self.cols)
+        d = self.data
+        if not isinstance(d, np.ndarray) or d.dtype != np.uint8 or d.ndim != 1:
+            raise ModelFileError(f"tensor {self.name}: data must be a 1-D uint8 array")
+        if not d.flags.c_contiguous:
+            raise ModelFileError(f"tensor {self.name}: data is not contiguous")
+        if d.size != want:
+            raise ModelFileError(
+                f"tensor {self.name}: {d.size} bytes, expected {want} for "
+                f"{self.rows}x{self.cols} {self.dtype}"
+            )
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes per row."""
+        return row_bytes(self.dtype, self.cols)
+
+    @property
+    def nbytes(self) -> int:
+        """Total bytes of the tensor."""
+        return int(self.data.size)
+
+
+@dataclass
+class ModelConfig:
+    """Hyper-parameters of a llama-family decoder, in the engine's own vocabulary."""
+
+    arch: str
+    n_layers: int
+    dim: int
+    ffn_dim: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_context: int
+    rms_eps: float
+    rope_theta: float
+    rope_style: str
+    activation: str
+    bos_token_id: int | None
+    eos_token_ids: list[int] = field(default_factory=list)
+    add_bos: bool = False
+    tie_embeddings: bool = False
+
+    def validate(self) -> None:
+        """Check the values fit together; raise :class:`ShapeError` / :class:`UnsupportedError`."""
+        for name in (
+            "n_layers",
+            "dim",
+            "ffn_dim",
+            "n_heads",
+            "n_kv_heads",
+            "head_dim",
+            "vocab_size",
+            "max_context",
+        ):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ShapeError(f"config {name} must be a positive integer, got {v!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ShapeError(
+                f"n_heads ({self.n_heads}) is not a multiple of n_kv_heads ({self.n_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ShapeError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if not (self.rms_eps > 0 and self.rope_theta > 0):
+            raise ShapeError(
+                f"rms_eps and rope_theta must be positive, got {self.rms_eps}, {self.rope_theta}"
+            )
+        if self.rope_style not in ROPE_STYLES:
+            raise UnsupportedError(f"rope style {self.rope_style!r} (supported: {ROPE_STYLES})")
+        if self.activation not in ACTIVATIONS:
+            raise UnsupportedError(f"activation {self.activation!r} (supported: {ACTIVATIONS})")
+        ids = list(self.eos_token_ids)
+        if self.bos_token_id is not None:
+            ids.append(self.bos_token_id)
+        for t in ids:
+            if not 0 <= t < self.vocab_size:
+                raise ShapeError(f"special token id {t} outside the vocabulary ({self.vocab_size})")
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for the engine: config, raw tensors, tokenizer and chat template."""
+
+    config: ModelConfig
+    tensors: dict[str, TensorData]
+    tokenizer: Tokenizer
+    chat_template: str | None
+    path: str
+    fingerprint: str
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
+    """Canonical tensor name -> ``(rows, cols)`` implied by ``config``."""
+    c = config
+    q_dim = c.n_heads * c.head_dim
+    kv_dim = c.n_kv_heads * c.head_dim
+    shapes: dict[str, tuple[int, int]] = {
+        "token_embd": (c.vocab_size, c.dim),
+        "output": (c.vocab_size, c.dim),
+        "output_norm": (1, c.dim),
+    }
+    per_layer = {
+        "attn_norm": (1, c.dim),
+        "attn_q": (q_dim, c.dim),
+        "attn_k": (kv_dim, c.dim),
+        "attn_v": (kv_dim, c.dim),
+        "attn_output": (c.dim, q_dim),
+        "ffn_norm": (1, c.dim),
+        "ffn_gate": (c.ffn_dim, c.dim),
+        "ffn_up": (c.ffn_dim, c.dim),
+        "ffn_down": (c.dim, c.ffn_dim),
+    }
+    for i in range(c.n_layers):
+        for suffix, shape in per_layer.items():
+            shapes[f"blk.{i}.{suffix}"] = shape
+    return shapes
+
+
+def check_tensors(config: ModelConfig, tensors: dict[str, TensorData], source: str) -> None:
+    """Check that every required tensor is present with the shape ``config`` implies.
+
+    Norm vectors must be float (F32/F16/BF16). Raises :class:`ModelFileError` naming the first
+    missing tensor, :class:`ShapeError` naming the first mis-shaped one.
+    """
+    for name, (rows, cols) in expected_shapes(config).items():
+        t = tensors.get(name)
+        if t is None:
+            raise ModelFileError(f"{source}: required tensor {name!r} is missing")
+        if (t.rows, t.cols) != (rows, cols):
+            raise ShapeError(
+                f"{source}: tensor {name!r} has shape {t.rows}x{t.cols}, "
+                f"the config implies {rows}x{cols}"
+            )
+        if rows == 1 and t.dtype not in ("F32", "F16", "BF16"):
+            raise UnsupportedError(f"{source}: norm tensor {name!r} is {t.dtype}, expected float")
+
+
+def fingerprint(config: ModelConfig, tensors: dict[str, TensorData], sample: int = 64) -> str:
+    """A stable hex digest of the config, the tensor table and a few bytes of each tensor.
+
+    Hashes the first, middle and last ``sample`` bytes of every tensor, never whole tensors,
+    so it costs microseconds even for large models.
+    """
+    h = hashlib.sha256()
+    h.update(json.dumps(asdict(config), sort_keys=True).encode())
+    for name in sorted(tensors):
+        t = tensors[name]
+        h.update(f"{name}|{t.dtype}|{t.rows}|{t.cols}\n".encode())
+        n = t.data.size
+        mid = max(0, n // 2 - sample // 2)
+        for start in (0, mid, max(0, n - sample)):
+            h.update(t.data[start : start + sample].tobytes())
+    return h.hexdigest()[:32]

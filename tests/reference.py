@@ -1,0 +1,172 @@
+"""A plain float64 numpy forward pass of a :class:`LoadedModel`, independent of the Rust code.
+
+Every weight is dequantised to float32 (the values the quantised blocks stand for, computed as
+ggml does), then kept and used in float64 (cached per model): embeddings, RMSNorm
+``x / sqrt(mean(x²) + eps) * w``, RoPE in both styles (``theta^(-2i/head_dim)``; "norm"
+rotates pairs ``(2i, 2i+1)``, "neox" pairs ``(i, i + hd/2)``), causal grouped-query
+attention (query head ``h`` reads KV head ``h // (n_heads / n_kv_heads)``), FFN
+``down(act(gate x) * up x)``, final norm and the output head. GELU is the tanh form (as ggml
+computes it).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import gguf
+import numpy as np
+
+from powerinfer_rs.errors import TokenError, UnsupportedError
+from powerinfer_rs.loading import LoadedModel, TensorData
+
+_CACHE: OrderedDict[str, dict[str, np.ndarray]] = OrderedDict()
+_CACHE_MODELS = 2
+
+
+def _blocks(t: TensorData, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Quantised rows as blocks: ``(f16 scale as float32 (nb, 1), block bytes (nb, size))``."""
+    b = np.asarray(t.data).reshape(-1, size)
+    return b[:, 0:2].copy().view(np.float16).astype(np.float32), b
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """16 packed bytes -> 32 values: low nibbles are elements 0..15, high nibbles 16..31."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=1).astype(np.float32)
+
+
+def dequantize(t: TensorData) -> np.ndarray:
+    """``t`` as a float32 ``(rows, cols)`` array (rows == 1 for vectors); quantised blocks are
+    expanded in float32 the way ggml does (``d * q`` and ``d * q + m``)."""
+    raw = np.asarray(t.data)
+    if t.dtype == "F32":
+        out = raw.view(np.float32)
+    elif t.dtype == "F16":
+        out = raw.view(np.float16).astype(np.float32)
+    elif t.dtype == "BF16":
+        out = (raw.view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+    elif t.dtype == "Q8_0":
+        d, b = _blocks(t, 34)
+        out = d * b[:, 2:].view(np.int8).astype(np.float32)
+    elif t.dtype == "Q4_0":
+        d, b = _blocks(t, 18)
+        out = d * (_nibbles(b[:, 2:]) - np.float32(8.0))
+    elif t.dtype == "Q4_1":
+        d, b = _blocks(t, 20)
+        m = b[:, 2:4].copy().view(np.float16).astype(np.float32)
+        out = d * _nibbles(b[:, 4:]) + m
+    else:
+        raise UnsupportedError(f"reference: dtype {t.dtype}")
+    return np.asarray(out, dtype=np.float32).reshape(t.rows, t.cols)
+
+
+def dequantize_with_gguf(t: TensorData) -> np.ndarray:
+    """The same through ``gguf.quants.dequantize`` (a cross-check of :func:`dequantize`)."""
+    if t.dtype == "BF16":
+        return dequantize(t)
+    blocks = np.asarray(t.data).reshape(t.rows, t.row_bytes)
+    out = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[t.dtype])
+    return np.asarray(out, dtype=np.float32).reshape(t.rows, t.cols)
+
+
+def _weights(model: LoadedModel) -> dict[str, np.ndarray]:
+    key = f"{model.path}|{model.fingerprint}"
+    w = _CACHE.get(key)
+    if w is None:
+        w = {name: dequantize(t).astype(np.float64) for name, t in model.tensors.items()}
+        _CACHE[key] = w
+        while len(_CACHE) > _CACHE_MODELS:
+            _CACHE.popitem(last=False)
+    else:
+        _CACHE.move_to_end(key)
+    return w
+
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """``x / sqrt(mean(x²) + eps) * w`` over the last axis."""
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w.reshape(-1)
+
+
+def rope(x: np.ndarray, positions: np.ndarray, theta: float, style: str) -> np.ndarray:
+    """Rotary embedding of ``x`` shaped ``(n, heads, head_dim)`` at ``positions``."""
+    hd = x.shape[-1]
+    inv = theta ** (-np.arange(0, hd // 2, dtype=np.float64) * 2.0 / hd)
+    ang = positions.astype(np.float64)[:, None] * inv[None, :]  # (n, hd/2)
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    out = np.empty_like(x)
+    if style == "norm":
+        a, b = x[..., 0::2], x[..., 1::2]
+        out[..., 0::2] = a * cos - b * sin
+        out[..., 1::2] = a * sin + b * cos
+    elif style == "neox":
+        h = hd // 2
+        a, b = x[..., :h], x[..., h:]
+        out[..., :h] = a * cos - b * sin
+        out[..., h:] = a * sin + b * cos
+    else:
+        raise UnsupportedError(f"rope style {style!r}")
+    return out
+
+
+def activation(name: str, x: np.ndarray) -> np.ndarray:
+    """SiLU, ReLU or (tanh) GELU."""
+    if name == "silu":
+        return x / (1.0 + np.exp(-x))
+    if name == "relu":
+        return np.maximum(x, 0.0)
+    if name == "gelu":
+        return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+    raise UnsupportedError(f"activation {name!r}")
+
+
+def reference_forward(model: LoadedModel, tokens: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Logits ``(n, vocab)`` and, per layer, the FFN gate pre-activations ``(n, ffn)``."""
+    c = model.config
+    toks = np.asarray(list(tokens), dtype=np.int64)
+    if toks.ndim != 1 or toks.size == 0:
+        raise TokenError("reference_forward needs a non-empty 1-D token list")
+    if toks.min() < 0 or toks.max() >= c.vocab_size:
+        raise TokenError(f"token ids must lie in [0, {c.vocab_size})")
+    w = _weights(model)
+    n = toks.size
+    pos = np.arange(n)
+    x = w["token_embd"][toks]
+    group = c.n_heads // c.n_kv_heads
+    mask = np.triu(np.full((n, n), -np.inf), k=1)
+    gates: list[np.ndarray] = []
+    for i in range(c.n_layers):
+        p = f"blk.{i}."
+        h = rms_norm(x, w[p + "attn_norm"], c.rms_eps)
+        q = (h @ w[p + "attn_q"].T).reshape(n, c.n_heads, c.head_dim)
+        k = (h @ w[p + "attn_k"].T).reshape(n, c.n_kv_heads, c.head_dim)
+        v = (h @ w[p + "attn_v"].T).reshape(n, c.n_kv_heads, c.head_dim)
+        q = rope(q, pos, c.rope_theta, c.rope_style)
+        k = rope(k, pos, c.rope_theta, c.rope_style)
+        att = np.empty((n, c.n_heads, c.head_dim))
+        for hq in range(c.n_heads):
+            kv = hq // group
+            s = q[:, hq, :] @ k[:, kv, :].T / np.sqrt(c.head_dim) + mask
+            s -= s.max(axis=1, keepdims=True)
+            e = np.exp(s)
+            att[:, hq, :] = (e / e.sum(axis=1, keepdims=True)) @ v[:, kv, :]
+        x = x + att.reshape(n, -1) @ w[p + "attn_output"].T
+        h = rms_norm(x, w[p + "ffn_norm"], c.rms_eps)
+        g = h @ w[p + "ffn_gate"].T
+        gates.append(g)
+        u = h @ w[p + "ffn_up"].T
+        x = x + (activation(c.activation, g) * u) @ w[p + "ffn_down"].T
+    x = rms_norm(x, w["output_norm"], c.rms_eps)
+    logits = x @ w["output"].T
+    return logits, gates
+
+
+def reference_logits(model: LoadedModel, tokens: list[int]) -> np.ndarray:
+    """float64 logits ``(len(tokens), vocab)`` of the reference forward pass."""
+    return reference_forward(model, tokens)[0]
+
+
+def greedy_reference(model: LoadedModel, tokens: list[int], n_new: int) -> list[int]:
+    """``n_new`` greedy continuation ids (recomputes the whole prefix each step)."""
+    seq = list(tokens)
+    for _ in range(n_new):
+        seq.append(int(np.argmax(reference_logits(model, seq)[-1])))
+    return seq[len(tokens) :]

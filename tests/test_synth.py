@@ -1,0 +1,187 @@
+"""Synthetic model writer: bf16 rounding, tokenizer, determinism, planted power law, CLI."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from powerinfer_rs import synth
+from powerinfer_rs.errors import ShapeError, UnsupportedError
+from powerinfer_rs.loading import load_model
+
+from reference import reference_forward
+
+
+def test_bf16_rounding():
+    x = np.array(
+        [
+            1.0,
+            -2.0,
+            1 + 2**-8,
+            1 + 3 * 2**-8,
+            1 + 2**-8 + 2**-20,
+            3.0e38,
+            0.0,
+            np.inf,
+            -np.inf,
+            np.nan,
+        ],
+        dtype=np.float32,
+    )
+    bits = synth.f32_to_bf16_bits(x)
+    # 1+2^-8 is a tie -> even (1.0); 1+3*2^-8 is a tie -> even (1+2^-6)
+    assert bits[:5].tolist() == [0x3F80, 0xC000, 0x3F80, 0x3F82, 0x3F81]
+    assert bits[7] == 0x7F80 and bits[8] == 0xFF80 and np.isnan(synth.bf16_bits_to_f32(bits)[9])
+    rng = np.random.default_rng(0)
+    y = rng.standard_normal(10000).astype(np.float32)
+    back = synth.bf16_bits_to_f32(synth.f32_to_bf16_bits(y))
+    assert np.all(np.abs(back - y) <= np.abs(y) * 2**-8)
+
+
+def test_byte_level_vocab():
+    tokens, merges = synth.byte_level_vocab(1000)
+    assert len(tokens) == len(set(tokens)) == 1000
+    assert len(merges) == 1000 - 259
+    have = set(tokens[:259])
+    for a, b in merges:  # every merge joins two earlier tokens
+        assert a in have and b in have
+        have.add(a + b)
+    with pytest.raises(ShapeError):
+        synth.byte_level_vocab(100)
+    tok = synth.build_tokenizer(1000)
+    assert tok.get_vocab_size() == 1000
+
+
+def test_zipf_frequencies():
+    p = synth.zipf_frequencies(5504, 0.1)
+    assert abs(p.mean() - 0.1) < 1e-6
+    assert p[0] == pytest.approx(0.98) and np.all(np.diff(p) <= 0)
+    top = np.sort(p)[::-1]
+    assert top[: len(p) // 10].sum() > 0.5 * p.sum()  # power law: top 10% carry most mass
+
+
+def test_deterministic(tmp_path):
+    kw = dict(dim=64, ffn=96, layers=1, heads=4, kv_heads=4, vocab=280)
+    a = synth.write_hf_model(tmp_path / "a", seed=3, **kw)
+    b = synth.write_hf_model(tmp_path / "b", seed=3, **kw)
+    c = synth.write_hf_model(tmp_path / "c", seed=4, **kw)
+    fa, fb, fc = (p / "model.safetensors" for p in (a, b, c))
+    assert fa.read_bytes() == fb.read_bytes() != fc.read_bytes()
+    assert load_model(a).fingerprint == load_model(b).fingerprint != load_model(c).fingerprint
+    cfg = json.loads((a / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["hidden_act"] == "relu"
+
+
+def test_planted_power_law(tmp_path):
+    d = synth.write_hf_model(
+        tmp_path / "m",
+        dim=128,
+        ffn=512,
+        layers=2,
+        heads=4,
+        kv_heads=4,
+        vocab=400,
+        dtype="f32",
+        active=0.1,
+        seed=1,
+    )
+    m = load_model(d)
+    toks = np.random.default_rng(0).integers(3, 400, size=256).tolist()
+    _, gates = reference_forward(m, toks)
+    gen = synth.SynthWeights(synth.SynthSpec(128, 512, 2, 4, 4, 400, seed=1, active=0.1))
+    for layer in range(2):
+        freq = (gates[layer] > 0).mean(axis=0)
+        planted = gen.firing_probabilities(layer)
+        assert 0.05 < freq.mean() < 0.2, freq.mean()
+        # the measured frequencies follow the planted ones neuron by neuron
+        assert np.corrcoef(freq, planted)[0, 1] > 0.9
+        assert np.abs(freq - planted).mean() < 0.05
+        hot = np.argsort(-freq)[: 512 // 10]
+        assert freq[hot].sum() > 0.4 * freq.sum()
+
+
+def test_gguf_needs_blocks(tmp_path):
+    with pytest.raises(ShapeError):
+        synth.write_gguf_model(
+            tmp_path / "x.gguf",
+            dim=48,
+            ffn=96,
+            layers=1,
+            heads=4,
+            kv_heads=4,
+            vocab=300,
+            dtype="Q4_0",
+        )
+    with pytest.raises(UnsupportedError):
+        synth.write_gguf_model(
+            tmp_path / "x.gguf",
+            dim=64,
+            ffn=96,
+            layers=1,
+            heads=4,
+            kv_heads=4,
+            vocab=300,
+            dtype="Q5_K",
+        )
+    with pytest.raises(UnsupportedError):
+        synth.write_hf_model(
+            tmp_path / "y", dim=64, ffn=96, layers=1, heads=4, kv_heads=4, vocab=300, dtype="f64"
+        )
+
+
+def test_cli(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        synth.main(["--help"])
+    assert e.value.code == 0
+    assert "--active" in capsys.readouterr().out
+    out = tmp_path / "m.gguf"
+    args = [
+        "--dim",
+        "64",
+        "--ffn",
+        "128",
+        "--layers",
+        "1",
+        "--heads",
+        "4",
+        "--kv-heads",
+        "2",
+        "--vocab",
+        "300",
+        "--format",
+        "gguf-q8_0",
+        "--out",
+        str(out),
+    ]
+    assert synth.main(args) == 0
+    m = load_model(out)
+    assert m.tensors["blk.0.ffn_up"].dtype == "Q8_0" and m.config.n_kv_heads == 2
+    assert (
+        synth.main(
+            [
+                "--format",
+                "hf",
+                "--dtype",
+                "f16",
+                "--dim",
+                "64",
+                "--ffn",
+                "96",
+                "--layers",
+                "1",
+                "--heads",
+                "4",
+                "--vocab",
+                "300",
+                "--shards",
+                "2",
+                "--out",
+                str(tmp_path / "hf"),
+            ]
+        )
+        == 0
+    )
+    assert load_model(tmp_path / "hf").tensors["token_embd"].dtype == "F16"
+    assert synth.main(["--dim", "30", "--heads", "4", "--out", str(tmp_path / "bad")]) == 2
