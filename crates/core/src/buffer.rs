@@ -32,7 +32,11 @@ impl Buffer {
         let mut store = vec![CacheLine([0u8; 64]); bytes.len().div_ceil(64)];
         // SAFETY: `store` holds at least bytes.len() bytes, and the regions do not overlap.
         unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), store.as_mut_ptr() as *mut u8, bytes.len())
+            std::ptr::copy_nonoverlapping(
+                bytes.as_ptr(),
+                store.as_mut_ptr() as *mut u8,
+                bytes.len(),
+            )
         };
         let ptr = store.as_ptr() as *const u8;
         Buffer {

@@ -68,8 +68,16 @@ impl ModelConfig {
     /// Check the numbers are consistent with each other.
     pub fn validate(&self) -> Result<()> {
         ensure!(self.n_layers > 0, ModelFile, "n_layers must be > 0");
-        ensure!(self.dim > 0 && self.ffn_dim > 0, ModelFile, "dim and ffn_dim must be > 0");
-        ensure!(self.n_heads > 0 && self.n_kv_heads > 0, ModelFile, "head counts must be > 0");
+        ensure!(
+            self.dim > 0 && self.ffn_dim > 0,
+            ModelFile,
+            "dim and ffn_dim must be > 0"
+        );
+        ensure!(
+            self.n_heads > 0 && self.n_kv_heads > 0,
+            ModelFile,
+            "head counts must be > 0"
+        );
         ensure!(
             self.n_heads % self.n_kv_heads == 0,
             ModelFile,

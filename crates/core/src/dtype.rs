@@ -106,7 +106,10 @@ mod tests {
             assert_eq!(DType::from_name(d.name()).unwrap(), d);
             assert_eq!(DType::from_name(&d.name().to_lowercase()).unwrap(), d);
         }
-        assert!(matches!(DType::from_name("Q5_K"), Err(Error::Unsupported(_))));
+        assert!(matches!(
+            DType::from_name("Q5_K"),
+            Err(Error::Unsupported(_))
+        ));
     }
 
     #[test]

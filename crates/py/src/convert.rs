@@ -12,7 +12,10 @@ use pyo3::types::{PyDict, PyTuple};
 /// Keeps a numpy array alive while Rust reads its memory.
 struct PyOwner(#[allow(dead_code)] Py<PyAny>);
 
-fn field<'py, T: for<'a> FromPyObject<'a, 'py, Error = PyErr>>(d: &Bound<'py, PyDict>, key: &str) -> Result<T> {
+fn field<'py, T: for<'a> FromPyObject<'a, 'py, Error = PyErr>>(
+    d: &Bound<'py, PyDict>,
+    key: &str,
+) -> Result<T> {
     let v = d
         .get_item(key)
         .map_err(|e| Error::ModelFile(format!("config: {e}")))?
@@ -57,15 +60,23 @@ fn weight_from_tuple(name: &str, t: &Bound<'_, PyTuple>) -> Result<Weight> {
             t.len()
         )));
     }
-    let dtype = DType::from_name(&t.get_item(0).and_then(|v| v.extract::<String>()).map_err(bad)?)?;
+    let dtype = DType::from_name(
+        &t.get_item(0)
+            .and_then(|v| v.extract::<String>())
+            .map_err(bad)?,
+    )?;
     let rows: usize = t.get_item(1).and_then(|v| v.extract()).map_err(bad)?;
     let cols: usize = t.get_item(2).and_then(|v| v.extract()).map_err(bad)?;
     let obj = t.get_item(3).map_err(bad)?;
-    let arr: PyReadonlyArray1<'_, u8> = obj
-        .extract()
-        .map_err(|e| Error::ModelFile(format!("tensor {name}: data must be a 1-D uint8 array ({e})")))?;
+    let arr: PyReadonlyArray1<'_, u8> = obj.extract().map_err(|e| {
+        Error::ModelFile(format!(
+            "tensor {name}: data must be a 1-D uint8 array ({e})"
+        ))
+    })?;
     if !arr.is_c_contiguous() {
-        return Err(Error::ModelFile(format!("tensor {name}: data must be contiguous")));
+        return Err(Error::ModelFile(format!(
+            "tensor {name}: data must be contiguous"
+        )));
     }
     let ptr = arr.as_raw_array().as_ptr();
     let len = arr.len();

@@ -54,7 +54,10 @@ where
                 .cloned()
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_else(|| "unknown panic".into());
-            Err(to_pyerr(py, Error::Other(format!("internal error (Rust panic): {what}"))))
+            Err(to_pyerr(
+                py,
+                Error::Other(format!("internal error (Rust panic): {what}")),
+            ))
         }
     }
 }

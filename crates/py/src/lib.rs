@@ -19,7 +19,12 @@ fn simd_level() -> &'static str {
 /// sums a buffer of `bytes` bytes `iters` times and returns the best pass.
 #[pyfunction]
 #[pyo3(signature = (bytes = 1 << 30, iters = 5, threads = 0))]
-fn measure_read_bandwidth(py: Python<'_>, bytes: usize, iters: usize, threads: usize) -> PyResult<f64> {
+fn measure_read_bandwidth(
+    py: Python<'_>,
+    bytes: usize,
+    iters: usize,
+    threads: usize,
+) -> PyResult<f64> {
     exceptions::run_detached(py, move || {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)

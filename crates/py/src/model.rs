@@ -19,7 +19,11 @@ pub struct PyModel {
 impl PyModel {
     /// Build from a config dict and `{name: (dtype, rows, cols, uint8 array)}`.
     #[new]
-    fn new(py: Python<'_>, config: &Bound<'_, PyDict>, tensors: &Bound<'_, PyDict>) -> PyResult<Self> {
+    fn new(
+        py: Python<'_>,
+        config: &Bound<'_, PyDict>,
+        tensors: &Bound<'_, PyDict>,
+    ) -> PyResult<Self> {
         let cfg = check(py, config_from_dict(config))?;
         let map = check(py, tensors_from_dict(tensors))?;
         let weights = check(py, ModelWeights::from_tensors(cfg, map))?;

@@ -47,17 +47,22 @@ impl PySession {
                         .ok()
                         .filter(|&u| (u as usize) < vocab)
                         .ok_or_else(|| {
-                            Error::Token(format!("token id {t} is outside the vocabulary 0..{vocab}"))
+                            Error::Token(format!(
+                                "token id {t} is outside the vocabulary 0..{vocab}"
+                            ))
                         })
                 })
                 .collect::<Result<Vec<u32>, Error>>(),
         )?;
-        let which = if all_logits { Logits::All } else { Logits::Last };
+        let which = if all_logits {
+            Logits::All
+        } else {
+            Logits::Last
+        };
         let session = &mut self.inner;
         let logits = run_detached(py, move || {
-            let check_signals = || {
-                Python::attach(|py| py.check_signals()).map_err(|_| Error::Interrupted)
-            };
+            let check_signals =
+                || Python::attach(|py| py.check_signals()).map_err(|_| Error::Interrupted);
             session.feed(&ids, which, check_signals)
         })?;
         let rows = logits.len() / vocab;
