@@ -95,6 +95,8 @@ class Engine:
     ) -> Engine:
         """Load a GGUF file or a Hugging Face model directory (default: SmolLM2-135M-Instruct,
         fetched once into the cache). ``threads=0`` uses one thread per core."""
+        if threads < 0:
+            raise ShapeError(f"threads must be >= 0 (0 = one per core), got {threads}")
         if path is None:
             from .models import default_model_path
 
