@@ -315,6 +315,11 @@ class Engine:
         self._context = self._context[:common]
         todo = ids[common:]
         self._last_prefill_count = len(todo)
-        logits = self._session.feed(todo)[0]
-        self._context.extend(todo)
+        # The last prompt token always goes through the one-token (decode) path, so the first
+        # sampled token does not depend on how much of the prompt was already cached.
+        if len(todo) > 1:
+            self._session.feed(todo[:-1])
+            self._context.extend(todo[:-1])
+        logits = self._session.feed(todo[-1:])[0]
+        self._context.append(todo[-1])
         return logits

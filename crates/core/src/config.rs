@@ -79,14 +79,14 @@ impl ModelConfig {
             "head counts must be > 0"
         );
         ensure!(
-            self.n_heads % self.n_kv_heads == 0,
+            self.n_heads.is_multiple_of(self.n_kv_heads),
             ModelFile,
             "n_heads {} is not a multiple of n_kv_heads {}",
             self.n_heads,
             self.n_kv_heads
         );
         ensure!(
-            self.head_dim > 0 && self.head_dim % 2 == 0,
+            self.head_dim > 0 && self.head_dim.is_multiple_of(2),
             ModelFile,
             "head_dim {} must be even and > 0",
             self.head_dim

@@ -58,7 +58,7 @@ impl DType {
 
     /// Bytes of one row of `cols` weights; an error when `cols` is not a whole number of blocks.
     pub fn row_bytes(self, cols: usize) -> Result<usize> {
-        if cols % self.block_size() != 0 {
+        if !cols.is_multiple_of(self.block_size()) {
             return Err(Error::Shape(format!(
                 "{} rows need a multiple of {} columns, got {}",
                 self.name(),

@@ -114,19 +114,12 @@ pub fn forward(
         project(&layer.wq, &s.xn, n, &mut s.q)?;
         project(&layer.wk, &s.xn, n, &mut s.k)?;
         project(&layer.wv, &s.xn, n, &mut s.v)?;
-        for t in 0..n {
-            apply_rope(
-                &mut s.q[t * c.q_dim()..(t + 1) * c.q_dim()],
-                c.head_dim,
-                &angles[t],
-                c.rope_style,
-            );
-            apply_rope(
-                &mut s.k[t * c.kv_dim()..(t + 1) * c.kv_dim()],
-                c.head_dim,
-                &angles[t],
-                c.rope_style,
-            );
+        let rows =
+            s.q.chunks_exact_mut(c.q_dim())
+                .zip(s.k.chunks_exact_mut(c.kv_dim()));
+        for ((q, k), ang) in rows.zip(&angles) {
+            apply_rope(q, c.head_dim, ang, c.rope_style);
+            apply_rope(k, c.head_dim, ang, c.rope_style);
         }
         cache.write(l, start, &s.k, &s.v);
         let (keys, values) = cache.layer(l, start + n);

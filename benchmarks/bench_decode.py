@@ -1,0 +1,504 @@
+#!/usr/bin/env python3
+"""Decode speed of powerinfer-rs against llama.cpp (llama-cpp-python), side by side in one run.
+
+For each thread count both engines load the same GGUF with the same number of threads, are
+warmed up, and then decode alternately (ours, llama, llama, ours, ...) --repeats times each;
+the table reports the median tokens/s of each and the ratio ours/llama.cpp.
+
+Both decode greedily from the same prompt token ids and are timed the same way: the wall time
+of the single-token steps after the prompt (prefill excluded), sampling in Python included.
+Ours is timed by the engine's own per-call stats (``Engine.stats()`` / ``last_stats``); if
+neither exists, by the time of a generate() of N+1 tokens minus that of a 1-token generate.
+
+"Achieved bandwidth" = weight bytes read per decoded token (from the GGUF tensor table: every
+tensor except the embedding table, of which one row is read, unless the output head is tied to
+it, in which case the head reads all of it) x tokens/s. It is set against the machine's read
+bandwidth measured in this run with the same thread count
+(``powerinfer_rs._core.measure_read_bandwidth``; fallback: numpy, single-threaded). The ratio
+bandwidth / bytes-per-token is the floor-time speed limit.
+
+Examples::
+
+    python benchmarks/bench_decode.py                      # SmolLM2, threads 1 and 2
+    python benchmarks/bench_decode.py --threads 2 --tokens 256 --json /tmp/decode.json
+    python benchmarks/bench_decode.py --synthetic f16      # synthetic F16 llama, dim 2048
+    python benchmarks/bench_decode.py --only llama         # llama.cpp side alone
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_common import (  # noqa: E402
+    default_model,
+    gguf_weight_bytes,
+    import_llama,
+    import_powerinfer,
+    llama_kv_overrides,
+    machine_info,
+    median,
+)
+
+DEFAULT_PROMPT = (
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg"
+)
+
+#: Shape of the --synthetic model (a llama-7B-like layer width, few layers).
+SYNTH_SHAPE = dict(dim=2048, ffn=5504, layers=8, heads=16, kv_heads=16, vocab=32000)
+
+
+# ---------------------------------------------------------------------------------------------
+# models
+
+
+def synthetic_model(kind: str, cache: Path, activation: str, seed: int) -> Path:
+    """Create (once) and return the synthetic GGUF of dtype ``kind``."""
+    pi, why = import_powerinfer()
+    if pi is None:
+        raise SystemExit(f"--synthetic needs powerinfer_rs importable: {why}")
+    try:
+        from powerinfer_rs.synth import write_gguf_model
+    except ImportError as e:
+        raise SystemExit(f"--synthetic needs powerinfer_rs.synth.write_gguf_model: {e}") from e
+    s = SYNTH_SHAPE
+    name = (
+        f"synthetic-llama-{kind.lower()}-ctx4096-d{s['dim']}-f{s['ffn']}-l{s['layers']}-h{s['heads']}"
+        f"-kv{s['kv_heads']}-v{s['vocab']}-{activation}-s{seed}.gguf"
+    )
+    path = cache / name
+    if path.is_file():
+        return path
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".gguf.part")
+    print(f"writing synthetic model {path} ...", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    kw = dict(
+        dim=s["dim"],
+        ffn=s["ffn"],
+        layers=s["layers"],
+        heads=s["heads"],
+        kv_heads=s["kv_heads"],
+        vocab=s["vocab"],
+        dtype=kind.upper(),
+        activation=activation,
+        seed=seed,
+    )
+    try:
+        write_gguf_model(str(tmp), max_context=4096, **kw)
+    except TypeError:  # a writer without max_context
+        write_gguf_model(str(tmp), **kw)
+    os.replace(tmp, path)
+    print(f"  done in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# the two engines
+
+
+class Ours:
+    name = "powerinfer-rs"
+
+    def __init__(self, path: Path, threads: int, n_ctx: int):
+        pi, why = import_powerinfer()
+        if pi is None:
+            raise RuntimeError(f"powerinfer_rs not importable: {why}")
+        kwargs = dict(threads=threads)
+        try:
+            self.eng = pi.Engine.from_pretrained(str(path), n_ctx=n_ctx, **kwargs)
+        except TypeError:  # older signature without n_ctx
+            self.eng = pi.Engine.from_pretrained(str(path), **kwargs)
+        self.module = pi
+
+    def bytes_per_token(self):
+        try:
+            return int(self.eng.bytes_per_token)
+        except Exception:
+            return None
+
+    def tokenize(self, text: str) -> list[int]:
+        return list(self.eng.tokenizer.encode(text))
+
+    def _stats(self) -> dict | None:
+        st = getattr(self.eng, "stats", None)
+        if callable(st):
+            try:
+                d = st()
+                if isinstance(d, dict) and "decode_seconds" in d:
+                    return d
+            except Exception:
+                pass
+        ls = getattr(self.eng, "last_stats", None)
+        if ls is not None and hasattr(ls, "decode_seconds"):
+            return {"decode_tokens": ls.decode_tokens, "decode_seconds": ls.decode_seconds}
+        return None
+
+    def _gen(self, prompt_ids, n_new):
+        if hasattr(self.eng, "reset"):
+            self.eng.reset()  # no prefix reuse between runs: every run prefills the prompt
+        return self.eng.generate(
+            list(prompt_ids), max_new_tokens=n_new, temperature=0.0, seed=0, ignore_eos=True
+        )
+
+    def decode(self, prompt_ids: list[int], n: int) -> tuple[int, float]:
+        """Decode n tokens after the prompt; return (tokens decoded, seconds)."""
+        self._gen(prompt_ids, n + 1)  # n+1 sampled tokens = n single-token forward steps
+        st = self._stats()
+        if st is not None:
+            return int(st["decode_tokens"]), float(st["decode_seconds"])
+        t0 = time.perf_counter()
+        self._gen(prompt_ids, n + 1)
+        t_full = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self._gen(prompt_ids, 1)
+        t_one = time.perf_counter() - t0
+        return n, max(t_full - t_one, 1e-9)
+
+    def close(self):
+        self.eng = None
+
+
+class LlamaCpp:
+    name = "llama.cpp"
+
+    def __init__(self, path: Path, threads: int, n_ctx: int):
+        llama_cpp, why = import_llama()
+        if llama_cpp is None:
+            raise RuntimeError(f"llama_cpp not importable: {why}")
+        self.lib = llama_cpp
+        self.llm = llama_cpp.Llama(
+            model_path=str(path),
+            n_ctx=n_ctx,
+            n_threads=threads,
+            n_threads_batch=threads,
+            logits_all=False,
+            verbose=False,
+            kv_overrides=llama_kv_overrides(path) or None,
+        )
+        self.n_vocab = self.llm.n_vocab()
+
+    def tokenize(self, text: str) -> list[int]:
+        return self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
+
+    def _last_logits(self) -> np.ndarray:
+        # llama-cpp-python >= 0.3 no longer copies logits into llm.scores unless
+        # logits_all=True: read the last row straight from the context.
+        ptr = self.lib.llama_get_logits_ith(self.llm.ctx, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def decode(self, prompt_ids: list[int], n: int) -> tuple[int, float]:
+        llm = self.llm
+        llm.reset()
+        llm.eval(prompt_ids)
+        tok = int(np.argmax(self._last_logits()))
+        t0 = time.perf_counter()
+        for _ in range(n):
+            llm.eval([tok])
+            tok = int(np.argmax(self._last_logits()))
+        return n, time.perf_counter() - t0
+
+    def greedy_ids(self, prompt_ids: list[int], n: int) -> list[int]:
+        llm = self.llm
+        llm.reset()
+        llm.eval(prompt_ids)
+        out = [int(np.argmax(self._last_logits()))]
+        for _ in range(n - 1):
+            llm.eval([out[-1]])
+            out.append(int(np.argmax(self._last_logits())))
+        return out
+
+    def close(self):
+        try:
+            self.llm.close()
+        except Exception:
+            pass
+        self.llm = None
+
+
+# ---------------------------------------------------------------------------------------------
+# bandwidth
+
+
+def measure_bandwidth(threads: int, nbytes: int, iters: int) -> tuple[float, str]:
+    """(GB/s, how it was measured)."""
+    pi, _ = import_powerinfer()
+    fn = getattr(getattr(pi, "_core", None), "measure_read_bandwidth", None) if pi else None
+    if fn is not None:
+        return float(fn(nbytes, iters, threads)), f"powerinfer_rs._core, {threads} thread(s)"
+    a = np.ones(nbytes // 4, dtype=np.float32)
+    a.sum()
+    best = float("inf")
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        a.sum()
+        best = min(best, time.perf_counter() - t0)
+    return a.nbytes / best / 1e9, "numpy sum, single-threaded (fallback)"
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def run(args) -> dict:
+    if args.synthetic:
+        model = synthetic_model(args.synthetic, Path(args.cache), args.activation, args.seed)
+        label = (
+            f"synthetic {args.synthetic.upper()} llama "
+            + " ".join(f"{k}={v}" for k, v in SYNTH_SHAPE.items())
+            + f" act={args.activation}"
+        )
+    else:
+        model = Path(args.model) if args.model else default_model()
+        label = model.name
+    if not model.is_file():
+        raise SystemExit(f"model not found: {model}")
+    n_tokens = args.tokens if args.tokens else (32 if args.synthetic else 128)
+    wb = gguf_weight_bytes(model)
+    engines = [e for e in ("ours", "llama") if args.only in (None, e)]
+
+    print(f"model      : {label}")
+    print(f"file       : {model} ({wb['file_bytes'] / 1e6:.1f} MB, arch {wb['architecture']})")
+    print(
+        f"bytes/token: {wb['per_token'] / 1e6:.2f} MB "
+        f"(embeddings {'tied: head reads all' if wb['tied_embeddings'] else 'untied: one row'})"
+    )
+    print(f"decode     : {n_tokens} tokens, {args.repeats} repeats (median), {args.warmup} warm-up")
+    mi = machine_info()
+    print(f"machine    : {mi.get('cpu', '?')}, {mi['cpus']} cpus, load {mi.get('loadavg')}")
+    if args.synthetic:
+        print("NOTE: synthetic model (random weights) - figures are labelled 'synthetic'.")
+        if args.activation != "silu":
+            print("NOTE: llama.cpp runs llama-arch FFNs with SiLU whatever the file says.")
+    print(flush=True)
+
+    results = []
+    for threads in args.threads:
+        row = {"threads": threads, "tokens": n_tokens, "synthetic": bool(args.synthetic)}
+        bw, how = measure_bandwidth(threads, args.bw_bytes, args.bw_iters)
+        row["bandwidth_gbs"] = bw
+        row["bandwidth_method"] = how
+
+        loaded = {}
+        for key, cls in (("ours", Ours), ("llama", LlamaCpp)):
+            if key not in engines:
+                continue
+            try:
+                loaded[key] = cls(model, threads, args.n_ctx)
+            except Exception as e:  # report and go on with the other engine
+                print(f"[threads={threads}] {cls.name}: cannot load: {e}", file=sys.stderr)
+                row[f"{key}_error"] = str(e)
+        if not loaded:
+            results.append(row)
+            continue
+
+        # same prompt ids for both: llama.cpp's tokenizer if present, else ours, else fixed ids
+        prompt_ids = None
+        for key in ("llama", "ours"):
+            if key in loaded:
+                try:
+                    prompt_ids = loaded[key].tokenize(args.prompt)
+                    break
+                except Exception as e:
+                    print(f"tokenize with {key} failed: {e}", file=sys.stderr)
+        if not prompt_ids:
+            prompt_ids = list(range(1, 17))
+        row["prompt_tokens"] = len(prompt_ids)
+
+        if "ours" in loaded and row.get("ours_bytes_per_token") is None:
+            row["ours_bytes_per_token"] = loaded["ours"].bytes_per_token()
+
+        for eng in loaded.values():
+            for _ in range(args.warmup):
+                eng.decode(prompt_ids, min(n_tokens, 16))
+
+        samples = {k: [] for k in loaded}
+        cpu = {k: [] for k in loaded}  # process CPU-seconds per wall-second during the runs
+        order = list(loaded)
+        for r in range(args.repeats):
+            for key in order if r % 2 == 0 else order[::-1]:  # ABBA: no engine always first
+                c0, w0 = time.process_time(), time.perf_counter()
+                n, secs = loaded[key].decode(prompt_ids, n_tokens)
+                cpu[key].append((time.process_time() - c0) / (time.perf_counter() - w0))
+                samples[key].append(n / secs)
+        for key in loaded:
+            row[f"{key}_tok_s"] = median(samples[key])
+            row[f"{key}_samples"] = samples[key]
+            row[f"{key}_cpu_util"] = median(cpu[key])
+            row[f"{key}_achieved_gbs"] = wb["per_token"] * row[f"{key}_tok_s"] / 1e9
+        if "ours" in loaded and "llama" in loaded:
+            row["ratio_ours_llama"] = row["ours_tok_s"] / row["llama_tok_s"]
+        for eng in loaded.values():
+            eng.close()
+        row["loadavg_after"] = os.getloadavg()
+        results.append(row)
+        print(
+            f"[threads={threads}] "
+            + ", ".join(
+                f"{k}: " + " ".join(f"{x:.1f}" for x in samples[k]) + " tok/s" for k in samples
+            ),
+            flush=True,
+        )
+
+    return {
+        "model": str(model),
+        "label": label,
+        "synthetic": bool(args.synthetic),
+        "weights": wb,
+        "prompt": args.prompt,
+        "machine": mi,
+        "results": results,
+    }
+
+
+def fmt(x, spec=".1f", none="-"):
+    return none if x is None or (isinstance(x, float) and x != x) else format(x, spec)
+
+
+def print_table(rep: dict) -> None:
+    syn = " (synthetic)" if rep["synthetic"] else ""
+    bpt = rep["weights"]["per_token"]
+    print(f"\nDecode speed{syn}: {rep['label']}, {bpt / 1e6:.2f} MB weights read per token")
+    hdr = (
+        f"{'threads':>7} | {'ours tok/s':>10} | {'llama tok/s':>11} | {'ours/llama':>10} | "
+        f"{'mem BW GB/s':>11} | {'floor tok/s':>11} | {'ours GB/s (%BW)':>16} | "
+        f"{'llama GB/s (%BW)':>16}"
+    )
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rep["results"]:
+        bw = r["bandwidth_gbs"]
+        ach = {}
+        for key in ("ours", "llama"):
+            g = r.get(f"{key}_achieved_gbs")
+            ach[key] = "-" if g is None else f"{g:.2f} ({100 * g / bw:.0f}%)"
+        print(
+            f"{r['threads']:>7} | {fmt(r.get('ours_tok_s')):>10} | "
+            f"{fmt(r.get('llama_tok_s')):>11} | "
+            f"{fmt(r.get('ratio_ours_llama'), '.3f'):>10} | {bw:>11.2f} | "
+            f"{bw * 1e9 / bpt:>11.1f} | {ach['ours']:>16} | {ach['llama']:>16}"
+        )
+    busy = [
+        f"threads={r['threads']} {k} used {r[k + '_cpu_util']:.2f} CPUs"
+        for r in rep["results"]
+        for k in ("ours", "llama")
+        if k + "_cpu_util" in r and r[k + "_cpu_util"] < 0.9 * r["threads"]
+    ]
+    if busy:
+        print(
+            "WARNING: the machine looks busy (other processes took CPU time): "
+            + "; ".join(busy)
+            + " - these figures are unreliable, run again on an idle machine"
+        )
+    methods = sorted({r["bandwidth_method"] for r in rep["results"]})
+    print(
+        "cpu use (process CPU s / wall s, expect ~threads; more = someone spins while idle): "
+        + "; ".join(
+            f"t={r['threads']}: "
+            + ", ".join(
+                f"{k} {r[k + '_cpu_util']:.2f}" for k in ("ours", "llama") if k + "_cpu_util" in r
+            )
+            for r in rep["results"]
+        )
+    )
+    print(f"mem BW: best pass of a read-only sweep ({'; '.join(methods)})")
+    print("floor tok/s = mem BW / bytes per token (all weights streamed once per token)")
+    obpts = {r.get("ours_bytes_per_token") for r in rep["results"]} - {None}
+    for obpt in obpts:
+        if abs(obpt - bpt) > 1e-3 * bpt:
+            print(
+                f"note: the engine reports {obpt / 1e6:.2f} MB/token (GGUF count {bpt / 1e6:.2f})"
+            )
+    for r in rep["results"]:
+        for key in ("ours", "llama"):
+            if r.get(f"{key}_error"):
+                print(f"threads={r['threads']}: {key} not run: {r[f'{key}_error']}")
+
+
+def parse_threads(s: str) -> list[int]:
+    out = [int(x) for x in s.split(",") if x.strip()]
+    if not out or any(t < 1 for t in out):
+        raise argparse.ArgumentTypeError("threads: comma-separated positive integers")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--model",
+        help="GGUF file (default: SmolLM2-135M-Instruct Q4_1: "
+        "$POWERINFER_RS_TEST_MODEL, /tmp/smol/..., or the package's cached copy)",
+    )
+    ap.add_argument(
+        "--synthetic",
+        type=str.upper,
+        choices=["F16", "F32", "Q8_0", "Q4_0", "Q4_1"],
+        help="use a synthetic llama (dim 2048, ffn 5504, 8 layers, 16/16 heads, "
+        "vocab 32000) of this dtype, written once into --cache",
+    )
+    ap.add_argument(
+        "--activation",
+        default="silu",
+        choices=["silu", "relu"],
+        help="FFN activation of the synthetic model (default silu, what llama.cpp runs)",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights")
+    ap.add_argument(
+        "--cache",
+        default=os.environ.get(
+            "POWERINFER_RS_BENCH_CACHE", str(Path.home() / ".cache" / "powerinfer_rs" / "bench")
+        ),
+        help="where synthetic models are kept (default ~/.cache/powerinfer_rs/bench)",
+    )
+    ap.add_argument(
+        "--threads",
+        type=parse_threads,
+        default=[1, 2],
+        help="comma-separated thread counts (default 1,2)",
+    )
+    ap.add_argument(
+        "--tokens",
+        type=int,
+        default=0,
+        help="tokens decoded per run (default 128; 32 with --synthetic)",
+    )
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs per engine (default 5)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed runs per engine first")
+    ap.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text")
+    ap.add_argument("--n-ctx", type=int, default=1024, help="context size of both engines")
+    ap.add_argument("--only", choices=["ours", "llama"], help="run one engine only")
+    ap.add_argument(
+        "--bw-bytes",
+        type=int,
+        default=512 << 20,
+        help="buffer size of the bandwidth sweep (default 512 MiB)",
+    )
+    ap.add_argument("--bw-iters", type=int, default=5, help="passes of the bandwidth sweep")
+    ap.add_argument("--json", help="also write the results to this JSON file")
+    args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error("--repeats must be >= 1")
+
+    rep = run(args)
+    print_table(rep)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(rep, f, indent=2, default=str)
+        print(f"results written to {args.json}")
+    ok = any(k.endswith("_tok_s") for r in rep["results"] for k in r)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

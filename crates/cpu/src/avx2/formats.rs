@@ -1,0 +1,249 @@
+//! How each weight format turns into 8-lane f32 vectors under AVX2/F16C. The float formats load
+//! eight consecutive values; the quantized formats decode one 32-weight block into four vectors
+//! of raw quants plus its scale `d` and per-weight offset (w = d·q + offset).
+
+use half::{bf16, f16};
+use std::arch::x86_64::*;
+
+/// A format with one value per block (F32, F16, BF16).
+pub(super) trait FloatFormat {
+    /// Bytes per value.
+    const BYTES: usize;
+
+    /// The eight values at `p` as f32.
+    ///
+    /// # Safety
+    /// `p..p + 8·BYTES` must be readable (any alignment); the CPU must have AVX2, FMA and F16C.
+    unsafe fn load8(p: *const u8) -> __m256;
+
+    /// The one value in `bytes[..BYTES]`, for row tails.
+    fn scalar(bytes: &[u8]) -> f32;
+}
+
+/// Little-endian f32.
+pub(super) struct F32;
+/// IEEE half precision.
+pub(super) struct F16;
+/// bfloat16: the top 16 bits of an f32.
+pub(super) struct Bf16;
+
+impl FloatFormat for F32 {
+    const BYTES: usize = 4;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: the caller guarantees 32 readable bytes; loadu takes any alignment.
+        unsafe { _mm256_loadu_ps(p as *const f32) }
+    }
+
+    fn scalar(bytes: &[u8]) -> f32 {
+        f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
+    }
+}
+
+impl FloatFormat for F16 {
+    const BYTES: usize = 2;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: the caller guarantees 16 readable bytes; loadu takes any alignment.
+        _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p as *const __m128i) })
+    }
+
+    fn scalar(bytes: &[u8]) -> f32 {
+        f16::from_le_bytes([bytes[0], bytes[1]]).to_f32()
+    }
+}
+
+impl FloatFormat for Bf16 {
+    const BYTES: usize = 2;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: the caller guarantees 16 readable bytes; loadu takes any alignment.
+        let raw = unsafe { _mm_loadu_si128(p as *const __m128i) };
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(raw)))
+    }
+
+    fn scalar(bytes: &[u8]) -> f32 {
+        bf16::from_le_bytes([bytes[0], bytes[1]]).to_f32()
+    }
+}
+
+/// What a quantized format adds to d·q for each weight.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum Offset {
+    /// w = d·q (Q8_0).
+    None,
+    /// w = d·(q − 8) (Q4_0).
+    MinusEight,
+    /// w = d·q + m with a stored per-block min `m` (Q4_1).
+    Min,
+}
+
+/// A format of 32-weight blocks (Q8_0, Q4_0, Q4_1).
+pub(super) trait QuantFormat {
+    /// Bytes per block.
+    const BLOCK_BYTES: usize;
+    /// How the offset is stored.
+    const OFFSET: Offset;
+
+    /// The block's 32 raw quants as f32, in weight order (8 per vector).
+    ///
+    /// # Safety
+    /// `p..p + BLOCK_BYTES` must be readable (any alignment); the CPU must have AVX2/FMA/F16C.
+    unsafe fn quants(p: *const u8) -> [__m256; 4];
+
+    /// The block's 32 raw quants as i16: weights 0..16, then 16..32.
+    ///
+    /// # Safety
+    /// As for [`QuantFormat::quants`].
+    unsafe fn quants16(p: *const u8) -> [__m256i; 2];
+
+    /// The block's scale `d`, in every lane.
+    ///
+    /// # Safety
+    /// As for [`QuantFormat::quants`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scale(p: *const u8) -> __m256 {
+        // SAFETY: the block starts with its f16 scale, readable per the caller.
+        unsafe { half_at(p) }
+    }
+
+    /// The block's stored min `m` in every lane (only called when OFFSET is Min).
+    ///
+    /// # Safety
+    /// As for [`QuantFormat::quants`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn min(p: *const u8) -> __m256 {
+        // SAFETY: Q4_1 stores m as the f16 after d, inside the readable block.
+        unsafe { half_at(p.add(2)) }
+    }
+}
+
+/// The little-endian f16 at `p`, converted and broadcast to all eight lanes.
+///
+/// # Safety
+/// Two bytes at `p` must be readable; the CPU must have AVX2 and F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn half_at(p: *const u8) -> __m256 {
+    // SAFETY: two readable bytes per the caller; read_unaligned takes any alignment.
+    let bits = unsafe { (p as *const u16).read_unaligned() };
+    // Convert in an xmm (one uop) and broadcast, rather than converting a whole ymm.
+    _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+/// Q8_0: f16 d, 32 × i8.
+pub(super) struct Q8_0;
+/// Q4_0: f16 d, 16 bytes of nibbles, w = d·(q − 8).
+pub(super) struct Q4_0;
+/// Q4_1: f16 d, f16 m, 16 bytes of nibbles, w = d·q + m.
+pub(super) struct Q4_1;
+
+impl QuantFormat for Q8_0 {
+    const BLOCK_BYTES: usize = 34;
+    const OFFSET: Offset = Offset::None;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quants(p: *const u8) -> [__m256; 4] {
+        let q = p.wrapping_add(2);
+        // SAFETY: bytes 2..34 of the block are readable per the caller; 8-byte unaligned loads.
+        let bytes = |i: usize| unsafe { _mm_loadl_epi64(q.add(8 * i) as *const __m128i) };
+        let f = |i: usize| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes(i)));
+        [f(0), f(1), f(2), f(3)]
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quants16(p: *const u8) -> [__m256i; 2] {
+        // SAFETY: bytes 2..34 of the block are readable per the caller; unaligned loads.
+        let half = |i: usize| unsafe { _mm_loadu_si128(p.add(2 + 16 * i) as *const __m128i) };
+        [_mm256_cvtepi8_epi16(half(0)), _mm256_cvtepi8_epi16(half(1))]
+    }
+}
+
+/// The 32 nibbles of a Q4 block at `q` (16 bytes): low nibbles are weights 0..16, high nibbles
+/// weights 16..32.
+///
+/// # Safety
+/// 16 bytes at `q` must be readable; the CPU must have AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles(q: *const u8) -> [__m256; 4] {
+    // SAFETY: 16 readable bytes per the caller, read as two unaligned 8-byte loads.
+    let (a, b) = unsafe {
+        (
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(q as *const __m128i)),
+            _mm256_cvtepu8_epi32(_mm_loadl_epi64(q.add(8) as *const __m128i)),
+        )
+    };
+    let low = _mm256_set1_epi32(0x0F);
+    [
+        _mm256_cvtepi32_ps(_mm256_and_si256(a, low)),
+        _mm256_cvtepi32_ps(_mm256_and_si256(b, low)),
+        _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(a)),
+        _mm256_cvtepi32_ps(_mm256_srli_epi32::<4>(b)),
+    ]
+}
+
+/// The 32 nibbles of a Q4 block at `q` (16 bytes) as i16: low nibbles (weights 0..16), then
+/// high nibbles (weights 16..32).
+///
+/// # Safety
+/// 16 bytes at `q` must be readable; the CPU must have AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles16(q: *const u8) -> [__m256i; 2] {
+    // SAFETY: 16 readable bytes per the caller, one unaligned load.
+    let raw = unsafe { _mm_loadu_si128(q as *const __m128i) };
+    let low = _mm_set1_epi8(0x0F);
+    [
+        _mm256_cvtepu8_epi16(_mm_and_si128(raw, low)),
+        _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(raw), low)),
+    ]
+}
+
+impl QuantFormat for Q4_0 {
+    const BLOCK_BYTES: usize = 18;
+    const OFFSET: Offset = Offset::MinusEight;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quants(p: *const u8) -> [__m256; 4] {
+        // SAFETY: the nibbles are bytes 2..18 of the readable block.
+        unsafe { nibbles(p.add(2)) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quants16(p: *const u8) -> [__m256i; 2] {
+        // SAFETY: the nibbles are bytes 2..18 of the readable block.
+        unsafe { nibbles16(p.add(2)) }
+    }
+}
+
+impl QuantFormat for Q4_1 {
+    const BLOCK_BYTES: usize = 20;
+    const OFFSET: Offset = Offset::Min;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quants(p: *const u8) -> [__m256; 4] {
+        // SAFETY: the nibbles are bytes 4..20 of the readable block.
+        unsafe { nibbles(p.add(4)) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quants16(p: *const u8) -> [__m256i; 2] {
+        // SAFETY: the nibbles are bytes 4..20 of the readable block.
+        unsafe { nibbles16(p.add(4)) }
+    }
+}

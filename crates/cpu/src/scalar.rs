@@ -1,0 +1,138 @@
+//! Portable kernels with f32 accumulation: the fallback on CPUs without AVX2 (or with
+//! `POWERINFER_SIMD=scalar`). Quantized rows are decoded one 32-weight block at a time into a
+//! stack buffer and dotted from there, so the compiler can vectorise the inner loops.
+
+use half::{bf16, f16};
+use powerinfer_core::DType;
+
+/// Weights per quantized block.
+const QK: usize = 32;
+
+/// Read the little-endian f16 at byte `at`.
+#[inline]
+fn f16_at(bytes: &[u8], at: usize) -> f32 {
+    f16::from_bits(u16::from_le_bytes([bytes[at], bytes[at + 1]])).to_f32()
+}
+
+/// Decode one quantized block (`dtype.block_bytes()` bytes) into 32 weights.
+#[inline]
+fn decode_block(dtype: DType, block: &[u8], out: &mut [f32; QK]) {
+    match dtype {
+        DType::Q8_0 => {
+            let d = f16_at(block, 0);
+            for (o, &q) in out.iter_mut().zip(&block[2..2 + QK]) {
+                *o = d * (q as i8) as f32;
+            }
+        }
+        DType::Q4_0 | DType::Q4_1 => {
+            let (d, m, packed) = if dtype == DType::Q4_0 {
+                let d = f16_at(block, 0);
+                (d, -8.0 * d, &block[2..18])
+            } else {
+                (f16_at(block, 0), f16_at(block, 2), &block[4..20])
+            };
+            let (lo, hi) = out.split_at_mut(QK / 2);
+            for ((l, h), &b) in lo.iter_mut().zip(hi).zip(packed) {
+                *l = d * (b & 0x0F) as f32 + m;
+                *h = d * (b >> 4) as f32 + m;
+            }
+        }
+        DType::F32 | DType::F16 | DType::BF16 => unreachable!("{dtype} has no 32-weight blocks"),
+    }
+}
+
+/// Decode a whole row of `dtype` into `out` (sizes already checked by the caller).
+pub(crate) fn dequantize_row(dtype: DType, row: &[u8], out: &mut [f32]) {
+    match dtype {
+        DType::F32 => {
+            for (o, b) in out.iter_mut().zip(row.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        DType::F16 => {
+            for (o, b) in out.iter_mut().zip(row.chunks_exact(2)) {
+                *o = f16::from_le_bytes([b[0], b[1]]).to_f32();
+            }
+        }
+        DType::BF16 => {
+            for (o, b) in out.iter_mut().zip(row.chunks_exact(2)) {
+                *o = bf16::from_le_bytes([b[0], b[1]]).to_f32();
+            }
+        }
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
+            let mut buf = [0f32; QK];
+            for (o, block) in out
+                .chunks_exact_mut(QK)
+                .zip(row.chunks_exact(dtype.block_bytes()))
+            {
+                decode_block(dtype, block, &mut buf);
+                o.copy_from_slice(&buf);
+            }
+        }
+    }
+}
+
+/// f32 dot product with eight partial sums (vectorisable, and more accurate than one chain).
+#[inline]
+pub(crate) fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (a8, b8) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = a8
+        .remainder()
+        .iter()
+        .zip(b8.remainder())
+        .map(|(x, y)| x * y)
+        .sum();
+    for (ca, cb) in a8.zip(b8) {
+        for k in 0..8 {
+            acc[k] += ca[k] * cb[k];
+        }
+    }
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Dot product of one `dtype` row with `x` in f32.
+pub(crate) fn dot_row(dtype: DType, row: &[u8], x: &[f32]) -> f32 {
+    if !dtype.is_quantized() {
+        let mut buf = [0f32; 64];
+        let mut sum = 0f32;
+        let bb = dtype.block_bytes();
+        for (xc, rc) in x.chunks(buf.len()).zip(row.chunks(buf.len() * bb)) {
+            dequantize_row(dtype, rc, &mut buf[..xc.len()]);
+            sum += dot_f32(&buf[..xc.len()], xc);
+        }
+        return sum;
+    }
+    let mut buf = [0f32; QK];
+    let mut sum = 0f32;
+    for (xb, block) in x
+        .chunks_exact(QK)
+        .zip(row.chunks_exact(dtype.block_bytes()))
+    {
+        decode_block(dtype, block, &mut buf);
+        sum += dot_f32(&buf, xb);
+    }
+    sum
+}
+
+/// out[i] = dot(row i, x) for the consecutive rows in `rows` (each `row_bytes` long).
+pub(crate) fn rows_dot(dtype: DType, rows: &[u8], row_bytes: usize, x: &[f32], out: &mut [f32]) {
+    if row_bytes == 0 {
+        out.fill(0.0);
+        return;
+    }
+    for (o, row) in out.iter_mut().zip(rows.chunks_exact(row_bytes)) {
+        *o = dot_row(dtype, row, x);
+    }
+}
+
+/// Tile product for matmul: `w` holds `r` dequantised rows of `cols`, `x` holds tokens of `cols`;
+/// out[t·r + i] = dot(w row i, x token t).
+pub(crate) fn tile_dot(w: &[f32], cols: usize, x: &[f32], out: &mut [f32]) {
+    let r = w.len() / cols;
+    for (xt, ot) in x.chunks_exact(cols).zip(out.chunks_exact_mut(r)) {
+        for (o, wr) in ot.iter_mut().zip(w.chunks_exact(cols)) {
+            *o = dot_f32(wr, xt);
+        }
+    }
+}

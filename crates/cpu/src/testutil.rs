@@ -1,0 +1,88 @@
+//! Test helpers: a seeded generator of random weights in every format, and the error bound all
+//! fast paths must meet against the f64 reference.
+
+use half::{bf16, f16};
+use powerinfer_core::{Buffer, DType, Weight};
+
+/// Allowed |error| of a dot product, relative to Σ|w·x| of that row.
+pub(crate) const DOT_REL_TOL: f64 = 1e-4;
+/// Allowed absolute |error| of a dot product on top of the relative part.
+pub(crate) const DOT_ABS_TOL: f64 = 1e-6;
+
+/// A small seeded generator (splitmix64), so tests need no extra dependency.
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [lo, hi).
+    pub(crate) fn uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        lo + (hi - lo) * ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32)
+    }
+
+    pub(crate) fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.uniform(-2.0, 2.0)).collect()
+    }
+}
+
+/// The bytes of one random row of `cols` weights in `dtype` (scales of both signs).
+pub(crate) fn random_row(rng: &mut Rng, dtype: DType, cols: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(dtype.row_bytes(cols).unwrap());
+    let half = |v: f32| f16::from_f32(v).to_le_bytes();
+    for _ in 0..cols / dtype.block_size() {
+        match dtype {
+            DType::F32 => out.extend(rng.uniform(-1.0, 1.0).to_le_bytes()),
+            DType::F16 => out.extend(half(rng.uniform(-1.0, 1.0))),
+            DType::BF16 => out.extend(bf16::from_f32(rng.uniform(-1.0, 1.0)).to_le_bytes()),
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
+                out.extend(half(rng.uniform(-0.1, 0.1)));
+                if dtype == DType::Q4_1 {
+                    out.extend(half(rng.uniform(-1.0, 1.0)));
+                }
+                let n = if dtype == DType::Q8_0 { 32 } else { 16 };
+                out.extend((0..n).map(|_| rng.next_u64() as u8));
+            }
+        }
+    }
+    out
+}
+
+/// A random `rows` × `cols` weight in `dtype`.
+pub(crate) fn random_weight(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Weight {
+    let bytes: Vec<u8> = (0..rows)
+        .flat_map(|_| random_row(rng, dtype, cols))
+        .collect();
+    Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
+}
+
+/// Panic unless `got` is within the dot-product bound of the f64 reference for this row.
+pub(crate) fn assert_dot_close(got: f32, dtype: DType, row: &[u8], x: &[f32], what: &str) {
+    let want = crate::reference::dot_row_f64(dtype, row, x);
+    let scale = crate::reference::abs_dot_row(dtype, row, x);
+    let err = (got as f64 - want).abs();
+    let tol = DOT_REL_TOL * scale + DOT_ABS_TOL;
+    assert!(
+        err <= tol,
+        "{what} {dtype} cols {}: got {got}, want {want}, err {err:e} > tol {tol:e}",
+        x.len()
+    );
+}
+
+/// Column counts valid for `dtype` that exercise tails: odd ones for the float formats.
+pub(crate) fn test_cols(dtype: DType) -> &'static [usize] {
+    if dtype.is_quantized() {
+        &[32, 64, 96, 32 * 37, 4096]
+    } else {
+        &[1, 7, 8, 15, 17, 33, 129, 1001, 4096]
+    }
+}

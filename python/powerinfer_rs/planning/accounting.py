@@ -1,0 +1,191 @@
+"""Exact GPU memory accounting: every allocation a plan implies, with its size in bytes.
+
+This is the single definition the engine's GPU allocator mirrors: :func:`gpu_allocation` lists
+``(name, bytes)`` for each buffer, every size already rounded up to :data:`~.sizes.ALIGN`
+(256) bytes, and a plan's GPU total is the sum of that list. The integer program's byte
+coefficients are sums of these same lists, so what the solver counts is what gets allocated.
+
+Per layer ``l`` (when placed on the GPU):
+
+* attention: ``attn_norm``, ``attn_q``, ``attn_k``, ``attn_v``, ``attn_output`` in their stored
+  formats, and the KV cache ``cache_k``, ``cache_v``: ``context x kv_dim`` f16 each;
+* predictor: ``pred_fc1``, ``pred_fc2`` (see :mod:`.predictor_size`);
+* FFN, when the layer has hot neurons: ``ffn_norm`` and ``ffn_hot``, which holds the hot neurons
+  in *slabs* of ``bucket`` neurons. A slab is the bucket's gate rows, up rows and ``down_t`` rows
+  (the down projection transposed, so a neuron's down vector is one contiguous row of ``dim``
+  weights) followed by the bucket's i32 neuron ids, padded to 256 bytes; a partial last slab is
+  padded with zero rows to full size. So ``ffn_hot = n_slabs * slab_bytes`` exactly.
+
+Global: ``output_norm``, ``output`` and ``output.logits`` (vocab f32) when the output head is on
+the GPU; and, whenever anything is, the shared scratch buffers of :func:`scratch_allocations`.
+Token embeddings stay in CPU memory (a token reads one row; the row crosses PCIe).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import PlanError
+from ..loading.types import LoadedModel
+from .model_shape import ModelShape
+from .placement import Placement
+from .predictor_size import PredictorSizes
+from .sizes import align
+
+if TYPE_CHECKING:
+    from .plan_file import Plan
+
+Allocation = tuple[str, int]
+
+#: Bytes per element of the KV cache (f16 K and V, on either device).
+KV_ELEMENT_BYTES = 2
+#: Bytes of a neuron id stored in a slab (i32).
+NEURON_ID_BYTES = 4
+
+_ATTN_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output")
+
+
+def kv_dim(shape: ModelShape) -> int:
+    """Width of one K (or V) row: ``n_kv_heads * head_dim``."""
+    return shape.config.n_kv_heads * shape.config.head_dim
+
+
+def kv_cache_bytes(shape: ModelShape, context: int) -> int:
+    """Bytes of one layer's K or V cache for ``context`` positions (f16), before alignment."""
+    return context * kv_dim(shape) * KV_ELEMENT_BYTES
+
+
+def attention_allocations(shape: ModelShape, layer: int, context: int) -> list[Allocation]:
+    """Layer ``layer``'s attention weights, its input norm and its KV cache."""
+    out = [(f"blk.{layer}.{t}", align(shape.tensor_bytes(f"blk.{layer}.{t}"))) for t in _ATTN_TENSORS]
+    kv = align(kv_cache_bytes(shape, context))
+    out += [(f"blk.{layer}.cache_k", kv), (f"blk.{layer}.cache_v", kv)]
+    return out
+
+
+def predictor_allocations(pred: PredictorSizes, layer: int) -> list[Allocation]:
+    """Layer ``layer``'s predictor weights."""
+    names = ("pred_fc1", "pred_fc2") if len(pred.allocations[layer]) == 2 else ("pred",)
+    return [(f"blk.{layer}.{n}", align(b)) for n, b in zip(names, pred.allocations[layer])]
+
+
+def slab_bytes(shape: ModelShape, layer: int, bucket: int) -> int:
+    """Bytes of one slab of ``bucket`` hot neurons of ``layer`` (rows + ids, 256-aligned)."""
+    return align(bucket * (shape.neuron_read_bytes(layer) + NEURON_ID_BYTES))
+
+
+def ffn_fixed_allocations(shape: ModelShape, layer: int) -> list[Allocation]:
+    """What a layer with any hot neuron allocates besides its slabs: the FFN input norm."""
+    return [(f"blk.{layer}.ffn_norm", align(shape.tensor_bytes(f"blk.{layer}.ffn_norm")))]
+
+
+def ffn_allocations(shape: ModelShape, layer: int, n_slabs: int, bucket: int) -> list[Allocation]:
+    """Layer ``layer``'s FFN allocations with ``n_slabs`` slabs on the GPU (none when 0)."""
+    if n_slabs <= 0:
+        return []
+    return ffn_fixed_allocations(shape, layer) + [
+        (f"blk.{layer}.ffn_hot", n_slabs * slab_bytes(shape, layer, bucket))
+    ]
+
+
+def output_allocations(shape: ModelShape) -> list[Allocation]:
+    """The output head: final norm, output matrix, f32 logits."""
+    return [
+        ("output_norm", align(shape.tensor_bytes("output_norm"))),
+        ("output", align(shape.tensor_bytes("output"))),
+        ("output.logits", align(4 * shape.config.vocab_size)),
+    ]
+
+
+def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -> list[Allocation]:
+    """Scratch buffers, allocated once (layers run one after another) when the GPU is used.
+
+    All f32 except ``active`` (i32): residual ``x``, normed ``xb`` and output ``xb2`` (dim
+    each); ``q`` (n_heads * head_dim); ``k``, ``v`` (kv_dim each); attention scores ``att``
+    (n_heads * context); ``hb``, ``hb2`` (ffn_dim each, gate and up); ``active`` (ffn_dim i32,
+    the compacted active-neuron list); ``pred`` (the largest predictor rank, its hidden vector);
+    ``xfer`` (2 * dim: the CPU's partial FFN sum coming in and the layer input going out).
+    """
+    c = shape.config
+    f32 = {
+        "x": c.dim,
+        "xb": c.dim,
+        "xb2": c.dim,
+        "q": c.n_heads * c.head_dim,
+        "k": kv_dim(shape),
+        "v": kv_dim(shape),
+        "att": c.n_heads * context,
+        "hb": c.ffn_dim,
+        "hb2": c.ffn_dim,
+        "active": c.ffn_dim,
+        "pred": max(pred.ranks, default=0),
+        "xfer": 2 * c.dim,
+    }
+    return [(f"scratch.{k}", align(4 * n)) for k, n in f32.items()]
+
+
+def placement_allocation(
+    shape: ModelShape,
+    placement: Placement,
+    *,
+    bucket: int,
+    context: int,
+    predictors: PredictorSizes,
+) -> list[Allocation]:
+    """Every GPU allocation of ``placement``, layer by layer, then the global ones."""
+    if placement.n_layers != shape.config.n_layers:
+        raise PlanError(
+            f"placement has {placement.n_layers} layers, the model {shape.config.n_layers}"
+        )
+    out: list[Allocation] = []
+    for i in range(placement.n_layers):
+        if placement.attention[i]:
+            out += attention_allocations(shape, i, context)
+        if placement.predictor[i]:
+            out += predictor_allocations(predictors, i)
+        out += ffn_allocations(shape, i, placement.ffn_buckets[i], bucket)
+    if placement.output:
+        out += output_allocations(shape)
+    if placement.uses_gpu():
+        out += scratch_allocations(shape, context, predictors)
+    return out
+
+
+def gpu_allocation(plan: Plan, model: LoadedModel | ModelShape) -> list[Allocation]:
+    """``[(name, bytes), ...]``: what the engine allocates on the GPU to run ``plan`` on
+    ``model``. Raises :class:`PlanError` when the plan does not fit the model's shape."""
+    shape = ModelShape.coerce(model)
+    c = shape.config
+    if len(plan.gpu_neurons) != c.n_layers:
+        raise PlanError(f"plan has {len(plan.gpu_neurons)} layers, the model {c.n_layers}")
+    if plan.ffn_dim != c.ffn_dim:
+        raise PlanError(f"plan is for ffn_dim {plan.ffn_dim}, the model has {c.ffn_dim}")
+    return placement_allocation(
+        shape,
+        plan.placement,
+        bucket=plan.bucket,
+        context=plan.context,
+        predictors=plan.predictors,
+    )
+
+
+def total_bytes(allocations: list[Allocation]) -> int:
+    """Sum of an allocation list."""
+    return sum(b for _, b in allocations)
+
+
+__all__ = [
+    "KV_ELEMENT_BYTES",
+    "NEURON_ID_BYTES",
+    "attention_allocations",
+    "ffn_allocations",
+    "ffn_fixed_allocations",
+    "gpu_allocation",
+    "kv_cache_bytes",
+    "output_allocations",
+    "placement_allocation",
+    "predictor_allocations",
+    "scratch_allocations",
+    "slab_bytes",
+    "total_bytes",
+]

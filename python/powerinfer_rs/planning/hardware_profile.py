@@ -1,0 +1,141 @@
+"""Hardware profiles: the numbers the cost model reads (VRAM, bandwidths, latencies).
+
+Profiles ship as JSON files in ``planning/hardware/`` (``planner/hardware`` in the repository is
+a symlink to it). A user passes a profile name (``rtx4090``) or the path of their own JSON file
+with the same keys; see ``planner/README.md`` for where the shipped numbers come from.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..errors import PlanError
+
+HARDWARE_DIR = Path(__file__).resolve().parent / "hardware"
+
+#: Profile used when no GPU is detected and none is named: the paper's PC-High card.
+FALLBACK_PROFILE = "rtx4090"
+
+_FIELDS = (
+    "vram_bytes",
+    "gpu_mem_bw",
+    "pcie_bw",
+    "cpu_mem_bw",
+    "cpu_cores",
+    "launch_latency_us",
+    "sync_latency_us",
+)
+
+#: Substrings of ``nvidia-smi --query-gpu=name`` -> shipped profile, most specific first.
+_GPU_NAME_TO_PROFILE = (
+    ("H200", "h200"),
+    ("H100 PCIe", "h100-pcie"),
+    ("H100", "h100-sxm"),
+    ("RTX 4090", "rtx4090"),
+    ("RTX 2080 Ti", "rtx2080ti"),
+)
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    """One machine: GPU VRAM and bandwidth, PCIe, CPU memory bandwidth, latencies.
+
+    Bandwidths are in GB/s (10^9 bytes per second), latencies in microseconds.
+    ``gpu_mem_bw == 0`` means there is no GPU (only a budget of 0 fits).
+    """
+
+    name: str
+    vram_bytes: int
+    gpu_mem_bw: float
+    pcie_bw: float
+    cpu_mem_bw: float
+    cpu_cores: int
+    launch_latency_us: float
+    sync_latency_us: float
+    description: str = ""
+
+    @property
+    def has_gpu(self) -> bool:
+        """Whether the profile describes a GPU at all."""
+        return self.gpu_mem_bw > 0 and self.vram_bytes > 0
+
+    def to_dict(self) -> dict:
+        """The profile as a JSON-ready dict (what the plan file records)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "profile") -> HardwareProfile:
+        """Build and validate a profile; raises :class:`PlanError` naming ``source``."""
+        if not isinstance(d, dict):
+            raise PlanError(f"{source}: a hardware profile must be a JSON object")
+        missing = [k for k in _FIELDS if k not in d]
+        if missing:
+            raise PlanError(f"{source}: hardware profile lacks {', '.join(missing)}")
+        vals = {}
+        for k in _FIELDS:
+            v = d[k]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise PlanError(f"{source}: {k} must be a number, got {v!r}")
+            if v < 0:
+                raise PlanError(f"{source}: {k} must not be negative, got {v}")
+            vals[k] = v
+        if vals["cpu_mem_bw"] <= 0:
+            raise PlanError(f"{source}: cpu_mem_bw must be positive")
+        if vals["gpu_mem_bw"] > 0 and vals["pcie_bw"] <= 0:
+            raise PlanError(f"{source}: a GPU profile needs a positive pcie_bw")
+        return cls(
+            name=str(d.get("name", Path(source).stem)),
+            vram_bytes=int(vals["vram_bytes"]),
+            gpu_mem_bw=float(vals["gpu_mem_bw"]),
+            pcie_bw=float(vals["pcie_bw"]),
+            cpu_mem_bw=float(vals["cpu_mem_bw"]),
+            cpu_cores=int(vals["cpu_cores"]),
+            launch_latency_us=float(vals["launch_latency_us"]),
+            sync_latency_us=float(vals["sync_latency_us"]),
+            description=str(d.get("description", "")),
+        )
+
+
+def list_profiles() -> list[str]:
+    """Names of the shipped profiles."""
+    return sorted(p.stem for p in HARDWARE_DIR.glob("*.json"))
+
+
+def load_hardware(name_or_file: str | os.PathLike[str]) -> HardwareProfile:
+    """A shipped profile by name (``"rtx4090"``) or a JSON file with the same keys."""
+    s = str(name_or_file)
+    path = HARDWARE_DIR / f"{s}.json"
+    if not path.is_file():
+        path = Path(s)
+        if not path.is_file():
+            raise PlanError(
+                f"unknown hardware {s!r}: not a shipped profile ({', '.join(list_profiles())}) "
+                "nor a JSON file"
+            )
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise PlanError(f"{path}: cannot read hardware profile: {e}") from None
+    return HardwareProfile.from_dict(data, source=str(path))
+
+
+def profile_for_gpu_name(gpu_name: str) -> str | None:
+    """The shipped profile matching an ``nvidia-smi`` GPU name, or ``None``."""
+    for key, prof in _GPU_NAME_TO_PROFILE:
+        if key.lower() in gpu_name.lower():
+            return prof
+    return None
+
+
+__all__ = [
+    "FALLBACK_PROFILE",
+    "HARDWARE_DIR",
+    "HardwareProfile",
+    "list_profiles",
+    "load_hardware",
+    "profile_for_gpu_name",
+]

@@ -1,0 +1,221 @@
+"""The placement problem as numbers: per-layer bucket masses, byte costs and read volumes.
+
+:func:`build_problem` turns a model shape, an activation profile, a hardware profile and a budget
+into a :class:`PlacementProblem`; the ILP (:mod:`.ilp`), the greedy fallback (:mod:`.greedy`)
+and the evaluator (:mod:`.cost_model`) all read the same numbers. Byte costs are sums of the
+allocation lists of :mod:`.accounting`, so they are exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import PlanError, ShapeError, VramBudgetError
+from . import accounting as acc
+from .hardware_profile import HardwareProfile
+from .model_shape import ModelShape
+from .predictor_size import PredictorSizes
+from .profile_io import Profile
+from .sizes import format_bytes
+
+OBJECTIVES = ("mass", "time")
+BUCKET_SIZES = (32, 64, 256)
+
+
+@dataclass
+class LayerTerms:
+    """One layer's data. Buckets are in placement order (most frequently active first)."""
+
+    order: np.ndarray  #: neuron ids, most frequently active first (ties: lower id first)
+    sizes: np.ndarray  #: neurons per bucket
+    counts: np.ndarray  #: activation counts per bucket (sum over its neurons)
+    mass: np.ndarray  #: expected active neurons per token per bucket (counts / tokens)
+    slab_bytes: int  #: GPU bytes per bucket
+    ffn_fixed_bytes: int  #: GPU bytes a layer with any hot neuron adds (ffn_norm)
+    attn_bytes: int  #: GPU bytes of attention weights + KV cache
+    pred_bytes: int  #: GPU bytes of the predictor
+    neuron_read: int  #: weight bytes read per active neuron (gate + up + down_t rows)
+    attn_weight_read: int  #: attention weight bytes read per token
+    attn_read: float  #: attention bytes read per token: weights + mean KV (context / 2 rows)
+    pred_read: int  #: predictor bytes read per token
+    min_neurons: int  #: m_l: a layer with hot neurons has at least this many
+
+    @property
+    def n_buckets(self) -> int:
+        """Buckets in the layer."""
+        return int(self.sizes.size)
+
+    @property
+    def min_buckets(self) -> int:
+        """Fewest buckets holding at least ``min_neurons`` neurons."""
+        return int(np.searchsorted(np.cumsum(self.sizes), self.min_neurons) + 1)
+
+
+@dataclass
+class PlacementProblem:
+    """Everything a solver needs. Bandwidths in bytes/s, latencies in seconds."""
+
+    shape: ModelShape
+    hardware: HardwareProfile
+    budget: int
+    objective: str
+    bucket: int
+    context: int
+    predictors: PredictorSizes
+    layers: list[LayerTerms]
+    output_bytes: int  #: GPU bytes of the output head (+ final norm, logits)
+    output_read: int  #: output head bytes read per token
+    scratch_bytes: int  #: GPU bytes of the shared scratch buffers
+    embed_read: int  #: bytes of one embedding row (read on the CPU per token)
+    total_counts: int  #: all activation counts of the profile
+
+    @property
+    def gpu_bw(self) -> float:
+        """GPU memory bandwidth, bytes/s (inf when there is no GPU: nothing goes there)."""
+        return self.hardware.gpu_mem_bw * 1e9 if self.hardware.has_gpu else float("inf")
+
+    @property
+    def cpu_bw(self) -> float:
+        """CPU memory bandwidth, bytes/s."""
+        return self.hardware.cpu_mem_bw * 1e9
+
+    @property
+    def pcie_bw(self) -> float:
+        """PCIe bandwidth, bytes/s (inf without a GPU)."""
+        return self.hardware.pcie_bw * 1e9 if self.hardware.has_gpu else float("inf")
+
+    @property
+    def launch(self) -> float:
+        """Kernel launch latency, s."""
+        return self.hardware.launch_latency_us * 1e-6
+
+    def sync_cost(self) -> float:
+        """Cost of a layer split between devices: one sync plus ``dim`` f32 each way."""
+        return self.hardware.sync_latency_us * 1e-6 + 2 * 4 * self.shape.config.dim / self.pcie_bw
+
+
+def min_neurons_for(
+    freq_sorted: np.ndarray, neuron_read: int, hw: HardwareProfile, dim: int
+) -> int:
+    """m_l: the fewest hottest neurons whose GPU time saving pays for a split.
+
+    Moving neuron ``i`` (frequency ``p_i``) to the GPU saves ``p_i r (1/C - 1/G)`` seconds per
+    token; a split layer pays one launch, one sync and ``2 * 4 * dim`` PCIe bytes. Returns the
+    smallest ``m`` with the top-``m`` saving at least that, or the whole layer when none does.
+    """
+    n = int(freq_sorted.size)
+    if not hw.has_gpu or hw.gpu_mem_bw <= hw.cpu_mem_bw:
+        return n
+    gain = neuron_read * (1 / (hw.cpu_mem_bw * 1e9) - 1 / (hw.gpu_mem_bw * 1e9))
+    overhead = (hw.launch_latency_us + hw.sync_latency_us) * 1e-6 + 8 * dim / (hw.pcie_bw * 1e9)
+    saved = np.cumsum(freq_sorted * gain)
+    k = int(np.searchsorted(saved, overhead))  # first index with saved >= overhead
+    return max(1, min(n, k + 1))
+
+
+def build_problem(
+    shape: ModelShape,
+    profile: Profile,
+    hardware: HardwareProfile,
+    budget: int,
+    *,
+    objective: str = "mass",
+    bucket: int = 64,
+    context: int = 4096,
+    predictors: PredictorSizes,
+    min_neurons: int | None = None,
+) -> PlacementProblem:
+    """Check the inputs fit together and compute the problem's numbers.
+
+    ``min_neurons`` overrides the per-layer m_l (0 or 1 = no minimum beyond one bucket).
+    Raises :class:`ShapeError` when the profile does not fit the model, :class:`PlanError` for
+    bad options and :class:`VramBudgetError` for a budget the hardware cannot hold.
+    """
+    c = shape.config
+    if objective not in OBJECTIVES:
+        raise PlanError(f"objective {objective!r}: choose one of {', '.join(OBJECTIVES)}")
+    if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket <= 0:
+        raise PlanError(f"bucket must be a positive integer, got {bucket!r}")
+    if context <= 0:
+        raise PlanError(f"context must be positive, got {context}")
+    if budget < 0:
+        raise VramBudgetError(f"budget must not be negative, got {budget}")
+    if budget > 0 and not hardware.has_gpu:
+        raise VramBudgetError(
+            f"hardware {hardware.name!r} has no GPU: only --vram-budget 0 fits, got "
+            f"{format_bytes(budget)}"
+        )
+    if budget > hardware.vram_bytes:
+        raise VramBudgetError(
+            f"budget {format_bytes(budget)} exceeds the {format_bytes(hardware.vram_bytes)} of "
+            f"VRAM of hardware {hardware.name!r}"
+        )
+    if profile.n_layers != c.n_layers or profile.ffn_dim != c.ffn_dim:
+        raise ShapeError(
+            f"the profile has {profile.n_layers} layers x {profile.ffn_dim} neurons, the model "
+            f"{c.n_layers} x {c.ffn_dim}"
+        )
+    if len(predictors.allocations) != c.n_layers:
+        raise ShapeError(
+            f"predictor sizes for {len(predictors.allocations)} layers, model has {c.n_layers}"
+        )
+    hw = hardware
+    kv_read = (context / 2) * acc.kv_dim(shape) * acc.KV_ELEMENT_BYTES * 2
+    layers = []
+    for i in range(c.n_layers):
+        cnt = np.asarray(profile.counts[i], dtype=np.int64)
+        order = np.lexsort((np.arange(cnt.size), -cnt)).astype(np.int64)
+        sorted_counts = cnt[order]
+        starts = np.arange(0, cnt.size, bucket)
+        sizes = np.diff(np.append(starts, cnt.size))
+        bcounts = np.add.reduceat(sorted_counts, starts)
+        r = shape.neuron_read_bytes(i)
+        attn_w = sum(shape.tensor_bytes(f"blk.{i}.{t}") for t in acc._ATTN_TENSORS)
+        if min_neurons is None:
+            m = min_neurons_for(sorted_counts / profile.tokens, r, hw, c.dim)
+        else:
+            m = max(1, min(int(min_neurons), cnt.size))
+        layers.append(
+            LayerTerms(
+                order=order,
+                sizes=sizes,
+                counts=bcounts,
+                mass=bcounts / float(profile.tokens),
+                slab_bytes=acc.slab_bytes(shape, i, bucket),
+                ffn_fixed_bytes=acc.total_bytes(acc.ffn_fixed_allocations(shape, i)),
+                attn_bytes=acc.total_bytes(acc.attention_allocations(shape, i, context)),
+                pred_bytes=acc.total_bytes(acc.predictor_allocations(predictors, i)),
+                neuron_read=r,
+                attn_weight_read=attn_w,
+                attn_read=attn_w + kv_read,
+                pred_read=predictors.layer_bytes(i),
+                min_neurons=m,
+            )
+        )
+    return PlacementProblem(
+        shape=shape,
+        hardware=hw,
+        budget=int(budget),
+        objective=objective,
+        bucket=bucket,
+        context=context,
+        predictors=predictors,
+        layers=layers,
+        output_bytes=acc.total_bytes(acc.output_allocations(shape)),
+        output_read=shape.tensor_bytes("output") + shape.tensor_bytes("output_norm"),
+        scratch_bytes=acc.total_bytes(acc.scratch_allocations(shape, context, predictors)),
+        embed_read=shape.tensor_bytes("token_embd") // c.vocab_size,
+        total_counts=int(sum(int(x.sum()) for x in profile.counts)),
+    )
+
+
+__all__ = [
+    "BUCKET_SIZES",
+    "OBJECTIVES",
+    "LayerTerms",
+    "PlacementProblem",
+    "build_problem",
+    "min_neurons_for",
+]

@@ -1,0 +1,207 @@
+"""Activation profiles on disk: ``DIR/profile.safetensors``.
+
+Written by the profiler (``python -m powerinfer_rs.profile``) and read by the planner. Layout:
+
+* tensors ``blk.{i}.active_count``: int64, shape ``[ffn_dim]``, the number of profiled tokens in
+  which neuron ``j`` of layer ``i`` was active;
+* metadata (str -> str): ``format`` = ``powerinfer-rs-profile/1``, ``tokens`` (total token
+  count), ``model_fingerprint`` (``LoadedModel.fingerprint``; empty when unknown), ``n_layers``,
+  ``ffn_dim``, ``corpus`` (a JSON list of corpus names). Other keys are kept as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ModelFileError, ShapeError
+
+PROFILE_FORMAT = "powerinfer-rs-profile/1"
+PROFILE_FILE = "profile.safetensors"
+
+
+@dataclass
+class Profile:
+    """Per-layer activation counts over ``tokens`` profiled tokens, plus the file's metadata."""
+
+    counts: list[np.ndarray]
+    tokens: int
+    meta: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def n_layers(self) -> int:
+        """Number of layers profiled."""
+        return len(self.counts)
+
+    @property
+    def ffn_dim(self) -> int:
+        """Neurons per layer."""
+        return int(self.counts[0].size) if self.counts else 0
+
+    @property
+    def model_fingerprint(self) -> str:
+        """Fingerprint of the model the profile was made on ('' when unknown)."""
+        return self.meta.get("model_fingerprint", "")
+
+    def frequencies(self, layer: int) -> np.ndarray:
+        """Activation frequency (share of tokens) of each neuron of ``layer``."""
+        return self.counts[layer] / float(self.tokens)
+
+    def validate(self, source: str = "profile") -> None:
+        """Check shapes and ranges; :class:`ShapeError` / :class:`ModelFileError` otherwise."""
+        if not self.counts:
+            raise ShapeError(f"{source}: no layers")
+        if isinstance(self.tokens, bool) or not isinstance(self.tokens, (int, np.integer)):
+            raise ModelFileError(f"{source}: tokens must be an integer, got {self.tokens!r}")
+        if self.tokens <= 0:
+            raise ModelFileError(f"{source}: tokens must be positive, got {self.tokens}")
+        ffn = self.counts[0].size
+        for i, c in enumerate(self.counts):
+            if c.ndim != 1 or c.size != ffn or c.size == 0:
+                raise ShapeError(
+                    f"{source}: blk.{i}.active_count has shape {c.shape}, expected [{ffn}]"
+                )
+            if not np.issubdtype(c.dtype, np.integer):
+                raise ModelFileError(f"{source}: blk.{i}.active_count is {c.dtype}, not integer")
+            if c.min() < 0 or c.max() > self.tokens:
+                raise ModelFileError(
+                    f"{source}: blk.{i}.active_count outside [0, tokens={self.tokens}]"
+                )
+
+
+def _profile_path(path: str | os.PathLike[str]) -> Path:
+    p = Path(path)
+    return p / PROFILE_FILE if p.is_dir() or p.suffix != ".safetensors" else p
+
+
+def write_profile(
+    out_dir: str | os.PathLike[str],
+    counts: list[np.ndarray],
+    tokens: int,
+    *,
+    model_fingerprint: str = "",
+    corpus: list[str] | None = None,
+    extra_meta: dict[str, str] | None = None,
+) -> Path:
+    """Write ``out_dir/profile.safetensors``; returns its path. Validates first."""
+    from safetensors.numpy import save_file
+
+    prof = Profile([np.ascontiguousarray(c, dtype=np.int64) for c in counts], int(tokens))
+    prof.validate("write_profile")
+    meta = {
+        **(extra_meta or {}),
+        "format": PROFILE_FORMAT,
+        "tokens": str(int(tokens)),
+        "model_fingerprint": model_fingerprint or "",
+        "n_layers": str(prof.n_layers),
+        "ffn_dim": str(prof.ffn_dim),
+        "corpus": json.dumps(list(corpus or [])),
+    }
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / PROFILE_FILE
+    tmp = path.with_name(path.name + ".part")
+    save_file({f"blk.{i}.active_count": c for i, c in enumerate(prof.counts)}, str(tmp), meta)
+    os.replace(tmp, path)
+    return path
+
+
+def read_profile(path: str | os.PathLike[str]) -> Profile:
+    """Read a profile directory (or the ``.safetensors`` file itself).
+
+    Raises :class:`ModelFileError` for a missing or malformed file and :class:`ShapeError` for
+    inconsistent shapes.
+    """
+    from safetensors import safe_open
+
+    p = _profile_path(path)
+    if not p.is_file():
+        raise ModelFileError(f"{p}: no activation profile here (expected DIR/{PROFILE_FILE})")
+    try:
+        with safe_open(str(p), framework="numpy") as f:
+            meta = dict(f.metadata() or {})
+            names = set(f.keys())
+            if meta.get("format") != PROFILE_FORMAT:
+                raise ModelFileError(
+                    f"{p}: format {meta.get('format')!r}, expected {PROFILE_FORMAT!r}"
+                )
+            n_layers = int(meta.get("n_layers", "0"))
+            tokens = int(meta["tokens"])
+            counts = []
+            for i in range(n_layers):
+                name = f"blk.{i}.active_count"
+                if name not in names:
+                    raise ModelFileError(f"{p}: tensor {name} is missing")
+                counts.append(np.asarray(f.get_tensor(name)))
+    except ModelFileError:
+        raise
+    except Exception as e:  # safetensors raises its own error types for malformed files
+        raise ModelFileError(f"{p}: cannot read activation profile: {e}") from None
+    prof = Profile(counts, tokens, meta)
+    prof.validate(str(p))
+    if str(prof.ffn_dim) != meta.get("ffn_dim", str(prof.ffn_dim)):
+        raise ShapeError(f"{p}: ffn_dim metadata {meta.get('ffn_dim')} != tensors' {prof.ffn_dim}")
+    return prof
+
+
+def zipf_probabilities(n: int, a: float, mean: float, cap: float = 0.98) -> np.ndarray:
+    """``p_r = min(cap, s * r^-a)`` for rank ``r = 1..n``, with ``s`` set so the mean is ``mean``."""
+    if not 0 < mean < cap:
+        raise ShapeError(f"mean activation must be in (0, {cap}), got {mean}")
+    base = np.arange(1, n + 1, dtype=np.float64) ** -float(a)
+    lo, hi = 0.0, cap / base[-1]
+    for _ in range(100):
+        s = 0.5 * (lo + hi)
+        if np.minimum(cap, s * base).mean() < mean:
+            lo = s
+        else:
+            hi = s
+    return np.minimum(cap, 0.5 * (lo + hi) * base)
+
+
+def synthetic_profile(
+    n_layers: int,
+    ffn_dim: int,
+    tokens: int,
+    *,
+    zipf_a: float = 1.0,
+    mean_active: float = 0.1,
+    seed: int = 0,
+    model_fingerprint: str = "",
+) -> Profile:
+    """A power-law profile for tests and benchmarks ("synthetic profile").
+
+    Neuron frequencies follow :func:`zipf_probabilities` over a random permutation per layer,
+    with the exponent jittered by +-10 % between layers so layers differ; counts are binomial
+    draws over ``tokens``.
+    """
+    rng = np.random.default_rng(seed)
+    counts = []
+    for _ in range(n_layers):
+        a = zipf_a * rng.uniform(0.9, 1.1)
+        p = zipf_probabilities(ffn_dim, a, mean_active)
+        counts.append(rng.binomial(tokens, p[rng.permutation(ffn_dim)]).astype(np.int64))
+    meta = {
+        "format": PROFILE_FORMAT,
+        "tokens": str(tokens),
+        "model_fingerprint": model_fingerprint,
+        "n_layers": str(n_layers),
+        "ffn_dim": str(ffn_dim),
+        "corpus": json.dumps([f"synthetic zipf a={zipf_a} seed={seed}"]),
+    }
+    return Profile(counts, int(tokens), meta)
+
+
+__all__ = [
+    "PROFILE_FILE",
+    "PROFILE_FORMAT",
+    "Profile",
+    "read_profile",
+    "synthetic_profile",
+    "write_profile",
+    "zipf_probabilities",
+]

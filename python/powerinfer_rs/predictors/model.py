@@ -1,0 +1,127 @@
+"""The predictor of one layer and a set of them.
+
+A predictor is PowerInfer's bias-free two-layer MLP: ``logits = fc2 @ relu(fc1 @ x)`` with
+``fc1: [rank, dim]`` and ``fc2: [ffn, rank]`` (row-major, one output feature per row, the same
+layout as ``torch.nn.Linear.weight``), and neuron ``j`` is predicted active when
+``logits[j] >= threshold`` -- the raw logit, no sigmoid (PowerInfer compares the raw ``fc2``
+output with ``sparse_pred_threshold``; see :mod:`powerinfer_rs.powerinfer_formats`).
+
+``input`` says which vector ``x`` is: ``"ffn_norm"`` (the FFN input after the layer's RMSNorm,
+what our profiler samples and our trainer fits) or ``"ffn_inp"`` (the residual stream before
+that norm, what PowerInfer's own predictors take).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ShapeError
+
+PREDICTOR_INPUTS: tuple[str, ...] = ("ffn_norm", "ffn_inp")
+STORAGE_DTYPES: dict[str, Any] = {"F16": np.float16, "F32": np.float32}
+
+
+@dataclass
+class LayerPredictor:
+    """One layer's predictor: ``fc1 [rank, dim]``, ``fc2 [ffn, rank]`` (float32 arrays holding
+    exactly the values stored, e.g. already rounded to f16), ``threshold`` on the raw logit,
+    and the training/validation ``stats``."""
+
+    fc1: np.ndarray
+    fc2: np.ndarray
+    threshold: float = 0.0
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.fc1 = np.ascontiguousarray(self.fc1, dtype=np.float32)
+        self.fc2 = np.ascontiguousarray(self.fc2, dtype=np.float32)
+        if self.fc1.ndim != 2 or self.fc2.ndim != 2 or 0 in self.fc1.shape + self.fc2.shape:
+            raise ShapeError(
+                f"predictor fc1 {self.fc1.shape} and fc2 {self.fc2.shape} must be non-empty 2-D"
+            )
+        if self.fc2.shape[1] != self.fc1.shape[0]:
+            raise ShapeError(
+                f"predictor rank mismatch: fc1 {self.fc1.shape} [rank, dim] vs fc2 "
+                f"{self.fc2.shape} [ffn, rank]"
+            )
+        self.threshold = float(self.threshold)
+
+    @property
+    def rank(self) -> int:
+        """Hidden width of the MLP."""
+        return int(self.fc1.shape[0])
+
+    @property
+    def dim(self) -> int:
+        """Input width (the model's hidden size)."""
+        return int(self.fc1.shape[1])
+
+    @property
+    def ffn(self) -> int:
+        """Output width (the layer's FFN neurons)."""
+        return int(self.fc2.shape[0])
+
+    def nbytes(self, dtype: str = "F16") -> int:
+        """Bytes of ``fc1`` + ``fc2`` stored as ``dtype`` (``"F16"`` or ``"F32"``)."""
+        return param_bytes(self.rank, self.dim, self.ffn, dtype)
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """Raw logits ``[n, ffn]`` (or ``[ffn]`` for a 1-D ``x``), computed in float32."""
+        x = np.asarray(x, dtype=np.float32)
+        if x.shape[-1] != self.dim or x.ndim not in (1, 2):
+            raise ShapeError(f"predictor input must be [..., {self.dim}], got {x.shape}")
+        h = x @ self.fc1.T
+        np.maximum(h, 0.0, out=h)
+        return h @ self.fc2.T
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Boolean active mask: ``logits >= threshold``."""
+        return self.logits(x) >= np.float32(self.threshold)
+
+
+def param_bytes(rank: int, dim: int, ffn: int, dtype: str = "F16") -> int:
+    """Bytes of a rank-``rank`` predictor's two matrices in ``dtype``."""
+    if dtype not in STORAGE_DTYPES:
+        raise ShapeError(f"predictor dtype must be one of {tuple(STORAGE_DTYPES)}, got {dtype!r}")
+    return rank * (dim + ffn) * np.dtype(STORAGE_DTYPES[dtype]).itemsize
+
+
+def round_to(a: np.ndarray, dtype: str) -> np.ndarray:
+    """``a`` rounded to the storage ``dtype`` and back to float32."""
+    return np.asarray(a, dtype=STORAGE_DTYPES[dtype]).astype(np.float32)
+
+
+@dataclass
+class PredictorSet:
+    """Predictors by layer index, with what they were made for.
+
+    ``input`` is one of :data:`PREDICTOR_INPUTS`; ``recall_target`` is ``None`` for imported
+    predictors whose training target is unknown.
+    """
+
+    layers: dict[int, LayerPredictor]
+    model_fingerprint: str | None = None
+    recall_target: float | None = None
+    input: str = "ffn_norm"
+    dtype: str = "F16"
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.input not in PREDICTOR_INPUTS:
+            raise ShapeError(f"predictor input must be one of {PREDICTOR_INPUTS}, got {self.input}")
+        dims = {p.dim for p in self.layers.values()}
+        if len(dims) > 1:
+            raise ShapeError(f"predictors disagree on the input width: {sorted(dims)}")
+
+    def __getitem__(self, layer: int) -> LayerPredictor:
+        return self.layers[layer]
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def nbytes(self) -> int:
+        """Total bytes of all predictors in the storage dtype."""
+        return sum(p.nbytes(self.dtype) for p in self.layers.values())

@@ -1,0 +1,219 @@
+"""Train every layer's predictor from a profile directory, resumably, and report.
+
+``train_predictors(profile_dir, out, model=...)`` reads the samples the profiler streamed to
+``profile_dir/samples`` (:mod:`powerinfer_rs.samples`), trains each requested layer
+(:func:`~.train.train_layer`) under a byte budget proportional to that layer's FFN bytes, and
+writes ``out`` (:mod:`.io`). Every finished layer is saved at once to ``out.parts/`` so an
+interrupted run resumes where it stopped; layers already in ``out`` from an earlier run with
+the same settings are kept and not retrained (so ``--layers 0,1`` then ``--layers 2,3`` builds
+one file).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from .. import samples as samples_mod
+from ..errors import ModelFileError, PlanError, ShapeError
+from .io import load_predictors, save_predictors
+from .model import LayerPredictor, PredictorSet
+from .train import TrainConfig, train_layer
+
+SETTINGS_NAME = "settings.json"
+
+
+def layer_ffn_bytes(model: Any, layer: int) -> int:
+    """Bytes of ``layer``'s gate, up and down (or PowerInfer's ``ffn_down_t``) weights."""
+    total = 0
+    for kind in ("ffn_gate", "ffn_up"):
+        total += model.tensors[f"blk.{layer}.{kind}"].nbytes
+    down = model.tensors.get(f"blk.{layer}.ffn_down") or model.tensors.get(
+        f"blk.{layer}.ffn_down_t"
+    )
+    if down is None:
+        raise ModelFileError(f"model has no blk.{layer}.ffn_down")
+    return total + down.nbytes
+
+
+def _settings(fingerprint, recall, fraction, cfg: TrainConfig, dim, ffn, inp, seed) -> dict:
+    return {
+        "model_fingerprint": fingerprint or "",
+        "recall_target": recall,
+        "max_bytes_fraction": fraction,
+        "dtype": cfg.dtype,
+        "dim": dim,
+        "ffn": ffn,
+        "predictor_input": inp,
+        "seed": seed,
+    }
+
+
+def _matches(old: dict, new: dict) -> bool:
+    keys = (
+        "model_fingerprint",
+        "recall_target",
+        "max_bytes_fraction",
+        "dtype",
+        "dim",
+        "ffn",
+        "predictor_input",
+    )
+    return all(old.get(k) == new.get(k) for k in keys)
+
+
+def train_predictors(
+    profile_dir: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    model: Any = None,
+    recall: float = 0.99,
+    max_bytes_fraction: float = 0.1,
+    layers: Iterable[int] | None = None,
+    seed: int = 0,
+    config: TrainConfig | None = None,
+    max_rows: int | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] | None = None,
+) -> PredictorSet:
+    """Train (or resume) predictors for ``layers`` (default all) and write ``out``.
+
+    ``model`` (a :class:`~powerinfer_rs.loading.LoadedModel`, optional) supplies the
+    fingerprint checked against the samples' and the per-layer FFN bytes the budget is taken
+    from (without it: f16 weights of the sampled shape). Returns the complete set written.
+    """
+    cfg = config or TrainConfig()
+    cfg.validate()
+    say = log or (lambda s: None)
+    if not 0.0 < max_bytes_fraction:
+        raise PlanError(f"max_bytes_fraction must be positive, got {max_bytes_fraction}")
+    meta = samples_mod.read_meta(profile_dir)
+    n_layers, dim, ffn = meta["n_layers"], meta["dim"], meta["ffn_dim"]
+    smeta = meta.get("metadata", {})
+    inp = smeta.get("predictor_input", "ffn_norm")
+    fingerprint = smeta.get("model_fingerprint") or None
+    if model is not None:
+        c = model.config
+        if (c.n_layers, c.dim, c.ffn_dim) != (n_layers, dim, ffn):
+            raise ShapeError(
+                f"samples are for {n_layers} layers, dim {dim}, ffn {ffn}; the model has "
+                f"{c.n_layers}, {c.dim}, {c.ffn_dim}"
+            )
+        if fingerprint and fingerprint != model.fingerprint:
+            raise PlanError(
+                f"samples were profiled on model {fingerprint}, not on {model.fingerprint}"
+            )
+        fingerprint = model.fingerprint
+        ffn_bytes = {i: layer_ffn_bytes(model, i) for i in range(n_layers)}
+    else:
+        ffn_bytes = {i: 3 * dim * ffn * 2 for i in range(n_layers)}
+    todo = sorted(set(range(n_layers) if layers is None else layers))
+    for i in todo:
+        if not 0 <= i < n_layers:
+            raise ShapeError(f"layer {i} outside [0, {n_layers})")
+    settings = _settings(fingerprint, recall, max_bytes_fraction, cfg, dim, ffn, inp, seed)
+
+    out = Path(out)
+    parts = out.with_name(out.name + ".parts")
+    done: dict[int, LayerPredictor] = {}
+    if out.is_file():
+        try:
+            prev = load_predictors(out)
+            if _matches(prev.metadata.get("settings", {}), settings):
+                done.update(prev.layers)
+            else:
+                say(f"{out}: made with other settings; its layers are retrained")
+        except (ModelFileError, ShapeError) as e:
+            say(f"{out}: unreadable ({e}); starting over")
+    if parts.is_dir():
+        try:
+            old = json.loads((parts / SETTINGS_NAME).read_text())
+        except (OSError, ValueError):
+            old = {}
+        if _matches(old, settings):
+            for f in sorted(parts.glob("layer_*.safetensors")):
+                try:
+                    done.update(load_predictors(f).layers)
+                except (ModelFileError, ShapeError):
+                    say(f"{f}: unreadable partial layer; retraining it")
+        else:
+            shutil.rmtree(parts)
+    parts.mkdir(parents=True, exist_ok=True)
+    (parts / SETTINGS_NAME).write_text(json.dumps(settings, indent=1))
+
+    pending = [i for i in todo if i not in done]
+    if len(pending) < len(todo):
+        say(f"resuming: {len(todo) - len(pending)} of {len(todo)} layers already trained")
+    bar = tqdm(pending, desc="predictors", unit="layer", disable=not progress)
+    for i in bar:
+        bar.set_postfix(layer=i)
+        x, m = samples_mod.load_samples(profile_dir, i, max_rows=max_rows)
+        pred = train_layer(
+            x,
+            m,
+            recall=recall,
+            max_bytes=max_bytes_fraction * ffn_bytes[i],
+            ffn_bytes=ffn_bytes[i],
+            seed=seed + i,
+            config=cfg,
+            progress=progress,
+            desc=f"layer {i}",
+        )
+        pred.stats["ffn_bytes"] = ffn_bytes[i]
+        pred.stats["n_samples"] = int(x.shape[0])
+        done[i] = pred
+        save_predictors(parts / f"layer_{i:03d}.safetensors", _set({i: pred}, settings, cfg, inp))
+        say(
+            f"layer {i}: rank {pred.rank}, recall {pred.stats['recall']:.4f}, "
+            f"precision {pred.stats['precision']:.3f}"
+        )
+    bar.close()
+    result = _set(done, settings, cfg, inp)
+    save_predictors(out, result)
+    shutil.rmtree(parts, ignore_errors=True)
+    return result
+
+
+def _set(layers: dict[int, LayerPredictor], settings: dict, cfg: TrainConfig, inp: str):
+    return PredictorSet(
+        layers=dict(sorted(layers.items())),
+        model_fingerprint=settings["model_fingerprint"] or None,
+        recall_target=settings["recall_target"],
+        input=inp,
+        dtype=cfg.dtype,
+        metadata={"settings": settings},
+    )
+
+
+def format_table(predictors: PredictorSet) -> str:
+    """The per-layer report: rank, recall, precision, predicted / actual active share, bytes
+    and bytes as a share of the layer's FFN."""
+    head = (
+        f"{'layer':>5} {'rank':>5} {'recall':>7} {'precis':>7} {'pred%':>6} {'act%':>6} "
+        f"{'bytes':>10} {'%ffn':>6}"
+    )
+    lines = [head, "-" * len(head)]
+    tot_b = tot_f = 0
+    for i, p in sorted(predictors.layers.items()):
+        s = p.stats
+        b = p.nbytes(predictors.dtype)
+        f = s.get("ffn_bytes") or 0
+        tot_b += b
+        tot_f += f
+        lines.append(
+            f"{i:>5} {p.rank:>5} {s.get('recall', float('nan')):>7.4f} "
+            f"{s.get('precision', float('nan')):>7.3f} "
+            f"{100 * s.get('predicted_fraction', float('nan')):>6.1f} "
+            f"{100 * s.get('active_fraction', float('nan')):>6.1f} {b:>10,} "
+            f"{(100 * b / f if f else float('nan')):>6.2f}"
+        )
+    lines.append("-" * len(head))
+    share = f"{100 * tot_b / tot_f:.2f}% of FFN bytes" if tot_f else "FFN bytes unknown"
+    lines.append(f"total predictor bytes {tot_b:,} ({share})")
+    return "\n".join(lines)

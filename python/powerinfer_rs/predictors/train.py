@@ -1,0 +1,384 @@
+"""Training one layer's predictor in numpy: Adam on weighted binary cross-entropy, then the
+adaptive rank search and the threshold tuning.
+
+Samples are split (seeded) into *train* (fit the weights), *tune* (early stopping and the
+threshold) and *check* (held out from both; the recall / precision reported and used to decide
+whether to grow). Positives are rare (a ReLU layer fires ~5-20% of its neurons), so the loss
+weights them by ``pos_weight`` (default ``sqrt(negatives / positives)``); the threshold tuned
+afterwards calibrates the final operating point anyway.
+
+Rank search (:func:`train_layer`): start at :func:`~.sizing.initial_rank` (from the layer's
+sparsity and skewness), fit, round the weights to the storage dtype, tune the threshold on the
+tune split for slightly more than the recall target (``recall_margin``), measure on the check
+split. Double the rank (the last step may stop at the cap, if that is at least 1.5x) while the check recall misses the target or precision is below
+``min_precision``, as long as the byte cap allows and each doubling still lowers the layer's
+cost ``predictor bytes + predicted_fraction * FFN bytes`` (bytes read per token). The best
+attempt meeting the recall target (lowest cost) wins.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ..errors import ShapeError
+from ._blas import blas_threads
+from .metrics import mask_stats, tune_threshold
+from .model import STORAGE_DTYPES, LayerPredictor, param_bytes, round_to
+from .sizing import initial_rank, layer_activity, rank_cap
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters of predictor training (defaults suit layers of ~100-10k neurons)."""
+
+    epochs: int = 40
+    batch_size: int = 256
+    lr: float = 1e-2
+    patience: int = 3
+    val_fraction: float = 0.25
+    pos_weight: float | None = None
+    min_rank: int = 16
+    min_precision: float = 0.5
+    min_gain: float = 0.02
+    recall_margin: float = 0.6
+    dtype: str = "F16"
+    max_eval_rows: int = 16384
+
+    def validate(self) -> None:
+        """Raise :class:`ShapeError` for values out of range."""
+        if self.epochs < 1 or self.batch_size < 1 or self.patience < 1 or self.min_rank < 1:
+            raise ShapeError("epochs, batch_size, patience and min_rank must be positive")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ShapeError(f"val_fraction must lie in (0, 1), got {self.val_fraction}")
+        if not self.lr > 0:
+            raise ShapeError(f"lr must be positive, got {self.lr}")
+        if self.dtype not in STORAGE_DTYPES:
+            raise ShapeError(f"dtype must be one of {tuple(STORAGE_DTYPES)}, got {self.dtype}")
+        if not 0.0 <= self.recall_margin <= 1.0:
+            raise ShapeError(f"recall_margin must lie in [0, 1], got {self.recall_margin}")
+
+
+# --------------------------------------------------------------------------- fitting
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    """Logistic function, overflow-free (``(1 + tanh(z / 2)) / 2``)."""
+    out = np.tanh(z * np.float32(0.5))
+    out += np.float32(1.0)
+    out *= np.float32(0.5)
+    return out
+
+
+def linear_warm_start(
+    x: np.ndarray, y: np.ndarray, rank: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Closed-form start: least-squares fit ``x @ B ~ 2y - 1``, truncated by SVD to ``k = rank
+    // 2`` components ``B ~ P.T @ Q.T``, written as ``fc1 = [P; -P]``, ``fc2 = [Q, -Q]`` so that
+    ``fc2 @ relu(fc1 @ x) = Q @ P @ x`` (ReLU(a) - ReLU(-a) = a). An odd leftover row starts
+    random."""
+    dim, ffn = x.shape[1], y.shape[1]
+    k = rank // 2
+    w1 = (rng.standard_normal((rank, dim)) * math.sqrt(2.0 / dim)).astype(np.float32)
+    w2 = (rng.standard_normal((ffn, rank)) * math.sqrt(1.0 / rank) * 0.1).astype(np.float32)
+    if k == 0:
+        return w1, w2
+    xd = x.astype(np.float64)
+    t = y.astype(np.float64) * 2.0 - 1.0
+    gram = xd.T @ xd
+    gram[np.diag_indices_from(gram)] += 1e-3 * np.trace(gram) / dim + 1e-8
+    b = np.linalg.solve(gram, xd.T @ t)  # [dim, ffn]
+    u, s, vt = np.linalg.svd(b, full_matrices=False)
+    k = min(k, s.size)
+    root = np.sqrt(s[:k])
+    p = (u[:, :k] * root).T  # [k, dim]
+    q = vt[:k].T * root  # [ffn, k]
+    w1[:k], w1[k : 2 * k] = p, -p
+    w2[:, :k], w2[:, k : 2 * k] = q, -q
+    return w1, w2
+
+
+def _loss(z: np.ndarray, y: np.ndarray, pos_weight: float) -> float:
+    """Mean weighted BCE with logits."""
+    sp_neg = np.logaddexp(0.0, -z)  # -log sigmoid(z)
+    sp_pos = np.logaddexp(0.0, z)  # -log(1 - sigmoid(z))
+    return float(np.mean(pos_weight * y * sp_neg + (1.0 - y) * sp_pos))
+
+
+def _forward(x: np.ndarray, w1: np.ndarray, w2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    h = x @ w1.T
+    a = np.maximum(h, 0.0)
+    return a, a @ w2.T
+
+
+def _eval_loss(x, y, w1, w2, pos_weight, chunk=4096) -> float:
+    tot, n = 0.0, 0
+    for i in range(0, x.shape[0], chunk):
+        _, z = _forward(x[i : i + chunk], w1, w2)
+        yb = y[i : i + chunk].astype(np.float32)
+        tot += _loss(z, yb, pos_weight) * yb.shape[0]
+        n += yb.shape[0]
+    return tot / max(1, n)
+
+
+def fit_mlp(
+    x_train: np.ndarray,
+    y_train: np.ndarray,
+    x_val: np.ndarray,
+    y_val: np.ndarray,
+    rank: int,
+    config: TrainConfig,
+    *,
+    seed: int = 0,
+    progress: bool = False,
+    desc: str = "",
+) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """Fit ``fc1 [rank, dim]``, ``fc2 [ffn, rank]`` with Adam on minibatches; early stopping on
+    the validation loss (the best epoch's weights are returned with ``{"epochs", "val_loss",
+    "pos_weight"}``)."""
+    rng = np.random.default_rng(seed)
+    n = x_train.shape[0]
+    pos = float(np.count_nonzero(y_train))
+    pw = config.pos_weight
+    if pw is None:
+        neg = float(y_train.size) - pos
+        pw = math.sqrt(neg / pos) if pos > 0 else 1.0
+        pw = float(min(max(pw, 1.0), 30.0))
+    w1, w2 = linear_warm_start(x_train, y_train, rank, rng)
+    params = [w1, w2]
+    m = [np.zeros_like(p) for p in params]
+    v = [np.zeros_like(p) for p in params]
+    b1, b2, eps, lr = 0.9, 0.999, 1e-8, np.float32(config.lr)
+    step = 0
+    best = (_eval_loss(x_val, y_val, w1, w2, pw), w1.copy(), w2.copy(), 0)
+    bad = 0
+    bs = config.batch_size
+    bar = tqdm(range(config.epochs), desc=desc or f"rank {rank}", leave=False, disable=not progress)
+    epochs_run = 0
+    for epoch in bar:
+        order = rng.permutation(n)
+        for i in range(0, n, bs):
+            idx = order[i : i + bs]
+            xb = x_train[idx]
+            yb = y_train[idx].astype(np.float32)
+            a, z = _forward(xb, w1, w2)
+            s = _sigmoid(z)
+            # d(loss)/dz of pw*y*softplus(-z) + (1-y)*softplus(z), mean over all entries
+            dz = (s * (pw * yb + (1.0 - yb)) - pw * yb) / np.float32(yb.size)
+            g2 = dz.T @ a
+            da = dz @ w2
+            da[a <= 0.0] = 0.0
+            g1 = da.T @ xb
+            step += 1
+            c1 = 1.0 - b1**step
+            c2 = 1.0 - b2**step
+            for p, g, mm, vv in zip(params, (g1, g2), m, v):
+                mm *= b1
+                mm += (1.0 - b1) * g
+                vv *= b2
+                vv += (1.0 - b2) * g * g
+                p -= lr * (mm / c1) / (np.sqrt(vv / c2) + eps)
+        epochs_run = epoch + 1
+        val = _eval_loss(x_val, y_val, w1, w2, pw)
+        bar.set_postfix(val_loss=f"{val:.4f}")
+        if val < best[0] - 1e-6:
+            best = (val, w1.copy(), w2.copy(), epochs_run)
+            bad = 0
+        else:
+            bad += 1
+            if bad >= config.patience:
+                break
+    bar.close()
+    return (
+        best[1],
+        best[2],
+        {"epochs": epochs_run, "best_epoch": best[3], "val_loss": best[0], "pos_weight": pw},
+    )
+
+
+# --------------------------------------------------------------------------- one layer
+def _split(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    perm = np.random.default_rng([seed, 7]).permutation(n)
+    n_val = max(2, int(round(n * val_fraction)))
+    n_tune = n_val // 2
+    return perm[n_val:], perm[:n_tune], perm[n_tune:n_val]
+
+
+def _logits_chunked(x: np.ndarray, w1: np.ndarray, w2: np.ndarray, chunk: int = 8192):
+    return np.concatenate([_forward(x[i : i + chunk], w1, w2)[1] for i in range(0, len(x), chunk)])
+
+
+def _search(
+    xtr,
+    ytr,
+    xtu,
+    ytu,
+    xck,
+    yck,
+    rank,
+    cap,
+    recall,
+    tune_target,
+    ffn_bytes,
+    cfg,
+    seed,
+    progress,
+    desc,
+) -> list[dict[str, Any]]:
+    """The doubling loop of :func:`train_layer`; one dict per rank tried."""
+    dim, ffn = xtr.shape[1], ytr.shape[1]
+    attempts: list[dict[str, Any]] = []
+    prev_cost = math.inf
+    while True:
+        w1, w2, info = fit_mlp(
+            xtr,
+            ytr,
+            xtu,
+            ytu,
+            rank,
+            cfg,
+            seed=seed * 1009 + rank,
+            progress=progress,
+            desc=f"{desc} rank {rank}".strip(),
+        )
+        w1, w2 = round_to(w1, cfg.dtype), round_to(w2, cfg.dtype)
+        t = tune_threshold(_logits_chunked(xtu, w1, w2), ytu, tune_target)
+        st = mask_stats(_logits_chunked(xck, w1, w2) >= np.float32(t), yck)
+        nbytes = param_bytes(rank, dim, ffn, cfg.dtype)
+        cost = nbytes + st.predicted_fraction * ffn_bytes
+        attempts.append(
+            {
+                "rank": rank,
+                "threshold": t,
+                "bytes": nbytes,
+                "cost": cost,
+                "predictor": LayerPredictor(w1, w2, t),
+                **st.as_dict(),
+                **info,
+            }
+        )
+        good = st.recall >= recall and st.precision >= cfg.min_precision
+        improving = cost < prev_cost * (1.0 - cfg.min_gain) or st.recall < recall
+        # the next step doubles, or stops at the cap when that is still worth a try (>= 1.5x)
+        nxt = min(rank * 2, cap)
+        if good or nxt < rank * 1.5 or not improving:
+            return attempts
+        prev_cost = cost
+        rank = nxt
+
+
+def train_layer(
+    x: np.ndarray,
+    mask: np.ndarray,
+    *,
+    recall: float = 0.99,
+    max_rank: int | None = None,
+    max_bytes: float | None = None,
+    ffn_bytes: float | None = None,
+    start_rank: int | None = None,
+    seed: int = 0,
+    config: TrainConfig | None = None,
+    progress: bool = False,
+    desc: str = "",
+) -> LayerPredictor:
+    """Train one layer's predictor on samples ``x [n, dim]`` -> ``mask [n, ffn]``.
+
+    ``max_rank`` and ``max_bytes`` (bytes of both matrices in ``config.dtype``) cap the rank;
+    with neither, the cap is ``dim``. ``ffn_bytes`` (the layer's gate+up+down bytes, for the
+    cost used to decide growth) defaults to f16 weights. Returns the chosen predictor with
+    ``stats``: rank, threshold, recall/precision/predicted and active fractions on the check
+    split, bytes, the layer's sparsity/skewness and every rank tried.
+    """
+    cfg = config or TrainConfig()
+    cfg.validate()
+    x = np.asarray(x, dtype=np.float32)
+    mask = np.asarray(mask, dtype=bool)
+    if x.ndim != 2 or mask.ndim != 2 or x.shape[0] != mask.shape[0]:
+        raise ShapeError(
+            f"samples must be x [n, dim] and mask [n, ffn], got {x.shape}, {mask.shape}"
+        )
+    n, dim = x.shape
+    ffn = mask.shape[1]
+    if n < 16:
+        raise ShapeError(f"need at least 16 samples to train a predictor, got {n}")
+    if not 0.0 < recall <= 1.0:
+        raise ShapeError(f"recall target must lie in (0, 1], got {recall}")
+    if not np.isfinite(x).all():
+        raise ShapeError("predictor samples contain NaN or infinite inputs")
+    cap = dim if max_rank is None and max_bytes is None else 1 << 30
+    if max_rank is not None:
+        cap = min(cap, int(max_rank))
+    if max_bytes is not None:
+        cap = min(cap, rank_cap(max_bytes, dim, ffn, cfg.dtype))
+    if cap < 1:
+        raise ShapeError(f"max_rank must be positive, got {max_rank}")
+    if ffn_bytes is None:
+        ffn_bytes = 3.0 * dim * ffn * 2
+    tr, tu, ck = _split(n, cfg.val_fraction, seed)
+    if cfg.max_eval_rows:
+        tu, ck = tu[: cfg.max_eval_rows], ck[: cfg.max_eval_rows]
+    xtr, ytr = x[tr], mask[tr]
+    xtu, ytu, xck, yck = x[tu], mask[tu], x[ck], mask[ck]
+    activity = layer_activity(ytr)
+    tune_target = 1.0 - (1.0 - recall) * cfg.recall_margin
+    rank = min(cap, start_rank or initial_rank(activity, cfg.min_rank))
+
+    # small products: one BLAS thread is far faster than many (see _blas)
+    small = cfg.batch_size * ffn * min(cap, 4096) < (1 << 28)
+    with blas_threads(1) if small else nullcontext():
+        attempts = _search(
+            xtr,
+            ytr,
+            xtu,
+            ytu,
+            xck,
+            yck,
+            rank,
+            cap,
+            recall,
+            tune_target,
+            ffn_bytes,
+            cfg,
+            seed,
+            progress,
+            desc,
+        )
+    best = [a for a in attempts if a["recall"] >= recall]
+    final = min(best, key=lambda a: a["cost"]) if best else max(attempts, key=lambda a: a["recall"])
+    chosen: LayerPredictor = final["predictor"]
+    chosen.stats = {
+        "rank": chosen.rank,
+        "threshold": chosen.threshold,
+        "recall": final["recall"],
+        "precision": final["precision"],
+        "predicted_fraction": final["predicted_fraction"],
+        "active_fraction": final["active_fraction"],
+        "bytes": final["bytes"],
+        "recall_target": recall,
+        "met_target": final["recall"] >= recall,
+        "rank_cap": cap,
+        "n_train": int(len(tr)),
+        "n_tune": int(len(tu)),
+        "n_check": int(len(ck)),
+        "activity": activity.as_dict(),
+        "config": asdict(cfg),
+        "attempts": [
+            {
+                k: a[k]
+                for k in (
+                    "rank",
+                    "recall",
+                    "precision",
+                    "predicted_fraction",
+                    "bytes",
+                    "epochs",
+                    "threshold",
+                )
+            }
+            for a in attempts
+        ],
+    }
+    return chosen
