@@ -57,10 +57,8 @@ def relu_data(synth_hf, tmp_path_factory):
     prof = tmp_path_factory.mktemp("profile")
     held = [([], []) for _ in range(SHAPE["layers"])]
     meta = {"model_fingerprint": model.fingerprint, "predictor_input": "ffn_norm"}
-    with (
-        blas_threads(1),  # small products: one BLAS thread beats many on a busy machine
-        SampleWriter(prof, SHAPE["layers"], SHAPE["dim"], SHAPE["ffn"], 1000, metadata=meta) as w,
-    ):
+    w = SampleWriter(prof, SHAPE["layers"], SHAPE["dim"], SHAPE["ffn"], 1000, metadata=meta)
+    with blas_threads(1), w:  # small products: one BLAS thread beats many on a busy machine
         for s in range(SEQS):
             per_layer = ffn_samples(model, rng.integers(0, SHAPE["vocab"], SEQ_LEN).tolist())
             for i, (x, m) in enumerate(per_layer):
@@ -76,8 +74,9 @@ def relu_data(synth_hf, tmp_path_factory):
 def test_predictors_reach_recall_within_budget(relu_data, tmp_path):
     model, prof, held_out = relu_data
     out = tmp_path / "predictors.safetensors"
-    pset = train_predictors(prof, out, model=model, recall=0.99, max_bytes_fraction=0.1,
-                            progress=False)
+    pset = train_predictors(
+        prof, out, model=model, recall=0.99, max_bytes_fraction=0.1, progress=False
+    )
     total_pred = pset.nbytes()
     total_ffn = sum(layer_ffn_bytes(model, i) for i in range(SHAPE["layers"]))
     assert total_pred <= 0.1 * total_ffn
@@ -221,7 +220,9 @@ def test_resumable_per_layer(tmp_path, monkeypatch):
         train_predictors(prof, out, **kw)
     assert calls == ["fail", 0, 1] and not out.exists()
     assert sorted(p.name for p in (tmp_path / "p.safetensors.parts").glob("layer_*")) == [
-        "layer_000.safetensors", "layer_001.safetensors"]
+        "layer_000.safetensors",
+        "layer_001.safetensors",
+    ]
     calls.clear()
     done = train_predictors(prof, out, **kw)  # resumes: only layer 2 is trained
     assert calls == [2] and sorted(done.layers) == [0, 1, 2]
@@ -239,27 +240,65 @@ def test_cli(tmp_path, synth_hf, capsys):
     from powerinfer_rs.train_predictors import build_parser, main
 
     help_text = build_parser().format_help()
-    for flag in ("--model", "--profile", "--recall", "--out", "--max-bytes-fraction",
-                 "--layers", "--epochs", "--seed"):
+    for flag in (
+        "--model",
+        "--profile",
+        "--recall",
+        "--out",
+        "--max-bytes-fraction",
+        "--layers",
+        "--epochs",
+        "--seed",
+    ):
         assert flag in help_text
     model = load_model(synth_hf("f32"))
     c = model.config
     rng = np.random.default_rng(0)
-    with SampleWriter(tmp_path / "prof", c.n_layers, c.dim, c.ffn_dim,
-                      metadata={"model_fingerprint": model.fingerprint}) as w:
+    with SampleWriter(
+        tmp_path / "prof",
+        c.n_layers,
+        c.dim,
+        c.ffn_dim,
+        metadata={"model_fingerprint": model.fingerprint},
+    ) as w:
         for i in range(c.n_layers):
             x = rng.standard_normal((200, c.dim)).astype(np.float32)
             w.add(i, x, (x @ rng.standard_normal((c.dim, c.ffn_dim))) > 1.0)
     out = tmp_path / "p.safetensors"
-    rc = main(["--model", str(synth_hf("f32")), "--profile", str(tmp_path / "prof"), "--out",
-               str(out), "--recall", "0.9", "--max-bytes-fraction", "0.3", "--epochs", "2",
-               "--layers", "1", "--quiet"])
+    rc = main(
+        [
+            "--model",
+            str(synth_hf("f32")),
+            "--profile",
+            str(tmp_path / "prof"),
+            "--out",
+            str(out),
+            "--recall",
+            "0.9",
+            "--max-bytes-fraction",
+            "0.3",
+            "--epochs",
+            "2",
+            "--layers",
+            "1",
+            "--quiet",
+        ]
+    )
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert "recall" in captured.out and sorted(load_predictors(out).layers) == [1]
     other = load_model(synth_hf("f32", seed=5))
-    rc = main(["--model", str(synth_hf("f32", seed=5)), "--profile", str(tmp_path / "prof"),
-               "--out", str(tmp_path / "q.safetensors"), "--quiet"])
+    rc = main(
+        [
+            "--model",
+            str(synth_hf("f32", seed=5)),
+            "--profile",
+            str(tmp_path / "prof"),
+            "--out",
+            str(tmp_path / "q.safetensors"),
+            "--quiet",
+        ]
+    )
     assert rc == 2 and other.fingerprint in capsys.readouterr().err  # profiled on another model
 
 
@@ -281,13 +320,26 @@ def test_load_predictors_malformed(tmp_path):
     save_file({"blk.0.fc1": np.zeros((2, 3), np.float32)}, str(p), metadata=meta)
     with pytest.raises(ModelFileError, match="lacks"):
         load_predictors(p)
-    save_file({"blk.0.fc1": np.zeros((2, 3), np.float32), "blk.0.fc2": np.zeros((5, 4), np.float32),
-               "blk.0.threshold": np.zeros(1, np.float32)}, str(p), metadata=meta)
+    save_file(
+        {
+            "blk.0.fc1": np.zeros((2, 3), np.float32),
+            "blk.0.fc2": np.zeros((5, 4), np.float32),
+            "blk.0.threshold": np.zeros(1, np.float32),
+        },
+        str(p),
+        metadata=meta,
+    )
     with pytest.raises(ModelFileError, match="do not fit"):
         load_predictors(p)
-    save_file({"blk.0.fc1": np.full((2, 3), np.nan, np.float32),
-               "blk.0.fc2": np.zeros((5, 2), np.float32),
-               "blk.0.threshold": np.zeros(1, np.float32)}, str(p), metadata=meta)
+    save_file(
+        {
+            "blk.0.fc1": np.full((2, 3), np.nan, np.float32),
+            "blk.0.fc2": np.zeros((5, 2), np.float32),
+            "blk.0.threshold": np.zeros(1, np.float32),
+        },
+        str(p),
+        metadata=meta,
+    )
     with pytest.raises(ModelFileError, match="non-finite"):
         load_predictors(p)
     good = PredictorSet({0: LayerPredictor(np.ones((2, 3)), np.ones((5, 2)), 0.5)}, dtype="F32")

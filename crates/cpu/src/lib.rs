@@ -21,7 +21,7 @@ mod testutil;
 
 pub use bandwidth::measure_read_bandwidth;
 pub use matmul::matmul;
-pub use matvec::matvec;
+pub use matvec::{matvec, matvec_many};
 pub use simd::SIMD_ENV;
 
 use powerinfer_core::{ensure, DType, Result, Weight};

@@ -3,7 +3,7 @@
 
 use crate::dispatch;
 use crate::simd::{self, Level};
-use powerinfer_core::{Result, Weight};
+use powerinfer_core::{ensure, DType, Result, Weight};
 use rayon::prelude::*;
 
 /// Smallest chunk of weight bytes worth a rayon task (tasks cost about a microsecond).
@@ -13,86 +13,157 @@ const CHUNKS_PER_THREAD: usize = 4;
 /// Chunk boundaries fall on multiples of this many rows (the kernels' row-group width).
 const ROW_ALIGN: usize = 8;
 
-/// Rows per parallel chunk for a matrix of `rows` rows of `row_bytes` bytes on `threads` threads.
-pub(crate) fn chunk_rows(rows: usize, row_bytes: usize, threads: usize) -> usize {
-    if threads <= 1 {
-        return rows.max(1);
-    }
-    let total = rows.saturating_mul(row_bytes);
-    let by_size = (total / MIN_CHUNK_BYTES).max(1);
-    let chunks = if by_size >= threads {
-        threads * (by_size / threads).min(CHUNKS_PER_THREAD)
-    } else {
-        by_size
-    };
-    rows.div_ceil(chunks.max(1))
-        .next_multiple_of(ROW_ALIGN)
-        .max(1)
-}
-
 /// y[r] = Σ_c W[r,c]·x[c] for every row, in parallel on the current rayon pool.
 pub fn matvec(w: &Weight, x: &[f32], y: &mut [f32]) -> Result<()> {
     matvec_at(simd::level(), w, x, y)
 }
 
+/// Several matvecs over the same `x` (q/k/v, gate/up) in one parallel region: `ys[i] = ws[i]·x`.
+/// One fork-join instead of one per matrix, and x is prepared once.
+pub fn matvec_many(ws: &[&Weight], x: &[f32], ys: &mut [&mut [f32]]) -> Result<()> {
+    matvec_many_at(simd::level(), ws, x, ys)
+}
+
 /// [`matvec`] on a given SIMD level.
 pub(crate) fn matvec_at(level: Level, w: &Weight, x: &[f32], y: &mut [f32]) -> Result<()> {
-    crate::check_matvec_shapes(w, x, y)?;
-    let row_bytes = w.dtype.row_bytes(w.cols)?;
-    #[cfg(target_arch = "x86_64")]
-    if level == Level::Avx2 && w.dtype.is_quantized() && INT16_ACTIVATIONS {
-        if let Some(xq) = crate::avx2::XQuant::new(x) {
-            for_row_chunks(w, row_bytes, y, |rows, out| {
-                crate::avx2::rows_dot_i16(w.dtype, rows, row_bytes, &xq, out)
+    matvec_many_at(level, &[w], x, &mut [y])
+}
+
+/// One unit of parallel work: some consecutive rows of one weight and their outputs.
+struct Task<'a> {
+    dtype: DType,
+    row_bytes: usize,
+    rows: &'a [u8],
+    out: &'a mut [f32],
+}
+
+/// [`matvec_many`] on a given SIMD level.
+pub(crate) fn matvec_many_at(
+    level: Level,
+    ws: &[&Weight],
+    x: &[f32],
+    ys: &mut [&mut [f32]],
+) -> Result<()> {
+    ensure!(
+        ws.len() == ys.len(),
+        Shape,
+        "{} weights but {} outputs",
+        ws.len(),
+        ys.len()
+    );
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        crate::check_matvec_shapes(w, x, y)?;
+    }
+    let threads = rayon::current_num_threads();
+    let total: usize = ws.iter().map(|w| w.n_bytes()).sum();
+    let chunk_bytes = chunk_bytes(total, threads);
+    let mut tasks = Vec::new();
+    for (w, y) in ws.iter().zip(ys.iter_mut()) {
+        let row_bytes = w.dtype.row_bytes(w.cols)?;
+        let per = match threads {
+            1 => w.rows.max(1),
+            _ => chunk_bytes
+                .div_ceil(row_bytes.max(1))
+                .next_multiple_of(ROW_ALIGN),
+        };
+        for (i, out) in y.chunks_mut(per).enumerate() {
+            let start = i * per * row_bytes;
+            let rows = &w.bytes()[start..start + out.len() * row_bytes];
+            tasks.push(Task {
+                dtype: w.dtype,
+                row_bytes,
+                rows,
+                out,
             });
-            return Ok(());
         }
     }
-    for_row_chunks(w, row_bytes, y, |rows, out| {
-        dispatch::rows_dot(level, w.dtype, rows, row_bytes, x, out)
-    });
+    #[cfg(target_arch = "x86_64")]
+    let xq = match level == Level::Avx2
+        && INT16_ACTIVATIONS
+        && ws.iter().any(|w| w.dtype.is_quantized())
+    {
+        true => crate::avx2::XQuant::new(x),
+        false => None,
+    };
+    let run = |t: Task<'_>| {
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(xq), true) = (&xq, t.dtype.is_quantized()) {
+            crate::avx2::rows_dot_i16(t.dtype, t.rows, t.row_bytes, xq, t.out);
+            return;
+        }
+        dispatch::rows_dot(level, t.dtype, t.rows, t.row_bytes, x, t.out)
+    };
+    if tasks.len() <= 1 {
+        tasks.into_iter().for_each(run);
+    } else {
+        tasks.into_par_iter().for_each(run);
+    }
     Ok(())
+}
+
+/// Bytes of weights per parallel task when `total` bytes are shared by `threads` threads: a
+/// few tasks per thread for balance, none smaller than [`MIN_CHUNK_BYTES`].
+fn chunk_bytes(total: usize, threads: usize) -> usize {
+    (total / (threads * CHUNKS_PER_THREAD).max(1)).max(MIN_CHUNK_BYTES)
 }
 
 /// Use the int16-activation path for quantized weights on AVX2 (see `avx2::int16`); `false`
 /// makes every format accumulate f32 products of f32 activations.
 const INT16_ACTIVATIONS: bool = true;
 
-/// Run `kernel(rows' bytes, their outputs)` over parallel chunks of the weight's rows.
-fn for_row_chunks<K>(w: &Weight, row_bytes: usize, y: &mut [f32], kernel: K)
-where
-    K: Fn(&[u8], &mut [f32]) + Sync,
-{
-    let bytes = w.bytes();
-    let per_chunk = chunk_rows(w.rows, row_bytes, rayon::current_num_threads());
-    if per_chunk >= w.rows {
-        kernel(bytes, y);
-        return;
-    }
-    y.par_chunks_mut(per_chunk)
-        .enumerate()
-        .for_each(|(i, out)| {
-            let start = i * per_chunk * row_bytes;
-            kernel(&bytes[start..start + out.len() * row_bytes], out);
-        });
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use powerinfer_core::Buffer;
 
     #[test]
     fn chunking_is_coarse_for_small_matrices() {
-        // 576 x 576 Q4_1 is ~200 KB: a few chunks per thread, never one per row.
-        let rb = 576 / 32 * 20;
-        let per = chunk_rows(576, rb, 2);
-        assert!(
-            per >= 576 / (2 * CHUNKS_PER_THREAD) && per.next_multiple_of(ROW_ALIGN) == per,
-            "{per}"
-        );
-        // Tiny matrices run as one chunk.
-        assert_eq!(chunk_rows(3, 64, 8), 8);
-        assert!(chunk_rows(4096, 8192, 2) * 8 >= 4096);
-        assert!(chunk_rows(0, 10, 4) >= 1);
+        // 576 x 576 Q4_1 is ~200 KB: a few tasks per thread, never one per row.
+        let total = 576 * (576 / 32 * 20);
+        let per = chunk_bytes(total, 2);
+        assert!(per >= MIN_CHUNK_BYTES && total / per <= 2 * CHUNKS_PER_THREAD);
+        assert_eq!(chunk_bytes(100, 8), MIN_CHUNK_BYTES);
+    }
+
+    /// Deterministic bytes that decode to finite weights in every format (f16/bf16 exponent
+    /// bytes kept small).
+    fn weight(dtype: DType, rows: usize, cols: usize, seed: u32) -> Weight {
+        let n = dtype.row_bytes(cols).unwrap() * rows;
+        let bytes: Vec<u8> = (0..n as u32)
+            .map(|i| {
+                let v = i.wrapping_mul(2654435761).wrapping_add(seed) >> 24;
+                // Keep every byte pattern a modest number: clear the high exponent bits.
+                (v as u8) & 0x3b
+            })
+            .collect();
+        Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
+    }
+
+    #[test]
+    fn many_equals_one_by_one_on_many_threads() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(7)
+            .build()
+            .unwrap();
+        let cols = 32 * 9;
+        let ws = [
+            weight(DType::Q4_1, 301, cols, 1),
+            weight(DType::F16, 77, cols, 2),
+            weight(DType::Q8_0, 1030, cols, 3),
+        ];
+        let x: Vec<f32> = (0..cols).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut many: Vec<Vec<f32>> = ws.iter().map(|w| vec![0.0; w.rows]).collect();
+        let mut ys: Vec<&mut [f32]> = many.iter_mut().map(|v| v.as_mut_slice()).collect();
+        let refs: Vec<&Weight> = ws.iter().collect();
+        pool.install(|| matvec_many(&refs, &x, &mut ys)).unwrap();
+        for (w, got) in ws.iter().zip(&many) {
+            let mut one = vec![0.0; w.rows];
+            pool.install(|| matvec(w, &x, &mut one)).unwrap();
+            assert_eq!(&one, got);
+        }
+        let mut short = vec![0.0; 3];
+        let err = matvec_many(&refs[..1], &x, &mut [&mut short[..]]).unwrap_err();
+        assert!(matches!(err, powerinfer_core::Error::Shape(_)));
+        assert!(matvec_many(&refs, &x, &mut []).is_err());
     }
 }

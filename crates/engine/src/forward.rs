@@ -1,7 +1,7 @@
 //! One forward pass over a chunk of tokens: the dense llama layer loop.
 
 use powerinfer_core::{ensure, Activation, Result, Weight};
-use powerinfer_cpu::{matmul, matvec};
+use powerinfer_cpu::{matmul, matvec, matvec_many};
 use rayon::prelude::*;
 
 use crate::attention::{attention, AttnShape};
@@ -25,6 +25,27 @@ fn project(w: &Weight, x: &[f32], n: usize, y: &mut Vec<f32>) -> Result<()> {
         1 => matvec(w, x, y),
         _ => matmul(w, x, n, y),
     }
+}
+
+/// `ys[i] = ws[i] x` for n tokens; one parallel region for all weights when decoding.
+fn project_many<const K: usize>(
+    ws: [&Weight; K],
+    x: &[f32],
+    n: usize,
+    ys: [&mut Vec<f32>; K],
+) -> Result<()> {
+    if n > 1 {
+        for (w, y) in ws.into_iter().zip(ys) {
+            project(w, x, n, y)?;
+        }
+        return Ok(());
+    }
+    let mut outs: Vec<&mut [f32]> = Vec::with_capacity(K);
+    for (w, y) in ws.iter().zip(ys) {
+        y.resize(w.rows, 0.0);
+        outs.push(y.as_mut_slice());
+    }
+    matvec_many(&ws, x, &mut outs)
 }
 
 /// RMSNorm every row of `x` (n rows of `w.len()`) into `out`.
@@ -111,9 +132,12 @@ pub fn forward(
 
     for (l, layer) in model.layers.iter().enumerate() {
         norm_rows(&s.x, &layer.attn_norm, c.rms_eps, &mut s.xn);
-        project(&layer.wq, &s.xn, n, &mut s.q)?;
-        project(&layer.wk, &s.xn, n, &mut s.k)?;
-        project(&layer.wv, &s.xn, n, &mut s.v)?;
+        project_many(
+            [&layer.wq, &layer.wk, &layer.wv],
+            &s.xn,
+            n,
+            [&mut s.q, &mut s.k, &mut s.v],
+        )?;
         let rows =
             s.q.chunks_exact_mut(c.q_dim())
                 .zip(s.k.chunks_exact_mut(c.kv_dim()));
@@ -129,8 +153,12 @@ pub fn forward(
         s.x.iter_mut().zip(&s.o).for_each(|(x, o)| *x += o);
 
         norm_rows(&s.x, &layer.ffn_norm, c.rms_eps, &mut s.xn);
-        project(&layer.w_gate, &s.xn, n, &mut s.gate)?;
-        project(&layer.w_up, &s.xn, n, &mut s.up)?;
+        project_many(
+            [&layer.w_gate, &layer.w_up],
+            &s.xn,
+            n,
+            [&mut s.gate, &mut s.up],
+        )?;
         gated_activation(c.activation, &mut s.gate, &s.up);
         project(&layer.w_down, &s.gate, n, &mut s.down)?;
         s.x.iter_mut().zip(&s.down).for_each(|(x, d)| *x += d);

@@ -26,6 +26,8 @@ from .placement import Placement
 from .problem import PlacementProblem
 from .solve_result import SolveResult
 
+#: Relative MIP gap at which HiGHS stops: 0.1 % of the objective (time: ~80 us of ~80 ms).
+DEFAULT_MIP_GAP = 1e-3
 _MIB = float(2**20)
 _US = 1e6
 
@@ -139,7 +141,7 @@ def solve_ilp(
     p: PlacementProblem,
     *,
     time_limit: float = 10.0,
-    mip_rel_gap: float = 1e-4,
+    mip_rel_gap: float = DEFAULT_MIP_GAP,
     start: Placement | None = None,
     log: bool = False,
 ) -> SolveResult:
@@ -217,11 +219,10 @@ def solve_ilp(
     md.row(np.concatenate(budget_cols), np.concatenate(budget_vals), -inf, p.budget / _MIB)
 
     hs = highspy.Highs()
-    hs.setOptionValue("output_flag", bool(log or __import__("os").environ.get("PI_HIGHS_LOG")))
-    for kv in __import__("os").environ.get("PI_HIGHS_OPTS", "").split(","):
-        if kv:
-            k, v = kv.split("=")
-            hs.setOptionValue(k, {"true": True, "false": False}.get(v, v))
+    hs.setOptionValue("output_flag", bool(log))
+    # Presolve's probing over the per-layer choice rows costs seconds (tens on 70B shapes) and
+    # removes nothing here; the LP relaxation is already tight.
+    hs.setOptionValue("presolve", "off")
     hs.setOptionValue("time_limit", float(time_limit))
     hs.setOptionValue("mip_rel_gap", float(mip_rel_gap))
     hs.passModel(md.to_highs(highspy, timed, offset))
@@ -256,4 +257,4 @@ def solve_ilp(
     )
 
 
-__all__ = ["layer_options", "solve_ilp"]
+__all__ = ["DEFAULT_MIP_GAP", "layer_options", "solve_ilp"]

@@ -304,7 +304,7 @@ def _normalise(a: np.ndarray) -> np.ndarray:
     dt = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
     if dt not in _NP_TO_STORAGE:
         raise UnsupportedError(f"cannot save dtype {a.dtype} to a .pt file")
-    return np.ascontiguousarray(a, dtype=dt)
+    return np.array(a, dtype=dt, order="C")  # (ascontiguousarray would make 0-d 1-d)
 
 
 def save_pt(path: str | os.PathLike[str], obj: np.ndarray | Mapping[str, np.ndarray]) -> Path:

@@ -10,10 +10,14 @@ afterwards calibrates the final operating point anyway.
 Rank search (:func:`train_layer`): start at :func:`~.sizing.initial_rank` (from the layer's
 sparsity and skewness), fit, round the weights to the storage dtype, tune the threshold on the
 tune split for slightly more than the recall target (``recall_margin``), measure on the check
-split. Double the rank (the last step may stop at the cap, if that is at least 1.5x) while the check recall misses the target or precision is below
-``min_precision``, as long as the byte cap allows and each doubling still lowers the layer's
-cost ``predictor bytes + predicted_fraction * FFN bytes`` (bytes read per token). The best
-attempt meeting the recall target (lowest cost) wins.
+split. Double the rank while the check recall misses the target or precision is below
+``min_precision``, as long as the byte cap allows (the last step may stop at the cap when that
+is still >= 1.5x the rank) and each doubling still lowers the layer's cost ``predictor bytes +
+predicted_fraction * FFN bytes`` (bytes read per token). The best attempt meeting the recall
+target (lowest cost) wins, else the one with the highest recall.
+
+Also: ``sqrt`` positive weighting, a closed-form warm start (:func:`linear_warm_start`) and one
+BLAS thread for small products (:mod:`._blas`). torch is not used (numpy only).
 """
 
 from __future__ import annotations

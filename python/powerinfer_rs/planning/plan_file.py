@@ -1,0 +1,239 @@
+"""The plan file: ``PLAN.safetensors``.
+
+Tensors ``blk.{i}.gpu_neurons`` (int32, sorted): layer ``i``'s hot set, the neurons whose rows
+live on the GPU (the neuron table; cold = the rest). Metadata (str -> str): ``format`` =
+``powerinfer-rs-plan/1``, ``model_fingerprint``, ``budget_bytes``, ``gpu_bytes`` and ``plan``, a
+JSON object with everything else: hardware profile, context, objective, bucket size, placement
+flags per layer (attention + KV, predictor, FFN buckets) and global (output head, embeddings),
+bytes per device (per layer and total), predicted time and tokens/s, the solver's status, MIP gap
+and solve time, the per-layer minimum of hot neurons, and the predictor sizes counted.
+
+:func:`load_plan` refuses a plan made for another model (:class:`PlanError`) or one needing more
+GPU memory than a given budget (:class:`VramBudgetError`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import PlanError, VramBudgetError
+from ..loading.types import LoadedModel
+from .model_shape import ModelShape
+from .placement import Placement
+from .predictor_size import PredictorSizes
+from .sizes import format_bytes
+
+PLAN_FORMAT = "powerinfer-rs-plan/1"
+
+
+@dataclass
+class Plan:
+    """A placement made concrete: hot neuron ids per layer plus everything the file records."""
+
+    model_fingerprint: str
+    ffn_dim: int
+    gpu_neurons: list[np.ndarray]
+    placement: Placement
+    bucket: int
+    context: int
+    objective: str
+    budget_bytes: int
+    hardware: dict
+    predictors: PredictorSizes
+    bytes: dict = field(default_factory=dict)
+    predicted: dict = field(default_factory=dict)
+    solver: dict = field(default_factory=dict)
+    min_neurons: list[int] = field(default_factory=list)
+    profile: dict = field(default_factory=dict)
+
+    @property
+    def n_layers(self) -> int:
+        """Number of layers."""
+        return len(self.gpu_neurons)
+
+    @property
+    def gpu_bytes(self) -> int:
+        """Total GPU bytes the plan allocates."""
+        return int(self.bytes.get("gpu", {}).get("total", 0))
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Predicted decode speed."""
+        return float(self.predicted.get("tokens_per_s", 0.0))
+
+    def is_cpu_only(self) -> bool:
+        """Whether nothing is on the GPU."""
+        return not self.placement.uses_gpu()
+
+    def validate(self, source: str = "plan") -> None:
+        """Check the neuron tables against the placement; :class:`PlanError` otherwise."""
+        pl = self.placement
+        if pl.n_layers != self.n_layers or len(pl.attention) != self.n_layers:
+            raise PlanError(f"{source}: placement and neuron tables disagree on the layer count")
+        if self.bucket <= 0 or self.context <= 0:
+            raise PlanError(f"{source}: bucket and context must be positive")
+        for i, ids in enumerate(self.gpu_neurons):
+            if ids.ndim != 1 or (ids.size and (ids[0] < 0 or ids[-1] >= self.ffn_dim)):
+                raise PlanError(f"{source}: blk.{i}.gpu_neurons has ids outside [0, {self.ffn_dim})")
+            if ids.size > 1 and not (np.diff(ids) > 0).all():
+                raise PlanError(f"{source}: blk.{i}.gpu_neurons is not sorted and unique")
+            if -(-ids.size // self.bucket) != pl.ffn_buckets[i]:
+                raise PlanError(
+                    f"{source}: layer {i} has {ids.size} hot neurons but {pl.ffn_buckets[i]} "
+                    f"buckets of {self.bucket}"
+                )
+
+    def to_json(self) -> dict:
+        """The metadata JSON object (everything but the neuron ids)."""
+        pl = self.placement
+        return {
+            "format": PLAN_FORMAT,
+            "model_fingerprint": self.model_fingerprint,
+            "n_layers": self.n_layers,
+            "ffn_dim": self.ffn_dim,
+            "budget_bytes": self.budget_bytes,
+            "hardware": self.hardware,
+            "context": self.context,
+            "objective": self.objective,
+            "bucket": self.bucket,
+            "placement": {
+                "attention": [bool(v) for v in pl.attention],
+                "kv_cache": [bool(v) for v in pl.attention],
+                "predictor": [bool(v) for v in pl.predictor],
+                "ffn_buckets": [int(v) for v in pl.ffn_buckets],
+                "gpu_neuron_count": [int(n.size) for n in self.gpu_neurons],
+                "output": bool(pl.output),
+                "embeddings": False,
+            },
+            "bytes": self.bytes,
+            "predicted": self.predicted,
+            "solver": self.solver,
+            "min_neurons": [int(m) for m in self.min_neurons],
+            "predictors": self.predictors.to_dict(),
+            "profile": self.profile,
+        }
+
+
+def save_plan(plan: Plan, path: str | os.PathLike[str]) -> Path:
+    """Write ``plan`` as a safetensors file (atomically); returns the path."""
+    from safetensors.numpy import save_file
+
+    plan.validate()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {
+        f"blk.{i}.gpu_neurons": np.ascontiguousarray(ids, dtype=np.int32)
+        for i, ids in enumerate(plan.gpu_neurons)
+    }
+    meta = {
+        "format": PLAN_FORMAT,
+        "model_fingerprint": plan.model_fingerprint,
+        "budget_bytes": str(plan.budget_bytes),
+        "gpu_bytes": str(plan.gpu_bytes),
+        "plan": json.dumps(plan.to_json()),
+    }
+    tmp = out.with_name(out.name + ".part")
+    save_file(tensors, str(tmp), meta)
+    os.replace(tmp, out)
+    return out
+
+
+def _read(path: Path) -> Plan:
+    from safetensors import safe_open
+
+    if not path.is_file():
+        raise PlanError(f"{path}: no plan file")
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            meta = dict(f.metadata() or {})
+            if meta.get("format") != PLAN_FORMAT:
+                raise PlanError(f"{path}: format {meta.get('format')!r}, expected {PLAN_FORMAT!r}")
+            j = json.loads(meta["plan"])
+            n = int(j["n_layers"])
+            names = set(f.keys())
+            ids = []
+            for i in range(n):
+                name = f"blk.{i}.gpu_neurons"
+                if name not in names:
+                    raise PlanError(f"{path}: tensor {name} is missing")
+                ids.append(np.asarray(f.get_tensor(name)).astype(np.int64))
+        pj = j["placement"]
+        placement = Placement(
+            attention=[bool(v) for v in pj["attention"]],
+            predictor=[bool(v) for v in pj["predictor"]],
+            ffn_buckets=[int(v) for v in pj["ffn_buckets"]],
+            output=bool(pj["output"]),
+        )
+        plan = Plan(
+            model_fingerprint=str(j["model_fingerprint"]),
+            ffn_dim=int(j["ffn_dim"]),
+            gpu_neurons=ids,
+            placement=placement,
+            bucket=int(j["bucket"]),
+            context=int(j["context"]),
+            objective=str(j["objective"]),
+            budget_bytes=int(j["budget_bytes"]),
+            hardware=dict(j["hardware"]),
+            predictors=PredictorSizes.from_dict(j["predictors"]),
+            bytes=dict(j["bytes"]),
+            predicted=dict(j["predicted"]),
+            solver=dict(j["solver"]),
+            min_neurons=[int(m) for m in j.get("min_neurons", [])],
+            profile=dict(j.get("profile", {})),
+        )
+    except PlanError:
+        raise
+    except Exception as e:  # malformed JSON, missing keys, safetensors errors
+        raise PlanError(f"{path}: not a readable plan file: {e!r}") from None
+    plan.validate(str(path))
+    return plan
+
+
+def load_plan(
+    path: str | os.PathLike[str],
+    model: LoadedModel | ModelShape | None = None,
+    budget_bytes: int | None = None,
+) -> Plan:
+    """Read a plan; with ``model``, refuse one made for another model; with ``budget_bytes``,
+    refuse one whose GPU allocations exceed it.
+
+    Raises :class:`PlanError` (unreadable file, another model's fingerprint or shape, byte
+    accounting that disagrees with the model) and :class:`VramBudgetError` (over budget).
+    """
+    from .accounting import gpu_allocation, total_bytes
+
+    p = Path(path)
+    plan = _read(p)
+    if model is not None:
+        shape = ModelShape.coerce(model)
+        if plan.model_fingerprint != shape.fingerprint:
+            raise PlanError(
+                f"{p} was made for model {plan.model_fingerprint or '(unknown)'}, not this one "
+                f"({shape.fingerprint or '(unknown)'}); plan again for this model"
+            )
+        c = shape.config
+        if plan.n_layers != c.n_layers or plan.ffn_dim != c.ffn_dim:
+            raise PlanError(
+                f"{p}: plan is for {plan.n_layers} layers x {plan.ffn_dim} neurons, the model has "
+                f"{c.n_layers} x {c.ffn_dim}"
+            )
+        actual = total_bytes(gpu_allocation(plan, shape))
+        if actual != plan.gpu_bytes:
+            raise PlanError(
+                f"{p}: the plan records {plan.gpu_bytes} GPU bytes but its allocations on this "
+                f"model come to {actual}"
+            )
+    if budget_bytes is not None and plan.gpu_bytes > budget_bytes:
+        raise VramBudgetError(
+            f"{p} needs {format_bytes(plan.gpu_bytes)} ({plan.gpu_bytes} B) of GPU memory, more "
+            f"than the budget of {format_bytes(budget_bytes)} ({budget_bytes} B)"
+        )
+    return plan
+
+
+__all__ = ["PLAN_FORMAT", "Plan", "load_plan", "save_plan"]

@@ -1,0 +1,185 @@
+"""Make a plan: build the problem, solve it (HiGHS, greedy fallback), record the result."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from ..errors import PlanError
+from ..loading.types import LoadedModel
+from .accounting import placement_allocation, total_bytes
+from .cost_model import evaluate
+from .greedy import solve_greedy
+from .hardware_profile import HardwareProfile
+from .ilp import DEFAULT_MIP_GAP, solve_ilp
+from .model_shape import ModelShape
+from .placement import Placement
+from .plan_file import Plan
+from .predictor_size import PredictorSizes, default_predictor_sizes
+from .problem import PlacementProblem, build_problem
+from .profile_io import Profile
+from .solve_result import SolveResult
+
+SOLVERS = ("auto", "highs", "greedy")
+
+
+def solve(
+    problem: PlacementProblem,
+    *,
+    solver: str = "auto",
+    time_limit: float = 10.0,
+    mip_gap: float = DEFAULT_MIP_GAP,
+    log: bool = False,
+) -> SolveResult:
+    """Solve ``problem``: ``"highs"`` (the ILP, warm-started from greedy), ``"greedy"``, or
+    ``"auto"`` (HiGHS, falling back to greedy when highspy is missing or HiGHS fails).
+
+    The result is always feasible under exact accounting: an ILP answer that rounding pushed
+    over the budget is replaced by the greedy one (and says so in ``note``).
+    """
+    if solver not in SOLVERS:
+        raise PlanError(f"solver {solver!r}: choose one of {', '.join(SOLVERS)}")
+    greedy = solve_greedy(problem)
+    if solver == "greedy":
+        return greedy
+    try:
+        res = solve_ilp(
+            problem, time_limit=time_limit, mip_rel_gap=mip_gap, start=greedy.placement, log=log
+        )
+    except ImportError:
+        if solver == "highs":
+            raise PlanError("--solver highs needs highspy: pip install highspy") from None
+        greedy.note = "highspy is not installed: greedy fallback"
+        return greedy
+    except PlanError as e:
+        if solver == "highs":
+            raise
+        greedy.note = f"HiGHS failed ({e}): greedy fallback"
+        return greedy
+    ev = evaluate(problem, res.placement)
+    if not ev.feasible:
+        greedy.note = f"HiGHS answer infeasible after rounding ({ev.reason}): greedy fallback"
+        return greedy
+    return res
+
+
+def hot_neurons(problem: PlacementProblem, placement: Placement) -> list[np.ndarray]:
+    """Per layer, the sorted ids of the neurons ``placement`` puts on the GPU."""
+    out = []
+    for lt, k in zip(problem.layers, placement.ffn_buckets):
+        n = int(lt.sizes[:k].sum())
+        out.append(np.sort(lt.order[:n]).astype(np.int64))
+    return out
+
+
+def plan_from_solution(problem: PlacementProblem, res: SolveResult, profile: Profile) -> Plan:
+    """Assemble the :class:`Plan` of a solved problem, with bytes and predictions recorded."""
+    p, pl = problem, res.placement
+    ev = evaluate(p, pl)
+    allocs = placement_allocation(
+        p.shape, pl, bucket=p.bucket, context=p.context, predictors=p.predictors
+    )
+    gpu_total = total_bytes(allocs)
+    if gpu_total != ev.gpu_bytes:  # the two accountings are one definition; never differs
+        raise PlanError(f"internal accounting mismatch: {gpu_total} != {ev.gpu_bytes}")
+    try:
+        corpus = json.loads(profile.meta.get("corpus", "[]"))
+    except ValueError:
+        corpus = []
+    return Plan(
+        model_fingerprint=p.shape.fingerprint,
+        ffn_dim=p.shape.config.ffn_dim,
+        gpu_neurons=hot_neurons(p, pl),
+        placement=pl,
+        bucket=p.bucket,
+        context=p.context,
+        objective=p.objective,
+        budget_bytes=p.budget,
+        hardware=p.hardware.to_dict(),
+        predictors=p.predictors,
+        bytes={
+            "gpu": {
+                "total": gpu_total,
+                "per_layer": ev.layer_gpu_bytes,
+                "global": ev.global_gpu_bytes,
+            },
+            "cpu": {
+                "total": sum(ev.layer_cpu_bytes) + ev.global_cpu_bytes,
+                "per_layer": ev.layer_cpu_bytes,
+                "global": ev.global_cpu_bytes,
+            },
+            "alignment": 256,
+        },
+        predicted={
+            "tokens_per_s": ev.tokens_per_s,
+            "time_per_token_s": ev.time_per_token,
+            "layer_time_s": ev.layer_time,
+            "output_time_s": ev.output_time,
+            "layer_split": ev.split,
+            "mass_share": ev.mass_share,
+            "layer_mass_share": ev.layer_mass_share,
+            "mass_objective": ev.mass_objective,
+        },
+        solver=res.to_dict(),
+        min_neurons=[lt.min_neurons for lt in p.layers],
+        profile={
+            "tokens": int(profile.tokens),
+            "model_fingerprint": profile.model_fingerprint,
+            "corpus": corpus,
+        },
+    )
+
+
+def make_plan(
+    model: LoadedModel | ModelShape,
+    profile: Profile,
+    hardware: HardwareProfile,
+    budget: int,
+    *,
+    objective: str = "mass",
+    bucket: int = 64,
+    context: int = 4096,
+    predictors: PredictorSizes | None = None,
+    min_neurons: int | None = None,
+    solver: str = "auto",
+    time_limit: float = 10.0,
+    mip_gap: float = DEFAULT_MIP_GAP,
+    check_fingerprint: bool = True,
+    log: bool = False,
+) -> Plan:
+    """Plan ``model`` (a loaded model or just its :class:`ModelShape`) on ``hardware`` within
+    ``budget`` GPU bytes, from the activation ``profile``.
+
+    Raises :class:`PlanError` when the profile was made on another model (unless
+    ``check_fingerprint`` is False), :class:`ShapeError` when it does not fit the model's shape,
+    and :class:`VramBudgetError` for a budget the hardware cannot hold.
+    """
+    shape = ModelShape.coerce(model)
+    if (
+        check_fingerprint
+        and profile.model_fingerprint
+        and shape.fingerprint
+        and profile.model_fingerprint != shape.fingerprint
+    ):
+        raise PlanError(
+            f"the activation profile was made on model {profile.model_fingerprint}, not on this "
+            f"one ({shape.fingerprint}); profile this model (or pass --ignore-fingerprint)"
+        )
+    preds = predictors if predictors is not None else default_predictor_sizes(shape.config)
+    problem = build_problem(
+        shape,
+        profile,
+        hardware,
+        budget,
+        objective=objective,
+        bucket=bucket,
+        context=context,
+        predictors=preds,
+        min_neurons=min_neurons,
+    )
+    res = solve(problem, solver=solver, time_limit=time_limit, mip_gap=mip_gap, log=log)
+    return plan_from_solution(problem, res, profile)
+
+
+__all__ = ["SOLVERS", "hot_neurons", "make_plan", "plan_from_solution", "solve"]
