@@ -118,8 +118,13 @@ def activation(name: str, x: np.ndarray) -> np.ndarray:
     raise UnsupportedError(f"activation {name!r}")
 
 
-def reference_forward(model: LoadedModel, tokens: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Logits ``(n, vocab)`` and, per layer, the FFN gate pre-activations ``(n, ffn)``."""
+def reference_forward(
+    model: LoadedModel, tokens: list[int], ffn_mask=None
+) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Logits ``(n, vocab)`` and, per layer, the FFN gate pre-activations ``(n, ffn)``.
+
+    ``ffn_mask(layer, ffn_input, residual, activated_gate) -> bool (n, ffn)``, when given,
+    zeroes the neurons it marks inactive (the sparse modes' semantics)."""
     c = model.config
     toks = np.asarray(list(tokens), dtype=np.int64)
     if toks.ndim != 1 or toks.size == 0:
@@ -153,7 +158,10 @@ def reference_forward(model: LoadedModel, tokens: list[int]) -> tuple[np.ndarray
         g = h @ w[p + "ffn_gate"].T
         gates.append(g)
         u = h @ w[p + "ffn_up"].T
-        x = x + (activation(c.activation, g) * u) @ w[p + "ffn_down"].T
+        a = activation(c.activation, g)
+        if ffn_mask is not None:
+            a = a * ffn_mask(i, h, x, a)
+        x = x + (a * u) @ w[p + "ffn_down"].T
     x = rms_norm(x, w["output_norm"], c.rms_eps)
     logits = x @ w["output"].T
     return logits, gates

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import _core
 from .chat import format_chat
-from .errors import ContextOverflowError, ShapeError, TokenError
+from .errors import ContextOverflowError, ModelFileError, PlanError, ShapeError, TokenError
 from .loading import LoadedModel, load_model
 from .sampling import SamplingParams, sample
 from .streaming import IncrementalDecoder, StopMatcher
@@ -64,7 +64,16 @@ class Engine:
     prompt that starts with the tokens already in the context reuses them.
     """
 
-    def __init__(self, loaded: LoadedModel, *, threads: int = 0, n_ctx: int | None = None):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        *,
+        threads: int = 0,
+        n_ctx: int | None = None,
+        sparsity: str = "dense",
+        thresholds: Sequence[float] | str | os.PathLike[str] | None = None,
+        predictors: object | None = None,
+    ):
         if threads < 0:
             raise ShapeError(f"threads must be >= 0 (0 = one per core), got {threads}")
         self.loaded = loaded
@@ -84,6 +93,9 @@ class Engine:
         self._session = _core.Session(self._model, threads, min(n_ctx, loaded.config.max_context))
         self._context: list[int] = []
         self.last_stats = GenerationStats()
+        self.thresholds: list[float] | None = None
+        self.predictors = None
+        self.set_sparsity(sparsity, thresholds=thresholds, predictors=predictors)
 
     @classmethod
     def from_pretrained(
@@ -92,16 +104,32 @@ class Engine:
         *,
         threads: int = 0,
         n_ctx: int | None = None,
+        sparsity: str = "dense",
+        thresholds: Sequence[float] | str | os.PathLike[str] | None = None,
+        predictors: object | None = None,
     ) -> Engine:
         """Load a GGUF file or a Hugging Face model directory (default: SmolLM2-135M-Instruct,
-        fetched once into the cache). ``threads=0`` uses one thread per core."""
+        fetched once into the cache). ``threads=0`` uses one thread per core.
+
+        ``sparsity``: "dense" (exact), "exact-relu" (ReLU models: skip neurons whose ReLU is 0,
+        same function as dense), "threshold" (skip neurons with |act(gate)| below a per-layer
+        threshold; ``thresholds`` = a file from ``python -m powerinfer_rs.calibrate`` or a list)
+        or "predictor" (``predictors`` = a file from ``python -m powerinfer_rs.train_predictors``
+        or a PredictorSet)."""
         if threads < 0:
             raise ShapeError(f"threads must be >= 0 (0 = one per core), got {threads}")
         if path is None:
             from .models import default_model_path
 
             path = default_model_path()
-        return cls(load_model(path), threads=threads, n_ctx=n_ctx)
+        return cls(
+            load_model(path),
+            threads=threads,
+            n_ctx=n_ctx,
+            sparsity=sparsity,
+            thresholds=thresholds,
+            predictors=predictors,
+        )
 
     # -- properties --------------------------------------------------------------------------
 
@@ -126,6 +154,76 @@ class Engine:
     def tensor_address(self, name: str) -> int:
         """Address the engine reads tensor ``name`` from (zero-copy checks)."""
         return self._model.tensor_address(name)
+
+    # -- sparsity and profiling -------------------------------------------------------------
+
+    @property
+    def sparsity(self) -> str:
+        """The FFN sparsity mode."""
+        return self._session.sparsity
+
+    def set_sparsity(
+        self,
+        mode: str,
+        *,
+        thresholds: Sequence[float] | str | os.PathLike[str] | None = None,
+        predictors: object | None = None,
+    ) -> None:
+        """Switch the FFN sparsity mode (see :meth:`from_pretrained`)."""
+        if mode == "threshold":
+            if thresholds is None:
+                raise PlanError(
+                    "sparsity='threshold' needs thresholds= (python -m "
+                    "powerinfer_rs.calibrate writes them)"
+                )
+            self.thresholds = _load_thresholds(thresholds, self.loaded)
+            self._session.set_sparsity("threshold", thresholds=self.thresholds)
+        elif mode == "predictor":
+            if predictors is None:
+                raise PlanError(
+                    "sparsity='predictor' needs predictors= (python -m "
+                    "powerinfer_rs.train_predictors writes them)"
+                )
+            self.predictors = _load_predictors(predictors, self.loaded)
+            tensors: dict[str, object] = {}
+            for i in range(self.config.n_layers):
+                p = self.predictors.layers[i]
+                for name, arr in (("fc1", p.fc1), ("fc2", p.fc2)):
+                    a = np.ascontiguousarray(arr, dtype=np.float32)
+                    tensors[f"blk.{i}.{name}"] = (
+                        "F32",
+                        a.shape[0],
+                        a.shape[1],
+                        a.view(np.uint8).reshape(-1),
+                    )
+                tensors[f"blk.{i}.threshold"] = float(p.threshold)
+            self._session.set_sparsity(
+                "predictor", predictors=tensors, predictor_input=self.predictors.input
+            )
+        else:
+            self._session.set_sparsity(mode)
+        self.reset()
+
+    def start_profiling(
+        self, thresholds: Sequence[float] | None = None, capture: bool = False
+    ) -> None:
+        """Count per layer and neuron the tokens in which each FFN neuron is active (ReLU
+        semantics, or |act| >= threshold with ``thresholds``) during the following forward
+        passes; with ``capture`` also keep (FFN input, activation) rows, see
+        :meth:`take_captured`."""
+        self._session.start_profiling(None if thresholds is None else list(thresholds), capture)
+
+    def profile_counts(self) -> tuple[np.ndarray, int]:
+        """(counts int64 (n_layers, ffn), tokens counted) of the running profile."""
+        return self._session.profile_counts(), self._session.profile_tokens
+
+    def take_captured(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per layer (x (n, dim), act (n, ffn)) float32 rows captured since the last call."""
+        return self._session.take_captured()
+
+    def stop_profiling(self) -> None:
+        """Stop counting."""
+        self._session.stop_profiling()
 
     # -- scoring ---------------------------------------------------------------------------
 
@@ -323,3 +421,54 @@ class Engine:
         logits = self._session.feed(todo[-1:])[0]
         self._context.append(todo[-1])
         return logits
+
+
+def _load_thresholds(
+    source: Sequence[float] | str | os.PathLike[str], loaded: LoadedModel
+) -> list[float]:
+    """Per-layer thresholds from a list or a calibrate file (JSON), checked against the model."""
+    if isinstance(source, (str, os.PathLike)):
+        import json
+
+        try:
+            with open(source, encoding="utf-8") as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ModelFileError(f"{os.fspath(source)}: cannot read thresholds: {e}") from e
+        if not isinstance(doc, dict) or not isinstance(doc.get("thresholds"), list):
+            raise ModelFileError(f"{os.fspath(source)}: no 'thresholds' list")
+        fp = doc.get("model_fingerprint")
+        if fp is not None and fp != loaded.fingerprint:
+            raise PlanError(
+                f"{os.fspath(source)} was calibrated for another model "
+                f"(fingerprint {fp}, this model {loaded.fingerprint})"
+            )
+        values = doc["thresholds"]
+    else:
+        values = list(source)
+    try:
+        out = [float(v) for v in values]
+    except (TypeError, ValueError) as e:
+        raise PlanError(f"thresholds must be numbers: {e}") from e
+    if len(out) != loaded.config.n_layers:
+        raise PlanError(f"{len(out)} thresholds for a {loaded.config.n_layers}-layer model")
+    return out
+
+
+def _load_predictors(source: object, loaded: LoadedModel):
+    """A PredictorSet from a file path or as given, checked against the model."""
+    from .predictors import PredictorSet, load_predictors
+
+    pset = load_predictors(source) if isinstance(source, (str, os.PathLike)) else source
+    if not isinstance(pset, PredictorSet):
+        raise PlanError(f"predictors must be a path or a PredictorSet, got {type(pset).__name__}")
+    fp = pset.model_fingerprint
+    if fp is not None and fp != loaded.fingerprint:
+        raise PlanError(
+            f"the predictors were trained for another model (fingerprint {fp}, "
+            f"this model {loaded.fingerprint})"
+        )
+    missing = [i for i in range(loaded.config.n_layers) if i not in pset.layers]
+    if missing:
+        raise PlanError(f"the predictors lack layers {missing[:8]}")
+    return pset

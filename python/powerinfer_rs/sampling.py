@@ -50,6 +50,10 @@ def sample(
     seen: Iterable[int] = (),
 ) -> int:
     """Pick one token id from a 1-D logits vector."""
+    if params.temperature == 0.0 and params.repetition_penalty == 1.0:
+        if np.ndim(logits) != 1:
+            raise ShapeError(f"sample() takes one row of logits, got shape {np.shape(logits)}")
+        return int(np.argmax(logits))  # greedy: no copy on the hot path
     x = np.asarray(logits, dtype=np.float64).copy()
     if x.ndim != 1:
         raise ShapeError(f"sample() takes one row of logits, got shape {x.shape}")

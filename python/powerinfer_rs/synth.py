@@ -519,7 +519,7 @@ def write_gguf_model(
     w.add_float32("powerinfer_rs.synthetic_active", active)
     tokens, merges = byte_level_vocab(vocab)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
+    w.add_tokenizer_pre("gpt-2")  # llama.cpp's name for the GPT-2 split ("gpt2" is rejected)
     w.add_token_list(tokens)
     w.add_token_types([3 if i < len(SPECIAL_TOKENS) else 1 for i in range(vocab)])
     w.add_token_merges([f"{a} {b}" for a, b in merges])

@@ -47,11 +47,12 @@ def _byte_level(use_regex: bool) -> pre_tokenizers.PreTokenizer:
 def bpe_pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
     """The pre-tokenizer for a GGUF ``tokenizer.ggml.pre`` name (byte-level BPE models).
 
-    Known: ``gpt2``/``default`` (GPT-2 regex), ``smollm``/``starcoder``/``refact`` (every digit
-    on its own, then the GPT-2 regex), ``llama3``/``llama-bpe`` (cl100k regex). Anything else
-    falls back to the GPT-2 regex with a warning.
+    Known: ``gpt-2`` (llama.cpp's name), ``gpt2``, ``default`` (GPT-2 regex),
+    ``smollm``/``starcoder``/``refact`` (every digit on its own, then the GPT-2 regex),
+    ``llama3``/``llama-bpe`` (cl100k regex). Anything else falls back to the GPT-2 regex with
+    a warning.
     """
-    if pre in (None, "gpt2", "default"):
+    if pre in (None, "gpt-2", "gpt2", "default"):
         return _byte_level(True)
     if pre in ("smollm", "starcoder", "refact"):
         return pre_tokenizers.Sequence(

@@ -5,10 +5,12 @@ pub mod buffer;
 pub mod config;
 pub mod dtype;
 pub mod error;
+pub mod quantize;
 pub mod weight;
 
 pub use buffer::Buffer;
 pub use config::{Activation, ModelConfig, RopeStyle};
 pub use dtype::DType;
 pub use error::{Error, Result};
+pub use quantize::quantize_row;
 pub use weight::Weight;

@@ -16,6 +16,7 @@ mod matvec;
 pub mod reference;
 mod scalar;
 mod simd;
+mod sparse;
 #[cfg(test)]
 mod testutil;
 
@@ -23,6 +24,8 @@ pub use bandwidth::measure_read_bandwidth;
 pub use matmul::matmul;
 pub use matvec::{matvec, matvec_many};
 pub use simd::SIMD_ENV;
+pub use sparse::reference as sparse_reference;
+pub use sparse::{axpy_rows, ffn_gate_up_down_sparse, ffn_up_down_sparse, matvec_rows};
 
 use powerinfer_core::{ensure, DType, Result, Weight};
 

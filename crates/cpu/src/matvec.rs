@@ -161,7 +161,7 @@ mod tests {
             pool.install(|| matvec(w, &x, &mut one)).unwrap();
             assert_eq!(&one, got);
         }
-        let mut short = vec![0.0; 3];
+        let mut short = [0.0; 3];
         let err = matvec_many(&refs[..1], &x, &mut [&mut short[..]]).unwrap_err();
         assert!(matches!(err, powerinfer_core::Error::Shape(_)));
         assert!(matvec_many(&refs, &x, &mut []).is_err());

@@ -1,12 +1,14 @@
 //! One forward pass over a chunk of tokens: the dense llama layer loop.
 
-use powerinfer_core::{ensure, Activation, Result, Weight};
-use powerinfer_cpu::{matmul, matvec, matvec_many};
+use powerinfer_core::{ensure, Result};
 use rayon::prelude::*;
 
 use crate::attention::{attention, AttnShape};
+use crate::ffn::{ffn, project, project_many, FfnCall, FfnScratch};
 use crate::kv_cache::KvCache;
 use crate::norm_rope::{apply_rope, rms_norm, RopeAngles};
+use crate::profiler::Profiler;
+use crate::sparsity::Sparsity;
 use crate::weights::ModelWeights;
 
 /// Which logits a forward pass returns.
@@ -16,36 +18,6 @@ pub enum Logits {
     Last,
     /// Every token's (scoring, perplexity).
     All,
-}
-
-/// `y = W x` for n tokens: a matvec for one token, a batched matmul for more.
-fn project(w: &Weight, x: &[f32], n: usize, y: &mut Vec<f32>) -> Result<()> {
-    y.resize(n * w.rows, 0.0);
-    match n {
-        1 => matvec(w, x, y),
-        _ => matmul(w, x, n, y),
-    }
-}
-
-/// `ys[i] = ws[i] x` for n tokens; one parallel region for all weights when decoding.
-fn project_many<const K: usize>(
-    ws: [&Weight; K],
-    x: &[f32],
-    n: usize,
-    ys: [&mut Vec<f32>; K],
-) -> Result<()> {
-    if n > 1 {
-        for (w, y) in ws.into_iter().zip(ys) {
-            project(w, x, n, y)?;
-        }
-        return Ok(());
-    }
-    let mut outs: Vec<&mut [f32]> = Vec::with_capacity(K);
-    for (w, y) in ws.iter().zip(ys) {
-        y.resize(w.rows, 0.0);
-        outs.push(y.as_mut_slice());
-    }
-    matvec_many(&ws, x, &mut outs)
 }
 
 /// RMSNorm every row of `x` (n rows of `w.len()`) into `out`.
@@ -61,23 +33,6 @@ fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
         .for_each(|(o, xr)| rms_norm(xr, w, eps, o));
 }
 
-/// `gate = act(gate) * up`, elementwise; parallel only when there is enough work.
-fn gated_activation(act: Activation, gate: &mut [f32], up: &[f32]) {
-    const CHUNK: usize = 16 * 1024;
-    let apply = |g: &mut [f32], u: &[f32]| {
-        g.iter_mut()
-            .zip(u)
-            .for_each(|(g, u)| *g = act.apply(*g) * u)
-    };
-    if gate.len() <= CHUNK {
-        apply(gate, up);
-    } else {
-        gate.par_chunks_mut(CHUNK)
-            .zip(up.par_chunks(CHUNK))
-            .for_each(|(g, u)| apply(g, u));
-    }
-}
-
 /// Scratch buffers reused across layers and calls.
 #[derive(Default)]
 pub struct Scratch {
@@ -88,17 +43,18 @@ pub struct Scratch {
     v: Vec<f32>,
     att: Vec<f32>,
     o: Vec<f32>,
-    gate: Vec<f32>,
-    up: Vec<f32>,
     down: Vec<f32>,
+    ffn: FfnScratch,
 }
 
 /// Run `tokens` (positions `cache.len()..`) through the model, append their keys and values to
 /// `cache`, and return the requested logits (n_out × vocab, row-major).
 pub fn forward(
     model: &ModelWeights,
+    mode: &Sparsity,
     cache: &mut KvCache,
     scratch: &mut Scratch,
+    mut profiler: Option<&mut Profiler>,
     tokens: &[u32],
     which: Logits,
 ) -> Result<Vec<f32>> {
@@ -153,17 +109,21 @@ pub fn forward(
         s.x.iter_mut().zip(&s.o).for_each(|(x, o)| *x += o);
 
         norm_rows(&s.x, &layer.ffn_norm, c.rms_eps, &mut s.xn);
-        project_many(
-            [&layer.w_gate, &layer.w_up],
-            &s.xn,
+        let call = FfnCall {
+            model,
+            layer: l,
+            mode,
+            x_res: &s.x,
+            xn: &s.xn,
             n,
-            [&mut s.gate, &mut s.up],
-        )?;
-        gated_activation(c.activation, &mut s.gate, &s.up);
-        project(&layer.w_down, &s.gate, n, &mut s.down)?;
+        };
+        ffn(&call, &mut s.ffn, profiler.as_deref_mut(), &mut s.down)?;
         s.x.iter_mut().zip(&s.down).for_each(|(x, d)| *x += d);
     }
     cache.set_len(start + n);
+    if let Some(p) = profiler {
+        p.tokens += n as u64;
+    }
 
     let (first, n_out) = match which {
         Logits::Last => (n - 1, 1),

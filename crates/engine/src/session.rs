@@ -7,6 +7,8 @@ use powerinfer_core::{Error, Result};
 
 use crate::forward::{forward, Logits, Scratch};
 use crate::kv_cache::KvCache;
+use crate::profiler::{Captured, Profiler};
+use crate::sparsity::Sparsity;
 use crate::weights::ModelWeights;
 
 /// Tokens per prefill chunk: bounds scratch memory while keeping matrix-matrix batches.
@@ -18,6 +20,8 @@ pub struct Session {
     cache: KvCache,
     scratch: Scratch,
     pool: rayon::ThreadPool,
+    mode: Sparsity,
+    profiler: Option<Profiler>,
 }
 
 impl Session {
@@ -41,6 +45,8 @@ impl Session {
             cache,
             scratch: Scratch::default(),
             pool,
+            mode: Sparsity::Dense,
+            profiler: None,
         })
     }
 
@@ -62,6 +68,60 @@ impl Session {
     /// Worker threads.
     pub fn threads(&self) -> usize {
         self.pool.current_num_threads()
+    }
+
+    /// Switch the FFN's sparsity mode (checked against the model; sparse modes build the
+    /// transposed down projections on first use, here, on the session's threads).
+    pub fn set_sparsity(&mut self, mode: Sparsity) -> Result<()> {
+        let c = &self.model.config;
+        mode.validate(c.n_layers, c.dim, c.ffn_dim, c.activation)?;
+        if !matches!(mode, Sparsity::Dense) {
+            let model = &self.model;
+            self.pool.install(|| model.down_t().map(|_| ()))?;
+        }
+        self.mode = mode;
+        Ok(())
+    }
+
+    /// The sparsity mode.
+    pub fn sparsity(&self) -> &Sparsity {
+        &self.mode
+    }
+
+    /// Start counting activations (ReLU semantics when `thresholds` is None, |act| >= t
+    /// otherwise), keeping (FFN input, activation) rows when `capture`. Replaces any running
+    /// profile.
+    pub fn start_profiling(&mut self, thresholds: Option<Vec<f32>>, capture: bool) -> Result<()> {
+        let c = &self.model.config;
+        if let Some(t) = &thresholds {
+            powerinfer_core::ensure!(
+                t.len() == c.n_layers,
+                Plan,
+                "{} thresholds for a {}-layer model",
+                t.len(),
+                c.n_layers
+            );
+        }
+        self.profiler = Some(Profiler::new(c.n_layers, c.ffn_dim, thresholds, capture));
+        Ok(())
+    }
+
+    /// Stop profiling and return what was counted.
+    pub fn stop_profiling(&mut self) -> Option<Profiler> {
+        self.profiler.take()
+    }
+
+    /// The running profile, if any.
+    pub fn profiler(&self) -> Option<&Profiler> {
+        self.profiler.as_ref()
+    }
+
+    /// Captured rows since the last call (empty when not capturing).
+    pub fn take_captured(&mut self) -> Vec<Captured> {
+        self.profiler
+            .as_mut()
+            .map(Profiler::take_captured)
+            .unwrap_or_default()
     }
 
     /// Forget everything (a fresh context).
@@ -118,9 +178,10 @@ impl Session {
         let n_chunks = tokens.len().div_ceil(PREFILL_CHUNK);
         for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
             let (model, cache, scratch) = (&*self.model, &mut self.cache, &mut self.scratch);
+            let (mode, profiler) = (&self.mode, self.profiler.as_mut());
             let logits = self
                 .pool
-                .install(|| forward(model, cache, scratch, chunk, which))?;
+                .install(|| forward(model, mode, cache, scratch, profiler, chunk, which))?;
             match which {
                 Logits::All => all.extend_from_slice(&logits),
                 Logits::Last => last = logits,

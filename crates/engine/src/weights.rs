@@ -3,6 +3,7 @@
 //! and checked against the config.
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use powerinfer_core::{bail, ensure, ModelConfig, Result, Weight};
 
@@ -28,6 +29,9 @@ pub struct ModelWeights {
     pub output: Weight,
     pub output_norm: Vec<f32>,
     pub layers: Vec<LayerWeights>,
+    /// The transposed down projections of the sparse FFN, built on first use (or given by the
+    /// file, as PowerInfer's `ffn_down_t`).
+    down_t: OnceLock<Vec<Weight>>,
 }
 
 /// Take a tensor out of the map and check its shape.
@@ -74,6 +78,7 @@ impl ModelWeights {
         };
         let output_norm = take_vector(&mut tensors, "output_norm", c.dim)?;
         let mut layers = Vec::with_capacity(c.n_layers);
+        let mut down_t_given = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
             let mut t = |name: &str, rows: usize, cols: usize| {
                 take(&mut tensors, &format!("blk.{i}.{name}"), rows, cols)
@@ -84,7 +89,20 @@ impl ModelWeights {
             let wo = t("attn_output", c.dim, c.q_dim())?;
             let w_gate = t("ffn_gate", c.ffn_dim, c.dim)?;
             let w_up = t("ffn_up", c.ffn_dim, c.dim)?;
-            let w_down = t("ffn_down", c.dim, c.ffn_dim)?;
+            let given_t = match tensors.contains_key(&format!("blk.{i}.ffn_down_t")) {
+                true => Some(take(
+                    &mut tensors,
+                    &format!("blk.{i}.ffn_down_t"),
+                    c.ffn_dim,
+                    c.dim,
+                )?),
+                false => None,
+            };
+            let w_down = match (&given_t, tensors.contains_key(&format!("blk.{i}.ffn_down"))) {
+                (Some(dt), false) => crate::transpose::transpose(dt)?,
+                _ => take(&mut tensors, &format!("blk.{i}.ffn_down"), c.dim, c.ffn_dim)?,
+            };
+            down_t_given.push(given_t);
             let attn_norm = take_vector(&mut tensors, &format!("blk.{i}.attn_norm"), c.dim)?;
             let ffn_norm = take_vector(&mut tensors, &format!("blk.{i}.ffn_norm"), c.dim)?;
             layers.push(LayerWeights {
@@ -106,13 +124,39 @@ impl ModelWeights {
                 c.n_layers
             );
         }
+        let down_t = OnceLock::new();
+        if down_t_given.iter().all(Option::is_some) {
+            let _ = down_t.set(down_t_given.into_iter().flatten().collect());
+        }
         Ok(ModelWeights {
             config,
             token_embd,
             output,
             output_norm,
             layers,
+            down_t,
         })
+    }
+
+    /// The transposed down projections (ffn rows of dim weights per layer), built once.
+    pub fn down_t(&self) -> Result<&[Weight]> {
+        if let Some(d) = self.down_t.get() {
+            return Ok(d);
+        }
+        let built = self
+            .layers
+            .iter()
+            .map(|l| crate::transpose::transpose(&l.w_down))
+            .collect::<Result<Vec<_>>>()?;
+        let _ = self.down_t.set(built);
+        Ok(self.down_t.get().expect("set above"))
+    }
+
+    /// Bytes of the transposed down projections if built (0 otherwise).
+    pub fn down_t_bytes(&self) -> usize {
+        self.down_t
+            .get()
+            .map_or(0, |d| d.iter().map(Weight::n_bytes).sum())
     }
 
     /// Weight bytes a decode step reads: every matrix once, one embedding row, the norms.

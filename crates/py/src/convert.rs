@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use numpy::{PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
 use powerinfer_core::{Activation, Buffer, DType, Error, ModelConfig, Result, RopeStyle, Weight};
+use powerinfer_engine::LayerPredictor;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
@@ -103,6 +104,44 @@ pub fn tensors_from_dict(d: &Bound<'_, PyDict>) -> Result<HashMap<String, Weight
             .map_err(|_| Error::ModelFile(format!("tensor {name}: expected a tuple")))?;
         let w = weight_from_tuple(&name, &tup)?;
         out.insert(name, w);
+    }
+    Ok(out)
+}
+
+/// Predictors from `{"blk.N.fc1": tuple, "blk.N.fc2": tuple, "blk.N.threshold": float}`;
+/// fc2 ([ffn, rank]) is transposed once so its rows are per hidden unit.
+pub fn predictors_from_dict(d: &Bound<'_, PyDict>, n_layers: usize) -> Result<Vec<LayerPredictor>> {
+    let mut out = Vec::with_capacity(n_layers);
+    for i in 0..n_layers {
+        let get = |name: String| -> Result<Bound<'_, PyAny>> {
+            d.get_item(&name)
+                .map_err(|e| Error::Plan(format!("{name}: {e}")))?
+                .ok_or_else(|| Error::Plan(format!("predictors lack {name}")))
+        };
+        let tuple = |name: String| -> Result<Weight> {
+            let v = get(name.clone())?;
+            let t = v
+                .cast_into::<PyTuple>()
+                .map_err(|_| Error::Plan(format!("{name}: expected a tuple")))?;
+            weight_from_tuple(&name, &t)
+        };
+        let fc1 = tuple(format!("blk.{i}.fc1"))?;
+        let fc2 = tuple(format!("blk.{i}.fc2"))?;
+        let threshold: f32 = get(format!("blk.{i}.threshold"))?
+            .extract()
+            .map_err(|e| Error::Plan(format!("blk.{i}.threshold: {e}")))?;
+        if fc2.cols != fc1.rows {
+            return Err(Error::Plan(format!(
+                "predictor {i}: fc1 has rank {} but fc2 has {} columns",
+                fc1.rows, fc2.cols
+            )));
+        }
+        let fc2_t = powerinfer_engine::transpose::transpose(&fc2)?;
+        out.push(LayerPredictor {
+            fc1,
+            fc2_t,
+            threshold,
+        });
     }
     Ok(out)
 }

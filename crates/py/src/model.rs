@@ -71,6 +71,12 @@ impl PyModel {
         self.weights.bytes_per_token()
     }
 
+    /// Bytes of the transposed down projections the sparse modes built (0 before).
+    #[getter]
+    fn down_t_bytes(&self) -> usize {
+        self.weights.down_t_bytes()
+    }
+
     /// Layers.
     #[getter]
     fn n_layers(&self) -> usize {

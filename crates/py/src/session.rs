@@ -4,10 +4,11 @@ use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray2};
 use powerinfer_core::Error;
 use powerinfer_engine::forward::Logits;
-use powerinfer_engine::Session;
+use powerinfer_engine::{PredictorInput, Session, Sparsity};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
-use crate::exceptions::{check, run_detached};
+use crate::exceptions::{check, run_detached, to_pyerr};
 use crate::model::PyModel;
 
 /// One context (KV cache) over a model, with its own worker threads.
@@ -67,8 +68,123 @@ impl PySession {
         })?;
         let rows = logits.len() / vocab;
         let arr = Array2::from_shape_vec((rows, vocab), logits)
-            .map_err(|e| crate::exceptions::to_pyerr(py, Error::Other(e.to_string())))?;
+            .map_err(|e| to_pyerr(py, Error::Other(e.to_string())))?;
         Ok(arr.into_pyarray(py))
+    }
+
+    /// Set the FFN sparsity: "dense", "exact-relu" (ReLU models), "threshold" (needs one
+    /// threshold per layer on |act(gate)|) or "predictor" (needs `predictors`:
+    /// {"blk.N.fc1": (dtype, rank, dim, bytes), "blk.N.fc2": (dtype, ffn, rank, bytes),
+    /// "blk.N.threshold": float}, and `predictor_input` "ffn_norm" or "ffn_inp").
+    #[pyo3(signature = (mode, thresholds = None, predictors = None, predictor_input = "ffn_norm"))]
+    fn set_sparsity(
+        &mut self,
+        py: Python<'_>,
+        mode: &str,
+        thresholds: Option<Vec<f32>>,
+        predictors: Option<&Bound<'_, PyDict>>,
+        predictor_input: &str,
+    ) -> PyResult<()> {
+        let n_layers = self.inner.model().config.n_layers;
+        let sparsity = match mode {
+            "dense" => Sparsity::Dense,
+            "exact-relu" => Sparsity::ExactRelu,
+            "threshold" => Sparsity::Threshold(check(
+                py,
+                thresholds.ok_or_else(|| Error::Plan("threshold mode needs thresholds".into())),
+            )?),
+            "predictor" => {
+                let dict = check(
+                    py,
+                    predictors.ok_or_else(|| Error::Plan("predictor mode needs predictors".into())),
+                )?;
+                let input = match predictor_input {
+                    "ffn_norm" => PredictorInput::FfnNorm,
+                    "ffn_inp" => PredictorInput::FfnInp,
+                    other => {
+                        return Err(to_pyerr(
+                            py,
+                            Error::Unsupported(format!("predictor input {other:?}")),
+                        ))
+                    }
+                };
+                let layers = check(py, crate::convert::predictors_from_dict(dict, n_layers))?;
+                Sparsity::Predictor { layers, input }
+            }
+            other => {
+                return Err(to_pyerr(
+                    py,
+                    Error::Unsupported(format!(
+                        "sparsity {other:?} (choose dense, exact-relu, threshold or predictor)"
+                    )),
+                ))
+            }
+        };
+        let session = &mut self.inner;
+        run_detached(py, move || session.set_sparsity(sparsity))
+    }
+
+    /// The sparsity mode's name.
+    #[getter]
+    fn sparsity(&self) -> &'static str {
+        self.inner.sparsity().name()
+    }
+
+    /// Start counting, per layer and neuron, the tokens in which each FFN neuron is active
+    /// (ReLU semantics without `thresholds`, |act| >= threshold with them); with `capture`,
+    /// also keep (FFN input, activation) rows for predictor training.
+    #[pyo3(signature = (thresholds = None, capture = false))]
+    fn start_profiling(
+        &mut self,
+        py: Python<'_>,
+        thresholds: Option<Vec<f32>>,
+        capture: bool,
+    ) -> PyResult<()> {
+        check(py, self.inner.start_profiling(thresholds, capture))
+    }
+
+    /// Tokens counted by the running profile (0 when not profiling).
+    #[getter]
+    fn profile_tokens(&self) -> u64 {
+        self.inner.profiler().map_or(0, |p| p.tokens)
+    }
+
+    /// Activation counts of the running profile, int64 of shape (n_layers, ffn).
+    fn profile_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<i64>>> {
+        let p = self
+            .inner
+            .profiler()
+            .ok_or_else(|| to_pyerr(py, Error::Plan("not profiling".into())))?;
+        let (rows, cols) = (p.counts.len(), p.counts.first().map_or(0, Vec::len));
+        let flat: Vec<i64> = p.counts.iter().flatten().map(|&c| c as i64).collect();
+        let arr = Array2::from_shape_vec((rows, cols), flat)
+            .map_err(|e| to_pyerr(py, Error::Other(e.to_string())))?;
+        Ok(arr.into_pyarray(py))
+    }
+
+    /// Stop profiling (counts are dropped; read them first).
+    fn stop_profiling(&mut self) {
+        self.inner.stop_profiling();
+    }
+
+    /// Rows captured since the last call, per layer: (x float32 (n, dim), act float32 (n, ffn)).
+    #[allow(clippy::type_complexity)]
+    fn take_captured<'py>(
+        &mut self,
+        py: Python<'py>,
+    ) -> PyResult<Vec<(Bound<'py, PyArray2<f32>>, Bound<'py, PyArray2<f32>>)>> {
+        let c = &self.inner.model().config;
+        let (dim, ffn) = (c.dim, c.ffn_dim);
+        let mut out = Vec::new();
+        for cap in self.inner.take_captured() {
+            let n = cap.x.len() / dim;
+            let x = Array2::from_shape_vec((n, dim), cap.x)
+                .map_err(|e| to_pyerr(py, Error::Other(e.to_string())))?;
+            let a = Array2::from_shape_vec((n, ffn), cap.act)
+                .map_err(|e| to_pyerr(py, Error::Other(e.to_string())))?;
+            out.push((x.into_pyarray(py), a.into_pyarray(py)));
+        }
+        Ok(out)
     }
 
     /// Forget the whole context.

@@ -57,7 +57,9 @@ def kv_cache_bytes(shape: ModelShape, context: int) -> int:
 
 def attention_allocations(shape: ModelShape, layer: int, context: int) -> list[Allocation]:
     """Layer ``layer``'s attention weights, its input norm and its KV cache."""
-    out = [(f"blk.{layer}.{t}", align(shape.tensor_bytes(f"blk.{layer}.{t}"))) for t in _ATTN_TENSORS]
+    out = [
+        (f"blk.{layer}.{t}", align(shape.tensor_bytes(f"blk.{layer}.{t}"))) for t in _ATTN_TENSORS
+    ]
     kv = align(kv_cache_bytes(shape, context))
     out += [(f"blk.{layer}.cache_k", kv), (f"blk.{layer}.cache_v", kv)]
     return out

@@ -28,9 +28,7 @@ class Placement:
 
     def layer_uses_gpu(self, layer: int) -> bool:
         """Whether any part of ``layer`` is on the GPU."""
-        return bool(
-            self.attention[layer] or self.predictor[layer] or self.ffn_buckets[layer] > 0
-        )
+        return bool(self.attention[layer] or self.predictor[layer] or self.ffn_buckets[layer] > 0)
 
     def uses_gpu(self) -> bool:
         """Whether anything is on the GPU (then the shared scratch buffers are allocated)."""

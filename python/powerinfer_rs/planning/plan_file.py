@@ -79,7 +79,9 @@ class Plan:
             raise PlanError(f"{source}: bucket and context must be positive")
         for i, ids in enumerate(self.gpu_neurons):
             if ids.ndim != 1 or (ids.size and (ids[0] < 0 or ids[-1] >= self.ffn_dim)):
-                raise PlanError(f"{source}: blk.{i}.gpu_neurons has ids outside [0, {self.ffn_dim})")
+                raise PlanError(
+                    f"{source}: blk.{i}.gpu_neurons has ids outside [0, {self.ffn_dim})"
+                )
             if ids.size > 1 and not (np.diff(ids) > 0).all():
                 raise PlanError(f"{source}: blk.{i}.gpu_neurons is not sorted and unique")
             if -(-ids.size // self.bucket) != pl.ffn_buckets[i]:

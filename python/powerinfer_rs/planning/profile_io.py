@@ -149,7 +149,7 @@ def read_profile(path: str | os.PathLike[str]) -> Profile:
 
 
 def zipf_probabilities(n: int, a: float, mean: float, cap: float = 0.98) -> np.ndarray:
-    """``p_r = min(cap, s * r^-a)`` for rank ``r = 1..n``, with ``s`` set so the mean is ``mean``."""
+    """``p_r = min(cap, s * r^-a)`` for rank ``r = 1..n``; ``s`` makes the mean ``mean``."""
     if not 0 < mean < cap:
         raise ShapeError(f"mean activation must be in (0, {cap}), got {mean}")
     base = np.arange(1, n + 1, dtype=np.float64) ** -float(a)

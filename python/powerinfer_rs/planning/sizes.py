@@ -46,9 +46,7 @@ def parse_bytes(text: str | int) -> int:
         return text
     m = _BYTES_RE.match(str(text))
     if not m:
-        raise PlanError(
-            f"cannot read {text!r} as a size; write e.g. 8GiB, 8GB, 512MiB or 0"
-        )
+        raise PlanError(f"cannot read {text!r} as a size; write e.g. 8GiB, 8GB, 512MiB or 0")
     number, unit = m.groups()
     mult = _UNITS.get(unit.lower())
     if mult is None:

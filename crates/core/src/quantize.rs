@@ -1,0 +1,178 @@
+//! Encoding f32 rows into the block formats (the ggml reference rounding), for the layouts the
+//! engine builds once at load (the transposed down projection of the sparse FFN).
+
+use half::{bf16, f16};
+
+use crate::dtype::DType;
+use crate::ensure;
+use crate::error::Result;
+
+/// Encode `src` (one row) as `dtype` into `dst` (exactly `dtype.row_bytes(src.len())` bytes).
+pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    let want = dtype.row_bytes(src.len())?;
+    ensure!(
+        dst.len() == want,
+        Shape,
+        "{dtype} row of {} values needs {want} bytes, got {}",
+        src.len(),
+        dst.len()
+    );
+    match dtype {
+        DType::F32 => put_each(src, dst, |v| v.to_le_bytes()),
+        DType::F16 => put_each(src, dst, |v| f16::from_f32(v).to_le_bytes()),
+        DType::BF16 => put_each(src, dst, |v| bf16::from_f32(v).to_le_bytes()),
+        DType::Q8_0 => per_block(src, dst, 34, q8_0_block),
+        DType::Q4_0 => per_block(src, dst, 18, q4_0_block),
+        DType::Q4_1 => per_block(src, dst, 20, q4_1_block),
+    }
+    Ok(())
+}
+
+fn put_each<const N: usize>(src: &[f32], dst: &mut [u8], enc: impl Fn(f32) -> [u8; N]) {
+    for (v, out) in src.iter().zip(dst.chunks_exact_mut(N)) {
+        out.copy_from_slice(&enc(*v));
+    }
+}
+
+fn per_block(src: &[f32], dst: &mut [u8], bytes: usize, enc: fn(&[f32], &mut [u8])) {
+    for (b, out) in src.chunks_exact(32).zip(dst.chunks_exact_mut(bytes)) {
+        enc(b, out);
+    }
+}
+
+/// Q8_0: d = max|x| / 127, q = round(x / d).
+fn q8_0_block(x: &[f32], out: &mut [u8]) {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    out[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+    for (o, v) in out[2..].iter_mut().zip(x) {
+        *o = (v * id).round().clamp(-127.0, 127.0) as i8 as u8;
+    }
+}
+
+/// Q4_0: d = (the value of largest magnitude) / −8, q = clamp(round(x / d) + 8, 0, 15).
+fn q4_0_block(x: &[f32], out: &mut [u8]) {
+    let max = x
+        .iter()
+        .fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+    let d = max / -8.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    out[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+    let q = |v: f32| ((v * id + 8.5) as i32).clamp(0, 15) as u8;
+    for j in 0..16 {
+        out[2 + j] = q(x[j]) | (q(x[j + 16]) << 4);
+    }
+}
+
+/// Q4_1: m = min, d = (max − min) / 15, q = clamp(round((x − m) / d), 0, 15).
+fn q4_1_block(x: &[f32], out: &mut [u8]) {
+    let (min, max) = x
+        .iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
+            (a.min(v), b.max(v))
+        });
+    let d = (max - min) / 15.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    out[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+    out[2..4].copy_from_slice(&f16::from_f32(min).to_le_bytes());
+    let q = |v: f32| (((v - min) * id + 0.5) as i32).clamp(0, 15) as u8;
+    for j in 0..16 {
+        out[4 + j] = q(x[j]) | (q(x[j + 16]) << 4);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Decode one block-format row with plain loops (independent of the encoder above).
+    fn decode(dtype: DType, row: &[u8], n: usize) -> Vec<f32> {
+        let h = |b: &[u8]| f16::from_le_bytes([b[0], b[1]]).to_f32();
+        let all: Vec<f32> = match dtype {
+            DType::F32 => row
+                .chunks(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect(),
+            DType::F16 => row.chunks(2).map(h).collect(),
+            DType::BF16 => row
+                .chunks(2)
+                .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            DType::Q8_0 => row
+                .chunks(34)
+                .flat_map(|b| (0..32).map(move |j| h(b) * b[2 + j] as i8 as f32))
+                .collect(),
+            DType::Q4_0 => row
+                .chunks(18)
+                .flat_map(|b| {
+                    (0..32).map(move |j| {
+                        let q = if j < 16 {
+                            b[2 + j] & 15
+                        } else {
+                            b[2 + j - 16] >> 4
+                        };
+                        h(b) * (q as f32 - 8.0)
+                    })
+                })
+                .collect(),
+            DType::Q4_1 => row
+                .chunks(20)
+                .flat_map(|b| {
+                    (0..32).map(move |j| {
+                        let q = if j < 16 {
+                            b[4 + j] & 15
+                        } else {
+                            b[4 + j - 16] >> 4
+                        };
+                        h(b) * q as f32 + h(&b[2..])
+                    })
+                })
+                .collect(),
+        };
+        all.into_iter().take(n).collect()
+    }
+
+    #[test]
+    fn round_trip_error_is_within_half_a_step() {
+        let x: Vec<f32> = (0..96)
+            .map(|i| ((i * 37 % 29) as f32 - 14.0) * 0.11)
+            .collect();
+        for dtype in DType::ALL {
+            let mut buf = vec![0u8; dtype.row_bytes(x.len()).unwrap()];
+            quantize_row(dtype, &x, &mut buf).unwrap();
+            let back = decode(dtype, &buf, x.len());
+            for (blk, (xb, yb)) in x.chunks(32).zip(back.chunks(32)).enumerate() {
+                let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let range = xb.iter().cloned().fold(f32::MIN, f32::max)
+                    - xb.iter().cloned().fold(f32::MAX, f32::min);
+                let step = match dtype {
+                    DType::F32 => 0.0,
+                    DType::F16 => amax / 1024.0,
+                    DType::BF16 => amax / 128.0,
+                    DType::Q8_0 => amax / 127.0,
+                    // q − 8 spans −8..7: the opposite extreme can be a whole step off.
+                    DType::Q4_0 => 2.0 * amax / 8.0,
+                    DType::Q4_1 => range / 15.0,
+                };
+                for (a, b) in xb.iter().zip(yb) {
+                    assert!(
+                        (a - b).abs() <= 0.5 * step * 1.01 + 1e-6,
+                        "{dtype} block {blk}: {a} vs {b}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn wrong_sizes_are_errors() {
+        let mut buf = [0u8; 10];
+        assert!(quantize_row(DType::Q8_0, &[0.0; 32], &mut buf).is_err());
+        assert!(quantize_row(DType::Q4_0, &[0.0; 31], &mut [0u8; 18]).is_err());
+        // All-zero blocks encode to zero without dividing by zero.
+        let mut z = [0xffu8; 20];
+        quantize_row(DType::Q4_1, &[0.0; 32], &mut z).unwrap();
+        assert_eq!(decode(DType::Q4_1, &z, 32), vec![0.0; 32]);
+    }
+}

@@ -1,0 +1,299 @@
+//! AVX2 + FMA + F16C row accumulation: y += Σ_i a_i · row_i over a few scattered rows at once
+//! (y is loaded and stored once per group of rows, not once per row), decoding each format on the
+//! fly: F16 with `vcvtph2ps`, BF16 by a 16-bit shift, Q8_0/Q4_0/Q4_1 one 32-weight block at a
+//! time. Reached only through [`super::axpy`] once AVX2/FMA/F16C have been detected.
+
+use powerinfer_core::DType;
+use std::arch::x86_64::*;
+
+/// Rows accumulated together.
+pub(super) const GROUP: usize = 4;
+
+/// y += Σ_i a[i] · row i, for the `n <= GROUP` rows `rows[..n]`, each holding `y.len()` weights
+/// of `dtype` (sizes checked by the caller).
+pub(super) fn axpy_group(dtype: DType, rows: &[&[u8]], a: &[f32], y: &mut [f32]) {
+    debug_assert_eq!(crate::simd::detect(), crate::simd::Level::Avx2);
+    let want = dtype.row_bytes(y.len()).unwrap_or(usize::MAX);
+    assert!(rows.len() == a.len() && rows.len() <= GROUP && rows.iter().all(|r| r.len() >= want));
+    let mut p = [std::ptr::null::<u8>(); GROUP];
+    for (pi, r) in p.iter_mut().zip(rows) {
+        *pi = r.as_ptr();
+    }
+    macro_rules! run {
+        ($f:ident, $fmt:ty) => {
+            // SAFETY: features detected (the dispatcher's contract, checked in debug builds);
+            // the assert above keeps every row's y.len() weights readable.
+            unsafe {
+                match rows.len() {
+                    4 => $f::<$fmt, 4>(&p, a, y),
+                    3 => $f::<$fmt, 3>(&p, a, y),
+                    2 => $f::<$fmt, 2>(&p, a, y),
+                    1 => $f::<$fmt, 1>(&p, a, y),
+                    _ => {}
+                }
+            }
+        };
+    }
+    match dtype {
+        DType::F32 => run!(float_axpy, F32),
+        DType::F16 => run!(float_axpy, F16),
+        DType::BF16 => run!(float_axpy, Bf16),
+        DType::Q8_0 => run!(quant_axpy, Q8_0),
+        DType::Q4_0 => run!(quant_axpy, Q4_0),
+        DType::Q4_1 => run!(quant_axpy, Q4_1),
+    }
+}
+
+/// Ask for the first `bytes` bytes at `p` to be brought into the cache (a hint; never faults).
+#[inline]
+pub(crate) fn prefetch(p: *const u8, bytes: usize) {
+    let mut off = 0;
+    while off < bytes {
+        // SAFETY: prefetch is a hint that never faults, whatever the address; SSE is baseline
+        // on x86-64.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off) as *const i8) };
+        off += 64;
+    }
+}
+
+/// A format with one value per block.
+trait Float {
+    /// Bytes per value.
+    const BYTES: usize;
+    /// Eight values at `p` as f32.
+    ///
+    /// # Safety
+    /// `8·BYTES` bytes readable at `p`; the CPU has AVX2/FMA/F16C.
+    unsafe fn load8(p: *const u8) -> __m256;
+    /// One value at `p`.
+    ///
+    /// # Safety
+    /// `BYTES` bytes readable at `p`.
+    unsafe fn load1(p: *const u8) -> f32;
+}
+
+struct F32;
+struct F16;
+struct Bf16;
+
+impl Float for F32 {
+    const BYTES: usize = 4;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: 32 readable bytes per the caller; unaligned load.
+        unsafe { _mm256_loadu_ps(p as *const f32) }
+    }
+    #[inline]
+    unsafe fn load1(p: *const u8) -> f32 {
+        // SAFETY: 4 readable bytes per the caller.
+        f32::from_le_bytes(unsafe { (p as *const [u8; 4]).read_unaligned() })
+    }
+}
+
+impl Float for F16 {
+    const BYTES: usize = 2;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: 16 readable bytes per the caller; unaligned load.
+        _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p as *const __m128i) })
+    }
+    #[inline]
+    unsafe fn load1(p: *const u8) -> f32 {
+        // SAFETY: 2 readable bytes per the caller.
+        half::f16::from_le_bytes(unsafe { (p as *const [u8; 2]).read_unaligned() }).to_f32()
+    }
+}
+
+impl Float for Bf16 {
+    const BYTES: usize = 2;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: 16 readable bytes per the caller; unaligned load.
+        let raw = unsafe { _mm_loadu_si128(p as *const __m128i) };
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(raw)))
+    }
+    #[inline]
+    unsafe fn load1(p: *const u8) -> f32 {
+        // SAFETY: 2 readable bytes per the caller.
+        half::bf16::from_le_bytes(unsafe { (p as *const [u8; 2]).read_unaligned() }).to_f32()
+    }
+}
+
+/// y += Σ a[i]·row i for `R` float-format rows.
+///
+/// # Safety
+/// `y.len()` values readable at each `p[i]`, `a.len() >= R`; the CPU has AVX2/FMA/F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn float_axpy<F: Float, const R: usize>(p: &[*const u8; GROUP], a: &[f32], y: &mut [f32]) {
+    let n = y.len();
+    let av: [__m256; R] = std::array::from_fn(|i| _mm256_set1_ps(a[i]));
+    let yp = y.as_mut_ptr();
+    let mut c = 0;
+    while c + 16 <= n {
+        // SAFETY: c + 16 <= n: y[c..c+16] in bounds and values c..c+16 readable in every row.
+        unsafe {
+            let mut y0 = _mm256_loadu_ps(yp.add(c));
+            let mut y1 = _mm256_loadu_ps(yp.add(c + 8));
+            for i in 0..R {
+                let w = p[i].add(c * F::BYTES);
+                y0 = _mm256_fmadd_ps(av[i], F::load8(w), y0);
+                y1 = _mm256_fmadd_ps(av[i], F::load8(w.add(8 * F::BYTES)), y1);
+            }
+            _mm256_storeu_ps(yp.add(c), y0);
+            _mm256_storeu_ps(yp.add(c + 8), y1);
+        }
+        c += 16;
+    }
+    while c + 8 <= n {
+        // SAFETY: as above for 8 values.
+        unsafe {
+            let mut y0 = _mm256_loadu_ps(yp.add(c));
+            for i in 0..R {
+                y0 = _mm256_fmadd_ps(av[i], F::load8(p[i].add(c * F::BYTES)), y0);
+            }
+            _mm256_storeu_ps(yp.add(c), y0);
+        }
+        c += 8;
+    }
+    for (k, yk) in y.iter_mut().enumerate().skip(c) {
+        for i in 0..R {
+            // SAFETY: value k < n is readable in every row.
+            *yk = a[i].mul_add(unsafe { F::load1(p[i].add(k * F::BYTES)) }, *yk);
+        }
+    }
+}
+
+/// A format of 32-weight blocks: w = d·q + offset.
+trait Quant {
+    /// Bytes per block.
+    const BLOCK_BYTES: usize;
+    /// True when blocks store a min `m` (w = d·q + m); false when m is always 0.
+    const HAS_MIN: bool;
+    /// The block's 32 weights as (d, m, q) with w = d·q + m: q as four 8-lane f32 vectors in
+    /// weight order, d and m as scalars.
+    ///
+    /// # Safety
+    /// `BLOCK_BYTES` readable at `p`; the CPU has AVX2/FMA/F16C.
+    unsafe fn block(p: *const u8) -> (f32, f32, [__m256; 4]);
+}
+
+struct Q8_0;
+struct Q4_0;
+struct Q4_1;
+
+/// The two little-endian f16 at `p` and `p + 2` as f32 (one conversion).
+///
+/// # Safety
+/// 4 bytes readable at `p`; the CPU has F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn halves(p: *const u8) -> (f32, f32) {
+    // SAFETY: 4 readable bytes per the caller.
+    let bits = unsafe { (p as *const u32).read_unaligned() };
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
+/// Sixteen signed bytes as two 8-lane f32 vectors.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn i8x16_to_f32(v: __m128i) -> [__m256; 2] {
+    [
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)),
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v, v))),
+    ]
+}
+
+impl Quant for Q8_0 {
+    const BLOCK_BYTES: usize = 34;
+    const HAS_MIN: bool = false;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block(p: *const u8) -> (f32, f32, [__m256; 4]) {
+        // SAFETY: the block's 34 bytes are readable per the caller.
+        unsafe {
+            let bits = (p as *const u16).read_unaligned();
+            let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)));
+            let lo = i8x16_to_f32(_mm_loadu_si128(p.add(2) as *const __m128i));
+            let hi = i8x16_to_f32(_mm_loadu_si128(p.add(18) as *const __m128i));
+            (d, 0.0, [lo[0], lo[1], hi[0], hi[1]])
+        }
+    }
+}
+
+impl Quant for Q4_0 {
+    const BLOCK_BYTES: usize = 18;
+    const HAS_MIN: bool = false;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block(p: *const u8) -> (f32, f32, [__m256; 4]) {
+        // SAFETY: the block's 18 bytes are readable per the caller.
+        unsafe {
+            let bits = (p as *const u16).read_unaligned();
+            let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)));
+            let raw = _mm_loadu_si128(p.add(2) as *const __m128i);
+            let mask = _mm_set1_epi8(0x0F);
+            let eight = _mm_set1_epi8(8);
+            let lo = _mm_sub_epi8(_mm_and_si128(raw, mask), eight);
+            let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16::<4>(raw), mask), eight);
+            let (l, h) = (i8x16_to_f32(lo), i8x16_to_f32(hi));
+            (d, 0.0, [l[0], l[1], h[0], h[1]])
+        }
+    }
+}
+
+impl Quant for Q4_1 {
+    const BLOCK_BYTES: usize = 20;
+    const HAS_MIN: bool = true;
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block(p: *const u8) -> (f32, f32, [__m256; 4]) {
+        // SAFETY: the block's 20 bytes are readable per the caller.
+        unsafe {
+            let (d, m) = halves(p);
+            let raw = _mm_loadu_si128(p.add(4) as *const __m128i);
+            let mask = _mm_set1_epi8(0x0F);
+            // Nibbles are 0..=15, so the signed widening is exact.
+            let lo = i8x16_to_f32(_mm_and_si128(raw, mask));
+            let hi = i8x16_to_f32(_mm_and_si128(_mm_srli_epi16::<4>(raw), mask));
+            (d, m, [lo[0], lo[1], hi[0], hi[1]])
+        }
+    }
+}
+
+/// y += Σ a[i]·row i for `R` quantized rows (`y.len()` a multiple of 32).
+///
+/// # Safety
+/// `y.len() / 32` blocks readable at each `p[i]`, `a.len() >= R`; the CPU has AVX2/FMA/F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quant_axpy<Q: Quant, const R: usize>(p: &[*const u8; GROUP], a: &[f32], y: &mut [f32]) {
+    let yp = y.as_mut_ptr();
+    for b in 0..y.len() / 32 {
+        // SAFETY: block b of every row is readable and y[32b..32b+32] is in bounds.
+        unsafe {
+            let yb = yp.add(32 * b);
+            let mut acc = [0, 8, 16, 24].map(|k| _mm256_loadu_ps(yb.add(k)));
+            let mut off = 0f32;
+            for i in 0..R {
+                let (d, m, q) = Q::block(p[i].add(b * Q::BLOCK_BYTES));
+                let ad = _mm256_set1_ps(a[i] * d);
+                off = a[i].mul_add(m, off);
+                for (ak, qk) in acc.iter_mut().zip(q) {
+                    *ak = _mm256_fmadd_ps(ad, qk, *ak);
+                }
+            }
+            for (k, ak) in acc.into_iter().enumerate() {
+                let v = match Q::HAS_MIN {
+                    true => _mm256_add_ps(ak, _mm256_set1_ps(off)),
+                    false => ak,
+                };
+                _mm256_storeu_ps(yb.add(8 * k), v);
+            }
+        }
+    }
+}

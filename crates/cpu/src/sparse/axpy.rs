@@ -1,0 +1,53 @@
+//! Row accumulation y += Σ a_i · row_i over a few scattered rows, routed to the SIMD level's
+//! kernel; the portable path decodes a chunk of each row into a stack buffer and adds it in f32.
+
+use crate::simd::Level;
+use powerinfer_core::DType;
+
+/// Rows accumulated together by one kernel call (y is read and written once per group).
+#[cfg(target_arch = "x86_64")]
+pub(super) const GROUP: usize = super::avx2_axpy::GROUP;
+/// Rows accumulated together by one kernel call (y is read and written once per group).
+#[cfg(not(target_arch = "x86_64"))]
+pub(super) const GROUP: usize = 4;
+
+/// y += Σ_i a[i] · rows[i], each row holding `y.len()` weights of `dtype` (sizes checked by the
+/// caller); `rows.len() <= GROUP`.
+pub(super) fn axpy_group(level: Level, dtype: DType, rows: &[&[u8]], a: &[f32], y: &mut [f32]) {
+    debug_assert!(rows.len() == a.len() && rows.len() <= GROUP);
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => super::avx2_axpy::axpy_group(dtype, rows, a, y),
+        Level::Scalar => {
+            for (row, &ai) in rows.iter().zip(a) {
+                axpy_row_scalar(dtype, row, ai, y);
+            }
+        }
+    }
+}
+
+/// Hint the cache to fetch the first `bytes` bytes of a row about to be read.
+#[inline]
+pub(super) fn prefetch(level: Level, p: *const u8, bytes: usize) {
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 => super::avx2_axpy::prefetch(p, bytes),
+        Level::Scalar => {}
+    }
+}
+
+/// Weights decoded per step of the portable path (a multiple of the 32-weight block).
+const CHUNK: usize = 256;
+
+/// y += a · row on the portable path, in f32.
+fn axpy_row_scalar(dtype: DType, row: &[u8], a: f32, y: &mut [f32]) {
+    let mut buf = [0f32; CHUNK];
+    let bytes_per_chunk = CHUNK / dtype.block_size() * dtype.block_bytes();
+    for (yc, rc) in y.chunks_mut(CHUNK).zip(row.chunks(bytes_per_chunk)) {
+        let w = &mut buf[..yc.len()];
+        crate::scalar::dequantize_row(dtype, rc, w);
+        for (yk, &wk) in yc.iter_mut().zip(w.iter()) {
+            *yk += a * wk;
+        }
+    }
+}

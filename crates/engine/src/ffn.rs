@@ -1,0 +1,192 @@
+//! The FFN block in every sparsity mode.
+//!
+//! Decoding one token in a sparse mode reads only the active neurons' rows (gate fully for
+//! exact-relu/threshold, nothing before the predictor in predictor mode). Batches (prefill,
+//! scoring, profiling) run dense matrix-matrix products and apply the same mode as a mask, so
+//! every mode computes the same function whether tokens come one by one or in a batch.
+
+use powerinfer_core::{Activation, Result, Weight};
+use powerinfer_cpu::{ffn_gate_up_down_sparse, ffn_up_down_sparse, matmul, matvec, matvec_many};
+use rayon::prelude::*;
+
+use crate::profiler::Profiler;
+use crate::sparsity::{predicted_active, PredictorInput, Sparsity};
+use crate::weights::{LayerWeights, ModelWeights};
+
+/// `y = W x` for n tokens: a matvec for one token, a batched matmul for more.
+pub fn project(w: &Weight, x: &[f32], n: usize, y: &mut Vec<f32>) -> Result<()> {
+    y.resize(n * w.rows, 0.0);
+    match n {
+        1 => matvec(w, x, y),
+        _ => matmul(w, x, n, y),
+    }
+}
+
+/// `ys[i] = ws[i] x` for n tokens; one parallel region for all weights when decoding.
+pub fn project_many<const K: usize>(
+    ws: [&Weight; K],
+    x: &[f32],
+    n: usize,
+    ys: [&mut Vec<f32>; K],
+) -> Result<()> {
+    if n > 1 {
+        for (w, y) in ws.into_iter().zip(ys) {
+            project(w, x, n, y)?;
+        }
+        return Ok(());
+    }
+    let mut outs: Vec<&mut [f32]> = Vec::with_capacity(K);
+    for (w, y) in ws.iter().zip(ys) {
+        y.resize(w.rows, 0.0);
+        outs.push(y.as_mut_slice());
+    }
+    matvec_many(&ws, x, &mut outs)
+}
+
+/// Elementwise over chunks, in parallel only when there is enough work.
+fn par_rows(a: &mut [f32], b: &[f32], f: impl Fn(&mut f32, f32) + Sync) {
+    const CHUNK: usize = 16 * 1024;
+    let apply = |a: &mut [f32], b: &[f32]| a.iter_mut().zip(b).for_each(|(a, b)| f(a, *b));
+    if a.len() <= CHUNK {
+        apply(a, b);
+    } else {
+        a.par_chunks_mut(CHUNK)
+            .zip(b.par_chunks(CHUNK))
+            .for_each(|(a, b)| apply(a, b));
+    }
+}
+
+/// Scratch buffers of the FFN.
+#[derive(Default)]
+pub struct FfnScratch {
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    logits: Vec<f32>,
+    idx: Vec<u32>,
+    vals: Vec<f32>,
+}
+
+/// Everything one layer's FFN call needs.
+pub struct FfnCall<'a> {
+    pub model: &'a ModelWeights,
+    pub layer: usize,
+    pub mode: &'a Sparsity,
+    /// Residual stream before the FFN norm (n × dim): PowerInfer predictors read it.
+    pub x_res: &'a [f32],
+    /// FFN input after the norm (n × dim).
+    pub xn: &'a [f32],
+    pub n: usize,
+}
+
+/// The FFN output (n × dim) into `out`.
+pub fn ffn(
+    call: &FfnCall<'_>,
+    s: &mut FfnScratch,
+    profiler: Option<&mut Profiler>,
+    out: &mut Vec<f32>,
+) -> Result<()> {
+    let dim = call.model.config.dim;
+    out.resize(call.n * dim, 0.0);
+    if call.n == 1 && profiler.is_none() && !matches!(call.mode, Sparsity::Dense) {
+        return sparse_decode(call, s, out);
+    }
+    batched(call, s, profiler, out)
+}
+
+/// One token, reading only active rows.
+fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Result<()> {
+    let m = call.model;
+    let lw: &LayerWeights = &m.layers[call.layer];
+    let act = m.config.activation;
+    let down_t = &m.down_t()?[call.layer];
+    match call.mode {
+        Sparsity::ExactRelu | Sparsity::Threshold(_) => {
+            s.gate.resize(lw.w_gate.rows, 0.0);
+            matvec(&lw.w_gate, call.xn, &mut s.gate)?;
+            let t = match call.mode {
+                Sparsity::Threshold(t) => Some(t[call.layer]),
+                _ => None,
+            };
+            s.idx.clear();
+            s.vals.clear();
+            for (i, &g) in s.gate.iter().enumerate() {
+                let a = act.apply(g);
+                if crate::sparsity::is_active(a, t) {
+                    s.idx.push(i as u32);
+                    s.vals.push(a);
+                }
+            }
+            ffn_up_down_sparse(&lw.w_up, down_t, call.xn, &s.idx, &s.vals, out)
+        }
+        Sparsity::Predictor { layers, input } => {
+            let input = match input {
+                PredictorInput::FfnNorm => call.xn,
+                PredictorInput::FfnInp => call.x_res,
+            };
+            let idx = predicted_active(&layers[call.layer], input, &mut s.logits)?;
+            ffn_gate_up_down_sparse(&lw.w_gate, &lw.w_up, down_t, act, call.xn, &idx, out)
+        }
+        Sparsity::Dense => unreachable!("dense decoding takes the batched path"),
+    }
+}
+
+/// Dense products with the mode applied as a mask on the activated gate values.
+fn batched(
+    call: &FfnCall<'_>,
+    s: &mut FfnScratch,
+    profiler: Option<&mut Profiler>,
+    out: &mut Vec<f32>,
+) -> Result<()> {
+    let m = call.model;
+    let lw = &m.layers[call.layer];
+    let (n, ffn) = (call.n, m.config.ffn_dim);
+    project_many([&lw.w_gate, &lw.w_up], call.xn, n, [&mut s.gate, &mut s.up])?;
+    let act: Activation = m.config.activation;
+    apply_activation(act, &mut s.gate);
+    match call.mode {
+        Sparsity::Dense | Sparsity::ExactRelu => {}
+        Sparsity::Threshold(t) => {
+            let t = t[call.layer];
+            s.gate
+                .iter_mut()
+                .filter(|a| a.abs() < t)
+                .for_each(|a| *a = 0.0);
+        }
+        Sparsity::Predictor { layers, input } => {
+            let dim = m.config.dim;
+            let source = match input {
+                PredictorInput::FfnNorm => call.xn,
+                PredictorInput::FfnInp => call.x_res,
+            };
+            for (t, row) in s.gate.chunks_exact_mut(ffn).enumerate() {
+                let keep = predicted_active(
+                    &layers[call.layer],
+                    &source[t * dim..(t + 1) * dim],
+                    &mut s.logits,
+                )?;
+                let mut mask = vec![false; ffn];
+                keep.iter().for_each(|&i| mask[i as usize] = true);
+                row.iter_mut()
+                    .zip(&mask)
+                    .filter(|(_, k)| !**k)
+                    .for_each(|(a, _)| *a = 0.0);
+            }
+        }
+    }
+    if let Some(p) = profiler {
+        p.record(call.layer, call.xn, &s.gate, ffn);
+    }
+    par_rows(&mut s.gate, &s.up, |a, u| *a *= u);
+    project(&lw.w_down, &s.gate, n, out)
+}
+
+/// `a = act(a)` in place.
+fn apply_activation(act: Activation, a: &mut [f32]) {
+    const CHUNK: usize = 16 * 1024;
+    if a.len() <= CHUNK {
+        a.iter_mut().for_each(|v| *v = act.apply(*v));
+    } else {
+        a.par_chunks_mut(CHUNK)
+            .for_each(|c| c.iter_mut().for_each(|v| *v = act.apply(*v)));
+    }
+}

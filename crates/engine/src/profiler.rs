@@ -1,0 +1,87 @@
+//! Activation profiling inside the forward pass: per layer and neuron, how many tokens found the
+//! neuron active, and optionally the (FFN input, activation) rows predictor training learns from.
+
+use crate::sparsity::is_active;
+
+/// Rows captured for one layer since the last take: FFN inputs (after the FFN norm) and the
+/// activated gate values, both row-major, one row per token.
+#[derive(Clone, Debug, Default)]
+pub struct Captured {
+    pub x: Vec<f32>,
+    pub act: Vec<f32>,
+}
+
+/// Counters (and optional captures) filled by the forward pass.
+#[derive(Clone, Debug)]
+pub struct Profiler {
+    /// [layer][neuron]: tokens in which the neuron was active.
+    pub counts: Vec<Vec<u64>>,
+    /// Tokens counted.
+    pub tokens: u64,
+    /// Threshold semantics per layer (|act| >= t); `None` = ReLU semantics (act > 0).
+    pub thresholds: Option<Vec<f32>>,
+    /// Keep the rows for predictor training.
+    pub capture: bool,
+    pub captured: Vec<Captured>,
+}
+
+impl Profiler {
+    /// A zeroed profiler for `n_layers` layers of `ffn` neurons.
+    pub fn new(
+        n_layers: usize,
+        ffn: usize,
+        thresholds: Option<Vec<f32>>,
+        capture: bool,
+    ) -> Profiler {
+        Profiler {
+            counts: vec![vec![0; ffn]; n_layers],
+            tokens: 0,
+            thresholds,
+            capture,
+            captured: vec![Captured::default(); n_layers],
+        }
+    }
+
+    /// Count the active neurons of `n` rows of activations `act` (n × ffn) in `layer`, and keep
+    /// the rows when capturing.
+    pub fn record(&mut self, layer: usize, x: &[f32], act: &[f32], ffn: usize) {
+        let t = self.thresholds.as_ref().map(|t| t[layer]);
+        let counts = &mut self.counts[layer];
+        for row in act.chunks_exact(ffn) {
+            for (c, &a) in counts.iter_mut().zip(row) {
+                *c += is_active(a, t) as u64;
+            }
+        }
+        if self.capture {
+            self.captured[layer].x.extend_from_slice(x);
+            self.captured[layer].act.extend_from_slice(act);
+        }
+    }
+
+    /// Hand over the captured rows, leaving the buffers empty.
+    pub fn take_captured(&mut self) -> Vec<Captured> {
+        let n = self.captured.len();
+        std::mem::replace(&mut self.captured, vec![Captured::default(); n])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_follow_the_semantics() {
+        let mut relu = Profiler::new(1, 3, None, true);
+        relu.record(0, &[1.0, 2.0], &[0.0, 0.5, -1.0, 2.0, 0.0, 0.1], 3);
+        assert_eq!(relu.counts[0], vec![1, 1, 1]);
+        let mut thr = Profiler::new(1, 3, Some(vec![0.5]), false);
+        thr.record(0, &[], &[0.0, 0.5, -1.0, 2.0, 0.0, 0.1], 3);
+        assert_eq!(thr.counts[0], vec![1, 1, 1]);
+        thr.record(0, &[], &[0.4, -0.6, 0.0], 3);
+        assert_eq!(thr.counts[0], vec![1, 2, 1]);
+        assert!(thr.captured[0].act.is_empty());
+        let got = relu.take_captured();
+        assert_eq!(got[0].act.len(), 6);
+        assert!(relu.captured[0].x.is_empty());
+    }
+}

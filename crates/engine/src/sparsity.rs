@@ -1,0 +1,140 @@
+//! How the FFN chooses its active neurons: dense, exact-relu, calibrated thresholds, or
+//! PowerInfer-style predictors (logits = fc2 · ReLU(fc1 · x), active when logit >= threshold).
+
+use powerinfer_core::{ensure, Activation, Result, Weight};
+
+/// What the predictor reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PredictorInput {
+    /// The FFN input after RMSNorm (our trained predictors).
+    FfnNorm,
+    /// The residual stream before the FFN norm (PowerInfer's predictors).
+    FfnInp,
+}
+
+/// One layer's predictor.
+#[derive(Clone, Debug)]
+pub struct LayerPredictor {
+    /// [rank, dim]
+    pub fc1: Weight,
+    /// fc2 transposed, [rank, ffn]: one contiguous row per hidden unit, so only the units that
+    /// ReLU leaves nonzero are read.
+    pub fc2_t: Weight,
+    pub threshold: f32,
+}
+
+/// The FFN's sparsity mode.
+#[derive(Clone, Debug, Default)]
+pub enum Sparsity {
+    /// Every neuron, the exact reference.
+    #[default]
+    Dense,
+    /// Compute the gate fully, skip up/down rows whose ReLU output is 0 (ReLU models only).
+    ExactRelu,
+    /// Compute the gate fully, skip neurons with |act(gate)| below the layer's threshold.
+    Threshold(Vec<f32>),
+    /// A predictor per layer picks the active set before any FFN row is read.
+    Predictor {
+        layers: Vec<LayerPredictor>,
+        input: PredictorInput,
+    },
+}
+
+impl Sparsity {
+    /// Name as the Python API spells it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Sparsity::Dense => "dense",
+            Sparsity::ExactRelu => "exact-relu",
+            Sparsity::Threshold(_) => "threshold",
+            Sparsity::Predictor { .. } => "predictor",
+        }
+    }
+
+    /// Check the mode fits a model of `n_layers` layers, `dim`, `ffn` and `activation`.
+    pub fn validate(&self, n_layers: usize, dim: usize, ffn: usize, act: Activation) -> Result<()> {
+        match self {
+            Sparsity::Dense => {}
+            Sparsity::ExactRelu => ensure!(
+                act == Activation::Relu,
+                Unsupported,
+                "exact-relu sparsity needs a ReLU model; this one uses {act:?} (use threshold)"
+            ),
+            Sparsity::Threshold(t) => {
+                ensure!(
+                    t.len() == n_layers,
+                    Plan,
+                    "{} thresholds for a {n_layers}-layer model",
+                    t.len()
+                );
+                ensure!(
+                    t.iter().all(|v| v.is_finite() && *v >= 0.0),
+                    Plan,
+                    "thresholds must be finite and >= 0"
+                );
+            }
+            Sparsity::Predictor { layers, .. } => {
+                ensure!(
+                    layers.len() == n_layers,
+                    Plan,
+                    "predictors for {} layers, the model has {n_layers}",
+                    layers.len()
+                );
+                for (i, p) in layers.iter().enumerate() {
+                    ensure!(
+                        p.fc1.cols == dim && p.fc2_t.cols == ffn && p.fc1.rows == p.fc2_t.rows,
+                        Plan,
+                        "predictor {i}: fc1 {}x{}, fc2 {}x{} do not fit dim {dim}, ffn {ffn}",
+                        p.fc1.rows,
+                        p.fc1.cols,
+                        p.fc2_t.cols,
+                        p.fc2_t.rows
+                    );
+                    ensure!(
+                        p.threshold.is_finite(),
+                        Plan,
+                        "predictor {i}: threshold is not finite"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether a neuron whose activated gate value is `a` counts as active, in ReLU semantics
+/// (`threshold` None: a > 0) or threshold semantics (|a| >= threshold).
+#[inline]
+pub fn is_active(a: f32, threshold: Option<f32>) -> bool {
+    match threshold {
+        None => a > 0.0,
+        Some(t) => a.abs() >= t,
+    }
+}
+
+/// Predictor logits for one input row: fc2 · ReLU(fc1 · x), with fc2 read only for the hidden
+/// units ReLU leaves nonzero.
+pub fn predictor_logits(p: &LayerPredictor, x: &[f32], logits: &mut [f32]) -> Result<()> {
+    let mut hidden = vec![0.0f32; p.fc1.rows];
+    powerinfer_cpu::matvec(&p.fc1, x, &mut hidden)?;
+    let (idx, vals): (Vec<u32>, Vec<f32>) = hidden
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| **h > 0.0)
+        .map(|(i, h)| (i as u32, *h))
+        .unzip();
+    logits.fill(0.0);
+    powerinfer_cpu::axpy_rows(&p.fc2_t, &idx, &vals, logits)
+}
+
+/// Indices of the neurons a predictor marks active for input `x`.
+pub fn predicted_active(p: &LayerPredictor, x: &[f32], logits: &mut Vec<f32>) -> Result<Vec<u32>> {
+    logits.resize(p.fc2_t.cols, 0.0);
+    predictor_logits(p, x, logits)?;
+    Ok(logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| **l >= p.threshold)
+        .map(|(i, _)| i as u32)
+        .collect())
+}

@@ -1,0 +1,125 @@
+//! The transposed down projection (`down_t`, one contiguous row of `dim` weights per FFN neuron)
+//! that the sparse FFN reads, built once from `ffn_down` (and the reverse for files that ship
+//! only `ffn_down_t`, like PowerInfer's).
+//!
+//! Float formats transpose exactly. Block formats are decoded, transposed and re-encoded in the
+//! same format (as PowerInfer's converter does), so `down_t` is a new quantization of the same
+//! weights: the sparse modes of a quantized model differ from its dense mode by that rounding.
+//! When the new row length is not a whole number of blocks, the rows are stored as F16.
+
+use powerinfer_core::{quantize_row, Buffer, DType, Result, Weight};
+use rayon::prelude::*;
+
+/// Rows decoded per parallel task while transposing.
+const TILE: usize = 64;
+
+/// `w` transposed: `w.cols` rows of `w.rows` weights.
+pub fn transpose(w: &Weight) -> Result<Weight> {
+    let (rows, cols) = (w.rows, w.cols);
+    let dtype = match w.dtype.row_bytes(rows) {
+        Ok(_) => w.dtype,
+        Err(_) => DType::F16,
+    };
+    // Decode everything to f32 once (column-major reads of block formats would decode each block
+    // 32 times).
+    let mut dense = vec![0.0f32; rows * cols];
+    dense
+        .par_chunks_mut(cols * TILE)
+        .enumerate()
+        .try_for_each(|(t, chunk)| -> Result<()> {
+            for (i, out) in chunk.chunks_exact_mut(cols).enumerate() {
+                powerinfer_cpu::dequantize_row(w.dtype, w.row(t * TILE + i), out)?;
+            }
+            Ok(())
+        })?;
+    let out_row_bytes = dtype.row_bytes(rows)?;
+    let mut bytes = vec![0u8; out_row_bytes * cols];
+    bytes
+        .par_chunks_mut(out_row_bytes)
+        .enumerate()
+        .try_for_each_init(
+            || vec![0.0f32; rows],
+            |col, (c, out)| {
+                for (r, v) in col.iter_mut().enumerate() {
+                    *v = dense[r * cols + c];
+                }
+                quantize_row(dtype, col, out)
+            },
+        )?;
+    Weight::new(dtype, cols, rows, Buffer::from_bytes(&bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decoded(w: &Weight) -> Vec<f32> {
+        let mut out = vec![0.0; w.rows * w.cols];
+        for (r, o) in out.chunks_exact_mut(w.cols).enumerate() {
+            powerinfer_cpu::dequantize_row(w.dtype, w.row(r), o).unwrap();
+        }
+        out
+    }
+
+    #[test]
+    fn float_formats_transpose_exactly_and_twice_is_identity() {
+        let (rows, cols) = (37, 70);
+        let vals: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 211) as f32 / 50.0 - 2.0)
+            .collect();
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let mut bytes = vec![0u8; dtype.row_bytes(cols).unwrap() * rows];
+            for (r, out) in bytes
+                .chunks_exact_mut(dtype.row_bytes(cols).unwrap())
+                .enumerate()
+            {
+                quantize_row(dtype, &vals[r * cols..(r + 1) * cols], out).unwrap();
+            }
+            let w = Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap();
+            let t = transpose(&w).unwrap();
+            assert_eq!((t.rows, t.cols, t.dtype), (cols, rows, dtype));
+            let (a, b) = (decoded(&w), decoded(&t));
+            for r in 0..rows {
+                for c in 0..cols {
+                    assert_eq!(a[r * cols + c], b[c * rows + r]);
+                }
+            }
+            assert_eq!(transpose(&t).unwrap().bytes(), w.bytes());
+        }
+    }
+
+    #[test]
+    fn block_formats_requantize_close_and_fall_back_to_f16() {
+        let (rows, cols) = (64, 96);
+        let vals: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 31) % 97) as f32 / 40.0 - 1.2)
+            .collect();
+        let w = Weight::from_f32(rows, cols, &vals).unwrap();
+        for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+            let rb = dtype.row_bytes(cols).unwrap();
+            let mut bytes = vec![0u8; rb * rows];
+            for (r, out) in bytes.chunks_exact_mut(rb).enumerate() {
+                quantize_row(dtype, &vals[r * cols..(r + 1) * cols], out).unwrap();
+            }
+            let q = Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap();
+            let t = transpose(&q).unwrap();
+            assert_eq!(t.dtype, dtype);
+            let (a, b) = (decoded(&q), decoded(&t));
+            let tol = if dtype == DType::Q8_0 { 0.03 } else { 0.5 };
+            for r in 0..rows {
+                for c in 0..cols {
+                    assert!((a[r * cols + c] - b[c * rows + r]).abs() <= tol);
+                }
+            }
+        }
+        // 40 rows are not whole Q8_0 blocks once they become columns: F16 instead.
+        let odd = Weight::from_f32(40, 32, &vec![0.5; 40 * 32]).unwrap();
+        let mut bytes = vec![0u8; 34 * 40];
+        for out in bytes.chunks_exact_mut(34) {
+            quantize_row(DType::Q8_0, &[0.5; 32], out).unwrap();
+        }
+        let q = Weight::new(DType::Q8_0, 40, 32, Buffer::from_bytes(&bytes)).unwrap();
+        assert_eq!(transpose(&q).unwrap().dtype, DType::F16);
+        assert_eq!(transpose(&odd).unwrap().dtype, DType::F32);
+    }
+}

@@ -1,0 +1,258 @@
+"""``python -m powerinfer_rs.plan``: argument parsing and the run, errors as one line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import textwrap
+
+from ..errors import PowerInferError
+from .gpu_probe import AUTO_MARGIN_BYTES, auto_budget, detect_gpu
+from .hardware_profile import FALLBACK_PROFILE, list_profiles, load_hardware, profile_for_gpu_name
+from .ilp import DEFAULT_MIP_GAP
+from .planner import SOLVERS
+from .problem import BUCKET_SIZES, OBJECTIVES
+from .sizes import format_bytes, parse_bytes
+
+_EPILOG = f"""\
+Sizes: 8GiB, 512MiB (powers of 1024), 8GB (powers of 1000), or bytes; 0 = CPU only.
+Shipped hardware profiles: {", ".join(list_profiles())}.
+The model, the cost model and the sources of the profiles' numbers: planner/README.md.
+
+Example:
+  python -m powerinfer_rs.plan --model model.gguf --profile prof/ --vram-budget 8GiB \\
+      --hardware rtx4090 --objective time --out PLAN.safetensors --plot plan.png
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (every option documented for ``--help``)."""
+    ap = argparse.ArgumentParser(
+        prog="python -m powerinfer_rs.plan",
+        description=textwrap.dedent(
+            """\
+            Decide which weights live in GPU memory: attention (+ KV cache), predictors, the
+            output head and the hottest FFN neurons in buckets, under an exact VRAM budget,
+            by an integer program solved with HiGHS (greedy fallback). Writes the plan file
+            (hot neuron ids per layer + placement metadata) and prints a per-layer table."""
+        ),
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--model",
+        required=True,
+        metavar="M",
+        help="model: a .gguf file or a Hugging Face model directory",
+    )
+    ap.add_argument(
+        "--profile",
+        required=True,
+        metavar="DIR",
+        help="activation profile directory (DIR/profile.safetensors, written by "
+        "python -m powerinfer_rs.profile) or the .safetensors file itself",
+    )
+    ap.add_argument(
+        "--vram-budget",
+        required=True,
+        metavar="SIZE|auto",
+        help="GPU bytes the plan may allocate, e.g. 8GiB, 8GB, 512MiB, 0 (CPU "
+        "only); 'auto' = free VRAM of GPU 0 minus max("
+        f"{format_bytes(AUTO_MARGIN_BYTES)}, 5%%) (needs a GPU)",
+    )
+    ap.add_argument(
+        "--hardware",
+        metavar="NAME|FILE",
+        default=None,
+        help="hardware profile: a shipped name or a JSON file with the same keys. "
+        "Default: the detected GPU's profile, else "
+        f"{FALLBACK_PROFILE} (planning for a machine other than this one is fine)",
+    )
+    ap.add_argument(
+        "--context",
+        type=int,
+        default=4096,
+        metavar="N",
+        help="context length the KV cache is sized for (default 4096)",
+    )
+    ap.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="mass",
+        help="mass: maximise the activation mass the GPU serves (PowerInfer's; "
+        "dense parts count as always-active neurons); time: minimise the predicted "
+        "time per token from the hardware profile (default mass)",
+    )
+    ap.add_argument(
+        "--bucket",
+        type=int,
+        choices=BUCKET_SIZES,
+        default=64,
+        help="neurons per GPU bucket, the granularity of the hot set (default 64)",
+    )
+    ap.add_argument(
+        "--time-limit",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="HiGHS time limit in seconds (default 10); the best placement found "
+        "is used and its MIP gap reported",
+    )
+    ap.add_argument(
+        "--mip-gap",
+        type=float,
+        default=DEFAULT_MIP_GAP,
+        metavar="G",
+        help=f"relative MIP gap at which HiGHS stops (default {DEFAULT_MIP_GAP})",
+    )
+    ap.add_argument(
+        "--min-neurons",
+        type=int,
+        default=None,
+        metavar="N",
+        help="hot neurons a layer needs before it uses the GPU for its FFN "
+        "(default: per layer, the fewest whose saving pays for a sync and PCIe "
+        "transfer, from the hardware profile; 0 = no minimum)",
+    )
+    pg = ap.add_mutually_exclusive_group()
+    pg.add_argument(
+        "--predictors",
+        metavar="FILE",
+        default=None,
+        help="predictors .safetensors (blk.{i}.fc1, blk.{i}.fc2) whose sizes are "
+        "counted; default: an f16 estimate at rank max(64, ffn_dim/64 rounded up "
+        "to 64)",
+    )
+    pg.add_argument(
+        "--predictor-bytes",
+        metavar="SIZE",
+        default=None,
+        help="bytes of each layer's predictor instead of the estimate",
+    )
+    ap.add_argument(
+        "--solver",
+        choices=SOLVERS,
+        default="auto",
+        help="auto: HiGHS, greedy if highspy is missing or fails; highs; greedy",
+    )
+    ap.add_argument(
+        "--out",
+        default="PLAN.safetensors",
+        metavar="PLAN",
+        help="plan file to write (default PLAN.safetensors)",
+    )
+    ap.add_argument(
+        "--plot",
+        default=None,
+        metavar="PNG",
+        help="also write a PNG of per-layer GPU share and bytes (needs matplotlib)",
+    )
+    ap.add_argument(
+        "--ignore-fingerprint",
+        action="store_true",
+        help="accept a profile recorded on another model of the same shape",
+    )
+    ap.add_argument("--quiet", action="store_true", help="print only the summary lines")
+    ap.add_argument("--verbose", action="store_true", help="show the HiGHS log")
+    return ap
+
+
+def _resolve_hardware(name: str | None, gpu_known: list) -> tuple:
+    if name is not None:
+        return load_hardware(name), None
+    gpu = detect_gpu()
+    gpu_known.append(gpu)
+    if gpu is not None:
+        prof = profile_for_gpu_name(gpu.name)
+        if prof is not None:
+            return load_hardware(prof), f"hardware: detected {gpu.name} -> profile {prof}"
+        return load_hardware(FALLBACK_PROFILE), (
+            f"hardware: {gpu.name} has no shipped profile; using {FALLBACK_PROFILE} "
+            "(pass --hardware FILE for exact numbers)"
+        )
+    return load_hardware(FALLBACK_PROFILE), (
+        f"hardware: no GPU found; planning for the {FALLBACK_PROFILE} profile"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Do the work for parsed ``args``; raises :class:`PowerInferError` on bad input."""
+    from ..errors import PlanError
+    from ..loading import load_model
+    from .model_shape import ModelShape
+    from .plan_file import save_plan
+    from .planner import make_plan
+    from .predictor_size import fixed_predictor_sizes, read_predictor_sizes
+    from .profile_io import read_profile
+    from .report import format_table, plot_plan
+
+    if args.context <= 0:
+        raise PlanError(f"--context must be positive, got {args.context}")
+    if args.time_limit <= 0:
+        raise PlanError(f"--time-limit must be positive, got {args.time_limit}")
+    if not 0 <= args.mip_gap < 1:
+        raise PlanError(f"--mip-gap must be in [0, 1), got {args.mip_gap}")
+    if args.min_neurons is not None and args.min_neurons < 0:
+        raise PlanError(f"--min-neurons must not be negative, got {args.min_neurons}")
+    auto = str(args.vram_budget).strip().lower() == "auto"
+    budget = None if auto else parse_bytes(args.vram_budget)
+    pred_bytes = None if args.predictor_bytes is None else parse_bytes(args.predictor_bytes)
+    probed: list = []
+    hardware, note = _resolve_hardware(args.hardware, probed)
+    if auto:
+        budget = auto_budget(probed[0] if probed else None)
+        note = (note + "; " if note else "") + f"budget auto: {format_bytes(budget)}"
+    model = load_model(args.model)
+    shape = ModelShape.from_model(model)
+    profile = read_profile(args.profile)
+    if args.predictors is not None:
+        preds = read_predictor_sizes(args.predictors, shape.config)
+    elif pred_bytes is not None:
+        preds = fixed_predictor_sizes(shape.config, pred_bytes)
+    else:
+        preds = None
+    plan = make_plan(
+        shape,
+        profile,
+        hardware,
+        budget,
+        objective=args.objective,
+        bucket=args.bucket,
+        context=args.context,
+        predictors=preds,
+        min_neurons=args.min_neurons,
+        solver=args.solver,
+        time_limit=args.time_limit,
+        mip_gap=args.mip_gap,
+        check_fingerprint=not args.ignore_fingerprint,
+        log=args.verbose,
+    )
+    if note:
+        print(note)
+    table = format_table(plan)
+    print("\n".join(table.splitlines()[-4:]) if args.quiet else table)
+    out = save_plan(plan, args.out)
+    print(f"plan written to {out}")
+    if args.plot:
+        try:
+            plot_plan(plan, args.plot)
+        except ImportError:
+            raise PlanError("--plot needs matplotlib: pip install matplotlib") from None
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (2 with a one-line message on bad input)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except PowerInferError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

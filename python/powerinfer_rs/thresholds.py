@@ -1,0 +1,233 @@
+"""Per-layer activation thresholds for ``sparsity="threshold"`` (CATS/TEAL style), on disk.
+
+``python -m powerinfer_rs.calibrate`` writes the file; ``Engine.from_pretrained(M,
+sparsity="threshold", thresholds=T)`` and ``python -m powerinfer_rs.profile --thresholds T``
+read it. A neuron of layer ``i`` counts as active for a token when ``|act(gate)| >=
+thresholds[i]``; the engine skips the others. The file is JSON::
+
+    {
+      "format": "powerinfer-rs-thresholds/1",
+      "model_fingerprint": "...",        # LoadedModel.fingerprint of the calibrated model
+      "activation": "silu",              # the model's FFN activation
+      "target_sparsity": 0.5,            # share of (token, neuron) pairs meant to be inactive
+      "thresholds": [0.031, ...],        # one float per layer
+      "measured_sparsity": [0.49, ...],  # per layer, measured after calibration
+      "corpus": ["notes.txt"],           # what it was calibrated on
+      "tokens": 4096                     # calibration tokens
+    }
+
+Only ``thresholds`` is required (the engine reads ``thresholds`` and ``model_fingerprint``);
+other keys are kept as they are in :attr:`ThresholdFile.extra`. ``python -m
+powerinfer_rs.thresholds T`` prints a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ModelFileError, PlanError, PowerInferError
+
+FORMAT = "powerinfer-rs-thresholds/1"
+_KNOWN = (
+    "format",
+    "model_fingerprint",
+    "activation",
+    "target_sparsity",
+    "thresholds",
+    "measured_sparsity",
+    "corpus",
+    "tokens",
+)
+
+
+@dataclass
+class ThresholdFile:
+    """The contents of a threshold file."""
+
+    thresholds: list[float]
+    model_fingerprint: str | None = None
+    activation: str | None = None
+    target_sparsity: float | None = None
+    measured_sparsity: list[float] | None = None
+    corpus: list[str] = field(default_factory=list)
+    tokens: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_layers(self) -> int:
+        """Number of layers."""
+        return len(self.thresholds)
+
+    def validate(self, source: str = "thresholds") -> None:
+        """Check types and ranges; :class:`PlanError` otherwise."""
+        if not self.thresholds:
+            raise PlanError(f"{source}: no thresholds")
+        for i, t in enumerate(self.thresholds):
+            if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t):
+                raise PlanError(f"{source}: threshold of layer {i} is {t!r}, not a finite number")
+            if t < 0:
+                raise PlanError(f"{source}: threshold of layer {i} is negative ({t})")
+        if self.target_sparsity is not None and not 0.0 <= self.target_sparsity < 1.0:
+            raise PlanError(f"{source}: target_sparsity {self.target_sparsity} not in [0, 1)")
+        if self.measured_sparsity is not None and len(self.measured_sparsity) != self.n_layers:
+            raise PlanError(
+                f"{source}: {len(self.measured_sparsity)} measured_sparsity values for "
+                f"{self.n_layers} layers"
+            )
+
+    def check_model(self, model: Any, source: str = "thresholds") -> None:
+        """Raise :class:`PlanError` unless the file fits ``model`` (a LoadedModel): same
+        fingerprint (when the file has one) and one threshold per layer."""
+        fp = getattr(model, "fingerprint", None)
+        if self.model_fingerprint and fp and self.model_fingerprint != fp:
+            raise PlanError(
+                f"{source} was calibrated for another model (fingerprint "
+                f"{self.model_fingerprint}, this model {fp})"
+            )
+        n = model.config.n_layers
+        if self.n_layers != n:
+            raise PlanError(f"{source}: {self.n_layers} thresholds for a {n}-layer model")
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object written to disk."""
+        doc: dict[str, Any] = {
+            "format": FORMAT,
+            "model_fingerprint": self.model_fingerprint,
+            "activation": self.activation,
+            "target_sparsity": self.target_sparsity,
+            "thresholds": [float(t) for t in self.thresholds],
+            "measured_sparsity": None
+            if self.measured_sparsity is None
+            else [float(s) for s in self.measured_sparsity],
+            "corpus": list(self.corpus),
+            "tokens": int(self.tokens),
+        }
+        for k, v in self.extra.items():
+            if k not in doc:
+                doc[k] = v
+        return doc
+
+
+def save_thresholds(path: str | os.PathLike[str], tf: ThresholdFile) -> Path:
+    """Validate and write ``tf`` as JSON (atomically); returns the path."""
+    tf.validate(os.fspath(path))
+    p = Path(path)
+    if p.parent and not p.parent.exists():
+        p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".part")
+    tmp.write_text(json.dumps(tf.to_json(), indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, p)
+    return p
+
+
+def _float_list(v: Any, what: str, source: str) -> list[float]:
+    if not isinstance(v, list):
+        raise ModelFileError(f"{source}: '{what}' must be a list of numbers")
+    out = []
+    for x in v:
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise ModelFileError(f"{source}: '{what}' holds {x!r}, not a number")
+        out.append(float(x))
+    return out
+
+
+def load_thresholds(path: str | os.PathLike[str], model: Any = None) -> ThresholdFile:
+    """Read a threshold file; with ``model`` (a LoadedModel) also check it fits
+    (:class:`PlanError` for another model's file). Malformed files raise
+    :class:`ModelFileError`."""
+    source = os.fspath(path)
+    try:
+        with open(source, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise ModelFileError(f"{source}: no such threshold file") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ModelFileError(f"{source}: cannot read thresholds: {e}") from None
+    if not isinstance(doc, dict) or "thresholds" not in doc:
+        raise ModelFileError(f"{source}: not a threshold file (no 'thresholds' list)")
+    fmt = doc.get("format")
+    if fmt is not None and fmt != FORMAT:
+        raise ModelFileError(f"{source}: format {fmt!r}, expected {FORMAT!r}")
+    measured = doc.get("measured_sparsity")
+    target = doc.get("target_sparsity")
+    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))):
+        raise ModelFileError(f"{source}: target_sparsity {target!r} is not a number")
+    tokens = doc.get("tokens", 0)
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise ModelFileError(f"{source}: tokens {tokens!r} is not a count")
+    corpus = doc.get("corpus") or []
+    if not isinstance(corpus, list):
+        raise ModelFileError(f"{source}: corpus must be a list of names")
+    fp = doc.get("model_fingerprint")
+    tf = ThresholdFile(
+        thresholds=_float_list(doc["thresholds"], "thresholds", source),
+        model_fingerprint=str(fp) if fp else None,
+        activation=doc.get("activation"),
+        target_sparsity=None if target is None else float(target),
+        measured_sparsity=None
+        if measured is None
+        else _float_list(measured, "measured_sparsity", source),
+        corpus=[str(c) for c in corpus],
+        tokens=tokens,
+        extra={k: v for k, v in doc.items() if k not in _KNOWN},
+    )
+    tf.validate(source)
+    if model is not None:
+        tf.check_model(model, source)
+    return tf
+
+
+def format_table(tf: ThresholdFile) -> str:
+    """Per-layer table of a threshold file."""
+    lines = [f"{'layer':>5} | {'threshold':>10} | {'measured sparsity':>17}"]
+    lines.append("-" * len(lines[0]))
+    for i, t in enumerate(tf.thresholds):
+        m = "-" if tf.measured_sparsity is None else f"{tf.measured_sparsity[i]:.3f}"
+        lines.append(f"{i:>5} | {t:>10.4g} | {m:>17}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m powerinfer_rs.thresholds FILE``: print a threshold file."""
+    ap = argparse.ArgumentParser(
+        prog="python -m powerinfer_rs.thresholds",
+        description="Print a threshold file written by `python -m powerinfer_rs.calibrate`: "
+        "its model, target sparsity and the per-layer thresholds on |act(gate)|.",
+    )
+    ap.add_argument("file", help="the threshold file (JSON)")
+    ap.add_argument("--model", help="also check the file fits this model (GGUF or HF dir)")
+    a = ap.parse_args(argv)
+    try:
+        model = None
+        if a.model:
+            from .loading import load_model
+
+            model = load_model(a.model)
+        tf = load_thresholds(a.file, model)
+    except PowerInferError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"model fingerprint: {tf.model_fingerprint or '-'} ({tf.activation or '?'})")
+    print(f"target sparsity  : {tf.target_sparsity}")
+    print(f"calibrated on    : {tf.tokens} tokens of {', '.join(tf.corpus) or '?'}")
+    print(format_table(tf))
+    return 0
+
+
+__all__ = [
+    "FORMAT",
+    "ThresholdFile",
+    "format_table",
+    "load_thresholds",
+    "save_thresholds",
+]
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""Plumbing shared by the calibrate / profile / evaluate tools and the sparse benchmark:
+loading an engine, turning a corpus into token ids, running the engine over token windows with
+a fresh context each, sampling activations with bounded memory, and the CLI error convention
+(one line on stderr, exit status 2)."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import PowerInferError, ShapeError
+from .corpus import CorpusError, read_corpus
+
+#: Threshold that makes "|act| >= t" mean "act != 0" (the smallest positive float32).
+NONZERO = float(np.nextafter(np.float32(0), np.float32(1)))
+
+
+def run_cli(fn: Callable[[], int]) -> int:
+    """Run a tool's body: :class:`PowerInferError` and I/O errors become ``error: ...`` on
+    stderr and exit status 2 (no traceback); Ctrl-C exits 130."""
+    try:
+        return fn()
+    except PowerInferError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        name = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        print(f"error: {name}{e.strerror or e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def positive_int(s: str) -> int:
+    """argparse type: an integer > 0."""
+    import argparse
+
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def nonneg_int(s: str) -> int:
+    """argparse type: an integer >= 0."""
+    import argparse
+
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
+    return v
+
+
+def load_engine(model: str | os.PathLike[str], threads: int = 0, n_ctx: int | None = None):
+    """A dense :class:`~powerinfer_rs.engine.Engine` on ``model``."""
+    from ..engine import Engine
+
+    return Engine.from_pretrained(model, threads=threads, n_ctx=n_ctx)
+
+
+def corpus_ids(
+    engine: Any, paths: Sequence[str | os.PathLike[str]], tokens: int | None
+) -> tuple[list[int], list[str]]:
+    """Token ids of the corpus ``paths`` (at most ``tokens``; all with None) and the names
+    read. Reads only as much text as the token count needs (about 8 characters a token,
+    more when that falls short)."""
+    if not paths:
+        raise CorpusError("no corpus given")
+    chars: int | None = None if tokens is None else max(4096, 8 * tokens)
+    while True:
+        text, names = read_corpus(paths, max_chars=chars)
+        ids = engine.tokenizer.encode(text, add_bos=False)
+        if tokens is None or len(ids) >= tokens or chars is None or len(text) < chars:
+            break
+        chars *= 4
+    if tokens is not None:
+        ids = ids[:tokens]
+    if len(ids) < 2:
+        raise CorpusError(f"the corpus {names} has {len(ids)} tokens; at least 2 are needed")
+    return [int(i) for i in ids], names
+
+
+def windows(ids: Sequence[int], window: int) -> list[list[int]]:
+    """``ids`` cut into consecutive windows of ``window`` tokens (the last may be shorter)."""
+    if window < 1:
+        raise ShapeError(f"window must be >= 1, got {window}")
+    return [list(ids[s : s + window]) for s in range(0, len(ids), window)]
+
+
+def feed_windows(
+    engine: Any,
+    ids: Sequence[int],
+    window: int,
+    *,
+    on_window: Callable[[int], bool | None] | None = None,
+    desc: str = "tokens",
+    progress: bool = True,
+) -> int:
+    """Run ``engine`` over ``ids`` in windows of ``window`` tokens, each in a fresh context
+    (prefill only: no logits beyond the last row are made). ``on_window(n)`` is called after
+    each window of ``n`` tokens; returning True stops early. Returns the tokens fed."""
+    from tqdm import tqdm
+
+    window = min(window, engine.n_ctx)
+    fed = 0
+    with tqdm(total=len(ids), desc=desc, unit="tok", disable=not progress) as bar:
+        for chunk in windows(ids, window):
+            engine.reset()
+            engine._session.feed(chunk)  # the engine's session; logits of the last row only
+            fed += len(chunk)
+            bar.update(len(chunk))
+            if on_window is not None and on_window(len(chunk)):
+                break
+    engine.reset()
+    return fed
+
+
+class ValueSampler:
+    """A bounded, uniform random sample of the values streamed through :meth:`add`, per
+    layer: keeps every value until ``capacity`` are held, then a reservoir-style subsample
+    (each batch contributes in proportion to its size). Used for quantiles of |act|."""
+
+    def __init__(self, n_layers: int, capacity: int = 1 << 20, seed: int = 0) -> None:
+        if capacity < 1:
+            raise ShapeError(f"sample capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.rng = np.random.default_rng(seed)
+        self.held: list[np.ndarray] = [np.empty(0, np.float32) for _ in range(n_layers)]
+        self.seen = [0] * n_layers
+
+    def add(self, layer: int, values: np.ndarray) -> None:
+        """Stream ``values`` (any shape) of ``layer``."""
+        v = np.asarray(values, dtype=np.float32).reshape(-1)
+        if v.size == 0:
+            return
+        self.seen[layer] += v.size
+        held = self.held[layer]
+        if held.size + v.size <= self.capacity and held.size == self.seen[layer] - v.size:
+            self.held[layer] = np.concatenate([held, v])
+            return
+        # keep each seen value with probability capacity / seen: subsample the new batch at
+        # that rate and the held sample down to its share
+        rate = self.capacity / self.seen[layer]
+        k_new = min(v.size, int(round(rate * v.size)))
+        k_old = min(held.size, self.capacity - k_new)
+        new = v[self.rng.choice(v.size, k_new, replace=False)] if k_new < v.size else v
+        old = held[self.rng.choice(held.size, k_old, replace=False)] if k_old < held.size else held
+        self.held[layer] = np.concatenate([old, new])
+
+    def quantile(self, layer: int, q: float) -> float:
+        """The ``q``-quantile of ``layer``'s sampled values."""
+        h = self.held[layer]
+        if h.size == 0:
+            raise ShapeError(f"no values sampled for layer {layer}")
+        return float(np.quantile(h, q))
+
+    def fraction_below(self, layer: int, t: float) -> float:
+        """Share of ``layer``'s sampled values below ``t``."""
+        h = self.held[layer]
+        return float(np.count_nonzero(h < t)) / max(1, h.size)
+
+
+def active_mask(act: np.ndarray, threshold: float | None) -> np.ndarray:
+    """The active mask of activations ``act``: ``act > 0`` without a threshold (ReLU
+    semantics), ``|act| >= threshold`` with one -- the engine's own rule."""
+    if threshold is None:
+        return act > 0
+    return np.abs(act) >= np.float32(threshold)
+
+
+def top_share(counts: np.ndarray, fraction: float) -> float:
+    """Share of all activations (sum of counts) that the ``fraction`` most active neurons
+    account for."""
+    c = np.sort(np.asarray(counts, dtype=np.float64))[::-1]
+    total = c.sum()
+    if total <= 0:
+        return 0.0
+    k = max(1, int(math.ceil(fraction * c.size)))
+    return float(c[:k].sum() / total)
+
+
+def fmt_pct(x: float) -> str:
+    """``+1.23%`` style."""
+    return f"{100 * x:+.2f}%"
+
+
+def perplexity_and_activity(
+    engine: Any,
+    ids: Sequence[int],
+    *,
+    window: int,
+    count_thresholds: Sequence[float] | None = None,
+    progress: bool = False,
+) -> tuple[float, np.ndarray]:
+    """Perplexity of ``ids`` in the engine's current sparsity mode (windows of ``window``
+    tokens, fresh context each) and, counted by the engine's profiler during the same passes,
+    the per-layer active fraction of FFN neurons (ReLU semantics without
+    ``count_thresholds``, ``|act| >= t`` with them; the activations are those after the
+    mode's mask, so skipped neurons count as inactive)."""
+    engine.start_profiling(thresholds=None if count_thresholds is None else list(count_thresholds))
+    try:
+        ppl = engine.perplexity_of_ids(list(ids), window=window, progress=progress)
+        counts, tokens = engine.profile_counts()
+    finally:
+        engine.stop_profiling()
+    ffn = engine.config.ffn_dim
+    active = np.asarray(counts, dtype=np.float64).sum(axis=1) / max(1, tokens * ffn)
+    return float(ppl), active

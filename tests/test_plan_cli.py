@@ -1,0 +1,198 @@
+"""``python -m powerinfer_rs.plan``: help, an end-to-end run, clean errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from powerinfer_rs.errors import PlanError
+from powerinfer_rs.loading import load_model
+from powerinfer_rs.planning import load_plan, synthetic_profile, write_profile
+from powerinfer_rs.planning.cli import main
+
+TINY = dict(dim=64, ffn=256, layers=3, heads=4, kv_heads=2, vocab=300)
+
+
+@pytest.fixture(scope="module")
+def files(synth_gguf, tmp_path_factory):
+    model_path = synth_gguf(dtype="Q8_0", **TINY)
+    model = load_model(model_path)
+    d = tmp_path_factory.mktemp("plan_cli")
+    prof = synthetic_profile(3, 256, 1000, seed=0)
+    write_profile(
+        d / "prof",
+        prof.counts,
+        prof.tokens,
+        model_fingerprint=model.fingerprint,
+        corpus=["synthetic"],
+    )
+    return model_path, d / "prof", d, model
+
+
+def test_help_as_module():
+    import powerinfer_rs
+
+    env = dict(os.environ)
+    pkg_parent = str(Path(powerinfer_rs.__path__[0]).parent)
+    env["PYTHONPATH"] = pkg_parent + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run(
+        [sys.executable, "-m", "powerinfer_rs.plan", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    for opt in (
+        "--model",
+        "--profile",
+        "--vram-budget",
+        "--hardware",
+        "--context",
+        "--objective",
+        "--bucket",
+        "--time-limit",
+        "--out",
+        "--plot",
+    ):
+        assert opt in out.stdout
+
+
+@pytest.mark.parametrize("objective", ["mass", "time"])
+def test_end_to_end(files, capsys, objective):
+    model_path, prof, d, model = files
+    out, png = d / f"PLAN-{objective}.safetensors", d / f"plan-{objective}.png"
+    argv = [
+        "--model",
+        str(model_path),
+        "--profile",
+        str(prof),
+        "--vram-budget",
+        "400KiB",
+        "--hardware",
+        "rtx4090",
+        "--context",
+        "64",
+        "--objective",
+        objective,
+        "--bucket",
+        "32",
+        "--min-neurons",
+        "0",
+        "--out",
+        str(out),
+    ]
+    try:
+        import matplotlib  # noqa: F401
+
+        argv += ["--plot", str(png)]
+    except ImportError:
+        png = None
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "tokens/s" in text and "hot share" in text
+    plan = load_plan(out, model, budget_bytes=400 * 1024)
+    assert plan.objective == objective and plan.bucket == 32 and plan.context == 64
+    assert plan.gpu_bytes <= 400 * 1024
+    if objective == "mass":  # on a model this small, time says launches cost more than reads
+        assert plan.gpu_bytes > 0
+    if png is not None:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--vram-budget", "eight"], "cannot read"),
+        (["--vram-budget", "8XB"], "unknown size unit"),
+        (["--vram-budget", "-1"], "cannot read"),
+        (["--vram-budget", "1TiB"], "exceeds"),
+        (["--vram-budget", "1GiB", "--hardware", "cpu-only"], "no GPU"),
+        (["--vram-budget", "0", "--hardware", "nope"], "unknown hardware"),
+        (["--vram-budget", "0", "--context", "0"], "--context"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(files, capsys, extra, message):
+    model_path, prof, d, _ = files
+    argv = [
+        "--model",
+        str(model_path),
+        "--profile",
+        str(prof),
+        "--hardware",
+        "rtx4090",
+        "--out",
+        str(d / "x.safetensors"),
+        *extra,
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and message in err and "\n" not in err
+
+
+def test_missing_files_exit_2(files, capsys, tmp_path):
+    model_path, prof, d, _ = files
+    assert (
+        main(
+            [
+                "--model",
+                str(tmp_path / "nope.gguf"),
+                "--profile",
+                str(prof),
+                "--vram-budget",
+                "0",
+                "--hardware",
+                "rtx4090",
+            ]
+        )
+        == 2
+    )
+    assert (
+        main(
+            [
+                "--model",
+                str(model_path),
+                "--profile",
+                str(tmp_path),
+                "--vram-budget",
+                "0",
+                "--hardware",
+                "rtx4090",
+            ]
+        )
+        == 2
+    )
+    errs = capsys.readouterr().err.strip().splitlines()
+    assert len(errs) == 2 and all(e.startswith("error:") for e in errs)
+
+
+def test_auto_budget_without_gpu_is_a_clean_error(files, capsys, monkeypatch):
+    from powerinfer_rs.planning import gpu_probe
+
+    monkeypatch.setattr(gpu_probe, "detect_gpu", lambda: None)
+    monkeypatch.setattr("powerinfer_rs.planning.cli.detect_gpu", lambda: None)
+    model_path, prof, d, _ = files
+    assert (
+        main(
+            [
+                "--model",
+                str(model_path),
+                "--profile",
+                str(prof),
+                "--vram-budget",
+                "auto",
+                "--out",
+                str(d / "y.safetensors"),
+            ]
+        )
+        == 2
+    )
+    assert "--vram-budget" in capsys.readouterr().err
+
+
+def test_plan_error_is_a_value_error():
+    assert issubclass(PlanError, ValueError)

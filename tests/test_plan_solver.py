@@ -1,0 +1,189 @@
+"""The placement ILP against brute force on small instances, and the greedy fallback."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from powerinfer_rs.loading.types import ModelConfig
+from powerinfer_rs.planning import (
+    HardwareProfile,
+    ModelShape,
+    Placement,
+    build_problem,
+    evaluate,
+    fixed_predictor_sizes,
+    placement_allocation,
+    synthetic_profile,
+    total_bytes,
+)
+from powerinfer_rs.planning.greedy import solve_greedy
+
+#: Objective values agree to this relative tolerance (float sums in a different order).
+REL_TOL = 1e-9
+
+#: A toy machine on which the GPU pays off even for tiny layers.
+TOY_HW = HardwareProfile(
+    name="toy",
+    vram_bytes=2**40,
+    gpu_mem_bw=100.0,
+    pcie_bw=10.0,
+    cpu_mem_bw=1.0,
+    cpu_cores=2,
+    launch_latency_us=0.1,
+    sync_latency_us=0.2,
+)
+
+
+def tiny_config(layers: int, dim: int = 64, ffn: int = 128) -> ModelConfig:
+    return ModelConfig(
+        arch="llama",
+        n_layers=layers,
+        dim=dim,
+        ffn_dim=ffn,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=dim // 4,
+        vocab_size=300,
+        max_context=64,
+        rms_eps=1e-5,
+        rope_theta=1e4,
+        rope_style="norm",
+        activation="relu",
+        bos_token_id=0,
+        eos_token_ids=[2],
+    )
+
+
+def all_placements(p):
+    per_layer = [
+        list(itertools.product(range(lt.n_buckets + 1), (False, True), (False, True)))
+        for lt in p.layers
+    ]
+    for combo in itertools.product(*per_layer):
+        for out in (False, True):
+            yield Placement(
+                attention=[c[1] for c in combo],
+                predictor=[c[2] for c in combo],
+                ffn_buckets=[c[0] for c in combo],
+                output=out,
+            )
+
+
+def brute_force(p):
+    best, best_pl = None, None
+    sign = 1.0 if p.objective == "mass" else -1.0
+    for pl in all_placements(p):
+        ev = evaluate(p, pl)
+        if ev.feasible and (best is None or sign * ev.objective(p.objective) > sign * best):
+            best, best_pl = ev.objective(p.objective), pl
+    return best, best_pl
+
+
+def make_problem(layers, buckets_of_32, budget_share, objective, min_neurons=None, seed=0):
+    cfg = tiny_config(layers, ffn=32 * buckets_of_32)
+    # FFN in F32 and attention in Q4_0, so neuron buckets and dense parts compete for bytes.
+    ffn = {f"blk.{i}.ffn_{t}": "F32" for i in range(layers) for t in ("gate", "up", "down")}
+    shape = ModelShape.from_config(cfg, "Q4_0", dtypes=ffn)
+    prof = synthetic_profile(layers, cfg.ffn_dim, 500, seed=seed, zipf_a=1.2)
+    preds = fixed_predictor_sizes(cfg, 1000)
+    full = build_problem(
+        shape,
+        prof,
+        TOY_HW,
+        2**40,
+        objective=objective,
+        bucket=32,
+        context=16,
+        predictors=preds,
+        min_neurons=min_neurons,
+    )
+    everything = Placement(
+        [True] * layers, [True] * layers, [lt.n_buckets for lt in full.layers], True
+    )
+    budget = int(evaluate(full, everything).gpu_bytes * budget_share)
+    return build_problem(
+        shape,
+        prof,
+        TOY_HW,
+        budget,
+        objective=objective,
+        bucket=32,
+        context=16,
+        predictors=preds,
+        min_neurons=min_neurons,
+    )
+
+
+CASES = [
+    # layers, buckets, budget share, min neurons, seed
+    (2, 4, 0.0, None, 0),
+    (2, 4, 0.15, None, 1),
+    (2, 4, 0.35, None, 2),
+    (2, 4, 0.6, 64, 3),
+    (2, 4, 0.85, None, 4),
+    (3, 3, 0.3, 64, 5),
+    (3, 3, 0.55, None, 6),
+    (2, 4, 1.0, None, 7),
+]
+
+
+@pytest.mark.parametrize("objective", ["mass", "time"])
+@pytest.mark.parametrize("layers,buckets,share,min_neurons,seed", CASES)
+def test_ilp_matches_brute_force(objective, layers, buckets, share, min_neurons, seed):
+    pytest.importorskip("highspy")
+    from powerinfer_rs.planning.ilp import solve_ilp
+
+    p = make_problem(layers, buckets, share, objective, min_neurons, seed)
+    best, _ = brute_force(p)
+    res = solve_ilp(p, mip_rel_gap=0.0, time_limit=30)
+    ev = evaluate(p, res.placement)
+    assert ev.feasible, ev.reason
+    assert res.status == "optimal"
+    # the linearised objective is the exact one ...
+    assert res.objective == pytest.approx(ev.objective(objective), rel=REL_TOL, abs=1e-12)
+    # ... and it is the brute-force optimum
+    assert ev.objective(objective) == pytest.approx(best, rel=REL_TOL, abs=1e-12)
+    # greedy: feasible, never better than the optimum
+    g = evaluate(p, solve_greedy(p).placement)
+    assert g.feasible, g.reason
+    if objective == "mass":
+        assert g.mass_objective <= best + 1e-12
+    else:
+        assert g.time_per_token >= best - 1e-15
+
+
+@pytest.mark.parametrize("objective", ["mass", "time"])
+def test_warm_start_and_min_neurons(objective):
+    pytest.importorskip("highspy")
+    from powerinfer_rs.planning.ilp import solve_ilp
+
+    p = make_problem(3, 3, 0.5, objective, min_neurons=64, seed=11)
+    g = solve_greedy(p)
+    res = solve_ilp(p, mip_rel_gap=0.0, start=g.placement)
+    for lt, k in zip(p.layers, res.placement.ffn_buckets):
+        hot = int(lt.sizes[:k].sum())
+        assert hot == 0 or hot >= 64
+    assert evaluate(p, res.placement).feasible
+    best, _ = brute_force(p)
+    assert evaluate(p, res.placement).objective(objective) == pytest.approx(best, rel=REL_TOL)
+
+
+def test_evaluate_bytes_are_the_allocation_list():
+    p = make_problem(2, 4, 1.0, "time", seed=3)
+    for pl in itertools.islice(all_placements(p), 0, None, 7):
+        ev = evaluate(p, pl)
+        allocs = placement_allocation(
+            p.shape, pl, bucket=p.bucket, context=p.context, predictors=p.predictors
+        )
+        assert ev.gpu_bytes == total_bytes(allocs)
+        assert all(b % 256 == 0 and b > 0 for _, b in allocs)
+        assert len({n for n, _ in allocs}) == len(allocs)
+
+
+def test_greedy_without_budget_is_cpu_only():
+    p = make_problem(2, 4, 0.0, "mass")
+    res = solve_greedy(p)
+    assert not res.placement.uses_gpu()
+    assert evaluate(p, res.placement).gpu_bytes == 0

@@ -1,0 +1,169 @@
+"""Sparse FFN modes against dense and against the float64 reference with the same masks:
+exact-relu, threshold and predictor, on the batched (prefill) and the one-token (decode) paths."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from reference import reference_forward
+
+from powerinfer_rs import Engine
+from powerinfer_rs.errors import PlanError, UnsupportedError
+from powerinfer_rs.loading import load_model
+from powerinfer_rs.predictors import LayerPredictor, PredictorSet
+
+#: exact-relu must be the dense function (issue 3): relative difference of logits.
+EXACT_RTOL = 1e-5
+#: a sparse mode against the float64 reference with the same mask.
+REF_RTOL = 1e-3
+
+
+def rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def decode_logits(eng: Engine, ids: list[int]) -> np.ndarray:
+    """Logits of every position, fed one token at a time (the sparse decode kernels)."""
+    eng.reset()
+    rows = [eng._session.feed([t])[0] for t in ids]
+    eng.reset()
+    return np.stack(rows)
+
+
+@pytest.fixture(scope="module")
+def relu_model(synth_hf):
+    return load_model(synth_hf(dtype="f32", activation="relu", ffn=256))
+
+
+@pytest.fixture(scope="module")
+def ids(relu_model):
+    return list(np.random.default_rng(5).integers(0, relu_model.config.vocab_size, 24))
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_exact_relu_is_the_dense_function(synth_hf, dtype):
+    model = load_model(synth_hf(dtype=dtype, activation="relu", ffn=256))
+    ids = list(np.random.default_rng(6).integers(0, model.config.vocab_size, 20))
+    dense = Engine(model, threads=2)
+    sparse = Engine(model, threads=2, sparsity="exact-relu")
+    assert sparse.sparsity == "exact-relu"
+    ref = dense.logits(ids)
+    assert rel(sparse.logits(ids), ref) <= EXACT_RTOL
+    assert rel(decode_logits(sparse, ids), decode_logits(dense, ids)) <= EXACT_RTOL
+
+
+@pytest.mark.parametrize("dtype", ["Q8_0", "Q4_0"])
+def test_exact_relu_on_quantized_models_differs_only_by_down_t_rounding(synth_gguf, dtype):
+    model = load_model(synth_gguf(dtype=dtype, activation="relu", ffn=256))
+    ids = list(np.random.default_rng(7).integers(0, model.config.vocab_size, 16))
+    dense = Engine(model, threads=2)
+    sparse = Engine(model, threads=2, sparsity="exact-relu")
+    # Batched scoring uses ffn_down itself: the same function.
+    assert rel(sparse.logits(ids), dense.logits(ids)) <= EXACT_RTOL
+    # Decoding reads the re-quantized down_t: close, not equal.
+    assert rel(decode_logits(sparse, ids), decode_logits(dense, ids)) <= 0.05
+
+
+def test_exact_relu_needs_relu(synth_hf):
+    silu = load_model(synth_hf(dtype="f32", activation="silu"))
+    with pytest.raises(UnsupportedError):
+        Engine(silu, threads=1, sparsity="exact-relu")
+
+
+def test_threshold_mode_matches_masked_reference(synth_hf):
+    model = load_model(synth_hf(dtype="f32", activation="silu", ffn=256))
+    ids = list(np.random.default_rng(8).integers(0, model.config.vocab_size, 20))
+    # Thresholds at each layer's median |act|: about half the neurons drop out.
+    _, gates = reference_forward(model, ids)
+    silu = [g / (1 + np.exp(-g)) for g in gates]
+    t = [float(np.median(np.abs(a))) for a in silu]
+    eng = Engine(model, threads=2, sparsity="threshold", thresholds=t)
+    ref, _ = reference_forward(model, ids, ffn_mask=lambda i, h, x, a: np.abs(a) >= t[i])
+    assert rel(eng.logits(ids), ref) <= REF_RTOL
+    assert rel(decode_logits(eng, ids), ref) <= REF_RTOL
+    dense_ref, _ = reference_forward(model, ids)
+    assert rel(ref, dense_ref) > 10 * REF_RTOL  # the threshold really dropped neurons
+    # Threshold 0 keeps every neuron: the dense function.
+    zero = Engine(model, threads=2, sparsity="threshold", thresholds=[0.0] * 2)
+    assert rel(decode_logits(zero, ids), dense_ref) <= REF_RTOL
+
+
+def test_threshold_mode_errors(relu_model):
+    with pytest.raises(PlanError):
+        Engine(relu_model, threads=1, sparsity="threshold")
+    with pytest.raises(PlanError):
+        Engine(relu_model, threads=1, sparsity="threshold", thresholds=[0.1])
+    with pytest.raises(UnsupportedError):
+        Engine(relu_model, threads=1, sparsity="sparse-ish")
+
+
+def random_predictors(model, rank=16, seed=0, threshold=0.0, input="ffn_norm") -> PredictorSet:
+    rng = np.random.default_rng(seed)
+    c = model.config
+    layers = {
+        i: LayerPredictor(
+            fc1=rng.normal(size=(rank, c.dim)).astype(np.float32) / np.sqrt(c.dim),
+            fc2=rng.normal(size=(c.ffn_dim, rank)).astype(np.float32) / np.sqrt(rank),
+            threshold=threshold,
+        )
+        for i in range(c.n_layers)
+    }
+    return PredictorSet(layers=layers, model_fingerprint=model.fingerprint, input=input)
+
+
+@pytest.mark.parametrize("source", ["ffn_norm", "ffn_inp"])
+def test_predictor_mode_matches_numpy_semantics(relu_model, ids, source):
+    """PowerInfer's semantics: neuron active iff fc2 · ReLU(fc1 · x) >= threshold."""
+    preds = random_predictors(relu_model, threshold=0.1, input=source)
+    eng = Engine(relu_model, threads=2, sparsity="predictor", predictors=preds)
+
+    def mask(i, h, x, a):
+        src = h if source == "ffn_norm" else x
+        p = preds.layers[i]
+        return (np.maximum(src @ p.fc1.T.astype(np.float64), 0) @ p.fc2.T) >= p.threshold
+
+    ref, _ = reference_forward(relu_model, ids, ffn_mask=mask)
+    assert rel(eng.logits(ids), ref) <= REF_RTOL
+    assert rel(decode_logits(eng, ids), ref) <= REF_RTOL
+
+
+def test_predictor_marking_everything_active_is_dense(relu_model, ids):
+    preds = random_predictors(relu_model, threshold=-1e30)
+    eng = Engine(relu_model, threads=2, sparsity="predictor", predictors=preds)
+    dense = Engine(relu_model, threads=2)
+    assert rel(decode_logits(eng, ids), decode_logits(dense, ids)) <= EXACT_RTOL
+
+
+def test_predictors_for_another_model_are_refused(relu_model, synth_hf):
+    other = load_model(synth_hf(dtype="f32", activation="relu", ffn=256, seed=3))
+    preds = random_predictors(other)
+    with pytest.raises(PlanError):
+        Engine(relu_model, threads=1, sparsity="predictor", predictors=preds)
+    preds.model_fingerprint = None
+    del preds.layers[1]
+    with pytest.raises(PlanError):
+        Engine(relu_model, threads=1, sparsity="predictor", predictors=preds)
+
+
+def test_profiling_counts_match_the_reference(relu_model, ids):
+    eng = Engine(relu_model, threads=2)
+    eng.start_profiling(capture=True)
+    eng.logits(ids)
+    counts, tokens = eng.profile_counts()
+    assert tokens == len(ids)
+    _, gates = reference_forward(relu_model, ids)
+    want = np.stack([(g > 0).sum(axis=0) for g in gates])
+    assert np.array_equal(counts, want)
+    cap = eng.take_captured()
+    assert len(cap) == relu_model.config.n_layers
+    x0, a0 = cap[0]
+    assert x0.shape == (len(ids), relu_model.config.dim)
+    assert np.allclose(a0, np.maximum(gates[0], 0), atol=1e-4)
+    assert eng.take_captured()[0][0].shape[0] == 0
+    # Threshold semantics count |act| >= t.
+    eng.start_profiling(thresholds=[0.2, 0.2])
+    eng.logits(ids)
+    counts, _ = eng.profile_counts()
+    want = np.stack([(np.abs(np.maximum(g, 0)) >= 0.2).sum(axis=0) for g in gates])
+    assert np.abs(counts - want).max() <= 1  # ties at the threshold may round either way
+    eng.stop_profiling()
