@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from reference import reference_forward
 
 from powerinfer_rs import Engine
 from powerinfer_rs.errors import PlanError, UnsupportedError
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.predictors import LayerPredictor, PredictorSet
+
+from reference import _weights, reference_forward
 
 #: exact-relu must be the dense function (issue 3): relative difference of logits.
 EXACT_RTOL = 1e-5
@@ -73,12 +74,17 @@ def test_exact_relu_needs_relu(synth_hf):
 def test_threshold_mode_matches_masked_reference(synth_hf):
     model = load_model(synth_hf(dtype="f32", activation="silu", ffn=256))
     ids = list(np.random.default_rng(8).integers(0, model.config.vocab_size, 20))
-    # Thresholds at each layer's median |act|: about half the neurons drop out.
-    _, gates = reference_forward(model, ids)
-    silu = [g / (1 + np.exp(-g)) for g in gates]
-    t = [float(np.median(np.abs(a))) for a in silu]
+    # The rule: |act(gate)·up| >= t. Thresholds at each layer's median: half the neurons drop.
+    w = _weights(model)
+    vals = []
+    reference_forward(
+        model, ids, ffn_mask=lambda i, h, x, a: vals.append(np.abs(a * up(w, i, h))) or True
+    )
+    t = [float(np.median(v)) for v in vals]
     eng = Engine(model, threads=2, sparsity="threshold", thresholds=t)
-    ref, _ = reference_forward(model, ids, ffn_mask=lambda i, h, x, a: np.abs(a) >= t[i])
+    ref, _ = reference_forward(
+        model, ids, ffn_mask=lambda i, h, x, a: np.abs(a * up(w, i, h)) >= t[i]
+    )
     assert rel(eng.logits(ids), ref) <= REF_RTOL
     assert rel(decode_logits(eng, ids), ref) <= REF_RTOL
     dense_ref, _ = reference_forward(model, ids)
@@ -86,6 +92,10 @@ def test_threshold_mode_matches_masked_reference(synth_hf):
     # Threshold 0 keeps every neuron: the dense function.
     zero = Engine(model, threads=2, sparsity="threshold", thresholds=[0.0] * 2)
     assert rel(decode_logits(zero, ids), dense_ref) <= REF_RTOL
+
+
+def up(w, i, h):
+    return h @ w[f"blk.{i}.ffn_up"].T
 
 
 def test_threshold_mode_errors(relu_model):
@@ -158,12 +168,16 @@ def test_profiling_counts_match_the_reference(relu_model, ids):
     assert len(cap) == relu_model.config.n_layers
     x0, a0 = cap[0]
     assert x0.shape == (len(ids), relu_model.config.dim)
-    assert np.allclose(a0, np.maximum(gates[0], 0), atol=1e-4)
+    w = _weights(relu_model)
+    h0 = np.maximum(gates[0], 0) * up(w, 0, x0.astype(np.float64))
+    assert np.allclose(a0, h0, atol=1e-4)
     assert eng.take_captured()[0][0].shape[0] == 0
-    # Threshold semantics count |act| >= t.
-    eng.start_profiling(thresholds=[0.2, 0.2])
+    # Threshold semantics count |act(gate)·up| >= t.
+    eng.start_profiling(thresholds=[0.05, 0.05], capture=True)
     eng.logits(ids)
     counts, _ = eng.profile_counts()
-    want = np.stack([(np.abs(np.maximum(g, 0)) >= 0.2).sum(axis=0) for g in gates])
-    assert np.abs(counts - want).max() <= 1  # ties at the threshold may round either way
+    hs = [a for _, a in eng.take_captured()]
+    want = np.stack([(np.abs(h) >= 0.05).sum(axis=0) for h in hs])
+    assert np.array_equal(counts, want)
+    assert 0 < counts.sum() < np.stack(hs).size
     eng.stop_profiling()

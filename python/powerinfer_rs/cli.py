@@ -28,6 +28,21 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ctx", type=int, default=None, help="context size in tokens (default: min(4096, model's))"
     )
+    p.add_argument(
+        "--sparsity",
+        choices=["dense", "exact-relu", "threshold", "predictor"],
+        default="dense",
+        help="FFN sparsity: dense (exact), exact-relu (ReLU models, same function), threshold "
+        "(needs --thresholds), predictor (needs --predictors)",
+    )
+    p.add_argument(
+        "--thresholds", default=None, help="threshold file from python -m powerinfer_rs.calibrate"
+    )
+    p.add_argument(
+        "--predictors",
+        default=None,
+        help="predictor file from python -m powerinfer_rs.train_predictors",
+    )
 
 
 def _sampling(p: argparse.ArgumentParser) -> None:
@@ -61,7 +76,14 @@ def _gen_kwargs(a: argparse.Namespace) -> dict:
 def _load(a: argparse.Namespace):
     from .engine import Engine
 
-    return Engine.from_pretrained(a.model, threads=a.threads, n_ctx=a.ctx)
+    return Engine.from_pretrained(
+        a.model,
+        threads=a.threads,
+        n_ctx=a.ctx,
+        sparsity=a.sparsity,
+        thresholds=a.thresholds,
+        predictors=a.predictors,
+    )
 
 
 def _print_stats(engine, out=sys.stderr) -> None:

@@ -24,6 +24,9 @@ pub enum Error {
     /// A plan or neuron table that does not fit the model it is used with.
     #[error("plan mismatch: {0}")]
     Plan(String),
+    /// A CUDA driver, NVRTC or kernel launch error, or no GPU where one was asked for.
+    #[error("CUDA error: {0}")]
+    Cuda(String),
     /// The caller asked to stop (Ctrl-C) between two chunks of work.
     #[error("interrupted")]
     Interrupted,

@@ -6,7 +6,9 @@
 //! every mode computes the same function whether tokens come one by one or in a batch.
 
 use powerinfer_core::{Activation, Result, Weight};
-use powerinfer_cpu::{ffn_gate_up_down_sparse, ffn_up_down_sparse, matmul, matvec, matvec_many};
+use powerinfer_cpu::{
+    axpy_rows, ffn_gate_up_down_sparse, ffn_up_down_sparse, matmul, matvec, matvec_many,
+};
 use rayon::prelude::*;
 
 use crate::profiler::Profiler;
@@ -100,23 +102,34 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
     let act = m.config.activation;
     let down_t = &m.down_t()?[call.layer];
     match call.mode {
-        Sparsity::ExactRelu | Sparsity::Threshold(_) => {
+        Sparsity::ExactRelu => {
             s.gate.resize(lw.w_gate.rows, 0.0);
             matvec(&lw.w_gate, call.xn, &mut s.gate)?;
-            let t = match call.mode {
-                Sparsity::Threshold(t) => Some(t[call.layer]),
-                _ => None,
-            };
             s.idx.clear();
             s.vals.clear();
             for (i, &g) in s.gate.iter().enumerate() {
                 let a = act.apply(g);
-                if crate::sparsity::is_active(a, t) {
+                if a != 0.0 {
                     s.idx.push(i as u32);
                     s.vals.push(a);
                 }
             }
             ffn_up_down_sparse(&lw.w_up, down_t, call.xn, &s.idx, &s.vals, out)
+        }
+        Sparsity::Threshold(t) => {
+            let t = t[call.layer];
+            project_many([&lw.w_gate, &lw.w_up], call.xn, 1, [&mut s.gate, &mut s.up])?;
+            s.idx.clear();
+            s.vals.clear();
+            for (i, (&g, &u)) in s.gate.iter().zip(&s.up).enumerate() {
+                let h = act.apply(g) * u;
+                if h.abs() >= t {
+                    s.idx.push(i as u32);
+                    s.vals.push(h);
+                }
+            }
+            out.fill(0.0);
+            axpy_rows(down_t, &s.idx, &s.vals, out)
         }
         Sparsity::Predictor { layers, input } => {
             let input = match input {
@@ -143,14 +156,16 @@ fn batched(
     project_many([&lw.w_gate, &lw.w_up], call.xn, n, [&mut s.gate, &mut s.up])?;
     let act: Activation = m.config.activation;
     apply_activation(act, &mut s.gate);
+    par_rows(&mut s.gate, &s.up, |a, u| *a *= u);
+    // s.gate now holds h = act(gate)·up; the mode zeroes the neurons it skips.
     match call.mode {
         Sparsity::Dense | Sparsity::ExactRelu => {}
         Sparsity::Threshold(t) => {
             let t = t[call.layer];
             s.gate
                 .iter_mut()
-                .filter(|a| a.abs() < t)
-                .for_each(|a| *a = 0.0);
+                .filter(|h| h.abs() < t)
+                .for_each(|h| *h = 0.0);
         }
         Sparsity::Predictor { layers, input } => {
             let dim = m.config.dim;
@@ -158,25 +173,22 @@ fn batched(
                 PredictorInput::FfnNorm => call.xn,
                 PredictorInput::FfnInp => call.x_res,
             };
+            let mut keep = vec![false; ffn];
             for (t, row) in s.gate.chunks_exact_mut(ffn).enumerate() {
-                let keep = predicted_active(
-                    &layers[call.layer],
-                    &source[t * dim..(t + 1) * dim],
-                    &mut s.logits,
-                )?;
-                let mut mask = vec![false; ffn];
-                keep.iter().for_each(|&i| mask[i as usize] = true);
+                let x = &source[t * dim..(t + 1) * dim];
+                let active = predicted_active(&layers[call.layer], x, &mut s.logits)?;
+                keep.fill(false);
+                active.iter().for_each(|&i| keep[i as usize] = true);
                 row.iter_mut()
-                    .zip(&mask)
+                    .zip(&keep)
                     .filter(|(_, k)| !**k)
-                    .for_each(|(a, _)| *a = 0.0);
+                    .for_each(|(h, _)| *h = 0.0);
             }
         }
     }
     if let Some(p) = profiler {
         p.record(call.layer, call.xn, &s.gate, ffn);
     }
-    par_rows(&mut s.gate, &s.up, |a, u| *a *= u);
     project(&lw.w_down, &s.gate, n, out)
 }
 

@@ -4,7 +4,8 @@
 use crate::sparsity::is_active;
 
 /// Rows captured for one layer since the last take: FFN inputs (after the FFN norm) and the
-/// activated gate values, both row-major, one row per token.
+/// neurons' values h = act(gate)·up (what the down projection multiplies), both row-major, one
+/// row per token.
 #[derive(Clone, Debug, Default)]
 pub struct Captured {
     pub x: Vec<f32>,
@@ -18,7 +19,7 @@ pub struct Profiler {
     pub counts: Vec<Vec<u64>>,
     /// Tokens counted.
     pub tokens: u64,
-    /// Threshold semantics per layer (|act| >= t); `None` = ReLU semantics (act > 0).
+    /// Threshold semantics per layer (|h| >= t); `None` = ReLU semantics (h != 0).
     pub thresholds: Option<Vec<f32>>,
     /// Keep the rows for predictor training.
     pub capture: bool,
@@ -42,8 +43,8 @@ impl Profiler {
         }
     }
 
-    /// Count the active neurons of `n` rows of activations `act` (n × ffn) in `layer`, and keep
-    /// the rows when capturing.
+    /// Count the active neurons of `n` rows of neuron values `act` (n × ffn) in `layer`, and
+    /// keep the rows when capturing.
     pub fn record(&mut self, layer: usize, x: &[f32], act: &[f32], ffn: usize) {
         let t = self.thresholds.as_ref().map(|t| t[layer]);
         let counts = &mut self.counts[layer];
@@ -73,7 +74,7 @@ mod tests {
     fn counts_follow_the_semantics() {
         let mut relu = Profiler::new(1, 3, None, true);
         relu.record(0, &[1.0, 2.0], &[0.0, 0.5, -1.0, 2.0, 0.0, 0.1], 3);
-        assert_eq!(relu.counts[0], vec![1, 1, 1]);
+        assert_eq!(relu.counts[0], vec![1, 1, 2]);
         let mut thr = Profiler::new(1, 3, Some(vec![0.5]), false);
         thr.record(0, &[], &[0.0, 0.5, -1.0, 2.0, 0.0, 0.1], 3);
         assert_eq!(thr.counts[0], vec![1, 1, 1]);

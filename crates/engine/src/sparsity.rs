@@ -31,7 +31,9 @@ pub enum Sparsity {
     Dense,
     /// Compute the gate fully, skip up/down rows whose ReLU output is 0 (ReLU models only).
     ExactRelu,
-    /// Compute the gate fully, skip neurons with |act(gate)| below the layer's threshold.
+    /// Compute gate and up fully, skip the down rows of neurons whose contribution
+    /// |act(gate)·up| is below the layer's threshold. (Thresholding |act(gate)| alone, CATS
+    /// style, cost SmolLM2-135M +26% perplexity at 50% sparsity against +2% for this rule.)
     Threshold(Vec<f32>),
     /// A predictor per layer picks the active set before any FFN row is read.
     Predictor {
@@ -102,13 +104,13 @@ impl Sparsity {
     }
 }
 
-/// Whether a neuron whose activated gate value is `a` counts as active, in ReLU semantics
-/// (`threshold` None: a > 0) or threshold semantics (|a| >= threshold).
+/// Whether a neuron whose FFN value (act(gate)·up, or act(gate)) is `h` counts as active, in
+/// ReLU semantics (`threshold` None: h != 0) or threshold semantics (|h| >= threshold).
 #[inline]
-pub fn is_active(a: f32, threshold: Option<f32>) -> bool {
+pub fn is_active(h: f32, threshold: Option<f32>) -> bool {
     match threshold {
-        None => a > 0.0,
-        Some(t) => a.abs() >= t,
+        None => h != 0.0,
+        Some(t) => h.abs() >= t,
     }
 }
 

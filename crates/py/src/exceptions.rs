@@ -18,6 +18,7 @@ fn class_name(err: &Error) -> &'static str {
         Error::Token(_) => "TokenError",
         Error::ContextOverflow(_) => "ContextOverflowError",
         Error::Plan(_) => "PlanError",
+        Error::Cuda(_) => "CudaError",
         Error::Interrupted | Error::Other(_) => "InternalError",
     }
 }

@@ -3,6 +3,7 @@
 //! panic) becomes a `powerinfer_rs.errors.PowerInferError` subclass.
 
 mod convert;
+mod cuda;
 mod exceptions;
 mod model;
 mod session;
@@ -40,6 +41,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<session::PySession>()?;
     m.add_function(wrap_pyfunction!(simd_level, m)?)?;
     m.add_function(wrap_pyfunction!(measure_read_bandwidth, m)?)?;
+    cuda::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -173,10 +173,10 @@ class ValueSampler:
 
 
 def active_mask(act: np.ndarray, threshold: float | None) -> np.ndarray:
-    """The active mask of activations ``act``: ``act > 0`` without a threshold (ReLU
-    semantics), ``|act| >= threshold`` with one -- the engine's own rule."""
+    """The active mask of captured neuron values ``act`` (h = act(gate)·up): ``h != 0``
+    without a threshold (ReLU semantics), ``|h| >= threshold`` with one -- the engine's rule."""
     if threshold is None:
-        return act > 0
+        return act != 0
     return np.abs(act) >= np.float32(threshold)
 
 

@@ -199,15 +199,14 @@ def read_text_file(path: str | os.PathLike[str]) -> str:
 
 
 def _dir_files(d: Path) -> list[Path]:
-    if (d / "index.html").is_file() or any(x.is_dir() and (x / "index.html").is_file()
-                                            for x in d.iterdir()):
+    if (d / "index.html").is_file() or any(
+        x.is_dir() and (x / "index.html").is_file() for x in d.iterdir()
+    ):
         found = html_files(d)
         if found:
             return found
     return sorted(
-        p
-        for p in d.rglob("*")
-        if p.is_file() and p.suffix.lower() in HTML_SUFFIXES + TEXT_SUFFIXES
+        p for p in d.rglob("*") if p.is_file() and p.suffix.lower() in HTML_SUFFIXES + TEXT_SUFFIXES
     )
 
 

@@ -6,7 +6,7 @@ use powerinfer_core::DType;
 
 /// Rows accumulated together by one kernel call (y is read and written once per group).
 #[cfg(target_arch = "x86_64")]
-pub(super) const GROUP: usize = super::avx2_axpy::GROUP;
+pub(super) const GROUP: usize = super::avx2_rows::GROUP;
 /// Rows accumulated together by one kernel call (y is read and written once per group).
 #[cfg(not(target_arch = "x86_64"))]
 pub(super) const GROUP: usize = 4;
@@ -17,7 +17,7 @@ pub(super) fn axpy_group(level: Level, dtype: DType, rows: &[&[u8]], a: &[f32], 
     debug_assert!(rows.len() == a.len() && rows.len() <= GROUP);
     match level {
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => super::avx2_axpy::axpy_group(dtype, rows, a, y),
+        Level::Avx2 => super::avx2_rows::axpy_group(dtype, rows, a, y),
         Level::Scalar => {
             for (row, &ai) in rows.iter().zip(a) {
                 axpy_row_scalar(dtype, row, ai, y);
@@ -26,12 +26,33 @@ pub(super) fn axpy_group(level: Level, dtype: DType, rows: &[&[u8]], a: &[f32], 
     }
 }
 
+/// out[i] = dot(rows[i], x) for a group of rows on AVX2 (f32 x); `false` (nothing done) on
+/// other levels, or for quantized rows when `quant` is false.
+#[inline]
+pub(super) fn dot_group(
+    level: Level,
+    dtype: DType,
+    rows: &[&[u8]],
+    x: &[f32],
+    out: &mut [f32],
+    quant: bool,
+) -> bool {
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        Level::Avx2 if quant || !dtype.is_quantized() => {
+            super::avx2_rows::dot_group(dtype, rows, x, out);
+            true
+        }
+        _ => false,
+    }
+}
+
 /// Hint the cache to fetch the first `bytes` bytes of a row about to be read.
 #[inline]
 pub(super) fn prefetch(level: Level, p: *const u8, bytes: usize) {
     match level {
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => super::avx2_axpy::prefetch(p, bytes),
+        Level::Avx2 => super::avx2_rows::prefetch(p, bytes),
         Level::Scalar => {}
     }
 }

@@ -14,7 +14,7 @@
 //! [`reference`] follow the same rule.
 
 #[cfg(target_arch = "x86_64")]
-mod avx2_axpy;
+mod avx2_rows;
 mod axpy;
 pub mod reference;
 #[cfg(test)]
@@ -110,12 +110,25 @@ pub(crate) fn matvec_rows_at(
         return Ok(());
     }
     let dot = Dot::new(level, x, w.dtype.is_quantized());
+    let (pd, pb) = knobs();
     let run = |(ic, yc): (&[u32], &mut [f32])| {
-        for (k, (&i, out)) in ic.iter().zip(yc.iter_mut()).enumerate() {
-            if let Some(&next) = ic.get(k + 1) {
-                axpy::prefetch(level, rows.ptr(next), rows.bytes);
+        let mut batch = [&[][..]; axpy::GROUP];
+        for (g, (ig, yg)) in ic
+            .chunks(axpy::GROUP)
+            .zip(yc.chunks_mut(axpy::GROUP))
+            .enumerate()
+        {
+            for &next in ic
+                .iter()
+                .skip((g + pd) * axpy::GROUP)
+                .take(axpy::GROUP * (pd > 0) as usize)
+            {
+                axpy::prefetch(level, rows.ptr(next), rows.bytes.min(pb));
             }
-            *out = dot.row(w.dtype, rows.get(i));
+            for (b, &i) in batch.iter_mut().zip(ig) {
+                *b = rows.get(i);
+            }
+            dot.group(w.dtype, &batch[..ig.len()], yg);
         }
     };
     let per = chunk_len(idx.len(), rows.bytes, MATVEC_TASKS_PER_THREAD);
@@ -190,21 +203,22 @@ pub(crate) fn ffn_up_down_at(
         return Ok(());
     }
     let dot = Dot::new(level, x, up.dtype.is_quantized());
+    let (pd, pb) = knobs();
     accumulate(idx.len(), ups.bytes + downs.bytes, y, |range, part| {
         let mut group = Group::new(level, down_t.dtype);
-        for k in range.clone() {
-            if g[k] == 0.0 {
-                continue;
+        let mut batch = Batch::default();
+        for k in range.filter(|&k| g[k] != 0.0) {
+            if pd > 0 {
+                if let Some(&next) = idx.get(k + pd * axpy::GROUP) {
+                    axpy::prefetch(level, ups.ptr(next), ups.bytes.min(pb));
+                }
             }
-            if let Some(&next) = idx[range.clone()].get(k + 1 - range.start) {
-                axpy::prefetch(level, ups.ptr(next), ups.bytes);
-            }
-            let h = g[k] * dot.row(up.dtype, ups.get(idx[k]));
-            if h != 0.0 {
-                axpy::prefetch(level, downs.ptr(idx[k]), downs.bytes);
-                group.push(downs.get(idx[k]), h, part);
+            batch.push(idx[k], g[k]);
+            if batch.n == axpy::GROUP {
+                batch.run(&dot, &ups, up.dtype, &downs, &mut group, part);
             }
         }
+        batch.run(&dot, &ups, up.dtype, &downs, &mut group, part);
         group.flush(part);
     });
     Ok(())
@@ -235,22 +249,25 @@ pub(crate) fn ffn_gate_up_down_at(
     let bytes = gates.bytes + ups.bytes + downs.bytes;
     accumulate(idx.len(), bytes, y, |range, part| {
         let mut group = Group::new(level, down_t.dtype);
-        for k in range.clone() {
-            let i = idx[k];
-            if let Some(&next) = idx[range.clone()].get(k + 1 - range.start) {
-                axpy::prefetch(level, gates.ptr(next), gates.bytes);
+        let mut batch = Batch::default();
+        for ks in idx[range].chunks(axpy::GROUP) {
+            let mut gk = [0f32; axpy::GROUP];
+            let mut gate_rows = [&[][..]; axpy::GROUP];
+            for (r, &i) in gate_rows.iter_mut().zip(ks) {
+                *r = gates.get(i);
             }
-            let gk = act.apply(dot.row(gate.dtype, gates.get(i)));
-            if gk == 0.0 {
-                continue;
-            }
-            axpy::prefetch(level, ups.ptr(i), ups.bytes);
-            let h = gk * dot.row(up.dtype, ups.get(i));
-            if h != 0.0 {
-                axpy::prefetch(level, downs.ptr(i), downs.bytes);
-                group.push(downs.get(i), h, part);
+            dot.group(gate.dtype, &gate_rows[..ks.len()], &mut gk[..ks.len()]);
+            for (&i, &gi) in ks.iter().zip(&gk) {
+                let a = act.apply(gi);
+                if a != 0.0 {
+                    batch.push(i, a);
+                    if batch.n == axpy::GROUP {
+                        batch.run(&dot, &ups, up.dtype, &downs, &mut group, part);
+                    }
+                }
             }
         }
+        batch.run(&dot, &ups, up.dtype, &downs, &mut group, part);
         group.flush(part);
     });
     Ok(())
@@ -338,6 +355,17 @@ impl<'a> Dot<'a> {
         }
     }
 
+    /// out[i] = dot(rows[i], x) for up to [`axpy::GROUP`] rows of `dtype`.
+    #[inline]
+    fn group(&self, dtype: DType, rows: &[&[u8]], out: &mut [f32]) {
+        let quant = variant() == 1;
+        if !axpy::dot_group(self.level, dtype, rows, self.x, out, quant) {
+            for (o, row) in out.iter_mut().zip(rows) {
+                *o = self.row(dtype, row);
+            }
+        }
+    }
+
     /// dot(row, x) for one row of `dtype` holding `x.len()` weights.
     #[inline]
     fn row(&self, dtype: DType, row: &[u8]) -> f32 {
@@ -389,6 +417,52 @@ impl<'a> Group<'a> {
             let n = self.n;
             axpy::axpy_group(self.level, self.dtype, &self.rows[..n], &self.a[..n], y);
             self.n = 0;
+        }
+    }
+}
+
+/// Active neurons waiting for their up-row dot products, with their gate values.
+#[derive(Default)]
+struct Batch {
+    idx: [u32; axpy::GROUP],
+    g: [f32; axpy::GROUP],
+    n: usize,
+}
+
+impl Batch {
+    /// Queue neuron `i` with gate value `g` (room for it: callers run full batches).
+    #[inline]
+    fn push(&mut self, i: u32, g: f32) {
+        self.idx[self.n] = i;
+        self.g[self.n] = g;
+        self.n += 1;
+    }
+
+    /// h = g · dot(up row, x) for the queued neurons, then queue h · down row into `group`.
+    fn run<'a>(
+        &mut self,
+        dot: &Dot<'_>,
+        ups: &Rows<'_>,
+        up_dtype: DType,
+        downs: &Rows<'a>,
+        group: &mut Group<'a>,
+        y: &mut [f32],
+    ) {
+        let n = std::mem::take(&mut self.n);
+        if n == 0 {
+            return;
+        }
+        let mut rows = [&[][..]; axpy::GROUP];
+        for (r, &i) in rows.iter_mut().zip(&self.idx[..n]) {
+            *r = ups.get(i);
+        }
+        let mut u = [0f32; axpy::GROUP];
+        dot.group(up_dtype, &rows[..n], &mut u[..n]);
+        for ((&i, &g), &u) in self.idx[..n].iter().zip(&self.g[..n]).zip(&u[..n]) {
+            let h = g * u;
+            if h != 0.0 {
+                group.push(downs.get(i), h, y);
+            }
         }
     }
 }
@@ -459,4 +533,25 @@ fn reduce(y: &mut [f32], parts: &[f32]) {
     } else {
         y.chunks_mut(REDUCE_CHUNK).enumerate().for_each(add);
     }
+}
+
+/// TEMP experiment knobs: (prefetch distance in rows, prefetch bytes, variant).
+static KNOBS: [std::sync::atomic::AtomicUsize; 3] = [
+    std::sync::atomic::AtomicUsize::new(1),
+    std::sync::atomic::AtomicUsize::new(usize::MAX),
+    std::sync::atomic::AtomicUsize::new(0),
+];
+pub(crate) fn knobs() -> (usize, usize) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (KNOBS[0].load(Relaxed), KNOBS[1].load(Relaxed))
+}
+pub(crate) fn variant() -> usize {
+    KNOBS[2].load(std::sync::atomic::Ordering::Relaxed)
+}
+#[doc(hidden)]
+pub fn set_knobs(pd: usize, pb: usize, v: usize) {
+    use std::sync::atomic::Ordering::Relaxed;
+    KNOBS[0].store(pd, Relaxed);
+    KNOBS[1].store(pb, Relaxed);
+    KNOBS[2].store(v, Relaxed);
 }

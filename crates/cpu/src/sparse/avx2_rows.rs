@@ -1,7 +1,9 @@
-//! AVX2 + FMA + F16C row accumulation: y += Σ_i a_i · row_i over a few scattered rows at once
-//! (y is loaded and stored once per group of rows, not once per row), decoding each format on the
-//! fly: F16 with `vcvtph2ps`, BF16 by a 16-bit shift, Q8_0/Q4_0/Q4_1 one 32-weight block at a
-//! time. Reached only through [`super::axpy`] once AVX2/FMA/F16C have been detected.
+//! AVX2 + FMA + F16C kernels over a few scattered rows at once. Row accumulation
+//! y += Σ_i a_i · row_i (y is loaded and stored once per group of rows, not once per row),
+//! decoding each format on the fly: F16 with `vcvtph2ps`, BF16 by a 16-bit shift, Q8_0/Q4_0/Q4_1
+//! one 32-weight block at a time. Dot products of a group of float-format rows with one x (every
+//! x vector feeds all rows, and the rows stream from memory side by side). Reached only through
+//! [`super::axpy`] once AVX2/FMA/F16C have been detected.
 
 use powerinfer_core::DType;
 use std::arch::x86_64::*;
@@ -41,6 +43,41 @@ pub(super) fn axpy_group(dtype: DType, rows: &[&[u8]], a: &[f32], y: &mut [f32])
         DType::Q8_0 => run!(quant_axpy, Q8_0),
         DType::Q4_0 => run!(quant_axpy, Q4_0),
         DType::Q4_1 => run!(quant_axpy, Q4_1),
+    }
+}
+
+/// out[i] = dot(rows[i], x) for the `n <= GROUP` rows `rows[..n]`, each holding `x.len()` weights
+/// of `dtype` (sizes checked by the caller).
+pub(super) fn dot_group(dtype: DType, rows: &[&[u8]], x: &[f32], out: &mut [f32]) {
+    debug_assert_eq!(crate::simd::detect(), crate::simd::Level::Avx2);
+    let want = dtype.row_bytes(x.len()).unwrap_or(usize::MAX);
+    assert!(rows.len() == out.len() && rows.len() <= GROUP && rows.iter().all(|r| r.len() >= want));
+    let mut p = [std::ptr::null::<u8>(); GROUP];
+    for (pi, r) in p.iter_mut().zip(rows) {
+        *pi = r.as_ptr();
+    }
+    macro_rules! run {
+        ($f:ident, $fmt:ty) => {
+            // SAFETY: features detected (the dispatcher's contract, checked in debug builds);
+            // the assert above keeps every row's x.len() weights readable.
+            unsafe {
+                match rows.len() {
+                    4 => $f::<$fmt, 4>(&p, x, out),
+                    3 => $f::<$fmt, 3>(&p, x, out),
+                    2 => $f::<$fmt, 2>(&p, x, out),
+                    1 => $f::<$fmt, 1>(&p, x, out),
+                    _ => {}
+                }
+            }
+        };
+    }
+    match dtype {
+        DType::F32 => run!(float_dot, F32),
+        DType::F16 => run!(float_dot, F16),
+        DType::BF16 => run!(float_dot, Bf16),
+        DType::Q8_0 => run!(quant_dot, Q8_0),
+        DType::Q4_0 => run!(quant_dot, Q4_0),
+        DType::Q4_1 => run!(quant_dot, Q4_1),
     }
 }
 
@@ -165,6 +202,59 @@ unsafe fn float_axpy<F: Float, const R: usize>(p: &[*const u8; GROUP], a: &[f32]
             *yk = a[i].mul_add(unsafe { F::load1(p[i].add(k * F::BYTES)) }, *yk);
         }
     }
+}
+
+/// out[i] = dot(row i, x) for `R` float-format rows, two accumulators per row.
+///
+/// # Safety
+/// `x.len()` values readable at each `p[i]`, `out.len() >= R`; the CPU has AVX2/FMA/F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn float_dot<F: Float, const R: usize>(p: &[*const u8; GROUP], x: &[f32], out: &mut [f32]) {
+    let n = x.len();
+    let xp = x.as_ptr();
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    let mut c = 0;
+    while c + 16 <= n {
+        // SAFETY: c + 16 <= n: x[c..c+16] and values c..c+16 of every row are in bounds.
+        unsafe {
+            let x0 = _mm256_loadu_ps(xp.add(c));
+            let x1 = _mm256_loadu_ps(xp.add(c + 8));
+            for (i, a) in acc.iter_mut().enumerate() {
+                let w = p[i].add(c * F::BYTES);
+                a[0] = _mm256_fmadd_ps(F::load8(w), x0, a[0]);
+                a[1] = _mm256_fmadd_ps(F::load8(w.add(8 * F::BYTES)), x1, a[1]);
+            }
+        }
+        c += 16;
+    }
+    if c + 8 <= n {
+        // SAFETY: as above for 8 values.
+        unsafe {
+            let x0 = _mm256_loadu_ps(xp.add(c));
+            for (i, a) in acc.iter_mut().enumerate() {
+                a[0] = _mm256_fmadd_ps(F::load8(p[i].add(c * F::BYTES)), x0, a[0]);
+            }
+        }
+        c += 8;
+    }
+    for (i, (a, o)) in acc.iter().zip(out.iter_mut()).enumerate() {
+        let mut sum = hsum(_mm256_add_ps(a[0], a[1]));
+        for (k, &xk) in x.iter().enumerate().skip(c) {
+            // SAFETY: value k < n of row i is readable.
+            sum += unsafe { F::load1(p[i].add(k * F::BYTES)) } * xk;
+        }
+        *o = sum;
+    }
+}
+
+/// Sum of the eight lanes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
 }
 
 /// A format of 32-weight blocks: w = d·q + offset.
@@ -295,5 +385,39 @@ unsafe fn quant_axpy<Q: Quant, const R: usize>(p: &[*const u8; GROUP], a: &[f32]
                 _mm256_storeu_ps(yb.add(8 * k), v);
             }
         }
+    }
+}
+
+/// out[i] = dot(row i, x) for `R` quantized rows (`x.len()` a multiple of 32), with f32 x: per
+/// block Σq·x in f32, scaled by d, plus m·Σx where blocks store a min.
+///
+/// # Safety
+/// `x.len() / 32` blocks readable at each `p[i]`, `out.len() >= R`; the CPU has AVX2/FMA/F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quant_dot<Q: Quant, const R: usize>(p: &[*const u8; GROUP], x: &[f32], out: &mut [f32]) {
+    let xp = x.as_ptr();
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut acc_m = [_mm256_setzero_ps(); R];
+    for b in 0..x.len() / 32 {
+        // SAFETY: x[32b..32b+32] and block b of every row are in bounds per the caller.
+        unsafe {
+            let xv = [0, 8, 16, 24].map(|k| _mm256_loadu_ps(xp.add(32 * b + k)));
+            let xs = _mm256_add_ps(_mm256_add_ps(xv[0], xv[1]), _mm256_add_ps(xv[2], xv[3]));
+            for i in 0..R {
+                let (d, m, q) = Q::block(p[i].add(b * Q::BLOCK_BYTES));
+                let mut t = _mm256_mul_ps(q[0], xv[0]);
+                t = _mm256_fmadd_ps(q[1], xv[1], t);
+                t = _mm256_fmadd_ps(q[2], xv[2], t);
+                t = _mm256_fmadd_ps(q[3], xv[3], t);
+                acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d), t, acc[i]);
+                if Q::HAS_MIN {
+                    acc_m[i] = _mm256_fmadd_ps(_mm256_set1_ps(m), xs, acc_m[i]);
+                }
+            }
+        }
+    }
+    for i in 0..R {
+        out[i] = hsum(_mm256_add_ps(acc[i], acc_m[i]));
     }
 }

@@ -1,0 +1,542 @@
+#!/usr/bin/env python3
+"""Decode speed of the FFN sparsity modes, dense vs exact-relu vs threshold (vs predictor),
+measured side by side in one run.
+
+(a) A synthetic ReLU llama (default dim 2048, ffn 5504, 8 layers, vocab 32000, ~10 % of FFN
+    neurons active, planted power law; F16 and Q4_0; written once into --cache by
+    ``powerinfer_rs.synth.write_gguf_model``). Every figure from it is labelled "synthetic".
+    Printed: tokens/s per mode, the measured speed-up of exact-relu over dense, and the ideal
+    speed-up = dense weight bytes per token / exact-relu weight bytes per token, where
+    exact-relu reads all of attention, the gate and the output head but only the active rows
+    of up and down_t (the active fraction per layer comes from a profile run over the same
+    decode); achieved bandwidth = the mode's bytes per token x tokens/s, set against the read
+    bandwidth ``_core.measure_read_bandwidth`` measures in the same run with the same threads.
+    Threshold mode runs on thresholds calibrated in-process (random token ids, synthetic) to
+    --synthetic-threshold sparsity; predictor mode with --predictors P (a file made for this
+    synthetic model) or --train-predictors (profile + train in-process; slow at full size).
+(b) SmolLM2-135M (real, SiLU): threshold mode at 30/50/70 % FFN sparsity, thresholds
+    calibrated in-process on held-out prose (python3.11-doc, see corpus.py), perplexity dense
+    vs threshold on the next, unseen part of that prose, and decode tokens/s ratio vs dense.
+
+Every mode of one model runs on one Engine (``set_sparsity`` between runs), warmed up, then
+the modes decode alternately (rotating order) --repeats times each; tables show medians.
+Decode time = the engine's own ``last_stats.decode_seconds`` (single-token steps after the
+prompt, greedy sampling in Python included).
+
+Examples::
+
+    python benchmarks/bench_sparse.py --threads 2 --json /tmp/sparse.json
+    python benchmarks/bench_sparse.py --only synthetic --dtypes q4_0 --tokens 64
+    python benchmarks/bench_sparse.py --only smol --calib-tokens 4096 --ppl-tokens 2048
+    python benchmarks/bench_sparse.py --shape 512,1376,2,4096 --tokens 8 --repeats 1  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_common import default_model, import_powerinfer, machine_info, median  # noqa: E402
+
+DEFAULT_PROMPT = (
+    "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg"
+)
+DEFAULT_SHAPE = (2048, 5504, 8, 32000)
+
+
+def _pi():
+    pi, why = import_powerinfer()
+    if pi is None:
+        raise SystemExit(f"powerinfer_rs is not importable: {why}")
+    return pi
+
+
+# ---------------------------------------------------------------------------------------------
+# models and byte accounting
+
+
+def synthetic_relu_model(dtype: str, shape: tuple[int, int, int, int], cache: Path, seed: int):
+    """Create (once) and return the synthetic ReLU GGUF of ``dtype``."""
+    _pi()
+    from powerinfer_rs.synth import write_gguf_model
+
+    dim, ffn, layers, vocab = shape
+    heads = max(1, dim // 128)
+    name = (
+        f"synthetic-llama-{dtype.lower()}-ctx4096-d{dim}-f{ffn}-l{layers}-h{heads}-kv{heads}"
+        f"-v{vocab}-relu-s{seed}.gguf"
+    )
+    path = cache / name
+    if path.is_file():
+        return path
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".gguf.part")
+    print(f"writing synthetic model {path} ...", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    write_gguf_model(
+        str(tmp),
+        dim=dim,
+        ffn=ffn,
+        layers=layers,
+        heads=heads,
+        kv_heads=heads,
+        vocab=vocab,
+        dtype=dtype.upper(),
+        activation="relu",
+        seed=seed,
+        max_context=4096,
+    )
+    os.replace(tmp, path)
+    print(f"  done in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return path
+
+
+def ffn_bytes(engine) -> list[dict[str, int]]:
+    """Per layer, bytes of ffn_gate / ffn_up / ffn_down as loaded."""
+    t = engine.loaded.tensors
+    return [
+        {k: int(t[f"blk.{i}.ffn_{k}"].data.nbytes) for k in ("gate", "up", "down")}
+        for i in range(engine.config.n_layers)
+    ]
+
+
+def sparse_bytes_per_token(
+    dense: int, layers: list[dict[str, int]], active: list[float], *, gate_sparse: bool = False
+) -> float:
+    """Weight bytes per token of a mode that reads the gate in full (exact-relu, threshold;
+    or only the active rows of it with ``gate_sparse``: predictor) and only the active rows of
+    up and down_t (down_t holds the same bytes as down)."""
+    skip = 0.0
+    for lb, a in zip(layers, active):
+        rows = lb["up"] + lb["down"] + (lb["gate"] if gate_sparse else 0)
+        skip += (1.0 - a) * rows
+    return dense - skip
+
+
+# ---------------------------------------------------------------------------------------------
+# measurement
+
+
+def decode_once(engine, prompt_ids: list[int], n: int) -> float:
+    """tokens/s of ``n`` greedy single-token decode steps after ``prompt_ids``."""
+    engine.reset()
+    engine.generate(list(prompt_ids), max_new_tokens=n + 1, temperature=0.0, ignore_eos=True)
+    st = engine.last_stats
+    return st.decode_tokens / max(st.decode_seconds, 1e-9)
+
+
+def race(engine, modes: dict[str, dict], prompt_ids, n, repeats, warmup) -> dict[str, list]:
+    """Decode tokens/s of every mode, alternating; ``modes`` maps a label to set_sparsity
+    arguments ({"mode": ..., **kwargs})."""
+    order = list(modes)
+    for label in order:
+        kw = dict(modes[label])
+        engine.set_sparsity(kw.pop("mode"), **kw)
+        for _ in range(warmup):
+            decode_once(engine, prompt_ids, min(n, 16))
+    samples: dict[str, list] = {k: [] for k in order}
+    for r in range(repeats):
+        rot = order[r % len(order) :] + order[: r % len(order)]
+        for label in rot if r % 2 == 0 else rot[::-1]:
+            kw = dict(modes[label])
+            engine.set_sparsity(kw.pop("mode"), **kw)
+            samples[label].append(decode_once(engine, prompt_ids, n))
+    engine.set_sparsity("dense")
+    return samples
+
+
+def decode_activity(engine, prompt_ids, n, thresholds=None) -> list[float]:
+    """Per-layer active fraction over the prompt and a greedy dense decode of ``n`` tokens
+    (engine's profiler; ReLU semantics, or |act| >= t with ``thresholds``)."""
+    engine.set_sparsity("dense")
+    engine.reset()
+    engine.start_profiling(thresholds=thresholds)
+    try:
+        engine.generate(list(prompt_ids), max_new_tokens=n + 1, temperature=0.0, ignore_eos=True)
+        counts, tokens = engine.profile_counts()
+    finally:
+        engine.stop_profiling()
+    return list(np.asarray(counts, np.float64).sum(1) / max(1, tokens * engine.config.ffn_dim))
+
+
+def bandwidth(threads: int, nbytes: int, iters: int) -> float:
+    from powerinfer_rs import _core
+
+    return float(_core.measure_read_bandwidth(nbytes, iters, threads))
+
+
+# ---------------------------------------------------------------------------------------------
+# (a) synthetic ReLU
+
+
+def bench_synthetic(args, dtype: str) -> dict[str, Any]:
+    pi = _pi()
+    from powerinfer_rs.calibrate import calibrate_thresholds
+    from powerinfer_rs.evaluate import predictor_quality
+
+    path = synthetic_relu_model(dtype, args.shape, Path(args.cache), args.seed)
+    eng = pi.Engine.from_pretrained(str(path), threads=args.threads, n_ctx=args.n_ctx)
+    rng = np.random.default_rng(0)
+    vocab = eng.config.vocab_size
+    prompt = [int(i) for i in rng.integers(3, vocab, 16)]
+    calib = [int(i) for i in rng.integers(3, vocab, args.synthetic_calib_tokens)]
+    dense_b = int(eng.bytes_per_token)
+    layers = ffn_bytes(eng)
+    rep: dict[str, Any] = {
+        "model": str(path),
+        "label": f"synthetic {dtype.upper()} ReLU llama dim/ffn/layers/vocab {args.shape}",
+        "synthetic": True,
+        "dense_bytes_per_token": dense_b,
+    }
+    print(f"\n== {rep['label']} (synthetic) ==", flush=True)
+
+    active = decode_activity(eng, prompt, args.tokens)
+    rep["active_fraction"] = float(np.mean(active))
+    relu_b = sparse_bytes_per_token(dense_b, layers, active)
+    thr, _ = calibrate_thresholds(
+        eng, calib, args.synthetic_threshold, window=256, progress=not args.quiet
+    )
+    thr_active = decode_activity(eng, prompt, args.tokens, thresholds=thr)
+    modes = {
+        "dense": {"mode": "dense"},
+        "exact-relu": {"mode": "exact-relu"},
+        "threshold": {"mode": "threshold", "thresholds": thr},
+    }
+    bpt = {
+        "dense": dense_b,
+        "exact-relu": relu_b,
+        "threshold": sparse_bytes_per_token(dense_b, layers, thr_active),
+    }
+    pset = load_or_train_predictors(args, eng, path, calib)
+    if pset is not None:
+        modes["predictor"] = {"mode": "predictor", "predictors": pset}
+        q = predictor_quality(eng, prompt + calib[: args.tokens], pset, progress=False)
+        pred_frac = [r["predicted_fraction"] for r in q]
+        pb = sum(4 * p.rank * (p.dim + p.ffn) for p in pset.layers.values())  # F32 in the engine
+        bpt["predictor"] = sparse_bytes_per_token(dense_b, layers, pred_frac, gate_sparse=True) + pb
+        rep["predictor"] = {
+            "recall": [r["recall"] for r in q],
+            "predicted_fraction": float(np.mean(pred_frac)),
+            "predictor_bytes_f32": pb,
+        }
+    bw = bandwidth(args.threads, args.bw_bytes, args.bw_iters)
+    samples = race(eng, modes, prompt, args.tokens, args.repeats, args.warmup)
+    bw2 = bandwidth(args.threads, args.bw_bytes, args.bw_iters)
+    rep["bandwidth_gbs"] = max(bw, bw2)
+    rep["modes"] = {}
+    for label, xs in samples.items():
+        tps = median(xs)
+        rep["modes"][label] = {
+            "tok_s": tps,
+            "samples": xs,
+            "bytes_per_token": bpt[label],
+            "achieved_gbs": bpt[label] * tps / 1e9,
+        }
+    d = rep["modes"]["dense"]["tok_s"]
+    rep["speedup_exact_relu"] = rep["modes"]["exact-relu"]["tok_s"] / d
+    rep["ideal_speedup_exact_relu"] = dense_b / relu_b
+    rep["speedup_share_of_ideal"] = rep["speedup_exact_relu"] / rep["ideal_speedup_exact_relu"]
+    if "predictor" in samples:
+        rep["speedup_predictor_over_exact_relu"] = (
+            rep["modes"]["predictor"]["tok_s"] / rep["modes"]["exact-relu"]["tok_s"]
+        )
+        rep["ideal_predictor_over_exact_relu"] = relu_b / bpt["predictor"]
+    eng = None
+    return rep
+
+
+def load_or_train_predictors(args, eng, path: Path, calib: list[int]):
+    if args.train_predictors:
+        import tempfile
+
+        from powerinfer_rs.loading import load_model
+        from powerinfer_rs.predictors import train_predictors
+        from powerinfer_rs.profile import profile_model
+
+        with tempfile.TemporaryDirectory() as d:
+            profile_model(
+                eng,
+                calib,
+                samples_to=d,
+                sample_metadata={
+                    "model_fingerprint": eng.loaded.fingerprint,
+                    "predictor_input": "ffn_norm",
+                },
+                progress=not args.quiet,
+            )
+            return train_predictors(
+                d, Path(d) / "p.safetensors", model=load_model(path), progress=not args.quiet
+            )
+    if args.predictors:
+        from powerinfer_rs.predictors import load_predictors
+
+        pset = load_predictors(args.predictors)
+        if pset.model_fingerprint and pset.model_fingerprint != eng.loaded.fingerprint:
+            print(f"note: {args.predictors} is for another model; no predictor mode here")
+            return None
+        return pset
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# (b) SmolLM2 threshold mode
+
+
+def bench_smol(args) -> dict[str, Any]:
+    pi = _pi()
+    from corpus import SOURCE_NAME, held_out_text
+
+    from powerinfer_rs.calibrate import calibrate_thresholds, held_out_cost
+
+    path = Path(args.model) if args.model else default_model()
+    eng = pi.Engine.from_pretrained(str(path), threads=args.threads, n_ctx=args.n_ctx)
+    need = args.calib_tokens + args.ppl_tokens
+    ids: list[int] = []
+    chars = 6 * need
+    while len(ids) < need:
+        ids = eng.tokenizer.encode(held_out_text(chars), add_bos=False)
+        chars *= 2
+    cal, held = ids[: args.calib_tokens], ids[args.calib_tokens : need]
+    dense_b = int(eng.bytes_per_token)
+    layers = ffn_bytes(eng)
+    prompt = eng.tokenizer.encode(args.prompt)
+    rep: dict[str, Any] = {
+        "model": str(path),
+        "label": f"{path.name} (real model, {eng.config.activation})",
+        "synthetic": False,
+        "text": SOURCE_NAME,
+        "calibration_tokens": len(cal),
+        "heldout_tokens": len(held),
+        "dense_bytes_per_token": dense_b,
+        "targets": {},
+    }
+    print(f"\n== {rep['label']}: threshold mode ==", flush=True)
+    modes: dict[str, dict] = {"dense": {"mode": "dense"}}
+    bpt = {"dense": dense_b}
+    ppl_dense = None
+    for s in args.sparsities:
+        thr, _ = calibrate_thresholds(eng, cal, s, window=args.window, progress=not args.quiet)
+        ho = held_out_cost(eng, held, thr, window=args.window, progress=not args.quiet)
+        ppl_dense = ho.ppl_dense
+        label = f"threshold@{s:.2f}"
+        modes[label] = {"mode": "threshold", "thresholds": thr}
+        act = [1.0 - x for x in ho.sparsity]
+        bpt[label] = sparse_bytes_per_token(dense_b, layers, act)
+        rep["targets"][label] = {
+            "target_sparsity": s,
+            "measured_sparsity": float(np.mean(ho.sparsity)),
+            "perplexity": ho.ppl_threshold,
+            "perplexity_change": ho.ppl_change,
+        }
+        print(
+            f"  {label}: held-out perplexity {ho.ppl_threshold:.3f} vs dense "
+            f"{ho.ppl_dense:.3f} ({100 * ho.ppl_change:+.2f}%), measured sparsity "
+            f"{np.mean(ho.sparsity):.3f}",
+            flush=True,
+        )
+    rep["perplexity_dense"] = ppl_dense
+    bw = bandwidth(args.threads, args.bw_bytes, args.bw_iters)
+    samples = race(eng, modes, prompt, args.tokens, args.repeats, args.warmup)
+    bw2 = bandwidth(args.threads, args.bw_bytes, args.bw_iters)
+    rep["bandwidth_gbs"] = max(bw, bw2)
+    rep["modes"] = {}
+    d = median(samples["dense"])
+    for label, xs in samples.items():
+        tps = median(xs)
+        rep["modes"][label] = {
+            "tok_s": tps,
+            "samples": xs,
+            "ratio_vs_dense": tps / d,
+            "bytes_per_token": bpt[label],
+            "ideal_ratio_vs_dense": dense_b / bpt[label],
+            "achieved_gbs": bpt[label] * tps / 1e9,
+        }
+    return rep
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+
+
+def print_report(rep: dict[str, Any]) -> None:
+    for r in rep["runs"]:
+        syn = " (synthetic)" if r["synthetic"] else ""
+        bw = r["bandwidth_gbs"]
+        print(f"\n{r['label']}{syn}; threads {rep['threads']}, {rep['tokens']} tokens/run, "
+              f"median of {rep['repeats']}; read bandwidth {bw:.2f} GB/s")  # fmt: skip
+        head = (
+            f"{'mode':>16} | {'tok/s':>8} | {'vs dense':>8} | {'MB/token':>8} | "
+            f"{'ideal vs dense':>14} | {'GB/s (%BW)':>13}"
+        )
+        extra = not r["synthetic"]
+        if extra:
+            head += f" | {'sparsity':>8} | {'ppl (vs dense)':>18}"
+        print(head)
+        print("-" * len(head))
+        d = r["modes"]["dense"]
+        for label, m in r["modes"].items():
+            line = (
+                f"{label:>16} | {m['tok_s']:>8.2f} | {m['tok_s'] / d['tok_s']:>8.3f} | "
+                f"{m['bytes_per_token'] / 1e6:>8.2f} | "
+                f"{d['bytes_per_token'] / m['bytes_per_token']:>14.3f} | "
+                f"{m['achieved_gbs']:>6.2f} ({100 * m['achieved_gbs'] / bw:>3.0f}%)"
+            )
+            if extra:
+                t = r["targets"].get(label)
+                if t is None:
+                    line += f" | {'0':>8} | {r['perplexity_dense']:>9.3f}         "
+                else:
+                    line += (
+                        f" | {t['measured_sparsity']:>8.3f} | {t['perplexity']:>9.3f} "
+                        f"({100 * t['perplexity_change']:+.2f}%)"
+                    )
+            print(line)
+        if r["synthetic"]:
+            print(
+                f"exact-relu speed-up over dense (synthetic): measured "
+                f"{r['speedup_exact_relu']:.3f}x, ideal {r['ideal_speedup_exact_relu']:.3f}x "
+                f"(= dense / exact-relu bytes per token; active fraction "
+                f"{r['active_fraction']:.3f}) -> {100 * r['speedup_share_of_ideal']:.0f}% of ideal"
+            )
+            if "speedup_predictor_over_exact_relu" in r:
+                print(
+                    f"predictor over exact-relu (synthetic): measured "
+                    f"{r['speedup_predictor_over_exact_relu']:.3f}x, ideal "
+                    f"{r['ideal_predictor_over_exact_relu']:.3f}x; mean recall "
+                    f"{np.mean(r['predictor']['recall']):.4f}"
+                )
+    print(
+        "\nMB/token: weight bytes a decoded token reads (sparse modes: gate in full, up and "
+        "down_t only on active rows,\nactive fraction from a profile of the same decode / the "
+        "held-out text). GB/s = MB/token x tok/s."
+    )
+
+
+def parse_list(kind):
+    def f(s: str):
+        try:
+            out = [kind(x) for x in s.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad list {s!r}") from None
+        if not out:
+            raise argparse.ArgumentTypeError("empty list")
+        return out
+
+    return f
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--only", choices=["synthetic", "smol"], help="run one part only (default both)"
+    )
+    ap.add_argument("--threads", type=int, default=2, help="engine threads (default 2)")
+    ap.add_argument("--tokens", type=int, default=64, help="tokens decoded per run (default 64)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed runs per mode (default 5)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed runs per mode first")
+    ap.add_argument("--n-ctx", type=int, default=1024, help="context size (default 1024)")
+    ap.add_argument(
+        "--dtypes",
+        type=parse_list(str.upper),
+        default=["F16", "Q4_0"],
+        help="synthetic model dtypes, comma-separated (default F16,Q4_0)",
+    )
+    ap.add_argument(
+        "--shape",
+        type=parse_list(int),
+        default=list(DEFAULT_SHAPE),
+        help="synthetic DIM,FFN,LAYERS,VOCAB (default 2048,5504,8,32000; heads = dim/128)",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights")
+    ap.add_argument(
+        "--cache",
+        default=os.environ.get(
+            "POWERINFER_RS_BENCH_CACHE", str(Path.home() / ".cache" / "powerinfer_rs" / "bench")
+        ),
+        help="where synthetic models are kept (default ~/.cache/powerinfer_rs/bench)",
+    )
+    ap.add_argument(
+        "--synthetic-threshold",
+        type=float,
+        default=0.9,
+        help="target sparsity of the synthetic model's threshold mode (default 0.9)",
+    )
+    ap.add_argument(
+        "--synthetic-calib-tokens",
+        type=int,
+        default=1024,
+        help="random token ids the synthetic thresholds (and --train-predictors) use",
+    )
+    ap.add_argument(
+        "--predictors",
+        help="predictor file for the synthetic model (adds predictor mode where its "
+        "fingerprint matches)",
+    )
+    ap.add_argument(
+        "--train-predictors",
+        action="store_true",
+        help="profile and train predictors for each synthetic model in-process (slow)",
+    )
+    ap.add_argument("--model", help="GGUF for part (b) (default: SmolLM2-135M-Instruct Q4_1)")
+    ap.add_argument(
+        "--sparsities",
+        type=parse_list(float),
+        default=[0.3, 0.5, 0.7],
+        help="threshold-mode target sparsities for part (b) (default 0.3,0.5,0.7)",
+    )
+    ap.add_argument(
+        "--calib-tokens", type=int, default=4096, help="(b) calibration tokens (default 4096)"
+    )
+    ap.add_argument(
+        "--ppl-tokens", type=int, default=2048, help="(b) held-out perplexity tokens (2048)"
+    )
+    ap.add_argument("--window", type=int, default=256, help="(b) window of calibration/ppl")
+    ap.add_argument("--prompt", default=DEFAULT_PROMPT, help="(b) prompt text")
+    ap.add_argument("--bw-bytes", type=int, default=512 << 20, help="bandwidth sweep buffer")
+    ap.add_argument("--bw-iters", type=int, default=5, help="bandwidth sweep passes")
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    ap.add_argument("--json", help="also write the results to this JSON file")
+    args = ap.parse_args(argv)
+    if len(args.shape) != 4:
+        ap.error("--shape takes DIM,FFN,LAYERS,VOCAB")
+    args.shape = tuple(args.shape)
+    if args.repeats < 1 or args.tokens < 1:
+        ap.error("--repeats and --tokens must be >= 1")
+
+    mi = machine_info()
+    print(f"machine: {mi.get('cpu', '?')}, {mi['cpus']} cpus, load {mi.get('loadavg')}")
+    runs = []
+    if args.only in (None, "synthetic"):
+        for dt in args.dtypes:
+            runs.append(bench_synthetic(args, dt))
+    if args.only in (None, "smol"):
+        runs.append(bench_smol(args))
+    rep = {
+        "threads": args.threads,
+        "tokens": args.tokens,
+        "repeats": args.repeats,
+        "machine": mi,
+        "runs": runs,
+    }
+    print_report(rep)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(rep, indent=2, default=str))
+        print(f"results written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

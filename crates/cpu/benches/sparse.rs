@@ -1,0 +1,219 @@
+//! Sparse FFN kernels over every weight format at dim 2048 / ffn 5504 with 10% of the neurons
+//! active (a random sorted subset), on a 2-thread pool. Throughput is the bytes of the active
+//! rows each call reads (up, down_t and gate rows as the kernel touches them), in decimal GB/s,
+//! so it compares directly with `measure_read_bandwidth`, measured first in the same run.
+//!
+//! The data is kept out of the last-level cache, as in a real decode step: each call takes the
+//! next of several layers (together >= 256 MB) and the next of several random active sets. A
+//! summary table (median GB/s and share of the read bandwidth per kernel and format) is printed
+//! before the criterion runs. `SPARSE_THREADS` overrides the thread count; `SPARSE_FILTER`
+//! keeps only the \"kernel/FORMAT\" names containing it (summary and criterion alike).
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use powerinfer_core::{Activation, Buffer, DType, Weight};
+use std::hint::black_box;
+use std::time::Instant;
+
+const DIM: usize = 2048;
+const FFN: usize = 5504;
+/// Share of the neurons active per call.
+const ACTIVE: f64 = 0.10;
+/// Layers are allocated until the weights of one format reach this many bytes (>> L3).
+const WORKING_SET: usize = 1 << 30;
+/// Distinct random active sets cycled through.
+const SETS: usize = 13;
+/// Formats benchmarked.
+const FORMATS: [DType; 6] = [
+    DType::F16,
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::BF16,
+    DType::F32,
+];
+
+/// The kernels, by name.
+const KERNELS: [&str; 4] = [
+    "matvec_rows",
+    "axpy_rows",
+    "ffn_up_down",
+    "ffn_gate_up_down",
+];
+
+/// A weight of pseudo-random bytes that decode to finite values in every format.
+fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Weight {
+    let row_bytes = dtype.row_bytes(cols).unwrap();
+    let mut bytes = vec![0u8; rows * row_bytes];
+    let mut s = 0x2545_F491_4F6C_DD1Du64 ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    for chunk in bytes.chunks_mut(8) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        // Clear the top exponent bits of every 2-byte value's high byte (f16/bf16 values and
+        // block scales; f32 values too): small, finite numbers in every format.
+        let v = (s & 0x3FFF_3FFF_3FFF_3FFF).to_le_bytes();
+        chunk.copy_from_slice(&v[..chunk.len()]);
+    }
+    Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
+}
+
+/// One FFN layer in the sparse layout: gate and up as rows, down transposed.
+struct Layer {
+    gate: Weight,
+    up: Weight,
+    down_t: Weight,
+}
+
+/// Enough layers of `dtype` that their weights exceed [`WORKING_SET`].
+fn layers(dtype: DType) -> Vec<Layer> {
+    let layer_bytes = 3 * FFN * dtype.row_bytes(DIM).unwrap();
+    (0..WORKING_SET.div_ceil(layer_bytes) as u64)
+        .map(|l| Layer {
+            gate: weight(dtype, FFN, DIM, 3 * l),
+            up: weight(dtype, FFN, DIM, 3 * l + 1),
+            down_t: weight(dtype, FFN, DIM, 3 * l + 2),
+        })
+        .collect()
+}
+
+/// [`SETS`] random sorted active sets of exactly ACTIVE · FFN neurons.
+fn active_sets() -> Vec<Vec<u32>> {
+    let n = (FFN as f64 * ACTIVE).round() as usize;
+    let mut s = 0x1234_5678_9ABC_DEF1u64;
+    (0..SETS)
+        .map(|_| {
+            let mut all: Vec<u32> = (0..FFN as u32).collect();
+            for i in 0..n {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let j = i + (s % (FFN - i) as u64) as usize;
+                all.swap(i, j);
+            }
+            let mut set = all[..n].to_vec();
+            set.sort_unstable();
+            set
+        })
+        .collect()
+}
+
+/// Inputs and outputs of one kernel call.
+struct Bufs {
+    x: Vec<f32>,
+    g: Vec<f32>,
+    y: Vec<f32>,
+    yk: Vec<f32>,
+}
+
+/// Run `kernel` once on `layer` and `idx`.
+fn call(kernel: &str, layer: &Layer, idx: &[u32], b: &mut Bufs) {
+    let n = idx.len();
+    match kernel {
+        "matvec_rows" => powerinfer_cpu::matvec_rows(&layer.up, &b.x, idx, &mut b.yk[..n]),
+        "axpy_rows" => powerinfer_cpu::axpy_rows(&layer.down_t, idx, &b.g[..n], &mut b.y),
+        "ffn_up_down" => {
+            let Layer { up, down_t, .. } = layer;
+            powerinfer_cpu::ffn_up_down_sparse(up, down_t, &b.x, idx, &b.g[..n], &mut b.y)
+        }
+        "ffn_gate_up_down" => {
+            let Layer { gate, up, down_t } = layer;
+            // SiLU is never exactly 0, so every active neuron reads all three rows.
+            let act = Activation::Silu;
+            powerinfer_cpu::ffn_gate_up_down_sparse(gate, up, down_t, act, &b.x, idx, &mut b.y)
+        }
+        _ => unreachable!("{kernel}"),
+    }
+    .unwrap();
+    black_box(&b.y);
+}
+
+/// Bytes of active rows one call of `kernel` reads.
+fn active_bytes(kernel: &str, dtype: DType, n: usize) -> u64 {
+    let rows = match kernel {
+        "matvec_rows" | "axpy_rows" => 1,
+        "ffn_up_down" => 2,
+        _ => 3,
+    };
+    (rows * n * dtype.row_bytes(DIM).unwrap()) as u64
+}
+
+fn bufs() -> Bufs {
+    Bufs {
+        x: (0..DIM).map(|i| ((i % 13) as f32 - 6.0) * 0.1).collect(),
+        g: (0..FFN).map(|i| 0.5 + (i % 7) as f32 * 0.1).collect(),
+        y: vec![0.0; DIM],
+        yk: vec![0.0; FFN],
+    }
+}
+
+fn pool() -> rayon::ThreadPool {
+    let threads = std::env::var("SPARSE_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+}
+
+fn bench_sparse(c: &mut Criterion) {
+    let pool = pool();
+    let bw = pool.install(|| powerinfer_cpu::measure_read_bandwidth(256 << 20, 5));
+    let sets = active_sets();
+    let n = sets[0].len();
+    eprintln!(
+        "sparse: simd {} threads {} read bandwidth {bw:.1} GB/s; dim {DIM} ffn {FFN}, {n} active",
+        powerinfer_cpu::simd_level(),
+        pool.current_num_threads()
+    );
+    let mut group = c.benchmark_group("sparse");
+    group
+        .warm_up_time(std::time::Duration::from_millis(500))
+        .measurement_time(std::time::Duration::from_secs(2));
+    let filter = std::env::var("SPARSE_FILTER").unwrap_or_default();
+    let wanted = |kernel: &str, dtype: DType| format!("{kernel}/{dtype}").contains(&filter);
+    for dtype in FORMATS {
+        if !KERNELS.iter().any(|k| wanted(k, dtype)) {
+            continue;
+        }
+        let layers = layers(dtype);
+        let mut b = bufs();
+        for kernel in KERNELS.into_iter().filter(|k| wanted(k, dtype)) {
+            let bytes = active_bytes(kernel, dtype, n);
+            let mut it = 0usize;
+            let mut step = |b: &mut Bufs| {
+                call(kernel, &layers[it % layers.len()], &sets[it % SETS], b);
+                it += 1;
+            };
+            // Summary: the median of many calls, beside the bandwidth.
+            let mut times: Vec<f64> = pool.install(|| {
+                (0..300)
+                    .map(|_| {
+                        let t = Instant::now();
+                        step(&mut b);
+                        t.elapsed().as_secs_f64()
+                    })
+                    .collect()
+            });
+            times.sort_by(f64::total_cmp);
+            let gbs = bytes as f64 / times[times.len() / 2] / 1e9;
+            eprintln!(
+                "sparse summary: {kernel:>16} {:>5} {:>6.2} MB/call {:>6.1} µs {gbs:>6.1} GB/s \
+                 = {:>5.1}% of read bandwidth",
+                dtype.name(),
+                bytes as f64 / 1e6,
+                times[times.len() / 2] * 1e6,
+                100.0 * gbs / bw
+            );
+            group.throughput(Throughput::BytesDecimal(bytes));
+            group.bench_function(BenchmarkId::new(kernel, dtype.name()), |bch| {
+                pool.install(|| bch.iter(|| step(&mut b)))
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_sparse);
+criterion_main!(benches);

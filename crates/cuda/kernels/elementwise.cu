@@ -1,0 +1,15 @@
+// Elementwise f32 kernels. Thread per element; blockDim.x = 256, grid ceil(n / 256).
+//
+// act_mul: g[i] = act(g[i]) * u[i] (the dense FFN's gating, when gate and up were computed by
+//   separate matvecs).
+// add: y[i] += x[i] (residual adds, and merging the CPU's partial FFN sum into the GPU's).
+
+extern "C" __global__ void act_mul(float* g, const float* u, int n, int act) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) g[i] = apply_act(act, g[i]) * u[i];
+}
+
+extern "C" __global__ void add(float* y, const float* x, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] += x[i];
+}

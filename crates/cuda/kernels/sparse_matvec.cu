@@ -1,0 +1,86 @@
+// Row-sparse matrix-vector products over compact rows of gate/up (and, with no index list, the
+// dense projections): a warp per row, x staged once per block in shared memory.
+//
+// Rows are addressed through a RowLayout (common.cuh), so the same kernels read a plain
+// row-major matrix and the hot-neuron slabs of the VRAM plan (B gate rows, B up rows, B down_t
+// rows, B i32 neuron ids per slab). Row k of the output is row idx[k] of the matrix, or row k
+// when idx is null. With `flags` (one i32 per FFN neuron, nonzero = active) a row whose neuron id
+// (read through `ids_l`) is inactive is not read and yields 0.
+//
+// BF16 is decoded by a shift (common.cuh), not through cuda_bf16.h intrinsics, so it needs no
+// __CUDA_ARCH__ >= 800 guard and runs on every architecture.
+//
+// Launch: blockDim.x = 256 (8 warps), gridDim.x = ceil(n / ROWS_PER_BLOCK), dynamic shared
+// memory = cols * 4 bytes.
+
+#define ROWS_PER_BLOCK 32
+
+// Copy x into shared memory; every thread of the block must call it.
+__device__ __forceinline__ void stage_x(float* xs, const float* x, int cols) {
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) xs[j] = x[j];
+    __syncthreads();
+}
+
+// Whether output row k (matrix row r) is to be computed.
+__device__ __forceinline__ bool row_active(const u8* ids_base, RowLayout ids_l, const int* flags, int r) {
+    if (flags == nullptr) return true;
+    const int id = *(const int*)row_ptr(ids_base, ids_l, r);
+    return id >= 0 && flags[id] != 0;  // padding slots of a partial slab hold id -1
+}
+
+// y[k] = act(dot(W[row k], x)) for k in 0..n.
+#define SPARSE_MATVEC(NAME)                                                                     \
+    extern "C" __global__ void sparse_matvec_##NAME(                                            \
+        const u8* w, RowLayout l, const float* x, int cols, const int* idx, int n,             \
+        const u8* ids_base, RowLayout ids_l, const int* flags, int act, float* y) {             \
+        extern __shared__ float xs[];                                                           \
+        stage_x(xs, x, cols);                                                                   \
+        const int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;                         \
+        const int end = min(n, (int)(blockIdx.x + 1) * ROWS_PER_BLOCK);                         \
+        for (int k = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP; k < end; k += warps) {   \
+            const int r = idx ? idx[k] : k;                                                     \
+            float s = 0.0f;                                                                     \
+            if (row_active(ids_base, ids_l, flags, r)) {                                        \
+                s = apply_act(act, warp_sum(lane_dot_##NAME(row_ptr(w, l, r), xs, cols, lane))); \
+            }                                                                                   \
+            if (lane == 0) y[k] = s;                                                            \
+        }                                                                                       \
+    }
+
+// h[k] = act(dot(gate[row k], x)) * dot(up[row k], x): the fused gate/up pass of the FFN. The
+// up row is not read when the activated gate value is exactly 0 (ReLU), as on the CPU.
+#define GATE_UP(NAME)                                                                           \
+    extern "C" __global__ void gate_up_##NAME(                                                  \
+        const u8* w, RowLayout gate_l, RowLayout up_l, const float* x, int cols,               \
+        const int* idx, int n, RowLayout ids_l, const int* flags, int act, float* h) {          \
+        extern __shared__ float xs[];                                                           \
+        stage_x(xs, x, cols);                                                                   \
+        const int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;                         \
+        const int end = min(n, (int)(blockIdx.x + 1) * ROWS_PER_BLOCK);                         \
+        for (int k = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP; k < end; k += warps) {   \
+            const int r = idx ? idx[k] : k;                                                     \
+            float out = 0.0f;                                                                   \
+            if (row_active(w, ids_l, flags, r)) {                                               \
+                const float g =                                                                 \
+                    apply_act(act, warp_sum(lane_dot_##NAME(row_ptr(w, gate_l, r), xs, cols, lane))); \
+                if (g != 0.0f) {                                                                \
+                    out = g * warp_sum(lane_dot_##NAME(row_ptr(w, up_l, r), xs, cols, lane));   \
+                }                                                                               \
+            }                                                                                   \
+            if (lane == 0) h[k] = out;                                                          \
+        }                                                                                       \
+    }
+
+SPARSE_MATVEC(f32)
+SPARSE_MATVEC(f16)
+SPARSE_MATVEC(bf16)
+SPARSE_MATVEC(q8_0)
+SPARSE_MATVEC(q4_0)
+SPARSE_MATVEC(q4_1)
+
+GATE_UP(f32)
+GATE_UP(f16)
+GATE_UP(bf16)
+GATE_UP(q8_0)
+GATE_UP(q4_0)
+GATE_UP(q4_1)

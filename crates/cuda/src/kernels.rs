@@ -1,0 +1,136 @@
+//! The CUDA C sources, one per op family, and the `extern "C"` entry points each one defines.
+//! Every source is compiled on its own (NVRTC: one program per module) after `common.cuh`, which
+//! holds the shared decoding helpers; the registry and the PTX test both read this table.
+
+use powerinfer_core::DType;
+
+/// Helpers prepended to every module (types, f16/bf16 decoding, GGUF blocks, warp sums).
+pub const COMMON: &str = include_str!("../kernels/common.cuh");
+
+/// One `.cu` file: its module name, source, and the kernels it must export.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelSource {
+    /// Module name (the file stem).
+    pub name: &'static str,
+    /// The file's text (without [`COMMON`]).
+    pub source: &'static str,
+    /// Kernels defined once per weight format, as `<prefix>_<dtype>` (see [`dtype_suffix`]).
+    pub per_dtype: &'static [&'static str],
+    /// Kernels defined once.
+    pub single: &'static [&'static str],
+}
+
+impl KernelSource {
+    /// The full program text handed to NVRTC: [`COMMON`] then the file.
+    pub fn program(&self) -> String {
+        format!("{COMMON}\n// ---- {}.cu ----\n{}", self.name, self.source)
+    }
+
+    /// Every kernel name the compiled module must contain.
+    pub fn entries(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .per_dtype
+            .iter()
+            .flat_map(|p| {
+                DType::ALL
+                    .iter()
+                    .map(move |d| format!("{p}_{}", dtype_suffix(*d)))
+            })
+            .collect();
+        out.extend(self.single.iter().map(|s| s.to_string()));
+        out
+    }
+}
+
+/// Row-sparse matvec over compact gate/up rows, and the fused gate·up pass.
+pub const SPARSE_MATVEC: KernelSource = KernelSource {
+    name: "sparse_matvec",
+    source: include_str!("../kernels/sparse_matvec.cu"),
+    per_dtype: &["sparse_matvec", "gate_up"],
+    single: &[],
+};
+
+/// Accumulation over rows of a transposed matrix (hot down_t rows, predictor fc2_t).
+pub const AXPY_DOWN: KernelSource = KernelSource {
+    name: "axpy_down",
+    source: include_str!("../kernels/axpy_down.cu"),
+    per_dtype: &["axpy_rows"],
+    single: &[],
+};
+
+/// Predictor fc2 + threshold, flag compaction, hot/cold flag split.
+pub const PREDICTOR: KernelSource = KernelSource {
+    name: "predictor",
+    source: include_str!("../kernels/predictor.cu"),
+    per_dtype: &["predictor_fc2"],
+    single: &["compact_flags", "split_hot_flags"],
+};
+
+/// RMSNorm and RoPE.
+pub const NORM_ROPE: KernelSource = KernelSource {
+    name: "norm_rope",
+    source: include_str!("../kernels/norm_rope.cu"),
+    per_dtype: &[],
+    single: &["rms_norm", "rope"],
+};
+
+/// Decode attention over the f16 KV cache.
+pub const ATTENTION: KernelSource = KernelSource {
+    name: "attention",
+    source: include_str!("../kernels/attention.cu"),
+    per_dtype: &[],
+    single: &["kv_store", "attention_decode"],
+};
+
+/// act(gate)·up and residual adds.
+pub const ELEMENTWISE: KernelSource = KernelSource {
+    name: "elementwise",
+    source: include_str!("../kernels/elementwise.cu"),
+    per_dtype: &[],
+    single: &["act_mul", "add"],
+};
+
+/// Every module.
+pub const ALL: [KernelSource; 6] = [
+    SPARSE_MATVEC,
+    AXPY_DOWN,
+    PREDICTOR,
+    NORM_ROPE,
+    ATTENTION,
+    ELEMENTWISE,
+];
+
+/// The kernel-name suffix of a weight format: "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1".
+pub const fn dtype_suffix(d: DType) -> &'static str {
+    match d {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::Q8_0 => "q8_0",
+        DType::Q4_0 => "q4_0",
+        DType::Q4_1 => "q4_1",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_listed_kernel_is_defined_in_its_source() {
+        for src in ALL {
+            for p in src.per_dtype {
+                // Per-dtype kernels come from one macro instantiated per format.
+                for d in DType::ALL {
+                    let call = format!("({})", dtype_suffix(d));
+                    assert!(src.source.contains(&call), "{}: {p}{call}", src.name);
+                }
+            }
+            for s in src.single {
+                let def = format!("__global__ void {s}(");
+                assert!(src.source.contains(&def), "{}: {s}", src.name);
+            }
+        }
+        assert_eq!(SPARSE_MATVEC.entries().len(), 12);
+    }
+}

@@ -1,0 +1,307 @@
+//! Host-side layouts shared by the CUDA build and the stub: how rows are addressed on the device
+//! ([`RowLayout`]), the hot-neuron slabs the VRAM plan accounts for ([`pack_hot_slabs`]), the
+//! activation codes the kernels understand ([`Act`]) and device-name parsing.
+//!
+//! A slab (planner/README.md, `planning/accounting.py`) holds one bucket of `B` hot neurons:
+//! their `B` gate rows, `B` up rows, `B` down_t rows and `B` i32 neuron ids, padded to 256
+//! bytes; a layer's `ffn_hot` is `n_slabs` slabs, exactly `n_slabs · slab_bytes` bytes. A
+//! partial last bucket is padded with zero rows whose id is −1 (never active).
+
+use powerinfer_core::{bail, ensure, Activation, DType, Result, Weight};
+
+/// Every device allocation is rounded up to this many bytes (cudaMalloc's alignment).
+pub const ALIGN: usize = 256;
+/// Bytes of one neuron id in a slab (i32).
+pub const NEURON_ID_BYTES: usize = 4;
+
+/// `x` rounded up to [`ALIGN`].
+pub const fn align(x: usize) -> usize {
+    x.div_ceil(ALIGN) * ALIGN
+}
+
+/// Where row `r` of a matrix lives in a device buffer (mirrors `RowLayout` in common.cuh):
+/// group `r / group_rows` starts at `group · group_stride`; inside it this matrix's rows start at
+/// `offset` and are `row_bytes` apart.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RowLayout {
+    pub group_stride: i64,
+    pub offset: i64,
+    pub group_rows: i32,
+    pub row_bytes: i32,
+}
+
+impl RowLayout {
+    /// A plain row-major matrix of `rows` rows.
+    pub fn dense(rows: usize, row_bytes: usize) -> Result<RowLayout> {
+        Ok(RowLayout {
+            group_stride: 0,
+            offset: 0,
+            group_rows: to_i32(rows.max(1), "rows")?,
+            row_bytes: to_i32(row_bytes, "row bytes")?,
+        })
+    }
+
+    /// Byte offset of row `r` (the host mirror of `row_ptr`).
+    pub fn byte_offset(&self, r: usize) -> usize {
+        let g = r / self.group_rows as usize;
+        let i = r % self.group_rows as usize;
+        g * self.group_stride as usize + self.offset as usize + i * self.row_bytes as usize
+    }
+}
+
+/// `v` as an i32 kernel argument, or a Shape error naming `what`.
+pub fn to_i32(v: usize, what: &str) -> Result<i32> {
+    i32::try_from(v).map_err(|_| powerinfer_core::Error::Shape(format!("{what} {v} > i32::MAX")))
+}
+
+/// The activation code a kernel applies (common.cuh `ACT_*`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+pub enum Act {
+    None = 0,
+    Relu = 1,
+    Silu = 2,
+    Gelu = 3,
+}
+
+impl From<Activation> for Act {
+    fn from(a: Activation) -> Act {
+        match a {
+            Activation::Relu => Act::Relu,
+            Activation::Silu => Act::Silu,
+            Activation::Gelu => Act::Gelu,
+        }
+    }
+}
+
+/// Layout of one layer's hot neurons in their slabs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlabLayout {
+    /// Neurons per slab (the plan's bucket).
+    pub bucket: usize,
+    /// Hot neurons (slots `0..n_hot` hold them, in the order given).
+    pub n_hot: usize,
+    pub n_slabs: usize,
+    /// Bytes per slab: `align(bucket · (gate + up + down_t row bytes + 4))`.
+    pub slab_bytes: usize,
+    /// Model width (columns of gate/up/down_t).
+    pub dim: usize,
+    pub gate_dtype: DType,
+    pub up_dtype: DType,
+    pub down_dtype: DType,
+    pub gate: RowLayout,
+    pub up: RowLayout,
+    pub down: RowLayout,
+    /// The i32 neuron ids, as 4-byte rows.
+    pub ids: RowLayout,
+}
+
+impl SlabLayout {
+    /// Total bytes (`n_slabs · slab_bytes`: the plan's `ffn_hot` allocation).
+    pub fn total_bytes(&self) -> usize {
+        self.n_slabs * self.slab_bytes
+    }
+}
+
+/// Bytes of one slab: `bucket` neurons of `neuron_bytes` (gate + up + down_t row bytes) plus
+/// their i32 ids, rounded up to [`ALIGN`] (`accounting.slab_bytes`).
+pub const fn slab_bytes(neuron_bytes: usize, bucket: usize) -> usize {
+    align(bucket * (neuron_bytes + NEURON_ID_BYTES))
+}
+
+/// Pack the hot neurons `ids` (slot order) of one layer into slabs of `bucket` neurons:
+/// gate/up are `[ffn, dim]`, down_t is `[ffn, dim]` (the down projection transposed). Returns
+/// the layout and the bytes to upload (exactly [`SlabLayout::total_bytes`]).
+pub fn pack_hot_slabs(
+    gate: &Weight,
+    up: &Weight,
+    down_t: &Weight,
+    ids: &[u32],
+    bucket: usize,
+) -> Result<(SlabLayout, Vec<u8>)> {
+    let (ffn, dim) = (gate.rows, gate.cols);
+    for (name, w) in [("up", up), ("down_t", down_t)] {
+        ensure!(
+            w.rows == ffn && w.cols == dim,
+            Shape,
+            "{name} is {} x {}, gate is {ffn} x {dim}",
+            w.rows,
+            w.cols
+        );
+    }
+    ensure!(bucket > 0, Plan, "bucket must be > 0");
+    let mut seen = vec![false; ffn];
+    for &i in ids {
+        ensure!(
+            (i as usize) < ffn,
+            Plan,
+            "hot neuron {i} out of range for ffn {ffn}"
+        );
+        ensure!(!seen[i as usize], Plan, "hot neuron {i} listed twice");
+        seen[i as usize] = true;
+    }
+    let (g_rb, u_rb, d_rb) = (
+        gate.dtype.row_bytes(dim)?,
+        up.dtype.row_bytes(dim)?,
+        down_t.dtype.row_bytes(dim)?,
+    );
+    let slab = slab_bytes(g_rb + u_rb + d_rb, bucket);
+    let offsets = [
+        0,
+        bucket * g_rb,
+        bucket * (g_rb + u_rb),
+        bucket * (g_rb + u_rb + d_rb),
+    ];
+    // Each matrix's rows must be aligned for its element loads (f32: 4, the rest: 2).
+    for (w, off, rb) in [
+        (gate, offsets[0], g_rb),
+        (up, offsets[1], u_rb),
+        (down_t, offsets[2], d_rb),
+    ] {
+        let need = if w.dtype == DType::F32 { 4 } else { 2 };
+        if off % need != 0 || rb % need != 0 {
+            bail!(
+                Unsupported,
+                "{} rows at slab offset {off} are not {need}-byte aligned",
+                w.dtype
+            );
+        }
+    }
+    ensure!(
+        offsets[3] % 4 == 0,
+        Unsupported,
+        "slab ids at offset {} are not 4-aligned",
+        offsets[3]
+    );
+    let n_slabs = ids.len().div_ceil(bucket);
+    let stride = slab as i64;
+    let group = to_i32(bucket, "bucket")?;
+    let mk = |offset: usize, row_bytes: usize| -> Result<RowLayout> {
+        Ok(RowLayout {
+            group_stride: stride,
+            offset: offset as i64,
+            group_rows: group,
+            row_bytes: to_i32(row_bytes, "row bytes")?,
+        })
+    };
+    let layout = SlabLayout {
+        bucket,
+        n_hot: ids.len(),
+        n_slabs,
+        slab_bytes: slab,
+        dim,
+        gate_dtype: gate.dtype,
+        up_dtype: up.dtype,
+        down_dtype: down_t.dtype,
+        gate: mk(offsets[0], g_rb)?,
+        up: mk(offsets[1], u_rb)?,
+        down: mk(offsets[2], d_rb)?,
+        ids: mk(offsets[3], NEURON_ID_BYTES)?,
+    };
+    let mut bytes = vec![0u8; layout.total_bytes()];
+    for slot in 0..n_slabs * bucket {
+        let id = ids.get(slot).map_or(-1, |&i| i as i32);
+        let at = layout.ids.byte_offset(slot);
+        bytes[at..at + 4].copy_from_slice(&id.to_le_bytes());
+        if id < 0 {
+            continue; // padding: zero rows
+        }
+        for (w, l) in [
+            (gate, &layout.gate),
+            (up, &layout.up),
+            (down_t, &layout.down),
+        ] {
+            let row = w.row(id as usize);
+            let at = l.byte_offset(slot);
+            bytes[at..at + row.len()].copy_from_slice(row);
+        }
+    }
+    Ok((layout, bytes))
+}
+
+/// The ordinal named by a device string: "cuda" (0) or "cuda:N".
+pub fn parse_device(name: &str) -> Result<usize> {
+    let s = name.trim().to_ascii_lowercase();
+    match s.as_str() {
+        "cuda" | "gpu" => Ok(0),
+        _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+            Some(Ok(n)) => Ok(n),
+            _ => bail!(
+                Unsupported,
+                "device {name:?}: expected \"cuda\" or \"cuda:N\""
+            ),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use powerinfer_core::{quantize_row, Buffer};
+
+    fn weight(dtype: DType, rows: usize, cols: usize, seed: f32) -> Weight {
+        let mut bytes = vec![0u8; dtype.row_bytes(cols).unwrap() * rows];
+        let rb = dtype.row_bytes(cols).unwrap();
+        for r in 0..rows {
+            let vals: Vec<f32> = (0..cols)
+                .map(|c| ((r * 31 + c) as f32 * seed).sin())
+                .collect();
+            quantize_row(dtype, &vals, &mut bytes[r * rb..(r + 1) * rb]).unwrap();
+        }
+        Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
+    }
+
+    #[test]
+    fn slabs_match_the_plan_accounting_and_hold_the_rows() {
+        let (ffn, dim, bucket) = (50, 64, 8);
+        let gate = weight(DType::Q4_0, ffn, dim, 0.1);
+        let up = weight(DType::Q8_0, ffn, dim, 0.2);
+        let down = weight(DType::F16, ffn, dim, 0.3);
+        let ids: Vec<u32> = vec![7, 3, 49, 0, 12, 30, 31, 2, 5, 44, 18]; // 11: a partial slab
+        let (l, bytes) = pack_hot_slabs(&gate, &up, &down, &ids, bucket).unwrap();
+        // accounting.slab_bytes: align(bucket * (neuron_read_bytes + 4)).
+        let neuron = 2 * 18 + 2 * 34 + dim * 2;
+        assert_eq!(l.slab_bytes, (bucket * (neuron + 4)).div_ceil(256) * 256);
+        assert_eq!(l.n_slabs, 2);
+        assert_eq!(bytes.len(), 2 * l.slab_bytes);
+        for (slot, &id) in ids.iter().enumerate() {
+            let at = l.gate.byte_offset(slot);
+            assert_eq!(&bytes[at..at + 36], gate.row(id as usize));
+            let at = l.up.byte_offset(slot);
+            assert_eq!(&bytes[at..at + 68], up.row(id as usize));
+            let at = l.down.byte_offset(slot);
+            assert_eq!(&bytes[at..at + 128], down.row(id as usize));
+            let at = l.ids.byte_offset(slot);
+            assert_eq!(
+                i32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()),
+                id as i32
+            );
+        }
+        for slot in ids.len()..16 {
+            let at = l.ids.byte_offset(slot);
+            assert_eq!(
+                i32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()),
+                -1
+            );
+        }
+    }
+
+    #[test]
+    fn bad_hot_lists_are_errors() {
+        let w = weight(DType::F16, 4, 8, 0.1);
+        assert!(pack_hot_slabs(&w, &w, &w, &[1, 1], 2).is_err());
+        assert!(pack_hot_slabs(&w, &w, &w, &[4], 2).is_err());
+        assert!(pack_hot_slabs(&w, &w, &w, &[0], 0).is_err());
+        let other = weight(DType::F16, 4, 16, 0.1);
+        assert!(pack_hot_slabs(&w, &other, &w, &[0], 2).is_err());
+    }
+
+    #[test]
+    fn device_names() {
+        assert_eq!(parse_device("cuda").unwrap(), 0);
+        assert_eq!(parse_device("CUDA:3").unwrap(), 3);
+        assert!(parse_device("cuda:x").is_err());
+        assert!(parse_device("cpu").is_err());
+    }
+}

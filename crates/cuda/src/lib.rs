@@ -1,0 +1,68 @@
+//! The CUDA side of powerinfer-rs: our own CUDA C kernels for the work the plan puts on the GPU
+//! (row-sparse gate/up over the hot neurons' slabs, accumulation over their down_t rows, the
+//! activation predictor, RMSNorm, RoPE, decode attention over an f16 KV cache, elementwise ops),
+//! compiled to PTX with NVRTC at first use for the device's architecture (cached on disk) and
+//! launched through cudarc.
+//!
+//! cudarc is built with dynamic loading: libcuda and libnvrtc are opened only when a device is
+//! requested, so a build with the `cuda` feature still runs everywhere, and
+//! [`CudaDevice::new`] returns `Error::Cuda` where there is no driver or GPU. Without the
+//! feature the same API is a stub whose constructors return `Error::Unsupported` ("built
+//! without CUDA"), so callers need no `cfg`.
+//!
+//! Kernel sources live in `kernels/*.cu` (one per op family, see [`kernels`]); host-side
+//! layouts shared by both builds (row addressing, hot-neuron slabs) in [`layout`].
+
+pub mod kernels;
+pub mod layout;
+
+#[cfg(feature = "cuda")]
+mod device;
+#[cfg(feature = "cuda")]
+pub mod nvrtc;
+#[cfg(feature = "cuda")]
+mod ops;
+#[cfg(not(feature = "cuda"))]
+mod stub;
+
+#[cfg(feature = "cuda")]
+pub use device::{
+    device_count, driver_available, is_available, CudaDevice, DeviceBuffer, DeviceWeight, HotFfn,
+};
+#[cfg(feature = "cuda")]
+pub use ops::{MAX_HEAD_DIM, MAX_RANK, MAX_X_COLS};
+#[cfg(not(feature = "cuda"))]
+pub use stub::{
+    device_count, driver_available, is_available, CudaDevice, DeviceBuffer, DeviceWeight, HotFfn,
+    MAX_HEAD_DIM, MAX_RANK, MAX_X_COLS,
+};
+
+pub use layout::{align, pack_hot_slabs, parse_device, slab_bytes, Act, RowLayout, SlabLayout};
+
+/// True when this build can drive a GPU (the `cuda` feature); a device may still be absent.
+pub const BUILT_WITH_CUDA: bool = cfg!(feature = "cuda");
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for i32 {}
+    impl Sealed for u16 {}
+    impl Sealed for u8 {}
+}
+
+/// Element types a [`DeviceBuffer`] holds: f32 activations, i32 indices and flags, u16 (f16
+/// bits) KV cache, u8 weight bytes.
+#[cfg(feature = "cuda")]
+pub trait DeviceElem:
+    sealed::Sealed + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Copy + Default
+{
+}
+/// Element types a [`DeviceBuffer`] holds: f32 activations, i32 indices and flags, u16 (f16
+/// bits) KV cache, u8 weight bytes.
+#[cfg(not(feature = "cuda"))]
+pub trait DeviceElem: sealed::Sealed + Copy + Default {}
+
+impl DeviceElem for f32 {}
+impl DeviceElem for i32 {}
+impl DeviceElem for u16 {}
+impl DeviceElem for u8 {}

@@ -1,0 +1,391 @@
+//! Every kernel against the CPU crate's scalar references on random odd-sized data, every weight
+//! format. Each test body takes a device; [`on_each_device`] runs it on every CUDA device there
+//! is, and prints "skipped: no CUDA device" (passing) where there is none — as in CI.
+
+use half::f16;
+use powerinfer_core::{quantize_row, Activation, Buffer, DType, RopeStyle, Weight};
+use powerinfer_cpu::{reference, sparse_reference};
+use powerinfer_cuda::{Act, CudaDevice};
+
+/// Relative tolerance of GPU f32 sums against the f64 references (different summation order).
+const REL_TOL: f32 = 2e-4;
+/// Absolute floor of the tolerance.
+const ABS_TOL: f32 = 1e-4;
+/// Tolerance of attention, whose keys and values pass through the f16 cache.
+const ATT_TOL: f32 = 2e-3;
+
+fn on_each_device(test: impl Fn(&CudaDevice)) {
+    let n = powerinfer_cuda::device_count();
+    if n == 0 {
+        println!("skipped: no CUDA device");
+        return;
+    }
+    for ordinal in 0..n {
+        let dev = CudaDevice::new(ordinal).expect("opening a CUDA device that was counted");
+        println!("running on {dev:?}");
+        test(&dev);
+    }
+}
+
+/// Deterministic pseudo-random values in [-1, 1).
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Weight {
+    let rb = dtype.row_bytes(cols).unwrap();
+    let vals = values(rows * cols, seed);
+    let mut bytes = vec![0u8; rb * rows];
+    for r in 0..rows {
+        quantize_row(
+            dtype,
+            &vals[r * cols..(r + 1) * cols],
+            &mut bytes[r * rb..(r + 1) * rb],
+        )
+        .unwrap();
+    }
+    Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
+}
+
+/// Columns for a format: odd where the format allows it, else an odd number of blocks.
+fn cols_for(dtype: DType) -> usize {
+    if dtype.is_quantized() {
+        32 * 13
+    } else {
+        301
+    }
+}
+
+fn assert_close(got: &[f32], want: &[f32], scale: f32, tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let bound = tol * scale.max(w.abs()) + ABS_TOL;
+        assert!((g - w).abs() <= bound, "{what}[{i}]: gpu {g} vs cpu {w}");
+    }
+}
+
+#[test]
+fn sparse_matvec_matches_reference_every_dtype() {
+    on_each_device(|dev| {
+        for dtype in DType::ALL {
+            let (rows, cols) = (157, cols_for(dtype));
+            let w = weight(dtype, rows, cols, 1);
+            let x = values(cols, 2);
+            let idx: Vec<u32> = (0..rows as u32).filter(|i| i % 3 != 1).rev().collect();
+            let mut want = vec![0f32; idx.len()];
+            sparse_reference::matvec_rows(&w, &x, &idx, &mut want).unwrap();
+            let dw = dev.upload_weight(&w).unwrap();
+            let dx = dev.upload(&x).unwrap();
+            let didx = dev
+                .upload(&idx.iter().map(|&i| i as i32).collect::<Vec<_>>())
+                .unwrap();
+            let mut dy = dev.zeros::<f32>(idx.len()).unwrap();
+            dev.matvec_rows(&dw, &dx, Some(&didx), idx.len(), Act::None, &mut dy)
+                .unwrap();
+            let got = dev.download(&dy).unwrap();
+            assert_close(
+                &got,
+                &want,
+                (cols as f32).sqrt(),
+                REL_TOL,
+                &format!("{dtype}"),
+            );
+            // Dense (no index list) with ReLU.
+            let mut dense = dev.zeros::<f32>(rows).unwrap();
+            dev.matvec_rows(&dw, &dx, None, rows, Act::Relu, &mut dense)
+                .unwrap();
+            let mut all = vec![0f32; rows];
+            reference::matvec(&w, &x, &mut all).unwrap();
+            let relu: Vec<f32> = all.iter().map(|v| v.max(0.0)).collect();
+            let got = dev.download(&dense).unwrap();
+            assert_close(
+                &got,
+                &relu,
+                (cols as f32).sqrt(),
+                REL_TOL,
+                &format!("{dtype} dense"),
+            );
+        }
+    });
+}
+
+#[test]
+fn axpy_rows_matches_reference_every_dtype() {
+    on_each_device(|dev| {
+        for dtype in DType::ALL {
+            let (rows, cols) = (91, cols_for(dtype));
+            let w = weight(dtype, rows, cols, 3);
+            let idx: Vec<u32> = (0..rows as u32).step_by(2).collect();
+            let mut a = values(idx.len(), 4);
+            a[3] = 0.0;
+            let y0 = values(cols, 5);
+            let mut want = y0.clone();
+            sparse_reference::axpy_rows(&w, &idx, &a, &mut want).unwrap();
+            let dw = dev.upload_weight(&w).unwrap();
+            let didx = dev
+                .upload(&idx.iter().map(|&i| i as i32).collect::<Vec<_>>())
+                .unwrap();
+            let da = dev.upload(&a).unwrap();
+            for splits in [1, 4] {
+                let mut dy = dev.upload(&y0).unwrap();
+                dev.axpy_rows(&dw, Some(&didx), &da, idx.len(), &mut dy, splits)
+                    .unwrap();
+                let got = dev.download(&dy).unwrap();
+                let what = format!("{dtype} splits {splits}");
+                assert_close(&got, &want, (idx.len() as f32).sqrt(), REL_TOL, &what);
+            }
+        }
+    });
+}
+
+#[test]
+fn hot_ffn_slabs_match_the_fused_cpu_reference() {
+    on_each_device(|dev| {
+        for dtype in [
+            DType::F16,
+            DType::BF16,
+            DType::Q8_0,
+            DType::Q4_0,
+            DType::Q4_1,
+        ] {
+            let (ffn, dim) = (203, 32 * 7);
+            let gate = weight(dtype, ffn, dim, 6);
+            let up = weight(dtype, ffn, dim, 7);
+            let down_t = weight(dtype, ffn, dim, 8);
+            let x = values(dim, 9);
+            let hot: Vec<u32> = (0..ffn as u32).filter(|i| i % 5 != 0).collect(); // partial slab
+            let mut flags = vec![0i32; ffn];
+            hot.iter()
+                .filter(|&&i| i % 2 == 0)
+                .for_each(|&i| flags[i as usize] = 1);
+            let active: Vec<u32> = hot
+                .iter()
+                .copied()
+                .filter(|&i| flags[i as usize] != 0)
+                .collect();
+            let mut want = vec![0f32; dim];
+            sparse_reference::ffn_gate_up_down_sparse(
+                &gate,
+                &up,
+                &down_t,
+                Activation::Silu,
+                &x,
+                &active,
+                &mut want,
+            )
+            .unwrap();
+            let hf = dev.upload_hot_ffn(&gate, &up, &down_t, &hot, 32).unwrap();
+            assert_eq!(hf.n_bytes(), hf.layout.total_bytes());
+            let dx = dev.upload(&x).unwrap();
+            let dflags = dev.upload(&flags).unwrap();
+            let mut h = dev.zeros::<f32>(hot.len()).unwrap();
+            dev.hot_gate_up(&hf, &dx, Some(&dflags), Act::Silu, &mut h)
+                .unwrap();
+            let mut y = dev.zeros::<f32>(dim).unwrap();
+            dev.hot_down(&hf, &h, &mut y, 1).unwrap();
+            let got = dev.download(&y).unwrap();
+            assert_close(&got, &want, 4.0, 1e-3, &format!("hot ffn {dtype}"));
+        }
+    });
+}
+
+#[test]
+fn predictor_flags_and_compaction() {
+    on_each_device(|dev| {
+        let (dim, rank, ffn) = (96, 37, 301);
+        let fc1 = weight(DType::F16, rank, dim, 10);
+        let fc2_t = weight(DType::F16, rank, ffn, 11);
+        let x = values(dim, 12);
+        let mut hidden = vec![0f32; rank];
+        reference::matvec(&fc1, &x, &mut hidden).unwrap();
+        let (idx, vals): (Vec<u32>, Vec<f32>) = hidden
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| **h > 0.0)
+            .map(|(i, h)| (i as u32, *h))
+            .unzip();
+        let mut logits = vec![0f32; ffn];
+        sparse_reference::axpy_rows(&fc2_t, &idx, &vals, &mut logits).unwrap();
+        let threshold = 0.1;
+        let (d1, d2, dx) = (
+            dev.upload_weight(&fc1).unwrap(),
+            dev.upload_weight(&fc2_t).unwrap(),
+            dev.upload(&x).unwrap(),
+        );
+        let mut dh = dev.zeros::<f32>(rank).unwrap();
+        let mut dflags = dev.zeros::<i32>(ffn).unwrap();
+        let mut dlog = dev.zeros::<f32>(ffn).unwrap();
+        dev.predictor(
+            &d1,
+            &d2,
+            threshold,
+            &dx,
+            &mut dh,
+            &mut dflags,
+            Some(&mut dlog),
+        )
+        .unwrap();
+        let got = dev.download(&dlog).unwrap();
+        assert_close(&got, &logits, 2.0, REL_TOL, "predictor logits");
+        let flags = dev.download(&dflags).unwrap();
+        for j in 0..ffn {
+            // Logits within rounding of the threshold may go either way.
+            if (logits[j] - threshold).abs() > 1e-3 {
+                assert_eq!(flags[j] != 0, logits[j] >= threshold, "flag {j}");
+            }
+        }
+        let mut out = dev.zeros::<i32>(ffn).unwrap();
+        let mut count = dev.zeros::<i32>(1).unwrap();
+        dev.compact_flags(&dflags, ffn, &mut out, &mut count)
+            .unwrap();
+        let n = dev.download(&count).unwrap()[0] as usize;
+        let want: Vec<i32> = (0..ffn as i32)
+            .filter(|&j| flags[j as usize] != 0)
+            .collect();
+        assert_eq!(&dev.download(&out).unwrap()[..n], &want[..]);
+    });
+}
+
+#[test]
+fn rms_norm_rope_and_attention() {
+    on_each_device(|dev| {
+        // RMSNorm over 3 rows of 333.
+        let n = 333;
+        let (x, w) = (values(3 * n, 13), values(n, 14));
+        let mut want = vec![0f32; 3 * n];
+        for r in 0..3 {
+            let row = &x[r * n..(r + 1) * n];
+            let ss: f64 = row.iter().map(|v| (*v as f64).powi(2)).sum();
+            let s = 1.0 / (ss / n as f64 + 1e-5).sqrt();
+            for i in 0..n {
+                want[r * n + i] = (row[i] as f64 * s * w[i] as f64) as f32;
+            }
+        }
+        let (dx, dw) = (dev.upload(&x).unwrap(), dev.upload(&w).unwrap());
+        let mut out = dev.zeros::<f32>(3 * n).unwrap();
+        dev.rms_norm(&dx, &dw, 3, 1e-5, &mut out).unwrap();
+        assert_close(
+            &dev.download(&out).unwrap(),
+            &want,
+            1.0,
+            REL_TOL,
+            "rms_norm",
+        );
+
+        // RoPE, both styles, at a large position.
+        let (hd, heads, pos, theta) = (64, 5, 12_345, 10000.0f32);
+        for style in [RopeStyle::Norm, RopeStyle::Neox] {
+            let q = values(hd * heads, 15);
+            let mut want = q.clone();
+            for head in want.chunks_exact_mut(hd) {
+                for i in 0..hd / 2 {
+                    let a = pos as f64 * (theta as f64).powf(-2.0 * i as f64 / hd as f64);
+                    let (s, c) = (a.sin() as f32, a.cos() as f32);
+                    let (ia, ib) = match style {
+                        RopeStyle::Norm => (2 * i, 2 * i + 1),
+                        RopeStyle::Neox => (i, i + hd / 2),
+                    };
+                    let (x0, x1) = (head[ia], head[ib]);
+                    head[ia] = x0 * c - x1 * s;
+                    head[ib] = x0 * s + x1 * c;
+                }
+            }
+            let mut dq = dev.upload(&q).unwrap();
+            dev.rope(&mut dq, hd, pos, theta, style).unwrap();
+            assert_close(
+                &dev.download(&dq).unwrap(),
+                &want,
+                1.0,
+                1e-5,
+                &format!("{style:?}"),
+            );
+        }
+
+        // Decode attention, GQA 6 heads over 2 kv heads, head_dim 80, 517 positions.
+        let (nh, nkv, hd, n_pos) = (6, 2, 80, 517);
+        let kv_dim = nkv * hd;
+        let q = values(nh * hd, 16);
+        let (k, v) = (values(n_pos * kv_dim, 17), values(n_pos * kv_dim, 18));
+        let mut ck = dev.zeros::<u16>(600 * kv_dim).unwrap();
+        let mut cv = dev.zeros::<u16>(600 * kv_dim).unwrap();
+        for p in 0..n_pos {
+            let dk = dev.upload(&k[p * kv_dim..(p + 1) * kv_dim]).unwrap();
+            let dv = dev.upload(&v[p * kv_dim..(p + 1) * kv_dim]).unwrap();
+            dev.kv_store(&dk, &dv, p, &mut ck, &mut cv).unwrap();
+        }
+        // The reference reads the same f16-rounded keys and values.
+        let round =
+            |v: &[f32]| -> Vec<f32> { v.iter().map(|x| f16::from_f32(*x).to_f32()).collect() };
+        let (kr, vr) = (round(&k), round(&v));
+        let mut want = vec![0f32; nh * hd];
+        for h in 0..nh {
+            let kvh = h / (nh / nkv);
+            let s: Vec<f64> = (0..n_pos)
+                .map(|p| {
+                    (0..hd)
+                        .map(|i| q[h * hd + i] as f64 * kr[p * kv_dim + kvh * hd + i] as f64)
+                        .sum::<f64>()
+                        / (hd as f64).sqrt()
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::MIN, f64::max);
+            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            for i in 0..hd {
+                want[h * hd + i] = (0..n_pos)
+                    .map(|p| (s[p] - m).exp() / z * vr[p * kv_dim + kvh * hd + i] as f64)
+                    .sum::<f64>() as f32;
+            }
+        }
+        let dq = dev.upload(&q).unwrap();
+        let mut out = dev.zeros::<f32>(nh * hd).unwrap();
+        dev.attention(&dq, &ck, &cv, n_pos, nh, nkv, hd, &mut out)
+            .unwrap();
+        assert_close(
+            &dev.download(&out).unwrap(),
+            &want,
+            1.0,
+            ATT_TOL,
+            "attention",
+        );
+    });
+}
+
+#[test]
+fn elementwise() {
+    on_each_device(|dev| {
+        let n = 1001;
+        let (g, u) = (values(n, 19), values(n, 20));
+        let mut dg = dev.upload(&g).unwrap();
+        let du = dev.upload(&u).unwrap();
+        dev.act_mul(&mut dg, &du, Act::Gelu).unwrap();
+        let want: Vec<f32> = g
+            .iter()
+            .zip(&u)
+            .map(|(g, u)| Activation::Gelu.apply(*g) * u)
+            .collect();
+        assert_close(&dev.download(&dg).unwrap(), &want, 1.0, 1e-5, "act_mul");
+        dev.add(&mut dg, &du).unwrap();
+        let want: Vec<f32> = want.iter().zip(&u).map(|(a, b)| a + b).collect();
+        assert_close(&dev.download(&dg).unwrap(), &want, 1.0, 1e-5, "add");
+    });
+}
+
+#[test]
+fn missing_device_is_a_clear_error() {
+    // No GPU: a Cuda (or, without the feature, Unsupported) error, never a panic.
+    let n = powerinfer_cuda::device_count();
+    let err = CudaDevice::new(n).unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("CUDA") || msg.contains("cuda"), "{msg}");
+    assert!(CudaDevice::from_name("cuda:zero").is_err());
+}
