@@ -31,9 +31,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sparsity",
         choices=["dense", "exact-relu", "threshold", "predictor"],
-        default="dense",
-        help="FFN sparsity: dense (exact), exact-relu (ReLU models, same function), threshold "
-        "(needs --thresholds), predictor (needs --predictors)",
+        default=None,
+        help="FFN sparsity: dense (exact; the default), exact-relu (ReLU models, same function), "
+        "threshold (needs --thresholds), predictor (needs --predictors; the default for "
+        "PowerInfer GGUF files, with their own predictors)",
     )
     p.add_argument(
         "--thresholds", default=None, help="threshold file from python -m powerinfer_rs.calibrate"

@@ -104,7 +104,7 @@ class Engine:
         *,
         threads: int = 0,
         n_ctx: int | None = None,
-        sparsity: str = "dense",
+        sparsity: str | None = None,
         thresholds: Sequence[float] | str | os.PathLike[str] | None = None,
         predictors: object | None = None,
     ) -> Engine:
@@ -115,18 +115,31 @@ class Engine:
         same function as dense), "threshold" (skip neurons with |act(gate)| below a per-layer
         threshold; ``thresholds`` = a file from ``python -m powerinfer_rs.calibrate`` or a list)
         or "predictor" (``predictors`` = a file from ``python -m powerinfer_rs.train_predictors``
-        or a PredictorSet)."""
+        or a PredictorSet). Default: "dense", or "predictor" with the file's own predictors for a
+        PowerInfer GGUF (magic "PWRI")."""
         if threads < 0:
             raise ShapeError(f"threads must be >= 0 (0 = one per core), got {threads}")
         if path is None:
             from .models import default_model_path
 
             path = default_model_path()
+        from .powerinfer_formats import is_powerinfer_gguf, load_powerinfer_gguf
+
+        if os.path.isfile(path) and is_powerinfer_gguf(path):
+            pwri = load_powerinfer_gguf(path)
+            return cls(
+                pwri.model,
+                threads=threads,
+                n_ctx=n_ctx,
+                sparsity=sparsity or "predictor",
+                thresholds=thresholds,
+                predictors=predictors if predictors is not None else pwri.predictors,
+            )
         return cls(
             load_model(path),
             threads=threads,
             n_ctx=n_ctx,
-            sparsity=sparsity,
+            sparsity=sparsity or "dense",
             thresholds=thresholds,
             predictors=predictors,
         )
@@ -186,12 +199,16 @@ class Engine:
                 )
             self.predictors = _load_predictors(predictors, self.loaded)
             tensors: dict[str, object] = {}
+            # Predictors stored in f16 hold f16-exact values: hand them over as F16 (half the
+            # bytes a token reads), anything else as F32.
+            store = np.float16 if str(self.predictors.dtype).upper() == "F16" else np.float32
+            name_of = {np.float16: "F16", np.float32: "F32"}
             for i in range(self.config.n_layers):
                 p = self.predictors.layers[i]
                 for name, arr in (("fc1", p.fc1), ("fc2", p.fc2)):
-                    a = np.ascontiguousarray(arr, dtype=np.float32)
+                    a = np.ascontiguousarray(arr, dtype=store)
                     tensors[f"blk.{i}.{name}"] = (
-                        "F32",
+                        name_of[store],
                         a.shape[0],
                         a.shape[1],
                         a.view(np.uint8).reshape(-1),
