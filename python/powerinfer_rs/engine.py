@@ -13,7 +13,16 @@ import numpy as np
 
 from . import _core
 from .chat import format_chat
-from .errors import ContextOverflowError, ModelFileError, PlanError, ShapeError, TokenError
+from .errors import (
+    ContextOverflowError,
+    CudaError,
+    ModelFileError,
+    PlanError,
+    ShapeError,
+    TokenError,
+    UnsupportedError,
+    VramBudgetError,
+)
 from .loading import LoadedModel, load_model
 from .sampling import SamplingParams, sample
 from .streaming import IncrementalDecoder, StopMatcher
@@ -73,9 +82,13 @@ class Engine:
         sparsity: str = "dense",
         thresholds: Sequence[float] | str | os.PathLike[str] | None = None,
         predictors: object | None = None,
+        plan: str | os.PathLike[str] | None = None,
+        device: str = "cpu",
+        vram_budget: int | str | None = None,
     ):
         if threads < 0:
             raise ShapeError(f"threads must be >= 0 (0 = one per core), got {threads}")
+        self.device = _check_device(device)
         self.loaded = loaded
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
@@ -96,6 +109,10 @@ class Engine:
         self.thresholds: list[float] | None = None
         self.predictors = None
         self.set_sparsity(sparsity, thresholds=thresholds, predictors=predictors)
+        self.plan = None
+        self.hot_neurons: list[np.ndarray] | None = None
+        if plan is not None:
+            self.load_plan(plan, vram_budget=vram_budget)
 
     @classmethod
     def from_pretrained(
@@ -107,6 +124,9 @@ class Engine:
         sparsity: str | None = None,
         thresholds: Sequence[float] | str | os.PathLike[str] | None = None,
         predictors: object | None = None,
+        plan: str | os.PathLike[str] | None = None,
+        device: str = "cpu",
+        vram_budget: int | str | None = None,
     ) -> Engine:
         """Load a GGUF file or a Hugging Face model directory (default: SmolLM2-135M-Instruct,
         fetched once into the cache). ``threads=0`` uses one thread per core.
@@ -116,9 +136,15 @@ class Engine:
         threshold; ``thresholds`` = a file from ``python -m powerinfer_rs.calibrate`` or a list)
         or "predictor" (``predictors`` = a file from ``python -m powerinfer_rs.train_predictors``
         or a PredictorSet). Default: "dense", or "predictor" with the file's own predictors for a
-        PowerInfer GGUF (magic "PWRI")."""
+        PowerInfer GGUF (magic "PWRI").
+
+        ``plan``: a placement from ``python -m powerinfer_rs.plan``; refused (PlanError) when made
+        for another model and (VramBudgetError) when its GPU bytes exceed ``vram_budget`` (bytes
+        or "8GiB"; the CPU device has none: only CPU-only plans fit). ``device``: "cpu"
+        (default) or "cuda"/"cuda:N"."""
         if threads < 0:
             raise ShapeError(f"threads must be >= 0 (0 = one per core), got {threads}")
+        _check_device(device)
         if path is None:
             from .models import default_model_path
 
@@ -134,6 +160,9 @@ class Engine:
                 sparsity=sparsity or "predictor",
                 thresholds=thresholds,
                 predictors=predictors if predictors is not None else pwri.predictors,
+                plan=plan,
+                device=device,
+                vram_budget=vram_budget,
             )
         return cls(
             load_model(path),
@@ -142,6 +171,9 @@ class Engine:
             sparsity=sparsity or "dense",
             thresholds=thresholds,
             predictors=predictors,
+            plan=plan,
+            device=device,
+            vram_budget=vram_budget,
         )
 
     # -- properties --------------------------------------------------------------------------
@@ -220,6 +252,27 @@ class Engine:
         else:
             self._session.set_sparsity(mode)
         self.reset()
+
+    def load_plan(
+        self, plan: str | os.PathLike[str], *, vram_budget: int | str | None = None
+    ) -> None:
+        """Adopt a placement plan: checked against this model (PlanError) and against the VRAM
+        this engine has (VramBudgetError; 0 on the CPU device); its neuron table (hot ids per
+        layer) is read and validated by the Rust core."""
+        from .planning import load_plan
+        from .planning.sizes import parse_bytes
+
+        if self.device == "cpu":
+            budget = 0 if vram_budget is None else parse_bytes(vram_budget)
+            if budget:
+                raise VramBudgetError(
+                    f"the CPU device has no VRAM; vram_budget={vram_budget!r} needs device='cuda'"
+                )
+        else:
+            budget = None if vram_budget is None else parse_bytes(vram_budget)
+        self.plan = load_plan(plan, model=self.loaded, budget_bytes=budget)
+        hot = _core.read_neuron_table(os.fspath(plan), self.config.n_layers, self.config.ffn_dim)
+        self.hot_neurons = [np.asarray(h, dtype=np.int64) for h in hot]
 
     def start_profiling(
         self, thresholds: Sequence[float] | None = None, capture: bool = False
@@ -489,3 +542,21 @@ def _load_predictors(source: object, loaded: LoadedModel):
     if missing:
         raise PlanError(f"the predictors lack layers {missing[:8]}")
     return pset
+
+
+def _check_device(device: str) -> str:
+    """ "cpu", or "cuda"/"cuda:N" when a GPU executor can serve it."""
+    if device == "cpu":
+        return device
+    if device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()):
+        count = getattr(_core, "cuda_device_count", lambda: 0)()
+        ordinal = int(device[5:]) if ":" in device else 0
+        if ordinal >= count:
+            raise CudaError(
+                f"{device} was asked for, but {count} CUDA device(s) were found "
+                "(is the NVIDIA driver installed?)"
+            )
+        raise CudaError(
+            f"{device}: the hybrid CPU+GPU executor is not part of this build yet; use device='cpu'"
+        )
+    raise UnsupportedError(f"device {device!r} (use 'cpu', 'cuda' or 'cuda:N')")

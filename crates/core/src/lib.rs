@@ -5,6 +5,7 @@ pub mod buffer;
 pub mod config;
 pub mod dtype;
 pub mod error;
+pub mod neuron_table;
 pub mod quantize;
 pub mod weight;
 
@@ -12,5 +13,6 @@ pub use buffer::Buffer;
 pub use config::{Activation, ModelConfig, RopeStyle};
 pub use dtype::DType;
 pub use error::{Error, Result};
+pub use neuron_table::{LayerTable, NeuronTable, Side};
 pub use quantize::quantize_row;
 pub use weight::Weight;

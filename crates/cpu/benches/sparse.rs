@@ -1,7 +1,7 @@
 //! Sparse FFN kernels over every weight format at dim 2048 / ffn 5504 with 10% of the neurons
 //! active (a random sorted subset), on a 2-thread pool. Throughput is the bytes of the active
 //! rows each call reads (up, down_t and gate rows as the kernel touches them), in decimal GB/s,
-//! so it compares directly with `measure_read_bandwidth`, measured first in the same run.
+//! so it compares directly with `measure_read_bandwidth`, measured in the same run.
 //!
 //! The data is kept out of the last-level cache, as in a real decode step: each call takes the
 //! next of several layers (together >= 256 MB) and the next of several random active sets. A
@@ -186,7 +186,9 @@ fn bench_sparse(c: &mut Criterion) {
                 call(kernel, &layers[it % layers.len()], &sets[it % SETS], b);
                 it += 1;
             };
-            // Summary: the median of many calls, beside the bandwidth.
+            // Summary: the median of many calls, beside the bandwidth measured just before (the
+            // machine may be shared: each row is compared with its own conditions).
+            let bw = pool.install(|| powerinfer_cpu::measure_read_bandwidth(256 << 20, 3));
             let mut times: Vec<f64> = pool.install(|| {
                 (0..300)
                     .map(|_| {
@@ -200,7 +202,7 @@ fn bench_sparse(c: &mut Criterion) {
             let gbs = bytes as f64 / times[times.len() / 2] / 1e9;
             eprintln!(
                 "sparse summary: {kernel:>16} {:>5} {:>6.2} MB/call {:>6.1} µs {gbs:>6.1} GB/s \
-                 = {:>5.1}% of read bandwidth",
+                 = {:>5.1}% of read bandwidth {bw:.1} GB/s",
                 dtype.name(),
                 bytes as f64 / 1e6,
                 times[times.len() / 2] * 1e6,

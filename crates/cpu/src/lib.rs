@@ -25,7 +25,6 @@ pub use matmul::matmul;
 pub use matvec::{matvec, matvec_many};
 pub use simd::SIMD_ENV;
 pub use sparse::reference as sparse_reference;
-pub use sparse::set_knobs; // TEMP
 pub use sparse::{axpy_rows, ffn_gate_up_down_sparse, ffn_up_down_sparse, matvec_rows};
 
 use powerinfer_core::{ensure, DType, Result, Weight};

@@ -160,7 +160,7 @@ pub fn pack_hot_slabs(
         (down_t, offsets[2], d_rb),
     ] {
         let need = if w.dtype == DType::F32 { 4 } else { 2 };
-        if off % need != 0 || rb % need != 0 {
+        if !off.is_multiple_of(need) || !rb.is_multiple_of(need) {
             bail!(
                 Unsupported,
                 "{} rows at slab offset {off} are not {need}-byte aligned",
@@ -169,7 +169,7 @@ pub fn pack_hot_slabs(
         }
     }
     ensure!(
-        offsets[3] % 4 == 0,
+        offsets[3].is_multiple_of(4),
         Unsupported,
         "slab ids at offset {} are not 4-aligned",
         offsets[3]

@@ -35,12 +35,28 @@ fn measure_read_bandwidth(
     })
 }
 
+/// Read and validate a plan / neuron-table file for a model of `n_layers` layers of `ffn`
+/// neurons; returns each layer's hot (GPU) neuron ids, ascending.
+#[pyfunction]
+fn read_neuron_table(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    n_layers: usize,
+    ffn: usize,
+) -> PyResult<Vec<Vec<u32>>> {
+    let table = exceptions::run_detached(py, move || {
+        powerinfer_core::NeuronTable::load(&path, n_layers, ffn)
+    })?;
+    Ok(table.layers.into_iter().map(|l| l.hot).collect())
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<model::PyModel>()?;
     m.add_class::<session::PySession>()?;
     m.add_function(wrap_pyfunction!(simd_level, m)?)?;
     m.add_function(wrap_pyfunction!(measure_read_bandwidth, m)?)?;
+    m.add_function(wrap_pyfunction!(read_neuron_table, m)?)?;
     cuda::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -46,8 +46,8 @@ pub(super) fn axpy_group(dtype: DType, rows: &[&[u8]], a: &[f32], y: &mut [f32])
     }
 }
 
-/// out[i] = dot(rows[i], x) for the `n <= GROUP` rows `rows[..n]`, each holding `x.len()` weights
-/// of `dtype` (sizes checked by the caller).
+/// out[i] = dot(rows[i], x) for the `n <= GROUP` float-format (F32/F16/BF16) rows `rows[..n]`,
+/// each holding `x.len()` values (sizes checked by the caller).
 pub(super) fn dot_group(dtype: DType, rows: &[&[u8]], x: &[f32], out: &mut [f32]) {
     debug_assert_eq!(crate::simd::detect(), crate::simd::Level::Avx2);
     let want = dtype.row_bytes(x.len()).unwrap_or(usize::MAX);
@@ -75,9 +75,9 @@ pub(super) fn dot_group(dtype: DType, rows: &[&[u8]], x: &[f32], out: &mut [f32]
         DType::F32 => run!(float_dot, F32),
         DType::F16 => run!(float_dot, F16),
         DType::BF16 => run!(float_dot, Bf16),
-        DType::Q8_0 => run!(quant_dot, Q8_0),
-        DType::Q4_0 => run!(quant_dot, Q4_0),
-        DType::Q4_1 => run!(quant_dot, Q4_1),
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
+            unreachable!("{dtype}: quantized rows use int16 x")
+        }
     }
 }
 
@@ -385,39 +385,5 @@ unsafe fn quant_axpy<Q: Quant, const R: usize>(p: &[*const u8; GROUP], a: &[f32]
                 _mm256_storeu_ps(yb.add(8 * k), v);
             }
         }
-    }
-}
-
-/// out[i] = dot(row i, x) for `R` quantized rows (`x.len()` a multiple of 32), with f32 x: per
-/// block Σq·x in f32, scaled by d, plus m·Σx where blocks store a min.
-///
-/// # Safety
-/// `x.len() / 32` blocks readable at each `p[i]`, `out.len() >= R`; the CPU has AVX2/FMA/F16C.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn quant_dot<Q: Quant, const R: usize>(p: &[*const u8; GROUP], x: &[f32], out: &mut [f32]) {
-    let xp = x.as_ptr();
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut acc_m = [_mm256_setzero_ps(); R];
-    for b in 0..x.len() / 32 {
-        // SAFETY: x[32b..32b+32] and block b of every row are in bounds per the caller.
-        unsafe {
-            let xv = [0, 8, 16, 24].map(|k| _mm256_loadu_ps(xp.add(32 * b + k)));
-            let xs = _mm256_add_ps(_mm256_add_ps(xv[0], xv[1]), _mm256_add_ps(xv[2], xv[3]));
-            for i in 0..R {
-                let (d, m, q) = Q::block(p[i].add(b * Q::BLOCK_BYTES));
-                let mut t = _mm256_mul_ps(q[0], xv[0]);
-                t = _mm256_fmadd_ps(q[1], xv[1], t);
-                t = _mm256_fmadd_ps(q[2], xv[2], t);
-                t = _mm256_fmadd_ps(q[3], xv[3], t);
-                acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d), t, acc[i]);
-                if Q::HAS_MIN {
-                    acc_m[i] = _mm256_fmadd_ps(_mm256_set1_ps(m), xs, acc_m[i]);
-                }
-            }
-        }
-    }
-    for i in 0..R {
-        out[i] = hsum(_mm256_add_ps(acc[i], acc_m[i]));
     }
 }

@@ -26,8 +26,8 @@ pub(super) fn axpy_group(level: Level, dtype: DType, rows: &[&[u8]], a: &[f32], 
     }
 }
 
-/// out[i] = dot(rows[i], x) for a group of rows on AVX2 (f32 x); `false` (nothing done) on
-/// other levels, or for quantized rows when `quant` is false.
+/// out[i] = dot(rows[i], x) for a group of float-format rows on AVX2; `false` (nothing done)
+/// where the level or format has no group kernel.
 #[inline]
 pub(super) fn dot_group(
     level: Level,
@@ -35,11 +35,10 @@ pub(super) fn dot_group(
     rows: &[&[u8]],
     x: &[f32],
     out: &mut [f32],
-    quant: bool,
 ) -> bool {
     match level {
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 if quant || !dtype.is_quantized() => {
+        Level::Avx2 if !dtype.is_quantized() => {
             super::avx2_rows::dot_group(dtype, rows, x, out);
             true
         }

@@ -110,20 +110,16 @@ pub(crate) fn matvec_rows_at(
         return Ok(());
     }
     let dot = Dot::new(level, x, w.dtype.is_quantized());
-    let (pd, pb) = knobs();
+    let prefetch = w.dtype.is_quantized();
     let run = |(ic, yc): (&[u32], &mut [f32])| {
         let mut batch = [&[][..]; axpy::GROUP];
-        for (g, (ig, yg)) in ic
-            .chunks(axpy::GROUP)
-            .zip(yc.chunks_mut(axpy::GROUP))
-            .enumerate()
-        {
-            for &next in ic
-                .iter()
-                .skip((g + pd) * axpy::GROUP)
-                .take(axpy::GROUP * (pd > 0) as usize)
-            {
-                axpy::prefetch(level, rows.ptr(next), rows.bytes.min(pb));
+        let groups = ic.chunks(axpy::GROUP).zip(yc.chunks_mut(axpy::GROUP));
+        for (g, (ig, yg)) in groups.enumerate() {
+            if prefetch {
+                rows.prefetch(
+                    level,
+                    ic.iter().skip((g + 1) * axpy::GROUP).take(axpy::GROUP),
+                );
             }
             for (b, &i) in batch.iter_mut().zip(ig) {
                 *b = rows.get(i);
@@ -165,10 +161,7 @@ pub(crate) fn axpy_rows_at(
     let rows = Rows::new(w, idx, "axpy_rows")?;
     accumulate(idx.len(), rows.bytes, y, |range, part| {
         let mut group = Group::new(level, w.dtype);
-        for k in range.clone() {
-            if let Some(&next) = idx[range.clone()].get(k + axpy::GROUP - range.start) {
-                axpy::prefetch(level, rows.ptr(next), rows.bytes);
-            }
+        for k in range {
             if a[k] != 0.0 {
                 group.push(rows.get(idx[k]), a[k], part);
             }
@@ -203,15 +196,14 @@ pub(crate) fn ffn_up_down_at(
         return Ok(());
     }
     let dot = Dot::new(level, x, up.dtype.is_quantized());
-    let (pd, pb) = knobs();
+    let prefetch = up.dtype.is_quantized();
     accumulate(idx.len(), ups.bytes + downs.bytes, y, |range, part| {
         let mut group = Group::new(level, down_t.dtype);
         let mut batch = Batch::default();
+        let end = range.end;
         for k in range.filter(|&k| g[k] != 0.0) {
-            if pd > 0 {
-                if let Some(&next) = idx.get(k + pd * axpy::GROUP) {
-                    axpy::prefetch(level, ups.ptr(next), ups.bytes.min(pb));
-                }
+            if prefetch && k + axpy::GROUP < end {
+                ups.prefetch(level, &idx[k + axpy::GROUP..k + axpy::GROUP + 1]);
             }
             batch.push(idx[k], g[k]);
             if batch.n == axpy::GROUP {
@@ -246,11 +238,17 @@ pub(crate) fn ffn_gate_up_down_at(
     }
     let quantized = gate.dtype.is_quantized() || up.dtype.is_quantized();
     let dot = Dot::new(level, x, quantized);
+    let prefetch = gate.dtype.is_quantized();
     let bytes = gates.bytes + ups.bytes + downs.bytes;
     accumulate(idx.len(), bytes, y, |range, part| {
         let mut group = Group::new(level, down_t.dtype);
         let mut batch = Batch::default();
-        for ks in idx[range].chunks(axpy::GROUP) {
+        let chunk = &idx[range];
+        for (c, ks) in chunk.chunks(axpy::GROUP).enumerate() {
+            if prefetch {
+                let next = chunk.iter().skip((c + 1) * axpy::GROUP).take(axpy::GROUP);
+                gates.prefetch(level, next);
+            }
             let mut gk = [0f32; axpy::GROUP];
             let mut gate_rows = [&[][..]; axpy::GROUP];
             for (r, &i) in gate_rows.iter_mut().zip(ks) {
@@ -326,10 +324,15 @@ impl<'a> Rows<'a> {
         &self.data[i as usize * self.bytes..][..self.bytes]
     }
 
-    /// Address of row `i`, for prefetching.
+    /// Hint the cache to fetch rows about to be read. Quantized rows are short and read one
+    /// at a time by the int16 dot kernel, which leaves the hardware prefetchers little to
+    /// work with; float-format rows are read four side by side and need no hint.
     #[inline]
-    fn ptr(&self, i: u32) -> *const u8 {
-        self.data.as_ptr().wrapping_add(i as usize * self.bytes)
+    fn prefetch<'i>(&self, level: Level, idx: impl IntoIterator<Item = &'i u32>) {
+        for &i in idx {
+            let p = self.data.as_ptr().wrapping_add(i as usize * self.bytes);
+            axpy::prefetch(level, p, self.bytes);
+        }
     }
 }
 
@@ -358,8 +361,7 @@ impl<'a> Dot<'a> {
     /// out[i] = dot(rows[i], x) for up to [`axpy::GROUP`] rows of `dtype`.
     #[inline]
     fn group(&self, dtype: DType, rows: &[&[u8]], out: &mut [f32]) {
-        let quant = variant() == 1;
-        if !axpy::dot_group(self.level, dtype, rows, self.x, out, quant) {
+        if !axpy::dot_group(self.level, dtype, rows, self.x, out) {
             for (o, row) in out.iter_mut().zip(rows) {
                 *o = self.row(dtype, row);
             }
@@ -533,25 +535,4 @@ fn reduce(y: &mut [f32], parts: &[f32]) {
     } else {
         y.chunks_mut(REDUCE_CHUNK).enumerate().for_each(add);
     }
-}
-
-/// TEMP experiment knobs: (prefetch distance in rows, prefetch bytes, variant).
-static KNOBS: [std::sync::atomic::AtomicUsize; 3] = [
-    std::sync::atomic::AtomicUsize::new(1),
-    std::sync::atomic::AtomicUsize::new(usize::MAX),
-    std::sync::atomic::AtomicUsize::new(0),
-];
-pub(crate) fn knobs() -> (usize, usize) {
-    use std::sync::atomic::Ordering::Relaxed;
-    (KNOBS[0].load(Relaxed), KNOBS[1].load(Relaxed))
-}
-pub(crate) fn variant() -> usize {
-    KNOBS[2].load(std::sync::atomic::Ordering::Relaxed)
-}
-#[doc(hidden)]
-pub fn set_knobs(pd: usize, pb: usize, v: usize) {
-    use std::sync::atomic::Ordering::Relaxed;
-    KNOBS[0].store(pd, Relaxed);
-    KNOBS[1].store(pb, Relaxed);
-    KNOBS[2].store(v, Relaxed);
 }
