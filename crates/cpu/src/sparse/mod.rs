@@ -7,7 +7,9 @@
 //! adds straight into y, the others into zeroed thread-local scratch), then add the partials
 //! into y in chunk order: no two tasks write the same memory, and the result depends only on the
 //! inputs and the thread count. Rows are read in list order, so a sorted list walks memory
-//! forwards; the next rows are prefetched while the current ones are computed.
+//! forwards. Rows are handled four at a time (float-format dots and every axpy read four rows side
+//! by side, sharing each x or y vector); quantized dots (one row at a time on the int16-x kernel)
+//! prefetch the next group's rows.
 //!
 //! A neuron whose coefficient is exactly zero (a[k] in `axpy_rows`, g[k] or h in the fused
 //! kernels) contributes nothing and its remaining rows are not read; the references in
