@@ -94,7 +94,6 @@ mod tests {
         let vals: Vec<f32> = (0..rows * cols)
             .map(|i| ((i * 31) % 97) as f32 / 40.0 - 1.2)
             .collect();
-        let w = Weight::from_f32(rows, cols, &vals).unwrap();
         for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
             let rb = dtype.row_bytes(cols).unwrap();
             let mut bytes = vec![0u8; rb * rows];
