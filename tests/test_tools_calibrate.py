@@ -15,8 +15,6 @@ from powerinfer_rs.calibrate import main as calibrate_main
 from powerinfer_rs.evaluate import main as evaluate_main
 from powerinfer_rs.profile import main as profile_main
 
-PYTHON_DIR = Path(__file__).resolve().parents[1] / "python"
-
 
 @pytest.fixture(scope="module")
 def text_file(tmp_path_factory):
@@ -184,7 +182,10 @@ def test_cli_subprocess_one_line_error(tmp_path):
     """As a real `python -m` process: exit 2, one line, no traceback."""
     import os
 
-    env = {**os.environ, "PYTHONPATH": str(PYTHON_DIR)}
+    import powerinfer_rs
+
+    # The package this test imported (installed wheel in CI, ./python in development).
+    env = {**os.environ, "PYTHONPATH": str(Path(powerinfer_rs.__path__[0]).parent)}
     r = subprocess.run(
         [sys.executable, "-m", "powerinfer_rs.profile", "--model", str(tmp_path / "x.gguf"),
          "--corpus", "c.txt", "--out", str(tmp_path / "o")],

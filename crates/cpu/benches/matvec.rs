@@ -52,7 +52,7 @@ fn pool() -> rayon::ThreadPool {
 
 fn bench_matvec(c: &mut Criterion) {
     let pool = pool();
-    let gbs = pool.install(|| powerinfer_cpu::measure_read_bandwidth(256 << 20, 5));
+    let gbs = pool.install(|| powerinfer_cpu::measure_read_bandwidth(1 << 30, 5));
     eprintln!(
         "simd {} threads {} read bandwidth {gbs:.1} GB/s",
         powerinfer_cpu::simd_level(),

@@ -97,7 +97,9 @@ pub(super) trait QuantFormat {
     /// `p..p + BLOCK_BYTES` must be readable (any alignment); the CPU must have AVX2/FMA/F16C.
     unsafe fn quants(p: *const u8) -> [__m256; 4];
 
-    /// The block's 32 raw quants as i16: weights 0..16, then 16..32.
+    /// The block's 32 raw quants as i16: weights 0..16, then 16..32. Widened by zero/sign-
+    /// extending *loads*: the register forms of `vpmov{z,s}xbw` cross lanes and issue about once
+    /// per 1.25 cycles on Zen 3, the load forms cost little more than the load.
     ///
     /// # Safety
     /// As for [`QuantFormat::quants`].
@@ -112,6 +114,32 @@ pub(super) trait QuantFormat {
     unsafe fn scale(p: *const u8) -> __m256 {
         // SAFETY: the block starts with its f16 scale, readable per the caller.
         unsafe { half_at(p) }
+    }
+
+    /// The scales `d` of `n <= 8` consecutive blocks starting at `p`, one per lane (lanes `n..`
+    /// are zero).
+    ///
+    /// # Safety
+    /// The `n` blocks at `p` must be readable (`n >= 1`); the CPU must have AVX2/FMA/F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn scales8(p: *const u8, n: usize) -> __m256 {
+        // SAFETY: each block starts with its f16 scale, so p .. p + (n − 1)·BLOCK_BYTES + 2 lies
+        // inside the readable blocks.
+        unsafe { halves8(p, Self::BLOCK_BYTES, n) }
+    }
+
+    /// The stored mins `m` of `n <= 8` consecutive blocks, as [`QuantFormat::scales8`] (only
+    /// called when OFFSET is Min).
+    ///
+    /// # Safety
+    /// As for [`QuantFormat::scales8`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn mins8(p: *const u8, n: usize) -> __m256 {
+        // SAFETY: Q4_1 stores m as the f16 after d: p + 2 .. p + (n − 1)·BLOCK_BYTES + 4 lies
+        // inside the readable blocks.
+        unsafe { halves8(p.add(2), Self::BLOCK_BYTES, n) }
     }
 
     /// The block's stored min `m` in every lane (only called when OFFSET is Min).
@@ -139,6 +167,41 @@ pub(super) unsafe fn half_at(p: *const u8) -> __m256 {
     _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
+/// The f16s at `p + k·stride` for `k < n <= 8`, converted to f32 in lanes `0..n` (zeros above).
+/// A whole chunk (`n == 8`) is gathered with eight loads and seven word blends into one xmm, so
+/// eight conversions cost one `vcvtph2ps`; shorter tails use scalar loads.
+///
+/// # Safety
+/// `p .. p + (n − 1)·stride + 2` must be readable and `stride >= 2`; the CPU must have AVX2
+/// and F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn halves8(p: *const u8, stride: usize, n: usize) -> __m256 {
+    if n == 8 {
+        // Load k starts at p + k·(stride − 2), putting half k in word k; it ends at
+        // p + k·stride + 16 − 2k <= p + 7·stride + 2 for k <= 7 and stride >= 2.
+        // SAFETY: so every load lies inside the readable range of the caller.
+        let at = |k: usize| unsafe { _mm_loadu_si128(p.add(k * (stride - 2)) as *const __m128i) };
+        let mut v = at(0);
+        v = _mm_blend_epi16::<0b0000_0010>(v, at(1));
+        v = _mm_blend_epi16::<0b0000_0100>(v, at(2));
+        v = _mm_blend_epi16::<0b0000_1000>(v, at(3));
+        v = _mm_blend_epi16::<0b0001_0000>(v, at(4));
+        v = _mm_blend_epi16::<0b0010_0000>(v, at(5));
+        v = _mm_blend_epi16::<0b0100_0000>(v, at(6));
+        v = _mm_blend_epi16::<0b1000_0000>(v, at(7));
+        return _mm256_cvtph_ps(v);
+    }
+    // SAFETY: only k < n is read, two bytes each, inside the caller's readable range.
+    let h = |k: usize| match k < n {
+        true => u64::from(unsafe { (p.add(k * stride) as *const u16).read_unaligned() }),
+        false => 0,
+    };
+    let lo = h(0) | h(1) << 16 | h(2) << 32 | h(3) << 48;
+    let hi = h(4) | h(5) << 16 | h(6) << 32 | h(7) << 48;
+    _mm256_cvtph_ps(_mm_set_epi64x(hi as i64, lo as i64))
+}
+
 /// Q8_0: f16 d, 32 × i8.
 pub(super) struct Q8_0;
 /// Q4_0: f16 d, 16 bytes of nibbles, w = d·(q − 8).
@@ -163,7 +226,8 @@ impl QuantFormat for Q8_0 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn quants16(p: *const u8) -> [__m256i; 2] {
-        // SAFETY: bytes 2..34 of the block are readable per the caller; unaligned loads.
+        // SAFETY: bytes 2..34 of the block are readable per the caller; unaligned loads, which
+        // LLVM folds into the sign-extending moves.
         let half = |i: usize| unsafe { _mm_loadu_si128(p.add(2 + 16 * i) as *const __m128i) };
         [_mm256_cvtepi8_epi16(half(0)), _mm256_cvtepi8_epi16(half(1))]
     }
@@ -194,19 +258,25 @@ unsafe fn nibbles(q: *const u8) -> [__m256; 4] {
 }
 
 /// The 32 nibbles of a Q4 block at `q` (16 bytes) as i16: low nibbles (weights 0..16), then
-/// high nibbles (weights 16..32).
+/// high nibbles (weights 16..32). One zero-extending load; the high nibble of a zero-extended
+/// byte needs no mask.
 ///
 /// # Safety
 /// 16 bytes at `q` must be readable; the CPU must have AVX2.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn nibbles16(q: *const u8) -> [__m256i; 2] {
-    // SAFETY: 16 readable bytes per the caller, one unaligned load.
-    let raw = unsafe { _mm_loadu_si128(q as *const __m128i) };
-    let low = _mm_set1_epi8(0x0F);
+    let words: __m256i;
+    // SAFETY: 16 readable bytes per the caller; the asm only loads. It is asm because LLVM
+    // rewrites the intrinsic form into masks on the bytes plus two register-form zero-extensions,
+    // which are the slow kind (see `QuantFormat::quants16`).
+    unsafe {
+        std::arch::asm!("vpmovzxbw {w}, xmmword ptr [{q}]", w = out(ymm_reg) words, q = in(reg) q,
+            options(pure, readonly, nostack, preserves_flags));
+    }
     [
-        _mm256_cvtepu8_epi16(_mm_and_si128(raw, low)),
-        _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(raw), low)),
+        _mm256_and_si256(words, _mm256_set1_epi16(0x0F)),
+        _mm256_srli_epi16::<4>(words),
     ]
 }
 

@@ -1,8 +1,14 @@
 //! The integer matvec path for quantized weights: x is quantized once per call to int16 with one
 //! scale per 32-block (never to int8), and each block's Σq·x is computed exactly in i32 with
 //! `pmaddwd`, then scaled by d·s_x in f32. The only approximation is x's int16 rounding
-//! (|δx| ≤ max|x_block| / 65534), which keeps every dot within the crate's tolerance while
-//! doing half the work per block of the f32 path.
+//! (|δx| ≤ max|x_block| / 65534), which keeps every dot within the crate's tolerance.
+//!
+//! Per block-row the loop does only the integer dot (one zero/sign-extending load, two
+//! `pmaddwd`), one conversion and one FMA with a broadcast from the stack. What does not depend
+//! on the quants is hoisted out per chunk of eight blocks: the f16 scales of eight blocks are
+//! gathered with blends and converted at once, then multiplied by x's eight scales; Q4_1's mins
+//! enter as one FMA of eight mins with eight per-block sums of x. Q4_0's −8 stays in the integer
+//! dot (a per-block bias of x), so blocks of zero weights give exactly zero.
 
 use super::formats::{Offset, QuantFormat};
 use super::hsum;
@@ -10,15 +16,23 @@ use std::arch::x86_64::*;
 
 /// Largest int16 magnitude used for x.
 const X_MAX: f32 = 32767.0;
+/// Blocks whose scales are converted together (one f32 vector's worth).
+const CHUNK: usize = 8;
 
-/// x quantized to int16, per 32-weight block.
+/// x quantized to int16, per 32-weight block. The per-block vectors are zero-padded to a
+/// multiple of [`CHUNK`] blocks so a chunk's eight lanes can always be loaded.
 pub(crate) struct XQuant {
     /// round(x / scale), 32 per block.
     q: Vec<i16>,
     /// Per block: x ≈ scale · q.
     scale: Vec<f32>,
-    /// Per block: Σx / 8 (in f32, from the unquantized x), for the Q4_1 min term.
-    sum8: Vec<f32>,
+    /// Per block: Σx (in f32, from the unquantized x), for the Q4_1 min term.
+    sum: Vec<f32>,
+    /// Per block: 8·q summed in the lane pattern of the dot's two `pmaddwd` (eight i32 lanes),
+    /// subtracted from Q4_0's integer dot so each lane of Σ(q − 8)·x stays exact.
+    bias8: Vec<i32>,
+    /// Number of 32-blocks.
+    blocks: usize,
 }
 
 impl XQuant {
@@ -27,10 +41,13 @@ impl XQuant {
     pub(crate) fn new(x: &[f32]) -> Option<XQuant> {
         super::debug_check_level();
         let blocks = x.len() / 32;
+        let padded = blocks.next_multiple_of(CHUNK);
         let mut xq = XQuant {
             q: vec![0; blocks * 32],
-            scale: vec![0.0; blocks],
-            sum8: vec![0.0; blocks],
+            scale: vec![0.0; padded],
+            sum: vec![0.0; padded],
+            bias8: vec![0; blocks * 8],
+            blocks,
         };
         // SAFETY: only reached on the AVX2 path, after the features were detected.
         let finite = unsafe { quantize_blocks(x, &mut xq) };
@@ -39,7 +56,7 @@ impl XQuant {
 
     /// Number of 32-blocks.
     pub(crate) fn blocks(&self) -> usize {
-        self.scale.len()
+        self.blocks
     }
 }
 
@@ -50,8 +67,9 @@ impl XQuant {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn quantize_blocks(x: &[f32], xq: &mut XQuant) -> bool {
     let sign = _mm256_set1_ps(-0.0);
-    let blocks = x.chunks_exact(32).zip(xq.q.chunks_exact_mut(32));
-    for ((xb, qb), (scale, sum8)) in blocks.zip(xq.scale.iter_mut().zip(&mut xq.sum8)) {
+    let mut q = std::mem::take(&mut xq.q);
+    let blocks = x.chunks_exact(32).zip(q.chunks_exact_mut(32));
+    for (b, (xb, qb)) in blocks.enumerate() {
         // SAFETY: xb has 32 values, loaded as four unaligned vectors.
         let v = unsafe { [0, 8, 16, 24].map(|k| _mm256_loadu_ps(xb.as_ptr().add(k))) };
         let abs = v.map(|vk| _mm256_andnot_ps(sign, vk));
@@ -59,12 +77,12 @@ unsafe fn quantize_blocks(x: &[f32], xq: &mut XQuant) -> bool {
             _mm256_max_ps(abs[0], abs[1]),
             _mm256_max_ps(abs[2], abs[3]),
         ));
-        let sum = hsum(_mm256_add_ps(
+        let s = hsum(_mm256_add_ps(
             _mm256_add_ps(v[0], v[1]),
             _mm256_add_ps(v[2], v[3]),
         ));
         // NaN fails `is_finite` on the sum even where max_ps dropped it.
-        if !amax.is_finite() || !sum.is_finite() {
+        if !amax.is_finite() || !s.is_finite() {
             return false;
         }
         let inv = _mm256_set1_ps(if amax > 0.0 { X_MAX / amax } else { 0.0 });
@@ -73,14 +91,20 @@ unsafe fn quantize_blocks(x: &[f32], xq: &mut XQuant) -> bool {
         // packs works per 128-bit lane: reorder the 64-bit quarters back into x order.
         let lo = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(i[0], i[1]));
         let hi = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(i[2], i[3]));
-        // SAFETY: qb has 32 i16 = two 32-byte unaligned stores.
+        // 8·Σq in the lane pattern of the dot's two pmaddwd (|lane| <= 8·4·32767 < 2^31), so
+        // that Q4_0's per-lane difference is exact.
+        let eight = _mm256_set1_epi16(8);
+        let bias = _mm256_add_epi32(_mm256_madd_epi16(eight, lo), _mm256_madd_epi16(eight, hi));
+        // SAFETY: qb has 32 i16 = two 32-byte unaligned stores; bias8 has eight lanes per block.
         unsafe {
             _mm256_storeu_si256(qb.as_mut_ptr() as *mut __m256i, lo);
             _mm256_storeu_si256(qb.as_mut_ptr().add(16) as *mut __m256i, hi);
+            _mm256_storeu_si256(xq.bias8.as_mut_ptr().add(8 * b) as *mut __m256i, bias);
         }
-        *scale = amax / X_MAX;
-        *sum8 = sum * 0.125;
+        xq.scale[b] = amax / X_MAX;
+        xq.sum[b] = s;
     }
+    xq.q = q;
     true
 }
 
@@ -107,43 +131,79 @@ pub(super) unsafe fn quant_rows_i16<Q: QuantFormat, const R: usize>(
     out: &mut [f32],
 ) {
     let mut acc = [_mm256_setzero_ps(); R];
+    let full = xq.blocks / CHUNK * CHUNK;
+    for b0 in (0..full).step_by(CHUNK) {
+        // SAFETY: blocks b0..b0 + CHUNK exist, per the caller.
+        unsafe { chunk_dot::<Q, R>(rows, row_bytes, xq, b0, CHUNK, &mut acc) };
+    }
+    if full < xq.blocks {
+        // SAFETY: blocks full..blocks exist, per the caller.
+        unsafe { chunk_dot::<Q, R>(rows, row_bytes, xq, full, xq.blocks - full, &mut acc) };
+    }
+    for (a, o) in acc.iter().zip(out.iter_mut()) {
+        *o = hsum(*a);
+    }
+}
+
+/// Add blocks `b0..b0 + n` (`n <= CHUNK`) of `R` rows to the rows' accumulators: the chunk's
+/// scales (and Q4_1's mins) first, eight blocks at a time, then one integer dot, conversion and
+/// FMA per block-row. Called with the constant `n = CHUNK` for whole chunks, so those take the
+/// blend gathers with no per-block checks.
+///
+/// # Safety
+/// As for [`quant_rows_i16`], with `b0 + n <= xq.blocks()`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn chunk_dot<Q: QuantFormat, const R: usize>(
+    rows: *const u8,
+    row_bytes: usize,
+    xq: &XQuant,
+    b0: usize,
+    n: usize,
+    acc: &mut [__m256; R],
+) {
+    // Per row, d·s_x of the chunk's blocks, read back one broadcast per block.
+    let mut ds = [[0f32; CHUNK]; R];
+    // SAFETY: the per-block vectors are padded to whole chunks, so lanes b0..b0 + 8 exist; each
+    // row's blocks b0..b0 + n are readable per the caller.
+    unsafe {
+        let sx = _mm256_loadu_ps(xq.scale.as_ptr().add(b0));
+        for (i, (a, dsi)) in acc.iter_mut().zip(&mut ds).enumerate() {
+            let p = rows.add(i * row_bytes + b0 * Q::BLOCK_BYTES);
+            let d = Q::scales8(p, n);
+            _mm256_storeu_ps(dsi.as_mut_ptr(), _mm256_mul_ps(d, sx));
+            // Offsets are independent of the quants: Σ_b offset_b · Σx_b, eight at a time.
+            match Q::OFFSET {
+                Offset::None | Offset::MinusEight => {}
+                Offset::Min => {
+                    let s = _mm256_loadu_ps(xq.sum.as_ptr().add(b0));
+                    *a = _mm256_fmadd_ps(Q::mins8(p, n), s, *a);
+                }
+            }
+        }
+    }
     let xp = xq.q.as_ptr();
-    for b in 0..xq.blocks() {
+    for k in 0..n {
+        let b = b0 + k;
         // SAFETY: b < blocks, so xq.q[32b..32b+32] and every row's block b are in bounds per
         // the caller.
         unsafe {
             let xa = _mm256_loadu_si256(xp.add(32 * b) as *const __m256i);
             let xb = _mm256_loadu_si256(xp.add(32 * b + 16) as *const __m256i);
-            let sx = _mm256_set1_ps(*xq.scale.get_unchecked(b));
-            // Q4_0: Σ(q − 8)·x = Σq·x − 8·Σx, the second term shared by all rows (exact in i32).
-            let eight = _mm256_set1_epi16(8);
-            let bias = if Q::OFFSET == Offset::MinusEight {
-                _mm256_add_epi32(_mm256_madd_epi16(eight, xa), _mm256_madd_epi16(eight, xb))
-            } else {
-                _mm256_setzero_si256()
+            let bias = match Q::OFFSET {
+                Offset::MinusEight => _mm256_loadu_si256(xq.bias8.as_ptr().add(8 * b).cast()),
+                Offset::None | Offset::Min => _mm256_setzero_si256(),
             };
-            let sum8 = if Q::OFFSET == Offset::Min {
-                _mm256_set1_ps(*xq.sum8.get_unchecked(b))
-            } else {
-                _mm256_setzero_ps()
-            };
-            for (i, a) in acc.iter_mut().enumerate() {
-                let p = rows.add(i * row_bytes + b * Q::BLOCK_BYTES);
-                let [ql, qh] = Q::quants16(p);
-                let mut s = _mm256_add_epi32(_mm256_madd_epi16(ql, xa), _mm256_madd_epi16(qh, xb));
+            for (i, (a, dsi)) in acc.iter_mut().zip(&ds).enumerate() {
+                let [qa, qb] = Q::quants16(rows.add(i * row_bytes + b * Q::BLOCK_BYTES));
+                let mut s = _mm256_add_epi32(_mm256_madd_epi16(qa, xa), _mm256_madd_epi16(qb, xb));
                 if Q::OFFSET == Offset::MinusEight {
                     s = _mm256_sub_epi32(s, bias);
                 }
-                let ds = _mm256_mul_ps(Q::scale(p), sx);
-                *a = _mm256_fmadd_ps(ds, _mm256_cvtepi32_ps(s), *a);
-                if Q::OFFSET == Offset::Min {
-                    *a = _mm256_fmadd_ps(Q::min(p), sum8, *a);
-                }
+                let d = _mm256_broadcast_ss(dsi.get_unchecked(k));
+                *a = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *a);
             }
         }
-    }
-    for (a, o) in acc.iter().zip(out.iter_mut()) {
-        *o = hsum(*a);
     }
 }
 
@@ -158,15 +218,67 @@ mod tests {
             .collect();
         let xq = XQuant::new(&x).unwrap();
         for (b, xb) in x.chunks_exact(32).enumerate() {
+            let mut qsum = 0.0;
             for (k, &v) in xb.iter().enumerate() {
                 let back = xq.q[32 * b + k] as f32 * xq.scale[b];
                 assert!((back - v).abs() <= 0.5 * xq.scale[b] * 1.001 + 1e-12);
+                qsum += back;
             }
-            assert!((xq.sum8[b] * 8.0 - xb.iter().sum::<f32>()).abs() < 1e-5);
+            assert!((xq.sum[b] - xb.iter().sum::<f32>()).abs() < 1e-5);
+            let bias: i32 = xq.bias8[8 * b..8 * b + 8].iter().sum();
+            assert!((bias as f32 * xq.scale[b] - 8.0 * qsum).abs() < 1e-4);
         }
+        // Padding lanes up to the chunk are zero.
+        assert_eq!(xq.scale.len(), CHUNK);
+        assert!(xq.scale[3..].iter().all(|&s| s == 0.0));
         assert!(XQuant::new(&[0.0; 32]).unwrap().q.iter().all(|&q| q == 0));
         let mut bad = vec![1.0f32; 64];
         bad[40] = f32::NAN;
         assert!(XQuant::new(&bad).is_none());
+    }
+
+    /// Every chunk length (whole chunks and tails of 1..7 blocks), every quantized format, row
+    /// groups and single rows: the int16 path meets the dot bound.
+    #[test]
+    fn every_chunk_length_meets_the_bound() {
+        use crate::testutil::{assert_dot_close, random_weight, Rng};
+        use powerinfer_core::DType;
+        let mut rng = Rng::new(21);
+        for blocks in 1..=2 * CHUNK + 1 {
+            let cols = 32 * blocks;
+            for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+                let w = random_weight(&mut rng, dtype, 6, cols);
+                let x = rng.vec(cols);
+                let xq = XQuant::new(&x).unwrap();
+                let mut y = vec![f32::NAN; 6];
+                let row_bytes = dtype.row_bytes(cols).unwrap();
+                super::super::rows_dot_i16(dtype, w.bytes(), row_bytes, &xq, &mut y);
+                for (r, &got) in y.iter().enumerate() {
+                    assert_dot_close(got, dtype, w.row(r), &x, "int16 chunks");
+                }
+            }
+        }
+    }
+
+    /// Q4_0 blocks whose quants are all 8 are zero weights: the dot is exactly zero, whatever
+    /// d and x (the −8 is subtracted in integers, not in f32).
+    #[test]
+    fn q4_0_zero_weights_give_exactly_zero() {
+        use crate::testutil::Rng;
+        use half::f16;
+        use powerinfer_core::DType;
+        let mut rng = Rng::new(22);
+        let (rows, blocks) = (5, 13);
+        let mut bytes = Vec::new();
+        for _ in 0..rows * blocks {
+            bytes.extend(f16::from_f32(rng.uniform(0.5, 3.0)).to_le_bytes());
+            bytes.extend([0x88u8; 16]);
+        }
+        let x: Vec<f32> = rng.vec(32 * blocks).iter().map(|v| v * 1e3).collect();
+        let xq = XQuant::new(&x).unwrap();
+        let mut y = vec![f32::NAN; rows];
+        let row_bytes = DType::Q4_0.row_bytes(32 * blocks).unwrap();
+        super::super::rows_dot_i16(DType::Q4_0, &bytes, row_bytes, &xq, &mut y);
+        assert_eq!(y, vec![0.0; rows]);
     }
 }

@@ -5,6 +5,7 @@ mod dequant;
 mod dot;
 mod formats;
 mod int16;
+mod read;
 mod tile;
 
 use formats::{Bf16, F16, F32, Q4_0, Q4_1, Q8_0};
@@ -177,6 +178,13 @@ pub(crate) fn rows_dot_i16(
 
 /// A multi-row int16-x kernel: (first row, row stride in bytes, quantized x, out).
 type Rows16Kernel = unsafe fn(*const u8, usize, &XQuant, &mut [f32]);
+
+/// Wrapping sum of `data` with AVX2 loads (the bandwidth probe's reader).
+pub(crate) fn read_sum(data: &[u64]) -> u64 {
+    debug_check_level();
+    // SAFETY: only called on the AVX2 level, after the features were detected.
+    unsafe { read::read_sum(data) }
+}
 
 /// Dequantise one row (sizes checked by callers).
 pub(crate) fn dequantize_row(dtype: DType, row: &[u8], out: &mut [f32]) {
