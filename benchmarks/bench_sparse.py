@@ -72,7 +72,7 @@ def synthetic_relu_model(dtype: str, shape: tuple[int, int, int, int], cache: Pa
     heads = max(1, dim // 128)
     name = (
         f"synthetic-llama-{dtype.lower()}-ctx4096-d{dim}-f{ffn}-l{layers}-h{heads}-kv{heads}"
-        f"-v{vocab}-relu-s{seed}.gguf"
+        f"-v{vocab}-relu-s{seed}-g64.gguf"
     )
     path = cache / name
     if path.is_file():

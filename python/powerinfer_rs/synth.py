@@ -23,6 +23,11 @@ the mean is ``active`` (floored at 1e-4). The law is exact for layer 0 and appro
 in (the residual stream drifts a little). For ReLU models the FFN is
 ``down(relu(gate x) * up x)``, so a neuron is active exactly when ``z_i > 0``.
 
+Planted predictability. ``ffn_gate[:, 1:]`` is a product ``A @ B`` of rank ``gate_rank``
+(default 64): the gate sees the residual stream through a few directions, so a low-rank
+predictor can tell which neurons fire, as predictors do on real ReLU LLMs; ``gate_rank=0`` gives
+a full-rank random gate, which no small predictor can follow.
+
 The tokenizer is byte-level BPE: 3 special tokens (``<|endoftext|>`` = BOS, ``<|im_start|>``,
 ``<|im_end|>`` = EOS), the 256 byte symbols, then merges over common English letters until
 the vocabulary has ``vocab`` entries.
@@ -158,6 +163,7 @@ class SynthSpec:
     rope_theta: float = 10000.0
     rms_eps: float = 1e-5
     tie: bool = False
+    gate_rank: int = 64
 
     @property
     def head_dim(self) -> int:
@@ -275,6 +281,14 @@ class SynthWeights:
             return w
         if kind == "ffn_gate":
             w = self._normal(name, (s.ffn, d), 1.0 / math.sqrt(d))
+            r = s.gate_rank
+            if 0 < r < d - 1:
+                # Planted low-rank structure: the gate reads x[1:] through an r-dimensional
+                # projection, so which neurons fire is predictable from few directions (as
+                # PowerInfer/DejaVu predictors find in real LLMs). Entries keep variance 1/d.
+                a = self._normal(name + "#a", (s.ffn, r), 1.0)
+                b = self._normal(name + "#b", (r, d - 1), 1.0)
+                w[:, 1:] = (a @ b / math.sqrt(r * d)).astype(np.float32)
             g = self.tensor(f"blk.{layer}.ffn_norm").astype(np.float64)
             sigma = np.sqrt(((w[:, 1:].astype(np.float64) * g[1:]) ** 2).sum(axis=1))
             nd = NormalDist()
@@ -371,6 +385,7 @@ def write_hf_model(
     active: float = 0.1,
     shards: int = 1,
     tie: bool = False,
+    gate_rank: int = 64,
 ) -> Path:
     """Write a synthetic HF llama directory (config.json, safetensors, tokenizer files).
 
@@ -381,7 +396,18 @@ def write_hf_model(
     if shards not in (1, 2):
         raise ShapeError("shards must be 1 or 2")
     spec = SynthSpec(
-        dim, ffn, layers, heads, kv_heads, vocab, activation, max_context, seed, active, tie=tie
+        dim,
+        ffn,
+        layers,
+        heads,
+        kv_heads,
+        vocab,
+        activation,
+        max_context,
+        seed,
+        active,
+        tie=tie,
+        gate_rank=gate_rank,
     )
     gen = SynthWeights(spec)
     out = Path(out_dir)
@@ -479,6 +505,7 @@ def write_gguf_model(
     seed: int = 0,
     active: float = 0.1,
     tie: bool = False,
+    gate_rank: int = 64,
 ) -> Path:
     """Write the same synthetic model as :func:`write_hf_model` as a llama GGUF file.
 
@@ -492,7 +519,18 @@ def write_gguf_model(
     if dtype not in GGUF_DTYPES:
         raise UnsupportedError(f"dtype {dtype!r} (choose from {', '.join(GGUF_DTYPES)})")
     spec = SynthSpec(
-        dim, ffn, layers, heads, kv_heads, vocab, activation, max_context, seed, active, tie=tie
+        dim,
+        ffn,
+        layers,
+        heads,
+        kv_heads,
+        vocab,
+        activation,
+        max_context,
+        seed,
+        active,
+        tie=tie,
+        gate_rank=gate_rank,
     )
     gen = SynthWeights(spec)
     if dtype.startswith("Q") and (dim % 32 or ffn % 32):
@@ -591,6 +629,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=list(HF_DTYPES), default="bf16", help="for --format hf")
     ap.add_argument("--shards", type=int, choices=[1, 2], default=1, help="for --format hf")
     ap.add_argument("--tie", action="store_true", help="tie the output head to the embeddings")
+    ap.add_argument(
+        "--gate-rank",
+        type=int,
+        default=64,
+        help="rank of the planted low-rank gate structure that makes activity predictable "
+        "(0 = full-rank random gate)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True, help="output directory (hf) or .gguf path")
     a = ap.parse_args(argv)
@@ -606,6 +651,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=a.seed,
         active=a.active,
         tie=a.tie,
+        gate_rank=a.gate_rank,
     )
     t0 = time.perf_counter()
     try:
