@@ -109,14 +109,20 @@ def ffn_bytes(engine) -> list[dict[str, int]]:
 
 
 def sparse_bytes_per_token(
-    dense: int, layers: list[dict[str, int]], active: list[float], *, gate_sparse: bool = False
+    dense: int,
+    layers: list[dict[str, int]],
+    active: list[float],
+    *,
+    gate_sparse: bool = False,
+    up_sparse: bool = True,
 ) -> float:
     """Weight bytes per token of a mode that reads the gate in full (exact-relu, threshold;
-    or only the active rows of it with ``gate_sparse``: predictor) and only the active rows of
-    up and down_t (down_t holds the same bytes as down)."""
+    or only the active rows of it with ``gate_sparse``: predictor), up in full (threshold, whose
+    rule |act(gate)·up| needs it) or only its active rows, and only the active rows of down_t
+    (down_t holds the same bytes as down)."""
     skip = 0.0
     for lb, a in zip(layers, active):
-        rows = lb["up"] + lb["down"] + (lb["gate"] if gate_sparse else 0)
+        rows = lb["down"] + (lb["up"] if up_sparse else 0) + (lb["gate"] if gate_sparse else 0)
         skip += (1.0 - a) * rows
     return dense - skip
 
@@ -213,7 +219,7 @@ def bench_synthetic(args, dtype: str) -> dict[str, Any]:
     bpt = {
         "dense": dense_b,
         "exact-relu": relu_b,
-        "threshold": sparse_bytes_per_token(dense_b, layers, thr_active),
+        "threshold": sparse_bytes_per_token(dense_b, layers, thr_active, up_sparse=False),
     }
     pset = load_or_train_predictors(args, eng, path, calib)
     if pset is not None:
@@ -329,7 +335,7 @@ def bench_smol(args) -> dict[str, Any]:
         label = f"threshold@{s:.2f}"
         modes[label] = {"mode": "threshold", "thresholds": thr}
         act = [1.0 - x for x in ho.sparsity]
-        bpt[label] = sparse_bytes_per_token(dense_b, layers, act)
+        bpt[label] = sparse_bytes_per_token(dense_b, layers, act, up_sparse=False)
         rep["targets"][label] = {
             "target_sparsity": s,
             "measured_sparsity": float(np.mean(ho.sparsity)),
@@ -414,8 +420,8 @@ def print_report(rep: dict[str, Any]) -> None:
                     f"{np.mean(r['predictor']['recall']):.4f}"
                 )
     print(
-        "\nMB/token: weight bytes a decoded token reads (sparse modes: gate in full, up and "
-        "down_t only on active rows,\nactive fraction from a profile of the same decode / the "
+        "\nMB/token: weight bytes a decoded token reads (sparse modes: gate in full, up in full "
+        "for threshold, else\nonly on active rows, down_t only on active rows;\nactive fraction from a profile of the same decode / the "
         "held-out text). GB/s = MB/token x tok/s."
     )
 
