@@ -420,9 +420,10 @@ def print_report(rep: dict[str, Any]) -> None:
                     f"{np.mean(r['predictor']['recall']):.4f}"
                 )
     print(
-        "\nMB/token: weight bytes a decoded token reads (sparse modes: gate in full, up in full "
-        "for threshold, else\nonly on active rows, down_t only on active rows;\nactive fraction from a profile of the same decode / the "
-        "held-out text). GB/s = MB/token x tok/s."
+        "\nMB/token: weight bytes a decoded token reads (sparse modes: gate in full, up in "
+        "full for threshold,\nelse only on active rows, down_t only on active rows; active "
+        "fraction from a profile of the same\ndecode / the held-out text). "
+        "GB/s = MB/token x tok/s."
     )
 
 
