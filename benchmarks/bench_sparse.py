@@ -483,7 +483,7 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--synthetic-calib-tokens",
         type=int,
-        default=1024,
+        default=4096,
         help="random token ids the synthetic thresholds (and --train-predictors) use",
     )
     ap.add_argument(
