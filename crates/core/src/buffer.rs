@@ -2,6 +2,7 @@
 //! (a memory-mapped numpy array handed over from Python), so weights reach the kernels without a
 //! copy.
 
+use crate::pages::PageBuf;
 use std::sync::Arc;
 
 /// An immutable run of bytes with its owner. Cloning shares the owner, never the bytes.
@@ -18,32 +19,13 @@ unsafe impl Send for Buffer {}
 // SAFETY: as above; nothing mutates through a Buffer.
 unsafe impl Sync for Buffer {}
 
-/// Owned storage aligned to 64 bytes (a cache line), for data the engine repacks itself.
-struct Aligned(#[allow(dead_code)] Vec<CacheLine>);
-
-/// One 64-byte, 64-aligned line of storage.
-#[derive(Clone, Copy)]
-#[repr(C, align(64))]
-struct CacheLine([u8; 64]);
-
 impl Buffer {
-    /// Copy `bytes` into a new 64-byte-aligned buffer that owns them.
+    /// Copy `bytes` into a new buffer that owns them: 64-byte aligned, and on huge pages when
+    /// large (see [`crate::pages`]).
     pub fn from_bytes(bytes: &[u8]) -> Buffer {
-        let mut store = vec![CacheLine([0u8; 64]); bytes.len().div_ceil(64)];
-        // SAFETY: `store` holds at least bytes.len() bytes, and the regions do not overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                bytes.as_ptr(),
-                store.as_mut_ptr() as *mut u8,
-                bytes.len(),
-            )
-        };
-        let ptr = store.as_ptr() as *const u8;
-        Buffer {
-            ptr,
-            len: bytes.len(),
-            _owner: Arc::new(Aligned(store)),
-        }
+        let mut store = PageBuf::zeroed(bytes.len());
+        store.as_mut_slice().copy_from_slice(bytes);
+        store.freeze()
     }
 
     /// A buffer of f32 values (copied), for tests and small tensors.

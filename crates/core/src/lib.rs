@@ -6,6 +6,7 @@ pub mod config;
 pub mod dtype;
 pub mod error;
 pub mod neuron_table;
+pub mod pages;
 pub mod quantize;
 pub mod weight;
 
@@ -14,5 +15,6 @@ pub use config::{Activation, ModelConfig, RopeStyle};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use neuron_table::{LayerTable, NeuronTable, Side};
+pub use pages::PageBuf;
 pub use quantize::quantize_row;
 pub use weight::Weight;

@@ -4,10 +4,13 @@
 //! so it compares directly with `measure_read_bandwidth`, measured in the same run.
 //!
 //! The data is kept out of the last-level cache, as in a real decode step: each call takes the
-//! next of several layers (together >= 256 MB) and the next of several random active sets. A
-//! summary table (median GB/s and share of the read bandwidth per kernel and format) is printed
-//! before the criterion runs. `SPARSE_THREADS` overrides the thread count; `SPARSE_FILTER`
-//! keeps only the \"kernel/FORMAT\" names containing it (summary and criterion alike).
+//! next of several layers (together >= 256 MB) and the next of several random active sets. The
+//! weights live in owned buffers, on transparent huge pages where the OS grants them, as the
+//! engine's repacked tensors do. A summary table (median GB/s and share of the read bandwidth per
+//! kernel and format, each kernel timed in rounds alternating with the bandwidth probe) is
+//! printed before the criterion runs. `SPARSE_THREADS` overrides the thread count,
+//! `SPARSE_ACTIVE` the share of neurons active; `SPARSE_FILTER` keeps only the
+//! \"kernel/FORMAT\" names containing it (summary and criterion alike).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use powerinfer_core::{Activation, Buffer, DType, Weight};
@@ -22,6 +25,10 @@ const ACTIVE: f64 = 0.10;
 const WORKING_SET: usize = 1 << 30;
 /// Distinct random active sets cycled through.
 const SETS: usize = 13;
+/// Rounds of the summary (each: the read bandwidth, then [`CALLS_PER_ROUND`] calls).
+const ROUNDS: usize = 9;
+/// Kernel calls timed per summary round.
+const CALLS_PER_ROUND: usize = 40;
 /// Formats benchmarked.
 const FORMATS: [DType; 6] = [
     DType::F16,
@@ -76,9 +83,14 @@ fn layers(dtype: DType) -> Vec<Layer> {
         .collect()
 }
 
-/// [`SETS`] random sorted active sets of exactly ACTIVE · FFN neurons.
+/// [`SETS`] random sorted active sets of exactly ACTIVE · FFN neurons (`SPARSE_ACTIVE` overrides
+/// the share).
 fn active_sets() -> Vec<Vec<u32>> {
-    let n = (FFN as f64 * ACTIVE).round() as usize;
+    let active = std::env::var("SPARSE_ACTIVE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ACTIVE);
+    let n = (FFN as f64 * active).round() as usize;
     let mut s = 0x1234_5678_9ABC_DEF1u64;
     (0..SETS)
         .map(|_| {
@@ -137,6 +149,12 @@ fn active_bytes(kernel: &str, dtype: DType, n: usize) -> u64 {
     (rows * n * dtype.row_bytes(DIM).unwrap()) as u64
 }
 
+/// The median of `v` (sorted in place).
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 fn bufs() -> Bufs {
     Bufs {
         x: (0..DIM).map(|i| ((i % 13) as f32 - 6.0) * 0.1).collect(),
@@ -186,27 +204,37 @@ fn bench_sparse(c: &mut Criterion) {
                 call(kernel, &layers[it % layers.len()], &sets[it % SETS], b);
                 it += 1;
             };
-            // Summary: the median of many calls, beside the bandwidth measured just before (the
-            // machine may be shared: each row is compared with its own conditions).
-            let bw = pool.install(|| powerinfer_cpu::measure_read_bandwidth(256 << 20, 3));
-            let mut times: Vec<f64> = pool.install(|| {
-                (0..300)
-                    .map(|_| {
-                        let t = Instant::now();
-                        step(&mut b);
-                        t.elapsed().as_secs_f64()
-                    })
-                    .collect()
-            });
-            times.sort_by(f64::total_cmp);
-            let gbs = bytes as f64 / times[times.len() / 2] / 1e9;
+            // Summary: rounds of (read bandwidth, then calls of the kernel), so each kernel time
+            // is compared with the bandwidth of the same moment (the machine may be shared and
+            // its bandwidth drifts); the median over rounds of each.
+            let mut shares = Vec::with_capacity(ROUNDS);
+            let mut gbs_all = Vec::with_capacity(ROUNDS);
+            let mut bws = Vec::with_capacity(ROUNDS);
+            for _ in 0..ROUNDS {
+                let bw = pool.install(|| powerinfer_cpu::measure_read_bandwidth(128 << 20, 2));
+                let mut times: Vec<f64> = pool.install(|| {
+                    (0..CALLS_PER_ROUND)
+                        .map(|_| {
+                            let t = Instant::now();
+                            step(&mut b);
+                            t.elapsed().as_secs_f64()
+                        })
+                        .collect()
+                });
+                let gbs = bytes as f64 / median(&mut times) / 1e9;
+                shares.push(gbs / bw);
+                gbs_all.push(gbs);
+                bws.push(bw);
+            }
+            let gbs = median(&mut gbs_all);
             eprintln!(
                 "sparse summary: {kernel:>16} {:>5} {:>6.2} MB/call {:>6.1} µs {gbs:>6.1} GB/s \
-                 = {:>5.1}% of read bandwidth {bw:.1} GB/s",
+                 = {:>5.1}% of read bandwidth {:.1} GB/s (medians of {ROUNDS} rounds)",
                 dtype.name(),
                 bytes as f64 / 1e6,
-                times[times.len() / 2] * 1e6,
-                100.0 * gbs / bw
+                bytes as f64 / gbs / 1e3,
+                100.0 * median(&mut shares),
+                median(&mut bws)
             );
             group.throughput(Throughput::BytesDecimal(bytes));
             group.bench_function(BenchmarkId::new(kernel, dtype.name()), |bch| {

@@ -1,7 +1,8 @@
 //! A read-bandwidth probe, so benchmarks can report kernels as a fraction of what the memory
 //! system delivers. Each thread streams one contiguous part of a buffer much larger than the
 //! caches through several independent accumulators (AVX2 loads where available), the way the
-//! matvec kernels read weights.
+//! matvec kernels read weights. The buffer is a [`powerinfer_core::PageBuf`], on huge pages
+//! where the OS grants them, like the large tensors the engine owns.
 
 use crate::simd::{self, Level};
 use rayon::prelude::*;
@@ -15,7 +16,9 @@ pub fn measure_read_bandwidth(bytes: usize, iters: usize) -> f64 {
     let n = (bytes / 8).max(1 << 17);
     let threads = rayon::current_num_threads().max(1);
     let part = n.div_ceil(threads).next_multiple_of(64);
-    let mut data = vec![0u64; n];
+    // The same kind of memory as the engine's large owned tensors (huge pages where granted).
+    let mut store = powerinfer_core::PageBuf::zeroed(n * 8);
+    let data = store.as_mut_words();
     // Write in parallel: the pages are mapped (not the shared zero page) and placed near the
     // threads that read them.
     data.par_chunks_mut(part).for_each(|c| {

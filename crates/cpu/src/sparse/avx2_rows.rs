@@ -9,28 +9,29 @@ use powerinfer_core::DType;
 use std::arch::x86_64::*;
 
 /// Rows accumulated together.
-pub(super) const GROUP: usize = 4;
+pub(super) const GROUP: usize = 8;
 
 /// y += Σ_i a[i] · row i, for the `n <= GROUP` rows `rows[..n]`, each holding `y.len()` weights
 /// of `dtype` (sizes checked by the caller).
-pub(super) fn axpy_group(dtype: DType, rows: &[&[u8]], a: &[f32], y: &mut [f32]) {
+pub(super) fn axpy_group(dtype: DType, rows: &[&[u8]], next: &[&[u8]], a: &[f32], y: &mut [f32]) {
     debug_assert_eq!(crate::simd::detect(), crate::simd::Level::Avx2);
     let want = dtype.row_bytes(y.len()).unwrap_or(usize::MAX);
     assert!(rows.len() == a.len() && rows.len() <= GROUP && rows.iter().all(|r| r.len() >= want));
-    let mut p = [std::ptr::null::<u8>(); GROUP];
-    for (pi, r) in p.iter_mut().zip(rows) {
-        *pi = r.as_ptr();
-    }
+    let (p, q) = pointers(rows, next);
     macro_rules! run {
         ($f:ident, $fmt:ty) => {
             // SAFETY: features detected (the dispatcher's contract, checked in debug builds);
             // the assert above keeps every row's y.len() weights readable.
             unsafe {
                 match rows.len() {
-                    4 => $f::<$fmt, 4>(&p, a, y),
-                    3 => $f::<$fmt, 3>(&p, a, y),
-                    2 => $f::<$fmt, 2>(&p, a, y),
-                    1 => $f::<$fmt, 1>(&p, a, y),
+                    8 => $f::<$fmt, 8>(&p, &q, a, y),
+                    7 => $f::<$fmt, 7>(&p, &q, a, y),
+                    6 => $f::<$fmt, 6>(&p, &q, a, y),
+                    5 => $f::<$fmt, 5>(&p, &q, a, y),
+                    4 => $f::<$fmt, 4>(&p, &q, a, y),
+                    3 => $f::<$fmt, 3>(&p, &q, a, y),
+                    2 => $f::<$fmt, 2>(&p, &q, a, y),
+                    1 => $f::<$fmt, 1>(&p, &q, a, y),
                     _ => {}
                 }
             }
@@ -48,24 +49,25 @@ pub(super) fn axpy_group(dtype: DType, rows: &[&[u8]], a: &[f32], y: &mut [f32])
 
 /// out[i] = dot(rows[i], x) for the `n <= GROUP` float-format (F32/F16/BF16) rows `rows[..n]`,
 /// each holding `x.len()` values (sizes checked by the caller).
-pub(super) fn dot_group(dtype: DType, rows: &[&[u8]], x: &[f32], out: &mut [f32]) {
+pub(super) fn dot_group(dtype: DType, rows: &[&[u8]], next: &[&[u8]], x: &[f32], out: &mut [f32]) {
     debug_assert_eq!(crate::simd::detect(), crate::simd::Level::Avx2);
     let want = dtype.row_bytes(x.len()).unwrap_or(usize::MAX);
     assert!(rows.len() == out.len() && rows.len() <= GROUP && rows.iter().all(|r| r.len() >= want));
-    let mut p = [std::ptr::null::<u8>(); GROUP];
-    for (pi, r) in p.iter_mut().zip(rows) {
-        *pi = r.as_ptr();
-    }
+    let (p, q) = pointers(rows, next);
     macro_rules! run {
         ($f:ident, $fmt:ty) => {
             // SAFETY: features detected (the dispatcher's contract, checked in debug builds);
             // the assert above keeps every row's x.len() weights readable.
             unsafe {
                 match rows.len() {
-                    4 => $f::<$fmt, 4>(&p, x, out),
-                    3 => $f::<$fmt, 3>(&p, x, out),
-                    2 => $f::<$fmt, 2>(&p, x, out),
-                    1 => $f::<$fmt, 1>(&p, x, out),
+                    8 => $f::<$fmt, 8>(&p, &q, x, out),
+                    7 => $f::<$fmt, 7>(&p, &q, x, out),
+                    6 => $f::<$fmt, 6>(&p, &q, x, out),
+                    5 => $f::<$fmt, 5>(&p, &q, x, out),
+                    4 => $f::<$fmt, 4>(&p, &q, x, out),
+                    3 => $f::<$fmt, 3>(&p, &q, x, out),
+                    2 => $f::<$fmt, 2>(&p, &q, x, out),
+                    1 => $f::<$fmt, 1>(&p, &q, x, out),
                     _ => {}
                 }
             }
@@ -78,6 +80,32 @@ pub(super) fn dot_group(dtype: DType, rows: &[&[u8]], x: &[f32], out: &mut [f32]
         DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
             unreachable!("{dtype}: quantized rows use int16 x")
         }
+    }
+}
+
+/// Start addresses of the group's rows and of the rows to fetch while reading them: the next
+/// group's rows, each fetched line by line in step with this group's reads, so the memory system
+/// always has the following rows in flight. Slots without a next row repeat this group's own
+/// rows, whose lines are cached by then.
+fn pointers(rows: &[&[u8]], next: &[&[u8]]) -> ([*const u8; GROUP], [*const u8; GROUP]) {
+    let mut p = [std::ptr::null::<u8>(); GROUP];
+    for (pi, r) in p.iter_mut().zip(rows) {
+        *pi = r.as_ptr();
+    }
+    let mut q = p;
+    for (qi, r) in q.iter_mut().zip(next) {
+        *qi = r.as_ptr();
+    }
+    (p, q)
+}
+
+/// Hint the cache to fetch the line at byte `off` of each of the first `R` rows in `q`.
+#[inline(always)]
+fn fetch_lines<const R: usize>(q: &[*const u8; GROUP], off: usize) {
+    for qi in q.iter().take(R) {
+        // SAFETY: prefetch is a hint that never faults, whatever the address; SSE is baseline
+        // on x86-64.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(qi.wrapping_add(off) as *const i8) };
     }
 }
 
@@ -165,12 +193,20 @@ impl Float for Bf16 {
 /// `y.len()` values readable at each `p[i]`, `a.len() >= R`; the CPU has AVX2/FMA/F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn float_axpy<F: Float, const R: usize>(p: &[*const u8; GROUP], a: &[f32], y: &mut [f32]) {
+unsafe fn float_axpy<F: Float, const R: usize>(
+    p: &[*const u8; GROUP],
+    q: &[*const u8; GROUP],
+    a: &[f32],
+    y: &mut [f32],
+) {
     let n = y.len();
     let av: [__m256; R] = std::array::from_fn(|i| _mm256_set1_ps(a[i]));
     let yp = y.as_mut_ptr();
     let mut c = 0;
     while c + 16 <= n {
+        if (c * F::BYTES) % 64 == 0 {
+            fetch_lines::<R>(q, c * F::BYTES);
+        }
         // SAFETY: c + 16 <= n: y[c..c+16] in bounds and values c..c+16 readable in every row.
         unsafe {
             let mut y0 = _mm256_loadu_ps(yp.add(c));
@@ -210,12 +246,20 @@ unsafe fn float_axpy<F: Float, const R: usize>(p: &[*const u8; GROUP], a: &[f32]
 /// `x.len()` values readable at each `p[i]`, `out.len() >= R`; the CPU has AVX2/FMA/F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn float_dot<F: Float, const R: usize>(p: &[*const u8; GROUP], x: &[f32], out: &mut [f32]) {
+unsafe fn float_dot<F: Float, const R: usize>(
+    p: &[*const u8; GROUP],
+    q: &[*const u8; GROUP],
+    x: &[f32],
+    out: &mut [f32],
+) {
     let n = x.len();
     let xp = x.as_ptr();
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
     let mut c = 0;
     while c + 16 <= n {
+        if (c * F::BYTES) % 64 == 0 {
+            fetch_lines::<R>(q, c * F::BYTES);
+        }
         // SAFETY: c + 16 <= n: x[c..c+16] and values c..c+16 of every row are in bounds.
         unsafe {
             let x0 = _mm256_loadu_ps(xp.add(c));
@@ -361,9 +405,15 @@ impl Quant for Q4_1 {
 /// `y.len() / 32` blocks readable at each `p[i]`, `a.len() >= R`; the CPU has AVX2/FMA/F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn quant_axpy<Q: Quant, const R: usize>(p: &[*const u8; GROUP], a: &[f32], y: &mut [f32]) {
+unsafe fn quant_axpy<Q: Quant, const R: usize>(
+    p: &[*const u8; GROUP],
+    q: &[*const u8; GROUP],
+    a: &[f32],
+    y: &mut [f32],
+) {
     let yp = y.as_mut_ptr();
     for b in 0..y.len() / 32 {
+        fetch_lines::<R>(q, b * Q::BLOCK_BYTES);
         // SAFETY: block b of every row is readable and y[32b..32b+32] is in bounds.
         unsafe {
             let yb = yp.add(32 * b);

@@ -9,15 +9,23 @@ use powerinfer_core::DType;
 pub(super) const GROUP: usize = super::avx2_rows::GROUP;
 /// Rows accumulated together by one kernel call (y is read and written once per group).
 #[cfg(not(target_arch = "x86_64"))]
-pub(super) const GROUP: usize = 4;
+pub(super) const GROUP: usize = 8;
 
 /// y += Σ_i a[i] · rows[i], each row holding `y.len()` weights of `dtype` (sizes checked by the
-/// caller); `rows.len() <= GROUP`.
-pub(super) fn axpy_group(level: Level, dtype: DType, rows: &[&[u8]], a: &[f32], y: &mut [f32]) {
-    debug_assert!(rows.len() == a.len() && rows.len() <= GROUP);
+/// caller); `rows.len() <= GROUP`. `next` (at most GROUP rows, read next by the caller) is
+/// fetched into the cache alongside, where the level can.
+pub(super) fn axpy_group(
+    level: Level,
+    dtype: DType,
+    rows: &[&[u8]],
+    next: &[&[u8]],
+    a: &[f32],
+    y: &mut [f32],
+) {
+    debug_assert!(rows.len() == a.len() && rows.len() <= GROUP && next.len() <= GROUP);
     match level {
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => super::avx2_rows::axpy_group(dtype, rows, a, y),
+        Level::Avx2 => super::avx2_rows::axpy_group(dtype, rows, next, a, y),
         Level::Scalar => {
             for (row, &ai) in rows.iter().zip(a) {
                 axpy_row_scalar(dtype, row, ai, y);
@@ -26,20 +34,22 @@ pub(super) fn axpy_group(level: Level, dtype: DType, rows: &[&[u8]], a: &[f32], 
     }
 }
 
-/// out[i] = dot(rows[i], x) for a group of float-format rows on AVX2; `false` (nothing done)
-/// where the level or format has no group kernel.
+/// out[i] = dot(rows[i], x) for a group of float-format rows on AVX2, fetching the `next` rows
+/// into the cache alongside; `false` (nothing done) where the level or format has no group
+/// kernel.
 #[inline]
 pub(super) fn dot_group(
     level: Level,
     dtype: DType,
     rows: &[&[u8]],
+    next: &[&[u8]],
     x: &[f32],
     out: &mut [f32],
 ) -> bool {
     match level {
         #[cfg(target_arch = "x86_64")]
         Level::Avx2 if !dtype.is_quantized() => {
-            super::avx2_rows::dot_group(dtype, rows, x, out);
+            super::avx2_rows::dot_group(dtype, rows, next, x, out);
             true
         }
         _ => false,

@@ -7,9 +7,10 @@
 //! adds straight into y, the others into zeroed thread-local scratch), then add the partials
 //! into y in chunk order: no two tasks write the same memory, and the result depends only on the
 //! inputs and the thread count. Rows are read in list order, so a sorted list walks memory
-//! forwards. Rows are handled four at a time (float-format dots and every axpy read four rows side
-//! by side, sharing each x or y vector); quantized dots (one row at a time on the int16-x kernel)
-//! prefetch the next group's rows.
+//! forwards. Rows are handled eight at a time (float-format dots and every axpy read eight rows
+//! side by side, sharing each x or y vector) while the rows read next (the next group, or the
+//! same neurons' rows of the next matrix in the fused kernels) are fetched line by line in step;
+//! quantized dots (one row at a time on the int16-x kernel) prefetch the next group's rows ahead.
 //!
 //! A neuron whose coefficient is exactly zero (a[k] in `axpy_rows`, g[k] or h in the fused
 //! kernels) contributes nothing and its remaining rows are not read; the references in
@@ -115,18 +116,22 @@ pub(crate) fn matvec_rows_at(
     let prefetch = w.dtype.is_quantized();
     let run = |(ic, yc): (&[u32], &mut [f32])| {
         let mut batch = [&[][..]; axpy::GROUP];
+        let mut next = [&[][..]; axpy::GROUP];
         let groups = ic.chunks(axpy::GROUP).zip(yc.chunks_mut(axpy::GROUP));
         for (g, (ig, yg)) in groups.enumerate() {
+            let upcoming = ic.iter().skip((g + 1) * axpy::GROUP).take(axpy::GROUP);
             if prefetch {
-                rows.prefetch(
-                    level,
-                    ic.iter().skip((g + 1) * axpy::GROUP).take(axpy::GROUP),
-                );
+                rows.prefetch(level, upcoming.clone());
+            }
+            let mut nn = 0;
+            for (b, &i) in next.iter_mut().zip(upcoming) {
+                *b = rows.get(i);
+                nn += 1;
             }
             for (b, &i) in batch.iter_mut().zip(ig) {
                 *b = rows.get(i);
             }
-            dot.group(w.dtype, &batch[..ig.len()], yg);
+            dot.group(w.dtype, &batch[..ig.len()], &next[..nn], yg);
         }
     };
     let per = chunk_len(idx.len(), rows.bytes, MATVEC_TASKS_PER_THREAD);
@@ -256,7 +261,13 @@ pub(crate) fn ffn_gate_up_down_at(
             for (r, &i) in gate_rows.iter_mut().zip(ks) {
                 *r = gates.get(i);
             }
-            dot.group(gate.dtype, &gate_rows[..ks.len()], &mut gk[..ks.len()]);
+            // Fetch the up rows of these neurons while their gate rows are read.
+            let mut up_rows = [&[][..]; axpy::GROUP];
+            for (r, &i) in up_rows.iter_mut().zip(ks) {
+                *r = ups.get(i);
+            }
+            let (rows, next) = (&gate_rows[..ks.len()], &up_rows[..ks.len()]);
+            dot.group(gate.dtype, rows, next, &mut gk[..ks.len()]);
             for (&i, &gi) in ks.iter().zip(&gk) {
                 let a = act.apply(gi);
                 if a != 0.0 {
@@ -362,8 +373,8 @@ impl<'a> Dot<'a> {
 
     /// out[i] = dot(rows[i], x) for up to [`axpy::GROUP`] rows of `dtype`.
     #[inline]
-    fn group(&self, dtype: DType, rows: &[&[u8]], out: &mut [f32]) {
-        if !axpy::dot_group(self.level, dtype, rows, self.x, out) {
+    fn group(&self, dtype: DType, rows: &[&[u8]], next: &[&[u8]], out: &mut [f32]) {
+        if !axpy::dot_group(self.level, dtype, rows, next, self.x, out) {
             for (o, row) in out.iter_mut().zip(rows) {
                 *o = self.row(dtype, row);
             }
@@ -384,12 +395,14 @@ impl<'a> Dot<'a> {
     }
 }
 
-/// Rows waiting to be added into a partial sum together (y read and written once per group).
+/// Rows waiting to be added into a partial sum, [`axpy::GROUP`] at a time (y read and written
+/// once per group). Up to two groups are held: the first is added while the second's rows are
+/// fetched into the cache alongside, so the rows after the current group are always in flight.
 struct Group<'a> {
     level: Level,
     dtype: DType,
-    rows: [&'a [u8]; axpy::GROUP],
-    a: [f32; axpy::GROUP],
+    rows: [&'a [u8]; 2 * axpy::GROUP],
+    a: [f32; 2 * axpy::GROUP],
     n: usize,
 }
 
@@ -398,29 +411,38 @@ impl<'a> Group<'a> {
         Group {
             level,
             dtype,
-            rows: [&[]; axpy::GROUP],
-            a: [0.0; axpy::GROUP],
+            rows: [&[]; 2 * axpy::GROUP],
+            a: [0.0; 2 * axpy::GROUP],
             n: 0,
         }
     }
 
-    /// Queue `a · row`, adding the group into `y` once it is full.
+    /// Queue `a · row`, adding the first group into `y` once a second one is full behind it.
     #[inline]
     fn push(&mut self, row: &'a [u8], a: f32, y: &mut [f32]) {
         self.rows[self.n] = row;
         self.a[self.n] = a;
         self.n += 1;
-        if self.n == axpy::GROUP {
-            self.flush(y);
+        if self.n == 2 * axpy::GROUP {
+            self.add_first(y);
         }
     }
 
-    /// Add the queued rows into `y`.
+    /// Add the first queued group (up to [`axpy::GROUP`] rows) into `y`, fetching the rest, and
+    /// move the rest to the front.
+    fn add_first(&mut self, y: &mut [f32]) {
+        let g = self.n.min(axpy::GROUP);
+        let (rows, next) = self.rows[..self.n].split_at(g);
+        axpy::axpy_group(self.level, self.dtype, rows, next, &self.a[..g], y);
+        self.rows.copy_within(g..self.n, 0);
+        self.a.copy_within(g..self.n, 0);
+        self.n -= g;
+    }
+
+    /// Add every queued row into `y`.
     fn flush(&mut self, y: &mut [f32]) {
-        if self.n > 0 {
-            let n = self.n;
-            axpy::axpy_group(self.level, self.dtype, &self.rows[..n], &self.a[..n], y);
-            self.n = 0;
+        while self.n > 0 {
+            self.add_first(y);
         }
     }
 }
@@ -460,8 +482,13 @@ impl Batch {
         for (r, &i) in rows.iter_mut().zip(&self.idx[..n]) {
             *r = ups.get(i);
         }
+        // Fetch the down rows of these neurons while their up rows are read.
+        let mut next = [&[][..]; axpy::GROUP];
+        for (r, &i) in next.iter_mut().zip(&self.idx[..n]) {
+            *r = downs.get(i);
+        }
         let mut u = [0f32; axpy::GROUP];
-        dot.group(up_dtype, &rows[..n], &mut u[..n]);
+        dot.group(up_dtype, &rows[..n], &next[..n], &mut u[..n]);
         for ((&i, &g), &u) in self.idx[..n].iter().zip(&self.g[..n]).zip(&u[..n]) {
             let h = g * u;
             if h != 0.0 {
