@@ -1,8 +1,9 @@
 //! AVX2 + FMA + F16C kernels over a few scattered rows at once. Row accumulation
 //! y += Σ_i a_i · row_i (y is loaded and stored once per group of rows, not once per row),
 //! decoding each format on the fly: F16 with `vcvtph2ps`, BF16 by a 16-bit shift, Q8_0/Q4_0/Q4_1
-//! one 32-weight block at a time. Dot products of a group of float-format rows with one x (every
-//! x vector feeds all rows, and the rows stream from memory side by side). Reached only through
+//! one 32-weight block at a time. Dot products of a group of rows with one x, decoded the same
+//! way (every x vector feeds all rows, and the rows stream from memory side by side). Each call
+//! also fetches the rows its caller reads next, line by line in step with its own reads. Reached only through
 //! [`super::axpy`] once AVX2/FMA/F16C have been detected.
 
 use powerinfer_core::DType;
@@ -47,8 +48,8 @@ pub(super) fn axpy_group(dtype: DType, rows: &[&[u8]], next: &[&[u8]], a: &[f32]
     }
 }
 
-/// out[i] = dot(rows[i], x) for the `n <= GROUP` float-format (F32/F16/BF16) rows `rows[..n]`,
-/// each holding `x.len()` values (sizes checked by the caller).
+/// out[i] = dot(rows[i], x) for the `n <= GROUP` rows `rows[..n]`, each holding `x.len()`
+/// weights of `dtype` (sizes checked by the caller), fetching the `next` rows alongside.
 pub(super) fn dot_group(dtype: DType, rows: &[&[u8]], next: &[&[u8]], x: &[f32], out: &mut [f32]) {
     debug_assert_eq!(crate::simd::detect(), crate::simd::Level::Avx2);
     let want = dtype.row_bytes(x.len()).unwrap_or(usize::MAX);
@@ -77,9 +78,9 @@ pub(super) fn dot_group(dtype: DType, rows: &[&[u8]], next: &[&[u8]], x: &[f32],
         DType::F32 => run!(float_dot, F32),
         DType::F16 => run!(float_dot, F16),
         DType::BF16 => run!(float_dot, Bf16),
-        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
-            unreachable!("{dtype}: quantized rows use int16 x")
-        }
+        DType::Q8_0 => run!(quant_dot, Q8_0),
+        DType::Q4_0 => run!(quant_dot, Q4_0),
+        DType::Q4_1 => run!(quant_dot, Q4_1),
     }
 }
 
@@ -106,18 +107,6 @@ fn fetch_lines<const R: usize>(q: &[*const u8; GROUP], off: usize) {
         // SAFETY: prefetch is a hint that never faults, whatever the address; SSE is baseline
         // on x86-64.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(qi.wrapping_add(off) as *const i8) };
-    }
-}
-
-/// Ask for the first `bytes` bytes at `p` to be brought into the cache (a hint; never faults).
-#[inline]
-pub(crate) fn prefetch(p: *const u8, bytes: usize) {
-    let mut off = 0;
-    while off < bytes {
-        // SAFETY: prefetch is a hint that never faults, whatever the address; SSE is baseline
-        // on x86-64.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(off) as *const i8) };
-        off += 64;
     }
 }
 
@@ -396,6 +385,52 @@ impl Quant for Q4_1 {
             let hi = i8x16_to_f32(_mm_and_si128(_mm_srli_epi16::<4>(raw), mask));
             (d, m, [lo[0], lo[1], hi[0], hi[1]])
         }
+    }
+}
+
+/// out[i] = dot(row i, x) for `R` quantized rows (`x.len()` a multiple of 32), decoding each
+/// block to f32: Σ_b d_b·(q_b·x_b) + m_b·Σx_b.
+///
+/// # Safety
+/// `x.len() / 32` blocks readable at each `p[i]`, `out.len() >= R`; the CPU has AVX2/FMA/F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quant_dot<Q: Quant, const R: usize>(
+    p: &[*const u8; GROUP],
+    q: &[*const u8; GROUP],
+    x: &[f32],
+    out: &mut [f32],
+) {
+    let xp = x.as_ptr();
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut mins = [0f32; R];
+    for b in 0..x.len() / 32 {
+        fetch_lines::<R>(q, b * Q::BLOCK_BYTES);
+        // SAFETY: block b of every row is readable and x[32b..32b+32] is in bounds.
+        unsafe {
+            let xb = [0, 8, 16, 24].map(|k| _mm256_loadu_ps(xp.add(32 * b + k)));
+            let xsum = match Q::HAS_MIN {
+                true => hsum(_mm256_add_ps(
+                    _mm256_add_ps(xb[0], xb[1]),
+                    _mm256_add_ps(xb[2], xb[3]),
+                )),
+                false => 0.0,
+            };
+            for i in 0..R {
+                let (d, m, qv) = Q::block(p[i].add(b * Q::BLOCK_BYTES));
+                let t = _mm256_mul_ps(qv[0], xb[0]);
+                let t = _mm256_fmadd_ps(qv[1], xb[1], t);
+                let t = _mm256_fmadd_ps(qv[2], xb[2], t);
+                let t = _mm256_fmadd_ps(qv[3], xb[3], t);
+                acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d), t, acc[i]);
+                if Q::HAS_MIN {
+                    mins[i] = m.mul_add(xsum, mins[i]);
+                }
+            }
+        }
+    }
+    for i in 0..R {
+        out[i] = hsum(acc[i]) + mins[i];
     }
 }
 

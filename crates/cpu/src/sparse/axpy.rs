@@ -34,8 +34,8 @@ pub(super) fn axpy_group(
     }
 }
 
-/// out[i] = dot(rows[i], x) for a group of float-format rows on AVX2, fetching the `next` rows
-/// into the cache alongside; `false` (nothing done) where the level or format has no group
+/// out[i] = dot(rows[i], x) for a group of rows on AVX2 (every format, decoded to f32), fetching
+/// the `next` rows into the cache alongside; `false` (nothing done) where the level has no group
 /// kernel.
 #[inline]
 pub(super) fn dot_group(
@@ -48,21 +48,11 @@ pub(super) fn dot_group(
 ) -> bool {
     match level {
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 if !dtype.is_quantized() => {
+        Level::Avx2 => {
             super::avx2_rows::dot_group(dtype, rows, next, x, out);
             true
         }
         _ => false,
-    }
-}
-
-/// Hint the cache to fetch the first `bytes` bytes of a row about to be read.
-#[inline]
-pub(super) fn prefetch(level: Level, p: *const u8, bytes: usize) {
-    match level {
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => super::avx2_rows::prefetch(p, bytes),
-        Level::Scalar => {}
     }
 }
 

@@ -10,7 +10,8 @@
 //! forwards. Rows are handled eight at a time (float-format dots and every axpy read eight rows
 //! side by side, sharing each x or y vector) while the rows read next (the next group, or the
 //! same neurons' rows of the next matrix in the fused kernels) are fetched line by line in step;
-//! quantized dots (one row at a time on the int16-x kernel) prefetch the next group's rows ahead.
+//! every format is decoded to f32 on the fly (for scattered rows this beats the dense matvec's
+//! int16-x path, which handles one row at a time).
 //!
 //! A neuron whose coefficient is exactly zero (a[k] in `axpy_rows`, g[k] or h in the fused
 //! kernels) contributes nothing and its remaining rows are not read; the references in
@@ -44,7 +45,7 @@ const REDUCE_CHUNK: usize = 1024;
 
 /// y[k] = dot(W[idx[k]], x) for every k (row-sparse matvec over an active index list; idx need
 /// not be sorted; out-of-range index -> Error::Shape). Parallel on the current rayon pool;
-/// quantized formats use the int16-x path like matvec when on AVX2.
+/// rows are decoded to f32 and dotted with x in groups.
 pub fn matvec_rows(w: &Weight, x: &[f32], idx: &[u32], y: &mut [f32]) -> Result<()> {
     matvec_rows_at(simd::level(), w, x, idx, y)
 }
@@ -112,17 +113,13 @@ pub(crate) fn matvec_rows_at(
     if idx.is_empty() {
         return Ok(());
     }
-    let dot = Dot::new(level, x, w.dtype.is_quantized());
-    let prefetch = w.dtype.is_quantized();
+    let dot = Dot { level, x };
     let run = |(ic, yc): (&[u32], &mut [f32])| {
         let mut batch = [&[][..]; axpy::GROUP];
         let mut next = [&[][..]; axpy::GROUP];
         let groups = ic.chunks(axpy::GROUP).zip(yc.chunks_mut(axpy::GROUP));
         for (g, (ig, yg)) in groups.enumerate() {
             let upcoming = ic.iter().skip((g + 1) * axpy::GROUP).take(axpy::GROUP);
-            if prefetch {
-                rows.prefetch(level, upcoming.clone());
-            }
             let mut nn = 0;
             for (b, &i) in next.iter_mut().zip(upcoming) {
                 *b = rows.get(i);
@@ -202,16 +199,11 @@ pub(crate) fn ffn_up_down_at(
     if idx.is_empty() {
         return Ok(());
     }
-    let dot = Dot::new(level, x, up.dtype.is_quantized());
-    let prefetch = up.dtype.is_quantized();
+    let dot = Dot { level, x };
     accumulate(idx.len(), ups.bytes + downs.bytes, y, |range, part| {
         let mut group = Group::new(level, down_t.dtype);
         let mut batch = Batch::default();
-        let end = range.end;
         for k in range.filter(|&k| g[k] != 0.0) {
-            if prefetch && k + axpy::GROUP < end {
-                ups.prefetch(level, &idx[k + axpy::GROUP..k + axpy::GROUP + 1]);
-            }
             batch.push(idx[k], g[k]);
             if batch.n == axpy::GROUP {
                 batch.run(&dot, &ups, up.dtype, &downs, &mut group, part);
@@ -243,19 +235,13 @@ pub(crate) fn ffn_gate_up_down_at(
     if idx.is_empty() {
         return Ok(());
     }
-    let quantized = gate.dtype.is_quantized() || up.dtype.is_quantized();
-    let dot = Dot::new(level, x, quantized);
-    let prefetch = gate.dtype.is_quantized();
+    let dot = Dot { level, x };
     let bytes = gates.bytes + ups.bytes + downs.bytes;
     accumulate(idx.len(), bytes, y, |range, part| {
         let mut group = Group::new(level, down_t.dtype);
         let mut batch = Batch::default();
         let chunk = &idx[range];
-        for (c, ks) in chunk.chunks(axpy::GROUP).enumerate() {
-            if prefetch {
-                let next = chunk.iter().skip((c + 1) * axpy::GROUP).take(axpy::GROUP);
-                gates.prefetch(level, next);
-            }
+        for ks in chunk.chunks(axpy::GROUP) {
             let mut gk = [0f32; axpy::GROUP];
             let mut gate_rows = [&[][..]; axpy::GROUP];
             for (r, &i) in gate_rows.iter_mut().zip(ks) {
@@ -336,62 +322,26 @@ impl<'a> Rows<'a> {
     fn get(&self, i: u32) -> &'a [u8] {
         &self.data[i as usize * self.bytes..][..self.bytes]
     }
-
-    /// Hint the cache to fetch rows about to be read. Quantized rows are short and read one
-    /// at a time by the int16 dot kernel, which leaves the hardware prefetchers little to
-    /// work with; float-format rows are read four side by side and need no hint.
-    #[inline]
-    fn prefetch<'i>(&self, level: Level, idx: impl IntoIterator<Item = &'i u32>) {
-        for &i in idx {
-            let p = self.data.as_ptr().wrapping_add(i as usize * self.bytes);
-            axpy::prefetch(level, p, self.bytes);
-        }
-    }
 }
 
-/// Dot products of single rows with one x, on the level's kernels (the int16-x path for
-/// quantized rows on AVX2 when x is finite).
+/// Dot products of rows with one x on the level's kernels.
 struct Dot<'a> {
     level: Level,
     x: &'a [f32],
-    #[cfg(target_arch = "x86_64")]
-    xq: Option<crate::avx2::XQuant>,
 }
 
-impl<'a> Dot<'a> {
-    fn new(level: Level, x: &'a [f32], quantized: bool) -> Dot<'a> {
-        Dot {
-            level,
-            x,
-            #[cfg(target_arch = "x86_64")]
-            xq: match level == Level::Avx2 && quantized {
-                true => crate::avx2::XQuant::new(x),
-                false => None,
-            },
-        }
-    }
-
-    /// out[i] = dot(rows[i], x) for up to [`axpy::GROUP`] rows of `dtype`.
+impl Dot<'_> {
+    /// out[i] = dot(rows[i], x) for up to [`axpy::GROUP`] rows of `dtype`, fetching the `next`
+    /// rows into the cache alongside where the level can.
     #[inline]
     fn group(&self, dtype: DType, rows: &[&[u8]], next: &[&[u8]], out: &mut [f32]) {
         if !axpy::dot_group(self.level, dtype, rows, next, self.x, out) {
             for (o, row) in out.iter_mut().zip(rows) {
-                *o = self.row(dtype, row);
+                let mut one = [0f32];
+                dispatch::rows_dot(self.level, dtype, row, row.len(), self.x, &mut one);
+                *o = one[0];
             }
         }
-    }
-
-    /// dot(row, x) for one row of `dtype` holding `x.len()` weights.
-    #[inline]
-    fn row(&self, dtype: DType, row: &[u8]) -> f32 {
-        let mut out = [0f32];
-        #[cfg(target_arch = "x86_64")]
-        if let (Some(xq), true) = (&self.xq, dtype.is_quantized()) {
-            crate::avx2::rows_dot_i16(dtype, row, row.len(), xq, &mut out);
-            return out[0];
-        }
-        dispatch::rows_dot(self.level, dtype, row, row.len(), self.x, &mut out);
-        out[0]
     }
 }
 
