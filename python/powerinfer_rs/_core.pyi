@@ -1,5 +1,6 @@
 """Type stubs of the Rust extension module."""
 
+import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -33,6 +34,7 @@ class Model:
         tensors: dict[str, tuple[str, int, int, npt.NDArray[np.uint8]]],
     ) -> None: ...
     def tensor_address(self, name: str) -> int: ...
+    def gpu_allocation_report(self, plan: str | os.PathLike[str]) -> list[tuple[str, int]]: ...
     @property
     def bytes_per_token(self) -> int: ...
     @property

@@ -110,6 +110,7 @@ class Engine:
         self.predictors = None
         self.set_sparsity(sparsity, thresholds=thresholds, predictors=predictors)
         self.plan = None
+        self._plan_path: str | None = None
         self.hot_neurons: list[np.ndarray] | None = None
         if plan is not None:
             self.load_plan(plan, vram_budget=vram_budget)
@@ -258,7 +259,8 @@ class Engine:
     ) -> None:
         """Adopt a placement plan: checked against this model (PlanError) and against the VRAM
         this engine has (VramBudgetError; 0 on the CPU device); its neuron table (hot ids per
-        layer) is read and validated by the Rust core."""
+        layer) is read and validated by the Rust core, and the GPU bytes the plan counts must
+        equal the engine's own allocation list (:meth:`gpu_allocation_report`; PlanError)."""
         from .planning import load_plan
         from .planning.sizes import parse_bytes
 
@@ -270,9 +272,41 @@ class Engine:
                 )
         else:
             budget = None if vram_budget is None else parse_bytes(vram_budget)
-        self.plan = load_plan(plan, model=self.loaded, budget_bytes=budget)
-        hot = _core.read_neuron_table(os.fspath(plan), self.config.n_layers, self.config.ffn_dim)
+        loaded_plan = load_plan(plan, model=self.loaded, budget_bytes=budget)
+        path = os.fspath(plan)
+        # The engine's own allocation list must come to what the planner counted, or the plan
+        # could exceed its budget at run time.
+        engine_bytes = sum(b for _, b in self._model.gpu_allocation_report(path))
+        if engine_bytes != loaded_plan.gpu_bytes:
+            raise PlanError(
+                f"{path}: the plan counts {loaded_plan.gpu_bytes} GPU bytes but this engine "
+                f"would allocate {engine_bytes}; plan again with this version"
+            )
+        hot = _core.read_neuron_table(path, self.config.n_layers, self.config.ffn_dim)
+        self.plan = loaded_plan
         self.hot_neurons = [np.asarray(h, dtype=np.int64) for h in hot]
+        self._plan_path = path
+
+    def gpu_allocation_report(
+        self, plan: str | os.PathLike[str] | None = None
+    ) -> list[tuple[str, int]]:
+        """``[(name, bytes), ...]``: every GPU allocation this engine makes to run ``plan`` (a
+        plan file; default: the one loaded), empty for a CPU-only plan. Computed by the Rust
+        core from this model's weights and the plan file's neuron table and placement, apart
+        from the planner; it equals ``planning.accounting.gpu_allocation(plan, model)`` and
+        sums to the plan's ``gpu_bytes``. A plan passed here needs no GPU (the report is host
+        arithmetic). Raises :class:`PlanError` when no plan is loaded or given, or the plan is
+        unreadable or made for another model."""
+        if plan is not None:
+            from .planning import load_plan
+
+            load_plan(plan, model=self.loaded)  # refuses another model's plan
+            path = os.fspath(plan)
+        elif self._plan_path is not None:
+            path = self._plan_path
+        else:
+            raise PlanError("no plan loaded: pass plan=... here or to the Engine")
+        return self._model.gpu_allocation_report(path)
 
     def start_profiling(
         self, thresholds: Sequence[float] | None = None, capture: bool = False

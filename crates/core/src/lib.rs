@@ -1,5 +1,6 @@
 //! Shared vocabulary of powerinfer-rs: weight formats and their block layouts, borrowed weight
-//! buffers, model configuration and the error type every crate returns.
+//! buffers, model configuration, neuron tables and plan files, and the error type every crate
+//! returns.
 
 pub mod buffer;
 pub mod config;
@@ -7,6 +8,7 @@ pub mod dtype;
 pub mod error;
 pub mod neuron_table;
 pub mod pages;
+pub mod plan_file;
 pub mod quantize;
 pub mod weight;
 
@@ -16,5 +18,6 @@ pub use dtype::DType;
 pub use error::{Error, Result};
 pub use neuron_table::{LayerTable, NeuronTable, Side};
 pub use pages::PageBuf;
+pub use plan_file::{PlanFile, PLAN_FORMAT};
 pub use quantize::quantize_row;
 pub use weight::Weight;

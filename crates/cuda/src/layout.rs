@@ -1,6 +1,7 @@
 //! Host-side layouts shared by the CUDA build and the stub: how rows are addressed on the device
-//! ([`RowLayout`]), the hot-neuron slabs the VRAM plan accounts for ([`pack_hot_slabs`]), the
-//! activation codes the kernels understand ([`Act`]) and device-name parsing.
+//! ([`RowLayout`]), the hot-neuron slabs the VRAM plan accounts for ([`slab_geometry`], the one
+//! definition of a slab's size and offsets, and [`pack_hot_slabs`]), the activation codes the
+//! kernels understand ([`Act`]) and device-name parsing.
 //!
 //! A slab (planner/README.md, `planning/accounting.py`) holds one bucket of `B` hot neurons:
 //! their `B` gate rows, `B` up rows, `B` down_t rows and `B` i32 neuron ids, padded to 256
@@ -110,6 +111,61 @@ pub const fn slab_bytes(neuron_bytes: usize, bucket: usize) -> usize {
     align(bucket * (neuron_bytes + NEURON_ID_BYTES))
 }
 
+/// Where one slab's parts start: the row bytes of gate, up and down_t, the byte offsets of the
+/// gate, up, down_t rows and the ids inside a slab, and the slab's size. The one definition
+/// both the upload ([`pack_hot_slabs`]) and the allocation list
+/// ([`crate::alloc_plan::gpu_allocations`]) use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlabGeometry {
+    /// Bytes of one gate, up and down_t row (`dim` weights each, in their formats).
+    pub row_bytes: [usize; 3],
+    /// Offsets inside a slab of the gate rows, up rows, down_t rows and the i32 ids.
+    pub offsets: [usize; 4],
+    /// [`slab_bytes`] of one neuron's rows.
+    pub slab_bytes: usize,
+}
+
+/// The slab geometry for `bucket` neurons whose gate, up and down_t rows of `dim` weights are
+/// stored as `dtypes`. `Error::Unsupported` when a matrix's rows would not be aligned for its
+/// element loads (f32: 4 bytes, the rest: 2) or the ids not to 4 bytes; `Error::Plan` for a
+/// zero bucket; `Error::Shape` when `dim` is no whole number of a format's blocks.
+pub fn slab_geometry(dtypes: [DType; 3], dim: usize, bucket: usize) -> Result<SlabGeometry> {
+    ensure!(bucket > 0, Plan, "bucket must be > 0");
+    let row_bytes = [
+        dtypes[0].row_bytes(dim)?,
+        dtypes[1].row_bytes(dim)?,
+        dtypes[2].row_bytes(dim)?,
+    ];
+    let [g_rb, u_rb, d_rb] = row_bytes;
+    let offsets = [
+        0,
+        bucket * g_rb,
+        bucket * (g_rb + u_rb),
+        bucket * (g_rb + u_rb + d_rb),
+    ];
+    // Each matrix's rows must be aligned for its element loads (f32: 4, the rest: 2).
+    for ((dtype, off), rb) in dtypes.into_iter().zip(offsets).zip(row_bytes) {
+        let need = if dtype == DType::F32 { 4 } else { 2 };
+        if !off.is_multiple_of(need) || !rb.is_multiple_of(need) {
+            bail!(
+                Unsupported,
+                "{dtype} rows at slab offset {off} are not {need}-byte aligned"
+            );
+        }
+    }
+    ensure!(
+        offsets[3].is_multiple_of(4),
+        Unsupported,
+        "slab ids at offset {} are not 4-aligned",
+        offsets[3]
+    );
+    Ok(SlabGeometry {
+        row_bytes,
+        offsets,
+        slab_bytes: slab_bytes(g_rb + u_rb + d_rb, bucket),
+    })
+}
+
 /// Pack the hot neurons `ids` (slot order) of one layer into slabs of `bucket` neurons:
 /// gate/up are `[ffn, dim]`, down_t is `[ffn, dim]` (the down projection transposed). Returns
 /// the layout and the bytes to upload (exactly [`SlabLayout::total_bytes`]).
@@ -141,39 +197,11 @@ pub fn pack_hot_slabs(
         ensure!(!seen[i as usize], Plan, "hot neuron {i} listed twice");
         seen[i as usize] = true;
     }
-    let (g_rb, u_rb, d_rb) = (
-        gate.dtype.row_bytes(dim)?,
-        up.dtype.row_bytes(dim)?,
-        down_t.dtype.row_bytes(dim)?,
-    );
-    let slab = slab_bytes(g_rb + u_rb + d_rb, bucket);
-    let offsets = [
-        0,
-        bucket * g_rb,
-        bucket * (g_rb + u_rb),
-        bucket * (g_rb + u_rb + d_rb),
-    ];
-    // Each matrix's rows must be aligned for its element loads (f32: 4, the rest: 2).
-    for (w, off, rb) in [
-        (gate, offsets[0], g_rb),
-        (up, offsets[1], u_rb),
-        (down_t, offsets[2], d_rb),
-    ] {
-        let need = if w.dtype == DType::F32 { 4 } else { 2 };
-        if !off.is_multiple_of(need) || !rb.is_multiple_of(need) {
-            bail!(
-                Unsupported,
-                "{} rows at slab offset {off} are not {need}-byte aligned",
-                w.dtype
-            );
-        }
-    }
-    ensure!(
-        offsets[3].is_multiple_of(4),
-        Unsupported,
-        "slab ids at offset {} are not 4-aligned",
-        offsets[3]
-    );
+    let SlabGeometry {
+        row_bytes: [g_rb, u_rb, d_rb],
+        offsets,
+        slab_bytes: slab,
+    } = slab_geometry([gate.dtype, up.dtype, down_t.dtype], dim, bucket)?;
     let n_slabs = ids.len().div_ceil(bucket);
     let stride = slab as i64;
     let group = to_i32(bucket, "bucket")?;

@@ -11,8 +11,11 @@
 //! without CUDA"), so callers need no `cfg`.
 //!
 //! Kernel sources live in `kernels/*.cu` (one per op family, see [`kernels`]); host-side
-//! layouts shared by both builds (row addressing, hot-neuron slabs) in [`layout`].
+//! layouts shared by both builds (row addressing, hot-neuron slabs) in [`layout`], and the list
+//! of device allocations a plan implies (the engine's side of the VRAM accounting) in
+//! [`alloc_plan`].
 
+pub mod alloc_plan;
 pub mod kernels;
 pub mod layout;
 
@@ -37,7 +40,11 @@ pub use stub::{
     MAX_HEAD_DIM, MAX_RANK, MAX_X_COLS,
 };
 
-pub use layout::{align, pack_hot_slabs, parse_device, slab_bytes, Act, RowLayout, SlabLayout};
+pub use alloc_plan::{gpu_allocations, Allocation, LayerTensors, ModelTensors};
+pub use layout::{
+    align, pack_hot_slabs, parse_device, slab_bytes, slab_geometry, Act, RowLayout, SlabGeometry,
+    SlabLayout,
+};
 
 /// True when this build can drive a GPU (the `cuda` feature); a device may still be absent.
 pub const BUILT_WITH_CUDA: bool = cfg!(feature = "cuda");

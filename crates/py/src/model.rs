@@ -1,13 +1,46 @@
 //! `_core.Model`: the weights of one model, shared by any number of sessions.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use powerinfer_core::{PlanFile, Result};
+use powerinfer_cuda::{Allocation, LayerTensors, ModelTensors};
 use powerinfer_engine::ModelWeights;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::convert::{config_from_dict, tensors_from_dict};
-use crate::exceptions::check;
+use crate::exceptions::{check, run_detached};
+
+/// The GPU executor's view of `w`: every matrix as loaded, `down_t` in the format the engine
+/// builds it in.
+fn model_tensors(w: &ModelWeights) -> ModelTensors<'_> {
+    let layers = w
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(i, l)| LayerTensors {
+            wq: &l.wq,
+            wk: &l.wk,
+            wv: &l.wv,
+            wo: &l.wo,
+            gate: &l.w_gate,
+            up: &l.w_up,
+            down_t: w.down_t_dtype(i),
+        })
+        .collect();
+    ModelTensors {
+        config: &w.config,
+        layers,
+        output: &w.output,
+    }
+}
+
+/// The device allocations of the plan at `path` on `w` (see `powerinfer_cuda::alloc_plan`).
+fn allocation_report(w: &ModelWeights, path: &std::path::Path) -> Result<Vec<Allocation>> {
+    let plan = PlanFile::load(path, w.config.n_layers, w.config.ffn_dim)?;
+    powerinfer_cuda::gpu_allocations(&model_tensors(w), &plan)
+}
 
 /// Model weights handed over from Python without copies (numpy arrays kept alive inside).
 #[pyclass(module = "powerinfer_rs._core", name = "Model", frozen)]
@@ -75,6 +108,16 @@ impl PyModel {
     #[getter]
     fn down_t_bytes(&self) -> usize {
         self.weights.down_t_bytes()
+    }
+
+    /// Every GPU allocation the engine makes to run the plan at `plan` on this model, as
+    /// `[(name, bytes), ...]` (each a multiple of 256; empty for a CPU-only plan). Derived from
+    /// the loaded weights' formats, the plan's neuron table and placement, independently of
+    /// `planning.accounting.gpu_allocation`, which it must equal. Raises `PlanError` for a plan
+    /// file that is unreadable or does not fit this model.
+    fn gpu_allocation_report(&self, py: Python<'_>, plan: PathBuf) -> PyResult<Vec<Allocation>> {
+        let weights = Arc::clone(&self.weights);
+        run_detached(py, move || allocation_report(&weights, &plan))
     }
 
     /// Layers.

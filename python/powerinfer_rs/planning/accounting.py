@@ -7,18 +7,26 @@ coefficients are sums of these same lists, so what the solver counts is what get
 
 Per layer ``l`` (when placed on the GPU):
 
-* attention: ``attn_norm``, ``attn_q``, ``attn_k``, ``attn_v``, ``attn_output`` in their stored
-  formats, and the KV cache ``cache_k``, ``cache_v``: ``context x kv_dim`` f16 each;
+* attention: ``attn_norm`` (f32, see :data:`NORM_ELEMENT_BYTES`), ``attn_q``, ``attn_k``,
+  ``attn_v``, ``attn_output`` in their stored formats, and the KV cache ``cache_k``,
+  ``cache_v``: ``context x kv_dim`` f16 each;
 * predictor: ``pred_fc1``, ``pred_fc2`` (see :mod:`.predictor_size`);
-* FFN, when the layer has hot neurons: ``ffn_norm`` and ``ffn_hot``, which holds the hot neurons
-  in *slabs* of ``bucket`` neurons. A slab is the bucket's gate rows, up rows and ``down_t`` rows
-  (the down projection transposed, so a neuron's down vector is one contiguous row of ``dim``
-  weights) followed by the bucket's i32 neuron ids, padded to 256 bytes; a partial last slab is
-  padded with zero rows to full size. So ``ffn_hot = n_slabs * slab_bytes`` exactly.
+* FFN, when the layer has hot neurons: ``ffn_norm`` (f32) and ``ffn_hot``, which holds the hot
+  neurons in *slabs* of ``bucket`` neurons. A slab is the bucket's gate rows, up rows and
+  ``down_t`` rows (the down projection transposed, so a neuron's down vector is one contiguous
+  row of ``dim`` weights) followed by the bucket's i32 neuron ids, padded to 256 bytes; a partial
+  last slab is padded with zero rows to full size. So ``ffn_hot = n_slabs * slab_bytes``
+  exactly.
 
-Global: ``output_norm``, ``output`` and ``output.logits`` (vocab f32) when the output head is on
-the GPU; and, whenever anything is, the shared scratch buffers of :func:`scratch_allocations`.
-Token embeddings stay in CPU memory (a token reads one row; the row crosses PCIe).
+Global: ``output_norm`` (f32), ``output`` and ``output.logits`` (vocab f32) when the output head
+is on the GPU; and, whenever anything is, the shared scratch buffers of
+:func:`scratch_allocations`. Token embeddings stay in CPU memory (a token reads one row; the row
+crosses PCIe).
+
+The engine computes the same list on its own, from its loaded weights and the plan file
+(``_core.Model.gpu_allocation_report``, ``Engine.gpu_allocation_report``, Rust
+``powerinfer_cuda::alloc_plan``); ``tests/test_gpu_allocation_report.py`` checks the two agree
+name for name and byte for byte.
 """
 
 from __future__ import annotations
@@ -41,8 +49,17 @@ Allocation = tuple[str, int]
 KV_ELEMENT_BYTES = 2
 #: Bytes of a neuron id stored in a slab (i32).
 NEURON_ID_BYTES = 4
+#: Bytes per element of an RMSNorm weight on the GPU: the engine keeps norms as f32 whatever
+#: their stored format (an F16/BF16 checkpoint's too), and its ``rms_norm`` kernel reads f32.
+NORM_ELEMENT_BYTES = 4
 
 _ATTN_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output")
+_ATTN_MATRICES = _ATTN_TENSORS[1:]
+
+
+def norm_bytes(shape: ModelShape) -> int:
+    """Bytes of one RMSNorm weight on the GPU (``dim`` f32), before alignment."""
+    return NORM_ELEMENT_BYTES * shape.config.dim
 
 
 def kv_dim(shape: ModelShape) -> int:
@@ -57,8 +74,9 @@ def kv_cache_bytes(shape: ModelShape, context: int) -> int:
 
 def attention_allocations(shape: ModelShape, layer: int, context: int) -> list[Allocation]:
     """Layer ``layer``'s attention weights, its input norm and its KV cache."""
-    out = [
-        (f"blk.{layer}.{t}", align(shape.tensor_bytes(f"blk.{layer}.{t}"))) for t in _ATTN_TENSORS
+    out = [(f"blk.{layer}.attn_norm", align(norm_bytes(shape)))]
+    out += [
+        (f"blk.{layer}.{t}", align(shape.tensor_bytes(f"blk.{layer}.{t}"))) for t in _ATTN_MATRICES
     ]
     kv = align(kv_cache_bytes(shape, context))
     out += [(f"blk.{layer}.cache_k", kv), (f"blk.{layer}.cache_v", kv)]
@@ -78,7 +96,7 @@ def slab_bytes(shape: ModelShape, layer: int, bucket: int) -> int:
 
 def ffn_fixed_allocations(shape: ModelShape, layer: int) -> list[Allocation]:
     """What a layer with any hot neuron allocates besides its slabs: the FFN input norm."""
-    return [(f"blk.{layer}.ffn_norm", align(shape.tensor_bytes(f"blk.{layer}.ffn_norm")))]
+    return [(f"blk.{layer}.ffn_norm", align(norm_bytes(shape)))]
 
 
 def ffn_allocations(shape: ModelShape, layer: int, n_slabs: int, bucket: int) -> list[Allocation]:
@@ -91,9 +109,9 @@ def ffn_allocations(shape: ModelShape, layer: int, n_slabs: int, bucket: int) ->
 
 
 def output_allocations(shape: ModelShape) -> list[Allocation]:
-    """The output head: final norm, output matrix, f32 logits."""
+    """The output head: final norm (f32), output matrix, f32 logits."""
     return [
-        ("output_norm", align(shape.tensor_bytes("output_norm"))),
+        ("output_norm", align(norm_bytes(shape))),
         ("output", align(shape.tensor_bytes("output"))),
         ("output.logits", align(4 * shape.config.vocab_size)),
     ]
@@ -179,11 +197,13 @@ def total_bytes(allocations: list[Allocation]) -> int:
 __all__ = [
     "KV_ELEMENT_BYTES",
     "NEURON_ID_BYTES",
+    "NORM_ELEMENT_BYTES",
     "attention_allocations",
     "ffn_allocations",
     "ffn_fixed_allocations",
     "gpu_allocation",
     "kv_cache_bytes",
+    "norm_bytes",
     "output_allocations",
     "placement_allocation",
     "predictor_allocations",

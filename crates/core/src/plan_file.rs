@@ -1,0 +1,258 @@
+//! The plan file as the engine reads it: the neuron table (`blk.{i}.gpu_neurons`) plus the
+//! placement recorded in its metadata, everything the GPU executor needs to size its
+//! allocations (`python/powerinfer_rs/planning/plan_file.py` writes it).
+//!
+//! Metadata (safetensors `__metadata__`, str → str): `format` = [`PLAN_FORMAT`],
+//! `model_fingerprint`, `budget_bytes`, `gpu_bytes` and `plan`, a JSON object of which this
+//! reads `n_layers`, `ffn_dim`, `bucket`, `context`, `placement.{attention, predictor,
+//! ffn_buckets, output}` and `predictors.{allocations, ranks}`; the rest (hardware, predicted
+//! speed, solver report) is the planner's business.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use safetensors::SafeTensors;
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::neuron_table::NeuronTable;
+use crate::{bail, ensure};
+
+/// The `format` metadata value of a plan file.
+pub const PLAN_FORMAT: &str = "powerinfer-rs-plan/1";
+
+/// A plan file: the neuron table and the placement the VRAM accounting depends on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlanFile {
+    /// Hot (GPU) and cold (CPU) neurons per layer.
+    pub table: NeuronTable,
+    /// Fingerprint of the model the plan was made for (checked by the Python loader).
+    pub model_fingerprint: String,
+    /// Hot neurons per slab.
+    pub bucket: usize,
+    /// KV cache positions (and attention-score width) the GPU buffers are sized for.
+    pub context: usize,
+    /// Per layer: attention weights, input norm and KV cache on the GPU.
+    pub attention: Vec<bool>,
+    /// Per layer: the activation predictor on the GPU.
+    pub predictor: Vec<bool>,
+    /// Per layer: slabs of hot neurons (`ceil(hot / bucket)`, checked against the table).
+    pub ffn_buckets: Vec<usize>,
+    /// Output head (final norm, output matrix, logits) on the GPU.
+    pub output: bool,
+    /// Per layer: the predictor's allocations in bytes (`[fc1, fc2]`, or one number).
+    pub predictor_allocations: Vec<Vec<usize>>,
+    /// Per layer: the predictor's rank (the largest sizes the `scratch.pred` buffer).
+    pub predictor_ranks: Vec<usize>,
+    /// The VRAM budget the plan was made for.
+    pub budget_bytes: usize,
+    /// The GPU bytes the planner counted (the sum of its allocation list).
+    pub gpu_bytes: usize,
+}
+
+impl PlanFile {
+    /// Read a plan file for a model of `n_layers` layers of `ffn` neurons.
+    pub fn load(path: &Path, n_layers: usize, ffn: usize) -> Result<PlanFile> {
+        let bytes = std::fs::read(path)
+            .map_err(|e| Error::Plan(format!("{}: cannot read: {e}", path.display())))?;
+        PlanFile::from_safetensors(&bytes, n_layers, ffn)
+            .map_err(|e| Error::Plan(format!("{}: {e}", path.display())))
+    }
+
+    /// Parse plan-file bytes; [`Error::Plan`] for anything malformed or not fitting the model.
+    pub fn from_safetensors(bytes: &[u8], n_layers: usize, ffn: usize) -> Result<PlanFile> {
+        let (_, header) = SafeTensors::read_metadata(bytes)
+            .map_err(|e| Error::Plan(format!("not a plan file: {e}")))?;
+        let meta: HashMap<String, String> = header.metadata().clone().unwrap_or_default();
+        let format = meta.get("format").map_or("(none)", String::as_str);
+        ensure!(
+            format == PLAN_FORMAT,
+            Plan,
+            "format {format:?}, expected {PLAN_FORMAT:?}"
+        );
+        let table = NeuronTable::from_safetensors(bytes, n_layers, ffn)?;
+        let Some(text) = meta.get("plan") else {
+            bail!(Plan, "no `plan` metadata");
+        };
+        let j: Value = serde_json::from_str(text)
+            .map_err(|e| Error::Plan(format!("`plan` metadata is not JSON: {e}")))?;
+        let placement = field(&j, "placement")?;
+        let predictors = field(&j, "predictors")?;
+        let plan = PlanFile {
+            table,
+            model_fingerprint: meta.get("model_fingerprint").cloned().unwrap_or_default(),
+            bucket: uint(field(&j, "bucket")?, "bucket")?,
+            context: uint(field(&j, "context")?, "context")?,
+            attention: list(field(placement, "attention")?, "attention", Value::as_bool)?,
+            predictor: list(field(placement, "predictor")?, "predictor", Value::as_bool)?,
+            ffn_buckets: uints(field(placement, "ffn_buckets")?, "ffn_buckets")?,
+            output: field(placement, "output")?
+                .as_bool()
+                .ok_or_else(|| Error::Plan("placement.output is not a boolean".into()))?,
+            predictor_allocations: list(
+                field(predictors, "allocations")?,
+                "predictors.allocations",
+                |v| uints(v, "").ok(),
+            )?,
+            predictor_ranks: uints(field(predictors, "ranks")?, "predictors.ranks")?,
+            budget_bytes: meta_uint(&meta, "budget_bytes")?,
+            gpu_bytes: meta_uint(&meta, "gpu_bytes")?,
+        };
+        let (jl, jf) = (
+            uint(field(&j, "n_layers")?, "n_layers")?,
+            uint(field(&j, "ffn_dim")?, "ffn_dim")?,
+        );
+        ensure!(
+            jl == n_layers && jf == ffn,
+            Plan,
+            "plan is for {jl} layers x {jf} neurons, the model has {n_layers} x {ffn}"
+        );
+        plan.validate()?;
+        Ok(plan)
+    }
+
+    /// Check the placement against the neuron table (as `Plan.validate` does in Python).
+    fn validate(&self) -> Result<()> {
+        let n = self.table.layers.len();
+        ensure!(
+            self.bucket > 0 && self.context > 0,
+            Plan,
+            "bucket and context must be positive"
+        );
+        for (what, len) in [
+            ("attention", self.attention.len()),
+            ("predictor", self.predictor.len()),
+            ("ffn_buckets", self.ffn_buckets.len()),
+            ("predictors.allocations", self.predictor_allocations.len()),
+        ] {
+            ensure!(len == n, Plan, "placement {what} has {len} layers, not {n}");
+        }
+        for (i, a) in self.predictor_allocations.iter().enumerate() {
+            ensure!(
+                matches!(a.len(), 1 | 2),
+                Plan,
+                "layer {i}: predictor allocations {a:?}: expected [fc1, fc2] or one size"
+            );
+        }
+        for i in 0..n {
+            let slabs = self.n_slabs(i);
+            ensure!(
+                slabs == self.ffn_buckets[i],
+                Plan,
+                "layer {i} has {} hot neurons but {} buckets of {}",
+                self.table.layers[i].hot.len(),
+                self.ffn_buckets[i],
+                self.bucket
+            );
+        }
+        Ok(())
+    }
+
+    /// Slabs of hot neurons layer `layer` puts on the GPU: `ceil(hot / bucket)`.
+    pub fn n_slabs(&self, layer: usize) -> usize {
+        self.table.layers[layer].hot.len().div_ceil(self.bucket)
+    }
+
+    /// Whether layer `layer` has anything on the GPU.
+    pub fn layer_uses_gpu(&self, layer: usize) -> bool {
+        self.attention[layer] || self.predictor[layer] || self.n_slabs(layer) > 0
+    }
+
+    /// Whether anything is on the GPU (then the shared scratch buffers are allocated).
+    pub fn uses_gpu(&self) -> bool {
+        self.output || (0..self.table.layers.len()).any(|i| self.layer_uses_gpu(i))
+    }
+}
+
+fn field<'a>(j: &'a Value, key: &str) -> Result<&'a Value> {
+    j.get(key)
+        .ok_or_else(|| Error::Plan(format!("`plan` metadata lacks {key:?}")))
+}
+
+fn uint(v: &Value, what: &str) -> Result<usize> {
+    v.as_u64()
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| Error::Plan(format!("{what} is not a non-negative integer: {v}")))
+}
+
+fn uints(v: &Value, what: &str) -> Result<Vec<usize>> {
+    list(v, what, |x| uint(x, what).ok())
+}
+
+fn list<T>(v: &Value, what: &str, item: impl Fn(&Value) -> Option<T>) -> Result<Vec<T>> {
+    let Some(items) = v.as_array() else {
+        bail!(Plan, "{what} is not a list: {v}");
+    };
+    items
+        .iter()
+        .map(|x| item(x).ok_or_else(|| Error::Plan(format!("{what} holds a bad entry: {x}"))))
+        .collect()
+}
+
+fn meta_uint(meta: &HashMap<String, String>, key: &str) -> Result<usize> {
+    meta.get(key)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| Error::Plan(format!("metadata {key:?} is missing or not an integer")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan_json(buckets: &[usize]) -> String {
+        serde_json::json!({
+            "format": PLAN_FORMAT, "n_layers": 2, "ffn_dim": 16, "bucket": 4, "context": 32,
+            "placement": {
+                "attention": [true, false], "predictor": [false, true],
+                "ffn_buckets": buckets, "output": true,
+            },
+            "predictors": {"allocations": [[10, 20], [10, 20]], "ranks": [8, 12]},
+        })
+        .to_string()
+    }
+
+    fn file(plan: &str, format: &str) -> Vec<u8> {
+        let t = NeuronTable::from_hot_lists(16, &[vec![1, 2, 3, 4, 5], vec![]]).unwrap();
+        let meta = HashMap::from([
+            ("format".to_string(), format.to_string()),
+            ("model_fingerprint".to_string(), "abc".to_string()),
+            ("budget_bytes".to_string(), "1000".to_string()),
+            ("gpu_bytes".to_string(), "900".to_string()),
+            ("plan".to_string(), plan.to_string()),
+        ]);
+        t.to_safetensors(meta).unwrap()
+    }
+
+    #[test]
+    fn reads_the_placement() {
+        let p = PlanFile::from_safetensors(&file(&plan_json(&[2, 0]), PLAN_FORMAT), 2, 16);
+        let p = p.unwrap();
+        assert_eq!((p.bucket, p.context, p.gpu_bytes), (4, 32, 900));
+        assert_eq!(p.attention, [true, false]);
+        assert_eq!(p.predictor_allocations, [[10, 20], [10, 20]]);
+        assert_eq!((p.n_slabs(0), p.n_slabs(1)), (2, 0));
+        assert!(p.layer_uses_gpu(1) && p.uses_gpu() && p.output);
+    }
+
+    #[test]
+    fn bad_files_are_plan_errors() {
+        let bad = [
+            file(&plan_json(&[1, 0]), PLAN_FORMAT), // buckets disagree with the table
+            file(&plan_json(&[2, 0]), "other/1"),
+            file("{not json", PLAN_FORMAT),
+            file(
+                &plan_json(&[2, 0]).replace("\"bucket\":4", "\"bucket\":-4"),
+                PLAN_FORMAT,
+            ),
+            file(&plan_json(&[2, 0, 0]), PLAN_FORMAT),
+            b"garbage".to_vec(),
+        ];
+        for b in &bad {
+            let e = PlanFile::from_safetensors(b, 2, 16).unwrap_err();
+            assert!(matches!(e, Error::Plan(_)), "{e}");
+        }
+        let good = file(&plan_json(&[2, 0]), PLAN_FORMAT);
+        assert!(PlanFile::from_safetensors(&good, 3, 16).is_err());
+        assert!(PlanFile::from_safetensors(&good, 2, 17).is_err());
+    }
+}

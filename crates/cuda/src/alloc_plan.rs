@@ -1,0 +1,379 @@
+//! The device allocation list: every buffer the GPU executor allocates to run a plan, with its
+//! size in bytes, derived from the engine's own data (the loaded weights' formats, the neuron
+//! table's hot counts, the plan's placement). Compiled in both the CUDA build and the stub.
+//!
+//! This is the engine's side of the VRAM contract; the planner's side is
+//! `planning/accounting.py` (`gpu_allocation(plan, model)`), written independently, and the
+//! Python tests check the two lists are equal name for name and byte for byte. Names, order and
+//! rules match it (planner/README.md, "Exact byte accounting"):
+//!
+//! * per layer with attention on the GPU: `blk.{i}.attn_norm` (f32), `attn_q`, `attn_k`,
+//!   `attn_v`, `attn_output` (stored formats), `cache_k`, `cache_v` (`context · kv_dim` f16);
+//! * with the predictor: `blk.{i}.pred_fc1`, `pred_fc2` (sizes recorded in the plan), or
+//!   `blk.{i}.pred` when the plan gives one size;
+//! * with hot neurons: `blk.{i}.ffn_norm` (f32) and `blk.{i}.ffn_hot`, `n_slabs` slabs of
+//!   [`slab_geometry`]`.slab_bytes` (the same definition [`crate::pack_hot_slabs`] packs by);
+//! * with the output head: `output_norm` (f32), `output` (stored format), `output.logits`
+//!   (vocab f32);
+//! * when anything is on the GPU: the shared `scratch.*` buffers.
+//!
+//! Each size is rounded up to [`ALIGN`](crate::layout::ALIGN) bytes.
+
+use powerinfer_core::{ensure, DType, ModelConfig, PlanFile, Result, Weight};
+
+use crate::layout::{align, slab_geometry};
+
+/// One device allocation: its name and size in bytes (a multiple of 256).
+pub type Allocation = (String, usize);
+
+/// Bytes per element of the KV cache on the GPU (f16 K and V).
+pub const KV_ELEMENT_BYTES: usize = 2;
+/// Bytes per element of an RMSNorm weight on the GPU: the engine keeps norms as f32 whatever
+/// their stored format, and the `rms_norm` kernel reads f32.
+pub const NORM_ELEMENT_BYTES: usize = 4;
+/// Bytes per element of the f32 activations, logits and scratch buffers (and i32 indices).
+pub const F32_BYTES: usize = 4;
+
+/// One decoder layer's matrices as the GPU executor uploads them.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerTensors<'a> {
+    pub wq: &'a Weight,
+    pub wk: &'a Weight,
+    pub wv: &'a Weight,
+    pub wo: &'a Weight,
+    pub gate: &'a Weight,
+    pub up: &'a Weight,
+    /// Format of the transposed down projection's rows (`ffn` rows of `dim` weights), as the
+    /// engine builds it (`ffn_down`'s format, F16 when `dim` is no whole number of its blocks).
+    pub down_t: DType,
+}
+
+/// The model as the GPU executor sees it: its config, each layer's matrices, the output head.
+#[derive(Clone, Debug)]
+pub struct ModelTensors<'a> {
+    pub config: &'a ModelConfig,
+    pub layers: Vec<LayerTensors<'a>>,
+    /// The output matrix (the embedding table when tied).
+    pub output: &'a Weight,
+}
+
+/// Bytes of a whole matrix on the device: `rows · row_bytes`, aligned.
+fn matrix_bytes(w: &Weight) -> Result<usize> {
+    Ok(align(w.rows * w.dtype.row_bytes(w.cols)?))
+}
+
+/// Every device allocation of `plan` on `model`, layer by layer, then the output head, then
+/// the scratch buffers (empty for a CPU-only plan). `Error::Plan` when the plan does not fit
+/// the model; `Error::Shape`/`Unsupported` when a layer's hot rows cannot be packed in slabs.
+pub fn gpu_allocations(model: &ModelTensors<'_>, plan: &PlanFile) -> Result<Vec<Allocation>> {
+    let c = model.config;
+    ensure!(
+        model.layers.len() == c.n_layers,
+        Shape,
+        "{} layers of tensors for a {}-layer config",
+        model.layers.len(),
+        c.n_layers
+    );
+    plan.table.check_model(c.n_layers, c.ffn_dim)?;
+    ensure!(
+        plan.attention.len() == c.n_layers
+            && plan.predictor.len() == c.n_layers
+            && plan.predictor_allocations.len() == c.n_layers,
+        Plan,
+        "plan placement does not cover the model's {} layers",
+        c.n_layers
+    );
+    let norm = align(NORM_ELEMENT_BYTES * c.dim);
+    let mut out: Vec<Allocation> = Vec::new();
+    for (i, l) in model.layers.iter().enumerate() {
+        let name = |t: &str| format!("blk.{i}.{t}");
+        if plan.attention[i] {
+            out.push((name("attn_norm"), norm));
+            for (t, w) in [
+                ("attn_q", l.wq),
+                ("attn_k", l.wk),
+                ("attn_v", l.wv),
+                ("attn_output", l.wo),
+            ] {
+                out.push((name(t), matrix_bytes(w)?));
+            }
+            let kv = align(plan.context * c.kv_dim() * KV_ELEMENT_BYTES);
+            out.push((name("cache_k"), kv));
+            out.push((name("cache_v"), kv));
+        }
+        if plan.predictor[i] {
+            let sizes = &plan.predictor_allocations[i];
+            let names: &[&str] = match sizes.len() {
+                2 => &["pred_fc1", "pred_fc2"],
+                _ => &["pred"],
+            };
+            for (t, &b) in names.iter().zip(sizes) {
+                out.push((name(t), align(b)));
+            }
+        }
+        let n_slabs = plan.n_slabs(i);
+        if n_slabs > 0 {
+            for (what, w) in [("gate", l.gate), ("up", l.up)] {
+                ensure!(
+                    w.rows == c.ffn_dim && w.cols == c.dim,
+                    Shape,
+                    "layer {i} {what} is {} x {}, expected {} x {}",
+                    w.rows,
+                    w.cols,
+                    c.ffn_dim,
+                    c.dim
+                );
+            }
+            let slab = slab_geometry([l.gate.dtype, l.up.dtype, l.down_t], c.dim, plan.bucket)?;
+            out.push((name("ffn_norm"), norm));
+            out.push((name("ffn_hot"), n_slabs * slab.slab_bytes));
+        }
+    }
+    if plan.output {
+        out.push(("output_norm".into(), norm));
+        out.push(("output".into(), matrix_bytes(model.output)?));
+        out.push(("output.logits".into(), align(F32_BYTES * c.vocab_size)));
+    }
+    if plan.uses_gpu() {
+        out.extend(scratch_allocations(c, plan));
+    }
+    Ok(out)
+}
+
+/// The scratch buffers shared by all layers (they run one after another), all f32 except
+/// `active` (i32): `x`, `xb`, `xb2` (dim each), `q` (q_dim), `k`, `v` (kv_dim), `att`
+/// (n_heads · context), `hb`, `hb2`, `active` (ffn each), `pred` (the largest predictor rank),
+/// `xfer` (2 · dim: the CPU's partial FFN sum in, the layer input out).
+pub fn scratch_allocations(c: &ModelConfig, plan: &PlanFile) -> Vec<Allocation> {
+    let max_rank = plan.predictor_ranks.iter().copied().max().unwrap_or(0);
+    [
+        ("x", c.dim),
+        ("xb", c.dim),
+        ("xb2", c.dim),
+        ("q", c.q_dim()),
+        ("k", c.kv_dim()),
+        ("v", c.kv_dim()),
+        ("att", c.n_heads * plan.context),
+        ("hb", c.ffn_dim),
+        ("hb2", c.ffn_dim),
+        ("active", c.ffn_dim),
+        ("pred", max_rank),
+        ("xfer", 2 * c.dim),
+    ]
+    .into_iter()
+    .map(|(n, len)| (format!("scratch.{n}"), align(F32_BYTES * len)))
+    .collect()
+}
+
+/// Sum of an allocation list.
+pub fn total_bytes(allocations: &[Allocation]) -> usize {
+    allocations.iter().map(|(_, b)| b).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use powerinfer_core::{Activation, Buffer, NeuronTable, RopeStyle};
+
+    /// dim 64, ffn 96, 4 heads of 16 over 2 KV heads, vocab 100, 2 layers.
+    fn config() -> ModelConfig {
+        ModelConfig {
+            n_layers: 2,
+            dim: 64,
+            ffn_dim: 96,
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 16,
+            vocab_size: 100,
+            max_context: 128,
+            rms_eps: 1e-5,
+            rope_theta: 1e4,
+            rope_style: RopeStyle::Norm,
+            activation: Activation::Relu,
+        }
+    }
+
+    fn zeros(dtype: DType, rows: usize, cols: usize) -> Weight {
+        let bytes = vec![0u8; rows * dtype.row_bytes(cols).unwrap()];
+        Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
+    }
+
+    struct Tiny {
+        config: ModelConfig,
+        q: Weight,
+        kv: Weight,
+        o: Weight,
+        gate: Weight,
+        up: Weight,
+        out: Weight,
+    }
+
+    impl Tiny {
+        fn new(up: DType) -> Tiny {
+            Tiny {
+                config: config(),
+                q: zeros(DType::Q4_0, 64, 64),
+                kv: zeros(DType::Q4_0, 32, 64),
+                o: zeros(DType::Q4_0, 64, 64),
+                gate: zeros(DType::Q8_0, 96, 64),
+                up: zeros(up, 96, 64),
+                out: zeros(DType::Q8_0, 100, 64),
+            }
+        }
+
+        fn model(&self, down_t: DType) -> ModelTensors<'_> {
+            let layer = LayerTensors {
+                wq: &self.q,
+                wk: &self.kv,
+                wv: &self.kv,
+                wo: &self.o,
+                gate: &self.gate,
+                up: &self.up,
+                down_t,
+            };
+            ModelTensors {
+                config: &self.config,
+                layers: vec![layer; 2],
+                output: &self.out,
+            }
+        }
+    }
+
+    /// Layer 0: attention, predictor [fc1, fc2] and 11 hot neurons (2 slabs of 8); layer 1:
+    /// nothing but one predictor size; output head on; context 32.
+    fn plan(bucket: usize) -> PlanFile {
+        let hot: Vec<u32> = (0..11).map(|i| i * 7).collect();
+        PlanFile {
+            table: NeuronTable::from_hot_lists(96, &[hot, vec![]]).unwrap(),
+            model_fingerprint: String::new(),
+            bucket,
+            context: 32,
+            attention: vec![true, false],
+            predictor: vec![true, true],
+            ffn_buckets: vec![11usize.div_ceil(bucket), 0],
+            output: true,
+            predictor_allocations: vec![vec![2 * 64 * 64, 2 * 96 * 64], vec![1000]],
+            predictor_ranks: vec![64, 40],
+            budget_bytes: 0,
+            gpu_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn hand_computed_tiny_case() {
+        let t = Tiny::new(DType::Q4_0);
+        let got = gpu_allocations(&t.model(DType::F16), &plan(8)).unwrap();
+        // Q4_0 rows of 64: 2 blocks x 18 = 36 B; Q8_0: 2 x 34 = 68 B; F16: 128 B.
+        // One neuron: 68 (gate) + 36 (up) + 128 (down_t) + 4 (id) = 236; 8 x 236 = 1888 -> 2048.
+        let want: Vec<(&str, usize)> = vec![
+            ("blk.0.attn_norm", 256),    // 64 f32
+            ("blk.0.attn_q", 2304),      // 64 x 36
+            ("blk.0.attn_k", 1280),      // 32 x 36 = 1152
+            ("blk.0.attn_v", 1280),      //
+            ("blk.0.attn_output", 2304), //
+            ("blk.0.cache_k", 2048),     // 32 x 32 x 2
+            ("blk.0.cache_v", 2048),     //
+            ("blk.0.pred_fc1", 8192),    // 2 x 64 x 64
+            ("blk.0.pred_fc2", 12288),   // 2 x 96 x 64
+            ("blk.0.ffn_norm", 256),     //
+            ("blk.0.ffn_hot", 4096),     // 2 slabs of 2048
+            ("blk.1.pred", 1024),        // 1000 -> 1024
+            ("output_norm", 256),        //
+            ("output", 6912),            // 100 x 68 = 6800
+            ("output.logits", 512),      // 100 x 4 = 400
+            ("scratch.x", 256),          //
+            ("scratch.xb", 256),         //
+            ("scratch.xb2", 256),        //
+            ("scratch.q", 256),          //
+            ("scratch.k", 256),          // 32 x 4 = 128
+            ("scratch.v", 256),          //
+            ("scratch.att", 512),        // 4 heads x 32
+            ("scratch.hb", 512),         // 96 x 4 = 384
+            ("scratch.hb2", 512),        //
+            ("scratch.active", 512),     //
+            ("scratch.pred", 256),       // rank 64
+            ("scratch.xfer", 512),       // 2 x 64 x 4
+        ];
+        let want: Vec<Allocation> = want.into_iter().map(|(n, b)| (n.into(), b)).collect();
+        assert_eq!(got, want);
+        assert_eq!(total_bytes(&got), want.iter().map(|a| a.1).sum::<usize>());
+    }
+
+    #[test]
+    fn ffn_hot_is_what_pack_hot_slabs_uploads() {
+        let t = Tiny::new(DType::Q4_0);
+        let down_t = zeros(DType::F16, 96, 64);
+        for bucket in [1, 3, 8, 32] {
+            let p = plan(bucket);
+            let got = gpu_allocations(&t.model(DType::F16), &p).unwrap();
+            let hot = got.iter().find(|a| a.0 == "blk.0.ffn_hot").unwrap().1;
+            let ids = &p.table.layers[0].hot;
+            let (layout, bytes) =
+                crate::pack_hot_slabs(&t.gate, &t.up, &down_t, ids, bucket).unwrap();
+            assert_eq!((hot, hot), (layout.total_bytes(), bytes.len()));
+        }
+    }
+
+    #[test]
+    fn every_input_moves_the_report() {
+        let t = Tiny::new(DType::Q4_0);
+        let base = gpu_allocations(&t.model(DType::F16), &plan(8)).unwrap();
+        let changed = [
+            gpu_allocations(&t.model(DType::Q8_0), &plan(8)).unwrap(), // down_t format
+            gpu_allocations(&Tiny::new(DType::F16).model(DType::F16), &plan(8)).unwrap(),
+            gpu_allocations(&t.model(DType::F16), &plan(4)).unwrap(), // bucket
+            gpu_allocations(
+                &t.model(DType::F16),
+                &PlanFile {
+                    context: 64,
+                    ..plan(8)
+                },
+            )
+            .unwrap(),
+        ];
+        for c in &changed {
+            assert_ne!(total_bytes(c), total_bytes(&base));
+        }
+    }
+
+    #[test]
+    fn cpu_only_plans_allocate_nothing_and_mismatches_are_errors() {
+        let t = Tiny::new(DType::Q4_0);
+        let cpu = PlanFile {
+            table: NeuronTable::all_cold(2, 96),
+            attention: vec![false; 2],
+            predictor: vec![false; 2],
+            ffn_buckets: vec![0; 2],
+            output: false,
+            ..plan(8)
+        };
+        assert!(gpu_allocations(&t.model(DType::F16), &cpu)
+            .unwrap()
+            .is_empty());
+        let wrong_ffn = PlanFile {
+            table: NeuronTable::all_cold(2, 95),
+            ..plan(8)
+        };
+        assert!(gpu_allocations(&t.model(DType::F16), &wrong_ffn).is_err());
+        let mut one_layer = t.model(DType::F16);
+        one_layer.layers.pop();
+        assert!(gpu_allocations(&one_layer, &plan(8)).is_err());
+        // A Q8_0 down_t over dim 48 is no whole number of blocks (F16 is what the engine builds).
+        let mut c = config();
+        c.dim = 48;
+        let g = zeros(DType::F16, 96, 48);
+        let layer = |down_t| LayerTensors {
+            gate: &g,
+            up: &g,
+            down_t,
+            ..t.model(down_t).layers[0]
+        };
+        let m = |down_t| ModelTensors {
+            config: &c,
+            layers: vec![layer(down_t); 2],
+            output: &t.out,
+        };
+        assert!(gpu_allocations(&m(DType::F16), &plan(8)).is_ok());
+        assert!(gpu_allocations(&m(DType::Q8_0), &plan(8)).is_err());
+    }
+}
