@@ -46,6 +46,19 @@ impl Buffer {
         }
     }
 
+    /// Bytes `range` of this buffer as a buffer of their own, sharing the owner (no copy).
+    /// None when the range is out of bounds.
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Option<Buffer> {
+        if range.start > range.end || range.end > self.len {
+            return None;
+        }
+        Some(Buffer {
+            ptr: self.ptr.wrapping_add(range.start),
+            len: range.end - range.start,
+            _owner: self._owner.clone(),
+        })
+    }
+
     /// The bytes.
     pub fn as_slice(&self) -> &[u8] {
         if self.len == 0 {
@@ -90,6 +103,20 @@ mod tests {
         assert_eq!(b.as_ptr() as usize % 64, 0);
         let c = b.clone();
         assert_eq!(c.as_ptr(), b.as_ptr());
+    }
+
+    #[test]
+    fn slices_share_the_owner() {
+        let data: Vec<u8> = (0..100u8).collect();
+        let b = Buffer::from_bytes(&data);
+        let s = b.slice(10..20).unwrap();
+        drop(b);
+        assert_eq!(s.as_slice(), &data[10..20]);
+        assert_eq!(s.slice(2..2).unwrap().len(), 0);
+        assert!(s.slice(5..11).is_none());
+        #[allow(clippy::reversed_empty_ranges)]
+        let reversed = s.slice(6..5);
+        assert!(reversed.is_none());
     }
 
     #[test]

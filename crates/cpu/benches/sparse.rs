@@ -1,4 +1,5 @@
-//! Sparse FFN kernels over every weight format at dim 2048 / ffn 5504 with 10% of the neurons
+//! Sparse FFN kernels over every weight format at dim 2048 / ffn 5504 (`SPARSE_SHAPE=DIM,FFN`
+//! overrides) with 10% of the neurons
 //! active (a random sorted subset), on a 2-thread pool. Throughput is the bytes of the active
 //! rows each call reads (up, down_t and gate rows as the kernel touches them), in decimal GB/s,
 //! so it compares directly with `measure_read_bandwidth`, measured in the same run.
@@ -13,12 +14,21 @@
 //! \"kernel/FORMAT\" names containing it (summary and criterion alike).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use powerinfer_core::{Activation, Buffer, DType, Weight};
+use powerinfer_core::{Activation, Buffer, DType, PageBuf, Weight};
 use std::hint::black_box;
 use std::time::Instant;
 
-const DIM: usize = 2048;
-const FFN: usize = 5504;
+/// Default shape (`SPARSE_SHAPE=DIM,FFN` overrides it).
+const SHAPE: (usize, usize) = (2048, 5504);
+
+/// The benchmarked (dim, ffn).
+fn shape() -> (usize, usize) {
+    let parsed = std::env::var("SPARSE_SHAPE").ok().and_then(|v| {
+        let (d, f) = v.split_once(',')?;
+        Some((d.trim().parse().ok()?, f.trim().parse().ok()?))
+    });
+    parsed.unwrap_or(SHAPE)
+}
 /// Share of the neurons active per call.
 const ACTIVE: f64 = 0.10;
 /// Layers are allocated until the weights of one format reach this many bytes (>> L3).
@@ -71,14 +81,26 @@ struct Layer {
     down_t: Weight,
 }
 
-/// Enough layers of `dtype` that their weights exceed [`WORKING_SET`].
+/// Enough layers of `dtype` that their weights exceed [`WORKING_SET`], all in one allocation
+/// (as the engine keeps its repacked tensors), so large enough for huge pages whatever the shape.
 fn layers(dtype: DType) -> Vec<Layer> {
-    let layer_bytes = 3 * FFN * dtype.row_bytes(DIM).unwrap();
-    (0..WORKING_SET.div_ceil(layer_bytes) as u64)
+    let (dim, ffn) = shape();
+    let matrix = ffn * dtype.row_bytes(dim).unwrap();
+    let n = WORKING_SET.div_ceil(3 * matrix);
+    let mut store = PageBuf::zeroed(3 * n * matrix);
+    for (k, chunk) in store.as_mut_slice().chunks_mut(matrix).enumerate() {
+        chunk.copy_from_slice(weight(dtype, ffn, dim, k as u64).bytes());
+    }
+    let store = store.freeze();
+    let part = |k: usize| {
+        let bytes = store.slice(k * matrix..(k + 1) * matrix).unwrap();
+        Weight::new(dtype, ffn, dim, bytes).unwrap()
+    };
+    (0..n)
         .map(|l| Layer {
-            gate: weight(dtype, FFN, DIM, 3 * l),
-            up: weight(dtype, FFN, DIM, 3 * l + 1),
-            down_t: weight(dtype, FFN, DIM, 3 * l + 2),
+            gate: part(3 * l),
+            up: part(3 * l + 1),
+            down_t: part(3 * l + 2),
         })
         .collect()
 }
@@ -90,16 +112,17 @@ fn active_sets() -> Vec<Vec<u32>> {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(ACTIVE);
-    let n = (FFN as f64 * active).round() as usize;
+    let ffn = shape().1;
+    let n = (ffn as f64 * active).round() as usize;
     let mut s = 0x1234_5678_9ABC_DEF1u64;
     (0..SETS)
         .map(|_| {
-            let mut all: Vec<u32> = (0..FFN as u32).collect();
+            let mut all: Vec<u32> = (0..ffn as u32).collect();
             for i in 0..n {
                 s ^= s << 13;
                 s ^= s >> 7;
                 s ^= s << 17;
-                let j = i + (s % (FFN - i) as u64) as usize;
+                let j = i + (s % (ffn - i) as u64) as usize;
                 all.swap(i, j);
             }
             let mut set = all[..n].to_vec();
@@ -146,7 +169,7 @@ fn active_bytes(kernel: &str, dtype: DType, n: usize) -> u64 {
         "ffn_up_down" => 2,
         _ => 3,
     };
-    (rows * n * dtype.row_bytes(DIM).unwrap()) as u64
+    (rows * n * dtype.row_bytes(shape().0).unwrap()) as u64
 }
 
 /// The median of `v` (sorted in place).
@@ -156,11 +179,12 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn bufs() -> Bufs {
+    let (dim, ffn) = shape();
     Bufs {
-        x: (0..DIM).map(|i| ((i % 13) as f32 - 6.0) * 0.1).collect(),
-        g: (0..FFN).map(|i| 0.5 + (i % 7) as f32 * 0.1).collect(),
-        y: vec![0.0; DIM],
-        yk: vec![0.0; FFN],
+        x: (0..dim).map(|i| ((i % 13) as f32 - 6.0) * 0.1).collect(),
+        g: (0..ffn).map(|i| 0.5 + (i % 7) as f32 * 0.1).collect(),
+        y: vec![0.0; dim],
+        yk: vec![0.0; ffn],
     }
 }
 
@@ -181,9 +205,11 @@ fn bench_sparse(c: &mut Criterion) {
     let sets = active_sets();
     let n = sets[0].len();
     eprintln!(
-        "sparse: simd {} threads {} read bandwidth {bw:.1} GB/s; dim {DIM} ffn {FFN}, {n} active",
+        "sparse: simd {} threads {} read bandwidth {bw:.1} GB/s; dim {} ffn {}, {n} active",
         powerinfer_cpu::simd_level(),
-        pool.current_num_threads()
+        pool.current_num_threads(),
+        shape().0,
+        shape().1
     );
     let mut group = c.benchmark_group("sparse");
     group

@@ -13,13 +13,40 @@ use rayon::prelude::*;
 /// Rows decoded per parallel task while transposing.
 const TILE: usize = 64;
 
-/// `w` transposed: `w.cols` rows of `w.rows` weights.
-pub fn transpose(w: &Weight) -> Result<Weight> {
-    let (rows, cols) = (w.rows, w.cols);
-    let dtype = match w.dtype.row_bytes(rows) {
+/// The format [`transpose`] stores `w`'s transpose in: `w`'s own when a row of `w.rows`
+/// weights is a whole number of its blocks, else F16.
+pub fn transposed_dtype(w: &Weight) -> DType {
+    match w.dtype.row_bytes(w.rows) {
         Ok(_) => w.dtype,
         Err(_) => DType::F16,
-    };
+    }
+}
+
+/// Bytes of `w`'s transpose as [`transpose`] stores it.
+pub fn transposed_bytes(w: &Weight) -> Result<usize> {
+    Ok(transposed_dtype(w).row_bytes(w.rows)? * w.cols)
+}
+
+/// `w` transposed: `w.cols` rows of `w.rows` weights.
+pub fn transpose(w: &Weight) -> Result<Weight> {
+    let mut bytes = vec![0u8; transposed_bytes(w)?];
+    let dtype = transpose_into(w, &mut bytes)?;
+    Weight::new(dtype, w.cols, w.rows, Buffer::from_bytes(&bytes))
+}
+
+/// Write `w`'s transpose into `out` (exactly [`transposed_bytes`] long) and return its format
+/// ([`transposed_dtype`]).
+pub fn transpose_into(w: &Weight, out: &mut [u8]) -> Result<DType> {
+    let (rows, cols) = (w.rows, w.cols);
+    let dtype = transposed_dtype(w);
+    let out_row_bytes = dtype.row_bytes(rows)?;
+    powerinfer_core::ensure!(
+        out.len() == out_row_bytes * cols,
+        Shape,
+        "transpose_into: {} bytes for a {cols} x {rows} {dtype} transpose of {} bytes",
+        out.len(),
+        out_row_bytes * cols
+    );
     // Decode everything to f32 once (column-major reads of block formats would decode each block
     // 32 times).
     let mut dense = vec![0.0f32; rows * cols];
@@ -27,26 +54,23 @@ pub fn transpose(w: &Weight) -> Result<Weight> {
         .par_chunks_mut(cols * TILE)
         .enumerate()
         .try_for_each(|(t, chunk)| -> Result<()> {
-            for (i, out) in chunk.chunks_exact_mut(cols).enumerate() {
-                powerinfer_cpu::dequantize_row(w.dtype, w.row(t * TILE + i), out)?;
+            for (i, row) in chunk.chunks_exact_mut(cols).enumerate() {
+                powerinfer_cpu::dequantize_row(w.dtype, w.row(t * TILE + i), row)?;
             }
             Ok(())
         })?;
-    let out_row_bytes = dtype.row_bytes(rows)?;
-    let mut bytes = vec![0u8; out_row_bytes * cols];
-    bytes
-        .par_chunks_mut(out_row_bytes)
+    out.par_chunks_mut(out_row_bytes)
         .enumerate()
         .try_for_each_init(
             || vec![0.0f32; rows],
-            |col, (c, out)| {
+            |col, (c, dst)| {
                 for (r, v) in col.iter_mut().enumerate() {
                     *v = dense[r * cols + c];
                 }
-                quantize_row(dtype, col, out)
+                quantize_row(dtype, col, dst)
             },
         )?;
-    Weight::new(dtype, cols, rows, Buffer::from_bytes(&bytes))
+    Ok(dtype)
 }
 
 #[cfg(test)]
@@ -119,6 +143,7 @@ mod tests {
         }
         let q = Weight::new(DType::Q8_0, 40, 32, Buffer::from_bytes(&bytes)).unwrap();
         assert_eq!(transpose(&q).unwrap().dtype, DType::F16);
+        assert_eq!(transposed_dtype(&q), DType::F16);
         assert_eq!(transpose(&odd).unwrap().dtype, DType::F32);
     }
 }

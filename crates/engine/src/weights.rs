@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use powerinfer_core::{bail, ensure, ModelConfig, Result, Weight};
+use powerinfer_core::{bail, ensure, DType, ModelConfig, PageBuf, Result, Weight};
 
 /// One decoder layer.
 #[derive(Clone, Debug)]
@@ -143,13 +143,47 @@ impl ModelWeights {
         if let Some(d) = self.down_t.get() {
             return Ok(d);
         }
-        let built = self
+        // Every layer in one allocation: large enough for huge pages, so the scattered rows the
+        // sparse kernels read cost few TLB misses.
+        let sizes = self
             .layers
             .iter()
-            .map(|l| crate::transpose::transpose(&l.w_down))
+            .map(|l| crate::transpose::transposed_bytes(&l.w_down))
             .collect::<Result<Vec<_>>>()?;
+        let mut store = PageBuf::zeroed(sizes.iter().sum());
+        let mut dtypes = Vec::with_capacity(sizes.len());
+        let mut rest = store.as_mut_slice();
+        for (l, &n) in self.layers.iter().zip(&sizes) {
+            let (part, tail) = rest.split_at_mut(n);
+            dtypes.push(crate::transpose::transpose_into(&l.w_down, part)?);
+            rest = tail;
+        }
+        let store = store.freeze();
+        let mut built = Vec::with_capacity(sizes.len());
+        let mut start = 0;
+        for ((l, &n), dtype) in self.layers.iter().zip(&sizes).zip(dtypes) {
+            let Some(bytes) = store.slice(start..start + n) else {
+                bail!(
+                    Other,
+                    "down_t store of {} bytes misses layer bytes {start}..{}",
+                    store.len(),
+                    start + n
+                );
+            };
+            built.push(Weight::new(dtype, l.w_down.cols, l.w_down.rows, bytes)?);
+            start += n;
+        }
         let _ = self.down_t.set(built);
         Ok(self.down_t.get().expect("set above"))
+    }
+
+    /// Format of layer `layer`'s transposed down projection, without building it: the given or
+    /// already built one's, else what [`crate::transpose::transpose`] will choose.
+    pub fn down_t_dtype(&self, layer: usize) -> DType {
+        match self.down_t.get() {
+            Some(d) => d[layer].dtype,
+            None => crate::transpose::transposed_dtype(&self.layers[layer].w_down),
+        }
     }
 
     /// Bytes of the transposed down projections if built (0 otherwise).
