@@ -117,31 +117,54 @@ fn hmax(v: __m256) -> f32 {
     _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
 }
 
-/// out[i] = dot(row i, x) for `R` quantized rows at `rows`, `row_bytes` apart, on the int16 x.
+/// out[i] = dot(row i, x) for the `R` quantized rows starting at `p[i]`, on the int16 x. With
+/// `FETCH`, the rows starting at `next[i]` (read next by the caller) are fetched into the cache
+/// chunk by chunk in step with these rows' reads, so scattered rows keep the memory busy.
 ///
 /// # Safety
-/// `R` rows of `xq.blocks()` blocks must be readable at `rows + i·row_bytes`; `out.len() >= R`;
-/// the CPU must have AVX2, FMA and F16C.
+/// `xq.blocks()` blocks must be readable at each `p[i]`; `out.len() >= R`; the CPU must have
+/// AVX2, FMA and F16C. `next` may hold any addresses (prefetches never fault).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn quant_rows_i16<Q: QuantFormat, const R: usize>(
-    rows: *const u8,
-    row_bytes: usize,
+pub(super) unsafe fn quant_rows_i16<Q: QuantFormat, const R: usize, const FETCH: bool>(
+    p: &[*const u8; R],
+    next: &[*const u8; R],
     xq: &XQuant,
     out: &mut [f32],
 ) {
     let mut acc = [_mm256_setzero_ps(); R];
     let full = xq.blocks / CHUNK * CHUNK;
     for b0 in (0..full).step_by(CHUNK) {
+        if FETCH {
+            fetch_chunk::<Q, R>(next, b0, CHUNK);
+        }
         // SAFETY: blocks b0..b0 + CHUNK exist, per the caller.
-        unsafe { chunk_dot::<Q, R>(rows, row_bytes, xq, b0, CHUNK, &mut acc) };
+        unsafe { chunk_dot::<Q, R>(p, xq, b0, CHUNK, &mut acc) };
     }
     if full < xq.blocks {
+        if FETCH {
+            fetch_chunk::<Q, R>(next, full, xq.blocks - full);
+        }
         // SAFETY: blocks full..blocks exist, per the caller.
-        unsafe { chunk_dot::<Q, R>(rows, row_bytes, xq, full, xq.blocks - full, &mut acc) };
+        unsafe { chunk_dot::<Q, R>(p, xq, full, xq.blocks - full, &mut acc) };
     }
     for (a, o) in acc.iter().zip(out.iter_mut()) {
         *o = hsum(*a);
+    }
+}
+
+/// Hint the cache to fetch blocks `b0..b0 + n` of each row starting at `next[i]`.
+#[inline(always)]
+fn fetch_chunk<Q: QuantFormat, const R: usize>(next: &[*const u8; R], b0: usize, n: usize) {
+    let (start, end) = (b0 * Q::BLOCK_BYTES, (b0 + n) * Q::BLOCK_BYTES);
+    for q in next {
+        let mut off = start & !63;
+        while off < end {
+            // SAFETY: prefetch is a hint that never faults, whatever the address; SSE is
+            // baseline on x86-64.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(off) as *const i8) };
+            off += 64;
+        }
     }
 }
 
@@ -155,8 +178,7 @@ pub(super) unsafe fn quant_rows_i16<Q: QuantFormat, const R: usize>(
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn chunk_dot<Q: QuantFormat, const R: usize>(
-    rows: *const u8,
-    row_bytes: usize,
+    p: &[*const u8; R],
     xq: &XQuant,
     b0: usize,
     n: usize,
@@ -169,15 +191,15 @@ unsafe fn chunk_dot<Q: QuantFormat, const R: usize>(
     unsafe {
         let sx = _mm256_loadu_ps(xq.scale.as_ptr().add(b0));
         for (i, (a, dsi)) in acc.iter_mut().zip(&mut ds).enumerate() {
-            let p = rows.add(i * row_bytes + b0 * Q::BLOCK_BYTES);
-            let d = Q::scales8(p, n);
+            let row = p[i].add(b0 * Q::BLOCK_BYTES);
+            let d = Q::scales8(row, n);
             _mm256_storeu_ps(dsi.as_mut_ptr(), _mm256_mul_ps(d, sx));
             // Offsets are independent of the quants: Σ_b offset_b · Σx_b, eight at a time.
             match Q::OFFSET {
                 Offset::None | Offset::MinusEight => {}
                 Offset::Min => {
                     let s = _mm256_loadu_ps(xq.sum.as_ptr().add(b0));
-                    *a = _mm256_fmadd_ps(Q::mins8(p, n), s, *a);
+                    *a = _mm256_fmadd_ps(Q::mins8(row, n), s, *a);
                 }
             }
         }
@@ -195,7 +217,7 @@ unsafe fn chunk_dot<Q: QuantFormat, const R: usize>(
                 Offset::None | Offset::Min => _mm256_setzero_si256(),
             };
             for (i, (a, dsi)) in acc.iter_mut().zip(&ds).enumerate() {
-                let [qa, qb] = Q::quants16(rows.add(i * row_bytes + b * Q::BLOCK_BYTES));
+                let [qa, qb] = Q::quants16(p[i].add(b * Q::BLOCK_BYTES));
                 let mut s = _mm256_add_epi32(_mm256_madd_epi16(qa, xa), _mm256_madd_epi16(qb, xb));
                 if Q::OFFSET == Offset::MinusEight {
                     s = _mm256_sub_epi32(s, bias);

@@ -141,43 +141,81 @@ pub(crate) fn rows_dot_i16(
 ) {
     debug_check_level();
     assert!(rows.len() >= out.len() * row_bytes && row_bytes >= xq.blocks() * dtype.block_bytes());
-    let kernels: [Rows16Kernel; 2] = match dtype {
-        DType::Q8_0 => [
-            int16::quant_rows_i16::<Q8_0, QROWS>,
-            int16::quant_rows_i16::<Q8_0, 1>,
-        ],
-        DType::Q4_0 => [
-            int16::quant_rows_i16::<Q4_0, QROWS>,
-            int16::quant_rows_i16::<Q4_0, 1>,
-        ],
-        DType::Q4_1 => [
-            int16::quant_rows_i16::<Q4_1, QROWS>,
-            int16::quant_rows_i16::<Q4_1, 1>,
-        ],
-        DType::F32 | DType::F16 | DType::BF16 => unreachable!("{dtype} is not quantized"),
-    };
     let base = rows.as_ptr();
     let full = out.len() / QROWS * QROWS;
     for (g, o) in out[..full].chunks_exact_mut(QROWS).enumerate() {
+        let p: [*const u8; QROWS] =
+            std::array::from_fn(|i| base.wrapping_add((g * QROWS + i) * row_bytes));
         // SAFETY: features detected by the dispatcher; the assert keeps rows g·QROWS.. inside
-        // `rows`, each with xq.blocks() blocks.
-        unsafe { kernels[0](base.add(g * QROWS * row_bytes), row_bytes, xq, o) };
+        // `rows`, each with xq.blocks() blocks. Consecutive rows need no prefetch hints.
+        unsafe { int16_rows::<QROWS, false>(dtype, &p, &p, xq, o) };
     }
     for (i, o) in out.iter_mut().enumerate().skip(full) {
+        let p = [base.wrapping_add(i * row_bytes)];
         // SAFETY: as above, for the single row i.
-        unsafe {
-            kernels[1](
-                base.add(i * row_bytes),
-                row_bytes,
-                xq,
-                std::slice::from_mut(o),
-            )
-        };
+        unsafe { int16_rows::<1, false>(dtype, &p, &p, xq, std::slice::from_mut(o)) };
     }
 }
 
-/// A multi-row int16-x kernel: (first row, row stride in bytes, quantized x, out).
-type Rows16Kernel = unsafe fn(*const u8, usize, &XQuant, &mut [f32]);
+/// out[i] = dot(rows[i], x) for up to 8 scattered quantized rows (each at least `xq.blocks()`
+/// blocks of `dtype`) on the int16-quantized x, fetching the `next` rows (up to as many, read
+/// next by the caller) into the cache in step.
+pub(crate) fn scattered_dot_i16(
+    dtype: DType,
+    rows: &[&[u8]],
+    next: &[&[u8]],
+    xq: &XQuant,
+    out: &mut [f32],
+) {
+    debug_check_level();
+    let want = xq.blocks() * dtype.block_bytes();
+    assert!(
+        dtype.is_quantized()
+            && rows.len() == out.len()
+            && rows.len() <= 8
+            && next.len() <= 8
+            && rows.iter().all(|r| r.len() >= want)
+    );
+    macro_rules! run {
+        ($($r:literal)*) => {
+            match rows.len() {
+                $($r => {
+                    let p: [*const u8; $r] = std::array::from_fn(|i| rows[i].as_ptr());
+                    let q: [*const u8; $r] =
+                        std::array::from_fn(|i| next.get(i).map_or(p[i], |r| r.as_ptr()));
+                    // SAFETY: features detected by the dispatcher; the assert keeps every row's
+                    // blocks readable; `q` is only prefetched.
+                    unsafe { int16_rows::<$r, true>(dtype, &p, &q, xq, out) }
+                })*
+                _ => {}
+            }
+        };
+    }
+    run!(1 2 3 4 5 6 7 8);
+}
+
+/// The int16 kernel of `dtype` on `R` rows.
+///
+/// # Safety
+/// As for [`int16::quant_rows_i16`]; `dtype` quantized.
+#[inline]
+unsafe fn int16_rows<const R: usize, const FETCH: bool>(
+    dtype: DType,
+    p: &[*const u8; R],
+    next: &[*const u8; R],
+    xq: &XQuant,
+    out: &mut [f32],
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match dtype {
+            DType::Q8_0 => int16::quant_rows_i16::<Q8_0, R, FETCH>(p, next, xq, out),
+            DType::Q4_0 => int16::quant_rows_i16::<Q4_0, R, FETCH>(p, next, xq, out),
+            DType::Q4_1 => int16::quant_rows_i16::<Q4_1, R, FETCH>(p, next, xq, out),
+            DType::F32 | DType::F16 | DType::BF16 => {}
+        }
+    }
+}
 
 /// Wrapping sum of `data` with AVX2 loads (the bandwidth probe's reader).
 pub(crate) fn read_sum(data: &[u64]) -> u64 {

@@ -10,8 +10,8 @@
 //! forwards. Rows are handled eight at a time (float-format dots and every axpy read eight rows
 //! side by side, sharing each x or y vector) while the rows read next (the next group, or the
 //! same neurons' rows of the next matrix in the fused kernels) are fetched line by line in step;
-//! every format is decoded to f32 on the fly (for scattered rows this beats the dense matvec's
-//! int16-x path, which handles one row at a time).
+//! quantized rows are dotted on the dense matvec's int16-x kernel (up to eight scattered rows at
+//! once), other formats are decoded to f32 on the fly.
 //!
 //! The fused kernels read each active neuron's rows together; on this design's CPUs separate
 //! passes (matvec_rows over up, then axpy_rows over down_t) measured faster (`cargo bench -p
@@ -50,7 +50,7 @@ const REDUCE_CHUNK: usize = 1024;
 
 /// y[k] = dot(W[idx[k]], x) for every k (row-sparse matvec over an active index list; idx need
 /// not be sorted; out-of-range index -> Error::Shape). Parallel on the current rayon pool;
-/// rows are decoded to f32 and dotted with x in groups.
+/// quantized rows use the int16-x kernel like matvec when on AVX2.
 pub fn matvec_rows(w: &Weight, x: &[f32], idx: &[u32], y: &mut [f32]) -> Result<()> {
     matvec_rows_at(simd::level(), w, x, idx, y)
 }
@@ -118,7 +118,7 @@ pub(crate) fn matvec_rows_at(
     if idx.is_empty() {
         return Ok(());
     }
-    let dot = Dot { level, x };
+    let dot = Dot::new(level, x, &[w.dtype]);
     let run = |(ic, yc): (&[u32], &mut [f32])| {
         let mut batch = [&[][..]; axpy::GROUP];
         let mut next = [&[][..]; axpy::GROUP];
@@ -204,7 +204,7 @@ pub(crate) fn ffn_up_down_at(
     if idx.is_empty() {
         return Ok(());
     }
-    let dot = Dot { level, x };
+    let dot = Dot::new(level, x, &[up.dtype]);
     accumulate(idx.len(), ups.bytes + downs.bytes, y, |range, part| {
         let mut group = Group::new(level, down_t.dtype);
         let mut batch = Batch::default();
@@ -240,7 +240,7 @@ pub(crate) fn ffn_gate_up_down_at(
     if idx.is_empty() {
         return Ok(());
     }
-    let dot = Dot { level, x };
+    let dot = Dot::new(level, x, &[gate.dtype, up.dtype]);
     let bytes = gates.bytes + ups.bytes + downs.bytes;
     accumulate(idx.len(), bytes, y, |range, part| {
         let mut group = Group::new(level, down_t.dtype);
@@ -329,17 +329,40 @@ impl<'a> Rows<'a> {
     }
 }
 
-/// Dot products of rows with one x on the level's kernels.
+/// Dot products of rows with one x on the level's kernels: quantized rows on the int16-x
+/// kernel of the dense matvec (x quantized once per call) when on AVX2 and x is finite, other
+/// rows decoded to f32.
 struct Dot<'a> {
     level: Level,
     x: &'a [f32],
+    #[cfg(target_arch = "x86_64")]
+    xq: Option<crate::avx2::XQuant>,
 }
 
-impl Dot<'_> {
+impl<'a> Dot<'a> {
+    /// Dots with `x` for rows of the given formats.
+    fn new(level: Level, x: &'a [f32], dtypes: &[DType]) -> Dot<'a> {
+        let quantized = dtypes.iter().any(|d| d.is_quantized());
+        Dot {
+            level,
+            x,
+            #[cfg(target_arch = "x86_64")]
+            xq: match level == Level::Avx2 && quantized && x.len().is_multiple_of(32) {
+                true => crate::avx2::XQuant::new(x),
+                false => None,
+            },
+        }
+    }
+
     /// out[i] = dot(rows[i], x) for up to [`axpy::GROUP`] rows of `dtype`, fetching the `next`
     /// rows into the cache alongside where the level can.
     #[inline]
     fn group(&self, dtype: DType, rows: &[&[u8]], next: &[&[u8]], out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if let (Some(xq), true) = (&self.xq, dtype.is_quantized()) {
+            crate::avx2::scattered_dot_i16(dtype, rows, next, xq, out);
+            return;
+        }
         if !axpy::dot_group(self.level, dtype, rows, next, self.x, out) {
             for (o, row) in out.iter_mut().zip(rows) {
                 let mut one = [0f32];
