@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from powerinfer_rs import Engine
+from powerinfer_rs.errors import ShapeError
 from powerinfer_rs.loading import load_model
 
 from reference import greedy_reference, reference_logits
@@ -159,3 +160,18 @@ def test_perplexity_matches_reference_nll(smol, smol_engine):
     ppl = smol_engine.perplexity_of_ids(ids, window=64)
     assert abs(ppl - np.exp(nll)) / np.exp(nll) < 1e-3
     assert 1.0 < ppl < 100.0
+
+
+def test_prefill_extends_the_context_like_scoring(smol, smol_engine):
+    """prefill in two pieces ends on the same logits as scoring the whole sequence, and an
+    empty piece is a ShapeError."""
+    ids = smol.tokenizer.encode("A quick brown fox jumps over", add_bos=True)
+    whole = smol_engine.logits(ids)
+    smol_engine.reset()
+    smol_engine.prefill(ids[:3])
+    last = smol_engine.prefill(ids[3:])
+    assert last.shape == (smol_engine.config.vocab_size,)
+    assert_rows_close(last[None, :], whole[-1:])
+    with pytest.raises(ShapeError):
+        smol_engine.prefill([])
+    smol_engine.reset()

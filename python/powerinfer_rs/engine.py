@@ -336,6 +336,16 @@ class Engine:
         self._session.reset()
         self._context = []
 
+    def prefill(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Append ``token_ids`` to the current context in one batched forward pass (a running
+        profile counts them) and return the float32 logits of the last one, shape (vocab,)."""
+        ids = self._check_ids(token_ids)
+        if not ids:
+            raise ShapeError("prefill() needs at least one token")
+        logits = self._session.feed(ids)[0]
+        self._context.extend(ids)
+        return logits
+
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Float32 logits of shape (len(token_ids), vocab) for a fresh context."""
         ids = self._check_ids(token_ids)

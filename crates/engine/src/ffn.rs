@@ -10,7 +10,7 @@ use powerinfer_cpu::{axpy_rows, matmul, matvec, matvec_many, matvec_rows};
 use rayon::prelude::*;
 
 use crate::profiler::Profiler;
-use crate::sparsity::{predicted_active, PredictorInput, Sparsity};
+use crate::sparsity::{predicted_active, PredictorInput, PredictorScratch, Sparsity};
 use crate::weights::{LayerWeights, ModelWeights};
 
 /// `y = W x` for n tokens: a matvec for one token, a batched matmul for more.
@@ -61,7 +61,8 @@ fn par_rows(a: &mut [f32], b: &[f32], f: impl Fn(&mut f32, f32) + Sync) {
 pub struct FfnScratch {
     gate: Vec<f32>,
     up: Vec<f32>,
-    logits: Vec<f32>,
+    predictor: PredictorScratch,
+    predicted: Vec<u32>,
     idx: Vec<u32>,
     vals: Vec<f32>,
 }
@@ -145,10 +146,11 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
                 PredictorInput::FfnNorm => call.xn,
                 PredictorInput::FfnInp => call.x_res,
             };
-            let predicted = predicted_active(&layers[call.layer], input, &mut s.logits)?;
+            predicted_active(&layers[call.layer], input, &mut s.predictor, &mut s.predicted)?;
+            let predicted = &s.predicted;
             // Separate passes over gate, up and down_t rows, as in exact-relu.
             s.gate.resize(predicted.len(), 0.0);
-            matvec_rows(&lw.w_gate, call.xn, &predicted, &mut s.gate)?;
+            matvec_rows(&lw.w_gate, call.xn, predicted, &mut s.gate)?;
             s.idx.clear();
             s.vals.clear();
             for (&i, &g) in predicted.iter().zip(&s.gate) {
@@ -201,9 +203,9 @@ fn batched(
             let mut keep = vec![false; ffn];
             for (t, row) in s.gate.chunks_exact_mut(ffn).enumerate() {
                 let x = &source[t * dim..(t + 1) * dim];
-                let active = predicted_active(&layers[call.layer], x, &mut s.logits)?;
+                predicted_active(&layers[call.layer], x, &mut s.predictor, &mut s.predicted)?;
                 keep.fill(false);
-                active.iter().for_each(|&i| keep[i as usize] = true);
+                s.predicted.iter().for_each(|&i| keep[i as usize] = true);
                 row.iter_mut()
                     .zip(&keep)
                     .filter(|(_, k)| !**k)

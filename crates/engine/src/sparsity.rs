@@ -114,29 +114,49 @@ pub fn is_active(h: f32, threshold: Option<f32>) -> bool {
     }
 }
 
-/// Predictor logits for one input row: fc2 · ReLU(fc1 · x), with fc2 read only for the hidden
-/// units ReLU leaves nonzero.
-pub fn predictor_logits(p: &LayerPredictor, x: &[f32], logits: &mut [f32]) -> Result<()> {
-    let mut hidden = vec![0.0f32; p.fc1.rows];
-    powerinfer_cpu::matvec(&p.fc1, x, &mut hidden)?;
-    let (idx, vals): (Vec<u32>, Vec<f32>) = hidden
-        .iter()
-        .enumerate()
-        .filter(|(_, h)| **h > 0.0)
-        .map(|(i, h)| (i as u32, *h))
-        .unzip();
-    logits.fill(0.0);
-    powerinfer_cpu::axpy_rows(&p.fc2_t, &idx, &vals, logits)
+/// Reusable buffers of the predictor (hidden units, their nonzero list, logits), so decoding
+/// allocates nothing per token.
+#[derive(Clone, Debug, Default)]
+pub struct PredictorScratch {
+    hidden: Vec<f32>,
+    idx: Vec<u32>,
+    vals: Vec<f32>,
+    pub logits: Vec<f32>,
 }
 
-/// Indices of the neurons a predictor marks active for input `x`.
-pub fn predicted_active(p: &LayerPredictor, x: &[f32], logits: &mut Vec<f32>) -> Result<Vec<u32>> {
-    logits.resize(p.fc2_t.cols, 0.0);
-    predictor_logits(p, x, logits)?;
-    Ok(logits
-        .iter()
-        .enumerate()
-        .filter(|(_, l)| **l >= p.threshold)
-        .map(|(i, _)| i as u32)
-        .collect())
+/// Predictor logits for one input row into `s.logits`: fc2 · ReLU(fc1 · x), with fc2 read only
+/// for the hidden units ReLU leaves nonzero.
+pub fn predictor_logits(p: &LayerPredictor, x: &[f32], s: &mut PredictorScratch) -> Result<()> {
+    s.hidden.resize(p.fc1.rows, 0.0);
+    powerinfer_cpu::matvec(&p.fc1, x, &mut s.hidden)?;
+    s.idx.clear();
+    s.vals.clear();
+    for (i, &h) in s.hidden.iter().enumerate() {
+        if h > 0.0 {
+            s.idx.push(i as u32);
+            s.vals.push(h);
+        }
+    }
+    s.logits.clear();
+    s.logits.resize(p.fc2_t.cols, 0.0);
+    powerinfer_cpu::axpy_rows(&p.fc2_t, &s.idx, &s.vals, &mut s.logits)
+}
+
+/// The neurons a predictor marks active for input `x`, into `active` (replacing its contents).
+pub fn predicted_active(
+    p: &LayerPredictor,
+    x: &[f32],
+    s: &mut PredictorScratch,
+    active: &mut Vec<u32>,
+) -> Result<()> {
+    predictor_logits(p, x, s)?;
+    active.clear();
+    active.extend(
+        s.logits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| **l >= p.threshold)
+            .map(|(i, _)| i as u32),
+    );
+    Ok(())
 }

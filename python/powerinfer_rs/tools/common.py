@@ -118,7 +118,7 @@ def feed_windows(
     with tqdm(total=len(ids), desc=desc, unit="tok", disable=not progress) as bar:
         for chunk in windows(ids, window):
             engine.reset()
-            engine._session.feed(chunk)  # the engine's session; logits of the last row only
+            engine.prefill(chunk)
             fed += len(chunk)
             bar.update(len(chunk))
             if on_window is not None and on_window(len(chunk)):
