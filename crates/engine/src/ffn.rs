@@ -146,7 +146,12 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
                 PredictorInput::FfnNorm => call.xn,
                 PredictorInput::FfnInp => call.x_res,
             };
-            predicted_active(&layers[call.layer], input, &mut s.predictor, &mut s.predicted)?;
+            predicted_active(
+                &layers[call.layer],
+                input,
+                &mut s.predictor,
+                &mut s.predicted,
+            )?;
             let predicted = &s.predicted;
             // Separate passes over gate, up and down_t rows, as in exact-relu.
             s.gate.resize(predicted.len(), 0.0);
