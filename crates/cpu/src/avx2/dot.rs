@@ -25,6 +25,13 @@ pub(super) unsafe fn float_rows<F: FloatFormat, const R: usize>(
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
     let mut c = 0;
     while c + 16 <= n {
+        if (c * F::BYTES) % 64 == 0 {
+            // The next tile's rows (the R rows after these; past the end for the last tile,
+            // harmless for a hint), fetched line by line in step with these rows' reads.
+            for i in R..2 * R {
+                _mm_prefetch::<_MM_HINT_T0>(row(i, c) as *const i8);
+            }
+        }
         // SAFETY: c + 16 <= n, so x[c..c+16] and each row's values c..c+16 are in bounds.
         unsafe {
             let x0 = _mm256_loadu_ps(xp.add(c));
