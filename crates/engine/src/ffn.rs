@@ -138,6 +138,15 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
             }
             s.idx.truncate(n);
             s.vals.truncate(n);
+            if n as f32 > m.down_crossover()? * ffn as f32 {
+                // So many neurons pass that the dense product over the masked values is
+                // cheaper than an axpy over their down_t rows (the same function).
+                s.gate.fill(0.0);
+                for (&i, &v) in s.idx.iter().zip(&s.vals) {
+                    s.gate[i as usize] = v;
+                }
+                return matvec(&lw.w_down, &s.gate, out);
+            }
             out.fill(0.0);
             axpy_rows(down_t, &s.idx, &s.vals, out)
         }

@@ -78,6 +78,9 @@ impl Session {
         if !matches!(mode, Sparsity::Dense) {
             let model = &self.model;
             self.pool.install(|| model.down_t().map(|_| ()))?;
+            if matches!(mode, Sparsity::Threshold(_)) {
+                self.pool.install(|| model.down_crossover().map(|_| ()))?;
+            }
         }
         self.mode = mode;
         Ok(())

@@ -32,6 +32,8 @@ pub struct ModelWeights {
     /// The transposed down projections of the sparse FFN, built on first use (or given by the
     /// file, as PowerInfer's `ffn_down_t`).
     down_t: OnceLock<Vec<Weight>>,
+    /// See [`ModelWeights::down_crossover`].
+    down_crossover: OnceLock<f32>,
 }
 
 /// Take a tensor out of the map and check its shape.
@@ -135,6 +137,7 @@ impl ModelWeights {
             output_norm,
             layers,
             down_t,
+            down_crossover: OnceLock::new(),
         })
     }
 
@@ -175,6 +178,54 @@ impl ModelWeights {
         }
         let _ = self.down_t.set(built);
         Ok(self.down_t.get().expect("set above"))
+    }
+
+    /// The share of active neurons above which one token's down product is cheaper as the dense
+    /// matvec over `ffn_down` (with the inactive values zeroed) than as an axpy over the active
+    /// `down_t` rows: the time of one dense matvec over the time of an axpy over every row.
+    /// Measured once on layer 0 (best of 5 runs each, on the calling thread pool), since the
+    /// balance depends on the format, the shape and the machine: for SmolLM2's Q4_1 the axpy
+    /// costs ~3x the dense product per row, so the crossover is ~1/3.
+    pub fn down_crossover(&self) -> Result<f32> {
+        if let Some(&c) = self.down_crossover.get() {
+            return Ok(c);
+        }
+        let (Some(lw), Some(dt)) = (self.layers.first(), self.down_t()?.first()) else {
+            return Ok(1.0);
+        };
+        let h = vec![1.0f32; dt.rows];
+        let idx: Vec<u32> = (0..dt.rows as u32).collect();
+        let mut y = vec![0.0f32; dt.cols];
+        let best = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+            f()?;
+            let mut t = f64::INFINITY;
+            for _ in 0..5 {
+                let start = std::time::Instant::now();
+                f()?;
+                t = t.min(start.elapsed().as_secs_f64());
+            }
+            Ok(t)
+        };
+        let dense = best(&mut || powerinfer_cpu::matvec(&lw.w_down, &h, &mut y))?;
+        let axpy = best(&mut || powerinfer_cpu::axpy_rows(dt, &idx, &h, &mut y))?;
+        let c = match axpy > 0.0 {
+            true => (dense / axpy).clamp(0.0, 1.0) as f32,
+            false => 1.0,
+        };
+        let _ = self.down_crossover.set(c);
+        Ok(self.down_crossover.get().copied().unwrap_or(c))
+    }
+
+    /// Fix [`ModelWeights::down_crossover`] to `share` (clamped to [0, 1]) instead of measuring
+    /// it: 0 always takes the dense down product, 1 always the axpy. False (nothing changed)
+    /// when it was already measured or set.
+    pub fn set_down_crossover(&self, share: f32) -> bool {
+        let share = if share.is_nan() {
+            1.0
+        } else {
+            share.clamp(0.0, 1.0)
+        };
+        self.down_crossover.set(share).is_ok()
     }
 
     /// Format of layer `layer`'s transposed down projection, without building it: the given or

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use powerinfer_core::{Activation, Error, ModelConfig, RopeStyle, Weight};
 use powerinfer_engine::forward::Logits;
-use powerinfer_engine::{ModelWeights, Session};
+use powerinfer_engine::{ModelWeights, Session, Sparsity};
 
 /// Relative tolerance between two computations of the same logits in f32.
 const TOL: f32 = 1e-4;
@@ -145,4 +145,44 @@ fn missing_or_misshapen_tensors_are_refused() {
     );
     let err = ModelWeights::from_tensors(c, t).unwrap_err();
     assert!(matches!(err, Error::Shape(_)), "{err}");
+}
+
+#[test]
+fn threshold_decode_is_the_same_function_on_both_down_paths() {
+    // Token-by-token threshold decoding with the down product always as axpy over down_t rows
+    // (crossover 1) and always as the dense matvec over the masked values (crossover 0) gives
+    // the batched (dense GEMM + mask) logits either way.
+    let tokens: Vec<u32> = (0..40).map(|i| (i * 11 % 50) as u32).collect();
+    let mut want: Option<Vec<f32>> = None;
+    for crossover in [1.0f32, 0.0] {
+        let m = model(Activation::Silu);
+        assert!(m.set_down_crossover(crossover));
+        assert!(!m.set_down_crossover(0.5), "set once");
+        assert_eq!(m.down_crossover().unwrap(), crossover);
+        let mode = || Sparsity::Threshold(vec![0.02; m.config.n_layers]);
+        let mut batch = Session::new(m.clone(), 2, 0).unwrap();
+        batch.set_sparsity(mode()).unwrap();
+        let all = batch.feed(&tokens, Logits::All, no_check).unwrap();
+        let mut single = Session::new(m.clone(), 2, 0).unwrap();
+        single.set_sparsity(mode()).unwrap();
+        let vocab = m.config.vocab_size;
+        let mut rows = Vec::with_capacity(all.len());
+        for (i, &t) in tokens.iter().enumerate() {
+            let last = single.feed(&[t], Logits::Last, no_check).unwrap();
+            assert_close(&last, &all[i * vocab..(i + 1) * vocab]);
+            rows.extend_from_slice(&last);
+        }
+        if let Some(w) = &want {
+            assert_close(&rows, w);
+        }
+        want = Some(rows);
+    }
+}
+
+#[test]
+fn the_measured_crossover_is_a_share() {
+    let m = model(Activation::Silu);
+    let c = m.down_crossover().unwrap();
+    assert!((0.0..=1.0).contains(&c), "{c}");
+    assert!(!m.set_down_crossover(0.3), "already measured");
 }
