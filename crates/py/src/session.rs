@@ -124,6 +124,14 @@ impl PySession {
         run_detached(py, move || session.set_sparsity(sparsity))
     }
 
+    /// Share of active neurons above which threshold decoding takes the dense down product
+    /// instead of an axpy over the active down_t rows (measured once per model on first use).
+    #[getter]
+    fn down_crossover(&self, py: Python<'_>) -> PyResult<f32> {
+        let model = self.inner.model();
+        run_detached(py, || model.down_crossover())
+    }
+
     /// The sparsity mode's name.
     #[getter]
     fn sparsity(&self) -> &'static str {
