@@ -183,31 +183,35 @@ impl ModelWeights {
     /// The share of active neurons above which one token's down product is cheaper as the dense
     /// matvec over `ffn_down` (with the inactive values zeroed) than as an axpy over the active
     /// `down_t` rows: the time of one dense matvec over the time of an axpy over every row.
-    /// Measured once on layer 0 (best of 5 runs each, on the calling thread pool), since the
-    /// balance depends on the format, the shape and the machine: for SmolLM2's Q4_1 the axpy
+    /// Measured once (best of 3 passes over every layer each, on the calling thread pool), since
+    /// the balance depends on the format, the shape and the machine: for SmolLM2's Q4_1 the axpy
     /// costs ~3x the dense product per row, so the crossover is ~1/3.
     pub fn down_crossover(&self) -> Result<f32> {
         if let Some(&c) = self.down_crossover.get() {
             return Ok(c);
         }
-        let (Some(lw), Some(dt)) = (self.layers.first(), self.down_t()?.first()) else {
+        let down_t = self.down_t()?;
+        let Some(dt) = down_t.first() else {
             return Ok(1.0);
         };
         let h = vec![1.0f32; dt.rows];
         let idx: Vec<u32> = (0..dt.rows as u32).collect();
         let mut y = vec![0.0f32; dt.cols];
-        let best = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
-            f()?;
+        // Every layer once per pass, so the weights come from memory as in decoding, not from a
+        // cache that one layer would fit in.
+        let best = |f: &mut dyn FnMut(usize) -> Result<()>| -> Result<f64> {
             let mut t = f64::INFINITY;
-            for _ in 0..5 {
+            for _ in 0..3 {
                 let start = std::time::Instant::now();
-                f()?;
+                for l in 0..self.layers.len() {
+                    f(l)?;
+                }
                 t = t.min(start.elapsed().as_secs_f64());
             }
             Ok(t)
         };
-        let dense = best(&mut || powerinfer_cpu::matvec(&lw.w_down, &h, &mut y))?;
-        let axpy = best(&mut || powerinfer_cpu::axpy_rows(dt, &idx, &h, &mut y))?;
+        let dense = best(&mut |l| powerinfer_cpu::matvec(&self.layers[l].w_down, &h, &mut y))?;
+        let axpy = best(&mut |l| powerinfer_cpu::axpy_rows(&down_t[l], &idx, &h, &mut y))?;
         let c = match axpy > 0.0 {
             true => (dense / axpy).clamp(0.0, 1.0) as f32,
             false => 1.0,
