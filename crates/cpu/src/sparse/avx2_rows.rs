@@ -1,16 +1,34 @@
 //! AVX2 + FMA + F16C kernels over a few scattered rows at once. Row accumulation
 //! y += Σ_i a_i · row_i (y is loaded and stored once per group of rows, not once per row),
 //! decoding each format on the fly: F16 with `vcvtph2ps`, BF16 by a 16-bit shift, Q8_0/Q4_0/Q4_1
-//! one 32-weight block at a time. Dot products of a group of rows with one x, decoded the same
-//! way (every x vector feeds all rows, and the rows stream from memory side by side). Each call
-//! also fetches the rows its caller reads next, line by line in step with its own reads. Reached only through
-//! [`super::axpy`] once AVX2/FMA/F16C have been detected.
+//! one 32-weight block at a time. Dot products of a group of float-format rows with one x (every
+//! x vector feeds all rows, and the rows stream from memory side by side; quantized rows use the
+//! int16-x kernel in `crate::avx2`). Each call also fetches the rows its caller reads next, line
+//! by line in step with its own reads. Reached only through [`super::axpy`] once AVX2/FMA/F16C
+//! have been detected.
 
 use powerinfer_core::DType;
 use std::arch::x86_64::*;
 
 /// Rows accumulated together.
 pub(super) const GROUP: usize = 8;
+
+/// `$f::<$fmt, R>(args)` for R = `$n`, a row count in 1..=GROUP (nothing for others).
+macro_rules! with_rows {
+    ($n:expr, $f:ident::<$fmt:ty>($($arg:expr),*)) => {
+        match $n {
+            8 => $f::<$fmt, 8>($($arg),*),
+            7 => $f::<$fmt, 7>($($arg),*),
+            6 => $f::<$fmt, 6>($($arg),*),
+            5 => $f::<$fmt, 5>($($arg),*),
+            4 => $f::<$fmt, 4>($($arg),*),
+            3 => $f::<$fmt, 3>($($arg),*),
+            2 => $f::<$fmt, 2>($($arg),*),
+            1 => $f::<$fmt, 1>($($arg),*),
+            _ => {}
+        }
+    };
+}
 
 /// y += Σ_i a[i] · row i, for the `n <= GROUP` rows `rows[..n]`, each holding `y.len()` weights
 /// of `dtype` (sizes checked by the caller).
@@ -19,68 +37,41 @@ pub(super) fn axpy_group(dtype: DType, rows: &[&[u8]], next: &[&[u8]], a: &[f32]
     let want = dtype.row_bytes(y.len()).unwrap_or(usize::MAX);
     assert!(rows.len() == a.len() && rows.len() <= GROUP && rows.iter().all(|r| r.len() >= want));
     let (p, q) = pointers(rows, next);
-    macro_rules! run {
-        ($f:ident, $fmt:ty) => {
-            // SAFETY: features detected (the dispatcher's contract, checked in debug builds);
-            // the assert above keeps every row's y.len() weights readable.
-            unsafe {
-                match rows.len() {
-                    8 => $f::<$fmt, 8>(&p, &q, a, y),
-                    7 => $f::<$fmt, 7>(&p, &q, a, y),
-                    6 => $f::<$fmt, 6>(&p, &q, a, y),
-                    5 => $f::<$fmt, 5>(&p, &q, a, y),
-                    4 => $f::<$fmt, 4>(&p, &q, a, y),
-                    3 => $f::<$fmt, 3>(&p, &q, a, y),
-                    2 => $f::<$fmt, 2>(&p, &q, a, y),
-                    1 => $f::<$fmt, 1>(&p, &q, a, y),
-                    _ => {}
-                }
-            }
-        };
-    }
-    match dtype {
-        DType::F32 => run!(float_axpy, F32),
-        DType::F16 => run!(float_axpy, F16),
-        DType::BF16 => run!(float_axpy, Bf16),
-        DType::Q8_0 => run!(quant_axpy, Q8_0),
-        DType::Q4_0 => run!(quant_axpy, Q4_0),
-        DType::Q4_1 => run!(quant_axpy, Q4_1),
+    let n = rows.len();
+    // SAFETY: features detected (the dispatcher's contract, checked in debug builds); the
+    // assert above keeps every row's y.len() weights readable.
+    unsafe {
+        match dtype {
+            DType::F32 => with_rows!(n, float_axpy::<F32>(&p, &q, a, y)),
+            DType::F16 => with_rows!(n, float_axpy::<F16>(&p, &q, a, y)),
+            DType::BF16 => with_rows!(n, float_axpy::<Bf16>(&p, &q, a, y)),
+            DType::Q8_0 => with_rows!(n, quant_axpy::<Q8_0>(&p, &q, a, y)),
+            DType::Q4_0 => with_rows!(n, quant_axpy::<Q4_0>(&p, &q, a, y)),
+            DType::Q4_1 => with_rows!(n, quant_axpy::<Q4_1>(&p, &q, a, y)),
+        }
     }
 }
 
-/// out[i] = dot(rows[i], x) for the `n <= GROUP` rows `rows[..n]`, each holding `x.len()`
-/// weights of `dtype` (sizes checked by the caller), fetching the `next` rows alongside.
+/// out[i] = dot(rows[i], x) for the `n <= GROUP` float-format rows `rows[..n]`, each holding
+/// `x.len()` values of `dtype` (sizes checked by the caller), fetching the `next` rows
+/// alongside. Quantized rows go to the int16-x kernel instead (`crate::avx2`).
 pub(super) fn dot_group(dtype: DType, rows: &[&[u8]], next: &[&[u8]], x: &[f32], out: &mut [f32]) {
     debug_assert_eq!(crate::simd::detect(), crate::simd::Level::Avx2);
     let want = dtype.row_bytes(x.len()).unwrap_or(usize::MAX);
     assert!(rows.len() == out.len() && rows.len() <= GROUP && rows.iter().all(|r| r.len() >= want));
     let (p, q) = pointers(rows, next);
-    macro_rules! run {
-        ($f:ident, $fmt:ty) => {
-            // SAFETY: features detected (the dispatcher's contract, checked in debug builds);
-            // the assert above keeps every row's x.len() weights readable.
-            unsafe {
-                match rows.len() {
-                    8 => $f::<$fmt, 8>(&p, &q, x, out),
-                    7 => $f::<$fmt, 7>(&p, &q, x, out),
-                    6 => $f::<$fmt, 6>(&p, &q, x, out),
-                    5 => $f::<$fmt, 5>(&p, &q, x, out),
-                    4 => $f::<$fmt, 4>(&p, &q, x, out),
-                    3 => $f::<$fmt, 3>(&p, &q, x, out),
-                    2 => $f::<$fmt, 2>(&p, &q, x, out),
-                    1 => $f::<$fmt, 1>(&p, &q, x, out),
-                    _ => {}
-                }
+    let n = rows.len();
+    // SAFETY: features detected (the dispatcher's contract, checked in debug builds); the
+    // assert above keeps every row's x.len() weights readable.
+    unsafe {
+        match dtype {
+            DType::F32 => with_rows!(n, float_dot::<F32>(&p, &q, x, out)),
+            DType::F16 => with_rows!(n, float_dot::<F16>(&p, &q, x, out)),
+            DType::BF16 => with_rows!(n, float_dot::<Bf16>(&p, &q, x, out)),
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
+                unreachable!("{dtype}: quantized rows use the int16-x kernel")
             }
-        };
-    }
-    match dtype {
-        DType::F32 => run!(float_dot, F32),
-        DType::F16 => run!(float_dot, F16),
-        DType::BF16 => run!(float_dot, Bf16),
-        DType::Q8_0 => run!(quant_dot, Q8_0),
-        DType::Q4_0 => run!(quant_dot, Q4_0),
-        DType::Q4_1 => run!(quant_dot, Q4_1),
+        }
     }
 }
 
@@ -385,52 +376,6 @@ impl Quant for Q4_1 {
             let hi = i8x16_to_f32(_mm_and_si128(_mm_srli_epi16::<4>(raw), mask));
             (d, m, [lo[0], lo[1], hi[0], hi[1]])
         }
-    }
-}
-
-/// out[i] = dot(row i, x) for `R` quantized rows (`x.len()` a multiple of 32), decoding each
-/// block to f32: Σ_b d_b·(q_b·x_b) + m_b·Σx_b.
-///
-/// # Safety
-/// `x.len() / 32` blocks readable at each `p[i]`, `out.len() >= R`; the CPU has AVX2/FMA/F16C.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn quant_dot<Q: Quant, const R: usize>(
-    p: &[*const u8; GROUP],
-    q: &[*const u8; GROUP],
-    x: &[f32],
-    out: &mut [f32],
-) {
-    let xp = x.as_ptr();
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut mins = [0f32; R];
-    for b in 0..x.len() / 32 {
-        fetch_lines::<R>(q, b * Q::BLOCK_BYTES);
-        // SAFETY: block b of every row is readable and x[32b..32b+32] is in bounds.
-        unsafe {
-            let xb = [0, 8, 16, 24].map(|k| _mm256_loadu_ps(xp.add(32 * b + k)));
-            let xsum = match Q::HAS_MIN {
-                true => hsum(_mm256_add_ps(
-                    _mm256_add_ps(xb[0], xb[1]),
-                    _mm256_add_ps(xb[2], xb[3]),
-                )),
-                false => 0.0,
-            };
-            for i in 0..R {
-                let (d, m, qv) = Q::block(p[i].add(b * Q::BLOCK_BYTES));
-                let t = _mm256_mul_ps(qv[0], xb[0]);
-                let t = _mm256_fmadd_ps(qv[1], xb[1], t);
-                let t = _mm256_fmadd_ps(qv[2], xb[2], t);
-                let t = _mm256_fmadd_ps(qv[3], xb[3], t);
-                acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(d), t, acc[i]);
-                if Q::HAS_MIN {
-                    mins[i] = m.mul_add(xsum, mins[i]);
-                }
-            }
-        }
-    }
-    for i in 0..R {
-        out[i] = hsum(acc[i]) + mins[i];
     }
 }
 

@@ -34,8 +34,8 @@ pub(super) fn axpy_group(
     }
 }
 
-/// out[i] = dot(rows[i], x) for a group of rows on AVX2 (every format, decoded to f32), fetching
-/// the `next` rows into the cache alongside; `false` (nothing done) where the level has no group
+/// out[i] = dot(rows[i], x) for a group of float-format rows on AVX2, fetching the `next` rows
+/// into the cache alongside; `false` (nothing done) where the level or format has no group
 /// kernel.
 #[inline]
 pub(super) fn dot_group(
@@ -48,7 +48,7 @@ pub(super) fn dot_group(
 ) -> bool {
     match level {
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => {
+        Level::Avx2 if !dtype.is_quantized() => {
             super::avx2_rows::dot_group(dtype, rows, next, x, out);
             true
         }
