@@ -1,12 +1,14 @@
 //! AVX2 + FMA + F16C kernels over a few scattered rows at once. Row accumulation
 //! y += Σ_i a_i · row_i (y is loaded and stored once per group of rows, not once per row),
-//! decoding each format on the fly: F16 with `vcvtph2ps`, BF16 by a 16-bit shift, Q8_0/Q4_0/Q4_1
-//! one 32-weight block at a time. Dot products of a group of float-format rows with one x (every
+//! decoding each format on the fly: F16 with `vcvtph2ps`, BF16 by a 16-bit shift, Q8_0 one
+//! 32-weight block at a time (Q4_0/Q4_1 rows go to the integer kernel in `avx2_q4_axpy`, which
+//! falls back to this block decoder where coefficients are not finite). Dot products of a group of float-format rows with one x (every
 //! x vector feeds all rows, and the rows stream from memory side by side; quantized rows use the
 //! int16-x kernel in `crate::avx2`). Each call also fetches the rows its caller reads next, line
 //! by line in step with its own reads. Reached only through [`super::axpy`] once AVX2/FMA/F16C
 //! have been detected.
 
+use super::avx2_q4_axpy::q4_axpy;
 use powerinfer_core::DType;
 use std::arch::x86_64::*;
 
@@ -46,8 +48,8 @@ pub(super) fn axpy_group(dtype: DType, rows: &[&[u8]], next: &[&[u8]], a: &[f32]
             DType::F16 => with_rows!(n, float_axpy::<F16>(&p, &q, a, y)),
             DType::BF16 => with_rows!(n, float_axpy::<Bf16>(&p, &q, a, y)),
             DType::Q8_0 => with_rows!(n, quant_axpy::<Q8_0>(&p, &q, a, y)),
-            DType::Q4_0 => with_rows!(n, quant_axpy::<Q4_0>(&p, &q, a, y)),
-            DType::Q4_1 => with_rows!(n, quant_axpy::<Q4_1>(&p, &q, a, y)),
+            DType::Q4_0 => with_rows!(n, q4_axpy::<Q4_0>(&p, &q, a, y)),
+            DType::Q4_1 => with_rows!(n, q4_axpy::<Q4_1>(&p, &q, a, y)),
         }
     }
 }
@@ -93,7 +95,7 @@ fn pointers(rows: &[&[u8]], next: &[&[u8]]) -> ([*const u8; GROUP], [*const u8; 
 
 /// Hint the cache to fetch the line at byte `off` of each of the first `R` rows in `q`.
 #[inline(always)]
-fn fetch_lines<const R: usize>(q: &[*const u8; GROUP], off: usize) {
+pub(super) fn fetch_lines<const R: usize>(q: &[*const u8; GROUP], off: usize) {
     for qi in q.iter().take(R) {
         // SAFETY: prefetch is a hint that never faults, whatever the address; SSE is baseline
         // on x86-64.
@@ -282,7 +284,7 @@ fn hsum(v: __m256) -> f32 {
 }
 
 /// A format of 32-weight blocks: w = d·q + offset.
-trait Quant {
+pub(super) trait Quant {
     /// Bytes per block.
     const BLOCK_BYTES: usize;
     /// True when blocks store a min `m` (w = d·q + m); false when m is always 0.
@@ -296,8 +298,8 @@ trait Quant {
 }
 
 struct Q8_0;
-struct Q4_0;
-struct Q4_1;
+pub(super) struct Q4_0;
+pub(super) struct Q4_1;
 
 /// The two little-endian f16 at `p` and `p + 2` as f32 (one conversion).
 ///
@@ -385,7 +387,7 @@ impl Quant for Q4_1 {
 /// `y.len() / 32` blocks readable at each `p[i]`, `a.len() >= R`; the CPU has AVX2/FMA/F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn quant_axpy<Q: Quant, const R: usize>(
+pub(super) unsafe fn quant_axpy<Q: Quant, const R: usize>(
     p: &[*const u8; GROUP],
     q: &[*const u8; GROUP],
     a: &[f32],

@@ -11,7 +11,9 @@
 //! side by side, sharing each x or y vector) while the rows read next (the next group, or the
 //! same neurons' rows of the next matrix in the fused kernels) are fetched line by line in step;
 //! quantized rows are dotted on the dense matvec's int16-x kernel (up to eight scattered rows at
-//! once), other formats are decoded to f32 on the fly.
+//! once), other formats are decoded to f32 on the fly. 4-bit rows (Q4_0, Q4_1) are accumulated
+//! on integer multiplies, with the group's per-block coefficients rounded to 8 bits on a shared
+//! scale (error bound and reasoning in `avx2_q4_axpy`); every other accumulation is in f32.
 //!
 //! The fused kernels read each active neuron's rows together; on this design's CPUs separate
 //! passes (matvec_rows over up, then axpy_rows over down_t) measured faster (`cargo bench -p
@@ -22,6 +24,8 @@
 //! kernels) contributes nothing and its remaining rows are not read; the references in
 //! [`reference`] follow the same rule.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2_q4_axpy;
 #[cfg(target_arch = "x86_64")]
 mod avx2_rows;
 mod axpy;
@@ -57,7 +61,9 @@ pub fn matvec_rows(w: &Weight, x: &[f32], idx: &[u32], y: &mut [f32]) -> Result<
 
 /// y += Σ_k a[k] · W[idx[k]]  (column-sparse accumulation over rows of a transposed matrix such
 /// as down_t [ffn rows, dim cols]); y.len() == w.cols; per-thread partial sums reduced without
-/// data races (deterministic result for a given thread count).
+/// data races (deterministic result for a given thread count). On AVX2, Q4_0/Q4_1 rows take
+/// coefficients rounded to 8 bits per block and group of 8 rows (error per column at most
+/// Σ_i (max_i |a_i·d_i| / 254)·|q_i − 8| over the block's scales d and nibbles q).
 pub fn axpy_rows(w: &Weight, idx: &[u32], a: &[f32], y: &mut [f32]) -> Result<()> {
     axpy_rows_at(simd::level(), w, idx, a, y)
 }
