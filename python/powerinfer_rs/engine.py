@@ -133,7 +133,7 @@ class Engine:
         fetched once into the cache). ``threads=0`` uses one thread per core.
 
         ``sparsity``: "dense" (exact), "exact-relu" (ReLU models: skip neurons whose ReLU is 0,
-        same function as dense), "threshold" (skip neurons with |act(gate)| below a per-layer
+        same function as dense), "threshold" (skip neurons with |act(gate)·up| below a per-layer
         threshold; ``thresholds`` = a file from ``python -m powerinfer_rs.calibrate`` or a list)
         or "predictor" (``predictors`` = a file from ``python -m powerinfer_rs.train_predictors``
         or a PredictorSet). Default: "dense", or "predictor" with the file's own predictors for a

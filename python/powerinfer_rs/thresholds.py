@@ -2,7 +2,7 @@
 
 ``python -m powerinfer_rs.calibrate`` writes the file; ``Engine.from_pretrained(M,
 sparsity="threshold", thresholds=T)`` and ``python -m powerinfer_rs.profile --thresholds T``
-read it. A neuron of layer ``i`` counts as active for a token when ``|act(gate)| >=
+read it. A neuron of layer ``i`` counts as active for a token when ``|act(gate)·up| >=
 thresholds[i]``; the engine skips the others. The file is JSON::
 
     {
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m powerinfer_rs.thresholds",
         description="Print a threshold file written by `python -m powerinfer_rs.calibrate`: "
-        "its model, target sparsity and the per-layer thresholds on |act(gate)|.",
+        "its model, target sparsity and the per-layer thresholds on |act(gate)·up|.",
     )
     ap.add_argument("file", help="the threshold file (JSON)")
     ap.add_argument("--model", help="also check the file fits this model (GGUF or HF dir)")
