@@ -75,75 +75,6 @@ def test_calibrate_function_and_value_sampler(silu_model):
     assert abs(s.quantile(0, 0.5) - 5000) < 600
 
 
-class _CostEngine:
-    """Stands in for an Engine in allocate_sparsity: log-perplexity 1 + the summed cost of
-    the sparse layers, a layer's level read back from its threshold (10·layer + level + 1)."""
-
-    def __init__(self, cost):
-        self.cost = cost
-        self.thresholds = None
-        self.runs = 0
-
-    def set_sparsity(self, mode, thresholds=None):
-        self.thresholds = thresholds if mode == "threshold" else None
-
-    def perplexity_of_ids(self, ids, window):
-        self.runs += 1
-        total = 1.0
-        for layer, t in enumerate(self.thresholds or []):
-            if t > 0:
-                total += self.cost[layer][int(round(t)) - 10 * layer - 1]
-        return float(np.exp(total))
-
-
-def test_allocate_sparsity_matches_brute_force():
-    import itertools
-
-    from powerinfer_rs.calibrate import allocate_sparsity
-
-    rng = np.random.default_rng(5)
-    levels = (0.3, 0.5, 0.7)
-    for n_layers in (1, 2, 5):
-        # Costs grow with the level, at rates that differ from layer to layer.
-        cost = np.sort(rng.exponential(1.0, (n_layers, 3)), axis=1) * rng.exponential(
-            1.0, (n_layers, 1)
-        )
-        table = [[10 * layer + k + 1 for k in range(3)] for layer in range(n_layers)]
-        eng = _CostEngine(cost)
-        got = allocate_sparsity(eng, [1, 2, 3], levels, table, progress=False)
-        assert eng.runs == 3 * n_layers + 1 and eng.thresholds is None  # left dense
-        best = min(
-            (ks for ks in itertools.product(range(3), repeat=n_layers) if sum(ks) == n_layers),
-            key=lambda ks: sum(cost[i][k] for i, k in enumerate(ks)),
-        )
-        assert got == [levels[k] for k in best]
-        assert abs(np.mean(got) - 0.5) < 1e-12
-
-
-def test_calibrate_allocates_levels_around_the_target(silu_model, text_file, tmp_path, capsys):
-    from powerinfer_rs.calibrate import calibrate_thresholds
-    from powerinfer_rs.engine import Engine
-
-    eng = Engine.from_pretrained(silu_model, threads=1)
-    ids = list(np.random.default_rng(0).integers(3, 300, 400))
-    thr, below = calibrate_thresholds(
-        eng, ids, 0.5, window=100, allocate_tokens=120, spread=0.2, progress=False
-    )
-    assert eng.sparsity == "dense"
-    # each layer at one of 0.3 / 0.5 / 0.7 of its sampled values, as many above as below
-    for b in below:
-        assert min(abs(b - s) for s in (0.3, 0.5, 0.7)) < 0.01, below
-    assert abs(np.mean(below) - 0.5) < 0.01
-    out = tmp_path / "t.json"
-    argv = ["--model", str(silu_model), "--corpus", str(text_file), "--sparsity", "0.4",
-            "--out", str(out), "--tokens", "800", "--window", "200", "--threads", "1",
-            "--allocate-tokens", "200", "--spread", "0.1", "--quiet"]  # fmt: skip
-    assert calibrate_main(argv) == 0
-    doc = json.loads(out.read_text())
-    assert doc["allocate_tokens"] == 200 and doc["spread"] == 0.1
-    assert abs(np.mean(doc["calibration_sparsity"]) - 0.4) < 0.01
-
-
 def test_evaluate_modes_and_recall(synth_gguf, text_file, tmp_path, capsys):
     relu = synth_gguf(activation="relu", dim=128, ffn=256)
     prof = tmp_path / "prof"
@@ -241,13 +172,7 @@ def test_bad_inputs_exit_2(silu_model, text_file, tmp_path, capsys):
         assert fn(argv + ["--quiet"]) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith("error: ") and err.count("\n") == 1, err
-    for argv in (
-        ["--sparsity", "1.5"],
-        ["--sparsity", "0.5", "--tokens", "0"],
-        ["--allocate-tokens", "1"],
-        ["--allocate-tokens", "-5"],
-        ["--allocate-tokens", "100", "--spread", "0"],
-    ):
+    for argv in (["--sparsity", "1.5"], ["--sparsity", "0.5", "--tokens", "0"]):
         with pytest.raises(SystemExit) as e:
             calibrate_main(["--model", "m", "--corpus", "c", "--out", "o", *argv])
         assert e.value.code == 2

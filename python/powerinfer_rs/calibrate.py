@@ -19,7 +19,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,7 +43,6 @@ from .tools.common import (
 
 DEFAULT_TOKENS = 4096
 DEFAULT_SAMPLE_VALUES = 1 << 20
-DEFAULT_SPREAD = 0.2
 
 
 def calibrate_thresholds(
@@ -55,24 +53,14 @@ def calibrate_thresholds(
     window: int = 256,
     sample_values: int = DEFAULT_SAMPLE_VALUES,
     seed: int = 0,
-    allocate_tokens: int = 0,
-    spread: float = DEFAULT_SPREAD,
     progress: bool = True,
 ) -> tuple[list[float], list[float]]:
     """Per-layer thresholds on ``|h| = |act(gate)·up|`` that leave ``sparsity`` of the neurons
     inactive on ``ids`` (run densely, windows of ``window`` tokens, fresh context each), and the
     share of sampled activations each threshold leaves inactive. At most ``sample_values``
-    values per layer are kept (a uniform random sample). The engine is left in dense mode.
-
-    Every layer gets ``sparsity`` unless ``allocate_tokens`` > 0: then each layer gets
-    ``sparsity`` - ``spread``, ``sparsity`` or ``sparsity`` + ``spread``, as many layers above
-    the target as below it (the mean stays ``sparsity``), chosen by :func:`allocate_sparsity`
-    from the perplexity cost of each layer alone at each level, measured on the last
-    ``allocate_tokens`` of ``ids``."""
+    values per layer are kept (a uniform random sample). The engine is left in dense mode."""
     if not 0.0 < sparsity < 1.0:
         raise ShapeError(f"sparsity must lie in (0, 1), got {sparsity}")
-    if allocate_tokens < 0 or allocate_tokens == 1:
-        raise ShapeError(f"allocate_tokens must be 0 or at least 2, got {allocate_tokens}")
     n_layers = engine.config.n_layers
     engine.set_sparsity("dense")
     sampler = ValueSampler(n_layers, sample_values, seed)
@@ -86,84 +74,14 @@ def calibrate_thresholds(
         feed_windows(engine, ids, window, on_window=on_window, desc="calibrate", progress=progress)
     finally:
         engine.stop_profiling()
-
-    def threshold(layer: int, share: float) -> float:
-        t = sampler.quantile(layer, share)
+    thresholds, below = [], []
+    for layer in range(n_layers):
+        t = sampler.quantile(layer, sparsity)
         if t <= 0.0:  # more exact zeros than the target (ReLU): skip only the zeros
             t = NONZERO
-        return float(np.float32(t))
-
-    targets = [sparsity] * n_layers
-    if allocate_tokens:
-        spread = min(spread, sparsity / 2, (1.0 - sparsity) / 2)
-        levels = (sparsity - spread, sparsity, sparsity + spread)
-        table = [[threshold(layer, s) for s in levels] for layer in range(n_layers)]
-        targets = allocate_sparsity(
-            engine, ids[-allocate_tokens:], levels, table, window=window, progress=progress
-        )
-    thresholds = [threshold(layer, s) for layer, s in enumerate(targets)]
-    below = [sampler.fraction_below(layer, t) for layer, t in enumerate(thresholds)]
+        thresholds.append(float(np.float32(t)))
+        below.append(sampler.fraction_below(layer, thresholds[-1]))
     return thresholds, below
-
-
-def allocate_sparsity(
-    engine: Any,
-    ids: Sequence[int],
-    levels: Sequence[float],
-    table: Sequence[Sequence[float]],
-    *,
-    window: int = 256,
-    progress: bool = True,
-) -> list[float]:
-    """Per-layer sparsity, one of the three ``levels`` (low, target, high; equally spaced)
-    per layer, as many layers low as high, minimising the summed cost of the layers' choices:
-    the cost of layer ``l`` at level ``k`` is the log-perplexity increase on ``ids`` with only
-    that layer sparse, at threshold ``table[l][k]`` (the others dense). Layers differ widely
-    (SmolLM2-135M: one layer at 70 % costs 30x another), and the costs nearly add up, so
-    shifting sparsity from sensitive to robust layers lowers the total cost at the same mean
-    sparsity. 3 · layers + 1 perplexity runs. The engine is left in dense mode."""
-    n_layers = len(table)
-    if len(levels) != 3 or any(len(row) != 3 for row in table):
-        raise ShapeError("allocate_sparsity takes three levels and three thresholds per layer")
-    runs = [(layer, k) for layer in range(n_layers) for k in range(3)]
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(runs) + 1, desc="allocate", unit="run")
-
-    def log_ppl(thresholds: list[float] | None) -> float:
-        if thresholds is None:
-            engine.set_sparsity("dense")
-        else:
-            engine.set_sparsity("threshold", thresholds=thresholds)
-        value = math.log(engine.perplexity_of_ids(ids, window=window))
-        if bar is not None:
-            bar.update()
-        return value
-
-    try:
-        base = log_ppl(None)
-        cost = np.zeros((n_layers, 3))
-        for layer, k in runs:
-            alone = [0.0] * n_layers  # |h| >= 0 everywhere: dense
-            alone[layer] = table[layer][k]
-            cost[layer, k] = log_ppl(alone) - base
-    finally:
-        engine.set_sparsity("dense")
-        if bar is not None:
-            bar.close()
-    # Dynamic programme over layers; the state is (# high layers) - (# low layers).
-    best: dict[int, tuple[float, list[int]]] = {0: (0.0, [])}
-    for layer in range(n_layers):
-        step: dict[int, tuple[float, list[int]]] = {}
-        for net, (total, picks) in best.items():
-            for k in range(3):
-                key, value = net + k - 1, total + float(cost[layer, k])
-                if key not in step or value < step[key][0]:
-                    step[key] = (value, picks + [k])
-        best = step
-    return [float(levels[k]) for k in best[0][1]]
 
 
 @dataclass
@@ -280,23 +198,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="|act(gate)·up| values kept per layer for the quantile (a uniform random sample; "
         f"bounds memory; default {DEFAULT_SAMPLE_VALUES})",
     )
-    ap.add_argument(
-        "--allocate-tokens",
-        type=nonneg_int,
-        default=0,
-        help="spread the sparsity unevenly over the layers: measure each layer's perplexity "
-        "cost alone at target-spread, target and target+spread on the last N calibration "
-        "tokens (3 x layers + 1 perplexity runs) and give robust layers more sparsity, "
-        "sensitive ones less, at the same mean (default 0: every layer at the target; "
-        "1024 is a good size)",
-    )
-    ap.add_argument(
-        "--spread",
-        type=float,
-        default=DEFAULT_SPREAD,
-        help=f"sparsity step of --allocate-tokens (default {DEFAULT_SPREAD}; at most half "
-        "the distance of the target to 0 and to 1)",
-    )
     ap.add_argument("--threads", type=nonneg_int, default=0, help="threads (0 = one per core)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the value sampling")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -309,10 +210,6 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if not 0.0 < a.sparsity < 1.0:
         ap.error(f"--sparsity must lie in (0, 1), got {a.sparsity}")
-    if not 0.0 < a.spread < 1.0:
-        ap.error(f"--spread must lie in (0, 1), got {a.spread}")
-    if a.allocate_tokens == 1:
-        ap.error("--allocate-tokens must be 0 or at least 2")
     if not 0.0 <= a.heldout_fraction < 1.0:
         ap.error(f"--heldout-fraction must lie in [0, 1), got {a.heldout_fraction}")
     return run_cli(lambda: _run(a))
@@ -336,8 +233,6 @@ def _run(a: argparse.Namespace) -> int:
         window=a.window,
         sample_values=a.sample_values,
         seed=a.seed,
-        allocate_tokens=min(a.allocate_tokens, len(cal)),
-        spread=a.spread,
         progress=progress,
     )
     tf = ThresholdFile(
@@ -348,12 +243,7 @@ def _run(a: argparse.Namespace) -> int:
         measured_sparsity=below,
         corpus=names,
         tokens=len(cal),
-        extra={
-            "measured_on": "calibration tokens, dense activations",
-            "window": a.window,
-            "allocate_tokens": a.allocate_tokens,
-            "spread": a.spread if a.allocate_tokens else None,
-        },
+        extra={"measured_on": "calibration tokens, dense activations", "window": a.window},
     )
     save_thresholds(a.out, tf)
     if held:
