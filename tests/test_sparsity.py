@@ -82,13 +82,23 @@ def test_threshold_mode_matches_masked_reference(synth_hf):
     )
     t = [float(np.median(v)) for v in vals]
     eng = Engine(model, threads=2, sparsity="threshold", thresholds=t)
-    ref, _ = reference_forward(
-        model, ids, ffn_mask=lambda i, h, x, a: np.abs(a * up(w, i, h)) >= t[i]
-    )
+
+    def mask(i, h, x, a):
+        keep = np.abs(a * up(w, i, h)) >= t[i]
+        keep[0] = True  # the context's first token (the attention sink) stays dense
+        return keep
+
+    ref, _ = reference_forward(model, ids, ffn_mask=mask)
     assert rel(eng.logits(ids), ref) <= REF_RTOL
     assert rel(decode_logits(eng, ids), ref) <= REF_RTOL
     dense_ref, _ = reference_forward(model, ids)
     assert rel(ref, dense_ref) > 10 * REF_RTOL  # the threshold really dropped neurons
+    # The first token really is dense (its logits are the dense ones), and it matters.
+    assert rel(eng.logits(ids[:1]), dense_ref[:1]) <= REF_RTOL
+    no_sink, _ = reference_forward(
+        model, ids, ffn_mask=lambda i, h, x, a: np.abs(a * up(w, i, h)) >= t[i]
+    )
+    assert rel(no_sink, ref) > 4 * REF_RTOL  # (6e-3 here; the engine matches ref to 1e-3)
     # Threshold 0 keeps every neuron: the dense function.
     zero = Engine(model, threads=2, sparsity="threshold", thresholds=[0.0] * 2)
     assert rel(decode_logits(zero, ids), dense_ref) <= REF_RTOL

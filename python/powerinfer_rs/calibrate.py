@@ -4,7 +4,8 @@ Runs the model densely over the calibration part of a text corpus with the engin
 and per layer picks the threshold on ``|h| = |act(gate)·up|`` (the value the down projection
 multiplies) below which the target share of (token, neuron) pairs falls -- the
 ``sparsity``-quantile of ``|h|`` over a bounded random sample of
-the layer's activations (CATS/TEAL style). Writes the threshold file
+the layer's activations (CATS/TEAL style), leaving out each window's first token, which
+threshold mode never sparsifies (the attention sink). Writes the threshold file
 (:mod:`powerinfer_rs.thresholds`), then reports the cost on the held-out tail of the corpus:
 perplexity dense vs threshold mode on the same token ids, and the per-layer sparsity the
 threshold mode actually reaches there (earlier layers' skipped neurons shift later layers'
@@ -66,8 +67,10 @@ def calibrate_thresholds(
     sampler = ValueSampler(n_layers, sample_values, seed)
 
     def on_window(_n: int) -> None:
+        # Row 0 is the context's first token, which threshold mode computes densely: the
+        # thresholds are quantiles over the tokens it sparsifies.
         for layer, (_x, act) in enumerate(engine.take_captured()):
-            sampler.add(layer, np.abs(act))
+            sampler.add(layer, np.abs(act[1:]))
 
     engine.start_profiling(capture=True)
     try:

@@ -77,6 +77,8 @@ pub struct FfnCall<'a> {
     /// FFN input after the norm (n × dim).
     pub xn: &'a [f32],
     pub n: usize,
+    /// Position of the first token in the context.
+    pub start: usize,
 }
 
 /// The FFN output (n × dim) into `out`.
@@ -88,7 +90,8 @@ pub fn ffn(
 ) -> Result<()> {
     let dim = call.model.config.dim;
     out.resize(call.n * dim, 0.0);
-    if call.n == 1 && profiler.is_none() && !matches!(call.mode, Sparsity::Dense) {
+    let sparse = !matches!(call.mode, Sparsity::Dense) && call.mode.dense_rows(call.start, 1) == 0;
+    if call.n == 1 && profiler.is_none() && sparse {
         return sparse_decode(call, s, out);
     }
     batched(call, s, profiler, out)
@@ -203,7 +206,8 @@ fn batched(
         Sparsity::Dense | Sparsity::ExactRelu => {}
         Sparsity::Threshold(t) => {
             let t = t[call.layer];
-            s.gate
+            let keep = call.mode.dense_rows(call.start, n) * ffn;
+            s.gate[keep..]
                 .iter_mut()
                 .filter(|h| h.abs() < t)
                 .for_each(|h| *h = 0.0);
@@ -228,7 +232,7 @@ fn batched(
         }
     }
     if let Some(p) = profiler {
-        p.record(call.layer, call.xn, &s.gate, ffn);
+        p.record(call.layer, call.xn, &s.gate, ffn, call.start);
     }
     project(&lw.w_down, &s.gate, n, out)
 }

@@ -116,6 +116,7 @@ pub fn forward(
             x_res: &s.x,
             xn: &s.xn,
             n,
+            start,
         };
         ffn(&call, &mut s.ffn, profiler.as_deref_mut(), &mut s.down)?;
         s.x.iter_mut().zip(&s.down).for_each(|(x, d)| *x += d);

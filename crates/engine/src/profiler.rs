@@ -44,13 +44,16 @@ impl Profiler {
     }
 
     /// Count the active neurons of `n` rows of neuron values `act` (n × ffn) in `layer`, and
-    /// keep the rows when capturing.
-    pub fn record(&mut self, layer: usize, x: &[f32], act: &[f32], ffn: usize) {
+    /// keep the rows when capturing; the rows hold positions `start..` of their context.
+    /// Counted against thresholds, the context's first token counts every neuron as active,
+    /// as threshold mode computes it densely (`Sparsity::dense_rows`).
+    pub fn record(&mut self, layer: usize, x: &[f32], act: &[f32], ffn: usize, start: usize) {
         let t = self.thresholds.as_ref().map(|t| t[layer]);
         let counts = &mut self.counts[layer];
-        for row in act.chunks_exact(ffn) {
+        for (r, row) in act.chunks_exact(ffn).enumerate() {
+            let all = start + r == 0 && t.is_some();
             for (c, &a) in counts.iter_mut().zip(row) {
-                *c += is_active(a, t) as u64;
+                *c += (all || is_active(a, t)) as u64;
             }
         }
         if self.capture {
@@ -73,13 +76,17 @@ mod tests {
     #[test]
     fn counts_follow_the_semantics() {
         let mut relu = Profiler::new(1, 3, None, true);
-        relu.record(0, &[1.0, 2.0], &[0.0, 0.5, -1.0, 2.0, 0.0, 0.1], 3);
+        relu.record(0, &[1.0, 2.0], &[0.0, 0.5, -1.0, 2.0, 0.0, 0.1], 3, 0);
         assert_eq!(relu.counts[0], vec![1, 1, 2]);
         let mut thr = Profiler::new(1, 3, Some(vec![0.5]), false);
-        thr.record(0, &[], &[0.0, 0.5, -1.0, 2.0, 0.0, 0.1], 3);
+        thr.record(0, &[], &[0.0, 0.5, -1.0, 2.0, 0.0, 0.1], 3, 7);
         assert_eq!(thr.counts[0], vec![1, 1, 1]);
-        thr.record(0, &[], &[0.4, -0.6, 0.0], 3);
+        thr.record(0, &[], &[0.4, -0.6, 0.0], 3, 9);
         assert_eq!(thr.counts[0], vec![1, 2, 1]);
+        // Position 0 counts every neuron under thresholds (ReLU semantics count what is
+        // non-zero wherever the rows sit: relu above started at position 0).
+        thr.record(0, &[], &[0.0, 0.1, 0.2, 0.0, 0.1, 0.9], 3, 0);
+        assert_eq!(thr.counts[0], vec![2, 3, 3]);
         assert!(thr.captured[0].act.is_empty());
         let got = relu.take_captured();
         assert_eq!(got[0].act.len(), 6);
