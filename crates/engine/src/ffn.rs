@@ -232,7 +232,8 @@ fn batched(
         }
     }
     if let Some(p) = profiler {
-        p.record(call.layer, call.xn, &s.gate, ffn, call.start);
+        let dense = call.mode.dense_rows(call.start, n);
+        p.record(call.layer, call.xn, &s.gate, ffn, dense);
     }
     project(&lw.w_down, &s.gate, n, out)
 }

@@ -44,14 +44,14 @@ impl Profiler {
     }
 
     /// Count the active neurons of `n` rows of neuron values `act` (n × ffn) in `layer`, and
-    /// keep the rows when capturing; the rows hold positions `start..` of their context.
-    /// Counted against thresholds, the context's first token counts every neuron as active,
-    /// as threshold mode computes it densely (`Sparsity::dense_rows`).
-    pub fn record(&mut self, layer: usize, x: &[f32], act: &[f32], ffn: usize, start: usize) {
+    /// keep the rows when capturing. The first `dense` rows were computed densely (threshold
+    /// mode's first token of a context, `Sparsity::dense_rows`) and count every neuron as
+    /// active when counting against thresholds.
+    pub fn record(&mut self, layer: usize, x: &[f32], act: &[f32], ffn: usize, dense: usize) {
         let t = self.thresholds.as_ref().map(|t| t[layer]);
         let counts = &mut self.counts[layer];
         for (r, row) in act.chunks_exact(ffn).enumerate() {
-            let all = start + r == 0 && t.is_some();
+            let all = r < dense && t.is_some();
             for (c, &a) in counts.iter_mut().zip(row) {
                 *c += (all || is_active(a, t)) as u64;
             }
@@ -76,16 +76,16 @@ mod tests {
     #[test]
     fn counts_follow_the_semantics() {
         let mut relu = Profiler::new(1, 3, None, true);
-        relu.record(0, &[1.0, 2.0], &[0.0, 0.5, -1.0, 2.0, 0.0, 0.1], 3, 0);
+        relu.record(0, &[1.0, 2.0], &[0.0, 0.5, -1.0, 2.0, 0.0, 0.1], 3, 1);
         assert_eq!(relu.counts[0], vec![1, 1, 2]);
         let mut thr = Profiler::new(1, 3, Some(vec![0.5]), false);
-        thr.record(0, &[], &[0.0, 0.5, -1.0, 2.0, 0.0, 0.1], 3, 7);
+        thr.record(0, &[], &[0.0, 0.5, -1.0, 2.0, 0.0, 0.1], 3, 0);
         assert_eq!(thr.counts[0], vec![1, 1, 1]);
-        thr.record(0, &[], &[0.4, -0.6, 0.0], 3, 9);
+        thr.record(0, &[], &[0.4, -0.6, 0.0], 3, 0);
         assert_eq!(thr.counts[0], vec![1, 2, 1]);
-        // Position 0 counts every neuron under thresholds (ReLU semantics count what is
-        // non-zero wherever the rows sit: relu above started at position 0).
-        thr.record(0, &[], &[0.0, 0.1, 0.2, 0.0, 0.1, 0.9], 3, 0);
+        // A densely computed row counts every neuron under thresholds (ReLU semantics count
+        // what is non-zero whatever `dense` says: relu above had dense = 1).
+        thr.record(0, &[], &[0.0, 0.1, 0.2, 0.0, 0.1, 0.9], 3, 1);
         assert_eq!(thr.counts[0], vec![2, 3, 3]);
         assert!(thr.captured[0].act.is_empty());
         let got = relu.take_captured();
