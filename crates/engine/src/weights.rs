@@ -182,10 +182,10 @@ impl ModelWeights {
 
     /// The share of active neurons above which one token's down product is cheaper as the dense
     /// matvec over `ffn_down` (with the inactive values zeroed) than as an axpy over the active
-    /// `down_t` rows: the time of one dense matvec over the time of an axpy over every row.
+    /// `down_t` rows: s · (time of one dense matvec) / (time of an axpy over a scattered share
+    /// s ≈ 1/2 of the rows), assuming the axpy's time grows in proportion to the rows it reads.
     /// Measured once (best of 3 passes over every layer each, on the calling thread pool), since
-    /// the balance depends on the format, the shape and the machine: for SmolLM2's Q4_1 the axpy
-    /// costs ~3x the dense product per row, so the crossover is ~1/3.
+    /// the balance depends on the format, the shape and the machine.
     pub fn down_crossover(&self) -> Result<f32> {
         if let Some(&c) = self.down_crossover.get() {
             return Ok(c);
@@ -194,8 +194,13 @@ impl ModelWeights {
         let Some(dt) = down_t.first() else {
             return Ok(1.0);
         };
+        // Half the rows, scattered as a decode step's active set is (a fixed pseudo-random
+        // pick): reading every row in order would stream memory faster than real sets do.
+        let idx: Vec<u32> = (0..dt.rows as u32)
+            .filter(|&i| i.wrapping_mul(0x9E37_79B9).rotate_left(7) & 1 == 0)
+            .collect();
+        let share = idx.len() as f64 / dt.rows.max(1) as f64;
         let h = vec![1.0f32; dt.rows];
-        let idx: Vec<u32> = (0..dt.rows as u32).collect();
         let mut y = vec![0.0f32; dt.cols];
         // Every layer once per pass, so the weights come from memory as in decoding, not from a
         // cache that one layer would fit in.
@@ -211,9 +216,10 @@ impl ModelWeights {
             Ok(t)
         };
         let dense = best(&mut |l| powerinfer_cpu::matvec(&self.layers[l].w_down, &h, &mut y))?;
-        let axpy = best(&mut |l| powerinfer_cpu::axpy_rows(&down_t[l], &idx, &h, &mut y))?;
+        let h_idx = &h[..idx.len()];
+        let axpy = best(&mut |l| powerinfer_cpu::axpy_rows(&down_t[l], &idx, h_idx, &mut y))?;
         let c = match axpy > 0.0 {
-            true => (dense / axpy).clamp(0.0, 1.0) as f32,
+            true => (share * dense / axpy).clamp(0.0, 1.0) as f32,
             false => 1.0,
         };
         let _ = self.down_crossover.set(c);
