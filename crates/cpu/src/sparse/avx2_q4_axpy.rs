@@ -1,5 +1,7 @@
 //! Row accumulation y += Σ_i a_i · row_i over a group of 4-bit rows (Q4_0, Q4_1) on integer
-//! multiplies, about twice as fast as decoding every block to f32.
+//! multiplies: 1.3x faster than decoding every block to f32 (one thread, SmolLM2's down_t of
+//! 1536 rows of 576 weights, all rows: 75 vs 98 µs); scattered rows at 2 threads are bound by
+//! memory rather than arithmetic and gain little.
 //!
 //! Per 32-weight block b the group's coefficients c_i = a_i · d_ib (d_ib: row i's block scale)
 //! are rounded to signed bytes k_i on one shared scale s_b = max_i |c_i| / 127. Rows are taken
