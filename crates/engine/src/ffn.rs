@@ -128,28 +128,31 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
         Sparsity::Threshold(t) => {
             let t = t[call.layer];
             project_many([&lw.w_gate, &lw.w_up], call.xn, 1, [&mut s.gate, &mut s.up])?;
-            // Branch-free compaction: around half the neurons pass, in no predictable pattern.
+            // h = act(gate)·up in place, as the batched path computes it (whole-vector passes
+            // the compiler vectorises, apart from the activation's exp).
+            apply_activation(act, &mut s.gate);
+            s.gate.iter_mut().zip(&s.up).for_each(|(h, u)| *h *= u);
             let ffn = s.gate.len();
-            s.idx.resize(ffn, 0);
-            s.vals.resize(ffn, 0.0);
-            let mut n = 0;
-            for (i, (&g, &u)) in s.gate.iter().zip(&s.up).enumerate() {
-                let h = act.apply(g) * u;
-                s.idx[n] = i as u32;
-                s.vals[n] = h;
-                n += usize::from(h.abs() >= t);
-            }
-            s.idx.truncate(n);
-            s.vals.truncate(n);
+            let n = s.gate.iter().filter(|h| h.abs() >= t).count();
             if n as f32 > m.down_crossover()? * ffn as f32 {
                 // So many neurons pass that the dense product over the masked values is
                 // cheaper than an axpy over their down_t rows (the same function).
-                s.gate.fill(0.0);
-                for (&i, &v) in s.idx.iter().zip(&s.vals) {
-                    s.gate[i as usize] = v;
-                }
+                s.gate
+                    .iter_mut()
+                    .for_each(|h| *h = if h.abs() < t { 0.0 } else { *h });
                 return matvec(&lw.w_down, &s.gate, out);
             }
+            // Branch-free compaction: which neurons pass follows no predictable pattern.
+            s.idx.resize(ffn, 0);
+            s.vals.resize(ffn, 0.0);
+            let mut k = 0;
+            for (i, &h) in s.gate.iter().enumerate() {
+                s.idx[k] = i as u32;
+                s.vals[k] = h;
+                k += usize::from(h.abs() >= t);
+            }
+            s.idx.truncate(k);
+            s.vals.truncate(k);
             out.fill(0.0);
             axpy_rows(down_t, &s.idx, &s.vals, out)
         }
