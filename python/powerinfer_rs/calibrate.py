@@ -3,9 +3,9 @@
 Runs the model densely over the calibration part of a text corpus with the engine's capture on,
 and per layer picks the threshold on ``|h| = |act(gate)·up|`` (the value the down projection
 multiplies) below which the target share of (token, neuron) pairs falls -- the
-``sparsity``-quantile of ``|h|`` over a bounded random sample of
-the layer's activations (CATS/TEAL style), leaving out each window's first token, which
-threshold mode never sparsifies (the attention sink). Writes the threshold file
+``sparsity``-quantile of ``|h|`` over a bounded random sample of the layer's activations
+(CATS/TEAL style), leaving out each window's first token, which threshold mode never
+sparsifies (the attention sink). Writes the threshold file
 (:mod:`powerinfer_rs.thresholds`), then reports the cost on the held-out tail of the corpus:
 perplexity dense vs threshold mode on the same token ids, and the per-layer sparsity the
 threshold mode actually reaches there (earlier layers' skipped neurons shift later layers'

@@ -137,9 +137,7 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
             if n as f32 > m.down_crossover()? * ffn as f32 {
                 // So many neurons pass that the dense product over the masked values is
                 // cheaper than an axpy over their down_t rows (the same function).
-                s.gate
-                    .iter_mut()
-                    .for_each(|h| *h = if h.abs() < t { 0.0 } else { *h });
+                zero_below(&mut s.gate, t);
                 return matvec(&lw.w_down, &s.gate, out);
             }
             // Branch-free compaction: which neurons pass follows no predictable pattern.
@@ -210,10 +208,7 @@ fn batched(
         Sparsity::Threshold(t) => {
             let t = t[call.layer];
             let keep = call.mode.dense_rows(call.start, n) * ffn;
-            s.gate[keep..]
-                .iter_mut()
-                .filter(|h| h.abs() < t)
-                .for_each(|h| *h = 0.0);
+            zero_below(&mut s.gate[keep..], t);
         }
         Sparsity::Predictor { layers, input } => {
             let dim = m.config.dim;
@@ -239,6 +234,12 @@ fn batched(
         p.record(call.layer, call.xn, &s.gate, ffn, dense);
     }
     project(&lw.w_down, &s.gate, n, out)
+}
+
+/// Threshold mode's mask: zero every value with |h| < t.
+fn zero_below(h: &mut [f32], t: f32) {
+    h.iter_mut()
+        .for_each(|v| *v = if v.abs() < t { 0.0 } else { *v });
 }
 
 /// `a = act(a)` in place.

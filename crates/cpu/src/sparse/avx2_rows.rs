@@ -2,11 +2,11 @@
 //! y += Σ_i a_i · row_i (y is loaded and stored once per group of rows, not once per row),
 //! decoding each format on the fly: F16 with `vcvtph2ps`, BF16 by a 16-bit shift, Q8_0 one
 //! 32-weight block at a time (Q4_0/Q4_1 rows go to the integer kernel in `avx2_q4_axpy`, which
-//! falls back to this block decoder where coefficients are not finite). Dot products of a group of float-format rows with one x (every
-//! x vector feeds all rows, and the rows stream from memory side by side; quantized rows use the
-//! int16-x kernel in `crate::avx2`). Each call also fetches the rows its caller reads next, line
-//! by line in step with its own reads. Reached only through [`super::axpy`] once AVX2/FMA/F16C
-//! have been detected.
+//! falls back to this block decoder where coefficients are not finite). Dot products of a
+//! group of float-format rows with one x (every x vector feeds all rows, and the rows stream
+//! from memory side by side; quantized rows use the int16-x kernel in `crate::avx2`). Each
+//! call also fetches the rows its caller reads next, line by line in step with its own reads.
+//! Reached only through [`super::axpy`] once AVX2/FMA/F16C have been detected.
 
 use super::avx2_q4_axpy::q4_axpy;
 use powerinfer_core::DType;
