@@ -4,6 +4,13 @@
 //! rows each call reads (up, down_t and gate rows as the kernel touches them), in decimal GB/s,
 //! so it compares directly with `measure_read_bandwidth`, measured in the same run.
 //!
+//! Dense baselines run on the same memory: `dense_up` and `dense_down` (the dense products a
+//! row-sparse matvec and an axpy replace, every row read), and `dense_ffn` (dense decode's FFN:
+//! gate and up in one parallel matvec, act·up, the dense down product) against
+//! `threshold_steps` (threshold mode's decode FFN: the same gate and up products, then an axpy
+//! over the down_t rows of the neurons whose |act(gate)·up| passes a threshold set to keep the
+//! active share). Their throughput counts every byte they read, so times compare directly.
+//!
 //! The data is kept out of the last-level cache, as in a real decode step: each call takes the
 //! next of several layers (together >= 256 MB) and the next of several random active sets. The
 //! weights live in owned buffers, on transparent huge pages where the OS grants them, as the
@@ -49,12 +56,17 @@ const FORMATS: [DType; 6] = [
     DType::F32,
 ];
 
-/// The kernels, by name.
-const KERNELS: [&str; 4] = [
+/// The kernels, by name: the sparse ones, then the dense products they replace (over the same
+/// layers' bytes, so each sparse kernel's time compares with the dense product's).
+const KERNELS: [&str; 8] = [
     "matvec_rows",
     "axpy_rows",
     "ffn_up_down",
     "ffn_gate_up_down",
+    "threshold_steps",
+    "dense_up",
+    "dense_down",
+    "dense_ffn",
 ];
 
 /// A weight of pseudo-random bytes that decode to finite values in every format.
@@ -74,11 +86,13 @@ fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Weight {
     Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
 }
 
-/// One FFN layer in the sparse layout: gate and up as rows, down transposed.
+/// One FFN layer in the sparse layout: gate and up as rows, down transposed; `down` is down_t's
+/// bytes read as a [dim, ffn] matrix (same bytes, the dense down product's shape).
 struct Layer {
     gate: Weight,
     up: Weight,
     down_t: Weight,
+    down: Weight,
 }
 
 /// Enough layers of `dtype` that their weights exceed [`WORKING_SET`], all in one allocation
@@ -92,15 +106,17 @@ fn layers(dtype: DType) -> Vec<Layer> {
         chunk.copy_from_slice(weight(dtype, ffn, dim, k as u64).bytes());
     }
     let store = store.freeze();
-    let part = |k: usize| {
+    let part = |k: usize, (rows, cols): (usize, usize)| {
         let bytes = store.slice(k * matrix..(k + 1) * matrix).unwrap();
-        Weight::new(dtype, ffn, dim, bytes).unwrap()
+        Weight::new(dtype, rows, cols, bytes).unwrap()
     };
     (0..n)
         .map(|l| Layer {
-            gate: part(3 * l),
-            up: part(3 * l + 1),
-            down_t: part(3 * l + 2),
+            gate: part(3 * l, (ffn, dim)),
+            up: part(3 * l + 1, (ffn, dim)),
+            down_t: part(3 * l + 2, (ffn, dim)),
+            // Equal byte counts whenever dim and ffn are whole blocks (both multiples of 32).
+            down: part(3 * l + 2, (dim, ffn)),
         })
         .collect()
 }
@@ -138,6 +154,13 @@ struct Bufs {
     g: Vec<f32>,
     y: Vec<f32>,
     yk: Vec<f32>,
+    /// Second ffn-long output (the up product of the dense FFN).
+    yu: Vec<f32>,
+    /// Threshold on |act(gate)·up| that keeps about the active share of neurons.
+    t: f32,
+    /// Kept neurons and their values (threshold_steps).
+    idx: Vec<u32>,
+    vals: Vec<f32>,
 }
 
 /// Run `kernel` once on `layer` and `idx`.
@@ -151,25 +174,77 @@ fn call(kernel: &str, layer: &Layer, idx: &[u32], b: &mut Bufs) {
             powerinfer_cpu::ffn_up_down_sparse(up, down_t, &b.x, idx, &b.g[..n], &mut b.y)
         }
         "ffn_gate_up_down" => {
-            let Layer { gate, up, down_t } = layer;
+            let Layer {
+                gate, up, down_t, ..
+            } = layer;
             // SiLU is never exactly 0, so every active neuron reads all three rows.
             let act = Activation::Silu;
             powerinfer_cpu::ffn_gate_up_down_sparse(gate, up, down_t, act, &b.x, idx, &mut b.y)
         }
+        "threshold_steps" => threshold_steps(layer, b),
+        "dense_ffn" => dense_ffn(layer, b),
+        "dense_up" => powerinfer_cpu::matvec(&layer.up, &b.x, &mut b.yk),
+        "dense_down" => powerinfer_cpu::matvec(&layer.down, &b.g, &mut b.y),
         _ => unreachable!("{kernel}"),
     }
     .unwrap();
     black_box(&b.y);
 }
 
-/// Bytes of active rows one call of `kernel` reads.
+/// The dense FFN of one token as the engine's dense decode computes it: gate and up in one
+/// parallel matvec, h = act(gate)·up, then the dense down product.
+fn dense_ffn(layer: &Layer, b: &mut Bufs) -> powerinfer_core::Result<()> {
+    powerinfer_cpu::matvec_many(&[&layer.gate, &layer.up], &b.x, &mut [&mut b.yk, &mut b.yu])?;
+    for (h, u) in b.yk.iter_mut().zip(&b.yu) {
+        *h = Activation::Silu.apply(*h) * u;
+    }
+    powerinfer_cpu::matvec(&layer.down, &b.yk, &mut b.y)
+}
+
+/// Threshold mode's FFN in separate steps: the dense gate and up products, h = act(gate)·up,
+/// the kept neurons compacted, then an axpy over their down_t rows.
+fn threshold_steps(layer: &Layer, b: &mut Bufs) -> powerinfer_core::Result<()> {
+    powerinfer_cpu::matvec_many(&[&layer.gate, &layer.up], &b.x, &mut [&mut b.yk, &mut b.yu])?;
+    // As the engine does it: h in whole-vector passes, then a branch-free compaction.
+    for (h, u) in b.yk.iter_mut().zip(&b.yu) {
+        *h = Activation::Silu.apply(*h) * u;
+    }
+    let ffn = b.yk.len();
+    b.idx.resize(ffn, 0);
+    b.vals.resize(ffn, 0.0);
+    let mut k = 0;
+    for (i, &h) in b.yk.iter().enumerate() {
+        b.idx[k] = i as u32;
+        b.vals[k] = h;
+        k += usize::from(h.abs() >= b.t);
+    }
+    b.y.fill(0.0);
+    powerinfer_cpu::axpy_rows(&layer.down_t, &b.idx[..k], &b.vals[..k], &mut b.y)
+}
+
+/// The threshold on |act(gate)·up| that keeps the `n` largest of one layer's values.
+fn threshold_for(layer: &Layer, b: &mut Bufs, n: usize) -> f32 {
+    powerinfer_cpu::matvec_many(&[&layer.gate, &layer.up], &b.x, &mut [&mut b.yk, &mut b.yu])
+        .unwrap();
+    let mut h: Vec<f32> = (b.yk.iter().zip(&b.yu))
+        .map(|(g, u)| (Activation::Silu.apply(*g) * u).abs())
+        .collect();
+    h.sort_by(|a, b| b.total_cmp(a));
+    h[n.clamp(1, h.len()) - 1]
+}
+
+/// Bytes of active rows one call of `kernel` reads (every row for the dense products).
 fn active_bytes(kernel: &str, dtype: DType, n: usize) -> u64 {
+    let ffn = shape().1;
     let rows = match kernel {
-        "matvec_rows" | "axpy_rows" => 1,
-        "ffn_up_down" => 2,
-        _ => 3,
+        "matvec_rows" | "axpy_rows" => n,
+        "dense_up" | "dense_down" => ffn,
+        "ffn_up_down" => 2 * n,
+        "threshold_steps" => 2 * ffn + n,
+        "dense_ffn" => 3 * ffn,
+        _ => 3 * n,
     };
-    (rows * n * dtype.row_bytes(shape().0).unwrap()) as u64
+    (rows * dtype.row_bytes(shape().0).unwrap()) as u64
 }
 
 /// The median of `v` (sorted in place).
@@ -185,6 +260,10 @@ fn bufs() -> Bufs {
         g: (0..ffn).map(|i| 0.5 + (i % 7) as f32 * 0.1).collect(),
         y: vec![0.0; dim],
         yk: vec![0.0; ffn],
+        yu: vec![0.0; ffn],
+        t: 0.0,
+        idx: Vec::with_capacity(ffn),
+        vals: Vec::with_capacity(ffn),
     }
 }
 
@@ -223,6 +302,8 @@ fn bench_sparse(c: &mut Criterion) {
         }
         let layers = layers(dtype);
         let mut b = bufs();
+        // Random weights: every layer's |h| has about the same distribution as the first's.
+        b.t = threshold_for(&layers[0], &mut b, n);
         for kernel in KERNELS.into_iter().filter(|k| wanted(k, dtype)) {
             let bytes = active_bytes(kernel, dtype, n);
             let mut it = 0usize;
