@@ -7,6 +7,7 @@
 //!
 //! SIMD selection happens once per process; `POWERINFER_SIMD=scalar` forces the scalar path.
 
+mod attend;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 mod bandwidth;
@@ -20,6 +21,7 @@ mod sparse;
 #[cfg(test)]
 mod testutil;
 
+pub use attend::{attend_head, HeadCache};
 pub use bandwidth::measure_read_bandwidth;
 pub use matmul::matmul;
 pub use matvec::{matvec, matvec_many};

@@ -1,6 +1,7 @@
 //! AVX2 + FMA + F16C kernels. The safe entry points here are only reached through
 //! [`crate::dispatch`] once [`crate::simd::level`] has detected those features.
 
+pub(crate) mod attend;
 mod dequant;
 mod dot;
 mod formats;
