@@ -3,10 +3,11 @@
 //!
 //! Two paths, picked at run time like every kernel in this crate: AVX2/FMA intrinsics
 //! (`crate::avx2::attend`: two FMA chains per dot, the output held in registers while the value
-//! rows stream by) and portable Rust (eight partial sums per dot, four positions per pass over
-//! the output). Both take e^x from [`exp_nonpositive`] (a floor, a polynomial and an exponent
+//! rows stream by) and portable Rust (the scalar path's eight-sum dot, four positions per pass
+//! over the output). Both take e^x from [`exp_nonpositive`] (a floor, a polynomial and an exponent
 //! shift rather than a libm call per score).
 
+use crate::scalar::dot_f32;
 use crate::simd::{self, Level};
 
 /// Where one head's keys and values sit: position p's vector is `hd` values starting at
@@ -41,26 +42,11 @@ pub fn attend_head(
     match simd::level() {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the level is only Avx2 once AVX2, FMA and F16C were detected on this CPU.
-        Level::Avx2 => unsafe { attend_avx2(q, cache, n_pos, scale, scores, out) },
+        Level::Avx2 => unsafe {
+            crate::avx2::attend::attend_head(q, cache, n_pos, scale, scores, out)
+        },
         Level::Scalar => attend(q, cache, n_pos, scale, scores, out),
     }
-}
-
-/// The AVX2 kernel (`crate::avx2::attend`).
-///
-/// # Safety
-/// The CPU must have AVX2, FMA and F16C; sizes as checked by [`attend_head`].
-#[cfg(target_arch = "x86_64")]
-unsafe fn attend_avx2(
-    q: &[f32],
-    cache: HeadCache<'_>,
-    n_pos: usize,
-    scale: f32,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    // SAFETY: forwarded from the caller.
-    unsafe { crate::avx2::attend::attend_head(q, cache, n_pos, scale, scores, out) }
 }
 
 /// The head's attention in portable Rust (sizes checked by [`attend_head`]).
@@ -78,13 +64,13 @@ fn attend<'a>(
     scores.clear();
     scores.resize(n_pos, 0.0);
     for (p, s) in scores.iter_mut().enumerate() {
-        *s = dot(q, at(cache.keys, p)) * scale;
+        *s = dot_f32(q, at(cache.keys, p)) * scale;
     }
     let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
     for s in scores.iter_mut() {
         *s = exp_nonpositive(*s - max);
     }
-    let inv = 1.0 / sum(scores);
+    let inv = 1.0 / scores.iter().sum::<f32>();
     out.fill(0.0);
     // Four positions per pass: out is read and written once per four value vectors.
     let mut quads = scores.chunks_exact(4);
@@ -106,39 +92,6 @@ fn attend<'a>(
         }
         p += 1;
     }
-}
-
-/// Sum with eight independent partial sums, so the loop vectorises.
-#[inline(always)]
-fn sum(a: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let c = a.chunks_exact(8);
-    let tail: f32 = c.remainder().iter().sum();
-    for x in c {
-        for i in 0..8 {
-            acc[i] += x[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
-/// Dot product with eight independent partial sums, so the loop vectorises.
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(x, y)| x * y)
-        .sum();
-    for (x, y) in ca.zip(cb) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
 }
 
 /// e^x for x <= 0 (the softmax's shifted scores), to about 2 ulp; values below −87 give
@@ -233,7 +186,9 @@ mod tests {
                 match level {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: the level was detected on this CPU.
-                    Level::Avx2 => unsafe { attend_avx2(&q, c, n_pos, 0.3, &mut scores, &mut out) },
+                    Level::Avx2 => unsafe {
+                        crate::avx2::attend::attend_head(&q, c, n_pos, 0.3, &mut scores, &mut out)
+                    },
                     Level::Scalar => attend(&q, c, n_pos, 0.3, &mut scores, &mut out),
                 }
                 for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
