@@ -1,5 +1,5 @@
 //! The one error type of the Rust side, with `bail!`/`ensure!` helpers. Each variant maps to one
-//! Python exception class in the bindings crate.
+//! Python exception class, which the bindings crate creates (see [`Error::class_name`]).
 
 use thiserror::Error as ThisError;
 
@@ -24,6 +24,9 @@ pub enum Error {
     /// A plan or neuron table that does not fit the model it is used with.
     #[error("plan mismatch: {0}")]
     Plan(String),
+    /// A placement whose device bytes exceed the VRAM budget it must fit.
+    #[error("VRAM budget exceeded: {0}")]
+    VramBudget(String),
     /// A CUDA driver, NVRTC or kernel launch error, or no GPU where one was asked for.
     #[error("CUDA error: {0}")]
     Cuda(String),
@@ -33,6 +36,24 @@ pub enum Error {
     /// Anything else (a bug, a failed thread pool, ...), with context.
     #[error("{0}")]
     Other(String),
+}
+
+impl Error {
+    /// The name of the Python exception class this error is raised as (every class derives
+    /// from `PowerInferError`; `Interrupted` becomes `KeyboardInterrupt` in the bindings).
+    pub fn class_name(&self) -> &'static str {
+        match self {
+            Error::Shape(_) => "ShapeError",
+            Error::Unsupported(_) => "UnsupportedError",
+            Error::ModelFile(_) => "ModelFileError",
+            Error::Token(_) => "TokenError",
+            Error::ContextOverflow(_) => "ContextOverflowError",
+            Error::Plan(_) => "PlanError",
+            Error::VramBudget(_) => "VramBudgetError",
+            Error::Cuda(_) => "CudaError",
+            Error::Interrupted | Error::Other(_) => "InternalError",
+        }
+    }
 }
 
 /// Result with the crate's [`Error`].

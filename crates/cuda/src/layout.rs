@@ -14,6 +14,12 @@ use powerinfer_core::{bail, ensure, Activation, DType, Result, Weight};
 pub const ALIGN: usize = 256;
 /// Bytes of one neuron id in a slab (i32).
 pub const NEURON_ID_BYTES: usize = 4;
+/// Most columns x may have in the row kernels (x is staged in 48 KiB of shared memory).
+pub const MAX_X_COLS: usize = 48 * 1024 / 4;
+/// Largest head_dim of attention_decode (`ATT_MAX_HEAD_DIM` in attention.cu).
+pub const MAX_HEAD_DIM: usize = 256;
+/// Largest predictor rank (hidden units are staged in 48 KiB of shared memory).
+pub const MAX_RANK: usize = 48 * 1024 / 4;
 
 /// `x` rounded up to [`ALIGN`].
 pub const fn align(x: usize) -> usize {

@@ -7,8 +7,8 @@
 //! cudarc is built with dynamic loading: libcuda and libnvrtc are opened only when a device is
 //! requested, so a build with the `cuda` feature still runs everywhere, and
 //! [`CudaDevice::new`] returns `Error::Cuda` where there is no driver or GPU. Without the
-//! feature the same API is a stub whose constructors return `Error::Unsupported` ("built
-//! without CUDA"), so callers need no `cfg`.
+//! feature, the device queries answer "none" and `CudaDevice::new` returns
+//! `Error::Unsupported` ("built without CUDA"); the launch API exists only with the feature.
 //!
 //! Kernel sources live in `kernels/*.cu` (one per op family, see [`kernels`]); host-side
 //! layouts shared by both builds (row addressing, hot-neuron slabs) in [`layout`], and the list
@@ -32,23 +32,19 @@ mod stub;
 pub use device::{
     device_count, driver_available, is_available, CudaDevice, DeviceBuffer, DeviceWeight, HotFfn,
 };
-#[cfg(feature = "cuda")]
-pub use ops::{MAX_HEAD_DIM, MAX_RANK, MAX_X_COLS};
 #[cfg(not(feature = "cuda"))]
-pub use stub::{
-    device_count, driver_available, is_available, CudaDevice, DeviceBuffer, DeviceWeight, HotFfn,
-    MAX_HEAD_DIM, MAX_RANK, MAX_X_COLS,
-};
+pub use stub::{device_count, driver_available, is_available, CudaDevice};
 
 pub use alloc_plan::{gpu_allocations, Allocation, LayerTensors, ModelTensors};
 pub use layout::{
     align, pack_hot_slabs, parse_device, slab_bytes, slab_geometry, Act, RowLayout, SlabGeometry,
-    SlabLayout,
+    SlabLayout, MAX_HEAD_DIM, MAX_RANK, MAX_X_COLS,
 };
 
 /// True when this build can drive a GPU (the `cuda` feature); a device may still be absent.
 pub const BUILT_WITH_CUDA: bool = cfg!(feature = "cuda");
 
+#[cfg(feature = "cuda")]
 mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
@@ -64,12 +60,12 @@ pub trait DeviceElem:
     sealed::Sealed + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Copy + Default
 {
 }
-/// Element types a [`DeviceBuffer`] holds: f32 activations, i32 indices and flags, u16 (f16
-/// bits) KV cache, u8 weight bytes.
-#[cfg(not(feature = "cuda"))]
-pub trait DeviceElem: sealed::Sealed + Copy + Default {}
 
+#[cfg(feature = "cuda")]
 impl DeviceElem for f32 {}
+#[cfg(feature = "cuda")]
 impl DeviceElem for i32 {}
+#[cfg(feature = "cuda")]
 impl DeviceElem for u16 {}
+#[cfg(feature = "cuda")]
 impl DeviceElem for u8 {}

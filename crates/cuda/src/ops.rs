@@ -7,7 +7,7 @@ use powerinfer_core::{ensure, Result, RopeStyle};
 
 use crate::device::{driver_err, CudaDevice, DeviceBuffer, DeviceWeight, HotFfn};
 use crate::kernels::{self, dtype_suffix};
-use crate::layout::{to_i32, Act, RowLayout};
+use crate::layout::{to_i32, Act, RowLayout, MAX_HEAD_DIM, MAX_RANK, MAX_X_COLS};
 
 /// A null device pointer for the kernels' optional arguments.
 static NULL: u64 = 0;
@@ -15,14 +15,8 @@ static NULL: u64 = 0;
 const ROW_THREADS: u32 = 256;
 /// Output rows per block of sparse_matvec / gate_up (`ROWS_PER_BLOCK` in sparse_matvec.cu).
 const ROWS_PER_BLOCK: usize = 32;
-/// Most columns x may have (x is staged in 48 KiB of shared memory).
-pub const MAX_X_COLS: usize = 48 * 1024 / 4;
-/// Largest head_dim of attention_decode (`ATT_MAX_HEAD_DIM`).
-pub const MAX_HEAD_DIM: usize = 256;
 /// Warps per block of attention_decode (`ATT_WARPS`).
 const ATT_THREADS: u32 = 4 * 32;
-/// Largest predictor rank (hidden units are staged in 48 KiB of shared memory).
-pub const MAX_RANK: usize = 48 * 1024 / 4;
 
 /// Push an optional buffer, or a null pointer.
 macro_rules! arg_opt {

@@ -2,6 +2,8 @@
 //! format. Each test body takes a device; [`on_each_device`] runs it on every CUDA device there
 //! is, and prints "skipped: no CUDA device" (passing) where there is none — as in CI.
 
+#![cfg(feature = "cuda")]
+
 use half::f16;
 use powerinfer_core::{quantize_row, Activation, Buffer, DType, RopeStyle, Weight};
 use powerinfer_cpu::{reference, sparse_reference};
@@ -378,14 +380,4 @@ fn elementwise() {
         let want: Vec<f32> = want.iter().zip(&u).map(|(a, b)| a + b).collect();
         assert_close(&dev.download(&dg).unwrap(), &want, 1.0, 1e-5, "add");
     });
-}
-
-#[test]
-fn missing_device_is_a_clear_error() {
-    // No GPU: a Cuda (or, without the feature, Unsupported) error, never a panic.
-    let n = powerinfer_cuda::device_count();
-    let err = CudaDevice::new(n).unwrap_err();
-    let msg = err.to_string();
-    assert!(msg.contains("CUDA") || msg.contains("cuda"), "{msg}");
-    assert!(CudaDevice::from_name("cuda:zero").is_err());
 }

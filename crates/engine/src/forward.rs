@@ -47,6 +47,19 @@ pub struct Scratch {
     ffn: FfnScratch,
 }
 
+/// Token ids as callers hold them (Python ints, any `i64`) as the engine's `u32` ids: the one
+/// check of token ranges, [`Error::Token`](powerinfer_core::Error::Token) for an id outside
+/// `0..vocab` ([`forward`] applies it too).
+pub fn token_ids(tokens: &[i64], vocab: usize) -> Result<Vec<u32>> {
+    tokens
+        .iter()
+        .map(|&t| match u32::try_from(t) {
+            Ok(u) if (u as usize) < vocab => Ok(u),
+            _ => powerinfer_core::bail!(Token, "token id {t} is outside the vocabulary 0..{vocab}"),
+        })
+        .collect()
+}
+
 /// Run `tokens` (positions `cache.len()..`) through the model, append their keys and values to
 /// `cache`, and return the requested logits (n_out × vocab, row-major).
 pub fn forward(
@@ -62,11 +75,7 @@ pub fn forward(
     let n = tokens.len();
     ensure!(n > 0, Shape, "forward needs at least one token");
     if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-        powerinfer_core::bail!(
-            Token,
-            "token id {bad} is not below the vocabulary size {}",
-            c.vocab_size
-        );
+        token_ids(&[i64::from(bad)], c.vocab_size)?;
     }
     let start = cache.len();
     cache.reserve(n)?;

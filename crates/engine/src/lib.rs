@@ -7,14 +7,17 @@ pub mod ffn;
 pub mod forward;
 pub mod kv_cache;
 pub mod norm_rope;
+pub mod placement;
 pub mod profiler;
 pub mod session;
 pub mod sparsity;
 pub mod transpose;
 pub mod weights;
 
+pub use forward::token_ids;
 pub use kv_cache::KvCache;
+pub use placement::Placement;
 pub use profiler::{Captured, Profiler};
 pub use session::Session;
-pub use sparsity::{LayerPredictor, PredictorInput, Sparsity};
+pub use sparsity::{LayerPredictor, PredictorInput, Predictors, Sparsity, SparsityMode};
 pub use weights::{LayerWeights, ModelWeights};

@@ -7,6 +7,7 @@ use powerinfer_core::{Error, Result};
 
 use crate::forward::{forward, Logits, Scratch};
 use crate::kv_cache::KvCache;
+use crate::placement::Placement;
 use crate::profiler::{Captured, Profiler};
 use crate::sparsity::Sparsity;
 use crate::weights::ModelWeights;
@@ -22,6 +23,7 @@ pub struct Session {
     pool: rayon::ThreadPool,
     mode: Sparsity,
     profiler: Option<Profiler>,
+    placement: Option<Arc<Placement>>,
 }
 
 impl Session {
@@ -47,6 +49,7 @@ impl Session {
             pool,
             mode: Sparsity::Dense,
             profiler: None,
+            placement: None,
         })
     }
 
@@ -89,6 +92,17 @@ impl Session {
     /// The sparsity mode.
     pub fn sparsity(&self) -> &Sparsity {
         &self.mode
+    }
+
+    /// Adopt a placement (checked against this session's model when it was loaded), or drop
+    /// it with `None`. The hybrid executor runs what it puts on the GPU; the CPU path ignores it.
+    pub fn set_placement(&mut self, placement: Option<Arc<Placement>>) {
+        self.placement = placement;
+    }
+
+    /// The adopted placement.
+    pub fn placement(&self) -> Option<&Placement> {
+        self.placement.as_deref()
     }
 
     /// Start counting activations (ReLU semantics when `thresholds` is None, |act| >= t

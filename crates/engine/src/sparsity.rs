@@ -1,7 +1,59 @@
 //! How the FFN chooses its active neurons: dense, exact-relu, calibrated thresholds, or
 //! PowerInfer-style predictors (logits = fc2 · ReLU(fc1 · x), active when logit >= threshold).
 
-use powerinfer_core::{ensure, Activation, Result, Weight};
+use std::str::FromStr;
+
+use powerinfer_core::{bail, ensure, Activation, Error, Result, Weight};
+
+/// The sparsity modes by name: the one place their spelling is defined (the bindings parse
+/// with [`FromStr`] and export [`SparsityMode::ALL`]'s names, from which the CLIs take their
+/// choices).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SparsityMode {
+    /// See [`Sparsity::Dense`].
+    Dense,
+    /// See [`Sparsity::ExactRelu`].
+    ExactRelu,
+    /// See [`Sparsity::Threshold`].
+    Threshold,
+    /// See [`Sparsity::Predictor`].
+    Predictor,
+}
+
+impl SparsityMode {
+    /// Every mode, in the order the CLIs list them.
+    pub const ALL: [SparsityMode; 4] = [
+        SparsityMode::Dense,
+        SparsityMode::ExactRelu,
+        SparsityMode::Threshold,
+        SparsityMode::Predictor,
+    ];
+
+    /// The name the Python API and the CLIs use.
+    pub fn name(self) -> &'static str {
+        match self {
+            SparsityMode::Dense => "dense",
+            SparsityMode::ExactRelu => "exact-relu",
+            SparsityMode::Threshold => "threshold",
+            SparsityMode::Predictor => "predictor",
+        }
+    }
+}
+
+impl FromStr for SparsityMode {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<SparsityMode> {
+        match SparsityMode::ALL.into_iter().find(|m| m.name() == s) {
+            Some(m) => Ok(m),
+            None => bail!(
+                Unsupported,
+                "sparsity {s:?} (choose {})",
+                SparsityMode::ALL.map(SparsityMode::name).join(", ")
+            ),
+        }
+    }
+}
 
 /// What the predictor reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -10,6 +62,22 @@ pub enum PredictorInput {
     FfnNorm,
     /// The residual stream before the FFN norm (PowerInfer's predictors).
     FfnInp,
+}
+
+impl FromStr for PredictorInput {
+    type Err = Error;
+
+    /// `"ffn_norm"` or `"ffn_inp"`, as predictor files record it.
+    fn from_str(s: &str) -> Result<PredictorInput> {
+        match s {
+            "ffn_norm" => Ok(PredictorInput::FfnNorm),
+            "ffn_inp" => Ok(PredictorInput::FfnInp),
+            other => bail!(
+                Unsupported,
+                "predictor input {other:?} (choose ffn_norm or ffn_inp)"
+            ),
+        }
+    }
 }
 
 /// One layer's predictor.
@@ -21,6 +89,38 @@ pub struct LayerPredictor {
     /// ReLU leaves nonzero are read.
     pub fc2_t: Weight,
     pub threshold: f32,
+}
+
+impl LayerPredictor {
+    /// From fc1 ([rank, dim]) and fc2 as trained and stored ([ffn, rank]); fc2 is transposed
+    /// here, once.
+    pub fn new(fc1: Weight, fc2: Weight, threshold: f32) -> Result<LayerPredictor> {
+        ensure!(
+            fc2.cols == fc1.rows,
+            Plan,
+            "fc1 has rank {} but fc2 has {} columns",
+            fc1.rows,
+            fc2.cols
+        );
+        ensure!(
+            threshold.is_finite(),
+            Plan,
+            "threshold {threshold} is not finite"
+        );
+        let fc2_t = crate::transpose::transpose(&fc2)?;
+        Ok(LayerPredictor {
+            fc1,
+            fc2_t,
+            threshold,
+        })
+    }
+}
+
+/// Every layer's predictor and what they read: the typed object the bindings hand over.
+#[derive(Clone, Debug)]
+pub struct Predictors {
+    pub layers: Vec<LayerPredictor>,
+    pub input: PredictorInput,
 }
 
 /// The FFN's sparsity mode.
@@ -57,14 +157,43 @@ impl Sparsity {
         }
     }
 
+    /// The mode `mode` with its parameters: `thresholds` for threshold mode, `predictors` for
+    /// predictor mode ([`Error::Plan`] when the mode's parameter is missing).
+    pub fn new(
+        mode: SparsityMode,
+        thresholds: Option<Vec<f32>>,
+        predictors: Option<Predictors>,
+    ) -> Result<Sparsity> {
+        Ok(match mode {
+            SparsityMode::Dense => Sparsity::Dense,
+            SparsityMode::ExactRelu => Sparsity::ExactRelu,
+            SparsityMode::Threshold => match thresholds {
+                Some(t) => Sparsity::Threshold(t),
+                None => bail!(Plan, "threshold mode needs thresholds"),
+            },
+            SparsityMode::Predictor => match predictors {
+                Some(p) => Sparsity::Predictor {
+                    layers: p.layers,
+                    input: p.input,
+                },
+                None => bail!(Plan, "predictor mode needs predictors"),
+            },
+        })
+    }
+
+    /// The mode without its parameters.
+    pub fn mode(&self) -> SparsityMode {
+        match self {
+            Sparsity::Dense => SparsityMode::Dense,
+            Sparsity::ExactRelu => SparsityMode::ExactRelu,
+            Sparsity::Threshold(_) => SparsityMode::Threshold,
+            Sparsity::Predictor { .. } => SparsityMode::Predictor,
+        }
+    }
+
     /// Name as the Python API spells it.
     pub fn name(&self) -> &'static str {
-        match self {
-            Sparsity::Dense => "dense",
-            Sparsity::ExactRelu => "exact-relu",
-            Sparsity::Threshold(_) => "threshold",
-            Sparsity::Predictor { .. } => "predictor",
-        }
+        self.mode().name()
     }
 
     /// Check the mode fits a model of `n_layers` layers, `dim`, `ffn` and `activation`.

@@ -254,6 +254,29 @@ impl ModelWeights {
             .map_or(0, |d| d.iter().map(Weight::n_bytes).sum())
     }
 
+    /// The matrix a canonical tensor name (`token_embd`, `output`, `blk.N.attn_q`, ...,
+    /// `blk.N.ffn_down`) resolved to as the engine reads it; None for a name it does not hold
+    /// as a matrix.
+    pub fn tensor(&self, name: &str) -> Option<&Weight> {
+        match name {
+            "token_embd" => return Some(&self.token_embd),
+            "output" => return Some(&self.output),
+            _ => {}
+        }
+        let (blk, rest) = name.strip_prefix("blk.")?.split_once('.')?;
+        let l = self.layers.get(blk.parse::<usize>().ok()?)?;
+        Some(match rest {
+            "attn_q" => &l.wq,
+            "attn_k" => &l.wk,
+            "attn_v" => &l.wv,
+            "attn_output" => &l.wo,
+            "ffn_gate" => &l.w_gate,
+            "ffn_up" => &l.w_up,
+            "ffn_down" => &l.w_down,
+            _ => return None,
+        })
+    }
+
     /// Weight bytes a decode step reads: every matrix once, one embedding row, the norms.
     pub fn bytes_per_token(&self) -> usize {
         let mats: usize = self

@@ -1,12 +1,13 @@
-//! Python values into engine values: the config dict into a `ModelConfig`, and numpy byte arrays
-//! into `Weight`s that borrow the array's memory (no copy) and keep the array alive.
+//! Python values into engine values: the config dict into a `ModelConfig`, and numpy arrays into
+//! `Weight`s that borrow the array's memory (no copy) and keep the array alive.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use numpy::{PyArrayMethods, PyReadonlyArray1, PyUntypedArrayMethods};
-use powerinfer_core::{Activation, Buffer, DType, Error, ModelConfig, Result, RopeStyle, Weight};
-use powerinfer_engine::LayerPredictor;
+use numpy::{PyArrayDescrMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use powerinfer_core::{
+    bail, ensure, Activation, Buffer, DType, Error, ModelConfig, Result, RopeStyle, Weight,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
@@ -52,15 +53,54 @@ pub fn config_from_dict(d: &Bound<'_, PyDict>) -> Result<ModelConfig> {
     Ok(cfg)
 }
 
+/// The bytes of a C-contiguous numpy array, borrowed (no copy): the buffer keeps the array alive.
+fn borrow_bytes(name: &str, obj: &Bound<'_, PyAny>) -> Result<Buffer> {
+    let arr = obj.cast::<PyUntypedArray>().map_err(|_| {
+        Error::ModelFile(format!(
+            "{name}: expected a numpy array, got {}",
+            obj.get_type()
+        ))
+    })?;
+    ensure!(
+        arr.is_c_contiguous(),
+        ModelFile,
+        "{name}: the array must be C-contiguous"
+    );
+    let len = arr.len() * arr.dtype().itemsize();
+    // SAFETY: `as_array_ptr` is a live PyArrayObject (we hold a reference to it through `obj`),
+    // whose `data` field points at its first element.
+    let ptr = unsafe { (*arr.as_array_ptr()).data } as *const u8;
+    let owner: Arc<dyn Send + Sync> = Arc::new(PyOwner(obj.clone().unbind()));
+    // SAFETY: the array is C-contiguous with `len` bytes at `ptr`; `owner` holds a reference to
+    // it, so the memory stays allocated for the Buffer's lifetime. The loaders hand over
+    // read-only memory maps and the predictors' arrays, which nothing mutates while an engine
+    // uses them.
+    Ok(unsafe { Buffer::borrowed(ptr, len, owner) })
+}
+
+/// `Weight::new` with the tensor's name in a shape error.
+fn named_weight(
+    name: &str,
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    data: Buffer,
+) -> Result<Weight> {
+    Weight::new(dtype, rows, cols, data).map_err(|e| match e {
+        Error::Shape(m) => Error::Shape(format!("tensor {name}: {m}")),
+        other => other,
+    })
+}
+
 /// One `(dtype, rows, cols, uint8 array)` tuple into a borrowed `Weight`.
 fn weight_from_tuple(name: &str, t: &Bound<'_, PyTuple>) -> Result<Weight> {
     let bad = |e: PyErr| Error::ModelFile(format!("tensor {name}: {e}"));
-    if t.len() != 4 {
-        return Err(Error::ModelFile(format!(
-            "tensor {name}: expected (dtype, rows, cols, array), got {} items",
-            t.len()
-        )));
-    }
+    ensure!(
+        t.len() == 4,
+        ModelFile,
+        "tensor {name}: expected (dtype, rows, cols, array), got {} items",
+        t.len()
+    );
     let dtype = DType::from_name(
         &t.get_item(0)
             .and_then(|v| v.extract::<String>())
@@ -74,22 +114,32 @@ fn weight_from_tuple(name: &str, t: &Bound<'_, PyTuple>) -> Result<Weight> {
             "tensor {name}: data must be a 1-D uint8 array ({e})"
         ))
     })?;
-    if !arr.is_c_contiguous() {
-        return Err(Error::ModelFile(format!(
-            "tensor {name}: data must be contiguous"
-        )));
-    }
-    let ptr = arr.as_raw_array().as_ptr();
-    let len = arr.len();
-    let owner: Arc<dyn Send + Sync> = Arc::new(PyOwner(obj.unbind()));
-    // SAFETY: the array is C-contiguous with `len` bytes at `ptr`; `owner` holds a reference to
-    // it, so the memory stays mapped for the Buffer's lifetime. The loaders hand over read-only
-    // memory maps, which nothing mutates.
-    let data = unsafe { Buffer::borrowed(ptr, len, owner) };
-    Weight::new(dtype, rows, cols, data).map_err(|e| match e {
-        Error::Shape(m) => Error::Shape(format!("tensor {name}: {m}")),
-        other => other,
-    })
+    drop(arr);
+    named_weight(name, dtype, rows, cols, borrow_bytes(name, &obj)?)
+}
+
+/// A 2-D float16 or float32 array as a borrowed F16/F32 `Weight` of its shape.
+pub fn weight_from_matrix(name: &str, obj: &Bound<'_, PyAny>) -> Result<Weight> {
+    let arr = obj
+        .cast::<PyUntypedArray>()
+        .map_err(|_| Error::Plan(format!("{name}: expected a 2-D numpy array")))?;
+    ensure!(
+        arr.ndim() == 2,
+        Shape,
+        "{name}: expected a 2-D array, got {} dimensions",
+        arr.ndim()
+    );
+    let dtype = match arr.dtype().char() {
+        b'e' => DType::F16,
+        b'f' => DType::F32,
+        c => bail!(
+            Unsupported,
+            "{name}: dtype {:?} (use float16 or float32)",
+            c as char
+        ),
+    };
+    let (rows, cols) = (arr.shape()[0], arr.shape()[1]);
+    named_weight(name, dtype, rows, cols, borrow_bytes(name, obj)?)
 }
 
 /// The tensors dict (`name -> (dtype, rows, cols, uint8 array)`) into weights.
@@ -104,44 +154,6 @@ pub fn tensors_from_dict(d: &Bound<'_, PyDict>) -> Result<HashMap<String, Weight
             .map_err(|_| Error::ModelFile(format!("tensor {name}: expected a tuple")))?;
         let w = weight_from_tuple(&name, &tup)?;
         out.insert(name, w);
-    }
-    Ok(out)
-}
-
-/// Predictors from `{"blk.N.fc1": tuple, "blk.N.fc2": tuple, "blk.N.threshold": float}`;
-/// fc2 ([ffn, rank]) is transposed once so its rows are per hidden unit.
-pub fn predictors_from_dict(d: &Bound<'_, PyDict>, n_layers: usize) -> Result<Vec<LayerPredictor>> {
-    let mut out = Vec::with_capacity(n_layers);
-    for i in 0..n_layers {
-        let get = |name: String| -> Result<Bound<'_, PyAny>> {
-            d.get_item(&name)
-                .map_err(|e| Error::Plan(format!("{name}: {e}")))?
-                .ok_or_else(|| Error::Plan(format!("predictors lack {name}")))
-        };
-        let tuple = |name: String| -> Result<Weight> {
-            let v = get(name.clone())?;
-            let t = v
-                .cast_into::<PyTuple>()
-                .map_err(|_| Error::Plan(format!("{name}: expected a tuple")))?;
-            weight_from_tuple(&name, &t)
-        };
-        let fc1 = tuple(format!("blk.{i}.fc1"))?;
-        let fc2 = tuple(format!("blk.{i}.fc2"))?;
-        let threshold: f32 = get(format!("blk.{i}.threshold"))?
-            .extract()
-            .map_err(|e| Error::Plan(format!("blk.{i}.threshold: {e}")))?;
-        if fc2.cols != fc1.rows {
-            return Err(Error::Plan(format!(
-                "predictor {i}: fc1 has rank {} but fc2 has {} columns",
-                fc1.rows, fc2.cols
-            )));
-        }
-        let fc2_t = powerinfer_engine::transpose::transpose(&fc2)?;
-        out.push(LayerPredictor {
-            fc1,
-            fc2_t,
-            threshold,
-        });
     }
     Ok(out)
 }

@@ -1,11 +1,14 @@
 //! `powerinfer_rs._core`: the PyO3 extension module. Thin wrappers over the engine: arguments are
 //! extracted into owned Rust values, compute runs with the GIL released, and every error (and any
-//! panic) becomes a `powerinfer_rs.errors.PowerInferError` subclass.
+//! panic) becomes a `PowerInferError` subclass; the exception classes are created here and
+//! re-exported by `powerinfer_rs.errors`. No engine logic lives in this crate.
 
 mod convert;
 mod cuda;
 mod exceptions;
 mod model;
+mod plan;
+mod predictors;
 mod session;
 
 use pyo3::prelude::*;
@@ -35,28 +38,17 @@ fn measure_read_bandwidth(
     })
 }
 
-/// Read and validate a plan / neuron-table file for a model of `n_layers` layers of `ffn`
-/// neurons; returns each layer's hot (GPU) neuron ids, ascending.
-#[pyfunction]
-fn read_neuron_table(
-    py: Python<'_>,
-    path: std::path::PathBuf,
-    n_layers: usize,
-    ffn: usize,
-) -> PyResult<Vec<Vec<u32>>> {
-    let table = exceptions::run_detached(py, move || {
-        powerinfer_core::NeuronTable::load(&path, n_layers, ffn)
-    })?;
-    Ok(table.layers.into_iter().map(|l| l.hot).collect())
-}
-
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<model::PyModel>()?;
     m.add_class::<session::PySession>()?;
+    m.add_class::<predictors::PyPredictors>()?;
+    m.add_class::<plan::PyPlan>()?;
     m.add_function(wrap_pyfunction!(simd_level, m)?)?;
     m.add_function(wrap_pyfunction!(measure_read_bandwidth, m)?)?;
-    m.add_function(wrap_pyfunction!(read_neuron_table, m)?)?;
+    let modes = powerinfer_engine::SparsityMode::ALL.map(|m| m.name());
+    m.add("SPARSITY_MODES", pyo3::types::PyTuple::new(m.py(), modes)?)?;
+    exceptions::register(m)?;
     cuda::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

@@ -4,12 +4,13 @@ use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray2};
 use powerinfer_core::Error;
 use powerinfer_engine::forward::Logits;
-use powerinfer_engine::{PredictorInput, Session, Sparsity};
+use powerinfer_engine::{token_ids, Session, Sparsity, SparsityMode};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 
 use crate::exceptions::{check, run_detached, to_pyerr};
 use crate::model::PyModel;
+use crate::plan::PyPlan;
+use crate::predictors::PyPredictors;
 
 /// One context (KV cache) over a model, with its own worker threads.
 #[pyclass(module = "powerinfer_rs._core", name = "Session")]
@@ -23,9 +24,9 @@ impl PySession {
     /// model's context length).
     #[new]
     #[pyo3(signature = (model, threads = 0, n_ctx = 0))]
-    fn new(py: Python<'_>, model: &PyModel, threads: usize, n_ctx: usize) -> PyResult<Self> {
+    fn new(model: &PyModel, threads: usize, n_ctx: usize) -> PyResult<Self> {
         let weights = model.weights.clone();
-        let inner = check(py, Session::new(weights, threads, n_ctx))?;
+        let inner = check(Session::new(weights, threads, n_ctx))?;
         Ok(PySession { inner })
     }
 
@@ -39,22 +40,7 @@ impl PySession {
         all_logits: bool,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let vocab = self.inner.model().config.vocab_size;
-        let ids = check(
-            py,
-            tokens
-                .iter()
-                .map(|&t| {
-                    u32::try_from(t)
-                        .ok()
-                        .filter(|&u| (u as usize) < vocab)
-                        .ok_or_else(|| {
-                            Error::Token(format!(
-                                "token id {t} is outside the vocabulary 0..{vocab}"
-                            ))
-                        })
-                })
-                .collect::<Result<Vec<u32>, Error>>(),
-        )?;
+        let ids = check(token_ids(&tokens, vocab))?;
         let which = if all_logits {
             Logits::All
         } else {
@@ -72,56 +58,31 @@ impl PySession {
         Ok(arr.into_pyarray(py))
     }
 
-    /// Set the FFN sparsity: "dense", "exact-relu" (ReLU models), "threshold" (needs one
-    /// threshold per layer on |act(gate)|) or "predictor" (needs `predictors`:
-    /// {"blk.N.fc1": (dtype, rank, dim, bytes), "blk.N.fc2": (dtype, ffn, rank, bytes),
-    /// "blk.N.threshold": float}, and `predictor_input` "ffn_norm" or "ffn_inp").
-    #[pyo3(signature = (mode, thresholds = None, predictors = None, predictor_input = "ffn_norm"))]
+    /// Set the FFN sparsity: one of `SPARSITY_MODES`. "threshold" needs one threshold per layer
+    /// on |act(gate)·up|, "predictor" a `Predictors`.
+    #[pyo3(signature = (mode, thresholds = None, predictors = None))]
     fn set_sparsity(
         &mut self,
         py: Python<'_>,
         mode: &str,
         thresholds: Option<Vec<f32>>,
-        predictors: Option<&Bound<'_, PyDict>>,
-        predictor_input: &str,
+        predictors: Option<PyRef<'_, PyPredictors>>,
     ) -> PyResult<()> {
-        let n_layers = self.inner.model().config.n_layers;
-        let sparsity = match mode {
-            "dense" => Sparsity::Dense,
-            "exact-relu" => Sparsity::ExactRelu,
-            "threshold" => Sparsity::Threshold(check(
-                py,
-                thresholds.ok_or_else(|| Error::Plan("threshold mode needs thresholds".into())),
-            )?),
-            "predictor" => {
-                let dict = check(
-                    py,
-                    predictors.ok_or_else(|| Error::Plan("predictor mode needs predictors".into())),
-                )?;
-                let input = match predictor_input {
-                    "ffn_norm" => PredictorInput::FfnNorm,
-                    "ffn_inp" => PredictorInput::FfnInp,
-                    other => {
-                        return Err(to_pyerr(
-                            py,
-                            Error::Unsupported(format!("predictor input {other:?}")),
-                        ))
-                    }
-                };
-                let layers = check(py, crate::convert::predictors_from_dict(dict, n_layers))?;
-                Sparsity::Predictor { layers, input }
-            }
-            other => {
-                return Err(to_pyerr(
-                    py,
-                    Error::Unsupported(format!(
-                        "sparsity {other:?} (choose dense, exact-relu, threshold or predictor)"
-                    )),
-                ))
-            }
-        };
+        let mode: SparsityMode = check(mode.parse())?;
+        let sparsity = check(Sparsity::new(
+            mode,
+            thresholds,
+            predictors.map(|p| p.inner.clone()),
+        ))?;
         let session = &mut self.inner;
         run_detached(py, move || session.set_sparsity(sparsity))
+    }
+
+    /// Adopt a plan from `Model.load_plan` (of this session's model), or drop it with None.
+    #[pyo3(signature = (plan))]
+    fn set_plan(&mut self, plan: Option<PyRef<'_, PyPlan>>) {
+        self.inner
+            .set_placement(plan.map(|p| std::sync::Arc::clone(&p.inner)));
     }
 
     /// Share of active neurons above which threshold decoding takes the dense down product
@@ -142,13 +103,8 @@ impl PySession {
     /// (ReLU semantics without `thresholds`, |act| >= threshold with them); with `capture`,
     /// also keep (FFN input, activation) rows for predictor training.
     #[pyo3(signature = (thresholds = None, capture = false))]
-    fn start_profiling(
-        &mut self,
-        py: Python<'_>,
-        thresholds: Option<Vec<f32>>,
-        capture: bool,
-    ) -> PyResult<()> {
-        check(py, self.inner.start_profiling(thresholds, capture))
+    fn start_profiling(&mut self, thresholds: Option<Vec<f32>>, capture: bool) -> PyResult<()> {
+        check(self.inner.start_profiling(thresholds, capture))
     }
 
     /// Tokens counted by the running profile (0 when not profiling).

@@ -1,0 +1,88 @@
+//! `_core.Predictors`: every layer's activation predictor as one typed object, built once from
+//! the trained arrays (borrowed, no copy; the engine transposes fc2) and handed to sessions.
+
+use powerinfer_engine::{LayerPredictor, PredictorInput, Predictors};
+use pyo3::prelude::*;
+
+use crate::convert::weight_from_matrix;
+use crate::exceptions::{check, run_detached};
+
+/// Per-layer predictors `logits = fc2 · ReLU(fc1 · x)`, neuron active when its logit is at
+/// least the layer's threshold.
+#[pyclass(module = "powerinfer_rs._core", name = "Predictors", frozen)]
+pub struct PyPredictors {
+    pub inner: Predictors,
+}
+
+#[pymethods]
+impl PyPredictors {
+    /// `fc1[i]`: float16/float32 array (rank, dim); `fc2[i]`: (ffn, rank) as trained;
+    /// `thresholds[i]`: the logit threshold; `input`: "ffn_norm" (the normed FFN input, our
+    /// predictors) or "ffn_inp" (the residual stream, PowerInfer's). Raises `PlanError` when the
+    /// lists or shapes disagree.
+    #[new]
+    #[pyo3(signature = (fc1, fc2, thresholds, input = "ffn_norm"))]
+    fn new(
+        py: Python<'_>,
+        fc1: Vec<Bound<'_, PyAny>>,
+        fc2: Vec<Bound<'_, PyAny>>,
+        thresholds: Vec<f32>,
+        input: &str,
+    ) -> PyResult<Self> {
+        let input: PredictorInput = check(input.parse())?;
+        check(if fc1.len() == fc2.len() && fc2.len() == thresholds.len() {
+            Ok(())
+        } else {
+            Err(powerinfer_core::Error::Plan(format!(
+                "{} fc1, {} fc2 and {} thresholds: one of each per layer",
+                fc1.len(),
+                fc2.len(),
+                thresholds.len()
+            )))
+        })?;
+        let mut parts = Vec::with_capacity(fc1.len());
+        for (i, (a, b)) in fc1.iter().zip(&fc2).enumerate() {
+            let a = check(weight_from_matrix(&format!("predictor {i} fc1"), a))?;
+            let b = check(weight_from_matrix(&format!("predictor {i} fc2"), b))?;
+            parts.push((a, b, thresholds[i]));
+        }
+        let layers = run_detached(py, move || {
+            parts
+                .into_iter()
+                .enumerate()
+                .map(|(i, (a, b, t))| {
+                    LayerPredictor::new(a, b, t).map_err(|e| match e {
+                        powerinfer_core::Error::Plan(m) => {
+                            powerinfer_core::Error::Plan(format!("predictor {i}: {m}"))
+                        }
+                        other => other,
+                    })
+                })
+                .collect::<powerinfer_core::Result<Vec<_>>>()
+        })?;
+        Ok(PyPredictors {
+            inner: Predictors { layers, input },
+        })
+    }
+
+    /// Layers.
+    #[getter]
+    fn n_layers(&self) -> usize {
+        self.inner.layers.len()
+    }
+
+    /// Each layer's rank (fc1's rows).
+    #[getter]
+    fn ranks(&self) -> Vec<usize> {
+        self.inner.layers.iter().map(|l| l.fc1.rows).collect()
+    }
+
+    /// "ffn_norm" or "ffn_inp".
+    #[getter]
+    fn input(&self) -> &'static str {
+        match self.inner.input {
+            PredictorInput::FfnNorm => "ffn_norm",
+            PredictorInput::FfnInp => "ffn_inp",
+        }
+    }
+}
