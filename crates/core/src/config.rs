@@ -125,18 +125,8 @@ mod tests {
 
     fn cfg() -> ModelConfig {
         ModelConfig {
-            n_layers: 2,
-            dim: 64,
-            ffn_dim: 96,
-            n_heads: 4,
-            n_kv_heads: 2,
-            head_dim: 16,
-            vocab_size: 100,
             max_context: 32,
-            rms_eps: 1e-5,
-            rope_theta: 10000.0,
-            rope_style: RopeStyle::Norm,
-            activation: Activation::Silu,
+            ..crate::testing::tiny_config(Activation::Silu)
         }
     }
 

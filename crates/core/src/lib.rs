@@ -10,6 +10,7 @@ pub mod neuron_table;
 pub mod pages;
 pub mod plan_file;
 pub mod quantize;
+pub mod testing;
 pub mod weight;
 
 pub use buffer::Buffer;

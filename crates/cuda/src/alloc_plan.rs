@@ -173,24 +173,11 @@ pub fn total_bytes(allocations: &[Allocation]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use powerinfer_core::{Activation, Buffer, NeuronTable, RopeStyle};
+    use powerinfer_core::{Activation, Buffer, NeuronTable};
 
     /// dim 64, ffn 96, 4 heads of 16 over 2 KV heads, vocab 100, 2 layers.
     fn config() -> ModelConfig {
-        ModelConfig {
-            n_layers: 2,
-            dim: 64,
-            ffn_dim: 96,
-            n_heads: 4,
-            n_kv_heads: 2,
-            head_dim: 16,
-            vocab_size: 100,
-            max_context: 128,
-            rms_eps: 1e-5,
-            rope_theta: 1e4,
-            rope_style: RopeStyle::Norm,
-            activation: Activation::Relu,
-        }
+        powerinfer_core::testing::tiny_config(Activation::Relu)
     }
 
     fn zeros(dtype: DType, rows: usize, cols: usize) -> Weight {

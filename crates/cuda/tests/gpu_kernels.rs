@@ -31,17 +31,7 @@ fn on_each_device(test: impl Fn(&CudaDevice)) {
 
 /// Deterministic pseudo-random values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-        })
-        .collect()
+    powerinfer_core::testing::pseudo_random(n, seed)
 }
 
 fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Weight {

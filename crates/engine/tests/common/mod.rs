@@ -5,38 +5,23 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use powerinfer_core::{Activation, ModelConfig, RopeStyle, Weight};
+use powerinfer_core::testing::{pseudo_random, tiny_config};
+use powerinfer_core::{Activation, ModelConfig, Weight};
 use powerinfer_engine::ModelWeights;
 
 pub fn config(activation: Activation) -> ModelConfig {
     ModelConfig {
-        n_layers: 2,
-        dim: 64,
-        ffn_dim: 96,
-        n_heads: 4,
-        n_kv_heads: 2,
-        head_dim: 16,
         vocab_size: 50,
         max_context: 600,
-        rms_eps: 1e-5,
-        rope_theta: 10000.0,
-        rope_style: RopeStyle::Norm,
-        activation,
+        ..tiny_config(activation)
     }
 }
 
 /// Deterministic pseudo-random values in [-scale, scale).
 pub fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed
-        .wrapping_mul(6364136223846793005)
-        .wrapping_add(1442695040888963407);
-    (0..n)
-        .map(|_| {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
-        })
+    pseudo_random(n, seed)
+        .into_iter()
+        .map(|v| v * scale)
         .collect()
 }
 
