@@ -4,7 +4,6 @@
 //! file's `blk.{i}.gpu_neurons` tensors (sorted int32 hot ids per layer).
 
 use std::collections::HashMap;
-use std::path::Path;
 
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
@@ -130,14 +129,6 @@ impl NeuronTable {
             })
             .collect::<Result<Vec<_>>>()?;
         safetensors::serialize(views, Some(metadata)).map_err(|e| Error::Plan(e.to_string()))
-    }
-
-    /// Read a plan/neuron-table file for a model of `n_layers` layers of `ffn` neurons.
-    pub fn load(path: &Path, n_layers: usize, ffn: usize) -> Result<NeuronTable> {
-        let bytes = std::fs::read(path)
-            .map_err(|e| Error::Plan(format!("{}: cannot read: {e}", path.display())))?;
-        NeuronTable::from_safetensors(&bytes, n_layers, ffn)
-            .map_err(|e| Error::Plan(format!("{}: {e}", path.display())))
     }
 
     /// Parse safetensors bytes (see [`NeuronTable::to_safetensors`]).
