@@ -1,6 +1,8 @@
 //! Test helpers: a seeded generator of random weights in every format, and the error bound all
 //! fast paths must meet against the f64 reference.
 
+pub(crate) mod sparse;
+
 use half::{bf16, f16};
 use powerinfer_core::{Buffer, DType, Weight};
 
