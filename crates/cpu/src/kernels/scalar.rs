@@ -174,12 +174,7 @@ pub(crate) fn dot_group(dtype: DType, rows: &[&[u8]], x: &[f32], out: &mut [f32]
 /// One attention head in portable Rust: the scalar path's eight-sum dot, four positions per
 /// pass over the output (sizes checked by [`Head::check`]).
 pub(crate) fn attend_head<'h>(head: &Head<'h>, scores: &mut Vec<f32>, out: &mut [f32]) {
-    let Head {
-        q,
-        cache,
-        n_pos,
-        scale,
-    } = *head;
+    let (q, cache, n_pos, scale) = (head.q, head.cache, head.n_pos, head.scale);
     let hd = q.len();
     let stride = cache.stride;
     let at = |data: &'h [f32], p: usize| -> &'h [f32] { &data[p * stride..p * stride + hd] };

@@ -107,15 +107,12 @@ mod tests {
     use crate::ops::matvec::matvec_at;
     use crate::reference;
     use crate::simd::available;
-    use crate::testutil::{assert_dot_close, random_weight, Rng};
-    use powerinfer_core::{Buffer, DType, Error};
+    use crate::testutil::{assert_dot_close, is_shape, random_weight, Rng};
+    use powerinfer_core::{Buffer, DType};
 
     #[test]
     fn matmul_matches_per_token_matvec() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(3)
-            .build()
-            .unwrap();
+        let pool = crate::testutil::pool(3);
         let mut rng = Rng::new(6);
         let shapes = [
             (5, 64, 2),
@@ -152,7 +149,6 @@ mod tests {
     #[test]
     fn shape_errors_are_errors_not_panics() {
         let w = Weight::from_f32(3, 4, &[0.0; 12]).unwrap();
-        let is_shape = |r: Result<()>| matches!(r, Err(Error::Shape(_)));
         assert!(is_shape(matmul(&w, &[0.0; 8], 3, &mut [0.0; 9])));
         assert!(is_shape(matmul(&w, &[0.0; 8], 2, &mut [0.0; 5])));
         assert!(is_shape(matmul(&w, &[0.0; 8], usize::MAX, &mut [0.0; 5])));

@@ -93,8 +93,8 @@ mod tests {
     use super::*;
     use crate::reference;
     use crate::simd::available;
-    use crate::testutil::{assert_dot_close, random_weight, Rng};
-    use powerinfer_core::{Buffer, Error};
+    use crate::testutil::{assert_dot_close, is_shape, random_weight, Rng};
+    use powerinfer_core::Buffer;
 
     #[test]
     fn chunking_is_coarse_for_small_matrices() {
@@ -121,10 +121,7 @@ mod tests {
 
     #[test]
     fn many_equals_one_by_one_on_many_threads() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(7)
-            .build()
-            .unwrap();
+        let pool = crate::testutil::pool(7);
         let cols = 32 * 9;
         let ws = [
             weight(DType::Q4_1, 301, cols, 1),
@@ -205,10 +202,7 @@ mod tests {
 
     #[test]
     fn matvec_on_many_threads_matches_reference() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(7)
-            .build()
-            .unwrap();
+        let pool = crate::testutil::pool(7);
         let mut rng = Rng::new(5);
         for dtype in DType::ALL {
             // Big enough to be split into many chunks.
@@ -221,10 +215,7 @@ mod tests {
             }
             // Chunking never changes a row's arithmetic: one thread gives identical bits.
             let mut single = vec![0f32; 1001];
-            let one = rayon::ThreadPoolBuilder::new()
-                .num_threads(1)
-                .build()
-                .unwrap();
+            let one = crate::testutil::pool(1);
             one.install(|| matvec(&w, &x, &mut single)).unwrap();
             assert_eq!(y, single, "{dtype}");
         }
@@ -233,7 +224,6 @@ mod tests {
     #[test]
     fn shape_errors_are_errors_not_panics() {
         let w = Weight::from_f32(3, 4, &[0.0; 12]).unwrap();
-        let is_shape = |r: Result<()>| matches!(r, Err(Error::Shape(_)));
         assert!(is_shape(matvec(&w, &[0.0; 3], &mut [0.0; 3])));
         assert!(is_shape(matvec(&w, &[0.0; 4], &mut [0.0; 2])));
         assert!(is_shape(reference::matvec(&w, &[0.0; 5], &mut [0.0; 3])));

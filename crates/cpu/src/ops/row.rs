@@ -36,25 +36,20 @@ mod tests {
     use super::*;
     use crate::reference;
     use crate::simd::available;
-    use crate::testutil::{assert_dot_close, random_row, test_cols, Rng};
-    use powerinfer_core::Error;
+    use crate::testutil::{assert_dot_close, each_row, is_shape, random_row, Rng};
 
     #[test]
     fn dot_row_paths_match_reference_on_every_dtype() {
-        let mut rng = Rng::new(1);
-        for dtype in DType::ALL {
-            for &cols in test_cols(dtype) {
-                let row = random_row(&mut rng, dtype, cols);
-                let x = rng.vec(cols);
-                assert_dot_close(dot_row(dtype, &row, &x), dtype, &row, &x, "dispatched");
-                assert_dot_close(dot_row_scalar(dtype, &row, &x), dtype, &row, &x, "scalar");
-                assert_dot_close(reference::dot_row(dtype, &row, &x), dtype, &row, &x, "ref");
-                for level in available() {
-                    let got = dot_at(level, dtype, &row, &x);
-                    assert_dot_close(got, dtype, &row, &x, level.name());
-                }
+        each_row(1, |rng, dtype, cols, row| {
+            let x = rng.vec(cols);
+            assert_dot_close(dot_row(dtype, &row, &x), dtype, &row, &x, "dispatched");
+            assert_dot_close(dot_row_scalar(dtype, &row, &x), dtype, &row, &x, "scalar");
+            assert_dot_close(reference::dot_row(dtype, &row, &x), dtype, &row, &x, "ref");
+            for level in available() {
+                let got = dot_at(level, dtype, &row, &x);
+                assert_dot_close(got, dtype, &row, &x, level.name());
             }
-        }
+        });
     }
 
     #[test]
@@ -78,41 +73,33 @@ mod tests {
 
     #[test]
     fn dequantize_matches_reference() {
-        let mut rng = Rng::new(3);
-        for dtype in DType::ALL {
-            for &cols in test_cols(dtype) {
-                let row = random_row(&mut rng, dtype, cols);
-                let mut want = vec![0f32; cols];
-                reference::dequantize_row(dtype, &row, &mut want).unwrap();
-                let mut got = vec![0f32; cols];
-                dequantize_row(dtype, &row, &mut got).unwrap();
-                for level in available() {
-                    dispatch::dequantize_row(level, dtype, &row, &mut got);
-                    for (c, (g, w)) in got.iter().zip(&want).enumerate() {
-                        // d·q + m may be rounded once (fma) or twice: allow a few ulps.
-                        let tol = 4.0 * f32::EPSILON * w.abs().max(1e-6);
-                        assert!(
-                            (g - w).abs() <= tol,
-                            "{level:?} {dtype} col {c}: {g} vs {w}"
-                        );
-                    }
+        each_row(3, |_, dtype, cols, row| {
+            let mut want = vec![0f32; cols];
+            reference::dequantize_row(dtype, &row, &mut want).unwrap();
+            let mut got = vec![0f32; cols];
+            dequantize_row(dtype, &row, &mut got).unwrap();
+            for level in available() {
+                dispatch::dequantize_row(level, dtype, &row, &mut got);
+                for (c, (g, w)) in got.iter().zip(&want).enumerate() {
+                    // d·q + m may be rounded once (fma) or twice: allow a few ulps.
+                    let tol = 4.0 * f32::EPSILON * w.abs().max(1e-6);
+                    assert!(
+                        (g - w).abs() <= tol,
+                        "{level:?} {dtype} col {c}: {g} vs {w}"
+                    );
                 }
             }
-        }
+        });
     }
 
     #[test]
     fn shape_errors_are_errors_not_panics() {
-        let is_shape = |r: Result<()>| matches!(r, Err(Error::Shape(_)));
+        // A Q8_0 block is 32 weights; 5 bytes hold no whole number of f16s.
         assert!(is_shape(dequantize_row(
             DType::Q8_0,
-            &[0u8; 34],
+            &[0; 34],
             &mut [0.0; 31]
         )));
-        assert!(is_shape(dequantize_row(
-            DType::F16,
-            &[0u8; 5],
-            &mut [0.0; 3]
-        )));
+        assert!(is_shape(dequantize_row(DType::F16, &[0; 5], &mut [0.0; 3])));
     }
 }

@@ -163,8 +163,8 @@ mod tests {
     use crate::reference;
     use crate::simd::available;
     use crate::testutil::sparse::{cols_for, sparse_ffn, Case};
-    use crate::testutil::Rng;
-    use powerinfer_core::{Activation, Buffer, Error};
+    use crate::testutil::{is_shape, Rng};
+    use powerinfer_core::{Activation, Buffer};
 
     #[test]
     fn every_dtype_matches_reference_on_odd_shapes() {
@@ -204,13 +204,7 @@ mod tests {
 
     #[test]
     fn many_threads_match_reference_and_are_deterministic() {
-        let pool = |n| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(n)
-                .build()
-                .unwrap()
-        };
-        let (seven, one) = (pool(7), pool(1));
+        let (seven, one) = (crate::testutil::pool(7), crate::testutil::pool(1));
         let mut rng = Rng::new(13);
         for dtype in DType::ALL {
             // Enough active bytes (> 14 · MIN_TASK_BYTES per matrix) for many tasks and partials.
@@ -256,7 +250,6 @@ mod tests {
     fn shape_and_index_errors_are_errors() {
         let w = Weight::from_f32(3, 4, &[0.5; 12]).unwrap();
         let x = [1.0f32; 4];
-        let is_shape = |r: Result<()>| matches!(r, Err(Error::Shape(_)));
         // matvec_rows
         assert!(is_shape(matvec_rows(&w, &x, &[3], &mut [0.0])));
         assert!(is_shape(matvec_rows(&w, &x, &[u32::MAX], &mut [0.0])));

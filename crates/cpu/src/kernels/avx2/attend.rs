@@ -17,12 +17,7 @@ const SPAN: usize = 32;
 /// `n_pos >= 1`, and the cache holds `n_pos` positions of `hd` values).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn attend_head(head: &Head<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
-    let Head {
-        q,
-        cache,
-        n_pos,
-        scale,
-    } = *head;
+    let (q, cache, n_pos, scale) = (head.q, head.cache, head.n_pos, head.scale);
     let hd = q.len();
     let full = hd / 8 * 8;
     let (qp, kp, vp) = (q.as_ptr(), cache.keys.as_ptr(), cache.values.as_ptr());

@@ -37,33 +37,17 @@ pub(super) trait Format {
 
 /// `$body` with the type `$F` standing for the [`Format`] of the runtime dtype `$dtype`.
 macro_rules! with_format {
-    ($dtype:expr, $F:ident => $body:expr) => {{
+    ($dtype:expr, $F:ident => $body:expr) => {
+        with_format!(@ $dtype, $F => $body;
+            F32 = f::F32, F16 = f::F16, BF16 = f::Bf16, Q8_0 = q::Q8_0, Q4_0 = q::Q4_0, Q4_1 = q::Q4_1)
+    };
+    (@ $dtype:expr, $F:ident => $body:expr; $($d:ident = $t:ty),*) => {{
         use $crate::kernels::avx2::{formats as f, quant as q};
         match $dtype {
-            powerinfer_core::DType::F32 => {
-                type $F = f::F32;
+            $(powerinfer_core::DType::$d => {
+                type $F = $t;
                 $body
-            }
-            powerinfer_core::DType::F16 => {
-                type $F = f::F16;
-                $body
-            }
-            powerinfer_core::DType::BF16 => {
-                type $F = f::Bf16;
-                $body
-            }
-            powerinfer_core::DType::Q8_0 => {
-                type $F = q::Q8_0;
-                $body
-            }
-            powerinfer_core::DType::Q4_0 => {
-                type $F = q::Q4_0;
-                $body
-            }
-            powerinfer_core::DType::Q4_1 => {
-                type $F = q::Q4_1;
-                $body
-            }
+            })*
         }
     }};
 }
@@ -73,22 +57,17 @@ pub(super) use with_format;
 /// other counts).
 macro_rules! with_rows {
     ($n:expr, $R:ident => $body:expr) => {
+        with_rows!(@ $n, $R => $body; 1 2 3 4 5 6 7 8)
+    };
+    (@ $n:expr, $R:ident => $body:expr; $($r:literal)*) => {
         match $n {
-            1 => with_rows!(@ 1, $R => $body),
-            2 => with_rows!(@ 2, $R => $body),
-            3 => with_rows!(@ 3, $R => $body),
-            4 => with_rows!(@ 4, $R => $body),
-            5 => with_rows!(@ 5, $R => $body),
-            6 => with_rows!(@ 6, $R => $body),
-            7 => with_rows!(@ 7, $R => $body),
-            8 => with_rows!(@ 8, $R => $body),
+            $($r => {
+                const $R: usize = $r;
+                $body
+            })*
             _ => {}
         }
     };
-    (@ $r:literal, $R:ident => $body:expr) => {{
-        const $R: usize = $r;
-        $body
-    }};
 }
 pub(super) use with_rows;
 

@@ -192,8 +192,7 @@ impl QuantFormat for Q8_0 {
     unsafe fn block(p: *const u8) -> (f32, f32, [__m256; 4]) {
         // SAFETY: the block's 34 bytes are readable per the caller.
         unsafe {
-            let bits = (p as *const u16).read_unaligned();
-            let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)));
+            let d = half(p);
             let lo = i8x16_to_f32(_mm_loadu_si128(p.add(2) as *const __m128i));
             let hi = i8x16_to_f32(_mm_loadu_si128(p.add(18) as *const __m128i));
             (d, 0.0, [lo[0], lo[1], hi[0], hi[1]])
@@ -256,18 +255,8 @@ impl QuantFormat for Q4_0 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn block(p: *const u8) -> (f32, f32, [__m256; 4]) {
-        // SAFETY: the block's 18 bytes are readable per the caller.
-        unsafe {
-            let bits = (p as *const u16).read_unaligned();
-            let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)));
-            let raw = _mm_loadu_si128(p.add(2) as *const __m128i);
-            let mask = _mm_set1_epi8(0x0F);
-            let eight = _mm_set1_epi8(8);
-            let lo = _mm_sub_epi8(_mm_and_si128(raw, mask), eight);
-            let hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16::<4>(raw), mask), eight);
-            let (l, h) = (i8x16_to_f32(lo), i8x16_to_f32(hi));
-            (d, 0.0, [l[0], l[1], h[0], h[1]])
-        }
+        // SAFETY: the block's 18 bytes are readable per the caller: d, then the nibbles.
+        unsafe { (half(p), 0.0, nibbles_i8::<8>(p.add(2))) }
     }
 }
 
@@ -279,17 +268,45 @@ impl QuantFormat for Q4_1 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn block(p: *const u8) -> (f32, f32, [__m256; 4]) {
-        // SAFETY: the block's 20 bytes are readable per the caller.
+        // SAFETY: the block's 20 bytes are readable per the caller: d and m, then the nibbles.
         unsafe {
             let (d, m) = halves(p);
-            let raw = _mm_loadu_si128(p.add(4) as *const __m128i);
-            let mask = _mm_set1_epi8(0x0F);
-            // Nibbles are 0..=15, so the signed widening is exact.
-            let lo = i8x16_to_f32(_mm_and_si128(raw, mask));
-            let hi = i8x16_to_f32(_mm_and_si128(_mm_srli_epi16::<4>(raw), mask));
-            (d, m, [lo[0], lo[1], hi[0], hi[1]])
+            (d, m, nibbles_i8::<0>(p.add(4)))
         }
     }
+}
+
+/// The 32 nibbles q of a Q4 block at `q` (16 bytes) minus `BIAS`, as four 8-lane f32 vectors in
+/// weight order, subtracted and widened in bytes (q − BIAS fits an i8 for BIAS in 0..=8, so the
+/// signed widening is exact).
+///
+/// # Safety
+/// 16 bytes at `q` must be readable; the CPU must have AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles_i8<const BIAS: i8>(q: *const u8) -> [__m256; 4] {
+    // SAFETY: 16 readable bytes per the caller; unaligned load.
+    let raw = unsafe { _mm_loadu_si128(q as *const __m128i) };
+    let mask = _mm_set1_epi8(0x0F);
+    let bias = _mm_set1_epi8(BIAS);
+    let lo = i8x16_to_f32(_mm_sub_epi8(_mm_and_si128(raw, mask), bias));
+    let hi = i8x16_to_f32(_mm_sub_epi8(
+        _mm_and_si128(_mm_srli_epi16::<4>(raw), mask),
+        bias,
+    ));
+    [lo[0], lo[1], hi[0], hi[1]]
+}
+
+/// The little-endian f16 at `p` as f32.
+///
+/// # Safety
+/// 2 bytes readable at `p`; the CPU has F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn half(p: *const u8) -> f32 {
+    // SAFETY: 2 readable bytes per the caller.
+    let bits = unsafe { (p as *const u16).read_unaligned() };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
 /// The two little-endian f16 at `p` and `p + 2` as f32 (one conversion).
