@@ -56,13 +56,12 @@ const FORMATS: [DType; 6] = [
     DType::F32,
 ];
 
-/// The kernels, by name: the sparse ones, then the dense products they replace (over the same
+/// The kernels, by name: the sparse ones and threshold mode's FFN, then the dense products they
+/// replace (over the same
 /// layers' bytes, so each sparse kernel's time compares with the dense product's).
-const KERNELS: [&str; 8] = [
+const KERNELS: [&str; 6] = [
     "matvec_rows",
     "axpy_rows",
-    "ffn_up_down",
-    "ffn_gate_up_down",
     "threshold_steps",
     "dense_up",
     "dense_down",
@@ -169,18 +168,6 @@ fn call(kernel: &str, layer: &Layer, idx: &[u32], b: &mut Bufs) {
     match kernel {
         "matvec_rows" => powerinfer_cpu::matvec_rows(&layer.up, &b.x, idx, &mut b.yk[..n]),
         "axpy_rows" => powerinfer_cpu::axpy_rows(&layer.down_t, idx, &b.g[..n], &mut b.y),
-        "ffn_up_down" => {
-            let Layer { up, down_t, .. } = layer;
-            powerinfer_cpu::ffn_up_down_sparse(up, down_t, &b.x, idx, &b.g[..n], &mut b.y)
-        }
-        "ffn_gate_up_down" => {
-            let Layer {
-                gate, up, down_t, ..
-            } = layer;
-            // SiLU is never exactly 0, so every active neuron reads all three rows.
-            let act = Activation::Silu;
-            powerinfer_cpu::ffn_gate_up_down_sparse(gate, up, down_t, act, &b.x, idx, &mut b.y)
-        }
         "threshold_steps" => threshold_steps(layer, b),
         "dense_ffn" => dense_ffn(layer, b),
         "dense_up" => powerinfer_cpu::matvec(&layer.up, &b.x, &mut b.yk),
@@ -191,24 +178,27 @@ fn call(kernel: &str, layer: &Layer, idx: &[u32], b: &mut Bufs) {
     black_box(&b.y);
 }
 
-/// The dense FFN of one token as the engine's dense decode computes it: gate and up in one
-/// parallel matvec, h = act(gate)·up, then the dense down product.
-fn dense_ffn(layer: &Layer, b: &mut Bufs) -> powerinfer_core::Result<()> {
+/// The dense gate and up products in one parallel matvec, then h = act(gate)·up into `b.yk`
+/// in one whole-vector pass, as the engine's decode does.
+fn gate_up(layer: &Layer, b: &mut Bufs) -> powerinfer_core::Result<()> {
     powerinfer_cpu::matvec_many(&[&layer.gate, &layer.up], &b.x, &mut [&mut b.yk, &mut b.yu])?;
     for (h, u) in b.yk.iter_mut().zip(&b.yu) {
         *h = Activation::Silu.apply(*h) * u;
     }
+    Ok(())
+}
+
+/// The dense FFN of one token as the engine's dense decode computes it: [`gate_up`], then the
+/// dense down product.
+fn dense_ffn(layer: &Layer, b: &mut Bufs) -> powerinfer_core::Result<()> {
+    gate_up(layer, b)?;
     powerinfer_cpu::matvec(&layer.down, &b.yk, &mut b.y)
 }
 
-/// Threshold mode's FFN in separate steps: the dense gate and up products, h = act(gate)·up,
-/// the kept neurons compacted, then an axpy over their down_t rows.
+/// Threshold mode's FFN in separate steps: [`gate_up`], the kept neurons compacted
+/// (branch-free, as the engine does it), then an axpy over their down_t rows.
 fn threshold_steps(layer: &Layer, b: &mut Bufs) -> powerinfer_core::Result<()> {
-    powerinfer_cpu::matvec_many(&[&layer.gate, &layer.up], &b.x, &mut [&mut b.yk, &mut b.yu])?;
-    // As the engine does it: h in whole-vector passes, then a branch-free compaction.
-    for (h, u) in b.yk.iter_mut().zip(&b.yu) {
-        *h = Activation::Silu.apply(*h) * u;
-    }
+    gate_up(layer, b)?;
     let ffn = b.yk.len();
     b.idx.resize(ffn, 0);
     b.vals.resize(ffn, 0.0);
@@ -224,11 +214,8 @@ fn threshold_steps(layer: &Layer, b: &mut Bufs) -> powerinfer_core::Result<()> {
 
 /// The threshold on |act(gate)·up| that keeps the `n` largest of one layer's values.
 fn threshold_for(layer: &Layer, b: &mut Bufs, n: usize) -> f32 {
-    powerinfer_cpu::matvec_many(&[&layer.gate, &layer.up], &b.x, &mut [&mut b.yk, &mut b.yu])
-        .unwrap();
-    let mut h: Vec<f32> = (b.yk.iter().zip(&b.yu))
-        .map(|(g, u)| (Activation::Silu.apply(*g) * u).abs())
-        .collect();
+    gate_up(layer, b).unwrap();
+    let mut h: Vec<f32> = b.yk.iter().map(|h| h.abs()).collect();
     h.sort_by(|a, b| b.total_cmp(a));
     h[n.clamp(1, h.len()) - 1]
 }
@@ -239,10 +226,9 @@ fn active_bytes(kernel: &str, dtype: DType, n: usize) -> u64 {
     let rows = match kernel {
         "matvec_rows" | "axpy_rows" => n,
         "dense_up" | "dense_down" => ffn,
-        "ffn_up_down" => 2 * n,
         "threshold_steps" => 2 * ffn + n,
         "dense_ffn" => 3 * ffn,
-        _ => 3 * n,
+        _ => unreachable!("{kernel}"),
     };
     (rows * dtype.row_bytes(shape().0).unwrap()) as u64
 }

@@ -4,7 +4,8 @@
 //! matvec kernels read weights. The buffer is a [`powerinfer_core::PageBuf`], on huge pages
 //! where the OS grants them, like the large tensors the engine owns.
 
-use crate::simd::{self, Level};
+use crate::dispatch;
+use crate::simd;
 use rayon::prelude::*;
 use std::time::Instant;
 
@@ -32,37 +33,12 @@ pub fn measure_read_bandwidth(bytes: usize, iters: usize) -> f64 {
         let start = Instant::now();
         let sum = data
             .par_chunks(part)
-            .map(|c| read_sum(level, c))
+            .map(|c| dispatch::read_sum(level, c))
             .reduce(|| 0, u64::wrapping_add);
         std::hint::black_box(sum);
         best = best.min(start.elapsed().as_secs_f64());
     }
     (n * 8) as f64 / best / 1e9
-}
-
-/// A cheap function of every word of `data`, so no load can be skipped.
-fn read_sum(level: Level, data: &[u64]) -> u64 {
-    match level {
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => crate::avx2::read_sum(data),
-        Level::Scalar => scalar_read_sum(data),
-    }
-}
-
-/// [`read_sum`] in portable Rust: eight independent chains so the adds never limit the loads.
-fn scalar_read_sum(data: &[u64]) -> u64 {
-    let mut acc = [0u64; 8];
-    let mut chunks = data.chunks_exact(8);
-    for c in &mut chunks {
-        for (a, &v) in acc.iter_mut().zip(c) {
-            *a = a.wrapping_add(v);
-        }
-    }
-    let tail = chunks
-        .remainder()
-        .iter()
-        .fold(0u64, |a, &v| a.wrapping_add(v));
-    acc.iter().fold(tail, |a, &b| a.wrapping_add(b))
 }
 
 #[cfg(test)]
@@ -90,9 +66,13 @@ mod tests {
         for level in crate::simd::available() {
             for len in [0, 1, 31, 32, 33, 1003] {
                 let want = data[..len].iter().fold(0u64, |a, &v| a.wrapping_add(v));
-                assert_eq!(read_sum(level, &data[..len]), want, "{level:?} {len}");
+                assert_eq!(
+                    dispatch::read_sum(level, &data[..len]),
+                    want,
+                    "{level:?} {len}"
+                );
             }
         }
-        assert_eq!(scalar_read_sum(&data), want);
+        assert_eq!(crate::kernels::scalar::read_sum(&data), want);
     }
 }

@@ -1,9 +1,35 @@
-//! Routes each kernel to the implementation of a SIMD [`Level`]; the public API passes the level
-//! chosen once by [`crate::simd::level`], tests pass every level the CPU has.
+//! Routes each kernel to the implementation of a SIMD [`Level`]: the only place that looks at
+//! the level. The ops pass the level chosen once by [`crate::simd::level`], tests pass every
+//! level the CPU has.
 
-use crate::scalar;
+#[cfg(target_arch = "x86_64")]
+use crate::kernels::avx2;
+use crate::kernels::scalar;
+use crate::ops::attend::Head;
 use crate::simd::Level;
 use powerinfer_core::DType;
+
+/// `$avx2` on the AVX2 level (x86-64 only), `$scalar` on the portable one.
+macro_rules! by_level {
+    ($level:expr, avx2 => $avx2:expr, scalar => $scalar:expr $(,)?) => {
+        match $level {
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx2 => $avx2,
+            Level::Scalar => $scalar,
+        }
+    };
+}
+
+/// Rows handed to one group kernel call (y is read and written once per group).
+#[cfg(target_arch = "x86_64")]
+pub(crate) const GROUP: usize = avx2::GROUP;
+/// Rows handed to one group kernel call (y is read and written once per group).
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) const GROUP: usize = 8;
+
+/// Use the int16-activation path for quantized weights on AVX2 (see `kernels::avx2::int16`);
+/// `false` makes every format accumulate f32 products of f32 activations.
+const INT16_ACTIVATIONS: bool = true;
 
 /// out[i] = dot(row i, x) over consecutive rows of `row_bytes` bytes.
 pub(crate) fn rows_dot(
@@ -15,27 +41,115 @@ pub(crate) fn rows_dot(
     out: &mut [f32],
 ) {
     debug_assert_eq!(rows.len(), out.len() * row_bytes);
-    match level {
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => crate::avx2::rows_dot(dtype, rows, row_bytes, x, out),
-        Level::Scalar => scalar::rows_dot(dtype, rows, row_bytes, x, out),
-    }
+    by_level!(level,
+        avx2 => avx2::rows_dot(dtype, rows, row_bytes, x, out),
+        scalar => scalar::rows_dot(dtype, rows, row_bytes, x, out),
+    )
 }
 
 /// Dequantise one row (sizes already checked).
 pub(crate) fn dequantize_row(level: Level, dtype: DType, row: &[u8], out: &mut [f32]) {
-    match level {
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => crate::avx2::dequantize_row(dtype, row, out),
-        Level::Scalar => scalar::dequantize_row(dtype, row, out),
-    }
+    by_level!(level,
+        avx2 => avx2::dequantize_row(dtype, row, out),
+        scalar => scalar::dequantize_row(dtype, row, out),
+    )
 }
 
 /// Matmul tile: out[t·r + i] = dot(w row i, x token t) for the `r` f32 rows in `w`.
 pub(crate) fn tile_dot(level: Level, w: &[f32], cols: usize, x: &[f32], out: &mut [f32]) {
-    match level {
+    by_level!(level,
+        avx2 => avx2::tile_dot(w, cols, x, out),
+        scalar => scalar::tile_dot(w, cols, x, out),
+    )
+}
+
+/// y += Σ_i a[i] · rows[i], each row holding `y.len()` weights of `dtype` (sizes checked by the
+/// caller); `rows.len() <= GROUP`. `next` (at most GROUP rows, read next by the caller) is
+/// fetched into the cache alongside, where the level can.
+pub(crate) fn axpy_group(
+    level: Level,
+    dtype: DType,
+    rows: &[&[u8]],
+    next: &[&[u8]],
+    a: &[f32],
+    y: &mut [f32],
+) {
+    debug_assert!(rows.len() == a.len() && rows.len() <= GROUP && next.len() <= GROUP);
+    by_level!(level,
+        avx2 => avx2::axpy_group(dtype, rows, next, a, y),
+        scalar => scalar::axpy_group(dtype, rows, a, y),
+    )
+}
+
+/// One attention head (sizes checked by [`Head::check`]).
+pub(crate) fn attend_head(level: Level, head: &Head<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
+    by_level!(level,
+        avx2 => avx2::attend_head(head, scores, out),
+        scalar => scalar::attend_head(head, scores, out),
+    )
+}
+
+/// Wrapping sum of every word of `data` (the bandwidth probe's read).
+pub(crate) fn read_sum(level: Level, data: &[u64]) -> u64 {
+    by_level!(level,
+        avx2 => avx2::read_sum(data),
+        scalar => scalar::read_sum(data),
+    )
+}
+
+/// One x prepared for dot products with weight rows on a level: on AVX2, quantized rows take
+/// the int16-x kernel, x quantized once (when it is finite and whole 32-blocks); other rows are
+/// dotted with x itself.
+pub(crate) struct Activations<'a> {
+    level: Level,
+    x: &'a [f32],
+    #[cfg(target_arch = "x86_64")]
+    xq: Option<avx2::XQuant>,
+}
+
+impl<'a> Activations<'a> {
+    /// `x` prepared for rows of some formats (`quantized`: whether any of them is quantized).
+    pub(crate) fn new(level: Level, x: &'a [f32], quantized: bool) -> Activations<'a> {
+        let int16 = INT16_ACTIVATIONS && quantized && x.len().is_multiple_of(32);
+        Activations {
+            level,
+            x,
+            #[cfg(target_arch = "x86_64")]
+            xq: by_level!(level,
+                avx2 => int16.then(|| avx2::XQuant::new(x)).flatten(),
+                scalar => None,
+            ),
+        }
+    }
+
+    /// The int16 x, where quantized rows of `dtype` take the int16-x kernel.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    fn int16(&self, dtype: DType) -> Option<&avx2::XQuant> {
+        self.xq.as_ref().filter(|_| dtype.is_quantized())
+    }
+
+    /// out[i] = dot(row i, x) over consecutive rows of `row_bytes` bytes.
+    pub(crate) fn rows_dot(&self, dtype: DType, rows: &[u8], row_bytes: usize, out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => crate::avx2::tile_dot(w, cols, x, out),
-        Level::Scalar => scalar::tile_dot(w, cols, x, out),
+        if let Some(xq) = self.int16(dtype) {
+            return avx2::rows_dot_i16(dtype, rows, row_bytes, xq, out);
+        }
+        rows_dot(self.level, dtype, rows, row_bytes, self.x, out)
+    }
+
+    /// out[i] = dot(rows[i], x) for up to [`GROUP`] scattered rows of `dtype`, fetching the
+    /// `next` rows into the cache alongside where the level can.
+    #[inline]
+    pub(crate) fn group_dot(&self, dtype: DType, rows: &[&[u8]], next: &[&[u8]], out: &mut [f32]) {
+        debug_assert!(rows.len() == out.len() && rows.len() <= GROUP && next.len() <= GROUP);
+        #[cfg(target_arch = "x86_64")]
+        if let Some(xq) = self.int16(dtype) {
+            return avx2::scattered_dot_i16(dtype, rows, next, xq, out);
+        }
+        by_level!(self.level,
+            avx2 => avx2::dot_group(dtype, rows, next, self.x, out),
+            scalar => scalar::dot_group(dtype, rows, self.x, out),
+        )
     }
 }

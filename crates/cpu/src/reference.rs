@@ -1,9 +1,11 @@
 //! Scalar reference kernels: plain loops written straight from the GGUF layout description in
 //! `powerinfer_core::dtype`, accumulating in f64. They are slow and obviously correct; every fast
-//! path is tested against them.
+//! path is tested against them. [`sparse`] holds the sparse kernels' references.
+
+pub mod sparse;
 
 use half::f16;
-use powerinfer_core::{ensure, DType, Result, Weight};
+use powerinfer_core::{DType, Result, Weight};
 
 /// Read the little-endian f16 at byte `at`.
 fn f16_at(bytes: &[u8], at: usize) -> f32 {
@@ -22,14 +24,7 @@ fn nibble(packed: &[u8], i: usize) -> u8 {
 
 /// Dequantise one row of `dtype` bytes into `out` (one f32 per weight).
 pub fn dequantize_row(dtype: DType, row: &[u8], out: &mut [f32]) -> Result<()> {
-    let want = dtype.row_bytes(out.len())?;
-    ensure!(
-        row.len() == want,
-        Shape,
-        "{dtype} row of {} weights needs {want} bytes, got {}",
-        out.len(),
-        row.len()
-    );
+    crate::check::row(dtype, row, out.len())?;
     for (i, o) in out.iter_mut().enumerate() {
         *o = weight_at(dtype, row, i);
     }
@@ -75,7 +70,7 @@ pub fn abs_dot_row(dtype: DType, row: &[u8], x: &[f32]) -> f64 {
 
 /// y[r] = Σ_c W[r,c]·x[c], one row at a time, in f64.
 pub fn matvec(w: &Weight, x: &[f32], y: &mut [f32]) -> Result<()> {
-    crate::check_matvec_shapes(w, x, y)?;
+    crate::check::matvec(w, x, y)?;
     let row_bytes = w.dtype.row_bytes(w.cols)?;
     for (r, out) in y.iter_mut().enumerate() {
         *out = dot_row(w.dtype, &w.bytes()[r * row_bytes..(r + 1) * row_bytes], x);

@@ -27,6 +27,11 @@ impl Level {
 /// The environment variable that forces the scalar path when set to `scalar`.
 pub const SIMD_ENV: &str = "POWERINFER_SIMD";
 
+/// The active SIMD path: `"avx2+fma+f16c"` or `"scalar"`.
+pub fn simd_level() -> &'static str {
+    level().name()
+}
+
 /// The level the dispatched kernels use: detected once, then cached.
 pub(crate) fn level() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
@@ -78,5 +83,10 @@ mod tests {
         if std::env::var(SIMD_ENV).is_err() {
             assert_eq!(a, detect());
         }
+    }
+
+    #[test]
+    fn simd_level_is_named() {
+        assert!(["avx2+fma+f16c", "scalar"].contains(&simd_level()));
     }
 }

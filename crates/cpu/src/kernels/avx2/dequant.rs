@@ -1,6 +1,7 @@
 //! Row dequantisation to f32 (for matmul tiles and [`crate::dequantize_row`]).
 
-use super::formats::{FloatFormat, Offset, QuantFormat};
+use super::formats::FloatFormat;
+use super::quant::{Offset, QuantFormat};
 use std::arch::x86_64::*;
 
 /// Decode a float-format row of `out.len()` values at `row`.
@@ -20,7 +21,7 @@ pub(super) unsafe fn float_row<F: FloatFormat>(row: *const u8, out: &mut [f32]) 
     }
     for (k, o) in out.iter_mut().enumerate().skip(c) {
         // SAFETY: value k < n is readable per the caller.
-        *o = F::scalar(unsafe { std::slice::from_raw_parts(row.add(k * F::BYTES), F::BYTES) });
+        *o = unsafe { F::load1(row.add(k * F::BYTES)) };
     }
 }
 

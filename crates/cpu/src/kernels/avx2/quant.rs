@@ -1,77 +1,8 @@
-//! How each weight format turns into 8-lane f32 vectors under AVX2/F16C. The float formats load
-//! eight consecutive values; the quantized formats decode one 32-weight block into four vectors
-//! of raw quants plus its scale `d` and per-weight offset (w = d·q + offset).
+//! The quantized formats (Q8_0, Q4_0, Q4_1) under AVX2/F16C: blocks of 32 weights, w = d·q +
+//! offset, decoded to f32 vectors (dense dots, row decoding, row accumulation) or to i16 (the
+//! int16-x dot of [`super::int16`]).
 
-use half::{bf16, f16};
 use std::arch::x86_64::*;
-
-/// A format with one value per block (F32, F16, BF16).
-pub(super) trait FloatFormat {
-    /// Bytes per value.
-    const BYTES: usize;
-
-    /// The eight values at `p` as f32.
-    ///
-    /// # Safety
-    /// `p..p + 8·BYTES` must be readable (any alignment); the CPU must have AVX2, FMA and F16C.
-    unsafe fn load8(p: *const u8) -> __m256;
-
-    /// The one value in `bytes[..BYTES]`, for row tails.
-    fn scalar(bytes: &[u8]) -> f32;
-}
-
-/// Little-endian f32.
-pub(super) struct F32;
-/// IEEE half precision.
-pub(super) struct F16;
-/// bfloat16: the top 16 bits of an f32.
-pub(super) struct Bf16;
-
-impl FloatFormat for F32 {
-    const BYTES: usize = 4;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load8(p: *const u8) -> __m256 {
-        // SAFETY: the caller guarantees 32 readable bytes; loadu takes any alignment.
-        unsafe { _mm256_loadu_ps(p as *const f32) }
-    }
-
-    fn scalar(bytes: &[u8]) -> f32 {
-        f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
-    }
-}
-
-impl FloatFormat for F16 {
-    const BYTES: usize = 2;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load8(p: *const u8) -> __m256 {
-        // SAFETY: the caller guarantees 16 readable bytes; loadu takes any alignment.
-        _mm256_cvtph_ps(unsafe { _mm_loadu_si128(p as *const __m128i) })
-    }
-
-    fn scalar(bytes: &[u8]) -> f32 {
-        f16::from_le_bytes([bytes[0], bytes[1]]).to_f32()
-    }
-}
-
-impl FloatFormat for Bf16 {
-    const BYTES: usize = 2;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn load8(p: *const u8) -> __m256 {
-        // SAFETY: the caller guarantees 16 readable bytes; loadu takes any alignment.
-        let raw = unsafe { _mm_loadu_si128(p as *const __m128i) };
-        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(raw)))
-    }
-
-    fn scalar(bytes: &[u8]) -> f32 {
-        bf16::from_le_bytes([bytes[0], bytes[1]]).to_f32()
-    }
-}
 
 /// What a quantized format adds to d·q for each weight.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -90,20 +21,43 @@ pub(super) trait QuantFormat {
     const BLOCK_BYTES: usize;
     /// How the offset is stored.
     const OFFSET: Offset;
+    /// Byte offset of the quants in a block. For the 4-bit formats: 16 bytes of nibbles, byte j
+    /// holding weight j in its low nibble and weight j + 16 in its high nibble.
+    const QS: usize;
 
-    /// The block's 32 raw quants as f32, in weight order (8 per vector).
+    /// The block's 32 raw quants as f32, in weight order (8 per vector). The default decodes
+    /// the 4-bit formats' nibbles.
     ///
     /// # Safety
     /// `p..p + BLOCK_BYTES` must be readable (any alignment); the CPU must have AVX2/FMA/F16C.
-    unsafe fn quants(p: *const u8) -> [__m256; 4];
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quants(p: *const u8) -> [__m256; 4] {
+        // SAFETY: the nibbles are bytes QS..QS + 16 of the readable block.
+        unsafe { nibbles(p.add(Self::QS)) }
+    }
 
     /// The block's 32 raw quants as i16: weights 0..16, then 16..32. Widened by zero/sign-
     /// extending *loads*: the register forms of `vpmov{z,s}xbw` cross lanes and issue about once
-    /// per 1.25 cycles on Zen 3, the load forms cost little more than the load.
+    /// per 1.25 cycles on Zen 3, the load forms cost little more than the load. The default
+    /// decodes the 4-bit formats' nibbles.
     ///
     /// # Safety
     /// As for [`QuantFormat::quants`].
-    unsafe fn quants16(p: *const u8) -> [__m256i; 2];
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn quants16(p: *const u8) -> [__m256i; 2] {
+        // SAFETY: the nibbles are bytes QS..QS + 16 of the readable block.
+        unsafe { nibbles16(p.add(Self::QS)) }
+    }
+
+    /// The block's 32 weights as (d, m, q) with w = d·q + m: q as four 8-lane f32 vectors in
+    /// weight order (Q4_0's −8 already subtracted), d and m as scalars (the row accumulation's
+    /// decoder).
+    ///
+    /// # Safety
+    /// As for [`QuantFormat::quants`].
+    unsafe fn block(p: *const u8) -> (f32, f32, [__m256; 4]);
 
     /// The block's scale `d`, in every lane.
     ///
@@ -212,6 +166,7 @@ pub(super) struct Q4_1;
 impl QuantFormat for Q8_0 {
     const BLOCK_BYTES: usize = 34;
     const OFFSET: Offset = Offset::None;
+    const QS: usize = 2;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -230,6 +185,18 @@ impl QuantFormat for Q8_0 {
         // LLVM folds into the sign-extending moves.
         let half = |i: usize| unsafe { _mm_loadu_si128(p.add(2 + 16 * i) as *const __m128i) };
         [_mm256_cvtepi8_epi16(half(0)), _mm256_cvtepi8_epi16(half(1))]
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn block(p: *const u8) -> (f32, f32, [__m256; 4]) {
+        // SAFETY: the block's 34 bytes are readable per the caller.
+        unsafe {
+            let d = half(p);
+            let lo = i8x16_to_f32(_mm_loadu_si128(p.add(2) as *const __m128i));
+            let hi = i8x16_to_f32(_mm_loadu_si128(p.add(18) as *const __m128i));
+            (d, 0.0, [lo[0], lo[1], hi[0], hi[1]])
+        }
     }
 }
 
@@ -283,37 +250,84 @@ unsafe fn nibbles16(q: *const u8) -> [__m256i; 2] {
 impl QuantFormat for Q4_0 {
     const BLOCK_BYTES: usize = 18;
     const OFFSET: Offset = Offset::MinusEight;
+    const QS: usize = 2;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn quants(p: *const u8) -> [__m256; 4] {
-        // SAFETY: the nibbles are bytes 2..18 of the readable block.
-        unsafe { nibbles(p.add(2)) }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn quants16(p: *const u8) -> [__m256i; 2] {
-        // SAFETY: the nibbles are bytes 2..18 of the readable block.
-        unsafe { nibbles16(p.add(2)) }
+    unsafe fn block(p: *const u8) -> (f32, f32, [__m256; 4]) {
+        // SAFETY: the block's 18 bytes are readable per the caller: d, then the nibbles.
+        unsafe { (half(p), 0.0, nibbles_i8::<8>(p.add(2))) }
     }
 }
 
 impl QuantFormat for Q4_1 {
     const BLOCK_BYTES: usize = 20;
     const OFFSET: Offset = Offset::Min;
+    const QS: usize = 4;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn quants(p: *const u8) -> [__m256; 4] {
-        // SAFETY: the nibbles are bytes 4..20 of the readable block.
-        unsafe { nibbles(p.add(4)) }
+    unsafe fn block(p: *const u8) -> (f32, f32, [__m256; 4]) {
+        // SAFETY: the block's 20 bytes are readable per the caller: d and m, then the nibbles.
+        unsafe {
+            let (d, m) = halves(p);
+            (d, m, nibbles_i8::<0>(p.add(4)))
+        }
     }
+}
 
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn quants16(p: *const u8) -> [__m256i; 2] {
-        // SAFETY: the nibbles are bytes 4..20 of the readable block.
-        unsafe { nibbles16(p.add(4)) }
-    }
+/// The 32 nibbles q of a Q4 block at `q` (16 bytes) minus `BIAS`, as four 8-lane f32 vectors in
+/// weight order, subtracted and widened in bytes (q − BIAS fits an i8 for BIAS in 0..=8, so the
+/// signed widening is exact).
+///
+/// # Safety
+/// 16 bytes at `q` must be readable; the CPU must have AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles_i8<const BIAS: i8>(q: *const u8) -> [__m256; 4] {
+    // SAFETY: 16 readable bytes per the caller; unaligned load.
+    let raw = unsafe { _mm_loadu_si128(q as *const __m128i) };
+    let mask = _mm_set1_epi8(0x0F);
+    let bias = _mm_set1_epi8(BIAS);
+    let lo = i8x16_to_f32(_mm_sub_epi8(_mm_and_si128(raw, mask), bias));
+    let hi = i8x16_to_f32(_mm_sub_epi8(
+        _mm_and_si128(_mm_srli_epi16::<4>(raw), mask),
+        bias,
+    ));
+    [lo[0], lo[1], hi[0], hi[1]]
+}
+
+/// The little-endian f16 at `p` as f32.
+///
+/// # Safety
+/// 2 bytes readable at `p`; the CPU has F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn half(p: *const u8) -> f32 {
+    // SAFETY: 2 readable bytes per the caller.
+    let bits = unsafe { (p as *const u16).read_unaligned() };
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+/// The two little-endian f16 at `p` and `p + 2` as f32 (one conversion).
+///
+/// # Safety
+/// 4 bytes readable at `p`; the CPU has F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn halves(p: *const u8) -> (f32, f32) {
+    // SAFETY: 4 readable bytes per the caller.
+    let bits = unsafe { (p as *const u32).read_unaligned() };
+    let v = _mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
+}
+
+/// Sixteen signed bytes as two 8-lane f32 vectors.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn i8x16_to_f32(v: __m128i) -> [__m256; 2] {
+    [
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)),
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v, v))),
+    ]
 }

@@ -1,7 +1,10 @@
 //! Portable kernels with f32 accumulation: the fallback on CPUs without AVX2 (or with
 //! `POWERINFER_SIMD=scalar`). Quantized rows are decoded one 32-weight block at a time into a
-//! stack buffer and dotted from there, so the compiler can vectorise the inner loops.
+//! stack buffer and dotted from there, so the compiler can vectorise the inner loops; row
+//! accumulation decodes a chunk of each row into a stack buffer and adds it in f32.
 
+use super::exp_nonpositive;
+use crate::ops::attend::Head;
 use half::{bf16, f16};
 use powerinfer_core::DType;
 
@@ -135,4 +138,92 @@ pub(crate) fn tile_dot(w: &[f32], cols: usize, x: &[f32], out: &mut [f32]) {
             *o = dot_f32(wr, xt);
         }
     }
+}
+
+/// Weights decoded per step of row accumulation (a multiple of the 32-weight block).
+const CHUNK: usize = 256;
+
+/// y += Σ_i a[i] · rows[i], each row holding `y.len()` weights of `dtype` (sizes checked by
+/// the caller), one row at a time.
+pub(crate) fn axpy_group(dtype: DType, rows: &[&[u8]], a: &[f32], y: &mut [f32]) {
+    for (row, &ai) in rows.iter().zip(a) {
+        axpy_row(dtype, row, ai, y);
+    }
+}
+
+/// y += a · row, in f32.
+fn axpy_row(dtype: DType, row: &[u8], a: f32, y: &mut [f32]) {
+    let mut buf = [0f32; CHUNK];
+    let bytes_per_chunk = CHUNK / dtype.block_size() * dtype.block_bytes();
+    for (yc, rc) in y.chunks_mut(CHUNK).zip(row.chunks(bytes_per_chunk)) {
+        let w = &mut buf[..yc.len()];
+        dequantize_row(dtype, rc, w);
+        for (yk, &wk) in yc.iter_mut().zip(w.iter()) {
+            *yk += a * wk;
+        }
+    }
+}
+
+/// out[i] = dot(rows[i], x) for a few scattered rows.
+pub(crate) fn dot_group(dtype: DType, rows: &[&[u8]], x: &[f32], out: &mut [f32]) {
+    for (o, row) in out.iter_mut().zip(rows) {
+        *o = dot_row(dtype, row, x);
+    }
+}
+
+/// One attention head in portable Rust: the scalar path's eight-sum dot, four positions per
+/// pass over the output (sizes checked by [`Head::check`]).
+pub(crate) fn attend_head<'h>(head: &Head<'h>, scores: &mut Vec<f32>, out: &mut [f32]) {
+    let (q, cache, n_pos, scale) = (head.q, head.cache, head.n_pos, head.scale);
+    let hd = q.len();
+    let stride = cache.stride;
+    let at = |data: &'h [f32], p: usize| -> &'h [f32] { &data[p * stride..p * stride + hd] };
+    scores.clear();
+    scores.resize(n_pos, 0.0);
+    for (p, s) in scores.iter_mut().enumerate() {
+        *s = dot_f32(q, at(cache.keys, p)) * scale;
+    }
+    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    for s in scores.iter_mut() {
+        *s = exp_nonpositive(*s - max);
+    }
+    let inv = 1.0 / scores.iter().sum::<f32>();
+    out.fill(0.0);
+    // Four positions per pass: out is read and written once per four value vectors.
+    let mut quads = scores.chunks_exact(4);
+    let mut p = 0;
+    for w in &mut quads {
+        let (v0, v1) = (at(cache.values, p), at(cache.values, p + 1));
+        let (v2, v3) = (at(cache.values, p + 2), at(cache.values, p + 3));
+        let (w0, w1, w2, w3) = (w[0] * inv, w[1] * inv, w[2] * inv, w[3] * inv);
+        let rows = v0.iter().zip(v1).zip(v2).zip(v3);
+        for (o, (((a, b), c), d)) in out.iter_mut().zip(rows) {
+            *o += w0 * a + w1 * b + w2 * c + w3 * d;
+        }
+        p += 4;
+    }
+    for &w in quads.remainder() {
+        let w = w * inv;
+        for (o, &vi) in out.iter_mut().zip(at(cache.values, p)) {
+            *o += w * vi;
+        }
+        p += 1;
+    }
+}
+
+/// Wrapping sum of `data` (the bandwidth probe's reader): eight independent chains so the adds
+/// never limit the loads.
+pub(crate) fn read_sum(data: &[u64]) -> u64 {
+    let mut acc = [0u64; 8];
+    let mut chunks = data.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a = a.wrapping_add(v);
+        }
+    }
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(0u64, |a, &v| a.wrapping_add(v));
+    acc.iter().fold(tail, |a, &b| a.wrapping_add(b))
 }

@@ -1,8 +1,10 @@
 //! Test helpers: a seeded generator of random weights in every format, and the error bound all
 //! fast paths must meet against the f64 reference.
 
+pub(crate) mod sparse;
+
 use half::{bf16, f16};
-use powerinfer_core::{Buffer, DType, Weight};
+use powerinfer_core::{Buffer, DType, Error, Result, Weight};
 
 /// Allowed |error| of a dot product, relative to Σ|w·x| of that row.
 pub(crate) const DOT_REL_TOL: f64 = 1e-4;
@@ -84,5 +86,30 @@ pub(crate) fn test_cols(dtype: DType) -> &'static [usize] {
         &[32, 64, 96, 32 * 37, 4096]
     } else {
         &[1, 7, 8, 15, 17, 33, 129, 1001, 4096]
+    }
+}
+
+/// Whether `r` is an `Error::Shape` (size mismatches must be errors, not panics).
+pub(crate) fn is_shape(r: Result<()>) -> bool {
+    matches!(r, Err(Error::Shape(_)))
+}
+
+/// A rayon pool of `threads` threads.
+pub(crate) fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+}
+
+/// `f(rng, dtype, cols, row)` for every dtype and each of its [`test_cols`], `row` a random row
+/// of `cols` weights, on a generator seeded with `seed`.
+pub(crate) fn each_row(seed: u64, mut f: impl FnMut(&mut Rng, DType, usize, Vec<u8>)) {
+    let mut rng = Rng::new(seed);
+    for dtype in DType::ALL {
+        for &cols in test_cols(dtype) {
+            let row = random_row(&mut rng, dtype, cols);
+            f(&mut rng, dtype, cols, row);
+        }
     }
 }

@@ -15,24 +15,9 @@
 //! blocks at a time, one block per vector lane; a chunk whose coefficients are not all finite
 //! goes to the f32 kernel instead, so infinities and NaNs propagate as in the reference.
 
-use super::avx2_rows::{fetch_lines, quant_axpy, Quant, GROUP, Q4_0, Q4_1};
+use super::quant::{Offset, QuantFormat};
+use super::rows::{fetch_lines, quant_axpy, RowGroup, GROUP};
 use std::arch::x86_64::*;
-
-/// A 4-bit block format: 16 bytes of nibbles at byte `QS` of the block (byte j holds weight j
-/// in its low nibble and weight j + 16 in its high nibble), the f16 scale d at byte 0 and, when
-/// `HAS_MIN`, the f16 min m at byte 2; w = d·q + m, or d·(q − 8) without a min.
-pub(super) trait Nibbles: Quant {
-    /// Byte offset of the nibbles in a block.
-    const QS: usize;
-}
-
-impl Nibbles for Q4_0 {
-    const QS: usize = 2;
-}
-
-impl Nibbles for Q4_1 {
-    const QS: usize = 4;
-}
 
 /// Blocks whose coefficients are prepared together (one per lane of an f32 vector).
 const CHUNK: usize = 8;
@@ -59,12 +44,12 @@ struct Coefficients {
 /// AVX2/FMA/F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn q4_axpy<Q: Nibbles, const R: usize>(
-    p: &[*const u8; GROUP],
-    q: &[*const u8; GROUP],
+pub(super) unsafe fn q4_axpy<Q: QuantFormat, const R: usize>(
+    g: &RowGroup,
     a: &[f32],
     y: &mut [f32],
 ) {
+    let (p, q) = (&g.p, &g.q);
     let blocks = y.len() / 32;
     let mut b0 = 0;
     while b0 < blocks {
@@ -81,8 +66,9 @@ pub(super) unsafe fn q4_axpy<Q: Nibbles, const R: usize>(
             Some(c) => unsafe { integer_blocks::<Q, R>(p, b0, &c, ys) },
             None => {
                 let pc = p.map(|r| r.wrapping_add(start));
+                let rest = RowGroup { p: pc, q: pc };
                 // SAFETY: the rows from block b0 on hold ys.len() / 32 readable blocks.
-                unsafe { quant_axpy::<Q, R>(&pc, &pc, a, ys) };
+                unsafe { quant_axpy::<Q, R>(&rest, a, ys) };
             }
         }
         b0 += len;
@@ -96,7 +82,7 @@ pub(super) unsafe fn q4_axpy<Q: Nibbles, const R: usize>(
 /// Blocks b0..b0+len readable at each of `p[..R]`, `a.len() >= R`; the CPU has AVX2/FMA/F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn coefficients<Q: Nibbles, const R: usize>(
+unsafe fn coefficients<Q: QuantFormat, const R: usize>(
     p: &[*const u8; GROUP],
     a: &[f32],
     b0: usize,
@@ -138,7 +124,7 @@ unsafe fn coefficients<Q: Nibbles, const R: usize>(
         let mag = _mm256_andnot_ps(abs, *ci);
         bad = _mm256_or_ps(bad, _mm256_cmp_ps::<_CMP_NLT_UQ>(mag, inf));
         max = _mm256_max_ps(max, mag);
-        if Q::HAS_MIN {
+        if Q::OFFSET == Offset::Min {
             let mv = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(halves));
             base = _mm256_fmadd_ps(ai, mv, base);
             base = _mm256_fmadd_ps(_mm256_set1_ps(8.0), *ci, base);
@@ -190,7 +176,7 @@ unsafe fn coefficients<Q: Nibbles, const R: usize>(
 /// Blocks b0..b0 + ys.len()/32 readable at each of `p[..R]`; the CPU has AVX2/FMA/F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn integer_blocks<Q: Nibbles, const R: usize>(
+unsafe fn integer_blocks<Q: QuantFormat, const R: usize>(
     p: &[*const u8; GROUP],
     b0: usize,
     c: &Coefficients,
@@ -243,7 +229,7 @@ unsafe fn integer_blocks<Q: Nibbles, const R: usize>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::avx2_rows::axpy_group;
+    use super::super::rows::axpy_group;
     use crate::simd::{detect, Level};
     use crate::testutil::{random_row, Rng};
     use half::f16;
@@ -284,18 +270,25 @@ mod tests {
         (want, scale)
     }
 
-    #[test]
-    fn matches_its_rounding_model_exactly() {
+    /// `f(dtype, rng)` for each 4-bit format, on a generator seeded with `seed`; nothing on
+    /// CPUs without AVX2.
+    fn each_q4(seed: u64, mut f: impl FnMut(DType, &mut Rng)) {
         if detect() != Level::Avx2 {
             return;
         }
-        let mut rng = Rng::new(41);
+        let mut rng = Rng::new(seed);
         for dtype in [DType::Q4_0, DType::Q4_1] {
+            f(dtype, &mut rng);
+        }
+    }
+
+    #[test]
+    fn matches_its_rounding_model_exactly() {
+        each_q4(41, |dtype, rng| {
             for blocks in [1, 7, 8, 9, 18, 25] {
                 for n in 1..=8 {
                     let cols = 32 * blocks;
-                    let rows: Vec<Vec<u8>> =
-                        (0..n).map(|_| random_row(&mut rng, dtype, cols)).collect();
+                    let rows: Vec<Vec<u8>> = (0..n).map(|_| random_row(rng, dtype, cols)).collect();
                     let mut a = rng.vec(n);
                     if n > 2 {
                         a[1] = 0.0;
@@ -317,24 +310,20 @@ mod tests {
                     }
                 }
             }
-        }
+        });
     }
 
     #[test]
     fn non_finite_coefficients_propagate() {
-        if detect() != Level::Avx2 {
-            return;
-        }
-        let mut rng = Rng::new(42);
-        for dtype in [DType::Q4_0, DType::Q4_1] {
+        each_q4(42, |dtype, rng| {
             for bad in [f32::INFINITY, f32::NEG_INFINITY, f32::NAN] {
-                let rows: Vec<Vec<u8>> = (0..5).map(|_| random_row(&mut rng, dtype, 320)).collect();
+                let rows: Vec<Vec<u8>> = (0..5).map(|_| random_row(rng, dtype, 320)).collect();
                 let refs: Vec<&[u8]> = rows.iter().map(|r| &r[..]).collect();
                 let a = [0.5, -1.0, bad, 2.0, 0.25];
                 let mut y = rng.vec(320);
                 axpy_group(dtype, &refs, &[], &a, &mut y);
                 assert!(y.iter().all(|v| !v.is_finite()), "{dtype} a = {bad}");
             }
-        }
+        });
     }
 }

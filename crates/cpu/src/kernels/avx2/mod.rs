@@ -1,32 +1,54 @@
 //! AVX2 + FMA + F16C kernels. The safe entry points here are only reached through
-//! [`crate::dispatch`] once [`crate::simd::level`] has detected those features.
+//! [`crate::dispatch`] once [`crate::simd::level`] has detected those features. Every format's
+//! kernels are reached through the [`formats::Format`] trait, the same for the dense products
+//! and the sparse row kernels.
 
-pub(crate) mod attend;
+mod attend;
 mod dequant;
 mod dot;
 mod formats;
 mod int16;
+mod q4_axpy;
+mod quant;
 mod read;
+mod rows;
 mod tile;
 
-use formats::{Bf16, F16, F32, Q4_0, Q4_1, Q8_0};
+use crate::ops::attend::Head;
+use formats::{with_format, with_rows, Format};
 pub(crate) use int16::XQuant;
 use powerinfer_core::DType;
+use quant::{Q4_0, Q4_1, Q8_0};
+use rows::RowGroup;
+pub(crate) use rows::{axpy_group, dot_group, GROUP};
 use std::arch::x86_64::*;
 
-/// Rows computed together by the float-format matvec kernels.
+/// Rows computed together by the dense f32-x matvec kernels.
 const ROWS: usize = 4;
-/// Rows computed together by the quantized matvec kernels.
+/// Rows computed together by the dense int16-x matvec kernel.
 const QROWS: usize = 4;
 
-/// Sum of the eight lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+/// A horizontal reduction of the eight lanes of a vector with `$op` (packed) and `$op_ss`.
+macro_rules! horizontal {
+    ($(#[$doc:meta])* $name:ident, $op:ident, $op_ss:ident) => {
+        $(#[$doc])*
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn $name(v: __m256) -> f32 {
+            let s = $op(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+            let s = $op(s, _mm_movehl_ps(s, s));
+            _mm_cvtss_f32($op_ss(s, _mm_movehdup_ps(s)))
+        }
+    };
 }
+horizontal!(
+    /// Sum of the eight lanes.
+    hsum, _mm_add_ps, _mm_add_ss
+);
+horizontal!(
+    /// Largest of the eight lanes.
+    hmax, _mm_max_ps, _mm_max_ss
+);
 
 /// Panic unless this CPU really has the features (a debug-build guard).
 fn debug_check_level() {
@@ -42,92 +64,27 @@ pub(crate) fn rows_dot(dtype: DType, rows: &[u8], row_bytes: usize, x: &[f32], o
     );
     // SAFETY: the dispatcher only calls this after detecting AVX2/FMA/F16C, and the assert
     // above keeps every row of x.len() weights inside `rows`.
-    unsafe {
-        match dtype {
-            DType::F32 => rows_with::<ROWS>(
-                dot::float_rows::<F32, ROWS>,
-                dot::float_rows::<F32, 1>,
-                rows,
-                row_bytes,
-                x,
-                out,
-            ),
-            DType::F16 => rows_with::<ROWS>(
-                dot::float_rows::<F16, ROWS>,
-                dot::float_rows::<F16, 1>,
-                rows,
-                row_bytes,
-                x,
-                out,
-            ),
-            DType::BF16 => rows_with::<ROWS>(
-                dot::float_rows::<Bf16, ROWS>,
-                dot::float_rows::<Bf16, 1>,
-                rows,
-                row_bytes,
-                x,
-                out,
-            ),
-            DType::Q8_0 => rows_with::<QROWS>(
-                dot::quant_rows::<Q8_0, QROWS>,
-                dot::quant_rows::<Q8_0, 1>,
-                rows,
-                row_bytes,
-                x,
-                out,
-            ),
-            DType::Q4_0 => rows_with::<QROWS>(
-                dot::quant_rows::<Q4_0, QROWS>,
-                dot::quant_rows::<Q4_0, 1>,
-                rows,
-                row_bytes,
-                x,
-                out,
-            ),
-            DType::Q4_1 => rows_with::<QROWS>(
-                dot::quant_rows::<Q4_1, QROWS>,
-                dot::quant_rows::<Q4_1, 1>,
-                rows,
-                row_bytes,
-                x,
-                out,
-            ),
-        }
-    }
+    unsafe { with_format!(dtype, F => rows_with::<F>(rows.as_ptr(), row_bytes, x, out)) }
 }
 
-/// A multi-row kernel: (first row, row stride in bytes, x, out).
-type RowsKernel = unsafe fn(*const u8, usize, &[f32], &mut [f32]);
-
-/// Run `group` over whole groups of `G` rows and `single` over the rest.
+/// The format's dot kernel over whole groups of [`ROWS`] rows, then over single rows, fetching
+/// the next group's rows (or the next row) in step with each group's reads.
 ///
 /// # Safety
-/// As for the kernels: every row readable, features present.
+/// As for the kernels: `out.len()` rows readable at `base`, `row_bytes` apart; features present.
 #[inline]
-unsafe fn rows_with<const G: usize>(
-    group: RowsKernel,
-    single: RowsKernel,
-    rows: &[u8],
-    row_bytes: usize,
-    x: &[f32],
-    out: &mut [f32],
-) {
-    let base = rows.as_ptr();
-    let full = out.len() / G * G;
-    for (g, o) in out[..full].chunks_exact_mut(G).enumerate() {
-        // SAFETY: rows g·G.. are within `rows` per the caller.
-        unsafe { group(base.add(g * G * row_bytes), row_bytes, x, o) };
+unsafe fn rows_with<F: Format>(base: *const u8, row_bytes: usize, x: &[f32], out: &mut [f32]) {
+    let full = out.len() / ROWS * ROWS;
+    for (g, o) in out[..full].chunks_exact_mut(ROWS).enumerate() {
+        // The next tile's rows: past the end for the last tile, harmless for a hint.
+        let group = RowGroup::strided(base, row_bytes, g * ROWS, (g + 1) * ROWS);
+        // SAFETY: rows g·ROWS.. are within the rows per the caller.
+        unsafe { F::dot::<ROWS>(&group, x, o) };
     }
     for (i, o) in out.iter_mut().enumerate().skip(full) {
-        // SAFETY: row i is within `rows` per the caller.
-        unsafe {
-            single(
-                base.add(i * row_bytes),
-                row_bytes,
-                x,
-                std::slice::from_mut(o),
-            )
-        };
+        let group = RowGroup::strided(base, row_bytes, i, i + 1);
+        // SAFETY: row i is within the rows per the caller.
+        unsafe { F::dot::<1>(&group, x, std::slice::from_mut(o)) };
     }
 }
 
@@ -187,22 +144,13 @@ pub(crate) fn scattered_dot_i16(
             && next.len() <= 8
             && rows.iter().all(|r| r.len() >= want)
     );
-    macro_rules! run {
-        ($($r:literal)*) => {
-            match rows.len() {
-                $($r => {
-                    let p: [*const u8; $r] = std::array::from_fn(|i| rows[i].as_ptr());
-                    let q: [*const u8; $r] =
-                        std::array::from_fn(|i| next.get(i).map_or(p[i], |r| r.as_ptr()));
-                    // SAFETY: features detected by the dispatcher; the assert keeps every row's
-                    // blocks readable; `q` is only prefetched.
-                    unsafe { int16_rows::<$r, true>(dtype, &p, &q, xq, out) }
-                })*
-                _ => {}
-            }
-        };
-    }
-    run!(1 2 3 4 5 6 7 8);
+    with_rows!(rows.len(), R => {
+        let p: [*const u8; R] = std::array::from_fn(|i| rows[i].as_ptr());
+        let q: [*const u8; R] = std::array::from_fn(|i| next.get(i).map_or(p[i], |r| r.as_ptr()));
+        // SAFETY: features detected by the dispatcher; the assert keeps every row's blocks
+        // readable; `q` is only prefetched.
+        unsafe { int16_rows::<R, true>(dtype, &p, &q, xq, out) }
+    })
 }
 
 /// The int16 kernel of `dtype` on `R` rows.
@@ -241,16 +189,7 @@ pub(crate) fn dequantize_row(dtype: DType, row: &[u8], out: &mut [f32]) {
     assert!(row.len() >= dtype.row_bytes(out.len()).unwrap_or(usize::MAX));
     let p = row.as_ptr();
     // SAFETY: features detected by the dispatcher; the assert keeps the row in bounds.
-    unsafe {
-        match dtype {
-            DType::F32 => dequant::float_row::<F32>(p, out),
-            DType::F16 => dequant::float_row::<F16>(p, out),
-            DType::BF16 => dequant::float_row::<Bf16>(p, out),
-            DType::Q8_0 => dequant::quant_row::<Q8_0>(p, out),
-            DType::Q4_0 => dequant::quant_row::<Q4_0>(p, out),
-            DType::Q4_1 => dequant::quant_row::<Q4_1>(p, out),
-        }
-    }
+    unsafe { with_format!(dtype, F => F::dequant(p, out)) }
 }
 
 /// Matmul tile product (see [`tile::tile_dot`]).
@@ -258,4 +197,13 @@ pub(crate) fn tile_dot(w: &[f32], cols: usize, x: &[f32], out: &mut [f32]) {
     debug_check_level();
     // SAFETY: features detected by the dispatcher; tile_dot checks its slice sizes.
     unsafe { tile::tile_dot(w, cols, x, out) }
+}
+
+/// One attention head (see [`attend::attend_head`]).
+pub(crate) fn attend_head(head: &Head<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
+    debug_check_level();
+    head.check(out);
+    // SAFETY: features detected by the dispatcher; the check above keeps every position of
+    // the cache and `out` in bounds.
+    unsafe { attend::attend_head(head, scores, out) }
 }

@@ -1,28 +1,23 @@
-//! AVX2/FMA attention head (see `crate::attend`): scores with two FMA accumulators and one
+//! AVX2/FMA attention head (see `crate::ops::attend`): scores with two FMA accumulators and one
 //! horizontal sum per position, the softmax on the shared exp, and the weighted value sum with
 //! the output held in registers 32 values at a time while every position's value rows stream by.
 
 use super::hsum;
-use crate::attend::{exp_nonpositive, HeadCache};
+use crate::kernels::exp_nonpositive;
+use crate::ops::attend::Head;
 use std::arch::x86_64::*;
 
 /// Output values held in registers per pass over the positions.
 const SPAN: usize = 32;
 
-/// `out = Σ_p softmax_p((q·k_p)·scale) · v_p` over positions `0..n_pos`.
+/// `out = Σ_p softmax_p((q·k_p)·scale) · v_p` over the head's positions.
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and F16C; `out.len() == q.len() = hd`, `n_pos >= 1`, and the cache holds
-/// `n_pos` positions of `hd` values ((n_pos − 1)·stride + hd values in keys and in values).
+/// The CPU has AVX2, FMA and F16C; the sizes pass [`Head::check`] (`out.len() == q.len() = hd`,
+/// `n_pos >= 1`, and the cache holds `n_pos` positions of `hd` values).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn attend_head(
-    q: &[f32],
-    cache: HeadCache<'_>,
-    n_pos: usize,
-    scale: f32,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
+pub(super) unsafe fn attend_head(head: &Head<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
+    let (q, cache, n_pos, scale) = (head.q, head.cache, head.n_pos, head.scale);
     let hd = q.len();
     let full = hd / 8 * 8;
     let (qp, kp, vp) = (q.as_ptr(), cache.keys.as_ptr(), cache.values.as_ptr());

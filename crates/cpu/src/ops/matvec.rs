@@ -1,9 +1,10 @@
 //! Dense matrix-vector product: rows split into a few rayon chunks per thread, each chunk handed
 //! to the dispatched multi-row kernel.
 
-use crate::dispatch;
+use crate::check;
+use crate::dispatch::Activations;
 use crate::simd::{self, Level};
-use powerinfer_core::{ensure, DType, Result, Weight};
+use powerinfer_core::{DType, Result, Weight};
 use rayon::prelude::*;
 
 /// Smallest chunk of weight bytes worth a rayon task (tasks cost about a microsecond).
@@ -44,15 +45,9 @@ pub(crate) fn matvec_many_at(
     x: &[f32],
     ys: &mut [&mut [f32]],
 ) -> Result<()> {
-    ensure!(
-        ws.len() == ys.len(),
-        Shape,
-        "{} weights but {} outputs",
-        ws.len(),
-        ys.len()
-    );
+    check::len("matvec_many", "ys", ys.len(), ws.len(), "one per weight")?;
     for (w, y) in ws.iter().zip(ys.iter()) {
-        crate::check_matvec_shapes(w, x, y)?;
+        check::matvec(w, x, y)?;
     }
     let threads = rayon::current_num_threads();
     let total: usize = ws.iter().map(|w| w.n_bytes()).sum();
@@ -77,22 +72,8 @@ pub(crate) fn matvec_many_at(
             });
         }
     }
-    #[cfg(target_arch = "x86_64")]
-    let xq = match level == Level::Avx2
-        && INT16_ACTIVATIONS
-        && ws.iter().any(|w| w.dtype.is_quantized())
-    {
-        true => crate::avx2::XQuant::new(x),
-        false => None,
-    };
-    let run = |t: Task<'_>| {
-        #[cfg(target_arch = "x86_64")]
-        if let (Some(xq), true) = (&xq, t.dtype.is_quantized()) {
-            crate::avx2::rows_dot_i16(t.dtype, t.rows, t.row_bytes, xq, t.out);
-            return;
-        }
-        dispatch::rows_dot(level, t.dtype, t.rows, t.row_bytes, x, t.out)
-    };
+    let xs = Activations::new(level, x, ws.iter().any(|w| w.dtype.is_quantized()));
+    let run = |t: Task<'_>| xs.rows_dot(t.dtype, t.rows, t.row_bytes, t.out);
     if tasks.len() <= 1 {
         tasks.into_iter().for_each(run);
     } else {
@@ -107,13 +88,12 @@ fn chunk_bytes(total: usize, threads: usize) -> usize {
     (total / (threads * CHUNKS_PER_THREAD).max(1)).max(MIN_CHUNK_BYTES)
 }
 
-/// Use the int16-activation path for quantized weights on AVX2 (see `avx2::int16`); `false`
-/// makes every format accumulate f32 products of f32 activations.
-const INT16_ACTIVATIONS: bool = true;
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reference;
+    use crate::simd::available;
+    use crate::testutil::{assert_dot_close, is_shape, random_weight, Rng};
     use powerinfer_core::Buffer;
 
     #[test]
@@ -141,10 +121,7 @@ mod tests {
 
     #[test]
     fn many_equals_one_by_one_on_many_threads() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(7)
-            .build()
-            .unwrap();
+        let pool = crate::testutil::pool(7);
         let cols = 32 * 9;
         let ws = [
             weight(DType::Q4_1, 301, cols, 1),
@@ -165,5 +142,100 @@ mod tests {
         let err = matvec_many(&refs[..1], &x, &mut [&mut short[..]]).unwrap_err();
         assert!(matches!(err, powerinfer_core::Error::Shape(_)));
         assert!(matvec_many(&refs, &x, &mut []).is_err());
+    }
+
+    #[test]
+    fn matvec_matches_reference_on_odd_shapes() {
+        let mut rng = Rng::new(4);
+        for level in available() {
+            for dtype in DType::ALL {
+                for &(rows, cols) in &[(1, 64), (3, 32), (13, 96), (37, 32 * 37), (259, 64)] {
+                    let cols = if dtype.is_quantized() { cols } else { cols - 1 };
+                    let w = random_weight(&mut rng, dtype, rows, cols);
+                    let x = rng.vec(cols);
+                    let mut y = vec![f32::NAN; rows];
+                    matvec_at(level, &w, &x, &mut y).unwrap();
+                    for (r, &got) in y.iter().enumerate() {
+                        assert_dot_close(got, dtype, w.row(r), &x, level.name());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn matvec_meets_the_bound_with_activation_outliers() {
+        // LLM activations have a few channels 100x larger than the rest; the int16 path scales x
+        // per 32-block, so those blocks lose the most precision.
+        let mut rng = Rng::new(7);
+        for level in available() {
+            for dtype in DType::ALL {
+                let (rows, cols) = (67, 32 * 24);
+                let w = random_weight(&mut rng, dtype, rows, cols);
+                let mut x = rng.vec(cols);
+                for c in (5..cols).step_by(97) {
+                    x[c] *= 100.0;
+                }
+                x[cols - 1] = 0.0;
+                let mut y = vec![0f32; rows];
+                matvec_at(level, &w, &x, &mut y).unwrap();
+                for (r, &got) in y.iter().enumerate() {
+                    assert_dot_close(got, dtype, w.row(r), &x, "outliers");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn non_finite_activations_propagate() {
+        let mut rng = Rng::new(8);
+        for dtype in DType::ALL {
+            let w = random_weight(&mut rng, dtype, 9, 64);
+            let mut x = rng.vec(64);
+            x[3] = f32::INFINITY;
+            x[40] = f32::NAN;
+            let mut y = vec![0f32; 9];
+            matvec(&w, &x, &mut y).unwrap();
+            assert!(y.iter().all(|v| v.is_nan()), "{dtype}: {y:?}");
+        }
+    }
+
+    #[test]
+    fn matvec_on_many_threads_matches_reference() {
+        let pool = crate::testutil::pool(7);
+        let mut rng = Rng::new(5);
+        for dtype in DType::ALL {
+            // Big enough to be split into many chunks.
+            let w = random_weight(&mut rng, dtype, 1001, 512);
+            let x = rng.vec(512);
+            let mut y = vec![0f32; 1001];
+            pool.install(|| matvec(&w, &x, &mut y)).unwrap();
+            for (r, &got) in y.iter().enumerate() {
+                assert_dot_close(got, dtype, w.row(r), &x, "7-thread matvec");
+            }
+            // Chunking never changes a row's arithmetic: one thread gives identical bits.
+            let mut single = vec![0f32; 1001];
+            let one = crate::testutil::pool(1);
+            one.install(|| matvec(&w, &x, &mut single)).unwrap();
+            assert_eq!(y, single, "{dtype}");
+        }
+    }
+
+    #[test]
+    fn shape_errors_are_errors_not_panics() {
+        let w = Weight::from_f32(3, 4, &[0.0; 12]).unwrap();
+        assert!(is_shape(matvec(&w, &[0.0; 3], &mut [0.0; 3])));
+        assert!(is_shape(matvec(&w, &[0.0; 4], &mut [0.0; 2])));
+        assert!(is_shape(reference::matvec(&w, &[0.0; 5], &mut [0.0; 3])));
+        // A weight whose public fields were edited to lie about its size.
+        let mut bad = w.clone();
+        bad.rows = 4;
+        assert!(is_shape(matvec(&bad, &[0.0; 4], &mut [0.0; 4])));
+        // Empty shapes are fine.
+        let empty = Weight::from_f32(0, 4, &[]).unwrap();
+        matvec(&empty, &[0.0; 4], &mut []).unwrap();
+        let mut y = [1.0f32; 3];
+        matvec(&Weight::from_f32(3, 0, &[]).unwrap(), &[], &mut y).unwrap();
+        assert_eq!(y, [0.0; 3]);
     }
 }

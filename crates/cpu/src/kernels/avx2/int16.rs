@@ -10,8 +10,8 @@
 //! enter as one FMA of eight mins with eight per-block sums of x. Q4_0's −8 stays in the integer
 //! dot (a per-block bias of x), so blocks of zero weights give exactly zero.
 
-use super::formats::{Offset, QuantFormat};
-use super::hsum;
+use super::quant::{Offset, QuantFormat};
+use super::{hmax, hsum};
 use std::arch::x86_64::*;
 
 /// Largest int16 magnitude used for x.
@@ -106,15 +106,6 @@ unsafe fn quantize_blocks(x: &[f32], xq: &mut XQuant) -> bool {
     }
     xq.q = q;
     true
-}
-
-/// Largest of the eight lanes.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn hmax(v: __m256) -> f32 {
-    let m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
 }
 
 /// out[i] = dot(row i, x) for the `R` quantized rows starting at `p[i]`, on the int16 x. With

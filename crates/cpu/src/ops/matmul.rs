@@ -1,0 +1,200 @@
+//! Batched product for prompt prefill: each parallel chunk of weight rows is dequantised a few
+//! rows at a time into an f32 tile, and every token is multiplied against that tile, so each
+//! weight row is decoded once per call rather than once per token.
+
+use crate::check;
+use crate::dispatch;
+use crate::simd::{self, Level};
+use powerinfer_core::{ensure, Result, Weight};
+use rayon::prelude::*;
+
+/// Weight rows dequantised together into one f32 tile.
+pub(crate) const TILE_ROWS: usize = 8;
+/// Smallest number of multiply-adds worth a rayon task.
+const MIN_TASK_FLOPS: usize = 1 << 20;
+
+/// y[t·rows + r] = dot(W[r], x[t]) for n tokens; x is n rows of `w.cols`, y n rows of `w.rows`.
+pub fn matmul(w: &Weight, x: &[f32], n: usize, y: &mut [f32]) -> Result<()> {
+    matmul_at(simd::level(), w, x, n, y)
+}
+
+/// [`matmul`] on a given SIMD level.
+pub(crate) fn matmul_at(
+    level: Level,
+    w: &Weight,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) -> Result<()> {
+    ensure!(
+        Some(x.len()) == n.checked_mul(w.cols),
+        Shape,
+        "matmul: x has {} values, want {n} tokens x {} cols",
+        x.len(),
+        w.cols
+    );
+    ensure!(
+        Some(y.len()) == n.checked_mul(w.rows),
+        Shape,
+        "matmul: y has {} values, want {n} tokens x {} rows",
+        y.len(),
+        w.rows
+    );
+    check::weight_bytes(w)?;
+    if n == 0 || w.rows == 0 {
+        return Ok(());
+    }
+    if n == 1 {
+        return super::matvec::matvec_at(level, w, x, y);
+    }
+    let row_bytes = w.dtype.row_bytes(w.cols)?;
+    let threads = rayon::current_num_threads();
+    let flops_per_row = (n * w.cols).max(1);
+    let max_tasks = (w.rows * flops_per_row / MIN_TASK_FLOPS).clamp(1, threads * 4);
+    let per_task = w.rows.div_ceil(max_tasks).next_multiple_of(TILE_ROWS);
+    let starts: Vec<usize> = (0..w.rows).step_by(per_task).collect();
+    let run = |&start: &usize| {
+        let end = (start + per_task).min(w.rows);
+        let mut out = vec![0f32; n * (end - start)];
+        rows_times_tokens(level, w, row_bytes, start..end, x, n, &mut out);
+        (start, end, out)
+    };
+    let parts: Vec<(usize, usize, Vec<f32>)> = if starts.len() == 1 {
+        starts.iter().map(run).collect()
+    } else {
+        starts.par_iter().map(run).collect()
+    };
+    for (start, end, out) in parts {
+        let width = end - start;
+        for (t, chunk) in out.chunks_exact(width).enumerate() {
+            y[t * w.rows + start..t * w.rows + end].copy_from_slice(chunk);
+        }
+    }
+    Ok(())
+}
+
+/// out[t·len + i] = dot(W[rows.start + i], x[t]) for the rows in `rows`, tile by tile.
+fn rows_times_tokens(
+    level: Level,
+    w: &Weight,
+    row_bytes: usize,
+    rows: std::ops::Range<usize>,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
+    let cols = w.cols;
+    let len = rows.len();
+    let mut tile = vec![0f32; TILE_ROWS * cols];
+    let mut tile_out = vec![0f32; TILE_ROWS * n];
+    for t0 in (0..len).step_by(TILE_ROWS) {
+        let r = TILE_ROWS.min(len - t0);
+        for i in 0..r {
+            let row = rows.start + t0 + i;
+            let bytes = &w.bytes()[row * row_bytes..(row + 1) * row_bytes];
+            dispatch::dequantize_row(level, w.dtype, bytes, &mut tile[i * cols..(i + 1) * cols]);
+        }
+        dispatch::tile_dot(level, &tile[..r * cols], cols, x, &mut tile_out[..r * n]);
+        for t in 0..n {
+            out[t * len + t0..t * len + t0 + r].copy_from_slice(&tile_out[t * r..(t + 1) * r]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::matvec::matvec_at;
+    use crate::reference;
+    use crate::simd::available;
+    use crate::testutil::{assert_dot_close, is_shape, random_weight, Rng};
+    use powerinfer_core::{Buffer, DType};
+
+    #[test]
+    fn matmul_matches_per_token_matvec() {
+        let pool = crate::testutil::pool(3);
+        let mut rng = Rng::new(6);
+        let shapes = [
+            (5, 64, 2),
+            (67, 96, 7),
+            (130, 32 * 37, 13),
+            (17, 32, 1),
+            (9, 1024, 4),
+        ];
+        for level in available() {
+            for dtype in DType::ALL {
+                for &(rows, cols, n) in &shapes {
+                    let cols = if dtype.is_quantized() { cols } else { cols + 3 };
+                    let w = random_weight(&mut rng, dtype, rows, cols);
+                    let x = rng.vec(n * cols);
+                    let mut y = vec![f32::NAN; n * rows];
+                    pool.install(|| matmul_at(level, &w, &x, n, &mut y))
+                        .unwrap();
+                    for (t, xt) in x.chunks_exact(cols).enumerate() {
+                        let mut yt = vec![0f32; rows];
+                        matvec_at(level, &w, xt, &mut yt).unwrap();
+                        for r in 0..rows {
+                            let got = y[t * rows + r];
+                            assert_dot_close(got, dtype, w.row(r), xt, "matmul");
+                            let scale = reference::abs_dot_row(dtype, w.row(r), xt) as f32;
+                            let tol = 2.0 * crate::testutil::DOT_REL_TOL as f32 * scale + 1e-6;
+                            assert!((got - yt[r]).abs() <= tol, "{dtype} t{t} r{r}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn shape_errors_are_errors_not_panics() {
+        let w = Weight::from_f32(3, 4, &[0.0; 12]).unwrap();
+        assert!(is_shape(matmul(&w, &[0.0; 8], 3, &mut [0.0; 9])));
+        assert!(is_shape(matmul(&w, &[0.0; 8], 2, &mut [0.0; 5])));
+        assert!(is_shape(matmul(&w, &[0.0; 8], usize::MAX, &mut [0.0; 5])));
+        // A weight whose public fields were edited to lie about its size.
+        let mut bad = w.clone();
+        bad.rows = 4;
+        bad.data = Buffer::from_bytes(&[0u8; 3]);
+        assert!(is_shape(matmul(&bad, &[0.0; 4], 1, &mut [0.0; 4])));
+        // Empty shapes are fine.
+        let empty = Weight::from_f32(0, 4, &[]).unwrap();
+        matmul(&empty, &[0.0; 8], 2, &mut []).unwrap();
+        matmul(&w, &[], 0, &mut []).unwrap();
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+        /// Any dtype, any valid shape, any seed: every level's matvec and matmul meet the bound.
+        #[test]
+        fn prop_matvec_and_matmul_match_reference(
+            dtype_index in 0usize..6,
+            rows in 1usize..40,
+            units in 1usize..48,
+            n in 1usize..6,
+            seed in proptest::prelude::any::<u64>(),
+        ) {
+            let dtype = DType::ALL[dtype_index];
+            // Quantized: multiples of 32 columns; float formats: any count, odd ones included.
+            let cols = if dtype.is_quantized() { 32 * units } else { 3 * units + 2 };
+            let mut rng = Rng::new(seed);
+            let w = random_weight(&mut rng, dtype, rows, cols);
+            let x = rng.vec(n * cols);
+            for level in available() {
+                let mut y = vec![0f32; rows];
+                matvec_at(level, &w, &x[..cols], &mut y).unwrap();
+                for (r, &got) in y.iter().enumerate() {
+                    assert_dot_close(got, dtype, w.row(r), &x[..cols], "prop matvec");
+                }
+                let mut ym = vec![0f32; n * rows];
+                matmul_at(level, &w, &x, n, &mut ym).unwrap();
+                for (t, xt) in x.chunks_exact(cols).enumerate() {
+                    for r in 0..rows {
+                        assert_dot_close(ym[t * rows + r], dtype, w.row(r), xt, "prop matmul");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,10 @@
+//! The public operations. Each checks its shapes (an `Error::Shape`, or a panic where the
+//! signature has no `Result`), splits the work over the current rayon pool and hands every part
+//! to a kernel through [`crate::dispatch`].
+
+pub(crate) mod attend;
+pub(crate) mod matmul;
+pub(crate) mod matvec;
+pub(crate) mod row;
+pub(crate) mod sparse;
+mod split;

@@ -1,0 +1,105 @@
+//! The parallel split of the sparse ops: an active list cut into a few contiguous chunks per
+//! thread (by bytes touched), and for the accumulating ops one partial sum per chunk (the first
+//! chunk adds straight into y, the others into zeroed thread-local scratch), added into y in
+//! chunk order: no two tasks write the same memory, and the result depends only on the inputs
+//! and the thread count.
+
+use rayon::prelude::*;
+use std::cell::Cell;
+use std::ops::Range;
+
+/// Smallest number of bytes worth a rayon task.
+const MIN_TASK_BYTES: usize = 64 * 1024;
+/// At most this many tasks per thread in [`chunks`] (no reduction to pay for).
+const MATVEC_TASKS_PER_THREAD: usize = 4;
+/// At most this many tasks per thread in the accumulating kernels (each task's partial y is
+/// read once more by the reduction).
+const ACC_TASKS_PER_THREAD: usize = 2;
+/// Reductions over at least this many partial values run in parallel over chunks of y.
+const PAR_REDUCE_MIN: usize = 1 << 16;
+/// y chunk of the parallel reduction (floats).
+const REDUCE_CHUNK: usize = 1024;
+
+/// Items per task when `n` items of `bytes` bytes each are shared by the current pool with at
+/// most `per_thread` tasks per thread.
+fn chunk_len(n: usize, bytes: usize, per_thread: usize) -> usize {
+    let threads = rayon::current_num_threads();
+    if threads <= 1 || n == 0 {
+        return n.max(1);
+    }
+    let by_bytes = (n.saturating_mul(bytes) / MIN_TASK_BYTES).max(1);
+    let tasks = by_bytes.min(threads * per_thread).min(n);
+    n.div_ceil(tasks)
+}
+
+/// Run `body(idx chunk, y chunk)` over matching contiguous chunks of `idx` and `y` (each item
+/// `bytes` bytes of rows), in parallel where there is enough work.
+pub(crate) fn chunks<F>(idx: &[u32], y: &mut [f32], bytes: usize, body: F)
+where
+    F: Fn((&[u32], &mut [f32])) + Sync + Send,
+{
+    let per = chunk_len(idx.len(), bytes, MATVEC_TASKS_PER_THREAD);
+    if per >= idx.len() {
+        body((idx, y));
+    } else {
+        idx.par_chunks(per)
+            .zip(y.par_chunks_mut(per))
+            .for_each(body);
+    }
+}
+
+thread_local! {
+    /// Partial sums of the accumulating kernels, reused across calls on this thread.
+    static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// Run `body(range, part)` over contiguous chunks of `0..n` (each item `bytes` bytes of rows),
+/// in parallel, where `part` is `y` itself for the first chunk and a zeroed partial sum for the
+/// others; then add the partials into y in chunk order.
+pub(crate) fn accumulate<F>(n: usize, bytes: usize, y: &mut [f32], body: F)
+where
+    F: Fn(Range<usize>, &mut [f32]) + Sync,
+{
+    if n == 0 {
+        return;
+    }
+    let per = chunk_len(n, bytes, ACC_TASKS_PER_THREAD);
+    let tasks = n.div_ceil(per);
+    if tasks == 1 || y.is_empty() {
+        body(0..n, y);
+        return;
+    }
+    let dim = y.len();
+    // Taken, not borrowed: a nested call on this thread (work stealing) gets its own buffer.
+    let mut scratch = SCRATCH.take();
+    scratch.clear();
+    scratch.resize((tasks - 1) * dim, 0.0);
+    let mut parts: Vec<&mut [f32]> = Vec::with_capacity(tasks);
+    parts.push(&mut *y);
+    parts.extend(scratch.chunks_exact_mut(dim));
+    parts
+        .into_par_iter()
+        .enumerate()
+        .for_each(|(t, part)| body(t * per..((t + 1) * per).min(n), part));
+    reduce(y, &scratch);
+    SCRATCH.set(scratch);
+}
+
+/// y += Σ_t parts[t] over the consecutive `y.len()`-long partial sums in `parts`, in order;
+/// parallel over chunks of y when there is enough to add.
+fn reduce(y: &mut [f32], parts: &[f32]) {
+    let dim = y.len();
+    let add = |(c, yc): (usize, &mut [f32])| {
+        let range = c * REDUCE_CHUNK..c * REDUCE_CHUNK + yc.len();
+        for part in parts.chunks_exact(dim) {
+            for (yk, pk) in yc.iter_mut().zip(&part[range.clone()]) {
+                *yk += *pk;
+            }
+        }
+    };
+    if parts.len() >= PAR_REDUCE_MIN && dim > REDUCE_CHUNK {
+        y.par_chunks_mut(REDUCE_CHUNK).enumerate().for_each(add);
+    } else {
+        y.chunks_mut(REDUCE_CHUNK).enumerate().for_each(add);
+    }
+}
