@@ -41,14 +41,16 @@ fn cfg(blocks: u32, threads: u32, smem: usize) -> LaunchConfig {
 }
 
 /// Error unless every index of `idx` (when given) has `n` entries.
-fn check_idx(idx: Option<&DeviceBuffer<i32>>, n: usize, what: &str) -> Result<()> {
-    if let Some(i) = idx {
-        ensure!(
+/// The rows a launch reads: `n` indices when `idx` is given, else rows 0..n of `rows`.
+fn check_rows(rows: usize, idx: Option<&DeviceBuffer<i32>>, n: usize, what: &str) -> Result<()> {
+    match idx {
+        Some(i) => ensure!(
             i.len() >= n,
             Shape,
             "{what}: {} indices for {n} rows",
             i.len()
-        );
+        ),
+        None => ensure!(n <= rows, Shape, "{what}: {n} of {rows} rows"),
     }
     Ok(())
 }
@@ -84,13 +86,7 @@ impl CudaDevice {
             "matvec_rows: y {} for {n} rows",
             y.len()
         );
-        ensure!(
-            idx.is_some() || n <= w.rows,
-            Shape,
-            "matvec_rows: {n} of {} rows",
-            w.rows
-        );
-        check_idx(idx, n, "matvec_rows")?;
+        check_rows(w.rows, idx, n, "matvec_rows")?;
         if n == 0 {
             return Ok(());
         }
@@ -205,13 +201,7 @@ impl CudaDevice {
             "axpy_rows: {} coefficients for {n} rows",
             a.len()
         );
-        ensure!(
-            idx.is_some() || n <= w.rows,
-            Shape,
-            "axpy_rows: {n} of {} rows",
-            w.rows
-        );
-        check_idx(idx, n, "axpy_rows")?;
+        check_rows(w.rows, idx, n, "axpy_rows")?;
         self.axpy_launch(w.dtype, &w.data, &w.layout, w.cols, idx, a, n, y, splits)
     }
 

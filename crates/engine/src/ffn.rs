@@ -146,7 +146,13 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
         Sparsity::ExactRelu => {
             s.gate.resize(lw.w_gate.rows, 0.0);
             matvec(&lw.w_gate, call.xn, &mut s.gate)?;
-            keep_firing(act, 0..s.gate.len() as u32, &s.gate, &mut s.idx, &mut s.vals);
+            keep_firing(
+                act,
+                0..s.gate.len() as u32,
+                &s.gate,
+                &mut s.idx,
+                &mut s.vals,
+            );
             up_then_down(lw, down_t, call.xn, s, out)
         }
         Sparsity::Threshold(t) => {
@@ -193,7 +199,13 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
             // Separate passes over gate, up and down_t rows, as in exact-relu.
             s.gate.resize(predicted.len(), 0.0);
             matvec_rows(&lw.w_gate, call.xn, predicted, &mut s.gate)?;
-            keep_firing(act, predicted.iter().copied(), &s.gate, &mut s.idx, &mut s.vals);
+            keep_firing(
+                act,
+                predicted.iter().copied(),
+                &s.gate,
+                &mut s.idx,
+                &mut s.vals,
+            );
             up_then_down(lw, down_t, call.xn, s, out)
         }
         Sparsity::Dense => unreachable!("dense decoding takes the batched path"),
