@@ -49,7 +49,7 @@ def import_llama():
 
 def default_model() -> Path:
     """The SmolLM2 GGUF: $POWERINFER_RS_TEST_MODEL, the shared copy under /tmp/smol, or
-    ``powerinfer_rs.models.default_model_path()`` (which downloads it once)."""
+    ``powerinfer_rs.runtime.default_model.default_model_path()`` (which downloads it once)."""
     env = os.environ.get(MODEL_ENV)
     if env:
         return Path(env)
@@ -58,7 +58,7 @@ def default_model() -> Path:
     pi, _ = import_powerinfer()
     if pi is not None:
         try:
-            from powerinfer_rs.models import default_model_path
+            from powerinfer_rs.runtime.default_model import default_model_path
 
             return Path(default_model_path())
         except ImportError:

@@ -65,9 +65,9 @@ def synthetic_model(kind: str, cache: Path, activation: str, seed: int) -> Path:
     if pi is None:
         raise SystemExit(f"--synthetic needs powerinfer_rs importable: {why}")
     try:
-        from powerinfer_rs.synth import write_gguf_model
+        from powerinfer_rs.testing.synth import write_gguf_model
     except ImportError as e:
-        raise SystemExit(f"--synthetic needs powerinfer_rs.synth.write_gguf_model: {e}") from e
+        raise SystemExit(f"--synthetic needs powerinfer_rs.testing.synth: {e}") from e
     s = SYNTH_SHAPE
     name = (
         f"synthetic-llama-{kind.lower()}-ctx4096-d{s['dim']}-f{s['ffn']}-l{s['layers']}-h{s['heads']}"

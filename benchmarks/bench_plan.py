@@ -22,6 +22,7 @@ try:
 except ImportError:  # run from a checkout without an installed wheel
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
+from powerinfer_rs.formats.profile import synthetic_profile
 from powerinfer_rs.loading.types import ModelConfig  # noqa: E402
 from powerinfer_rs.planning import (  # noqa: E402
     ModelShape,
@@ -29,7 +30,6 @@ from powerinfer_rs.planning import (  # noqa: E402
     default_predictor_sizes,
     evaluate,
     load_hardware,
-    synthetic_profile,
 )
 from powerinfer_rs.planning.greedy import solve_greedy  # noqa: E402
 from powerinfer_rs.planning.ilp import DEFAULT_MIP_GAP, solve_ilp  # noqa: E402

@@ -4,7 +4,7 @@ measured side by side in one run.
 
 (a) A synthetic ReLU llama (default dim 2048, ffn 5504, 8 layers, vocab 32000, ~10 % of FFN
     neurons active, planted power law; F16 and Q4_0; written once into --cache by
-    ``powerinfer_rs.synth.write_gguf_model``). Every figure from it is labelled "synthetic".
+    ``powerinfer_rs.testing.synth.write_gguf_model``). Every figure from it is labelled "synthetic".
     Printed: tokens/s per mode, the measured speed-up of exact-relu over dense, and the ideal
     speed-up = dense weight bytes per token / exact-relu weight bytes per token, where
     exact-relu reads all of attention, the gate and the output head but only the active rows
@@ -66,7 +66,7 @@ def _pi():
 def synthetic_relu_model(dtype: str, shape: tuple[int, int, int, int], cache: Path, seed: int):
     """Create (once) and return the synthetic ReLU GGUF of ``dtype``."""
     _pi()
-    from powerinfer_rs.synth import write_gguf_model
+    from powerinfer_rs.testing.synth import write_gguf_model
 
     dim, ffn, layers, vocab = shape
     heads = max(1, dim // 128)
@@ -185,8 +185,8 @@ def bandwidth(threads: int, nbytes: int, iters: int) -> float:
 
 def bench_synthetic(args, dtype: str) -> dict[str, Any]:
     pi = _pi()
-    from powerinfer_rs.calibrate import calibrate_thresholds
-    from powerinfer_rs.evaluate import predictor_quality
+    from powerinfer_rs.stages.calibrate import calibrate_thresholds
+    from powerinfer_rs.stages.evaluate import predictor_quality
 
     path = synthetic_relu_model(dtype, args.shape, Path(args.cache), args.seed)
     eng = pi.Engine.from_pretrained(str(path), threads=args.threads, n_ctx=args.n_ctx)
@@ -265,7 +265,7 @@ def load_or_train_predictors(args, eng, path: Path, calib: list[int]):
 
         from powerinfer_rs.loading import load_model
         from powerinfer_rs.predictors import train_predictors
-        from powerinfer_rs.profile import profile_model
+        from powerinfer_rs.stages.profile import profile_model
 
         with tempfile.TemporaryDirectory() as d:
             profile_model(
@@ -282,7 +282,7 @@ def load_or_train_predictors(args, eng, path: Path, calib: list[int]):
                 d, Path(d) / "p.safetensors", model=load_model(path), progress=not args.quiet
             )
     if args.predictors:
-        from powerinfer_rs.predictors import load_predictors
+        from powerinfer_rs.formats.predictors import load_predictors
 
         pset = load_predictors(args.predictors)
         if pset.model_fingerprint and pset.model_fingerprint != eng.loaded.fingerprint:
@@ -300,7 +300,7 @@ def bench_smol(args) -> dict[str, Any]:
     pi = _pi()
     from corpus import SOURCE_NAME, held_out_text
 
-    from powerinfer_rs.calibrate import calibrate_thresholds, held_out_cost
+    from powerinfer_rs.stages.calibrate import calibrate_thresholds, held_out_cost
 
     path = Path(args.model) if args.model else default_model()
     eng = pi.Engine.from_pretrained(str(path), threads=args.threads, n_ctx=args.n_ctx)

@@ -45,7 +45,7 @@ def smol_model_path() -> Path | None:
     env = os.environ.get("POWERINFER_RS_TEST_MODEL")
     if env:
         return Path(env) if Path(env).is_file() else None
-    from powerinfer_rs.models import cached_default_model
+    from powerinfer_rs.runtime.default_model import cached_default_model
 
     cached = cached_default_model()
     if cached is not None:
@@ -71,7 +71,7 @@ def smol(smol_path):
 @pytest.fixture(scope="session")
 def synth_hf(tmp_path_factory) -> Callable[..., Path]:
     """``synth_hf(dtype="f32", shards=1, **overrides)`` -> path of a synthetic HF dir (cached)."""
-    from powerinfer_rs.synth import write_hf_model
+    from powerinfer_rs.testing.synth import write_hf_model
 
     made: dict[tuple, Path] = {}
 
@@ -89,7 +89,7 @@ def synth_hf(tmp_path_factory) -> Callable[..., Path]:
 @pytest.fixture(scope="session")
 def synth_gguf(tmp_path_factory) -> Callable[..., Path]:
     """``synth_gguf(dtype="F32", **overrides)`` -> path of a synthetic GGUF file (cached)."""
-    from powerinfer_rs.synth import write_gguf_model
+    from powerinfer_rs.testing.synth import write_gguf_model
 
     made: dict[tuple, Path] = {}
 

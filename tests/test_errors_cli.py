@@ -27,7 +27,7 @@ def small(synth_hf):
 
 
 def _core_args(model):
-    from powerinfer_rs.engine import _CONFIG_FIELDS
+    from powerinfer_rs.runtime.engine import _CONFIG_FIELDS
 
     cfg = {k: getattr(model.config, k) for k in _CONFIG_FIELDS}
     tensors = {n: (t.dtype, t.rows, t.cols, t.data) for n, t in model.tensors.items()}

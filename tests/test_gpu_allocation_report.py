@@ -12,18 +12,13 @@ import json
 import numpy as np
 import pytest
 
-from powerinfer_rs.engine import Engine
 from powerinfer_rs.errors import PlanError
+from powerinfer_rs.formats.plan import save_plan
+from powerinfer_rs.formats.profile import synthetic_profile
 from powerinfer_rs.loading import load_model
-from powerinfer_rs.planning import (
-    gpu_allocation,
-    load_hardware,
-    make_plan,
-    save_plan,
-    synthetic_profile,
-    total_bytes,
-)
+from powerinfer_rs.planning import gpu_allocation, load_hardware, make_plan, total_bytes
 from powerinfer_rs.planning.predictor_size import fixed_predictor_sizes, read_predictor_sizes
+from powerinfer_rs.runtime.engine import Engine
 
 #: dim 128 so that a 2-byte norm (128 x 2 = 256 B) and the engine's f32 norm (512 B) differ
 #: after alignment; ffn 320 is 5 buckets of 64 and a partial one of 48.

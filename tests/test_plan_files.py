@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from powerinfer_rs.errors import ModelFileError, PlanError, ShapeError, VramBudgetError
+from powerinfer_rs.formats.plan import load_plan, save_plan
+from powerinfer_rs.formats.profile import read_profile, synthetic_profile, write_profile
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.planning import (
     ModelShape,
@@ -16,14 +18,9 @@ from powerinfer_rs.planning import (
     gpu_allocation,
     list_profiles,
     load_hardware,
-    load_plan,
     make_plan,
     parse_bytes,
-    read_profile,
-    save_plan,
-    synthetic_profile,
     total_bytes,
-    write_profile,
 )
 from powerinfer_rs.planning.gpu_probe import GpuInfo, auto_budget
 from powerinfer_rs.planning.predictor_size import read_predictor_sizes

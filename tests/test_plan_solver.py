@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from powerinfer_rs.formats.profile import synthetic_profile
 from powerinfer_rs.loading.types import ModelConfig
 from powerinfer_rs.planning import (
     HardwareProfile,
@@ -15,7 +16,6 @@ from powerinfer_rs.planning import (
     evaluate,
     fixed_predictor_sizes,
     placement_allocation,
-    synthetic_profile,
     total_bytes,
 )
 from powerinfer_rs.planning.greedy import solve_greedy

@@ -10,8 +10,8 @@ import numpy as np
 
 from powerinfer_rs import Engine
 from powerinfer_rs.loading import TensorData
-from powerinfer_rs.powerinfer_formats import load_powerinfer_gguf
-from powerinfer_rs.powerinfer_formats.testgen import write_powerinfer_gguf
+from powerinfer_rs.loading.powerinfer_gguf import load_powerinfer_gguf
+from powerinfer_rs.testing.powerinfer_files import write_powerinfer_gguf
 
 from reference import reference_forward
 

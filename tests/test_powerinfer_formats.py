@@ -13,26 +13,22 @@ import numpy as np
 import pytest
 
 from powerinfer_rs.errors import ModelFileError, UnsupportedError
+from powerinfer_rs.formats.profile import read_profile, write_profile
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.loading.gguf_file import GGUFFile
-from powerinfer_rs.planning.profile_io import read_profile, write_profile
-from powerinfer_rs.powerinfer_formats import (
+from powerinfer_rs.loading.powerinfer_dirs import (
     import_powerinfer_activations,
     import_powerinfer_predictors,
-    is_powerinfer_gguf,
-    load_powerinfer_gguf,
-    load_pt,
-    load_state_dict,
-    load_tensor,
-    save_pt,
 )
-from powerinfer_rs.powerinfer_formats.testgen import (
+from powerinfer_rs.loading.powerinfer_gguf import is_powerinfer_gguf, load_powerinfer_gguf
+from powerinfer_rs.loading.torch_pt import load_pt, load_state_dict, load_tensor, save_pt
+from powerinfer_rs.testing.powerinfer_files import (
     random_predictors,
     write_powerinfer_activation_dir,
     write_powerinfer_gguf,
     write_powerinfer_predictor_dir,
 )
-from powerinfer_rs.synth import SynthSpec, SynthWeights
+from powerinfer_rs.testing.synth import SynthSpec, SynthWeights
 
 from conftest import SMALL
 
@@ -74,7 +70,7 @@ def test_pt_round_trip_dtypes(tmp_path):
 
 def test_pt_reads_strided_and_bf16(tmp_path):
     """Hand-made pickle: a transposed view with an offset into a shared storage, and bf16."""
-    from powerinfer_rs.powerinfer_formats import torch_pt as tp
+    from powerinfer_rs.loading import torch_pt as tp
 
     store = np.arange(20, dtype=np.float32)
     bf = (np.array([1.0, -2.5], np.float32).view(np.uint32) >> 16).astype(np.uint16)

@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 
 from powerinfer_rs.errors import ModelFileError, PlanError, ShapeError
+from powerinfer_rs.formats.predictors import load_predictors, save_predictors
+from powerinfer_rs.formats.samples import SampleWriter, iter_samples, load_samples, read_meta
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.predictors import (
     LayerPredictor,
@@ -21,16 +23,13 @@ from powerinfer_rs.predictors import (
     TrainConfig,
     format_table,
     layer_ffn_bytes,
-    load_predictors,
     mask_stats,
-    save_predictors,
     train_layer,
     train_predictors,
     tune_threshold,
 )
 from powerinfer_rs.predictors import pipeline as pipeline_mod
 from powerinfer_rs.predictors._blas import blas_threads
-from powerinfer_rs.samples import SampleWriter, iter_samples, load_samples, read_meta
 
 from reference import dequantize, reference_forward
 
@@ -237,7 +236,7 @@ def test_resumable_per_layer(tmp_path, monkeypatch):
 
 
 def test_cli(tmp_path, synth_hf, capsys):
-    from powerinfer_rs.train_predictors import build_parser, main
+    from powerinfer_rs.stages.train_predictors import build_parser, main
 
     help_text = build_parser().format_help()
     for flag in (

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from powerinfer_rs import synth
 from powerinfer_rs.errors import ShapeError, UnsupportedError
 from powerinfer_rs.loading import load_model
+from powerinfer_rs.testing import synth
 
 from reference import reference_forward
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from powerinfer_rs.calibrate import main as calibrate_main
-from powerinfer_rs.evaluate import main as evaluate_main
-from powerinfer_rs.profile import main as profile_main
+from powerinfer_rs.stages.calibrate import main as calibrate_main
+from powerinfer_rs.stages.evaluate import main as evaluate_main
+from powerinfer_rs.stages.profile import main as profile_main
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +56,9 @@ def test_calibrate_reaches_the_target_sparsity(silu_model, text_file, tmp_path, 
 
 def test_calibrate_function_and_value_sampler(silu_model):
     """The quantile from a bounded sample is close to the quantile from all values."""
-    from powerinfer_rs.calibrate import calibrate_thresholds
-    from powerinfer_rs.engine import Engine
-    from powerinfer_rs.tools.common import ValueSampler
+    from powerinfer_rs.runtime.engine import Engine
+    from powerinfer_rs.stages.args import ValueSampler
+    from powerinfer_rs.stages.calibrate import calibrate_thresholds
 
     eng = Engine.from_pretrained(silu_model, threads=1)
     ids = list(np.random.default_rng(0).integers(3, 300, 400))
@@ -138,7 +138,7 @@ def test_evaluate_threshold_mode(silu_model, text_file, tmp_path, capsys):
                      "--sample-tokens", "--window", "--threads"]),
         ("evaluate", ["--model", "--predictors", "--thresholds", "--text", "--tokens",
                       "--window"]),
-        ("thresholds", ["--model"]),
+        ("formats.thresholds", ["--model"]),
     ],
 )  # fmt: skip
 def test_help(module, flags, capsys):

@@ -10,7 +10,6 @@ Hugging Face directories), tokenizes, samples and drives generation::
 
 from __future__ import annotations
 
-from .engine import Engine, GenerationStats
 from .errors import (
     ContextOverflowError,
     CudaError,
@@ -23,6 +22,7 @@ from .errors import (
     UnsupportedError,
     VramBudgetError,
 )
+from .runtime.engine import Engine, GenerationStats
 
 __version__ = "0.1.0"
 

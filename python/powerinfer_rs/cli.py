@@ -75,7 +75,7 @@ def _gen_kwargs(a: argparse.Namespace) -> dict:
 
 
 def _load(a: argparse.Namespace):
-    from .engine import Engine
+    from .runtime.engine import Engine
 
     return Engine.from_pretrained(
         a.model,

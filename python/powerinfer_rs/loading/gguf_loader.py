@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelFileError, ShapeError, UnsupportedError
-from ..tokenizer import Tokenizer
+from ..runtime.tokenizer import Tokenizer
 from .gguf_file import MAGIC, GGUFFile
 from .types import (
     ACTIVATIONS,

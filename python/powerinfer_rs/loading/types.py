@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import ModelFileError, ShapeError, UnsupportedError
 
 if TYPE_CHECKING:
-    from ..tokenizer import Tokenizer
+    from ..runtime.tokenizer import Tokenizer
 
 #: dtype name -> (elements per block, bytes per block). Quantised formats are GGML's layouts:
 #: Q8_0 = f16 scale + 32 x i8; Q4_0 = f16 scale + 16 bytes of nibbles; Q4_1 = f16 scale,

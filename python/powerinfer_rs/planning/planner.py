@@ -7,6 +7,8 @@ import json
 import numpy as np
 
 from ..errors import PlanError
+from ..formats.plan import Plan
+from ..formats.profile import Profile
 from ..loading.types import LoadedModel
 from .accounting import placement_allocation, total_bytes
 from .cost_model import evaluate
@@ -15,10 +17,8 @@ from .hardware_profile import HardwareProfile
 from .ilp import DEFAULT_MIP_GAP, solve_ilp
 from .model_shape import ModelShape
 from .placement import Placement
-from .plan_file import Plan
 from .predictor_size import PredictorSizes, default_predictor_sizes
 from .problem import PlacementProblem, build_problem
-from .profile_io import Profile
 from .solve_result import SolveResult
 
 SOLVERS = ("auto", "highs", "greedy")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from .plan_file import Plan
+from ..formats.plan import Plan
 from .sizes import format_bytes
 
 

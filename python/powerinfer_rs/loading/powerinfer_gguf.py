@@ -44,7 +44,7 @@ from ..loading.gguf_loader import (
 )
 from ..loading.types import LoadedModel, TensorData, expected_shapes, fingerprint
 from ..predictors.model import LayerPredictor, PredictorSet
-from ..tokenizer import Tokenizer
+from ..runtime.tokenizer import Tokenizer
 
 SPARSE_THRESHOLD_KEY = "powerinfer.sparse_threshold"
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"

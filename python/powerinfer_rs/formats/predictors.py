@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import ModelFileError, UnsupportedError
 from ..loading.safetensors_mmap import read_header, read_safetensors
-from .model import STORAGE_DTYPES, LayerPredictor, PredictorSet
+from ..predictors.model import STORAGE_DTYPES, LayerPredictor, PredictorSet
 
 FORMAT = "powerinfer-rs-predictors/1"
 

@@ -64,8 +64,8 @@ def nonneg_int(s: str) -> int:
 
 
 def load_engine(model: str | os.PathLike[str], threads: int = 0, n_ctx: int | None = None):
-    """A dense :class:`~powerinfer_rs.engine.Engine` on ``model``."""
-    from ..engine import Engine
+    """A dense :class:`~powerinfer_rs.runtime.engine.Engine` on ``model``."""
+    from ..runtime.engine import Engine
 
     return Engine.from_pretrained(model, threads=threads, n_ctx=n_ctx)
 

@@ -3,7 +3,8 @@
 The GGUF is written the way PowerInfer's converter does it (``gguf.GGUFWriter``, predictor
 tensors first, ``ffn_down`` stored transposed as ``ffn_down_t``, the float32 key
 ``powerinfer.sparse_threshold``, then the first four bytes overwritten with ``PWRI``), for a
-synthetic ReLU llama (:mod:`powerinfer_rs.synth`; "synthetic" wherever a figure comes from it).
+synthetic ReLU llama (:mod:`powerinfer_rs.testing.synth`; "synthetic" wherever a figure comes
+from it).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import numpy as np
 
 from ..errors import ShapeError, UnsupportedError
 from ..loading.gguf_file import POWERINFER_MAGIC
+from ..loading.powerinfer_gguf import SPARSE_THRESHOLD_KEY
+from ..loading.torch_pt import save_pt
 from ..predictors.model import LayerPredictor, PredictorSet
-from ..synth import (
+from .synth import (
     BOS_ID,
     EOS_ID,
     SPECIAL_TOKENS,
@@ -27,8 +30,6 @@ from ..synth import (
     byte_level_vocab,
     permute_qk,
 )
-from .pwri_gguf import SPARSE_THRESHOLD_KEY
-from .torch_pt import save_pt
 
 
 def random_predictors(

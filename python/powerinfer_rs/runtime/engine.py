@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _core
-from .chat import format_chat
-from .errors import (
+from .. import _core
+from ..errors import (
     ContextOverflowError,
     CudaError,
     ModelFileError,
@@ -23,7 +22,8 @@ from .errors import (
     UnsupportedError,
     VramBudgetError,
 )
-from .loading import LoadedModel, load_model
+from ..loading import LoadedModel, load_model
+from .chat import format_chat
 from .sampling import SamplingParams, sample
 from .streaming import IncrementalDecoder, StopMatcher
 
@@ -147,10 +147,10 @@ class Engine:
             raise ShapeError(f"threads must be >= 0 (0 = one per core), got {threads}")
         _check_device(device)
         if path is None:
-            from .models import default_model_path
+            from .default_model import default_model_path
 
             path = default_model_path()
-        from .powerinfer_formats import is_powerinfer_gguf, load_powerinfer_gguf
+        from ..loading.powerinfer_gguf import is_powerinfer_gguf, load_powerinfer_gguf
 
         if os.path.isfile(path) and is_powerinfer_gguf(path):
             pwri = load_powerinfer_gguf(path)
@@ -261,8 +261,8 @@ class Engine:
         this engine has (VramBudgetError; 0 on the CPU device); its neuron table (hot ids per
         layer) is read and validated by the Rust core, and the GPU bytes the plan counts must
         equal the engine's own allocation list (:meth:`gpu_allocation_report`; PlanError)."""
-        from .planning import load_plan
-        from .planning.sizes import parse_bytes
+        from ..formats.plan import load_plan
+        from ..planning.sizes import parse_bytes
 
         if self.device == "cpu":
             budget = 0 if vram_budget is None else parse_bytes(vram_budget)
@@ -298,7 +298,7 @@ class Engine:
         arithmetic). Raises :class:`PlanError` when no plan is loaded or given, or the plan is
         unreadable or made for another model."""
         if plan is not None:
-            from .planning import load_plan
+            from ..formats.plan import load_plan
 
             load_plan(plan, model=self.loaded)  # refuses another model's plan
             path = os.fspath(plan)
@@ -571,7 +571,8 @@ def _load_thresholds(
 
 def _load_predictors(source: object, loaded: LoadedModel):
     """A PredictorSet from a file path or as given, checked against the model."""
-    from .predictors import PredictorSet, load_predictors
+    from ..formats.predictors import load_predictors
+    from ..predictors import PredictorSet
 
     pset = load_predictors(source) if isinstance(source, (str, os.PathLike)) else source
     if not isinstance(pset, PredictorSet):

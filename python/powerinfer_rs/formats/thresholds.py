@@ -17,8 +17,8 @@ thresholds[i]``; the engine skips the others. The file is JSON::
     }
 
 Only ``thresholds`` is required (the engine reads ``thresholds`` and ``model_fingerprint``);
-other keys are kept as they are in :attr:`ThresholdFile.extra`. ``python -m
-powerinfer_rs.thresholds T`` prints a file.
+other keys are kept as they are in :attr:`ThresholdFile.extra`. ``powerinfer-rs thresholds T``
+(or ``python -m powerinfer_rs.formats.thresholds T``) prints a file.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelFileError, PlanError, PowerInferError
+from ..errors import ModelFileError, PlanError, PowerInferError
 
 FORMAT = "powerinfer-rs-thresholds/1"
 _KNOWN = (
@@ -195,9 +195,9 @@ def format_table(tf: ThresholdFile) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m powerinfer_rs.thresholds FILE``: print a threshold file."""
+    """``powerinfer-rs thresholds FILE``: print a threshold file."""
     ap = argparse.ArgumentParser(
-        prog="python -m powerinfer_rs.thresholds",
+        prog="powerinfer-rs thresholds",
         description="Print a threshold file written by `python -m powerinfer_rs.calibrate`: "
         "its model, target sparsity and the per-layer thresholds on |act(gate)·up|.",
     )
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = None
         if a.model:
-            from .loading import load_model
+            from ..loading import load_model
 
             model = load_model(a.model)
         tf = load_thresholds(a.file, model)
