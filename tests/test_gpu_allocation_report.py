@@ -135,7 +135,7 @@ def test_the_report_moves_with_the_engine_data(engines, tmp_path):
     path = save_plan(plan, tmp_path / "q8.safetensors")
     on_q8 = q8.gpu_allocation_report(path)
     # Rust does not know fingerprints: the Q4_0 model's own weights give other sizes ...
-    on_q4 = [tuple(a) for a in q4._model.gpu_allocation_report(str(path))]
+    on_q4 = [tuple(a) for a in q4.core_model.gpu_allocation_report(str(path))]
     assert [n for n, _ in on_q4] == [n for n, _ in on_q8]
     assert total_bytes(on_q4) < total_bytes(on_q8) == plan.gpu_bytes
     assert dict(on_q4)["blk.0.ffn_hot"] < dict(on_q8)["blk.0.ffn_hot"]
@@ -170,7 +170,7 @@ def _rewrite(path, out, edit):
 
 def test_bad_plans_are_plan_errors(engines, tmp_path):
     engine = engines("gguf-Q8_0")
-    core = engine._model
+    core = engine.core_model
     plan = plan_for(engine, int(full_bytes(engine) * 0.5))
     good = save_plan(plan, tmp_path / "good.safetensors")
     assert check_report(engine, plan, good)
@@ -204,7 +204,7 @@ def test_engine_plan_argument_and_no_plan(engines, synth_gguf, tmp_path):
     assert loaded.gpu_allocation_report() == []
     other = Engine(load_model(synth_gguf(dtype="Q4_0", **{**SHAPE, "layers": 2})))
     with pytest.raises(PlanError):
-        other._model.gpu_allocation_report(str(cpu))  # 3 layers of neurons, 2 in the model
+        other.core_model.gpu_allocation_report(str(cpu))  # 3 layers of neurons, 2 in the model
 
 
 def test_smollm2(smol, tmp_path):

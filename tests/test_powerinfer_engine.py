@@ -66,7 +66,7 @@ def test_pwri_gguf_runs_in_predictor_mode(tmp_path):
     assert np.linalg.norm(ref - dense_ref) / np.linalg.norm(dense_ref) > 10 * REF_RTOL
     # One token at a time through the sparse decode kernels: the same function.
     eng.reset()
-    rows = np.stack([eng._session.feed([t])[0] for t in ids])
+    rows = np.stack([eng.prefill([t]) for t in ids])
     assert np.linalg.norm(rows - ref) / np.linalg.norm(ref) <= REF_RTOL
     # Dense mode of the same file uses ffn_down rebuilt from ffn_down_t.
     eng.set_sparsity("dense")

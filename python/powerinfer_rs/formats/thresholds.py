@@ -28,6 +28,7 @@ import json
 import math
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,20 @@ def load_thresholds(path: str | os.PathLike[str], model: Any = None) -> Threshol
     return tf
 
 
+def thresholds_for(
+    source: Sequence[float] | str | os.PathLike[str], model: Any
+) -> list[float]:
+    """Per-layer thresholds for ``model`` (a LoadedModel) from a threshold file (see
+    :func:`load_thresholds`) or a list of numbers; :class:`PlanError` when they do not fit."""
+    if isinstance(source, (str, os.PathLike)):
+        return load_thresholds(source, model).thresholds
+    try:
+        values = [float(v) for v in source]
+    except (TypeError, ValueError) as e:
+        raise PlanError(f"thresholds must be numbers: {e}") from e
+    ThresholdFile(thresholds=values).check_model(model)
+    return values
+
 def format_table(tf: ThresholdFile) -> str:
     """Per-layer table of a threshold file."""
     lines = [f"{'layer':>5} | {'threshold':>10} | {'measured sparsity':>17}"]
@@ -227,6 +242,7 @@ __all__ = [
     "format_table",
     "load_thresholds",
     "save_thresholds",
+    "thresholds_for",
 ]
 
 if __name__ == "__main__":

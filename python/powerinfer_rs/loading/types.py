@@ -107,6 +107,24 @@ class TensorData:
         return int(self.data.size)
 
 
+#: The config values the Rust core takes (``_core.Model(config, tensors)``), in its order; the
+#: first eight are positive integers.
+CORE_CONFIG_FIELDS = (
+    "n_layers",
+    "dim",
+    "ffn_dim",
+    "n_heads",
+    "n_kv_heads",
+    "head_dim",
+    "vocab_size",
+    "max_context",
+    "rms_eps",
+    "rope_theta",
+    "rope_style",
+    "activation",
+)
+
+
 @dataclass
 class ModelConfig:
     """Hyper-parameters of a llama-family decoder, in the engine's own vocabulary."""
@@ -131,16 +149,7 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Check the values fit together; raise :class:`ShapeError` / :class:`UnsupportedError`."""
-        for name in (
-            "n_layers",
-            "dim",
-            "ffn_dim",
-            "n_heads",
-            "n_kv_heads",
-            "head_dim",
-            "vocab_size",
-            "max_context",
-        ):
+        for name in CORE_CONFIG_FIELDS[:8]:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ShapeError(f"config {name} must be a positive integer, got {v!r}")

@@ -256,9 +256,9 @@ def _run(a: argparse.Namespace) -> int:
         thresholds = load_thresholds(a.thresholds, engine.loaded).thresholds
     predictors = None
     if a.predictors:
-        from ..runtime.engine import _load_predictors
+        from ..formats.predictors import predictors_for
 
-        predictors = _load_predictors(a.predictors, engine.loaded)
+        predictors = predictors_for(a.predictors, engine.loaded)
     ids, names = corpus_ids(engine, a.text, a.tokens)
     window = min(a.window, engine.n_ctx)
     modes = evaluate_modes(
