@@ -1,12 +1,18 @@
-"""Packages whose names load on first use (PEP 562), so that importing a package does not import
-every module in it: the file-format modules and the libraries that use them can then import each
-other's pieces without cycles, and optional dependencies load only when needed."""
+"""Deferred imports. Packages whose names load on first use (PEP 562), so that importing a package
+does not import every module in it (the file-format modules and the libraries that use them can
+then import each other's pieces without cycles), and the optional dependencies of the
+``powerinfer-rs[plan]`` extra (highspy, matplotlib), imported only where they are needed."""
 
 from __future__ import annotations
 
 import importlib
 import sys
 from typing import Any, Callable
+
+from .errors import UnsupportedError
+
+#: What installs the optional dependencies.
+PLAN_EXTRA = "pip install 'powerinfer-rs[plan]'"
 
 
 def lazy_exports(
@@ -25,3 +31,13 @@ def lazy_exports(
         return value
 
     return sorted(where), __getattr__
+
+
+def optional_import(name: str, purpose: str) -> Any:
+    """Import module ``name`` of an optional dependency, or raise :class:`UnsupportedError`
+    saying ``purpose`` needs it and how to install it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        top = name.split(".")[0]
+        raise UnsupportedError(f"{purpose} needs {top} ({e}): {PLAN_EXTRA}") from None

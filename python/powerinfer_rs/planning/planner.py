@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from ..errors import PlanError
+from ..errors import PlanError, UnsupportedError
 from ..formats.plan import Plan
 from ..formats.profile import Profile
 from ..loading.types import LoadedModel
@@ -47,9 +47,9 @@ def solve(
         res = solve_ilp(
             problem, time_limit=time_limit, mip_rel_gap=mip_gap, start=greedy.placement, log=log
         )
-    except ImportError:
+    except UnsupportedError:
         if solver == "highs":
-            raise PlanError("--solver highs needs highspy: pip install highspy") from None
+            raise
         greedy.note = "highspy is not installed: greedy fallback"
         return greedy
     except PlanError as e:

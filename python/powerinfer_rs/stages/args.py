@@ -20,13 +20,15 @@ from .corpus import CorpusError, read_corpus
 NONZERO = float(np.nextafter(np.float32(0), np.float32(1)))
 
 
-def run_cli(fn: Callable[[], int]) -> int:
-    """Run a tool's body: :class:`PowerInferError` and I/O errors become ``error: ...`` on
-    stderr and exit status 2 (no traceback); Ctrl-C exits 130."""
+def run_cli(fn: Callable[[], int], *, error_class: bool = False) -> int:
+    """Run a command's body: :class:`PowerInferError` and I/O errors become ``error: ...`` on
+    stderr (with the error's class name when ``error_class``) and exit status 2, no traceback;
+    Ctrl-C exits 130."""
     try:
         return fn()
     except PowerInferError as e:
-        print(f"error: {e}", file=sys.stderr)
+        kind = f"{type(e).__name__}: " if error_class else ""
+        print(f"error: {kind}{e}", file=sys.stderr)
         return 2
     except OSError as e:
         name = f"{e.filename}: " if getattr(e, "filename", None) else ""

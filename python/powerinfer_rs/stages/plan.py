@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import textwrap
 
-from ..errors import PowerInferError
 from ..planning.gpu_probe import AUTO_MARGIN_BYTES, auto_budget, detect_gpu
 from ..planning.hardware_profile import (
     FALLBACK_PROFILE,
@@ -18,6 +16,7 @@ from ..planning.ilp import DEFAULT_MIP_GAP
 from ..planning.planner import SOLVERS
 from ..planning.problem import BUCKET_SIZES, OBJECTIVES
 from ..planning.sizes import format_bytes, parse_bytes
+from .args import run_cli
 
 _EPILOG = f"""\
 Sizes: 8GiB, 512MiB (powers of 1024), 8GB (powers of 1000), or bytes; 0 = CPU only.
@@ -239,10 +238,7 @@ def run(args: argparse.Namespace) -> int:
     out = save_plan(plan, args.out)
     print(f"plan written to {out}")
     if args.plot:
-        try:
-            plot_plan(plan, args.plot)
-        except ImportError:
-            raise PlanError("--plot needs matplotlib: pip install matplotlib") from None
+        plot_plan(plan, args.plot)
         print(f"plot written to {args.plot}")
     return 0
 
@@ -250,14 +246,4 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (2 with a one-line message on bad input)."""
     args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except PowerInferError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return run_cli(lambda: run(args))

@@ -153,10 +153,10 @@ def plot_activation(
     counts: np.ndarray, tokens: int, path: str | os.PathLike[str], title: str = ""
 ) -> Path:
     """Write a log-log plot of each layer's activation frequencies sorted hottest first."""
-    import matplotlib
+    from ..planning.report import pyplot
 
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    import matplotlib
     from matplotlib import cm
     from matplotlib.colors import Normalize
     from matplotlib.ticker import MaxNLocator
