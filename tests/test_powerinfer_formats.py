@@ -28,7 +28,7 @@ from powerinfer_rs.testing.powerinfer_files import (
     write_powerinfer_gguf,
     write_powerinfer_predictor_dir,
 )
-from powerinfer_rs.testing.synth import SynthSpec, SynthWeights
+from powerinfer_rs.testing.synth_model import SynthSpec, SynthWeights
 
 from conftest import SMALL
 

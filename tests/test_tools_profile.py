@@ -60,7 +60,7 @@ def profiled(tmp_path_factory, relu_model, random_text):
 def test_profiled_frequencies_match_the_planted_law(profiled):
     """Acceptance (issue 4): the profiled frequencies match the planted ones (synthetic)."""
     from powerinfer_rs.formats.profile import read_profile
-    from powerinfer_rs.testing.synth import SynthSpec, SynthWeights
+    from powerinfer_rs.testing.synth_model import SynthSpec, SynthWeights
 
     prof = read_profile(profiled)
     assert prof.tokens == TOKENS and prof.n_layers == SHAPE["layers"]
