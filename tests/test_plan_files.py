@@ -109,26 +109,10 @@ def test_budget_zero_is_a_valid_cpu_only_plan(model, profile, tmp_path):
 
 
 def test_slab_and_down_t_rules():
-    from powerinfer_rs.loading.types import ModelConfig
     from powerinfer_rs.planning.accounting import slab_bytes
+    from powerinfer_rs.testing.synth_model import SynthSpec
 
-    cfg = ModelConfig(
-        arch="llama",
-        n_layers=1,
-        dim=48,
-        ffn_dim=64,
-        n_heads=4,
-        n_kv_heads=2,
-        head_dim=12,
-        vocab_size=300,
-        max_context=64,
-        rms_eps=1e-5,
-        rope_theta=1e4,
-        rope_style="norm",
-        activation="relu",
-        bos_token_id=0,
-        eos_token_ids=[2],
-    )
+    cfg = SynthSpec(48, 64, 1, heads=4, kv_heads=2, vocab=300, max_context=64).model_config()
     # dim 48 is no whole number of Q8_0 blocks: down_t falls back to F16
     shape = ModelShape.from_config(cfg, "F16", dtypes={"blk.0.ffn_down": "Q8_0"})
     assert shape.down_t_dtype(0) == "F16"

@@ -19,6 +19,7 @@ from powerinfer_rs.planning import (
     total_bytes,
 )
 from powerinfer_rs.planning.greedy import solve_greedy
+from powerinfer_rs.testing.synth_model import SynthSpec
 
 #: Objective values agree to this relative tolerance (float sums in a different order).
 REL_TOL = 1e-9
@@ -37,23 +38,8 @@ TOY_HW = HardwareProfile(
 
 
 def tiny_config(layers: int, dim: int = 64, ffn: int = 128) -> ModelConfig:
-    return ModelConfig(
-        arch="llama",
-        n_layers=layers,
-        dim=dim,
-        ffn_dim=ffn,
-        n_heads=4,
-        n_kv_heads=2,
-        head_dim=dim // 4,
-        vocab_size=300,
-        max_context=64,
-        rms_eps=1e-5,
-        rope_theta=1e4,
-        rope_style="norm",
-        activation="relu",
-        bos_token_id=0,
-        eos_token_ids=[2],
-    )
+    spec = SynthSpec(dim, ffn, layers, heads=4, kv_heads=2, vocab=300, max_context=64)
+    return spec.model_config()
 
 
 def all_placements(p):

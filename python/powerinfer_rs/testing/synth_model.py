@@ -45,6 +45,7 @@ from statistics import NormalDist
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedError
+from ..loading.types import ModelConfig
 
 BIAS_VALUE = 4.0
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -170,6 +171,28 @@ class SynthSpec:
             raise UnsupportedError(f"activation {self.activation!r}")
         if not 0.0 < self.active < 1.0:
             raise ShapeError("active must lie in (0, 1)")
+
+    def model_config(self) -> ModelConfig:
+        """The config the GGUF loader reads from this model's file (also a model shape for the
+        planner without any weights)."""
+        return ModelConfig(
+            arch="llama",
+            n_layers=self.layers,
+            dim=self.dim,
+            ffn_dim=self.ffn,
+            n_heads=self.heads,
+            n_kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            vocab_size=self.vocab,
+            max_context=self.max_context,
+            rms_eps=self.rms_eps,
+            rope_theta=self.rope_theta,
+            rope_style="norm",
+            activation=self.activation,
+            bos_token_id=BOS_ID,
+            eos_token_ids=[EOS_ID],
+            tie_embeddings=self.tie,
+        )
 
     def tensor_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
         """Canonical names and HF shapes (``(out, in)``, or ``(n,)`` for norms), file order."""
