@@ -74,52 +74,29 @@ def test_pt_reads_strided_and_bf16(tmp_path):
 
     store = np.arange(20, dtype=np.float32)
     bf = (np.array([1.0, -2.5], np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    def tensor(storage: str, key: str, numel: int, offset: int, shape, stride) -> bytes:
+        """The pickle of ``torch._utils._rebuild_tensor_v2`` on storage record ``key``."""
+        location = [tp._unicode("storage"), tp._global("torch", storage), tp._unicode(key)]
+        pid = tp._tuple([*location, tp._unicode("cpu"), tp._intop(numel)]) + b"Q"
+        return tp._global("torch._utils", "_rebuild_tensor_v2") + tp._tuple(
+            [
+                pid,
+                tp._intop(offset),
+                tp._tuple([tp._intop(n) for n in shape]),
+                tp._tuple([tp._intop(n) for n in stride]),
+                b"\x89",
+                tp._global("collections", "OrderedDict") + b")R",
+            ]
+        )
+
     body = (
         tp._global("collections", "OrderedDict")
         + b")R("
         + tp._unicode("a")
-        + tp._global("torch._utils", "_rebuild_tensor_v2")
-        + tp._tuple(
-            [
-                tp._tuple(
-                    [
-                        tp._unicode("storage"),
-                        tp._global("torch", "FloatStorage"),
-                        tp._unicode("0"),
-                        tp._unicode("cpu"),
-                        tp._intop(20),
-                    ]
-                )
-                + b"Q",
-                tp._intop(2),
-                tp._tuple([tp._intop(3), tp._intop(2)]),
-                tp._tuple([tp._intop(1), tp._intop(5)]),
-                b"\x89",
-                tp._global("collections", "OrderedDict") + b")R",
-            ]
-        )
+        + tensor("FloatStorage", "0", 20, 2, (3, 2), (1, 5))
         + b"R"
         + tp._unicode("b")
-        + tp._global("torch._utils", "_rebuild_tensor_v2")
-        + tp._tuple(
-            [
-                tp._tuple(
-                    [
-                        tp._unicode("storage"),
-                        tp._global("torch", "BFloat16Storage"),
-                        tp._unicode("1"),
-                        tp._unicode("cpu"),
-                        tp._intop(2),
-                    ]
-                )
-                + b"Q",
-                tp._intop(0),
-                tp._tuple([tp._intop(2)]),
-                tp._tuple([tp._intop(1)]),
-                b"\x89",
-                tp._global("collections", "OrderedDict") + b")R",
-            ]
-        )
+        + tensor("BFloat16Storage", "1", 2, 0, (2,), (1,))
         + b"Ru"
     )
     path = tmp_path / "s.pt"

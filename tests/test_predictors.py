@@ -319,28 +319,14 @@ def test_load_predictors_malformed(tmp_path):
     save_file({"blk.0.fc1": np.zeros((2, 3), np.float32)}, str(p), metadata=meta)
     with pytest.raises(ModelFileError, match="lacks"):
         load_predictors(p)
-    save_file(
-        {
-            "blk.0.fc1": np.zeros((2, 3), np.float32),
-            "blk.0.fc2": np.zeros((5, 4), np.float32),
-            "blk.0.threshold": np.zeros(1, np.float32),
-        },
-        str(p),
-        metadata=meta,
-    )
-    with pytest.raises(ModelFileError, match="do not fit"):
-        load_predictors(p)
-    save_file(
-        {
-            "blk.0.fc1": np.full((2, 3), np.nan, np.float32),
-            "blk.0.fc2": np.zeros((5, 2), np.float32),
-            "blk.0.threshold": np.zeros(1, np.float32),
-        },
-        str(p),
-        metadata=meta,
-    )
-    with pytest.raises(ModelFileError, match="non-finite"):
-        load_predictors(p)
+    for fc1, fc2, match in (
+        (np.zeros((2, 3), np.float32), np.zeros((5, 4), np.float32), "do not fit"),
+        (np.full((2, 3), np.nan, np.float32), np.zeros((5, 2), np.float32), "non-finite"),
+    ):
+        layer = {"blk.0.fc1": fc1, "blk.0.fc2": fc2, "blk.0.threshold": np.zeros(1, np.float32)}
+        save_file(layer, str(p), metadata=meta)
+        with pytest.raises(ModelFileError, match=match):
+            load_predictors(p)
     good = PredictorSet({0: LayerPredictor(np.ones((2, 3)), np.ones((5, 2)), 0.5)}, dtype="F32")
     save_predictors(p, good)
     raw = bytearray(p.read_bytes())

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import ModelFileError, ShapeError, UnsupportedError
 from ..runtime.tokenizer import Tokenizer
-from .gguf_file import MAGIC, GGUFFile
+from .gguf_file import MAGIC, GGUFFile, starts_with
 from .types import (
     ACTIVATIONS,
     SUPPORTED_DTYPES,
@@ -195,8 +195,4 @@ def load_gguf(path: str | os.PathLike[str]) -> LoadedModel:
 
 def is_gguf_file(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a regular file starting with the GGUF magic."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == MAGIC
-    except OSError:
-        return False
+    return starts_with(path, MAGIC)

@@ -214,13 +214,19 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
     return shapes
 
 
-def check_tensors(config: ModelConfig, tensors: dict[str, TensorData], source: str) -> None:
-    """Check that every required tensor is present with the shape ``config`` implies.
+def check_tensors(
+    config: ModelConfig,
+    tensors: dict[str, TensorData],
+    source: str,
+    shapes: dict[str, tuple[int, int]] | None = None,
+) -> None:
+    """Check that every required tensor is present with the shape ``config`` implies (or the
+    given ``shapes``, by name).
 
     Norm vectors must be float (F32/F16/BF16). Raises :class:`ModelFileError` naming the first
     missing tensor, :class:`ShapeError` naming the first mis-shaped one.
     """
-    for name, (rows, cols) in expected_shapes(config).items():
+    for name, (rows, cols) in (shapes or expected_shapes(config)).items():
         t = tensors.get(name)
         if t is None:
             raise ModelFileError(f"{source}: required tensor {name!r} is missing")

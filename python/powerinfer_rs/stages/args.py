@@ -1,10 +1,12 @@
-"""Plumbing shared by the calibrate / profile / evaluate tools and the sparse benchmark:
+"""What the stage commands share: their argument handling (:func:`stage_parser` and the
+``add_*`` helpers, argparse types, :func:`run_cli` with its error convention: one line on
+stderr, exit status 2), and for calibrate / profile / evaluate and the sparse benchmark:
 loading an engine, turning a corpus into token ids, running the engine over token windows with
-a fresh context each, sampling activations with bounded memory, and the CLI error convention
-(one line on stderr, exit status 2)."""
+a fresh context each, sampling activations with bounded memory."""
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import sys
@@ -37,6 +39,72 @@ def run_cli(fn: Callable[[], int], *, error_class: bool = False) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def stage_parser(
+    stage: str, description: str, *, epilog: str | None = None, model_help: str | None = None
+) -> argparse.ArgumentParser:
+    """The parser of ``python -m powerinfer_rs.<stage>``, with its ``--model`` argument."""
+    ap = argparse.ArgumentParser(
+        prog=f"python -m powerinfer_rs.{stage}",
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--model", required=True, help=model_help or "GGUF file or Hugging Face model directory"
+    )
+    return ap
+
+
+def add_text_args(
+    ap: argparse.ArgumentParser, flag: str, help: str, *, tokens: int, tokens_help: str
+) -> None:
+    """``flag`` (text files, HTML pages or directories; several allowed) and ``--tokens``."""
+    ap.add_argument(flag, required=True, nargs="+", metavar="FILE", help=help)
+    ap.add_argument(
+        "--tokens", type=positive_int, default=tokens, help=f"{tokens_help} (default {tokens})"
+    )
+
+
+def add_window_arg(ap: argparse.ArgumentParser, help: str) -> None:
+    """``--window``: tokens per forward window, a fresh context each (default 256)."""
+    ap.add_argument("--window", type=positive_int, default=256, help=f"{help} (default 256)")
+
+
+def add_thresholds_arg(ap: argparse.ArgumentParser, what_for: str) -> None:
+    """``--thresholds T``: a threshold file from ``calibrate``."""
+    ap.add_argument(
+        "--thresholds",
+        metavar="T",
+        help=f"threshold file (python -m powerinfer_rs.calibrate): {what_for}",
+    )
+
+
+def add_run_args(ap: argparse.ArgumentParser, *, threads: bool = True) -> None:
+    """``--threads`` (with ``threads``) and ``--quiet``."""
+    if threads:
+        ap.add_argument(
+            "--threads", type=nonneg_int, default=0, help="threads (0 = one per core)"
+        )
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def stage_main(
+    build_parser: Callable[[], argparse.ArgumentParser],
+    run: Callable[[argparse.Namespace], int],
+    argv: Sequence[str] | None,
+    *,
+    check: Callable[[argparse.Namespace], str | None] | None = None,
+) -> int:
+    """A stage's ``main``: parse ``argv`` and ``check`` the values (usage errors exit 2 through
+    argparse), then :func:`run_cli` the stage."""
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    problem = check(a) if check is not None else None
+    if problem:
+        ap.error(problem)
+    return run_cli(lambda: run(a))
 
 
 def positive_int(s: str) -> int:

@@ -32,14 +32,17 @@ from ..formats.thresholds import ThresholdFile, save_thresholds
 from .args import (
     NONZERO,
     ValueSampler,
+    add_run_args,
+    add_text_args,
+    add_window_arg,
     corpus_ids,
     feed_windows,
     fmt_pct,
     load_engine,
-    nonneg_int,
     perplexity_and_activity,
     positive_int,
-    run_cli,
+    stage_main,
+    stage_parser,
 )
 
 DEFAULT_TOKENS = 4096
@@ -149,22 +152,20 @@ def _table(thresholds: list[float], below: list[float], held: list[float] | None
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used for ``--help``)."""
-    ap = argparse.ArgumentParser(
-        prog="python -m powerinfer_rs.calibrate",
-        description="Calibrate per-layer thresholds on |act(gate)·up| for the engine's "
-        "threshold sparsity mode (SiLU/GELU models) to a target FFN sparsity, write them, and "
-        "print the perplexity cost on a held-out part of the corpus.",
+    ap = stage_parser(
+        "calibrate",
+        "Calibrate per-layer thresholds on |act(gate)·up| for the engine's threshold sparsity "
+        "mode (SiLU/GELU models) to a target FFN sparsity, write them, and print the perplexity "
+        "cost on a held-out part of the corpus.",
         epilog=__doc__.split("Example::", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--model", required=True, help="GGUF file or Hugging Face model directory")
-    ap.add_argument(
+    add_text_args(
+        ap,
         "--corpus",
-        required=True,
-        nargs="+",
-        metavar="FILE",
-        help="calibration text: plain text files, HTML pages (e.g. Debian doc packages; the "
-        "tags are stripped) or directories of them; read in order",
+        "calibration text: plain text files, HTML pages (e.g. Debian doc packages; the tags are "
+        "stripped) or directories of them; read in order",
+        tokens=DEFAULT_TOKENS,
+        tokens_help="tokens read from the corpus in all, calibration and held-out part together",
     )
     ap.add_argument(
         "--sparsity",
@@ -174,25 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--out", required=True, help="threshold file to write (JSON)")
     ap.add_argument(
-        "--tokens",
-        type=positive_int,
-        default=DEFAULT_TOKENS,
-        help=f"tokens read from the corpus in all, calibration and held-out part together "
-        f"(default {DEFAULT_TOKENS})",
-    )
-    ap.add_argument(
         "--heldout-fraction",
         type=float,
         default=0.2,
         help="share of those tokens (the tail) kept out of calibration to measure the "
         "perplexity cost on; 0 skips the measurement (default 0.2)",
     )
-    ap.add_argument(
-        "--window",
-        type=positive_int,
-        default=256,
-        help="tokens per forward window (fresh context each) for calibration and "
-        "perplexity (default 256)",
+    add_window_arg(
+        ap, "tokens per forward window (fresh context each) for calibration and perplexity"
     )
     ap.add_argument(
         "--sample-values",
@@ -201,21 +191,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="|act(gate)·up| values kept per layer for the quantile (a uniform random sample; "
         f"bounds memory; default {DEFAULT_SAMPLE_VALUES})",
     )
-    ap.add_argument("--threads", type=nonneg_int, default=0, help="threads (0 = one per core)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the value sampling")
-    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_run_args(ap)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
-    ap = build_parser()
-    a = ap.parse_args(argv)
+    return stage_main(build_parser, _run, argv, check=_check)
+
+
+def _check(a: argparse.Namespace) -> str | None:
     if not 0.0 < a.sparsity < 1.0:
-        ap.error(f"--sparsity must lie in (0, 1), got {a.sparsity}")
+        return f"--sparsity must lie in (0, 1), got {a.sparsity}"
     if not 0.0 <= a.heldout_fraction < 1.0:
-        ap.error(f"--heldout-fraction must lie in [0, 1), got {a.heldout_fraction}")
-    return run_cli(lambda: _run(a))
+        return f"--heldout-fraction must lie in [0, 1), got {a.heldout_fraction}"
+    return None
 
 
 def _run(a: argparse.Namespace) -> int:

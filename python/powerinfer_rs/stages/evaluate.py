@@ -38,14 +38,18 @@ from ..errors import PlanError
 from .args import (
     NONZERO,
     active_mask,
+    add_run_args,
+    add_text_args,
+    add_thresholds_arg,
+    add_window_arg,
     corpus_ids,
     feed_windows,
     fmt_pct,
     load_engine,
-    nonneg_int,
     perplexity_and_activity,
     positive_int,
-    run_cli,
+    stage_main,
+    stage_parser,
 )
 
 DEFAULT_TOKENS = 2048
@@ -187,63 +191,47 @@ def format_quality(rows: list[dict[str, float]], semantics: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used for ``--help``)."""
-    ap = argparse.ArgumentParser(
-        prog="python -m powerinfer_rs.evaluate",
-        description="Perplexity of the dense, exact-relu / threshold and predictor sparsity "
-        "modes side by side on the same tokens, plus per-layer predictor recall and precision "
-        "against the true activity.",
+    ap = stage_parser(
+        "evaluate",
+        "Perplexity of the dense, exact-relu / threshold and predictor sparsity modes side by "
+        "side on the same tokens, plus per-layer predictor recall and precision against the "
+        "true activity.",
         epilog="Example::" + __doc__.split("Example::", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--model", required=True, help="GGUF file or Hugging Face model directory")
     ap.add_argument(
         "--predictors",
         metavar="P",
         help="predictor file (python -m powerinfer_rs.train_predictors): adds predictor mode "
         "and the recall table",
     )
-    ap.add_argument(
-        "--thresholds",
-        metavar="T",
-        help="threshold file (python -m powerinfer_rs.calibrate): adds threshold mode, and "
-        "defines 'active' (|act| >= t) for the recall of SiLU/GELU models",
+    add_thresholds_arg(
+        ap,
+        "adds threshold mode, and defines 'active' (|act| >= t) for the recall of SiLU/GELU "
+        "models",
     )
-    ap.add_argument(
+    add_text_args(
+        ap,
         "--text",
-        required=True,
-        nargs="+",
-        metavar="FILE",
-        help="evaluation text: plain text files, HTML pages (tags stripped) or directories; "
-        "use text the thresholds/predictors were not fitted on",
+        "evaluation text: plain text files, HTML pages (tags stripped) or directories; use text "
+        "the thresholds/predictors were not fitted on",
+        tokens=DEFAULT_TOKENS,
+        tokens_help="tokens scored, from the start of the text",
     )
-    ap.add_argument(
-        "--tokens",
-        type=positive_int,
-        default=DEFAULT_TOKENS,
-        help=f"tokens scored, from the start of the text (default {DEFAULT_TOKENS})",
-    )
-    ap.add_argument(
-        "--window",
-        type=positive_int,
-        default=256,
-        help="tokens per perplexity window, each a fresh context (default 256)",
-    )
+    add_window_arg(ap, "tokens per perplexity window, each a fresh context")
     ap.add_argument(
         "--recall-tokens",
         type=positive_int,
         default=1024,
         help="tokens the recall/precision table is measured on (default 1024)",
     )
-    ap.add_argument("--threads", type=nonneg_int, default=0, help="threads (0 = one per core)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_run_args(ap)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
-    a = build_parser().parse_args(argv)
-    return run_cli(lambda: _run(a))
+    return stage_main(build_parser, _run, argv)
 
 
 def _run(a: argparse.Namespace) -> int:

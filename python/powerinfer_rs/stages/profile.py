@@ -38,12 +38,16 @@ import numpy as np
 from ..errors import InternalError, PlanError
 from .args import (
     active_mask,
+    add_run_args,
+    add_text_args,
+    add_thresholds_arg,
+    add_window_arg,
     corpus_ids,
     feed_windows,
     load_engine,
-    nonneg_int,
     positive_int,
-    run_cli,
+    stage_main,
+    stage_parser,
     top_share,
 )
 
@@ -213,37 +217,27 @@ def resolve_semantics(engine: Any, thresholds_path: str | None) -> tuple[str, li
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used for ``--help``)."""
-    ap = argparse.ArgumentParser(
-        prog="python -m powerinfer_rs.profile",
-        description="Profile per layer and neuron how often each FFN neuron is active over a "
-        "text corpus (dense run; counters inside the engine), write the counts, a plot of the "
-        "power law and, optionally, predictor-training samples.",
+    ap = stage_parser(
+        "profile",
+        "Profile per layer and neuron how often each FFN neuron is active over a text corpus "
+        "(dense run; counters inside the engine), write the counts, a plot of the power law "
+        "and, optionally, predictor-training samples.",
         epilog="Writes DIR/profile.safetensors, DIR/activation.png, DIR/summary.json and, "
         "with --samples, DIR/samples/.\n\nExample::" + __doc__.split("Example::", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--model", required=True, help="GGUF file or Hugging Face model directory")
-    ap.add_argument(
+    add_text_args(
+        ap,
         "--corpus",
-        required=True,
-        nargs="+",
-        metavar="FILE",
-        help="text to profile on: plain text files, HTML pages (tags stripped) or "
-        "directories of them; read in order",
-    )
-    ap.add_argument(
-        "--tokens",
-        type=positive_int,
-        default=DEFAULT_TOKENS,
-        help=f"tokens to profile, taken from the start of the corpus (default {DEFAULT_TOKENS})",
+        "text to profile on: plain text files, HTML pages (tags stripped) or directories of "
+        "them; read in order",
+        tokens=DEFAULT_TOKENS,
+        tokens_help="tokens to profile, taken from the start of the corpus",
     )
     ap.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    ap.add_argument(
-        "--thresholds",
-        metavar="T",
-        help="threshold file (python -m powerinfer_rs.calibrate): count a neuron active "
-        "when |act| >= its layer's threshold; required for SiLU/GELU models, optional for "
-        "ReLU models (default there: act > 0)",
+    add_thresholds_arg(
+        ap,
+        "count a neuron active when |act| >= its layer's threshold; required for SiLU/GELU "
+        "models, optional for ReLU models (default there: act > 0)",
     )
     ap.add_argument(
         "--samples",
@@ -258,23 +252,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --samples: at most this many token rows per layer, drawn uniformly over "
         "the run (default: every profiled token)",
     )
-    ap.add_argument(
-        "--window",
-        type=positive_int,
-        default=256,
-        help="tokens per forward window; each window starts a fresh context (default 256)",
-    )
-    ap.add_argument("--threads", type=nonneg_int, default=0, help="threads (0 = one per core)")
+    add_window_arg(ap, "tokens per forward window; each window starts a fresh context")
     ap.add_argument("--seed", type=int, default=0, help="seed of the sample-row draw")
     ap.add_argument("--no-plot", action="store_true", help="do not write activation.png")
-    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_run_args(ap)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
-    a = build_parser().parse_args(argv)
-    return run_cli(lambda: _run(a))
+    return stage_main(build_parser, _run, argv)
 
 
 def _run(a: argparse.Namespace) -> int:

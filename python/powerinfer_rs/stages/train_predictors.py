@@ -1,7 +1,7 @@
 """``python -m powerinfer_rs.train_predictors``: train per-layer activation predictors.
 
 Reads the (FFN input, active mask) samples the profiler wrote to ``PROFILE/samples`` and
-writes ``predictors.safetensors`` (see :mod:`powerinfer_rs.predictors`). Resumable: rerun the
+writes ``predictors.safetensors`` (:mod:`powerinfer_rs.formats.predictors`). Resumable: rerun the
 same command after an interruption and finished layers are skipped.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..errors import PowerInferError
+from .args import add_run_args, stage_main, stage_parser
 
 
 def _layers(s: str) -> list[int]:
@@ -24,18 +24,14 @@ def _layers(s: str) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used for ``--help``)."""
-    ap = argparse.ArgumentParser(
-        prog="python -m powerinfer_rs.train_predictors",
-        description="Train one low-rank MLP activation predictor per layer (logits = fc2 . "
-        "ReLU(fc1 . x), neuron active when logit >= the layer's threshold) from profiler "
-        "samples. The rank grows per layer (x2) from a start chosen by the layer's sparsity "
-        "and skewness until the recall target holds on held-out samples at a threshold tuned "
-        "on validation, within a byte budget.",
-    )
-    ap.add_argument(
-        "--model",
-        required=True,
-        help="the model the samples came from (GGUF file or HF directory): its "
+    ap = stage_parser(
+        "train_predictors",
+        "Train one low-rank MLP activation predictor per layer (logits = fc2 . ReLU(fc1 . x), "
+        "neuron active when logit >= the layer's threshold) from profiler samples. The rank "
+        "grows per layer (x2) from a start chosen by the layer's sparsity and skewness until "
+        "the recall target holds on held-out samples at a threshold tuned on validation, "
+        "within a byte budget.",
+        model_help="the model the samples came from (GGUF file or HF directory): its "
         "fingerprint is checked and its FFN bytes set the budget",
     )
     ap.add_argument(
@@ -87,38 +83,35 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="use at most this many samples per layer (bounds memory)",
     )
-    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_run_args(ap, threads=False)
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status."""
-    a = build_parser().parse_args(argv)
+    return stage_main(build_parser, _run, argv)
+
+
+def _run(a: argparse.Namespace) -> int:
     from ..loading import load_model
     from ..predictors import TrainConfig, format_table, train_predictors
 
     cfg = TrainConfig(dtype=a.dtype.upper())
     if a.epochs is not None:
         cfg.epochs = a.epochs
-    try:
-        model = load_model(a.model)
-        result = train_predictors(
-            a.profile,
-            a.out,
-            model=model,
-            recall=a.recall,
-            max_bytes_fraction=a.max_bytes_fraction,
-            layers=a.layers,
-            seed=a.seed,
-            config=cfg,
-            max_rows=a.max_rows,
-            progress=not a.quiet,
-            log=lambda s: print(s, file=sys.stderr),
-        )
-    except PowerInferError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    result = train_predictors(
+        a.profile,
+        a.out,
+        model=load_model(a.model),
+        recall=a.recall,
+        max_bytes_fraction=a.max_bytes_fraction,
+        layers=a.layers,
+        seed=a.seed,
+        config=cfg,
+        max_rows=a.max_rows,
+        progress=not a.quiet,
+        log=lambda s: print(s, file=sys.stderr),
+    )
     print(format_table(result))
     print(f"wrote {a.out}")
     return 0
-
