@@ -28,7 +28,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -38,13 +37,18 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
+    add_bandwidth_args,
+    add_synthetic_args,
     default_model,
     gguf_weight_bytes,
     import_llama,
     import_powerinfer,
-    llama_kv_overrides,
     machine_info,
     median,
+    open_llama,
+    require_powerinfer,
+    synthetic_gguf,
+    write_json,
 )
 
 DEFAULT_PROMPT = (
@@ -61,43 +65,7 @@ SYNTH_SHAPE = dict(dim=2048, ffn=5504, layers=8, heads=16, kv_heads=16, vocab=32
 
 def synthetic_model(kind: str, cache: Path, activation: str, seed: int) -> Path:
     """Create (once) and return the synthetic GGUF of dtype ``kind``."""
-    pi, why = import_powerinfer()
-    if pi is None:
-        raise SystemExit(f"--synthetic needs powerinfer_rs importable: {why}")
-    try:
-        from powerinfer_rs.testing.synth import write_gguf_model
-    except ImportError as e:
-        raise SystemExit(f"--synthetic needs powerinfer_rs.testing.synth: {e}") from e
-    s = SYNTH_SHAPE
-    name = (
-        f"synthetic-llama-{kind.lower()}-ctx4096-d{s['dim']}-f{s['ffn']}-l{s['layers']}-h{s['heads']}"
-        f"-kv{s['kv_heads']}-v{s['vocab']}-{activation}-s{seed}.gguf"
-    )
-    path = cache / name
-    if path.is_file():
-        return path
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".gguf.part")
-    print(f"writing synthetic model {path} ...", file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
-    kw = dict(
-        dim=s["dim"],
-        ffn=s["ffn"],
-        layers=s["layers"],
-        heads=s["heads"],
-        kv_heads=s["kv_heads"],
-        vocab=s["vocab"],
-        dtype=kind.upper(),
-        activation=activation,
-        seed=seed,
-    )
-    try:
-        write_gguf_model(str(tmp), max_context=4096, **kw)
-    except TypeError:  # a writer without max_context
-        write_gguf_model(str(tmp), **kw)
-    os.replace(tmp, path)
-    print(f"  done in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    return path
+    return synthetic_gguf(cache, kind, {**SYNTH_SHAPE, "activation": activation}, seed=seed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,9 +76,7 @@ class Ours:
     name = "powerinfer-rs"
 
     def __init__(self, path: Path, threads: int, n_ctx: int):
-        pi, why = import_powerinfer()
-        if pi is None:
-            raise RuntimeError(f"powerinfer_rs not importable: {why}")
+        pi = require_powerinfer()
         kwargs = dict(threads=threads)
         try:
             self.eng = pi.Engine.from_pretrained(str(path), n_ctx=n_ctx, **kwargs)
@@ -170,19 +136,8 @@ class LlamaCpp:
     name = "llama.cpp"
 
     def __init__(self, path: Path, threads: int, n_ctx: int):
-        llama_cpp, why = import_llama()
-        if llama_cpp is None:
-            raise RuntimeError(f"llama_cpp not importable: {why}")
-        self.lib = llama_cpp
-        self.llm = llama_cpp.Llama(
-            model_path=str(path),
-            n_ctx=n_ctx,
-            n_threads=threads,
-            n_threads_batch=threads,
-            logits_all=False,
-            verbose=False,
-            kv_overrides=llama_kv_overrides(path) or None,
-        )
+        self.llm = open_llama(path, n_ctx, threads, logits_all=False)
+        self.lib = import_llama()[0]
         self.n_vocab = self.llm.n_vocab()
 
     def tokenize(self, text: str) -> list[int]:
@@ -452,14 +407,7 @@ def main(argv=None) -> int:
         choices=["silu", "relu"],
         help="FFN activation of the synthetic model (default silu, what llama.cpp runs)",
     )
-    ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights")
-    ap.add_argument(
-        "--cache",
-        default=os.environ.get(
-            "POWERINFER_RS_BENCH_CACHE", str(Path.home() / ".cache" / "powerinfer_rs" / "bench")
-        ),
-        help="where synthetic models are kept (default ~/.cache/powerinfer_rs/bench)",
-    )
+    add_synthetic_args(ap)
     ap.add_argument(
         "--threads",
         type=parse_threads,
@@ -477,13 +425,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text")
     ap.add_argument("--n-ctx", type=int, default=1024, help="context size of both engines")
     ap.add_argument("--only", choices=["ours", "llama"], help="run one engine only")
-    ap.add_argument(
-        "--bw-bytes",
-        type=int,
-        default=512 << 20,
-        help="buffer size of the bandwidth sweep (default 512 MiB)",
-    )
-    ap.add_argument("--bw-iters", type=int, default=5, help="passes of the bandwidth sweep")
+    add_bandwidth_args(ap)
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     if args.repeats < 1:
@@ -491,11 +433,7 @@ def main(argv=None) -> int:
 
     rep = run(args)
     print_table(rep)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(rep, f, indent=2, default=str)
-        print(f"results written to {args.json}")
+    write_json(args.json, rep)
     ok = any(k.endswith("_tok_s") for r in rep["results"] for k in r)
     return 0 if ok else 1
 

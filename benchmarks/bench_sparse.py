@@ -34,17 +34,23 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import default_model, import_powerinfer, machine_info, median  # noqa: E402
+from _bench_common import (  # noqa: E402
+    add_bandwidth_args,
+    add_synthetic_args,
+    default_model,
+    machine_info,
+    median,
+    require_powerinfer,
+    synthetic_gguf,
+    write_json,
+)
 
 DEFAULT_PROMPT = (
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg"
@@ -53,10 +59,10 @@ DEFAULT_SHAPE = (2048, 5504, 8, 32000)
 
 
 def _pi():
-    pi, why = import_powerinfer()
-    if pi is None:
-        raise SystemExit(f"powerinfer_rs is not importable: {why}")
-    return pi
+    try:
+        return require_powerinfer()
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -65,38 +71,10 @@ def _pi():
 
 def synthetic_relu_model(dtype: str, shape: tuple[int, int, int, int], cache: Path, seed: int):
     """Create (once) and return the synthetic ReLU GGUF of ``dtype``."""
-    _pi()
-    from powerinfer_rs.testing.synth import write_gguf_model
-
     dim, ffn, layers, vocab = shape
     heads = max(1, dim // 128)
-    name = (
-        f"synthetic-llama-{dtype.lower()}-ctx4096-d{dim}-f{ffn}-l{layers}-h{heads}-kv{heads}"
-        f"-v{vocab}-relu-s{seed}-g64.gguf"
-    )
-    path = cache / name
-    if path.is_file():
-        return path
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".gguf.part")
-    print(f"writing synthetic model {path} ...", file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
-    write_gguf_model(
-        str(tmp),
-        dim=dim,
-        ffn=ffn,
-        layers=layers,
-        heads=heads,
-        kv_heads=heads,
-        vocab=vocab,
-        dtype=dtype.upper(),
-        activation="relu",
-        seed=seed,
-        max_context=4096,
-    )
-    os.replace(tmp, path)
-    print(f"  done in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    return path
+    s = dict(dim=dim, ffn=ffn, layers=layers, heads=heads, kv_heads=heads, vocab=vocab)
+    return synthetic_gguf(cache, dtype, s, seed=seed, tag="-g64")
 
 
 def ffn_bytes(engine) -> list[dict[str, int]]:
@@ -466,14 +444,7 @@ def main(argv=None) -> int:
         default=list(DEFAULT_SHAPE),
         help="synthetic DIM,FFN,LAYERS,VOCAB (default 2048,5504,8,32000; heads = dim/128)",
     )
-    ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights")
-    ap.add_argument(
-        "--cache",
-        default=os.environ.get(
-            "POWERINFER_RS_BENCH_CACHE", str(Path.home() / ".cache" / "powerinfer_rs" / "bench")
-        ),
-        help="where synthetic models are kept (default ~/.cache/powerinfer_rs/bench)",
-    )
+    add_synthetic_args(ap)
     ap.add_argument(
         "--synthetic-threshold",
         type=float,
@@ -511,8 +482,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--window", type=int, default=256, help="(b) window of calibration/ppl")
     ap.add_argument("--prompt", default=DEFAULT_PROMPT, help="(b) prompt text")
-    ap.add_argument("--bw-bytes", type=int, default=512 << 20, help="bandwidth sweep buffer")
-    ap.add_argument("--bw-iters", type=int, default=5, help="bandwidth sweep passes")
+    add_bandwidth_args(ap)
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args(argv)
@@ -538,10 +508,7 @@ def main(argv=None) -> int:
         "runs": runs,
     }
     print_report(rep)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(rep, indent=2, default=str))
-        print(f"results written to {args.json}")
+    write_json(args.json, rep)
     return 0
 
 

@@ -22,7 +22,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
@@ -33,10 +32,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
     default_model,
-    import_llama,
-    import_powerinfer,
-    llama_kv_overrides,
     machine_info,
+    open_llama,
+    require_powerinfer,
+    write_json,
 )
 from corpus import SOURCE_NAME, CorpusError, held_out_text  # noqa: E402
 
@@ -60,20 +59,7 @@ class LlamaSide:
     name = "llama.cpp"
 
     def __init__(self, model: Path, ctx: int, threads: int):
-        llama_cpp, why = import_llama()
-        if llama_cpp is None:
-            raise RuntimeError(why)
-        self.llm = llama_cpp.Llama(
-            model_path=str(model),
-            n_ctx=ctx,
-            n_batch=ctx,
-            n_ubatch=ctx,
-            n_threads=threads,
-            n_threads_batch=threads,
-            logits_all=True,
-            verbose=False,
-            kv_overrides=llama_kv_overrides(model) or None,
-        )
+        self.llm = open_llama(model, ctx, threads, n_batch=ctx, n_ubatch=ctx, logits_all=True)
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
@@ -91,9 +77,7 @@ class OurSide:
     name = "powerinfer-rs"
 
     def __init__(self, model: Path, ctx: int, threads: int):
-        pi, why = import_powerinfer()
-        if pi is None:
-            raise RuntimeError(why)
+        pi = require_powerinfer()
         try:
             self.eng = pi.Engine.from_pretrained(str(model), threads=threads, n_ctx=ctx)
         except TypeError:
@@ -317,10 +301,7 @@ def main(argv=None) -> int:
             "per_window": per_window,
             "machine": machine_info(),
         }
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(rep, f, indent=2)
-        print(f"results written to {args.json}")
+        write_json(args.json, rep)
     return status
 
 

@@ -182,13 +182,21 @@ def load_gguf(path: str | os.PathLike[str]) -> LoadedModel:
         raise ShapeError(
             f"{p}: tokenizer has {tok.vocab_size} tokens, the model only {cfg.vocab_size}"
         )
+    return loaded_model(p, meta, cfg, tensors, tok)
+
+
+def loaded_model(
+    path: str, meta: dict[str, Any], cfg: ModelConfig, tensors: dict[str, TensorData], tok: Any
+) -> LoadedModel:
+    """The :class:`LoadedModel` of a GGUF file: its chat template from the metadata ``meta``
+    and its fingerprint."""
     template = meta.get("tokenizer.chat_template")
     return LoadedModel(
         config=cfg,
         tensors=tensors,
         tokenizer=tok,
         chat_template=template if isinstance(template, str) else None,
-        path=p,
+        path=path,
         fingerprint=fingerprint(cfg, tensors),
     )
 

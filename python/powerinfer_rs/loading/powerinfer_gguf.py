@@ -41,8 +41,9 @@ from ..loading.gguf_loader import (
     SUPPORTED_ARCHS,
     _tensor_views,
     config_from_metadata,
+    loaded_model,
 )
-from ..loading.types import LoadedModel, TensorData, check_tensors, expected_shapes, fingerprint
+from ..loading.types import LoadedModel, TensorData, check_tensors, expected_shapes
 from ..predictors.model import LayerPredictor, PredictorSet
 from ..runtime.tokenizer import Tokenizer
 
@@ -139,15 +140,7 @@ def load_powerinfer_gguf(
             f"{p}: predictor tensors for layers {sorted(preds_raw)} beyond "
             f"block_count {cfg.n_layers}"
         )
-    template = meta.get("tokenizer.chat_template")
-    model = LoadedModel(
-        config=cfg,
-        tensors=tensors,
-        tokenizer=tok,
-        chat_template=template if isinstance(template, str) else None,
-        path=p,
-        fingerprint=fingerprint(cfg, tensors),
-    )
+    model = loaded_model(p, meta, cfg, tensors, tok)
     stored = {pr.stats["dtype"] for pr in layers.values()}
     pset = PredictorSet(
         layers=layers,

@@ -29,20 +29,15 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..formats.thresholds import ThresholdFile, save_thresholds
+from . import args as stage_args
 from .args import (
     NONZERO,
     ValueSampler,
-    add_run_args,
-    add_text_args,
-    add_window_arg,
     corpus_ids,
     feed_windows,
     fmt_pct,
     load_engine,
     perplexity_and_activity,
-    positive_int,
-    stage_main,
-    stage_parser,
 )
 
 DEFAULT_TOKENS = 4096
@@ -150,16 +145,21 @@ def _table(thresholds: list[float], below: list[float], held: list[float] | None
     return "\n".join(lines)
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    return stage_args.stage_main(build_parser, _run, argv, check=_check)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used for ``--help``)."""
-    ap = stage_parser(
+    ap = stage_args.stage_parser(
         "calibrate",
         "Calibrate per-layer thresholds on |act(gate)·up| for the engine's threshold sparsity "
         "mode (SiLU/GELU models) to a target FFN sparsity, write them, and print the perplexity "
         "cost on a held-out part of the corpus.",
         epilog=__doc__.split("Example::", 1)[1],
     )
-    add_text_args(
+    stage_args.add_text_args(
         ap,
         "--corpus",
         "calibration text: plain text files, HTML pages (e.g. Debian doc packages; the tags are "
@@ -181,24 +181,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="share of those tokens (the tail) kept out of calibration to measure the "
         "perplexity cost on; 0 skips the measurement (default 0.2)",
     )
-    add_window_arg(
+    stage_args.add_window_arg(
         ap, "tokens per forward window (fresh context each) for calibration and perplexity"
     )
     ap.add_argument(
         "--sample-values",
-        type=positive_int,
+        type=stage_args.positive_int,
         default=DEFAULT_SAMPLE_VALUES,
         help="|act(gate)·up| values kept per layer for the quantile (a uniform random sample; "
         f"bounds memory; default {DEFAULT_SAMPLE_VALUES})",
     )
     ap.add_argument("--seed", type=int, default=0, help="seed of the value sampling")
-    add_run_args(ap)
+    stage_args.add_run_args(ap)
     return ap
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
-    return stage_main(build_parser, _run, argv, check=_check)
 
 
 def _check(a: argparse.Namespace) -> str | None:

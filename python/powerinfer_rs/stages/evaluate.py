@@ -35,21 +35,15 @@ from typing import Any
 import numpy as np
 
 from ..errors import PlanError
+from . import args as stage_args
 from .args import (
     NONZERO,
     active_mask,
-    add_run_args,
-    add_text_args,
-    add_thresholds_arg,
-    add_window_arg,
     corpus_ids,
     feed_windows,
     fmt_pct,
     load_engine,
     perplexity_and_activity,
-    positive_int,
-    stage_main,
-    stage_parser,
 )
 
 DEFAULT_TOKENS = 2048
@@ -189,9 +183,14 @@ def format_quality(rows: list[dict[str, float]], semantics: str) -> str:
     return "\n".join(lines)
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    return stage_args.stage_main(build_parser, _run, argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used for ``--help``)."""
-    ap = stage_parser(
+    ap = stage_args.stage_parser(
         "evaluate",
         "Perplexity of the dense, exact-relu / threshold and predictor sparsity modes side by "
         "side on the same tokens, plus per-layer predictor recall and precision against the "
@@ -204,12 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="predictor file (python -m powerinfer_rs.train_predictors): adds predictor mode "
         "and the recall table",
     )
-    add_thresholds_arg(
+    stage_args.add_thresholds_arg(
         ap,
         "adds threshold mode, and defines 'active' (|act| >= t) for the recall of SiLU/GELU "
         "models",
     )
-    add_text_args(
+    stage_args.add_text_args(
         ap,
         "--text",
         "evaluation text: plain text files, HTML pages (tags stripped) or directories; use text "
@@ -217,21 +216,16 @@ def build_parser() -> argparse.ArgumentParser:
         tokens=DEFAULT_TOKENS,
         tokens_help="tokens scored, from the start of the text",
     )
-    add_window_arg(ap, "tokens per perplexity window, each a fresh context")
+    stage_args.add_window_arg(ap, "tokens per perplexity window, each a fresh context")
     ap.add_argument(
         "--recall-tokens",
-        type=positive_int,
+        type=stage_args.positive_int,
         default=1024,
         help="tokens the recall/precision table is measured on (default 1024)",
     )
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    add_run_args(ap)
+    stage_args.add_run_args(ap)
     return ap
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
-    return stage_main(build_parser, _run, argv)
 
 
 def _run(a: argparse.Namespace) -> int:

@@ -36,20 +36,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import InternalError, PlanError
-from .args import (
-    active_mask,
-    add_run_args,
-    add_text_args,
-    add_thresholds_arg,
-    add_window_arg,
-    corpus_ids,
-    feed_windows,
-    load_engine,
-    positive_int,
-    stage_main,
-    stage_parser,
-    top_share,
-)
+from . import args as stage_args
+from .args import active_mask, corpus_ids, feed_windows, load_engine, top_share
 
 DEFAULT_TOKENS = 8192
 PNG_NAME = "activation.png"
@@ -215,9 +203,14 @@ def resolve_semantics(engine: Any, thresholds_path: str | None) -> tuple[str, li
     return "relu", None
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    return stage_args.stage_main(build_parser, _run, argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used for ``--help``)."""
-    ap = stage_parser(
+    ap = stage_args.stage_parser(
         "profile",
         "Profile per layer and neuron how often each FFN neuron is active over a text corpus "
         "(dense run; counters inside the engine), write the counts, a plot of the power law "
@@ -225,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Writes DIR/profile.safetensors, DIR/activation.png, DIR/summary.json and, "
         "with --samples, DIR/samples/.\n\nExample::" + __doc__.split("Example::", 1)[1],
     )
-    add_text_args(
+    stage_args.add_text_args(
         ap,
         "--corpus",
         "text to profile on: plain text files, HTML pages (tags stripped) or directories of "
@@ -234,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
         tokens_help="tokens to profile, taken from the start of the corpus",
     )
     ap.add_argument("--out", required=True, metavar="DIR", help="output directory")
-    add_thresholds_arg(
+    stage_args.add_thresholds_arg(
         ap,
         "count a neuron active when |act| >= its layer's threshold; required for SiLU/GELU "
         "models, optional for ReLU models (default there: act > 0)",
@@ -247,21 +240,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--sample-tokens",
-        type=positive_int,
+        type=stage_args.positive_int,
         default=None,
         help="with --samples: at most this many token rows per layer, drawn uniformly over "
         "the run (default: every profiled token)",
     )
-    add_window_arg(ap, "tokens per forward window; each window starts a fresh context")
+    stage_args.add_window_arg(ap, "tokens per forward window; each window starts a fresh context")
     ap.add_argument("--seed", type=int, default=0, help="seed of the sample-row draw")
     ap.add_argument("--no-plot", action="store_true", help="do not write activation.png")
-    add_run_args(ap)
+    stage_args.add_run_args(ap)
     return ap
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
-    return stage_main(build_parser, _run, argv)
 
 
 def _run(a: argparse.Namespace) -> int:

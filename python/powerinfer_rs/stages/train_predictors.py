@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .args import add_run_args, stage_main, stage_parser
+from . import args as stage_args
 
 
 def _layers(s: str) -> list[int]:
@@ -22,9 +22,14 @@ def _layers(s: str) -> list[int]:
         ) from None
 
 
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status."""
+    return stage_args.stage_main(build_parser, _run, argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used for ``--help``)."""
-    ap = stage_parser(
+    ap = stage_args.stage_parser(
         "train_predictors",
         "Train one low-rank MLP activation predictor per layer (logits = fc2 . ReLU(fc1 . x), "
         "neuron active when logit >= the layer's threshold) from profiler samples. The rank "
@@ -83,13 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="use at most this many samples per layer (bounds memory)",
     )
-    add_run_args(ap, threads=False)
+    stage_args.add_run_args(ap, threads=False)
     return ap
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
-    return stage_main(build_parser, _run, argv)
 
 
 def _run(a: argparse.Namespace) -> int:

@@ -322,20 +322,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True, help="output directory (hf) or .gguf path")
     a = ap.parse_args(argv)
-    common = dict(
-        dim=a.dim,
-        ffn=a.ffn,
-        layers=a.layers,
-        heads=a.heads,
-        kv_heads=a.kv_heads or a.heads,
-        vocab=a.vocab,
-        activation=a.activation,
-        max_context=a.max_context,
-        seed=a.seed,
-        active=a.active,
-        tie=a.tie,
-        gate_rank=a.gate_rank,
-    )
+    keys = ("dim", "ffn", "layers", "heads", "vocab", "activation", "max_context", "seed")
+    common = {k: getattr(a, k) for k in (*keys, "active", "tie", "gate_rank")}
+    common["kv_heads"] = a.kv_heads or a.heads
     t0 = time.perf_counter()
     try:
         if a.format == "hf":
