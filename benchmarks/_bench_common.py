@@ -207,6 +207,16 @@ def synthetic_gguf(cache: Path, dtype: str, shape: dict, *, seed: int, tag: str 
     return path
 
 
+def bench_parser(doc: str) -> argparse.ArgumentParser:
+    """A benchmark's parser: the first paragraph of its docstring ``doc`` as the description,
+    the rest (examples) as the epilog."""
+    return argparse.ArgumentParser(
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def add_synthetic_args(ap: argparse.ArgumentParser) -> None:
     """``--seed`` and ``--cache`` of the synthetic models."""
     ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights")

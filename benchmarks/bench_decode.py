@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
     add_bandwidth_args,
     add_synthetic_args,
+    bench_parser,
     default_model,
     gguf_weight_bytes,
     import_llama,
@@ -384,11 +385,7 @@ def parse_threads(s: str) -> list[int]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = bench_parser(__doc__)
     ap.add_argument(
         "--model",
         help="GGUF file (default: SmolLM2-135M-Instruct Q4_1: "

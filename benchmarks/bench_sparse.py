@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
     add_bandwidth_args,
     add_synthetic_args,
+    bench_parser,
     default_model,
     machine_info,
     median,
@@ -419,11 +420,7 @@ def parse_list(kind):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = bench_parser(__doc__)
     ap.add_argument(
         "--only", choices=["synthetic", "smol"], help="run one part only (default both)"
     )

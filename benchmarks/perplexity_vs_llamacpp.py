@@ -21,7 +21,6 @@ Examples::
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 import time
@@ -31,6 +30,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
+    bench_parser,
     default_model,
     machine_info,
     open_llama,
@@ -104,11 +104,7 @@ def first_mismatch(a: list[int], b: list[int]) -> int | None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = bench_parser(__doc__)
     ap.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
     ap.add_argument("--ctx", type=int, default=512, help="window length in tokens (default 512)")
     ap.add_argument(

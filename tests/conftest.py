@@ -9,6 +9,7 @@ import types
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 _PKG_DIR = Path(__file__).resolve().parents[1] / "python" / "powerinfer_rs"
@@ -102,3 +103,16 @@ def synth_gguf(tmp_path_factory) -> Callable[..., Path]:
         return made[key]
 
     return make
+
+
+def write_zero_predictors(path: Path, config, rank: int, fc2_dtype=np.float16) -> dict:
+    """A predictor-shaped safetensors file (zeros; fc1 f16 ``[rank, dim]``, fc2 ``[ffn, rank]``
+    per layer) for the planner's predictor-size reader; returns its tensors."""
+    from safetensors.numpy import save_file
+
+    t = {}
+    for i in range(config.n_layers):
+        t[f"blk.{i}.fc1"] = np.zeros((rank, config.dim), np.float16)
+        t[f"blk.{i}.fc2"] = np.zeros((config.ffn_dim, rank), fc2_dtype)
+    save_file(t, str(path))
+    return t

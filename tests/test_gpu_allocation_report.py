@@ -20,6 +20,8 @@ from powerinfer_rs.planning import gpu_allocation, load_hardware, make_plan, tot
 from powerinfer_rs.planning.predictor_size import fixed_predictor_sizes, read_predictor_sizes
 from powerinfer_rs.runtime.engine import Engine
 
+from conftest import write_zero_predictors
+
 #: dim 128 so that a 2-byte norm (128 x 2 = 256 B) and the engine's f32 norm (512 B) differ
 #: after alignment; ffn 320 is 5 buckets of 64 and a partial one of 48.
 SHAPE = dict(dim=128, ffn=320, layers=3, heads=4, kv_heads=2, vocab=300)
@@ -101,15 +103,9 @@ def test_report_equals_the_accounting(engines, kind, share, tmp_path):
 def test_buckets_and_predictor_sizes(engines, kind, bucket, tmp_path):
     """Partial slabs (320 neurons are no whole number of 48 or 100), predictor sizes from a file
     (fc1 + fc2) and fixed ones (a single ``pred`` buffer), another context."""
-    from safetensors.numpy import save_file
-
     engine = engines(kind)
     c = engine.config
-    t = {}
-    for i in range(c.n_layers):
-        t[f"blk.{i}.fc1"] = np.zeros((24, c.dim), np.float16)
-        t[f"blk.{i}.fc2"] = np.zeros((c.ffn_dim, 24), np.float32)
-    save_file(t, str(tmp_path / "pred.safetensors"))
+    write_zero_predictors(tmp_path / "pred.safetensors", c, 24, fc2_dtype=np.float32)
     for preds in (
         read_predictor_sizes(tmp_path / "pred.safetensors", c),
         fixed_predictor_sizes(c, 3000),

@@ -25,6 +25,8 @@ from powerinfer_rs.planning import (
 from powerinfer_rs.planning.gpu_probe import GpuInfo, auto_budget
 from powerinfer_rs.planning.predictor_size import read_predictor_sizes
 
+from conftest import write_zero_predictors
+
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(dim=64, ffn=256, layers=3, heads=4, kv_heads=2, vocab=300)
 
@@ -270,11 +272,7 @@ def test_predictor_file_sizes(tmp_path, model):
     from safetensors.numpy import save_file
 
     c = model.config
-    t = {}
-    for i in range(c.n_layers):
-        t[f"blk.{i}.fc1"] = np.zeros((32, c.dim), np.float16)
-        t[f"blk.{i}.fc2"] = np.zeros((c.ffn_dim, 32), np.float16)
-    save_file(t, str(tmp_path / "pred.safetensors"))
+    t = write_zero_predictors(tmp_path / "pred.safetensors", c, 32)
     sizes = read_predictor_sizes(tmp_path / "pred.safetensors", c)
     assert sizes.allocations[0] == [32 * c.dim * 2, c.ffn_dim * 32 * 2]
     t["blk.1.fc2"] = np.zeros((c.ffn_dim + 1, 32), np.float16)

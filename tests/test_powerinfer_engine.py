@@ -33,18 +33,14 @@ def with_down_from_down_t(model):
 
 
 def test_pwri_gguf_runs_in_predictor_mode(tmp_path):
+    shape = dict(dim=64, ffn=128, layers=2, heads=4, kv_heads=2, vocab=300)
     path = write_powerinfer_gguf(
         tmp_path / "m.powerinfer.gguf",
-        dim=64,
-        ffn=128,
-        layers=2,
-        heads=4,
-        kv_heads=2,
-        vocab=300,
         ranks=[8, 12],
         sparse_threshold=0.05,
         dtype="F32",
         predictor_dtype="F16",
+        **shape,
     )
     eng = Engine.from_pretrained(path, threads=2)
     assert eng.sparsity == "predictor"

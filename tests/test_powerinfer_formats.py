@@ -74,6 +74,7 @@ def test_pt_reads_strided_and_bf16(tmp_path):
 
     store = np.arange(20, dtype=np.float32)
     bf = (np.array([1.0, -2.5], np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
     def tensor(storage: str, key: str, numel: int, offset: int, shape, stride) -> bytes:
         """The pickle of ``torch._utils._rebuild_tensor_v2`` on storage record ``key``."""
         location = [tp._unicode("storage"), tp._global("torch", storage), tp._unicode(key)]

@@ -76,23 +76,12 @@ def test_deterministic(tmp_path):
 
 
 def test_planted_power_law(tmp_path):
-    d = synth.write_hf_model(
-        tmp_path / "m",
-        dim=128,
-        ffn=512,
-        layers=2,
-        heads=4,
-        kv_heads=4,
-        vocab=400,
-        dtype="f32",
-        active=0.1,
-        seed=1,
-    )
+    shape = dict(dim=128, ffn=512, layers=2, heads=4, kv_heads=4, vocab=400, seed=1, active=0.1)
+    d = synth.write_hf_model(tmp_path / "m", dtype="f32", **shape)
     m = load_model(d)
     toks = np.random.default_rng(0).integers(3, 400, size=256).tolist()
     _, gates = reference_forward(m, toks)
-    spec = synth_model.SynthSpec(128, 512, 2, 4, 4, 400, seed=1, active=0.1)
-    gen = synth_model.SynthWeights(spec)
+    gen = synth_model.SynthWeights(synth_model.SynthSpec(**shape))
     for layer in range(2):
         freq = (gates[layer] > 0).mean(axis=0)
         planted = gen.firing_probabilities(layer)

@@ -185,9 +185,7 @@ def load_thresholds(path: str | os.PathLike[str], model: Any = None) -> Threshol
     return tf
 
 
-def thresholds_for(
-    source: Sequence[float] | str | os.PathLike[str], model: Any
-) -> list[float]:
+def thresholds_for(source: Sequence[float] | str | os.PathLike[str], model: Any) -> list[float]:
     """Per-layer thresholds for ``model`` (a LoadedModel) from a threshold file (see
     :func:`load_thresholds`) or a list of numbers; :class:`PlanError` when they do not fit."""
     if isinstance(source, (str, os.PathLike)):
@@ -198,6 +196,7 @@ def thresholds_for(
         raise PlanError(f"thresholds must be numbers: {e}") from e
     ThresholdFile(thresholds=values).check_model(model)
     return values
+
 
 def format_table(tf: ThresholdFile) -> str:
     """Per-layer table of a threshold file."""

@@ -34,6 +34,8 @@ def starts_with(path: str | os.PathLike[str], magic: bytes) -> bool:
             return f.read(len(magic)) == magic
     except OSError:
         return False
+
+
 DEFAULT_ALIGNMENT = 32
 
 # GGUF value types: id -> (struct format, size) for scalars.

@@ -84,27 +84,29 @@ def add_thresholds_arg(ap: argparse.ArgumentParser, what_for: str) -> None:
 def add_run_args(ap: argparse.ArgumentParser, *, threads: bool = True) -> None:
     """``--threads`` (with ``threads``) and ``--quiet``."""
     if threads:
-        ap.add_argument(
-            "--threads", type=nonneg_int, default=0, help="threads (0 = one per core)"
-        )
+        ap.add_argument("--threads", type=nonneg_int, default=0, help="threads (0 = one per core)")
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def stage_main(
+def entry_point(
     build_parser: Callable[[], argparse.ArgumentParser],
     run: Callable[[argparse.Namespace], int],
-    argv: Sequence[str] | None,
     *,
     check: Callable[[argparse.Namespace], str | None] | None = None,
-) -> int:
-    """A stage's ``main``: parse ``argv`` and ``check`` the values (usage errors exit 2 through
-    argparse), then :func:`run_cli` the stage."""
-    ap = build_parser()
-    a = ap.parse_args(argv)
-    problem = check(a) if check is not None else None
-    if problem:
-        ap.error(problem)
-    return run_cli(lambda: run(a))
+) -> Callable[[Sequence[str] | None], int]:
+    """A stage's ``main(argv=None)``: parse ``argv`` and ``check`` the values (usage errors
+    exit 2 through argparse), then :func:`run_cli` the stage; returns the exit status."""
+
+    def main(argv: Sequence[str] | None = None) -> int:
+        """Entry point; returns the exit status (2 with a one-line message on bad input)."""
+        ap = build_parser()
+        a = ap.parse_args(argv)
+        problem = check(a) if check is not None else None
+        if problem:
+            ap.error(problem)
+        return run_cli(lambda: run(a))
+
+    return main
 
 
 def positive_int(s: str) -> int:

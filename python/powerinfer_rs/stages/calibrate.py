@@ -145,11 +145,6 @@ def _table(thresholds: list[float], below: list[float], held: list[float] | None
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
-    return stage_args.stage_main(build_parser, _run, argv, check=_check)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used for ``--help``)."""
     ap = stage_args.stage_parser(
@@ -260,3 +255,5 @@ def _run(a: argparse.Namespace) -> int:
     print(f"wrote {a.out}")
     return 0
 
+
+main = stage_args.entry_point(build_parser, _run, check=_check)

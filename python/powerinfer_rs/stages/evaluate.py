@@ -183,11 +183,6 @@ def format_quality(rows: list[dict[str, float]], semantics: str) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
-    return stage_args.stage_main(build_parser, _run, argv)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used for ``--help``)."""
     ap = stage_args.stage_parser(
@@ -205,8 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     stage_args.add_thresholds_arg(
         ap,
-        "adds threshold mode, and defines 'active' (|act| >= t) for the recall of SiLU/GELU "
-        "models",
+        "adds threshold mode, and defines 'active' (|act| >= t) for the recall of SiLU/GELU models",
     )
     stage_args.add_text_args(
         ap,
@@ -288,3 +282,5 @@ def _run(a: argparse.Namespace) -> int:
         print(f"wrote {a.json}")
     return 0
 
+
+main = stage_args.entry_point(build_parser, _run)

@@ -16,7 +16,7 @@ from ..planning.ilp import DEFAULT_MIP_GAP
 from ..planning.planner import SOLVERS
 from ..planning.problem import BUCKET_SIZES, OBJECTIVES
 from ..planning.sizes import format_bytes, parse_bytes
-from .args import stage_main
+from .args import entry_point
 
 _EPILOG = f"""\
 Sizes: 8GiB, 512MiB (powers of 1024), 8GB (powers of 1000), or bytes; 0 = CPU only.
@@ -243,6 +243,4 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (2 with a one-line message on bad input)."""
-    return stage_main(build_parser, run, argv)
+main = entry_point(build_parser, run)

@@ -203,11 +203,6 @@ def resolve_semantics(engine: Any, thresholds_path: str | None) -> tuple[str, li
     return "relu", None
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
-    return stage_args.stage_main(build_parser, _run, argv)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used for ``--help``)."""
     ap = stage_args.stage_parser(
@@ -321,3 +316,5 @@ def _run(a: argparse.Namespace) -> int:
         print(f"wrote {rows} sample rows per layer to {out / 'samples'}")
     return 0
 
+
+main = stage_args.entry_point(build_parser, _run)

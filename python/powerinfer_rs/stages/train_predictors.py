@@ -22,11 +22,6 @@ def _layers(s: str) -> list[int]:
         ) from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status."""
-    return stage_args.stage_main(build_parser, _run, argv)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used for ``--help``)."""
     ap = stage_args.stage_parser(
@@ -115,3 +110,6 @@ def _run(a: argparse.Namespace) -> int:
     print(format_table(result))
     print(f"wrote {a.out}")
     return 0
+
+
+main = stage_args.entry_point(build_parser, _run)

@@ -39,7 +39,6 @@ GGUF_DTYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
 _GGUF_FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}
 
 
-
 # --------------------------------------------------------------------------- HF writer
 HF_NAMES = {
     "token_embd": "model.embed_tokens.weight",
@@ -221,9 +220,7 @@ def add_llama_metadata(
     w.add_add_bos_token(False)
 
 
-def write_gguf_model(
-    out_path: str | os.PathLike[str], *, dtype: str = "F16", **shape: Any
-) -> Path:
+def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **shape: Any) -> Path:
     """Write the same synthetic model as :func:`write_hf_model` (same ``shape`` keywords) as a
     llama GGUF file.
 
