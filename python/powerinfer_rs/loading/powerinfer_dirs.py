@@ -136,7 +136,7 @@ def import_powerinfer_activations(
     tokens: int | None = None,
 ) -> Profile:
     """Read ``activation_{i}.pt`` files into a :class:`~powerinfer_rs.formats.profile.Profile`
-    (write it with ``profile_io.write_profile(out, p.counts, p.tokens, model_fingerprint=...,
+    (write it with ``formats.profile.write_profile(out, p.counts, p.tokens, model_fingerprint=...,
     extra_meta=p.meta)``).
 
     PowerInfer's files hold counts only. ``tokens`` (the number of profiled tokens) defaults to

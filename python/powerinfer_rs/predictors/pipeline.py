@@ -3,10 +3,10 @@
 ``train_predictors(profile_dir, out, model=...)`` reads the samples the profiler streamed to
 ``profile_dir/samples`` (:mod:`powerinfer_rs.formats.samples`), trains each requested layer
 (:func:`~.train.train_layer`) under a byte budget proportional to that layer's FFN bytes, and
-writes ``out`` (:mod:`.io`). Every finished layer is saved at once to ``out.parts/`` so an
-interrupted run resumes where it stopped; layers already in ``out`` from an earlier run with
-the same settings are kept and not retrained (so ``--layers 0,1`` then ``--layers 2,3`` builds
-one file).
+writes ``out`` (:mod:`powerinfer_rs.formats.predictors`). Every finished layer is saved at
+once to ``out.parts/`` so an interrupted run resumes where it stopped; layers already in ``out``
+from an earlier run with the same settings are kept and not retrained (so ``--layers 0,1`` then
+``--layers 2,3`` builds one file).
 """
 
 from __future__ import annotations
