@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import sys
 
 import pytest
 
@@ -173,3 +174,21 @@ def test_greedy_without_budget_is_cpu_only():
     res = solve_greedy(p)
     assert not res.placement.uses_gpu()
     assert evaluate(p, res.placement).gpu_bytes == 0
+
+
+def test_without_the_plan_extra(monkeypatch, tmp_path):
+    """highspy and matplotlib are the ``[plan]`` extra: missing, they are a clear
+    UnsupportedError (auto falls back to greedy)."""
+    from powerinfer_rs.errors import UnsupportedError
+    from powerinfer_rs.planning import solve
+    from powerinfer_rs.planning.report import pyplot
+
+    monkeypatch.setitem(sys.modules, "highspy", None)  # import highspy -> ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    p = make_problem(2, 2, 0.5, "mass")
+    with pytest.raises(UnsupportedError, match=r"pip install 'powerinfer-rs\[plan\]'"):
+        solve(p, solver="highs")
+    res = solve(p, solver="auto")
+    assert "greedy fallback" in res.note and evaluate(p, res.placement).feasible
+    with pytest.raises(UnsupportedError, match=r"plotting needs matplotlib"):
+        pyplot()

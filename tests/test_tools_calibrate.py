@@ -193,3 +193,17 @@ def test_cli_subprocess_one_line_error(tmp_path):
     )  # fmt: skip
     assert r.returncode == 2
     assert r.stderr.startswith("error: ") and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "stage", ["calibrate", "profile", "train-predictors", "evaluate", "plan", "synth", "thresholds"]
+)
+def test_stages_are_subcommands(stage, capsys):
+    """`powerinfer-rs <stage> ...` hands the rest of the command line to the stage's main."""
+    from powerinfer_rs import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main([stage, "--help"])
+    assert e.value.code == 0
+    assert "usage:" in capsys.readouterr().out
+    assert stage in cli.build_parser().format_help()
