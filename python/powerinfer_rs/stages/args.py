@@ -109,30 +109,24 @@ def entry_point(
     return main
 
 
-def positive_int(s: str) -> int:
-    """argparse type: an integer > 0."""
-    import argparse
-
+def _int_at_least(s: str, low: int, what: str) -> int:
     try:
         v = int(s)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
+    if v < low:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
     return v
+
+
+def positive_int(s: str) -> int:
+    """argparse type: an integer > 0."""
+    return _int_at_least(s, 1, "a positive integer")
 
 
 def nonneg_int(s: str) -> int:
     """argparse type: an integer >= 0."""
-    import argparse
-
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
-    return v
+    return _int_at_least(s, 0, "an integer >= 0")
 
 
 def load_engine(model: str | os.PathLike[str], threads: int = 0, n_ctx: int | None = None):

@@ -30,14 +30,12 @@ import numpy as np
 from ..errors import ShapeError
 from ..formats.thresholds import ThresholdFile, save_thresholds
 from . import args as stage_args
-from .args import (
-    NONZERO,
-    ValueSampler,
-    corpus_ids,
-    feed_windows,
-    fmt_pct,
-    load_engine,
-    perplexity_and_activity,
+
+#: The ``--help`` description.
+DESCRIPTION = (
+    "Calibrate per-layer thresholds on |act(gate)·up| for the engine's threshold sparsity "
+    "mode (SiLU/GELU models) to a target FFN sparsity, write them, and print the perplexity "
+    "cost on a held-out part of the corpus."
 )
 
 DEFAULT_TOKENS = 4096
@@ -62,7 +60,7 @@ def calibrate_thresholds(
         raise ShapeError(f"sparsity must lie in (0, 1), got {sparsity}")
     n_layers = engine.config.n_layers
     engine.set_sparsity("dense")
-    sampler = ValueSampler(n_layers, sample_values, seed)
+    sampler = stage_args.ValueSampler(n_layers, sample_values, seed)
 
     def on_window(_n: int) -> None:
         # Row 0 is the context's first token, which threshold mode computes densely: the
@@ -72,14 +70,16 @@ def calibrate_thresholds(
 
     engine.start_profiling(capture=True)
     try:
-        feed_windows(engine, ids, window, on_window=on_window, desc="calibrate", progress=progress)
+        stage_args.feed_windows(
+            engine, ids, window, on_window=on_window, desc="calibrate", progress=progress
+        )
     finally:
         engine.stop_profiling()
     thresholds, below = [], []
     for layer in range(n_layers):
         t = sampler.quantile(layer, sparsity)
         if t <= 0.0:  # more exact zeros than the target (ReLU): skip only the zeros
-            t = NONZERO
+            t = stage_args.NONZERO
         thresholds.append(float(np.float32(t)))
         below.append(sampler.fraction_below(layer, thresholds[-1]))
     return thresholds, below
@@ -112,10 +112,10 @@ def held_out_cost(
     """Dense and threshold-mode perplexity of ``ids`` and the per-layer sparsity threshold
     mode reaches on them. The engine is left in dense mode."""
     engine.set_sparsity("dense")
-    ppl_d, _ = perplexity_and_activity(engine, ids, window=window, progress=progress)
+    ppl_d, _ = stage_args.perplexity_and_activity(engine, ids, window=window, progress=progress)
     engine.set_sparsity("threshold", thresholds=list(thresholds))
     try:
-        ppl_t, active = perplexity_and_activity(
+        ppl_t, active = stage_args.perplexity_and_activity(
             engine, ids, window=window, count_thresholds=thresholds, progress=progress
         )
     finally:
@@ -149,9 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used for ``--help``)."""
     ap = stage_args.stage_parser(
         "calibrate",
-        "Calibrate per-layer thresholds on |act(gate)·up| for the engine's threshold sparsity "
-        "mode (SiLU/GELU models) to a target FFN sparsity, write them, and print the perplexity "
-        "cost on a held-out part of the corpus.",
+        DESCRIPTION,
         epilog=__doc__.split("Example::", 1)[1],
     )
     stage_args.add_text_args(
@@ -200,9 +198,9 @@ def _check(a: argparse.Namespace) -> str | None:
 
 
 def _run(a: argparse.Namespace) -> int:
-    engine = load_engine(a.model, threads=a.threads)
+    engine = stage_args.load_engine(a.model, threads=a.threads)
     progress = not a.quiet
-    ids, names = corpus_ids(engine, a.corpus, a.tokens)
+    ids, names = stage_args.corpus_ids(engine, a.corpus, a.tokens)
     cal, held = split_ids(ids, a.heldout_fraction)
     cfg = engine.config
     print(
@@ -247,7 +245,7 @@ def _run(a: argparse.Namespace) -> int:
         print(
             f"held-out ({ho.tokens} tokens, windows of {min(a.window, engine.n_ctx)}): "
             f"perplexity dense {ho.ppl_dense:.4f}, threshold {ho.ppl_threshold:.4f} "
-            f"({fmt_pct(ho.ppl_change)}); mean FFN sparsity {mean:.3f} "
+            f"({stage_args.fmt_pct(ho.ppl_change)}); mean FFN sparsity {mean:.3f} "
             f"(target {a.sparsity:.3f})"
         )
     else:

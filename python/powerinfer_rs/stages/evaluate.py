@@ -36,14 +36,12 @@ import numpy as np
 
 from ..errors import PlanError
 from . import args as stage_args
-from .args import (
-    NONZERO,
-    active_mask,
-    corpus_ids,
-    feed_windows,
-    fmt_pct,
-    load_engine,
-    perplexity_and_activity,
+
+#: The ``--help`` description.
+DESCRIPTION = (
+    "Perplexity of the dense, exact-relu / threshold and predictor sparsity modes side by "
+    "side on the same tokens, plus per-layer predictor recall and precision against the "
+    "true activity."
 )
 
 DEFAULT_TOKENS = 2048
@@ -73,9 +71,9 @@ def evaluate_modes(
     for name, kw, count_t in modes:
         engine.set_sparsity(name, **kw)
         if count_t is None and not (relu and name in ("dense", "exact-relu")):
-            count_t = [NONZERO] * n_layers  # computed = nonzero after the mode's mask
+            count_t = [stage_args.NONZERO] * n_layers  # computed = nonzero after the mode's mask
         try:
-            ppl, active = perplexity_and_activity(
+            ppl, active = stage_args.perplexity_and_activity(
                 engine, ids, window=window, count_thresholds=count_t, progress=progress
             )
         finally:
@@ -120,7 +118,7 @@ def predictor_quality(
 
     def on_window(_n: int) -> None:
         for layer, (x, act) in enumerate(engine.take_captured()):
-            true = active_mask(act, None if thresholds is None else thresholds[layer])
+            true = stage_args.active_mask(act, None if thresholds is None else thresholds[layer])
             pred = predictors.layers[layer].predict(x)
             tp[layer] += np.count_nonzero(pred & true)
             n_pred[layer] += np.count_nonzero(pred)
@@ -131,7 +129,9 @@ def predictor_quality(
     engine.set_sparsity("dense")
     engine.start_profiling(capture=True)
     try:
-        feed_windows(engine, ids, window, on_window=on_window, desc="recall", progress=progress)
+        stage_args.feed_windows(
+            engine, ids, window, on_window=on_window, desc="recall", progress=progress
+        )
     finally:
         engine.stop_profiling()
     out = []
@@ -156,10 +156,9 @@ def format_modes(rows: list[dict[str, Any]], tokens: int, window: int) -> str:
     head = f"{'mode':>10} | {'perplexity':>10} | {'vs dense':>9} | {'FFN active':>10}"
     lines = [f"perplexity on {tokens} tokens (windows of {window})", head, "-" * len(head)]
     for r in rows:
-        lines.append(
-            f"{r['mode']:>10} | {r['perplexity']:>10.4f} | {fmt_pct(r['perplexity_change']):>9}"
-            f" | {r['active_fraction']:>11.3f}"
-        )
+        change = stage_args.fmt_pct(r["perplexity_change"])
+        active = r["active_fraction"]
+        lines.append(f"{r['mode']:>10} | {r['perplexity']:>10.4f} | {change:>9} | {active:>11.3f}")
     return "\n".join(lines)
 
 
@@ -187,9 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used for ``--help``)."""
     ap = stage_args.stage_parser(
         "evaluate",
-        "Perplexity of the dense, exact-relu / threshold and predictor sparsity modes side by "
-        "side on the same tokens, plus per-layer predictor recall and precision against the "
-        "true activity.",
+        DESCRIPTION,
         epilog="Example::" + __doc__.split("Example::", 1)[1],
     )
     ap.add_argument(
@@ -223,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _run(a: argparse.Namespace) -> int:
-    engine = load_engine(a.model, threads=a.threads)
+    engine = stage_args.load_engine(a.model, threads=a.threads)
     progress = not a.quiet
     thresholds = None
     if a.thresholds:
@@ -235,7 +232,7 @@ def _run(a: argparse.Namespace) -> int:
         from ..formats.predictors import predictors_for
 
         predictors = predictors_for(a.predictors, engine.loaded)
-    ids, names = corpus_ids(engine, a.text, a.tokens)
+    ids, names = stage_args.corpus_ids(engine, a.text, a.tokens)
     window = min(a.window, engine.n_ctx)
     modes = evaluate_modes(
         engine,

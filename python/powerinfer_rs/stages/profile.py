@@ -37,7 +37,13 @@ import numpy as np
 
 from ..errors import InternalError, PlanError
 from . import args as stage_args
-from .args import active_mask, corpus_ids, feed_windows, load_engine, top_share
+
+#: The ``--help`` description.
+DESCRIPTION = (
+    "Profile per layer and neuron how often each FFN neuron is active over a text corpus "
+    "(dense run; counters inside the engine), write the counts, a plot of the power law "
+    "and, optionally, predictor-training samples."
+)
 
 DEFAULT_TOKENS = 8192
 PNG_NAME = "activation.png"
@@ -91,12 +97,16 @@ def profile_model(
             return
         for layer, (x, act) in enumerate(caps):
             a = act[rows]
-            writer.add(layer, x[rows], active_mask(a, None if thr is None else thr[layer]))
+            writer.add(
+                layer, x[rows], stage_args.active_mask(a, None if thr is None else thr[layer])
+            )
         written += int(rows.size)
 
     engine.start_profiling(thresholds=thr, capture=writer is not None)
     try:
-        feed_windows(engine, ids, window, on_window=on_window, desc="profile", progress=progress)
+        stage_args.feed_windows(
+            engine, ids, window, on_window=on_window, desc="profile", progress=progress
+        )
         counts, tokens = engine.profile_counts()
     finally:
         engine.stop_profiling()
@@ -115,8 +125,8 @@ def layer_table(counts: np.ndarray, tokens: int) -> list[dict[str, float]]:
             {
                 "layer": i,
                 "sparsity": float(1.0 - freq.mean()),
-                "top10_share": top_share(c, 0.10),
-                "top20_share": top_share(c, 0.20),
+                "top10_share": stage_args.top_share(c, 0.10),
+                "top20_share": stage_args.top_share(c, 0.20),
                 "never_active": float(np.mean(c == 0)),
                 "max_frequency": float(freq.max()),
             }
@@ -207,9 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used for ``--help``)."""
     ap = stage_args.stage_parser(
         "profile",
-        "Profile per layer and neuron how often each FFN neuron is active over a text corpus "
-        "(dense run; counters inside the engine), write the counts, a plot of the power law "
-        "and, optionally, predictor-training samples.",
+        DESCRIPTION,
         epilog="Writes DIR/profile.safetensors, DIR/activation.png, DIR/summary.json and, "
         "with --samples, DIR/samples/.\n\nExample::" + __doc__.split("Example::", 1)[1],
     )
@@ -250,9 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _run(a: argparse.Namespace) -> int:
     from ..formats.profile import write_profile
 
-    engine = load_engine(a.model, threads=a.threads)
+    engine = stage_args.load_engine(a.model, threads=a.threads)
     semantics, thresholds = resolve_semantics(engine, a.thresholds)
-    ids, names = corpus_ids(engine, a.corpus, a.tokens)
+    ids, names = stage_args.corpus_ids(engine, a.corpus, a.tokens)
     if len(ids) < a.tokens:
         print(f"note: the corpus holds only {len(ids)} tokens", file=sys.stderr)
     out = Path(a.out)

@@ -12,6 +12,15 @@ import sys
 
 from . import args as stage_args
 
+#: The ``--help`` description.
+DESCRIPTION = (
+    "Train one low-rank MLP activation predictor per layer (logits = fc2 . ReLU(fc1 . x), "
+    "neuron active when logit >= the layer's threshold) from profiler samples. The rank "
+    "grows per layer (x2) from a start chosen by the layer's sparsity and skewness until "
+    "the recall target holds on held-out samples at a threshold tuned on validation, "
+    "within a byte budget."
+)
+
 
 def _layers(s: str) -> list[int]:
     try:
@@ -26,11 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used for ``--help``)."""
     ap = stage_args.stage_parser(
         "train_predictors",
-        "Train one low-rank MLP activation predictor per layer (logits = fc2 . ReLU(fc1 . x), "
-        "neuron active when logit >= the layer's threshold) from profiler samples. The rank "
-        "grows per layer (x2) from a start chosen by the layer's sparsity and skewness until "
-        "the recall target holds on held-out samples at a threshold tuned on validation, "
-        "within a byte budget.",
+        DESCRIPTION,
         model_help="the model the samples came from (GGUF file or HF directory): its "
         "fingerprint is checked and its FFN bytes set the budget",
     )
