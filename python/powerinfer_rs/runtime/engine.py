@@ -113,23 +113,16 @@ class Engine(Generation):
         from ..loading.powerinfer_gguf import is_powerinfer_gguf, load_powerinfer_gguf
 
         if os.path.isfile(path) and is_powerinfer_gguf(path):
-            pwri = load_powerinfer_gguf(path)
-            return cls(
-                pwri.model,
-                threads=threads,
-                n_ctx=n_ctx,
-                sparsity=sparsity or "predictor",
-                thresholds=thresholds,
-                predictors=predictors if predictors is not None else pwri.predictors,
-                plan=plan,
-                device=device,
-                vram_budget=vram_budget,
-            )
+            pwri = load_powerinfer_gguf(path)  # runs in predictor mode with its own predictors
+            loaded, mode = pwri.model, "predictor"
+            predictors = predictors if predictors is not None else pwri.predictors
+        else:
+            loaded, mode = load_model(path), "dense"
         return cls(
-            load_model(path),
+            loaded,
             threads=threads,
             n_ctx=n_ctx,
-            sparsity=sparsity or "dense",
+            sparsity=sparsity or mode,
             thresholds=thresholds,
             predictors=predictors,
             plan=plan,

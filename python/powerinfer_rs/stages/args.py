@@ -67,6 +67,11 @@ def add_text_args(
     )
 
 
+def add_share_arg(ap: argparse.ArgumentParser, flag: str, default: float, help: str) -> None:
+    """A float option ``flag`` (a share or fraction; the stage checks its range)."""
+    ap.add_argument(flag, type=float, default=default, help=f"{help} (default {default})")
+
+
 def add_window_arg(ap: argparse.ArgumentParser, help: str) -> None:
     """``--window``: tokens per forward window, a fresh context each (default 256)."""
     ap.add_argument("--window", type=positive_int, default=256, help=f"{help} (default 256)")

@@ -160,19 +160,16 @@ def build_parser() -> argparse.ArgumentParser:
         tokens=DEFAULT_TOKENS,
         tokens_help="tokens read from the corpus in all, calibration and held-out part together",
     )
-    ap.add_argument(
-        "--sparsity",
-        type=float,
-        default=0.5,
-        help="target share of FFN neurons inactive per token, in (0, 1) (default 0.5)",
+    stage_args.add_share_arg(
+        ap, "--sparsity", 0.5, "target share of FFN neurons inactive per token, in (0, 1)"
     )
     ap.add_argument("--out", required=True, help="threshold file to write (JSON)")
-    ap.add_argument(
+    stage_args.add_share_arg(
+        ap,
         "--heldout-fraction",
-        type=float,
-        default=0.2,
-        help="share of those tokens (the tail) kept out of calibration to measure the "
-        "perplexity cost on; 0 skips the measurement (default 0.2)",
+        0.2,
+        "share of those tokens (the tail) kept out of calibration to measure the perplexity "
+        "cost on; 0 skips the measurement",
     )
     stage_args.add_window_arg(
         ap, "tokens per forward window (fresh context each) for calibration and perplexity"

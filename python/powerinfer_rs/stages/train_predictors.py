@@ -46,20 +46,18 @@ def build_parser() -> argparse.ArgumentParser:
         "samples are read from PROFILE/samples",
     )
     ap.add_argument("--out", required=True, help="output file, e.g. predictors.safetensors")
-    ap.add_argument(
+    stage_args.add_share_arg(
+        ap,
         "--recall",
-        type=float,
-        default=0.99,
-        help="share of actual activations each layer's predictor must catch on "
-        "held-out samples (default 0.99)",
+        0.99,
+        "share of actual activations each layer's predictor must catch on held-out samples",
     )
-    ap.add_argument(
+    stage_args.add_share_arg(
+        ap,
         "--max-bytes-fraction",
-        type=float,
-        default=0.1,
-        help="predictor bytes allowed per layer as a fraction of that layer's FFN "
-        "(gate+up+down) bytes; the total is then within the same fraction "
-        "(default 0.1)",
+        0.1,
+        "predictor bytes allowed per layer as a fraction of that layer's FFN (gate+up+down) "
+        "bytes; the total is then within the same fraction",
     )
     ap.add_argument(
         "--layers",
