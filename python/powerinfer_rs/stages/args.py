@@ -198,6 +198,31 @@ def feed_windows(
     return fed
 
 
+def capture_windows(
+    engine: Any,
+    ids: Sequence[int],
+    window: int,
+    on_rows: Callable[[list[tuple[np.ndarray, np.ndarray]]], None],
+    *,
+    desc: str,
+    progress: bool = True,
+) -> int:
+    """:func:`feed_windows` with the engine's capture on: each window's captured rows, per
+    layer ``(FFN input, activation)``, go to ``on_rows``. Returns the tokens fed."""
+    engine.start_profiling(capture=True)
+    try:
+        return feed_windows(
+            engine,
+            ids,
+            window,
+            on_window=lambda _n: on_rows(engine.take_captured()),
+            desc=desc,
+            progress=progress,
+        )
+    finally:
+        engine.stop_profiling()
+
+
 class ValueSampler:
     """A bounded, uniform random sample of the values streamed through :meth:`add`, per
     layer: keeps every value until ``capacity`` are held, then a reservoir-style subsample

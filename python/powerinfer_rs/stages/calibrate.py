@@ -62,19 +62,13 @@ def calibrate_thresholds(
     engine.set_sparsity("dense")
     sampler = stage_args.ValueSampler(n_layers, sample_values, seed)
 
-    def on_window(_n: int) -> None:
+    def on_rows(caps: list[tuple[np.ndarray, np.ndarray]]) -> None:
         # Row 0 is the context's first token, which threshold mode computes densely: the
         # thresholds are quantiles over the tokens it sparsifies.
-        for layer, (_x, act) in enumerate(engine.take_captured()):
+        for layer, (_x, act) in enumerate(caps):
             sampler.add(layer, np.abs(act[1:]))
 
-    engine.start_profiling(capture=True)
-    try:
-        stage_args.feed_windows(
-            engine, ids, window, on_window=on_window, desc="calibrate", progress=progress
-        )
-    finally:
-        engine.stop_profiling()
+    stage_args.capture_windows(engine, ids, window, on_rows, desc="calibrate", progress=progress)
     thresholds, below = [], []
     for layer in range(n_layers):
         t = sampler.quantile(layer, sparsity)

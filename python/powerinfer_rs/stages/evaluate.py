@@ -116,8 +116,8 @@ def predictor_quality(
     rows = np.zeros(n_layers, np.int64)
     size = np.zeros(n_layers, np.int64)
 
-    def on_window(_n: int) -> None:
-        for layer, (x, act) in enumerate(engine.take_captured()):
+    def on_rows(caps: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        for layer, (x, act) in enumerate(caps):
             true = stage_args.active_mask(act, None if thresholds is None else thresholds[layer])
             pred = predictors.layers[layer].predict(x)
             tp[layer] += np.count_nonzero(pred & true)
@@ -127,13 +127,7 @@ def predictor_quality(
             size[layer] += true.size
 
     engine.set_sparsity("dense")
-    engine.start_profiling(capture=True)
-    try:
-        stage_args.feed_windows(
-            engine, ids, window, on_window=on_window, desc="recall", progress=progress
-        )
-    finally:
-        engine.stop_profiling()
+    stage_args.capture_windows(engine, ids, window, on_rows, desc="recall", progress=progress)
     out = []
     for i in range(n_layers):
         p = predictors.layers[i]
