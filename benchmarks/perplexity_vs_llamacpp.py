@@ -29,14 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import (  # noqa: E402
-    bench_parser,
-    default_model,
-    machine_info,
-    open_llama,
-    require_powerinfer,
-    write_json,
-)
+import _bench_common as bench  # noqa: E402
 from corpus import SOURCE_NAME, CorpusError, held_out_text  # noqa: E402
 
 
@@ -59,7 +52,7 @@ class LlamaSide:
     name = "llama.cpp"
 
     def __init__(self, model: Path, ctx: int, threads: int):
-        self.llm = open_llama(model, ctx, threads, n_batch=ctx, n_ubatch=ctx, logits_all=True)
+        self.llm = bench.open_llama(model, ctx, threads, n_batch=ctx, n_ubatch=ctx, logits_all=True)
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
@@ -77,7 +70,7 @@ class OurSide:
     name = "powerinfer-rs"
 
     def __init__(self, model: Path, ctx: int, threads: int):
-        pi = require_powerinfer()
+        pi = bench.require_powerinfer()
         try:
             self.eng = pi.Engine.from_pretrained(str(model), threads=threads, n_ctx=ctx)
         except TypeError:
@@ -104,7 +97,7 @@ def first_mismatch(a: list[int], b: list[int]) -> int | None:
 
 
 def main(argv=None) -> int:
-    ap = bench_parser(__doc__)
+    ap = bench.bench_parser(__doc__)
     ap.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
     ap.add_argument("--ctx", type=int, default=512, help="window length in tokens (default 512)")
     ap.add_argument(
@@ -133,7 +126,7 @@ def main(argv=None) -> int:
     if args.ctx < 2 or args.min_tokens < 2:
         ap.error("--ctx and --min-tokens must be >= 2")
 
-    model = Path(args.model) if args.model else default_model()
+    model = Path(args.model) if args.model else bench.default_model()
     if not model.is_file():
         print(f"error: model not found: {model}", file=sys.stderr)
         return 2
@@ -295,9 +288,9 @@ def main(argv=None) -> int:
             "relative_difference": rel,
             "token_mismatch": token_mismatch,
             "per_window": per_window,
-            "machine": machine_info(),
+            "machine": bench.machine_info(),
         }
-        write_json(args.json, rep)
+        bench.write_json(args.json, rep)
     return status
 
 
