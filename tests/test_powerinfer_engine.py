@@ -13,6 +13,7 @@ from powerinfer_rs.loading import TensorData
 from powerinfer_rs.loading.powerinfer_gguf import load_powerinfer_gguf
 from powerinfer_rs.testing.powerinfer_files import write_powerinfer_gguf
 
+from conftest import SMALL
 from reference import reference_forward
 
 #: engine vs float64 reference with the same predictor masks.
@@ -33,14 +34,13 @@ def with_down_from_down_t(model):
 
 
 def test_pwri_gguf_runs_in_predictor_mode(tmp_path):
-    shape = dict(dim=64, ffn=128, layers=2, heads=4, kv_heads=2, vocab=300)
     path = write_powerinfer_gguf(
         tmp_path / "m.powerinfer.gguf",
         ranks=[8, 12],
         sparse_threshold=0.05,
         dtype="F32",
         predictor_dtype="F16",
-        **shape,
+        **SMALL,
     )
     eng = Engine.from_pretrained(path, threads=2)
     assert eng.sparsity == "predictor"
