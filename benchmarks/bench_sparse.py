@@ -4,7 +4,7 @@ measured side by side in one run.
 
 (a) A synthetic ReLU llama (default dim 2048, ffn 5504, 8 layers, vocab 32000, ~10 % of FFN
     neurons active, planted power law; F16 and Q4_0; written once into --cache by
-    ``powerinfer_rs.synth.write_gguf_model``). Every figure from it is labelled "synthetic".
+    ``powerinfer_rs.testing.synth.write_gguf_model``). Every figure from it is labelled "synthetic".
     Printed: tokens/s per mode, the measured speed-up of exact-relu over dense, and the ideal
     speed-up = dense weight bytes per token / exact-relu weight bytes per token, where
     exact-relu reads all of attention, the gate and the output head but only the active rows
@@ -34,17 +34,32 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import default_model, import_powerinfer, machine_info, median  # noqa: E402
+from _bench_common import (  # noqa: E402
+    add_bandwidth_args,
+    add_synthetic_args,
+    bench_parser,
+    default_model,
+    machine_info,
+    measure_bandwidth,
+    median,
+    require_powerinfer,
+    synthetic_gguf,
+    write_json,
+)
+from _sparse_parts import (  # noqa: E402
+    decode_activity,
+    ffn_bytes,
+    print_report,
+    race,
+    sparse_bytes_per_token,
+)
 
 DEFAULT_PROMPT = (
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg"
@@ -53,10 +68,10 @@ DEFAULT_SHAPE = (2048, 5504, 8, 32000)
 
 
 def _pi():
-    pi, why = import_powerinfer()
-    if pi is None:
-        raise SystemExit(f"powerinfer_rs is not importable: {why}")
-    return pi
+    try:
+        return require_powerinfer()
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -65,118 +80,10 @@ def _pi():
 
 def synthetic_relu_model(dtype: str, shape: tuple[int, int, int, int], cache: Path, seed: int):
     """Create (once) and return the synthetic ReLU GGUF of ``dtype``."""
-    _pi()
-    from powerinfer_rs.synth import write_gguf_model
-
     dim, ffn, layers, vocab = shape
     heads = max(1, dim // 128)
-    name = (
-        f"synthetic-llama-{dtype.lower()}-ctx4096-d{dim}-f{ffn}-l{layers}-h{heads}-kv{heads}"
-        f"-v{vocab}-relu-s{seed}-g64.gguf"
-    )
-    path = cache / name
-    if path.is_file():
-        return path
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".gguf.part")
-    print(f"writing synthetic model {path} ...", file=sys.stderr, flush=True)
-    t0 = time.perf_counter()
-    write_gguf_model(
-        str(tmp),
-        dim=dim,
-        ffn=ffn,
-        layers=layers,
-        heads=heads,
-        kv_heads=heads,
-        vocab=vocab,
-        dtype=dtype.upper(),
-        activation="relu",
-        seed=seed,
-        max_context=4096,
-    )
-    os.replace(tmp, path)
-    print(f"  done in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    return path
-
-
-def ffn_bytes(engine) -> list[dict[str, int]]:
-    """Per layer, bytes of ffn_gate / ffn_up / ffn_down as loaded."""
-    t = engine.loaded.tensors
-    return [
-        {k: int(t[f"blk.{i}.ffn_{k}"].data.nbytes) for k in ("gate", "up", "down")}
-        for i in range(engine.config.n_layers)
-    ]
-
-
-def sparse_bytes_per_token(
-    dense: int,
-    layers: list[dict[str, int]],
-    active: list[float],
-    *,
-    gate_sparse: bool = False,
-    up_sparse: bool = True,
-) -> float:
-    """Weight bytes per token of a mode that reads the gate in full (exact-relu, threshold;
-    or only the active rows of it with ``gate_sparse``: predictor), up in full (threshold, whose
-    rule |act(gate)·up| needs it) or only its active rows, and only the active rows of down_t
-    (down_t holds the same bytes as down)."""
-    skip = 0.0
-    for lb, a in zip(layers, active):
-        rows = lb["down"] + (lb["up"] if up_sparse else 0) + (lb["gate"] if gate_sparse else 0)
-        skip += (1.0 - a) * rows
-    return dense - skip
-
-
-# ---------------------------------------------------------------------------------------------
-# measurement
-
-
-def decode_once(engine, prompt_ids: list[int], n: int) -> float:
-    """tokens/s of ``n`` greedy single-token decode steps after ``prompt_ids``."""
-    engine.reset()
-    engine.generate(list(prompt_ids), max_new_tokens=n + 1, temperature=0.0, ignore_eos=True)
-    st = engine.last_stats
-    return st.decode_tokens / max(st.decode_seconds, 1e-9)
-
-
-def race(engine, modes: dict[str, dict], prompt_ids, n, repeats, warmup) -> dict[str, list]:
-    """Decode tokens/s of every mode, alternating; ``modes`` maps a label to set_sparsity
-    arguments ({"mode": ..., **kwargs})."""
-    order = list(modes)
-    for label in order:
-        kw = dict(modes[label])
-        engine.set_sparsity(kw.pop("mode"), **kw)
-        for _ in range(warmup):
-            decode_once(engine, prompt_ids, min(n, 16))
-    samples: dict[str, list] = {k: [] for k in order}
-    for r in range(repeats):
-        rot = order[r % len(order) :] + order[: r % len(order)]
-        for label in rot if r % 2 == 0 else rot[::-1]:
-            kw = dict(modes[label])
-            engine.set_sparsity(kw.pop("mode"), **kw)
-            samples[label].append(decode_once(engine, prompt_ids, n))
-    engine.set_sparsity("dense")
-    return samples
-
-
-def decode_activity(engine, prompt_ids, n, thresholds=None) -> list[float]:
-    """Per-layer active fraction over the prompt and a greedy dense decode of ``n`` tokens
-    (engine's profiler; ReLU semantics, or |act| >= t with ``thresholds``)."""
-    engine.set_sparsity("dense")
-    engine.reset()
-    engine.start_profiling(thresholds=thresholds)
-    try:
-        engine.generate(list(prompt_ids), max_new_tokens=n + 1, temperature=0.0, ignore_eos=True)
-        counts, tokens = engine.profile_counts()
-    finally:
-        engine.stop_profiling()
-    return list(np.asarray(counts, np.float64).sum(1) / max(1, tokens * engine.config.ffn_dim))
-
-
-def bandwidth(threads: int, nbytes: int, iters: int) -> float:
-    from powerinfer_rs import _core
-
-    return float(_core.measure_read_bandwidth(nbytes, iters, threads))
+    s = dict(dim=dim, ffn=ffn, layers=layers, heads=heads, kv_heads=heads, vocab=vocab)
+    return synthetic_gguf(cache, dtype, s, seed=seed, tag="-g64")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,8 +92,8 @@ def bandwidth(threads: int, nbytes: int, iters: int) -> float:
 
 def bench_synthetic(args, dtype: str) -> dict[str, Any]:
     pi = _pi()
-    from powerinfer_rs.calibrate import calibrate_thresholds
-    from powerinfer_rs.evaluate import predictor_quality
+    from powerinfer_rs.stages.calibrate import calibrate_thresholds
+    from powerinfer_rs.stages.evaluate import predictor_quality
 
     path = synthetic_relu_model(dtype, args.shape, Path(args.cache), args.seed)
     eng = pi.Engine.from_pretrained(str(path), threads=args.threads, n_ctx=args.n_ctx)
@@ -233,9 +140,9 @@ def bench_synthetic(args, dtype: str) -> dict[str, Any]:
             "predicted_fraction": float(np.mean(pred_frac)),
             "predictor_bytes_f32": pb,
         }
-    bw = bandwidth(args.threads, args.bw_bytes, args.bw_iters)
+    bw = measure_bandwidth(args.threads, args.bw_bytes, args.bw_iters)[0]
     samples = race(eng, modes, prompt, args.tokens, args.repeats, args.warmup)
-    bw2 = bandwidth(args.threads, args.bw_bytes, args.bw_iters)
+    bw2 = measure_bandwidth(args.threads, args.bw_bytes, args.bw_iters)[0]
     rep["bandwidth_gbs"] = max(bw, bw2)
     rep["modes"] = {}
     for label, xs in samples.items():
@@ -265,7 +172,7 @@ def load_or_train_predictors(args, eng, path: Path, calib: list[int]):
 
         from powerinfer_rs.loading import load_model
         from powerinfer_rs.predictors import train_predictors
-        from powerinfer_rs.profile import profile_model
+        from powerinfer_rs.stages.profile import profile_model
 
         with tempfile.TemporaryDirectory() as d:
             profile_model(
@@ -282,7 +189,7 @@ def load_or_train_predictors(args, eng, path: Path, calib: list[int]):
                 d, Path(d) / "p.safetensors", model=load_model(path), progress=not args.quiet
             )
     if args.predictors:
-        from powerinfer_rs.predictors import load_predictors
+        from powerinfer_rs.formats.predictors import load_predictors
 
         pset = load_predictors(args.predictors)
         if pset.model_fingerprint and pset.model_fingerprint != eng.loaded.fingerprint:
@@ -300,7 +207,7 @@ def bench_smol(args) -> dict[str, Any]:
     pi = _pi()
     from corpus import SOURCE_NAME, held_out_text
 
-    from powerinfer_rs.calibrate import calibrate_thresholds, held_out_cost
+    from powerinfer_rs.stages.calibrate import calibrate_thresholds, held_out_cost
 
     path = Path(args.model) if args.model else default_model()
     eng = pi.Engine.from_pretrained(str(path), threads=args.threads, n_ctx=args.n_ctx)
@@ -349,9 +256,9 @@ def bench_smol(args) -> dict[str, Any]:
             flush=True,
         )
     rep["perplexity_dense"] = ppl_dense
-    bw = bandwidth(args.threads, args.bw_bytes, args.bw_iters)
+    bw = measure_bandwidth(args.threads, args.bw_bytes, args.bw_iters)[0]
     samples = race(eng, modes, prompt, args.tokens, args.repeats, args.warmup)
-    bw2 = bandwidth(args.threads, args.bw_bytes, args.bw_iters)
+    bw2 = measure_bandwidth(args.threads, args.bw_bytes, args.bw_iters)[0]
     rep["bandwidth_gbs"] = max(bw, bw2)
     rep["modes"] = {}
     d = median(samples["dense"])
@@ -368,65 +275,6 @@ def bench_smol(args) -> dict[str, Any]:
     return rep
 
 
-# ---------------------------------------------------------------------------------------------
-# report
-
-
-def print_report(rep: dict[str, Any]) -> None:
-    for r in rep["runs"]:
-        syn = " (synthetic)" if r["synthetic"] else ""
-        bw = r["bandwidth_gbs"]
-        print(f"\n{r['label']}{syn}; threads {rep['threads']}, {rep['tokens']} tokens/run, "
-              f"median of {rep['repeats']}; read bandwidth {bw:.2f} GB/s")  # fmt: skip
-        head = (
-            f"{'mode':>16} | {'tok/s':>8} | {'vs dense':>8} | {'MB/token':>8} | "
-            f"{'ideal vs dense':>14} | {'GB/s (%BW)':>13}"
-        )
-        extra = not r["synthetic"]
-        if extra:
-            head += f" | {'sparsity':>8} | {'ppl (vs dense)':>18}"
-        print(head)
-        print("-" * len(head))
-        d = r["modes"]["dense"]
-        for label, m in r["modes"].items():
-            line = (
-                f"{label:>16} | {m['tok_s']:>8.2f} | {m['tok_s'] / d['tok_s']:>8.3f} | "
-                f"{m['bytes_per_token'] / 1e6:>8.2f} | "
-                f"{d['bytes_per_token'] / m['bytes_per_token']:>14.3f} | "
-                f"{m['achieved_gbs']:>6.2f} ({100 * m['achieved_gbs'] / bw:>3.0f}%)"
-            )
-            if extra:
-                t = r["targets"].get(label)
-                if t is None:
-                    line += f" | {'0':>8} | {r['perplexity_dense']:>9.3f}         "
-                else:
-                    line += (
-                        f" | {t['measured_sparsity']:>8.3f} | {t['perplexity']:>9.3f} "
-                        f"({100 * t['perplexity_change']:+.2f}%)"
-                    )
-            print(line)
-        if r["synthetic"]:
-            print(
-                f"exact-relu speed-up over dense (synthetic): measured "
-                f"{r['speedup_exact_relu']:.3f}x, ideal {r['ideal_speedup_exact_relu']:.3f}x "
-                f"(= dense / exact-relu bytes per token; active fraction "
-                f"{r['active_fraction']:.3f}) -> {100 * r['speedup_share_of_ideal']:.0f}% of ideal"
-            )
-            if "speedup_predictor_over_exact_relu" in r:
-                print(
-                    f"predictor over exact-relu (synthetic): measured "
-                    f"{r['speedup_predictor_over_exact_relu']:.3f}x, ideal "
-                    f"{r['ideal_predictor_over_exact_relu']:.3f}x; mean recall "
-                    f"{np.mean(r['predictor']['recall']):.4f}"
-                )
-    print(
-        "\nMB/token: weight bytes a decoded token reads (sparse modes: gate in full, up in "
-        "full for threshold,\nelse only on active rows, down_t only on active rows; active "
-        "fraction from a profile of the same\ndecode / the held-out text). "
-        "GB/s = MB/token x tok/s."
-    )
-
-
 def parse_list(kind):
     def f(s: str):
         try:
@@ -441,11 +289,7 @@ def parse_list(kind):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = bench_parser(__doc__)
     ap.add_argument(
         "--only", choices=["synthetic", "smol"], help="run one part only (default both)"
     )
@@ -466,14 +310,7 @@ def main(argv=None) -> int:
         default=list(DEFAULT_SHAPE),
         help="synthetic DIM,FFN,LAYERS,VOCAB (default 2048,5504,8,32000; heads = dim/128)",
     )
-    ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights")
-    ap.add_argument(
-        "--cache",
-        default=os.environ.get(
-            "POWERINFER_RS_BENCH_CACHE", str(Path.home() / ".cache" / "powerinfer_rs" / "bench")
-        ),
-        help="where synthetic models are kept (default ~/.cache/powerinfer_rs/bench)",
-    )
+    add_synthetic_args(ap)
     ap.add_argument(
         "--synthetic-threshold",
         type=float,
@@ -511,8 +348,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--window", type=int, default=256, help="(b) window of calibration/ppl")
     ap.add_argument("--prompt", default=DEFAULT_PROMPT, help="(b) prompt text")
-    ap.add_argument("--bw-bytes", type=int, default=512 << 20, help="bandwidth sweep buffer")
-    ap.add_argument("--bw-iters", type=int, default=5, help="bandwidth sweep passes")
+    add_bandwidth_args(ap)
     ap.add_argument("--quiet", action="store_true", help="no progress bars")
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args(argv)
@@ -538,10 +374,7 @@ def main(argv=None) -> int:
         "runs": runs,
     }
     print_report(rep)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(rep, indent=2, default=str))
-        print(f"results written to {args.json}")
+    write_json(args.json, rep)
     return 0
 
 

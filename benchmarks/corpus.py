@@ -6,7 +6,7 @@ The text is the prose (the ``<p>`` paragraphs of the main body, no code blocks) 
     apt-get install -y --no-install-recommends python3.11-doc
 
 It is read in a fixed order (tutorial, howto, faq, then the rest), so the same ``min_chars``
-always gives the same text. The one implementation lives in ``powerinfer_rs.tools.corpus``
+always gives the same text. The one implementation lives in ``powerinfer_rs.stages.corpus``
 (the calibrate/profile/evaluate tools read their corpora with it); this module re-exports it.
 Usable as a module (``from corpus import held_out_text``) or as a script
 (``python benchmarks/corpus.py --chars 20000`` prints the text).
@@ -24,7 +24,7 @@ from _bench_common import import_powerinfer  # noqa: E402
 _pi, _why = import_powerinfer()  # installed, else the checkout's python/
 if _pi is None:
     raise ImportError(f"benchmarks/corpus.py needs powerinfer_rs: {_why}")
-from powerinfer_rs.tools.corpus import (  # noqa: E402
+from powerinfer_rs.stages.corpus import (  # noqa: E402
     DOC_DIR,
     INSTALL_HINT,
     SECTION_ORDER,

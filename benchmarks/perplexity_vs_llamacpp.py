@@ -21,8 +21,6 @@ Examples::
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import sys
 import time
@@ -31,13 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import (  # noqa: E402
-    default_model,
-    import_llama,
-    import_powerinfer,
-    llama_kv_overrides,
-    machine_info,
-)
+import _bench_common as bench  # noqa: E402
 from corpus import SOURCE_NAME, CorpusError, held_out_text  # noqa: E402
 
 
@@ -60,20 +52,7 @@ class LlamaSide:
     name = "llama.cpp"
 
     def __init__(self, model: Path, ctx: int, threads: int):
-        llama_cpp, why = import_llama()
-        if llama_cpp is None:
-            raise RuntimeError(why)
-        self.llm = llama_cpp.Llama(
-            model_path=str(model),
-            n_ctx=ctx,
-            n_batch=ctx,
-            n_ubatch=ctx,
-            n_threads=threads,
-            n_threads_batch=threads,
-            logits_all=True,
-            verbose=False,
-            kv_overrides=llama_kv_overrides(model) or None,
-        )
+        self.llm = bench.open_llama(model, ctx, threads, n_batch=ctx, n_ubatch=ctx, logits_all=True)
 
     def tokenize(self, text: str) -> list[int]:
         return list(self.llm.tokenize(text.encode("utf-8"), add_bos=False, special=False))
@@ -91,9 +70,7 @@ class OurSide:
     name = "powerinfer-rs"
 
     def __init__(self, model: Path, ctx: int, threads: int):
-        pi, why = import_powerinfer()
-        if pi is None:
-            raise RuntimeError(why)
+        pi = bench.require_powerinfer()
         try:
             self.eng = pi.Engine.from_pretrained(str(model), threads=threads, n_ctx=ctx)
         except TypeError:
@@ -120,11 +97,7 @@ def first_mismatch(a: list[int], b: list[int]) -> int | None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
-        epilog=__doc__.split("\n\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    ap = bench.bench_parser(__doc__)
     ap.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
     ap.add_argument("--ctx", type=int, default=512, help="window length in tokens (default 512)")
     ap.add_argument(
@@ -153,7 +126,7 @@ def main(argv=None) -> int:
     if args.ctx < 2 or args.min_tokens < 2:
         ap.error("--ctx and --min-tokens must be >= 2")
 
-    model = Path(args.model) if args.model else default_model()
+    model = Path(args.model) if args.model else bench.default_model()
     if not model.is_file():
         print(f"error: model not found: {model}", file=sys.stderr)
         return 2
@@ -315,12 +288,9 @@ def main(argv=None) -> int:
             "relative_difference": rel,
             "token_mismatch": token_mismatch,
             "per_window": per_window,
-            "machine": machine_info(),
+            "machine": bench.machine_info(),
         }
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump(rep, f, indent=2)
-        print(f"results written to {args.json}")
+        bench.write_json(args.json, rep)
     return status
 
 

@@ -9,6 +9,7 @@ import types
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 _PKG_DIR = Path(__file__).resolve().parents[1] / "python" / "powerinfer_rs"
@@ -45,7 +46,7 @@ def smol_model_path() -> Path | None:
     env = os.environ.get("POWERINFER_RS_TEST_MODEL")
     if env:
         return Path(env) if Path(env).is_file() else None
-    from powerinfer_rs.models import cached_default_model
+    from powerinfer_rs.runtime.default_model import cached_default_model
 
     cached = cached_default_model()
     if cached is not None:
@@ -71,7 +72,7 @@ def smol(smol_path):
 @pytest.fixture(scope="session")
 def synth_hf(tmp_path_factory) -> Callable[..., Path]:
     """``synth_hf(dtype="f32", shards=1, **overrides)`` -> path of a synthetic HF dir (cached)."""
-    from powerinfer_rs.synth import write_hf_model
+    from powerinfer_rs.testing.synth import write_hf_model
 
     made: dict[tuple, Path] = {}
 
@@ -89,7 +90,7 @@ def synth_hf(tmp_path_factory) -> Callable[..., Path]:
 @pytest.fixture(scope="session")
 def synth_gguf(tmp_path_factory) -> Callable[..., Path]:
     """``synth_gguf(dtype="F32", **overrides)`` -> path of a synthetic GGUF file (cached)."""
-    from powerinfer_rs.synth import write_gguf_model
+    from powerinfer_rs.testing.synth import write_gguf_model
 
     made: dict[tuple, Path] = {}
 
@@ -102,3 +103,16 @@ def synth_gguf(tmp_path_factory) -> Callable[..., Path]:
         return made[key]
 
     return make
+
+
+def write_zero_predictors(path: Path, config, rank: int, fc2_dtype=np.float16) -> dict:
+    """A predictor-shaped safetensors file (zeros; fc1 f16 ``[rank, dim]``, fc2 ``[ffn, rank]``
+    per layer) for the planner's predictor-size reader; returns its tensors."""
+    from safetensors.numpy import save_file
+
+    t = {}
+    for i in range(config.n_layers):
+        t[f"blk.{i}.fc1"] = np.zeros((rank, config.dim), np.float16)
+        t[f"blk.{i}.fc2"] = np.zeros((config.ffn_dim, rank), fc2_dtype)
+    save_file(t, str(path))
+    return t

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-import gguf
 import numpy as np
 
 from powerinfer_rs.errors import TokenError, UnsupportedError
 from powerinfer_rs.loading import LoadedModel, TensorData
+from powerinfer_rs.loading.powerinfer_gguf import dequantize_tensor
 
 _CACHE: OrderedDict[str, dict[str, np.ndarray]] = OrderedDict()
 _CACHE_MODELS = 2
@@ -37,14 +37,9 @@ def _nibbles(qs: np.ndarray) -> np.ndarray:
 def dequantize(t: TensorData) -> np.ndarray:
     """``t`` as a float32 ``(rows, cols)`` array (rows == 1 for vectors); quantised blocks are
     expanded in float32 the way ggml does (``d * q`` and ``d * q + m``)."""
-    raw = np.asarray(t.data)
-    if t.dtype == "F32":
-        out = raw.view(np.float32)
-    elif t.dtype == "F16":
-        out = raw.view(np.float16).astype(np.float32)
-    elif t.dtype == "BF16":
-        out = (raw.view(np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
-    elif t.dtype == "Q8_0":
+    if t.dtype in ("F32", "F16", "BF16"):
+        return dequantize_tensor(t)  # plain views of the stored floats
+    if t.dtype == "Q8_0":
         d, b = _blocks(t, 34)
         out = d * b[:, 2:].view(np.int8).astype(np.float32)
     elif t.dtype == "Q4_0":
@@ -61,11 +56,7 @@ def dequantize(t: TensorData) -> np.ndarray:
 
 def dequantize_with_gguf(t: TensorData) -> np.ndarray:
     """The same through ``gguf.quants.dequantize`` (a cross-check of :func:`dequantize`)."""
-    if t.dtype == "BF16":
-        return dequantize(t)
-    blocks = np.asarray(t.data).reshape(t.rows, t.row_bytes)
-    out = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType[t.dtype])
-    return np.asarray(out, dtype=np.float32).reshape(t.rows, t.cols)
+    return dequantize_tensor(t)
 
 
 def _weights(model: LoadedModel) -> dict[str, np.ndarray]:

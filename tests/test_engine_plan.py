@@ -8,8 +8,10 @@ import pytest
 
 from powerinfer_rs import Engine, _core
 from powerinfer_rs.errors import CudaError, PlanError, UnsupportedError, VramBudgetError
+from powerinfer_rs.formats.plan import save_plan
+from powerinfer_rs.formats.profile import synthetic_profile
 from powerinfer_rs.loading import load_model
-from powerinfer_rs.planning import load_hardware, make_plan, save_plan, synthetic_profile
+from powerinfer_rs.planning import load_hardware, make_plan
 
 TINY = dict(dim=64, ffn=256, layers=3, heads=4, kv_heads=2, vocab=300)
 

@@ -19,19 +19,12 @@ from powerinfer_rs.errors import (
     UnsupportedError,
 )
 from powerinfer_rs.loading import load_model
+from powerinfer_rs.runtime.engine import core_model_arguments
 
 
 @pytest.fixture(scope="module")
 def small(synth_hf):
     return load_model(synth_hf(dtype="f32"))
-
-
-def _core_args(model):
-    from powerinfer_rs.engine import _CONFIG_FIELDS
-
-    cfg = {k: getattr(model.config, k) for k in _CONFIG_FIELDS}
-    tensors = {n: (t.dtype, t.rows, t.cols, t.data) for n, t in model.tensors.items()}
-    return cfg, tensors
 
 
 def test_token_ids_out_of_range(small):
@@ -43,7 +36,7 @@ def test_token_ids_out_of_range(small):
     with pytest.raises(TokenError):
         eng.generate([0, vocab], max_new_tokens=1)
     # The Rust side checks too, with the same class.
-    sess = _core.Session(eng._model, 1, 16)
+    sess = _core.Session(eng.core_model, 1, 16)
     with pytest.raises(TokenError):
         sess.feed([vocab])
     with pytest.raises(TokenError):
@@ -64,7 +57,7 @@ def test_context_overflow(small):
 
 
 def test_rust_side_rejects_bad_tensors(small):
-    cfg, tensors = _core_args(small)
+    cfg, tensors = core_model_arguments(small)
     _core.Model(cfg, tensors)  # the good case builds
 
     t = dict(tensors)

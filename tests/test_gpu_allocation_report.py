@@ -12,18 +12,15 @@ import json
 import numpy as np
 import pytest
 
-from powerinfer_rs.engine import Engine
 from powerinfer_rs.errors import PlanError
+from powerinfer_rs.formats.plan import save_plan
+from powerinfer_rs.formats.profile import synthetic_profile
 from powerinfer_rs.loading import load_model
-from powerinfer_rs.planning import (
-    gpu_allocation,
-    load_hardware,
-    make_plan,
-    save_plan,
-    synthetic_profile,
-    total_bytes,
-)
+from powerinfer_rs.planning import gpu_allocation, load_hardware, make_plan, total_bytes
 from powerinfer_rs.planning.predictor_size import fixed_predictor_sizes, read_predictor_sizes
+from powerinfer_rs.runtime.engine import Engine
+
+from conftest import write_zero_predictors
 
 #: dim 128 so that a 2-byte norm (128 x 2 = 256 B) and the engine's f32 norm (512 B) differ
 #: after alignment; ffn 320 is 5 buckets of 64 and a partial one of 48.
@@ -106,15 +103,9 @@ def test_report_equals_the_accounting(engines, kind, share, tmp_path):
 def test_buckets_and_predictor_sizes(engines, kind, bucket, tmp_path):
     """Partial slabs (320 neurons are no whole number of 48 or 100), predictor sizes from a file
     (fc1 + fc2) and fixed ones (a single ``pred`` buffer), another context."""
-    from safetensors.numpy import save_file
-
     engine = engines(kind)
     c = engine.config
-    t = {}
-    for i in range(c.n_layers):
-        t[f"blk.{i}.fc1"] = np.zeros((24, c.dim), np.float16)
-        t[f"blk.{i}.fc2"] = np.zeros((c.ffn_dim, 24), np.float32)
-    save_file(t, str(tmp_path / "pred.safetensors"))
+    write_zero_predictors(tmp_path / "pred.safetensors", c, 24, fc2_dtype=np.float32)
     for preds in (
         read_predictor_sizes(tmp_path / "pred.safetensors", c),
         fixed_predictor_sizes(c, 3000),
@@ -140,7 +131,7 @@ def test_the_report_moves_with_the_engine_data(engines, tmp_path):
     path = save_plan(plan, tmp_path / "q8.safetensors")
     on_q8 = q8.gpu_allocation_report(path)
     # Rust does not know fingerprints: the Q4_0 model's own weights give other sizes ...
-    on_q4 = [tuple(a) for a in q4._model.gpu_allocation_report(str(path))]
+    on_q4 = [tuple(a) for a in q4.core_model.gpu_allocation_report(str(path))]
     assert [n for n, _ in on_q4] == [n for n, _ in on_q8]
     assert total_bytes(on_q4) < total_bytes(on_q8) == plan.gpu_bytes
     assert dict(on_q4)["blk.0.ffn_hot"] < dict(on_q8)["blk.0.ffn_hot"]
@@ -175,7 +166,7 @@ def _rewrite(path, out, edit):
 
 def test_bad_plans_are_plan_errors(engines, tmp_path):
     engine = engines("gguf-Q8_0")
-    core = engine._model
+    core = engine.core_model
     plan = plan_for(engine, int(full_bytes(engine) * 0.5))
     good = save_plan(plan, tmp_path / "good.safetensors")
     assert check_report(engine, plan, good)
@@ -209,7 +200,7 @@ def test_engine_plan_argument_and_no_plan(engines, synth_gguf, tmp_path):
     assert loaded.gpu_allocation_report() == []
     other = Engine(load_model(synth_gguf(dtype="Q4_0", **{**SHAPE, "layers": 2})))
     with pytest.raises(PlanError):
-        other._model.gpu_allocation_report(str(cpu))  # 3 layers of neurons, 2 in the model
+        other.core_model.gpu_allocation_report(str(cpu))  # 3 layers of neurons, 2 in the model
 
 
 def test_smollm2(smol, tmp_path):

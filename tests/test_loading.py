@@ -14,7 +14,7 @@ from powerinfer_rs.loading import load_model
 from powerinfer_rs.loading.gguf_file import GGUFFile
 from powerinfer_rs.loading.safetensors_mmap import read_safetensors
 from powerinfer_rs.loading.types import expected_shapes, row_bytes
-from powerinfer_rs.synth import SynthSpec, SynthWeights, f32_to_bf16_bits, permute_qk
+from powerinfer_rs.testing.synth_model import SynthSpec, SynthWeights, f32_to_bf16_bits, permute_qk
 
 from conftest import SMALL
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from powerinfer_rs.errors import PlanError
+from powerinfer_rs.formats.plan import load_plan
+from powerinfer_rs.formats.profile import synthetic_profile, write_profile
 from powerinfer_rs.loading import load_model
-from powerinfer_rs.planning import load_plan, synthetic_profile, write_profile
-from powerinfer_rs.planning.cli import main
+from powerinfer_rs.stages.plan import main
 
 TINY = dict(dim=64, ffn=256, layers=3, heads=4, kv_heads=2, vocab=300)
 
@@ -174,7 +175,7 @@ def test_auto_budget_without_gpu_is_a_clean_error(files, capsys, monkeypatch):
     from powerinfer_rs.planning import gpu_probe
 
     monkeypatch.setattr(gpu_probe, "detect_gpu", lambda: None)
-    monkeypatch.setattr("powerinfer_rs.planning.cli.detect_gpu", lambda: None)
+    monkeypatch.setattr("powerinfer_rs.stages.plan.detect_gpu", lambda: None)
     model_path, prof, d, _ = files
     assert (
         main(

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from powerinfer_rs.errors import ModelFileError, PlanError, ShapeError, VramBudgetError
+from powerinfer_rs.formats.plan import load_plan, save_plan
+from powerinfer_rs.formats.profile import read_profile, synthetic_profile, write_profile
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.planning import (
     ModelShape,
@@ -16,17 +18,14 @@ from powerinfer_rs.planning import (
     gpu_allocation,
     list_profiles,
     load_hardware,
-    load_plan,
     make_plan,
     parse_bytes,
-    read_profile,
-    save_plan,
-    synthetic_profile,
     total_bytes,
-    write_profile,
 )
 from powerinfer_rs.planning.gpu_probe import GpuInfo, auto_budget
 from powerinfer_rs.planning.predictor_size import read_predictor_sizes
+
+from conftest import write_zero_predictors
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(dim=64, ffn=256, layers=3, heads=4, kv_heads=2, vocab=300)
@@ -112,26 +111,10 @@ def test_budget_zero_is_a_valid_cpu_only_plan(model, profile, tmp_path):
 
 
 def test_slab_and_down_t_rules():
-    from powerinfer_rs.loading.types import ModelConfig
     from powerinfer_rs.planning.accounting import slab_bytes
+    from powerinfer_rs.testing.synth_model import SynthSpec
 
-    cfg = ModelConfig(
-        arch="llama",
-        n_layers=1,
-        dim=48,
-        ffn_dim=64,
-        n_heads=4,
-        n_kv_heads=2,
-        head_dim=12,
-        vocab_size=300,
-        max_context=64,
-        rms_eps=1e-5,
-        rope_theta=1e4,
-        rope_style="norm",
-        activation="relu",
-        bos_token_id=0,
-        eos_token_ids=[2],
-    )
+    cfg = SynthSpec(48, 64, 1, heads=4, kv_heads=2, vocab=300, max_context=64).model_config()
     # dim 48 is no whole number of Q8_0 blocks: down_t falls back to F16
     shape = ModelShape.from_config(cfg, "F16", dtypes={"blk.0.ffn_down": "Q8_0"})
     assert shape.down_t_dtype(0) == "F16"
@@ -289,11 +272,7 @@ def test_predictor_file_sizes(tmp_path, model):
     from safetensors.numpy import save_file
 
     c = model.config
-    t = {}
-    for i in range(c.n_layers):
-        t[f"blk.{i}.fc1"] = np.zeros((32, c.dim), np.float16)
-        t[f"blk.{i}.fc2"] = np.zeros((c.ffn_dim, 32), np.float16)
-    save_file(t, str(tmp_path / "pred.safetensors"))
+    t = write_zero_predictors(tmp_path / "pred.safetensors", c, 32)
     sizes = read_predictor_sizes(tmp_path / "pred.safetensors", c)
     assert sizes.allocations[0] == [32 * c.dim * 2, c.ffn_dim * 32 * 2]
     t["blk.1.fc2"] = np.zeros((c.ffn_dim + 1, 32), np.float16)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import sys
 
 import pytest
 
+from powerinfer_rs.formats.profile import synthetic_profile
 from powerinfer_rs.loading.types import ModelConfig
 from powerinfer_rs.planning import (
     HardwareProfile,
@@ -15,10 +17,10 @@ from powerinfer_rs.planning import (
     evaluate,
     fixed_predictor_sizes,
     placement_allocation,
-    synthetic_profile,
     total_bytes,
 )
 from powerinfer_rs.planning.greedy import solve_greedy
+from powerinfer_rs.testing.synth_model import SynthSpec
 
 #: Objective values agree to this relative tolerance (float sums in a different order).
 REL_TOL = 1e-9
@@ -37,23 +39,8 @@ TOY_HW = HardwareProfile(
 
 
 def tiny_config(layers: int, dim: int = 64, ffn: int = 128) -> ModelConfig:
-    return ModelConfig(
-        arch="llama",
-        n_layers=layers,
-        dim=dim,
-        ffn_dim=ffn,
-        n_heads=4,
-        n_kv_heads=2,
-        head_dim=dim // 4,
-        vocab_size=300,
-        max_context=64,
-        rms_eps=1e-5,
-        rope_theta=1e4,
-        rope_style="norm",
-        activation="relu",
-        bos_token_id=0,
-        eos_token_ids=[2],
-    )
+    spec = SynthSpec(dim, ffn, layers, heads=4, kv_heads=2, vocab=300, max_context=64)
+    return spec.model_config()
 
 
 def all_placements(p):
@@ -187,3 +174,21 @@ def test_greedy_without_budget_is_cpu_only():
     res = solve_greedy(p)
     assert not res.placement.uses_gpu()
     assert evaluate(p, res.placement).gpu_bytes == 0
+
+
+def test_without_the_plan_extra(monkeypatch, tmp_path):
+    """highspy and matplotlib are the ``[plan]`` extra: missing, they are a clear
+    UnsupportedError (auto falls back to greedy)."""
+    from powerinfer_rs.errors import UnsupportedError
+    from powerinfer_rs.planning import solve
+    from powerinfer_rs.planning.report import pyplot
+
+    monkeypatch.setitem(sys.modules, "highspy", None)  # import highspy -> ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    p = make_problem(2, 2, 0.5, "mass")
+    with pytest.raises(UnsupportedError, match=r"pip install 'powerinfer-rs\[plan\]'"):
+        solve(p, solver="highs")
+    res = solve(p, solver="auto")
+    assert "greedy fallback" in res.note and evaluate(p, res.placement).feasible
+    with pytest.raises(UnsupportedError, match=r"plotting needs matplotlib"):
+        pyplot()

@@ -10,9 +10,10 @@ import numpy as np
 
 from powerinfer_rs import Engine
 from powerinfer_rs.loading import TensorData
-from powerinfer_rs.powerinfer_formats import load_powerinfer_gguf
-from powerinfer_rs.powerinfer_formats.testgen import write_powerinfer_gguf
+from powerinfer_rs.loading.powerinfer_gguf import load_powerinfer_gguf
+from powerinfer_rs.testing.powerinfer_files import write_powerinfer_gguf
 
+from conftest import SMALL
 from reference import reference_forward
 
 #: engine vs float64 reference with the same predictor masks.
@@ -35,16 +36,11 @@ def with_down_from_down_t(model):
 def test_pwri_gguf_runs_in_predictor_mode(tmp_path):
     path = write_powerinfer_gguf(
         tmp_path / "m.powerinfer.gguf",
-        dim=64,
-        ffn=128,
-        layers=2,
-        heads=4,
-        kv_heads=2,
-        vocab=300,
         ranks=[8, 12],
         sparse_threshold=0.05,
         dtype="F32",
         predictor_dtype="F16",
+        **SMALL,
     )
     eng = Engine.from_pretrained(path, threads=2)
     assert eng.sparsity == "predictor"
@@ -66,7 +62,7 @@ def test_pwri_gguf_runs_in_predictor_mode(tmp_path):
     assert np.linalg.norm(ref - dense_ref) / np.linalg.norm(dense_ref) > 10 * REF_RTOL
     # One token at a time through the sparse decode kernels: the same function.
     eng.reset()
-    rows = np.stack([eng._session.feed([t])[0] for t in ids])
+    rows = np.stack([eng.prefill([t]) for t in ids])
     assert np.linalg.norm(rows - ref) / np.linalg.norm(ref) <= REF_RTOL
     # Dense mode of the same file uses ffn_down rebuilt from ffn_down_t.
     eng.set_sparsity("dense")

@@ -13,26 +13,22 @@ import numpy as np
 import pytest
 
 from powerinfer_rs.errors import ModelFileError, UnsupportedError
+from powerinfer_rs.formats.profile import read_profile, write_profile
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.loading.gguf_file import GGUFFile
-from powerinfer_rs.planning.profile_io import read_profile, write_profile
-from powerinfer_rs.powerinfer_formats import (
+from powerinfer_rs.loading.powerinfer_dirs import (
     import_powerinfer_activations,
     import_powerinfer_predictors,
-    is_powerinfer_gguf,
-    load_powerinfer_gguf,
-    load_pt,
-    load_state_dict,
-    load_tensor,
-    save_pt,
 )
-from powerinfer_rs.powerinfer_formats.testgen import (
+from powerinfer_rs.loading.powerinfer_gguf import is_powerinfer_gguf, load_powerinfer_gguf
+from powerinfer_rs.loading.torch_pt import load_pt, load_state_dict, load_tensor, save_pt
+from powerinfer_rs.testing.powerinfer_files import (
     random_predictors,
     write_powerinfer_activation_dir,
     write_powerinfer_gguf,
     write_powerinfer_predictor_dir,
 )
-from powerinfer_rs.synth import SynthSpec, SynthWeights
+from powerinfer_rs.testing.synth_model import SynthSpec, SynthWeights
 
 from conftest import SMALL
 
@@ -74,56 +70,34 @@ def test_pt_round_trip_dtypes(tmp_path):
 
 def test_pt_reads_strided_and_bf16(tmp_path):
     """Hand-made pickle: a transposed view with an offset into a shared storage, and bf16."""
-    from powerinfer_rs.powerinfer_formats import torch_pt as tp
+    from powerinfer_rs.loading import torch_pt as tp
 
     store = np.arange(20, dtype=np.float32)
     bf = (np.array([1.0, -2.5], np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+    def tensor(storage: str, key: str, numel: int, offset: int, shape, stride) -> bytes:
+        """The pickle of ``torch._utils._rebuild_tensor_v2`` on storage record ``key``."""
+        location = [tp._unicode("storage"), tp._global("torch", storage), tp._unicode(key)]
+        pid = tp._tuple([*location, tp._unicode("cpu"), tp._intop(numel)]) + b"Q"
+        return tp._global("torch._utils", "_rebuild_tensor_v2") + tp._tuple(
+            [
+                pid,
+                tp._intop(offset),
+                tp._tuple([tp._intop(n) for n in shape]),
+                tp._tuple([tp._intop(n) for n in stride]),
+                b"\x89",
+                tp._global("collections", "OrderedDict") + b")R",
+            ]
+        )
+
     body = (
         tp._global("collections", "OrderedDict")
         + b")R("
         + tp._unicode("a")
-        + tp._global("torch._utils", "_rebuild_tensor_v2")
-        + tp._tuple(
-            [
-                tp._tuple(
-                    [
-                        tp._unicode("storage"),
-                        tp._global("torch", "FloatStorage"),
-                        tp._unicode("0"),
-                        tp._unicode("cpu"),
-                        tp._intop(20),
-                    ]
-                )
-                + b"Q",
-                tp._intop(2),
-                tp._tuple([tp._intop(3), tp._intop(2)]),
-                tp._tuple([tp._intop(1), tp._intop(5)]),
-                b"\x89",
-                tp._global("collections", "OrderedDict") + b")R",
-            ]
-        )
+        + tensor("FloatStorage", "0", 20, 2, (3, 2), (1, 5))
         + b"R"
         + tp._unicode("b")
-        + tp._global("torch._utils", "_rebuild_tensor_v2")
-        + tp._tuple(
-            [
-                tp._tuple(
-                    [
-                        tp._unicode("storage"),
-                        tp._global("torch", "BFloat16Storage"),
-                        tp._unicode("1"),
-                        tp._unicode("cpu"),
-                        tp._intop(2),
-                    ]
-                )
-                + b"Q",
-                tp._intop(0),
-                tp._tuple([tp._intop(2)]),
-                tp._tuple([tp._intop(1)]),
-                b"\x89",
-                tp._global("collections", "OrderedDict") + b")R",
-            ]
-        )
+        + tensor("BFloat16Storage", "1", 2, 0, (2,), (1,))
         + b"Ru"
     )
     path = tmp_path / "s.pt"

@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 
 from powerinfer_rs.errors import ModelFileError, PlanError, ShapeError
+from powerinfer_rs.formats.predictors import load_predictors, save_predictors
+from powerinfer_rs.formats.samples import SampleWriter, iter_samples, load_samples, read_meta
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.predictors import (
     LayerPredictor,
@@ -21,16 +23,13 @@ from powerinfer_rs.predictors import (
     TrainConfig,
     format_table,
     layer_ffn_bytes,
-    load_predictors,
     mask_stats,
-    save_predictors,
     train_layer,
     train_predictors,
     tune_threshold,
 )
 from powerinfer_rs.predictors import pipeline as pipeline_mod
 from powerinfer_rs.predictors._blas import blas_threads
-from powerinfer_rs.samples import SampleWriter, iter_samples, load_samples, read_meta
 
 from reference import dequantize, reference_forward
 
@@ -237,7 +236,7 @@ def test_resumable_per_layer(tmp_path, monkeypatch):
 
 
 def test_cli(tmp_path, synth_hf, capsys):
-    from powerinfer_rs.train_predictors import build_parser, main
+    from powerinfer_rs.stages.train_predictors import build_parser, main
 
     help_text = build_parser().format_help()
     for flag in (
@@ -320,28 +319,14 @@ def test_load_predictors_malformed(tmp_path):
     save_file({"blk.0.fc1": np.zeros((2, 3), np.float32)}, str(p), metadata=meta)
     with pytest.raises(ModelFileError, match="lacks"):
         load_predictors(p)
-    save_file(
-        {
-            "blk.0.fc1": np.zeros((2, 3), np.float32),
-            "blk.0.fc2": np.zeros((5, 4), np.float32),
-            "blk.0.threshold": np.zeros(1, np.float32),
-        },
-        str(p),
-        metadata=meta,
-    )
-    with pytest.raises(ModelFileError, match="do not fit"):
-        load_predictors(p)
-    save_file(
-        {
-            "blk.0.fc1": np.full((2, 3), np.nan, np.float32),
-            "blk.0.fc2": np.zeros((5, 2), np.float32),
-            "blk.0.threshold": np.zeros(1, np.float32),
-        },
-        str(p),
-        metadata=meta,
-    )
-    with pytest.raises(ModelFileError, match="non-finite"):
-        load_predictors(p)
+    for fc1, fc2, match in (
+        (np.zeros((2, 3), np.float32), np.zeros((5, 4), np.float32), "do not fit"),
+        (np.full((2, 3), np.nan, np.float32), np.zeros((5, 2), np.float32), "non-finite"),
+    ):
+        layer = {"blk.0.fc1": fc1, "blk.0.fc2": fc2, "blk.0.threshold": np.zeros(1, np.float32)}
+        save_file(layer, str(p), metadata=meta)
+        with pytest.raises(ModelFileError, match=match):
+            load_predictors(p)
     good = PredictorSet({0: LayerPredictor(np.ones((2, 3)), np.ones((5, 2)), 0.5)}, dtype="F32")
     save_predictors(p, good)
     raw = bytearray(p.read_bytes())

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from powerinfer_rs.errors import ShapeError
-from powerinfer_rs.sampling import SamplingParams, apply_repetition_penalty, sample
-from powerinfer_rs.streaming import IncrementalDecoder, StopMatcher
+from powerinfer_rs.runtime.sampling import SamplingParams, apply_repetition_penalty, sample
+from powerinfer_rs.runtime.streaming import IncrementalDecoder, StopMatcher
 
 
 def test_greedy_is_argmax():

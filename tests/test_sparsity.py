@@ -26,7 +26,7 @@ def rel(a: np.ndarray, b: np.ndarray) -> float:
 def decode_logits(eng: Engine, ids: list[int]) -> np.ndarray:
     """Logits of every position, fed one token at a time (the sparse decode kernels)."""
     eng.reset()
-    rows = [eng._session.feed([t])[0] for t in ids]
+    rows = [eng.prefill([t]) for t in ids]
     eng.reset()
     return np.stack(rows)
 

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from powerinfer_rs import synth
 from powerinfer_rs.errors import ShapeError, UnsupportedError
 from powerinfer_rs.loading import load_model
+from powerinfer_rs.testing import synth, synth_model
 
 from reference import reference_forward
 
@@ -30,18 +30,19 @@ def test_bf16_rounding():
         ],
         dtype=np.float32,
     )
-    bits = synth.f32_to_bf16_bits(x)
+    bits = synth_model.f32_to_bf16_bits(x)
     # 1+2^-8 is a tie -> even (1.0); 1+3*2^-8 is a tie -> even (1+2^-6)
     assert bits[:5].tolist() == [0x3F80, 0xC000, 0x3F80, 0x3F82, 0x3F81]
-    assert bits[7] == 0x7F80 and bits[8] == 0xFF80 and np.isnan(synth.bf16_bits_to_f32(bits)[9])
+    assert bits[7] == 0x7F80 and bits[8] == 0xFF80
+    assert np.isnan(synth_model.bf16_bits_to_f32(bits)[9])
     rng = np.random.default_rng(0)
     y = rng.standard_normal(10000).astype(np.float32)
-    back = synth.bf16_bits_to_f32(synth.f32_to_bf16_bits(y))
+    back = synth_model.bf16_bits_to_f32(synth_model.f32_to_bf16_bits(y))
     assert np.all(np.abs(back - y) <= np.abs(y) * 2**-8)
 
 
 def test_byte_level_vocab():
-    tokens, merges = synth.byte_level_vocab(1000)
+    tokens, merges = synth_model.byte_level_vocab(1000)
     assert len(tokens) == len(set(tokens)) == 1000
     assert len(merges) == 1000 - 259
     have = set(tokens[:259])
@@ -49,13 +50,13 @@ def test_byte_level_vocab():
         assert a in have and b in have
         have.add(a + b)
     with pytest.raises(ShapeError):
-        synth.byte_level_vocab(100)
-    tok = synth.build_tokenizer(1000)
+        synth_model.byte_level_vocab(100)
+    tok = synth_model.build_tokenizer(1000)
     assert tok.get_vocab_size() == 1000
 
 
 def test_zipf_frequencies():
-    p = synth.zipf_frequencies(5504, 0.1)
+    p = synth_model.zipf_frequencies(5504, 0.1)
     assert abs(p.mean() - 0.1) < 1e-6
     assert p[0] == pytest.approx(0.98) and np.all(np.diff(p) <= 0)
     top = np.sort(p)[::-1]
@@ -75,22 +76,12 @@ def test_deterministic(tmp_path):
 
 
 def test_planted_power_law(tmp_path):
-    d = synth.write_hf_model(
-        tmp_path / "m",
-        dim=128,
-        ffn=512,
-        layers=2,
-        heads=4,
-        kv_heads=4,
-        vocab=400,
-        dtype="f32",
-        active=0.1,
-        seed=1,
-    )
+    shape = dict(dim=128, ffn=512, layers=2, heads=4, kv_heads=4, vocab=400, seed=1, active=0.1)
+    d = synth.write_hf_model(tmp_path / "m", dtype="f32", **shape)
     m = load_model(d)
     toks = np.random.default_rng(0).integers(3, 400, size=256).tolist()
     _, gates = reference_forward(m, toks)
-    gen = synth.SynthWeights(synth.SynthSpec(128, 512, 2, 4, 4, 400, seed=1, active=0.1))
+    gen = synth_model.SynthWeights(synth_model.SynthSpec(**shape))
     for layer in range(2):
         freq = (gates[layer] > 0).mean(axis=0)
         planted = gen.firing_probabilities(layer)
@@ -103,32 +94,13 @@ def test_planted_power_law(tmp_path):
 
 
 def test_gguf_needs_blocks(tmp_path):
+    tiny = dict(layers=1, heads=4, kv_heads=4, vocab=300)
     with pytest.raises(ShapeError):
-        synth.write_gguf_model(
-            tmp_path / "x.gguf",
-            dim=48,
-            ffn=96,
-            layers=1,
-            heads=4,
-            kv_heads=4,
-            vocab=300,
-            dtype="Q4_0",
-        )
+        synth.write_gguf_model(tmp_path / "x.gguf", dim=48, ffn=96, dtype="Q4_0", **tiny)
     with pytest.raises(UnsupportedError):
-        synth.write_gguf_model(
-            tmp_path / "x.gguf",
-            dim=64,
-            ffn=96,
-            layers=1,
-            heads=4,
-            kv_heads=4,
-            vocab=300,
-            dtype="Q5_K",
-        )
+        synth.write_gguf_model(tmp_path / "x.gguf", dim=64, ffn=96, dtype="Q5_K", **tiny)
     with pytest.raises(UnsupportedError):
-        synth.write_hf_model(
-            tmp_path / "y", dim=64, ffn=96, layers=1, heads=4, kv_heads=4, vocab=300, dtype="f64"
-        )
+        synth.write_hf_model(tmp_path / "y", dim=64, ffn=96, dtype="f64", **tiny)
 
 
 def test_cli(tmp_path, capsys):

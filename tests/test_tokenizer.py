@@ -6,10 +6,10 @@ import warnings
 
 import pytest
 
-from powerinfer_rs.chat import CHATML_TEMPLATE, ChatTemplateError, format_chat
 from powerinfer_rs.errors import ModelFileError, TokenError, UnsupportedError
 from powerinfer_rs.loading import load_model
-from powerinfer_rs.tokenizer import Tokenizer
+from powerinfer_rs.runtime.chat import CHATML_TEMPLATE, ChatTemplateError, format_chat
+from powerinfer_rs.runtime.tokenizer import Tokenizer
 
 TEXTS = [
     "The capital of France is",

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from powerinfer_rs.calibrate import main as calibrate_main
-from powerinfer_rs.evaluate import main as evaluate_main
-from powerinfer_rs.profile import main as profile_main
+from powerinfer_rs.stages.calibrate import main as calibrate_main
+from powerinfer_rs.stages.evaluate import main as evaluate_main
+from powerinfer_rs.stages.profile import main as profile_main
 
 
 @pytest.fixture(scope="module")
@@ -56,9 +56,9 @@ def test_calibrate_reaches_the_target_sparsity(silu_model, text_file, tmp_path, 
 
 def test_calibrate_function_and_value_sampler(silu_model):
     """The quantile from a bounded sample is close to the quantile from all values."""
-    from powerinfer_rs.calibrate import calibrate_thresholds
-    from powerinfer_rs.engine import Engine
-    from powerinfer_rs.tools.common import ValueSampler
+    from powerinfer_rs.runtime.engine import Engine
+    from powerinfer_rs.stages.args import ValueSampler
+    from powerinfer_rs.stages.calibrate import calibrate_thresholds
 
     eng = Engine.from_pretrained(silu_model, threads=1)
     ids = list(np.random.default_rng(0).integers(3, 300, 400))
@@ -138,7 +138,7 @@ def test_evaluate_threshold_mode(silu_model, text_file, tmp_path, capsys):
                      "--sample-tokens", "--window", "--threads"]),
         ("evaluate", ["--model", "--predictors", "--thresholds", "--text", "--tokens",
                       "--window"]),
-        ("thresholds", ["--model"]),
+        ("formats.thresholds", ["--model"]),
     ],
 )  # fmt: skip
 def test_help(module, flags, capsys):
@@ -193,3 +193,17 @@ def test_cli_subprocess_one_line_error(tmp_path):
     )  # fmt: skip
     assert r.returncode == 2
     assert r.stderr.startswith("error: ") and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "stage", ["calibrate", "profile", "train-predictors", "evaluate", "plan", "synth", "thresholds"]
+)
+def test_stages_are_subcommands(stage, capsys):
+    """`powerinfer-rs <stage> ...` hands the rest of the command line to the stage's main."""
+    from powerinfer_rs import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main([stage, "--help"])
+    assert e.value.code == 0
+    assert "usage:" in capsys.readouterr().out
+    assert stage in cli.build_parser().format_help()

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from powerinfer_rs.profile import main as profile_main
+from powerinfer_rs.stages.profile import main as profile_main
 
 #: A little wider than conftest.SMALL so the planted law is sharper (synthetic model).
 SHAPE = dict(dim=128, ffn=256, layers=2, heads=4, kv_heads=2, vocab=300)
@@ -59,8 +59,8 @@ def profiled(tmp_path_factory, relu_model, random_text):
 
 def test_profiled_frequencies_match_the_planted_law(profiled):
     """Acceptance (issue 4): the profiled frequencies match the planted ones (synthetic)."""
-    from powerinfer_rs.planning.profile_io import read_profile
-    from powerinfer_rs.synth import SynthSpec, SynthWeights
+    from powerinfer_rs.formats.profile import read_profile
+    from powerinfer_rs.testing.synth_model import SynthSpec, SynthWeights
 
     prof = read_profile(profiled)
     assert prof.tokens == TOKENS and prof.n_layers == SHAPE["layers"]
@@ -80,8 +80,8 @@ def test_profiled_frequencies_match_the_planted_law(profiled):
 
 
 def test_profile_files(profiled, relu_model, capsys):
+    from powerinfer_rs.formats.profile import read_profile
     from powerinfer_rs.loading import load_model
-    from powerinfer_rs.planning.profile_io import read_profile
 
     prof = read_profile(profiled)
     assert prof.model_fingerprint == load_model(relu_model).fingerprint
@@ -98,9 +98,9 @@ def test_profile_files(profiled, relu_model, capsys):
 
 
 def test_samples_match_the_profile_and_train(profiled, relu_model, tmp_path):
+    from powerinfer_rs.formats.samples import load_samples, read_meta
     from powerinfer_rs.loading import load_model
     from powerinfer_rs.predictors import TrainConfig, train_predictors
-    from powerinfer_rs.samples import load_samples, read_meta
 
     meta = read_meta(profiled)
     assert meta["rows"] == [2048, 2048] and meta["complete"]
@@ -121,10 +121,10 @@ def test_samples_match_the_profile_and_train(profiled, relu_model, tmp_path):
 def test_threshold_semantics(tmp_path, relu_model, random_text):
     """With --thresholds a neuron counts when |act| >= t; t = the smallest positive float
     is the ReLU count again, a huge t counts nothing."""
+    from powerinfer_rs.formats.profile import read_profile
+    from powerinfer_rs.formats.thresholds import ThresholdFile, save_thresholds
     from powerinfer_rs.loading import load_model
-    from powerinfer_rs.planning.profile_io import read_profile
-    from powerinfer_rs.thresholds import ThresholdFile, save_thresholds
-    from powerinfer_rs.tools.common import NONZERO
+    from powerinfer_rs.stages.args import NONZERO
 
     fp = load_model(relu_model).fingerprint
     counts = {}
@@ -144,7 +144,7 @@ def test_threshold_semantics(tmp_path, relu_model, random_text):
     assert profile_main(argv) == 0
     np.testing.assert_array_equal(counts["tiny"], np.stack(read_profile(relu_out).counts))
     assert counts["huge"].sum() == 0
-    from powerinfer_rs.samples import load_samples
+    from powerinfer_rs.formats.samples import load_samples
 
     assert not load_samples(tmp_path / "huge", 1)[1].any()
 

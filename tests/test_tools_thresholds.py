@@ -1,4 +1,4 @@
-"""Threshold files (powerinfer_rs.thresholds) and the corpus reader of the tools."""
+"""Threshold files (powerinfer_rs.formats.thresholds) and the corpus reader of the tools."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import json
 import pytest
 
 from powerinfer_rs.errors import ModelFileError, PlanError
-from powerinfer_rs.thresholds import (
+from powerinfer_rs.formats.thresholds import (
     FORMAT,
     ThresholdFile,
     load_thresholds,
     main,
     save_thresholds,
 )
-from powerinfer_rs.tools.corpus import CorpusError, html_to_text, read_corpus
+from powerinfer_rs.stages.corpus import CorpusError, html_to_text, read_corpus
 
 
 class _Cfg:
@@ -100,8 +100,8 @@ def test_cli_prints_and_fails_cleanly(tmp_path, capsys):
 
 
 def test_engine_reads_the_file(tmp_path, synth_gguf):
-    from powerinfer_rs.engine import Engine
     from powerinfer_rs.loading import load_model
+    from powerinfer_rs.runtime.engine import Engine
 
     path = synth_gguf(activation="silu")
     fp = load_model(path).fingerprint

@@ -10,34 +10,10 @@ Hugging Face directories), tokenizes, samples and drives generation::
 
 from __future__ import annotations
 
-from .engine import Engine, GenerationStats
-from .errors import (
-    ContextOverflowError,
-    CudaError,
-    InternalError,
-    ModelFileError,
-    PlanError,
-    PowerInferError,
-    ShapeError,
-    TokenError,
-    UnsupportedError,
-    VramBudgetError,
-)
+from . import errors
+from .errors import *  # noqa: F403 (the exception classes: errors.__all__)
+from .runtime.engine import Engine, GenerationStats
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Engine",
-    "GenerationStats",
-    "PowerInferError",
-    "ModelFileError",
-    "UnsupportedError",
-    "ShapeError",
-    "TokenError",
-    "ContextOverflowError",
-    "PlanError",
-    "VramBudgetError",
-    "CudaError",
-    "InternalError",
-    "__version__",
-]
+__all__ = ["Engine", "GenerationStats", *errors.__all__, "__version__"]

@@ -1,17 +1,31 @@
-"""Command line: ``python -m powerinfer_rs generate | chat | perplexity``.
+"""Command line: ``powerinfer-rs`` / ``python -m powerinfer_rs`` COMMAND.
 
-Each command takes ``--model`` (a GGUF file or a Hugging Face directory; default: the
-SmolLM2-135M-Instruct GGUF, fetched once into the cache) and ``--threads``.
+``generate``, ``chat`` and ``perplexity`` run the engine; each takes ``--model`` (a GGUF file or
+a Hugging Face directory; default: the SmolLM2-135M-Instruct GGUF, fetched once into the cache)
+and ``--threads``. The stages of the sparsity pipeline (``calibrate``, ``profile``,
+``train-predictors``, ``evaluate``, ``plan``) and the tools ``synth`` and ``thresholds`` get the
+rest of the command line, as ``python -m powerinfer_rs.<stage>`` does.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 from pathlib import Path
 
-from .errors import PowerInferError
+#: Subcommands handed to a stage's or tool's ``main(argv)``: name -> (module, help).
+STAGES = {
+    "calibrate": ("stages.calibrate", "per-layer thresholds for sparsity=threshold"),
+    "profile": ("stages.profile", "count how often each FFN neuron fires"),
+    "train-predictors": ("stages.train_predictors", "train per-layer activation predictors"),
+    "evaluate": ("stages.evaluate", "perplexity of the sparsity modes, predictor recall"),
+    "plan": ("stages.plan", "place hot neurons under a VRAM budget"),
+    "synth": ("testing.synth", "write a synthetic model (tests, benchmarks)"),
+    "thresholds": ("formats.thresholds", "print a threshold file"),
+}
+STAGES["train_predictors"] = STAGES["train-predictors"]
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -75,7 +89,7 @@ def _gen_kwargs(a: argparse.Namespace) -> dict:
 
 
 def _load(a: argparse.Namespace):
-    from .engine import Engine
+    from .runtime.engine import Engine
 
     return Engine.from_pretrained(
         a.model,
@@ -195,16 +209,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     q.set_defaults(func=cmd_perplexity)
+    for name, (_, what) in STAGES.items():
+        if "_" not in name:  # train_predictors is an alias of train-predictors
+            sub.add_parser(name, help=what, add_help=False)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in STAGES:
+        stage = importlib.import_module(f".{STAGES[argv[0]][0]}", __package__)
+        return stage.main(argv[1:])
     args = build_parser().parse_args(argv)
-    try:
-        return args.func(args)
-    except PowerInferError as e:
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
+    from .stages.args import run_cli
+
+    return run_cli(lambda: args.func(args), error_class=True)

@@ -25,6 +25,17 @@ from ..errors import ModelFileError, UnsupportedError
 MAGIC = b"GGUF"
 #: PowerInfer's files: a GGUF file whose first four bytes were overwritten with this magic.
 POWERINFER_MAGIC = b"PWRI"
+
+
+def starts_with(path: str | os.PathLike[str], magic: bytes) -> bool:
+    """Whether ``path`` is a readable file whose first bytes are ``magic``."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(magic)) == magic
+    except OSError:
+        return False
+
+
 DEFAULT_ALIGNMENT = 32
 
 # GGUF value types: id -> (struct format, size) for scalars.

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelFileError, ShapeError, UnsupportedError
-from ..tokenizer import Tokenizer
-from .gguf_file import MAGIC, GGUFFile
+from ..runtime.tokenizer import Tokenizer
+from .gguf_file import MAGIC, GGUFFile, starts_with
 from .types import (
     ACTIVATIONS,
     SUPPORTED_DTYPES,
@@ -182,21 +182,25 @@ def load_gguf(path: str | os.PathLike[str]) -> LoadedModel:
         raise ShapeError(
             f"{p}: tokenizer has {tok.vocab_size} tokens, the model only {cfg.vocab_size}"
         )
+    return loaded_model(p, meta, cfg, tensors, tok)
+
+
+def loaded_model(
+    path: str, meta: dict[str, Any], cfg: ModelConfig, tensors: dict[str, TensorData], tok: Any
+) -> LoadedModel:
+    """The :class:`LoadedModel` of a GGUF file: its chat template from the metadata ``meta``
+    and its fingerprint."""
     template = meta.get("tokenizer.chat_template")
     return LoadedModel(
         config=cfg,
         tensors=tensors,
         tokenizer=tok,
         chat_template=template if isinstance(template, str) else None,
-        path=p,
+        path=path,
         fingerprint=fingerprint(cfg, tensors),
     )
 
 
 def is_gguf_file(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` is a regular file starting with the GGUF magic."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == MAGIC
-    except OSError:
-        return False
+    return starts_with(path, MAGIC)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelFileError, ShapeError, UnsupportedError
-from ..tokenizer import Tokenizer
+from ..runtime.tokenizer import Tokenizer
 from .safetensors_mmap import RawTensor, read_safetensors
 from .types import LoadedModel, ModelConfig, TensorData, check_tensors, fingerprint
 

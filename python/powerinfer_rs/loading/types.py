@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import ModelFileError, ShapeError, UnsupportedError
 
 if TYPE_CHECKING:
-    from ..tokenizer import Tokenizer
+    from ..runtime.tokenizer import Tokenizer
 
 #: dtype name -> (elements per block, bytes per block). Quantised formats are GGML's layouts:
 #: Q8_0 = f16 scale + 32 x i8; Q4_0 = f16 scale + 16 bytes of nibbles; Q4_1 = f16 scale,
@@ -107,6 +107,24 @@ class TensorData:
         return int(self.data.size)
 
 
+#: The config values the Rust core takes (``_core.Model(config, tensors)``), in its order; the
+#: first eight are positive integers.
+CORE_CONFIG_FIELDS = (
+    "n_layers",
+    "dim",
+    "ffn_dim",
+    "n_heads",
+    "n_kv_heads",
+    "head_dim",
+    "vocab_size",
+    "max_context",
+    "rms_eps",
+    "rope_theta",
+    "rope_style",
+    "activation",
+)
+
+
 @dataclass
 class ModelConfig:
     """Hyper-parameters of a llama-family decoder, in the engine's own vocabulary."""
@@ -131,16 +149,7 @@ class ModelConfig:
 
     def validate(self) -> None:
         """Check the values fit together; raise :class:`ShapeError` / :class:`UnsupportedError`."""
-        for name in (
-            "n_layers",
-            "dim",
-            "ffn_dim",
-            "n_heads",
-            "n_kv_heads",
-            "head_dim",
-            "vocab_size",
-            "max_context",
-        ):
+        for name in CORE_CONFIG_FIELDS[:8]:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ShapeError(f"config {name} must be a positive integer, got {v!r}")
@@ -205,13 +214,19 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
     return shapes
 
 
-def check_tensors(config: ModelConfig, tensors: dict[str, TensorData], source: str) -> None:
-    """Check that every required tensor is present with the shape ``config`` implies.
+def check_tensors(
+    config: ModelConfig,
+    tensors: dict[str, TensorData],
+    source: str,
+    shapes: dict[str, tuple[int, int]] | None = None,
+) -> None:
+    """Check that every required tensor is present with the shape ``config`` implies (or the
+    given ``shapes``, by name).
 
     Norm vectors must be float (F32/F16/BF16). Raises :class:`ModelFileError` naming the first
     missing tensor, :class:`ShapeError` naming the first mis-shaped one.
     """
-    for name, (rows, cols) in expected_shapes(config).items():
+    for name, (rows, cols) in (shapes or expected_shapes(config)).items():
         t = tensors.get(name)
         if t is None:
             raise ModelFileError(f"{source}: required tensor {name!r} is missing")

@@ -1,66 +1,40 @@
 """Neuron placement: which weights live in VRAM, decided by an integer program (HiGHS).
 
-``python -m powerinfer_rs.plan`` is the command line; the pieces:
+``python -m powerinfer_rs.plan`` is the command line (:mod:`powerinfer_rs.stages.plan`); the
+profile it reads and the plan it writes are :mod:`powerinfer_rs.formats.profile` and
+:mod:`powerinfer_rs.formats.plan`. The pieces here:
 
-* :mod:`.profile_io` - activation profiles on disk (``read_profile``, ``write_profile``,
-  ``synthetic_profile``);
-* :mod:`.model_shape`, :mod:`.predictor_size`, :mod:`.hardware_profile` - the inputs;
+* :mod:`.model_shape`, :mod:`.predictor_size`, :mod:`.hardware_profile` - the inputs
+  (hardware profiles in ``hardware/*.json``);
 * :mod:`.accounting` - exact GPU bytes (``gpu_allocation``), the allocator's contract;
 * :mod:`.problem`, :mod:`.cost_model` - the problem's numbers and the exact evaluation;
 * :mod:`.ilp` (HiGHS) and :mod:`.greedy` - the solvers; :mod:`.planner` - ``make_plan``;
-* :mod:`.plan_file` - ``PLAN.safetensors`` (``save_plan``, ``load_plan``);
-* :mod:`.report` - the printed table and the PNG plot.
+* :mod:`.report` - the printed table and the PNG plot (matplotlib).
 
+HiGHS and matplotlib are the ``powerinfer-rs[plan]`` extra; they are imported only when a
+solve or a plot needs them. Names are loaded on first use, so importing this package is cheap.
 The model is written out in ``planner/README.md``.
 """
 
 from __future__ import annotations
 
-from .accounting import gpu_allocation, placement_allocation, total_bytes
-from .cost_model import Evaluation, evaluate
-from .hardware_profile import HardwareProfile, list_profiles, load_hardware
-from .model_shape import ModelShape
-from .placement import Placement
-from .plan_file import PLAN_FORMAT, Plan, load_plan, save_plan
-from .planner import make_plan, solve
-from .predictor_size import (
-    PredictorSizes,
-    default_predictor_sizes,
-    fixed_predictor_sizes,
-    read_predictor_sizes,
-)
-from .problem import PlacementProblem, build_problem
-from .profile_io import PROFILE_FORMAT, Profile, read_profile, synthetic_profile, write_profile
-from .sizes import format_bytes, parse_bytes
+from .._lazy import lazy_exports
 
-__all__ = [
-    "PLAN_FORMAT",
-    "PROFILE_FORMAT",
-    "Evaluation",
-    "HardwareProfile",
-    "ModelShape",
-    "Placement",
-    "PlacementProblem",
-    "Plan",
-    "PredictorSizes",
-    "Profile",
-    "build_problem",
-    "default_predictor_sizes",
-    "evaluate",
-    "fixed_predictor_sizes",
-    "format_bytes",
-    "gpu_allocation",
-    "list_profiles",
-    "load_hardware",
-    "load_plan",
-    "make_plan",
-    "parse_bytes",
-    "placement_allocation",
-    "read_predictor_sizes",
-    "read_profile",
-    "save_plan",
-    "solve",
-    "synthetic_profile",
-    "total_bytes",
-    "write_profile",
-]
+_EXPORTS = {
+    "accounting": ["gpu_allocation", "placement_allocation", "total_bytes"],
+    "cost_model": ["Evaluation", "evaluate"],
+    "hardware_profile": ["HardwareProfile", "list_profiles", "load_hardware"],
+    "model_shape": ["ModelShape"],
+    "placement": ["Placement"],
+    "planner": ["make_plan", "solve"],
+    "predictor_size": [
+        "PredictorSizes",
+        "default_predictor_sizes",
+        "fixed_predictor_sizes",
+        "read_predictor_sizes",
+    ],
+    "problem": ["PlacementProblem", "build_problem"],
+    "sizes": ["format_bytes", "parse_bytes"],
+}
+
+__all__, __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -41,7 +41,7 @@ from .predictor_size import PredictorSizes
 from .sizes import align
 
 if TYPE_CHECKING:
-    from .plan_file import Plan
+    from ..formats.plan import Plan
 
 Allocation = tuple[str, int]
 

@@ -1,7 +1,7 @@
 """Hardware profiles: the numbers the cost model reads (VRAM, bandwidths, latencies).
 
-Profiles ship as JSON files in ``planning/hardware/`` (``planner/hardware`` in the repository is
-a symlink to it). A user passes a profile name (``rtx4090``) or the path of their own JSON file
+Profiles ship as JSON files in ``planning/hardware/`` (in the wheel; nowhere else in the
+repository). A user passes a profile name (``rtx4090``) or the path of their own JSON file
 with the same keys; see ``planner/README.md`` for where the shipped numbers come from.
 """
 

@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from .._lazy import optional_import
 from ..errors import PlanError
 from .cost_model import mass_weights, time_terms
 from .placement import Placement
@@ -147,10 +148,11 @@ def solve_ilp(
 ) -> SolveResult:
     """Solve ``p`` with HiGHS, optionally warm-started from the placement ``start``.
 
-    Raises ``ImportError`` without highspy and :class:`PlanError` when HiGHS finds no feasible
-    solution in time (callers fall back to greedy).
+    Raises :class:`UnsupportedError` without highspy (the ``powerinfer-rs[plan]`` extra) and
+    :class:`PlanError` when HiGHS finds no feasible solution in time (callers fall back to
+    greedy).
     """
-    import highspy
+    highspy = optional_import("highspy", "the ILP solver")
 
     t0 = time.perf_counter()
     timed = p.objective == "time"

@@ -6,7 +6,9 @@ import json
 
 import numpy as np
 
-from ..errors import PlanError
+from ..errors import PlanError, UnsupportedError
+from ..formats.plan import Plan
+from ..formats.profile import Profile
 from ..loading.types import LoadedModel
 from .accounting import placement_allocation, total_bytes
 from .cost_model import evaluate
@@ -15,10 +17,8 @@ from .hardware_profile import HardwareProfile
 from .ilp import DEFAULT_MIP_GAP, solve_ilp
 from .model_shape import ModelShape
 from .placement import Placement
-from .plan_file import Plan
 from .predictor_size import PredictorSizes, default_predictor_sizes
 from .problem import PlacementProblem, build_problem
-from .profile_io import Profile
 from .solve_result import SolveResult
 
 SOLVERS = ("auto", "highs", "greedy")
@@ -47,9 +47,9 @@ def solve(
         res = solve_ilp(
             problem, time_limit=time_limit, mip_rel_gap=mip_gap, start=greedy.placement, log=log
         )
-    except ImportError:
+    except UnsupportedError:
         if solver == "highs":
-            raise PlanError("--solver highs needs highspy: pip install highspy") from None
+            raise
         greedy.note = "highspy is not installed: greedy fallback"
         return greedy
     except PlanError as e:

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import PlanError, ShapeError, VramBudgetError
+from ..formats.profile import Profile
 from . import accounting as acc
 from .hardware_profile import HardwareProfile
 from .model_shape import ModelShape
 from .predictor_size import PredictorSizes
-from .profile_io import Profile
 from .sizes import format_bytes
 
 OBJECTIVES = ("mass", "time")

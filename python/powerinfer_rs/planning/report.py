@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from typing import Any
 
-from .plan_file import Plan
+from .._lazy import optional_import
+from ..formats.plan import Plan
 from .sizes import format_bytes
 
 
@@ -61,12 +63,17 @@ def format_table(plan: Plan) -> str:
     return "\n".join(lines)
 
 
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the file-only Agg backend; :class:`UnsupportedError` without
+    matplotlib (the ``powerinfer-rs[plan]`` extra)."""
+    matplotlib = optional_import("matplotlib", "plotting")
+    matplotlib.use("Agg", force=True)
+    return optional_import("matplotlib.pyplot", "plotting")
+
+
 def plot_plan(plan: Plan, path: str | os.PathLike[str]) -> None:
     """PNG: per layer, the GPU share of activation mass and the bytes on each device."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     layers = list(range(plan.n_layers))
     pr, by = plan.predicted, plan.bytes

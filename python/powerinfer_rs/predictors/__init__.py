@@ -5,37 +5,21 @@ read, which neurons will fire (PowerInfer §5.1).
   threshold``; :class:`PredictorSet` -- one per layer plus what they were made for.
 * :func:`train_layer` -- numpy training with adaptive rank and threshold tuning.
 * :func:`train_predictors` -- all layers of a profile directory, resumable; :func:`format_table`.
-* :func:`save_predictors` / :func:`load_predictors` -- ``predictors.safetensors``.
+
+The file (``predictors.safetensors``) is read and written by
+:mod:`powerinfer_rs.formats.predictors`.
 """
 
 from __future__ import annotations
 
-from .io import FORMAT, load_predictors, save_predictors
-from .metrics import MaskStats, mask_stats, tune_threshold
-from .model import PREDICTOR_INPUTS, LayerPredictor, PredictorSet, param_bytes
-from .pipeline import format_table, layer_ffn_bytes, train_predictors
-from .sizing import LayerActivity, initial_rank, layer_activity, rank_cap
-from .train import TrainConfig, fit_mlp, train_layer
+from .._lazy import lazy_exports
 
-__all__ = [
-    "FORMAT",
-    "PREDICTOR_INPUTS",
-    "LayerActivity",
-    "LayerPredictor",
-    "MaskStats",
-    "PredictorSet",
-    "TrainConfig",
-    "fit_mlp",
-    "format_table",
-    "initial_rank",
-    "layer_activity",
-    "layer_ffn_bytes",
-    "load_predictors",
-    "mask_stats",
-    "param_bytes",
-    "rank_cap",
-    "save_predictors",
-    "train_layer",
-    "train_predictors",
-    "tune_threshold",
-]
+_EXPORTS = {
+    "metrics": ["MaskStats", "mask_stats", "tune_threshold"],
+    "model": ["PREDICTOR_INPUTS", "LayerPredictor", "PredictorSet", "param_bytes"],
+    "pipeline": ["format_table", "layer_ffn_bytes", "train_predictors"],
+    "sizing": ["LayerActivity", "initial_rank", "layer_activity", "rank_cap"],
+    "train": ["TrainConfig", "fit_mlp", "train_layer"],
+}
+
+__all__, __getattr__ = lazy_exports(__name__, _EXPORTS)

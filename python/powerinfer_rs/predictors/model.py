@@ -4,7 +4,7 @@ A predictor is PowerInfer's bias-free two-layer MLP: ``logits = fc2 @ relu(fc1 @
 ``fc1: [rank, dim]`` and ``fc2: [ffn, rank]`` (row-major, one output feature per row, the same
 layout as ``torch.nn.Linear.weight``), and neuron ``j`` is predicted active when
 ``logits[j] >= threshold`` -- the raw logit, no sigmoid (PowerInfer compares the raw ``fc2``
-output with ``sparse_pred_threshold``; see :mod:`powerinfer_rs.powerinfer_formats`).
+output with ``sparse_pred_threshold``; see :mod:`powerinfer_rs.loading.powerinfer_gguf`).
 
 ``input`` says which vector ``x`` is: ``"ffn_norm"`` (the FFN input after the layer's RMSNorm,
 what our profiler samples and our trainer fits) or ``"ffn_inp"`` (the residual stream before

@@ -1,12 +1,12 @@
 """Train every layer's predictor from a profile directory, resumably, and report.
 
 ``train_predictors(profile_dir, out, model=...)`` reads the samples the profiler streamed to
-``profile_dir/samples`` (:mod:`powerinfer_rs.samples`), trains each requested layer
+``profile_dir/samples`` (:mod:`powerinfer_rs.formats.samples`), trains each requested layer
 (:func:`~.train.train_layer`) under a byte budget proportional to that layer's FFN bytes, and
-writes ``out`` (:mod:`.io`). Every finished layer is saved at once to ``out.parts/`` so an
-interrupted run resumes where it stopped; layers already in ``out`` from an earlier run with
-the same settings are kept and not retrained (so ``--layers 0,1`` then ``--layers 2,3`` builds
-one file).
+writes ``out`` (:mod:`powerinfer_rs.formats.predictors`). Every finished layer is saved at
+once to ``out.parts/`` so an interrupted run resumes where it stopped; layers already in ``out``
+from an earlier run with the same settings are kept and not retrained (so ``--layers 0,1`` then
+``--layers 2,3`` builds one file).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from .. import samples as samples_mod
 from ..errors import ModelFileError, PlanError, ShapeError
-from .io import load_predictors, save_predictors
+from ..formats import samples as samples_mod
+from ..formats.predictors import load_predictors, save_predictors
 from .model import LayerPredictor, PredictorSet
 from .train import TrainConfig, train_layer
 

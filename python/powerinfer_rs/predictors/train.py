@@ -215,24 +215,32 @@ def _logits_chunked(x: np.ndarray, w1: np.ndarray, w2: np.ndarray, chunk: int = 
     return np.concatenate([_forward(x[i : i + chunk], w1, w2)[1] for i in range(0, len(x), chunk)])
 
 
+@dataclass
+class _Splits:
+    """A layer's samples split into training, threshold-tuning and check rows."""
+
+    xtr: np.ndarray
+    ytr: np.ndarray
+    xtu: np.ndarray
+    ytu: np.ndarray
+    xck: np.ndarray
+    yck: np.ndarray
+
+
 def _search(
-    xtr,
-    ytr,
-    xtu,
-    ytu,
-    xck,
-    yck,
-    rank,
-    cap,
-    recall,
-    tune_target,
-    ffn_bytes,
-    cfg,
-    seed,
-    progress,
-    desc,
+    data: _Splits,
+    rank: int,
+    cap: int,
+    recall: float,
+    tune_target: float,
+    ffn_bytes: float,
+    cfg: TrainConfig,
+    seed: int,
+    progress: bool,
+    desc: str,
 ) -> list[dict[str, Any]]:
     """The doubling loop of :func:`train_layer`; one dict per rank tried."""
+    xtr, ytr, xtu, ytu, xck, yck = data.xtr, data.ytr, data.xtu, data.ytu, data.xck, data.yck
     dim, ffn = xtr.shape[1], ytr.shape[1]
     attempts: list[dict[str, Any]] = []
     prev_cost = math.inf
@@ -324,9 +332,8 @@ def train_layer(
     tr, tu, ck = _split(n, cfg.val_fraction, seed)
     if cfg.max_eval_rows:
         tu, ck = tu[: cfg.max_eval_rows], ck[: cfg.max_eval_rows]
-    xtr, ytr = x[tr], mask[tr]
-    xtu, ytu, xck, yck = x[tu], mask[tu], x[ck], mask[ck]
-    activity = layer_activity(ytr)
+    data = _Splits(x[tr], mask[tr], x[tu], mask[tu], x[ck], mask[ck])
+    activity = layer_activity(data.ytr)
     tune_target = 1.0 - (1.0 - recall) * cfg.recall_margin
     rank = min(cap, start_rank or initial_rank(activity, cfg.min_rank))
 
@@ -334,21 +341,7 @@ def train_layer(
     small = cfg.batch_size * ffn * min(cap, 4096) < (1 << 28)
     with blas_threads(1) if small else nullcontext():
         attempts = _search(
-            xtr,
-            ytr,
-            xtu,
-            ytu,
-            xck,
-            yck,
-            rank,
-            cap,
-            recall,
-            tune_target,
-            ffn_bytes,
-            cfg,
-            seed,
-            progress,
-            desc,
+            data, rank, cap, recall, tune_target, ffn_bytes, cfg, seed, progress, desc
         )
     best = [a for a in attempts if a["recall"] >= recall]
     final = min(best, key=lambda a: a["cost"]) if best else max(attempts, key=lambda a: a["recall"])

@@ -19,7 +19,7 @@ import tokenizers
 from tokenizers import AddedToken, Regex, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 
-from .errors import ModelFileError, TokenError, UnsupportedError
+from ..errors import ModelFileError, TokenError, UnsupportedError
 
 # GGUF token types (llama.cpp's llama_token_type).
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = (
@@ -124,7 +124,7 @@ class Tokenizer:
         if isinstance(source, Mapping):
             meta = source
         else:
-            from .loading.gguf_loader import gguf_metadata
+            from ..loading.gguf_loader import gguf_metadata
 
             meta = gguf_metadata(source)
         try:

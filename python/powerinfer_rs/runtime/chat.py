@@ -16,7 +16,7 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import ModelFileError, PowerInferError
+from ..errors import ModelFileError, PowerInferError
 
 #: ChatML, used when a model ships no template.
 CHATML_TEMPLATE = (

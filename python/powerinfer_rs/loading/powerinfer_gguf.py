@@ -35,16 +35,17 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelFileError, ShapeError, UnsupportedError
-from ..loading.gguf_file import POWERINFER_MAGIC, GGUFFile
+from ..loading.gguf_file import POWERINFER_MAGIC, GGUFFile, starts_with
 from ..loading.gguf_loader import (
     ACTIVATION_KEY,
     SUPPORTED_ARCHS,
     _tensor_views,
     config_from_metadata,
+    loaded_model,
 )
-from ..loading.types import LoadedModel, TensorData, expected_shapes, fingerprint
+from ..loading.types import LoadedModel, TensorData, check_tensors, expected_shapes
 from ..predictors.model import LayerPredictor, PredictorSet
-from ..tokenizer import Tokenizer
+from ..runtime.tokenizer import Tokenizer
 
 SPARSE_THRESHOLD_KEY = "powerinfer.sparse_threshold"
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
@@ -61,11 +62,7 @@ class PowerInferModel:
 
 def is_powerinfer_gguf(path: str | os.PathLike[str]) -> bool:
     """Whether ``path`` starts with PowerInfer's ``PWRI`` magic."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == POWERINFER_MAGIC
-    except OSError:
-        return False
+    return starts_with(path, POWERINFER_MAGIC)
 
 
 def dequantize_tensor(t: TensorData) -> np.ndarray:
@@ -143,15 +140,7 @@ def load_powerinfer_gguf(
             f"{p}: predictor tensors for layers {sorted(preds_raw)} beyond "
             f"block_count {cfg.n_layers}"
         )
-    template = meta.get("tokenizer.chat_template")
-    model = LoadedModel(
-        config=cfg,
-        tensors=tensors,
-        tokenizer=tok,
-        chat_template=template if isinstance(template, str) else None,
-        path=p,
-        fingerprint=fingerprint(cfg, tensors),
-    )
+    model = loaded_model(p, meta, cfg, tensors, tok)
     stored = {pr.stats["dtype"] for pr in layers.values()}
     pset = PredictorSet(
         layers=layers,
@@ -165,20 +154,10 @@ def load_powerinfer_gguf(
 
 
 def _check_model_tensors(cfg, tensors: dict[str, TensorData], source: str) -> None:
-    """Like ``loading.types.check_tensors`` but with ``ffn_down_t`` ``[ffn, dim]`` (rows =
-    neurons) expected in place of ``ffn_down``."""
+    """:func:`~.types.check_tensors` with ``ffn_down_t`` ``[ffn, dim]`` (rows = neurons)
+    expected in place of ``ffn_down``."""
     shapes = expected_shapes(cfg)
     for i in range(cfg.n_layers):
         del shapes[f"blk.{i}.ffn_down"]
         shapes[f"blk.{i}.ffn_down_t"] = (cfg.ffn_dim, cfg.dim)
-    for name, (rows, cols) in shapes.items():
-        t = tensors.get(name)
-        if t is None:
-            raise ModelFileError(f"{source}: required tensor {name!r} is missing")
-        if (t.rows, t.cols) != (rows, cols):
-            raise ShapeError(
-                f"{source}: tensor {name!r} has shape {t.rows}x{t.cols}, the config implies "
-                f"{rows}x{cols}"
-            )
-        if rows == 1 and t.dtype not in ("F32", "F16", "BF16"):
-            raise UnsupportedError(f"{source}: norm tensor {name!r} is {t.dtype}, expected float")
+    check_tensors(cfg, tensors, source, shapes)

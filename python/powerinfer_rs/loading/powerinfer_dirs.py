@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelFileError, ShapeError
-from ..planning.profile_io import Profile
+from ..formats.profile import Profile
 from ..predictors.model import LayerPredictor, PredictorSet
 from .torch_pt import load_state_dict, load_tensor
 
@@ -135,8 +135,8 @@ def import_powerinfer_activations(
     *,
     tokens: int | None = None,
 ) -> Profile:
-    """Read ``activation_{i}.pt`` files into a :class:`~powerinfer_rs.planning.profile_io.Profile`
-    (write it with ``profile_io.write_profile(out, p.counts, p.tokens, model_fingerprint=...,
+    """Read ``activation_{i}.pt`` files into a :class:`~powerinfer_rs.formats.profile.Profile`
+    (write it with ``formats.profile.write_profile(out, p.counts, p.tokens, model_fingerprint=...,
     extra_meta=p.meta)``).
 
     PowerInfer's files hold counts only. ``tokens`` (the number of profiled tokens) defaults to

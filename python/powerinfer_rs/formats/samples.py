@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ModelFileError, ShapeError
+from ..errors import ModelFileError, ShapeError
 
 FORMAT = "powerinfer-rs-samples/1"
 META_NAME = "meta.json"

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelFileError, UnsupportedError
+from ..errors import ModelFileError, PlanError, UnsupportedError
 from ..loading.safetensors_mmap import read_header, read_safetensors
-from .model import STORAGE_DTYPES, LayerPredictor, PredictorSet
+from ..predictors.model import STORAGE_DTYPES, LayerPredictor, PredictorSet
 
 FORMAT = "powerinfer-rs-predictors/1"
 
@@ -143,3 +143,21 @@ def load_predictors(path: str | os.PathLike[str]) -> PredictorSet:
         dtype=dtypes.pop() if len(dtypes) == 1 else meta.get("dtype", "F16"),
         metadata=extra,
     )
+
+
+def predictors_for(source: object, model: Any) -> PredictorSet:
+    """A :class:`PredictorSet` for ``model`` (a LoadedModel) from a predictor file or as given;
+    :class:`PlanError` when it was trained for another model or lacks layers."""
+    pset = load_predictors(source) if isinstance(source, (str, os.PathLike)) else source
+    if not isinstance(pset, PredictorSet):
+        raise PlanError(f"predictors must be a path or a PredictorSet, got {type(pset).__name__}")
+    fp = pset.model_fingerprint
+    if fp is not None and fp != model.fingerprint:
+        raise PlanError(
+            f"the predictors were trained for another model (fingerprint {fp}, "
+            f"this model {model.fingerprint})"
+        )
+    missing = [i for i in range(model.config.n_layers) if i not in pset.layers]
+    if missing:
+        raise PlanError(f"the predictors lack layers {missing[:8]}")
+    return pset

@@ -23,10 +23,10 @@ import numpy as np
 
 from ..errors import PlanError, VramBudgetError
 from ..loading.types import LoadedModel
-from .model_shape import ModelShape
-from .placement import Placement
-from .predictor_size import PredictorSizes
-from .sizes import format_bytes
+from ..planning.model_shape import ModelShape
+from ..planning.placement import Placement
+from ..planning.predictor_size import PredictorSizes
+from ..planning.sizes import format_bytes
 
 PLAN_FORMAT = "powerinfer-rs-plan/1"
 
@@ -207,7 +207,7 @@ def load_plan(
     Raises :class:`PlanError` (unreadable file, another model's fingerprint or shape, byte
     accounting that disagrees with the model) and :class:`VramBudgetError` (over budget).
     """
-    from .accounting import gpu_allocation, total_bytes
+    from ..planning.accounting import gpu_allocation, total_bytes
 
     p = Path(path)
     plan = _read(p)

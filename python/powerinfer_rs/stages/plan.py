@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import textwrap
 
-from ..errors import PowerInferError
-from .gpu_probe import AUTO_MARGIN_BYTES, auto_budget, detect_gpu
-from .hardware_profile import FALLBACK_PROFILE, list_profiles, load_hardware, profile_for_gpu_name
-from .ilp import DEFAULT_MIP_GAP
-from .planner import SOLVERS
-from .problem import BUCKET_SIZES, OBJECTIVES
-from .sizes import format_bytes, parse_bytes
+from ..planning.gpu_probe import AUTO_MARGIN_BYTES, auto_budget, detect_gpu
+from ..planning.hardware_profile import (
+    FALLBACK_PROFILE,
+    list_profiles,
+    load_hardware,
+    profile_for_gpu_name,
+)
+from ..planning.ilp import DEFAULT_MIP_GAP
+from ..planning.planner import SOLVERS
+from ..planning.problem import BUCKET_SIZES, OBJECTIVES
+from ..planning.sizes import format_bytes, parse_bytes
+from .args import entry_point
 
 _EPILOG = f"""\
 Sizes: 8GiB, 512MiB (powers of 1024), 8GB (powers of 1000), or bytes; 0 = CPU only.
@@ -178,13 +182,13 @@ def _resolve_hardware(name: str | None, gpu_known: list) -> tuple:
 def run(args: argparse.Namespace) -> int:
     """Do the work for parsed ``args``; raises :class:`PowerInferError` on bad input."""
     from ..errors import PlanError
+    from ..formats.plan import save_plan
+    from ..formats.profile import read_profile
     from ..loading import load_model
-    from .model_shape import ModelShape
-    from .plan_file import save_plan
-    from .planner import make_plan
-    from .predictor_size import fixed_predictor_sizes, read_predictor_sizes
-    from .profile_io import read_profile
-    from .report import format_table, plot_plan
+    from ..planning.model_shape import ModelShape
+    from ..planning.planner import make_plan
+    from ..planning.predictor_size import fixed_predictor_sizes, read_predictor_sizes
+    from ..planning.report import format_table, plot_plan
 
     if args.context <= 0:
         raise PlanError(f"--context must be positive, got {args.context}")
@@ -234,25 +238,9 @@ def run(args: argparse.Namespace) -> int:
     out = save_plan(plan, args.out)
     print(f"plan written to {out}")
     if args.plot:
-        try:
-            plot_plan(plan, args.plot)
-        except ImportError:
-            raise PlanError("--plot needs matplotlib: pip install matplotlib") from None
+        plot_plan(plan, args.plot)
         print(f"plot written to {args.plot}")
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (2 with a one-line message on bad input)."""
-    args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except PowerInferError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+main = entry_point(build_parser, run)

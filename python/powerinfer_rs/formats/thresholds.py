@@ -17,8 +17,8 @@ thresholds[i]``; the engine skips the others. The file is JSON::
     }
 
 Only ``thresholds`` is required (the engine reads ``thresholds`` and ``model_fingerprint``);
-other keys are kept as they are in :attr:`ThresholdFile.extra`. ``python -m
-powerinfer_rs.thresholds T`` prints a file.
+other keys are kept as they are in :attr:`ThresholdFile.extra`. ``powerinfer-rs thresholds T``
+(or ``python -m powerinfer_rs.formats.thresholds T``) prints a file.
 """
 
 from __future__ import annotations
@@ -28,11 +28,12 @@ import json
 import math
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ModelFileError, PlanError, PowerInferError
+from ..errors import ModelFileError, PlanError, PowerInferError
 
 FORMAT = "powerinfer-rs-thresholds/1"
 _KNOWN = (
@@ -184,6 +185,19 @@ def load_thresholds(path: str | os.PathLike[str], model: Any = None) -> Threshol
     return tf
 
 
+def thresholds_for(source: Sequence[float] | str | os.PathLike[str], model: Any) -> list[float]:
+    """Per-layer thresholds for ``model`` (a LoadedModel) from a threshold file (see
+    :func:`load_thresholds`) or a list of numbers; :class:`PlanError` when they do not fit."""
+    if isinstance(source, (str, os.PathLike)):
+        return load_thresholds(source, model).thresholds
+    try:
+        values = [float(v) for v in source]
+    except (TypeError, ValueError) as e:
+        raise PlanError(f"thresholds must be numbers: {e}") from e
+    ThresholdFile(thresholds=values).check_model(model)
+    return values
+
+
 def format_table(tf: ThresholdFile) -> str:
     """Per-layer table of a threshold file."""
     lines = [f"{'layer':>5} | {'threshold':>10} | {'measured sparsity':>17}"]
@@ -195,9 +209,9 @@ def format_table(tf: ThresholdFile) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m powerinfer_rs.thresholds FILE``: print a threshold file."""
+    """``powerinfer-rs thresholds FILE``: print a threshold file."""
     ap = argparse.ArgumentParser(
-        prog="python -m powerinfer_rs.thresholds",
+        prog="powerinfer-rs thresholds",
         description="Print a threshold file written by `python -m powerinfer_rs.calibrate`: "
         "its model, target sparsity and the per-layer thresholds on |act(gate)·up|.",
     )
@@ -207,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = None
         if a.model:
-            from .loading import load_model
+            from ..loading import load_model
 
             model = load_model(a.model)
         tf = load_thresholds(a.file, model)
@@ -227,6 +241,7 @@ __all__ = [
     "format_table",
     "load_thresholds",
     "save_thresholds",
+    "thresholds_for",
 ]
 
 if __name__ == "__main__":

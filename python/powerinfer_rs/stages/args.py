@@ -1,10 +1,12 @@
-"""Plumbing shared by the calibrate / profile / evaluate tools and the sparse benchmark:
+"""What the stage commands share: their argument handling (:func:`stage_parser` and the
+``add_*`` helpers, argparse types, :func:`run_cli` with its error convention: one line on
+stderr, exit status 2), and for calibrate / profile / evaluate and the sparse benchmark:
 loading an engine, turning a corpus into token ids, running the engine over token windows with
-a fresh context each, sampling activations with bounded memory, and the CLI error convention
-(one line on stderr, exit status 2)."""
+a fresh context each, sampling activations with bounded memory."""
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import sys
@@ -20,13 +22,15 @@ from .corpus import CorpusError, read_corpus
 NONZERO = float(np.nextafter(np.float32(0), np.float32(1)))
 
 
-def run_cli(fn: Callable[[], int]) -> int:
-    """Run a tool's body: :class:`PowerInferError` and I/O errors become ``error: ...`` on
-    stderr and exit status 2 (no traceback); Ctrl-C exits 130."""
+def run_cli(fn: Callable[[], int], *, error_class: bool = False) -> int:
+    """Run a command's body: :class:`PowerInferError` and I/O errors become ``error: ...`` on
+    stderr (with the error's class name when ``error_class``) and exit status 2, no traceback;
+    Ctrl-C exits 130."""
     try:
         return fn()
     except PowerInferError as e:
-        print(f"error: {e}", file=sys.stderr)
+        kind = f"{type(e).__name__}: " if error_class else ""
+        print(f"error: {kind}{e}", file=sys.stderr)
         return 2
     except OSError as e:
         name = f"{e.filename}: " if getattr(e, "filename", None) else ""
@@ -37,35 +41,102 @@ def run_cli(fn: Callable[[], int]) -> int:
         return 130
 
 
-def positive_int(s: str) -> int:
-    """argparse type: an integer > 0."""
-    import argparse
+def stage_parser(
+    stage: str, description: str, *, epilog: str | None = None, model_help: str | None = None
+) -> argparse.ArgumentParser:
+    """The parser of ``python -m powerinfer_rs.<stage>``, with its ``--model`` argument."""
+    ap = argparse.ArgumentParser(
+        prog=f"python -m powerinfer_rs.{stage}",
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--model", required=True, help=model_help or "GGUF file or Hugging Face model directory"
+    )
+    return ap
 
+
+def add_text_args(
+    ap: argparse.ArgumentParser, flag: str, help: str, *, tokens: int, tokens_help: str
+) -> None:
+    """``flag`` (text files, HTML pages or directories; several allowed) and ``--tokens``."""
+    ap.add_argument(flag, required=True, nargs="+", metavar="FILE", help=help)
+    ap.add_argument(
+        "--tokens", type=positive_int, default=tokens, help=f"{tokens_help} (default {tokens})"
+    )
+
+
+def add_share_arg(ap: argparse.ArgumentParser, flag: str, default: float, help: str) -> None:
+    """A float option ``flag`` (a share or fraction; the stage checks its range)."""
+    ap.add_argument(flag, type=float, default=default, help=f"{help} (default {default})")
+
+
+def add_window_arg(ap: argparse.ArgumentParser, help: str) -> None:
+    """``--window``: tokens per forward window, a fresh context each (default 256)."""
+    ap.add_argument("--window", type=positive_int, default=256, help=f"{help} (default 256)")
+
+
+def add_thresholds_arg(ap: argparse.ArgumentParser, what_for: str) -> None:
+    """``--thresholds T``: a threshold file from ``calibrate``."""
+    ap.add_argument(
+        "--thresholds",
+        metavar="T",
+        help=f"threshold file (python -m powerinfer_rs.calibrate): {what_for}",
+    )
+
+
+def add_run_args(ap: argparse.ArgumentParser, *, threads: bool = True) -> None:
+    """``--threads`` (with ``threads``) and ``--quiet``."""
+    if threads:
+        ap.add_argument("--threads", type=nonneg_int, default=0, help="threads (0 = one per core)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def entry_point(
+    build_parser: Callable[[], argparse.ArgumentParser],
+    run: Callable[[argparse.Namespace], int],
+    *,
+    check: Callable[[argparse.Namespace], str | None] | None = None,
+) -> Callable[[Sequence[str] | None], int]:
+    """A stage's ``main(argv=None)``: parse ``argv`` and ``check`` the values (usage errors
+    exit 2 through argparse), then :func:`run_cli` the stage; returns the exit status."""
+
+    def main(argv: Sequence[str] | None = None) -> int:
+        """Entry point; returns the exit status (2 with a one-line message on bad input)."""
+        ap = build_parser()
+        a = ap.parse_args(argv)
+        problem = check(a) if check is not None else None
+        if problem:
+            ap.error(problem)
+        return run_cli(lambda: run(a))
+
+    return main
+
+
+def _int_at_least(s: str, low: int, what: str) -> int:
     try:
         v = int(s)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+        raise argparse.ArgumentTypeError(f"expected {what}, got {s!r}") from None
+    if v < low:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {v}")
     return v
+
+
+def positive_int(s: str) -> int:
+    """argparse type: an integer > 0."""
+    return _int_at_least(s, 1, "a positive integer")
 
 
 def nonneg_int(s: str) -> int:
     """argparse type: an integer >= 0."""
-    import argparse
-
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
-    return v
+    return _int_at_least(s, 0, "an integer >= 0")
 
 
 def load_engine(model: str | os.PathLike[str], threads: int = 0, n_ctx: int | None = None):
-    """A dense :class:`~powerinfer_rs.engine.Engine` on ``model``."""
-    from ..engine import Engine
+    """A dense :class:`~powerinfer_rs.runtime.engine.Engine` on ``model``."""
+    from ..runtime.engine import Engine
 
     return Engine.from_pretrained(model, threads=threads, n_ctx=n_ctx)
 
@@ -125,6 +196,31 @@ def feed_windows(
                 break
     engine.reset()
     return fed
+
+
+def capture_windows(
+    engine: Any,
+    ids: Sequence[int],
+    window: int,
+    on_rows: Callable[[list[tuple[np.ndarray, np.ndarray]]], None],
+    *,
+    desc: str,
+    progress: bool = True,
+) -> int:
+    """:func:`feed_windows` with the engine's capture on: each window's captured rows, per
+    layer ``(FFN input, activation)``, go to ``on_rows``. Returns the tokens fed."""
+    engine.start_profiling(capture=True)
+    try:
+        return feed_windows(
+            engine,
+            ids,
+            window,
+            on_window=lambda _n: on_rows(engine.take_captured()),
+            desc=desc,
+            progress=progress,
+        )
+    finally:
+        engine.stop_profiling()
 
 
 class ValueSampler:

