@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powerinfer_rs import Engine, _core
+from powerinfer_rs import Engine
 from powerinfer_rs.errors import CudaError, PlanError, UnsupportedError, VramBudgetError
 from powerinfer_rs.formats.plan import save_plan
 from powerinfer_rs.formats.profile import synthetic_profile
@@ -41,20 +41,27 @@ def test_cpu_only_plan_is_adopted(model, tmp_path):
     assert eng.plan is not None and all(h.size == 0 for h in eng.hot_neurons)
 
 
-def test_rust_reads_the_same_neuron_table(model, tmp_path):
+def test_rust_reads_the_same_neuron_table(model, synth_gguf, tmp_path):
     plan, path = plan_file(model, tmp_path, 2**20, "gpu.safetensors")
     assert sum(len(h) for h in plan.gpu_neurons) > 0
-    hot = _core.read_neuron_table(str(path), 3, 256)
-    for mine, theirs in zip(hot, plan.gpu_neurons):
+    core = Engine(model, threads=1).core_model
+    adopted = core.load_plan(str(path), model.fingerprint, 2**20)
+    assert adopted.gpu_bytes == plan.gpu_bytes and adopted.model_fingerprint == model.fingerprint
+    assert sum(b for _, b in adopted.allocations) == plan.gpu_bytes
+    for mine, theirs in zip(adopted.hot_neurons, plan.gpu_neurons):
         assert np.array_equal(np.asarray(mine), np.asarray(theirs))
     with pytest.raises(PlanError):
-        _core.read_neuron_table(str(path), 4, 256)
-    with pytest.raises(PlanError):
-        _core.read_neuron_table(str(path), 3, 100)
+        core.load_plan(str(path), "another model")
+    with pytest.raises(VramBudgetError):
+        core.load_plan(str(path), model.fingerprint, plan.gpu_bytes - 1)
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}      ")
     with pytest.raises(PlanError):
-        _core.read_neuron_table(str(bad), 3, 256)
+        core.load_plan(str(bad))
+    for shape in ({**TINY, "layers": 4}, {**TINY, "ffn": 128}):  # the plan: 3 layers x 256
+        other = load_model(synth_gguf(dtype="Q8_0", **shape))
+        with pytest.raises(PlanError):
+            Engine(other, threads=1).core_model.load_plan(str(path))
     # A plan that uses VRAM does not fit the CPU device.
     with pytest.raises(VramBudgetError):
         Engine(model, threads=1, plan=path)

@@ -81,6 +81,11 @@ def test_rust_side_rejects_bad_tensors(small):
     with pytest.raises(ModelFileError):
         _core.Model(cfg, t)
 
+    t = dict(tensors)
+    t["blk.0.attn_v"] = (dt, r, c, np.repeat(data, 2)[::2])  # the same bytes, strided
+    with pytest.raises(ShapeError, match="contiguous"):
+        _core.Model(cfg, t)
+
     bad_cfg = dict(cfg, n_kv_heads=3)
     with pytest.raises(ModelFileError):
         _core.Model(bad_cfg, tensors)

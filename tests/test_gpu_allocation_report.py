@@ -212,19 +212,19 @@ def test_smollm2(smol, tmp_path):
         assert total_bytes(report) > 0
 
 
-def test_load_plan_refuses_a_plan_the_engine_would_exceed(engines, tmp_path, monkeypatch):
-    """A planner that under-counts (simulated: its accounting reports nothing while the file
-    puts the output head on the GPU) is caught by the engine's own list when the plan loads."""
-    from powerinfer_rs.planning import accounting
+def test_load_plan_refuses_a_plan_the_engine_would_exceed(engines, tmp_path):
+    """A plan that under-counts (its file puts the output head on the GPU but records 0 GPU
+    bytes) is refused by the planner's reader and, independently, by the engine's own
+    allocation list when the Rust core reads the plan."""
+    from powerinfer_rs.formats.plan import load_plan
 
     engine = Engine(engines("gguf-Q4_0").loaded)  # its own: this test loads plans into it
     cpu = save_plan(plan_for(engine, 0), tmp_path / "cpu.safetensors")
     bad = _rewrite(cpu, tmp_path / "bad.safetensors", lambda j: j["placement"].update(output=True))
     with pytest.raises(PlanError, match="records 0 GPU bytes"):
-        engine.load_plan(bad)  # the planner's own check, before the engine's
-    monkeypatch.setattr(accounting, "gpu_allocation", lambda plan, model: [])
+        load_plan(bad, model=engine.loaded)  # the planner's own check
     with pytest.raises(PlanError, match="would allocate"):
-        engine.load_plan(bad)
+        engine.load_plan(bad)  # the engine's, without the planner's help
     assert engine.plan is None
     engine.load_plan(cpu)
     assert engine.plan is not None and engine.gpu_allocation_report() == []

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from . import _core
+
 #: Subcommands handed to a stage's or tool's ``main(argv)``: name -> (module, help).
 STAGES = {
     "calibrate": ("stages.calibrate", "per-layer thresholds for sparsity=threshold"),
@@ -44,7 +46,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--sparsity",
-        choices=["dense", "exact-relu", "threshold", "predictor"],
+        choices=_core.SPARSITY_MODES,
         default=None,
         help="FFN sparsity: dense (exact; the default), exact-relu (ReLU models, same function), "
         "threshold (needs --thresholds), predictor (needs --predictors; the default for "

@@ -1,53 +1,35 @@
 """The one exception hierarchy of powerinfer-rs.
 
-Every error the package raises on bad input is a :class:`PowerInferError`. The Rust extension
-raises these same classes (it looks them up here), so ``except PowerInferError`` catches both
-sides. Subclasses also derive from the matching built-in (``ValueError``, ``OSError``, ...) so
-generic handlers keep working.
+The classes are declared once, in the Rust extension (``crates/py/src/exceptions.rs``), and
+re-exported here: every error the package raises on bad input, from Python or from Rust, is a
+:class:`PowerInferError`. Each subclass also derives from the matching built-in (``ValueError``,
+``MemoryError``, ``RuntimeError``) so generic handlers keep working.
+
+* :class:`ModelFileError` - a model file or directory is missing, truncated or malformed;
+* :class:`UnsupportedError` - an architecture, format or feature the engine does not implement;
+* :class:`ShapeError` - shapes, sizes or config values that do not fit together;
+* :class:`TokenError` - a token id outside the vocabulary;
+* :class:`ContextOverflowError` - more tokens than the context holds;
+* :class:`PlanError` - a plan, threshold or predictor file made for another model;
+* :class:`VramBudgetError` - a placement that does not fit the VRAM budget;
+* :class:`CudaError` - a CUDA driver, NVRTC or launch error, or no GPU where one was asked for;
+* :class:`InternalError` - a bug (a caught Rust panic included).
 """
 
 from __future__ import annotations
 
-
-class PowerInferError(Exception):
-    """Base class of every powerinfer-rs error."""
-
-
-class ModelFileError(PowerInferError, ValueError):
-    """A model file or directory is missing, truncated or malformed."""
-
-
-class UnsupportedError(PowerInferError, ValueError):
-    """An architecture, weight format or feature the engine does not implement."""
-
-
-class ShapeError(PowerInferError, ValueError):
-    """Tensor shapes or config values do not fit together."""
-
-
-class TokenError(PowerInferError, ValueError):
-    """A token id outside the vocabulary."""
-
-
-class ContextOverflowError(PowerInferError, ValueError):
-    """More tokens than the context window holds."""
-
-
-class PlanError(PowerInferError, ValueError):
-    """A plan or neuron table made for another model, or inconsistent with it."""
-
-
-class VramBudgetError(PowerInferError, MemoryError):
-    """A placement that does not fit the VRAM budget."""
-
-
-class CudaError(PowerInferError, RuntimeError):
-    """A CUDA driver, NVRTC or kernel launch error, or no GPU where one was asked for."""
-
-
-class InternalError(PowerInferError, RuntimeError):
-    """A bug: something the engine should never do. Please report it."""
-
+from ._core import (
+    ContextOverflowError,
+    CudaError,
+    InternalError,
+    ModelFileError,
+    PlanError,
+    PowerInferError,
+    ShapeError,
+    TokenError,
+    UnsupportedError,
+    VramBudgetError,
+)
 
 __all__ = [
     "PowerInferError",

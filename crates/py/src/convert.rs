@@ -63,7 +63,7 @@ fn borrow_bytes(name: &str, obj: &Bound<'_, PyAny>) -> Result<Buffer> {
     })?;
     ensure!(
         arr.is_c_contiguous(),
-        ModelFile,
+        Shape,
         "{name}: the array must be C-contiguous"
     );
     let len = arr.len() * arr.dtype().itemsize();

@@ -4,6 +4,7 @@ perplexity, sparsity modes, profiling and placement plans; generation is :mod:`.
 from __future__ import annotations
 
 import math
+import operator
 import os
 from collections.abc import Iterator, Sequence
 
@@ -69,9 +70,7 @@ class Engine(Generation):
         self.thresholds: list[float] | None = None
         self.predictors = None
         self.set_sparsity(sparsity, thresholds=thresholds, predictors=predictors)
-        self.plan = None
-        self._plan_path: str | None = None
-        self.hot_neurons: list[np.ndarray] | None = None
+        self.plan: _core.Plan | None = None
         if plan is not None:
             self.load_plan(plan, vram_budget=vram_budget)
 
@@ -193,25 +192,17 @@ class Engine(Generation):
                     "powerinfer_rs.train_predictors writes them)"
                 )
             self.predictors = predictors_for(predictors, self.loaded)
-            tensors: dict[str, object] = {}
             # Predictors stored in f16 hold f16-exact values: hand them over as F16 (half the
             # bytes a token reads), anything else as F32.
             store = np.float16 if str(self.predictors.dtype).upper() == "F16" else np.float32
-            name_of = {np.float16: "F16", np.float32: "F32"}
-            for i in range(self.config.n_layers):
-                p = self.predictors.layers[i]
-                for name, arr in (("fc1", p.fc1), ("fc2", p.fc2)):
-                    a = np.ascontiguousarray(arr, dtype=store)
-                    tensors[f"blk.{i}.{name}"] = (
-                        name_of[store],
-                        a.shape[0],
-                        a.shape[1],
-                        a.view(np.uint8).reshape(-1),
-                    )
-                tensors[f"blk.{i}.threshold"] = float(p.threshold)
-            self._session.set_sparsity(
-                "predictor", predictors=tensors, predictor_input=self.predictors.input
+            layers = [self.predictors.layers[i] for i in range(self.config.n_layers)]
+            typed = _core.Predictors(
+                [np.ascontiguousarray(p.fc1, dtype=store) for p in layers],
+                [np.ascontiguousarray(p.fc2, dtype=store) for p in layers],
+                [float(p.threshold) for p in layers],
+                self.predictors.input,
             )
+            self._session.set_sparsity("predictor", predictors=typed)
         else:
             self._session.set_sparsity(mode)
         self.reset()
@@ -219,11 +210,10 @@ class Engine(Generation):
     def load_plan(
         self, plan: str | os.PathLike[str], *, vram_budget: int | str | None = None
     ) -> None:
-        """Adopt a placement plan: checked against this model (PlanError) and against the VRAM
-        this engine has (VramBudgetError; 0 on the CPU device); its neuron table (hot ids per
-        layer) is read and validated by the Rust core, and the GPU bytes the plan counts must
-        equal the engine's own allocation list (:meth:`gpu_allocation_report`; PlanError)."""
-        from ..formats.plan import load_plan
+        """Adopt a placement plan. The Rust core reads the file once and keeps its neuron table;
+        it refuses a plan made for another model (PlanError), one whose GPU bytes differ from
+        the engine's own allocation list (:meth:`gpu_allocation_report`; PlanError), and one
+        over the VRAM this engine has (VramBudgetError; none on the CPU device)."""
         from ..planning.sizes import parse_bytes
 
         if self.device == "cpu":
@@ -234,20 +224,14 @@ class Engine(Generation):
                 )
         else:
             budget = None if vram_budget is None else parse_bytes(vram_budget)
-        loaded_plan = load_plan(plan, model=self.loaded, budget_bytes=budget)
-        path = os.fspath(plan)
-        # The engine's own allocation list must come to what the planner counted, or the plan
-        # could exceed its budget at run time.
-        engine_bytes = sum(b for _, b in self._model.gpu_allocation_report(path))
-        if engine_bytes != loaded_plan.gpu_bytes:
-            raise PlanError(
-                f"{path}: the plan counts {loaded_plan.gpu_bytes} GPU bytes but this engine "
-                f"would allocate {engine_bytes}; plan again with this version"
-            )
-        hot = _core.read_neuron_table(path, self.config.n_layers, self.config.ffn_dim)
-        self.plan = loaded_plan
-        self.hot_neurons = [np.asarray(h, dtype=np.int64) for h in hot]
-        self._plan_path = path
+        adopted = self._model.load_plan(os.fspath(plan), self.loaded.fingerprint, budget)
+        self._session.set_plan(adopted)
+        self.plan = adopted
+
+    @property
+    def hot_neurons(self) -> list[np.ndarray] | None:
+        """Each layer's hot (GPU) neuron ids (int64, ascending) of the adopted plan, or None."""
+        return None if self.plan is None else self.plan.hot_neurons
 
     def gpu_allocation_report(
         self, plan: str | os.PathLike[str] | None = None
@@ -260,15 +244,10 @@ class Engine(Generation):
         arithmetic). Raises :class:`PlanError` when no plan is loaded or given, or the plan is
         unreadable or made for another model."""
         if plan is not None:
-            from ..formats.plan import load_plan
-
-            load_plan(plan, model=self.loaded)  # refuses another model's plan
-            path = os.fspath(plan)
-        elif self._plan_path is not None:
-            path = self._plan_path
-        else:
+            return self._model.gpu_allocation_report(os.fspath(plan), self.loaded.fingerprint)
+        if self.plan is None:
             raise PlanError("no plan loaded: pass plan=... here or to the Engine")
-        return self._model.gpu_allocation_report(path)
+        return self.plan.allocations
 
     def start_profiling(
         self, thresholds: Sequence[float] | None = None, capture: bool = False
@@ -354,12 +333,11 @@ class Engine(Generation):
     # -- internals -------------------------------------------------------------------------
 
     def _check_ids(self, ids: Sequence[int]) -> list[int]:
-        out = [int(i) for i in ids]
-        vocab = self.config.vocab_size
-        bad = [i for i in out if not 0 <= i < vocab]
-        if bad:
-            raise TokenError(f"token id {bad[0]} is outside the vocabulary 0..{vocab}")
-        return out
+        """Token ids as ints; their range is checked in one place, by the Rust core."""
+        try:
+            return [operator.index(i) for i in ids]
+        except TypeError as e:
+            raise TokenError(f"token ids must be integers: {e}") from None
 
 
 def _check_device(device: str) -> str:
