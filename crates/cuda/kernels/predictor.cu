@@ -61,17 +61,18 @@ extern "C" __global__ void compact_flags(const int* flags, int n, int* out, int*
 }
 
 // Per-neuron flags of a hot-neuron layout: slot_flags[r] = flags[id(r)] for r in 0..n (which
-// hot slots the predictor marked active), and cold_flags[id] cleared for every hot neuron so
-// the remaining flags are the CPU's cold active set. Launch: blockDim.x = 256, grid ceil(n/256).
-extern "C" __global__ void split_hot_flags(const u8* ids_base, RowLayout ids_l, int n, const int* flags,
-                                           int* slot_flags, int* cold_flags) {
+// hot slots the predictor marked active), and flags[id] cleared for every hot neuron, in place,
+// so the remaining flags are the CPU's cold active set. Hot ids are distinct, so each thread
+// reads and clears its own entry. Launch: blockDim.x = 256, grid ceil(n/256).
+extern "C" __global__ void split_hot_flags(const u8* ids_base, RowLayout ids_l, int n, int* flags,
+                                           int* slot_flags) {
     const int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= n) return;
     const int id = *(const int*)row_ptr(ids_base, ids_l, r);
     if (id < 0) {  // padding slot of a partial slab
-        if (slot_flags) slot_flags[r] = 0;
+        slot_flags[r] = 0;
         return;
     }
-    if (slot_flags) slot_flags[r] = flags[id];
-    if (cold_flags) cold_flags[id] = 0;
+    slot_flags[r] = flags[id];
+    flags[id] = 0;
 }

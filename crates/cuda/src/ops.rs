@@ -26,6 +26,12 @@ macro_rules! arg_opt {
             None => $b.arg(&NULL),
         }
     };
+    ($b:expr, mut $opt:expr) => {
+        match $opt {
+            Some(buf) => $b.arg(&mut buf.data),
+            None => $b.arg(&NULL),
+        }
+    };
 }
 
 fn grid(n: usize, per: usize) -> Result<u32> {
@@ -326,10 +332,7 @@ impl CudaDevice {
             .arg(&ffn32)
             .arg(&threshold)
             .arg(&mut flags.data);
-        match logits {
-            Some(l) => b.arg(&mut l.data),
-            None => b.arg(&NULL),
-        };
+        arg_opt!(b, mut logits);
         // SAFETY: matches predictor_fc2_<dtype>(fc2_t, l, hidden, rank, ffn, threshold, flags,
         // logits); hidden holds `rank` floats (written by the matvec above, same stream), staged
         // in rank·4 bytes of shared memory; flags/logits hold ffn values; threads past ffn return.
@@ -396,9 +399,10 @@ impl CudaDevice {
             .arg(&n)
             .arg(&mut flags.data)
             .arg(&mut slot_flags.data);
-        // SAFETY: matches split_hot_flags(ids_base, ids_l, n, flags, slot_flags); slots 0..n_hot
-        // hold distinct ids < ffn (pack_hot_slabs checks), so each thread owns flags[id]; the
-        // caller's flags has one entry per FFN neuron.
+        // SAFETY: matches split_hot_flags(ids_base, ids_l, n, flags, slot_flags) in predictor.cu
+        // (the test every_launch_pushes_its_kernels_parameters checks the count); slots 0..n_hot
+        // hold distinct ids < ffn or -1 padding (pack_hot_slabs checks), so each thread owns
+        // flags[id]; the caller's flags has one entry per FFN neuron and slot_flags >= n_hot.
         unsafe { b.launch(cfg(grid(l.n_hot, 256)?, 256, 0)) }
             .map_err(driver_err("launching split_hot_flags"))?;
         Ok(())

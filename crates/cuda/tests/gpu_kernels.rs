@@ -192,6 +192,39 @@ fn hot_ffn_slabs_match_the_fused_cpu_reference() {
 }
 
 #[test]
+fn split_hot_flags_moves_hot_flags_to_slots_and_leaves_the_cold_set() {
+    on_each_device(|dev| {
+        let (ffn, dim) = (203, 64);
+        let w = weight(DType::F16, ffn, dim, 13);
+        // Hot neurons in descending order, a partial last slab (padding slots past n_hot).
+        let hot: Vec<u32> = (0..ffn as u32).rev().filter(|i| i % 3 != 1).collect();
+        let hf = dev.upload_hot_ffn(&w, &w, &w, &hot, 32).unwrap();
+        let flags: Vec<i32> = (0..ffn).map(|i| i32::from(i % 7 < 3)).collect();
+        let mut dflags = dev.upload(&flags).unwrap();
+        let n_slots = hf.layout.n_hot;
+        let mut dslots = dev.upload(&vec![-5i32; n_slots]).unwrap();
+        dev.split_hot_flags(&hf, &mut dflags, &mut dslots).unwrap();
+        let (slots, cold) = (
+            dev.download(&dslots).unwrap(),
+            dev.download(&dflags).unwrap(),
+        );
+        // Slot r holds hot[r] (slot order is the order given).
+        assert_eq!(n_slots, hot.len());
+        for (r, &id) in hot.iter().enumerate() {
+            assert_eq!(slots[r], flags[id as usize], "slot {r} (neuron {id})");
+        }
+        for (i, &f) in cold.iter().enumerate() {
+            let want = if hot.contains(&(i as u32)) {
+                0
+            } else {
+                flags[i]
+            };
+            assert_eq!(f, want, "cold flag {i}");
+        }
+    });
+}
+
+#[test]
 fn predictor_flags_and_compaction() {
     on_each_device(|dev| {
         let (dim, rank, ffn) = (96, 37, 301);

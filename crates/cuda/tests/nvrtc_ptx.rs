@@ -5,6 +5,7 @@
 
 #![cfg(feature = "cuda")]
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use powerinfer_cuda::{kernels, nvrtc};
@@ -92,4 +93,116 @@ fn compile_errors_carry_the_nvrtc_log() {
         "{msg}"
     );
     assert!(matches!(err, powerinfer_core::Error::Cuda(_)));
+}
+
+/// The parameter count of every `.entry` in `ptx`.
+fn ptx_param_counts(ptx: &str) -> HashMap<String, usize> {
+    let mut out = HashMap::new();
+    for chunk in ptx.split(".entry ").skip(1) {
+        let name = chunk.split('(').next().unwrap_or("").trim().to_string();
+        let params = chunk.split(')').next().unwrap_or("");
+        out.insert(name, params.matches(".param ").count());
+    }
+    out
+}
+
+/// Each launch in `ops.rs`: the kernel it names (an entry, or a `prefix_` whose per-dtype
+/// entries it launches) and how many arguments it pushes between `launch_builder` and `launch`.
+fn launches(source: &str) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    let mut entry_prefix = None;
+    let mut kernel: Option<String> = None;
+    let mut pushed: Option<usize> = None;
+    for line in source.lines() {
+        if let Some(rest) = line.split("format!(\"").nth(1) {
+            entry_prefix = rest.split("{}").next().map(str::to_string);
+        }
+        if let Some(rest) = line.split("self.function(&kernels::").nth(1) {
+            let named = rest.split('"').nth(1).map(str::to_string);
+            kernel = named.or_else(|| entry_prefix.clone());
+        }
+        if line.contains("launch_builder(") {
+            pushed = Some(0);
+        }
+        if let Some(n) = pushed.as_mut() {
+            *n += line.matches(".arg(").count() + line.matches("arg_opt!(").count();
+        }
+        if line.contains("b.launch(") {
+            let k = kernel
+                .take()
+                .expect("a launch without self.function before it");
+            out.push((k, pushed.take().expect("a launch without launch_builder")));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_launch_pushes_its_kernels_parameters() {
+    if !find_nvrtc() {
+        return;
+    }
+    let mut params = HashMap::new();
+    for src in kernels::ALL {
+        let ptx = nvrtc::compile(src.name, &src.program(), 80).unwrap_or_else(|e| panic!("{e}"));
+        params.extend(ptx_param_counts(&ptx));
+    }
+    let launches = launches(include_str!("../src/ops.rs"));
+    assert!(
+        launches.len() >= 12,
+        "found only {} launches",
+        launches.len()
+    );
+    let mut launched = std::collections::HashSet::new();
+    for (kernel, pushed) in &launches {
+        let entries: Vec<_> = params
+            .iter()
+            .filter(|(e, _)| *e == kernel || (kernel.ends_with('_') && e.starts_with(kernel)))
+            .collect();
+        assert!(
+            !entries.is_empty(),
+            "ops.rs launches {kernel}, which no module exports"
+        );
+        for (entry, &n) in entries {
+            assert_eq!(
+                *pushed, n,
+                "ops.rs pushes {pushed} arguments to {entry}, whose PTX takes {n}"
+            );
+            launched.insert(entry.clone());
+        }
+    }
+    let unlaunched: Vec<_> = params.keys().filter(|e| !launched.contains(*e)).collect();
+    assert!(
+        unlaunched.is_empty(),
+        "entries no launch covers: {unlaunched:?}"
+    );
+}
+
+#[test]
+fn the_launch_scanner_sees_a_missing_argument() {
+    let src = r#"
+        let f = self.function(&kernels::PREDICTOR, "split_hot_flags")?;
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(&a).arg(&l)
+            .arg(&n);
+        arg_opt!(b, flags);
+        unsafe { b.launch(cfg(1, 1, 0)) }
+        let entry = format!("sparse_matvec_{}", dtype_suffix(w.dtype));
+        let f = self.function(&kernels::SPARSE_MATVEC, &entry)?;
+        let mut b = self.stream().launch_builder(&f);
+        b.arg(&x);
+        unsafe { b.launch(c) }
+    "#;
+    assert_eq!(
+        launches(src),
+        [
+            ("split_hot_flags".to_string(), 4),
+            ("sparse_matvec_".to_string(), 1)
+        ]
+    );
+    let ptx = ".entry k(\n .param .u64 k_param_0,\n .param .align 8 .b8 k_param_1[24]\n)\n{\n}\n.entry j()\n{\n}";
+    assert_eq!(
+        ptx_param_counts(ptx),
+        HashMap::from([("k".into(), 2), ("j".into(), 0)])
+    );
 }
