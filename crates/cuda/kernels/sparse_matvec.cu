@@ -11,14 +11,22 @@
 // __CUDA_ARCH__ >= 800 guard and runs on every architecture.
 //
 // Launch: blockDim.x = 256 (8 warps), gridDim.x = ceil(n / ROWS_PER_BLOCK), dynamic shared
-// memory = cols * 4 bytes.
+// memory = cols * 4 bytes when cols <= MAX_X_COLS, else 0 (x is then read from global memory).
 
 #define ROWS_PER_BLOCK 32
 
-// Copy x into shared memory; every thread of the block must call it.
-__device__ __forceinline__ void stage_x(float* xs, const float* x, int cols) {
+// Longest x staged in shared memory (48 KiB of floats; `MAX_X_COLS` in layout.rs). The launch
+// gives cols * 4 bytes of dynamic shared memory up to this length and none beyond it.
+#define MAX_X_COLS 12288
+
+// x for the block's rows: copied into shared memory when it fits, else read in place from
+// global memory (rows longer than MAX_X_COLS, e.g. a dense down projection of ffn 14,336 or
+// 28,672). The branch is uniform over the block; every thread of the block must call it.
+__device__ __forceinline__ const float* stage_x(float* xs, const float* x, int cols) {
+    if (cols > MAX_X_COLS) return x;
     for (int j = threadIdx.x; j < cols; j += blockDim.x) xs[j] = x[j];
     __syncthreads();
+    return xs;
 }
 
 // Whether output row k (matrix row r) is to be computed.
@@ -34,14 +42,14 @@ __device__ __forceinline__ bool row_active(const u8* ids_base, RowLayout ids_l, 
         const u8* w, RowLayout l, const float* x, int cols, const int* idx, int n,             \
         const u8* ids_base, RowLayout ids_l, const int* flags, int act, float* y) {             \
         extern __shared__ float xs[];                                                           \
-        stage_x(xs, x, cols);                                                                   \
+        const float* xv = stage_x(xs, x, cols);                                                 \
         const int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;                         \
         const int end = min(n, (int)(blockIdx.x + 1) * ROWS_PER_BLOCK);                         \
         for (int k = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP; k < end; k += warps) {   \
             const int r = idx ? idx[k] : k;                                                     \
             float s = 0.0f;                                                                     \
             if (row_active(ids_base, ids_l, flags, r)) {                                        \
-                s = apply_act(act, warp_sum(lane_dot_##NAME(row_ptr(w, l, r), xs, cols, lane))); \
+                s = apply_act(act, warp_sum(lane_dot_##NAME(row_ptr(w, l, r), xv, cols, lane))); \
             }                                                                                   \
             if (lane == 0) y[k] = s;                                                            \
         }                                                                                       \
@@ -54,7 +62,7 @@ __device__ __forceinline__ bool row_active(const u8* ids_base, RowLayout ids_l, 
         const u8* w, RowLayout gate_l, RowLayout up_l, const float* x, int cols,               \
         const int* idx, int n, RowLayout ids_l, const int* flags, int act, float* h) {          \
         extern __shared__ float xs[];                                                           \
-        stage_x(xs, x, cols);                                                                   \
+        const float* xv = stage_x(xs, x, cols);                                                 \
         const int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;                         \
         const int end = min(n, (int)(blockIdx.x + 1) * ROWS_PER_BLOCK);                         \
         for (int k = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP; k < end; k += warps) {   \
@@ -62,9 +70,9 @@ __device__ __forceinline__ bool row_active(const u8* ids_base, RowLayout ids_l, 
             float out = 0.0f;                                                                   \
             if (row_active(w, ids_l, flags, r)) {                                               \
                 const float g =                                                                 \
-                    apply_act(act, warp_sum(lane_dot_##NAME(row_ptr(w, gate_l, r), xs, cols, lane))); \
+                    apply_act(act, warp_sum(lane_dot_##NAME(row_ptr(w, gate_l, r), xv, cols, lane))); \
                 if (g != 0.0f) {                                                                \
-                    out = g * warp_sum(lane_dot_##NAME(row_ptr(w, up_l, r), xs, cols, lane));   \
+                    out = g * warp_sum(lane_dot_##NAME(row_ptr(w, up_l, r), xv, cols, lane));   \
                 }                                                                               \
             }                                                                                   \
             if (lane == 0) h[k] = out;                                                          \

@@ -88,6 +88,11 @@ impl CudaDevice {
             "cuda:{ordinal} requested but {count} CUDA device(s) found"
         );
         let ctx = CudaContext::new(ordinal).map_err(driver_err("creating the CUDA context"))?;
+        // SAFETY: every allocation, copy, launch and free of this device goes through its one
+        // stream (`Inner::stream`), so no buffer is used on two streams and cudarc's per-use
+        // events (recorded on every launch argument once a second stream exists) order nothing.
+        // Called before any buffer is created, as disable_event_tracking requires.
+        unsafe { ctx.disable_event_tracking() };
         let stream = ctx
             .new_stream()
             .map_err(driver_err("creating a CUDA stream"))?;

@@ -34,6 +34,16 @@ macro_rules! arg_opt {
     };
 }
 
+/// Dynamic shared memory of the row kernels: x staged when it fits (`stage_x` in
+/// sparse_matvec.cu), none for longer rows, which read x from global memory.
+fn x_smem(cols: usize) -> usize {
+    if cols <= MAX_X_COLS {
+        cols * 4
+    } else {
+        0
+    }
+}
+
 fn grid(n: usize, per: usize) -> Result<u32> {
     Ok(to_i32(n.div_ceil(per).max(1), "grid size")? as u32)
 }
@@ -81,12 +91,6 @@ impl CudaDevice {
             w.cols
         );
         ensure!(
-            w.cols <= MAX_X_COLS,
-            Unsupported,
-            "matvec_rows: {} cols > {MAX_X_COLS}",
-            w.cols
-        );
-        ensure!(
             y.len() >= n,
             Shape,
             "matvec_rows: y {} for {n} rows",
@@ -110,10 +114,11 @@ impl CudaDevice {
             .arg(&act)
             .arg(&mut y.data);
         // SAFETY: the argument list matches sparse_matvec_<dtype>(w, l, x, cols, idx, n, ids_base,
-        // ids_l, flags, act, y) in sparse_matvec.cu; x holds `cols` floats (checked) and is
-        // staged in cols·4 bytes of shared memory; y holds n floats; rows 0..n (or the caller's
+        // ids_l, flags, act, y) in sparse_matvec.cu; x holds `cols` floats (checked), staged in
+        // the x_smem(cols) bytes of shared memory the kernel's stage_x expects (cols·4 up to
+        // MAX_X_COLS, else none: read in place); y holds n floats; rows 0..n (or the caller's
         // indices) lie inside w's buffer per its layout; flags is null so ids are never read.
-        unsafe { b.launch(cfg(grid(n, ROWS_PER_BLOCK)?, ROW_THREADS, w.cols * 4)) }
+        unsafe { b.launch(cfg(grid(n, ROWS_PER_BLOCK)?, ROW_THREADS, x_smem(w.cols))) }
             .map_err(driver_err("launching sparse_matvec"))?;
         Ok(())
     }
@@ -135,12 +140,6 @@ impl CudaDevice {
             Shape,
             "hot_gate_up: x {} for dim {}",
             x.len(),
-            l.dim
-        );
-        ensure!(
-            l.dim <= MAX_X_COLS,
-            Unsupported,
-            "hot_gate_up: dim {} > {MAX_X_COLS}",
             l.dim
         );
         ensure!(
@@ -175,9 +174,16 @@ impl CudaDevice {
         // SAFETY: matches gate_up_<dtype>(w, gate_l, up_l, x, cols, idx, n, ids_l, flags, act, h);
         // the slab layouts come from pack_hot_slabs for exactly this buffer, slots 0..n_hot are
         // inside it, their ids are < ffn or −1, and `flags` (when given) is indexed by those ids —
-        // the caller passes one flag per FFN neuron; h holds n_hot floats.
-        unsafe { b.launch(cfg(grid(l.n_hot, ROWS_PER_BLOCK)?, ROW_THREADS, l.dim * 4)) }
-            .map_err(driver_err("launching gate_up"))?;
+        // the caller passes one flag per FFN neuron; h holds n_hot floats; x (dim floats,
+        // checked) gets the x_smem(dim) bytes of shared memory stage_x expects.
+        unsafe {
+            b.launch(cfg(
+                grid(l.n_hot, ROWS_PER_BLOCK)?,
+                ROW_THREADS,
+                x_smem(l.dim),
+            ))
+        }
+        .map_err(driver_err("launching gate_up"))?;
         Ok(())
     }
 

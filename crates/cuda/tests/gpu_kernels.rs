@@ -112,6 +112,32 @@ fn sparse_matvec_matches_reference_every_dtype() {
 }
 
 #[test]
+fn rows_longer_than_shared_memory_read_x_in_place() {
+    // ffn 14,336 (Llama-3-8B) and 28,672 (70B) as the columns of a dense down projection, and
+    // the longest row still staged in shared memory.
+    on_each_device(|dev| {
+        for (cols, dtype) in [
+            (powerinfer_cuda::MAX_X_COLS, DType::F16),
+            (14336, DType::Q4_0),
+            (28672, DType::F16),
+        ] {
+            let rows = 37;
+            let w = weight(dtype, rows, cols, 3);
+            let x = values(cols, 4);
+            let mut want = vec![0f32; rows];
+            reference::matvec(&w, &x, &mut want).unwrap();
+            let (dw, dx) = (dev.upload_weight(&w).unwrap(), dev.upload(&x).unwrap());
+            let mut dy = dev.zeros::<f32>(rows).unwrap();
+            dev.matvec_rows(&dw, &dx, None, rows, Act::None, &mut dy)
+                .unwrap();
+            let got = dev.download(&dy).unwrap();
+            let what = format!("{dtype} x {cols}");
+            assert_close(&got, &want, (cols as f32).sqrt(), REL_TOL, &what);
+        }
+    });
+}
+
+#[test]
 fn axpy_rows_matches_reference_every_dtype() {
     on_each_device(|dev| {
         for dtype in DType::ALL {

@@ -206,3 +206,12 @@ fn the_launch_scanner_sees_a_missing_argument() {
         HashMap::from([("k".into(), 2), ("j".into(), 0)])
     );
 }
+
+#[test]
+fn kernels_and_launches_agree_on_the_shared_memory_limit() {
+    let define = format!("#define MAX_X_COLS {}", powerinfer_cuda::MAX_X_COLS);
+    assert!(
+        kernels::SPARSE_MATVEC.source.contains(&define),
+        "sparse_matvec.cu must say `{define}`, as layout.rs does"
+    );
+}
