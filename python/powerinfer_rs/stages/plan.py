@@ -179,6 +179,16 @@ def _resolve_hardware(name: str | None, gpu_known: list) -> tuple:
     )
 
 
+def _size(flag: str, text: str) -> int:
+    """:func:`parse_bytes` of ``text``, its :class:`PlanError` naming ``flag``."""
+    from ..errors import PlanError
+
+    try:
+        return parse_bytes(text)
+    except PlanError as e:
+        raise PlanError(f"{flag}: {e}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Do the work for parsed ``args``; raises :class:`PowerInferError` on bad input."""
     from ..errors import PlanError
@@ -192,15 +202,17 @@ def run(args: argparse.Namespace) -> int:
 
     if args.context <= 0:
         raise PlanError(f"--context must be positive, got {args.context}")
-    if args.time_limit <= 0:
+    if not args.time_limit > 0:  # NaN included; inf = no limit
         raise PlanError(f"--time-limit must be positive, got {args.time_limit}")
     if not 0 <= args.mip_gap < 1:
         raise PlanError(f"--mip-gap must be in [0, 1), got {args.mip_gap}")
     if args.min_neurons is not None and args.min_neurons < 0:
         raise PlanError(f"--min-neurons must not be negative, got {args.min_neurons}")
     auto = str(args.vram_budget).strip().lower() == "auto"
-    budget = None if auto else parse_bytes(args.vram_budget)
-    pred_bytes = None if args.predictor_bytes is None else parse_bytes(args.predictor_bytes)
+    budget = None if auto else _size("--vram-budget", args.vram_budget)
+    pred_bytes = (
+        None if args.predictor_bytes is None else _size("--predictor-bytes", args.predictor_bytes)
+    )
     probed: list = []
     hardware, note = _resolve_hardware(args.hardware, probed)
     if auto:
