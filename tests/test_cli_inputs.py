@@ -249,3 +249,58 @@ def test_highs_banner_silent_unless_verbose(files):
         assert "HiGHS" not in out.stdout and "HiGHS" not in out.stderr, out.stdout
     out = _run(*argv, "--verbose")
     assert out.returncode == 0 and "Running HiGHS" in out.stdout
+
+
+# --------------------------------------------------------------------------- modes and plans
+def test_threshold_file_without_mode_selects_it(files, capsys):
+    argv = _argv(files, "generate") + ["--thresholds", files["thresholds"], "--quiet"]
+    assert cli.main(argv) == 0
+    err = capsys.readouterr().err
+    assert err.count("note: --thresholds given: using --sparsity threshold") == 1, err
+    # the file is read, not ignored: a bad one is refused
+    argv[argv.index("--thresholds") + 1] = files["bad"]["garbage"]
+    assert cli.main(argv) == 2
+    assert "\nerror: ModelFileError:" in capsys.readouterr().err
+
+
+def test_predictor_file_without_mode_selects_it(files, capsys):
+    argv = _argv(files, "generate") + ["--predictors", files["predictors"], "--quiet"]
+    assert cli.main(argv) == 0
+    assert capsys.readouterr().err.count("using --sparsity predictor") == 1
+    assert cli.sparsity_mode(None, None, None) is None
+
+
+@pytest.mark.parametrize(
+    "extra,message",
+    [
+        (["--thresholds", "T", "--predictors", "P"], "both given"),
+        (["--sparsity", "dense", "--thresholds", "T"], "--thresholds is used only with"),
+        (["--sparsity", "threshold", "--thresholds", "T", "--predictors", "P"], "--predictors"),
+        (["--sparsity", "exact-relu", "--predictors", "P"], "--predictors is used only with"),
+    ],
+)
+def test_files_the_mode_would_ignore_are_refused(files, capsys, extra, message):
+    extra = [
+        files["thresholds"] if x == "T" else files["predictors"] if x == "P" else x for x in extra
+    ]
+    assert cli.main(_argv(files, "generate") + extra) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: PlanError:") and message in err and err.count("\n") == 1, err
+
+
+def test_plan_kv_cache_sized_from_the_models_context(files, capsys):
+    from powerinfer_rs.formats.plan import load_plan
+    from powerinfer_rs.loading import load_model
+
+    max_ctx = load_model(files["model"]).config.max_context
+    assert max_ctx < 4096  # else the two cases below are the same
+    out = os.path.join(files["out"], "ctx.safetensors")
+    argv = _argv(files, "plan")
+    argv[argv.index("--out") + 1] = out
+    assert plan.main(argv) == 0
+    assert load_plan(out).context == max_ctx
+    assert plan.main(argv + ["--context", str(10 * max_ctx)]) == 0
+    assert f"KV cache sized for {max_ctx}" in capsys.readouterr().out
+    assert load_plan(out).context == max_ctx
+    assert plan.main(argv + ["--context", "64"]) == 0
+    assert load_plan(out).context == 64

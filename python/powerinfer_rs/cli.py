@@ -114,6 +114,34 @@ def _gen_kwargs(a: argparse.Namespace) -> dict:
     }
 
 
+def sparsity_mode(sparsity: str | None, thresholds, predictors, out=None) -> str | None:
+    """The sparsity mode for ``--sparsity``, ``--thresholds`` and ``--predictors``: a file given
+    without ``--sparsity`` selects the mode that uses it (said once on ``out``); a file the
+    chosen mode would ignore, or both files without a mode, is a :class:`PlanError`."""
+    from .errors import PlanError
+
+    given = [m for m, f in (("threshold", thresholds), ("predictor", predictors)) if f]
+    if sparsity is None:
+        if len(given) > 1:
+            raise PlanError(
+                "--thresholds and --predictors were both given: choose the mode with "
+                "--sparsity threshold or --sparsity predictor"
+            )
+        if given:
+            flag = "--thresholds" if given[0] == "threshold" else "--predictors"
+            print(f"note: {flag} given: using --sparsity {given[0]}", file=out or sys.stderr)
+            return given[0]
+        return None
+    for mode in given:
+        if mode != sparsity:
+            flag = "--thresholds" if mode == "threshold" else "--predictors"
+            raise PlanError(
+                f"{flag} is used only with --sparsity {mode}, not with --sparsity {sparsity}; "
+                f"drop {flag} or pass --sparsity {mode}"
+            )
+    return sparsity
+
+
 def _load(a: argparse.Namespace):
     from .runtime.engine import Engine
 
@@ -121,7 +149,7 @@ def _load(a: argparse.Namespace):
         a.model,
         threads=a.threads,
         n_ctx=a.ctx,
-        sparsity=a.sparsity,
+        sparsity=sparsity_mode(a.sparsity, a.thresholds, a.predictors),
         thresholds=a.thresholds,
         predictors=a.predictors,
     )

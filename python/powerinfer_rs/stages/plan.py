@@ -75,9 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--context",
         type=int,
-        default=4096,
+        default=None,
         metavar="N",
-        help="context length the KV cache is sized for (default 4096)",
+        help="context length the KV cache is sized for (default: the engine's, "
+        "min(4096, the model's context length))",
     )
     ap.add_argument(
         "--objective",
@@ -200,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     from ..planning.predictor_size import fixed_predictor_sizes, read_predictor_sizes
     from ..planning.report import format_table, plot_plan
 
-    if args.context <= 0:
+    if args.context is not None and args.context <= 0:
         raise PlanError(f"--context must be positive, got {args.context}")
     if not args.time_limit > 0:  # NaN included; inf = no limit
         raise PlanError(f"--time-limit must be positive, got {args.time_limit}")
@@ -220,6 +221,13 @@ def run(args: argparse.Namespace) -> int:
         note = (note + "; " if note else "") + f"budget auto: {format_bytes(budget)}"
     model = load_model(args.model)
     shape = ModelShape.from_model(model)
+    # the engine's KV cache: n_ctx (default 4096) clamped to the model's context length
+    context = min(args.context or 4096, shape.config.max_context)
+    if args.context is not None and args.context > context:
+        note = (note + "; " if note else "") + (
+            f"context: the model holds {context} tokens, not {args.context}: KV cache sized "
+            f"for {context}"
+        )
     profile = read_profile(args.profile)
     if args.predictors is not None:
         preds = read_predictor_sizes(args.predictors, shape.config)
@@ -234,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         budget,
         objective=args.objective,
         bucket=args.bucket,
-        context=args.context,
+        context=context,
         predictors=preds,
         min_neurons=args.min_neurons,
         solver=args.solver,
