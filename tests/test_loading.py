@@ -249,14 +249,14 @@ def test_truncated_safetensors(synth_hf, tmp_path):
             load_model(d)
 
 
-def _rewrite_header(f, edit) -> None:
+def _rewrite_header(f, edit, extra: bytes = b"") -> None:
     raw = f.read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8 : 8 + n])
     edit(header)
     new = json.dumps(header).encode()
     new += b" " * (-len(new) % 8)
-    f.write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + n :])
+    f.write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + n :] + extra)
 
 
 def test_bad_safetensors_header(synth_hf, tmp_path):
@@ -297,10 +297,18 @@ def test_bad_safetensors_header(synth_hf, tmp_path):
         load_model(d)
     f.write_bytes(orig)
 
-    def bias(h):
-        h["model.layers.0.self_attn.q_proj.bias"] = dict(h["model.norm.weight"])
+    data_len = len(orig) - 8 - n
 
-    _rewrite_header(f, bias)
+    def bias(h):
+        # its own bytes after the others' (sharing theirs is an overlap, a ModelFileError)
+        norm = h["model.norm.weight"]
+        size = norm["data_offsets"][1] - norm["data_offsets"][0]
+        h["model.layers.0.self_attn.q_proj.bias"] = dict(
+            norm, data_offsets=[data_len, data_len + size]
+        )
+
+    norm_size = json.loads(orig[8 : 8 + n])["model.norm.weight"]["data_offsets"]
+    _rewrite_header(f, bias, bytes(norm_size[1] - norm_size[0]))
     with pytest.raises(UnsupportedError, match="bias"):
         load_model(d)
 

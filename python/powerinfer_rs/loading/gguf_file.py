@@ -67,41 +67,44 @@ _NP_TYPES: dict[int, str] = {
 }
 _STRING, _ARRAY = 8, 9
 
-#: ggml type id -> name, for the types this project knows by name.
-GGML_TYPE_NAMES: dict[int, str] = {
-    0: "F32",
-    1: "F16",
-    2: "Q4_0",
-    3: "Q4_1",
-    6: "Q5_0",
-    7: "Q5_1",
-    8: "Q8_0",
-    9: "Q8_1",
-    10: "Q2_K",
-    11: "Q3_K",
-    12: "Q4_K",
-    13: "Q5_K",
-    14: "Q6_K",
-    15: "Q8_K",
-    16: "IQ2_XXS",
-    17: "IQ2_XS",
-    18: "IQ3_XXS",
-    19: "IQ1_S",
-    20: "IQ4_NL",
-    21: "IQ3_S",
-    22: "IQ2_S",
-    23: "IQ4_XS",
-    24: "I8",
-    25: "I16",
-    26: "I32",
-    27: "I64",
-    28: "F64",
-    29: "IQ1_M",
-    30: "BF16",
-    34: "TQ1_0",
-    35: "TQ2_0",
-    39: "MXFP4",
+#: ggml type id -> (name, elements per block, bytes per block), as ggml's ``type_traits``
+#: (and ``gguf.GGML_QUANT_SIZES``) have them, for the types this project knows by name.
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    9: ("Q8_1", 32, 40),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+    15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66),
+    17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18),
+    21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82),
+    23: ("IQ4_XS", 256, 136),
+    24: ("I8", 1, 1),
+    25: ("I16", 1, 2),
+    26: ("I32", 1, 4),
+    27: ("I64", 1, 8),
+    28: ("F64", 1, 8),
+    29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 54),
+    35: ("TQ2_0", 256, 66),
+    39: ("MXFP4", 32, 17),
 }
+#: ggml type id -> name.
+GGML_TYPE_NAMES: dict[int, str] = {i: t[0] for i, t in GGML_TYPES.items()}
 
 
 @dataclass
@@ -112,6 +115,8 @@ class GGUFTensorInfo:
     dims: tuple[int, ...]
     type_id: int
     offset: int
+    #: bytes of the tensor's data (None for a type id not in :data:`GGML_TYPES`)
+    nbytes: int | None = None
 
     @property
     def type_name(self) -> str:
@@ -229,13 +234,58 @@ class GGUFFile:
             raise ModelFileError(f"{self.path}: bad general.alignment {align!r}")
         self.alignment = align
         self.data_start = -(-cur.pos // align) * align
+        if infos and self.data_start > cur.size:
+            raise ModelFileError(f"{self.path}: the data section starts past the end of the file")
         self.tensors: list[GGUFTensorInfo] = []
         seen: set[str] = set()
         for name, dims, type_id, rel in infos:
             if name in seen:
                 raise ModelFileError(f"{self.path}: duplicate tensor {name!r}")
             seen.add(name)
-            self.tensors.append(GGUFTensorInfo(name, dims, type_id, self.data_start + rel))
+            nbytes = self._tensor_bytes(name, dims, type_id, rel, cur.size)
+            self.tensors.append(GGUFTensorInfo(name, dims, type_id, self.data_start + rel, nbytes))
+        self._check_overlaps()
+
+    def _tensor_bytes(
+        self, name: str, dims: tuple[int, ...], type_id: int, rel: int, size: int
+    ) -> int | None:
+        """The byte size of a tensor, after checking its offset (``rel``, relative to the data
+        section) against the alignment, its row against its type's block size and its bytes
+        against the end of the file -- as llama.cpp's ``gguf.c`` does."""
+        what = f"{self.path}: tensor {name!r}"
+        if rel % self.alignment:
+            raise ModelFileError(
+                f"{what} starts at data offset {rel}, not a multiple of the file's alignment "
+                f"{self.alignment} (corrupt tensor table?)"
+            )
+        if type_id not in GGML_TYPES:
+            if self.data_start + rel > size:
+                raise ModelFileError(f"{what} starts past the end of the file (truncated?)")
+            return None  # unknown layout: the loader refuses the type if it needs the tensor
+        type_name, block, block_bytes = GGML_TYPES[type_id]
+        if dims[0] % block:
+            raise ModelFileError(
+                f"{what}: a {type_name} row needs a multiple of {block} elements, has {dims[0]}"
+            )
+        n = block_bytes * (dims[0] // block)
+        for d in dims[1:]:
+            n *= d
+        if self.data_start + rel + n > size:
+            raise ModelFileError(
+                f"{what} ({n} bytes at data offset {rel}) extends past the end of the file "
+                "(truncated?)"
+            )
+        return n
+
+    def _check_overlaps(self) -> None:
+        """No two tensors share a byte."""
+        spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in self.tensors if t.nbytes)
+        for (_, end_a, a), (start_b, _, b) in zip(spans, spans[1:]):
+            if start_b < end_a:
+                raise ModelFileError(
+                    f"{self.path}: tensors {a!r} and {b!r} overlap in the file "
+                    "(corrupt tensor table?)"
+                )
 
     def __repr__(self) -> str:
         return f"GGUFFile({self.path!r}, version={self.version}, tensors={len(self.tensors)})"

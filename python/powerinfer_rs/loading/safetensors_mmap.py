@@ -43,7 +43,7 @@ def read_header(path: str | os.PathLike[str]) -> tuple[dict, int, int]:
             if len(raw_len) < 8:
                 raise ModelFileError(f"{p}: too short for a safetensors file")
             (n,) = struct.unpack("<Q", raw_len)
-            if n > MAX_HEADER_BYTES or 8 + n > size:
+            if n < 2 or n > MAX_HEADER_BYTES or 8 + n > size:
                 raise ModelFileError(f"{p}: header length {n} does not fit the file (truncated?)")
             raw = f.read(n)
     except OSError as e:
@@ -101,6 +101,12 @@ def read_safetensors(path: str | os.PathLike[str]) -> dict[str, RawTensor]:
                 f"needs {math.prod(shape) * ITEMSIZE[dtype]}"
             )
         entries.append((name, dtype, tuple(shape), begin, end))
+    spans = sorted((b, e, name) for name, _, _, b, e in entries if e > b)
+    for (_, end_a, a), (begin_b, _, b) in zip(spans, spans[1:]):
+        if begin_b < end_a:
+            raise ModelFileError(
+                f"{p}: tensors {a!r} and {b!r} overlap in the file (corrupt header?)"
+            )
     if not entries:
         return {}
     try:

@@ -16,7 +16,11 @@ placement is re-measured exactly by :func:`.cost_model.evaluate` afterwards.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 import time
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -31,6 +35,24 @@ from .solve_result import SolveResult
 DEFAULT_MIP_GAP = 1e-3
 _MIB = float(2**20)
 _US = 1e6
+
+
+@contextlib.contextmanager
+def _stdout_silenced() -> Iterator[None]:
+    """File descriptor 1 to /dev/null for the block (C++ output bypasses ``sys.stdout``)."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):  # no fd 1 (closed or embedded): nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 class _Model:
@@ -220,7 +242,8 @@ def solve_ilp(
     budget_vals.append(np.array([p.output_bytes, p.scratch_bytes]) / _MIB)
     md.row(np.concatenate(budget_cols), np.concatenate(budget_vals), -inf, p.budget / _MIB)
 
-    hs = highspy.Highs()
+    with contextlib.nullcontext() if log else _stdout_silenced():
+        hs = highspy.Highs()  # the first one of a process prints HiGHS's banner on fd 1
     hs.setOptionValue("output_flag", bool(log))
     # Presolve's probing over the per-layer choice rows costs seconds (tens on 70B shapes) and
     # removes nothing here; the LP relaxation is already tight.

@@ -67,9 +67,18 @@ def add_text_args(
     )
 
 
-def add_share_arg(ap: argparse.ArgumentParser, flag: str, default: float, help: str) -> None:
-    """A float option ``flag`` (a share or fraction; the stage checks its range)."""
-    ap.add_argument(flag, type=float, default=default, help=f"{help} (default {default})")
+def add_share_arg(
+    ap: argparse.ArgumentParser,
+    flag: str,
+    default: float,
+    help: str,
+    type: Callable[[str], float] | None = None,
+) -> None:
+    """A float option ``flag`` (a share or fraction): finite, and in the range of ``type``
+    (e.g. :data:`share`) when given, else the stage checks its range."""
+    ap.add_argument(
+        flag, type=type or float_in(), default=default, help=f"{help} (default {default})"
+    )
 
 
 def add_window_arg(ap: argparse.ArgumentParser, help: str) -> None:
@@ -132,6 +141,54 @@ def positive_int(s: str) -> int:
 def nonneg_int(s: str) -> int:
     """argparse type: an integer >= 0."""
     return _int_at_least(s, 0, "an integer >= 0")
+
+
+def at_least_int(low: int) -> Callable[[str], int]:
+    """argparse type: an integer >= ``low``."""
+
+    def parse(s: str) -> int:
+        return _int_at_least(s, low, f"an integer >= {low}")
+
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def float_in(
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> Callable[[str], float]:
+    """argparse type: a finite float in the interval from ``low`` to ``high`` (None: no
+    bound; ``*_open``: the bound itself excluded). Out of range, argparse prints
+    ``argument --flag: expected ..., got ...`` and exits 2."""
+    lo = "" if low is None else f"{'>' if low_open else '>='} {low:g}"
+    hi = "" if high is None else f"{'<' if high_open else '<='} {high:g}"
+    want = f"a number {lo}{' and ' if lo and hi else ''}{hi}".strip()
+
+    def parse(s: str) -> float:
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {want}, got {s!r}") from None
+        ok = math.isfinite(v)
+        if ok and low is not None:
+            ok = v > low if low_open else v >= low
+        if ok and high is not None:
+            ok = v < high if high_open else v <= high
+        if not ok:
+            raise argparse.ArgumentTypeError(f"expected {want}, got {s}")
+        return v
+
+    parse.__name__ = want
+    return parse
+
+
+#: argparse types for shares: (0, 1] and [0, 1).
+share = float_in(0.0, 1.0, low_open=True)
+nonneg_float = float_in(0.0)
+positive_float = float_in(0.0, low_open=True)
 
 
 def load_engine(model: str | os.PathLike[str], threads: int = 0, n_ctx: int | None = None):

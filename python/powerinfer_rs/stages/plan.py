@@ -75,9 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--context",
         type=int,
-        default=4096,
+        default=None,
         metavar="N",
-        help="context length the KV cache is sized for (default 4096)",
+        help="context length the KV cache is sized for (default: the engine's, "
+        "min(4096, the model's context length))",
     )
     ap.add_argument(
         "--objective",
@@ -179,6 +180,16 @@ def _resolve_hardware(name: str | None, gpu_known: list) -> tuple:
     )
 
 
+def _size(flag: str, text: str) -> int:
+    """:func:`parse_bytes` of ``text``, its :class:`PlanError` naming ``flag``."""
+    from ..errors import PlanError
+
+    try:
+        return parse_bytes(text)
+    except PlanError as e:
+        raise PlanError(f"{flag}: {e}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Do the work for parsed ``args``; raises :class:`PowerInferError` on bad input."""
     from ..errors import PlanError
@@ -190,17 +201,19 @@ def run(args: argparse.Namespace) -> int:
     from ..planning.predictor_size import fixed_predictor_sizes, read_predictor_sizes
     from ..planning.report import format_table, plot_plan
 
-    if args.context <= 0:
+    if args.context is not None and args.context <= 0:
         raise PlanError(f"--context must be positive, got {args.context}")
-    if args.time_limit <= 0:
+    if not args.time_limit > 0:  # NaN included; inf = no limit
         raise PlanError(f"--time-limit must be positive, got {args.time_limit}")
     if not 0 <= args.mip_gap < 1:
         raise PlanError(f"--mip-gap must be in [0, 1), got {args.mip_gap}")
     if args.min_neurons is not None and args.min_neurons < 0:
         raise PlanError(f"--min-neurons must not be negative, got {args.min_neurons}")
     auto = str(args.vram_budget).strip().lower() == "auto"
-    budget = None if auto else parse_bytes(args.vram_budget)
-    pred_bytes = None if args.predictor_bytes is None else parse_bytes(args.predictor_bytes)
+    budget = None if auto else _size("--vram-budget", args.vram_budget)
+    pred_bytes = (
+        None if args.predictor_bytes is None else _size("--predictor-bytes", args.predictor_bytes)
+    )
     probed: list = []
     hardware, note = _resolve_hardware(args.hardware, probed)
     if auto:
@@ -208,6 +221,13 @@ def run(args: argparse.Namespace) -> int:
         note = (note + "; " if note else "") + f"budget auto: {format_bytes(budget)}"
     model = load_model(args.model)
     shape = ModelShape.from_model(model)
+    # the engine's KV cache: n_ctx (default 4096) clamped to the model's context length
+    context = min(args.context or 4096, shape.config.max_context)
+    if args.context is not None and args.context > context:
+        note = (note + "; " if note else "") + (
+            f"context: the model holds {context} tokens, not {args.context}: KV cache sized "
+            f"for {context}"
+        )
     profile = read_profile(args.profile)
     if args.predictors is not None:
         preds = read_predictor_sizes(args.predictors, shape.config)
@@ -222,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
         budget,
         objective=args.objective,
         bucket=args.bucket,
-        context=args.context,
+        context=context,
         predictors=preds,
         min_neurons=args.min_neurons,
         solver=args.solver,

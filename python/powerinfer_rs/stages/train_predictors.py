@@ -24,11 +24,14 @@ DESCRIPTION = (
 
 def _layers(s: str) -> list[int]:
     try:
-        return sorted({int(t) for t in s.split(",") if t.strip()})
+        layers = sorted({int(t) for t in s.split(",") if t.strip()})
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"--layers takes comma-separated integers, got {s!r}"
         ) from None
+    if not layers or layers[0] < 0:
+        raise argparse.ArgumentTypeError(f"--layers takes layer indices >= 0, got {s!r}")
+    return layers
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--recall",
         0.99,
         "share of actual activations each layer's predictor must catch on held-out samples",
+        type=stage_args.share,
     )
     stage_args.add_share_arg(
         ap,
@@ -58,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         0.1,
         "predictor bytes allowed per layer as a fraction of that layer's FFN (gate+up+down) "
         "bytes; the total is then within the same fraction",
+        type=stage_args.positive_float,
     )
     ap.add_argument(
         "--layers",
@@ -68,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--epochs",
-        type=int,
+        type=stage_args.positive_int,
         default=None,
         help="maximum epochs per rank tried (default 40; early stopping on "
         "validation loss usually ends sooner)",
@@ -82,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--max-rows",
-        type=int,
+        type=stage_args.positive_int,
         default=None,
         help="use at most this many samples per layer (bounds memory)",
     )

@@ -282,25 +282,29 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
 # --------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
     """``python -m powerinfer_rs.synth``: write a synthetic model."""
+    from ..stages.args import float_in, nonneg_int, positive_int, run_cli
+
     ap = argparse.ArgumentParser(
         prog="python -m powerinfer_rs.synth",
         description="Write a synthetic llama model (random weights, planted power-law FFN "
         "activation frequencies) as an HF directory or a GGUF file.",
     )
-    ap.add_argument("--dim", type=int, default=256, help="hidden size")
-    ap.add_argument("--ffn", type=int, default=704, help="FFN (intermediate) size")
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--kv-heads", type=int, default=None, help="KV heads (default: --heads)")
-    ap.add_argument("--vocab", type=int, default=1024)
+    ap.add_argument("--dim", type=positive_int, default=256, help="hidden size")
+    ap.add_argument("--ffn", type=positive_int, default=704, help="FFN (intermediate) size")
+    ap.add_argument("--layers", type=positive_int, default=4)
+    ap.add_argument("--heads", type=positive_int, default=8)
+    ap.add_argument(
+        "--kv-heads", type=positive_int, default=None, help="KV heads (default: --heads)"
+    )
+    ap.add_argument("--vocab", type=positive_int, default=1024)
     ap.add_argument(
         "--active",
-        type=float,
+        type=float_in(0.0, 1.0, low_open=True),
         default=0.1,
         help="mean fraction of FFN neurons active per token (planted)",
     )
     ap.add_argument("--activation", choices=["relu", "silu", "gelu"], default="relu")
-    ap.add_argument("--max-context", type=int, default=512)
+    ap.add_argument("--max-context", type=positive_int, default=512)
     ap.add_argument(
         "--format",
         default="hf",
@@ -311,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tie", action="store_true", help="tie the output head to the embeddings")
     ap.add_argument(
         "--gate-rank",
-        type=int,
+        type=nonneg_int,
         default=64,
         help="rank of the planted low-rank gate structure that makes activity predictable "
         "(0 = full-rank random gate)",
@@ -323,13 +327,13 @@ def main(argv: list[str] | None = None) -> int:
     common = {k: getattr(a, k) for k in (*keys, "active", "tie", "gate_rank")}
     common["kv_heads"] = a.kv_heads or a.heads
     t0 = time.perf_counter()
-    try:
+
+    def write() -> int:
         if a.format == "hf":
             path = write_hf_model(a.out, dtype=a.dtype, shards=a.shards, **common)
         else:
             path = write_gguf_model(a.out, dtype=a.format.split("-", 1)[1].upper(), **common)
-    except (ShapeError, UnsupportedError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote synthetic model {path} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
-    return 0
+        print(f"wrote synthetic model {path} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        return 0
+
+    return run_cli(write)
