@@ -211,9 +211,8 @@ impl Session {
                 let at = i * PREFILL_CHUNK + row;
                 powerinfer_core::bail!(
                     Other,
-                    "the forward pass gave non-finite logits at position {} (token id {}, \
-                     fed token {at}); the weights are finite, so the model overflows float32 \
-                     on this input",
+                    "the forward pass gave non-finite logits at position {} (token id {}); \
+                     the weights are finite, so the model overflows float32 on this input",
                     start + at,
                     tokens[at]
                 );
