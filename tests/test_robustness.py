@@ -453,6 +453,8 @@ BAD_CALLS = [
     ("sparsity mode", UnsupportedError, lambda e: e.set_sparsity(None)),
     ("thresholds", ShapeError, lambda e: e.start_profiling(thresholds=5)),
     ("plan", PlanError, lambda e: e.load_plan(None)),
+    ("plan", PlanError, lambda e: e.gpu_allocation_report(plan=5)),
+    ("loaded", ShapeError, lambda e: Engine("model.gguf")),
     ("device", UnsupportedError, lambda e: Engine(e.loaded, device=None)),
     ("n_ctx", ShapeError, lambda e: Engine(e.loaded, n_ctx=16.5)),
     ("threads", ShapeError, lambda e: Engine(e.loaded, threads=1.5)),
@@ -475,6 +477,8 @@ def test_from_pretrained_checks_device_and_threads(small_path):
         Engine.from_pretrained(small_path, device=None)
     with pytest.raises(ShapeError, match="threads"):
         Engine.from_pretrained(small_path, threads="4")
+    with pytest.raises(ModelFileError, match="path"):
+        Engine.from_pretrained(5)
 
 
 def test_threads_far_above_the_cores_are_capped_with_a_warning(small):

@@ -15,6 +15,7 @@ from .. import _core
 from ..errors import (
     CudaError,
     InternalError,
+    ModelFileError,
     PlanError,
     ShapeError,
     TokenError,
@@ -70,6 +71,11 @@ class Engine(Generation):
         device: str = "cpu",
         vram_budget: int | str | None = None,
     ):
+        if not isinstance(loaded, LoadedModel):
+            raise ShapeError(
+                "loaded must be a LoadedModel (powerinfer_rs.loading.load_model); "
+                f"got {type(loaded).__name__} (Engine.from_pretrained takes a path)"
+            )
         threads = check_threads(threads)
         self.device = _check_device(device)
         self.loaded = loaded
@@ -128,6 +134,8 @@ class Engine(Generation):
             from .default_model import default_model_path
 
             path = default_model_path()
+        elif not isinstance(path, (str, os.PathLike)):
+            raise ModelFileError(f"path must be a file or directory path, got {path!r}")
         from ..loading.powerinfer_gguf import is_powerinfer_gguf, load_powerinfer_gguf
 
         if os.path.isfile(path) and is_powerinfer_gguf(path):
@@ -176,7 +184,10 @@ class Engine(Generation):
         return self._model
 
     def tensor_address(self, name: str) -> int:
-        """Address the engine reads tensor ``name`` from (zero-copy checks)."""
+        """Address the engine reads tensor ``name`` from (zero-copy checks); KeyError for a
+        name the engine holds no matrix under."""
+        if not isinstance(name, str):
+            raise KeyError(name)
         return self._model.tensor_address(name)
 
     # -- sparsity and profiling -------------------------------------------------------------
@@ -271,6 +282,8 @@ class Engine(Generation):
         arithmetic). Raises :class:`PlanError` when no plan is loaded or given, or the plan is
         unreadable or made for another model."""
         if plan is not None:
+            if not isinstance(plan, (str, os.PathLike)):
+                raise PlanError(f"plan must be a path, got {type(plan).__name__}")
             return self._model.gpu_allocation_report(os.fspath(plan), self.loaded.fingerprint)
         if self.plan is None:
             raise PlanError("no plan loaded: pass plan=... here or to the Engine")
