@@ -442,6 +442,7 @@ BAD_CALLS = [
     ("top_k", ShapeError, lambda e: e.generate("x", top_k=2.5)),
     ("top_p", ShapeError, lambda e: e.generate("x", top_p=None)),
     ("stop", ShapeError, lambda e: e.generate("x", stop=5)),
+    ("stop", ShapeError, lambda e: e.generate("x", stop=["a", None])),
     ("prompt", TokenError, lambda e: e.generate(None)),
     ("token id", TokenError, lambda e: e.prefill([2**70])),
     ("token ids", TokenError, lambda e: e.prefill("abc")),

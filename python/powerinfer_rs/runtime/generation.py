@@ -133,15 +133,19 @@ class Generation:
         params.validate()
         max_new_tokens = check_int("max_new_tokens", max_new_tokens, 0)
         rng = np.random.default_rng(check_seed(seed))
-        if stop is not None and not isinstance(stop, str):
-            if not isinstance(stop, Sequence) or not all(isinstance(s, str) for s in stop):
-                raise ShapeError(f"stop must be a string or a list of strings, got {stop!r}")
+        if isinstance(stop, str) or stop is None:
+            stops = [stop] if stop else []
+        elif isinstance(stop, Iterable):
+            stops = list(stop)
+        else:
+            stops = [stop]
+        if not all(isinstance(s, str) for s in stops):
+            raise ShapeError(f"stop must be a string or a list of strings, got {stop!r}")
         prompt_ids = self._encode_prompt(prompt)
         if len(prompt_ids) >= self.n_ctx:
             raise ContextOverflowError(
                 f"the prompt has {len(prompt_ids)} tokens; the context holds {self.n_ctx}"
             )
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
         eos = set() if ignore_eos else set(self.tokenizer.eos_ids)
         return self._stream(prompt_ids, params, max_new_tokens, rng, stops, eos)
 
@@ -167,7 +171,7 @@ class Generation:
                 self._resync()
                 raise
             mine = self._version
-        stats.prefill_tokens = self._last_prefill_count
+            stats.prefill_tokens = self._last_prefill_count
         stats.prefill_seconds = time.perf_counter() - t0
 
         decoder = IncrementalDecoder(self.tokenizer.decode)
