@@ -102,7 +102,8 @@ class Model:
     def vocab_size(self) -> int: ...
 
 class Session:
-    """A context (KV cache) and thread pool over a Model."""
+    """A context (KV cache) and thread pool over a Model. Calls from several threads are
+    serialised (each waits, without the GIL, for the one running)."""
 
     def __init__(self, model: Model, threads: int = 0, n_ctx: int = 0) -> None: ...
     def feed(self, tokens: Sequence[int], all_logits: bool = False) -> npt.NDArray[np.float32]: ...

@@ -181,6 +181,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def cmd_chat(a: argparse.Namespace) -> int:
+    from .runtime.chat import fit_conversation
+
     engine = _load(a)
     messages: list[dict] = []
     if a.system:
@@ -188,11 +190,21 @@ def cmd_chat(a: argparse.Namespace) -> int:
     interactive = sys.stdin.isatty()
     if interactive:
         print("Chat with the model. /reset clears the conversation, /quit or Ctrl-D leaves.")
+    kwargs = _gen_kwargs(a)
+    # Room kept for the reply when old turns must go: the reply length, at most a quarter.
+    reserve = min(kwargs["max_new_tokens"], engine.n_ctx // 4)
+
+    def fits(msgs: list[dict]) -> bool:
+        return len(engine.tokenizer.encode(engine.format_chat(msgs))) + reserve <= engine.n_ctx
+
     while True:
         try:
             line = input("> " if interactive else "")
         except EOFError:
             break
+        except KeyboardInterrupt:  # Ctrl-C at the prompt: a fresh line, history kept
+            print("\n(/quit or Ctrl-D leaves)", file=sys.stderr)
+            continue
         if not line.strip():
             continue
         if line.strip() == "/quit":
@@ -200,11 +212,26 @@ def cmd_chat(a: argparse.Namespace) -> int:
         if line.strip() == "/reset":
             messages = messages[:1] if a.system else []
             continue
-        messages.append({"role": "user", "content": line})
+        messages, dropped = fit_conversation(messages + [{"role": "user", "content": line}], fits)
+        if dropped:
+            print(
+                f"[context of {engine.n_ctx} tokens full: dropped the oldest {dropped} turn(s)]",
+                file=sys.stderr,
+            )
+        if len(engine.tokenizer.encode(engine.format_chat(messages))) >= engine.n_ctx:
+            print(
+                f"[message too long for the context of {engine.n_ctx} tokens; not sent]",
+                file=sys.stderr,
+            )
+            messages.pop()
+            continue
         reply = []
-        for piece in engine.stream(engine.format_chat(messages), **_gen_kwargs(a)):
-            reply.append(piece)
-            print(piece, end="", flush=True)
+        try:
+            for piece in engine.stream(engine.format_chat(messages), **kwargs):
+                reply.append(piece)
+                print(piece, end="", flush=True)
+        except KeyboardInterrupt:  # the reply so far stays in the history
+            print(" [interrupted]", end="", file=sys.stderr)
         print()
         messages.append({"role": "assistant", "content": "".join(reply)})
     return 0

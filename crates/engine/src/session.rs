@@ -193,12 +193,30 @@ impl Session {
         let mut all = Vec::new();
         let mut last = Vec::new();
         let n_chunks = tokens.len().div_ceil(PREFILL_CHUNK);
+        let start = self.cache.len();
+        let vocab = self.model.config.vocab_size.max(1);
         for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
             let (model, cache, scratch) = (&*self.model, &mut self.cache, &mut self.scratch);
             let (mode, profiler) = (&self.mode, self.profiler.as_mut());
             let logits = self
                 .pool
                 .install(|| forward(model, mode, cache, scratch, profiler, chunk, which))?;
+            // Non-finite logits never leave the engine (sampling and perplexity would turn them
+            // into numpy errors or a silent nan); the caller's `feed` rolls the cache back.
+            if let Some(bad) = logits.iter().position(|v| !v.is_finite()) {
+                let row = match which {
+                    Logits::All => bad / vocab,
+                    Logits::Last => chunk.len() - 1,
+                };
+                let at = i * PREFILL_CHUNK + row;
+                powerinfer_core::bail!(
+                    Other,
+                    "the forward pass gave non-finite logits at position {} (token id {}); \
+                     the weights are finite, so the model overflows float32 on this input",
+                    start + at,
+                    tokens[at]
+                );
+            }
             match which {
                 Logits::All => all.extend_from_slice(&logits),
                 Logits::Last => last = logits,

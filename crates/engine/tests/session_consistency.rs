@@ -130,3 +130,19 @@ fn the_measured_crossover_is_a_share() {
     assert!((0.0..=1.0).contains(&c), "{c}");
     assert!(!m.set_down_crossover(0.3), "already measured");
 }
+
+#[test]
+fn non_finite_logits_are_an_error_and_leave_the_cache_as_it_was() {
+    // Finite weights whose product overflows float32: the output norm scaled to 1e38.
+    let model = model(Activation::Silu);
+    let mut huge = (*model).clone();
+    huge.output_norm.iter_mut().for_each(|v| *v = 3.0e38);
+    let mut s = Session::new(std::sync::Arc::new(huge), 1, 0).unwrap();
+    let err = s.feed(&[1, 2, 3], Logits::All, || Ok(())).unwrap_err();
+    assert!(matches!(err, Error::Other(_)), "{err}");
+    assert!(
+        err.to_string().contains("non-finite logits at position 0"),
+        "{err}"
+    );
+    assert_eq!(s.n_past(), 0);
+}

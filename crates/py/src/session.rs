@@ -1,5 +1,7 @@
 //! `_core.Session`: a KV cache and thread pool over a shared model; prefill and decode.
 
+use std::sync::{Mutex, MutexGuard, TryLockError};
+
 use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray2};
 use powerinfer_core::Error;
@@ -12,10 +14,26 @@ use crate::model::PyModel;
 use crate::plan::PyPlan;
 use crate::predictors::PyPredictors;
 
-/// One context (KV cache) over a model, with its own worker threads.
-#[pyclass(module = "powerinfer_rs._core", name = "Session")]
+/// One context (KV cache) over a model, with its own worker threads. Calls from several
+/// Python threads are serialised: each waits (with the GIL released) for the one running.
+#[pyclass(module = "powerinfer_rs._core", name = "Session", frozen)]
 pub struct PySession {
-    inner: Session,
+    inner: Mutex<Session>,
+}
+
+impl PySession {
+    /// The session, once no other thread uses it (waiting with the GIL released; a panic that
+    /// escaped a previous call leaves the session usable: every call checks its own input).
+    fn lock(&self, py: Python<'_>) -> MutexGuard<'_, Session> {
+        loop {
+            match self.inner.try_lock() {
+                Ok(guard) => return guard,
+                Err(TryLockError::Poisoned(e)) => return e.into_inner(),
+                // Wait for the holder without the GIL (it may need it), then try again.
+                Err(TryLockError::WouldBlock) => py.detach(|| drop(self.inner.lock())),
+            }
+        }
+    }
 }
 
 #[pymethods]
@@ -27,26 +45,29 @@ impl PySession {
     fn new(model: &PyModel, threads: usize, n_ctx: usize) -> PyResult<Self> {
         let weights = model.weights.clone();
         let inner = check(Session::new(weights, threads, n_ctx))?;
-        Ok(PySession { inner })
+        Ok(PySession {
+            inner: Mutex::new(inner),
+        })
     }
 
     /// Append `tokens` to the context and return float32 logits: shape (1, vocab) for the last
     /// token, or (len(tokens), vocab) with `all_logits=True`. On error the context is unchanged.
     #[pyo3(signature = (tokens, all_logits = false))]
     fn feed<'py>(
-        &mut self,
+        &self,
         py: Python<'py>,
         tokens: Vec<i64>,
         all_logits: bool,
     ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-        let vocab = self.inner.model().config.vocab_size;
+        let mut guard = self.lock(py);
+        let vocab = guard.model().config.vocab_size;
         let ids = check(token_ids(&tokens, vocab))?;
         let which = if all_logits {
             Logits::All
         } else {
             Logits::Last
         };
-        let session = &mut self.inner;
+        let session = &mut *guard;
         let logits = run_detached(py, move || {
             let check_signals =
                 || Python::attach(|py| py.check_signals()).map_err(|_| Error::Interrupted);
@@ -62,7 +83,7 @@ impl PySession {
     /// on |act(gate)·up|, "predictor" a `Predictors`.
     #[pyo3(signature = (mode, thresholds = None, predictors = None))]
     fn set_sparsity(
-        &mut self,
+        &self,
         py: Python<'_>,
         mode: &str,
         thresholds: Option<Vec<f32>>,
@@ -74,14 +95,15 @@ impl PySession {
             thresholds,
             predictors.map(|p| p.inner.clone()),
         ))?;
-        let session = &mut self.inner;
+        let mut guard = self.lock(py);
+        let session = &mut *guard;
         run_detached(py, move || session.set_sparsity(sparsity))
     }
 
     /// Adopt a plan from `Model.load_plan` (of this session's model), or drop it with None.
     #[pyo3(signature = (plan))]
-    fn set_plan(&mut self, plan: Option<PyRef<'_, PyPlan>>) {
-        self.inner
+    fn set_plan(&self, py: Python<'_>, plan: Option<PyRef<'_, PyPlan>>) {
+        self.lock(py)
             .set_placement(plan.map(|p| std::sync::Arc::clone(&p.inner)));
     }
 
@@ -89,34 +111,40 @@ impl PySession {
     /// instead of an axpy over the active down_t rows (measured once per model on first use).
     #[getter]
     fn down_crossover(&self, py: Python<'_>) -> PyResult<f32> {
-        let model = self.inner.model();
+        let guard = self.lock(py);
+        let model = guard.model();
         run_detached(py, || model.down_crossover())
     }
 
     /// The sparsity mode's name.
     #[getter]
-    fn sparsity(&self) -> &'static str {
-        self.inner.sparsity().name()
+    fn sparsity(&self, py: Python<'_>) -> &'static str {
+        self.lock(py).sparsity().name()
     }
 
     /// Start counting, per layer and neuron, the tokens in which each FFN neuron is active
     /// (ReLU semantics without `thresholds`, |act| >= threshold with them); with `capture`,
     /// also keep (FFN input, activation) rows for predictor training.
     #[pyo3(signature = (thresholds = None, capture = false))]
-    fn start_profiling(&mut self, thresholds: Option<Vec<f32>>, capture: bool) -> PyResult<()> {
-        check(self.inner.start_profiling(thresholds, capture))
+    fn start_profiling(
+        &self,
+        py: Python<'_>,
+        thresholds: Option<Vec<f32>>,
+        capture: bool,
+    ) -> PyResult<()> {
+        check(self.lock(py).start_profiling(thresholds, capture))
     }
 
     /// Tokens counted by the running profile (0 when not profiling).
     #[getter]
-    fn profile_tokens(&self) -> u64 {
-        self.inner.profiler().map_or(0, |p| p.tokens)
+    fn profile_tokens(&self, py: Python<'_>) -> u64 {
+        self.lock(py).profiler().map_or(0, |p| p.tokens)
     }
 
     /// Activation counts of the running profile, int64 of shape (n_layers, ffn).
     fn profile_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<i64>>> {
-        let p = self
-            .inner
+        let guard = self.lock(py);
+        let p = guard
             .profiler()
             .ok_or_else(|| to_pyerr(py, Error::Plan("not profiling".into())))?;
         let (rows, cols) = (p.counts.len(), p.counts.first().map_or(0, Vec::len));
@@ -127,20 +155,21 @@ impl PySession {
     }
 
     /// Stop profiling (counts are dropped; read them first).
-    fn stop_profiling(&mut self) {
-        self.inner.stop_profiling();
+    fn stop_profiling(&self, py: Python<'_>) {
+        self.lock(py).stop_profiling();
     }
 
     /// Rows captured since the last call, per layer: (x float32 (n, dim), act float32 (n, ffn)).
     #[allow(clippy::type_complexity)]
     fn take_captured<'py>(
-        &mut self,
+        &self,
         py: Python<'py>,
     ) -> PyResult<Vec<(Bound<'py, PyArray2<f32>>, Bound<'py, PyArray2<f32>>)>> {
-        let c = &self.inner.model().config;
+        let mut guard = self.lock(py);
+        let c = &guard.model().config;
         let (dim, ffn) = (c.dim, c.ffn_dim);
         let mut out = Vec::new();
-        for cap in self.inner.take_captured() {
+        for cap in guard.take_captured() {
             let n = cap.x.len() / dim;
             let x = Array2::from_shape_vec((n, dim), cap.x)
                 .map_err(|e| to_pyerr(py, Error::Other(e.to_string())))?;
@@ -152,36 +181,36 @@ impl PySession {
     }
 
     /// Forget the whole context.
-    fn reset(&mut self) {
-        self.inner.reset();
+    fn reset(&self, py: Python<'_>) {
+        self.lock(py).reset();
     }
 
     /// Keep only the first `n` positions of the context.
-    fn truncate(&mut self, n: usize) {
-        self.inner.truncate(n);
+    fn truncate(&self, py: Python<'_>, n: usize) {
+        self.lock(py).truncate(n);
     }
 
     /// Positions in the context.
     #[getter]
-    fn n_past(&self) -> usize {
-        self.inner.n_past()
+    fn n_past(&self, py: Python<'_>) -> usize {
+        self.lock(py).n_past()
     }
 
     /// Context size in positions.
     #[getter]
-    fn n_ctx(&self) -> usize {
-        self.inner.n_ctx()
+    fn n_ctx(&self, py: Python<'_>) -> usize {
+        self.lock(py).n_ctx()
     }
 
     /// Worker threads.
     #[getter]
-    fn threads(&self) -> usize {
-        self.inner.threads()
+    fn threads(&self, py: Python<'_>) -> usize {
+        self.lock(py).threads()
     }
 
     /// Bytes the KV cache holds now.
     #[getter]
-    fn kv_cache_bytes(&self) -> usize {
-        self.inner.kv_cache_bytes()
+    fn kv_cache_bytes(&self, py: Python<'_>) -> usize {
+        self.lock(py).kv_cache_bytes()
     }
 }

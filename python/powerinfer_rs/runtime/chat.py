@@ -8,7 +8,7 @@ non-ASCII text, as in ``transformers``. A model without a template gets ChatML.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -109,3 +109,21 @@ def format_chat(
         raise ModelFileError(f"the model's chat template failed: {e}") from e
     except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
         raise ChatTemplateError(f"the chat template could not render these messages: {e}") from e
+
+
+def fit_conversation(
+    messages: list[dict[str, Any]], fits: Callable[[list[dict[str, Any]]], bool]
+) -> tuple[list[dict[str, Any]], int]:
+    """Drop the oldest turns of ``messages`` until ``fits(messages)``: a leading system message
+    and the last message are kept; a turn is a message and the assistant replies after it.
+    Returns ``(messages, turns dropped)``; the result may still not fit (only the system and
+    last messages left)."""
+    msgs = list(messages)
+    first = 1 if msgs and msgs[0].get("role") == "system" else 0
+    dropped = 0
+    while not fits(msgs) and len(msgs) - first > 1:
+        del msgs[first]
+        while len(msgs) - first > 1 and msgs[first].get("role") == "assistant":
+            del msgs[first]
+        dropped += 1
+    return msgs, dropped

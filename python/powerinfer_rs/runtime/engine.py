@@ -6,15 +6,26 @@ from __future__ import annotations
 import math
 import operator
 import os
+import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from .. import _core
-from ..errors import CudaError, PlanError, ShapeError, TokenError, UnsupportedError, VramBudgetError
+from ..errors import (
+    CudaError,
+    InternalError,
+    ModelFileError,
+    PlanError,
+    ShapeError,
+    TokenError,
+    UnsupportedError,
+    VramBudgetError,
+)
 from ..loading import LoadedModel, load_model
 from ..loading.types import CORE_CONFIG_FIELDS
-from .generation import Generation, GenerationStats
+from .checks import check_int, check_threads
+from .generation import Generation, GenerationStats, locked
 
 #: Context size used when the caller gives none (the model's own if smaller).
 DEFAULT_N_CTX = 4096
@@ -37,6 +48,14 @@ class Engine(Generation):
 
     Build one with :meth:`from_pretrained`. The engine keeps one context (KV cache); a new
     prompt that starts with the tokens already in the context reuses them.
+
+    Sharing: an engine may be used from several threads. Every call that touches the context
+    (generation, scoring, sparsity, profiling, plans, ``n_past``) holds the engine's
+    ``threading.RLock``, so calls are serialised, one at a time; :meth:`generate` holds it for
+    the whole generation, a :meth:`stream` generator for each of its steps but never while
+    suspended. Several live :meth:`stream` generators each give their own right text (see
+    there). After any exception, ``KeyboardInterrupt`` included, the context and the KV cache
+    agree, and the next call gives what a fresh engine would.
     """
 
     def __init__(
@@ -52,8 +71,12 @@ class Engine(Generation):
         device: str = "cpu",
         vram_budget: int | str | None = None,
     ):
-        if threads < 0:
-            raise ShapeError(f"threads must be >= 0 (0 = one per core), got {threads}")
+        if not isinstance(loaded, LoadedModel):
+            raise ShapeError(
+                "loaded must be a LoadedModel (powerinfer_rs.loading.load_model); "
+                f"got {type(loaded).__name__} (Engine.from_pretrained takes a path)"
+            )
+        threads = check_threads(threads)
         self.device = _check_device(device)
         self.loaded = loaded
         self.config = loaded.config
@@ -61,10 +84,13 @@ class Engine(Generation):
         cfg, tensors = core_model_arguments(loaded)
         if n_ctx is None:
             n_ctx = min(DEFAULT_N_CTX, loaded.config.max_context)
-        if n_ctx <= 0:
-            raise ShapeError(f"n_ctx must be > 0, got {n_ctx}")
+        n_ctx = check_int("n_ctx", n_ctx, 1)
+        self._lock = threading.RLock()
+        self._version = 0
         self._model = _core.Model(cfg, tensors)
         self._session = _core.Session(self._model, threads, min(n_ctx, loaded.config.max_context))
+        self._threads = self._session.threads
+        self._n_ctx = self._session.n_ctx
         self._context: list[int] = []
         self.last_stats = GenerationStats()
         self.thresholds: list[float] | None = None
@@ -102,13 +128,14 @@ class Engine(Generation):
         for another model and (VramBudgetError) when its GPU bytes exceed ``vram_budget`` (bytes
         or "8GiB"; the CPU device has none: only CPU-only plans fit). ``device``: "cpu"
         (default) or "cuda"/"cuda:N"."""
-        if threads < 0:
-            raise ShapeError(f"threads must be >= 0 (0 = one per core), got {threads}")
+        check_int("threads", threads, 0)
         _check_device(device)
         if path is None:
             from .default_model import default_model_path
 
             path = default_model_path()
+        elif not isinstance(path, (str, os.PathLike)):
+            raise ModelFileError(f"path must be a file or directory path, got {path!r}")
         from ..loading.powerinfer_gguf import is_powerinfer_gguf, load_powerinfer_gguf
 
         if os.path.isfile(path) and is_powerinfer_gguf(path):
@@ -133,13 +160,14 @@ class Engine(Generation):
 
     @property
     def threads(self) -> int:
-        return self._session.threads
+        return self._threads
 
     @property
     def n_ctx(self) -> int:
-        return self._session.n_ctx
+        return self._n_ctx
 
     @property
+    @locked
     def n_past(self) -> int:
         """Tokens in the context now."""
         return self._session.n_past
@@ -156,16 +184,21 @@ class Engine(Generation):
         return self._model
 
     def tensor_address(self, name: str) -> int:
-        """Address the engine reads tensor ``name`` from (zero-copy checks)."""
+        """Address the engine reads tensor ``name`` from (zero-copy checks); KeyError for a
+        name the engine holds no matrix under."""
+        if not isinstance(name, str):
+            raise KeyError(name)
         return self._model.tensor_address(name)
 
     # -- sparsity and profiling -------------------------------------------------------------
 
     @property
+    @locked
     def sparsity(self) -> str:
         """The FFN sparsity mode."""
         return self._session.sparsity
 
+    @locked
     def set_sparsity(
         self,
         mode: str,
@@ -177,6 +210,8 @@ class Engine(Generation):
         from ..formats.predictors import predictors_for
         from ..formats.thresholds import thresholds_for
 
+        if not isinstance(mode, str):
+            raise UnsupportedError(f"sparsity mode must be a string, got {mode!r}")
         if mode == "threshold":
             if thresholds is None:
                 raise PlanError(
@@ -207,6 +242,7 @@ class Engine(Generation):
             self._session.set_sparsity(mode)
         self.reset()
 
+    @locked
     def load_plan(
         self, plan: str | os.PathLike[str], *, vram_budget: int | str | None = None
     ) -> None:
@@ -216,6 +252,8 @@ class Engine(Generation):
         over the VRAM this engine has (VramBudgetError; none on the CPU device)."""
         from ..planning.sizes import parse_bytes
 
+        if not isinstance(plan, (str, os.PathLike)):
+            raise PlanError(f"plan must be a path, got {type(plan).__name__}")
         if self.device == "cpu":
             budget = 0 if vram_budget is None else parse_bytes(vram_budget)
             if budget:
@@ -244,11 +282,14 @@ class Engine(Generation):
         arithmetic). Raises :class:`PlanError` when no plan is loaded or given, or the plan is
         unreadable or made for another model."""
         if plan is not None:
+            if not isinstance(plan, (str, os.PathLike)):
+                raise PlanError(f"plan must be a path, got {type(plan).__name__}")
             return self._model.gpu_allocation_report(os.fspath(plan), self.loaded.fingerprint)
         if self.plan is None:
             raise PlanError("no plan loaded: pass plan=... here or to the Engine")
         return self.plan.allocations
 
+    @locked
     def start_profiling(
         self, thresholds: Sequence[float] | None = None, capture: bool = False
     ) -> None:
@@ -256,37 +297,52 @@ class Engine(Generation):
         semantics, or |act| >= threshold with ``thresholds``) during the following forward
         passes; with ``capture`` also keep (FFN input, activation) rows, see
         :meth:`take_captured`."""
-        self._session.start_profiling(None if thresholds is None else list(thresholds), capture)
+        if thresholds is not None:
+            try:
+                thresholds = [float(t) for t in thresholds]
+            except (TypeError, ValueError):
+                raise ShapeError(
+                    f"thresholds must be a list of numbers (one per layer), got {thresholds!r}"
+                ) from None
+        self._session.start_profiling(thresholds, bool(capture))
 
+    @locked
     def profile_counts(self) -> tuple[np.ndarray, int]:
         """(counts int64 (n_layers, ffn), tokens counted) of the running profile."""
         return self._session.profile_counts(), self._session.profile_tokens
 
+    @locked
     def take_captured(self) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per layer (x (n, dim), act (n, ffn)) float32 rows captured since the last call."""
         return self._session.take_captured()
 
+    @locked
     def stop_profiling(self) -> None:
         """Stop counting."""
         self._session.stop_profiling()
 
     # -- scoring ---------------------------------------------------------------------------
 
+    @locked
     def reset(self) -> None:
         """Forget the context."""
+        self._version += 1
         self._session.reset()
         self._context = []
 
+    @locked
     def prefill(self, token_ids: Sequence[int]) -> np.ndarray:
         """Append ``token_ids`` to the current context in one batched forward pass (a running
         profile counts them) and return the float32 logits of the last one, shape (vocab,)."""
         ids = self._check_ids(token_ids)
         if not ids:
             raise ShapeError("prefill() needs at least one token")
+        self._version += 1
         logits = self._session.feed(ids)[0]
         self._context.extend(ids)
         return logits
 
+    @locked
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
         """Float32 logits of shape (len(token_ids), vocab) for a fresh context."""
         ids = self._check_ids(token_ids)
@@ -301,14 +357,18 @@ class Engine(Generation):
     def perplexity(self, text: str, *, window: int = 512, progress: bool = False) -> float:
         """Perplexity of ``text`` in non-overlapping windows of ``window`` tokens; every token
         after the first of each window is scored."""
+        if not isinstance(text, str):
+            raise ShapeError(f"text must be a string, got {type(text).__name__}")
         ids = self.tokenizer.encode(text, add_bos=False)
         return self.perplexity_of_ids(ids, window=window, progress=progress)
 
+    @locked
     def perplexity_of_ids(
         self, ids: Sequence[int], *, window: int = 512, progress: bool = False
     ) -> float:
         """Perplexity of a token sequence (see :meth:`perplexity`)."""
-        window = min(window, self.n_ctx)
+        window = min(check_int("window", window), self.n_ctx)
+        ids = self._check_ids(ids)
         if window < 2 or len(ids) < 2:
             raise ShapeError("perplexity needs a window and a text of at least 2 tokens")
         starts = range(0, len(ids) - 1, window)
@@ -328,20 +388,31 @@ class Engine(Generation):
             target = np.asarray(chunk[1:])
             nll += float((logz - logits[np.arange(len(chunk) - 1), target]).sum())
             count += len(chunk) - 1
+        if not math.isfinite(nll):  # the core refuses non-finite logits; keep nan out anyway
+            raise InternalError(f"perplexity: the negative log-likelihood is {nll}")
         return math.exp(nll / count)
 
     # -- internals -------------------------------------------------------------------------
 
     def _check_ids(self, ids: Sequence[int]) -> list[int]:
-        """Token ids as ints; their range is checked in one place, by the Rust core."""
+        """Token ids as ints; their range is checked in one place, by the Rust core (ids that
+        do not even fit its int64 are refused here)."""
+        if isinstance(ids, (str, bytes, bytearray)):
+            raise TokenError(f"token ids must be a sequence of integers, got {ids!r}")
         try:
-            return [operator.index(i) for i in ids]
+            out = [operator.index(i) for i in ids]
         except TypeError as e:
             raise TokenError(f"token ids must be integers: {e}") from None
+        for i in out:
+            if not -(2**63) <= i < 2**63:
+                raise TokenError(f"token id {i} is outside the vocabulary")
+        return out
 
 
 def _check_device(device: str) -> str:
     """ "cpu", or "cuda"/"cuda:N" when a GPU executor can serve it."""
+    if not isinstance(device, str):
+        raise UnsupportedError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
     if device == "cpu":
         return device
     if device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()):

@@ -3,21 +3,43 @@ stop strings, and the timing of the last call (:class:`GenerationStats`)."""
 
 from __future__ import annotations
 
+import functools
+import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from ..errors import ContextOverflowError, ShapeError
+from ..errors import ContextOverflowError, ShapeError, TokenError
 from .chat import format_chat
+from .checks import check_int, check_seed
 from .sampling import SamplingParams, sample
 from .streaming import IncrementalDecoder, StopMatcher
 
 if TYPE_CHECKING:
     from ..loading import LoadedModel
     from .tokenizer import Tokenizer
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def locked(method: F) -> F:
+    """Run an Engine method holding the engine's lock; on any exception (KeyboardInterrupt
+    included) bring the Python view of the context and the KV cache back into agreement."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._lock:
+            try:
+                return method(self, *args, **kwargs)
+            except BaseException:
+                self._resync()
+                raise
+
+    return wrapper  # type: ignore[return-value]
 
 
 @dataclass
@@ -46,6 +68,8 @@ class Generation:
 
     _session: Any
     _context: list[int]
+    _lock: threading.RLock
+    _version: int  # bumped whenever the context changes
     _last_prefill_count: int
     loaded: LoadedModel
     tokenizer: Tokenizer
@@ -57,8 +81,10 @@ class Generation:
     # -- generation ------------------------------------------------------------------------
 
     def generate(self, prompt: str | Sequence[int], **kwargs) -> str:
-        """Continue ``prompt`` and return the new text (see :meth:`stream` for arguments)."""
-        return "".join(self.stream(prompt, **kwargs))
+        """Continue ``prompt`` and return the new text (see :meth:`stream` for arguments). Holds
+        the engine's lock for the whole call: other threads wait."""
+        with self._lock:
+            return "".join(self.stream(prompt, **kwargs))
 
     def chat(self, messages: list[dict], **kwargs) -> str:
         """Answer a conversation formatted with the model's own chat template."""
@@ -94,30 +120,64 @@ class Generation:
 
         ``temperature=0`` is greedy. ``stop`` strings end generation (they are not yielded).
         Generation also ends at an end-of-sequence token (unless ``ignore_eos``), after
-        ``max_new_tokens``, or when the context is full.
+        ``max_new_tokens``, or when the context is full. Arguments are checked when
+        ``stream`` is called, before the first piece is asked for.
+
+        Several generators may be alive at once on one engine (in one thread or several): each
+        gives its own right text. A step that finds the context changed by another call since
+        its own last step first brings the context back to its tokens (reusing the common
+        prefix; this costs one prefill of its tokens), so interleaving generators is correct
+        but slower than running them one after the other.
         """
         params = SamplingParams(temperature, top_k, top_p, repetition_penalty)
         params.validate()
-        if max_new_tokens < 0:
-            raise ShapeError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        max_new_tokens = check_int("max_new_tokens", max_new_tokens, 0)
+        rng = np.random.default_rng(check_seed(seed))
+        if isinstance(stop, str) or stop is None:
+            stops = [stop] if stop else []
+        elif isinstance(stop, Iterable):
+            stops = list(stop)
+        else:
+            stops = [stop]
+        if not all(isinstance(s, str) for s in stops):
+            raise ShapeError(f"stop must be a string or a list of strings, got {stop!r}")
         prompt_ids = self._encode_prompt(prompt)
         if len(prompt_ids) >= self.n_ctx:
             raise ContextOverflowError(
                 f"the prompt has {len(prompt_ids)} tokens; the context holds {self.n_ctx}"
             )
-        stops = [stop] if isinstance(stop, str) else list(stop or [])
-        rng = np.random.default_rng(seed)
-        stats = self.last_stats = GenerationStats(prompt_tokens=len(prompt_ids))
         eos = set() if ignore_eos else set(self.tokenizer.eos_ids)
+        return self._stream(prompt_ids, params, max_new_tokens, rng, stops, eos)
 
+    def _stream(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        max_new_tokens: int,
+        rng: np.random.Generator,
+        stops: list[str],
+        eos: set[int],
+    ) -> Iterator[str]:
+        """The generator behind :meth:`stream`. It holds the lock for each forward pass, never
+        across a ``yield``; when another call changed the context since its last step it brings
+        the context back to its own tokens (prefix reuse) before the next one."""
+        stats = GenerationStats(prompt_tokens=len(prompt_ids))
         t0 = time.perf_counter()
-        logits = self._prefill(prompt_ids)
-        stats.prefill_tokens = self._last_prefill_count
+        with self._lock:
+            self.last_stats = stats
+            try:
+                logits = self._prefill(prompt_ids)
+            except BaseException:
+                self._resync()
+                raise
+            mine = self._version
+            stats.prefill_tokens = self._last_prefill_count
         stats.prefill_seconds = time.perf_counter() - t0
 
         decoder = IncrementalDecoder(self.tokenizer.decode)
         matcher = StopMatcher(stops)
         seen = list(prompt_ids)
+        fed = list(prompt_ids)  # this generator's context: the tokens behind `logits`
         stats.finish_reason = "length"
         t_decode = time.perf_counter()
         for i in range(max_new_tokens):
@@ -134,11 +194,22 @@ class Generation:
                 break
             if i + 1 == max_new_tokens:
                 break
-            if self.n_past >= self.n_ctx:
+            if len(fed) >= self.n_ctx:
                 stats.finish_reason = "context"
                 break
-            logits = self._session.feed([token])[0]
-            self._context.append(token)
+            with self._lock:
+                try:
+                    if self._version != mine:  # another call used the context meanwhile
+                        logits = self._prefill(fed + [token])
+                    else:
+                        logits = self._session.feed([token])[0]
+                        self._context.append(token)
+                        self._version += 1
+                except BaseException:
+                    self._resync()
+                    raise
+                mine = self._version
+            fed.append(token)
             stats.decode_tokens += 1
             stats.decode_seconds = time.perf_counter() - t_decode
         rest = matcher.flush()
@@ -163,6 +234,10 @@ class Generation:
     def _encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Iterable):
+            raise TokenError(
+                f"prompt must be a string or a sequence of token ids, got {type(prompt).__name__}"
+            )
         else:
             ids = self._check_ids(prompt)
         if not ids:
@@ -180,6 +255,7 @@ class Generation:
                 break
             common += 1
         common = min(common, len(ids) - 1)  # always recompute the last token's logits
+        self._version += 1
         self._session.truncate(common)
         self._context = self._context[:common]
         todo = ids[common:]
@@ -192,3 +268,13 @@ class Generation:
         logits = self._session.feed(todo[-1:])[0]
         self._context.append(todo[-1])
         return logits
+
+    def _resync(self) -> None:
+        """After an exception: keep the longest state the Python view and the KV cache agree
+        on. The Rust side rolls a failed feed back, and the Python view only grows after a feed
+        returned, so the cache can only be ahead (an interrupt between the two): cut it back."""
+        n = min(self._session.n_past, len(self._context))
+        if self._session.n_past != n:
+            self._session.truncate(n)
+        del self._context[n:]
+        self._version += 1

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ShapeError
+from .checks import check_int, check_real
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,11 @@ class SamplingParams:
     repetition_penalty: float = 1.0
 
     def validate(self) -> None:
-        """Raise ShapeError for values outside their ranges."""
+        """Raise ShapeError, naming the argument, for values of the wrong type or outside
+        their ranges."""
+        for name in ("temperature", "top_p", "repetition_penalty"):
+            check_real(name, getattr(self, name))
+        check_int("top_k", self.top_k)
         if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
             raise ShapeError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
@@ -57,6 +62,9 @@ def sample(
     x = np.asarray(logits, dtype=np.float64).copy()
     if x.ndim != 1:
         raise ShapeError(f"sample() takes one row of logits, got shape {x.shape}")
+    if not np.isfinite(x).all():
+        bad = np.flatnonzero(~np.isfinite(x))[:5].tolist()
+        raise ShapeError(f"logits hold non-finite values (token ids {bad}...)")
     apply_repetition_penalty(x, seen, params.repetition_penalty)
     if params.temperature == 0.0:
         return int(np.argmax(x))
