@@ -73,10 +73,7 @@ impl PySession {
                 || Python::attach(|py| py.check_signals()).map_err(|_| Error::Interrupted);
             session.feed(&ids, which, check_signals)
         })?;
-        let rows = logits.len() / vocab;
-        let arr = Array2::from_shape_vec((rows, vocab), logits)
-            .map_err(|e| to_pyerr(py, Error::Other(e.to_string())))?;
-        Ok(arr.into_pyarray(py))
+        matrix(py, vocab, logits)
     }
 
     /// Set the FFN sparsity: one of `SPARSITY_MODES`. "threshold" needs one threshold per layer
@@ -147,11 +144,12 @@ impl PySession {
         let p = guard
             .profiler()
             .ok_or_else(|| to_pyerr(py, Error::Plan("not profiling".into())))?;
-        let (rows, cols) = (p.counts.len(), p.counts.first().map_or(0, Vec::len));
-        let flat: Vec<i64> = p.counts.iter().flatten().map(|&c| c as i64).collect();
-        let arr = Array2::from_shape_vec((rows, cols), flat)
-            .map_err(|e| to_pyerr(py, Error::Other(e.to_string())))?;
-        Ok(arr.into_pyarray(py))
+        let cols = p.counts.first().map_or(0, Vec::len);
+        matrix(
+            py,
+            cols,
+            p.counts.iter().flatten().map(|&c| c as i64).collect(),
+        )
     }
 
     /// Stop profiling (counts are dropped; read them first).
@@ -170,12 +168,7 @@ impl PySession {
         let (dim, ffn) = (c.dim, c.ffn_dim);
         let mut out = Vec::new();
         for cap in guard.take_captured() {
-            let n = cap.x.len() / dim;
-            let x = Array2::from_shape_vec((n, dim), cap.x)
-                .map_err(|e| to_pyerr(py, Error::Other(e.to_string())))?;
-            let a = Array2::from_shape_vec((n, ffn), cap.act)
-                .map_err(|e| to_pyerr(py, Error::Other(e.to_string())))?;
-            out.push((x.into_pyarray(py), a.into_pyarray(py)));
+            out.push((matrix(py, dim, cap.x)?, matrix(py, ffn, cap.act)?));
         }
         Ok(out)
     }
@@ -213,4 +206,16 @@ impl PySession {
     fn kv_cache_bytes(&self, py: Python<'_>) -> usize {
         self.lock(py).kv_cache_bytes()
     }
+}
+
+/// Row-major `values` as a numpy array of `cols` columns (0 rows when `cols` is 0).
+fn matrix<T: numpy::Element>(
+    py: Python<'_>,
+    cols: usize,
+    values: Vec<T>,
+) -> PyResult<Bound<'_, PyArray2<T>>> {
+    let rows = values.len().checked_div(cols).unwrap_or(0);
+    let arr = Array2::from_shape_vec((rows, cols), values)
+        .map_err(|e| to_pyerr(py, Error::Other(e.to_string())))?;
+    Ok(arr.into_pyarray(py))
 }
