@@ -16,56 +16,38 @@
 //! [`alloc_plan`].
 
 pub mod alloc_plan;
+pub mod backend;
+pub mod host;
 pub mod kernels;
 pub mod layout;
+pub mod ops;
 
+#[cfg(feature = "cuda")]
+mod cuda_launch;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
-#[cfg(feature = "cuda")]
-mod ops;
 #[cfg(not(feature = "cuda"))]
 mod stub;
 
 #[cfg(feature = "cuda")]
-pub use device::{
-    device_count, driver_available, is_available, CudaDevice, DeviceBuffer, DeviceWeight, HotFfn,
-};
+pub use device::{device_count, driver_available, is_available, CudaDevice, DeviceBuffer};
 #[cfg(not(feature = "cuda"))]
 pub use stub::{device_count, driver_available, is_available, CudaDevice};
 
 pub use alloc_plan::{gpu_allocations, Allocation, LayerTensors, ModelTensors};
+pub use backend::{Backend, Checked, DeviceSlice, DeviceWeight, Elem, HotFfn, Launch};
+pub use host::{HostBackend, HostBuf};
 pub use layout::{
     align, pack_hot_slabs, parse_device, slab_bytes, slab_geometry, Act, RowLayout, SlabGeometry,
     SlabLayout, MAX_HEAD_DIM, MAX_RANK, MAX_X_COLS,
 };
+pub use ops::GpuOps;
 
 /// True when this build can drive a GPU (the `cuda` feature); a device may still be absent.
 pub const BUILT_WITH_CUDA: bool = cfg!(feature = "cuda");
 
+/// The element types of the CUDA build's buffers (the backend interface's [`Elem`]).
 #[cfg(feature = "cuda")]
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for f32 {}
-    impl Sealed for i32 {}
-    impl Sealed for u16 {}
-    impl Sealed for u8 {}
-}
-
-/// Element types a [`DeviceBuffer`] holds: f32 activations, i32 indices and flags, u16 (f16
-/// bits) KV cache, u8 weight bytes.
-#[cfg(feature = "cuda")]
-pub trait DeviceElem:
-    sealed::Sealed + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits + Copy + Default
-{
-}
-
-#[cfg(feature = "cuda")]
-impl DeviceElem for f32 {}
-#[cfg(feature = "cuda")]
-impl DeviceElem for i32 {}
-#[cfg(feature = "cuda")]
-impl DeviceElem for u16 {}
-#[cfg(feature = "cuda")]
-impl DeviceElem for u8 {}
+use backend::Elem as DeviceElem;

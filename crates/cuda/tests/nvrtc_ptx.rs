@@ -147,7 +147,7 @@ fn every_launch_pushes_its_kernels_parameters() {
         let ptx = nvrtc::compile(src.name, &src.program(), 80).unwrap_or_else(|e| panic!("{e}"));
         params.extend(ptx_param_counts(&ptx));
     }
-    let launches = launches(include_str!("../src/ops.rs"));
+    let launches = launches(include_str!("../src/cuda_launch.rs"));
     assert!(
         launches.len() >= 12,
         "found only {} launches",

@@ -1,0 +1,286 @@
+//! The GPU backend interface: what the hybrid executor needs of a GPU, implemented twice — by
+//! [`CudaDevice`](crate::CudaDevice) (cudarc, the kernels of `kernels/*.cu` compiled by NVRTC)
+//! and by [`HostBackend`](crate::HostBackend) (always built: buffers in host memory, every
+//! kernel's contract in plain Rust), so that everything but the kernels themselves runs and is
+//! tested on machines without a GPU (`device="gpu-sim"`).
+//!
+//! A backend provides typed buffers, copies in and out, and one entry point, [`Backend::launch`],
+//! taking a [`Launch`]: one variant per `extern "C"` kernel, its fields the kernel's parameters
+//! in order. Launches are made only by the checked operations of [`crate::ops`] (the
+//! [`GpuOps`](crate::GpuOps) methods every backend gets), which validate shapes on the host
+//! first: a [`Checked`] token, constructible only inside this crate, proves it.
+
+use powerinfer_core::{DType, Result};
+
+use crate::layout::{Act, RowLayout, SlabLayout};
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for i32 {}
+    impl Sealed for u16 {}
+    impl Sealed for u8 {}
+}
+
+/// What a CUDA buffer's element type must be (cudarc's plain-old-data traits); nothing without
+/// the `cuda` feature.
+#[cfg(feature = "cuda")]
+pub trait CudaRepr: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits {}
+#[cfg(feature = "cuda")]
+impl<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits> CudaRepr for T {}
+/// What a CUDA buffer's element type must be; nothing without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+pub trait CudaRepr {}
+#[cfg(not(feature = "cuda"))]
+impl<T> CudaRepr for T {}
+
+/// Element types a device buffer holds: f32 activations, i32 indices and flags, u16 (f16 bits)
+/// KV cache, u8 weight bytes.
+pub trait Elem:
+    sealed::Sealed + CudaRepr + Copy + Default + PartialEq + std::fmt::Debug + Send + Sync + 'static
+{
+}
+impl Elem for f32 {}
+impl Elem for i32 {}
+impl Elem for u16 {}
+impl Elem for u8 {}
+
+/// A typed buffer of a backend: `len` elements.
+pub trait DeviceSlice: Send + Sync {
+    /// Elements.
+    fn len(&self) -> usize;
+    /// True when it holds no element.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Proof that a launch's arguments were checked by [`crate::ops`]; only this crate makes one.
+#[derive(Clone, Copy, Debug)]
+pub struct Checked(pub(crate) ());
+
+/// A GPU as the executor sees it.
+pub trait Backend: Send + Sync + Sized + 'static {
+    /// A buffer of `T` in this backend's memory.
+    type Buf<T: Elem>: DeviceSlice;
+
+    /// Names the device for messages and reports: "cuda:0 (NVIDIA H200, sm_90)", "gpu-sim".
+    fn describe(&self) -> String;
+
+    /// (free, total) device memory in bytes.
+    fn mem_info(&self) -> Result<(usize, usize)>;
+
+    /// Bytes this backend has allocated and not yet freed, each allocation rounded up to 256
+    /// bytes as the plan counts them, when the backend keeps count (the host backend does).
+    fn allocated_bytes(&self) -> Option<usize>;
+
+    /// A zero-filled buffer of `len` elements; `Error::VramBudget` when it does not fit.
+    fn zeros<T: Elem>(&self, len: usize) -> Result<Self::Buf<T>>;
+
+    /// Copy `host` into `dst[at..at + host.len()]` (queued after earlier work; `host` may be
+    /// reused as soon as this returns).
+    fn write<T: Elem>(&self, host: &[T], dst: &mut Self::Buf<T>, at: usize) -> Result<()>;
+
+    /// Copy `src[at..at + out.len()]` into `out`, after all queued work has finished.
+    fn read<T: Elem>(&self, src: &Self::Buf<T>, at: usize, out: &mut [T]) -> Result<()>;
+
+    /// Wait until all queued work has finished.
+    fn synchronize(&self) -> Result<()>;
+
+    /// Queue one kernel launch whose arguments [`crate::ops`] has checked.
+    fn launch(&self, launch: Launch<'_, Self>, checked: Checked) -> Result<()>;
+}
+
+/// One kernel launch: a variant per `extern "C"` entry of `kernels/*.cu`, its fields the
+/// kernel's parameters in order (per-format kernels take the weight format as `dtype`; lengths
+/// as `usize`, converted to the kernel's `int` by the launcher). The meaning of each is the
+/// comment above the kernel in its `.cu` file; the host backend implements exactly that.
+pub enum Launch<'a, B: Backend> {
+    /// `sparse_matvec_<dtype>` (sparse_matvec.cu): `y[k] = act(dot(W[row k], x))`, k in 0..n,
+    /// row k = `idx[k]` or k; with `flags`, a row whose id (read through `ids`) is inactive or
+    /// padding (−1) yields 0.
+    SparseMatvec {
+        dtype: DType,
+        w: &'a B::Buf<u8>,
+        l: RowLayout,
+        x: &'a B::Buf<f32>,
+        cols: usize,
+        idx: Option<&'a B::Buf<i32>>,
+        n: usize,
+        ids: Option<(&'a B::Buf<u8>, RowLayout)>,
+        flags: Option<&'a B::Buf<i32>>,
+        act: Act,
+        y: &'a mut B::Buf<f32>,
+    },
+    /// `gate_up_<dtype>` (sparse_matvec.cu): `h[k] = act(dot(gate[k], x)) · dot(up[k], x)`, the
+    /// up row not read when the activated gate is 0; ids (for `flags`) live in `w` at `ids_l`.
+    GateUp {
+        dtype: DType,
+        w: &'a B::Buf<u8>,
+        gate_l: RowLayout,
+        up_l: RowLayout,
+        x: &'a B::Buf<f32>,
+        cols: usize,
+        idx: Option<&'a B::Buf<i32>>,
+        n: usize,
+        ids_l: RowLayout,
+        flags: Option<&'a B::Buf<i32>>,
+        act: Act,
+        h: &'a mut B::Buf<f32>,
+    },
+    /// `axpy_rows_<dtype>` (axpy_down.cu): `y[c] += Σ_k a[k] · W[row k][c]`, rows with a zero
+    /// coefficient not read; `splits` blocks along the rows (gridDim.y).
+    AxpyRows {
+        dtype: DType,
+        w: &'a B::Buf<u8>,
+        l: RowLayout,
+        cols: usize,
+        idx: Option<&'a B::Buf<i32>>,
+        a: &'a B::Buf<f32>,
+        n: usize,
+        y: &'a mut B::Buf<f32>,
+        splits: usize,
+    },
+    /// `predictor_fc2_<dtype>` (predictor.cu): `logit[j] = Σ_{hidden[h] > 0} hidden[h] ·
+    /// fc2_t[h][j]`, `flags[j] = logit[j] >= threshold`.
+    PredictorFc2 {
+        dtype: DType,
+        fc2_t: &'a B::Buf<u8>,
+        l: RowLayout,
+        hidden: &'a B::Buf<f32>,
+        rank: usize,
+        ffn: usize,
+        threshold: f32,
+        flags: &'a mut B::Buf<i32>,
+        logits: Option<&'a mut B::Buf<f32>>,
+    },
+    /// `compact_flags` (predictor.cu): `out[0..count) = the i < n with flags[i] != 0`, ascending.
+    CompactFlags {
+        flags: &'a B::Buf<i32>,
+        n: usize,
+        out: &'a mut B::Buf<i32>,
+        count: &'a mut B::Buf<i32>,
+    },
+    /// `split_hot_flags` (predictor.cu): `slot_flags[r] = flags[id(r)]` (0 for padding), then
+    /// `flags[id(r)] = 0`, for the hot slots r in 0..n.
+    SplitHotFlags {
+        ids_base: &'a B::Buf<u8>,
+        ids_l: RowLayout,
+        n: usize,
+        flags: &'a mut B::Buf<i32>,
+        slot_flags: &'a mut B::Buf<i32>,
+    },
+    /// `rms_norm` (norm_rope.cu) over `rows` rows of `n`: `out = x / sqrt(mean(x²) + eps) · w`.
+    RmsNorm {
+        x: &'a B::Buf<f32>,
+        w: &'a B::Buf<f32>,
+        rows: usize,
+        n: usize,
+        eps: f32,
+        out: &'a mut B::Buf<f32>,
+    },
+    /// `rope` (norm_rope.cu): rotate every head of `x` in place for position `pos` (angles in
+    /// f64); `neox` pairs (i, i + d/2), else (2i, 2i + 1).
+    Rope {
+        x: &'a mut B::Buf<f32>,
+        n_heads: usize,
+        head_dim: usize,
+        pos: usize,
+        theta: f32,
+        neox: bool,
+    },
+    /// `kv_store` (attention.cu): row `pos` of both caches = k, v rounded to f16 (nearest even).
+    KvStore {
+        k: &'a B::Buf<f32>,
+        v: &'a B::Buf<f32>,
+        kv_dim: usize,
+        pos: usize,
+        cache_k: &'a mut B::Buf<u16>,
+        cache_v: &'a mut B::Buf<u16>,
+    },
+    /// `attention_decode` (attention.cu): one query over positions 0..n_pos of the f16 caches,
+    /// grouped-query, `scale` applied to q.
+    AttentionDecode {
+        q: &'a B::Buf<f32>,
+        cache_k: &'a B::Buf<u16>,
+        cache_v: &'a B::Buf<u16>,
+        n_pos: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        scale: f32,
+        out: &'a mut B::Buf<f32>,
+    },
+    /// `act_mul` (elementwise.cu): `g[i] = act(g[i]) · u[i]`.
+    ActMul {
+        g: &'a mut B::Buf<f32>,
+        u: &'a B::Buf<f32>,
+        n: usize,
+        act: Act,
+    },
+    /// `add` (elementwise.cu): `y[i] += x[i]`.
+    Add {
+        y: &'a mut B::Buf<f32>,
+        x: &'a B::Buf<f32>,
+        n: usize,
+    },
+    /// `threshold_mask` (elementwise.cu): `h[i] = 0` where `|h[i]| < t` (threshold mode).
+    ThresholdMask {
+        h: &'a mut B::Buf<f32>,
+        n: usize,
+        t: f32,
+    },
+}
+
+impl<B: Backend> Launch<'_, B> {
+    /// The kernel's entry name, e.g. "sparse_matvec_q4_0" (for messages and the launch tests).
+    pub fn entry(&self) -> String {
+        use crate::kernels::dtype_suffix;
+        match self {
+            Launch::SparseMatvec { dtype, .. } => format!("sparse_matvec_{}", dtype_suffix(*dtype)),
+            Launch::GateUp { dtype, .. } => format!("gate_up_{}", dtype_suffix(*dtype)),
+            Launch::AxpyRows { dtype, .. } => format!("axpy_rows_{}", dtype_suffix(*dtype)),
+            Launch::PredictorFc2 { dtype, .. } => {
+                format!("predictor_fc2_{}", dtype_suffix(*dtype))
+            }
+            Launch::CompactFlags { .. } => "compact_flags".into(),
+            Launch::SplitHotFlags { .. } => "split_hot_flags".into(),
+            Launch::RmsNorm { .. } => "rms_norm".into(),
+            Launch::Rope { .. } => "rope".into(),
+            Launch::KvStore { .. } => "kv_store".into(),
+            Launch::AttentionDecode { .. } => "attention_decode".into(),
+            Launch::ActMul { .. } => "act_mul".into(),
+            Launch::Add { .. } => "add".into(),
+            Launch::ThresholdMask { .. } => "threshold_mask".into(),
+        }
+    }
+}
+
+/// A weight matrix in a backend's memory.
+pub struct DeviceWeight<B: Backend> {
+    pub dtype: DType,
+    pub rows: usize,
+    pub cols: usize,
+    pub layout: RowLayout,
+    pub data: B::Buf<u8>,
+}
+
+impl<B: Backend> DeviceWeight<B> {
+    /// Device bytes.
+    pub fn n_bytes(&self) -> usize {
+        self.data.len()
+    }
+}
+
+/// One layer's hot neurons in a backend's memory, in slabs ([`crate::pack_hot_slabs`]).
+pub struct HotFfn<B: Backend> {
+    pub layout: SlabLayout,
+    pub data: B::Buf<u8>,
+}
+
+impl<B: Backend> HotFfn<B> {
+    /// Device bytes (== `layout.total_bytes()`).
+    pub fn n_bytes(&self) -> usize {
+        self.data.len()
+    }
+}
