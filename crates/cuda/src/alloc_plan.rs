@@ -141,9 +141,10 @@ pub fn gpu_allocations(model: &ModelTensors<'_>, plan: &PlanFile) -> Result<Vec<
 }
 
 /// The scratch buffers shared by all layers (they run one after another), all f32 except
-/// `active` (i32): `x`, `xb`, `xb2` (dim each), `q` (q_dim), `k`, `v` (kv_dim), `att`
-/// (n_heads · context), `hb`, `hb2`, `active` (ffn each), `pred` (the largest predictor rank),
-/// `xfer` (2 · dim: the CPU's partial FFN sum in, the layer input out).
+/// `active` (i32): the residual `x`, normed `xb` and projected `xb2` (dim each), `q` (q_dim),
+/// `k`, `v` (kv_dim), the attention output `att` (q_dim; attention keeps no score buffer),
+/// `hb` (ffn: the hot neurons' activations), `active` (ffn: one flag per neuron), `pred` (the
+/// largest predictor rank), `xfer` (dim: the CPU's partial FFN sum, added on the GPU).
 pub fn scratch_allocations(c: &ModelConfig, plan: &PlanFile) -> Vec<Allocation> {
     let max_rank = plan.predictor_ranks.iter().copied().max().unwrap_or(0);
     [
@@ -153,12 +154,11 @@ pub fn scratch_allocations(c: &ModelConfig, plan: &PlanFile) -> Vec<Allocation> 
         ("q", c.q_dim()),
         ("k", c.kv_dim()),
         ("v", c.kv_dim()),
-        ("att", c.n_heads * plan.context),
+        ("att", c.q_dim()),
         ("hb", c.ffn_dim),
-        ("hb2", c.ffn_dim),
         ("active", c.ffn_dim),
         ("pred", max_rank),
-        ("xfer", 2 * c.dim),
+        ("xfer", c.dim),
     ]
     .into_iter()
     .map(|(n, len)| (format!("scratch.{n}"), align(F32_BYTES * len)))
@@ -274,12 +274,11 @@ mod tests {
             ("scratch.q", 256),          //
             ("scratch.k", 256),          // 32 x 4 = 128
             ("scratch.v", 256),          //
-            ("scratch.att", 512),        // 4 heads x 32
+            ("scratch.att", 256),        // q_dim 64
             ("scratch.hb", 512),         // 96 x 4 = 384
-            ("scratch.hb2", 512),        //
             ("scratch.active", 512),     //
             ("scratch.pred", 256),       // rank 64
-            ("scratch.xfer", 512),       // 2 x 64 x 4
+            ("scratch.xfer", 256),       // 64 x 4
         ];
         let want: Vec<Allocation> = want.into_iter().map(|(n, b)| (n.into(), b)).collect();
         assert_eq!(got, want);

@@ -99,7 +99,7 @@ pub fn ffn(
 
 /// The neurons among `ids` (gate values `gate`, in the same order) whose activation is not 0,
 /// into `idx`, with their activations into `vals`.
-fn keep_firing(
+pub(crate) fn keep_firing(
     act: Activation,
     ids: impl Iterator<Item = u32>,
     gate: &[f32],
@@ -122,7 +122,7 @@ fn keep_firing(
 /// rows, then down_t rows) beat a fused per-neuron kernel: each streams one matrix's rows with
 /// the next rows in flight (cargo bench --bench sparse: F16 169 µs vs 201 µs, Q4_0 129 µs vs
 /// 153 µs at 10% of ffn 5504).
-fn up_then_down(
+pub(crate) fn up_then_down(
     lw: &LayerWeights,
     down_t: &Weight,
     xn: &[f32],
@@ -267,7 +267,7 @@ fn zero_below(h: &mut [f32], t: f32) {
 }
 
 /// `a = act(a)` in place.
-fn apply_activation(act: Activation, a: &mut [f32]) {
+pub(crate) fn apply_activation(act: Activation, a: &mut [f32]) {
     const CHUNK: usize = 16 * 1024;
     if a.len() <= CHUNK {
         a.iter_mut().for_each(|v| *v = act.apply(*v));
@@ -275,4 +275,41 @@ fn apply_activation(act: Activation, a: &mut [f32]) {
         a.par_chunks_mut(CHUNK)
             .for_each(|c| c.iter_mut().for_each(|v| *v = act.apply(*v)));
     }
+}
+
+/// The FFN sum over the neurons `ids` alone for one token (the hybrid executor's CPU side: its
+/// cold neurons, or the cold ones the predictor marked): gate rows of `ids`, then, in ReLU
+/// semantics (`threshold` None) the up and down_t rows of those whose activation is not 0, or,
+/// in threshold semantics, the down_t rows of those with |act(gate)·up| >= t. `out` (dim) is
+/// overwritten.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rows_ffn(
+    lw: &LayerWeights,
+    down_t: &Weight,
+    act: Activation,
+    threshold: Option<f32>,
+    xn: &[f32],
+    ids: &[u32],
+    s: &mut FfnScratch,
+    out: &mut [f32],
+) -> Result<()> {
+    s.gate.resize(ids.len(), 0.0);
+    matvec_rows(&lw.w_gate, xn, ids, &mut s.gate)?;
+    let Some(t) = threshold else {
+        keep_firing(act, ids.iter().copied(), &s.gate, &mut s.idx, &mut s.vals);
+        return up_then_down(lw, down_t, xn, s, out);
+    };
+    s.up.resize(ids.len(), 0.0);
+    matvec_rows(&lw.w_up, xn, ids, &mut s.up)?;
+    s.idx.clear();
+    s.vals.clear();
+    for ((&i, &g), &u) in ids.iter().zip(&s.gate).zip(&s.up) {
+        let h = act.apply(g) * u;
+        if h.abs() >= t {
+            s.idx.push(i);
+            s.vals.push(h);
+        }
+    }
+    out.fill(0.0);
+    axpy_rows(down_t, &s.idx, &s.vals, out)
 }

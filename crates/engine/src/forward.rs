@@ -21,7 +21,7 @@ pub enum Logits {
 }
 
 /// RMSNorm every row of `x` (n rows of `w.len()`) into `out`.
-fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
+pub(crate) fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
     out.resize(x.len(), 0.0);
     if x.len() == w.len() {
         // One token: not worth a parallel region.
@@ -36,15 +36,17 @@ fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
 /// Scratch buffers reused across layers and calls.
 #[derive(Default)]
 pub struct Scratch {
-    x: Vec<f32>,
-    xn: Vec<f32>,
+    /// The residual stream (n × dim).
+    pub(crate) x: Vec<f32>,
+    /// The normed input of the current block.
+    pub(crate) xn: Vec<f32>,
     q: Vec<f32>,
     k: Vec<f32>,
     v: Vec<f32>,
     att: Vec<f32>,
     o: Vec<f32>,
     down: Vec<f32>,
-    ffn: FfnScratch,
+    pub(crate) ffn: FfnScratch,
 }
 
 /// Token ids as callers hold them (Python ints, any `i64`) as the engine's `u32` ids: the one
@@ -89,46 +91,9 @@ pub fn forward(
     let angles: Vec<RopeAngles> = (0..n)
         .map(|t| RopeAngles::new(start + t, c.head_dim, c.rope_theta))
         .collect();
-    let shape = AttnShape {
-        n_heads: c.n_heads,
-        n_kv_heads: c.n_kv_heads,
-        head_dim: c.head_dim,
-    };
-
-    for (l, layer) in model.layers.iter().enumerate() {
-        norm_rows(&s.x, &layer.attn_norm, c.rms_eps, &mut s.xn);
-        project_many(
-            [&layer.wq, &layer.wk, &layer.wv],
-            &s.xn,
-            n,
-            [&mut s.q, &mut s.k, &mut s.v],
-        )?;
-        let rows =
-            s.q.chunks_exact_mut(c.q_dim())
-                .zip(s.k.chunks_exact_mut(c.kv_dim()));
-        for ((q, k), ang) in rows.zip(&angles) {
-            apply_rope(q, c.head_dim, ang, c.rope_style);
-            apply_rope(k, c.head_dim, ang, c.rope_style);
-        }
-        cache.write(l, start, &s.k, &s.v);
-        let (keys, values) = cache.layer(l, start + n);
-        s.att.resize(n * c.q_dim(), 0.0);
-        attention(&shape, &s.q, keys, values, start, &mut s.att);
-        project(&layer.wo, &s.att, n, &mut s.o)?;
-        s.x.iter_mut().zip(&s.o).for_each(|(x, o)| *x += o);
-
-        norm_rows(&s.x, &layer.ffn_norm, c.rms_eps, &mut s.xn);
-        let call = FfnCall {
-            model,
-            layer: l,
-            mode,
-            x_res: &s.x,
-            xn: &s.xn,
-            n,
-            start,
-        };
-        ffn(&call, &mut s.ffn, profiler.as_deref_mut(), &mut s.down)?;
-        s.x.iter_mut().zip(&s.down).for_each(|(x, d)| *x += d);
+    for l in 0..model.layers.len() {
+        attention_block(model, l, cache, s, start, n, &angles)?;
+        ffn_block(model, l, mode, s, profiler.as_deref_mut(), start, n)?;
     }
     cache.set_len(start + n);
     if let Some(p) = profiler {
@@ -139,6 +104,85 @@ pub fn forward(
         Logits::Last => (n - 1, 1),
         Logits::All => (0, n),
     };
+    output_block(model, s, first, n_out)
+}
+
+/// Layer `l`'s attention for the `n` tokens in `s.x` at positions `start..`: their keys and
+/// values go into `cache`, the output is added to the residual `s.x`.
+pub(crate) fn attention_block(
+    model: &ModelWeights,
+    l: usize,
+    cache: &mut KvCache,
+    s: &mut Scratch,
+    start: usize,
+    n: usize,
+    angles: &[RopeAngles],
+) -> Result<()> {
+    let c = &model.config;
+    let layer = &model.layers[l];
+    norm_rows(&s.x, &layer.attn_norm, c.rms_eps, &mut s.xn);
+    project_many(
+        [&layer.wq, &layer.wk, &layer.wv],
+        &s.xn,
+        n,
+        [&mut s.q, &mut s.k, &mut s.v],
+    )?;
+    let rows =
+        s.q.chunks_exact_mut(c.q_dim())
+            .zip(s.k.chunks_exact_mut(c.kv_dim()));
+    for ((q, k), ang) in rows.zip(angles) {
+        apply_rope(q, c.head_dim, ang, c.rope_style);
+        apply_rope(k, c.head_dim, ang, c.rope_style);
+    }
+    cache.write(l, start, &s.k, &s.v);
+    let (keys, values) = cache.layer(l, start + n);
+    s.att.resize(n * c.q_dim(), 0.0);
+    let shape = AttnShape {
+        n_heads: c.n_heads,
+        n_kv_heads: c.n_kv_heads,
+        head_dim: c.head_dim,
+    };
+    attention(&shape, &s.q, keys, values, start, &mut s.att);
+    project(&layer.wo, &s.att, n, &mut s.o)?;
+    s.x.iter_mut().zip(&s.o).for_each(|(x, o)| *x += o);
+    Ok(())
+}
+
+/// Layer `l`'s FFN in `mode` for the `n` tokens in `s.x` (positions `start..`), added to the
+/// residual.
+pub(crate) fn ffn_block(
+    model: &ModelWeights,
+    l: usize,
+    mode: &Sparsity,
+    s: &mut Scratch,
+    profiler: Option<&mut Profiler>,
+    start: usize,
+    n: usize,
+) -> Result<()> {
+    let c = &model.config;
+    norm_rows(&s.x, &model.layers[l].ffn_norm, c.rms_eps, &mut s.xn);
+    let call = FfnCall {
+        model,
+        layer: l,
+        mode,
+        x_res: &s.x,
+        xn: &s.xn,
+        n,
+        start,
+    };
+    ffn(&call, &mut s.ffn, profiler, &mut s.down)?;
+    s.x.iter_mut().zip(&s.down).for_each(|(x, d)| *x += d);
+    Ok(())
+}
+
+/// Logits of the `n_out` tokens of `s.x` from row `first` on (final norm, output head).
+pub(crate) fn output_block(
+    model: &ModelWeights,
+    s: &mut Scratch,
+    first: usize,
+    n_out: usize,
+) -> Result<Vec<f32>> {
+    let c = &model.config;
     norm_rows(
         &s.x[first * c.dim..],
         &model.output_norm,

@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod ffn;
 pub mod forward;
+pub mod hybrid;
 pub mod kv_cache;
 pub mod norm_rope;
 pub mod placement;

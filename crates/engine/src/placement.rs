@@ -46,6 +46,15 @@ impl Placement {
                 }
             );
         }
+        Placement::new(weights, file)
+    }
+
+    /// A plan already in memory, for `weights`: lists the device allocations the engine would
+    /// make for it ([`Error::Plan`](powerinfer_core::Error::Plan) when it does not fit the
+    /// model). No fingerprint or byte-count check (see [`Placement::load`]).
+    pub fn new(weights: &ModelWeights, file: PlanFile) -> Result<Placement> {
+        let c = &weights.config;
+        file.table.check_model(c.n_layers, c.ffn_dim)?;
         let allocations = gpu_allocations(&gpu_view(weights), &file)?;
         Ok(Placement { file, allocations })
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use powerinfer_core::{Error, Result};
 
 use crate::forward::{forward, Logits, Scratch};
+use crate::hybrid::{self, Hybrid};
 use crate::kv_cache::KvCache;
 use crate::placement::Placement;
 use crate::profiler::{Captured, Profiler};
@@ -24,6 +25,12 @@ pub struct Session {
     mode: Sparsity,
     profiler: Option<Profiler>,
     placement: Option<Arc<Placement>>,
+    /// "cpu", or the device the hybrid executor runs the plan's GPU side on.
+    device: String,
+    /// The VRAM budget the device was opened with.
+    capacity: Option<usize>,
+    /// The hybrid executor, when the device is not the CPU and the plan uses the GPU.
+    hybrid: Option<Box<dyn Hybrid>>,
 }
 
 impl Session {
@@ -50,6 +57,9 @@ impl Session {
             mode: Sparsity::Dense,
             profiler: None,
             placement: None,
+            device: "cpu".into(),
+            capacity: None,
+            hybrid: None,
         })
     }
 
@@ -85,6 +95,9 @@ impl Session {
                 self.pool.install(|| model.down_crossover().map(|_| ()))?;
             }
         }
+        if let Some(h) = self.hybrid.as_mut() {
+            h.set_mode(&mode)?;
+        }
         self.mode = mode;
         Ok(())
     }
@@ -95,9 +108,69 @@ impl Session {
     }
 
     /// Adopt a placement (checked against this session's model when it was loaded), or drop
-    /// it with `None`. The hybrid executor runs what it puts on the GPU; the CPU path ignores it.
-    pub fn set_placement(&mut self, placement: Option<Arc<Placement>>) {
+    /// it with `None`. On a GPU device (see [`Session::set_device`]) the hybrid executor is
+    /// rebuilt for it; on the CPU it is only kept.
+    pub fn set_placement(&mut self, placement: Option<Arc<Placement>>) -> Result<()> {
         self.placement = placement;
+        let device = std::mem::take(&mut self.device);
+        let out = self.set_device(&device, self.capacity);
+        if out.is_err() {
+            self.device = "cpu".into();
+            self.hybrid = None;
+        }
+        out
+    }
+
+    /// Run the placement's GPU side on `device`: "cpu" (no GPU: the plan's neuron table is
+    /// kept but everything runs on the CPU), "gpu-sim" (the host backend, for checking a GPU
+    /// plan without a GPU) or "cuda[:N]". `capacity` is the VRAM budget (and gpu-sim's memory
+    /// size). A GPU device needs a placement; a placement that puts nothing on the GPU runs
+    /// the CPU path on any device. Errors leave the session on the CPU.
+    pub fn set_device(&mut self, device: &str, capacity: Option<usize>) -> Result<()> {
+        self.hybrid = None;
+        self.device = "cpu".into();
+        self.capacity = None;
+        if device == "cpu" {
+            return Ok(());
+        }
+        powerinfer_core::ensure!(
+            hybrid::is_gpu_device(device),
+            Unsupported,
+            "device {device:?}: expected \"cpu\", \"gpu-sim\", \"cuda\" or \"cuda:N\""
+        );
+        let Some(placement) = self.placement.clone() else {
+            powerinfer_core::bail!(
+                Plan,
+                "device {device:?} runs a placement plan's GPU side, and no plan is loaded: make \
+                 one with `python -m powerinfer_rs.plan` and load it first"
+            );
+        };
+        if placement.file.uses_gpu() {
+            let (model, mode) = (&self.model, &self.mode);
+            let mut h = self
+                .pool
+                .install(|| hybrid::open(device, model, placement, mode, capacity))?;
+            h.after_cpu_pass(self.cache.len());
+            self.hybrid = Some(h);
+        }
+        self.device = device.to_string();
+        self.capacity = capacity;
+        Ok(())
+    }
+
+    /// The device: "cpu", "gpu-sim", "cuda:N".
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// The hybrid executor, when the plan's GPU side runs on a device.
+    pub fn hybrid(&self) -> Option<&dyn Hybrid> {
+        self.hybrid.as_deref()
+    }
+
+    /// The hybrid executor, mutably (to reset its transfer counts).
+    pub fn hybrid_mut(&mut self) -> Option<&mut (dyn Hybrid + 'static)> {
+        self.hybrid.as_deref_mut()
     }
 
     /// The adopted placement.
@@ -143,12 +216,15 @@ impl Session {
 
     /// Forget everything (a fresh context).
     pub fn reset(&mut self) {
-        self.cache.truncate(0);
+        self.truncate(0);
     }
 
     /// Keep only the first `n` positions.
     pub fn truncate(&mut self, n: usize) {
         self.cache.truncate(n);
+        if let Some(h) = self.hybrid.as_mut() {
+            h.truncate(n);
+        }
     }
 
     /// Bytes held by the KV cache.
@@ -169,7 +245,7 @@ impl Session {
         let start = self.cache.len();
         let out = self.feed_inner(tokens, which, &mut between);
         if out.is_err() {
-            self.cache.truncate(start);
+            self.truncate(start);
         }
         out
     }
@@ -198,9 +274,22 @@ impl Session {
         for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
             let (model, cache, scratch) = (&*self.model, &mut self.cache, &mut self.scratch);
             let (mode, profiler) = (&self.mode, self.profiler.as_mut());
-            let logits = self
-                .pool
-                .install(|| forward(model, mode, cache, scratch, profiler, chunk, which))?;
+            let hybrid = self.hybrid.as_deref_mut();
+            let logits = self.pool.install(|| match hybrid {
+                // One token and no profile: the hybrid decode step.
+                Some(h) if chunk.len() == 1 && profiler.is_none() => {
+                    h.decode(model, mode, cache, chunk[0])
+                }
+                // Batches (and profiling) run on the CPU, with the GPU layers' cache rows
+                // brought over first and noted as written after.
+                Some(h) => {
+                    h.before_cpu_pass(cache)?;
+                    let out = forward(model, mode, cache, scratch, profiler, chunk, which);
+                    h.after_cpu_pass(cache.len());
+                    out
+                }
+                None => forward(model, mode, cache, scratch, profiler, chunk, which),
+            })?;
             // Non-finite logits never leave the engine (sampling and perplexity would turn them
             // into numpy errors or a silent nan); the caller's `feed` rolls the cache back.
             if let Some(bad) = logits.iter().position(|v| !v.is_finite()) {

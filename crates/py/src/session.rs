@@ -8,6 +8,7 @@ use powerinfer_core::Error;
 use powerinfer_engine::forward::Logits;
 use powerinfer_engine::{token_ids, Session, Sparsity, SparsityMode};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 
 use crate::exceptions::{check, run_detached, to_pyerr};
 use crate::model::PyModel;
@@ -97,11 +98,65 @@ impl PySession {
         run_detached(py, move || session.set_sparsity(sparsity))
     }
 
-    /// Adopt a plan from `Model.load_plan` (of this session's model), or drop it with None.
+    /// Adopt a plan from `Model.load_plan` (of this session's model), or drop it with None. On
+    /// a GPU device the plan's GPU side is uploaded again.
     #[pyo3(signature = (plan))]
-    fn set_plan(&self, py: Python<'_>, plan: Option<PyRef<'_, PyPlan>>) {
-        self.lock(py)
-            .set_placement(plan.map(|p| std::sync::Arc::clone(&p.inner)));
+    fn set_plan(&self, py: Python<'_>, plan: Option<PyRef<'_, PyPlan>>) -> PyResult<()> {
+        let plan = plan.map(|p| std::sync::Arc::clone(&p.inner));
+        let mut guard = self.lock(py);
+        let session = &mut *guard;
+        run_detached(py, move || session.set_placement(plan))
+    }
+
+    /// Run the plan's GPU side on `device`: "cpu", "gpu-sim" (the host backend) or "cuda[:N]".
+    /// `vram_budget` (bytes) caps the device memory the plan may use (and sizes gpu-sim's
+    /// memory). Raises VramBudgetError when the plan does not fit, PlanError without a plan.
+    #[pyo3(signature = (device, vram_budget = None))]
+    fn set_device(&self, py: Python<'_>, device: &str, vram_budget: Option<usize>) -> PyResult<()> {
+        let device = device.to_string();
+        let mut guard = self.lock(py);
+        let session = &mut *guard;
+        run_detached(py, move || session.set_device(&device, vram_budget))
+    }
+
+    /// The device: "cpu", "gpu-sim" or "cuda:N".
+    #[getter]
+    fn device(&self, py: Python<'_>) -> String {
+        self.lock(py).device().to_string()
+    }
+
+    /// The GPU side, or None: a dict with `device` (its description), `allocations` ([(name,
+    /// bytes)]), `allocated_bytes` (what the backend counts, or None), `free_bytes`,
+    /// `total_bytes`, `steps` (decode steps run) and `transfers` (per layer, the output head
+    /// last: (uploads, downloads, bytes up, bytes down)).
+    fn gpu_info<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let guard = self.lock(py);
+        let Some(h) = guard.hybrid() else {
+            return Ok(None);
+        };
+        let (free, total) = check(h.mem_info())?;
+        let st = h.transfers();
+        let transfers: Vec<(u64, u64, u64, u64)> = st
+            .layers
+            .iter()
+            .map(|t| (t.uploads, t.downloads, t.bytes_up, t.bytes_down))
+            .collect();
+        let d = PyDict::new(py);
+        d.set_item("device", h.describe())?;
+        d.set_item("allocations", h.allocations().to_vec())?;
+        d.set_item("allocated_bytes", h.allocated_bytes())?;
+        d.set_item("free_bytes", free)?;
+        d.set_item("total_bytes", total)?;
+        d.set_item("steps", st.steps)?;
+        d.set_item("transfers", transfers)?;
+        Ok(Some(d))
+    }
+
+    /// Zero the GPU side's transfer counts.
+    fn reset_transfers(&self, py: Python<'_>) {
+        if let Some(h) = self.lock(py).hybrid_mut() {
+            h.reset_transfers();
+        }
     }
 
     /// Share of active neurons above which threshold decoding takes the dense down product

@@ -121,10 +121,11 @@ def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -
     """Scratch buffers, allocated once (layers run one after another) when the GPU is used.
 
     All f32 except ``active`` (i32): residual ``x``, normed ``xb`` and output ``xb2`` (dim
-    each); ``q`` (n_heads * head_dim); ``k``, ``v`` (kv_dim each); attention scores ``att``
-    (n_heads * context); ``hb``, ``hb2`` (ffn_dim each, gate and up); ``active`` (ffn_dim i32,
-    the compacted active-neuron list); ``pred`` (the largest predictor rank, its hidden vector);
-    ``xfer`` (2 * dim: the CPU's partial FFN sum coming in and the layer input going out).
+    each); ``q`` (n_heads * head_dim); ``k``, ``v`` (kv_dim each); attention output ``att``
+    (n_heads * head_dim); ``hb`` (ffn_dim: the hot neurons' activations); ``active`` (ffn_dim
+    i32: one flag per neuron); ``pred`` (the largest predictor rank, its hidden vector); ``xfer``
+    (dim: the CPU's partial FFN sum, added on the GPU). ``context`` sizes
+    only the KV caches, not these.
     """
     c = shape.config
     f32 = {
@@ -134,12 +135,11 @@ def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -
         "q": c.n_heads * c.head_dim,
         "k": kv_dim(shape),
         "v": kv_dim(shape),
-        "att": c.n_heads * context,
+        "att": c.n_heads * c.head_dim,
         "hb": c.ffn_dim,
-        "hb2": c.ffn_dim,
         "active": c.ffn_dim,
         "pred": max(pred.ranks, default=0),
-        "xfer": 2 * c.dim,
+        "xfer": c.dim,
     }
     return [(f"scratch.{k}", align(4 * n)) for k, n in f32.items()]
 

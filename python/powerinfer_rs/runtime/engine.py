@@ -13,19 +13,18 @@ import numpy as np
 
 from .. import _core
 from ..errors import (
-    CudaError,
     InternalError,
     ModelFileError,
     PlanError,
     ShapeError,
     TokenError,
     UnsupportedError,
-    VramBudgetError,
 )
 from ..loading import LoadedModel, load_model
 from ..loading.types import CORE_CONFIG_FIELDS
 from .checks import check_int, check_threads
 from .generation import Generation, GenerationStats, locked
+from .placement import PlanAndDevice, check_device
 
 #: Context size used when the caller gives none (the model's own if smaller).
 DEFAULT_N_CTX = 4096
@@ -43,7 +42,7 @@ def core_model_arguments(loaded: LoadedModel) -> tuple[dict, dict]:
     return cfg, tensors
 
 
-class Engine(Generation):
+class Engine(Generation, PlanAndDevice):
     """A model ready to run: weights in Rust, tokenizer and chat template in Python.
 
     Build one with :meth:`from_pretrained`. The engine keeps one context (KV cache); a new
@@ -77,17 +76,33 @@ class Engine(Generation):
                 f"got {type(loaded).__name__} (Engine.from_pretrained takes a path)"
             )
         threads = check_threads(threads)
-        self.device = _check_device(device)
+        self.device = check_device(device)
         self.loaded = loaded
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
         cfg, tensors = core_model_arguments(loaded)
-        if n_ctx is None:
-            n_ctx = min(DEFAULT_N_CTX, loaded.config.max_context)
-        n_ctx = check_int("n_ctx", n_ctx, 1)
         self._lock = threading.RLock()
         self._version = 0
         self._model = _core.Model(cfg, tensors)
+        self.plan: _core.Plan | None = None
+        adopted, budget = (None, None)
+        if plan is not None:
+            adopted, budget = self._read_plan(plan, vram_budget)
+        elif self.device != "cpu":
+            raise PlanError(
+                f"device={self.device!r} runs a placement plan's GPU side: pass plan=... (from "
+                "`python -m powerinfer_rs.plan`), or use device='cpu'"
+            )
+        # On a GPU device the plan's KV caches hold `context` positions: the context fits them.
+        gpu_context = adopted.context if adopted is not None and self.device != "cpu" else None
+        if n_ctx is None:
+            n_ctx = min(DEFAULT_N_CTX, loaded.config.max_context, gpu_context or DEFAULT_N_CTX)
+        n_ctx = check_int("n_ctx", n_ctx, 1)
+        if gpu_context is not None and n_ctx > gpu_context:
+            raise PlanError(
+                f"n_ctx={n_ctx} is more than the plan's context of {gpu_context} positions (its "
+                "GPU KV caches); plan again with a larger --context or pass a smaller n_ctx"
+            )
         self._session = _core.Session(self._model, threads, min(n_ctx, loaded.config.max_context))
         self._threads = self._session.threads
         self._n_ctx = self._session.n_ctx
@@ -96,9 +111,8 @@ class Engine(Generation):
         self.thresholds: list[float] | None = None
         self.predictors = None
         self.set_sparsity(sparsity, thresholds=thresholds, predictors=predictors)
-        self.plan: _core.Plan | None = None
-        if plan is not None:
-            self.load_plan(plan, vram_budget=vram_budget)
+        if adopted is not None:
+            self._adopt(adopted, budget)
 
     @classmethod
     def from_pretrained(
@@ -126,10 +140,12 @@ class Engine(Generation):
 
         ``plan``: a placement from ``python -m powerinfer_rs.plan``; refused (PlanError) when made
         for another model and (VramBudgetError) when its GPU bytes exceed ``vram_budget`` (bytes
-        or "8GiB"; the CPU device has none: only CPU-only plans fit). ``device``: "cpu"
-        (default) or "cuda"/"cuda:N"."""
+        or "8GiB") or the device's free memory. ``device``: "cpu" (default; runs only plans that
+        put nothing on the GPU), "gpu-sim" (the plan's GPU side run by the host backend, in host
+        memory: a correctness tool for GPU plans on machines without one) or "cuda"/"cuda:N"
+        (the hybrid CPU+GPU executor); a GPU device needs a plan."""
         check_int("threads", threads, 0)
-        _check_device(device)
+        check_device(device)
         if path is None:
             from .default_model import default_model_path
 
@@ -241,53 +257,6 @@ class Engine(Generation):
         else:
             self._session.set_sparsity(mode)
         self.reset()
-
-    @locked
-    def load_plan(
-        self, plan: str | os.PathLike[str], *, vram_budget: int | str | None = None
-    ) -> None:
-        """Adopt a placement plan. The Rust core reads the file once and keeps its neuron table;
-        it refuses a plan made for another model (PlanError), one whose GPU bytes differ from
-        the engine's own allocation list (:meth:`gpu_allocation_report`; PlanError), and one
-        over the VRAM this engine has (VramBudgetError; none on the CPU device)."""
-        from ..planning.sizes import parse_bytes
-
-        if not isinstance(plan, (str, os.PathLike)):
-            raise PlanError(f"plan must be a path, got {type(plan).__name__}")
-        if self.device == "cpu":
-            budget = 0 if vram_budget is None else parse_bytes(vram_budget)
-            if budget:
-                raise VramBudgetError(
-                    f"the CPU device has no VRAM; vram_budget={vram_budget!r} needs device='cuda'"
-                )
-        else:
-            budget = None if vram_budget is None else parse_bytes(vram_budget)
-        adopted = self._model.load_plan(os.fspath(plan), self.loaded.fingerprint, budget)
-        self._session.set_plan(adopted)
-        self.plan = adopted
-
-    @property
-    def hot_neurons(self) -> list[np.ndarray] | None:
-        """Each layer's hot (GPU) neuron ids (int64, ascending) of the adopted plan, or None."""
-        return None if self.plan is None else self.plan.hot_neurons
-
-    def gpu_allocation_report(
-        self, plan: str | os.PathLike[str] | None = None
-    ) -> list[tuple[str, int]]:
-        """``[(name, bytes), ...]``: every GPU allocation this engine makes to run ``plan`` (a
-        plan file; default: the one loaded), empty for a CPU-only plan. Computed by the Rust
-        core from this model's weights and the plan file's neuron table and placement, apart
-        from the planner; it equals ``planning.accounting.gpu_allocation(plan, model)`` and
-        sums to the plan's ``gpu_bytes``. A plan passed here needs no GPU (the report is host
-        arithmetic). Raises :class:`PlanError` when no plan is loaded or given, or the plan is
-        unreadable or made for another model."""
-        if plan is not None:
-            if not isinstance(plan, (str, os.PathLike)):
-                raise PlanError(f"plan must be a path, got {type(plan).__name__}")
-            return self._model.gpu_allocation_report(os.fspath(plan), self.loaded.fingerprint)
-        if self.plan is None:
-            raise PlanError("no plan loaded: pass plan=... here or to the Engine")
-        return self.plan.allocations
 
     @locked
     def start_profiling(
@@ -407,23 +376,3 @@ class Engine(Generation):
             if not -(2**63) <= i < 2**63:
                 raise TokenError(f"token id {i} is outside the vocabulary")
         return out
-
-
-def _check_device(device: str) -> str:
-    """ "cpu", or "cuda"/"cuda:N" when a GPU executor can serve it."""
-    if not isinstance(device, str):
-        raise UnsupportedError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
-    if device == "cpu":
-        return device
-    if device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()):
-        count = getattr(_core, "cuda_device_count", lambda: 0)()
-        ordinal = int(device[5:]) if ":" in device else 0
-        if ordinal >= count:
-            raise CudaError(
-                f"{device} was asked for, but {count} CUDA device(s) were found "
-                "(is the NVIDIA driver installed?)"
-            )
-        raise CudaError(
-            f"{device}: the hybrid CPU+GPU executor is not part of this build yet; use device='cpu'"
-        )
-    raise UnsupportedError(f"device {device!r} (use 'cpu', 'cuda' or 'cuda:N')")

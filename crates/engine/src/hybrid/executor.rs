@@ -1,0 +1,413 @@
+//! The hybrid decode step over one backend: per layer, attention where the plan put it, then
+//! the FFN split between the GPU's hot neurons and the CPU's cold ones, computed at the same
+//! time (the GPU work is queued first, then the CPU part runs, then its partial sum crosses once
+//! and is added on the GPU). The residual stream moves between host and device only when the
+//! next block runs on the other side.
+
+use std::sync::Arc;
+
+use powerinfer_core::{ensure, Result, Side};
+use powerinfer_cuda::{Act, Allocation, Backend, GpuOps};
+
+use crate::ffn::{rows_ffn, FfnScratch};
+use crate::forward::{attention_block, ffn_block, norm_rows, output_block, Scratch};
+use crate::hybrid::gpu_model::{GpuFfn, GpuLayer, GpuModel, GpuScratch};
+use crate::hybrid::kv_sync::KvSync;
+use crate::hybrid::transfers::{Link, TransferStats};
+use crate::hybrid::Hybrid;
+use crate::kv_cache::KvCache;
+use crate::norm_rope::RopeAngles;
+use crate::placement::Placement;
+use crate::sparsity::{predicted_active, PredictorInput, PredictorScratch, Sparsity};
+use crate::weights::ModelWeights;
+
+/// Row splits of the hot down pass: more blocks for longer hot lists.
+fn down_splits(n_hot: usize) -> usize {
+    (n_hot / 128).clamp(1, 128)
+}
+
+/// Where the residual stream's current value is.
+#[derive(Clone, Copy, Debug)]
+struct Residual {
+    on_host: bool,
+    on_device: bool,
+}
+
+/// The hybrid executor on backend `B`.
+pub struct Executor<B: Backend> {
+    dev: B,
+    gpu: GpuModel<B>,
+    placement: Arc<Placement>,
+    kv: KvSync,
+    stats: TransferStats,
+    /// The CPU side's buffers: `host.x` is the residual stream on the host.
+    host: Scratch,
+    rows: FfnScratch,
+    predictor: PredictorScratch,
+    predicted: Vec<u32>,
+    cold_active: Vec<u32>,
+    flags: Vec<i32>,
+    xn: Vec<f32>,
+    part: Vec<f32>,
+}
+
+impl<B: Backend> Executor<B> {
+    /// Upload what `placement` puts on the GPU of `model` to `dev`.
+    pub fn new(dev: B, model: &ModelWeights, placement: Arc<Placement>) -> Result<Executor<B>> {
+        let gpu = GpuModel::upload(&dev, model, &placement)?;
+        let n_layers = model.config.n_layers;
+        Ok(Executor {
+            dev,
+            gpu,
+            placement,
+            kv: KvSync::default(),
+            stats: TransferStats::new(n_layers),
+            host: Scratch::default(),
+            rows: FfnScratch::default(),
+            predictor: PredictorScratch::default(),
+            predicted: Vec::new(),
+            cold_active: Vec::new(),
+            flags: Vec::new(),
+            xn: Vec::new(),
+            part: Vec::new(),
+        })
+    }
+
+    /// The backend.
+    pub fn device(&self) -> &B {
+        &self.dev
+    }
+
+    fn scratch(gpu: &mut GpuModel<B>) -> Result<&mut GpuScratch<B>> {
+        gpu.scratch
+            .as_mut()
+            .ok_or_else(|| powerinfer_core::Error::Other("no GPU scratch buffers".into()))
+    }
+}
+
+impl<B: Backend> Hybrid for Executor<B> {
+    fn describe(&self) -> String {
+        self.dev.describe()
+    }
+
+    fn allocations(&self) -> &[Allocation] {
+        &self.gpu.registry.allocations
+    }
+
+    fn allocated_bytes(&self) -> Option<usize> {
+        self.dev.allocated_bytes()
+    }
+
+    fn mem_info(&self) -> Result<(usize, usize)> {
+        self.dev.mem_info()
+    }
+
+    fn transfers(&self) -> &TransferStats {
+        &self.stats
+    }
+
+    fn reset_transfers(&mut self) {
+        self.stats = TransferStats::new(self.stats.layers.len());
+    }
+
+    fn set_mode(&mut self, mode: &Sparsity) -> Result<()> {
+        if let Sparsity::Predictor { layers, .. } = mode {
+            for (i, layer) in self.gpu.layers.iter_mut().enumerate() {
+                if let Some(p) = &mut layer.predictor {
+                    p.fill(&self.dev, i, &layers[i])?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn before_cpu_pass(&mut self, cache: &mut KvCache) -> Result<()> {
+        let mut link = Link::new(&self.dev, &mut self.stats);
+        self.kv.to_cpu(&mut link, &self.gpu, cache)
+    }
+
+    fn after_cpu_pass(&mut self, len: usize) {
+        self.kv.cpu_wrote(len);
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.kv.truncate(len);
+    }
+
+    fn decode(
+        &mut self,
+        model: &ModelWeights,
+        mode: &Sparsity,
+        cache: &mut KvCache,
+        token: u32,
+    ) -> Result<Vec<f32>> {
+        let c = &model.config;
+        let pos = cache.len();
+        let plan = &self.placement.file;
+        let gpu_attention = plan.attention.iter().any(|&a| a);
+        ensure!(
+            !gpu_attention || pos < plan.context,
+            ContextOverflow,
+            "position {pos} is past the plan's context of {} positions (the size of its GPU KV \
+             caches); plan again with a larger --context",
+            plan.context
+        );
+        ensure!(
+            (token as usize) < c.vocab_size,
+            Token,
+            "token id {token} is outside the vocabulary 0..{}",
+            c.vocab_size
+        );
+        cache.reserve(1)?;
+        {
+            let mut link = Link::new(&self.dev, &mut self.stats);
+            self.kv.to_gpu(&mut link, &mut self.gpu, cache)?;
+        }
+        let e = &model.token_embd;
+        self.host.x.resize(c.dim, 0.0);
+        powerinfer_cpu::dequantize_row(e.dtype, e.row(token as usize), &mut self.host.x)?;
+        let mut res = Residual {
+            on_host: true,
+            on_device: false,
+        };
+        let angles = [RopeAngles::new(pos, c.head_dim, c.rope_theta)];
+        for l in 0..c.n_layers {
+            if self.gpu.layers[l].attention.is_some() {
+                self.gpu_attention(model, l, pos, &mut res)?;
+            } else {
+                self.host_x(l, &mut res)?;
+                attention_block(model, l, cache, &mut self.host, pos, 1, &angles)?;
+                res.on_device = false;
+            }
+            if self.gpu.layers[l].ffn.is_some() {
+                self.hybrid_ffn(model, mode, l, pos, &mut res)?;
+            } else {
+                self.host_x(l, &mut res)?;
+                ffn_block(model, l, mode, &mut self.host, None, pos, 1)?;
+                res.on_device = false;
+            }
+        }
+        let logits = self.output(model, &mut res)?;
+        cache.set_len(pos + 1);
+        self.kv.gpu_wrote(pos + 1);
+        self.stats.steps += 1;
+        Ok(logits)
+    }
+}
+
+impl<B: Backend> Executor<B> {
+    /// Make the host's copy of the residual current (a download when the device has it).
+    fn host_x(&mut self, slot: usize, res: &mut Residual) -> Result<()> {
+        if !res.on_host {
+            let sc = Self::scratch(&mut self.gpu)?;
+            Link::new(&self.dev, &mut self.stats).down(slot, &sc.x, 0, &mut self.host.x)?;
+            res.on_host = true;
+        }
+        Ok(())
+    }
+
+    /// Make the device's copy of the residual current (an upload when the host has it).
+    fn device_x(&mut self, slot: usize, res: &mut Residual) -> Result<()> {
+        if !res.on_device {
+            let sc = Self::scratch(&mut self.gpu)?;
+            Link::new(&self.dev, &mut self.stats).up(slot, &self.host.x, &mut sc.x, 0)?;
+            res.on_device = true;
+        }
+        Ok(())
+    }
+
+    /// Layer `l`'s attention on the GPU: norm, q/k/v, RoPE, the f16 cache, attention, output
+    /// projection, residual add.
+    fn gpu_attention(
+        &mut self,
+        model: &ModelWeights,
+        l: usize,
+        pos: usize,
+        res: &mut Residual,
+    ) -> Result<()> {
+        let c = &model.config;
+        self.device_x(l, res)?;
+        let dev = &self.dev;
+        let GpuModel {
+            layers, scratch, ..
+        } = &mut self.gpu;
+        let (Some(sc), Some(a)) = (scratch.as_mut(), layers[l].attention.as_mut()) else {
+            powerinfer_core::bail!(Other, "layer {l}: no GPU attention buffers");
+        };
+        dev.rms_norm(&sc.x, &a.norm, 1, c.rms_eps, &mut sc.xb)?;
+        dev.matvec_rows(&a.wq, &sc.xb, None, c.q_dim(), Act::None, &mut sc.q)?;
+        dev.matvec_rows(&a.wk, &sc.xb, None, c.kv_dim(), Act::None, &mut sc.k)?;
+        dev.matvec_rows(&a.wv, &sc.xb, None, c.kv_dim(), Act::None, &mut sc.v)?;
+        dev.rope(&mut sc.q, c.head_dim, pos, c.rope_theta, c.rope_style)?;
+        dev.rope(&mut sc.k, c.head_dim, pos, c.rope_theta, c.rope_style)?;
+        dev.kv_store(&sc.k, &sc.v, pos, &mut a.cache_k, &mut a.cache_v)?;
+        dev.attention(
+            &sc.q,
+            &a.cache_k,
+            &a.cache_v,
+            pos + 1,
+            c.n_heads,
+            c.n_kv_heads,
+            c.head_dim,
+            &mut sc.att,
+        )?;
+        dev.matvec_rows(&a.wo, &sc.att, None, c.dim, Act::None, &mut sc.xb2)?;
+        dev.add(&mut sc.x, &sc.xb2)?;
+        res.on_host = false;
+        Ok(())
+    }
+
+    /// Layer `l`'s FFN with hot neurons on the GPU and cold ones on the CPU, at the same time.
+    fn hybrid_ffn(
+        &mut self,
+        model: &ModelWeights,
+        mode: &Sparsity,
+        l: usize,
+        pos: usize,
+        res: &mut Residual,
+    ) -> Result<()> {
+        let c = &model.config;
+        let placement = Arc::clone(&self.placement);
+        let table = &placement.file.table.layers[l];
+        let dense = mode.dense_rows(pos, 1) > 0;
+        let predictor = match mode {
+            Sparsity::Predictor { layers, input } if !dense => Some((&layers[l], *input)),
+            _ => None,
+        };
+        let gpu_predictor = predictor.is_some()
+            && self.gpu.layers[l]
+                .predictor
+                .as_ref()
+                .is_some_and(|p| p.filled);
+        let cpu_predictor = predictor.is_some() && !gpu_predictor;
+        let host_needed = !table.cold.is_empty() || cpu_predictor;
+        self.device_x(l, res)?;
+        if host_needed {
+            self.host_x(l, res)?;
+            let lw = &model.layers[l];
+            norm_rows(&self.host.x, &lw.ffn_norm, c.rms_eps, &mut self.xn);
+        }
+        let dev = &self.dev;
+        let mut link = Link::new(dev, &mut self.stats);
+        let GpuModel {
+            layers, scratch, ..
+        } = &mut self.gpu;
+        let Some(sc) = scratch.as_mut() else {
+            powerinfer_core::bail!(Other, "no GPU scratch buffers");
+        };
+        let GpuLayer {
+            predictor: gpu_pred,
+            ffn,
+            ..
+        } = &layers[l];
+        let Some(GpuFfn { norm, hot }) = ffn else {
+            powerinfer_core::bail!(Other, "layer {l}: no hot neurons on the GPU");
+        };
+        dev.rms_norm(&sc.x, norm, 1, c.rms_eps, &mut sc.xb)?;
+
+        // The active set: which hot slots the GPU computes (flags) and which cold neurons the
+        // CPU does (`cold`).
+        let mut flags = false;
+        let mut cold: &[u32] = &table.cold;
+        if let Some((p, input)) = predictor {
+            flags = true;
+            if let (true, Some(gp)) = (gpu_predictor, gpu_pred) {
+                let x = match input {
+                    PredictorInput::FfnNorm => &sc.xb,
+                    PredictorInput::FfnInp => &sc.x,
+                };
+                dev.predictor(
+                    &gp.fc1,
+                    &gp.fc2_t,
+                    gp.threshold,
+                    x,
+                    &mut sc.pred,
+                    &mut sc.active,
+                    None,
+                )?;
+                if !table.cold.is_empty() {
+                    self.flags.resize(c.ffn_dim, 0);
+                    link.down(l, &sc.active, 0, &mut self.flags)?;
+                    self.cold_active.clear();
+                    let on = &self.flags;
+                    self.cold_active
+                        .extend(table.cold.iter().filter(|&&i| on[i as usize] != 0));
+                }
+            } else {
+                let x = match input {
+                    PredictorInput::FfnNorm => &self.xn,
+                    PredictorInput::FfnInp => &self.host.x,
+                };
+                predicted_active(p, x, &mut self.predictor, &mut self.predicted)?;
+                self.flags.clear();
+                self.flags.resize(c.ffn_dim, 0);
+                self.cold_active.clear();
+                for &i in &self.predicted {
+                    self.flags[i as usize] = 1;
+                    if table.place[i as usize].0 == Side::Cpu {
+                        self.cold_active.push(i);
+                    }
+                }
+                link.up(l, &self.flags, &mut sc.active, 0)?;
+            }
+            cold = &self.cold_active;
+        }
+
+        // GPU: queued, runs while the CPU computes its part.
+        let act = Act::from(c.activation);
+        dev.hot_gate_up(hot, &sc.xb, flags.then_some(&sc.active), act, &mut sc.hb)?;
+        let threshold = match mode {
+            Sparsity::Threshold(t) if !dense => Some(t[l]),
+            _ => None,
+        };
+        if let Some(t) = threshold {
+            dev.threshold_mask(&mut sc.hb, hot.layout.n_hot, t)?;
+        }
+        dev.hot_down(hot, &sc.hb, &mut sc.x, down_splits(hot.layout.n_hot))?;
+
+        // CPU: the cold neurons, then one upload of their sum, added on the GPU.
+        if !cold.is_empty() {
+            let lw = &model.layers[l];
+            let down_t = &model.down_t()?[l];
+            self.part.resize(c.dim, 0.0);
+            rows_ffn(
+                lw,
+                down_t,
+                c.activation,
+                threshold,
+                &self.xn,
+                cold,
+                &mut self.rows,
+                &mut self.part,
+            )?;
+            link.up(l, &self.part, &mut sc.xfer, 0)?;
+            dev.add(&mut sc.x, &sc.xfer)?;
+        }
+        res.on_host = false;
+        res.on_device = true;
+        Ok(())
+    }
+
+    /// The final norm and output head, where the plan put them.
+    fn output(&mut self, model: &ModelWeights, res: &mut Residual) -> Result<Vec<f32>> {
+        let c = &model.config;
+        let slot = c.n_layers;
+        if self.gpu.output.is_none() {
+            self.host_x(slot, res)?;
+            return output_block(model, &mut self.host, 0, 1);
+        }
+        self.device_x(slot, res)?;
+        let dev = &self.dev;
+        let GpuModel {
+            output, scratch, ..
+        } = &mut self.gpu;
+        let (Some(sc), Some(o)) = (scratch.as_mut(), output.as_mut()) else {
+            powerinfer_core::bail!(Other, "no GPU output buffers");
+        };
+        dev.rms_norm(&sc.x, &o.norm, 1, c.rms_eps, &mut sc.xb)?;
+        dev.matvec_rows(&o.w, &sc.xb, None, c.vocab_size, Act::None, &mut o.logits)?;
+        let mut logits = vec![0.0f32; c.vocab_size];
+        Link::new(dev, &mut self.stats).down(slot, &o.logits, 0, &mut logits)?;
+        Ok(logits)
+    }
+}

@@ -1,0 +1,282 @@
+//! The GPU side of a placed model: exactly what the plan puts on the device (per layer the
+//! attention weights and an f16 KV cache, the predictor, the hot-neuron slabs; the output head;
+//! the shared scratch buffers), each allocation registered by name and size so the registry can
+//! be compared with the plan's accounting, name for name and byte for byte.
+
+use powerinfer_core::{bail, ensure, DType, Result, Weight};
+use powerinfer_cuda::layout::align;
+use powerinfer_cuda::{Allocation, Backend, DeviceSlice, DeviceWeight, Elem, GpuOps, HotFfn};
+
+use crate::placement::Placement;
+use crate::sparsity::LayerPredictor;
+use crate::weights::ModelWeights;
+
+/// Every allocation made, in order: `(name, bytes rounded up to 256)`.
+#[derive(Debug, Default)]
+pub struct Registry {
+    pub allocations: Vec<Allocation>,
+}
+
+impl Registry {
+    /// A zero-filled buffer of `len` elements, registered as `name`.
+    fn zeros<B: Backend, T: Elem>(&mut self, dev: &B, name: &str, len: usize) -> Result<B::Buf<T>> {
+        let buf = dev.zeros::<T>(len)?;
+        self.note(name, len * std::mem::size_of::<T>());
+        Ok(buf)
+    }
+
+    /// A buffer holding `host`, registered as `name`.
+    fn upload<B: Backend, T: Elem>(
+        &mut self,
+        dev: &B,
+        name: &str,
+        host: &[T],
+    ) -> Result<B::Buf<T>> {
+        let buf = dev.upload(host)?;
+        self.note(name, std::mem::size_of_val(host));
+        Ok(buf)
+    }
+
+    /// A whole weight matrix, registered as `name`.
+    fn weight<B: Backend>(&mut self, dev: &B, name: &str, w: &Weight) -> Result<DeviceWeight<B>> {
+        let dw = dev.upload_weight(w)?;
+        self.note(name, dw.n_bytes());
+        Ok(dw)
+    }
+
+    fn note(&mut self, name: &str, bytes: usize) {
+        self.allocations.push((name.to_string(), align(bytes)));
+    }
+
+    /// Sum of the registered bytes.
+    pub fn total(&self) -> usize {
+        self.allocations.iter().map(|(_, b)| b).sum()
+    }
+}
+
+/// A layer's attention on the GPU.
+pub struct GpuAttention<B: Backend> {
+    pub norm: B::Buf<f32>,
+    pub wq: DeviceWeight<B>,
+    pub wk: DeviceWeight<B>,
+    pub wv: DeviceWeight<B>,
+    pub wo: DeviceWeight<B>,
+    pub cache_k: B::Buf<u16>,
+    pub cache_v: B::Buf<u16>,
+    /// Values per cache row (n_kv_heads · head_dim).
+    pub kv_dim: usize,
+}
+
+/// A layer's predictor buffers on the GPU: reserved at the plan's sizes, filled when predictor
+/// mode is set ([`GpuPredictor::fill`]).
+pub struct GpuPredictor<B: Backend> {
+    /// `[rank, dim]` once filled (rows 0 until then).
+    pub fc1: DeviceWeight<B>,
+    /// `[rank, ffn]` once filled.
+    pub fc2_t: DeviceWeight<B>,
+    pub threshold: f32,
+    /// Whether a predictor was written into the buffers.
+    pub filled: bool,
+}
+
+impl<B: Backend> GpuPredictor<B> {
+    fn reserve(reg: &mut Registry, dev: &B, layer: usize, sizes: &[usize]) -> Result<Self> {
+        let [fc1, fc2] = sizes else {
+            bail!(
+                Plan,
+                "the plan gives layer {layer}'s predictor one allocation of {:?} bytes; the GPU \
+                 executor needs its fc1 and fc2 sizes: plan again with --predictors FILE",
+                sizes
+            );
+        };
+        let layout = powerinfer_cuda::RowLayout::dense(0, 0)?;
+        let empty = |data| DeviceWeight {
+            dtype: DType::F32,
+            rows: 0,
+            cols: 0,
+            layout,
+            data,
+        };
+        let fc1 = reg.zeros::<B, u8>(dev, &format!("blk.{layer}.pred_fc1"), *fc1)?;
+        let fc2 = reg.zeros::<B, u8>(dev, &format!("blk.{layer}.pred_fc2"), *fc2)?;
+        Ok(GpuPredictor {
+            fc1: empty(fc1),
+            fc2_t: empty(fc2),
+            threshold: 0.0,
+            filled: false,
+        })
+    }
+
+    /// Write `p` into the reserved buffers; `Error::Plan` when it is larger than the plan
+    /// reserved (the plan was made for other predictors).
+    pub fn fill(&mut self, dev: &B, layer: usize, p: &LayerPredictor) -> Result<()> {
+        for (what, w, dst) in [
+            ("fc1", &p.fc1, &mut self.fc1),
+            ("fc2", &p.fc2_t, &mut self.fc2_t),
+        ] {
+            let rb = w.dtype.row_bytes(w.cols)?;
+            let bytes = w.bytes();
+            ensure!(
+                bytes.len() <= dst.data.len(),
+                Plan,
+                "layer {layer}'s predictor {what} needs {} bytes on the GPU but the plan reserved \
+                 {}: plan again with --predictors for these predictors",
+                bytes.len(),
+                dst.data.len()
+            );
+            dev.write(bytes, &mut dst.data, 0)?;
+            dst.dtype = w.dtype;
+            dst.rows = w.rows;
+            dst.cols = w.cols;
+            dst.layout = powerinfer_cuda::RowLayout::dense(w.rows, rb)?;
+        }
+        self.threshold = p.threshold;
+        self.filled = true;
+        Ok(())
+    }
+}
+
+/// A layer's hot neurons on the GPU.
+pub struct GpuFfn<B: Backend> {
+    pub norm: B::Buf<f32>,
+    pub hot: HotFfn<B>,
+}
+
+/// One decoder layer's GPU part (each piece present when the plan places it).
+pub struct GpuLayer<B: Backend> {
+    pub attention: Option<GpuAttention<B>>,
+    pub predictor: Option<GpuPredictor<B>>,
+    pub ffn: Option<GpuFfn<B>>,
+}
+
+/// The output head on the GPU.
+pub struct GpuOutput<B: Backend> {
+    pub norm: B::Buf<f32>,
+    pub w: DeviceWeight<B>,
+    pub logits: B::Buf<f32>,
+}
+
+/// The scratch buffers every layer shares (names as in `alloc_plan::scratch_allocations`).
+pub struct GpuScratch<B: Backend> {
+    pub x: B::Buf<f32>,
+    pub xb: B::Buf<f32>,
+    pub xb2: B::Buf<f32>,
+    pub q: B::Buf<f32>,
+    pub k: B::Buf<f32>,
+    pub v: B::Buf<f32>,
+    pub att: B::Buf<f32>,
+    pub hb: B::Buf<f32>,
+    pub active: B::Buf<i32>,
+    pub pred: B::Buf<f32>,
+    pub xfer: B::Buf<f32>,
+}
+
+/// Everything the plan puts on one device.
+pub struct GpuModel<B: Backend> {
+    pub layers: Vec<GpuLayer<B>>,
+    pub output: Option<GpuOutput<B>>,
+    pub scratch: Option<GpuScratch<B>>,
+    pub registry: Registry,
+}
+
+impl<B: Backend> GpuModel<B> {
+    /// Upload what `placement` puts on the GPU of `model` to `dev`, in the order of the plan's
+    /// accounting. Builds the transposed down projections when a layer has hot neurons.
+    pub fn upload(dev: &B, model: &ModelWeights, placement: &Placement) -> Result<GpuModel<B>> {
+        let c = &model.config;
+        let plan = &placement.file;
+        let mut reg = Registry::default();
+        let down_t = if (0..c.n_layers).any(|i| plan.n_slabs(i) > 0) {
+            Some(model.down_t()?)
+        } else {
+            None
+        };
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for (i, lw) in model.layers.iter().enumerate() {
+            let name = |t: &str| format!("blk.{i}.{t}");
+            let attention = if plan.attention[i] {
+                let kv = plan.context * c.kv_dim();
+                Some(GpuAttention {
+                    norm: reg.upload(dev, &name("attn_norm"), &lw.attn_norm)?,
+                    wq: reg.weight(dev, &name("attn_q"), &lw.wq)?,
+                    wk: reg.weight(dev, &name("attn_k"), &lw.wk)?,
+                    wv: reg.weight(dev, &name("attn_v"), &lw.wv)?,
+                    wo: reg.weight(dev, &name("attn_output"), &lw.wo)?,
+                    cache_k: reg.zeros(dev, &name("cache_k"), kv)?,
+                    cache_v: reg.zeros(dev, &name("cache_v"), kv)?,
+                    kv_dim: c.kv_dim(),
+                })
+            } else {
+                None
+            };
+            let predictor = if plan.predictor[i] {
+                Some(GpuPredictor::reserve(
+                    &mut reg,
+                    dev,
+                    i,
+                    &plan.predictor_allocations[i],
+                )?)
+            } else {
+                None
+            };
+            let ffn = match (&down_t, plan.n_slabs(i)) {
+                (Some(down_t), n) if n > 0 => {
+                    let norm = reg.upload(dev, &name("ffn_norm"), &lw.ffn_norm)?;
+                    let ids = &plan.table.layers[i].hot;
+                    let hot =
+                        dev.upload_hot_ffn(&lw.w_gate, &lw.w_up, &down_t[i], ids, plan.bucket)?;
+                    reg.note(&name("ffn_hot"), hot.n_bytes());
+                    Some(GpuFfn { norm, hot })
+                }
+                _ => None,
+            };
+            layers.push(GpuLayer {
+                attention,
+                predictor,
+                ffn,
+            });
+        }
+        let output = if plan.output {
+            Some(GpuOutput {
+                norm: reg.upload(dev, "output_norm", &model.output_norm)?,
+                w: reg.weight(dev, "output", &model.output)?,
+                logits: reg.zeros(dev, "output.logits", c.vocab_size)?,
+            })
+        } else {
+            None
+        };
+        let scratch = if plan.uses_gpu() {
+            let max_rank = plan.predictor_ranks.iter().copied().max().unwrap_or(0);
+            let mut z =
+                |n: &str, len: usize| reg.zeros::<B, f32>(dev, &format!("scratch.{n}"), len);
+            let (x, xb, xb2) = (z("x", c.dim)?, z("xb", c.dim)?, z("xb2", c.dim)?);
+            let (q, k, v) = (z("q", c.q_dim())?, z("k", c.kv_dim())?, z("v", c.kv_dim())?);
+            let (att, hb) = (z("att", c.q_dim())?, z("hb", c.ffn_dim)?);
+            let active = reg.zeros::<B, i32>(dev, "scratch.active", c.ffn_dim)?;
+            let mut z =
+                |n: &str, len: usize| reg.zeros::<B, f32>(dev, &format!("scratch.{n}"), len);
+            let (pred, xfer) = (z("pred", max_rank)?, z("xfer", c.dim)?);
+            Some(GpuScratch {
+                x,
+                xb,
+                xb2,
+                q,
+                k,
+                v,
+                att,
+                hb,
+                active,
+                pred,
+                xfer,
+            })
+        } else {
+            None
+        };
+        Ok(GpuModel {
+            layers,
+            output,
+            scratch,
+            registry: reg,
+        })
+    }
+}

@@ -1,0 +1,139 @@
+//! The hybrid CPU+GPU executor (PowerInfer's decode loop): the plan puts attention, predictors
+//! and hot neurons on a GPU; per layer of a decode step the GPU computes its part while the CPU
+//! computes the cold neurons that fire, and the two halves meet once. It is generic over the
+//! GPU backend, so the same code runs on `device="cuda"` and, in host memory, on
+//! `device="gpu-sim"`, where all of it is tested without a GPU.
+//!
+//! Batched passes (prefill, scoring, profiling) stay on the CPU; their K/V rows are uploaded to
+//! the GPU layers' caches before the next decode step ([`kv_sync`]).
+
+pub mod executor;
+pub mod gpu_model;
+pub mod kv_sync;
+pub mod transfers;
+
+use std::sync::Arc;
+
+use powerinfer_core::{bail, ensure, Result};
+use powerinfer_cuda::{Allocation, HostBackend};
+
+use crate::kv_cache::KvCache;
+use crate::placement::Placement;
+use crate::sparsity::Sparsity;
+use crate::weights::ModelWeights;
+
+pub use executor::Executor;
+pub use transfers::{TransferStats, Transfers};
+
+/// The device name of the host backend.
+pub const GPU_SIM: &str = "gpu-sim";
+
+/// A hybrid executor on some backend, as a session holds it.
+pub trait Hybrid: Send {
+    /// The device, e.g. "gpu-sim" or "cuda:0 (NVIDIA H200, sm_90)".
+    fn describe(&self) -> String;
+    /// Every device allocation made, `(name, bytes)`, in order.
+    fn allocations(&self) -> &[Allocation];
+    /// Bytes the backend counts as allocated, when it counts.
+    fn allocated_bytes(&self) -> Option<usize>;
+    /// (free, total) device memory.
+    fn mem_info(&self) -> Result<(usize, usize)>;
+    /// Transfers so far.
+    fn transfers(&self) -> &TransferStats;
+    /// Zero the transfer counts.
+    fn reset_transfers(&mut self);
+    /// Adopt a sparsity mode (predictor mode writes the predictors into their GPU buffers).
+    fn set_mode(&mut self, mode: &Sparsity) -> Result<()>;
+    /// One token at position `cache.len()`: its logits (vocab); the cache grows by one.
+    fn decode(
+        &mut self,
+        model: &ModelWeights,
+        mode: &Sparsity,
+        cache: &mut KvCache,
+        token: u32,
+    ) -> Result<Vec<f32>>;
+    /// Bring the CPU cache's rows of GPU layers up to date before a batched CPU pass.
+    fn before_cpu_pass(&mut self, cache: &mut KvCache) -> Result<()>;
+    /// A CPU pass left `len` positions in the cache, every layer's rows written on the CPU.
+    fn after_cpu_pass(&mut self, len: usize);
+    /// The context was cut to `len` positions.
+    fn truncate(&mut self, len: usize);
+}
+
+/// Device names [`open`] accepts: "gpu-sim", "cuda", "cuda:N".
+pub fn is_gpu_device(name: &str) -> bool {
+    name == GPU_SIM || powerinfer_cuda::parse_device(name).is_ok()
+}
+
+/// Open `device` and upload what `placement` puts on it. `capacity` limits the device memory
+/// the plan may use (the VRAM budget; for "gpu-sim" also the simulated device's size).
+/// [`Error::VramBudget`](powerinfer_core::Error::VramBudget) when the plan needs more than the
+/// device has free or the budget allows; [`Error::Plan`](powerinfer_core::Error::Plan) for a
+/// plan that puts nothing on the GPU.
+pub fn open(
+    device: &str,
+    model: &ModelWeights,
+    placement: Arc<Placement>,
+    mode: &Sparsity,
+    capacity: Option<usize>,
+) -> Result<Box<dyn Hybrid>> {
+    ensure!(
+        placement.file.uses_gpu(),
+        Plan,
+        "the plan puts nothing on the GPU; run it with device=\"cpu\""
+    );
+    if device == GPU_SIM {
+        let dev = match capacity {
+            Some(bytes) => HostBackend::with_capacity(bytes),
+            None => HostBackend::new(),
+        };
+        return build(dev, model, placement, mode, capacity);
+    }
+    let _ordinal = powerinfer_cuda::parse_device(device)?;
+    #[cfg(feature = "cuda")]
+    {
+        let dev = powerinfer_cuda::CudaDevice::from_name(device)?;
+        build(dev, model, placement, mode, capacity)
+    }
+    #[cfg(not(feature = "cuda"))]
+    bail!(
+        Unsupported,
+        "{device}: this build has no CUDA support; use device=\"gpu-sim\" to run the plan's GPU \
+         side on the host"
+    )
+}
+
+fn build<B: powerinfer_cuda::Backend>(
+    dev: B,
+    model: &ModelWeights,
+    placement: Arc<Placement>,
+    mode: &Sparsity,
+    capacity: Option<usize>,
+) -> Result<Box<dyn Hybrid>> {
+    let need = placement.file.gpu_bytes;
+    let (free, total) = dev.mem_info()?;
+    let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
+    if let Some(budget) = capacity {
+        ensure!(
+            need <= budget,
+            VramBudget,
+            "the plan needs {:.1} MiB of GPU memory, more than the budget of {:.1} MiB",
+            mib(need),
+            mib(budget)
+        );
+    }
+    if need > free {
+        bail!(
+            VramBudget,
+            "the plan needs {:.1} MiB of GPU memory but {} has {:.1} MiB free (of {:.1} MiB); \
+             plan again with a smaller --vram-budget",
+            mib(need),
+            dev.describe(),
+            mib(free),
+            mib(total)
+        );
+    }
+    let mut ex = Executor::new(dev, model, placement)?;
+    ex.set_mode(mode)?;
+    Ok(Box::new(ex))
+}

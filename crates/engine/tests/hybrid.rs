@@ -1,0 +1,447 @@
+//! The hybrid executor against the CPU engine, one test body per device: always `gpu-sim` (the
+//! host backend), and `cuda` where a GPU is present ("skipped" printed otherwise). Synthetic
+//! ReLU and SiLU models in every weight format; placements from nothing on the GPU to
+//! everything, alternating layers, partial slabs and predictors on either side; every sparsity
+//! mode; greedy decoding compared step by step, long contexts, truncation, rollback and prefill
+//! after decode; the device allocations against the plan's accounting.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use common::{config, values};
+use powerinfer_core::{quantize_row, Activation, Buffer, DType, NeuronTable, PlanFile, Weight};
+use powerinfer_engine::forward::Logits;
+use powerinfer_engine::{
+    LayerPredictor, ModelWeights, Placement, PredictorInput, Session, Sparsity,
+};
+
+/// Largest allowed |hybrid − cpu| of a logit, relative to the largest |cpu| logit (at least 1).
+const TOL: f32 = 1e-3;
+
+/// The devices every test body runs on.
+fn devices() -> Vec<&'static str> {
+    let mut d = vec!["gpu-sim"];
+    if powerinfer_cuda::is_available() {
+        d.push("cuda");
+    } else {
+        println!("cuda: skipped (no CUDA device)");
+    }
+    d
+}
+
+fn no_check() -> powerinfer_core::Result<()> {
+    Ok(())
+}
+
+/// A weight of `rows × cols` in `dtype` from f32 values.
+fn weight(dtype: DType, rows: usize, cols: usize, vals: &[f32]) -> Weight {
+    let rb = dtype.row_bytes(cols).unwrap();
+    let mut bytes = vec![0u8; rb * rows];
+    for r in 0..rows {
+        quantize_row(
+            dtype,
+            &vals[r * cols..(r + 1) * cols],
+            &mut bytes[r * rb..(r + 1) * rb],
+        )
+        .unwrap();
+    }
+    Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
+}
+
+/// The tiny random model (dim 64, ffn 96, 4 heads of 16 over 2 KV heads, 2 layers) with every
+/// matrix stored as `dtype`, context `ctx`.
+fn model(act: Activation, dtype: DType, ctx: usize) -> Arc<ModelWeights> {
+    let c = powerinfer_core::ModelConfig {
+        max_context: ctx,
+        ..config(act)
+    };
+    let mut t = HashMap::new();
+    let mut seed = 100;
+    let mut add = |name: String, rows: usize, cols: usize, scale: f32, dt: DType| {
+        seed += 1;
+        t.insert(
+            name,
+            weight(dt, rows, cols, &values(rows * cols, seed, scale)),
+        );
+    };
+    add("token_embd".into(), c.vocab_size, c.dim, 1.0, dtype);
+    add("output_norm".into(), 1, c.dim, 1.0, DType::F32);
+    add("output".into(), c.vocab_size, c.dim, 0.5, dtype);
+    for i in 0..c.n_layers {
+        let s = 1.0 / (c.dim as f32).sqrt();
+        add(format!("blk.{i}.attn_norm"), 1, c.dim, 1.0, DType::F32);
+        add(format!("blk.{i}.ffn_norm"), 1, c.dim, 1.0, DType::F32);
+        add(format!("blk.{i}.attn_q"), c.q_dim(), c.dim, s, dtype);
+        add(format!("blk.{i}.attn_k"), c.kv_dim(), c.dim, s, dtype);
+        add(format!("blk.{i}.attn_v"), c.kv_dim(), c.dim, s, dtype);
+        add(format!("blk.{i}.attn_output"), c.dim, c.q_dim(), s, dtype);
+        add(format!("blk.{i}.ffn_gate"), c.ffn_dim, c.dim, s, dtype);
+        add(format!("blk.{i}.ffn_up"), c.ffn_dim, c.dim, s, dtype);
+        add(format!("blk.{i}.ffn_down"), c.dim, c.ffn_dim, s, dtype);
+    }
+    Arc::new(ModelWeights::from_tensors(c, t).unwrap())
+}
+
+/// Random predictors of rank 24 (f32), threshold 0: about half the neurons active.
+fn predictors(m: &ModelWeights) -> Vec<LayerPredictor> {
+    let (dim, ffn, rank) = (m.config.dim, m.config.ffn_dim, 24);
+    (0..m.config.n_layers)
+        .map(|i| {
+            let fc1 =
+                Weight::from_f32(rank, dim, &values(rank * dim, 900 + i as u64, 0.3)).unwrap();
+            let fc2 =
+                Weight::from_f32(ffn, rank, &values(ffn * rank, 950 + i as u64, 0.3)).unwrap();
+            LayerPredictor::new(fc1, fc2, 0.0).unwrap()
+        })
+        .collect()
+}
+
+/// Where things go.
+#[derive(Clone)]
+struct Layout {
+    hot: Vec<Vec<u32>>,
+    attention: Vec<bool>,
+    predictor: Vec<bool>,
+    output: bool,
+    bucket: usize,
+}
+
+impl Layout {
+    fn cpu(n_layers: usize) -> Layout {
+        Layout {
+            hot: vec![vec![]; n_layers],
+            attention: vec![false; n_layers],
+            predictor: vec![false; n_layers],
+            output: false,
+            bucket: 8,
+        }
+    }
+
+    fn all_gpu(n_layers: usize, ffn: usize) -> Layout {
+        Layout {
+            hot: vec![(0..ffn as u32).collect(); n_layers],
+            attention: vec![true; n_layers],
+            predictor: vec![true; n_layers],
+            output: true,
+            bucket: 8,
+        }
+    }
+
+    fn placement(&self, m: &ModelWeights) -> Arc<Placement> {
+        let c = &m.config;
+        let rank = 24;
+        let pred_sizes = vec![rank * c.dim * 4, rank * c.ffn_dim * 4];
+        let mut file = PlanFile {
+            table: NeuronTable::from_hot_lists(c.ffn_dim, &self.hot).unwrap(),
+            model_fingerprint: String::new(),
+            bucket: self.bucket,
+            context: c.max_context,
+            attention: self.attention.clone(),
+            predictor: self.predictor.clone(),
+            ffn_buckets: self
+                .hot
+                .iter()
+                .map(|h| h.len().div_ceil(self.bucket))
+                .collect(),
+            output: self.output,
+            predictor_allocations: vec![pred_sizes; c.n_layers],
+            predictor_ranks: vec![rank; c.n_layers],
+            budget_bytes: 0,
+            gpu_bytes: 0,
+        };
+        let p = Placement::new(m, file.clone()).unwrap();
+        file.gpu_bytes = p.allocations.iter().map(|a| a.1).sum();
+        Arc::new(Placement::new(m, file).unwrap())
+    }
+}
+
+/// Greedy decoding of `steps` tokens after `prompt`: every step's logits and the tokens.
+fn greedy(s: &mut Session, prompt: &[u32], steps: usize) -> (Vec<Vec<f32>>, Vec<u32>) {
+    let mut logits = s.feed(prompt, Logits::Last, no_check).unwrap();
+    let (mut all, mut toks) = (vec![], vec![]);
+    for _ in 0..steps {
+        let t = argmax(&logits);
+        all.push(logits);
+        toks.push(t);
+        logits = s.feed(&[t], Logits::Last, no_check).unwrap();
+    }
+    all.push(logits);
+    (all, toks)
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    v.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(i, _)| i as u32)
+        .unwrap()
+}
+
+fn assert_close(got: &[f32], want: &[f32], what: &str) {
+    let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        worst <= TOL * scale,
+        "{what}: max |diff| {worst} (scale {scale})"
+    );
+}
+
+fn session(
+    m: &Arc<ModelWeights>,
+    mode: &Sparsity,
+    p: Option<Arc<Placement>>,
+    dev: &str,
+) -> Session {
+    let mut s = Session::new(m.clone(), 2, 0).unwrap();
+    s.set_sparsity(mode.clone()).unwrap();
+    s.set_placement(p).unwrap();
+    s.set_device(dev, None).unwrap();
+    s
+}
+
+/// Hybrid on `dev` against the CPU engine in the same mode: logits at every step within TOL,
+/// the same greedy tokens.
+fn check(m: &Arc<ModelWeights>, mode: &Sparsity, layout: &Layout, dev: &str, steps: usize) {
+    let prompt = [3u32, 17, 5, 42, 8];
+    let mut cpu = session(m, mode, None, "cpu");
+    let (want, want_toks) = greedy(&mut cpu, &prompt, steps);
+    let mut gpu = session(m, mode, Some(layout.placement(m)), dev);
+    let (got, got_toks) = greedy(&mut gpu, &prompt, steps);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_close(g, w, &format!("{dev} {} step {i}", mode.name()));
+    }
+    assert_eq!(got_toks, want_toks, "{dev} {}: greedy tokens", mode.name());
+}
+
+fn half_hot(ffn: usize, n_layers: usize) -> Vec<Vec<u32>> {
+    (0..n_layers)
+        .map(|l| {
+            (0..ffn as u32)
+                .filter(|i| (i * 7 + l as u32) % 2 == 0)
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn placements_match_the_cpu_engine_in_every_format() {
+    for dtype in [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+    ] {
+        let m = model(Activation::Relu, dtype, 256);
+        let (n, ffn) = (m.config.n_layers, m.config.ffn_dim);
+        let mut alternating = Layout::cpu(n);
+        alternating.attention[0] = true;
+        alternating.hot[1] = half_hot(ffn, n)[1].clone();
+        let mut partial = Layout::cpu(n);
+        partial.hot = vec![(0..11).map(|i| i * 7).collect(); n]; // 2 slabs of 8, one partial
+        partial.output = true;
+        let mut halves = Layout::all_gpu(n, ffn);
+        halves.hot = half_hot(ffn, n);
+        for dev in devices() {
+            for (name, layout) in [
+                ("all on the GPU", Layout::all_gpu(n, ffn)),
+                ("alternating", alternating.clone()),
+                ("partial slabs", partial.clone()),
+                ("half hot", halves.clone()),
+            ] {
+                println!("{dtype} {dev} {name}");
+                check(&m, &Sparsity::Dense, &layout, dev, 12);
+                check(&m, &Sparsity::ExactRelu, &layout, dev, 12);
+            }
+        }
+    }
+}
+
+#[test]
+fn hot_share_zero_half_and_all_of_a_layer() {
+    let m = model(Activation::Relu, DType::Q4_0, 256);
+    let (n, ffn) = (m.config.n_layers, m.config.ffn_dim);
+    for dev in devices() {
+        for share in [0usize, 48, 96] {
+            let mut l = Layout::cpu(n);
+            l.attention = vec![true; n];
+            l.hot = vec![(0..share as u32).collect(); n];
+            check(&m, &Sparsity::ExactRelu, &l, dev, 10);
+        }
+    }
+}
+
+#[test]
+fn predictor_mode_on_either_side() {
+    let m = model(Activation::Relu, DType::Q8_0, 256);
+    let (n, ffn) = (m.config.n_layers, m.config.ffn_dim);
+    for input in [PredictorInput::FfnNorm, PredictorInput::FfnInp] {
+        let mode = Sparsity::Predictor {
+            layers: predictors(&m),
+            input,
+        };
+        for dev in devices() {
+            let mut gpu_pred = Layout::all_gpu(n, ffn);
+            gpu_pred.hot = half_hot(ffn, n);
+            let mut cpu_pred = gpu_pred.clone();
+            cpu_pred.predictor = vec![false; n];
+            let mut mixed = cpu_pred.clone();
+            mixed.predictor[1] = true;
+            for l in [gpu_pred, cpu_pred, mixed, Layout::all_gpu(n, ffn)] {
+                check(&m, &mode, &l, dev, 12);
+            }
+        }
+    }
+}
+
+#[test]
+fn threshold_mode_on_a_silu_model() {
+    let m = model(Activation::Silu, DType::F16, 256);
+    let (n, ffn) = (m.config.n_layers, m.config.ffn_dim);
+    let mode = Sparsity::Threshold(vec![0.02; n]);
+    for dev in devices() {
+        let mut l = Layout::all_gpu(n, ffn);
+        l.hot = half_hot(ffn, n);
+        l.predictor = vec![false; n];
+        check(&m, &mode, &l, dev, 12);
+        check(&m, &Sparsity::Dense, &l, dev, 12);
+    }
+}
+
+#[test]
+fn a_plan_with_nothing_on_the_gpu_is_the_cpu_path_exactly() {
+    let m = model(Activation::Relu, DType::Q4_1, 256);
+    let p = Layout::cpu(m.config.n_layers).placement(&m);
+    for dev in devices() {
+        let prompt = [1u32, 2, 3];
+        let mut cpu = session(&m, &Sparsity::ExactRelu, None, "cpu");
+        let mut gpu = session(&m, &Sparsity::ExactRelu, Some(p.clone()), dev);
+        assert!(gpu.hybrid().is_none());
+        assert_eq!(greedy(&mut gpu, &prompt, 8), greedy(&mut cpu, &prompt, 8));
+    }
+}
+
+#[test]
+fn long_contexts() {
+    let m = model(Activation::Relu, DType::F16, 2100);
+    let (n, ffn) = (m.config.n_layers, m.config.ffn_dim);
+    let mut l = Layout::all_gpu(n, ffn);
+    l.hot = half_hot(ffn, n);
+    for dev in devices() {
+        let prompt: Vec<u32> = (0..2040).map(|i| (i * 13 % 50) as u32).collect();
+        let mut cpu = session(&m, &Sparsity::ExactRelu, None, "cpu");
+        let (want, wt) = greedy(&mut cpu, &prompt, 20);
+        let mut gpu = session(&m, &Sparsity::ExactRelu, Some(l.placement(&m)), dev);
+        let (got, gt) = greedy(&mut gpu, &prompt, 20);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_close(g, w, &format!("{dev} position {}", 2040 + i));
+        }
+        assert_eq!(gt, wt);
+        assert_eq!(gpu.n_past(), 2060);
+    }
+}
+
+#[test]
+fn truncation_rollback_and_prefill_after_decode_keep_the_caches_consistent() {
+    let m = model(Activation::Relu, DType::Q4_0, 256);
+    let (n, ffn) = (m.config.n_layers, m.config.ffn_dim);
+    let mut l = Layout::all_gpu(n, ffn);
+    l.hot = half_hot(ffn, n);
+    l.attention = vec![true, false];
+    for dev in devices() {
+        let mut cpu = session(&m, &Sparsity::ExactRelu, None, "cpu");
+        let mut gpu = session(&m, &Sparsity::ExactRelu, Some(l.placement(&m)), dev);
+        let script: &[&[u32]] = &[&[1, 2, 3], &[4], &[5], &[6, 7, 8, 9], &[10], &[11]];
+        for s in [&mut cpu, &mut gpu] {
+            for t in script {
+                s.feed(t, Logits::Last, no_check).unwrap();
+            }
+            s.truncate(7); // back into the batched part
+            s.feed(&[12], Logits::Last, no_check).unwrap();
+            // A failed feed (a bad token after a good one) rolls back.
+            assert!(s.feed(&[13, 999], Logits::Last, no_check).is_err());
+            assert_eq!(s.n_past(), 8);
+        }
+        let want = cpu.feed(&[14, 15], Logits::All, no_check).unwrap();
+        let got = gpu.feed(&[14, 15], Logits::All, no_check).unwrap();
+        assert_close(&got, &want, &format!("{dev}: prefill after decode"));
+        let want = greedy(&mut cpu, &[16], 10);
+        let got = greedy(&mut gpu, &[16], 10);
+        for (g, w) in got.0.iter().zip(&want.0) {
+            assert_close(g, w, &format!("{dev}: decode after truncation"));
+        }
+        assert_eq!(got.1, want.1);
+        gpu.reset();
+        cpu.reset();
+        let (g, w) = (
+            greedy(&mut gpu, &[20, 21], 5),
+            greedy(&mut cpu, &[20, 21], 5),
+        );
+        assert_eq!(g.1, w.1);
+    }
+}
+
+#[test]
+fn allocations_are_the_plans_and_nothing_else() {
+    let m = model(Activation::Relu, DType::Q4_0, 256);
+    let (n, ffn) = (m.config.n_layers, m.config.ffn_dim);
+    let mut l = Layout::all_gpu(n, ffn);
+    l.hot = vec![(0..11).collect(), (0..40).collect()];
+    l.attention = vec![true, false];
+    let p = l.placement(&m);
+    let s = session(&m, &Sparsity::Dense, Some(p.clone()), "gpu-sim");
+    let h = s.hybrid().unwrap();
+    assert_eq!(h.allocations(), p.allocations.as_slice());
+    let total: usize = p.allocations.iter().map(|a| a.1).sum();
+    assert_eq!(total, p.file.gpu_bytes);
+    assert_eq!(h.allocated_bytes(), Some(total));
+    // A budget below the plan's bytes is refused before anything is uploaded.
+    let mut s = Session::new(m.clone(), 1, 0).unwrap();
+    s.set_placement(Some(p.clone())).unwrap();
+    let err = s.set_device("gpu-sim", Some(total - 1)).unwrap_err();
+    assert!(
+        matches!(err, powerinfer_core::Error::VramBudget(_)),
+        "{err}"
+    );
+    assert_eq!(s.device(), "cpu");
+    assert!(s.set_device("gpu-sim", Some(total)).is_ok());
+    // No plan, no GPU device; unknown names are refused.
+    let mut s = Session::new(m.clone(), 1, 0).unwrap();
+    assert!(matches!(
+        s.set_device("gpu-sim", None),
+        Err(powerinfer_core::Error::Plan(_))
+    ));
+    assert!(s.set_device("tpu", None).is_err());
+}
+
+#[test]
+fn transfers_are_counted_per_layer() {
+    let m = model(Activation::Relu, DType::F16, 256);
+    let (n, ffn) = (m.config.n_layers, m.config.ffn_dim);
+    // Layer 0 wholly on the GPU, layer 1 wholly on the CPU, output on the GPU.
+    let mut l = Layout::cpu(n);
+    l.attention[0] = true;
+    l.hot[0] = (0..ffn as u32).collect();
+    l.output = true;
+    let mut s = session(&m, &Sparsity::ExactRelu, Some(l.placement(&m)), "gpu-sim");
+    s.feed(&[1, 2, 3], Logits::Last, no_check).unwrap();
+    s.feed(&[4], Logits::Last, no_check).unwrap(); // uploads the prompt's K/V
+    s.hybrid_mut().unwrap().reset_transfers();
+    for t in 5..9 {
+        s.feed(&[t], Logits::Last, no_check).unwrap();
+    }
+    let st = s.hybrid().unwrap().transfers().clone();
+    assert_eq!(st.steps, 4);
+    // Per step: the embedding row up (layer 0), x down for layer 1 (charged to it), x up and
+    // the logits down for the output head.
+    assert_eq!((st.layers[0].uploads, st.layers[0].downloads), (4, 0));
+    assert_eq!((st.layers[1].uploads, st.layers[1].downloads), (0, 4));
+    assert_eq!((st.layers[2].uploads, st.layers[2].downloads), (4, 4));
+}

@@ -1,0 +1,127 @@
+"""Placement plans and devices of an :class:`~powerinfer_rs.Engine`: reading and checking a plan,
+running its GPU side on "gpu-sim" or "cuda[:N]" (the Rust hybrid executor), and reporting its
+device allocations and transfers."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .. import _core
+from ..errors import CudaError, PlanError, UnsupportedError, VramBudgetError
+from .generation import locked
+
+
+class PlanAndDevice:
+    """The plan and device methods of Engine (which sets ``_model``, ``_session``, ``_lock``,
+    ``_n_ctx``, ``device``, ``loaded`` and ``plan``)."""
+
+    @locked
+    def load_plan(
+        self, plan: str | os.PathLike[str], *, vram_budget: int | str | None = None
+    ) -> None:
+        """Adopt a placement plan. The Rust core reads the file once and keeps its neuron table;
+        it refuses a plan made for another model (PlanError), one whose GPU bytes differ from
+        the engine's own allocation list (:meth:`gpu_allocation_report`; PlanError), one over
+        ``vram_budget`` or the device's free memory (VramBudgetError), and, on the CPU device,
+        one that puts anything on the GPU (VramBudgetError: run it with device="gpu-sim" or on
+        a GPU). On a GPU device the plan's GPU side is uploaded; the context is kept."""
+        adopted, budget = self._read_plan(plan, vram_budget)
+        if self.device != "cpu" and self._n_ctx > adopted.context:
+            raise PlanError(
+                f"this engine's context of {self._n_ctx} positions is more than the plan's "
+                f"{adopted.context} (its GPU KV caches): plan again with --context {self._n_ctx}"
+            )
+        self._adopt(adopted, budget)
+
+    def _read_plan(
+        self, plan: str | os.PathLike[str], vram_budget: int | str | None
+    ) -> tuple[_core.Plan, int | None]:
+        """Read and check ``plan`` for this model and device; the plan and the budget."""
+        from ..planning.sizes import parse_bytes
+
+        if not isinstance(plan, (str, os.PathLike)):
+            raise PlanError(f"plan must be a path, got {type(plan).__name__}")
+        budget = None if vram_budget is None else parse_bytes(vram_budget)
+        if self.device == "cpu" and budget:
+            raise VramBudgetError(
+                f"the CPU device has no VRAM; vram_budget={vram_budget!r} needs device='gpu-sim' "
+                "or 'cuda'"
+            )
+        adopted = self._model.load_plan(os.fspath(plan), self.loaded.fingerprint, budget)
+        if self.device == "cpu" and adopted.gpu_bytes > 0:
+            raise VramBudgetError(
+                f"{os.fspath(plan)} puts {adopted.gpu_bytes / 2**20:.1f} MiB on the GPU, and "
+                "device='cpu' has none: run it with device='gpu-sim' (its GPU side simulated in "
+                "host memory) or device='cuda', or plan with --vram-budget 0 for the CPU"
+            )
+        return adopted, budget
+
+    def _adopt(self, adopted: _core.Plan, budget: int | None) -> None:
+        """Hand a checked plan to the session and open its device."""
+        self._session.set_plan(adopted)
+        try:
+            self._session.set_device(self.device, budget)
+        except BaseException:
+            self._session.set_plan(self.plan)
+            if self.plan is not None:
+                self._session.set_device(self.device, None)
+            raise
+        self.plan = adopted
+
+    def gpu_info(self) -> dict | None:
+        """The GPU side of the adopted plan, or None when everything runs on the CPU: the
+        ``device`` description, its ``allocations`` ([(name, bytes)], equal to the plan's),
+        ``allocated_bytes``, ``free_bytes``/``total_bytes`` of device memory, decode ``steps``
+        and per-layer ``transfers`` (uploads, downloads, bytes up, bytes down; the output head
+        last)."""
+        with self._lock:
+            return self._session.gpu_info()
+
+    @property
+    def hot_neurons(self) -> list[np.ndarray] | None:
+        """Each layer's hot (GPU) neuron ids (int64, ascending) of the adopted plan, or None."""
+        return None if self.plan is None else self.plan.hot_neurons
+
+    def gpu_allocation_report(
+        self, plan: str | os.PathLike[str] | None = None
+    ) -> list[tuple[str, int]]:
+        """``[(name, bytes), ...]``: every GPU allocation this engine makes to run ``plan`` (a
+        plan file; default: the one loaded), empty for a CPU-only plan. Computed by the Rust
+        core from this model's weights and the plan file's neuron table and placement, apart
+        from the planner; it equals ``planning.accounting.gpu_allocation(plan, model)`` and
+        sums to the plan's ``gpu_bytes``. A plan passed here needs no GPU (the report is host
+        arithmetic). Raises :class:`PlanError` when no plan is loaded or given, or the plan is
+        unreadable or made for another model."""
+        if plan is not None:
+            if not isinstance(plan, (str, os.PathLike)):
+                raise PlanError(f"plan must be a path, got {type(plan).__name__}")
+            return self._model.gpu_allocation_report(os.fspath(plan), self.loaded.fingerprint)
+        if self.plan is None:
+            raise PlanError("no plan loaded: pass plan=... here or to the Engine")
+        return self.plan.allocations
+
+
+def check_device(device: str) -> str:
+    """ "cpu", "gpu-sim" (a plan's GPU side in host memory), or "cuda"/"cuda:N" when that GPU
+    exists."""
+    if not isinstance(device, str):
+        raise UnsupportedError(
+            f"device must be 'cpu', 'gpu-sim', 'cuda' or 'cuda:N', got {device!r}"
+        )
+    if device in ("cpu", "gpu-sim"):
+        return device
+    if device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()):
+        if not getattr(_core, "built_with_cuda", False):
+            raise CudaError(f"{device}: this build has no CUDA support; use device='gpu-sim'")
+        count = _core.cuda_device_count()
+        ordinal = int(device[5:]) if ":" in device else 0
+        if ordinal >= count:
+            raise CudaError(
+                f"{device} was asked for, but {count} CUDA device(s) were found "
+                "(is the NVIDIA driver installed?); device='gpu-sim' runs a plan's GPU side on "
+                "the host"
+            )
+        return f"cuda:{ordinal}"
+    raise UnsupportedError(f"device {device!r} (use 'cpu', 'gpu-sim', 'cuda' or 'cuda:N')")
