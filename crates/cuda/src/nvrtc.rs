@@ -1,116 +1,276 @@
-//! NVRTC: finding libnvrtc, compiling a kernel source to PTX for one architecture, and the PTX
-//! disk cache (`~/.cache/powerinfer_rs/ptx/<hash>.ptx`, the hash covering the program text, the
-//! architecture and the NVRTC version, so a new source or compiler never reuses stale PTX).
+//! NVRTC: finding and loading libnvrtc (CUDA 12 or 13), compiling a kernel source to PTX for one
+//! architecture, and the PTX disk cache (`~/.cache/powerinfer_rs/ptx/<name>-<hash>.ptx`, the hash
+//! covering the program text, the architecture and the NVRTC version, so a new source or
+//! compiler never reuses stale PTX).
 //!
-//! libnvrtc is loaded at run time. Besides the system search path (`LD_LIBRARY_PATH`, a CUDA
-//! toolkit), the directory in `NVRTC_LIB_DIR` is tried first: point it at the PyPI wheel
-//! `nvidia-cuda-nvrtc-cu12` (`site-packages/nvidia/cuda_nvrtc/lib`) to compile without a
-//! toolkit.
+//! libnvrtc is opened at run time by our own small loader (`libloading`), which binds only the
+//! nine functions we call. It tries, in order ([`candidates`]): the directory in
+//! `NVRTC_LIB_DIR` (`libnvrtc.so.13`, `.so.12`, `.so`), the bare sonames on the system search
+//! path (`LD_LIBRARY_PATH`, ldconfig), then the CUDA toolkit directories. Point `NVRTC_LIB_DIR`
+//! at the PyPI wheel `nvidia-cuda-nvrtc-cu12` (or `-cu13`) (`site-packages/nvidia/cuda_nvrtc/lib`)
+//! to compile without a toolkit. The first library that loads and exports every function wins,
+//! for the whole process ([`loaded_library`] names it).
 
+use std::ffi::{c_char, c_int, CStr, CString};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions};
 use powerinfer_core::{Error, Result};
 
-/// Environment variable naming a directory that holds `libnvrtc.so.12`.
+/// Environment variable naming a directory that holds `libnvrtc.so.13` or `libnvrtc.so.12`.
 pub const NVRTC_LIB_DIR: &str = "NVRTC_LIB_DIR";
 /// Environment variable overriding the PTX cache directory (`0` or empty: no disk cache).
 pub const PTX_CACHE_DIR: &str = "POWERINFER_PTX_CACHE";
 
-/// Whether libnvrtc can be loaded (after trying [`NVRTC_LIB_DIR`]). Never panics.
-pub fn nvrtc_available() -> bool {
-    *AVAILABLE.get_or_init(|| {
-        if let Some(dir) = std::env::var_os(NVRTC_LIB_DIR) {
-            preload_from(Path::new(&dir));
-        }
-        // SAFETY: only tries to dlopen the candidate names and closes what it opened.
-        unsafe { cudarc::nvrtc::sys::is_culib_present() }
-    })
+/// File names tried in a directory, newest CUDA first.
+const NAMES: [&str; 3] = ["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"];
+/// CUDA toolkit library directories tried after the system search path.
+const TOOLKIT_DIRS: [&str; 2] = [
+    "/usr/local/cuda/lib64",
+    "/usr/local/cuda/targets/x86_64-linux/lib",
+];
+
+/// Every library the loader tries, in order: `dir`'s `libnvrtc.so.13`, `.so.12`, `.so` (when
+/// given), the bare sonames (resolved by the dynamic linker's search path), then the same names
+/// in the CUDA toolkit directories. Pure: nothing is checked on disk.
+pub fn candidates(dir: Option<&Path>) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Some(d) = dir {
+        out.extend(NAMES.iter().map(|n| d.join(n)));
+    }
+    out.extend(NAMES.iter().map(PathBuf::from));
+    for d in TOOLKIT_DIRS {
+        out.extend(NAMES.iter().map(|n| Path::new(d).join(n)));
+    }
+    out
 }
 
-static AVAILABLE: OnceLock<bool> = OnceLock::new();
+/// `nvrtcResult` (an enum of C `int`); 0 is `NVRTC_SUCCESS`.
+type NvrtcResult = c_int;
+/// `nvrtcProgram`: an opaque handle.
+type Program = *mut std::ffi::c_void;
 
-/// Open `dir/libnvrtc.so.12` by absolute path and keep it loaded, so cudarc's later
-/// `dlopen("libnvrtc.so.12")` finds it by its soname. True when it loaded.
-pub fn preload_from(dir: &Path) -> bool {
-    #[cfg(target_os = "linux")]
-    {
-        use std::ffi::CString;
-        use std::os::unix::ffi::OsStrExt;
-        extern "C" {
-            fn dlopen(filename: *const std::ffi::c_char, flag: std::ffi::c_int) -> *mut u8;
+/// The bound functions of one loaded libnvrtc (kept loaded for the whole process).
+struct Nvrtc {
+    path: String,
+    version: unsafe extern "C" fn(*mut c_int, *mut c_int) -> NvrtcResult,
+    create_program: unsafe extern "C" fn(
+        *mut Program,
+        *const c_char,
+        *const c_char,
+        c_int,
+        *const *const c_char,
+        *const *const c_char,
+    ) -> NvrtcResult,
+    compile_program: unsafe extern "C" fn(Program, c_int, *const *const c_char) -> NvrtcResult,
+    get_ptx_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
+    get_ptx: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
+    get_log_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
+    get_log: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
+    destroy_program: unsafe extern "C" fn(*mut Program) -> NvrtcResult,
+    error_string: unsafe extern "C" fn(NvrtcResult) -> *const c_char,
+    /// Owns the mapping the function pointers above point into; never dropped (static).
+    _lib: libloading::Library,
+}
+
+impl Nvrtc {
+    /// Open `path` and bind every function; None when it does not load or lacks one.
+    fn open(path: &Path) -> Option<Nvrtc> {
+        if path.is_absolute() && !path.exists() {
+            return None;
         }
-        const RTLD_NOW: std::ffi::c_int = 2;
-        const RTLD_GLOBAL: std::ffi::c_int = 0x100;
-        for name in ["libnvrtc.so.12", "libnvrtc.so"] {
-            let path = dir.join(name);
-            if !path.exists() {
-                continue;
-            }
-            let Ok(c) = CString::new(path.as_os_str().as_bytes()) else {
-                continue;
+        // SAFETY: loading libnvrtc runs its initialisers, which have no preconditions; the
+        // library is kept (in the process-wide static) for as long as its functions are used.
+        let lib = unsafe { libloading::Library::new(path) }.ok()?;
+        macro_rules! bind {
+            ($name:literal) => {
+                // SAFETY: the symbol is the NVRTC C API function of that name, whose C signature
+                // (nvrtc.h, unchanged from CUDA 12 to 13) is the field's type; the pointer is
+                // copied out and used only while `lib` (moved into the same struct) is alive.
+                unsafe { symbol(&lib, concat!($name, "\0").as_bytes()) }?
             };
-            // SAFETY: `c` is a NUL-terminated path; the handle is deliberately never closed (the
-            // library stays loaded for the process, as cudarc keeps its own handle).
-            let handle = unsafe { dlopen(c.as_ptr(), RTLD_NOW | RTLD_GLOBAL) };
-            if !handle.is_null() {
-                return true;
-            }
         }
-        false
+        Some(Nvrtc {
+            path: path.display().to_string(),
+            version: bind!("nvrtcVersion"),
+            create_program: bind!("nvrtcCreateProgram"),
+            compile_program: bind!("nvrtcCompileProgram"),
+            get_ptx_size: bind!("nvrtcGetPTXSize"),
+            get_ptx: bind!("nvrtcGetPTX"),
+            get_log_size: bind!("nvrtcGetProgramLogSize"),
+            get_log: bind!("nvrtcGetProgramLog"),
+            destroy_program: bind!("nvrtcDestroyProgram"),
+            error_string: bind!("nvrtcGetErrorString"),
+            _lib: lib,
+        })
     }
-    #[cfg(not(target_os = "linux"))]
-    {
-        let _ = dir;
-        false
+
+    /// `Ok` for NVRTC_SUCCESS, else `Error::Cuda` naming the call and NVRTC's message.
+    fn check(&self, r: NvrtcResult, what: &str) -> Result<()> {
+        if r == 0 {
+            return Ok(());
+        }
+        // SAFETY: nvrtcGetErrorString accepts any value and returns a static C string (or
+        // null, handled).
+        let msg = unsafe {
+            let p = (self.error_string)(r);
+            if p.is_null() {
+                format!("NVRTC error {r}")
+            } else {
+                CStr::from_ptr(p).to_string_lossy().into_owned()
+            }
+        };
+        Err(Error::Cuda(format!("{what}: {msg}")))
     }
+}
+
+/// The function `name` (NUL-terminated) of `lib` as a `T`.
+///
+/// # Safety
+/// `T` must be the function's true type, and the value used only while `lib` is loaded.
+unsafe fn symbol<T: Copy>(lib: &libloading::Library, name: &[u8]) -> Option<T> {
+    // SAFETY: forwarded to the caller (the symbol's type and lifetime).
+    unsafe { lib.get::<T>(name) }.ok().map(|s| *s)
+}
+
+static NVRTC: OnceLock<Option<Nvrtc>> = OnceLock::new();
+
+/// Load libnvrtc once for the process, trying `dir` (else `$NVRTC_LIB_DIR`) before the system
+/// paths; later calls return the first call's outcome whatever their `dir`. True when loaded.
+pub fn init(dir: Option<&Path>) -> bool {
+    library().is_some() || {
+        let env = std::env::var_os(NVRTC_LIB_DIR).map(PathBuf::from);
+        let dir = dir.map(Path::to_path_buf).or(env);
+        NVRTC
+            .get_or_init(|| {
+                candidates(dir.as_deref())
+                    .iter()
+                    .find_map(|p| Nvrtc::open(p))
+            })
+            .is_some()
+    }
+}
+
+fn library() -> Option<&'static Nvrtc> {
+    NVRTC.get().and_then(Option::as_ref)
+}
+
+/// Whether libnvrtc can be loaded (after trying [`NVRTC_LIB_DIR`]). Never panics.
+pub fn nvrtc_available() -> bool {
+    init(None)
+}
+
+/// The file the loader opened (a path, or a bare soname the dynamic linker resolved); None
+/// when no libnvrtc loaded.
+pub fn loaded_library() -> Option<String> {
+    if !nvrtc_available() {
+        return None;
+    }
+    library().map(|l| l.path.clone())
+}
+
+fn require_nvrtc() -> Result<&'static Nvrtc> {
+    if nvrtc_available() {
+        if let Some(l) = library() {
+            return Ok(l);
+        }
+    }
+    Err(Error::Cuda(format!(
+        "libnvrtc (CUDA 12 or 13) not found: install a CUDA 12 or 13 toolkit, or `pip install \
+         nvidia-cuda-nvrtc-cu12` (or -cu13) and set {NVRTC_LIB_DIR} to its nvidia/cuda_nvrtc/lib \
+         directory"
+    )))
 }
 
 /// The NVRTC version (major, minor); an error when libnvrtc is missing.
 pub fn nvrtc_version() -> Result<(i32, i32)> {
-    require_nvrtc()?;
+    let l = require_nvrtc()?;
     let (mut major, mut minor) = (0, 0);
-    // SAFETY: libnvrtc is loaded (checked above); both pointers are valid for the call.
-    let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
-    r.result()
-        .map_err(|e| Error::Cuda(format!("nvrtcVersion: {e:?}")))?;
+    // SAFETY: both pointers are valid for the call.
+    let r = unsafe { (l.version)(&mut major, &mut minor) };
+    l.check(r, "nvrtcVersion")?;
     Ok((major, minor))
 }
 
-fn require_nvrtc() -> Result<()> {
-    if nvrtc_available() {
-        return Ok(());
+/// A created program, destroyed on drop.
+struct ProgramGuard<'a> {
+    lib: &'a Nvrtc,
+    prog: Program,
+}
+
+impl Drop for ProgramGuard<'_> {
+    fn drop(&mut self) {
+        // SAFETY: `prog` was created by nvrtcCreateProgram and is destroyed once, here.
+        unsafe { (self.lib.destroy_program)(&mut self.prog) };
     }
-    Err(Error::Cuda(format!(
-        "libnvrtc.so.12 not found: install a CUDA 12 toolkit or `pip install \
-         nvidia-cuda-nvrtc-cu12` and set {NVRTC_LIB_DIR} to its nvidia/cuda_nvrtc/lib directory"
-    )))
 }
 
-/// Compile `program` to PTX for `compute_<arch>` (e.g. 80, 90). `name` labels errors.
+impl ProgramGuard<'_> {
+    /// Read a size-then-bytes result (the PTX or the log) as a string.
+    fn text(
+        &self,
+        size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
+        get: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
+        what: &str,
+    ) -> Result<String> {
+        let mut n = 0usize;
+        // SAFETY: `prog` is a live program and `n` a valid out-pointer.
+        self.lib.check(unsafe { size(self.prog, &mut n) }, what)?;
+        let mut buf = vec![0u8; n.max(1)];
+        // SAFETY: `buf` holds the `n` bytes (including the NUL) NVRTC said it will write.
+        self.lib
+            .check(unsafe { get(self.prog, buf.as_mut_ptr().cast()) }, what)?;
+        let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+        buf.truncate(end);
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    }
+}
+
+/// Compile `program` to PTX for `compute_<arch>` (e.g. 80, 90). `name` labels errors; a
+/// compile error carries NVRTC's log.
 pub fn compile(name: &str, program: &str, arch: u32) -> Result<String> {
-    require_nvrtc()?;
-    let opts = CompileOptions {
-        name: Some(format!("{name}.cu")),
-        options: vec![
-            format!("--gpu-architecture=compute_{arch}"),
-            "--std=c++17".into(),
-        ],
-        ..Default::default()
+    let lib = require_nvrtc()?;
+    let nul = |s: String| CString::new(s).map_err(|_| Error::Cuda(format!("{name}: NUL in text")));
+    let src = nul(program.to_string())?;
+    let file = nul(format!("{name}.cu"))?;
+    let opts = [
+        nul(format!("--gpu-architecture=compute_{arch}"))?,
+        nul("--std=c++17".into())?,
+    ];
+    let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+    let mut prog: Program = std::ptr::null_mut();
+    // SAFETY: `src` and `file` are NUL-terminated and outlive the call; no headers are passed
+    // (count 0, null arrays); `prog` is a valid out-pointer.
+    let r = unsafe {
+        (lib.create_program)(
+            &mut prog,
+            src.as_ptr(),
+            file.as_ptr(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+        )
     };
-    let ptx = compile_ptx_with_opts(program, opts).map_err(|e| match e {
-        cudarc::nvrtc::CompileError::CompileError { log, .. } => Error::Cuda(format!(
-            "NVRTC failed to compile {name}.cu for compute_{arch}:\n{}",
-            log.to_string_lossy()
-        )),
-        other => Error::Cuda(format!("NVRTC ({name}.cu, compute_{arch}): {other:?}")),
-    })?;
-    Ok(ptx.to_src())
+    lib.check(r, &format!("nvrtcCreateProgram ({name}.cu)"))?;
+    let guard = ProgramGuard { lib, prog };
+    // SAFETY: `prog` is live; `opt_ptrs` holds opts.len() NUL-terminated strings that outlive
+    // the call.
+    let r =
+        unsafe { (lib.compile_program)(guard.prog, opt_ptrs.len() as c_int, opt_ptrs.as_ptr()) };
+    if r != 0 {
+        let log = guard
+            .text(lib.get_log_size, lib.get_log, "nvrtcGetProgramLog")
+            .unwrap_or_default();
+        let status = lib.check(r, "nvrtcCompileProgram").unwrap_err();
+        return Err(Error::Cuda(format!(
+            "NVRTC failed to compile {name}.cu for compute_{arch} ({status}):\n{log}"
+        )));
+    }
+    guard.text(lib.get_ptx_size, lib.get_ptx, "nvrtcGetPTX")
 }
 
-/// [`compile`] through the disk cache: reuse `<cache>/<hash>.ptx` when present, else compile
-/// and store it (a cache that cannot be written is skipped, never an error).
+/// [`compile`] through the disk cache: reuse `<cache>/<name>-<hash>.ptx` when present, else
+/// compile and store it (a cache that cannot be written is skipped, never an error).
 pub fn compile_cached(name: &str, program: &str, arch: u32) -> Result<String> {
     let (major, minor) = nvrtc_version()?;
     let key = fnv1a(&[
@@ -175,5 +335,30 @@ mod tests {
     fn hash_separates_parts() {
         assert_ne!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"a", b"bc"]));
         assert_eq!(fnv1a(&[b"x"]), fnv1a(&[b"x"]));
+    }
+
+    #[test]
+    fn candidates_try_the_directory_then_sonames_then_the_toolkit_newest_first() {
+        let got = candidates(Some(Path::new("/opt/nvrtc")));
+        let want: Vec<PathBuf> = [
+            "/opt/nvrtc/libnvrtc.so.13",
+            "/opt/nvrtc/libnvrtc.so.12",
+            "/opt/nvrtc/libnvrtc.so",
+            "libnvrtc.so.13",
+            "libnvrtc.so.12",
+            "libnvrtc.so",
+            "/usr/local/cuda/lib64/libnvrtc.so.13",
+            "/usr/local/cuda/lib64/libnvrtc.so.12",
+            "/usr/local/cuda/lib64/libnvrtc.so",
+            "/usr/local/cuda/targets/x86_64-linux/lib/libnvrtc.so.13",
+            "/usr/local/cuda/targets/x86_64-linux/lib/libnvrtc.so.12",
+            "/usr/local/cuda/targets/x86_64-linux/lib/libnvrtc.so",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        assert_eq!(got, want);
+        // Without a directory: the sonames first.
+        assert_eq!(candidates(None), want[3..]);
     }
 }

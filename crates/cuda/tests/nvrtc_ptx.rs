@@ -1,7 +1,7 @@
 //! Every kernel source compiles through NVRTC to PTX for the architectures we ship for, and the
-//! PTX exports every kernel the launch code names. Needs libnvrtc but no GPU: found through
-//! `NVRTC_LIB_DIR`, the system search path, or the PyPI wheel `nvidia-cuda-nvrtc-cu12` (asked
-//! of `python3`); skipped with a printed reason when none is found.
+//! PTX exports every kernel the launch code names. Needs libnvrtc (CUDA 12 or 13) but no GPU:
+//! found through `NVRTC_LIB_DIR`, the PyPI wheel `nvidia-cuda-nvrtc-cu12` (asked of `python3`),
+//! or the system search path; skipped with a printed reason when none is found.
 
 #![cfg(feature = "cuda")]
 
@@ -26,14 +26,15 @@ fn wheel_lib_dir() -> Option<PathBuf> {
     (out.status.success() && dir.is_dir()).then_some(dir)
 }
 
-/// Load libnvrtc if it can be found; false (after printing why) when not.
+/// Load libnvrtc if it can be found (`NVRTC_LIB_DIR`, else the wheel python3 has, else the
+/// system); false (after printing why) when not.
 fn find_nvrtc() -> bool {
-    if std::env::var_os(nvrtc::NVRTC_LIB_DIR).is_none() {
-        if let Some(dir) = wheel_lib_dir() {
-            nvrtc::preload_from(&dir);
-        }
-    }
-    if nvrtc::nvrtc_available() {
+    let wheel = std::env::var_os(nvrtc::NVRTC_LIB_DIR)
+        .is_none()
+        .then(wheel_lib_dir)
+        .flatten();
+    if nvrtc::init(wheel.as_deref()) {
+        println!("NVRTC from {}", nvrtc::loaded_library().unwrap_or_default());
         return true;
     }
     println!(

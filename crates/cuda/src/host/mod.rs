@@ -2,36 +2,125 @@
 //! whose kernels are plain Rust implementations of each CUDA kernel's contract (slab addressing,
 //! padding ids, the f16 KV cache's rounding), so the hybrid executor runs, and is tested, on
 //! machines without a GPU. Always built.
+//!
+//! Memory is accounted as the plan counts device memory: every [`Backend::zeros`] allocation
+//! counts `align(len · size_of::<T>())` bytes (256-byte granules) until its buffer is dropped,
+//! against an optional capacity (the simulated VRAM; `Error::VramBudget` past it). Launches run
+//! synchronously on the calling thread; arguments the CUDA kernel would fault on (indices out
+//! of range, short buffers, rows outside their buffer) are `Error::Shape`, never a panic.
+//!
+//! The kernel families live in their own files, as in `kernels/*.cu`: [`rows`] (sparse_matvec,
+//! gate_up), [`axpy`], [`predictor`], [`norm_rope`], [`attention`] and [`elementwise`];
+//! [`view`] holds the checked views of buffers they share (rows through a [`RowLayout`],
+//! index lists, neuron flags).
+//!
+//! [`RowLayout`]: crate::layout::RowLayout
 
-use powerinfer_core::Result;
+mod attention;
+mod axpy;
+mod elementwise;
+mod norm_rope;
+mod predictor;
+mod rows;
+mod view;
+
+#[cfg(test)]
+mod testutil;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use powerinfer_core::{Error, Result};
 
 use crate::backend::{Backend, Checked, DeviceSlice, Elem, Launch};
+use crate::layout::{align, ALIGN};
+use view::{prefix, prefix_mut, Active, Picks, Rows};
 
 /// A simulated GPU in host memory, optionally with a memory capacity (the "VRAM" a plan must
 /// fit in; unlimited by default).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct HostBackend {
     capacity: Option<usize>,
+    /// Bytes held by live buffers (each rounded up to [`ALIGN`]); shared with every buffer,
+    /// which gives its bytes back when dropped.
+    allocated: Arc<AtomicUsize>,
+}
+
+impl Default for HostBackend {
+    fn default() -> HostBackend {
+        HostBackend::new()
+    }
 }
 
 impl HostBackend {
-    /// A host backend with no memory limit.
+    /// A host backend with no memory limit ([`Backend::mem_info`] then reports the host's RAM).
     pub fn new() -> HostBackend {
-        HostBackend { capacity: None }
+        HostBackend {
+            capacity: None,
+            allocated: Arc::new(AtomicUsize::new(0)),
+        }
     }
 
-    /// A host backend whose allocations may total at most `bytes` (each rounded up to 256).
+    /// A host backend whose live allocations may total at most `bytes` (each rounded up to
+    /// 256); an allocation past it is `Error::VramBudget`.
     pub fn with_capacity(bytes: usize) -> HostBackend {
         HostBackend {
             capacity: Some(bytes),
+            ..HostBackend::new()
         }
+    }
+
+    /// The memory capacity, when one was set.
+    pub fn capacity(&self) -> Option<usize> {
+        self.capacity
+    }
+
+    fn allocated(&self) -> usize {
+        self.allocated.load(Ordering::SeqCst)
+    }
+
+    /// Count `bytes` more against the capacity, or say why they do not fit.
+    fn reserve(&self, bytes: usize, what: impl Fn() -> String) -> Result<()> {
+        let Some(cap) = self.capacity else {
+            self.allocated.fetch_add(bytes, Ordering::SeqCst);
+            return Ok(());
+        };
+        self.allocated
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |cur| {
+                cur.checked_add(bytes).filter(|&total| total <= cap)
+            })
+            .map(|_| ())
+            .map_err(|cur| {
+                Error::VramBudget(format!(
+                    "gpu-sim: {} needs {bytes} bytes but only {} of the {cap}-byte capacity are \
+                     free ({cur} allocated)",
+                    what(),
+                    cap.saturating_sub(cur)
+                ))
+            })
     }
 }
 
-/// A buffer of the host backend.
+/// A buffer of the host backend: its elements in a `Vec`, and the bytes it holds against its
+/// backend's count (given back on drop).
 #[derive(Debug)]
 pub struct HostBuf<T> {
     data: Vec<T>,
+    bytes: usize,
+    allocated: Arc<AtomicUsize>,
+}
+
+impl<T> HostBuf<T> {
+    /// The elements (for tests and host-side inspection; the executor uses [`Backend::read`]).
+    pub fn as_slice(&self) -> &[T] {
+        &self.data
+    }
+}
+
+impl<T> Drop for HostBuf<T> {
+    fn drop(&mut self) {
+        self.allocated.fetch_sub(self.bytes, Ordering::SeqCst);
+    }
 }
 
 impl<T: Send + Sync> DeviceSlice for HostBuf<T> {
@@ -40,35 +129,93 @@ impl<T: Send + Sync> DeviceSlice for HostBuf<T> {
     }
 }
 
+/// Total host RAM (MemTotal of /proc/meminfo), the "device memory" of an unlimited backend;
+/// half the address space where it cannot be read.
+fn host_memory() -> usize {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("MemTotal:"))?;
+            let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+            kib.checked_mul(1024)
+        })
+        .unwrap_or(usize::MAX / 2)
+}
+
+/// `bytes` for a message: "1.50 GiB", "12.00 MiB", "300 bytes".
+fn human(bytes: usize) -> String {
+    const MIB: f64 = (1 << 20) as f64;
+    match bytes {
+        b if b >= 1 << 30 => format!("{:.2} GiB", b as f64 / (MIB * 1024.0)),
+        b if b >= 1 << 20 => format!("{:.2} MiB", b as f64 / MIB),
+        b => format!("{b} bytes"),
+    }
+}
+
+/// `at..at + n` inside a buffer of `len`, or a Shape error naming the copy.
+fn copy_range(op: &str, at: usize, n: usize, len: usize) -> Result<std::ops::Range<usize>> {
+    match at.checked_add(n) {
+        Some(end) if end <= len => Ok(at..end),
+        _ => Err(Error::Shape(format!(
+            "gpu-sim {op}: {n} elements at {at} do not fit a buffer of {len}"
+        ))),
+    }
+}
+
 impl Backend for HostBackend {
     type Buf<T: Elem> = HostBuf<T>;
 
     fn describe(&self) -> String {
-        "gpu-sim".into()
+        match self.capacity {
+            Some(cap) => format!("gpu-sim (capacity {})", human(cap)),
+            None => "gpu-sim".into(),
+        }
     }
 
     fn mem_info(&self) -> Result<(usize, usize)> {
-        todo!()
+        let total = self.capacity.unwrap_or_else(host_memory);
+        Ok((total.saturating_sub(self.allocated()), total))
     }
 
     fn allocated_bytes(&self) -> Option<usize> {
-        todo!()
+        Some(self.allocated())
     }
 
     fn zeros<T: Elem>(&self, len: usize) -> Result<HostBuf<T>> {
+        let what = || format!("a buffer of {len} {}", std::any::type_name::<T>());
+        let bytes = len
+            .checked_mul(size_of::<T>())
+            .filter(|&b| b <= usize::MAX - ALIGN)
+            .map(align)
+            .ok_or_else(|| Error::VramBudget(format!("gpu-sim: {} is too large", what())))?;
+        self.reserve(bytes, what)?;
+        // From here the bytes are counted: the buffer (or the error path) gives them back.
+        let mut data = Vec::new();
+        if data.try_reserve_exact(len).is_err() {
+            self.allocated.fetch_sub(bytes, Ordering::SeqCst);
+            return Err(Error::VramBudget(format!(
+                "gpu-sim: host memory exhausted allocating {} ({bytes} bytes)",
+                what()
+            )));
+        }
+        data.resize(len, T::default());
         Ok(HostBuf {
-            data: vec![T::default(); len],
+            data,
+            bytes,
+            allocated: Arc::clone(&self.allocated),
         })
     }
 
     fn write<T: Elem>(&self, host: &[T], dst: &mut HostBuf<T>, at: usize) -> Result<()> {
-        let _ = (host, dst, at);
-        todo!()
+        let range = copy_range("write", at, host.len(), dst.data.len())?;
+        dst.data[range].copy_from_slice(host);
+        Ok(())
     }
 
     fn read<T: Elem>(&self, src: &HostBuf<T>, at: usize, out: &mut [T]) -> Result<()> {
-        let _ = (src, at, out);
-        todo!()
+        let range = copy_range("read", at, out.len(), src.data.len())?;
+        out.copy_from_slice(&src.data[range]);
+        Ok(())
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -76,7 +223,291 @@ impl Backend for HostBackend {
     }
 
     fn launch(&self, launch: Launch<'_, Self>, _checked: Checked) -> Result<()> {
-        let _ = launch;
-        todo!()
+        let entry = launch.entry();
+        run(launch).map_err(|e| match e {
+            Error::Shape(m) => Error::Shape(format!("gpu-sim {entry}: {m}")),
+            e => e,
+        })
+    }
+}
+
+/// One launch, on slices of the buffers.
+fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
+    match launch {
+        Launch::SparseMatvec {
+            dtype,
+            w,
+            l,
+            x,
+            cols,
+            idx,
+            n,
+            ids,
+            flags,
+            act,
+            y,
+        } => {
+            let w = Rows::new(&w.data, l, dtype, cols, "w")?;
+            let active = match (ids, flags) {
+                (_, None) => None,
+                (Some((ids, ids_l)), Some(flags)) => {
+                    Some(Active::new(&ids.data, ids_l, &flags.data)?)
+                }
+                (None, Some(_)) => {
+                    return Err(Error::Shape("flags given without neuron ids".into()))
+                }
+            };
+            let picks = Picks::new(idx.map(|i| i.data.as_slice()), n)?;
+            let x = prefix(&x.data, cols, "x")?;
+            let y = prefix_mut(&mut y.data, n, "y")?;
+            rows::sparse_matvec(&w, x, &picks, active.as_ref(), act, y)
+        }
+        Launch::GateUp {
+            dtype,
+            w,
+            gate_l,
+            up_l,
+            x,
+            cols,
+            idx,
+            n,
+            ids_l,
+            flags,
+            act,
+            h,
+        } => {
+            let gate = Rows::new(&w.data, gate_l, dtype, cols, "gate")?;
+            let up = Rows::new(&w.data, up_l, dtype, cols, "up")?;
+            let active = flags
+                .map(|f| Active::new(&w.data, ids_l, &f.data))
+                .transpose()?;
+            let picks = Picks::new(idx.map(|i| i.data.as_slice()), n)?;
+            let x = prefix(&x.data, cols, "x")?;
+            let h = prefix_mut(&mut h.data, n, "h")?;
+            rows::gate_up([&gate, &up], x, &picks, active.as_ref(), act, h)
+        }
+        Launch::AxpyRows {
+            dtype,
+            w,
+            l,
+            cols,
+            idx,
+            a,
+            n,
+            y,
+            splits,
+        } => {
+            if splits == 0 {
+                return Err(Error::Shape("splits must be > 0".into()));
+            }
+            let w = Rows::new(&w.data, l, dtype, cols, "w")?;
+            let picks = Picks::new(idx.map(|i| i.data.as_slice()), n)?;
+            let a = prefix(&a.data, n, "a")?;
+            let y = prefix_mut(&mut y.data, cols, "y")?;
+            axpy::axpy_rows(&w, &picks, a, y)
+        }
+        Launch::PredictorFc2 {
+            dtype,
+            fc2_t,
+            l,
+            hidden,
+            rank,
+            ffn,
+            threshold,
+            flags,
+            logits,
+        } => {
+            let fc2_t = Rows::new(&fc2_t.data, l, dtype, ffn, "fc2_t")?;
+            let hidden = prefix(&hidden.data, rank, "hidden")?;
+            let flags = prefix_mut(&mut flags.data, ffn, "flags")?;
+            let logits = match logits {
+                Some(l) => Some(prefix_mut(&mut l.data, ffn, "logits")?),
+                None => None,
+            };
+            predictor::predictor_fc2(&fc2_t, hidden, threshold, flags, logits)
+        }
+        Launch::CompactFlags {
+            flags,
+            n,
+            out,
+            count,
+        } => {
+            let flags = prefix(&flags.data, n, "flags")?;
+            let count = prefix_mut(&mut count.data, 1, "count")?;
+            predictor::compact_flags(flags, &mut out.data, &mut count[0])
+        }
+        Launch::SplitHotFlags {
+            ids_base,
+            ids_l,
+            n,
+            flags,
+            slot_flags,
+        } => {
+            let ids = Rows::ids(&ids_base.data, ids_l)?;
+            let slot_flags = prefix_mut(&mut slot_flags.data, n, "slot_flags")?;
+            predictor::split_hot_flags(&ids, &mut flags.data, slot_flags)
+        }
+        Launch::RmsNorm {
+            x,
+            w,
+            rows,
+            n,
+            eps,
+            out,
+        } => {
+            let total = view::product(rows, n, "rows × n")?;
+            let x = prefix(&x.data, total, "x")?;
+            let w = prefix(&w.data, n, "w")?;
+            let out = prefix_mut(&mut out.data, total, "out")?;
+            norm_rope::rms_norm(x, w, n, eps, out);
+            Ok(())
+        }
+        Launch::Rope {
+            x,
+            n_heads,
+            head_dim,
+            pos,
+            theta,
+            neox,
+        } => {
+            let total = view::product(n_heads, head_dim, "n_heads × head_dim")?;
+            let x = prefix_mut(&mut x.data, total, "x")?;
+            norm_rope::rope(x, head_dim, pos, theta, neox);
+            Ok(())
+        }
+        Launch::KvStore {
+            k,
+            v,
+            kv_dim,
+            pos,
+            cache_k,
+            cache_v,
+        } => attention::kv_store(
+            prefix(&k.data, kv_dim, "k")?,
+            prefix(&v.data, kv_dim, "v")?,
+            pos,
+            &mut cache_k.data,
+            &mut cache_v.data,
+        ),
+        Launch::AttentionDecode {
+            q,
+            cache_k,
+            cache_v,
+            n_pos,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            scale,
+            out,
+        } => {
+            let shape = attention::Heads::new(n_heads, n_kv_heads, head_dim)?;
+            let total = view::product(n_heads, head_dim, "n_heads × head_dim")?;
+            let q = prefix(&q.data, total, "q")?;
+            let out = prefix_mut(&mut out.data, total, "out")?;
+            attention::attention_decode(
+                &shape,
+                q,
+                [&cache_k.data, &cache_v.data],
+                n_pos,
+                scale,
+                out,
+            )
+        }
+        Launch::ActMul { g, u, n, act } => {
+            let u = prefix(&u.data, n, "u")?;
+            elementwise::act_mul(prefix_mut(&mut g.data, n, "g")?, u, act);
+            Ok(())
+        }
+        Launch::Add { y, x, n } => {
+            let x = prefix(&x.data, n, "x")?;
+            elementwise::add(prefix_mut(&mut y.data, n, "y")?, x);
+            Ok(())
+        }
+        Launch::ThresholdMask { h, n, t } => {
+            elementwise::threshold_mask(prefix_mut(&mut h.data, n, "h")?, t);
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testutil::{is_shape, upload};
+    use super::*;
+
+    #[test]
+    fn allocations_are_counted_in_granules_and_given_back() {
+        let be = HostBackend::new();
+        assert_eq!(be.allocated_bytes(), Some(0));
+        let a = be.zeros::<f32>(1).unwrap();
+        assert_eq!(be.allocated_bytes(), Some(256));
+        let b = be.zeros::<u8>(257).unwrap();
+        let c = be.zeros::<u16>(0).unwrap();
+        let d = be.zeros::<i32>(64).unwrap();
+        assert_eq!(be.allocated_bytes(), Some(256 + 512 + 256));
+        assert_eq!((a.len(), b.len(), c.len(), d.len()), (1, 257, 0, 64));
+        assert!(c.is_empty() && a.as_slice() == [0.0]);
+        drop(b);
+        assert_eq!(be.allocated_bytes(), Some(512));
+        drop((a, c, d));
+        assert_eq!(be.allocated_bytes(), Some(0));
+        let (free, total) = be.mem_info().unwrap();
+        assert_eq!(free, total);
+        assert!(total > 1 << 20);
+        assert_eq!(be.describe(), "gpu-sim");
+    }
+
+    #[test]
+    fn the_capacity_is_enforced_and_freed_memory_reused() {
+        let be = HostBackend::with_capacity(1024);
+        assert_eq!(be.capacity(), Some(1024));
+        assert!(be.describe().starts_with("gpu-sim (capacity"));
+        let a = be.zeros::<f32>(100).unwrap(); // 400 -> 512
+        assert_eq!(be.mem_info().unwrap(), (512, 1024));
+        let b = be.zeros::<u8>(512).unwrap();
+        assert_eq!(be.mem_info().unwrap(), (0, 1024));
+        let err = be.zeros::<u8>(1).unwrap_err();
+        let Error::VramBudget(msg) = err else {
+            panic!("{err:?}")
+        };
+        assert!(
+            msg.contains("needs 256 bytes") && msg.contains("only 0 of the 1024"),
+            "{msg}"
+        );
+        // A failed allocation counts nothing.
+        assert_eq!(be.allocated_bytes(), Some(1024));
+        drop(a);
+        let c = be.zeros::<i32>(128).unwrap();
+        assert_eq!(be.allocated_bytes(), Some(1024));
+        drop((b, c));
+        assert_eq!(be.allocated_bytes(), Some(0));
+        assert!(matches!(
+            be.zeros::<u16>(usize::MAX / 2),
+            Err(Error::VramBudget(_))
+        ));
+        assert!(matches!(
+            HostBackend::new().zeros::<f32>(usize::MAX / 2),
+            Err(Error::VramBudget(_))
+        ));
+        assert_eq!(be.allocated_bytes(), Some(0));
+    }
+
+    #[test]
+    fn copies_check_their_ranges() {
+        let be = HostBackend::new();
+        let mut buf = be.zeros::<i32>(5).unwrap();
+        be.write(&[1, 2], &mut buf, 3).unwrap();
+        be.write(&[], &mut buf, 5).unwrap();
+        assert_eq!(buf.as_slice(), [0, 0, 0, 1, 2]);
+        assert!(is_shape(be.write(&[1, 2], &mut buf, 4)));
+        assert!(is_shape(be.write(&[1], &mut buf, usize::MAX)));
+        let mut out = [0i32; 3];
+        be.read(&buf, 2, &mut out).unwrap();
+        assert_eq!(out, [0, 1, 2]);
+        assert!(is_shape(be.read(&buf, 3, &mut out)));
+        assert!(is_shape(be.read(&buf, usize::MAX, &mut out)));
+        let up = upload(&be, &[1u16, 2, 3]);
+        assert_eq!(up.as_slice(), [1, 2, 3]);
+        be.synchronize().unwrap();
     }
 }

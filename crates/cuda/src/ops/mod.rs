@@ -1,38 +1,45 @@
 //! The checked operations every backend gets ([`GpuOps`], implemented once for every
 //! [`Backend`]): uploads of weights and hot-neuron slabs, and one method per kernel that checks
 //! shapes on the host and then queues the launch. Nothing here waits for the device except
-//! `download`. Split per op family, as the kernels are (`kernels/*.cu`).
+//! `download`. Split per op family, as the kernels are (`kernels/*.cu`): `upload`, `rows`
+//! (sparse_matvec.cu), `axpy` (axpy_down.cu), `predictor`, `norm_rope`, `attention`,
+//! `elementwise`. Each check returns the same `Error` kind on every backend (`Shape`,
+//! `Unsupported`, `ContextOverflow`); empty work returns `Ok` without a launch.
 
 use powerinfer_core::{Result, RopeStyle, Weight};
 
 use crate::backend::{Backend, DeviceWeight, Elem, HotFfn};
 use crate::layout::Act;
 
+mod attention;
+mod axpy;
+mod elementwise;
+mod norm_rope;
+mod predictor;
+mod rows;
+mod upload;
+
 /// Every operation of the executor, checked, on any backend.
 #[allow(clippy::too_many_arguments)]
 pub trait GpuOps: Backend {
     /// Copy `host` to a new buffer.
     fn upload<T: Elem>(&self, host: &[T]) -> Result<Self::Buf<T>> {
-        let _ = host;
-        todo!()
+        upload::upload(self, host)
     }
 
     /// Copy a whole buffer back (waits for queued work).
     fn download<T: Elem>(&self, src: &Self::Buf<T>) -> Result<Vec<T>> {
-        let _ = src;
-        todo!()
+        upload::download(self, src)
     }
 
     /// Upload a whole weight matrix (rows as stored).
     fn upload_weight(&self, w: &Weight) -> Result<DeviceWeight<Self>> {
-        let _ = w;
-        todo!()
+        upload::upload_weight(self, w)
     }
 
     /// Upload rows `ids` of `w` (in that order) as a compact matrix.
     fn upload_rows(&self, w: &Weight, ids: &[u32]) -> Result<DeviceWeight<Self>> {
-        let _ = (w, ids);
-        todo!()
+        upload::upload_rows(self, w, ids)
     }
 
     /// Pack one layer's hot neurons in slabs of `bucket` and upload them (the plan's `ffn_hot`).
@@ -44,8 +51,7 @@ pub trait GpuOps: Backend {
         ids: &[u32],
         bucket: usize,
     ) -> Result<HotFfn<Self>> {
-        let _ = (gate, up, down_t, ids, bucket);
-        todo!()
+        upload::upload_hot_ffn(self, gate, up, down_t, ids, bucket)
     }
 
     /// `y[k] = act(dot(W[row k], x))` for k in 0..n, row k = `idx[k]` or k.
@@ -58,8 +64,7 @@ pub trait GpuOps: Backend {
         act: Act,
         y: &mut Self::Buf<f32>,
     ) -> Result<()> {
-        let _ = (w, x, idx, n, act, y);
-        todo!()
+        rows::matvec_rows(self, w, x, idx, n, act, y)
     }
 
     /// The hot neurons' gate/up pass: `h[r] = act(dot(gate[r], x)) · dot(up[r], x)` for every
@@ -72,8 +77,7 @@ pub trait GpuOps: Backend {
         act: Act,
         h: &mut Self::Buf<f32>,
     ) -> Result<()> {
-        let _ = (ffn, x, flags, act, h);
-        todo!()
+        rows::hot_gate_up(self, ffn, x, flags, act, h)
     }
 
     /// `y[c] += Σ_k a[k] · W[row k][c]` for k in 0..n (row k = idx[k] or k).
@@ -86,8 +90,7 @@ pub trait GpuOps: Backend {
         y: &mut Self::Buf<f32>,
         splits: usize,
     ) -> Result<()> {
-        let _ = (w, idx, a, n, y, splits);
-        todo!()
+        axpy::axpy_rows(self, w, idx, a, n, y, splits)
     }
 
     /// The hot neurons' down pass: `y += Σ_r h[r] · down_t[r]` over the hot slots.
@@ -98,8 +101,7 @@ pub trait GpuOps: Backend {
         y: &mut Self::Buf<f32>,
         splits: usize,
     ) -> Result<()> {
-        let _ = (ffn, h, y, splits);
-        todo!()
+        axpy::hot_down(self, ffn, h, y, splits)
     }
 
     /// One layer's predictor: `hidden = ReLU(fc1 · x)`, `flags[j] = (fc2 · hidden)[j] >=
@@ -114,8 +116,7 @@ pub trait GpuOps: Backend {
         flags: &mut Self::Buf<i32>,
         logits: Option<&mut Self::Buf<f32>>,
     ) -> Result<()> {
-        let _ = (fc1, fc2_t, threshold, x, hidden, flags, logits);
-        todo!()
+        predictor::predictor(self, fc1, fc2_t, threshold, x, hidden, flags, logits)
     }
 
     /// `out[0..count) = the i < n with flags[i] != 0`, ascending; `count[0] = count`.
@@ -126,8 +127,7 @@ pub trait GpuOps: Backend {
         out: &mut Self::Buf<i32>,
         count: &mut Self::Buf<i32>,
     ) -> Result<()> {
-        let _ = (flags, n, out, count);
-        todo!()
+        predictor::compact_flags(self, flags, n, out, count)
     }
 
     /// `slot_flags[r] = flags[id(r)]` for the hot slots, then every hot flag cleared in `flags`.
@@ -137,8 +137,7 @@ pub trait GpuOps: Backend {
         flags: &mut Self::Buf<i32>,
         slot_flags: &mut Self::Buf<i32>,
     ) -> Result<()> {
-        let _ = (ffn, flags, slot_flags);
-        todo!()
+        predictor::split_hot_flags(self, ffn, flags, slot_flags)
     }
 
     /// RMSNorm of `rows` rows of `w.len()` values.
@@ -150,8 +149,7 @@ pub trait GpuOps: Backend {
         eps: f32,
         out: &mut Self::Buf<f32>,
     ) -> Result<()> {
-        let _ = (x, w, rows, eps, out);
-        todo!()
+        norm_rope::rms_norm(self, x, w, rows, eps, out)
     }
 
     /// Rotate every head of `x` (n_heads × head_dim) in place for position `pos`.
@@ -163,8 +161,7 @@ pub trait GpuOps: Backend {
         theta: f32,
         style: RopeStyle,
     ) -> Result<()> {
-        let _ = (x, head_dim, pos, theta, style);
-        todo!()
+        norm_rope::rope(self, x, head_dim, pos, theta, style)
     }
 
     /// Write position `pos`'s keys and values into the f16 caches.
@@ -176,8 +173,7 @@ pub trait GpuOps: Backend {
         cache_k: &mut Self::Buf<u16>,
         cache_v: &mut Self::Buf<u16>,
     ) -> Result<()> {
-        let _ = (k, v, pos, cache_k, cache_v);
-        todo!()
+        attention::kv_store(self, k, v, pos, cache_k, cache_v)
     }
 
     /// Decode attention for one token over positions 0..n_pos of the caches.
@@ -192,28 +188,24 @@ pub trait GpuOps: Backend {
         head_dim: usize,
         out: &mut Self::Buf<f32>,
     ) -> Result<()> {
-        let _ = (
-            q, cache_k, cache_v, n_pos, n_heads, n_kv_heads, head_dim, out,
-        );
-        todo!()
+        attention::attention(
+            self, q, cache_k, cache_v, n_pos, n_heads, n_kv_heads, head_dim, out,
+        )
     }
 
     /// `g[i] = act(g[i]) · u[i]`.
     fn act_mul(&self, g: &mut Self::Buf<f32>, u: &Self::Buf<f32>, act: Act) -> Result<()> {
-        let _ = (g, u, act);
-        todo!()
+        elementwise::act_mul(self, g, u, act)
     }
 
     /// `y[i] += x[i]`.
     fn add(&self, y: &mut Self::Buf<f32>, x: &Self::Buf<f32>) -> Result<()> {
-        let _ = (y, x);
-        todo!()
+        elementwise::add(self, y, x)
     }
 
     /// `h[i] = 0` where `|h[i]| < t`, for i in 0..n.
     fn threshold_mask(&self, h: &mut Self::Buf<f32>, n: usize, t: f32) -> Result<()> {
-        let _ = (h, n, t);
-        todo!()
+        elementwise::threshold_mask(self, h, n, t)
     }
 }
 

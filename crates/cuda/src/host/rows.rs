@@ -1,0 +1,440 @@
+//! `sparse_matvec_<dtype>` and `gate_up_<dtype>` (sparse_matvec.cu): one output per picked
+//! row, rows addressed through their layout (plain matrices and hot-neuron slabs), inactive or
+//! padding neurons yielding 0 without their rows being read.
+
+use powerinfer_core::Result;
+
+use super::elementwise::apply_act;
+use super::view::{Active, Picks, Rows};
+use crate::layout::Act;
+
+/// `y[k] = act(dot(W[row k], x))` for k in 0..n (`y` holds n, `x` holds the row's cols).
+pub(super) fn sparse_matvec(
+    w: &Rows<'_>,
+    x: &[f32],
+    picks: &Picks<'_>,
+    active: Option<&Active<'_>>,
+    act: Act,
+    y: &mut [f32],
+) -> Result<()> {
+    for (k, out) in y.iter_mut().enumerate().take(picks.n) {
+        let r = picks.row(k)?;
+        *out = if is_active(active, r)? {
+            apply_act(act, w.dot(r, x)?)
+        } else {
+            0.0
+        };
+    }
+    Ok(())
+}
+
+/// `h[k] = act(dot(gate[row k], x)) · dot(up[row k], x)` for k in 0..n; the up row is not read
+/// when the activated gate is exactly 0.
+pub(super) fn gate_up(
+    [gate, up]: [&Rows<'_>; 2],
+    x: &[f32],
+    picks: &Picks<'_>,
+    active: Option<&Active<'_>>,
+    act: Act,
+    h: &mut [f32],
+) -> Result<()> {
+    for (k, out) in h.iter_mut().enumerate().take(picks.n) {
+        let r = picks.row(k)?;
+        *out = 0.0;
+        if is_active(active, r)? {
+            let g = apply_act(act, gate.dot(r, x)?);
+            if g != 0.0 {
+                *out = g * up.dot(r, x)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether row `r` is computed (always, without flags).
+fn is_active(active: Option<&Active<'_>>, r: usize) -> Result<bool> {
+    active.map_or(Ok(true), |a| a.is_active(r))
+}
+
+#[cfg(test)]
+mod tests {
+    use powerinfer_core::testing::pseudo_random;
+    use powerinfer_core::DType;
+    use powerinfer_cpu::{reference, sparse_reference};
+
+    use super::super::testutil::*;
+    use crate::backend::{Backend, Launch};
+    use crate::layout::{Act, RowLayout};
+    use crate::HostBackend;
+
+    const TOL: f32 = 1e-4;
+
+    #[test]
+    fn sparse_matvec_matches_the_reference_on_every_format() {
+        let be = HostBackend::new();
+        for (i, dtype) in DType::ALL.into_iter().enumerate() {
+            let (rows, cols) = (45, odd_cols(dtype));
+            let w = weight(dtype, rows, cols, i as u64);
+            let x = pseudo_random(cols, 100 + i as u64);
+            let idx: Vec<u32> = (0..37).map(|k| (k * 13 + i as u32) % rows as u32).collect();
+            let dw = upload(&be, w.bytes());
+            let dx = upload(&be, &x);
+            let didx = upload(&be, &idx.iter().map(|&v| v as i32).collect::<Vec<_>>());
+            let l = RowLayout::dense(rows, dtype.row_bytes(cols).unwrap()).unwrap();
+            for act in ACTS {
+                // With an index list (y longer than n: the rest untouched).
+                let mut want = vec![0f32; idx.len()];
+                sparse_reference::matvec_rows(&w, &x, &idx, &mut want).unwrap();
+                want.iter_mut().for_each(|v| *v = act_ref(act, *v));
+                let mut y = upload(&be, &vec![7f32; idx.len() + 2]);
+                launch(
+                    &be,
+                    Launch::SparseMatvec {
+                        dtype,
+                        w: &dw,
+                        l,
+                        x: &dx,
+                        cols,
+                        idx: Some(&didx),
+                        n: idx.len(),
+                        ids: None,
+                        flags: None,
+                        act,
+                        y: &mut y,
+                    },
+                )
+                .unwrap();
+                let got = download(&be, &y);
+                assert_close(&got[..idx.len()], &want, TOL, &format!("{dtype} {act:?}"));
+                assert_eq!(got[idx.len()..], [7.0, 7.0]);
+
+                // Without: every row.
+                let mut want = vec![0f32; rows];
+                reference::matvec(&w, &x, &mut want).unwrap();
+                want.iter_mut().for_each(|v| *v = act_ref(act, *v));
+                let mut y = be.zeros::<f32>(rows).unwrap();
+                launch(
+                    &be,
+                    Launch::SparseMatvec {
+                        dtype,
+                        w: &dw,
+                        l,
+                        x: &dx,
+                        cols,
+                        idx: None,
+                        n: rows,
+                        ids: None,
+                        flags: None,
+                        act,
+                        y: &mut y,
+                    },
+                )
+                .unwrap();
+                assert_close(&download(&be, &y), &want, TOL, &format!("{dtype} dense"));
+            }
+        }
+    }
+
+    #[test]
+    fn sparse_matvec_over_slabs_skips_inactive_and_padding_neurons() {
+        let be = HostBackend::new();
+        for (i, dtype) in DType::ALL.into_iter().enumerate() {
+            let down = DType::ALL[(i + 2) % 6];
+            let dim = hot_dim(dtype, down);
+            let hot = hot(&be, dtype, down, dim, 10 * i as u64);
+            let x = pseudo_random(dim, 7 + i as u64);
+            let f = flags(FFN, i as u64);
+            let (dx, df) = (upload(&be, &x), upload(&be, &f));
+            let n = hot.slots();
+            let mut y = upload(&be, &vec![9f32; n]);
+            launch(
+                &be,
+                Launch::SparseMatvec {
+                    dtype,
+                    w: &hot.buf,
+                    l: hot.layout.gate,
+                    x: &dx,
+                    cols: dim,
+                    idx: None,
+                    n,
+                    ids: Some((&hot.buf, hot.layout.ids)),
+                    flags: Some(&df),
+                    act: Act::Silu,
+                    y: &mut y,
+                },
+            )
+            .unwrap();
+            let want: Vec<f32> = (0..n)
+                .map(|r| match hot.id(r) {
+                    Some(id) if f[id] != 0 => {
+                        act_ref(Act::Silu, reference::dot_row(dtype, hot.gate.row(id), &x))
+                    }
+                    _ => 0.0,
+                })
+                .collect();
+            assert_close(&download(&be, &y), &want, TOL, &format!("{dtype}"));
+            assert!(want.iter().filter(|&&v| v == 0.0).count() >= 3 + 1);
+        }
+    }
+
+    #[test]
+    fn gate_up_over_slabs_matches_the_reference() {
+        let be = HostBackend::new();
+        for (i, dtype) in DType::ALL.into_iter().enumerate() {
+            let down = DType::ALL[(i + 1) % 6];
+            let dim = hot_dim(dtype, down);
+            let hot = hot(&be, dtype, down, dim, 20 + i as u64);
+            let x = pseudo_random(dim, 30 + i as u64);
+            let f = flags(FFN, 40 + i as u64);
+            let (dx, df) = (upload(&be, &x), upload(&be, &f));
+            // A list of slots, padding included.
+            let slots: Vec<i32> = vec![23, 0, 5, 20, 21, 7, 7, 16];
+            let didx = upload(&be, &slots);
+            for act in [Act::Relu, Act::Gelu] {
+                for (with_flags, with_idx) in [(true, false), (false, false), (true, true)] {
+                    let n = if with_idx { slots.len() } else { hot.slots() };
+                    let mut h = upload(&be, &vec![5f32; n]);
+                    launch(
+                        &be,
+                        Launch::GateUp {
+                            dtype,
+                            w: &hot.buf,
+                            gate_l: hot.layout.gate,
+                            up_l: hot.layout.up,
+                            x: &dx,
+                            cols: dim,
+                            idx: with_idx.then_some(&didx),
+                            n,
+                            ids_l: hot.layout.ids,
+                            flags: with_flags.then_some(&df),
+                            act,
+                            h: &mut h,
+                        },
+                    )
+                    .unwrap();
+                    let want: Vec<f32> = (0..n)
+                        .map(|k| {
+                            let r = if with_idx { slots[k] as usize } else { k };
+                            match hot.id(r) {
+                                Some(id) if !with_flags || f[id] != 0 => {
+                                    let g = reference::dot_row(dtype, hot.gate.row(id), &x);
+                                    let u = reference::dot_row(dtype, hot.up.row(id), &x);
+                                    act_ref(act, g) * u
+                                }
+                                _ => 0.0,
+                            }
+                        })
+                        .collect();
+                    let what = format!("{dtype} {act:?} flags {with_flags} idx {with_idx}");
+                    assert_close(&download(&be, &h), &want, TOL, &what);
+                }
+            }
+        }
+    }
+
+    /// F32 bytes of `v`.
+    fn bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn rows_that_need_not_be_read_are_not_read() {
+        // Rows 0..3 of gate, then of up, then the ids: row 0's gate is negative (ReLU gives 0)
+        // and its up row NaN; row 2 is inactive with NaN rows; row 1 is computed.
+        let cols = 5;
+        let rb = 4 * cols;
+        let nan = vec![f32::NAN; cols];
+        let mut w = bytes(&[vec![-1.0; cols], vec![1.0; cols], nan.clone()].concat());
+        w.extend(bytes(&[nan.clone(), vec![2.0; cols], nan.clone()].concat()));
+        w.extend([0i32, 1, 2].iter().flat_map(|i| i.to_le_bytes()));
+        let l = |offset: usize, row_bytes: usize| RowLayout {
+            group_stride: 0,
+            offset: offset as i64,
+            group_rows: 3,
+            row_bytes: row_bytes as i32,
+        };
+        let be = HostBackend::new();
+        let (dw, dx) = (upload(&be, &w), upload(&be, &[1f32; 5]));
+        let df = upload(&be, &[1i32, 1, 0]);
+        let mut h = be.zeros::<f32>(3).unwrap();
+        launch(
+            &be,
+            Launch::GateUp {
+                dtype: DType::F32,
+                w: &dw,
+                gate_l: l(0, rb),
+                up_l: l(3 * rb, rb),
+                x: &dx,
+                cols,
+                idx: None,
+                n: 3,
+                ids_l: l(6 * rb, 4),
+                flags: Some(&df),
+                act: Act::Relu,
+                h: &mut h,
+            },
+        )
+        .unwrap();
+        assert_eq!(download(&be, &h), [0.0, 50.0, 0.0]);
+        let mut y = be.zeros::<f32>(3).unwrap();
+        launch(
+            &be,
+            Launch::SparseMatvec {
+                dtype: DType::F32,
+                w: &dw,
+                l: l(0, rb),
+                x: &dx,
+                cols,
+                idx: None,
+                n: 3,
+                ids: Some((&dw, l(6 * rb, 4))),
+                flags: Some(&df),
+                act: Act::None,
+                y: &mut y,
+            },
+        )
+        .unwrap();
+        assert_eq!(download(&be, &y), [-5.0, 5.0, 0.0]);
+    }
+
+    #[test]
+    fn bad_rows_indices_and_ids_are_shape_errors() {
+        let be = HostBackend::new();
+        let (rows, cols) = (4, 32);
+        let w = weight(DType::Q8_0, rows, cols, 1);
+        let dw = upload(&be, w.bytes());
+        let dx = upload(&be, &pseudo_random(cols, 2));
+        let l = RowLayout::dense(rows, 34).unwrap();
+        let run = |idx: Option<&[i32]>,
+                   n: usize,
+                   ids: Option<i32>,
+                   flags: Option<&[i32]>,
+                   x_len: usize,
+                   y_len: usize,
+                   cols: usize| {
+            let didx = idx.map(|i| upload(&be, i));
+            let dids = ids.map(|id| upload(&be, &id.to_le_bytes()));
+            let df = flags.map(|f| upload(&be, f));
+            let dx = upload(&be, &pseudo_random(x_len, 3));
+            let mut y = be.zeros::<f32>(y_len).unwrap();
+            launch(
+                &be,
+                Launch::SparseMatvec {
+                    dtype: DType::Q8_0,
+                    w: &dw,
+                    l,
+                    x: &dx,
+                    cols,
+                    idx: didx.as_ref(),
+                    n,
+                    // Every row reads the id at byte 0 (one 4-byte row per group).
+                    ids: dids.as_ref().map(|d| {
+                        (
+                            d,
+                            RowLayout {
+                                group_stride: 0,
+                                offset: 0,
+                                group_rows: 1 << 20,
+                                row_bytes: 0,
+                            },
+                        )
+                    }),
+                    flags: df.as_ref(),
+                    act: Act::None,
+                    y: &mut y,
+                },
+            )
+        };
+        assert!(run(Some(&[0, 3, 1]), 3, None, None, cols, 3, cols).is_ok());
+        assert!(
+            is_shape(run(Some(&[0, 4]), 2, None, None, cols, 2, cols)),
+            "row past a dense matrix"
+        );
+        assert!(
+            is_shape(run(Some(&[0, -1]), 2, None, None, cols, 2, cols)),
+            "negative index"
+        );
+        assert!(
+            is_shape(run(Some(&[0]), 2, None, None, cols, 2, cols)),
+            "short idx"
+        );
+        assert!(
+            is_shape(run(None, 5, None, None, cols, 5, cols)),
+            "n past the rows"
+        );
+        assert!(
+            is_shape(run(None, 2, None, None, cols - 1, 2, cols)),
+            "short x"
+        );
+        assert!(is_shape(run(None, 2, None, None, cols, 1, cols)), "short y");
+        assert!(
+            is_shape(run(None, 2, None, None, 40, 2, 40)),
+            "cols not whole blocks"
+        );
+        assert!(
+            is_shape(run(None, 2, Some(2), Some(&[1, 1]), cols, 2, cols)),
+            "id past the flags"
+        );
+        assert!(
+            is_shape(run(None, 2, None, Some(&[1, 1]), cols, 2, cols)),
+            "flags without ids"
+        );
+        assert!(
+            run(None, 2, Some(-1), Some(&[1, 1]), cols, 2, cols).is_ok(),
+            "padding"
+        );
+        assert!(run(None, 2, Some(1), Some(&[1, 1]), cols, 2, cols).is_ok());
+        let _ = dx;
+        // A row layout the kernel would divide by zero with.
+        let mut y = be.zeros::<f32>(1).unwrap();
+        let bad = RowLayout { group_rows: 0, ..l };
+        let r = launch(
+            &be,
+            Launch::SparseMatvec {
+                dtype: DType::Q8_0,
+                w: &dw,
+                l: bad,
+                x: &upload(&be, &pseudo_random(cols, 3)),
+                cols,
+                idx: None,
+                n: 1,
+                ids: None,
+                flags: None,
+                act: Act::None,
+                y: &mut y,
+            },
+        );
+        assert!(is_shape(r));
+        // A slab layout whose rows run past the buffer.
+        let slab = RowLayout {
+            group_stride: 34 * 2,
+            offset: 0,
+            group_rows: 2,
+            row_bytes: 34,
+        };
+        let mut y = be.zeros::<f32>(5).unwrap();
+        let r = launch(
+            &be,
+            Launch::SparseMatvec {
+                dtype: DType::Q8_0,
+                w: &dw,
+                l: slab,
+                x: &upload(&be, &pseudo_random(cols, 3)),
+                cols,
+                idx: None,
+                n: 5,
+                ids: None,
+                flags: None,
+                act: Act::None,
+                y: &mut y,
+            },
+        );
+        let Err(powerinfer_core::Error::Shape(msg)) = r else {
+            panic!("{r:?}")
+        };
+        assert!(
+            msg.contains("sparse_matvec_q8_0") && msg.contains("row 4"),
+            "{msg}"
+        );
+    }
+}

@@ -1,0 +1,144 @@
+//! Test helpers of the host backend: random weights in every format, uploads and downloads,
+//! the launch token, tolerant comparisons.
+
+use powerinfer_core::testing::pseudo_random;
+use powerinfer_core::{quantize_row, Buffer, DType, Error, Result, Weight};
+
+use super::{HostBackend, HostBuf};
+use crate::backend::{Backend, Checked, Elem, Launch};
+use crate::layout::{pack_hot_slabs, Act, SlabLayout};
+
+/// Launch on the host backend (the tests stand in for the checked ops).
+pub(super) fn launch(be: &HostBackend, l: Launch<'_, HostBackend>) -> Result<()> {
+    be.launch(l, Checked(()))
+}
+
+/// A buffer holding `host`.
+pub(super) fn upload<T: Elem>(be: &HostBackend, host: &[T]) -> HostBuf<T> {
+    let mut b = be.zeros(host.len()).unwrap();
+    be.write(host, &mut b, 0).unwrap();
+    b
+}
+
+/// A buffer's contents.
+pub(super) fn download<T: Elem>(be: &HostBackend, b: &HostBuf<T>) -> Vec<T> {
+    let mut out = vec![T::default(); b.as_slice().len()];
+    be.read(b, 0, &mut out).unwrap();
+    out
+}
+
+/// Whether `r` failed with `Error::Shape`.
+pub(super) fn is_shape(r: Result<()>) -> bool {
+    matches!(r, Err(Error::Shape(_)))
+}
+
+/// A `rows × cols` weight of random values in `dtype`.
+pub(super) fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Weight {
+    let rb = dtype.row_bytes(cols).unwrap();
+    let vals = pseudo_random(rows * cols, seed);
+    let mut bytes = vec![0u8; rb * rows];
+    for r in 0..rows {
+        quantize_row(
+            dtype,
+            &vals[r * cols..(r + 1) * cols],
+            &mut bytes[r * rb..(r + 1) * rb],
+        )
+        .unwrap();
+    }
+    Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
+}
+
+/// Columns for `dtype` that are not a round number: odd for the float formats, an odd count of
+/// blocks for the quantized ones.
+pub(super) fn odd_cols(dtype: DType) -> usize {
+    if dtype.is_quantized() {
+        32 * 7
+    } else {
+        203
+    }
+}
+
+/// Width for hot slabs of gate/up in `a` and down_t in `b`: odd unless one is quantized.
+pub(super) fn hot_dim(a: DType, b: DType) -> usize {
+    if a.is_quantized() {
+        odd_cols(a)
+    } else {
+        odd_cols(b)
+    }
+}
+
+/// Assert `got` is `want` within `rel · max(1, |want|)` per element.
+pub(super) fn assert_close(got: &[f32], want: &[f32], rel: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let tol = rel * w.abs().max(1.0);
+        assert!((g - w).abs() <= tol, "{what}[{i}]: got {g}, want {w}");
+    }
+}
+
+/// `act(x)` by the core crate's activation (identity for [`Act::None`]): the reference.
+pub(super) fn act_ref(act: Act, x: f32) -> f32 {
+    use powerinfer_core::Activation;
+    match act {
+        Act::None => x,
+        Act::Relu => Activation::Relu.apply(x),
+        Act::Silu => Activation::Silu.apply(x),
+        Act::Gelu => Activation::Gelu.apply(x),
+    }
+}
+
+/// Every activation code.
+pub(super) const ACTS: [Act; 4] = [Act::None, Act::Relu, Act::Silu, Act::Gelu];
+
+/// One layer's hot neurons in slabs on the host backend, with the weights they came from.
+pub(super) struct Hot {
+    pub gate: Weight,
+    pub up: Weight,
+    pub down: Weight,
+    /// Hot neuron ids in slot order.
+    pub ids: Vec<u32>,
+    pub layout: SlabLayout,
+    pub buf: HostBuf<u8>,
+}
+
+impl Hot {
+    /// Slots including the padding of the partial last slab.
+    pub fn slots(&self) -> usize {
+        self.layout.n_slabs * self.layout.bucket
+    }
+
+    /// The neuron id of slot `r`, None for padding.
+    pub fn id(&self, r: usize) -> Option<usize> {
+        self.ids.get(r).map(|&i| i as usize)
+    }
+}
+
+/// FFN width of [`hot`] (prime, so the ids `(7i + 3) % FFN` are distinct).
+pub(super) const FFN: usize = 61;
+
+/// 21 hot neurons of an FFN of [`FFN`] and width `dim`, in slabs of 8 (the last one partial):
+/// gate and up in `dtype`, down_t in `down`.
+pub(super) fn hot(be: &HostBackend, dtype: DType, down: DType, dim: usize, seed: u64) -> Hot {
+    let gate = weight(dtype, FFN, dim, seed);
+    let up = weight(dtype, FFN, dim, seed + 1);
+    let down_w = weight(down, FFN, dim, seed + 2);
+    let ids: Vec<u32> = (0..21).map(|i| (7 * i + 3) % FFN as u32).collect();
+    let (layout, bytes) = pack_hot_slabs(&gate, &up, &down_w, &ids, 8).unwrap();
+    assert_eq!(layout.n_slabs, 3);
+    Hot {
+        gate,
+        up,
+        down: down_w,
+        ids,
+        layout,
+        buf: upload(be, &bytes),
+    }
+}
+
+/// One flag per FFN neuron, about a third of them 0.
+pub(super) fn flags(n: usize, seed: u64) -> Vec<i32> {
+    pseudo_random(n, seed)
+        .iter()
+        .map(|&v| i32::from(v > -0.3))
+        .collect()
+}

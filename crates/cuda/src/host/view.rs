@@ -1,0 +1,188 @@
+//! Checked views of the host backend's buffers, shared by the kernel families: the rows of a
+//! matrix addressed through a [`RowLayout`] (plain matrices and hot-neuron slabs alike), the
+//! output→row index list, neuron flags read through slab ids, and buffer prefixes. Whatever the
+//! CUDA kernel would read out of bounds is an `Error::Shape` here.
+
+use powerinfer_core::{DType, Error, Result};
+
+use crate::layout::{RowLayout, NEURON_ID_BYTES};
+
+/// A Shape error.
+pub(super) fn shape(msg: String) -> Error {
+    Error::Shape(msg)
+}
+
+/// The first `n` elements of `buf`, or a Shape error naming `what`.
+pub(super) fn prefix<'a, T>(buf: &'a [T], n: usize, what: &str) -> Result<&'a [T]> {
+    let len = buf.len();
+    buf.get(..n)
+        .ok_or_else(|| shape(format!("{what} holds {len} elements, {n} needed")))
+}
+
+/// The first `n` elements of `buf`, mutable, or a Shape error naming `what`.
+pub(super) fn prefix_mut<'a, T>(buf: &'a mut [T], n: usize, what: &str) -> Result<&'a mut [T]> {
+    let len = buf.len();
+    buf.get_mut(..n)
+        .ok_or_else(|| shape(format!("{what} holds {len} elements, {n} needed")))
+}
+
+/// `a · b`, or a Shape error when it overflows.
+pub(super) fn product(a: usize, b: usize, what: &str) -> Result<usize> {
+    a.checked_mul(b)
+        .ok_or_else(|| shape(format!("{what} = {a} × {b} overflows")))
+}
+
+/// An `i32` index or id as a position in a buffer of `len`, or a Shape error.
+pub(super) fn index(v: i32, len: usize, what: &str) -> Result<usize> {
+    usize::try_from(v)
+        .ok()
+        .filter(|&i| i < len)
+        .ok_or_else(|| shape(format!("{what} {v} out of range 0..{len}")))
+}
+
+/// The rows of one matrix inside a byte buffer: row `r` is `bytes` bytes at
+/// `layout.byte_offset(r)` (`row_ptr` in common.cuh), holding `cols` weights of `dtype`.
+pub(super) struct Rows<'a> {
+    buf: &'a [u8],
+    l: RowLayout,
+    pub(super) dtype: DType,
+    pub(super) cols: usize,
+    bytes: usize,
+    what: &'static str,
+}
+
+impl<'a> Rows<'a> {
+    /// The rows of a `dtype` matrix of `cols` columns laid out by `l` in `buf`.
+    pub(super) fn new(
+        buf: &'a [u8],
+        l: RowLayout,
+        dtype: DType,
+        cols: usize,
+        what: &'static str,
+    ) -> Result<Rows<'a>> {
+        let bytes = dtype.row_bytes(cols)?;
+        Rows::with_bytes(buf, l, dtype, cols, bytes, what)
+    }
+
+    /// The i32 neuron ids of a slab layout (4-byte rows).
+    pub(super) fn ids(buf: &'a [u8], l: RowLayout) -> Result<Rows<'a>> {
+        Rows::with_bytes(buf, l, DType::F32, 1, NEURON_ID_BYTES, "ids")
+    }
+
+    fn with_bytes(
+        buf: &'a [u8],
+        l: RowLayout,
+        dtype: DType,
+        cols: usize,
+        bytes: usize,
+        what: &'static str,
+    ) -> Result<Rows<'a>> {
+        if l.group_rows <= 0 || l.row_bytes < 0 || l.offset < 0 || l.group_stride < 0 {
+            return Err(shape(format!("{what}: invalid row layout {l:?}")));
+        }
+        Ok(Rows {
+            buf,
+            l,
+            dtype,
+            cols,
+            bytes,
+            what,
+        })
+    }
+
+    /// The bytes of row `r`.
+    pub(super) fn get(&self, r: usize) -> Result<&'a [u8]> {
+        let l = &self.l;
+        let group_rows = l.group_rows as usize; // > 0, checked in `new`
+        if l.group_stride == 0 && r >= group_rows {
+            // One group (a plain matrix): rows past it would alias its first rows.
+            return Err(shape(format!(
+                "{} row {r} out of range 0..{group_rows}",
+                self.what
+            )));
+        }
+        let (g, i) = (r / group_rows, r % group_rows);
+        let start = g
+            .checked_mul(l.group_stride as usize)
+            .and_then(|s| s.checked_add(l.offset as usize))
+            .and_then(|s| s.checked_add(i.checked_mul(l.row_bytes as usize)?));
+        start
+            .and_then(|s| self.buf.get(s..s.checked_add(self.bytes)?))
+            .ok_or_else(|| {
+                shape(format!(
+                    "{} row {r} ({} bytes at {start:?}) lies outside its buffer of {} bytes",
+                    self.what,
+                    self.bytes,
+                    self.buf.len()
+                ))
+            })
+    }
+
+    /// `dot(row r, x)` with `x` of `cols` values (the CPU's row kernel, f32 accumulation).
+    pub(super) fn dot(&self, r: usize, x: &[f32]) -> Result<f32> {
+        debug_assert_eq!(x.len(), self.cols);
+        Ok(powerinfer_cpu::dot_row(self.dtype, self.get(r)?, x))
+    }
+
+    /// Row `r` decoded into `out` (`cols` values).
+    pub(super) fn decode(&self, r: usize, out: &mut [f32]) -> Result<()> {
+        powerinfer_cpu::dequantize_row(self.dtype, self.get(r)?, out)
+    }
+
+    /// The little-endian i32 of row `r` (a neuron id).
+    pub(super) fn id(&self, r: usize) -> Result<i32> {
+        let b = self.get(r)?;
+        Ok(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
+}
+
+/// Which matrix row each output `k in 0..n` reads: `idx[k]`, or `k` without a list.
+pub(super) struct Picks<'a> {
+    idx: Option<&'a [i32]>,
+    /// Outputs.
+    pub(super) n: usize,
+}
+
+impl<'a> Picks<'a> {
+    /// The rows of `n` outputs; the list must hold at least `n` indices.
+    pub(super) fn new(idx: Option<&'a [i32]>, n: usize) -> Result<Picks<'a>> {
+        let idx = idx.map(|i| prefix(i, n, "idx")).transpose()?;
+        Ok(Picks { idx, n })
+    }
+
+    /// The matrix row of output `k` (a negative index is a Shape error).
+    pub(super) fn row(&self, k: usize) -> Result<usize> {
+        match self.idx {
+            None => Ok(k),
+            Some(idx) => usize::try_from(idx[k])
+                .map_err(|_| shape(format!("idx[{k}] = {} is negative", idx[k]))),
+        }
+    }
+}
+
+/// Neuron flags (one i32 per FFN neuron, nonzero = active) read through the neuron ids of the
+/// rows (`row_active` in sparse_matvec.cu).
+pub(super) struct Active<'a> {
+    ids: Rows<'a>,
+    flags: &'a [i32],
+}
+
+impl<'a> Active<'a> {
+    /// Flags `flags`, ids at `ids_l` in `ids_buf`.
+    pub(super) fn new(ids_buf: &'a [u8], ids_l: RowLayout, flags: &'a [i32]) -> Result<Active<'a>> {
+        Ok(Active {
+            ids: Rows::ids(ids_buf, ids_l)?,
+            flags,
+        })
+    }
+
+    /// Whether matrix row `r` is to be computed: its id is not padding (< 0) and its flag is
+    /// set. An id past the flags is a Shape error.
+    pub(super) fn is_active(&self, r: usize) -> Result<bool> {
+        let id = self.ids.id(r)?;
+        if id < 0 {
+            return Ok(false);
+        }
+        Ok(self.flags[index(id, self.flags.len(), "neuron id")?] != 0)
+    }
+}

@@ -1,0 +1,97 @@
+//! The kernels of `attention.cu`: storing one position's keys and values in the f16 caches, and
+//! decode attention of one query over the cached positions.
+
+use powerinfer_core::{ensure, Result};
+
+use crate::backend::{Backend, Checked, DeviceSlice, Launch};
+use crate::layout::MAX_HEAD_DIM;
+
+/// Write position `pos`'s keys and values (kv_dim f32 each) into the f16 caches
+/// ([context, kv_dim] each); `Error::ContextOverflow` past the cache's end.
+pub(crate) fn kv_store<B: Backend>(
+    dev: &B,
+    k: &B::Buf<f32>,
+    v: &B::Buf<f32>,
+    pos: usize,
+    cache_k: &mut B::Buf<u16>,
+    cache_v: &mut B::Buf<u16>,
+) -> Result<()> {
+    let kv_dim = k.len();
+    ensure!(
+        v.len() == kv_dim,
+        Shape,
+        "kv_store: k {} and v {}",
+        kv_dim,
+        v.len()
+    );
+    ensure!(
+        (pos + 1) * kv_dim <= cache_k.len() && cache_k.len() == cache_v.len(),
+        ContextOverflow,
+        "kv_store: position {pos} does not fit a cache of {} values",
+        cache_k.len()
+    );
+    if kv_dim == 0 {
+        return Ok(());
+    }
+    let launch = Launch::KvStore {
+        k,
+        v,
+        kv_dim,
+        pos,
+        cache_k,
+        cache_v,
+    };
+    dev.launch(launch, Checked(()))
+}
+
+/// Decode attention for one token: `q` is n_heads × head_dim, the caches hold positions
+/// 0..n_pos (rows of n_kv_heads × head_dim), `out` is n_heads × head_dim; scores scaled by
+/// 1/√head_dim. `Error::Unsupported` for head_dim > [`MAX_HEAD_DIM`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention<B: Backend>(
+    dev: &B,
+    q: &B::Buf<f32>,
+    cache_k: &B::Buf<u16>,
+    cache_v: &B::Buf<u16>,
+    n_pos: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    out: &mut B::Buf<f32>,
+) -> Result<()> {
+    ensure!(
+        n_heads > 0 && n_kv_heads > 0 && n_heads.is_multiple_of(n_kv_heads),
+        Shape,
+        "attention: {n_heads} heads, {n_kv_heads} kv heads"
+    );
+    ensure!(
+        head_dim > 0 && head_dim <= MAX_HEAD_DIM,
+        Unsupported,
+        "head_dim {head_dim}"
+    );
+    ensure!(
+        q.len() == n_heads * head_dim && out.len() == q.len(),
+        Shape,
+        "attention: q {} / out {} for {n_heads} x {head_dim}",
+        q.len(),
+        out.len()
+    );
+    let kv_dim = n_kv_heads * head_dim;
+    ensure!(
+        n_pos > 0 && n_pos * kv_dim <= cache_k.len() && n_pos * kv_dim <= cache_v.len(),
+        Shape,
+        "attention: {n_pos} positions do not fit the cache"
+    );
+    let launch = Launch::AttentionDecode {
+        q,
+        cache_k,
+        cache_v,
+        n_pos,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        out,
+    };
+    dev.launch(launch, Checked(()))
+}
