@@ -19,6 +19,18 @@ use powerinfer_engine::{
 
 /// Largest allowed |hybrid − cpu| of a logit, relative to the largest |cpu| logit (at least 1).
 const TOL: f32 = 1e-3;
+/// The same for Q4_0/Q4_1 models: the CPU's 4-bit row accumulation rounds its coefficients to
+/// 8 bits (about 1/254 per row, llama.cpp's precision; cpu/kernels/avx2/q4_axpy.rs), which
+/// the GPU kernels do not, so the two differ by up to ~1.2e-3 of the largest logit per step.
+const TOL_Q4: f32 = 3e-3;
+
+/// The tolerance for a model whose matrices are `dtype`.
+fn tol(dtype: DType) -> f32 {
+    match dtype {
+        DType::Q4_0 | DType::Q4_1 => TOL_Q4,
+        _ => TOL,
+    }
+}
 
 /// The devices every test body runs on.
 fn devices() -> Vec<&'static str> {
@@ -179,7 +191,7 @@ fn argmax(v: &[f32]) -> u32 {
         .unwrap()
 }
 
-fn assert_close(got: &[f32], want: &[f32], what: &str) {
+fn assert_close(got: &[f32], want: &[f32], tol: f32, what: &str) {
     let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
     let worst = got
         .iter()
@@ -187,7 +199,7 @@ fn assert_close(got: &[f32], want: &[f32], what: &str) {
         .map(|(a, b)| (a - b).abs())
         .fold(0.0f32, f32::max);
     assert!(
-        worst <= TOL * scale,
+        worst <= tol * scale,
         "{what}: max |diff| {worst} (scale {scale})"
     );
 }
@@ -205,18 +217,35 @@ fn session(
     s
 }
 
-/// Hybrid on `dev` against the CPU engine in the same mode: logits at every step within TOL,
-/// the same greedy tokens.
-fn check(m: &Arc<ModelWeights>, mode: &Sparsity, layout: &Layout, dev: &str, steps: usize) {
+/// Tolerance of dense mode on a Q4_0/Q4_1 model: the hot neurons' down rows come from the
+/// transposed down projection, which a 4-bit model re-quantizes (DESIGN.md, "Data flow"), while
+/// the CPU's dense decode reads the original; measured up to 7e-3 of the largest logit.
+const TOL_Q4_DENSE: f32 = 1.5e-2;
+
+/// Hybrid on `dev` against the CPU engine in the same mode: logits at every step within `tol`
+/// of the largest logit, the same greedy tokens.
+fn check_tol(
+    m: &Arc<ModelWeights>,
+    mode: &Sparsity,
+    layout: &Layout,
+    dev: &str,
+    steps: usize,
+    tol: f32,
+) {
     let prompt = [3u32, 17, 5, 42, 8];
     let mut cpu = session(m, mode, None, "cpu");
     let (want, want_toks) = greedy(&mut cpu, &prompt, steps);
     let mut gpu = session(m, mode, Some(layout.placement(m)), dev);
     let (got, got_toks) = greedy(&mut gpu, &prompt, steps);
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-        assert_close(g, w, &format!("{dev} {} step {i}", mode.name()));
+        assert_close(g, w, tol, &format!("{dev} {} step {i}", mode.name()));
     }
     assert_eq!(got_toks, want_toks, "{dev} {}: greedy tokens", mode.name());
+}
+
+/// [`check_tol`] with the tolerance of the model's format.
+fn check(m: &Arc<ModelWeights>, mode: &Sparsity, layout: &Layout, dev: &str, steps: usize) {
+    check_tol(m, mode, layout, dev, steps, tol(m.layers[0].w_gate.dtype));
 }
 
 fn half_hot(ffn: usize, n_layers: usize) -> Vec<Vec<u32>> {
@@ -257,7 +286,11 @@ fn placements_match_the_cpu_engine_in_every_format() {
                 ("half hot", halves.clone()),
             ] {
                 println!("{dtype} {dev} {name}");
-                check(&m, &Sparsity::Dense, &layout, dev, 12);
+                let dense_tol = match dtype {
+                    DType::Q4_0 | DType::Q4_1 => TOL_Q4_DENSE,
+                    _ => TOL,
+                };
+                check_tol(&m, &Sparsity::Dense, &layout, dev, 12, dense_tol);
                 check(&m, &Sparsity::ExactRelu, &layout, dev, 12);
             }
         }
@@ -341,7 +374,7 @@ fn long_contexts() {
         let mut gpu = session(&m, &Sparsity::ExactRelu, Some(l.placement(&m)), dev);
         let (got, gt) = greedy(&mut gpu, &prompt, 20);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-            assert_close(g, w, &format!("{dev} position {}", 2040 + i));
+            assert_close(g, w, TOL, &format!("{dev} position {}", 2040 + i));
         }
         assert_eq!(gt, wt);
         assert_eq!(gpu.n_past(), 2060);
@@ -371,11 +404,11 @@ fn truncation_rollback_and_prefill_after_decode_keep_the_caches_consistent() {
         }
         let want = cpu.feed(&[14, 15], Logits::All, no_check).unwrap();
         let got = gpu.feed(&[14, 15], Logits::All, no_check).unwrap();
-        assert_close(&got, &want, &format!("{dev}: prefill after decode"));
+        assert_close(&got, &want, TOL_Q4, &format!("{dev}: prefill after decode"));
         let want = greedy(&mut cpu, &[16], 10);
         let got = greedy(&mut gpu, &[16], 10);
         for (g, w) in got.0.iter().zip(&want.0) {
-            assert_close(g, w, &format!("{dev}: decode after truncation"));
+            assert_close(g, w, TOL_Q4, &format!("{dev}: decode after truncation"));
         }
         assert_eq!(got.1, want.1);
         gpu.reset();
