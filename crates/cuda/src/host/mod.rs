@@ -9,10 +9,10 @@
 //! synchronously on the calling thread; arguments the CUDA kernel would fault on (indices out
 //! of range, short buffers, rows outside their buffer) are `Error::Shape`, never a panic.
 //!
-//! The kernel families live in their own files, as in `kernels/*.cu`: [`rows`] (sparse_matvec,
-//! gate_up), [`axpy`], [`predictor`], [`norm_rope`], [`attention`] and [`elementwise`];
-//! [`view`] holds the checked views of buffers they share (rows through a [`RowLayout`],
-//! index lists, neuron flags).
+//! The kernel families live in their own files, as in `kernels/*.cu`: `rows` (sparse_matvec,
+//! gate_up), `axpy`, `predictor`, `norm_rope`, `attention` and `elementwise`; `view` holds the
+//! checked views of buffers they share (rows through a [`RowLayout`], index lists, neuron
+//! flags).
 //!
 //! [`RowLayout`]: crate::layout::RowLayout
 
