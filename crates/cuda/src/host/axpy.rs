@@ -32,7 +32,7 @@ mod tests {
     use powerinfer_cpu::sparse_reference;
 
     use super::super::testutil::*;
-    use crate::backend::{Backend, Launch};
+    use crate::backend::Launch;
     use crate::layout::RowLayout;
     use crate::HostBackend;
 

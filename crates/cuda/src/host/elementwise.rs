@@ -38,3 +38,112 @@ pub(super) fn threshold_mask(h: &mut [f32], t: f32) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use powerinfer_core::testing::pseudo_random;
+
+    use super::super::testutil::*;
+    use crate::backend::Launch;
+    use crate::layout::Act;
+    use crate::HostBackend;
+
+    #[test]
+    fn activations_follow_common_cuh() {
+        for x in [-3.0f32, -0.5, 0.0, 0.25, 2.0, 9.0] {
+            for act in ACTS {
+                let (got, want) = (super::apply_act(act, x), act_ref(act, x));
+                assert!(
+                    (got - want).abs() <= 1e-6 * want.abs().max(1.0),
+                    "{act:?}({x})"
+                );
+            }
+        }
+        assert_eq!(super::apply_act(Act::Relu, -0.0), 0.0);
+        assert_eq!(super::apply_act(Act::Relu, f32::NAN), 0.0); // fmaxf
+        assert!((super::apply_act(Act::Gelu, 1.0) - 0.841_192).abs() < 1e-5);
+    }
+
+    #[test]
+    fn act_mul_add_and_threshold_mask() {
+        let be = HostBackend::new();
+        let n = 1001;
+        let (g, u) = (pseudo_random(n + 2, 19), pseudo_random(n, 20));
+        for act in ACTS {
+            let mut dg = upload(&be, &g);
+            let du = upload(&be, &u);
+            launch(
+                &be,
+                Launch::ActMul {
+                    g: &mut dg,
+                    u: &du,
+                    n,
+                    act,
+                },
+            )
+            .unwrap();
+            let mut want: Vec<f32> = (0..n).map(|i| act_ref(act, g[i]) * u[i]).collect();
+            want.extend(&g[n..]);
+            assert_close(&download(&be, &dg), &want, 1e-6, &format!("{act:?}"));
+            let r = launch(
+                &be,
+                Launch::ActMul {
+                    g: &mut dg,
+                    u: &du,
+                    n: n + 1,
+                    act,
+                },
+            );
+            assert!(is_shape(r));
+        }
+
+        let mut dy = upload(&be, &g);
+        let dx = upload(&be, &u);
+        launch(
+            &be,
+            Launch::Add {
+                y: &mut dy,
+                x: &dx,
+                n,
+            },
+        )
+        .unwrap();
+        let mut want: Vec<f32> = (0..n).map(|i| g[i] + u[i]).collect();
+        want.extend(&g[n..]);
+        assert_eq!(download(&be, &dy), want);
+        let r = launch(
+            &be,
+            Launch::Add {
+                y: &mut dy,
+                x: &dx,
+                n: n + 1,
+            },
+        );
+        assert!(is_shape(r));
+
+        let h = [0.5f32, -0.5, 0.1, -0.2, 0.0, 0.3, f32::NAN, 0.05];
+        let mut dh = upload(&be, &h);
+        launch(
+            &be,
+            Launch::ThresholdMask {
+                h: &mut dh,
+                n: 7,
+                t: 0.3,
+            },
+        )
+        .unwrap();
+        let got = download(&be, &dh);
+        assert_eq!(got[..6], [0.5, -0.5, 0.0, 0.0, 0.0, 0.3]);
+        assert!(got[6].is_nan());
+        assert_eq!(got[7], 0.05, "past n");
+        let r = launch(
+            &be,
+            Launch::ThresholdMask {
+                h: &mut dh,
+                n: 9,
+                t: 0.3,
+            },
+        );
+        assert!(is_shape(r));
+    }
+}

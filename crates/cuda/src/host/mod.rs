@@ -9,10 +9,10 @@
 //! synchronously on the calling thread; arguments the CUDA kernel would fault on (indices out
 //! of range, short buffers, rows outside their buffer) are `Error::Shape`, never a panic.
 //!
-//! The kernel families live in their own files, as in `kernels/*.cu`: [`rows`] (sparse_matvec,
-//! gate_up), [`axpy`], [`predictor`], [`norm_rope`], [`attention`] and [`elementwise`];
-//! [`view`] holds the checked views of buffers they share (rows through a [`RowLayout`],
-//! index lists, neuron flags).
+//! The kernel families live in their own files, as in `kernels/*.cu`: `rows` (sparse_matvec,
+//! gate_up), `axpy`, `predictor`, `norm_rope`, `attention` and `elementwise`; `view` holds the
+//! checked views of buffers they share (rows through a [`RowLayout`], index lists, neuron
+//! flags).
 //!
 //! [`RowLayout`]: crate::layout::RowLayout
 
@@ -103,7 +103,6 @@ impl HostBackend {
 
 /// A buffer of the host backend: its elements in a `Vec`, and the bytes it holds against its
 /// backend's count (given back on drop).
-#[derive(Debug)]
 pub struct HostBuf<T> {
     data: Vec<T>,
     bytes: usize,
@@ -114,6 +113,17 @@ impl<T> HostBuf<T> {
     /// The elements (for tests and host-side inspection; the executor uses [`Backend::read`]).
     pub fn as_slice(&self) -> &[T] {
         &self.data
+    }
+}
+
+impl<T> std::fmt::Debug for HostBuf<T> {
+    /// Length and accounted bytes, not the elements (weights run to gigabytes).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostBuf")
+            .field("type", &std::any::type_name::<T>())
+            .field("len", &self.data.len())
+            .field("bytes", &self.bytes)
+            .finish()
     }
 }
 
@@ -446,6 +456,10 @@ mod tests {
         let d = be.zeros::<i32>(64).unwrap();
         assert_eq!(be.allocated_bytes(), Some(256 + 512 + 256));
         assert_eq!((a.len(), b.len(), c.len(), d.len()), (1, 257, 0, 64));
+        assert_eq!(
+            format!("{b:?}"),
+            "HostBuf { type: \"u8\", len: 257, bytes: 512 }"
+        );
         assert!(c.is_empty() && a.as_slice() == [0.0]);
         drop(b);
         assert_eq!(be.allocated_bytes(), Some(512));
@@ -461,7 +475,9 @@ mod tests {
     fn the_capacity_is_enforced_and_freed_memory_reused() {
         let be = HostBackend::with_capacity(1024);
         assert_eq!(be.capacity(), Some(1024));
-        assert!(be.describe().starts_with("gpu-sim (capacity"));
+        assert_eq!(be.describe(), "gpu-sim (capacity 1024 bytes)");
+        let big = HostBackend::with_capacity(3 << 29);
+        assert_eq!(big.describe(), "gpu-sim (capacity 1.50 GiB)");
         let a = be.zeros::<f32>(100).unwrap(); // 400 -> 512
         assert_eq!(be.mem_info().unwrap(), (512, 1024));
         let b = be.zeros::<u8>(512).unwrap();

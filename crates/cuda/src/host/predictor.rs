@@ -292,9 +292,8 @@ mod tests {
         )
         .unwrap();
         let slots = download(&be, &slots);
-        for r in 0..n {
-            let want = hot.id(r).map_or(0, |id| f[id]);
-            assert_eq!(slots[r], want, "slot {r}");
+        for (r, &got) in slots[..n].iter().enumerate() {
+            assert_eq!(got, hot.id(r).map_or(0, |id| f[id]), "slot {r}");
         }
         assert_eq!(slots[n], 9);
         let left = download(&be, &df);

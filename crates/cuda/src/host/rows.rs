@@ -173,7 +173,8 @@ mod tests {
                 })
                 .collect();
             assert_close(&download(&be, &y), &want, TOL, &format!("{dtype}"));
-            assert!(want.iter().filter(|&&v| v == 0.0).count() >= 3 + 1);
+            // 3 padding slots and some inactive neurons.
+            assert!(want.iter().filter(|&&v| v == 0.0).count() > 3);
         }
     }
 

@@ -109,8 +109,9 @@ impl<'a> Rows<'a> {
         start
             .and_then(|s| self.buf.get(s..s.checked_add(self.bytes)?))
             .ok_or_else(|| {
+                let at = start.map_or("an overflowing offset".into(), |s| format!("byte {s}"));
                 shape(format!(
-                    "{} row {r} ({} bytes at {start:?}) lies outside its buffer of {} bytes",
+                    "{} row {r} ({} bytes at {at}) lies outside its buffer of {} bytes",
                     self.what,
                     self.bytes,
                     self.buf.len()
