@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine (or, with --device gpu-sim, on any machine: CI runs it so): from
+# prebuilt artifacts (benchmarks/gpu/build_artifacts.sh: the wheel and the test binaries; the GPU
+# machine has no Rust and no package registry), probe the machine, find NVRTC, run the kernel
+# tests, compute-sanitizer memcheck and racecheck over them, the executor tests, pytest's hybrid
+# tests on the device, and the hybrid decode benchmark; end with a short table. Full logs go to
+# $OUT (default target/gpu-check).
+#
+# Usage: check.sh [--device cuda|gpu-sim] [--artifacts DIR] [--quick]
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+DEVICE=cuda ART=target/gpu-artifacts QUICK=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --device) DEVICE=$2; shift 2 ;;
+        --artifacts) ART=$2; shift 2 ;;
+        --quick) QUICK=1; shift ;;
+        -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+        *) echo "unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+OUT=${OUT:-target/gpu-check}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+declare -a ROWS
+row() { ROWS+=("$(printf '%-34s %-6s %s' "$1" "$2" "$3")"); }
+# run NAME LOG CMD...: run a step, log it, note pass/fail/skip.
+run() {
+    local name=$1 log=$OUT/$2; shift 2
+    echo "== $name"
+    if "$@" >"$log" 2>&1; then
+        if grep -q "skipped" "$log" && ! grep -q "test result: ok. [1-9]" "$log" && ! grep -Eq "[1-9][0-9]* passed" "$log"; then
+            row "$name" skip "$(basename "$log")"
+        else
+            row "$name" ok "$(basename "$log")"
+        fi
+    else
+        row "$name" FAIL "$(basename "$log") (tail below)"
+        tail -n 15 "$log"
+    fi
+}
+
+echo "== environment"
+{
+    date -u
+    uname -a
+    nvidia-smi --query-gpu=name,driver_version,memory.total,memory.free --format=csv 2>&1 || echo "no nvidia-smi"
+    ls /usr/local/cuda/lib64/libnvrtc.so* /usr/lib/x86_64-linux-gnu/libnvrtc.so* 2>/dev/null
+    $PY --version
+    nproc
+} >"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+# NVRTC: our loader tries libnvrtc.so.13, .12 and .so, in NVRTC_LIB_DIR, on the search path and
+# in the CUDA toolkit's directories; point NVRTC_LIB_DIR at the PyPI wheel when there is no
+# toolkit.
+if [ -z "${NVRTC_LIB_DIR:-}" ]; then
+    d=$($PY -c "import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))" 2>/dev/null) && export NVRTC_LIB_DIR=$d
+fi
+
+if [ "$DEVICE" = "cuda" ] && ! nvidia-smi >/dev/null 2>&1; then
+    echo "no GPU here: use --device gpu-sim" >&2
+    exit 2
+fi
+
+BIN=$ART/bin
+for t in nvrtc_ptx gpu_kernels no_device; do
+    [ -x "$BIN/$t" ] && run "rust: $t" "rust_$t.log" "$BIN/$t" --test-threads 1
+done
+if [ "$DEVICE" = "cuda" ] && command -v compute-sanitizer >/dev/null 2>&1; then
+    for tool in memcheck racecheck; do
+        run "compute-sanitizer $tool" "sanitizer_$tool.log" \
+            compute-sanitizer --tool "$tool" --error-exitcode 1 "$BIN/gpu_kernels" --test-threads 1
+    done
+elif [ "$DEVICE" = "cuda" ]; then
+    row "compute-sanitizer" skip "not installed"
+fi
+for t in hybrid session_consistency; do
+    [ -x "$BIN/$t" ] && run "rust: $t" "rust_$t.log" "$BIN/$t" --test-threads 1
+done
+
+# The wheel into a private folder (no registry needed: its Python dependencies are numpy and
+# friends, already on the device image).
+WHEEL=$(ls "$ART"/*.whl 2>/dev/null | head -n 1)
+if [ -n "$WHEEL" ]; then
+    SITE=$OUT/site
+    rm -rf "$SITE" && $PY -m pip install -q --no-deps --target "$SITE" "$WHEEL" >"$OUT/pip.log" 2>&1
+    export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
+    export POWERINFER_RS_TEST_DEVICES=$DEVICE
+    run "pytest: hybrid on $DEVICE" "pytest_hybrid.log" \
+        $PY -m pytest -q -p no:cacheprovider tests/test_hybrid.py
+    if [ "$QUICK" = 1 ] || [ "$DEVICE" = "gpu-sim" ]; then
+        run "bench: hybrid decode (small)" "bench_hybrid.log" \
+            $PY benchmarks/bench_hybrid.py --device "$DEVICE" --small --json "$OUT/bench_hybrid.json"
+    else
+        run "bench: hybrid decode (7B shape)" "bench_hybrid.log" \
+            $PY benchmarks/bench_hybrid.py --device "$DEVICE" --json "$OUT/bench_hybrid.json"
+    fi
+else
+    row "wheel" skip "none in $ART"
+fi
+
+echo
+echo "== summary ($DEVICE; logs in $OUT)"
+printf '%s\n' "${ROWS[@]}" | tee "$OUT/summary.txt"
+[ -f "$OUT/bench_hybrid.log" ] && tail -n 12 "$OUT/bench_hybrid.log"
+! grep -q " FAIL " "$OUT/summary.txt"
