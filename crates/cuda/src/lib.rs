@@ -28,11 +28,13 @@ mod cuda_launch;
 mod device;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
+#[cfg(feature = "cuda")]
+pub mod staging;
 #[cfg(not(feature = "cuda"))]
 mod stub;
 
 #[cfg(feature = "cuda")]
-pub use device::{device_count, driver_available, is_available, CudaDevice, DeviceBuffer};
+pub use device::{device_count, driver_available, is_available, CudaBuffer, CudaDevice};
 #[cfg(not(feature = "cuda"))]
 pub use stub::{device_count, driver_available, is_available, CudaDevice};
 
@@ -47,7 +49,3 @@ pub use ops::GpuOps;
 
 /// True when this build can drive a GPU (the `cuda` feature); a device may still be absent.
 pub const BUILT_WITH_CUDA: bool = cfg!(feature = "cuda");
-
-/// The element types of the CUDA build's buffers (the backend interface's [`Elem`]).
-#[cfg(feature = "cuda")]
-use backend::Elem as DeviceElem;
