@@ -4,13 +4,13 @@
 //! pinned memory is a true asynchronous DMA. [`CudaDevice`](crate::CudaDevice) sends every
 //! write or read of at most [`STAGING_BYTES`] through one of two per-device buffers:
 //!
-//! - **writes** ([`UploadStaging`]): the host data is copied into the next free part of a
+//! - **writes** (`UploadStaging`): the host data is copied into the next free part of a
 //!   write-combined pinned ring, the DMA from there is queued on the device's stream, and the
 //!   call returns at once. The caller's slice may be reused as soon as `write` returns (it was
 //!   copied); the device copy happens in stream order, before any later launch. When the ring is
 //!   full, the next write first waits for the ring's last queued copy (hence for all of them,
 //!   the stream being in order) and starts again at its beginning.
-//! - **reads** ([`DownloadStaging`]): the DMA into a (cacheable) pinned buffer is queued after
+//! - **reads** (`DownloadStaging`): the DMA into a (cacheable) pinned buffer is queued after
 //!   all earlier work, the stream is synchronized, and the bytes are copied out.
 //!
 //! Larger transfers go directly from/to the caller's memory (pageable, synchronous for the host
