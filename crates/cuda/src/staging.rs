@@ -122,6 +122,12 @@ impl UploadStaging {
             std::slice::from_raw_parts(p.cast_const(), n)
         };
         let stream = &self.buf.stream;
+        // The raw copy below needs the context current on this thread (cudarc's calls bind it
+        // themselves).
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(driver_err("binding the CUDA context"))?;
         // SAFETY: `staged` is pinned host memory that stays untouched until the copy has run
         // (the ring's rule above); `dst` holds n bytes (the caller's contract).
         unsafe { result::memcpy_htod_async(dst, staged, stream.cu_stream()) }
@@ -157,6 +163,10 @@ impl DownloadStaging {
         let n = out.len();
         assert!(n <= self.buf.len, "staged read of {n} bytes");
         let stream = &self.buf.stream;
+        stream
+            .context()
+            .bind_to_thread()
+            .map_err(driver_err("binding the CUDA context"))?;
         // SAFETY: the first n bytes of the pinned buffer are free (every read synchronizes
         // before returning) and stay untouched by the host until the synchronize below; `src`
         // holds n bytes (the caller's contract).
