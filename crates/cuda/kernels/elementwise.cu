@@ -3,6 +3,8 @@
 // act_mul: g[i] = act(g[i]) * u[i] (the dense FFN's gating, when gate and up were computed by
 //   separate matvecs).
 // add: y[i] += x[i] (residual adds, and merging the CPU's partial FFN sum into the GPU's).
+// threshold_mask: h[i] = 0 where |h[i]| < t (threshold-mode sparsity: small activations of the
+//   gate/up product are dropped before the down pass).
 
 extern "C" __global__ void act_mul(float* g, const float* u, int n, int act) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -12,4 +14,9 @@ extern "C" __global__ void act_mul(float* g, const float* u, int n, int act) {
 extern "C" __global__ void add(float* y, const float* x, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] += x[i];
+}
+
+extern "C" __global__ void threshold_mask(float* h, int n, float t) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && fabsf(h[i]) < t) h[i] = 0.0f;
 }

@@ -1,20 +1,26 @@
 //! The CUDA device (feature `cuda`): a context and stream on one GPU, the kernel registry that
 //! compiles each module with NVRTC on first use (for the device's compute capability, through
-//! the PTX disk cache) and loads it lazily, device buffers, and weight uploads.
+//! the PTX disk cache) and loads it lazily, its typed buffers ([`CudaBuffer`]), and the
+//! [`Backend`] implementation: allocation (counted), copies (small ones through pinned staging,
+//! see [`crate::staging`]) and launches (`cuda_launch.rs`).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use cudarc::driver::sys::CUresult;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, DriverError,
+    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
+    DeviceRepr, DriverError,
 };
 use cudarc::nvrtc::Ptx;
-use powerinfer_core::{ensure, DType, Error, Result, Weight};
+use powerinfer_core::{ensure, Error, Result};
 
+use crate::backend::{Backend, Checked, DeviceSlice, Elem, Launch};
 use crate::kernels::KernelSource;
-use crate::layout::{pack_hot_slabs, parse_device, RowLayout, SlabLayout};
+use crate::layout::{align, parse_device, RowLayout};
 use crate::nvrtc;
-use crate::DeviceElem;
+use crate::staging::{DownloadStaging, UploadStaging, STAGING_BYTES};
 
 // SAFETY: RowLayout is #[repr(C)] plain old data (two i64 then two i32, no padding), the same
 // layout as `struct RowLayout` in common.cuh, so it can be passed to a kernel by value.
@@ -61,6 +67,12 @@ struct Inner {
     name: String,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
     functions: Mutex<HashMap<String, CudaFunction>>,
+    /// Bytes of the live buffers made by `zeros` (each rounded up to 256), shared with them.
+    allocated: Arc<AtomicUsize>,
+    /// Pinned ring for writes of at most [`STAGING_BYTES`].
+    upload: Mutex<UploadStaging>,
+    /// Pinned buffer for reads of at most [`STAGING_BYTES`].
+    download: Mutex<DownloadStaging>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -100,6 +112,8 @@ impl CudaDevice {
             .compute_capability()
             .map_err(driver_err("reading the compute capability"))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let upload = Mutex::new(UploadStaging::new(&stream)?);
+        let download = Mutex::new(DownloadStaging::new(&stream)?);
         Ok(CudaDevice {
             inner: Arc::new(Inner {
                 ctx,
@@ -109,6 +123,9 @@ impl CudaDevice {
                 name,
                 modules: Mutex::new(HashMap::new()),
                 functions: Mutex::new(HashMap::new()),
+                allocated: Arc::new(AtomicUsize::new(0)),
+                upload,
+                download,
             }),
         })
     }
@@ -131,22 +148,6 @@ impl CudaDevice {
     /// Compute capability as one number (major · 10 + minor: 80, 86, 90, ...).
     pub fn compute_capability(&self) -> u32 {
         self.inner.arch
-    }
-
-    /// (free, total) device memory in bytes.
-    pub fn mem_info(&self) -> Result<(usize, usize)> {
-        self.inner
-            .ctx
-            .mem_get_info()
-            .map_err(driver_err("reading device memory"))
-    }
-
-    /// Wait until every launch on this device's stream has finished.
-    pub fn synchronize(&self) -> Result<()> {
-        self.inner
-            .stream
-            .synchronize()
-            .map_err(driver_err("synchronizing the stream"))
     }
 
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
@@ -179,9 +180,7 @@ impl CudaDevice {
             .ctx
             .load_module(Ptx::from_src(ptx))
             .map_err(|e| {
-                let hint = if e.0
-                    == cudarc::driver::sys::CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION
-                {
+                let hint = if e.0 == CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION {
                     " (the NVRTC library is newer than the GPU driver: update the driver or use an \
                  NVRTC no newer than the driver's CUDA version)"
                 } else {
@@ -194,165 +193,170 @@ impl CudaDevice {
             .or_insert(module)
             .clone())
     }
-
-    /// A zero-filled device buffer of `len` elements.
-    pub fn zeros<T: DeviceElem>(&self, len: usize) -> Result<DeviceBuffer<T>> {
-        let data = self
-            .stream()
-            .alloc_zeros::<T>(len.max(1))
-            .map_err(driver_err("allocating device memory"))?;
-        Ok(DeviceBuffer { data, len })
-    }
-
-    /// Copy `host` to a new device buffer.
-    pub fn upload<T: DeviceElem>(&self, host: &[T]) -> Result<DeviceBuffer<T>> {
-        let mut buf = self.zeros::<T>(host.len())?;
-        self.write(host, &mut buf)?;
-        Ok(buf)
-    }
-
-    /// Copy `host` into the start of `dst` (which must be at least as long).
-    pub fn write<T: DeviceElem>(&self, host: &[T], dst: &mut DeviceBuffer<T>) -> Result<()> {
-        ensure!(
-            host.len() <= dst.len,
-            Shape,
-            "writing {} values into a device buffer of {}",
-            host.len(),
-            dst.len
-        );
-        if host.is_empty() {
-            return Ok(());
-        }
-        let mut view = dst.data.slice_mut(0..host.len());
-        self.stream()
-            .memcpy_htod(host, &mut view)
-            .map_err(driver_err("copying to the device"))
-    }
-
-    /// Copy a device buffer back (waits for the stream).
-    pub fn download<T: DeviceElem>(&self, src: &DeviceBuffer<T>) -> Result<Vec<T>> {
-        let mut out = vec![T::default(); src.len];
-        if src.len > 0 {
-            self.stream()
-                .memcpy_dtoh(&src.data.slice(0..src.len), &mut out)
-                .map_err(driver_err("copying from the device"))?;
-        }
-        self.synchronize()?;
-        Ok(out)
-    }
-
-    /// Upload a whole weight matrix (rows as stored).
-    pub fn upload_weight(&self, w: &Weight) -> Result<DeviceWeight> {
-        let all: Vec<u32> = (0..w.rows as u32).collect();
-        self.upload_rows(w, &all)
-    }
-
-    /// Upload rows `ids` of `w` (in that order) as a compact matrix: row k on the device is row
-    /// ids[k] of `w`.
-    pub fn upload_rows(&self, w: &Weight, ids: &[u32]) -> Result<DeviceWeight> {
-        let rb = w.dtype.row_bytes(w.cols)?;
-        ensure!(
-            w.n_bytes() == rb * w.rows,
-            Shape,
-            "{} weight of {} x {} has {} bytes",
-            w.dtype,
-            w.rows,
-            w.cols,
-            w.n_bytes()
-        );
-        let mut bytes = Vec::with_capacity(rb * ids.len());
-        for &i in ids {
-            ensure!((i as usize) < w.rows, Shape, "row {i} of {} rows", w.rows);
-            bytes.extend_from_slice(w.row(i as usize));
-        }
-        Ok(DeviceWeight {
-            dtype: w.dtype,
-            rows: ids.len(),
-            cols: w.cols,
-            layout: RowLayout::dense(ids.len(), rb)?,
-            data: self.upload(&bytes)?,
-        })
-    }
-
-    /// Pack one layer's hot neurons into slabs of `bucket` (see [`crate::pack_hot_slabs`]) and
-    /// upload them: exactly `n_slabs · slab_bytes` bytes, the plan's `ffn_hot`.
-    pub fn upload_hot_ffn(
-        &self,
-        gate: &Weight,
-        up: &Weight,
-        down_t: &Weight,
-        ids: &[u32],
-        bucket: usize,
-    ) -> Result<HotFfn> {
-        let (layout, bytes) = pack_hot_slabs(gate, up, down_t, ids, bucket)?;
-        Ok(HotFfn {
-            layout,
-            data: self.upload(&bytes)?,
-        })
-    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A device allocation of `len` elements of `T` (f32 activations, i32 indices/flags, u16 f16 KV
-/// cache, u8 weight bytes).
-pub struct DeviceBuffer<T> {
+/// A buffer of `len` elements of `T` in one device's memory (f32 activations, i32 indices and
+/// flags, u16 f16 KV cache, u8 weight bytes); freed, and uncounted, on drop.
+pub struct CudaBuffer<T> {
     pub(crate) data: CudaSlice<T>,
-    pub(crate) len: usize,
+    len: usize,
+    /// Bytes counted in the device's total (len · size rounded up to 256).
+    counted: usize,
+    allocated: Arc<AtomicUsize>,
 }
 
-impl<T> DeviceBuffer<T> {
-    /// Elements.
-    pub fn len(&self) -> usize {
+impl<T> DeviceSlice for CudaBuffer<T> {
+    fn len(&self) -> usize {
         self.len
     }
+}
 
-    /// True when it holds no element.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
+impl<T> Drop for CudaBuffer<T> {
+    fn drop(&mut self) {
+        self.allocated.fetch_sub(self.counted, Ordering::Relaxed);
     }
 }
 
-impl<T> std::fmt::Debug for DeviceBuffer<T> {
+impl<T> std::fmt::Debug for CudaBuffer<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "DeviceBuffer<{}>({})",
+            "CudaBuffer<{}>({})",
             std::any::type_name::<T>(),
             self.len
         )
     }
 }
 
-/// A weight matrix in device memory.
-#[derive(Debug)]
-pub struct DeviceWeight {
-    pub dtype: DType,
-    pub rows: usize,
-    pub cols: usize,
-    pub layout: RowLayout,
-    pub(crate) data: DeviceBuffer<u8>,
+/// `values` as bytes.
+fn as_bytes<T: Elem>(values: &[T]) -> &[u8] {
+    // SAFETY: Elem is sealed to f32, i32, u16 and u8: no padding, so every byte of the slice is
+    // initialised, and u8 has alignment 1; the length is the slice's size in bytes.
+    unsafe { std::slice::from_raw_parts(values.as_ptr().cast(), std::mem::size_of_val(values)) }
 }
 
-impl DeviceWeight {
-    /// Device bytes.
-    pub fn n_bytes(&self) -> usize {
-        self.data.len
+/// `values` as writable bytes.
+fn as_bytes_mut<T: Elem>(values: &mut [T]) -> &mut [u8] {
+    // SAFETY: as in `as_bytes`; moreover every bit pattern is a valid f32, i32, u16 or u8, so
+    // any bytes written leave valid values.
+    unsafe {
+        std::slice::from_raw_parts_mut(values.as_mut_ptr().cast(), std::mem::size_of_val(values))
     }
 }
 
-/// One layer's hot neurons in device memory, in slabs.
-#[derive(Debug)]
-pub struct HotFfn {
-    pub layout: SlabLayout,
-    pub(crate) data: DeviceBuffer<u8>,
+/// Error unless `[at, at + n)` lies inside a buffer of `len` elements.
+fn check_range(at: usize, n: usize, len: usize, what: &str) -> Result<()> {
+    ensure!(
+        at.checked_add(n).is_some_and(|end| end <= len),
+        Shape,
+        "{what} {n} values at {at} of a device buffer of {len}"
+    );
+    Ok(())
 }
 
-impl HotFfn {
-    /// Device bytes (== `layout.total_bytes()`).
-    pub fn n_bytes(&self) -> usize {
-        self.data.len
+impl Backend for CudaDevice {
+    type Buf<T: Elem> = CudaBuffer<T>;
+
+    fn describe(&self) -> String {
+        format!(
+            "cuda:{} ({}, sm_{})",
+            self.inner.ordinal, self.inner.name, self.inner.arch
+        )
+    }
+
+    fn mem_info(&self) -> Result<(usize, usize)> {
+        self.inner
+            .ctx
+            .mem_get_info()
+            .map_err(driver_err("reading device memory"))
+    }
+
+    /// Always `Some`: every buffer made by `zeros` is counted until dropped.
+    fn allocated_bytes(&self) -> Option<usize> {
+        Some(self.inner.allocated.load(Ordering::Relaxed))
+    }
+
+    fn zeros<T: Elem>(&self, len: usize) -> Result<CudaBuffer<T>> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(|| Error::Shape(format!("{len} elements overflow")))?;
+        let data = self
+            .stream()
+            .alloc_zeros::<T>(len.max(1))
+            .map_err(|e| match e.0 {
+                CUresult::CUDA_ERROR_OUT_OF_MEMORY => Error::VramBudget(format!(
+                    "{}: out of device memory allocating {bytes} bytes",
+                    self.describe()
+                )),
+                _ => driver_err("allocating device memory")(e),
+            })?;
+        let counted = align(bytes);
+        self.inner.allocated.fetch_add(counted, Ordering::Relaxed);
+        Ok(CudaBuffer {
+            data,
+            len,
+            counted,
+            allocated: self.inner.allocated.clone(),
+        })
+    }
+
+    /// Writes of at most [`STAGING_BYTES`] are staged in pinned memory and return without
+    /// waiting for the copy; larger ones copy from `host` directly. Either way `host` may be
+    /// reused when this returns, and the copy runs in stream order (after earlier launches,
+    /// before later ones).
+    fn write<T: Elem>(&self, host: &[T], dst: &mut CudaBuffer<T>, at: usize) -> Result<()> {
+        check_range(at, host.len(), dst.len, "writing")?;
+        if host.is_empty() {
+            return Ok(());
+        }
+        let stream = self.stream();
+        let mut view = dst.data.slice_mut(at..at + host.len());
+        let bytes = as_bytes(host);
+        if bytes.len() > STAGING_BYTES {
+            return stream
+                .memcpy_htod(host, &mut view)
+                .map_err(driver_err("copying to the device"));
+        }
+        let (ptr, _record) = view.device_ptr_mut(stream);
+        // SAFETY: `ptr` addresses host.len() elements (bytes.len() bytes) of `dst`, checked
+        // above, in this device's context; `dst` is borrowed mutably, and a buffer is freed
+        // only on drop, in stream order after this copy.
+        unsafe { lock(&self.inner.upload).write(bytes, ptr) }
+    }
+
+    /// Reads of at most [`STAGING_BYTES`] go through pinned memory; all queued work finishes
+    /// first either way.
+    fn read<T: Elem>(&self, src: &CudaBuffer<T>, at: usize, out: &mut [T]) -> Result<()> {
+        check_range(at, out.len(), src.len, "reading")?;
+        if out.is_empty() {
+            return self.synchronize();
+        }
+        let stream = self.stream();
+        let view = src.data.slice(at..at + out.len());
+        if std::mem::size_of_val(out) > STAGING_BYTES {
+            stream
+                .memcpy_dtoh(&view, out)
+                .map_err(driver_err("copying from the device"))?;
+            return self.synchronize();
+        }
+        let (ptr, _record) = view.device_ptr(stream);
+        // SAFETY: `ptr` addresses out.len() elements of `src` (checked above) in this device's
+        // context, and `src` stays borrowed until the read has waited for the copy.
+        unsafe { lock(&self.inner.download).read(ptr, as_bytes_mut(out)) }
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.inner
+            .stream
+            .synchronize()
+            .map_err(driver_err("synchronizing the stream"))
+    }
+
+    fn launch(&self, launch: Launch<'_, Self>, _checked: Checked) -> Result<()> {
+        self.launch_kernel(launch)
     }
 }

@@ -82,12 +82,12 @@ pub const ATTENTION: KernelSource = KernelSource {
     single: &["kv_store", "attention_decode"],
 };
 
-/// act(gate)·up and residual adds.
+/// act(gate)·up, residual adds and the threshold mask.
 pub const ELEMENTWISE: KernelSource = KernelSource {
     name: "elementwise",
     source: include_str!("../kernels/elementwise.cu"),
     per_dtype: &[],
-    single: &["act_mul", "add"],
+    single: &["act_mul", "add", "threshold_mask"],
 };
 
 /// Every module.

@@ -4,11 +4,16 @@
 //! compiled to PTX with NVRTC at first use for the device's architecture (cached on disk) and
 //! launched through cudarc.
 //!
-//! cudarc is built with dynamic loading: libcuda and libnvrtc are opened only when a device is
-//! requested, so a build with the `cuda` feature still runs everywhere, and
-//! [`CudaDevice::new`] returns `Error::Cuda` where there is no driver or GPU. Without the
-//! feature, the device queries answer "none" and `CudaDevice::new` returns
-//! `Error::Unsupported` ("built without CUDA"); the launch API exists only with the feature.
+//! The executor sees a GPU through [`Backend`] (typed buffers, copies, one checked launch entry)
+//! and [`GpuOps`] (every operation, shape-checked once for all backends, in [`ops`]).
+//! [`CudaDevice`] implements it with the kernels; [`HostBackend`] (always built) implements every
+//! kernel's contract in plain Rust, for `device="gpu-sim"` and tests without a GPU.
+//!
+//! libcuda (cudarc, dynamic loading) and libnvrtc (our loader in `nvrtc`, CUDA 12 or 13) are
+//! opened only when a device is requested, so a build with the `cuda` feature still runs
+//! everywhere, and [`CudaDevice::new`] returns `Error::Cuda` where there is no driver or GPU.
+//! Without the feature, the device queries answer "none" and `CudaDevice::new` returns
+//! `Error::Unsupported` ("built without CUDA"); `CudaDevice` is then no backend.
 //!
 //! Kernel sources live in `kernels/*.cu` (one per op family, see [`kernels`]); host-side
 //! layouts shared by both builds (row addressing, hot-neuron slabs) in [`layout`], and the list
@@ -28,11 +33,13 @@ mod cuda_launch;
 mod device;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
+#[cfg(feature = "cuda")]
+pub mod staging;
 #[cfg(not(feature = "cuda"))]
 mod stub;
 
 #[cfg(feature = "cuda")]
-pub use device::{device_count, driver_available, is_available, CudaDevice, DeviceBuffer};
+pub use device::{device_count, driver_available, is_available, CudaBuffer, CudaDevice};
 #[cfg(not(feature = "cuda"))]
 pub use stub::{device_count, driver_available, is_available, CudaDevice};
 
@@ -47,7 +54,3 @@ pub use ops::GpuOps;
 
 /// True when this build can drive a GPU (the `cuda` feature); a device may still be absent.
 pub const BUILT_WITH_CUDA: bool = cfg!(feature = "cuda");
-
-/// The element types of the CUDA build's buffers (the backend interface's [`Elem`]).
-#[cfg(feature = "cuda")]
-use backend::Elem as DeviceElem;

@@ -1,13 +1,13 @@
 //! Every kernel against the CPU crate's scalar references on random odd-sized data, every weight
-//! format. Each test body takes a device; [`on_each_device`] runs it on every CUDA device there
-//! is, and prints "skipped: no CUDA device" (passing) where there is none — as in CI.
-
-#![cfg(feature = "cuda")]
+//! format, on every backend: each test body is generic over [`Backend`] and
+//! [`on_each_backend!`] runs it on the host backend (always) and on every CUDA device there is
+//! (with the `cuda` feature), printing "skipped: no CUDA device" for the CUDA part where there
+//! is none — as in CI.
 
 use half::f16;
-use powerinfer_core::{quantize_row, Activation, Buffer, DType, RopeStyle, Weight};
+use powerinfer_core::{quantize_row, Activation, Buffer, DType, Error, RopeStyle, Weight};
 use powerinfer_cpu::{reference, sparse_reference};
-use powerinfer_cuda::{Act, CudaDevice};
+use powerinfer_cuda::{Act, Backend, DeviceWeight, GpuOps, HostBackend, RowLayout};
 
 /// Relative tolerance of GPU f32 sums against the f64 references (different summation order).
 const REL_TOL: f32 = 2e-4;
@@ -16,17 +16,39 @@ const ABS_TOL: f32 = 1e-4;
 /// Tolerance of attention, whose keys and values pass through the f16 cache.
 const ATT_TOL: f32 = 2e-3;
 
-fn on_each_device(test: impl Fn(&CudaDevice)) {
-    let n = powerinfer_cuda::device_count();
-    if n == 0 {
-        println!("skipped: no CUDA device");
-        return;
-    }
-    for ordinal in 0..n {
-        let dev = CudaDevice::new(ordinal).expect("opening a CUDA device that was counted");
-        println!("running on {dev:?}");
-        test(&dev);
-    }
+/// Run the generic test body `$body::<B>(&B)` on the host backend, then on every CUDA device.
+macro_rules! on_each_backend {
+    ($body:ident) => {{
+        let host = HostBackend::new();
+        println!("running on {}", host.describe());
+        $body(&host);
+        on_each_cuda_device!($body);
+    }};
+}
+
+/// The CUDA part of [`on_each_backend!`]: every device, or a printed skip.
+#[cfg(feature = "cuda")]
+macro_rules! on_each_cuda_device {
+    ($body:ident) => {{
+        let n = powerinfer_cuda::device_count();
+        if n == 0 {
+            println!("skipped: no CUDA device");
+        }
+        for ordinal in 0..n {
+            let dev = powerinfer_cuda::CudaDevice::new(ordinal)
+                .expect("opening a CUDA device that was counted");
+            println!("running on {}", dev.describe());
+            $body(&dev);
+        }
+    }};
+}
+
+/// The CUDA part of [`on_each_backend!`] in a build without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+macro_rules! on_each_cuda_device {
+    ($body:ident) => {{
+        println!("skipped: no CUDA device (built without the cuda feature)");
+    }};
 }
 
 /// Deterministic pseudo-random values in [-1, 1).
@@ -68,365 +90,484 @@ fn assert_close(got: &[f32], want: &[f32], scale: f32, tol: f32, what: &str) {
 
 #[test]
 fn sparse_matvec_matches_reference_every_dtype() {
-    on_each_device(|dev| {
-        for dtype in DType::ALL {
-            let (rows, cols) = (157, cols_for(dtype));
-            let w = weight(dtype, rows, cols, 1);
-            let x = values(cols, 2);
-            let idx: Vec<u32> = (0..rows as u32).filter(|i| i % 3 != 1).rev().collect();
-            let mut want = vec![0f32; idx.len()];
-            sparse_reference::matvec_rows(&w, &x, &idx, &mut want).unwrap();
-            let dw = dev.upload_weight(&w).unwrap();
-            let dx = dev.upload(&x).unwrap();
-            let didx = dev
-                .upload(&idx.iter().map(|&i| i as i32).collect::<Vec<_>>())
-                .unwrap();
-            let mut dy = dev.zeros::<f32>(idx.len()).unwrap();
-            dev.matvec_rows(&dw, &dx, Some(&didx), idx.len(), Act::None, &mut dy)
-                .unwrap();
-            let got = dev.download(&dy).unwrap();
-            assert_close(
-                &got,
-                &want,
-                (cols as f32).sqrt(),
-                REL_TOL,
-                &format!("{dtype}"),
-            );
-            // Dense (no index list) with ReLU.
-            let mut dense = dev.zeros::<f32>(rows).unwrap();
-            dev.matvec_rows(&dw, &dx, None, rows, Act::Relu, &mut dense)
-                .unwrap();
-            let mut all = vec![0f32; rows];
-            reference::matvec(&w, &x, &mut all).unwrap();
-            let relu: Vec<f32> = all.iter().map(|v| v.max(0.0)).collect();
-            let got = dev.download(&dense).unwrap();
-            assert_close(
-                &got,
-                &relu,
-                (cols as f32).sqrt(),
-                REL_TOL,
-                &format!("{dtype} dense"),
-            );
-        }
-    });
+    on_each_backend!(sparse_matvec);
+}
+
+fn sparse_matvec<B: Backend>(dev: &B) {
+    for dtype in DType::ALL {
+        let (rows, cols) = (157, cols_for(dtype));
+        let w = weight(dtype, rows, cols, 1);
+        let x = values(cols, 2);
+        let idx: Vec<u32> = (0..rows as u32).filter(|i| i % 3 != 1).rev().collect();
+        let mut want = vec![0f32; idx.len()];
+        sparse_reference::matvec_rows(&w, &x, &idx, &mut want).unwrap();
+        let dw = dev.upload_weight(&w).unwrap();
+        let dx = dev.upload(&x).unwrap();
+        let didx = dev
+            .upload(&idx.iter().map(|&i| i as i32).collect::<Vec<_>>())
+            .unwrap();
+        let mut dy = dev.zeros::<f32>(idx.len()).unwrap();
+        dev.matvec_rows(&dw, &dx, Some(&didx), idx.len(), Act::None, &mut dy)
+            .unwrap();
+        let got = dev.download(&dy).unwrap();
+        assert_close(
+            &got,
+            &want,
+            (cols as f32).sqrt(),
+            REL_TOL,
+            &format!("{dtype}"),
+        );
+        // Dense (no index list) with ReLU.
+        let mut dense = dev.zeros::<f32>(rows).unwrap();
+        dev.matvec_rows(&dw, &dx, None, rows, Act::Relu, &mut dense)
+            .unwrap();
+        let mut all = vec![0f32; rows];
+        reference::matvec(&w, &x, &mut all).unwrap();
+        let relu: Vec<f32> = all.iter().map(|v| v.max(0.0)).collect();
+        let got = dev.download(&dense).unwrap();
+        assert_close(
+            &got,
+            &relu,
+            (cols as f32).sqrt(),
+            REL_TOL,
+            &format!("{dtype} dense"),
+        );
+    }
 }
 
 #[test]
 fn rows_longer_than_shared_memory_read_x_in_place() {
-    // ffn 14,336 (Llama-3-8B) and 28,672 (70B) as the columns of a dense down projection, and
-    // the longest row still staged in shared memory.
-    on_each_device(|dev| {
-        for (cols, dtype) in [
-            (powerinfer_cuda::MAX_X_COLS, DType::F16),
-            (14336, DType::Q4_0),
-            (28672, DType::F16),
-        ] {
-            let rows = 37;
-            let w = weight(dtype, rows, cols, 3);
-            let x = values(cols, 4);
-            let mut want = vec![0f32; rows];
-            reference::matvec(&w, &x, &mut want).unwrap();
-            let (dw, dx) = (dev.upload_weight(&w).unwrap(), dev.upload(&x).unwrap());
-            let mut dy = dev.zeros::<f32>(rows).unwrap();
-            dev.matvec_rows(&dw, &dx, None, rows, Act::None, &mut dy)
-                .unwrap();
-            let got = dev.download(&dy).unwrap();
-            let what = format!("{dtype} x {cols}");
-            assert_close(&got, &want, (cols as f32).sqrt(), REL_TOL, &what);
-        }
-    });
+    on_each_backend!(long_rows);
+}
+
+// ffn 14,336 (Llama-3-8B) and 28,672 (70B) as the columns of a dense down projection, and
+// the longest row still staged in shared memory.
+fn long_rows<B: Backend>(dev: &B) {
+    for (cols, dtype) in [
+        (powerinfer_cuda::MAX_X_COLS, DType::F16),
+        (14336, DType::Q4_0),
+        (28672, DType::F16),
+    ] {
+        let rows = 37;
+        let w = weight(dtype, rows, cols, 3);
+        let x = values(cols, 4);
+        let mut want = vec![0f32; rows];
+        reference::matvec(&w, &x, &mut want).unwrap();
+        let (dw, dx) = (dev.upload_weight(&w).unwrap(), dev.upload(&x).unwrap());
+        let mut dy = dev.zeros::<f32>(rows).unwrap();
+        dev.matvec_rows(&dw, &dx, None, rows, Act::None, &mut dy)
+            .unwrap();
+        let got = dev.download(&dy).unwrap();
+        let what = format!("{dtype} x {cols}");
+        assert_close(&got, &want, (cols as f32).sqrt(), REL_TOL, &what);
+    }
 }
 
 #[test]
 fn axpy_rows_matches_reference_every_dtype() {
-    on_each_device(|dev| {
-        for dtype in DType::ALL {
-            let (rows, cols) = (91, cols_for(dtype));
-            let w = weight(dtype, rows, cols, 3);
-            let idx: Vec<u32> = (0..rows as u32).step_by(2).collect();
-            let mut a = values(idx.len(), 4);
-            a[3] = 0.0;
-            let y0 = values(cols, 5);
-            let mut want = y0.clone();
-            sparse_reference::axpy_rows(&w, &idx, &a, &mut want).unwrap();
-            let dw = dev.upload_weight(&w).unwrap();
-            let didx = dev
-                .upload(&idx.iter().map(|&i| i as i32).collect::<Vec<_>>())
+    on_each_backend!(axpy_rows);
+}
+
+fn axpy_rows<B: Backend>(dev: &B) {
+    for dtype in DType::ALL {
+        let (rows, cols) = (91, cols_for(dtype));
+        let w = weight(dtype, rows, cols, 3);
+        let idx: Vec<u32> = (0..rows as u32).step_by(2).collect();
+        let mut a = values(idx.len(), 4);
+        a[3] = 0.0;
+        let y0 = values(cols, 5);
+        let mut want = y0.clone();
+        sparse_reference::axpy_rows(&w, &idx, &a, &mut want).unwrap();
+        let dw = dev.upload_weight(&w).unwrap();
+        let didx = dev
+            .upload(&idx.iter().map(|&i| i as i32).collect::<Vec<_>>())
+            .unwrap();
+        let da = dev.upload(&a).unwrap();
+        for splits in [1, 4] {
+            let mut dy = dev.upload(&y0).unwrap();
+            dev.axpy_rows(&dw, Some(&didx), &da, idx.len(), &mut dy, splits)
                 .unwrap();
-            let da = dev.upload(&a).unwrap();
-            for splits in [1, 4] {
-                let mut dy = dev.upload(&y0).unwrap();
-                dev.axpy_rows(&dw, Some(&didx), &da, idx.len(), &mut dy, splits)
-                    .unwrap();
-                let got = dev.download(&dy).unwrap();
-                let what = format!("{dtype} splits {splits}");
-                assert_close(&got, &want, (idx.len() as f32).sqrt(), REL_TOL, &what);
-            }
+            let got = dev.download(&dy).unwrap();
+            let what = format!("{dtype} splits {splits}");
+            assert_close(&got, &want, (idx.len() as f32).sqrt(), REL_TOL, &what);
         }
-    });
+    }
 }
 
 #[test]
 fn hot_ffn_slabs_match_the_fused_cpu_reference() {
-    on_each_device(|dev| {
-        for dtype in [
-            DType::F16,
-            DType::BF16,
-            DType::Q8_0,
-            DType::Q4_0,
-            DType::Q4_1,
-        ] {
-            let (ffn, dim) = (203, 32 * 7);
-            let gate = weight(dtype, ffn, dim, 6);
-            let up = weight(dtype, ffn, dim, 7);
-            let down_t = weight(dtype, ffn, dim, 8);
-            let x = values(dim, 9);
-            let hot: Vec<u32> = (0..ffn as u32).filter(|i| i % 5 != 0).collect(); // partial slab
-            let mut flags = vec![0i32; ffn];
-            hot.iter()
-                .filter(|&&i| i % 2 == 0)
-                .for_each(|&i| flags[i as usize] = 1);
-            let active: Vec<u32> = hot
-                .iter()
-                .copied()
-                .filter(|&i| flags[i as usize] != 0)
-                .collect();
-            let mut want = vec![0f32; dim];
-            sparse_reference::ffn_gate_up_down_sparse(
-                &gate,
-                &up,
-                &down_t,
-                Activation::Silu,
-                &x,
-                &active,
-                &mut want,
-            )
+    on_each_backend!(hot_ffn);
+}
+
+fn hot_ffn<B: Backend>(dev: &B) {
+    for dtype in [
+        DType::F16,
+        DType::BF16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+    ] {
+        let (ffn, dim) = (203, 32 * 7);
+        let gate = weight(dtype, ffn, dim, 6);
+        let up = weight(dtype, ffn, dim, 7);
+        let down_t = weight(dtype, ffn, dim, 8);
+        let x = values(dim, 9);
+        let hot: Vec<u32> = (0..ffn as u32).filter(|i| i % 5 != 0).collect(); // partial slab
+        let mut flags = vec![0i32; ffn];
+        hot.iter()
+            .filter(|&&i| i % 2 == 0)
+            .for_each(|&i| flags[i as usize] = 1);
+        let active: Vec<u32> = hot
+            .iter()
+            .copied()
+            .filter(|&i| flags[i as usize] != 0)
+            .collect();
+        let mut want = vec![0f32; dim];
+        sparse_reference::ffn_gate_up_down_sparse(
+            &gate,
+            &up,
+            &down_t,
+            Activation::Silu,
+            &x,
+            &active,
+            &mut want,
+        )
+        .unwrap();
+        let hf = dev.upload_hot_ffn(&gate, &up, &down_t, &hot, 32).unwrap();
+        assert_eq!(hf.n_bytes(), hf.layout.total_bytes());
+        let dx = dev.upload(&x).unwrap();
+        let dflags = dev.upload(&flags).unwrap();
+        let mut h = dev.zeros::<f32>(hot.len()).unwrap();
+        dev.hot_gate_up(&hf, &dx, Some(&dflags), Act::Silu, &mut h)
             .unwrap();
-            let hf = dev.upload_hot_ffn(&gate, &up, &down_t, &hot, 32).unwrap();
-            assert_eq!(hf.n_bytes(), hf.layout.total_bytes());
-            let dx = dev.upload(&x).unwrap();
-            let dflags = dev.upload(&flags).unwrap();
-            let mut h = dev.zeros::<f32>(hot.len()).unwrap();
-            dev.hot_gate_up(&hf, &dx, Some(&dflags), Act::Silu, &mut h)
-                .unwrap();
-            let mut y = dev.zeros::<f32>(dim).unwrap();
-            dev.hot_down(&hf, &h, &mut y, 1).unwrap();
-            let got = dev.download(&y).unwrap();
-            assert_close(&got, &want, 4.0, 1e-3, &format!("hot ffn {dtype}"));
-        }
-    });
+        let mut y = dev.zeros::<f32>(dim).unwrap();
+        dev.hot_down(&hf, &h, &mut y, 1).unwrap();
+        let got = dev.download(&y).unwrap();
+        assert_close(&got, &want, 4.0, 1e-3, &format!("hot ffn {dtype}"));
+    }
 }
 
 #[test]
 fn split_hot_flags_moves_hot_flags_to_slots_and_leaves_the_cold_set() {
-    on_each_device(|dev| {
-        let (ffn, dim) = (203, 64);
-        let w = weight(DType::F16, ffn, dim, 13);
-        // Hot neurons in descending order, a partial last slab (padding slots past n_hot).
-        let hot: Vec<u32> = (0..ffn as u32).rev().filter(|i| i % 3 != 1).collect();
-        let hf = dev.upload_hot_ffn(&w, &w, &w, &hot, 32).unwrap();
-        let flags: Vec<i32> = (0..ffn).map(|i| i32::from(i % 7 < 3)).collect();
-        let mut dflags = dev.upload(&flags).unwrap();
-        let n_slots = hf.layout.n_hot;
-        let mut dslots = dev.upload(&vec![-5i32; n_slots]).unwrap();
-        dev.split_hot_flags(&hf, &mut dflags, &mut dslots).unwrap();
-        let (slots, cold) = (
-            dev.download(&dslots).unwrap(),
-            dev.download(&dflags).unwrap(),
-        );
-        // Slot r holds hot[r] (slot order is the order given).
-        assert_eq!(n_slots, hot.len());
-        for (r, &id) in hot.iter().enumerate() {
-            assert_eq!(slots[r], flags[id as usize], "slot {r} (neuron {id})");
-        }
-        for (i, &f) in cold.iter().enumerate() {
-            let want = if hot.contains(&(i as u32)) {
-                0
-            } else {
-                flags[i]
-            };
-            assert_eq!(f, want, "cold flag {i}");
-        }
-    });
+    on_each_backend!(split_hot_flags);
+}
+
+fn split_hot_flags<B: Backend>(dev: &B) {
+    let (ffn, dim) = (203, 64);
+    let w = weight(DType::F16, ffn, dim, 13);
+    // Hot neurons in descending order, a partial last slab (padding slots past n_hot).
+    let hot: Vec<u32> = (0..ffn as u32).rev().filter(|i| i % 3 != 1).collect();
+    let hf = dev.upload_hot_ffn(&w, &w, &w, &hot, 32).unwrap();
+    let flags: Vec<i32> = (0..ffn).map(|i| i32::from(i % 7 < 3)).collect();
+    let mut dflags = dev.upload(&flags).unwrap();
+    let n_slots = hf.layout.n_hot;
+    let mut dslots = dev.upload(&vec![-5i32; n_slots]).unwrap();
+    dev.split_hot_flags(&hf, &mut dflags, &mut dslots).unwrap();
+    let (slots, cold) = (
+        dev.download(&dslots).unwrap(),
+        dev.download(&dflags).unwrap(),
+    );
+    // Slot r holds hot[r] (slot order is the order given).
+    assert_eq!(n_slots, hot.len());
+    for (r, &id) in hot.iter().enumerate() {
+        assert_eq!(slots[r], flags[id as usize], "slot {r} (neuron {id})");
+    }
+    for (i, &f) in cold.iter().enumerate() {
+        let want = if hot.contains(&(i as u32)) {
+            0
+        } else {
+            flags[i]
+        };
+        assert_eq!(f, want, "cold flag {i}");
+    }
 }
 
 #[test]
 fn predictor_flags_and_compaction() {
-    on_each_device(|dev| {
-        let (dim, rank, ffn) = (96, 37, 301);
-        let fc1 = weight(DType::F16, rank, dim, 10);
-        let fc2_t = weight(DType::F16, rank, ffn, 11);
-        let x = values(dim, 12);
-        let mut hidden = vec![0f32; rank];
-        reference::matvec(&fc1, &x, &mut hidden).unwrap();
-        let (idx, vals): (Vec<u32>, Vec<f32>) = hidden
-            .iter()
-            .enumerate()
-            .filter(|(_, h)| **h > 0.0)
-            .map(|(i, h)| (i as u32, *h))
-            .unzip();
-        let mut logits = vec![0f32; ffn];
-        sparse_reference::axpy_rows(&fc2_t, &idx, &vals, &mut logits).unwrap();
-        let threshold = 0.1;
-        let (d1, d2, dx) = (
-            dev.upload_weight(&fc1).unwrap(),
-            dev.upload_weight(&fc2_t).unwrap(),
-            dev.upload(&x).unwrap(),
-        );
-        let mut dh = dev.zeros::<f32>(rank).unwrap();
-        let mut dflags = dev.zeros::<i32>(ffn).unwrap();
-        let mut dlog = dev.zeros::<f32>(ffn).unwrap();
-        dev.predictor(
-            &d1,
-            &d2,
-            threshold,
-            &dx,
-            &mut dh,
-            &mut dflags,
-            Some(&mut dlog),
-        )
-        .unwrap();
-        let got = dev.download(&dlog).unwrap();
-        assert_close(&got, &logits, 2.0, REL_TOL, "predictor logits");
-        let flags = dev.download(&dflags).unwrap();
-        for j in 0..ffn {
-            // Logits within rounding of the threshold may go either way.
-            if (logits[j] - threshold).abs() > 1e-3 {
-                assert_eq!(flags[j] != 0, logits[j] >= threshold, "flag {j}");
-            }
+    on_each_backend!(predictor);
+}
+
+fn predictor<B: Backend>(dev: &B) {
+    let (dim, rank, ffn) = (96, 37, 301);
+    let fc1 = weight(DType::F16, rank, dim, 10);
+    let fc2_t = weight(DType::F16, rank, ffn, 11);
+    let x = values(dim, 12);
+    let mut hidden = vec![0f32; rank];
+    reference::matvec(&fc1, &x, &mut hidden).unwrap();
+    let (idx, vals): (Vec<u32>, Vec<f32>) = hidden
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| **h > 0.0)
+        .map(|(i, h)| (i as u32, *h))
+        .unzip();
+    let mut logits = vec![0f32; ffn];
+    sparse_reference::axpy_rows(&fc2_t, &idx, &vals, &mut logits).unwrap();
+    let threshold = 0.1;
+    let (d1, d2, dx) = (
+        dev.upload_weight(&fc1).unwrap(),
+        dev.upload_weight(&fc2_t).unwrap(),
+        dev.upload(&x).unwrap(),
+    );
+    let mut dh = dev.zeros::<f32>(rank).unwrap();
+    let mut dflags = dev.zeros::<i32>(ffn).unwrap();
+    let mut dlog = dev.zeros::<f32>(ffn).unwrap();
+    dev.predictor(
+        &d1,
+        &d2,
+        threshold,
+        &dx,
+        &mut dh,
+        &mut dflags,
+        Some(&mut dlog),
+    )
+    .unwrap();
+    let got = dev.download(&dlog).unwrap();
+    assert_close(&got, &logits, 2.0, REL_TOL, "predictor logits");
+    let flags = dev.download(&dflags).unwrap();
+    for j in 0..ffn {
+        // Logits within rounding of the threshold may go either way.
+        if (logits[j] - threshold).abs() > 1e-3 {
+            assert_eq!(flags[j] != 0, logits[j] >= threshold, "flag {j}");
         }
-        let mut out = dev.zeros::<i32>(ffn).unwrap();
-        let mut count = dev.zeros::<i32>(1).unwrap();
-        dev.compact_flags(&dflags, ffn, &mut out, &mut count)
-            .unwrap();
-        let n = dev.download(&count).unwrap()[0] as usize;
-        let want: Vec<i32> = (0..ffn as i32)
-            .filter(|&j| flags[j as usize] != 0)
-            .collect();
-        assert_eq!(&dev.download(&out).unwrap()[..n], &want[..]);
-    });
+    }
+    let mut out = dev.zeros::<i32>(ffn).unwrap();
+    let mut count = dev.zeros::<i32>(1).unwrap();
+    dev.compact_flags(&dflags, ffn, &mut out, &mut count)
+        .unwrap();
+    let n = dev.download(&count).unwrap()[0] as usize;
+    let want: Vec<i32> = (0..ffn as i32)
+        .filter(|&j| flags[j as usize] != 0)
+        .collect();
+    assert_eq!(&dev.download(&out).unwrap()[..n], &want[..]);
 }
 
 #[test]
-fn rms_norm_rope_and_attention() {
-    on_each_device(|dev| {
-        // RMSNorm over 3 rows of 333.
-        let n = 333;
-        let (x, w) = (values(3 * n, 13), values(n, 14));
-        let mut want = vec![0f32; 3 * n];
-        for r in 0..3 {
-            let row = &x[r * n..(r + 1) * n];
-            let ss: f64 = row.iter().map(|v| (*v as f64).powi(2)).sum();
-            let s = 1.0 / (ss / n as f64 + 1e-5).sqrt();
-            for i in 0..n {
-                want[r * n + i] = (row[i] as f64 * s * w[i] as f64) as f32;
+fn rms_norm_and_rope() {
+    on_each_backend!(norm_rope);
+}
+
+fn norm_rope<B: Backend>(dev: &B) {
+    // RMSNorm over 3 rows of 333.
+    let n = 333;
+    let (x, w) = (values(3 * n, 13), values(n, 14));
+    let mut want = vec![0f32; 3 * n];
+    for r in 0..3 {
+        let row = &x[r * n..(r + 1) * n];
+        let ss: f64 = row.iter().map(|v| (*v as f64).powi(2)).sum();
+        let s = 1.0 / (ss / n as f64 + 1e-5).sqrt();
+        for i in 0..n {
+            want[r * n + i] = (row[i] as f64 * s * w[i] as f64) as f32;
+        }
+    }
+    let (dx, dw) = (dev.upload(&x).unwrap(), dev.upload(&w).unwrap());
+    let mut out = dev.zeros::<f32>(3 * n).unwrap();
+    dev.rms_norm(&dx, &dw, 3, 1e-5, &mut out).unwrap();
+    assert_close(
+        &dev.download(&out).unwrap(),
+        &want,
+        1.0,
+        REL_TOL,
+        "rms_norm",
+    );
+
+    // RoPE, both styles, at a large position.
+    let (hd, heads, pos, theta) = (64, 5, 12_345, 10000.0f32);
+    for style in [RopeStyle::Norm, RopeStyle::Neox] {
+        let q = values(hd * heads, 15);
+        let mut want = q.clone();
+        for head in want.chunks_exact_mut(hd) {
+            for i in 0..hd / 2 {
+                let a = pos as f64 * (theta as f64).powf(-2.0 * i as f64 / hd as f64);
+                let (s, c) = (a.sin() as f32, a.cos() as f32);
+                let (ia, ib) = match style {
+                    RopeStyle::Norm => (2 * i, 2 * i + 1),
+                    RopeStyle::Neox => (i, i + hd / 2),
+                };
+                let (x0, x1) = (head[ia], head[ib]);
+                head[ia] = x0 * c - x1 * s;
+                head[ib] = x0 * s + x1 * c;
             }
         }
-        let (dx, dw) = (dev.upload(&x).unwrap(), dev.upload(&w).unwrap());
-        let mut out = dev.zeros::<f32>(3 * n).unwrap();
-        dev.rms_norm(&dx, &dw, 3, 1e-5, &mut out).unwrap();
+        let mut dq = dev.upload(&q).unwrap();
+        dev.rope(&mut dq, hd, pos, theta, style).unwrap();
         assert_close(
-            &dev.download(&out).unwrap(),
+            &dev.download(&dq).unwrap(),
             &want,
             1.0,
-            REL_TOL,
-            "rms_norm",
+            1e-5,
+            &format!("{style:?}"),
         );
+    }
+}
 
-        // RoPE, both styles, at a large position.
-        let (hd, heads, pos, theta) = (64, 5, 12_345, 10000.0f32);
-        for style in [RopeStyle::Norm, RopeStyle::Neox] {
-            let q = values(hd * heads, 15);
-            let mut want = q.clone();
-            for head in want.chunks_exact_mut(hd) {
-                for i in 0..hd / 2 {
-                    let a = pos as f64 * (theta as f64).powf(-2.0 * i as f64 / hd as f64);
-                    let (s, c) = (a.sin() as f32, a.cos() as f32);
-                    let (ia, ib) = match style {
-                        RopeStyle::Norm => (2 * i, 2 * i + 1),
-                        RopeStyle::Neox => (i, i + hd / 2),
-                    };
-                    let (x0, x1) = (head[ia], head[ib]);
-                    head[ia] = x0 * c - x1 * s;
-                    head[ib] = x0 * s + x1 * c;
-                }
-            }
-            let mut dq = dev.upload(&q).unwrap();
-            dev.rope(&mut dq, hd, pos, theta, style).unwrap();
-            assert_close(
-                &dev.download(&dq).unwrap(),
-                &want,
-                1.0,
-                1e-5,
-                &format!("{style:?}"),
-            );
-        }
+#[test]
+fn attention_every_head_dim() {
+    on_each_backend!(attention_head_dims);
+}
 
-        // Decode attention, GQA 6 heads over 2 kv heads, head_dim 80, 517 positions.
-        let (nh, nkv, hd, n_pos) = (6, 2, 80, 517);
-        let kv_dim = nkv * hd;
-        let q = values(nh * hd, 16);
-        let (k, v) = (values(n_pos * kv_dim, 17), values(n_pos * kv_dim, 18));
-        let mut ck = dev.zeros::<u16>(600 * kv_dim).unwrap();
-        let mut cv = dev.zeros::<u16>(600 * kv_dim).unwrap();
-        for p in 0..n_pos {
-            let dk = dev.upload(&k[p * kv_dim..(p + 1) * kv_dim]).unwrap();
-            let dv = dev.upload(&v[p * kv_dim..(p + 1) * kv_dim]).unwrap();
-            dev.kv_store(&dk, &dv, p, &mut ck, &mut cv).unwrap();
+/// Decode attention, grouped-query, over a partly filled cache: head_dim 64, 80, 128 and 256
+/// (the kernel's largest), and one query head per kv head.
+fn attention_head_dims<B: Backend>(dev: &B) {
+    for (nh, nkv, hd, n_pos) in [
+        (6, 2, 80, 517),
+        (8, 2, 64, 300),
+        (4, 4, 128, 257),
+        (4, 1, 256, 131),
+    ] {
+        attention_case(dev, nh, nkv, hd, n_pos);
+    }
+}
+
+/// One attention case: `n_pos` positions stored through kv_store into a cache of `n_pos + 83`,
+/// against an f64 reference reading the same f16-rounded keys and values.
+fn attention_case<B: Backend>(dev: &B, nh: usize, nkv: usize, hd: usize, n_pos: usize) {
+    let seed = hd as u64;
+    let kv_dim = nkv * hd;
+    let q = values(nh * hd, 16 + seed);
+    let (k, v) = (
+        values(n_pos * kv_dim, 17 + seed),
+        values(n_pos * kv_dim, 18 + seed),
+    );
+    let context = n_pos + 83;
+    let mut ck = dev.zeros::<u16>(context * kv_dim).unwrap();
+    let mut cv = dev.zeros::<u16>(context * kv_dim).unwrap();
+    for p in 0..n_pos {
+        let dk = dev.upload(&k[p * kv_dim..(p + 1) * kv_dim]).unwrap();
+        let dv = dev.upload(&v[p * kv_dim..(p + 1) * kv_dim]).unwrap();
+        dev.kv_store(&dk, &dv, p, &mut ck, &mut cv).unwrap();
+    }
+    // The reference reads the same f16-rounded keys and values.
+    let round = |v: &[f32]| -> Vec<f32> { v.iter().map(|x| f16::from_f32(*x).to_f32()).collect() };
+    let (kr, vr) = (round(&k), round(&v));
+    let mut want = vec![0f32; nh * hd];
+    for h in 0..nh {
+        let kvh = h / (nh / nkv);
+        let s: Vec<f64> = (0..n_pos)
+            .map(|p| {
+                (0..hd)
+                    .map(|i| q[h * hd + i] as f64 * kr[p * kv_dim + kvh * hd + i] as f64)
+                    .sum::<f64>()
+                    / (hd as f64).sqrt()
+            })
+            .collect();
+        let m = s.iter().cloned().fold(f64::MIN, f64::max);
+        let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+        for i in 0..hd {
+            want[h * hd + i] = (0..n_pos)
+                .map(|p| (s[p] - m).exp() / z * vr[p * kv_dim + kvh * hd + i] as f64)
+                .sum::<f64>() as f32;
         }
-        // The reference reads the same f16-rounded keys and values.
-        let round =
-            |v: &[f32]| -> Vec<f32> { v.iter().map(|x| f16::from_f32(*x).to_f32()).collect() };
-        let (kr, vr) = (round(&k), round(&v));
-        let mut want = vec![0f32; nh * hd];
-        for h in 0..nh {
-            let kvh = h / (nh / nkv);
-            let s: Vec<f64> = (0..n_pos)
-                .map(|p| {
-                    (0..hd)
-                        .map(|i| q[h * hd + i] as f64 * kr[p * kv_dim + kvh * hd + i] as f64)
-                        .sum::<f64>()
-                        / (hd as f64).sqrt()
-                })
-                .collect();
-            let m = s.iter().cloned().fold(f64::MIN, f64::max);
-            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
-            for i in 0..hd {
-                want[h * hd + i] = (0..n_pos)
-                    .map(|p| (s[p] - m).exp() / z * vr[p * kv_dim + kvh * hd + i] as f64)
-                    .sum::<f64>() as f32;
-            }
-        }
-        let dq = dev.upload(&q).unwrap();
-        let mut out = dev.zeros::<f32>(nh * hd).unwrap();
-        dev.attention(&dq, &ck, &cv, n_pos, nh, nkv, hd, &mut out)
-            .unwrap();
-        assert_close(
-            &dev.download(&out).unwrap(),
-            &want,
-            1.0,
-            ATT_TOL,
-            "attention",
-        );
-    });
+    }
+    let dq = dev.upload(&q).unwrap();
+    let mut out = dev.zeros::<f32>(nh * hd).unwrap();
+    dev.attention(&dq, &ck, &cv, n_pos, nh, nkv, hd, &mut out)
+        .unwrap();
+    assert_close(
+        &dev.download(&out).unwrap(),
+        &want,
+        1.0,
+        ATT_TOL,
+        &format!("attention {nh}/{nkv} heads of {hd}, {n_pos} positions"),
+    );
 }
 
 #[test]
 fn elementwise() {
-    on_each_device(|dev| {
-        let n = 1001;
-        let (g, u) = (values(n, 19), values(n, 20));
-        let mut dg = dev.upload(&g).unwrap();
-        let du = dev.upload(&u).unwrap();
-        dev.act_mul(&mut dg, &du, Act::Gelu).unwrap();
-        let want: Vec<f32> = g
-            .iter()
-            .zip(&u)
-            .map(|(g, u)| Activation::Gelu.apply(*g) * u)
-            .collect();
-        assert_close(&dev.download(&dg).unwrap(), &want, 1.0, 1e-5, "act_mul");
-        dev.add(&mut dg, &du).unwrap();
-        let want: Vec<f32> = want.iter().zip(&u).map(|(a, b)| a + b).collect();
-        assert_close(&dev.download(&dg).unwrap(), &want, 1.0, 1e-5, "add");
-    });
+    on_each_backend!(elementwise_ops);
+}
+
+fn elementwise_ops<B: Backend>(dev: &B) {
+    let n = 1001;
+    let (g, u) = (values(n, 19), values(n, 20));
+    let mut dg = dev.upload(&g).unwrap();
+    let du = dev.upload(&u).unwrap();
+    dev.act_mul(&mut dg, &du, Act::Gelu).unwrap();
+    let want: Vec<f32> = g
+        .iter()
+        .zip(&u)
+        .map(|(g, u)| Activation::Gelu.apply(*g) * u)
+        .collect();
+    assert_close(&dev.download(&dg).unwrap(), &want, 1.0, 1e-5, "act_mul");
+    dev.add(&mut dg, &du).unwrap();
+    let want: Vec<f32> = want.iter().zip(&u).map(|(a, b)| a + b).collect();
+    assert_close(&dev.download(&dg).unwrap(), &want, 1.0, 1e-5, "add");
+}
+
+#[test]
+fn threshold_mask_zeroes_small_values() {
+    on_each_backend!(threshold_mask);
+}
+
+/// `h[i] = 0` where `|h[i]| < t` over the first n values; the rest of the buffer untouched.
+fn threshold_mask<B: Backend>(dev: &B) {
+    let (len, n, t) = (1003, 997, 0.3f32);
+    let mut h = values(len, 21);
+    h[5] = t; // exactly the threshold: kept
+    h[6] = -t;
+    h[7] = 0.0;
+    let mut dh = dev.upload(&h).unwrap();
+    dev.threshold_mask(&mut dh, n, t).unwrap();
+    let want: Vec<f32> = h
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| if i < n && v.abs() < t { 0.0 } else { v })
+        .collect();
+    assert_eq!(dev.download(&dh).unwrap(), want);
+    assert!(want[..n].contains(&0.0) && want[..n].iter().any(|v| *v != 0.0));
+}
+
+#[test]
+fn checks_come_before_any_launch() {
+    on_each_backend!(checked_errors);
+}
+
+/// Bad shapes are the same errors on every backend, found before anything is queued, and empty
+/// work queues nothing (uses only `zeros`, so no copy or launch runs).
+fn checked_errors<B: Backend>(dev: &B) {
+    let zeros_f32 = |n| dev.zeros::<f32>(n).unwrap();
+    let w = DeviceWeight::<B> {
+        dtype: DType::F16,
+        rows: 8,
+        cols: 64,
+        layout: RowLayout::dense(8, 128).unwrap(),
+        data: dev.zeros::<u8>(8 * 128).unwrap(),
+    };
+    let (x, mut y) = (zeros_f32(63), zeros_f32(8));
+    let e = dev.matvec_rows(&w, &x, None, 8, Act::None, &mut y);
+    assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
+    let x = zeros_f32(64);
+    let e = dev.matvec_rows(&w, &x, None, 9, Act::None, &mut y);
+    assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
+    // No rows: nothing to do.
+    dev.matvec_rows(&w, &x, None, 0, Act::None, &mut y).unwrap();
+    let mut empty = zeros_f32(0);
+    dev.act_mul(&mut empty, &zeros_f32(0), Act::Silu).unwrap();
+    dev.add(&mut empty, &zeros_f32(0)).unwrap();
+    dev.threshold_mask(&mut y, 0, 0.5).unwrap();
+    let e = dev.threshold_mask(&mut y, 9, 0.5);
+    assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
+    let e = dev.add(&mut y, &zeros_f32(7));
+    assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
+
+    // head_dim past the kernel's limit.
+    let hd = powerinfer_cuda::MAX_HEAD_DIM * 2;
+    let (q, mut out) = (zeros_f32(hd), zeros_f32(hd));
+    let (ck, cv) = (
+        dev.zeros::<u16>(4 * hd).unwrap(),
+        dev.zeros::<u16>(4 * hd).unwrap(),
+    );
+    let e = dev.attention(&q, &ck, &cv, 4, 1, 1, hd, &mut out);
+    assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
+    // A position past the cache.
+    let (k, v) = (zeros_f32(16), zeros_f32(16));
+    let (mut ck, mut cv) = (
+        dev.zeros::<u16>(4 * 16).unwrap(),
+        dev.zeros::<u16>(4 * 16).unwrap(),
+    );
+    let e = dev.kv_store(&k, &v, 4, &mut ck, &mut cv);
+    assert!(matches!(e, Err(Error::ContextOverflow(_))), "{e:?}");
+    // RoPE over a length that is no whole number of heads.
+    let mut odd = zeros_f32(65);
+    let e = dev.rope(&mut odd, 64, 0, 10000.0, RopeStyle::Norm);
+    assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
 }

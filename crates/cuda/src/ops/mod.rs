@@ -80,7 +80,7 @@ pub trait GpuOps: Backend {
         rows::hot_gate_up(self, ffn, x, flags, act, h)
     }
 
-    /// `y[c] += Σ_k a[k] · W[row k][c]` for k in 0..n (row k = idx[k] or k).
+    /// `y[c] += Σ_k a[k] · W[row k][c]` for k in 0..n (row k = `idx[k]` or k).
     fn axpy_rows(
         &self,
         w: &DeviceWeight<Self>,
