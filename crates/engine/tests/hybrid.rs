@@ -252,7 +252,7 @@ fn half_hot(ffn: usize, n_layers: usize) -> Vec<Vec<u32>> {
     (0..n_layers)
         .map(|l| {
             (0..ffn as u32)
-                .filter(|i| (i * 7 + l as u32) % 2 == 0)
+                .filter(|i| (i * 7 + l as u32).is_multiple_of(2))
                 .collect()
         })
         .collect()
@@ -302,7 +302,7 @@ fn hot_share_zero_half_and_all_of_a_layer() {
     let m = model(Activation::Relu, DType::Q4_0, 256);
     let (n, ffn) = (m.config.n_layers, m.config.ffn_dim);
     for dev in devices() {
-        for share in [0usize, 48, 96] {
+        for share in [0, ffn / 2, ffn] {
             let mut l = Layout::cpu(n);
             l.attention = vec![true; n];
             l.hot = vec![(0..share as u32).collect(); n];
