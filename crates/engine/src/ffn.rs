@@ -279,37 +279,56 @@ pub(crate) fn apply_activation(act: Activation, a: &mut [f32]) {
 
 /// The FFN sum over the neurons `ids` alone for one token (the hybrid executor's CPU side: its
 /// cold neurons, or the cold ones the predictor marked): gate rows of `ids`, then, in ReLU
-/// semantics (`threshold` None) the up and down_t rows of those whose activation is not 0, or,
-/// in threshold semantics, the down_t rows of those with |act(gate)·up| >= t. `out` (dim) is
-/// overwritten.
+/// semantics (`threshold` None) the up rows of those whose activation is not 0, or, in
+/// threshold semantics, those with |act(gate)·up| >= t; then their down rows. Above the
+/// model's dense crossover share of the layer (as in threshold decoding) the down product is
+/// the dense one over the masked values, which reads the original `ffn_down` rather than its
+/// re-quantized transpose and does not round the coefficients as the 4-bit row accumulation
+/// does (massive activations make that rounding coarse). `out` (dim) is overwritten.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn rows_ffn(
-    lw: &LayerWeights,
-    down_t: &Weight,
-    act: Activation,
+    model: &ModelWeights,
+    layer: usize,
     threshold: Option<f32>,
     xn: &[f32],
     ids: &[u32],
     s: &mut FfnScratch,
     out: &mut [f32],
 ) -> Result<()> {
+    let lw = &model.layers[layer];
+    let act = model.config.activation;
     s.gate.resize(ids.len(), 0.0);
     matvec_rows(&lw.w_gate, xn, ids, &mut s.gate)?;
-    let Some(t) = threshold else {
-        keep_firing(act, ids.iter().copied(), &s.gate, &mut s.idx, &mut s.vals);
-        return up_then_down(lw, down_t, xn, s, out);
-    };
-    s.up.resize(ids.len(), 0.0);
-    matvec_rows(&lw.w_up, xn, ids, &mut s.up)?;
-    s.idx.clear();
-    s.vals.clear();
-    for ((&i, &g), &u) in ids.iter().zip(&s.gate).zip(&s.up) {
-        let h = act.apply(g) * u;
-        if h.abs() >= t {
-            s.idx.push(i);
-            s.vals.push(h);
+    match threshold {
+        None => {
+            keep_firing(act, ids.iter().copied(), &s.gate, &mut s.idx, &mut s.vals);
+            s.up.resize(s.idx.len(), 0.0);
+            matvec_rows(&lw.w_up, xn, &s.idx, &mut s.up)?;
+            s.vals.iter_mut().zip(&s.up).for_each(|(a, u)| *a *= u);
+        }
+        Some(t) => {
+            s.up.resize(ids.len(), 0.0);
+            matvec_rows(&lw.w_up, xn, ids, &mut s.up)?;
+            s.idx.clear();
+            s.vals.clear();
+            for ((&i, &g), &u) in ids.iter().zip(&s.gate).zip(&s.up) {
+                let h = act.apply(g) * u;
+                if h.abs() >= t {
+                    s.idx.push(i);
+                    s.vals.push(h);
+                }
+            }
         }
     }
+    let ffn = lw.w_gate.rows;
+    if s.idx.len() as f32 > model.down_crossover()? * ffn as f32 {
+        s.gate.clear();
+        s.gate.resize(ffn, 0.0);
+        for (&i, &v) in s.idx.iter().zip(&s.vals) {
+            s.gate[i as usize] = v;
+        }
+        return matvec(&lw.w_down, &s.gate, out);
+    }
     out.fill(0.0);
-    axpy_rows(down_t, &s.idx, &s.vals, out)
+    axpy_rows(&model.down_t()?[layer], &s.idx, &s.vals, out)
 }

@@ -367,13 +367,10 @@ impl<B: Backend> Executor<B> {
 
         // CPU: the cold neurons, then one upload of their sum, added on the GPU.
         if !cold.is_empty() {
-            let lw = &model.layers[l];
-            let down_t = &model.down_t()?[l];
             self.part.resize(c.dim, 0.0);
             rows_ffn(
-                lw,
-                down_t,
-                c.activation,
+                model,
+                l,
                 threshold,
                 &self.xn,
                 cold,

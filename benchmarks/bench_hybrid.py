@@ -1,0 +1,328 @@
+#!/usr/bin/env python3
+"""Decode tokens/s of the hybrid CPU+GPU engine against the CPU-only engine (and llama.cpp with
+as many layers offloaded as fit the same VRAM budget), on a synthetic ReLU llama.
+
+For each dtype: write (once, into --model-dir) the synthetic GGUF, build an activation profile
+from its planted power law (``SynthWeights.firing_probabilities``: each neuron's planted firing
+rate, exact for layer 0, close deeper in), plan it with ``make_plan`` (HiGHS warm-started from
+greedy) within --budget-share x the model's tensor bytes, save the plan, and load in one
+process: "hybrid" (``Engine(plan=..., device=--device, vram_budget=budget)``), "cpu" (no plan,
+same sparsity) and, on --device cuda when llama-cpp-python was built with GPU offload,
+"llama.cpp" (n_gpu_layers = the most whole layers, weights + f16 KV cache, that fit the
+budget; it runs the FFN dense with SiLU whatever the file says, so it does other arithmetic
+on the same bytes). Each repeat runs every engine once, in alternating order (this machine is
+noisy); the table gives median tokens/s and the ratio to the CPU engine. Timing: the wall time
+of --tokens single-token greedy steps (argmax in numpy) after the prompt's prefill.
+
+Also recorded (--json): the plan's placement and gpu_bytes against the budget, gpu_info()'s
+allocated_bytes and device free/total memory before (nvidia-smi/pynvml) and after loading,
+host<->device transfers per token (gpu_info transfers / steps), and how many greedy tokens of
+the hybrid engine differ from the CPU engine's (exact-relu and dense should give 0).
+
+    python benchmarks/bench_hybrid.py                          # 7B shape, F16 and Q4_0, cuda
+    python benchmarks/bench_hybrid.py --dtype Q4_0 --tokens 128 --repeats 5 --json out.json
+    python benchmarks/bench_hybrid.py --device gpu-sim --small # tiny model, seconds, no GPU
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_common import (  # noqa: E402
+    bench_parser,
+    import_llama,
+    machine_info,
+    median,
+    open_llama,
+    require_powerinfer,
+    synthetic_gguf,
+    write_json,
+)
+from _decode_engines import LlamaCpp  # noqa: E402
+
+LLAMA7B = dict(dim=4096, ffn=11008, layers=32, heads=32, kv_heads=32, vocab=32000)
+SMALL = dict(dim=256, ffn=704, layers=4, heads=8, kv_heads=8, vocab=1000)  # ffn % 32 for Q4_0
+PROMPT = "The history of the printing press begins in the fifteenth century, when Gutenberg"
+CACHE = os.environ.get(
+    "POWERINFER_RS_BENCH_CACHE", str(Path.home() / ".cache" / "powerinfer_rs" / "bench")
+)
+
+
+class LlamaGpu(LlamaCpp):
+    """llama.cpp with ``n_gpu_layers`` offloaded."""
+
+    def __init__(self, path: Path, threads: int, n_ctx: int, n_gpu_layers: int):
+        self.llm = open_llama(path, n_ctx, threads, logits_all=False, n_gpu_layers=n_gpu_layers)
+        self.lib = import_llama()[0]
+        self.n_vocab = self.llm.n_vocab()
+
+
+def greedy(eng, prompt: list[int], n: int) -> tuple[list[int], float, np.ndarray | None]:
+    """Our engine: prefill ``prompt``, then ``n`` single-token greedy steps; (tokens, tok/s,
+    the decode steps' transfers summed over layers, or None without a GPU side)."""
+    eng.reset()
+    logits = eng.prefill(prompt)
+    info0 = eng.gpu_info()
+    out = []
+    t0 = time.perf_counter()
+    for _ in range(n):
+        out.append(int(np.argmax(logits)))
+        logits = eng.prefill([out[-1]])
+    tps = n / (time.perf_counter() - t0)
+    if info0 is None:
+        return out, tps, None
+    info1 = eng.gpu_info()
+    xfer = np.array(info1["transfers"]) - np.array(info0["transfers"])
+    return out, tps, np.append(xfer.sum(axis=0), info1["steps"] - info0["steps"])
+
+
+def planted_profile(shape: dict, seed: int, fingerprint: str, tokens: int = 100_000):
+    """A profile whose counts are the model's planted firing rates x ``tokens``."""
+    from powerinfer_rs.formats.profile import Profile
+    from powerinfer_rs.testing.synth_model import SynthSpec, SynthWeights
+
+    sw = SynthWeights(SynthSpec(**shape, activation="relu", seed=seed, max_context=4096))
+    p = [sw.firing_probabilities(i) for i in range(shape["layers"])]
+    counts = [np.round(x * tokens).astype(np.int64) for x in p]
+    meta = {"model_fingerprint": fingerprint, "corpus": '["planted synthetic power law"]'}
+    return Profile(counts, tokens, meta)
+
+
+def llama_layers(model, budget: int, n_ctx: int) -> int:
+    """llama.cpp's n_gpu_layers for ``budget``: whole layers (weights + f16 K/V cache), then
+    the output head (n_layers + 1) when it fits too."""
+    c, used = model.config, 0
+    kv = 2 * n_ctx * c.n_kv_heads * c.head_dim * 2
+    for i in range(c.n_layers):
+        used += kv + sum(t.nbytes for k, t in model.tensors.items() if k.startswith(f"blk.{i}."))
+        if used > budget:
+            return i
+    head = sum(t.nbytes for k, t in model.tensors.items() if k.startswith("output"))
+    return c.n_layers + (used + head <= budget)
+
+
+def gpu_free() -> dict | None:
+    from powerinfer_rs.planning.gpu_probe import detect_gpu
+
+    g = detect_gpu()
+    return None if g is None else {"name": g.name, "free": g.free_bytes, "total": g.total_bytes}
+
+
+def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
+    from powerinfer_rs import Engine
+    from powerinfer_rs.formats.plan import save_plan
+    from powerinfer_rs.loading import load_model
+    from powerinfer_rs.planning import load_hardware, make_plan
+    from powerinfer_rs.planning.predictor_size import fixed_predictor_sizes
+
+    model = load_model(path)
+    model_bytes = sum(t.nbytes for t in model.tensors.values())
+    budget = int(args.budget_share * model_bytes)
+    prompt = list(model.tokenizer.encode(PROMPT))
+    n_ctx = -(-(len(prompt) + args.tokens + 1) // 64) * 64
+    t0 = time.perf_counter()
+    prof = planted_profile(shape, args.seed, model.fingerprint)
+    plan = make_plan(
+        model,
+        prof,
+        load_hardware(args.hardware),
+        budget,
+        context=n_ctx,
+        solver="auto",
+        predictors=fixed_predictor_sizes(model.config, 0),  # no predictors in these modes
+        min_neurons=0 if args.small else None,
+    )
+    plan_path = save_plan(
+        plan, Path(args.model_dir) / f"{path.stem}-{args.budget_share}.plan.safetensors"
+    )
+    pl = plan.placement
+    hot = sum(len(h) for h in plan.gpu_neurons)
+    row = {
+        "dtype": dtype,
+        "model": str(path),
+        "model_bytes": model_bytes,
+        "budget": budget,
+        "n_ctx": n_ctx,
+        "prompt_tokens": len(prompt),
+        "plan_s": time.perf_counter() - t0,
+        "plan": {
+            "gpu_bytes": plan.gpu_bytes,
+            "attention_layers": sum(pl.attention),
+            "output": bool(pl.output),
+            "hot_neurons": hot,
+            "hot_share": hot / (model.config.n_layers * model.config.ffn_dim),
+            "mass_share": plan.predicted["mass_share"],
+            "predicted_tok_s": plan.predicted["tokens_per_s"],
+            "solver": plan.solver,
+        },
+        "mem_before": gpu_free() if args.device != "gpu-sim" else None,
+    }
+    kw = dict(threads=args.threads, sparsity=args.sparsity, n_ctx=n_ctx)
+    engines = {
+        "hybrid": Engine(model, plan=plan_path, device=args.device, vram_budget=budget, **kw)
+    }
+    info = engines["hybrid"].gpu_info() or {}  # free_bytes: cuMemGetInfo on cuda
+    row["mem_after"] = {k: info.get(k) for k in ("allocated_bytes", "free_bytes", "total_bytes")}
+    engines["cpu"] = Engine(model, **kw)
+    llama_cpp, why = import_llama()
+    if args.device == "gpu-sim":
+        why = "device gpu-sim (no GPU to offload to)"
+    elif llama_cpp is not None and not llama_cpp.llama_supports_gpu_offload():
+        why = "llama-cpp-python was built without GPU offload"
+    elif llama_cpp is not None:
+        row["llama_n_gpu_layers"] = ngl = llama_layers(model, budget, n_ctx)
+        try:
+            engines["llama.cpp"] = LlamaGpu(path, args.threads, n_ctx, ngl)
+        except Exception as e:  # report and go on
+            why = f"cannot load: {e}"
+    if "llama.cpp" not in engines:
+        row["llama_skipped"] = why
+        print(f"[{dtype}] llama.cpp skipped: {why}", file=sys.stderr)
+
+    def once(key, n):
+        if key == "llama.cpp":
+            done, secs = engines[key].decode(prompt, n)
+            return None, done / secs, None
+        return greedy(engines[key], prompt, n)
+
+    for key in engines:  # warm-up
+        once(key, min(8, args.tokens))
+    samples = {k: [] for k in engines}
+    toks, xfer = {}, None
+    order = list(engines)
+    for r in range(args.repeats):
+        for key in order if r % 2 == 0 else order[::-1]:
+            t, tps, x = once(key, args.tokens)
+            samples[key].append(tps)
+            toks.setdefault(key, t)
+            if x is not None:
+                xfer = x if xfer is None else xfer + x
+        print(
+            f"[{dtype}] repeat {r + 1}: "
+            + ", ".join(f"{k} {v[-1]:.2f}" for k, v in samples.items())
+            + " tok/s",
+            flush=True,
+        )
+    if xfer is not None and xfer[-1] > 0:
+        per = xfer[:4] / xfer[-1]
+        row["transfers_per_token"] = dict(zip(("uploads", "downloads", "up_B", "down_B"), per))
+    row["mismatches"] = sum(a != b for a, b in zip(toks["hybrid"], toks["cpu"]))
+    row["engines"] = {
+        k: {"tok_s": median(v), "samples": v, "vs_cpu": median(v) / median(samples["cpu"])}
+        for k, v in samples.items()
+    }
+    engines.clear()
+    gc.collect()  # free this dtype's device memory before the next one is measured
+    return row
+
+
+def mib(x):
+    return "-" if x is None else f"{x / 2**20:.1f} MiB"
+
+
+def report(rows: list[dict], args) -> None:
+    print(
+        f"\nHybrid decode, device {args.device}, sparsity {args.sparsity}, {args.tokens} "
+        f"tokens x {args.repeats} repeats (median), {args.threads} threads (synthetic)"
+    )
+    for r in rows:
+        p, m = r["plan"], r["mem_after"]
+        print(
+            f"[{r['dtype']}] model {mib(r['model_bytes'])}, budget {mib(r['budget'])}, plan "
+            f"gpu_bytes {mib(p['gpu_bytes'])} (attention {p['attention_layers']} layers, output "
+            f"{p['output']}, {p['hot_neurons']} hot neurons = {p['hot_share']:.1%} of FFN, "
+            f"{p['mass_share']:.1%} of activation mass), allocated {mib(m['allocated_bytes'])}, "
+            f"free {mib((r['mem_before'] or {}).get('free'))} -> {mib(m['free_bytes'])} of "
+            f"{mib(m['total_bytes'])}"
+        )
+        t = r.get("transfers_per_token")
+        if t:
+            print(
+                f"    per token: {t['uploads']:.1f} uploads ({t['up_B'] / 1e3:.1f} kB), "
+                f"{t['downloads']:.1f} downloads ({t['down_B'] / 1e3:.1f} kB)"
+            )
+        print(f"    greedy tokens hybrid vs cpu: {r['mismatches']} of {args.tokens} differ")
+        if "llama_n_gpu_layers" in r:
+            print(f"    llama.cpp n_gpu_layers {r['llama_n_gpu_layers']} (dense SiLU FFN)")
+    hdr = f"{'device':<8} | {'dtype':<5} | {'engine':<9} | {'tok/s':>8} | {'vs cpu':>6}"
+    print("\n" + hdr + "\n" + "-" * len(hdr))
+    for r in rows:
+        for k, e in r["engines"].items():
+            dev = args.device if k == "hybrid" else ("cpu" if k == "cpu" else "cuda")
+            print(f"{dev:<8} | {r['dtype']:<5} | {k:<9} | {e['tok_s']:>8.2f} | {e['vs_cpu']:>6.2f}")
+        if "llama_skipped" in r:
+            print(f"{'-':<8} | {r['dtype']:<5} | {'llama.cpp':<9} | skipped: {r['llama_skipped']}")
+
+
+def main(argv=None) -> int:
+    ap = bench_parser(__doc__)
+    ap.add_argument("--device", default="cuda", help="cuda, cuda:N or gpu-sim (default cuda)")
+    ap.add_argument("--small", action="store_true", help=f"tiny model {SMALL}")
+    ap.add_argument(
+        "--dtype",
+        type=str.upper,
+        choices=["F16", "Q4_0", "Q8_0", "F32"],
+        action="append",
+        help="repeatable (default F16 and Q4_0)",
+    )
+    ap.add_argument("--budget-share", type=float, default=0.4, help="VRAM budget / model bytes")
+    ap.add_argument("--sparsity", default="exact-relu", choices=["exact-relu", "dense"])
+    ap.add_argument("--tokens", type=int, default=64, help="decode steps per run")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per engine")
+    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="default all cores")
+    ap.add_argument("--hardware", default="h200", help="planner's hardware profile")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights")
+    ap.add_argument("--model-dir", default=CACHE, help=f"synthetic GGUFs and plans ({CACHE})")
+    ap.add_argument("--json", help="write all figures to this JSON file")
+    args = ap.parse_args(argv)
+    if args.repeats < 1 or args.tokens < 1 or not 0 < args.budget_share <= 1:
+        ap.error("--repeats and --tokens must be >= 1, --budget-share in (0, 1]")
+    pi = require_powerinfer()
+    from powerinfer_rs.errors import CudaError, PowerInferError
+    from powerinfer_rs.runtime.placement import check_device
+
+    try:
+        if check_device(args.device) == "cpu":
+            ap.error("--device cpu has no GPU side: use cuda, cuda:N or gpu-sim")
+    except CudaError as e:
+        print(f"no CUDA device: run with --device gpu-sim ({e})", file=sys.stderr)
+        return 2
+    except PowerInferError as e:
+        ap.error(str(e))
+    shape = SMALL if args.small else LLAMA7B
+    dtypes = list(dict.fromkeys(args.dtype or ["F16", "Q4_0"]))
+    cache = Path(args.model_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    with ProcessPoolExecutor(len(dtypes), mp_context=get_context("spawn")) as pool:  # in parallel
+        write = partial(synthetic_gguf, cache, shape=shape, seed=args.seed)
+        paths = list(pool.map(write, dtypes))
+    rows = []
+    for dtype, path in zip(dtypes, paths):
+        try:
+            rows.append(run_dtype(args, dtype, shape, path))
+        except CudaError as e:
+            print(f"no CUDA device: run with --device gpu-sim ({e})", file=sys.stderr)
+            return 2
+        except PowerInferError as e:
+            print(f"[{dtype}] failed: {type(e).__name__}: {e}", file=sys.stderr)
+            rows.append({"dtype": dtype, "error": f"{type(e).__name__}: {e}"})
+    good = [r for r in rows if "engines" in r]
+    if good:
+        report(good, args)
+    mi = {**machine_info(), "simd": pi._core.simd_level()}
+    write_json(args.json, dict(args=vars(args), shape=shape, machine=mi, rows=rows))
+    return 0 if len(good) == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
