@@ -1,5 +1,6 @@
 """The engine adopts a placement plan: the Rust core reads its neuron table, and a plan for
-another model or over the engine's VRAM (none on the CPU device) is refused."""
+another model, over the VRAM budget, or putting anything on the GPU while the device is the
+CPU is refused (test_hybrid.py runs plans on gpu-sim)."""
 
 from __future__ import annotations
 

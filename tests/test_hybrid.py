@@ -156,7 +156,7 @@ def test_smollm2_threshold_mode_on_the_gpu_side(smol, tmp_path, device):
     for i, (g, w) in enumerate(zip(got, want)):
         assert_close(g, w, TOL_SMOL_THRESHOLD, f"{device} SmolLM2 threshold step {i}")
     assert got_toks == want_toks
-    text = hyb.generate("Hello", max_tokens=8, temperature=0.0)
+    text = hyb.generate("Hello", max_new_tokens=8, temperature=0.0)
     assert isinstance(text, str)
 
 
