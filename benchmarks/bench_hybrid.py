@@ -16,12 +16,18 @@ of --tokens single-token greedy steps (argmax in numpy) after the prompt's prefi
 
 Also recorded (--json): the plan's placement and gpu_bytes against the budget, gpu_info()'s
 allocated_bytes and device free/total memory before (nvidia-smi/pynvml) and after loading,
-host<->device transfers per token (gpu_info transfers / steps), and how many greedy tokens of
-the hybrid engine differ from the CPU engine's (exact-relu and dense should give 0).
+host<->device transfers per decode step (gpu_info transfers / steps), and how many greedy
+tokens of the hybrid engine differ from the CPU engine's: 0 with exact-relu; dense on a quantized
+model may differ (the GPU side reads hot neurons' down rows re-quantized from the transposed
+projection) and one different token changes the ones after it.
 
     python benchmarks/bench_hybrid.py                          # 7B shape, F16 and Q4_0, cuda
     python benchmarks/bench_hybrid.py --dtype Q4_0 --tokens 128 --repeats 5 --json out.json
     python benchmarks/bench_hybrid.py --device gpu-sim --small # tiny model, seconds, no GPU
+
+The 7B shape's GGUFs (F16 13.5 GB, Q4_0 3.8 GB) are written in parallel on the first run (about
+2-3 min on 2 cores). --small plans with min_neurons=0 so that its tiny layers get hot neurons.
+No CUDA device with --device cuda: a message, exit status 2.
 """
 
 from __future__ import annotations
