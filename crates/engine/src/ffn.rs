@@ -277,19 +277,28 @@ pub(crate) fn apply_activation(act: Activation, a: &mut [f32]) {
     }
 }
 
+/// When the CPU side's down product is the dense one (see [`rows_ffn`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DenseDown {
+    Never,
+    Always,
+    AboveCrossover,
+}
+
 /// The FFN sum over the neurons `ids` alone for one token (the hybrid executor's CPU side: its
 /// cold neurons, or the cold ones the predictor marked): gate rows of `ids`, then, in ReLU
 /// semantics (`threshold` None) the up rows of those whose activation is not 0, or, in
-/// threshold semantics, those with |act(gate)·up| >= t; then their down rows. Above the
-/// model's dense crossover share of the layer (as in threshold decoding) the down product is
-/// the dense one over the masked values, which reads the original `ffn_down` rather than its
-/// re-quantized transpose and does not round the coefficients as the 4-bit row accumulation
-/// does (massive activations make that rounding coarse). `out` (dim) is overwritten.
+/// threshold semantics, those with |act(gate)·up| >= t; then their down product, as the CPU
+/// decode of the same mode takes it (`dense_down`): always over the transposed rows
+/// (exact-relu, predictor), always the dense product over the masked values (dense mode,
+/// which reads the original `ffn_down`), or the dense one above the model's crossover share
+/// (threshold mode). `out` (dim) is overwritten.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn rows_ffn(
     model: &ModelWeights,
     layer: usize,
     threshold: Option<f32>,
+    dense_down: DenseDown,
     xn: &[f32],
     ids: &[u32],
     s: &mut FfnScratch,
@@ -321,7 +330,12 @@ pub(crate) fn rows_ffn(
         }
     }
     let ffn = lw.w_gate.rows;
-    if s.idx.len() as f32 > model.down_crossover()? * ffn as f32 {
+    let dense = match dense_down {
+        DenseDown::Never => false,
+        DenseDown::Always => true,
+        DenseDown::AboveCrossover => s.idx.len() as f32 > model.down_crossover()? * ffn as f32,
+    };
+    if dense {
         s.gate.clear();
         s.gate.resize(ffn, 0.0);
         for (&i, &v) in s.idx.iter().zip(&s.vals) {

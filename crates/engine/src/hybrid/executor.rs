@@ -9,7 +9,7 @@ use std::sync::Arc;
 use powerinfer_core::{ensure, Result, Side};
 use powerinfer_cuda::{Act, Allocation, Backend, GpuOps};
 
-use crate::ffn::{rows_ffn, FfnScratch};
+use crate::ffn::{rows_ffn, DenseDown, FfnScratch};
 use crate::forward::{attention_block, ffn_block, norm_rows, output_block, Scratch};
 use crate::hybrid::gpu_model::{GpuFfn, GpuLayer, GpuModel, GpuScratch};
 use crate::hybrid::kv_sync::KvSync;
@@ -368,10 +368,17 @@ impl<B: Backend> Executor<B> {
         // CPU: the cold neurons, then one upload of their sum, added on the GPU.
         if !cold.is_empty() {
             self.part.resize(c.dim, 0.0);
+            let dense_down = match mode {
+                Sparsity::Dense => DenseDown::Always,
+                Sparsity::Threshold(_) if dense => DenseDown::Always,
+                Sparsity::Threshold(_) => DenseDown::AboveCrossover,
+                _ => DenseDown::Never,
+            };
             rows_ffn(
                 model,
                 l,
                 threshold,
+                dense_down,
                 &self.xn,
                 cold,
                 &mut self.rows,
