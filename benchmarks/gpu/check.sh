@@ -29,8 +29,8 @@ run() {
     local name=$1 log=$OUT/$2; shift 2
     echo "== $name"
     if "$@" >"$log" 2>&1; then
-        if grep -q "skipped" "$log" && ! grep -q "test result: ok. [1-9]" "$log" && ! grep -Eq "[1-9][0-9]* passed" "$log"; then
-            row "$name" skip "$(basename "$log")"
+        if grep -Eq "skipped: no CUDA device|cuda: skipped" "$log"; then
+            row "$name" ok "$(basename "$log") (CUDA part skipped: no device)"
         else
             row "$name" ok "$(basename "$log")"
         fi

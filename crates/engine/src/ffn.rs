@@ -99,7 +99,7 @@ pub fn ffn(
 
 /// The neurons among `ids` (gate values `gate`, in the same order) whose activation is not 0,
 /// into `idx`, with their activations into `vals`.
-pub(crate) fn keep_firing(
+fn keep_firing(
     act: Activation,
     ids: impl Iterator<Item = u32>,
     gate: &[f32],
@@ -122,7 +122,7 @@ pub(crate) fn keep_firing(
 /// rows, then down_t rows) beat a fused per-neuron kernel: each streams one matrix's rows with
 /// the next rows in flight (cargo bench --bench sparse: F16 169 µs vs 201 µs, Q4_0 129 µs vs
 /// 153 µs at 10% of ffn 5504).
-pub(crate) fn up_then_down(
+fn up_then_down(
     lw: &LayerWeights,
     down_t: &Weight,
     xn: &[f32],
@@ -267,7 +267,7 @@ fn zero_below(h: &mut [f32], t: f32) {
 }
 
 /// `a = act(a)` in place.
-pub(crate) fn apply_activation(act: Activation, a: &mut [f32]) {
+fn apply_activation(act: Activation, a: &mut [f32]) {
     const CHUNK: usize = 16 * 1024;
     if a.len() <= CHUNK {
         a.iter_mut().for_each(|v| *v = act.apply(*v));

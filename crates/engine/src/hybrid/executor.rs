@@ -73,11 +73,6 @@ impl<B: Backend> Executor<B> {
         })
     }
 
-    /// The backend.
-    pub fn device(&self) -> &B {
-        &self.dev
-    }
-
     fn scratch(gpu: &mut GpuModel<B>) -> Result<&mut GpuScratch<B>> {
         gpu.scratch
             .as_mut()

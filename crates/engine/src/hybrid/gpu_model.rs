@@ -47,11 +47,6 @@ impl Registry {
     fn note(&mut self, name: &str, bytes: usize) {
         self.allocations.push((name.to_string(), align(bytes)));
     }
-
-    /// Sum of the registered bytes.
-    pub fn total(&self) -> usize {
-        self.allocations.iter().map(|(_, b)| b).sum()
-    }
 }
 
 /// A layer's attention on the GPU.

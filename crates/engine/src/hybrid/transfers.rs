@@ -28,18 +28,6 @@ impl TransferStats {
             steps: 0,
         }
     }
-
-    /// All layers' transfers together.
-    pub fn total(&self) -> Transfers {
-        self.layers
-            .iter()
-            .fold(Transfers::default(), |a, t| Transfers {
-                uploads: a.uploads + t.uploads,
-                downloads: a.downloads + t.downloads,
-                bytes_up: a.bytes_up + t.bytes_up,
-                bytes_down: a.bytes_down + t.bytes_down,
-            })
-    }
 }
 
 /// A backend and the counters its copies are charged to.
