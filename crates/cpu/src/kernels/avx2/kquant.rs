@@ -3,17 +3,16 @@
 //! ([`KFormat::unpack`]); the kernels (int16-x dot, f32 dot, row accumulation, row decoding)
 //! are written once over that.
 //!
-//! Unpacked, weight i of a super-block is `scale[i / 32]·q[i] − min[i / 16]`. The formats with
-//! 16-weight sub-blocks (Q2_K, Q3_K, Q6_K) fold the sub-block's integer scale into q (|q·sc| <=
-//! 32·128 = 4096 fits an i16, and a `pmaddwd` pair of it with the int16 x stays below 2^31),
-//! so `scale` is the super-block's d; Q4_K and Q5_K keep q in 0..32 and put d·sc in `scale`.
-//! In the int16 dot each 32-block's exact integer Σq·x is scaled once by scale·s_x, and the mins
-//! enter as Σ min·Σx over the 16-weight halves (x's sums in f32).
+//! Unpacked, weight i of a super-block is `scale[i / 16]·q[i] − min[i / 16]` with q the raw
+//! unsigned quants (Q3_K's −4 applied; Q6_K's −32 becomes a min of 32·d·sc). In the int16 dot
+//! each 32-block's exact integer Σq·x is scaled once by d·sc·s_x (Q4_K, Q5_K: one scale per 32
+//! weights), or each 16-weight half by its own (Q2_K, Q3_K, Q6_K: `PER16`); the mins enter as
+//! Σ min·Σx over the 16-weight halves (x's sums in f32).
 
 use super::hsum;
 use super::int16::XQuant;
 use super::rows::{fetch_lines, RowGroup};
-use powerinfer_core::dequantize::{k3_scale, k4_scale_min};
+use powerinfer_core::dequantize::k3_scale;
 use std::arch::x86_64::*;
 
 /// Weights per super-block.
@@ -22,10 +21,10 @@ const QK: usize = 256;
 /// One super-block unpacked (see the module docs).
 #[derive(Clone, Copy)]
 pub(super) struct Unpacked {
-    /// Weights 16k..16k + 16 as i16, times the sub-block scale where it is an integer.
+    /// Weights 16k..16k + 16 as i16.
     q: [__m256i; 16],
-    /// Per 32-weight block: the factor of q.
-    scale: [f32; 8],
+    /// Per 16-weight half-block: the factor of q.
+    scale: [f32; 16],
     /// Per 16-weight half-block: the value subtracted (dmin·min); zeros when `HAS_MIN` is false.
     min: [f32; 16],
 }
@@ -36,7 +35,7 @@ impl Unpacked {
     fn new() -> Unpacked {
         Unpacked {
             q: [_mm256_setzero_si256(); 16],
-            scale: [0.0; 8],
+            scale: [0.0; 16],
             min: [0.0; 16],
         }
     }
@@ -51,23 +50,83 @@ impl Unpacked {
             _ => _mm256_extracti128_si256::<1>(v),
         };
         let q = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(half));
-        let w = _mm256_mul_ps(q, _mm256_set1_ps(self.scale[k / 4]));
+        let w = _mm256_mul_ps(q, _mm256_set1_ps(self.scale[k / 2]));
         _mm256_sub_ps(w, _mm256_set1_ps(self.min[k / 2]))
     }
 }
 
-/// A K-quant format: its block size and how a block unpacks.
+/// A super-block's f32 factors: `scale` per 16-weight half-block (two vectors of 8) for the
+/// `PER16` formats, else per 32-weight block in `scale[0]`; `min` per 16-weight half-block
+/// (zeros when the format has no mins).
+#[derive(Clone, Copy)]
+pub(super) struct Factors {
+    scale: [__m256; 2],
+    min: [__m256; 2],
+}
+
+/// Lanes 0..4 (`lo`) or 4..8 (`hi`) of `v`, each twice: per-32 values as per-16 ones.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn twice(v: __m256) -> [__m256; 2] {
+    let lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
+    let hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
+    [
+        _mm256_permutevar8x32_ps(v, lo),
+        _mm256_permutevar8x32_ps(v, hi),
+    ]
+}
+
+/// A K-quant format: its block size and how a block decodes, in chunks of weights that the
+/// kernels consume straight from registers.
 pub(super) trait KFormat {
     /// Bytes per super-block.
     const BYTES: usize;
     /// Whether the format subtracts per-sub-block mins.
     const HAS_MIN: bool;
+    /// Weights per [`KFormat::chunk`] (64 or 128: what one pass over the packed bytes yields).
+    const CHUNK: usize;
+    /// Whether the scales are per 16 weights (else per 32).
+    const PER16: bool;
 
-    /// Unpack the super-block at `p` into `u`.
+    /// The super-block's factors.
     ///
     /// # Safety
     /// `BYTES` bytes readable at `p`; the CPU has AVX2/FMA/F16C.
-    unsafe fn unpack(p: *const u8, u: &mut Unpacked);
+    unsafe fn factors(p: *const u8) -> Factors;
+
+    /// The i16 quants of weights `CHUNK·c .. CHUNK·(c + 1)`, 16 per vector in weight order (the
+    /// first `CHUNK / 16` vectors; the rest are zero).
+    ///
+    /// # Safety
+    /// As for [`KFormat::factors`], with `c < 256 / CHUNK`.
+    unsafe fn chunk(p: *const u8, c: usize) -> [__m256i; 8];
+
+    /// Unpack the whole super-block at `p` into `u`.
+    ///
+    /// # Safety
+    /// As for [`KFormat::factors`].
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn unpack(p: *const u8, u: &mut Unpacked) {
+        // SAFETY: forwarded from the caller; c < 256 / CHUNK.
+        unsafe {
+            let f = Self::factors(p);
+            let scale = if Self::PER16 {
+                f.scale
+            } else {
+                twice(f.scale[0])
+            };
+            _mm256_storeu_ps(u.scale.as_mut_ptr(), scale[0]);
+            _mm256_storeu_ps(u.scale.as_mut_ptr().add(8), scale[1]);
+            _mm256_storeu_ps(u.min.as_mut_ptr(), f.min[0]);
+            _mm256_storeu_ps(u.min.as_mut_ptr().add(8), f.min[1]);
+            let n = Self::CHUNK / 16;
+            for c in 0..QK / Self::CHUNK {
+                let q = Self::chunk(p, c);
+                u.q[n * c..n * (c + 1)].copy_from_slice(&q[..n]);
+            }
+        }
+    }
 }
 
 /// Q2_K (see `powerinfer_core::dtype`).
@@ -126,163 +185,286 @@ fn bit_to(v: __m256i, bit: usize, value: i16) -> __m256i {
     _mm256_and_si256(set, _mm256_set1_epi16(value))
 }
 
+/// Eight u8 (the low 8 bytes of `v`) as f32 times `k`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn bytes8_times(v: __m128i, k: f32) -> __m256 {
+    _mm256_mul_ps(
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)),
+        _mm256_set1_ps(k),
+    )
+}
+
+/// Sixteen i8 at `p` as two 8-lane f32 vectors.
+///
+/// # Safety
+/// 16 bytes readable at `p`; the CPU has AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn i8x16_f32(p: *const u8) -> [__m256; 2] {
+    // SAFETY: 16 readable bytes per the caller.
+    let v = unsafe { _mm_loadu_si128(p as *const __m128i) };
+    [
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)),
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(v))),
+    ]
+}
+
 impl KFormat for Q2K {
     const BYTES: usize = 84;
     const HAS_MIN: bool = true;
+    const CHUNK: usize = 128;
+    const PER16: bool = true;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn unpack(p: *const u8, u: &mut Unpacked) {
-        // SAFETY: the block's 84 bytes are readable per the caller: 16 scale bytes, 64 quant
-        // bytes from 16, d and dmin at 80 and 82.
+    unsafe fn factors(p: *const u8) -> Factors {
+        // SAFETY: the 16 scale bytes lead the block, d and dmin sit at 80 and 82.
         unsafe {
+            let raw = _mm_loadu_si128(p as *const __m128i);
+            let low = _mm_set1_epi8(15);
+            let (sc, m) = (
+                _mm_and_si128(raw, low),
+                _mm_and_si128(_mm_srli_epi16::<4>(raw), low),
+            );
             let (d, dmin) = (half(p.add(80)), half(p.add(82)));
-            let sc = (p as *const [u8; 16]).read_unaligned();
-            u.scale = [d; 8];
-            for n in 0..2 {
-                for h in 0..2 {
-                    let qs = bytes16(p.add(16 + 32 * n + 16 * h));
-                    for j in 0..4 {
-                        let s = 8 * n + 2 * j + h;
-                        let k = _mm256_set1_epi16((sc[s] & 15) as i16);
-                        u.q[s] = _mm256_mullo_epi16(crumb(qs, j), k);
-                        u.min[s] = dmin * (sc[s] >> 4) as f32;
-                    }
+            let high = |v: __m128i| _mm_srli_si128::<8>(v);
+            Factors {
+                scale: [bytes8_times(sc, d), bytes8_times(high(sc), d)],
+                min: [bytes8_times(m, dmin), bytes8_times(high(m), dmin)],
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chunk(p: *const u8, n: usize) -> [__m256i; 8] {
+        let mut out = [_mm256_setzero_si256(); 8];
+        // SAFETY: quant bytes 16 + 32n.. of the readable block.
+        unsafe {
+            for h in 0..2 {
+                let qs = bytes16(p.add(16 + 32 * n + 16 * h));
+                for j in 0..4 {
+                    out[2 * j + h] = crumb(qs, j);
                 }
             }
         }
+        out
     }
 }
 
 impl KFormat for Q3K {
     const BYTES: usize = 110;
     const HAS_MIN: bool = false;
+    const CHUNK: usize = 128;
+    const PER16: bool = true;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn unpack(p: *const u8, u: &mut Unpacked) {
-        // SAFETY: the block's 110 bytes are readable per the caller: hmask, 64 quant bytes
-        // from 32, 12 scale bytes from 96, d at 108.
+    unsafe fn factors(p: *const u8) -> Factors {
+        // SAFETY: the 12 scale bytes sit at 96, d at 108 of the readable block.
+        let (sc, d) = unsafe {
+            (
+                (p.add(96) as *const [u8; 12]).read_unaligned(),
+                half(p.add(108)),
+            )
+        };
+        let s: [i8; 16] = std::array::from_fn(|s| (k3_scale(s, &sc) as i32 - 32) as i8);
+        // SAFETY: `s` is 16 readable bytes.
+        let [a, b] = unsafe { i8x16_f32(s.as_ptr() as *const u8) };
+        let d = _mm256_set1_ps(d);
+        Factors {
+            scale: [_mm256_mul_ps(a, d), _mm256_mul_ps(b, d)],
+            min: [_mm256_setzero_ps(); 2],
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chunk(p: *const u8, n: usize) -> [__m256i; 8] {
+        let mut out = [_mm256_setzero_si256(); 8];
+        // SAFETY: hmask and the quant bytes from 32 are readable.
         unsafe {
-            let d = half(p.add(108));
-            let sc = (p.add(96) as *const [u8; 12]).read_unaligned();
-            u.scale = [d; 8];
-            for n in 0..2 {
-                for h in 0..2 {
-                    let qs = bytes16(p.add(32 + 32 * n + 16 * h));
-                    let hm = bytes16(p.add(16 * h));
-                    for j in 0..4 {
-                        let s = 8 * n + 2 * j + h;
-                        // q = low − 4 where the high bit is clear: low + 4·high − 4.
-                        let q = _mm256_add_epi16(crumb(qs, j), bit_to(hm, 4 * n + j, 4));
-                        let q = _mm256_sub_epi16(q, _mm256_set1_epi16(4));
-                        let k = _mm256_set1_epi16(k3_scale(s, &sc) as i16 - 32);
-                        u.q[s] = _mm256_mullo_epi16(q, k);
-                    }
+            for h in 0..2 {
+                let qs = bytes16(p.add(32 + 32 * n + 16 * h));
+                let hm = bytes16(p.add(16 * h));
+                for j in 0..4 {
+                    // q = low − 4 where the high bit is clear: low + 4·high − 4.
+                    let q = _mm256_add_epi16(crumb(qs, j), bit_to(hm, 4 * n + j, 4));
+                    out[2 * j + h] = _mm256_sub_epi16(q, _mm256_set1_epi16(4));
                 }
             }
         }
+        out
     }
 }
 
-/// Q4_K and Q5_K's scales, mins and low nibbles (`qs` at `p + QS`).
+/// Q4_K and Q5_K's factors: the eight 6-bit scales and mins of the 12 bytes at `p + 4`, split
+/// with whole-word masks (bytes 0..4 of the result: sub-blocks 0..4, from the low 6 bits of
+/// sm[0..4] / sm[4..8]; bytes 4..8: sub-blocks 4..8, low 4 bits from sm[8..12], high 2 bits from
+/// the top bits of sm[0..4] / sm[4..8]), times d and dmin.
 ///
 /// # Safety
-/// The block's bytes are readable at `p`; the CPU has AVX2/FMA/F16C.
+/// The block's first 16 bytes are readable at `p`; the CPU has AVX2/FMA/F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn unpack_q45<const QS: usize>(p: *const u8, u: &mut Unpacked) {
-    // SAFETY: d, dmin and the 12 scale bytes lead the block, the 128 nibble bytes sit at QS.
-    unsafe {
-        let (d, dmin) = (half(p), half(p.add(2)));
-        let sm = (p.add(4) as *const [u8; 12]).read_unaligned();
-        for s in 0..8 {
-            let (sc, m) = k4_scale_min(s, &sm);
-            u.scale[s] = d * sc as f32;
-            u.min[2 * s] = dmin * m as f32;
-            u.min[2 * s + 1] = u.min[2 * s];
-        }
-        let low = _mm256_set1_epi16(15);
-        for c in 0..4 {
-            let w0 = bytes16(p.add(QS + 32 * c));
-            let w1 = bytes16(p.add(QS + 32 * c + 16));
-            u.q[4 * c] = _mm256_and_si256(w0, low);
-            u.q[4 * c + 1] = _mm256_and_si256(w1, low);
-            u.q[4 * c + 2] = _mm256_srli_epi16::<4>(w0);
-            u.q[4 * c + 3] = _mm256_srli_epi16::<4>(w1);
-        }
+unsafe fn factors_q45(p: *const u8) -> Factors {
+    // SAFETY: d, dmin and the 12 scale bytes are the block's first 16 bytes.
+    let (d, dmin, w) = unsafe {
+        (
+            half(p),
+            half(p.add(2)),
+            (p.add(4) as *const [u32; 3]).read_unaligned(),
+        )
+    };
+    let (low6, low4, top2) = (0x3f3f_3f3f_u32, 0x0f0f_0f0f_u32, 0x0303_0303_u32);
+    let scales = [w[0] & low6, (w[2] & low4) | (((w[0] >> 6) & top2) << 4)];
+    let mins = [
+        w[1] & low6,
+        ((w[2] >> 4) & low4) | (((w[1] >> 6) & top2) << 4),
+    ];
+    let as_bytes = |v: [u32; 2]| _mm_cvtsi64_si128(((v[1] as u64) << 32 | v[0] as u64) as i64);
+    // Each 32-block's min serves both of its 16-weight halves.
+    Factors {
+        scale: [bytes8_times(as_bytes(scales), d), _mm256_setzero_ps()],
+        min: twice(bytes8_times(as_bytes(mins), dmin)),
     }
+}
+
+/// Q4_K and Q5_K's low nibbles of weights 64c .. 64c + 64 (`qs` at `p + QS`).
+///
+/// # Safety
+/// The block's bytes are readable at `p`, `c < 4`; the CPU has AVX2/FMA/F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nibbles_q45<const QS: usize>(p: *const u8, c: usize) -> [__m256i; 8] {
+    // SAFETY: the 32 nibble bytes of chunk c lie at QS + 32c inside the block.
+    let (w0, w1) = unsafe {
+        (
+            bytes16(p.add(QS + 32 * c)),
+            bytes16(p.add(QS + 32 * c + 16)),
+        )
+    };
+    let low = _mm256_set1_epi16(15);
+    let z = _mm256_setzero_si256();
+    [
+        _mm256_and_si256(w0, low),
+        _mm256_and_si256(w1, low),
+        _mm256_srli_epi16::<4>(w0),
+        _mm256_srli_epi16::<4>(w1),
+        z,
+        z,
+        z,
+        z,
+    ]
 }
 
 impl KFormat for Q4K {
     const BYTES: usize = 144;
     const HAS_MIN: bool = true;
+    const CHUNK: usize = 64;
+    const PER16: bool = false;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn unpack(p: *const u8, u: &mut Unpacked) {
+    unsafe fn factors(p: *const u8) -> Factors {
+        // SAFETY: forwarded.
+        unsafe { factors_q45(p) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chunk(p: *const u8, c: usize) -> [__m256i; 8] {
         // SAFETY: forwarded; Q4_K's nibbles start at byte 16.
-        unsafe { unpack_q45::<16>(p, u) }
+        unsafe { nibbles_q45::<16>(p, c) }
     }
 }
 
 impl KFormat for Q5K {
     const BYTES: usize = 176;
     const HAS_MIN: bool = true;
+    const CHUNK: usize = 64;
+    const PER16: bool = false;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn unpack(p: *const u8, u: &mut Unpacked) {
+    unsafe fn factors(p: *const u8) -> Factors {
+        // SAFETY: forwarded.
+        unsafe { factors_q45(p) }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chunk(p: *const u8, c: usize) -> [__m256i; 8] {
         // SAFETY: forwarded; Q5_K's nibbles start at byte 48 after the 32 qh bytes at 16.
         unsafe {
-            unpack_q45::<48>(p, u);
+            let mut q = nibbles_q45::<48>(p, c);
             let qh = [bytes16(p.add(16)), bytes16(p.add(32))];
-            for (k, q) in u.q.iter_mut().enumerate() {
-                *q = _mm256_or_si256(*q, bit_to(qh[k % 2], k / 2, 16));
+            // Vector k holds 32-block 2c + k / 2, whose fifth bits are bit 2c + k / 2 of qh.
+            for (k, v) in q.iter_mut().take(4).enumerate() {
+                *v = _mm256_or_si256(*v, bit_to(qh[k % 2], 2 * c + k / 2, 16));
             }
+            q
         }
     }
 }
 
 impl KFormat for Q6K {
     const BYTES: usize = 210;
-    const HAS_MIN: bool = false;
+    const HAS_MIN: bool = true;
+    const CHUNK: usize = 128;
+    const PER16: bool = true;
 
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn unpack(p: *const u8, u: &mut Unpacked) {
-        // SAFETY: the block's 210 bytes are readable per the caller: ql, qh from 128, the 16
-        // scales from 192, d at 208.
+    unsafe fn factors(p: *const u8) -> Factors {
+        // SAFETY: the 16 scales sit at 192, d at 208 of the readable block.
+        let ([a, b], d) = unsafe { (i8x16_f32(p.add(192)), half(p.add(208))) };
+        let (d, d32) = (_mm256_set1_ps(d), _mm256_set1_ps(32.0 * d));
+        // w = d·sc·(q − 32) = d·sc·q − 32·d·sc.
+        Factors {
+            scale: [_mm256_mul_ps(a, d), _mm256_mul_ps(b, d)],
+            min: [_mm256_mul_ps(a, d32), _mm256_mul_ps(b, d32)],
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn chunk(p: *const u8, n: usize) -> [__m256i; 8] {
+        let mut out = [_mm256_setzero_si256(); 8];
+        // SAFETY: ql and qh (from 128) lie inside the readable block.
         unsafe {
-            let d = half(p.add(208));
-            let sc = (p.add(192) as *const [i8; 16]).read_unaligned();
-            u.scale = [d; 8];
-            let low = _mm256_set1_epi16(15);
-            for n in 0..2 {
-                for h in 0..2 {
-                    let a = bytes16(p.add(64 * n + 16 * h));
-                    let b = bytes16(p.add(64 * n + 32 + 16 * h));
-                    let hi = bytes16(p.add(128 + 32 * n + 16 * h));
-                    let lows = [
-                        _mm256_and_si256(a, low),
-                        _mm256_and_si256(b, low),
-                        _mm256_srli_epi16::<4>(a),
-                        _mm256_srli_epi16::<4>(b),
-                    ];
-                    for (k, l) in lows.into_iter().enumerate() {
-                        let s = 8 * n + 2 * k + h;
-                        let q = _mm256_or_si256(l, _mm256_slli_epi16::<4>(crumb(hi, k)));
-                        let q = _mm256_sub_epi16(q, _mm256_set1_epi16(32));
-                        u.q[s] = _mm256_mullo_epi16(q, _mm256_set1_epi16(sc[s] as i16));
-                    }
+            let (low, two) = (_mm256_set1_epi16(15), _mm256_set1_epi16(0x30));
+            for h in 0..2 {
+                let a = bytes16(p.add(64 * n + 16 * h));
+                let b = bytes16(p.add(64 * n + 32 + 16 * h));
+                let hi = bytes16(p.add(128 + 32 * n + 16 * h));
+                let lows = [
+                    _mm256_and_si256(a, low),
+                    _mm256_and_si256(b, low),
+                    _mm256_srli_epi16::<4>(a),
+                    _mm256_srli_epi16::<4>(b),
+                ];
+                // Bits 2k..2k + 2 of qh, moved to bits 4..6 with immediate shifts.
+                let highs = [
+                    _mm256_slli_epi16::<4>(hi),
+                    _mm256_slli_epi16::<2>(hi),
+                    hi,
+                    _mm256_srli_epi16::<2>(hi),
+                ];
+                for (k, (l, t)) in lows.into_iter().zip(highs).enumerate() {
+                    out[2 * k + h] = _mm256_or_si256(l, _mm256_and_si256(t, two));
                 }
             }
         }
+        out
     }
 }
 
 /// out[i] = dot(row i, x) for the `R` K-quant rows starting at `p[i]`, on the int16 x; with
-/// `FETCH`, the rows at `next[i]` are fetched into the cache block by block alongside.
+/// `FETCH`, the rows at `next[i]` are fetched into the cache block by block alongside. Row by
+/// row within a super-block, each chunk of quants going from the decoder straight into the
+/// integer dots; two accumulators per row.
 ///
 /// # Safety
 /// `xq.blocks() / 8` super-blocks readable at each `p[i]` (`xq.blocks()` a multiple of 8);
@@ -295,8 +477,7 @@ pub(super) unsafe fn rows_i16<K: KFormat, const R: usize, const FETCH: bool>(
     xq: &XQuant,
     out: &mut [f32],
 ) {
-    let mut acc = [_mm256_setzero_ps(); R];
-    let mut u = [Unpacked::new(); R];
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
     let (xp, sx, sum16) = (xq.q.as_ptr(), xq.scale.as_ptr(), xq.sum16.as_ptr());
     for sb in 0..xq.blocks() / 8 {
         if FETCH {
@@ -312,37 +493,55 @@ pub(super) unsafe fn rows_i16<K: KFormat, const R: usize, const FETCH: bool>(
         // SAFETY: super-block sb of each row is readable per the caller; xq holds 256 values,
         // 8 scales and 16 sums per super-block.
         unsafe {
-            let mut ds = [[0f32; 8]; R];
             let s = _mm256_loadu_ps(sx.add(8 * sb));
-            for i in 0..R {
-                K::unpack(p[i].add(sb * K::BYTES), &mut u[i]);
-                let d = _mm256_loadu_ps(u[i].scale.as_ptr());
-                _mm256_storeu_ps(ds[i].as_mut_ptr(), _mm256_mul_ps(d, s));
-                if K::HAS_MIN {
-                    let m = u[i].min.as_ptr();
-                    let x16 = sum16.add(16 * sb);
-                    let a = _mm256_fnmadd_ps(_mm256_loadu_ps(m), _mm256_loadu_ps(x16), acc[i]);
-                    acc[i] =
-                        _mm256_fnmadd_ps(_mm256_loadu_ps(m.add(8)), _mm256_loadu_ps(x16.add(8)), a);
+            let x16 = [
+                _mm256_loadu_ps(sum16.add(16 * sb)),
+                _mm256_loadu_ps(sum16.add(16 * sb + 8)),
+            ];
+            let xs = xp.add(QK * sb);
+            for (&row, a) in p.iter().zip(acc.iter_mut()) {
+                let blk = row.add(sb * K::BYTES);
+                let f = K::factors(blk);
+                // d·sc·s_x per 32-block (lanes 0..8) or per 16-weight half (0..16).
+                let mut ds = [0f32; 16];
+                if K::PER16 {
+                    let s2 = twice(s);
+                    _mm256_storeu_ps(ds.as_mut_ptr(), _mm256_mul_ps(f.scale[0], s2[0]));
+                    _mm256_storeu_ps(ds.as_mut_ptr().add(8), _mm256_mul_ps(f.scale[1], s2[1]));
+                } else {
+                    _mm256_storeu_ps(ds.as_mut_ptr(), _mm256_mul_ps(f.scale[0], s));
                 }
-            }
-            for b in 0..8 {
-                let x0 = xp.add(QK * sb + 32 * b);
-                let xa = _mm256_loadu_si256(x0 as *const __m256i);
-                let xb = _mm256_loadu_si256(x0.add(16) as *const __m256i);
-                for ((a, ui), di) in acc.iter_mut().zip(&u).zip(&ds) {
-                    let t = _mm256_add_epi32(
-                        _mm256_madd_epi16(ui.q[2 * b], xa),
-                        _mm256_madd_epi16(ui.q[2 * b + 1], xb),
-                    );
-                    let d = _mm256_broadcast_ss(&di[b]);
-                    *a = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(t), *a);
+                if K::HAS_MIN {
+                    a[0] = _mm256_fnmadd_ps(f.min[0], x16[0], a[0]);
+                    a[1] = _mm256_fnmadd_ps(f.min[1], x16[1], a[1]);
+                }
+                let per = K::CHUNK / 32;
+                for c in 0..QK / K::CHUNK {
+                    let q = K::chunk(blk, c);
+                    for v in 0..per {
+                        let b = per * c + v;
+                        let xa = _mm256_loadu_si256(xs.add(32 * b) as *const __m256i);
+                        let xb = _mm256_loadu_si256(xs.add(32 * b + 16) as *const __m256i);
+                        let ta = _mm256_madd_epi16(q[2 * v], xa);
+                        let tb = _mm256_madd_epi16(q[2 * v + 1], xb);
+                        if K::PER16 {
+                            let (da, db) = (&ds[2 * b], &ds[2 * b + 1]);
+                            let fa = _mm256_cvtepi32_ps(ta);
+                            a[0] = _mm256_fmadd_ps(_mm256_broadcast_ss(da), fa, a[0]);
+                            let fb = _mm256_cvtepi32_ps(tb);
+                            a[1] = _mm256_fmadd_ps(_mm256_broadcast_ss(db), fb, a[1]);
+                        } else {
+                            let t = _mm256_add_epi32(ta, tb);
+                            let d = _mm256_broadcast_ss(&ds[b]);
+                            a[v % 2] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(t), a[v % 2]);
+                        }
+                    }
                 }
             }
         }
     }
     for (a, o) in acc.iter().zip(out.iter_mut()) {
-        *o = hsum(*a);
+        *o = hsum(_mm256_add_ps(a[0], a[1]));
     }
 }
 
