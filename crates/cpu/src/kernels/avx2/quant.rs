@@ -282,15 +282,21 @@ pub(super) struct Q5_0;
 pub(super) struct Q5_1;
 
 /// The 32 five-bit quants of a Q5 block (u32 `qh` at `p`, the 16 nibble bytes after it) minus
-/// `BIAS`, as i16: weights 0..16, then 16..32. Bit j of qh is bit 4 of weight j.
+/// `BIAS` (0 or 16), as i16: weights 0..16, then 16..32. Bit j of qh is bit 4 of weight j.
 ///
 /// # Safety
 /// 20 bytes readable at `p`; the CPU has AVX2.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn five_bits16<const BIAS: i16>(p: *const u8) -> [__m256i; 2] {
-    // SAFETY: 20 readable bytes per the caller: qh, then the nibbles.
-    let (qh, [lo, hi]) = unsafe { ((p as *const u32).read_unaligned(), nibbles16(p.add(4))) };
+    // SAFETY: 20 readable bytes per the caller: qh (broadcast from memory), then the nibbles.
+    let (qh, [lo, hi]) = unsafe {
+        let qh = _mm256_set1_epi32((p as *const i32).read_unaligned());
+        (qh, nibbles16(p.add(4)))
+    };
+    // Every i16 lane holding the low (weights 0..16) or the high (16..32) half of qh.
+    let low_half = _mm256_blend_epi16::<0b1010_1010>(qh, _mm256_slli_epi32::<16>(qh));
+    let high_half = _mm256_blend_epi16::<0b1010_1010>(_mm256_srli_epi32::<16>(qh), qh);
     let lanes = _mm256_setr_epi16(
         1,
         2,
@@ -309,15 +315,19 @@ unsafe fn five_bits16<const BIAS: i16>(p: *const u8) -> [__m256i; 2] {
         16384,
         i16::MIN,
     );
-    let fifth = |bits: u32| {
-        let set = _mm256_and_si256(_mm256_set1_epi16(bits as u16 as i16), lanes);
-        _mm256_and_si256(_mm256_cmpeq_epi16(set, lanes), _mm256_set1_epi16(16))
+    let sixteen = _mm256_set1_epi16(16);
+    let with_bit = |nib: __m256i, half: __m256i| {
+        let bit = _mm256_and_si256(half, lanes);
+        if BIAS == 16 {
+            // q − 16 = nib − 16 where the fifth bit is clear, nib where it is set.
+            let clear = _mm256_cmpeq_epi16(bit, _mm256_setzero_si256());
+            _mm256_sub_epi16(nib, _mm256_and_si256(clear, sixteen))
+        } else {
+            let set = _mm256_cmpeq_epi16(bit, lanes);
+            _mm256_or_si256(nib, _mm256_and_si256(set, sixteen))
+        }
     };
-    let bias = _mm256_set1_epi16(BIAS);
-    [
-        _mm256_sub_epi16(_mm256_or_si256(lo, fifth(qh & 0xffff)), bias),
-        _mm256_sub_epi16(_mm256_or_si256(hi, fifth(qh >> 16)), bias),
-    ]
+    [with_bit(lo, low_half), with_bit(hi, high_half)]
 }
 
 /// Sixteen i16 lanes as two 8-lane f32 vectors.
