@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from powerinfer_rs import Engine, _core
-from powerinfer_rs.errors import PlanError, VramBudgetError
+from powerinfer_rs.errors import PlanError, UnsupportedError, VramBudgetError
 from powerinfer_rs.formats.plan import save_plan
 from powerinfer_rs.formats.profile import synthetic_profile
 from powerinfer_rs.loading import load_model
@@ -184,3 +184,13 @@ def test_plans_that_do_not_fit_and_devices_without_plans(relu, tmp_path):
     save_plan(make_plan(relu, profile, hw, 0, context=64, min_neurons=0, solver="greedy"), cpu_plan)
     eng = Engine(relu, threads=1, plan=cpu_plan, device="gpu-sim", n_ctx=64)
     assert eng.gpu_info() is None
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_k_quant_weights_on_the_gpu_are_refused(synth_gguf, tmp_path, device):
+    """The GPU kernels take the BASIC formats only (so far): a plan putting K-quant rows on a
+    GPU is an UnsupportedError naming the format, not a crash or wrong numbers."""
+    model = load_model(synth_gguf("Q4_K_M", seed=3, **{**SHAPE, "ffn": 256}))
+    path = plan_for(model, tmp_path / "k.safetensors", 0.5)
+    with pytest.raises(UnsupportedError, match="GPU kernels"):
+        Engine(model, threads=1, plan=path, device=device)
