@@ -7,6 +7,11 @@ rotates pairs ``(2i, 2i+1)``, "neox" pairs ``(i, i + hd/2)``), causal grouped-qu
 attention (query head ``h`` reads KV head ``h // (n_heads / n_kv_heads)``), FFN
 ``down(act(gate x) * up x)``, final norm and the output head. GELU is the tanh form (as ggml
 computes it).
+
+Family features, as the published HF modeling files have them: q/k/v biases added after the
+projections (Qwen2), per-head RMSNorm of q and k before RoPE (Qwen3), and a sliding window
+(Mistral; a query at position i sees keys j with ``i - j < window``) on the layers the config's
+``swa_pattern`` marks (0: all; p: all but each p-th).
 """
 
 from __future__ import annotations
@@ -127,14 +132,24 @@ def reference_forward(
     pos = np.arange(n)
     x = w["token_embd"][toks]
     group = c.n_heads // c.n_kv_heads
-    mask = np.triu(np.full((n, n), -np.inf), k=1)
+    causal = np.triu(np.full((n, n), -np.inf), k=1)
     gates: list[np.ndarray] = []
     for i in range(c.n_layers):
         p = f"blk.{i}."
         h = rms_norm(x, w[p + "attn_norm"], c.rms_eps)
-        q = (h @ w[p + "attn_q"].T).reshape(n, c.n_heads, c.head_dim)
-        k = (h @ w[p + "attn_k"].T).reshape(n, c.n_kv_heads, c.head_dim)
-        v = (h @ w[p + "attn_v"].T).reshape(n, c.n_kv_heads, c.head_dim)
+        q, k, v = (h @ w[p + f"attn_{x}"].T for x in "qkv")
+        if c.qkv_bias:
+            q, k, v = (y + w[p + f"attn_{x}.bias"].reshape(-1) for y, x in zip((q, k, v), "qkv"))
+        q = q.reshape(n, c.n_heads, c.head_dim)
+        k = k.reshape(n, c.n_kv_heads, c.head_dim)
+        v = v.reshape(n, c.n_kv_heads, c.head_dim)
+        if c.qk_norm:
+            q = rms_norm(q, w[p + "attn_q_norm"], c.rms_eps)
+            k = rms_norm(k, w[p + "attn_k_norm"], c.rms_eps)
+        mask = causal
+        if c.sliding_window and (c.swa_pattern == 0 or (i + 1) % c.swa_pattern):
+            dist = pos[:, None] - pos[None, :]
+            mask = np.where(dist >= c.sliding_window, -np.inf, causal)
         q = rope(q, pos, c.rope_theta, c.rope_style)
         k = rope(k, pos, c.rope_theta, c.rope_style)
         att = np.empty((n, c.n_heads, c.head_dim))

@@ -1,4 +1,7 @@
-//! Model hyper-parameters of a llama-architecture decoder, as the engine needs them.
+//! Model hyper-parameters of a llama-style decoder, as the engine needs them, with what each
+//! model family changes in the llama layer as data ([`ArchFeatures`]): adding a family is a
+//! loader table entry plus, where it needs a new operation, one feature here and its step in
+//! the forward pass, not a second forward pass.
 
 use crate::error::Result;
 use crate::{bail, ensure};
@@ -47,6 +50,36 @@ impl Activation {
     }
 }
 
+/// What a model family changes in the llama decoder layer. `ArchFeatures::default()` is llama
+/// (and Mistral without a window, SmolLM, ReluLLaMA, ...); every feature is off there, so the
+/// llama path takes no extra work.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ArchFeatures {
+    /// The q, k and v projections carry biases (`blk.N.attn_{q,k,v}.bias`; Qwen2).
+    pub qkv_bias: bool,
+    /// Every head of q and k is RMS-normed (weights of `head_dim`: `blk.N.attn_{q,k}_norm`)
+    /// before RoPE (Qwen3).
+    pub qk_norm: bool,
+    /// Sliding-window attention: a token attends to the last `w` positions, itself included
+    /// (distance < w), in the layers [`ArchFeatures::swa_pattern`] marks.
+    pub sliding_window: Option<usize>,
+    /// Which layers slide when a window is set: 0 = every layer (Mistral); p > 0 = all but each
+    /// p-th layer, counted from 1 (Gemma 2: p = 2, odd layers global; Gemma 3: p = 6).
+    pub swa_pattern: usize,
+}
+
+impl ArchFeatures {
+    /// The attention window of layer `l` (None: the whole context).
+    pub fn window(&self, l: usize) -> Option<usize> {
+        let w = self.sliding_window?;
+        match self.swa_pattern {
+            0 => Some(w),
+            p if (l + 1).is_multiple_of(p) => None,
+            _ => Some(w),
+        }
+    }
+}
+
 /// Shape and numerics of a llama-style model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -62,6 +95,8 @@ pub struct ModelConfig {
     pub rope_theta: f32,
     pub rope_style: RopeStyle,
     pub activation: Activation,
+    /// What the family changes (default: plain llama).
+    pub arch: ArchFeatures,
 }
 
 impl ModelConfig {
@@ -105,6 +140,11 @@ impl ModelConfig {
             "rope_theta {} must be a positive number",
             self.rope_theta
         );
+        ensure!(
+            self.arch.sliding_window != Some(0),
+            ModelFile,
+            "sliding_window must be > 0"
+        );
         Ok(())
     }
 
@@ -138,6 +178,27 @@ mod tests {
         assert!(c.validate().is_err());
         let mut c = cfg();
         c.head_dim = 15;
+        assert!(c.validate().is_err());
+    }
+
+    #[test]
+    fn sliding_window_layers() {
+        let mut a = ArchFeatures::default();
+        assert_eq!(a.window(0), None);
+        a.sliding_window = Some(8);
+        assert_eq!((a.window(0), a.window(5)), (Some(8), Some(8)));
+        a.swa_pattern = 2;
+        assert_eq!(
+            (a.window(0), a.window(1), a.window(2)),
+            (Some(8), None, Some(8))
+        );
+        a.swa_pattern = 6;
+        assert_eq!(
+            (a.window(4), a.window(5), a.window(11)),
+            (Some(8), None, None)
+        );
+        let mut c = cfg();
+        c.arch.sliding_window = Some(0);
         assert!(c.validate().is_err());
     }
 

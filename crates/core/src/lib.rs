@@ -14,7 +14,7 @@ pub mod testing;
 pub mod weight;
 
 pub use buffer::Buffer;
-pub use config::{Activation, ModelConfig, RopeStyle};
+pub use config::{Activation, ArchFeatures, ModelConfig, RopeStyle};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use neuron_table::{LayerTable, NeuronTable, Side};

@@ -14,13 +14,15 @@ pub struct AttnShape {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    /// Sliding window: a token attends to the positions at distance < `w` (None: all before).
+    pub window: Option<usize>,
 }
 
 /// Attention for `n` new tokens whose positions are `start..start+n`.
 ///
 /// `q` is n × (n_heads·head_dim); `keys`/`values` hold positions `0..start+n`, each row
 /// n_kv_heads·head_dim wide; `out` is n × (n_heads·head_dim). Token t attends to positions
-/// `0..=start+t`.
+/// `0..=start+t` (or the last `window` of them).
 pub fn attention(
     shape: &AttnShape,
     q: &[f32],
@@ -38,12 +40,14 @@ pub fn attention(
         let (t, h) = (idx / shape.n_heads, idx % shape.n_heads);
         let kvh = h / group;
         let qh = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
+        let end = start + t + 1;
+        let first = shape.window.map_or(0, |w| end.saturating_sub(w));
         let cache = HeadCache {
-            keys: &keys[kvh * hd..],
-            values: &values[kvh * hd..],
+            keys: &keys[first * kv_dim + kvh * hd..],
+            values: &values[first * kv_dim + kvh * hd..],
             stride: kv_dim,
         };
-        attend_head(qh, cache, start + t + 1, scale, scores, o);
+        attend_head(qh, cache, end - first, scale, scores, o);
     };
     // Multiply-adds of the whole call; below this a parallel region costs more than it saves.
     let work = out.len() / hd * (start + out.len() / q_dim) * hd;
@@ -79,7 +83,10 @@ mod tests {
         for t in 0..n {
             for h in 0..shape.n_heads {
                 let kvh = h / g;
-                let s: Vec<f64> = (0..=start + t)
+                let first = shape
+                    .window
+                    .map_or(0, |w| (start + t + 1).saturating_sub(w));
+                let s: Vec<f64> = (first..=start + t)
                     .map(|p| {
                         (0..hd)
                             .map(|i| {
@@ -92,7 +99,7 @@ mod tests {
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
                 let z: f64 = e.iter().sum();
-                for (p, w) in e.iter().enumerate() {
+                for (p, w) in (first..).zip(&e) {
                     for i in 0..hd {
                         out[t * qd + h * hd + i] += w / z * v[p * kd + kvh * hd + i] as f64;
                     }
@@ -102,11 +109,12 @@ mod tests {
         out
     }
 
-    fn check(start: usize, n: usize) {
+    fn check(start: usize, n: usize, window: Option<usize>) {
         let shape = AttnShape {
             n_heads: 6,
             n_kv_heads: 2,
             head_dim: 10,
+            window,
         };
         let total = start + n;
         let gen = |len: usize, seed: u32| -> Vec<f32> {
@@ -129,12 +137,15 @@ mod tests {
 
     #[test]
     fn matches_reference_with_gqa_serial_path() {
-        check(5, 3);
+        check(5, 3, None);
+        check(5, 3, Some(4));
+        check(5, 3, Some(100));
     }
 
     #[test]
     fn matches_reference_with_gqa_parallel_path() {
         // 4 tokens x 6 heads x ~2000 positions x 10 is above PARALLEL_MIN_WORK.
-        check(2000, 4);
+        check(2000, 4, None);
+        check(2000, 4, Some(300));
     }
 }

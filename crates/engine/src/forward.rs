@@ -33,6 +33,17 @@ pub(crate) fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
         .for_each(|(o, xr)| rms_norm(xr, w, eps, o));
 }
 
+/// RMSNorm every head (`w.len()` wide) of one row in place (q/k norm).
+fn norm_heads(x: &mut [f32], w: &[f32], eps: f32) {
+    for head in x.chunks_exact_mut(w.len()) {
+        let ss: f64 = head.iter().map(|&v| (v as f64) * (v as f64)).sum();
+        let scale = (1.0 / (ss / w.len() as f64 + eps as f64).sqrt()) as f32;
+        head.iter_mut()
+            .zip(w)
+            .for_each(|(v, g)| *v = *v * scale * g);
+    }
+}
+
 /// Scratch buffers reused across layers and calls.
 #[derive(Default)]
 pub struct Scratch {
@@ -129,8 +140,18 @@ pub(crate) fn attention_block(
     )?;
     let rows =
         s.q.chunks_exact_mut(c.q_dim())
-            .zip(s.k.chunks_exact_mut(c.kv_dim()));
-    for ((q, k), ang) in rows.zip(angles) {
+            .zip(s.k.chunks_exact_mut(c.kv_dim()))
+            .zip(s.v.chunks_exact_mut(c.kv_dim()));
+    for (((q, k), v), ang) in rows.zip(angles) {
+        if let Some([bq, bk, bv]) = &layer.qkv_bias {
+            for (x, b) in [(&mut *q, bq), (&mut *k, bk), (&mut *v, bv)] {
+                x.iter_mut().zip(b).for_each(|(x, b)| *x += b);
+            }
+        }
+        if let Some([nq, nk]) = &layer.qk_norm {
+            norm_heads(q, nq, c.rms_eps);
+            norm_heads(k, nk, c.rms_eps);
+        }
         apply_rope(q, c.head_dim, ang, c.rope_style);
         apply_rope(k, c.head_dim, ang, c.rope_style);
     }
@@ -141,6 +162,7 @@ pub(crate) fn attention_block(
         n_heads: c.n_heads,
         n_kv_heads: c.n_kv_heads,
         head_dim: c.head_dim,
+        window: c.arch.window(l),
     };
     attention(&shape, &s.q, keys, values, start, &mut s.att);
     project(&layer.wo, &s.att, n, &mut s.o)?;

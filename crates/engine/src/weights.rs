@@ -20,6 +20,15 @@ pub struct LayerWeights {
     pub w_gate: Weight,
     pub w_up: Weight,
     pub w_down: Weight,
+    /// Biases of q, k and v (families with [`ArchFeatures::qkv_bias`]).
+    ///
+    /// [`ArchFeatures::qkv_bias`]: powerinfer_core::ArchFeatures::qkv_bias
+    pub qkv_bias: Option<[Vec<f32>; 3]>,
+    /// Per-head RMSNorm weights of q and k, `head_dim` each (families with
+    /// [`ArchFeatures::qk_norm`]).
+    ///
+    /// [`ArchFeatures::qk_norm`]: powerinfer_core::ArchFeatures::qk_norm
+    pub qk_norm: Option<[Vec<f32>; 2]>,
 }
 
 /// All weights of a llama-style model, plus its config.
@@ -162,6 +171,20 @@ impl ModelWeights {
             down_t_given.push(given_t);
             let attn_norm = take_vector(&mut tensors, &format!("blk.{i}.attn_norm"), c.dim)?;
             let ffn_norm = take_vector(&mut tensors, &format!("blk.{i}.ffn_norm"), c.dim)?;
+            let mut v =
+                |name: &str, len: usize| take_vector(&mut tensors, &format!("blk.{i}.{name}"), len);
+            let qkv_bias = match c.arch.qkv_bias {
+                true => Some([
+                    v("attn_q.bias", c.q_dim())?,
+                    v("attn_k.bias", c.kv_dim())?,
+                    v("attn_v.bias", c.kv_dim())?,
+                ]),
+                false => None,
+            };
+            let qk_norm = match c.arch.qk_norm {
+                true => Some([v("attn_q_norm", c.head_dim)?, v("attn_k_norm", c.head_dim)?]),
+                false => None,
+            };
             layers.push(LayerWeights {
                 attn_norm,
                 wq,
@@ -172,12 +195,14 @@ impl ModelWeights {
                 w_gate,
                 w_up,
                 w_down,
+                qkv_bias,
+                qk_norm,
             });
         }
         if let Some(extra) = tensors.keys().next() {
             bail!(
                 ModelFile,
-                "unexpected tensor {extra} (not part of a {}-layer llama)",
+                "unexpected tensor {extra} (not part of a {}-layer model of this config)",
                 c.n_layers
             );
         }

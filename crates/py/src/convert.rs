@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use numpy::{PyArrayDescrMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use powerinfer_core::{
-    bail, ensure, Activation, Buffer, DType, Error, ModelConfig, Result, RopeStyle, Weight,
+    bail, ensure, Activation, ArchFeatures, Buffer, DType, Error, ModelConfig, Result, RopeStyle,
+    Weight,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -24,6 +25,31 @@ fn field<'py, T: for<'a> FromPyObject<'a, 'py, Error = PyErr>>(
         .ok_or_else(|| Error::ModelFile(format!("config lacks {key:?}")))?;
     v.extract::<T>()
         .map_err(|e| Error::ModelFile(format!("config field {key:?}: {e}")))
+}
+
+/// An optional config field: `default` when absent or None.
+fn field_or<'py, T: for<'a> FromPyObject<'a, 'py, Error = PyErr>>(
+    d: &Bound<'py, PyDict>,
+    key: &str,
+    default: T,
+) -> Result<T> {
+    match d.get_item(key) {
+        Ok(Some(v)) if !v.is_none() => v
+            .extract::<T>()
+            .map_err(|e| Error::ModelFile(format!("config field {key:?}: {e}"))),
+        _ => Ok(default),
+    }
+}
+
+/// The family's features from the config dict (all optional: absent means llama).
+fn arch_from_dict(d: &Bound<'_, PyDict>) -> Result<ArchFeatures> {
+    let window: usize = field_or(d, "sliding_window", 0)?;
+    Ok(ArchFeatures {
+        qkv_bias: field_or(d, "qkv_bias", false)?,
+        qk_norm: field_or(d, "qk_norm", false)?,
+        sliding_window: (window > 0).then_some(window),
+        swa_pattern: field_or(d, "swa_pattern", 0)?,
+    })
 }
 
 /// Build a `ModelConfig` from the loader's config (a dict of its fields).
@@ -48,6 +74,7 @@ pub fn config_from_dict(d: &Bound<'_, PyDict>) -> Result<ModelConfig> {
         rope_theta: field(d, "rope_theta")?,
         rope_style,
         activation: Activation::from_name(&act)?,
+        arch: arch_from_dict(d)?,
     };
     cfg.validate()?;
     Ok(cfg)

@@ -1,9 +1,12 @@
-"""Load a llama-architecture GGUF file: config from its metadata, tensors as raw mmap views.
+"""Load a GGUF file of a supported family (:mod:`.archs`: llama, qwen2, qwen3, phi3, with
+llama.cpp's keys and tensor names): config from its metadata, tensors as raw mmap views.
 
 Weights keep their GGUF encoding (F32, F16, BF16, Q8_0, Q4_0, Q4_1); nothing is dequantised.
 GGUF lists dimensions innermost first (``ne[0]`` = columns), so a 2-D tensor ``[cols, rows]``
 becomes ``TensorData(rows=ne[1], cols=ne[0])``. The ``llama`` arch in GGUF always has its
-q/k rows permuted by the converter, so RoPE rotates adjacent pairs: ``rope_style = "norm"``.
+q/k rows permuted by the converter, so RoPE rotates adjacent pairs: ``rope_style = "norm"``;
+the other families keep HF's row order (``"neox"``). Fused tensors (Phi-3's ``attn_qkv`` and
+gate+up ``ffn_up``) are split into row views.
 
 The header is parsed by :mod:`.gguf_file` (fast and strict) rather than ``gguf.GGUFReader``.
 The activation is SiLU unless the file carries ``powerinfer_rs.activation`` (our synthetic
@@ -18,6 +21,7 @@ from typing import Any
 
 from ..errors import ModelFileError, ShapeError, UnsupportedError
 from ..runtime.tokenizer import Tokenizer
+from .archs import GGUF_FAMILIES, Family, split_fused
 from .gguf_file import MAGIC, GGUFFile, starts_with
 from .types import (
     ACTIVATIONS,
@@ -30,7 +34,7 @@ from .types import (
     row_bytes,
 )
 
-SUPPORTED_ARCHS: tuple[str, ...] = ("llama",)
+SUPPORTED_ARCHS: tuple[str, ...] = tuple(GGUF_FAMILIES)
 ACTIVATION_KEY = "powerinfer_rs.activation"
 
 
@@ -74,13 +78,9 @@ def _float(meta: dict[str, Any], key: str, default: float) -> float:
 
 
 def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> ModelConfig:
-    """Build the :class:`ModelConfig` from GGUF metadata (``llama.*`` keys)."""
-    arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        raise UnsupportedError(
-            f"architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
-        )
-    a = arch
+    """Build the :class:`ModelConfig` from GGUF metadata (``{arch}.*`` keys)."""
+    fam = _family(meta)
+    a = fam.gguf_arch
     dim = _int(meta, f"{a}.embedding_length")
     n_heads = _int(meta, f"{a}.attention.head_count")
     n_kv = _int(meta, f"{a}.attention.head_count_kv", n_heads)
@@ -104,8 +104,9 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
     activation = meta.get(ACTIVATION_KEY, "silu")
     if activation not in ACTIVATIONS:
         raise UnsupportedError(f"activation {activation!r} (supported: {ACTIVATIONS})")
+    window = _int(meta, f"{a}.attention.sliding_window", 0) if fam.window else 0
     cfg = ModelConfig(
-        arch=a,
+        arch=fam.name,
         n_layers=_int(meta, f"{a}.block_count"),
         dim=dim,
         ffn_dim=_int(meta, f"{a}.feed_forward_length"),
@@ -116,30 +117,48 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
         max_context=_int(meta, f"{a}.context_length", 2048),
         rms_eps=_float(meta, f"{a}.attention.layer_norm_rms_epsilon", 1e-5),
         rope_theta=_float(meta, f"{a}.rope.freq_base", 10000.0),
-        rope_style="norm",
+        rope_style=fam.rope_style,
         activation=activation,
         bos_token_id=tokenizer.bos_id if tokenizer else None,
         eos_token_ids=list(tokenizer.eos_ids) if tokenizer else [],
         add_bos=tokenizer.add_bos if tokenizer else False,
         tie_embeddings=False,
+        qkv_bias=fam.qkv_bias,
+        qk_norm=fam.qk_norm,
+        sliding_window=window,
     )
     cfg.validate()
     return cfg
 
 
-def _tensor_views(gf: GGUFFile) -> dict[str, TensorData]:
-    """Canonical name -> TensorData for every weight tensor in the file."""
+def _family(meta: dict[str, Any]) -> Family:
+    arch = meta.get("general.architecture")
+    fam = GGUF_FAMILIES.get(arch) if isinstance(arch, str) else None
+    if fam is None:
+        raise UnsupportedError(
+            f"architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
+        )
+    return fam
+
+
+_QKV_BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
+
+
+def _tensor_views(gf: GGUFFile, fam: Family) -> dict[str, TensorData]:
+    """Canonical name -> TensorData for every weight tensor in the file (and the q/k/v biases
+    of the families that have them)."""
     path = gf.path
     buf = gf.data  # np.memmap, uint8, the whole file
     size = int(buf.size)
     out: dict[str, TensorData] = {}
     for t in gf.tensors:
         full = t.name
-        if full.endswith(".bias") or full.startswith("rope_freqs"):
+        bias = fam.qkv_bias and full.endswith(_QKV_BIASES)
+        if (full.endswith(".bias") and not bias) or full.startswith(("rope_freqs", "rope_factors")):
             raise UnsupportedError(f"{path}: tensor {full!r} (biases / rope factors) not supported")
-        if not full.endswith(".weight"):
+        if not (full.endswith(".weight") or bias):
             continue
-        name = full[: -len(".weight")]
+        name = full if bias else full[: -len(".weight")]
         dtype = t.type_name
         if dtype not in SUPPORTED_DTYPES:
             raise UnsupportedError(
@@ -162,18 +181,19 @@ def _tensor_views(gf: GGUFFile) -> dict[str, TensorData]:
 
 
 def load_gguf(path: str | os.PathLike[str]) -> LoadedModel:
-    """Load a llama GGUF file (memory-mapped, zero copy)."""
+    """Load a GGUF file of a supported family (memory-mapped, zero copy)."""
     p = str(Path(path))
     gf = open_gguf(p)
     meta = gf.metadata
-    arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        raise UnsupportedError(
-            f"{p}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
-        )
+    try:
+        fam = _family(meta)
+    except UnsupportedError as e:
+        raise UnsupportedError(f"{p}: {e}") from None
     tok = Tokenizer.from_gguf(meta)
     cfg = config_from_metadata(meta, tok)
-    tensors = _tensor_views(gf)
+    tensors = _tensor_views(gf, fam)
+    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    split_fused(fam, tensors, cfg.n_layers, q_dim, kv_dim, cfg.ffn_dim)
     if "output" not in tensors and "token_embd" in tensors:
         tensors["output"] = tensors["token_embd"]
         cfg.tie_embeddings = True

@@ -122,12 +122,21 @@ CORE_CONFIG_FIELDS = (
     "rope_theta",
     "rope_style",
     "activation",
+    "qkv_bias",
+    "qk_norm",
+    "sliding_window",
+    "swa_pattern",
 )
 
 
 @dataclass
 class ModelConfig:
-    """Hyper-parameters of a llama-family decoder, in the engine's own vocabulary."""
+    """Hyper-parameters of a llama-style decoder, in the engine's own vocabulary.
+
+    ``arch`` names the family (:mod:`.archs`); the fields after ``tie_embeddings`` say what it
+    changes in the llama layer: q/k/v biases, per-head q/k RMSNorm, a sliding attention window
+    (0: none) and which layers slide (``swa_pattern`` 0: all; p: all but every p-th).
+    """
 
     arch: str
     n_layers: int
@@ -146,6 +155,10 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     add_bos: bool = False
     tie_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int = 0
+    swa_pattern: int = 0
 
     def validate(self) -> None:
         """Check the values fit together; raise :class:`ShapeError` / :class:`UnsupportedError`."""
@@ -167,6 +180,10 @@ class ModelConfig:
             raise UnsupportedError(f"rope style {self.rope_style!r} (supported: {ROPE_STYLES})")
         if self.activation not in ACTIVATIONS:
             raise UnsupportedError(f"activation {self.activation!r} (supported: {ACTIVATIONS})")
+        for name in ("sliding_window", "swa_pattern"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ShapeError(f"config {name} must be a non-negative integer, got {v!r}")
         ids = list(self.eos_token_ids)
         if self.bos_token_id is not None:
             ids.append(self.bos_token_id)
@@ -208,6 +225,12 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
         "ffn_up": (c.ffn_dim, c.dim),
         "ffn_down": (c.dim, c.ffn_dim),
     }
+    if c.qkv_bias:
+        per_layer.update(
+            {"attn_q.bias": (1, q_dim), "attn_k.bias": (1, kv_dim), "attn_v.bias": (1, kv_dim)}
+        )
+    if c.qk_norm:
+        per_layer.update({"attn_q_norm": (1, c.head_dim), "attn_k_norm": (1, c.head_dim)})
     for i in range(c.n_layers):
         for suffix, shape in per_layer.items():
             shapes[f"blk.{i}.{suffix}"] = shape
@@ -223,8 +246,8 @@ def check_tensors(
     """Check that every required tensor is present with the shape ``config`` implies (or the
     given ``shapes``, by name).
 
-    Norm vectors must be float (F32/F16/BF16). Raises :class:`ModelFileError` naming the first
-    missing tensor, :class:`ShapeError` naming the first mis-shaped one.
+    Norm and bias vectors must be float (F32/F16/BF16). Raises :class:`ModelFileError` naming
+    the first missing tensor, :class:`ShapeError` naming the first mis-shaped one.
     """
     for name, (rows, cols) in (shapes or expected_shapes(config)).items():
         t = tensors.get(name)

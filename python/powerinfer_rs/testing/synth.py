@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedError
+from ..loading.archs import FAMILIES, Family, hf_layer_names
 from ..runtime.chat import CHATML_TEMPLATE
 from .synth_model import (
     BOS_ID,
@@ -40,28 +41,34 @@ _GGUF_FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}
 
 
 # --------------------------------------------------------------------------- HF writer
-HF_NAMES = {
+HF_GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens.weight",
     "output": "lm_head.weight",
     "output_norm": "model.norm.weight",
-    "attn_norm": "input_layernorm.weight",
-    "ffn_norm": "post_attention_layernorm.weight",
-    "attn_q": "self_attn.q_proj.weight",
-    "attn_k": "self_attn.k_proj.weight",
-    "attn_v": "self_attn.v_proj.weight",
-    "attn_output": "self_attn.o_proj.weight",
-    "ffn_gate": "mlp.gate_proj.weight",
-    "ffn_up": "mlp.up_proj.weight",
-    "ffn_down": "mlp.down_proj.weight",
 }
 
 
-def hf_name(name: str) -> str:
-    """HF parameter name of a canonical tensor name."""
-    if name in HF_NAMES:
-        return HF_NAMES[name]
-    _, layer, kind = name.split(".")
-    return f"model.layers.{layer}.{HF_NAMES[kind]}"
+def hf_name(name: str, family: Family | None = None) -> str:
+    """HF parameter name of a canonical (or fused) tensor name of ``family`` (default llama)."""
+    if name in HF_GLOBAL_NAMES:
+        return HF_GLOBAL_NAMES[name]
+    _, layer, kind = name.split(".", 2)
+    names = {v: k for k, v in hf_layer_names(family or FAMILIES[0]).items()}
+    return f"model.layers.{layer}.{names[kind]}"
+
+
+def _hf_config(spec: SynthSpec) -> dict[str, Any]:
+    """The family-specific part of config.json."""
+    f = spec.family
+    arch = f.hf_archs[0]
+    out: dict[str, Any] = {"architectures": [arch], "model_type": f.hf_types[0]}
+    if f.name == "qwen2":
+        out["use_sliding_window"] = False
+    elif f.name == "qwen3":
+        out["attention_bias"] = False
+    if f.window:
+        out["sliding_window"] = spec.sliding_window or None
+    return out
 
 
 def _encode_hf(x: np.ndarray, st_dtype: str) -> np.ndarray:
@@ -100,9 +107,9 @@ def write_safetensors(
 def write_hf_model(
     out_dir: str | os.PathLike[str], *, dtype: str = "bf16", shards: int = 1, **shape: Any
 ) -> Path:
-    """Write a synthetic HF llama directory (config.json, safetensors, tokenizer files) of the
+    """Write a synthetic HF directory (config.json, safetensors, tokenizer files) of the
     model ``SynthSpec(**shape)``: ``dim, ffn, layers, heads, kv_heads, vocab`` and optionally
-    ``activation, max_context, seed, active, tie, gate_rank``.
+    ``activation, max_context, seed, active, tie, gate_rank, arch, sliding_window``.
 
     ``shards=2`` splits the weights over two files with a ``model.safetensors.index.json``.
     """
@@ -117,8 +124,7 @@ def write_hf_model(
     st = HF_DTYPES[dtype]
     torch_dtype = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[dtype]
     config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        **_hf_config(spec),
         "hidden_size": spec.dim,
         "intermediate_size": spec.ffn,
         "num_hidden_layers": spec.layers,
@@ -130,8 +136,6 @@ def write_hf_model(
         "rms_norm_eps": spec.rms_eps,
         "rope_theta": spec.rope_theta,
         "rope_scaling": None,
-        "attention_bias": False,
-        "mlp_bias": False,
         "vocab_size": spec.vocab,
         "tie_word_embeddings": spec.tie,
         "bos_token_id": BOS_ID,
@@ -157,8 +161,9 @@ def write_hf_model(
         )
     )
 
-    names = [n for n, _ in spec.tensor_shapes()]
-    shapes = dict(spec.tensor_shapes())
+    names = [n for n, _ in spec.tensor_shapes(fused=True)]
+    shapes = dict(spec.tensor_shapes(fused=True))
+    fam = spec.family
     groups = [names] if shards == 1 else [names[: len(names) // 2], names[len(names) // 2 :]]
     files = (
         ["model.safetensors"]
@@ -170,10 +175,10 @@ def write_hf_model(
     weight_map: dict[str, str] = {}
     total = 0
     for group, fname in zip(groups, files):
-        entries = [(hf_name(n), st, shapes[n]) for n in group]
-        arrays = (_encode_hf(gen.tensor(n), st) for n in group)
+        entries = [(hf_name(n, fam), st, shapes[n]) for n in group]
+        arrays = (_encode_hf(gen.file_tensor(n), st) for n in group)
         total += write_safetensors(out / fname, entries, arrays)
-        weight_map.update({hf_name(n): fname for n in group})
+        weight_map.update({hf_name(n, fam): fname for n in group})
     if shards > 1:
         (out / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
@@ -222,11 +227,12 @@ def add_llama_metadata(
 
 def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **shape: Any) -> Path:
     """Write the same synthetic model as :func:`write_hf_model` (same ``shape`` keywords) as a
-    llama GGUF file.
+    GGUF file of its family, with llama.cpp's architecture, keys and tensor names.
 
-    2-D weights are stored in ``dtype`` (norms always F32); q/k rows are permuted as llama.cpp's
-    converter does. The activation is recorded as ``powerinfer_rs.activation`` (llama.cpp
-    ignores the key and always runs SiLU). Returns ``out_path``.
+    2-D weights are stored in ``dtype`` (norms and biases always F32); for llama, q/k rows are
+    permuted as llama.cpp's converter does. The activation is recorded as
+    ``powerinfer_rs.activation`` (llama.cpp ignores the key and always runs SiLU). Returns
+    ``out_path``.
     """
     import gguf
 
@@ -241,20 +247,25 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".part")
 
-    w = gguf.GGUFWriter(str(tmp), "llama")
-    name = f"synthetic-llama-{spec.activation}-d{spec.dim}-f{spec.ffn}-l{spec.layers}"
+    w = gguf.GGUFWriter(str(tmp), spec.family.gguf_arch)
+    # general.name leaves the family out: llama.cpp looks special tokens of Phi-3's vocabulary
+    # up by name ("</s>", "<s>") when the model name contains "phi3", which ours has not.
+    name = f"synthetic-{spec.activation}-d{spec.dim}-f{spec.ffn}-l{spec.layers}"
     add_llama_metadata(w, spec, name, _GGUF_FILE_TYPE[dtype])
+    if spec.sliding_window:
+        w.add_sliding_window(spec.sliding_window)
     w.add_vocab_size(spec.vocab)
     w.add_string("powerinfer_rs.activation", spec.activation)
     w.add_uint32("powerinfer_rs.synthetic_seed", spec.seed)
     w.add_float32("powerinfer_rs.synthetic_active", spec.active)
     w.add_chat_template(CHATML_TEMPLATE)
 
-    order = spec.tensor_shapes()
+    order = spec.tensor_shapes(fused=True)
     qtype = gguf.GGMLQuantizationType[dtype]
     for name, shape in order:
+        full = name if name.endswith(".bias") else f"{name}.weight"
         if len(shape) == 1:
-            w.add_tensor_info(f"{name}.weight", shape, np.dtype(np.float32), shape[0] * 4)
+            w.add_tensor_info(full, shape, np.dtype(np.float32), shape[0] * 4)
             continue
         rows, cols = shape
         block, size = gguf.GGML_QUANT_SIZES[qtype]
@@ -262,7 +273,7 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
         np_dt = {"F32": np.float32, "F16": np.float16}.get(dtype, np.uint8)
         raw_shape = shape if dtype in ("F32", "F16") else (rows, cols // block * size)
         w.add_tensor_info(
-            f"{name}.weight",
+            full,
             raw_shape,
             np.dtype(np_dt),
             nbytes,
@@ -286,8 +297,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(
         prog="python -m powerinfer_rs.synth",
-        description="Write a synthetic llama model (random weights, planted power-law FFN "
-        "activation frequencies) as an HF directory or a GGUF file.",
+        description="Write a synthetic model of any supported family (random weights, planted "
+        "power-law FFN activation frequencies) as an HF directory or a GGUF file.",
     )
     ap.add_argument("--dim", type=positive_int, default=256, help="hidden size")
     ap.add_argument("--ffn", type=positive_int, default=704, help="FFN (intermediate) size")
@@ -304,6 +315,15 @@ def main(argv: list[str] | None = None) -> int:
         help="mean fraction of FFN neurons active per token (planted)",
     )
     ap.add_argument("--activation", choices=["relu", "silu", "gelu"], default="relu")
+    ap.add_argument(
+        "--arch", choices=[f.name for f in FAMILIES], default="llama", help="model family"
+    )
+    ap.add_argument(
+        "--sliding-window",
+        type=nonneg_int,
+        default=0,
+        help="attention window (llama/mistral/phi3; 0 = none)",
+    )
     ap.add_argument("--max-context", type=positive_int, default=512)
     ap.add_argument(
         "--format",
@@ -324,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="output directory (hf) or .gguf path")
     a = ap.parse_args(argv)
     keys = ("dim", "ffn", "layers", "heads", "vocab", "activation", "max_context", "seed")
-    common = {k: getattr(a, k) for k in (*keys, "active", "tie", "gate_rank")}
+    extra = ("active", "tie", "gate_rank", "arch", "sliding_window")
+    common = {k: getattr(a, k) for k in (*keys, *extra)}
     common["kv_heads"] = a.kv_heads or a.heads
     t0 = time.perf_counter()
 

@@ -1,5 +1,8 @@
 """The synthetic llama model itself (ReluLLaMA / ProSparse shapes): its shape (:class:`SynthSpec`),
 weights (:class:`SynthWeights`) and byte-level BPE vocabulary; :mod:`.synth` writes it to files.
+``arch`` picks the family (:mod:`..loading.archs`: llama, mistral, qwen2, qwen3, phi3): the same
+layer plus that family's tensors (q/k/v biases ~ N(0, 0.2²), per-head q/k norms like the
+other norms), its sliding window, and its file layout (fused tensors, RoPE row order).
 
 No ReLU checkpoint is reachable offline, so ReLU code paths are exercised on models written
 here: any shape, random weights, and a *planted* power law of FFN activation frequencies.
@@ -45,6 +48,7 @@ from statistics import NormalDist
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedError
+from ..loading.archs import Family, family_named
 from ..loading.types import ModelConfig
 
 BIAS_VALUE = 4.0
@@ -154,10 +158,17 @@ class SynthSpec:
     rms_eps: float = 1e-5
     tie: bool = False
     gate_rank: int = 64
+    arch: str = "llama"
+    sliding_window: int = 0
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.heads
+
+    @property
+    def family(self) -> Family:
+        """The model family (:mod:`..loading.archs`)."""
+        return family_named(self.arch)
 
     def validate(self) -> None:
         for k in ("dim", "ffn", "layers", "heads", "kv_heads", "vocab", "max_context"):
@@ -171,12 +182,15 @@ class SynthSpec:
             raise UnsupportedError(f"activation {self.activation!r}")
         if not 0.0 < self.active < 1.0:
             raise ShapeError("active must lie in (0, 1)")
+        if self.sliding_window < 0 or (self.sliding_window and not self.family.window):
+            raise ShapeError(f"sliding_window {self.sliding_window} for {self.arch}")
 
     def model_config(self) -> ModelConfig:
         """The config the GGUF loader reads from this model's file (also a model shape for the
         planner without any weights)."""
+        f = self.family
         return ModelConfig(
-            arch="llama",
+            arch=f.name,
             n_layers=self.layers,
             dim=self.dim,
             ffn_dim=self.ffn,
@@ -187,29 +201,42 @@ class SynthSpec:
             max_context=self.max_context,
             rms_eps=self.rms_eps,
             rope_theta=self.rope_theta,
-            rope_style="norm",
+            rope_style=f.rope_style,
             activation=self.activation,
             bos_token_id=BOS_ID,
             eos_token_ids=[EOS_ID],
             tie_embeddings=self.tie,
+            qkv_bias=f.qkv_bias,
+            qk_norm=f.qk_norm,
+            sliding_window=self.sliding_window,
         )
 
-    def tensor_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
-        """Canonical names and HF shapes (``(out, in)``, or ``(n,)`` for norms), file order."""
-        d, hd = self.dim, self.head_dim
+    def tensor_shapes(self, fused: bool = False) -> list[tuple[str, tuple[int, ...]]]:
+        """Canonical names and HF shapes (``(out, in)``, or ``(n,)`` for norms and biases),
+        file order; ``fused``: as the family's files store them (Phi-3's ``attn_qkv`` and
+        gate+up ``ffn_up``)."""
+        d, hd, f = self.dim, self.head_dim, self.family
+        q, kv = self.heads * hd, self.kv_heads * hd
+        fuse_qkv, fuse_ffn = fused and f.fused_qkv, fused and f.fused_gate_up
         out: list[tuple[str, tuple[int, ...]]] = [("token_embd", (self.vocab, d))]
         for i in range(self.layers):
-            out += [
-                (f"blk.{i}.attn_norm", (d,)),
-                (f"blk.{i}.attn_q", (self.heads * hd, d)),
-                (f"blk.{i}.attn_k", (self.kv_heads * hd, d)),
-                (f"blk.{i}.attn_v", (self.kv_heads * hd, d)),
-                (f"blk.{i}.attn_output", (d, self.heads * hd)),
-                (f"blk.{i}.ffn_norm", (d,)),
-                (f"blk.{i}.ffn_gate", (self.ffn, d)),
-                (f"blk.{i}.ffn_up", (self.ffn, d)),
-                (f"blk.{i}.ffn_down", (d, self.ffn)),
-            ]
+            p = f"blk.{i}."
+            out.append((p + "attn_norm", (d,)))
+            if fuse_qkv:
+                out.append((p + "attn_qkv", (q + 2 * kv, d)))
+            else:
+                out += [(p + "attn_q", (q, d)), (p + "attn_k", (kv, d)), (p + "attn_v", (kv, d))]
+            if f.qkv_bias:
+                out += [(p + "attn_q.bias", (q,)), (p + "attn_k.bias", (kv,))]
+                out.append((p + "attn_v.bias", (kv,)))
+            if f.qk_norm:
+                out += [(p + "attn_q_norm", (hd,)), (p + "attn_k_norm", (hd,))]
+            out += [(p + "attn_output", (d, q)), (p + "ffn_norm", (d,))]
+            if fuse_ffn:
+                out.append((p + "ffn_up", (2 * self.ffn, d)))
+            else:
+                out += [(p + "ffn_gate", (self.ffn, d)), (p + "ffn_up", (self.ffn, d))]
+            out.append((p + "ffn_down", (d, self.ffn)))
         out.append(("output_norm", (d,)))
         if not self.tie:
             out.append(("output", (self.vocab, d)))
@@ -270,6 +297,11 @@ class SynthWeights:
             return x
         if name == "output":
             return self._normal(name, (s.vocab, d), 1.0 / math.sqrt(d))
+        if name.endswith(".bias"):
+            rows = s.heads * s.head_dim if name.endswith("attn_q.bias") else s.kv_heads * s.head_dim
+            return self._normal(name, (rows,), 0.2)
+        if name.endswith(("attn_q_norm", "attn_k_norm")):
+            return 1.0 + self._normal(name, (s.head_dim,), 0.05)
         if name.endswith("_norm"):
             g = 1.0 + self._normal(name, (d,), 0.05)
             g[0] = 1.0
@@ -309,9 +341,23 @@ class SynthWeights:
             return w
         raise ShapeError(f"no synthetic tensor named {name!r}")
 
+    def file_tensor(self, name: str) -> np.ndarray:
+        """Tensor ``name`` of :meth:`SynthSpec.tensor_shapes` ``(fused=True)``: the canonical
+        tensor, or the family's fused one (q, k, v stacked; gate then up)."""
+        f = self.spec.family
+        layer, _, kind = name.rpartition(".")
+        if f.fused_qkv and kind == "attn_qkv":
+            return np.concatenate([self.tensor(f"{layer}.attn_{x}") for x in "qkv"])
+        if f.fused_gate_up and kind == "ffn_up":
+            return np.concatenate([self.tensor(f"{layer}.ffn_gate"), self.tensor(name)])
+        return self.tensor(name)
+
     def gguf_tensor(self, name: str) -> np.ndarray:
-        """Tensor ``name`` as a llama GGUF stores it: q/k rows permuted (:func:`permute_qk`)."""
-        x = self.tensor(name)
+        """Tensor ``name`` (fused names as :meth:`file_tensor`) as a GGUF of the family stores
+        it: for llama's "norm" RoPE, q/k rows permuted (:func:`permute_qk`)."""
+        x = self.file_tensor(name)
+        if self.spec.family.rope_style != "norm":
+            return x
         if name.endswith("attn_q"):
             return permute_qk(x, self.spec.heads)
         if name.endswith("attn_k"):

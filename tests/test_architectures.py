@@ -1,0 +1,189 @@
+"""Every model family (Mistral, Qwen2, Qwen3, Phi-3 besides llama) against the float64 numpy
+reference written from the HF modeling definitions (tests/reference.py): the HF directory,
+its GGUF conversion (llama.cpp's keys and tensor names, fused tensors for Phi-3), dense and in
+the sparse modes against the masked reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from powerinfer_rs import Engine
+from powerinfer_rs.errors import ShapeError, UnsupportedError
+from powerinfer_rs.loading import load_model
+from powerinfer_rs.loading.archs import FAMILIES, split_fused
+from powerinfer_rs.loading.hf_loader import config_from_hf
+
+from reference import _weights, reference_forward, reference_logits
+
+#: Families other than llama (tested everywhere else) and their extra synth arguments.
+ARCHS = {
+    "mistral": {"sliding_window": 5},
+    "qwen2": {},
+    "qwen3": {},
+    "phi3": {},
+}
+#: engine vs float64 reference, relative (f32 weights).
+REF_RTOL = 1e-5
+#: a sparse mode against the masked float64 reference.
+SPARSE_RTOL = 1e-3
+
+
+def rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.linalg.norm(np.asarray(a) - b) / np.linalg.norm(b))
+
+
+def ids_for(model, n: int = 14, seed: int = 3) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(3, model.config.vocab_size, n)]
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_hf_and_gguf_match_the_reference(synth_hf, synth_gguf, arch):
+    hf = load_model(synth_hf(dtype="f32", activation="silu", arch=arch, **ARCHS[arch]))
+    gg = load_model(synth_gguf(dtype="F32", activation="silu", arch=arch, **ARCHS[arch]))
+    assert hf.config.arch == arch
+    ids = ids_for(hf)
+    ref = reference_logits(hf, ids)
+    hf_logits = Engine(hf, threads=2).logits(ids)
+    gg_logits = Engine(gg, threads=2).logits(ids)
+    assert rel(hf_logits, ref) <= REF_RTOL
+    assert rel(gg_logits, ref) <= REF_RTOL
+    assert rel(gg_logits, hf_logits) <= REF_RTOL
+    # The reference of the GGUF (llama's permuted q/k rows) is the same function.
+    assert rel(reference_logits(gg, ids), ref) <= 1e-9
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3"])
+def test_family_features_change_the_function(synth_hf, arch):
+    """The window, the biases and the q/k norms matter, so the tests above can fail: the same
+    weights run as llama give other logits."""
+    m = load_model(synth_hf(dtype="f32", activation="silu", arch=arch, **ARCHS[arch]))
+    ids = ids_for(m)
+    ref = reference_logits(m, ids)
+    assert m.config.sliding_window or m.config.qkv_bias or m.config.qk_norm
+    m.config.sliding_window, m.config.qkv_bias, m.config.qk_norm = 0, False, False
+    m.tensors = {k: v for k, v in m.tensors.items() if not k.endswith(("bias", "q_norm", "k_norm"))}
+    m.fingerprint += "-as-llama"
+    assert rel(reference_logits(m, ids), ref) > 100 * REF_RTOL
+
+
+def test_sliding_window_per_layer_pattern(synth_hf):
+    """swa_pattern 2 (Gemma 2's alternation): layer 0 slides, layer 1 sees everything."""
+    m = load_model(synth_hf(dtype="f32", activation="silu", arch="mistral", sliding_window=4))
+    ids = ids_for(m, n=12)
+    m.config.swa_pattern = 2
+    m.fingerprint += "-swa2"
+    ref = reference_logits(m, ids)
+    eng = Engine(m, threads=2)
+    assert rel(eng.logits(ids), ref) <= REF_RTOL
+    eng.reset()
+    rows = np.stack([eng.prefill([t]) for t in ids])
+    assert rel(rows, ref) <= REF_RTOL
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_one_token_decoding_matches_the_reference(synth_gguf, arch):
+    m = load_model(synth_gguf(dtype="F32", activation="silu", arch=arch, **ARCHS[arch]))
+    ids = ids_for(m)
+    eng = Engine(m, threads=2)
+    rows = np.stack([eng.prefill([t]) for t in ids])
+    assert rel(rows, reference_logits(m, ids)) <= REF_RTOL
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_threshold_mode_matches_the_masked_reference(synth_hf, arch):
+    m = load_model(synth_hf(dtype="f32", activation="silu", arch=arch, ffn=256, **ARCHS[arch]))
+    ids = ids_for(m, n=16)
+    w = _weights(m)
+    vals: list[np.ndarray] = []
+
+    def up(i, h):
+        return h @ w[f"blk.{i}.ffn_up"].T
+
+    reference_forward(m, ids, ffn_mask=lambda i, h, x, a: vals.append(np.abs(a * up(i, h))) or True)
+    t = [float(np.median(v)) for v in vals]
+
+    def mask(i, h, x, a):
+        keep = np.abs(a * up(i, h)) >= t[i]
+        keep[0] = True  # the first token stays dense
+        return keep
+
+    ref, _ = reference_forward(m, ids, ffn_mask=mask)
+    eng = Engine(m, threads=2, sparsity="threshold", thresholds=t)
+    assert rel(eng.logits(ids), ref) <= SPARSE_RTOL
+    eng.reset()
+    assert rel(np.stack([eng.prefill([x]) for x in ids]), ref) <= SPARSE_RTOL
+    assert rel(ref, reference_logits(m, ids)) > 10 * SPARSE_RTOL
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_relu_modes_match_the_reference(synth_gguf, arch):
+    """The families' layers with a ReLU FFN: exact-relu is the dense function, one token at a
+    time too (the sparse decode kernels)."""
+    m = load_model(synth_gguf(dtype="F32", activation="relu", arch=arch, ffn=256, **ARCHS[arch]))
+    ids = ids_for(m)
+    ref = reference_logits(m, ids)
+    eng = Engine(m, threads=2, sparsity="exact-relu")
+    assert rel(eng.logits(ids), ref) <= REF_RTOL
+    eng.reset()
+    assert rel(np.stack([eng.prefill([x]) for x in ids]), ref) <= REF_RTOL
+
+
+def test_fused_tensors_are_split_into_views(synth_gguf):
+    m = load_model(synth_gguf(dtype="F32", activation="silu", arch="phi3"))
+    c = m.config
+    assert "blk.0.attn_qkv" not in m.tensors
+    q, k, v = (m.tensors[f"blk.0.attn_{x}"] for x in "qkv")
+    assert (q.rows, k.rows, v.rows) == (c.n_heads * c.head_dim, *(2 * [c.n_kv_heads * c.head_dim]))
+    # Views into the one memory-mapped fused tensor, no copies.
+    assert q.data.base is not None and k.data.ctypes.data == q.data.ctypes.data + q.nbytes
+    fam = next(f for f in FAMILIES if f.name == "phi3")
+    bad = {"blk.0.attn_qkv": m.tensors["blk.0.attn_q"]}
+    with pytest.raises(ShapeError):
+        split_fused(fam, bad, 1, q.rows, k.rows, c.ffn_dim)
+
+
+def test_unsupported_hf_settings_are_refused():
+    base = {
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 1,
+        "intermediate_size": 128,
+        "vocab_size": 300,
+    }
+    with pytest.raises(UnsupportedError):
+        config_from_hf({**base, "model_type": "gpt_bigcode"})
+    with pytest.raises(UnsupportedError):
+        config_from_hf({**base, "model_type": "qwen2", "use_sliding_window": True})
+    with pytest.raises(UnsupportedError):
+        config_from_hf({**base, "model_type": "phi3", "partial_rotary_factor": 0.5})
+    c = config_from_hf({**base, "model_type": "qwen3"})
+    assert (c.arch, c.qk_norm, c.rope_style) == ("qwen3", True, "neox")
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_planner_plans_and_the_hybrid_executor_refuses_other_families(synth_gguf, tmp_path, arch):
+    """The planner takes the family's extra vectors; the hybrid executor (llama layers only)
+    refuses the plan with a typed error instead of computing something else."""
+    from powerinfer_rs.formats.plan import save_plan
+    from powerinfer_rs.formats.profile import synthetic_profile
+    from powerinfer_rs.planning import load_hardware, make_plan
+
+    m = load_model(synth_gguf(dtype="F16", activation="relu", arch=arch))
+    c = m.config
+    profile = synthetic_profile(c.n_layers, c.ffn_dim, 500, seed=1, model_fingerprint=m.fingerprint)
+    budget = sum(t.nbytes for t in m.tensors.values()) // 2
+    plan = make_plan(
+        m,
+        profile,
+        load_hardware("rtx4090"),
+        budget,
+        context=64,
+        bucket=32,
+        min_neurons=0,
+        solver="greedy",
+    )
+    assert 0 < plan.gpu_bytes <= budget
+    path = save_plan(plan, tmp_path / "plan.safetensors")
+    with pytest.raises(UnsupportedError, match="hybrid executor"):
+        Engine(m, threads=1, plan=str(path), device="gpu-sim")
