@@ -11,7 +11,9 @@ computes it).
 Family features, as the published HF modeling files have them: q/k/v biases added after the
 projections (Qwen2), per-head RMSNorm of q and k before RoPE (Qwen3), and a sliding window
 (Mistral; a query at position i sees keys j with ``i - j < window``) on the layers the config's
-``swa_pattern`` marks (0: all; p: all but each p-th).
+``swa_pattern`` marks (0: all; p: all but each p-th) with their own RoPE base where set;
+Gemma's ``(offset + w)`` norms, norms after attention and FFN, embeddings times a scale, a
+query scale, and soft-capped attention scores and logits (``c * tanh(s / c)``).
 """
 
 from __future__ import annotations
@@ -131,12 +133,23 @@ def reference_forward(
     n = toks.size
     pos = np.arange(n)
     x = w["token_embd"][toks]
+    if c.embed_scale:
+        x = x * c.embed_scale
+    off = c.norm_offset
+
+    def norm(y: np.ndarray, name: str) -> np.ndarray:
+        return rms_norm(y, w[name] + off, c.rms_eps)
+
+    def cap(s: np.ndarray, c_: float) -> np.ndarray:
+        return c_ * np.tanh(s / c_) if c_ else s
+
+    scale = c.attn_scale or 1.0 / np.sqrt(c.head_dim)
     group = c.n_heads // c.n_kv_heads
     causal = np.triu(np.full((n, n), -np.inf), k=1)
     gates: list[np.ndarray] = []
     for i in range(c.n_layers):
         p = f"blk.{i}."
-        h = rms_norm(x, w[p + "attn_norm"], c.rms_eps)
+        h = norm(x, p + "attn_norm")
         q, k, v = (h @ w[p + f"attn_{x}"].T for x in "qkv")
         if c.qkv_bias:
             q, k, v = (y + w[p + f"attn_{x}.bias"].reshape(-1) for y, x in zip((q, k, v), "qkv"))
@@ -144,32 +157,35 @@ def reference_forward(
         k = k.reshape(n, c.n_kv_heads, c.head_dim)
         v = v.reshape(n, c.n_kv_heads, c.head_dim)
         if c.qk_norm:
-            q = rms_norm(q, w[p + "attn_q_norm"], c.rms_eps)
-            k = rms_norm(k, w[p + "attn_k_norm"], c.rms_eps)
-        mask = causal
+            q = norm(q, p + "attn_q_norm")
+            k = norm(k, p + "attn_k_norm")
+        mask, theta = causal, c.rope_theta
         if c.sliding_window and (c.swa_pattern == 0 or (i + 1) % c.swa_pattern):
             dist = pos[:, None] - pos[None, :]
             mask = np.where(dist >= c.sliding_window, -np.inf, causal)
-        q = rope(q, pos, c.rope_theta, c.rope_style)
-        k = rope(k, pos, c.rope_theta, c.rope_style)
+            theta = c.rope_theta_local or theta
+        q = rope(q, pos, theta, c.rope_style)
+        k = rope(k, pos, theta, c.rope_style)
         att = np.empty((n, c.n_heads, c.head_dim))
         for hq in range(c.n_heads):
             kv = hq // group
-            s = q[:, hq, :] @ k[:, kv, :].T / np.sqrt(c.head_dim) + mask
+            s = cap(q[:, hq, :] @ k[:, kv, :].T * scale, c.attn_softcap) + mask
             s -= s.max(axis=1, keepdims=True)
             e = np.exp(s)
             att[:, hq, :] = (e / e.sum(axis=1, keepdims=True)) @ v[:, kv, :]
-        x = x + att.reshape(n, -1) @ w[p + "attn_output"].T
-        h = rms_norm(x, w[p + "ffn_norm"], c.rms_eps)
+        o = att.reshape(n, -1) @ w[p + "attn_output"].T
+        x = x + (norm(o, p + "post_attention_norm") if c.post_norms else o)
+        h = norm(x, p + "ffn_norm")
         g = h @ w[p + "ffn_gate"].T
         gates.append(g)
         u = h @ w[p + "ffn_up"].T
         a = activation(c.activation, g)
         if ffn_mask is not None:
             a = a * ffn_mask(i, h, x, a)
-        x = x + (a * u) @ w[p + "ffn_down"].T
-    x = rms_norm(x, w["output_norm"], c.rms_eps)
-    logits = x @ w["output"].T
+        f = (a * u) @ w[p + "ffn_down"].T
+        x = x + (norm(f, p + "post_ffw_norm") if c.post_norms else f)
+    x = norm(x, "output_norm")
+    logits = cap(x @ w["output"].T, c.final_softcap)
     return logits, gates
 
 

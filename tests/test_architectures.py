@@ -1,7 +1,7 @@
-"""Every model family (Mistral, Qwen2, Qwen3, Phi-3 besides llama) against the float64 numpy
-reference written from the HF modeling definitions (tests/reference.py): the HF directory,
-its GGUF conversion (llama.cpp's keys and tensor names, fused tensors for Phi-3), dense and in
-the sparse modes against the masked reference."""
+"""Every model family (Mistral, Qwen2, Qwen3, Phi-3, Gemma 2, Gemma 3 besides llama) against
+the float64 numpy reference written from the HF modeling definitions (tests/reference.py): the
+HF directory, its GGUF conversion (llama.cpp's keys and tensor names, fused tensors for Phi-3,
+norms with Gemma's 1 folded in), dense and in the sparse modes against the masked reference."""
 
 from __future__ import annotations
 
@@ -22,6 +22,10 @@ ARCHS = {
     "qwen2": {},
     "qwen3": {},
     "phi3": {},
+    # Soft-caps small enough to matter at these logits' scale; layer 1 global, layer 0 local.
+    "gemma2": {"sliding_window": 4, "tie": True, "attn_softcap": 3.0, "final_softcap": 2.0},
+    # Six layers: the sixth is global, with its own RoPE base.
+    "gemma3": {"sliding_window": 4, "tie": True, "layers": 6, "rope_theta": 1e6},
 }
 #: engine vs float64 reference, relative (f32 weights).
 REF_RTOL = 1e-5
@@ -39,8 +43,9 @@ def ids_for(model, n: int = 14, seed: int = 3) -> list[int]:
 
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_hf_and_gguf_match_the_reference(synth_hf, synth_gguf, arch):
-    hf = load_model(synth_hf(dtype="f32", activation="silu", arch=arch, **ARCHS[arch]))
-    gg = load_model(synth_gguf(dtype="F32", activation="silu", arch=arch, **ARCHS[arch]))
+    act = "gelu" if arch.startswith("gemma") else "silu"
+    hf = load_model(synth_hf(dtype="f32", activation=act, arch=arch, **ARCHS[arch]))
+    gg = load_model(synth_gguf(dtype="F32", activation=act, arch=arch, **ARCHS[arch]))
     assert hf.config.arch == arch
     ids = ids_for(hf)
     ref = reference_logits(hf, ids)
@@ -53,18 +58,40 @@ def test_hf_and_gguf_match_the_reference(synth_hf, synth_gguf, arch):
     assert rel(reference_logits(gg, ids), ref) <= 1e-9
 
 
-@pytest.mark.parametrize("arch", ["mistral", "qwen2", "qwen3"])
-def test_family_features_change_the_function(synth_hf, arch):
-    """The window, the biases and the q/k norms matter, so the tests above can fail: the same
-    weights run as llama give other logits."""
-    m = load_model(synth_hf(dtype="f32", activation="silu", arch=arch, **ARCHS[arch]))
-    ids = ids_for(m)
+#: Per family, config fields that each change the function when switched off.
+FEATURES = {
+    "mistral": ["sliding_window"],
+    "qwen2": ["qkv_bias"],
+    "qwen3": ["qk_norm"],
+    "gemma2": ["sliding_window", "attn_softcap", "final_softcap", "embed_scale", "post_norms"],
+    "gemma3": ["rope_theta_local", "qk_norm", "norm_offset", "attn_scale"],
+}
+#: The tensors that go with a feature.
+_TENSORS = {
+    "qkv_bias": (".bias",),
+    "qk_norm": ("q_norm", "k_norm"),
+    "post_norms": ("post_attention_norm", "post_ffw_norm"),
+}
+
+
+@pytest.mark.parametrize(("arch", "feature"), [(a, f) for a, fs in FEATURES.items() for f in fs])
+def test_each_family_feature_changes_the_function(synth_hf, arch, feature):
+    """Each feature matters, so the tests above can fail: the same weights without it give
+    other logits (the reference and the engine agree on that model too)."""
+    m = load_model(synth_hf(dtype="f32", activation="gelu", arch=arch, **ARCHS[arch]))
+    ids = ids_for(m, n=10)
     ref = reference_logits(m, ids)
-    assert m.config.sliding_window or m.config.qkv_bias or m.config.qk_norm
-    m.config.sliding_window, m.config.qkv_bias, m.config.qk_norm = 0, False, False
-    m.tensors = {k: v for k, v in m.tensors.items() if not k.endswith(("bias", "q_norm", "k_norm"))}
-    m.fingerprint += "-as-llama"
-    assert rel(reference_logits(m, ids), ref) > 100 * REF_RTOL
+    old = getattr(m.config, feature)
+    assert old
+    # Off, or for the query scale (whose default is the same number here) another value.
+    setattr(m.config, feature, 2 * old if feature == "attn_scale" else type(old)(0))
+    drop = _TENSORS.get(feature)
+    if drop:
+        m.tensors = {k: v for k, v in m.tensors.items() if not k.endswith(drop)}
+    m.fingerprint += f"-without-{feature}"
+    other = reference_logits(m, ids)
+    assert rel(other, ref) > 100 * REF_RTOL
+    assert rel(Engine(m, threads=2).logits(ids), other) <= REF_RTOL
 
 
 def test_sliding_window_per_layer_pattern(synth_hf):

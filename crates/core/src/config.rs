@@ -53,7 +53,7 @@ impl Activation {
 /// What a model family changes in the llama decoder layer. `ArchFeatures::default()` is llama
 /// (and Mistral without a window, SmolLM, ReluLLaMA, ...); every feature is off there, so the
 /// llama path takes no extra work.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ArchFeatures {
     /// The q, k and v projections carry biases (`blk.N.attn_{q,k,v}.bias`; Qwen2).
     pub qkv_bias: bool,
@@ -66,6 +66,22 @@ pub struct ArchFeatures {
     /// Which layers slide when a window is set: 0 = every layer (Mistral); p > 0 = all but each
     /// p-th layer, counted from 1 (Gemma 2: p = 2, odd layers global; Gemma 3: p = 6).
     pub swa_pattern: usize,
+    /// RoPE base of the sliding layers when it differs from the global one (Gemma 3: 10000).
+    pub rope_theta_local: Option<f32>,
+    /// Added to every norm weight at load: RMSNorm by `(offset + w)` (Gemma's HF checkpoints: 1;
+    /// llama.cpp's converter adds it to the stored weights, so GGUF files say 0).
+    pub norm_offset: f32,
+    /// Norms after attention and after the FFN, before each residual add
+    /// (`blk.N.post_attention_norm`, `blk.N.post_ffw_norm`; Gemma 2/3).
+    pub post_norms: bool,
+    /// Embeddings multiplied by this (Gemma: sqrt(dim)).
+    pub embed_scale: Option<f32>,
+    /// The attention's query scale instead of 1/sqrt(head_dim) (Gemma: query_pre_attn_scalar^-½).
+    pub attn_scale: Option<f32>,
+    /// Attention scores soft-capped: `c · tanh(s / c)` (Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// Final logits soft-capped the same way (Gemma 2).
+    pub final_softcap: Option<f32>,
 }
 
 impl ArchFeatures {
@@ -76,6 +92,14 @@ impl ArchFeatures {
             0 => Some(w),
             p if (l + 1).is_multiple_of(p) => None,
             _ => Some(w),
+        }
+    }
+
+    /// The RoPE base of layer `l`, given the model's global one.
+    pub fn rope_theta(&self, l: usize, global: f32) -> f32 {
+        match (self.window(l), self.rope_theta_local) {
+            (Some(_), Some(local)) => local,
+            _ => global,
         }
     }
 }
@@ -144,6 +168,25 @@ impl ModelConfig {
             self.arch.sliding_window != Some(0),
             ModelFile,
             "sliding_window must be > 0"
+        );
+        let a = &self.arch;
+        for (name, v) in [
+            ("rope_theta_local", a.rope_theta_local),
+            ("embed_scale", a.embed_scale),
+            ("attn_scale", a.attn_scale),
+            ("attn_softcap", a.attn_softcap),
+            ("final_softcap", a.final_softcap),
+        ] {
+            ensure!(
+                v.is_none_or(|v| v > 0.0 && v.is_finite()),
+                ModelFile,
+                "{name} {v:?} must be a positive number"
+            );
+        }
+        ensure!(
+            a.norm_offset.is_finite(),
+            ModelFile,
+            "norm_offset must be finite"
         );
         Ok(())
     }

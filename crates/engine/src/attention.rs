@@ -16,6 +16,41 @@ pub struct AttnShape {
     pub head_dim: usize,
     /// Sliding window: a token attends to the positions at distance < `w` (None: all before).
     pub window: Option<usize>,
+    /// The query scale (None: 1/sqrt(head_dim)).
+    pub scale: Option<f32>,
+    /// Scores soft-capped to `c · tanh(s / c)` before the softmax (Gemma 2).
+    pub softcap: Option<f32>,
+}
+
+/// One head over `len` cached positions with soft-capped scores: the plain loops (the fast
+/// kernel has no cap; Gemma 2 is the only family that sets one).
+fn attend_head_capped(
+    q: &[f32],
+    cache: HeadCache<'_>,
+    len: usize,
+    scale: f32,
+    cap: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    scores.clear();
+    scores.extend((0..len).map(|p| {
+        let k = &cache.keys[p * cache.stride..p * cache.stride + hd];
+        let s: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
+        cap * (s / cap).tanh()
+    }));
+    let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut z = 0.0f32;
+    scores.iter_mut().for_each(|s| {
+        *s = (*s - m).exp();
+        z += *s;
+    });
+    out.fill(0.0);
+    for (p, &w) in scores.iter().enumerate() {
+        let v = &cache.values[p * cache.stride..p * cache.stride + hd];
+        out.iter_mut().zip(v).for_each(|(o, v)| *o += w / z * v);
+    }
 }
 
 /// Attention for `n` new tokens whose positions are `start..start+n`.
@@ -35,7 +70,7 @@ pub fn attention(
     let q_dim = shape.n_heads * hd;
     let kv_dim = shape.n_kv_heads * hd;
     let group = shape.n_heads / shape.n_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = shape.scale.unwrap_or(1.0 / (hd as f32).sqrt());
     let one_head = |scores: &mut Vec<f32>, idx: usize, o: &mut [f32]| {
         let (t, h) = (idx / shape.n_heads, idx % shape.n_heads);
         let kvh = h / group;
@@ -47,7 +82,10 @@ pub fn attention(
             values: &values[first * kv_dim + kvh * hd..],
             stride: kv_dim,
         };
-        attend_head(qh, cache, end - first, scale, scores, o);
+        match shape.softcap {
+            None => attend_head(qh, cache, end - first, scale, scores, o),
+            Some(cap) => attend_head_capped(qh, cache, end - first, scale, cap, scores, o),
+        }
     };
     // Multiply-adds of the whole call; below this a parallel region costs more than it saves.
     let work = out.len() / hd * (start + out.len() / q_dim) * hd;
@@ -93,7 +131,11 @@ mod tests {
                                 q[t * qd + h * hd + i] as f64 * k[p * kd + kvh * hd + i] as f64
                             })
                             .sum::<f64>()
-                            / (hd as f64).sqrt()
+                            * shape.scale.map_or(1.0 / (hd as f64).sqrt(), f64::from)
+                    })
+                    .map(|s| match shape.softcap {
+                        Some(c) => c as f64 * (s / c as f64).tanh(),
+                        None => s,
                     })
                     .collect();
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -110,11 +152,23 @@ mod tests {
     }
 
     fn check(start: usize, n: usize, window: Option<usize>) {
+        check_with(start, n, window, None, None);
+    }
+
+    fn check_with(
+        start: usize,
+        n: usize,
+        window: Option<usize>,
+        scale: Option<f32>,
+        softcap: Option<f32>,
+    ) {
         let shape = AttnShape {
             n_heads: 6,
             n_kv_heads: 2,
             head_dim: 10,
             window,
+            scale,
+            softcap,
         };
         let total = start + n;
         let gen = |len: usize, seed: u32| -> Vec<f32> {
@@ -140,6 +194,8 @@ mod tests {
         check(5, 3, None);
         check(5, 3, Some(4));
         check(5, 3, Some(100));
+        check_with(7, 4, Some(5), Some(0.9), Some(0.5));
+        check_with(7, 4, None, None, Some(50.0));
     }
 
     #[test]

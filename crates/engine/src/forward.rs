@@ -98,12 +98,23 @@ pub fn forward(
     for (row, &t) in s.x.chunks_exact_mut(c.dim).zip(tokens) {
         let e = &model.token_embd;
         powerinfer_cpu::dequantize_row(e.dtype, e.row(t as usize), row)?;
+        if let Some(f) = c.arch.embed_scale {
+            row.iter_mut().for_each(|v| *v *= f);
+        }
     }
-    let angles: Vec<RopeAngles> = (0..n)
-        .map(|t| RopeAngles::new(start + t, c.head_dim, c.rope_theta))
-        .collect();
+    let angles_for = |theta: f32| -> Vec<RopeAngles> {
+        (0..n)
+            .map(|t| RopeAngles::new(start + t, c.head_dim, theta))
+            .collect()
+    };
+    let angles = angles_for(c.rope_theta);
+    let local = c.arch.rope_theta_local.map(angles_for);
     for l in 0..model.layers.len() {
-        attention_block(model, l, cache, s, start, n, &angles)?;
+        let ang = match (&local, c.arch.window(l)) {
+            (Some(local), Some(_)) => local,
+            _ => &angles,
+        };
+        attention_block(model, l, cache, s, start, n, ang)?;
         ffn_block(model, l, mode, s, profiler.as_deref_mut(), start, n)?;
     }
     cache.set_len(start + n);
@@ -163,9 +174,15 @@ pub(crate) fn attention_block(
         n_kv_heads: c.n_kv_heads,
         head_dim: c.head_dim,
         window: c.arch.window(l),
+        scale: c.arch.attn_scale,
+        softcap: c.arch.attn_softcap,
     };
     attention(&shape, &s.q, keys, values, start, &mut s.att);
     project(&layer.wo, &s.att, n, &mut s.o)?;
+    if let Some([post, _]) = &layer.post_norms {
+        norm_rows(&s.o, post, c.rms_eps, &mut s.down);
+        std::mem::swap(&mut s.o, &mut s.down);
+    }
     s.x.iter_mut().zip(&s.o).for_each(|(x, o)| *x += o);
     Ok(())
 }
@@ -193,6 +210,10 @@ pub(crate) fn ffn_block(
         start,
     };
     ffn(&call, &mut s.ffn, profiler, &mut s.down)?;
+    if let Some([_, post]) = &model.layers[l].post_norms {
+        norm_rows(&s.down, post, c.rms_eps, &mut s.o);
+        std::mem::swap(&mut s.o, &mut s.down);
+    }
     s.x.iter_mut().zip(&s.down).for_each(|(x, d)| *x += d);
     Ok(())
 }
@@ -213,5 +234,8 @@ pub(crate) fn output_block(
     );
     let mut logits = Vec::new();
     project(&model.output, &s.xn, n_out, &mut logits)?;
+    if let Some(cap) = c.arch.final_softcap {
+        logits.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+    }
     Ok(logits)
 }

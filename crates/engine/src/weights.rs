@@ -29,6 +29,9 @@ pub struct LayerWeights {
     ///
     /// [`ArchFeatures::qk_norm`]: powerinfer_core::ArchFeatures::qk_norm
     pub qk_norm: Option<[Vec<f32>; 2]>,
+    /// Norms of the attention output and of the FFN output before their residual adds
+    /// (families with `post_norms`).
+    pub post_norms: Option<[Vec<f32>; 2]>,
 }
 
 /// All weights of a llama-style model, plus its config.
@@ -61,7 +64,7 @@ fn take(map: &mut HashMap<String, Weight>, name: &str, rows: usize, cols: usize)
     Ok(w)
 }
 
-/// A norm vector as f32, whatever its stored format.
+/// A norm or bias vector as f32, whatever its stored format.
 fn take_vector(map: &mut HashMap<String, Weight>, name: &str, len: usize) -> Result<Vec<f32>> {
     let w = take(map, name, 1, len)?;
     let mut out = vec![0.0f32; len];
@@ -72,6 +75,20 @@ fn take_vector(map: &mut HashMap<String, Weight>, name: &str, len: usize) -> Res
         "tensor {name} holds non-finite values"
     );
     Ok(out)
+}
+
+/// A norm vector with the family's offset folded in (Gemma's `1 + w`).
+fn take_norm(
+    map: &mut HashMap<String, Weight>,
+    name: &str,
+    len: usize,
+    offset: f32,
+) -> Result<Vec<f32>> {
+    let mut w = take_vector(map, name, len)?;
+    if offset != 0.0 {
+        w.iter_mut().for_each(|v| *v += offset);
+    }
+    Ok(w)
 }
 
 /// True when a row holds a NaN or an infinity: every value of the float formats, the f16
@@ -142,7 +159,8 @@ impl ModelWeights {
             true => take(&mut tensors, "output", c.vocab_size, c.dim)?,
             false => token_embd.clone(),
         };
-        let output_norm = take_vector(&mut tensors, "output_norm", c.dim)?;
+        let off = c.arch.norm_offset;
+        let output_norm = take_norm(&mut tensors, "output_norm", c.dim, off)?;
         let mut layers = Vec::with_capacity(c.n_layers);
         let mut down_t_given = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
@@ -169,8 +187,25 @@ impl ModelWeights {
                 _ => take(&mut tensors, &format!("blk.{i}.ffn_down"), c.dim, c.ffn_dim)?,
             };
             down_t_given.push(given_t);
-            let attn_norm = take_vector(&mut tensors, &format!("blk.{i}.attn_norm"), c.dim)?;
-            let ffn_norm = take_vector(&mut tensors, &format!("blk.{i}.ffn_norm"), c.dim)?;
+            let mut norm = |name: &str, len: usize| {
+                take_norm(&mut tensors, &format!("blk.{i}.{name}"), len, off)
+            };
+            let attn_norm = norm("attn_norm", c.dim)?;
+            let ffn_norm = norm("ffn_norm", c.dim)?;
+            let qk_norm = match c.arch.qk_norm {
+                true => Some([
+                    norm("attn_q_norm", c.head_dim)?,
+                    norm("attn_k_norm", c.head_dim)?,
+                ]),
+                false => None,
+            };
+            let post_norms = match c.arch.post_norms {
+                true => Some([
+                    norm("post_attention_norm", c.dim)?,
+                    norm("post_ffw_norm", c.dim)?,
+                ]),
+                false => None,
+            };
             let mut v =
                 |name: &str, len: usize| take_vector(&mut tensors, &format!("blk.{i}.{name}"), len);
             let qkv_bias = match c.arch.qkv_bias {
@@ -179,10 +214,6 @@ impl ModelWeights {
                     v("attn_k.bias", c.kv_dim())?,
                     v("attn_v.bias", c.kv_dim())?,
                 ]),
-                false => None,
-            };
-            let qk_norm = match c.arch.qk_norm {
-                true => Some([v("attn_q_norm", c.head_dim)?, v("attn_k_norm", c.head_dim)?]),
                 false => None,
             };
             layers.push(LayerWeights {
@@ -197,6 +228,7 @@ impl ModelWeights {
                 w_down,
                 qkv_bias,
                 qk_norm,
+                post_norms,
             });
         }
         if let Some(extra) = tensors.keys().next() {

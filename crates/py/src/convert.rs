@@ -44,11 +44,23 @@ fn field_or<'py, T: for<'a> FromPyObject<'a, 'py, Error = PyErr>>(
 /// The family's features from the config dict (all optional: absent means llama).
 fn arch_from_dict(d: &Bound<'_, PyDict>) -> Result<ArchFeatures> {
     let window: usize = field_or(d, "sliding_window", 0)?;
+    // 0 (or absent) means "not set" for the optional numbers.
+    let opt = |key: &str| -> Result<Option<f32>> {
+        let v: f32 = field_or(d, key, 0.0)?;
+        Ok((v != 0.0).then_some(v))
+    };
     Ok(ArchFeatures {
         qkv_bias: field_or(d, "qkv_bias", false)?,
         qk_norm: field_or(d, "qk_norm", false)?,
         sliding_window: (window > 0).then_some(window),
         swa_pattern: field_or(d, "swa_pattern", 0)?,
+        rope_theta_local: opt("rope_theta_local")?,
+        norm_offset: field_or(d, "norm_offset", 0.0)?,
+        post_norms: field_or(d, "post_norms", false)?,
+        embed_scale: opt("embed_scale")?,
+        attn_scale: opt("attn_scale")?,
+        attn_softcap: opt("attn_softcap")?,
+        final_softcap: opt("final_softcap")?,
     })
 }
 

@@ -26,6 +26,10 @@ class Family:
     ``hf_archs`` the ``architectures`` of its checkpoints; ``hf_layer_names`` adds to or
     overrides the llama parameter names. ``fused_qkv`` / ``fused_gate_up``: the file stores q,k,v
     (gate,up) as one matrix, split at load. ``window``: honour a sliding window set in the file.
+    Gemma: ``post_norms`` (norms after attention and FFN), ``hf_norm_offset`` (HF stores
+    ``w - 1``; llama.cpp's converter adds the 1), ``embed_scale`` (embeddings times sqrt(dim)),
+    ``swa_pattern`` (all but every p-th layer slide), ``rope_local`` (RoPE base of the sliding
+    layers, fixed by llama.cpp for Gemma 3).
     """
 
     name: str
@@ -38,6 +42,11 @@ class Family:
     fused_qkv: bool = False
     fused_gate_up: bool = False
     window: bool = False
+    post_norms: bool = False
+    hf_norm_offset: float = 0.0
+    embed_scale: bool = False
+    swa_pattern: int = 0
+    rope_local: float = 0.0
     hf_layer_names: dict[str, str] = field(default_factory=dict)
 
 
@@ -53,6 +62,14 @@ LLAMA_HF_LAYER_NAMES: dict[str, str] = {
     "mlp.up_proj.weight": "ffn_up",
     "mlp.down_proj.weight": "ffn_down",
 }
+
+#: Gemma's HF norm names (after ``model.layers.N.``) -> llama.cpp's.
+_GEMMA_NAMES: dict[str, str] = {
+    "post_attention_layernorm.weight": "post_attention_norm",
+    "pre_feedforward_layernorm.weight": "ffn_norm",
+    "post_feedforward_layernorm.weight": "post_ffw_norm",
+}
+_GEMMA = dict(window=True, post_norms=True, hf_norm_offset=1.0, embed_scale=True)
 
 FAMILIES: tuple[Family, ...] = (
     # Mistral converts to llama.cpp's "llama" arch; its window comes from config.json, or in
@@ -92,6 +109,32 @@ FAMILIES: tuple[Family, ...] = (
             "self_attn.qkv_proj.weight": "attn_qkv",
             "mlp.gate_up_proj.weight": "ffn_up",
         },
+    ),
+    Family(
+        "gemma2",
+        "gemma2",
+        "neox",
+        ("gemma2",),
+        ("Gemma2ForCausalLM",),
+        swa_pattern=2,
+        hf_layer_names=_GEMMA_NAMES,
+        **_GEMMA,
+    ),
+    Family(
+        "gemma3",
+        "gemma3",
+        "neox",
+        ("gemma3_text",),
+        ("Gemma3ForCausalLM",),
+        qk_norm=True,
+        swa_pattern=6,
+        rope_local=10000.0,
+        hf_layer_names={
+            **_GEMMA_NAMES,
+            "self_attn.q_norm.weight": "attn_q_norm",
+            "self_attn.k_norm.weight": "attn_k_norm",
+        },
+        **_GEMMA,
     ),
 )
 

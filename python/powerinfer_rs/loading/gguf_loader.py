@@ -105,9 +105,10 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
     if activation not in ACTIVATIONS:
         raise UnsupportedError(f"activation {activation!r} (supported: {ACTIVATIONS})")
     window = _int(meta, f"{a}.attention.sliding_window", 0) if fam.window else 0
+    n_layers = _int(meta, f"{a}.block_count")
     cfg = ModelConfig(
         arch=fam.name,
-        n_layers=_int(meta, f"{a}.block_count"),
+        n_layers=n_layers,
         dim=dim,
         ffn_dim=_int(meta, f"{a}.feed_forward_length"),
         n_heads=n_heads,
@@ -126,9 +127,25 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
         qkv_bias=fam.qkv_bias,
         qk_norm=fam.qk_norm,
         sliding_window=window,
+        swa_pattern=fam.swa_pattern,
+        rope_theta_local=fam.rope_local,
+        post_norms=fam.post_norms,
+        embed_scale=float(dim) ** 0.5 if fam.embed_scale else 0.0,
+        attn_scale=_gemma_27b_scale(fam, n_layers, dim, n_heads),
+        attn_softcap=_float(meta, f"{a}.attn_logit_softcapping", 0.0),
+        final_softcap=_float(meta, f"{a}.final_logit_softcapping", 0.0),
     )
     cfg.validate()
     return cfg
+
+
+def _gemma_27b_scale(fam: Family, n_layers: int, dim: int, n_heads: int) -> float:
+    """The query scale GGUF files leave implicit: llama.cpp scales Gemma 2/3 27B queries by
+    (dim / n_heads)^-1/2 (their query_pre_attn_scalar), every other model by head_dim^-1/2
+    (0 here: the engine's default). The 27B models are told apart by their layer count."""
+    if (fam.gguf_arch, n_layers) in (("gemma2", 46), ("gemma3", 62)):
+        return float(dim / n_heads) ** -0.5
+    return 0.0
 
 
 def _family(meta: dict[str, Any]) -> Family:

@@ -116,6 +116,7 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     window = cfg.get("sliding_window") if fam.window else None
     if window is not None and (isinstance(window, bool) or not isinstance(window, int)):
         raise ModelFileError(f"config.json: 'sliding_window' must be an integer, got {window!r}")
+    extra = _gemma_fields(fam, cfg) if fam.post_norms else {}
     dim = _req_int(cfg, "hidden_size")
     n_heads = _req_int(cfg, "num_attention_heads")
     if n_heads <= 0:
@@ -140,7 +141,7 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         rms_eps=float(eps),
         rope_theta=float(rope_theta),
         rope_style="neox",
-        activation=_activation(cfg.get("hidden_act", "silu")),
+        activation=_activation(cfg.get("hidden_activation") or cfg.get("hidden_act", "silu")),
         bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
         eos_token_ids=_ids(cfg.get("eos_token_id")),
         add_bos=False,
@@ -148,8 +149,55 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         qkv_bias=fam.qkv_bias,
         qk_norm=fam.qk_norm,
         sliding_window=window or 0,
+        **extra,
     )
     return c
+
+
+def _number(cfg: dict[str, Any], key: str, default: float) -> float:
+    """A positive number from config.json, ``default`` when absent or null."""
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+        raise ModelFileError(f"config.json: {key!r} must be a positive number, got {v!r}")
+    return float(v)
+
+
+def _swa_pattern(fam: Family, cfg: dict[str, Any]) -> int:
+    """Gemma's sliding layers: ``sliding_window_pattern`` p (all but every p-th slide), or a
+    ``layer_types`` list, which must follow such a pattern."""
+    p = cfg.get("sliding_window_pattern", fam.swa_pattern)
+    if isinstance(p, bool) or not isinstance(p, int) or p < 0:
+        raise ModelFileError(f"config.json: 'sliding_window_pattern' must be an integer, got {p!r}")
+    types = cfg.get("layer_types")
+    if isinstance(types, list):
+        want = [
+            "full_attention" if p and (i + 1) % p == 0 else "sliding_attention"
+            for i in range(len(types))
+        ]
+        if types != want:
+            raise UnsupportedError(f"layer_types {types!r} (not every {p}-th layer global)")
+    return p
+
+
+def _gemma_fields(fam: Family, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config fields of Gemma 2/3 checkpoints (norms stored as ``w - 1``, embeddings times
+    sqrt(dim), query_pre_attn_scalar, soft-caps, alternating windows and RoPE bases)."""
+    dim = _req_int(cfg, "hidden_size")
+    head_dim = cfg.get("head_dim") or dim // max(1, _req_int(cfg, "num_attention_heads"))
+    return {
+        "swa_pattern": _swa_pattern(fam, cfg),
+        "rope_theta_local": _number(cfg, "rope_local_base_freq", fam.rope_local)
+        if fam.rope_local
+        else 0.0,
+        "norm_offset": fam.hf_norm_offset,
+        "post_norms": True,
+        "embed_scale": float(dim) ** 0.5 if fam.embed_scale else 0.0,
+        "attn_scale": _number(cfg, "query_pre_attn_scalar", float(head_dim)) ** -0.5,
+        "attn_softcap": _number(cfg, "attn_logit_softcapping", 0.0),
+        "final_softcap": _number(cfg, "final_logit_softcapping", 0.0),
+    }
 
 
 def _weight_files(d: Path) -> list[Path]:

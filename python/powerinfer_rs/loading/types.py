@@ -126,6 +126,13 @@ CORE_CONFIG_FIELDS = (
     "qk_norm",
     "sliding_window",
     "swa_pattern",
+    "rope_theta_local",
+    "norm_offset",
+    "post_norms",
+    "embed_scale",
+    "attn_scale",
+    "attn_softcap",
+    "final_softcap",
 )
 
 
@@ -135,7 +142,10 @@ class ModelConfig:
 
     ``arch`` names the family (:mod:`.archs`); the fields after ``tie_embeddings`` say what it
     changes in the llama layer: q/k/v biases, per-head q/k RMSNorm, a sliding attention window
-    (0: none) and which layers slide (``swa_pattern`` 0: all; p: all but every p-th).
+    (0: none) and which layers slide (``swa_pattern`` 0: all; p: all but every p-th), the RoPE
+    base of sliding layers, an offset added to every norm weight (Gemma's ``1 + w``), norms
+    after attention and FFN, an embedding scale, the attention's query scale and soft-caps of
+    the attention scores and the final logits (for the floats, 0 means "not set").
     """
 
     arch: str
@@ -159,6 +169,13 @@ class ModelConfig:
     qk_norm: bool = False
     sliding_window: int = 0
     swa_pattern: int = 0
+    rope_theta_local: float = 0.0
+    norm_offset: float = 0.0
+    post_norms: bool = False
+    embed_scale: float = 0.0
+    attn_scale: float = 0.0
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
 
     def validate(self) -> None:
         """Check the values fit together; raise :class:`ShapeError` / :class:`UnsupportedError`."""
@@ -231,6 +248,8 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
         )
     if c.qk_norm:
         per_layer.update({"attn_q_norm": (1, c.head_dim), "attn_k_norm": (1, c.head_dim)})
+    if c.post_norms:
+        per_layer.update({"post_attention_norm": (1, c.dim), "post_ffw_norm": (1, c.dim)})
     for i in range(c.n_layers):
         for suffix, shape in per_layer.items():
             shapes[f"blk.{i}.{suffix}"] = shape

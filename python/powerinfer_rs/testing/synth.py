@@ -68,6 +68,14 @@ def _hf_config(spec: SynthSpec) -> dict[str, Any]:
         out["attention_bias"] = False
     if f.window:
         out["sliding_window"] = spec.sliding_window or None
+    if f.post_norms:  # Gemma 2/3
+        out["query_pre_attn_scalar"] = spec.head_dim
+        out["sliding_window_pattern"] = f.swa_pattern
+        caps = spec.softcaps
+        out["attn_logit_softcapping"] = caps[0] or None
+        out["final_logit_softcapping"] = caps[1] or None
+        if f.rope_local:
+            out["rope_local_base_freq"] = f.rope_local
     return out
 
 
@@ -75,6 +83,13 @@ def _encode_hf(x: np.ndarray, st_dtype: str) -> np.ndarray:
     if st_dtype == "BF16":
         return f32_to_bf16_bits(x)
     return x.astype(np.float16 if st_dtype == "F16" else np.float32, copy=False)
+
+
+def _hf_tensor(gen: SynthWeights, name: str) -> np.ndarray:
+    """Tensor ``name`` as the family's HF checkpoint stores it (Gemma's norms as ``w - 1``)."""
+    x = gen.file_tensor(name)
+    off = gen.spec.family.hf_norm_offset
+    return x - np.float32(off) if off and name.endswith("_norm") else x
 
 
 def write_safetensors(
@@ -131,7 +146,8 @@ def write_hf_model(
         "num_attention_heads": spec.heads,
         "num_key_value_heads": spec.kv_heads,
         "head_dim": spec.head_dim,
-        "hidden_act": spec.activation,
+        # HF's "gelu" is the erf form; the engine's (and llama.cpp's) is the tanh one.
+        "hidden_act": "gelu_pytorch_tanh" if spec.activation == "gelu" else spec.activation,
         "max_position_embeddings": spec.max_context,
         "rms_norm_eps": spec.rms_eps,
         "rope_theta": spec.rope_theta,
@@ -176,7 +192,7 @@ def write_hf_model(
     total = 0
     for group, fname in zip(groups, files):
         entries = [(hf_name(n, fam), st, shapes[n]) for n in group]
-        arrays = (_encode_hf(gen.file_tensor(n), st) for n in group)
+        arrays = (_encode_hf(_hf_tensor(gen, n), st) for n in group)
         total += write_safetensors(out / fname, entries, arrays)
         weight_map.update({hf_name(n, fam): fname for n in group})
     if shards > 1:
@@ -254,6 +270,11 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
     add_llama_metadata(w, spec, name, _GGUF_FILE_TYPE[dtype])
     if spec.sliding_window:
         w.add_sliding_window(spec.sliding_window)
+    attn_cap, final_cap = spec.softcaps
+    if attn_cap:
+        w.add_attn_logit_softcapping(attn_cap)
+    if final_cap:
+        w.add_final_logit_softcapping(final_cap)
     w.add_vocab_size(spec.vocab)
     w.add_string("powerinfer_rs.activation", spec.activation)
     w.add_uint32("powerinfer_rs.synthetic_seed", spec.seed)

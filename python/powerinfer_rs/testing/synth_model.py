@@ -160,6 +160,8 @@ class SynthSpec:
     gate_rank: int = 64
     arch: str = "llama"
     sliding_window: int = 0
+    attn_softcap: float = 50.0
+    final_softcap: float = 30.0
 
     @property
     def head_dim(self) -> int:
@@ -184,6 +186,9 @@ class SynthSpec:
             raise ShapeError("active must lie in (0, 1)")
         if self.sliding_window < 0 or (self.sliding_window and not self.family.window):
             raise ShapeError(f"sliding_window {self.sliding_window} for {self.arch}")
+        if self.arch == "gemma2" and not self.tie:
+            # llama.cpp's gemma2 always reads its output head from token_embd.
+            raise ShapeError("gemma2 ties its output head to the embeddings: pass tie=True")
 
     def model_config(self) -> ModelConfig:
         """The config the GGUF loader reads from this model's file (also a model shape for the
@@ -209,7 +214,19 @@ class SynthSpec:
             qkv_bias=f.qkv_bias,
             qk_norm=f.qk_norm,
             sliding_window=self.sliding_window,
+            swa_pattern=f.swa_pattern,
+            rope_theta_local=f.rope_local,
+            post_norms=f.post_norms,
+            embed_scale=float(self.dim) ** 0.5 if f.embed_scale else 0.0,
+            attn_softcap=self.softcaps[0],
+            final_softcap=self.softcaps[1],
         )
+
+    @property
+    def softcaps(self) -> tuple[float, float]:
+        """(attention, final) soft-caps: Gemma 2's, 0 for the other families."""
+        on = self.arch == "gemma2"
+        return (self.attn_softcap, self.final_softcap) if on else (0.0, 0.0)
 
     def tensor_shapes(self, fused: bool = False) -> list[tuple[str, tuple[int, ...]]]:
         """Canonical names and HF shapes (``(out, in)``, or ``(n,)`` for norms and biases),
@@ -227,16 +244,20 @@ class SynthSpec:
             else:
                 out += [(p + "attn_q", (q, d)), (p + "attn_k", (kv, d)), (p + "attn_v", (kv, d))]
             if f.qkv_bias:
-                out += [(p + "attn_q.bias", (q,)), (p + "attn_k.bias", (kv,))]
-                out.append((p + "attn_v.bias", (kv,)))
+                out += [(p + f"attn_{x}.bias", (n,)) for x, n in zip("qkv", (q, kv, kv))]
             if f.qk_norm:
                 out += [(p + "attn_q_norm", (hd,)), (p + "attn_k_norm", (hd,))]
-            out += [(p + "attn_output", (d, q)), (p + "ffn_norm", (d,))]
+            out.append((p + "attn_output", (d, q)))
+            if f.post_norms:
+                out.append((p + "post_attention_norm", (d,)))
+            out.append((p + "ffn_norm", (d,)))
             if fuse_ffn:
                 out.append((p + "ffn_up", (2 * self.ffn, d)))
             else:
                 out += [(p + "ffn_gate", (self.ffn, d)), (p + "ffn_up", (self.ffn, d))]
             out.append((p + "ffn_down", (d, self.ffn)))
+            if f.post_norms:
+                out.append((p + "post_ffw_norm", (d,)))
         out.append(("output_norm", (d,)))
         if not self.tie:
             out.append(("output", (self.vocab, d)))
