@@ -13,7 +13,9 @@ projections (Qwen2), per-head RMSNorm of q and k before RoPE (Qwen3), and a slid
 (Mistral; a query at position i sees keys j with ``i - j < window``) on the layers the config's
 ``swa_pattern`` marks (0: all; p: all but each p-th) with their own RoPE base where set;
 Gemma's ``(offset + w)`` norms, norms after attention and FFN, embeddings times a scale, a
-query scale, and soft-capped attention scores and logits (``c * tanh(s / c)``).
+query scale, and soft-capped attention scores and logits (``c * tanh(s / c)``); ProSparse's
+FATReLU (``x`` where ``x > t``, else 0) and Bamboo's activated up projection
+(``down(act(gate x) * act(up x))``).
 """
 
 from __future__ import annotations
@@ -144,6 +146,12 @@ def reference_forward(
         return c_ * np.tanh(s / c_) if c_ else s
 
     scale = c.attn_scale or 1.0 / np.sqrt(c.head_dim)
+
+    def act(y: np.ndarray) -> np.ndarray:
+        if c.relu_threshold:
+            return np.where(y > c.relu_threshold, y, 0.0)
+        return activation(c.activation, y)
+
     group = c.n_heads // c.n_kv_heads
     causal = np.triu(np.full((n, n), -np.inf), k=1)
     gates: list[np.ndarray] = []
@@ -179,7 +187,9 @@ def reference_forward(
         g = h @ w[p + "ffn_gate"].T
         gates.append(g)
         u = h @ w[p + "ffn_up"].T
-        a = activation(c.activation, g)
+        a = act(g)
+        if c.up_act:
+            u = act(u)
         if ffn_mask is not None:
             a = a * ffn_mask(i, h, x, a)
         f = (a * u) @ w[p + "ffn_down"].T

@@ -214,3 +214,76 @@ def test_planner_plans_and_the_hybrid_executor_refuses_other_families(synth_gguf
     path = save_plan(plan, tmp_path / "plan.safetensors")
     with pytest.raises(UnsupportedError, match="hybrid executor"):
         Engine(m, threads=1, plan=str(path), device="gpu-sim")
+
+
+#: PowerInfer's ReLU families: Bamboo (ReLU on gate and up) and ProSparse (llama with FATReLU).
+RELU_FAMILIES = {
+    "bamboo": {"arch": "bamboo"},
+    "prosparse": {"arch": "llama", "relu_threshold": 0.05},
+}
+
+
+@pytest.mark.parametrize("family", list(RELU_FAMILIES))
+def test_relu_families_hf_gguf_and_sparse_modes_match_the_reference(synth_hf, synth_gguf, family):
+    """HF directory, GGUF, dense, exact-relu and predictor mode, one token at a time too,
+    against the float64 reference (masked by the same predictor for predictor mode)."""
+    from test_sparsity import random_predictors
+
+    kw = {"activation": "relu", "ffn": 256, **RELU_FAMILIES[family]}
+    hf = load_model(synth_hf(dtype="f32", **kw))
+    gg = load_model(synth_gguf(dtype="F32", **kw))
+    assert hf.config.up_act == gg.config.up_act == (family == "bamboo")
+    assert hf.config.relu_threshold == pytest.approx(gg.config.relu_threshold)
+    ids = ids_for(hf, n=16)
+    ref = reference_logits(hf, ids)
+    for m in (hf, gg):
+        for mode in ("dense", "exact-relu"):
+            eng = Engine(m, threads=2, sparsity=mode)
+            assert rel(eng.logits(ids), ref) <= REF_RTOL
+            eng.reset()
+            assert rel(np.stack([eng.prefill([t]) for t in ids]), ref) <= REF_RTOL
+    preds = random_predictors(gg, threshold=0.1)
+    eng = Engine(gg, threads=2, sparsity="predictor", predictors=preds)
+
+    def mask(i, h, x, a):
+        p = preds.layers[i]
+        return (np.maximum(h @ p.fc1.T.astype(np.float64), 0) @ p.fc2.T) >= p.threshold
+
+    masked, _ = reference_forward(gg, ids, ffn_mask=mask)
+    assert rel(masked, ref) > 10 * SPARSE_RTOL
+    assert rel(eng.logits(ids), masked) <= SPARSE_RTOL
+    eng.reset()
+    assert rel(np.stack([eng.prefill([t]) for t in ids]), masked) <= SPARSE_RTOL
+
+
+@pytest.mark.parametrize(
+    ("family", "feature"), [("bamboo", "up_act"), ("prosparse", "relu_threshold")]
+)
+def test_relu_family_features_change_the_function(synth_gguf, family, feature):
+    m = load_model(synth_gguf(dtype="F32", activation="relu", ffn=256, **RELU_FAMILIES[family]))
+    ids = ids_for(m, n=10)
+    ref = reference_logits(m, ids)
+    setattr(m.config, feature, type(getattr(m.config, feature))(0))
+    m.fingerprint += f"-without-{feature}"
+    other = reference_logits(m, ids)
+    assert rel(other, ref) > 100 * REF_RTOL
+    assert rel(Engine(m, threads=2).logits(ids), other) <= REF_RTOL
+
+
+def test_profiler_counts_fatrelu_activity(synth_gguf):
+    """The profiler counts a neuron active where FATReLU passes it (gate > t), as the
+    reference does."""
+    m = load_model(
+        synth_gguf(dtype="F32", activation="relu", ffn=256, **RELU_FAMILIES["prosparse"])
+    )
+    ids = ids_for(m, n=12)
+    eng = Engine(m, threads=2)
+    eng.start_profiling()
+    eng.logits(ids)
+    counts, tokens = eng.profile_counts()
+    eng.stop_profiling()
+    _, gates = reference_forward(m, ids)
+    t = m.config.relu_threshold
+    assert tokens == len(ids)
+    assert np.array_equal(counts, np.stack([(g > t).sum(axis=0) for g in gates]))
+    assert counts.sum() < np.stack([(g > 0).sum(axis=0) for g in gates]).sum()

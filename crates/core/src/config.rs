@@ -82,6 +82,10 @@ pub struct ArchFeatures {
     pub attn_softcap: Option<f32>,
     /// Final logits soft-capped the same way (Gemma 2).
     pub final_softcap: Option<f32>,
+    /// FATReLU's threshold (ProSparse): with a ReLU activation, `x` where `x > t`, else 0.
+    pub relu_threshold: f32,
+    /// The FFN's up projection passes through the activation too: `act(gate)·act(up)` (Bamboo).
+    pub up_act: bool,
 }
 
 impl ArchFeatures {
@@ -187,6 +191,17 @@ impl ModelConfig {
             a.norm_offset.is_finite(),
             ModelFile,
             "norm_offset must be finite"
+        );
+        ensure!(
+            a.relu_threshold >= 0.0 && a.relu_threshold.is_finite(),
+            ModelFile,
+            "relu_threshold {} must be a non-negative number",
+            a.relu_threshold
+        );
+        ensure!(
+            a.relu_threshold == 0.0 || self.activation == Activation::Relu,
+            ModelFile,
+            "relu_threshold (FATReLU) needs the ReLU activation"
         );
         Ok(())
     }

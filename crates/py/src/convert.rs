@@ -61,6 +61,8 @@ fn arch_from_dict(d: &Bound<'_, PyDict>) -> Result<ArchFeatures> {
         attn_scale: opt("attn_scale")?,
         attn_softcap: opt("attn_softcap")?,
         final_softcap: opt("final_softcap")?,
+        relu_threshold: field_or(d, "relu_threshold", 0.0)?,
+        up_act: field_or(d, "up_act", false)?,
     })
 }
 

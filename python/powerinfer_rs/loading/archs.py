@@ -29,7 +29,8 @@ class Family:
     Gemma: ``post_norms`` (norms after attention and FFN), ``hf_norm_offset`` (HF stores
     ``w - 1``; llama.cpp's converter adds the 1), ``embed_scale`` (embeddings times sqrt(dim)),
     ``swa_pattern`` (all but every p-th layer slide), ``rope_local`` (RoPE base of the sliding
-    layers, fixed by llama.cpp for Gemma 3).
+    layers, fixed by llama.cpp for Gemma 3). ``activation``: the family's own when its files
+    do not say (Bamboo: ReLU), ``up_act``: the up projection is activated too (Bamboo).
     """
 
     name: str
@@ -47,6 +48,8 @@ class Family:
     embed_scale: bool = False
     swa_pattern: int = 0
     rope_local: float = 0.0
+    activation: str = ""
+    up_act: bool = False
     hf_layer_names: dict[str, str] = field(default_factory=dict)
 
 
@@ -76,6 +79,18 @@ FAMILIES: tuple[Family, ...] = (
     # GGUF from a llama.attention.sliding_window key (which llama.cpp itself ignores).
     Family("llama", "llama", "norm", ("llama",), ("LlamaForCausalLM",), window=True),
     Family("mistral", "llama", "norm", ("mistral",), ("MistralForCausalLM",), window=True),
+    # PowerInfer's Bamboo: Mistral's layer with ReLU on both gate and up (its GGUF arch and
+    # config.json model_type are "bamboo"; converted like llama, q/k rows permuted).
+    Family(
+        "bamboo",
+        "bamboo",
+        "norm",
+        ("bamboo",),
+        ("BambooForCausalLM",),
+        window=True,
+        activation="relu",
+        up_act=True,
+    ),
     Family(
         "qwen2",
         "qwen2",

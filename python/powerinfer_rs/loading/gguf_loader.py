@@ -36,6 +36,8 @@ from .types import (
 
 SUPPORTED_ARCHS: tuple[str, ...] = tuple(GGUF_FAMILIES)
 ACTIVATION_KEY = "powerinfer_rs.activation"
+#: FATReLU's threshold (ProSparse) in our synthetic files; llama.cpp ignores the key.
+RELU_THRESHOLD_KEY = "powerinfer_rs.relu_threshold"
 
 
 def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
@@ -101,7 +103,7 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
     tokens = meta.get("tokenizer.ggml.tokens")
     n_tokens = len(tokens) if isinstance(tokens, list) else None
     vocab = _int(meta, f"{a}.vocab_size", n_tokens)
-    activation = meta.get(ACTIVATION_KEY, "silu")
+    activation = meta.get(ACTIVATION_KEY, fam.activation or "silu")
     if activation not in ACTIVATIONS:
         raise UnsupportedError(f"activation {activation!r} (supported: {ACTIVATIONS})")
     window = _int(meta, f"{a}.attention.sliding_window", 0) if fam.window else 0
@@ -134,6 +136,8 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
         attn_scale=_gemma_27b_scale(fam, n_layers, dim, n_heads),
         attn_softcap=_float(meta, f"{a}.attn_logit_softcapping", 0.0),
         final_softcap=_float(meta, f"{a}.final_logit_softcapping", 0.0),
+        relu_threshold=_float(meta, RELU_THRESHOLD_KEY, 0.0),
+        up_act=fam.up_act,
     )
     cfg.validate()
     return cfg

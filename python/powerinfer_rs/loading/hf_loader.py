@@ -117,6 +117,11 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     if window is not None and (isinstance(window, bool) or not isinstance(window, int)):
         raise ModelFileError(f"config.json: 'sliding_window' must be an integer, got {window!r}")
     extra = _gemma_fields(fam, cfg) if fam.post_norms else {}
+    act_name = cfg.get("hidden_activation") or cfg.get("hidden_act", fam.activation or "silu")
+    if act_name == "fatrelu":  # ProSparse: ReLU passing only x > hidden_act_param
+        act_name = "relu"
+        extra["relu_threshold"] = _number(cfg, "hidden_act_param", 0.0)
+    extra["up_act"] = fam.up_act
     dim = _req_int(cfg, "hidden_size")
     n_heads = _req_int(cfg, "num_attention_heads")
     if n_heads <= 0:
@@ -141,7 +146,7 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         rms_eps=float(eps),
         rope_theta=float(rope_theta),
         rope_style="neox",
-        activation=_activation(cfg.get("hidden_activation") or cfg.get("hidden_act", "silu")),
+        activation=_activation(act_name),
         bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
         eos_token_ids=_ids(cfg.get("eos_token_id")),
         add_bos=False,

@@ -133,6 +133,8 @@ CORE_CONFIG_FIELDS = (
     "attn_scale",
     "attn_softcap",
     "final_softcap",
+    "relu_threshold",
+    "up_act",
 )
 
 
@@ -145,7 +147,9 @@ class ModelConfig:
     (0: none) and which layers slide (``swa_pattern`` 0: all; p: all but every p-th), the RoPE
     base of sliding layers, an offset added to every norm weight (Gemma's ``1 + w``), norms
     after attention and FFN, an embedding scale, the attention's query scale and soft-caps of
-    the attention scores and the final logits (for the floats, 0 means "not set").
+    the attention scores and the final logits (for the floats, 0 means "not set"), FATReLU's
+    threshold (ProSparse: a ReLU activation that passes only ``x > t``) and whether the up
+    projection is activated too (Bamboo).
     """
 
     arch: str
@@ -176,6 +180,8 @@ class ModelConfig:
     attn_scale: float = 0.0
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
+    relu_threshold: float = 0.0
+    up_act: bool = False
 
     def validate(self) -> None:
         """Check the values fit together; raise :class:`ShapeError` / :class:`UnsupportedError`."""
@@ -197,6 +203,8 @@ class ModelConfig:
             raise UnsupportedError(f"rope style {self.rope_style!r} (supported: {ROPE_STYLES})")
         if self.activation not in ACTIVATIONS:
             raise UnsupportedError(f"activation {self.activation!r} (supported: {ACTIVATIONS})")
+        if self.relu_threshold and self.activation != "relu":
+            raise UnsupportedError("relu_threshold (FATReLU) needs the relu activation")
         for name in ("sliding_window", "swa_pattern"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:

@@ -57,6 +57,14 @@ def hf_name(name: str, family: Family | None = None) -> str:
     return f"model.layers.{layer}.{names[kind]}"
 
 
+def _hf_act(spec: SynthSpec) -> str:
+    """config.json's hidden_act: HF's "gelu" is the erf form, the engine's (and llama.cpp's) the
+    tanh one; ProSparse's FATReLU is "fatrelu" with its threshold in hidden_act_param."""
+    if spec.relu_threshold:
+        return "fatrelu"
+    return "gelu_pytorch_tanh" if spec.activation == "gelu" else spec.activation
+
+
 def _hf_config(spec: SynthSpec) -> dict[str, Any]:
     """The family-specific part of config.json."""
     f = spec.family
@@ -68,6 +76,8 @@ def _hf_config(spec: SynthSpec) -> dict[str, Any]:
         out["attention_bias"] = False
     if f.window:
         out["sliding_window"] = spec.sliding_window or None
+    if spec.relu_threshold:
+        out["hidden_act_param"] = spec.relu_threshold
     if f.post_norms:  # Gemma 2/3
         out["query_pre_attn_scalar"] = spec.head_dim
         out["sliding_window_pattern"] = f.swa_pattern
@@ -146,8 +156,7 @@ def write_hf_model(
         "num_attention_heads": spec.heads,
         "num_key_value_heads": spec.kv_heads,
         "head_dim": spec.head_dim,
-        # HF's "gelu" is the erf form; the engine's (and llama.cpp's) is the tanh one.
-        "hidden_act": "gelu_pytorch_tanh" if spec.activation == "gelu" else spec.activation,
+        "hidden_act": _hf_act(spec),
         "max_position_embeddings": spec.max_context,
         "rms_norm_eps": spec.rms_eps,
         "rope_theta": spec.rope_theta,
@@ -277,6 +286,8 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
         w.add_final_logit_softcapping(final_cap)
     w.add_vocab_size(spec.vocab)
     w.add_string("powerinfer_rs.activation", spec.activation)
+    if spec.relu_threshold:
+        w.add_float32("powerinfer_rs.relu_threshold", spec.relu_threshold)
     w.add_uint32("powerinfer_rs.synthetic_seed", spec.seed)
     w.add_float32("powerinfer_rs.synthetic_active", spec.active)
     w.add_chat_template(CHATML_TEMPLATE)

@@ -1,8 +1,9 @@
-"""The synthetic llama model itself (ReluLLaMA / ProSparse shapes): its shape (:class:`SynthSpec`),
-weights (:class:`SynthWeights`) and byte-level BPE vocabulary; :mod:`.synth` writes it to files.
-``arch`` picks the family (:mod:`..loading.archs`: llama, mistral, qwen2, qwen3, phi3): the same
-layer plus that family's tensors (q/k/v biases ~ N(0, 0.2²), per-head q/k norms like the
-other norms), its sliding window, and its file layout (fused tensors, RoPE row order).
+"""The synthetic llama model itself (ReluLLaMA / ProSparse shapes): its shape (:class:`SynthSpec`)
+and weights (:class:`SynthWeights`), with the vocabulary of :mod:`.synth_vocab`; :mod:`.synth`
+writes it to files. ``arch`` picks the family (:mod:`..loading.archs`): the same layer plus that
+family's tensors (q/k/v biases ~ N(0, 0.2²), per-head q/k norms and Gemma's post norms like the
+other norms), its sliding window, soft-caps, FATReLU threshold (``relu_threshold``), and its
+file layout (fused tensors, RoPE row order).
 
 No ReLU checkpoint is reachable offline, so ReLU code paths are exercised on models written
 here: any shape, random weights, and a *planted* power law of FFN activation frequencies.
@@ -50,11 +51,16 @@ import numpy as np
 from ..errors import ShapeError, UnsupportedError
 from ..loading.archs import Family, family_named
 from ..loading.types import ModelConfig
+from .synth_vocab import (  # noqa: F401  (re-exported: the vocabulary of the synthetic models)
+    BOS_ID,
+    EOS_ID,
+    SPECIAL_TOKENS,
+    build_tokenizer,
+    byte_level_vocab,
+    bytes_to_unicode,
+)
 
 BIAS_VALUE = 4.0
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-BOS_ID, EOS_ID = 0, 2
-_LETTERS = "etaoinshrdlcumwfgypbvkjxqz"
 
 
 # --------------------------------------------------------------------------- number formats
@@ -72,71 +78,6 @@ def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
 def bf16_bits_to_f32(b: np.ndarray) -> np.ndarray:
     """bfloat16 bits (uint16) -> float32 values."""
     return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
-
-
-# --------------------------------------------------------------------------- tokenizer
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map used by byte-level BPE vocabularies."""
-    keep = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    out, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return out
-
-
-def byte_level_vocab(vocab: int) -> tuple[list[str], list[tuple[str, str]]]:
-    """Tokens (in id order) and merges of a deterministic byte-level BPE of size ``vocab``.
-
-    Ids 0..2 are the special tokens, 3..258 the byte symbols, the rest merges built
-    breadth-first from ``Ġ`` (space) and letters by English frequency.
-    """
-    base = len(SPECIAL_TOKENS) + 256
-    if vocab < base:
-        raise ShapeError(f"a synthetic byte-level vocabulary needs at least {base} tokens")
-    b2u = bytes_to_unicode()
-    tokens = list(SPECIAL_TOKENS) + [b2u[b] for b in range(256)]
-    merges: list[tuple[str, str]] = []
-    have = set(tokens)
-    space = b2u[ord(" ")]
-    letters = list(_LETTERS)
-    frontier = [space, *letters]
-    while len(tokens) < vocab:
-        nxt = []
-        for left in frontier:
-            for c in letters:
-                tok = left + c
-                if tok in have:
-                    continue
-                tokens.append(tok)
-                merges.append((left, c))
-                have.add(tok)
-                nxt.append(tok)
-                if len(tokens) == vocab:
-                    return tokens, merges
-        frontier = nxt
-    return tokens, merges
-
-
-def build_tokenizer(vocab: int):  # -> tokenizers.Tokenizer
-    """The synthetic byte-level BPE as a ``tokenizers.Tokenizer`` (saved as tokenizer.json)."""
-    import tokenizers
-    from tokenizers import AddedToken, decoders, pre_tokenizers
-    from tokenizers.models import BPE
-
-    tokens, merges = byte_level_vocab(vocab)
-    tok = tokenizers.Tokenizer(BPE({t: i for i, t in enumerate(tokens)}, merges))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    return tok
 
 
 # --------------------------------------------------------------------------- weights
@@ -162,6 +103,7 @@ class SynthSpec:
     sliding_window: int = 0
     attn_softcap: float = 50.0
     final_softcap: float = 30.0
+    relu_threshold: float = 0.0
 
     @property
     def head_dim(self) -> int:
@@ -220,6 +162,8 @@ class SynthSpec:
             embed_scale=float(self.dim) ** 0.5 if f.embed_scale else 0.0,
             attn_softcap=self.softcaps[0],
             final_softcap=self.softcaps[1],
+            relu_threshold=self.relu_threshold,
+            up_act=f.up_act,
         )
 
     @property
