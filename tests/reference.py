@@ -15,7 +15,10 @@ projections (Qwen2), per-head RMSNorm of q and k before RoPE (Qwen3), and a slid
 Gemma's ``(offset + w)`` norms, norms after attention and FFN, embeddings times a scale, a
 query scale, and soft-capped attention scores and logits (``c * tanh(s / c)``); ProSparse's
 FATReLU (``x`` where ``x > t``, else 0) and Bamboo's activated up projection
-(``down(act(gate x) * act(up x))``).
+(``down(act(gate x) * act(up x))``); OPT's and Falcon's LayerNorm with biases
+(``(x - mean) / sqrt(var + eps) * w + b``), learned positions (row ``pos + offset``, no RoPE),
+gate-less FFN ``down(act(fc1 x + b1)) + b2``, attention output bias, and parallel attention and
+FFN (``x + attn(n(x)) + ffn(n2(x))``).
 """
 
 from __future__ import annotations
@@ -135,12 +138,21 @@ def reference_forward(
     n = toks.size
     pos = np.arange(n)
     x = w["token_embd"][toks]
+    if c.learned_pos:
+        x = x + w["position_embd"][pos + c.pos_offset]
     if c.embed_scale:
         x = x * c.embed_scale
     off = c.norm_offset
 
     def norm(y: np.ndarray, name: str) -> np.ndarray:
+        if c.layer_norm:
+            mu = y.mean(axis=-1, keepdims=True)
+            var = ((y - mu) ** 2).mean(axis=-1, keepdims=True)
+            return (y - mu) / np.sqrt(var + c.rms_eps) * w[name].reshape(-1) + w[name + ".bias"]
         return rms_norm(y, w[name] + off, c.rms_eps)
+
+    def bias(y: np.ndarray, name: str, on: bool) -> np.ndarray:
+        return y + w[name + ".bias"].reshape(-1) if on else y
 
     def cap(s: np.ndarray, c_: float) -> np.ndarray:
         return c_ * np.tanh(s / c_) if c_ else s
@@ -172,8 +184,9 @@ def reference_forward(
             dist = pos[:, None] - pos[None, :]
             mask = np.where(dist >= c.sliding_window, -np.inf, causal)
             theta = c.rope_theta_local or theta
-        q = rope(q, pos, theta, c.rope_style)
-        k = rope(k, pos, theta, c.rope_style)
+        if not c.learned_pos:
+            q = rope(q, pos, theta, c.rope_style)
+            k = rope(k, pos, theta, c.rope_style)
         att = np.empty((n, c.n_heads, c.head_dim))
         for hq in range(c.n_heads):
             kv = hq // group
@@ -181,18 +194,24 @@ def reference_forward(
             s -= s.max(axis=1, keepdims=True)
             e = np.exp(s)
             att[:, hq, :] = (e / e.sum(axis=1, keepdims=True)) @ v[:, kv, :]
-        o = att.reshape(n, -1) @ w[p + "attn_output"].T
+        o = bias(att.reshape(n, -1) @ w[p + "attn_output"].T, p + "attn_output", c.out_bias)
+        x_in = x  # a parallel block's FFN reads the residual from before the attention
         x = x + (norm(o, p + "post_attention_norm") if c.post_norms else o)
-        h = norm(x, p + "ffn_norm")
-        g = h @ w[p + "ffn_gate"].T
+        if not c.parallel:
+            x_in, ffn_norm = x, p + "ffn_norm"
+        else:
+            ffn_norm = p + ("attn_norm_2" if p + "attn_norm_2" in w else "attn_norm")
+        h = norm(x_in, ffn_norm)
+        # Without a gate, fc1 (``ffn_up``) is the activated projection and there is no up.
+        g = bias(h @ w[p + ("ffn_up" if c.no_gate else "ffn_gate")].T, p + "ffn_up", c.ffn_bias)
         gates.append(g)
-        u = h @ w[p + "ffn_up"].T
+        u = 1.0 if c.no_gate else h @ w[p + "ffn_up"].T
         a = act(g)
         if c.up_act:
             u = act(u)
         if ffn_mask is not None:
-            a = a * ffn_mask(i, h, x, a)
-        f = (a * u) @ w[p + "ffn_down"].T
+            a = a * ffn_mask(i, h, x_in, a)
+        f = bias((a * u) @ w[p + "ffn_down"].T, p + "ffn_down", c.ffn_bias)
         x = x + (norm(f, p + "post_ffw_norm") if c.post_norms else f)
     x = norm(x, "output_norm")
     logits = cap(x @ w["output"].T, c.final_softcap)

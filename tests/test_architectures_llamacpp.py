@@ -33,7 +33,7 @@ ARCHS = {
     **FAMILY_ARGS,
     "mistral": {"sliding_window": 64},
 }
-GELU_FAMILIES = ("gemma2", "gemma3")
+GELU_FAMILIES = ("gemma2", "gemma3", "falcon")
 
 
 def rel(a, b) -> float:

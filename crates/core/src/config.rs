@@ -86,6 +86,23 @@ pub struct ArchFeatures {
     pub relu_threshold: f32,
     /// The FFN's up projection passes through the activation too: `act(gate)·act(up)` (Bamboo).
     pub up_act: bool,
+    /// LayerNorm (mean removed, with biases `*_norm.bias`) instead of RMSNorm (OPT, Falcon).
+    pub layer_norm: bool,
+    /// Learned absolute positions (`position_embd`, row `pos + pos_offset`) instead of RoPE
+    /// (OPT: offset 2).
+    pub learned_pos: bool,
+    /// See [`ArchFeatures::learned_pos`].
+    pub pos_offset: usize,
+    /// No gate: the FFN is `down(act(up x + b))` (OPT's fc1/fc2, Falcon). The engine holds the
+    /// one input projection as `w_gate` (the activated one) and never reads `w_up`.
+    pub no_gate: bool,
+    /// Biases on the FFN's input projection and on its down projection (OPT).
+    pub ffn_bias: bool,
+    /// A bias on the attention output projection (OPT).
+    pub out_bias: bool,
+    /// Attention and FFN in parallel from the same residual: `x + attn(n1(x)) + ffn(n2(x))`,
+    /// `n2` = `attn_norm_2` where the file has it, else the attention's norm (Falcon).
+    pub parallel: bool,
 }
 
 impl ArchFeatures {

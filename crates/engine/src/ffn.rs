@@ -63,6 +63,8 @@ struct FfnAct {
     act: Activation,
     threshold: f32,
     on_up: bool,
+    /// No up projection (gate-less FFN: OPT, Falcon): `h = act(gate)`.
+    no_up: bool,
 }
 
 impl FfnAct {
@@ -72,6 +74,7 @@ impl FfnAct {
             act: c.activation,
             threshold: c.arch.relu_threshold,
             on_up: c.arch.up_act,
+            no_up: c.arch.no_gate,
         }
     }
 
@@ -98,6 +101,40 @@ impl FfnAct {
             false => h * u,
         }
     }
+}
+
+/// Add layer `lw`'s bias of the activated projection (OPT's fc1 bias) to gate values: every
+/// neuron of each row (`ids` None), or the neurons `ids` in that order.
+fn add_gate_bias(lw: &LayerWeights, ids: Option<&[u32]>, gate: &mut [f32]) {
+    let Some([b, _]) = &lw.ffn_bias else {
+        return;
+    };
+    match ids {
+        None => gate
+            .chunks_exact_mut(b.len())
+            .for_each(|r| r.iter_mut().zip(b).for_each(|(g, b)| *g += b)),
+        Some(ids) => gate
+            .iter_mut()
+            .zip(ids)
+            .for_each(|(g, &i)| *g += b[i as usize]),
+    }
+}
+
+/// The gate (and, with one, the up) projection of `n` tokens into `gate` and `up`.
+fn gate_and_up(
+    act: FfnAct,
+    lw: &LayerWeights,
+    xn: &[f32],
+    n: usize,
+    gate: &mut Vec<f32>,
+    up: &mut Vec<f32>,
+) -> Result<()> {
+    match act.no_up {
+        true => project(&lw.w_gate, xn, n, gate)?,
+        false => project_many([&lw.w_gate, &lw.w_up], xn, n, [gate, up])?,
+    }
+    add_gate_bias(lw, None, gate);
+    Ok(())
 }
 
 /// Scratch buffers of the FFN.
@@ -174,12 +211,14 @@ fn up_then_down(
     s: &mut FfnScratch,
     out: &mut [f32],
 ) -> Result<()> {
-    s.up.resize(s.idx.len(), 0.0);
-    matvec_rows(&lw.w_up, xn, &s.idx, &mut s.up)?;
-    s.vals
-        .iter_mut()
-        .zip(&s.up)
-        .for_each(|(a, &u)| *a = act.times_up(*a, u));
+    if !act.no_up {
+        s.up.resize(s.idx.len(), 0.0);
+        matvec_rows(&lw.w_up, xn, &s.idx, &mut s.up)?;
+        s.vals
+            .iter_mut()
+            .zip(&s.up)
+            .for_each(|(a, &u)| *a = act.times_up(*a, u));
+    }
     out.fill(0.0);
     axpy_rows(down_t, &s.idx, &s.vals, out)
 }
@@ -194,6 +233,7 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
         Sparsity::ExactRelu => {
             s.gate.resize(lw.w_gate.rows, 0.0);
             matvec(&lw.w_gate, call.xn, &mut s.gate)?;
+            add_gate_bias(lw, None, &mut s.gate);
             keep_firing(
                 act,
                 0..s.gate.len() as u32,
@@ -205,13 +245,14 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
         }
         Sparsity::Threshold(t) => {
             let t = t[call.layer];
-            project_many([&lw.w_gate, &lw.w_up], call.xn, 1, [&mut s.gate, &mut s.up])?;
+            gate_and_up(act, lw, call.xn, 1, &mut s.gate, &mut s.up)?;
             // h = act(gate)·up in place, as the batched path computes it (whole-vector passes
             // the compiler vectorises, apart from the activation's exp).
             apply_activation(act, &mut s.gate);
-            match act.on_up {
-                false => s.gate.iter_mut().zip(&s.up).for_each(|(h, u)| *h *= u),
-                true => s
+            match (act.no_up, act.on_up) {
+                (true, _) => {}
+                (false, false) => s.gate.iter_mut().zip(&s.up).for_each(|(h, u)| *h *= u),
+                (false, true) => s
                     .gate
                     .iter_mut()
                     .zip(&s.up)
@@ -254,6 +295,7 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
             // Separate passes over gate, up and down_t rows, as in exact-relu.
             s.gate.resize(predicted.len(), 0.0);
             matvec_rows(&lw.w_gate, call.xn, predicted, &mut s.gate)?;
+            add_gate_bias(lw, Some(predicted), &mut s.gate);
             keep_firing(
                 act,
                 predicted.iter().copied(),
@@ -277,12 +319,13 @@ fn batched(
     let m = call.model;
     let lw = &m.layers[call.layer];
     let (n, ffn) = (call.n, m.config.ffn_dim);
-    project_many([&lw.w_gate, &lw.w_up], call.xn, n, [&mut s.gate, &mut s.up])?;
     let act = FfnAct::of(m);
+    gate_and_up(act, lw, call.xn, n, &mut s.gate, &mut s.up)?;
     apply_activation(act, &mut s.gate);
-    match act.on_up {
-        false => par_rows(&mut s.gate, &s.up, |a, u| *a *= u),
-        true => par_rows(&mut s.gate, &s.up, |a, u| *a = act.times_up(*a, u)),
+    match (act.no_up, act.on_up) {
+        (true, _) => {}
+        (false, false) => par_rows(&mut s.gate, &s.up, |a, u| *a *= u),
+        (false, true) => par_rows(&mut s.gate, &s.up, |a, u| *a = act.times_up(*a, u)),
     }
     // s.gate now holds h = act(gate)·up; the mode zeroes the neurons it skips.
     match call.mode {
@@ -366,19 +409,28 @@ pub(crate) fn rows_ffn(
     let act = FfnAct::of(model);
     s.gate.resize(ids.len(), 0.0);
     matvec_rows(&lw.w_gate, xn, ids, &mut s.gate)?;
+    add_gate_bias(lw, Some(ids), &mut s.gate);
     match threshold {
         None => {
             keep_firing(act, ids.iter().copied(), &s.gate, &mut s.idx, &mut s.vals);
-            s.up.resize(s.idx.len(), 0.0);
-            matvec_rows(&lw.w_up, xn, &s.idx, &mut s.up)?;
-            s.vals
-                .iter_mut()
-                .zip(&s.up)
-                .for_each(|(a, &u)| *a = act.times_up(*a, u));
+            if !act.no_up {
+                s.up.resize(s.idx.len(), 0.0);
+                matvec_rows(&lw.w_up, xn, &s.idx, &mut s.up)?;
+                s.vals
+                    .iter_mut()
+                    .zip(&s.up)
+                    .for_each(|(a, &u)| *a = act.times_up(*a, u));
+            }
         }
         Some(t) => {
-            s.up.resize(ids.len(), 0.0);
-            matvec_rows(&lw.w_up, xn, ids, &mut s.up)?;
+            s.up.clear();
+            match act.no_up {
+                true => s.up.resize(ids.len(), 1.0),
+                false => {
+                    s.up.resize(ids.len(), 0.0);
+                    matvec_rows(&lw.w_up, xn, ids, &mut s.up)?;
+                }
+            }
             s.idx.clear();
             s.vals.clear();
             for ((&i, &g), &u) in ids.iter().zip(&s.gate).zip(&s.up) {

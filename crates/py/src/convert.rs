@@ -63,6 +63,13 @@ fn arch_from_dict(d: &Bound<'_, PyDict>) -> Result<ArchFeatures> {
         final_softcap: opt("final_softcap")?,
         relu_threshold: field_or(d, "relu_threshold", 0.0)?,
         up_act: field_or(d, "up_act", false)?,
+        layer_norm: field_or(d, "layer_norm", false)?,
+        learned_pos: field_or(d, "learned_pos", false)?,
+        pos_offset: field_or(d, "pos_offset", 0)?,
+        no_gate: field_or(d, "no_gate", false)?,
+        ffn_bias: field_or(d, "ffn_bias", false)?,
+        out_bias: field_or(d, "out_bias", false)?,
+        parallel: field_or(d, "parallel", false)?,
     })
 }
 

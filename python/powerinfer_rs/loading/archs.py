@@ -31,6 +31,11 @@ class Family:
     ``swa_pattern`` (all but every p-th layer slide), ``rope_local`` (RoPE base of the sliding
     layers, fixed by llama.cpp for Gemma 3). ``activation``: the family's own when its files
     do not say (Bamboo: ReLU), ``up_act``: the up projection is activated too (Bamboo).
+    OPT and Falcon: ``layer_norm`` (LayerNorm with biases), ``learned_pos`` / ``pos_offset``
+    (a position table instead of RoPE), ``no_gate`` (``down(act(up x))``), ``ffn_bias`` /
+    ``out_bias`` (biases of the FFN and of the attention output), ``parallel`` (attention and
+    FFN from the same residual). ``hf_globals`` / ``hf_layer_prefix`` / ``hf_own_names``: the
+    checkpoint's names when they are not llama's (``hf_layer_names`` then replaces llama's).
     """
 
     name: str
@@ -50,8 +55,38 @@ class Family:
     rope_local: float = 0.0
     activation: str = ""
     up_act: bool = False
+    layer_norm: bool = False
+    learned_pos: bool = False
+    pos_offset: int = 0
+    no_gate: bool = False
+    ffn_bias: bool = False
+    out_bias: bool = False
+    parallel: bool = False
     hf_layer_names: dict[str, str] = field(default_factory=dict)
+    hf_globals: dict[str, str] = field(default_factory=lambda: dict(LLAMA_HF_GLOBALS))
+    hf_layer_prefix: str = "model.layers."
+    hf_own_names: bool = False
 
+    def biases(self) -> tuple[str, ...]:
+        """Canonical suffixes of the bias vectors the family's layers carry."""
+        out: list[str] = []
+        if self.qkv_bias:
+            out += ["attn_q.bias", "attn_k.bias", "attn_v.bias"]
+        if self.out_bias:
+            out.append("attn_output.bias")
+        if self.ffn_bias:
+            out += ["ffn_up.bias", "ffn_down.bias"]
+        if self.layer_norm:
+            out += ["attn_norm.bias", "attn_norm_2.bias", "ffn_norm.bias", "output_norm.bias"]
+        return tuple(out)
+
+
+#: Llama's HF names of the tensors outside the layers -> canonical names.
+LLAMA_HF_GLOBALS: dict[str, str] = {
+    "model.embed_tokens.weight": "token_embd",
+    "lm_head.weight": "output",
+    "model.norm.weight": "output_norm",
+}
 
 #: Llama's HF parameter names (after ``model.layers.N.``) -> canonical suffixes.
 LLAMA_HF_LAYER_NAMES: dict[str, str] = {
@@ -73,6 +108,23 @@ _GEMMA_NAMES: dict[str, str] = {
     "post_feedforward_layernorm.weight": "post_ffw_norm",
 }
 _GEMMA = dict(window=True, post_norms=True, hf_norm_offset=1.0, embed_scale=True)
+_OPT_NAMES: dict[str, str] = {
+    "self_attn_layer_norm.weight": "attn_norm",
+    "self_attn.q_proj.weight": "attn_q",
+    "self_attn.k_proj.weight": "attn_k",
+    "self_attn.v_proj.weight": "attn_v",
+    "self_attn.out_proj.weight": "attn_output",
+    "final_layer_norm.weight": "ffn_norm",
+    "fc1.weight": "ffn_up",
+    "fc2.weight": "ffn_down",
+}
+_FALCON_NAMES: dict[str, str] = {
+    "input_layernorm.weight": "attn_norm",
+    "self_attention.query_key_value.weight": "attn_qkv",
+    "self_attention.dense.weight": "attn_output",
+    "mlp.dense_h_to_4h.weight": "ffn_up",
+    "mlp.dense_4h_to_h.weight": "ffn_down",
+}
 
 FAMILIES: tuple[Family, ...] = (
     # Mistral converts to llama.cpp's "llama" arch; its window comes from config.json, or in
@@ -151,6 +203,54 @@ FAMILIES: tuple[Family, ...] = (
         },
         **_GEMMA,
     ),
+    # OPT as PowerInfer serves it (its GGUF arch "opt": learned positions read at pos + 2, the
+    # output head tied to the embeddings, ReLU fc1/fc2 with biases, LayerNorm).
+    Family(
+        "opt",
+        "opt",
+        "neox",
+        ("opt",),
+        ("OPTForCausalLM",),
+        qkv_bias=True,
+        activation="relu",
+        layer_norm=True,
+        learned_pos=True,
+        pos_offset=2,
+        no_gate=True,
+        ffn_bias=True,
+        out_bias=True,
+        hf_layer_names=_OPT_NAMES,
+        hf_globals={
+            "model.decoder.embed_tokens.weight": "token_embd",
+            "model.decoder.embed_positions.weight": "position_embd",
+            "model.decoder.final_layer_norm.weight": "output_norm",
+            "lm_head.weight": "output",
+        },
+        hf_layer_prefix="model.decoder.layers.",
+        hf_own_names=True,
+    ),
+    # Falcon (7B's layout: one norm for the parallel attention and MLP, multi-query attention,
+    # fused q/k/v stored [q; k; v]); llama.cpp's "falcon" arch.
+    Family(
+        "falcon",
+        "falcon",
+        "neox",
+        ("falcon",),
+        ("FalconForCausalLM",),
+        fused_qkv=True,
+        activation="gelu",
+        layer_norm=True,
+        no_gate=True,
+        parallel=True,
+        hf_layer_names=_FALCON_NAMES,
+        hf_globals={
+            "transformer.word_embeddings.weight": "token_embd",
+            "transformer.ln_f.weight": "output_norm",
+            "lm_head.weight": "output",
+        },
+        hf_layer_prefix="transformer.h.",
+        hf_own_names=True,
+    ),
 )
 
 #: ``general.architecture`` values the GGUF loader reads (the first family of each wins).
@@ -178,7 +278,9 @@ def hf_family(model_type: object, archs: list[object]) -> Family | None:
 
 
 def hf_layer_names(f: Family) -> dict[str, str]:
-    """HF parameter names after ``model.layers.N.`` -> canonical suffixes for family ``f``."""
+    """HF parameter names after the layer prefix -> canonical suffixes for family ``f``."""
+    if f.hf_own_names:
+        return dict(f.hf_layer_names)
     return {**LLAMA_HF_LAYER_NAMES, **f.hf_layer_names}
 
 

@@ -107,6 +107,7 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
     if activation not in ACTIVATIONS:
         raise UnsupportedError(f"activation {activation!r} (supported: {ACTIVATIONS})")
     window = _int(meta, f"{a}.attention.sliding_window", 0) if fam.window else 0
+    eps_kind = "epsilon" if fam.layer_norm else "rms_epsilon"
     n_layers = _int(meta, f"{a}.block_count")
     cfg = ModelConfig(
         arch=fam.name,
@@ -118,7 +119,7 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
         head_dim=head_dim,
         vocab_size=vocab,
         max_context=_int(meta, f"{a}.context_length", 2048),
-        rms_eps=_float(meta, f"{a}.attention.layer_norm_rms_epsilon", 1e-5),
+        rms_eps=_float(meta, f"{a}.attention.layer_norm_{eps_kind}", 1e-5),
         rope_theta=_float(meta, f"{a}.rope.freq_base", 10000.0),
         rope_style=fam.rope_style,
         activation=activation,
@@ -138,6 +139,13 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
         final_softcap=_float(meta, f"{a}.final_logit_softcapping", 0.0),
         relu_threshold=_float(meta, RELU_THRESHOLD_KEY, 0.0),
         up_act=fam.up_act,
+        layer_norm=fam.layer_norm,
+        learned_pos=fam.learned_pos,
+        pos_offset=fam.pos_offset,
+        no_gate=fam.no_gate,
+        ffn_bias=fam.ffn_bias,
+        out_bias=fam.out_bias,
+        parallel=fam.parallel,
     )
     cfg.validate()
     return cfg
@@ -162,19 +170,16 @@ def _family(meta: dict[str, Any]) -> Family:
     return fam
 
 
-_QKV_BIASES = ("attn_q.bias", "attn_k.bias", "attn_v.bias")
-
-
 def _tensor_views(gf: GGUFFile, fam: Family) -> dict[str, TensorData]:
-    """Canonical name -> TensorData for every weight tensor in the file (and the q/k/v biases
-    of the families that have them)."""
+    """Canonical name -> TensorData for every weight tensor in the file (and the biases of the
+    families that have them; PowerInfer's ``ffn_down_t.bias`` is ``ffn_down.bias``)."""
     path = gf.path
     buf = gf.data  # np.memmap, uint8, the whole file
     size = int(buf.size)
     out: dict[str, TensorData] = {}
     for t in gf.tensors:
-        full = t.name
-        bias = fam.qkv_bias and full.endswith(_QKV_BIASES)
+        full = t.name.replace("ffn_down_t.bias", "ffn_down.bias")
+        bias = full.endswith(".bias") and full.rsplit(".", 2)[-2] + ".bias" in fam.biases()
         if (full.endswith(".bias") and not bias) or full.startswith(("rope_freqs", "rope_factors")):
             raise UnsupportedError(f"{path}: tensor {full!r} (biases / rope factors) not supported")
         if not (full.endswith(".weight") or bias):
@@ -215,6 +220,19 @@ def load_gguf(path: str | os.PathLike[str]) -> LoadedModel:
     tensors = _tensor_views(gf, fam)
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     split_fused(fam, tensors, cfg.n_layers, q_dim, kv_dim, cfg.ffn_dim)
+    pos = tensors.get("position_embd")
+    if cfg.learned_pos and pos is not None:
+        # The table bounds the context (PowerInfer's OPT files say 2050 = 2048 + the offset).
+        cfg.max_context = min(cfg.max_context, pos.rows - cfg.pos_offset)
+        if cfg.max_context <= 0:
+            raise ShapeError(f"{p}: position_embd has only {pos.rows} rows")
+        tensors["position_embd"] = TensorData(
+            "position_embd",
+            pos.dtype,
+            cfg.max_context + cfg.pos_offset,
+            pos.cols,
+            pos.data[: (cfg.max_context + cfg.pos_offset) * pos.row_bytes],
+        )
     if "output" not in tensors and "token_embd" in tensors:
         tensors["output"] = tensors["token_embd"]
         cfg.tie_embeddings = True

@@ -18,18 +18,12 @@ from typing import Any
 from ..errors import ModelFileError, ShapeError, UnsupportedError
 from ..runtime.tokenizer import Tokenizer
 from .archs import FAMILIES, Family, family_named, hf_family, hf_layer_names, split_fused
+from .hf_families import family_fields, gemma_fields, number
 from .safetensors_mmap import RawTensor, read_safetensors
 from .types import LoadedModel, ModelConfig, TensorData, check_tensors, fingerprint
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(a for f in FAMILIES for a in f.hf_archs)
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for f in FAMILIES for t in f.hf_types)
-
-_GLOBAL_NAMES = {
-    "model.embed_tokens.weight": "token_embd",
-    "lm_head.weight": "output",
-    "model.norm.weight": "output_norm",
-}
-_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
 
 
 def load_json(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -52,18 +46,22 @@ def canonical_name(hf_name: str, family: Family | None = None) -> str | None:
     """Canonical tensor name for an HF parameter name of ``family`` (default llama); ``None``
     for tensors the engine ignores.
 
-    Biases the family does not have raise :class:`UnsupportedError` (ignoring them would be
-    wrong).
+    A bias is named after its weight (canonical name plus ``.bias``); biases the family does
+    not have raise :class:`UnsupportedError` (ignoring them would be wrong).
     """
-    if hf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[hf_name]
-    names = hf_layer_names(family or family_named("llama"))
-    m = _LAYER_RE.fullmatch(hf_name)
-    if m and m.group(2) in names:
-        return f"blk.{int(m.group(1))}.{names[m.group(2)]}"
-    if hf_name.endswith(".bias"):
+    fam = family or family_named("llama")
+    bias = hf_name.endswith(".bias")
+    weight = hf_name[: -len(".bias")] + ".weight" if bias else hf_name
+    name = fam.hf_globals.get(weight)
+    m = re.fullmatch(re.escape(fam.hf_layer_prefix) + r"(\d+)\.(.+)", weight)
+    names = hf_layer_names(fam)
+    if name is None and m and m.group(2) in names:
+        name = f"blk.{int(m.group(1))}.{names[m.group(2)]}"
+    if not bias:
+        return name
+    if name is None or name.rsplit(".", 1)[-1] + ".bias" not in fam.biases():
         raise UnsupportedError(f"tensor {hf_name!r}: biases are not supported")
-    return None
+    return name + ".bias"
 
 
 def _activation(act: Any) -> str:
@@ -109,100 +107,59 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         raise UnsupportedError(f"rope_scaling {cfg['rope_scaling']!r} is not supported")
     if cfg.get("partial_rotary_factor", 1.0) != 1.0:
         raise UnsupportedError(f"partial_rotary_factor {cfg['partial_rotary_factor']!r}")
-    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+    if (cfg.get("attention_bias") or cfg.get("mlp_bias")) and not fam.biases():
         raise UnsupportedError("attention/MLP biases are not supported")
     if cfg.get("use_sliding_window"):
         raise UnsupportedError("use_sliding_window (Qwen2's per-layer windows) is not supported")
     window = cfg.get("sliding_window") if fam.window else None
     if window is not None and (isinstance(window, bool) or not isinstance(window, int)):
         raise ModelFileError(f"config.json: 'sliding_window' must be an integer, got {window!r}")
-    extra = _gemma_fields(fam, cfg) if fam.post_norms else {}
-    act_name = cfg.get("hidden_activation") or cfg.get("hidden_act", fam.activation or "silu")
-    if act_name == "fatrelu":  # ProSparse: ReLU passing only x > hidden_act_param
-        act_name = "relu"
-        extra["relu_threshold"] = _number(cfg, "hidden_act_param", 0.0)
-    extra["up_act"] = fam.up_act
     dim = _req_int(cfg, "hidden_size")
     n_heads = _req_int(cfg, "num_attention_heads")
     if n_heads <= 0:
         raise ShapeError(f"num_attention_heads must be positive, got {n_heads}")
     head_dim = cfg.get("head_dim") or dim // n_heads
+    extra = gemma_fields(fam, cfg) if fam.post_norms else {}
+    extra.update(family_fields(fam, cfg))
+    act_name = extra.pop("activation", None) or cfg.get("hidden_activation")
+    act_name = act_name or cfg.get("hidden_act", fam.activation or "silu")
+    if act_name == "fatrelu":  # ProSparse: ReLU passing only x > hidden_act_param
+        act_name = "relu"
+        extra["relu_threshold"] = number(cfg, "hidden_act_param", 0.0)
+
     rope_theta = cfg.get("rope_theta", 10000.0)
     eps = cfg.get("rms_norm_eps", 1e-6)
     for k, v in (("rope_theta", rope_theta), ("rms_norm_eps", eps)):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise ModelFileError(f"config.json: {k!r} must be a number, got {v!r}")
     bos = cfg.get("bos_token_id")
+    sizes = {
+        "ffn_dim": _req_int(cfg, "intermediate_size", extra.pop("ffn_dim", None)),
+        "n_kv_heads": _req_int(cfg, "num_key_value_heads", extra.pop("n_kv_heads", n_heads)),
+        "rms_eps": float(extra.pop("rms_eps", eps)),
+    }
     c = ModelConfig(
         arch=fam.name,
         n_layers=_req_int(cfg, "num_hidden_layers"),
         dim=dim,
-        ffn_dim=_req_int(cfg, "intermediate_size"),
         n_heads=n_heads,
-        n_kv_heads=_req_int(cfg, "num_key_value_heads", n_heads),
         head_dim=_req_int({"head_dim": head_dim}, "head_dim"),
         vocab_size=_req_int(cfg, "vocab_size"),
         max_context=_req_int(cfg, "max_position_embeddings", 2048),
-        rms_eps=float(eps),
+        **sizes,
         rope_theta=float(rope_theta),
         rope_style="neox",
         activation=_activation(act_name),
         bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
         eos_token_ids=_ids(cfg.get("eos_token_id")),
         add_bos=False,
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        tie_embeddings=extra.pop("tie_embeddings", bool(cfg.get("tie_word_embeddings", False))),
         qkv_bias=fam.qkv_bias,
         qk_norm=fam.qk_norm,
         sliding_window=window or 0,
         **extra,
     )
     return c
-
-
-def _number(cfg: dict[str, Any], key: str, default: float) -> float:
-    """A positive number from config.json, ``default`` when absent or null."""
-    v = cfg.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-        raise ModelFileError(f"config.json: {key!r} must be a positive number, got {v!r}")
-    return float(v)
-
-
-def _swa_pattern(fam: Family, cfg: dict[str, Any]) -> int:
-    """Gemma's sliding layers: ``sliding_window_pattern`` p (all but every p-th slide), or a
-    ``layer_types`` list, which must follow such a pattern."""
-    p = cfg.get("sliding_window_pattern", fam.swa_pattern)
-    if isinstance(p, bool) or not isinstance(p, int) or p < 0:
-        raise ModelFileError(f"config.json: 'sliding_window_pattern' must be an integer, got {p!r}")
-    types = cfg.get("layer_types")
-    if isinstance(types, list):
-        want = [
-            "full_attention" if p and (i + 1) % p == 0 else "sliding_attention"
-            for i in range(len(types))
-        ]
-        if types != want:
-            raise UnsupportedError(f"layer_types {types!r} (not every {p}-th layer global)")
-    return p
-
-
-def _gemma_fields(fam: Family, cfg: dict[str, Any]) -> dict[str, Any]:
-    """The config fields of Gemma 2/3 checkpoints (norms stored as ``w - 1``, embeddings times
-    sqrt(dim), query_pre_attn_scalar, soft-caps, alternating windows and RoPE bases)."""
-    dim = _req_int(cfg, "hidden_size")
-    head_dim = cfg.get("head_dim") or dim // max(1, _req_int(cfg, "num_attention_heads"))
-    return {
-        "swa_pattern": _swa_pattern(fam, cfg),
-        "rope_theta_local": _number(cfg, "rope_local_base_freq", fam.rope_local)
-        if fam.rope_local
-        else 0.0,
-        "norm_offset": fam.hf_norm_offset,
-        "post_norms": True,
-        "embed_scale": float(dim) ** 0.5 if fam.embed_scale else 0.0,
-        "attn_scale": _number(cfg, "query_pre_attn_scalar", float(head_dim)) ** -0.5,
-        "attn_softcap": _number(cfg, "attn_logit_softcapping", 0.0),
-        "final_softcap": _number(cfg, "final_logit_softcapping", 0.0),
-    }
 
 
 def _weight_files(d: Path) -> list[Path]:
@@ -295,6 +252,12 @@ def load_hf_dir(path: str | os.PathLike[str]) -> LoadedModel:
     tensors = _tensors(_weight_files(d), family)
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     split_fused(family, tensors, cfg.n_layers, q_dim, kv_dim, cfg.ffn_dim)
+    pos = tensors.get("position_embd")
+    if cfg.learned_pos and pos is not None and pos.rows - cfg.pos_offset != cfg.max_context:
+        raise ShapeError(
+            f"{d}: embed_positions has {pos.rows} rows, max_position_embeddings + "
+            f"{cfg.pos_offset} = {cfg.max_context + cfg.pos_offset}"
+        )
     if "output" not in tensors and "token_embd" in tensors:
         tensors["output"] = tensors["token_embd"]
         cfg.tie_embeddings = True

@@ -135,6 +135,13 @@ CORE_CONFIG_FIELDS = (
     "final_softcap",
     "relu_threshold",
     "up_act",
+    "layer_norm",
+    "learned_pos",
+    "pos_offset",
+    "no_gate",
+    "ffn_bias",
+    "out_bias",
+    "parallel",
 )
 
 
@@ -149,7 +156,9 @@ class ModelConfig:
     after attention and FFN, an embedding scale, the attention's query scale and soft-caps of
     the attention scores and the final logits (for the floats, 0 means "not set"), FATReLU's
     threshold (ProSparse: a ReLU activation that passes only ``x > t``) and whether the up
-    projection is activated too (Bamboo).
+    projection is activated too (Bamboo); OPT's and Falcon's LayerNorm, learned positions (row
+    ``pos + pos_offset`` of ``position_embd``), gate-less FFN, FFN and output biases, and
+    parallel attention and FFN.
     """
 
     arch: str
@@ -182,6 +191,13 @@ class ModelConfig:
     final_softcap: float = 0.0
     relu_threshold: float = 0.0
     up_act: bool = False
+    layer_norm: bool = False
+    learned_pos: bool = False
+    pos_offset: int = 0
+    no_gate: bool = False
+    ffn_bias: bool = False
+    out_bias: bool = False
+    parallel: bool = False
 
     def validate(self) -> None:
         """Check the values fit together; raise :class:`ShapeError` / :class:`UnsupportedError`."""
@@ -205,7 +221,7 @@ class ModelConfig:
             raise UnsupportedError(f"activation {self.activation!r} (supported: {ACTIVATIONS})")
         if self.relu_threshold and self.activation != "relu":
             raise UnsupportedError("relu_threshold (FATReLU) needs the relu activation")
-        for name in ("sliding_window", "swa_pattern"):
+        for name in ("sliding_window", "swa_pattern", "pos_offset"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ShapeError(f"config {name} must be a non-negative integer, got {v!r}")
@@ -258,6 +274,20 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
         per_layer.update({"attn_q_norm": (1, c.head_dim), "attn_k_norm": (1, c.head_dim)})
     if c.post_norms:
         per_layer.update({"post_attention_norm": (1, c.dim), "post_ffw_norm": (1, c.dim)})
+    if c.no_gate:
+        del per_layer["ffn_gate"]
+    if c.parallel:  # the FFN reads attn_norm (or an optional attn_norm_2)
+        del per_layer["ffn_norm"]
+    if c.out_bias:
+        per_layer["attn_output.bias"] = (1, c.dim)
+    if c.ffn_bias:
+        per_layer.update({"ffn_up.bias": (1, c.ffn_dim), "ffn_down.bias": (1, c.dim)})
+    if c.layer_norm:
+        for norm in [k for k in per_layer if k.endswith("_norm")]:
+            per_layer[norm + ".bias"] = (1, c.dim)
+        shapes["output_norm.bias"] = (1, c.dim)
+    if c.learned_pos:
+        shapes["position_embd"] = (c.max_context + c.pos_offset, c.dim)
     for i in range(c.n_layers):
         for suffix, shape in per_layer.items():
             shapes[f"blk.{i}.{suffix}"] = shape

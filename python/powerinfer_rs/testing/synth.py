@@ -41,20 +41,18 @@ _GGUF_FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}
 
 
 # --------------------------------------------------------------------------- HF writer
-HF_GLOBAL_NAMES = {
-    "token_embd": "model.embed_tokens.weight",
-    "output": "lm_head.weight",
-    "output_norm": "model.norm.weight",
-}
-
-
 def hf_name(name: str, family: Family | None = None) -> str:
-    """HF parameter name of a canonical (or fused) tensor name of ``family`` (default llama)."""
-    if name in HF_GLOBAL_NAMES:
-        return HF_GLOBAL_NAMES[name]
+    """HF parameter name of a canonical (or fused) tensor name of ``family`` (default llama);
+    a bias is named after its weight."""
+    fam = family or FAMILIES[0]
+    if name.endswith(".bias"):
+        return hf_name(name[: -len(".bias")], fam)[: -len(".weight")] + ".bias"
+    glob = {v: k for k, v in fam.hf_globals.items()}
+    if name in glob:
+        return glob[name]
     _, layer, kind = name.split(".", 2)
-    names = {v: k for k, v in hf_layer_names(family or FAMILIES[0]).items()}
-    return f"model.layers.{layer}.{names[kind]}"
+    names = {v: k for k, v in hf_layer_names(fam).items()}
+    return f"{fam.hf_layer_prefix}{layer}.{names[kind]}"
 
 
 def _hf_act(spec: SynthSpec) -> str:
@@ -78,6 +76,13 @@ def _hf_config(spec: SynthSpec) -> dict[str, Any]:
         out["sliding_window"] = spec.sliding_window or None
     if spec.relu_threshold:
         out["hidden_act_param"] = spec.relu_threshold
+    if f.name == "opt":
+        out.update(ffn_dim=spec.ffn, do_layer_norm_before=True, word_embed_proj_dim=spec.dim)
+        out.update(enable_bias=True, activation_function=spec.activation)
+    elif f.name == "falcon":
+        out.update(multi_query=spec.kv_heads == 1, num_kv_heads=spec.kv_heads, bias=False)
+        out.update(new_decoder_architecture=False, parallel_attn=True, alibi=False)
+        out.update(layer_norm_epsilon=spec.rms_eps, activation=spec.activation)
     if f.post_norms:  # Gemma 2/3
         out["query_pre_attn_scalar"] = spec.head_dim
         out["sliding_window_pattern"] = f.swa_pattern
@@ -279,6 +284,8 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
     add_llama_metadata(w, spec, name, _GGUF_FILE_TYPE[dtype])
     if spec.sliding_window:
         w.add_sliding_window(spec.sliding_window)
+    if spec.family.layer_norm:
+        w.add_layer_norm_eps(spec.rms_eps)
     attn_cap, final_cap = spec.softcaps
     if attn_cap:
         w.add_attn_logit_softcapping(attn_cap)

@@ -128,9 +128,11 @@ class SynthSpec:
             raise ShapeError("active must lie in (0, 1)")
         if self.sliding_window < 0 or (self.sliding_window and not self.family.window):
             raise ShapeError(f"sliding_window {self.sliding_window} for {self.arch}")
-        if self.arch == "gemma2" and not self.tie:
-            # llama.cpp's gemma2 always reads its output head from token_embd.
-            raise ShapeError("gemma2 ties its output head to the embeddings: pass tie=True")
+        if self.arch == "opt" and self.kv_heads != self.heads:
+            raise ShapeError("opt has one KV head per query head: kv_heads must equal heads")
+        if self.arch in ("gemma2", "opt") and not self.tie:
+            # llama.cpp's gemma2 and PowerInfer's opt always read the head from token_embd.
+            raise ShapeError(f"{self.arch} ties its output head to the embeddings: pass tie=True")
 
     def model_config(self) -> ModelConfig:
         """The config the GGUF loader reads from this model's file (also a model shape for the
@@ -164,6 +166,13 @@ class SynthSpec:
             final_softcap=self.softcaps[1],
             relu_threshold=self.relu_threshold,
             up_act=f.up_act,
+            layer_norm=f.layer_norm,
+            learned_pos=f.learned_pos,
+            pos_offset=f.pos_offset,
+            no_gate=f.no_gate,
+            ffn_bias=f.ffn_bias,
+            out_bias=f.out_bias,
+            parallel=f.parallel,
         )
 
     @property
@@ -180,9 +189,15 @@ class SynthSpec:
         q, kv = self.heads * hd, self.kv_heads * hd
         fuse_qkv, fuse_ffn = fused and f.fused_qkv, fused and f.fused_gate_up
         out: list[tuple[str, tuple[int, ...]]] = [("token_embd", (self.vocab, d))]
+        if f.learned_pos:
+            out.append(("position_embd", (self.max_context + f.pos_offset, d)))
+
+        def norm(name: str) -> list[tuple[str, tuple[int, ...]]]:
+            return [(name, (d,))] + ([(name + ".bias", (d,))] if f.layer_norm else [])
+
         for i in range(self.layers):
             p = f"blk.{i}."
-            out.append((p + "attn_norm", (d,)))
+            out += norm(p + "attn_norm")
             if fuse_qkv:
                 out.append((p + "attn_qkv", (q + 2 * kv, d)))
             else:
@@ -192,17 +207,22 @@ class SynthSpec:
             if f.qk_norm:
                 out += [(p + "attn_q_norm", (hd,)), (p + "attn_k_norm", (hd,))]
             out.append((p + "attn_output", (d, q)))
+            out += [(p + "attn_output.bias", (d,))] if f.out_bias else []
             if f.post_norms:
                 out.append((p + "post_attention_norm", (d,)))
-            out.append((p + "ffn_norm", (d,)))
+            out += [] if f.parallel else norm(p + "ffn_norm")
             if fuse_ffn:
                 out.append((p + "ffn_up", (2 * self.ffn, d)))
+            elif f.no_gate:
+                out.append((p + "ffn_up", (self.ffn, d)))
             else:
                 out += [(p + "ffn_gate", (self.ffn, d)), (p + "ffn_up", (self.ffn, d))]
+            out += [(p + "ffn_up.bias", (self.ffn,))] if f.ffn_bias else []
             out.append((p + "ffn_down", (d, self.ffn)))
+            out += [(p + "ffn_down.bias", (d,))] if f.ffn_bias else []
             if f.post_norms:
                 out.append((p + "post_ffw_norm", (d,)))
-        out.append(("output_norm", (d,)))
+        out += norm("output_norm")
         if not self.tie:
             out.append(("output", (self.vocab, d)))
         return out
@@ -263,8 +283,22 @@ class SynthWeights:
         if name == "output":
             return self._normal(name, (s.vocab, d), 1.0 / math.sqrt(d))
         if name.endswith(".bias"):
-            rows = s.heads * s.head_dim if name.endswith("attn_q.bias") else s.kv_heads * s.head_dim
-            return self._normal(name, (rows,), 0.2)
+            # As wide as the rows of its weight; what is added to the residual stream leaves
+            # the bias channel 0 alone.
+            base = name[: -len(".bias")].rsplit(".", 1)[-1]
+            rows = {"attn_q": s.heads, "attn_k": s.kv_heads, "attn_v": s.kv_heads}
+            n = rows[base] * s.head_dim if base in rows else s.ffn if base == "ffn_up" else d
+            b = self._normal(name, (n,), 0.2)
+            if n == d:
+                b[0] = 0.0
+            return b
+        if name == "position_embd":
+            x = self._normal(name, (s.max_context + s.family.pos_offset, d), 0.5)
+            x[:, 0] = 0.0
+            return x
+        if s.family.no_gate and name.endswith("ffn_up"):
+            # The one activated projection carries the planted law of the gate.
+            return self.tensor(name[: -len("ffn_up")] + "ffn_gate")
         if name.endswith(("attn_q_norm", "attn_k_norm")):
             return 1.0 + self._normal(name, (s.head_dim,), 0.05)
         if name.endswith("_norm"):
