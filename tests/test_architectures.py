@@ -307,3 +307,23 @@ def test_profiler_counts_fatrelu_activity(synth_gguf):
     assert tokens == len(ids)
     assert np.array_equal(counts, np.stack([(g > t).sum(axis=0) for g in gates]))
     assert counts.sum() < np.stack([(g > 0).sum(axis=0) for g in gates]).sum()
+
+
+@pytest.mark.parametrize(
+    ("arch", "marker"),
+    [("gemma2", "<start_of_turn>model\n"), ("phi3", "<|assistant|>\n"), ("qwen2", "<|im_start|>")],
+)
+def test_chat_renders_through_the_template_in_the_file(synth_hf, synth_gguf, arch, marker):
+    """The family's template stored in the GGUF and in tokenizer_config.json is the one a chat
+    renders through."""
+    from powerinfer_rs.testing.synth import chat_template
+
+    kw = {"activation": "gelu" if arch in GELU else "silu", "arch": arch, **ARCHS[arch]}
+    msgs = [{"role": "user", "content": "the rain in spain"}]
+    for m in (load_model(synth_hf(dtype="f32", **kw)), load_model(synth_gguf(**kw))):
+        assert m.chat_template == chat_template(arch)
+        eng = Engine(m, threads=2)
+        prompt = eng.format_chat(msgs)
+        assert marker in prompt
+        assert "the rain in spain" in prompt
+        assert isinstance(eng.chat(msgs, max_new_tokens=3), str)

@@ -35,6 +35,28 @@ from .synth_model import (
 )
 
 HF_DTYPES = {"bf16": "BF16", "f16": "F16", "f32": "F32"}
+
+#: Chat templates in the style of each family's own (turn markers as the families write them;
+#: ours, short), stored in the files the writer emits; ChatML for the rest.
+FAMILY_TEMPLATES = {
+    "gemma": (
+        "{{ bos_token }}{% for m in messages %}<start_of_turn>"
+        "{{ 'model' if m['role'] == 'assistant' else 'user' }}\n{{ m['content'] | trim }}"
+        "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n"
+        "{% endif %}"
+    ),
+    "phi3": (
+        "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    ),
+}
+
+
+def chat_template(arch: str) -> str:
+    """The chat template the synthetic writer stores for family ``arch``."""
+    return FAMILY_TEMPLATES.get("gemma" if arch.startswith("gemma") else arch, CHATML_TEMPLATE)
+
+
 GGUF_DTYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
 #: general.file_type values (llama.cpp's llama_ftype) for whole-model dtypes.
 _GGUF_FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}
@@ -184,7 +206,7 @@ def write_hf_model(
                 "bos_token": SPECIAL_TOKENS[BOS_ID],
                 "eos_token": SPECIAL_TOKENS[EOS_ID],
                 "add_bos_token": False,
-                "chat_template": CHATML_TEMPLATE,
+                "chat_template": chat_template(spec.arch),
                 "model_max_length": spec.max_context,
             },
             indent=2,
@@ -297,7 +319,7 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
         w.add_float32("powerinfer_rs.relu_threshold", spec.relu_threshold)
     w.add_uint32("powerinfer_rs.synthetic_seed", spec.seed)
     w.add_float32("powerinfer_rs.synthetic_active", spec.active)
-    w.add_chat_template(CHATML_TEMPLATE)
+    w.add_chat_template(chat_template(spec.arch))
 
     order = spec.tensor_shapes(fused=True)
     qtype = gguf.GGMLQuantizationType[dtype]
