@@ -1,4 +1,6 @@
-//! One forward pass over a chunk of tokens: the dense llama layer loop.
+//! One forward pass over a chunk of tokens: the dense layer loop of every family, the llama
+//! layer with the steps the config's `ArchFeatures` switch on (biases, q/k norms, windows,
+//! post norms, soft-caps, LayerNorm, learned positions, parallel attention and FFN).
 
 use powerinfer_core::{ensure, Result};
 use rayon::prelude::*;

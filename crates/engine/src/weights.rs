@@ -41,7 +41,7 @@ pub struct LayerWeights {
     pub ffn_bias: Option<[Vec<f32>; 2]>,
 }
 
-/// All weights of a llama-style model, plus its config.
+/// All weights of a llama-style model of any supported family, plus its config.
 #[derive(Clone, Debug)]
 pub struct ModelWeights {
     pub config: ModelConfig,
