@@ -100,3 +100,48 @@ def test_calibrate_then_threshold_mode(synth_gguf, tmp_path, arch, act, kw):
     a, b = eng.logits(ids), dense.logits(ids)
     assert np.isfinite(a).all()
     assert 0 < np.linalg.norm(a - b) / np.linalg.norm(b) < 0.5
+
+
+@pytest.mark.parametrize("family", ["bamboo", "opt", "falcon"])
+def test_powerinfer_files_of_the_families_run_in_predictor_mode(tmp_path, family):
+    """PowerInfer's GGUF (PWRI magic, predictors and ffn_down_t inside) of Bamboo, OPT and
+    Falcon: predictor mode against the reference masked by the file's predictors (input: the
+    residual before the FFN norm)."""
+    import dataclasses
+
+    from powerinfer_rs.loading import TensorData
+    from powerinfer_rs.loading.powerinfer_gguf import load_powerinfer_gguf
+    from powerinfer_rs.testing.powerinfer_files import write_powerinfer_gguf
+
+    kw = {k: v for k, v in RELU[family].items() if k != "arch"}
+    path = write_powerinfer_gguf(
+        tmp_path / "m.powerinfer.gguf", ranks=8, sparse_threshold=0.05, arch=family,
+        **SHAPE, **kw,
+    )  # fmt: skip
+    pwri = load_powerinfer_gguf(path)
+    model = pwri.model
+    assert model.config.arch == family
+    tensors = dict(model.tensors)
+    for i in range(model.config.n_layers):
+        t = tensors[f"blk.{i}.ffn_down_t"]
+        down = np.ascontiguousarray(t.data.view(np.float32).reshape(t.rows, t.cols).T)
+        tensors[f"blk.{i}.ffn_down"] = TensorData(
+            f"blk.{i}.ffn_down", "F32", *down.shape, down.view(np.uint8).ravel()
+        )
+    ref_model = dataclasses.replace(model, tensors=tensors)
+    preds = pwri.predictors
+
+    def mask(i, h, x, a):
+        p = preds.layers[i]
+        logits = np.maximum(x @ p.fc1.T.astype(np.float64), 0) @ p.fc2.T.astype(np.float64)
+        return logits >= p.threshold
+
+    ids = [int(i) for i in np.random.default_rng(3).integers(3, 300, 16)]
+    ref, _ = reference_forward(ref_model, ids, ffn_mask=mask)
+    eng = Engine.from_pretrained(path, threads=2)
+    assert eng.sparsity == "predictor"
+    got = eng.logits(ids)
+    assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= 1e-3
+    eng.reset()
+    rows = np.stack([eng.prefill([t]) for t in ids])
+    assert np.linalg.norm(rows - ref) / np.linalg.norm(ref) <= 1e-3

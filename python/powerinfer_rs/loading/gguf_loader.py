@@ -220,19 +220,7 @@ def load_gguf(path: str | os.PathLike[str]) -> LoadedModel:
     tensors = _tensor_views(gf, fam)
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     split_fused(fam, tensors, cfg.n_layers, q_dim, kv_dim, cfg.ffn_dim)
-    pos = tensors.get("position_embd")
-    if cfg.learned_pos and pos is not None:
-        # The table bounds the context (PowerInfer's OPT files say 2050 = 2048 + the offset).
-        cfg.max_context = min(cfg.max_context, pos.rows - cfg.pos_offset)
-        if cfg.max_context <= 0:
-            raise ShapeError(f"{p}: position_embd has only {pos.rows} rows")
-        tensors["position_embd"] = TensorData(
-            "position_embd",
-            pos.dtype,
-            cfg.max_context + cfg.pos_offset,
-            pos.cols,
-            pos.data[: (cfg.max_context + cfg.pos_offset) * pos.row_bytes],
-        )
+    fit_position_table(cfg, tensors, p)
     if "output" not in tensors and "token_embd" in tensors:
         tensors["output"] = tensors["token_embd"]
         cfg.tie_embeddings = True
@@ -242,6 +230,21 @@ def load_gguf(path: str | os.PathLike[str]) -> LoadedModel:
             f"{p}: tokenizer has {tok.vocab_size} tokens, the model only {cfg.vocab_size}"
         )
     return loaded_model(p, meta, cfg, tensors, tok)
+
+
+def fit_position_table(cfg: ModelConfig, tensors: dict[str, TensorData], path: str) -> None:
+    """Bound the context of a learned-position family by its table (PowerInfer's OPT files
+    say context 2050 = 2048 + the offset of 2) and cut the table to ``context + offset`` rows."""
+    pos = tensors.get("position_embd")
+    if not cfg.learned_pos or pos is None:
+        return
+    cfg.max_context = min(cfg.max_context, pos.rows - cfg.pos_offset)
+    if cfg.max_context <= 0:
+        raise ShapeError(f"{path}: position_embd has only {pos.rows} rows")
+    rows = cfg.max_context + cfg.pos_offset
+    tensors["position_embd"] = TensorData(
+        "position_embd", pos.dtype, rows, pos.cols, pos.data[: rows * pos.row_bytes]
+    )
 
 
 def loaded_model(

@@ -35,12 +35,13 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelFileError, ShapeError, UnsupportedError
-from ..loading.archs import GGUF_FAMILIES
+from ..loading.archs import GGUF_FAMILIES, split_fused
 from ..loading.gguf_file import POWERINFER_MAGIC, GGUFFile, starts_with
 from ..loading.gguf_loader import (
     ACTIVATION_KEY,
     _tensor_views,
     config_from_metadata,
+    fit_position_table,
     loaded_model,
 )
 from ..loading.types import LoadedModel, TensorData, check_tensors, expected_shapes
@@ -49,8 +50,8 @@ from ..runtime.tokenizer import Tokenizer
 
 SPARSE_THRESHOLD_KEY = "powerinfer.sparse_threshold"
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
-#: The architectures of PowerInfer files read here.
-POWERINFER_ARCHS: tuple[str, ...] = ("llama",)
+#: The architectures of PowerInfer files read here (those PowerInfer serves).
+POWERINFER_ARCHS: tuple[str, ...] = ("llama", "bamboo", "opt", "falcon")
 
 
 @dataclass
@@ -110,7 +111,11 @@ def load_powerinfer_gguf(
     thr = float(thr_meta if threshold is None else threshold)
     tok = Tokenizer.from_gguf(meta)
     cfg = config_from_metadata(meta, tok)
-    tensors = _tensor_views(gf, GGUF_FAMILIES["llama"])
+    fam = GGUF_FAMILIES[arch]
+    tensors = _tensor_views(gf, fam)
+    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    split_fused(fam, tensors, cfg.n_layers, q_dim, kv_dim, cfg.ffn_dim)
+    fit_position_table(cfg, tensors, p)
     preds_raw: dict[int, dict[str, TensorData]] = {}
     for name in list(tensors):
         parts = name.split(".")

@@ -65,9 +65,12 @@ def write_powerinfer_gguf(
     seed: int = 0,
     active: float = 0.1,
     max_context: int = 512,
+    arch: str = "llama",
+    tie: bool = False,
 ) -> Path:
-    """Write a synthetic ReLU llama as a PowerInfer GGUF (``PWRI`` magic) with per-layer
-    predictors (given, or random of ``ranks``). ``sparse_threshold=None`` leaves the key out."""
+    """Write a synthetic ReLU model of family ``arch`` (llama, bamboo, opt, falcon: those
+    PowerInfer serves) as a PowerInfer GGUF (``PWRI`` magic) with per-layer predictors (given,
+    or random of ``ranks``). ``sparse_threshold=None`` leaves the key out."""
     import gguf
 
     dtype, predictor_dtype = dtype.upper(), predictor_dtype.upper()
@@ -75,6 +78,7 @@ def write_powerinfer_gguf(
     if dtype not in np_dt or predictor_dtype not in np_dt:
         raise UnsupportedError("write_powerinfer_gguf writes F32 or F16 tensors only")
     spec = SynthSpec(dim, ffn, layers, heads, kv_heads, vocab, "relu", max_context, seed, active)
+    spec.arch, spec.tie = arch, tie
     spec.validate()
     gen = SynthWeights(spec)
     if isinstance(predictors, PredictorSet):
@@ -87,7 +91,7 @@ def write_powerinfer_gguf(
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".part")
-    w = gguf.GGUFWriter(str(tmp), "llama")
+    w = gguf.GGUFWriter(str(tmp), spec.family.gguf_arch)
     name = f"synthetic-powerinfer-relu-d{dim}-f{ffn}-l{layers}"
     add_llama_metadata(w, spec, name, 0 if dtype == "F32" else 1, tokenizer_pre="gpt2")
     if sparse_threshold is not None:
@@ -97,12 +101,16 @@ def write_powerinfer_gguf(
         p = preds[i]
         w.add_tensor(f"blk.{i}.fc1.weight", p.fc1.astype(np_dt[predictor_dtype]))
         w.add_tensor(f"blk.{i}.fc2.weight", p.fc2.astype(np_dt[predictor_dtype]))
-    for name, shape in spec.tensor_shapes():
+    if spec.family.layer_norm:
+        w.add_layer_norm_eps(spec.rms_eps)
+    for name, shape in spec.tensor_shapes(fused=True):
         x = gen.gguf_tensor(name)
         if name.endswith("ffn_down"):
             name, x = name + "_t", np.ascontiguousarray(x.T)
+        # PowerInfer names the down projection's bias after the transposed weight.
+        name = name.replace("ffn_down.bias", "ffn_down_t.bias")
         x = x.astype(np.float32) if len(shape) == 1 else x.astype(np_dt[dtype])
-        w.add_tensor(f"{name}.weight", x)
+        w.add_tensor(name if name.endswith(".bias") else f"{name}.weight", x)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
