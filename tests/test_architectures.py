@@ -327,3 +327,27 @@ def test_chat_renders_through_the_template_in_the_file(synth_hf, synth_gguf, arc
         assert marker in prompt
         assert "the rain in spain" in prompt
         assert isinstance(eng.chat(msgs, max_new_tokens=3), str)
+
+
+@pytest.mark.parametrize(
+    ("arch", "extra"),
+    [
+        ("qwen3", []),
+        ("phi3", []),
+        ("gemma2", ["--tie", "--sliding-window", "8", "--activation", "gelu"]),
+        ("opt", ["--tie", "--kv-heads", "4"]),
+        ("falcon", ["--kv-heads", "1", "--activation", "gelu"]),
+        ("bamboo", []),
+    ],
+)
+def test_synth_cli_writes_every_family(tmp_path, arch, extra):
+    from powerinfer_rs.testing import synth
+
+    out = tmp_path / f"{arch}.gguf"
+    argv = ["--dim", "64", "--ffn", "128", "--layers", "1", "--heads", "4", "--kv-heads", "2",
+            "--vocab", "300", "--format", "gguf-f32", "--arch", arch, "--out", str(out),
+            *extra]  # fmt: skip
+    assert synth.main(argv) == 0
+    m = load_model(out)
+    assert m.config.arch == arch
+    assert np.isfinite(Engine(m, threads=1).logits([5, 6, 7])).all()

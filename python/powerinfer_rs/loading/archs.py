@@ -170,6 +170,9 @@ FAMILIES: tuple[Family, ...] = (
         "neox",
         ("phi3",),
         ("Phi3ForCausalLM",),
+        # HF's Phi-3 attends through its sliding_window (2047 for mini-4k); llama.cpp turns
+        # the window off for phi3, so the two differ past it. We follow HF's definition.
+        window=True,
         fused_qkv=True,
         fused_gate_up=True,
         hf_layer_names={

@@ -1,5 +1,6 @@
-"""Load a GGUF file of a supported family (:mod:`.archs`: llama, qwen2, qwen3, phi3, with
-llama.cpp's keys and tensor names): config from its metadata, tensors as raw mmap views.
+"""Load a GGUF file of a supported family (:mod:`.archs`: llama/mistral, qwen2, qwen3, phi3,
+gemma2, gemma3, falcon with llama.cpp's keys and tensor names; bamboo and opt with PowerInfer's):
+config from its metadata, tensors as raw mmap views.
 
 Weights keep their GGUF encoding (F32, F16, BF16, Q8_0, Q4_0, Q4_1); nothing is dequantised.
 GGUF lists dimensions innermost first (``ne[0]`` = columns), so a 2-D tensor ``[cols, rows]``

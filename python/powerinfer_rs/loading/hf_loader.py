@@ -1,8 +1,8 @@
 """Load a Hugging Face model directory (config.json + safetensors + tokenizer.json).
 
-Supported: the families of :mod:`.archs` (Llama, Mistral, Qwen2, Qwen3, Phi-3) in
-BF16/F16/F32, either one ``model.safetensors`` or shards listed by
-``model.safetensors.index.json``. HF checkpoints keep q/k in the original layout, so RoPE
+Supported: the families of :mod:`.archs` (Llama, Mistral, Bamboo, Qwen2, Qwen3, Phi-3,
+Gemma 2, Gemma 3, OPT, Falcon) in BF16/F16/F32, either one ``model.safetensors`` or shards
+listed by ``model.safetensors.index.json``. HF checkpoints keep q/k in the original layout, so RoPE
 rotates the halves of each head: ``rope_style = "neox"``. Fused tensors (Phi-3's ``qkv_proj``
 and ``gate_up_proj``) are split into row views.
 """
