@@ -351,3 +351,23 @@ def test_synth_cli_writes_every_family(tmp_path, arch, extra):
     m = load_model(out)
     assert m.config.arch == arch
     assert np.isfinite(Engine(m, threads=1).logits([5, 6, 7])).all()
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("attn_softcap", -1.0), ("final_softcap", float("nan")), ("relu_threshold", -0.5),
+     ("embed_scale", float("inf")), ("attn_scale", -2.0)],
+)  # fmt: skip
+def test_bad_family_values_are_typed_errors(synth_gguf, field, value):
+    """Family values a file could carry that make no sense are refused by the core with a
+    ModelFileError, not computed with."""
+    from powerinfer_rs import _core
+    from powerinfer_rs.errors import ModelFileError
+    from powerinfer_rs.runtime.engine import core_model_arguments
+
+    m = load_model(synth_gguf(dtype="F32", activation="relu", arch="gemma2", tie=True))
+    cfg, tensors = core_model_arguments(m)
+    with pytest.raises(ModelFileError):
+        _core.Model({**cfg, field: value}, tensors)
+    with pytest.raises(ModelFileError):  # FATReLU needs ReLU
+        _core.Model({**cfg, "activation": "silu", "relu_threshold": 0.1}, tensors)
