@@ -92,6 +92,10 @@ def test_oracle_predictors_mark_exactly_the_firing_neurons(tmp_path):
         )
         eng = Engine.from_pretrained(path, threads=2)
         assert eng.sparsity == "predictor"
+        # Q4_0 predictors reach the engine as stored (a token reads their Q4_0 bytes)
+        stored = eng.predictors.layers[0].stored
+        assert (stored is None) == (dtype == "F32")
+        assert stored is None or [t.dtype for t in stored] == ["Q4_0", "Q4_0"]
         got = eng.logits(ids)
         eng.set_sparsity("dense")
         dense = eng.logits(ids)

@@ -132,8 +132,13 @@ def load_powerinfer_gguf(
                 f"{fc2.rows}}} (GGUF dims) do not fit n_embd {cfg.dim}, n_ff {cfg.ffn_dim}"
             )
         w1, w2 = dequantize_tensor(fc1), dequantize_tensor(fc2)
+        block = fc1.dtype not in ("F32", "F16") and fc2.dtype not in ("F32", "F16")
         layers[i] = LayerPredictor(
-            w1, w2, thr, {"rank": fc1.rows, "source": "powerinfer-gguf", "dtype": fc1.dtype}
+            w1,
+            w2,
+            thr,
+            {"rank": fc1.rows, "source": "powerinfer-gguf", "dtype": fc1.dtype},
+            stored=(fc1, fc2) if block else None,
         )
     if preds_raw:
         raise ModelFileError(

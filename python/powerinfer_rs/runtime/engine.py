@@ -253,11 +253,19 @@ class Engine(Generation, PlanAndDevice):
             self.predictors = predictors_for(predictors, self.loaded)
             # Predictors stored in f16 hold f16-exact values: hand them over as F16 (half the
             # bytes a token reads), anything else as F32.
+            # Block-format predictors (a quantized PowerInfer file) go over as stored.
             store = np.float16 if str(self.predictors.dtype).upper() == "F16" else np.float32
+
+            def held(p, k):
+                if p.stored is not None:
+                    t = p.stored[k]
+                    return (t.dtype, t.rows, t.cols, t.data)
+                return np.ascontiguousarray(p.fc1 if k == 0 else p.fc2, dtype=store)
+
             layers = [self.predictors.layers[i] for i in range(self.config.n_layers)]
             typed = _core.Predictors(
-                [np.ascontiguousarray(p.fc1, dtype=store) for p in layers],
-                [np.ascontiguousarray(p.fc2, dtype=store) for p in layers],
+                [held(p, 0) for p in layers],
+                [held(p, 1) for p in layers],
                 [float(p.threshold) for p in layers],
                 self.predictors.input,
             )
