@@ -13,8 +13,10 @@ per run, its tokens/s) and ours (``Engine.from_pretrained(FILE)``, predictor mod
 file's predictors, N single-token steps after one token, as llama-bench's ``tg N``), alternating
 (PowerInfer first on even repeats, ours first on odd), medians of --repeats. Also printed:
 weight bytes each engine must read per token (attention and norms, the predictor as the engine
-holds it, the gate/up/down_t rows of the active neurons, the output head, one embedding row;
-the active fraction per layer from our profiler over the same greedy decode), and both
+holds it (fc2 in full; ours reads only the fc2 rows of hidden units ReLU leaves nonzero, so its
+figure is an upper bound), the gate/up/down_t rows of the active neurons, the output head, one
+embedding row; the active fraction per layer from our profiler over the same greedy decode), and
+both
 engines' bytes/token x tokens/s as a share of the read bandwidth measured in the same run with
 the same threads. CPU use per wall-second is printed for both: well below the thread count
 means another process took the cores and the figures should be thrown away.
@@ -107,10 +109,13 @@ def bytes_per_token(tb: dict[str, int], layers: int, vocab: int, active: list[fl
         total += tb[b + "attn_norm"] + tb[b + "ffn_norm"]
         if ours is None:
             total += tb[b + "fc1"] + tb[b + "fc2"]
-        else:
+        else:  # held as stored (block formats), else as f16/f32 copies; fc2 counted in full
             p = ours.predictors.layers[i]
-            item = 4 if str(ours.predictors.dtype).upper() == "F32" else 2
-            total += item * (p.fc1.size + p.fc2.size)
+            if p.stored is not None:
+                total += sum(int(t.data.nbytes) for t in p.stored)
+            else:
+                item = 4 if str(ours.predictors.dtype).upper() == "F32" else 2
+                total += item * (p.fc1.size + p.fc2.size)
         total += a * (tb[b + "ffn_gate"] + tb[b + "ffn_up"] + tb[b + "ffn_down_t"])
     return total
 
