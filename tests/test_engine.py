@@ -175,3 +175,32 @@ def test_prefill_extends_the_context_like_scoring(smol, smol_engine):
     with pytest.raises(ShapeError):
         smol_engine.prefill([])
     smol_engine.reset()
+
+
+def test_token_stream_steps_logprobs_and_counts(smol_engine):
+    prompt = "The capital of France is"
+    want = smol_engine.generate(prompt, max_new_tokens=8, temperature=0, ignore_eos=True)
+    steps = smol_engine.stream_tokens(
+        prompt, max_new_tokens=8, temperature=0, ignore_eos=True, logprobs=3
+    )
+    got = list(steps)
+    assert "".join(s.text for s in got) == want
+    assert steps.stats.completion_tokens == len(got) == 8
+    assert steps.stats.finish_reason == "length"
+    # Greedy: each token is the likeliest, its log p that of a fresh forward pass.
+    ids = smol_engine.tokenizer.encode(prompt) + [s.token for s in got]
+    logits = smol_engine.logits(ids).astype(np.float64)
+    logz = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+    n = len(ids) - len(got)
+    for k, s in enumerate(got):
+        assert s.top_logprobs[0][0] == s.token and len(s.top_logprobs) == 3
+        assert s.logprob == pytest.approx(logits[n - 1 + k, s.token] - logz[n - 1 + k], abs=2e-3)
+
+
+def test_frequency_penalty_breaks_a_greedy_loop(smol_engine):
+    kw = dict(max_new_tokens=24, temperature=0, ignore_eos=True)
+    plain = smol_engine.stream_tokens("1, 1, 1, 1, 1, 1,", **kw)
+    penalised = smol_engine.stream_tokens("1, 1, 1, 1, 1, 1,", frequency_penalty=2.0, **kw)
+    a = [s.token for s in plain]
+    b = [s.token for s in penalised]
+    assert len(set(b)) > len(set(a))
