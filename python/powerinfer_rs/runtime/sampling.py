@@ -11,7 +11,6 @@ import numpy as np
 from ..errors import ShapeError
 from .checks import check_int, check_real
 
-
 #: Presence and frequency penalties lie in [-PENALTY_LIMIT, PENALTY_LIMIT] (OpenAI's range).
 PENALTY_LIMIT = 2.0
 
