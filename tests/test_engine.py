@@ -204,3 +204,49 @@ def test_frequency_penalty_breaks_a_greedy_loop(smol_engine):
     a = [s.token for s in plain]
     b = [s.token for s in penalised]
     assert len(set(b)) > len(set(a))
+
+
+def test_token_ids_are_checked_when_the_stream_is_made(smol_engine):
+    from powerinfer_rs.errors import TokenError
+
+    vocab = smol_engine.config.vocab_size
+    for bad in ([vocab], [5, -1]):
+        with pytest.raises(TokenError, match=f"token id {bad[-1]} is outside"):
+            smol_engine.stream_tokens(bad)  # raised here, before the first step
+
+
+def test_the_continuation_does_not_depend_on_what_the_cache_held(smol):
+    # The one-token path rounds differently from a multi-token pass: a prompt must meet the
+    # K/V a fresh context computes, whatever earlier calls left in the cache.
+    eng = Engine(smol, threads=2)
+    prompt = "A short note on bread: it is"
+    ids = eng.tokenizer.encode(prompt)
+    kw = dict(max_new_tokens=6, temperature=0.9, seed=3, ignore_eos=True, logprobs=0)
+
+    def run() -> list:
+        return [(s.token, s.logprob) for s in eng.stream_tokens(ids, **kw)]
+
+    eng.reset()
+    want = run()
+    before = [
+        [ids],  # the same prompt again: all but its last token cached
+        [ids[:-1]],  # its last token was a prompt's last (one-token path)
+        [ids[:-2]],  # two tokens short: those two would be a one-token pass
+        [ids[:3]],  # a prefix, and generated tokens after it
+        [ids[:1]],
+        [ids + [42, 43]],  # a longer prompt sharing all of it
+        [ids[:4], ids[:-1], ids[:2]],
+    ]
+    for history in before:
+        eng.reset()
+        for p in history:
+            eng.generate(p, max_new_tokens=3, temperature=0)
+        assert run() == want, history
+    eng.reset()
+    eng.prefill(ids[:5])
+    assert run() == want
+    short = ids[:2]  # a two-token prompt: its first token takes the one-token path when fresh
+    eng.reset()
+    alone = eng.generate(short, max_new_tokens=4, temperature=0)
+    eng.generate(ids, max_new_tokens=2, temperature=0)
+    assert eng.generate(short, max_new_tokens=4, temperature=0) == alone

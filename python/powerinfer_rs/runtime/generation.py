@@ -83,6 +83,7 @@ class Generation:
     _lock: threading.RLock
     _version: int  # bumped whenever the context changes
     _last_prefill_count: int
+    _batched: int  # leading context positions computed by multi-token passes
     loaded: LoadedModel
     tokenizer: Tokenizer
     last_stats: GenerationStats
@@ -277,6 +278,11 @@ class Generation:
             )
         else:
             ids = self._check_ids(prompt)
+            # The core checks ids too, but only at the prefill: a stream is checked when made.
+            vocab = self.loaded.config.vocab_size
+            bad = next((i for i in ids if not 0 <= i < vocab), None)
+            if bad is not None:
+                raise TokenError(f"token id {bad} is outside the vocabulary 0..{vocab - 1}")
         if not ids:
             if self.tokenizer.bos_id is None:
                 raise ShapeError("empty prompt and the model has no BOS token to start from")
@@ -285,23 +291,36 @@ class Generation:
 
     def _prefill(self, ids: list[int]) -> np.ndarray:
         """Bring the context to ``ids`` reusing the longest common prefix; return the logits of
-        the last token."""
+        the last token.
+
+        The result never depends on what the cache held: a fresh context computes the tokens
+        before the last in one multi-token pass (whose rows do not depend on how the tokens
+        are split into passes) and the last one through the one-token (decode) path, which
+        rounds differently. So only positions a multi-token pass computed are reused
+        (``_batched``: not the last prompt token of an earlier call, nor generated tokens), and
+        the tokens computed now before the last are never a single token when a fresh context
+        would batch them."""
+        n = len(ids)
         common = 0
         for a, b in zip(self._context, ids):
             if a != b:
                 break
             common += 1
-        common = min(common, len(ids) - 1)  # always recompute the last token's logits
+        common = min(common, n - 1, self._batched)  # always recompute the last token's logits
+        if n - 1 < 2:
+            common = 0  # a fresh context computes a lone first token by the one-token path too
+        elif n - 1 - common == 1:
+            common -= 1  # two tokens before the last: one multi-token pass, as when fresh
         self._version += 1
         self._session.truncate(common)
         self._context = self._context[:common]
+        self._batched = common
         todo = ids[common:]
         self._last_prefill_count = len(todo)
-        # The last prompt token always goes through the one-token (decode) path, so the first
-        # sampled token does not depend on how much of the prompt was already cached.
         if len(todo) > 1:
             self._session.feed(todo[:-1])
             self._context.extend(todo[:-1])
+        self._batched = n - 1 if n - 1 >= 2 else 0
         logits = self._session.feed(todo[-1:])[0]
         self._context.append(todo[-1])
         return logits
@@ -314,4 +333,5 @@ class Generation:
         if self._session.n_past != n:
             self._session.truncate(n)
         del self._context[n:]
+        self._batched = min(self._batched, n)
         self._version += 1
