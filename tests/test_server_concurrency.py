@@ -1,0 +1,92 @@
+"""The live server under concurrent clients: every request answered, and with fixed seeds the
+same answers as one at a time; a client that disconnects mid-stream stops its generation within
+one token and the next request is served normally."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from live_server import MODEL_ID, chat
+
+CLIENTS = 16
+REQUESTS_PER_CLIENT = 4
+TOPICS = ["rivers", "bread", "stars", "music", "trains", "cats", "rain", "maps"]
+
+
+def request_kwargs(client: int, k: int) -> dict:
+    """Request ``k`` of client ``client``: chat or completion, sampled with its own seed."""
+    seed = 100 * client + k
+    topic = TOPICS[(client + k) % len(TOPICS)]
+    common = dict(model=MODEL_ID, max_tokens=6, temperature=0.9, seed=seed)
+    if (client + k) % 2:
+        return dict(kind="chat", messages=chat(f"Say something about {topic}."), **common)
+    return dict(kind="completion", prompt=f"A short note on {topic}:", **common)
+
+
+def send(server, kw: dict) -> str:
+    kw = dict(kw)
+    client = server.client()
+    if kw.pop("kind") == "chat":
+        return client.chat.completions.create(**kw).choices[0].message.content
+    return client.completions.create(**kw).choices[0].text
+
+
+def test_concurrent_clients_get_the_answers_of_sequential_requests(server):
+    def client_run(c: int) -> list[str]:
+        return [send(server, request_kwargs(c, k)) for k in range(REQUESTS_PER_CLIENT)]
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        concurrent = list(pool.map(client_run, range(CLIENTS)))
+    sequential = [
+        [send(server, request_kwargs(c, k)) for k in range(REQUESTS_PER_CLIENT)]
+        for c in range(CLIENTS)
+    ]
+    assert all(len(answers) == REQUESTS_PER_CLIENT for answers in concurrent)
+    assert all(a for answers in concurrent for a in answers)
+    assert concurrent == sequential
+
+
+def test_a_disconnect_mid_stream_stops_the_generation(server):
+    done = server.worker.jobs_done
+    stream = server.client().chat.completions.create(
+        model=MODEL_ID,
+        messages=chat("Tell me a long story."),
+        max_tokens=400,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    got = 0
+    for chunk in stream:
+        got += bool(chunk.choices and chunk.choices[0].delta.content)
+        if got == 3:
+            break
+    stream.close()  # the client goes away
+    t0 = time.monotonic()
+    server.wait_idle(done + 1)
+    job = server.worker.last
+    assert job.result.finish_reason == "cancelled"
+    assert job.tokens_at_cancel is not None
+    assert job.completion_tokens - job.tokens_at_cancel <= 1  # stopped within one token
+    assert job.completion_tokens < 400 and time.monotonic() - t0 < 10
+    # The engine is free: a normal request is answered as usual.
+    got = server.client().completions.create(
+        model=MODEL_ID, prompt="The capital of France is", max_tokens=4, temperature=0
+    )
+    want = server.engine.generate("The capital of France is", max_new_tokens=4, temperature=0)
+    assert got.choices[0].text == want and got.choices[0].finish_reason == "length"
+
+
+def test_a_request_cancelled_while_waiting_never_runs(server):
+    done = server.worker.jobs_done
+    with server.engine._lock:  # hold the engine: the first request runs and blocks
+        first = server.client().with_options(timeout=0.5)
+        try:
+            first.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=50)
+        except Exception:
+            pass  # the client gave up (timeout): the server sees a disconnect
+        time.sleep(0.2)
+    server.wait_idle(done + 1)
+    assert server.worker.last.result.finish_reason == "cancelled"
+    assert server.worker.last.completion_tokens <= 1
