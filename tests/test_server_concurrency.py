@@ -4,10 +4,13 @@ one token and the next request is served normally."""
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from live_server import MODEL_ID, chat
+import pytest
+
+from live_server import MODEL_ID, chat, openai
 
 CLIENTS = 16
 REQUESTS_PER_CLIENT = 4
@@ -80,13 +83,20 @@ def test_a_disconnect_mid_stream_stops_the_generation(server):
 
 def test_a_request_cancelled_while_waiting_never_runs(server):
     done = server.worker.jobs_done
+    answers: list = []
+    kw = dict(model=MODEL_ID, prompt="Hi", max_tokens=3, temperature=0)
     with server.engine._lock:  # hold the engine: the first request runs and blocks
-        first = server.client().with_options(timeout=0.5)
-        try:
-            first.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=50)
-        except Exception:
-            pass  # the client gave up (timeout): the server sees a disconnect
-        time.sleep(0.2)
-    server.wait_idle(done + 1)
+        first = threading.Thread(
+            target=lambda: answers.append(server.client().completions.create(**kw))
+        )
+        first.start()
+        while server.worker.current is None:
+            first.join(0.01)
+        with pytest.raises(openai.APITimeoutError):  # waits in the queue, then gives up
+            server.client().with_options(timeout=0.5).completions.create(**kw)
+        assert server.worker.waiting == 1
+    first.join(60)
+    server.wait_idle(done + 2)
+    assert answers and answers[0].choices[0].text
     assert server.worker.last.result.finish_reason == "cancelled"
-    assert server.worker.last.completion_tokens <= 1
+    assert server.worker.last.completion_tokens == 0 and server.worker.last.first_token is None
