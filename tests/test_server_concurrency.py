@@ -100,3 +100,23 @@ def test_a_request_cancelled_while_waiting_never_runs(server):
     assert answers and answers[0].choices[0].text
     assert server.worker.last.result.finish_reason == "cancelled"
     assert server.worker.last.completion_tokens == 0 and server.worker.last.first_token is None
+
+
+def test_stopping_the_worker_ends_queued_jobs(server):
+    import asyncio
+
+    from powerinfer_rs.server.worker import Done, Job, QueueFull, Worker
+
+    async def main():
+        worker = Worker(2)  # never started: the job stays queued
+        job = Job(
+            "x", server.engine.stream_tokens("Hi", max_new_tokens=2), asyncio.get_running_loop()
+        )
+        worker.submit(job)
+        worker.stop()
+        with pytest.raises(QueueFull):
+            worker.submit(job)
+        return await asyncio.wait_for(job.events.get(), 5)
+
+    event = asyncio.run(main())
+    assert isinstance(event, Done) and event.finish_reason == "cancelled"

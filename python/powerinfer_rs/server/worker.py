@@ -101,9 +101,12 @@ class Worker:
             self.current.cancel()
         while True:
             try:
-                self._queue.get_nowait().cancel()
+                job = self._queue.get_nowait()
             except queue.Empty:
                 break
+            job.cancel()
+            job.result = Done("cancelled", job.steps.stats.prompt_tokens, 0)
+            job._emit(job.result)
         if self._thread is not None:
             self._thread.join(timeout)
 
