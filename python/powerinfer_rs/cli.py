@@ -119,29 +119,18 @@ def _gen_kwargs(a: argparse.Namespace) -> dict:
 def sparsity_mode(sparsity: str | None, thresholds, predictors, out=None) -> str | None:
     """The sparsity mode for ``--sparsity``, ``--thresholds`` and ``--predictors``: a file given
     without ``--sparsity`` selects the mode that uses it (said once on ``out``); a file the
-    chosen mode would ignore, or both files without a mode, is a :class:`PlanError`."""
-    from .errors import PlanError
+    chosen mode would ignore, or both files without a mode, is a :class:`PlanError`
+    (:func:`~.runtime.modes.resolve_sparsity`, the rule the Python API follows too)."""
+    from .runtime.modes import resolve_sparsity
 
-    given = [m for m, f in (("threshold", thresholds), ("predictor", predictors)) if f]
-    if sparsity is None:
-        if len(given) > 1:
-            raise PlanError(
-                "--thresholds and --predictors were both given: choose the mode with "
-                "--sparsity threshold or --sparsity predictor"
-            )
-        if given:
-            flag = "--thresholds" if given[0] == "threshold" else "--predictors"
-            print(f"note: {flag} given: using --sparsity {given[0]}", file=out or sys.stderr)
-            return given[0]
-        return None
-    for mode in given:
-        if mode != sparsity:
-            flag = "--thresholds" if mode == "threshold" else "--predictors"
-            raise PlanError(
-                f"{flag} is used only with --sparsity {mode}, not with --sparsity {sparsity}; "
-                f"drop {flag} or pass --sparsity {mode}"
-            )
-    return sparsity
+    return resolve_sparsity(
+        sparsity,
+        thresholds or None,
+        predictors or None,
+        default=None,
+        spell=lambda name: f"--{name}",
+        say=lambda msg: print(f"note: {msg}", file=out or sys.stderr),
+    )
 
 
 def _engine_options(a: argparse.Namespace) -> dict:

@@ -24,6 +24,7 @@ from ..loading import LoadedModel, load_model
 from ..loading.types import CORE_CONFIG_FIELDS
 from .checks import check_int, check_threads
 from .generation import Generation, GenerationStats, locked
+from .modes import api_sparsity
 from .placement import PlanAndDevice, check_device
 
 #: Context size used when the caller gives none (the model's own if smaller).
@@ -63,7 +64,7 @@ class Engine(Generation, PlanAndDevice):
         *,
         threads: int = 0,
         n_ctx: int | None = None,
-        sparsity: str = "dense",
+        sparsity: str | None = None,
         thresholds: Sequence[float] | str | os.PathLike[str] | None = None,
         predictors: object | None = None,
         plan: str | os.PathLike[str] | None = None,
@@ -111,7 +112,8 @@ class Engine(Generation, PlanAndDevice):
         self.last_stats = GenerationStats()
         self.thresholds: list[float] | None = None
         self.predictors = None
-        self.set_sparsity(sparsity, thresholds=thresholds, predictors=predictors)
+        mode = api_sparsity(sparsity, thresholds, predictors, default="dense")
+        self.set_sparsity(mode, thresholds=thresholds, predictors=predictors)
         if adopted is not None:
             self._adopt(adopted, budget)
 
@@ -136,8 +138,10 @@ class Engine(Generation, PlanAndDevice):
         same function as dense), "threshold" (skip neurons with |act(gate)·up| below a per-layer
         threshold; ``thresholds`` = a file from ``python -m powerinfer_rs.calibrate`` or a list)
         or "predictor" (``predictors`` = a file from ``python -m powerinfer_rs.train_predictors``
-        or a PredictorSet). Default: "dense", or "predictor" with the file's own predictors for a
-        PowerInfer GGUF (magic "PWRI").
+        or a PredictorSet). Default: the mode of the file given (``thresholds`` or ``predictors``,
+        said once with a ``UserWarning``), else "dense", or "predictor" with the file's own
+        predictors for a PowerInfer GGUF (magic "PWRI"). A file the chosen mode would not use
+        is refused (PlanError), never silently ignored.
 
         ``plan``: a placement from ``python -m powerinfer_rs.plan``; refused (PlanError) when made
         for another model and (VramBudgetError) when its GPU bytes exceed ``vram_budget`` (bytes
@@ -155,17 +159,20 @@ class Engine(Generation, PlanAndDevice):
             raise ModelFileError(f"path must be a file or directory path, got {path!r}")
         from ..loading.powerinfer_gguf import is_powerinfer_gguf, load_powerinfer_gguf
 
+        # A file argument without a mode selects its mode (said once), as on the command line.
+        sparsity = api_sparsity(sparsity, thresholds, predictors, default=None)
         if os.path.isfile(path) and is_powerinfer_gguf(path):
             pwri = load_powerinfer_gguf(path)  # runs in predictor mode with its own predictors
-            loaded, mode = pwri.model, "predictor"
-            predictors = predictors if predictors is not None else pwri.predictors
+            loaded, sparsity = pwri.model, sparsity or "predictor"
+            if sparsity == "predictor" and predictors is None:
+                predictors = pwri.predictors
         else:
-            loaded, mode = load_model(path), "dense"
+            loaded = load_model(path)
         return cls(
             loaded,
             threads=threads,
             n_ctx=n_ctx,
-            sparsity=sparsity or mode,
+            sparsity=sparsity or "dense",
             thresholds=thresholds,
             predictors=predictors,
             plan=plan,
@@ -229,6 +236,7 @@ class Engine(Generation, PlanAndDevice):
 
         if not isinstance(mode, str):
             raise UnsupportedError(f"sparsity mode must be a string, got {mode!r}")
+        api_sparsity(mode, thresholds, predictors, default=None)
         if mode == "threshold":
             if thresholds is None:
                 raise PlanError(
