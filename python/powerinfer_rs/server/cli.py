@@ -54,6 +54,7 @@ def serve(a: argparse.Namespace, engine_options: dict) -> int:
     """Load the engine and serve it until interrupted."""
     uvicorn = optional_import("uvicorn", "serve", SERVER_EXTRA)
     optional_import("starlette", "serve", SERVER_EXTRA)
+    optional_import("pydantic", "serve", SERVER_EXTRA)
     from ..runtime.engine import Engine
     from .app import create_app
 
