@@ -161,6 +161,7 @@ def main() -> int:
         "max_tokens": a.max_tokens,
         "requests_per_client": a.requests,
         "machine": machine_info(),
+        "load_average_before": os.getloadavg()[0],
         "levels": {},
     }
     try:
@@ -182,6 +183,7 @@ def main() -> int:
     finally:
         for s in servers.values():
             s.stop()
+    report["load_average_after"] = os.getloadavg()[0]
     print_table(report, names)
     write_json(a.json, report)
     return 0
@@ -190,7 +192,9 @@ def main() -> int:
 def print_table(report: dict, names: list[str]) -> None:
     print(f"\nmodel {Path(report['model']).name}, {report['threads']} threads, "
           f"{report['requests_per_client']} streamed chat requests per client, "
-          f"max_tokens {report['max_tokens']}, temperature 0\n")  # fmt: skip
+          f"max_tokens {report['max_tokens']}, temperature 0; 1-min load average "
+          f"{report['load_average_before']:.1f} before, {report['load_average_after']:.1f} "
+          f"after on {report['machine']['cpus']} CPUs\n")  # fmt: skip
     print("| clients | server | TTFT median s | TTFT max s | decode tok/s per request | "
           "aggregate tok/s | server CPU/wall |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
