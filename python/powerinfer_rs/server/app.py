@@ -158,15 +158,15 @@ def prepare(engine: Engine, req: ChatRequest | CompletionRequest) -> TokenStream
         except ChatTemplateError as e:
             raise APIError(400, str(e), param=param) from None
         limit = req.token_limit if req.token_limit is not None else engine.n_ctx
-        logprobs = req.engine_logprobs
     else:
-        param, prompt, limit, logprobs = "prompt", req.prompt, req.token_limit, req.logprobs
-        if prompt and isinstance(prompt[0], str) and isinstance(prompt, list):
+        param, prompt, limit = "prompt", req.prompt, req.token_limit
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
             if len(prompt) != 1:
                 raise APIError(400, "prompt: give one prompt per request", param=param)
             prompt = prompt[0]
     try:
-        return engine.stream_tokens(prompt, logprobs=logprobs, **req.engine_kwargs(limit))
+        kwargs = req.engine_kwargs(limit)
+        return engine.stream_tokens(prompt, logprobs=req.engine_logprobs, **kwargs)
     except PowerInferError as e:
         raise from_engine(e, param) from None
 
@@ -185,8 +185,7 @@ async def completion(request: Request, state: ServerState, kind: type) -> Respon
         raise APIError(429, str(e), type="rate_limit_error", code="queue_full") from None
     watcher = asyncio.create_task(watch_disconnect(request, job))
     env = Envelope(rid, state.model_id, chat)
-    wants_logprobs = req.engine_logprobs if chat else req.logprobs  # type: ignore[union-attr]
-    text_of = TokenText(state.engine.tokenizer) if wants_logprobs is not None else None
+    text_of = TokenText(state.engine.tokenizer) if req.engine_logprobs is not None else None
     if req.stream:
         chunks = ChunkMaker(env, text_of, req.include_usage)
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

@@ -128,6 +128,11 @@ class CompletionRequest(SamplingFields):
     def token_limit(self) -> int:
         return 16 if self.max_tokens is None else self.max_tokens  # OpenAI's default
 
+    @property
+    def engine_logprobs(self) -> Optional[int]:
+        """``logprobs`` of :meth:`~powerinfer_rs.Engine.stream_tokens`: top alternatives."""
+        return self.logprobs
+
 
 def unsupported_fields(req: SamplingFields) -> list[str]:
     """Names of the fields ``req`` sets that ask for something the server does not do."""
