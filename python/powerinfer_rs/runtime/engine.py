@@ -108,6 +108,7 @@ class Engine(Generation, PlanAndDevice):
         self._threads = self._session.threads
         self._n_ctx = self._session.n_ctx
         self._context: list[int] = []
+        self._batched = 0
         self.last_stats = GenerationStats()
         self.thresholds: list[float] | None = None
         self.predictors = None
@@ -314,6 +315,7 @@ class Engine(Generation, PlanAndDevice):
         self._version += 1
         self._session.reset()
         self._context = []
+        self._batched = 0
 
     @locked
     def prefill(self, token_ids: Sequence[int]) -> np.ndarray:
@@ -324,6 +326,8 @@ class Engine(Generation, PlanAndDevice):
             raise ShapeError("prefill() needs at least one token")
         self._version += 1
         logits = self._session.feed(ids)[0]
+        if len(ids) >= 2 and self._batched == len(self._context):
+            self._batched += len(ids)
         self._context.extend(ids)
         return logits
 
