@@ -131,10 +131,10 @@ class Worker:
                 job.result = self._generate(job)
             finally:
                 job.finished = time.perf_counter()
+                _log_job(job)  # before the job counts as done: tests wait on jobs_done
                 self.current, self.last = None, job
                 self.jobs_done += 1
                 job._emit(job.result)
-                _log_job(job)
 
     def _generate(self, job: Job) -> Done:
         stats = job.steps.stats
