@@ -9,6 +9,7 @@ use powerinfer_core::{Activation, Result, Weight};
 use powerinfer_cpu::{axpy_rows, matmul, matvec, matvec_many, matvec_rows};
 use rayon::prelude::*;
 
+use crate::phases::{mark, Phase};
 use crate::profiler::Profiler;
 use crate::sparsity::{predicted_active, PredictorInput, PredictorScratch, Sparsity};
 use crate::weights::{LayerWeights, ModelWeights};
@@ -132,6 +133,7 @@ fn up_then_down(
     s.up.resize(s.idx.len(), 0.0);
     matvec_rows(&lw.w_up, xn, &s.idx, &mut s.up)?;
     s.vals.iter_mut().zip(&s.up).for_each(|(a, u)| *a *= u);
+    mark(Phase::Up);
     out.fill(0.0);
     axpy_rows(down_t, &s.idx, &s.vals, out)
 }
@@ -146,6 +148,7 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
         Sparsity::ExactRelu => {
             s.gate.resize(lw.w_gate.rows, 0.0);
             matvec(&lw.w_gate, call.xn, &mut s.gate)?;
+            mark(Phase::Gate);
             keep_firing(
                 act,
                 0..s.gate.len() as u32,
@@ -158,8 +161,9 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
         Sparsity::Threshold(t) => {
             let t = t[call.layer];
             project_many([&lw.w_gate, &lw.w_up], call.xn, 1, [&mut s.gate, &mut s.up])?;
-            // h = act(gate)·up in place, as the batched path computes it (whole-vector passes
-            // the compiler vectorises, apart from the activation's exp).
+            mark(Phase::Gate); // gate and up in one pass
+                               // h = act(gate)·up in place, as the batched path computes it (whole-vector passes
+                               // the compiler vectorises, apart from the activation's exp).
             apply_activation(act, &mut s.gate);
             s.gate.iter_mut().zip(&s.up).for_each(|(h, u)| *h *= u);
             let ffn = s.gate.len();
@@ -195,10 +199,12 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
                 &mut s.predictor,
                 &mut s.predicted,
             )?;
+            mark(Phase::Predictor);
             let predicted = &s.predicted;
             // Separate passes over gate, up and down_t rows, as in exact-relu.
             s.gate.resize(predicted.len(), 0.0);
             matvec_rows(&lw.w_gate, call.xn, predicted, &mut s.gate)?;
+            mark(Phase::Gate);
             keep_firing(
                 act,
                 predicted.iter().copied(),
@@ -223,6 +229,7 @@ fn batched(
     let lw = &m.layers[call.layer];
     let (n, ffn) = (call.n, m.config.ffn_dim);
     project_many([&lw.w_gate, &lw.w_up], call.xn, n, [&mut s.gate, &mut s.up])?;
+    mark(Phase::Gate); // gate and up in one pass
     let act: Activation = m.config.activation;
     apply_activation(act, &mut s.gate);
     par_rows(&mut s.gate, &s.up, |a, u| *a *= u);
@@ -251,6 +258,7 @@ fn batched(
                     .filter(|(_, k)| !**k)
                     .for_each(|(h, _)| *h = 0.0);
             }
+            mark(Phase::Predictor);
         }
     }
     if let Some(p) = profiler {

@@ -7,6 +7,7 @@ use crate::attention::{attention, AttnShape};
 use crate::ffn::{ffn, project, project_many, FfnCall, FfnScratch};
 use crate::kv_cache::KvCache;
 use crate::norm_rope::{apply_rope, rms_norm, RopeAngles};
+use crate::phases::{mark, Phase};
 use crate::profiler::Profiler;
 use crate::sparsity::Sparsity;
 use crate::weights::ModelWeights;
@@ -91,6 +92,7 @@ pub fn forward(
     let angles: Vec<RopeAngles> = (0..n)
         .map(|t| RopeAngles::new(start + t, c.head_dim, c.rope_theta))
         .collect();
+    mark(Phase::Other);
     for l in 0..model.layers.len() {
         attention_block(model, l, cache, s, start, n, &angles)?;
         ffn_block(model, l, mode, s, profiler.as_deref_mut(), start, n)?;
@@ -121,6 +123,7 @@ pub(crate) fn attention_block(
     let c = &model.config;
     let layer = &model.layers[l];
     norm_rows(&s.x, &layer.attn_norm, c.rms_eps, &mut s.xn);
+    mark(Phase::Other);
     project_many(
         [&layer.wq, &layer.wk, &layer.wv],
         &s.xn,
@@ -145,6 +148,7 @@ pub(crate) fn attention_block(
     attention(&shape, &s.q, keys, values, start, &mut s.att);
     project(&layer.wo, &s.att, n, &mut s.o)?;
     s.x.iter_mut().zip(&s.o).for_each(|(x, o)| *x += o);
+    mark(Phase::Attention);
     Ok(())
 }
 
@@ -161,6 +165,7 @@ pub(crate) fn ffn_block(
 ) -> Result<()> {
     let c = &model.config;
     norm_rows(&s.x, &model.layers[l].ffn_norm, c.rms_eps, &mut s.xn);
+    mark(Phase::Other);
     let call = FfnCall {
         model,
         layer: l,
@@ -172,6 +177,7 @@ pub(crate) fn ffn_block(
     };
     ffn(&call, &mut s.ffn, profiler, &mut s.down)?;
     s.x.iter_mut().zip(&s.down).for_each(|(x, d)| *x += d);
+    mark(Phase::Down);
     Ok(())
 }
 
@@ -189,7 +195,9 @@ pub(crate) fn output_block(
         c.rms_eps,
         &mut s.xn,
     );
+    mark(Phase::Other);
     let mut logits = Vec::new();
     project(&model.output, &s.xn, n_out, &mut logits)?;
+    mark(Phase::Output);
     Ok(logits)
 }
