@@ -20,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelFileError, ShapeError
+from ..loading.torch_pt import ZIP_ERRORS
 
 FORMAT = "powerinfer-rs-samples/1"
 META_NAME = "meta.json"
@@ -229,8 +229,8 @@ def _read_shard(path: Path, dim: int, ffn: int) -> tuple[np.ndarray, np.ndarray]
             x = np.asarray(z["x"])
             packed = np.asarray(z["mask"])
             n_ffn = int(z["ffn"]) if "ffn" in z.files else ffn
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
-        raise ModelFileError(f"{path}: malformed sample shard: {e}") from e
+    except (*ZIP_ERRORS, KeyError, MemoryError) as e:
+        raise ModelFileError(f"{path}: malformed sample shard: {type(e).__name__}: {e}") from e
     rows = x.shape[0] if x.ndim == 2 else -1
     if (
         x.ndim != 2

@@ -25,6 +25,7 @@ import os
 import pickle
 import struct
 import zipfile
+import zlib
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelFileError, UnsupportedError
+from ..errors import ModelFileError, PowerInferError, UnsupportedError
 
 #: torch storage class name -> numpy dtype of its elements.
 STORAGE_DTYPES: dict[str, np.dtype] = {
@@ -60,6 +61,20 @@ _NP_TO_STORAGE = {
     np.dtype("?"): "BoolStorage",
 }
 MAX_PICKLE_BYTES = 64 << 20
+#: What :mod:`zipfile` raises on a malformed archive besides ``BadZipFile``: a corrupt deflate
+#: stream (``zlib.error``), an unsupported zip version or compression (``NotImplementedError``),
+#: an encrypted entry (``RuntimeError``), short reads and bad fields (the rest).
+ZIP_ERRORS: tuple[type[BaseException], ...] = (
+    zipfile.BadZipFile,
+    zlib.error,
+    NotImplementedError,
+    RuntimeError,
+    EOFError,
+    OSError,
+    ValueError,
+    struct.error,
+    OverflowError,
+)
 
 
 # --------------------------------------------------------------------------- reading
@@ -177,7 +192,7 @@ def load_pt(path: str | os.PathLike[str]) -> Any:
         zf = zipfile.ZipFile(p)
     except FileNotFoundError:
         raise ModelFileError(f"{p}: no such file") from None
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+    except ZIP_ERRORS as e:
         try:
             with open(p, "rb") as f:
                 head = f.read(2)
@@ -187,7 +202,7 @@ def load_pt(path: str | os.PathLike[str]) -> Any:
             raise UnsupportedError(
                 f"{p}: a legacy (pre-zip, torch < 1.6) .pt file; re-save it with a current torch"
             ) from e
-        raise ModelFileError(f"{p}: not a PyTorch .pt (zip) file: {e}") from e
+        raise ModelFileError(f"{p}: not a PyTorch .pt (zip) file: {type(e).__name__}: {e}") from e
     with zf:
         try:
             names = zf.namelist()
@@ -204,23 +219,17 @@ def load_pt(path: str | os.PathLike[str]) -> Any:
             if info.file_size > MAX_PICKLE_BYTES:
                 raise ModelFileError(f"{p}: data.pkl is implausibly large ({info.file_size} B)")
             return _Unpickler(zf.read(pkls[0]), zf, prefix, p).load()
-        except (ModelFileError, UnsupportedError):
+        except PowerInferError:
             raise
         except (
+            *ZIP_ERRORS,
             pickle.UnpicklingError,
-            EOFError,
-            ValueError,
             TypeError,
             KeyError,
             IndexError,
             AttributeError,
-            struct.error,
-            OverflowError,
             MemoryError,
             RecursionError,
-            NotImplementedError,
-            zipfile.BadZipFile,
-            OSError,
         ) as e:
             raise ModelFileError(f"{p}: malformed .pt file: {type(e).__name__}: {e}") from e
 

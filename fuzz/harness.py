@@ -1,0 +1,98 @@
+"""Shared plumbing of the Python fuzz targets (``fuzz/targets/*.py``).
+
+A target module defines ``load() -> one_input`` (the imports of the parser happen inside
+``load`` so atheris can instrument them) and ends with ``if __name__ == "__main__":
+fuzz_main(load)``. ``one_input(data)`` feeds the bytes to one parser's public entry point; a
+:class:`~powerinfer_rs.errors.PowerInferError` is the expected answer to bad bytes, anything
+else escaping ``one_input`` (a raw ``ValueError``, ``KeyError``, ``MemoryError``, a crash or a
+hang) is a finding.
+
+``python fuzz/targets/NAME.py [libFuzzer flags] CORPUS_DIR...`` fuzzes under atheris;
+``python fuzz/targets/NAME.py --replay FILE_OR_DIR...`` only runs the given inputs (no atheris
+needed). The package is the checkout's ``python/`` when its extension is built there, else the
+installed one.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+OneInput = Callable[[bytes], None]
+
+ROOT = Path(__file__).resolve().parent
+REPO = ROOT.parent
+# The checkout's package when its extension is built in place (a development tree), else the
+# installed wheel (CI).
+if any((REPO / "python" / "powerinfer_rs").glob("_core*.so")):
+    sys.path.insert(0, str(REPO / "python"))
+
+_TMP: Path | None = None
+
+
+def tmp_dir() -> Path:
+    """A private scratch folder for this process (in ``/dev/shm`` when there is one)."""
+    global _TMP
+    if _TMP is None:
+        base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        _TMP = Path(tempfile.mkdtemp(prefix="pirs-fuzz-", dir=base))
+    return _TMP
+
+
+def write(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path``, unlinking the old file first: a memory map of the previous
+    input may still be alive, and truncating a mapped file would turn its reads into SIGBUS."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    path.write_bytes(data)
+    return path
+
+
+def temp_file(name: str, data: bytes) -> Path:
+    """``data`` written to ``<scratch>/name``."""
+    return write(tmp_dir() / name, data)
+
+
+def guarded(one_input: OneInput) -> OneInput:
+    """``one_input`` with :class:`PowerInferError` counted as a correct answer."""
+    from powerinfer_rs.errors import PowerInferError
+
+    def run(data: bytes) -> None:
+        try:
+            one_input(data)
+        except PowerInferError:
+            pass
+
+    return run
+
+
+def replay(one_input: OneInput, paths: list[str]) -> int:
+    """Run every file under ``paths``; returns how many inputs ran. Findings propagate."""
+    run = guarded(one_input)
+    n = 0
+    for p in paths:
+        files = sorted(f for f in Path(p).rglob("*") if f.is_file()) if Path(p).is_dir() else [p]
+        for f in files:
+            run(Path(f).read_bytes())
+            n += 1
+    return n
+
+
+def fuzz_main(load: Callable[[], OneInput]) -> None:
+    """The command line of a target (see the module docstring)."""
+    if len(sys.argv) > 1 and sys.argv[1] == "--replay":
+        n = replay(load(), sys.argv[2:])
+        print(f"replayed {n} inputs, no findings")
+        return
+    import atheris
+
+    with atheris.instrument_imports(include=["powerinfer_rs"]):
+        one_input = load()
+    atheris.Setup(sys.argv, guarded(one_input))
+    atheris.Fuzz()

@@ -1,0 +1,102 @@
+"""Regression tests of the fuzzing findings (``fuzz/``): each input the fuzzers found to escape
+as an untyped exception must now end in a typed :class:`PowerInferError`, and every committed
+seed of every Python fuzz target still replays cleanly."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from powerinfer_rs.errors import ModelFileError, PowerInferError
+from powerinfer_rs.formats.samples import SampleWriter, load_samples, shard_path
+from powerinfer_rs.loading.torch_pt import load_pt, save_pt
+
+FUZZ = Path(__file__).resolve().parents[1] / "fuzz"
+
+
+def _patch_central(data: bytes, offset: int, value: bytes) -> bytes:
+    """``data`` (a zip) with ``value`` written at ``offset`` of every central directory
+    record."""
+    out = bytearray(data)
+    pos = out.find(b"PK\x01\x02")
+    while pos >= 0:
+        out[pos + offset : pos + offset + len(value)] = value
+        pos = out.find(b"PK\x01\x02", pos + 4)
+    return bytes(out)
+
+
+def _deflated_garbage(data: bytes) -> bytes:
+    """``data`` (a zip) rewritten with every member deflated and its stream's first byte set
+    to an invalid block type."""
+    src = zipfile.ZipFile(io.BytesIO(data))
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_DEFLATED) as dst:
+        for info in src.infolist():
+            dst.writestr(info.filename, src.read(info), compress_type=zipfile.ZIP_DEFLATED)
+    out = bytearray(buf.getvalue())
+    pos = out.find(b"PK\x03\x04")
+    while pos >= 0:
+        n_name = int.from_bytes(out[pos + 26 : pos + 28], "little")
+        n_extra = int.from_bytes(out[pos + 28 : pos + 30], "little")
+        out[pos + 30 + n_name + n_extra] = 0xFF  # BTYPE 11: reserved, zlib refuses it
+        pos = out.find(b"PK\x03\x04", pos + 4)
+    return bytes(out)
+
+
+#: (what, zip mutation): each made load_pt / np.load raise an untyped exception before the fix.
+BAD_ZIPS = [
+    # found by fuzz_torch_pt / fuzz_powerinfer_dirs: NotImplementedError("zip file version 25.5")
+    ("zip version", lambda b: _patch_central(b, 6, b"\xff")),
+    # RuntimeError("File ... is encrypted, password required for extraction")
+    ("encrypted", lambda b: _patch_central(b, 8, b"\x01")),
+    # zlib.error("Error -3 while decompressing data: invalid block type")
+    ("bad deflate", _deflated_garbage),
+]
+
+
+@pytest.mark.parametrize("what,mutate", BAD_ZIPS, ids=[w for w, _ in BAD_ZIPS])
+def test_malformed_pt_zip_is_model_file_error(tmp_path, what, mutate):
+    good = save_pt(tmp_path / "x.pt", {"w": np.ones((2, 3), np.float32)}).read_bytes()
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(mutate(good))
+    with pytest.raises(ModelFileError, match="pt"):
+        load_pt(bad)
+
+
+@pytest.mark.parametrize("what,mutate", BAD_ZIPS, ids=[w for w, _ in BAD_ZIPS])
+def test_malformed_sample_shard_is_model_file_error(tmp_path, what, mutate):
+    with SampleWriter(tmp_path, 1, 4, 8, shard_rows=2) as w:
+        w.add(0, np.ones((2, 4), np.float32), np.eye(2, 8, dtype=bool))
+    shard = shard_path(tmp_path / "samples", 0, 0)
+    shard.write_bytes(mutate(shard.read_bytes()))
+    with pytest.raises(ModelFileError, match="malformed sample shard"):
+        load_samples(tmp_path, 0)
+
+
+def _targets() -> list[Path]:
+    return sorted((FUZZ / "targets").glob("fuzz_*.py"))
+
+
+@pytest.mark.parametrize("target", _targets(), ids=lambda p: p.stem[len("fuzz_") :])
+def test_fuzz_seeds_replay(target):
+    """Every committed seed (valid files and past findings' inputs) of every Python target
+    ends in a result or a PowerInferError."""
+    spec = importlib.util.spec_from_file_location(f"_fuzz_{target.stem}", target)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    one_input = mod.load()
+    seeds = sorted((FUZZ / "seeds" / target.stem[len("fuzz_") :]).iterdir())
+    assert seeds, f"no seeds for {target.name}"
+    valid = 0
+    for seed in seeds:
+        try:
+            one_input(seed.read_bytes())
+            valid += 1
+        except PowerInferError:
+            assert seed.name.startswith("regress-"), f"seed {seed.name} does not load"
+    assert valid, "no seed loads"
