@@ -100,3 +100,50 @@ def test_fuzz_seeds_replay(target):
         except PowerInferError:
             assert seed.name.startswith("regress-"), f"seed {seed.name} does not load"
     assert valid, "no seed loads"
+
+
+DEEP = "[" * 100_000  # json raises RecursionError (not a ValueError) on this
+
+
+def test_deeply_nested_json_is_a_typed_error(tmp_path):
+    """Every JSON reader of untrusted files: a nesting deeper than the interpreter's recursion
+    limit used to escape as a raw RecursionError."""
+    from powerinfer_rs.errors import PlanError
+    from powerinfer_rs.formats.samples import read_meta
+    from powerinfer_rs.formats.thresholds import load_thresholds
+    from powerinfer_rs.loading.hf_loader import load_json
+    from powerinfer_rs.loading.powerinfer_dirs import read_sparse_threshold
+    from powerinfer_rs.loading.safetensors_mmap import read_safetensors
+    from powerinfer_rs.planning.hardware_profile import load_hardware
+
+    j = tmp_path / "deep.json"
+    j.write_text(DEEP)
+    with pytest.raises(ModelFileError, match="thresholds"):
+        load_thresholds(j)
+    with pytest.raises(ModelFileError, match="JSON"):
+        load_json(j)
+    with pytest.raises(PlanError, match="hardware profile"):
+        load_hardware(j)
+    (tmp_path / "config.json").write_text(DEEP)
+    with pytest.raises(ModelFileError, match="unreadable"):
+        read_sparse_threshold(tmp_path)
+    (tmp_path / "samples").mkdir()
+    (tmp_path / "samples" / "meta.json").write_text(DEEP)
+    with pytest.raises(ModelFileError, match="unreadable"):
+        read_meta(tmp_path)
+    header = DEEP.encode()
+    st = tmp_path / "deep.safetensors"
+    st.write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(ModelFileError, match="not valid JSON"):
+        read_safetensors(st)
+
+
+def test_deeply_nested_predictor_metadata_is_a_typed_error(tmp_path):
+    from safetensors.numpy import save_file
+
+    from powerinfer_rs.formats.predictors import FORMAT, load_predictors
+
+    p = tmp_path / "p.safetensors"
+    save_file({}, str(p), {"format": FORMAT, "layers": DEEP})
+    with pytest.raises(ModelFileError, match="malformed predictor metadata"):
+        load_predictors(p)

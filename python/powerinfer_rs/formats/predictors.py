@@ -95,7 +95,7 @@ def load_predictors(path: str | os.PathLike[str]) -> PredictorSet:
         extra = json.loads(meta.get("extra") or "{}")
         target = meta.get("recall_target") or None
         target = float(target) if target is not None else None
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, RecursionError) as e:
         raise ModelFileError(f"{p}: malformed predictor metadata: {e}") from e
     if not isinstance(stats, dict) or not isinstance(extra, dict):
         raise ModelFileError(f"{p}: malformed predictor metadata (layers/extra not objects)")

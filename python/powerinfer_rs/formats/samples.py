@@ -197,7 +197,7 @@ def read_meta(dir: str | os.PathLike[str]) -> dict[str, Any]:
         meta = json.loads(path.read_text())
     except FileNotFoundError:
         raise ModelFileError(f"{sdir}: no predictor samples here (missing {META_NAME})") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ModelFileError(f"{path}: unreadable: {e}") from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ModelFileError(f"{path}: not a {FORMAT} metadata file")

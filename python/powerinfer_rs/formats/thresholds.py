@@ -149,7 +149,7 @@ def load_thresholds(path: str | os.PathLike[str], model: Any = None) -> Threshol
             doc = json.load(f)
     except FileNotFoundError:
         raise ModelFileError(f"{source}: no such threshold file") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise ModelFileError(f"{source}: cannot read thresholds: {e}") from None
     if not isinstance(doc, dict) or "thresholds" not in doc:
         raise ModelFileError(f"{source}: not a threshold file (no 'thresholds' list)")

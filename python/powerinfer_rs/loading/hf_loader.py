@@ -46,7 +46,7 @@ def load_json(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ModelFileError(f"{os.fspath(path)}: cannot read JSON: {e}") from e
     if not isinstance(obj, dict):
         raise ModelFileError(f"{os.fspath(path)}: expected a JSON object")

@@ -64,7 +64,7 @@ def read_sparse_threshold(dir: str | os.PathLike[str]) -> float:
         return 0.0
     try:
         data = json.loads(cfg.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ModelFileError(f"{cfg}: unreadable: {e}") from e
     if not isinstance(data, dict):
         raise ModelFileError(f"{cfg}: not a JSON object")

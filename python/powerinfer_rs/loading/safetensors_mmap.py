@@ -50,7 +50,7 @@ def read_header(path: str | os.PathLike[str]) -> tuple[dict, int, int]:
         raise ModelFileError(f"{p}: cannot read: {e}") from e
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ModelFileError(f"{p}: safetensors header is not valid JSON: {e}") from e
     if not isinstance(header, dict):
         raise ModelFileError(f"{p}: safetensors header is not a JSON object")
