@@ -147,3 +147,50 @@ def test_deeply_nested_predictor_metadata_is_a_typed_error(tmp_path):
     save_file({}, str(p), {"format": FORMAT, "layers": DEEP})
     with pytest.raises(ModelFileError, match="malformed predictor metadata"):
         load_predictors(p)
+
+
+def test_powerinfer_gguf_non_finite_values_are_typed_errors(tmp_path):
+    """A PWRI file whose sparse threshold or predictor weights are NaN / infinite used to load,
+    and its predictor then skipped every neuron silently (``idx >= nan`` is never true)."""
+    from powerinfer_rs.loading.powerinfer_gguf import load_powerinfer_gguf
+    from powerinfer_rs.testing.powerinfer_files import random_predictors, write_powerinfer_gguf
+
+    shape = dict(dim=8, ffn=16, layers=1, heads=2, kv_heads=1, vocab=260)
+    nan_thr = write_powerinfer_gguf(tmp_path / "t.gguf", **shape, sparse_threshold=float("nan"))
+    with pytest.raises(ModelFileError, match="sparse_threshold must be a finite number"):
+        load_powerinfer_gguf(nan_thr)
+    preds = random_predictors(1, 8, 16, 2)
+    preds[0].fc2[3, 1] = np.inf
+    inf_w = write_powerinfer_gguf(tmp_path / "w.gguf", **shape, predictors=preds)
+    with pytest.raises(ModelFileError, match="non-finite predictor weights"):
+        load_powerinfer_gguf(inf_w)
+
+
+@pytest.mark.parametrize("key", ["rms_eps", "rope_theta"])
+def test_infinite_norm_eps_or_rope_base_is_a_shape_error(key):
+    """``llama.attention.layer_norm_rms_epsilon`` / ``llama.rope.freq_base`` = inf passed the
+    ``> 0`` check (norms then output zeros)."""
+    import dataclasses
+
+    from powerinfer_rs.errors import ShapeError
+    from powerinfer_rs.loading.types import ModelConfig
+
+    cfg = ModelConfig(
+        arch="llama",
+        n_layers=1,
+        dim=8,
+        ffn_dim=16,
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=4,
+        vocab_size=260,
+        max_context=64,
+        rms_eps=1e-5,
+        rope_theta=1e4,
+        rope_style="norm",
+        activation="relu",
+        bos_token_id=None,
+    )
+    cfg.validate()
+    with pytest.raises(ShapeError, match="positive and finite"):
+        dataclasses.replace(cfg, **{key: float("inf")}).validate()

@@ -28,6 +28,7 @@ What SJTU-IPADS/PowerInfer writes and reads (paths in that repository):
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,8 +104,14 @@ def load_powerinfer_gguf(
     # PowerInfer's sparse FFN is ReLU-only and its files carry no activation key
     meta.setdefault(ACTIVATION_KEY, "relu")
     thr_meta = meta.get(SPARSE_THRESHOLD_KEY, 0.0)
-    if isinstance(thr_meta, bool) or not isinstance(thr_meta, (int, float)):
-        raise ModelFileError(f"{p}: {SPARSE_THRESHOLD_KEY} must be a number, got {thr_meta!r}")
+    if (
+        isinstance(thr_meta, bool)
+        or not isinstance(thr_meta, (int, float))
+        or not math.isfinite(thr_meta)
+    ):
+        raise ModelFileError(
+            f"{p}: {SPARSE_THRESHOLD_KEY} must be a finite number, got {thr_meta!r}"
+        )
     thr = float(thr_meta if threshold is None else threshold)
     tok = Tokenizer.from_gguf(meta)
     cfg = config_from_metadata(meta, tok)
@@ -132,6 +139,8 @@ def load_powerinfer_gguf(
                 f"{fc2.rows}}} (GGUF dims) do not fit n_embd {cfg.dim}, n_ff {cfg.ffn_dim}"
             )
         w1, w2 = dequantize_tensor(fc1), dequantize_tensor(fc2)
+        if not (np.isfinite(w1).all() and np.isfinite(w2).all()):
+            raise ModelFileError(f"{p}: layer {i}: non-finite predictor weights (fc1/fc2)")
         layers[i] = LayerPredictor(
             w1, w2, thr, {"rank": fc1.rows, "source": "powerinfer-gguf", "dtype": fc1.dtype}
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -159,9 +160,10 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ShapeError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        if not (self.rms_eps > 0 and self.rope_theta > 0):
+        if not (0 < self.rms_eps < math.inf and 0 < self.rope_theta < math.inf):
             raise ShapeError(
-                f"rms_eps and rope_theta must be positive, got {self.rms_eps}, {self.rope_theta}"
+                "rms_eps and rope_theta must be positive and finite, got "
+                f"{self.rms_eps}, {self.rope_theta}"
             )
         if self.rope_style not in ROPE_STYLES:
             raise UnsupportedError(f"rope style {self.rope_style!r} (supported: {ROPE_STYLES})")
