@@ -96,3 +96,28 @@ def fuzz_main(load: Callable[[], OneInput]) -> None:
         one_input = load()
     atheris.Setup(sys.argv, guarded(one_input))
     atheris.Fuzz()
+
+
+def plan_shape():
+    """The model the plan seeds are made for (``make_seeds.py``) and the plan target checks
+    plans against: 2 layers of 16 neurons, fingerprint ``fp``."""
+    from powerinfer_rs.loading.types import ModelConfig
+    from powerinfer_rs.planning.model_shape import ModelShape
+
+    cfg = ModelConfig(
+        arch="llama",
+        n_layers=2,
+        dim=32,
+        ffn_dim=16,
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=16,
+        vocab_size=64,
+        max_context=64,
+        rms_eps=1e-5,
+        rope_theta=1e4,
+        rope_style="norm",
+        activation="relu",
+        bos_token_id=None,
+    )
+    return ModelShape.from_config(cfg, "Q8_0", fingerprint="fp")

@@ -24,8 +24,6 @@ from powerinfer_rs.formats.profile import write_profile  # noqa: E402
 from powerinfer_rs.formats.samples import SampleWriter, shard_path  # noqa: E402
 from powerinfer_rs.formats.thresholds import ThresholdFile, save_thresholds  # noqa: E402
 from powerinfer_rs.loading.torch_pt import save_pt  # noqa: E402
-from powerinfer_rs.planning.placement import Placement  # noqa: E402
-from powerinfer_rs.planning.predictor_size import PredictorSizes  # noqa: E402
 from powerinfer_rs.predictors.model import LayerPredictor, PredictorSet  # noqa: E402
 from powerinfer_rs.testing.powerinfer_files import write_powerinfer_gguf  # noqa: E402
 
@@ -61,20 +59,17 @@ def tiny_gguf(path: Path, powerinfer: bool) -> None:
 
 
 def tiny_plan() -> Plan:
-    """A 2-layer, 16-neuron plan (the Rust seeds prefix it with those two numbers)."""
-    return Plan(
-        model_fingerprint="fp",
-        ffn_dim=16,
-        gpu_neurons=[np.array([1, 2, 3, 4, 5]), np.array([], dtype=np.int64)],
-        placement=Placement([True, False], [False, True], [2, 0], True),
-        bucket=4,
-        context=32,
-        objective="tokens_per_s",
-        budget_bytes=1000,
-        hardware={"name": "seed"},
-        predictors=PredictorSizes([[10, 20], [10, 20]], [8, 12]),
-        bytes={"gpu": {"total": 900}},
-        min_neurons=[0, 0],
+    """A plan for :func:`harness.plan_shape` (2 layers of 16 neurons; the Rust seeds prefix it
+    with those two numbers), part of it on the GPU."""
+    from harness import plan_shape
+
+    from powerinfer_rs.formats.profile import synthetic_profile
+    from powerinfer_rs.planning import load_hardware, make_plan
+
+    profile = synthetic_profile(2, 16, 100, seed=0, model_fingerprint="fp")
+    hw = load_hardware("rtx4090")
+    return make_plan(
+        plan_shape(), profile, hw, 22_000, bucket=4, context=32, min_neurons=0, solver="greedy"
     )
 
 
