@@ -194,3 +194,52 @@ def test_infinite_norm_eps_or_rope_base_is_a_shape_error(key):
     cfg.validate()
     with pytest.raises(ShapeError, match="positive and finite"):
         dataclasses.replace(cfg, **{key: float("inf")}).validate()
+
+
+def _plan_variant(tmp_path, edit):
+    """The plan seed with its ``plan`` JSON edited by ``edit``."""
+    import json
+
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    with safe_open(str(FUZZ / "seeds" / "plan" / "plan-l2-f16.safetensors"), "numpy") as f:
+        meta, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+    j = json.loads(meta["plan"])
+    edit(j)
+    meta["plan"] = json.dumps(j)
+    out = tmp_path / "plan.safetensors"
+    save_file(tensors, str(out), meta)
+    return out
+
+
+PLAN_EDITS = {
+    # IndexError in the GPU byte accounting of load_plan(path, model) before the fix
+    "short predictor flags": lambda j: j["placement"].update(predictor=[True]),
+    "short allocations": lambda j: j["predictors"].update(allocations=[[1, 2]]),
+    "short ranks": lambda j: j["predictors"].update(ranks=[1]),
+    "empty allocation": lambda j: j["predictors"].update(allocations=[[], []]),
+    "negative allocation": lambda j: j["predictors"].update(allocations=[[-5, 2], [1, 2]]),
+    # silently truncated by int() before the fix (the engine's Rust reader refuses them)
+    "float bucket": lambda j: j.update(bucket=2.5),
+    "float ffn_buckets": lambda j: j["placement"].update(ffn_buckets=[3.7, 3]),
+    "bool context": lambda j: j.update(context=True),
+}
+
+
+@pytest.mark.parametrize("what", list(PLAN_EDITS))
+def test_malformed_plan_placement_is_plan_error(tmp_path, what):
+    import sys
+
+    from powerinfer_rs.errors import PlanError
+    from powerinfer_rs.formats.plan import load_plan
+
+    sys.path.insert(0, str(FUZZ))
+    from harness import plan_shape
+
+    path = _plan_variant(tmp_path, lambda j: None)
+    load_plan(path, plan_shape(), 1 << 30)  # the seed itself is good
+    path = _plan_variant(tmp_path, PLAN_EDITS[what])
+    for args in ((), (plan_shape(), 1 << 30)):
+        with pytest.raises(PlanError, match=str(path)):
+            load_plan(path, *args)
