@@ -84,8 +84,41 @@ def replay(one_input: OneInput, paths: list[str]) -> int:
     return n
 
 
-def fuzz_main(load: Callable[[], OneInput]) -> None:
-    """The command line of a target (see the module docstring)."""
+def safetensors_mutator(data: bytes, max_size: int, seed: int) -> bytes:
+    """A structure-aware libFuzzer mutator for safetensors files: besides plain byte mutations,
+    mutate only the JSON header, only one ``__metadata__`` string (the plan's JSON lives in
+    one), or only the tensor bytes, keeping the 8-byte header length consistent, so mutations
+    reach the checks behind the header parse."""
+    import json
+
+    import atheris
+
+    how = seed % 4
+    n = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
+    if how == 0 or not 0 <= n <= len(data) - 8:
+        return atheris.Mutate(data, max_size)
+    header, body = data[8 : 8 + n], data[8 + n :]
+    if how == 1:
+        header = atheris.Mutate(header, max(len(header) * 2, 64))
+    elif how == 2:
+        try:
+            doc = json.loads(header)
+            meta = doc["__metadata__"]
+            key = sorted(meta)[(seed >> 2) % len(meta)]
+            raw = meta[key].encode()
+            meta[key] = atheris.Mutate(raw, max(len(raw) * 2, 64)).decode("utf-8", "replace")
+            header = json.dumps(doc).encode()
+        except (ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError):
+            return atheris.Mutate(data, max_size)
+    else:
+        body = atheris.Mutate(body, max(len(body) * 2, 64))
+    out = len(header).to_bytes(8, "little") + header + body
+    return out[:max_size]
+
+
+def fuzz_main(load: Callable[[], OneInput], *, mutator: Callable | None = None) -> None:
+    """The command line of a target (see the module docstring); ``mutator`` is an optional
+    structure-aware libFuzzer mutator (e.g. :func:`safetensors_mutator`)."""
     if len(sys.argv) > 1 and sys.argv[1] == "--replay":
         n = replay(load(), sys.argv[2:])
         print(f"replayed {n} inputs, no findings")
@@ -94,7 +127,10 @@ def fuzz_main(load: Callable[[], OneInput]) -> None:
 
     with atheris.instrument_imports(include=["powerinfer_rs"]):
         one_input = load()
-    atheris.Setup(sys.argv, guarded(one_input))
+    if mutator is None:
+        atheris.Setup(sys.argv, guarded(one_input))
+    else:
+        atheris.Setup(sys.argv, guarded(one_input), custom_mutator=mutator)
     atheris.Fuzz()
 
 

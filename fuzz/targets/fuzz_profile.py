@@ -4,7 +4,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness import fuzz_main, temp_file  # noqa: E402
+from harness import fuzz_main, safetensors_mutator, temp_file  # noqa: E402
 
 
 def load():
@@ -17,4 +17,4 @@ def load():
 
 
 if __name__ == "__main__":
-    fuzz_main(load)
+    fuzz_main(load, mutator=safetensors_mutator)
