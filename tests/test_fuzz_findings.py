@@ -243,3 +243,24 @@ def test_malformed_plan_placement_is_plan_error(tmp_path, what):
     for args in ((), (plan_shape(), 1 << 30)):
         with pytest.raises(PlanError, match=str(path)):
             load_plan(path, *args)
+
+
+def test_non_ascii_digit_layer_names_are_typed_errors(tmp_path):
+    """``"²".isdigit()`` is true but ``int("²")`` raises ValueError: a tensor ``blk.².fc1``
+    used to escape as a raw ValueError from both predictor readers."""
+    from safetensors.numpy import save_file
+
+    from powerinfer_rs.formats.predictors import FORMAT, load_predictors
+    from powerinfer_rs.loading.powerinfer_gguf import load_powerinfer_gguf
+    from powerinfer_rs.testing.powerinfer_files import random_predictors, write_powerinfer_gguf
+
+    p = tmp_path / "p.safetensors"
+    one = np.ones((1, 1), np.float32)
+    save_file({"blk.².fc1": one}, str(p), {"format": FORMAT})
+    with pytest.raises(ModelFileError, match="unexpected tensor"):
+        load_predictors(p)
+    shape = dict(dim=8, ffn=16, layers=1, heads=2, kv_heads=1, vocab=260)
+    preds = {"²": random_predictors(1, 8, 16, 2)[0]}
+    g = write_powerinfer_gguf(tmp_path / "g.gguf", **shape, predictors=preds)
+    with pytest.raises(ModelFileError, match="bad predictor tensor name"):
+        load_powerinfer_gguf(g)

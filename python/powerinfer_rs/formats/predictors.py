@@ -103,7 +103,7 @@ def load_predictors(path: str | os.PathLike[str]) -> PredictorSet:
     indices = set()
     for name in raw:
         parts = name.split(".")
-        if len(parts) != 3 or parts[0] != "blk" or not parts[1].isdigit():
+        if len(parts) != 3 or parts[0] != "blk" or not (parts[1].isascii() and parts[1].isdigit()):
             raise ModelFileError(f"{p}: unexpected tensor {name!r}")
         if parts[2] not in ("fc1", "fc2", "threshold"):
             raise ModelFileError(f"{p}: unexpected tensor {name!r}")

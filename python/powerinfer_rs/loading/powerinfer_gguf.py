@@ -120,7 +120,7 @@ def load_powerinfer_gguf(
     for name in list(tensors):
         parts = name.split(".")
         if len(parts) == 3 and parts[0] == "blk" and parts[2] in ("fc1", "fc2"):
-            if not parts[1].isdigit():
+            if not (parts[1].isascii() and parts[1].isdigit()):
                 raise ModelFileError(f"{p}: bad predictor tensor name {name!r}")
             preds_raw.setdefault(int(parts[1]), {})[parts[2]] = tensors.pop(name)
     if "output" not in tensors and "token_embd" in tensors:
