@@ -264,3 +264,19 @@ def test_non_ascii_digit_layer_names_are_typed_errors(tmp_path):
     g = write_powerinfer_gguf(tmp_path / "g.gguf", **shape, predictors=preds)
     with pytest.raises(ModelFileError, match="bad predictor tensor name"):
         load_powerinfer_gguf(g)
+
+
+@pytest.mark.parametrize(
+    "ffn", [np.array([8, 8]), np.array([[8]]), np.array(8 + 0j), np.array(8.0)], ids=str
+)
+def test_sample_shard_ffn_must_be_an_integer_scalar(tmp_path, ffn):
+    """A shard whose ``ffn`` entry is an array or a complex number raised a raw TypeError from
+    ``int()``; a float was silently truncated."""
+    with SampleWriter(tmp_path, 1, 4, 8, shard_rows=2) as w:
+        w.add(0, np.ones((2, 4), np.float32), np.eye(2, 8, dtype=bool))
+    shard = shard_path(tmp_path / "samples", 0, 0)
+    with np.load(shard) as z:
+        x, mask = z["x"], z["mask"]
+    np.savez(shard, x=x, mask=mask, ffn=ffn)
+    with pytest.raises(ModelFileError, match="ffn must be an integer scalar"):
+        load_samples(tmp_path, 0)

@@ -228,9 +228,11 @@ def _read_shard(path: Path, dim: int, ffn: int) -> tuple[np.ndarray, np.ndarray]
         with np.load(path, allow_pickle=False) as z:
             x = np.asarray(z["x"])
             packed = np.asarray(z["mask"])
-            n_ffn = int(z["ffn"]) if "ffn" in z.files else ffn
+            n_ffn = np.asarray(z["ffn"]) if "ffn" in z.files else np.int64(ffn)
     except (*ZIP_ERRORS, KeyError, MemoryError) as e:
         raise ModelFileError(f"{path}: malformed sample shard: {type(e).__name__}: {e}") from e
+    if n_ffn.shape != () or n_ffn.dtype.kind not in "iu":
+        raise ModelFileError(f"{path}: shard's ffn must be an integer scalar, got {n_ffn!r:.80}")
     rows = x.shape[0] if x.ndim == 2 else -1
     if (
         x.ndim != 2
