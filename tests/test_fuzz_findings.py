@@ -280,3 +280,43 @@ def test_sample_shard_ffn_must_be_an_integer_scalar(tmp_path, ffn):
     np.savez(shard, x=x, mask=mask, ffn=ffn)
     with pytest.raises(ModelFileError, match="ffn must be an integer scalar"):
         load_samples(tmp_path, 0)
+
+
+def _pt_with_view(path: Path, size: tuple[int, ...], stride: tuple[int, ...]) -> Path:
+    """A .pt file holding one float32 tensor of 4 stored elements viewed with ``size`` and
+    ``stride`` (written opcode by opcode as ``save_pt`` does)."""
+    from powerinfer_rs.loading import torch_pt as tp
+
+    pid = tp._tuple(
+        [
+            tp._unicode("storage"),
+            tp._global("torch", "FloatStorage"),
+            tp._unicode("0"),
+            tp._unicode("cpu"),
+            tp._intop(4),
+        ]
+    )
+    args = tp._tuple(
+        [
+            pid + b"Q",
+            tp._intop(0),
+            tp._tuple([tp._intop(d) for d in size]),
+            tp._tuple([tp._intop(s) for s in stride]),
+            b"\x89",
+            tp._global("collections", "OrderedDict") + b")R",
+        ]
+    )
+    pkl = b"\x80\x02" + tp._global("torch._utils", "_rebuild_tensor_v2") + args + b"R."
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("t/data.pkl", pkl)
+        zf.writestr("t/data/0", np.arange(4, dtype=np.float32).tobytes())
+    return path
+
+
+def test_pt_expanded_view_is_refused(tmp_path):
+    """A stride-0 view let a 300-byte file ask for a 1.6 GB tensor (a memory blow-up, the
+    fuzzer's out-of-memory kind of finding); now only views within the storage load."""
+    ok = load_pt(_pt_with_view(tmp_path / "ok.pt", (2, 2), (2, 1)))
+    assert ok.tolist() == [[0, 1], [2, 3]]
+    with pytest.raises(ModelFileError, match="more elements than its storage"):
+        load_pt(_pt_with_view(tmp_path / "big.pt", (20_000, 20_000), (0, 0)))

@@ -21,6 +21,7 @@ make PowerInfer-style files that ``torch.load`` reads.
 from __future__ import annotations
 
 import io
+import math
 import os
 import pickle
 import struct
@@ -110,6 +111,13 @@ def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *_: Any) 
     if any(s < 0 for s in shape) or any(s < 0 for s in strides) or off < 0:
         raise ModelFileError(f"negative tensor size/stride/offset: {shape} {strides} {off}")
     n = storage.array.size
+    if math.prod(shape) > n:
+        # only an overlapping view (a stride of 0, torch's expand) has more elements than its
+        # storage; tensor files never need one, and a few bytes could ask for gigabytes
+        raise ModelFileError(
+            f"tensor of size {shape} has more elements than its storage of {n} (overlapping "
+            "or expanded views are not supported)"
+        )
     if 0 not in shape:
         last = off + sum((d - 1) * st for d, st in zip(shape, strides))
         if last >= n:
