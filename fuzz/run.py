@@ -80,7 +80,7 @@ def run_one(name: str, kind: str, seconds: int, timeout: int, log_dir: Path) -> 
         cmd = [sys.executable, str(ROOT / "targets" / f"fuzz_{name}.py"), *flags]
         cmd += [str(corpus), str(seeds)]
     else:
-        cmd = ["cargo", "+nightly", "fuzz", "run", "-O", name, str(corpus), str(seeds)]
+        cmd = ["cargo", "+nightly", "fuzz", "run", "-O", "-a", name, str(corpus), str(seeds)]
         cmd += ["--", *flags]
     log = log_dir / f"{name}.log"
     t0 = time.monotonic()
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.python_only:
         why = rust_available()
         if why is None:
-            build = subprocess.run(["cargo", "+nightly", "fuzz", "build", "-O"], cwd=ROOT)
+            build = subprocess.run(["cargo", "+nightly", "fuzz", "build", "-O", "-a"], cwd=ROOT)
             if build.returncode != 0:
                 print("cargo fuzz build failed", file=sys.stderr)
                 return 1

@@ -3,12 +3,61 @@
 //! (`crates/engine/tests/fuzz_seeds.rs`). Each function panics on a finding: an untyped error,
 //! a broken invariant, or a silent NaN.
 
-use powerinfer_core::{Buffer, DType, Error, PlanFile, Weight};
+use powerinfer_core::testing::tiny_config;
+use powerinfer_core::{Activation, Buffer, DType, Error, PlanFile, Weight};
+use powerinfer_cuda::alloc_plan::total_bytes;
+use powerinfer_cuda::{gpu_allocations, LayerTensors, ModelTensors};
 use powerinfer_engine::weights::first_non_finite_row;
 
-/// `PlanFile::from_safetensors` (and the neuron table inside it). Input: byte 0 = layer count
-/// (mod 8), byte 1 = neurons per layer, then the file's bytes. Every input must end in a `Plan`
-/// error or a plan that passes its own invariants.
+fn zeros(dtype: DType, rows: usize, cols: usize) -> Weight {
+    let bytes = vec![0u8; rows * dtype.row_bytes(cols).unwrap()];
+    Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
+}
+
+/// The device allocation list the engine derives from a parsed plan, on a tiny model of
+/// `n_layers` layers of `ffn` neurons: it must be a typed error or a list whose sizes add up
+/// without overflowing.
+fn allocations(plan: &PlanFile, n_layers: usize, ffn: usize) {
+    let mut config = tiny_config(Activation::Relu);
+    (config.n_layers, config.ffn_dim) = (n_layers, ffn);
+    let (dim, kv_dim) = (config.dim, config.kv_dim());
+    let (q, kv, o) = (
+        zeros(DType::Q4_0, dim, dim),
+        zeros(DType::Q4_0, kv_dim, dim),
+        zeros(DType::Q4_0, dim, dim),
+    );
+    let (gate, up) = (zeros(DType::Q8_0, ffn, dim), zeros(DType::F16, ffn, dim));
+    let out = zeros(DType::Q8_0, config.vocab_size, dim);
+    let layer = LayerTensors {
+        wq: &q,
+        wk: &kv,
+        wv: &kv,
+        wo: &o,
+        gate: &gate,
+        up: &up,
+        down_t: DType::Q8_0,
+    };
+    let model = ModelTensors {
+        config: &config,
+        layers: vec![layer; n_layers],
+        output: &out,
+    };
+    match gpu_allocations(&model, plan) {
+        Ok(list) => {
+            let sum = list
+                .iter()
+                .try_fold(0usize, |acc, (_, b)| acc.checked_add(*b));
+            assert_eq!(sum, Some(total_bytes(&list)), "allocation sizes overflow");
+        }
+        Err(Error::Plan(_) | Error::Shape(_) | Error::Unsupported(_)) => {}
+        Err(e) => panic!("untyped allocation error: {e:?}"),
+    }
+}
+
+/// `PlanFile::from_safetensors` (and the neuron table inside it), then the GPU allocation list
+/// the engine derives from it. Input: byte 0 = layer count (mod 8), byte 1 = neurons per layer,
+/// then the file's bytes. Every input must end in a `Plan` error or a plan that passes its own
+/// invariants and sizes its allocations without overflow.
 pub fn plan_file(data: &[u8]) {
     let [l, f, bytes @ ..] = data else { return };
     let (n_layers, ffn) = (usize::from(*l % 8), usize::from(*f));
@@ -20,6 +69,7 @@ pub fn plan_file(data: &[u8]) {
                 assert_eq!(plan.n_slabs(i), plan.ffn_buckets[i]);
             }
             let _ = plan.uses_gpu();
+            allocations(&plan, n_layers, ffn);
         }
         Err(Error::Plan(_)) => {}
         Err(e) => panic!("untyped plan-file error: {e:?}"),
