@@ -320,3 +320,66 @@ def test_pt_expanded_view_is_refused(tmp_path):
     assert ok.tolist() == [[0, 1], [2, 3]]
     with pytest.raises(ModelFileError, match="more elements than its storage"):
         load_pt(_pt_with_view(tmp_path / "big.pt", (20_000, 20_000), (0, 0)))
+
+
+BIG = "1" + "0" * 400  # a JSON integer too large for a float: float() raises OverflowError
+
+
+def test_json_numbers_out_of_float_range_are_typed_errors(tmp_path):
+    """Integers beyond the float range (OverflowError from float()), non-list ``architectures``
+    (TypeError from iterating an int) and huge dimensions (ValueError from numpy) used to
+    escape the JSON readers untyped."""
+    import json
+
+    from powerinfer_rs.formats.samples import read_meta
+    from powerinfer_rs.formats.thresholds import load_thresholds
+    from powerinfer_rs.loading.hf_loader import config_from_hf
+    from powerinfer_rs.loading.powerinfer_dirs import read_sparse_threshold
+
+    t = tmp_path / "t.json"
+    for doc in (
+        f'{{"thresholds": [{BIG}]}}',
+        f'{{"thresholds": [0.1], "target_sparsity": {BIG}}}',
+        f'{{"thresholds": [0.1], "measured_sparsity": [{BIG}]}}',
+    ):
+        t.write_text(doc)
+        with pytest.raises(ModelFileError, match="out of range"):
+            load_thresholds(t)
+    (tmp_path / "config.json").write_text(f'{{"sparse_threshold": {BIG}}}')
+    with pytest.raises(ModelFileError, match="finite number"):
+        read_sparse_threshold(tmp_path)
+    base = {
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 1,
+        "intermediate_size": 128,
+        "vocab_size": 300,
+    }
+    config_from_hf(base).validate()
+    for bad in ({"architectures": 5}, {"rope_theta": int(BIG)}, {"rms_norm_eps": int(BIG)}):
+        with pytest.raises(ModelFileError, match="config.json"):
+            config_from_hf({**base, **bad})
+    with SampleWriter(tmp_path / "s", 1, 4, 8) as w:
+        w.add(0, np.ones((1, 4)), np.ones((1, 8)))
+    meta_path = tmp_path / "s" / "samples" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    for key in ("dim", "ffn_dim"):
+        meta_path.write_text(json.dumps({**meta, key: 10**30}))
+        with pytest.raises(ModelFileError, match=f"{key} must be an integer in"):
+            read_meta(tmp_path / "s")
+
+
+def test_profile_token_count_beyond_int64_is_a_typed_error(tmp_path):
+    """A 400-digit ``tokens`` loaded, and ``frequencies()`` then raised OverflowError."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    from powerinfer_rs.formats.profile import read_profile, write_profile
+
+    p = write_profile(tmp_path, [np.arange(4)], 10)
+    with safe_open(str(p), "numpy") as f:
+        meta, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+    save_file(tensors, str(p), {**meta, "tokens": BIG})
+    with pytest.raises(ModelFileError, match="tokens must be in"):
+        read_profile(p)

@@ -31,6 +31,8 @@ from ..loading.torch_pt import ZIP_ERRORS
 
 FORMAT = "powerinfer-rs-samples/1"
 META_NAME = "meta.json"
+#: Largest layer count or width a samples folder may declare (far beyond any model).
+MAX_DIM = 1 << 40
 _SHARD_RE = re.compile(r"^shard_(\d{5,})\.npz$")
 
 
@@ -203,8 +205,8 @@ def read_meta(dir: str | os.PathLike[str]) -> dict[str, Any]:
         raise ModelFileError(f"{path}: not a {FORMAT} metadata file")
     for key in ("n_layers", "dim", "ffn_dim"):
         v = meta.get(key)
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise ModelFileError(f"{path}: {key} must be a positive integer, got {v!r}")
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= MAX_DIM:
+            raise ModelFileError(f"{path}: {key} must be an integer in [1, {MAX_DIM}], got {v!r}")
     if not isinstance(meta.get("metadata", {}), dict):
         raise ModelFileError(f"{path}: metadata must be an object")
     meta["dir"] = str(sdir)

@@ -104,6 +104,8 @@ def _ids(v: Any) -> list[int]:
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     """Build a :class:`ModelConfig` from a parsed ``config.json`` (token ids filled later)."""
     archs = cfg.get("architectures") or []
+    if not isinstance(archs, list):
+        raise ModelFileError(f"config.json: 'architectures' must be a list, got {archs!r:.80}")
     mtype = cfg.get("model_type")
     if not any(a in SUPPORTED_ARCHITECTURES for a in archs) and mtype not in SUPPORTED_MODEL_TYPES:
         raise UnsupportedError(
@@ -122,8 +124,8 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     rope_theta = cfg.get("rope_theta", 10000.0)
     eps = cfg.get("rms_norm_eps", 1e-6)
     for k, v in (("rope_theta", rope_theta), ("rms_norm_eps", eps)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ModelFileError(f"config.json: {k!r} must be a number, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not -1e300 < v < 1e300:
+            raise ModelFileError(f"config.json: {k!r} must be a finite number, got {v!r:.80}")
     bos = cfg.get("bos_token_id")
     c = ModelConfig(
         arch="llama",
