@@ -159,6 +159,17 @@ def main() -> int:
         put("samples", "0-meta.json", b"\x00" + (sdir / "meta.json").read_bytes())
         put("samples", "1-shard.npz", b"\x01" + shard_path(sdir, 0, 0).read_bytes())
 
+        from powerinfer_rs.testing.synth import write_hf_model
+
+        hf = tmp / "hf"
+        write_hf_model(hf, dtype="f32", dim=16, ffn=32, layers=1, heads=2, kv_heads=1, vocab=260)
+        for i, name in enumerate(
+            ["config.json", "tokenizer_config.json", "generation_config.json"]
+        ):
+            put("hf_dir", f"{i}-{name}", bytes([i]) + (hf / name).read_bytes())
+        index = {"metadata": {}, "weight_map": {"model.norm.weight": "model.safetensors"}}
+        put("hf_dir", "3-model.safetensors.index.json", b"\x03" + json.dumps(index).encode())
+
     # weight_rows: dtype, rows, column blocks, then the bytes (see fuzz_targets/weight_rows.rs)
     q8 = (np.float16(0.5).tobytes() + bytes(range(32))) * 2
     put("weight_rows", "f32-2x3", bytes([0, 2, 3]) + np.arange(6, dtype=np.float32).tobytes())
