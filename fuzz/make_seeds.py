@@ -169,6 +169,7 @@ def main() -> int:
             put("hf_dir", f"{i}-{name}", bytes([i]) + (hf / name).read_bytes())
         index = {"metadata": {}, "weight_map": {"model.norm.weight": "model.safetensors"}}
         put("hf_dir", "3-model.safetensors.index.json", b"\x03" + json.dumps(index).encode())
+        put("hf_dir", "4-tokenizer.json", b"\x04" + (hf / "tokenizer.json").read_bytes())
 
     # weight_rows: dtype, rows, column blocks, then the bytes (see fuzz_targets/weight_rows.rs)
     q8 = (np.float16(0.5).tobytes() + bytes(range(32))) * 2

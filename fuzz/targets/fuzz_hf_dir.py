@@ -3,7 +3,8 @@ files around a valid tiny model.
 
 The first byte picks the file the rest of the input becomes, the others are valid: 0 -
 ``config.json``; 1 - ``tokenizer_config.json``; 2 - ``generation_config.json``; 3 -
-``model.safetensors.index.json`` (beside the single ``model.safetensors``)."""
+``model.safetensors.index.json`` (beside the single ``model.safetensors``); 4 -
+``tokenizer.json`` (parsed by the ``tokenizers`` library)."""
 
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ FILES = (
     "tokenizer_config.json",
     "generation_config.json",
     "model.safetensors.index.json",
+    "tokenizer.json",
 )
 
 
