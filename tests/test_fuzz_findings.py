@@ -383,3 +383,34 @@ def test_profile_token_count_beyond_int64_is_a_typed_error(tmp_path):
     save_file(tensors, str(p), {**meta, "tokens": BIG})
     with pytest.raises(ModelFileError, match="tokens must be in"):
         read_profile(p)
+
+
+def _set_block_count(path: Path, n: int) -> None:
+    """Overwrite the u32 ``llama.block_count`` of a GGUF file in place."""
+    data = bytearray(path.read_bytes())
+    key = b"llama.block_count"
+    pos = data.index(key) + len(key)
+    assert int.from_bytes(data[pos : pos + 4], "little") == 4  # GGUF type u32
+    data[pos + 4 : pos + 8] = n.to_bytes(4, "little")
+    path.write_bytes(bytes(data))
+
+
+def test_huge_block_count_fails_fast(tmp_path):
+    """fuzz_powerinfer_gguf's timeout: ``block_count`` = 11075585 in a 15 KB file spent
+    minutes and 2 GB listing the tensors it needs before finding the first one missing."""
+    import time
+
+    from powerinfer_rs.loading import load_model
+    from powerinfer_rs.loading.powerinfer_gguf import load_powerinfer_gguf
+    from powerinfer_rs.testing.powerinfer_files import write_powerinfer_gguf
+    from powerinfer_rs.testing.synth import write_gguf_model
+
+    shape = dict(dim=8, ffn=16, layers=1, heads=2, kv_heads=1, vocab=260)
+    pi = write_powerinfer_gguf(tmp_path / "pi.gguf", **shape)
+    plain = write_gguf_model(tmp_path / "plain.gguf", dtype="F32", **shape)
+    for path, loader in ((pi, load_powerinfer_gguf), (plain, load_model)):
+        _set_block_count(path, 11_075_585)
+        t0 = time.perf_counter()
+        with pytest.raises(ModelFileError, match="11075585 layers need"):
+            loader(path)
+        assert time.perf_counter() - t0 < 2.0

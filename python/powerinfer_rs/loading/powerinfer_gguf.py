@@ -44,7 +44,13 @@ from ..loading.gguf_loader import (
     config_from_metadata,
     loaded_model,
 )
-from ..loading.types import LoadedModel, TensorData, check_tensors, expected_shapes
+from ..loading.types import (
+    LoadedModel,
+    TensorData,
+    check_layer_count,
+    check_tensors,
+    expected_shapes,
+)
 from ..predictors.model import LayerPredictor, PredictorSet
 from ..runtime.tokenizer import Tokenizer
 
@@ -165,6 +171,7 @@ def load_powerinfer_gguf(
 def _check_model_tensors(cfg, tensors: dict[str, TensorData], source: str) -> None:
     """:func:`~.types.check_tensors` with ``ffn_down_t`` ``[ffn, dim]`` (rows = neurons)
     expected in place of ``ffn_down``."""
+    check_layer_count(cfg, tensors, source)
     shapes = expected_shapes(cfg)
     for i in range(cfg.n_layers):
         del shapes[f"blk.{i}.ffn_down"]
