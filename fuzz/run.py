@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -83,11 +84,19 @@ def run_one(name: str, kind: str, seconds: int, timeout: int, log_dir: Path) -> 
         cmd = ["cargo", "+nightly", "fuzz", "run", "-O", "-a", name, str(corpus), str(seeds)]
         cmd += ["--", *flags]
     log = log_dir / f"{name}.log"
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    scratch = tempfile.mkdtemp(prefix=f"pirs-fuzz-{name}-", dir=shm)
+    env = {**os.environ, "POWERINFER_FUZZ_TMP": scratch}
     t0 = time.monotonic()
-    with open(log, "w") as f:
-        f.write(" ".join(cmd) + "\n")
-        f.flush()
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode
+    try:
+        with open(log, "w") as f:
+            f.write(" ".join(cmd) + "\n")
+            f.flush()
+            rc = subprocess.run(
+                cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT
+            ).returncode
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     elapsed = time.monotonic() - t0
     text = log.read_text(errors="replace")
     m = _EXECS.search(text) or _DONE.search(text)
