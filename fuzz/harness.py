@@ -65,12 +65,15 @@ def temp_file(name: str, data: bytes) -> Path:
 
 
 def guarded(one_input: OneInput) -> OneInput:
-    """``one_input`` with :class:`PowerInferError` counted as a correct answer."""
-    from powerinfer_rs.errors import PowerInferError
+    """``one_input`` with :class:`PowerInferError` counted as a correct answer, except
+    :class:`InternalError` (a bug by definition: a caught Rust panic, a broken invariant)."""
+    from powerinfer_rs.errors import InternalError, PowerInferError
 
     def run(data: bytes) -> None:
         try:
             one_input(data)
+        except InternalError:
+            raise
         except PowerInferError:
             pass
 
