@@ -188,3 +188,18 @@ def test_profile_token_count_beyond_int64_is_a_typed_error(tmp_path):
     save_file(tensors, str(p), {**meta, "tokens": BIG})
     with pytest.raises(ModelFileError, match="tokens must be in"):
         read_profile(p)
+
+
+@pytest.mark.parametrize("dtype", [[2, 3], {"a": 1}], ids=["list", "object"])
+def test_safetensors_unhashable_dtype_is_model_file_error(tmp_path, dtype):
+    """fuzz_safetensors_mmap: a header entry whose ``dtype`` is a JSON list raised a raw
+    ``TypeError: unhashable type`` from the dtype table lookup."""
+    import json
+
+    from powerinfer_rs.loading.safetensors_mmap import read_safetensors
+
+    header = json.dumps({"a": {"dtype": dtype, "shape": [1], "data_offsets": [0, 4]}}).encode()
+    p = tmp_path / "x.safetensors"
+    p.write_bytes(len(header).to_bytes(8, "little") + header + bytes(4))
+    with pytest.raises(ModelFileError, match="malformed dtype"):
+        read_safetensors(p)

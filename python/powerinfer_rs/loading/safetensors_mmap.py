@@ -85,6 +85,8 @@ def read_safetensors(path: str | os.PathLike[str]) -> dict[str, RawTensor]:
             and all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
         ):
             raise ModelFileError(f"{p}: tensor {name!r} has malformed data_offsets {offs!r}")
+        if not isinstance(dtype, str):
+            raise ModelFileError(f"{p}: tensor {name!r} has a malformed dtype {dtype!r:.80}")
         if dtype not in ITEMSIZE:
             raise UnsupportedError(
                 f"{p}: tensor {name!r} has dtype {dtype!r} (supported: {', '.join(ITEMSIZE)})"
