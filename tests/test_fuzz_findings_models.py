@@ -213,3 +213,13 @@ def test_huge_block_count_fails_fast(tmp_path):
         with pytest.raises(ModelFileError, match="11075585 layers need"):
             loader(path)
         assert time.perf_counter() - t0 < 2.0
+
+
+def test_hf_chat_template_list_with_unhashable_name(tmp_path):
+    """A ``tokenizer_config.json`` ``chat_template`` list whose entry names a list raised a raw
+    ``TypeError: unhashable type`` (building the name -> template map); such entries are now
+    skipped like any other malformed one."""
+    from powerinfer_rs.loading.hf_loader import _chat_template
+
+    cfg = {"chat_template": [{"name": ["x"], "template": "bad"}, {"name": "tool", "template": "t"}]}
+    assert _chat_template(tmp_path, cfg) == "t"

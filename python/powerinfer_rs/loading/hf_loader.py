@@ -205,7 +205,11 @@ def _chat_template(d: Path, tok_cfg: dict[str, Any]) -> str | None:
             raise ModelFileError(f"{jinja}: {e}") from e
     t = tok_cfg.get("chat_template")
     if isinstance(t, list):  # [{"name": "default", "template": ...}, ...]
-        named = {x.get("name"): x.get("template") for x in t if isinstance(x, dict)}
+        named = {
+            x.get("name"): x.get("template")
+            for x in t
+            if isinstance(x, dict) and isinstance(x.get("name"), str)
+        }
         t = named.get("default") or next(iter(named.values()), None)
     return t if isinstance(t, str) else None
 
