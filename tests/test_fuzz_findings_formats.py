@@ -203,3 +203,19 @@ def test_safetensors_unhashable_dtype_is_model_file_error(tmp_path, dtype):
     p.write_bytes(len(header).to_bytes(8, "little") + header + bytes(4))
     with pytest.raises(ModelFileError, match="malformed dtype"):
         read_safetensors(p)
+
+
+def test_predictor_metadata_must_be_strings(tmp_path):
+    """Non-string ``__metadata__`` values (the safetensors spec allows strings only) reached
+    the predictor set: a list ``dtype`` then raised ``TypeError: unhashable type`` in
+    ``nbytes()``, a list fingerprint compared unequal to every model."""
+    import json
+
+    from powerinfer_rs.formats.predictors import FORMAT, load_predictors
+
+    p = tmp_path / "p.safetensors"
+    meta = {"format": FORMAT, "model_fingerprint": ["x"]}
+    header = json.dumps({"__metadata__": meta}).encode()
+    p.write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(ModelFileError, match="metadata values must be strings"):
+        load_predictors(p)

@@ -89,6 +89,8 @@ def load_predictors(path: str | os.PathLike[str]) -> PredictorSet:
     meta = header.get("__metadata__")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ModelFileError(f"{p}: not a {FORMAT} file (metadata 'format' missing or different)")
+    if not all(isinstance(v, str) for v in meta.values()):
+        raise ModelFileError(f"{p}: safetensors metadata values must be strings")
     raw = read_safetensors(p)
     try:
         stats = json.loads(meta.get("layers") or "{}")
@@ -135,12 +137,15 @@ def load_predictors(path: str | os.PathLike[str]) -> PredictorSet:
     inp = meta.get("predictor_input", "ffn_norm")
     if inp not in ("ffn_norm", "ffn_inp"):
         raise ModelFileError(f"{p}: unknown predictor_input {inp!r}")
+    dtype = dtypes.pop() if len(dtypes) == 1 else meta.get("dtype", "F16")
+    if dtype not in STORAGE_DTYPES:
+        raise ModelFileError(f"{p}: predictor dtype {dtype!r} (expected one of F16, F32)")
     return PredictorSet(
         layers=layers,
         model_fingerprint=meta.get("model_fingerprint") or None,
         recall_target=target,
         input=inp,
-        dtype=dtypes.pop() if len(dtypes) == 1 else meta.get("dtype", "F16"),
+        dtype=dtype,
         metadata=extra,
     )
 
