@@ -85,7 +85,7 @@ def plan_from_solution(problem: PlacementProblem, res: SolveResult, profile: Pro
         raise PlanError(f"internal accounting mismatch: {gpu_total} != {ev.gpu_bytes}")
     try:
         corpus = json.loads(profile.meta.get("corpus", "[]"))
-    except ValueError:
+    except (ValueError, RecursionError):
         corpus = []
     return Plan(
         model_fingerprint=p.shape.fingerprint,
