@@ -179,7 +179,7 @@ def test_fused_tensors_are_split_into_views(synth_gguf):
     fam = next(f for f in FAMILIES if f.name == "phi3")
     bad = {"blk.0.attn_qkv": m.tensors["blk.0.attn_q"]}
     with pytest.raises(ShapeError):
-        split_fused(fam, bad, 1, q.rows, k.rows, c.ffn_dim)
+        split_fused(fam, bad, q.rows, k.rows, c.ffn_dim)
 
 
 def test_unsupported_hf_settings_are_refused():
@@ -227,6 +227,7 @@ def test_planner_plans_and_the_hybrid_executor_refuses_other_families(synth_gguf
         bucket=32,
         min_neurons=0,
         solver="greedy",
+        objective="mass",
     )
     assert 0 < plan.gpu_bytes <= budget
     path = save_plan(plan, tmp_path / "plan.safetensors")

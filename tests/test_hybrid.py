@@ -58,6 +58,7 @@ def plan_for(model, path, share: float, context: int = 256, predictors=None) -> 
         bucket=32,
         min_neurons=0,
         solver="greedy",
+        objective="mass",  # the time objective keeps layers this tiny on the CPU
         predictors=predictors,
     )
     assert plan.gpu_bytes > 0

@@ -19,6 +19,6 @@ pub use dtype::DType;
 pub use error::{Error, Result};
 pub use neuron_table::{LayerTable, NeuronTable, Side};
 pub use pages::PageBuf;
-pub use plan_file::{PlanFile, PLAN_FORMAT};
+pub use plan_file::{PlanFile, MAX_PLAN_BYTES, MAX_PLAN_COUNT, PLAN_FORMAT};
 pub use quantize::quantize_row;
 pub use weight::Weight;

@@ -9,6 +9,7 @@ use powerinfer_core::{Activation, Result, Weight};
 use powerinfer_cpu::{axpy_rows, matmul, matvec, matvec_many, matvec_rows};
 use rayon::prelude::*;
 
+use crate::phases::{mark, Phase};
 use crate::profiler::Profiler;
 use crate::sparsity::{predicted_active, PredictorInput, PredictorScratch, Sparsity};
 use crate::weights::{LayerWeights, ModelWeights};
@@ -219,6 +220,7 @@ fn up_then_down(
             .zip(&s.up)
             .for_each(|(a, &u)| *a = act.times_up(*a, u));
     }
+    mark(Phase::Up);
     out.fill(0.0);
     axpy_rows(down_t, &s.idx, &s.vals, out)
 }
@@ -234,6 +236,7 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
             s.gate.resize(lw.w_gate.rows, 0.0);
             matvec(&lw.w_gate, call.xn, &mut s.gate)?;
             add_gate_bias(lw, None, &mut s.gate);
+            mark(Phase::Gate);
             keep_firing(
                 act,
                 0..s.gate.len() as u32,
@@ -246,8 +249,9 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
         Sparsity::Threshold(t) => {
             let t = t[call.layer];
             gate_and_up(act, lw, call.xn, 1, &mut s.gate, &mut s.up)?;
-            // h = act(gate)·up in place, as the batched path computes it (whole-vector passes
-            // the compiler vectorises, apart from the activation's exp).
+            mark(Phase::Gate); // gate and up in one pass
+                               // h = act(gate)·up in place, as the batched path computes it (whole-vector passes
+                               // the compiler vectorises, apart from the activation's exp).
             apply_activation(act, &mut s.gate);
             match (act.no_up, act.on_up) {
                 (true, _) => {}
@@ -291,11 +295,13 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
                 &mut s.predictor,
                 &mut s.predicted,
             )?;
+            mark(Phase::Predictor);
             let predicted = &s.predicted;
             // Separate passes over gate, up and down_t rows, as in exact-relu.
             s.gate.resize(predicted.len(), 0.0);
             matvec_rows(&lw.w_gate, call.xn, predicted, &mut s.gate)?;
             add_gate_bias(lw, Some(predicted), &mut s.gate);
+            mark(Phase::Gate);
             keep_firing(
                 act,
                 predicted.iter().copied(),
@@ -321,6 +327,7 @@ fn batched(
     let (n, ffn) = (call.n, m.config.ffn_dim);
     let act = FfnAct::of(m);
     gate_and_up(act, lw, call.xn, n, &mut s.gate, &mut s.up)?;
+    mark(Phase::Gate); // gate and up in one pass
     apply_activation(act, &mut s.gate);
     match (act.no_up, act.on_up) {
         (true, _) => {}
@@ -352,6 +359,7 @@ fn batched(
                     .filter(|(_, k)| !**k)
                     .for_each(|(h, _)| *h = 0.0);
             }
+            mark(Phase::Predictor);
         }
     }
     if let Some(p) = profiler {

@@ -9,6 +9,7 @@ use crate::attention::{attention, AttnShape};
 use crate::ffn::{ffn, project, project_many, FfnCall, FfnScratch};
 use crate::kv_cache::KvCache;
 use crate::norm_rope::{apply_rope, layer_norm, rms_norm, RopeAngles};
+use crate::phases::{mark, Phase};
 use crate::profiler::Profiler;
 use crate::sparsity::Sparsity;
 use crate::weights::ModelWeights;
@@ -143,6 +144,7 @@ pub fn forward(
     };
     let angles = angles_for(c.rope_theta);
     let local = c.arch.rope_theta_local.map(angles_for);
+    mark(Phase::Other);
     for l in 0..model.layers.len() {
         let ang = match (&local, c.arch.window(l)) {
             (Some(local), Some(_)) => local,
@@ -187,6 +189,7 @@ pub(crate) fn attention_block(
         c.rms_eps,
         &mut s.xn,
     );
+    mark(Phase::Other);
     project_many(
         [&layer.wq, &layer.wk, &layer.wv],
         &s.xn,
@@ -233,6 +236,7 @@ pub(crate) fn attention_block(
         std::mem::swap(&mut s.o, &mut s.down);
     }
     s.x.iter_mut().zip(&s.o).for_each(|(x, o)| *x += o);
+    mark(Phase::Attention);
     Ok(())
 }
 
@@ -256,6 +260,7 @@ pub(crate) fn ffn_block(
     };
     let nb = lw.norm_bias.as_ref().map(|b| &b[1][..]);
     norm_rows_with(x_in, &lw.ffn_norm, nb, c.rms_eps, &mut s.xn);
+    mark(Phase::Other);
     let call = FfnCall {
         model,
         layer: l,
@@ -274,6 +279,7 @@ pub(crate) fn ffn_block(
         std::mem::swap(&mut s.o, &mut s.down);
     }
     s.x.iter_mut().zip(&s.down).for_each(|(x, d)| *x += d);
+    mark(Phase::Down);
     Ok(())
 }
 
@@ -292,10 +298,12 @@ pub(crate) fn output_block(
         c.rms_eps,
         &mut s.xn,
     );
+    mark(Phase::Other);
     let mut logits = Vec::new();
     project(&model.output, &s.xn, n_out, &mut logits)?;
     if let Some(cap) = c.arch.final_softcap {
         logits.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
     }
+    mark(Phase::Output);
     Ok(logits)
 }

@@ -166,8 +166,13 @@ fn weight_from_tuple(name: &str, t: &Bound<'_, PyTuple>) -> Result<Weight> {
     named_weight(name, dtype, rows, cols, borrow_bytes(name, &obj)?)
 }
 
-/// A 2-D float16 or float32 array as a borrowed F16/F32 `Weight` of its shape.
+/// A 2-D float16 or float32 array as a borrowed F16/F32 `Weight` of its shape, or a
+/// `(dtype, rows, cols, uint8 array)` tuple as a borrowed `Weight` of that format (a block
+/// format as a file stores it).
 pub fn weight_from_matrix(name: &str, obj: &Bound<'_, PyAny>) -> Result<Weight> {
+    if let Ok(t) = obj.cast::<PyTuple>() {
+        return weight_from_tuple(name, t);
+    }
     let arr = obj
         .cast::<PyUntypedArray>()
         .map_err(|_| Error::Plan(format!("{name}: expected a 2-D numpy array")))?;

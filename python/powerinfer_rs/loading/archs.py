@@ -294,28 +294,32 @@ def _rows(t: TensorData, name: str, start: int, stop: int) -> TensorData:
 
 
 def split_fused(
-    f: Family, tensors: dict[str, TensorData], n_layers: int, q_dim: int, kv_dim: int, ffn: int
+    f: Family, tensors: dict[str, TensorData], q_dim: int, kv_dim: int, ffn: int
 ) -> None:
     """Split family ``f``'s fused tensors in place into the canonical ones (row views, no
     copies): ``attn_qkv`` -> ``attn_q``, ``attn_k``, ``attn_v``; a fused ``ffn_up`` of
     ``2 * ffn`` rows -> ``ffn_gate`` (first half) and ``ffn_up`` (second half), as Phi-3's
     ``gate_up_proj`` and llama.cpp's SwiGLU split take them."""
-    for i in range(n_layers):
-        p = f"blk.{i}."
-        if f.fused_qkv and p + "attn_qkv" in tensors:
-            t = tensors.pop(p + "attn_qkv")
+    if not (f.fused_qkv or f.fused_gate_up):
+        return
+    # Over the tensors the file has, not over its block count, which is checked against the
+    # tensors only after this split.
+    for name in [n for n in tensors if n.startswith("blk.")]:
+        p = name[: name.rindex(".") + 1]
+        if f.fused_qkv and name.endswith(".attn_qkv"):
+            t = tensors.pop(name)
             if t.rows != q_dim + 2 * kv_dim:
                 raise ShapeError(
-                    f"tensor {p}attn_qkv has {t.rows} rows, the config implies {q_dim + 2 * kv_dim}"
+                    f"tensor {name} has {t.rows} rows, the config implies {q_dim + 2 * kv_dim}"
                 )
             tensors[p + "attn_q"] = _rows(t, p + "attn_q", 0, q_dim)
             tensors[p + "attn_k"] = _rows(t, p + "attn_k", q_dim, q_dim + kv_dim)
             tensors[p + "attn_v"] = _rows(t, p + "attn_v", q_dim + kv_dim, t.rows)
-        up = tensors.get(p + "ffn_up")
-        if f.fused_gate_up and up is not None and p + "ffn_gate" not in tensors:
+        elif f.fused_gate_up and name.endswith(".ffn_up") and p + "ffn_gate" not in tensors:
+            up = tensors[name]
             if up.rows != 2 * ffn:
                 raise ShapeError(
-                    f"tensor {p}ffn_up (gate and up fused) has {up.rows} rows, the config "
+                    f"tensor {name} (gate and up fused) has {up.rows} rows, the config "
                     f"implies {2 * ffn}"
                 )
             tensors[p + "ffn_gate"] = _rows(up, p + "ffn_gate", 0, ffn)

@@ -220,7 +220,7 @@ def load_gguf(path: str | os.PathLike[str]) -> LoadedModel:
     cfg = config_from_metadata(meta, tok)
     tensors = _tensor_views(gf, fam)
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    split_fused(fam, tensors, cfg.n_layers, q_dim, kv_dim, cfg.ffn_dim)
+    split_fused(fam, tensors, q_dim, kv_dim, cfg.ffn_dim)
     fit_position_table(cfg, tensors, p)
     if "output" not in tensors and "token_embd" in tensors:
         tensors["output"] = tensors["token_embd"]

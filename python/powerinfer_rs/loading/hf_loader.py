@@ -31,7 +31,7 @@ def load_json(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ModelFileError(f"{os.fspath(path)}: cannot read JSON: {e}") from e
     if not isinstance(obj, dict):
         raise ModelFileError(f"{os.fspath(path)}: expected a JSON object")
@@ -96,6 +96,8 @@ def _ids(v: Any) -> list[int]:
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     """Build a :class:`ModelConfig` from a parsed ``config.json`` (token ids filled later)."""
     archs = cfg.get("architectures") or []
+    if not isinstance(archs, list):
+        raise ModelFileError(f"config.json: 'architectures' must be a list, got {archs!r:.80}")
     mtype = cfg.get("model_type")
     fam = hf_family(mtype, archs if isinstance(archs, list) else [])
     if fam is None:
@@ -130,8 +132,8 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     rope_theta = cfg.get("rope_theta", 10000.0)
     eps = cfg.get("rms_norm_eps", 1e-6)
     for k, v in (("rope_theta", rope_theta), ("rms_norm_eps", eps)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ModelFileError(f"config.json: {k!r} must be a number, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not -1e300 < v < 1e300:
+            raise ModelFileError(f"config.json: {k!r} must be a finite number, got {v!r:.80}")
     bos = cfg.get("bos_token_id")
     sizes = {
         "ffn_dim": _req_int(cfg, "intermediate_size", extra.pop("ffn_dim", None)),
@@ -218,7 +220,11 @@ def _chat_template(d: Path, tok_cfg: dict[str, Any]) -> str | None:
             raise ModelFileError(f"{jinja}: {e}") from e
     t = tok_cfg.get("chat_template")
     if isinstance(t, list):  # [{"name": "default", "template": ...}, ...]
-        named = {x.get("name"): x.get("template") for x in t if isinstance(x, dict)}
+        named = {
+            x.get("name"): x.get("template")
+            for x in t
+            if isinstance(x, dict) and isinstance(x.get("name"), str)
+        }
         t = named.get("default") or next(iter(named.values()), None)
     return t if isinstance(t, str) else None
 
@@ -251,7 +257,7 @@ def load_hf_dir(path: str | os.PathLike[str]) -> LoadedModel:
     family = family_named(cfg.arch)
     tensors = _tensors(_weight_files(d), family)
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-    split_fused(family, tensors, cfg.n_layers, q_dim, kv_dim, cfg.ffn_dim)
+    split_fused(family, tensors, q_dim, kv_dim, cfg.ffn_dim)
     pos = tensors.get("position_embd")
     if cfg.learned_pos and pos is not None and pos.rows - cfg.pos_offset != cfg.max_context:
         raise ShapeError(

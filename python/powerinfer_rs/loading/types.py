@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -211,9 +212,10 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ShapeError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        if not (self.rms_eps > 0 and self.rope_theta > 0):
+        if not (0 < self.rms_eps < math.inf and 0 < self.rope_theta < math.inf):
             raise ShapeError(
-                f"rms_eps and rope_theta must be positive, got {self.rms_eps}, {self.rope_theta}"
+                "rms_eps and rope_theta must be positive and finite, got "
+                f"{self.rms_eps}, {self.rope_theta}"
             )
         if self.rope_style not in ROPE_STYLES:
             raise UnsupportedError(f"rope style {self.rope_style!r} (supported: {ROPE_STYLES})")
@@ -245,16 +247,12 @@ class LoadedModel:
     fingerprint: str
 
 
-def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
-    """Canonical tensor name -> ``(rows, cols)`` implied by ``config``."""
+def layer_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
+    """Canonical suffix (after ``blk.N.``) -> ``(rows, cols)`` of the tensors every layer of
+    ``config``'s family needs."""
     c = config
     q_dim = c.n_heads * c.head_dim
     kv_dim = c.n_kv_heads * c.head_dim
-    shapes: dict[str, tuple[int, int]] = {
-        "token_embd": (c.vocab_size, c.dim),
-        "output": (c.vocab_size, c.dim),
-        "output_norm": (1, c.dim),
-    }
     per_layer = {
         "attn_norm": (1, c.dim),
         "attn_q": (q_dim, c.dim),
@@ -285,13 +283,38 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
     if c.layer_norm:
         for norm in [k for k in per_layer if k.endswith("_norm")]:
             per_layer[norm + ".bias"] = (1, c.dim)
+    return per_layer
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
+    """Canonical tensor name -> ``(rows, cols)`` implied by ``config``."""
+    c = config
+    shapes: dict[str, tuple[int, int]] = {
+        "token_embd": (c.vocab_size, c.dim),
+        "output": (c.vocab_size, c.dim),
+        "output_norm": (1, c.dim),
+    }
+    if c.layer_norm:
         shapes["output_norm.bias"] = (1, c.dim)
     if c.learned_pos:
         shapes["position_embd"] = (c.max_context + c.pos_offset, c.dim)
+    per_layer = layer_shapes(c)
     for i in range(c.n_layers):
         for suffix, shape in per_layer.items():
             shapes[f"blk.{i}.{suffix}"] = shape
     return shapes
+
+
+def check_layer_count(config: ModelConfig, tensors: dict[str, TensorData], source: str) -> None:
+    """:class:`ModelFileError` when the file's tensors cannot hold ``config.n_layers`` layers,
+    before anything loops over the layers (a block count of 10^7 in a 15 KB file used to spend
+    minutes and gigabytes listing the tensors it would need)."""
+    need = config.n_layers * len(layer_shapes(config))
+    if need > len(tensors):
+        raise ModelFileError(
+            f"{source}: {config.n_layers} layers need {need} layer tensors, the file has "
+            f"{len(tensors)} tensors in all"
+        )
 
 
 def check_tensors(
@@ -306,6 +329,7 @@ def check_tensors(
     Norm and bias vectors must be float (F32/F16/BF16). Raises :class:`ModelFileError` naming
     the first missing tensor, :class:`ShapeError` naming the first mis-shaped one.
     """
+    check_layer_count(config, tensors, source)
     for name, (rows, cols) in (shapes or expected_shapes(config)).items():
         t = tensors.get(name)
         if t is None:

@@ -271,6 +271,16 @@ class SynthWeights:
         out[perm] = p
         return out
 
+    def gate_factors(self, layer: int) -> tuple[np.ndarray, np.ndarray, float] | None:
+        """``(a [ffn, r], b [r, dim - 1], scale)`` with ``ffn_gate[:, 1:] = a @ b / scale``
+        (the planted low-rank gate), or None for a full-rank gate."""
+        s, name = self.spec, f"blk.{layer}.ffn_gate"
+        r = s.gate_rank
+        if not 0 < r < s.dim - 1:
+            return None
+        a = self._normal(name + "#a", (s.ffn, r), 1.0)
+        return a, self._normal(name + "#b", (r, s.dim - 1), 1.0), math.sqrt(r * s.dim)
+
     def tensor(self, name: str) -> np.ndarray:
         """The float32 tensor ``name`` (canonical name) in HF layout."""
         s = self.spec
@@ -324,14 +334,13 @@ class SynthWeights:
             return w
         if kind == "ffn_gate":
             w = self._normal(name, (s.ffn, d), 1.0 / math.sqrt(d))
-            r = s.gate_rank
-            if 0 < r < d - 1:
+            factors = self.gate_factors(layer)
+            if factors is not None:
                 # Planted low-rank structure: the gate reads x[1:] through an r-dimensional
                 # projection, so which neurons fire is predictable from few directions (as
                 # PowerInfer/DejaVu predictors find in real LLMs). Entries keep variance 1/d.
-                a = self._normal(name + "#a", (s.ffn, r), 1.0)
-                b = self._normal(name + "#b", (r, d - 1), 1.0)
-                w[:, 1:] = (a @ b / math.sqrt(r * d)).astype(np.float32)
+                a, b, scale = factors
+                w[:, 1:] = (a @ b / scale).astype(np.float32)
             g = self.tensor(f"blk.{layer}.ffn_norm").astype(np.float64)
             sigma = np.sqrt(((w[:, 1:].astype(np.float64) * g[1:]) ** 2).sum(axis=1))
             nd = NormalDist()
