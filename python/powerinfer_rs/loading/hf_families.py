@@ -39,8 +39,10 @@ def _swa_pattern(fam: Family, cfg: dict[str, Any]) -> int:
 def gemma_fields(fam: Family, cfg: dict[str, Any]) -> dict[str, Any]:
     """The config fields of Gemma 2/3 checkpoints (norms stored as ``w - 1``, embeddings times
     sqrt(dim), query_pre_attn_scalar, soft-caps, alternating windows and RoPE bases)."""
-    dim = cfg["hidden_size"]  # checked by the caller
-    head_dim = cfg.get("head_dim") or dim // cfg["num_attention_heads"]
+    dim = cfg["hidden_size"]  # checked by the caller, as is head_dim (later)
+    hd = cfg.get("head_dim")
+    ok = isinstance(hd, int) and not isinstance(hd, bool) and hd > 0
+    head_dim = hd if ok else dim // cfg["num_attention_heads"]
     return {
         "swa_pattern": _swa_pattern(fam, cfg),
         "rope_theta_local": number(cfg, "rope_local_base_freq", fam.rope_local)
