@@ -32,11 +32,9 @@ from .synth_model import (
     byte_level_vocab,
     f32_to_bf16_bits,
 )
+from .synth_types import GGUF_DTYPES, GGUF_FILE_TYPE, encode, tensor_dtype
 
 HF_DTYPES = {"bf16": "BF16", "f16": "F16", "f32": "F32"}
-GGUF_DTYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
-#: general.file_type values (llama.cpp's llama_ftype) for whole-model dtypes.
-_GGUF_FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}
 
 
 # --------------------------------------------------------------------------- HF writer
@@ -182,16 +180,6 @@ def write_hf_model(
 
 
 # --------------------------------------------------------------------------- GGUF writer
-def _gguf_encode(x: np.ndarray, dtype: str) -> np.ndarray:
-    import gguf
-
-    if dtype == "F32":
-        return np.ascontiguousarray(x, dtype=np.float32)
-    if dtype == "F16":
-        return x.astype(np.float16)
-    return gguf.quants.quantize(x, gguf.GGMLQuantizationType[dtype])
-
-
 def add_llama_metadata(
     w: Any, spec: SynthSpec, name: str, file_type: int, *, tokenizer_pre: str = "gpt-2"
 ) -> None:
@@ -224,9 +212,10 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
     """Write the same synthetic model as :func:`write_hf_model` (same ``shape`` keywords) as a
     llama GGUF file.
 
-    2-D weights are stored in ``dtype`` (norms always F32); q/k rows are permuted as llama.cpp's
-    converter does. The activation is recorded as ``powerinfer_rs.activation`` (llama.cpp
-    ignores the key and always runs SiLU). Returns ``out_path``.
+    2-D weights are stored in ``dtype`` (norms always F32; K-quants, mixes and their fallbacks
+    as :mod:`.synth_types` says); q/k rows are permuted as llama.cpp's converter does. The
+    activation is recorded as ``powerinfer_rs.activation`` (llama.cpp ignores the key and always
+    runs SiLU). Returns ``out_path``.
     """
     import gguf
 
@@ -243,7 +232,7 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
 
     w = gguf.GGUFWriter(str(tmp), "llama")
     name = f"synthetic-llama-{spec.activation}-d{spec.dim}-f{spec.ffn}-l{spec.layers}"
-    add_llama_metadata(w, spec, name, _GGUF_FILE_TYPE[dtype])
+    add_llama_metadata(w, spec, name, GGUF_FILE_TYPE[dtype])
     w.add_vocab_size(spec.vocab)
     w.add_string("powerinfer_rs.activation", spec.activation)
     w.add_uint32("powerinfer_rs.synthetic_seed", spec.seed)
@@ -251,29 +240,31 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
     w.add_chat_template(CHATML_TEMPLATE)
 
     order = spec.tensor_shapes()
-    qtype = gguf.GGMLQuantizationType[dtype]
+    types = {n: tensor_dtype(dtype, n, s[-1], spec.layers) for n, s in order if len(s) == 2}
     for name, shape in order:
         if len(shape) == 1:
             w.add_tensor_info(f"{name}.weight", shape, np.dtype(np.float32), shape[0] * 4)
             continue
         rows, cols = shape
+        tdt = types[name]
+        qtype = gguf.GGMLQuantizationType[tdt]
         block, size = gguf.GGML_QUANT_SIZES[qtype]
         nbytes = rows * cols // block * size
-        np_dt = {"F32": np.float32, "F16": np.float16}.get(dtype, np.uint8)
-        raw_shape = shape if dtype in ("F32", "F16") else (rows, cols // block * size)
+        np_dt = {"F32": np.float32, "F16": np.float16}.get(tdt, np.uint8)
+        raw_shape = shape if tdt in ("F32", "F16") else (rows, cols // block * size)
         w.add_tensor_info(
             f"{name}.weight",
             raw_shape,
             np.dtype(np_dt),
             nbytes,
-            raw_dtype=None if dtype in ("F32", "F16") else qtype,
+            raw_dtype=None if tdt in ("F32", "F16") else qtype,
         )
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     for name, shape in order:
         x = gen.gguf_tensor(name)
-        w.write_tensor_data(x if len(shape) == 1 else _gguf_encode(x, dtype))
+        w.write_tensor_data(x if len(shape) == 1 else encode(x, types[name]))
     w.close()
     os.replace(tmp, out)
     return out
@@ -308,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--format",
         default="hf",
-        choices=["hf", "gguf-f32", "gguf-f16", "gguf-q8_0", "gguf-q4_0", "gguf-q4_1"],
+        choices=["hf", *(f"gguf-{d.lower()}" for d in GGUF_DTYPES)],
+        help="hf, or gguf-<dtype>: one format for every 2-D weight, or the mix gguf-q4_k_m",
     )
     ap.add_argument("--dtype", choices=list(HF_DTYPES), default="bf16", help="for --format hf")
     ap.add_argument("--shards", type=int, choices=[1, 2], default=1, help="for --format hf")
