@@ -1,7 +1,8 @@
 """A plain float64 numpy forward pass of a :class:`LoadedModel`, independent of the Rust code.
 
 Every weight is dequantised to float32 (the values the quantised blocks stand for, computed as
-ggml does), then kept and used in float64 (cached per model): embeddings, RMSNorm
+ggml does; the Q5 formats and K-quants through gguf-py's own numpy dequantizer), then kept and
+used in float64 (cached per model): embeddings, RMSNorm
 ``x / sqrt(mean(x²) + eps) * w``, RoPE in both styles (``theta^(-2i/head_dim)``; "norm"
 rotates pairs ``(2i, 2i+1)``, "neox" pairs ``(i, i + hd/2)``), causal grouped-query
 attention (query head ``h`` reads KV head ``h // (n_heads / n_kv_heads)``), FFN
@@ -61,6 +62,9 @@ def dequantize(t: TensorData) -> np.ndarray:
         d, b = _blocks(t, 20)
         m = b[:, 2:4].copy().view(np.float16).astype(np.float32)
         out = d * _nibbles(b[:, 4:]) + m
+    elif t.dtype in ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"):
+        # gguf-py's numpy dequantizer: independent of the Rust decoder it checks.
+        return dequantize_with_gguf(t)
     else:
         raise UnsupportedError(f"reference: dtype {t.dtype}")
     return np.asarray(out, dtype=np.float32).reshape(t.rows, t.cols)

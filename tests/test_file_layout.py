@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from powerinfer_rs.errors import ModelFileError
-from powerinfer_rs.loading import load_model
+from powerinfer_rs.loading import BLOCK_LAYOUT, load_model
 from powerinfer_rs.loading.gguf_file import GGML_TYPES, GGUFFile
 from powerinfer_rs.loading.safetensors_mmap import read_safetensors
 
@@ -56,6 +56,10 @@ def test_ggml_type_table_matches_gguf_package():
         qt = gguf.GGMLQuantizationType(type_id)
         assert qt.name == name
         assert gguf.GGML_QUANT_SIZES[qt] == (block, size), name
+    # Every format the engine takes has ggml's block size, including the Q5 and K-quants.
+    assert {"Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"} <= set(BLOCK_LAYOUT)
+    for name, layout in BLOCK_LAYOUT.items():
+        assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]] == layout, name
 
 
 def test_gguf_good_file_sizes(synth_gguf):

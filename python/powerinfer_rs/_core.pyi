@@ -14,6 +14,12 @@ def simd_level() -> str:
 def measure_read_bandwidth(bytes: int = ..., iters: int = ..., threads: int = ...) -> float:
     """Read bandwidth in GB/s with `threads` threads (0 = all cores)."""
 
+def quantize(dtype: str, x: np.ndarray) -> np.ndarray:
+    """Encode each row of a 2-D float32 array in ``dtype``: uint8 of shape (rows, row bytes)."""
+
+def dequantize(dtype: str, data: np.ndarray, cols: int) -> np.ndarray:
+    """Decode rows of ``cols`` weights in ``dtype`` (2-D uint8) to float32 (rows, cols)."""
+
 built_with_cuda: bool
 
 def cuda_available() -> bool:

@@ -6,6 +6,31 @@
 //! - `Q4_0`: 32 weights = f16 `d`, then 16 bytes; byte j holds q[j] (low nibble) and q[j+16]
 //!   (high nibble); w = d·(q − 8).
 //! - `Q4_1`: 32 weights = f16 `d`, f16 `m`, then 16 bytes as in Q4_0; w = d·q + m.
+//! - `Q5_0`: 32 weights = f16 `d`, 4 bytes `qh` (a little-endian u32 whose bit j is bit 4 of
+//!   q[j]), then 16 bytes of low nibbles as in Q4_0; w = d·(q − 16).
+//! - `Q5_1`: 32 weights = f16 `d`, f16 `m`, `qh` and nibbles as in Q5_0; w = d·q + m.
+//!
+//! The K-quants pack 256 weights in one super-block of sub-blocks (16 of 16 weights or 8 of 32),
+//! each sub-block with a small integer scale (and min) relative to the super-block's f16 `d`
+//! (and `dmin`). Weight i lies in sub-block i / 16 (16-weight sub-blocks) or i / 32.
+//! - `Q2_K` (84 bytes): 16 bytes `scales` (sub-block s: scale `scales[s] & 15`, min
+//!   `scales[s] >> 4`), 64 bytes `qs`, f16 `d`, f16 `dmin`. Weight i = 128n + 32j + l (n < 2,
+//!   j < 4, l < 32) has q = (qs[32n + l] >> 2j) & 3; w = d·scale·q − dmin·min.
+//! - `Q3_K` (110 bytes): 32 bytes `hmask`, 64 bytes `qs`, 12 bytes of 6-bit scales, f16 `d`.
+//!   Weight i = 128n + 32j + l has low bits (qs[32n + l] >> 2j) & 3 and high bit
+//!   (hmask[l] >> (4n + j)) & 1; q = low − 4 when the high bit is 0, else low. Scale s has low
+//!   4 bits `scales[s] & 15` (s < 8) or `scales[s − 8] >> 4`, high 2 bits
+//!   `(scales[8 + s % 4] >> 2(s / 4)) & 3`, and stands for that 6-bit value − 32; w = d·scale·q.
+//! - `Q4_K` (144 bytes): f16 `d`, f16 `dmin`, 12 bytes of 6-bit scales and mins, 128 bytes `qs`.
+//!   Weight i = 64c + 32h + l has q = qs[32c + l] low nibble (h = 0) or high nibble (h = 1),
+//!   sub-block s = 2c + h. Scale and min of s < 4: `sm[s] & 63`, `sm[s + 4] & 63`; of s >= 4:
+//!   `(sm[s + 4] & 15) | (sm[s − 4] >> 6) << 4`, `(sm[s + 4] >> 4) | (sm[s] >> 6) << 4`;
+//!   w = d·scale·q − dmin·min.
+//! - `Q5_K` (176 bytes): as Q4_K with 32 bytes `qh` between the scales and `qs`; bit s of
+//!   qh[l] is bit 4 of q for weight 32s + l.
+//! - `Q6_K` (210 bytes): 128 bytes `ql`, 64 bytes `qh`, 16 × i8 `scales`, f16 `d`. Weight
+//!   i = 128n + 32k + l has low 4 bits from ql[64n + 32(k % 2) + l] (low nibble for k < 2, high
+//!   nibble for k >= 2), high 2 bits (qh[32n + l] >> 2k) & 3; w = d·scales[i / 16]·(q − 32).
 
 use crate::error::{Error, Result};
 
@@ -19,11 +44,36 @@ pub enum DType {
     Q8_0,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
 }
 
 impl DType {
     /// Every supported format, for tests and tables.
-    pub const ALL: [DType; 6] = [
+    pub const ALL: [DType; 13] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+    ];
+
+    /// The formats of one value or 32 weights per block that every backend (the GPU kernels
+    /// included) takes.
+    pub const BASIC: [DType; 6] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -32,11 +82,21 @@ impl DType {
         DType::Q4_1,
     ];
 
+    /// The K-quants (256-weight super-blocks).
+    pub const K_QUANTS: [DType; 5] = [
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+    ];
+
     /// Weights per block.
     pub const fn block_size(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 32,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => 32,
+            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => 256,
         }
     }
 
@@ -48,12 +108,37 @@ impl DType {
             DType::Q8_0 => 34,
             DType::Q4_0 => 18,
             DType::Q4_1 => 20,
+            DType::Q5_0 => 22,
+            DType::Q5_1 => 24,
+            DType::Q2_K => 84,
+            DType::Q3_K => 110,
+            DType::Q4_K => 144,
+            DType::Q5_K => 176,
+            DType::Q6_K => 210,
         }
     }
 
     /// True for the block-quantized formats.
     pub const fn is_quantized(self) -> bool {
         self.block_size() > 1
+    }
+
+    /// Byte offsets of a block's f16 fields (scales, mins); empty for the float formats, whose
+    /// every value is a float. The load-time NaN/infinity check reads these.
+    pub const fn f16_fields(self) -> &'static [usize] {
+        match self {
+            DType::F32 | DType::F16 | DType::BF16 => &[],
+            DType::Q8_0 | DType::Q4_0 | DType::Q5_0 => &[0],
+            DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
+            DType::Q2_K => &[80, 82],
+            DType::Q3_K => &[108],
+            DType::Q6_K => &[208],
+        }
+    }
+
+    /// True for the K-quants (256-weight super-blocks).
+    pub const fn is_k_quant(self) -> bool {
+        self.block_size() == 256
     }
 
     /// Bytes of one row of `cols` weights; an error when `cols` is not a whole number of blocks.
@@ -69,7 +154,7 @@ impl DType {
         Ok(cols / self.block_size() * self.block_bytes())
     }
 
-    /// The canonical (GGUF) name: "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1".
+    /// The canonical (GGUF) name: "F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", ...
     pub const fn name(self) -> &'static str {
         match self {
             DType::F32 => "F32",
@@ -78,6 +163,13 @@ impl DType {
             DType::Q8_0 => "Q8_0",
             DType::Q4_0 => "Q4_0",
             DType::Q4_1 => "Q4_1",
+            DType::Q5_0 => "Q5_0",
+            DType::Q5_1 => "Q5_1",
+            DType::Q2_K => "Q2_K",
+            DType::Q3_K => "Q3_K",
+            DType::Q4_K => "Q4_K",
+            DType::Q5_K => "Q5_K",
+            DType::Q6_K => "Q6_K",
         }
     }
 
@@ -107,7 +199,7 @@ mod tests {
             assert_eq!(DType::from_name(&d.name().to_lowercase()).unwrap(), d);
         }
         assert!(matches!(
-            DType::from_name("Q5_K"),
+            DType::from_name("Q8_K"),
             Err(Error::Unsupported(_))
         ));
     }
@@ -117,5 +209,7 @@ mod tests {
         assert_eq!(DType::Q4_1.row_bytes(64).unwrap(), 40);
         assert_eq!(DType::F16.row_bytes(7).unwrap(), 14);
         assert!(matches!(DType::Q8_0.row_bytes(33), Err(Error::Shape(_))));
+        assert_eq!(DType::Q6_K.row_bytes(512).unwrap(), 420);
+        assert!(matches!(DType::Q4_K.row_bytes(576), Err(Error::Shape(_))));
     }
 }

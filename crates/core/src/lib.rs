@@ -4,17 +4,20 @@
 
 pub mod buffer;
 pub mod config;
+pub mod dequantize;
 pub mod dtype;
 pub mod error;
 pub mod neuron_table;
 pub mod pages;
 pub mod plan_file;
 pub mod quantize;
+mod quantize_k;
 pub mod testing;
 pub mod weight;
 
 pub use buffer::Buffer;
 pub use config::{Activation, ArchFeatures, ModelConfig, RopeStyle};
+pub use dequantize::dequantize_row;
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use neuron_table::{LayerTable, NeuronTable, Side};

@@ -46,14 +46,19 @@ const SETS: usize = 13;
 const ROUNDS: usize = 9;
 /// Kernel calls timed per summary round.
 const CALLS_PER_ROUND: usize = 40;
-/// Formats benchmarked.
-const FORMATS: [DType; 6] = [
+/// Formats benchmarked (the K-quants only where dim and ffn are whole super-blocks, e.g.
+/// `SPARSE_SHAPE=2048,5632`).
+const FORMATS: [DType; 10] = [
     DType::F16,
     DType::Q8_0,
     DType::Q4_0,
     DType::Q4_1,
+    DType::Q5_0,
+    DType::Q4_K,
+    DType::Q6_K,
     DType::BF16,
     DType::F32,
+    DType::Q5_K,
 ];
 
 /// The kernels, by name: the sparse ones and threshold mode's FFN, then the dense products they
@@ -282,8 +287,10 @@ fn bench_sparse(c: &mut Criterion) {
         .measurement_time(std::time::Duration::from_secs(2));
     let filter = std::env::var("SPARSE_FILTER").unwrap_or_default();
     let wanted = |kernel: &str, dtype: DType| format!("{kernel}/{dtype}").contains(&filter);
+    let (dim, ffn) = shape();
     for dtype in FORMATS {
-        if !KERNELS.iter().any(|k| wanted(k, dtype)) {
+        let fits = dtype.row_bytes(dim).is_ok() && dtype.row_bytes(ffn).is_ok();
+        if !fits || !KERNELS.iter().any(|k| wanted(k, dtype)) {
             continue;
         }
         let layers = layers(dtype);

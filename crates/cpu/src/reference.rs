@@ -25,6 +25,11 @@ fn nibble(packed: &[u8], i: usize) -> u8 {
 /// Dequantise one row of `dtype` bytes into `out` (one f32 per weight).
 pub fn dequantize_row(dtype: DType, row: &[u8], out: &mut [f32]) -> Result<()> {
     crate::check::row(dtype, row, out.len())?;
+    if !DType::BASIC.contains(&dtype) {
+        // The Q5 and K-quant layouts: the core's plain-loop decoder (checked against gguf-py's
+        // own dequantizer in tests/test_block_formats.py).
+        return powerinfer_core::dequantize_row(dtype, row, out);
+    }
     for (i, o) in out.iter_mut().enumerate() {
         *o = weight_at(dtype, row, i);
     }
@@ -42,6 +47,7 @@ fn weight_at(dtype: DType, row: &[u8], i: usize) -> f32 {
         DType::Q8_0 => f16_at(block, 0) * (block[2 + j] as i8) as f32,
         DType::Q4_0 => f16_at(block, 0) * (nibble(&block[2..], j) as f32 - 8.0),
         DType::Q4_1 => f16_at(block, 0) * nibble(&block[4..], j) as f32 + f16_at(block, 2),
+        _ => unreachable!("{dtype} is decoded by the core"),
     }
 }
 

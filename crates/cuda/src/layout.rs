@@ -133,10 +133,14 @@ pub struct SlabGeometry {
 
 /// The slab geometry for `bucket` neurons whose gate, up and down_t rows of `dim` weights are
 /// stored as `dtypes`. `Error::Unsupported` when a matrix's rows would not be aligned for its
-/// element loads (f32: 4 bytes, the rest: 2) or the ids not to 4 bytes; `Error::Plan` for a
+/// element loads (f32: 4 bytes, the rest: 2), the ids not to 4 bytes or a format has no GPU
+/// kernels; `Error::Plan` for a
 /// zero bucket; `Error::Shape` when `dim` is no whole number of a format's blocks.
 pub fn slab_geometry(dtypes: [DType; 3], dim: usize, bucket: usize) -> Result<SlabGeometry> {
     ensure!(bucket > 0, Plan, "bucket must be > 0");
+    for d in dtypes {
+        crate::ops::ensure_gpu_dtype(d)?;
+    }
     let row_bytes = [
         dtypes[0].row_bytes(dim)?,
         dtypes[1].row_bytes(dim)?,

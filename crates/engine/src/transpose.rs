@@ -5,7 +5,9 @@
 //! Float formats transpose exactly. Block formats are decoded, transposed and re-encoded in the
 //! same format (as PowerInfer's converter does), so `down_t` is a new quantization of the same
 //! weights: the sparse modes of a quantized model differ from its dense mode by that rounding.
-//! When the new row length is not a whole number of blocks, the rows are stored as F16.
+//! When the new row length is not a whole number of blocks, a K-quant's rows take the 32-weight
+//! format llama.cpp substitutes in the same case (Q2_K, Q3_K -> Q4_0; Q4_K -> Q5_0; Q5_K -> Q5_1;
+//! Q6_K -> Q8_0) where the length is a multiple of 32, and F16 otherwise.
 
 use powerinfer_core::{quantize_row, Buffer, DType, Result, Weight};
 use rayon::prelude::*;
@@ -14,11 +16,24 @@ use rayon::prelude::*;
 const TILE: usize = 64;
 
 /// The format [`transpose`] stores `w`'s transpose in: `w`'s own when a row of `w.rows`
-/// weights is a whole number of its blocks, else F16.
+/// weights is a whole number of its blocks, else the K-quant's 32-weight fallback
+/// ([`k_fallback`]) when that fits, else F16.
 pub fn transposed_dtype(w: &Weight) -> DType {
-    match w.dtype.row_bytes(w.rows) {
-        Ok(_) => w.dtype,
-        Err(_) => DType::F16,
+    [w.dtype, k_fallback(w.dtype)]
+        .into_iter()
+        .find(|d| d.row_bytes(w.rows).is_ok())
+        .unwrap_or(DType::F16)
+}
+
+/// The 32-weight format llama.cpp's quantizer falls back to for a K-quant tensor whose rows are
+/// not whole super-blocks (the same bits or a little more); other formats map to themselves.
+pub const fn k_fallback(dtype: DType) -> DType {
+    match dtype {
+        DType::Q2_K | DType::Q3_K => DType::Q4_0,
+        DType::Q4_K => DType::Q5_0,
+        DType::Q5_K => DType::Q5_1,
+        DType::Q6_K => DType::Q8_0,
+        other => other,
     }
 }
 
@@ -109,6 +124,50 @@ mod tests {
                 }
             }
             assert_eq!(transpose(&t).unwrap().bytes(), w.bytes());
+        }
+    }
+
+    /// K-quants keep their format when `rows` (the transpose's row length) is whole
+    /// super-blocks, take llama.cpp's 32-weight fallback when it is whole 32-blocks (SmolLM2's
+    /// dim 576), F16 otherwise; the re-encoding stays within the formats' rounding error.
+    #[test]
+    fn k_quants_keep_their_format_or_take_the_fallback() {
+        use DType::*;
+        let cols = 256;
+        let cases = [
+            (Q4_K, 512, Q4_K, 0.12),
+            (Q6_K, 512, Q6_K, 0.04),
+            (Q4_K, 288, Q5_0, 0.12),
+            (Q5_K, 288, Q5_1, 0.08),
+            (Q6_K, 288, Q8_0, 0.04),
+            (Q2_K, 288, Q4_0, 0.5),
+            (Q3_K, 40, F16, 0.0),
+        ];
+        for (dtype, rows, want, tol) in cases {
+            let vals = powerinfer_core::testing::pseudo_random(rows * cols, 9);
+            let rb = dtype.row_bytes(cols).unwrap();
+            let mut bytes = vec![0u8; rb * rows];
+            for (r, out) in bytes.chunks_exact_mut(rb).enumerate() {
+                quantize_row(dtype, &vals[r * cols..(r + 1) * cols], out).unwrap();
+            }
+            let q = Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap();
+            let t = transpose(&q).unwrap();
+            assert_eq!(
+                (t.dtype, t.rows, t.cols),
+                (want, cols, rows),
+                "{dtype} {rows}"
+            );
+            let (a, b) = (decoded(&q), decoded(&t));
+            let (mut err, mut norm) = (0f64, 0f64);
+            for r in 0..rows {
+                for c in 0..cols {
+                    let (x, y) = (a[r * cols + c] as f64, b[c * rows + r] as f64);
+                    err += (x - y).powi(2);
+                    norm += x * x;
+                }
+            }
+            let rel = (err / norm).sqrt();
+            assert!(rel <= tol + 1e-3, "{dtype} -> {want}: relative RMS {rel}");
         }
     }
 

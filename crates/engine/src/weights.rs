@@ -118,11 +118,9 @@ fn row_has_non_finite(dtype: DType, row: &[u8]) -> bool {
         DType::BF16 => row
             .chunks_exact(2)
             .fold(false, |bad, b| bad | (u16_at(b, 0) & 0x7f80 == 0x7f80)),
-        DType::Q8_0 | DType::Q4_0 => row
-            .chunks_exact(dtype.block_bytes())
-            .fold(false, |bad, b| bad | (u16_at(b, 0) & 0x7c00 == 0x7c00)),
-        DType::Q4_1 => row.chunks_exact(dtype.block_bytes()).fold(false, |bad, b| {
-            bad | (u16_at(b, 0) & 0x7c00 == 0x7c00) | (u16_at(b, 2) & 0x7c00 == 0x7c00)
+        _ => row.chunks_exact(dtype.block_bytes()).fold(false, |bad, b| {
+            let fields = dtype.f16_fields().iter();
+            bad | fields.fold(false, |f, &at| f | (u16_at(b, at) & 0x7c00 == 0x7c00))
         }),
     }
 }
@@ -486,14 +484,14 @@ mod tests {
 
     use super::*;
 
-    /// A 4 x 64 weight in `dtype` from finite values, then `poison` applied to its bytes.
+    /// A 4 x 512 weight in `dtype` from finite values, then `poison` applied to its bytes.
     fn weight(dtype: DType, poison: impl Fn(&mut [u8], usize)) -> Weight {
-        let (rows, cols) = (4, 64);
+        let (rows, cols) = (4, 512);
         let rb = dtype.row_bytes(cols).unwrap();
         let mut bytes = vec![0u8; rows * rb];
         for r in 0..rows {
             let src: Vec<f32> = (0..cols)
-                .map(|c| (r * cols + c) as f32 / 100.0 - 1.0)
+                .map(|c| (r * cols + c) as f32 / 800.0 - 1.0)
                 .collect();
             quantize_row(dtype, &src, &mut bytes[r * rb..(r + 1) * rb]).unwrap();
         }
@@ -515,7 +513,7 @@ mod tests {
             let at = |rb: usize| match dtype {
                 DType::F32 => 2 * rb + rb - 4,
                 DType::F16 | DType::BF16 => 2 * rb + rb - 2,
-                _ => 2 * rb + dtype.block_bytes(),
+                _ => 2 * rb + dtype.block_bytes() + dtype.f16_fields()[0],
             };
             let bad: Vec<u8> = match dtype {
                 DType::F32 => f32::NAN.to_le_bytes().to_vec(),
@@ -528,11 +526,14 @@ mod tests {
             });
             assert_eq!(first_non_finite_row(&w), Some(2), "{dtype:?}");
         }
-        // Q4_1's min field counts too.
-        let w = weight(DType::Q4_1, |b, rb| {
-            b[rb + 2..rb + 4].copy_from_slice(&inf16)
-        });
-        assert_eq!(first_non_finite_row(&w), Some(1));
+        // The min (dmin) fields count too.
+        for dtype in DType::ALL.into_iter().filter(|d| d.f16_fields().len() == 2) {
+            let at = dtype.f16_fields()[1];
+            let w = weight(dtype, |b, rb| {
+                b[rb + at..rb + at + 2].copy_from_slice(&inf16)
+            });
+            assert_eq!(first_non_finite_row(&w), Some(1), "{dtype}");
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! panic) becomes a `PowerInferError` subclass; the exception classes are created here and
 //! re-exported by `powerinfer_rs.errors`. No engine logic lives in this crate.
 
+mod blocks;
 mod convert;
 mod cuda;
 mod exceptions;
@@ -46,6 +47,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<plan::PyPlan>()?;
     m.add_function(wrap_pyfunction!(simd_level, m)?)?;
     m.add_function(wrap_pyfunction!(measure_read_bandwidth, m)?)?;
+    m.add_function(wrap_pyfunction!(blocks::quantize, m)?)?;
+    m.add_function(wrap_pyfunction!(blocks::dequantize, m)?)?;
     let modes = powerinfer_engine::SparsityMode::ALL.map(|m| m.name());
     m.add("SPARSITY_MODES", pyo3::types::PyTuple::new(m.py(), modes)?)?;
     exceptions::register(m)?;

@@ -2,7 +2,8 @@
 gemma2, gemma3, falcon with llama.cpp's keys and tensor names; bamboo and opt with PowerInfer's):
 config from its metadata, tensors as raw mmap views.
 
-Weights keep their GGUF encoding (F32, F16, BF16, Q8_0, Q4_0, Q4_1); nothing is dequantised.
+Weights keep their GGUF encoding (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K);
+nothing is dequantised.
 GGUF lists dimensions innermost first (``ne[0]`` = columns), so a 2-D tensor ``[cols, rows]``
 becomes ``TensorData(rows=ne[1], cols=ne[0])``. The ``llama`` arch in GGUF always has its
 q/k rows permuted by the converter, so RoPE rotates adjacent pairs: ``rope_style = "norm"``;

@@ -20,9 +20,10 @@ from ..errors import ModelFileError, ShapeError, UnsupportedError
 if TYPE_CHECKING:
     from ..runtime.tokenizer import Tokenizer
 
-#: dtype name -> (elements per block, bytes per block). Quantised formats are GGML's layouts:
-#: Q8_0 = f16 scale + 32 x i8; Q4_0 = f16 scale + 16 bytes of nibbles; Q4_1 = f16 scale,
-#: f16 min + 16 bytes of nibbles.
+#: dtype name -> (elements per block, bytes per block). Quantised formats are GGML's layouts
+#: (documented bit for bit in crates/core/src/dtype.rs): Q8_0 = f16 scale + 32 x i8; Q4_0 =
+#: f16 scale + 16 bytes of nibbles; Q4_1 = f16 scale, f16 min + 16 bytes of nibbles; Q5_0/Q5_1
+#: add 4 bytes of fifth bits; the K-quants are 256-weight super-blocks.
 BLOCK_LAYOUT: dict[str, tuple[int, int]] = {
     "F32": (1, 4),
     "F16": (1, 2),
@@ -30,6 +31,13 @@ BLOCK_LAYOUT: dict[str, tuple[int, int]] = {
     "Q8_0": (32, 34),
     "Q4_0": (32, 18),
     "Q4_1": (32, 20),
+    "Q5_0": (32, 22),
+    "Q5_1": (32, 24),
+    "Q2_K": (256, 84),
+    "Q3_K": (256, 110),
+    "Q4_K": (256, 144),
+    "Q5_K": (256, 176),
+    "Q6_K": (256, 210),
 }
 
 SUPPORTED_DTYPES: tuple[str, ...] = tuple(BLOCK_LAYOUT)

@@ -11,6 +11,10 @@ from dataclasses import dataclass, field
 from ..errors import ModelFileError
 from ..loading.types import BLOCK_LAYOUT, LoadedModel, ModelConfig, expected_shapes, row_bytes
 
+#: The 32-weight format a K-quant's ``down_t`` falls back to when ``dim`` is not a multiple of
+#: 256 (llama.cpp's own fallbacks; crates/engine/src/transpose.rs ``k_fallback``).
+K_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+
 
 @dataclass
 class ModelShape:
@@ -71,10 +75,14 @@ class ModelShape:
         return rows * row_bytes(self.dtype(name), cols)
 
     def down_t_dtype(self, layer: int) -> str:
-        """Dtype of the transposed down projection: ``ffn_down``'s own dtype when ``dim`` is a
-        whole number of its blocks, else F16 (a Q-format row needs ``dim % 32 == 0``)."""
+        """Dtype of the transposed down projection, as the engine's ``transposed_dtype``:
+        ``ffn_down``'s own dtype when ``dim`` is a whole number of its blocks, else a K-quant's
+        32-weight fallback (:data:`K_FALLBACK`) when that fits, else F16."""
         dt = self.dtype(f"blk.{layer}.ffn_down")
-        return dt if self.config.dim % BLOCK_LAYOUT[dt][0] == 0 else "F16"
+        for cand in (dt, K_FALLBACK.get(dt, dt)):
+            if self.config.dim % BLOCK_LAYOUT[cand][0] == 0:
+                return cand
+        return "F16"
 
     def neuron_read_bytes(self, layer: int) -> int:
         """Weight bytes of one FFN neuron: its gate row (none for gate-less families) + up

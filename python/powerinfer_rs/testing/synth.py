@@ -22,7 +22,6 @@ import numpy as np
 
 from ..errors import ShapeError, UnsupportedError
 from ..loading.archs import FAMILIES, Family, hf_layer_names
-from ..runtime.chat import CHATML_TEMPLATE
 from .synth_model import (
     BOS_ID,
     EOS_ID,
@@ -33,33 +32,10 @@ from .synth_model import (
     byte_level_vocab,
     f32_to_bf16_bits,
 )
+from .synth_types import GGUF_DTYPES, GGUF_FILE_TYPE, encode, tensor_dtype
+from .synth_vocab import FAMILY_TEMPLATES, chat_template  # noqa: F401  (re-exported)
 
 HF_DTYPES = {"bf16": "BF16", "f16": "F16", "f32": "F32"}
-
-#: Chat templates in the style of each family's own (turn markers as the families write them;
-#: ours, short), stored in the files the writer emits; ChatML for the rest.
-FAMILY_TEMPLATES = {
-    "gemma": (
-        "{{ bos_token }}{% for m in messages %}<start_of_turn>"
-        "{{ 'model' if m['role'] == 'assistant' else 'user' }}\n{{ m['content'] | trim }}"
-        "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n"
-        "{% endif %}"
-    ),
-    "phi3": (
-        "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-    ),
-}
-
-
-def chat_template(arch: str) -> str:
-    """The chat template the synthetic writer stores for family ``arch``."""
-    return FAMILY_TEMPLATES.get("gemma" if arch.startswith("gemma") else arch, CHATML_TEMPLATE)
-
-
-GGUF_DTYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
-#: general.file_type values (llama.cpp's llama_ftype) for whole-model dtypes.
-_GGUF_FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7}
 
 
 # --------------------------------------------------------------------------- HF writer
@@ -239,16 +215,6 @@ def write_hf_model(
 
 
 # --------------------------------------------------------------------------- GGUF writer
-def _gguf_encode(x: np.ndarray, dtype: str) -> np.ndarray:
-    import gguf
-
-    if dtype == "F32":
-        return np.ascontiguousarray(x, dtype=np.float32)
-    if dtype == "F16":
-        return x.astype(np.float16)
-    return gguf.quants.quantize(x, gguf.GGMLQuantizationType[dtype])
-
-
 def add_llama_metadata(
     w: Any, spec: SynthSpec, name: str, file_type: int, *, tokenizer_pre: str = "gpt-2"
 ) -> None:
@@ -281,10 +247,10 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
     """Write the same synthetic model as :func:`write_hf_model` (same ``shape`` keywords) as a
     GGUF file of its family, with llama.cpp's architecture, keys and tensor names.
 
-    2-D weights are stored in ``dtype`` (norms and biases always F32); for llama, q/k rows are
-    permuted as llama.cpp's converter does. The activation is recorded as
-    ``powerinfer_rs.activation`` (llama.cpp ignores the key and always runs SiLU). Returns
-    ``out_path``.
+    2-D weights are stored in ``dtype`` (norms and biases always F32; K-quants, mixes and
+    their fallbacks as :mod:`.synth_types` says); for llama, q/k rows are permuted as llama.cpp's
+    converter does. The activation is recorded as ``powerinfer_rs.activation`` (llama.cpp
+    ignores the key and always runs SiLU). Returns ``out_path``.
     """
     import gguf
 
@@ -303,7 +269,7 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
     # general.name leaves the family out: llama.cpp looks special tokens of Phi-3's vocabulary
     # up by name ("</s>", "<s>") when the model name contains "phi3", which ours has not.
     name = f"synthetic-{spec.activation}-d{spec.dim}-f{spec.ffn}-l{spec.layers}"
-    add_llama_metadata(w, spec, name, _GGUF_FILE_TYPE[dtype])
+    add_llama_metadata(w, spec, name, GGUF_FILE_TYPE[dtype])
     if spec.sliding_window:
         w.add_sliding_window(spec.sliding_window)
     if spec.family.layer_norm:
@@ -322,30 +288,32 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
     w.add_chat_template(chat_template(spec.arch))
 
     order = spec.tensor_shapes(fused=True)
-    qtype = gguf.GGMLQuantizationType[dtype]
+    types = {n: tensor_dtype(dtype, n, s[-1], spec.layers) for n, s in order if len(s) == 2}
     for name, shape in order:
         full = name if name.endswith(".bias") else f"{name}.weight"
         if len(shape) == 1:
             w.add_tensor_info(full, shape, np.dtype(np.float32), shape[0] * 4)
             continue
         rows, cols = shape
+        tdt = types[name]
+        qtype = gguf.GGMLQuantizationType[tdt]
         block, size = gguf.GGML_QUANT_SIZES[qtype]
         nbytes = rows * cols // block * size
-        np_dt = {"F32": np.float32, "F16": np.float16}.get(dtype, np.uint8)
-        raw_shape = shape if dtype in ("F32", "F16") else (rows, cols // block * size)
+        np_dt = {"F32": np.float32, "F16": np.float16}.get(tdt, np.uint8)
+        raw_shape = shape if tdt in ("F32", "F16") else (rows, cols // block * size)
         w.add_tensor_info(
             full,
             raw_shape,
             np.dtype(np_dt),
             nbytes,
-            raw_dtype=None if dtype in ("F32", "F16") else qtype,
+            raw_dtype=None if tdt in ("F32", "F16") else qtype,
         )
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     for name, shape in order:
         x = gen.gguf_tensor(name)
-        w.write_tensor_data(x if len(shape) == 1 else _gguf_encode(x, dtype))
+        w.write_tensor_data(x if len(shape) == 1 else encode(x, types[name]))
     w.close()
     os.replace(tmp, out)
     return out
@@ -389,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--format",
         default="hf",
-        choices=["hf", "gguf-f32", "gguf-f16", "gguf-q8_0", "gguf-q4_0", "gguf-q4_1"],
+        choices=["hf", *(f"gguf-{d.lower()}" for d in GGUF_DTYPES)],
+        help="hf, or gguf-<dtype>: one format for every 2-D weight, or the mix gguf-q4_k_m",
     )
     ap.add_argument("--dtype", choices=list(HF_DTYPES), default="bf16", help="for --format hf")
     ap.add_argument("--shards", type=int, choices=[1, 2], default=1, help="for --format hf")

@@ -1,10 +1,12 @@
 """The byte-level BPE vocabulary of the synthetic models (:mod:`.synth_model`): 3 special tokens
 (``<|endoftext|>`` = BOS, ``<|im_start|>``, ``<|im_end|>`` = EOS), the 256 byte symbols, then
-merges over common English letters until the vocabulary has the requested size."""
+merges over common English letters until the vocabulary has the requested size; and the chat
+template each family's synthetic files store."""
 
 from __future__ import annotations
 
 from ..errors import ShapeError
+from ..runtime.chat import CHATML_TEMPLATE
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 BOS_ID, EOS_ID = 0, 2
@@ -73,3 +75,24 @@ def build_tokenizer(vocab: int):  # -> tokenizers.Tokenizer
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     return tok
+
+
+#: Chat templates in the style of each family's own (turn markers as the families write them;
+#: ours, short), stored in the files the writer emits; ChatML for the rest.
+FAMILY_TEMPLATES = {
+    "gemma": (
+        "{{ bos_token }}{% for m in messages %}<start_of_turn>"
+        "{{ 'model' if m['role'] == 'assistant' else 'user' }}\n{{ m['content'] | trim }}"
+        "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n"
+        "{% endif %}"
+    ),
+    "phi3": (
+        "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    ),
+}
+
+
+def chat_template(arch: str) -> str:
+    """The chat template the synthetic writer stores for family ``arch``."""
+    return FAMILY_TEMPLATES.get("gemma" if arch.startswith("gemma") else arch, CHATML_TEMPLATE)

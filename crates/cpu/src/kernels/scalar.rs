@@ -1,6 +1,6 @@
 //! Portable kernels with f32 accumulation: the fallback on CPUs without AVX2 (or with
-//! `POWERINFER_SIMD=scalar`). Quantized rows are decoded one 32-weight block at a time into a
-//! stack buffer and dotted from there, so the compiler can vectorise the inner loops; row
+//! `POWERINFER_SIMD=scalar`). Quantized rows are decoded one block (32 weights, or a K-quant's
+//! 256) at a time into a stack buffer and dotted from there, so the compiler can vectorise the inner loops; row
 //! accumulation decodes a chunk of each row into a stack buffer and adds it in f32.
 
 use super::exp_nonpositive;
@@ -8,8 +8,10 @@ use crate::ops::attend::Head;
 use half::{bf16, f16};
 use powerinfer_core::DType;
 
-/// Weights per quantized block.
+/// Weights per legacy quantized block.
 const QK: usize = 32;
+/// Weights per K-quant super-block (the largest block).
+const QK_K: usize = 256;
 
 /// Read the little-endian f16 at byte `at`.
 #[inline]
@@ -40,7 +42,21 @@ fn decode_block(dtype: DType, block: &[u8], out: &mut [f32; QK]) {
                 *h = d * (b >> 4) as f32 + m;
             }
         }
-        DType::F32 | DType::F16 | DType::BF16 => unreachable!("{dtype} has no 32-weight blocks"),
+        _ => unreachable!("{dtype} has no 32-weight blocks of Q4/Q8 form"),
+    }
+}
+
+/// Decode one quantized block of any format into its first `dtype.block_size()` weights of
+/// `out`: the Q8/Q4 blocks here, the others through the core's decoder.
+#[inline]
+fn decode_any(dtype: DType, block: &[u8], out: &mut [f32; QK_K]) {
+    match dtype {
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
+            let mut buf = [0f32; QK];
+            decode_block(dtype, block, &mut buf);
+            out[..QK].copy_from_slice(&buf);
+        }
+        _ => powerinfer_core::dequantize::dequantize_block(dtype, block, out),
     }
 }
 
@@ -62,14 +78,15 @@ pub(crate) fn dequantize_row(dtype: DType, row: &[u8], out: &mut [f32]) {
                 *o = bf16::from_le_bytes([b[0], b[1]]).to_f32();
             }
         }
-        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => {
-            let mut buf = [0f32; QK];
+        _ => {
+            let mut buf = [0f32; QK_K];
+            let n = dtype.block_size();
             for (o, block) in out
-                .chunks_exact_mut(QK)
+                .chunks_exact_mut(n)
                 .zip(row.chunks_exact(dtype.block_bytes()))
             {
-                decode_block(dtype, block, &mut buf);
-                o.copy_from_slice(&buf);
+                decode_any(dtype, block, &mut buf);
+                o.copy_from_slice(&buf[..n]);
             }
         }
     }
@@ -106,14 +123,12 @@ pub(crate) fn dot_row(dtype: DType, row: &[u8], x: &[f32]) -> f32 {
         }
         return sum;
     }
-    let mut buf = [0f32; QK];
+    let mut buf = [0f32; QK_K];
     let mut sum = 0f32;
-    for (xb, block) in x
-        .chunks_exact(QK)
-        .zip(row.chunks_exact(dtype.block_bytes()))
-    {
-        decode_block(dtype, block, &mut buf);
-        sum += dot_f32(&buf, xb);
+    let n = dtype.block_size();
+    for (xb, block) in x.chunks_exact(n).zip(row.chunks_exact(dtype.block_bytes())) {
+        decode_any(dtype, block, &mut buf);
+        sum += dot_f32(&buf[..n], xb);
     }
     sum
 }

@@ -107,7 +107,7 @@ mod tests {
     use crate::ops::matvec::matvec_at;
     use crate::reference;
     use crate::simd::available;
-    use crate::testutil::{assert_dot_close, is_shape, random_weight, Rng};
+    use crate::testutil::{assert_dot_close, is_shape, qcols, random_weight, Rng};
     use powerinfer_core::{Buffer, DType};
 
     #[test]
@@ -124,7 +124,11 @@ mod tests {
         for level in available() {
             for dtype in DType::ALL {
                 for &(rows, cols, n) in &shapes {
-                    let cols = if dtype.is_quantized() { cols } else { cols + 3 };
+                    let cols = if dtype.is_quantized() {
+                        qcols(dtype, cols)
+                    } else {
+                        cols + 3
+                    };
                     let w = random_weight(&mut rng, dtype, rows, cols);
                     let x = rng.vec(n * cols);
                     let mut y = vec![f32::NAN; n * rows];
@@ -177,7 +181,7 @@ mod tests {
         ) {
             let dtype = DType::ALL[dtype_index];
             // Quantized: multiples of 32 columns; float formats: any count, odd ones included.
-            let cols = if dtype.is_quantized() { 32 * units } else { 3 * units + 2 };
+            let cols = if dtype.is_quantized() { qcols(dtype, 32 * units) } else { 3 * units + 2 };
             let mut rng = Rng::new(seed);
             let w = random_weight(&mut rng, dtype, rows, cols);
             let x = rng.vec(n * cols);

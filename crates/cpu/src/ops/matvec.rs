@@ -93,7 +93,7 @@ mod tests {
     use super::*;
     use crate::reference;
     use crate::simd::available;
-    use crate::testutil::{assert_dot_close, is_shape, random_weight, Rng};
+    use crate::testutil::{assert_dot_close, is_shape, qcols, random_weight, Rng};
     use powerinfer_core::Buffer;
 
     #[test]
@@ -150,7 +150,11 @@ mod tests {
         for level in available() {
             for dtype in DType::ALL {
                 for &(rows, cols) in &[(1, 64), (3, 32), (13, 96), (37, 32 * 37), (259, 64)] {
-                    let cols = if dtype.is_quantized() { cols } else { cols - 1 };
+                    let cols = if dtype.is_quantized() {
+                        qcols(dtype, cols)
+                    } else {
+                        cols - 1
+                    };
                     let w = random_weight(&mut rng, dtype, rows, cols);
                     let x = rng.vec(cols);
                     let mut y = vec![f32::NAN; rows];
@@ -170,7 +174,7 @@ mod tests {
         let mut rng = Rng::new(7);
         for level in available() {
             for dtype in DType::ALL {
-                let (rows, cols) = (67, 32 * 24);
+                let (rows, cols) = (67, qcols(dtype, 32 * 24));
                 let w = random_weight(&mut rng, dtype, rows, cols);
                 let mut x = rng.vec(cols);
                 for c in (5..cols).step_by(97) {
@@ -190,8 +194,9 @@ mod tests {
     fn non_finite_activations_propagate() {
         let mut rng = Rng::new(8);
         for dtype in DType::ALL {
-            let w = random_weight(&mut rng, dtype, 9, 64);
-            let mut x = rng.vec(64);
+            let cols = qcols(dtype, 64);
+            let w = random_weight(&mut rng, dtype, 9, cols);
+            let mut x = rng.vec(cols);
             x[3] = f32::INFINITY;
             x[40] = f32::NAN;
             let mut y = vec![0f32; 9];
@@ -206,8 +211,9 @@ mod tests {
         let mut rng = Rng::new(5);
         for dtype in DType::ALL {
             // Big enough to be split into many chunks.
-            let w = random_weight(&mut rng, dtype, 1001, 512);
-            let x = rng.vec(512);
+            let cols = qcols(dtype, 512);
+            let w = random_weight(&mut rng, dtype, 1001, cols);
+            let x = rng.vec(cols);
             let mut y = vec![0f32; 1001];
             pool.install(|| matvec(&w, &x, &mut y)).unwrap();
             for (r, &got) in y.iter().enumerate() {

@@ -36,7 +36,7 @@ mod tests {
     use super::*;
     use crate::reference;
     use crate::simd::available;
-    use crate::testutil::{assert_dot_close, each_row, is_shape, random_row, Rng};
+    use crate::testutil::{assert_dot_close, each_row, is_shape, qcols, random_row, Rng};
 
     #[test]
     fn dot_row_paths_match_reference_on_every_dtype() {
@@ -57,7 +57,11 @@ mod tests {
         let mut rng = Rng::new(2);
         for level in available() {
             for dtype in DType::ALL {
-                let cols = if dtype.is_quantized() { 96 } else { 45 };
+                let cols = if dtype.is_quantized() {
+                    qcols(dtype, 96)
+                } else {
+                    45
+                };
                 let row = random_row(&mut rng, dtype, cols);
                 let x = rng.vec(cols);
                 let want = dot_at(level, dtype, &row, &x);

@@ -163,7 +163,7 @@ mod tests {
     use crate::reference;
     use crate::simd::available;
     use crate::testutil::sparse::{cols_for, sparse_ffn, Case};
-    use crate::testutil::{is_shape, Rng};
+    use crate::testutil::{is_shape, qcols, Rng};
     use powerinfer_core::{Activation, Buffer};
 
     #[test]
@@ -208,7 +208,14 @@ mod tests {
         let mut rng = Rng::new(13);
         for dtype in DType::ALL {
             // Enough active bytes (> 14 · MIN_TASK_BYTES per matrix) for many tasks and partials.
-            let (rows, cols) = (4001, if dtype.is_quantized() { 1024 } else { 515 });
+            let (rows, cols) = (
+                4001,
+                if dtype.is_quantized() {
+                    qcols(dtype, 1024)
+                } else {
+                    515
+                },
+            );
             let case = Case::new(&mut rng, [dtype; 3], rows, cols, 0.6);
             seven.install(|| case.check(simd::level(), &format!("7 threads {dtype}")));
             let run = |pool: &rayon::ThreadPool| {
@@ -234,7 +241,7 @@ mod tests {
     fn non_finite_inputs_propagate() {
         let mut rng = Rng::new(14);
         for dtype in DType::ALL {
-            let case = Case::new(&mut rng, [dtype; 3], 9, 64, 1.0);
+            let case = Case::new(&mut rng, [dtype; 3], 9, qcols(dtype, 64), 1.0);
             let mut x = case.x.clone();
             x[5] = f32::NAN;
             let mut y = vec![0f32; case.idx.len()];
@@ -318,7 +325,7 @@ mod tests {
         /// Any dtypes, shape, density and seed: every level's kernels meet the bound.
         #[test]
         fn prop_sparse_kernels_match_reference(
-            dtype_index in [0usize..6, 0usize..6, 0usize..6],
+            dtype_index in [0usize..13, 0usize..13, 0usize..13],
             rows in 1usize..80,
             units in 1usize..24,
             p in 0.0f32..1.0,
@@ -326,9 +333,10 @@ mod tests {
         ) {
             let dtypes = dtype_index.map(|i| DType::ALL[i]);
             // Quantized anywhere: whole blocks; otherwise odd column counts too.
-            let cols = match dtypes.iter().any(|d| d.is_quantized()) {
-                true => 32 * units,
-                false => 3 * units + 2,
+            let cols = match dtypes.iter().map(|d| d.block_size()).max() {
+                Some(256) => 256 * (1 + units % 4),
+                Some(32) => 32 * units,
+                _ => 3 * units + 2,
             };
             let mut rng = Rng::new(seed);
             let case = Case::new(&mut rng, dtypes, rows, cols, p);

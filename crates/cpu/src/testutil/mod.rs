@@ -54,6 +54,20 @@ pub(crate) fn random_row(rng: &mut Rng, dtype: DType, cols: usize) -> Vec<u8> {
                 let n = if dtype == DType::Q8_0 { 32 } else { 16 };
                 out.extend((0..n).map(|_| rng.next_u64() as u8));
             }
+            _ => {
+                // Random bytes, then finite f16 scales: the first field is d, the second
+                // (a min or dmin) larger for the legacy formats, whose min is a weight value.
+                let at = out.len();
+                out.extend((0..dtype.block_bytes()).map(|_| rng.next_u64() as u8));
+                let (d, m) = match dtype.is_k_quant() {
+                    true => (0.002, 0.004),
+                    false => (0.1, 1.0),
+                };
+                for (k, &f) in dtype.f16_fields().iter().enumerate() {
+                    let r = if k == 0 { d } else { m };
+                    out[at + f..at + f + 2].copy_from_slice(&half(rng.uniform(-r, r)));
+                }
+            }
         }
     }
     out
@@ -82,10 +96,22 @@ pub(crate) fn assert_dot_close(got: f32, dtype: DType, row: &[u8], x: &[f32], wh
 
 /// Column counts valid for `dtype` that exercise tails: odd ones for the float formats.
 pub(crate) fn test_cols(dtype: DType) -> &'static [usize] {
-    if dtype.is_quantized() {
+    if dtype.is_k_quant() {
+        &[256, 512, 256 * 3, 256 * 9, 4096]
+    } else if dtype.is_quantized() {
         &[32, 64, 96, 32 * 37, 4096]
     } else {
         &[1, 7, 8, 15, 17, 33, 129, 1001, 4096]
+    }
+}
+
+/// A column count of whole blocks for `dtype`: `cols` (a multiple of 32) as is, or eight times
+/// it for the K-quants (so the same number of 256-weight super-blocks as of 32-weight blocks).
+pub(crate) fn qcols(dtype: DType, cols: usize) -> usize {
+    if dtype.is_k_quant() {
+        8 * cols
+    } else {
+        cols
     }
 }
 

@@ -204,7 +204,7 @@ impl Case {
 /// Columns valid for `dtype`: odd for the float formats, whole blocks for the quantized ones.
 pub(crate) fn cols_for(dtype: DType, units: usize) -> usize {
     if dtype.is_quantized() {
-        32 * units
+        super::qcols(dtype, 32 * units)
     } else {
         3 * units + 2
     }

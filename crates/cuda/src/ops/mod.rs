@@ -6,7 +6,7 @@
 //! `elementwise`. Each check returns the same `Error` kind on every backend (`Shape`,
 //! `Unsupported`, `ContextOverflow`); empty work returns `Ok` without a launch.
 
-use powerinfer_core::{Result, RopeStyle, Weight};
+use powerinfer_core::{ensure, DType, Result, RopeStyle, Weight};
 
 use crate::backend::{Backend, DeviceWeight, Elem, HotFfn};
 use crate::layout::Act;
@@ -18,6 +18,18 @@ mod norm_rope;
 mod predictor;
 mod rows;
 mod upload;
+
+/// `Error::Unsupported` unless the GPU kernels take `dtype` ([`DType::BASIC`]; the Q5 formats
+/// and K-quants run on the CPU only, so far).
+pub(crate) fn ensure_gpu_dtype(dtype: DType) -> Result<()> {
+    ensure!(
+        DType::BASIC.contains(&dtype),
+        Unsupported,
+        "{dtype} weights have no GPU kernels yet (supported on the GPU: F32, F16, BF16, Q8_0, \
+         Q4_0, Q4_1); run this model on device=\"cpu\""
+    );
+    Ok(())
+}
 
 /// Every operation of the executor, checked, on any backend.
 #[allow(clippy::too_many_arguments)]

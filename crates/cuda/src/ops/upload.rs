@@ -29,6 +29,7 @@ pub(crate) fn upload_weight<B: Backend>(dev: &B, w: &Weight) -> Result<DeviceWei
 /// Upload rows `ids` of `w` (in that order) as a compact matrix: row k on the device is row
 /// ids[k] of `w`.
 pub(crate) fn upload_rows<B: Backend>(dev: &B, w: &Weight, ids: &[u32]) -> Result<DeviceWeight<B>> {
+    super::ensure_gpu_dtype(w.dtype)?;
     let rb = w.dtype.row_bytes(w.cols)?;
     ensure!(
         w.n_bytes() == rb * w.rows,

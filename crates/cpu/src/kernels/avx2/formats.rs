@@ -7,7 +7,7 @@
 //! turns a runtime [`powerinfer_core::DType`] into the format type.
 
 use super::rows::RowGroup;
-use super::{dequant, dot, q4_axpy, quant, rows};
+use super::{dequant, dot, kquant, q4_axpy, quant, rows};
 use half::{bf16, f16};
 use std::arch::x86_64::*;
 
@@ -39,10 +39,12 @@ pub(super) trait Format {
 macro_rules! with_format {
     ($dtype:expr, $F:ident => $body:expr) => {
         with_format!(@ $dtype, $F => $body;
-            F32 = f::F32, F16 = f::F16, BF16 = f::Bf16, Q8_0 = q::Q8_0, Q4_0 = q::Q4_0, Q4_1 = q::Q4_1)
+            F32 = f::F32, F16 = f::F16, BF16 = f::Bf16, Q8_0 = q::Q8_0, Q4_0 = q::Q4_0, Q4_1 = q::Q4_1,
+            Q5_0 = q::Q5_0, Q5_1 = q::Q5_1, Q2_K = k::Q2K, Q3_K = k::Q3K, Q4_K = k::Q4K,
+            Q5_K = k::Q5K, Q6_K = k::Q6K)
     };
     (@ $dtype:expr, $F:ident => $body:expr; $($d:ident = $t:ty),*) => {{
-        use $crate::kernels::avx2::{formats as f, quant as q};
+        use $crate::kernels::avx2::{formats as f, kquant as k, quant as q};
         match $dtype {
             $(powerinfer_core::DType::$d => {
                 type $F = $t;
@@ -149,7 +151,7 @@ impl FloatFormat for Bf16 {
 }
 
 /// [`Format`] for formats of the given kinds, from the kind's generic kernels:
-/// `float` formats, or `quant` formats with their accumulation kernel.
+/// `float` formats, `quant` formats with their accumulation kernel, or `k`-quants.
 macro_rules! impl_format {
     (float: $($t:ty),*) => {$(
         impl Format for $t {
@@ -164,6 +166,22 @@ macro_rules! impl_format {
             unsafe fn dequant(row: *const u8, out: &mut [f32]) {
                 // SAFETY: forwarded from the caller.
                 unsafe { dequant::float_row::<Self>(row, out) }
+            }
+        }
+    )*};
+    (k: $($t:ty),*) => {$(
+        impl Format for $t {
+            unsafe fn dot<const R: usize>(g: &RowGroup, x: &[f32], out: &mut [f32]) {
+                // SAFETY: forwarded from the caller.
+                unsafe { kquant::dot::<Self, R>(g, x, out) }
+            }
+            unsafe fn axpy<const R: usize>(g: &RowGroup, a: &[f32], y: &mut [f32]) {
+                // SAFETY: forwarded from the caller.
+                unsafe { kquant::axpy::<Self, R>(g, a, y) }
+            }
+            unsafe fn dequant(row: *const u8, out: &mut [f32]) {
+                // SAFETY: forwarded from the caller.
+                unsafe { kquant::dequant::<Self>(row, out) }
             }
         }
     )*};
@@ -189,5 +207,8 @@ impl_format!(float: F32, F16, Bf16);
 impl_format!(quant:
     quant::Q8_0 => rows::quant_axpy::<Self, R>,
     quant::Q4_0 => q4_axpy::q4_axpy::<Self, R>,
-    quant::Q4_1 => q4_axpy::q4_axpy::<Self, R>
+    quant::Q4_1 => q4_axpy::q4_axpy::<Self, R>,
+    quant::Q5_0 => rows::quant_axpy::<Self, R>,
+    quant::Q5_1 => rows::quant_axpy::<Self, R>
 );
+impl_format!(k: kquant::Q2K, kquant::Q3K, kquant::Q4K, kquant::Q5K, kquant::Q6K);

@@ -23,11 +23,13 @@ const CHUNK: usize = 8;
 /// multiple of [`CHUNK`] blocks so a chunk's eight lanes can always be loaded.
 pub(crate) struct XQuant {
     /// round(x / scale), 32 per block.
-    q: Vec<i16>,
+    pub(super) q: Vec<i16>,
     /// Per block: x ≈ scale · q.
-    scale: Vec<f32>,
+    pub(super) scale: Vec<f32>,
     /// Per block: Σx (in f32, from the unquantized x), for the Q4_1 min term.
     sum: Vec<f32>,
+    /// Per 16-value half-block: Σx (in f32), for the K-quants' min terms.
+    pub(super) sum16: Vec<f32>,
     /// Per block: 8·q summed in the lane pattern of the dot's two `pmaddwd` (eight i32 lanes),
     /// subtracted from Q4_0's integer dot so each lane of Σ(q − 8)·x stays exact.
     bias8: Vec<i32>,
@@ -46,6 +48,7 @@ impl XQuant {
             q: vec![0; blocks * 32],
             scale: vec![0.0; padded],
             sum: vec![0.0; padded],
+            sum16: vec![0.0; 2 * padded],
             bias8: vec![0; blocks * 8],
             blocks,
         };
@@ -77,10 +80,9 @@ unsafe fn quantize_blocks(x: &[f32], xq: &mut XQuant) -> bool {
             _mm256_max_ps(abs[0], abs[1]),
             _mm256_max_ps(abs[2], abs[3]),
         ));
-        let s = hsum(_mm256_add_ps(
-            _mm256_add_ps(v[0], v[1]),
-            _mm256_add_ps(v[2], v[3]),
-        ));
+        let s0 = hsum(_mm256_add_ps(v[0], v[1]));
+        let s1 = hsum(_mm256_add_ps(v[2], v[3]));
+        let s = s0 + s1;
         // NaN fails `is_finite` on the sum even where max_ps dropped it.
         if !amax.is_finite() || !s.is_finite() {
             return false;
@@ -103,6 +105,8 @@ unsafe fn quantize_blocks(x: &[f32], xq: &mut XQuant) -> bool {
         }
         xq.scale[b] = amax / X_MAX;
         xq.sum[b] = s;
+        xq.sum16[2 * b] = s0;
+        xq.sum16[2 * b + 1] = s1;
     }
     xq.q = q;
     true
@@ -238,6 +242,7 @@ mod tests {
                 qsum += back;
             }
             assert!((xq.sum[b] - xb.iter().sum::<f32>()).abs() < 1e-5);
+            assert!((xq.sum16[2 * b + 1] - xb[16..].iter().sum::<f32>()).abs() < 1e-5);
             let bias: i32 = xq.bias8[8 * b..8 * b + 8].iter().sum();
             assert!((bias as f32 * xq.scale[b] - 8.0 * qsum).abs() < 1e-4);
         }
@@ -259,7 +264,13 @@ mod tests {
         let mut rng = Rng::new(21);
         for blocks in 1..=2 * CHUNK + 1 {
             let cols = 32 * blocks;
-            for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+            for dtype in [
+                DType::Q8_0,
+                DType::Q4_0,
+                DType::Q4_1,
+                DType::Q5_0,
+                DType::Q5_1,
+            ] {
                 let w = random_weight(&mut rng, dtype, 6, cols);
                 let x = rng.vec(cols);
                 let xq = XQuant::new(&x).unwrap();

@@ -8,6 +8,7 @@ mod dequant;
 mod dot;
 mod formats;
 mod int16;
+mod kquant;
 mod q4_axpy;
 mod quant;
 mod read;
@@ -18,7 +19,7 @@ use crate::ops::attend::Head;
 use formats::{with_format, with_rows, Format};
 pub(crate) use int16::XQuant;
 use powerinfer_core::DType;
-use quant::{Q4_0, Q4_1, Q8_0};
+use quant::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use rows::RowGroup;
 pub(crate) use rows::{axpy_group, dot_group, GROUP};
 use std::arch::x86_64::*;
@@ -98,7 +99,8 @@ pub(crate) fn rows_dot_i16(
     out: &mut [f32],
 ) {
     debug_check_level();
-    assert!(rows.len() >= out.len() * row_bytes && row_bytes >= xq.blocks() * dtype.block_bytes());
+    let want = dtype.row_bytes(32 * xq.blocks()).unwrap_or(usize::MAX);
+    assert!(dtype.is_quantized() && rows.len() >= out.len() * row_bytes && row_bytes >= want);
     let base = rows.as_ptr();
     let full = out.len() / QROWS * QROWS;
     for (g, o) in out[..full].chunks_exact_mut(QROWS).enumerate() {
@@ -136,7 +138,7 @@ pub(crate) fn scattered_dot_i16(
     out: &mut [f32],
 ) {
     debug_check_level();
-    let want = xq.blocks() * dtype.block_bytes();
+    let want = dtype.row_bytes(32 * xq.blocks()).unwrap_or(usize::MAX);
     assert!(
         dtype.is_quantized()
             && rows.len() == out.len()
@@ -171,6 +173,13 @@ unsafe fn int16_rows<const R: usize, const FETCH: bool>(
             DType::Q8_0 => int16::quant_rows_i16::<Q8_0, R, FETCH>(p, next, xq, out),
             DType::Q4_0 => int16::quant_rows_i16::<Q4_0, R, FETCH>(p, next, xq, out),
             DType::Q4_1 => int16::quant_rows_i16::<Q4_1, R, FETCH>(p, next, xq, out),
+            DType::Q5_0 => int16::quant_rows_i16::<Q5_0, R, FETCH>(p, next, xq, out),
+            DType::Q5_1 => int16::quant_rows_i16::<Q5_1, R, FETCH>(p, next, xq, out),
+            DType::Q2_K => kquant::rows_i16::<kquant::Q2K, R, FETCH>(p, next, xq, out),
+            DType::Q3_K => kquant::rows_i16::<kquant::Q3K, R, FETCH>(p, next, xq, out),
+            DType::Q4_K => kquant::rows_i16::<kquant::Q4K, R, FETCH>(p, next, xq, out),
+            DType::Q5_K => kquant::rows_i16::<kquant::Q5K, R, FETCH>(p, next, xq, out),
+            DType::Q6_K => kquant::rows_i16::<kquant::Q6K, R, FETCH>(p, next, xq, out),
             DType::F32 | DType::F16 | DType::BF16 => {}
         }
     }

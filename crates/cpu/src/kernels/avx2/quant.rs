@@ -1,4 +1,4 @@
-//! The quantized formats (Q8_0, Q4_0, Q4_1) under AVX2/F16C: blocks of 32 weights, w = d·q +
+//! The quantized formats of 32-weight blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) under AVX2/F16C: blocks of 32 weights, w = d·q +
 //! offset, decoded to f32 vectors (dense dots, row decoding, row accumulation) or to i16 (the
 //! int16-x dot of [`super::int16`]).
 
@@ -15,7 +15,7 @@ pub(super) enum Offset {
     Min,
 }
 
-/// A format of 32-weight blocks (Q8_0, Q4_0, Q4_1).
+/// A format of 32-weight blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1).
 pub(super) trait QuantFormat {
     /// Bytes per block.
     const BLOCK_BYTES: usize;
@@ -275,6 +275,103 @@ impl QuantFormat for Q4_1 {
         }
     }
 }
+
+/// Q5_0: f16 d, u32 qh, 16 bytes of nibbles, w = d·(q − 16) (the −16 applied in the quants).
+pub(super) struct Q5_0;
+/// Q5_1: f16 d, f16 m, u32 qh, 16 bytes of nibbles, w = d·q + m.
+pub(super) struct Q5_1;
+
+/// The 32 five-bit quants of a Q5 block (u32 `qh` at `p`, the 16 nibble bytes after it) minus
+/// `BIAS`, as i16: weights 0..16, then 16..32. Bit j of qh is bit 4 of weight j.
+///
+/// # Safety
+/// 20 bytes readable at `p`; the CPU has AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn five_bits16<const BIAS: i16>(p: *const u8) -> [__m256i; 2] {
+    // SAFETY: 20 readable bytes per the caller: qh, then the nibbles.
+    let (qh, [lo, hi]) = unsafe { ((p as *const u32).read_unaligned(), nibbles16(p.add(4))) };
+    let lanes = _mm256_setr_epi16(
+        1,
+        2,
+        4,
+        8,
+        16,
+        32,
+        64,
+        128,
+        256,
+        512,
+        1024,
+        2048,
+        4096,
+        8192,
+        16384,
+        i16::MIN,
+    );
+    let fifth = |bits: u32| {
+        let set = _mm256_and_si256(_mm256_set1_epi16(bits as u16 as i16), lanes);
+        _mm256_and_si256(_mm256_cmpeq_epi16(set, lanes), _mm256_set1_epi16(16))
+    };
+    let bias = _mm256_set1_epi16(BIAS);
+    [
+        _mm256_sub_epi16(_mm256_or_si256(lo, fifth(qh & 0xffff)), bias),
+        _mm256_sub_epi16(_mm256_or_si256(hi, fifth(qh >> 16)), bias),
+    ]
+}
+
+/// Sixteen i16 lanes as two 8-lane f32 vectors.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn i16x16_to_f32(v: __m256i) -> [__m256; 2] {
+    [
+        _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(v))),
+        _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256::<1>(v))),
+    ]
+}
+
+/// [`QuantFormat`] for the Q5 formats: qh at `$qh`, minus `$bias`.
+macro_rules! impl_q5 {
+    ($t:ty, $bytes:expr, $offset:expr, $qh:expr, $bias:expr) => {
+        impl QuantFormat for $t {
+            const BLOCK_BYTES: usize = $bytes;
+            const OFFSET: Offset = $offset;
+            const QS: usize = $qh + 4;
+
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn quants16(p: *const u8) -> [__m256i; 2] {
+                // SAFETY: qh and the nibbles are bytes $qh..BLOCK_BYTES of the readable block.
+                unsafe { five_bits16::<$bias>(p.add($qh)) }
+            }
+
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn quants(p: *const u8) -> [__m256; 4] {
+                // SAFETY: forwarded from the caller.
+                let [lo, hi] = unsafe { Self::quants16(p) };
+                let (a, b) = (i16x16_to_f32(lo), i16x16_to_f32(hi));
+                [a[0], a[1], b[0], b[1]]
+            }
+
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn block(p: *const u8) -> (f32, f32, [__m256; 4]) {
+                // SAFETY: the block is readable per the caller; m follows d where OFFSET is Min.
+                unsafe {
+                    let m = if $offset == Offset::Min {
+                        half(p.add(2))
+                    } else {
+                        0.0
+                    };
+                    (half(p), m, Self::quants(p))
+                }
+            }
+        }
+    };
+}
+impl_q5!(Q5_0, 22, Offset::None, 2, 16);
+impl_q5!(Q5_1, 24, Offset::Min, 4, 0);
 
 /// The 32 nibbles q of a Q4 block at `q` (16 bytes) minus `BIAS`, as four 8-lane f32 vectors in
 /// weight order, subtracted and widened in bytes (q − BIAS fits an i8 for BIAS in 0..=8, so the

@@ -1,0 +1,256 @@
+//! Decoding the block formats to f32, straight from the layouts of [`crate::dtype`], in ggml's
+//! order of float operations (a sub-block's `d·scale` first, then `·q − dmin·min`), so the
+//! values equal ggml's (and gguf-py's) dequantization bit for bit. The plain-loop oracle the
+//! kernels are tested against, and the decoder of the scalar kernels for the K-quants.
+
+use half::{bf16, f16};
+
+use crate::dtype::DType;
+use crate::ensure;
+use crate::error::Result;
+
+/// The little-endian f16 at byte `at`, as f32.
+#[inline]
+pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// Decode `row` (exactly `dtype.row_bytes(out.len())` bytes) into `out`.
+pub fn dequantize_row(dtype: DType, row: &[u8], out: &mut [f32]) -> Result<()> {
+    let want = dtype.row_bytes(out.len())?;
+    ensure!(
+        row.len() == want,
+        Shape,
+        "{dtype} row of {} values needs {want} bytes, got {}",
+        out.len(),
+        row.len()
+    );
+    let (n, bytes) = (dtype.block_size(), dtype.block_bytes());
+    for (o, b) in out.chunks_exact_mut(n).zip(row.chunks_exact(bytes)) {
+        dequantize_block(dtype, b, o);
+    }
+    Ok(())
+}
+
+/// Decode one block (`dtype.block_bytes()` bytes) into its `dtype.block_size()` values.
+pub fn dequantize_block(dtype: DType, b: &[u8], out: &mut [f32]) {
+    match dtype {
+        DType::F32 => out[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        DType::F16 => out[0] = f16_at(b, 0),
+        DType::BF16 => out[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+        DType::Q8_0 => {
+            let d = f16_at(b, 0);
+            for (o, &q) in out.iter_mut().zip(&b[2..34]) {
+                *o = d * q as i8 as f32;
+            }
+        }
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => legacy_block(dtype, b, out),
+        DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => {
+            let mut sub = SubScales::default();
+            let mut q = [0i8; 256];
+            unpack_k(dtype, b, &mut sub, &mut q);
+            let len = 256 / sub.n;
+            for (i, (o, &qi)) in out.iter_mut().zip(&q).enumerate() {
+                let s = i / len;
+                *o = sub.d[s] * qi as f32 - sub.m[s];
+            }
+        }
+    }
+}
+
+/// Q4_0, Q4_1, Q5_0, Q5_1: the nibbles (and Q5's fifth bits) of 32 weights.
+fn legacy_block(dtype: DType, b: &[u8], out: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let (m, qh, qs) = match dtype {
+        DType::Q4_0 => (None, None, &b[2..18]),
+        DType::Q4_1 => (Some(f16_at(b, 2)), None, &b[4..20]),
+        DType::Q5_0 => (None, Some(u32_at(b, 2)), &b[6..22]),
+        _ => (Some(f16_at(b, 2)), Some(u32_at(b, 4)), &b[8..24]),
+    };
+    // The symmetric formats subtract the middle of their range.
+    let bias = match (m, qh) {
+        (Some(_), _) => 0,
+        (None, None) => 8,
+        (None, Some(_)) => 16,
+    };
+    for j in 0..32 {
+        let nib = if j < 16 { qs[j] & 15 } else { qs[j - 16] >> 4 };
+        let high = qh.map_or(0, |h| ((h >> j) & 1) << 4) as i32;
+        let q = (nib as i32 | high) - bias;
+        out[j] = match m {
+            Some(m) => d * q as f32 + m,
+            None => d * q as f32,
+        };
+    }
+}
+
+/// The little-endian u32 at byte `at`.
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// A K-quant super-block's sub-blocks: `n` (16 or 8) of them, sub-block s standing for
+/// w = d[s]·q − m[s] (d[s] = d·scale, m[s] = dmin·min, both computed in f32 as ggml does).
+#[derive(Clone, Copy, Debug)]
+pub struct SubScales {
+    pub n: usize,
+    pub d: [f32; 16],
+    pub m: [f32; 16],
+}
+
+impl Default for SubScales {
+    fn default() -> Self {
+        SubScales {
+            n: 16,
+            d: [0.0; 16],
+            m: [0.0; 16],
+        }
+    }
+}
+
+/// Scale and min of sub-block `s` of a Q4_K/Q5_K block's 12 packed bytes (6 bits each).
+#[inline]
+pub fn k4_scale_min(s: usize, sm: &[u8]) -> (u8, u8) {
+    if s < 4 {
+        (sm[s] & 63, sm[s + 4] & 63)
+    } else {
+        (
+            (sm[s + 4] & 15) | ((sm[s - 4] >> 6) << 4),
+            (sm[s + 4] >> 4) | ((sm[s] >> 6) << 4),
+        )
+    }
+}
+
+/// The 6-bit scale s (0..16, before the −32) of a Q3_K block's 12 packed bytes.
+#[inline]
+pub fn k3_scale(s: usize, sc: &[u8]) -> u8 {
+    let low = if s < 8 { sc[s] & 15 } else { sc[s - 8] >> 4 };
+    let high = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+    low | (high << 4)
+}
+
+/// Split a K-quant block into its sub-block scales and its 256 signed integer quants (Q3_K's
+/// −4 and Q6_K's −32 already applied).
+pub fn unpack_k(dtype: DType, b: &[u8], sub: &mut SubScales, q: &mut [i8; 256]) {
+    match dtype {
+        DType::Q2_K => {
+            let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
+            sub.n = 16;
+            for (s, &sc) in b[..16].iter().enumerate() {
+                sub.d[s] = d * (sc & 15) as f32;
+                sub.m[s] = dmin * (sc >> 4) as f32;
+            }
+            for (i, qi) in q.iter_mut().enumerate() {
+                let (n, j, l) = (i / 128, i % 128 / 32, i % 32);
+                *qi = ((b[16 + 32 * n + l] >> (2 * j)) & 3) as i8;
+            }
+        }
+        DType::Q3_K => {
+            let d = f16_at(b, 108);
+            sub.n = 16;
+            for s in 0..16 {
+                sub.d[s] = d * (k3_scale(s, &b[96..108]) as i32 - 32) as f32;
+                sub.m[s] = 0.0;
+            }
+            for (i, qi) in q.iter_mut().enumerate() {
+                let (n, j, l) = (i / 128, i % 128 / 32, i % 32);
+                let low = ((b[32 + 32 * n + l] >> (2 * j)) & 3) as i8;
+                let high = (b[l] >> (4 * n + j)) & 1;
+                *qi = if high == 0 { low - 4 } else { low };
+            }
+        }
+        DType::Q4_K | DType::Q5_K => {
+            let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
+            sub.n = 8;
+            for s in 0..8 {
+                let (sc, m) = k4_scale_min(s, &b[4..16]);
+                sub.d[s] = d * sc as f32;
+                sub.m[s] = dmin * m as f32;
+            }
+            let five = dtype == DType::Q5_K;
+            let qs = if five { &b[48..176] } else { &b[16..144] };
+            for (i, qi) in q.iter_mut().enumerate() {
+                let (c, h, l) = (i / 64, i % 64 / 32, i % 32);
+                let byte = qs[32 * c + l];
+                let nib = if h == 0 { byte & 15 } else { byte >> 4 };
+                let high = if five {
+                    ((b[16 + l] >> (i / 32)) & 1) << 4
+                } else {
+                    0
+                };
+                *qi = (nib | high) as i8;
+            }
+        }
+        DType::Q6_K => {
+            let d = f16_at(b, 208);
+            sub.n = 16;
+            for s in 0..16 {
+                sub.d[s] = d * (b[192 + s] as i8) as f32;
+                sub.m[s] = 0.0;
+            }
+            for (i, qi) in q.iter_mut().enumerate() {
+                let (n, k, l) = (i / 128, i % 128 / 32, i % 32);
+                let byte = b[64 * n + 32 * (k % 2) + l];
+                let low = if k < 2 { byte & 15 } else { byte >> 4 };
+                let high = (b[128 + 32 * n + l] >> (2 * k)) & 3;
+                *qi = (low | (high << 4)) as i8 - 32;
+            }
+        }
+        _ => unreachable!("{dtype} is not a K-quant"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(v: f32) -> [u8; 2] {
+        f16::from_f32(v).to_le_bytes()
+    }
+
+    #[test]
+    fn q5_0_fifth_bit_comes_from_qh() {
+        let mut b = h(0.5).to_vec();
+        // Bits 3 (weight 3) and 20 (weight 20) set.
+        b.extend((1u32 << 3 | 1 << 20).to_le_bytes());
+        b.extend([0x21u8; 16]); // low nibble 1, high nibble 2
+        let mut out = [0f32; 32];
+        dequantize_row(DType::Q5_0, &b, &mut out).unwrap();
+        assert_eq!(out[0], 0.5 * (1.0 - 16.0));
+        assert_eq!(out[3], 0.5 * (17.0 - 16.0));
+        assert_eq!(out[16], 0.5 * (2.0 - 16.0));
+        assert_eq!(out[20], 0.5 * (18.0 - 16.0));
+    }
+
+    #[test]
+    fn q6_k_layout() {
+        let mut b = vec![0u8; 210];
+        b[5] = 0x9a; // ql: weight 5 low nibble 10 (k = 0), weight 69 high nibble 9 (k = 2)
+        b[128 + 5] = 0b11_00_10_01; // qh: weight 5 high bits 1, weight 69 high bits 0
+        b[192] = 3; // scale of weights 0..16
+        b[192 + 4] = (-2i8) as u8; // scale of weights 64..80
+        b[208..].copy_from_slice(&h(0.25));
+        let mut out = [0f32; 256];
+        dequantize_row(DType::Q6_K, &b, &mut out).unwrap();
+        assert_eq!(out[5], 0.25 * 3.0 * ((10 + 16) as f32 - 32.0));
+        assert_eq!(out[69], 0.25 * -2.0 * (9.0 - 32.0));
+        // Weight 101 (k = 3) takes qh bits 6..8 = 3.
+        assert_eq!(out[101], 0.0); // its scale (sub-block 6) is 0
+    }
+
+    #[test]
+    fn k4_scales_unpack_both_halves() {
+        let sm = [1, 2, 3, 0xc4, 5, 6, 7, 0x48, 0x9a, 0, 0, 0xf1];
+        assert_eq!(k4_scale_min(3, &sm), (4, 8));
+        // s = 7: scale = (sm[11] & 15) | (sm[3] >> 6) << 4 = 1 | 3 << 4; min = 15 | 1 << 4.
+        assert_eq!(k4_scale_min(7, &sm), (49, 31));
+        assert_eq!(k4_scale_min(4, &sm), (10, 9));
+    }
+
+    #[test]
+    fn wrong_sizes_are_errors() {
+        let mut out = [0f32; 256];
+        assert!(dequantize_row(DType::Q4_K, &[0u8; 143], &mut out).is_err());
+        assert!(dequantize_row(DType::Q6_K, &[0u8; 210], &mut out[..255]).is_err());
+    }
+}
