@@ -36,12 +36,13 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelFileError, ShapeError, UnsupportedError
+from ..loading.archs import GGUF_FAMILIES, split_fused
 from ..loading.gguf_file import POWERINFER_MAGIC, GGUFFile, starts_with
 from ..loading.gguf_loader import (
     ACTIVATION_KEY,
-    SUPPORTED_ARCHS,
     _tensor_views,
     config_from_metadata,
+    fit_position_table,
     loaded_model,
 )
 from ..loading.types import (
@@ -56,6 +57,8 @@ from ..runtime.tokenizer import Tokenizer
 
 SPARSE_THRESHOLD_KEY = "powerinfer.sparse_threshold"
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
+#: The architectures of PowerInfer files read here (those PowerInfer serves).
+POWERINFER_ARCHS: tuple[str, ...] = ("llama", "bamboo", "opt", "falcon")
 
 
 @dataclass
@@ -105,8 +108,8 @@ def load_powerinfer_gguf(
         raise ModelFileError(f"{p}: a plain GGUF file, not a PowerInfer (PWRI) one")
     meta = dict(gf.metadata)
     arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        raise UnsupportedError(f"{p}: architecture {arch!r} (supported: {SUPPORTED_ARCHS})")
+    if arch not in POWERINFER_ARCHS:
+        raise UnsupportedError(f"{p}: architecture {arch!r} (supported: {POWERINFER_ARCHS})")
     # PowerInfer's sparse FFN is ReLU-only and its files carry no activation key
     meta.setdefault(ACTIVATION_KEY, "relu")
     thr_meta = meta.get(SPARSE_THRESHOLD_KEY, 0.0)
@@ -121,7 +124,11 @@ def load_powerinfer_gguf(
     thr = float(thr_meta if threshold is None else threshold)
     tok = Tokenizer.from_gguf(meta)
     cfg = config_from_metadata(meta, tok)
-    tensors = _tensor_views(gf)
+    fam = GGUF_FAMILIES[arch]
+    tensors = _tensor_views(gf, fam)
+    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    split_fused(fam, tensors, cfg.n_layers, q_dim, kv_dim, cfg.ffn_dim)
+    fit_position_table(cfg, tensors, p)
     preds_raw: dict[int, dict[str, TensorData]] = {}
     for name in list(tensors):
         parts = name.split(".")

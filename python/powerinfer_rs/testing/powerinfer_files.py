@@ -117,11 +117,14 @@ def write_powerinfer_gguf(
     seed: int = 0,
     active: float = 0.1,
     max_context: int = 512,
+    arch: str = "llama",
+    tie: bool = False,
 ) -> Path:
-    """Write a synthetic ReLU llama as a PowerInfer GGUF (``PWRI`` magic) with per-layer
-    predictors (given, or random of ``ranks``). ``sparse_threshold=None`` leaves the key out.
-    ``dtype`` / ``predictor_dtype``: F32, F16 or Q4_0 (PowerInfer's quantizer stores its
-    predictors in Q4_0 too); norms stay F32."""
+    """Write a synthetic ReLU model of family ``arch`` (llama, bamboo, opt, falcon: those
+    PowerInfer serves) as a PowerInfer GGUF (``PWRI`` magic) with per-layer predictors (given,
+    or random of ``ranks``). ``sparse_threshold=None`` leaves the key out. ``dtype`` /
+    ``predictor_dtype``: F32, F16 or Q4_0 (PowerInfer's quantizer stores its predictors in Q4_0
+    too); norms and biases stay F32."""
     import gguf
 
     dtype, predictor_dtype = dtype.upper(), predictor_dtype.upper()
@@ -133,6 +136,7 @@ def write_powerinfer_gguf(
     if "Q4_0" in (dtype, predictor_dtype) and (dim % 32 or ffn % 32):
         raise ShapeError("Q4_0 needs dim and ffn to be multiples of 32")
     spec = SynthSpec(dim, ffn, layers, heads, kv_heads, vocab, "relu", max_context, seed, active)
+    spec.arch, spec.tie = arch, tie
     spec.validate()
     gen = SynthWeights(spec)
     if isinstance(predictors, PredictorSet):
@@ -145,7 +149,7 @@ def write_powerinfer_gguf(
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".part")
-    w = gguf.GGUFWriter(str(tmp), "llama")
+    w = gguf.GGUFWriter(str(tmp), spec.family.gguf_arch)
     name = f"synthetic-powerinfer-relu-d{dim}-f{ffn}-l{layers}"
     add_llama_metadata(w, spec, name, PWRI_DTYPES[dtype], tokenizer_pre="gpt2")
     if sparse_threshold is not None:
@@ -155,11 +159,16 @@ def write_powerinfer_gguf(
         p = preds[i]
         _add(w, f"blk.{i}.fc1.weight", p.fc1, predictor_dtype)
         _add(w, f"blk.{i}.fc2.weight", p.fc2, predictor_dtype)
-    for name, shape in spec.tensor_shapes():
+    if spec.family.layer_norm:
+        w.add_layer_norm_eps(spec.rms_eps)
+    for name, shape in spec.tensor_shapes(fused=True):
         x = gen.gguf_tensor(name)
         if name.endswith("ffn_down"):
             name, x = name + "_t", np.ascontiguousarray(x.T)
-        _add(w, f"{name}.weight", x, "F32" if len(shape) == 1 else dtype)
+        # PowerInfer names the down projection's bias after the transposed weight.
+        name = name.replace("ffn_down.bias", "ffn_down_t.bias")
+        full = name if name.endswith(".bias") else f"{name}.weight"
+        _add(w, full, x, "F32" if len(shape) == 1 else dtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
