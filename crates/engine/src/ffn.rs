@@ -235,8 +235,8 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
         Sparsity::ExactRelu => {
             s.gate.resize(lw.w_gate.rows, 0.0);
             matvec(&lw.w_gate, call.xn, &mut s.gate)?;
-            add_gate_bias(lw, None, &mut s.gate);
             mark(Phase::Gate);
+            add_gate_bias(lw, None, &mut s.gate);
             keep_firing(
                 act,
                 0..s.gate.len() as u32,
@@ -300,8 +300,8 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
             // Separate passes over gate, up and down_t rows, as in exact-relu.
             s.gate.resize(predicted.len(), 0.0);
             matvec_rows(&lw.w_gate, call.xn, predicted, &mut s.gate)?;
-            add_gate_bias(lw, Some(predicted), &mut s.gate);
             mark(Phase::Gate);
+            add_gate_bias(lw, Some(predicted), &mut s.gate);
             keep_firing(
                 act,
                 predicted.iter().copied(),
