@@ -372,3 +372,11 @@ def test_bad_family_values_are_typed_errors(synth_gguf, field, value):
         _core.Model({**cfg, field: value}, tensors)
     with pytest.raises(ModelFileError):  # FATReLU needs ReLU
         _core.Model({**cfg, "activation": "silu", "relu_threshold": 0.1}, tensors)
+
+
+def test_many_layer_falcon_passes_the_layer_count_check(synth_gguf):
+    """A Falcon layer holds 8 tensors (fused q/k/v split in 3, no gate, no FFN norm): the
+    loader's check that the file can hold its block count counts the family's own tensors,
+    not llama's 9 (12 layers: 100 tensors in all, fewer than 12 x 9)."""
+    m = load_model(synth_gguf(dtype="F32", activation="gelu", arch="falcon", kv_heads=1, layers=12))
+    assert m.config.n_layers == 12 and len(m.tensors) < 12 * 9
