@@ -8,6 +8,9 @@ use std::sync::OnceLock;
 use powerinfer_core::{bail, ensure, DType, ModelConfig, PageBuf, Result, Weight};
 use rayon::prelude::*;
 
+/// Environment variable pinning [`ModelWeights::down_crossover`] (a share in 0..=1).
+pub const CROSSOVER_ENV: &str = "POWERINFER_RS_DOWN_CROSSOVER";
+
 /// One decoder layer.
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
@@ -367,9 +370,25 @@ impl ModelWeights {
     /// `down_t` rows: s · (time of one dense matvec) / (time of an axpy over a scattered share
     /// s ≈ 1/2 of the rows), assuming the axpy's time grows in proportion to the rows it reads.
     /// Measured once (best of 3 passes over every layer each, on the calling thread pool), since
-    /// the balance depends on the format, the shape and the machine.
+    /// the balance depends on the format, the shape and the machine; the environment variable
+    /// [`CROSSOVER_ENV`] (a share in 0..=1) pins it instead, for runs that must not depend on a
+    /// timing (two engines compared in a test on a busy machine).
     pub fn down_crossover(&self) -> Result<f32> {
         if let Some(&c) = self.down_crossover.get() {
+            return Ok(c);
+        }
+        if let Ok(v) = std::env::var(CROSSOVER_ENV) {
+            let c: f32 = v.trim().parse().map_err(|_| {
+                powerinfer_core::Error::Plan(format!(
+                    "{CROSSOVER_ENV}={v:?}: expected a share in 0..=1"
+                ))
+            })?;
+            powerinfer_core::ensure!(
+                (0.0..=1.0).contains(&c),
+                Plan,
+                "{CROSSOVER_ENV}={v:?}: expected a share in 0..=1"
+            );
+            let _ = self.down_crossover.set(c);
             return Ok(c);
         }
         let down_t = self.down_t()?;
