@@ -145,6 +145,7 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
         budget,
         context=n_ctx,
         solver="auto",
+        objective=args.objective or ("mass" if args.small else "time"),
         predictors=fixed_predictor_sizes(model.config, 0),  # no predictors in these modes
         min_neurons=0 if args.small else None,
     )
@@ -287,6 +288,13 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per engine")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="default all cores")
     ap.add_argument("--hardware", default="h200", help="planner's hardware profile")
+    ap.add_argument(
+        "--objective",
+        choices=["time", "mass"],
+        default=None,
+        help="planner objective (default: time; mass with --small, whose tiny layers the time "
+        "objective rightly keeps on the CPU)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights")
     ap.add_argument("--model-dir", default=CACHE, help=f"synthetic GGUFs and plans ({CACHE})")
     ap.add_argument("--json", help="write all figures to this JSON file")

@@ -116,3 +116,16 @@ def write_zero_predictors(path: Path, config, rank: int, fc2_dtype=np.float16) -
         t[f"blk.{i}.fc2"] = np.zeros((config.ffn_dim, rank), fc2_dtype)
     save_file(t, str(path))
     return t
+
+
+@pytest.fixture(scope="session")
+def server(smol):
+    """A live OpenAI-compatible server on SmolLM2 (tests/live_server.py), shared by the server
+    tests: no API key, the default queue."""
+    from powerinfer_rs import Engine
+
+    from live_server import LiveServer
+
+    live = LiveServer(Engine(smol, threads=2))
+    yield live
+    live.stop()

@@ -8,6 +8,18 @@ rotates pairs ``(2i, 2i+1)``, "neox" pairs ``(i, i + hd/2)``), causal grouped-qu
 attention (query head ``h`` reads KV head ``h // (n_heads / n_kv_heads)``), FFN
 ``down(act(gate x) * up x)``, final norm and the output head. GELU is the tanh form (as ggml
 computes it).
+
+Family features, as the published HF modeling files have them: q/k/v biases added after the
+projections (Qwen2), per-head RMSNorm of q and k before RoPE (Qwen3), and a sliding window
+(Mistral; a query at position i sees keys j with ``i - j < window``) on the layers the config's
+``swa_pattern`` marks (0: all; p: all but each p-th) with their own RoPE base where set;
+Gemma's ``(offset + w)`` norms, norms after attention and FFN, embeddings times a scale, a
+query scale, and soft-capped attention scores and logits (``c * tanh(s / c)``); ProSparse's
+FATReLU (``x`` where ``x > t``, else 0) and Bamboo's activated up projection
+(``down(act(gate x) * act(up x))``); OPT's and Falcon's LayerNorm with biases
+(``(x - mean) / sqrt(var + eps) * w + b``), learned positions (row ``pos + offset``, no RoPE),
+gate-less FFN ``down(act(fc1 x + b1)) + b2``, attention output bias, and parallel attention and
+FFN (``x + attn(n(x)) + ffn(n2(x))``).
 """
 
 from __future__ import annotations
@@ -130,35 +142,83 @@ def reference_forward(
     n = toks.size
     pos = np.arange(n)
     x = w["token_embd"][toks]
+    if c.learned_pos:
+        x = x + w["position_embd"][pos + c.pos_offset]
+    if c.embed_scale:
+        x = x * c.embed_scale
+    off = c.norm_offset
+
+    def norm(y: np.ndarray, name: str) -> np.ndarray:
+        if c.layer_norm:
+            mu = y.mean(axis=-1, keepdims=True)
+            var = ((y - mu) ** 2).mean(axis=-1, keepdims=True)
+            return (y - mu) / np.sqrt(var + c.rms_eps) * w[name].reshape(-1) + w[name + ".bias"]
+        return rms_norm(y, w[name] + off, c.rms_eps)
+
+    def bias(y: np.ndarray, name: str, on: bool) -> np.ndarray:
+        return y + w[name + ".bias"].reshape(-1) if on else y
+
+    def cap(s: np.ndarray, c_: float) -> np.ndarray:
+        return c_ * np.tanh(s / c_) if c_ else s
+
+    scale = c.attn_scale or 1.0 / np.sqrt(c.head_dim)
+
+    def act(y: np.ndarray) -> np.ndarray:
+        if c.relu_threshold:
+            return np.where(y > c.relu_threshold, y, 0.0)
+        return activation(c.activation, y)
+
     group = c.n_heads // c.n_kv_heads
-    mask = np.triu(np.full((n, n), -np.inf), k=1)
+    causal = np.triu(np.full((n, n), -np.inf), k=1)
     gates: list[np.ndarray] = []
     for i in range(c.n_layers):
         p = f"blk.{i}."
-        h = rms_norm(x, w[p + "attn_norm"], c.rms_eps)
-        q = (h @ w[p + "attn_q"].T).reshape(n, c.n_heads, c.head_dim)
-        k = (h @ w[p + "attn_k"].T).reshape(n, c.n_kv_heads, c.head_dim)
-        v = (h @ w[p + "attn_v"].T).reshape(n, c.n_kv_heads, c.head_dim)
-        q = rope(q, pos, c.rope_theta, c.rope_style)
-        k = rope(k, pos, c.rope_theta, c.rope_style)
+        h = norm(x, p + "attn_norm")
+        q, k, v = (h @ w[p + f"attn_{x}"].T for x in "qkv")
+        if c.qkv_bias:
+            q, k, v = (y + w[p + f"attn_{x}.bias"].reshape(-1) for y, x in zip((q, k, v), "qkv"))
+        q = q.reshape(n, c.n_heads, c.head_dim)
+        k = k.reshape(n, c.n_kv_heads, c.head_dim)
+        v = v.reshape(n, c.n_kv_heads, c.head_dim)
+        if c.qk_norm:
+            q = norm(q, p + "attn_q_norm")
+            k = norm(k, p + "attn_k_norm")
+        mask, theta = causal, c.rope_theta
+        if c.sliding_window and (c.swa_pattern == 0 or (i + 1) % c.swa_pattern):
+            dist = pos[:, None] - pos[None, :]
+            mask = np.where(dist >= c.sliding_window, -np.inf, causal)
+            theta = c.rope_theta_local or theta
+        if not c.learned_pos:
+            q = rope(q, pos, theta, c.rope_style)
+            k = rope(k, pos, theta, c.rope_style)
         att = np.empty((n, c.n_heads, c.head_dim))
         for hq in range(c.n_heads):
             kv = hq // group
-            s = q[:, hq, :] @ k[:, kv, :].T / np.sqrt(c.head_dim) + mask
+            s = cap(q[:, hq, :] @ k[:, kv, :].T * scale, c.attn_softcap) + mask
             s -= s.max(axis=1, keepdims=True)
             e = np.exp(s)
             att[:, hq, :] = (e / e.sum(axis=1, keepdims=True)) @ v[:, kv, :]
-        x = x + att.reshape(n, -1) @ w[p + "attn_output"].T
-        h = rms_norm(x, w[p + "ffn_norm"], c.rms_eps)
-        g = h @ w[p + "ffn_gate"].T
+        o = bias(att.reshape(n, -1) @ w[p + "attn_output"].T, p + "attn_output", c.out_bias)
+        x_in = x  # a parallel block's FFN reads the residual from before the attention
+        x = x + (norm(o, p + "post_attention_norm") if c.post_norms else o)
+        if not c.parallel:
+            x_in, ffn_norm = x, p + "ffn_norm"
+        else:
+            ffn_norm = p + ("attn_norm_2" if p + "attn_norm_2" in w else "attn_norm")
+        h = norm(x_in, ffn_norm)
+        # Without a gate, fc1 (``ffn_up``) is the activated projection and there is no up.
+        g = bias(h @ w[p + ("ffn_up" if c.no_gate else "ffn_gate")].T, p + "ffn_up", c.ffn_bias)
         gates.append(g)
-        u = h @ w[p + "ffn_up"].T
-        a = activation(c.activation, g)
+        u = 1.0 if c.no_gate else h @ w[p + "ffn_up"].T
+        a = act(g)
+        if c.up_act:
+            u = act(u)
         if ffn_mask is not None:
-            a = a * ffn_mask(i, h, x, a)
-        x = x + (a * u) @ w[p + "ffn_down"].T
-    x = rms_norm(x, w["output_norm"], c.rms_eps)
-    logits = x @ w["output"].T
+            a = a * ffn_mask(i, h, x_in, a)
+        f = bias((a * u) @ w[p + "ffn_down"].T, p + "ffn_down", c.ffn_bias)
+        x = x + (norm(f, p + "post_ffw_norm") if c.post_norms else f)
+    x = norm(x, "output_norm")
+    logits = cap(x @ w["output"].T, c.final_softcap)
     return logits, gates
 
 

@@ -4,9 +4,11 @@ argparse errors naming the flag; HiGHS's banner stays off stdout unless ``--verb
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
+import stat
 import subprocess
 import sys
 
@@ -86,6 +88,46 @@ def _argv(f: dict, stage: str) -> list[str]:
     }[stage]
 
 
+@contextlib.contextmanager
+def unprivileged(paths: list[str], keep_locked: str):
+    """As root (who reads files whatever their mode), run the block as the user ``nobody`` so
+    a file of mode 000 is unreadable as it is for any user: ``paths`` and everything under them
+    (but ``keep_locked``) are opened to others, and the directories above them made
+    traversable, for the block only. As any other user: nothing to do."""
+    if os.geteuid() != 0:
+        yield
+        return
+    changed: list[tuple[str, int]] = []
+
+    def grant(path: str, bits: int) -> None:
+        mode = os.stat(path).st_mode
+        if path != keep_locked and mode | bits != mode:
+            changed.append((path, mode))
+            os.chmod(path, stat.S_IMODE(mode | bits))
+
+    rwx = stat.S_IROTH | stat.S_IWOTH | stat.S_IXOTH
+    for path in paths:
+        up = os.path.dirname(os.path.abspath(path))
+        while up != os.path.dirname(up):
+            grant(up, stat.S_IXOTH)
+            up = os.path.dirname(up)
+        if os.path.isfile(path):
+            grant(path, stat.S_IROTH)
+        for root, _, names in os.walk(path):
+            grant(root, rwx)
+            for name in names:
+                grant(os.path.join(root, name), stat.S_IROTH)
+    os.setegid(65534)
+    os.seteuid(65534)
+    try:
+        yield
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+        for path, mode in reversed(changed):
+            os.chmod(path, stat.S_IMODE(mode))
+
+
 def _main(stage: str):
     return MAINS.get(stage, cli.main)
 
@@ -120,8 +162,6 @@ INPUTS = [
 @pytest.mark.parametrize("kind", ["missing", "dir", "garbage", "empty", "locked"])
 @pytest.mark.parametrize("stage,flag", INPUTS)
 def test_bad_input_file_is_one_error_line(files, capsys, monkeypatch, stage, flag, kind):
-    if kind == "locked" and os.geteuid() == 0:
-        pytest.skip("root reads files whatever their mode")
     if (stage, flag, kind) in {("perplexity", "--file", "garbage")}:
         pytest.skip("any bytes are a text to score (invalid UTF-8 replaced)")
     monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # chat: no conversation
@@ -131,7 +171,13 @@ def test_bad_input_file_is_one_error_line(files, capsys, monkeypatch, stage, fla
     bad = files["bad"][kind]
     i = 1 if flag == "FILE" else argv.index(flag) + 1
     argv[i] = bad
-    rc = _main(stage)(argv)
+    if kind == "locked":
+        with unprivileged([files["model"], os.path.dirname(files["corpus"])], bad):
+            with pytest.raises(PermissionError):
+                open(bad, "rb").close()
+            rc = _main(stage)(argv)
+    else:
+        rc = _main(stage)(argv)
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     assert rc == 2, err
@@ -304,3 +350,59 @@ def test_plan_kv_cache_sized_from_the_models_context(files, capsys):
     assert load_plan(out).context == max_ctx
     assert plan.main(argv + ["--context", "64"]) == 0
     assert load_plan(out).context == 64
+
+
+def test_unreadable_model_is_a_typed_error_from_the_api(files):
+    from powerinfer_rs import Engine
+    from powerinfer_rs.errors import ModelFileError
+    from powerinfer_rs.loading import load_model
+
+    locked = files["bad"]["locked"]
+    # the file itself unreadable, then a directory on its way that may not be entered
+    for opened in ([files["model"], os.path.dirname(locked)], [files["model"]]):
+        with unprivileged(opened, locked):
+            for load in (load_model, Engine.from_pretrained):
+                with pytest.raises(ModelFileError, match="cannot read"):
+                    load(locked)
+
+
+# -- the Python API follows the command line's rule for files given without their mode ---------
+
+
+def test_api_file_without_mode_selects_it_and_says_so(files):
+    from powerinfer_rs import Engine
+
+    for arg, mode in (("thresholds", "threshold"), ("predictors", "predictor")):
+        with pytest.warns(UserWarning, match=f"{arg}= given: using sparsity= {mode}") as rec:
+            eng = Engine.from_pretrained(files["model"], **{arg: files[arg]})
+        assert eng.sparsity == mode and len(rec) == 1
+        assert rec[0].filename == __file__  # said at the caller's line
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"thresholds": "T", "predictors": "P"}, "both given"),
+        ({"sparsity": "dense", "thresholds": "T"}, "thresholds= is used only with"),
+        ({"sparsity": "threshold", "thresholds": "T", "predictors": "P"}, "predictors="),
+        ({"sparsity": "exact-relu", "predictors": "P"}, "predictors= is used only with"),
+    ],
+)
+def test_api_files_the_mode_would_ignore_are_refused(files, kwargs, message):
+    from powerinfer_rs import Engine
+    from powerinfer_rs.errors import PlanError
+    from powerinfer_rs.loading import load_model
+
+    kw = {
+        k: files["thresholds"] if v == "T" else files["predictors"] if v == "P" else v
+        for k, v in kwargs.items()
+    }
+    with pytest.raises(PlanError, match=message):
+        Engine.from_pretrained(files["model"], **kw)
+    with pytest.raises(PlanError, match=message):
+        Engine(load_model(files["model"]), **kw)
+    eng = Engine.from_pretrained(files["model"])
+    if "sparsity" in kw:
+        with pytest.raises(PlanError, match=message):
+            eng.set_sparsity(**{"mode": kw.pop("sparsity")}, **kw)
+    assert eng.sparsity == "dense"

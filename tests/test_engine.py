@@ -175,3 +175,78 @@ def test_prefill_extends_the_context_like_scoring(smol, smol_engine):
     with pytest.raises(ShapeError):
         smol_engine.prefill([])
     smol_engine.reset()
+
+
+def test_token_stream_steps_logprobs_and_counts(smol_engine):
+    prompt = "The capital of France is"
+    want = smol_engine.generate(prompt, max_new_tokens=8, temperature=0, ignore_eos=True)
+    steps = smol_engine.stream_tokens(
+        prompt, max_new_tokens=8, temperature=0, ignore_eos=True, logprobs=3
+    )
+    got = list(steps)
+    assert "".join(s.text for s in got) == want
+    assert steps.stats.completion_tokens == len(got) == 8
+    assert steps.stats.finish_reason == "length"
+    # Greedy: each token is the likeliest, its log p that of a fresh forward pass.
+    ids = smol_engine.tokenizer.encode(prompt) + [s.token for s in got]
+    logits = smol_engine.logits(ids).astype(np.float64)
+    logz = np.log(np.exp(logits - logits.max(1, keepdims=True)).sum(1)) + logits.max(1)
+    n = len(ids) - len(got)
+    for k, s in enumerate(got):
+        assert s.top_logprobs[0][0] == s.token and len(s.top_logprobs) == 3
+        assert s.logprob == pytest.approx(logits[n - 1 + k, s.token] - logz[n - 1 + k], abs=2e-3)
+
+
+def test_frequency_penalty_breaks_a_greedy_loop(smol_engine):
+    kw = dict(max_new_tokens=24, temperature=0, ignore_eos=True)
+    plain = smol_engine.stream_tokens("1, 1, 1, 1, 1, 1,", **kw)
+    penalised = smol_engine.stream_tokens("1, 1, 1, 1, 1, 1,", frequency_penalty=2.0, **kw)
+    a = [s.token for s in plain]
+    b = [s.token for s in penalised]
+    assert len(set(b)) > len(set(a))
+
+
+def test_token_ids_are_checked_when_the_stream_is_made(smol_engine):
+    from powerinfer_rs.errors import TokenError
+
+    vocab = smol_engine.config.vocab_size
+    for bad in ([vocab], [5, -1]):
+        with pytest.raises(TokenError, match=f"token id {bad[-1]} is outside"):
+            smol_engine.stream_tokens(bad)  # raised here, before the first step
+
+
+def test_the_continuation_does_not_depend_on_what_the_cache_held(smol):
+    # The one-token path rounds differently from a multi-token pass: a prompt must meet the
+    # K/V a fresh context computes, whatever earlier calls left in the cache.
+    eng = Engine(smol, threads=2)
+    prompt = "A short note on bread: it is"
+    ids = eng.tokenizer.encode(prompt)
+    kw = dict(max_new_tokens=6, temperature=0.9, seed=3, ignore_eos=True, logprobs=0)
+
+    def run() -> list:
+        return [(s.token, s.logprob) for s in eng.stream_tokens(ids, **kw)]
+
+    eng.reset()
+    want = run()
+    before = [
+        [ids],  # the same prompt again: all but its last token cached
+        [ids[:-1]],  # its last token was a prompt's last (one-token path)
+        [ids[:-2]],  # two tokens short: those two would be a one-token pass
+        [ids[:3]],  # a prefix, and generated tokens after it
+        [ids[:1]],
+        [ids + [42, 43]],  # a longer prompt sharing all of it
+        [ids[:4], ids[:-1], ids[:2]],
+    ]
+    for history in before:
+        eng.reset()
+        for p in history:
+            eng.generate(p, max_new_tokens=3, temperature=0)
+        assert run() == want, history
+    eng.reset()
+    eng.prefill(ids[:5])
+    assert run() == want
+    short = ids[:2]  # a two-token prompt: its first token takes the one-token path when fresh
+    eng.reset()
+    alone = eng.generate(short, max_new_tokens=4, temperature=0)
+    eng.generate(ids, max_new_tokens=2, temperature=0)
+    assert eng.generate(short, max_new_tokens=4, temperature=0) == alone

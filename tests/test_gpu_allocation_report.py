@@ -52,6 +52,7 @@ def plan_for(engine: Engine, budget: int, **kw):
     )
     kw.setdefault("solver", "greedy")
     kw.setdefault("context", CONTEXT)
+    kw.setdefault("objective", "mass")  # the time objective keeps layers this tiny on the CPU
     return make_plan(engine.loaded, profile, load_hardware("rtx4090"), budget, min_neurons=0, **kw)
 
 

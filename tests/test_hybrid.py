@@ -58,6 +58,7 @@ def plan_for(model, path, share: float, context: int = 256, predictors=None) -> 
         bucket=32,
         min_neurons=0,
         solver="greedy",
+        objective="mass",  # the time objective keeps layers this tiny on the CPU
         predictors=predictors,
     )
     assert plan.gpu_bytes > 0
@@ -137,7 +138,10 @@ def test_predictors_on_the_gpu_side(relu, tmp_path, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_smollm2_threshold_mode_on_the_gpu_side(smol, tmp_path, device):
+def test_smollm2_threshold_mode_on_the_gpu_side(smol, tmp_path, device, monkeypatch):
+    # Both engines take the same down product (dense above 74% active): the crossover each
+    # would measure is a timing, and on a busy machine the two could choose differently.
+    monkeypatch.setenv("POWERINFER_RS_DOWN_CROSSOVER", "0.5")
     c = smol.config
     path = plan_for(smol, tmp_path / "smol.safetensors", 0.4, context=128)
     thresholds = [0.02] * c.n_layers  # about 74% of the neurons pass

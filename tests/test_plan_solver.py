@@ -20,6 +20,7 @@ from powerinfer_rs.planning import (
     total_bytes,
 )
 from powerinfer_rs.planning.greedy import solve_greedy
+from powerinfer_rs.planning.ilp import DEFAULT_MIP_GAP
 from powerinfer_rs.testing.synth_model import SynthSpec
 
 #: Objective values agree to this relative tolerance (float sums in a different order).
@@ -192,3 +193,37 @@ def test_without_the_plan_extra(monkeypatch, tmp_path):
     assert "greedy fallback" in res.note and evaluate(p, res.placement).feasible
     with pytest.raises(UnsupportedError, match=r"plotting needs matplotlib"):
         pyplot()
+
+
+@pytest.mark.parametrize("solver", ["greedy", "auto"])
+@pytest.mark.parametrize("hardware", ["rtx4090", "h100-pcie"])
+def test_default_objective_is_never_rated_slower_than_the_alternative(solver, hardware):
+    """make_plan's default (time) against mass on a 7B-like shape at several budgets: its
+    plan is never rated slower by its own cost model. The greedy time fill, which ignores the
+    per-layer max of the CPU and GPU parts, is where the mass plan can win and is kept."""
+    from powerinfer_rs.planning import load_hardware, make_plan
+
+    if solver == "auto":
+        pytest.importorskip("highspy")
+    spec = SynthSpec(4096, 11008, 8, heads=32, kv_heads=32, vocab=32000, max_context=4096)
+    shape = ModelShape.from_config(spec.model_config(), "Q4_0")
+    prof = synthetic_profile(8, 11008, 2000, seed=3, zipf_a=1.0)
+    hw = load_hardware(hardware)
+    kept_mass = 0
+    for gib in (0.25, 0.5, 1.0, 2.0, 3.0):
+        kw = dict(bucket=64, context=512, solver=solver, time_limit=5.0)
+        plans = {
+            kind: make_plan(shape, prof, hw, int(gib * 2**30), objective=kind, **kw)
+            for kind in ("mass", "time")
+        }
+        default = make_plan(shape, prof, hw, int(gib * 2**30), **kw)
+        t = {k: p.predicted["time_per_token_s"] for k, p in plans.items()}
+        # greedy is deterministic; HiGHS under a time limit may stop at another answer within
+        # its MIP gap from one solve to the next
+        tol = 0.0 if solver == "greedy" else DEFAULT_MIP_GAP
+        assert default.predicted["time_per_token_s"] <= t["time"] * (1 + tol), (gib, t)
+        assert t["time"] <= t["mass"] * (1 + tol), (gib, t)
+        assert default.predicted["time_per_token_s"] <= t["mass"] * (1 + tol), (gib, t)
+        kept_mass += "mass objective's plan is rated faster" in default.solver["note"]
+    if solver == "greedy":
+        assert kept_mass > 0, "no case exercised the guard"

@@ -6,7 +6,13 @@ import numpy as np
 import pytest
 
 from powerinfer_rs.errors import ShapeError
-from powerinfer_rs.runtime.sampling import SamplingParams, apply_repetition_penalty, sample
+from powerinfer_rs.runtime.sampling import (
+    SamplingParams,
+    apply_presence_frequency,
+    apply_repetition_penalty,
+    log_probs,
+    sample,
+)
 from powerinfer_rs.runtime.streaming import IncrementalDecoder, StopMatcher
 
 
@@ -95,3 +101,38 @@ def test_incremental_decoder_waits_for_whole_characters():
     pieces = [dec.add(b) for b in text.encode()]
     assert "".join(pieces) == text
     assert all("\ufffd" not in p for p in pieces)
+
+
+def test_presence_and_frequency_penalties_follow_openais_rule():
+    x = np.array([3.0, 3.0, 3.0, 0.0])
+    apply_presence_frequency(x, {0: 1, 1: 3}, presence=0.5, frequency=0.25)
+    assert x.tolist() == [3.0 - 0.75, 3.0 - 1.25, 3.0, 0.0]
+
+
+def test_penalties_change_the_greedy_choice():
+    logits = np.array([2.0, 1.9, 0.0])
+    rng = np.random.default_rng(0)
+    assert sample(logits, SamplingParams(temperature=0.0), rng, counts={0: 1}) == 0
+    params = SamplingParams(temperature=0.0, presence_penalty=0.2)
+    assert not params.greedy
+    assert sample(logits, params, rng, counts={0: 1}) == 1
+    params = SamplingParams(temperature=0.0, frequency_penalty=0.06)
+    assert sample(logits, params, rng, counts={0: 1}) == 0
+    assert sample(logits, params, rng, counts={0: 2}) == 1
+
+
+@pytest.mark.parametrize("name", ["presence_penalty", "frequency_penalty"])
+@pytest.mark.parametrize("value", [2.5, -2.01, float("nan"), "1"])
+def test_penalties_outside_their_range_raise(name, value):
+    with pytest.raises(ShapeError, match=name):
+        SamplingParams(**{name: value}).validate()
+
+
+def test_log_probs_are_the_log_softmax_of_the_raw_logits():
+    logits = np.random.default_rng(5).normal(size=300).astype(np.float32) * 4
+    ref = logits.astype(np.float64) - np.log(np.exp(logits.astype(np.float64)).sum())
+    lp, top = log_probs(logits, 7, top=5)
+    assert lp == pytest.approx(ref[7], abs=1e-9)
+    assert [i for i, _ in top] == np.argsort(-ref)[:5].tolist()
+    assert [v for _, v in top] == pytest.approx(np.sort(ref)[::-1][:5].tolist(), abs=1e-9)
+    assert log_probs(logits, 7)[1] == []

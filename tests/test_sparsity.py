@@ -191,3 +191,34 @@ def test_profiling_counts_match_the_reference(relu_model, ids):
     assert np.array_equal(counts, want)
     assert 0 < counts.sum() < np.stack(hs).size
     eng.stop_profiling()
+
+
+def test_phase_timing_accounts_for_each_forward_pass(synth_gguf):
+    """Session.set_phase_timing: every pass and token counted, the phases a mode runs timed,
+    the ones it does not run left at zero (the decode breakdown of bench_powerinfer.py)."""
+    from powerinfer_rs import Engine
+    from powerinfer_rs.predictors.model import PredictorSet
+    from powerinfer_rs.testing.powerinfer_files import random_predictors
+
+    eng = Engine.from_pretrained(str(synth_gguf("F32", activation="relu")), threads=2)
+    s = eng._session
+    assert s.phase_times() is None
+    c = eng.config
+    preds = PredictorSet(
+        layers=random_predictors(c.n_layers, c.dim, c.ffn_dim, 8),
+        model_fingerprint=eng.loaded.fingerprint,
+    )
+    for mode, kw, idle in (
+        ("dense", {}, {"predictor", "up"}),
+        ("exact-relu", {}, {"predictor"}),
+        ("predictor", {"predictors": preds}, set()),
+    ):
+        eng.set_sparsity(mode, **kw)
+        s.set_phase_timing(True)
+        eng.generate([1, 2, 3, 4], max_new_tokens=6, temperature=0, ignore_eos=True)
+        t = s.phase_times()
+        assert t["tokens"] == 4 + 5 and 6 <= t["passes"] <= 7, (mode, t)  # prefill: 1-2 passes
+        for name in ("attention", "predictor", "gate", "up", "down", "output", "other"):
+            assert (t[name] == 0.0) == (name in idle), (mode, name, t)
+        s.set_phase_timing(False)
+        assert s.phase_times() is None

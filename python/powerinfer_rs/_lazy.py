@@ -1,7 +1,8 @@
 """Deferred imports. Packages whose names load on first use (PEP 562), so that importing a package
 does not import every module in it (the file-format modules and the libraries that use them can
 then import each other's pieces without cycles), and the optional dependencies of the
-``powerinfer-rs[plan]`` extra (highspy, matplotlib), imported only where they are needed."""
+``powerinfer-rs[plan]`` extra (highspy, matplotlib) and of the ``server`` extra, imported only
+where they are needed."""
 
 from __future__ import annotations
 
@@ -33,11 +34,11 @@ def lazy_exports(
     return sorted(where), __getattr__
 
 
-def optional_import(name: str, purpose: str) -> Any:
+def optional_import(name: str, purpose: str, extra: str = PLAN_EXTRA) -> Any:
     """Import module ``name`` of an optional dependency, or raise :class:`UnsupportedError`
-    saying ``purpose`` needs it and how to install it."""
+    saying ``purpose`` needs it and how to install it (``extra``)."""
     try:
         return importlib.import_module(name)
     except ImportError as e:
         top = name.split(".")[0]
-        raise UnsupportedError(f"{purpose} needs {top} ({e}): {PLAN_EXTRA}") from None
+        raise UnsupportedError(f"{purpose} needs {top} ({e}): {extra}") from None

@@ -1,10 +1,11 @@
 """Command line: ``powerinfer-rs`` / ``python -m powerinfer_rs`` COMMAND.
 
-``generate``, ``chat`` and ``perplexity`` run the engine; each takes ``--model`` (a GGUF file or
-a Hugging Face directory; default: the SmolLM2-135M-Instruct GGUF, fetched once into the cache)
-and ``--threads``. The stages of the sparsity pipeline (``calibrate``, ``profile``,
-``train-predictors``, ``evaluate``, ``plan``) and the tools ``synth`` and ``thresholds`` get the
-rest of the command line, as ``python -m powerinfer_rs.<stage>`` does.
+``generate``, ``chat``, ``perplexity`` and ``serve`` (the OpenAI-compatible server) run the
+engine; each takes ``--model`` (a GGUF file or a Hugging Face directory; default: the
+SmolLM2-135M-Instruct GGUF, fetched once into the cache) and ``--threads``. The stages of the
+sparsity pipeline (``calibrate``, ``profile``, ``train-predictors``, ``evaluate``, ``plan``) and
+the tools ``synth`` and ``thresholds`` get the rest of the command line, as
+``python -m powerinfer_rs.<stage>`` does.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--ctx",
+        "--n-ctx",
         type=positive_int,
         default=None,
         help="context size in tokens (default: min(4096, model's))",
@@ -117,42 +119,41 @@ def _gen_kwargs(a: argparse.Namespace) -> dict:
 def sparsity_mode(sparsity: str | None, thresholds, predictors, out=None) -> str | None:
     """The sparsity mode for ``--sparsity``, ``--thresholds`` and ``--predictors``: a file given
     without ``--sparsity`` selects the mode that uses it (said once on ``out``); a file the
-    chosen mode would ignore, or both files without a mode, is a :class:`PlanError`."""
-    from .errors import PlanError
+    chosen mode would ignore, or both files without a mode, is a :class:`PlanError`
+    (:func:`~.runtime.modes.resolve_sparsity`, the rule the Python API follows too)."""
+    from .runtime.modes import resolve_sparsity
 
-    given = [m for m, f in (("threshold", thresholds), ("predictor", predictors)) if f]
-    if sparsity is None:
-        if len(given) > 1:
-            raise PlanError(
-                "--thresholds and --predictors were both given: choose the mode with "
-                "--sparsity threshold or --sparsity predictor"
-            )
-        if given:
-            flag = "--thresholds" if given[0] == "threshold" else "--predictors"
-            print(f"note: {flag} given: using --sparsity {given[0]}", file=out or sys.stderr)
-            return given[0]
-        return None
-    for mode in given:
-        if mode != sparsity:
-            flag = "--thresholds" if mode == "threshold" else "--predictors"
-            raise PlanError(
-                f"{flag} is used only with --sparsity {mode}, not with --sparsity {sparsity}; "
-                f"drop {flag} or pass --sparsity {mode}"
-            )
-    return sparsity
+    return resolve_sparsity(
+        sparsity,
+        thresholds or None,
+        predictors or None,
+        default=None,
+        spell=lambda name: f"--{name}",
+        say=lambda msg: print(f"note: {msg}", file=out or sys.stderr),
+    )
+
+
+def _engine_options(a: argparse.Namespace) -> dict:
+    """``Engine.from_pretrained`` keyword arguments of the common options."""
+    return {
+        "threads": a.threads,
+        "n_ctx": a.ctx,
+        "sparsity": sparsity_mode(a.sparsity, a.thresholds, a.predictors),
+        "thresholds": a.thresholds,
+        "predictors": a.predictors,
+    }
 
 
 def _load(a: argparse.Namespace):
     from .runtime.engine import Engine
 
-    return Engine.from_pretrained(
-        a.model,
-        threads=a.threads,
-        n_ctx=a.ctx,
-        sparsity=sparsity_mode(a.sparsity, a.thresholds, a.predictors),
-        thresholds=a.thresholds,
-        predictors=a.predictors,
-    )
+    return Engine.from_pretrained(a.model, **_engine_options(a))
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    from .server.cli import serve
+
+    return serve(a, _engine_options(a))
 
 
 def _print_stats(engine, out=sys.stderr) -> None:
@@ -298,6 +299,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     q.set_defaults(func=cmd_perplexity)
+
+    from .server.cli import add_arguments as add_server_arguments
+
+    s = sub.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server",
+        description="Serve the model over the OpenAI API (/v1/chat/completions, "
+        "/v1/completions, /v1/models, /health); needs pip install 'powerinfer-rs[server]'.",
+    )
+    _common(s)
+    add_server_arguments(s)
+    s.set_defaults(func=cmd_serve)
     for name, (_, what) in STAGES.items():
         if "_" not in name:  # train_predictors is an alias of train-predictors
             sub.add_parser(name, help=what, add_help=False)

@@ -16,12 +16,12 @@ pub mod testing;
 pub mod weight;
 
 pub use buffer::Buffer;
-pub use config::{Activation, ModelConfig, RopeStyle};
+pub use config::{Activation, ArchFeatures, ModelConfig, RopeStyle};
 pub use dequantize::dequantize_row;
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use neuron_table::{LayerTable, NeuronTable, Side};
 pub use pages::PageBuf;
-pub use plan_file::{PlanFile, PLAN_FORMAT};
+pub use plan_file::{PlanFile, MAX_PLAN_BYTES, MAX_PLAN_COUNT, PLAN_FORMAT};
 pub use quantize::quantize_row;
 pub use weight::Weight;

@@ -20,6 +20,12 @@ use crate::{bail, ensure};
 
 /// The `format` metadata value of a plan file.
 pub const PLAN_FORMAT: &str = "powerinfer-rs-plan/1";
+/// Largest `context`, `bucket` and predictor rank a plan may record (16 Mi): far beyond any
+/// model, and small enough that the allocation sizes derived from them (`context · kv_dim`,
+/// `bucket · row_bytes`) cannot overflow.
+pub const MAX_PLAN_COUNT: usize = 1 << 24;
+/// Largest predictor allocation a plan may record, in bytes (1 TiB).
+pub const MAX_PLAN_BYTES: usize = 1 << 40;
 
 /// A plan file: the neuron table and the placement the VRAM accounting depends on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -119,6 +125,23 @@ impl PlanFile {
             Plan,
             "bucket and context must be positive"
         );
+        ensure!(
+            self.bucket <= MAX_PLAN_COUNT && self.context <= MAX_PLAN_COUNT,
+            Plan,
+            "bucket {} or context {} exceeds {MAX_PLAN_COUNT}",
+            self.bucket,
+            self.context
+        );
+        if let Some(r) = self.predictor_ranks.iter().find(|&&r| r > MAX_PLAN_COUNT) {
+            bail!(Plan, "predictor rank {r} exceeds {MAX_PLAN_COUNT}");
+        }
+        let sizes = self.predictor_allocations.iter().flatten();
+        if let Some(b) = sizes.copied().find(|&b| b > MAX_PLAN_BYTES) {
+            bail!(
+                Plan,
+                "predictor allocation of {b} bytes exceeds {MAX_PLAN_BYTES}"
+            );
+        }
         for (what, len) in [
             ("attention", self.attention.len()),
             ("predictor", self.predictor.len()),
@@ -245,6 +268,20 @@ mod tests {
                 PLAN_FORMAT,
             ),
             file(&plan_json(&[2, 0, 0]), PLAN_FORMAT),
+            // sizes that overflowed `context · kv_dim · 2` and `align(bytes)` in the GPU
+            // allocation list, and `bucket · row_bytes` in the slab geometry
+            file(
+                &plan_json(&[2, 0]).replace("\"context\":32", "\"context\":18446744073709551615"),
+                PLAN_FORMAT,
+            ),
+            file(
+                &plan_json(&[2, 0]).replace("[10,20],[10,20]", "[10,20],[18446744073709551615]"),
+                PLAN_FORMAT,
+            ),
+            file(
+                &plan_json(&[1, 0]).replace("\"bucket\":4", "\"bucket\":1152921504606846976"),
+                PLAN_FORMAT,
+            ),
             b"garbage".to_vec(),
         ];
         for b in &bad {

@@ -21,6 +21,7 @@ pub fn tiny_config(activation: Activation) -> ModelConfig {
         rope_theta: 10000.0,
         rope_style: RopeStyle::Norm,
         activation,
+        arch: Default::default(),
     }
 }
 

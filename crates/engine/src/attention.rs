@@ -14,13 +14,50 @@ pub struct AttnShape {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    /// Sliding window: a token attends to the positions at distance < `w` (None: all before).
+    pub window: Option<usize>,
+    /// The query scale (None: 1/sqrt(head_dim)).
+    pub scale: Option<f32>,
+    /// Scores soft-capped to `c · tanh(s / c)` before the softmax (Gemma 2).
+    pub softcap: Option<f32>,
+}
+
+/// One head over `len` cached positions with soft-capped scores: the plain loops (the fast
+/// kernel has no cap; Gemma 2 is the only family that sets one).
+fn attend_head_capped(
+    q: &[f32],
+    cache: HeadCache<'_>,
+    len: usize,
+    scale: f32,
+    cap: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    scores.clear();
+    scores.extend((0..len).map(|p| {
+        let k = &cache.keys[p * cache.stride..p * cache.stride + hd];
+        let s: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
+        cap * (s / cap).tanh()
+    }));
+    let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut z = 0.0f32;
+    scores.iter_mut().for_each(|s| {
+        *s = (*s - m).exp();
+        z += *s;
+    });
+    out.fill(0.0);
+    for (p, &w) in scores.iter().enumerate() {
+        let v = &cache.values[p * cache.stride..p * cache.stride + hd];
+        out.iter_mut().zip(v).for_each(|(o, v)| *o += w / z * v);
+    }
 }
 
 /// Attention for `n` new tokens whose positions are `start..start+n`.
 ///
 /// `q` is n × (n_heads·head_dim); `keys`/`values` hold positions `0..start+n`, each row
 /// n_kv_heads·head_dim wide; `out` is n × (n_heads·head_dim). Token t attends to positions
-/// `0..=start+t`.
+/// `0..=start+t` (or the last `window` of them).
 pub fn attention(
     shape: &AttnShape,
     q: &[f32],
@@ -33,17 +70,22 @@ pub fn attention(
     let q_dim = shape.n_heads * hd;
     let kv_dim = shape.n_kv_heads * hd;
     let group = shape.n_heads / shape.n_kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = shape.scale.unwrap_or(1.0 / (hd as f32).sqrt());
     let one_head = |scores: &mut Vec<f32>, idx: usize, o: &mut [f32]| {
         let (t, h) = (idx / shape.n_heads, idx % shape.n_heads);
         let kvh = h / group;
         let qh = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
+        let end = start + t + 1;
+        let first = shape.window.map_or(0, |w| end.saturating_sub(w));
         let cache = HeadCache {
-            keys: &keys[kvh * hd..],
-            values: &values[kvh * hd..],
+            keys: &keys[first * kv_dim + kvh * hd..],
+            values: &values[first * kv_dim + kvh * hd..],
             stride: kv_dim,
         };
-        attend_head(qh, cache, start + t + 1, scale, scores, o);
+        match shape.softcap {
+            None => attend_head(qh, cache, end - first, scale, scores, o),
+            Some(cap) => attend_head_capped(qh, cache, end - first, scale, cap, scores, o),
+        }
     };
     // Multiply-adds of the whole call; below this a parallel region costs more than it saves.
     let work = out.len() / hd * (start + out.len() / q_dim) * hd;
@@ -79,20 +121,27 @@ mod tests {
         for t in 0..n {
             for h in 0..shape.n_heads {
                 let kvh = h / g;
-                let s: Vec<f64> = (0..=start + t)
+                let first = shape
+                    .window
+                    .map_or(0, |w| (start + t + 1).saturating_sub(w));
+                let s: Vec<f64> = (first..=start + t)
                     .map(|p| {
                         (0..hd)
                             .map(|i| {
                                 q[t * qd + h * hd + i] as f64 * k[p * kd + kvh * hd + i] as f64
                             })
                             .sum::<f64>()
-                            / (hd as f64).sqrt()
+                            * shape.scale.map_or(1.0 / (hd as f64).sqrt(), f64::from)
+                    })
+                    .map(|s| match shape.softcap {
+                        Some(c) => c as f64 * (s / c as f64).tanh(),
+                        None => s,
                     })
                     .collect();
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
                 let z: f64 = e.iter().sum();
-                for (p, w) in e.iter().enumerate() {
+                for (p, w) in (first..).zip(&e) {
                     for i in 0..hd {
                         out[t * qd + h * hd + i] += w / z * v[p * kd + kvh * hd + i] as f64;
                     }
@@ -102,11 +151,24 @@ mod tests {
         out
     }
 
-    fn check(start: usize, n: usize) {
+    fn check(start: usize, n: usize, window: Option<usize>) {
+        check_with(start, n, window, None, None);
+    }
+
+    fn check_with(
+        start: usize,
+        n: usize,
+        window: Option<usize>,
+        scale: Option<f32>,
+        softcap: Option<f32>,
+    ) {
         let shape = AttnShape {
             n_heads: 6,
             n_kv_heads: 2,
             head_dim: 10,
+            window,
+            scale,
+            softcap,
         };
         let total = start + n;
         let gen = |len: usize, seed: u32| -> Vec<f32> {
@@ -129,12 +191,17 @@ mod tests {
 
     #[test]
     fn matches_reference_with_gqa_serial_path() {
-        check(5, 3);
+        check(5, 3, None);
+        check(5, 3, Some(4));
+        check(5, 3, Some(100));
+        check_with(7, 4, Some(5), Some(0.9), Some(0.5));
+        check_with(7, 4, None, None, Some(50.0));
     }
 
     #[test]
     fn matches_reference_with_gqa_parallel_path() {
         // 4 tokens x 6 heads x ~2000 positions x 10 is above PARALLEL_MIN_WORK.
-        check(2000, 4);
+        check(2000, 4, None);
+        check(2000, 4, Some(300));
     }
 }

@@ -9,6 +9,7 @@ use powerinfer_core::{Activation, Result, Weight};
 use powerinfer_cpu::{axpy_rows, matmul, matvec, matvec_many, matvec_rows};
 use rayon::prelude::*;
 
+use crate::phases::{mark, Phase};
 use crate::profiler::Profiler;
 use crate::sparsity::{predicted_active, PredictorInput, PredictorScratch, Sparsity};
 use crate::weights::{LayerWeights, ModelWeights};
@@ -56,6 +57,87 @@ fn par_rows(a: &mut [f32], b: &[f32], f: impl Fn(&mut f32, f32) + Sync) {
     }
 }
 
+/// The FFN's activation as the family sets it: the gate's (with FATReLU's threshold) and
+/// whether the up projection passes through it too (Bamboo).
+#[derive(Clone, Copy)]
+struct FfnAct {
+    act: Activation,
+    threshold: f32,
+    on_up: bool,
+    /// No up projection (gate-less FFN: OPT, Falcon): `h = act(gate)`.
+    no_up: bool,
+}
+
+impl FfnAct {
+    fn of(m: &ModelWeights) -> FfnAct {
+        let c = &m.config;
+        FfnAct {
+            act: c.activation,
+            threshold: c.arch.relu_threshold,
+            on_up: c.arch.up_act,
+            no_up: c.arch.no_gate,
+        }
+    }
+
+    /// The activation of a gate value.
+    #[inline]
+    fn apply(self, x: f32) -> f32 {
+        match self.act {
+            Activation::Relu if self.threshold > 0.0 => {
+                if x > self.threshold {
+                    x
+                } else {
+                    0.0
+                }
+            }
+            a => a.apply(x),
+        }
+    }
+
+    /// `h · up'` for an activated gate value `h` and an up value (activated too for Bamboo).
+    #[inline]
+    fn times_up(self, h: f32, u: f32) -> f32 {
+        match self.on_up {
+            true => h * self.apply(u),
+            false => h * u,
+        }
+    }
+}
+
+/// Add layer `lw`'s bias of the activated projection (OPT's fc1 bias) to gate values: every
+/// neuron of each row (`ids` None), or the neurons `ids` in that order.
+fn add_gate_bias(lw: &LayerWeights, ids: Option<&[u32]>, gate: &mut [f32]) {
+    let Some([b, _]) = &lw.ffn_bias else {
+        return;
+    };
+    match ids {
+        None => gate
+            .chunks_exact_mut(b.len())
+            .for_each(|r| r.iter_mut().zip(b).for_each(|(g, b)| *g += b)),
+        Some(ids) => gate
+            .iter_mut()
+            .zip(ids)
+            .for_each(|(g, &i)| *g += b[i as usize]),
+    }
+}
+
+/// The gate (and, with one, the up) projection of `n` tokens into `gate` and `up`.
+fn gate_and_up(
+    act: FfnAct,
+    lw: &LayerWeights,
+    xn: &[f32],
+    n: usize,
+    gate: &mut Vec<f32>,
+    up: &mut Vec<f32>,
+) -> Result<()> {
+    match act.no_up {
+        true => project(&lw.w_gate, xn, n, gate)?,
+        false => project_many([&lw.w_gate, &lw.w_up], xn, n, [gate, up])?,
+    }
+    add_gate_bias(lw, None, gate);
+    Ok(())
+}
+
 /// Scratch buffers of the FFN.
 #[derive(Default)]
 pub struct FfnScratch {
@@ -100,7 +182,7 @@ pub fn ffn(
 /// The neurons among `ids` (gate values `gate`, in the same order) whose activation is not 0,
 /// into `idx`, with their activations into `vals`.
 fn keep_firing(
-    act: Activation,
+    act: FfnAct,
     ids: impl Iterator<Item = u32>,
     gate: &[f32],
     idx: &mut Vec<u32>,
@@ -123,15 +205,22 @@ fn keep_firing(
 /// the next rows in flight (cargo bench --bench sparse: F16 169 µs vs 201 µs, Q4_0 129 µs vs
 /// 153 µs at 10% of ffn 5504).
 fn up_then_down(
+    act: FfnAct,
     lw: &LayerWeights,
     down_t: &Weight,
     xn: &[f32],
     s: &mut FfnScratch,
     out: &mut [f32],
 ) -> Result<()> {
-    s.up.resize(s.idx.len(), 0.0);
-    matvec_rows(&lw.w_up, xn, &s.idx, &mut s.up)?;
-    s.vals.iter_mut().zip(&s.up).for_each(|(a, u)| *a *= u);
+    if !act.no_up {
+        s.up.resize(s.idx.len(), 0.0);
+        matvec_rows(&lw.w_up, xn, &s.idx, &mut s.up)?;
+        s.vals
+            .iter_mut()
+            .zip(&s.up)
+            .for_each(|(a, &u)| *a = act.times_up(*a, u));
+    }
+    mark(Phase::Up);
     out.fill(0.0);
     axpy_rows(down_t, &s.idx, &s.vals, out)
 }
@@ -140,12 +229,14 @@ fn up_then_down(
 fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Result<()> {
     let m = call.model;
     let lw: &LayerWeights = &m.layers[call.layer];
-    let act = m.config.activation;
+    let act = FfnAct::of(m);
     let down_t = &m.down_t()?[call.layer];
     match call.mode {
         Sparsity::ExactRelu => {
             s.gate.resize(lw.w_gate.rows, 0.0);
             matvec(&lw.w_gate, call.xn, &mut s.gate)?;
+            mark(Phase::Gate);
+            add_gate_bias(lw, None, &mut s.gate);
             keep_firing(
                 act,
                 0..s.gate.len() as u32,
@@ -153,15 +244,24 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
                 &mut s.idx,
                 &mut s.vals,
             );
-            up_then_down(lw, down_t, call.xn, s, out)
+            up_then_down(act, lw, down_t, call.xn, s, out)
         }
         Sparsity::Threshold(t) => {
             let t = t[call.layer];
-            project_many([&lw.w_gate, &lw.w_up], call.xn, 1, [&mut s.gate, &mut s.up])?;
-            // h = act(gate)·up in place, as the batched path computes it (whole-vector passes
-            // the compiler vectorises, apart from the activation's exp).
+            gate_and_up(act, lw, call.xn, 1, &mut s.gate, &mut s.up)?;
+            mark(Phase::Gate); // gate and up in one pass
+                               // h = act(gate)·up in place, as the batched path computes it (whole-vector passes
+                               // the compiler vectorises, apart from the activation's exp).
             apply_activation(act, &mut s.gate);
-            s.gate.iter_mut().zip(&s.up).for_each(|(h, u)| *h *= u);
+            match (act.no_up, act.on_up) {
+                (true, _) => {}
+                (false, false) => s.gate.iter_mut().zip(&s.up).for_each(|(h, u)| *h *= u),
+                (false, true) => s
+                    .gate
+                    .iter_mut()
+                    .zip(&s.up)
+                    .for_each(|(h, &u)| *h = act.times_up(*h, u)),
+            }
             let ffn = s.gate.len();
             let n = s.gate.iter().filter(|h| h.abs() >= t).count();
             if n as f32 > m.down_crossover()? * ffn as f32 {
@@ -195,10 +295,13 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
                 &mut s.predictor,
                 &mut s.predicted,
             )?;
+            mark(Phase::Predictor);
             let predicted = &s.predicted;
             // Separate passes over gate, up and down_t rows, as in exact-relu.
             s.gate.resize(predicted.len(), 0.0);
             matvec_rows(&lw.w_gate, call.xn, predicted, &mut s.gate)?;
+            mark(Phase::Gate);
+            add_gate_bias(lw, Some(predicted), &mut s.gate);
             keep_firing(
                 act,
                 predicted.iter().copied(),
@@ -206,7 +309,7 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
                 &mut s.idx,
                 &mut s.vals,
             );
-            up_then_down(lw, down_t, call.xn, s, out)
+            up_then_down(act, lw, down_t, call.xn, s, out)
         }
         Sparsity::Dense => unreachable!("dense decoding takes the batched path"),
     }
@@ -222,10 +325,15 @@ fn batched(
     let m = call.model;
     let lw = &m.layers[call.layer];
     let (n, ffn) = (call.n, m.config.ffn_dim);
-    project_many([&lw.w_gate, &lw.w_up], call.xn, n, [&mut s.gate, &mut s.up])?;
-    let act: Activation = m.config.activation;
+    let act = FfnAct::of(m);
+    gate_and_up(act, lw, call.xn, n, &mut s.gate, &mut s.up)?;
+    mark(Phase::Gate); // gate and up in one pass
     apply_activation(act, &mut s.gate);
-    par_rows(&mut s.gate, &s.up, |a, u| *a *= u);
+    match (act.no_up, act.on_up) {
+        (true, _) => {}
+        (false, false) => par_rows(&mut s.gate, &s.up, |a, u| *a *= u),
+        (false, true) => par_rows(&mut s.gate, &s.up, |a, u| *a = act.times_up(*a, u)),
+    }
     // s.gate now holds h = act(gate)·up; the mode zeroes the neurons it skips.
     match call.mode {
         Sparsity::Dense | Sparsity::ExactRelu => {}
@@ -251,6 +359,7 @@ fn batched(
                     .filter(|(_, k)| !**k)
                     .for_each(|(h, _)| *h = 0.0);
             }
+            mark(Phase::Predictor);
         }
     }
     if let Some(p) = profiler {
@@ -267,7 +376,7 @@ fn zero_below(h: &mut [f32], t: f32) {
 }
 
 /// `a = act(a)` in place.
-fn apply_activation(act: Activation, a: &mut [f32]) {
+fn apply_activation(act: FfnAct, a: &mut [f32]) {
     const CHUNK: usize = 16 * 1024;
     if a.len() <= CHUNK {
         a.iter_mut().for_each(|v| *v = act.apply(*v));
@@ -305,23 +414,35 @@ pub(crate) fn rows_ffn(
     out: &mut [f32],
 ) -> Result<()> {
     let lw = &model.layers[layer];
-    let act = model.config.activation;
+    let act = FfnAct::of(model);
     s.gate.resize(ids.len(), 0.0);
     matvec_rows(&lw.w_gate, xn, ids, &mut s.gate)?;
+    add_gate_bias(lw, Some(ids), &mut s.gate);
     match threshold {
         None => {
             keep_firing(act, ids.iter().copied(), &s.gate, &mut s.idx, &mut s.vals);
-            s.up.resize(s.idx.len(), 0.0);
-            matvec_rows(&lw.w_up, xn, &s.idx, &mut s.up)?;
-            s.vals.iter_mut().zip(&s.up).for_each(|(a, u)| *a *= u);
+            if !act.no_up {
+                s.up.resize(s.idx.len(), 0.0);
+                matvec_rows(&lw.w_up, xn, &s.idx, &mut s.up)?;
+                s.vals
+                    .iter_mut()
+                    .zip(&s.up)
+                    .for_each(|(a, &u)| *a = act.times_up(*a, u));
+            }
         }
         Some(t) => {
-            s.up.resize(ids.len(), 0.0);
-            matvec_rows(&lw.w_up, xn, ids, &mut s.up)?;
+            s.up.clear();
+            match act.no_up {
+                true => s.up.resize(ids.len(), 1.0),
+                false => {
+                    s.up.resize(ids.len(), 0.0);
+                    matvec_rows(&lw.w_up, xn, ids, &mut s.up)?;
+                }
+            }
             s.idx.clear();
             s.vals.clear();
             for ((&i, &g), &u) in ids.iter().zip(&s.gate).zip(&s.up) {
-                let h = act.apply(g) * u;
+                let h = act.times_up(act.apply(g), u);
                 if h.abs() >= t {
                     s.idx.push(i);
                     s.vals.push(h);

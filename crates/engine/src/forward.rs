@@ -1,4 +1,6 @@
-//! One forward pass over a chunk of tokens: the dense llama layer loop.
+//! One forward pass over a chunk of tokens: the dense layer loop of every family, the llama
+//! layer with the steps the config's `ArchFeatures` switch on (biases, q/k norms, windows,
+//! post norms, soft-caps, LayerNorm, learned positions, parallel attention and FFN).
 
 use powerinfer_core::{ensure, Result};
 use rayon::prelude::*;
@@ -6,7 +8,8 @@ use rayon::prelude::*;
 use crate::attention::{attention, AttnShape};
 use crate::ffn::{ffn, project, project_many, FfnCall, FfnScratch};
 use crate::kv_cache::KvCache;
-use crate::norm_rope::{apply_rope, rms_norm, RopeAngles};
+use crate::norm_rope::{apply_rope, layer_norm, rms_norm, RopeAngles};
+use crate::phases::{mark, Phase};
 use crate::profiler::Profiler;
 use crate::sparsity::Sparsity;
 use crate::weights::ModelWeights;
@@ -22,15 +25,42 @@ pub enum Logits {
 
 /// RMSNorm every row of `x` (n rows of `w.len()`) into `out`.
 pub(crate) fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
+    norm_rows_with(x, w, None, eps, out)
+}
+
+/// RMSNorm, or LayerNorm where a bias `b` is given, of every row of `x` into `out`.
+fn norm_rows_with(x: &[f32], w: &[f32], b: Option<&[f32]>, eps: f32, out: &mut Vec<f32>) {
     out.resize(x.len(), 0.0);
+    let one = |xr: &[f32], o: &mut [f32]| match b {
+        None => rms_norm(xr, w, eps, o),
+        Some(b) => layer_norm(xr, w, b, eps, o),
+    };
     if x.len() == w.len() {
         // One token: not worth a parallel region.
-        rms_norm(x, w, eps, out);
+        one(x, out);
         return;
     }
     out.par_chunks_mut(w.len())
         .zip(x.par_chunks(w.len()))
-        .for_each(|(o, xr)| rms_norm(xr, w, eps, o));
+        .for_each(|(o, xr)| one(xr, o));
+}
+
+/// `rows += b` for every row of `rows` (b's width).
+fn add_rows(rows: &mut [f32], b: &[f32]) {
+    for r in rows.chunks_exact_mut(b.len()) {
+        r.iter_mut().zip(b).for_each(|(x, b)| *x += b);
+    }
+}
+
+/// RMSNorm every head (`w.len()` wide) of one row in place (q/k norm).
+fn norm_heads(x: &mut [f32], w: &[f32], eps: f32) {
+    for head in x.chunks_exact_mut(w.len()) {
+        let ss: f64 = head.iter().map(|&v| (v as f64) * (v as f64)).sum();
+        let scale = (1.0 / (ss / w.len() as f64 + eps as f64).sqrt()) as f32;
+        head.iter_mut()
+            .zip(w)
+            .for_each(|(v, g)| *v = *v * scale * g);
+    }
 }
 
 /// Scratch buffers reused across layers and calls.
@@ -46,6 +76,8 @@ pub struct Scratch {
     att: Vec<f32>,
     o: Vec<f32>,
     down: Vec<f32>,
+    /// The residual stream before the attention of a parallel block (the FFN's input).
+    par_in: Vec<f32>,
     pub(crate) ffn: FfnScratch,
 }
 
@@ -87,12 +119,41 @@ pub fn forward(
     for (row, &t) in s.x.chunks_exact_mut(c.dim).zip(tokens) {
         let e = &model.token_embd;
         powerinfer_cpu::dequantize_row(e.dtype, e.row(t as usize), row)?;
+        if let Some(f) = c.arch.embed_scale {
+            row.iter_mut().for_each(|v| *v *= f);
+        }
     }
-    let angles: Vec<RopeAngles> = (0..n)
-        .map(|t| RopeAngles::new(start + t, c.head_dim, c.rope_theta))
-        .collect();
+    if let Some(pe) = &model.pos_embd {
+        let mut p = vec![0.0f32; c.dim];
+        for (t, row) in s.x.chunks_exact_mut(c.dim).enumerate() {
+            let pos = start + t + c.arch.pos_offset;
+            ensure!(
+                pos < pe.rows,
+                ContextOverflow,
+                "position {pos} is past the {} learned positions",
+                pe.rows
+            );
+            powerinfer_cpu::dequantize_row(pe.dtype, pe.row(pos), &mut p)?;
+            row.iter_mut().zip(&p).for_each(|(x, p)| *x += p);
+        }
+    }
+    let angles_for = |theta: f32| -> Vec<RopeAngles> {
+        (0..n)
+            .map(|t| RopeAngles::new(start + t, c.head_dim, theta))
+            .collect()
+    };
+    let angles = angles_for(c.rope_theta);
+    let local = c.arch.rope_theta_local.map(angles_for);
+    mark(Phase::Other);
     for l in 0..model.layers.len() {
-        attention_block(model, l, cache, s, start, n, &angles)?;
+        let ang = match (&local, c.arch.window(l)) {
+            (Some(local), Some(_)) => local,
+            _ => &angles,
+        };
+        if c.arch.parallel {
+            s.par_in.clone_from(&s.x);
+        }
+        attention_block(model, l, cache, s, start, n, ang)?;
         ffn_block(model, l, mode, s, profiler.as_deref_mut(), start, n)?;
     }
     cache.set_len(start + n);
@@ -120,7 +181,15 @@ pub(crate) fn attention_block(
 ) -> Result<()> {
     let c = &model.config;
     let layer = &model.layers[l];
-    norm_rows(&s.x, &layer.attn_norm, c.rms_eps, &mut s.xn);
+    let nb = layer.norm_bias.as_ref();
+    norm_rows_with(
+        &s.x,
+        &layer.attn_norm,
+        nb.map(|b| &b[0][..]),
+        c.rms_eps,
+        &mut s.xn,
+    );
+    mark(Phase::Other);
     project_many(
         [&layer.wq, &layer.wk, &layer.wv],
         &s.xn,
@@ -129,10 +198,22 @@ pub(crate) fn attention_block(
     )?;
     let rows =
         s.q.chunks_exact_mut(c.q_dim())
-            .zip(s.k.chunks_exact_mut(c.kv_dim()));
-    for ((q, k), ang) in rows.zip(angles) {
-        apply_rope(q, c.head_dim, ang, c.rope_style);
-        apply_rope(k, c.head_dim, ang, c.rope_style);
+            .zip(s.k.chunks_exact_mut(c.kv_dim()))
+            .zip(s.v.chunks_exact_mut(c.kv_dim()));
+    for (((q, k), v), ang) in rows.zip(angles) {
+        if let Some([bq, bk, bv]) = &layer.qkv_bias {
+            for (x, b) in [(&mut *q, bq), (&mut *k, bk), (&mut *v, bv)] {
+                x.iter_mut().zip(b).for_each(|(x, b)| *x += b);
+            }
+        }
+        if let Some([nq, nk]) = &layer.qk_norm {
+            norm_heads(q, nq, c.rms_eps);
+            norm_heads(k, nk, c.rms_eps);
+        }
+        if !c.arch.learned_pos {
+            apply_rope(q, c.head_dim, ang, c.rope_style);
+            apply_rope(k, c.head_dim, ang, c.rope_style);
+        }
     }
     cache.write(l, start, &s.k, &s.v);
     let (keys, values) = cache.layer(l, start + n);
@@ -141,10 +222,21 @@ pub(crate) fn attention_block(
         n_heads: c.n_heads,
         n_kv_heads: c.n_kv_heads,
         head_dim: c.head_dim,
+        window: c.arch.window(l),
+        scale: c.arch.attn_scale,
+        softcap: c.arch.attn_softcap,
     };
     attention(&shape, &s.q, keys, values, start, &mut s.att);
     project(&layer.wo, &s.att, n, &mut s.o)?;
+    if let Some(b) = &layer.out_bias {
+        add_rows(&mut s.o, b);
+    }
+    if let Some([post, _]) = &layer.post_norms {
+        norm_rows(&s.o, post, c.rms_eps, &mut s.down);
+        std::mem::swap(&mut s.o, &mut s.down);
+    }
     s.x.iter_mut().zip(&s.o).for_each(|(x, o)| *x += o);
+    mark(Phase::Attention);
     Ok(())
 }
 
@@ -160,18 +252,34 @@ pub(crate) fn ffn_block(
     n: usize,
 ) -> Result<()> {
     let c = &model.config;
-    norm_rows(&s.x, &model.layers[l].ffn_norm, c.rms_eps, &mut s.xn);
+    let lw = &model.layers[l];
+    // A parallel block's FFN reads the residual stream from before the attention.
+    let x_in = match c.arch.parallel {
+        true => &s.par_in,
+        false => &s.x,
+    };
+    let nb = lw.norm_bias.as_ref().map(|b| &b[1][..]);
+    norm_rows_with(x_in, &lw.ffn_norm, nb, c.rms_eps, &mut s.xn);
+    mark(Phase::Other);
     let call = FfnCall {
         model,
         layer: l,
         mode,
-        x_res: &s.x,
+        x_res: x_in,
         xn: &s.xn,
         n,
         start,
     };
     ffn(&call, &mut s.ffn, profiler, &mut s.down)?;
+    if let Some([_, b]) = &lw.ffn_bias {
+        add_rows(&mut s.down, b);
+    }
+    if let Some([_, post]) = &lw.post_norms {
+        norm_rows(&s.down, post, c.rms_eps, &mut s.o);
+        std::mem::swap(&mut s.o, &mut s.down);
+    }
     s.x.iter_mut().zip(&s.down).for_each(|(x, d)| *x += d);
+    mark(Phase::Down);
     Ok(())
 }
 
@@ -183,13 +291,19 @@ pub(crate) fn output_block(
     n_out: usize,
 ) -> Result<Vec<f32>> {
     let c = &model.config;
-    norm_rows(
+    norm_rows_with(
         &s.x[first * c.dim..],
         &model.output_norm,
+        model.output_norm_bias.as_deref(),
         c.rms_eps,
         &mut s.xn,
     );
+    mark(Phase::Other);
     let mut logits = Vec::new();
     project(&model.output, &s.xn, n_out, &mut logits)?;
+    if let Some(cap) = c.arch.final_softcap {
+        logits.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
+    }
+    mark(Phase::Output);
     Ok(logits)
 }

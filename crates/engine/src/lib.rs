@@ -8,6 +8,7 @@ pub mod forward;
 pub mod hybrid;
 pub mod kv_cache;
 pub mod norm_rope;
+pub mod phases;
 pub mod placement;
 pub mod profiler;
 pub mod session;
@@ -17,6 +18,7 @@ pub mod weights;
 
 pub use forward::token_ids;
 pub use kv_cache::KvCache;
+pub use phases::{Phase, PhaseTimes};
 pub use placement::Placement;
 pub use profiler::{Captured, Profiler};
 pub use session::Session;

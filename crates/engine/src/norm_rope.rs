@@ -11,6 +11,17 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
+/// `out = (x - mean(x)) / sqrt(var(x) + eps) * w + b`, one row (LayerNorm).
+pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
+    let n = x.len() as f64;
+    let mean = x.iter().map(|&v| v as f64).sum::<f64>() / n;
+    let var = x.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n;
+    let scale = 1.0 / (var + eps as f64).sqrt();
+    for (((o, &v), &g), &c) in out.iter_mut().zip(x).zip(w).zip(b) {
+        *o = ((v as f64 - mean) * scale) as f32 * g + c;
+    }
+}
+
 /// Rotary embedding tables for one position: cos and sin of `pos · θ^(−2i/head_dim)`.
 pub struct RopeAngles {
     pub cos: Vec<f32>,
@@ -62,6 +73,20 @@ mod tests {
         let r = ((1.0 + 4.0 + 9.0) / 3.0f64 + 1e-6).sqrt();
         for i in 0..3 {
             assert!((out[i] as f64 - x[i] as f64 / r * w[i] as f64).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn layer_norm_matches_definition() {
+        let x = [1.0f32, -2.0, 3.0, 0.5];
+        let (w, b) = ([1.0f32, 0.5, 2.0, 1.0], [0.1f32, 0.0, -0.2, 0.3]);
+        let mut out = [0.0f32; 4];
+        layer_norm(&x, &w, &b, 1e-5, &mut out);
+        let m = 2.5 / 4.0;
+        let var = x.iter().map(|&v| (v as f64 - m).powi(2)).sum::<f64>() / 4.0;
+        for i in 0..4 {
+            let want = (x[i] as f64 - m) / (var + 1e-5).sqrt() * w[i] as f64 + b[i] as f64;
+            assert!((out[i] as f64 - want).abs() < 1e-5);
         }
     }
 

@@ -8,6 +8,7 @@ use powerinfer_core::{Error, Result};
 use crate::forward::{forward, Logits, Scratch};
 use crate::hybrid::{self, Hybrid};
 use crate::kv_cache::KvCache;
+use crate::phases::{self, PhaseTimes};
 use crate::placement::Placement;
 use crate::profiler::{Captured, Profiler};
 use crate::sparsity::Sparsity;
@@ -31,6 +32,8 @@ pub struct Session {
     capacity: Option<usize>,
     /// The hybrid executor, when the device is not the CPU and the plan uses the GPU.
     hybrid: Option<Box<dyn Hybrid>>,
+    /// Time per phase of the forward passes since timing was turned on (benchmarks).
+    phase_times: Option<PhaseTimes>,
 }
 
 impl Session {
@@ -60,6 +63,7 @@ impl Session {
             device: "cpu".into(),
             capacity: None,
             hybrid: None,
+            phase_times: None,
         })
     }
 
@@ -227,6 +231,16 @@ impl Session {
         }
     }
 
+    /// Turn per-phase timing of the forward passes on (from zero) or off.
+    pub fn set_phase_timing(&mut self, on: bool) {
+        self.phase_times = on.then(PhaseTimes::default);
+    }
+
+    /// Time per phase since timing was turned on; None when it is off.
+    pub fn phase_times(&self) -> Option<&PhaseTimes> {
+        self.phase_times.as_ref()
+    }
+
     /// Bytes held by the KV cache.
     pub fn kv_cache_bytes(&self) -> usize {
         self.cache.allocated_bytes()
@@ -275,20 +289,23 @@ impl Session {
             let (model, cache, scratch) = (&*self.model, &mut self.cache, &mut self.scratch);
             let (mode, profiler) = (&self.mode, self.profiler.as_mut());
             let hybrid = self.hybrid.as_deref_mut();
-            let logits = self.pool.install(|| match hybrid {
-                // One token and no profile: the hybrid decode step.
-                Some(h) if chunk.len() == 1 && profiler.is_none() => {
-                    h.decode(model, mode, cache, chunk[0])
-                }
-                // Batches (and profiling) run on the CPU, with the GPU layers' cache rows
-                // brought over first and noted as written after.
-                Some(h) => {
-                    h.before_cpu_pass(cache)?;
-                    let out = forward(model, mode, cache, scratch, profiler, chunk, which);
-                    h.after_cpu_pass(cache.len());
-                    out
-                }
-                None => forward(model, mode, cache, scratch, profiler, chunk, which),
+            let times = self.phase_times.as_mut();
+            let logits = self.pool.install(|| {
+                phases::timed(times, chunk.len(), || match hybrid {
+                    // One token and no profile: the hybrid decode step.
+                    Some(h) if chunk.len() == 1 && profiler.is_none() => {
+                        h.decode(model, mode, cache, chunk[0])
+                    }
+                    // Batches (and profiling) run on the CPU, with the GPU layers' cache rows
+                    // brought over first and noted as written after.
+                    Some(h) => {
+                        h.before_cpu_pass(cache)?;
+                        let out = forward(model, mode, cache, scratch, profiler, chunk, which);
+                        h.after_cpu_pass(cache.len());
+                        out
+                    }
+                    None => forward(model, mode, cache, scratch, profiler, chunk, which),
+                })
             })?;
             // Non-finite logits never leave the engine (sampling and perplexity would turn them
             // into numpy errors or a silent nan); the caller's `feed` rolls the cache back.

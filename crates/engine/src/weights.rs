@@ -8,6 +8,9 @@ use std::sync::OnceLock;
 use powerinfer_core::{bail, ensure, DType, ModelConfig, PageBuf, Result, Weight};
 use rayon::prelude::*;
 
+/// Environment variable pinning [`ModelWeights::down_crossover`] (a share in 0..=1).
+pub const CROSSOVER_ENV: &str = "POWERINFER_RS_DOWN_CROSSOVER";
+
 /// One decoder layer.
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
@@ -20,15 +23,38 @@ pub struct LayerWeights {
     pub w_gate: Weight,
     pub w_up: Weight,
     pub w_down: Weight,
+    /// Biases of q, k and v (families with [`ArchFeatures::qkv_bias`]).
+    ///
+    /// [`ArchFeatures::qkv_bias`]: powerinfer_core::ArchFeatures::qkv_bias
+    pub qkv_bias: Option<[Vec<f32>; 3]>,
+    /// Per-head RMSNorm weights of q and k, `head_dim` each (families with
+    /// [`ArchFeatures::qk_norm`]).
+    ///
+    /// [`ArchFeatures::qk_norm`]: powerinfer_core::ArchFeatures::qk_norm
+    pub qk_norm: Option<[Vec<f32>; 2]>,
+    /// Norms of the attention output and of the FFN output before their residual adds
+    /// (families with `post_norms`).
+    pub post_norms: Option<[Vec<f32>; 2]>,
+    /// LayerNorm biases of `attn_norm` and `ffn_norm` (families with `layer_norm`).
+    pub norm_bias: Option<[Vec<f32>; 2]>,
+    /// Bias of the attention output projection (`out_bias`).
+    pub out_bias: Option<Vec<f32>>,
+    /// Biases of the FFN's activated input projection (ffn wide) and of its down projection
+    /// (dim wide) (`ffn_bias`).
+    pub ffn_bias: Option<[Vec<f32>; 2]>,
 }
 
-/// All weights of a llama-style model, plus its config.
+/// All weights of a llama-style model of any supported family, plus its config.
 #[derive(Clone, Debug)]
 pub struct ModelWeights {
     pub config: ModelConfig,
     pub token_embd: Weight,
     pub output: Weight,
     pub output_norm: Vec<f32>,
+    /// The final LayerNorm's bias (families with `layer_norm`).
+    pub output_norm_bias: Option<Vec<f32>>,
+    /// Learned position embeddings, one row per position (families with `learned_pos`).
+    pub pos_embd: Option<Weight>,
     pub layers: Vec<LayerWeights>,
     /// The transposed down projections of the sparse FFN, built on first use (or given by the
     /// file, as PowerInfer's `ffn_down_t`).
@@ -52,7 +78,7 @@ fn take(map: &mut HashMap<String, Weight>, name: &str, rows: usize, cols: usize)
     Ok(w)
 }
 
-/// A norm vector as f32, whatever its stored format.
+/// A norm or bias vector as f32, whatever its stored format.
 fn take_vector(map: &mut HashMap<String, Weight>, name: &str, len: usize) -> Result<Vec<f32>> {
     let w = take(map, name, 1, len)?;
     let mut out = vec![0.0f32; len];
@@ -63,6 +89,20 @@ fn take_vector(map: &mut HashMap<String, Weight>, name: &str, len: usize) -> Res
         "tensor {name} holds non-finite values"
     );
     Ok(out)
+}
+
+/// A norm vector with the family's offset folded in (Gemma's `1 + w`).
+fn take_norm(
+    map: &mut HashMap<String, Weight>,
+    name: &str,
+    len: usize,
+    offset: f32,
+) -> Result<Vec<f32>> {
+    let mut w = take_vector(map, name, len)?;
+    if offset != 0.0 {
+        w.iter_mut().for_each(|v| *v += offset);
+    }
+    Ok(w)
 }
 
 /// True when a row holds a NaN or an infinity: every value of the float formats, the f16
@@ -131,7 +171,27 @@ impl ModelWeights {
             true => take(&mut tensors, "output", c.vocab_size, c.dim)?,
             false => token_embd.clone(),
         };
-        let output_norm = take_vector(&mut tensors, "output_norm", c.dim)?;
+        let off = c.arch.norm_offset;
+        let a = &c.arch;
+        let output_norm = take_norm(&mut tensors, "output_norm", c.dim, off)?;
+        let output_norm_bias = match a.layer_norm {
+            true => Some(take_vector(&mut tensors, "output_norm.bias", c.dim)?),
+            false => None,
+        };
+        let pos_embd = match a.learned_pos {
+            true => {
+                let rows = tensors.get("position_embd").map_or(0, |w| w.rows);
+                ensure!(
+                    rows >= c.max_context + a.pos_offset,
+                    Shape,
+                    "position_embd has {rows} rows, fewer than the context {} + offset {}",
+                    c.max_context,
+                    a.pos_offset
+                );
+                Some(take(&mut tensors, "position_embd", rows, c.dim)?)
+            }
+            false => None,
+        };
         let mut layers = Vec::with_capacity(c.n_layers);
         let mut down_t_given = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
@@ -142,8 +202,17 @@ impl ModelWeights {
             let wk = t("attn_k", c.kv_dim(), c.dim)?;
             let wv = t("attn_v", c.kv_dim(), c.dim)?;
             let wo = t("attn_output", c.dim, c.q_dim())?;
-            let w_gate = t("ffn_gate", c.ffn_dim, c.dim)?;
-            let w_up = t("ffn_up", c.ffn_dim, c.dim)?;
+            // Without a gate the one input projection (`ffn_up`, OPT's fc1) is the activated one.
+            let (w_gate, w_up) = match c.arch.no_gate {
+                true => {
+                    let w = t("ffn_up", c.ffn_dim, c.dim)?;
+                    (w.clone(), w)
+                }
+                false => (
+                    t("ffn_gate", c.ffn_dim, c.dim)?,
+                    t("ffn_up", c.ffn_dim, c.dim)?,
+                ),
+            };
             let given_t = match tensors.contains_key(&format!("blk.{i}.ffn_down_t")) {
                 true => Some(take(
                     &mut tensors,
@@ -158,8 +227,63 @@ impl ModelWeights {
                 _ => take(&mut tensors, &format!("blk.{i}.ffn_down"), c.dim, c.ffn_dim)?,
             };
             down_t_given.push(given_t);
-            let attn_norm = take_vector(&mut tensors, &format!("blk.{i}.attn_norm"), c.dim)?;
-            let ffn_norm = take_vector(&mut tensors, &format!("blk.{i}.ffn_norm"), c.dim)?;
+            let attn_norm = take_norm(&mut tensors, &format!("blk.{i}.attn_norm"), c.dim, off)?;
+            // Parallel blocks norm the FFN input with `attn_norm_2`, or share the attention's.
+            let ffn_norm_name = match a.parallel {
+                true if tensors.contains_key(&format!("blk.{i}.attn_norm_2")) => "attn_norm_2",
+                true => "attn_norm",
+                false => "ffn_norm",
+            };
+            let ffn_norm = match ffn_norm_name {
+                "attn_norm" => attn_norm.clone(),
+                name => take_norm(&mut tensors, &format!("blk.{i}.{name}"), c.dim, off)?,
+            };
+            let mut norm = |name: &str, len: usize| {
+                take_norm(&mut tensors, &format!("blk.{i}.{name}"), len, off)
+            };
+            let qk_norm = match c.arch.qk_norm {
+                true => Some([
+                    norm("attn_q_norm", c.head_dim)?,
+                    norm("attn_k_norm", c.head_dim)?,
+                ]),
+                false => None,
+            };
+            let post_norms = match c.arch.post_norms {
+                true => Some([
+                    norm("post_attention_norm", c.dim)?,
+                    norm("post_ffw_norm", c.dim)?,
+                ]),
+                false => None,
+            };
+            let mut v =
+                |name: &str, len: usize| take_vector(&mut tensors, &format!("blk.{i}.{name}"), len);
+            let norm_bias = match a.layer_norm {
+                true => {
+                    let attn = v("attn_norm.bias", c.dim)?;
+                    let ffn = match ffn_norm_name {
+                        "attn_norm" => attn.clone(),
+                        name => v(&format!("{name}.bias"), c.dim)?,
+                    };
+                    Some([attn, ffn])
+                }
+                false => None,
+            };
+            let out_bias = match a.out_bias {
+                true => Some(v("attn_output.bias", c.dim)?),
+                false => None,
+            };
+            let ffn_bias = match a.ffn_bias {
+                true => Some([v("ffn_up.bias", c.ffn_dim)?, v("ffn_down.bias", c.dim)?]),
+                false => None,
+            };
+            let qkv_bias = match c.arch.qkv_bias {
+                true => Some([
+                    v("attn_q.bias", c.q_dim())?,
+                    v("attn_k.bias", c.kv_dim())?,
+                    v("attn_v.bias", c.kv_dim())?,
+                ]),
+                false => None,
+            };
             layers.push(LayerWeights {
                 attn_norm,
                 wq,
@@ -170,12 +294,18 @@ impl ModelWeights {
                 w_gate,
                 w_up,
                 w_down,
+                qkv_bias,
+                qk_norm,
+                post_norms,
+                norm_bias,
+                out_bias,
+                ffn_bias,
             });
         }
         if let Some(extra) = tensors.keys().next() {
             bail!(
                 ModelFile,
-                "unexpected tensor {extra} (not part of a {}-layer llama)",
+                "unexpected tensor {extra} (not part of a {}-layer model of this config)",
                 c.n_layers
             );
         }
@@ -188,6 +318,8 @@ impl ModelWeights {
             token_embd,
             output,
             output_norm,
+            output_norm_bias,
+            pos_embd,
             layers,
             down_t,
             down_crossover: OnceLock::new(),
@@ -238,9 +370,25 @@ impl ModelWeights {
     /// `down_t` rows: s · (time of one dense matvec) / (time of an axpy over a scattered share
     /// s ≈ 1/2 of the rows), assuming the axpy's time grows in proportion to the rows it reads.
     /// Measured once (best of 3 passes over every layer each, on the calling thread pool), since
-    /// the balance depends on the format, the shape and the machine.
+    /// the balance depends on the format, the shape and the machine; the environment variable
+    /// [`CROSSOVER_ENV`] (a share in 0..=1) pins it instead, for runs that must not depend on a
+    /// timing (two engines compared in a test on a busy machine).
     pub fn down_crossover(&self) -> Result<f32> {
         if let Some(&c) = self.down_crossover.get() {
+            return Ok(c);
+        }
+        if let Ok(v) = std::env::var(CROSSOVER_ENV) {
+            let c: f32 = v.trim().parse().map_err(|_| {
+                powerinfer_core::Error::Plan(format!(
+                    "{CROSSOVER_ENV}={v:?}: expected a share in 0..=1"
+                ))
+            })?;
+            powerinfer_core::ensure!(
+                (0.0..=1.0).contains(&c),
+                Plan,
+                "{CROSSOVER_ENV}={v:?}: expected a share in 0..=1"
+            );
+            let _ = self.down_crossover.set(c);
             return Ok(c);
         }
         let down_t = self.down_t()?;
@@ -340,6 +488,7 @@ impl ModelWeights {
                     .iter()
                     .map(|w| w.n_bytes())
                     .sum::<usize>()
+                    - usize::from(self.config.arch.no_gate) * l.w_up.n_bytes()
                     + 8 * self.config.dim
             })
             .sum();

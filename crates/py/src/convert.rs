@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use numpy::{PyArrayDescrMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use powerinfer_core::{
-    bail, ensure, Activation, Buffer, DType, Error, ModelConfig, Result, RopeStyle, Weight,
+    bail, ensure, Activation, ArchFeatures, Buffer, DType, Error, ModelConfig, Result, RopeStyle,
+    Weight,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -24,6 +25,52 @@ fn field<'py, T: for<'a> FromPyObject<'a, 'py, Error = PyErr>>(
         .ok_or_else(|| Error::ModelFile(format!("config lacks {key:?}")))?;
     v.extract::<T>()
         .map_err(|e| Error::ModelFile(format!("config field {key:?}: {e}")))
+}
+
+/// An optional config field: `default` when absent or None.
+fn field_or<'py, T: for<'a> FromPyObject<'a, 'py, Error = PyErr>>(
+    d: &Bound<'py, PyDict>,
+    key: &str,
+    default: T,
+) -> Result<T> {
+    match d.get_item(key) {
+        Ok(Some(v)) if !v.is_none() => v
+            .extract::<T>()
+            .map_err(|e| Error::ModelFile(format!("config field {key:?}: {e}"))),
+        _ => Ok(default),
+    }
+}
+
+/// The family's features from the config dict (all optional: absent means llama).
+fn arch_from_dict(d: &Bound<'_, PyDict>) -> Result<ArchFeatures> {
+    let window: usize = field_or(d, "sliding_window", 0)?;
+    // 0 (or absent) means "not set" for the optional numbers.
+    let opt = |key: &str| -> Result<Option<f32>> {
+        let v: f32 = field_or(d, key, 0.0)?;
+        Ok((v != 0.0).then_some(v))
+    };
+    Ok(ArchFeatures {
+        qkv_bias: field_or(d, "qkv_bias", false)?,
+        qk_norm: field_or(d, "qk_norm", false)?,
+        sliding_window: (window > 0).then_some(window),
+        swa_pattern: field_or(d, "swa_pattern", 0)?,
+        rope_theta_local: opt("rope_theta_local")?,
+        norm_offset: field_or(d, "norm_offset", 0.0)?,
+        post_norms: field_or(d, "post_norms", false)?,
+        embed_scale: opt("embed_scale")?,
+        attn_scale: opt("attn_scale")?,
+        attn_softcap: opt("attn_softcap")?,
+        final_softcap: opt("final_softcap")?,
+        relu_threshold: field_or(d, "relu_threshold", 0.0)?,
+        up_act: field_or(d, "up_act", false)?,
+        layer_norm: field_or(d, "layer_norm", false)?,
+        learned_pos: field_or(d, "learned_pos", false)?,
+        pos_offset: field_or(d, "pos_offset", 0)?,
+        no_gate: field_or(d, "no_gate", false)?,
+        ffn_bias: field_or(d, "ffn_bias", false)?,
+        out_bias: field_or(d, "out_bias", false)?,
+        parallel: field_or(d, "parallel", false)?,
+    })
 }
 
 /// Build a `ModelConfig` from the loader's config (a dict of its fields).
@@ -48,6 +95,7 @@ pub fn config_from_dict(d: &Bound<'_, PyDict>) -> Result<ModelConfig> {
         rope_theta: field(d, "rope_theta")?,
         rope_style,
         activation: Activation::from_name(&act)?,
+        arch: arch_from_dict(d)?,
     };
     cfg.validate()?;
     Ok(cfg)
@@ -118,8 +166,13 @@ fn weight_from_tuple(name: &str, t: &Bound<'_, PyTuple>) -> Result<Weight> {
     named_weight(name, dtype, rows, cols, borrow_bytes(name, &obj)?)
 }
 
-/// A 2-D float16 or float32 array as a borrowed F16/F32 `Weight` of its shape.
+/// A 2-D float16 or float32 array as a borrowed F16/F32 `Weight` of its shape, or a
+/// `(dtype, rows, cols, uint8 array)` tuple as a borrowed `Weight` of that format (a block
+/// format as a file stores it).
 pub fn weight_from_matrix(name: &str, obj: &Bound<'_, PyAny>) -> Result<Weight> {
+    if let Ok(t) = obj.cast::<PyTuple>() {
+        return weight_from_tuple(name, t);
+    }
     let arr = obj
         .cast::<PyUntypedArray>()
         .map_err(|_| Error::Plan(format!("{name}: expected a 2-D numpy array")))?;

@@ -16,7 +16,9 @@ pub struct PyPredictors {
 
 #[pymethods]
 impl PyPredictors {
-    /// `fc1[i]`: float16/float32 array (rank, dim); `fc2[i]`: (ffn, rank) as trained;
+    /// `fc1[i]`: float16/float32 array (rank, dim), or a `(dtype, rows, cols, uint8 array)`
+    /// tuple of a block format as a file stores it (PowerInfer's Q4_0 predictors); `fc2[i]`:
+    /// (ffn, rank) as trained, likewise;
     /// `thresholds[i]`: the logit threshold; `input`: "ffn_norm" (the normed FFN input, our
     /// predictors) or "ffn_inp" (the residual stream, PowerInfer's). Raises `PlanError` when the
     /// lists or shapes disagree.

@@ -159,6 +159,27 @@ impl PySession {
         }
     }
 
+    /// Turn per-phase timing of the forward passes on (from zero) or off (benchmarks).
+    fn set_phase_timing(&self, py: Python<'_>, on: bool) {
+        self.lock(py).set_phase_timing(on);
+    }
+
+    /// Seconds per phase since timing was turned on (attention, predictor, gate, up, down,
+    /// output, other; plus "passes" and "tokens"), or None when it is off.
+    fn phase_times<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let guard = self.lock(py);
+        let Some(t) = guard.phase_times() else {
+            return Ok(None);
+        };
+        let d = PyDict::new(py);
+        for (name, secs) in t.by_name() {
+            d.set_item(name, secs)?;
+        }
+        d.set_item("passes", t.passes)?;
+        d.set_item("tokens", t.tokens)?;
+        Ok(Some(d))
+    }
+
     /// Share of active neurons above which threshold decoding takes the dense down product
     /// instead of an axpy over the active down_t rows (measured once per model on first use).
     #[getter]

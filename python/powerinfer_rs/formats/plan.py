@@ -72,9 +72,24 @@ class Plan:
 
     def validate(self, source: str = "plan") -> None:
         """Check the neuron tables against the placement; :class:`PlanError` otherwise."""
-        pl = self.placement
-        if pl.n_layers != self.n_layers or len(pl.attention) != self.n_layers:
-            raise PlanError(f"{source}: placement and neuron tables disagree on the layer count")
+        pl, n = self.placement, self.n_layers
+        for what, items in (
+            ("placement.attention", pl.attention),
+            ("placement.predictor", pl.predictor),
+            ("placement.ffn_buckets", pl.ffn_buckets),
+            ("predictors.allocations", self.predictors.allocations),
+            ("predictors.ranks", self.predictors.ranks),
+        ):
+            if len(items) != n:
+                raise PlanError(f"{source}: {what} has {len(items)} layers, the neuron tables {n}")
+        for i, alloc in enumerate(self.predictors.allocations):
+            if len(alloc) not in (1, 2) or min(alloc) < 0:
+                raise PlanError(
+                    f"{source}: layer {i}: predictor allocations {alloc}: expected [fc1, fc2] "
+                    "or one size, non-negative"
+                )
+        if min(self.predictors.ranks, default=0) < 0:
+            raise PlanError(f"{source}: negative predictor rank in {self.predictors.ranks}")
         if self.bucket <= 0 or self.context <= 0:
             raise PlanError(f"{source}: bucket and context must be positive")
         for i, ids in enumerate(self.gpu_neurons):
@@ -145,6 +160,27 @@ def save_plan(plan: Plan, path: str | os.PathLike[str]) -> Path:
     return out
 
 
+def _count(v: object, what: str) -> int:
+    """A JSON value that must be a non-negative integer (as the engine's reader demands: no
+    floats truncated, no booleans)."""
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise PlanError(f"{what} must be a non-negative integer, got {v!r}")
+    return v
+
+
+def _predictor_sizes(d: object) -> PredictorSizes:
+    if not isinstance(d, dict):
+        raise PlanError(f"predictors must be an object, got {d!r:.80}")
+    allocs = d["allocations"]
+    if not isinstance(allocs, list) or not all(isinstance(a, list) for a in allocs):
+        raise PlanError(f"predictors.allocations must be a list of lists, got {allocs!r:.80}")
+    return PredictorSizes(
+        [[_count(b, "predictors.allocations") for b in a] for a in allocs],
+        [_count(r, "predictors.ranks") for r in d["ranks"]],
+        str(d.get("source", "")),
+    )
+
+
 def _read(path: Path) -> Plan:
     from safetensors import safe_open
 
@@ -156,7 +192,7 @@ def _read(path: Path) -> Plan:
             if meta.get("format") != PLAN_FORMAT:
                 raise PlanError(f"{path}: format {meta.get('format')!r}, expected {PLAN_FORMAT!r}")
             j = json.loads(meta["plan"])
-            n = int(j["n_layers"])
+            n = _count(j["n_layers"], "n_layers")
             names = set(f.keys())
             ids = []
             for i in range(n):
@@ -168,28 +204,30 @@ def _read(path: Path) -> Plan:
         placement = Placement(
             attention=[bool(v) for v in pj["attention"]],
             predictor=[bool(v) for v in pj["predictor"]],
-            ffn_buckets=[int(v) for v in pj["ffn_buckets"]],
+            ffn_buckets=[_count(v, "ffn_buckets") for v in pj["ffn_buckets"]],
             output=bool(pj["output"]),
         )
         plan = Plan(
             model_fingerprint=str(j["model_fingerprint"]),
-            ffn_dim=int(j["ffn_dim"]),
+            ffn_dim=_count(j["ffn_dim"], "ffn_dim"),
             gpu_neurons=ids,
             placement=placement,
-            bucket=int(j["bucket"]),
-            context=int(j["context"]),
+            bucket=_count(j["bucket"], "bucket"),
+            context=_count(j["context"], "context"),
             objective=str(j["objective"]),
-            budget_bytes=int(j["budget_bytes"]),
+            budget_bytes=_count(j["budget_bytes"], "budget_bytes"),
             hardware=dict(j["hardware"]),
-            predictors=PredictorSizes.from_dict(j["predictors"]),
+            predictors=_predictor_sizes(j["predictors"]),
             bytes=dict(j["bytes"]),
             predicted=dict(j["predicted"]),
             solver=dict(j["solver"]),
-            min_neurons=[int(m) for m in j.get("min_neurons", [])],
+            min_neurons=[_count(m, "min_neurons") for m in j.get("min_neurons", [])],
             profile=dict(j.get("profile", {})),
         )
-    except PlanError:
-        raise
+    except PlanError as e:
+        if str(path) in str(e):
+            raise
+        raise PlanError(f"{path}: {e}") from None
     except Exception as e:  # malformed JSON, missing keys, safetensors errors
         raise PlanError(f"{path}: not a readable plan file: {e!r}") from None
     plan.validate(str(path))

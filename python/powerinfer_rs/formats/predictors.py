@@ -89,13 +89,15 @@ def load_predictors(path: str | os.PathLike[str]) -> PredictorSet:
     meta = header.get("__metadata__")
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ModelFileError(f"{p}: not a {FORMAT} file (metadata 'format' missing or different)")
+    if not all(isinstance(v, str) for v in meta.values()):
+        raise ModelFileError(f"{p}: safetensors metadata values must be strings")
     raw = read_safetensors(p)
     try:
         stats = json.loads(meta.get("layers") or "{}")
         extra = json.loads(meta.get("extra") or "{}")
         target = meta.get("recall_target") or None
         target = float(target) if target is not None else None
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, RecursionError) as e:
         raise ModelFileError(f"{p}: malformed predictor metadata: {e}") from e
     if not isinstance(stats, dict) or not isinstance(extra, dict):
         raise ModelFileError(f"{p}: malformed predictor metadata (layers/extra not objects)")
@@ -103,7 +105,7 @@ def load_predictors(path: str | os.PathLike[str]) -> PredictorSet:
     indices = set()
     for name in raw:
         parts = name.split(".")
-        if len(parts) != 3 or parts[0] != "blk" or not parts[1].isdigit():
+        if len(parts) != 3 or parts[0] != "blk" or not (parts[1].isascii() and parts[1].isdigit()):
             raise ModelFileError(f"{p}: unexpected tensor {name!r}")
         if parts[2] not in ("fc1", "fc2", "threshold"):
             raise ModelFileError(f"{p}: unexpected tensor {name!r}")
@@ -135,12 +137,15 @@ def load_predictors(path: str | os.PathLike[str]) -> PredictorSet:
     inp = meta.get("predictor_input", "ffn_norm")
     if inp not in ("ffn_norm", "ffn_inp"):
         raise ModelFileError(f"{p}: unknown predictor_input {inp!r}")
+    dtype = dtypes.pop() if len(dtypes) == 1 else meta.get("dtype", "F16")
+    if dtype not in STORAGE_DTYPES:
+        raise ModelFileError(f"{p}: predictor dtype {dtype!r} (expected one of F16, F32)")
     return PredictorSet(
         layers=layers,
         model_fingerprint=meta.get("model_fingerprint") or None,
         recall_target=target,
         input=inp,
-        dtype=dtypes.pop() if len(dtypes) == 1 else meta.get("dtype", "F16"),
+        dtype=dtype,
         metadata=extra,
     )
 

@@ -57,8 +57,8 @@ class Profile:
             raise ShapeError(f"{source}: no layers")
         if isinstance(self.tokens, bool) or not isinstance(self.tokens, (int, np.integer)):
             raise ModelFileError(f"{source}: tokens must be an integer, got {self.tokens!r}")
-        if self.tokens <= 0:
-            raise ModelFileError(f"{source}: tokens must be positive, got {self.tokens}")
+        if not 0 < self.tokens < 1 << 63:
+            raise ModelFileError(f"{source}: tokens must be in [1, 2^63), got {self.tokens}")
         ffn = self.counts[0].size
         for i, c in enumerate(self.counts):
             if c.ndim != 1 or c.size != ffn or c.size == 0:

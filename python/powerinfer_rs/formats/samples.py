@@ -20,7 +20,6 @@ import json
 import os
 import re
 import shutil
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelFileError, ShapeError
+from ..loading.torch_pt import ZIP_ERRORS
 
 FORMAT = "powerinfer-rs-samples/1"
 META_NAME = "meta.json"
+#: Largest layer count or width a samples folder may declare (far beyond any model).
+MAX_DIM = 1 << 40
 _SHARD_RE = re.compile(r"^shard_(\d{5,})\.npz$")
 
 
@@ -197,14 +199,14 @@ def read_meta(dir: str | os.PathLike[str]) -> dict[str, Any]:
         meta = json.loads(path.read_text())
     except FileNotFoundError:
         raise ModelFileError(f"{sdir}: no predictor samples here (missing {META_NAME})") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ModelFileError(f"{path}: unreadable: {e}") from e
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ModelFileError(f"{path}: not a {FORMAT} metadata file")
     for key in ("n_layers", "dim", "ffn_dim"):
         v = meta.get(key)
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise ModelFileError(f"{path}: {key} must be a positive integer, got {v!r}")
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 < v <= MAX_DIM:
+            raise ModelFileError(f"{path}: {key} must be an integer in [1, {MAX_DIM}], got {v!r}")
     if not isinstance(meta.get("metadata", {}), dict):
         raise ModelFileError(f"{path}: metadata must be an object")
     meta["dir"] = str(sdir)
@@ -228,9 +230,11 @@ def _read_shard(path: Path, dim: int, ffn: int) -> tuple[np.ndarray, np.ndarray]
         with np.load(path, allow_pickle=False) as z:
             x = np.asarray(z["x"])
             packed = np.asarray(z["mask"])
-            n_ffn = int(z["ffn"]) if "ffn" in z.files else ffn
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:
-        raise ModelFileError(f"{path}: malformed sample shard: {e}") from e
+            n_ffn = np.asarray(z["ffn"]) if "ffn" in z.files else np.int64(ffn)
+    except (*ZIP_ERRORS, KeyError, MemoryError) as e:
+        raise ModelFileError(f"{path}: malformed sample shard: {type(e).__name__}: {e}") from e
+    if n_ffn.shape != () or n_ffn.dtype.kind not in "iu":
+        raise ModelFileError(f"{path}: shard's ffn must be an integer scalar, got {n_ffn!r:.80}")
     rows = x.shape[0] if x.ndim == 2 else -1
     if (
         x.ndim != 2

@@ -128,15 +128,21 @@ def save_thresholds(path: str | os.PathLike[str], tf: ThresholdFile) -> Path:
     return p
 
 
+def _number(x: Any, what: str, source: str) -> float:
+    """A JSON number as a float; :class:`ModelFileError` for anything else, including an
+    integer too large for a float."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ModelFileError(f"{source}: '{what}' holds {x!r:.80}, not a number")
+    try:
+        return float(x)
+    except OverflowError:
+        raise ModelFileError(f"{source}: '{what}' holds a number out of range") from None
+
+
 def _float_list(v: Any, what: str, source: str) -> list[float]:
     if not isinstance(v, list):
         raise ModelFileError(f"{source}: '{what}' must be a list of numbers")
-    out = []
-    for x in v:
-        if isinstance(x, bool) or not isinstance(x, (int, float)):
-            raise ModelFileError(f"{source}: '{what}' holds {x!r}, not a number")
-        out.append(float(x))
-    return out
+    return [_number(x, what, source) for x in v]
 
 
 def load_thresholds(path: str | os.PathLike[str], model: Any = None) -> ThresholdFile:
@@ -149,7 +155,7 @@ def load_thresholds(path: str | os.PathLike[str], model: Any = None) -> Threshol
             doc = json.load(f)
     except FileNotFoundError:
         raise ModelFileError(f"{source}: no such threshold file") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise ModelFileError(f"{source}: cannot read thresholds: {e}") from None
     if not isinstance(doc, dict) or "thresholds" not in doc:
         raise ModelFileError(f"{source}: not a threshold file (no 'thresholds' list)")
@@ -158,8 +164,8 @@ def load_thresholds(path: str | os.PathLike[str], model: Any = None) -> Threshol
         raise ModelFileError(f"{source}: format {fmt!r}, expected {FORMAT!r}")
     measured = doc.get("measured_sparsity")
     target = doc.get("target_sparsity")
-    if target is not None and (isinstance(target, bool) or not isinstance(target, (int, float))):
-        raise ModelFileError(f"{source}: target_sparsity {target!r} is not a number")
+    if target is not None:
+        target = _number(target, "target_sparsity", source)
     tokens = doc.get("tokens", 0)
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
         raise ModelFileError(f"{source}: tokens {tokens!r} is not a count")
@@ -171,7 +177,7 @@ def load_thresholds(path: str | os.PathLike[str], model: Any = None) -> Threshol
         thresholds=_float_list(doc["thresholds"], "thresholds", source),
         model_fingerprint=str(fp) if fp else None,
         activation=doc.get("activation"),
-        target_sparsity=None if target is None else float(target),
+        target_sparsity=target,
         measured_sparsity=None
         if measured is None
         else _float_list(measured, "measured_sparsity", source),

@@ -26,11 +26,18 @@ from .types import (
 def load_model(path: str | os.PathLike[str]) -> LoadedModel:
     """Load a model from a ``.gguf`` file or a Hugging Face model directory."""
     p = Path(path)
-    if p.is_dir():
+    try:
+        is_dir, is_file = p.is_dir(), p.is_file()
+    except OSError as e:  # e.g. a directory on the way that this user may not enter
+        raise ModelFileError(f"{p}: cannot read ({e.strerror or e})") from None
+    if is_dir:
         return load_hf_dir(p)
-    if p.is_file():
-        with open(p, "rb") as f:
-            magic = f.read(4)
+    if is_file:
+        try:
+            with open(p, "rb") as f:
+                magic = f.read(4)
+        except OSError as e:
+            raise ModelFileError(f"{p}: cannot read ({e.strerror or e})") from None
         if magic == b"GGUF" or p.suffix.lower() == ".gguf":
             return load_gguf(p)
         raise ModelFileError(

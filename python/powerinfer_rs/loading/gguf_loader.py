@@ -1,10 +1,14 @@
-"""Load a llama-architecture GGUF file: config from its metadata, tensors as raw mmap views.
+"""Load a GGUF file of a supported family (:mod:`.archs`: llama/mistral, qwen2, qwen3, phi3,
+gemma2, gemma3, falcon with llama.cpp's keys and tensor names; bamboo and opt with PowerInfer's):
+config from its metadata, tensors as raw mmap views.
 
 Weights keep their GGUF encoding (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K);
 nothing is dequantised.
 GGUF lists dimensions innermost first (``ne[0]`` = columns), so a 2-D tensor ``[cols, rows]``
 becomes ``TensorData(rows=ne[1], cols=ne[0])``. The ``llama`` arch in GGUF always has its
-q/k rows permuted by the converter, so RoPE rotates adjacent pairs: ``rope_style = "norm"``.
+q/k rows permuted by the converter, so RoPE rotates adjacent pairs: ``rope_style = "norm"``;
+the other families keep HF's row order (``"neox"``). Fused tensors (Phi-3's ``attn_qkv`` and
+gate+up ``ffn_up``) are split into row views.
 
 The header is parsed by :mod:`.gguf_file` (fast and strict) rather than ``gguf.GGUFReader``.
 The activation is SiLU unless the file carries ``powerinfer_rs.activation`` (our synthetic
@@ -19,6 +23,7 @@ from typing import Any
 
 from ..errors import ModelFileError, ShapeError, UnsupportedError
 from ..runtime.tokenizer import Tokenizer
+from .archs import GGUF_FAMILIES, Family, split_fused
 from .gguf_file import MAGIC, GGUFFile, starts_with
 from .types import (
     ACTIVATIONS,
@@ -31,8 +36,10 @@ from .types import (
     row_bytes,
 )
 
-SUPPORTED_ARCHS: tuple[str, ...] = ("llama",)
+SUPPORTED_ARCHS: tuple[str, ...] = tuple(GGUF_FAMILIES)
 ACTIVATION_KEY = "powerinfer_rs.activation"
+#: FATReLU's threshold (ProSparse) in our synthetic files; llama.cpp ignores the key.
+RELU_THRESHOLD_KEY = "powerinfer_rs.relu_threshold"
 
 
 def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
@@ -75,13 +82,9 @@ def _float(meta: dict[str, Any], key: str, default: float) -> float:
 
 
 def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> ModelConfig:
-    """Build the :class:`ModelConfig` from GGUF metadata (``llama.*`` keys)."""
-    arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        raise UnsupportedError(
-            f"architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
-        )
-    a = arch
+    """Build the :class:`ModelConfig` from GGUF metadata (``{arch}.*`` keys)."""
+    fam = _family(meta)
+    a = fam.gguf_arch
     dim = _int(meta, f"{a}.embedding_length")
     n_heads = _int(meta, f"{a}.attention.head_count")
     n_kv = _int(meta, f"{a}.attention.head_count_kv", n_heads)
@@ -102,12 +105,15 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
     tokens = meta.get("tokenizer.ggml.tokens")
     n_tokens = len(tokens) if isinstance(tokens, list) else None
     vocab = _int(meta, f"{a}.vocab_size", n_tokens)
-    activation = meta.get(ACTIVATION_KEY, "silu")
+    activation = meta.get(ACTIVATION_KEY, fam.activation or "silu")
     if activation not in ACTIVATIONS:
         raise UnsupportedError(f"activation {activation!r} (supported: {ACTIVATIONS})")
+    window = _int(meta, f"{a}.attention.sliding_window", 0) if fam.window else 0
+    eps_kind = "epsilon" if fam.layer_norm else "rms_epsilon"
+    n_layers = _int(meta, f"{a}.block_count")
     cfg = ModelConfig(
-        arch=a,
-        n_layers=_int(meta, f"{a}.block_count"),
+        arch=fam.name,
+        n_layers=n_layers,
         dim=dim,
         ffn_dim=_int(meta, f"{a}.feed_forward_length"),
         n_heads=n_heads,
@@ -115,32 +121,72 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
         head_dim=head_dim,
         vocab_size=vocab,
         max_context=_int(meta, f"{a}.context_length", 2048),
-        rms_eps=_float(meta, f"{a}.attention.layer_norm_rms_epsilon", 1e-5),
+        rms_eps=_float(meta, f"{a}.attention.layer_norm_{eps_kind}", 1e-5),
         rope_theta=_float(meta, f"{a}.rope.freq_base", 10000.0),
-        rope_style="norm",
+        rope_style=fam.rope_style,
         activation=activation,
         bos_token_id=tokenizer.bos_id if tokenizer else None,
         eos_token_ids=list(tokenizer.eos_ids) if tokenizer else [],
         add_bos=tokenizer.add_bos if tokenizer else False,
         tie_embeddings=False,
+        qkv_bias=fam.qkv_bias,
+        qk_norm=fam.qk_norm,
+        sliding_window=window,
+        swa_pattern=fam.swa_pattern,
+        rope_theta_local=fam.rope_local,
+        post_norms=fam.post_norms,
+        embed_scale=float(dim) ** 0.5 if fam.embed_scale else 0.0,
+        attn_scale=_gemma_27b_scale(fam, n_layers, dim, n_heads),
+        attn_softcap=_float(meta, f"{a}.attn_logit_softcapping", 0.0),
+        final_softcap=_float(meta, f"{a}.final_logit_softcapping", 0.0),
+        relu_threshold=_float(meta, RELU_THRESHOLD_KEY, 0.0),
+        up_act=fam.up_act,
+        layer_norm=fam.layer_norm,
+        learned_pos=fam.learned_pos,
+        pos_offset=fam.pos_offset,
+        no_gate=fam.no_gate,
+        ffn_bias=fam.ffn_bias,
+        out_bias=fam.out_bias,
+        parallel=fam.parallel,
     )
     cfg.validate()
     return cfg
 
 
-def _tensor_views(gf: GGUFFile) -> dict[str, TensorData]:
-    """Canonical name -> TensorData for every weight tensor in the file."""
+def _gemma_27b_scale(fam: Family, n_layers: int, dim: int, n_heads: int) -> float:
+    """The query scale GGUF files leave implicit: llama.cpp scales Gemma 2/3 27B queries by
+    (dim / n_heads)^-1/2 (their query_pre_attn_scalar), every other model by head_dim^-1/2
+    (0 here: the engine's default). The 27B models are told apart by their layer count."""
+    if (fam.gguf_arch, n_layers) in (("gemma2", 46), ("gemma3", 62)):
+        return float(dim / n_heads) ** -0.5
+    return 0.0
+
+
+def _family(meta: dict[str, Any]) -> Family:
+    arch = meta.get("general.architecture")
+    fam = GGUF_FAMILIES.get(arch) if isinstance(arch, str) else None
+    if fam is None:
+        raise UnsupportedError(
+            f"architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
+        )
+    return fam
+
+
+def _tensor_views(gf: GGUFFile, fam: Family) -> dict[str, TensorData]:
+    """Canonical name -> TensorData for every weight tensor in the file (and the biases of the
+    families that have them; PowerInfer's ``ffn_down_t.bias`` is ``ffn_down.bias``)."""
     path = gf.path
     buf = gf.data  # np.memmap, uint8, the whole file
     size = int(buf.size)
     out: dict[str, TensorData] = {}
     for t in gf.tensors:
-        full = t.name
-        if full.endswith(".bias") or full.startswith("rope_freqs"):
+        full = t.name.replace("ffn_down_t.bias", "ffn_down.bias")
+        bias = full.endswith(".bias") and full.rsplit(".", 2)[-2] + ".bias" in fam.biases()
+        if (full.endswith(".bias") and not bias) or full.startswith(("rope_freqs", "rope_factors")):
             raise UnsupportedError(f"{path}: tensor {full!r} (biases / rope factors) not supported")
-        if not full.endswith(".weight"):
+        if not (full.endswith(".weight") or bias):
             continue
-        name = full[: -len(".weight")]
+        name = full if bias else full[: -len(".weight")]
         dtype = t.type_name
         if dtype not in SUPPORTED_DTYPES:
             raise UnsupportedError(
@@ -163,18 +209,20 @@ def _tensor_views(gf: GGUFFile) -> dict[str, TensorData]:
 
 
 def load_gguf(path: str | os.PathLike[str]) -> LoadedModel:
-    """Load a llama GGUF file (memory-mapped, zero copy)."""
+    """Load a GGUF file of a supported family (memory-mapped, zero copy)."""
     p = str(Path(path))
     gf = open_gguf(p)
     meta = gf.metadata
-    arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        raise UnsupportedError(
-            f"{p}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
-        )
+    try:
+        fam = _family(meta)
+    except UnsupportedError as e:
+        raise UnsupportedError(f"{p}: {e}") from None
     tok = Tokenizer.from_gguf(meta)
     cfg = config_from_metadata(meta, tok)
-    tensors = _tensor_views(gf)
+    tensors = _tensor_views(gf, fam)
+    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    split_fused(fam, tensors, q_dim, kv_dim, cfg.ffn_dim)
+    fit_position_table(cfg, tensors, p)
     if "output" not in tensors and "token_embd" in tensors:
         tensors["output"] = tensors["token_embd"]
         cfg.tie_embeddings = True
@@ -184,6 +232,21 @@ def load_gguf(path: str | os.PathLike[str]) -> LoadedModel:
             f"{p}: tokenizer has {tok.vocab_size} tokens, the model only {cfg.vocab_size}"
         )
     return loaded_model(p, meta, cfg, tensors, tok)
+
+
+def fit_position_table(cfg: ModelConfig, tensors: dict[str, TensorData], path: str) -> None:
+    """Bound the context of a learned-position family by its table (PowerInfer's OPT files
+    say context 2050 = 2048 + the offset of 2) and cut the table to ``context + offset`` rows."""
+    pos = tensors.get("position_embd")
+    if not cfg.learned_pos or pos is None:
+        return
+    cfg.max_context = min(cfg.max_context, pos.rows - cfg.pos_offset)
+    if cfg.max_context <= 0:
+        raise ShapeError(f"{path}: position_embd has only {pos.rows} rows")
+    rows = cfg.max_context + cfg.pos_offset
+    tensors["position_embd"] = TensorData(
+        "position_embd", pos.dtype, rows, pos.cols, pos.data[: rows * pos.row_bytes]
+    )
 
 
 def loaded_model(

@@ -1,9 +1,10 @@
-"""Load a Hugging Face llama-family model directory (config.json + safetensors + tokenizer.json).
+"""Load a Hugging Face model directory (config.json + safetensors + tokenizer.json).
 
-Supported: ``LlamaForCausalLM`` and ``MistralForCausalLM`` checkpoints in BF16/F16/F32, either
-one ``model.safetensors`` or shards listed by ``model.safetensors.index.json``. HF checkpoints
-keep q/k in the original layout, so RoPE rotates the halves of each head: ``rope_style =
-"neox"``.
+Supported: the families of :mod:`.archs` (Llama, Mistral, Bamboo, Qwen2, Qwen3, Phi-3,
+Gemma 2, Gemma 3, OPT, Falcon) in BF16/F16/F32, either one ``model.safetensors`` or shards
+listed by ``model.safetensors.index.json``. HF checkpoints keep q/k in the original layout, so RoPE
+rotates the halves of each head: ``rope_style = "neox"``. Fused tensors (Phi-3's ``qkv_proj``
+and ``gate_up_proj``) are split into row views.
 """
 
 from __future__ import annotations
@@ -16,29 +17,13 @@ from typing import Any
 
 from ..errors import ModelFileError, ShapeError, UnsupportedError
 from ..runtime.tokenizer import Tokenizer
+from .archs import FAMILIES, Family, family_named, hf_family, hf_layer_names, split_fused
+from .hf_families import family_fields, gemma_fields, number
 from .safetensors_mmap import RawTensor, read_safetensors
 from .types import LoadedModel, ModelConfig, TensorData, check_tensors, fingerprint
 
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = ("LlamaForCausalLM", "MistralForCausalLM")
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = ("llama", "mistral")
-
-_GLOBAL_NAMES = {
-    "model.embed_tokens.weight": "token_embd",
-    "lm_head.weight": "output",
-    "model.norm.weight": "output_norm",
-}
-_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm",
-    "post_attention_layernorm.weight": "ffn_norm",
-    "self_attn.q_proj.weight": "attn_q",
-    "self_attn.k_proj.weight": "attn_k",
-    "self_attn.v_proj.weight": "attn_v",
-    "self_attn.o_proj.weight": "attn_output",
-    "mlp.gate_proj.weight": "ffn_gate",
-    "mlp.up_proj.weight": "ffn_up",
-    "mlp.down_proj.weight": "ffn_down",
-}
-_LAYER_RE = re.compile(r"model\.layers\.(\d+)\.(.+)")
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(a for f in FAMILIES for a in f.hf_archs)
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for f in FAMILIES for t in f.hf_types)
 
 
 def load_json(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -46,7 +31,7 @@ def load_json(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ModelFileError(f"{os.fspath(path)}: cannot read JSON: {e}") from e
     if not isinstance(obj, dict):
         raise ModelFileError(f"{os.fspath(path)}: expected a JSON object")
@@ -57,19 +42,26 @@ def _optional_json(path: Path) -> dict[str, Any]:
     return load_json(path) if path.is_file() else {}
 
 
-def canonical_name(hf_name: str) -> str | None:
-    """Canonical tensor name for an HF parameter name; ``None`` for tensors the engine ignores.
+def canonical_name(hf_name: str, family: Family | None = None) -> str | None:
+    """Canonical tensor name for an HF parameter name of ``family`` (default llama); ``None``
+    for tensors the engine ignores.
 
-    Biases raise :class:`UnsupportedError` (llama has none; ignoring them would be wrong).
+    A bias is named after its weight (canonical name plus ``.bias``); biases the family does
+    not have raise :class:`UnsupportedError` (ignoring them would be wrong).
     """
-    if hf_name in _GLOBAL_NAMES:
-        return _GLOBAL_NAMES[hf_name]
-    if hf_name.endswith(".bias"):
+    fam = family or family_named("llama")
+    bias = hf_name.endswith(".bias")
+    weight = hf_name[: -len(".bias")] + ".weight" if bias else hf_name
+    name = fam.hf_globals.get(weight)
+    m = re.fullmatch(re.escape(fam.hf_layer_prefix) + r"(\d+)\.(.+)", weight)
+    names = hf_layer_names(fam)
+    if name is None and m and m.group(2) in names:
+        name = f"blk.{int(m.group(1))}.{names[m.group(2)]}"
+    if not bias:
+        return name
+    if name is None or name.rsplit(".", 1)[-1] + ".bias" not in fam.biases():
         raise UnsupportedError(f"tensor {hf_name!r}: biases are not supported")
-    m = _LAYER_RE.fullmatch(hf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"blk.{int(m.group(1))}.{_LAYER_NAMES[m.group(2)]}"
-    return None
+    return name + ".bias"
 
 
 def _activation(act: Any) -> str:
@@ -104,45 +96,70 @@ def _ids(v: Any) -> list[int]:
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     """Build a :class:`ModelConfig` from a parsed ``config.json`` (token ids filled later)."""
     archs = cfg.get("architectures") or []
+    if not isinstance(archs, list):
+        raise ModelFileError(f"config.json: 'architectures' must be a list, got {archs!r:.80}")
     mtype = cfg.get("model_type")
-    if not any(a in SUPPORTED_ARCHITECTURES for a in archs) and mtype not in SUPPORTED_MODEL_TYPES:
+    fam = hf_family(mtype, archs if isinstance(archs, list) else [])
+    if fam is None:
         raise UnsupportedError(
             f"architecture {archs or mtype!r} is not supported "
             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
         )
     if cfg.get("rope_scaling"):
         raise UnsupportedError(f"rope_scaling {cfg['rope_scaling']!r} is not supported")
-    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+    if cfg.get("partial_rotary_factor", 1.0) != 1.0:
+        raise UnsupportedError(f"partial_rotary_factor {cfg['partial_rotary_factor']!r}")
+    if (cfg.get("attention_bias") or cfg.get("mlp_bias")) and not fam.biases():
         raise UnsupportedError("attention/MLP biases are not supported")
+    if cfg.get("use_sliding_window"):
+        raise UnsupportedError("use_sliding_window (Qwen2's per-layer windows) is not supported")
+    window = cfg.get("sliding_window") if fam.window else None
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int)):
+        raise ModelFileError(f"config.json: 'sliding_window' must be an integer, got {window!r}")
     dim = _req_int(cfg, "hidden_size")
     n_heads = _req_int(cfg, "num_attention_heads")
     if n_heads <= 0:
         raise ShapeError(f"num_attention_heads must be positive, got {n_heads}")
     head_dim = cfg.get("head_dim") or dim // n_heads
+    extra = gemma_fields(fam, cfg) if fam.post_norms else {}
+    extra.update(family_fields(fam, cfg))
+    act_name = extra.pop("activation", None) or cfg.get("hidden_activation")
+    act_name = act_name or cfg.get("hidden_act", fam.activation or "silu")
+    if act_name == "fatrelu":  # ProSparse: ReLU passing only x > hidden_act_param
+        act_name = "relu"
+        extra["relu_threshold"] = number(cfg, "hidden_act_param", 0.0)
+
     rope_theta = cfg.get("rope_theta", 10000.0)
     eps = cfg.get("rms_norm_eps", 1e-6)
     for k, v in (("rope_theta", rope_theta), ("rms_norm_eps", eps)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ModelFileError(f"config.json: {k!r} must be a number, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not -1e300 < v < 1e300:
+            raise ModelFileError(f"config.json: {k!r} must be a finite number, got {v!r:.80}")
     bos = cfg.get("bos_token_id")
+    sizes = {
+        "ffn_dim": _req_int(cfg, "intermediate_size", extra.pop("ffn_dim", None)),
+        "n_kv_heads": _req_int(cfg, "num_key_value_heads", extra.pop("n_kv_heads", n_heads)),
+        "rms_eps": float(extra.pop("rms_eps", eps)),
+    }
     c = ModelConfig(
-        arch="llama",
+        arch=fam.name,
         n_layers=_req_int(cfg, "num_hidden_layers"),
         dim=dim,
-        ffn_dim=_req_int(cfg, "intermediate_size"),
         n_heads=n_heads,
-        n_kv_heads=_req_int(cfg, "num_key_value_heads", n_heads),
         head_dim=_req_int({"head_dim": head_dim}, "head_dim"),
         vocab_size=_req_int(cfg, "vocab_size"),
         max_context=_req_int(cfg, "max_position_embeddings", 2048),
-        rms_eps=float(eps),
+        **sizes,
         rope_theta=float(rope_theta),
         rope_style="neox",
-        activation=_activation(cfg.get("hidden_act", "silu")),
+        activation=_activation(act_name),
         bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
         eos_token_ids=_ids(cfg.get("eos_token_id")),
         add_bos=False,
-        tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        tie_embeddings=extra.pop("tie_embeddings", bool(cfg.get("tie_word_embeddings", False))),
+        qkv_bias=fam.qkv_bias,
+        qk_norm=fam.qk_norm,
+        sliding_window=window or 0,
+        **extra,
     )
     return c
 
@@ -169,13 +186,13 @@ def _weight_files(d: Path) -> list[Path]:
     return shards
 
 
-def _tensors(files: list[Path]) -> dict[str, TensorData]:
+def _tensors(files: list[Path], family: Family) -> dict[str, TensorData]:
     out: dict[str, TensorData] = {}
     for f in files:
         raw: dict[str, RawTensor] = read_safetensors(f)
         for hf_name, rt in raw.items():
             try:
-                name = canonical_name(hf_name)
+                name = canonical_name(hf_name, family)
             except UnsupportedError as e:
                 raise UnsupportedError(f"{f}: {e}") from None
             if name is None:
@@ -203,7 +220,11 @@ def _chat_template(d: Path, tok_cfg: dict[str, Any]) -> str | None:
             raise ModelFileError(f"{jinja}: {e}") from e
     t = tok_cfg.get("chat_template")
     if isinstance(t, list):  # [{"name": "default", "template": ...}, ...]
-        named = {x.get("name"): x.get("template") for x in t if isinstance(x, dict)}
+        named = {
+            x.get("name"): x.get("template")
+            for x in t
+            if isinstance(x, dict) and isinstance(x.get("name"), str)
+        }
         t = named.get("default") or next(iter(named.values()), None)
     return t if isinstance(t, str) else None
 
@@ -233,7 +254,16 @@ def load_hf_dir(path: str | os.PathLike[str]) -> LoadedModel:
             f"{d}: tokenizer has {tok.vocab_size} tokens, the model only {cfg.vocab_size}"
         )
 
-    tensors = _tensors(_weight_files(d))
+    family = family_named(cfg.arch)
+    tensors = _tensors(_weight_files(d), family)
+    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    split_fused(family, tensors, q_dim, kv_dim, cfg.ffn_dim)
+    pos = tensors.get("position_embd")
+    if cfg.learned_pos and pos is not None and pos.rows - cfg.pos_offset != cfg.max_context:
+        raise ShapeError(
+            f"{d}: embed_positions has {pos.rows} rows, max_position_embeddings + "
+            f"{cfg.pos_offset} = {cfg.max_context + cfg.pos_offset}"
+        )
     if "output" not in tensors and "token_embd" in tensors:
         tensors["output"] = tensors["token_embd"]
         cfg.tie_embeddings = True

@@ -31,6 +31,7 @@ from .torch_pt import load_state_dict, load_tensor
 
 _MODEL_RE = re.compile(r"^model_(\d+)\.pt$")
 _ACT_RE = re.compile(r"^activation_(\d+)\.pt$")
+_BIG = 1e300  # finite numbers only (NaN fails both comparisons), and no int float() overflows
 
 
 def numbered_files(dir: str | os.PathLike[str], pattern: re.Pattern[str]) -> list[Path]:
@@ -64,15 +65,15 @@ def read_sparse_threshold(dir: str | os.PathLike[str]) -> float:
         return 0.0
     try:
         data = json.loads(cfg.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ModelFileError(f"{cfg}: unreadable: {e}") from e
     if not isinstance(data, dict):
         raise ModelFileError(f"{cfg}: not a JSON object")
     v = data.get("sparse_threshold", 0.0)
     if v is None:
         return 0.0
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v):
-        raise ModelFileError(f"{cfg}: sparse_threshold must be a number, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not -_BIG < v < _BIG:
+        raise ModelFileError(f"{cfg}: sparse_threshold must be a finite number, got {v!r:.80}")
     return float(v)
 
 

@@ -28,6 +28,7 @@ What SJTU-IPADS/PowerInfer writes and reads (paths in that repository):
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,20 +36,29 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ModelFileError, ShapeError, UnsupportedError
+from ..loading.archs import GGUF_FAMILIES, split_fused
 from ..loading.gguf_file import POWERINFER_MAGIC, GGUFFile, starts_with
 from ..loading.gguf_loader import (
     ACTIVATION_KEY,
-    SUPPORTED_ARCHS,
     _tensor_views,
     config_from_metadata,
+    fit_position_table,
     loaded_model,
 )
-from ..loading.types import LoadedModel, TensorData, check_tensors, expected_shapes
+from ..loading.types import (
+    LoadedModel,
+    TensorData,
+    check_layer_count,
+    check_tensors,
+    expected_shapes,
+)
 from ..predictors.model import LayerPredictor, PredictorSet
 from ..runtime.tokenizer import Tokenizer
 
 SPARSE_THRESHOLD_KEY = "powerinfer.sparse_threshold"
 THRESHOLD_ENV = "LLAMA_SPARSE_PRED_THRESHOLD"
+#: The architectures of PowerInfer files read here (those PowerInfer serves).
+POWERINFER_ARCHS: tuple[str, ...] = ("llama", "bamboo", "opt", "falcon")
 
 
 @dataclass
@@ -98,22 +108,32 @@ def load_powerinfer_gguf(
         raise ModelFileError(f"{p}: a plain GGUF file, not a PowerInfer (PWRI) one")
     meta = dict(gf.metadata)
     arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        raise UnsupportedError(f"{p}: architecture {arch!r} (supported: {SUPPORTED_ARCHS})")
+    if arch not in POWERINFER_ARCHS:
+        raise UnsupportedError(f"{p}: architecture {arch!r} (supported: {POWERINFER_ARCHS})")
     # PowerInfer's sparse FFN is ReLU-only and its files carry no activation key
     meta.setdefault(ACTIVATION_KEY, "relu")
     thr_meta = meta.get(SPARSE_THRESHOLD_KEY, 0.0)
-    if isinstance(thr_meta, bool) or not isinstance(thr_meta, (int, float)):
-        raise ModelFileError(f"{p}: {SPARSE_THRESHOLD_KEY} must be a number, got {thr_meta!r}")
+    if (
+        isinstance(thr_meta, bool)
+        or not isinstance(thr_meta, (int, float))
+        or not math.isfinite(thr_meta)
+    ):
+        raise ModelFileError(
+            f"{p}: {SPARSE_THRESHOLD_KEY} must be a finite number, got {thr_meta!r}"
+        )
     thr = float(thr_meta if threshold is None else threshold)
     tok = Tokenizer.from_gguf(meta)
     cfg = config_from_metadata(meta, tok)
-    tensors = _tensor_views(gf)
+    fam = GGUF_FAMILIES[arch]
+    tensors = _tensor_views(gf, fam)
+    q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    split_fused(fam, tensors, q_dim, kv_dim, cfg.ffn_dim)
+    fit_position_table(cfg, tensors, p)
     preds_raw: dict[int, dict[str, TensorData]] = {}
     for name in list(tensors):
         parts = name.split(".")
         if len(parts) == 3 and parts[0] == "blk" and parts[2] in ("fc1", "fc2"):
-            if not parts[1].isdigit():
+            if not (parts[1].isascii() and parts[1].isdigit()):
                 raise ModelFileError(f"{p}: bad predictor tensor name {name!r}")
             preds_raw.setdefault(int(parts[1]), {})[parts[2]] = tensors.pop(name)
     if "output" not in tensors and "token_embd" in tensors:
@@ -132,8 +152,15 @@ def load_powerinfer_gguf(
                 f"{fc2.rows}}} (GGUF dims) do not fit n_embd {cfg.dim}, n_ff {cfg.ffn_dim}"
             )
         w1, w2 = dequantize_tensor(fc1), dequantize_tensor(fc2)
+        if not (np.isfinite(w1).all() and np.isfinite(w2).all()):
+            raise ModelFileError(f"{p}: layer {i}: non-finite predictor weights (fc1/fc2)")
+        block = fc1.dtype not in ("F32", "F16") and fc2.dtype not in ("F32", "F16")
         layers[i] = LayerPredictor(
-            w1, w2, thr, {"rank": fc1.rows, "source": "powerinfer-gguf", "dtype": fc1.dtype}
+            w1,
+            w2,
+            thr,
+            {"rank": fc1.rows, "source": "powerinfer-gguf", "dtype": fc1.dtype},
+            stored=(fc1, fc2) if block else None,
         )
     if preds_raw:
         raise ModelFileError(
@@ -156,6 +183,7 @@ def load_powerinfer_gguf(
 def _check_model_tensors(cfg, tensors: dict[str, TensorData], source: str) -> None:
     """:func:`~.types.check_tensors` with ``ffn_down_t`` ``[ffn, dim]`` (rows = neurons)
     expected in place of ``ffn_down``."""
+    check_layer_count(cfg, tensors, source)
     shapes = expected_shapes(cfg)
     for i in range(cfg.n_layers):
         del shapes[f"blk.{i}.ffn_down"]

@@ -50,7 +50,7 @@ def read_header(path: str | os.PathLike[str]) -> tuple[dict, int, int]:
         raise ModelFileError(f"{p}: cannot read: {e}") from e
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ModelFileError(f"{p}: safetensors header is not valid JSON: {e}") from e
     if not isinstance(header, dict):
         raise ModelFileError(f"{p}: safetensors header is not a JSON object")
@@ -85,6 +85,8 @@ def read_safetensors(path: str | os.PathLike[str]) -> dict[str, RawTensor]:
             and all(isinstance(o, int) and not isinstance(o, bool) for o in offs)
         ):
             raise ModelFileError(f"{p}: tensor {name!r} has malformed data_offsets {offs!r}")
+        if not isinstance(dtype, str):
+            raise ModelFileError(f"{p}: tensor {name!r} has a malformed dtype {dtype!r:.80}")
         if dtype not in ITEMSIZE:
             raise UnsupportedError(
                 f"{p}: tensor {name!r} has dtype {dtype!r} (supported: {', '.join(ITEMSIZE)})"

@@ -21,10 +21,12 @@ make PowerInfer-style files that ``torch.load`` reads.
 from __future__ import annotations
 
 import io
+import math
 import os
 import pickle
 import struct
 import zipfile
+import zlib
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelFileError, UnsupportedError
+from ..errors import ModelFileError, PowerInferError, UnsupportedError
 
 #: torch storage class name -> numpy dtype of its elements.
 STORAGE_DTYPES: dict[str, np.dtype] = {
@@ -60,6 +62,20 @@ _NP_TO_STORAGE = {
     np.dtype("?"): "BoolStorage",
 }
 MAX_PICKLE_BYTES = 64 << 20
+#: What :mod:`zipfile` raises on a malformed archive besides ``BadZipFile``: a corrupt deflate
+#: stream (``zlib.error``), an unsupported zip version or compression (``NotImplementedError``),
+#: an encrypted entry (``RuntimeError``), short reads and bad fields (the rest).
+ZIP_ERRORS: tuple[type[BaseException], ...] = (
+    zipfile.BadZipFile,
+    zlib.error,
+    NotImplementedError,
+    RuntimeError,
+    EOFError,
+    OSError,
+    ValueError,
+    struct.error,
+    OverflowError,
+)
 
 
 # --------------------------------------------------------------------------- reading
@@ -95,6 +111,13 @@ def _rebuild_tensor(storage: Any, offset: Any, size: Any, stride: Any, *_: Any) 
     if any(s < 0 for s in shape) or any(s < 0 for s in strides) or off < 0:
         raise ModelFileError(f"negative tensor size/stride/offset: {shape} {strides} {off}")
     n = storage.array.size
+    if math.prod(shape) > n:
+        # only an overlapping view (a stride of 0, torch's expand) has more elements than its
+        # storage; tensor files never need one, and a few bytes could ask for gigabytes
+        raise ModelFileError(
+            f"tensor of size {shape} has more elements than its storage of {n} (overlapping "
+            "or expanded views are not supported)"
+        )
     if 0 not in shape:
         last = off + sum((d - 1) * st for d, st in zip(shape, strides))
         if last >= n:
@@ -177,7 +200,7 @@ def load_pt(path: str | os.PathLike[str]) -> Any:
         zf = zipfile.ZipFile(p)
     except FileNotFoundError:
         raise ModelFileError(f"{p}: no such file") from None
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+    except ZIP_ERRORS as e:
         try:
             with open(p, "rb") as f:
                 head = f.read(2)
@@ -187,7 +210,7 @@ def load_pt(path: str | os.PathLike[str]) -> Any:
             raise UnsupportedError(
                 f"{p}: a legacy (pre-zip, torch < 1.6) .pt file; re-save it with a current torch"
             ) from e
-        raise ModelFileError(f"{p}: not a PyTorch .pt (zip) file: {e}") from e
+        raise ModelFileError(f"{p}: not a PyTorch .pt (zip) file: {type(e).__name__}: {e}") from e
     with zf:
         try:
             names = zf.namelist()
@@ -204,23 +227,17 @@ def load_pt(path: str | os.PathLike[str]) -> Any:
             if info.file_size > MAX_PICKLE_BYTES:
                 raise ModelFileError(f"{p}: data.pkl is implausibly large ({info.file_size} B)")
             return _Unpickler(zf.read(pkls[0]), zf, prefix, p).load()
-        except (ModelFileError, UnsupportedError):
+        except PowerInferError:
             raise
         except (
+            *ZIP_ERRORS,
             pickle.UnpicklingError,
-            EOFError,
-            ValueError,
             TypeError,
             KeyError,
             IndexError,
             AttributeError,
-            struct.error,
-            OverflowError,
             MemoryError,
             RecursionError,
-            NotImplementedError,
-            zipfile.BadZipFile,
-            OSError,
         ) as e:
             raise ModelFileError(f"{p}: malformed .pt file: {type(e).__name__}: {e}") from e
 

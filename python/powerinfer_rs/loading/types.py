@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
@@ -130,12 +131,44 @@ CORE_CONFIG_FIELDS = (
     "rope_theta",
     "rope_style",
     "activation",
+    "qkv_bias",
+    "qk_norm",
+    "sliding_window",
+    "swa_pattern",
+    "rope_theta_local",
+    "norm_offset",
+    "post_norms",
+    "embed_scale",
+    "attn_scale",
+    "attn_softcap",
+    "final_softcap",
+    "relu_threshold",
+    "up_act",
+    "layer_norm",
+    "learned_pos",
+    "pos_offset",
+    "no_gate",
+    "ffn_bias",
+    "out_bias",
+    "parallel",
 )
 
 
 @dataclass
 class ModelConfig:
-    """Hyper-parameters of a llama-family decoder, in the engine's own vocabulary."""
+    """Hyper-parameters of a llama-style decoder, in the engine's own vocabulary.
+
+    ``arch`` names the family (:mod:`.archs`); the fields after ``tie_embeddings`` say what it
+    changes in the llama layer: q/k/v biases, per-head q/k RMSNorm, a sliding attention window
+    (0: none) and which layers slide (``swa_pattern`` 0: all; p: all but every p-th), the RoPE
+    base of sliding layers, an offset added to every norm weight (Gemma's ``1 + w``), norms
+    after attention and FFN, an embedding scale, the attention's query scale and soft-caps of
+    the attention scores and the final logits (for the floats, 0 means "not set"), FATReLU's
+    threshold (ProSparse: a ReLU activation that passes only ``x > t``) and whether the up
+    projection is activated too (Bamboo); OPT's and Falcon's LayerNorm, learned positions (row
+    ``pos + pos_offset`` of ``position_embd``), gate-less FFN, FFN and output biases, and
+    parallel attention and FFN.
+    """
 
     arch: str
     n_layers: int
@@ -154,6 +187,26 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     add_bos: bool = False
     tie_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    sliding_window: int = 0
+    swa_pattern: int = 0
+    rope_theta_local: float = 0.0
+    norm_offset: float = 0.0
+    post_norms: bool = False
+    embed_scale: float = 0.0
+    attn_scale: float = 0.0
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+    relu_threshold: float = 0.0
+    up_act: bool = False
+    layer_norm: bool = False
+    learned_pos: bool = False
+    pos_offset: int = 0
+    no_gate: bool = False
+    ffn_bias: bool = False
+    out_bias: bool = False
+    parallel: bool = False
 
     def validate(self) -> None:
         """Check the values fit together; raise :class:`ShapeError` / :class:`UnsupportedError`."""
@@ -167,14 +220,21 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ShapeError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        if not (self.rms_eps > 0 and self.rope_theta > 0):
+        if not (0 < self.rms_eps < math.inf and 0 < self.rope_theta < math.inf):
             raise ShapeError(
-                f"rms_eps and rope_theta must be positive, got {self.rms_eps}, {self.rope_theta}"
+                "rms_eps and rope_theta must be positive and finite, got "
+                f"{self.rms_eps}, {self.rope_theta}"
             )
         if self.rope_style not in ROPE_STYLES:
             raise UnsupportedError(f"rope style {self.rope_style!r} (supported: {ROPE_STYLES})")
         if self.activation not in ACTIVATIONS:
             raise UnsupportedError(f"activation {self.activation!r} (supported: {ACTIVATIONS})")
+        if self.relu_threshold and self.activation != "relu":
+            raise UnsupportedError("relu_threshold (FATReLU) needs the relu activation")
+        for name in ("sliding_window", "swa_pattern", "pos_offset"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise ShapeError(f"config {name} must be a non-negative integer, got {v!r}")
         ids = list(self.eos_token_ids)
         if self.bos_token_id is not None:
             ids.append(self.bos_token_id)
@@ -195,16 +255,12 @@ class LoadedModel:
     fingerprint: str
 
 
-def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
-    """Canonical tensor name -> ``(rows, cols)`` implied by ``config``."""
+def layer_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
+    """Canonical suffix (after ``blk.N.``) -> ``(rows, cols)`` of the tensors every layer of
+    ``config``'s family needs."""
     c = config
     q_dim = c.n_heads * c.head_dim
     kv_dim = c.n_kv_heads * c.head_dim
-    shapes: dict[str, tuple[int, int]] = {
-        "token_embd": (c.vocab_size, c.dim),
-        "output": (c.vocab_size, c.dim),
-        "output_norm": (1, c.dim),
-    }
     per_layer = {
         "attn_norm": (1, c.dim),
         "attn_q": (q_dim, c.dim),
@@ -216,10 +272,57 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
         "ffn_up": (c.ffn_dim, c.dim),
         "ffn_down": (c.dim, c.ffn_dim),
     }
+    if c.qkv_bias:
+        per_layer.update(
+            {"attn_q.bias": (1, q_dim), "attn_k.bias": (1, kv_dim), "attn_v.bias": (1, kv_dim)}
+        )
+    if c.qk_norm:
+        per_layer.update({"attn_q_norm": (1, c.head_dim), "attn_k_norm": (1, c.head_dim)})
+    if c.post_norms:
+        per_layer.update({"post_attention_norm": (1, c.dim), "post_ffw_norm": (1, c.dim)})
+    if c.no_gate:
+        del per_layer["ffn_gate"]
+    if c.parallel:  # the FFN reads attn_norm (or an optional attn_norm_2)
+        del per_layer["ffn_norm"]
+    if c.out_bias:
+        per_layer["attn_output.bias"] = (1, c.dim)
+    if c.ffn_bias:
+        per_layer.update({"ffn_up.bias": (1, c.ffn_dim), "ffn_down.bias": (1, c.dim)})
+    if c.layer_norm:
+        for norm in [k for k in per_layer if k.endswith("_norm")]:
+            per_layer[norm + ".bias"] = (1, c.dim)
+    return per_layer
+
+
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
+    """Canonical tensor name -> ``(rows, cols)`` implied by ``config``."""
+    c = config
+    shapes: dict[str, tuple[int, int]] = {
+        "token_embd": (c.vocab_size, c.dim),
+        "output": (c.vocab_size, c.dim),
+        "output_norm": (1, c.dim),
+    }
+    if c.layer_norm:
+        shapes["output_norm.bias"] = (1, c.dim)
+    if c.learned_pos:
+        shapes["position_embd"] = (c.max_context + c.pos_offset, c.dim)
+    per_layer = layer_shapes(c)
     for i in range(c.n_layers):
         for suffix, shape in per_layer.items():
             shapes[f"blk.{i}.{suffix}"] = shape
     return shapes
+
+
+def check_layer_count(config: ModelConfig, tensors: dict[str, TensorData], source: str) -> None:
+    """:class:`ModelFileError` when the file's tensors cannot hold ``config.n_layers`` layers,
+    before anything loops over the layers (a block count of 10^7 in a 15 KB file used to spend
+    minutes and gigabytes listing the tensors it would need)."""
+    need = config.n_layers * len(layer_shapes(config))
+    if need > len(tensors):
+        raise ModelFileError(
+            f"{source}: {config.n_layers} layers need {need} layer tensors, the file has "
+            f"{len(tensors)} tensors in all"
+        )
 
 
 def check_tensors(
@@ -231,9 +334,10 @@ def check_tensors(
     """Check that every required tensor is present with the shape ``config`` implies (or the
     given ``shapes``, by name).
 
-    Norm vectors must be float (F32/F16/BF16). Raises :class:`ModelFileError` naming the first
-    missing tensor, :class:`ShapeError` naming the first mis-shaped one.
+    Norm and bias vectors must be float (F32/F16/BF16). Raises :class:`ModelFileError` naming
+    the first missing tensor, :class:`ShapeError` naming the first mis-shaped one.
     """
+    check_layer_count(config, tensors, source)
     for name, (rows, cols) in (shapes or expected_shapes(config)).items():
         t = tensors.get(name)
         if t is None:

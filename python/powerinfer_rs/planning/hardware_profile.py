@@ -118,7 +118,7 @@ def load_hardware(name_or_file: str | os.PathLike[str]) -> HardwareProfile:
             )
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise PlanError(f"{path}: cannot read hardware profile: {e}") from None
     return HardwareProfile.from_dict(data, source=str(path))
 

@@ -85,10 +85,12 @@ class ModelShape:
         return "F16"
 
     def neuron_read_bytes(self, layer: int) -> int:
-        """Weight bytes of one FFN neuron: its gate row + up row + down_t row."""
+        """Weight bytes of one FFN neuron: its gate row (none for gate-less families) + up
+        row + down_t row."""
         d = self.config.dim
+        gate = 0 if self.config.no_gate else row_bytes(self.dtype(f"blk.{layer}.ffn_gate"), d)
         return (
-            row_bytes(self.dtype(f"blk.{layer}.ffn_gate"), d)
+            gate
             + row_bytes(self.dtype(f"blk.{layer}.ffn_up"), d)
             + row_bytes(self.down_t_dtype(layer), d)
         )

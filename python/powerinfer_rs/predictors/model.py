@@ -34,6 +34,10 @@ class LayerPredictor:
     fc2: np.ndarray
     threshold: float = 0.0
     stats: dict[str, Any] = field(default_factory=dict)
+    #: ``(fc1, fc2)`` as a file stores them in a block format (``TensorData``, e.g. PowerInfer's
+    #: Q4_0 predictors), handed to the engine as they are: a token then reads those bytes, not
+    #: the float copies'.  ``fc1``/``fc2`` hold their dequantized values.
+    stored: tuple[Any, Any] | None = None
 
     def __post_init__(self) -> None:
         self.fc1 = np.ascontiguousarray(self.fc1, dtype=np.float32)

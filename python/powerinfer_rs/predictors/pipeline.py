@@ -30,10 +30,14 @@ SETTINGS_NAME = "settings.json"
 
 
 def layer_ffn_bytes(model: Any, layer: int) -> int:
-    """Bytes of ``layer``'s gate, up and down (or PowerInfer's ``ffn_down_t``) weights."""
+    """Bytes of ``layer``'s gate (where the family has one), up and down (or PowerInfer's
+    ``ffn_down_t``) weights."""
     total = 0
     for kind in ("ffn_gate", "ffn_up"):
-        total += model.tensors[f"blk.{layer}.{kind}"].nbytes
+        t = model.tensors.get(f"blk.{layer}.{kind}")
+        if t is None and kind == "ffn_up":
+            raise ModelFileError(f"model has no blk.{layer}.ffn_up")
+        total += t.nbytes if t is not None else 0
     down = model.tensors.get(f"blk.{layer}.ffn_down") or model.tensors.get(
         f"blk.{layer}.ffn_down_t"
     )

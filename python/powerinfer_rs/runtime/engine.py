@@ -24,6 +24,7 @@ from ..loading import LoadedModel, load_model
 from ..loading.types import CORE_CONFIG_FIELDS
 from .checks import check_int, check_threads
 from .generation import Generation, GenerationStats, locked
+from .modes import api_sparsity
 from .placement import PlanAndDevice, check_device
 
 #: Context size used when the caller gives none (the model's own if smaller).
@@ -63,7 +64,7 @@ class Engine(Generation, PlanAndDevice):
         *,
         threads: int = 0,
         n_ctx: int | None = None,
-        sparsity: str = "dense",
+        sparsity: str | None = None,
         thresholds: Sequence[float] | str | os.PathLike[str] | None = None,
         predictors: object | None = None,
         plan: str | os.PathLike[str] | None = None,
@@ -107,10 +108,12 @@ class Engine(Generation, PlanAndDevice):
         self._threads = self._session.threads
         self._n_ctx = self._session.n_ctx
         self._context: list[int] = []
+        self._batched = 0
         self.last_stats = GenerationStats()
         self.thresholds: list[float] | None = None
         self.predictors = None
-        self.set_sparsity(sparsity, thresholds=thresholds, predictors=predictors)
+        mode = api_sparsity(sparsity, thresholds, predictors, default="dense")
+        self.set_sparsity(mode, thresholds=thresholds, predictors=predictors)
         if adopted is not None:
             self._adopt(adopted, budget)
 
@@ -135,8 +138,10 @@ class Engine(Generation, PlanAndDevice):
         same function as dense), "threshold" (skip neurons with |act(gate)·up| below a per-layer
         threshold; ``thresholds`` = a file from ``python -m powerinfer_rs.calibrate`` or a list)
         or "predictor" (``predictors`` = a file from ``python -m powerinfer_rs.train_predictors``
-        or a PredictorSet). Default: "dense", or "predictor" with the file's own predictors for a
-        PowerInfer GGUF (magic "PWRI").
+        or a PredictorSet). Default: the mode of the file given (``thresholds`` or ``predictors``,
+        said once with a ``UserWarning``), else "dense", or "predictor" with the file's own
+        predictors for a PowerInfer GGUF (magic "PWRI"). A file the chosen mode would not use
+        is refused (PlanError), never silently ignored.
 
         ``plan``: a placement from ``python -m powerinfer_rs.plan``; refused (PlanError) when made
         for another model and (VramBudgetError) when its GPU bytes exceed ``vram_budget`` (bytes
@@ -154,17 +159,20 @@ class Engine(Generation, PlanAndDevice):
             raise ModelFileError(f"path must be a file or directory path, got {path!r}")
         from ..loading.powerinfer_gguf import is_powerinfer_gguf, load_powerinfer_gguf
 
+        # A file argument without a mode selects its mode (said once), as on the command line.
+        sparsity = api_sparsity(sparsity, thresholds, predictors, default=None)
         if os.path.isfile(path) and is_powerinfer_gguf(path):
             pwri = load_powerinfer_gguf(path)  # runs in predictor mode with its own predictors
-            loaded, mode = pwri.model, "predictor"
-            predictors = predictors if predictors is not None else pwri.predictors
+            loaded, sparsity = pwri.model, sparsity or "predictor"
+            if sparsity == "predictor" and predictors is None:
+                predictors = pwri.predictors
         else:
-            loaded, mode = load_model(path), "dense"
+            loaded = load_model(path)
         return cls(
             loaded,
             threads=threads,
             n_ctx=n_ctx,
-            sparsity=sparsity or mode,
+            sparsity=sparsity or "dense",
             thresholds=thresholds,
             predictors=predictors,
             plan=plan,
@@ -228,6 +236,7 @@ class Engine(Generation, PlanAndDevice):
 
         if not isinstance(mode, str):
             raise UnsupportedError(f"sparsity mode must be a string, got {mode!r}")
+        api_sparsity(mode, thresholds, predictors, default=None)
         if mode == "threshold":
             if thresholds is None:
                 raise PlanError(
@@ -245,11 +254,19 @@ class Engine(Generation, PlanAndDevice):
             self.predictors = predictors_for(predictors, self.loaded)
             # Predictors stored in f16 hold f16-exact values: hand them over as F16 (half the
             # bytes a token reads), anything else as F32.
+            # Block-format predictors (a quantized PowerInfer file) go over as stored.
             store = np.float16 if str(self.predictors.dtype).upper() == "F16" else np.float32
+
+            def held(p, k):
+                if p.stored is not None:
+                    t = p.stored[k]
+                    return (t.dtype, t.rows, t.cols, t.data)
+                return np.ascontiguousarray(p.fc1 if k == 0 else p.fc2, dtype=store)
+
             layers = [self.predictors.layers[i] for i in range(self.config.n_layers)]
             typed = _core.Predictors(
-                [np.ascontiguousarray(p.fc1, dtype=store) for p in layers],
-                [np.ascontiguousarray(p.fc2, dtype=store) for p in layers],
+                [held(p, 0) for p in layers],
+                [held(p, 1) for p in layers],
                 [float(p.threshold) for p in layers],
                 self.predictors.input,
             )
@@ -298,6 +315,7 @@ class Engine(Generation, PlanAndDevice):
         self._version += 1
         self._session.reset()
         self._context = []
+        self._batched = 0
 
     @locked
     def prefill(self, token_ids: Sequence[int]) -> np.ndarray:
@@ -308,6 +326,8 @@ class Engine(Generation, PlanAndDevice):
             raise ShapeError("prefill() needs at least one token")
         self._version += 1
         logits = self._session.feed(ids)[0]
+        if len(ids) >= 2 and self._batched == len(self._context):
+            self._batched += len(ids)
         self._context.extend(ids)
         return logits
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -15,8 +16,8 @@ import numpy as np
 from ..errors import ContextOverflowError, ShapeError, TokenError
 from .chat import format_chat
 from .checks import check_int, check_seed
-from .sampling import SamplingParams, sample
-from .streaming import IncrementalDecoder, StopMatcher
+from .sampling import SamplingParams, log_probs, sample
+from .streaming import IncrementalDecoder, StopMatcher, TokenStep, TokenStream
 
 if TYPE_CHECKING:
     from ..loading import LoadedModel
@@ -51,6 +52,7 @@ class GenerationStats:
     prefill_seconds: float = 0.0
     decode_tokens: int = 0
     decode_seconds: float = 0.0
+    completion_tokens: int = 0  # tokens sampled (an end-of-sequence token not counted)
     finish_reason: str = ""
 
     @property
@@ -62,6 +64,16 @@ class GenerationStats:
         return self.prefill_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
 
 
+def _texts(steps: TokenStream) -> Iterator[str]:
+    """The non-empty texts of ``steps``; closing this generator closes ``steps``."""
+    try:
+        for step in steps:
+            if step.text:
+                yield step.text
+    finally:
+        steps.close()
+
+
 class Generation:
     """The generation methods of :class:`~.engine.Engine` (which supplies the session, the
     tokenizer and the context bookkeeping)."""
@@ -71,6 +83,7 @@ class Generation:
     _lock: threading.RLock
     _version: int  # bumped whenever the context changes
     _last_prefill_count: int
+    _batched: int  # leading context positions computed by multi-token passes
     loaded: LoadedModel
     tokenizer: Tokenizer
     last_stats: GenerationStats
@@ -103,7 +116,19 @@ class Generation:
             eos_token=eos or "",
         )
 
-    def stream(
+    def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[str]:
+        """Yield the continuation of ``prompt`` piece by piece as tokens are decoded (the
+        non-empty texts of :meth:`stream_tokens`, which see for the arguments).
+
+        Several generators may be alive at once on one engine (in one thread or several): each
+        gives its own right text. A step that finds the context changed by another call since
+        its own last step first brings the context back to its tokens (reusing the common
+        prefix; this costs one prefill of its tokens), so interleaving generators is correct
+        but slower than running them one after the other.
+        """
+        return _texts(self.stream_tokens(prompt, **kwargs))
+
+    def stream_tokens(
         self,
         prompt: str | Sequence[int],
         *,
@@ -112,26 +137,31 @@ class Generation:
         top_k: int = 40,
         top_p: float = 0.95,
         repetition_penalty: float = 1.0,
+        presence_penalty: float = 0.0,
+        frequency_penalty: float = 0.0,
         seed: int | None = None,
         stop: Sequence[str] | str | None = None,
         ignore_eos: bool = False,
-    ) -> Iterator[str]:
-        """Yield the continuation of ``prompt`` piece by piece as tokens are decoded.
+        logprobs: int | None = None,
+    ) -> TokenStream:
+        """The continuation of ``prompt`` one sampled token at a time (:class:`TokenStep`).
 
-        ``temperature=0`` is greedy. ``stop`` strings end generation (they are not yielded).
-        Generation also ends at an end-of-sequence token (unless ``ignore_eos``), after
-        ``max_new_tokens``, or when the context is full. Arguments are checked when
-        ``stream`` is called, before the first piece is asked for.
-
-        Several generators may be alive at once on one engine (in one thread or several): each
-        gives its own right text. A step that finds the context changed by another call since
-        its own last step first brings the context back to its tokens (reusing the common
-        prefix; this costs one prefill of its tokens), so interleaving generators is correct
-        but slower than running them one after the other.
+        ``temperature=0`` is greedy. ``presence_penalty``/``frequency_penalty`` (in [-2, 2])
+        lower the logits of tokens already generated, once / per occurrence (OpenAI's rule);
+        ``repetition_penalty`` scales those of tokens in the prompt or the output. ``stop``
+        strings end generation (they are not yielded). Generation also ends at an
+        end-of-sequence token (unless ``ignore_eos``), after ``max_new_tokens``, or when the
+        context is full; the stream's ``stats.finish_reason`` then says which ("eos", "stop",
+        "length", "context"). ``logprobs=k`` gives each step its log-probability and the ``k``
+        likeliest alternatives. Arguments are checked here, before the first step is asked for.
         """
-        params = SamplingParams(temperature, top_k, top_p, repetition_penalty)
+        params = SamplingParams(
+            temperature, top_k, top_p, repetition_penalty, presence_penalty, frequency_penalty
+        )
         params.validate()
         max_new_tokens = check_int("max_new_tokens", max_new_tokens, 0)
+        if logprobs is not None:
+            logprobs = check_int("logprobs", logprobs, 0)
         rng = np.random.default_rng(check_seed(seed))
         if isinstance(stop, str) or stop is None:
             stops = [stop] if stop else []
@@ -147,7 +177,9 @@ class Generation:
                 f"the prompt has {len(prompt_ids)} tokens; the context holds {self.n_ctx}"
             )
         eos = set() if ignore_eos else set(self.tokenizer.eos_ids)
-        return self._stream(prompt_ids, params, max_new_tokens, rng, stops, eos)
+        stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        steps = self._stream(prompt_ids, params, max_new_tokens, rng, stops, eos, logprobs, stats)
+        return TokenStream(steps, stats)
 
     def _stream(
         self,
@@ -157,11 +189,12 @@ class Generation:
         rng: np.random.Generator,
         stops: list[str],
         eos: set[int],
-    ) -> Iterator[str]:
-        """The generator behind :meth:`stream`. It holds the lock for each forward pass, never
-        across a ``yield``; when another call changed the context since its last step it brings
-        the context back to its own tokens (prefix reuse) before the next one."""
-        stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        logprobs: int | None,
+        stats: GenerationStats,
+    ) -> Iterator[TokenStep]:
+        """The generator behind :meth:`stream_tokens`. It holds the lock for each forward pass,
+        never across a ``yield``; when another call changed the context since its last step it
+        brings the context back to its own tokens (prefix reuse) before the next one."""
         t0 = time.perf_counter()
         with self._lock:
             self.last_stats = stats
@@ -177,18 +210,22 @@ class Generation:
         decoder = IncrementalDecoder(self.tokenizer.decode)
         matcher = StopMatcher(stops)
         seen = list(prompt_ids)
+        counts: Counter[int] = Counter()  # output tokens, for the presence/frequency penalties
         fed = list(prompt_ids)  # this generator's context: the tokens behind `logits`
         stats.finish_reason = "length"
         t_decode = time.perf_counter()
         for i in range(max_new_tokens):
-            token = sample(logits, params, rng, seen)
+            token = sample(logits, params, rng, seen, counts)
             if token in eos:
                 stats.finish_reason = "eos"
                 break
             seen.append(token)
-            piece = matcher.push(decoder.add(token))
-            if piece:
-                yield piece
+            counts[token] += 1
+            stats.completion_tokens += 1
+            step = TokenStep(token, matcher.push(decoder.add(token)))
+            if logprobs is not None:
+                step.logprob, step.top_logprobs = log_probs(logits, token, logprobs)
+            yield step
             if matcher.stopped:
                 stats.finish_reason = "stop"
                 break
@@ -214,7 +251,7 @@ class Generation:
             stats.decode_seconds = time.perf_counter() - t_decode
         rest = matcher.flush()
         if rest and not matcher.stopped:
-            yield rest
+            yield TokenStep(None, rest)
 
     def stats(self) -> dict:
         """Timing of the last generation as a dict."""
@@ -226,6 +263,7 @@ class Generation:
             "decode_tokens": s.decode_tokens,
             "decode_seconds": s.decode_seconds,
             "decode_tokens_per_second": s.decode_tokens_per_second,
+            "completion_tokens": s.completion_tokens,
             "finish_reason": s.finish_reason,
         }
 
@@ -240,6 +278,11 @@ class Generation:
             )
         else:
             ids = self._check_ids(prompt)
+            # The core checks ids too, but only at the prefill: a stream is checked when made.
+            vocab = self.loaded.config.vocab_size
+            bad = next((i for i in ids if not 0 <= i < vocab), None)
+            if bad is not None:
+                raise TokenError(f"token id {bad} is outside the vocabulary 0..{vocab - 1}")
         if not ids:
             if self.tokenizer.bos_id is None:
                 raise ShapeError("empty prompt and the model has no BOS token to start from")
@@ -248,23 +291,36 @@ class Generation:
 
     def _prefill(self, ids: list[int]) -> np.ndarray:
         """Bring the context to ``ids`` reusing the longest common prefix; return the logits of
-        the last token."""
+        the last token.
+
+        The result never depends on what the cache held: a fresh context computes the tokens
+        before the last in one multi-token pass (whose rows do not depend on how the tokens
+        are split into passes) and the last one through the one-token (decode) path, which
+        rounds differently. So only positions a multi-token pass computed are reused
+        (``_batched``: not the last prompt token of an earlier call, nor generated tokens), and
+        the tokens computed now before the last are never a single token when a fresh context
+        would batch them."""
+        n = len(ids)
         common = 0
         for a, b in zip(self._context, ids):
             if a != b:
                 break
             common += 1
-        common = min(common, len(ids) - 1)  # always recompute the last token's logits
+        common = min(common, n - 1, self._batched)  # always recompute the last token's logits
+        if n - 1 < 2:
+            common = 0  # a fresh context computes a lone first token by the one-token path too
+        elif n - 1 - common == 1:
+            common -= 1  # two tokens before the last: one multi-token pass, as when fresh
         self._version += 1
         self._session.truncate(common)
         self._context = self._context[:common]
+        self._batched = common
         todo = ids[common:]
         self._last_prefill_count = len(todo)
-        # The last prompt token always goes through the one-token (decode) path, so the first
-        # sampled token does not depend on how much of the prompt was already cached.
         if len(todo) > 1:
             self._session.feed(todo[:-1])
             self._context.extend(todo[:-1])
+        self._batched = n - 1 if n - 1 >= 2 else 0
         logits = self._session.feed(todo[-1:])[0]
         self._context.append(todo[-1])
         return logits
@@ -277,4 +333,5 @@ class Generation:
         if self._session.n_past != n:
             self._session.truncate(n)
         del self._context[n:]
+        self._batched = min(self._batched, n)
         self._version += 1

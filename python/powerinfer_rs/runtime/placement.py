@@ -112,7 +112,9 @@ def check_device(device: str) -> str:
         )
     if device in ("cpu", "gpu-sim"):
         return device
-    if device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()):
+    if device == "cuda" or (
+        device.startswith("cuda:") and device[5:].isascii() and device[5:].isdigit()
+    ):
         if not getattr(_core, "built_with_cuda", False):
             raise CudaError(f"{device}: this build has no CUDA support; use device='gpu-sim'")
         count = _core.cuda_device_count()

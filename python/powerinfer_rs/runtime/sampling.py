@@ -1,14 +1,18 @@
-"""Next-token choice from logits: repetition penalty, temperature, top-k, top-p (numpy)."""
+"""Next-token choice from logits: repetition, presence and frequency penalties, temperature,
+top-k, top-p (numpy); log-probabilities of the model's distribution."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import ShapeError
 from .checks import check_int, check_real
+
+#: Presence and frequency penalties lie in [-PENALTY_LIMIT, PENALTY_LIMIT] (OpenAI's range).
+PENALTY_LIMIT = 2.0
 
 
 @dataclass(frozen=True)
@@ -19,11 +23,24 @@ class SamplingParams:
     top_k: int = 40
     top_p: float = 0.95
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    @property
+    def greedy(self) -> bool:
+        """Argmax of the raw logits: temperature 0 and no penalty."""
+        return (
+            self.temperature == 0.0
+            and self.repetition_penalty == 1.0
+            and self.presence_penalty == 0.0
+            and self.frequency_penalty == 0.0
+        )
 
     def validate(self) -> None:
         """Raise ShapeError, naming the argument, for values of the wrong type or outside
         their ranges."""
-        for name in ("temperature", "top_p", "repetition_penalty"):
+        names = ("temperature", "top_p", "repetition_penalty")
+        for name in names + ("presence_penalty", "frequency_penalty"):
             check_real(name, getattr(self, name))
         check_int("top_k", self.top_k)
         if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
@@ -34,6 +51,12 @@ class SamplingParams:
             raise ShapeError(f"top_p must be in (0, 1], got {self.top_p}")
         if not (self.repetition_penalty > 0.0):
             raise ShapeError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -PENALTY_LIMIT <= getattr(self, name) <= PENALTY_LIMIT:
+                raise ShapeError(
+                    f"{name} must be in [-{PENALTY_LIMIT}, {PENALTY_LIMIT}], "
+                    f"got {getattr(self, name)}"
+                )
 
 
 def apply_repetition_penalty(logits: np.ndarray, seen: Iterable[int], penalty: float) -> None:
@@ -48,14 +71,29 @@ def apply_repetition_penalty(logits: np.ndarray, seen: Iterable[int], penalty: f
     logits[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
 
 
+def apply_presence_frequency(
+    logits: np.ndarray, counts: Mapping[int, int], presence: float, frequency: float
+) -> None:
+    """OpenAI's penalties, in place: subtract ``presence`` from the logit of every token in
+    ``counts`` and ``frequency`` times its count."""
+    if not counts or (presence == 0.0 and frequency == 0.0):
+        return
+    ids = np.fromiter(counts.keys(), dtype=np.int64, count=len(counts))
+    n = np.fromiter(counts.values(), dtype=np.float64, count=len(counts))
+    logits[ids] -= presence + frequency * n
+
+
 def sample(
     logits: np.ndarray,
     params: SamplingParams,
     rng: np.random.Generator,
     seen: Iterable[int] = (),
+    counts: Mapping[int, int] | None = None,
 ) -> int:
-    """Pick one token id from a 1-D logits vector."""
-    if params.temperature == 0.0 and params.repetition_penalty == 1.0:
+    """Pick one token id from a 1-D logits vector. ``seen`` (prompt and output) is what the
+    repetition penalty looks at; ``counts`` (output tokens and how often each was generated)
+    what the presence and frequency penalties look at."""
+    if params.greedy:
         if np.ndim(logits) != 1:
             raise ShapeError(f"sample() takes one row of logits, got shape {np.shape(logits)}")
         return int(np.argmax(logits))  # greedy: no copy on the hot path
@@ -66,6 +104,7 @@ def sample(
         bad = np.flatnonzero(~np.isfinite(x))[:5].tolist()
         raise ShapeError(f"logits hold non-finite values (token ids {bad}...)")
     apply_repetition_penalty(x, seen, params.repetition_penalty)
+    apply_presence_frequency(x, counts or {}, params.presence_penalty, params.frequency_penalty)
     if params.temperature == 0.0:
         return int(np.argmax(x))
     x /= params.temperature
@@ -81,3 +120,20 @@ def sample(
         cut = int(np.searchsorted(np.cumsum(p), params.top_p)) + 1
         ids, p = ids[:cut], p[:cut] / p[:cut].sum()
     return int(ids[rng.choice(p.size, p=p)])
+
+
+def log_probs(
+    logits: np.ndarray, token: int, top: int = 0
+) -> tuple[float, list[tuple[int, float]]]:
+    """``(log p(token), [(id, log p(id)) for the ``top`` likeliest ids, likeliest first])`` under
+    the model's own distribution (softmax of the raw logits, before penalties and temperature)."""
+    x = np.asarray(logits, dtype=np.float64)
+    m = x.max()
+    logz = m + np.log(np.exp(x - m).sum())
+    best: list[tuple[int, float]] = []
+    if top > 0:
+        k = min(top, x.size)
+        ids = np.argpartition(-x, k - 1)[:k]
+        ids = ids[np.argsort(-x[ids], kind="stable")]
+        best = [(int(i), float(x[i] - logz)) for i in ids]
+    return float(x[token] - logz), best

@@ -1,10 +1,11 @@
 """Turning a growing list of token ids into text pieces as they become final, and stopping on
-stop strings without ever printing part of one."""
+stop strings without ever printing part of one; the per-token stream (:class:`TokenStream`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Callable
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 
 class IncrementalDecoder:
@@ -66,3 +67,39 @@ class StopMatcher:
         """Text still held back when generation ends without a stop."""
         out, self._held = self._held, ""
         return out
+
+
+@dataclass
+class TokenStep:
+    """One sampled token of :meth:`~.engine.Engine.stream_tokens`.
+
+    ``text`` is the text this token made final: it may be empty (part of a character, or text
+    held back while it may begin a stop string) and may carry text of earlier tokens. The last
+    step of a stream may have ``token=None``: held-back text released at the end.
+    ``logprob``/``top_logprobs`` are set when log-probabilities were asked for: log p of the
+    token and the likeliest ``(id, log p)`` pairs, under the model's raw distribution.
+    """
+
+    token: int | None
+    text: str
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)
+
+
+class TokenStream(Iterator[TokenStep]):
+    """The iterator :meth:`~.engine.Engine.stream_tokens` returns: :class:`TokenStep` items,
+    and ``stats`` (this call's :class:`~.generation.GenerationStats`; ``finish_reason`` is set
+    when the stream ends). ``close()`` stops the generation before its next forward pass."""
+
+    def __init__(self, steps: Generator[TokenStep, None, None], stats: Any):
+        self._steps = steps
+        self.stats = stats
+
+    def __iter__(self) -> TokenStream:
+        return self
+
+    def __next__(self) -> TokenStep:
+        return next(self._steps)
+
+    def close(self) -> None:
+        self._steps.close()

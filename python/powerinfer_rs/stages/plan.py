@@ -83,10 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--objective",
         choices=OBJECTIVES,
-        default="mass",
-        help="mass: maximise the activation mass the GPU serves (PowerInfer's; "
-        "dense parts count as always-active neurons); time: minimise the predicted "
-        "time per token from the hardware profile (default mass)",
+        default="time",
+        help="time: minimise the predicted time per token from the hardware profile (also "
+        "solves mass and keeps that plan where it is rated faster); mass: maximise the "
+        "activation mass the GPU serves (PowerInfer's; dense parts count as always-active "
+        "neurons) (default time)",
     )
     ap.add_argument(
         "--bucket",

@@ -48,6 +48,58 @@ def random_predictors(
     }
 
 
+#: Tensor formats of PowerInfer's files (its converter writes F32/F16, its quantizer Q4_0, the
+#: predictors included) and their GGUF ``general.file_type``.
+PWRI_DTYPES = {"F32": 0, "F16": 1, "Q4_0": 2}
+
+
+def _add(w, name: str, x: np.ndarray, dtype: str) -> None:
+    """Add ``x`` to the GGUF writer ``w`` as ``dtype``."""
+    import gguf
+
+    if dtype in ("F32", "F16"):
+        w.add_tensor(name, x.astype(np.float32 if dtype == "F32" else np.float16))
+        return
+    qtype = gguf.GGMLQuantizationType[dtype]
+    w.add_tensor(name, gguf.quants.quantize(x.astype(np.float32), qtype), raw_dtype=qtype)
+
+
+def oracle_predictors(spec: SynthSpec, rank: int = 256) -> dict[int, LayerPredictor]:
+    """Predictors that compute each neuron's gate input exactly, from the FFN input before its
+    norm (PowerInfer's ``ffn_inp``): ``idx_i = sum_j gate[i, j] g_j x_j`` with ``g`` the FFN
+    norm's weight. The norm only divides by a positive rms, so ``idx_i >= 0`` exactly when the
+    neuron fires: with threshold 0 they mark the firing neurons (up to the rounding of the
+    stored weights). Built from the synthetic model's planted low-rank gate ``a @ b``: ``fc1``
+    holds ``+b g`` and ``-b g`` (so that ``relu(u) - relu(-u) = u``) and the bias channel,
+    ``fc2`` the matching columns of ``a``; the rest of ``rank`` is padding (random ``fc1`` rows,
+    zero ``fc2`` columns) so that the predictor reads as many bytes as a rank-``rank`` one.
+    Synthetic ("oracle") predictors: a figure measured with them says so."""
+    gen = SynthWeights(spec)
+    out = {}
+    rng = np.random.default_rng([spec.seed, 4343])
+    for layer in range(spec.layers):
+        factors = gen.gate_factors(layer)
+        if factors is None or 2 * factors[0].shape[1] + 1 > rank:
+            raise ShapeError(
+                f"oracle predictors need a planted gate of rank r with 2r + 1 <= {rank} "
+                f"(gate_rank is {spec.gate_rank})"
+            )
+        a, b, scale = factors
+        r = a.shape[1]
+        g = gen.tensor(f"blk.{layer}.ffn_norm").astype(np.float64)
+        w0 = gen.tensor(f"blk.{layer}.ffn_gate")[:, 0].astype(np.float64)
+        fc1 = rng.standard_normal((rank, spec.dim)) / np.sqrt(spec.dim)
+        fc2 = np.zeros((spec.ffn, rank))
+        u = b.astype(np.float64) * g[1:]
+        fc1[: 2 * r + 1] = 0.0
+        fc1[:r, 1:], fc1[r : 2 * r, 1:], fc1[2 * r, 0] = u, -u, 1.0  # x[0] is the bias channel
+        fc2[:, :r] = a / scale
+        fc2[:, r : 2 * r] = -a / scale
+        fc2[:, 2 * r] = w0 * g[0]
+        out[layer] = LayerPredictor(fc1.astype(np.float32), fc2.astype(np.float32), 0.0)
+    return out
+
+
 def write_powerinfer_gguf(
     out_path: str | os.PathLike[str],
     *,
@@ -65,16 +117,26 @@ def write_powerinfer_gguf(
     seed: int = 0,
     active: float = 0.1,
     max_context: int = 512,
+    arch: str = "llama",
+    tie: bool = False,
 ) -> Path:
-    """Write a synthetic ReLU llama as a PowerInfer GGUF (``PWRI`` magic) with per-layer
-    predictors (given, or random of ``ranks``). ``sparse_threshold=None`` leaves the key out."""
+    """Write a synthetic ReLU model of family ``arch`` (llama, bamboo, opt, falcon: those
+    PowerInfer serves) as a PowerInfer GGUF (``PWRI`` magic) with per-layer predictors (given,
+    or random of ``ranks``). ``sparse_threshold=None`` leaves the key out. ``dtype`` /
+    ``predictor_dtype``: F32, F16 or Q4_0 (PowerInfer's quantizer stores its predictors in Q4_0
+    too); norms and biases stay F32."""
     import gguf
 
     dtype, predictor_dtype = dtype.upper(), predictor_dtype.upper()
-    np_dt = {"F32": np.float32, "F16": np.float16}
-    if dtype not in np_dt or predictor_dtype not in np_dt:
-        raise UnsupportedError("write_powerinfer_gguf writes F32 or F16 tensors only")
+    if dtype not in PWRI_DTYPES or predictor_dtype not in PWRI_DTYPES:
+        raise UnsupportedError(
+            f"write_powerinfer_gguf writes {', '.join(PWRI_DTYPES)} tensors only, not "
+            f"{dtype}/{predictor_dtype}"
+        )
+    if "Q4_0" in (dtype, predictor_dtype) and (dim % 32 or ffn % 32):
+        raise ShapeError("Q4_0 needs dim and ffn to be multiples of 32")
     spec = SynthSpec(dim, ffn, layers, heads, kv_heads, vocab, "relu", max_context, seed, active)
+    spec.arch, spec.tie = arch, tie
     spec.validate()
     gen = SynthWeights(spec)
     if isinstance(predictors, PredictorSet):
@@ -87,22 +149,26 @@ def write_powerinfer_gguf(
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".part")
-    w = gguf.GGUFWriter(str(tmp), "llama")
+    w = gguf.GGUFWriter(str(tmp), spec.family.gguf_arch)
     name = f"synthetic-powerinfer-relu-d{dim}-f{ffn}-l{layers}"
-    add_llama_metadata(w, spec, name, 0 if dtype == "F32" else 1, tokenizer_pre="gpt2")
+    add_llama_metadata(w, spec, name, PWRI_DTYPES[dtype], tokenizer_pre="gpt2")
     if sparse_threshold is not None:
         w.add_float32(SPARSE_THRESHOLD_KEY, float(sparse_threshold))
     # PowerInfer's converter yields the predictor tensors before the model's
     for i in sorted(preds):
         p = preds[i]
-        w.add_tensor(f"blk.{i}.fc1.weight", p.fc1.astype(np_dt[predictor_dtype]))
-        w.add_tensor(f"blk.{i}.fc2.weight", p.fc2.astype(np_dt[predictor_dtype]))
-    for name, shape in spec.tensor_shapes():
+        _add(w, f"blk.{i}.fc1.weight", p.fc1, predictor_dtype)
+        _add(w, f"blk.{i}.fc2.weight", p.fc2, predictor_dtype)
+    if spec.family.layer_norm:
+        w.add_layer_norm_eps(spec.rms_eps)
+    for name, shape in spec.tensor_shapes(fused=True):
         x = gen.gguf_tensor(name)
         if name.endswith("ffn_down"):
             name, x = name + "_t", np.ascontiguousarray(x.T)
-        x = x.astype(np.float32) if len(shape) == 1 else x.astype(np_dt[dtype])
-        w.add_tensor(f"{name}.weight", x)
+        # PowerInfer names the down projection's bias after the transposed weight.
+        name = name.replace("ffn_down.bias", "ffn_down_t.bias")
+        full = name if name.endswith(".bias") else f"{name}.weight"
+        _add(w, full, x, "F32" if len(shape) == 1 else dtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

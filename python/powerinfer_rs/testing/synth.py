@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedError
-from ..runtime.chat import CHATML_TEMPLATE
+from ..loading.archs import FAMILIES, Family, hf_layer_names
 from .synth_model import (
     BOS_ID,
     EOS_ID,
@@ -33,39 +33,76 @@ from .synth_model import (
     f32_to_bf16_bits,
 )
 from .synth_types import GGUF_DTYPES, GGUF_FILE_TYPE, encode, tensor_dtype
+from .synth_vocab import FAMILY_TEMPLATES, chat_template  # noqa: F401  (re-exported)
 
 HF_DTYPES = {"bf16": "BF16", "f16": "F16", "f32": "F32"}
 
 
 # --------------------------------------------------------------------------- HF writer
-HF_NAMES = {
-    "token_embd": "model.embed_tokens.weight",
-    "output": "lm_head.weight",
-    "output_norm": "model.norm.weight",
-    "attn_norm": "input_layernorm.weight",
-    "ffn_norm": "post_attention_layernorm.weight",
-    "attn_q": "self_attn.q_proj.weight",
-    "attn_k": "self_attn.k_proj.weight",
-    "attn_v": "self_attn.v_proj.weight",
-    "attn_output": "self_attn.o_proj.weight",
-    "ffn_gate": "mlp.gate_proj.weight",
-    "ffn_up": "mlp.up_proj.weight",
-    "ffn_down": "mlp.down_proj.weight",
-}
+def hf_name(name: str, family: Family | None = None) -> str:
+    """HF parameter name of a canonical (or fused) tensor name of ``family`` (default llama);
+    a bias is named after its weight."""
+    fam = family or FAMILIES[0]
+    if name.endswith(".bias"):
+        return hf_name(name[: -len(".bias")], fam)[: -len(".weight")] + ".bias"
+    glob = {v: k for k, v in fam.hf_globals.items()}
+    if name in glob:
+        return glob[name]
+    _, layer, kind = name.split(".", 2)
+    names = {v: k for k, v in hf_layer_names(fam).items()}
+    return f"{fam.hf_layer_prefix}{layer}.{names[kind]}"
 
 
-def hf_name(name: str) -> str:
-    """HF parameter name of a canonical tensor name."""
-    if name in HF_NAMES:
-        return HF_NAMES[name]
-    _, layer, kind = name.split(".")
-    return f"model.layers.{layer}.{HF_NAMES[kind]}"
+def _hf_act(spec: SynthSpec) -> str:
+    """config.json's hidden_act: HF's "gelu" is the erf form, the engine's (and llama.cpp's) the
+    tanh one; ProSparse's FATReLU is "fatrelu" with its threshold in hidden_act_param."""
+    if spec.relu_threshold:
+        return "fatrelu"
+    return "gelu_pytorch_tanh" if spec.activation == "gelu" else spec.activation
+
+
+def _hf_config(spec: SynthSpec) -> dict[str, Any]:
+    """The family-specific part of config.json."""
+    f = spec.family
+    arch = f.hf_archs[0]
+    out: dict[str, Any] = {"architectures": [arch], "model_type": f.hf_types[0]}
+    if f.name == "qwen2":
+        out["use_sliding_window"] = False
+    elif f.name == "qwen3":
+        out["attention_bias"] = False
+    if f.window:
+        out["sliding_window"] = spec.sliding_window or None
+    if spec.relu_threshold:
+        out["hidden_act_param"] = spec.relu_threshold
+    if f.name == "opt":
+        out.update(ffn_dim=spec.ffn, do_layer_norm_before=True, word_embed_proj_dim=spec.dim)
+        out.update(enable_bias=True, activation_function=spec.activation)
+    elif f.name == "falcon":
+        out.update(multi_query=spec.kv_heads == 1, num_kv_heads=spec.kv_heads, bias=False)
+        out.update(new_decoder_architecture=False, parallel_attn=True, alibi=False)
+        out.update(layer_norm_epsilon=spec.rms_eps, activation=spec.activation)
+    if f.post_norms:  # Gemma 2/3
+        out["query_pre_attn_scalar"] = spec.head_dim
+        out["sliding_window_pattern"] = f.swa_pattern
+        caps = spec.softcaps
+        out["attn_logit_softcapping"] = caps[0] or None
+        out["final_logit_softcapping"] = caps[1] or None
+        if f.rope_local:
+            out["rope_local_base_freq"] = f.rope_local
+    return out
 
 
 def _encode_hf(x: np.ndarray, st_dtype: str) -> np.ndarray:
     if st_dtype == "BF16":
         return f32_to_bf16_bits(x)
     return x.astype(np.float16 if st_dtype == "F16" else np.float32, copy=False)
+
+
+def _hf_tensor(gen: SynthWeights, name: str) -> np.ndarray:
+    """Tensor ``name`` as the family's HF checkpoint stores it (Gemma's norms as ``w - 1``)."""
+    x = gen.file_tensor(name)
+    off = gen.spec.family.hf_norm_offset
+    return x - np.float32(off) if off and name.endswith("_norm") else x
 
 
 def write_safetensors(
@@ -98,9 +135,9 @@ def write_safetensors(
 def write_hf_model(
     out_dir: str | os.PathLike[str], *, dtype: str = "bf16", shards: int = 1, **shape: Any
 ) -> Path:
-    """Write a synthetic HF llama directory (config.json, safetensors, tokenizer files) of the
+    """Write a synthetic HF directory (config.json, safetensors, tokenizer files) of the
     model ``SynthSpec(**shape)``: ``dim, ffn, layers, heads, kv_heads, vocab`` and optionally
-    ``activation, max_context, seed, active, tie, gate_rank``.
+    ``activation, max_context, seed, active, tie, gate_rank, arch, sliding_window``.
 
     ``shards=2`` splits the weights over two files with a ``model.safetensors.index.json``.
     """
@@ -115,21 +152,18 @@ def write_hf_model(
     st = HF_DTYPES[dtype]
     torch_dtype = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[dtype]
     config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        **_hf_config(spec),
         "hidden_size": spec.dim,
         "intermediate_size": spec.ffn,
         "num_hidden_layers": spec.layers,
         "num_attention_heads": spec.heads,
         "num_key_value_heads": spec.kv_heads,
         "head_dim": spec.head_dim,
-        "hidden_act": spec.activation,
+        "hidden_act": _hf_act(spec),
         "max_position_embeddings": spec.max_context,
         "rms_norm_eps": spec.rms_eps,
         "rope_theta": spec.rope_theta,
         "rope_scaling": None,
-        "attention_bias": False,
-        "mlp_bias": False,
         "vocab_size": spec.vocab,
         "tie_word_embeddings": spec.tie,
         "bos_token_id": BOS_ID,
@@ -148,15 +182,16 @@ def write_hf_model(
                 "bos_token": SPECIAL_TOKENS[BOS_ID],
                 "eos_token": SPECIAL_TOKENS[EOS_ID],
                 "add_bos_token": False,
-                "chat_template": CHATML_TEMPLATE,
+                "chat_template": chat_template(spec.arch),
                 "model_max_length": spec.max_context,
             },
             indent=2,
         )
     )
 
-    names = [n for n, _ in spec.tensor_shapes()]
-    shapes = dict(spec.tensor_shapes())
+    names = [n for n, _ in spec.tensor_shapes(fused=True)]
+    shapes = dict(spec.tensor_shapes(fused=True))
+    fam = spec.family
     groups = [names] if shards == 1 else [names[: len(names) // 2], names[len(names) // 2 :]]
     files = (
         ["model.safetensors"]
@@ -168,10 +203,10 @@ def write_hf_model(
     weight_map: dict[str, str] = {}
     total = 0
     for group, fname in zip(groups, files):
-        entries = [(hf_name(n), st, shapes[n]) for n in group]
-        arrays = (_encode_hf(gen.tensor(n), st) for n in group)
+        entries = [(hf_name(n, fam), st, shapes[n]) for n in group]
+        arrays = (_encode_hf(_hf_tensor(gen, n), st) for n in group)
         total += write_safetensors(out / fname, entries, arrays)
-        weight_map.update({hf_name(n): fname for n in group})
+        weight_map.update({hf_name(n, fam): fname for n in group})
     if shards > 1:
         (out / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
@@ -210,12 +245,12 @@ def add_llama_metadata(
 
 def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **shape: Any) -> Path:
     """Write the same synthetic model as :func:`write_hf_model` (same ``shape`` keywords) as a
-    llama GGUF file.
+    GGUF file of its family, with llama.cpp's architecture, keys and tensor names.
 
-    2-D weights are stored in ``dtype`` (norms always F32; K-quants, mixes and their fallbacks
-    as :mod:`.synth_types` says); q/k rows are permuted as llama.cpp's converter does. The
-    activation is recorded as ``powerinfer_rs.activation`` (llama.cpp ignores the key and always
-    runs SiLU). Returns ``out_path``.
+    2-D weights are stored in ``dtype`` (norms and biases always F32; K-quants, mixes and
+    their fallbacks as :mod:`.synth_types` says); for llama, q/k rows are permuted as llama.cpp's
+    converter does. The activation is recorded as ``powerinfer_rs.activation`` (llama.cpp
+    ignores the key and always runs SiLU). Returns ``out_path``.
     """
     import gguf
 
@@ -230,20 +265,34 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".part")
 
-    w = gguf.GGUFWriter(str(tmp), "llama")
-    name = f"synthetic-llama-{spec.activation}-d{spec.dim}-f{spec.ffn}-l{spec.layers}"
+    w = gguf.GGUFWriter(str(tmp), spec.family.gguf_arch)
+    # general.name leaves the family out: llama.cpp looks special tokens of Phi-3's vocabulary
+    # up by name ("</s>", "<s>") when the model name contains "phi3", which ours has not.
+    name = f"synthetic-{spec.activation}-d{spec.dim}-f{spec.ffn}-l{spec.layers}"
     add_llama_metadata(w, spec, name, GGUF_FILE_TYPE[dtype])
+    if spec.sliding_window:
+        w.add_sliding_window(spec.sliding_window)
+    if spec.family.layer_norm:
+        w.add_layer_norm_eps(spec.rms_eps)
+    attn_cap, final_cap = spec.softcaps
+    if attn_cap:
+        w.add_attn_logit_softcapping(attn_cap)
+    if final_cap:
+        w.add_final_logit_softcapping(final_cap)
     w.add_vocab_size(spec.vocab)
     w.add_string("powerinfer_rs.activation", spec.activation)
+    if spec.relu_threshold:
+        w.add_float32("powerinfer_rs.relu_threshold", spec.relu_threshold)
     w.add_uint32("powerinfer_rs.synthetic_seed", spec.seed)
     w.add_float32("powerinfer_rs.synthetic_active", spec.active)
-    w.add_chat_template(CHATML_TEMPLATE)
+    w.add_chat_template(chat_template(spec.arch))
 
-    order = spec.tensor_shapes()
+    order = spec.tensor_shapes(fused=True)
     types = {n: tensor_dtype(dtype, n, s[-1], spec.layers) for n, s in order if len(s) == 2}
     for name, shape in order:
+        full = name if name.endswith(".bias") else f"{name}.weight"
         if len(shape) == 1:
-            w.add_tensor_info(f"{name}.weight", shape, np.dtype(np.float32), shape[0] * 4)
+            w.add_tensor_info(full, shape, np.dtype(np.float32), shape[0] * 4)
             continue
         rows, cols = shape
         tdt = types[name]
@@ -253,7 +302,7 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
         np_dt = {"F32": np.float32, "F16": np.float16}.get(tdt, np.uint8)
         raw_shape = shape if tdt in ("F32", "F16") else (rows, cols // block * size)
         w.add_tensor_info(
-            f"{name}.weight",
+            full,
             raw_shape,
             np.dtype(np_dt),
             nbytes,
@@ -277,8 +326,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(
         prog="python -m powerinfer_rs.synth",
-        description="Write a synthetic llama model (random weights, planted power-law FFN "
-        "activation frequencies) as an HF directory or a GGUF file.",
+        description="Write a synthetic model of any supported family (random weights, planted "
+        "power-law FFN activation frequencies) as an HF directory or a GGUF file.",
     )
     ap.add_argument("--dim", type=positive_int, default=256, help="hidden size")
     ap.add_argument("--ffn", type=positive_int, default=704, help="FFN (intermediate) size")
@@ -295,6 +344,15 @@ def main(argv: list[str] | None = None) -> int:
         help="mean fraction of FFN neurons active per token (planted)",
     )
     ap.add_argument("--activation", choices=["relu", "silu", "gelu"], default="relu")
+    ap.add_argument(
+        "--arch", choices=[f.name for f in FAMILIES], default="llama", help="model family"
+    )
+    ap.add_argument(
+        "--sliding-window",
+        type=nonneg_int,
+        default=0,
+        help="attention window (llama/mistral/phi3; 0 = none)",
+    )
     ap.add_argument("--max-context", type=positive_int, default=512)
     ap.add_argument(
         "--format",
@@ -316,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="output directory (hf) or .gguf path")
     a = ap.parse_args(argv)
     keys = ("dim", "ffn", "layers", "heads", "vocab", "activation", "max_context", "seed")
-    common = {k: getattr(a, k) for k in (*keys, "active", "tie", "gate_rank")}
+    extra = ("active", "tie", "gate_rank", "arch", "sliding_window")
+    common = {k: getattr(a, k) for k in (*keys, *extra)}
     common["kv_heads"] = a.kv_heads or a.heads
     t0 = time.perf_counter()
 

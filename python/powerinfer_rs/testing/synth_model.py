@@ -1,5 +1,9 @@
-"""The synthetic llama model itself (ReluLLaMA / ProSparse shapes): its shape (:class:`SynthSpec`),
-weights (:class:`SynthWeights`) and byte-level BPE vocabulary; :mod:`.synth` writes it to files.
+"""The synthetic llama model itself (ReluLLaMA / ProSparse shapes): its shape (:class:`SynthSpec`)
+and weights (:class:`SynthWeights`), with the vocabulary of :mod:`.synth_vocab`; :mod:`.synth`
+writes it to files. ``arch`` picks the family (:mod:`..loading.archs`): the same layer plus that
+family's tensors (q/k/v biases ~ N(0, 0.2²), per-head q/k norms and Gemma's post norms like the
+other norms), its sliding window, soft-caps, FATReLU threshold (``relu_threshold``), and its
+file layout (fused tensors, RoPE row order).
 
 No ReLU checkpoint is reachable offline, so ReLU code paths are exercised on models written
 here: any shape, random weights, and a *planted* power law of FFN activation frequencies.
@@ -45,12 +49,18 @@ from statistics import NormalDist
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedError
+from ..loading.archs import Family, family_named
 from ..loading.types import ModelConfig
+from .synth_vocab import (  # noqa: F401  (re-exported: the vocabulary of the synthetic models)
+    BOS_ID,
+    EOS_ID,
+    SPECIAL_TOKENS,
+    build_tokenizer,
+    byte_level_vocab,
+    bytes_to_unicode,
+)
 
 BIAS_VALUE = 4.0
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-BOS_ID, EOS_ID = 0, 2
-_LETTERS = "etaoinshrdlcumwfgypbvkjxqz"
 
 
 # --------------------------------------------------------------------------- number formats
@@ -68,71 +78,6 @@ def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
 def bf16_bits_to_f32(b: np.ndarray) -> np.ndarray:
     """bfloat16 bits (uint16) -> float32 values."""
     return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
-
-
-# --------------------------------------------------------------------------- tokenizer
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character map used by byte-level BPE vocabularies."""
-    keep = (
-        list(range(ord("!"), ord("~") + 1))
-        + list(range(ord("¡"), ord("¬") + 1))
-        + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    out, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            out[b] = chr(b)
-        else:
-            out[b] = chr(256 + extra)
-            extra += 1
-    return out
-
-
-def byte_level_vocab(vocab: int) -> tuple[list[str], list[tuple[str, str]]]:
-    """Tokens (in id order) and merges of a deterministic byte-level BPE of size ``vocab``.
-
-    Ids 0..2 are the special tokens, 3..258 the byte symbols, the rest merges built
-    breadth-first from ``Ġ`` (space) and letters by English frequency.
-    """
-    base = len(SPECIAL_TOKENS) + 256
-    if vocab < base:
-        raise ShapeError(f"a synthetic byte-level vocabulary needs at least {base} tokens")
-    b2u = bytes_to_unicode()
-    tokens = list(SPECIAL_TOKENS) + [b2u[b] for b in range(256)]
-    merges: list[tuple[str, str]] = []
-    have = set(tokens)
-    space = b2u[ord(" ")]
-    letters = list(_LETTERS)
-    frontier = [space, *letters]
-    while len(tokens) < vocab:
-        nxt = []
-        for left in frontier:
-            for c in letters:
-                tok = left + c
-                if tok in have:
-                    continue
-                tokens.append(tok)
-                merges.append((left, c))
-                have.add(tok)
-                nxt.append(tok)
-                if len(tokens) == vocab:
-                    return tokens, merges
-        frontier = nxt
-    return tokens, merges
-
-
-def build_tokenizer(vocab: int):  # -> tokenizers.Tokenizer
-    """The synthetic byte-level BPE as a ``tokenizers.Tokenizer`` (saved as tokenizer.json)."""
-    import tokenizers
-    from tokenizers import AddedToken, decoders, pre_tokenizers
-    from tokenizers.models import BPE
-
-    tokens, merges = byte_level_vocab(vocab)
-    tok = tokenizers.Tokenizer(BPE({t: i for i, t in enumerate(tokens)}, merges))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-    return tok
 
 
 # --------------------------------------------------------------------------- weights
@@ -154,10 +99,20 @@ class SynthSpec:
     rms_eps: float = 1e-5
     tie: bool = False
     gate_rank: int = 64
+    arch: str = "llama"
+    sliding_window: int = 0
+    attn_softcap: float = 50.0
+    final_softcap: float = 30.0
+    relu_threshold: float = 0.0
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.heads
+
+    @property
+    def family(self) -> Family:
+        """The model family (:mod:`..loading.archs`)."""
+        return family_named(self.arch)
 
     def validate(self) -> None:
         for k in ("dim", "ffn", "layers", "heads", "kv_heads", "vocab", "max_context"):
@@ -171,12 +126,20 @@ class SynthSpec:
             raise UnsupportedError(f"activation {self.activation!r}")
         if not 0.0 < self.active < 1.0:
             raise ShapeError("active must lie in (0, 1)")
+        if self.sliding_window < 0 or (self.sliding_window and not self.family.window):
+            raise ShapeError(f"sliding_window {self.sliding_window} for {self.arch}")
+        if self.arch == "opt" and self.kv_heads != self.heads:
+            raise ShapeError("opt has one KV head per query head: kv_heads must equal heads")
+        if self.arch in ("gemma2", "opt") and not self.tie:
+            # llama.cpp's gemma2 and PowerInfer's opt always read the head from token_embd.
+            raise ShapeError(f"{self.arch} ties its output head to the embeddings: pass tie=True")
 
     def model_config(self) -> ModelConfig:
         """The config the GGUF loader reads from this model's file (also a model shape for the
         planner without any weights)."""
+        f = self.family
         return ModelConfig(
-            arch="llama",
+            arch=f.name,
             n_layers=self.layers,
             dim=self.dim,
             ffn_dim=self.ffn,
@@ -187,30 +150,79 @@ class SynthSpec:
             max_context=self.max_context,
             rms_eps=self.rms_eps,
             rope_theta=self.rope_theta,
-            rope_style="norm",
+            rope_style=f.rope_style,
             activation=self.activation,
             bos_token_id=BOS_ID,
             eos_token_ids=[EOS_ID],
             tie_embeddings=self.tie,
+            qkv_bias=f.qkv_bias,
+            qk_norm=f.qk_norm,
+            sliding_window=self.sliding_window,
+            swa_pattern=f.swa_pattern,
+            rope_theta_local=f.rope_local,
+            post_norms=f.post_norms,
+            embed_scale=float(self.dim) ** 0.5 if f.embed_scale else 0.0,
+            attn_softcap=self.softcaps[0],
+            final_softcap=self.softcaps[1],
+            relu_threshold=self.relu_threshold,
+            up_act=f.up_act,
+            layer_norm=f.layer_norm,
+            learned_pos=f.learned_pos,
+            pos_offset=f.pos_offset,
+            no_gate=f.no_gate,
+            ffn_bias=f.ffn_bias,
+            out_bias=f.out_bias,
+            parallel=f.parallel,
         )
 
-    def tensor_shapes(self) -> list[tuple[str, tuple[int, ...]]]:
-        """Canonical names and HF shapes (``(out, in)``, or ``(n,)`` for norms), file order."""
-        d, hd = self.dim, self.head_dim
+    @property
+    def softcaps(self) -> tuple[float, float]:
+        """(attention, final) soft-caps: Gemma 2's, 0 for the other families."""
+        on = self.arch == "gemma2"
+        return (self.attn_softcap, self.final_softcap) if on else (0.0, 0.0)
+
+    def tensor_shapes(self, fused: bool = False) -> list[tuple[str, tuple[int, ...]]]:
+        """Canonical names and HF shapes (``(out, in)``, or ``(n,)`` for norms and biases),
+        file order; ``fused``: as the family's files store them (Phi-3's ``attn_qkv`` and
+        gate+up ``ffn_up``)."""
+        d, hd, f = self.dim, self.head_dim, self.family
+        q, kv = self.heads * hd, self.kv_heads * hd
+        fuse_qkv, fuse_ffn = fused and f.fused_qkv, fused and f.fused_gate_up
         out: list[tuple[str, tuple[int, ...]]] = [("token_embd", (self.vocab, d))]
+        if f.learned_pos:
+            out.append(("position_embd", (self.max_context + f.pos_offset, d)))
+
+        def norm(name: str) -> list[tuple[str, tuple[int, ...]]]:
+            return [(name, (d,))] + ([(name + ".bias", (d,))] if f.layer_norm else [])
+
         for i in range(self.layers):
-            out += [
-                (f"blk.{i}.attn_norm", (d,)),
-                (f"blk.{i}.attn_q", (self.heads * hd, d)),
-                (f"blk.{i}.attn_k", (self.kv_heads * hd, d)),
-                (f"blk.{i}.attn_v", (self.kv_heads * hd, d)),
-                (f"blk.{i}.attn_output", (d, self.heads * hd)),
-                (f"blk.{i}.ffn_norm", (d,)),
-                (f"blk.{i}.ffn_gate", (self.ffn, d)),
-                (f"blk.{i}.ffn_up", (self.ffn, d)),
-                (f"blk.{i}.ffn_down", (d, self.ffn)),
-            ]
-        out.append(("output_norm", (d,)))
+            p = f"blk.{i}."
+            out += norm(p + "attn_norm")
+            if fuse_qkv:
+                out.append((p + "attn_qkv", (q + 2 * kv, d)))
+            else:
+                out += [(p + "attn_q", (q, d)), (p + "attn_k", (kv, d)), (p + "attn_v", (kv, d))]
+            if f.qkv_bias:
+                out += [(p + f"attn_{x}.bias", (n,)) for x, n in zip("qkv", (q, kv, kv))]
+            if f.qk_norm:
+                out += [(p + "attn_q_norm", (hd,)), (p + "attn_k_norm", (hd,))]
+            out.append((p + "attn_output", (d, q)))
+            out += [(p + "attn_output.bias", (d,))] if f.out_bias else []
+            if f.post_norms:
+                out.append((p + "post_attention_norm", (d,)))
+            out += [] if f.parallel else norm(p + "ffn_norm")
+            if fuse_ffn:
+                out.append((p + "ffn_up", (2 * self.ffn, d)))
+            elif f.no_gate:
+                out.append((p + "ffn_up", (self.ffn, d)))
+            else:
+                out += [(p + "ffn_gate", (self.ffn, d)), (p + "ffn_up", (self.ffn, d))]
+            out += [(p + "ffn_up.bias", (self.ffn,))] if f.ffn_bias else []
+            out.append((p + "ffn_down", (d, self.ffn)))
+            out += [(p + "ffn_down.bias", (d,))] if f.ffn_bias else []
+            if f.post_norms:
+                out.append((p + "post_ffw_norm", (d,)))
+        out += norm("output_norm")
         if not self.tie:
             out.append(("output", (self.vocab, d)))
         return out
@@ -259,6 +271,16 @@ class SynthWeights:
         out[perm] = p
         return out
 
+    def gate_factors(self, layer: int) -> tuple[np.ndarray, np.ndarray, float] | None:
+        """``(a [ffn, r], b [r, dim - 1], scale)`` with ``ffn_gate[:, 1:] = a @ b / scale``
+        (the planted low-rank gate), or None for a full-rank gate."""
+        s, name = self.spec, f"blk.{layer}.ffn_gate"
+        r = s.gate_rank
+        if not 0 < r < s.dim - 1:
+            return None
+        a = self._normal(name + "#a", (s.ffn, r), 1.0)
+        return a, self._normal(name + "#b", (r, s.dim - 1), 1.0), math.sqrt(r * s.dim)
+
     def tensor(self, name: str) -> np.ndarray:
         """The float32 tensor ``name`` (canonical name) in HF layout."""
         s = self.spec
@@ -270,6 +292,25 @@ class SynthWeights:
             return x
         if name == "output":
             return self._normal(name, (s.vocab, d), 1.0 / math.sqrt(d))
+        if name.endswith(".bias"):
+            # As wide as the rows of its weight; what is added to the residual stream leaves
+            # the bias channel 0 alone.
+            base = name[: -len(".bias")].rsplit(".", 1)[-1]
+            rows = {"attn_q": s.heads, "attn_k": s.kv_heads, "attn_v": s.kv_heads}
+            n = rows[base] * s.head_dim if base in rows else s.ffn if base == "ffn_up" else d
+            b = self._normal(name, (n,), 0.2)
+            if n == d:
+                b[0] = 0.0
+            return b
+        if name == "position_embd":
+            x = self._normal(name, (s.max_context + s.family.pos_offset, d), 0.5)
+            x[:, 0] = 0.0
+            return x
+        if s.family.no_gate and name.endswith("ffn_up"):
+            # The one activated projection carries the planted law of the gate.
+            return self.tensor(name[: -len("ffn_up")] + "ffn_gate")
+        if name.endswith(("attn_q_norm", "attn_k_norm")):
+            return 1.0 + self._normal(name, (s.head_dim,), 0.05)
         if name.endswith("_norm"):
             g = 1.0 + self._normal(name, (d,), 0.05)
             g[0] = 1.0
@@ -293,14 +334,13 @@ class SynthWeights:
             return w
         if kind == "ffn_gate":
             w = self._normal(name, (s.ffn, d), 1.0 / math.sqrt(d))
-            r = s.gate_rank
-            if 0 < r < d - 1:
+            factors = self.gate_factors(layer)
+            if factors is not None:
                 # Planted low-rank structure: the gate reads x[1:] through an r-dimensional
                 # projection, so which neurons fire is predictable from few directions (as
                 # PowerInfer/DejaVu predictors find in real LLMs). Entries keep variance 1/d.
-                a = self._normal(name + "#a", (s.ffn, r), 1.0)
-                b = self._normal(name + "#b", (r, d - 1), 1.0)
-                w[:, 1:] = (a @ b / math.sqrt(r * d)).astype(np.float32)
+                a, b, scale = factors
+                w[:, 1:] = (a @ b / scale).astype(np.float32)
             g = self.tensor(f"blk.{layer}.ffn_norm").astype(np.float64)
             sigma = np.sqrt(((w[:, 1:].astype(np.float64) * g[1:]) ** 2).sum(axis=1))
             nd = NormalDist()
@@ -309,9 +349,23 @@ class SynthWeights:
             return w
         raise ShapeError(f"no synthetic tensor named {name!r}")
 
+    def file_tensor(self, name: str) -> np.ndarray:
+        """Tensor ``name`` of :meth:`SynthSpec.tensor_shapes` ``(fused=True)``: the canonical
+        tensor, or the family's fused one (q, k, v stacked; gate then up)."""
+        f = self.spec.family
+        layer, _, kind = name.rpartition(".")
+        if f.fused_qkv and kind == "attn_qkv":
+            return np.concatenate([self.tensor(f"{layer}.attn_{x}") for x in "qkv"])
+        if f.fused_gate_up and kind == "ffn_up":
+            return np.concatenate([self.tensor(f"{layer}.ffn_gate"), self.tensor(name)])
+        return self.tensor(name)
+
     def gguf_tensor(self, name: str) -> np.ndarray:
-        """Tensor ``name`` as a llama GGUF stores it: q/k rows permuted (:func:`permute_qk`)."""
-        x = self.tensor(name)
+        """Tensor ``name`` (fused names as :meth:`file_tensor`) as a GGUF of the family stores
+        it: for llama's "norm" RoPE, q/k rows permuted (:func:`permute_qk`)."""
+        x = self.file_tensor(name)
+        if self.spec.family.rope_style != "norm":
+            return x
         if name.endswith("attn_q"):
             return permute_qk(x, self.spec.heads)
         if name.endswith("attn_k"):

@@ -110,6 +110,13 @@ fn build<B: powerinfer_cuda::Backend>(
     mode: &Sparsity,
     capacity: Option<usize>,
 ) -> Result<Box<dyn Hybrid>> {
+    ensure!(
+        model.config.arch == powerinfer_core::ArchFeatures::default(),
+        Unsupported,
+        "the hybrid executor runs llama-architecture layers only; this model's family \
+         ({:?}) runs on the CPU (no plan, or device=\"cpu\")",
+        model.config.arch
+    );
     let need = placement.file.gpu_bytes;
     let (free, total) = dev.mem_info()?;
     let mib = |b: usize| b as f64 / (1u64 << 20) as f64;

@@ -1,0 +1,270 @@
+#!/usr/bin/env python3
+"""Sparse decode against PowerInfer's own CPU path, on the same PowerInfer-format files.
+
+Files (synthetic, written once into --cache by powerinfer_rs.testing.powerinfer_files): a ReLU
+llama (default dim 2048, ffn 5504, 8 layers, vocab 32000) with the planted power law at each
+--active fraction, stored in each of --dtypes (F16, or Q4_0 with Q4_0 predictors as PowerInfer's
+quantizer writes them), magic PWRI, rank-256 *oracle* predictors (``oracle_predictors``: they
+mark exactly the neurons that fire, up to weight rounding, so "predicted active" is the firing
+fraction), sparse threshold 0.
+
+Engines: PowerInfer's CPU build (``llama-bench -m FILE -p 0 -n N -t T -r 1 -ngl 0``, one process
+per run, its tokens/s) and ours (``Engine.from_pretrained(FILE)``, predictor mode with the
+file's predictors, N single-token steps after one token, as llama-bench's ``tg N``), alternating
+(PowerInfer first on even repeats, ours first on odd), medians of --repeats. Also printed:
+weight bytes each engine must read per token (attention and norms, the predictor as the engine
+holds it (fc2 in full; ours reads only the fc2 rows of hidden units ReLU leaves nonzero, so its
+figure is an upper bound), the gate/up/down_t rows of the active neurons, the output head, one
+embedding row; the active fraction per layer from our profiler over the same greedy decode), and
+both
+engines' bytes/token x tokens/s as a share of the read bandwidth measured in the same run with
+the same threads. CPU use per wall-second is printed for both: well below the thread count
+means another process took the cores and the figures should be thrown away.
+
+PowerInfer is built by hand (see the project's PEERS.md; its code is not in this repository):
+pass its ``llama-bench`` with --llama-bench or $POWERINFER_LLAMA_BENCH; without it the script
+says so and exits 0.
+
+    python benchmarks/bench_powerinfer.py --llama-bench /tmp/peers/PowerInfer/build/bin/llama-bench
+    python benchmarks/bench_powerinfer.py --dtypes f16 --active 0.1 --threads 2 --repeats 7
+    python benchmarks/bench_powerinfer.py --shape 512,1376,2,4096 --tokens 16 --repeats 1  # smoke
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _bench_common import (
+    add_bandwidth_args,
+    add_synthetic_args,
+    bench_parser,
+    machine_info,
+    measure_bandwidth,
+    median,
+    require_powerinfer,
+    write_json,
+)
+from _sparse_parts import decode_activity, decode_once
+
+RANK = 256
+
+
+def pwri_file(cache: Path, dtype: str, active: float, shape: tuple, seed: int) -> Path:
+    """The PowerInfer-format file of ``dtype`` and ``active`` (written once)."""
+    from powerinfer_rs.testing.powerinfer_files import oracle_predictors, write_powerinfer_gguf
+    from powerinfer_rs.testing.synth_model import SynthSpec
+
+    dim, ffn, layers, vocab = shape
+    heads = max(1, dim // 128)
+    name = f"pwri-{dtype.lower()}-d{dim}-f{ffn}-l{layers}-v{vocab}-a{active:g}-r{RANK}-s{seed}.gguf"
+    path = cache / name
+    if path.is_file():
+        return path
+    print(f"writing {path} ...", file=sys.stderr, flush=True)
+    t0 = time.perf_counter()
+    spec = SynthSpec(dim, ffn, layers, heads, heads, vocab, "relu", 4096, seed, active)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_powerinfer_gguf(
+        path,
+        dim=dim,
+        ffn=ffn,
+        layers=layers,
+        heads=heads,
+        kv_heads=heads,
+        vocab=vocab,
+        predictors=oracle_predictors(spec, RANK),
+        sparse_threshold=0.0,
+        dtype=dtype,
+        predictor_dtype=dtype,
+        seed=seed,
+        active=active,
+        max_context=4096,
+    )
+    print(f"  done in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return path
+
+
+def tensor_bytes(path: Path) -> dict[str, int]:
+    """Bytes of every tensor in the file (names without ``.weight``)."""
+    from powerinfer_rs.loading.gguf_file import GGUFFile
+
+    gf = GGUFFile(str(path), allow_powerinfer=True)
+    return {t.name.removesuffix(".weight"): int(t.nbytes) for t in gf.tensors}
+
+
+def bytes_per_token(tb: dict[str, int], layers: int, vocab: int, active: list[float], ours):
+    """Weight bytes a predictor-mode decode step must read. ``ours``: the engine whose stored
+    predictor bytes replace the file's (ours holds them in f16 or f32), else None (PowerInfer:
+    as stored)."""
+    total = tb["output"] + tb["output_norm"] + tb["token_embd"] // vocab
+    for i, a in enumerate(active):
+        b = f"blk.{i}."
+        total += sum(tb[b + k] for k in ("attn_q", "attn_k", "attn_v", "attn_output"))
+        total += tb[b + "attn_norm"] + tb[b + "ffn_norm"]
+        if ours is None:
+            total += tb[b + "fc1"] + tb[b + "fc2"]
+        else:  # held as stored (block formats), else as f16/f32 copies; fc2 counted in full
+            p = ours.predictors.layers[i]
+            if p.stored is not None:
+                total += sum(int(t.data.nbytes) for t in p.stored)
+            else:
+                item = 4 if str(ours.predictors.dtype).upper() == "F32" else 2
+                total += item * (p.fc1.size + p.fc2.size)
+        total += a * (tb[b + "ffn_gate"] + tb[b + "ffn_up"] + tb[b + "ffn_down_t"])
+    return total
+
+
+def run_powerinfer(bench: str, path: Path, threads: int, tokens: int) -> tuple[float, float]:
+    """(tokens/s, CPU-seconds per wall-second) of one llama-bench run."""
+    cmd = [bench, "-m", str(path), "-p", "0", "-n", str(tokens), "-t", str(threads)]
+    cmd += ["-r", "1", "-ngl", "0", "-o", "json"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if out.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}): {out.stderr[-2000:]}")
+    rows = json.loads(out.stdout)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return float(rows[0]["avg_ts"]), cpu / wall
+
+
+def run_ours(engine, tokens: int) -> tuple[float, float]:
+    """(tokens/s, CPU-seconds per wall-second) of one decode run."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    tps = decode_once(engine, [engine.tokenizer.bos_id], tokens)
+    return tps, (time.process_time() - c0) / (time.perf_counter() - t0)
+
+
+def bench_file(args, path: Path, dtype: str, active: float, shape: tuple) -> list[dict]:
+    pi = require_powerinfer()
+    tb = tensor_bytes(path)
+    rows = []
+    for threads in args.threads:
+        bw, how = measure_bandwidth(threads, args.bw_bytes, args.bw_iters)
+        eng = pi.Engine.from_pretrained(str(path), threads=threads, n_ctx=args.tokens + 64)
+        assert eng.sparsity == "predictor"
+        bos = [eng.tokenizer.bos_id]
+        act = decode_activity(eng, bos, args.tokens)
+        eng.set_sparsity("predictor", predictors=eng.predictors)
+        for _ in range(args.warmup):
+            run_ours(eng, min(args.tokens, 16))
+            run_powerinfer(args.llama_bench, path, threads, min(args.tokens, 16))
+        tps = {"powerinfer": [], "ours": []}
+        cpu = {"powerinfer": [], "ours": []}
+        for r in range(args.repeats):
+            order = ("powerinfer", "ours") if r % 2 == 0 else ("ours", "powerinfer")
+            for who in order:
+                if who == "ours":
+                    t, c = run_ours(eng, args.tokens)
+                else:
+                    t, c = run_powerinfer(args.llama_bench, path, threads, args.tokens)
+                tps[who].append(t)
+                cpu[who].append(c)
+        layers, vocab = shape[2], shape[3]
+        need = {
+            "powerinfer": bytes_per_token(tb, layers, vocab, act, None),
+            "ours": bytes_per_token(tb, layers, vocab, act, eng),
+        }
+        ratios = [o / p for o, p in zip(tps["ours"], tps["powerinfer"])]
+        row = {
+            "dtype": dtype,
+            "active_target": active,
+            "active_measured": act,
+            "threads": threads,
+            "tokens": args.tokens,
+            "bandwidth_gbs": bw,
+            "bandwidth_method": how,
+            "tokens_per_s": tps,
+            "cpu_per_wall": cpu,
+            "median_tokens_per_s": {k: median(v) for k, v in tps.items()},
+            "ratio_ours_over_powerinfer": ratios,
+            "median_ratio": median(ratios),
+            "bytes_per_token": need,
+            "bandwidth_share": {
+                k: need[k] * median(tps[k]) / (bw * 1e9) for k in ("powerinfer", "ours")
+            },
+            "synthetic": True,
+        }
+        rows.append(row)
+        print_row(row)
+        del eng
+    return rows
+
+
+def print_row(row: dict) -> None:
+    m, need, share = row["median_tokens_per_s"], row["bytes_per_token"], row["bandwidth_share"]
+    act = row["active_measured"]
+    print(
+        f"{row['dtype']:>5} active {row['active_target']:.2f} (measured "
+        f"{sum(act) / len(act):.3f}) threads {row['threads']}: "
+        f"PowerInfer {m['powerinfer']:7.2f} tok/s, ours {m['ours']:7.2f} tok/s, "
+        f"ratio {row['median_ratio']:.3f} (runs: "
+        + ", ".join(f"{r:.3f}" for r in row["ratio_ours_over_powerinfer"])
+        + ")"
+    )
+    print(
+        f"      bytes/token PowerInfer {need['powerinfer'] / 1e6:.2f} MB, ours "
+        f"{need['ours'] / 1e6:.2f} MB; read bandwidth {row['bandwidth_gbs']:.2f} GB/s; "
+        f"shares PowerInfer {share['powerinfer']:.1%}, ours {share['ours']:.1%}"
+    )
+    cpu = {k: median(v) for k, v in row["cpu_per_wall"].items()}
+    flag = "  <- CONTENDED: discard" if min(cpu.values()) < 0.9 * row["threads"] else ""
+    print(f"      cpu use PowerInfer {cpu['powerinfer']:.2f}, ours {cpu['ours']:.2f}{flag}")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = bench_parser(__doc__)
+    ap.add_argument(
+        "--llama-bench",
+        default=os.environ.get("POWERINFER_LLAMA_BENCH"),
+        help="PowerInfer's llama-bench (default $POWERINFER_LLAMA_BENCH)",
+    )
+    ap.add_argument("--dtypes", default="f16,q4_0", help="file formats (f16,q4_0)")
+    ap.add_argument("--active", default="0.1,0.25", help="firing fractions (0.1,0.25)")
+    ap.add_argument("--threads", default="1,2", help="thread counts (1,2)")
+    ap.add_argument("--shape", default="2048,5504,8,32000", help="dim,ffn,layers,vocab")
+    ap.add_argument("--tokens", type=int, default=64, help="decode steps per run (64)")
+    ap.add_argument("--repeats", type=int, default=5, help="alternating runs per engine (5)")
+    ap.add_argument("--warmup", type=int, default=1, help="warm-up runs per engine (1)")
+    ap.add_argument("--json", help="write every figure to this file")
+    add_synthetic_args(ap)
+    add_bandwidth_args(ap)
+    args = ap.parse_args(argv)
+    try:
+        args.threads = [int(t) for t in args.threads.split(",")]
+        shape = tuple(int(x) for x in args.shape.split(","))
+        actives = [float(a) for a in args.active.split(",")]
+    except ValueError as e:
+        ap.error(str(e))
+    dtypes = [d.strip().upper() for d in args.dtypes.split(",")]
+    if len(shape) != 4 or any(d not in ("F16", "Q4_0") for d in dtypes):
+        ap.error("--shape takes dim,ffn,layers,vocab; --dtypes f16 and/or q4_0")
+    if not args.llama_bench or not Path(args.llama_bench).is_file():
+        print(
+            "skipped: PowerInfer's llama-bench not found (build it by hand as PEERS.md says and "
+            "pass --llama-bench PATH or set POWERINFER_LLAMA_BENCH)"
+        )
+        return 0
+    mi = machine_info()
+    print(f"machine: {mi.get('cpu', '?')}, {mi['cpus']} cpus, load {mi.get('loadavg')}")
+    print("NOTE: synthetic models with oracle predictors: every figure here is synthetic.\n")
+    rows = []
+    for dtype in dtypes:
+        for active in actives:
+            path = pwri_file(Path(args.cache), dtype, active, shape, args.seed)
+            rows += bench_file(args, path, dtype, active, shape)
+    write_json(args.json, {"machine": mi, "shape": shape, "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Shared plumbing of the Python fuzz targets (``fuzz/targets/*.py``).
+
+A target module defines ``load() -> one_input`` (the imports of the parser happen inside
+``load`` so atheris can instrument them) and ends with ``if __name__ == "__main__":
+fuzz_main(load)``. ``one_input(data)`` feeds the bytes to one parser's public entry point; a
+:class:`~powerinfer_rs.errors.PowerInferError` is the expected answer to bad bytes, anything
+else escaping ``one_input`` (a raw ``ValueError``, ``KeyError``, ``MemoryError``, a crash or a
+hang) is a finding.
+
+``python fuzz/targets/NAME.py [libFuzzer flags] CORPUS_DIR...`` fuzzes under atheris;
+``python fuzz/targets/NAME.py --replay FILE_OR_DIR...`` only runs the given inputs (no atheris
+needed). The package is the checkout's ``python/`` when its extension is built there, else the
+installed one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+OneInput = Callable[[bytes], None]
+
+ROOT = Path(__file__).resolve().parent
+REPO = ROOT.parent
+# The checkout's package when its extension is built in place (a development tree), else the
+# installed wheel (CI).
+if any((REPO / "python" / "powerinfer_rs").glob("_core*.so")):
+    sys.path.insert(0, str(REPO / "python"))
+
+_TMP: Path | None = None
+
+
+def tmp_dir() -> Path:
+    """A private scratch folder for this process (in ``/dev/shm`` when there is one)."""
+    global _TMP
+    if _TMP is None:
+        base = os.environ.get("POWERINFER_FUZZ_TMP")  # run.py's, removed after the run
+        if base is None and os.path.isdir("/dev/shm"):
+            base = "/dev/shm"
+        _TMP = Path(tempfile.mkdtemp(prefix="pirs-fuzz-", dir=base))
+        atexit.register(shutil.rmtree, _TMP, ignore_errors=True)
+    return _TMP
+
+
+def write(path: Path, data: bytes) -> Path:
+    """Write ``data`` to ``path``, unlinking the old file first: a memory map of the previous
+    input may still be alive, and truncating a mapped file would turn its reads into SIGBUS."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+    path.write_bytes(data)
+    return path
+
+
+def temp_file(name: str, data: bytes) -> Path:
+    """``data`` written to ``<scratch>/name``."""
+    return write(tmp_dir() / name, data)
+
+
+def guarded(one_input: OneInput) -> OneInput:
+    """``one_input`` with :class:`PowerInferError` counted as a correct answer, except
+    :class:`InternalError` (a bug by definition: a caught Rust panic, a broken invariant)."""
+    from powerinfer_rs.errors import InternalError, PowerInferError
+
+    def run(data: bytes) -> None:
+        try:
+            one_input(data)
+        except InternalError:
+            raise
+        except PowerInferError:
+            pass
+
+    return run
+
+
+def replay(one_input: OneInput, paths: list[str]) -> int:
+    """Run every file under ``paths``; returns how many inputs ran. Findings propagate."""
+    run = guarded(one_input)
+    n = 0
+    for p in paths:
+        files = sorted(f for f in Path(p).rglob("*") if f.is_file()) if Path(p).is_dir() else [p]
+        for f in files:
+            run(Path(f).read_bytes())
+            n += 1
+    return n
+
+
+def safetensors_mutator(data: bytes, max_size: int, seed: int) -> bytes:
+    """A structure-aware libFuzzer mutator for safetensors files: besides plain byte mutations,
+    mutate only the JSON header, only one ``__metadata__`` string (the plan's JSON lives in
+    one), or only the tensor bytes, keeping the 8-byte header length consistent, so mutations
+    reach the checks behind the header parse."""
+    import json
+
+    import atheris
+
+    how = seed % 4
+    n = int.from_bytes(data[:8], "little") if len(data) >= 8 else -1
+    if how == 0 or not 0 <= n <= len(data) - 8:
+        return atheris.Mutate(data, max_size)
+    header, body = data[8 : 8 + n], data[8 + n :]
+    if how == 1:
+        header = atheris.Mutate(header, max(len(header) * 2, 64))
+    elif how == 2:
+        try:
+            doc = json.loads(header)
+            meta = doc["__metadata__"]
+            key = sorted(meta)[(seed >> 2) % len(meta)]
+            raw = meta[key].encode()
+            meta[key] = atheris.Mutate(raw, max(len(raw) * 2, 64)).decode("utf-8", "replace")
+            header = json.dumps(doc).encode()
+        except (ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError):
+            return atheris.Mutate(data, max_size)
+    else:
+        body = atheris.Mutate(body, max(len(body) * 2, 64))
+    out = len(header).to_bytes(8, "little") + header + body
+    return out[:max_size]
+
+
+def fuzz_main(load: Callable[[], OneInput], *, mutator: Callable | None = None) -> None:
+    """The command line of a target (see the module docstring); ``mutator`` is an optional
+    structure-aware libFuzzer mutator (e.g. :func:`safetensors_mutator`)."""
+    if len(sys.argv) > 1 and sys.argv[1] == "--replay":
+        n = replay(load(), sys.argv[2:])
+        print(f"replayed {n} inputs, no findings")
+        return
+    import atheris
+
+    with atheris.instrument_imports(include=["powerinfer_rs"]):
+        one_input = load()
+    if mutator is None:
+        atheris.Setup(sys.argv, guarded(one_input))
+    else:
+        atheris.Setup(sys.argv, guarded(one_input), custom_mutator=mutator)
+    atheris.Fuzz()
+
+
+def plan_shape():
+    """The model the plan seeds are made for (``make_seeds.py``) and the plan target checks
+    plans against: 2 layers of 16 neurons, fingerprint ``fp``."""
+    from powerinfer_rs.loading.types import ModelConfig
+    from powerinfer_rs.planning.model_shape import ModelShape
+
+    cfg = ModelConfig(
+        arch="llama",
+        n_layers=2,
+        dim=32,
+        ffn_dim=16,
+        n_heads=2,
+        n_kv_heads=1,
+        head_dim=16,
+        vocab_size=64,
+        max_context=64,
+        rms_eps=1e-5,
+        rope_theta=1e4,
+        rope_style="norm",
+        activation="relu",
+        bos_token_id=None,
+    )
+    return ModelShape.from_config(cfg, "Q8_0", fingerprint="fp")

@@ -1,0 +1,3 @@
+//! The Rust fuzz targets' bodies ([`checks`]); `fuzz_targets/*.rs` only hand them the bytes.
+
+pub mod checks;

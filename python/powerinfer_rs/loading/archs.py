@@ -1,0 +1,326 @@
+"""The model families the engine runs, as data: what each changes in the llama layer, how its
+GGUF (llama.cpp's keys and tensor names) and its Hugging Face checkpoint name the tensors, and
+which fused tensors are split at load.
+
+Adding a family is an entry in :data:`FAMILIES` (plus, where it needs a new operation, one
+feature in the config and its step in the forward pass). The engine's canonical tensor names
+are llama.cpp's without ``.weight`` (``blk.N.attn_q``); biases keep ``.bias``
+(``blk.N.attn_q.bias``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import ShapeError, UnsupportedError
+from .types import TensorData
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family.
+
+    ``gguf_arch`` is llama.cpp's ``general.architecture``; ``rope_style`` its RoPE pairing in
+    GGUF files ("norm" where llama.cpp's converter permutes q/k rows, "neox" where it does not;
+    Hugging Face checkpoints are always "neox"). ``hf_types`` are the ``model_type`` values and
+    ``hf_archs`` the ``architectures`` of its checkpoints; ``hf_layer_names`` adds to or
+    overrides the llama parameter names. ``fused_qkv`` / ``fused_gate_up``: the file stores q,k,v
+    (gate,up) as one matrix, split at load. ``window``: honour a sliding window set in the file.
+    Gemma: ``post_norms`` (norms after attention and FFN), ``hf_norm_offset`` (HF stores
+    ``w - 1``; llama.cpp's converter adds the 1), ``embed_scale`` (embeddings times sqrt(dim)),
+    ``swa_pattern`` (all but every p-th layer slide), ``rope_local`` (RoPE base of the sliding
+    layers, fixed by llama.cpp for Gemma 3). ``activation``: the family's own when its files
+    do not say (Bamboo: ReLU), ``up_act``: the up projection is activated too (Bamboo).
+    OPT and Falcon: ``layer_norm`` (LayerNorm with biases), ``learned_pos`` / ``pos_offset``
+    (a position table instead of RoPE), ``no_gate`` (``down(act(up x))``), ``ffn_bias`` /
+    ``out_bias`` (biases of the FFN and of the attention output), ``parallel`` (attention and
+    FFN from the same residual). ``hf_globals`` / ``hf_layer_prefix`` / ``hf_own_names``: the
+    checkpoint's names when they are not llama's (``hf_layer_names`` then replaces llama's).
+    """
+
+    name: str
+    gguf_arch: str
+    rope_style: str
+    hf_types: tuple[str, ...]
+    hf_archs: tuple[str, ...]
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    fused_qkv: bool = False
+    fused_gate_up: bool = False
+    window: bool = False
+    post_norms: bool = False
+    hf_norm_offset: float = 0.0
+    embed_scale: bool = False
+    swa_pattern: int = 0
+    rope_local: float = 0.0
+    activation: str = ""
+    up_act: bool = False
+    layer_norm: bool = False
+    learned_pos: bool = False
+    pos_offset: int = 0
+    no_gate: bool = False
+    ffn_bias: bool = False
+    out_bias: bool = False
+    parallel: bool = False
+    hf_layer_names: dict[str, str] = field(default_factory=dict)
+    hf_globals: dict[str, str] = field(default_factory=lambda: dict(LLAMA_HF_GLOBALS))
+    hf_layer_prefix: str = "model.layers."
+    hf_own_names: bool = False
+
+    def biases(self) -> tuple[str, ...]:
+        """Canonical suffixes of the bias vectors the family's layers carry."""
+        out: list[str] = []
+        if self.qkv_bias:
+            out += ["attn_q.bias", "attn_k.bias", "attn_v.bias"]
+        if self.out_bias:
+            out.append("attn_output.bias")
+        if self.ffn_bias:
+            out += ["ffn_up.bias", "ffn_down.bias"]
+        if self.layer_norm:
+            out += ["attn_norm.bias", "attn_norm_2.bias", "ffn_norm.bias", "output_norm.bias"]
+        return tuple(out)
+
+
+#: Llama's HF names of the tensors outside the layers -> canonical names.
+LLAMA_HF_GLOBALS: dict[str, str] = {
+    "model.embed_tokens.weight": "token_embd",
+    "lm_head.weight": "output",
+    "model.norm.weight": "output_norm",
+}
+
+#: Llama's HF parameter names (after ``model.layers.N.``) -> canonical suffixes.
+LLAMA_HF_LAYER_NAMES: dict[str, str] = {
+    "input_layernorm.weight": "attn_norm",
+    "post_attention_layernorm.weight": "ffn_norm",
+    "self_attn.q_proj.weight": "attn_q",
+    "self_attn.k_proj.weight": "attn_k",
+    "self_attn.v_proj.weight": "attn_v",
+    "self_attn.o_proj.weight": "attn_output",
+    "mlp.gate_proj.weight": "ffn_gate",
+    "mlp.up_proj.weight": "ffn_up",
+    "mlp.down_proj.weight": "ffn_down",
+}
+
+#: Gemma's HF norm names (after ``model.layers.N.``) -> llama.cpp's.
+_GEMMA_NAMES: dict[str, str] = {
+    "post_attention_layernorm.weight": "post_attention_norm",
+    "pre_feedforward_layernorm.weight": "ffn_norm",
+    "post_feedforward_layernorm.weight": "post_ffw_norm",
+}
+_GEMMA = dict(window=True, post_norms=True, hf_norm_offset=1.0, embed_scale=True)
+_OPT_NAMES: dict[str, str] = {
+    "self_attn_layer_norm.weight": "attn_norm",
+    "self_attn.q_proj.weight": "attn_q",
+    "self_attn.k_proj.weight": "attn_k",
+    "self_attn.v_proj.weight": "attn_v",
+    "self_attn.out_proj.weight": "attn_output",
+    "final_layer_norm.weight": "ffn_norm",
+    "fc1.weight": "ffn_up",
+    "fc2.weight": "ffn_down",
+}
+_FALCON_NAMES: dict[str, str] = {
+    "input_layernorm.weight": "attn_norm",
+    "self_attention.query_key_value.weight": "attn_qkv",
+    "self_attention.dense.weight": "attn_output",
+    "mlp.dense_h_to_4h.weight": "ffn_up",
+    "mlp.dense_4h_to_h.weight": "ffn_down",
+}
+
+FAMILIES: tuple[Family, ...] = (
+    # Mistral converts to llama.cpp's "llama" arch; its window comes from config.json, or in
+    # GGUF from a llama.attention.sliding_window key (which llama.cpp itself ignores).
+    Family("llama", "llama", "norm", ("llama",), ("LlamaForCausalLM",), window=True),
+    Family("mistral", "llama", "norm", ("mistral",), ("MistralForCausalLM",), window=True),
+    # PowerInfer's Bamboo: Mistral's layer with ReLU on both gate and up (its GGUF arch and
+    # config.json model_type are "bamboo"; converted like llama, q/k rows permuted).
+    Family(
+        "bamboo",
+        "bamboo",
+        "norm",
+        ("bamboo",),
+        ("BambooForCausalLM",),
+        window=True,
+        activation="relu",
+        up_act=True,
+    ),
+    Family(
+        "qwen2",
+        "qwen2",
+        "neox",
+        ("qwen2",),
+        ("Qwen2ForCausalLM",),
+        qkv_bias=True,
+        hf_layer_names={f"self_attn.{x}_proj.bias": f"attn_{x}.bias" for x in ("q", "k", "v")},
+    ),
+    Family(
+        "qwen3",
+        "qwen3",
+        "neox",
+        ("qwen3",),
+        ("Qwen3ForCausalLM",),
+        qk_norm=True,
+        hf_layer_names={
+            "self_attn.q_norm.weight": "attn_q_norm",
+            "self_attn.k_norm.weight": "attn_k_norm",
+        },
+    ),
+    Family(
+        "phi3",
+        "phi3",
+        "neox",
+        ("phi3",),
+        ("Phi3ForCausalLM",),
+        # HF's Phi-3 attends through its sliding_window (2047 for mini-4k); llama.cpp turns
+        # the window off for phi3, so the two differ past it. We follow HF's definition.
+        window=True,
+        fused_qkv=True,
+        fused_gate_up=True,
+        hf_layer_names={
+            "self_attn.qkv_proj.weight": "attn_qkv",
+            "mlp.gate_up_proj.weight": "ffn_up",
+        },
+    ),
+    Family(
+        "gemma2",
+        "gemma2",
+        "neox",
+        ("gemma2",),
+        ("Gemma2ForCausalLM",),
+        swa_pattern=2,
+        hf_layer_names=_GEMMA_NAMES,
+        **_GEMMA,
+    ),
+    Family(
+        "gemma3",
+        "gemma3",
+        "neox",
+        ("gemma3_text",),
+        ("Gemma3ForCausalLM",),
+        qk_norm=True,
+        swa_pattern=6,
+        rope_local=10000.0,
+        hf_layer_names={
+            **_GEMMA_NAMES,
+            "self_attn.q_norm.weight": "attn_q_norm",
+            "self_attn.k_norm.weight": "attn_k_norm",
+        },
+        **_GEMMA,
+    ),
+    # OPT as PowerInfer serves it (its GGUF arch "opt": learned positions read at pos + 2, the
+    # output head tied to the embeddings, ReLU fc1/fc2 with biases, LayerNorm).
+    Family(
+        "opt",
+        "opt",
+        "neox",
+        ("opt",),
+        ("OPTForCausalLM",),
+        qkv_bias=True,
+        activation="relu",
+        layer_norm=True,
+        learned_pos=True,
+        pos_offset=2,
+        no_gate=True,
+        ffn_bias=True,
+        out_bias=True,
+        hf_layer_names=_OPT_NAMES,
+        hf_globals={
+            "model.decoder.embed_tokens.weight": "token_embd",
+            "model.decoder.embed_positions.weight": "position_embd",
+            "model.decoder.final_layer_norm.weight": "output_norm",
+            "lm_head.weight": "output",
+        },
+        hf_layer_prefix="model.decoder.layers.",
+        hf_own_names=True,
+    ),
+    # Falcon (7B's layout: one norm for the parallel attention and MLP, multi-query attention,
+    # fused q/k/v stored [q; k; v]); llama.cpp's "falcon" arch.
+    Family(
+        "falcon",
+        "falcon",
+        "neox",
+        ("falcon",),
+        ("FalconForCausalLM",),
+        fused_qkv=True,
+        activation="gelu",
+        layer_norm=True,
+        no_gate=True,
+        parallel=True,
+        hf_layer_names=_FALCON_NAMES,
+        hf_globals={
+            "transformer.word_embeddings.weight": "token_embd",
+            "transformer.ln_f.weight": "output_norm",
+            "lm_head.weight": "output",
+        },
+        hf_layer_prefix="transformer.h.",
+        hf_own_names=True,
+    ),
+)
+
+#: ``general.architecture`` values the GGUF loader reads (the first family of each wins).
+GGUF_FAMILIES: dict[str, Family] = {}
+for _f in FAMILIES:
+    GGUF_FAMILIES.setdefault(_f.gguf_arch, _f)
+
+
+def family_named(name: str) -> Family:
+    """The family called ``name``; :class:`UnsupportedError` for an unknown one."""
+    for f in FAMILIES:
+        if f.name == name:
+            return f
+    raise UnsupportedError(
+        f"model family {name!r} (supported: {', '.join(f.name for f in FAMILIES)})"
+    )
+
+
+def hf_family(model_type: object, archs: list[object]) -> Family | None:
+    """The family of a ``config.json`` (its ``model_type`` or ``architectures``), or None."""
+    for f in FAMILIES:
+        if model_type in f.hf_types or any(a in f.hf_archs for a in archs):
+            return f
+    return None
+
+
+def hf_layer_names(f: Family) -> dict[str, str]:
+    """HF parameter names after the layer prefix -> canonical suffixes for family ``f``."""
+    if f.hf_own_names:
+        return dict(f.hf_layer_names)
+    return {**LLAMA_HF_LAYER_NAMES, **f.hf_layer_names}
+
+
+def _rows(t: TensorData, name: str, start: int, stop: int) -> TensorData:
+    """Rows ``start..stop`` of ``t`` as a zero-copy view named ``name``."""
+    rb = t.row_bytes
+    return TensorData(name, t.dtype, stop - start, t.cols, t.data[start * rb : stop * rb])
+
+
+def split_fused(
+    f: Family, tensors: dict[str, TensorData], q_dim: int, kv_dim: int, ffn: int
+) -> None:
+    """Split family ``f``'s fused tensors in place into the canonical ones (row views, no
+    copies): ``attn_qkv`` -> ``attn_q``, ``attn_k``, ``attn_v``; a fused ``ffn_up`` of
+    ``2 * ffn`` rows -> ``ffn_gate`` (first half) and ``ffn_up`` (second half), as Phi-3's
+    ``gate_up_proj`` and llama.cpp's SwiGLU split take them."""
+    if not (f.fused_qkv or f.fused_gate_up):
+        return
+    # Over the tensors the file has, not over its block count, which is checked against the
+    # tensors only after this split.
+    for name in [n for n in tensors if n.startswith("blk.")]:
+        p = name[: name.rindex(".") + 1]
+        if f.fused_qkv and name.endswith(".attn_qkv"):
+            t = tensors.pop(name)
+            if t.rows != q_dim + 2 * kv_dim:
+                raise ShapeError(
+                    f"tensor {name} has {t.rows} rows, the config implies {q_dim + 2 * kv_dim}"
+                )
+            tensors[p + "attn_q"] = _rows(t, p + "attn_q", 0, q_dim)
+            tensors[p + "attn_k"] = _rows(t, p + "attn_k", q_dim, q_dim + kv_dim)
+            tensors[p + "attn_v"] = _rows(t, p + "attn_v", q_dim + kv_dim, t.rows)
+        elif f.fused_gate_up and name.endswith(".ffn_up") and p + "ffn_gate" not in tensors:
+            up = tensors[name]
+            if up.rows != 2 * ffn:
+                raise ShapeError(
+                    f"tensor {name} (gate and up fused) has {up.rows} rows, the config "
+                    f"implies {2 * ffn}"
+                )
+            tensors[p + "ffn_gate"] = _rows(up, p + "ffn_gate", 0, ffn)
+            tensors[p + "ffn_up"] = _rows(up, p + "ffn_up", ffn, 2 * ffn)

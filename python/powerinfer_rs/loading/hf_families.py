@@ -1,0 +1,96 @@
+"""The parts of ``config.json`` particular to some families (:mod:`.archs`): Gemma's norms,
+scales, soft-caps and layer pattern; OPT's and Falcon's sizes, norms and refused variants."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ModelFileError, UnsupportedError
+from .archs import Family
+
+
+def number(cfg: dict[str, Any], key: str, default: float) -> float:
+    """A positive number from config.json, ``default`` when absent or null."""
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+        raise ModelFileError(f"config.json: {key!r} must be a positive number, got {v!r}")
+    return float(v)
+
+
+def _swa_pattern(fam: Family, cfg: dict[str, Any]) -> int:
+    """Gemma's sliding layers: ``sliding_window_pattern`` p (all but every p-th slide), or a
+    ``layer_types`` list, which must follow such a pattern."""
+    p = cfg.get("sliding_window_pattern", fam.swa_pattern)
+    if isinstance(p, bool) or not isinstance(p, int) or p < 0:
+        raise ModelFileError(f"config.json: 'sliding_window_pattern' must be an integer, got {p!r}")
+    types = cfg.get("layer_types")
+    if isinstance(types, list):
+        want = [
+            "full_attention" if p and (i + 1) % p == 0 else "sliding_attention"
+            for i in range(len(types))
+        ]
+        if types != want:
+            raise UnsupportedError(f"layer_types {types!r} (not every {p}-th layer global)")
+    return p
+
+
+def gemma_fields(fam: Family, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The config fields of Gemma 2/3 checkpoints (norms stored as ``w - 1``, embeddings times
+    sqrt(dim), query_pre_attn_scalar, soft-caps, alternating windows and RoPE bases)."""
+    dim = cfg["hidden_size"]  # checked by the caller, as is head_dim (later)
+    hd = cfg.get("head_dim")
+    ok = isinstance(hd, int) and not isinstance(hd, bool) and hd > 0
+    head_dim = hd if ok else dim // cfg["num_attention_heads"]
+    return {
+        "swa_pattern": _swa_pattern(fam, cfg),
+        "rope_theta_local": number(cfg, "rope_local_base_freq", fam.rope_local)
+        if fam.rope_local
+        else 0.0,
+        "norm_offset": fam.hf_norm_offset,
+        "post_norms": True,
+        "embed_scale": float(dim) ** 0.5 if fam.embed_scale else 0.0,
+        "attn_scale": number(cfg, "query_pre_attn_scalar", float(head_dim)) ** -0.5,
+        "attn_softcap": number(cfg, "attn_logit_softcapping", 0.0),
+        "final_softcap": number(cfg, "final_logit_softcapping", 0.0),
+    }
+
+
+def family_fields(fam: Family, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The family's layer features, and for OPT and Falcon their sizes (``ffn_dim``,
+    ``n_kv_heads``, ``rms_eps`` popped by the caller) and the variants the engine refuses."""
+    out: dict[str, Any] = {
+        "up_act": fam.up_act,
+        "layer_norm": fam.layer_norm,
+        "learned_pos": fam.learned_pos,
+        "pos_offset": fam.pos_offset,
+        "no_gate": fam.no_gate,
+        "ffn_bias": fam.ffn_bias,
+        "out_bias": fam.out_bias,
+        "parallel": fam.parallel,
+    }
+    if fam.name == "opt":
+        if not cfg.get("do_layer_norm_before", True):
+            raise UnsupportedError("OPT with do_layer_norm_before false (post-norm, OPT-350m)")
+        if cfg.get("word_embed_proj_dim", cfg.get("hidden_size")) != cfg.get("hidden_size"):
+            raise UnsupportedError("OPT with word_embed_proj_dim != hidden_size (project_in/out)")
+        if not cfg.get("enable_bias", True):
+            raise UnsupportedError("OPT without biases")
+        out["ffn_dim"] = cfg.get("ffn_dim")
+        out["rms_eps"] = 1e-5  # nn.LayerNorm's default, which OPT keeps
+        out["tie_embeddings"] = bool(cfg.get("tie_word_embeddings", True))
+        out["activation"] = cfg.get("activation_function", "relu")
+    elif fam.name == "falcon":
+        if cfg.get("new_decoder_architecture"):
+            raise UnsupportedError("Falcon's new_decoder_architecture (40B/180B q/k/v grouping)")
+        if cfg.get("alibi") or cfg.get("bias") or not cfg.get("parallel_attn", True):
+            raise UnsupportedError("Falcon with alibi, biases or sequential attention")
+        hidden = cfg.get("hidden_size")
+        four = 4 * hidden if isinstance(hidden, int) else None
+        out["ffn_dim"] = cfg.get("ffn_hidden_size") or four
+        multi = cfg.get("multi_query", True)
+        out["n_kv_heads"] = 1 if multi else cfg.get("num_kv_heads", cfg.get("num_attention_heads"))
+        out["rms_eps"] = number(cfg, "layer_norm_epsilon", 1e-5)
+        out["activation"] = cfg.get("activation", "gelu")
+    return out

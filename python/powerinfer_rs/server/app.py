@@ -1,0 +1,254 @@
+"""The ASGI application (Starlette): routes, the API-key check, request parsing, and the
+hand-over of each generation to the :class:`~.worker.Worker`."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hmac
+import logging
+import time
+from collections.abc import Awaitable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import anyio
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from ..errors import PowerInferError
+from ..runtime.chat import ChatTemplateError
+from ..runtime.engine import Engine
+from ..runtime.streaming import TokenStream
+from .errors import APIError, from_engine, from_validation
+from .responses import ChunkMaker, Envelope, TokenText, full_response
+from .schemas import ChatRequest, CompletionRequest, unsupported_fields
+from .sse import collect, event_stream, failure, watch_disconnect
+from .worker import Job, QueueFull, Worker
+
+log = logging.getLogger("powerinfer_rs.server")
+
+#: Requests that may wait for the engine when none is given.
+DEFAULT_MAX_QUEUE = 64
+
+
+@dataclass
+class ServerState:
+    """What the routes share: the engine, its worker, the served model's id and the key."""
+
+    engine: Engine
+    model_id: str
+    api_key: str | None = None
+    max_queue: int = DEFAULT_MAX_QUEUE
+    created: int = field(default_factory=lambda: int(time.time()))
+    worker: Worker = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.worker = Worker(self.max_queue)
+
+
+def api_route(
+    fn: Callable[[Request, ServerState], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """A route answering every failure in OpenAI's error shape, never with a traceback."""
+
+    @functools.wraps(fn)
+    async def route(request: Request) -> Response:
+        state: ServerState = request.app.state.server
+        try:
+            return await fn(request, state)
+        except APIError as e:
+            log.info("%s %s -> %d %s", request.method, request.url.path, e.status, e.message)
+            return error_response(e)
+        except Exception:
+            log.exception("%s %s failed", request.method, request.url.path)
+            return error_response(APIError(500, "internal server error", type="server_error"))
+
+    return route
+
+
+def error_response(e: APIError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
+
+
+def check_key(request: Request, state: ServerState) -> None:
+    if state.api_key is None:
+        return
+    given = request.headers.get("authorization", "")
+    scheme, _, key = given.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip(), state.api_key):
+        what = "no API key given" if not given else "incorrect API key"
+        raise APIError(401, f"{what} (send 'Authorization: Bearer KEY')", code="invalid_api_key")
+
+
+def model_card(state: ServerState) -> dict[str, Any]:
+    return {
+        "id": state.model_id,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "powerinfer-rs",
+    }
+
+
+async def health(request: Request) -> Response:
+    state: ServerState = request.app.state.server
+    busy = state.worker.current is not None
+    body = {"status": "ok", "model": state.model_id, "busy": busy, "waiting": state.worker.waiting}
+    return JSONResponse(body)
+
+
+@api_route
+async def list_models(request: Request, state: ServerState) -> Response:
+    check_key(request, state)
+    return JSONResponse({"object": "list", "data": [model_card(state)]})
+
+
+@api_route
+async def get_model(request: Request, state: ServerState) -> Response:
+    check_key(request, state)
+    name = request.path_params["model"]
+    if name != state.model_id:
+        raise unknown_model(name, state)
+    return JSONResponse(model_card(state))
+
+
+def unknown_model(name: str, state: ServerState) -> APIError:
+    return APIError(
+        404,
+        f"the model '{name}' does not exist; this server serves '{state.model_id}'",
+        param="model",
+        code="model_not_found",
+    )
+
+
+async def parse(request: Request, kind: type) -> ChatRequest | CompletionRequest:
+    body = await request.body()
+    try:
+        req = kind.model_validate_json(body, strict=True)
+    except ValidationError as e:
+        if e.errors()[0]["type"] == "json_invalid":
+            raise APIError(400, f"the body is not valid JSON: {e.errors()[0]['msg']}") from None
+        raise from_validation(e) from None
+    state: ServerState = request.app.state.server
+    if req.model is not None and req.model != state.model_id:
+        raise unknown_model(req.model, state)
+    if req.n != 1:
+        raise APIError(400, f"n={req.n}: this server returns one choice per request", param="n")
+    if getattr(req, "best_of", None) not in (None, 1):
+        raise APIError(400, "best_of must be 1 (one choice per request)", param="best_of")
+    bad = unsupported_fields(req)
+    if bad:
+        raise APIError(400, f"'{bad[0]}' is not supported by this server", param=bad[0])
+    return req
+
+
+def prepare(engine: Engine, req: ChatRequest | CompletionRequest) -> TokenStream:
+    """Check the request against the engine and make its token stream (runs in a thread: it
+    renders the chat template and tokenizes; it does not touch the context)."""
+    if isinstance(req, ChatRequest):
+        param = "messages"
+        try:
+            prompt: Any = engine.format_chat([m.as_template_message() for m in req.messages])
+        except ChatTemplateError as e:
+            raise APIError(400, str(e), param=param) from None
+        limit = req.token_limit if req.token_limit is not None else engine.n_ctx
+    else:
+        param, prompt, limit = "prompt", req.prompt, req.token_limit
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise APIError(400, "prompt: give one prompt per request", param=param)
+            prompt = prompt[0]
+    try:
+        kwargs = req.engine_kwargs(limit)
+        return engine.stream_tokens(prompt, logprobs=req.engine_logprobs, **kwargs)
+    except PowerInferError as e:
+        raise from_engine(e, param) from None
+
+
+async def completion(request: Request, state: ServerState, kind: type) -> Response:
+    check_key(request, state)
+    req = await parse(request, kind)
+    steps = await anyio.to_thread.run_sync(prepare, state.engine, req)
+    chat = kind is ChatRequest
+    rid = f"{'chatcmpl' if chat else 'cmpl'}-{state.worker.next_id()}"
+    job = Job(rid, steps, asyncio.get_running_loop())
+    try:
+        state.worker.submit(job)
+    except QueueFull as e:
+        steps.close()
+        raise APIError(429, str(e), type="rate_limit_error", code="queue_full") from None
+    watcher = asyncio.create_task(watch_disconnect(request, job))
+    env = Envelope(rid, state.model_id, chat)
+    text_of = TokenText(state.engine.tokenizer) if req.engine_logprobs is not None else None
+    if req.stream:
+        chunks = ChunkMaker(env, text_of, req.include_usage)
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(
+            event_stream(job, chunks, watcher), media_type="text/event-stream", headers=headers
+        )
+    try:
+        text, taken, done = await collect(job)
+    finally:
+        watcher.cancel()
+        job.cancel()
+    if done.error is not None:
+        raise failure(done)
+    return JSONResponse(full_response(env, text, taken, done, text_of))
+
+
+@api_route
+async def chat_completions(request: Request, state: ServerState) -> Response:
+    return await completion(request, state, ChatRequest)
+
+
+@api_route
+async def completions(request: Request, state: ServerState) -> Response:
+    return await completion(request, state, CompletionRequest)
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own errors (no such route, wrong method) in OpenAI's shape."""
+    status = exc.status_code if isinstance(exc, HTTPException) else 500
+    detail = exc.detail if isinstance(exc, HTTPException) else "internal server error"
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return error_response(
+        APIError(status, f"{request.method} {request.url.path}: {detail}", type=kind)
+    )
+
+
+def create_app(
+    engine: Engine,
+    *,
+    model_id: str,
+    api_key: str | None = None,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+) -> Starlette:
+    """The OpenAI-compatible application serving ``engine`` as ``model_id``."""
+    state = ServerState(engine, model_id, api_key, max_queue)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette):
+        state.worker.start()
+        try:
+            yield
+        finally:
+            await anyio.to_thread.run_sync(state.worker.stop)
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", get_model, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+    ]
+    app = Starlette(
+        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
+    )
+    app.state.server = state
+    return app

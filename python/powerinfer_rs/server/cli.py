@@ -1,0 +1,80 @@
+"""``python -m powerinfer_rs serve``: its arguments and the uvicorn run. The ASGI stack is
+imported only when the server starts, so the rest of the command line works without it."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+from .._lazy import optional_import
+
+SERVER_EXTRA = "pip install 'powerinfer-rs[server]'"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The server's own options (the model options come from the main command line)."""
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (8000)")
+    p.add_argument("--plan", default=None, help="placement plan (python -m powerinfer_rs.plan)")
+    p.add_argument("--device", default="cpu", help="cpu (default), gpu-sim, cuda or cuda:N")
+    p.add_argument("--vram-budget", default=None, help="VRAM budget for --plan, e.g. 8GiB")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("POWERINFER_RS_API_KEY"),
+        help="require 'Authorization: Bearer KEY' (default: $POWERINFER_RS_API_KEY; none)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=64,
+        help="requests that may wait for the engine; more are answered 429 (64)",
+    )
+    p.add_argument(
+        "--model-alias", default=None, help="the model's id in the API (default: the file name)"
+    )
+    p.add_argument("--log-level", default="info", help="debug, info (default), warning")
+
+
+def model_id(model: str | None, alias: str | None) -> str:
+    """The id the API serves the model under: ``alias``, else the file or directory name
+    without ``.gguf``."""
+    if alias:
+        return alias
+    if model is None:
+        from ..runtime.default_model import default_model_path
+
+        model = str(default_model_path())
+    name = Path(model).name or Path(model).resolve().name
+    return name[: -len(".gguf")] if name.endswith(".gguf") else name
+
+
+def serve(a: argparse.Namespace, engine_options: dict) -> int:
+    """Load the engine and serve it until interrupted."""
+    uvicorn = optional_import("uvicorn", "serve", SERVER_EXTRA)
+    optional_import("starlette", "serve", SERVER_EXTRA)
+    optional_import("pydantic", "serve", SERVER_EXTRA)
+    from ..runtime.engine import Engine
+    from .app import create_app
+
+    if a.max_queue < 1:
+        raise SystemExit(f"serve: --max-queue must be >= 1, got {a.max_queue}")
+    logging.basicConfig(
+        level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    engine = Engine.from_pretrained(
+        a.model, plan=a.plan, device=a.device, vram_budget=a.vram_budget, **engine_options
+    )
+    name = model_id(a.model, a.model_alias)
+    app = create_app(engine, model_id=name, api_key=a.api_key, max_queue=a.max_queue)
+    logging.getLogger("powerinfer_rs.server").info(
+        "serving %s (%d threads, context %d) on http://%s:%d/v1",
+        name,
+        engine.threads,
+        engine.n_ctx,
+        a.host,
+        a.port,
+    )
+    uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level, access_log=False)
+    return 0

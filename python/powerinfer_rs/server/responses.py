@@ -1,0 +1,191 @@
+"""Response bodies shaped as OpenAI's: chat completions and their stream chunks, text
+completions, usage, finish reasons and log-probabilities."""
+
+from __future__ import annotations
+
+import time
+from functools import lru_cache
+from typing import Any
+
+from ..runtime.streaming import TokenStep
+from ..runtime.tokenizer import Tokenizer
+from .worker import Done
+
+#: The engine's finish reasons as OpenAI's.
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
+
+
+def finish_reason(done: Done) -> str:
+    return FINISH_REASONS.get(done.finish_reason, "stop")
+
+
+def usage(done: Done) -> dict[str, int]:
+    return {
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": done.completion_tokens,
+        "total_tokens": done.prompt_tokens + done.completion_tokens,
+    }
+
+
+@lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: vocabulary character -> byte."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = list(bs)
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+class TokenText:
+    """Text and bytes of single tokens, as the log-probability entries show them."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self._tok = tokenizer
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+
+    def __call__(self, token: int) -> tuple[str, list[int]]:
+        hit = self._cache.get(token)
+        if hit is None:
+            text = self._tok.decode([token])
+            piece = self._tok.id_to_token(token)
+            table = _byte_decoder()
+            if "\ufffd" in text and all(c in table for c in piece):  # part of a character
+                raw = [table[c] for c in piece]
+            else:
+                raw = list(text.encode("utf-8"))
+            hit = self._cache[token] = (text, raw)
+        return hit
+
+
+class Envelope:
+    """The fields every body of one request shares: id, object, created, model."""
+
+    def __init__(self, request_id: str, model: str, chat: bool):
+        self.id = request_id
+        self.model = model
+        self.chat = chat
+        self.created = int(time.time())
+
+    def body(self, obj: str, choices: list, extra: dict | None = None) -> dict[str, Any]:
+        out = {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
+        if extra:
+            out.update(extra)
+        return out
+
+
+def chat_logprobs(steps: list[TokenStep], text_of: TokenText) -> dict[str, Any]:
+    def entry(token: int, lp: float) -> dict[str, Any]:
+        text, raw = text_of(token)
+        return {"token": text, "logprob": lp, "bytes": raw}
+
+    content = []
+    for s in steps:
+        if s.token is None or s.logprob is None:
+            continue
+        item = entry(s.token, s.logprob)
+        item["top_logprobs"] = [entry(i, lp) for i, lp in s.top_logprobs]
+        content.append(item)
+    return {"content": content, "refusal": None}
+
+
+def completion_logprobs(
+    steps: list[TokenStep], text_of: TokenText, offset: int = 0
+) -> dict[str, Any]:
+    tokens, lps, tops, offsets = [], [], [], []
+    for s in steps:
+        if s.token is None or s.logprob is None:
+            continue
+        text = text_of(s.token)[0]
+        tokens.append(text)
+        lps.append(s.logprob)
+        tops.append({text_of(i)[0]: lp for i, lp in s.top_logprobs})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def full_response(
+    env: Envelope,
+    text: str,
+    steps: list[TokenStep],
+    done: Done,
+    text_of: TokenText | None,
+) -> dict[str, Any]:
+    """The non-streamed body."""
+    if env.chat:
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "refusal": None},
+            "logprobs": chat_logprobs(steps, text_of) if text_of else None,
+            "finish_reason": finish_reason(done),
+        }
+        obj = "chat.completion"
+    else:
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": completion_logprobs(steps, text_of) if text_of else None,
+            "finish_reason": finish_reason(done),
+        }
+        obj = "text_completion"
+    return env.body(obj, [choice], {"usage": usage(done)})
+
+
+class ChunkMaker:
+    """The bodies of a streamed response: one chunk per text piece, a last one with the finish
+    reason, and with ``include_usage`` a usage chunk (every chunk then has ``usage: null``)."""
+
+    def __init__(self, env: Envelope, text_of: TokenText | None, include_usage: bool):
+        self.env = env
+        self.text_of = text_of
+        self.include_usage = include_usage
+        self.offset = 0
+
+    def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
+        extra = {"usage": None} if self.include_usage else None
+        obj = "chat.completion.chunk" if self.env.chat else "text_completion"
+        return self.env.body(obj, [choice], extra)
+
+    def first(self) -> dict[str, Any] | None:
+        """The chat stream's opening chunk (the assistant role); none for completions."""
+        if not self.env.chat:
+            return None
+        delta = {"role": "assistant", "content": ""}
+        return self._chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": None})
+
+    def piece(self, text: str, steps: list[TokenStep]) -> dict[str, Any]:
+        return self._piece(text, steps, None)
+
+    def last(self, text: str, steps: list[TokenStep], done: Done) -> dict[str, Any]:
+        return self._piece(text, steps, finish_reason(done))
+
+    def _piece(self, text: str, steps: list[TokenStep], reason: str | None) -> dict[str, Any]:
+        if self.env.chat:
+            lps = chat_logprobs(steps, self.text_of) if self.text_of and steps else None
+            delta = {"content": text} if text or reason is None else {}
+            choice = {"index": 0, "delta": delta, "logprobs": lps, "finish_reason": reason}
+        else:
+            lps = None
+            if self.text_of and steps:
+                lps = completion_logprobs(steps, self.text_of, self.offset)
+            choice = {"index": 0, "text": text, "logprobs": lps, "finish_reason": reason}
+        self.offset += len(text)
+        return self._chunk(choice)
+
+    def usage(self, done: Done) -> dict[str, Any] | None:
+        if not self.include_usage:
+            return None
+        obj = "chat.completion.chunk" if self.env.chat else "text_completion"
+        return self.env.body(obj, [], {"usage": usage(done)})

@@ -1,0 +1,144 @@
+"""Request bodies of the OpenAI endpoints (pydantic models, validated strictly: a number sent as
+a string is refused, not coerced). Fields the engine has no use for (``user``, ``metadata``,
+...) are ignored; fields asking for something it does not do (``tools``, ``logit_bias``, ...)
+are refused by :func:`unsupported_fields`."""
+
+# ruff: noqa: UP007, UP045 (pydantic evaluates these annotations at run time; Python 3.9
+# cannot evaluate `X | Y`)
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: The most top log-probabilities a chat request may ask for (OpenAI's limit; completions: 5).
+MAX_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5
+#: Stop strings per request.
+MAX_STOPS = 16
+
+NonNegInt = Annotated[int, Field(ge=0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    include_usage: bool = False
+
+
+class TextPart(BaseModel):
+    """One part of a message's content given as a list (only text parts are understood)."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: str
+    content: Union[str, list[TextPart], None] = None
+
+    def as_template_message(self) -> dict[str, Any]:
+        """The ``{"role", "content"}`` dict the chat template gets (text parts joined)."""
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(p.text for p in content)
+        return {"role": self.role, "content": content or ""}
+
+
+class SamplingFields(BaseModel):
+    """Fields both endpoints share. ``top_k``, ``repetition_penalty`` and ``ignore_eos`` are
+    extensions (llama.cpp's and vLLM's servers take them too; pass them with the openai client's
+    ``extra_body``)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: Optional[str] = None
+    max_tokens: Optional[NonNegInt] = None
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    top_k: NonNegInt = 0
+    seed: Optional[NonNegInt] = None
+    stop: Union[str, Annotated[list[str], Field(max_length=MAX_STOPS)], None] = None
+    presence_penalty: Penalty = 0.0
+    frequency_penalty: Penalty = 0.0
+    repetition_penalty: Annotated[float, Field(gt=0.0)] = 1.0
+    n: Annotated[int, Field(ge=1)] = 1  # one choice per request: n > 1 is refused
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    ignore_eos: bool = False
+    # Asked-for features the engine does not have: refused when given a value.
+    tools: Optional[Any] = None
+    functions: Optional[Any] = None
+    logit_bias: Optional[Any] = None
+    response_format: Optional[Any] = None
+
+    def engine_kwargs(self, max_new_tokens: int) -> dict[str, Any]:
+        """Keyword arguments of :meth:`~powerinfer_rs.Engine.stream_tokens`."""
+        return {
+            "max_new_tokens": max_new_tokens,
+            "temperature": self.temperature,
+            "top_k": self.top_k,
+            "top_p": self.top_p,
+            "repetition_penalty": self.repetition_penalty,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "seed": self.seed,
+            "stop": self.stop,
+            "ignore_eos": self.ignore_eos,
+        }
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatRequest(SamplingFields):
+    """``POST /v1/chat/completions``."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Optional[NonNegInt] = None
+    logprobs: bool = False
+    top_logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)]] = None
+
+    @property
+    def token_limit(self) -> Optional[int]:
+        return (
+            self.max_completion_tokens
+            if self.max_completion_tokens is not None
+            else (self.max_tokens)
+        )
+
+    @property
+    def engine_logprobs(self) -> Optional[int]:
+        """``logprobs`` of :meth:`~powerinfer_rs.Engine.stream_tokens`: top alternatives."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class CompletionRequest(SamplingFields):
+    """``POST /v1/completions``: one prompt (a string, a list of one string, or token ids)."""
+
+    prompt: Union[str, list[int], list[str]]
+    logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_COMPLETION_LOGPROBS)]] = None
+    echo: bool = False
+    suffix: Optional[str] = None
+    best_of: Optional[Annotated[int, Field(ge=1)]] = None
+
+    @property
+    def token_limit(self) -> int:
+        return 16 if self.max_tokens is None else self.max_tokens  # OpenAI's default
+
+    @property
+    def engine_logprobs(self) -> Optional[int]:
+        """``logprobs`` of :meth:`~powerinfer_rs.Engine.stream_tokens`: top alternatives."""
+        return self.logprobs
+
+
+def unsupported_fields(req: SamplingFields) -> list[str]:
+    """Names of the fields ``req`` sets that ask for something the server does not do."""
+    names = ["tools", "functions", "logit_bias", "response_format"]
+    if isinstance(req, CompletionRequest):
+        names += ["suffix"]
+        if req.echo:
+            return [n for n in names if getattr(req, n)] + ["echo"]
+    return [n for n in names if getattr(req, n)]

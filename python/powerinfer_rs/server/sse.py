@@ -1,0 +1,81 @@
+"""Reading a job's events on the event loop: the whole answer, or server-sent events (one
+``data: {json}`` per chunk, ending in ``data: [DONE]``); and the watch for a client that goes
+away, which cancels the job."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+
+from ..runtime.streaming import TokenStep
+from .errors import APIError
+from .responses import ChunkMaker
+from .worker import Done, Job
+
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+def sse(body: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(body, ensure_ascii=False).encode() + b"\n\n"
+
+
+def failure(done: Done) -> APIError:
+    """The error a job that failed in the engine answers with (no traceback)."""
+    e = done.error
+    return APIError(500, f"generation failed: {type(e).__name__}: {e}", type="server_error")
+
+
+async def watch_disconnect(request: Request, job: Job) -> None:
+    """Cancel ``job`` when the client disconnects (run as a task; cancelled when the answer is
+    complete)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            job.cancel()
+            return
+
+
+async def collect(job: Job) -> tuple[str, list[TokenStep], Done]:
+    """Wait for the whole generation: its text, its steps and how it ended."""
+    texts: list[str] = []
+    steps: list[TokenStep] = []
+    while True:
+        event = await job.events.get()
+        if isinstance(event, Done):
+            return "".join(texts), steps, event
+        texts.append(event.text)
+        steps.append(event)
+
+
+async def event_stream(job: Job, chunks: ChunkMaker, watcher: asyncio.Task) -> AsyncIterator[bytes]:
+    """The body of a streamed answer. Steps whose text is held back (part of a character or of
+    a possible stop string) travel with the next chunk that has text."""
+    try:
+        first = chunks.first()
+        if first is not None:
+            yield sse(first)
+        text, steps = "", []
+        while True:
+            event = await job.events.get()
+            if isinstance(event, Done):
+                break
+            text += event.text
+            steps.append(event)
+            if text:
+                yield sse(chunks.piece(text, steps))
+                text, steps = "", []
+        if event.error is not None:
+            yield sse(failure(event).body())
+        else:
+            yield sse(chunks.last(text, steps, event))
+            usage = chunks.usage(event)
+            if usage is not None:
+                yield sse(usage)
+        yield DONE_EVENT
+    finally:
+        watcher.cancel()
+        job.cancel()

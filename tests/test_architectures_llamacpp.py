@@ -1,0 +1,104 @@
+"""Every family's GGUF against llama.cpp (llama-cpp-python; skipped when it is not installed):
+a tiny random-weight F32 file written by our synthetic writer with llama.cpp's architecture,
+keys and tensor names, run by llama.cpp with an F32 KV cache. Logits within 1e-4 at every
+position, and 32 greedy tokens identical.
+
+Gemma's GELU: ggml's CPU GELU reads a table over f16 inputs (f16 results), which moves
+llama.cpp's logits by a few 1e-4 from the exact function. There the float64 reference with the
+same rounding must match llama.cpp within 2e-5 relative (so llama.cpp computes the family as
+the reference does), and the engine the exact reference within 1e-5.
+
+llama.cpp runs Mistral as its "llama" architecture and ignores a sliding window there, so the
+Mistral file's window (64) is wider than the sequences here; the window itself is checked
+against the float64 reference in test_architectures.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_architectures import ARCHS as FAMILY_ARGS
+
+from powerinfer_rs import Engine
+from powerinfer_rs.loading import load_model
+
+import reference
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+#: |engine - llama.cpp| on the logits (F32 weights and KV cache on both sides).
+LOGITS_ATOL = 1e-4
+GGML_TYPE_F32 = 0
+ARCHS = {
+    "llama": {},
+    **FAMILY_ARGS,
+    "mistral": {"sliding_window": 64},
+}
+GELU_FAMILIES = ("gemma2", "gemma3", "falcon")
+
+
+def rel(a, b) -> float:
+    return float(np.linalg.norm(np.asarray(a) - b) / np.linalg.norm(b))
+
+
+def reference_with_f16_gelu(model, ids) -> np.ndarray:
+    """The float64 reference with GELU's input and output rounded to f16, as ggml's table."""
+    exact = reference.activation
+
+    def rounded(name, x):
+        y = exact(name, x.astype(np.float16).astype(np.float64))
+        return y.astype(np.float16).astype(np.float64)
+
+    reference.activation = rounded
+    try:
+        return reference.reference_forward(model, ids)[0]
+    finally:
+        reference.activation = exact
+
+
+def open_llama(path, n_ctx: int):
+    return llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=n_ctx,
+        n_threads=2,
+        n_threads_batch=2,
+        logits_all=True,
+        type_k=GGML_TYPE_F32,
+        type_v=GGML_TYPE_F32,
+        verbose=False,
+    )
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_logits_and_greedy_tokens_match_llama_cpp(synth_gguf, arch):
+    gelu = arch in GELU_FAMILIES
+    act = "gelu" if gelu else "silu"
+    path = synth_gguf(dtype="F32", activation=act, arch=arch, seed=11, **ARCHS[arch])
+    model = load_model(path)
+    prompt = [int(t) for t in np.random.default_rng(2).integers(3, model.config.vocab_size, 12)]
+    llm = open_llama(path, 64)
+    llm.eval(prompt)
+    want = np.asarray(llm.scores[: len(prompt)])
+    eng = Engine(model, threads=2)
+    got = eng.logits(prompt)
+    if gelu:
+        assert rel(reference_with_f16_gelu(model, prompt), want) <= 2e-5
+        assert rel(got, reference.reference_logits(model, prompt)) <= 1e-6
+        assert rel(got, want) <= 1e-4
+    else:
+        assert np.abs(got - want).max() <= LOGITS_ATOL
+
+    # 32 greedy tokens on both sides from the same prompt.
+    llm.reset()
+    llm.eval(prompt)
+    ref_toks = []
+    for _ in range(32):
+        t = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        ref_toks.append(t)
+        llm.eval([t])
+    eng.reset()
+    logits = eng.prefill(prompt)
+    toks = []
+    for _ in range(32):
+        toks.append(int(np.argmax(logits)))
+        logits = eng.prefill([toks[-1]])
+    assert toks == ref_toks
