@@ -207,6 +207,7 @@ def test_huge_block_count_fails_fast(tmp_path):
     shape = dict(dim=8, ffn=16, layers=1, heads=2, kv_heads=1, vocab=260)
     pi = write_powerinfer_gguf(tmp_path / "pi.gguf", **shape)
     plain = write_gguf_model(tmp_path / "plain.gguf", dtype="F32", **shape)
+
     def hung(signum, frame):
         raise TimeoutError("the loader still walks the layers (took over 60 s)")
 
