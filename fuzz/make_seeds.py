@@ -107,6 +107,11 @@ def main() -> int:
             dtype="F16",
         )
         put("powerinfer_gguf", "pwri-d8-f16-l1.gguf", (tmp / "pi.gguf").read_bytes())
+        from powerinfer_rs.testing.synth import write_gguf_model
+
+        shape = dict(dim=8, ffn=16, layers=1, heads=2, kv_heads=1, vocab=260)
+        plain = write_gguf_model(tmp / "m.gguf", dtype="F16", **shape)
+        put("gguf_model", "llama-d8-f16-l1.gguf", plain.read_bytes())
 
         from safetensors.numpy import save_file
 

@@ -233,3 +233,16 @@ def test_hf_chat_template_list_with_unhashable_name(tmp_path):
 
     cfg = {"chat_template": [{"name": ["x"], "template": "bad"}, {"name": "tool", "template": "t"}]}
     assert _chat_template(tmp_path, cfg) == "t"
+
+
+def test_hf_index_shard_name_too_long_is_model_file_error(tmp_path):
+    """fuzz_hf_dir: a ``weight_map`` shard name longer than the file system allows raised a raw
+    ``OSError: [Errno 36] File name too long`` from ``Path.is_file()``."""
+    import json
+
+    from powerinfer_rs.loading.hf_loader import _weight_files
+
+    index = {"weight_map": {"model.norm.weight": "m" * 300 + ".safetensors"}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(ModelFileError, match="is missing"):
+        _weight_files(tmp_path)

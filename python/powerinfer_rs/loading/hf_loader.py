@@ -173,8 +173,12 @@ def _weight_files(d: Path) -> list[Path]:
         files = []
         for name in dict.fromkeys(wm.values()):
             f = d / name
-            if Path(name).name != name or not f.is_file():
-                raise ModelFileError(f"{index}: shard {name!r} is missing")
+            try:
+                found = Path(name).name == name and f.is_file()
+            except OSError:  # a name too long for the file system, ...
+                found = False
+            if not found:
+                raise ModelFileError(f"{index}: shard {name[:200]!r} is missing")
             files.append(f)
         return files
     single = d / "model.safetensors"
