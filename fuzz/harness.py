@@ -116,7 +116,15 @@ def safetensors_mutator(data: bytes, max_size: int, seed: int) -> bytes:
             raw = meta[key].encode()
             meta[key] = atheris.Mutate(raw, max(len(raw) * 2, 64)).decode("utf-8", "replace")
             header = json.dumps(doc).encode()
-        except (ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError):
+        # the mutator's own parse of a header it mutated (deep nesting included) is no finding
+        except (
+            ValueError,
+            KeyError,
+            TypeError,
+            AttributeError,
+            ZeroDivisionError,
+            RecursionError,
+        ):
             return atheris.Mutate(data, max_size)
     else:
         body = atheris.Mutate(body, max(len(body) * 2, 64))
