@@ -90,6 +90,9 @@ PLAN_EDITS = {
     "float bucket": lambda j: j.update(bucket=2.5),
     "float ffn_buckets": lambda j: j["placement"].update(ffn_buckets=[3.7, 3]),
     "bool context": lambda j: j.update(context=True),
+    # fuzz_plan: AttributeError ('int' object has no attribute 'get') in gpu_bytes
+    "bytes.gpu not an object": lambda j: j.update(bytes={"gpu": 5}),
+    "bytes.gpu.total not a count": lambda j: j.update(bytes={"gpu": {"total": [1]}}),
 }
 
 

@@ -73,6 +73,10 @@ class Plan:
     def validate(self, source: str = "plan") -> None:
         """Check the neuron tables against the placement; :class:`PlanError` otherwise."""
         pl, n = self.placement, self.n_layers
+        gpu = self.bytes.get("gpu", {})
+        total = gpu.get("total", 0) if isinstance(gpu, dict) else None
+        if isinstance(total, bool) or not isinstance(total, int) or total < 0:
+            raise PlanError(f"{source}: bytes.gpu.total must be a non-negative integer")
         for what, items in (
             ("placement.attention", pl.attention),
             ("placement.predictor", pl.predictor),
