@@ -14,7 +14,7 @@ macro_rules! by_level {
     ($level:expr, avx2 => $avx2:expr, scalar => $scalar:expr $(,)?) => {
         match $level {
             #[cfg(target_arch = "x86_64")]
-            Level::Avx2 => $avx2,
+            Level::Avx2 | Level::Avx512 => $avx2,
             Level::Scalar => $scalar,
         }
     };
@@ -122,6 +122,13 @@ impl<'a> Activations<'a> {
         }
     }
 
+    /// Whether the 512-bit kernels run (the AVX-512 level).
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    fn wide(&self) -> bool {
+        self.level == Level::Avx512
+    }
+
     /// The int16 x, where quantized rows of `dtype` take the int16-x kernel.
     #[cfg(target_arch = "x86_64")]
     #[inline]
@@ -133,7 +140,7 @@ impl<'a> Activations<'a> {
     pub(crate) fn rows_dot(&self, dtype: DType, rows: &[u8], row_bytes: usize, out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
         if let Some(xq) = self.int16(dtype) {
-            return avx2::rows_dot_i16(dtype, rows, row_bytes, xq, out);
+            return avx2::rows_dot_i16(dtype, rows, row_bytes, xq, out, self.wide());
         }
         rows_dot(self.level, dtype, rows, row_bytes, self.x, out)
     }
@@ -145,7 +152,7 @@ impl<'a> Activations<'a> {
         debug_assert!(rows.len() == out.len() && rows.len() <= GROUP && next.len() <= GROUP);
         #[cfg(target_arch = "x86_64")]
         if let Some(xq) = self.int16(dtype) {
-            return avx2::scattered_dot_i16(dtype, rows, next, xq, out);
+            return avx2::scattered_dot_i16(dtype, rows, next, xq, out, self.wide());
         }
         by_level!(self.level,
             avx2 => avx2::dot_group(dtype, rows, next, self.x, out),

@@ -1,11 +1,16 @@
 //! Which SIMD path the kernels take: CPU features detected once per process (cached in a
-//! `OnceLock`), overridable with `POWERINFER_SIMD=scalar` (read once, at the first kernel call).
+//! `OnceLock`), overridable with `POWERINFER_SIMD=scalar` or `POWERINFER_SIMD=avx2` (read once,
+//! at the first kernel call). The AVX-512 level runs the AVX2 kernels everywhere except the hot
+//! products that have a 512-bit form (see `kernels::avx2::wide`).
 
 use std::sync::OnceLock;
 
 /// The instruction-set level the dispatched kernels use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Level {
+    /// x86-64 with AVX-512 F/BW/VL/VNNI besides AVX2, FMA and F16C.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
     /// x86-64 with AVX2, FMA and F16C.
     #[cfg(target_arch = "x86_64")]
     Avx2,
@@ -14,9 +19,16 @@ pub(crate) enum Level {
 }
 
 impl Level {
+    /// Whether this is one of the x86-64 SIMD levels (which share the AVX2 kernels).
+    pub(crate) const fn is_x86_simd(self) -> bool {
+        !matches!(self, Level::Scalar)
+    }
+
     /// Human-readable name for logs and benches.
     pub(crate) const fn name(self) -> &'static str {
         match self {
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx512 => "avx512+vnni",
             #[cfg(target_arch = "x86_64")]
             Level::Avx2 => "avx2+fma+f16c",
             Level::Scalar => "scalar",
@@ -24,10 +36,11 @@ impl Level {
     }
 }
 
-/// The environment variable that forces the scalar path when set to `scalar`.
+/// The environment variable that caps the level: `scalar` (portable Rust) or `avx2` (no 512-bit
+/// kernels even where the CPU has them).
 pub const SIMD_ENV: &str = "POWERINFER_SIMD";
 
-/// The active SIMD path: `"avx2+fma+f16c"` or `"scalar"`.
+/// The active SIMD path: `"avx512+vnni"`, `"avx2+fma+f16c"` or `"scalar"`.
 pub fn simd_level() -> &'static str {
     level().name()
 }
@@ -36,13 +49,12 @@ pub fn simd_level() -> &'static str {
 pub(crate) fn level() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
     *LEVEL.get_or_init(|| {
-        let forced_scalar = std::env::var(SIMD_ENV)
-            .map(|v| v.eq_ignore_ascii_case("scalar"))
-            .unwrap_or(false);
-        if forced_scalar {
-            Level::Scalar
-        } else {
-            detect()
+        let cap = std::env::var(SIMD_ENV).unwrap_or_default();
+        match (cap.to_ascii_lowercase().as_str(), detect()) {
+            ("scalar", _) => Level::Scalar,
+            #[cfg(target_arch = "x86_64")]
+            ("avx2", Level::Avx512) => Level::Avx2,
+            (_, best) => best,
         }
     })
 }
@@ -51,6 +63,10 @@ pub(crate) fn level() -> Level {
 #[cfg(test)]
 pub(crate) fn available() -> Vec<Level> {
     let mut levels = vec![detect()];
+    #[cfg(target_arch = "x86_64")]
+    if levels[0] == Level::Avx512 {
+        levels.push(Level::Avx2);
+    }
     if levels[0] != Level::Scalar {
         levels.push(Level::Scalar);
     }
@@ -61,10 +77,11 @@ pub(crate) fn available() -> Vec<Level> {
 pub(crate) fn detect() -> Level {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
-        {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx2") && has!("fma") && has!("f16c") {
+            if has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni") {
+                return Level::Avx512;
+            }
             return Level::Avx2;
         }
     }
@@ -87,6 +104,6 @@ mod tests {
 
     #[test]
     fn simd_level_is_named() {
-        assert!(["avx2+fma+f16c", "scalar"].contains(&simd_level()));
+        assert!(["avx512+vnni", "avx2+fma+f16c", "scalar"].contains(&simd_level()));
     }
 }

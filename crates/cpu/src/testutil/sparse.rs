@@ -80,8 +80,8 @@ pub(crate) fn down_scale(down: &Weight, idx: &[u32], coef: &[f64]) -> Vec<f64> {
 pub(crate) fn rounding_slack(level: Level, down: &Weight, idx: &[u32], coef: &[f64]) -> Vec<f64> {
     let mut slack = vec![0f64; down.cols];
     let qs = match (level, down.dtype) {
-        (Level::Avx2, DType::Q4_0) => 2,
-        (Level::Avx2, DType::Q4_1) => 4,
+        (Level::Avx2 | Level::Avx512, DType::Q4_0) => 2,
+        (Level::Avx2 | Level::Avx512, DType::Q4_1) => 4,
         _ => return slack,
     };
     let bb = down.dtype.block_bytes();

@@ -27,7 +27,7 @@ pub(crate) struct XQuant {
     /// Per block: x ≈ scale · q.
     pub(super) scale: Vec<f32>,
     /// Per block: Σx (in f32, from the unquantized x), for the Q4_1 min term.
-    sum: Vec<f32>,
+    pub(super) sum: Vec<f32>,
     /// Per 16-value half-block: Σx (in f32), for the K-quants' min terms.
     pub(super) sum16: Vec<f32>,
     /// Per block: 8·q summed in the lane pattern of the dot's two `pmaddwd` (eight i32 lanes),
@@ -150,7 +150,11 @@ pub(super) unsafe fn quant_rows_i16<Q: QuantFormat, const R: usize, const FETCH:
 
 /// Hint the cache to fetch blocks `b0..b0 + n` of each row starting at `next[i]`.
 #[inline(always)]
-fn fetch_chunk<Q: QuantFormat, const R: usize>(next: &[*const u8; R], b0: usize, n: usize) {
+pub(super) fn fetch_chunk<Q: QuantFormat, const R: usize>(
+    next: &[*const u8; R],
+    b0: usize,
+    n: usize,
+) {
     let (start, end) = (b0 * Q::BLOCK_BYTES, (b0 + n) * Q::BLOCK_BYTES);
     for q in next {
         let mut off = start & !63;
@@ -276,9 +280,11 @@ mod tests {
                 let xq = XQuant::new(&x).unwrap();
                 let mut y = vec![f32::NAN; 6];
                 let row_bytes = dtype.row_bytes(cols).unwrap();
-                super::super::rows_dot_i16(dtype, w.bytes(), row_bytes, &xq, &mut y);
-                for (r, &got) in y.iter().enumerate() {
-                    assert_dot_close(got, dtype, w.row(r), &x, "int16 chunks");
+                for wide in super::super::wide_choices() {
+                    super::super::rows_dot_i16(dtype, w.bytes(), row_bytes, &xq, &mut y, wide);
+                    for (r, &got) in y.iter().enumerate() {
+                        assert_dot_close(got, dtype, w.row(r), &x, "int16 chunks");
+                    }
                 }
             }
         }
@@ -302,7 +308,9 @@ mod tests {
         let xq = XQuant::new(&x).unwrap();
         let mut y = vec![f32::NAN; rows];
         let row_bytes = DType::Q4_0.row_bytes(32 * blocks).unwrap();
-        super::super::rows_dot_i16(DType::Q4_0, &bytes, row_bytes, &xq, &mut y);
-        assert_eq!(y, vec![0.0; rows]);
+        for wide in super::super::wide_choices() {
+            super::super::rows_dot_i16(DType::Q4_0, &bytes, row_bytes, &xq, &mut y, wide);
+            assert_eq!(y, vec![0.0; rows]);
+        }
     }
 }

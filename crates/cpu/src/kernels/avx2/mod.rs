@@ -14,6 +14,7 @@ mod quant;
 mod read;
 mod rows;
 mod tile;
+mod wide;
 
 use crate::ops::attend::Head;
 use formats::{with_format, with_rows, Format};
@@ -51,9 +52,24 @@ horizontal!(
     hmax, _mm_max_ps, _mm_max_ss
 );
 
+/// The `wide` arguments to test on this CPU: false, and true where it has the AVX-512 level.
+#[cfg(test)]
+pub(crate) fn wide_choices() -> Vec<bool> {
+    let mut v = vec![false];
+    if crate::simd::detect() == crate::simd::Level::Avx512 {
+        v.push(true);
+    }
+    v
+}
+
+/// Panic unless this CPU really has the AVX-512 level (a debug-build guard for `wide` calls).
+fn debug_check_wide(wide: bool) {
+    debug_assert!(!wide || crate::simd::detect() == crate::simd::Level::Avx512);
+}
+
 /// Panic unless this CPU really has the features (a debug-build guard).
 fn debug_check_level() {
-    debug_assert_eq!(crate::simd::detect(), crate::simd::Level::Avx2);
+    debug_assert!(crate::simd::detect().is_x86_simd());
 }
 
 /// out[i] = dot(row i, x) over consecutive rows of `row_bytes` bytes (sizes checked by callers).
@@ -90,15 +106,18 @@ unsafe fn rows_with<F: Format>(base: *const u8, row_bytes: usize, x: &[f32], out
 }
 
 /// out[i] = dot(row i, x) for consecutive quantized rows, on the int16-quantized x
-/// (see [`int16`]); `dtype` must be quantized.
+/// (see [`int16`]); `dtype` must be quantized. `wide`: take the 512-bit kernels (only on the
+/// AVX-512 level).
 pub(crate) fn rows_dot_i16(
     dtype: DType,
     rows: &[u8],
     row_bytes: usize,
     xq: &XQuant,
     out: &mut [f32],
+    wide: bool,
 ) {
     debug_check_level();
+    debug_check_wide(wide);
     let want = dtype.row_bytes(32 * xq.blocks()).unwrap_or(usize::MAX);
     assert!(dtype.is_quantized() && rows.len() >= out.len() * row_bytes && row_bytes >= want);
     let base = rows.as_ptr();
@@ -118,26 +137,28 @@ pub(crate) fn rows_dot_i16(
             std::array::from_fn(|i| base.wrapping_add((next + i) * row_bytes));
         // SAFETY: features detected by the dispatcher; the assert keeps rows g·QROWS.. inside
         // `rows`, each with xq.blocks() blocks; `q` is only prefetched.
-        unsafe { int16_rows::<QROWS, true>(dtype, &p, &q, xq, o) };
+        unsafe { int16_rows::<QROWS, true>(dtype, &p, &q, xq, o, wide) };
     }
     for (i, o) in out.iter_mut().enumerate().skip(full) {
         let p = [base.wrapping_add(i * row_bytes)];
         // SAFETY: as above, for the single row i.
-        unsafe { int16_rows::<1, false>(dtype, &p, &p, xq, std::slice::from_mut(o)) };
+        unsafe { int16_rows::<1, false>(dtype, &p, &p, xq, std::slice::from_mut(o), wide) };
     }
 }
 
 /// out[i] = dot(rows[i], x) for up to 8 scattered quantized rows (each at least `xq.blocks()`
 /// blocks of `dtype`) on the int16-quantized x, fetching the `next` rows (up to as many, read
-/// next by the caller) into the cache in step.
+/// next by the caller) into the cache in step. `wide` as for [`rows_dot_i16`].
 pub(crate) fn scattered_dot_i16(
     dtype: DType,
     rows: &[&[u8]],
     next: &[&[u8]],
     xq: &XQuant,
     out: &mut [f32],
+    wide: bool,
 ) {
     debug_check_level();
+    debug_check_wide(wide);
     let want = dtype.row_bytes(32 * xq.blocks()).unwrap_or(usize::MAX);
     assert!(
         dtype.is_quantized()
@@ -151,16 +172,42 @@ pub(crate) fn scattered_dot_i16(
         let q: [*const u8; R] = std::array::from_fn(|i| next.get(i).map_or(p[i], |r| r.as_ptr()));
         // SAFETY: features detected by the dispatcher; the assert keeps every row's blocks
         // readable; `q` is only prefetched.
-        unsafe { int16_rows::<R, true>(dtype, &p, &q, xq, out) }
+        unsafe { int16_rows::<R, true>(dtype, &p, &q, xq, out, wide) }
     })
 }
 
-/// The int16 kernel of `dtype` on `R` rows.
+/// The int16 kernel of `dtype` on `R` rows (`wide`: its 512-bit form where it has one).
 ///
 /// # Safety
-/// As for [`int16::quant_rows_i16`]; `dtype` quantized.
+/// As for [`int16::quant_rows_i16`]; `dtype` quantized; `wide` only on the AVX-512 level.
 #[inline]
 unsafe fn int16_rows<const R: usize, const FETCH: bool>(
+    dtype: DType,
+    p: &[*const u8; R],
+    next: &[*const u8; R],
+    xq: &XQuant,
+    out: &mut [f32],
+    wide: bool,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match (wide, dtype) {
+            (true, DType::Q8_0) => wide::quant_rows_i16::<Q8_0, R, FETCH>(p, next, xq, out),
+            (true, DType::Q4_0) => wide::quant_rows_i16::<Q4_0, R, FETCH>(p, next, xq, out),
+            (true, DType::Q4_1) => wide::quant_rows_i16::<Q4_1, R, FETCH>(p, next, xq, out),
+            (true, DType::Q5_0) => wide::quant_rows_i16::<Q5_0, R, FETCH>(p, next, xq, out),
+            (true, DType::Q5_1) => wide::quant_rows_i16::<Q5_1, R, FETCH>(p, next, xq, out),
+            (_, dtype) => int16_rows_avx2::<R, FETCH>(dtype, p, next, xq, out),
+        }
+    }
+}
+
+/// The AVX2 int16 kernel of `dtype` on `R` rows.
+///
+/// # Safety
+/// As for [`int16_rows`].
+#[inline]
+unsafe fn int16_rows_avx2<const R: usize, const FETCH: bool>(
     dtype: DType,
     p: &[*const u8; R],
     next: &[*const u8; R],

@@ -54,7 +54,7 @@ impl RowGroup {
     /// The group `rows` (fetching `next`), after checking each row holds `weights` weights of
     /// `dtype` and there are `coefs` coefficients or outputs for them.
     fn checked(dtype: DType, rows: &[&[u8]], next: &[&[u8]], weights: usize, coefs: usize) -> Self {
-        debug_assert_eq!(crate::simd::detect(), crate::simd::Level::Avx2);
+        debug_assert!(crate::simd::detect().is_x86_simd());
         let want = dtype.row_bytes(weights).unwrap_or(usize::MAX);
         assert!(rows.len() == coefs && rows.len() <= GROUP && rows.iter().all(|r| r.len() >= want));
         RowGroup::scattered(rows, next)
