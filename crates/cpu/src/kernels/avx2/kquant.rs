@@ -16,7 +16,7 @@ use powerinfer_core::dequantize::k3_scale;
 use std::arch::x86_64::*;
 
 /// Weights per super-block.
-const QK: usize = 256;
+pub(super) const QK: usize = 256;
 
 /// One super-block unpacked (see the module docs).
 #[derive(Clone, Copy)]
@@ -60,14 +60,14 @@ impl Unpacked {
 /// (zeros when the format has no mins).
 #[derive(Clone, Copy)]
 pub(super) struct Factors {
-    scale: [__m256; 2],
-    min: [__m256; 2],
+    pub(super) scale: [__m256; 2],
+    pub(super) min: [__m256; 2],
 }
 
 /// Lanes 0..4 (`lo`) or 4..8 (`hi`) of `v`, each twice: per-32 values as per-16 ones.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn twice(v: __m256) -> [__m256; 2] {
+pub(super) fn twice(v: __m256) -> [__m256; 2] {
     let lo = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3);
     let hi = _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7);
     [

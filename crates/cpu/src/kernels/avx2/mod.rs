@@ -15,6 +15,7 @@ mod read;
 mod rows;
 mod tile;
 mod wide;
+mod wide_k;
 
 use crate::ops::attend::Head;
 use formats::{with_format, with_rows, Format};
@@ -197,6 +198,11 @@ unsafe fn int16_rows<const R: usize, const FETCH: bool>(
             (true, DType::Q4_1) => wide::quant_rows_i16::<Q4_1, R, FETCH>(p, next, xq, out),
             (true, DType::Q5_0) => wide::quant_rows_i16::<Q5_0, R, FETCH>(p, next, xq, out),
             (true, DType::Q5_1) => wide::quant_rows_i16::<Q5_1, R, FETCH>(p, next, xq, out),
+            (true, DType::Q2_K) => wide_k::rows_i16::<kquant::Q2K, R, FETCH>(p, next, xq, out),
+            (true, DType::Q3_K) => wide_k::rows_i16::<kquant::Q3K, R, FETCH>(p, next, xq, out),
+            (true, DType::Q4_K) => wide_k::rows_i16::<kquant::Q4K, R, FETCH>(p, next, xq, out),
+            (true, DType::Q5_K) => wide_k::rows_i16::<kquant::Q5K, R, FETCH>(p, next, xq, out),
+            (true, DType::Q6_K) => wide_k::rows_i16::<kquant::Q6K, R, FETCH>(p, next, xq, out),
             (_, dtype) => int16_rows_avx2::<R, FETCH>(dtype, p, next, xq, out),
         }
     }
