@@ -195,6 +195,24 @@ impl WideK for Q6K {
     }
 }
 
+/// The f32 at `p` in all sixteen lanes, by a broadcasting load: the scales are stored once per
+/// super-block and read back one load per block-row (LLVM otherwise forwards the stored vector
+/// and broadcasts each lane with two shuffles, which cost vector issue slots the load does not).
+///
+/// # Safety
+/// Four bytes readable at `p`, 4-aligned; the CPU has AVX-512F.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn broadcast(p: *const f32) -> __m512 {
+    let v: __m512;
+    // SAFETY: four readable bytes per the caller; the asm only loads.
+    unsafe {
+        std::arch::asm!("vbroadcastss {v}, dword ptr [{p}]", v = out(zmm_reg) v, p = in(reg) p,
+            options(pure, readonly, nostack, preserves_flags));
+    }
+    v
+}
+
 /// out[i] = dot(row i, x) for the `R` K-quant rows starting at `p[i]`, on the int16 x; with
 /// `FETCH`, the rows at `next[i]` are fetched into the cache block by block alongside.
 ///
@@ -266,15 +284,19 @@ pub(super) unsafe fn rows_i16<K: WideK, const R: usize, const FETCH: bool>(
                     let q = K::chunk32(blk, c);
                     for (v, &qv) in q.iter().enumerate().take(per) {
                         let b = per * c + v;
-                        let t = _mm512_cvtepi32_ps(_mm512_dpwssd_epi32(start[b], qv, xv[b]));
+                        let dot = match K::BIAS {
+                            0 => _mm512_madd_epi16(qv, xv[b]),
+                            _ => _mm512_dpwssd_epi32(start[b], qv, xv[b]),
+                        };
+                        let t = _mm512_cvtepi32_ps(dot);
                         // Lanes 0..8 hold weights 0..16 of the block, lanes 8..16 weights 16..32.
                         let d = match K::PER16 {
                             true => _mm512_mask_broadcastss_ps(
-                                _mm512_set1_ps(ds[2 * b]),
+                                broadcast(ds.as_ptr().add(2 * b)),
                                 0xFF00,
                                 _mm_set_ss(ds[2 * b + 1]),
                             ),
-                            false => _mm512_set1_ps(ds[b]),
+                            false => broadcast(ds.as_ptr().add(b)),
                         };
                         *a = _mm512_fmadd_ps(d, t, *a);
                     }
