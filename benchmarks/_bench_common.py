@@ -130,6 +130,20 @@ def machine_info() -> dict:
     return info
 
 
+def busy_cpu_seconds() -> float:
+    """CPU-seconds spent busy by every process on the machine so far (Linux /proc/stat; 0.0
+    elsewhere): with an engine's own CPU time over the same interval, what everyone else used."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+    except OSError:
+        return 0.0
+    ticks = [int(v) for v in fields]
+    # user nice system idle iowait irq softirq steal ...: all but idle and iowait are busy.
+    busy = sum(ticks[:8]) - ticks[3] - ticks[4]
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
 def median(xs):
     s = sorted(xs)
     n = len(s)
