@@ -121,6 +121,73 @@ def bytes_per_token(tb: dict[str, int], layers: int, vocab: int, active: list[fl
     return total
 
 
+def phase_bytes(tb: dict[str, int], layers: int, active: list[float], ours) -> dict[str, float]:
+    """Weight bytes per decode step of each phase the engine times (predictor mode): attention
+    and the output head read whole, the predictors as held, gate/up/down_t the active rows."""
+    b = [f"blk.{i}." for i in range(layers)]
+    out = {
+        "attention": sum(
+            tb[p + k] for p in b for k in ("attn_q", "attn_k", "attn_v", "attn_output", "attn_norm")
+        ),
+        "predictor": 0.0,
+        "gate": sum(a * tb[p + "ffn_gate"] for p, a in zip(b, active)),
+        "up": sum(a * tb[p + "ffn_up"] for p, a in zip(b, active)),
+        "down": sum(a * tb[p + "ffn_down_t"] for p, a in zip(b, active)),
+        "output": tb["output"] + tb["output_norm"],
+    }
+    for lp in (ours.predictors.layers[i] for i in range(layers)):
+        if lp.stored is not None:
+            out["predictor"] += sum(int(t.data.nbytes) for t in lp.stored)
+        else:
+            item = 4 if str(ours.predictors.dtype).upper() == "F32" else 2
+            out["predictor"] += item * (lp.fc1.size + lp.fc2.size)
+    return out
+
+
+def phase_breakdown(engine, tokens: int, need: dict[str, float], bw_gbs: float) -> dict:
+    """Per phase of one timed decode run: ms per token, bytes per token, GB/s, and the time the
+    bytes alone would take at the measured read bandwidth (the phase's floor)."""
+    session = engine._session
+    session.set_phase_timing(True)
+    try:
+        decode_once(engine, [engine.tokenizer.bos_id], tokens)
+        times = session.phase_times() or {}
+    finally:
+        session.set_phase_timing(False)
+    steps = max(1, int(times.get("tokens", tokens)))
+    rows = {}
+    for name, secs in times.items():
+        if not isinstance(secs, float):
+            continue
+        ms = 1e3 * secs / steps
+        nbytes = need.get(name, 0.0)
+        floor = 1e3 * nbytes / (bw_gbs * 1e9)
+        rows[name] = {
+            "ms_per_token": ms,
+            "bytes_per_token": nbytes,
+            "gbs": nbytes / max(ms, 1e-9) / 1e6,
+            "floor_ms": floor,
+            "floor_share": floor / ms if ms > 0 else None,
+        }
+    return rows
+
+
+def print_phases(rows: dict) -> None:
+    total = sum(r["ms_per_token"] for r in rows.values())
+    floor = sum(r["floor_ms"] for r in rows.values())
+    print(f"      {'phase':>10} | {'ms/token':>8} | {'share':>6} | {'MB/token':>8} | "
+          f"{'GB/s':>6} | {'floor ms':>8} | floor/actual")  # fmt: skip
+    for name, r in rows.items():
+        fs = r["floor_share"]
+        print(
+            f"      {name:>10} | {r['ms_per_token']:8.3f} | {r['ms_per_token'] / total:6.1%} | "
+            f"{r['bytes_per_token'] / 1e6:8.2f} | {r['gbs']:6.1f} | {r['floor_ms']:8.3f} | "
+            + (f"{fs:.1%}" if fs is not None else "-")
+        )
+    print(f"      {'all':>10} | {total:8.3f} |        |          |        | {floor:8.3f} | "
+          f"{floor / total:.1%}")  # fmt: skip
+
+
 def run_powerinfer(bench: str, path: Path, threads: int, tokens: int) -> tuple[float, float]:
     """(tokens/s, CPU-seconds per wall-second used by other processes) of one llama-bench run.
     The subprocess's wall time includes loading the file; what others used over it does not
@@ -197,8 +264,12 @@ def bench_file(args, path: Path, dtype: str, active: float, shape: tuple) -> lis
             },
             "synthetic": True,
         }
+        if args.phases:
+            row["phases"] = phase_breakdown(eng, args.tokens, phase_bytes(tb, layers, act, eng), bw)
         rows.append(row)
         print_row(row)
+        if args.phases:
+            print_phases(row["phases"])
         del eng
     return rows
 
@@ -243,6 +314,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="alternating runs per engine (5)")
     ap.add_argument("--warmup", type=int, default=1, help="warm-up runs per engine (1)")
     ap.add_argument("--json", help="write every figure to this file")
+    ap.add_argument(
+        "--phases",
+        action="store_true",
+        help="after the race, one timed decode of ours with the engine's phase timers: where a "
+        "step's time goes (attention, predictor, gate, up, down, output, other), each against "
+        "the time its weight bytes take at the measured read bandwidth",
+    )
     add_synthetic_args(ap)
     add_bandwidth_args(ap)
     args = ap.parse_args(argv)
