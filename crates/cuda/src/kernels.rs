@@ -161,7 +161,9 @@ mod tests {
             }
         }
         assert_eq!(SPARSE_MATVEC.entries().len(), 22);
-        assert!(SPARSE_MATVEC.entries().contains(&"gate_up_q6_k".to_string()));
+        assert!(SPARSE_MATVEC
+            .entries()
+            .contains(&"gate_up_q6_k".to_string()));
     }
 
     #[test]
@@ -169,7 +171,10 @@ mod tests {
         for d in DType::BASIC {
             assert!(is_gpu_dtype(d), "{d}");
         }
-        let off: Vec<DType> = DType::ALL.into_iter().filter(|d| !is_gpu_dtype(*d)).collect();
+        let off: Vec<DType> = DType::ALL
+            .into_iter()
+            .filter(|d| !is_gpu_dtype(*d))
+            .collect();
         assert_eq!(off, [DType::Q2_K, DType::Q3_K]);
         // Every block size is even: the kernels need 2-byte aligned rows only.
         for d in GPU_DTYPES {

@@ -288,8 +288,8 @@ fn k_quant_refusals<B: Backend>(dev: &B) {
     // A width of 288 is 9 blocks of 32 but no whole number of super-blocks.
     let e = powerinfer_cuda::slab_geometry([DType::Q4_K, DType::Q4_K, DType::Q6_K], 288, 8);
     assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
-    let g = powerinfer_cuda::slab_geometry([DType::Q4_K, DType::Q4_K, DType::Q6_K], 512, 3)
-        .unwrap();
+    let g =
+        powerinfer_cuda::slab_geometry([DType::Q4_K, DType::Q4_K, DType::Q6_K], 512, 3).unwrap();
     assert_eq!(g.row_bytes, [2 * 144, 2 * 144, 2 * 210]);
     assert_eq!(g.offsets, [0, 3 * 288, 6 * 288, 6 * 288 + 3 * 420]);
     for dtype in [DType::Q2_K, DType::Q3_K] {

@@ -32,8 +32,8 @@ mod tests {
     use powerinfer_cpu::sparse_reference;
 
     use super::super::testutil::*;
-    use crate::kernels::GPU_DTYPES;
     use crate::backend::Launch;
+    use crate::kernels::GPU_DTYPES;
     use crate::layout::RowLayout;
     use crate::HostBackend;
 

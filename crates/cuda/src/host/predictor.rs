@@ -75,8 +75,8 @@ mod tests {
     use powerinfer_cpu::reference;
 
     use super::super::testutil::*;
-    use crate::kernels::GPU_DTYPES;
     use crate::backend::{Backend, Launch};
+    use crate::kernels::GPU_DTYPES;
     use crate::layout::RowLayout;
     use crate::{HostBackend, HostBuf};
 

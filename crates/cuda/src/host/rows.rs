@@ -63,8 +63,8 @@ mod tests {
     use powerinfer_cpu::{reference, sparse_reference};
 
     use super::super::testutil::*;
-    use crate::kernels::GPU_DTYPES;
     use crate::backend::{Backend, Launch};
+    use crate::kernels::GPU_DTYPES;
     use crate::layout::{Act, RowLayout};
     use crate::HostBackend;
 
