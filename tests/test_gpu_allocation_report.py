@@ -2,7 +2,9 @@
 planner's accounting (Python, ``planning.accounting.gpu_allocation``): two independent
 derivations that must agree name for name and byte for byte, and sum to the plan's GPU bytes.
 
-Synthetic models (GGUF Q4_0 / Q8_0 / F16, HF f32 / f16 / bf16) and the real SmolLM2 when present.
+Synthetic models (GGUF Q4_0 / Q8_0 / F16, the Q4_K_M mix with its 32-weight fallbacks and, at a
+width of whole super-blocks, with its K-quants; HF f32 / f16 / bf16) and the real SmolLM2 when
+present.
 """
 
 from __future__ import annotations
@@ -25,7 +27,12 @@ from conftest import write_zero_predictors
 #: dim 128 so that a 2-byte norm (128 x 2 = 256 B) and the engine's f32 norm (512 B) differ
 #: after alignment; ffn 320 is 5 buckets of 64 and a partial one of 48.
 SHAPE = dict(dim=128, ffn=320, layers=3, heads=4, kv_heads=2, vocab=300)
-MODELS = ["gguf-Q4_0", "gguf-Q8_0", "gguf-F16", "hf-f32", "hf-f16", "hf-bf16"]
+#: gguf-Q4_K_M at this shape: Q5_0 / Q8_0 fallbacks (rows of 128 and 320 are no whole number of
+#: 256-weight super-blocks).
+MODELS = ["gguf-Q4_0", "gguf-Q8_0", "gguf-F16", "gguf-Q4_K_M", "hf-f32", "hf-f16", "hf-bf16"]
+#: Rows of 256 and 512: a Q4_K_M file keeps Q4_K and Q6_K (Q6_K ffn_down, so down_t, in the last
+#: layer and the output head).
+K_SHAPE = dict(dim=256, ffn=512, layers=3, heads=4, kv_heads=2, vocab=300)
 SHARES = [0.0, 0.3, 0.7, 1.0]
 CONTEXT = 64
 
@@ -97,6 +104,28 @@ def test_report_equals_the_accounting(engines, kind, share, tmp_path):
         assert {"output", "output.logits", "scratch.att"} <= names
     else:
         assert 0 < total_bytes(report) <= int(full_bytes(engine) * share)
+
+
+@pytest.mark.parametrize("dtype", ["Q4_K_M", "Q5_K", "Q6_K"])
+def test_k_quant_report_equals_the_accounting(synth_gguf, dtype, tmp_path):
+    """K-quant rows (144, 176, 210 bytes per 256 weights) in attention, slabs and the output
+    head: the two accountings agree."""
+    engine = Engine(load_model(synth_gguf(dtype=dtype, **K_SHAPE)))
+    types = {t.dtype for t in engine.loaded.tensors.values() if t.rows > 1}
+    assert types == ({"Q4_K", "Q6_K"} if dtype == "Q4_K_M" else {dtype})
+    for share in (0.4, 1.0):
+        plan = plan_for(engine, int(full_bytes(engine) * share))
+        path = save_plan(plan, tmp_path / f"{share}.safetensors")
+        report = dict(check_report(engine, plan, path))
+        if share == 1.0:
+            rows = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+            out = rows["Q6_K" if dtype == "Q4_K_M" else dtype]
+            assert report["output"] == -(-300 * out // 256) * 256
+            down = rows["Q6_K" if dtype == "Q4_K_M" else dtype]  # last layer: Q6_K down_t
+            gate = rows["Q4_K" if dtype == "Q4_K_M" else dtype]
+            slabs = plan.placement.ffn_buckets[2]
+            slab = -(-plan.bucket * (2 * gate + down + 4) // 256) * 256
+            assert report["blk.2.ffn_hot"] == slabs * slab
 
 
 @pytest.mark.parametrize("kind", ["gguf-Q4_0", "hf-bf16"])

@@ -2,8 +2,10 @@
 (the host backend) always, ``cuda`` where a GPU exists (or the devices named in
 ``$POWERINFER_RS_TEST_DEVICES``, comma-separated, as benchmarks/gpu/check.sh sets it). A plan
 that puts about half of a synthetic ReLU llama on the GPU side gives the CPU engine's logits at
-every position and the same greedy tokens; SmolLM2 runs its GPU side in threshold mode; plans
-that do not fit, or a device without a plan, are refused with the error that says why."""
+every position and the same greedy tokens, in F16, Q8_0 and the Q4_K/Q6_K mix of a Q4_K_M file;
+SmolLM2 runs its GPU side in threshold mode; plans that do not fit, or a device without a plan,
+or that put Q3_K weights (no GPU kernels) on the GPU, are refused with the error that says
+why."""
 
 from __future__ import annotations
 
@@ -14,10 +16,10 @@ import pytest
 
 from powerinfer_rs import Engine, _core
 from powerinfer_rs.errors import PlanError, UnsupportedError, VramBudgetError
-from powerinfer_rs.formats.plan import save_plan
+from powerinfer_rs.formats.plan import load_plan, save_plan
 from powerinfer_rs.formats.profile import synthetic_profile
 from powerinfer_rs.loading import load_model
-from powerinfer_rs.planning import load_hardware, make_plan
+from powerinfer_rs.planning import ModelShape, load_hardware, make_plan
 from powerinfer_rs.planning.predictor_size import PredictorSizes
 from powerinfer_rs.predictors.model import LayerPredictor, PredictorSet
 
@@ -190,11 +192,76 @@ def test_plans_that_do_not_fit_and_devices_without_plans(relu, tmp_path):
     assert eng.gpu_info() is None
 
 
+#: A shape whose rows are whole 256-weight super-blocks, so a Q4_K_M file keeps its K-quants.
+K_SHAPE = dict(dim=256, ffn=512, layers=4, heads=4, kv_heads=2, vocab=300)
+#: Dense mode on a K-quant model: the hot neurons' down rows come from ``down_t`` re-quantized
+#: in its K-quant, where the CPU's dense decode reads the original (as for Q8_0, TOL_DENSE_Q8;
+#: measured 1.4e-2 of the largest logit on gpu-sim).
+TOL_DENSE_K = 3e-2
+
+
+@pytest.fixture(scope="module")
+def q4_k_m(synth_gguf):
+    return load_model(synth_gguf("Q4_K_M", seed=3, **K_SHAPE))
+
+
 @pytest.mark.parametrize("device", DEVICES)
-def test_k_quant_weights_on_the_gpu_are_refused(synth_gguf, tmp_path, device):
-    """The GPU kernels take the BASIC formats only (so far): a plan putting K-quant rows on a
-    GPU is an UnsupportedError naming the format, not a crash or wrong numbers."""
-    model = load_model(synth_gguf("Q4_K_M", seed=3, **{**SHAPE, "ffn": 256}))
-    path = plan_for(model, tmp_path / "k.safetensors", 0.5)
-    with pytest.raises(UnsupportedError, match="GPU kernels"):
-        Engine(model, threads=1, plan=path, device=device)
+@pytest.mark.parametrize("sparsity", ["dense", "exact-relu"])
+def test_q4_k_m_on_the_gpu_side_matches_the_cpu_engine(q4_k_m, tmp_path, device, sparsity):
+    """Q4_K and Q6_K rows on the GPU side: the CPU engine's logits at every step, the same
+    greedy tokens."""
+    model = q4_k_m
+    formats = {t.dtype for t in model.tensors.values() if t.rows > 1}
+    assert formats == {"Q4_K", "Q6_K"}, formats
+    path = plan_for(model, tmp_path / "k.safetensors", 0.6)
+    cpu = Engine(model, threads=2, sparsity=sparsity)
+    hyb = Engine(model, threads=2, sparsity=sparsity, plan=path, device=device)
+    # Q4_K attention and gate/up rows, the Q6_K output head, Q6_K down_t rows (layers 2, 3).
+    assert any(hyb.plan.attention) and hyb.plan.output
+    assert all(len(h) for h in hyb.plan.hot_neurons)
+    prompt = [5, 17, 123, 42, 7, 250]
+    want, want_toks = greedy(cpu, prompt, 16)
+    got, got_toks = greedy(hyb, prompt, 16)
+    tol = TOL_DENSE_K if sparsity == "dense" else TOL
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, w, tol, f"{device} Q4_K_M {sparsity} step {i}")
+    assert got_toks == want_toks
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_formats_without_gpu_kernels_stay_on_the_cpu(synth_gguf, tmp_path, device):
+    """Q3_K has no GPU kernels: the planner keeps its matrices on the CPU (the plan still runs
+    on the device, with what it could place), and a plan that puts them on the GPU anyway is an
+    UnsupportedError naming the format, not a crash or wrong numbers."""
+    model = load_model(synth_gguf("Q3_K", seed=3, **K_SHAPE))
+    path = plan_for(model, tmp_path / "q3.safetensors", 0.5)
+    plan = load_plan(path, model)
+    assert not any(plan.placement.attention) and not any(plan.placement.ffn_buckets)
+    assert not plan.placement.output and any(plan.placement.predictor)
+    assert "cannot hold" in plan.solver["note"]
+    Engine(model, threads=1, plan=path, device=device)  # runs, with its predictors there
+    # A plan made as if the matrices were Q4_K (same model fingerprint) puts them on the GPU.
+    c = model.config
+    as_q4_k = ModelShape(
+        c,
+        {n: ("Q4_K" if t.rows > 1 else t.dtype) for n, t in model.tensors.items()},
+        model.fingerprint,
+    )
+    profile = synthetic_profile(
+        c.n_layers, c.ffn_dim, 2000, seed=1, model_fingerprint=model.fingerprint
+    )
+    forged = make_plan(
+        as_q4_k,
+        profile,
+        load_hardware("rtx4090"),
+        2**30,
+        context=256,
+        bucket=32,
+        min_neurons=0,
+        solver="greedy",
+        objective="mass",
+    )
+    assert any(forged.placement.ffn_buckets)
+    bad = save_plan(forged, tmp_path / "forged.safetensors")
+    with pytest.raises(UnsupportedError, match="Q3_K weights have no GPU kernels"):
+        Engine(model, threads=1, plan=str(bad), device=device)

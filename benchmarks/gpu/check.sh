@@ -64,9 +64,29 @@ if [ "$DEVICE" = "cuda" ] && ! nvidia-smi >/dev/null 2>&1; then
 fi
 
 BIN=$ART/bin
+# --nocapture: the tests' own lines ("skipped: no CUDA device", "<test> <format>: ok on <device>")
+# reach the logs.
 for t in nvrtc_ptx gpu_kernels no_device; do
-    [ -x "$BIN/$t" ] && run "rust: $t" "rust_$t.log" "$BIN/$t" --test-threads 1
+    [ -x "$BIN/$t" ] && run "rust: $t" "rust_$t.log" "$BIN/$t" --test-threads 1 --nocapture
 done
+# Every weight format the GPU kernels take (GPU_DTYPES in crates/cuda/src/kernels.rs) must have
+# passed the row kernels on the device: sparse_matvec and axpy_rows in each, the hot-slab FFN in
+# each but F32 (gpu_kernels prints one line per test and format).
+GPU_FORMATS="F32 F16 BF16 Q8_0 Q4_0 Q4_1 Q5_0 Q5_1 Q4_K Q5_K Q6_K"
+if [ "$DEVICE" = "cuda" ] && [ -f "$OUT/rust_gpu_kernels.log" ]; then
+    missing=""
+    for f in $GPU_FORMATS; do
+        for t in sparse_matvec axpy_rows hot_ffn; do
+            [ "$t/$f" = "hot_ffn/F32" ] && continue
+            grep -q "^$t $f: ok on cuda" "$OUT/rust_gpu_kernels.log" || missing="$missing $t/$f"
+        done
+    done
+    if [ -z "$missing" ]; then
+        row "rust: gpu formats on cuda" ok "$(echo $GPU_FORMATS | wc -w) formats (rust_gpu_kernels.log)"
+    else
+        row "rust: gpu formats on cuda" FAIL "not checked on the device:$missing"
+    fi
+fi
 if [ "$DEVICE" = "cuda" ] && command -v compute-sanitizer >/dev/null 2>&1; then
     for tool in memcheck racecheck; do
         run "compute-sanitizer $tool" "sanitizer_$tool.log" \
@@ -76,7 +96,7 @@ elif [ "$DEVICE" = "cuda" ]; then
     row "compute-sanitizer" skip "not installed"
 fi
 for t in hybrid session_consistency; do
-    [ -x "$BIN/$t" ] && run "rust: $t" "rust_$t.log" "$BIN/$t" --test-threads 1
+    [ -x "$BIN/$t" ] && run "rust: $t" "rust_$t.log" "$BIN/$t" --test-threads 1 --nocapture
 done
 
 # The wheel into a private folder (no registry needed: its Python dependencies are numpy and

@@ -28,6 +28,10 @@ def cuda_available() -> bool:
 def cuda_device_count() -> int:
     """Number of CUDA devices (0 without a driver)."""
 
+GPU_DTYPES: tuple[str, ...]
+"""The weight formats the GPU kernels take ("F32", ..., "Q4_K", "Q5_K", "Q6_K"); a plan putting a
+matrix in another format (Q2_K, Q3_K) on the GPU is refused."""
+
 SPARSITY_MODES: tuple[str, ...]
 """The sparsity mode names the engine accepts ("dense", "exact-relu", "threshold", ...)."""
 

@@ -6,6 +6,21 @@
 //   Q8_0: 34 bytes = f16 d, 32 x i8 q;                 w = d * q
 //   Q4_0: 18 bytes = f16 d, 16 bytes (q[j] low nibble of byte j, q[j+16] high); w = d * (q - 8)
 //   Q4_1: 20 bytes = f16 d, f16 m, 16 bytes as Q4_0;   w = d * q + m
+//   Q5_0: 22 bytes = f16 d, u32 qh (bit j = bit 4 of q[j]), 16 bytes of nibbles as Q4_0;
+//         w = d * (q - 16)
+//   Q5_1: 24 bytes = f16 d, f16 m, u32 qh, 16 bytes of nibbles;  w = d * q + m
+// The K-quants (256-weight super-blocks, see powerinfer_core::dtype and core/src/dequantize.rs,
+// whose order of float operations the decoders below keep: a sub-block's d*scale and dmin*min
+// first, then w = (d*scale) * q - dmin*min):
+//   Q4_K: 144 bytes = f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes qs. Weight
+//         i = 64c + 32h + l is nibble h of qs[32c + l], sub-block s = 2c + h.
+//   Q5_K: 176 bytes = as Q4_K with 32 bytes qh after the scales (bit s of qh[l] is bit 4 of q
+//         for weight 32s + l), qs at 48.
+//   Q6_K: 210 bytes = 128 bytes ql, 64 bytes qh, 16 x i8 scales, f16 d. Weight
+//         i = 128n + 32k + l: low 4 bits from ql[64n + 32(k % 2) + l] (low nibble for k < 2,
+//         high for k >= 2), high 2 bits (qh[32n + l] >> 2k) & 3; w = d * scales[i / 16] * (q - 32).
+// Every field lies at an even offset of its block and every block size is even, so rows need
+// only the 2-byte alignment layout.rs checks (f16 fields through ld_u16, the rest bytewise).
 
 typedef unsigned char u8;
 typedef unsigned short u16;
@@ -15,6 +30,7 @@ typedef long long i64;
 
 #define WARP 32
 #define QK 32
+#define QK_K 256
 #define NEG_INF __int_as_float(0xff800000)
 
 // f16 bits -> f32 (the cvt instruction exists on every architecture NVRTC targets).
@@ -109,8 +125,70 @@ __device__ __forceinline__ float w_q4_1(const u8* row, int j) {
     return f16_to_f32(ld_u16(b)) * (float)q + f16_to_f32(ld_u16(b + 2));
 }
 
+// The u32 qh of a Q5 block at a 2-aligned address (two u16 loads).
+__device__ __forceinline__ u32 ld_u32_2(const u8* p) {
+    return (u32)ld_u16(p) | ((u32)ld_u16(p + 2) << 16);
+}
+__device__ __forceinline__ float w_q5_0(const u8* row, int j) {
+    const u8* b = row + (j / QK) * 22;
+    const int k = j % QK;
+    const int nib = k < 16 ? (b[6 + k] & 15) : (b[6 + k - 16] >> 4);
+    const int q = nib | (int)(((ld_u32_2(b + 2) >> k) & 1) << 4);
+    return f16_to_f32(ld_u16(b)) * (float)(q - 16);
+}
+__device__ __forceinline__ float w_q5_1(const u8* row, int j) {
+    const u8* b = row + (j / QK) * 24;
+    const int k = j % QK;
+    const int nib = k < 16 ? (b[8 + k] & 15) : (b[8 + k - 16] >> 4);
+    const int q = nib | (int)(((ld_u32_2(b + 4) >> k) & 1) << 4);
+    return f16_to_f32(ld_u16(b)) * (float)q + f16_to_f32(ld_u16(b + 2));
+}
+
+// Scale and min of sub-block s (0..8) of a Q4_K/Q5_K block's 12 packed bytes `sm`
+// (powerinfer_core::dequantize::k4_scale_min).
+__device__ __forceinline__ void k4_scale_min(int s, const u8* sm, int* sc, int* mn) {
+    if (s < 4) {
+        *sc = sm[s] & 63;
+        *mn = sm[s + 4] & 63;
+    } else {
+        *sc = (sm[s + 4] & 15) | ((sm[s - 4] >> 6) << 4);
+        *mn = (sm[s + 4] >> 4) | ((sm[s] >> 6) << 4);
+    }
+}
+
+// Weight i (0..256) of a Q4_K (five = false) or Q5_K (five = true) block.
+__device__ __forceinline__ float w_k4(const u8* b, int i, bool five) {
+    const int c = i / 64, h = (i / 32) % 2, l = i % 32, s = i / 32;
+    const u8 byte = b[(five ? 48 : 16) + 32 * c + l];
+    int q = h ? (byte >> 4) : (byte & 15);
+    if (five) q |= ((b[16 + l] >> s) & 1) << 4;
+    int sc, mn;
+    k4_scale_min(s, b + 4, &sc, &mn);
+    const float d = f16_to_f32(ld_u16(b)) * (float)sc;
+    const float m = f16_to_f32(ld_u16(b + 2)) * (float)mn;
+    return d * (float)q - m;
+}
+__device__ __forceinline__ float w_q4_k(const u8* row, int j) {
+    return w_k4(row + (j / QK_K) * 144, j % QK_K, false);
+}
+__device__ __forceinline__ float w_q5_k(const u8* row, int j) {
+    return w_k4(row + (j / QK_K) * 176, j % QK_K, true);
+}
+__device__ __forceinline__ float w_q6_k(const u8* row, int j) {
+    const u8* b = row + (j / QK_K) * 210;
+    const int i = j % QK_K;
+    const int n = i / 128, k = (i % 128) / 32, l = i % 32;
+    const u8 lo = b[64 * n + 32 * (k % 2) + l];
+    const int q = (k < 2 ? (lo & 15) : (lo >> 4)) | (((b[128 + 32 * n + l] >> (2 * k)) & 3) << 4);
+    const float d = f16_to_f32(ld_u16(b + 208)) * (float)(i8)b[192 + i / 16];
+    return d * (float)(q - 32);
+}
+
 // One lane's share of dot(row, x) for a row of `cols` weights: lanes stride over elements
-// (float formats) or 32-weight blocks (quantized formats); the caller sums over the warp.
+// (float formats) or 32-weight blocks (the 32-weight quantized formats); for the K-quants the
+// whole warp walks the row's 256-weight super-blocks one at a time, lane l taking the weights
+// 32t + l (t = 0..8) of each, so every byte load of the warp reads 32 consecutive bytes and x
+// is read from 32 consecutive floats. The caller sums over the warp.
 __device__ __forceinline__ float lane_dot_f32(const u8* row, const float* x, int cols, int lane) {
     float s = 0.0f;
     for (int j = lane; j < cols; j += WARP) s += w_f32(row, j) * x[j];
@@ -166,6 +244,101 @@ __device__ __forceinline__ float lane_dot_q4_1(const u8* row, const float* x, in
             xs += xb[k] + xb[k + 16];
         }
         s += f16_to_f32(ld_u16(blk)) * t + f16_to_f32(ld_u16(blk + 2)) * xs;
+    }
+    return s;
+}
+__device__ __forceinline__ float lane_dot_q5_0(const u8* row, const float* x, int cols, int lane) {
+    float s = 0.0f;
+    for (int b = lane; b < cols / QK; b += WARP) {
+        const u8* blk = row + b * 22;
+        const float* xb = x + b * QK;
+        const u32 qh = ld_u32_2(blk + 2);
+        float t = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 16; ++k) {
+            const u8 q = blk[6 + k];
+            const int q0 = (q & 15) | (int)(((qh >> k) & 1) << 4);
+            const int q1 = (q >> 4) | (int)(((qh >> (k + 16)) & 1) << 4);
+            t += (float)(q0 - 16) * xb[k] + (float)(q1 - 16) * xb[k + 16];
+        }
+        s += f16_to_f32(ld_u16(blk)) * t;
+    }
+    return s;
+}
+__device__ __forceinline__ float lane_dot_q5_1(const u8* row, const float* x, int cols, int lane) {
+    float s = 0.0f;
+    for (int b = lane; b < cols / QK; b += WARP) {
+        const u8* blk = row + b * 24;
+        const float* xb = x + b * QK;
+        const u32 qh = ld_u32_2(blk + 4);
+        float t = 0.0f, xs = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 16; ++k) {
+            const u8 q = blk[8 + k];
+            const int q0 = (q & 15) | (int)(((qh >> k) & 1) << 4);
+            const int q1 = (q >> 4) | (int)(((qh >> (k + 16)) & 1) << 4);
+            t += (float)q0 * xb[k] + (float)q1 * xb[k + 16];
+            xs += xb[k] + xb[k + 16];
+        }
+        s += f16_to_f32(ld_u16(blk)) * t + f16_to_f32(ld_u16(blk + 2)) * xs;
+    }
+    return s;
+}
+
+// Q4_K / Q5_K: lane l reads qs[32c + l] (c = 0..4: weights 64c + l and 64c + 32 + l, the low
+// and high nibbles) and, for Q5_K, qh[l] (the fifth bits of its 8 weights).
+__device__ __forceinline__ float lane_dot_k4(const u8* row, const float* x, int cols, int lane,
+                                             bool five) {
+    const int bytes = five ? 176 : 144;
+    float s = 0.0f;
+    for (int b = 0; b < cols / QK_K; ++b) {
+        const u8* blk = row + b * bytes;
+        const float* xb = x + b * QK_K + lane;
+        const float d = f16_to_f32(ld_u16(blk)), dmin = f16_to_f32(ld_u16(blk + 2));
+        const u8* qs = blk + (five ? 48 : 16) + lane;
+        const int qh = five ? blk[16 + lane] : 0;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+            const u8 byte = qs[32 * c];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int sub = 2 * c + h;
+                int sc, mn;
+                k4_scale_min(sub, blk + 4, &sc, &mn);
+                const int q = (h ? (byte >> 4) : (byte & 15)) | (((qh >> sub) & 1) << 4);
+                s += (d * (float)sc * (float)q - dmin * (float)mn) * xb[32 * sub];
+            }
+        }
+    }
+    return s;
+}
+__device__ __forceinline__ float lane_dot_q4_k(const u8* row, const float* x, int cols, int lane) {
+    return lane_dot_k4(row, x, cols, lane, false);
+}
+__device__ __forceinline__ float lane_dot_q5_k(const u8* row, const float* x, int cols, int lane) {
+    return lane_dot_k4(row, x, cols, lane, true);
+}
+
+// Q6_K: lane l reads ql[64n + l], ql[64n + 32 + l] and qh[32n + l] (n = 0, 1): the weights
+// 128n + 32k + l for k = 0..4.
+__device__ __forceinline__ float lane_dot_q6_k(const u8* row, const float* x, int cols, int lane) {
+    float s = 0.0f;
+    for (int b = 0; b < cols / QK_K; ++b) {
+        const u8* blk = row + b * 210;
+        const float d = f16_to_f32(ld_u16(blk + 208));
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+            const u8 lo0 = blk[64 * n + lane], lo1 = blk[64 * n + 32 + lane];
+            const int hi = blk[128 + 32 * n + lane];
+            const float* xb = x + b * QK_K + 128 * n + lane;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const u8 lo = k % 2 ? lo1 : lo0;
+                const int q = ((k < 2 ? (lo & 15) : (lo >> 4)) | (((hi >> (2 * k)) & 3) << 4)) - 32;
+                const int i = 128 * n + 32 * k + lane;
+                s += d * (float)(i8)blk[192 + i / 16] * (float)q * xb[32 * k];
+            }
+        }
     }
     return s;
 }

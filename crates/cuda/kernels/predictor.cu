@@ -31,6 +31,11 @@ PREDICTOR_FC2(bf16)
 PREDICTOR_FC2(q8_0)
 PREDICTOR_FC2(q4_0)
 PREDICTOR_FC2(q4_1)
+PREDICTOR_FC2(q5_0)
+PREDICTOR_FC2(q5_1)
+PREDICTOR_FC2(q4_k)
+PREDICTOR_FC2(q5_k)
+PREDICTOR_FC2(q6_k)
 
 // Ordered compaction: out[0..count) = the i with flags[i] != 0, ascending; *count = how many.
 // One block of 1024 threads; thread t scans a contiguous chunk, a block-wide exclusive scan of

@@ -57,14 +57,19 @@ pub struct ModelTensors<'a> {
     pub output: &'a Weight,
 }
 
-/// Bytes of a whole matrix on the device: `rows · row_bytes`, aligned.
+/// Bytes of a whole matrix on the device: `rows · row_bytes`, aligned. `Error::Unsupported`
+/// for a format the GPU kernels do not take ([`crate::GPU_DTYPES`]): a plan putting such a
+/// matrix on the GPU is refused when it is read, before anything is uploaded.
 fn matrix_bytes(w: &Weight) -> Result<usize> {
+    crate::ops::ensure_gpu_dtype(w.dtype)?;
     Ok(align(w.rows * w.dtype.row_bytes(w.cols)?))
 }
 
 /// Every device allocation of `plan` on `model`, layer by layer, then the output head, then
 /// the scratch buffers (empty for a CPU-only plan). `Error::Plan` when the plan does not fit
-/// the model; `Error::Shape`/`Unsupported` when a layer's hot rows cannot be packed in slabs.
+/// the model; `Error::Shape`/`Unsupported` when a layer's hot rows cannot be packed in slabs
+/// (a K-quant over a width that is no whole number of 256-weight super-blocks, a format without
+/// GPU kernels) or a matrix placed on the GPU is in a format without GPU kernels.
 pub fn gpu_allocations(model: &ModelTensors<'_>, plan: &PlanFile) -> Result<Vec<Allocation>> {
     let c = model.config;
     ensure!(
@@ -319,6 +324,94 @@ mod tests {
         ];
         for c in &changed {
             assert_ne!(total_bytes(c), total_bytes(&base));
+        }
+    }
+
+    /// A model of dim 256 (whole super-blocks) in the formats of a Q4_K_M file: Q4_K
+    /// attention, gate, up; Q6_K down (so down_t) and output head.
+    #[test]
+    fn k_quant_rows_are_whole_super_blocks() {
+        let c = ModelConfig {
+            dim: 256,
+            ffn_dim: 512,
+            head_dim: 64,
+            ..config()
+        };
+        let (q4k, q6k) = (DType::Q4_K, DType::Q6_K);
+        let q = zeros(q4k, 256, 256);
+        let kv = zeros(q4k, 128, 256);
+        let g = zeros(q4k, 512, 256);
+        let out = zeros(q6k, 100, 256);
+        let layer = LayerTensors {
+            wq: &q,
+            wk: &kv,
+            wv: &kv,
+            wo: &q,
+            gate: &g,
+            up: &g,
+            down_t: q6k,
+        };
+        let m = ModelTensors {
+            config: &c,
+            layers: vec![layer; 2],
+            output: &out,
+        };
+        let hot: Vec<u32> = (0..11).map(|i| i * 7).collect();
+        let p = PlanFile {
+            table: NeuronTable::from_hot_lists(512, &[hot, vec![]]).unwrap(),
+            ..plan(8)
+        };
+        let got = gpu_allocations(&m, &p).unwrap();
+        let bytes = |n: &str| got.iter().find(|a| a.0 == n).unwrap().1;
+        // Q4_K rows of 256: one 144-byte super-block; Q6_K: 210 bytes.
+        assert_eq!(bytes("blk.0.attn_q"), 256 * 144);
+        assert_eq!(bytes("blk.0.attn_k"), align(128 * 144)); // 18432
+        assert_eq!(bytes("output"), align(100 * 210)); // 21000 -> 21248
+                                                       // One neuron: 144 (gate) + 144 (up) + 210 (down_t) + 4 (id) = 502; 8 x 502 = 4016 ->
+                                                       // 4096 per slab, 2 slabs.
+        assert_eq!(bytes("blk.0.ffn_hot"), 2 * 4096);
+        let d = zeros(q6k, 512, 256);
+        let (layout, packed) =
+            crate::pack_hot_slabs(&g, &g, &d, &p.table.layers[0].hot, 8).unwrap();
+        assert_eq!((layout.total_bytes(), packed.len()), (8192, 8192));
+        // A Q2_K or Q3_K matrix on the GPU has no kernels: refused when the plan is read.
+        for dtype in [DType::Q2_K, DType::Q3_K] {
+            let w = zeros(dtype, 256, 256);
+            let refused = [
+                ModelTensors {
+                    layers: vec![LayerTensors { wo: &w, ..layer }; 2],
+                    ..m.clone()
+                },
+                ModelTensors {
+                    output: &w,
+                    ..m.clone()
+                },
+                ModelTensors {
+                    layers: vec![
+                        LayerTensors {
+                            down_t: dtype,
+                            ..layer
+                        };
+                        2
+                    ],
+                    ..m.clone()
+                },
+            ];
+            for bad in &refused {
+                let e = gpu_allocations(bad, &p).unwrap_err();
+                assert!(
+                    matches!(&e, powerinfer_core::Error::Unsupported(m) if m.contains(dtype.name())),
+                    "{e}"
+                );
+            }
+            // Kept on the CPU, they are no concern of the GPU.
+            let cpu_side = PlanFile {
+                attention: vec![false; 2],
+                output: false,
+                ..p.clone()
+            };
+            assert!(gpu_allocations(&refused[1], &cpu_side).is_ok());
+            assert!(gpu_allocations(&refused[0], &cpu_side).is_ok());
         }
     }
 

@@ -4,6 +4,28 @@
 
 use powerinfer_core::DType;
 
+/// Every weight format the GPU kernels take: each per-format kernel is instantiated once for
+/// each (`<prefix>_<suffix>`, see [`dtype_suffix`]). The rest (Q2_K, Q3_K) run on the CPU only;
+/// [`crate::ops`] refuses them with `Error::Unsupported` before anything is uploaded.
+pub const GPU_DTYPES: [DType; 11] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q4_K,
+    DType::Q5_K,
+    DType::Q6_K,
+];
+
+/// Whether the GPU kernels take weights stored as `dtype` ([`GPU_DTYPES`]).
+pub fn is_gpu_dtype(dtype: DType) -> bool {
+    GPU_DTYPES.contains(&dtype)
+}
+
 /// Helpers prepended to every module (types, f16/bf16 decoding, GGUF blocks, warp sums).
 pub const COMMON: &str = include_str!("../kernels/common.cuh");
 
@@ -32,7 +54,7 @@ impl KernelSource {
             .per_dtype
             .iter()
             .flat_map(|p| {
-                DType::BASIC
+                GPU_DTYPES
                     .iter()
                     .map(move |d| format!("{p}_{}", dtype_suffix(*d)))
             })
@@ -100,7 +122,7 @@ pub const ALL: [KernelSource; 6] = [
     ELEMENTWISE,
 ];
 
-/// The kernel-name suffix of a weight format: "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1".
+/// The kernel-name suffix of a weight format: "f32", "f16", "bf16", "q8_0", "q4_0", ..., "q6_k".
 pub const fn dtype_suffix(d: DType) -> &'static str {
     match d {
         DType::F32 => "f32",
@@ -128,7 +150,7 @@ mod tests {
         for src in ALL {
             for p in src.per_dtype {
                 // Per-dtype kernels come from one macro instantiated per format.
-                for d in DType::BASIC {
+                for d in GPU_DTYPES {
                     let call = format!("({})", dtype_suffix(d));
                     assert!(src.source.contains(&call), "{}: {p}{call}", src.name);
                 }
@@ -138,6 +160,25 @@ mod tests {
                 assert!(src.source.contains(&def), "{}: {s}", src.name);
             }
         }
-        assert_eq!(SPARSE_MATVEC.entries().len(), 12);
+        assert_eq!(SPARSE_MATVEC.entries().len(), 22);
+        assert!(SPARSE_MATVEC
+            .entries()
+            .contains(&"gate_up_q6_k".to_string()));
+    }
+
+    #[test]
+    fn the_gpu_formats_are_the_basic_ones_and_all_but_two_of_the_rest() {
+        for d in DType::BASIC {
+            assert!(is_gpu_dtype(d), "{d}");
+        }
+        let off: Vec<DType> = DType::ALL
+            .into_iter()
+            .filter(|d| !is_gpu_dtype(*d))
+            .collect();
+        assert_eq!(off, [DType::Q2_K, DType::Q3_K]);
+        // Every block size is even: the kernels need 2-byte aligned rows only.
+        for d in GPU_DTYPES {
+            assert!(d.block_bytes().is_multiple_of(2), "{d}");
+        }
     }
 }

@@ -46,6 +46,7 @@ pub use stub::{device_count, driver_available, is_available, CudaDevice};
 pub use alloc_plan::{gpu_allocations, Allocation, LayerTensors, ModelTensors};
 pub use backend::{Backend, Checked, DeviceSlice, DeviceWeight, Elem, HotFfn, Launch};
 pub use host::{HostBackend, HostBuf};
+pub use kernels::{is_gpu_dtype, GPU_DTYPES};
 pub use layout::{
     align, pack_hot_slabs, parse_device, slab_bytes, slab_geometry, Act, RowLayout, SlabGeometry,
     SlabLayout, MAX_HEAD_DIM, MAX_RANK, MAX_X_COLS,

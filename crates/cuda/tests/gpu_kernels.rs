@@ -1,13 +1,16 @@
 //! Every kernel against the CPU crate's scalar references on random odd-sized data, every weight
-//! format, on every backend: each test body is generic over [`Backend`] and
-//! [`on_each_backend!`] runs it on the host backend (always) and on every CUDA device there is
-//! (with the `cuda` feature), printing "skipped: no CUDA device" for the CUDA part where there
-//! is none — as in CI.
+//! format the GPU takes ([`GPU_DTYPES`]: the float formats, Q8_0, the Q4/Q5 32-weight formats and
+//! the K-quants Q4_K, Q5_K, Q6_K), on every backend: each test body is generic over [`Backend`]
+//! and [`on_each_backend!`] runs it on the host backend (always) and on every CUDA device there
+//! is (with the `cuda` feature), printing "skipped: no CUDA device" for the CUDA part where there
+//! is none — as in CI. The per-format tests print "<test> <format>: ok on <device>" for each
+//! format they checked; benchmarks/gpu/check.sh looks for those lines of every format on the
+//! CUDA device.
 
 use half::f16;
 use powerinfer_core::{quantize_row, Activation, Buffer, DType, Error, RopeStyle, Weight};
 use powerinfer_cpu::{reference, sparse_reference};
-use powerinfer_cuda::{Act, Backend, DeviceWeight, GpuOps, HostBackend, RowLayout};
+use powerinfer_cuda::{Act, Backend, DeviceWeight, GpuOps, HostBackend, RowLayout, GPU_DTYPES};
 
 /// Relative tolerance of GPU f32 sums against the f64 references (different summation order).
 const REL_TOL: f32 = 2e-4;
@@ -71,13 +74,21 @@ fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Weight {
     Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
 }
 
-/// Columns for a format: odd where the format allows it, else an odd number of blocks.
+/// Columns for a format: odd where the format allows it, else an odd number of blocks (of 32
+/// weights, or 256-weight super-blocks for the K-quants).
 fn cols_for(dtype: DType) -> usize {
-    if dtype.is_quantized() {
+    if dtype.is_k_quant() {
+        256 * 5
+    } else if dtype.is_quantized() {
         32 * 13
     } else {
         301
     }
+}
+
+/// The line check.sh looks for: test `test` passed on format `dtype` on `dev`.
+fn ok<B: Backend>(dev: &B, test: &str, dtype: DType) {
+    println!("{test} {dtype}: ok on {}", dev.describe());
 }
 
 fn assert_close(got: &[f32], want: &[f32], scale: f32, tol: f32, what: &str) {
@@ -94,7 +105,7 @@ fn sparse_matvec_matches_reference_every_dtype() {
 }
 
 fn sparse_matvec<B: Backend>(dev: &B) {
-    for dtype in DType::BASIC {
+    for dtype in GPU_DTYPES {
         let (rows, cols) = (157, cols_for(dtype));
         let w = weight(dtype, rows, cols, 1);
         let x = values(cols, 2);
@@ -132,6 +143,7 @@ fn sparse_matvec<B: Backend>(dev: &B) {
             REL_TOL,
             &format!("{dtype} dense"),
         );
+        ok(dev, "sparse_matvec", dtype);
     }
 }
 
@@ -169,7 +181,7 @@ fn axpy_rows_matches_reference_every_dtype() {
 }
 
 fn axpy_rows<B: Backend>(dev: &B) {
-    for dtype in DType::BASIC {
+    for dtype in GPU_DTYPES {
         let (rows, cols) = (91, cols_for(dtype));
         let w = weight(dtype, rows, cols, 3);
         let idx: Vec<u32> = (0..rows as u32).step_by(2).collect();
@@ -191,6 +203,7 @@ fn axpy_rows<B: Backend>(dev: &B) {
             let what = format!("{dtype} splits {splits}");
             assert_close(&got, &want, (idx.len() as f32).sqrt(), REL_TOL, &what);
         }
+        ok(dev, "axpy_rows", dtype);
     }
 }
 
@@ -200,17 +213,29 @@ fn hot_ffn_slabs_match_the_fused_cpu_reference() {
 }
 
 fn hot_ffn<B: Backend>(dev: &B) {
-    for dtype in [
-        DType::F16,
-        DType::BF16,
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q4_1,
-    ] {
-        let (ffn, dim) = (203, 32 * 7);
+    // Gate/up and down_t in one format each, then the mixes of a Q4_K_M file: Q4_K gate/up
+    // with Q6_K or Q4_K down_t rows (dim a whole number of super-blocks), and with the Q5_0 /
+    // Q8_0 down_t a K-quant down projection falls back to.
+    let mixes = GPU_DTYPES
+        .into_iter()
+        .filter(|&d| d != DType::F32)
+        .map(|d| (d, d))
+        .chain([
+            (DType::Q4_K, DType::Q6_K),
+            (DType::Q6_K, DType::Q4_K),
+            (DType::Q4_K, DType::Q5_0),
+            (DType::Q4_K, DType::Q8_0),
+        ]);
+    for (dtype, down) in mixes {
+        let ffn = 203;
+        let dim = if dtype.is_k_quant() || down.is_k_quant() {
+            256 * 3
+        } else {
+            32 * 7
+        };
         let gate = weight(dtype, ffn, dim, 6);
         let up = weight(dtype, ffn, dim, 7);
-        let down_t = weight(dtype, ffn, dim, 8);
+        let down_t = weight(down, ffn, dim, 8);
         let x = values(dim, 9);
         let hot: Vec<u32> = (0..ffn as u32).filter(|i| i % 5 != 0).collect(); // partial slab
         let mut flags = vec![0i32; ffn];
@@ -243,7 +268,40 @@ fn hot_ffn<B: Backend>(dev: &B) {
         let mut y = dev.zeros::<f32>(dim).unwrap();
         dev.hot_down(&hf, &h, &mut y, 1).unwrap();
         let got = dev.download(&y).unwrap();
-        assert_close(&got, &want, 4.0, 1e-3, &format!("hot ffn {dtype}"));
+        assert_close(&got, &want, 4.0, 1e-3, &format!("hot ffn {dtype}/{down}"));
+        if dtype == down {
+            ok(dev, "hot_ffn", dtype);
+        }
+    }
+}
+
+#[test]
+fn k_quant_rows_need_whole_super_blocks_and_q2_k_q3_k_are_refused() {
+    on_each_backend!(k_quant_refusals);
+}
+
+/// Rows of a K-quant are whole 256-weight super-blocks (a slab over a width of 32·k is a Shape
+/// error before anything is uploaded); formats without kernels are `Error::Unsupported`, on
+/// every backend, naming the format.
+fn k_quant_refusals<B: Backend>(dev: &B) {
+    let q4k = weight(DType::Q4_K, 10, 256, 1);
+    // A width of 288 is 9 blocks of 32 but no whole number of super-blocks.
+    let e = powerinfer_cuda::slab_geometry([DType::Q4_K, DType::Q4_K, DType::Q6_K], 288, 8);
+    assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
+    let g =
+        powerinfer_cuda::slab_geometry([DType::Q4_K, DType::Q4_K, DType::Q6_K], 512, 3).unwrap();
+    assert_eq!(g.row_bytes, [2 * 144, 2 * 144, 2 * 210]);
+    assert_eq!(g.offsets, [0, 3 * 288, 6 * 288, 6 * 288 + 3 * 420]);
+    for dtype in [DType::Q2_K, DType::Q3_K] {
+        let w = weight(dtype, 10, 256, 3);
+        let Err(Error::Unsupported(msg)) = dev.upload_weight(&w).map(|_| ()) else {
+            panic!("{dtype}: uploaded");
+        };
+        assert!(msg.contains(dtype.name()) && msg.contains("Q4_K"), "{msg}");
+        let e = dev.upload_hot_ffn(&q4k, &q4k, &w, &[0], 4).map(|_| ());
+        assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
+        let e = powerinfer_cuda::slab_geometry([dtype, dtype, DType::F16], 256, 8);
+        assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
     }
 }
 

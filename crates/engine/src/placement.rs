@@ -52,9 +52,25 @@ impl Placement {
     /// A plan already in memory, for `weights`: lists the device allocations the engine would
     /// make for it ([`Error::Plan`](powerinfer_core::Error::Plan) when it does not fit the
     /// model). No fingerprint or byte-count check (see [`Placement::load`]).
+    ///
+    /// [`Error::Unsupported`](powerinfer_core::Error::Unsupported) when it puts on the GPU a
+    /// matrix in a format the GPU kernels do not take (Q2_K, Q3_K: see
+    /// [`powerinfer_cuda::GPU_DTYPES`]), or hot neurons of a layer whose gate and up
+    /// projections differ in format (the fused gate/up kernel reads both in one).
     pub fn new(weights: &ModelWeights, file: PlanFile) -> Result<Placement> {
         let c = &weights.config;
         file.table.check_model(c.n_layers, c.ffn_dim)?;
+        for (i, l) in weights.layers.iter().enumerate() {
+            ensure!(
+                file.table.layers[i].hot.is_empty() || l.w_gate.dtype == l.w_up.dtype,
+                Unsupported,
+                "the plan puts hot neurons of layer {i} on the GPU, whose gate ({}) and up ({}) \
+                 projections differ in format; the GPU's fused gate/up kernel reads one format \
+                 (plan again: the planner keeps such layers on the CPU)",
+                l.w_gate.dtype,
+                l.w_up.dtype
+            );
+        }
         let allocations = gpu_allocations(&gpu_view(weights), &file)?;
         Ok(Placement { file, allocations })
     }

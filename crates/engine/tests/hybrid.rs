@@ -69,31 +69,59 @@ fn model(act: Activation, dtype: DType, ctx: usize) -> Arc<ModelWeights> {
         max_context: ctx,
         ..config(act)
     };
+    model_with(c, |_, _| dtype)
+}
+
+/// A random model of config `c`: matrix `name` (rows of `cols` weights) stored as
+/// `dtype_of(name, cols)`, norms as F32.
+fn model_with(
+    c: powerinfer_core::ModelConfig,
+    dtype_of: impl Fn(&str, usize) -> DType,
+) -> Arc<ModelWeights> {
     let mut t = HashMap::new();
     let mut seed = 100;
-    let mut add = |name: String, rows: usize, cols: usize, scale: f32, dt: DType| {
+    let mut add = |name: String, rows: usize, cols: usize, scale: f32| {
         seed += 1;
+        let dt = if rows == 1 {
+            DType::F32
+        } else {
+            dtype_of(&name, cols)
+        };
         t.insert(
             name,
             weight(dt, rows, cols, &values(rows * cols, seed, scale)),
         );
     };
-    add("token_embd".into(), c.vocab_size, c.dim, 1.0, dtype);
-    add("output_norm".into(), 1, c.dim, 1.0, DType::F32);
-    add("output".into(), c.vocab_size, c.dim, 0.5, dtype);
+    add("token_embd".into(), c.vocab_size, c.dim, 1.0);
+    add("output_norm".into(), 1, c.dim, 1.0);
+    add("output".into(), c.vocab_size, c.dim, 0.5);
     for i in 0..c.n_layers {
         let s = 1.0 / (c.dim as f32).sqrt();
-        add(format!("blk.{i}.attn_norm"), 1, c.dim, 1.0, DType::F32);
-        add(format!("blk.{i}.ffn_norm"), 1, c.dim, 1.0, DType::F32);
-        add(format!("blk.{i}.attn_q"), c.q_dim(), c.dim, s, dtype);
-        add(format!("blk.{i}.attn_k"), c.kv_dim(), c.dim, s, dtype);
-        add(format!("blk.{i}.attn_v"), c.kv_dim(), c.dim, s, dtype);
-        add(format!("blk.{i}.attn_output"), c.dim, c.q_dim(), s, dtype);
-        add(format!("blk.{i}.ffn_gate"), c.ffn_dim, c.dim, s, dtype);
-        add(format!("blk.{i}.ffn_up"), c.ffn_dim, c.dim, s, dtype);
-        add(format!("blk.{i}.ffn_down"), c.dim, c.ffn_dim, s, dtype);
+        add(format!("blk.{i}.attn_norm"), 1, c.dim, 1.0);
+        add(format!("blk.{i}.ffn_norm"), 1, c.dim, 1.0);
+        add(format!("blk.{i}.attn_q"), c.q_dim(), c.dim, s);
+        add(format!("blk.{i}.attn_k"), c.kv_dim(), c.dim, s);
+        add(format!("blk.{i}.attn_v"), c.kv_dim(), c.dim, s);
+        add(format!("blk.{i}.attn_output"), c.dim, c.q_dim(), s);
+        add(format!("blk.{i}.ffn_gate"), c.ffn_dim, c.dim, s);
+        add(format!("blk.{i}.ffn_up"), c.ffn_dim, c.dim, s);
+        add(format!("blk.{i}.ffn_down"), c.dim, c.ffn_dim, s);
     }
     Arc::new(ModelWeights::from_tensors(c, t).unwrap())
+}
+
+/// The format of matrix `name` with rows of `cols` weights in a Q4_K_M file, llama.cpp's recipe
+/// in its main lines (as `powerinfer_rs.testing.synth_types`): Q6_K for the output head and
+/// layer 0's attn_v and ffn_down, Q4_K elsewhere; rows that are no whole number of 256-weight
+/// super-blocks take llama.cpp's fallbacks, Q8_0 for Q6_K and Q5_0 for Q4_K.
+fn q4_k_m(name: &str, cols: usize) -> DType {
+    let six = matches!(name, "output" | "blk.0.attn_v" | "blk.0.ffn_down");
+    match (six, cols.is_multiple_of(256)) {
+        (true, true) => DType::Q6_K,
+        (true, false) => DType::Q8_0,
+        (false, true) => DType::Q4_K,
+        (false, false) => DType::Q5_0,
+    }
 }
 
 /// Random predictors of rank 24 (f32), threshold 0: about half the neurons active.
@@ -142,6 +170,10 @@ impl Layout {
     }
 
     fn placement(&self, m: &ModelWeights) -> Arc<Placement> {
+        self.try_placement(m).unwrap()
+    }
+
+    fn try_placement(&self, m: &ModelWeights) -> powerinfer_core::Result<Arc<Placement>> {
         let c = &m.config;
         let rank = 24;
         let pred_sizes = vec![rank * c.dim * 4, rank * c.ffn_dim * 4];
@@ -163,9 +195,9 @@ impl Layout {
             budget_bytes: 0,
             gpu_bytes: 0,
         };
-        let p = Placement::new(m, file.clone()).unwrap();
+        let p = Placement::new(m, file.clone())?;
         file.gpu_bytes = p.allocations.iter().map(|a| a.1).sum();
-        Arc::new(Placement::new(m, file).unwrap())
+        Ok(Arc::new(Placement::new(m, file)?))
     }
 }
 
@@ -295,6 +327,122 @@ fn placements_match_the_cpu_engine_in_every_format() {
             }
         }
     }
+}
+
+/// Largest allowed |hybrid − cpu| of a K-quant model's logit (relative to the largest |cpu|
+/// logit), sparse modes: both sides read the same rows (down_t too).
+const TOL_K: f32 = 1e-3;
+/// The same in dense mode: the hot neurons' down rows come from the transposed down
+/// projection, re-quantized in its K-quant (or fallback) format, where the CPU's dense decode
+/// reads the original, as for Q4_0 ([`TOL_Q4_DENSE`]).
+const TOL_K_DENSE: f32 = 1.5e-2;
+
+#[test]
+fn q4_k_m_models_match_the_cpu_engine() {
+    // dim 256: every matrix a K-quant (Q4_K gate/up/attention, Q6_K down_t in layer 0 and the
+    // output head, Q4_K down_t in layer 1); dim 64, ffn 256: the 32-weight fallbacks (Q5_0
+    // gate/up/attention, Q8_0 attn_v and output head) with K-quant ffn_down, whose down_t rows
+    // of 64 fall back to Q8_0 (layer 0) and Q5_0 (layer 1).
+    let base = powerinfer_core::ModelConfig {
+        max_context: 256,
+        ..config(Activation::Relu)
+    };
+    let whole = powerinfer_core::ModelConfig {
+        dim: 256,
+        ffn_dim: 512,
+        head_dim: 64,
+        ..base.clone()
+    };
+    let fallback = powerinfer_core::ModelConfig {
+        ffn_dim: 256,
+        ..base
+    };
+    for (c, down_t) in [
+        (whole, [DType::Q6_K, DType::Q4_K]),
+        (fallback, [DType::Q8_0, DType::Q5_0]),
+    ] {
+        let m = model_with(c, q4_k_m);
+        let (n, ffn) = (m.config.n_layers, m.config.ffn_dim);
+        assert_eq!([m.down_t_dtype(0), m.down_t_dtype(1)], down_t);
+        let mut halves = Layout::all_gpu(n, ffn);
+        halves.hot = half_hot(ffn, n);
+        let mut partial = Layout::cpu(n);
+        partial.hot = vec![(0..11).map(|i| i * 7).collect(); n]; // 2 slabs of 8, one partial
+        partial.output = true;
+        partial.attention[1] = true;
+        for dev in devices() {
+            for (name, layout) in [
+                ("all on the GPU", Layout::all_gpu(n, ffn)),
+                ("half hot", halves.clone()),
+                ("partial slabs", partial.clone()),
+            ] {
+                println!("Q4_K_M dim {} {dev} {name}", m.config.dim);
+                check_tol(&m, &Sparsity::Dense, &layout, dev, 10, TOL_K_DENSE);
+                check_tol(&m, &Sparsity::ExactRelu, &layout, dev, 10, TOL_K);
+            }
+        }
+    }
+}
+
+#[test]
+fn formats_without_gpu_kernels_stay_on_the_cpu_or_the_plan_is_refused() {
+    let c = powerinfer_core::ModelConfig {
+        dim: 256,
+        ffn_dim: 512,
+        head_dim: 64,
+        max_context: 256,
+        ..config(Activation::Relu)
+    };
+    let n = c.n_layers;
+    // Q3_K FFN matrices (no GPU kernels), Q4_K attention and output head.
+    let m = model_with(c.clone(), |name, _| {
+        if name.contains(".ffn_") {
+            DType::Q3_K
+        } else {
+            DType::Q4_K
+        }
+    });
+    let mut hot = Layout::cpu(n);
+    hot.hot[1] = (0..40).collect();
+    let err = hot.try_placement(&m).unwrap_err();
+    assert!(
+        matches!(&err, powerinfer_core::Error::Unsupported(msg) if msg.contains("Q3_K")),
+        "{err}"
+    );
+    // Attention and the output head on the GPU, the FFN on the CPU: runs, as the CPU does.
+    let mut attn = Layout::cpu(n);
+    attn.attention = vec![true; n];
+    attn.output = true;
+    for dev in devices() {
+        check_tol(&m, &Sparsity::ExactRelu, &attn, dev, 6, TOL_K);
+    }
+    // Q2_K attention on the GPU is refused the same way.
+    let q2 = model_with(c.clone(), |name, _| {
+        if name.contains(".attn_") {
+            DType::Q2_K
+        } else {
+            DType::Q4_K
+        }
+    });
+    let err = attn.try_placement(&q2).unwrap_err();
+    assert!(
+        matches!(&err, powerinfer_core::Error::Unsupported(msg) if msg.contains("Q2_K")),
+        "{err}"
+    );
+    // Gate and up in different formats: the fused gate/up kernel reads one.
+    let mixed = model_with(c, |name, _| {
+        if name.ends_with("ffn_up") {
+            DType::Q6_K
+        } else {
+            DType::Q4_K
+        }
+    });
+    let err = hot.try_placement(&mixed).unwrap_err();
+    assert!(
+        matches!(&err, powerinfer_core::Error::Unsupported(msg) if msg.contains("gate")),
+        "{err}"
+    );
+    assert!(attn.try_placement(&mixed).is_ok());
 }
 
 #[test]

@@ -115,7 +115,7 @@ class Evaluation:
 
 def evaluate(p: PlacementProblem, pl: Placement) -> Evaluation:
     """Bytes, mass and predicted time of ``pl``; ``feasible`` False (with a reason) when it
-    breaks the budget or a per-layer minimum."""
+    breaks the budget or a per-layer minimum, or puts on the GPU a part it cannot hold."""
     mw, tt = mass_weights(p), time_terms(p)
     reasons = []
     layer_gpu, layer_cpu, layer_share, layer_time, split = [], [], [], [], []
@@ -129,6 +129,10 @@ def evaluate(p: PlacementProblem, pl: Placement) -> Evaluation:
             reasons.append(f"layer {i}: {k} buckets of {lt.n_buckets}")
             k = max(0, min(k, lt.n_buckets))
         hot = int(lt.sizes[:k].sum())
+        if a and not lt.attn_gpu:
+            reasons.append(f"layer {i} attention on the GPU: {lt.attn_refused}")
+        if k and not lt.ffn_gpu:
+            reasons.append(f"layer {i} neurons on the GPU: {lt.ffn_refused}")
         if 0 < hot < lt.min_neurons:
             reasons.append(f"layer {i}: {hot} hot neurons < minimum {lt.min_neurons}")
         gb = (lt.attn_bytes if a else 0) + (lt.pred_bytes if pr else 0)
@@ -151,6 +155,8 @@ def evaluate(p: PlacementProblem, pl: Placement) -> Evaluation:
         s = uses_gpu and uses_cpu
         split.append(s)
         layer_time.append(t + max(t_gpu, t_cpu) + (tt.sync if s else 0.0))
+    if pl.output and not p.output_gpu:
+        reasons.append(f"output head on the GPU: {p.output_refused}")
     glob = p.output_bytes if pl.output else 0
     if pl.uses_gpu():
         glob += p.scratch_bytes

@@ -6,7 +6,8 @@ the next bucket in frequency order; the first FFN item of a layer is its first `
 buckets together (plus ``ffn_norm``), so the per-layer minimum holds by construction. The item
 with the best gain per byte that still fits is taken until none fits. Gains are the mass weights
 (objective "mass") or the time saved ignoring the per-layer max of the CPU and GPU parts
-(objective "time"); the result is then measured exactly by :func:`.cost_model.evaluate`.
+(objective "time"); the result is then measured exactly by :func:`.cost_model.evaluate`. Parts
+the GPU cannot hold (``attn_gpu``, ``ffn_gpu``, ``output_gpu`` false) are never items.
 """
 
 from __future__ import annotations
@@ -54,12 +55,15 @@ def solve_greedy(p: PlacementProblem) -> SolveResult:
             seq += 1
 
     for i, lt in enumerate(p.layers):
-        push(attn_gain[i], lt.attn_bytes, ("attn", i))
+        if lt.attn_gpu:
+            push(attn_gain[i], lt.attn_bytes, ("attn", i))
         push(pred_gain[i], lt.pred_bytes, ("pred", i))
-        k0 = lt.min_buckets
-        gain = float(bucket_gain[i][:k0].sum()) - first_cost[i]
-        push(gain, lt.ffn_fixed_bytes + k0 * lt.slab_bytes, ("ffn", i, k0))
-    push(out_gain, p.output_bytes, ("out",))
+        if lt.ffn_gpu:
+            k0 = lt.min_buckets
+            gain = float(bucket_gain[i][:k0].sum()) - first_cost[i]
+            push(gain, lt.ffn_fixed_bytes + k0 * lt.slab_bytes, ("ffn", i, k0))
+    if p.output_gpu:
+        push(out_gain, p.output_bytes, ("out",))
 
     used = 0
     while heap:

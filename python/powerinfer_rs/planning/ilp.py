@@ -11,7 +11,9 @@ Columns, per layer: ``y[l,k]`` for the allowed ``k``, ``a[l]`` (attention + KV o
 ``p[l]`` (predictor on GPU) and, for the time objective, the continuous ``full[l]`` (the whole
 layer on the GPU) and ``none[l]`` (none of it); then ``h`` (output head) and ``u`` (anything on
 the GPU: scratch allocated). Bytes enter in MiB and time in microseconds for conditioning; the
-placement is re-measured exactly by :func:`.cost_model.evaluate` afterwards.
+placement is re-measured exactly by :func:`.cost_model.evaluate` afterwards. A part the GPU
+cannot hold (a format without GPU kernels) has its column bounded to 0 (``a``, ``h``) or its
+layer's options cut to ``k = 0``.
 """
 
 from __future__ import annotations
@@ -115,8 +117,11 @@ class _Model:
 
 
 def layer_options(p: PlacementProblem, i: int) -> np.ndarray:
-    """The allowed bucket counts of layer ``i``: 0 and ``k0_l .. K_l``."""
+    """The allowed bucket counts of layer ``i``: 0 and ``k0_l .. K_l`` (only 0 when the GPU
+    cannot hold the layer's FFN)."""
     lt = p.layers[i]
+    if not lt.ffn_gpu:
+        return np.zeros(1, dtype=np.int64)
     return np.concatenate([[0], np.arange(lt.min_buckets, lt.n_buckets + 1)]).astype(np.int64)
 
 
@@ -203,9 +208,10 @@ def solve_ilp(
         value_of.append(value)
         nbytes = np.where(ks > 0, lt.ffn_fixed_bytes + ks * lt.slab_bytes, 0)
         full = none = -1
+        a_ub = 1.0 if lt.attn_gpu else 0.0  # refused attention stays on the CPU
         if timed:
             y = md.cols(-value)
-            a = md.cols((tt.attn_gpu[i] - tt.attn_cpu[i]) * _US)[0]
+            a = md.cols((tt.attn_gpu[i] - tt.attn_cpu[i]) * _US, ub=a_ub)[0]
             pr = md.cols((tt.pred_gpu[i] - tt.pred_cpu[i]) * _US)[0]
             full, none = md.cols([-tt.sync * _US, -tt.sync * _US], integer=False)
             offset += (tt.attn_cpu[i] + tt.pred_cpu[i] + tt.sync) * _US
@@ -221,17 +227,18 @@ def solve_ilp(
             md.row([none, pr], [1.0, 1.0], -inf, 1.0)
         else:
             y = md.cols(value)
-            a = md.cols(mw.attention[i] / mw.total)[0]
+            a = md.cols(mw.attention[i] / mw.total, ub=a_ub)[0]
             pr = md.cols(mw.predictor[i] / mw.total)[0]
         md.row(y, 1.0, 1.0, 1.0)  # exactly one choice per layer
         per_layer.append((ks, y, a, pr, full, none))
         budget_cols += [y, np.array([a, pr])]
         budget_vals += [nbytes / _MIB, np.array([lt.attn_bytes, lt.pred_bytes]) / _MIB]
+    h_ub = 1.0 if p.output_gpu else 0.0
     if timed:
-        h = md.cols((tt.out_gpu - tt.out_cpu) * _US)[0]
+        h = md.cols((tt.out_gpu - tt.out_cpu) * _US, ub=h_ub)[0]
         offset += tt.out_cpu * _US
     else:
-        h = md.cols(mw.output / mw.total)[0]
+        h = md.cols(mw.output / mw.total, ub=h_ub)[0]
     u = md.cols(0.0)[0]
     for _ks, y, a, pr, _f, _n in per_layer:
         md.row([u, y[0]], [1.0, 1.0], 1.0, inf)  # u >= 1 - y[l,0]

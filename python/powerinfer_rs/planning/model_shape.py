@@ -15,6 +15,26 @@ from ..loading.types import BLOCK_LAYOUT, LoadedModel, ModelConfig, expected_sha
 #: 256 (llama.cpp's own fallbacks; crates/engine/src/transpose.rs ``k_fallback``).
 K_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 
+#: The weight formats the GPU kernels take (crates/cuda/src/kernels.rs ``GPU_DTYPES``, exported as
+#: ``_core.GPU_DTYPES``); the engine refuses a plan putting a matrix in any other (Q2_K, Q3_K) on
+#: the GPU, so the planner keeps those parts on the CPU.
+GPU_DTYPES = (
+    "F32",
+    "F16",
+    "BF16",
+    "Q8_0",
+    "Q4_0",
+    "Q4_1",
+    "Q5_0",
+    "Q5_1",
+    "Q4_K",
+    "Q5_K",
+    "Q6_K",
+)
+
+#: Parts of a model the GPU may hold: a layer's attention or FFN (hot neurons), the output head.
+GPU_PARTS = ("attention", "ffn", "output")
+
 
 @dataclass
 class ModelShape:
@@ -84,6 +104,33 @@ class ModelShape:
                 return cand
         return "F16"
 
+    def gpu_refusal(self, part: str, layer: int = 0) -> str | None:
+        """Why the GPU cannot hold ``part`` (``"attention"`` or ``"ffn"`` of ``layer``, or
+        ``"output"``), or None when it can: a matrix in a format without GPU kernels (not in
+        :data:`GPU_DTYPES`), or, for the FFN, gate and up in different formats (the GPU's fused
+        gate/up kernel reads one). As the engine checks a plan (crates/engine placement.rs)."""
+        if part == "attention":
+            names = [f"blk.{layer}.{t}" for t in ("attn_q", "attn_k", "attn_v", "attn_output")]
+            formats = {n: self.dtype(n) for n in names}
+        elif part == "ffn":
+            names = [f"blk.{layer}.ffn_up"]
+            if not self.config.no_gate:
+                names.insert(0, f"blk.{layer}.ffn_gate")
+            formats = {n: self.dtype(n) for n in names}
+            formats[f"blk.{layer}.ffn_down_t"] = self.down_t_dtype(layer)
+        elif part == "output":
+            formats = {"output": self.dtype("output")}
+        else:
+            raise ValueError(f"part {part!r}: one of {', '.join(GPU_PARTS)}")
+        refused = [f"{n} is {d}" for n, d in formats.items() if d not in GPU_DTYPES]
+        if refused:
+            return f"{', '.join(refused)}: no GPU kernels for that format"
+        if part == "ffn" and not self.config.no_gate:
+            gate, up = formats[f"blk.{layer}.ffn_gate"], formats[f"blk.{layer}.ffn_up"]
+            if gate != up:
+                return f"blk.{layer}.ffn_gate is {gate} and ffn_up {up}: the GPU reads both in one"
+        return None
+
     def neuron_read_bytes(self, layer: int) -> int:
         """Weight bytes of one FFN neuron: its gate row (none for gate-less families) + up
         row + down_t row."""
@@ -96,4 +143,4 @@ class ModelShape:
         )
 
 
-__all__ = ["ModelShape"]
+__all__ = ["GPU_DTYPES", "GPU_PARTS", "K_FALLBACK", "ModelShape"]

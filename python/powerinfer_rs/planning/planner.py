@@ -76,6 +76,11 @@ def hot_neurons(problem: PlacementProblem, placement: Placement) -> list[np.ndar
 def plan_from_solution(problem: PlacementProblem, res: SolveResult, profile: Profile) -> Plan:
     """Assemble the :class:`Plan` of a solved problem, with bytes and predictions recorded."""
     p, pl = problem, res.placement
+    refused = p.refusals()
+    if refused:
+        more = f" and {len(refused) - 1} more" if len(refused) > 1 else ""
+        kept = f"kept on the CPU, the GPU cannot hold them: {refused[0]}{more}"
+        res.note = "; ".join(n for n in (res.note, kept) if n)
     ev = evaluate(p, pl)
     allocs = placement_allocation(
         p.shape, pl, bucket=p.bucket, context=p.context, predictors=p.predictors

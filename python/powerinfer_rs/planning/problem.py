@@ -3,7 +3,9 @@
 :func:`build_problem` turns a model shape, an activation profile, a hardware profile and a budget
 into a :class:`PlacementProblem`; the ILP (:mod:`.ilp`), the greedy fallback (:mod:`.greedy`)
 and the evaluator (:mod:`.cost_model`) all read the same numbers. Byte costs are sums of the
-allocation lists of :mod:`.accounting`, so they are exact.
+allocation lists of :mod:`.accounting`, so they are exact. Parts the GPU cannot hold (matrices in
+a format without GPU kernels, :meth:`.ModelShape.gpu_refusal`) are marked refused: every solver
+keeps them on the CPU and the evaluator calls a placement putting them on the GPU infeasible.
 """
 
 from __future__ import annotations
@@ -41,6 +43,20 @@ class LayerTerms:
     attn_read: float  #: attention bytes read per token: weights + mean KV (context / 2 rows)
     pred_read: int  #: predictor bytes read per token
     min_neurons: int  #: m_l: a layer with hot neurons has at least this many
+    #: Why the GPU cannot hold the layer's attention / FFN (a format without GPU kernels,
+    #: :meth:`.ModelShape.gpu_refusal`), or None: a refused part stays on the CPU.
+    attn_refused: str | None = None
+    ffn_refused: str | None = None
+
+    @property
+    def attn_gpu(self) -> bool:
+        """Whether the GPU may hold the layer's attention."""
+        return self.attn_refused is None
+
+    @property
+    def ffn_gpu(self) -> bool:
+        """Whether the GPU may hold any of the layer's neurons."""
+        return self.ffn_refused is None
 
     @property
     def n_buckets(self) -> int:
@@ -70,6 +86,23 @@ class PlacementProblem:
     scratch_bytes: int  #: GPU bytes of the shared scratch buffers
     embed_read: int  #: bytes of one embedding row (read on the CPU per token)
     total_counts: int  #: all activation counts of the profile
+    output_refused: str | None = None  #: why the GPU cannot hold the output head, or None
+
+    @property
+    def output_gpu(self) -> bool:
+        """Whether the GPU may hold the output head."""
+        return self.output_refused is None
+
+    def refusals(self) -> list[str]:
+        """The parts kept on the CPU because the GPU cannot hold them, with the reason."""
+        out = []
+        for i, lt in enumerate(self.layers):
+            for part, why in (("attention", lt.attn_refused), ("ffn", lt.ffn_refused)):
+                if why:
+                    out.append(f"layer {i} {part}: {why}")
+        if self.output_refused:
+            out.append(f"output: {self.output_refused}")
+        return out
 
     @property
     def gpu_bw(self) -> float:
@@ -192,6 +225,8 @@ def build_problem(
                 attn_read=attn_w + kv_read,
                 pred_read=predictors.layer_bytes(i),
                 min_neurons=m,
+                attn_refused=shape.gpu_refusal("attention", i),
+                ffn_refused=shape.gpu_refusal("ffn", i),
             )
         )
     return PlacementProblem(
@@ -208,6 +243,7 @@ def build_problem(
         scratch_bytes=acc.total_bytes(acc.scratch_allocations(shape, context, predictors)),
         embed_read=shape.tensor_bytes("token_embd") // c.vocab_size,
         total_counts=int(sum(int(x.sum()) for x in profile.counts)),
+        output_refused=shape.gpu_refusal("output"),
     )
 
 

@@ -33,6 +33,7 @@ mod tests {
 
     use super::super::testutil::*;
     use crate::backend::Launch;
+    use crate::kernels::GPU_DTYPES;
     use crate::layout::RowLayout;
     use crate::HostBackend;
 
@@ -41,7 +42,7 @@ mod tests {
     #[test]
     fn axpy_rows_accumulates_like_the_reference_on_every_format() {
         let be = HostBackend::new();
-        for (i, dtype) in DType::BASIC.into_iter().enumerate() {
+        for (i, dtype) in GPU_DTYPES.into_iter().enumerate() {
             let (rows, cols) = (41, odd_cols(dtype));
             let w = weight(dtype, rows, cols, 50 + i as u64);
             let idx: Vec<u32> = (0..29).map(|k| (k * 17 + 2) % rows as u32).collect();
@@ -103,8 +104,8 @@ mod tests {
     #[test]
     fn axpy_over_hot_down_slabs() {
         let be = HostBackend::new();
-        for (i, down) in DType::BASIC.into_iter().enumerate() {
-            let gate = DType::BASIC[(i + 3) % 6];
+        for (i, down) in GPU_DTYPES.into_iter().enumerate() {
+            let gate = GPU_DTYPES[(i + 3) % GPU_DTYPES.len()];
             let dim = hot_dim(down, gate);
             let hot = hot(&be, gate, down, dim, 90 + i as u64);
             // Coefficients for every slot, padding included (its rows are zero).

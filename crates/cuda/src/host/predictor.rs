@@ -76,6 +76,7 @@ mod tests {
 
     use super::super::testutil::*;
     use crate::backend::{Backend, Launch};
+    use crate::kernels::GPU_DTYPES;
     use crate::layout::RowLayout;
     use crate::{HostBackend, HostBuf};
 
@@ -133,7 +134,7 @@ mod tests {
     #[test]
     fn predictor_fc2_sums_positive_hidden_units_and_thresholds() {
         let be = HostBackend::new();
-        for (i, dtype) in DType::BASIC.into_iter().enumerate() {
+        for (i, dtype) in GPU_DTYPES.into_iter().enumerate() {
             let (rank, ffn) = (37, odd_cols(dtype));
             let w = weight(dtype, rank, ffn, 110 + i as u64);
             let mut hidden = pseudo_random(rank, 120 + i as u64);

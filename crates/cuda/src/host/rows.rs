@@ -64,6 +64,7 @@ mod tests {
 
     use super::super::testutil::*;
     use crate::backend::{Backend, Launch};
+    use crate::kernels::GPU_DTYPES;
     use crate::layout::{Act, RowLayout};
     use crate::HostBackend;
 
@@ -72,7 +73,7 @@ mod tests {
     #[test]
     fn sparse_matvec_matches_the_reference_on_every_format() {
         let be = HostBackend::new();
-        for (i, dtype) in DType::BASIC.into_iter().enumerate() {
+        for (i, dtype) in GPU_DTYPES.into_iter().enumerate() {
             let (rows, cols) = (45, odd_cols(dtype));
             let w = weight(dtype, rows, cols, i as u64);
             let x = pseudo_random(cols, 100 + i as u64);
@@ -138,8 +139,8 @@ mod tests {
     #[test]
     fn sparse_matvec_over_slabs_skips_inactive_and_padding_neurons() {
         let be = HostBackend::new();
-        for (i, dtype) in DType::BASIC.into_iter().enumerate() {
-            let down = DType::BASIC[(i + 2) % 6];
+        for (i, dtype) in GPU_DTYPES.into_iter().enumerate() {
+            let down = GPU_DTYPES[(i + 2) % GPU_DTYPES.len()];
             let dim = hot_dim(dtype, down);
             let hot = hot(&be, dtype, down, dim, 10 * i as u64);
             let x = pseudo_random(dim, 7 + i as u64);
@@ -181,8 +182,8 @@ mod tests {
     #[test]
     fn gate_up_over_slabs_matches_the_reference() {
         let be = HostBackend::new();
-        for (i, dtype) in DType::BASIC.into_iter().enumerate() {
-            let down = DType::BASIC[(i + 1) % 6];
+        for (i, dtype) in GPU_DTYPES.into_iter().enumerate() {
+            let down = GPU_DTYPES[(i + 1) % GPU_DTYPES.len()];
             let dim = hot_dim(dtype, down);
             let hot = hot(&be, dtype, down, dim, 20 + i as u64);
             let x = pseudo_random(dim, 30 + i as u64);

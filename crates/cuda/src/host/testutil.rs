@@ -49,22 +49,22 @@ pub(super) fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Weigh
 }
 
 /// Columns for `dtype` that are not a round number: odd for the float formats, an odd count of
-/// blocks for the quantized ones.
+/// blocks (32-weight blocks or 256-weight super-blocks) for the quantized ones.
 pub(super) fn odd_cols(dtype: DType) -> usize {
     if dtype.is_quantized() {
-        32 * 7
+        dtype.block_size() * if dtype.is_k_quant() { 3 } else { 7 }
     } else {
         203
     }
 }
 
-/// Width for hot slabs of gate/up in `a` and down_t in `b`: odd unless one is quantized.
+/// Width for hot slabs of gate/up in `a` and down_t in `b`: odd unless one is quantized, a
+/// whole number of super-blocks when one is a K-quant.
 pub(super) fn hot_dim(a: DType, b: DType) -> usize {
-    if a.is_quantized() {
-        odd_cols(a)
-    } else {
-        odd_cols(b)
-    }
+    [a, b]
+        .into_iter()
+        .max_by_key(|d| d.block_size())
+        .map_or(203, odd_cols)
 }
 
 /// Assert `got` is `want` within `rel · max(1, |want|)` per element.

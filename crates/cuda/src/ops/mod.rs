@@ -9,6 +9,7 @@
 use powerinfer_core::{ensure, DType, Result, RopeStyle, Weight};
 
 use crate::backend::{Backend, DeviceWeight, Elem, HotFfn};
+use crate::kernels::{is_gpu_dtype, GPU_DTYPES};
 use crate::layout::Act;
 
 mod attention;
@@ -19,14 +20,15 @@ mod predictor;
 mod rows;
 mod upload;
 
-/// `Error::Unsupported` unless the GPU kernels take `dtype` ([`DType::BASIC`]; the Q5 formats
-/// and K-quants run on the CPU only, so far).
+/// `Error::Unsupported` unless the GPU kernels take `dtype` ([`GPU_DTYPES`]; Q2_K and Q3_K run
+/// on the CPU only, so far).
 pub(crate) fn ensure_gpu_dtype(dtype: DType) -> Result<()> {
     ensure!(
-        DType::BASIC.contains(&dtype),
+        is_gpu_dtype(dtype),
         Unsupported,
-        "{dtype} weights have no GPU kernels yet (supported on the GPU: F32, F16, BF16, Q8_0, \
-         Q4_0, Q4_1); run this model on device=\"cpu\""
+        "{dtype} weights have no GPU kernels yet (supported on the GPU: {}); keep them on the \
+         CPU (plan them with the planner, which does) or run this model on device=\"cpu\"",
+        GPU_DTYPES.map(DType::name).join(", ")
     );
     Ok(())
 }
