@@ -5,21 +5,22 @@
 //! formats through [`WideFloat`], which loads 16 values as one vector of f32 (F16: one
 //! `vcvtph2ps` of 32 bytes, BF16: a widening and a 16-bit shift).
 //!
-//! The dense dot reads a matrix one row after the other, four accumulators per row, fetching a
-//! fixed distance ahead: one sequential stream, which the memory system serves at close to its
-//! full read bandwidth, where the AVX2 form's rows side by side (four streams, four DRAM pages
-//! open at once) reach about three quarters of it. The group kernels keep their rows side by
-//! side (two accumulators per row for the dot, four y vectors per step for the accumulation),
-//! fetching the rows their caller reads next line by line in step, as the AVX2 forms in
-//! [`super::rows`] do. Row tails shorter than a vector are read with masked loads, which never
-//! touch the values past a row's end.
+//! Besides halving the instructions per value (which is what counts for rows in cache), these
+//! kernels read memory in a different order from the AVX2 forms in [`super::rows`], which read
+//! four (dense) or eight (scattered) rows side by side: from DRAM, fewer streams at once are
+//! served faster. The dense dot reads a matrix one row after the other (one sequential stream,
+//! fetched a fixed distance ahead); the group kernels read their scattered rows two side by
+//! side, each pair fetching the next pair line by line in step. Row tails shorter than a vector
+//! are read with masked loads, which never touch the values past a row's end.
 
 use super::formats::{Bf16, FloatFormat, F16, F32};
-use super::rows::{fetch_lines, RowGroup};
+use super::rows::{RowGroup, GROUP};
 use std::arch::x86_64::*;
 
 /// How far ahead of its reads the dense dot ([`rows_dot`]) fetches, in bytes.
 const AHEAD: usize = 8192;
+/// Rows the group kernels ([`dot`], [`axpy`]) read side by side.
+const SIDE: usize = 2;
 
 /// A float format's values loaded 16 at a time into a 512-bit vector of f32.
 pub(super) trait WideFloat: FloatFormat {
@@ -97,18 +98,6 @@ fn first_lanes(n: usize) -> __mmask16 {
     ((1u32 << n) - 1) as __mmask16
 }
 
-/// Fetch the lines of values `c..c + VALUES` of the first `R` rows in `q` (`VALUES·BYTES` a
-/// multiple of 64).
-#[inline(always)]
-fn fetch_values<F: FloatFormat, const R: usize, const VALUES: usize>(
-    q: &[*const u8; super::rows::GROUP],
-    c: usize,
-) {
-    for line in 0..VALUES * F::BYTES / 64 {
-        fetch_lines::<R>(q, c * F::BYTES + 64 * line);
-    }
-}
-
 /// out[i] = dot(row i, x) over consecutive rows `row_bytes` apart from `base`, one row after
 /// the other, fetching [`AHEAD`] bytes ahead of the reads.
 ///
@@ -135,8 +124,8 @@ pub(super) unsafe fn rows_dot<F: WideFloat>(
 ///
 /// One row at a time rather than a group side by side: a dense matrix is then read as one
 /// sequential stream, which the memory system serves near its full read bandwidth (dense F16
-/// 5504×2048 from DRAM on one thread: 41 GB/s, against 30 GB/s for four rows side by side,
-/// whose four streams are four DRAM pages open at once).
+/// 5504×2048 from DRAM on one thread: 41–44 GB/s, against 30 GB/s for four rows side by side;
+/// the read probe gives 42 GB/s).
 ///
 /// # Safety
 /// `x.len()` values readable at `p`; the CPU has the AVX-512 level. `fetch` may be any address
@@ -183,8 +172,48 @@ unsafe fn dot_row<F: WideFloat>(p: *const u8, x: &[f32], fetch: *const u8) -> f3
     _mm512_reduce_add_ps(sum)
 }
 
-/// out[i] = dot(row i, x) for the group's first `R` rows, two 16-lane accumulators per row
-/// (the same arithmetic for a row whatever `R`), the tail through masked loads.
+/// Row `j` of the group's reading order: its `R` rows, then the rows it fetches (which repeat
+/// its own rows where the caller has fewer to read next).
+#[inline(always)]
+fn row_at<const R: usize>(g: &RowGroup, j: usize) -> *const u8 {
+    match j < R {
+        true => g.p[j],
+        false => g.q[(j - R).min(GROUP - 1)],
+    }
+}
+
+/// Rows `s..s + S` of the group's reading order, and the `S` rows after them (to fetch).
+#[inline(always)]
+fn rows_from<const R: usize, const S: usize>(
+    g: &RowGroup,
+    s: usize,
+) -> ([*const u8; S], [*const u8; S]) {
+    (
+        std::array::from_fn(|i| row_at::<R>(g, s + i)),
+        std::array::from_fn(|i| row_at::<R>(g, s + S + i)),
+    )
+}
+
+/// Fetch the lines of values `c..c + VALUES` of the `S` rows at `q` (`VALUES·BYTES` a multiple
+/// of 64) into the cache.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+fn fetch<F: FloatFormat, const S: usize, const VALUES: usize>(q: &[*const u8; S], c: usize) {
+    for line in 0..VALUES * F::BYTES / 64 {
+        for qi in q {
+            // A hint: it never faults, whatever the address.
+            _mm_prefetch::<_MM_HINT_T0>(qi.wrapping_add(c * F::BYTES + 64 * line).cast());
+        }
+    }
+}
+
+/// out[i] = dot(row i, x) for the group's first `R` rows, [`SIDE`] rows side by side at a
+/// time, each pair fetching the next pair in step (the last pair: the caller's next rows).
+///
+/// A pair at a time rather than all `R` rows side by side: fewer streams open at once, which
+/// the memory system serves faster (F16 rows of 2048, 30% of 5504 rows, from DRAM on one
+/// thread: 33 GB/s, against 27 GB/s for eight rows side by side and 32 GB/s for the AVX2 form),
+/// and fewer loads of x per row than one row at a time.
 ///
 /// # Safety
 /// `x.len()` values readable at each of the first `R` rows, `out.len() >= R`; the CPU has the
@@ -192,19 +221,48 @@ unsafe fn dot_row<F: WideFloat>(p: *const u8, x: &[f32], fetch: *const u8) -> f3
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn dot<F: WideFloat, const R: usize>(g: &RowGroup, x: &[f32], out: &mut [f32]) {
-    let (p, q) = (&g.p, &g.q);
+    let mut s = 0;
+    while s + SIDE <= R {
+        let (p, q) = rows_from::<R, SIDE>(g, s);
+        // SAFETY: rows s..s + SIDE are among the group's first R rows, readable per the caller.
+        unsafe { dot_side::<F, SIDE>(&p, &q, x, &mut out[s..s + SIDE]) };
+        s += SIDE;
+    }
+    while s < R {
+        let (p, q) = rows_from::<R, 1>(g, s);
+        // SAFETY: as above, for row s.
+        unsafe { dot_side::<F, 1>(&p, &q, x, &mut out[s..s + 1]) };
+        s += 1;
+    }
+}
+
+/// out[i] = dot(row i, x) for the `S` rows at `p`, side by side, two 16-lane accumulators per
+/// row (the same arithmetic for a row whatever `S`), the tail through masked loads; the rows
+/// at `q` are fetched in step.
+///
+/// # Safety
+/// `x.len()` values readable at each `p[i]`, `out.len() >= S`; the CPU has the AVX-512 level.
+/// `q` may hold any addresses (prefetches never fault).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn dot_side<F: WideFloat, const S: usize>(
+    p: &[*const u8; S],
+    q: &[*const u8; S],
+    x: &[f32],
+    out: &mut [f32],
+) {
     let n = x.len();
     let xp = x.as_ptr();
-    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    let mut acc = [[_mm512_setzero_ps(); 2]; S];
     let mut c = 0;
     while c + 32 <= n {
-        fetch_values::<F, R, 32>(q, c);
+        fetch::<F, S, 32>(q, c);
         // SAFETY: c + 32 <= n: x[c..c + 32] and values c..c + 32 of every row are in bounds.
         unsafe {
             let x0 = _mm512_loadu_ps(xp.add(c));
             let x1 = _mm512_loadu_ps(xp.add(c + 16));
-            for (i, a) in acc.iter_mut().enumerate() {
-                let w = p[i].add(c * F::BYTES);
+            for (a, pi) in acc.iter_mut().zip(p) {
+                let w = pi.add(c * F::BYTES);
                 a[0] = _mm512_fmadd_ps(F::load16(w), x0, a[0]);
                 a[1] = _mm512_fmadd_ps(F::load16(w.add(16 * F::BYTES)), x1, a[1]);
             }
@@ -215,8 +273,8 @@ pub(super) unsafe fn dot<F: WideFloat, const R: usize>(g: &RowGroup, x: &[f32], 
         // SAFETY: as above for 16 values.
         unsafe {
             let x0 = _mm512_loadu_ps(xp.add(c));
-            for (i, a) in acc.iter_mut().enumerate() {
-                a[0] = _mm512_fmadd_ps(F::load16(p[i].add(c * F::BYTES)), x0, a[0]);
+            for (a, pi) in acc.iter_mut().zip(p) {
+                a[0] = _mm512_fmadd_ps(F::load16(pi.add(c * F::BYTES)), x0, a[0]);
             }
         }
         c += 16;
@@ -226,8 +284,8 @@ pub(super) unsafe fn dot<F: WideFloat, const R: usize>(g: &RowGroup, x: &[f32], 
         // SAFETY: only the n − c values from c, in bounds in x and every row, are read.
         unsafe {
             let x0 = _mm512_maskz_loadu_ps(m, xp.add(c));
-            for (i, a) in acc.iter_mut().enumerate() {
-                a[1] = _mm512_fmadd_ps(F::load_masked(p[i].add(c * F::BYTES), m), x0, a[1]);
+            for (a, pi) in acc.iter_mut().zip(p) {
+                a[1] = _mm512_fmadd_ps(F::load_masked(pi.add(c * F::BYTES), m), x0, a[1]);
             }
         }
     }
@@ -236,10 +294,11 @@ pub(super) unsafe fn dot<F: WideFloat, const R: usize>(g: &RowGroup, x: &[f32], 
     }
 }
 
-/// y += Σ a[i]·row i for the group's first `R` rows: y read and written once per 64 values,
-/// each y value's sum taken over the rows in order with one FMA per row (the same arithmetic
-/// as the AVX2 form, so both give the same bits). Four y vectors per step are four FMA chains,
-/// and the steps are independent, so the core overlaps them.
+/// y += Σ a[i]·row i for the group's first `R` rows, [`SIDE`] rows at a time, each pair
+/// fetching the next pair in step (as [`dot`]; F16 rows of 2048, 30% of 5504, from DRAM on
+/// one thread: 33 GB/s, against 26 GB/s for eight rows side by side and 29 GB/s for the AVX2
+/// form). Each y value's sum is taken over the rows in order with one FMA per row, y stored
+/// exactly in between: the same arithmetic as the AVX2 form, so both give the same bits.
 ///
 /// # Safety
 /// `y.len()` values readable at each of the first `R` rows, `a.len() >= R`; the CPU has the
@@ -247,18 +306,47 @@ pub(super) unsafe fn dot<F: WideFloat, const R: usize>(g: &RowGroup, x: &[f32], 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn axpy<F: WideFloat, const R: usize>(g: &RowGroup, a: &[f32], y: &mut [f32]) {
-    let (p, q) = (&g.p, &g.q);
+    let mut s = 0;
+    while s + SIDE <= R {
+        let (p, q) = rows_from::<R, SIDE>(g, s);
+        // SAFETY: rows s..s + SIDE are among the group's first R rows, readable per the caller.
+        unsafe { axpy_side::<F, SIDE>(&p, &q, &a[s..s + SIDE], y) };
+        s += SIDE;
+    }
+    while s < R {
+        let (p, q) = rows_from::<R, 1>(g, s);
+        // SAFETY: as above, for row s.
+        unsafe { axpy_side::<F, 1>(&p, &q, &a[s..s + 1], y) };
+        s += 1;
+    }
+}
+
+/// y += Σ a[i]·row i for the `S` rows at `p`: y read and written once per 64 values, the
+/// rows' FMAs in row order; the rows at `q` are fetched in step. Four y vectors per step are
+/// four FMA chains, and the steps are independent, so the core overlaps them.
+///
+/// # Safety
+/// `y.len()` values readable at each `p[i]`, `a.len() >= S`; the CPU has the AVX-512 level.
+/// `q` may hold any addresses (prefetches never fault).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn axpy_side<F: WideFloat, const S: usize>(
+    p: &[*const u8; S],
+    q: &[*const u8; S],
+    a: &[f32],
+    y: &mut [f32],
+) {
     let n = y.len();
-    let av: [__m512; R] = std::array::from_fn(|i| _mm512_set1_ps(a[i]));
+    let av: [__m512; S] = std::array::from_fn(|i| _mm512_set1_ps(a[i]));
     let yp = y.as_mut_ptr();
     let mut c = 0;
     while c + 64 <= n {
-        fetch_values::<F, R, 64>(q, c);
+        fetch::<F, S, 64>(q, c);
         // SAFETY: c + 64 <= n: y[c..c + 64] and values c..c + 64 of every row are in bounds.
         unsafe {
             let mut yv = [0, 16, 32, 48].map(|k| _mm512_loadu_ps(yp.add(c + k)));
-            for (i, &ai) in av.iter().enumerate() {
-                let w = p[i].add(c * F::BYTES);
+            for (&ai, pi) in av.iter().zip(p) {
+                let w = pi.add(c * F::BYTES);
                 for (k, v) in yv.iter_mut().enumerate() {
                     *v = _mm512_fmadd_ps(ai, F::load16(w.add(16 * k * F::BYTES)), *v);
                 }
@@ -273,8 +361,8 @@ pub(super) unsafe fn axpy<F: WideFloat, const R: usize>(g: &RowGroup, a: &[f32],
         // SAFETY: as above for 16 values.
         unsafe {
             let mut v = _mm512_loadu_ps(yp.add(c));
-            for (i, &ai) in av.iter().enumerate() {
-                v = _mm512_fmadd_ps(ai, F::load16(p[i].add(c * F::BYTES)), v);
+            for (&ai, pi) in av.iter().zip(p) {
+                v = _mm512_fmadd_ps(ai, F::load16(pi.add(c * F::BYTES)), v);
             }
             _mm512_storeu_ps(yp.add(c), v);
         }
@@ -286,8 +374,8 @@ pub(super) unsafe fn axpy<F: WideFloat, const R: usize>(g: &RowGroup, a: &[f32],
         // written.
         unsafe {
             let mut v = _mm512_maskz_loadu_ps(m, yp.add(c));
-            for (i, &ai) in av.iter().enumerate() {
-                v = _mm512_fmadd_ps(ai, F::load_masked(p[i].add(c * F::BYTES), m), v);
+            for (&ai, pi) in av.iter().zip(p) {
+                v = _mm512_fmadd_ps(ai, F::load_masked(pi.add(c * F::BYTES), m), v);
             }
             _mm512_mask_storeu_ps(yp.add(c), m, v);
         }
