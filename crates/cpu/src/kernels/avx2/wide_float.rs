@@ -381,3 +381,130 @@ unsafe fn axpy_side<F: WideFloat, const S: usize>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The float-format row kernels on odd shapes (row counts off the pair, column counts off
+    //! the 16- and 64-value steps), AVX2 and 512-bit forms, against the f64 reference.
+
+    use super::super::{dot_group, rows_dot, wide_choices, GROUP};
+    use crate::testutil::{assert_dot_close, random_row, Rng, DOT_ABS_TOL, DOT_REL_TOL};
+    use powerinfer_core::DType;
+
+    const FLOATS: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+    const COLS: [usize; 16] = [
+        1, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 127, 129, 1001, 2050,
+    ];
+
+    /// `f(rng, dtype, cols)` for every float format and column count; nothing on CPUs without
+    /// AVX2.
+    fn each_shape(seed: u64, mut f: impl FnMut(&mut Rng, DType, usize)) {
+        if !crate::simd::detect().is_x86_simd() {
+            return;
+        }
+        let mut rng = Rng::new(seed);
+        for dtype in FLOATS {
+            for cols in COLS {
+                f(&mut rng, dtype, cols);
+            }
+        }
+    }
+
+    #[test]
+    fn rows_dot_matches_reference_on_odd_shapes() {
+        each_shape(61, |rng, dtype, cols| {
+            for rows in [1, 2, 3, 4, 5, 9] {
+                let row_bytes = dtype.row_bytes(cols).unwrap();
+                let bytes: Vec<u8> = (0..rows)
+                    .flat_map(|_| random_row(rng, dtype, cols))
+                    .collect();
+                let x = rng.vec(cols);
+                for wide in wide_choices() {
+                    let mut out = vec![f32::NAN; rows];
+                    rows_dot(dtype, &bytes, row_bytes, &x, &mut out, wide);
+                    for (r, &got) in out.iter().enumerate() {
+                        let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
+                        assert_dot_close(got, dtype, row, &x, &format!("rows_dot wide={wide}"));
+                    }
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn group_dot_matches_reference_on_odd_shapes() {
+        each_shape(62, |rng, dtype, cols| {
+            let rows: Vec<Vec<u8>> = (0..2 * GROUP)
+                .map(|_| random_row(rng, dtype, cols))
+                .collect();
+            let refs: Vec<&[u8]> = rows.iter().map(|r| &r[..]).collect();
+            let x = rng.vec(cols);
+            for n in 1..=GROUP {
+                for next in [0, 1, n, GROUP] {
+                    for wide in wide_choices() {
+                        let mut out = vec![f32::NAN; n];
+                        dot_group(
+                            dtype,
+                            &refs[..n],
+                            &refs[GROUP..GROUP + next],
+                            &x,
+                            &mut out,
+                            wide,
+                        );
+                        for (r, &got) in out.iter().enumerate() {
+                            let what = format!("dot_group {n} rows wide={wide}");
+                            assert_dot_close(got, dtype, refs[r], &x, &what);
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn axpy_group_matches_reference_and_both_forms_agree() {
+        each_shape(63, |rng, dtype, cols| {
+            let rows: Vec<Vec<u8>> = (0..2 * GROUP)
+                .map(|_| random_row(rng, dtype, cols))
+                .collect();
+            let refs: Vec<&[u8]> = rows.iter().map(|r| &r[..]).collect();
+            let decoded: Vec<Vec<f32>> = rows
+                .iter()
+                .map(|r| {
+                    let mut w = vec![0f32; cols];
+                    crate::reference::dequantize_row(dtype, r, &mut w).unwrap();
+                    w
+                })
+                .collect();
+            let y0 = rng.vec(cols);
+            for n in 1..=GROUP {
+                let a = rng.vec(n);
+                let mut first: Option<Vec<f32>> = None;
+                for wide in wide_choices() {
+                    let mut y = y0.clone();
+                    let next = &refs[GROUP..GROUP + n.min(3)];
+                    super::super::axpy_group(dtype, &refs[..n], next, &a, &mut y, wide);
+                    for (c, &got) in y.iter().enumerate() {
+                        let terms = a
+                            .iter()
+                            .zip(&decoded)
+                            .map(|(&ai, w)| ai as f64 * w[c] as f64);
+                        let want = y0[c] as f64 + terms.clone().sum::<f64>();
+                        let scale = y0[c].abs() as f64 + terms.map(f64::abs).sum::<f64>();
+                        let err = (got as f64 - want).abs();
+                        let tol = DOT_REL_TOL * scale + DOT_ABS_TOL;
+                        assert!(
+                            err <= tol,
+                            "axpy {dtype} {n} rows x {cols} wide={wide} [{c}]: got {got}, want {want}"
+                        );
+                    }
+                    // One FMA per row in row order in both forms: the same bits.
+                    match &first {
+                        None => first = Some(y),
+                        Some(f) => assert_eq!(f, &y, "axpy {dtype} {n} rows x {cols}"),
+                    }
+                }
+            }
+        });
+    }
+}

@@ -15,8 +15,9 @@ use std::arch::x86_64::*;
 const MR: usize = 8;
 /// Tokens per register block.
 const NT: usize = 3;
-/// Columns per cache block (the tile's stripe: MR·KC·4 bytes = 16 KiB of L1).
-const KC: usize = 512;
+/// Columns per cache block: the tile's stripe, MR·KC·4 bytes = 32 KiB, stays in L1 (512 columns
+/// measured 4% slower on the 2048×2048 matmul of 64 tokens, 2048 columns 30% slower).
+const KC: usize = 1024;
 
 /// out[t·r + i] = dot(w row i, x token t), `w` being r rows of `cols` and x tokens of `cols`.
 ///
@@ -153,4 +154,48 @@ fn reduce8(a: [__m512; 8]) -> __m256 {
     let v = _mm512_add_ps(u, _mm512_permute_ps::<0b01_00_11_10>(u));
     let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
     _mm512_castps512_ps256(_mm512_permutexvar_ps(order, v))
+}
+
+#[cfg(test)]
+mod tests {
+    //! The matmul tile, AVX2 and 512-bit forms, on row counts off the register block, token
+    //! counts off its width and column counts off the vector and cache blocks, against f64.
+
+    use super::super::{tile_dot, wide_choices};
+    use crate::testutil::{Rng, DOT_ABS_TOL, DOT_REL_TOL};
+
+    #[test]
+    fn tile_dot_matches_f64_on_odd_shapes() {
+        if !crate::simd::detect().is_x86_simd() {
+            return;
+        }
+        let mut rng = Rng::new(64);
+        for cols in [1, 5, 16, 17, 33, 100, 1024, 1029, 2100] {
+            for r in [1, 3, 4, 5, 7, 8, 9, 13] {
+                let w = rng.vec(r * cols);
+                for n in [1, 2, 3, 4, 5, 7] {
+                    let x = rng.vec(n * cols);
+                    for wide in wide_choices() {
+                        let mut out = vec![f32::NAN; r * n];
+                        tile_dot(&w, cols, &x, &mut out, wide);
+                        for t in 0..n {
+                            for i in 0..r {
+                                let wi = &w[i * cols..(i + 1) * cols];
+                                let xt = &x[t * cols..(t + 1) * cols];
+                                let terms = wi.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64);
+                                let want: f64 = terms.clone().sum();
+                                let scale: f64 = terms.map(f64::abs).sum();
+                                let got = out[t * r + i];
+                                let tol = DOT_REL_TOL * scale + DOT_ABS_TOL;
+                                assert!(
+                                    (got as f64 - want).abs() <= tol,
+                                    "tile {r}x{cols} n{n} wide={wide} [{t}, {i}]: got {got}, want {want}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
