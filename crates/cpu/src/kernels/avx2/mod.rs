@@ -1,7 +1,9 @@
 //! AVX2 + FMA + F16C kernels. The safe entry points here are only reached through
 //! [`crate::dispatch`] once [`crate::simd::level`] has detected those features. Every format's
 //! kernels are reached through the [`formats::Format`] trait, the same for the dense products
-//! and the sparse row kernels.
+//! and the sparse row kernels. On the AVX-512 level, the entry points that take a `wide` flag
+//! run the 512-bit forms of [`wide`] (int16-x dot of the 32-block formats), [`wide_float`]
+//! (float-format rows) and [`wide_tile`] (matmul tile) instead.
 
 mod attend;
 mod dequant;
