@@ -20,6 +20,13 @@ macro_rules! by_level {
     };
 }
 
+/// Whether `level` takes the 512-bit form of a kernel where it has one (the AVX-512 level).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn wide(level: Level) -> bool {
+    level == Level::Avx512
+}
+
 /// Rows handed to one group kernel call (y is read and written once per group).
 #[cfg(target_arch = "x86_64")]
 pub(crate) const GROUP: usize = avx2::GROUP;
@@ -42,7 +49,7 @@ pub(crate) fn rows_dot(
 ) {
     debug_assert_eq!(rows.len(), out.len() * row_bytes);
     by_level!(level,
-        avx2 => avx2::rows_dot(dtype, rows, row_bytes, x, out),
+        avx2 => avx2::rows_dot(dtype, rows, row_bytes, x, out, wide(level)),
         scalar => scalar::rows_dot(dtype, rows, row_bytes, x, out),
     )
 }
@@ -58,7 +65,7 @@ pub(crate) fn dequantize_row(level: Level, dtype: DType, row: &[u8], out: &mut [
 /// Matmul tile: out[t·r + i] = dot(w row i, x token t) for the `r` f32 rows in `w`.
 pub(crate) fn tile_dot(level: Level, w: &[f32], cols: usize, x: &[f32], out: &mut [f32]) {
     by_level!(level,
-        avx2 => avx2::tile_dot(w, cols, x, out),
+        avx2 => avx2::tile_dot(w, cols, x, out, wide(level)),
         scalar => scalar::tile_dot(w, cols, x, out),
     )
 }
@@ -76,7 +83,7 @@ pub(crate) fn axpy_group(
 ) {
     debug_assert!(rows.len() == a.len() && rows.len() <= GROUP && next.len() <= GROUP);
     by_level!(level,
-        avx2 => avx2::axpy_group(dtype, rows, next, a, y),
+        avx2 => avx2::axpy_group(dtype, rows, next, a, y, wide(level)),
         scalar => scalar::axpy_group(dtype, rows, a, y),
     )
 }
@@ -126,7 +133,7 @@ impl<'a> Activations<'a> {
     #[cfg(target_arch = "x86_64")]
     #[inline]
     fn wide(&self) -> bool {
-        self.level == Level::Avx512
+        wide(self.level)
     }
 
     /// The int16 x, where quantized rows of `dtype` take the int16-x kernel.
@@ -155,7 +162,7 @@ impl<'a> Activations<'a> {
             return avx2::scattered_dot_i16(dtype, rows, next, xq, out, self.wide());
         }
         by_level!(self.level,
-            avx2 => avx2::dot_group(dtype, rows, next, self.x, out),
+            avx2 => avx2::dot_group(dtype, rows, next, self.x, out, self.wide()),
             scalar => scalar::dot_group(dtype, rows, self.x, out),
         )
     }

@@ -1,7 +1,9 @@
 //! Which SIMD path the kernels take: CPU features detected once per process (cached in a
 //! `OnceLock`), overridable with `POWERINFER_SIMD=scalar` or `POWERINFER_SIMD=avx2` (read once,
 //! at the first kernel call). The AVX-512 level runs the AVX2 kernels everywhere except the hot
-//! products that have a 512-bit form (see `kernels::avx2::wide`).
+//! products that have a 512-bit form: the int16-x dot of the 32-block formats
+//! (`kernels::avx2::wide`), the float-format row kernels (`kernels::avx2::wide_float`) and the
+//! matmul tile (`kernels::avx2::wide_tile`).
 
 use std::sync::OnceLock;
 

@@ -55,6 +55,25 @@ macro_rules! with_format {
 }
 pub(super) use with_format;
 
+/// `$body` with the type `$F` standing for the [`super::wide_float::WideFloat`] format of the
+/// runtime dtype `$dtype` when `$wide` is set and `$dtype` is a float format; `$other` otherwise
+/// (the AVX2 kernels).
+macro_rules! with_wide_float {
+    ($wide:expr, $dtype:expr, $F:ident => $body:expr, else => $other:expr) => {
+        with_wide_float!(@ $wide, $dtype, $F => $body, $other; F32 = F32, F16 = F16, BF16 = Bf16)
+    };
+    (@ $wide:expr, $dtype:expr, $F:ident => $body:expr, $other:expr; $($d:ident = $t:ident),*) => {
+        match ($wide, $dtype) {
+            $((true, powerinfer_core::DType::$d) => {
+                type $F = $crate::kernels::avx2::formats::$t;
+                $body
+            })*
+            _ => $other,
+        }
+    };
+}
+pub(super) use with_wide_float;
+
 /// `$body` with the constant `$R` set to the row count `$n`, for `$n` in 1..=8 (nothing for
 /// other counts).
 macro_rules! with_rows {

@@ -1,7 +1,9 @@
 //! AVX2 + FMA + F16C kernels. The safe entry points here are only reached through
 //! [`crate::dispatch`] once [`crate::simd::level`] has detected those features. Every format's
 //! kernels are reached through the [`formats::Format`] trait, the same for the dense products
-//! and the sparse row kernels.
+//! and the sparse row kernels. On the AVX-512 level, the entry points that take a `wide` flag
+//! run the 512-bit forms of [`wide`] (int16-x dot of the 32-block formats), [`wide_float`]
+//! (float-format rows) and [`wide_tile`] (matmul tile) instead.
 
 mod attend;
 mod dequant;
@@ -15,10 +17,12 @@ mod read;
 mod rows;
 mod tile;
 mod wide;
+mod wide_float;
 mod wide_k;
+mod wide_tile;
 
 use crate::ops::attend::Head;
-use formats::{with_format, with_rows, Format};
+use formats::{with_format, with_rows, with_wide_float, Format};
 pub(crate) use int16::XQuant;
 use powerinfer_core::DType;
 use quant::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
@@ -74,15 +78,29 @@ fn debug_check_level() {
 }
 
 /// out[i] = dot(row i, x) over consecutive rows of `row_bytes` bytes (sizes checked by callers).
-pub(crate) fn rows_dot(dtype: DType, rows: &[u8], row_bytes: usize, x: &[f32], out: &mut [f32]) {
+/// `wide`: float-format rows take the 512-bit kernels (only on the AVX-512 level).
+pub(crate) fn rows_dot(
+    dtype: DType,
+    rows: &[u8],
+    row_bytes: usize,
+    x: &[f32],
+    out: &mut [f32],
+    wide: bool,
+) {
     debug_check_level();
+    debug_check_wide(wide);
     assert!(
         rows.len() >= out.len() * row_bytes
             && row_bytes >= dtype.row_bytes(x.len()).unwrap_or(usize::MAX)
     );
-    // SAFETY: the dispatcher only calls this after detecting AVX2/FMA/F16C, and the assert
-    // above keeps every row of x.len() weights inside `rows`.
-    unsafe { with_format!(dtype, F => rows_with::<F>(rows.as_ptr(), row_bytes, x, out)) }
+    let base = rows.as_ptr();
+    // SAFETY: the dispatcher only calls this after detecting AVX2/FMA/F16C (and with `wide`,
+    // the AVX-512 level), and the assert above keeps every row of x.len() weights inside
+    // `rows`.
+    unsafe {
+        with_wide_float!(wide, dtype, F => wide_float::rows_dot::<F>(base, row_bytes, x, out),
+            else => with_format!(dtype, F => rows_with::<F>(base, row_bytes, x, out)))
+    }
 }
 
 /// The format's dot kernel over whole groups of [`ROWS`] rows, then over single rows, fetching
@@ -254,11 +272,19 @@ pub(crate) fn dequantize_row(dtype: DType, row: &[u8], out: &mut [f32]) {
     unsafe { with_format!(dtype, F => F::dequant(p, out)) }
 }
 
-/// Matmul tile product (see [`tile::tile_dot`]).
-pub(crate) fn tile_dot(w: &[f32], cols: usize, x: &[f32], out: &mut [f32]) {
+/// Matmul tile product (see [`tile::tile_dot`]); `wide`: its 512-bit form
+/// ([`wide_tile::tile_dot`], only on the AVX-512 level).
+pub(crate) fn tile_dot(w: &[f32], cols: usize, x: &[f32], out: &mut [f32], wide: bool) {
     debug_check_level();
-    // SAFETY: features detected by the dispatcher; tile_dot checks its slice sizes.
-    unsafe { tile::tile_dot(w, cols, x, out) }
+    debug_check_wide(wide);
+    // SAFETY: features detected by the dispatcher (the AVX-512 level where `wide`); tile_dot
+    // checks its slice sizes.
+    unsafe {
+        match wide {
+            true => wide_tile::tile_dot(w, cols, x, out),
+            false => tile::tile_dot(w, cols, x, out),
+        }
+    }
 }
 
 /// One attention head (see [`attend::attend_head`]).

@@ -296,7 +296,7 @@ mod tests {
                     let y0 = rng.vec(cols);
                     let refs: Vec<&[u8]> = rows.iter().map(|r| &r[..]).collect();
                     let mut got = y0.clone();
-                    axpy_group(dtype, &refs, &refs[..1], &a, &mut got);
+                    axpy_group(dtype, &refs, &refs[..1], &a, &mut got, false);
                     let (want, scale) = mirror(dtype, &rows, &a, &y0);
                     for j in 0..cols {
                         let err = (got[j] as f64 - want[j]).abs();
@@ -321,7 +321,7 @@ mod tests {
                 let refs: Vec<&[u8]> = rows.iter().map(|r| &r[..]).collect();
                 let a = [0.5, -1.0, bad, 2.0, 0.25];
                 let mut y = rng.vec(320);
-                axpy_group(dtype, &refs, &[], &a, &mut y);
+                axpy_group(dtype, &refs, &[], &a, &mut y, false);
                 assert!(y.iter().all(|v| !v.is_finite()), "{dtype} a = {bad}");
             }
         });

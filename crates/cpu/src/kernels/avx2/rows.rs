@@ -9,9 +9,10 @@
 //! call also fetches the rows its caller reads next, line by line in step with its own reads.
 //! Reached only through [`crate::dispatch`] once AVX2/FMA/F16C have been detected.
 
-use super::formats::{with_format, with_rows, FloatFormat, Format};
+use super::formats::{with_format, with_rows, with_wide_float, FloatFormat, Format};
 use super::hsum;
 use super::quant::{Offset, QuantFormat};
+use super::wide_float;
 use powerinfer_core::DType;
 use std::arch::x86_64::*;
 
@@ -63,22 +64,48 @@ impl RowGroup {
 
 /// y += Σ_i a[i] · row i, for the `n <= GROUP` rows `rows[..n]`, each holding `y.len()` weights
 /// of `dtype` (sizes checked by the caller).
-pub(crate) fn axpy_group(dtype: DType, rows: &[&[u8]], next: &[&[u8]], a: &[f32], y: &mut [f32]) {
+/// `wide`: float-format rows take the 512-bit kernel (only on the AVX-512 level).
+pub(crate) fn axpy_group(
+    dtype: DType,
+    rows: &[&[u8]],
+    next: &[&[u8]],
+    a: &[f32],
+    y: &mut [f32],
+    wide: bool,
+) {
+    super::debug_check_wide(wide);
     let g = RowGroup::checked(dtype, rows, next, y.len(), a.len());
-    // SAFETY: features detected (the dispatcher's contract, checked in debug builds); the
-    // check above keeps every row's y.len() weights readable.
-    unsafe { with_format!(dtype, F => with_rows!(rows.len(), R => F::axpy::<R>(&g, a, y))) }
+    // SAFETY: features detected (the dispatcher's contract, checked in debug builds), the
+    // AVX-512 level where `wide`; the check above keeps every row's y.len() weights readable.
+    unsafe {
+        with_rows!(rows.len(), R => with_wide_float!(wide, dtype,
+            F => wide_float::axpy::<F, R>(&g, a, y),
+            else => with_format!(dtype, F => F::axpy::<R>(&g, a, y))))
+    }
 }
 
 /// out[i] = dot(rows[i], x) for the `n <= GROUP` rows `rows[..n]`, each holding `x.len()`
 /// values of `dtype` (sizes checked by the caller), fetching the `next` rows alongside.
 /// Quantized rows take the f32 path here; the int16-x kernel (`super::scattered_dot_i16`) is
 /// the fast one for them.
-pub(crate) fn dot_group(dtype: DType, rows: &[&[u8]], next: &[&[u8]], x: &[f32], out: &mut [f32]) {
+/// `wide`: float-format rows take the 512-bit kernel (only on the AVX-512 level).
+pub(crate) fn dot_group(
+    dtype: DType,
+    rows: &[&[u8]],
+    next: &[&[u8]],
+    x: &[f32],
+    out: &mut [f32],
+    wide: bool,
+) {
+    super::debug_check_wide(wide);
     let g = RowGroup::checked(dtype, rows, next, x.len(), out.len());
-    // SAFETY: features detected (the dispatcher's contract, checked in debug builds); the
-    // check above keeps every row's x.len() weights readable.
-    unsafe { with_format!(dtype, F => with_rows!(rows.len(), R => F::dot::<R>(&g, x, out))) }
+    // SAFETY: features detected (the dispatcher's contract, checked in debug builds), the
+    // AVX-512 level where `wide`; the check above keeps every row's x.len() weights readable.
+    unsafe {
+        with_rows!(rows.len(), R => with_wide_float!(wide, dtype,
+            F => wide_float::dot::<F, R>(&g, x, out),
+            else => with_format!(dtype, F => F::dot::<R>(&g, x, out))))
+    }
 }
 
 /// Hint the cache to fetch the line at byte `off` of each of the first `R` rows in `q`.

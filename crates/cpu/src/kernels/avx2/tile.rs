@@ -56,11 +56,11 @@ pub(super) unsafe fn tile_dot(w: &[f32], cols: usize, x: &[f32], out: &mut [f32]
 
 /// A register block's inputs: `len` values of consecutive rows (`stride` apart) of w and x.
 #[derive(Clone, Copy)]
-struct Block {
-    w: *const f32,
-    x: *const f32,
-    stride: usize,
-    len: usize,
+pub(super) struct Block {
+    pub(super) w: *const f32,
+    pub(super) x: *const f32,
+    pub(super) stride: usize,
+    pub(super) len: usize,
 }
 
 /// out[j·out_stride + ii] += dot(w row ii, x token j) over the block, for ii < M, j < T.
