@@ -66,6 +66,13 @@ class Ours:
         t_one = time.perf_counter() - t0
         return n, max(t_full - t_one, 1e-9)
 
+    def prefill(self, ids: list[int]) -> float:
+        """Seconds of one batched forward pass over ``ids`` on an empty context."""
+        self.eng.reset()
+        t0 = time.perf_counter()
+        self.eng.prefill(list(ids))
+        return time.perf_counter() - t0
+
     def close(self):
         self.eng = None
 
@@ -73,8 +80,10 @@ class Ours:
 class LlamaCpp:
     name = "llama.cpp"
 
-    def __init__(self, path: Path, threads: int, n_ctx: int):
-        self.llm = open_llama(path, n_ctx, threads, logits_all=False)
+    def __init__(self, path: Path, threads: int, n_ctx: int, n_batch: int = 512):
+        # One batch (and one micro-batch) holds a whole prefill of up to n_batch tokens.
+        kw = dict(logits_all=False, n_batch=n_batch, n_ubatch=n_batch)
+        self.llm = open_llama(path, n_ctx, threads, **kw)
         self.lib = import_llama()[0]
         self.n_vocab = self.llm.n_vocab()
 
@@ -97,6 +106,13 @@ class LlamaCpp:
             llm.eval([tok])
             tok = int(np.argmax(self._last_logits()))
         return n, time.perf_counter() - t0
+
+    def prefill(self, ids: list[int]) -> float:
+        """Seconds of one batched forward pass over ``ids`` on an empty context."""
+        self.llm.reset()
+        t0 = time.perf_counter()
+        self.llm.eval(list(ids))
+        return time.perf_counter() - t0
 
     def greedy_ids(self, prompt_ids: list[int], n: int) -> list[int]:
         llm = self.llm

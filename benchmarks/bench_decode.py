@@ -33,6 +33,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
     add_bandwidth_args,
@@ -108,11 +110,12 @@ def run(args) -> dict:
         row["bandwidth_method"] = how
 
         loaded = {}
+        n_ctx = max(args.n_ctx, args.prefill + 8)
         for key, cls in (("ours", Ours), ("llama", LlamaCpp)):
             if key not in engines:
                 continue
             try:
-                loaded[key] = cls(model, threads, args.n_ctx)
+                loaded[key] = cls(model, threads, n_ctx)
             except Exception as e:  # report and go on with the other engine
                 print(f"[threads={threads}] {cls.name}: cannot load: {e}", file=sys.stderr)
                 row[f"{key}_error"] = str(e)
@@ -156,6 +159,12 @@ def run(args) -> dict:
             row[f"{key}_achieved_gbs"] = wb["per_token"] * row[f"{key}_tok_s"] / 1e9
         if "ours" in loaded and "llama" in loaded:
             row["ratio_ours_llama"] = row["ours_tok_s"] / row["llama_tok_s"]
+        if args.prefill:
+            if "llama" in loaded:
+                row["vocab"] = loaded["llama"].n_vocab
+            elif "ours" in loaded:
+                row["vocab"] = loaded["ours"].eng.config.vocab_size
+            race_prefill(args, loaded, row)
         for eng in loaded.values():
             eng.close()
         row["loadavg_after"] = os.getloadavg()
@@ -177,6 +186,34 @@ def run(args) -> dict:
         "machine": mi,
         "results": results,
     }
+
+
+def race_prefill(args, loaded: dict, row: dict) -> None:
+    """Prefill of ``args.prefill`` fixed pseudo-random token ids (the same for both engines, on an
+    empty context, one batched pass each), alternating engines ABBA, ``args.repeats`` times."""
+    vocab = int(row.get("vocab") or 0) or 1000
+    rng = np.random.default_rng(args.seed)
+    ids = [int(t) for t in rng.integers(100, max(101, vocab - 100), args.prefill)]
+    for eng in loaded.values():
+        eng.prefill(ids)  # warm-up
+    secs = {k: [] for k in loaded}
+    order = list(loaded)
+    for r in range(args.repeats):
+        for key in order if r % 2 == 0 else order[::-1]:
+            secs[key].append(loaded[key].prefill(ids))
+    for key in loaded:
+        row[f"{key}_prefill_tok_s"] = args.prefill / median(secs[key])
+        row[f"{key}_prefill_samples"] = [args.prefill / s for s in secs[key]]
+    if "ours" in loaded and "llama" in loaded:
+        row["prefill_ratio_ours_llama"] = row["ours_prefill_tok_s"] / row["llama_prefill_tok_s"]
+    print(
+        f"[threads={row['threads']}] prefill {args.prefill}: "
+        + ", ".join(
+            f"{k}: " + " ".join(f"{x:.1f}" for x in row[f"{k}_prefill_samples"]) + " tok/s"
+            for k in loaded
+        ),
+        flush=True,
+    )
 
 
 def fmt(x, spec=".1f", none="-"):
@@ -238,6 +275,13 @@ def print_table(rep: dict) -> None:
                 f"note: the engine reports {obpt / 1e6:.2f} MB/token (GGUF count {bpt / 1e6:.2f})"
             )
     for r in rep["results"]:
+        if "ours_prefill_tok_s" in r or "llama_prefill_tok_s" in r:
+            print(
+                f"prefill (threads {r['threads']}): ours {fmt(r.get('ours_prefill_tok_s'))} tok/s, "
+                f"llama.cpp {fmt(r.get('llama_prefill_tok_s'))} tok/s, ours/llama "
+                f"{fmt(r.get('prefill_ratio_ours_llama'), '.3f')}"
+            )
+    for r in rep["results"]:
         for key in ("ours", "llama"):
             if r.get(f"{key}_error"):
                 print(f"threads={r['threads']}: {key} not run: {r[f'{key}_error']}")
@@ -293,6 +337,14 @@ def main(argv=None) -> int:
     ap.add_argument("--n-ctx", type=int, default=1024, help="context size of both engines")
     ap.add_argument("--only", choices=["ours", "llama"], help="run one engine only")
     add_bandwidth_args(ap)
+    ap.add_argument(
+        "--prefill",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also race a prefill of N tokens (fixed pseudo-random ids, one batched pass on an "
+        "empty context; llama.cpp with n_batch = n_ubatch = 512), e.g. 512",
+    )
     ap.add_argument("--json", help="also write the results to this JSON file")
     args = ap.parse_args(argv)
     if args.repeats < 1:
