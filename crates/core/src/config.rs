@@ -303,20 +303,27 @@ impl ModelConfig {
         }
     }
 
-    /// The angle per position of each rotated pair (`rope_dims / 2` of them) in layer `l`:
-    /// `theta_l^(−2i / rope_dims) / linear_factor / freq_factors[i]`, in f64 (positions reach
-    /// tens of thousands of radians, where f32 loses the phase). A layer with its own base
-    /// ([`ArchFeatures::rope_theta_local`]: Gemma 3's sliding layers) is not scaled, as in
-    /// llama.cpp and HF.
-    pub fn rope_inv_freqs(&self, l: usize) -> Vec<f64> {
-        let local = self.arch.window(l).is_some() && self.arch.rope_theta_local.is_some();
-        let theta = self.arch.rope_theta(l, self.rope_theta);
-        let scaled = !local;
+    /// Whether layer `l` rotates with its own base ([`ArchFeatures::rope_theta_local`]: Gemma
+    /// 3's sliding layers), unscaled, as in llama.cpp and HF.
+    pub fn rope_local(&self, l: usize) -> bool {
+        self.arch.window(l).is_some() && self.arch.rope_theta_local.is_some()
+    }
+
+    /// The angle per position of each rotated pair (`rope_dims / 2` of them) in the global
+    /// layers (`local` false: `rope_theta^(−2i / rope_dims) / linear_factor /
+    /// freq_factors[i]`) or in those with their own base (`local`: `rope_theta_local^(−2i /
+    /// rope_dims)`, see [`ModelConfig::rope_local`]), in f64: positions reach tens of
+    /// thousands of radians, where f32 loses the phase.
+    pub fn rope_inv_freqs(&self, local: bool) -> Vec<f64> {
+        let theta = match (local, self.arch.rope_theta_local) {
+            (true, Some(t)) => t,
+            _ => self.rope_theta,
+        };
         let n = self.rope_dims();
         (0..n / 2)
             .map(|i| {
                 let mut f = (theta as f64).powf(-2.0 * i as f64 / n as f64);
-                if scaled {
+                if !local {
                     if let Some(lin) = self.rope.linear_factor {
                         f /= lin as f64;
                     }
@@ -389,13 +396,13 @@ mod tests {
     #[test]
     fn rope_inv_freqs_scale_the_global_layers() {
         let mut c = cfg();
-        let plain = c.rope_inv_freqs(0);
+        let plain = c.rope_inv_freqs(false);
         assert_eq!(plain.len(), 8);
         assert!((plain[3] - 10000f64.powf(-6.0 / 16.0)).abs() < 1e-15);
         c.rope.dims = 8;
         c.rope.freq_factors = vec![1.0, 2.0, 4.0, 8.0];
         c.rope.linear_factor = Some(4.0);
-        let f = c.rope_inv_freqs(1);
+        let f = c.rope_inv_freqs(false);
         assert_eq!(f.len(), 4);
         for (i, v) in f.iter().enumerate() {
             let want = 10000f64.powf(-2.0 * i as f64 / 8.0) / 4.0 / (1u32 << i) as f64;
@@ -405,9 +412,10 @@ mod tests {
         c.arch.sliding_window = Some(4);
         c.arch.swa_pattern = 2;
         c.arch.rope_theta_local = Some(100.0);
-        let local = c.rope_inv_freqs(0);
+        assert!(c.rope_local(0) && !c.rope_local(1));
+        let local = c.rope_inv_freqs(true);
         assert!((local[1] - 100f64.powf(-0.25)).abs() < 1e-15);
-        assert_eq!(c.rope_inv_freqs(1), f);
+        assert_eq!(c.rope_inv_freqs(false), f);
     }
 
     #[test]

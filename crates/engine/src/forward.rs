@@ -137,24 +137,18 @@ pub fn forward(
             row.iter_mut().zip(&p).for_each(|(x, p)| *x += p);
         }
     }
-    // Layers share one table unless some use their own base (Gemma 3's sliding layers).
-    let mut tables: Vec<(Vec<f64>, Vec<RopeAngles>)> = Vec::new();
-    let mut table_of = Vec::with_capacity(model.layers.len());
-    for l in 0..model.layers.len() {
-        let inv = c.rope_inv_freqs(l);
-        let k = match tables.iter().position(|(f, _)| *f == inv) {
-            Some(k) => k,
-            None => {
-                let ang = (0..n).map(|t| RopeAngles::new(start + t, &inv)).collect();
-                tables.push((inv, ang));
-                tables.len() - 1
-            }
-        };
-        table_of.push(k);
-    }
+    let angles_for = |local: bool| -> Vec<RopeAngles> {
+        let inv = c.rope_inv_freqs(local);
+        (0..n).map(|t| RopeAngles::new(start + t, &inv)).collect()
+    };
+    let angles = angles_for(false);
+    let local = c.arch.rope_theta_local.map(|_| angles_for(true));
     mark(Phase::Other);
     for l in 0..model.layers.len() {
-        let ang = &tables[table_of[l]].1;
+        let ang = match &local {
+            Some(local) if c.rope_local(l) => local,
+            _ => &angles,
+        };
         if c.arch.parallel {
             s.par_in.clone_from(&s.x);
         }

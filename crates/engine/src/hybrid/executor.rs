@@ -73,7 +73,7 @@ impl<B: Backend> Executor<B> {
             flags: Vec::new(),
             xn: Vec::new(),
             part: Vec::new(),
-            inv_freqs: model.config.rope_inv_freqs(0),
+            inv_freqs: model.config.rope_inv_freqs(false),
         })
     }
 
