@@ -20,6 +20,12 @@ FATReLU (``x`` where ``x > t``, else 0) and Bamboo's activated up projection
 (``(x - mean) / sqrt(var + eps) * w + b``), learned positions (row ``pos + offset``, no RoPE),
 gate-less FFN ``down(act(fc1 x + b1)) + b2``, attention output bias, and parallel attention and
 FFN (``x + attn(n(x)) + ffn(n2(x))``).
+
+RoPE scaling and partial RoPE as HF's rotary embeddings: ``inv_freq`` over the rotated
+``rope_dims`` (HF's ``int(head_dim * partial_rotary_factor)``) divided by the linear factor and
+by Llama 3.1's per-pair factors (not on layers with their own base, Gemma 3's local ones, whose
+rotary embedding is HF's default), and only the first ``rope_dims`` values of each head rotated,
+the rest passed through.
 """
 
 from __future__ import annotations
@@ -93,22 +99,43 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w.reshape(-1)
 
 
-def rope(x: np.ndarray, positions: np.ndarray, theta: float, style: str) -> np.ndarray:
-    """Rotary embedding of ``x`` shaped ``(n, heads, head_dim)`` at ``positions``."""
+def rope_inv_freq(
+    theta: float, rope_dims: int, linear: float = 0.0, factors: list[float] | None = None
+) -> np.ndarray:
+    """The angle per position of each rotated pair, as HF's rotary embeddings compute
+    ``inv_freq``: ``theta^(-2i/rope_dims)`` (``rope_dims`` = ``int(head_dim *
+    partial_rotary_factor)``), divided by a linear scaling factor and by Llama 3.1's per-pair
+    factors when set."""
+    inv = theta ** (-np.arange(0, rope_dims // 2, dtype=np.float64) * 2.0 / rope_dims)
+    if linear:
+        inv = inv / linear
+    if factors:
+        inv = inv / np.asarray(factors, dtype=np.float64)
+    return inv
+
+
+def rope(
+    x: np.ndarray, positions: np.ndarray, theta: float, style: str, inv: np.ndarray | None = None
+) -> np.ndarray:
+    """Rotary embedding of ``x`` shaped ``(n, heads, head_dim)`` at ``positions``: the first
+    ``2 * len(inv)`` values of each head rotate (all with ``inv`` None: ``theta``'s plain
+    frequencies), the rest pass through, as HF's partial rotary embedding does."""
     hd = x.shape[-1]
-    inv = theta ** (-np.arange(0, hd // 2, dtype=np.float64) * 2.0 / hd)
-    ang = positions.astype(np.float64)[:, None] * inv[None, :]  # (n, hd/2)
+    if inv is None:
+        inv = rope_inv_freq(theta, hd)
+    rot = 2 * len(inv)
+    ang = positions.astype(np.float64)[:, None] * inv[None, :]  # (n, rot/2)
     cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
-    out = np.empty_like(x)
+    out = x.copy()
     if style == "norm":
-        a, b = x[..., 0::2], x[..., 1::2]
-        out[..., 0::2] = a * cos - b * sin
-        out[..., 1::2] = a * sin + b * cos
+        a, b = x[..., 0:rot:2], x[..., 1:rot:2]
+        out[..., 0:rot:2] = a * cos - b * sin
+        out[..., 1:rot:2] = a * sin + b * cos
     elif style == "neox":
-        h = hd // 2
-        a, b = x[..., :h], x[..., h:]
+        h = rot // 2
+        a, b = x[..., :h], x[..., h:rot]
         out[..., :h] = a * cos - b * sin
-        out[..., h:] = a * sin + b * cos
+        out[..., h:rot] = a * sin + b * cos
     else:
         raise UnsupportedError(f"rope style {style!r}")
     return out
@@ -183,14 +210,20 @@ def reference_forward(
         if c.qk_norm:
             q = norm(q, p + "attn_q_norm")
             k = norm(k, p + "attn_k_norm")
-        mask, theta = causal, c.rope_theta
+        mask, theta, local = causal, c.rope_theta, False
         if c.sliding_window and (c.swa_pattern == 0 or (i + 1) % c.swa_pattern):
             dist = pos[:, None] - pos[None, :]
             mask = np.where(dist >= c.sliding_window, -np.inf, causal)
+            local = bool(c.rope_theta_local)
             theta = c.rope_theta_local or theta
         if not c.learned_pos:
-            q = rope(q, pos, theta, c.rope_style)
-            k = rope(k, pos, theta, c.rope_style)
+            rot = c.rope_dims or c.head_dim
+            # Layers with their own base (Gemma 3's local ones) use HF's default RoPE.
+            inv = rope_inv_freq(theta, rot)
+            if not local:
+                inv = rope_inv_freq(theta, rot, c.rope_linear_factor, c.rope_freq_factors)
+            q = rope(q, pos, theta, c.rope_style, inv)
+            k = rope(k, pos, theta, c.rope_style, inv)
         att = np.empty((n, c.n_heads, c.head_dim))
         for hq in range(c.n_heads):
             kv = hq // group

@@ -194,8 +194,11 @@ def test_unsupported_hf_settings_are_refused():
         config_from_hf({**base, "model_type": "gpt_bigcode"})
     with pytest.raises(UnsupportedError):
         config_from_hf({**base, "model_type": "qwen2", "use_sliding_window": True})
-    with pytest.raises(UnsupportedError):
-        config_from_hf({**base, "model_type": "phi3", "partial_rotary_factor": 0.5})
+    longrope = {"type": "longrope", "long_factor": [1.0] * 4, "short_factor": [1.0] * 4}
+    with pytest.raises(UnsupportedError, match="longrope"):
+        config_from_hf({**base, "model_type": "phi3", "rope_scaling": longrope})
+    p = config_from_hf({**base, "model_type": "phi3", "partial_rotary_factor": 0.5})
+    assert (p.rope_dims, p.rotary_dims) == (8, 8)
     with pytest.raises(UnsupportedError):
         config_from_hf({**base, "model_type": "opt", "do_layer_norm_before": False})
     with pytest.raises(UnsupportedError):

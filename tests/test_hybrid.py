@@ -114,6 +114,24 @@ def test_half_on_the_gpu_side_matches_the_cpu_engine(relu, tmp_path, device, spa
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_scaled_and_partial_rope_on_the_gpu_side(synth_gguf, tmp_path, device):
+    """Llama 3.1's frequency factors over the first half of each head (partial RoPE, "norm"
+    pairs) with a low base: the GPU side's RoPE gives the CPU engine's logits over 40 steps."""
+    rope = dict(rope_theta=500.0, rope_scaling="llama3", rope_original_context=64)
+    m = load_model(synth_gguf(dtype="F16", seed=3, partial_rotary=0.5, **rope, **SHAPE))
+    assert m.config.rope_dims == 16 and len(m.config.rope_freq_factors) == 8
+    path = plan_for(m, tmp_path / "rope.safetensors", 0.6)
+    cpu = Engine(m, threads=2, sparsity="exact-relu")
+    hyb = Engine(m, threads=2, sparsity="exact-relu", plan=path, device=device)
+    assert any(hyb.plan.attention)
+    want, want_toks = greedy(cpu, [5, 17, 123, 42, 7, 250], 40)
+    got, got_toks = greedy(hyb, [5, 17, 123, 42, 7, 250], 40)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, w, TOL, f"{device} rope step {i}")
+    assert got_toks == want_toks
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_predictors_on_the_gpu_side(relu, tmp_path, device):
     c, rank = relu.config, 32
     rng = np.random.default_rng(0)

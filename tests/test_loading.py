@@ -334,8 +334,8 @@ def test_bad_config(synth_hf, tmp_path):
     cfg_path.write_text(json.dumps({**cfg, "num_key_value_heads": 3}))
     with pytest.raises(ShapeError):
         load_model(d)
-    cfg_path.write_text(json.dumps({**cfg, "rope_scaling": {"type": "linear", "factor": 2.0}}))
-    with pytest.raises(UnsupportedError, match="rope_scaling"):
+    cfg_path.write_text(json.dumps({**cfg, "rope_scaling": {"type": "yarn", "factor": 2.0}}))
+    with pytest.raises(UnsupportedError, match="RoPE scaling type 'yarn'"):
         load_model(d)
     del cfg["hidden_size"]
     cfg_path.write_text(json.dumps(cfg))

@@ -22,6 +22,7 @@ pub fn tiny_config(activation: Activation) -> ModelConfig {
         rope_style: RopeStyle::Norm,
         activation,
         arch: Default::default(),
+        rope: Default::default(),
     }
 }
 

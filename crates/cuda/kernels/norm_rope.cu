@@ -2,11 +2,18 @@
 //
 // rms_norm: out = x / sqrt(mean(x^2) + eps) * w, one block per row (rows = gridDim.x, each n
 //   long), blockDim.x a multiple of 32 up to 1024.
-// rope: rotates every head of x (n_heads x head_dim, contiguous) in place for position pos;
-//   style 0 = "norm" (adjacent pairs 2i, 2i+1: GGUF llama), 1 = "neox" (halves i, i + d/2: HF).
-//   Angles pos * theta^(-2i/d) are computed in double, as on the CPU (positions reach tens of
-//   thousands of radians, where f32 loses the phase). Thread per (head, i), grid covers
-//   n_heads * head_dim / 2 threads.
+// rope: rotates the first 2 * n_pairs values of every head of x (n_heads x head_dim,
+//   contiguous) in place for position pos, the rest of each head unchanged (partial RoPE);
+//   style 0 = "norm" (adjacent pairs 2i, 2i+1: GGUF llama), 1 = "neox" (i, i + n_pairs: HF).
+//   Pair i turns by pos * inv.f[i], the model's angle per position (theta^(-2i/rope_dims)
+//   over its scaling factors), computed by the host in double and passed by value; the angle
+//   is formed in double, as on the CPU (positions reach tens of thousands of radians, where
+//   f32 loses the phase). Thread per (head, i), grid covers n_heads * n_pairs threads.
+
+#define MAX_ROPE_PAIRS 256
+struct RopeFreqs {
+    double f[MAX_ROPE_PAIRS];
+};
 
 extern "C" __global__ void rms_norm(const float* x, const float* w, int n, float eps, float* out) {
     __shared__ float partial[WARP];
@@ -28,17 +35,16 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, int n, float
     for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = xr[i] * scale * w[i];
 }
 
-extern "C" __global__ void rope(float* x, int n_heads, int head_dim, int pos, float theta, int neox) {
-    const int half = head_dim / 2;
+extern "C" __global__ void rope(float* x, int n_heads, int head_dim, int n_pairs, int pos,
+                                RopeFreqs inv, int neox) {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n_heads * half) return;
-    const int head = t / half, i = t % half;
-    const double inv_freq = pow((double)theta, -2.0 * (double)i / (double)head_dim);
+    if (t >= n_heads * n_pairs) return;
+    const int head = t / n_pairs, i = t % n_pairs;
     double s, c;
-    sincos((double)pos * inv_freq, &s, &c);
+    sincos((double)pos * inv.f[i], &s, &c);
     float* h = x + (i64)head * head_dim;
     const int a = neox ? i : 2 * i;
-    const int b = neox ? i + half : 2 * i + 1;
+    const int b = neox ? i + n_pairs : 2 * i + 1;
     const float x0 = h[a], x1 = h[b];
     const float cf = (float)c, sf = (float)s;
     h[a] = x0 * cf - x1 * sf;

@@ -179,14 +179,16 @@ pub enum Launch<'a, B: Backend> {
         eps: f32,
         out: &'a mut B::Buf<f32>,
     },
-    /// `rope` (norm_rope.cu): rotate every head of `x` in place for position `pos` (angles in
-    /// f64); `neox` pairs (i, i + d/2), else (2i, 2i + 1).
+    /// `rope` (norm_rope.cu): rotate the first `2 · inv_freqs.len()` values of every head of
+    /// `x` in place for position `pos`, pair i by `pos · inv_freqs[i]` (in f64; at most
+    /// [`MAX_ROPE_PAIRS`](crate::ops::MAX_ROPE_PAIRS) pairs); `neox` pairs (i, i + n), else
+    /// (2i, 2i + 1).
     Rope {
         x: &'a mut B::Buf<f32>,
         n_heads: usize,
         head_dim: usize,
         pos: usize,
-        theta: f32,
+        inv_freqs: &'a [f64],
         neox: bool,
     },
     /// `kv_store` (attention.cu): row `pos` of both caches = k, v rounded to f16 (nearest even).

@@ -18,6 +18,7 @@ use crate::backend::Launch;
 use crate::device::{driver_err, CudaDevice};
 use crate::kernels::{self, dtype_suffix};
 use crate::layout::{to_i32, RowLayout, MAX_X_COLS};
+use crate::ops::MAX_ROPE_PAIRS;
 
 /// A null device pointer for the kernels' optional arguments.
 static NULL: u64 = 0;
@@ -33,6 +34,30 @@ const NORM_THREADS: u32 = 1024;
 const COMPACT_THREADS: u32 = 1024;
 /// Warps per block of attention_decode (`ATT_WARPS` in attention.cu), as threads.
 const ATT_THREADS: u32 = 4 * 32;
+
+/// RoPE's angles per position, passed by value as norm_rope.cu's `RopeFreqs` (2 KiB of the
+/// 4 KiB of kernel parameters).
+#[repr(C)]
+struct RopeFreqs {
+    f: [f64; MAX_ROPE_PAIRS],
+}
+
+// SAFETY: plain old data laid out as the kernel's `struct RopeFreqs { double f[256]; }`.
+unsafe impl cudarc::driver::DeviceRepr for RopeFreqs {}
+
+impl RopeFreqs {
+    fn new(inv_freqs: &[f64]) -> Result<RopeFreqs> {
+        ensure!(
+            inv_freqs.len() <= MAX_ROPE_PAIRS,
+            Unsupported,
+            "rope: {} rotated pairs, the kernel takes at most {MAX_ROPE_PAIRS}",
+            inv_freqs.len()
+        );
+        let mut f = [0.0; MAX_ROPE_PAIRS];
+        f[..inv_freqs.len()].copy_from_slice(inv_freqs);
+        Ok(RopeFreqs { f })
+    }
+}
 
 /// Push an optional buffer, or a null pointer.
 macro_rules! arg_opt {
@@ -269,19 +294,22 @@ impl CudaDevice {
                 n_heads,
                 head_dim,
                 pos,
-                theta,
+                inv_freqs,
                 neox,
             } => {
                 let f = self.function(&kernels::NORM_ROPE, "rope")?;
                 let (nh, hd) = (to_i32(n_heads, "heads")?, to_i32(head_dim, "head_dim")?);
                 let (p, neox) = (to_i32(pos, "pos")?, i32::from(neox));
-                let blocks = grid(n_heads * head_dim / 2, 256)?;
+                let pairs = to_i32(inv_freqs.len(), "rope pairs")?;
+                let inv = RopeFreqs::new(inv_freqs)?;
+                let blocks = grid(n_heads * inv_freqs.len(), 256)?;
                 let mut b = self.stream().launch_builder(&f);
-                b.arg(&mut x.data).arg(&nh).arg(&hd);
-                b.arg(&p).arg(&theta).arg(&neox);
-                // SAFETY: matches rope(x, n_heads, head_dim, pos, theta, neox); threads past
-                // n_heads·head_dim/2 return, the rest touch two elements of their own head
-                // inside x (n_heads·head_dim floats, checked by ops).
+                b.arg(&mut x.data).arg(&nh).arg(&hd).arg(&pairs);
+                b.arg(&p).arg(&inv).arg(&neox);
+                // SAFETY: matches rope(x, n_heads, head_dim, n_pairs, pos, inv, neox), `inv`
+                // the kernel's RopeFreqs by value (repr(C), the same 256 doubles); threads
+                // past n_heads·n_pairs return, the rest touch two elements of their own head
+                // inside x (n_heads·head_dim floats, 2·n_pairs <= head_dim, checked by ops).
                 unsafe { b.launch(cfg(blocks, ELEM_THREADS, 0)) }
                     .map_err(driver_err("launching rope"))?;
             }

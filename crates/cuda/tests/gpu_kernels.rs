@@ -428,33 +428,46 @@ fn norm_rope<B: Backend>(dev: &B) {
         "rms_norm",
     );
 
-    // RoPE, both styles, at a large position.
-    let (hd, heads, pos, theta) = (64, 5, 12_345, 10000.0f32);
-    for style in [RopeStyle::Norm, RopeStyle::Neox] {
-        let q = values(hd * heads, 15);
-        let mut want = q.clone();
-        for head in want.chunks_exact_mut(hd) {
-            for i in 0..hd / 2 {
-                let a = pos as f64 * (theta as f64).powf(-2.0 * i as f64 / hd as f64);
-                let (s, c) = (a.sin() as f32, a.cos() as f32);
-                let (ia, ib) = match style {
-                    RopeStyle::Norm => (2 * i, 2 * i + 1),
-                    RopeStyle::Neox => (i, i + hd / 2),
-                };
-                let (x0, x1) = (head[ia], head[ib]);
-                head[ia] = x0 * c - x1 * s;
-                head[ib] = x0 * s + x1 * c;
+    // RoPE, both styles, at a large position: the whole head, and the first half of it (partial
+    // RoPE) with per-pair frequency divisors (Llama 3.1's factors) and linear scaling.
+    let (hd, heads, pos, theta) = (64, 5, 12_345, 10000.0f64);
+    for rot in [hd, hd / 2] {
+        let div = |i: usize| {
+            if rot == hd {
+                1.0
+            } else {
+                4.0 * (1.0 + i as f64 / 8.0)
             }
+        };
+        let inv: Vec<f64> = (0..rot / 2)
+            .map(|i| theta.powf(-2.0 * i as f64 / rot as f64) / div(i))
+            .collect();
+        for style in [RopeStyle::Norm, RopeStyle::Neox] {
+            let q = values(hd * heads, 15);
+            let mut want = q.clone();
+            for head in want.chunks_exact_mut(hd) {
+                for (i, f) in inv.iter().enumerate() {
+                    let a = pos as f64 * f;
+                    let (s, c) = (a.sin() as f32, a.cos() as f32);
+                    let (ia, ib) = match style {
+                        RopeStyle::Norm => (2 * i, 2 * i + 1),
+                        RopeStyle::Neox => (i, i + rot / 2),
+                    };
+                    let (x0, x1) = (head[ia], head[ib]);
+                    head[ia] = x0 * c - x1 * s;
+                    head[ib] = x0 * s + x1 * c;
+                }
+            }
+            let mut dq = dev.upload(&q).unwrap();
+            dev.rope(&mut dq, hd, pos, &inv, style).unwrap();
+            assert_close(
+                &dev.download(&dq).unwrap(),
+                &want,
+                1.0,
+                1e-5,
+                &format!("{style:?} rotating {rot} of {hd}"),
+            );
         }
-        let mut dq = dev.upload(&q).unwrap();
-        dev.rope(&mut dq, hd, pos, theta, style).unwrap();
-        assert_close(
-            &dev.download(&dq).unwrap(),
-            &want,
-            1.0,
-            1e-5,
-            &format!("{style:?}"),
-        );
     }
 }
 
@@ -625,7 +638,15 @@ fn checked_errors<B: Backend>(dev: &B) {
     let e = dev.kv_store(&k, &v, 4, &mut ck, &mut cv);
     assert!(matches!(e, Err(Error::ContextOverflow(_))), "{e:?}");
     // RoPE over a length that is no whole number of heads.
+    let inv = vec![1.0f64; 32];
     let mut odd = zeros_f32(65);
-    let e = dev.rope(&mut odd, 64, 0, 10000.0, RopeStyle::Norm);
+    let e = dev.rope(&mut odd, 64, 0, &inv, RopeStyle::Norm);
     assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
+    // More rotated pairs than a head holds; more than the kernel takes.
+    let mut x = zeros_f32(64);
+    let e = dev.rope(&mut x, 64, 0, &[1.0; 33], RopeStyle::Norm);
+    assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
+    let mut x = zeros_f32(1024);
+    let e = dev.rope(&mut x, 1024, 0, &[1.0; 257], RopeStyle::Neox);
+    assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
 }

@@ -180,6 +180,19 @@ fn every_launch_pushes_its_kernels_parameters() {
 }
 
 #[test]
+fn rope_takes_its_angles_by_value_as_the_launch_passes_them() {
+    if !find_nvrtc() {
+        return;
+    }
+    let src = kernels::NORM_ROPE;
+    let ptx = nvrtc::compile(src.name, &src.program(), 80).unwrap_or_else(|e| panic!("{e}"));
+    // cuda_launch.rs's RopeFreqs: MAX_ROPE_PAIRS f64s, 8-byte aligned, the sixth argument.
+    let bytes = 8 * powerinfer_cuda::ops::MAX_ROPE_PAIRS;
+    let want = format!(".param .align 8 .b8 rope_param_5[{bytes}]");
+    assert!(ptx.contains(&want), "no {want:?} in the PTX of rope");
+}
+
+#[test]
 fn the_launch_scanner_sees_a_missing_argument() {
     let src = r#"
         let f = self.function(&kernels::PREDICTOR, "split_hot_flags")?;

@@ -137,17 +137,16 @@ pub fn forward(
             row.iter_mut().zip(&p).for_each(|(x, p)| *x += p);
         }
     }
-    let angles_for = |theta: f32| -> Vec<RopeAngles> {
-        (0..n)
-            .map(|t| RopeAngles::new(start + t, c.head_dim, theta))
-            .collect()
+    let angles_for = |local: bool| -> Vec<RopeAngles> {
+        let inv = c.rope_inv_freqs(local);
+        (0..n).map(|t| RopeAngles::new(start + t, &inv)).collect()
     };
-    let angles = angles_for(c.rope_theta);
-    let local = c.arch.rope_theta_local.map(angles_for);
+    let angles = angles_for(false);
+    let local = c.arch.rope_theta_local.map(|_| angles_for(true));
     mark(Phase::Other);
     for l in 0..model.layers.len() {
-        let ang = match (&local, c.arch.window(l)) {
-            (Some(local), Some(_)) => local,
+        let ang = match &local {
+            Some(local) if c.rope_local(l) => local,
             _ => &angles,
         };
         if c.arch.parallel {

@@ -22,7 +22,8 @@ pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// Rotary embedding tables for one position: cos and sin of `pos · θ^(−2i/head_dim)`.
+/// Rotary embedding tables for one position: cos and sin of `pos · inv_freq[i]` for each
+/// rotated pair ([`ModelConfig::rope_inv_freqs`](powerinfer_core::ModelConfig::rope_inv_freqs)).
 pub struct RopeAngles {
     pub cos: Vec<f32>,
     pub sin: Vec<f32>,
@@ -30,22 +31,24 @@ pub struct RopeAngles {
 
 impl RopeAngles {
     /// Angles for position `pos` (computed in f64: positions reach tens of thousands of rad).
-    pub fn new(pos: usize, head_dim: usize, theta: f32) -> RopeAngles {
-        let half = head_dim / 2;
-        let (mut cos, mut sin) = (Vec::with_capacity(half), Vec::with_capacity(half));
-        for i in 0..half {
-            let inv_freq = (theta as f64).powf(-2.0 * i as f64 / head_dim as f64);
-            let a = pos as f64 * inv_freq;
-            cos.push(a.cos() as f32);
-            sin.push(a.sin() as f32);
-        }
+    pub fn new(pos: usize, inv_freqs: &[f64]) -> RopeAngles {
+        let (cos, sin) = inv_freqs
+            .iter()
+            .map(|f| {
+                let (s, c) = (pos as f64 * f).sin_cos();
+                (c as f32, s as f32)
+            })
+            .unzip();
         RopeAngles { cos, sin }
     }
 }
 
-/// Rotate every head of `x` (heads × head_dim, contiguous) in place.
+/// Rotate every head of `x` (heads × head_dim, contiguous) in place: the first
+/// `2 · angles.cos.len()` values of each head (all of them unless RoPE is partial), the rest
+/// unchanged.
 pub fn apply_rope(x: &mut [f32], head_dim: usize, angles: &RopeAngles, style: RopeStyle) {
-    let half = head_dim / 2;
+    let half = angles.cos.len();
+    debug_assert!(2 * half <= head_dim);
     for head in x.chunks_exact_mut(head_dim) {
         for i in 0..half {
             let (a, b) = match style {
@@ -94,7 +97,10 @@ mod tests {
     fn rope_styles_agree_under_permutation() {
         // Neox on [a0..a3, b0..b3] equals Norm on the interleaved [a0,b0,a1,b1,...].
         let hd = 8;
-        let ang = RopeAngles::new(37, hd, 10000.0);
+        let inv: Vec<f64> = (0..hd / 2)
+            .map(|i| 10000f64.powf(-2.0 * i as f64 / hd as f64))
+            .collect();
+        let ang = RopeAngles::new(37, &inv);
         let neox_in: Vec<f32> = (0..hd).map(|i| i as f32 * 0.3 - 1.0).collect();
         let mut norm_in = vec![0.0; hd];
         for i in 0..hd / 2 {
@@ -112,5 +118,31 @@ mod tests {
         let n0: f32 = neox_in.iter().map(|v| v * v).sum();
         let n1: f32 = a.iter().map(|v| v * v).sum();
         assert!((n0 - n1).abs() < 1e-4);
+    }
+
+    #[test]
+    fn partial_rope_rotates_the_leading_values_only() {
+        // rope_dims 4 of head_dim 8: neox pairs (0,2), (1,3); norm pairs (0,1), (2,3).
+        let inv = [1.0f64, 0.1];
+        let ang = RopeAngles::new(3, &inv);
+        let x: Vec<f32> = (0..16).map(|i| i as f32 * 0.25 - 2.0).collect();
+        for style in [RopeStyle::Neox, RopeStyle::Norm] {
+            let mut y = x.clone();
+            apply_rope(&mut y, 8, &ang, style);
+            for h in 0..2 {
+                let (xh, yh) = (&x[h * 8..h * 8 + 8], &y[h * 8..h * 8 + 8]);
+                assert_eq!(xh[4..], yh[4..], "{style:?}: the pass-through half");
+                for (i, f) in inv.iter().enumerate() {
+                    let (a, b) = match style {
+                        RopeStyle::Neox => (i, i + 2),
+                        RopeStyle::Norm => (2 * i, 2 * i + 1),
+                    };
+                    let t = 3.0 * f;
+                    let (c, s) = (t.cos() as f32, t.sin() as f32);
+                    assert!((yh[a] - (xh[a] * c - xh[b] * s)).abs() < 1e-6);
+                    assert!((yh[b] - (xh[a] * s + xh[b] * c)).abs() < 1e-6);
+                }
+            }
+        }
     }
 }

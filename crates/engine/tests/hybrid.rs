@@ -11,7 +11,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use common::{config, values};
-use powerinfer_core::{quantize_row, Activation, Buffer, DType, NeuronTable, PlanFile, Weight};
+use powerinfer_core::{
+    quantize_row, Activation, Buffer, DType, NeuronTable, PlanFile, RopeScaling, RopeStyle, Weight,
+};
 use powerinfer_engine::forward::Logits;
 use powerinfer_engine::{
     LayerPredictor, ModelWeights, Placement, PredictorInput, Session, Sparsity,
@@ -326,6 +328,53 @@ fn placements_match_the_cpu_engine_in_every_format() {
                 check(&m, &Sparsity::ExactRelu, &layout, dev, 12);
             }
         }
+    }
+}
+
+#[test]
+fn scaled_and_partial_rope_match_the_cpu_engine() {
+    // Llama 3.1-style frequency factors and linear scaling over the first half of each head
+    // (partial RoPE), in both pairings, with a low base so the angles differ a lot per step.
+    for style in [RopeStyle::Norm, RopeStyle::Neox] {
+        let mut c = powerinfer_core::ModelConfig {
+            max_context: 64,
+            rope_theta: 50.0,
+            rope_style: style,
+            ..config(Activation::Silu)
+        };
+        let plain = model_with(c.clone(), |_, _| DType::F32);
+        c.rope = RopeScaling {
+            dims: 8,
+            linear_factor: Some(1.5),
+            freq_factors: vec![1.0, 1.7, 5.0, 8.0],
+        };
+        let m = model_with(c, |_, _| DType::F32);
+        let (n, ffn) = (m.config.n_layers, m.config.ffn_dim);
+        let mut alternating = Layout::cpu(n);
+        alternating.attention[1] = true;
+        alternating.hot[0] = half_hot(ffn, n)[0].clone();
+        for dev in devices() {
+            for layout in [Layout::all_gpu(n, ffn), alternating.clone()] {
+                check(&m, &Sparsity::Dense, &layout, dev, 12);
+            }
+        }
+        // The scaling is not a no-op here.
+        let prompt = [3u32, 17, 5, 42, 8, 9, 1];
+        let a = session(&m, &Sparsity::Dense, None, "cpu")
+            .feed(&prompt, Logits::Last, no_check)
+            .unwrap();
+        let b = session(&plain, &Sparsity::Dense, None, "cpu")
+            .feed(&prompt, Logits::Last, no_check)
+            .unwrap();
+        let diff = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max);
+        assert!(
+            diff > 1e-2,
+            "{style:?}: scaled RoPE changed the logits by only {diff}"
+        );
     }
 }
 

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use numpy::{PyArrayDescrMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
 use powerinfer_core::{
-    bail, ensure, Activation, ArchFeatures, Buffer, DType, Error, ModelConfig, Result, RopeStyle,
-    Weight,
+    bail, ensure, Activation, ArchFeatures, Buffer, DType, Error, ModelConfig, Result, RopeScaling,
+    RopeStyle, Weight,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -73,6 +73,16 @@ fn arch_from_dict(d: &Bound<'_, PyDict>) -> Result<ArchFeatures> {
     })
 }
 
+/// RoPE scaling and partial rotation from the config dict (all optional: absent means none).
+fn rope_from_dict(d: &Bound<'_, PyDict>) -> Result<RopeScaling> {
+    let linear: f32 = field_or(d, "rope_linear_factor", 0.0)?;
+    Ok(RopeScaling {
+        dims: field_or(d, "rope_dims", 0)?,
+        linear_factor: (linear != 0.0).then_some(linear),
+        freq_factors: field_or(d, "rope_freq_factors", Vec::new())?,
+    })
+}
+
 /// Build a `ModelConfig` from the loader's config (a dict of its fields).
 pub fn config_from_dict(d: &Bound<'_, PyDict>) -> Result<ModelConfig> {
     let rope: String = field(d, "rope_style")?;
@@ -96,6 +106,7 @@ pub fn config_from_dict(d: &Bound<'_, PyDict>) -> Result<ModelConfig> {
         rope_style,
         activation: Activation::from_name(&act)?,
         arch: arch_from_dict(d)?,
+        rope: rope_from_dict(d)?,
     };
     cfg.validate()?;
     Ok(cfg)

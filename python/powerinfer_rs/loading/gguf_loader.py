@@ -10,6 +10,10 @@ q/k rows permuted by the converter, so RoPE rotates adjacent pairs: ``rope_style
 the other families keep HF's row order (``"neox"``). Fused tensors (Phi-3's ``attn_qkv`` and
 gate+up ``ffn_up``) are split into row views.
 
+RoPE scaling (linear, Llama 3.1's ``rope_freqs`` factors) and partial RoPE
+(``rope.dimension_count`` below the head size) are read by :mod:`.rope`; YaRN, LongRoPE and
+other scaling types are refused.
+
 The header is parsed by :mod:`.gguf_file` (fast and strict) rather than ``gguf.GGUFReader``.
 The activation is SiLU unless the file carries ``powerinfer_rs.activation`` (our synthetic
 ReLU models do; llama.cpp ignores the key).
@@ -21,10 +25,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import ModelFileError, ShapeError, UnsupportedError
 from ..runtime.tokenizer import Tokenizer
 from .archs import GGUF_FAMILIES, Family, split_fused
 from .gguf_file import MAGIC, GGUFFile, starts_with
+from .rope import UNSUPPORTED_TENSORS, gguf_rope_fields, rope_freqs_values
 from .types import (
     ACTIVATIONS,
     SUPPORTED_DTYPES,
@@ -93,15 +100,10 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
     head_dim = _int(meta, f"{a}.attention.key_length", dim // n_heads)
     if _int(meta, f"{a}.attention.value_length", head_dim) != head_dim:
         raise UnsupportedError("attention.value_length differing from key_length")
+    if head_dim <= 0:
+        raise ShapeError(f"attention.key_length ({head_dim}) must be positive")
     rope_dims = _int(meta, f"{a}.rope.dimension_count", head_dim)
-    if rope_dims != head_dim:
-        raise UnsupportedError(
-            f"partial RoPE (rope.dimension_count {rope_dims} != head_dim {head_dim})"
-        )
-    scaling = meta.get(f"{a}.rope.scaling.type")
-    factor = meta.get(f"{a}.rope.scaling.factor", 1.0)
-    if scaling not in (None, "none") and factor not in (0, 0.0, 1, 1.0):
-        raise UnsupportedError(f"RoPE scaling {scaling!r} (factor {factor})")
+    rope = gguf_rope_fields(meta, a, head_dim, rope_dims)
     tokens = meta.get("tokenizer.ggml.tokens")
     n_tokens = len(tokens) if isinstance(tokens, list) else None
     vocab = _int(meta, f"{a}.vocab_size", n_tokens)
@@ -148,6 +150,7 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
         ffn_bias=fam.ffn_bias,
         out_bias=fam.out_bias,
         parallel=fam.parallel,
+        **rope,
     )
     cfg.validate()
     return cfg
@@ -172,9 +175,10 @@ def _family(meta: dict[str, Any]) -> Family:
     return fam
 
 
-def _tensor_views(gf: GGUFFile, fam: Family) -> dict[str, TensorData]:
+def _tensor_views(gf: GGUFFile, fam: Family, cfg: ModelConfig) -> dict[str, TensorData]:
     """Canonical name -> TensorData for every weight tensor in the file (and the biases of the
-    families that have them; PowerInfer's ``ffn_down_t.bias`` is ``ffn_down.bias``)."""
+    families that have them; PowerInfer's ``ffn_down_t.bias`` is ``ffn_down.bias``). The
+    ``rope_freqs`` tensor (Llama 3.1's RoPE factors) goes into ``cfg.rope_freq_factors``."""
     path = gf.path
     buf = gf.data  # np.memmap, uint8, the whole file
     size = int(buf.size)
@@ -182,12 +186,28 @@ def _tensor_views(gf: GGUFFile, fam: Family) -> dict[str, TensorData]:
     for t in gf.tensors:
         full = t.name.replace("ffn_down_t.bias", "ffn_down.bias")
         bias = full.endswith(".bias") and full.rsplit(".", 2)[-2] + ".bias" in fam.biases()
-        if (full.endswith(".bias") and not bias) or full.startswith(("rope_freqs", "rope_factors")):
-            raise UnsupportedError(f"{path}: tensor {full!r} (biases / rope factors) not supported")
+        if full.endswith(".bias") and not bias:
+            raise UnsupportedError(f"{path}: tensor {full!r} (a bias the family has not)")
+        stem = full.rsplit(".", 1)[0]
+        if stem in UNSUPPORTED_TENSORS:
+            raise UnsupportedError(
+                f"{path}: tensor {full!r}: RoPE scaling {UNSUPPORTED_TENSORS[stem]} is not "
+                "supported"
+            )
         if not (full.endswith(".weight") or bias):
             continue
         name = full if bias else full[: -len(".weight")]
         dtype = t.type_name
+        if name == "rope_freqs":
+            nbytes = t.nbytes
+            if nbytes is None or t.offset + nbytes > size:
+                raise ModelFileError(f"{path}: tensor {full!r} extends past the end of the file")
+            raw = np.asarray(buf[t.offset : t.offset + nbytes])
+            try:
+                cfg.rope_freq_factors = rope_freqs_values(dtype, list(t.dims), raw, cfg.rotary_dims)
+            except (ShapeError, ModelFileError, UnsupportedError) as e:
+                raise type(e)(f"{path}: {e}") from None
+            continue
         if dtype not in SUPPORTED_DTYPES:
             raise UnsupportedError(
                 f"{path}: tensor {full!r} has type {dtype} "
@@ -219,7 +239,7 @@ def load_gguf(path: str | os.PathLike[str]) -> LoadedModel:
         raise UnsupportedError(f"{p}: {e}") from None
     tok = Tokenizer.from_gguf(meta)
     cfg = config_from_metadata(meta, tok)
-    tensors = _tensor_views(gf, fam)
+    tensors = _tensor_views(gf, fam, cfg)
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     split_fused(fam, tensors, q_dim, kv_dim, cfg.ffn_dim)
     fit_position_table(cfg, tensors, p)

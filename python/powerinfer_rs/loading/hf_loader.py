@@ -4,7 +4,8 @@ Supported: the families of :mod:`.archs` (Llama, Mistral, Bamboo, Qwen2, Qwen3, 
 Gemma 2, Gemma 3, OPT, Falcon) in BF16/F16/F32, either one ``model.safetensors`` or shards
 listed by ``model.safetensors.index.json``. HF checkpoints keep q/k in the original layout, so RoPE
 rotates the halves of each head: ``rope_style = "neox"``. Fused tensors (Phi-3's ``qkv_proj``
-and ``gate_up_proj``) are split into row views.
+and ``gate_up_proj``) are split into row views. RoPE scaling ("linear", Llama 3.1's "llama3")
+and ``partial_rotary_factor`` are read by :mod:`.rope`; other scaling types are refused.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..errors import ModelFileError, ShapeError, UnsupportedError
 from ..runtime.tokenizer import Tokenizer
 from .archs import FAMILIES, Family, family_named, hf_family, hf_layer_names, split_fused
 from .hf_families import family_fields, gemma_fields, number
+from .rope import hf_rope_fields
 from .safetensors_mmap import RawTensor, read_safetensors
 from .types import LoadedModel, ModelConfig, TensorData, check_tensors, fingerprint
 
@@ -105,10 +107,6 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
             f"architecture {archs or mtype!r} is not supported "
             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
         )
-    if cfg.get("rope_scaling"):
-        raise UnsupportedError(f"rope_scaling {cfg['rope_scaling']!r} is not supported")
-    if cfg.get("partial_rotary_factor", 1.0) != 1.0:
-        raise UnsupportedError(f"partial_rotary_factor {cfg['partial_rotary_factor']!r}")
     if (cfg.get("attention_bias") or cfg.get("mlp_bias")) and not fam.biases():
         raise UnsupportedError("attention/MLP biases are not supported")
     if cfg.get("use_sliding_window"):
@@ -134,6 +132,10 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     for k, v in (("rope_theta", rope_theta), ("rms_norm_eps", eps)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not -1e300 < v < 1e300:
             raise ModelFileError(f"config.json: {k!r} must be a finite number, got {v!r:.80}")
+    head_dim = _req_int({"head_dim": head_dim}, "head_dim")
+    if head_dim <= 0:
+        raise ShapeError(f"config.json: head_dim must be positive, got {head_dim}")
+    extra.update(hf_rope_fields(cfg, head_dim, float(rope_theta)))
     bos = cfg.get("bos_token_id")
     sizes = {
         "ffn_dim": _req_int(cfg, "intermediate_size", extra.pop("ffn_dim", None)),
@@ -145,7 +147,7 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         n_layers=_req_int(cfg, "num_hidden_layers"),
         dim=dim,
         n_heads=n_heads,
-        head_dim=_req_int({"head_dim": head_dim}, "head_dim"),
+        head_dim=head_dim,
         vocab_size=_req_int(cfg, "vocab_size"),
         max_context=_req_int(cfg, "max_position_embeddings", 2048),
         **sizes,

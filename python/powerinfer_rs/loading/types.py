@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import ModelFileError, ShapeError, UnsupportedError
+from .rope import check_freq_factors, check_rope_dims
 
 if TYPE_CHECKING:
     from ..runtime.tokenizer import Tokenizer
@@ -151,7 +152,18 @@ CORE_CONFIG_FIELDS = (
     "ffn_bias",
     "out_bias",
     "parallel",
+    "rope_dims",
+    "rope_linear_factor",
+    "rope_freq_factors",
 )
+
+#: The RoPE scaling fields with their "none" values: left out of the fingerprint when unset,
+#: so models without scaling keep the fingerprints their plans and profiles were made with.
+ROPE_DEFAULTS: dict[str, object] = {
+    "rope_dims": 0,
+    "rope_linear_factor": 0.0,
+    "rope_freq_factors": [],
+}
 
 
 @dataclass
@@ -168,6 +180,12 @@ class ModelConfig:
     projection is activated too (Bamboo); OPT's and Falcon's LayerNorm, learned positions (row
     ``pos + pos_offset`` of ``position_embd``), gate-less FFN, FFN and output biases, and
     parallel attention and FFN.
+
+    RoPE (:mod:`.rope`): ``rope_dims`` values at the start of each head rotate (0: all of
+    ``head_dim``; fewer for partial RoPE), pair ``i`` at position ``p`` by
+    ``p * theta^(-2i/rope_dims) / rope_linear_factor / rope_freq_factors[i]`` (linear
+    scaling, 0 = none; Llama 3.1's per-pair factors, ``rope_dims / 2`` of them, empty = none);
+    layers with their own base (``rope_theta_local``) are not scaled.
     """
 
     arch: str
@@ -207,6 +225,14 @@ class ModelConfig:
     ffn_bias: bool = False
     out_bias: bool = False
     parallel: bool = False
+    rope_dims: int = 0
+    rope_linear_factor: float = 0.0
+    rope_freq_factors: list[float] = field(default_factory=list)
+
+    @property
+    def rotary_dims(self) -> int:
+        """Values of each head that RoPE rotates."""
+        return self.rope_dims or self.head_dim
 
     def validate(self) -> None:
         """Check the values fit together; raise :class:`ShapeError` / :class:`UnsupportedError`."""
@@ -235,12 +261,24 @@ class ModelConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise ShapeError(f"config {name} must be a non-negative integer, got {v!r}")
+        self._validate_rope()
         ids = list(self.eos_token_ids)
         if self.bos_token_id is not None:
             ids.append(self.bos_token_id)
         for t in ids:
             if not 0 <= t < self.vocab_size:
                 raise ShapeError(f"special token id {t} outside the vocabulary ({self.vocab_size})")
+
+    def _validate_rope(self) -> None:
+        if self.rope_dims:
+            check_rope_dims(self.rope_dims, self.head_dim, "config rope_dims")
+        lin = self.rope_linear_factor
+        if isinstance(lin, bool) or not isinstance(lin, (int, float)) or not 0 <= lin < math.inf:
+            raise ShapeError(f"config rope_linear_factor must be >= 0 and finite, got {lin!r}")
+        if self.rope_freq_factors:
+            self.rope_freq_factors = check_freq_factors(
+                self.rope_freq_factors, self.rotary_dims, "config rope_freq_factors"
+            )
 
 
 @dataclass
@@ -358,7 +396,11 @@ def fingerprint(config: ModelConfig, tensors: dict[str, TensorData], sample: int
     so it costs microseconds even for large models.
     """
     h = hashlib.sha256()
-    h.update(json.dumps(asdict(config), sort_keys=True).encode())
+    fields = asdict(config)
+    for k, none in ROPE_DEFAULTS.items():
+        if fields.get(k) == none:
+            del fields[k]
+    h.update(json.dumps(fields, sort_keys=True).encode())
     for name in sorted(tensors):
         t = tensors[name]
         h.update(f"{name}|{t.dtype}|{t.rows}|{t.cols}\n".encode())

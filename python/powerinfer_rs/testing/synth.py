@@ -81,6 +81,21 @@ def _hf_config(spec: SynthSpec) -> dict[str, Any]:
         out.update(multi_query=spec.kv_heads == 1, num_kv_heads=spec.kv_heads, bias=False)
         out.update(new_decoder_architecture=False, parallel_attn=True, alibi=False)
         out.update(layer_norm_epsilon=spec.rms_eps, activation=spec.activation)
+    if spec.partial_rotary != 1.0:
+        out["partial_rotary_factor"] = spec.partial_rotary
+    if spec.rope_scaling == "linear":
+        out["rope_scaling"] = {"rope_type": "linear", "factor": spec.rope_factor}
+    elif spec.rope_scaling == "llama3":
+        out["rope_scaling"] = {
+            "rope_type": "llama3",
+            "factor": spec.rope_factor,
+            "low_freq_factor": spec.rope_low_freq_factor,
+            "high_freq_factor": spec.rope_high_freq_factor,
+            "original_max_position_embeddings": spec.rope_original_context,
+        }
+        # llama.cpp's converter reads the original context from the top level of config.json
+        # (8192 when absent: Llama 3.1's value); set there too, it stores the same factors.
+        out["original_max_position_embeddings"] = spec.rope_original_context
     if f.post_norms:  # Gemma 2/3
         out["query_pre_attn_scalar"] = spec.head_dim
         out["sliding_window_pattern"] = f.swa_pattern
@@ -137,7 +152,10 @@ def write_hf_model(
 ) -> Path:
     """Write a synthetic HF directory (config.json, safetensors, tokenizer files) of the
     model ``SynthSpec(**shape)``: ``dim, ffn, layers, heads, kv_heads, vocab`` and optionally
-    ``activation, max_context, seed, active, tie, gate_rank, arch, sliding_window``.
+    ``activation, max_context, seed, active, tie, gate_rank, arch, sliding_window``, and RoPE's
+    ``rope_theta, rope_scaling`` ("linear" / "llama3" as ``rope_scaling`` in config.json, with
+    ``rope_factor`` and llama3's ``rope_low_freq_factor, rope_high_freq_factor,
+    rope_original_context``) and ``partial_rotary`` (``partial_rotary_factor``).
 
     ``shards=2`` splits the weights over two files with a ``model.safetensors.index.json``.
     """
@@ -151,8 +169,9 @@ def write_hf_model(
     out.mkdir(parents=True, exist_ok=True)
     st = HF_DTYPES[dtype]
     torch_dtype = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[dtype]
+    family = _hf_config(spec)
     config = {
-        **_hf_config(spec),
+        **family,
         "hidden_size": spec.dim,
         "intermediate_size": spec.ffn,
         "num_hidden_layers": spec.layers,
@@ -163,7 +182,7 @@ def write_hf_model(
         "max_position_embeddings": spec.max_context,
         "rms_norm_eps": spec.rms_eps,
         "rope_theta": spec.rope_theta,
-        "rope_scaling": None,
+        "rope_scaling": family.get("rope_scaling"),
         "vocab_size": spec.vocab,
         "tie_word_embeddings": spec.tie,
         "bos_token_id": BOS_ID,
@@ -228,7 +247,7 @@ def add_llama_metadata(
     w.add_feed_forward_length(spec.ffn)
     w.add_head_count(spec.heads)
     w.add_head_count_kv(spec.kv_heads)
-    w.add_rope_dimension_count(spec.head_dim)
+    w.add_rope_dimension_count(spec.rope_dims)
     w.add_rope_freq_base(spec.rope_theta)
     w.add_layer_norm_rms_eps(spec.rms_eps)
     w.add_file_type(file_type)
@@ -249,8 +268,11 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
 
     2-D weights are stored in ``dtype`` (norms and biases always F32; K-quants, mixes and
     their fallbacks as :mod:`.synth_types` says); for llama, q/k rows are permuted as llama.cpp's
-    converter does. The activation is recorded as ``powerinfer_rs.activation`` (llama.cpp
-    ignores the key and always runs SiLU). Returns ``out_path``.
+    converter does (with partial RoPE only the rotated rows of each head). The activation is
+    recorded as ``powerinfer_rs.activation`` (llama.cpp ignores the key and always runs SiLU).
+    RoPE as llama.cpp's converter writes it: ``rope.dimension_count`` = the rotated dims,
+    linear scaling as ``rope.scaling.type``/``factor``, llama3 scaling as an F32
+    ``rope_freqs.weight`` of the per-pair factors. Returns ``out_path``.
     """
     import gguf
 
@@ -270,6 +292,9 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
     # up by name ("</s>", "<s>") when the model name contains "phi3", which ours has not.
     name = f"synthetic-{spec.activation}-d{spec.dim}-f{spec.ffn}-l{spec.layers}"
     add_llama_metadata(w, spec, name, GGUF_FILE_TYPE[dtype])
+    if spec.rope_scaling == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(spec.rope_factor)
     if spec.sliding_window:
         w.add_sliding_window(spec.sliding_window)
     if spec.family.layer_norm:
@@ -289,6 +314,17 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
 
     order = spec.tensor_shapes(fused=True)
     types = {n: tensor_dtype(dtype, n, s[-1], spec.layers) for n, s in order if len(s) == 2}
+    # Llama 3.1's RoPE factors: an F32 vector of rope_dims / 2, first, as llama.cpp's
+    # converter yields it.
+    rope_freqs = (
+        np.asarray(spec.llama3_factors(), dtype=np.float32)
+        if spec.rope_scaling == "llama3"
+        else None
+    )
+    if rope_freqs is not None:
+        w.add_tensor_info(
+            "rope_freqs.weight", rope_freqs.shape, np.dtype(np.float32), rope_freqs.nbytes
+        )
     for name, shape in order:
         full = name if name.endswith(".bias") else f"{name}.weight"
         if len(shape) == 1:
@@ -311,6 +347,8 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
+    if rope_freqs is not None:
+        w.write_tensor_data(rope_freqs)
     for name, shape in order:
         x = gen.gguf_tensor(name)
         w.write_tensor_data(x if len(shape) == 1 else encode(x, types[name]))
@@ -322,7 +360,7 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
 # --------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
     """``python -m powerinfer_rs.synth``: write a synthetic model."""
-    from ..stages.args import float_in, nonneg_int, positive_int, run_cli
+    from ..stages.args import float_in, nonneg_int, positive_float, positive_int, run_cli, share
 
     ap = argparse.ArgumentParser(
         prog="python -m powerinfer_rs.synth",
@@ -354,6 +392,32 @@ def main(argv: list[str] | None = None) -> int:
         help="attention window (llama/mistral/phi3; 0 = none)",
     )
     ap.add_argument("--max-context", type=positive_int, default=512)
+    ap.add_argument("--rope-theta", type=positive_float, default=10000.0, help="RoPE base")
+    ap.add_argument(
+        "--rope-scaling",
+        choices=["none", "linear", "llama3"],
+        default="none",
+        help="RoPE scaling: linear (positions / --rope-factor), or Llama 3.1's llama3 factors "
+        "(GGUF: a rope_freqs tensor; HF: rope_scaling)",
+    )
+    ap.add_argument(
+        "--rope-factor", type=positive_float, default=8.0, help="linear / llama3 scaling factor"
+    )
+    ap.add_argument("--rope-low-freq-factor", type=positive_float, default=1.0, help="llama3")
+    ap.add_argument("--rope-high-freq-factor", type=positive_float, default=4.0, help="llama3")
+    ap.add_argument(
+        "--rope-original-context",
+        type=positive_int,
+        default=8192,
+        help="llama3: original_max_position_embeddings",
+    )
+    ap.add_argument(
+        "--partial-rotary-factor",
+        type=share,
+        default=1.0,
+        help="partial RoPE: the first int(head_dim * factor) values of each head rotate "
+        "(GGUF: rope.dimension_count; HF: partial_rotary_factor)",
+    )
     ap.add_argument(
         "--format",
         default="hf",
@@ -374,8 +438,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="output directory (hf) or .gguf path")
     a = ap.parse_args(argv)
     keys = ("dim", "ffn", "layers", "heads", "vocab", "activation", "max_context", "seed")
-    extra = ("active", "tie", "gate_rank", "arch", "sliding_window")
+    extra = ("active", "tie", "gate_rank", "arch", "sliding_window", "rope_theta", "rope_scaling")
+    extra += ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor")
+    extra += ("rope_original_context",)
     common = {k: getattr(a, k) for k in (*keys, *extra)}
+    common["partial_rotary"] = a.partial_rotary_factor
     common["kv_heads"] = a.kv_heads or a.heads
     t0 = time.perf_counter()
 

@@ -50,6 +50,7 @@ import numpy as np
 
 from ..errors import ShapeError, UnsupportedError
 from ..loading.archs import Family, family_named
+from ..loading.rope import llama3_factors
 from ..loading.types import ModelConfig
 from .synth_vocab import (  # noqa: F401  (re-exported: the vocabulary of the synthetic models)
     BOS_ID,
@@ -104,10 +105,47 @@ class SynthSpec:
     attn_softcap: float = 50.0
     final_softcap: float = 30.0
     relu_threshold: float = 0.0
+    #: RoPE scaling: "none", "linear" (positions divided by ``rope_factor``) or "llama3"
+    #: (Llama 3.1's per-pair factors from ``rope_factor``, ``rope_low_freq_factor``,
+    #: ``rope_high_freq_factor`` and ``rope_original_context``).
+    rope_scaling: str = "none"
+    rope_factor: float = 8.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_context: int = 8192
+    #: Partial RoPE: the first ``int(head_dim * partial_rotary)`` values of each head rotate.
+    partial_rotary: float = 1.0
 
     @property
     def head_dim(self) -> int:
         return self.dim // self.heads
+
+    @property
+    def rope_dims(self) -> int:
+        """Values of each head that RoPE rotates (HF's ``int(head_dim * partial_rotary)``)."""
+        return int(self.head_dim * self.partial_rotary)
+
+    def rope_fields(self) -> dict[str, object]:
+        """The config's RoPE fields (:mod:`..loading.rope`) of this model."""
+        out: dict[str, object] = {
+            "rope_dims": 0 if self.rope_dims == self.head_dim else self.rope_dims
+        }
+        if self.rope_scaling == "linear":
+            out["rope_linear_factor"] = self.rope_factor
+        elif self.rope_scaling == "llama3":
+            out["rope_freq_factors"] = self.llama3_factors()
+        return out
+
+    def llama3_factors(self) -> list[float]:
+        """The "llama3" per-pair factors (llama.cpp's ``rope_freqs.weight``)."""
+        return llama3_factors(
+            self.rope_theta,
+            self.rope_dims,
+            self.rope_factor,
+            self.rope_low_freq_factor,
+            self.rope_high_freq_factor,
+            self.rope_original_context,
+        )
 
     @property
     def family(self) -> Family:
@@ -130,6 +168,21 @@ class SynthSpec:
             raise ShapeError(f"sliding_window {self.sliding_window} for {self.arch}")
         if self.arch == "opt" and self.kv_heads != self.heads:
             raise ShapeError("opt has one KV head per query head: kv_heads must equal heads")
+        if self.rope_scaling not in ("none", "linear", "llama3"):
+            raise UnsupportedError(f"rope_scaling {self.rope_scaling!r} (none, linear, llama3)")
+        if not 0.0 < self.partial_rotary <= 1.0:
+            raise ShapeError("partial_rotary must lie in (0, 1]")
+        if self.rope_dims < 2 or self.rope_dims % 2:
+            raise ShapeError(f"partial_rotary {self.partial_rotary} rotates {self.rope_dims} dims")
+        if self.rope_scaling != "none" and self.family.learned_pos:
+            raise ShapeError(f"{self.arch} has no RoPE to scale")
+        if self.rope_scaling != "none" and not self.rope_factor > 0:
+            raise ShapeError("rope_factor must be positive")
+        if self.rope_scaling == "llama3" and not (
+            0 < self.rope_low_freq_factor < self.rope_high_freq_factor
+            and self.rope_original_context > 0
+        ):
+            raise ShapeError("llama3 RoPE needs 0 < low_freq_factor < high_freq_factor")
         if self.arch in ("gemma2", "opt") and not self.tie:
             # llama.cpp's gemma2 and PowerInfer's opt always read the head from token_embd.
             raise ShapeError(f"{self.arch} ties its output head to the embeddings: pass tie=True")
@@ -173,6 +226,7 @@ class SynthSpec:
             ffn_bias=f.ffn_bias,
             out_bias=f.out_bias,
             parallel=f.parallel,
+            **self.rope_fields(),  # type: ignore[arg-type]
         )
 
     @property
@@ -367,9 +421,9 @@ class SynthWeights:
         if self.spec.family.rope_style != "norm":
             return x
         if name.endswith("attn_q"):
-            return permute_qk(x, self.spec.heads)
+            return permute_qk(x, self.spec.heads, self.spec.rope_dims)
         if name.endswith("attn_k"):
-            return permute_qk(x, self.spec.kv_heads)
+            return permute_qk(x, self.spec.kv_heads, self.spec.rope_dims)
         return x
 
     def items(self) -> Iterator[tuple[str, np.ndarray]]:
@@ -378,9 +432,18 @@ class SynthWeights:
             yield name, self.tensor(name)
 
 
-def permute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+def permute_qk(w: np.ndarray, n_heads: int, rope_dims: int | None = None) -> np.ndarray:
     """Reorder q/k rows the way llama.cpp's converter does: within each head, row ``j * hd/2 + i``
-    (half ``j``) moves to ``2 i + j``, so "norm" RoPE on adjacent pairs equals HF's "neox"."""
+    (half ``j``) moves to ``2 i + j``, so "norm" RoPE on adjacent pairs equals HF's "neox".
+
+    With partial RoPE (``rope_dims`` < head size; llama.cpp's converter has no such llama) only
+    the rotated rows at the start of each head are reordered, over ``rope_dims / 2`` pairs, so
+    the "norm" pairs of the GGUF file are HF's halves of its rotated part."""
     rows = w.shape[0]
     hd = rows // n_heads
-    return w.reshape(n_heads, 2, hd // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    rot = rope_dims or hd
+    heads = w.reshape(n_heads, hd, *w.shape[1:])
+    part = heads[:, :rot].reshape(n_heads, 2, rot // 2, *w.shape[1:]).swapaxes(1, 2)
+    out = heads.copy()
+    out[:, :rot] = part.reshape(n_heads, rot, *w.shape[1:])
+    return out.reshape(w.shape)

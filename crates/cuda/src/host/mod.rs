@@ -30,7 +30,7 @@ mod testutil;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use powerinfer_core::{Error, Result};
+use powerinfer_core::{ensure, Error, Result};
 
 use crate::backend::{Backend, Checked, DeviceSlice, Elem, Launch};
 use crate::layout::{align, ALIGN};
@@ -377,12 +377,18 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             n_heads,
             head_dim,
             pos,
-            theta,
+            inv_freqs,
             neox,
         } => {
+            ensure!(
+                2 * inv_freqs.len() <= head_dim,
+                Shape,
+                "rope: {} pairs in heads of {head_dim}",
+                inv_freqs.len()
+            );
             let total = view::product(n_heads, head_dim, "n_heads × head_dim")?;
             let x = prefix_mut(&mut x.data, total, "x")?;
-            norm_rope::rope(x, head_dim, pos, theta, neox);
+            norm_rope::rope(x, head_dim, pos, inv_freqs, neox);
             Ok(())
         }
         Launch::KvStore {

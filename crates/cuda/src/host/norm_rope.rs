@@ -15,18 +15,18 @@ pub(super) fn rms_norm(x: &[f32], w: &[f32], n: usize, eps: f32, out: &mut [f32]
     }
 }
 
-/// Rotate every head of `x` (heads of `head_dim`, contiguous) in place for position `pos`:
-/// pair i turns by `pos · theta^(−2i/head_dim)` (in f64); `neox` pairs (i, i + d/2), else
-/// (2i, 2i + 1).
-pub(super) fn rope(x: &mut [f32], head_dim: usize, pos: usize, theta: f32, neox: bool) {
-    let half = head_dim / 2;
-    if half == 0 {
+/// Rotate the first `2 · inv_freqs.len()` values of every head of `x` (heads of `head_dim`,
+/// contiguous) in place for position `pos`: pair i turns by `pos · inv_freqs[i]` (in f64);
+/// `neox` pairs (i, i + n), else (2i, 2i + 1); the rest of each head is unchanged.
+pub(super) fn rope(x: &mut [f32], head_dim: usize, pos: usize, inv_freqs: &[f64], neox: bool) {
+    let half = inv_freqs.len();
+    if half == 0 || head_dim == 0 {
         return;
     }
-    let angles: Vec<(f32, f32)> = (0..half)
-        .map(|i| {
-            let inv_freq = (theta as f64).powf(-2.0 * i as f64 / head_dim as f64);
-            let (s, c) = (pos as f64 * inv_freq).sin_cos();
+    let angles: Vec<(f32, f32)> = inv_freqs
+        .iter()
+        .map(|f| {
+            let (s, c) = (pos as f64 * f).sin_cos();
             (c as f32, s as f32)
         })
         .collect();
@@ -92,16 +92,27 @@ mod tests {
     #[test]
     fn rope_rotates_pairs_of_both_styles_with_f64_angles() {
         let be = HostBackend::new();
-        for (hd, heads, pos, theta) in [(64, 5, 12_345, 10000.0f32), (128, 3, 7, 500000.0)] {
+        // (head_dim, heads, pos, theta, rotated dims, step): pair i's frequency divided by
+        // 1 + step · i (Llama 3.1's factors grow along the pairs).
+        let cases = [
+            (64, 5, 12_345, 10000.0f64, 64, 0.0),
+            (128, 3, 7, 500000.0, 128, 0.0),
+            (64, 2, 3_000, 10000.0, 64, 1.0),
+            (32, 3, 901, 10000.0, 16, 0.5),
+        ];
+        for (hd, heads, pos, theta, rot, step) in cases {
+            let inv: Vec<f64> = (0..rot / 2)
+                .map(|i| theta.powf(-2.0 * i as f64 / rot as f64) / (1.0 + step * i as f64))
+                .collect();
             for neox in [false, true] {
                 let q = pseudo_random(hd * heads + 3, hd as u64);
                 let mut want = q.clone();
                 for head in want[..hd * heads].chunks_exact_mut(hd) {
-                    for i in 0..hd / 2 {
-                        let a = pos as f64 * (theta as f64).powf(-2.0 * i as f64 / hd as f64);
+                    for (i, f) in inv.iter().enumerate() {
+                        let a = pos as f64 * f;
                         let (s, c) = (a.sin() as f32, a.cos() as f32);
                         let (ia, ib) = if neox {
-                            (i, i + hd / 2)
+                            (i, i + rot / 2)
                         } else {
                             (2 * i, 2 * i + 1)
                         };
@@ -118,20 +129,25 @@ mod tests {
                         n_heads: heads,
                         head_dim: hd,
                         pos,
-                        theta,
+                        inv_freqs: &inv,
                         neox,
                     },
                 )
                 .unwrap();
                 let got = download(&be, &dq);
-                assert_close(&got, &want, 1e-6, &format!("hd {hd} neox {neox}"));
+                assert_close(&got, &want, 1e-6, &format!("hd {hd} rot {rot} neox {neox}"));
                 assert_eq!(got[hd * heads..], q[hd * heads..], "past the heads");
+                if rot < hd {
+                    assert_eq!(got[rot..hd], q[rot..hd], "the unrotated part of a head");
+                }
             }
         }
-        // Position 0 is the identity; x too short is an error.
+        // Position 0 is the identity; x too short, or more pairs than a head holds, is an error.
         let q = pseudo_random(64, 3);
         let mut dq = upload(&be, &q);
-        let mut rope = |n_heads, pos| {
+        let inv: Vec<f64> = (0..16).map(|i| 10000f64.powf(-(i as f64) / 16.0)).collect();
+        let long = vec![1.0; 17];
+        let mut rope = |n_heads, pos, inv_freqs: &[f64]| {
             launch(
                 &be,
                 Launch::Rope {
@@ -139,13 +155,14 @@ mod tests {
                     n_heads,
                     head_dim: 32,
                     pos,
-                    theta: 10000.0,
+                    inv_freqs,
                     neox: true,
                 },
             )
         };
-        rope(2, 0).unwrap();
-        assert!(is_shape(rope(3, 1)));
+        rope(2, 0, &inv).unwrap();
+        assert!(is_shape(rope(3, 1, &inv)));
+        assert!(is_shape(rope(2, 1, &long)));
         assert_eq!(download(&be, &dq), q);
     }
 }

@@ -20,6 +20,8 @@ mod predictor;
 mod rows;
 mod upload;
 
+pub use norm_rope::MAX_ROPE_PAIRS;
+
 /// `Error::Unsupported` unless the GPU kernels take `dtype` ([`GPU_DTYPES`]; Q2_K and Q3_K run
 /// on the CPU only, so far).
 pub(crate) fn ensure_gpu_dtype(dtype: DType) -> Result<()> {
@@ -166,16 +168,17 @@ pub trait GpuOps: Backend {
         norm_rope::rms_norm(self, x, w, rows, eps, out)
     }
 
-    /// Rotate every head of `x` (n_heads × head_dim) in place for position `pos`.
+    /// Rotate every head of `x` (n_heads × head_dim) in place for position `pos`: pair i of
+    /// the first `2 · inv_freqs.len()` values of each head by `pos · inv_freqs[i]`.
     fn rope(
         &self,
         x: &mut Self::Buf<f32>,
         head_dim: usize,
         pos: usize,
-        theta: f32,
+        inv_freqs: &[f64],
         style: RopeStyle,
     ) -> Result<()> {
-        norm_rope::rope(self, x, head_dim, pos, theta, style)
+        norm_rope::rope(self, x, head_dim, pos, inv_freqs, style)
     }
 
     /// Write position `pos`'s keys and values into the f16 caches.

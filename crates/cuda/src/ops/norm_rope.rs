@@ -4,6 +4,10 @@ use powerinfer_core::{ensure, Result, RopeStyle};
 
 use crate::backend::{Backend, Checked, DeviceSlice, Launch};
 
+/// The most rotated pairs per head the `rope` kernel takes (`MAX_ROPE_PAIRS` in norm_rope.cu:
+/// heads up to 512 values).
+pub const MAX_ROPE_PAIRS: usize = 256;
+
 /// RMSNorm of `rows` rows of `w.len()` values: `out = x / sqrt(mean(x²) + eps) · w`.
 pub(crate) fn rms_norm<B: Backend>(
     dev: &B,
@@ -35,13 +39,15 @@ pub(crate) fn rms_norm<B: Backend>(
     dev.launch(launch, Checked(()))
 }
 
-/// Rotate every head of `x` (n_heads × head_dim) in place for position `pos`.
+/// Rotate every head of `x` (n_heads × head_dim) in place for position `pos`: the first
+/// `2 · inv_freqs.len()` values of each head, pair i by `pos · inv_freqs[i]`
+/// ([`ModelConfig::rope_inv_freqs`](powerinfer_core::ModelConfig::rope_inv_freqs)).
 pub(crate) fn rope<B: Backend>(
     dev: &B,
     x: &mut B::Buf<f32>,
     head_dim: usize,
     pos: usize,
-    theta: f32,
+    inv_freqs: &[f64],
     style: RopeStyle,
 ) -> Result<()> {
     ensure!(
@@ -49,6 +55,19 @@ pub(crate) fn rope<B: Backend>(
         Shape,
         "rope: {} values are not heads of even head_dim {head_dim}",
         x.len()
+    );
+    ensure!(
+        !inv_freqs.is_empty() && 2 * inv_freqs.len() <= head_dim,
+        Shape,
+        "rope: {} rotated pairs in heads of {head_dim}",
+        inv_freqs.len()
+    );
+    ensure!(
+        inv_freqs.len() <= MAX_ROPE_PAIRS,
+        Unsupported,
+        "rope: {} rotated pairs, the GPU kernel takes at most {MAX_ROPE_PAIRS} (head_dim {})",
+        inv_freqs.len(),
+        2 * MAX_ROPE_PAIRS
     );
     let n_heads = x.len() / head_dim;
     if n_heads == 0 {
@@ -59,8 +78,19 @@ pub(crate) fn rope<B: Backend>(
         n_heads,
         head_dim,
         pos,
-        theta,
+        inv_freqs,
         neox: style == RopeStyle::Neox,
     };
     dev.launch(launch, Checked(()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MAX_ROPE_PAIRS;
+
+    #[test]
+    fn the_kernel_takes_max_rope_pairs() {
+        let define = format!("#define MAX_ROPE_PAIRS {MAX_ROPE_PAIRS}\n");
+        assert!(crate::kernels::NORM_ROPE.source.contains(&define));
+    }
 }

@@ -49,6 +49,9 @@ pub struct Executor<B: Backend> {
     flags: Vec<i32>,
     xn: Vec<f32>,
     part: Vec<f32>,
+    /// RoPE's angle per position of each rotated pair (every layer's: the hybrid executor
+    /// runs llama layers, one base).
+    inv_freqs: Vec<f64>,
 }
 
 impl<B: Backend> Executor<B> {
@@ -70,6 +73,7 @@ impl<B: Backend> Executor<B> {
             flags: Vec::new(),
             xn: Vec::new(),
             part: Vec::new(),
+            inv_freqs: model.config.rope_inv_freqs(false),
         })
     }
 
@@ -165,7 +169,7 @@ impl<B: Backend> Hybrid for Executor<B> {
             on_host: true,
             on_device: false,
         };
-        let angles = [RopeAngles::new(pos, c.head_dim, c.rope_theta)];
+        let angles = [RopeAngles::new(pos, &self.inv_freqs)];
         for l in 0..c.n_layers {
             if self.gpu.layers[l].attention.is_some() {
                 self.gpu_attention(model, l, pos, &mut res)?;
@@ -233,8 +237,9 @@ impl<B: Backend> Executor<B> {
         dev.matvec_rows(&a.wq, &sc.xb, None, c.q_dim(), Act::None, &mut sc.q)?;
         dev.matvec_rows(&a.wk, &sc.xb, None, c.kv_dim(), Act::None, &mut sc.k)?;
         dev.matvec_rows(&a.wv, &sc.xb, None, c.kv_dim(), Act::None, &mut sc.v)?;
-        dev.rope(&mut sc.q, c.head_dim, pos, c.rope_theta, c.rope_style)?;
-        dev.rope(&mut sc.k, c.head_dim, pos, c.rope_theta, c.rope_style)?;
+        let inv = &self.inv_freqs;
+        dev.rope(&mut sc.q, c.head_dim, pos, inv, c.rope_style)?;
+        dev.rope(&mut sc.k, c.head_dim, pos, inv, c.rope_style)?;
         dev.kv_store(&sc.k, &sc.v, pos, &mut a.cache_k, &mut a.cache_v)?;
         dev.attention(
             &sc.q,
