@@ -31,10 +31,10 @@ for path in sys.argv[1:]:
     for mode in ("dense", "exact-relu"):
         eng.set_sparsity(mode)
         eng.reset()
-        row[mode] = np.asarray(eng.logits(%(prompt)s), np.float64).tolist()
+        row[mode] = np.asarray(eng.logits(PROMPT), np.float64).tolist()
     out["logits"][path] = row
 print(json.dumps(out))
-""" % {"prompt": PROMPT}
+""".replace("PROMPT", repr(PROMPT))
 
 
 def _run(level: str | None, paths: list[str]) -> dict:
