@@ -112,6 +112,8 @@ def safetensors_mutator(data: bytes, max_size: int, seed: int) -> bytes:
         try:
             doc = json.loads(header)
             meta = doc["__metadata__"]
+            if not isinstance(meta, dict):  # a mutated header's list or scalar: plain mutation
+                return atheris.Mutate(data, max_size)
             key = sorted(meta)[(seed >> 2) % len(meta)]
             raw = meta[key].encode()
             meta[key] = atheris.Mutate(raw, max(len(raw) * 2, 64)).decode("utf-8", "replace")
@@ -120,6 +122,7 @@ def safetensors_mutator(data: bytes, max_size: int, seed: int) -> bytes:
         except (
             ValueError,
             KeyError,
+            IndexError,
             TypeError,
             AttributeError,
             ZeroDivisionError,
