@@ -465,6 +465,20 @@ impl KFormat for Q6K {
     }
 }
 
+/// Hint the cache to fetch super-block `sb` of each row starting at `next[i]`.
+#[inline(always)]
+pub(super) fn fetch_superblock<K: KFormat, const R: usize>(next: &[*const u8; R], sb: usize) {
+    let mut off = (sb * K::BYTES) & !63;
+    while off < (sb + 1) * K::BYTES {
+        for q in next {
+            // SAFETY: prefetch is a hint that never faults, whatever the address; SSE is
+            // baseline on x86-64.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(off) as *const i8) };
+        }
+        off += 64;
+    }
+}
+
 /// out[i] = dot(row i, x) for the `R` K-quant rows starting at `p[i]`, on the int16 x; with
 /// `FETCH`, the rows at `next[i]` are fetched into the cache block by block alongside. Row by
 /// row within a super-block, each chunk of quants going from the decoder straight into the
@@ -485,14 +499,7 @@ pub(super) unsafe fn rows_i16<K: KFormat, const R: usize, const FETCH: bool>(
     let (xp, sx, sum16) = (xq.q.as_ptr(), xq.scale.as_ptr(), xq.sum16.as_ptr());
     for sb in 0..xq.blocks() / 8 {
         if FETCH {
-            let mut off = (sb * K::BYTES) & !63;
-            while off < (sb + 1) * K::BYTES {
-                for q in next {
-                    // A hint: never faults, whatever the address.
-                    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(off) as *const i8);
-                }
-                off += 64;
-            }
+            fetch_superblock::<K, R>(next, sb);
         }
         // SAFETY: super-block sb of each row is readable per the caller; xq holds 256 values,
         // 8 scales and 16 sums per super-block.

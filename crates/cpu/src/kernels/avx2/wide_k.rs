@@ -9,7 +9,7 @@
 //! Q2_K and Q3_K pair the AVX2 decoder's 16-weight vectors.
 
 use super::int16::XQuant;
-use super::kquant::{twice, KFormat, Q2K, Q3K, Q4K, Q5K, Q6K, QK};
+use super::kquant::{fetch_superblock, twice, KFormat, Q2K, Q3K, Q4K, Q5K, Q6K, QK};
 use std::arch::x86_64::*;
 
 /// A K-quant's quants as 512-bit vectors.
@@ -234,14 +234,7 @@ pub(super) unsafe fn rows_i16<K: WideK, const R: usize, const FETCH: bool>(
     let sum32 = xq.sum.as_ptr();
     for sb in 0..xq.blocks() / 8 {
         if FETCH {
-            let mut off = (sb * K::BYTES) & !63;
-            while off < (sb + 1) * K::BYTES {
-                for q in next {
-                    // A hint: never faults, whatever the address.
-                    _mm_prefetch::<_MM_HINT_T0>(q.wrapping_add(off) as *const i8);
-                }
-                off += 64;
-            }
+            fetch_superblock::<K, R>(next, sb);
         }
         // SAFETY: super-block sb of each row is readable per the caller; xq holds 256 values,
         // 8 scales and 16 sums per super-block.
