@@ -70,17 +70,42 @@ def test_synthetic_gguf_every_format_matches_reference(synth_gguf, dtype):
     assert_rows_close(Engine(model, threads=3).logits(ids), reference_logits(model, ids))
 
 
-def test_weights_reach_rust_without_copy(smol, smol_engine):
+def test_weights_reach_rust_without_copy(smol):
+    eng = Engine(smol, threads=1, mmap=True)
+    assert not eng.weights_copied
     for name in ["token_embd", "blk.0.attn_q", "blk.29.ffn_down", "output"]:
-        assert smol_engine.tensor_address(name) == smol.tensors[name].data.ctypes.data
+        assert eng.tensor_address(name) == smol.tensors[name].data.ctypes.data
     # Tied: the output head is the embedding table itself.
-    assert smol_engine.tensor_address("output") == smol_engine.tensor_address("token_embd")
+    assert eng.tensor_address("output") == eng.tensor_address("token_embd")
 
 
 def test_zero_copy_for_hf_bf16(synth_hf):
     model = load_model(synth_hf(dtype="bf16"))
-    eng = Engine(model, threads=1)
+    eng = Engine(model, threads=1, mmap=True)
     assert eng.tensor_address("blk.1.ffn_up") == model.tensors["blk.1.ffn_up"].data.ctypes.data
+
+
+def test_copied_weights_sit_on_huge_page_boundaries_and_give_the_same_logits(smol):
+    """mmap=False copies every tensor of 2 MiB or more (the embedding table here) into memory
+    of its own, 2 MiB aligned; small ones stay borrowed; logits are bit-identical."""
+    mapped = Engine(smol, threads=2, mmap=True)
+    copied = Engine(smol, threads=2, mmap=False)
+    assert copied.weights_copied
+    emb = smol.tensors["token_embd"].data
+    assert emb.nbytes >= 2 << 20
+    assert copied.tensor_address("token_embd") != emb.ctypes.data
+    assert copied.tensor_address("token_embd") % (2 << 20) == 0
+    small = smol.tensors["blk.0.attn_k"].data
+    assert small.nbytes < 2 << 20
+    assert copied.tensor_address("blk.0.attn_k") == small.ctypes.data
+    ids = smol.tokenizer.encode("The weights moved but the numbers did not", add_bos=False)
+    np.testing.assert_array_equal(copied.logits(ids), mapped.logits(ids))
+
+
+@pytest.mark.parametrize("bad", ["yes", 0, 1.0])
+def test_mmap_argument_is_checked(smol, bad):
+    with pytest.raises(ShapeError, match="mmap"):
+        Engine(smol, threads=1, mmap=bad)
 
 
 def test_decode_equals_scoring(smol, smol_engine):

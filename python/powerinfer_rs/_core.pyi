@@ -85,12 +85,14 @@ class Plan:
     def output(self) -> bool: ...
 
 class Model:
-    """Model weights handed over without copies."""
+    """Model weights handed over without copies (or, with ``copy_weights``, the tensors of
+    2 MiB or more copied onto huge pages)."""
 
     def __init__(
         self,
         config: dict[str, object],
         tensors: dict[str, tuple[str, int, int, npt.NDArray[np.uint8]]],
+        copy_weights: bool = False,
     ) -> None: ...
     def tensor_address(self, name: str) -> int: ...
     def load_plan(

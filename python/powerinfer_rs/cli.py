@@ -66,6 +66,15 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=None,
         help="predictor file from python -m powerinfer_rs.train_predictors",
     )
+    p.add_argument(
+        "--mmap",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="--mmap reads the weights from the file's memory map (no copy); --no-mmap copies "
+        "them onto huge pages (faster sparse decoding, memory the kernel cannot page back to "
+        "the file); default: copy when huge pages are available and the weights take at most "
+        "half of the available memory",
+    )
 
 
 def _sampling(p: argparse.ArgumentParser) -> None:
@@ -141,6 +150,7 @@ def _engine_options(a: argparse.Namespace) -> dict:
         "sparsity": sparsity_mode(a.sparsity, a.thresholds, a.predictors),
         "thresholds": a.thresholds,
         "predictors": a.predictors,
+        "mmap": a.mmap,
     }
 
 

@@ -151,8 +151,11 @@ fn named_weight(
     })
 }
 
-/// One `(dtype, rows, cols, uint8 array)` tuple into a borrowed `Weight`.
-fn weight_from_tuple(name: &str, t: &Bound<'_, PyTuple>) -> Result<Weight> {
+/// One `(dtype, rows, cols, uint8 array)` tuple into a borrowed `Weight`, or with `copy` (and
+/// at least a huge page of bytes) into a copy of its own on huge pages (see
+/// [`powerinfer_core::pages`]): a memory-mapped file is on 4 KiB pages, so a scattered row read
+/// there misses the TLB on nearly every row, and the hardware prefetcher stops at each page.
+fn weight_from_tuple(name: &str, t: &Bound<'_, PyTuple>, copy: bool) -> Result<Weight> {
     let bad = |e: PyErr| Error::ModelFile(format!("tensor {name}: {e}"));
     ensure!(
         t.len() == 4,
@@ -174,7 +177,11 @@ fn weight_from_tuple(name: &str, t: &Bound<'_, PyTuple>) -> Result<Weight> {
         ))
     })?;
     drop(arr);
-    named_weight(name, dtype, rows, cols, borrow_bytes(name, &obj)?)
+    let mut data = borrow_bytes(name, &obj)?;
+    if copy && data.len() >= powerinfer_core::pages::HUGE_MIN {
+        data = Buffer::from_bytes(data.as_slice());
+    }
+    named_weight(name, dtype, rows, cols, data)
 }
 
 /// A 2-D float16 or float32 array as a borrowed F16/F32 `Weight` of its shape, or a
@@ -182,7 +189,7 @@ fn weight_from_tuple(name: &str, t: &Bound<'_, PyTuple>) -> Result<Weight> {
 /// format as a file stores it).
 pub fn weight_from_matrix(name: &str, obj: &Bound<'_, PyAny>) -> Result<Weight> {
     if let Ok(t) = obj.cast::<PyTuple>() {
-        return weight_from_tuple(name, t);
+        return weight_from_tuple(name, t, false);
     }
     let arr = obj
         .cast::<PyUntypedArray>()
@@ -206,8 +213,9 @@ pub fn weight_from_matrix(name: &str, obj: &Bound<'_, PyAny>) -> Result<Weight> 
     named_weight(name, dtype, rows, cols, borrow_bytes(name, obj)?)
 }
 
-/// The tensors dict (`name -> (dtype, rows, cols, uint8 array)`) into weights.
-pub fn tensors_from_dict(d: &Bound<'_, PyDict>) -> Result<HashMap<String, Weight>> {
+/// The tensors dict (`name -> (dtype, rows, cols, uint8 array)`) into weights: borrowed, or
+/// with `copy` the large ones copied onto huge pages ([`weight_from_tuple`]).
+pub fn tensors_from_dict(d: &Bound<'_, PyDict>, copy: bool) -> Result<HashMap<String, Weight>> {
     let mut out = HashMap::with_capacity(d.len());
     for (k, v) in d.iter() {
         let name: String = k
@@ -216,7 +224,7 @@ pub fn tensors_from_dict(d: &Bound<'_, PyDict>) -> Result<HashMap<String, Weight
         let tup = v
             .cast_into::<PyTuple>()
             .map_err(|_| Error::ModelFile(format!("tensor {name}: expected a tuple")))?;
-        let w = weight_from_tuple(&name, &tup)?;
+        let w = weight_from_tuple(&name, &tup, copy)?;
         out.insert(name, w);
     }
     Ok(out)

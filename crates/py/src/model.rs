@@ -21,11 +21,18 @@ pub struct PyModel {
 
 #[pymethods]
 impl PyModel {
-    /// Build from a config dict and `{name: (dtype, rows, cols, uint8 array)}`.
+    /// Build from a config dict and `{name: (dtype, rows, cols, uint8 array)}`: the arrays
+    /// borrowed, or with `copy_weights` every one of 2 MiB or more copied onto huge pages
+    /// (faster scattered row reads than a memory-mapped file's 4 KiB pages).
     #[new]
-    fn new(config: &Bound<'_, PyDict>, tensors: &Bound<'_, PyDict>) -> PyResult<Self> {
+    #[pyo3(signature = (config, tensors, copy_weights = false))]
+    fn new(
+        config: &Bound<'_, PyDict>,
+        tensors: &Bound<'_, PyDict>,
+        copy_weights: bool,
+    ) -> PyResult<Self> {
         let cfg = check(config_from_dict(config))?;
-        let map = check(tensors_from_dict(tensors))?;
+        let map = check(tensors_from_dict(tensors, copy_weights))?;
         let weights = check(ModelWeights::from_tensors(cfg, map))?;
         Ok(PyModel {
             weights: Arc::new(weights),
