@@ -181,8 +181,10 @@ unsafe fn chunk_dot<Q: QuantFormat, const R: usize>(
     xq: &XQuant,
     b0: usize,
     n: usize,
-    acc: &mut [__m256; R],
+    acc_out: &mut [__m256; R],
 ) {
+    // A local copy: through the reference, LLVM stored every accumulator after each FMA.
+    let mut acc = *acc_out;
     // Per row, d·s_x of the chunk's blocks, read back one broadcast per block.
     let mut ds = [[0f32; CHUNK]; R];
     // SAFETY: the per-block vectors are padded to whole chunks, so lanes b0..b0 + 8 exist; each
@@ -226,6 +228,7 @@ unsafe fn chunk_dot<Q: QuantFormat, const R: usize>(
             }
         }
     }
+    *acc_out = acc;
 }
 
 #[cfg(test)]

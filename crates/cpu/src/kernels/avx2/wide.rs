@@ -176,9 +176,11 @@ unsafe fn chunk_dot<Q: WideFormat, const R: usize>(
     xq: &XQuant,
     b0: usize,
     n: usize,
-    acc: &mut [__m512; R],
+    acc_out: &mut [__m512; R],
     offs: &mut [__m256; R],
 ) {
+    // A local copy: through the reference, LLVM stored every accumulator after each FMA.
+    let mut acc = *acc_out;
     let mut ds = [[0f32; CHUNK]; R];
     // SAFETY: the per-block vectors of xq are padded to whole chunks, so lanes b0..b0 + 8
     // exist; each row's blocks b0..b0 + n are readable per the caller.
@@ -213,4 +215,5 @@ unsafe fn chunk_dot<Q: WideFormat, const R: usize>(
             }
         }
     }
+    *acc_out = acc;
 }
