@@ -12,17 +12,26 @@
 //! The formats with mins (Q2_K, Q4_K, Q5_K, Q4_1, Q5_1) keep them as f32 coefficients per
 //! sub-block, applied as FMAs with the token's f32 sums of x over the sub-block.
 //!
-//! **Tokens.** Each token's x is quantized to integers with one f32 scale per span, no larger
-//! than the format's [`IntTile::X_MAX`], the largest magnitude for which a *segment*
-//! ([`IntTile::SEG`] columns) of int16 products sums without overflowing the int32 lanes:
-//! SEG · max|w| · X_MAX < 2³¹. So Q4_K takes x up to ±8876 (SEG 256), Q5_K ±8590 and Q6_K ±4095
-//! (SEG 128), the 32-weight formats, Q2_K and Q3_K the full ±32767. Each segment's int32 sums
-//! are converted once and added with an FMA by d_w·s_x into f32 accumulators: per 16 rows and
-//! token, three vector operations per segment against SEG / 2 `vpdpwssd`.
+//! **Tokens.** Each token's x is quantized to int16 with one f32 scale per 32 values (as the
+//! matvec's `int16` path), no larger than the format's [`IntTile::X_MAX`], the largest
+//! magnitude for which a 32-value block of products sums without overflowing the int32 lanes:
+//! 32 · max|wq| · X_MAX < 2³¹, so Q6_K takes x up to ±16383 and every other format the full
+//! ±32767. Each block's int32 sums are converted once and added with an FMA by the block's
+//! s_x into f32 span sums, which take the rows' factors d once per span (per block for the
+//! 32-weight formats, whose d changes every block: there the two multiplies are fused as
+//! d·s_x). So per 16 rows and token, a K-quant span costs 128 `vpdpwssd`, 8 conversions, 8
+//! FMAs and one FMA by d (plus 8 or 16 FMAs of mins); a 32-weight block 16 `vpdpwssd`, a
+//! conversion, a multiply and an FMA.
 //!
-//! **Blocking.** The register block is [`G`] groups of 16 rows by up to [`T`] tokens:
-//! G·T int32 and G·T f32 accumulators, G weight vectors per column pair and one broadcast per
-//! token. A tile's weights (G·16 rows, all columns) stay in L2 while every token block sweeps
+//! A scale per 256 values would save the per-block conversions (about 10% of the K-quants'
+//! tile time), but only with x at 12 to 14 bits (the overflow bound over 256 columns), and an
+//! outlier in x then costs the whole super-block its precision: with one value in 97 thirty
+//! times larger, the dots of random rows missed the crate's bound by up to 9x (Q6_K).
+//!
+//! **Blocking.** The register block is [`G`] groups of 16 rows by up to `T` tokens ([`T_K`]
+//! for the K-quants, which hold G·T int32, span and total accumulators; [`T_32`] for the
+//! 32-weight formats, which need no span sums): G weight vectors per column pair and one
+//! broadcast per token. A tile's weights (G·16 rows, all columns) stay in L2 while every token block sweeps
 //! them.
 
 use super::kquant::{Q2K, Q3K, Q4K, Q5K, Q6K};
@@ -38,8 +47,12 @@ const LANES: usize = 16;
 const G: usize = 2;
 /// Weight rows decoded together into one tile.
 pub(crate) const TILE_ROWS: usize = G * LANES;
-/// Tokens per register block.
-const T: usize = 6;
+/// Tokens per register block of the K-quants (3·G·T accumulators).
+const T_K: usize = 4;
+/// Tokens per register block of the 32-weight formats (2·G·T accumulators).
+const T_32: usize = 6;
+/// Values of x per scale (and per int32 accumulation).
+const XB: usize = 32;
 
 /// Sixteen int32 lanes, 64-byte aligned (one tile vector).
 #[derive(Clone, Copy, Default)]
@@ -59,9 +72,7 @@ pub(super) trait IntTile {
     const BYTES: usize;
     /// Weights per span (256 or 32): one float factor `d` per span.
     const SPAN: usize;
-    /// Columns summed in int32 before a conversion (divides `SPAN`).
-    const SEG: usize;
-    /// Largest |x| integer: SEG · max|wq| · X_MAX < 2³¹.
+    /// Largest |x| integer: 32 · max|wq| · X_MAX < 2³¹.
     const X_MAX: f32;
     /// Min coefficients per span (0: none), each for `SPAN / MINS` consecutive weights.
     const MINS: usize;
@@ -109,12 +120,12 @@ fn times2(v: __m512i, a: i16, b: i16) -> __m512i {
 /// Q4_K and Q5_K: the super-block's scales times its quants (`chunk32` of the format), d, and
 /// the mins −dmin·m.
 macro_rules! impl_q45 {
-    ($t:ty, $seg:expr, $x_max:expr) => {
+    ($t:ty) => {
         impl IntTile for $t {
             const BYTES: usize = <$t as super::kquant::KFormat>::BYTES;
             const SPAN: usize = 256;
-            const SEG: usize = $seg;
-            const X_MAX: f32 = $x_max;
+            // |wq| <= 31·63 = 1953 (Q5_K): 32·1953·32767 < 2³¹.
+            const X_MAX: f32 = 32767.0;
             const MINS: usize = 8;
 
             #[inline]
@@ -148,16 +159,14 @@ macro_rules! impl_q45 {
         }
     };
 }
-// Q4_K: |wq| <= 15·63 = 945, 256·945·8876 < 2³¹. Q5_K: |wq| <= 31·63 = 1953, 128·1953·8590.
-impl_q45!(Q4K, 256, 8876.0);
-impl_q45!(Q5K, 128, 8590.0);
+impl_q45!(Q4K);
+impl_q45!(Q5K);
 
 impl IntTile for Q6K {
     const BYTES: usize = 210;
     const SPAN: usize = 256;
-    // |wq| = |q − 32|·|sc| <= 32·128 = 4096: 128·4096·4095 < 2³¹.
-    const SEG: usize = 128;
-    const X_MAX: f32 = 4095.0;
+    // |wq| = |q − 32|·|sc| <= 32·128 = 4096: 32·4096·16383 < 2³¹.
+    const X_MAX: f32 = 16383.0;
     const MINS: usize = 0;
 
     #[inline]
@@ -183,7 +192,6 @@ impl IntTile for Q2K {
     const BYTES: usize = 84;
     const SPAN: usize = 256;
     // |wq| <= 3·15 = 45.
-    const SEG: usize = 256;
     const X_MAX: f32 = 32767.0;
     const MINS: usize = 16;
 
@@ -221,7 +229,6 @@ impl IntTile for Q3K {
     const BYTES: usize = 110;
     const SPAN: usize = 256;
     // |wq| <= 4·32 = 128.
-    const SEG: usize = 256;
     const X_MAX: f32 = 32767.0;
     const MINS: usize = 0;
 
@@ -252,7 +259,6 @@ macro_rules! impl_legacy {
             const BYTES: usize = <$t as QuantFormat>::BLOCK_BYTES;
             const SPAN: usize = 32;
             // |wq| <= 128: 32·128·32767 < 2³¹.
-            const SEG: usize = 32;
             const X_MAX: f32 = 32767.0;
             const MINS: usize = $mins;
 
@@ -342,7 +348,7 @@ pub(crate) struct XTile {
     dtype: DType,
     /// round(x / scale), `cols` per token.
     q: Vec<i16>,
-    /// Per token and span: x ≈ scale · q.
+    /// Per token and 32-value block: x ≈ scale · q.
     scale: Vec<f32>,
     /// Per token and min sub-block: Σx (from the f32 x); empty without mins.
     sum: Vec<f32>,
@@ -371,52 +377,58 @@ impl XTile {
 /// The CPU has the AVX-512 level; `x.len() == n · cols`, `cols` a multiple of `F::SPAN`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn quantize<F: IntTile>(dtype: DType, x: &[f32], n: usize, cols: usize) -> Option<XTile> {
-    let spans = cols / F::SPAN;
     let min_len = F::SPAN / F::MINS.max(1);
     let mut xt = XTile {
         dtype,
         q: vec![0; n * cols],
-        scale: vec![0.0; n * spans],
+        scale: vec![0.0; n * cols / XB],
         sum: vec![0.0; if F::MINS > 0 { n * cols / min_len } else { 0 }],
         n,
         cols,
     };
     let sign = _mm512_set1_ps(-0.0);
-    for (s, (xs, qs)) in x
-        .chunks_exact(F::SPAN)
-        .zip(xt.q.chunks_exact_mut(F::SPAN))
+    for (b, (xs, qs)) in x
+        .chunks_exact(XB)
+        .zip(xt.q.chunks_exact_mut(XB))
         .enumerate()
     {
-        let mut amax = _mm512_setzero_ps();
-        let mut nan: __mmask16 = 0;
-        for c in (0..F::SPAN).step_by(16) {
-            // SAFETY: c + 16 <= SPAN values of the span.
-            let v = unsafe { _mm512_loadu_ps(xs.as_ptr().add(c)) };
-            amax = _mm512_max_ps(amax, _mm512_andnot_ps(sign, v));
-            nan |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
-        }
-        let amax = _mm512_reduce_max_ps(amax);
+        // SAFETY: xs holds 32 values.
+        let v = unsafe {
+            [
+                _mm512_loadu_ps(xs.as_ptr()),
+                _mm512_loadu_ps(xs.as_ptr().add(16)),
+            ]
+        };
+        let nan = _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v[0], v[0])
+            | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v[1], v[1]);
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(
+            _mm512_andnot_ps(sign, v[0]),
+            _mm512_andnot_ps(sign, v[1]),
+        ));
+        // max_ps may drop a NaN: the mask catches it.
         if nan != 0 || !amax.is_finite() {
             return None;
         }
-        for j in 0..F::MINS {
-            let mut acc = _mm512_setzero_ps();
-            for c in (j * min_len..(j + 1) * min_len).step_by(16) {
-                // SAFETY: c + 16 <= SPAN values of the span (min_len is 16 or 32).
-                acc = _mm512_add_ps(acc, unsafe { _mm512_loadu_ps(xs.as_ptr().add(c)) });
+        match min_len {
+            16 => {
+                xt.sum[2 * b] = _mm512_reduce_add_ps(v[0]);
+                xt.sum[2 * b + 1] = _mm512_reduce_add_ps(v[1]);
             }
-            xt.sum[s * F::MINS + j] = _mm512_reduce_add_ps(acc);
+            32 if F::MINS > 0 => xt.sum[b] = _mm512_reduce_add_ps(_mm512_add_ps(v[0], v[1])),
+            _ => {}
         }
         let inv = _mm512_set1_ps(if amax > 0.0 { F::X_MAX / amax } else { 0.0 });
-        xt.scale[s] = amax / F::X_MAX;
-        for c in (0..F::SPAN).step_by(16) {
-            // SAFETY: c + 16 <= SPAN values of the span, 16 i16 stored at qs[c..].
+        xt.scale[b] = amax / F::X_MAX;
+        for (h, vh) in v.iter().enumerate() {
+            // Round to nearest (the default MXCSR mode); |x·inv| <= X_MAX.
+            let i = _mm512_cvtps_epi32(_mm512_mul_ps(*vh, inv));
+            // SAFETY: qs holds 32 i16: 16 stored at 16h.
             unsafe {
-                let v = _mm512_loadu_ps(xs.as_ptr().add(c));
-                // Round to nearest (the default MXCSR mode); |x·inv| <= X_MAX.
-                let i = _mm512_cvtps_epi32(_mm512_mul_ps(v, inv));
-                _mm256_storeu_si256(qs.as_mut_ptr().add(c).cast(), _mm512_cvtsepi32_epi16(i));
-            }
+                _mm256_storeu_si256(
+                    qs.as_mut_ptr().add(16 * h).cast(),
+                    _mm512_cvtsepi32_epi16(i),
+                )
+            };
         }
     }
     Some(xt)
@@ -541,13 +553,14 @@ unsafe fn micro<F: IntTile, const TT: usize>(
     };
     let mut facc = [[_mm512_setzero_ps(); TT]; G];
     let xp: [*const i32; TT] = std::array::from_fn(|t| x.q[(t0 + t) * x.cols..].as_ptr().cast());
-    let sx: [*const f32; TT] = std::array::from_fn(|t| x.scale[(t0 + t) * spans..].as_ptr());
+    let sx: [*const f32; TT] = std::array::from_fn(|t| x.scale[(t0 + t) * x.cols / XB..].as_ptr());
     let wp = tile.w.as_ptr() as *const __m512i;
     for s in 0..spans {
-        for seg in 0..F::SPAN / F::SEG {
+        // Σ over the span's blocks of s_x · (int32 block sums); only the K-quants use it.
+        let mut span = [[_mm512_setzero_ps(); TT]; G];
+        for b in s * F::SPAN / XB..(s + 1) * F::SPAN / XB {
             let mut iacc = [[_mm512_setzero_si512(); TT]; G];
-            let k0 = (s * F::SPAN + seg * F::SEG) / 2;
-            for kp in k0..k0 + F::SEG / 2 {
+            for kp in b * XB / 2..(b + 1) * XB / 2 {
                 // SAFETY: kp < cols / 2: the tile's pair kp and each token's x pair exist.
                 unsafe {
                     let wv: [__m512i; G] =
@@ -560,12 +573,25 @@ unsafe fn micro<F: IntTile, const TT: usize>(
                     }
                 }
             }
+            for t in 0..TT {
+                // SAFETY: block b of token t0 + t exists.
+                let k = _mm512_set1_ps(unsafe { *sx[t].add(b) });
+                for g in 0..G {
+                    let v = _mm512_cvtepi32_ps(iacc[g][t]);
+                    if F::SPAN == XB {
+                        let d = _mm512_load_ps(tile.d[s * G + g].0.as_ptr());
+                        facc[g][t] = _mm512_fmadd_ps(v, _mm512_mul_ps(d, k), facc[g][t]);
+                    } else {
+                        span[g][t] = _mm512_fmadd_ps(v, k, span[g][t]);
+                    }
+                }
+            }
+        }
+        if F::SPAN != XB {
             for g in 0..G {
                 let d = _mm512_load_ps(tile.d[s * G + g].0.as_ptr());
                 for t in 0..TT {
-                    // SAFETY: span s of token t0 + t exists.
-                    let k = _mm512_mul_ps(d, _mm512_set1_ps(unsafe { *sx[t].add(s) }));
-                    facc[g][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[g][t]), k, facc[g][t]);
+                    facc[g][t] = _mm512_fmadd_ps(span[g][t], d, facc[g][t]);
                 }
             }
         }
@@ -637,15 +663,16 @@ unsafe fn rows_with<F: IntTile>(
             ((1u32 << k) - 1) as __mmask16
         });
         let o = out[r0..].as_mut_ptr();
+        let block = if F::SPAN == XB { T_32 } else { T_K };
         let mut t0 = 0;
         while t0 < x.n {
-            let tt = T.min(x.n - t0);
+            let tt = block.min(x.n - t0);
             let at = o.wrapping_add(t0 * count);
             // SAFETY: tokens t0..t0 + tt exist; out[(t0 + t)·count + r0 + i] is in bounds for
             // i < r, the rows the masks let through.
             unsafe {
                 match tt {
-                    T => micro::<F, T>(&tile, x, t0, at, count, valid),
+                    6 => micro::<F, 6>(&tile, x, t0, at, count, valid),
                     5 => micro::<F, 5>(&tile, x, t0, at, count, valid),
                     4 => micro::<F, 4>(&tile, x, t0, at, count, valid),
                     3 => micro::<F, 3>(&tile, x, t0, at, count, valid),
