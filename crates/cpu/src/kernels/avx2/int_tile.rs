@@ -485,6 +485,8 @@ fn transpose16(r: &[__m512i; 16]) -> [__m512i; 16] {
 ///
 /// # Safety
 /// The rows' spans are readable; the CPU has the AVX-512 level.
+// The loops index several arrays by the same row, block and sub-block numbers.
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn decode_tile<F: IntTile>(
     rows: *const u8,
@@ -535,6 +537,8 @@ unsafe fn decode_tile<F: IntTile>(
 /// # Safety
 /// Tokens t0..t0 + TT exist in `x`, the tile holds `x.cols` columns, the out indices are in
 /// bounds for the valid rows; the CPU has the AVX-512 level.
+// The register block's loops index several arrays by the same (group, token) pair.
+#[allow(clippy::needless_range_loop)]
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 unsafe fn micro<F: IntTile, const TT: usize>(
@@ -546,11 +550,8 @@ unsafe fn micro<F: IntTile, const TT: usize>(
     valid: [__mmask16; G],
 ) {
     let spans = x.cols / F::SPAN;
-    let groups = if F::MINS > 0 {
-        x.cols / (F::SPAN / F::MINS)
-    } else {
-        0
-    };
+    // Min sub-blocks per token.
+    let groups = x.cols * F::MINS / F::SPAN;
     let mut facc = [[_mm512_setzero_ps(); TT]; G];
     let xp: [*const i32; TT] = std::array::from_fn(|t| x.q[(t0 + t) * x.cols..].as_ptr().cast());
     let sx: [*const f32; TT] = std::array::from_fn(|t| x.scale[(t0 + t) * x.cols / XB..].as_ptr());
