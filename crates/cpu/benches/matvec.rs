@@ -20,10 +20,15 @@ const MATVEC_SHAPES: [(&str, usize, usize); 7] = [
     ("smol_head_49152x576", 49152, 576),
 ];
 
-/// (name, rows, cols, tokens) for matmul.
-const MATMUL_SHAPES: [(&str, usize, usize, usize); 2] = [
+/// (name, rows, cols, tokens) for matmul: short prompts, and a 512-token prefill of the
+/// synthetic dim-2048 llama's attention and FFN shapes (ffn_down's 5504 columns are whole
+/// 32-weight blocks only).
+const MATMUL_SHAPES: [(&str, usize, usize, usize); 5] = [
     ("2048x2048_n64", 2048, 2048, 64),
     ("smol_up_1536x576_n64", 1536, 576, 64),
+    ("prefill_2048x2048_n512", 2048, 2048, 512),
+    ("prefill_up_5504x2048_n512", 5504, 2048, 512),
+    ("prefill_down_2048x5504_n512", 2048, 5504, 512),
 ];
 
 /// A weight of pseudo-random bytes that decode to finite values in every format.
@@ -80,6 +85,8 @@ fn bench_matvec(c: &mut Criterion) {
 fn bench_matmul(c: &mut Criterion) {
     let pool = pool();
     let mut group = c.benchmark_group("matmul");
+    // The prefill shapes take ~10-100 ms a call.
+    group.sample_size(10);
     for (name, rows, cols, n) in MATMUL_SHAPES {
         for dtype in DType::ALL.into_iter().filter(|d| d.row_bytes(cols).is_ok()) {
             let w = weight(dtype, rows, cols);

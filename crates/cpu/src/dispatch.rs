@@ -88,6 +88,60 @@ pub(crate) fn axpy_group(
     )
 }
 
+/// Tokens of a matmul quantized for the integer tile of one weight format (see
+/// `kernels::avx2::int_tile`): taken on the AVX-512 level for every quantized format.
+pub(crate) struct TileTokens {
+    #[cfg(target_arch = "x86_64")]
+    x: avx2::XTile,
+}
+
+/// Weight rows per integer tile: the row ranges given to [`TileTokens::rows_times_tokens`]
+/// are best multiples of it.
+#[cfg(target_arch = "x86_64")]
+pub(crate) const INT_TILE_ROWS: usize = avx2::INT_TILE_ROWS;
+/// Weight rows per integer tile (no integer tile on this architecture).
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) const INT_TILE_ROWS: usize = 8;
+
+/// Whether quantized matmuls take the integer tile on the AVX-512 level; `false` makes them
+/// dequantize to f32 tiles as the other levels do.
+const INT_TILE: bool = true;
+
+impl TileTokens {
+    /// `n` tokens of `cols` values prepared for rows of `dtype`, where `level` takes the integer
+    /// tile for `dtype` (and x is finite); `None` otherwise.
+    #[allow(unused_variables)]
+    pub(crate) fn new(
+        level: Level,
+        dtype: DType,
+        x: &[f32],
+        n: usize,
+        cols: usize,
+    ) -> Option<TileTokens> {
+        #[cfg(target_arch = "x86_64")]
+        if INT_TILE && level == Level::Avx512 && dtype.is_quantized() {
+            return avx2::XTile::new(dtype, x, n, cols).map(|x| TileTokens { x });
+        }
+        None
+    }
+
+    /// out[t·count + i] = dot(row i, x token t) for `count` rows starting at `rows`,
+    /// `row_bytes` apart (rows of the format the tokens were prepared for).
+    #[allow(unused_variables)]
+    pub(crate) fn rows_times_tokens(
+        &self,
+        rows: &[u8],
+        row_bytes: usize,
+        count: usize,
+        out: &mut [f32],
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        avx2::int_tile_rows(rows, row_bytes, count, &self.x, out);
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("no integer tile on this architecture");
+    }
+}
+
 /// One attention head (sizes checked by [`Head::check`]).
 pub(crate) fn attend_head(level: Level, head: &Head<'_>, scores: &mut Vec<f32>, out: &mut [f32]) {
     by_level!(level,

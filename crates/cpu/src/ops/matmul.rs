@@ -48,21 +48,45 @@ pub(crate) fn matmul_at(
         return super::matvec::matvec_at(level, w, x, y);
     }
     let row_bytes = w.dtype.row_bytes(w.cols)?;
+    // Quantized rows on the AVX-512 level: the integer tile, x quantized once for all tasks.
+    if let Some(xt) = dispatch::TileTokens::new(level, w.dtype, x, n, w.cols) {
+        let run = |rows: std::ops::Range<usize>, out: &mut [f32]| {
+            let bytes = &w.bytes()[rows.start * row_bytes..rows.end * row_bytes];
+            xt.rows_times_tokens(bytes, row_bytes, rows.len(), out);
+        };
+        by_tasks(w, n, dispatch::INT_TILE_ROWS, y, run);
+        return Ok(());
+    }
+    by_tasks(w, n, TILE_ROWS, y, |rows, out| {
+        rows_times_tokens(level, w, row_bytes, rows, x, n, out)
+    });
+    Ok(())
+}
+
+/// Split the rows into rayon tasks of whole `tile`s of rows; `run(rows, out)` fills
+/// out[t·rows.len() + i] for the rows of one task, copied into y.
+fn by_tasks(
+    w: &Weight,
+    n: usize,
+    tile: usize,
+    y: &mut [f32],
+    run: impl Fn(std::ops::Range<usize>, &mut [f32]) + Sync,
+) {
     let threads = rayon::current_num_threads();
     let flops_per_row = (n * w.cols).max(1);
     let max_tasks = (w.rows * flops_per_row / MIN_TASK_FLOPS).clamp(1, threads * 4);
-    let per_task = w.rows.div_ceil(max_tasks).next_multiple_of(TILE_ROWS);
+    let per_task = w.rows.div_ceil(max_tasks).next_multiple_of(tile);
     let starts: Vec<usize> = (0..w.rows).step_by(per_task).collect();
-    let run = |&start: &usize| {
+    let task = |&start: &usize| {
         let end = (start + per_task).min(w.rows);
         let mut out = vec![0f32; n * (end - start)];
-        rows_times_tokens(level, w, row_bytes, start..end, x, n, &mut out);
+        run(start..end, &mut out);
         (start, end, out)
     };
     let parts: Vec<(usize, usize, Vec<f32>)> = if starts.len() == 1 {
-        starts.iter().map(run).collect()
+        starts.iter().map(task).collect()
     } else {
-        starts.par_iter().map(run).collect()
+        starts.par_iter().map(task).collect()
     };
     for (start, end, out) in parts {
         let width = end - start;
@@ -70,7 +94,6 @@ pub(crate) fn matmul_at(
             y[t * w.rows + start..t * w.rows + end].copy_from_slice(chunk);
         }
     }
-    Ok(())
 }
 
 /// out[t·len + i] = dot(W[rows.start + i], x[t]) for the rows in `rows`, tile by tile.

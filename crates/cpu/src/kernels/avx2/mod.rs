@@ -3,13 +3,15 @@
 //! kernels are reached through the [`formats::Format`] trait, the same for the dense products
 //! and the sparse row kernels. On the AVX-512 level, the entry points that take a `wide` flag
 //! run the 512-bit forms of [`wide`] (int16-x dot of the 32-block formats), [`wide_float`]
-//! (float-format rows) and [`wide_tile`] (matmul tile) instead.
+//! (float-format rows) and [`wide_tile`] (matmul tile) instead; the AVX-512 level's matmul of
+//! quantized rows takes the integer tile of [`int_tile`].
 
 mod attend;
 mod dequant;
 mod dot;
 mod formats;
 mod int16;
+mod int_tile;
 mod kquant;
 mod q4_axpy;
 mod quant;
@@ -24,6 +26,7 @@ mod wide_tile;
 use crate::ops::attend::Head;
 use formats::{with_format, with_rows, with_wide_float, Format};
 pub(crate) use int16::XQuant;
+pub(crate) use int_tile::{rows_times_tokens as int_tile_rows, XTile, TILE_ROWS as INT_TILE_ROWS};
 use powerinfer_core::DType;
 use quant::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use rows::RowGroup;
