@@ -196,7 +196,7 @@ mod tests {
         /// Any dtype, any valid shape, any seed: every level's matvec and matmul meet the bound.
         #[test]
         fn prop_matvec_and_matmul_match_reference(
-            dtype_index in 0usize..6,
+            dtype_index in 0usize..DType::ALL.len(),
             rows in 1usize..40,
             units in 1usize..48,
             n in 1usize..6,
