@@ -5,7 +5,7 @@
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::avx2;
 use crate::kernels::scalar;
-use crate::ops::attend::Head;
+use crate::ops::attend::{Head, HeadCache};
 use crate::simd::Level;
 use powerinfer_core::DType;
 
@@ -140,6 +140,63 @@ impl TileTokens {
         #[cfg(not(target_arch = "x86_64"))]
         unreachable!("no integer tile on this architecture");
     }
+}
+
+/// `$wide` on the AVX-512 level (x86-64 only), `$scalar` on every other: for kernels with no
+/// AVX2 form.
+macro_rules! wide_or_scalar {
+    ($level:expr, wide => $wide:expr, scalar => $scalar:expr $(,)?) => {
+        match $level {
+            #[cfg(target_arch = "x86_64")]
+            Level::Avx512 => $wide,
+            _ => $scalar,
+        }
+    };
+}
+
+/// Scores of a query block (see `crate::ops::attend_block`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn block_scores(
+    level: Level,
+    kt: &[f32],
+    npad: usize,
+    q: &[f32],
+    q_stride: usize,
+    n_q: usize,
+    scale: f32,
+    s: &mut [f32],
+) {
+    wide_or_scalar!(level,
+        wide => avx2::block_scores(kt, npad, q, q_stride, n_q, scale, s),
+        scalar => scalar::block_scores(kt, npad, q, q_stride, n_q, scale, s),
+    )
+}
+
+/// The masked softmax of one score row; returns its sum.
+pub(crate) fn block_softmax_row(level: Level, row: &mut [f32], lo: usize, hi: usize) -> f32 {
+    wide_or_scalar!(level,
+        wide => avx2::block_softmax_row(row, lo, hi),
+        scalar => scalar::block_softmax_row(row, lo, hi),
+    )
+}
+
+/// Weighted value sums of a query block (`v.values`, `v.stride`; `v.keys` unused).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn block_values(
+    level: Level,
+    s: &[f32],
+    npad: usize,
+    np: usize,
+    inv: &[f32],
+    v: HeadCache<'_>,
+    hd: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    wide_or_scalar!(level,
+        wide => avx2::block_values(s, npad, np, inv, v.values, v.stride, hd, out, out_stride),
+        scalar => scalar::block_values(s, npad, np, inv, v.values, v.stride, hd, out, out_stride),
+    )
 }
 
 /// One attention head (sizes checked by [`Head::check`]).

@@ -226,6 +226,65 @@ pub(crate) fn attend_head<'h>(head: &Head<'h>, scores: &mut Vec<f32>, out: &mut 
     }
 }
 
+/// s[b · npad + p] = scale · Σ_c q[b · q_stride + c] · kt[c · npad + p] (see
+/// `crate::ops::attend_block`): each query's score row accumulated one key dimension at a time.
+pub(crate) fn block_scores(
+    kt: &[f32],
+    npad: usize,
+    q: &[f32],
+    q_stride: usize,
+    n_q: usize,
+    scale: f32,
+    s: &mut [f32],
+) {
+    let hd = kt.len() / npad;
+    for (b, row) in s.chunks_exact_mut(npad).take(n_q).enumerate() {
+        row.fill(0.0);
+        for (c, krow) in kt.chunks_exact(npad).enumerate().take(hd) {
+            let qc = q[b * q_stride + c];
+            row.iter_mut().zip(krow).for_each(|(o, &k)| *o += qc * k);
+        }
+        row.iter_mut().for_each(|v| *v *= scale);
+    }
+}
+
+/// row[p] = e^(row[p] − max) on lo..hi (max over those), 0 elsewhere; returns the row's sum.
+pub(crate) fn block_softmax_row(row: &mut [f32], lo: usize, hi: usize) -> f32 {
+    let max = row[lo..hi].iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    row[..lo].fill(0.0);
+    row[hi..].fill(0.0);
+    let mut sum = 0.0;
+    for v in &mut row[lo..hi] {
+        *v = exp_nonpositive(*v - max);
+        sum += *v;
+    }
+    sum
+}
+
+/// out[b · out_stride + c] = inv[b] · Σ_{p < np} s[b · npad + p] · values[p · stride + c].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn block_values(
+    s: &[f32],
+    npad: usize,
+    np: usize,
+    inv: &[f32],
+    values: &[f32],
+    stride: usize,
+    hd: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    for (b, (w, &inv)) in s.chunks_exact(npad).zip(inv).enumerate() {
+        let o = &mut out[b * out_stride..b * out_stride + hd];
+        o.fill(0.0);
+        for (p, &wp) in w.iter().enumerate().take(np) {
+            let v = &values[p * stride..p * stride + hd];
+            o.iter_mut().zip(v).for_each(|(oc, &vc)| *oc += wp * vc);
+        }
+        o.iter_mut().for_each(|v| *v *= inv);
+    }
+}
+
 /// Wrapping sum of `data` (the bandwidth probe's reader): eight independent chains so the adds
 /// never limit the loads.
 pub(crate) fn read_sum(data: &[u64]) -> u64 {

@@ -3,6 +3,7 @@
 //! to a kernel through [`crate::dispatch`].
 
 pub(crate) mod attend;
+pub(crate) mod attend_block;
 pub(crate) mod matmul;
 pub(crate) mod matvec;
 pub(crate) mod row;

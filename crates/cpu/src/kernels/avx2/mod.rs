@@ -7,6 +7,7 @@
 //! quantized rows takes the integer tile of [`int_tile`].
 
 mod attend;
+mod attend_block;
 mod dequant;
 mod dot;
 mod formats;
@@ -300,6 +301,55 @@ pub(crate) fn tile_dot(w: &[f32], cols: usize, x: &[f32], out: &mut [f32], wide:
             false => tile::tile_dot(w, cols, x, out),
         }
     }
+}
+
+/// The scores of a query block (see `crate::ops::attend_block`); only on the AVX-512 level.
+pub(crate) fn block_scores(
+    kt: &[f32],
+    npad: usize,
+    q: &[f32],
+    q_stride: usize,
+    n_q: usize,
+    scale: f32,
+    s: &mut [f32],
+) {
+    debug_check_wide(true);
+    let hd = kt.len() / npad.max(1);
+    assert!(npad.is_multiple_of(16) && kt.len() == hd * npad && s.len() >= n_q * npad);
+    assert!(n_q == 0 || q.len() >= (n_q - 1) * q_stride + hd);
+    // SAFETY: the AVX-512 level per the dispatcher; the asserts are the kernel's size contract.
+    unsafe { attend_block::scores(kt, npad, q, q_stride, n_q, scale, s) }
+}
+
+/// The masked softmax of one score row (see `crate::ops::attend_block`); AVX-512 level only.
+pub(crate) fn block_softmax_row(row: &mut [f32], lo: usize, hi: usize) -> f32 {
+    debug_check_wide(true);
+    assert!(row.len().is_multiple_of(16) && lo < hi && hi <= row.len());
+    // SAFETY: the AVX-512 level per the dispatcher; the assert is the kernel's size contract.
+    unsafe { attend_block::softmax_row(row, lo, hi) }
+}
+
+/// The weighted value sums of a query block (see `crate::ops::attend_block`); AVX-512 level
+/// only.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn block_values(
+    s: &[f32],
+    npad: usize,
+    np: usize,
+    inv: &[f32],
+    values: &[f32],
+    stride: usize,
+    hd: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    debug_check_wide(true);
+    let n_q = inv.len();
+    assert!(np <= npad && s.len() >= n_q * npad);
+    assert!(np == 0 || values.len() >= (np - 1) * stride + hd);
+    assert!(n_q == 0 || out.len() >= (n_q - 1) * out_stride + hd);
+    // SAFETY: the AVX-512 level per the dispatcher; the asserts are the kernel's size contract.
+    unsafe { attend_block::values(s, npad, np, inv, values, stride, hd, out, out_stride) }
 }
 
 /// One attention head (see [`attend::attend_head`]).
