@@ -5,7 +5,8 @@
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::avx2;
 use crate::kernels::scalar;
-use crate::ops::attend::{Head, HeadCache};
+use crate::ops::attend::Head;
+use crate::ops::attend_block::{ScoreBlock, ValueBlock};
 use crate::simd::Level;
 use powerinfer_core::DType;
 
@@ -154,21 +155,11 @@ macro_rules! wide_or_scalar {
     };
 }
 
-/// Scores of a query block (see `crate::ops::attend_block`).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn block_scores(
-    level: Level,
-    kt: &[f32],
-    npad: usize,
-    q: &[f32],
-    q_stride: usize,
-    n_q: usize,
-    scale: f32,
-    s: &mut [f32],
-) {
+/// Scores of a query sub-block (see `crate::ops::attend_block`).
+pub(crate) fn block_scores(level: Level, sb: &ScoreBlock<'_>, s: &mut [f32]) {
     wide_or_scalar!(level,
-        wide => avx2::block_scores(kt, npad, q, q_stride, n_q, scale, s),
-        scalar => scalar::block_scores(kt, npad, q, q_stride, n_q, scale, s),
+        wide => avx2::block_scores(sb, s),
+        scalar => scalar::block_scores(sb, s),
     )
 }
 
@@ -180,22 +171,11 @@ pub(crate) fn block_softmax_row(level: Level, row: &mut [f32], lo: usize, hi: us
     )
 }
 
-/// Weighted value sums of a query block (`v.values`, `v.stride`; `v.keys` unused).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn block_values(
-    level: Level,
-    s: &[f32],
-    npad: usize,
-    np: usize,
-    inv: &[f32],
-    v: HeadCache<'_>,
-    hd: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) {
+/// Weighted value sums of a query sub-block.
+pub(crate) fn block_values(level: Level, vb: &ValueBlock<'_>, out: &mut [f32], out_stride: usize) {
     wide_or_scalar!(level,
-        wide => avx2::block_values(s, npad, np, inv, v.values, v.stride, hd, out, out_stride),
-        scalar => scalar::block_values(s, npad, np, inv, v.values, v.stride, hd, out, out_stride),
+        wide => avx2::block_values(vb, out, out_stride),
+        scalar => scalar::block_values(vb, out, out_stride),
     )
 }
 

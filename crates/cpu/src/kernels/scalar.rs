@@ -5,6 +5,7 @@
 
 use super::exp_nonpositive;
 use crate::ops::attend::Head;
+use crate::ops::attend_block::{ScoreBlock, ValueBlock};
 use half::{bf16, f16};
 use powerinfer_core::DType;
 
@@ -226,25 +227,18 @@ pub(crate) fn attend_head<'h>(head: &Head<'h>, scores: &mut Vec<f32>, out: &mut 
     }
 }
 
-/// s[b · npad + p] = scale · Σ_c q[b · q_stride + c] · kt[c · npad + p] (see
-/// `crate::ops::attend_block`): each query's score row accumulated one key dimension at a time.
-pub(crate) fn block_scores(
-    kt: &[f32],
-    npad: usize,
-    q: &[f32],
-    q_stride: usize,
-    n_q: usize,
-    scale: f32,
-    s: &mut [f32],
-) {
-    let hd = kt.len() / npad;
-    for (b, row) in s.chunks_exact_mut(npad).take(n_q).enumerate() {
+/// The scores of a query sub-block (see `crate::ops::attend_block`): each query's row
+/// accumulated one key dimension at a time.
+pub(crate) fn block_scores(sb: &ScoreBlock<'_>, s: &mut [f32]) {
+    let w = sb.width;
+    for (b, row) in s.chunks_exact_mut(w).take(sb.n_q).enumerate() {
         row.fill(0.0);
-        for (c, krow) in kt.chunks_exact(npad).enumerate().take(hd) {
-            let qc = q[b * q_stride + c];
+        for c in 0..sb.hd {
+            let qc = sb.q[b * sb.q_stride + c];
+            let krow = &sb.kt[c * sb.kt_stride..c * sb.kt_stride + w];
             row.iter_mut().zip(krow).for_each(|(o, &k)| *o += qc * k);
         }
-        row.iter_mut().for_each(|v| *v *= scale);
+        row.iter_mut().for_each(|v| *v *= sb.scale);
     }
 }
 
@@ -261,24 +255,14 @@ pub(crate) fn block_softmax_row(row: &mut [f32], lo: usize, hi: usize) -> f32 {
     sum
 }
 
-/// out[b · out_stride + c] = inv[b] · Σ_{p < np} s[b · npad + p] · values[p · stride + c].
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn block_values(
-    s: &[f32],
-    npad: usize,
-    np: usize,
-    inv: &[f32],
-    values: &[f32],
-    stride: usize,
-    hd: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    for (b, (w, &inv)) in s.chunks_exact(npad).zip(inv).enumerate() {
+/// The weighted value sums of a query sub-block (see `crate::ops::attend_block`).
+pub(crate) fn block_values(vb: &ValueBlock<'_>, out: &mut [f32], out_stride: usize) {
+    let hd = vb.hd;
+    for (b, (w, &inv)) in vb.s.chunks_exact(vb.width).zip(vb.inv).enumerate() {
         let o = &mut out[b * out_stride..b * out_stride + hd];
         o.fill(0.0);
-        for (p, &wp) in w.iter().enumerate().take(np) {
-            let v = &values[p * stride..p * stride + hd];
+        for (p, &wp) in w.iter().enumerate().take(vb.np) {
+            let v = &vb.values[p * vb.stride..p * vb.stride + hd];
             o.iter_mut().zip(v).for_each(|(oc, &vc)| *oc += wp * vc);
         }
         o.iter_mut().for_each(|v| *v *= inv);

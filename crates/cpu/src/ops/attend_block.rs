@@ -72,15 +72,44 @@ impl QueryBlock<'_> {
     }
 }
 
+/// Queries per sub-block: the keys are transposed once per call, each sub-block's scores
+/// cover only the positions its queries see (the causal triangle, cut in strips).
+const SUB_BLOCK: usize = 32;
+
 /// Scratch of [`attend_block`], reused across calls (grows to the largest block seen).
 #[derive(Default)]
 pub struct BlockScratch {
     /// Transposed keys: `hd` rows of `npad` positions.
     kt: Vec<f32>,
-    /// Scores, then weights: `n_q` rows of `npad`.
+    /// Scores, then weights: one row per query of a sub-block.
     s: Vec<f32>,
-    /// 1 / Σ weights per query.
+    /// 1 / Σ weights per query of a sub-block.
     inv: Vec<f32>,
+}
+
+/// A sub-block's scores as the kernels take them: s[b · width + p] = scale ·
+/// Σ_c q[b · q_stride + c] · kt[c · kt_stride + p] for b < n_q, p < width (a multiple of 16).
+pub(crate) struct ScoreBlock<'a> {
+    pub(crate) kt: &'a [f32],
+    pub(crate) kt_stride: usize,
+    pub(crate) width: usize,
+    pub(crate) hd: usize,
+    pub(crate) q: &'a [f32],
+    pub(crate) q_stride: usize,
+    pub(crate) n_q: usize,
+    pub(crate) scale: f32,
+}
+
+/// A sub-block's weighted sums as the kernels take them: out[b · out_stride + c] = inv[b] ·
+/// Σ_{p < np} s[b · width + p] · values[p · stride + c] for b < inv.len(), c < hd.
+pub(crate) struct ValueBlock<'a> {
+    pub(crate) s: &'a [f32],
+    pub(crate) width: usize,
+    pub(crate) np: usize,
+    pub(crate) inv: &'a [f32],
+    pub(crate) values: &'a [f32],
+    pub(crate) stride: usize,
+    pub(crate) hd: usize,
 }
 
 /// Whether this CPU takes the vectorised block kernels (else the per-query head kernel is
@@ -117,28 +146,49 @@ pub(crate) fn attend_block_at(
     let np = blk.end0 + n - 1 - p0;
     let npad = np.next_multiple_of(LANES);
     transpose_keys(blk, p0, np, npad, &mut scratch.kt);
-    scratch.s.clear();
-    scratch.s.resize(n * npad, 0.0);
-    let (kt, s) = (&scratch.kt, &mut scratch.s);
-    dispatch::block_scores(level, kt, npad, blk.q, blk.q_stride, n, blk.scale, s);
-    scratch.inv.clear();
-    for (b, row) in s.chunks_exact_mut(npad).enumerate() {
-        let (lo, hi) = (blk.lo(b) - p0, blk.end0 + b - p0);
-        if let Some(cap) = blk.softcap {
-            row[lo..hi]
-                .iter_mut()
-                .for_each(|v| *v = cap * (*v / cap).tanh());
+    let stride = blk.cache.stride;
+    for b0 in (0..n).step_by(SUB_BLOCK) {
+        let b1 = (b0 + SUB_BLOCK).min(n);
+        // Positions pa..pb (from p0) are the ones these queries see; pa on a vector boundary.
+        let pa = (blk.lo(b0) - p0) / LANES * LANES;
+        let pb = blk.end0 + b1 - 1 - p0;
+        let width = (pb - pa).next_multiple_of(LANES);
+        scratch.s.clear();
+        scratch.s.resize((b1 - b0) * width, 0.0);
+        let sb = ScoreBlock {
+            kt: &scratch.kt[pa..],
+            kt_stride: npad,
+            width,
+            hd,
+            q: &blk.q[b0 * blk.q_stride..],
+            q_stride: blk.q_stride,
+            n_q: b1 - b0,
+            scale: blk.scale,
+        };
+        dispatch::block_scores(level, &sb, &mut scratch.s);
+        scratch.inv.clear();
+        for (i, row) in scratch.s.chunks_exact_mut(width).enumerate() {
+            let b = b0 + i;
+            let (lo, hi) = (blk.lo(b) - p0 - pa, blk.end0 + b - p0 - pa);
+            if let Some(cap) = blk.softcap {
+                row[lo..hi]
+                    .iter_mut()
+                    .for_each(|v| *v = cap * (*v / cap).tanh());
+            }
+            let sum = dispatch::block_softmax_row(level, row, lo, hi);
+            scratch.inv.push(1.0 / sum);
         }
-        let sum = dispatch::block_softmax_row(level, row, lo, hi);
-        scratch.inv.push(1.0 / sum);
+        let vb = ValueBlock {
+            s: &scratch.s,
+            width,
+            np: pb - pa,
+            inv: &scratch.inv,
+            values: &blk.cache.values[(p0 + pa) * stride..],
+            stride,
+            hd,
+        };
+        dispatch::block_values(level, &vb, &mut out[b0 * out_stride..], out_stride);
     }
-    let values = &blk.cache.values[p0 * blk.cache.stride..];
-    let v = HeadCache {
-        keys: &[],
-        values,
-        stride: blk.cache.stride,
-    };
-    dispatch::block_values(level, s, npad, np, &scratch.inv, v, hd, out, out_stride);
 }
 
 /// kt[c · npad + p] = key of position p0 + p, value c, for p < np; zero for np <= p < npad.
@@ -218,6 +268,8 @@ mod tests {
             (96, 4, 20, 0, None, Some(50.0)),
             (37, 21, 250, 3, None, None),
             (256, 6, 7, 0, Some(1), None),
+            (64, 70, 5, 0, Some(40), None),
+            (128, 65, 3, 0, None, None),
         ];
         for &(hd, n_q, end0, extra, window, softcap) in cases {
             let stride = hd + extra;

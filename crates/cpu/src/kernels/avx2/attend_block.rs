@@ -4,6 +4,7 @@
 //! on a vector form of [`crate::kernels::exp_nonpositive`], and the weighted value sums as a
 //! 4-query × 64-value register block while the value rows stream by.
 
+use crate::ops::attend_block::{ScoreBlock, ValueBlock};
 use std::arch::x86_64::*;
 
 /// Queries per register block.
@@ -11,38 +12,30 @@ const QB: usize = 4;
 /// 16-lane vectors per register block (64 positions in the scores, 64 values in the sums).
 const VB: usize = 4;
 
-/// s[b · npad + p] = scale · Σ_c q[b · q_stride + c] · kt[c · npad + p] for every query b < n_q
-/// and position p < npad.
+/// The scores of a query sub-block (see [`ScoreBlock`]).
 ///
 /// # Safety
-/// `npad` is a multiple of 16, `kt.len() == hd · npad` for the head size hd, every query has
-/// hd values at `b · q_stride`, `s.len() >= n_q · npad`; the CPU has the AVX-512 level.
+/// `sb.width` is a multiple of 16; row c < hd of the transposed keys holds `width` positions
+/// at `c · kt_stride`; every query has hd values at `b · q_stride`; `s` holds n_q rows of
+/// `width`; the CPU has the AVX-512 level.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn scores(
-    kt: &[f32],
-    npad: usize,
-    q: &[f32],
-    q_stride: usize,
-    n_q: usize,
-    scale: f32,
-    s: &mut [f32],
-) {
-    let hd = kt.len() / npad;
-    let vecs = npad / 16;
+pub(super) unsafe fn scores(sb: &ScoreBlock<'_>, s: &mut [f32]) {
+    let vecs = sb.width / 16;
     let mut b = 0;
-    while b < n_q {
-        let nb = (n_q - b).min(QB);
+    while b < sb.n_q {
+        let nb = (sb.n_q - b).min(QB);
         let mut j = 0;
         while j < vecs {
             let nv = (vecs - j).min(VB);
             let at = Block {
-                kt: kt[16 * j..].as_ptr(),
-                npad,
-                hd,
-                q: q[b * q_stride..].as_ptr(),
-                q_stride,
-                s: s[b * npad + 16 * j..].as_mut_ptr(),
-                scale,
+                kt: sb.kt[16 * j..].as_ptr(),
+                kt_stride: sb.kt_stride,
+                hd: sb.hd,
+                q: sb.q[b * sb.q_stride..].as_ptr(),
+                q_stride: sb.q_stride,
+                s: s[b * sb.width + 16 * j..].as_mut_ptr(),
+                s_stride: sb.width,
+                scale: sb.scale,
             };
             // SAFETY: queries b..b + nb and position vectors j..j + nv exist, per the caller.
             unsafe {
@@ -67,11 +60,12 @@ pub(super) unsafe fn scores(
 #[derive(Clone, Copy)]
 struct Block {
     kt: *const f32,
-    npad: usize,
+    kt_stride: usize,
     hd: usize,
     q: *const f32,
     q_stride: usize,
     s: *mut f32,
+    s_stride: usize,
     scale: f32,
 }
 
@@ -85,7 +79,7 @@ unsafe fn score_block<const R: usize, const V: usize>(b: Block) {
         // SAFETY: row c of kt holds npad positions, the block's V vectors among them; query r
         // holds hd values.
         unsafe {
-            let row = b.kt.add(c * b.npad);
+            let row = b.kt.add(c * b.kt_stride);
             let k: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(row.add(16 * v)));
             for (r, a) in acc.iter_mut().enumerate() {
                 let qv = _mm512_set1_ps(*b.q.add(r * b.q_stride + c));
@@ -99,7 +93,9 @@ unsafe fn score_block<const R: usize, const V: usize>(b: Block) {
     for (r, a) in acc.iter().enumerate() {
         for (v, av) in a.iter().enumerate() {
             // SAFETY: score row r holds the block's V vectors.
-            unsafe { _mm512_storeu_ps(b.s.add(r * b.npad + 16 * v), _mm512_mul_ps(*av, scale)) };
+            unsafe {
+                _mm512_storeu_ps(b.s.add(r * b.s_stride + 16 * v), _mm512_mul_ps(*av, scale))
+            };
         }
     }
 }
@@ -183,39 +179,27 @@ pub(super) unsafe fn softmax_row(row: &mut [f32], lo: usize, hi: usize) -> f32 {
     _mm512_reduce_add_ps(sum)
 }
 
-/// out[b · out_stride + c] = inv[b] · Σ_{p < np} s[b · npad + p] · values[p · stride + c] for
-/// every query b < inv.len() and c < hd.
+/// The weighted value sums of a query sub-block (see [`ValueBlock`]).
 ///
 /// # Safety
-/// `s` holds inv.len() rows of npad >= np; position p's hd values are at `p · stride` of
-/// `values` for p < np; `out` holds every query's hd values at `b · out_stride`; the CPU has
-/// the AVX-512 level.
-#[allow(clippy::too_many_arguments)]
+/// `vb.s` holds inv.len() rows of `width >= np`; position p < np has hd values at
+/// `p · stride` of `vb.values`; `out` holds every query's hd values at `b · out_stride`; the
+/// CPU has the AVX-512 level.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn values(
-    s: &[f32],
-    npad: usize,
-    np: usize,
-    inv: &[f32],
-    values: &[f32],
-    stride: usize,
-    hd: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) {
-    let n_q = inv.len();
+pub(super) unsafe fn values(vb: &ValueBlock<'_>, out: &mut [f32], out_stride: usize) {
+    let n_q = vb.inv.len();
     let mut b = 0;
     while b < n_q {
         let nb = (n_q - b).min(QB);
-        for c0 in (0..hd).step_by(16 * VB) {
+        for c0 in (0..vb.hd).step_by(16 * VB) {
             let at = Sums {
-                s: s[b * npad..].as_ptr(),
-                npad,
-                np,
-                inv: inv[b..].as_ptr(),
-                v: values[c0..].as_ptr(),
-                stride,
-                cols: (hd - c0).min(16 * VB),
+                s: vb.s[b * vb.width..].as_ptr(),
+                width: vb.width,
+                np: vb.np,
+                inv: vb.inv[b..].as_ptr(),
+                v: vb.values[c0..].as_ptr(),
+                stride: vb.stride,
+                cols: (vb.hd - c0).min(16 * VB),
                 out: out[b * out_stride + c0..].as_mut_ptr(),
                 out_stride,
             };
@@ -239,7 +223,7 @@ pub(super) unsafe fn values(
 #[derive(Clone, Copy)]
 struct Sums {
     s: *const f32,
-    npad: usize,
+    width: usize,
     np: usize,
     inv: *const f32,
     v: *const f32,
@@ -265,7 +249,7 @@ unsafe fn sum_block<const R: usize>(b: Sums) {
             let vv: [__m512; VB] =
                 std::array::from_fn(|v| _mm512_maskz_loadu_ps(masks[v], row.wrapping_add(16 * v)));
             for (r, a) in acc.iter_mut().enumerate() {
-                let w = _mm512_set1_ps(*b.s.add(r * b.npad + p));
+                let w = _mm512_set1_ps(*b.s.add(r * b.width + p));
                 for (av, x) in a.iter_mut().zip(&vv) {
                     *av = _mm512_fmadd_ps(w, *x, *av);
                 }

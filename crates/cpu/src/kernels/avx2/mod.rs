@@ -25,6 +25,7 @@ mod wide_k;
 mod wide_tile;
 
 use crate::ops::attend::Head;
+use crate::ops::attend_block::{ScoreBlock, ValueBlock};
 use formats::{with_format, with_rows, with_wide_float, Format};
 pub(crate) use int16::XQuant;
 pub(crate) use int_tile::{rows_times_tokens as int_tile_rows, XTile, TILE_ROWS as INT_TILE_ROWS};
@@ -303,22 +304,15 @@ pub(crate) fn tile_dot(w: &[f32], cols: usize, x: &[f32], out: &mut [f32], wide:
     }
 }
 
-/// The scores of a query block (see `crate::ops::attend_block`); only on the AVX-512 level.
-pub(crate) fn block_scores(
-    kt: &[f32],
-    npad: usize,
-    q: &[f32],
-    q_stride: usize,
-    n_q: usize,
-    scale: f32,
-    s: &mut [f32],
-) {
+/// The scores of a query sub-block (see `crate::ops::attend_block`); AVX-512 level only.
+pub(crate) fn block_scores(sb: &ScoreBlock<'_>, s: &mut [f32]) {
     debug_check_wide(true);
-    let hd = kt.len() / npad.max(1);
-    assert!(npad.is_multiple_of(16) && kt.len() == hd * npad && s.len() >= n_q * npad);
-    assert!(n_q == 0 || q.len() >= (n_q - 1) * q_stride + hd);
+    let (w, hd) = (sb.width, sb.hd);
+    assert!(w.is_multiple_of(16) && s.len() >= sb.n_q * w);
+    assert!(hd == 0 || sb.kt.len() >= (hd - 1) * sb.kt_stride + w);
+    assert!(sb.n_q == 0 || sb.q.len() >= (sb.n_q - 1) * sb.q_stride + hd);
     // SAFETY: the AVX-512 level per the dispatcher; the asserts are the kernel's size contract.
-    unsafe { attend_block::scores(kt, npad, q, q_stride, n_q, scale, s) }
+    unsafe { attend_block::scores(sb, s) }
 }
 
 /// The masked softmax of one score row (see `crate::ops::attend_block`); AVX-512 level only.
@@ -329,27 +323,16 @@ pub(crate) fn block_softmax_row(row: &mut [f32], lo: usize, hi: usize) -> f32 {
     unsafe { attend_block::softmax_row(row, lo, hi) }
 }
 
-/// The weighted value sums of a query block (see `crate::ops::attend_block`); AVX-512 level
-/// only.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn block_values(
-    s: &[f32],
-    npad: usize,
-    np: usize,
-    inv: &[f32],
-    values: &[f32],
-    stride: usize,
-    hd: usize,
-    out: &mut [f32],
-    out_stride: usize,
-) {
+/// The weighted value sums of a query sub-block (see `crate::ops::attend_block`); AVX-512
+/// level only.
+pub(crate) fn block_values(vb: &ValueBlock<'_>, out: &mut [f32], out_stride: usize) {
     debug_check_wide(true);
-    let n_q = inv.len();
-    assert!(np <= npad && s.len() >= n_q * npad);
-    assert!(np == 0 || values.len() >= (np - 1) * stride + hd);
+    let (n_q, hd) = (vb.inv.len(), vb.hd);
+    assert!(vb.np <= vb.width && vb.s.len() >= n_q * vb.width);
+    assert!(vb.np == 0 || vb.values.len() >= (vb.np - 1) * vb.stride + hd);
     assert!(n_q == 0 || out.len() >= (n_q - 1) * out_stride + hd);
     // SAFETY: the AVX-512 level per the dispatcher; the asserts are the kernel's size contract.
-    unsafe { attend_block::values(s, npad, np, inv, values, stride, hd, out, out_stride) }
+    unsafe { attend_block::values(vb, out, out_stride) }
 }
 
 /// One attention head (see [`attend::attend_head`]).
