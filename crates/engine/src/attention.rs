@@ -1,8 +1,20 @@
-//! Causal grouped-query attention over the KV cache, parallel over (token, head) pairs; each
-//! head is `powerinfer_cpu::attend_head` (AVX2 where the CPU has it).
+//! Causal grouped-query attention over the KV cache. One token (decoding) or a CPU without the
+//! block kernels: parallel over (token, head) pairs, each `powerinfer_cpu::attend_head`. Several
+//! tokens (prompt prefill) on a CPU with them: parallel over heads (and strips of tokens where
+//! there are fewer heads than tasks wanted), each strip one `powerinfer_cpu::attend_block`,
+//! which reads every key and value once per strip of queries instead of once per query.
 
-use powerinfer_cpu::{attend_head, HeadCache};
+use powerinfer_cpu::{
+    attend_block, attend_head, block_attention_is_fast, BlockScratch, HeadCache, QueryBlock,
+};
 use rayon::prelude::*;
+
+/// Tokens from which a call takes the block kernels (where the CPU has them fast): every
+/// multi-token pass, so that a prompt's keys and values do not depend on how many of its tokens
+/// one pass computed (the block kernels give a query the same bits whatever block it is in).
+const BLOCK_MIN_TOKENS: usize = 2;
+/// Block tasks wanted per thread (heads are split into strips of tokens to reach it).
+const BLOCK_TASKS_PER_THREAD: usize = 2;
 
 /// Multiply-adds (per q·k product) below which attention runs on the calling thread. SmolLM2
 /// (9 heads of 64) goes parallel from about 57 positions on; decoding at 400 positions that took
@@ -87,6 +99,10 @@ pub fn attention(
             Some(cap) => attend_head_capped(qh, cache, end - first, scale, cap, scores, o),
         }
     };
+    let n = out.len() / q_dim;
+    if n >= BLOCK_MIN_TOKENS && block_attention_is_fast() {
+        return blocked(shape, q, keys, values, start, out);
+    }
     // Multiply-adds of the whole call; below this a parallel region costs more than it saves.
     let work = out.len() / hd * (start + out.len() / q_dim) * hd;
     if work < PARALLEL_MIN_WORK {
@@ -98,6 +114,61 @@ pub fn attention(
         out.par_chunks_mut(hd)
             .enumerate()
             .for_each_init(Vec::new, |scores, (idx, o)| one_head(scores, idx, o));
+    }
+}
+
+/// [`attention`] for several tokens on the block kernels: one task per (head, strip of
+/// tokens), each task's output gathered into `out` afterwards.
+fn blocked(
+    shape: &AttnShape,
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    start: usize,
+    out: &mut [f32],
+) {
+    let hd = shape.head_dim;
+    let q_dim = shape.n_heads * hd;
+    let kv_dim = shape.n_kv_heads * hd;
+    let group = shape.n_heads / shape.n_kv_heads;
+    let n = out.len() / q_dim;
+    let scale = shape.scale.unwrap_or(1.0 / (hd as f32).sqrt());
+    let wanted = rayon::current_num_threads() * BLOCK_TASKS_PER_THREAD;
+    let strips = wanted.div_ceil(shape.n_heads).clamp(1, n);
+    let per = n.div_ceil(strips);
+    let tasks: Vec<(usize, usize)> = (0..shape.n_heads)
+        .flat_map(|h| (0..n).step_by(per).map(move |t0| (h, t0)))
+        .collect();
+    let parts: Vec<Vec<f32>> = tasks
+        .par_iter()
+        .map_init(BlockScratch::default, |scratch, &(h, t0)| {
+            let n_q = per.min(n - t0);
+            let kvh = h / group;
+            let blk = QueryBlock {
+                q: &q[t0 * q_dim + h * hd..],
+                q_stride: q_dim,
+                n_q,
+                hd,
+                cache: HeadCache {
+                    keys: &keys[kvh * hd..],
+                    values: &values[kvh * hd..],
+                    stride: kv_dim,
+                },
+                end0: start + t0 + 1,
+                window: shape.window,
+                scale,
+                softcap: shape.softcap,
+            };
+            let mut o = vec![0.0f32; n_q * hd];
+            attend_block(&blk, scratch, &mut o, hd);
+            o
+        })
+        .collect();
+    for (&(h, t0), part) in tasks.iter().zip(&parts) {
+        for (i, row) in part.chunks_exact(hd).enumerate() {
+            let at = (t0 + i) * q_dim + h * hd;
+            out[at..at + hd].copy_from_slice(row);
+        }
     }
 }
 
@@ -203,5 +274,14 @@ mod tests {
         // 4 tokens x 6 heads x ~2000 positions x 10 is above PARALLEL_MIN_WORK.
         check(2000, 4, None);
         check(2000, 4, Some(300));
+    }
+
+    #[test]
+    fn matches_reference_on_prefills() {
+        // Many tokens: the block kernels where the CPU has them (strips of tokens per head).
+        check(0, 70, None);
+        check(3, 41, Some(17));
+        check_with(0, 33, Some(9), Some(0.7), Some(20.0));
+        check_with(12, 5, None, None, Some(0.5));
     }
 }

@@ -53,6 +53,13 @@ const T_K: usize = 4;
 const T_32: usize = 6;
 /// Values of x per scale (and per int32 accumulation).
 const XB: usize = 32;
+/// Largest rounding error of a token's int16 x, Σ over its values of half a step, as a share
+/// of Σ|x|, for which a matmul takes this tile (else [`XTile::new`] says None and the f32 tile
+/// runs): Gaussian x sits near 5e-5 (1e-4 for Q6_K's ±16383), the synthetic models' Q6_K
+/// layers at most 1.27e-4. Blocks with outliers (SmolLM2's massive activations: median 8e-5,
+/// up to 4.5e-4) cost every value of the block precision; with no bound its prefill logits
+/// missed the float64 reference by up to 1.3e-3 (the bound is 1e-3), with this one 7.6e-4.
+const RHO_MAX: f32 = 1.5e-4;
 
 /// Sixteen int32 lanes, 64-byte aligned (one tile vector).
 #[derive(Clone, Copy, Default)]
@@ -358,7 +365,8 @@ pub(crate) struct XTile {
 
 impl XTile {
     /// `n` tokens of `cols` (whole spans of `dtype`, a quantized format) prepared for the
-    /// tile; `None` when x holds a NaN or infinity (the f32 path then propagates it).
+    /// tile; `None` when x holds a NaN or infinity (the f32 path then propagates it) or a
+    /// token's int16 rounding would be too coarse for it ([`RHO_MAX`]).
     pub(crate) fn new(dtype: DType, x: &[f32], n: usize, cols: usize) -> Option<XTile> {
         super::debug_check_wide(true);
         assert!(
@@ -387,6 +395,8 @@ unsafe fn quantize<F: IntTile>(dtype: DType, x: &[f32], n: usize, cols: usize) -
         cols,
     };
     let sign = _mm512_set1_ps(-0.0);
+    let per_token = cols / XB;
+    let (mut l1, mut err) = (0f32, 0f32);
     for (b, (xs, qs)) in x
         .chunks_exact(XB)
         .zip(xt.q.chunks_exact_mut(XB))
@@ -408,6 +418,19 @@ unsafe fn quantize<F: IntTile>(dtype: DType, x: &[f32], n: usize, cols: usize) -
         // max_ps may drop a NaN: the mask catches it.
         if nan != 0 || !amax.is_finite() {
             return None;
+        }
+        l1 += _mm512_reduce_add_ps(_mm512_add_ps(
+            _mm512_andnot_ps(sign, v[0]),
+            _mm512_andnot_ps(sign, v[1]),
+        ));
+        err += amax;
+        if (b + 1) % per_token == 0 {
+            // The token's rounding error bound, Σ_blocks 32·step/2, against Σ|x|.
+            let rho = err * XB as f32 / (2.0 * F::X_MAX) / l1.max(f32::MIN_POSITIVE);
+            if rho > RHO_MAX {
+                return None;
+            }
+            (l1, err) = (0.0, 0.0);
         }
         match min_len {
             16 => {
@@ -755,6 +778,27 @@ mod tests {
             x[300] = bad;
             assert!(XTile::new(DType::Q4_K, &x, 3, 256).is_none());
             assert!(XTile::new(DType::Q8_0, &x, 3, 256).is_none());
+        }
+    }
+
+    /// A token whose blocks carry outliers (its int16 rounding bound above RHO_MAX of Σ|x|)
+    /// sends the whole matmul to the f32 tile; uniform x takes the integer tile.
+    #[test]
+    fn ill_conditioned_x_is_refused() {
+        if crate::simd::detect() != crate::simd::Level::Avx512 {
+            return;
+        }
+        let mut rng = crate::testutil::Rng::new(5);
+        let mut x = rng.vec(3 * 512);
+        for dtype in [DType::Q4_K, DType::Q6_K, DType::Q8_0] {
+            assert!(XTile::new(dtype, &x, 3, 512).is_some(), "{dtype}");
+        }
+        // One value per block of the second token 300 times the rest.
+        for b in 0..16 {
+            x[512 + 32 * b + 7] = 600.0;
+        }
+        for dtype in [DType::Q4_K, DType::Q6_K, DType::Q8_0] {
+            assert!(XTile::new(dtype, &x, 3, 512).is_none(), "{dtype}");
         }
     }
 }
