@@ -126,6 +126,17 @@ impl TileTokens {
         None
     }
 
+    /// Whether one token's `x` takes the integer tile for rows of `dtype` on `level` (see
+    /// `kernels::avx2::int_tile::token_fits`); always false where there is no integer tile.
+    #[allow(unused_variables)]
+    pub(crate) fn fits(level: Level, dtype: DType, x: &[f32]) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if INT_TILE && level == Level::Avx512 && dtype.is_quantized() {
+            return avx2::int_tile_fits(dtype, x);
+        }
+        false
+    }
+
     /// out[t·count + i] = dot(row i, x token t) for `count` rows starting at `rows`,
     /// `row_bytes` apart (rows of the format the tokens were prepared for).
     #[allow(unused_variables)]

@@ -48,18 +48,61 @@ pub(crate) fn matmul_at(
         return super::matvec::matvec_at(level, w, x, y);
     }
     let row_bytes = w.dtype.row_bytes(w.cols)?;
-    // Quantized rows on the AVX-512 level: the integer tile, x quantized once for all tasks.
-    if let Some(xt) = dispatch::TileTokens::new(level, w.dtype, x, n, w.cols) {
-        let run = |rows: std::ops::Range<usize>, out: &mut [f32]| {
-            let bytes = &w.bytes()[rows.start * row_bytes..rows.end * row_bytes];
-            xt.rows_times_tokens(bytes, row_bytes, rows.len(), out);
-        };
-        by_tasks(w, n, dispatch::INT_TILE_ROWS, y, run);
+    // Quantized rows on the AVX-512 level: the integer tile for the tokens it fits (each
+    // token decided on its own x), the f32 tile for the rest.
+    let fits: Vec<bool> = x
+        .chunks_exact(w.cols)
+        .map(|t| dispatch::TileTokens::fits(level, w.dtype, t))
+        .collect();
+    let int_tokens = fits.iter().filter(|&&f| f).count();
+    if int_tokens == n {
+        return integer(level, w, row_bytes, x, n, y);
+    }
+    if int_tokens == 0 {
+        by_tasks(w, n, TILE_ROWS, y, |rows, out| {
+            rows_times_tokens(level, w, row_bytes, rows, x, n, out)
+        });
         return Ok(());
     }
-    by_tasks(w, n, TILE_ROWS, y, |rows, out| {
-        rows_times_tokens(level, w, row_bytes, rows, x, n, out)
-    });
+    // Both kinds: each set gathered, multiplied on its own, and scattered back.
+    for want in [true, false] {
+        let which: Vec<usize> = (0..n).filter(|&t| fits[t] == want).collect();
+        let xs: Vec<f32> = which
+            .iter()
+            .flat_map(|&t| &x[t * w.cols..(t + 1) * w.cols])
+            .copied()
+            .collect();
+        let (m, mut ys) = (which.len(), vec![0f32; which.len() * w.rows]);
+        // Not matmul_at: one token must not take the matvec path here.
+        match want {
+            true => integer(level, w, row_bytes, &xs, m, &mut ys)?,
+            false => by_tasks(w, m, TILE_ROWS, &mut ys, |rows, out| {
+                rows_times_tokens(level, w, row_bytes, rows, &xs, m, out)
+            }),
+        }
+        for (&t, row) in which.iter().zip(ys.chunks_exact(w.rows)) {
+            y[t * w.rows..(t + 1) * w.rows].copy_from_slice(row);
+        }
+    }
+    Ok(())
+}
+
+/// [`matmul_at`] on the integer tile (every token fits it).
+fn integer(
+    level: Level,
+    w: &Weight,
+    row_bytes: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) -> Result<()> {
+    let xt = dispatch::TileTokens::new(level, w.dtype, x, n, w.cols);
+    let xt = xt.ok_or_else(|| powerinfer_core::Error::Other("integer tile refused x".into()))?;
+    let run = |rows: std::ops::Range<usize>, out: &mut [f32]| {
+        let bytes = &w.bytes()[rows.start * row_bytes..rows.end * row_bytes];
+        xt.rows_times_tokens(bytes, row_bytes, rows.len(), out);
+    };
+    by_tasks(w, n, dispatch::INT_TILE_ROWS, y, run);
     Ok(())
 }
 
@@ -168,6 +211,34 @@ mod tests {
                             assert!((got - yt[r]).abs() <= tol, "{dtype} t{t} r{r}");
                         }
                     }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_tokens_products_do_not_depend_on_the_tokens_beside_it() {
+        // Tokens 3 and 4 carry outliers (the integer tile refuses them on AVX-512): however
+        // the five are grouped into calls of two or more, each gets the same bits.
+        let mut rng = Rng::new(12);
+        for dtype in [DType::Q4_K, DType::Q8_0, DType::F16] {
+            let cols = qcols(dtype, 64);
+            let w = random_weight(&mut rng, dtype, 37, cols);
+            let mut x = rng.vec(5 * cols);
+            for t in [3, 4] {
+                for b in 0..cols / 32 {
+                    x[t * cols + 32 * b + 5] = 900.0;
+                }
+            }
+            for level in available() {
+                let mut whole = vec![0f32; 5 * 37];
+                matmul_at(level, &w, &x, 5, &mut whole).unwrap();
+                for split in [2, 3] {
+                    let mut parts = vec![0f32; 5 * 37];
+                    let (a, b) = parts.split_at_mut(split * 37);
+                    matmul_at(level, &w, &x[..split * cols], split, a).unwrap();
+                    matmul_at(level, &w, &x[split * cols..], 5 - split, b).unwrap();
+                    assert_eq!(whole, parts, "{level:?} {dtype} split at {split}");
                 }
             }
         }

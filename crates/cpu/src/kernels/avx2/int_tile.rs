@@ -374,9 +374,33 @@ impl XTile {
                 && x.len() == n * cols
                 && cols.is_multiple_of(256.min(dtype.block_size()))
         );
+        if !x.chunks_exact(cols).all(|t| token_fits(dtype, t)) {
+            return None;
+        }
         // SAFETY: only built on the AVX-512 level (the dispatcher checks); sizes asserted.
         with_tile_format!(dtype, F => unsafe { quantize::<F>(dtype, x, n, cols) })
     }
+}
+
+/// Whether one token's x (`dtype` a quantized format) takes the integer tile: every value
+/// finite, and its int16 rounding bound, Σ over its 32-value blocks of 32 · half a step, at
+/// most [`RHO_MAX`] of Σ|x|. Depends on the token alone, so a token's products come out the
+/// same whichever tokens share its matmul.
+pub(crate) fn token_fits(dtype: DType, x: &[f32]) -> bool {
+    let x_max = with_tile_format!(dtype, F => F::X_MAX);
+    let (mut l1, mut steps) = (0f32, 0f32);
+    for block in x.chunks(XB) {
+        let mut amax = 0f32;
+        for &v in block {
+            if !v.is_finite() {
+                return false;
+            }
+            amax = amax.max(v.abs());
+            l1 += v.abs();
+        }
+        steps += amax;
+    }
+    steps * XB as f32 / (2.0 * x_max) <= RHO_MAX * l1
 }
 
 /// [`XTile::new`] for format `F`.
@@ -395,8 +419,6 @@ unsafe fn quantize<F: IntTile>(dtype: DType, x: &[f32], n: usize, cols: usize) -
         cols,
     };
     let sign = _mm512_set1_ps(-0.0);
-    let per_token = cols / XB;
-    let (mut l1, mut err) = (0f32, 0f32);
     for (b, (xs, qs)) in x
         .chunks_exact(XB)
         .zip(xt.q.chunks_exact_mut(XB))
@@ -418,19 +440,6 @@ unsafe fn quantize<F: IntTile>(dtype: DType, x: &[f32], n: usize, cols: usize) -
         // max_ps may drop a NaN: the mask catches it.
         if nan != 0 || !amax.is_finite() {
             return None;
-        }
-        l1 += _mm512_reduce_add_ps(_mm512_add_ps(
-            _mm512_andnot_ps(sign, v[0]),
-            _mm512_andnot_ps(sign, v[1]),
-        ));
-        err += amax;
-        if (b + 1) % per_token == 0 {
-            // The token's rounding error bound, Σ_blocks 32·step/2, against Σ|x|.
-            let rho = err * XB as f32 / (2.0 * F::X_MAX) / l1.max(f32::MIN_POSITIVE);
-            if rho > RHO_MAX {
-                return None;
-            }
-            (l1, err) = (0.0, 0.0);
         }
         match min_len {
             16 => {

@@ -28,7 +28,10 @@ use crate::ops::attend::Head;
 use crate::ops::attend_block::{ScoreBlock, ValueBlock};
 use formats::{with_format, with_rows, with_wide_float, Format};
 pub(crate) use int16::XQuant;
-pub(crate) use int_tile::{rows_times_tokens as int_tile_rows, XTile, TILE_ROWS as INT_TILE_ROWS};
+pub(crate) use int_tile::{
+    rows_times_tokens as int_tile_rows, token_fits as int_tile_fits, XTile,
+    TILE_ROWS as INT_TILE_ROWS,
+};
 use powerinfer_core::DType;
 use quant::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use rows::RowGroup;
