@@ -51,7 +51,8 @@ pub(crate) fn matmul_at(
     // Quantized rows on the AVX-512 level: the integer tile for the tokens it fits (each
     // token decided on its own x), the f32 tile for the rest.
     let fits: Vec<bool> = x
-        .chunks_exact(w.cols)
+        .par_chunks_exact(w.cols)
+        .with_min_len(16)
         .map(|t| dispatch::TileTokens::fits(level, w.dtype, t))
         .collect();
     let int_tokens = fits.iter().filter(|&&f| f).count();
