@@ -300,50 +300,19 @@ impl_legacy!(Q5_0, 0);
 impl_legacy!(Q4_1, 1);
 impl_legacy!(Q5_1, 1);
 
-/// `$body` with `$F` bound to the [`IntTile`] type of `$dtype` (a quantized format).
+/// `$body` with `$F` bound to the [`IntTile`] type of `$dtype` (a quantized format), in the
+/// style of `formats::with_format`.
 macro_rules! with_tile_format {
     ($dtype:expr, $F:ident => $body:expr) => {
+        with_tile_format!(@ $dtype, $F => $body; Q8_0 = Q8_0, Q4_0 = Q4_0, Q4_1 = Q4_1,
+            Q5_0 = Q5_0, Q5_1 = Q5_1, Q2_K = Q2K, Q3_K = Q3K, Q4_K = Q4K, Q5_K = Q5K, Q6_K = Q6K)
+    };
+    (@ $dtype:expr, $F:ident => $body:expr; $($d:ident = $t:ty),*) => {
         match $dtype {
-            DType::Q8_0 => {
-                type $F = Q8_0;
+            $(DType::$d => {
+                type $F = $t;
                 $body
-            }
-            DType::Q4_0 => {
-                type $F = Q4_0;
-                $body
-            }
-            DType::Q4_1 => {
-                type $F = Q4_1;
-                $body
-            }
-            DType::Q5_0 => {
-                type $F = Q5_0;
-                $body
-            }
-            DType::Q5_1 => {
-                type $F = Q5_1;
-                $body
-            }
-            DType::Q2_K => {
-                type $F = Q2K;
-                $body
-            }
-            DType::Q3_K => {
-                type $F = Q3K;
-                $body
-            }
-            DType::Q4_K => {
-                type $F = Q4K;
-                $body
-            }
-            DType::Q5_K => {
-                type $F = Q5K;
-                $body
-            }
-            DType::Q6_K => {
-                type $F = Q6K;
-                $body
-            }
+            })*
             DType::F32 | DType::F16 | DType::BF16 => unreachable!("float format in the int tile"),
         }
     };
