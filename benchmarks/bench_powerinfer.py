@@ -130,9 +130,11 @@ def phase_bytes(tb: dict[str, int], layers: int, active: list[float], ours) -> d
             tb[p + k] for p in b for k in ("attn_q", "attn_k", "attn_v", "attn_output", "attn_norm")
         ),
         "predictor": 0.0,
-        "gate": sum(a * tb[p + "ffn_gate"] for p, a in zip(b, active)),
-        "up": sum(a * tb[p + "ffn_up"] for p, a in zip(b, active)),
-        "down": sum(a * tb[p + "ffn_down_t"] for p, a in zip(b, active)),
+        # Gate, up and down_t rows of the active neurons, in one fused region.
+        "ffn": sum(
+            a * (tb[p + "ffn_gate"] + tb[p + "ffn_up"] + tb[p + "ffn_down_t"])
+            for p, a in zip(b, active)
+        ),
         "output": tb["output"] + tb["output_norm"],
     }
     for lp in (ours.predictors.layers[i] for i in range(layers)):

@@ -209,7 +209,9 @@ def test_phase_timing_accounts_for_each_forward_pass(synth_gguf):
         model_fingerprint=eng.loaded.fingerprint,
     )
     for mode, kw, idle in (
-        ("dense", {}, {"predictor", "up"}),
+        ("dense", {}, {"predictor", "ffn"}),
+        # The sparse decode runs the whole FFN in one region ("ffn"); the prompt's batched
+        # pass times gate (with up) and down.
         ("exact-relu", {}, {"predictor"}),
         ("predictor", {"predictors": preds}, set()),
     ):
@@ -218,7 +220,7 @@ def test_phase_timing_accounts_for_each_forward_pass(synth_gguf):
         eng.generate([1, 2, 3, 4], max_new_tokens=6, temperature=0, ignore_eos=True)
         t = s.phase_times()
         assert t["tokens"] == 4 + 5 and 6 <= t["passes"] <= 7, (mode, t)  # prefill: 1-2 passes
-        for name in ("attention", "predictor", "gate", "up", "down", "output", "other"):
+        for name in ("attention", "predictor", "gate", "down", "ffn", "output", "other"):
             assert (t[name] == 0.0) == (name in idle), (mode, name, t)
         s.set_phase_timing(False)
         assert s.phase_times() is None

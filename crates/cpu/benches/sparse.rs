@@ -61,12 +61,15 @@ const FORMATS: [DType; 10] = [
     DType::Q5_K,
 ];
 
-/// The kernels, by name: the sparse ones and threshold mode's FFN, then the dense products they
+/// The kernels, by name: the sparse ones, exact-relu's FFN (separate passes, and fused in one
+/// region: [`powerinfer_cpu::sparse_ffn`]) and threshold mode's FFN, then the dense products they
 /// replace (over the same
 /// layers' bytes, so each sparse kernel's time compares with the dense product's).
-const KERNELS: [&str; 6] = [
+const KERNELS: [&str; 8] = [
     "matvec_rows",
     "axpy_rows",
+    "relu_steps",
+    "relu_fused",
     "threshold_steps",
     "dense_up",
     "dense_down",
@@ -165,6 +168,10 @@ struct Bufs {
     /// Kept neurons and their values (threshold_steps).
     idx: Vec<u32>,
     vals: Vec<f32>,
+    /// Per active set, which neurons it holds (the exact-relu kernels fire exactly those).
+    masks: Vec<Vec<bool>>,
+    /// The active set of this call.
+    set: usize,
 }
 
 /// Run `kernel` once on `layer` and `idx`.
@@ -173,6 +180,8 @@ fn call(kernel: &str, layer: &Layer, idx: &[u32], b: &mut Bufs) {
     match kernel {
         "matvec_rows" => powerinfer_cpu::matvec_rows(&layer.up, &b.x, idx, &mut b.yk[..n]),
         "axpy_rows" => powerinfer_cpu::axpy_rows(&layer.down_t, idx, &b.g[..n], &mut b.y),
+        "relu_steps" => relu_steps(layer, b),
+        "relu_fused" => relu_fused(layer, b),
         "threshold_steps" => threshold_steps(layer, b),
         "dense_ffn" => dense_ffn(layer, b),
         "dense_up" => powerinfer_cpu::matvec(&layer.up, &b.x, &mut b.yk),
@@ -217,6 +226,40 @@ fn threshold_steps(layer: &Layer, b: &mut Bufs) -> powerinfer_core::Result<()> {
     powerinfer_cpu::axpy_rows(&layer.down_t, &b.idx[..k], &b.vals[..k], &mut b.y)
 }
 
+/// Exact-relu's FFN as separate passes (the engine's decode before the fused op): the dense
+/// gate product, the neurons of the call's active set compacted, their up rows, then an axpy
+/// over their down_t rows.
+fn relu_steps(layer: &Layer, b: &mut Bufs) -> powerinfer_core::Result<()> {
+    powerinfer_cpu::matvec(&layer.gate, &b.x, &mut b.yk)?;
+    let mask = &b.masks[b.set];
+    b.idx.clear();
+    b.vals.clear();
+    for (i, (&g, &on)) in b.yk.iter().zip(mask).enumerate() {
+        if on {
+            b.idx.push(i as u32);
+            b.vals.push(g);
+        }
+    }
+    let n = b.idx.len();
+    powerinfer_cpu::matvec_rows(&layer.up, &b.x, &b.idx, &mut b.yu[..n])?;
+    b.vals.iter_mut().zip(&b.yu).for_each(|(v, u)| *v *= u);
+    b.y.fill(0.0);
+    powerinfer_cpu::axpy_rows(&layer.down_t, &b.idx, &b.vals, &mut b.y)
+}
+
+/// [`relu_steps`] in one parallel region ([`powerinfer_cpu::sparse_ffn`]).
+fn relu_fused(layer: &Layer, b: &mut Bufs) -> powerinfer_core::Result<()> {
+    let ffn = powerinfer_cpu::SparseFfn {
+        gate: &layer.gate,
+        up: Some(&layer.up),
+        down_t: &layer.down_t,
+    };
+    let mask = &b.masks[b.set];
+    let fire = |i: u32, g: f32| if mask[i as usize] { g } else { 0.0 };
+    let rows = powerinfer_cpu::GateRows::All;
+    powerinfer_cpu::sparse_ffn(&ffn, &b.x, rows, fire, |a, u| a * u, &mut b.y).map(|_| ())
+}
+
 /// The threshold on |act(gate)·up| that keeps the `n` largest of one layer's values.
 fn threshold_for(layer: &Layer, b: &mut Bufs, n: usize) -> f32 {
     gate_up(layer, b).unwrap();
@@ -232,6 +275,7 @@ fn active_bytes(kernel: &str, dtype: DType, n: usize) -> u64 {
         "matvec_rows" | "axpy_rows" => n,
         "dense_up" | "dense_down" => ffn,
         "threshold_steps" => 2 * ffn + n,
+        "relu_steps" | "relu_fused" => ffn + 2 * n,
         "dense_ffn" => 3 * ffn,
         _ => unreachable!("{kernel}"),
     };
@@ -244,8 +288,13 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-fn bufs() -> Bufs {
+fn bufs(sets: &[Vec<u32>]) -> Bufs {
     let (dim, ffn) = shape();
+    let mask = |set: &Vec<u32>| {
+        let mut m = vec![false; ffn];
+        set.iter().for_each(|&i| m[i as usize] = true);
+        m
+    };
     Bufs {
         x: (0..dim).map(|i| ((i % 13) as f32 - 6.0) * 0.1).collect(),
         g: (0..ffn).map(|i| 0.5 + (i % 7) as f32 * 0.1).collect(),
@@ -255,6 +304,8 @@ fn bufs() -> Bufs {
         t: 0.0,
         idx: Vec::with_capacity(ffn),
         vals: Vec::with_capacity(ffn),
+        masks: sets.iter().map(mask).collect(),
+        set: 0,
     }
 }
 
@@ -294,13 +345,14 @@ fn bench_sparse(c: &mut Criterion) {
             continue;
         }
         let layers = layers(dtype);
-        let mut b = bufs();
+        let mut b = bufs(&sets);
         // Random weights: every layer's |h| has about the same distribution as the first's.
         b.t = threshold_for(&layers[0], &mut b, n);
         for kernel in KERNELS.into_iter().filter(|k| wanted(k, dtype)) {
             let bytes = active_bytes(kernel, dtype, n);
             let mut it = 0usize;
             let mut step = |b: &mut Bufs| {
+                b.set = it % SETS;
                 call(kernel, &layers[it % layers.len()], &sets[it % SETS], b);
                 it += 1;
             };

@@ -27,5 +27,6 @@ pub use ops::matmul::matmul;
 pub use ops::matvec::{matvec, matvec_many};
 pub use ops::row::{dequantize_row, dot_row, dot_row_scalar};
 pub use ops::sparse::{axpy_rows, matvec_rows};
+pub use ops::sparse_ffn::{sparse_ffn, GateRows, SparseFfn};
 pub use reference::sparse as sparse_reference;
 pub use simd::{simd_level, SIMD_ENV};

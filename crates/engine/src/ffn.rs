@@ -6,7 +6,9 @@
 //! every mode computes the same function whether tokens come one by one or in a batch.
 
 use powerinfer_core::{Activation, Result, Weight};
-use powerinfer_cpu::{axpy_rows, matmul, matvec, matvec_many, matvec_rows};
+use powerinfer_cpu::{
+    axpy_rows, matmul, matvec, matvec_many, matvec_rows, sparse_ffn, GateRows, SparseFfn,
+};
 use rayon::prelude::*;
 
 use crate::phases::{mark, Phase};
@@ -163,20 +165,22 @@ pub struct FfnCall<'a> {
     pub start: usize,
 }
 
-/// The FFN output (n × dim) into `out`.
+/// The FFN output (n × dim) into `out`; returns the phase the time since the last mark belongs
+/// to ([`Phase::Ffn`] where one fused region ran the whole FFN, else [`Phase::Down`]).
 pub fn ffn(
     call: &FfnCall<'_>,
     s: &mut FfnScratch,
     profiler: Option<&mut Profiler>,
     out: &mut Vec<f32>,
-) -> Result<()> {
+) -> Result<Phase> {
     let dim = call.model.config.dim;
     out.resize(call.n * dim, 0.0);
     let sparse = !matches!(call.mode, Sparsity::Dense) && call.mode.dense_rows(call.start, 1) == 0;
     if call.n == 1 && profiler.is_none() && sparse {
         return sparse_decode(call, s, out);
     }
-    batched(call, s, profiler, out)
+    batched(call, s, profiler, out)?;
+    Ok(Phase::Down)
 }
 
 /// The neurons among `ids` (gate values `gate`, in the same order) whose activation is not 0,
@@ -199,52 +203,38 @@ fn keep_firing(
     }
 }
 
-/// The rest of a sparse FFN once `s.idx`/`s.vals` hold the firing neurons and their
-/// activations: their up rows, then the sum of their down_t rows into `out`. Two passes (up
-/// rows, then down_t rows) beat a fused per-neuron kernel: each streams one matrix's rows with
-/// the next rows in flight (cargo bench --bench sparse: F16 169 µs vs 201 µs, Q4_0 129 µs vs
-/// 153 µs at 10% of ffn 5504).
-fn up_then_down(
+/// One token's FFN over the gate rows `rows` in one parallel region (see
+/// [`powerinfer_cpu::sparse_ffn`]): gate rows, then the up and down_t rows of the neurons that
+/// fire. Its time is charged to [`Phase::Ffn`] (by the caller: see [`ffn`]).
+fn fused(
     act: FfnAct,
     lw: &LayerWeights,
     down_t: &Weight,
     xn: &[f32],
-    s: &mut FfnScratch,
+    rows: GateRows<'_>,
     out: &mut [f32],
 ) -> Result<()> {
-    if !act.no_up {
-        s.up.resize(s.idx.len(), 0.0);
-        matvec_rows(&lw.w_up, xn, &s.idx, &mut s.up)?;
-        s.vals
-            .iter_mut()
-            .zip(&s.up)
-            .for_each(|(a, &u)| *a = act.times_up(*a, u));
-    }
-    mark(Phase::Up);
-    out.fill(0.0);
-    axpy_rows(down_t, &s.idx, &s.vals, out)
+    let ffn = SparseFfn {
+        gate: &lw.w_gate,
+        up: (!act.no_up).then_some(&lw.w_up),
+        down_t,
+    };
+    let bias = lw.ffn_bias.as_ref().map(|[b, _]| b.as_slice());
+    let fire = |i: u32, g: f32| act.apply(g + bias.map_or(0.0, |b| b[i as usize]));
+    sparse_ffn(&ffn, xn, rows, fire, |a, u| act.times_up(a, u), out)?;
+    Ok(())
 }
 
-/// One token, reading only active rows.
-fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Result<()> {
+/// One token, reading only active rows; returns the phase its tail belongs to (see [`ffn`]).
+fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Result<Phase> {
     let m = call.model;
     let lw: &LayerWeights = &m.layers[call.layer];
     let act = FfnAct::of(m);
     let down_t = &m.down_t()?[call.layer];
     match call.mode {
         Sparsity::ExactRelu => {
-            s.gate.resize(lw.w_gate.rows, 0.0);
-            matvec(&lw.w_gate, call.xn, &mut s.gate)?;
-            mark(Phase::Gate);
-            add_gate_bias(lw, None, &mut s.gate);
-            keep_firing(
-                act,
-                0..s.gate.len() as u32,
-                &s.gate,
-                &mut s.idx,
-                &mut s.vals,
-            );
-            up_then_down(act, lw, down_t, call.xn, s, out)
+            fused(act, lw, down_t, call.xn, GateRows::All, out)?;
+            Ok(Phase::Ffn)
         }
         Sparsity::Threshold(t) => {
             let t = t[call.layer];
@@ -268,7 +258,8 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
                 // So many neurons pass that the dense product over the masked values is
                 // cheaper than an axpy over their down_t rows (the same function).
                 zero_below(&mut s.gate, t);
-                return matvec(&lw.w_down, &s.gate, out);
+                matvec(&lw.w_down, &s.gate, out)?;
+                return Ok(Phase::Down);
             }
             // Branch-free compaction: which neurons pass follows no predictable pattern.
             s.idx.resize(ffn, 0);
@@ -282,7 +273,8 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
             s.idx.truncate(k);
             s.vals.truncate(k);
             out.fill(0.0);
-            axpy_rows(down_t, &s.idx, &s.vals, out)
+            axpy_rows(down_t, &s.idx, &s.vals, out)?;
+            Ok(Phase::Down)
         }
         Sparsity::Predictor { layers, input } => {
             let input = match input {
@@ -296,20 +288,15 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
                 &mut s.predicted,
             )?;
             mark(Phase::Predictor);
-            let predicted = &s.predicted;
-            // Separate passes over gate, up and down_t rows, as in exact-relu.
-            s.gate.resize(predicted.len(), 0.0);
-            matvec_rows(&lw.w_gate, call.xn, predicted, &mut s.gate)?;
-            mark(Phase::Gate);
-            add_gate_bias(lw, Some(predicted), &mut s.gate);
-            keep_firing(
+            fused(
                 act,
-                predicted.iter().copied(),
-                &s.gate,
-                &mut s.idx,
-                &mut s.vals,
-            );
-            up_then_down(act, lw, down_t, call.xn, s, out)
+                lw,
+                down_t,
+                call.xn,
+                GateRows::Listed(&s.predicted),
+                out,
+            )?;
+            Ok(Phase::Ffn)
         }
         Sparsity::Dense => unreachable!("dense decoding takes the batched path"),
     }
@@ -415,6 +402,10 @@ pub(crate) fn rows_ffn(
 ) -> Result<()> {
     let lw = &model.layers[layer];
     let act = FfnAct::of(model);
+    if threshold.is_none() && dense_down == DenseDown::Never {
+        let down_t = &model.down_t()?[layer];
+        return fused(act, lw, down_t, xn, GateRows::Listed(ids), out);
+    }
     s.gate.resize(ids.len(), 0.0);
     matvec_rows(&lw.w_gate, xn, ids, &mut s.gate)?;
     add_gate_bias(lw, Some(ids), &mut s.gate);

@@ -269,7 +269,7 @@ pub(crate) fn ffn_block(
         n,
         start,
     };
-    ffn(&call, &mut s.ffn, profiler, &mut s.down)?;
+    let phase = ffn(&call, &mut s.ffn, profiler, &mut s.down)?;
     if let Some([_, b]) = &lw.ffn_bias {
         add_rows(&mut s.down, b);
     }
@@ -278,7 +278,7 @@ pub(crate) fn ffn_block(
         std::mem::swap(&mut s.o, &mut s.down);
     }
     s.x.iter_mut().zip(&s.down).for_each(|(x, d)| *x += d);
-    mark(Phase::Down);
+    mark(phase);
     Ok(())
 }
 

@@ -20,12 +20,13 @@ pub enum Phase {
     Attention,
     /// The activation predictor (fc1, then the fc2 rows of its nonzero hidden units).
     Predictor,
-    /// Gate rows (the active ones, or all of them for exact-relu/threshold/dense).
+    /// The gate and up products, in one pass (dense and threshold decode, every batched pass).
     Gate,
-    /// Up rows of the neurons that fire.
-    Up,
     /// The down product (down_t rows of the neurons that fire, or the dense down).
     Down,
+    /// A sparse decode step's whole FFN in one parallel region (exact-relu and predictor
+    /// modes: gate rows, then the up and down_t rows of the neurons that fire).
+    Ffn,
     /// Final norm and output head.
     Output,
 }
@@ -36,8 +37,8 @@ impl Phase {
         Phase::Attention,
         Phase::Predictor,
         Phase::Gate,
-        Phase::Up,
         Phase::Down,
+        Phase::Ffn,
         Phase::Output,
         Phase::Other,
     ];
@@ -49,8 +50,8 @@ impl Phase {
             Phase::Attention => "attention",
             Phase::Predictor => "predictor",
             Phase::Gate => "gate",
-            Phase::Up => "up",
             Phase::Down => "down",
+            Phase::Ffn => "ffn",
             Phase::Output => "output",
         }
     }
@@ -59,7 +60,7 @@ impl Phase {
 /// Seconds spent in each phase, and how many forward passes and tokens they cover.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PhaseTimes {
-    seconds: [f64; 7],
+    seconds: [f64; Phase::ALL.len()],
     /// Forward passes timed.
     pub passes: u64,
     /// Tokens those passes ran.

@@ -8,4 +8,5 @@ pub(crate) mod matmul;
 pub(crate) mod matvec;
 pub(crate) mod row;
 pub(crate) mod sparse;
+pub(crate) mod sparse_ffn;
 mod split;

@@ -14,10 +14,11 @@
 //! rounded to 8 bits on a shared scale (error bound and reasoning in `kernels::avx2::q4_axpy`);
 //! every other accumulation is in f32.
 //!
-//! The engine decodes an FFN with separate passes (matvec_rows over up, then axpy_rows over
-//! down_t): fused per-neuron kernels that read each active neuron's rows together measured
-//! slower on this design's CPUs (F16 201 µs vs 169 µs, Q4_0 153 µs vs 129 µs for 10% of ffn
-//! 5504 on 2 threads) and were removed.
+//! The engine's sparse decode runs a whole FFN in one parallel region
+//! ([`super::sparse_ffn::sparse_ffn`], built on this file's per-thread loops), keeping the
+//! passes separate inside each task (up rows, then down_t rows): per-neuron kernels that read
+//! each active neuron's rows together measured slower on this design's CPUs (F16 201 µs vs
+//! 169 µs, Q4_0 153 µs vs 129 µs for 10% of ffn 5504 on 2 threads) and were removed.
 //!
 //! A neuron whose coefficient a[k] is exactly zero contributes nothing and its row is not read;
 //! the references in [`crate::reference::sparse`] follow the same rule.
@@ -60,23 +61,54 @@ pub(crate) fn matvec_rows_at(
     }
     let xs = Activations::new(level, x, w.dtype.is_quantized());
     chunks(idx, y, rows.bytes, |(ic, yc): (&[u32], &mut [f32])| {
-        let mut batch = [&[][..]; GROUP];
-        let mut next = [&[][..]; GROUP];
-        let groups = ic.chunks(GROUP).zip(yc.chunks_mut(GROUP));
-        for (g, (ig, yg)) in groups.enumerate() {
-            let upcoming = ic.iter().skip((g + 1) * GROUP).take(GROUP);
-            let mut nn = 0;
-            for (b, &i) in next.iter_mut().zip(upcoming) {
-                *b = rows.get(i);
-                nn += 1;
-            }
-            for (b, &i) in batch.iter_mut().zip(ig) {
-                *b = rows.get(i);
-            }
-            xs.group_dot(w.dtype, &batch[..ig.len()], &next[..nn], yg);
-        }
+        listed_dot(&xs, w.dtype, &rows, ic, yc)
     });
     Ok(())
+}
+
+/// y[k] = dot(row idx[k], x) on this thread: [`GROUP`] rows at a time, the next group's rows
+/// fetched in step (indices checked by `rows`).
+pub(super) fn listed_dot(
+    xs: &Activations<'_>,
+    dtype: DType,
+    rows: &Rows<'_>,
+    idx: &[u32],
+    y: &mut [f32],
+) {
+    let mut batch = [&[][..]; GROUP];
+    let mut next = [&[][..]; GROUP];
+    let groups = idx.chunks(GROUP).zip(y.chunks_mut(GROUP));
+    for (g, (ig, yg)) in groups.enumerate() {
+        let upcoming = idx.iter().skip((g + 1) * GROUP).take(GROUP);
+        let mut nn = 0;
+        for (b, &i) in next.iter_mut().zip(upcoming) {
+            *b = rows.get(i);
+            nn += 1;
+        }
+        for (b, &i) in batch.iter_mut().zip(ig) {
+            *b = rows.get(i);
+        }
+        xs.group_dot(dtype, &batch[..ig.len()], &next[..nn], yg);
+    }
+}
+
+/// y += Σ_k a[k] · row idx[k] on this thread, skipping zero coefficients (indices checked by
+/// `rows`).
+pub(super) fn listed_axpy(
+    level: Level,
+    dtype: DType,
+    rows: &Rows<'_>,
+    idx: &[u32],
+    a: &[f32],
+    y: &mut [f32],
+) {
+    let mut group = Group::new(level, dtype);
+    for (&i, &ak) in idx.iter().zip(a) {
+        if ak != 0.0 {
+            group.push(rows.get(i), ak, y);
+        }
+    }
+    group.flush(y);
 }
 
 /// [`axpy_rows`] on a given SIMD level.
@@ -90,14 +122,8 @@ pub(crate) fn axpy_rows_at(
     check::len("axpy_rows", "y", y.len(), w.cols, "the weight's cols")?;
     check::len("axpy_rows", "a", a.len(), idx.len(), "one per index")?;
     let rows = Rows::new(w, idx, "axpy_rows")?;
-    accumulate(idx.len(), rows.bytes, y, |range, part| {
-        let mut group = Group::new(level, w.dtype);
-        for k in range {
-            if a[k] != 0.0 {
-                group.push(rows.get(idx[k]), a[k], part);
-            }
-        }
-        group.flush(part);
+    accumulate(idx.len(), rows.bytes, 1, y, |range, part| {
+        listed_axpy(level, w.dtype, &rows, &idx[range.clone()], &a[range], part)
     });
     Ok(())
 }

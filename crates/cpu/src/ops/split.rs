@@ -53,17 +53,32 @@ thread_local! {
     static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
-/// Run `body(range, part)` over contiguous chunks of `0..n` (each item `bytes` bytes of rows),
-/// in parallel, where `part` is `y` itself for the first chunk and a zeroed partial sum for the
-/// others; then add the partials into y in chunk order.
-pub(crate) fn accumulate<F>(n: usize, bytes: usize, y: &mut [f32], body: F)
+/// Run `body(range, part)` over contiguous chunks of `0..n` (each item `bytes` bytes of rows;
+/// chunk boundaries on multiples of `align`), in parallel, where `part` is `y` itself for the
+/// first chunk and a zeroed partial sum for the others; then add the partials into y in chunk
+/// order.
+pub(crate) fn accumulate<F>(n: usize, bytes: usize, align: usize, y: &mut [f32], body: F)
 where
+    F: Fn(Range<usize>, &mut [f32]) + Sync,
+{
+    accumulate_in(n, bytes, align, ACC_TASKS_PER_THREAD, y, body)
+}
+
+/// [`accumulate`] with at most `per_thread` tasks per thread.
+pub(crate) fn accumulate_in<F>(
+    n: usize,
+    bytes: usize,
+    align: usize,
+    per_thread: usize,
+    y: &mut [f32],
+    body: F,
+) where
     F: Fn(Range<usize>, &mut [f32]) + Sync,
 {
     if n == 0 {
         return;
     }
-    let per = chunk_len(n, bytes, ACC_TASKS_PER_THREAD);
+    let per = chunk_len(n, bytes, per_thread).next_multiple_of(align.max(1));
     let tasks = n.div_ceil(per);
     if tasks == 1 || y.is_empty() {
         body(0..n, y);
