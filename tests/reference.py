@@ -30,6 +30,7 @@ the rest passed through.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 
 import numpy as np
@@ -142,13 +143,17 @@ def rope(
 
 
 def activation(name: str, x: np.ndarray) -> np.ndarray:
-    """SiLU, ReLU or (tanh) GELU."""
+    """SiLU, ReLU, GELU's tanh approximation ("gelu") or the exact GELU ("gelu_erf",
+    ``x (1 + erf(x / sqrt 2)) / 2`` with math.erf)."""
     if name == "silu":
         return x / (1.0 + np.exp(-x))
     if name == "relu":
         return np.maximum(x, 0.0)
     if name == "gelu":
         return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
+    if name == "gelu_erf":
+        erf = np.frompyfunc(math.erf, 1, 1)
+        return 0.5 * x * (1.0 + erf(np.asarray(x) / math.sqrt(2.0)).astype(np.float64))
     raise UnsupportedError(f"activation {name!r}")
 
 

@@ -56,10 +56,17 @@ def test_hf_and_gguf_match_the_reference(synth_hf, synth_gguf, arch):
     hf_logits = Engine(hf, threads=2).logits(ids)
     gg_logits = Engine(gg, threads=2).logits(ids)
     assert rel(hf_logits, ref) <= REF_RTOL
+    if arch == "mistral":
+        # llama.cpp's converter writes no window for Mistral (its "llama" arch has none): the
+        # GGUF is the windowless model, a function the window changes here.
+        assert hf.config.sliding_window == 5 and gg.config.sliding_window == 0
+        ref = reference_logits(gg, ids)
+        assert rel(ref, hf_logits) > 100 * REF_RTOL
     assert rel(gg_logits, ref) <= REF_RTOL
-    assert rel(gg_logits, hf_logits) <= REF_RTOL
-    # The reference of the GGUF (llama's permuted q/k rows) is the same function.
-    assert rel(reference_logits(gg, ids), ref) <= 1e-9
+    if arch != "mistral":
+        assert rel(gg_logits, hf_logits) <= REF_RTOL
+        # The reference of the GGUF (llama's permuted q/k rows) is the same function.
+        assert rel(reference_logits(gg, ids), ref) <= 1e-9
 
 
 #: Per family, config fields that each change the function when switched off.

@@ -93,7 +93,8 @@ def hf_inv_freq(cfg: dict) -> np.ndarray:
     """``inv_freq`` as transformers' modeling_rope_utils computes it from ``config.json``:
     the default over ``int(head_dim * partial_rotary_factor)`` dims, "linear" divides it by
     the factor, "llama3" as ``_compute_llama3_parameters``."""
-    dim = int(cfg["head_dim"] * cfg.get("partial_rotary_factor", 1.0))
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    dim = int(head_dim * cfg.get("partial_rotary_factor", 1.0))
     inv = 1.0 / (cfg["rope_theta"] ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
     rs = cfg.get("rope_scaling") or {}
     kind = rs.get("rope_type", rs.get("type"))

@@ -48,16 +48,21 @@ impl RopeScaling {
 pub enum Activation {
     Silu,
     Relu,
+    /// GELU's tanh approximation (llama.cpp's `ggml_gelu`, transformers' "gelu_pytorch_tanh").
     Gelu,
+    /// The exact GELU, `x Φ(x)` with erf (transformers' "gelu": Falcon's HF checkpoints).
+    GeluErf,
 }
 
 impl Activation {
-    /// Parse "silu" / "swish" / "relu" / "gelu*".
+    /// Parse "silu" / "swish" / "relu" / "gelu_erf" / "gelu*" (any other GELU name is the tanh
+    /// approximation).
     pub fn from_name(name: &str) -> Result<Activation> {
         let n = name.to_ascii_lowercase();
         Ok(match n.as_str() {
             "silu" | "swish" => Activation::Silu,
             "relu" => Activation::Relu,
+            "gelu_erf" => Activation::GeluErf,
             s if s.starts_with("gelu") => Activation::Gelu,
             _ => bail!(Unsupported, "activation {name:?}"),
         })
@@ -73,6 +78,9 @@ impl Activation {
                 // tanh approximation, as llama.cpp and most checkpoints' "gelu_pytorch_tanh".
                 const C: f32 = 0.797_884_6; // sqrt(2/pi)
                 0.5 * x * (1.0 + (C * (x + 0.044_715 * x * x * x)).tanh())
+            }
+            Activation::GeluErf => {
+                0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2))
             }
         }
     }
@@ -445,5 +453,23 @@ mod tests {
         assert_eq!(Activation::Relu.apply(-2.0), 0.0);
         assert!((Activation::Silu.apply(1.0) - 0.731_058_6).abs() < 1e-6);
         assert!(Activation::from_name("tanh").is_err());
+        assert_eq!(
+            Activation::from_name("gelu_erf").unwrap(),
+            Activation::GeluErf
+        );
+        assert_eq!(Activation::from_name("gelu_new").unwrap(), Activation::Gelu);
+        // x Φ(x) against float64 values (Φ(1) = 0.841344746, Φ(-2) = 0.022750132); the tanh
+        // form differs from them by up to ~1e-3.
+        for (x, want) in [
+            (1.0f32, 0.841_344_746f64),
+            (-2.0, -0.045_500_264),
+            (0.5, 0.345_731_37),
+        ] {
+            assert!(
+                (Activation::GeluErf.apply(x) as f64 - want).abs() < 2e-7,
+                "{x}"
+            );
+        }
+        assert!((Activation::Gelu.apply(-2.0) as f64 + 0.045_500_264).abs() > 1e-4);
     }
 }

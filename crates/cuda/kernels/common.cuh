@@ -74,6 +74,7 @@ __device__ __forceinline__ float warp_max(float v) {
 #define ACT_RELU 1
 #define ACT_SILU 2
 #define ACT_GELU 3
+#define ACT_GELU_ERF 4
 
 __device__ __forceinline__ float apply_act(int act, float x) {
     switch (act) {
@@ -83,6 +84,7 @@ __device__ __forceinline__ float apply_act(int act, float x) {
         const float c = 0.7978845608f;  // sqrt(2/pi), tanh approximation as the CPU side
         return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
     }
+    case ACT_GELU_ERF: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
     default: return x;
     }
 }

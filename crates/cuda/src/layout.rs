@@ -70,6 +70,7 @@ pub enum Act {
     Relu = 1,
     Silu = 2,
     Gelu = 3,
+    GeluErf = 4,
 }
 
 impl From<Activation> for Act {
@@ -78,6 +79,7 @@ impl From<Activation> for Act {
             Activation::Relu => Act::Relu,
             Activation::Silu => Act::Silu,
             Activation::Gelu => Act::Gelu,
+            Activation::GeluErf => Act::GeluErf,
         }
     }
 }

@@ -550,15 +550,22 @@ fn elementwise() {
 fn elementwise_ops<B: Backend>(dev: &B) {
     let n = 1001;
     let (g, u) = (values(n, 19), values(n, 20));
-    let mut dg = dev.upload(&g).unwrap();
     let du = dev.upload(&u).unwrap();
-    dev.act_mul(&mut dg, &du, Act::Gelu).unwrap();
-    let want: Vec<f32> = g
-        .iter()
-        .zip(&u)
-        .map(|(g, u)| Activation::Gelu.apply(*g) * u)
-        .collect();
-    assert_close(&dev.download(&dg).unwrap(), &want, 1.0, 1e-5, "act_mul");
+    let act_mul = |a: Activation| {
+        let mut dg = dev.upload(&g).unwrap();
+        dev.act_mul(&mut dg, &du, Act::from(a)).unwrap();
+        let want: Vec<f32> = g.iter().zip(&u).map(|(g, u)| a.apply(*g) * u).collect();
+        assert_close(
+            &dev.download(&dg).unwrap(),
+            &want,
+            1.0,
+            1e-5,
+            &format!("act_mul {a:?}"),
+        );
+        (dg, want)
+    };
+    act_mul(Activation::GeluErf);
+    let (mut dg, want) = act_mul(Activation::Gelu);
     dev.add(&mut dg, &du).unwrap();
     let want: Vec<f32> = want.iter().zip(&u).map(|(a, b)| a + b).collect();
     assert_close(&dev.download(&dg).unwrap(), &want, 1.0, 1e-5, "add");

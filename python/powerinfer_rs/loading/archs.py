@@ -36,6 +36,18 @@ class Family:
     ``out_bias`` (biases of the FFN and of the attention output), ``parallel`` (attention and
     FFN from the same residual). ``hf_globals`` / ``hf_layer_prefix`` / ``hf_own_names``: the
     checkpoint's names when they are not llama's (``hf_layer_names`` then replaces llama's).
+
+    Defaults taken from the family rather than the file (see the table's comments for the
+    source of each). GGUF, as llama.cpp's graph for the arch (``src/models/<arch>.cpp``):
+    ``activation`` (SiLU when empty), ``gguf_window`` (the window when the file names none,
+    Gemma 2's 4096), ``gguf_softcaps`` (attention, final: ``None`` where llama.cpp never reads
+    the key, else its value when absent), ``gguf_rope_base_swa`` (the sliding layers' RoPE base
+    may come from ``rope.freq_base_swa``), ``gguf_tied`` (the head is always the embeddings;
+    ``output.weight`` is never read). Hugging Face, as transformers' config class (4.57):
+    ``hf_defaults`` (``__init__`` defaults of the keys the loader reads, applied where
+    config.json leaves a key out; a key set to null stays null), ``hf_act_key`` (the key the
+    modeling code reads the activation from), ``hf_eps_key`` (the norm epsilon's key, empty
+    where the class has none and ``hf_defaults`` gives the value under ``"rms_norm_eps"``).
     """
 
     name: str
@@ -66,6 +78,13 @@ class Family:
     hf_globals: dict[str, str] = field(default_factory=lambda: dict(LLAMA_HF_GLOBALS))
     hf_layer_prefix: str = "model.layers."
     hf_own_names: bool = False
+    gguf_window: int = 0
+    gguf_softcaps: tuple[float | None, float | None] = (None, None)
+    gguf_rope_base_swa: bool = False
+    gguf_tied: bool = False
+    hf_defaults: dict[str, object] = field(default_factory=dict)
+    hf_act_key: str = "hidden_act"
+    hf_eps_key: str = "rms_norm_eps"
 
     def biases(self) -> tuple[str, ...]:
         """Canonical suffixes of the bias vectors the family's layers carry."""
@@ -126,11 +145,107 @@ _FALCON_NAMES: dict[str, str] = {
     "mlp.dense_4h_to_h.weight": "ffn_down",
 }
 
+# transformers 4.57's config-class defaults (models/<family>/configuration_<family>.py, __init__)
+# of the keys the HF loader reads; a saved config.json carries them all, so they matter only for
+# hand-written files. Token ids included: the generation config falls back to them.
+_LLAMA_HF: dict[str, object] = {
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "head_dim": None,  # hidden_size // num_attention_heads
+    "num_key_value_heads": None,  # num_attention_heads
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 2048,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+# MistralConfig: 8 KV heads, a 4096 window and 131072 positions by default.
+_MISTRAL_HF = {**_LLAMA_HF, "num_key_value_heads": 8, "sliding_window": 4096}
+_MISTRAL_HF["max_position_embeddings"] = 4096 * 32
+# Qwen2Config / Qwen3Config: 32 KV heads, 32768 positions, no token ids; Qwen3 head_dim 128.
+_QWEN_HF = {**_LLAMA_HF, "num_key_value_heads": 32, "max_position_embeddings": 32768}
+_QWEN_HF.update(bos_token_id=None, eos_token_id=None)
+# Phi3Config: eps 1e-5, 4096 positions, eos 32000, no window.
+_PHI3_HF = {**_LLAMA_HF, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096}
+_PHI3_HF.update(eos_token_id=32000, sliding_window=None, partial_rotary_factor=1.0)
+# Gemma2Config / Gemma3TextConfig: the activation is read from hidden_activation only (their
+# modeling code never looks at hidden_act), head_dim 256, 4 KV heads, tied head, window 4096,
+# query_pre_attn_scalar 256, bos 2 / eos 1; Gemma 2 soft-caps 50 / 30 and 8192 positions,
+# Gemma 3 none, 131072 positions, RoPE base 1e6 (10000 on sliding layers), every 6th layer
+# global (its sliding_window_pattern kwarg).
+_GEMMA_HF: dict[str, object] = {
+    "hidden_activation": "gelu_pytorch_tanh",
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "head_dim": 256,
+    "num_key_value_heads": 4,
+    "tie_word_embeddings": True,
+    "sliding_window": 4096,
+    "query_pre_attn_scalar": 256,
+    "bos_token_id": 2,
+    "eos_token_id": 1,
+}
+_GEMMA2_HF = {**_GEMMA_HF, "max_position_embeddings": 8192}
+_GEMMA2_HF.update(attn_logit_softcapping=50.0, final_logit_softcapping=30.0)
+_GEMMA3_HF = {**_GEMMA_HF, "max_position_embeddings": 131072, "rope_theta": 1e6}
+_GEMMA3_HF.update(rope_local_base_freq=10000.0, sliding_window_pattern=6)
+_GEMMA3_HF.update(attn_logit_softcapping=None, final_logit_softcapping=None)
+# OPTConfig: ReLU in activation_function, ffn_dim 3072, biases, pre-norm, tied head, 2048
+# positions, bos = eos = 2; no key for the norm's eps (nn.LayerNorm's 1e-5, LAYER_NORM_EPS).
+_OPT_HF: dict[str, object] = {
+    "activation_function": "relu",
+    "ffn_dim": 3072,
+    "enable_bias": True,
+    "do_layer_norm_before": True,
+    "word_embed_proj_dim": None,  # hidden_size
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 2048,
+    "bos_token_id": 2,
+    "eos_token_id": 2,
+}
+# FalconConfig: exact (erf) GELU in activation, eps 1e-5 in layer_norm_epsilon, multi-query,
+# parallel attention, no biases or alibi, ffn_hidden_size None (4 x hidden), RoPE 10000, tied
+# head (PretrainedConfig's default), 2048 positions, bos = eos = 11.
+_FALCON_HF: dict[str, object] = {
+    "activation": "gelu",
+    "layer_norm_epsilon": 1e-5,
+    "rope_theta": 10000.0,
+    "multi_query": True,
+    "num_kv_heads": None,
+    "new_decoder_architecture": False,
+    "parallel_attn": True,
+    "alibi": False,
+    "bias": False,
+    "ffn_hidden_size": None,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 2048,
+    "bos_token_id": 11,
+    "eos_token_id": 11,
+}
+#: nn.LayerNorm's epsilon, which OPT's checkpoints keep (their config has no key for it).
+LAYER_NORM_EPS = 1e-5
+
 FAMILIES: tuple[Family, ...] = (
     # Mistral converts to llama.cpp's "llama" arch; its window comes from config.json, or in
     # GGUF from a llama.attention.sliding_window key (which llama.cpp itself ignores).
-    Family("llama", "llama", "norm", ("llama",), ("LlamaForCausalLM",), window=True),
-    Family("mistral", "llama", "norm", ("mistral",), ("MistralForCausalLM",), window=True),
+    Family(
+        "llama",
+        "llama",
+        "norm",
+        ("llama",),
+        ("LlamaForCausalLM",),
+        window=True,
+        hf_defaults=_LLAMA_HF,
+    ),
+    Family(
+        "mistral",
+        "llama",
+        "norm",
+        ("mistral",),
+        ("MistralForCausalLM",),
+        window=True,
+        hf_defaults=_MISTRAL_HF,
+    ),
     # PowerInfer's Bamboo: Mistral's layer with ReLU on both gate and up (its GGUF arch and
     # config.json model_type are "bamboo"; converted like llama, q/k rows permuted).
     Family(
@@ -142,6 +257,8 @@ FAMILIES: tuple[Family, ...] = (
         window=True,
         activation="relu",
         up_act=True,
+        # Not in transformers (its repository's own code): llama's keys, ReLU.
+        hf_defaults={**_LLAMA_HF, "hidden_act": "relu"},
     ),
     Family(
         "qwen2",
@@ -151,6 +268,7 @@ FAMILIES: tuple[Family, ...] = (
         ("Qwen2ForCausalLM",),
         qkv_bias=True,
         hf_layer_names={f"self_attn.{x}_proj.bias": f"attn_{x}.bias" for x in ("q", "k", "v")},
+        hf_defaults=_QWEN_HF,
     ),
     Family(
         "qwen3",
@@ -163,6 +281,7 @@ FAMILIES: tuple[Family, ...] = (
             "self_attn.q_norm.weight": "attn_q_norm",
             "self_attn.k_norm.weight": "attn_k_norm",
         },
+        hf_defaults={**_QWEN_HF, "head_dim": 128},
     ),
     Family(
         "phi3",
@@ -179,6 +298,7 @@ FAMILIES: tuple[Family, ...] = (
             "self_attn.qkv_proj.weight": "attn_qkv",
             "mlp.gate_up_proj.weight": "ffn_up",
         },
+        hf_defaults=_PHI3_HF,
     ),
     Family(
         "gemma2",
@@ -188,6 +308,16 @@ FAMILIES: tuple[Family, ...] = (
         ("Gemma2ForCausalLM",),
         swa_pattern=2,
         hf_layer_names=_GEMMA_NAMES,
+        # llama.cpp models/gemma2.cpp: GeGLU with tanh GELU, a 4096 window unless the file
+        # says, both soft-caps always on (50 and 30 unless the file says), the sliding layers'
+        # base from rope.freq_base_swa (else the global one), the head always token_embd.
+        activation="gelu",
+        gguf_window=4096,
+        gguf_softcaps=(50.0, 30.0),
+        gguf_rope_base_swa=True,
+        gguf_tied=True,
+        hf_defaults=_GEMMA2_HF,
+        hf_act_key="hidden_activation",
         **_GEMMA,
     ),
     Family(
@@ -204,6 +334,14 @@ FAMILIES: tuple[Family, ...] = (
             "self_attn.q_norm.weight": "attn_q_norm",
             "self_attn.k_norm.weight": "attn_k_norm",
         },
+        # llama.cpp models/gemma3.cpp: GeGLU with tanh GELU, a window only when the file has
+        # one, no attention soft-cap, a final one only when the file has it, the sliding
+        # layers' base from rope.freq_base_swa, else 10000.
+        activation="gelu",
+        gguf_softcaps=(None, 0.0),
+        gguf_rope_base_swa=True,
+        hf_defaults=_GEMMA3_HF,
+        hf_act_key="hidden_activation",
         **_GEMMA,
     ),
     # OPT as PowerInfer serves it (its GGUF arch "opt": learned positions read at pos + 2, the
@@ -231,9 +369,13 @@ FAMILIES: tuple[Family, ...] = (
         },
         hf_layer_prefix="model.decoder.layers.",
         hf_own_names=True,
+        hf_defaults=_OPT_HF,
+        hf_act_key="activation_function",
+        hf_eps_key="",
     ),
     # Falcon (7B's layout: one norm for the parallel attention and MLP, multi-query attention,
-    # fused q/k/v stored [q; k; v]); llama.cpp's "falcon" arch.
+    # fused q/k/v stored [q; k; v]); llama.cpp's "falcon" arch (models/falcon.cpp: ungated
+    # tanh GELU; HF's FalconMLP uses the exact erf GELU, so the two differ by design).
     Family(
         "falcon",
         "falcon",
@@ -253,6 +395,9 @@ FAMILIES: tuple[Family, ...] = (
         },
         hf_layer_prefix="transformer.h.",
         hf_own_names=True,
+        hf_defaults=_FALCON_HF,
+        hf_act_key="activation",
+        hf_eps_key="layer_norm_epsilon",
     ),
 )
 

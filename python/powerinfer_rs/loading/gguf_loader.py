@@ -15,8 +15,12 @@ RoPE scaling (linear, Llama 3.1's ``rope_freqs`` factors) and partial RoPE
 other scaling types are refused.
 
 The header is parsed by :mod:`.gguf_file` (fast and strict) rather than ``gguf.GGUFReader``.
-The activation is SiLU unless the file carries ``powerinfer_rs.activation`` (our synthetic
-ReLU models do; llama.cpp ignores the key).
+What a file leaves implicit is what llama.cpp's graph for its arch does (:mod:`.archs` says it
+family by family): the activation (SiLU; GELU for Gemma 2/3 and Falcon), Gemma 2's window
+(4096) and soft-caps (50, 30), Gemma 3's local RoPE base (10000), Gemma 2's head tied to the
+embeddings. The norm epsilon is required, as llama.cpp requires it. Files that llama.cpp cannot
+express carry keys of ours: ``powerinfer_rs.activation`` (a ReLU llama, ...; llama.cpp ignores
+the key) and ``powerinfer_rs.relu_threshold`` (FATReLU).
 """
 
 from __future__ import annotations
@@ -81,8 +85,10 @@ def _int(meta: dict[str, Any], key: str, default: int | None = None) -> int:
     return v
 
 
-def _float(meta: dict[str, Any], key: str, default: float) -> float:
+def _float(meta: dict[str, Any], key: str, default: float | None) -> float:
     v = meta.get(key, default)
+    if v is None:
+        raise ModelFileError(f"GGUF metadata key {key!r} is missing")
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ModelFileError(f"GGUF metadata key {key!r} must be a number, got {v!r}")
     return float(v)
@@ -110,9 +116,16 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
     activation = meta.get(ACTIVATION_KEY, fam.activation or "silu")
     if activation not in ACTIVATIONS:
         raise UnsupportedError(f"activation {activation!r} (supported: {ACTIVATIONS})")
-    window = _int(meta, f"{a}.attention.sliding_window", 0) if fam.window else 0
+    window = _int(meta, f"{a}.attention.sliding_window", fam.gguf_window) if fam.window else 0
     eps_kind = "epsilon" if fam.layer_norm else "rms_epsilon"
     n_layers = _int(meta, f"{a}.block_count")
+    attn_cap, final_cap = (
+        0.0 if d is None else _float(meta, f"{a}.{k}_logit_softcapping", d)
+        for k, d in zip(("attn", "final"), fam.gguf_softcaps)
+    )
+    rope_local = fam.rope_local
+    if fam.gguf_rope_base_swa:
+        rope_local = _float(meta, f"{a}.rope.freq_base_swa", rope_local)
     cfg = ModelConfig(
         arch=fam.name,
         n_layers=n_layers,
@@ -123,7 +136,7 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
         head_dim=head_dim,
         vocab_size=vocab,
         max_context=_int(meta, f"{a}.context_length", 2048),
-        rms_eps=_float(meta, f"{a}.attention.layer_norm_{eps_kind}", 1e-5),
+        rms_eps=_float(meta, f"{a}.attention.layer_norm_{eps_kind}", None),
         rope_theta=_float(meta, f"{a}.rope.freq_base", 10000.0),
         rope_style=fam.rope_style,
         activation=activation,
@@ -134,13 +147,13 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
         qkv_bias=fam.qkv_bias,
         qk_norm=fam.qk_norm,
         sliding_window=window,
-        swa_pattern=fam.swa_pattern,
-        rope_theta_local=fam.rope_local,
+        swa_pattern=_swa_pattern(meta, fam, n_layers) if window else fam.swa_pattern,
+        rope_theta_local=rope_local,
         post_norms=fam.post_norms,
         embed_scale=float(dim) ** 0.5 if fam.embed_scale else 0.0,
         attn_scale=_gemma_27b_scale(fam, n_layers, dim, n_heads),
-        attn_softcap=_float(meta, f"{a}.attn_logit_softcapping", 0.0),
-        final_softcap=_float(meta, f"{a}.final_logit_softcapping", 0.0),
+        attn_softcap=attn_cap,
+        final_softcap=final_cap,
         relu_threshold=_float(meta, RELU_THRESHOLD_KEY, 0.0),
         up_act=fam.up_act,
         layer_norm=fam.layer_norm,
@@ -154,6 +167,22 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
     )
     cfg.validate()
     return cfg
+
+
+def _swa_pattern(meta: dict[str, Any], fam: Family, n_layers: int) -> int:
+    """Which layers slide (0: all, p: all but every p-th), as llama.cpp's load_swa_pattern:
+    ``attention.sliding_window_pattern`` as a number p, or as one flag per layer (which must
+    follow such a pattern), else the family's own."""
+    key = f"{fam.gguf_arch}.attention.sliding_window_pattern"
+    v = meta.get(key)
+    if v is None or not fam.swa_pattern:
+        return fam.swa_pattern
+    if isinstance(v, list):
+        for p in range(n_layers + 1):
+            if v == [p == 0 or i % p < p - 1 for i in range(n_layers)]:
+                return p
+        raise UnsupportedError(f"{key}: per-layer windows {v!r:.200} follow no pattern")
+    return _int(meta, key)
 
 
 def _gemma_27b_scale(fam: Family, n_layers: int, dim: int, n_heads: int) -> float:
@@ -243,6 +272,8 @@ def load_gguf(path: str | os.PathLike[str]) -> LoadedModel:
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     split_fused(fam, tensors, q_dim, kv_dim, cfg.ffn_dim)
     fit_position_table(cfg, tensors, p)
+    if fam.gguf_tied:
+        tensors.pop("output", None)  # llama.cpp's gemma2 never reads output.weight
     if "output" not in tensors and "token_embd" in tensors:
         tensors["output"] = tensors["token_embd"]
         cfg.tie_embeddings = True

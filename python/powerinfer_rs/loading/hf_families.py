@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ModelFileError, UnsupportedError
+import numpy as np
+
+from ..errors import ModelFileError, ShapeError, UnsupportedError
 from .archs import Family
+from .types import TensorData
 
 
 def number(cfg: dict[str, Any], key: str, default: float) -> float:
@@ -59,7 +62,8 @@ def gemma_fields(fam: Family, cfg: dict[str, Any]) -> dict[str, Any]:
 
 def family_fields(fam: Family, cfg: dict[str, Any]) -> dict[str, Any]:
     """The family's layer features, and for OPT and Falcon their sizes (``ffn_dim``,
-    ``n_kv_heads``, ``rms_eps`` popped by the caller) and the variants the engine refuses."""
+    ``n_kv_heads``, popped by the caller) and the variants the engine refuses. ``cfg`` has the
+    family's transformers defaults filled in."""
     out: dict[str, Any] = {
         "up_act": fam.up_act,
         "layer_norm": fam.layer_norm,
@@ -78,9 +82,6 @@ def family_fields(fam: Family, cfg: dict[str, Any]) -> dict[str, Any]:
         if not cfg.get("enable_bias", True):
             raise UnsupportedError("OPT without biases")
         out["ffn_dim"] = cfg.get("ffn_dim")
-        out["rms_eps"] = 1e-5  # nn.LayerNorm's default, which OPT keeps
-        out["tie_embeddings"] = bool(cfg.get("tie_word_embeddings", True))
-        out["activation"] = cfg.get("activation_function", "relu")
     elif fam.name == "falcon":
         if cfg.get("new_decoder_architecture"):
             raise UnsupportedError("Falcon's new_decoder_architecture (40B/180B q/k/v grouping)")
@@ -89,8 +90,24 @@ def family_fields(fam: Family, cfg: dict[str, Any]) -> dict[str, Any]:
         hidden = cfg.get("hidden_size")
         four = 4 * hidden if isinstance(hidden, int) else None
         out["ffn_dim"] = cfg.get("ffn_hidden_size") or four
+        # The old layout (7B): multi-query, or one K/V head per query head (num_kv_heads is
+        # read only by the new decoder architecture, which is refused above).
         multi = cfg.get("multi_query", True)
-        out["n_kv_heads"] = 1 if multi else cfg.get("num_kv_heads", cfg.get("num_attention_heads"))
-        out["rms_eps"] = number(cfg, "layer_norm_epsilon", 1e-5)
-        out["activation"] = cfg.get("activation", "gelu")
+        out["n_kv_heads"] = 1 if multi else cfg.get("num_attention_heads")
     return out
+
+
+def falcon_qkv_in_order(tensors: dict[str, TensorData], n_heads: int, head_dim: int) -> None:
+    """Reorder, in place, the fused q/k/v of an HF Falcon with one K/V head per query head:
+    its ``query_key_value`` rows go head by head (q, k, v of head 0, then of head 1, ...:
+    modeling_falcon's ``view(num_heads, 3, head_dim)``), the engine's (and llama.cpp's
+    converter's) are [all q; all k; all v]. One copy of each such tensor."""
+    for name in [n for n in tensors if n.endswith(".attn_qkv")]:
+        t = tensors[name]
+        if t.rows != 3 * n_heads * head_dim:
+            raise ShapeError(
+                f"tensor {name} has {t.rows} rows, the config implies {3 * n_heads * head_dim}"
+            )
+        rows = np.asarray(t.data).reshape(n_heads, 3, head_dim, t.row_bytes)
+        data = np.ascontiguousarray(rows.transpose(1, 0, 2, 3)).reshape(-1)
+        tensors[name] = TensorData(name, t.dtype, t.rows, t.cols, data)

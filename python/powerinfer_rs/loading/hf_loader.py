@@ -18,8 +18,16 @@ from typing import Any
 
 from ..errors import ModelFileError, ShapeError, UnsupportedError
 from ..runtime.tokenizer import Tokenizer
-from .archs import FAMILIES, Family, family_named, hf_family, hf_layer_names, split_fused
-from .hf_families import family_fields, gemma_fields, number
+from .archs import (
+    FAMILIES,
+    LAYER_NORM_EPS,
+    Family,
+    family_named,
+    hf_family,
+    hf_layer_names,
+    split_fused,
+)
+from .hf_families import falcon_qkv_in_order, family_fields, gemma_fields, number
 from .rope import hf_rope_fields
 from .safetensors_mmap import RawTensor, read_safetensors
 from .types import LoadedModel, ModelConfig, TensorData, check_tensors, fingerprint
@@ -66,14 +74,27 @@ def canonical_name(hf_name: str, family: Family | None = None) -> str | None:
     return name + ".bias"
 
 
-def _activation(act: Any) -> str:
-    if act in ("silu", "swish"):
-        return "silu"
-    if act == "relu":
-        return "relu"
-    if isinstance(act, str) and act.startswith("gelu"):
-        return "gelu"
-    raise UnsupportedError(f"hidden_act {act!r} is not supported (silu, relu, gelu)")
+#: transformers' activation names (activations.py ACT2FN) -> the engine's.
+HF_ACTIVATIONS: dict[str, str] = {
+    "silu": "silu",
+    "swish": "silu",
+    "relu": "relu",
+    "gelu": "gelu_erf",  # nn.functional.gelu, the exact form
+    "gelu_python": "gelu_erf",
+    "gelu_pytorch_tanh": "gelu",
+    "gelu_new": "gelu",
+    "gelu_fast": "gelu",
+    "gelu_accurate": "gelu",
+}
+
+
+def _activation(key: str, act: Any) -> str:
+    out = HF_ACTIVATIONS.get(act) if isinstance(act, str) else None
+    if out is None:
+        raise UnsupportedError(
+            f"config.json: {key} {act!r} is not supported ({', '.join(HF_ACTIVATIONS)})"
+        )
+    return out
 
 
 def _req_int(cfg: dict[str, Any], key: str, default: Any = None) -> int:
@@ -96,7 +117,9 @@ def _ids(v: Any) -> list[int]:
 
 
 def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
-    """Build a :class:`ModelConfig` from a parsed ``config.json`` (token ids filled later)."""
+    """Build a :class:`ModelConfig` from a parsed ``config.json`` (token ids filled later).
+    A key the file leaves out takes the family's transformers default (:mod:`.archs`
+    ``hf_defaults``), as ``from_pretrained`` would; a key set to null stays null."""
     archs = cfg.get("architectures") or []
     if not isinstance(archs, list):
         raise ModelFileError(f"config.json: 'architectures' must be a list, got {archs!r:.80}")
@@ -107,6 +130,7 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
             f"architecture {archs or mtype!r} is not supported "
             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
         )
+    cfg = {**fam.hf_defaults, **cfg}
     if (cfg.get("attention_bias") or cfg.get("mlp_bias")) and not fam.biases():
         raise UnsupportedError("attention/MLP biases are not supported")
     if cfg.get("use_sliding_window"):
@@ -121,15 +145,14 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     head_dim = cfg.get("head_dim") or dim // n_heads
     extra = gemma_fields(fam, cfg) if fam.post_norms else {}
     extra.update(family_fields(fam, cfg))
-    act_name = extra.pop("activation", None) or cfg.get("hidden_activation")
-    act_name = act_name or cfg.get("hidden_act", fam.activation or "silu")
+    act_name = cfg.get(fam.hf_act_key, "silu")
     if act_name == "fatrelu":  # ProSparse: ReLU passing only x > hidden_act_param
         act_name = "relu"
         extra["relu_threshold"] = number(cfg, "hidden_act_param", 0.0)
 
     rope_theta = cfg.get("rope_theta", 10000.0)
-    eps = cfg.get("rms_norm_eps", 1e-6)
-    for k, v in (("rope_theta", rope_theta), ("rms_norm_eps", eps)):
+    eps = cfg.get(fam.hf_eps_key, 1e-6) if fam.hf_eps_key else LAYER_NORM_EPS
+    for k, v in (("rope_theta", rope_theta), (fam.hf_eps_key or "eps", eps)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not -1e300 < v < 1e300:
             raise ModelFileError(f"config.json: {k!r} must be a finite number, got {v!r:.80}")
     head_dim = _req_int({"head_dim": head_dim}, "head_dim")
@@ -137,10 +160,14 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         raise ShapeError(f"config.json: head_dim must be positive, got {head_dim}")
     extra.update(hf_rope_fields(cfg, head_dim, float(rope_theta)))
     bos = cfg.get("bos_token_id")
+    kv = extra.pop("n_kv_heads", None) or cfg.get("num_key_value_heads")
     sizes = {
         "ffn_dim": _req_int(cfg, "intermediate_size", extra.pop("ffn_dim", None)),
-        "n_kv_heads": _req_int(cfg, "num_key_value_heads", extra.pop("n_kv_heads", n_heads)),
-        "rms_eps": float(extra.pop("rms_eps", eps)),
+        # None: one KV head per query head (transformers' fallback).
+        "n_kv_heads": _req_int(
+            {"num_key_value_heads": kv if kv is not None else n_heads}, "num_key_value_heads"
+        ),
+        "rms_eps": float(eps),
     }
     c = ModelConfig(
         arch=fam.name,
@@ -153,11 +180,11 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         **sizes,
         rope_theta=float(rope_theta),
         rope_style="neox",
-        activation=_activation(act_name),
+        activation=_activation(fam.hf_act_key, act_name),
         bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
         eos_token_ids=_ids(cfg.get("eos_token_id")),
         add_bos=False,
-        tie_embeddings=extra.pop("tie_embeddings", bool(cfg.get("tie_word_embeddings", False))),
+        tie_embeddings=bool(cfg.get("tie_word_embeddings")),
         qkv_bias=fam.qkv_bias,
         qk_norm=fam.qk_norm,
         sliding_window=window or 0,
@@ -247,10 +274,18 @@ def load_hf_dir(path: str | os.PathLike[str]) -> LoadedModel:
     gen_cfg = _optional_json(d / "generation_config.json")
     if not (d / "tokenizer.json").is_file():
         raise ModelFileError(f"{d}: no tokenizer.json")
-    extra_eos = _ids(gen_cfg.get("eos_token_id")) + cfg.eos_token_ids
-    gen_bos = _ids(gen_cfg.get("bos_token_id"))
-    bos = cfg.bos_token_id if cfg.bos_token_id is not None else (gen_bos[0] if gen_bos else None)
-    tok = Tokenizer.from_hf_files(d / "tokenizer.json", tok_cfg, extra_eos, bos_id=bos)
+    # Token ids named by the files first; the config class's defaults (in cfg) only where
+    # none is.
+    extra_eos = _ids(gen_cfg.get("eos_token_id")) + _ids(cfg_json.get("eos_token_id"))
+    named_bos = _ids(cfg_json.get("bos_token_id")) + _ids(gen_cfg.get("bos_token_id"))
+    default = (cfg.bos_token_id, cfg.eos_token_ids)
+    tok = Tokenizer.from_hf_files(
+        d / "tokenizer.json",
+        tok_cfg,
+        extra_eos,
+        bos_id=named_bos[0] if named_bos else None,
+        default_ids=default,
+    )
     cfg.bos_token_id = tok.bos_id
     cfg.eos_token_ids = list(tok.eos_ids)
     cfg.add_bos = tok.add_bos
@@ -263,6 +298,8 @@ def load_hf_dir(path: str | os.PathLike[str]) -> LoadedModel:
     family = family_named(cfg.arch)
     tensors = _tensors(_weight_files(d), family)
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    if family.name == "falcon" and 1 < cfg.n_kv_heads == cfg.n_heads:
+        falcon_qkv_in_order(tensors, cfg.n_heads, cfg.head_dim)
     split_fused(family, tensors, q_dim, kv_dim, cfg.ffn_dim)
     pos = tensors.get("position_embd")
     if cfg.learned_pos and pos is not None and pos.rows - cfg.pos_offset != cfg.max_context:
@@ -270,11 +307,12 @@ def load_hf_dir(path: str | os.PathLike[str]) -> LoadedModel:
             f"{d}: embed_positions has {pos.rows} rows, max_position_embeddings + "
             f"{cfg.pos_offset} = {cfg.max_context + cfg.pos_offset}"
         )
-    if "output" not in tensors and "token_embd" in tensors:
+    # tie_word_embeddings (the family's default where config.json is silent) ties the head to
+    # the embeddings whatever lm_head the files hold, as transformers does; an untied model
+    # without lm_head falls back to the embeddings, as llama.cpp does.
+    if (cfg.tie_embeddings or "output" not in tensors) and "token_embd" in tensors:
         tensors["output"] = tensors["token_embd"]
         cfg.tie_embeddings = True
-    else:
-        cfg.tie_embeddings = False
     check_tensors(cfg, tensors, str(d))
     return LoadedModel(
         config=cfg,

@@ -42,7 +42,9 @@ BLOCK_LAYOUT: dict[str, tuple[int, int]] = {
 }
 
 SUPPORTED_DTYPES: tuple[str, ...] = tuple(BLOCK_LAYOUT)
-ACTIVATIONS: tuple[str, ...] = ("silu", "relu", "gelu")
+#: "gelu" is GELU's tanh approximation (llama.cpp's, transformers' "gelu_pytorch_tanh"),
+#: "gelu_erf" the exact form (transformers' "gelu").
+ACTIVATIONS: tuple[str, ...] = ("silu", "relu", "gelu", "gelu_erf")
 ROPE_STYLES: tuple[str, ...] = ("norm", "neox")
 
 #: Per-layer tensors, canonical suffixes after ``blk.{i}.``.

@@ -88,6 +88,14 @@ def _spm_merges(tokens: list[str], scores: list[float], types: list[int]) -> lis
     return [(m[4], m[5]) for m in found]
 
 
+#: BPE pre-tokenizers after which llama.cpp adds BOS when the file does not say
+#: (``tokenizer.ggml.add_bos_token`` absent; llama-vocab.cpp, the LLAMA3 pre type and tekken).
+BPE_PRE_WITH_BOS = frozenset(
+    ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2")
+    + ("jina-v5-nano", "tekken")
+)
+
+
 class Tokenizer:
     """A tokenizer with the model's BOS/EOS conventions.
 
@@ -161,7 +169,8 @@ class Tokenizer:
             inner = tokenizers.Tokenizer(BPE(vocab, merges, fuse_unk=False))
             inner.pre_tokenizer = bpe_pre_tokenizer(meta.get("tokenizer.ggml.pre"))
             inner.decoder = decoders.ByteLevel()
-            default_add_bos = False
+            default_add_bos = meta.get("tokenizer.ggml.pre") in BPE_PRE_WITH_BOS
+            default_ids = (11, 11)
         elif model == "llama":
             scores = meta.get("tokenizer.ggml.scores") or [0.0] * n
             if len(scores) != n:
@@ -186,6 +195,7 @@ class Tokenizer:
                 dec.append(decoders.Strip(" ", 1, 0))
             inner.decoder = decoders.Sequence(dec)
             default_add_bos = True
+            default_ids = (1, 2)
         else:
             raise UnsupportedError(
                 f"GGUF tokenizer model {model!r} is not supported (supported: gpt2, llama)"
@@ -198,12 +208,16 @@ class Tokenizer:
         ]
         inner.add_special_tokens(specials)
 
-        def _id(key: str) -> int | None:
+        def _id(key: str, default: int | None = None) -> int | None:
             v = meta.get(key)
+            if v is None and default is not None and default < n:
+                return default
             return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
 
-        bos = _id("tokenizer.ggml.bos_token_id")
-        eos = _id("tokenizer.ggml.eos_token_id")
+        # llama.cpp's ids when the file names none (llama-vocab.cpp: SPM 1 and 2, BPE 11 for
+        # both; a default outside the vocabulary is dropped, a given id outside it refused).
+        bos = _id("tokenizer.ggml.bos_token_id", default_ids[0])
+        eos = _id("tokenizer.ggml.eos_token_id", default_ids[1])
         eos_ids = [
             e
             for e in (eos, _id("tokenizer.ggml.eot_token_id"), _id("tokenizer.ggml.eom_token_id"))
@@ -219,6 +233,7 @@ class Tokenizer:
         tokenizer_config: Mapping[str, Any] | None = None,
         extra_eos_ids: Iterable[int] = (),
         bos_id: int | None = None,
+        default_ids: tuple[int | None, Iterable[int]] = (None, ()),
     ) -> Tokenizer:
         """Build from ``tokenizer.json`` plus the parsed ``tokenizer_config.json``.
 
@@ -226,6 +241,8 @@ class Tokenizer:
         ``{"content": ...}``), falling back to ``bos_id``; ``extra_eos_ids`` (from
         ``generation_config.json`` / ``config.json``) are added to the stop ids. ``add_bos``
         follows ``add_bos_token`` when given, else whether the file's post-processor adds BOS.
+        ``default_ids`` (BOS, EOS ids: the config class's defaults) apply where nothing above
+        names one, when the vocabulary has them.
         """
         path = os.fspath(tokenizer_json)
         try:
@@ -240,10 +257,14 @@ class Tokenizer:
                 v = v.get("content")
             return inner.token_to_id(v) if isinstance(v, str) else None
 
+        n = inner.get_vocab_size(with_added_tokens=True)
         bos = _tok_id("bos_token")
         if bos is None:
             bos = bos_id
+        if bos is None and default_ids[0] is not None and 0 <= default_ids[0] < n:
+            bos = default_ids[0]
         eos_ids = [e for e in [_tok_id("eos_token"), *extra_eos_ids] if e is not None]
+        eos_ids = eos_ids or [e for e in default_ids[1] if 0 <= e < n]
         if "add_bos_token" in cfg:
             add_bos = bool(cfg["add_bos_token"])
         else:

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..errors import ShapeError, UnsupportedError
 from ..loading.archs import FAMILIES, Family, hf_layer_names
+from ..loading.gguf_loader import ACTIVATION_KEY, RELU_THRESHOLD_KEY
 from .synth_model import (
     BOS_ID,
     EOS_ID,
@@ -54,56 +55,103 @@ def hf_name(name: str, family: Family | None = None) -> str:
 
 
 def _hf_act(spec: SynthSpec) -> str:
-    """config.json's hidden_act: HF's "gelu" is the erf form, the engine's (and llama.cpp's) the
-    tanh one; ProSparse's FATReLU is "fatrelu" with its threshold in hidden_act_param."""
+    """config.json's activation: HF's "gelu" is the erf form (the engine's "gelu_erf"), the
+    engine's (and llama.cpp's) "gelu" the tanh one; ProSparse's FATReLU is "fatrelu" with its
+    threshold in hidden_act_param."""
     if spec.relu_threshold:
         return "fatrelu"
-    return "gelu_pytorch_tanh" if spec.activation == "gelu" else spec.activation
+    return {"gelu": "gelu_pytorch_tanh", "gelu_erf": "gelu"}.get(spec.activation, spec.activation)
 
 
-def _hf_config(spec: SynthSpec) -> dict[str, Any]:
-    """The family-specific part of config.json."""
-    f = spec.family
-    arch = f.hf_archs[0]
-    out: dict[str, Any] = {"architectures": [arch], "model_type": f.hf_types[0]}
-    if f.name == "qwen2":
-        out["use_sliding_window"] = False
-    elif f.name == "qwen3":
-        out["attention_bias"] = False
-    if f.window:
-        out["sliding_window"] = spec.sliding_window or None
-    if spec.relu_threshold:
-        out["hidden_act_param"] = spec.relu_threshold
-    if f.name == "opt":
-        out.update(ffn_dim=spec.ffn, do_layer_norm_before=True, word_embed_proj_dim=spec.dim)
-        out.update(enable_bias=True, activation_function=spec.activation)
-    elif f.name == "falcon":
-        out.update(multi_query=spec.kv_heads == 1, num_kv_heads=spec.kv_heads, bias=False)
-        out.update(new_decoder_architecture=False, parallel_attn=True, alibi=False)
-        out.update(layer_norm_epsilon=spec.rms_eps, activation=spec.activation)
-    if spec.partial_rotary != 1.0:
-        out["partial_rotary_factor"] = spec.partial_rotary
+def _hf_rope(spec: SynthSpec) -> dict[str, Any] | None:
     if spec.rope_scaling == "linear":
-        out["rope_scaling"] = {"rope_type": "linear", "factor": spec.rope_factor}
-    elif spec.rope_scaling == "llama3":
-        out["rope_scaling"] = {
+        return {"rope_type": "linear", "factor": spec.rope_factor}
+    if spec.rope_scaling == "llama3":
+        return {
             "rope_type": "llama3",
             "factor": spec.rope_factor,
             "low_freq_factor": spec.rope_low_freq_factor,
             "high_freq_factor": spec.rope_high_freq_factor,
             "original_max_position_embeddings": spec.rope_original_context,
         }
+    return None
+
+
+def _hf_config(spec: SynthSpec, torch_dtype: str) -> dict[str, Any]:
+    """config.json as transformers' config class of the family saves it (4.57: every
+    attribute its ``__init__`` stores, the PretrainedConfig ones only where they differ from
+    both defaults), with the model's values; nothing of ours."""
+    f, s = spec.family, spec
+    out: dict[str, Any] = {"architectures": [f.hf_archs[0]], "model_type": f.hf_types[0]}
+    out.update(
+        vocab_size=s.vocab,
+        hidden_size=s.dim,
+        num_hidden_layers=s.layers,
+        num_attention_heads=s.heads,
+        max_position_embeddings=s.max_context,
+        initializer_range=0.02,
+        attention_dropout=0.0,
+        use_cache=True,
+        torch_dtype=torch_dtype,
+        transformers_version="4.57.1",
+    )
+    if f.name not in ("opt", "falcon"):
+        out.update(intermediate_size=s.ffn, num_key_value_heads=s.kv_heads)
+        out.update(rms_norm_eps=s.rms_eps, rope_theta=s.rope_theta)
+        out["hidden_activation" if f.post_norms else "hidden_act"] = _hf_act(s)
+        if f.name != "gemma2":
+            out["rope_scaling"] = _hf_rope(s)
+    # PretrainedConfig's fields: tie_word_embeddings (default True) and the token ids (None).
+    if not s.tie or f.name in ("llama", "mistral", "bamboo", "qwen2", "qwen3", "phi3"):
+        out["tie_word_embeddings"] = s.tie
+    if f.name not in ("qwen2", "qwen3"):
+        out.update(bos_token_id=BOS_ID, eos_token_id=EOS_ID)
+    if s.relu_threshold:
+        out["hidden_act_param"] = s.relu_threshold
+    if f.name in ("llama", "bamboo"):
+        out.update(head_dim=s.head_dim, attention_bias=False, mlp_bias=False, pretraining_tp=1)
+    elif f.name == "mistral":
+        out.update(head_dim=None, sliding_window=s.window or None)
+    elif f.name in ("qwen2", "qwen3"):
+        out.update(use_sliding_window=False, sliding_window=None, max_window_layers=s.layers)
+        out["layer_types"] = ["full_attention"] * s.layers
+        if f.name == "qwen3":
+            out.update(head_dim=s.head_dim, attention_bias=False)
+    elif f.name == "phi3":
+        out.update(sliding_window=s.window or None, partial_rotary_factor=s.partial_rotary)
+        out.update(original_max_position_embeddings=4096, embd_pdrop=0.0, resid_pdrop=0.0)
+        out["pad_token_id"] = 32000 if s.vocab > 32000 else None
+    elif f.post_norms:  # Gemma 2/3
+        p = f.swa_pattern
+        out.update(head_dim=s.head_dim, query_pre_attn_scalar=s.head_dim, attention_bias=False)
+        out.update(sliding_window=s.window or None, pad_token_id=0)
+        caps = s.softcaps
+        out.update(attn_logit_softcapping=caps[0] or None, final_logit_softcapping=caps[1] or None)
+        out["layer_types"] = [
+            "full_attention" if (i + 1) % p == 0 else "sliding_attention" for i in range(s.layers)
+        ]
+        if f.name == "gemma3":
+            out.update(rope_local_base_freq=f.rope_local, _sliding_window_pattern=p)
+            out["use_bidirectional_attention"] = False
+    elif f.name == "opt":
+        out.update(ffn_dim=s.ffn, do_layer_norm_before=True, word_embed_proj_dim=s.dim)
+        out.update(enable_bias=True, activation_function=_hf_act(s), dropout=0.1)
+        out.update(init_std=0.02, layerdrop=0.0, layer_norm_elementwise_affine=True)
+        out.update(_remove_final_layer_norm=False, pad_token_id=1)
+        del out["initializer_range"]
+    elif f.name == "falcon":
+        out.update(multi_query=s.kv_heads == 1, num_kv_heads=s.kv_heads, bias=False)
+        out.update(new_decoder_architecture=False, parallel_attn=True, alibi=False)
+        out.update(layer_norm_epsilon=s.rms_eps, activation=_hf_act(s), hidden_dropout=0.0)
+        out.update(ffn_hidden_size=s.ffn, rope_theta=s.rope_theta, rope_scaling=None)
+        out["num_ln_in_parallel_attn"] = None
+    if s.partial_rotary != 1.0 and f.name != "phi3":
+        # Read by transformers' RoPE initialisation from any config (an extra attribute).
+        out["partial_rotary_factor"] = s.partial_rotary
+    if s.rope_scaling == "llama3":
         # llama.cpp's converter reads the original context from the top level of config.json
         # (8192 when absent: Llama 3.1's value); set there too, it stores the same factors.
-        out["original_max_position_embeddings"] = spec.rope_original_context
-    if f.post_norms:  # Gemma 2/3
-        out["query_pre_attn_scalar"] = spec.head_dim
-        out["sliding_window_pattern"] = f.swa_pattern
-        caps = spec.softcaps
-        out["attn_logit_softcapping"] = caps[0] or None
-        out["final_logit_softcapping"] = caps[1] or None
-        if f.rope_local:
-            out["rope_local_base_freq"] = f.rope_local
+        out["original_max_position_embeddings"] = s.rope_original_context
     return out
 
 
@@ -114,8 +162,13 @@ def _encode_hf(x: np.ndarray, st_dtype: str) -> np.ndarray:
 
 
 def _hf_tensor(gen: SynthWeights, name: str) -> np.ndarray:
-    """Tensor ``name`` as the family's HF checkpoint stores it (Gemma's norms as ``w - 1``)."""
+    """Tensor ``name`` as the family's HF checkpoint stores it (Gemma's norms as ``w - 1``;
+    Falcon's fused q/k/v head by head when every query head has its own K/V head)."""
     x = gen.file_tensor(name)
+    s = gen.spec
+    if s.arch == "falcon" and name.endswith("attn_qkv") and 1 < s.kv_heads == s.heads:
+        x = x.reshape(3, s.heads, s.head_dim, s.dim).transpose(1, 0, 2, 3).reshape(x.shape)
+        return np.ascontiguousarray(x)
     off = gen.spec.family.hf_norm_offset
     return x - np.float32(off) if off and name.endswith("_norm") else x
 
@@ -169,27 +222,7 @@ def write_hf_model(
     out.mkdir(parents=True, exist_ok=True)
     st = HF_DTYPES[dtype]
     torch_dtype = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}[dtype]
-    family = _hf_config(spec)
-    config = {
-        **family,
-        "hidden_size": spec.dim,
-        "intermediate_size": spec.ffn,
-        "num_hidden_layers": spec.layers,
-        "num_attention_heads": spec.heads,
-        "num_key_value_heads": spec.kv_heads,
-        "head_dim": spec.head_dim,
-        "hidden_act": _hf_act(spec),
-        "max_position_embeddings": spec.max_context,
-        "rms_norm_eps": spec.rms_eps,
-        "rope_theta": spec.rope_theta,
-        "rope_scaling": family.get("rope_scaling"),
-        "vocab_size": spec.vocab,
-        "tie_word_embeddings": spec.tie,
-        "bos_token_id": BOS_ID,
-        "eos_token_id": EOS_ID,
-        "torch_dtype": torch_dtype,
-        "powerinfer_rs_synthetic": {"seed": spec.seed, "active": spec.active, "law": "zipf"},
-    }
+    config = _hf_config(spec, torch_dtype)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     (out / "generation_config.json").write_text(
         json.dumps({"bos_token_id": BOS_ID, "eos_token_id": EOS_ID}, indent=2)
@@ -238,8 +271,9 @@ def add_llama_metadata(
     w: Any, spec: SynthSpec, name: str, file_type: int, *, tokenizer_pre: str = "gpt-2"
 ) -> None:
     """Write ``spec``'s llama hyper-parameters and byte-level BPE tokenizer to the GGUF writer
-    ``w`` (``tokenizer_pre`` "gpt-2" is llama.cpp's name for the GPT-2 split; PowerInfer's
-    converter writes "gpt2")."""
+    ``w`` as PowerInfer's converter does (its ReluLLaMA, Bamboo and OPT files;
+    ``tokenizer_pre`` "gpt-2" is llama.cpp's name for the GPT-2 split, PowerInfer's converter
+    writes "gpt2")."""
     w.add_name(name)
     w.add_block_count(spec.layers)
     w.add_context_length(spec.max_context)
@@ -251,6 +285,90 @@ def add_llama_metadata(
     w.add_rope_freq_base(spec.rope_theta)
     w.add_layer_norm_rms_eps(spec.rms_eps)
     w.add_file_type(file_type)
+    add_tokenizer(w, spec, tokenizer_pre)
+
+
+def add_converter_metadata(w: Any, spec: SynthSpec, name: str, file_type: int) -> None:
+    """Write the keys llama.cpp's ``convert_hf_to_gguf.py`` writes for ``spec``'s family
+    (llama.cpp's conversion/*.py; nothing else), then the tokenizer.
+
+    ``TextModel.set_gguf_parameters`` (llama, mistral, qwen2, qwen3, gemma3): block count,
+    context, embedding and FFN sizes, head counts, linear RoPE scaling, the RoPE base (and the
+    sliding layers' base), the RMS epsilon, ``key_length``/``value_length`` where the config
+    class has a ``head_dim`` (Llama, Qwen3, Gemma 3; not Mistral's null or Qwen2), the file
+    type; llama adds ``vocab_size`` and ``rope.dimension_count``; Gemma 3 rewrites its own and
+    adds the window and a final soft-cap when set. Phi-3, Gemma 2 and Falcon write their own
+    lists (below). ``rope.dimension_count`` below the head size, which no converter writes for
+    these families but qwen2/qwen3/gemma/falcon files may carry, marks partial RoPE; and
+    Phi-3's linear scaling, which its converter never writes, is llama.cpp's
+    ``rope.scaling.*`` keys (its phi3 graph reads them). Both are llama.cpp's keys for models
+    the converters do not make, tested against llama.cpp itself.
+    """
+    import gguf
+
+    f, s = spec.family, spec
+    w.add_name(name)
+    w.add_type("model")
+    w.add_quantization_version(2)
+    arch = f.gguf_arch
+    if arch in ("bamboo", "opt"):  # PowerInfer's own converter
+        add_llama_metadata(w, spec, name="", file_type=file_type)
+        if f.layer_norm:
+            w.add_layer_norm_eps(spec.rms_eps)
+        return
+    w.add_block_count(s.layers)
+    w.add_context_length(s.max_context)
+    w.add_embedding_length(s.dim)
+    w.add_feed_forward_length(s.ffn)
+    w.add_head_count(s.heads)
+    w.add_head_count_kv(s.kv_heads)
+    partial = s.rope_dims != s.head_dim
+    if arch == "phi3":  # conversion/phi.py Phi3MiniModel
+        w.add_rope_scaling_orig_ctx_len(4096)  # Phi3Config's original_max_position_embeddings
+        w.add_layer_norm_rms_eps(s.rms_eps)
+        w.add_rope_dimension_count(s.rope_dims)
+        w.add_rope_freq_base(s.rope_theta)
+        w.add_sliding_window(s.window)
+        if s.rope_scaling == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(s.rope_factor)
+    elif arch == "gemma2":  # conversion/gemma.py Gemma2Model
+        w.add_layer_norm_rms_eps(s.rms_eps)
+        w.add_key_length(s.head_dim)
+        w.add_value_length(s.head_dim)
+        w.add_attn_logit_softcapping(s.softcaps[0])
+        w.add_final_logit_softcapping(s.softcaps[1])
+        w.add_sliding_window(s.window)
+    elif arch == "falcon":  # conversion/falcon.py
+        w.add_string("falcon.tensor_data_layout", "jploski")
+        w.add_layer_norm_eps(s.rms_eps)
+    else:  # conversion/base.py TextModel (+ llama.py, qwen.py, gemma.py Gemma3Model)
+        if s.rope_scaling == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(s.rope_factor)
+        w.add_rope_freq_base(s.rope_theta)
+        if f.rope_local:
+            w.add_rope_freq_base_swa(f.rope_local)  # Gemma3TextConfig's rope_local_base_freq
+        w.add_layer_norm_rms_eps(s.rms_eps)
+        if s.hf_head_dim is not None:
+            w.add_key_length(s.head_dim)
+            w.add_value_length(s.head_dim)
+        if arch == "llama":
+            w.add_vocab_size(s.vocab)
+            w.add_rope_dimension_count(s.rope_dims)
+        elif partial:
+            w.add_rope_dimension_count(s.rope_dims)
+        if arch == "gemma3":
+            if s.window:
+                w.add_sliding_window(s.window)
+            if s.softcaps[1]:
+                w.add_final_logit_softcapping(s.softcaps[1])
+    w.add_file_type(file_type)
+    add_tokenizer(w, spec, "gpt-2")
+
+
+def add_tokenizer(w: Any, spec: SynthSpec, tokenizer_pre: str) -> None:
+    """The byte-level BPE tokenizer's keys, as the converters write a GPT-2 style one."""
     tokens, merges = byte_level_vocab(spec.vocab)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(tokenizer_pre)
@@ -291,25 +409,13 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
     # general.name leaves the family out: llama.cpp looks special tokens of Phi-3's vocabulary
     # up by name ("</s>", "<s>") when the model name contains "phi3", which ours has not.
     name = f"synthetic-{spec.activation}-d{spec.dim}-f{spec.ffn}-l{spec.layers}"
-    add_llama_metadata(w, spec, name, GGUF_FILE_TYPE[dtype])
-    if spec.rope_scaling == "linear":
-        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(spec.rope_factor)
-    if spec.sliding_window:
-        w.add_sliding_window(spec.sliding_window)
-    if spec.family.layer_norm:
-        w.add_layer_norm_eps(spec.rms_eps)
-    attn_cap, final_cap = spec.softcaps
-    if attn_cap:
-        w.add_attn_logit_softcapping(attn_cap)
-    if final_cap:
-        w.add_final_logit_softcapping(final_cap)
-    w.add_vocab_size(spec.vocab)
-    w.add_string("powerinfer_rs.activation", spec.activation)
+    add_converter_metadata(w, spec, name, GGUF_FILE_TYPE[dtype])
+    # Keys of ours only for what llama.cpp cannot express: an activation other than the
+    # family's (a ReLU llama, the exact GELU, ...) and FATReLU's threshold.
+    if spec.activation != (spec.family.activation or "silu"):
+        w.add_string(ACTIVATION_KEY, spec.activation)
     if spec.relu_threshold:
-        w.add_float32("powerinfer_rs.relu_threshold", spec.relu_threshold)
-    w.add_uint32("powerinfer_rs.synthetic_seed", spec.seed)
-    w.add_float32("powerinfer_rs.synthetic_active", spec.active)
+        w.add_float32(RELU_THRESHOLD_KEY, spec.relu_threshold)
     w.add_chat_template(chat_template(spec.arch))
 
     order = spec.tensor_shapes(fused=True)

@@ -121,6 +121,22 @@ class SynthSpec:
         return self.dim // self.heads
 
     @property
+    def window(self) -> int:
+        """The attention window the model has: ``sliding_window``, or for Gemma 2 (which
+        always slides) transformers' and llama.cpp's default 4096 when it is 0."""
+        if self.arch == "gemma2" and not self.sliding_window:
+            return 4096
+        return self.sliding_window
+
+    @property
+    def hf_head_dim(self) -> int | None:
+        """``head_dim`` as the family's config class stores it: None for Mistral (whose
+        class keeps null), Falcon, OPT and Qwen2 (which have no such key), else the size."""
+        if self.arch in ("mistral", "bamboo", "falcon", "opt", "qwen2"):
+            return None
+        return self.head_dim
+
+    @property
     def rope_dims(self) -> int:
         """Values of each head that RoPE rotates (HF's ``int(head_dim * partial_rotary)``)."""
         return int(self.head_dim * self.partial_rotary)
@@ -160,7 +176,7 @@ class SynthSpec:
             raise ShapeError("dim must be a multiple of heads with an even head_dim")
         if self.heads % self.kv_heads:
             raise ShapeError("heads must be a multiple of kv_heads")
-        if self.activation not in ("relu", "silu", "gelu"):
+        if self.activation not in ("relu", "silu", "gelu", "gelu_erf"):
             raise UnsupportedError(f"activation {self.activation!r}")
         if not 0.0 < self.active < 1.0:
             raise ShapeError("active must lie in (0, 1)")
@@ -186,6 +202,14 @@ class SynthSpec:
         if self.arch in ("gemma2", "opt") and not self.tie:
             # llama.cpp's gemma2 and PowerInfer's opt always read the head from token_embd.
             raise ShapeError(f"{self.arch} ties its output head to the embeddings: pass tie=True")
+        # What llama.cpp's converter cannot write for the family (so no file of it exists).
+        if self.arch in ("gemma2", "falcon") and self.rope_theta != 10000.0:
+            raise ShapeError(f"{self.arch}: llama.cpp's converter writes no RoPE base (10000)")
+        if self.arch in ("gemma2", "falcon") and self.rope_scaling != "none":
+            raise ShapeError(f"{self.arch}: llama.cpp's converter writes no {self.rope_scaling}")
+        if self.arch == "falcon" and self.kv_heads not in (1, self.heads):
+            # The 7B layout: multi-query, or one K/V head per query head.
+            raise ShapeError("falcon has 1 KV head or one per query head")
 
     def model_config(self) -> ModelConfig:
         """The config the GGUF loader reads from this model's file (also a model shape for the
@@ -210,7 +234,7 @@ class SynthSpec:
             tie_embeddings=self.tie,
             qkv_bias=f.qkv_bias,
             qk_norm=f.qk_norm,
-            sliding_window=self.sliding_window,
+            sliding_window=self.window,
             swa_pattern=f.swa_pattern,
             rope_theta_local=f.rope_local,
             post_norms=f.post_norms,

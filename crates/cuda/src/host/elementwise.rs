@@ -3,7 +3,7 @@
 use crate::layout::Act;
 
 /// `act(x)`, the formulas of common.cuh: ReLU `max(x, 0)`, SiLU `x / (1 + e^−x)`, GELU's tanh
-/// approximation.
+/// approximation, the exact GELU `x (1 + erf(x / √2)) / 2`.
 pub(super) fn apply_act(act: Act, x: f32) -> f32 {
     match act {
         Act::None => x,
@@ -13,6 +13,7 @@ pub(super) fn apply_act(act: Act, x: f32) -> f32 {
             const C: f32 = 0.797_884_6; // sqrt(2/pi)
             0.5 * x * (1.0 + (C * (x + 0.044_715 * x * x * x)).tanh())
         }
+        Act::GeluErf => 0.5 * x * (1.0 + libm::erff(x * std::f32::consts::FRAC_1_SQRT_2)),
     }
 }
 

@@ -84,11 +84,12 @@ pub(super) fn act_ref(act: Act, x: f32) -> f32 {
         Act::Relu => Activation::Relu.apply(x),
         Act::Silu => Activation::Silu.apply(x),
         Act::Gelu => Activation::Gelu.apply(x),
+        Act::GeluErf => Activation::GeluErf.apply(x),
     }
 }
 
 /// Every activation code.
-pub(super) const ACTS: [Act; 4] = [Act::None, Act::Relu, Act::Silu, Act::Gelu];
+pub(super) const ACTS: [Act; 5] = [Act::None, Act::Relu, Act::Silu, Act::Gelu, Act::GeluErf];
 
 /// One layer's hot neurons in slabs on the host backend, with the weights they came from.
 pub(super) struct Hot {
