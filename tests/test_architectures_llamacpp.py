@@ -1,7 +1,8 @@
 """Every family's GGUF against llama.cpp (llama-cpp-python; skipped when it is not installed):
-a tiny random-weight F32 file written by our synthetic writer with llama.cpp's architecture,
-keys and tensor names, run by llama.cpp with an F32 KV cache. Logits within 1e-4 at every
-position, and 32 greedy tokens identical.
+a tiny random-weight F32 file written by our synthetic writer with exactly the keys and tensor
+names llama.cpp's converter writes for the architecture (no key of ours, so the activation and
+every other default are the loader's), run by llama.cpp with an F32 KV cache. Logits within
+1e-4 at every position, and 32 greedy tokens identical.
 
 Gemma's GELU: ggml's CPU GELU reads a table over f16 inputs (f16 results), which moves
 llama.cpp's logits by a few 1e-4 from the exact function. There the float64 reference with the
@@ -20,6 +21,7 @@ from test_architectures import ARCHS as FAMILY_ARGS
 
 from powerinfer_rs import Engine
 from powerinfer_rs.loading import load_model
+from powerinfer_rs.loading.gguf_loader import open_gguf
 
 import reference
 
@@ -73,6 +75,8 @@ def test_logits_and_greedy_tokens_match_llama_cpp(synth_gguf, arch):
     gelu = arch in GELU_FAMILIES
     act = "gelu" if gelu else "silu"
     path = synth_gguf(dtype="F32", activation=act, arch=arch, seed=11, **ARCHS[arch])
+    # The file as llama.cpp's converter writes it: every default is the loader's own.
+    assert not [k for k in open_gguf(path).metadata if k.startswith("powerinfer_rs.")]
     model = load_model(path)
     prompt = [int(t) for t in np.random.default_rng(2).integers(3, model.config.vocab_size, 12)]
     llm = open_llama(path, 64)

@@ -165,9 +165,11 @@ _MISTRAL_HF["max_position_embeddings"] = 4096 * 32
 # Qwen2Config / Qwen3Config: 32 KV heads, 32768 positions, no token ids; Qwen3 head_dim 128.
 _QWEN_HF = {**_LLAMA_HF, "num_key_value_heads": 32, "max_position_embeddings": 32768}
 _QWEN_HF.update(bos_token_id=None, eos_token_id=None)
+del _QWEN_HF["head_dim"]  # Qwen2Config has none (the modeling code's hidden // heads)
 # Phi3Config: eps 1e-5, 4096 positions, eos 32000, no window.
 _PHI3_HF = {**_LLAMA_HF, "rms_norm_eps": 1e-5, "max_position_embeddings": 4096}
 _PHI3_HF.update(eos_token_id=32000, sliding_window=None, partial_rotary_factor=1.0)
+del _PHI3_HF["head_dim"]
 # Gemma2Config / Gemma3TextConfig: the activation is read from hidden_activation only (their
 # modeling code never looks at hidden_act), head_dim 256, 4 KV heads, tied head, window 4096,
 # query_pre_attn_scalar 256, bos 2 / eos 1; Gemma 2 soft-caps 50 / 30 and 8192 positions,

@@ -77,7 +77,7 @@ def family_fields(fam: Family, cfg: dict[str, Any]) -> dict[str, Any]:
     if fam.name == "opt":
         if not cfg.get("do_layer_norm_before", True):
             raise UnsupportedError("OPT with do_layer_norm_before false (post-norm, OPT-350m)")
-        if cfg.get("word_embed_proj_dim", cfg.get("hidden_size")) != cfg.get("hidden_size"):
+        if (cfg.get("word_embed_proj_dim") or cfg.get("hidden_size")) != cfg.get("hidden_size"):
             raise UnsupportedError("OPT with word_embed_proj_dim != hidden_size (project_in/out)")
         if not cfg.get("enable_bias", True):
             raise UnsupportedError("OPT without biases")

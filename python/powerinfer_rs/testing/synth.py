@@ -99,7 +99,7 @@ def _hf_config(spec: SynthSpec, torch_dtype: str) -> dict[str, Any]:
         out.update(intermediate_size=s.ffn, num_key_value_heads=s.kv_heads)
         out.update(rms_norm_eps=s.rms_eps, rope_theta=s.rope_theta)
         out["hidden_activation" if f.post_norms else "hidden_act"] = _hf_act(s)
-        if f.name != "gemma2":
+        if f.name not in ("gemma2", "mistral") or s.rope_scaling != "none":
             out["rope_scaling"] = _hf_rope(s)
     # PretrainedConfig's fields: tie_word_embeddings (default True) and the token ids (None).
     if not s.tie or f.name in ("llama", "mistral", "bamboo", "qwen2", "qwen3", "phi3"):
@@ -386,8 +386,10 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
 
     2-D weights are stored in ``dtype`` (norms and biases always F32; K-quants, mixes and
     their fallbacks as :mod:`.synth_types` says); for llama, q/k rows are permuted as llama.cpp's
-    converter does (with partial RoPE only the rotated rows of each head). The activation is
-    recorded as ``powerinfer_rs.activation`` (llama.cpp ignores the key and always runs SiLU).
+    converter does (with partial RoPE only the rotated rows of each head). The keys are the
+    converter's for the family (:func:`add_converter_metadata`); an activation other than the
+    family's own (llama.cpp's graphs: SiLU, GELU for Gemma and Falcon) is recorded as
+    ``powerinfer_rs.activation``, which llama.cpp ignores.
     RoPE as llama.cpp's converter writes it: ``rope.dimension_count`` = the rotated dims,
     linear scaling as ``rope.scaling.type``/``factor``, llama3 scaling as an F32
     ``rope_freqs.weight`` of the per-pair factors. Returns ``out_path``.
@@ -487,7 +489,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0.1,
         help="mean fraction of FFN neurons active per token (planted)",
     )
-    ap.add_argument("--activation", choices=["relu", "silu", "gelu"], default="relu")
+    ap.add_argument(
+        "--activation",
+        choices=["relu", "silu", "gelu", "gelu_erf"],
+        default="relu",
+        help="FFN activation (gelu: the tanh form; gelu_erf: the exact one). GGUF files carry "
+        "powerinfer_rs.activation only when it is not the family's own",
+    )
     ap.add_argument(
         "--arch", choices=[f.name for f in FAMILIES], default="llama", help="model family"
     )
