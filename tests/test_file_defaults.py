@@ -401,3 +401,39 @@ def test_hf_falcon_with_a_kv_head_per_query_head_is_reordered(synth_hf, synth_gg
     a, b = Engine(hf, threads=2).logits(ids), Engine(gg, threads=2).logits(ids)
     assert np.linalg.norm(a - b) / np.linalg.norm(b) <= 1e-5
     assert np.linalg.norm(a - reference_logits(gg, ids)) / np.linalg.norm(b) <= 1e-5
+
+
+# --------------------------------------------------------------------------- transformers 5
+def _as_v5(cfg: dict) -> dict:
+    """config.json as transformers 5 saves it: the RoPE keys inside ``rope_parameters``."""
+    out = {k: v for k, v in cfg.items() if k not in ("rope_theta", "rope_scaling")}
+    glob = {"rope_type": "default", **(cfg.get("rope_scaling") or {})}
+    glob["rope_theta"] = cfg["rope_theta"]
+    if "partial_rotary_factor" in cfg:
+        glob["partial_rotary_factor"] = out.pop("partial_rotary_factor")
+    if "rope_local_base_freq" in cfg:
+        local = {"rope_type": "default", "rope_theta": out.pop("rope_local_base_freq")}
+        out["rope_parameters"] = {"full_attention": glob, "sliding_attention": local}
+    else:
+        out["rope_parameters"] = glob
+    return out
+
+
+@pytest.mark.parametrize(
+    ("name", "kw"),
+    [
+        ("qwen3", {"rope_theta": 1e6}),
+        ("llama", {"rope_scaling": "llama3", "rope_factor": 8.0}),
+        ("phi3", {"partial_rotary": 0.5}),
+        ("gemma3", {"rope_theta": 1e6, "rope_scaling": "linear", "rope_factor": 8.0}),
+    ],
+)
+def test_transformers_5_rope_parameters_read_as_the_4x_keys(synth_hf, name, kw):
+    """A config saved by transformers 5 keeps RoPE's base and scaling in rope_parameters:
+    the same model as the 4.x spelling (the defaults alone would give another base)."""
+    cfg = json.loads((_write(synth_hf, name, **kw) / "config.json").read_text())
+    v5 = _as_v5(cfg)
+    assert "rope_theta" not in v5 and "rope_parameters" in v5
+    assert config_from_hf(v5) == config_from_hf(cfg)
+    without = {k: v for k, v in v5.items() if k != "rope_parameters"}
+    assert config_from_hf(without) != config_from_hf(cfg)

@@ -28,7 +28,7 @@ from .archs import (
     split_fused,
 )
 from .hf_families import falcon_qkv_in_order, family_fields, gemma_fields, number
-from .rope import hf_rope_fields
+from .rope import hf_rope_fields, rope_parameters_v4
 from .safetensors_mmap import RawTensor, read_safetensors
 from .types import LoadedModel, ModelConfig, TensorData, check_tensors, fingerprint
 
@@ -130,7 +130,8 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
             f"architecture {archs or mtype!r} is not supported "
             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
         )
-    cfg = {**fam.hf_defaults, **cfg}
+    # transformers 5's rope_parameters in 4.x's keys (a 4.x key in the file wins).
+    cfg = {**fam.hf_defaults, **rope_parameters_v4(cfg), **cfg}
     if (cfg.get("attention_bias") or cfg.get("mlp_bias")) and not fam.biases():
         raise UnsupportedError("attention/MLP biases are not supported")
     if cfg.get("use_sliding_window"):

@@ -117,6 +117,33 @@ def _scaling_name(scaling: dict[str, Any]) -> Any:
     return scaling.get("rope_type", scaling.get("type"))
 
 
+def rope_parameters_v4(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The RoPE keys of a config.json saved by transformers 5 (``rope_parameters``: one dict
+    with ``rope_theta``, ``rope_type`` and the scaling's own keys, or one per layer type,
+    ``full_attention`` and ``sliding_attention``) in the 4.x spelling: ``rope_theta``,
+    ``rope_scaling``, ``partial_rotary_factor`` and (the sliding layers' base)
+    ``rope_local_base_freq``. Empty when the file has no ``rope_parameters``."""
+    rp = cfg.get("rope_parameters")
+    if rp is None:
+        return {}
+    if not isinstance(rp, dict):
+        raise ModelFileError(f"config.json: 'rope_parameters' must be an object, got {rp!r:.80}")
+    local = None
+    if "full_attention" in rp or "sliding_attention" in rp:
+        glob, local = rp.get("full_attention") or {}, rp.get("sliding_attention")
+    else:
+        glob = rp
+    if not isinstance(glob, dict) or not isinstance(local, (dict, type(None))):
+        raise ModelFileError(f"config.json: 'rope_parameters' is malformed: {rp!r:.200}")
+    out: dict[str, Any] = {"rope_scaling": glob}
+    for key in ("rope_theta", "partial_rotary_factor"):
+        if key in glob:
+            out[key] = glob[key]
+    if local is not None and "rope_theta" in local:
+        out["rope_local_base_freq"] = local["rope_theta"]
+    return out
+
+
 def hf_rope_fields(cfg: dict[str, Any], head_dim: int, theta: float) -> dict[str, Any]:
     """The RoPE fields of a ``config.json`` (``partial_rotary_factor``, ``rope_scaling``)."""
     rope_dims = head_dim
