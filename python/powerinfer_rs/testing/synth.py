@@ -275,17 +275,26 @@ def add_llama_metadata(
     ``tokenizer_pre`` "gpt-2" is llama.cpp's name for the GPT-2 split, PowerInfer's converter
     writes "gpt2")."""
     w.add_name(name)
-    w.add_block_count(spec.layers)
-    w.add_context_length(spec.max_context)
-    w.add_embedding_length(spec.dim)
-    w.add_feed_forward_length(spec.ffn)
-    w.add_head_count(spec.heads)
-    w.add_head_count_kv(spec.kv_heads)
-    w.add_rope_dimension_count(spec.rope_dims)
-    w.add_rope_freq_base(spec.rope_theta)
-    w.add_layer_norm_rms_eps(spec.rms_eps)
-    w.add_file_type(file_type)
+    _add_llama_hparams(w, spec, file_type)
     add_tokenizer(w, spec, tokenizer_pre)
+
+
+def _add_sizes(w: Any, s: SynthSpec) -> None:
+    """The size keys every converter writes."""
+    w.add_block_count(s.layers)
+    w.add_context_length(s.max_context)
+    w.add_embedding_length(s.dim)
+    w.add_feed_forward_length(s.ffn)
+    w.add_head_count(s.heads)
+    w.add_head_count_kv(s.kv_heads)
+
+
+def _add_llama_hparams(w: Any, s: SynthSpec, file_type: int) -> None:
+    _add_sizes(w, s)
+    w.add_rope_dimension_count(s.rope_dims)
+    w.add_rope_freq_base(s.rope_theta)
+    w.add_layer_norm_rms_eps(s.rms_eps)
+    w.add_file_type(file_type)
 
 
 def add_converter_metadata(w: Any, spec: SynthSpec, name: str, file_type: int) -> None:
@@ -312,16 +321,12 @@ def add_converter_metadata(w: Any, spec: SynthSpec, name: str, file_type: int) -
     w.add_quantization_version(2)
     arch = f.gguf_arch
     if arch in ("bamboo", "opt"):  # PowerInfer's own converter
-        add_llama_metadata(w, spec, name="", file_type=file_type)
+        _add_llama_hparams(w, spec, file_type)
         if f.layer_norm:
             w.add_layer_norm_eps(spec.rms_eps)
+        add_tokenizer(w, spec, "gpt-2")
         return
-    w.add_block_count(s.layers)
-    w.add_context_length(s.max_context)
-    w.add_embedding_length(s.dim)
-    w.add_feed_forward_length(s.ffn)
-    w.add_head_count(s.heads)
-    w.add_head_count_kv(s.kv_heads)
+    _add_sizes(w, s)
     partial = s.rope_dims != s.head_dim
     if arch == "phi3":  # conversion/phi.py Phi3MiniModel
         w.add_rope_scaling_orig_ctx_len(4096)  # Phi3Config's original_max_position_embeddings
