@@ -21,6 +21,8 @@ def dequantize(dtype: str, data: np.ndarray, cols: int) -> np.ndarray:
     """Decode rows of ``cols`` weights in ``dtype`` (2-D uint8) to float32 (rows, cols)."""
 
 built_with_cuda: bool
+built_with_emu: bool
+"""Whether this build has device="gpu-emu" (the CUDA kernels run on the CPU by the emulator)."""
 
 def cuda_available() -> bool:
     """Whether a CUDA driver and at least one device are present."""

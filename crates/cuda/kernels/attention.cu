@@ -20,13 +20,15 @@ extern "C" __global__ void kv_store(const float* k, const float* v, int kv_dim, 
     cache_k[(i64)pos * kv_dim + i] = f32_to_f16(k[i]);
     cache_v[(i64)pos * kv_dim + i] = f32_to_f16(v[i]);
 }
+EMU_ENTRY(kv_store)
 
 extern "C" __global__ void attention_decode(const float* q, const u16* cache_k, const u16* cache_v,
                                             int n_pos, int n_heads, int n_kv_heads, int head_dim,
                                             float scale, float* out) {
-    __shared__ float qs[ATT_MAX_HEAD_DIM];
-    __shared__ float wm[ATT_WARPS], wl[ATT_WARPS];
-    __shared__ float wacc[ATT_WARPS][ATT_MAX_HEAD_DIM];
+    SHARED_ARRAY(float, qs, [ATT_MAX_HEAD_DIM]);
+    SHARED_ARRAY(float, wm, [ATT_WARPS]);
+    SHARED_ARRAY(float, wl, [ATT_WARPS]);
+    SHARED_ARRAY(float, wacc, [ATT_WARPS][ATT_MAX_HEAD_DIM]);
     const int h = blockIdx.x;
     const int kvh = h / (n_heads / n_kv_heads);
     const int kv_dim = n_kv_heads * head_dim;
@@ -77,3 +79,4 @@ extern "C" __global__ void attention_decode(const float* q, const u16* cache_k, 
         out[(i64)h * head_dim + i] = o / denom;
     }
 }
+EMU_ENTRY(attention_decode)

@@ -26,7 +26,8 @@
         } else if (s != 0.0f) {                                                                 \
             atomicAdd(&y[c], s);                                                                \
         }                                                                                       \
-    }
+    }                                                                                           \
+    EMU_ENTRY(axpy_rows_##NAME)
 
 AXPY_ROWS(f32)
 AXPY_ROWS(f16)

@@ -22,6 +22,14 @@
 // Every field lies at an even offset of its block and every block size is even, so rows need
 // only the 2-byte alignment layout.rs checks (f16 fields through ld_u16, the rest bytewise).
 
+// Built for the GPU by NVRTC, or for the CPU after emu/cuda_emu.h (gpu-emu), which defines the
+// three macros below its own way; everything else of these sources means the same in both.
+#ifndef EMU_ENTRY
+#define SHARED_ARRAY(T, name, dims) __shared__ T name dims
+#define DYNAMIC_SHARED(T, name) extern __shared__ T name[]
+#define EMU_ENTRY(kernel)
+#endif
+
 typedef unsigned char u8;
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -35,16 +43,24 @@ typedef long long i64;
 
 // f16 bits -> f32 (the cvt instruction exists on every architecture NVRTC targets).
 __device__ __forceinline__ float f16_to_f32(u16 h) {
+#ifdef __CUDA_ARCH__
     float f;
     asm("{ cvt.f32.f16 %0, %1; }" : "=f"(f) : "h"(h));
     return f;
+#else
+    return emu::f16_to_f32(h);
+#endif
 }
 
 // f32 -> f16 bits, round to nearest even.
 __device__ __forceinline__ u16 f32_to_f16(float f) {
+#ifdef __CUDA_ARCH__
     u16 h;
     asm("{ cvt.rn.f16.f32 %0, %1; }" : "=h"(h) : "f"(f));
     return h;
+#else
+    return emu::f32_to_f16(f);
+#endif
 }
 
 // bf16 bits -> f32: the upper half of an f32.

@@ -10,13 +10,16 @@ extern "C" __global__ void act_mul(float* g, const float* u, int n, int act) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) g[i] = apply_act(act, g[i]) * u[i];
 }
+EMU_ENTRY(act_mul)
 
 extern "C" __global__ void add(float* y, const float* x, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] += x[i];
 }
+EMU_ENTRY(add)
 
 extern "C" __global__ void threshold_mask(float* h, int n, float t) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n && fabsf(h[i]) < t) h[i] = 0.0f;
 }
+EMU_ENTRY(threshold_mask)

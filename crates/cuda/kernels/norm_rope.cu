@@ -16,7 +16,7 @@ struct RopeFreqs {
 };
 
 extern "C" __global__ void rms_norm(const float* x, const float* w, int n, float eps, float* out) {
-    __shared__ float partial[WARP];
+    SHARED_ARRAY(float, partial, [WARP]);
     const float* xr = x + (i64)blockIdx.x * n;
     float* o = out + (i64)blockIdx.x * n;
     float ss = 0.0f;
@@ -34,6 +34,7 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, int n, float
     const float scale = rsqrtf(partial[0] / (float)n + eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = xr[i] * scale * w[i];
 }
+EMU_ENTRY(rms_norm)
 
 extern "C" __global__ void rope(float* x, int n_heads, int head_dim, int n_pairs, int pos,
                                 RopeFreqs inv, int neox) {
@@ -50,3 +51,4 @@ extern "C" __global__ void rope(float* x, int n_heads, int head_dim, int n_pairs
     h[a] = x0 * cf - x1 * sf;
     h[b] = x0 * sf + x1 * cf;
 }
+EMU_ENTRY(rope)

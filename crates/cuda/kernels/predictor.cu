@@ -11,7 +11,7 @@
     extern "C" __global__ void predictor_fc2_##NAME(                                            \
         const u8* fc2_t, RowLayout l, const float* hidden, int rank, int ffn, float threshold,  \
         int* flags, float* logits) {                                                            \
-        extern __shared__ float hs[];                                                           \
+        DYNAMIC_SHARED(float, hs);                                                              \
         for (int i = threadIdx.x; i < rank; i += blockDim.x) hs[i] = hidden[i];                 \
         __syncthreads();                                                                        \
         const int j = blockIdx.x * blockDim.x + threadIdx.x;                                    \
@@ -23,7 +23,8 @@
         }                                                                                       \
         flags[j] = s >= threshold ? 1 : 0;                                                      \
         if (logits) logits[j] = s;                                                              \
-    }
+    }                                                                                           \
+    EMU_ENTRY(predictor_fc2_##NAME)
 
 PREDICTOR_FC2(f32)
 PREDICTOR_FC2(f16)
@@ -43,7 +44,7 @@ PREDICTOR_FC2(q6_k)
 // Launch: gridDim.x = 1, blockDim.x = 1024.
 #define COMPACT_THREADS 1024
 extern "C" __global__ void compact_flags(const int* flags, int n, int* out, int* count) {
-    __shared__ int sums[COMPACT_THREADS];
+    SHARED_ARRAY(int, sums, [COMPACT_THREADS]);
     const int t = threadIdx.x;
     const int per = (n + COMPACT_THREADS - 1) / COMPACT_THREADS;
     const int b = min(n, t * per), e = min(n, b + per);
@@ -64,6 +65,7 @@ extern "C" __global__ void compact_flags(const int* flags, int n, int* out, int*
     }
     if (t == COMPACT_THREADS - 1) *count = sums[t];
 }
+EMU_ENTRY(compact_flags)
 
 // Per-neuron flags of a hot-neuron layout: slot_flags[r] = flags[id(r)] for r in 0..n (which
 // hot slots the predictor marked active), and flags[id] cleared for every hot neuron, in place,
@@ -81,3 +83,4 @@ extern "C" __global__ void split_hot_flags(const u8* ids_base, RowLayout ids_l, 
     slot_flags[r] = flags[id];
     flags[id] = 0;
 }
+EMU_ENTRY(split_hot_flags)

@@ -41,7 +41,7 @@ __device__ __forceinline__ bool row_active(const u8* ids_base, RowLayout ids_l, 
     extern "C" __global__ void sparse_matvec_##NAME(                                            \
         const u8* w, RowLayout l, const float* x, int cols, const int* idx, int n,             \
         const u8* ids_base, RowLayout ids_l, const int* flags, int act, float* y) {             \
-        extern __shared__ float xs[];                                                           \
+        DYNAMIC_SHARED(float, xs);                                                              \
         const float* xv = stage_x(xs, x, cols);                                                 \
         const int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;                         \
         const int end = min(n, (int)(blockIdx.x + 1) * ROWS_PER_BLOCK);                         \
@@ -53,7 +53,8 @@ __device__ __forceinline__ bool row_active(const u8* ids_base, RowLayout ids_l, 
             }                                                                                   \
             if (lane == 0) y[k] = s;                                                            \
         }                                                                                       \
-    }
+    }                                                                                           \
+    EMU_ENTRY(sparse_matvec_##NAME)
 
 // h[k] = act(dot(gate[row k], x)) * dot(up[row k], x): the fused gate/up pass of the FFN. The
 // up row is not read when the activated gate value is exactly 0 (ReLU), as on the CPU.
@@ -61,7 +62,7 @@ __device__ __forceinline__ bool row_active(const u8* ids_base, RowLayout ids_l, 
     extern "C" __global__ void gate_up_##NAME(                                                  \
         const u8* w, RowLayout gate_l, RowLayout up_l, const float* x, int cols,               \
         const int* idx, int n, RowLayout ids_l, const int* flags, int act, float* h) {          \
-        extern __shared__ float xs[];                                                           \
+        DYNAMIC_SHARED(float, xs);                                                              \
         const float* xv = stage_x(xs, x, cols);                                                 \
         const int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;                         \
         const int end = min(n, (int)(blockIdx.x + 1) * ROWS_PER_BLOCK);                         \
@@ -77,7 +78,8 @@ __device__ __forceinline__ bool row_active(const u8* ids_base, RowLayout ids_l, 
             }                                                                                   \
             if (lane == 0) h[k] = out;                                                          \
         }                                                                                       \
-    }
+    }                                                                                           \
+    EMU_ENTRY(gate_up_##NAME)
 
 SPARSE_MATVEC(f32)
 SPARSE_MATVEC(f16)

@@ -89,6 +89,13 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// Queue one kernel launch whose arguments [`crate::ops`] has checked.
     fn launch(&self, launch: Launch<'_, Self>, checked: Checked) -> Result<()>;
+
+    /// The address a kernel receives for `buf` (a device pointer; for the backends in host
+    /// memory, the host address of its first element), for a buffer the kernel only reads.
+    fn addr<T: Elem>(&self, buf: &Self::Buf<T>) -> u64;
+
+    /// [`Backend::addr`] of a buffer the kernel writes.
+    fn addr_mut<T: Elem>(&self, buf: &mut Self::Buf<T>) -> u64;
 }
 
 /// One kernel launch: a variant per `extern "C"` entry of `kernels/*.cu`, its fields the

@@ -1,6 +1,6 @@
 //! The CUDA device (feature `cuda`): a context and stream on one GPU, the kernel registry that
-//! compiles each module with NVRTC on first use (for the device's compute capability, through
-//! the PTX disk cache) and loads it lazily, its typed buffers ([`CudaBuffer`]), and the
+//! compiles every module with NVRTC when the device opens (a cubin for the device's compute
+//! capability, through the disk cache; PTX only for a GPU newer than NVRTC) and loads it, its typed buffers ([`CudaBuffer`]), and the
 //! [`Backend`] implementation: allocation (counted), copies (small ones through pinned staging,
 //! see [`crate::staging`]) and launches (`cuda_launch.rs`).
 
@@ -114,7 +114,7 @@ impl CudaDevice {
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
         let upload = Mutex::new(UploadStaging::new(&stream)?);
         let download = Mutex::new(DownloadStaging::new(&stream)?);
-        Ok(CudaDevice {
+        let dev = CudaDevice {
             inner: Arc::new(Inner {
                 ctx,
                 stream,
@@ -127,7 +127,13 @@ impl CudaDevice {
                 upload,
                 download,
             }),
-        })
+        };
+        // Every module now (compiled, or read from the disk cache, and loaded), so a missing
+        // NVRTC or a driver that refuses the image fails here and not at the first token.
+        for src in &crate::kernels::ALL {
+            dev.module(src)?;
+        }
+        Ok(dev)
     }
 
     /// Open a device by name: "cuda" (= "cuda:0") or "cuda:N".
@@ -154,6 +160,14 @@ impl CudaDevice {
         &self.inner.stream
     }
 
+    /// Make this device's context current on the calling thread (raw driver calls need it).
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.inner
+            .ctx
+            .bind_to_thread()
+            .map_err(driver_err("binding the CUDA context"))
+    }
+
     /// The kernel `entry` of module `src`, compiling and loading the module on first use.
     pub(crate) fn function(&self, src: &KernelSource, entry: &str) -> Result<CudaFunction> {
         let key = format!("{}::{entry}", src.name);
@@ -174,20 +188,21 @@ impl CudaDevice {
         }
         // Compiled outside the lock: NVRTC takes a while, and two threads racing here only cost
         // one redundant compile.
-        let ptx = nvrtc::compile_cached(src.name, &src.program(), self.inner.arch)?;
-        let module = self
-            .inner
-            .ctx
-            .load_module(Ptx::from_src(ptx))
-            .map_err(|e| {
-                let hint = if e.0 == CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION {
-                    " (the NVRTC library is newer than the GPU driver: update the driver or use an \
+        let image = nvrtc::compile_cached(src.name, &src.program(), self.inner.arch)?;
+        let kind = image.describe();
+        let code = match image {
+            nvrtc::Image::Cubin { data, .. } => Ptx::from_binary(data),
+            nvrtc::Image::Ptx { text, .. } => Ptx::from_src(text),
+        };
+        let module = self.inner.ctx.load_module(code).map_err(|e| {
+            let hint = if e.0 == CUresult::CUDA_ERROR_UNSUPPORTED_PTX_VERSION {
+                " (the NVRTC library is newer than the GPU driver: update the driver or use an \
                  NVRTC no newer than the driver's CUDA version)"
-                } else {
-                    ""
-                };
-                Error::Cuda(format!("loading module {}: {e:?}{hint}", src.name))
-            })?;
+            } else {
+                ""
+            };
+            Error::Cuda(format!("loading module {} ({kind}): {e:?}{hint}", src.name))
+        })?;
         Ok(lock(&self.inner.modules)
             .entry(src.name)
             .or_insert(module)
@@ -207,6 +222,7 @@ pub struct CudaBuffer<T> {
     /// Bytes counted in the device's total (len · size rounded up to 256).
     counted: usize,
     allocated: Arc<AtomicUsize>,
+    ctx: Arc<CudaContext>,
 }
 
 impl<T> DeviceSlice for CudaBuffer<T> {
@@ -217,6 +233,9 @@ impl<T> DeviceSlice for CudaBuffer<T> {
 
 impl<T> Drop for CudaBuffer<T> {
     fn drop(&mut self) {
+        // The free that follows (cudarc's drop of `data`) runs in this thread's current
+        // context: make it this buffer's, whichever device this thread used last.
+        let _ = self.ctx.bind_to_thread();
         self.allocated.fetch_sub(self.counted, Ordering::Relaxed);
     }
 }
@@ -301,6 +320,7 @@ impl Backend for CudaDevice {
             len,
             counted,
             allocated: self.inner.allocated.clone(),
+            ctx: self.inner.ctx.clone(),
         })
     }
 
@@ -358,5 +378,14 @@ impl Backend for CudaDevice {
 
     fn launch(&self, launch: Launch<'_, Self>, _checked: Checked) -> Result<()> {
         self.launch_kernel(launch)
+    }
+
+    fn addr<T: Elem>(&self, buf: &CudaBuffer<T>) -> u64 {
+        // Event tracking is off (see `new`): the guard records nothing when dropped.
+        buf.data.device_ptr(self.stream()).0
+    }
+
+    fn addr_mut<T: Elem>(&self, buf: &mut CudaBuffer<T>) -> u64 {
+        buf.data.device_ptr_mut(self.stream()).0
     }
 }

@@ -24,8 +24,12 @@ pub mod alloc_plan;
 pub mod backend;
 pub mod host;
 pub mod kernels;
+pub mod launch_spec;
 pub mod layout;
 pub mod ops;
+
+#[cfg(feature = "emu")]
+pub mod emu;
 
 #[cfg(feature = "cuda")]
 mod cuda_launch;
@@ -45,6 +49,8 @@ pub use stub::{device_count, driver_available, is_available, CudaDevice};
 
 pub use alloc_plan::{gpu_allocations, Allocation, LayerTensors, ModelTensors};
 pub use backend::{Backend, Checked, DeviceSlice, DeviceWeight, Elem, HotFfn, Launch};
+#[cfg(feature = "emu")]
+pub use emu::{emu_entries, EmuBackend, GPU_EMU};
 pub use host::{HostBackend, HostBuf};
 pub use kernels::{is_gpu_dtype, GPU_DTYPES};
 pub use layout::{
@@ -55,3 +61,5 @@ pub use ops::GpuOps;
 
 /// True when this build can drive a GPU (the `cuda` feature); a device may still be absent.
 pub const BUILT_WITH_CUDA: bool = cfg!(feature = "cuda");
+/// True when this build has the emulator (`device="gpu-emu"`, the `emu` feature).
+pub const BUILT_WITH_EMU: bool = cfg!(feature = "emu");

@@ -1,7 +1,14 @@
-//! NVRTC: finding and loading libnvrtc (CUDA 12 or 13), compiling a kernel source to PTX for one
-//! architecture, and the PTX disk cache (`~/.cache/powerinfer_rs/ptx/<name>-<hash>.ptx`, the hash
-//! covering the program text, the architecture and the NVRTC version, so a new source or
-//! compiler never reuses stale PTX).
+//! NVRTC: finding and loading libnvrtc (CUDA 12 or 13), compiling a kernel source for one GPU,
+//! and the disk cache of compiled kernels.
+//!
+//! [`compile_image`] builds a binary for the device's exact architecture (`sm_XX`, a cubin)
+//! whenever this NVRTC knows it (`nvrtcGetSupportedArchs`), so the driver loads it without
+//! reading PTX: PTX from NVRTC 12.9 is ISA 8.8, which drivers older than R575 refuse, and NVRTC
+//! 13's needs R580. For a GPU newer than every architecture NVRTC knows, it falls back to PTX
+//! for the newest one it knows, which the driver compiles. Images are cached on disk
+//! (`~/.cache/powerinfer_rs/kernels/<name>-<hash>.cubin` or `.ptx`), the hash covering the
+//! program text, the architecture, the kind of image and the NVRTC version, so a new source or
+//! compiler never reuses a stale one.
 //!
 //! libnvrtc is opened at run time by our own small loader (`libloading`), which binds only the
 //! nine functions we call. It tries, in order ([`candidates`]): the directory in
@@ -19,7 +26,7 @@ use powerinfer_core::{Error, Result};
 
 /// Environment variable naming a directory that holds `libnvrtc.so.13` or `libnvrtc.so.12`.
 pub const NVRTC_LIB_DIR: &str = "NVRTC_LIB_DIR";
-/// Environment variable overriding the PTX cache directory (`0` or empty: no disk cache).
+/// Environment variable overriding the kernel cache directory (`0` or empty: no disk cache).
 pub const PTX_CACHE_DIR: &str = "POWERINFER_PTX_CACHE";
 
 /// File names tried in a directory, newest CUDA first.
@@ -65,6 +72,10 @@ struct Nvrtc {
     compile_program: unsafe extern "C" fn(Program, c_int, *const *const c_char) -> NvrtcResult,
     get_ptx_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
     get_ptx: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
+    get_cubin_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
+    get_cubin: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
+    num_supported_archs: unsafe extern "C" fn(*mut c_int) -> NvrtcResult,
+    supported_archs: unsafe extern "C" fn(*mut c_int) -> NvrtcResult,
     get_log_size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
     get_log: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
     destroy_program: unsafe extern "C" fn(*mut Program) -> NvrtcResult,
@@ -97,6 +108,10 @@ impl Nvrtc {
             compile_program: bind!("nvrtcCompileProgram"),
             get_ptx_size: bind!("nvrtcGetPTXSize"),
             get_ptx: bind!("nvrtcGetPTX"),
+            get_cubin_size: bind!("nvrtcGetCUBINSize"),
+            get_cubin: bind!("nvrtcGetCUBIN"),
+            num_supported_archs: bind!("nvrtcGetNumSupportedArchs"),
+            supported_archs: bind!("nvrtcGetSupportedArchs"),
             get_log_size: bind!("nvrtcGetProgramLogSize"),
             get_log: bind!("nvrtcGetProgramLog"),
             destroy_program: bind!("nvrtcDestroyProgram"),
@@ -206,35 +221,132 @@ impl Drop for ProgramGuard<'_> {
 }
 
 impl ProgramGuard<'_> {
-    /// Read a size-then-bytes result (the PTX or the log) as a string.
+    /// Read a size-then-bytes result (the PTX, the cubin or the log).
+    fn bytes(
+        &self,
+        size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
+        get: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
+        what: &str,
+    ) -> Result<Vec<u8>> {
+        let mut n = 0usize;
+        // SAFETY: `prog` is a live program and `n` a valid out-pointer.
+        self.lib.check(unsafe { size(self.prog, &mut n) }, what)?;
+        let mut buf = vec![0u8; n.max(1)];
+        // SAFETY: `buf` holds the `n` bytes NVRTC said it will write.
+        self.lib
+            .check(unsafe { get(self.prog, buf.as_mut_ptr().cast()) }, what)?;
+        buf.truncate(n);
+        Ok(buf)
+    }
+
+    /// [`ProgramGuard::bytes`] of a NUL-terminated text (the PTX or the log).
     fn text(
         &self,
         size: unsafe extern "C" fn(Program, *mut usize) -> NvrtcResult,
         get: unsafe extern "C" fn(Program, *mut c_char) -> NvrtcResult,
         what: &str,
     ) -> Result<String> {
-        let mut n = 0usize;
-        // SAFETY: `prog` is a live program and `n` a valid out-pointer.
-        self.lib.check(unsafe { size(self.prog, &mut n) }, what)?;
-        let mut buf = vec![0u8; n.max(1)];
-        // SAFETY: `buf` holds the `n` bytes (including the NUL) NVRTC said it will write.
-        self.lib
-            .check(unsafe { get(self.prog, buf.as_mut_ptr().cast()) }, what)?;
+        let mut buf = self.bytes(size, get, what)?;
         let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
         buf.truncate(end);
         Ok(String::from_utf8_lossy(&buf).into_owned())
     }
 }
 
+/// The real architectures (`sm_XX` as XX) this NVRTC compiles binaries for, ascending.
+pub fn supported_archs() -> Result<Vec<u32>> {
+    let l = require_nvrtc()?;
+    let mut n: c_int = 0;
+    // SAFETY: `n` is a valid out-pointer.
+    l.check(
+        unsafe { (l.num_supported_archs)(&mut n) },
+        "nvrtcGetNumSupportedArchs",
+    )?;
+    let mut archs = vec![0 as c_int; n.max(0) as usize];
+    // SAFETY: `archs` holds the `n` ints NVRTC said it will write.
+    l.check(
+        unsafe { (l.supported_archs)(archs.as_mut_ptr()) },
+        "nvrtcGetSupportedArchs",
+    )?;
+    let mut out: Vec<u32> = archs.into_iter().map(|a| a.max(0) as u32).collect();
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// A compiled module: a binary for one architecture, or PTX the driver compiles.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Image {
+    /// An ELF cubin for `sm_<arch>`.
+    Cubin { arch: u32, data: Vec<u8> },
+    /// PTX for `compute_<arch>`.
+    Ptx { arch: u32, text: String },
+}
+
+impl Image {
+    /// "sm_90 cubin" or "compute_90 PTX", for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Image::Cubin { arch, .. } => format!("sm_{arch} cubin"),
+            Image::Ptx { arch, .. } => format!("compute_{arch} PTX"),
+        }
+    }
+}
+
+/// What [`compile_image`] builds for a device of `arch` when NVRTC supports `supported`: a cubin
+/// for `arch` itself when listed, else PTX for the newest listed architecture below it (the
+/// driver compiles that for the device); None when NVRTC knows nothing that old.
+pub fn image_kind(arch: u32, supported: &[u32]) -> Option<(bool, u32)> {
+    if supported.contains(&arch) {
+        return Some((true, arch));
+    }
+    supported
+        .iter()
+        .copied()
+        .filter(|&a| a <= arch)
+        .max()
+        .map(|a| (false, a))
+}
+
 /// Compile `program` to PTX for `compute_<arch>` (e.g. 80, 90). `name` labels errors; a
 /// compile error carries NVRTC's log.
 pub fn compile(name: &str, program: &str, arch: u32) -> Result<String> {
     let lib = require_nvrtc()?;
+    let guard = build(lib, name, program, &format!("compute_{arch}"))?;
+    guard.text(lib.get_ptx_size, lib.get_ptx, "nvrtcGetPTX")
+}
+
+/// Compile `program` to a cubin for `sm_<arch>` (an ELF image the driver loads as it is).
+pub fn compile_cubin(name: &str, program: &str, arch: u32) -> Result<Vec<u8>> {
+    let lib = require_nvrtc()?;
+    let guard = build(lib, name, program, &format!("sm_{arch}"))?;
+    guard.bytes(lib.get_cubin_size, lib.get_cubin, "nvrtcGetCUBIN")
+}
+
+/// The image for a device of compute capability `arch`: see [`image_kind`].
+pub fn compile_image(name: &str, program: &str, arch: u32) -> Result<Image> {
+    let supported = supported_archs()?;
+    match image_kind(arch, &supported) {
+        Some((true, a)) => Ok(Image::Cubin {
+            arch: a,
+            data: compile_cubin(name, program, a)?,
+        }),
+        Some((false, a)) => Ok(Image::Ptx {
+            arch: a,
+            text: compile(name, program, a)?,
+        }),
+        None => Err(Error::Cuda(format!(
+            "sm_{arch}: this NVRTC compiles for {supported:?} only (the GPU is too old for it)"
+        ))),
+    }
+}
+
+/// A compiled program for `--gpu-architecture=<target>`.
+fn build<'a>(lib: &'a Nvrtc, name: &str, program: &str, target: &str) -> Result<ProgramGuard<'a>> {
     let nul = |s: String| CString::new(s).map_err(|_| Error::Cuda(format!("{name}: NUL in text")));
     let src = nul(program.to_string())?;
     let file = nul(format!("{name}.cu"))?;
     let opts = [
-        nul(format!("--gpu-architecture=compute_{arch}"))?,
+        nul(format!("--gpu-architecture={target}"))?,
         nul("--std=c++17".into())?,
     ];
     let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
@@ -263,46 +375,60 @@ pub fn compile(name: &str, program: &str, arch: u32) -> Result<String> {
             .unwrap_or_default();
         let status = lib.check(r, "nvrtcCompileProgram").unwrap_err();
         return Err(Error::Cuda(format!(
-            "NVRTC failed to compile {name}.cu for compute_{arch} ({status}):\n{log}"
+            "NVRTC failed to compile {name}.cu for {target} ({status}):\n{log}"
         )));
     }
-    guard.text(lib.get_ptx_size, lib.get_ptx, "nvrtcGetPTX")
+    Ok(guard)
 }
 
-/// [`compile`] through the disk cache: reuse `<cache>/<name>-<hash>.ptx` when present, else
-/// compile and store it (a cache that cannot be written is skipped, never an error).
-pub fn compile_cached(name: &str, program: &str, arch: u32) -> Result<String> {
+/// [`compile_image`] through the disk cache: reuse `<cache>/<name>-<hash>.cubin` (or `.ptx`)
+/// when present and well-formed, else compile and store it (a cache that cannot be written is
+/// skipped, never an error).
+pub fn compile_cached(name: &str, program: &str, arch: u32) -> Result<Image> {
     let (major, minor) = nvrtc_version()?;
+    let Some((cubin, target)) = image_kind(arch, &supported_archs()?) else {
+        return compile_image(name, program, arch);
+    };
     let key = fnv1a(&[
         program.as_bytes(),
-        &arch.to_le_bytes(),
-        &[major as u8, minor as u8],
+        &target.to_le_bytes(),
+        &[u8::from(cubin), major as u8, minor as u8],
     ]);
-    let path = cache_dir().map(|d| d.join(format!("{name}-{key:016x}.ptx")));
-    if let Some(p) = &path {
-        if let Ok(text) = std::fs::read_to_string(p) {
-            if text.contains(".entry") {
-                return Ok(text);
-            }
+    let ext = if cubin { "cubin" } else { "ptx" };
+    let path = cache_dir().map(|d| d.join(format!("{name}-{key:016x}.{ext}")));
+    if let Some(bytes) = path.as_ref().and_then(|p| std::fs::read(p).ok()) {
+        if cubin && bytes.starts_with(b"\x7fELF") {
+            return Ok(Image::Cubin {
+                arch: target,
+                data: bytes,
+            });
+        }
+        if !cubin && bytes.windows(6).any(|w| w == b".entry") {
+            let text = String::from_utf8_lossy(&bytes).into_owned();
+            return Ok(Image::Ptx { arch: target, text });
         }
     }
-    let ptx = compile(name, program, arch)?;
+    let image = compile_image(name, program, arch)?;
     if let Some(p) = &path {
+        let bytes = match &image {
+            Image::Cubin { data, .. } => data.as_slice(),
+            Image::Ptx { text, .. } => text.as_bytes(),
+        };
         let tmp = p.with_extension(format!("tmp{}", std::process::id()));
         let ok = p
             .parent()
             .is_some_and(|d| std::fs::create_dir_all(d).is_ok())
-            && std::fs::write(&tmp, &ptx).is_ok();
+            && std::fs::write(&tmp, bytes).is_ok();
         // Rename so a concurrent reader never sees a half-written file.
         if !ok || std::fs::rename(&tmp, p).is_err() {
             let _ = std::fs::remove_file(&tmp);
         }
     }
-    Ok(ptx)
+    Ok(image)
 }
 
-/// `$POWERINFER_PTX_CACHE`, else `$XDG_CACHE_HOME/powerinfer_rs/ptx`, else
-/// `~/.cache/powerinfer_rs/ptx`; None when disabled or no home is known.
+/// `$POWERINFER_PTX_CACHE`, else `$XDG_CACHE_HOME/powerinfer_rs/kernels`, else
+/// `~/.cache/powerinfer_rs/kernels`; None when disabled or no home is known.
 fn cache_dir() -> Option<PathBuf> {
     if let Some(d) = std::env::var_os(PTX_CACHE_DIR) {
         return (!d.is_empty() && d != "0").then(|| PathBuf::from(d));
@@ -310,7 +436,7 @@ fn cache_dir() -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("powerinfer_rs").join("ptx"))
+    Some(base.join("powerinfer_rs").join("kernels"))
 }
 
 /// 64-bit FNV-1a over the parts (stable across Rust versions, unlike `DefaultHasher`).
@@ -330,6 +456,15 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cubin_for_the_exact_architecture_else_ptx_for_the_newest_known_below_it() {
+        let known = [75, 80, 86, 89, 90, 100, 120];
+        assert_eq!(image_kind(90, &known), Some((true, 90)));
+        assert_eq!(image_kind(87, &known), Some((false, 86)));
+        assert_eq!(image_kind(130, &known), Some((false, 120)));
+        assert_eq!(image_kind(70, &known), None);
+    }
 
     #[test]
     fn hash_separates_parts() {

@@ -19,13 +19,33 @@ const ABS_TOL: f32 = 1e-4;
 /// Tolerance of attention, whose keys and values pass through the f16 cache.
 const ATT_TOL: f32 = 2e-3;
 
-/// Run the generic test body `$body::<B>(&B)` on the host backend, then on every CUDA device.
+/// Run the generic test body `$body::<B>(&B)` on the host backend, on the emulator (feature
+/// `emu`: the kernels' own code on the CPU), then on every CUDA device.
 macro_rules! on_each_backend {
     ($body:ident) => {{
         let host = HostBackend::new();
         println!("running on {}", host.describe());
         $body(&host);
+        on_the_emulator!($body);
         on_each_cuda_device!($body);
+    }};
+}
+
+/// The emulator part of [`on_each_backend!`].
+#[cfg(feature = "emu")]
+macro_rules! on_the_emulator {
+    ($body:ident) => {{
+        let emu = powerinfer_cuda::EmuBackend::default();
+        println!("running on {}", emu.describe());
+        $body(&emu);
+    }};
+}
+
+/// The emulator part of [`on_each_backend!`] in a build without the `emu` feature.
+#[cfg(not(feature = "emu"))]
+macro_rules! on_the_emulator {
+    ($body:ident) => {{
+        println!("skipped: gpu-emu (built without the emu feature)");
     }};
 }
 

@@ -1,5 +1,6 @@
-//! Every kernel source compiles through NVRTC to PTX for the architectures we ship for, and the
-//! PTX exports every kernel the launch code names. Needs libnvrtc (CUDA 12 or 13) but no GPU:
+//! Every kernel source compiles through NVRTC to PTX for the architectures we ship for and to
+//! cubins for exact ones, the PTX exports every kernel, and every launch spec packs as many
+//! arguments, of the same widths, as its kernel's PTX declares. Needs libnvrtc (CUDA 12 or 13) but no GPU:
 //! found through `NVRTC_LIB_DIR`, the PyPI wheel `nvidia-cuda-nvrtc-cu12` (asked of `python3`),
 //! or the system search path; skipped with a printed reason when none is found.
 
@@ -8,7 +9,8 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-use powerinfer_cuda::{kernels, nvrtc};
+use powerinfer_cuda::launch_spec::{launch_spec, LaunchSpec};
+use powerinfer_cuda::{kernels, nvrtc, Act, Backend, HostBackend, Launch, RowLayout, GPU_DTYPES};
 
 /// Architectures compiled in CI (Ampere and Hopper; sm_75 Turing as the oldest we name).
 const ARCHS: [u32; 3] = [75, 80, 90];
@@ -96,86 +98,215 @@ fn compile_errors_carry_the_nvrtc_log() {
     assert!(matches!(err, powerinfer_core::Error::Cuda(_)));
 }
 
-/// The parameter count of every `.entry` in `ptx`.
-fn ptx_param_counts(ptx: &str) -> HashMap<String, usize> {
+/// The byte size of every parameter of every `.entry` in `ptx`, in order.
+fn ptx_params(ptx: &str) -> HashMap<String, Vec<usize>> {
     let mut out = HashMap::new();
     for chunk in ptx.split(".entry ").skip(1) {
         let name = chunk.split('(').next().unwrap_or("").trim().to_string();
         let params = chunk.split(')').next().unwrap_or("");
-        out.insert(name, params.matches(".param ").count());
+        let sizes = params
+            .split(".param ")
+            .skip(1)
+            .map(|p| {
+                if let Some(n) = p.split('[').nth(1) {
+                    n.split(']').next().unwrap().parse().unwrap()
+                } else if p.starts_with(".u64") || p.starts_with(".b64") || p.starts_with(".f64") {
+                    8
+                } else {
+                    4
+                }
+            })
+            .collect();
+        out.insert(name, sizes);
     }
     out
 }
 
-/// Each launch in `cuda_launch.rs`: the kernel it names (an entry, or a `prefix_` whose per-dtype
-/// entries it launches) and how many arguments it pushes between `launch_builder` and `launch`.
-fn launches(source: &str) -> Vec<(String, usize)> {
+/// The launch spec of every entry (per-format kernels in every GPU format), built by the one
+/// launch description CudaDevice and the emulator use, over host-backend buffers.
+fn every_spec() -> Vec<LaunchSpec> {
+    let dev = HostBackend::new();
+    let f = |n| dev.zeros::<f32>(n).unwrap();
+    let i = |n| dev.zeros::<i32>(n).unwrap();
+    let (w, x, idx) = (dev.zeros::<u8>(4096).unwrap(), f(64), i(8));
+    let l = RowLayout::dense(8, 128).unwrap();
     let mut out = Vec::new();
-    let mut entry_prefix = None;
-    let mut kernel: Option<String> = None;
-    let mut pushed: Option<usize> = None;
-    for line in source.lines() {
-        if let Some(rest) = line.split("format!(\"").nth(1) {
-            entry_prefix = rest.split("{}").next().map(str::to_string);
-        }
-        if let Some(rest) = line.split("self.function(&kernels::").nth(1) {
-            let named = rest.split('"').nth(1).map(str::to_string);
-            kernel = named.or_else(|| entry_prefix.clone());
-        }
-        if line.contains("launch_builder(") {
-            pushed = Some(0);
-        }
-        if let Some(n) = pushed.as_mut() {
-            *n += line.matches(".arg(").count() + line.matches("arg_opt!(").count();
-        }
-        if line.contains("b.launch(") {
-            let k = kernel
-                .take()
-                .expect("a launch without self.function before it");
-            out.push((k, pushed.take().expect("a launch without launch_builder")));
-        }
+    for dtype in GPU_DTYPES {
+        let (mut y, flags) = (f(64), i(64));
+        let launch = Launch::SparseMatvec {
+            dtype,
+            w: &w,
+            l,
+            x: &x,
+            cols: 64,
+            idx: Some(&idx),
+            n: 8,
+            ids: Some((&w, l)),
+            flags: Some(&flags),
+            act: Act::Silu,
+            y: &mut y,
+        };
+        out.push(launch_spec(&dev, launch).unwrap());
+        let launch = Launch::GateUp {
+            dtype,
+            w: &w,
+            gate_l: l,
+            up_l: l,
+            x: &x,
+            cols: 64,
+            idx: None,
+            n: 8,
+            ids_l: l,
+            flags: None,
+            act: Act::Relu,
+            h: &mut y,
+        };
+        out.push(launch_spec(&dev, launch).unwrap());
+        let launch = Launch::AxpyRows {
+            dtype,
+            w: &w,
+            l,
+            cols: 64,
+            idx: None,
+            a: &x,
+            n: 8,
+            y: &mut y,
+            splits: 2,
+        };
+        out.push(launch_spec(&dev, launch).unwrap());
+        let mut fl = i(64);
+        let launch = Launch::PredictorFc2 {
+            dtype,
+            fc2_t: &w,
+            l,
+            hidden: &x,
+            rank: 8,
+            ffn: 64,
+            threshold: 0.5,
+            flags: &mut fl,
+            logits: Some(&mut y),
+        };
+        out.push(launch_spec(&dev, launch).unwrap());
     }
+    let (mut a, mut b, mut c) = (i(64), i(64), f(64));
+    let launch = Launch::CompactFlags {
+        flags: &idx,
+        n: 8,
+        out: &mut a,
+        count: &mut b,
+    };
+    out.push(launch_spec(&dev, launch).unwrap());
+    let launch = Launch::SplitHotFlags {
+        ids_base: &w,
+        ids_l: l,
+        n: 8,
+        flags: &mut a,
+        slot_flags: &mut b,
+    };
+    out.push(launch_spec(&dev, launch).unwrap());
+    let launch = Launch::RmsNorm {
+        x: &x,
+        w: &x,
+        rows: 1,
+        n: 64,
+        eps: 1e-5,
+        out: &mut c,
+    };
+    out.push(launch_spec(&dev, launch).unwrap());
+    let launch = Launch::Rope {
+        x: &mut c,
+        n_heads: 2,
+        head_dim: 32,
+        pos: 3,
+        inv_freqs: &[1.0; 16],
+        neox: true,
+    };
+    out.push(launch_spec(&dev, launch).unwrap());
+    let (mut ck, mut cv) = (
+        dev.zeros::<u16>(256).unwrap(),
+        dev.zeros::<u16>(256).unwrap(),
+    );
+    let launch = Launch::KvStore {
+        k: &x,
+        v: &x,
+        kv_dim: 64,
+        pos: 1,
+        cache_k: &mut ck,
+        cache_v: &mut cv,
+    };
+    out.push(launch_spec(&dev, launch).unwrap());
+    let launch = Launch::AttentionDecode {
+        q: &x,
+        cache_k: &ck,
+        cache_v: &cv,
+        n_pos: 2,
+        n_heads: 2,
+        n_kv_heads: 1,
+        head_dim: 32,
+        scale: 0.2,
+        out: &mut c,
+    };
+    out.push(launch_spec(&dev, launch).unwrap());
+    let launch = Launch::ActMul {
+        g: &mut c,
+        u: &x,
+        n: 64,
+        act: Act::Gelu,
+    };
+    out.push(launch_spec(&dev, launch).unwrap());
+    out.push(
+        launch_spec(
+            &dev,
+            Launch::Add {
+                y: &mut c,
+                x: &x,
+                n: 64,
+            },
+        )
+        .unwrap(),
+    );
+    let launch = Launch::ThresholdMask {
+        h: &mut c,
+        n: 64,
+        t: 0.1,
+    };
+    out.push(launch_spec(&dev, launch).unwrap());
     out
 }
 
 #[test]
-fn every_launch_pushes_its_kernels_parameters() {
+fn every_launch_spec_packs_its_kernels_parameters_with_their_widths() {
     if !find_nvrtc() {
         return;
     }
     let mut params = HashMap::new();
     for src in kernels::ALL {
         let ptx = nvrtc::compile(src.name, &src.program(), 80).unwrap_or_else(|e| panic!("{e}"));
-        params.extend(ptx_param_counts(&ptx));
+        params.extend(ptx_params(&ptx));
     }
-    let launches = launches(include_str!("../src/cuda_launch.rs"));
-    assert!(
-        launches.len() >= 13,
-        "found only {} launches",
-        launches.len()
-    );
+    let specs = every_spec();
     let mut launched = std::collections::HashSet::new();
-    for (kernel, pushed) in &launches {
-        let entries: Vec<_> = params
-            .iter()
-            .filter(|(e, _)| *e == kernel || (kernel.ends_with('_') && e.starts_with(kernel)))
-            .collect();
-        assert!(
-            !entries.is_empty(),
-            "cuda_launch.rs launches {kernel}, which no module exports"
+    for spec in &specs {
+        let Some(want) = params.get(&spec.entry) else {
+            panic!("a launch of {}, which no module exports", spec.entry);
+        };
+        assert_eq!(
+            &spec.args.sizes(),
+            want,
+            "{}: argument widths against the PTX's parameters",
+            spec.entry
         );
-        for (entry, &n) in entries {
-            assert_eq!(
-                *pushed, n,
-                "cuda_launch.rs pushes {pushed} arguments to {entry}, whose PTX takes {n}"
-            );
-            launched.insert(entry.clone());
-        }
+        assert!(
+            spec.module.entries().contains(&spec.entry),
+            "{}",
+            spec.entry
+        );
+        launched.insert(spec.entry.clone());
     }
     let unlaunched: Vec<_> = params.keys().filter(|e| !launched.contains(*e)).collect();
     assert!(
         unlaunched.is_empty(),
-        "entries no launch covers: {unlaunched:?}"
+        "entries no spec covers: {unlaunched:?}"
     );
 }
 
@@ -186,39 +317,57 @@ fn rope_takes_its_angles_by_value_as_the_launch_passes_them() {
     }
     let src = kernels::NORM_ROPE;
     let ptx = nvrtc::compile(src.name, &src.program(), 80).unwrap_or_else(|e| panic!("{e}"));
-    // cuda_launch.rs's RopeFreqs: MAX_ROPE_PAIRS f64s, 8-byte aligned, the sixth argument.
+    // launch_spec.rs's RopeFreqs: MAX_ROPE_PAIRS f64s, 8-byte aligned, the sixth argument.
     let bytes = 8 * powerinfer_cuda::ops::MAX_ROPE_PAIRS;
     let want = format!(".param .align 8 .b8 rope_param_5[{bytes}]");
     assert!(ptx.contains(&want), "no {want:?} in the PTX of rope");
 }
 
 #[test]
-fn the_launch_scanner_sees_a_missing_argument() {
-    let src = r#"
-        let f = self.function(&kernels::PREDICTOR, "split_hot_flags")?;
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(&a).arg(&l)
-            .arg(&n);
-        arg_opt!(b, flags);
-        unsafe { b.launch(cfg(1, 1, 0)) }
-        let entry = format!("sparse_matvec_{}", dtype_suffix(w.dtype));
-        let f = self.function(&kernels::SPARSE_MATVEC, &entry)?;
-        let mut b = self.stream().launch_builder(&f);
-        b.arg(&x);
-        unsafe { b.launch(c) }
-    "#;
+fn the_ptx_parameter_reader_sees_each_width() {
+    let ptx = ".entry k(\n .param .u64 k_param_0,\n .param .align 8 .b8 k_param_1[24],\n \
+               .param .u32 k_param_2,\n .param .f32 k_param_3\n)\n{\n}\n.entry j()\n{\n}";
     assert_eq!(
-        launches(src),
-        [
-            ("split_hot_flags".to_string(), 4),
-            ("sparse_matvec_".to_string(), 1)
-        ]
+        ptx_params(ptx),
+        HashMap::from([("k".into(), vec![8, 24, 4, 4]), ("j".into(), vec![])])
     );
-    let ptx = ".entry k(\n .param .u64 k_param_0,\n .param .align 8 .b8 k_param_1[24]\n)\n{\n}\n.entry j()\n{\n}";
+}
+
+#[test]
+fn cubins_for_the_exact_architecture_cached_on_disk() {
+    if !find_nvrtc() {
+        return;
+    }
+    let archs = nvrtc::supported_archs().unwrap();
+    println!("NVRTC compiles binaries for {archs:?}");
+    for arch in [80, 90] {
+        assert!(archs.contains(&arch), "sm_{arch} missing from {archs:?}");
+        let src = kernels::ELEMENTWISE;
+        let cubin = nvrtc::compile_cubin(src.name, &src.program(), arch).unwrap();
+        assert!(cubin.starts_with(b"\x7fELF"), "sm_{arch}: not an ELF image");
+    }
+    // Through the cache: compiled once, then read back identical.
+    let dir = std::env::temp_dir().join(format!("powerinfer-kcache-{}", std::process::id()));
+    std::env::set_var(nvrtc::PTX_CACHE_DIR, &dir);
+    let src = kernels::NORM_ROPE;
+    let first = nvrtc::compile_cached(src.name, &src.program(), 90).unwrap();
+    assert!(
+        matches!(first, nvrtc::Image::Cubin { arch: 90, .. }),
+        "{}",
+        first.describe()
+    );
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+    assert_eq!(files.len(), 1);
+    assert!(files[0].file_name().to_string_lossy().ends_with(".cubin"));
     assert_eq!(
-        ptx_param_counts(ptx),
-        HashMap::from([("k".into(), 2), ("j".into(), 0)])
+        nvrtc::compile_cached(src.name, &src.program(), 90).unwrap(),
+        first
     );
+    // A GPU newer than every architecture NVRTC knows gets PTX for the newest it knows.
+    let newest = *archs.last().unwrap();
+    let ptx = nvrtc::compile_cached(src.name, &src.program(), newest + 1).unwrap();
+    assert!(matches!(ptx, nvrtc::Image::Ptx { arch, .. } if arch == newest));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

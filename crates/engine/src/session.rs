@@ -127,7 +127,8 @@ impl Session {
 
     /// Run the placement's GPU side on `device`: "cpu" (no GPU: the plan's neuron table is
     /// kept but everything runs on the CPU), "gpu-sim" (the host backend, for checking a GPU
-    /// plan without a GPU) or "cuda[:N]". `capacity` is the VRAM budget (and gpu-sim's memory
+    /// plan without a GPU), "gpu-emu" (the CUDA kernels run on the CPU by the emulator) or
+    /// "cuda[:N]". `capacity` is the VRAM budget (and gpu-sim's memory
     /// size). A GPU device needs a placement; a placement that puts nothing on the GPU runs
     /// the CPU path on any device. Errors leave the session on the CPU.
     pub fn set_device(&mut self, device: &str, capacity: Option<usize>) -> Result<()> {
@@ -140,7 +141,7 @@ impl Session {
         powerinfer_core::ensure!(
             hybrid::is_gpu_device(device),
             Unsupported,
-            "device {device:?}: expected \"cpu\", \"gpu-sim\", \"cuda\" or \"cuda:N\""
+            "device {device:?}: expected \"cpu\", \"gpu-sim\", \"gpu-emu\", \"cuda\" or \"cuda:N\""
         );
         let Some(placement) = self.placement.clone() else {
             powerinfer_core::bail!(
@@ -162,7 +163,7 @@ impl Session {
         Ok(())
     }
 
-    /// The device: "cpu", "gpu-sim", "cuda:N".
+    /// The device: "cpu", "gpu-sim", "gpu-emu", "cuda:N".
     pub fn device(&self) -> &str {
         &self.device
     }

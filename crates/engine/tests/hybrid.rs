@@ -34,9 +34,15 @@ fn tol(dtype: DType) -> f32 {
     }
 }
 
-/// The devices every test body runs on.
+/// The devices every test body runs on: gpu-sim, gpu-emu (the real kernels on the CPU, with the
+/// `emu` feature: `benchmarks/gpu/emu.sh`), and cuda where there is a GPU.
 fn devices() -> Vec<&'static str> {
     let mut d = vec!["gpu-sim"];
+    if powerinfer_cuda::BUILT_WITH_EMU {
+        d.push("gpu-emu");
+    } else {
+        println!("gpu-emu: skipped (built without the emu feature)");
+    }
     if powerinfer_cuda::is_available() {
         d.push("cuda");
     } else {

@@ -20,6 +20,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_device_count, m)?)?;
     m.add("built_with_cuda", powerinfer_cuda::BUILT_WITH_CUDA)?;
+    m.add("built_with_emu", powerinfer_cuda::BUILT_WITH_EMU)?;
     let formats = powerinfer_cuda::GPU_DTYPES.map(|d| d.name());
     m.add("GPU_DTYPES", pyo3::types::PyTuple::new(m.py(), formats)?)?;
     Ok(())

@@ -153,8 +153,10 @@ class Engine(Generation, PlanAndDevice):
         for another model and (VramBudgetError) when its GPU bytes exceed ``vram_budget`` (bytes
         or "8GiB") or the device's free memory. ``device``: "cpu" (default; runs only plans that
         put nothing on the GPU), "gpu-sim" (the plan's GPU side run by the host backend, in host
-        memory: a correctness tool for GPU plans on machines without one) or "cuda"/"cuda:N"
-        (the hybrid CPU+GPU executor); a GPU device needs a plan.
+        memory: a correctness tool for GPU plans on machines without one), "gpu-emu" (the same
+        with the real CUDA kernels run on the CPU by the emulator: slow, it checks a plan's
+        kernels without a GPU) or "cuda"/"cuda:N" (the hybrid CPU+GPU executor); a GPU device
+        needs a plan.
 
         ``mmap``: True reads the weights straight from the file's memory map (no copy); False
         copies every large tensor onto huge pages (faster sparse row reads, ~3-5% faster

@@ -104,13 +104,20 @@ class PlanAndDevice:
 
 
 def check_device(device: str) -> str:
-    """ "cpu", "gpu-sim" (a plan's GPU side in host memory), or "cuda"/"cuda:N" when that GPU
-    exists."""
+    """ "cpu", "gpu-sim" (a plan's GPU side in host memory, each kernel's contract in Rust),
+    "gpu-emu" (the real CUDA kernels run on the CPU by the emulator: slow, for checking a plan's
+    kernels without a GPU), or "cuda"/"cuda:N" when that GPU exists."""
     if not isinstance(device, str):
         raise UnsupportedError(
-            f"device must be 'cpu', 'gpu-sim', 'cuda' or 'cuda:N', got {device!r}"
+            f"device must be 'cpu', 'gpu-sim', 'gpu-emu', 'cuda' or 'cuda:N', got {device!r}"
         )
     if device in ("cpu", "gpu-sim"):
+        return device
+    if device == "gpu-emu":
+        if not getattr(_core, "built_with_emu", False):
+            raise UnsupportedError(
+                "gpu-emu: this build has no emulator (the `emu` feature); use device='gpu-sim'"
+            )
         return device
     if device == "cuda" or (
         device.startswith("cuda:") and device[5:].isascii() and device[5:].isdigit()
@@ -126,4 +133,6 @@ def check_device(device: str) -> str:
                 "the host"
             )
         return f"cuda:{ordinal}"
-    raise UnsupportedError(f"device {device!r} (use 'cpu', 'gpu-sim', 'cuda' or 'cuda:N')")
+    raise UnsupportedError(
+        f"device {device!r} (use 'cpu', 'gpu-sim', 'gpu-emu', 'cuda' or 'cuda:N')"
+    )

@@ -40,6 +40,8 @@ use view::{prefix, prefix_mut, Active, Picks, Rows};
 /// fit in; unlimited by default).
 #[derive(Debug)]
 pub struct HostBackend {
+    /// "gpu-sim", or "gpu-emu" for the emulator's memory (in messages).
+    name: &'static str,
     capacity: Option<usize>,
     /// Bytes held by live buffers (each rounded up to [`ALIGN`]); shared with every buffer,
     /// which gives its bytes back when dropped.
@@ -56,8 +58,18 @@ impl HostBackend {
     /// A host backend with no memory limit ([`Backend::mem_info`] then reports the host's RAM).
     pub fn new() -> HostBackend {
         HostBackend {
+            name: "gpu-sim",
             capacity: None,
             allocated: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Host memory named `name` in messages, with an optional capacity (the emulator's).
+    pub(crate) fn named(name: &'static str, capacity: Option<usize>) -> HostBackend {
+        HostBackend {
+            name,
+            capacity,
+            ..HostBackend::new()
         }
     }
 
@@ -92,8 +104,9 @@ impl HostBackend {
             .map(|_| ())
             .map_err(|cur| {
                 Error::VramBudget(format!(
-                    "gpu-sim: {} needs {bytes} bytes but only {} of the {cap}-byte capacity are \
+                    "{}: {} needs {bytes} bytes but only {} of the {cap}-byte capacity are \
                      free ({cur} allocated)",
+                    self.name,
                     what(),
                     cap.saturating_sub(cur)
                 ))
@@ -163,11 +176,17 @@ fn human(bytes: usize) -> String {
 }
 
 /// `at..at + n` inside a buffer of `len`, or a Shape error naming the copy.
-fn copy_range(op: &str, at: usize, n: usize, len: usize) -> Result<std::ops::Range<usize>> {
+fn copy_range(
+    name: &str,
+    op: &str,
+    at: usize,
+    n: usize,
+    len: usize,
+) -> Result<std::ops::Range<usize>> {
     match at.checked_add(n) {
         Some(end) if end <= len => Ok(at..end),
         _ => Err(Error::Shape(format!(
-            "gpu-sim {op}: {n} elements at {at} do not fit a buffer of {len}"
+            "{name} {op}: {n} elements at {at} do not fit a buffer of {len}"
         ))),
     }
 }
@@ -177,8 +196,8 @@ impl Backend for HostBackend {
 
     fn describe(&self) -> String {
         match self.capacity {
-            Some(cap) => format!("gpu-sim (capacity {})", human(cap)),
-            None => "gpu-sim".into(),
+            Some(cap) => format!("{} (capacity {})", self.name, human(cap)),
+            None => self.name.into(),
         }
     }
 
@@ -197,14 +216,15 @@ impl Backend for HostBackend {
             .checked_mul(size_of::<T>())
             .filter(|&b| b <= usize::MAX - ALIGN)
             .map(align)
-            .ok_or_else(|| Error::VramBudget(format!("gpu-sim: {} is too large", what())))?;
+            .ok_or_else(|| Error::VramBudget(format!("{}: {} is too large", self.name, what())))?;
         self.reserve(bytes, what)?;
         // From here the bytes are counted: the buffer (or the error path) gives them back.
         let mut data = Vec::new();
         if data.try_reserve_exact(len).is_err() {
             self.allocated.fetch_sub(bytes, Ordering::SeqCst);
             return Err(Error::VramBudget(format!(
-                "gpu-sim: host memory exhausted allocating {} ({bytes} bytes)",
+                "{}: host memory exhausted allocating {} ({bytes} bytes)",
+                self.name,
                 what()
             )));
         }
@@ -217,19 +237,27 @@ impl Backend for HostBackend {
     }
 
     fn write<T: Elem>(&self, host: &[T], dst: &mut HostBuf<T>, at: usize) -> Result<()> {
-        let range = copy_range("write", at, host.len(), dst.data.len())?;
+        let range = copy_range(self.name, "write", at, host.len(), dst.data.len())?;
         dst.data[range].copy_from_slice(host);
         Ok(())
     }
 
     fn read<T: Elem>(&self, src: &HostBuf<T>, at: usize, out: &mut [T]) -> Result<()> {
-        let range = copy_range("read", at, out.len(), src.data.len())?;
+        let range = copy_range(self.name, "read", at, out.len(), src.data.len())?;
         out.copy_from_slice(&src.data[range]);
         Ok(())
     }
 
     fn synchronize(&self) -> Result<()> {
         Ok(())
+    }
+
+    fn addr<T: Elem>(&self, buf: &HostBuf<T>) -> u64 {
+        buf.data.as_ptr() as u64
+    }
+
+    fn addr_mut<T: Elem>(&self, buf: &mut HostBuf<T>) -> u64 {
+        buf.data.as_mut_ptr() as u64
     }
 
     fn launch(&self, launch: Launch<'_, Self>, _checked: Checked) -> Result<()> {

@@ -1,8 +1,9 @@
 //! The hybrid CPU+GPU executor (PowerInfer's decode loop): the plan puts attention, predictors
 //! and hot neurons on a GPU; per layer of a decode step the GPU computes its part while the CPU
 //! computes the cold neurons that fire, and the two halves meet once. It is generic over the
-//! GPU backend, so the same code runs on `device="cuda"` and, in host memory, on
-//! `device="gpu-sim"`, where all of it is tested without a GPU.
+//! GPU backend, so the same code runs on `device="cuda"`, on `device="gpu-emu"` (the real
+//! kernels run on the CPU by the emulator, feature `emu`) and on `device="gpu-sim"` (each
+//! kernel's contract in plain Rust), where all of it is tested without a GPU.
 //!
 //! Batched passes (prefill, scoring, profiling) stay on the CPU; their K/V rows are uploaded to
 //! the GPU layers' caches before the next decode step ([`kv_sync`]).
@@ -27,6 +28,8 @@ pub use transfers::{TransferStats, Transfers};
 
 /// The device name of the host backend.
 pub const GPU_SIM: &str = "gpu-sim";
+/// The device name of the emulator (the CUDA kernels on the CPU; needs the `emu` feature).
+pub const GPU_EMU: &str = "gpu-emu";
 
 /// A hybrid executor on some backend, as a session holds it.
 pub trait Hybrid: Send {
@@ -60,9 +63,9 @@ pub trait Hybrid: Send {
     fn truncate(&mut self, len: usize);
 }
 
-/// Device names [`open`] accepts: "gpu-sim", "cuda", "cuda:N".
+/// Device names [`open`] accepts: "gpu-sim", "gpu-emu", "cuda", "cuda:N".
 pub fn is_gpu_device(name: &str) -> bool {
-    name == GPU_SIM || powerinfer_cuda::parse_device(name).is_ok()
+    name == GPU_SIM || name == GPU_EMU || powerinfer_cuda::parse_device(name).is_ok()
 }
 
 /// Open `device` and upload what `placement` puts on it. `capacity` limits the device memory
@@ -88,6 +91,21 @@ pub fn open(
             None => HostBackend::new(),
         };
         return build(dev, model, placement, mode, capacity);
+    }
+    if device == GPU_EMU {
+        #[cfg(feature = "emu")]
+        return build(
+            powerinfer_cuda::EmuBackend::new(capacity),
+            model,
+            placement,
+            mode,
+            capacity,
+        );
+        #[cfg(not(feature = "emu"))]
+        bail!(
+            Unsupported,
+            "gpu-emu: this build has no emulator (the `emu` feature); use device=\"gpu-sim\""
+        );
     }
     let _ordinal = powerinfer_cuda::parse_device(device)?;
     #[cfg(feature = "cuda")]

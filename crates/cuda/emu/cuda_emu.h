@@ -1,0 +1,156 @@
+// The CUDA surface our kernels use, for the host C++ compiler (gpu-emu): the kernel sources of
+// crates/cuda/kernels are compiled as ordinary C++ after this header and run on the CPU by
+// emu_runtime.cpp, one OS thread per CUDA thread, blocks of a grid overlapping.
+//
+// Covered, and nothing more (a kernel using anything else fails to compile here):
+//   threadIdx / blockIdx / blockDim / gridDim     per-thread values set by the runtime
+//   __syncthreads()                               the block's barrier; returned threads drop out
+//   __shfl_xor_sync(full mask, float, int)        through a per-warp exchange, a barrier on each
+//                                                 side; reading a lane that returned is an error
+//   atomicAdd(float*, float)                      std::atomic_ref
+//   SHARED_ARRAY(T, name, [dims])                 static __shared__, one exact-size allocation
+//                                                 per block (the .cu files use this macro)
+//   DYNAMIC_SHARED(T, name)                       extern __shared__ T name[]: the launch's
+//                                                 dynamic bytes, exact-size, per block
+//   EMU_ENTRY(kernel)                             registers an extern "C" kernel with its
+//                                                 parameter types, so a launch can call it
+//                                                 through cuLaunchKernel's void** array
+//   f16 conversions (round to nearest even), __int_as_float, rsqrtf, min, max; the C math
+//   library gives expf, tanhf, erff, fmaxf, fabsf, sqrtf, sincos.
+// Shared memory starts as 0xff bytes (NaN floats, -1 ints): a kernel that reads shared memory
+// before writing it sees garbage, as on a GPU. Every buffer is its own allocation, so the
+// address sanitizer has redzones around each.
+//
+// Errors (a barrier some threads never reach, a shuffle from a returned lane, a partial mask,
+// too much shared memory) abort the launch, which reports the first one to the caller.
+
+#pragma once
+
+#include <atomic>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+struct uint3 {
+    unsigned x, y, z;
+};
+
+// The built-in variables, set by the runtime on each CUDA thread's OS thread.
+inline thread_local uint3 threadIdx;
+inline thread_local uint3 blockIdx;
+inline thread_local uint3 blockDim;
+inline thread_local uint3 gridDim;
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+
+namespace emu {
+
+/// The block's barrier (__syncthreads).
+void sync_block();
+/// The value `v` of lane (this lane ^ lane_mask) of this warp; every lane of the warp must call.
+float shfl_xor(unsigned mask, float v, int lane_mask);
+/// The block's allocation for static shared array `key` (bytes long, 0xff-filled, made by the
+/// first thread of the block to ask).
+void* static_shared(int key, std::size_t bytes);
+/// The block's dynamic shared memory (the launch's bytes; may be 0 long).
+void* dynamic_shared();
+
+/// A kernel called with its parameters from an array of pointers to them.
+using Invoker = void (*)(void** args);
+/// Record kernel `name`: its invoker and the byte size of each parameter.
+bool register_entry(const char* name, Invoker invoke, const std::size_t* sizes, std::size_t n);
+
+template <typename F>
+struct Params;
+
+/// A kernel's parameter list: how many, their sizes, and a call that casts each `void*` to
+/// the declared type (so the argument array's order, widths and layouts are what is tested).
+template <typename... P>
+struct Params<void (*)(P...)> {
+    static constexpr std::size_t count = sizeof...(P);
+    static constexpr std::size_t sizes[sizeof...(P) + 1] = {sizeof(P)..., 0};
+    template <std::size_t... I>
+    static void call(void (*f)(P...), void** args, std::index_sequence<I...>) {
+        f(*static_cast<std::remove_cv_t<P>*>(args[I])...);
+    }
+};
+
+template <auto F>
+void invoke(void** args) {
+    using T = Params<decltype(F)>;
+    T::call(F, args, std::make_index_sequence<T::count>{});
+}
+
+inline float f16_to_f32(std::uint16_t h) {
+    const std::uint32_t s = (std::uint32_t)(h & 0x8000u) << 16;
+    const std::uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    std::uint32_t bits;
+    if (e == 0) {
+        const float v = std::ldexp((float)m, -24);  // zero or subnormal: m * 2^-24, exact
+        return s ? -v : v;
+    } else if (e == 31) {
+        bits = s | 0x7f800000u | (m << 13);
+    } else {
+        bits = s | ((e + 112) << 23) | (m << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// f32 -> f16 bits, round to nearest even (cvt.rn.f16.f32).
+inline std::uint16_t f32_to_f16(float f) {
+    std::uint32_t x;
+    std::memcpy(&x, &f, 4);
+    const std::uint32_t sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+    if (a > 0x7f800000u) return (std::uint16_t)(sign | 0x7e00u);  // NaN
+    if (a >= 0x47800000u) return (std::uint16_t)(sign | 0x7c00u);  // >= 65536 (and inf): inf
+    if (a < 0x38800000u) {                                          // below 2^-14: subnormal
+        const std::uint32_t e = a >> 23;
+        if (e < 102) return (std::uint16_t)sign;  // below 2^-25: rounds to zero
+        const std::uint32_t m = (a & 0x7fffffu) | 0x800000u, shift = 126 - e;
+        std::uint32_t q = m >> shift;
+        const std::uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (q & 1))) ++q;
+        return (std::uint16_t)(sign | q);
+    }
+    std::uint32_t h = ((((a >> 23) - 112) << 10) | ((a & 0x7fffffu) >> 13));
+    const std::uint32_t rem = a & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) ++h;  // a carry moves into the exponent
+    return (std::uint16_t)(sign | h);
+}
+
+}  // namespace emu
+
+inline void __syncthreads() { emu::sync_block(); }
+
+inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
+    return emu::shfl_xor(mask, v, lane_mask);
+}
+
+inline float atomicAdd(float* p, float v) {
+    return std::atomic_ref<float>(*p).fetch_add(v, std::memory_order_relaxed);
+}
+
+inline float __int_as_float(int i) {
+    float f;
+    std::memcpy(&f, &i, 4);
+    return f;
+}
+
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+
+#define SHARED_ARRAY(T, name, dims) \
+    T(&name) dims = *static_cast<T(*) dims>(emu::static_shared(__COUNTER__, sizeof(T dims)))
+#define DYNAMIC_SHARED(T, name) T* name = static_cast<T*>(emu::dynamic_shared())
+#define EMU_ENTRY(kernel)                                                                  \
+    static const bool emu_entry_##kernel = emu::register_entry(                            \
+        #kernel, &emu::invoke<&kernel>, emu::Params<decltype(&kernel)>::sizes,             \
+        emu::Params<decltype(&kernel)>::count);

@@ -1,0 +1,179 @@
+//! The emulator backend (`device="gpu-emu"`, feature `emu`): the real kernels of
+//! `kernels/*.cu`, compiled for the host by `build.rs` after `emu/cuda_emu.h`, run on the CPU
+//! with one OS thread per CUDA thread. Buffers live in host memory (each its own exact-size
+//! allocation, accounted as the plan counts device memory, like the host backend's), and every
+//! launch goes through the same [`LaunchSpec`](crate::launch_spec::LaunchSpec) as a GPU launch:
+//! the kernel is called through the `void**` argument array `cuLaunchKernel` would receive,
+//! after the emulator has checked the count and byte width of every argument against the
+//! kernel's declared parameters.
+//!
+//! It is slow (a thread per CUDA thread) and meant for tests and for checking a plan's kernels
+//! without a GPU; under `benchmarks/gpu/emu.sh --sanitize address|thread` the same launches run
+//! under the sanitizers. What it cannot show: PTX and the driver, streams and events, the GPU's
+//! weak memory ordering and speed.
+
+use std::collections::BTreeSet;
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::sync::Mutex;
+
+use powerinfer_core::{Error, Result};
+
+use crate::backend::{Backend, Checked, Elem, Launch};
+use crate::host::{HostBackend, HostBuf};
+use crate::launch_spec::{launch_spec, LaunchSpec};
+
+extern "C" {
+    fn powerinfer_emu_launch(
+        entry: *const c_char,
+        grid: *const u32,
+        block: *const u32,
+        smem: usize,
+        args: *mut *mut c_void,
+        sizes: *const usize,
+        nargs: usize,
+        err: *mut c_char,
+        errlen: usize,
+    ) -> c_int;
+    fn powerinfer_emu_entries(out: *mut c_char, len: usize) -> usize;
+}
+
+/// The device name of the emulator.
+pub const GPU_EMU: &str = "gpu-emu";
+
+/// The CUDA kernels run on the CPU: host memory (optionally capped, as the simulated VRAM)
+/// and the kernels' own code.
+#[derive(Debug)]
+pub struct EmuBackend {
+    mem: HostBackend,
+    /// Every kernel entry this backend has launched.
+    launched: Mutex<BTreeSet<String>>,
+}
+
+impl Default for EmuBackend {
+    fn default() -> EmuBackend {
+        EmuBackend::new(None)
+    }
+}
+
+impl EmuBackend {
+    /// An emulator whose buffers may total at most `capacity` bytes (each rounded up to 256),
+    /// or unlimited.
+    pub fn new(capacity: Option<usize>) -> EmuBackend {
+        EmuBackend {
+            mem: HostBackend::named(GPU_EMU, capacity),
+            launched: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    /// The entries this backend has launched so far (the tests' coverage check).
+    pub fn launched(&self) -> BTreeSet<String> {
+        self.launched
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Run one launch spec on the CPU; `Error::Cuda` with the emulator's reason when the launch
+    /// is invalid (unknown kernel, argument count or width, grid, block or shared memory past
+    /// CUDA's limits) or a thread of it failed (a barrier part of a block never reached, a
+    /// shuffle from a returned lane).
+    pub fn run(&self, mut spec: LaunchSpec) -> Result<()> {
+        self.launched
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(spec.entry.clone());
+        let entry = CString::new(spec.entry.clone())
+            .map_err(|_| Error::Cuda(format!("gpu-emu: kernel name {:?}", spec.entry)))?;
+        let sizes = spec.args.sizes();
+        let mut params = spec.args.pointers();
+        let mut err = vec![0u8; 1024];
+        // SAFETY: `entry` is NUL-terminated; grid and block are 3 values each; `params` holds
+        // sizes.len() pointers to the packed arguments of `spec`, alive (and unmoved) for the
+        // call; the emulator checks their count and widths against the kernel before calling
+        // it. The kernel dereferences the buffer addresses in them: launch_spec took those from
+        // this backend's live buffers, whose lengths crate::ops checked against the launch.
+        // `err` is writable for its length.
+        let rc = unsafe {
+            powerinfer_emu_launch(
+                entry.as_ptr(),
+                spec.grid.as_ptr(),
+                spec.block.as_ptr(),
+                spec.shared_bytes as usize,
+                params.as_mut_ptr(),
+                sizes.as_ptr(),
+                sizes.len(),
+                err.as_mut_ptr().cast(),
+                err.len(),
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let end = err.iter().position(|&b| b == 0).unwrap_or(err.len());
+        Err(Error::Cuda(format!(
+            "gpu-emu: {}",
+            String::from_utf8_lossy(&err[..end])
+        )))
+    }
+}
+
+/// The kernels compiled into the emulator, by entry name.
+pub fn emu_entries() -> BTreeSet<String> {
+    // SAFETY: a null buffer of length 0 asks only for the size needed.
+    let n = unsafe { powerinfer_emu_entries(std::ptr::null_mut(), 0) };
+    let mut buf = vec![0u8; n];
+    // SAFETY: `buf` holds the `n` bytes the list needs, NUL included.
+    unsafe { powerinfer_emu_entries(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end])
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
+impl Backend for EmuBackend {
+    type Buf<T: Elem> = HostBuf<T>;
+
+    fn describe(&self) -> String {
+        self.mem.describe()
+    }
+
+    fn mem_info(&self) -> Result<(usize, usize)> {
+        self.mem.mem_info()
+    }
+
+    fn allocated_bytes(&self) -> Option<usize> {
+        self.mem.allocated_bytes()
+    }
+
+    /// An exact-size allocation of its own (the address sanitizer's redzones around it).
+    fn zeros<T: Elem>(&self, len: usize) -> Result<HostBuf<T>> {
+        self.mem.zeros(len)
+    }
+
+    fn write<T: Elem>(&self, host: &[T], dst: &mut HostBuf<T>, at: usize) -> Result<()> {
+        self.mem.write(host, dst, at)
+    }
+
+    fn read<T: Elem>(&self, src: &HostBuf<T>, at: usize, out: &mut [T]) -> Result<()> {
+        self.mem.read(src, at, out)
+    }
+
+    /// Launches finish before they return.
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    fn launch(&self, launch: Launch<'_, Self>, _checked: Checked) -> Result<()> {
+        let spec = launch_spec(self, launch)?;
+        self.run(spec)
+    }
+
+    fn addr<T: Elem>(&self, buf: &HostBuf<T>) -> u64 {
+        self.mem.addr(buf)
+    }
+
+    fn addr_mut<T: Elem>(&self, buf: &mut HostBuf<T>) -> u64 {
+        self.mem.addr_mut(buf)
+    }
+}

@@ -1,0 +1,518 @@
+//! The one launch description of every kernel: [`launch_spec`] turns a checked [`Launch`] into
+//! its module, entry name, grid, block, dynamic shared bytes and packed arguments, the array of
+//! pointers `cuLaunchKernel` receives. [`CudaDevice`](crate::CudaDevice) launches that spec on
+//! the GPU and the emulator (`device="gpu-emu"`) calls the kernel's compiled C++ with the very
+//! same array, checking the count and byte width of every argument against the kernel's
+//! declared parameters, so argument order, widths, struct layouts and the grid and shared-memory
+//! arithmetic here are exercised on every machine.
+//!
+//! Shapes were checked by [`crate::ops`] before a `Launch` exists; lengths are converted to the
+//! kernels' `int` here. Each kernel's contract (what its arguments must hold) is the comment
+//! above it in its `.cu` file and on its [`Launch`] variant.
+
+use std::ffi::c_void;
+
+use powerinfer_core::{ensure, Result};
+
+use crate::backend::{Backend, Launch};
+use crate::kernels::{self, dtype_suffix, KernelSource};
+use crate::layout::{to_i32, RowLayout, MAX_X_COLS};
+use crate::ops::MAX_ROPE_PAIRS;
+
+/// Threads per block of the row kernels (8 warps).
+pub const ROW_THREADS: u32 = 256;
+/// Output rows per block of sparse_matvec / gate_up (`ROWS_PER_BLOCK` in sparse_matvec.cu).
+pub const ROWS_PER_BLOCK: usize = 32;
+/// Threads per block of the thread-per-element kernels.
+pub const ELEM_THREADS: u32 = 256;
+/// Threads of rms_norm's one block per row (32 warps fill its 32-entry partial sums).
+pub const NORM_THREADS: u32 = 1024;
+/// Threads of compact_flags' one block (`COMPACT_THREADS` in predictor.cu).
+pub const COMPACT_THREADS: u32 = 1024;
+/// Warps per block of attention_decode (`ATT_WARPS` in attention.cu), as threads.
+pub const ATT_THREADS: u32 = 4 * 32;
+
+/// A kernel's arguments packed as `cuLaunchKernel` takes them: each value in its own 8-byte
+/// aligned slot, in the kernel's parameter order.
+#[derive(Clone, Debug, Default)]
+pub struct KernelArgs {
+    words: Vec<u64>,
+    /// (first word, bytes) of each argument.
+    slots: Vec<(usize, usize)>,
+}
+
+impl KernelArgs {
+    /// Any value as its bytes (a struct passed by value), in a slot of its own.
+    pub fn push_bytes(&mut self, bytes: &[u8]) {
+        let first = self.words.len();
+        for chunk in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.words.push(u64::from_le_bytes(w));
+        }
+        self.slots.push((first, bytes.len()));
+    }
+
+    /// A device address (a kernel pointer parameter; 0 is the null pointer).
+    pub fn ptr(&mut self, addr: u64) -> &mut Self {
+        self.push_bytes(&addr.to_le_bytes());
+        self
+    }
+
+    /// An `int`.
+    pub fn i32(&mut self, v: i32) -> &mut Self {
+        self.push_bytes(&v.to_le_bytes());
+        self
+    }
+
+    /// A `float`.
+    pub fn f32(&mut self, v: f32) -> &mut Self {
+        self.push_bytes(&v.to_le_bytes());
+        self
+    }
+
+    /// A `RowLayout` by value, laid out as common.cuh's struct (i64, i64, i32, i32).
+    pub fn layout(&mut self, l: &RowLayout) -> &mut Self {
+        let mut b = Vec::with_capacity(24);
+        b.extend_from_slice(&l.group_stride.to_le_bytes());
+        b.extend_from_slice(&l.offset.to_le_bytes());
+        b.extend_from_slice(&l.group_rows.to_le_bytes());
+        b.extend_from_slice(&l.row_bytes.to_le_bytes());
+        self.push_bytes(&b);
+        self
+    }
+
+    /// norm_rope.cu's `RopeFreqs` by value: MAX_ROPE_PAIRS doubles, the unused ones 0.
+    pub fn rope_freqs(&mut self, inv: &[f64]) -> Result<&mut Self> {
+        ensure!(
+            inv.len() <= MAX_ROPE_PAIRS,
+            Unsupported,
+            "rope: {} rotated pairs, the kernel takes at most {MAX_ROPE_PAIRS}",
+            inv.len()
+        );
+        let mut b = Vec::with_capacity(8 * MAX_ROPE_PAIRS);
+        for i in 0..MAX_ROPE_PAIRS {
+            b.extend_from_slice(&inv.get(i).copied().unwrap_or(0.0).to_le_bytes());
+        }
+        self.push_bytes(&b);
+        Ok(self)
+    }
+
+    /// How many arguments.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// The byte width of each argument, in order.
+    pub fn sizes(&self) -> Vec<usize> {
+        self.slots.iter().map(|s| s.1).collect()
+    }
+
+    /// Argument `i`'s bytes.
+    pub fn bytes(&self, i: usize) -> Vec<u8> {
+        let (first, n) = self.slots[i];
+        let words = &self.words[first..first + n.div_ceil(8)];
+        let mut out: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        out.truncate(n);
+        out
+    }
+
+    /// The pointer array of `cuLaunchKernel`: entry i points at argument i's slot. Valid while
+    /// `self` is neither moved nor changed.
+    pub fn pointers(&mut self) -> Vec<*mut c_void> {
+        let base = self.words.as_mut_ptr();
+        self.slots
+            .iter()
+            // wrapping_add: pointer arithmetic inside the words vector, no dereference here.
+            .map(|&(first, _)| base.wrapping_add(first).cast::<c_void>())
+            .collect()
+    }
+}
+
+/// Everything a launch needs: which kernel, its grid and block, its dynamic shared memory and
+/// its arguments.
+#[derive(Clone, Debug)]
+pub struct LaunchSpec {
+    /// The module (`.cu` file) defining the kernel.
+    pub module: &'static KernelSource,
+    /// The kernel's `extern "C"` name.
+    pub entry: String,
+    /// Blocks in x, y, z.
+    pub grid: [u32; 3],
+    /// Threads per block in x, y, z.
+    pub block: [u32; 3],
+    /// Dynamic shared memory in bytes.
+    pub shared_bytes: u32,
+    /// The arguments, in the kernel's parameter order.
+    pub args: KernelArgs,
+}
+
+/// Dynamic shared memory of the row kernels: x staged when it fits (`stage_x` in
+/// sparse_matvec.cu), none for longer rows, which read x from global memory.
+pub fn x_smem(cols: usize) -> usize {
+    if cols <= MAX_X_COLS {
+        cols * 4
+    } else {
+        0
+    }
+}
+
+/// Blocks of `per` covering `n` (at least one).
+fn grid(n: usize, per: usize) -> Result<u32> {
+    Ok(to_i32(n.div_ceil(per).max(1), "grid size")? as u32)
+}
+
+fn spec(
+    module: &'static KernelSource,
+    entry: String,
+    blocks: [u32; 2],
+    threads: u32,
+    smem: usize,
+    args: KernelArgs,
+) -> Result<LaunchSpec> {
+    Ok(LaunchSpec {
+        module,
+        entry,
+        grid: [blocks[0], blocks[1], 1],
+        block: [threads, 1, 1],
+        shared_bytes: u32::try_from(smem).unwrap_or(u32::MAX),
+        args,
+    })
+}
+
+/// The spec of `launch` on `dev` (buffers become `dev`'s addresses for them).
+pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchSpec> {
+    let opt = |b: Option<&B::Buf<i32>>| b.map_or(0, |b| dev.addr(b));
+    let mut a = KernelArgs::default();
+    match launch {
+        Launch::SparseMatvec {
+            dtype,
+            w,
+            l,
+            x,
+            cols,
+            idx,
+            n,
+            ids,
+            flags,
+            act,
+            y,
+        } => {
+            ensure!(
+                flags.is_none() || ids.is_some(),
+                Unsupported,
+                "sparse_matvec: flags without neuron ids"
+            );
+            let ids_l = match ids {
+                Some((_, l)) => l,
+                None => RowLayout::dense(1, 4)?,
+            };
+            // sparse_matvec_<dtype>(w, l, x, cols, idx, n, ids_base, ids_l, flags, act, y): x
+            // holds `cols` floats staged in x_smem(cols) bytes; y holds n floats; rows 0..n (or
+            // the indices) lie inside w per `l`; flags come with the ids they are indexed by.
+            a.ptr(dev.addr(w)).layout(&l).ptr(dev.addr(x));
+            a.i32(to_i32(cols, "cols")?)
+                .ptr(opt(idx))
+                .i32(to_i32(n, "rows")?);
+            a.ptr(ids.map_or(0, |(b, _)| dev.addr(b))).layout(&ids_l);
+            a.ptr(opt(flags)).i32(act as i32).ptr(dev.addr_mut(y));
+            let entry = format!("sparse_matvec_{}", dtype_suffix(dtype));
+            let blocks = [grid(n, ROWS_PER_BLOCK)?, 1];
+            spec(
+                &kernels::SPARSE_MATVEC,
+                entry,
+                blocks,
+                ROW_THREADS,
+                x_smem(cols),
+                a,
+            )
+        }
+        Launch::GateUp {
+            dtype,
+            w,
+            gate_l,
+            up_l,
+            x,
+            cols,
+            idx,
+            n,
+            ids_l,
+            flags,
+            act,
+            h,
+        } => {
+            // gate_up_<dtype>(w, gate_l, up_l, x, cols, idx, n, ids_l, flags, act, h): the slab
+            // layouts come from pack_hot_slabs for this buffer, slots 0..n hold ids < ffn or −1,
+            // flags has one entry per FFN neuron; h holds n floats.
+            a.ptr(dev.addr(w))
+                .layout(&gate_l)
+                .layout(&up_l)
+                .ptr(dev.addr(x));
+            a.i32(to_i32(cols, "dim")?)
+                .ptr(opt(idx))
+                .i32(to_i32(n, "hot")?);
+            a.layout(&ids_l)
+                .ptr(opt(flags))
+                .i32(act as i32)
+                .ptr(dev.addr_mut(h));
+            let entry = format!("gate_up_{}", dtype_suffix(dtype));
+            let blocks = [grid(n, ROWS_PER_BLOCK)?, 1];
+            spec(
+                &kernels::SPARSE_MATVEC,
+                entry,
+                blocks,
+                ROW_THREADS,
+                x_smem(cols),
+                a,
+            )
+        }
+        Launch::AxpyRows {
+            dtype,
+            w,
+            l,
+            cols,
+            idx,
+            a: coef,
+            n,
+            y,
+            splits,
+        } => {
+            // axpy_rows_<dtype>(w, l, cols, idx, a, n, y): a holds n floats, y `cols`; splits
+            // is 1..=min(n, 65,535) (ops clamps it), gridDim.y.
+            a.ptr(dev.addr(w))
+                .layout(&l)
+                .i32(to_i32(cols, "cols")?)
+                .ptr(opt(idx));
+            a.ptr(dev.addr(coef))
+                .i32(to_i32(n, "rows")?)
+                .ptr(dev.addr_mut(y));
+            let entry = format!("axpy_rows_{}", dtype_suffix(dtype));
+            let blocks = [grid(cols, ROW_THREADS as usize)?, splits as u32];
+            spec(&kernels::AXPY_DOWN, entry, blocks, ROW_THREADS, 0, a)
+        }
+        Launch::PredictorFc2 {
+            dtype,
+            fc2_t,
+            l,
+            hidden,
+            rank,
+            ffn,
+            threshold,
+            flags,
+            logits,
+        } => {
+            // predictor_fc2_<dtype>(fc2_t, l, hidden, rank, ffn, threshold, flags, logits):
+            // hidden (rank <= MAX_RANK floats) is staged in rank·4 bytes of shared memory.
+            a.ptr(dev.addr(fc2_t)).layout(&l).ptr(dev.addr(hidden));
+            a.i32(to_i32(rank, "rank")?)
+                .i32(to_i32(ffn, "ffn")?)
+                .f32(threshold);
+            a.ptr(dev.addr_mut(flags));
+            a.ptr(logits.map_or(0, |b| dev.addr_mut(b)));
+            let entry = format!("predictor_fc2_{}", dtype_suffix(dtype));
+            let blocks = [grid(ffn, ELEM_THREADS as usize)?, 1];
+            spec(
+                &kernels::PREDICTOR,
+                entry,
+                blocks,
+                ELEM_THREADS,
+                rank * 4,
+                a,
+            )
+        }
+        Launch::CompactFlags {
+            flags,
+            n,
+            out,
+            count,
+        } => {
+            // compact_flags(flags, n, out, count): its one block of COMPACT_THREADS threads.
+            a.ptr(dev.addr(flags)).i32(to_i32(n, "n")?);
+            a.ptr(dev.addr_mut(out)).ptr(dev.addr_mut(count));
+            let entry = "compact_flags".to_string();
+            spec(&kernels::PREDICTOR, entry, [1, 1], COMPACT_THREADS, 0, a)
+        }
+        Launch::SplitHotFlags {
+            ids_base,
+            ids_l,
+            n,
+            flags,
+            slot_flags,
+        } => {
+            // split_hot_flags(ids_base, ids_l, n, flags, slot_flags): slots 0..n hold distinct
+            // ids (pack_hot_slabs checks), so each thread owns flags[id].
+            a.ptr(dev.addr(ids_base))
+                .layout(&ids_l)
+                .i32(to_i32(n, "hot")?);
+            a.ptr(dev.addr_mut(flags)).ptr(dev.addr_mut(slot_flags));
+            let blocks = [grid(n, ELEM_THREADS as usize)?, 1];
+            let entry = "split_hot_flags".to_string();
+            spec(&kernels::PREDICTOR, entry, blocks, ELEM_THREADS, 0, a)
+        }
+        Launch::RmsNorm {
+            x,
+            w,
+            rows,
+            n,
+            eps,
+            out,
+        } => {
+            // rms_norm(x, w, n, eps, out): block b reads row b of x, writes row b of out.
+            a.ptr(dev.addr(x))
+                .ptr(dev.addr(w))
+                .i32(to_i32(n, "n")?)
+                .f32(eps);
+            a.ptr(dev.addr_mut(out));
+            let blocks = [to_i32(rows, "rows")? as u32, 1];
+            let entry = "rms_norm".to_string();
+            spec(&kernels::NORM_ROPE, entry, blocks, NORM_THREADS, 0, a)
+        }
+        Launch::Rope {
+            x,
+            n_heads,
+            head_dim,
+            pos,
+            inv_freqs,
+            neox,
+        } => {
+            // rope(x, n_heads, head_dim, n_pairs, pos, inv, neox): thread per (head, pair).
+            a.ptr(dev.addr_mut(x)).i32(to_i32(n_heads, "heads")?);
+            a.i32(to_i32(head_dim, "head_dim")?);
+            a.i32(to_i32(inv_freqs.len(), "rope pairs")?)
+                .i32(to_i32(pos, "pos")?);
+            a.rope_freqs(inv_freqs)?.i32(i32::from(neox));
+            let blocks = [grid(n_heads * inv_freqs.len(), ELEM_THREADS as usize)?, 1];
+            spec(
+                &kernels::NORM_ROPE,
+                "rope".into(),
+                blocks,
+                ELEM_THREADS,
+                0,
+                a,
+            )
+        }
+        Launch::KvStore {
+            k,
+            v,
+            kv_dim,
+            pos,
+            cache_k,
+            cache_v,
+        } => {
+            // kv_store(k, v, kv_dim, pos, cache_k, cache_v): row `pos` lies inside both caches.
+            a.ptr(dev.addr(k))
+                .ptr(dev.addr(v))
+                .i32(to_i32(kv_dim, "kv_dim")?);
+            a.i32(to_i32(pos, "pos")?);
+            a.ptr(dev.addr_mut(cache_k)).ptr(dev.addr_mut(cache_v));
+            let blocks = [grid(kv_dim, ELEM_THREADS as usize)?, 1];
+            spec(
+                &kernels::ATTENTION,
+                "kv_store".into(),
+                blocks,
+                ELEM_THREADS,
+                0,
+                a,
+            )
+        }
+        Launch::AttentionDecode {
+            q,
+            cache_k,
+            cache_v,
+            n_pos,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            scale,
+            out,
+        } => {
+            // attention_decode(q, cache_k, cache_v, n_pos, n_heads, n_kv_heads, head_dim, scale,
+            // out): one block of ATT_WARPS warps per head; head_dim <= MAX_HEAD_DIM fits the
+            // kernel's static shared arrays.
+            a.ptr(dev.addr(q))
+                .ptr(dev.addr(cache_k))
+                .ptr(dev.addr(cache_v));
+            a.i32(to_i32(n_pos, "positions")?)
+                .i32(to_i32(n_heads, "heads")?);
+            a.i32(to_i32(n_kv_heads, "kv heads")?)
+                .i32(to_i32(head_dim, "head_dim")?);
+            a.f32(scale).ptr(dev.addr_mut(out));
+            let blocks = [to_i32(n_heads, "heads")? as u32, 1];
+            let entry = "attention_decode".to_string();
+            spec(&kernels::ATTENTION, entry, blocks, ATT_THREADS, 0, a)
+        }
+        Launch::ActMul { g, u, n, act } => {
+            a.ptr(dev.addr_mut(g)).ptr(dev.addr(u)).i32(to_i32(n, "n")?);
+            a.i32(act as i32);
+            let blocks = [grid(n, ELEM_THREADS as usize)?, 1];
+            spec(
+                &kernels::ELEMENTWISE,
+                "act_mul".into(),
+                blocks,
+                ELEM_THREADS,
+                0,
+                a,
+            )
+        }
+        Launch::Add { y, x, n } => {
+            a.ptr(dev.addr_mut(y)).ptr(dev.addr(x)).i32(to_i32(n, "n")?);
+            let blocks = [grid(n, ELEM_THREADS as usize)?, 1];
+            spec(
+                &kernels::ELEMENTWISE,
+                "add".into(),
+                blocks,
+                ELEM_THREADS,
+                0,
+                a,
+            )
+        }
+        Launch::ThresholdMask { h, n, t } => {
+            a.ptr(dev.addr_mut(h)).i32(to_i32(n, "n")?).f32(t);
+            let blocks = [grid(n, ELEM_THREADS as usize)?, 1];
+            let entry = "threshold_mask".to_string();
+            spec(&kernels::ELEMENTWISE, entry, blocks, ELEM_THREADS, 0, a)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_pack_in_aligned_slots_with_their_widths() {
+        let mut a = KernelArgs::default();
+        let l = RowLayout {
+            group_stride: -2,
+            offset: 0x1122_3344_5566,
+            group_rows: 7,
+            row_bytes: -9,
+        };
+        a.ptr(0xdead_beef).i32(-3).f32(1.5).layout(&l);
+        a.rope_freqs(&[0.5, 2.0]).unwrap();
+        assert_eq!(a.sizes(), [8, 4, 4, 24, 8 * MAX_ROPE_PAIRS]);
+        assert_eq!(a.bytes(1), (-3i32).to_le_bytes());
+        assert_eq!(a.bytes(2), 1.5f32.to_le_bytes());
+        let lb = a.bytes(3);
+        assert_eq!(lb[..8], (-2i64).to_le_bytes());
+        assert_eq!(lb[16..20], 7i32.to_le_bytes());
+        assert_eq!(lb[20..], (-9i32).to_le_bytes());
+        let rb = a.bytes(4);
+        assert_eq!(rb[8..16], 2.0f64.to_le_bytes());
+        assert!(rb[16..].iter().all(|&b| b == 0));
+        let p = a.pointers();
+        // Every slot 8-byte aligned, one after the other.
+        let d: Vec<usize> = p
+            .windows(2)
+            .map(|w| w[1] as usize - w[0] as usize)
+            .collect();
+        assert_eq!(d, [8, 8, 8, 24]);
+        assert!(p.iter().all(|q| (*q as usize).is_multiple_of(8)));
+        assert!(a.rope_freqs(&[0.0; MAX_ROPE_PAIRS + 1]).is_err());
+    }
+}

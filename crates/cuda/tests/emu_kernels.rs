@@ -1,0 +1,520 @@
+//! The emulator (feature `emu`): every kernel entry of `kernels::ALL` run from its `.cu` source on
+//! the CPU against float64 references that decode weights with the core crate's scalar
+//! `dequantize_row` (never the CPU crate's SIMD kernels), on shapes at the kernels' edges: odd
+//! row counts and partial blocks, padding slots of a partial slab, the split (atomic) down pass,
+//! compaction past one thread's chunk, norms longer than a block, a long context. One backend
+//! runs it all, and the set of entries it launched must equal the modules' entries. Also: the
+//! emulator holds exactly the compiled kernels, and refuses launches CUDA would refuse.
+//!
+//! `bash benchmarks/gpu/emu.sh [--sanitize address|thread]` runs these under the sanitizers.
+
+#![cfg(feature = "emu")]
+
+use std::collections::BTreeSet;
+
+use half::f16;
+use powerinfer_core::{dequantize_row, quantize_row, Buffer, DType, Error, Weight};
+use powerinfer_cuda::kernels;
+use powerinfer_cuda::launch_spec::{launch_spec, KernelArgs, LaunchSpec};
+use powerinfer_cuda::{
+    emu_entries, Act, Backend, EmuBackend, GpuOps, Launch, GPU_DTYPES, MAX_X_COLS,
+};
+
+/// Relative tolerance of f32 sums against float64 (summation order differs).
+const REL_TOL: f64 = 2e-5;
+/// Absolute floor, per unit of the sum's scale.
+const ABS_TOL: f64 = 1e-5;
+
+fn values(n: usize, seed: u64) -> Vec<f32> {
+    powerinfer_core::testing::pseudo_random(n, seed)
+}
+
+fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Weight {
+    let rb = dtype.row_bytes(cols).unwrap();
+    let vals = values(rows * cols, seed);
+    let mut bytes = vec![0u8; rb * rows];
+    for r in 0..rows {
+        let row = &mut bytes[r * rb..(r + 1) * rb];
+        quantize_row(dtype, &vals[r * cols..(r + 1) * cols], row).unwrap();
+    }
+    Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
+}
+
+/// Every row of `w` decoded by the core crate's scalar decoder, in f64.
+fn decoded(w: &Weight) -> Vec<Vec<f64>> {
+    (0..w.rows)
+        .map(|r| {
+            let mut out = vec![0f32; w.cols];
+            dequantize_row(w.dtype, w.row(r), &mut out).unwrap();
+            out.into_iter().map(f64::from).collect()
+        })
+        .collect()
+}
+
+fn dot(a: &[f64], x: &[f32]) -> f64 {
+    a.iter().zip(x).map(|(a, x)| a * *x as f64).sum()
+}
+
+fn act(a: Act, v: f64) -> f64 {
+    match a {
+        Act::None => v,
+        Act::Relu => v.max(0.0),
+        Act::Silu => v / (1.0 + (-v).exp()),
+        Act::Gelu => {
+            let c = (2.0 / std::f64::consts::PI).sqrt();
+            0.5 * v * (1.0 + (c * (v + 0.044715 * v * v * v)).tanh())
+        }
+        Act::GeluErf => 0.5 * v * (1.0 + libm::erf(v / std::f64::consts::SQRT_2)),
+    }
+}
+
+/// |got − want| within REL_TOL of `scale` (the size of the terms summed) for every element.
+fn assert_close(got: &[f32], want: &[f64], scale: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let bound = REL_TOL * scale.max(w.abs()) + ABS_TOL * scale;
+        assert!(
+            (*g as f64 - w).abs() <= bound,
+            "{what}[{i}]: emulator {g} vs float64 {w} (bound {bound:.2e})"
+        );
+    }
+}
+
+/// Columns for a format: odd for float formats, an odd number of blocks otherwise.
+fn cols_for(dtype: DType) -> usize {
+    if dtype.is_k_quant() {
+        256 * 3
+    } else if dtype.is_quantized() {
+        32 * 11
+    } else {
+        203
+    }
+}
+
+/// Every entry the kernel modules define (`kernels::ALL`).
+fn all_entries() -> BTreeSet<String> {
+    kernels::ALL.iter().flat_map(|m| m.entries()).collect()
+}
+
+#[test]
+fn the_emulator_holds_exactly_the_modules_kernels_and_its_selftests() {
+    let have = emu_entries();
+    let selftests: BTreeSet<String> = have
+        .iter()
+        .filter(|e| e.starts_with("emu_selftest_"))
+        .cloned()
+        .collect();
+    assert_eq!(selftests.len(), 2, "{selftests:?}");
+    let kernels: BTreeSet<String> = have.difference(&selftests).cloned().collect();
+    assert_eq!(kernels, all_entries());
+}
+
+/// Row kernels: sparse_matvec (index list, dense, and the flags read through slab ids),
+/// gate_up and axpy_rows over the slabs of a partial last slab, split 1 and 3 ways.
+fn row_kernels(dev: &EmuBackend, dtype: DType) {
+    let (rows, cols) = (45, cols_for(dtype));
+    let w = weight(dtype, rows, cols, 1);
+    let wd = decoded(&w);
+    let x = values(cols, 2);
+    let scale = (cols as f64).sqrt();
+    let idx: Vec<i32> = (0..rows as i32).rev().filter(|i| i % 4 != 1).collect();
+    let dw = dev.upload_weight(&w).unwrap();
+    let (dx, didx) = (dev.upload(&x).unwrap(), dev.upload(&idx).unwrap());
+    let mut dy = dev.zeros::<f32>(idx.len()).unwrap();
+    dev.matvec_rows(&dw, &dx, Some(&didx), idx.len(), Act::Silu, &mut dy)
+        .unwrap();
+    let want: Vec<f64> = idx
+        .iter()
+        .map(|&r| act(Act::Silu, dot(&wd[r as usize], &x)))
+        .collect();
+    assert_close(
+        &dev.download(&dy).unwrap(),
+        &want,
+        scale,
+        &format!("sparse_matvec {dtype}"),
+    );
+
+    // Gate/up/down_t slabs of 8 over 29 hot neurons of 45 (a partial last slab: padding ids
+    // −1), every third hot neuron inactive.
+    let (ffn, dim) = (rows, cols);
+    let (gate, up, down_t) = (
+        w.clone(),
+        weight(dtype, ffn, dim, 3),
+        weight(dtype, ffn, dim, 4),
+    );
+    let (ud, dd) = (decoded(&up), decoded(&down_t));
+    let hot: Vec<u32> = (0..ffn as u32).filter(|i| i % 3 != 2).collect();
+    let flags: Vec<i32> = (0..ffn as i32).map(|i| i32::from(i % 3 != 0)).collect();
+    let hf = dev.upload_hot_ffn(&gate, &up, &down_t, &hot, 8).unwrap();
+    assert!(hf.layout.n_slabs * 8 > hot.len(), "a partial slab");
+    let dflags = dev.upload(&flags).unwrap();
+    let mut h = dev.zeros::<f32>(hot.len()).unwrap();
+    dev.hot_gate_up(&hf, &dx, Some(&dflags), Act::Relu, &mut h)
+        .unwrap();
+    let want_h: Vec<f64> = hot
+        .iter()
+        .map(|&i| {
+            let i = i as usize;
+            if flags[i] == 0 {
+                return 0.0;
+            }
+            act(Act::Relu, dot(&wd[i], &x)) * dot(&ud[i], &x)
+        })
+        .collect();
+    let got_h = dev.download(&h).unwrap();
+    assert_close(&got_h, &want_h, scale * scale, &format!("gate_up {dtype}"));
+    for splits in [1, 3] {
+        let y0 = values(dim, 5);
+        let mut dy = dev.upload(&y0).unwrap();
+        dev.hot_down(&hf, &h, &mut dy, splits).unwrap();
+        let want: Vec<f64> = (0..dim)
+            .map(|c| {
+                let s: f64 = hot
+                    .iter()
+                    .zip(&got_h)
+                    .map(|(&i, &a)| a as f64 * dd[i as usize][c])
+                    .sum();
+                y0[c] as f64 + s
+            })
+            .collect();
+        let amax = got_h.iter().fold(1f32, |m, v| m.max(v.abs())) as f64;
+        let what = format!("axpy_rows {dtype} in {splits} splits");
+        assert_close(
+            &dev.download(&dy).unwrap(),
+            &want,
+            amax * (hot.len() as f64).sqrt(),
+            &what,
+        );
+    }
+
+    // sparse_matvec's flag path (ids read through the slabs' id rows), launched directly:
+    // the gate rows of the slabs, inactive and padding slots 0.
+    let n_slots = hf.layout.n_slabs * 8;
+    let mut out = dev.zeros::<f32>(n_slots).unwrap();
+    let launch = Launch::SparseMatvec {
+        dtype,
+        w: &hf.data,
+        l: hf.layout.gate,
+        x: &dx,
+        cols,
+        idx: None,
+        n: n_slots,
+        ids: Some((&hf.data, hf.layout.ids)),
+        flags: Some(&dflags),
+        act: Act::None,
+        y: &mut out,
+    };
+    dev.run(launch_spec(dev, launch).unwrap()).unwrap();
+    let want: Vec<f64> = (0..n_slots)
+        .map(|r| match hot.get(r) {
+            Some(&i) if flags[i as usize] != 0 => dot(&wd[i as usize], &x),
+            _ => 0.0,
+        })
+        .collect();
+    let what = format!("sparse_matvec {dtype} with flags");
+    assert_close(&dev.download(&out).unwrap(), &want, scale, &what);
+}
+
+/// The predictor: fc1 (F16, a sparse_matvec launch with ReLU), then fc2_t in `dtype`.
+fn predictor(dev: &EmuBackend, dtype: DType) {
+    let (dim, rank) = (96, 37);
+    let ffn = if dtype.is_k_quant() { 512 } else { 32 * 9 };
+    let fc1 = weight(DType::F16, rank, dim, 10);
+    let fc2_t = weight(dtype, rank, ffn, 11);
+    let (f1, f2) = (decoded(&fc1), decoded(&fc2_t));
+    let x = values(dim, 12);
+    let hidden: Vec<f64> = f1.iter().map(|r| dot(r, &x).max(0.0)).collect();
+    let logits: Vec<f64> = (0..ffn)
+        .map(|j| (0..rank).map(|h| hidden[h] * f2[h][j]).sum())
+        .collect();
+    let (d1, d2, dx) = (
+        dev.upload_weight(&fc1).unwrap(),
+        dev.upload_weight(&fc2_t).unwrap(),
+        dev.upload(&x).unwrap(),
+    );
+    let mut dh = dev.zeros::<f32>(rank).unwrap();
+    let mut dflags = dev.zeros::<i32>(ffn).unwrap();
+    let mut dlog = dev.zeros::<f32>(ffn).unwrap();
+    let t = 0.05;
+    dev.predictor(&d1, &d2, t, &dx, &mut dh, &mut dflags, Some(&mut dlog))
+        .unwrap();
+    assert_close(
+        &dev.download(&dlog).unwrap(),
+        &logits,
+        4.0,
+        &format!("predictor {dtype}"),
+    );
+    let flags = dev.download(&dflags).unwrap();
+    for (j, l) in logits.iter().enumerate() {
+        if (l - t as f64).abs() > 1e-3 {
+            assert_eq!(flags[j] != 0, *l >= t as f64, "{dtype} flag {j}");
+        }
+    }
+}
+
+/// compact_flags past one thread's chunk (n > 1024), split_hot_flags, the elementwise kernels.
+fn flags_and_elementwise(dev: &EmuBackend) {
+    let n = 3001;
+    let flags: Vec<i32> = values(n, 13).iter().map(|v| i32::from(*v > 0.4)).collect();
+    let df = dev.upload(&flags).unwrap();
+    let mut out = dev.upload(&vec![-7i32; n]).unwrap();
+    let mut count = dev.zeros::<i32>(1).unwrap();
+    dev.compact_flags(&df, n, &mut out, &mut count).unwrap();
+    let want: Vec<i32> = (0..n as i32).filter(|&i| flags[i as usize] != 0).collect();
+    assert_eq!(dev.download(&count).unwrap()[0] as usize, want.len());
+    assert_eq!(dev.download(&out).unwrap()[..want.len()], want[..]);
+
+    let w = weight(DType::F16, 70, 32, 14);
+    let hot: Vec<u32> = (0..70).rev().step_by(3).collect();
+    let hf = dev.upload_hot_ffn(&w, &w, &w, &hot, 16).unwrap();
+    let fl: Vec<i32> = (0..70).map(|i| i32::from(i % 4 != 0)).collect();
+    let mut dfl = dev.upload(&fl).unwrap();
+    let mut slots = dev.upload(&vec![9i32; hot.len()]).unwrap();
+    dev.split_hot_flags(&hf, &mut dfl, &mut slots).unwrap();
+    let want_slots: Vec<i32> = hot.iter().map(|&i| fl[i as usize]).collect();
+    assert_eq!(dev.download(&slots).unwrap(), want_slots);
+    let want_cold: Vec<i32> = (0..70u32)
+        .map(|i| if hot.contains(&i) { 0 } else { fl[i as usize] })
+        .collect();
+    assert_eq!(dev.download(&dfl).unwrap(), want_cold);
+
+    let n = 1999;
+    let (g, u) = (values(n, 15), values(n, 16));
+    let du = dev.upload(&u).unwrap();
+    for a in [Act::None, Act::Relu, Act::Silu, Act::Gelu, Act::GeluErf] {
+        let mut dg = dev.upload(&g).unwrap();
+        dev.act_mul(&mut dg, &du, a).unwrap();
+        let want: Vec<f64> = g
+            .iter()
+            .zip(&u)
+            .map(|(g, u)| act(a, *g as f64) * *u as f64)
+            .collect();
+        assert_close(
+            &dev.download(&dg).unwrap(),
+            &want,
+            1.0,
+            &format!("act_mul {a:?}"),
+        );
+    }
+    let mut dg = dev.upload(&g).unwrap();
+    dev.add(&mut dg, &du).unwrap();
+    let want: Vec<f64> = g
+        .iter()
+        .zip(&u)
+        .map(|(g, u)| *g as f64 + *u as f64)
+        .collect();
+    assert_close(&dev.download(&dg).unwrap(), &want, 1.0, "add");
+    dev.threshold_mask(&mut dg, n - 2, 0.5).unwrap();
+    let got = dev.download(&dg).unwrap();
+    for (i, (v, w)) in got.iter().zip(&want).enumerate() {
+        let w = if i < n - 2 && w.abs() < 0.5 { 0.0 } else { *w };
+        assert!((*v as f64 - w).abs() < 1e-6, "threshold_mask[{i}]");
+    }
+}
+
+/// RMSNorm over rows longer than the block (4097 > 1024 threads), RoPE with an odd number of
+/// pairs, and attention over a long f16 context (written straight into the caches).
+fn norm_rope_attention(dev: &EmuBackend) {
+    let n = 4097;
+    let (x, w) = (values(2 * n, 17), values(n, 18));
+    let (dx, dw) = (dev.upload(&x).unwrap(), dev.upload(&w).unwrap());
+    let mut out = dev.zeros::<f32>(2 * n).unwrap();
+    dev.rms_norm(&dx, &dw, 2, 1e-6, &mut out).unwrap();
+    let mut want = vec![0f64; 2 * n];
+    for r in 0..2 {
+        let row = &x[r * n..(r + 1) * n];
+        let ms: f64 = row.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / n as f64;
+        for i in 0..n {
+            want[r * n + i] = row[i] as f64 / (ms + 1e-6).sqrt() * w[i] as f64;
+        }
+    }
+    assert_close(&dev.download(&out).unwrap(), &want, 1.0, "rms_norm 4097");
+
+    let (hd, heads, pos) = (80, 3, 40_001);
+    let inv: Vec<f64> = (0..hd / 2)
+        .map(|i| 500_000f64.powf(-2.0 * i as f64 / hd as f64))
+        .collect();
+    for style in [
+        powerinfer_core::RopeStyle::Norm,
+        powerinfer_core::RopeStyle::Neox,
+    ] {
+        let q = values(hd * heads, 19);
+        let mut dq = dev.upload(&q).unwrap();
+        dev.rope(&mut dq, hd, pos, &inv, style).unwrap();
+        let mut want: Vec<f64> = q.iter().map(|v| *v as f64).collect();
+        for head in want.chunks_exact_mut(hd) {
+            for (i, f) in inv.iter().enumerate() {
+                let (s, c) = (pos as f64 * f).sin_cos();
+                let (a, b) = match style {
+                    powerinfer_core::RopeStyle::Norm => (2 * i, 2 * i + 1),
+                    powerinfer_core::RopeStyle::Neox => (i, i + hd / 2),
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * c - x1 * s;
+                head[b] = x0 * s + x1 * c;
+            }
+        }
+        assert_close(
+            &dev.download(&dq).unwrap(),
+            &want,
+            1.0,
+            &format!("rope {style:?}"),
+        );
+    }
+
+    // 6 query heads over 2 kv heads of 128, 3001 positions of a 3100-position cache.
+    let (nh, nkv, hd, n_pos, ctx) = (6, 2, 128, 3001, 3100);
+    let kv = nkv * hd;
+    let bits = |seed| -> Vec<u16> {
+        values(ctx * kv, seed)
+            .iter()
+            .map(|v| f16::from_f32(2.0 * v).to_bits())
+            .collect()
+    };
+    let (kb, vb) = (bits(20), bits(21));
+    let (ck, cv) = (dev.upload(&kb).unwrap(), dev.upload(&vb).unwrap());
+    let q = values(nh * hd, 22);
+    let dq = dev.upload(&q).unwrap();
+    let mut out = dev.zeros::<f32>(nh * hd).unwrap();
+    dev.attention(&dq, &ck, &cv, n_pos, nh, nkv, hd, &mut out)
+        .unwrap();
+    let f = |b: u16| f16::from_bits(b).to_f64();
+    let mut want = vec![0f64; nh * hd];
+    for h in 0..nh {
+        let g = h / (nh / nkv);
+        let s: Vec<f64> = (0..n_pos)
+            .map(|p| {
+                (0..hd)
+                    .map(|i| q[h * hd + i] as f64 * f(kb[p * kv + g * hd + i]))
+                    .sum::<f64>()
+                    / (hd as f64).sqrt()
+            })
+            .collect();
+        let m = s.iter().cloned().fold(f64::MIN, f64::max);
+        let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+        for i in 0..hd {
+            want[h * hd + i] = (0..n_pos)
+                .map(|p| (s[p] - m).exp() / z * f(vb[p * kv + g * hd + i]))
+                .sum();
+        }
+    }
+    assert_close(
+        &dev.download(&out).unwrap(),
+        &want,
+        1.0,
+        "attention over 3001 positions",
+    );
+
+    // kv_store: one position's k and v rounded to f16 in place.
+    let (k, v) = (values(kv, 23), values(kv, 24));
+    let (dk, dv) = (dev.upload(&k).unwrap(), dev.upload(&v).unwrap());
+    let (mut ck, mut cv) = (dev.upload(&kb).unwrap(), dev.upload(&vb).unwrap());
+    dev.kv_store(&dk, &dv, ctx - 1, &mut ck, &mut cv).unwrap();
+    let got = dev.download(&ck).unwrap();
+    let want: Vec<u16> = k.iter().map(|x| f16::from_f32(*x).to_bits()).collect();
+    assert_eq!(got[(ctx - 1) * kv..], want[..]);
+    assert_eq!(got[..(ctx - 1) * kv], kb[..(ctx - 1) * kv]);
+}
+
+#[test]
+fn every_entry_runs_against_float64_references_and_the_set_is_kernels_all() {
+    let dev = EmuBackend::default();
+    for dtype in GPU_DTYPES {
+        row_kernels(&dev, dtype);
+        predictor(&dev, dtype);
+        println!("{dtype}: ok on {}", dev.describe());
+    }
+    flags_and_elementwise(&dev);
+    norm_rope_attention(&dev);
+    assert_eq!(dev.launched(), all_entries());
+}
+
+/// A spec for `add` over `n` floats (the simplest launch), to break in the tests below.
+fn add_spec(dev: &EmuBackend, y: &mut <EmuBackend as Backend>::Buf<f32>, n: usize) -> LaunchSpec {
+    let x = dev.zeros::<f32>(n).unwrap();
+    let launch = Launch::Add { y, x: &x, n };
+    launch_spec(dev, launch).unwrap()
+}
+
+fn emu_error(dev: &EmuBackend, spec: LaunchSpec) -> String {
+    match dev.run(spec) {
+        Err(Error::Cuda(m)) => m,
+        other => panic!("expected a gpu-emu error, got {other:?}"),
+    }
+}
+
+#[test]
+fn launches_cuda_would_refuse_are_errors() {
+    let dev = EmuBackend::default();
+    let mut y = dev.zeros::<f32>(10).unwrap();
+
+    let mut s = add_spec(&dev, &mut y, 10);
+    s.entry = "no_such_kernel".into();
+    assert!(emu_error(&dev, s).contains("no kernel no_such_kernel"));
+
+    // One argument short, and an int where the kernel takes a pointer (two swapped arguments
+    // of different widths).
+    let mut s = add_spec(&dev, &mut y, 10);
+    let mut a = KernelArgs::default();
+    a.ptr(0).ptr(0);
+    s.args = a;
+    let m = emu_error(&dev, s);
+    assert!(m.contains("2 arguments, the kernel takes 3"), "{m}");
+    let mut s = add_spec(&dev, &mut y, 10);
+    let mut a = KernelArgs::default();
+    a.ptr(0).i32(10).ptr(0);
+    s.args = a;
+    let m = emu_error(&dev, s);
+    assert!(
+        m.contains("argument 1 is 4 bytes, the kernel's parameter 8"),
+        "{m}"
+    );
+
+    let mut s = add_spec(&dev, &mut y, 10);
+    s.block = [2048, 1, 1];
+    assert!(emu_error(&dev, s).contains("invalid launch"));
+    let mut s = add_spec(&dev, &mut y, 10);
+    s.grid = [1, 70_000, 1];
+    assert!(emu_error(&dev, s).contains("invalid launch"));
+    let mut s = add_spec(&dev, &mut y, 10);
+    s.shared_bytes = 48 * 1024 + 4;
+    assert!(emu_error(&dev, s).contains("exceed 48 KiB"));
+
+    // x of MAX_X_COLS floats is staged in exactly 48 KiB of dynamic shared memory, the most a
+    // block may have; the static arrays of rms_norm plus 48 KiB would not fit.
+    assert_eq!(powerinfer_cuda::launch_spec::x_smem(MAX_X_COLS), 48 * 1024);
+    let (x, w) = (dev.zeros::<f32>(64).unwrap(), dev.zeros::<f32>(64).unwrap());
+    let mut out = dev.zeros::<f32>(64).unwrap();
+    let launch = Launch::RmsNorm {
+        x: &x,
+        w: &w,
+        rows: 1,
+        n: 64,
+        eps: 1e-5,
+        out: &mut out,
+    };
+    let mut s = launch_spec(&dev, launch).unwrap();
+    s.shared_bytes = 48 * 1024;
+    let m = emu_error(&dev, s);
+    assert!(m.contains("static") && m.contains("exceed 48 KiB"), "{m}");
+}
+
+/// A shuffle reading lanes that returned (emu/selftest.cu); the barrier deadlock is
+/// tests/emu_deadlock.rs (it needs a short barrier timeout, set for its whole process).
+#[test]
+fn kernels_that_break_the_rules_are_reported() {
+    let dev = EmuBackend::default();
+    let mut out = dev.zeros::<f32>(2).unwrap();
+    let mut a = KernelArgs::default();
+    a.ptr(dev.addr_mut(&mut out));
+    let spec = LaunchSpec {
+        module: &kernels::ELEMENTWISE,
+        entry: "emu_selftest_shuffle_after_return".into(),
+        grid: [1, 1, 1],
+        block: [64, 1, 1],
+        shared_bytes: 0,
+        args: a,
+    };
+    let m = emu_error(&dev, spec);
+    assert!(m.contains("returned before the shuffle"), "{m}");
+}
