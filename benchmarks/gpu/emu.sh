@@ -31,17 +31,24 @@ while [ $# -gt 0 ]; do
     esac
 done
 
+# rustc links with -nodefaultlibs, so `-fsanitize` at link time adds no runtime: the runtime is
+# linked by name, and preloaded into the test binaries only (cargo's runner), so that it comes
+# first in the library list as the sanitizers require; cargo, rustc and cc run without it.
 RUSTFLAGS=${RUSTFLAGS:-}
+CC_BIN=${CXX:-g++}
+runtime() { "$CC_BIN" -print-file-name="$1"; }
 case "$SAN" in
     "") ;;
     address)
-        RUSTFLAGS="$RUSTFLAGS -C link-arg=-fsanitize=address,undefined"
+        RUSTFLAGS="$RUSTFLAGS -C link-arg=-lasan -C link-arg=-lubsan"
+        export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="env LD_PRELOAD=$(runtime libasan.so)"
         # Leaks are not what this looks for (the emulator's thread pool lives for the process).
         export ASAN_OPTIONS="detect_leaks=0:abort_on_error=1:halt_on_error=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
         export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
         ;;
     thread)
-        RUSTFLAGS="$RUSTFLAGS -C link-arg=-fsanitize=thread"
+        RUSTFLAGS="$RUSTFLAGS -C link-arg=-ltsan"
+        export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="env LD_PRELOAD=$(runtime libtsan.so)"
         export TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
         ;;
     *) echo "emu.sh: --sanitize takes address or thread, not '$SAN'" >&2; exit 2 ;;
@@ -54,7 +61,7 @@ export POWERINFER_EMU_TIMEOUT_S=${POWERINFER_EMU_TIMEOUT_S:-300}
 
 echo "== gpu-emu kernel tests (${SAN:-no sanitizer})"
 cargo test -p powerinfer-cuda --no-default-features --features emu \
-    --test gpu_kernels --test emu_kernels
+    --test gpu_kernels --test emu_kernels --test emu_deadlock
 if [ "$QUICK" = 0 ]; then
     echo "== the hybrid executor on gpu-sim and gpu-emu (${SAN:-no sanitizer})"
     cargo test -p powerinfer-engine --no-default-features --features emu --test hybrid
