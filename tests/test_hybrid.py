@@ -1,5 +1,6 @@
 """The hybrid CPU+GPU executor through the Python API, on every device there is: ``gpu-sim``
-(the host backend) always, ``cuda`` where a GPU exists (or the devices named in
+(the host backend) always, ``gpu-emu`` (the CUDA kernels on the CPU) for the half-placement and
+predictor tests, ``cuda`` where a GPU exists (or the devices named in
 ``$POWERINFER_RS_TEST_DEVICES``, comma-separated, as benchmarks/gpu/check.sh sets it). A plan
 that puts about half of a synthetic ReLU llama on the GPU side gives the CPU engine's logits at
 every position and the same greedy tokens, in F16, Q8_0 and the Q4_K/Q6_K mix of a Q4_K_M file;
@@ -42,6 +43,13 @@ def devices() -> list[str]:
 
 
 DEVICES = devices()
+#: The devices plus ``gpu-emu`` (the real CUDA kernels run on the CPU by the emulator) where the
+#: build has it: the tests of the acceptance shape (about half of a synthetic ReLU llama on the
+#: GPU side, in dense, exact-relu and predictor modes) run on it too. It runs a thread per CUDA
+#: thread, about 0.1 s per layer and token here, so the longer tests stay on the other devices.
+DEVICES_WITH_EMU = DEVICES + (
+    ["gpu-emu"] if _core.built_with_emu and "gpu-emu" not in DEVICES else []
+)
 
 
 def plan_for(model, path, share: float, context: int = 256, predictors=None) -> str:
@@ -88,7 +96,7 @@ def relu(request, synth_gguf):
     return load_model(synth_gguf(dtype=request.param, seed=3, **SHAPE))
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES_WITH_EMU)
 @pytest.mark.parametrize("sparsity", ["dense", "exact-relu"])
 def test_half_on_the_gpu_side_matches_the_cpu_engine(relu, tmp_path, device, sparsity):
     path = plan_for(relu, tmp_path / "half.safetensors", 0.5)
@@ -96,6 +104,7 @@ def test_half_on_the_gpu_side_matches_the_cpu_engine(relu, tmp_path, device, spa
     hyb = Engine(relu, threads=2, sparsity=sparsity, plan=path, device=device)
     info = hyb.gpu_info()
     assert info is not None and info["allocations"] == hyb.plan.allocations
+    assert info["device"].startswith(device)
     if info["allocated_bytes"] is not None:
         assert info["allocated_bytes"] == hyb.plan.gpu_bytes
     prompt = [5, 17, 123, 42, 7, 250]
@@ -111,6 +120,14 @@ def test_half_on_the_gpu_side_matches_the_cpu_engine(relu, tmp_path, device, spa
     assert got_toks == want_toks
     info = hyb.gpu_info()
     assert info["steps"] >= 32 and len(info["transfers"]) == relu.config.n_layers + 1
+    if device == "gpu-emu":
+        # The emulator ran the kernels themselves, every decode step: attention and the hot
+        # neurons' gate/up and down passes in the model's format.
+        launches = info["kernel_launches"]
+        fmt = str(dtype).split(".")[-1].lower()
+        for entry in ("attention_decode", "kv_store", "rms_norm", f"gate_up_{fmt}"):
+            assert launches.get(entry, 0) >= 32, (entry, launches)
+        assert launches.get(f"axpy_rows_{fmt}", 0) >= 32, launches
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -131,7 +148,7 @@ def test_scaled_and_partial_rope_on_the_gpu_side(synth_gguf, tmp_path, device):
     assert got_toks == want_toks
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", DEVICES_WITH_EMU)
 def test_predictors_on_the_gpu_side(relu, tmp_path, device):
     c, rank = relu.config, 32
     rng = np.random.default_rng(0)

@@ -49,7 +49,8 @@ case "$SAN" in
     thread)
         RUSTFLAGS="$RUSTFLAGS -C link-arg=-ltsan"
         export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="env LD_PRELOAD=$(runtime libtsan.so)"
-        export TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
+        # tsan.supp: races involving Rust's uninstrumented standard library (see the file).
+        export TSAN_OPTIONS="halt_on_error=1:exitcode=66:second_deadlock_stack=1:suppressions=$PWD/benchmarks/gpu/tsan.supp${TSAN_OPTIONS:+:$TSAN_OPTIONS}"
         ;;
     *) echo "emu.sh: --sanitize takes address or thread, not '$SAN'" >&2; exit 2 ;;
 esac

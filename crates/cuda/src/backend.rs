@@ -96,6 +96,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// [`Backend::addr`] of a buffer the kernel writes.
     fn addr_mut<T: Elem>(&self, buf: &mut Self::Buf<T>) -> u64;
+
+    /// Launches so far by kernel entry, when the backend counts them (the emulator does).
+    fn kernel_launches(&self) -> Option<std::collections::BTreeMap<String, u64>> {
+        None
+    }
 }
 
 /// One kernel launch: a variant per `extern "C"` entry of `kernels/*.cu`, its fields the

@@ -12,7 +12,7 @@
 //! under the sanitizers. What it cannot show: PTX and the driver, streams and events, the GPU's
 //! weak memory ordering and speed.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::sync::Mutex;
 
@@ -45,8 +45,8 @@ pub const GPU_EMU: &str = "gpu-emu";
 #[derive(Debug)]
 pub struct EmuBackend {
     mem: HostBackend,
-    /// Every kernel entry this backend has launched.
-    launched: Mutex<BTreeSet<String>>,
+    /// Launches so far, by kernel entry.
+    launched: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Default for EmuBackend {
@@ -61,7 +61,7 @@ impl EmuBackend {
     pub fn new(capacity: Option<usize>) -> EmuBackend {
         EmuBackend {
             mem: HostBackend::named(GPU_EMU, capacity),
-            launched: Mutex::new(BTreeSet::new()),
+            launched: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -70,7 +70,9 @@ impl EmuBackend {
         self.launched
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .clone()
+            .keys()
+            .cloned()
+            .collect()
     }
 
     /// Run one launch spec on the CPU; `Error::Cuda` with the emulator's reason when the launch
@@ -78,10 +80,12 @@ impl EmuBackend {
     /// CUDA's limits) or a thread of it failed (a barrier part of a block never reached, a
     /// shuffle from a returned lane).
     pub fn run(&self, mut spec: LaunchSpec) -> Result<()> {
-        self.launched
+        *self
+            .launched
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(spec.entry.clone());
+            .entry(spec.entry.clone())
+            .or_insert(0) += 1;
         let entry = CString::new(spec.entry.clone())
             .map_err(|_| Error::Cuda(format!("gpu-emu: kernel name {:?}", spec.entry)))?;
         let sizes = spec.args.sizes();
@@ -175,5 +179,14 @@ impl Backend for EmuBackend {
 
     fn addr_mut<T: Elem>(&self, buf: &mut HostBuf<T>) -> u64 {
         self.mem.addr_mut(buf)
+    }
+
+    fn kernel_launches(&self) -> Option<BTreeMap<String, u64>> {
+        Some(
+            self.launched
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        )
     }
 }

@@ -25,8 +25,9 @@ pub const ROW_THREADS: u32 = 256;
 pub const ROWS_PER_BLOCK: usize = 32;
 /// Threads per block of the thread-per-element kernels.
 pub const ELEM_THREADS: u32 = 256;
-/// Threads of rms_norm's one block per row (32 warps fill its 32-entry partial sums).
-pub const NORM_THREADS: u32 = 1024;
+/// Threads of rms_norm's one block per row (8 warps: a row of a few thousand values is a few
+/// loads per thread; the kernel takes up to 32 warps).
+pub const NORM_THREADS: u32 = 256;
 /// Threads of compact_flags' one block (`COMPACT_THREADS` in predictor.cu).
 pub const COMPACT_THREADS: u32 = 1024;
 /// Warps per block of attention_decode (`ATT_WARPS` in attention.cu), as threads.

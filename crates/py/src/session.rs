@@ -127,8 +127,9 @@ impl PySession {
 
     /// The GPU side, or None: a dict with `device` (its description), `allocations` ([(name,
     /// bytes)]), `allocated_bytes` (what the backend counts, or None), `free_bytes`,
-    /// `total_bytes`, `steps` (decode steps run) and `transfers` (per layer, the output head
-    /// last: (uploads, downloads, bytes up, bytes down)).
+    /// `total_bytes`, `steps` (decode steps run), `transfers` (per layer, the output head
+    /// last: (uploads, downloads, bytes up, bytes down)) and `kernel_launches` ({entry: count}
+    /// where the backend counts them, as gpu-emu does; else None).
     fn gpu_info<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         let guard = self.lock(py);
         let Some(h) = guard.hybrid() else {
@@ -149,6 +150,7 @@ impl PySession {
         d.set_item("total_bytes", total)?;
         d.set_item("steps", st.steps)?;
         d.set_item("transfers", transfers)?;
+        d.set_item("kernel_launches", h.kernel_launches())?;
         Ok(Some(d))
     }
 

@@ -75,7 +75,8 @@ class PlanAndDevice:
         ``device`` description, its ``allocations`` ([(name, bytes)], equal to the plan's),
         ``allocated_bytes``, ``free_bytes``/``total_bytes`` of device memory, decode ``steps``
         and per-layer ``transfers`` (uploads, downloads, bytes up, bytes down; the output head
-        last)."""
+        last), and ``kernel_launches`` ({kernel entry: launches}) where the device counts them
+        (gpu-emu), else None."""
         with self._lock:
             return self._session.gpu_info()
 

@@ -97,6 +97,10 @@ impl<B: Backend> Hybrid for Executor<B> {
         self.dev.allocated_bytes()
     }
 
+    fn kernel_launches(&self) -> Option<std::collections::BTreeMap<String, u64>> {
+        self.dev.kernel_launches()
+    }
+
     fn mem_info(&self) -> Result<(usize, usize)> {
         self.dev.mem_info()
     }

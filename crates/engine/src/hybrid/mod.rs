@@ -39,6 +39,8 @@ pub trait Hybrid: Send {
     fn allocations(&self) -> &[Allocation];
     /// Bytes the backend counts as allocated, when it counts.
     fn allocated_bytes(&self) -> Option<usize>;
+    /// Kernel launches so far by entry name, when the backend counts them (the emulator does).
+    fn kernel_launches(&self) -> Option<std::collections::BTreeMap<String, u64>>;
     /// (free, total) device memory.
     fn mem_info(&self) -> Result<(usize, usize)>;
     /// Transfers so far.
