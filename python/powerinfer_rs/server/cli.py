@@ -18,7 +18,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (8000)")
     p.add_argument("--plan", default=None, help="placement plan (python -m powerinfer_rs.plan)")
-    p.add_argument("--device", default="cpu", help="cpu (default), gpu-sim, gpu-emu, cuda or cuda:N")
+    p.add_argument(
+        "--device", default="cpu", help="cpu (default), gpu-sim, gpu-emu, cuda or cuda:N"
+    )
     p.add_argument("--vram-budget", default=None, help="VRAM budget for --plan, e.g. 8GiB")
     p.add_argument(
         "--api-key",

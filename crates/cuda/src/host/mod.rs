@@ -65,6 +65,7 @@ impl HostBackend {
     }
 
     /// Host memory named `name` in messages, with an optional capacity (the emulator's).
+    #[cfg_attr(not(feature = "emu"), allow(dead_code))]
     pub(crate) fn named(name: &'static str, capacity: Option<usize>) -> HostBackend {
         HostBackend {
             name,
