@@ -125,9 +125,14 @@ def test_half_on_the_gpu_side_matches_the_cpu_engine(relu, tmp_path, device, spa
         # neurons' gate/up and down passes in the model's format.
         launches = info["kernel_launches"]
         fmt = str(dtype).split(".")[-1].lower()
-        for entry in ("attention_decode", "kv_store", "rms_norm", f"gate_up_{fmt}"):
+        entries = [f"gate_up_{fmt}", f"axpy_rows_{fmt}"]
+        assert any(len(h) for h in hyb.plan.hot_neurons)
+        if any(hyb.plan.attention):
+            entries += ["attention_decode", "kv_store", "rms_norm"]
+        for entry in entries:
             assert launches.get(entry, 0) >= 32, (entry, launches)
-        assert launches.get(f"axpy_rows_{fmt}", 0) >= 32, launches
+    else:
+        assert info["kernel_launches"] is None
 
 
 @pytest.mark.parametrize("device", DEVICES)
