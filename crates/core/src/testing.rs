@@ -3,6 +3,7 @@
 //! dependency on a random-number crate).
 
 use crate::config::{Activation, ModelConfig, RopeStyle};
+use crate::{quantize_row, Buffer, DType, Weight};
 
 /// A small llama config: 2 layers, dim 64, ffn 96, 4 heads of 16 over 2 KV heads, vocab 100,
 /// context 128, RMS eps 1e-5, RoPE theta 10000 (normal style). Change fields with struct update
@@ -37,6 +38,17 @@ pub fn pseudo_random(n: usize, seed: u64) -> Vec<f32> {
             (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
         })
         .collect()
+}
+
+/// A `rows × cols` weight in `dtype`: [`pseudo_random`] values of `seed`, quantized row by row.
+pub fn random_weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Weight {
+    let rb = dtype.row_bytes(cols).expect("cols fit the format's blocks");
+    let vals = pseudo_random(rows * cols, seed);
+    let mut bytes = vec![0u8; rb * rows];
+    for (r, row) in bytes.chunks_exact_mut(rb).enumerate() {
+        quantize_row(dtype, &vals[r * cols..(r + 1) * cols], row).expect("quantizing a row");
+    }
+    Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).expect("a weight of whole rows")
 }
 
 #[cfg(test)]

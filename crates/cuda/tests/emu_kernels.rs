@@ -13,7 +13,7 @@
 use std::collections::BTreeSet;
 
 use half::f16;
-use powerinfer_core::{dequantize_row, quantize_row, Buffer, DType, Error, Weight};
+use powerinfer_core::{dequantize_row, DType, Error, Weight};
 use powerinfer_cuda::kernels;
 use powerinfer_cuda::launch_spec::{launch_spec, KernelArgs, LaunchSpec};
 use powerinfer_cuda::{
@@ -30,14 +30,7 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Weight {
-    let rb = dtype.row_bytes(cols).unwrap();
-    let vals = values(rows * cols, seed);
-    let mut bytes = vec![0u8; rb * rows];
-    for r in 0..rows {
-        let row = &mut bytes[r * rb..(r + 1) * rb];
-        quantize_row(dtype, &vals[r * cols..(r + 1) * cols], row).unwrap();
-    }
-    Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
+    powerinfer_core::testing::random_weight(dtype, rows, cols, seed)
 }
 
 /// Every row of `w` decoded by the core crate's scalar decoder, in f64.

@@ -8,7 +8,7 @@
 //! CUDA device.
 
 use half::f16;
-use powerinfer_core::{quantize_row, Activation, Buffer, DType, Error, RopeStyle, Weight};
+use powerinfer_core::{Activation, Buffer, DType, Error, RopeStyle, Weight};
 use powerinfer_cpu::{reference, sparse_reference};
 use powerinfer_cuda::{Act, Backend, DeviceWeight, GpuOps, HostBackend, RowLayout, GPU_DTYPES};
 
@@ -80,18 +80,7 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
 }
 
 fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Weight {
-    let rb = dtype.row_bytes(cols).unwrap();
-    let vals = values(rows * cols, seed);
-    let mut bytes = vec![0u8; rb * rows];
-    for r in 0..rows {
-        quantize_row(
-            dtype,
-            &vals[r * cols..(r + 1) * cols],
-            &mut bytes[r * rb..(r + 1) * rb],
-        )
-        .unwrap();
-    }
-    Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
+    powerinfer_core::testing::random_weight(dtype, rows, cols, seed)
 }
 
 /// Columns for a format: odd where the format allows it, else an odd number of blocks (of 32
@@ -676,4 +665,77 @@ fn checked_errors<B: Backend>(dev: &B) {
     let mut x = zeros_f32(1024);
     let e = dev.rope(&mut x, 1024, 0, &[1.0; 257], RopeStyle::Neox);
     assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
+}
+
+#[test]
+fn f16_conversions_are_exact_both_ways() {
+    on_each_backend!(f16_conversions);
+}
+
+/// Every f16 bit pattern decoded (one F16 row of all 65,536, read by axpy_rows with a
+/// coefficient of 1: y = 0 + 1·w exactly), and f32 → f16 in kv_store rounding to nearest even at
+/// every tie between neighbouring f16 values, one f32 step either side of them, past the largest
+/// finite f16, below the smallest subnormal, and on infinities and NaN — bit for bit as `half`
+/// (IEEE 754) rounds. On a GPU this checks the cvt instructions, on the emulator its own
+/// conversions.
+fn f16_conversions<B: Backend>(dev: &B) {
+    let bits: Vec<u16> = (0..=u16::MAX).collect();
+    let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+    let w = Weight::new(DType::F16, 1, bits.len(), Buffer::from_bytes(&bytes)).unwrap();
+    let dw = dev.upload_weight(&w).unwrap();
+    let (da, mut dy) = (
+        dev.upload(&[1.0f32]).unwrap(),
+        dev.zeros::<f32>(bits.len()).unwrap(),
+    );
+    dev.axpy_rows(&dw, None, &da, 1, &mut dy, 1).unwrap();
+    for (b, got) in bits.iter().zip(dev.download(&dy).unwrap()) {
+        let want = f16::from_bits(*b).to_f32();
+        if want.is_nan() {
+            assert!(got.is_nan(), "f16 {b:#06x}: {got}");
+        } else {
+            // 0 + 1·(−0) is +0.
+            assert_eq!(got, want + 0.0, "f16 {b:#06x}");
+        }
+    }
+
+    let mut x: Vec<f32> = Vec::new();
+    // Every 7th pair of neighbours (all exponents, varied mantissas), both signs.
+    for b in (0..0x7bffu16).step_by(7) {
+        let (lo, hi) = (f16::from_bits(b).to_f64(), f16::from_bits(b + 1).to_f64());
+        let mid = ((lo + hi) / 2.0) as f32; // exact: 12 significant bits
+        for v in [
+            mid,
+            f32::from_bits(mid.to_bits() - 1),
+            f32::from_bits(mid.to_bits() + 1),
+        ] {
+            x.extend([v, -v]);
+        }
+    }
+    x.extend([
+        65504.0,
+        65519.996,
+        65520.0,
+        1e6,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        2.9e-8,
+        2.98e-8,
+        -0.0,
+        f32::MIN_POSITIVE / 4.0,
+    ]);
+    let n = x.len();
+    let dx = dev.upload(&x).unwrap();
+    let (mut ck, mut cv) = (dev.zeros::<u16>(n).unwrap(), dev.zeros::<u16>(n).unwrap());
+    dev.kv_store(&dx, &dx, 0, &mut ck, &mut cv).unwrap();
+    let got = dev.download(&ck).unwrap();
+    for (v, g) in x.iter().zip(&got) {
+        let want = f16::from_f32(*v);
+        if want.is_nan() {
+            assert!(f16::from_bits(*g).is_nan(), "{v}: {g:#06x}");
+        } else {
+            assert_eq!(*g, want.to_bits(), "{v:e} ({:#010x})", v.to_bits());
+        }
+    }
+    assert_eq!(dev.download(&cv).unwrap(), got);
 }
