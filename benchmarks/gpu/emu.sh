@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The CUDA kernels without a GPU: builds the emulator (crates/cuda, feature `emu`: the real
 # kernels/*.cu compiled for the host, one OS thread per CUDA thread) and runs its tests:
-#   - crates/cuda/tests/gpu_kernels.rs  every kernel entry x every GPU format against float64 /
-#                                       scalar references, on the host backend and the emulator
-#   - crates/cuda/tests/emu_kernels.rs  the emulator itself: coverage of every entry, shapes at
-#                                       the kernels' limits, launch errors, f16 rounding
+#   - crates/cuda/tests/gpu_kernels.rs  each kernel against scalar / float64 references, one
+#                                       body on the host backend and the emulator (every f16
+#                                       bit pattern, rows past MAX_X_COLS, head dims to 256)
+#   - crates/cuda/tests/emu_kernels.rs  every entry x every GPU format against float64, shapes
+#                                       at the kernels' edges, the set of entries run ==
+#                                       kernels::ALL; launches CUDA refuses are errors
+#   - crates/cuda/tests/emu_deadlock.rs a barrier part of a block never reaches: an error
 #   - crates/engine/tests/hybrid.rs     the hybrid executor on gpu-sim and gpu-emu, one body
 #
 # usage: bash benchmarks/gpu/emu.sh [--sanitize address|thread] [--quick]
@@ -26,7 +29,7 @@ while [ $# -gt 0 ]; do
         --sanitize) SAN=${2:-}; shift 2 ;;
         --sanitize=*) SAN=${1#*=}; shift ;;
         --quick) QUICK=1; shift ;;
-        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,/^set /p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "emu.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
