@@ -59,6 +59,8 @@ float shfl_xor(unsigned mask, float v, int lane_mask);
 void* static_shared(int key, std::size_t bytes);
 /// The block's dynamic shared memory (the launch's bytes; may be 0 long).
 void* dynamic_shared();
+/// Whether the calling CUDA thread's launch has already failed (for the self-test kernels).
+bool launch_failed();
 
 /// A kernel called with its parameters from an array of pointers to them.
 using Invoker = void (*)(void** args);

@@ -122,9 +122,13 @@ struct Barrier {
         if (!done) {
             broken = true;
             cv.notify_all();
+            // The message is made under the lock: dropping threads change `expected`.
+            const std::string why = std::string(what) + ": " +
+                                    std::to_string(expected - arrived) +
+                                    " thread(s) never arrived (timeout; a barrier part of the "
+                                    "block skips?)";
             g.unlock();
-            launch.fail(std::string(what) + ": " + std::to_string(expected - arrived) +
-                        " thread(s) never arrived (timeout; a barrier part of the block skips?)");
+            launch.fail(why);
             throw Abort{};
         }
     }
@@ -285,10 +289,23 @@ struct Pool {
     }
 };
 
+/// The pool (never destroyed: its threads outlive static destructors). A child made by fork()
+/// has none of its threads, so it starts a new pool (the old one, with a lock perhaps held by a
+/// thread that did not survive the fork, is left alone).
+Pool* g_pool = nullptr;
+std::once_flag g_pool_once;
+
 Pool& pool() {
-    static Pool* p = new Pool();  // never destroyed: its threads outlive static destructors
-    return *p;
+    std::call_once(g_pool_once, [] {
+        g_pool = new Pool();
+        pthread_atfork(nullptr, nullptr, [] { g_pool = new Pool(); });
+    });
+    return *g_pool;
 }
+
+/// One launch at a time per process: a launch already uses every core, and concurrent launches
+/// (parallel tests) would multiply the threads held by the pool.
+std::mutex g_launch_m;
 
 /// Run every thread of `ts` at once on workers of the pool, and wait for all.
 bool run_wave(std::vector<Thread>& ts) {
@@ -378,12 +395,10 @@ void set_error(char* err, std::size_t len, const std::string& msg) {
 
 }  // namespace
 
-/// Run `entry` over grid × block with `smem` bytes of dynamic shared memory; `args[i]` points
-/// to parameter i, whose size the caller gives in `sizes[i]`. 0 on success, else 1 with the
-/// reason in `err`.
-extern "C" int powerinfer_emu_launch(const char* entry, const unsigned* grid, const unsigned* block,
-                                     std::size_t smem, void** args, const std::size_t* sizes,
-                                     std::size_t nargs, char* err, std::size_t errlen) {
+/// The body of powerinfer_emu_launch (below).
+static int launch(const char* entry, const unsigned* grid, const unsigned* block, std::size_t smem,
+                  void** args, const std::size_t* sizes, std::size_t nargs, char* err,
+                  std::size_t errlen) {
     using namespace emu;
     powerinfer_emu_link_modules();
     auto it = registry().find(entry);
@@ -461,6 +476,25 @@ extern "C" int powerinfer_emu_launch(const char* entry, const unsigned* grid, co
     }
     return 0;
 }
+
+/// Run `entry` over grid × block with `smem` bytes of dynamic shared memory; `args[i]` points
+/// to parameter i, whose size the caller gives in `sizes[i]`. 0 on success, else 1 with the
+/// reason in `err`. No C++ exception leaves this function.
+extern "C" int powerinfer_emu_launch(const char* entry, const unsigned* grid, const unsigned* block,
+                                     std::size_t smem, void** args, const std::size_t* sizes,
+                                     std::size_t nargs, char* err, std::size_t errlen) {
+    try {
+        std::lock_guard<std::mutex> g(emu::g_launch_m);
+        return launch(entry, grid, block, smem, args, sizes, nargs, err, errlen);
+    } catch (const std::exception& e) {
+        set_error(err, errlen, std::string(entry) + ": the emulator failed: " + e.what());
+    } catch (...) {
+        set_error(err, errlen, std::string(entry) + ": the emulator failed");
+    }
+    return 1;
+}
+
+bool emu::launch_failed() { return t_block && t_block->launch->has_failed(); }
 
 /// The registered kernels' names, separated by '\n', into `out` (at most `len` bytes with the
 /// terminating 0); returns the bytes the whole list needs.

@@ -10,11 +10,14 @@ extern "C" __global__ void emu_selftest_shuffle_after_return(float* out) {
 }
 EMU_ENTRY(emu_selftest_shuffle_after_return)
 
-// Thread 1 waits (up to `spins` milliseconds) for a flag thread 0 sets only after the block's
-// barrier, which thread 1 never reaches: a deadlock on a GPU, a barrier timeout here.
+// Thread 1 waits for a flag thread 0 sets only after the block's barrier, which thread 1 never
+// reaches: a deadlock on a GPU, a barrier timeout here. Thread 1 stops waiting once the launch
+// has failed (or after `spins` milliseconds), so the launch ends.
 extern "C" __global__ void emu_selftest_barrier_deadlock(int* flag, int spins) {
     if (threadIdx.x == 1) {
-        for (int i = 0; i < spins && std::atomic_ref<int>(*flag).load() == 0; ++i) {
+        for (int i = 0; i < spins && std::atomic_ref<int>(*flag).load() == 0 &&
+                        !emu::launch_failed();
+             ++i) {
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
         return;
