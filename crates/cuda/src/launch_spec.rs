@@ -186,6 +186,18 @@ fn spec(
     })
 }
 
+/// A thread-per-element kernel: blocks of [`ELEM_THREADS`] covering `n` threads.
+fn per_element(
+    module: &'static KernelSource,
+    entry: String,
+    n: usize,
+    smem: usize,
+    args: KernelArgs,
+) -> Result<LaunchSpec> {
+    let blocks = [grid(n, ELEM_THREADS as usize)?, 1];
+    spec(module, entry, blocks, ELEM_THREADS, smem, args)
+}
+
 /// The spec of `launch` on `dev` (buffers become `dev`'s addresses for them).
 pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchSpec> {
     let opt = |b: Option<&B::Buf<i32>>| b.map_or(0, |b| dev.addr(b));
@@ -316,15 +328,7 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             a.ptr(dev.addr_mut(flags));
             a.ptr(logits.map_or(0, |b| dev.addr_mut(b)));
             let entry = format!("predictor_fc2_{}", dtype_suffix(dtype));
-            let blocks = [grid(ffn, ELEM_THREADS as usize)?, 1];
-            spec(
-                &kernels::PREDICTOR,
-                entry,
-                blocks,
-                ELEM_THREADS,
-                rank * 4,
-                a,
-            )
+            per_element(&kernels::PREDICTOR, entry, ffn, rank * 4, a)
         }
         Launch::CompactFlags {
             flags,
@@ -351,9 +355,8 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
                 .layout(&ids_l)
                 .i32(to_i32(n, "hot")?);
             a.ptr(dev.addr_mut(flags)).ptr(dev.addr_mut(slot_flags));
-            let blocks = [grid(n, ELEM_THREADS as usize)?, 1];
             let entry = "split_hot_flags".to_string();
-            spec(&kernels::PREDICTOR, entry, blocks, ELEM_THREADS, 0, a)
+            per_element(&kernels::PREDICTOR, entry, n, 0, a)
         }
         Launch::RmsNorm {
             x,
@@ -387,12 +390,10 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             a.i32(to_i32(inv_freqs.len(), "rope pairs")?)
                 .i32(to_i32(pos, "pos")?);
             a.rope_freqs(inv_freqs)?.i32(i32::from(neox));
-            let blocks = [grid(n_heads * inv_freqs.len(), ELEM_THREADS as usize)?, 1];
-            spec(
+            per_element(
                 &kernels::NORM_ROPE,
                 "rope".into(),
-                blocks,
-                ELEM_THREADS,
+                n_heads * inv_freqs.len(),
                 0,
                 a,
             )
@@ -411,15 +412,7 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
                 .i32(to_i32(kv_dim, "kv_dim")?);
             a.i32(to_i32(pos, "pos")?);
             a.ptr(dev.addr_mut(cache_k)).ptr(dev.addr_mut(cache_v));
-            let blocks = [grid(kv_dim, ELEM_THREADS as usize)?, 1];
-            spec(
-                &kernels::ATTENTION,
-                "kv_store".into(),
-                blocks,
-                ELEM_THREADS,
-                0,
-                a,
-            )
+            per_element(&kernels::ATTENTION, "kv_store".into(), kv_dim, 0, a)
         }
         Launch::AttentionDecode {
             q,
@@ -450,33 +443,16 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
         Launch::ActMul { g, u, n, act } => {
             a.ptr(dev.addr_mut(g)).ptr(dev.addr(u)).i32(to_i32(n, "n")?);
             a.i32(act as i32);
-            let blocks = [grid(n, ELEM_THREADS as usize)?, 1];
-            spec(
-                &kernels::ELEMENTWISE,
-                "act_mul".into(),
-                blocks,
-                ELEM_THREADS,
-                0,
-                a,
-            )
+            per_element(&kernels::ELEMENTWISE, "act_mul".into(), n, 0, a)
         }
         Launch::Add { y, x, n } => {
             a.ptr(dev.addr_mut(y)).ptr(dev.addr(x)).i32(to_i32(n, "n")?);
-            let blocks = [grid(n, ELEM_THREADS as usize)?, 1];
-            spec(
-                &kernels::ELEMENTWISE,
-                "add".into(),
-                blocks,
-                ELEM_THREADS,
-                0,
-                a,
-            )
+            per_element(&kernels::ELEMENTWISE, "add".into(), n, 0, a)
         }
         Launch::ThresholdMask { h, n, t } => {
             a.ptr(dev.addr_mut(h)).i32(to_i32(n, "n")?).f32(t);
-            let blocks = [grid(n, ELEM_THREADS as usize)?, 1];
             let entry = "threshold_mask".to_string();
-            spec(&kernels::ELEMENTWISE, entry, blocks, ELEM_THREADS, 0, a)
+            per_element(&kernels::ELEMENTWISE, entry, n, 0, a)
         }
     }
 }
