@@ -5,12 +5,13 @@
 //! scoring, profiling) run dense matrix-matrix products and apply the same mode as a mask, so
 //! every mode computes the same function whether tokens come one by one or in a batch.
 
-use powerinfer_core::{Activation, Result, Weight};
+use powerinfer_core::{Result, Weight};
 use powerinfer_cpu::{
     axpy_rows, matmul, matvec, matvec_many, matvec_rows, sparse_ffn, GateRows, SparseFfn,
 };
 use rayon::prelude::*;
 
+use crate::layer::FfnKind;
 use crate::phases::{mark, Phase};
 use crate::profiler::Profiler;
 use crate::sparsity::{predicted_active, PredictorInput, PredictorScratch, Sparsity};
@@ -59,53 +60,6 @@ fn par_rows(a: &mut [f32], b: &[f32], f: impl Fn(&mut f32, f32) + Sync) {
     }
 }
 
-/// The FFN's activation as the family sets it: the gate's (with FATReLU's threshold) and
-/// whether the up projection passes through it too (Bamboo).
-#[derive(Clone, Copy)]
-struct FfnAct {
-    act: Activation,
-    threshold: f32,
-    on_up: bool,
-    /// No up projection (gate-less FFN: OPT, Falcon): `h = act(gate)`.
-    no_up: bool,
-}
-
-impl FfnAct {
-    fn of(m: &ModelWeights) -> FfnAct {
-        let c = &m.config;
-        FfnAct {
-            act: c.activation,
-            threshold: c.arch.relu_threshold,
-            on_up: c.arch.up_act,
-            no_up: c.arch.no_gate,
-        }
-    }
-
-    /// The activation of a gate value.
-    #[inline]
-    fn apply(self, x: f32) -> f32 {
-        match self.act {
-            Activation::Relu if self.threshold > 0.0 => {
-                if x > self.threshold {
-                    x
-                } else {
-                    0.0
-                }
-            }
-            a => a.apply(x),
-        }
-    }
-
-    /// `h · up'` for an activated gate value `h` and an up value (activated too for Bamboo).
-    #[inline]
-    fn times_up(self, h: f32, u: f32) -> f32 {
-        match self.on_up {
-            true => h * self.apply(u),
-            false => h * u,
-        }
-    }
-}
-
 /// Add layer `lw`'s bias of the activated projection (OPT's fc1 bias) to gate values: every
 /// neuron of each row (`ids` None), or the neurons `ids` in that order.
 fn add_gate_bias(lw: &LayerWeights, ids: Option<&[u32]>, gate: &mut [f32]) {
@@ -125,16 +79,16 @@ fn add_gate_bias(lw: &LayerWeights, ids: Option<&[u32]>, gate: &mut [f32]) {
 
 /// The gate (and, with one, the up) projection of `n` tokens into `gate` and `up`.
 fn gate_and_up(
-    act: FfnAct,
+    act: FfnKind,
     lw: &LayerWeights,
     xn: &[f32],
     n: usize,
     gate: &mut Vec<f32>,
     up: &mut Vec<f32>,
 ) -> Result<()> {
-    match act.no_up {
-        true => project(&lw.w_gate, xn, n, gate)?,
-        false => project_many([&lw.w_gate, &lw.w_up], xn, n, [gate, up])?,
+    match act.gated {
+        false => project(&lw.w_gate, xn, n, gate)?,
+        true => project_many([&lw.w_gate, &lw.w_up], xn, n, [gate, up])?,
     }
     add_gate_bias(lw, None, gate);
     Ok(())
@@ -186,7 +140,7 @@ pub fn ffn(
 /// The neurons among `ids` (gate values `gate`, in the same order) whose activation is not 0,
 /// into `idx`, with their activations into `vals`.
 fn keep_firing(
-    act: FfnAct,
+    act: FfnKind,
     ids: impl Iterator<Item = u32>,
     gate: &[f32],
     idx: &mut Vec<u32>,
@@ -207,7 +161,7 @@ fn keep_firing(
 /// [`powerinfer_cpu::sparse_ffn`]): gate rows, then the up and down_t rows of the neurons that
 /// fire. Its time is charged to [`Phase::Ffn`] (by the caller: see [`ffn`]).
 fn fused(
-    act: FfnAct,
+    act: FfnKind,
     lw: &LayerWeights,
     down_t: &Weight,
     xn: &[f32],
@@ -216,7 +170,7 @@ fn fused(
 ) -> Result<()> {
     let ffn = SparseFfn {
         gate: &lw.w_gate,
-        up: (!act.no_up).then_some(&lw.w_up),
+        up: act.gated.then_some(&lw.w_up),
         down_t,
     };
     let bias = lw.ffn_bias.as_ref().map(|[b, _]| b.as_slice());
@@ -229,7 +183,7 @@ fn fused(
 fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Result<Phase> {
     let m = call.model;
     let lw: &LayerWeights = &m.layers[call.layer];
-    let act = FfnAct::of(m);
+    let act = m.program.layers[call.layer].ffn_kind();
     let down_t = &m.down_t()?[call.layer];
     match call.mode {
         Sparsity::ExactRelu => {
@@ -243,10 +197,10 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
                                // h = act(gate)·up in place, as the batched path computes it (whole-vector passes
                                // the compiler vectorises, apart from the activation's exp).
             apply_activation(act, &mut s.gate);
-            match (act.no_up, act.on_up) {
-                (true, _) => {}
-                (false, false) => s.gate.iter_mut().zip(&s.up).for_each(|(h, u)| *h *= u),
-                (false, true) => s
+            match (act.gated, act.up_act) {
+                (false, _) => {}
+                (true, false) => s.gate.iter_mut().zip(&s.up).for_each(|(h, u)| *h *= u),
+                (true, true) => s
                     .gate
                     .iter_mut()
                     .zip(&s.up)
@@ -312,14 +266,14 @@ fn batched(
     let m = call.model;
     let lw = &m.layers[call.layer];
     let (n, ffn) = (call.n, m.config.ffn_dim);
-    let act = FfnAct::of(m);
+    let act = m.program.layers[call.layer].ffn_kind();
     gate_and_up(act, lw, call.xn, n, &mut s.gate, &mut s.up)?;
     mark(Phase::Gate); // gate and up in one pass
     apply_activation(act, &mut s.gate);
-    match (act.no_up, act.on_up) {
-        (true, _) => {}
-        (false, false) => par_rows(&mut s.gate, &s.up, |a, u| *a *= u),
-        (false, true) => par_rows(&mut s.gate, &s.up, |a, u| *a = act.times_up(*a, u)),
+    match (act.gated, act.up_act) {
+        (false, _) => {}
+        (true, false) => par_rows(&mut s.gate, &s.up, |a, u| *a *= u),
+        (true, true) => par_rows(&mut s.gate, &s.up, |a, u| *a = act.times_up(*a, u)),
     }
     // s.gate now holds h = act(gate)·up; the mode zeroes the neurons it skips.
     match call.mode {
@@ -363,7 +317,7 @@ fn zero_below(h: &mut [f32], t: f32) {
 }
 
 /// `a = act(a)` in place.
-fn apply_activation(act: FfnAct, a: &mut [f32]) {
+fn apply_activation(act: FfnKind, a: &mut [f32]) {
     const CHUNK: usize = 16 * 1024;
     if a.len() <= CHUNK {
         a.iter_mut().for_each(|v| *v = act.apply(*v));
@@ -401,7 +355,7 @@ pub(crate) fn rows_ffn(
     out: &mut [f32],
 ) -> Result<()> {
     let lw = &model.layers[layer];
-    let act = FfnAct::of(model);
+    let act = model.program.layers[layer].ffn_kind();
     if threshold.is_none() && dense_down == DenseDown::Never {
         let down_t = &model.down_t()?[layer];
         return fused(act, lw, down_t, xn, GateRows::Listed(ids), out);
@@ -412,7 +366,7 @@ pub(crate) fn rows_ffn(
     match threshold {
         None => {
             keep_firing(act, ids.iter().copied(), &s.gate, &mut s.idx, &mut s.vals);
-            if !act.no_up {
+            if act.gated {
                 s.up.resize(s.idx.len(), 0.0);
                 matvec_rows(&lw.w_up, xn, &s.idx, &mut s.up)?;
                 s.vals
@@ -423,9 +377,9 @@ pub(crate) fn rows_ffn(
         }
         Some(t) => {
             s.up.clear();
-            match act.no_up {
-                true => s.up.resize(ids.len(), 1.0),
-                false => {
+            match act.gated {
+                false => s.up.resize(ids.len(), 1.0),
+                true => {
                     s.up.resize(ids.len(), 0.0);
                     matvec_rows(&lw.w_up, xn, ids, &mut s.up)?;
                 }

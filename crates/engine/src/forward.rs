@@ -2,17 +2,18 @@
 //! layer with the steps the config's `ArchFeatures` switch on (biases, q/k norms, windows,
 //! post norms, soft-caps, LayerNorm, learned positions, parallel attention and FFN).
 
-use powerinfer_core::{ensure, Result};
+use powerinfer_core::{ensure, ModelConfig, Result};
 use rayon::prelude::*;
 
 use crate::attention::{attention, AttnShape};
 use crate::ffn::{ffn, project, project_many, FfnCall, FfnScratch};
 use crate::kv_cache::KvCache;
+use crate::layer::{AttnStep, FfnInput, FfnStep, NormKind};
 use crate::norm_rope::{apply_rope, layer_norm, rms_norm, RopeAngles};
 use crate::phases::{mark, Phase};
 use crate::profiler::Profiler;
 use crate::sparsity::Sparsity;
-use crate::weights::ModelWeights;
+use crate::weights::{LayerWeights, ModelWeights};
 
 /// Which logits a forward pass returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,44 +116,14 @@ pub fn forward(
     cache.reserve(n)?;
 
     let s = scratch;
-    s.x.resize(n * c.dim, 0.0);
-    for (row, &t) in s.x.chunks_exact_mut(c.dim).zip(tokens) {
-        let e = &model.token_embd;
-        powerinfer_cpu::dequantize_row(e.dtype, e.row(t as usize), row)?;
-        if let Some(f) = c.arch.embed_scale {
-            row.iter_mut().for_each(|v| *v *= f);
-        }
-    }
-    if let Some(pe) = &model.pos_embd {
-        let mut p = vec![0.0f32; c.dim];
-        for (t, row) in s.x.chunks_exact_mut(c.dim).enumerate() {
-            let pos = start + t + c.arch.pos_offset;
-            ensure!(
-                pos < pe.rows,
-                ContextOverflow,
-                "position {pos} is past the {} learned positions",
-                pe.rows
-            );
-            powerinfer_cpu::dequantize_row(pe.dtype, pe.row(pos), &mut p)?;
-            row.iter_mut().zip(&p).for_each(|(x, p)| *x += p);
-        }
-    }
-    let angles_for = |local: bool| -> Vec<RopeAngles> {
-        let inv = c.rope_inv_freqs(local);
-        (0..n).map(|t| RopeAngles::new(start + t, &inv)).collect()
-    };
-    let angles = angles_for(false);
-    let local = c.arch.rope_theta_local.map(|_| angles_for(true));
+    embed(model, tokens, start, &mut s.x)?;
+    let angles = Angles::new(c, start, n);
     mark(Phase::Other);
     for l in 0..model.layers.len() {
-        let ang = match &local {
-            Some(local) if c.rope_local(l) => local,
-            _ => &angles,
-        };
-        if c.arch.parallel {
+        if model.program.layers[l].save_residual {
             s.par_in.clone_from(&s.x);
         }
-        attention_block(model, l, cache, s, start, n, ang)?;
+        attention_block(model, l, cache, s, start, n, &angles)?;
         ffn_block(model, l, mode, s, profiler.as_deref_mut(), start, n)?;
     }
     cache.set_len(start + n);
@@ -167,8 +138,48 @@ pub fn forward(
     output_block(model, s, first, n_out)
 }
 
-/// Layer `l`'s attention for the `n` tokens in `s.x` at positions `start..`: their keys and
-/// values go into `cache`, the output is added to the residual `s.x`.
+/// RoPE angles of a chunk's tokens: the model's global ones and, for families whose sliding
+/// layers have their own base, those.
+pub(crate) struct Angles {
+    pub global: Vec<RopeAngles>,
+    pub local: Option<Vec<RopeAngles>>,
+}
+
+impl Angles {
+    /// The angles of positions `start..start + n`.
+    pub fn new(c: &ModelConfig, start: usize, n: usize) -> Angles {
+        let of = |local: bool| -> Vec<RopeAngles> {
+            let inv = c.rope_inv_freqs(local);
+            (0..n).map(|t| RopeAngles::new(start + t, &inv)).collect()
+        };
+        Angles {
+            global: of(false),
+            local: c.arch.rope_theta_local.map(|_| of(true)),
+        }
+    }
+
+    fn get(&self, local: bool) -> &[RopeAngles] {
+        match (&self.local, local) {
+            (Some(l), true) => l,
+            _ => &self.global,
+        }
+    }
+}
+
+/// The bias of a LayerNorm step (`which` 0: the attention's norm, 1: the FFN's), none for
+/// RMSNorm.
+pub(crate) fn norm_bias(lw: &LayerWeights, kind: NormKind, which: usize) -> Result<Option<&[f32]>> {
+    match kind {
+        NormKind::Rms => Ok(None),
+        NormKind::Layer => match &lw.norm_bias {
+            Some(b) => Ok(Some(&b[which][..])),
+            None => powerinfer_core::bail!(Other, "a LayerNorm step without its bias weights"),
+        },
+    }
+}
+
+/// Layer `l`'s attention block (its program's steps) for the `n` tokens in `s.x` at positions
+/// `start..`: their keys and values go into `cache`, the output is added to the residual `s.x`.
 pub(crate) fn attention_block(
     model: &ModelWeights,
     l: usize,
@@ -176,109 +187,174 @@ pub(crate) fn attention_block(
     s: &mut Scratch,
     start: usize,
     n: usize,
-    angles: &[RopeAngles],
+    angles: &Angles,
 ) -> Result<()> {
     let c = &model.config;
-    let layer = &model.layers[l];
-    let nb = layer.norm_bias.as_ref();
-    norm_rows_with(
-        &s.x,
-        &layer.attn_norm,
-        nb.map(|b| &b[0][..]),
-        c.rms_eps,
-        &mut s.xn,
-    );
-    mark(Phase::Other);
-    project_many(
-        [&layer.wq, &layer.wk, &layer.wv],
-        &s.xn,
-        n,
-        [&mut s.q, &mut s.k, &mut s.v],
-    )?;
-    let rows =
-        s.q.chunks_exact_mut(c.q_dim())
-            .zip(s.k.chunks_exact_mut(c.kv_dim()))
-            .zip(s.v.chunks_exact_mut(c.kv_dim()));
-    for (((q, k), v), ang) in rows.zip(angles) {
-        if let Some([bq, bk, bv]) = &layer.qkv_bias {
-            for (x, b) in [(&mut *q, bq), (&mut *k, bk), (&mut *v, bv)] {
-                x.iter_mut().zip(b).for_each(|(x, b)| *x += b);
+    let lw = &model.layers[l];
+    for step in &model.program.layers[l].attention {
+        match step {
+            AttnStep::Norm(kind) => {
+                let b = norm_bias(lw, *kind, 0)?;
+                norm_rows_with(&s.x, &lw.attn_norm, b, c.rms_eps, &mut s.xn);
+                mark(Phase::Other);
+            }
+            AttnStep::Qkv { bias } => {
+                project_many(
+                    [&lw.wq, &lw.wk, &lw.wv],
+                    &s.xn,
+                    n,
+                    [&mut s.q, &mut s.k, &mut s.v],
+                )?;
+                if let (true, Some([bq, bk, bv])) = (bias, &lw.qkv_bias) {
+                    add_rows(&mut s.q, bq);
+                    add_rows(&mut s.k, bk);
+                    add_rows(&mut s.v, bv);
+                }
+            }
+            AttnStep::QkNorm => {
+                if let Some([nq, nk]) = &lw.qk_norm {
+                    for q in s.q.chunks_exact_mut(c.q_dim()) {
+                        norm_heads(q, nq, c.rms_eps);
+                    }
+                    for k in s.k.chunks_exact_mut(c.kv_dim()) {
+                        norm_heads(k, nk, c.rms_eps);
+                    }
+                }
+            }
+            AttnStep::Rope { local } => {
+                let ang = angles.get(*local);
+                let rows =
+                    s.q.chunks_exact_mut(c.q_dim())
+                        .zip(s.k.chunks_exact_mut(c.kv_dim()));
+                for ((q, k), a) in rows.zip(ang) {
+                    apply_rope(q, c.head_dim, a, c.rope_style);
+                    apply_rope(k, c.head_dim, a, c.rope_style);
+                }
+            }
+            AttnStep::Attend(p) => {
+                cache.write(l, start, &s.k, &s.v);
+                let (keys, values) = cache.layer(l, start + n);
+                s.att.resize(n * c.q_dim(), 0.0);
+                let shape = AttnShape {
+                    n_heads: c.n_heads,
+                    n_kv_heads: c.n_kv_heads,
+                    head_dim: c.head_dim,
+                    window: p.window,
+                    scale: Some(p.scale),
+                    softcap: p.softcap,
+                };
+                attention(&shape, &s.q, keys, values, start, &mut s.att);
+            }
+            AttnStep::Output { bias } => {
+                project(&lw.wo, &s.att, n, &mut s.o)?;
+                if let (true, Some(b)) = (bias, &lw.out_bias) {
+                    add_rows(&mut s.o, b);
+                }
+            }
+            AttnStep::PostNorm => {
+                if let Some([post, _]) = &lw.post_norms {
+                    norm_rows(&s.o, post, c.rms_eps, &mut s.down);
+                    std::mem::swap(&mut s.o, &mut s.down);
+                }
+            }
+            AttnStep::Residual => {
+                s.x.iter_mut().zip(&s.o).for_each(|(x, o)| *x += o);
+                mark(Phase::Attention);
             }
         }
-        if let Some([nq, nk]) = &layer.qk_norm {
-            norm_heads(q, nq, c.rms_eps);
-            norm_heads(k, nk, c.rms_eps);
-        }
-        if !c.arch.learned_pos {
-            apply_rope(q, c.head_dim, ang, c.rope_style);
-            apply_rope(k, c.head_dim, ang, c.rope_style);
-        }
     }
-    cache.write(l, start, &s.k, &s.v);
-    let (keys, values) = cache.layer(l, start + n);
-    s.att.resize(n * c.q_dim(), 0.0);
-    let shape = AttnShape {
-        n_heads: c.n_heads,
-        n_kv_heads: c.n_kv_heads,
-        head_dim: c.head_dim,
-        window: c.arch.window(l),
-        scale: c.arch.attn_scale,
-        softcap: c.arch.attn_softcap,
-    };
-    attention(&shape, &s.q, keys, values, start, &mut s.att);
-    project(&layer.wo, &s.att, n, &mut s.o)?;
-    if let Some(b) = &layer.out_bias {
-        add_rows(&mut s.o, b);
-    }
-    if let Some([post, _]) = &layer.post_norms {
-        norm_rows(&s.o, post, c.rms_eps, &mut s.down);
-        std::mem::swap(&mut s.o, &mut s.down);
-    }
-    s.x.iter_mut().zip(&s.o).for_each(|(x, o)| *x += o);
-    mark(Phase::Attention);
     Ok(())
 }
 
-/// Layer `l`'s FFN in `mode` for the `n` tokens in `s.x` (positions `start..`), added to the
-/// residual.
+/// Layer `l`'s FFN block (its program's steps) in `mode` for the `n` tokens in `s.x`
+/// (positions `start..`), added to the residual.
 pub(crate) fn ffn_block(
     model: &ModelWeights,
     l: usize,
     mode: &Sparsity,
     s: &mut Scratch,
-    profiler: Option<&mut Profiler>,
+    mut profiler: Option<&mut Profiler>,
     start: usize,
     n: usize,
 ) -> Result<()> {
     let c = &model.config;
     let lw = &model.layers[l];
-    // A parallel block's FFN reads the residual stream from before the attention.
-    let x_in = match c.arch.parallel {
-        true => &s.par_in,
-        false => &s.x,
-    };
-    let nb = lw.norm_bias.as_ref().map(|b| &b[1][..]);
-    norm_rows_with(x_in, &lw.ffn_norm, nb, c.rms_eps, &mut s.xn);
-    mark(Phase::Other);
-    let call = FfnCall {
-        model,
-        layer: l,
-        mode,
-        x_res: x_in,
-        xn: &s.xn,
-        n,
-        start,
-    };
-    let phase = ffn(&call, &mut s.ffn, profiler, &mut s.down)?;
-    if let Some([_, b]) = &lw.ffn_bias {
-        add_rows(&mut s.down, b);
+    let mut phase = Phase::Other;
+    for step in &model.program.layers[l].ffn {
+        let x_in = match model.program.layers[l].ffn_input() {
+            FfnInput::Saved => &s.par_in,
+            FfnInput::Residual => &s.x,
+        };
+        match step {
+            FfnStep::Norm(kind, _) => {
+                let b = norm_bias(lw, *kind, 1)?;
+                norm_rows_with(x_in, &lw.ffn_norm, b, c.rms_eps, &mut s.xn);
+                mark(Phase::Other);
+            }
+            FfnStep::Ffn(_) => {
+                let call = FfnCall {
+                    model,
+                    layer: l,
+                    mode,
+                    x_res: x_in,
+                    xn: &s.xn,
+                    n,
+                    start,
+                };
+                phase = ffn(&call, &mut s.ffn, profiler.as_deref_mut(), &mut s.down)?;
+            }
+            FfnStep::DownBias => {
+                if let Some([_, b]) = &lw.ffn_bias {
+                    add_rows(&mut s.down, b);
+                }
+            }
+            FfnStep::PostNorm => {
+                if let Some([_, post]) = &lw.post_norms {
+                    norm_rows(&s.down, post, c.rms_eps, &mut s.o);
+                    std::mem::swap(&mut s.o, &mut s.down);
+                }
+            }
+            FfnStep::Residual => {
+                s.x.iter_mut().zip(&s.down).for_each(|(x, d)| *x += d);
+                mark(phase);
+            }
+        }
     }
-    if let Some([_, post]) = &lw.post_norms {
-        norm_rows(&s.down, post, c.rms_eps, &mut s.o);
-        std::mem::swap(&mut s.o, &mut s.down);
+    Ok(())
+}
+
+/// The embedding steps of the model's program for `tokens` at positions `start..` into `x`
+/// (resized to n × dim): each token's row, scaled, plus its learned position.
+pub(crate) fn embed(
+    model: &ModelWeights,
+    tokens: &[u32],
+    start: usize,
+    x: &mut Vec<f32>,
+) -> Result<()> {
+    let c = &model.config;
+    let p = &model.program.embed;
+    x.resize(tokens.len() * c.dim, 0.0);
+    for (row, &t) in x.chunks_exact_mut(c.dim).zip(tokens) {
+        let e = &model.token_embd;
+        powerinfer_cpu::dequantize_row(e.dtype, e.row(t as usize), row)?;
+        if let Some(f) = p.scale {
+            row.iter_mut().for_each(|v| *v *= f);
+        }
     }
-    s.x.iter_mut().zip(&s.down).for_each(|(x, d)| *x += d);
-    mark(phase);
+    if let (Some(offset), Some(pe)) = (p.learned_pos, &model.pos_embd) {
+        let mut add = vec![0.0f32; c.dim];
+        for (t, row) in x.chunks_exact_mut(c.dim).enumerate() {
+            let pos = start + t + offset;
+            ensure!(
+                pos < pe.rows,
+                ContextOverflow,
+                "position {pos} is past the {} learned positions",
+                pe.rows
+            );
+            powerinfer_cpu::dequantize_row(pe.dtype, pe.row(pos), &mut add)?;
+            row.iter_mut().zip(&add).for_each(|(x, p)| *x += p);
+        }
+    }
     Ok(())
 }
 
@@ -290,17 +366,22 @@ pub(crate) fn output_block(
     n_out: usize,
 ) -> Result<Vec<f32>> {
     let c = &model.config;
+    let p = &model.program.output;
+    let bias = match p.norm {
+        NormKind::Rms => None,
+        NormKind::Layer => model.output_norm_bias.as_deref(),
+    };
     norm_rows_with(
         &s.x[first * c.dim..],
         &model.output_norm,
-        model.output_norm_bias.as_deref(),
+        bias,
         c.rms_eps,
         &mut s.xn,
     );
     mark(Phase::Other);
     let mut logits = Vec::new();
     project(&model.output, &s.xn, n_out, &mut logits)?;
-    if let Some(cap) = c.arch.final_softcap {
+    if let Some(cap) = p.softcap {
         logits.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
     }
     mark(Phase::Output);

@@ -1,14 +1,61 @@
-//! The key/value cache: per layer, one f32 row of `kv_dim` keys and one of values per position,
+//! The key/value cache: per layer, one row of `kv_dim` keys and one of values per position,
 //! grown in steps as the context fills so short sessions stay small.
+//!
+//! Its precision ([`KvPrecision`]) is one setting shared by the CPU and the GPU layers: f16 by
+//! default, as llama.cpp's, f32 on request. The CPU side holds its rows as f32 in memory
+//! either way (its attention kernels read f32); at f16 every value is rounded to the nearest f16
+//! (ties to even, as the GPU's `kv_store` does) when written, so both sides attend over the
+//! same numbers and a row moved between them is exact.
 
 use powerinfer_core::{ensure, Result};
 
 /// Positions added to the cache at a time when it grows.
 const GROW_STEP: usize = 256;
 
+/// The precision of the keys and values the cache holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvPrecision {
+    /// Rounded to f16 (llama.cpp's default `--cache-type-k f16`).
+    #[default]
+    F16,
+    /// Kept as computed.
+    F32,
+}
+
+impl KvPrecision {
+    /// Parse "f16" or "f32".
+    pub fn from_name(name: &str) -> Result<KvPrecision> {
+        match name.to_ascii_lowercase().as_str() {
+            "f16" => Ok(KvPrecision::F16),
+            "f32" => Ok(KvPrecision::F32),
+            _ => powerinfer_core::bail!(
+                Unsupported,
+                "KV cache precision {name:?}: expected \"f16\" or \"f32\""
+            ),
+        }
+    }
+
+    /// The name `from_name` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvPrecision::F16 => "f16",
+            KvPrecision::F32 => "f32",
+        }
+    }
+
+    /// `v` as this precision stores it.
+    fn round(self, v: &mut [f32]) {
+        if self == KvPrecision::F16 {
+            v.iter_mut()
+                .for_each(|x| *x = half::f16::from_f32(*x).to_f32());
+        }
+    }
+}
+
 /// Keys and values of every layer for positions `0..len`.
 #[derive(Debug)]
 pub struct KvCache {
+    precision: KvPrecision,
     kv_dim: usize,
     capacity: usize,
     len: usize,
@@ -18,15 +65,28 @@ pub struct KvCache {
 
 impl KvCache {
     /// An empty cache for `n_layers` layers of width `kv_dim`, holding at most `capacity`
-    /// positions.
+    /// positions at the default precision (f16).
     pub fn new(n_layers: usize, kv_dim: usize, capacity: usize) -> KvCache {
         KvCache {
+            precision: KvPrecision::default(),
             kv_dim,
             capacity,
             len: 0,
             keys: vec![Vec::new(); n_layers],
             values: vec![Vec::new(); n_layers],
         }
+    }
+
+    /// The precision of the values held.
+    pub fn precision(&self) -> KvPrecision {
+        self.precision
+    }
+
+    /// Hold values at `p` from now on; the positions held are forgotten (their values were
+    /// rounded for the old precision).
+    pub fn set_precision(&mut self, p: KvPrecision) {
+        self.precision = p;
+        self.len = 0;
     }
 
     /// Positions held.
@@ -68,10 +128,14 @@ impl KvCache {
     }
 
     /// Write keys and values for positions `start..start+n` of `layer` (n rows each).
+    /// At f16 precision the values are rounded to f16.
     pub fn write(&mut self, layer: usize, start: usize, k: &[f32], v: &[f32]) {
         let off = start * self.kv_dim;
-        self.keys[layer][off..off + k.len()].copy_from_slice(k);
-        self.values[layer][off..off + v.len()].copy_from_slice(v);
+        for (dst, src) in [(&mut self.keys[layer], k), (&mut self.values[layer], v)] {
+            let rows = &mut dst[off..off + src.len()];
+            rows.copy_from_slice(src);
+            self.precision.round(rows);
+        }
     }
 
     /// Keys and values of `layer` for positions `0..n`.
@@ -120,5 +184,25 @@ mod tests {
         assert!(matches!(c.reserve(1), Err(Error::ContextOverflow(_))));
         c.truncate(10);
         assert_eq!(c.len(), 10);
+    }
+
+    #[test]
+    fn f16_precision_rounds_what_it_writes() {
+        let x = [1.0f32 / 3.0, 65519.0, 1e-8, -2.5];
+        let f16 = x.map(|v| half::f16::from_f32(v).to_f32());
+        assert_ne!(x, f16);
+        let mut c = KvCache::new(1, 4, 8);
+        c.reserve(1).unwrap();
+        c.write(0, 0, &x, &x);
+        assert_eq!(c.layer(0, 1), (&f16[..], &f16[..]));
+        c.set_precision(KvPrecision::F32);
+        assert_eq!(c.len(), 0);
+        c.write(0, 0, &x, &x);
+        assert_eq!(c.layer(0, 1), (&x[..], &x[..]));
+        assert_eq!(KvPrecision::from_name("F32").unwrap(), KvPrecision::F32);
+        assert!(matches!(
+            KvPrecision::from_name("q8_0"),
+            Err(Error::Unsupported(_))
+        ));
     }
 }

@@ -7,6 +7,7 @@ pub mod ffn;
 pub mod forward;
 pub mod hybrid;
 pub mod kv_cache;
+pub mod layer;
 pub mod norm_rope;
 pub mod phases;
 pub mod placement;
@@ -17,7 +18,8 @@ pub mod transpose;
 pub mod weights;
 
 pub use forward::token_ids;
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, KvPrecision};
+pub use layer::ModelProgram;
 pub use phases::{Phase, PhaseTimes};
 pub use placement::Placement;
 pub use profiler::{Captured, Profiler};

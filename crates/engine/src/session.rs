@@ -7,7 +7,7 @@ use powerinfer_core::{Error, Result};
 
 use crate::forward::{forward, Logits, Scratch};
 use crate::hybrid::{self, Hybrid};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvPrecision};
 use crate::phases::{self, PhaseTimes};
 use crate::placement::Placement;
 use crate::profiler::{Captured, Profiler};
@@ -106,6 +106,26 @@ impl Session {
         Ok(())
     }
 
+    /// Hold the KV cache at precision `p` (f16 by default; one setting for the CPU and the GPU
+    /// layers). The context is forgotten, and a hybrid executor is opened again for it.
+    pub fn set_kv_precision(&mut self, p: KvPrecision) -> Result<()> {
+        if p == self.cache.precision() {
+            return Ok(());
+        }
+        self.cache.set_precision(p);
+        self.truncate(0);
+        if self.hybrid.is_some() {
+            let device = self.device.clone();
+            return self.set_device(&device, self.capacity);
+        }
+        Ok(())
+    }
+
+    /// The KV cache's precision.
+    pub fn kv_precision(&self) -> KvPrecision {
+        self.cache.precision()
+    }
+
     /// The sparsity mode.
     pub fn sparsity(&self) -> &Sparsity {
         &self.mode
@@ -152,9 +172,10 @@ impl Session {
         };
         if placement.file.uses_gpu() {
             let (model, mode) = (&self.model, &self.mode);
+            let kv = self.cache.precision();
             let mut h = self
                 .pool
-                .install(|| hybrid::open(device, model, placement, mode, capacity))?;
+                .install(|| hybrid::open(device, model, placement, mode, kv, capacity))?;
             h.after_cpu_pass(self.cache.len());
             self.hybrid = Some(h);
         }

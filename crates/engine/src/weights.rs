@@ -8,6 +8,8 @@ use std::sync::OnceLock;
 use powerinfer_core::{bail, ensure, DType, ModelConfig, PageBuf, Result, Weight};
 use rayon::prelude::*;
 
+use crate::layer::ModelProgram;
+
 /// Environment variable pinning [`ModelWeights::down_crossover`] (a share in 0..=1).
 pub const CROSSOVER_ENV: &str = "POWERINFER_RS_DOWN_CROSSOVER";
 
@@ -48,6 +50,8 @@ pub struct LayerWeights {
 #[derive(Clone, Debug)]
 pub struct ModelWeights {
     pub config: ModelConfig,
+    /// The config's layer program, compiled once (see [`crate::layer`]).
+    pub program: ModelProgram,
     pub token_embd: Weight,
     pub output: Weight,
     pub output_norm: Vec<f32>,
@@ -314,6 +318,7 @@ impl ModelWeights {
             let _ = down_t.set(down_t_given.into_iter().flatten().collect());
         }
         Ok(ModelWeights {
+            program: ModelProgram::compile(&config)?,
             config,
             token_embd,
             output,

@@ -6,7 +6,7 @@ use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray2};
 use powerinfer_core::Error;
 use powerinfer_engine::forward::Logits;
-use powerinfer_engine::{token_ids, Session, Sparsity, SparsityMode};
+use powerinfer_engine::{token_ids, KvPrecision, Session, Sparsity, SparsityMode};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -96,6 +96,22 @@ impl PySession {
         let mut guard = self.lock(py);
         let session = &mut *guard;
         run_detached(py, move || session.set_sparsity(sparsity))
+    }
+
+    /// Hold the KV cache at `precision`: "f16" (the default, as llama.cpp's) or "f32"; one
+    /// setting for the CPU and the GPU layers. The context is forgotten.
+    #[pyo3(signature = (precision))]
+    fn set_kv_cache(&self, py: Python<'_>, precision: &str) -> PyResult<()> {
+        let p = check(KvPrecision::from_name(precision))?;
+        let mut guard = self.lock(py);
+        let session = &mut *guard;
+        run_detached(py, move || session.set_kv_precision(p))
+    }
+
+    /// The KV cache's precision: "f16" or "f32".
+    #[getter]
+    fn kv_cache(&self, py: Python<'_>) -> &'static str {
+        self.lock(py).kv_precision().name()
     }
 
     /// Adopt a plan from `Model.load_plan` (of this session's model), or drop it with None. On

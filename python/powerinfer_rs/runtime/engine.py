@@ -72,6 +72,7 @@ class Engine(Generation, PlanAndDevice):
         device: str = "cpu",
         vram_budget: int | str | None = None,
         mmap: bool | None = None,
+        kv_cache: str = "f16",
     ):
         if not isinstance(loaded, LoadedModel):
             raise ShapeError(
@@ -110,6 +111,7 @@ class Engine(Generation, PlanAndDevice):
                 "GPU KV caches); plan again with a larger --context or pass a smaller n_ctx"
             )
         self._session = _core.Session(self._model, threads, min(n_ctx, loaded.config.max_context))
+        self._session.set_kv_cache(kv_cache)
         self._threads = self._session.threads
         self._n_ctx = self._session.n_ctx
         self._context: list[int] = []
@@ -136,6 +138,7 @@ class Engine(Generation, PlanAndDevice):
         device: str = "cpu",
         vram_budget: int | str | None = None,
         mmap: bool | None = None,
+        kv_cache: str = "f16",
     ) -> Engine:
         """Load a GGUF file or a Hugging Face model directory (default: SmolLM2-135M-Instruct,
         fetched once into the cache). ``threads=0`` uses one thread per core.
@@ -162,7 +165,11 @@ class Engine(Generation, PlanAndDevice):
         copies every large tensor onto huge pages (faster sparse row reads, ~3-5% faster
         decoding, resident memory the kernel cannot page back to the file); None (default)
         copies when transparent huge pages are available and the weights take at most half of
-        the available memory (see :mod:`powerinfer_rs.runtime.weight_memory`)."""
+        the available memory (see :mod:`powerinfer_rs.runtime.weight_memory`).
+
+        ``kv_cache``: the precision of the keys and values kept, "f16" (default, as llama.cpp's)
+        or "f32"; one setting for the CPU and the GPU layers, so both attend over the same
+        numbers."""
         check_int("threads", threads, 0)
         check_device(device)
         if path is None:
@@ -193,6 +200,7 @@ class Engine(Generation, PlanAndDevice):
             device=device,
             vram_budget=vram_budget,
             mmap=mmap,
+            kv_cache=kv_cache,
         )
 
     # -- properties --------------------------------------------------------------------------
@@ -204,6 +212,11 @@ class Engine(Generation, PlanAndDevice):
     @property
     def n_ctx(self) -> int:
         return self._n_ctx
+
+    @property
+    def kv_cache(self) -> str:
+        """The KV cache's precision: "f16" or "f32"."""
+        return self._session.kv_cache
 
     @property
     @locked

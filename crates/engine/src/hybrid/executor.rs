@@ -10,13 +10,12 @@ use powerinfer_core::{ensure, Result, Side};
 use powerinfer_cuda::{Act, Allocation, Backend, GpuOps};
 
 use crate::ffn::{rows_ffn, DenseDown, FfnScratch};
-use crate::forward::{attention_block, ffn_block, norm_rows, output_block, Scratch};
+use crate::forward::{attention_block, ffn_block, norm_rows, output_block, Angles, Scratch};
 use crate::hybrid::gpu_model::{GpuFfn, GpuLayer, GpuModel, GpuScratch};
 use crate::hybrid::kv_sync::KvSync;
 use crate::hybrid::transfers::{Link, TransferStats};
 use crate::hybrid::Hybrid;
 use crate::kv_cache::KvCache;
-use crate::norm_rope::RopeAngles;
 use crate::placement::Placement;
 use crate::sparsity::{predicted_active, PredictorInput, PredictorScratch, Sparsity};
 use crate::weights::ModelWeights;
@@ -173,7 +172,7 @@ impl<B: Backend> Hybrid for Executor<B> {
             on_host: true,
             on_device: false,
         };
-        let angles = [RopeAngles::new(pos, &self.inv_freqs)];
+        let angles = Angles::new(c, pos, 1);
         for l in 0..c.n_layers {
             if self.gpu.layers[l].attention.is_some() {
                 self.gpu_attention(model, l, pos, &mut res)?;

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use powerinfer_core::{bail, ensure, Result};
 use powerinfer_cuda::{Allocation, HostBackend};
 
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvPrecision};
 use crate::placement::Placement;
 use crate::sparsity::Sparsity;
 use crate::weights::ModelWeights;
@@ -80,8 +80,16 @@ pub fn open(
     model: &ModelWeights,
     placement: Arc<Placement>,
     mode: &Sparsity,
+    kv: KvPrecision,
     capacity: Option<usize>,
 ) -> Result<Box<dyn Hybrid>> {
+    ensure!(
+        kv == KvPrecision::F16 || !placement.file.attention.iter().any(|&a| a),
+        Unsupported,
+        "a KV cache of {} with attention on the GPU: the GPU layers hold f16 keys and values so \
+         far; use the default kv_cache=\"f16\", or plan with attention on the CPU",
+        kv.name()
+    );
     ensure!(
         placement.file.uses_gpu(),
         Plan,
