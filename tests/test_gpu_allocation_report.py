@@ -106,6 +106,45 @@ def test_report_equals_the_accounting(engines, kind, share, tmp_path):
         assert 0 < total_bytes(report) <= int(full_bytes(engine) * share)
 
 
+#: Every family's extra GPU vectors (its layer program's steps), named in the report.
+FAMILY_VECTORS = {
+    "llama": set(),
+    "mistral": set(),
+    "qwen2": {"blk.0.attn_q.bias", "blk.0.attn_k.bias", "blk.0.attn_v.bias"},
+    "qwen3": {"blk.0.attn_q_norm", "blk.0.attn_k_norm", "scratch.kn"},
+    "phi3": set(),
+    "gemma2": {"blk.0.post_attention_norm", "blk.0.post_ffw_norm"},
+    "gemma3": {"blk.0.post_attention_norm", "blk.0.post_ffw_norm", "blk.0.attn_q_norm"},
+    "bamboo": set(),
+    "opt": {
+        "blk.0.attn_norm.bias",
+        "blk.0.attn_output.bias",
+        "blk.0.ffn_norm.bias",
+        "blk.0.ffn_up.bias",
+        "blk.0.ffn_down.bias",
+        "output_norm.bias",
+    },
+    "falcon": {"blk.0.attn_norm.bias", "blk.0.ffn_norm.bias", "scratch.saved"},
+}
+
+
+@pytest.mark.parametrize("arch", list(FAMILY_VECTORS))
+def test_every_family_report_equals_the_accounting(synth_gguf, arch, tmp_path):
+    """Each family's biases, q/k norms, post-norms, LayerNorm biases, gate-less slabs and
+    scratch buffers: counted byte for byte by both sides, at half and at all of the bytes."""
+    act = {"gemma2": "gelu", "gemma3": "gelu"}.get(arch, "relu")
+    extra = {"tie": True} if arch in ("gemma2", "gemma3", "opt") else {}
+    extra |= {"falcon": {"kv_heads": 1}, "opt": {"kv_heads": SHAPE["heads"]}}.get(arch, {})
+    path = synth_gguf(dtype="Q8_0", activation=act, arch=arch, **{**SHAPE, **extra})
+    engine = Engine(load_model(path))
+    for share in (0.5, 1.0):
+        plan = plan_for(engine, int(full_bytes(engine) * share))
+        path = save_plan(plan, tmp_path / f"{share}.safetensors")
+        names = {n for n, _ in check_report(engine, plan, path)}
+        if share == 1.0:
+            assert FAMILY_VECTORS[arch] <= names, FAMILY_VECTORS[arch] - names
+
+
 @pytest.mark.parametrize("dtype", ["Q4_K_M", "Q5_K", "Q6_K"])
 def test_k_quant_report_equals_the_accounting(synth_gguf, dtype, tmp_path):
     """K-quant rows (144, 176, 210 bytes per 256 weights) in attention, slabs and the output

@@ -1,7 +1,10 @@
-// RMSNorm and rotary position embeddings on f32 rows.
+// RMSNorm, LayerNorm and rotary position embeddings on f32 rows.
 //
 // rms_norm: out = x / sqrt(mean(x^2) + eps) * w, one block per row (rows = gridDim.x, each n
 //   long), blockDim.x a multiple of 32 up to 1024.
+// layer_norm: out = (x - mean) / sqrt(var + eps) * w + b with the biased variance
+//   mean((x - mean)^2) (OPT, Falcon), one block per row as rms_norm, two block reductions
+//   (the mean, then the variance around it).
 // rope: rotates the first 2 * n_pairs values of every head of x (n_heads x head_dim,
 //   contiguous) in place for position pos, the rest of each head unchanged (partial RoPE);
 //   style 0 = "norm" (adjacent pairs 2i, 2i+1: GGUF llama), 1 = "neox" (i, i + n_pairs: HF).
@@ -15,26 +18,46 @@ struct RopeFreqs {
     double f[MAX_ROPE_PAIRS];
 };
 
+// The sum of v over the block, returned to every thread (each warp sums the warps' partial
+// sums in the same order, so all get the same bits). `partial` is WARP floats of shared
+// memory; every thread of the block must call it, and it may be called again at once.
+__device__ __forceinline__ float block_sum(float v, float* partial) {
+    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+    v = warp_sum(v);
+    __syncthreads();  // the previous call's reads of partial are done
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    return warp_sum(lane < (int)(blockDim.x / WARP) ? partial[lane] : 0.0f);
+}
+
 extern "C" __global__ void rms_norm(const float* x, const float* w, int n, float eps, float* out) {
     SHARED_ARRAY(float, partial, [WARP]);
     const float* xr = x + (i64)blockIdx.x * n;
     float* o = out + (i64)blockIdx.x * n;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = warp_sum(ss);
-    const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
-    if (lane == 0) partial[warp] = ss;
-    __syncthreads();
-    if (warp == 0) {
-        float v = lane < (int)(blockDim.x / WARP) ? partial[lane] : 0.0f;
-        v = warp_sum(v);
-        if (lane == 0) partial[0] = v;
-    }
-    __syncthreads();
-    const float scale = rsqrtf(partial[0] / (float)n + eps);
+    const float scale = rsqrtf(block_sum(ss, partial) / (float)n + eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = xr[i] * scale * w[i];
 }
 EMU_ENTRY(rms_norm)
+
+extern "C" __global__ void layer_norm(const float* x, const float* w, const float* b, int n,
+                                      float eps, float* out) {
+    SHARED_ARRAY(float, partial, [WARP]);
+    const float* xr = x + (i64)blockIdx.x * n;
+    float* o = out + (i64)blockIdx.x * n;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) s += xr[i];
+    const float mean = block_sum(s, partial) / (float)n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float d = xr[i] - mean;
+        ss += d * d;
+    }
+    const float scale = rsqrtf(block_sum(ss, partial) / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = (xr[i] - mean) * scale * w[i] + b[i];
+}
+EMU_ENTRY(layer_norm)
 
 extern "C" __global__ void rope(float* x, int n_heads, int head_dim, int n_pairs, int pos,
                                 RopeFreqs inv, int neox) {

@@ -3,9 +3,10 @@
 //
 // Rows are addressed through a RowLayout (common.cuh), so the same kernels read a plain
 // row-major matrix and the hot-neuron slabs of the VRAM plan (B gate rows, B up rows, B down_t
-// rows, B i32 neuron ids per slab). Row k of the output is row idx[k] of the matrix, or row k
-// when idx is null. With `flags` (one i32 per FFN neuron, nonzero = active) a row whose neuron id
-// (read through `ids_l`) is inactive is not read and yields 0.
+// rows, B i32 neuron ids per slab; no up rows for a gate-less FFN). Row k of the output is row
+// idx[k] of the matrix, or row k when idx is null. With `flags` (one i32 per FFN neuron,
+// nonzero = active) a row whose neuron id (read through `ids_l`) is inactive is not read and
+// yields 0.
 //
 // BF16 is decoded by a shift (common.cuh), not through cuda_bf16.h intrinsics, so it needs no
 // __CUDA_ARCH__ >= 800 guard and runs on every architecture.
@@ -29,12 +30,30 @@ __device__ __forceinline__ const float* stage_x(float* xs, const float* x, int c
     return xs;
 }
 
+// The neuron id of matrix row r (padding slots of a partial slab hold -1).
+__device__ __forceinline__ int slot_id(const u8* ids_base, RowLayout ids_l, int r) {
+    return *(const int*)row_ptr(ids_base, ids_l, r);
+}
+
 // Whether output row k (matrix row r) is to be computed.
 __device__ __forceinline__ bool row_active(const u8* ids_base, RowLayout ids_l, const int* flags, int r) {
     if (flags == nullptr) return true;
-    const int id = *(const int*)row_ptr(ids_base, ids_l, r);
-    return id >= 0 && flags[id] != 0;  // padding slots of a partial slab hold id -1
+    const int id = slot_id(ids_base, ids_l, r);
+    return id >= 0 && flags[id] != 0;
 }
+
+// The FFN's activation with FATReLU's threshold t (ProSparse): with ReLU and t > 0, x where
+// x > t, else 0; otherwise act(x) (powerinfer_cuda::FfnAct, the CPU engine's FfnKind::apply).
+__device__ __forceinline__ float ffn_act(int act, float t, float x) {
+    if (act == ACT_RELU && t > 0.0f) return x > t ? x : 0.0f;
+    return apply_act(act, x);
+}
+
+// gate_up's use of the up rows: none (a gate-less FFN: OPT, Falcon), times u, times act(u)
+// (Bamboo). The launch's `up_mode`.
+#define UP_NONE 0
+#define UP_LINEAR 1
+#define UP_ACT 2
 
 // y[k] = act(dot(W[row k], x)) for k in 0..n.
 #define SPARSE_MATVEC(NAME)                                                                     \
@@ -56,24 +75,31 @@ __device__ __forceinline__ bool row_active(const u8* ids_base, RowLayout ids_l, 
     }                                                                                           \
     EMU_ENTRY(sparse_matvec_##NAME)
 
-// h[k] = act(dot(gate[row k], x)) * dot(up[row k], x): the fused gate/up pass of the FFN. The
-// up row is not read when the activated gate value is exactly 0 (ReLU), as on the CPU.
+// h[k] = g * u' with g = act(dot(gate[row k], x) + bias[id]) and u' = dot(up[row k], x)
+// (UP_LINEAR), act(dot(up[row k], x)) (UP_ACT) or 1 (UP_NONE): the fused gate/up pass of the
+// FFN, act with FATReLU's threshold relu_t. The bias (null: none) has one value per FFN neuron,
+// indexed by the slot's id; padding slots (id -1) give 0. The up row is not read when g is
+// exactly 0 (ReLU), as on the CPU.
 #define GATE_UP(NAME)                                                                           \
     extern "C" __global__ void gate_up_##NAME(                                                  \
         const u8* w, RowLayout gate_l, RowLayout up_l, const float* x, int cols,               \
-        const int* idx, int n, RowLayout ids_l, const int* flags, int act, float* h) {          \
+        const int* idx, int n, RowLayout ids_l, const int* flags, const float* bias, int act,   \
+        float relu_t, int up_mode, float* h) {                                                  \
         DYNAMIC_SHARED(float, xs);                                                              \
         const float* xv = stage_x(xs, x, cols);                                                 \
         const int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;                         \
         const int end = min(n, (int)(blockIdx.x + 1) * ROWS_PER_BLOCK);                         \
         for (int k = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP; k < end; k += warps) {   \
             const int r = idx ? idx[k] : k;                                                     \
+            const int id = (flags || bias) ? slot_id(w, ids_l, r) : 0;                          \
             float out = 0.0f;                                                                   \
-            if (row_active(w, ids_l, flags, r)) {                                               \
-                const float g =                                                                 \
-                    apply_act(act, warp_sum(lane_dot_##NAME(row_ptr(w, gate_l, r), xv, cols, lane))); \
-                if (g != 0.0f) {                                                                \
-                    out = g * warp_sum(lane_dot_##NAME(row_ptr(w, up_l, r), xv, cols, lane));   \
+            if (id >= 0 && (flags == nullptr || flags[id] != 0)) {                              \
+                const float dg = warp_sum(lane_dot_##NAME(row_ptr(w, gate_l, r), xv, cols, lane)); \
+                out = ffn_act(act, relu_t, dg + (bias ? bias[id] : 0.0f));                      \
+                if (out != 0.0f && up_mode != UP_NONE) {                                        \
+                    const float u =                                                             \
+                        warp_sum(lane_dot_##NAME(row_ptr(w, up_l, r), xv, cols, lane));         \
+                    out *= up_mode == UP_ACT ? ffn_act(act, relu_t, u) : u;                     \
                 }                                                                               \
             }                                                                                   \
             if (lane == 0) h[k] = out;                                                          \

@@ -12,9 +12,15 @@
 //! * with the predictor: `blk.{i}.pred_fc1`, `pred_fc2` (sizes recorded in the plan), or
 //!   `blk.{i}.pred` when the plan gives one size;
 //! * with hot neurons: `blk.{i}.ffn_norm` (f32) and `blk.{i}.ffn_hot`, `n_slabs` slabs of
-//!   [`slab_geometry`]`.slab_bytes` (the same definition [`crate::pack_hot_slabs`] packs by);
+//!   [`slab_geometry`]`.slab_bytes` (the same definition [`crate::pack_hot_slabs`] packs by;
+//!   no up rows for a gate-less family, `arch.no_gate`);
 //! * with the output head: `output_norm` (f32), `output` (stored format), `output.logits`
 //!   (vocab f32);
+//! * the family's f32 vectors, where its layer program has their steps, each after the tensor
+//!   its step follows: `attn_norm.bias`; `attn_{q,k,v}.bias`, `attn_q_norm`, `attn_k_norm`
+//!   (after `attn_v`); `attn_output.bias`, `post_attention_norm`; `ffn_norm.bias`,
+//!   `ffn_up.bias` (ffn), `ffn_down.bias`, `post_ffw_norm` (after `ffn_norm`);
+//!   `output_norm.bias`;
 //! * when anything is on the GPU: the shared `scratch.*` buffers.
 //!
 //! Each size is rounded up to [`ALIGN`](crate::layout::ALIGN) bytes.
@@ -41,7 +47,9 @@ pub struct LayerTensors<'a> {
     pub wk: &'a Weight,
     pub wv: &'a Weight,
     pub wo: &'a Weight,
+    /// The activated input projection (a gate-less family's one input projection).
     pub gate: &'a Weight,
+    /// The up projection (not on the GPU for a gate-less family, `arch.no_gate`).
     pub up: &'a Weight,
     /// Format of the transposed down projection's rows (`ffn` rows of `dim` weights), as the
     /// engine builds it (`ffn_down`'s format, F16 when `dim` is no whole number of its blocks).
@@ -92,16 +100,40 @@ pub fn gpu_allocations(model: &ModelTensors<'_>, plan: &PlanFile) -> Result<Vec<
     let mut out: Vec<Allocation> = Vec::new();
     for (i, l) in model.layers.iter().enumerate() {
         let name = |t: &str| format!("blk.{i}.{t}");
+        let a = &c.arch;
+        // The family's f32 vectors of a step, where its flag is set.
+        let vectors = |out: &mut Vec<Allocation>, items: &[(&str, usize, bool)]| {
+            for &(t, len, on) in items {
+                if on {
+                    out.push((name(t), align(F32_BYTES * len)));
+                }
+            }
+        };
         if plan.attention[i] {
             out.push((name("attn_norm"), norm));
-            for (t, w) in [
-                ("attn_q", l.wq),
-                ("attn_k", l.wk),
-                ("attn_v", l.wv),
-                ("attn_output", l.wo),
-            ] {
+            vectors(&mut out, &[("attn_norm.bias", c.dim, a.layer_norm)]);
+            for (t, w) in [("attn_q", l.wq), ("attn_k", l.wk), ("attn_v", l.wv)] {
                 out.push((name(t), matrix_bytes(w)?));
             }
+            let (q, kv, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
+            vectors(
+                &mut out,
+                &[
+                    ("attn_q.bias", q, a.qkv_bias),
+                    ("attn_k.bias", kv, a.qkv_bias),
+                    ("attn_v.bias", kv, a.qkv_bias),
+                    ("attn_q_norm", hd, a.qk_norm),
+                    ("attn_k_norm", hd, a.qk_norm),
+                ],
+            );
+            out.push((name("attn_output"), matrix_bytes(l.wo)?));
+            vectors(
+                &mut out,
+                &[
+                    ("attn_output.bias", c.dim, a.out_bias),
+                    ("post_attention_norm", c.dim, a.post_norms),
+                ],
+            );
             let kv = align(plan.context * c.kv_dim() * KV_ELEMENT_BYTES);
             out.push((name("cache_k"), kv));
             out.push((name("cache_v"), kv));
@@ -118,7 +150,11 @@ pub fn gpu_allocations(model: &ModelTensors<'_>, plan: &PlanFile) -> Result<Vec<
         }
         let n_slabs = plan.n_slabs(i);
         if n_slabs > 0 {
-            for (what, w) in [("gate", l.gate), ("up", l.up)] {
+            // A gate-less FFN (OPT, Falcon) holds its one input projection as the gate; its
+            // slabs carry no up rows (`neuron_read_bytes` of planning/model_shape.py).
+            let up = (!c.arch.no_gate).then_some(l.up);
+            for (what, w) in [("gate", Some(l.gate)), ("up", up)] {
+                let Some(w) = w else { continue };
                 ensure!(
                     w.rows == c.ffn_dim && w.cols == c.dim,
                     Shape,
@@ -129,13 +165,26 @@ pub fn gpu_allocations(model: &ModelTensors<'_>, plan: &PlanFile) -> Result<Vec<
                     c.dim
                 );
             }
-            let slab = slab_geometry([l.gate.dtype, l.up.dtype, l.down_t], c.dim, plan.bucket)?;
+            let up = up.map(|u| u.dtype);
+            let slab = slab_geometry(l.gate.dtype, up, l.down_t, c.dim, plan.bucket)?;
             out.push((name("ffn_norm"), norm));
+            vectors(
+                &mut out,
+                &[
+                    ("ffn_norm.bias", c.dim, a.layer_norm),
+                    ("ffn_up.bias", c.ffn_dim, a.ffn_bias),
+                    ("ffn_down.bias", c.dim, a.ffn_bias),
+                    ("post_ffw_norm", c.dim, a.post_norms),
+                ],
+            );
             out.push((name("ffn_hot"), n_slabs * slab.slab_bytes));
         }
     }
     if plan.output {
         out.push(("output_norm".into(), norm));
+        if c.arch.layer_norm {
+            out.push(("output_norm.bias".into(), norm));
+        }
         out.push(("output".into(), matrix_bytes(model.output)?));
         out.push(("output.logits".into(), align(F32_BYTES * c.vocab_size)));
     }
@@ -149,9 +198,13 @@ pub fn gpu_allocations(model: &ModelTensors<'_>, plan: &PlanFile) -> Result<Vec<
 /// `active` (i32): the residual `x`, normed `xb` and projected `xb2` (dim each), `q` (q_dim),
 /// `k`, `v` (kv_dim), the attention output `att` (q_dim; attention keeps no score buffer),
 /// `hb` (ffn: the hot neurons' activations), `active` (ffn: one flag per neuron), `pred` (the
-/// largest predictor rank), `xfer` (dim: the CPU's partial FFN sum, added on the GPU).
+/// largest predictor rank), `xfer` (dim: the CPU's partial FFN sum, added on the GPU); for
+/// q/k-norm families `kn` (kv_dim: the normed keys), for parallel blocks `saved` (dim: the
+/// residual before the attention, the FFN's input).
 pub fn scratch_allocations(c: &ModelConfig, plan: &PlanFile) -> Vec<Allocation> {
     let max_rank = plan.predictor_ranks.iter().copied().max().unwrap_or(0);
+    let kn = c.arch.qk_norm.then_some(("kn", c.kv_dim()));
+    let saved = c.arch.parallel.then_some(("saved", c.dim));
     [
         ("x", c.dim),
         ("xb", c.dim),
@@ -166,6 +219,8 @@ pub fn scratch_allocations(c: &ModelConfig, plan: &PlanFile) -> Vec<Allocation> 
         ("xfer", c.dim),
     ]
     .into_iter()
+    .chain(kn)
+    .chain(saved)
     .map(|(n, len)| (format!("scratch.{n}"), align(F32_BYTES * len)))
     .collect()
 }
@@ -300,9 +355,96 @@ mod tests {
             let hot = got.iter().find(|a| a.0 == "blk.0.ffn_hot").unwrap().1;
             let ids = &p.table.layers[0].hot;
             let (layout, bytes) =
-                crate::pack_hot_slabs(&t.gate, &t.up, &down_t, ids, bucket).unwrap();
+                crate::pack_hot_slabs(&t.gate, Some(&t.up), &down_t, ids, bucket).unwrap();
             assert_eq!((hot, hot), (layout.total_bytes(), bytes.len()));
         }
+    }
+
+    #[test]
+    fn gate_less_slabs_hold_no_up_rows() {
+        let mut t = Tiny::new(DType::Q4_0);
+        t.config.arch.no_gate = true;
+        let got = gpu_allocations(&t.model(DType::F16), &plan(8)).unwrap();
+        // One neuron: 68 (the Q8_0 input projection) + 128 (down_t) + 4 (id) = 200; 8 x 200 =
+        // 1600 -> 1792 per slab, 2 slabs. Everything else as for the gated FFN.
+        let hot = got.iter().find(|a| a.0 == "blk.0.ffn_hot").unwrap().1;
+        assert_eq!(hot, 2 * 1792);
+        let gated = gpu_allocations(&Tiny::new(DType::Q4_0).model(DType::F16), &plan(8)).unwrap();
+        assert_eq!(total_bytes(&gated) - total_bytes(&got), 2 * (2048 - 1792));
+        // What pack_hot_slabs uploads without the up matrix, for every bucket; an up matrix of
+        // another shape is no concern of a gate-less model.
+        let down_t = zeros(DType::F16, 96, 64);
+        t.up = zeros(DType::Q4_0, 3, 64);
+        for bucket in [1, 3, 8, 32] {
+            let p = plan(bucket);
+            let got = gpu_allocations(&t.model(DType::F16), &p).unwrap();
+            let hot = got.iter().find(|a| a.0 == "blk.0.ffn_hot").unwrap().1;
+            let ids = &p.table.layers[0].hot;
+            let (layout, bytes) =
+                crate::pack_hot_slabs(&t.gate, None, &down_t, ids, bucket).unwrap();
+            assert_eq!((hot, hot), (layout.total_bytes(), bytes.len()));
+        }
+        t.config.arch.no_gate = false;
+        assert!(gpu_allocations(&t.model(DType::F16), &plan(8)).is_err());
+    }
+
+    /// Every family vector, in the order of the layer program's steps, with its size: OPT's
+    /// LayerNorm and biases, Qwen's q/k biases and norms, Gemma's post-norms, Falcon's saved
+    /// residual (all flags on at once: the list is the union of the families').
+    #[test]
+    fn family_vectors_follow_their_steps() {
+        let t = Tiny::new(DType::Q4_0);
+        let mut m = t.model(DType::F16);
+        let mut c = config();
+        let a = &mut c.arch;
+        (a.layer_norm, a.qkv_bias, a.qk_norm, a.out_bias) = (true, true, true, true);
+        (a.post_norms, a.ffn_bias, a.parallel) = (true, true, true);
+        m.config = &c;
+        let got = gpu_allocations(&m, &plan(8)).unwrap();
+        let names: Vec<&str> = got.iter().map(|a| a.0.as_str()).collect();
+        let layer0: Vec<&str> = names
+            .iter()
+            .filter_map(|n| n.strip_prefix("blk.0."))
+            .collect();
+        assert_eq!(
+            layer0,
+            [
+                "attn_norm",
+                "attn_norm.bias",
+                "attn_q",
+                "attn_k",
+                "attn_v",
+                "attn_q.bias",
+                "attn_k.bias",
+                "attn_v.bias",
+                "attn_q_norm",
+                "attn_k_norm",
+                "attn_output",
+                "attn_output.bias",
+                "post_attention_norm",
+                "cache_k",
+                "cache_v",
+                "pred_fc1",
+                "pred_fc2",
+                "ffn_norm",
+                "ffn_norm.bias",
+                "ffn_up.bias",
+                "ffn_down.bias",
+                "post_ffw_norm",
+                "ffn_hot",
+            ]
+        );
+        let bytes = |n: &str| got.iter().find(|a| a.0 == n).unwrap().1;
+        // dim 64, q_dim 64, kv_dim 32, head_dim 16, ffn 96: f32 each, aligned to 256.
+        assert_eq!(bytes("blk.0.attn_k.bias"), 256);
+        assert_eq!(bytes("blk.0.attn_q_norm"), 256);
+        assert_eq!(bytes("blk.0.ffn_up.bias"), 512);
+        assert!(names.contains(&"output_norm.bias"));
+        let tail = &names[names.len() - 2..];
+        assert_eq!(tail, ["scratch.kn", "scratch.saved"]);
+        // Without the flags, none of them.
+        let plain = gpu_allocations(&t.model(DType::F16), &plan(8)).unwrap();
+        assert_eq!(got.len() - plain.len(), 8 + 4 + 1 + 2);
     }
 
     #[test]
@@ -372,7 +514,7 @@ mod tests {
         assert_eq!(bytes("blk.0.ffn_hot"), 2 * 4096);
         let d = zeros(q6k, 512, 256);
         let (layout, packed) =
-            crate::pack_hot_slabs(&g, &g, &d, &p.table.layers[0].hot, 8).unwrap();
+            crate::pack_hot_slabs(&g, Some(&g), &d, &p.table.layers[0].hot, 8).unwrap();
         assert_eq!((layout.total_bytes(), packed.len()), (8192, 8192));
         // A Q2_K or Q3_K matrix on the GPU has no kernels: refused when the plan is read.
         for dtype in [DType::Q2_K, DType::Q3_K] {

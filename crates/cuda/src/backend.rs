@@ -12,7 +12,7 @@
 
 use powerinfer_core::{DType, Result};
 
-use crate::layout::{Act, RowLayout, SlabLayout};
+use crate::layout::{Act, FfnAct, RowLayout, SlabLayout};
 
 mod sealed {
     pub trait Sealed {}
@@ -124,20 +124,24 @@ pub enum Launch<'a, B: Backend> {
         act: Act,
         y: &'a mut B::Buf<f32>,
     },
-    /// `gate_up_<dtype>` (sparse_matvec.cu): `h[k] = act(dot(gate[k], x)) · dot(up[k], x)`, the
-    /// up row not read when the activated gate is 0; ids (for `flags`) live in `w` at `ids_l`.
+    /// `gate_up_<dtype>` (sparse_matvec.cu): `h[k] = g · u'` with `g = act(dot(gate[k], x) +
+    /// bias[id(k)])` and `u' = dot(up[k], x)` (`act` of it with `act.up_act`; 1 without up
+    /// rows: `up_l` None), `act` with its FATReLU threshold; the up row not read when `g` is 0;
+    /// ids (for `flags` and `bias`, each one entry per FFN neuron) live in `w` at `ids_l`, and a
+    /// padding slot (id −1) gives 0 when either is given.
     GateUp {
         dtype: DType,
         w: &'a B::Buf<u8>,
         gate_l: RowLayout,
-        up_l: RowLayout,
+        up_l: Option<RowLayout>,
         x: &'a B::Buf<f32>,
         cols: usize,
         idx: Option<&'a B::Buf<i32>>,
         n: usize,
         ids_l: RowLayout,
         flags: Option<&'a B::Buf<i32>>,
-        act: Act,
+        bias: Option<&'a B::Buf<f32>>,
+        act: FfnAct,
         h: &'a mut B::Buf<f32>,
     },
     /// `axpy_rows_<dtype>` (axpy_down.cu): `y[c] += Σ_k a[k] · W[row k][c]`, rows with a zero
@@ -166,26 +170,21 @@ pub enum Launch<'a, B: Backend> {
         flags: &'a mut B::Buf<i32>,
         logits: Option<&'a mut B::Buf<f32>>,
     },
-    /// `compact_flags` (predictor.cu): `out[0..count) = the i < n with flags[i] != 0`, ascending.
-    CompactFlags {
-        flags: &'a B::Buf<i32>,
-        n: usize,
-        out: &'a mut B::Buf<i32>,
-        count: &'a mut B::Buf<i32>,
-    },
-    /// `split_hot_flags` (predictor.cu): `slot_flags[r] = flags[id(r)]` (0 for padding), then
-    /// `flags[id(r)] = 0`, for the hot slots r in 0..n.
-    SplitHotFlags {
-        ids_base: &'a B::Buf<u8>,
-        ids_l: RowLayout,
-        n: usize,
-        flags: &'a mut B::Buf<i32>,
-        slot_flags: &'a mut B::Buf<i32>,
-    },
     /// `rms_norm` (norm_rope.cu) over `rows` rows of `n`: `out = x / sqrt(mean(x²) + eps) · w`.
     RmsNorm {
         x: &'a B::Buf<f32>,
         w: &'a B::Buf<f32>,
+        rows: usize,
+        n: usize,
+        eps: f32,
+        out: &'a mut B::Buf<f32>,
+    },
+    /// `layer_norm` (norm_rope.cu) over `rows` rows of `n`: `out = (x − mean) / sqrt(var + eps)
+    /// · w + b`, the biased variance.
+    LayerNorm {
+        x: &'a B::Buf<f32>,
+        w: &'a B::Buf<f32>,
+        b: &'a B::Buf<f32>,
         rows: usize,
         n: usize,
         eps: f32,
@@ -212,25 +211,20 @@ pub enum Launch<'a, B: Backend> {
         cache_k: &'a mut B::Buf<u16>,
         cache_v: &'a mut B::Buf<u16>,
     },
-    /// `attention_decode` (attention.cu): one query over positions 0..n_pos of the f16 caches,
-    /// grouped-query, `scale` applied to q.
+    /// `attention_decode` (attention.cu): one query over positions `first..n_pos` of the f16
+    /// caches, grouped-query, scores `(q · scale)·k`, soft-capped by `softcap` when > 0.
     AttentionDecode {
         q: &'a B::Buf<f32>,
         cache_k: &'a B::Buf<u16>,
         cache_v: &'a B::Buf<u16>,
+        first: usize,
         n_pos: usize,
         n_heads: usize,
         n_kv_heads: usize,
         head_dim: usize,
         scale: f32,
+        softcap: f32,
         out: &'a mut B::Buf<f32>,
-    },
-    /// `act_mul` (elementwise.cu): `g[i] = act(g[i]) · u[i]`.
-    ActMul {
-        g: &'a mut B::Buf<f32>,
-        u: &'a B::Buf<f32>,
-        n: usize,
-        act: Act,
     },
     /// `add` (elementwise.cu): `y[i] += x[i]`.
     Add {
@@ -243,6 +237,24 @@ pub enum Launch<'a, B: Backend> {
         h: &'a mut B::Buf<f32>,
         n: usize,
         t: f32,
+    },
+    /// `softcap` (elementwise.cu): `y[i] = cap · tanh(y[i] / cap)`.
+    Softcap {
+        y: &'a mut B::Buf<f32>,
+        n: usize,
+        cap: f32,
+    },
+    /// `copy` (elementwise.cu): `dst[i] = src[i]`.
+    Copy {
+        dst: &'a mut B::Buf<f32>,
+        src: &'a B::Buf<f32>,
+        n: usize,
+    },
+    /// `fill` (elementwise.cu): `y[i] = v`.
+    Fill {
+        y: &'a mut B::Buf<f32>,
+        n: usize,
+        v: f32,
     },
 }
 
@@ -257,15 +269,16 @@ impl<B: Backend> Launch<'_, B> {
             Launch::PredictorFc2 { dtype, .. } => {
                 format!("predictor_fc2_{}", dtype_suffix(*dtype))
             }
-            Launch::CompactFlags { .. } => "compact_flags".into(),
-            Launch::SplitHotFlags { .. } => "split_hot_flags".into(),
             Launch::RmsNorm { .. } => "rms_norm".into(),
+            Launch::LayerNorm { .. } => "layer_norm".into(),
             Launch::Rope { .. } => "rope".into(),
             Launch::KvStore { .. } => "kv_store".into(),
             Launch::AttentionDecode { .. } => "attention_decode".into(),
-            Launch::ActMul { .. } => "act_mul".into(),
             Launch::Add { .. } => "add".into(),
             Launch::ThresholdMask { .. } => "threshold_mask".into(),
+            Launch::Softcap { .. } => "softcap".into(),
+            Launch::Copy { .. } => "copy".into(),
+            Launch::Fill { .. } => "fill".into(),
         }
     }
 }

@@ -80,20 +80,20 @@ pub const AXPY_DOWN: KernelSource = KernelSource {
     single: &[],
 };
 
-/// Predictor fc2 + threshold, flag compaction, hot/cold flag split.
+/// Predictor fc2 + threshold.
 pub const PREDICTOR: KernelSource = KernelSource {
     name: "predictor",
     source: include_str!("../kernels/predictor.cu"),
     per_dtype: &["predictor_fc2"],
-    single: &["compact_flags", "split_hot_flags"],
+    single: &[],
 };
 
-/// RMSNorm and RoPE.
+/// RMSNorm, LayerNorm and RoPE.
 pub const NORM_ROPE: KernelSource = KernelSource {
     name: "norm_rope",
     source: include_str!("../kernels/norm_rope.cu"),
     per_dtype: &[],
-    single: &["rms_norm", "rope"],
+    single: &["rms_norm", "layer_norm", "rope"],
 };
 
 /// Decode attention over the f16 KV cache.
@@ -104,12 +104,12 @@ pub const ATTENTION: KernelSource = KernelSource {
     single: &["kv_store", "attention_decode"],
 };
 
-/// act(gate)·up, residual adds and the threshold mask.
+/// Residual adds, the threshold mask, the logits' soft-cap and copies.
 pub const ELEMENTWISE: KernelSource = KernelSource {
     name: "elementwise",
     source: include_str!("../kernels/elementwise.cu"),
     per_dtype: &[],
-    single: &["act_mul", "add", "threshold_mask"],
+    single: &["add", "threshold_mask", "softcap", "copy", "fill"],
 };
 
 /// Every module.

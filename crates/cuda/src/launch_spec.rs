@@ -25,11 +25,9 @@ pub const ROW_THREADS: u32 = 256;
 pub const ROWS_PER_BLOCK: usize = 32;
 /// Threads per block of the thread-per-element kernels.
 pub const ELEM_THREADS: u32 = 256;
-/// Threads of rms_norm's one block per row (8 warps: a row of a few thousand values is a few
+/// Threads of rms_norm's and layer_norm's one block per row (8 warps: a row of a few thousand values is a few
 /// loads per thread; the kernel takes up to 32 warps).
 pub const NORM_THREADS: u32 = 256;
-/// Threads of compact_flags' one block (`COMPACT_THREADS` in predictor.cu).
-pub const COMPACT_THREADS: u32 = 1024;
 /// Warps per block of attention_decode (`ATT_WARPS` in attention.cu), as threads.
 pub const ATT_THREADS: u32 = 4 * 32;
 
@@ -256,12 +254,20 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             n,
             ids_l,
             flags,
+            bias,
             act,
             h,
         } => {
-            // gate_up_<dtype>(w, gate_l, up_l, x, cols, idx, n, ids_l, flags, act, h): the slab
-            // layouts come from pack_hot_slabs for this buffer, slots 0..n hold ids < ffn or −1,
-            // flags has one entry per FFN neuron; h holds n floats.
+            // gate_up_<dtype>(w, gate_l, up_l, x, cols, idx, n, ids_l, flags, bias, act, relu_t,
+            // up_mode, h): the slab layouts come from pack_hot_slabs for this buffer, slots 0..n
+            // hold ids < ffn or −1, flags and bias have one entry per FFN neuron; h holds n
+            // floats. Without up rows the kernel never reads up_l (UP_NONE).
+            let up_mode = match (up_l, act.up_act) {
+                (None, _) => 0,
+                (Some(_), false) => 1,
+                (Some(_), true) => 2,
+            };
+            let up_l = up_l.unwrap_or(gate_l);
             a.ptr(dev.addr(w))
                 .layout(&gate_l)
                 .layout(&up_l)
@@ -271,7 +277,10 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
                 .i32(to_i32(n, "hot")?);
             a.layout(&ids_l)
                 .ptr(opt(flags))
-                .i32(act as i32)
+                .ptr(bias.map_or(0, |b| dev.addr(b)));
+            a.i32(act.act as i32)
+                .f32(act.relu_threshold)
+                .i32(up_mode)
                 .ptr(dev.addr_mut(h));
             let entry = format!("gate_up_{}", dtype_suffix(dtype));
             let blocks = [grid(n, ROWS_PER_BLOCK)?, 1];
@@ -330,34 +339,6 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             let entry = format!("predictor_fc2_{}", dtype_suffix(dtype));
             per_element(&kernels::PREDICTOR, entry, ffn, rank * 4, a)
         }
-        Launch::CompactFlags {
-            flags,
-            n,
-            out,
-            count,
-        } => {
-            // compact_flags(flags, n, out, count): its one block of COMPACT_THREADS threads.
-            a.ptr(dev.addr(flags)).i32(to_i32(n, "n")?);
-            a.ptr(dev.addr_mut(out)).ptr(dev.addr_mut(count));
-            let entry = "compact_flags".to_string();
-            spec(&kernels::PREDICTOR, entry, [1, 1], COMPACT_THREADS, 0, a)
-        }
-        Launch::SplitHotFlags {
-            ids_base,
-            ids_l,
-            n,
-            flags,
-            slot_flags,
-        } => {
-            // split_hot_flags(ids_base, ids_l, n, flags, slot_flags): slots 0..n hold distinct
-            // ids (pack_hot_slabs checks), so each thread owns flags[id].
-            a.ptr(dev.addr(ids_base))
-                .layout(&ids_l)
-                .i32(to_i32(n, "hot")?);
-            a.ptr(dev.addr_mut(flags)).ptr(dev.addr_mut(slot_flags));
-            let entry = "split_hot_flags".to_string();
-            per_element(&kernels::PREDICTOR, entry, n, 0, a)
-        }
         Launch::RmsNorm {
             x,
             w,
@@ -374,6 +355,22 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             a.ptr(dev.addr_mut(out));
             let blocks = [to_i32(rows, "rows")? as u32, 1];
             let entry = "rms_norm".to_string();
+            spec(&kernels::NORM_ROPE, entry, blocks, NORM_THREADS, 0, a)
+        }
+        Launch::LayerNorm {
+            x,
+            w,
+            b,
+            rows,
+            n,
+            eps,
+            out,
+        } => {
+            // layer_norm(x, w, b, n, eps, out): block r reads row r of x, writes row r of out.
+            a.ptr(dev.addr(x)).ptr(dev.addr(w)).ptr(dev.addr(b));
+            a.i32(to_i32(n, "n")?).f32(eps).ptr(dev.addr_mut(out));
+            let blocks = [to_i32(rows, "rows")? as u32, 1];
+            let entry = "layer_norm".to_string();
             spec(&kernels::NORM_ROPE, entry, blocks, NORM_THREADS, 0, a)
         }
         Launch::Rope {
@@ -418,32 +415,30 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             q,
             cache_k,
             cache_v,
+            first,
             n_pos,
             n_heads,
             n_kv_heads,
             head_dim,
             scale,
+            softcap,
             out,
         } => {
-            // attention_decode(q, cache_k, cache_v, n_pos, n_heads, n_kv_heads, head_dim, scale,
-            // out): one block of ATT_WARPS warps per head; head_dim <= MAX_HEAD_DIM fits the
-            // kernel's static shared arrays.
+            // attention_decode(q, cache_k, cache_v, first, n_pos, n_heads, n_kv_heads, head_dim,
+            // scale, softcap, out): one block of ATT_WARPS warps per head; head_dim <=
+            // MAX_HEAD_DIM fits the kernel's static shared arrays; first < n_pos.
             a.ptr(dev.addr(q))
                 .ptr(dev.addr(cache_k))
                 .ptr(dev.addr(cache_v));
-            a.i32(to_i32(n_pos, "positions")?)
+            a.i32(to_i32(first, "first position")?)
+                .i32(to_i32(n_pos, "positions")?)
                 .i32(to_i32(n_heads, "heads")?);
             a.i32(to_i32(n_kv_heads, "kv heads")?)
                 .i32(to_i32(head_dim, "head_dim")?);
-            a.f32(scale).ptr(dev.addr_mut(out));
+            a.f32(scale).f32(softcap).ptr(dev.addr_mut(out));
             let blocks = [to_i32(n_heads, "heads")? as u32, 1];
             let entry = "attention_decode".to_string();
             spec(&kernels::ATTENTION, entry, blocks, ATT_THREADS, 0, a)
-        }
-        Launch::ActMul { g, u, n, act } => {
-            a.ptr(dev.addr_mut(g)).ptr(dev.addr(u)).i32(to_i32(n, "n")?);
-            a.i32(act as i32);
-            per_element(&kernels::ELEMENTWISE, "act_mul".into(), n, 0, a)
         }
         Launch::Add { y, x, n } => {
             a.ptr(dev.addr_mut(y)).ptr(dev.addr(x)).i32(to_i32(n, "n")?);
@@ -453,6 +448,20 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             a.ptr(dev.addr_mut(h)).i32(to_i32(n, "n")?).f32(t);
             let entry = "threshold_mask".to_string();
             per_element(&kernels::ELEMENTWISE, entry, n, 0, a)
+        }
+        Launch::Softcap { y, n, cap } => {
+            a.ptr(dev.addr_mut(y)).i32(to_i32(n, "n")?).f32(cap);
+            per_element(&kernels::ELEMENTWISE, "softcap".into(), n, 0, a)
+        }
+        Launch::Copy { dst, src, n } => {
+            a.ptr(dev.addr_mut(dst))
+                .ptr(dev.addr(src))
+                .i32(to_i32(n, "n")?);
+            per_element(&kernels::ELEMENTWISE, "copy".into(), n, 0, a)
+        }
+        Launch::Fill { y, n, v } => {
+            a.ptr(dev.addr_mut(y)).i32(to_i32(n, "n")?).f32(v);
+            per_element(&kernels::ELEMENTWISE, "fill".into(), n, 0, a)
         }
     }
 }

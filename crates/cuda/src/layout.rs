@@ -1,12 +1,14 @@
 //! Host-side layouts shared by the CUDA build and the stub: how rows are addressed on the device
 //! ([`RowLayout`]), the hot-neuron slabs the VRAM plan accounts for ([`slab_geometry`], the one
 //! definition of a slab's size and offsets, and [`pack_hot_slabs`]), the activation codes the
-//! kernels understand ([`Act`]) and device-name parsing.
+//! kernels understand ([`Act`], and the FFN's whole activation, [`FfnAct`]), the parameters of
+//! decode attention ([`AttnParams`]) and device-name parsing.
 //!
 //! A slab (planner/README.md, `planning/accounting.py`) holds one bucket of `B` hot neurons:
-//! their `B` gate rows, `B` up rows, `B` down_t rows and `B` i32 neuron ids, padded to 256
-//! bytes; a layer's `ffn_hot` is `n_slabs` slabs, exactly `n_slabs · slab_bytes` bytes. A
-//! partial last bucket is padded with zero rows whose id is −1 (never active).
+//! their `B` gate rows, `B` up rows (none for a gate-less FFN: OPT, Falcon), `B` down_t rows
+//! and `B` i32 neuron ids, padded to 256 bytes; a layer's `ffn_hot` is `n_slabs` slabs, exactly
+//! `n_slabs · slab_bytes` bytes. A partial last bucket is padded with zero rows whose id is −1
+//! (never active).
 
 use powerinfer_core::{bail, ensure, Activation, DType, Result, Weight};
 
@@ -84,6 +86,66 @@ impl From<Activation> for Act {
     }
 }
 
+/// The FFN's activation as the hot neurons' gate/up pass applies it (the CPU engine's
+/// `FfnKind::apply` and `times_up`): `h = act(g)·u`, or `act(g)·act(u)` with `up_act`
+/// (Bamboo), or `act(g)` for a gate-less FFN; `act` with a FATReLU threshold `t > 0`
+/// (ProSparse, ReLU only) is `x` where `x > t`, else 0.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FfnAct {
+    pub act: Act,
+    /// FATReLU's threshold (0: plain ReLU); non-negative, and nonzero only with [`Act::Relu`].
+    pub relu_threshold: f32,
+    /// The up value passes through the activation too (Bamboo).
+    pub up_act: bool,
+}
+
+impl From<Act> for FfnAct {
+    /// `act(g)·u`: no threshold, the up value as it is (Llama's SwiGLU, ReluLLaMA).
+    fn from(act: Act) -> FfnAct {
+        FfnAct {
+            act,
+            relu_threshold: 0.0,
+            up_act: false,
+        }
+    }
+}
+
+/// One query's decode attention: `n_heads` query heads over `n_kv_heads` KV heads of
+/// `head_dim` (grouped-query), over the last `window` positions (None: all), scores
+/// `(q·k)·scale`, soft-capped to `c · tanh(s / c)` with `softcap` (Gemma 2), then softmax.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttnParams {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Sliding window: the query at position `n_pos − 1` attends to positions
+    /// `n_pos.saturating_sub(w)..n_pos` (at least 1; None: from 0).
+    pub window: Option<usize>,
+    /// The query scale (1/√head_dim unless the family sets one: [`AttnParams::new`]).
+    pub scale: f32,
+    /// Scores soft-capped to `c · tanh(s / c)` before the softmax (`c > 0`).
+    pub softcap: Option<f32>,
+}
+
+impl AttnParams {
+    /// Plain causal attention (Llama's): no window, scale 1/√head_dim, no cap.
+    pub fn new(n_heads: usize, n_kv_heads: usize, head_dim: usize) -> AttnParams {
+        AttnParams {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            window: None,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            softcap: None,
+        }
+    }
+
+    /// The first position the query at `n_pos − 1` attends to.
+    pub fn first(&self, n_pos: usize) -> usize {
+        self.window.map_or(0, |w| n_pos.saturating_sub(w))
+    }
+}
+
 /// Layout of one layer's hot neurons in their slabs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlabLayout {
@@ -96,11 +158,15 @@ pub struct SlabLayout {
     pub slab_bytes: usize,
     /// Model width (columns of gate/up/down_t).
     pub dim: usize,
+    /// The FFN's neurons (every id is below it: the length of flags and biases indexed by id).
+    pub ffn: usize,
     pub gate_dtype: DType,
-    pub up_dtype: DType,
+    /// None for a gate-less FFN (no up rows).
+    pub up_dtype: Option<DType>,
     pub down_dtype: DType,
     pub gate: RowLayout,
-    pub up: RowLayout,
+    /// None for a gate-less FFN.
+    pub up: Option<RowLayout>,
     pub down: RowLayout,
     /// The i32 neuron ids, as 4-byte rows.
     pub ids: RowLayout,
@@ -125,7 +191,8 @@ pub const fn slab_bytes(neuron_bytes: usize, bucket: usize) -> usize {
 /// ([`crate::alloc_plan::gpu_allocations`]) use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlabGeometry {
-    /// Bytes of one gate, up and down_t row (`dim` weights each, in their formats).
+    /// Bytes of one gate, up and down_t row (`dim` weights each, in their formats; 0 for the up
+    /// row of a gate-less FFN, whose up part is empty).
     pub row_bytes: [usize; 3],
     /// Offsets inside a slab of the gate rows, up rows, down_t rows and the i32 ids.
     pub offsets: [usize; 4],
@@ -133,21 +200,27 @@ pub struct SlabGeometry {
     pub slab_bytes: usize,
 }
 
-/// The slab geometry for `bucket` neurons whose gate, up and down_t rows of `dim` weights are
-/// stored as `dtypes`. `Error::Unsupported` when a matrix's rows would not be aligned for its
-/// element loads (f32: 4 bytes, the rest: 2), the ids not to 4 bytes or a format has no GPU
-/// kernels; `Error::Plan` for a
-/// zero bucket; `Error::Shape` when `dim` is no whole number of a format's blocks.
-pub fn slab_geometry(dtypes: [DType; 3], dim: usize, bucket: usize) -> Result<SlabGeometry> {
+/// The slab geometry for `bucket` neurons whose gate, up (None: a gate-less FFN, no up rows)
+/// and down_t rows of `dim` weights are stored as `gate`, `up`, `down_t`. `Error::Unsupported`
+/// when a matrix's rows would not be aligned for its element loads (f32: 4 bytes, the rest: 2),
+/// the ids not to 4 bytes or a format has no GPU kernels; `Error::Plan` for a zero bucket;
+/// `Error::Shape` when `dim` is no whole number of a format's blocks.
+pub fn slab_geometry(
+    gate: DType,
+    up: Option<DType>,
+    down_t: DType,
+    dim: usize,
+    bucket: usize,
+) -> Result<SlabGeometry> {
     ensure!(bucket > 0, Plan, "bucket must be > 0");
-    for d in dtypes {
-        crate::ops::ensure_gpu_dtype(d)?;
+    let parts = [Some(gate), up, Some(down_t)];
+    let mut row_bytes = [0usize; 3];
+    for (rb, d) in row_bytes.iter_mut().zip(parts) {
+        if let Some(d) = d {
+            crate::ops::ensure_gpu_dtype(d)?;
+            *rb = d.row_bytes(dim)?;
+        }
     }
-    let row_bytes = [
-        dtypes[0].row_bytes(dim)?,
-        dtypes[1].row_bytes(dim)?,
-        dtypes[2].row_bytes(dim)?,
-    ];
     let [g_rb, u_rb, d_rb] = row_bytes;
     let offsets = [
         0,
@@ -156,7 +229,8 @@ pub fn slab_geometry(dtypes: [DType; 3], dim: usize, bucket: usize) -> Result<Sl
         bucket * (g_rb + u_rb + d_rb),
     ];
     // Each matrix's rows must be aligned for its element loads (f32: 4, the rest: 2).
-    for ((dtype, off), rb) in dtypes.into_iter().zip(offsets).zip(row_bytes) {
+    for ((dtype, off), rb) in parts.into_iter().zip(offsets).zip(row_bytes) {
+        let Some(dtype) = dtype else { continue };
         let need = if dtype == DType::F32 { 4 } else { 2 };
         if !off.is_multiple_of(need) || !rb.is_multiple_of(need) {
             bail!(
@@ -179,17 +253,19 @@ pub fn slab_geometry(dtypes: [DType; 3], dim: usize, bucket: usize) -> Result<Sl
 }
 
 /// Pack the hot neurons `ids` (slot order) of one layer into slabs of `bucket` neurons:
-/// gate/up are `[ffn, dim]`, down_t is `[ffn, dim]` (the down projection transposed). Returns
-/// the layout and the bytes to upload (exactly [`SlabLayout::total_bytes`]).
+/// gate/up are `[ffn, dim]` (no up for a gate-less FFN), down_t is `[ffn, dim]` (the down
+/// projection transposed). Returns the layout and the bytes to upload (exactly
+/// [`SlabLayout::total_bytes`]).
 pub fn pack_hot_slabs(
     gate: &Weight,
-    up: &Weight,
+    up: Option<&Weight>,
     down_t: &Weight,
     ids: &[u32],
     bucket: usize,
 ) -> Result<(SlabLayout, Vec<u8>)> {
     let (ffn, dim) = (gate.rows, gate.cols);
-    for (name, w) in [("up", up), ("down_t", down_t)] {
+    for (name, w) in [("up", up), ("down_t", Some(down_t))] {
+        let Some(w) = w else { continue };
         ensure!(
             w.rows == ffn && w.cols == dim,
             Shape,
@@ -213,7 +289,7 @@ pub fn pack_hot_slabs(
         row_bytes: [g_rb, u_rb, d_rb],
         offsets,
         slab_bytes: slab,
-    } = slab_geometry([gate.dtype, up.dtype, down_t.dtype], dim, bucket)?;
+    } = slab_geometry(gate.dtype, up.map(|u| u.dtype), down_t.dtype, dim, bucket)?;
     let n_slabs = ids.len().div_ceil(bucket);
     let stride = slab as i64;
     let group = to_i32(bucket, "bucket")?;
@@ -231,15 +307,21 @@ pub fn pack_hot_slabs(
         n_slabs,
         slab_bytes: slab,
         dim,
+        ffn,
         gate_dtype: gate.dtype,
-        up_dtype: up.dtype,
+        up_dtype: up.map(|u| u.dtype),
         down_dtype: down_t.dtype,
         gate: mk(offsets[0], g_rb)?,
-        up: mk(offsets[1], u_rb)?,
+        up: up.map(|_| mk(offsets[1], u_rb)).transpose()?,
         down: mk(offsets[2], d_rb)?,
         ids: mk(offsets[3], NEURON_ID_BYTES)?,
     };
     let mut bytes = vec![0u8; layout.total_bytes()];
+    let parts = [
+        Some((gate, layout.gate)),
+        up.zip(layout.up),
+        Some((down_t, layout.down)),
+    ];
     for slot in 0..n_slabs * bucket {
         let id = ids.get(slot).map_or(-1, |&i| i as i32);
         let at = layout.ids.byte_offset(slot);
@@ -247,11 +329,7 @@ pub fn pack_hot_slabs(
         if id < 0 {
             continue; // padding: zero rows
         }
-        for (w, l) in [
-            (gate, &layout.gate),
-            (up, &layout.up),
-            (down_t, &layout.down),
-        ] {
+        for (w, l) in parts.iter().flatten() {
             let row = w.row(id as usize);
             let at = l.byte_offset(slot);
             bytes[at..at + row.len()].copy_from_slice(row);
@@ -299,7 +377,7 @@ mod tests {
         let up = weight(DType::Q8_0, ffn, dim, 0.2);
         let down = weight(DType::F16, ffn, dim, 0.3);
         let ids: Vec<u32> = vec![7, 3, 49, 0, 12, 30, 31, 2, 5, 44, 18]; // 11: a partial slab
-        let (l, bytes) = pack_hot_slabs(&gate, &up, &down, &ids, bucket).unwrap();
+        let (l, bytes) = pack_hot_slabs(&gate, Some(&up), &down, &ids, bucket).unwrap();
         // accounting.slab_bytes: align(bucket * (neuron_read_bytes + 4)).
         let neuron = 2 * 18 + 2 * 34 + dim * 2;
         assert_eq!(l.slab_bytes, (bucket * (neuron + 4)).div_ceil(256) * 256);
@@ -308,7 +386,7 @@ mod tests {
         for (slot, &id) in ids.iter().enumerate() {
             let at = l.gate.byte_offset(slot);
             assert_eq!(&bytes[at..at + 36], gate.row(id as usize));
-            let at = l.up.byte_offset(slot);
+            let at = l.up.unwrap().byte_offset(slot);
             assert_eq!(&bytes[at..at + 68], up.row(id as usize));
             let at = l.down.byte_offset(slot);
             assert_eq!(&bytes[at..at + 128], down.row(id as usize));
@@ -328,13 +406,51 @@ mod tests {
     }
 
     #[test]
+    fn gate_less_slabs_hold_gate_down_t_and_ids_only() {
+        let (ffn, dim, bucket) = (50, 64, 8);
+        let gate = weight(DType::Q8_0, ffn, dim, 0.4);
+        let down = weight(DType::F16, ffn, dim, 0.5);
+        let ids: Vec<u32> = vec![9, 1, 40, 33, 2, 17, 48, 0, 21]; // 9: a partial slab
+        let (l, bytes) = pack_hot_slabs(&gate, None, &down, &ids, bucket).unwrap();
+        // accounting.slab_bytes of a gate-less family: one input row + down_t row + id.
+        let neuron = 2 * 34 + dim * 2;
+        assert_eq!(l.slab_bytes, (bucket * (neuron + 4)).div_ceil(256) * 256);
+        assert_eq!((l.up, l.up_dtype, l.ffn), (None, None, ffn));
+        assert_eq!(l.down.offset as usize, bucket * 68);
+        assert_eq!(bytes.len(), 2 * l.slab_bytes);
+        for (slot, &id) in ids.iter().enumerate() {
+            let at = l.gate.byte_offset(slot);
+            assert_eq!(&bytes[at..at + 68], gate.row(id as usize));
+            let at = l.down.byte_offset(slot);
+            assert_eq!(&bytes[at..at + 128], down.row(id as usize));
+        }
+        let g = slab_geometry(DType::Q8_0, None, DType::F16, dim, bucket).unwrap();
+        assert_eq!(g.row_bytes, [68, 0, 128]);
+        assert_eq!(g.offsets, [0, 8 * 68, 8 * 68, 8 * (68 + 128)]);
+        assert_eq!(g.slab_bytes, l.slab_bytes);
+    }
+
+    #[test]
     fn bad_hot_lists_are_errors() {
         let w = weight(DType::F16, 4, 8, 0.1);
-        assert!(pack_hot_slabs(&w, &w, &w, &[1, 1], 2).is_err());
-        assert!(pack_hot_slabs(&w, &w, &w, &[4], 2).is_err());
-        assert!(pack_hot_slabs(&w, &w, &w, &[0], 0).is_err());
+        assert!(pack_hot_slabs(&w, Some(&w), &w, &[1, 1], 2).is_err());
+        assert!(pack_hot_slabs(&w, Some(&w), &w, &[4], 2).is_err());
+        assert!(pack_hot_slabs(&w, None, &w, &[4], 2).is_err());
+        assert!(pack_hot_slabs(&w, Some(&w), &w, &[0], 0).is_err());
         let other = weight(DType::F16, 4, 16, 0.1);
-        assert!(pack_hot_slabs(&w, &other, &w, &[0], 2).is_err());
+        assert!(pack_hot_slabs(&w, Some(&other), &w, &[0], 2).is_err());
+        assert!(pack_hot_slabs(&w, None, &other, &[0], 2).is_err());
+    }
+
+    #[test]
+    fn attention_windows_start_where_the_cpu_starts() {
+        let mut p = AttnParams::new(4, 2, 64);
+        assert_eq!(p.scale, 0.125);
+        assert_eq!(p.first(10), 0);
+        p.window = Some(3);
+        assert_eq!((p.first(10), p.first(3), p.first(2)), (7, 0, 0));
+        let a = FfnAct::from(Act::Silu);
+        assert_eq!((a.act, a.relu_threshold, a.up_act), (Act::Silu, 0.0, false));
     }
 
     #[test]

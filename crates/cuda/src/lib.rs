@@ -1,8 +1,8 @@
 //! The CUDA side of powerinfer-rs: our own CUDA C kernels for the work the plan puts on the GPU
 //! (row-sparse gate/up over the hot neurons' slabs, accumulation over their down_t rows, the
-//! activation predictor, RMSNorm, RoPE, decode attention over an f16 KV cache, elementwise ops),
-//! compiled to PTX with NVRTC at first use for the device's architecture (cached on disk) and
-//! launched through cudarc.
+//! activation predictor, RMSNorm, LayerNorm, RoPE, decode attention over an f16 KV cache,
+//! elementwise ops), compiled to PTX with NVRTC at first use for the device's architecture
+//! (cached on disk) and launched through cudarc.
 //!
 //! The executor sees a GPU through [`Backend`] (typed buffers, copies, one checked launch entry)
 //! and [`GpuOps`] (every operation, shape-checked once for all backends, in [`ops`]).
@@ -54,8 +54,8 @@ pub use emu::{emu_entries, EmuBackend, GPU_EMU};
 pub use host::{HostBackend, HostBuf};
 pub use kernels::{is_gpu_dtype, GPU_DTYPES};
 pub use layout::{
-    align, pack_hot_slabs, parse_device, slab_bytes, slab_geometry, Act, RowLayout, SlabGeometry,
-    SlabLayout, MAX_HEAD_DIM, MAX_RANK, MAX_X_COLS,
+    align, pack_hot_slabs, parse_device, slab_bytes, slab_geometry, Act, AttnParams, FfnAct,
+    RowLayout, SlabGeometry, SlabLayout, MAX_HEAD_DIM, MAX_RANK, MAX_X_COLS,
 };
 pub use ops::GpuOps;
 

@@ -2,7 +2,7 @@
 //! the CPU against float64 references that decode weights with the core crate's scalar
 //! `dequantize_row` (never the CPU crate's SIMD kernels), on shapes at the kernels' edges: odd
 //! row counts and partial blocks, padding slots of a partial slab, the split (atomic) down pass,
-//! compaction past one thread's chunk, norms longer than a block, a long context. One backend
+//! norms longer than a block, a long context under a sliding window and a soft-cap. One backend
 //! runs it all, and the set of entries it launched must equal the modules' entries. Also: the
 //! emulator holds exactly the compiled kernels, and refuses launches CUDA would refuse.
 //!
@@ -17,7 +17,8 @@ use powerinfer_core::{dequantize_row, DType, Error, Weight};
 use powerinfer_cuda::kernels;
 use powerinfer_cuda::launch_spec::{launch_spec, KernelArgs, LaunchSpec};
 use powerinfer_cuda::{
-    emu_entries, Act, Backend, EmuBackend, GpuOps, Launch, GPU_DTYPES, MAX_X_COLS,
+    emu_entries, Act, AttnParams, Backend, EmuBackend, FfnAct, GpuOps, Launch, GPU_DTYPES,
+    MAX_X_COLS,
 };
 
 /// Relative tolerance of f32 sums against float64 (summation order differs).
@@ -138,11 +139,14 @@ fn row_kernels(dev: &EmuBackend, dtype: DType) {
     let (ud, dd) = (decoded(&up), decoded(&down_t));
     let hot: Vec<u32> = (0..ffn as u32).filter(|i| i % 3 != 2).collect();
     let flags: Vec<i32> = (0..ffn as i32).map(|i| i32::from(i % 3 != 0)).collect();
-    let hf = dev.upload_hot_ffn(&gate, &up, &down_t, &hot, 8).unwrap();
+    let hf = dev
+        .upload_hot_ffn(&gate, Some(&up), &down_t, &hot, 8)
+        .unwrap();
     assert!(hf.layout.n_slabs * 8 > hot.len(), "a partial slab");
     let dflags = dev.upload(&flags).unwrap();
     let mut h = dev.zeros::<f32>(hot.len()).unwrap();
-    dev.hot_gate_up(&hf, &dx, Some(&dflags), Act::Relu, &mut h)
+    let relu = FfnAct::from(Act::Relu);
+    dev.hot_gate_up(&hf, &dx, Some(&dflags), relu, None, &mut h)
         .unwrap();
     let want_h: Vec<f64> = hot
         .iter()
@@ -245,50 +249,11 @@ fn predictor(dev: &EmuBackend, dtype: DType) {
     }
 }
 
-/// compact_flags past one thread's chunk (n > 1024), split_hot_flags, the elementwise kernels.
-fn flags_and_elementwise(dev: &EmuBackend) {
-    let n = 3001;
-    let flags: Vec<i32> = values(n, 13).iter().map(|v| i32::from(*v > 0.4)).collect();
-    let df = dev.upload(&flags).unwrap();
-    let mut out = dev.upload(&vec![-7i32; n]).unwrap();
-    let mut count = dev.zeros::<i32>(1).unwrap();
-    dev.compact_flags(&df, n, &mut out, &mut count).unwrap();
-    let want: Vec<i32> = (0..n as i32).filter(|&i| flags[i as usize] != 0).collect();
-    assert_eq!(dev.download(&count).unwrap()[0] as usize, want.len());
-    assert_eq!(dev.download(&out).unwrap()[..want.len()], want[..]);
-
-    let w = weight(DType::F16, 70, 32, 14);
-    let hot: Vec<u32> = (0..70).rev().step_by(3).collect();
-    let hf = dev.upload_hot_ffn(&w, &w, &w, &hot, 16).unwrap();
-    let fl: Vec<i32> = (0..70).map(|i| i32::from(i % 4 != 0)).collect();
-    let mut dfl = dev.upload(&fl).unwrap();
-    let mut slots = dev.upload(&vec![9i32; hot.len()]).unwrap();
-    dev.split_hot_flags(&hf, &mut dfl, &mut slots).unwrap();
-    let want_slots: Vec<i32> = hot.iter().map(|&i| fl[i as usize]).collect();
-    assert_eq!(dev.download(&slots).unwrap(), want_slots);
-    let want_cold: Vec<i32> = (0..70u32)
-        .map(|i| if hot.contains(&i) { 0 } else { fl[i as usize] })
-        .collect();
-    assert_eq!(dev.download(&dfl).unwrap(), want_cold);
-
+/// The elementwise kernels past one block: add, threshold_mask, softcap, copy, fill.
+fn elementwise(dev: &EmuBackend) {
     let n = 1999;
     let (g, u) = (values(n, 15), values(n, 16));
     let du = dev.upload(&u).unwrap();
-    for a in [Act::None, Act::Relu, Act::Silu, Act::Gelu, Act::GeluErf] {
-        let mut dg = dev.upload(&g).unwrap();
-        dev.act_mul(&mut dg, &du, a).unwrap();
-        let want: Vec<f64> = g
-            .iter()
-            .zip(&u)
-            .map(|(g, u)| act(a, *g as f64) * *u as f64)
-            .collect();
-        assert_close(
-            &dev.download(&dg).unwrap(),
-            &want,
-            1.0,
-            &format!("act_mul {a:?}"),
-        );
-    }
     let mut dg = dev.upload(&g).unwrap();
     dev.add(&mut dg, &du).unwrap();
     let want: Vec<f64> = g
@@ -303,6 +268,25 @@ fn flags_and_elementwise(dev: &EmuBackend) {
         let w = if i < n - 2 && w.abs() < 0.5 { 0.0 } else { *w };
         assert!((*v as f64 - w).abs() < 1e-6, "threshold_mask[{i}]");
     }
+    // softcap (cap 1.5 over sums reaching ±2) over n − 3 values, then a copy of the result.
+    let mut dg = dev.upload(&got).unwrap();
+    dev.softcap(&mut dg, n - 3, 1.5).unwrap();
+    let want: Vec<f64> = got
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| match i < n - 3 {
+            true => 1.5 * (v as f64 / 1.5).tanh(),
+            false => v as f64,
+        })
+        .collect();
+    assert_close(&dev.download(&dg).unwrap(), &want, 1.0, "softcap");
+    let mut dst = dev.upload(&vec![3f32; n + 2]).unwrap();
+    dev.copy(&mut dst, &dg).unwrap();
+    let copied = dev.download(&dst).unwrap();
+    assert_eq!(copied[..n], dev.download(&dg).unwrap()[..]);
+    assert_eq!(copied[n..], [3.0, 3.0]);
+    dev.fill(&mut dst, -0.25).unwrap();
+    assert_eq!(dev.download(&dst).unwrap(), vec![-0.25; n + 2], "fill");
 }
 
 /// RMSNorm over rows longer than the block (4097 > 1024 threads), RoPE with an odd number of
@@ -322,6 +306,19 @@ fn norm_rope_attention(dev: &EmuBackend) {
         }
     }
     assert_close(&dev.download(&out).unwrap(), &want, 1.0, "rms_norm 4097");
+    let b = values(n, 25);
+    let db = dev.upload(&b).unwrap();
+    dev.layer_norm(&dx, &dw, &db, 2, 1e-5, &mut out).unwrap();
+    for r in 0..2 {
+        let row = &x[r * n..(r + 1) * n];
+        let m = row.iter().map(|v| *v as f64).sum::<f64>() / n as f64;
+        let var = row.iter().map(|v| (*v as f64 - m).powi(2)).sum::<f64>() / n as f64;
+        for i in 0..n {
+            let v = (row[i] as f64 - m) / (var + 1e-5).sqrt();
+            want[r * n + i] = v * w[i] as f64 + b[i] as f64;
+        }
+    }
+    assert_close(&dev.download(&out).unwrap(), &want, 1.0, "layer_norm 4097");
 
     let (hd, heads, pos) = (80, 3, 40_001);
     let inv: Vec<f64> = (0..hd / 2)
@@ -355,8 +352,15 @@ fn norm_rope_attention(dev: &EmuBackend) {
         );
     }
 
-    // 6 query heads over 2 kv heads of 128, 3001 positions of a 3100-position cache.
+    // 6 query heads over 2 kv heads of 128, 3001 positions of a 3100-position cache: the last
+    // 2049 of them (a sliding window), scores soft-capped at 4.
     let (nh, nkv, hd, n_pos, ctx) = (6, 2, 128, 3001, 3100);
+    let (first, cap) = (3001 - 2049, 4.0);
+    let p = AttnParams {
+        window: Some(2049),
+        softcap: Some(cap as f32),
+        ..AttnParams::new(nh, nkv, hd)
+    };
     let kv = nkv * hd;
     let bits = |seed| -> Vec<u16> {
         values(ctx * kv, seed)
@@ -369,25 +373,26 @@ fn norm_rope_attention(dev: &EmuBackend) {
     let q = values(nh * hd, 22);
     let dq = dev.upload(&q).unwrap();
     let mut out = dev.zeros::<f32>(nh * hd).unwrap();
-    dev.attention(&dq, &ck, &cv, n_pos, nh, nkv, hd, &mut out)
-        .unwrap();
+    dev.attention(&dq, &ck, &cv, n_pos, &p, &mut out).unwrap();
     let f = |b: u16| f16::from_bits(b).to_f64();
     let mut want = vec![0f64; nh * hd];
     for h in 0..nh {
         let g = h / (nh / nkv);
-        let s: Vec<f64> = (0..n_pos)
+        let s: Vec<f64> = (first..n_pos)
             .map(|p| {
-                (0..hd)
+                let s = (0..hd)
                     .map(|i| q[h * hd + i] as f64 * f(kb[p * kv + g * hd + i]))
                     .sum::<f64>()
-                    / (hd as f64).sqrt()
+                    / (hd as f64).sqrt();
+                cap * (s / cap).tanh()
             })
             .collect();
         let m = s.iter().cloned().fold(f64::MIN, f64::max);
         let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
         for i in 0..hd {
-            want[h * hd + i] = (0..n_pos)
-                .map(|p| (s[p] - m).exp() / z * f(vb[p * kv + g * hd + i]))
+            want[h * hd + i] = (first..n_pos)
+                .zip(&s)
+                .map(|(p, s)| (s - m).exp() / z * f(vb[p * kv + g * hd + i]))
                 .sum();
         }
     }
@@ -395,7 +400,7 @@ fn norm_rope_attention(dev: &EmuBackend) {
         &dev.download(&out).unwrap(),
         &want,
         1.0,
-        "attention over 3001 positions",
+        "attention over the last 2049 of 3001 positions, soft-capped",
     );
 
     // kv_store: one position's k and v rounded to f16 in place.
@@ -417,7 +422,7 @@ fn every_entry_runs_against_float64_references_and_the_set_is_kernels_all() {
         predictor(&dev, dtype);
         println!("{dtype}: ok on {}", dev.describe());
     }
-    flags_and_elementwise(&dev);
+    elementwise(&dev);
     norm_rope_attention(&dev);
     assert_eq!(dev.launched(), all_entries());
 }

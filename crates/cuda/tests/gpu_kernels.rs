@@ -10,7 +10,10 @@
 use half::f16;
 use powerinfer_core::{Activation, Buffer, DType, Error, RopeStyle, Weight};
 use powerinfer_cpu::{reference, sparse_reference};
-use powerinfer_cuda::{Act, Backend, DeviceWeight, GpuOps, HostBackend, RowLayout, GPU_DTYPES};
+use powerinfer_cuda::{
+    Act, AttnParams, Backend, DeviceWeight, FfnAct, GpuOps, HostBackend, HotFfn, RowLayout,
+    GPU_DTYPES,
+};
 
 /// Relative tolerance of GPU f32 sums against the f64 references (different summation order).
 const REL_TOL: f32 = 2e-4;
@@ -189,6 +192,9 @@ fn axpy_rows_matches_reference_every_dtype() {
     on_each_backend!(axpy_rows);
 }
 
+/// The accumulation kernel (axpy_rows_<dtype>) as the hot down pass runs it: down_t rows in
+/// every format in gate-less slabs of 16 (a partial last slab), coefficients given, one split
+/// (in row order) and four (atomic).
 fn axpy_rows<B: Backend>(dev: &B) {
     for dtype in GPU_DTYPES {
         let (rows, cols) = (91, cols_for(dtype));
@@ -199,15 +205,12 @@ fn axpy_rows<B: Backend>(dev: &B) {
         let y0 = values(cols, 5);
         let mut want = y0.clone();
         sparse_reference::axpy_rows(&w, &idx, &a, &mut want).unwrap();
-        let dw = dev.upload_weight(&w).unwrap();
-        let didx = dev
-            .upload(&idx.iter().map(|&i| i as i32).collect::<Vec<_>>())
-            .unwrap();
+        let hf = dev.upload_hot_ffn(&w, None, &w, &idx, 16).unwrap();
+        assert!(hf.layout.n_slabs * 16 > idx.len(), "a partial slab");
         let da = dev.upload(&a).unwrap();
         for splits in [1, 4] {
             let mut dy = dev.upload(&y0).unwrap();
-            dev.axpy_rows(&dw, Some(&didx), &da, idx.len(), &mut dy, splits)
-                .unwrap();
+            dev.hot_down(&hf, &da, &mut dy, splits).unwrap();
             let got = dev.download(&dy).unwrap();
             let what = format!("{dtype} splits {splits}");
             assert_close(&got, &want, (idx.len() as f32).sqrt(), REL_TOL, &what);
@@ -267,12 +270,15 @@ fn hot_ffn<B: Backend>(dev: &B) {
             &mut want,
         )
         .unwrap();
-        let hf = dev.upload_hot_ffn(&gate, &up, &down_t, &hot, 32).unwrap();
+        let hf = dev
+            .upload_hot_ffn(&gate, Some(&up), &down_t, &hot, 32)
+            .unwrap();
         assert_eq!(hf.n_bytes(), hf.layout.total_bytes());
         let dx = dev.upload(&x).unwrap();
         let dflags = dev.upload(&flags).unwrap();
         let mut h = dev.zeros::<f32>(hot.len()).unwrap();
-        dev.hot_gate_up(&hf, &dx, Some(&dflags), Act::Silu, &mut h)
+        let silu = FfnAct::from(Act::Silu);
+        dev.hot_gate_up(&hf, &dx, Some(&dflags), silu, None, &mut h)
             .unwrap();
         let mut y = dev.zeros::<f32>(dim).unwrap();
         dev.hot_down(&hf, &h, &mut y, 1).unwrap();
@@ -281,6 +287,168 @@ fn hot_ffn<B: Backend>(dev: &B) {
         if dtype == down {
             ok(dev, "hot_ffn", dtype);
         }
+    }
+}
+
+#[test]
+fn hot_gate_up_applies_every_ffn_activation() {
+    on_each_backend!(ffn_activations);
+}
+
+/// Every row of `w` decoded by the core crate's scalar decoder.
+fn decoded(w: &Weight) -> Vec<Vec<f32>> {
+    (0..w.rows)
+        .map(|r| {
+            let mut out = vec![0f32; w.cols];
+            powerinfer_core::dequantize_row(w.dtype, w.row(r), &mut out).unwrap();
+            out
+        })
+        .collect()
+}
+
+/// `dot(row, x)` in f64.
+fn dot64(row: &[f32], x: &[f32]) -> f64 {
+    row.iter().zip(x).map(|(a, b)| *a as f64 * *b as f64).sum()
+}
+
+/// The families' FFN activations over hot slabs, each against an f64 reference in every GPU
+/// format: OPT (gate-less, ReLU, an fc1 bias by neuron id, with flags), Falcon's gate-less GELU
+/// (here with a bias and no flags: the ids are read for the bias alone), Bamboo (ReLU on gate
+/// and up), ProSparse (FATReLU on the gate). Each case also proves its feature changed the
+/// result (a test that cannot fail proves nothing).
+fn ffn_activations<B: Backend>(dev: &B) {
+    for dtype in GPU_DTYPES {
+        let (ffn, dim) = (77, cols_for(dtype));
+        let (gate, up) = (weight(dtype, ffn, dim, 40), weight(dtype, ffn, dim, 41));
+        let down_t = weight(DType::F16, ffn, dim, 42);
+        let (gate_rows, up_rows) = (decoded(&gate), decoded(&up));
+        let x = values(dim, 43);
+        let scale = (dim as f32).sqrt();
+        let bias: Vec<f32> = values(ffn, 44).iter().map(|v| v * scale / 2.0).collect();
+        let hot: Vec<u32> = (0..ffn as u32).rev().filter(|i| i % 4 != 1).collect();
+        let flags: Vec<i32> = (0..ffn as i32).map(|i| i32::from(i % 5 != 0)).collect();
+        // Gate and up dots in f64, per neuron.
+        let g_dot: Vec<f64> = gate_rows.iter().map(|r| dot64(r, &x)).collect();
+        let u_dot: Vec<f64> = up_rows.iter().map(|r| dot64(r, &x)).collect();
+        // FATReLU's threshold: the median positive gate, so some positive gates fall below it.
+        let mut pos: Vec<f64> = g_dot.iter().copied().filter(|g| *g > 0.0).collect();
+        pos.sort_by(f64::total_cmp);
+        let t = pos[pos.len() / 2] as f32;
+        let (dx, dflags, dbias) = (
+            dev.upload(&x).unwrap(),
+            dev.upload(&flags).unwrap(),
+            dev.upload(&bias).unwrap(),
+        );
+        let gated = dev
+            .upload_hot_ffn(&gate, Some(&up), &down_t, &hot, 16)
+            .unwrap();
+        let gate_less = dev.upload_hot_ffn(&gate, None, &down_t, &hot, 16).unwrap();
+        assert_eq!(gate_less.layout.up, None);
+        assert!(gate_less.n_bytes() < gated.n_bytes());
+        let relu = FfnAct::from(Act::Relu);
+        let cases: [(&str, &HotFfn<B>, FfnAct, bool, bool); 5] = [
+            ("opt", &gate_less, relu, true, true),
+            ("falcon", &gate_less, FfnAct::from(Act::Gelu), false, true),
+            (
+                "bamboo",
+                &gated,
+                FfnAct {
+                    up_act: true,
+                    ..relu
+                },
+                true,
+                false,
+            ),
+            (
+                "prosparse",
+                &gated,
+                FfnAct {
+                    relu_threshold: t,
+                    ..relu
+                },
+                true,
+                false,
+            ),
+            ("plain", &gated, relu, true, false),
+        ];
+        let mut results = Vec::new();
+        for (name, hf, act, with_flags, with_bias) in cases {
+            // ReLU, with FATReLU's threshold t (0: plain), and GELU's tanh form, in f64.
+            let f = |v: f64| -> f64 {
+                match act.act {
+                    Act::Relu if v > act.relu_threshold as f64 => v,
+                    Act::Relu => 0.0,
+                    Act::Gelu => {
+                        let c = (2.0 / std::f64::consts::PI).sqrt();
+                        0.5 * v * (1.0 + (c * (v + 0.044715 * v * v * v)).tanh())
+                    }
+                    a => unreachable!("{a:?}"),
+                }
+            };
+            let mut h = dev.upload(&vec![9f32; hot.len() + 1]).unwrap();
+            dev.hot_gate_up(
+                hf,
+                &dx,
+                with_flags.then_some(&dflags),
+                act,
+                with_bias.then_some(&dbias),
+                &mut h,
+            )
+            .unwrap();
+            let got = dev.download(&h).unwrap();
+            assert_eq!(got[hot.len()], 9.0, "{name}: past the hot slots");
+            let mut want = Vec::new();
+            let (mut g_near, mut kept) = (Vec::new(), Vec::new());
+            for &i in &hot {
+                let i = i as usize;
+                let gd = g_dot[i] + if with_bias { bias[i] as f64 } else { 0.0 };
+                let g = f(gd);
+                let h = if with_flags && flags[i] == 0 {
+                    0.0
+                } else if hf.layout.up.is_none() || g == 0.0 {
+                    g
+                } else if act.up_act {
+                    g * f(u_dot[i])
+                } else {
+                    g * u_dot[i]
+                };
+                want.push(h as f32);
+                // FATReLU is discontinuous at t (and ReLU's derivative at 0): an f32 sum within
+                // rounding of it may fall either way.
+                let edge = act.relu_threshold as f64;
+                g_near.push((gd - edge).abs() < 1e-3 || (act.up_act && u_dot[i].abs() < 1e-3));
+                kept.push(gd > 0.0 && gd <= edge);
+            }
+            for (k, (g, w)) in got[..hot.len()].iter().zip(&want).enumerate() {
+                if g_near[k] {
+                    continue;
+                }
+                let bound = REL_TOL * (scale * scale).max(w.abs()) + ABS_TOL;
+                assert!(
+                    (g - w).abs() <= bound,
+                    "{name} {dtype}[{k}]: gpu {g} vs f64 {w}"
+                );
+            }
+            if name == "prosparse" {
+                assert!(kept.contains(&true), "{dtype}: no gate below the threshold");
+            }
+            results.push(got);
+        }
+        // Each feature moved the output: the up activation and the threshold against plain
+        // ReLU·up, the bias against the same gate-less pass without it.
+        let plain = &results[4];
+        for (k, name) in [(2, "up_act"), (3, "relu_threshold")] {
+            assert_ne!(&results[k], plain, "{dtype}: {name} changed nothing");
+        }
+        let mut h = dev.zeros::<f32>(hot.len()).unwrap();
+        dev.hot_gate_up(&gate_less, &dx, Some(&dflags), relu, None, &mut h)
+            .unwrap();
+        assert_ne!(
+            dev.download(&h).unwrap(),
+            results[0][..hot.len()],
+            "{dtype}: bias"
+        );
+        ok(dev, "ffn_activations", dtype);
     }
 }
 
@@ -295,10 +463,10 @@ fn k_quant_rows_need_whole_super_blocks_and_q2_k_q3_k_are_refused() {
 fn k_quant_refusals<B: Backend>(dev: &B) {
     let q4k = weight(DType::Q4_K, 10, 256, 1);
     // A width of 288 is 9 blocks of 32 but no whole number of super-blocks.
-    let e = powerinfer_cuda::slab_geometry([DType::Q4_K, DType::Q4_K, DType::Q6_K], 288, 8);
+    let (k4, k6) = (DType::Q4_K, DType::Q6_K);
+    let e = powerinfer_cuda::slab_geometry(k4, Some(k4), k6, 288, 8);
     assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
-    let g =
-        powerinfer_cuda::slab_geometry([DType::Q4_K, DType::Q4_K, DType::Q6_K], 512, 3).unwrap();
+    let g = powerinfer_cuda::slab_geometry(k4, Some(k4), k6, 512, 3).unwrap();
     assert_eq!(g.row_bytes, [2 * 144, 2 * 144, 2 * 210]);
     assert_eq!(g.offsets, [0, 3 * 288, 6 * 288, 6 * 288 + 3 * 420]);
     for dtype in [DType::Q2_K, DType::Q3_K] {
@@ -307,50 +475,23 @@ fn k_quant_refusals<B: Backend>(dev: &B) {
             panic!("{dtype}: uploaded");
         };
         assert!(msg.contains(dtype.name()) && msg.contains("Q4_K"), "{msg}");
-        let e = dev.upload_hot_ffn(&q4k, &q4k, &w, &[0], 4).map(|_| ());
+        let e = dev
+            .upload_hot_ffn(&q4k, Some(&q4k), &w, &[0], 4)
+            .map(|_| ());
         assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
-        let e = powerinfer_cuda::slab_geometry([dtype, dtype, DType::F16], 256, 8);
+        let e = dev
+            .upload_hot_ffn(&q4k, Some(&w), &q4k, &[0], 4)
+            .map(|_| ());
+        assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
+        let e = powerinfer_cuda::slab_geometry(dtype, Some(dtype), DType::F16, 256, 8);
+        assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
+        let e = powerinfer_cuda::slab_geometry(dtype, None, DType::F16, 256, 8);
         assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
     }
 }
 
 #[test]
-fn split_hot_flags_moves_hot_flags_to_slots_and_leaves_the_cold_set() {
-    on_each_backend!(split_hot_flags);
-}
-
-fn split_hot_flags<B: Backend>(dev: &B) {
-    let (ffn, dim) = (203, 64);
-    let w = weight(DType::F16, ffn, dim, 13);
-    // Hot neurons in descending order, a partial last slab (padding slots past n_hot).
-    let hot: Vec<u32> = (0..ffn as u32).rev().filter(|i| i % 3 != 1).collect();
-    let hf = dev.upload_hot_ffn(&w, &w, &w, &hot, 32).unwrap();
-    let flags: Vec<i32> = (0..ffn).map(|i| i32::from(i % 7 < 3)).collect();
-    let mut dflags = dev.upload(&flags).unwrap();
-    let n_slots = hf.layout.n_hot;
-    let mut dslots = dev.upload(&vec![-5i32; n_slots]).unwrap();
-    dev.split_hot_flags(&hf, &mut dflags, &mut dslots).unwrap();
-    let (slots, cold) = (
-        dev.download(&dslots).unwrap(),
-        dev.download(&dflags).unwrap(),
-    );
-    // Slot r holds hot[r] (slot order is the order given).
-    assert_eq!(n_slots, hot.len());
-    for (r, &id) in hot.iter().enumerate() {
-        assert_eq!(slots[r], flags[id as usize], "slot {r} (neuron {id})");
-    }
-    for (i, &f) in cold.iter().enumerate() {
-        let want = if hot.contains(&(i as u32)) {
-            0
-        } else {
-            flags[i]
-        };
-        assert_eq!(f, want, "cold flag {i}");
-    }
-}
-
-#[test]
-fn predictor_flags_and_compaction() {
+fn predictor_flags() {
     on_each_backend!(predictor);
 }
 
@@ -397,15 +538,6 @@ fn predictor<B: Backend>(dev: &B) {
             assert_eq!(flags[j] != 0, logits[j] >= threshold, "flag {j}");
         }
     }
-    let mut out = dev.zeros::<i32>(ffn).unwrap();
-    let mut count = dev.zeros::<i32>(1).unwrap();
-    dev.compact_flags(&dflags, ffn, &mut out, &mut count)
-        .unwrap();
-    let n = dev.download(&count).unwrap()[0] as usize;
-    let want: Vec<i32> = (0..ffn as i32)
-        .filter(|&j| flags[j as usize] != 0)
-        .collect();
-    assert_eq!(&dev.download(&out).unwrap()[..n], &want[..]);
 }
 
 #[test]
@@ -436,6 +568,35 @@ fn norm_rope<B: Backend>(dev: &B) {
         REL_TOL,
         "rms_norm",
     );
+
+    // LayerNorm over 5 rows of 333 around a mean of 0.6 (a missing centring would show), with
+    // the CPU engine's own layer_norm as the reference.
+    let rows = 5;
+    let x: Vec<f32> = values(rows * n, 23).iter().map(|v| v + 0.6).collect();
+    let (w, b) = (values(n, 24), values(n, 25));
+    let mut want = vec![0f32; rows * n];
+    for (xr, o) in x.chunks_exact(n).zip(want.chunks_exact_mut(n)) {
+        let mean = xr.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
+        let var = xr.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n as f64;
+        for i in 0..n {
+            let v = (xr[i] as f64 - mean) / (var + 1e-5).sqrt();
+            o[i] = (v * w[i] as f64 + b[i] as f64) as f32;
+        }
+    }
+    let (dx, dw, db) = (
+        dev.upload(&x).unwrap(),
+        dev.upload(&w).unwrap(),
+        dev.upload(&b).unwrap(),
+    );
+    let mut out = dev.zeros::<f32>(rows * n).unwrap();
+    dev.layer_norm(&dx, &dw, &db, rows, 1e-5, &mut out).unwrap();
+    let got = dev.download(&out).unwrap();
+    assert_close(&got, &want, 1.0, REL_TOL, "layer_norm");
+    // Not RMSNorm: the mean matters.
+    let mut rms = dev.zeros::<f32>(rows * n).unwrap();
+    dev.rms_norm(&dx, &dw, rows, 1e-5, &mut rms).unwrap();
+    let rms = dev.download(&rms).unwrap();
+    assert!(got.iter().zip(&rms).any(|(a, b)| (a - b).abs() > 0.1));
 
     // RoPE, both styles, at a large position: the whole head, and the first half of it (partial
     // RoPE) with per-pair frequency divisors (Llama 3.1's factors) and linear scaling.
@@ -494,16 +655,56 @@ fn attention_head_dims<B: Backend>(dev: &B) {
         (4, 4, 128, 257),
         (4, 1, 256, 131),
     ] {
-        attention_case(dev, nh, nkv, hd, n_pos);
+        attention_case(dev, &AttnParams::new(nh, nkv, hd), n_pos, 1.0);
     }
 }
 
-/// One attention case: `n_pos` positions stored through kv_store into a cache of `n_pos + 83`,
-/// against an f64 reference reading the same f16-rounded keys and values.
-fn attention_case<B: Backend>(dev: &B, nh: usize, nkv: usize, hd: usize, n_pos: usize) {
+#[test]
+fn attention_with_window_scale_and_softcap() {
+    on_each_backend!(attention_variants);
+}
+
+/// Sliding windows (Mistral, Gemma 2/3's local layers: shorter than the context, one position,
+/// longer than the context), an explicit query scale (Gemma's query_pre_attn_scalar) and score
+/// soft-capping (Gemma 2), alone and together, on queries large enough that the cap bends the
+/// scores; each changes the output against plain attention unless it cannot (a window past the
+/// context).
+fn attention_variants<B: Backend>(dev: &B) {
+    let (nh, nkv, hd, n_pos) = (6, 2, 80, 203);
+    let plain = AttnParams::new(nh, nkv, hd);
+    let base = attention_case(dev, &plain, n_pos, 6.0);
+    let with = |window, scale, softcap| AttnParams {
+        window,
+        scale,
+        softcap,
+        ..plain
+    };
+    let s = plain.scale;
+    for (p, same) in [
+        (with(Some(37), s, None), false),
+        (with(Some(1), s, None), false),
+        (with(Some(n_pos + 5), s, None), true),
+        (with(None, 0.05, None), false),
+        (with(None, s, Some(1.5)), false),
+        (with(Some(64), 0.3, Some(2.5)), false),
+    ] {
+        let got = attention_case(dev, &p, n_pos, 6.0);
+        let moved = got.iter().zip(&base).any(|(a, b)| (a - b).abs() > 1e-3);
+        assert_eq!(moved, !same, "{p:?} against plain attention");
+    }
+}
+
+/// One attention case: `n_pos` positions stored through kv_store into a cache of `n_pos + 83`
+/// (queries `q_scale` times the keys' range), against an f64 reference reading the same
+/// f16-rounded keys and values with the same window, scale and soft-cap. Returns the output.
+fn attention_case<B: Backend>(dev: &B, p: &AttnParams, n_pos: usize, q_scale: f32) -> Vec<f32> {
+    let (nh, nkv, hd) = (p.n_heads, p.n_kv_heads, p.head_dim);
     let seed = hd as u64;
     let kv_dim = nkv * hd;
-    let q = values(nh * hd, 16 + seed);
+    let q: Vec<f32> = values(nh * hd, 16 + seed)
+        .iter()
+        .map(|v| v * q_scale)
+        .collect();
     let (k, v) = (
         values(n_pos * kv_dim, 17 + seed),
         values(n_pos * kv_dim, 18 + seed),
@@ -519,36 +720,35 @@ fn attention_case<B: Backend>(dev: &B, nh: usize, nkv: usize, hd: usize, n_pos: 
     // The reference reads the same f16-rounded keys and values.
     let round = |v: &[f32]| -> Vec<f32> { v.iter().map(|x| f16::from_f32(*x).to_f32()).collect() };
     let (kr, vr) = (round(&k), round(&v));
+    let first = p.window.map_or(0, |w| n_pos.saturating_sub(w));
     let mut want = vec![0f32; nh * hd];
     for h in 0..nh {
         let kvh = h / (nh / nkv);
-        let s: Vec<f64> = (0..n_pos)
-            .map(|p| {
-                (0..hd)
-                    .map(|i| q[h * hd + i] as f64 * kr[p * kv_dim + kvh * hd + i] as f64)
+        let s: Vec<f64> = (first..n_pos)
+            .map(|pos| {
+                let s = (0..hd)
+                    .map(|i| q[h * hd + i] as f64 * kr[pos * kv_dim + kvh * hd + i] as f64)
                     .sum::<f64>()
-                    / (hd as f64).sqrt()
+                    * p.scale as f64;
+                p.softcap.map_or(s, |c| c as f64 * (s / c as f64).tanh())
             })
             .collect();
         let m = s.iter().cloned().fold(f64::MIN, f64::max);
         let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
         for i in 0..hd {
-            want[h * hd + i] = (0..n_pos)
-                .map(|p| (s[p] - m).exp() / z * vr[p * kv_dim + kvh * hd + i] as f64)
+            want[h * hd + i] = (first..n_pos)
+                .zip(&s)
+                .map(|(pos, s)| (s - m).exp() / z * vr[pos * kv_dim + kvh * hd + i] as f64)
                 .sum::<f64>() as f32;
         }
     }
     let dq = dev.upload(&q).unwrap();
     let mut out = dev.zeros::<f32>(nh * hd).unwrap();
-    dev.attention(&dq, &ck, &cv, n_pos, nh, nkv, hd, &mut out)
-        .unwrap();
-    assert_close(
-        &dev.download(&out).unwrap(),
-        &want,
-        1.0,
-        ATT_TOL,
-        &format!("attention {nh}/{nkv} heads of {hd}, {n_pos} positions"),
-    );
+    dev.attention(&dq, &ck, &cv, n_pos, p, &mut out).unwrap();
+    let got = dev.download(&out).unwrap();
+    let what = format!("attention {p:?}, {n_pos} positions");
+    assert_close(&got, &want, 1.0, ATT_TOL, &what);
+    got
 }
 
 #[test]
@@ -559,25 +759,46 @@ fn elementwise() {
 fn elementwise_ops<B: Backend>(dev: &B) {
     let n = 1001;
     let (g, u) = (values(n, 19), values(n, 20));
-    let du = dev.upload(&u).unwrap();
-    let act_mul = |a: Activation| {
-        let mut dg = dev.upload(&g).unwrap();
-        dev.act_mul(&mut dg, &du, Act::from(a)).unwrap();
-        let want: Vec<f32> = g.iter().zip(&u).map(|(g, u)| a.apply(*g) * u).collect();
-        assert_close(
-            &dev.download(&dg).unwrap(),
-            &want,
-            1.0,
-            1e-5,
-            &format!("act_mul {a:?}"),
-        );
-        (dg, want)
-    };
-    act_mul(Activation::GeluErf);
-    let (mut dg, want) = act_mul(Activation::Gelu);
-    dev.add(&mut dg, &du).unwrap();
-    let want: Vec<f32> = want.iter().zip(&u).map(|(a, b)| a + b).collect();
-    assert_close(&dev.download(&dg).unwrap(), &want, 1.0, 1e-5, "add");
+    let (dg, du) = (dev.upload(&g).unwrap(), dev.upload(&u).unwrap());
+    // copy into a longer buffer (the rest kept), then add onto the copy.
+    let tail = [7.0f32, -7.0];
+    let mut dy = dev.upload(&[vec![0.5; n], tail.to_vec()].concat()).unwrap();
+    dev.copy(&mut dy, &dg).unwrap();
+    let got = dev.download(&dy).unwrap();
+    assert_eq!(got[..n], g[..], "copy");
+    assert_eq!(got[n..], tail, "copy: past the source");
+    dev.fill(&mut dy, 0.0).unwrap();
+    assert_eq!(
+        dev.download(&dy).unwrap(),
+        vec![0.0; n + tail.len()],
+        "fill"
+    );
+    let mut dsum = dev.upload(&g).unwrap();
+    dev.add(&mut dsum, &du).unwrap();
+    let want: Vec<f32> = g.iter().zip(&u).map(|(a, b)| a + b).collect();
+    assert_close(&dev.download(&dsum).unwrap(), &want, 1.0, 1e-5, "add");
+
+    // softcap over the first n - 2 of n logits reaching ±40 (cap 30: the large ones bend).
+    let (cap, m) = (30.0f32, n - 2);
+    let y: Vec<f32> = g.iter().map(|v| 40.0 * v).collect();
+    let mut dy = dev.upload(&y).unwrap();
+    dev.softcap(&mut dy, m, cap).unwrap();
+    let want: Vec<f32> = y
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| {
+            if i < m {
+                (cap as f64 * (v as f64 / cap as f64).tanh()) as f32
+            } else {
+                v
+            }
+        })
+        .collect();
+    let got = dev.download(&dy).unwrap();
+    assert_close(&got, &want, 1.0, 1e-5, "softcap");
+    assert!(got[..m].iter().all(|v| v.abs() < cap));
+    assert!(y[..m].iter().any(|v| v.abs() > cap), "nothing to cap");
+    assert_eq!(got[m..], y[m..], "softcap: past n");
 }
 
 #[test]
@@ -628,8 +849,63 @@ fn checked_errors<B: Backend>(dev: &B) {
     // No rows: nothing to do.
     dev.matvec_rows(&w, &x, None, 0, Act::None, &mut y).unwrap();
     let mut empty = zeros_f32(0);
-    dev.act_mul(&mut empty, &zeros_f32(0), Act::Silu).unwrap();
     dev.add(&mut empty, &zeros_f32(0)).unwrap();
+    dev.copy(&mut empty, &zeros_f32(0)).unwrap();
+    dev.softcap(&mut y, 0, 30.0).unwrap();
+    let e = dev.copy(&mut y, &zeros_f32(9));
+    assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
+    let e = dev.softcap(&mut y, 9, 30.0);
+    assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
+    for cap in [0.0, -1.0, f32::NAN] {
+        let e = dev.softcap(&mut y, 8, cap);
+        assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
+    }
+    // LayerNorm: a bias of another length; no rows.
+    let (w64, b63) = (zeros_f32(64), zeros_f32(63));
+    let (x2, mut out2) = (zeros_f32(128), zeros_f32(128));
+    let e = dev.layer_norm(&x2, &w64, &b63, 2, 1e-5, &mut out2);
+    assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
+    let e = dev.layer_norm(&x2, &w64, &w64, 3, 1e-5, &mut out2);
+    assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
+    dev.layer_norm(&empty, &w64, &w64, 0, 1e-5, &mut zeros_f32(0))
+        .unwrap();
+
+    // hot_gate_up: flags or a bias shorter than the FFN, FATReLU's threshold with SiLU or
+    // negative; no hot neurons: nothing. (Slabs of zeros: the layout is all the checks read.)
+    let f16w = |rows| powerinfer_core::testing::random_weight(DType::F16, rows, 64, 1);
+    let (layout, bytes) =
+        powerinfer_cuda::pack_hot_slabs(&f16w(10), None, &f16w(10), &[3, 1], 4).unwrap();
+    let hf = HotFfn::<B> {
+        layout,
+        data: dev.zeros::<u8>(bytes.len()).unwrap(),
+    };
+    let (hx, mut hh) = (zeros_f32(64), zeros_f32(2));
+    let (flags9, flags10) = (dev.zeros::<i32>(9).unwrap(), dev.zeros::<i32>(10).unwrap());
+    let relu = FfnAct::from(Act::Relu);
+    let e = dev.hot_gate_up(&hf, &hx, Some(&flags9), relu, None, &mut hh);
+    assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
+    let e = dev.hot_gate_up(&hf, &hx, Some(&flags10), relu, Some(&zeros_f32(9)), &mut hh);
+    assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
+    for act in [
+        FfnAct {
+            relu_threshold: 0.5,
+            ..FfnAct::from(Act::Silu)
+        },
+        FfnAct {
+            relu_threshold: -0.5,
+            ..relu
+        },
+    ] {
+        let e = dev.hot_gate_up(&hf, &hx, None, act, None, &mut hh);
+        assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
+    }
+    let (layout, _) = powerinfer_cuda::pack_hot_slabs(&f16w(10), None, &f16w(10), &[], 4).unwrap();
+    let none = HotFfn::<B> {
+        layout,
+        data: dev.zeros::<u8>(0).unwrap(),
+    };
+    dev.hot_gate_up(&none, &hx, None, relu, Some(&zeros_f32(10)), &mut empty)
+        .unwrap();
     dev.threshold_mask(&mut y, 0, 0.5).unwrap();
     let e = dev.threshold_mask(&mut y, 9, 0.5);
     assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
@@ -643,8 +919,48 @@ fn checked_errors<B: Backend>(dev: &B) {
         dev.zeros::<u16>(4 * hd).unwrap(),
         dev.zeros::<u16>(4 * hd).unwrap(),
     );
-    let e = dev.attention(&q, &ck, &cv, 4, 1, 1, hd, &mut out);
+    let e = dev.attention(&q, &ck, &cv, 4, &AttnParams::new(1, 1, hd), &mut out);
     assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
+    // A window of no position; a cap or a scale that is no (positive) number.
+    let (q, mut out) = (zeros_f32(64), zeros_f32(64));
+    let p = AttnParams::new(1, 1, 64);
+    let bad = [
+        (
+            AttnParams {
+                window: Some(0),
+                ..p
+            },
+            true,
+        ),
+        (
+            AttnParams {
+                softcap: Some(0.0),
+                ..p
+            },
+            false,
+        ),
+        (
+            AttnParams {
+                softcap: Some(-2.0),
+                ..p
+            },
+            false,
+        ),
+        (
+            AttnParams {
+                scale: f32::NAN,
+                ..p
+            },
+            false,
+        ),
+    ];
+    for (p, shape) in bad {
+        let e = dev.attention(&q, &ck, &cv, 4, &p, &mut out);
+        match shape {
+            true => assert!(matches!(e, Err(Error::Shape(_))), "{e:?}"),
+            false => assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}"),
+        }
+    }
     // A position past the cache.
     let (k, v) = (zeros_f32(16), zeros_f32(16));
     let (mut ck, mut cv) = (
@@ -672,8 +988,8 @@ fn f16_conversions_are_exact_both_ways() {
     on_each_backend!(f16_conversions);
 }
 
-/// Every f16 bit pattern decoded (one F16 row of all 65,536, read by axpy_rows with a
-/// coefficient of 1: y = 0 + 1·w exactly), and f32 → f16 in kv_store rounding to nearest even at
+/// Every f16 bit pattern decoded (one F16 row of all 65,536, read by axpy_rows, the hot down
+/// pass, with a coefficient of 1: y = 0 + 1·w exactly), and f32 → f16 in kv_store rounding to nearest even at
 /// every tie between neighbouring f16 values, one f32 step either side of them, past the largest
 /// finite f16, below the smallest subnormal, and on infinities and NaN — bit for bit as `half`
 /// (IEEE 754) rounds. On a GPU this checks the cvt instructions, on the emulator its own
@@ -682,12 +998,13 @@ fn f16_conversions<B: Backend>(dev: &B) {
     let bits: Vec<u16> = (0..=u16::MAX).collect();
     let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
     let w = Weight::new(DType::F16, 1, bits.len(), Buffer::from_bytes(&bytes)).unwrap();
-    let dw = dev.upload_weight(&w).unwrap();
+    // One gate-less hot neuron whose down_t row is that row.
+    let hf = dev.upload_hot_ffn(&w, None, &w, &[0], 1).unwrap();
     let (da, mut dy) = (
         dev.upload(&[1.0f32]).unwrap(),
         dev.zeros::<f32>(bits.len()).unwrap(),
     );
-    dev.axpy_rows(&dw, None, &da, 1, &mut dy, 1).unwrap();
+    dev.hot_down(&hf, &da, &mut dy, 1).unwrap();
     for (b, got) in bits.iter().zip(dev.download(&dy).unwrap()) {
         let want = f16::from_bits(*b).to_f32();
         if want.is_nan() {

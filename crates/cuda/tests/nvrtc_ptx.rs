@@ -10,7 +10,9 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use powerinfer_cuda::launch_spec::{launch_spec, LaunchSpec};
-use powerinfer_cuda::{kernels, nvrtc, Act, Backend, HostBackend, Launch, RowLayout, GPU_DTYPES};
+use powerinfer_cuda::{
+    kernels, nvrtc, Act, Backend, FfnAct, HostBackend, Launch, RowLayout, GPU_DTYPES,
+};
 
 /// Architectures compiled in CI (Ampere and Hopper; sm_75 Turing as the oldest we name).
 const ARCHS: [u32; 3] = [75, 80, 90];
@@ -151,14 +153,19 @@ fn every_spec() -> Vec<LaunchSpec> {
             dtype,
             w: &w,
             gate_l: l,
-            up_l: l,
+            up_l: Some(l),
             x: &x,
             cols: 64,
             idx: None,
             n: 8,
             ids_l: l,
             flags: None,
-            act: Act::Relu,
+            bias: Some(&x),
+            act: FfnAct {
+                relu_threshold: 0.25,
+                up_act: true,
+                ..FfnAct::from(Act::Relu)
+            },
             h: &mut y,
         };
         out.push(launch_spec(&dev, launch).unwrap());
@@ -188,25 +195,20 @@ fn every_spec() -> Vec<LaunchSpec> {
         };
         out.push(launch_spec(&dev, launch).unwrap());
     }
-    let (mut a, mut b, mut c) = (i(64), i(64), f(64));
-    let launch = Launch::CompactFlags {
-        flags: &idx,
-        n: 8,
-        out: &mut a,
-        count: &mut b,
-    };
-    out.push(launch_spec(&dev, launch).unwrap());
-    let launch = Launch::SplitHotFlags {
-        ids_base: &w,
-        ids_l: l,
-        n: 8,
-        flags: &mut a,
-        slot_flags: &mut b,
-    };
-    out.push(launch_spec(&dev, launch).unwrap());
+    let mut c = f(64);
     let launch = Launch::RmsNorm {
         x: &x,
         w: &x,
+        rows: 1,
+        n: 64,
+        eps: 1e-5,
+        out: &mut c,
+    };
+    out.push(launch_spec(&dev, launch).unwrap());
+    let launch = Launch::LayerNorm {
+        x: &x,
+        w: &x,
+        b: &x,
         rows: 1,
         n: 64,
         eps: 1e-5,
@@ -239,19 +241,14 @@ fn every_spec() -> Vec<LaunchSpec> {
         q: &x,
         cache_k: &ck,
         cache_v: &cv,
+        first: 1,
         n_pos: 2,
         n_heads: 2,
         n_kv_heads: 1,
         head_dim: 32,
         scale: 0.2,
+        softcap: 30.0,
         out: &mut c,
-    };
-    out.push(launch_spec(&dev, launch).unwrap());
-    let launch = Launch::ActMul {
-        g: &mut c,
-        u: &x,
-        n: 64,
-        act: Act::Gelu,
     };
     out.push(launch_spec(&dev, launch).unwrap());
     out.push(
@@ -269,6 +266,24 @@ fn every_spec() -> Vec<LaunchSpec> {
         h: &mut c,
         n: 64,
         t: 0.1,
+    };
+    out.push(launch_spec(&dev, launch).unwrap());
+    let launch = Launch::Softcap {
+        y: &mut c,
+        n: 64,
+        cap: 30.0,
+    };
+    out.push(launch_spec(&dev, launch).unwrap());
+    let launch = Launch::Copy {
+        dst: &mut c,
+        src: &x,
+        n: 64,
+    };
+    out.push(launch_spec(&dev, launch).unwrap());
+    let launch = Launch::Fill {
+        y: &mut c,
+        n: 64,
+        v: 0.5,
     };
     out.push(launch_spec(&dev, launch).unwrap());
     out

@@ -30,7 +30,13 @@ pub(crate) fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut Vec<f32>) {
 }
 
 /// RMSNorm, or LayerNorm where a bias `b` is given, of every row of `x` into `out`.
-fn norm_rows_with(x: &[f32], w: &[f32], b: Option<&[f32]>, eps: f32, out: &mut Vec<f32>) {
+pub(crate) fn norm_rows_with(
+    x: &[f32],
+    w: &[f32],
+    b: Option<&[f32]>,
+    eps: f32,
+    out: &mut Vec<f32>,
+) {
     out.resize(x.len(), 0.0);
     let one = |xr: &[f32], o: &mut [f32]| match b {
         None => rms_norm(xr, w, eps, o),
@@ -78,7 +84,7 @@ pub struct Scratch {
     o: Vec<f32>,
     down: Vec<f32>,
     /// The residual stream before the attention of a parallel block (the FFN's input).
-    par_in: Vec<f32>,
+    pub(crate) par_in: Vec<f32>,
     pub(crate) ffn: FfnScratch,
 }
 

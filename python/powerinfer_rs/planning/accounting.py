@@ -9,17 +9,23 @@ Per layer ``l`` (when placed on the GPU):
 
 * attention: ``attn_norm`` (f32, see :data:`NORM_ELEMENT_BYTES`), ``attn_q``, ``attn_k``,
   ``attn_v``, ``attn_output`` in their stored formats, and the KV cache ``cache_k``,
-  ``cache_v``: ``context x kv_dim`` f16 each;
+  ``cache_v``: ``context x kv_dim`` f16 each; with the family's extra vectors (f32, in the
+  order of the layer program): ``attn_norm.bias`` (LayerNorm), ``attn_{q,k,v}.bias`` (after
+  the matrices), ``attn_q_norm``, ``attn_k_norm`` (head_dim each), ``attn_output.bias``,
+  ``post_attention_norm``;
 * predictor: ``pred_fc1``, ``pred_fc2`` (see :mod:`.predictor_size`);
-* FFN, when the layer has hot neurons: ``ffn_norm`` (f32) and ``ffn_hot``, which holds the hot
-  neurons in *slabs* of ``bucket`` neurons. A slab is the bucket's gate rows, up rows and
+* FFN, when the layer has hot neurons: ``ffn_norm`` (f32), the family's ``ffn_norm.bias``,
+  ``ffn_up.bias`` (ffn_dim), ``ffn_down.bias``, ``post_ffw_norm`` (f32), and ``ffn_hot``,
+  which holds the hot neurons in *slabs* of ``bucket`` neurons. A slab is the bucket's gate
+  rows, up rows (none for gate-less families) and
   ``down_t`` rows (the down projection transposed, so a neuron's down vector is one contiguous
   row of ``dim`` weights) followed by the bucket's i32 neuron ids, padded to 256 bytes; a partial
   last slab is padded with zero rows to full size. So ``ffn_hot = n_slabs * slab_bytes``
   exactly.
 
-Global: ``output_norm`` (f32), ``output`` and ``output.logits`` (vocab f32) when the output head
-is on the GPU; and, whenever anything is, the shared scratch buffers of
+Global: ``output_norm`` (f32, and ``output_norm.bias`` for LayerNorm families), ``output`` and
+``output.logits`` (vocab f32) when the output head is on the GPU; and, whenever anything is,
+the shared scratch buffers of
 :func:`scratch_allocations`. Token embeddings stay in CPU memory (a token reads one row; the row
 crosses PCIe).
 
@@ -52,6 +58,8 @@ NEURON_ID_BYTES = 4
 #: Bytes per element of an RMSNorm weight on the GPU: the engine keeps norms as f32 whatever
 #: their stored format (an F16/BF16 checkpoint's too), and its ``rms_norm`` kernel reads f32.
 NORM_ELEMENT_BYTES = 4
+#: Bytes of an f32 vector element (biases, activations, logits, scratch).
+F32_BYTES = 4
 
 _ATTN_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output")
 _ATTN_MATRICES = _ATTN_TENSORS[1:]
@@ -72,14 +80,41 @@ def kv_cache_bytes(shape: ModelShape, context: int) -> int:
     return context * kv_dim(shape) * KV_ELEMENT_BYTES
 
 
+def _vectors(layer: int | None, items: list[tuple[str, int, bool]]) -> list[Allocation]:
+    """f32 vectors ``(name, length)`` of those whose flag is set, named in ``layer``."""
+    at = "" if layer is None else f"blk.{layer}."
+    return [(at + name, align(F32_BYTES * n)) for name, n, on in items if on]
+
+
 def attention_allocations(shape: ModelShape, layer: int, context: int) -> list[Allocation]:
-    """Layer ``layer``'s attention weights, its input norm and its KV cache."""
+    """Layer ``layer``'s attention weights with the family's biases and norms, and its KV
+    cache, in the order the engine uploads them (the steps of its layer program)."""
+    c = shape.config
+    q_dim, kv = c.n_heads * c.head_dim, kv_dim(shape)
+
+    def matrices(names: tuple[str, ...]) -> list[Allocation]:
+        return [(f"blk.{layer}.{t}", align(shape.tensor_bytes(f"blk.{layer}.{t}"))) for t in names]
+
     out = [(f"blk.{layer}.attn_norm", align(norm_bytes(shape)))]
-    out += [
-        (f"blk.{layer}.{t}", align(shape.tensor_bytes(f"blk.{layer}.{t}"))) for t in _ATTN_MATRICES
-    ]
-    kv = align(kv_cache_bytes(shape, context))
-    out += [(f"blk.{layer}.cache_k", kv), (f"blk.{layer}.cache_v", kv)]
+    out += _vectors(layer, [("attn_norm.bias", c.dim, c.layer_norm)])
+    out += matrices(_ATTN_MATRICES[:3])
+    out += _vectors(
+        layer,
+        [
+            ("attn_q.bias", q_dim, c.qkv_bias),
+            ("attn_k.bias", kv, c.qkv_bias),
+            ("attn_v.bias", kv, c.qkv_bias),
+            ("attn_q_norm", c.head_dim, c.qk_norm),
+            ("attn_k_norm", c.head_dim, c.qk_norm),
+        ],
+    )
+    out += matrices(_ATTN_MATRICES[3:])
+    out += _vectors(
+        layer,
+        [("attn_output.bias", c.dim, c.out_bias), ("post_attention_norm", c.dim, c.post_norms)],
+    )
+    cache = align(kv_cache_bytes(shape, context))
+    out += [(f"blk.{layer}.cache_k", cache), (f"blk.{layer}.cache_v", cache)]
     return out
 
 
@@ -95,8 +130,18 @@ def slab_bytes(shape: ModelShape, layer: int, bucket: int) -> int:
 
 
 def ffn_fixed_allocations(shape: ModelShape, layer: int) -> list[Allocation]:
-    """What a layer with any hot neuron allocates besides its slabs: the FFN input norm."""
-    return [(f"blk.{layer}.ffn_norm", align(norm_bytes(shape)))]
+    """What a layer with any hot neuron allocates besides its slabs: the FFN input norm and the
+    family's FFN biases and post-norm."""
+    c = shape.config
+    return [(f"blk.{layer}.ffn_norm", align(norm_bytes(shape)))] + _vectors(
+        layer,
+        [
+            ("ffn_norm.bias", c.dim, c.layer_norm),
+            ("ffn_up.bias", c.ffn_dim, c.ffn_bias),
+            ("ffn_down.bias", c.dim, c.ffn_bias),
+            ("post_ffw_norm", c.dim, c.post_norms),
+        ],
+    )
 
 
 def ffn_allocations(shape: ModelShape, layer: int, n_slabs: int, bucket: int) -> list[Allocation]:
@@ -109,9 +154,11 @@ def ffn_allocations(shape: ModelShape, layer: int, n_slabs: int, bucket: int) ->
 
 
 def output_allocations(shape: ModelShape) -> list[Allocation]:
-    """The output head: final norm (f32), output matrix, f32 logits."""
+    """The output head: final norm (f32, with its bias for LayerNorm), output matrix, f32
+    logits."""
     return [
         ("output_norm", align(norm_bytes(shape))),
+        *_vectors(None, [("output_norm.bias", shape.config.dim, shape.config.layer_norm)]),
         ("output", align(shape.tensor_bytes("output"))),
         ("output.logits", align(4 * shape.config.vocab_size)),
     ]
@@ -124,8 +171,10 @@ def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -
     each); ``q`` (n_heads * head_dim); ``k``, ``v`` (kv_dim each); attention output ``att``
     (n_heads * head_dim); ``hb`` (ffn_dim: the hot neurons' activations); ``active`` (ffn_dim
     i32: one flag per neuron); ``pred`` (the largest predictor rank, its hidden vector); ``xfer``
-    (dim: the CPU's partial FFN sum, added on the GPU). ``context`` sizes
-    only the KV caches, not these.
+    (dim: the CPU's partial FFN sum, added on the GPU); for families with q/k norms ``kn``
+    (kv_dim: the normed keys); for parallel attention+FFN families (Falcon) ``saved`` (dim:
+    the residual before the attention, the FFN's input). ``context``
+    sizes only the KV caches, not these.
     """
     c = shape.config
     f32 = {
@@ -141,6 +190,10 @@ def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -
         "pred": max(pred.ranks, default=0),
         "xfer": c.dim,
     }
+    if c.qk_norm:
+        f32["kn"] = kv_dim(shape)
+    if c.parallel:
+        f32["saved"] = c.dim
     return [(f"scratch.{k}", align(4 * n)) for k, n in f32.items()]
 
 

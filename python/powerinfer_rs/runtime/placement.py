@@ -5,6 +5,7 @@ device allocations and transfers."""
 from __future__ import annotations
 
 import os
+import warnings
 
 import numpy as np
 
@@ -69,16 +70,39 @@ class PlanAndDevice:
                 self._session.set_device(self.device, None)
             raise
         self.plan = adopted
+        self._gpu_unused = None
+        if self.device != "cpu" and adopted.gpu_bytes == 0:
+            self._gpu_unused = (
+                f"the plan puts nothing on the GPU (its budget was {adopted.budget_bytes} bytes), "
+                f"so device={self.device!r} runs everything on the CPU; plan again with a larger "
+                "--vram-budget to use it"
+            )
+            warnings.warn(self._gpu_unused, UserWarning, stacklevel=3)
 
     def gpu_info(self) -> dict | None:
-        """The GPU side of the adopted plan, or None when everything runs on the CPU: the
-        ``device`` description, its ``allocations`` ([(name, bytes)], equal to the plan's),
+        """The GPU side of the adopted plan, or None on the CPU device: the ``device``
+        description, its ``allocations`` ([(name, bytes)], equal to the plan's),
         ``allocated_bytes``, ``free_bytes``/``total_bytes`` of device memory, decode ``steps``
         and per-layer ``transfers`` (uploads, downloads, bytes up, bytes down; the output head
         last), and ``kernel_launches`` ({kernel entry: launches}) where the device counts them
-        (gpu-emu), else None."""
+        (gpu-emu), else None. ``unused`` is None, or, on a GPU device whose plan puts nothing
+        on it, why the device is idle (the engine warned when it adopted the plan)."""
         with self._lock:
-            return self._session.gpu_info()
+            info = self._session.gpu_info()
+            unused = getattr(self, "_gpu_unused", None)
+            if info is not None:
+                info["unused"] = None
+            elif unused is not None:
+                info = {
+                    "device": self.device,
+                    "unused": unused,
+                    "allocations": [],
+                    "allocated_bytes": 0,
+                    "steps": 0,
+                    "transfers": [],
+                    "kernel_launches": None,
+                }
+            return info
 
     @property
     def hot_neurons(self) -> list[np.ndarray] | None:

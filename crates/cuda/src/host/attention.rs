@@ -59,15 +59,16 @@ impl Heads {
 }
 
 /// For each query head h (reading KV head `h / (n_heads / n_kv_heads)`):
-/// `out[h] = Σ_p softmax_p(q[h]·scale · k[p]) · v[p]` over positions 0..n_pos of the f16
-/// caches (the sums in f64). `q` and `out` hold n_heads · head_dim values; `n_pos` must be at
-/// least 1 (the kernel's output would be 0/0).
+/// `out[h] = Σ_p softmax_p(s_p) · v[p]` over the positions `positions` (first..n_pos) of the
+/// f16 caches, `s_p = (q[h]·scale) · k[p]`, soft-capped to `c · tanh(s_p / c)` when the cap
+/// `c` > 0 (the sums in f64). `q` and `out` hold n_heads · head_dim values; the range must hold
+/// at least one position (the kernel's output would be 0/0).
 pub(super) fn attention_decode(
     heads: &Heads,
     q: &[f32],
     [cache_k, cache_v]: [&[u16]; 2],
-    n_pos: usize,
-    scale: f32,
+    positions: std::ops::Range<usize>,
+    [scale, softcap]: [f32; 2],
     out: &mut [f32],
 ) -> Result<()> {
     let Heads {
@@ -75,28 +76,32 @@ pub(super) fn attention_decode(
         n_kv_heads,
         head_dim: hd,
     } = *heads;
-    if n_pos == 0 {
-        return Err(shape("attention over 0 positions".into()));
+    if positions.is_empty() {
+        return Err(shape(format!("attention over no position ({positions:?})")));
     }
     let kv_dim = n_kv_heads * hd;
-    let need = product(n_pos, kv_dim, "n_pos × kv_dim")?;
+    let need = product(positions.end, kv_dim, "n_pos × kv_dim")?;
     let cache_k = prefix(cache_k, need, "cache_k")?;
     let cache_v = prefix(cache_v, need, "cache_v")?;
     let group = n_heads / n_kv_heads;
     let decode = |bits: u16| f16::from_bits(bits).to_f32() as f64;
-    let mut scores = vec![0f64; n_pos];
+    let cap = softcap as f64;
+    let mut scores = vec![0f64; positions.len()];
     let mut acc = vec![0f64; hd];
     for (h, (qh, oh)) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)).enumerate() {
         let kv = (h / group) * hd;
         let qs: Vec<f32> = qh.iter().map(|&v| v * scale).collect();
-        for (p, s) in scores.iter_mut().enumerate() {
+        for (p, s) in positions.clone().zip(scores.iter_mut()) {
             let kp = &cache_k[p * kv_dim + kv..][..hd];
             *s = qs.iter().zip(kp).map(|(&a, &b)| a as f64 * decode(b)).sum();
+            if cap > 0.0 {
+                *s = cap * (*s / cap).tanh();
+            }
         }
         let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         acc.fill(0.0);
         let mut denom = 0.0;
-        for (p, &s) in scores.iter().enumerate() {
+        for (p, &s) in positions.clone().zip(&scores) {
             let e = (s - m).exp();
             denom += e;
             let vp = &cache_v[p * kv_dim + kv..][..hd];
@@ -199,7 +204,7 @@ mod tests {
     }
 
     #[test]
-    fn attention_decode_is_grouped_query_softmax_over_the_cache() {
+    fn attention_decode_is_grouped_query_softmax_over_the_window() {
         let be = HostBackend::new();
         for (nh, nkv, hd, n_pos) in [
             (6, 2, 64, 37),
@@ -209,54 +214,66 @@ mod tests {
         ] {
             let kv_dim = nkv * hd;
             let (ck, cv, k, v) = fill(&be, kv_dim, n_pos, n_pos + 3);
-            let q = pseudo_random(nh * hd, hd as u64);
+            let q: Vec<f32> = pseudo_random(nh * hd, hd as u64)
+                .iter()
+                .map(|v| 8.0 * v)
+                .collect();
             let scale = 1.0 / (hd as f32).sqrt();
             // The reference reads the same f16-rounded keys and values.
             let round =
                 |v: &[f32]| -> Vec<f32> { v.iter().map(|x| f16::from_f32(*x).to_f32()).collect() };
             let (kr, vr) = (round(&k), round(&v));
-            let mut want = vec![0f32; nh * hd];
-            for h in 0..nh {
-                let kvh = h / (nh / nkv);
-                let s: Vec<f64> = (0..n_pos)
-                    .map(|p| {
-                        (0..hd)
-                            .map(|i| q[h * hd + i] as f64 * kr[p * kv_dim + kvh * hd + i] as f64)
-                            .sum::<f64>()
-                            * scale as f64
-                    })
-                    .collect();
-                let m = s.iter().cloned().fold(f64::MIN, f64::max);
-                let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
-                for i in 0..hd {
-                    want[h * hd + i] = (0..n_pos)
-                        .map(|p| (s[p] - m).exp() / z * vr[p * kv_dim + kvh * hd + i] as f64)
-                        .sum::<f64>() as f32;
+            // All positions, the last 3 (a window), and soft-capped scores.
+            for (first, cap) in [(0, 0.0f32), (n_pos.saturating_sub(3), 0.0), (0, 0.5)] {
+                let mut want = vec![0f32; nh * hd];
+                for h in 0..nh {
+                    let kvh = h / (nh / nkv);
+                    let s: Vec<f64> = (first..n_pos)
+                        .map(|p| {
+                            let s = (0..hd)
+                                .map(|i| {
+                                    q[h * hd + i] as f64 * kr[p * kv_dim + kvh * hd + i] as f64
+                                })
+                                .sum::<f64>()
+                                * scale as f64;
+                            if cap > 0.0 {
+                                cap as f64 * (s / cap as f64).tanh()
+                            } else {
+                                s
+                            }
+                        })
+                        .collect();
+                    let m = s.iter().cloned().fold(f64::MIN, f64::max);
+                    let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                    for i in 0..hd {
+                        want[h * hd + i] = (first..n_pos)
+                            .zip(&s)
+                            .map(|(p, s)| (s - m).exp() / z * vr[p * kv_dim + kvh * hd + i] as f64)
+                            .sum::<f64>() as f32;
+                    }
                 }
+                let dq = upload(&be, &q);
+                let mut out = be.zeros::<f32>(nh * hd).unwrap();
+                launch(
+                    &be,
+                    Launch::AttentionDecode {
+                        q: &dq,
+                        cache_k: &ck,
+                        cache_v: &cv,
+                        first,
+                        n_pos,
+                        n_heads: nh,
+                        n_kv_heads: nkv,
+                        head_dim: hd,
+                        scale,
+                        softcap: cap,
+                        out: &mut out,
+                    },
+                )
+                .unwrap();
+                let what = format!("{nh}/{nkv} x {hd} from {first} cap {cap}");
+                assert_close(&download(&be, &out), &want, 1e-5, &what);
             }
-            let dq = upload(&be, &q);
-            let mut out = be.zeros::<f32>(nh * hd).unwrap();
-            launch(
-                &be,
-                Launch::AttentionDecode {
-                    q: &dq,
-                    cache_k: &ck,
-                    cache_v: &cv,
-                    n_pos,
-                    n_heads: nh,
-                    n_kv_heads: nkv,
-                    head_dim: hd,
-                    scale,
-                    out: &mut out,
-                },
-            )
-            .unwrap();
-            assert_close(
-                &download(&be, &out),
-                &want,
-                1e-5,
-                &format!("{nh}/{nkv} x {hd}"),
-            );
         }
     }
 
@@ -266,21 +283,28 @@ mod tests {
         let (ck, cv, _, _) = fill(&be, 2 * 64, 4, 4);
         let dq = upload(&be, &pseudo_random(4 * 64, 1));
         let mut out = be.zeros::<f32>(4 * 64).unwrap();
-        let mut att = |n_pos, n_heads, n_kv_heads, head_dim| {
+        let mut att_from = |first, n_pos, n_heads, n_kv_heads, head_dim| {
             launch(
                 &be,
                 Launch::AttentionDecode {
                     q: &dq,
                     cache_k: &ck,
                     cache_v: &cv,
+                    first,
                     n_pos,
                     n_heads,
                     n_kv_heads,
                     head_dim,
                     scale: 0.125,
+                    softcap: 0.0,
                     out: &mut out,
                 },
             )
+        };
+        assert!(is_shape(att_from(4, 4, 4, 2, 64)), "an empty window");
+        att_from(3, 4, 4, 2, 64).unwrap();
+        let mut att = |n_pos, n_heads, n_kv_heads, head_dim| {
+            att_from(0, n_pos, n_heads, n_kv_heads, head_dim)
         };
         att(4, 4, 2, 64).unwrap();
         assert!(is_shape(att(5, 4, 2, 64)), "positions past the cache");

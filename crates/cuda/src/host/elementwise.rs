@@ -1,6 +1,7 @@
-//! The elementwise kernels (elementwise.cu) and the activations of common.cuh (`apply_act`).
+//! The elementwise kernels (elementwise.cu), the activations of common.cuh (`apply_act`) and
+//! the FFN's activation with FATReLU's threshold (`ffn_act` in sparse_matvec.cu).
 
-use crate::layout::Act;
+use crate::layout::{Act, FfnAct};
 
 /// `act(x)`, the formulas of common.cuh: ReLU `max(x, 0)`, SiLU `x / (1 + e^−x)`, GELU's tanh
 /// approximation, the exact GELU `x (1 + erf(x / √2)) / 2`.
@@ -17,10 +18,18 @@ pub(super) fn apply_act(act: Act, x: f32) -> f32 {
     }
 }
 
-/// `g[i] = act(g[i]) · u[i]`.
-pub(super) fn act_mul(g: &mut [f32], u: &[f32], act: Act) {
-    for (g, &u) in g.iter_mut().zip(u) {
-        *g = apply_act(act, *g) * u;
+/// `a.act(x)`, with FATReLU's threshold `t > 0` under ReLU: `x` where `x > t`, else 0 (the CPU
+/// engine's `FfnKind::apply`).
+pub(super) fn apply_ffn_act(a: FfnAct, x: f32) -> f32 {
+    match a.act {
+        Act::Relu if a.relu_threshold > 0.0 => {
+            if x > a.relu_threshold {
+                x
+            } else {
+                0.0
+            }
+        }
+        act => apply_act(act, x),
     }
 }
 
@@ -40,13 +49,20 @@ pub(super) fn threshold_mask(h: &mut [f32], t: f32) {
     }
 }
 
+/// `y[i] = cap · tanh(y[i] / cap)`.
+pub(super) fn softcap(y: &mut [f32], cap: f32) {
+    for v in y {
+        *v = cap * (*v / cap).tanh();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use powerinfer_core::testing::pseudo_random;
 
     use super::super::testutil::*;
     use crate::backend::Launch;
-    use crate::layout::Act;
+    use crate::layout::{Act, FfnAct};
     use crate::HostBackend;
 
     #[test]
@@ -66,38 +82,28 @@ mod tests {
     }
 
     #[test]
-    fn act_mul_add_and_threshold_mask() {
+    fn fat_relu_keeps_values_above_its_threshold_only() {
+        let fat = |relu_threshold, act| FfnAct {
+            act,
+            relu_threshold,
+            up_act: false,
+        };
+        let f = |a, x| super::apply_ffn_act(a, x);
+        assert_eq!(f(fat(0.5, Act::Relu), 0.5), 0.0);
+        assert_eq!(f(fat(0.5, Act::Relu), 0.75), 0.75);
+        assert_eq!(f(fat(0.5, Act::Relu), -2.0), 0.0);
+        assert_eq!(f(fat(0.0, Act::Relu), 0.25), 0.25);
+        assert_eq!(
+            f(fat(0.0, Act::Silu), 1.0),
+            super::apply_act(Act::Silu, 1.0)
+        );
+    }
+
+    #[test]
+    fn add_threshold_mask_softcap_and_copy() {
         let be = HostBackend::new();
         let n = 1001;
         let (g, u) = (pseudo_random(n + 2, 19), pseudo_random(n, 20));
-        for act in ACTS {
-            let mut dg = upload(&be, &g);
-            let du = upload(&be, &u);
-            launch(
-                &be,
-                Launch::ActMul {
-                    g: &mut dg,
-                    u: &du,
-                    n,
-                    act,
-                },
-            )
-            .unwrap();
-            let mut want: Vec<f32> = (0..n).map(|i| act_ref(act, g[i]) * u[i]).collect();
-            want.extend(&g[n..]);
-            assert_close(&download(&be, &dg), &want, 1e-6, &format!("{act:?}"));
-            let r = launch(
-                &be,
-                Launch::ActMul {
-                    g: &mut dg,
-                    u: &du,
-                    n: n + 1,
-                    act,
-                },
-            );
-            assert!(is_shape(r));
-        }
-
         let mut dy = upload(&be, &g);
         let dx = upload(&be, &u);
         launch(
@@ -143,6 +149,50 @@ mod tests {
                 h: &mut dh,
                 n: 9,
                 t: 0.3,
+            },
+        );
+        assert!(is_shape(r));
+
+        // softcap over the first n values (x 40 so the cap of 30 bends them), the rest kept.
+        let y: Vec<f32> = g.iter().map(|v| 40.0 * v).collect();
+        let mut dy = upload(&be, &y);
+        let (y_ref, cap) = (&y, 30.0f32);
+        launch(&be, Launch::Softcap { y: &mut dy, n, cap }).unwrap();
+        let mut want: Vec<f32> = (0..n)
+            .map(|i| (cap as f64 * (y_ref[i] as f64 / cap as f64).tanh()) as f32)
+            .collect();
+        want.extend(&y[n..]);
+        assert_close(&download(&be, &dy), &want, 1e-6, "softcap");
+        let r = launch(
+            &be,
+            Launch::Softcap {
+                y: &mut dy,
+                n: n + 3,
+                cap,
+            },
+        );
+        assert!(is_shape(r));
+
+        // copy: n values, the rest of dst kept; a short src is an error.
+        let mut dst = upload(&be, &g);
+        launch(
+            &be,
+            Launch::Copy {
+                dst: &mut dst,
+                src: &dx,
+                n: n - 1,
+            },
+        )
+        .unwrap();
+        let mut want = u[..n - 1].to_vec();
+        want.extend(&g[n - 1..]);
+        assert_eq!(download(&be, &dst), want);
+        let r = launch(
+            &be,
+            Launch::Copy {
+                dst: &mut dst,
+                src: &dx,
+                n: n + 1,
             },
         );
         assert!(is_shape(r));

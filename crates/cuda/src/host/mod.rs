@@ -34,7 +34,7 @@ use powerinfer_core::{ensure, Error, Result};
 
 use crate::backend::{Backend, Checked, DeviceSlice, Elem, Launch};
 use crate::layout::{align, ALIGN};
-use view::{prefix, prefix_mut, Active, Picks, Rows};
+use view::{prefix, prefix_mut, Active, Neurons, Picks, Rows};
 
 /// A simulated GPU in host memory, optionally with a memory capacity (the "VRAM" a plan must
 /// fit in; unlimited by default).
@@ -312,18 +312,21 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             n,
             ids_l,
             flags,
+            bias,
             act,
             h,
         } => {
             let gate = Rows::new(&w.data, gate_l, dtype, cols, "gate")?;
-            let up = Rows::new(&w.data, up_l, dtype, cols, "up")?;
-            let active = flags
-                .map(|f| Active::new(&w.data, ids_l, &f.data))
+            let up = up_l
+                .map(|l| Rows::new(&w.data, l, dtype, cols, "up"))
                 .transpose()?;
+            let flags = flags.map(|f| f.data.as_slice());
+            let bias = bias.map(|b| b.data.as_slice());
+            let neurons = Neurons::new(&w.data, ids_l, flags, bias)?;
             let picks = Picks::new(idx.map(|i| i.data.as_slice()), n)?;
             let x = prefix(&x.data, cols, "x")?;
             let h = prefix_mut(&mut h.data, n, "h")?;
-            rows::gate_up([&gate, &up], x, &picks, active.as_ref(), act, h)
+            rows::gate_up((&gate, up.as_ref()), x, &picks, &neurons, act, h)
         }
         Launch::AxpyRows {
             dtype,
@@ -365,27 +368,6 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             };
             predictor::predictor_fc2(&fc2_t, hidden, threshold, flags, logits)
         }
-        Launch::CompactFlags {
-            flags,
-            n,
-            out,
-            count,
-        } => {
-            let flags = prefix(&flags.data, n, "flags")?;
-            let count = prefix_mut(&mut count.data, 1, "count")?;
-            predictor::compact_flags(flags, &mut out.data, &mut count[0])
-        }
-        Launch::SplitHotFlags {
-            ids_base,
-            ids_l,
-            n,
-            flags,
-            slot_flags,
-        } => {
-            let ids = Rows::ids(&ids_base.data, ids_l)?;
-            let slot_flags = prefix_mut(&mut slot_flags.data, n, "slot_flags")?;
-            predictor::split_hot_flags(&ids, &mut flags.data, slot_flags)
-        }
         Launch::RmsNorm {
             x,
             w,
@@ -399,6 +381,23 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             let w = prefix(&w.data, n, "w")?;
             let out = prefix_mut(&mut out.data, total, "out")?;
             norm_rope::rms_norm(x, w, n, eps, out);
+            Ok(())
+        }
+        Launch::LayerNorm {
+            x,
+            w,
+            b,
+            rows,
+            n,
+            eps,
+            out,
+        } => {
+            let total = view::product(rows, n, "rows × n")?;
+            let x = prefix(&x.data, total, "x")?;
+            let w = prefix(&w.data, n, "w")?;
+            let b = prefix(&b.data, n, "b")?;
+            let out = prefix_mut(&mut out.data, total, "out")?;
+            norm_rope::layer_norm(x, [w, b], eps, out);
             Ok(())
         }
         Launch::Rope {
@@ -438,11 +437,13 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             q,
             cache_k,
             cache_v,
+            first,
             n_pos,
             n_heads,
             n_kv_heads,
             head_dim,
             scale,
+            softcap,
             out,
         } => {
             let shape = attention::Heads::new(n_heads, n_kv_heads, head_dim)?;
@@ -453,15 +454,10 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
                 &shape,
                 q,
                 [&cache_k.data, &cache_v.data],
-                n_pos,
-                scale,
+                first..n_pos,
+                [scale, softcap],
                 out,
             )
-        }
-        Launch::ActMul { g, u, n, act } => {
-            let u = prefix(&u.data, n, "u")?;
-            elementwise::act_mul(prefix_mut(&mut g.data, n, "g")?, u, act);
-            Ok(())
         }
         Launch::Add { y, x, n } => {
             let x = prefix(&x.data, n, "x")?;
@@ -470,6 +466,19 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
         }
         Launch::ThresholdMask { h, n, t } => {
             elementwise::threshold_mask(prefix_mut(&mut h.data, n, "h")?, t);
+            Ok(())
+        }
+        Launch::Softcap { y, n, cap } => {
+            elementwise::softcap(prefix_mut(&mut y.data, n, "y")?, cap);
+            Ok(())
+        }
+        Launch::Copy { dst, src, n } => {
+            let src = prefix(&src.data, n, "src")?;
+            prefix_mut(&mut dst.data, n, "dst")?.copy_from_slice(src);
+            Ok(())
+        }
+        Launch::Fill { y, n, v } => {
+            prefix_mut(&mut y.data, n, "y")?.fill(v);
             Ok(())
         }
     }

@@ -1,4 +1,4 @@
-//! `rms_norm` and `rope` (norm_rope.cu) on f32 rows.
+//! `rms_norm`, `layer_norm` and `rope` (norm_rope.cu) on f32 rows.
 
 /// `out = x / sqrt(mean(x²) + eps) · w` for every row of `n` values of `x` (the sum of
 /// squares in f64, as the CPU engine's RMSNorm).
@@ -11,6 +11,23 @@ pub(super) fn rms_norm(x: &[f32], w: &[f32], n: usize, eps: f32, out: &mut [f32]
         let scale = (1.0 / (ss / n as f64 + eps as f64).sqrt()) as f32;
         for ((o, &v), &g) in o.iter_mut().zip(xr).zip(w) {
             *o = v * scale * g;
+        }
+    }
+}
+
+/// `out = (x − mean) / sqrt(var + eps) · w + b` for every row of `w.len()` values of `x`, with
+/// the biased variance, mean and variance in f64 (the CPU engine's `layer_norm`).
+pub(super) fn layer_norm(x: &[f32], [w, b]: [&[f32]; 2], eps: f32, out: &mut [f32]) {
+    let n = w.len();
+    if n == 0 {
+        return;
+    }
+    for (xr, o) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let mean = xr.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
+        let var = xr.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n as f64;
+        let scale = 1.0 / (var + eps as f64).sqrt();
+        for (((o, &v), &g), &c) in o.iter_mut().zip(xr).zip(w).zip(b) {
+            *o = ((v as f64 - mean) * scale) as f32 * g + c;
         }
     }
 }
@@ -87,6 +104,47 @@ mod tests {
         assert!(is_shape(rms(&short, &mut out)));
         let mut short = be.zeros::<f32>(n).unwrap();
         assert!(is_shape(rms(&dx, &mut short)));
+    }
+
+    #[test]
+    fn layer_norm_centres_and_scales_each_row() {
+        let be = HostBackend::new();
+        let (rows, n, eps) = (3, 301, 1e-5f32);
+        // An offset row mean: a missing centring would show.
+        let x: Vec<f32> = pseudo_random(rows * n, 3).iter().map(|v| v + 0.7).collect();
+        let (w, b) = (pseudo_random(n, 4), pseudo_random(n, 5));
+        let mut want = vec![0f32; rows * n];
+        for r in 0..rows {
+            let row = &x[r * n..(r + 1) * n];
+            let m = row.iter().map(|v| *v as f64).sum::<f64>() / n as f64;
+            let var = row.iter().map(|v| (*v as f64 - m).powi(2)).sum::<f64>() / n as f64;
+            for i in 0..n {
+                let v = (row[i] as f64 - m) / (var + eps as f64).sqrt();
+                want[r * n + i] = (v * w[i] as f64 + b[i] as f64) as f32;
+            }
+        }
+        let (dx, dw, db) = (upload(&be, &x), upload(&be, &w), upload(&be, &b));
+        let mut out = be.zeros::<f32>(rows * n).unwrap();
+        let ln = |x: &HostBuf<f32>, b: &HostBuf<f32>, out: &mut HostBuf<f32>| {
+            launch(
+                &be,
+                Launch::LayerNorm {
+                    x,
+                    w: &dw,
+                    b,
+                    rows,
+                    n,
+                    eps,
+                    out,
+                },
+            )
+        };
+        ln(&dx, &db, &mut out).unwrap();
+        assert_close(&download(&be, &out), &want, 1e-6, "layer_norm");
+        let short = upload(&be, &b[..n - 1]);
+        assert!(is_shape(ln(&dx, &short, &mut out)));
+        let short = upload(&be, &x[..rows * n - 1]);
+        assert!(is_shape(ln(&short, &db, &mut out)));
     }
 
     #[test]

@@ -1,9 +1,8 @@
-//! The predictor kernels (predictor.cu): fc2 with its threshold, the ordered compaction of
-//! flags into an index list, and the split of a layer's flags into hot slots and cold neurons.
+//! The predictor kernel (predictor.cu): fc2 over the positive hidden units, with its threshold.
 
 use powerinfer_core::Result;
 
-use super::view::{index, shape, Rows};
+use super::view::Rows;
 
 /// `logit[j] = Σ_{h : hidden[h] > 0} hidden[h] · fc2_t[h][j]` (summed in h order),
 /// `flags[j] = logit[j] >= threshold`, `logits[j] = logit[j]` when given; `fc2_t` has `ffn`
@@ -30,40 +29,6 @@ pub(super) fn predictor_fc2(
     }
     if let Some(logits) = logits {
         logits.copy_from_slice(&sum);
-    }
-    Ok(())
-}
-
-/// `out[0..count) = the i with flags[i] != 0`, ascending; `count` = how many. `out` must hold
-/// them all.
-pub(super) fn compact_flags(flags: &[i32], out: &mut [i32], count: &mut i32) -> Result<()> {
-    let mut at = 0;
-    for (i, _) in flags.iter().enumerate().filter(|(_, &f)| f != 0) {
-        let slot = out
-            .get_mut(at)
-            .ok_or_else(|| shape(format!("out holds {} indices, more flags are set", at)))?;
-        *slot = i as i32;
-        at += 1;
-    }
-    *count = at as i32;
-    Ok(())
-}
-
-/// For the hot slots r in 0..n (`slot_flags` holds n): `slot_flags[r] = flags[id(r)]` and
-/// `flags[id(r)] = 0`, or `slot_flags[r] = 0` for a padding slot (id < 0).
-pub(super) fn split_hot_flags(
-    ids: &Rows<'_>,
-    flags: &mut [i32],
-    slot_flags: &mut [i32],
-) -> Result<()> {
-    for (r, slot) in slot_flags.iter_mut().enumerate() {
-        let id = ids.id(r)?;
-        *slot = 0;
-        if id >= 0 {
-            let i = index(id, flags.len(), "neuron id")?;
-            *slot = flags[i];
-            flags[i] = 0;
-        }
     }
     Ok(())
 }
@@ -215,108 +180,5 @@ mod tests {
             },
         );
         assert!(is_shape(r));
-    }
-
-    #[test]
-    fn compact_flags_lists_the_set_flags_in_order() {
-        let be = HostBackend::new();
-        let n = 1000;
-        let mut f = flags(n + 3, 130);
-        f[n..].fill(1); // past n: ignored
-        f[0] = 0;
-        f[n - 1] = -2; // any nonzero
-        let want: Vec<i32> = (0..n as i32).filter(|&i| f[i as usize] != 0).collect();
-        let df = upload(&be, &f);
-        let mut out = upload(&be, &vec![-9i32; n]);
-        let mut count = be.zeros::<i32>(1).unwrap();
-        launch(
-            &be,
-            Launch::CompactFlags {
-                flags: &df,
-                n,
-                out: &mut out,
-                count: &mut count,
-            },
-        )
-        .unwrap();
-        let c = download(&be, &count)[0] as usize;
-        assert_eq!(c, want.len());
-        let out = download(&be, &out);
-        assert_eq!(out[..c], want[..]);
-        assert!(out[c..].iter().all(|&v| v == -9));
-        assert_eq!(*want.last().unwrap(), n as i32 - 1);
-        // An output too short for the set flags.
-        let mut out = be.zeros::<i32>(want.len() - 1).unwrap();
-        let r = launch(
-            &be,
-            Launch::CompactFlags {
-                flags: &df,
-                n,
-                out: &mut out,
-                count: &mut count,
-            },
-        );
-        assert!(is_shape(r));
-        // n = 0: nothing.
-        let mut out = be.zeros::<i32>(0).unwrap();
-        let mut count = upload(&be, &[5i32]);
-        launch(
-            &be,
-            Launch::CompactFlags {
-                flags: &df,
-                n: 0,
-                out: &mut out,
-                count: &mut count,
-            },
-        )
-        .unwrap();
-        assert_eq!(download(&be, &count), [0]);
-    }
-
-    #[test]
-    fn split_hot_flags_moves_the_hot_flags_to_their_slots() {
-        let be = HostBackend::new();
-        let hot = hot(&be, DType::Q4_1, DType::F16, 64, 140);
-        let f = flags(FFN, 141);
-        let mut df = upload(&be, &f);
-        let n = hot.slots();
-        let mut slots = upload(&be, &vec![9i32; n + 1]);
-        launch(
-            &be,
-            Launch::SplitHotFlags {
-                ids_base: &hot.buf,
-                ids_l: hot.layout.ids,
-                n,
-                flags: &mut df,
-                slot_flags: &mut slots,
-            },
-        )
-        .unwrap();
-        let slots = download(&be, &slots);
-        for (r, &got) in slots[..n].iter().enumerate() {
-            assert_eq!(got, hot.id(r).map_or(0, |id| f[id]), "slot {r}");
-        }
-        assert_eq!(slots[n], 9);
-        let left = download(&be, &df);
-        for (j, (&got, &was)) in left.iter().zip(&f).enumerate() {
-            let hot_neuron = hot.ids.contains(&(j as u32));
-            assert_eq!(got, if hot_neuron { 0 } else { was }, "neuron {j}");
-        }
-        // Flags too short for the ids, or slots past the slabs.
-        let mut short = be.zeros::<i32>(10).unwrap();
-        let mut slots = be.zeros::<i32>(n + 8).unwrap();
-        for (flags, n) in [(&mut short, n), (&mut df, n + 8)] {
-            let r = launch(
-                &be,
-                Launch::SplitHotFlags {
-                    ids_base: &hot.buf,
-                    ids_l: hot.layout.ids,
-                    n,
-                    flags,
-                    slot_flags: &mut slots,
-                },
-            );
-            assert!(is_shape(r));
-        }
     }
 }

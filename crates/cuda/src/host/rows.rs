@@ -1,12 +1,13 @@
 //! `sparse_matvec_<dtype>` and `gate_up_<dtype>` (sparse_matvec.cu): one output per picked
 //! row, rows addressed through their layout (plain matrices and hot-neuron slabs), inactive or
-//! padding neurons yielding 0 without their rows being read.
+//! padding neurons yielding 0 without their rows being read; gate_up with the FFN's whole
+//! activation (gate bias, FATReLU, gate-less or activated up).
 
 use powerinfer_core::Result;
 
-use super::elementwise::apply_act;
-use super::view::{Active, Picks, Rows};
-use crate::layout::Act;
+use super::elementwise::{apply_act, apply_ffn_act};
+use super::view::{Active, Neurons, Picks, Rows};
+use crate::layout::{Act, FfnAct};
 
 /// `y[k] = act(dot(W[row k], x))` for k in 0..n (`y` holds n, `x` holds the row's cols).
 pub(super) fn sparse_matvec(
@@ -28,24 +29,29 @@ pub(super) fn sparse_matvec(
     Ok(())
 }
 
-/// `h[k] = act(dot(gate[row k], x)) · dot(up[row k], x)` for k in 0..n; the up row is not read
-/// when the activated gate is exactly 0.
+/// `h[k] = g · u'` for k in 0..n with `g = act(dot(gate[row k], x) + bias)` and
+/// `u' = dot(up[row k], x)`, `act` of it with `act.up_act`, or 1 without up rows (a gate-less
+/// FFN); `act` with its FATReLU threshold. The up row is not read when `g` is exactly 0, nor
+/// any row of a neuron `neurons` says yields 0.
 pub(super) fn gate_up(
-    [gate, up]: [&Rows<'_>; 2],
+    (gate, up): (&Rows<'_>, Option<&Rows<'_>>),
     x: &[f32],
     picks: &Picks<'_>,
-    active: Option<&Active<'_>>,
-    act: Act,
+    neurons: &Neurons<'_>,
+    act: FfnAct,
     h: &mut [f32],
 ) -> Result<()> {
     for (k, out) in h.iter_mut().enumerate().take(picks.n) {
         let r = picks.row(k)?;
         *out = 0.0;
-        if is_active(active, r)? {
-            let g = apply_act(act, gate.dot(r, x)?);
-            if g != 0.0 {
-                *out = g * up.dot(r, x)?;
-            }
+        let Some(bias) = neurons.gate_bias(r)? else {
+            continue;
+        };
+        let g = apply_ffn_act(act, gate.dot(r, x)? + bias);
+        *out = g;
+        if let (Some(up), true) = (up, g != 0.0) {
+            let u = up.dot(r, x)?;
+            *out = g * if act.up_act { apply_ffn_act(act, u) } else { u };
         }
     }
     Ok(())
@@ -65,7 +71,7 @@ mod tests {
     use super::super::testutil::*;
     use crate::backend::{Backend, Launch};
     use crate::kernels::GPU_DTYPES;
-    use crate::layout::{Act, RowLayout};
+    use crate::layout::{Act, FfnAct, RowLayout};
     use crate::HostBackend;
 
     const TOL: f32 = 1e-4;
@@ -209,7 +215,8 @@ mod tests {
                             n,
                             ids_l: hot.layout.ids,
                             flags: with_flags.then_some(&df),
-                            act,
+                            bias: None,
+                            act: FfnAct::from(act),
                             h: &mut h,
                         },
                     )
@@ -265,19 +272,53 @@ mod tests {
                 dtype: DType::F32,
                 w: &dw,
                 gate_l: l(0, rb),
-                up_l: l(3 * rb, rb),
+                up_l: Some(l(3 * rb, rb)),
                 x: &dx,
                 cols,
                 idx: None,
                 n: 3,
                 ids_l: l(6 * rb, 4),
                 flags: Some(&df),
-                act: Act::Relu,
+                bias: None,
+                act: FfnAct::from(Act::Relu),
                 h: &mut h,
             },
         )
         .unwrap();
         assert_eq!(download(&be, &h), [0.0, 50.0, 0.0]);
+        // Gate-less with a bias by neuron id: the NaN up rows are never read; a bias past the
+        // ids' range is a Shape error.
+        for (bias, want) in [
+            (vec![10f32, 1.0, 7.0], Some([5.0, 6.0, 0.0])),
+            (vec![1.0; 1], None),
+        ] {
+            let db = upload(&be, &bias);
+            let r = launch(
+                &be,
+                Launch::GateUp {
+                    dtype: DType::F32,
+                    w: &dw,
+                    gate_l: l(0, rb),
+                    up_l: None,
+                    x: &dx,
+                    cols,
+                    idx: None,
+                    n: 3,
+                    ids_l: l(6 * rb, 4),
+                    flags: Some(&df),
+                    bias: Some(&db),
+                    act: FfnAct::from(Act::Relu),
+                    h: &mut h,
+                },
+            );
+            match want {
+                Some(want) => {
+                    r.unwrap();
+                    assert_eq!(download(&be, &h), want);
+                }
+                None => assert!(is_shape(r)),
+            }
+        }
         let mut y = be.zeros::<f32>(3).unwrap();
         launch(
             &be,

@@ -124,7 +124,7 @@ pub(super) fn hot(be: &HostBackend, dtype: DType, down: DType, dim: usize, seed:
     let up = weight(dtype, FFN, dim, seed + 1);
     let down_w = weight(down, FFN, dim, seed + 2);
     let ids: Vec<u32> = (0..21).map(|i| (7 * i + 3) % FFN as u32).collect();
-    let (layout, bytes) = pack_hot_slabs(&gate, &up, &down_w, &ids, 8).unwrap();
+    let (layout, bytes) = pack_hot_slabs(&gate, Some(&up), &down_w, &ids, 8).unwrap();
     assert_eq!(layout.n_slabs, 3);
     Hot {
         gate,

@@ -187,3 +187,49 @@ impl<'a> Active<'a> {
         Ok(self.flags[index(id, self.flags.len(), "neuron id")?] != 0)
     }
 }
+
+/// What the gate/up pass reads through a row's neuron id (`gate_up` in sparse_matvec.cu): the
+/// flags (an inactive neuron yields 0 unread) and the gate bias (one value per FFN neuron,
+/// added to the gate's dot). A padding slot (id < 0) yields 0 when either is given; with
+/// neither, no id is read.
+pub(super) struct Neurons<'a> {
+    ids: Rows<'a>,
+    flags: Option<&'a [i32]>,
+    bias: Option<&'a [f32]>,
+}
+
+impl<'a> Neurons<'a> {
+    /// Ids at `ids_l` in `ids_buf`, with the optional flags and bias.
+    pub(super) fn new(
+        ids_buf: &'a [u8],
+        ids_l: RowLayout,
+        flags: Option<&'a [i32]>,
+        bias: Option<&'a [f32]>,
+    ) -> Result<Neurons<'a>> {
+        Ok(Neurons {
+            ids: Rows::ids(ids_buf, ids_l)?,
+            flags,
+            bias,
+        })
+    }
+
+    /// The gate bias of matrix row `r` (0 without one), or None when the row yields 0 unread
+    /// (padding, or an inactive neuron). An id past the flags or the bias is a Shape error.
+    pub(super) fn gate_bias(&self, r: usize) -> Result<Option<f32>> {
+        if self.flags.is_none() && self.bias.is_none() {
+            return Ok(Some(0.0));
+        }
+        let id = self.ids.id(r)?;
+        if id < 0 {
+            return Ok(None);
+        }
+        if let Some(f) = self.flags {
+            if f[index(id, f.len(), "neuron id")?] == 0 {
+                return Ok(None);
+            }
+        }
+        self.bias
+            .map_or(Ok(0.0), |b| Ok(b[index(id, b.len(), "neuron id (bias)")?]))
+            .map(Some)
+    }
+}

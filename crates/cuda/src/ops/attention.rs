@@ -4,7 +4,7 @@
 use powerinfer_core::{ensure, Result};
 
 use crate::backend::{Backend, Checked, DeviceSlice, Launch};
-use crate::layout::MAX_HEAD_DIM;
+use crate::layout::{AttnParams, MAX_HEAD_DIM};
 
 /// Write position `pos`'s keys and values (kv_dim f32 each) into the f16 caches
 /// ([context, kv_dim] each); `Error::ContextOverflow` past the cache's end.
@@ -44,21 +44,29 @@ pub(crate) fn kv_store<B: Backend>(
     dev.launch(launch, Checked(()))
 }
 
-/// Decode attention for one token: `q` is n_heads × head_dim, the caches hold positions
-/// 0..n_pos (rows of n_kv_heads × head_dim), `out` is n_heads × head_dim; scores scaled by
-/// 1/√head_dim. `Error::Unsupported` for head_dim > [`MAX_HEAD_DIM`].
-#[allow(clippy::too_many_arguments)]
+/// Decode attention for the token at position `n_pos − 1`: `q` is n_heads × head_dim, the
+/// caches hold positions 0..n_pos (rows of n_kv_heads × head_dim), `out` is n_heads × head_dim;
+/// the query attends to positions `p.first(n_pos)..n_pos`, scores `(q·k)·p.scale`, soft-capped
+/// to `c · tanh(s / c)` with `p.softcap = Some(c)`. `Error::Unsupported` for head_dim >
+/// [`MAX_HEAD_DIM`], a scale that is no finite number or a cap that is no positive one;
+/// `Error::Shape` for a window of 0 positions.
 pub(crate) fn attention<B: Backend>(
     dev: &B,
     q: &B::Buf<f32>,
     cache_k: &B::Buf<u16>,
     cache_v: &B::Buf<u16>,
     n_pos: usize,
-    n_heads: usize,
-    n_kv_heads: usize,
-    head_dim: usize,
+    p: &AttnParams,
     out: &mut B::Buf<f32>,
 ) -> Result<()> {
+    let AttnParams {
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        window,
+        scale,
+        softcap,
+    } = *p;
     ensure!(
         n_heads > 0 && n_kv_heads > 0 && n_heads.is_multiple_of(n_kv_heads),
         Shape,
@@ -82,15 +90,32 @@ pub(crate) fn attention<B: Backend>(
         Shape,
         "attention: {n_pos} positions do not fit the cache"
     );
+    ensure!(
+        window != Some(0),
+        Shape,
+        "attention: a sliding window of 0 positions"
+    );
+    ensure!(
+        scale.is_finite(),
+        Unsupported,
+        "attention: query scale {scale}"
+    );
+    ensure!(
+        softcap.is_none_or(|c| c > 0.0 && c.is_finite()),
+        Unsupported,
+        "attention: the soft-cap {softcap:?} must be a positive number"
+    );
     let launch = Launch::AttentionDecode {
         q,
         cache_k,
         cache_v,
+        first: p.first(n_pos),
         n_pos,
         n_heads,
         n_kv_heads,
         head_dim,
-        scale: 1.0 / (head_dim as f32).sqrt(),
+        scale,
+        softcap: softcap.unwrap_or(0.0),
         out,
     };
     dev.launch(launch, Checked(()))

@@ -1,45 +1,13 @@
-//! The accumulation kernel of `axpy_down.cu`: `y += Σ a[k] · W[row k]` over chosen rows of a
-//! matrix, and the hot neurons' down pass over their slabs' down_t rows.
+//! The accumulation kernel of `axpy_down.cu` (`y += Σ a[k] · W[row k]` over rows of a matrix):
+//! the hot neurons' down pass over their slabs' down_t rows.
 
 use powerinfer_core::{ensure, DType, Result};
 
-use crate::backend::{Backend, Checked, DeviceSlice, DeviceWeight, HotFfn, Launch};
+use crate::backend::{Backend, Checked, DeviceSlice, HotFfn, Launch};
 use crate::layout::RowLayout;
-use crate::ops::rows::check_rows;
 
 /// Most row splits (gridDim.y of axpy_rows).
 const MAX_SPLITS: usize = 65_535;
-
-/// `y[c] += Σ_k a[k] · W[row k][c]` for k in 0..n (row k = idx[k] or k); rows with a zero
-/// coefficient are not read. `splits` > 1 splits the rows over more blocks and adds their
-/// partial sums atomically (faster for long lists, summation order not fixed).
-pub(crate) fn axpy_rows<B: Backend>(
-    dev: &B,
-    w: &DeviceWeight<B>,
-    idx: Option<&B::Buf<i32>>,
-    a: &B::Buf<f32>,
-    n: usize,
-    y: &mut B::Buf<f32>,
-    splits: usize,
-) -> Result<()> {
-    ensure!(
-        y.len() == w.cols,
-        Shape,
-        "axpy_rows: y {} for {} cols",
-        y.len(),
-        w.cols
-    );
-    ensure!(
-        a.len() >= n,
-        Shape,
-        "axpy_rows: {} coefficients for {n} rows",
-        a.len()
-    );
-    check_rows::<B>(w.rows, idx, n, "axpy_rows")?;
-    launch_axpy(
-        dev, w.dtype, &w.data, w.layout, w.cols, idx, a, n, y, splits,
-    )
-}
 
 /// The hot neurons' down pass: `y += Σ_r h[r] · down_t[r]` over the hot slots.
 pub(crate) fn hot_down<B: Backend>(

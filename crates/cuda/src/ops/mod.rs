@@ -10,7 +10,7 @@ use powerinfer_core::{ensure, DType, Result, RopeStyle, Weight};
 
 use crate::backend::{Backend, DeviceWeight, Elem, HotFfn};
 use crate::kernels::{is_gpu_dtype, GPU_DTYPES};
-use crate::layout::Act;
+use crate::layout::{Act, AttnParams, FfnAct};
 
 mod attention;
 mod axpy;
@@ -53,16 +53,12 @@ pub trait GpuOps: Backend {
         upload::upload_weight(self, w)
     }
 
-    /// Upload rows `ids` of `w` (in that order) as a compact matrix.
-    fn upload_rows(&self, w: &Weight, ids: &[u32]) -> Result<DeviceWeight<Self>> {
-        upload::upload_rows(self, w, ids)
-    }
-
-    /// Pack one layer's hot neurons in slabs of `bucket` and upload them (the plan's `ffn_hot`).
+    /// Pack one layer's hot neurons in slabs of `bucket` and upload them (the plan's `ffn_hot`);
+    /// `up` None for a gate-less FFN (OPT, Falcon: the slabs hold no up rows).
     fn upload_hot_ffn(
         &self,
         gate: &Weight,
-        up: &Weight,
+        up: Option<&Weight>,
         down_t: &Weight,
         ids: &[u32],
         bucket: usize,
@@ -83,30 +79,21 @@ pub trait GpuOps: Backend {
         rows::matvec_rows(self, w, x, idx, n, act, y)
     }
 
-    /// The hot neurons' gate/up pass: `h[r] = act(dot(gate[r], x)) · dot(up[r], x)` for every
-    /// hot slot r; with `flags` (one i32 per FFN neuron) inactive neurons give 0 unread.
+    /// The hot neurons' gate/up pass, for every hot slot r: `h[r] = g · u'` with
+    /// `g = act(dot(gate[r], x) + gate_bias[id])` and `u' = dot(up[r], x)` (`act(u)` with
+    /// `act.up_act`; 1 for slabs without up rows), `act` with its FATReLU threshold. With
+    /// `flags` (one i32 per FFN neuron) inactive neurons give 0 unread; `gate_bias` holds one
+    /// value per FFN neuron (OPT's fc1 bias), indexed by the slot's neuron id.
     fn hot_gate_up(
         &self,
         ffn: &HotFfn<Self>,
         x: &Self::Buf<f32>,
         flags: Option<&Self::Buf<i32>>,
-        act: Act,
+        act: FfnAct,
+        gate_bias: Option<&Self::Buf<f32>>,
         h: &mut Self::Buf<f32>,
     ) -> Result<()> {
-        rows::hot_gate_up(self, ffn, x, flags, act, h)
-    }
-
-    /// `y[c] += Σ_k a[k] · W[row k][c]` for k in 0..n (row k = `idx[k]` or k).
-    fn axpy_rows(
-        &self,
-        w: &DeviceWeight<Self>,
-        idx: Option<&Self::Buf<i32>>,
-        a: &Self::Buf<f32>,
-        n: usize,
-        y: &mut Self::Buf<f32>,
-        splits: usize,
-    ) -> Result<()> {
-        axpy::axpy_rows(self, w, idx, a, n, y, splits)
+        rows::hot_gate_up(self, ffn, x, flags, act, gate_bias, h)
     }
 
     /// The hot neurons' down pass: `y += Σ_r h[r] · down_t[r]` over the hot slots.
@@ -135,27 +122,6 @@ pub trait GpuOps: Backend {
         predictor::predictor(self, fc1, fc2_t, threshold, x, hidden, flags, logits)
     }
 
-    /// `out[0..count) = the i < n with flags[i] != 0`, ascending; `count[0] = count`.
-    fn compact_flags(
-        &self,
-        flags: &Self::Buf<i32>,
-        n: usize,
-        out: &mut Self::Buf<i32>,
-        count: &mut Self::Buf<i32>,
-    ) -> Result<()> {
-        predictor::compact_flags(self, flags, n, out, count)
-    }
-
-    /// `slot_flags[r] = flags[id(r)]` for the hot slots, then every hot flag cleared in `flags`.
-    fn split_hot_flags(
-        &self,
-        ffn: &HotFfn<Self>,
-        flags: &mut Self::Buf<i32>,
-        slot_flags: &mut Self::Buf<i32>,
-    ) -> Result<()> {
-        predictor::split_hot_flags(self, ffn, flags, slot_flags)
-    }
-
     /// RMSNorm of `rows` rows of `w.len()` values.
     fn rms_norm(
         &self,
@@ -166,6 +132,20 @@ pub trait GpuOps: Backend {
         out: &mut Self::Buf<f32>,
     ) -> Result<()> {
         norm_rope::rms_norm(self, x, w, rows, eps, out)
+    }
+
+    /// LayerNorm of `rows` rows of `w.len()` values: `out = (x − mean) / sqrt(var + eps) · w +
+    /// b`, the biased variance (OPT, Falcon).
+    fn layer_norm(
+        &self,
+        x: &Self::Buf<f32>,
+        w: &Self::Buf<f32>,
+        b: &Self::Buf<f32>,
+        rows: usize,
+        eps: f32,
+        out: &mut Self::Buf<f32>,
+    ) -> Result<()> {
+        norm_rope::layer_norm(self, x, w, b, rows, eps, out)
     }
 
     /// Rotate every head of `x` (n_heads × head_dim) in place for position `pos`: pair i of
@@ -193,26 +173,19 @@ pub trait GpuOps: Backend {
         attention::kv_store(self, k, v, pos, cache_k, cache_v)
     }
 
-    /// Decode attention for one token over positions 0..n_pos of the caches.
+    /// Decode attention for the token at position `n_pos − 1` over the cached positions
+    /// `p.first(n_pos)..n_pos` (a sliding window, or all), scores `(q·k)·p.scale`, soft-capped
+    /// with `p.softcap`, then softmax.
     fn attention(
         &self,
         q: &Self::Buf<f32>,
         cache_k: &Self::Buf<u16>,
         cache_v: &Self::Buf<u16>,
         n_pos: usize,
-        n_heads: usize,
-        n_kv_heads: usize,
-        head_dim: usize,
+        p: &AttnParams,
         out: &mut Self::Buf<f32>,
     ) -> Result<()> {
-        attention::attention(
-            self, q, cache_k, cache_v, n_pos, n_heads, n_kv_heads, head_dim, out,
-        )
-    }
-
-    /// `g[i] = act(g[i]) · u[i]`.
-    fn act_mul(&self, g: &mut Self::Buf<f32>, u: &Self::Buf<f32>, act: Act) -> Result<()> {
-        elementwise::act_mul(self, g, u, act)
+        attention::attention(self, q, cache_k, cache_v, n_pos, p, out)
     }
 
     /// `y[i] += x[i]`.
@@ -223,6 +196,21 @@ pub trait GpuOps: Backend {
     /// `h[i] = 0` where `|h[i]| < t`, for i in 0..n.
     fn threshold_mask(&self, h: &mut Self::Buf<f32>, n: usize, t: f32) -> Result<()> {
         elementwise::threshold_mask(self, h, n, t)
+    }
+
+    /// `y[i] = cap · tanh(y[i] / cap)` for i in 0..n (Gemma 2's final logits); `cap > 0`.
+    fn softcap(&self, y: &mut Self::Buf<f32>, n: usize, cap: f32) -> Result<()> {
+        elementwise::softcap(self, y, n, cap)
+    }
+
+    /// `dst[i] = src[i]` over `src.len()` values (`dst` at least as long).
+    fn copy(&self, dst: &mut Self::Buf<f32>, src: &Self::Buf<f32>) -> Result<()> {
+        elementwise::copy(self, dst, src)
+    }
+
+    /// `y[i] = v` for every value of `y`.
+    fn fill(&self, y: &mut Self::Buf<f32>, v: f32) -> Result<()> {
+        elementwise::fill(self, y, v)
     }
 }
 

@@ -1,4 +1,5 @@
-//! The kernels of `norm_rope.cu`: RMSNorm over rows, and rotary embeddings in place.
+//! The kernels of `norm_rope.cu`: RMSNorm and LayerNorm over rows, and rotary embeddings in
+//! place.
 
 use powerinfer_core::{ensure, Result, RopeStyle};
 
@@ -31,6 +32,46 @@ pub(crate) fn rms_norm<B: Backend>(
     let launch = Launch::RmsNorm {
         x,
         w,
+        rows,
+        n,
+        eps,
+        out,
+    };
+    dev.launch(launch, Checked(()))
+}
+
+/// LayerNorm of `rows` rows of `w.len()` values: `out = (x − mean) / sqrt(var + eps) · w + b`
+/// (the biased variance, as the CPU's `layer_norm`).
+pub(crate) fn layer_norm<B: Backend>(
+    dev: &B,
+    x: &B::Buf<f32>,
+    w: &B::Buf<f32>,
+    b: &B::Buf<f32>,
+    rows: usize,
+    eps: f32,
+    out: &mut B::Buf<f32>,
+) -> Result<()> {
+    let n = w.len();
+    ensure!(
+        b.len() == n,
+        Shape,
+        "layer_norm: bias {} for a weight of {n}",
+        b.len()
+    );
+    ensure!(
+        x.len() == rows * n && out.len() == rows * n,
+        Shape,
+        "layer_norm: x {}, out {} for {rows} rows of {n}",
+        x.len(),
+        out.len()
+    );
+    if rows == 0 || n == 0 {
+        return Ok(());
+    }
+    let launch = Launch::LayerNorm {
+        x,
+        w,
+        b,
         rows,
         n,
         eps,

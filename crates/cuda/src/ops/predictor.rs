@@ -1,10 +1,9 @@
-//! The kernels of `predictor.cu`: one layer's activation predictor (fc1 with ReLU is a row
-//! matvec, then fc2 over the nonzero hidden units and the threshold), the ordered compaction of
-//! flags into an index list, and the split of the flags between hot slots and the cold set.
+//! The kernel of `predictor.cu`: one layer's activation predictor (fc1 with ReLU is a row
+//! matvec, then fc2 over the nonzero hidden units and the threshold).
 
 use powerinfer_core::{ensure, Result};
 
-use crate::backend::{Backend, Checked, DeviceSlice, DeviceWeight, HotFfn, Launch};
+use crate::backend::{Backend, Checked, DeviceSlice, DeviceWeight, Launch};
 use crate::layout::{Act, MAX_RANK};
 use crate::ops::rows::matvec_rows;
 
@@ -58,63 +57,6 @@ pub(crate) fn predictor<B: Backend>(
         threshold,
         flags,
         logits,
-    };
-    dev.launch(launch, Checked(()))
-}
-
-/// `out[0..count) = the i < n with flags[i] != 0`, ascending; `count[0] = count` (also for
-/// n = 0, which writes count 0).
-pub(crate) fn compact_flags<B: Backend>(
-    dev: &B,
-    flags: &B::Buf<i32>,
-    n: usize,
-    out: &mut B::Buf<i32>,
-    count: &mut B::Buf<i32>,
-) -> Result<()> {
-    ensure!(
-        flags.len() >= n && out.len() >= n,
-        Shape,
-        "compact_flags: buffers < {n}"
-    );
-    ensure!(
-        !count.is_empty(),
-        Shape,
-        "compact_flags: empty count buffer"
-    );
-    let launch = Launch::CompactFlags {
-        flags,
-        n,
-        out,
-        count,
-    };
-    dev.launch(launch, Checked(()))
-}
-
-/// Split a layer's active flags between the devices: `slot_flags[r] = flags[id(r)]` for the hot
-/// slots, and every hot neuron's flag cleared in `flags`, which is left holding the CPU's cold
-/// active set. `flags` has one entry per FFN neuron.
-pub(crate) fn split_hot_flags<B: Backend>(
-    dev: &B,
-    ffn: &HotFfn<B>,
-    flags: &mut B::Buf<i32>,
-    slot_flags: &mut B::Buf<i32>,
-) -> Result<()> {
-    let l = &ffn.layout;
-    ensure!(
-        slot_flags.len() >= l.n_hot,
-        Shape,
-        "split_hot_flags: slot flags < {}",
-        l.n_hot
-    );
-    if l.n_hot == 0 {
-        return Ok(());
-    }
-    let launch = Launch::SplitHotFlags {
-        ids_base: &ffn.data,
-        ids_l: l.ids,
-        n: l.n_hot,
-        flags,
-        slot_flags,
     };
     dev.launch(launch, Checked(()))
 }

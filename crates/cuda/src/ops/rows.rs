@@ -4,7 +4,7 @@
 use powerinfer_core::{ensure, Result};
 
 use crate::backend::{Backend, Checked, DeviceSlice, DeviceWeight, HotFfn, Launch};
-use crate::layout::Act;
+use crate::layout::{Act, FfnAct};
 
 /// Error unless the rows a launch reads exist: `n` indices when `idx` is given (their values
 /// are the caller's to keep in range), else rows 0..n of `rows`.
@@ -70,15 +70,20 @@ pub(crate) fn matvec_rows<B: Backend>(
     dev.launch(launch, Checked(()))
 }
 
-/// The hot neurons' gate/up pass: `h[r] = act(dot(gate[r], x)) · dot(up[r], x)` for every hot
-/// slot r in 0..n_hot; with `flags` (one i32 per FFN neuron, nonzero = active) an inactive
-/// neuron's rows are not read and h[r] = 0.
+/// The hot neurons' gate/up pass, for every hot slot r in 0..n_hot: `h[r] = g · u'` with
+/// `g = act(dot(gate[r], x) + gate_bias[id])` and `u' = dot(up[r], x)` (`act(u)` with
+/// `act.up_act`, 1 for slabs without up rows), `act` with its FATReLU threshold. With `flags`
+/// (one i32 per FFN neuron, nonzero = active) an inactive neuron's rows are not read and
+/// h[r] = 0; `gate_bias` holds one value per FFN neuron. `Error::Unsupported` for gate and up
+/// rows in different formats, or a threshold that is negative, not a number, or given with
+/// another activation than ReLU.
 pub(crate) fn hot_gate_up<B: Backend>(
     dev: &B,
     ffn: &HotFfn<B>,
     x: &B::Buf<f32>,
     flags: Option<&B::Buf<i32>>,
-    act: Act,
+    act: FfnAct,
+    gate_bias: Option<&B::Buf<f32>>,
     h: &mut B::Buf<f32>,
 ) -> Result<()> {
     let l = &ffn.layout;
@@ -97,11 +102,32 @@ pub(crate) fn hot_gate_up<B: Backend>(
         l.n_hot
     );
     ensure!(
-        l.gate_dtype == l.up_dtype,
+        flags.is_none_or(|f| f.len() >= l.ffn),
+        Shape,
+        "hot_gate_up: {} flags for ffn {}",
+        flags.map_or(0, |f| f.len()),
+        l.ffn
+    );
+    ensure!(
+        gate_bias.is_none_or(|b| b.len() == l.ffn),
+        Shape,
+        "hot_gate_up: a gate bias of {} for ffn {}",
+        gate_bias.map_or(0, |b| b.len()),
+        l.ffn
+    );
+    ensure!(
+        l.up_dtype.is_none_or(|u| u == l.gate_dtype),
         Unsupported,
-        "hot_gate_up: gate {} and up {} differ",
+        "hot_gate_up: gate {} and up {:?} differ",
         l.gate_dtype,
         l.up_dtype
+    );
+    let t = act.relu_threshold;
+    ensure!(
+        t.is_finite() && t >= 0.0 && (t == 0.0 || act.act == Act::Relu),
+        Unsupported,
+        "hot_gate_up: FATReLU threshold {t} with {:?} (a non-negative number, with ReLU only)",
+        act.act
     );
     if l.n_hot == 0 {
         return Ok(());
@@ -117,6 +143,7 @@ pub(crate) fn hot_gate_up<B: Backend>(
         n: l.n_hot,
         ids_l: l.ids,
         flags,
+        bias: gate_bias,
         act,
         h,
     };

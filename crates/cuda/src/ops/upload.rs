@@ -1,5 +1,5 @@
-//! Copies in and out, and the weight uploads: whole matrices, chosen rows as a compact matrix,
-//! and one layer's hot neurons packed in slabs ([`pack_hot_slabs`]).
+//! Copies in and out, and the weight uploads: whole matrices, and one layer's hot neurons
+//! packed in slabs ([`pack_hot_slabs`]).
 
 use powerinfer_core::{ensure, Result, Weight};
 
@@ -22,13 +22,6 @@ pub(crate) fn download<B: Backend, T: Elem>(dev: &B, src: &B::Buf<T>) -> Result<
 
 /// Upload a whole weight matrix (rows as stored).
 pub(crate) fn upload_weight<B: Backend>(dev: &B, w: &Weight) -> Result<DeviceWeight<B>> {
-    let all: Vec<u32> = (0..w.rows as u32).collect();
-    upload_rows(dev, w, &all)
-}
-
-/// Upload rows `ids` of `w` (in that order) as a compact matrix: row k on the device is row
-/// ids[k] of `w`.
-pub(crate) fn upload_rows<B: Backend>(dev: &B, w: &Weight, ids: &[u32]) -> Result<DeviceWeight<B>> {
     super::ensure_gpu_dtype(w.dtype)?;
     let rb = w.dtype.row_bytes(w.cols)?;
     ensure!(
@@ -40,26 +33,22 @@ pub(crate) fn upload_rows<B: Backend>(dev: &B, w: &Weight, ids: &[u32]) -> Resul
         w.cols,
         w.n_bytes()
     );
-    let mut bytes = Vec::with_capacity(rb * ids.len());
-    for &i in ids {
-        ensure!((i as usize) < w.rows, Shape, "row {i} of {} rows", w.rows);
-        bytes.extend_from_slice(w.row(i as usize));
-    }
     Ok(DeviceWeight {
         dtype: w.dtype,
-        rows: ids.len(),
+        rows: w.rows,
         cols: w.cols,
-        layout: RowLayout::dense(ids.len(), rb)?,
-        data: upload(dev, &bytes)?,
+        layout: RowLayout::dense(w.rows, rb)?,
+        data: upload(dev, w.bytes())?,
     })
 }
 
-/// Pack one layer's hot neurons into slabs of `bucket` (see [`pack_hot_slabs`]) and upload
-/// them: exactly `n_slabs · slab_bytes` bytes, the plan's `ffn_hot`.
+/// Pack one layer's hot neurons into slabs of `bucket` (see [`pack_hot_slabs`]; `up` None for
+/// a gate-less FFN) and upload them: exactly `n_slabs · slab_bytes` bytes, the plan's
+/// `ffn_hot`.
 pub(crate) fn upload_hot_ffn<B: Backend>(
     dev: &B,
     gate: &Weight,
-    up: &Weight,
+    up: Option<&Weight>,
     down_t: &Weight,
     ids: &[u32],
     bucket: usize,

@@ -1,21 +1,26 @@
-//! The hybrid decode step over one backend: per layer, attention where the plan put it, then
-//! the FFN split between the GPU's hot neurons and the CPU's cold ones, computed at the same
-//! time (the GPU work is queued first, then the CPU part runs, then its partial sum crosses once
-//! and is added on the GPU). The residual stream moves between host and device only when the
-//! next block runs on the other side.
+//! The hybrid decode step over one backend: per layer it walks the layer program (see
+//! [`crate::layer`]), the attention block where the plan put it, then the FFN block split
+//! between the GPU's hot neurons and the CPU's cold ones, computed at the same time (the GPU
+//! work is queued first, then the CPU part runs, then its partial sum crosses once and is added
+//! on the GPU). A block on the CPU runs the CPU forward pass's own code for it. The residual
+//! stream (and a parallel block's saved input) moves between host and device only when the
+//! next step runs on the other side.
 
 use std::sync::Arc;
 
 use powerinfer_core::{ensure, Result, Side};
-use powerinfer_cuda::{Act, Allocation, Backend, GpuOps};
+use powerinfer_cuda::{Act, Allocation, AttnParams, Backend, FfnAct, GpuOps};
 
 use crate::ffn::{rows_ffn, DenseDown, FfnScratch};
-use crate::forward::{attention_block, ffn_block, norm_rows, output_block, Angles, Scratch};
+use crate::forward::{
+    attention_block, embed, ffn_block, norm_bias, norm_rows_with, output_block, Angles, Scratch,
+};
 use crate::hybrid::gpu_model::{GpuFfn, GpuLayer, GpuModel, GpuScratch};
 use crate::hybrid::kv_sync::KvSync;
 use crate::hybrid::transfers::{Link, TransferStats};
 use crate::hybrid::Hybrid;
 use crate::kv_cache::KvCache;
+use crate::layer::{AttnStep, FfnKind, FfnStep, NormKind};
 use crate::placement::Placement;
 use crate::sparsity::{predicted_active, PredictorInput, PredictorScratch, Sparsity};
 use crate::weights::ModelWeights;
@@ -25,11 +30,39 @@ fn down_splits(n_hot: usize) -> usize {
     (n_hot / 128).clamp(1, 128)
 }
 
-/// Where the residual stream's current value is.
-#[derive(Clone, Copy, Debug)]
-struct Residual {
+/// Where a vector's current value is (the residual stream, or a parallel block's saved input).
+#[derive(Clone, Copy, Debug, Default)]
+struct Residency {
     on_host: bool,
     on_device: bool,
+}
+
+/// The GPU kernels' form of an FFN step's activation.
+fn gpu_act(k: FfnKind) -> FfnAct {
+    FfnAct {
+        act: Act::from(k.act),
+        relu_threshold: k.relu_threshold,
+        up_act: k.up_act,
+    }
+}
+
+/// `out = norm(x)` on the device: RMSNorm, or LayerNorm with its bias.
+fn device_norm<B: Backend>(
+    dev: &B,
+    kind: NormKind,
+    x: &B::Buf<f32>,
+    w: &B::Buf<f32>,
+    b: Option<&B::Buf<f32>>,
+    eps: f32,
+    out: &mut B::Buf<f32>,
+) -> Result<()> {
+    match (kind, b) {
+        (NormKind::Rms, _) => dev.rms_norm(x, w, 1, eps, out),
+        (NormKind::Layer, Some(b)) => dev.layer_norm(x, w, b, 1, eps, out),
+        (NormKind::Layer, None) => {
+            powerinfer_core::bail!(Other, "a LayerNorm step without its bias on the GPU")
+        }
+    }
 }
 
 /// The hybrid executor on backend `B`.
@@ -39,7 +72,8 @@ pub struct Executor<B: Backend> {
     placement: Arc<Placement>,
     kv: KvSync,
     stats: TransferStats,
-    /// The CPU side's buffers: `host.x` is the residual stream on the host.
+    /// The CPU side's buffers: `host.x` is the residual stream on the host, `host.par_in` a
+    /// parallel block's saved input.
     host: Scratch,
     rows: FfnScratch,
     predictor: PredictorScratch,
@@ -48,22 +82,23 @@ pub struct Executor<B: Backend> {
     flags: Vec<i32>,
     xn: Vec<f32>,
     part: Vec<f32>,
-    /// RoPE's angle per position of each rotated pair (every layer's: the hybrid executor
-    /// runs llama layers, one base).
-    inv_freqs: Vec<f64>,
+    /// RoPE's angle per position of each rotated pair: the global layers' and, for families
+    /// whose sliding layers have their own base, theirs.
+    inv_freqs: [Vec<f64>; 2],
+    saved: Residency,
 }
 
 impl<B: Backend> Executor<B> {
     /// Upload what `placement` puts on the GPU of `model` to `dev`.
     pub fn new(dev: B, model: &ModelWeights, placement: Arc<Placement>) -> Result<Executor<B>> {
         let gpu = GpuModel::upload(&dev, model, &placement)?;
-        let n_layers = model.config.n_layers;
+        let c = &model.config;
         Ok(Executor {
             dev,
             gpu,
             placement,
             kv: KvSync::default(),
-            stats: TransferStats::new(n_layers),
+            stats: TransferStats::new(c.n_layers),
             host: Scratch::default(),
             rows: FfnScratch::default(),
             predictor: PredictorScratch::default(),
@@ -72,7 +107,8 @@ impl<B: Backend> Executor<B> {
             flags: Vec::new(),
             xn: Vec::new(),
             part: Vec::new(),
-            inv_freqs: model.config.rope_inv_freqs(false),
+            inv_freqs: [c.rope_inv_freqs(false), c.rope_inv_freqs(true)],
+            saved: Residency::default(),
         })
     }
 
@@ -165,15 +201,16 @@ impl<B: Backend> Hybrid for Executor<B> {
             let mut link = Link::new(&self.dev, &mut self.stats);
             self.kv.to_gpu(&mut link, &mut self.gpu, cache)?;
         }
-        let e = &model.token_embd;
-        self.host.x.resize(c.dim, 0.0);
-        powerinfer_cpu::dequantize_row(e.dtype, e.row(token as usize), &mut self.host.x)?;
-        let mut res = Residual {
+        embed(model, &[token], pos, &mut self.host.x)?;
+        let mut res = Residency {
             on_host: true,
             on_device: false,
         };
         let angles = Angles::new(c, pos, 1);
         for l in 0..c.n_layers {
+            if model.program.layers[l].save_residual {
+                self.save_residual(res)?;
+            }
             if self.gpu.layers[l].attention.is_some() {
                 self.gpu_attention(model, l, pos, &mut res)?;
             } else {
@@ -185,6 +222,9 @@ impl<B: Backend> Hybrid for Executor<B> {
                 self.hybrid_ffn(model, mode, l, pos, &mut res)?;
             } else {
                 self.host_x(l, &mut res)?;
+                if model.program.layers[l].save_residual {
+                    self.host_saved(l)?;
+                }
                 ffn_block(model, l, mode, &mut self.host, None, pos, 1)?;
                 res.on_device = false;
             }
@@ -199,7 +239,7 @@ impl<B: Backend> Hybrid for Executor<B> {
 
 impl<B: Backend> Executor<B> {
     /// Make the host's copy of the residual current (a download when the device has it).
-    fn host_x(&mut self, slot: usize, res: &mut Residual) -> Result<()> {
+    fn host_x(&mut self, slot: usize, res: &mut Residency) -> Result<()> {
         if !res.on_host {
             let sc = Self::scratch(&mut self.gpu)?;
             Link::new(&self.dev, &mut self.stats).down(slot, &sc.x, 0, &mut self.host.x)?;
@@ -209,7 +249,7 @@ impl<B: Backend> Executor<B> {
     }
 
     /// Make the device's copy of the residual current (an upload when the host has it).
-    fn device_x(&mut self, slot: usize, res: &mut Residual) -> Result<()> {
+    fn device_x(&mut self, slot: usize, res: &mut Residency) -> Result<()> {
         if !res.on_device {
             let sc = Self::scratch(&mut self.gpu)?;
             Link::new(&self.dev, &mut self.stats).up(slot, &self.host.x, &mut sc.x, 0)?;
@@ -218,14 +258,57 @@ impl<B: Backend> Executor<B> {
         Ok(())
     }
 
-    /// Layer `l`'s attention on the GPU: norm, q/k/v, RoPE, the f16 cache, attention, output
-    /// projection, residual add.
+    /// A parallel block starts: keep the residual as its FFN's input, on each side that has it
+    /// (a copy, no transfer).
+    fn save_residual(&mut self, res: Residency) -> Result<()> {
+        self.saved = res;
+        if res.on_host {
+            self.host.par_in.clone_from(&self.host.x);
+        }
+        if res.on_device {
+            let sc = Self::scratch(&mut self.gpu)?;
+            let Some(saved) = sc.saved.as_mut() else {
+                powerinfer_core::bail!(Other, "no GPU buffer for a parallel block's input");
+            };
+            self.dev.copy(saved, &sc.x)?;
+        }
+        Ok(())
+    }
+
+    /// Make the host's copy of the saved input current.
+    fn host_saved(&mut self, slot: usize) -> Result<()> {
+        if !self.saved.on_host {
+            let sc = Self::scratch(&mut self.gpu)?;
+            let Some(saved) = sc.saved.as_ref() else {
+                powerinfer_core::bail!(Other, "no GPU buffer for a parallel block's input");
+            };
+            self.host.par_in.resize(self.host.x.len(), 0.0);
+            Link::new(&self.dev, &mut self.stats).down(slot, saved, 0, &mut self.host.par_in)?;
+            self.saved.on_host = true;
+        }
+        Ok(())
+    }
+
+    /// Make the device's copy of the saved input current.
+    fn device_saved(&mut self, slot: usize) -> Result<()> {
+        if !self.saved.on_device {
+            let sc = Self::scratch(&mut self.gpu)?;
+            let Some(saved) = sc.saved.as_mut() else {
+                powerinfer_core::bail!(Other, "no GPU buffer for a parallel block's input");
+            };
+            Link::new(&self.dev, &mut self.stats).up(slot, &self.host.par_in, saved, 0)?;
+            self.saved.on_device = true;
+        }
+        Ok(())
+    }
+
+    /// Layer `l`'s attention block on the GPU: its program's steps, each one kernel or a few.
     fn gpu_attention(
         &mut self,
         model: &ModelWeights,
         l: usize,
         pos: usize,
-        res: &mut Residual,
+        res: &mut Residency,
     ) -> Result<()> {
         let c = &model.config;
         self.device_x(l, res)?;
@@ -236,40 +319,86 @@ impl<B: Backend> Executor<B> {
         let (Some(sc), Some(a)) = (scratch.as_mut(), layers[l].attention.as_mut()) else {
             powerinfer_core::bail!(Other, "layer {l}: no GPU attention buffers");
         };
-        dev.rms_norm(&sc.x, &a.norm, 1, c.rms_eps, &mut sc.xb)?;
-        dev.matvec_rows(&a.wq, &sc.xb, None, c.q_dim(), Act::None, &mut sc.q)?;
-        dev.matvec_rows(&a.wk, &sc.xb, None, c.kv_dim(), Act::None, &mut sc.k)?;
-        dev.matvec_rows(&a.wv, &sc.xb, None, c.kv_dim(), Act::None, &mut sc.v)?;
-        let inv = &self.inv_freqs;
-        dev.rope(&mut sc.q, c.head_dim, pos, inv, c.rope_style)?;
-        dev.rope(&mut sc.k, c.head_dim, pos, inv, c.rope_style)?;
-        dev.kv_store(&sc.k, &sc.v, pos, &mut a.cache_k, &mut a.cache_v)?;
-        dev.attention(
-            &sc.q,
-            &a.cache_k,
-            &a.cache_v,
-            pos + 1,
-            c.n_heads,
-            c.n_kv_heads,
-            c.head_dim,
-            &mut sc.att,
-        )?;
-        dev.matvec_rows(&a.wo, &sc.att, None, c.dim, Act::None, &mut sc.xb2)?;
-        dev.add(&mut sc.x, &sc.xb2)?;
+        let eps = c.rms_eps;
+        for step in &model.program.layers[l].attention {
+            match step {
+                AttnStep::Norm(kind) => device_norm(
+                    dev,
+                    *kind,
+                    &sc.x,
+                    &a.norm,
+                    a.norm_bias.as_ref(),
+                    eps,
+                    &mut sc.xb,
+                )?,
+                AttnStep::Qkv { bias } => {
+                    dev.matvec_rows(&a.wq, &sc.xb, None, c.q_dim(), Act::None, &mut sc.q)?;
+                    dev.matvec_rows(&a.wk, &sc.xb, None, c.kv_dim(), Act::None, &mut sc.k)?;
+                    dev.matvec_rows(&a.wv, &sc.xb, None, c.kv_dim(), Act::None, &mut sc.v)?;
+                    if let (true, Some([bq, bk, bv])) = (bias, &a.qkv_bias) {
+                        dev.add(&mut sc.q, bq)?;
+                        dev.add(&mut sc.k, bk)?;
+                        dev.add(&mut sc.v, bv)?;
+                    }
+                }
+                AttnStep::QkNorm => {
+                    let (Some([nq, nk]), Some(kn)) = (&a.qk_norm, sc.kn.as_mut()) else {
+                        powerinfer_core::bail!(Other, "layer {l}: no GPU q/k norm buffers");
+                    };
+                    dev.rms_norm(&sc.q, nq, c.n_heads, eps, &mut sc.att)?;
+                    std::mem::swap(&mut sc.q, &mut sc.att);
+                    dev.rms_norm(&sc.k, nk, c.n_kv_heads, eps, kn)?;
+                    std::mem::swap(&mut sc.k, kn);
+                }
+                AttnStep::Rope { local } => {
+                    let inv = &self.inv_freqs[usize::from(*local)];
+                    dev.rope(&mut sc.q, c.head_dim, pos, inv, c.rope_style)?;
+                    dev.rope(&mut sc.k, c.head_dim, pos, inv, c.rope_style)?;
+                }
+                AttnStep::Attend(p) => {
+                    dev.kv_store(&sc.k, &sc.v, pos, &mut a.cache_k, &mut a.cache_v)?;
+                    let params = AttnParams {
+                        n_heads: c.n_heads,
+                        n_kv_heads: c.n_kv_heads,
+                        head_dim: c.head_dim,
+                        window: p.window,
+                        scale: p.scale,
+                        softcap: p.softcap,
+                    };
+                    dev.attention(&sc.q, &a.cache_k, &a.cache_v, pos + 1, &params, &mut sc.att)?;
+                }
+                AttnStep::Output { bias } => {
+                    dev.matvec_rows(&a.wo, &sc.att, None, c.dim, Act::None, &mut sc.xb2)?;
+                    if let (true, Some(b)) = (bias, &a.out_bias) {
+                        dev.add(&mut sc.xb2, b)?;
+                    }
+                }
+                AttnStep::PostNorm => {
+                    let Some(post) = &a.post_norm else {
+                        powerinfer_core::bail!(Other, "layer {l}: no GPU post-attention norm");
+                    };
+                    dev.rms_norm(&sc.xb2, post, 1, eps, &mut sc.xb)?;
+                    std::mem::swap(&mut sc.xb, &mut sc.xb2);
+                }
+                AttnStep::Residual => dev.add(&mut sc.x, &sc.xb2)?,
+            }
+        }
         res.on_host = false;
         Ok(())
     }
 
-    /// Layer `l`'s FFN with hot neurons on the GPU and cold ones on the CPU, at the same time.
+    /// Layer `l`'s FFN block with hot neurons on the GPU and cold ones on the CPU, at the same
+    /// time: its program's steps, the FFN core split by the plan.
     fn hybrid_ffn(
         &mut self,
         model: &ModelWeights,
         mode: &Sparsity,
         l: usize,
         pos: usize,
-        res: &mut Residual,
+        res: &mut Residency,
     ) -> Result<()> {
         let c = &model.config;
+        let prog = &model.program.layers[l];
         let placement = Arc::clone(&self.placement);
         let table = &placement.file.table.layers[l];
         let dense = mode.dense_rows(pos, 1) > 0;
@@ -284,12 +413,20 @@ impl<B: Backend> Executor<B> {
                 .is_some_and(|p| p.filled);
         let cpu_predictor = predictor.is_some() && !gpu_predictor;
         let host_needed = !table.cold.is_empty() || cpu_predictor;
+        let saved = prog.save_residual;
+        // The block's input on each side it is needed.
         self.device_x(l, res)?;
+        if saved {
+            self.device_saved(l)?;
+        }
         if host_needed {
             self.host_x(l, res)?;
-            let lw = &model.layers[l];
-            norm_rows(&self.host.x, &lw.ffn_norm, c.rms_eps, &mut self.xn);
+            if saved {
+                self.host_saved(l)?;
+            }
         }
+        // Its output goes straight into the residual unless a post-norm comes between.
+        let direct = !prog.ffn.contains(&FfnStep::PostNorm);
         let dev = &self.dev;
         let mut link = Link::new(dev, &mut self.stats);
         let GpuModel {
@@ -303,100 +440,158 @@ impl<B: Backend> Executor<B> {
             ffn,
             ..
         } = &layers[l];
-        let Some(GpuFfn { norm, hot }) = ffn else {
+        let Some(f) = ffn else {
             powerinfer_core::bail!(Other, "layer {l}: no hot neurons on the GPU");
         };
-        dev.rms_norm(&sc.x, norm, 1, c.rms_eps, &mut sc.xb)?;
-
-        // The active set: which hot slots the GPU computes (flags) and which cold neurons the
-        // CPU does (`cold`).
-        let mut flags = false;
-        let mut cold: &[u32] = &table.cold;
-        if let Some((p, input)) = predictor {
-            flags = true;
-            if let (true, Some(gp)) = (gpu_predictor, gpu_pred) {
-                let x = match input {
-                    PredictorInput::FfnNorm => &sc.xb,
-                    PredictorInput::FfnInp => &sc.x,
-                };
-                dev.predictor(
-                    &gp.fc1,
-                    &gp.fc2_t,
-                    gp.threshold,
-                    x,
-                    &mut sc.pred,
-                    &mut sc.active,
-                    None,
-                )?;
-                if !table.cold.is_empty() {
-                    self.flags.resize(c.ffn_dim, 0);
-                    link.down(l, &sc.active, 0, &mut self.flags)?;
-                    self.cold_active.clear();
-                    let on = &self.flags;
-                    self.cold_active
-                        .extend(table.cold.iter().filter(|&&i| on[i as usize] != 0));
-                }
-            } else {
-                let x = match input {
-                    PredictorInput::FfnNorm => &self.xn,
-                    PredictorInput::FfnInp => &self.host.x,
-                };
-                predicted_active(p, x, &mut self.predictor, &mut self.predicted)?;
-                self.flags.clear();
-                self.flags.resize(c.ffn_dim, 0);
-                self.cold_active.clear();
-                for &i in &self.predicted {
-                    self.flags[i as usize] = 1;
-                    if table.place[i as usize].0 == Side::Cpu {
-                        self.cold_active.push(i);
+        let GpuFfn { hot, .. } = f;
+        let lw = &model.layers[l];
+        for step in &prog.ffn {
+            match step {
+                FfnStep::Norm(kind, _) => {
+                    let input = match (saved, sc.saved.as_ref()) {
+                        (true, Some(s)) => s,
+                        _ => &sc.x,
+                    };
+                    device_norm(
+                        dev,
+                        *kind,
+                        input,
+                        &f.norm,
+                        f.norm_bias.as_ref(),
+                        c.rms_eps,
+                        &mut sc.xb,
+                    )?;
+                    if host_needed {
+                        let x_in = match saved {
+                            true => &self.host.par_in,
+                            false => &self.host.x,
+                        };
+                        let b = norm_bias(lw, *kind, 1)?;
+                        norm_rows_with(x_in, &lw.ffn_norm, b, c.rms_eps, &mut self.xn);
                     }
                 }
-                link.up(l, &self.flags, &mut sc.active, 0)?;
+                FfnStep::Ffn(kind) => {
+                    // The active set: which hot slots the GPU computes (flags) and which cold
+                    // neurons the CPU does (`cold`).
+                    let mut flags = false;
+                    let mut cold: &[u32] = &table.cold;
+                    if let Some((p, input)) = predictor {
+                        flags = true;
+                        if let (true, Some(gp)) = (gpu_predictor, gpu_pred) {
+                            let x = match (input, saved, sc.saved.as_ref()) {
+                                (PredictorInput::FfnNorm, ..) => &sc.xb,
+                                (PredictorInput::FfnInp, true, Some(s)) => s,
+                                (PredictorInput::FfnInp, ..) => &sc.x,
+                            };
+                            dev.predictor(
+                                &gp.fc1,
+                                &gp.fc2_t,
+                                gp.threshold,
+                                x,
+                                &mut sc.pred,
+                                &mut sc.active,
+                                None,
+                            )?;
+                            if !table.cold.is_empty() {
+                                self.flags.resize(c.ffn_dim, 0);
+                                link.down(l, &sc.active, 0, &mut self.flags)?;
+                                self.cold_active.clear();
+                                let on = &self.flags;
+                                self.cold_active
+                                    .extend(table.cold.iter().filter(|&&i| on[i as usize] != 0));
+                            }
+                        } else {
+                            let x = match (input, saved) {
+                                (PredictorInput::FfnNorm, _) => &self.xn,
+                                (PredictorInput::FfnInp, true) => &self.host.par_in,
+                                (PredictorInput::FfnInp, false) => &self.host.x,
+                            };
+                            predicted_active(p, x, &mut self.predictor, &mut self.predicted)?;
+                            self.flags.clear();
+                            self.flags.resize(c.ffn_dim, 0);
+                            self.cold_active.clear();
+                            for &i in &self.predicted {
+                                self.flags[i as usize] = 1;
+                                if table.place[i as usize].0 == Side::Cpu {
+                                    self.cold_active.push(i);
+                                }
+                            }
+                            link.up(l, &self.flags, &mut sc.active, 0)?;
+                        }
+                        cold = &self.cold_active;
+                    }
+
+                    // GPU: queued, runs while the CPU computes its part.
+                    let active = flags.then_some(&sc.active);
+                    let bias = f.in_bias.as_ref();
+                    dev.hot_gate_up(hot, &sc.xb, active, gpu_act(*kind), bias, &mut sc.hb)?;
+                    let threshold = match mode {
+                        Sparsity::Threshold(t) if !dense => Some(t[l]),
+                        _ => None,
+                    };
+                    if let Some(t) = threshold {
+                        dev.threshold_mask(&mut sc.hb, hot.layout.n_hot, t)?;
+                    }
+                    let out = match direct {
+                        true => &mut sc.x,
+                        false => {
+                            dev.fill(&mut sc.xb2, 0.0)?;
+                            &mut sc.xb2
+                        }
+                    };
+                    dev.hot_down(hot, &sc.hb, out, down_splits(hot.layout.n_hot))?;
+
+                    // CPU: the cold neurons, then one upload of their sum, added on the GPU.
+                    if !cold.is_empty() {
+                        self.part.resize(c.dim, 0.0);
+                        let dense_down = match mode {
+                            Sparsity::Dense => DenseDown::Always,
+                            Sparsity::Threshold(_) if dense => DenseDown::Always,
+                            Sparsity::Threshold(_) => DenseDown::AboveCrossover,
+                            _ => DenseDown::Never,
+                        };
+                        rows_ffn(
+                            model,
+                            l,
+                            threshold,
+                            dense_down,
+                            &self.xn,
+                            cold,
+                            &mut self.rows,
+                            &mut self.part,
+                        )?;
+                        link.up(l, &self.part, &mut sc.xfer, 0)?;
+                        dev.add(out, &sc.xfer)?;
+                    }
+                }
+                FfnStep::DownBias => {
+                    let Some(b) = &f.down_bias else {
+                        powerinfer_core::bail!(Other, "layer {l}: no GPU down bias");
+                    };
+                    let out = if direct { &mut sc.x } else { &mut sc.xb2 };
+                    dev.add(out, b)?;
+                }
+                FfnStep::PostNorm => {
+                    let Some(post) = &f.post_norm else {
+                        powerinfer_core::bail!(Other, "layer {l}: no GPU post-FFN norm");
+                    };
+                    dev.rms_norm(&sc.xb2, post, 1, c.rms_eps, &mut sc.xb)?;
+                    std::mem::swap(&mut sc.xb, &mut sc.xb2);
+                }
+                FfnStep::Residual => {
+                    if !direct {
+                        dev.add(&mut sc.x, &sc.xb2)?;
+                    }
+                }
             }
-            cold = &self.cold_active;
-        }
-
-        // GPU: queued, runs while the CPU computes its part.
-        let act = Act::from(c.activation);
-        dev.hot_gate_up(hot, &sc.xb, flags.then_some(&sc.active), act, &mut sc.hb)?;
-        let threshold = match mode {
-            Sparsity::Threshold(t) if !dense => Some(t[l]),
-            _ => None,
-        };
-        if let Some(t) = threshold {
-            dev.threshold_mask(&mut sc.hb, hot.layout.n_hot, t)?;
-        }
-        dev.hot_down(hot, &sc.hb, &mut sc.x, down_splits(hot.layout.n_hot))?;
-
-        // CPU: the cold neurons, then one upload of their sum, added on the GPU.
-        if !cold.is_empty() {
-            self.part.resize(c.dim, 0.0);
-            let dense_down = match mode {
-                Sparsity::Dense => DenseDown::Always,
-                Sparsity::Threshold(_) if dense => DenseDown::Always,
-                Sparsity::Threshold(_) => DenseDown::AboveCrossover,
-                _ => DenseDown::Never,
-            };
-            rows_ffn(
-                model,
-                l,
-                threshold,
-                dense_down,
-                &self.xn,
-                cold,
-                &mut self.rows,
-                &mut self.part,
-            )?;
-            link.up(l, &self.part, &mut sc.xfer, 0)?;
-            dev.add(&mut sc.x, &sc.xfer)?;
         }
         res.on_host = false;
         res.on_device = true;
         Ok(())
     }
 
-    /// The final norm and output head, where the plan put them.
-    fn output(&mut self, model: &ModelWeights, res: &mut Residual) -> Result<Vec<f32>> {
+    /// The output steps (final norm, head, soft-cap), where the plan put them.
+    fn output(&mut self, model: &ModelWeights, res: &mut Residency) -> Result<Vec<f32>> {
         let c = &model.config;
         let slot = c.n_layers;
         if self.gpu.output.is_none() {
@@ -411,8 +606,20 @@ impl<B: Backend> Executor<B> {
         let (Some(sc), Some(o)) = (scratch.as_mut(), output.as_mut()) else {
             powerinfer_core::bail!(Other, "no GPU output buffers");
         };
-        dev.rms_norm(&sc.x, &o.norm, 1, c.rms_eps, &mut sc.xb)?;
+        let p = &model.program.output;
+        device_norm(
+            dev,
+            p.norm,
+            &sc.x,
+            &o.norm,
+            o.norm_bias.as_ref(),
+            c.rms_eps,
+            &mut sc.xb,
+        )?;
         dev.matvec_rows(&o.w, &sc.xb, None, c.vocab_size, Act::None, &mut o.logits)?;
+        if let Some(cap) = p.softcap {
+            dev.softcap(&mut o.logits, c.vocab_size, cap)?;
+        }
         let mut logits = vec![0.0f32; c.vocab_size];
         Link::new(dev, &mut self.stats).down(slot, &o.logits, 0, &mut logits)?;
         Ok(logits)

@@ -1,7 +1,9 @@
 //! The GPU side of a placed model: exactly what the plan puts on the device (per layer the
-//! attention weights and an f16 KV cache, the predictor, the hot-neuron slabs; the output head;
-//! the shared scratch buffers), each allocation registered by name and size so the registry can
-//! be compared with the plan's accounting, name for name and byte for byte.
+//! attention weights with the family's biases and norms and an f16 KV cache, the predictor, the
+//! hot-neuron slabs with the FFN's biases and norms; the output head; the shared scratch
+//! buffers), each allocation registered by name and size so the registry can be compared with
+//! the plan's accounting (`alloc_plan`, `planning/accounting.py`), name for name and byte for
+//! byte. A layer's vectors are uploaded in the order of its layer program's steps.
 
 use powerinfer_core::{bail, ensure, DType, Result, Weight};
 use powerinfer_cuda::layout::align;
@@ -44,18 +46,34 @@ impl Registry {
         Ok(dw)
     }
 
+    /// [`Registry::upload`] of an f32 vector the family may not have.
+    fn maybe<B: Backend>(
+        &mut self,
+        dev: &B,
+        name: &str,
+        host: Option<&[f32]>,
+    ) -> Result<Option<B::Buf<f32>>> {
+        host.map(|h| self.upload(dev, name, h)).transpose()
+    }
+
     fn note(&mut self, name: &str, bytes: usize) {
         self.allocations.push((name.to_string(), align(bytes)));
     }
 }
 
-/// A layer's attention on the GPU.
+/// A layer's attention on the GPU (the family's vectors where its program has their steps).
 pub struct GpuAttention<B: Backend> {
     pub norm: B::Buf<f32>,
+    /// LayerNorm's bias.
+    pub norm_bias: Option<B::Buf<f32>>,
     pub wq: DeviceWeight<B>,
     pub wk: DeviceWeight<B>,
     pub wv: DeviceWeight<B>,
+    pub qkv_bias: Option<[B::Buf<f32>; 3]>,
+    pub qk_norm: Option<[B::Buf<f32>; 2]>,
     pub wo: DeviceWeight<B>,
+    pub out_bias: Option<B::Buf<f32>>,
+    pub post_norm: Option<B::Buf<f32>>,
     pub cache_k: B::Buf<u16>,
     pub cache_v: B::Buf<u16>,
     /// Values per cache row (n_kv_heads · head_dim).
@@ -131,9 +149,14 @@ impl<B: Backend> GpuPredictor<B> {
     }
 }
 
-/// A layer's hot neurons on the GPU.
+/// A layer's hot neurons on the GPU, with the FFN block's norm, biases and post-norm.
 pub struct GpuFfn<B: Backend> {
     pub norm: B::Buf<f32>,
+    pub norm_bias: Option<B::Buf<f32>>,
+    /// The activated input projection's bias, one per neuron (indexed by neuron id).
+    pub in_bias: Option<B::Buf<f32>>,
+    pub down_bias: Option<B::Buf<f32>>,
+    pub post_norm: Option<B::Buf<f32>>,
     pub hot: HotFfn<B>,
 }
 
@@ -147,6 +170,7 @@ pub struct GpuLayer<B: Backend> {
 /// The output head on the GPU.
 pub struct GpuOutput<B: Backend> {
     pub norm: B::Buf<f32>,
+    pub norm_bias: Option<B::Buf<f32>>,
     pub w: DeviceWeight<B>,
     pub logits: B::Buf<f32>,
 }
@@ -164,6 +188,10 @@ pub struct GpuScratch<B: Backend> {
     pub active: B::Buf<i32>,
     pub pred: B::Buf<f32>,
     pub xfer: B::Buf<f32>,
+    /// The normed keys (q/k-norm families).
+    pub kn: Option<B::Buf<f32>>,
+    /// The residual before a parallel block's attention (its FFN's input).
+    pub saved: Option<B::Buf<f32>>,
 }
 
 /// Everything the plan puts on one device.
@@ -191,12 +219,44 @@ impl<B: Backend> GpuModel<B> {
             let name = |t: &str| format!("blk.{i}.{t}");
             let attention = if plan.attention[i] {
                 let kv = plan.context * c.kv_dim();
+                let norm = reg.upload(dev, &name("attn_norm"), &lw.attn_norm)?;
+                let norm_bias = match &lw.norm_bias {
+                    Some([b, _]) => Some(reg.upload(dev, &name("attn_norm.bias"), b)?),
+                    None => None,
+                };
+                let wq = reg.weight(dev, &name("attn_q"), &lw.wq)?;
+                let wk = reg.weight(dev, &name("attn_k"), &lw.wk)?;
+                let wv = reg.weight(dev, &name("attn_v"), &lw.wv)?;
+                let qkv_bias = match &lw.qkv_bias {
+                    Some([q, k, v]) => Some([
+                        reg.upload(dev, &name("attn_q.bias"), q)?,
+                        reg.upload(dev, &name("attn_k.bias"), k)?,
+                        reg.upload(dev, &name("attn_v.bias"), v)?,
+                    ]),
+                    None => None,
+                };
+                let qk_norm = match &lw.qk_norm {
+                    Some([q, k]) => Some([
+                        reg.upload(dev, &name("attn_q_norm"), q)?,
+                        reg.upload(dev, &name("attn_k_norm"), k)?,
+                    ]),
+                    None => None,
+                };
+                let wo = reg.weight(dev, &name("attn_output"), &lw.wo)?;
+                let out_bias = reg.maybe(dev, &name("attn_output.bias"), lw.out_bias.as_deref())?;
+                let post = lw.post_norms.as_ref().map(|[a, _]| &a[..]);
+                let post_norm = reg.maybe(dev, &name("post_attention_norm"), post)?;
                 Some(GpuAttention {
-                    norm: reg.upload(dev, &name("attn_norm"), &lw.attn_norm)?,
-                    wq: reg.weight(dev, &name("attn_q"), &lw.wq)?,
-                    wk: reg.weight(dev, &name("attn_k"), &lw.wk)?,
-                    wv: reg.weight(dev, &name("attn_v"), &lw.wv)?,
-                    wo: reg.weight(dev, &name("attn_output"), &lw.wo)?,
+                    norm,
+                    norm_bias,
+                    wq,
+                    wk,
+                    wv,
+                    qkv_bias,
+                    qk_norm,
+                    wo,
+                    out_bias,
+                    post_norm,
                     cache_k: reg.zeros(dev, &name("cache_k"), kv)?,
                     cache_v: reg.zeros(dev, &name("cache_v"), kv)?,
                     kv_dim: c.kv_dim(),
@@ -217,11 +277,28 @@ impl<B: Backend> GpuModel<B> {
             let ffn = match (&down_t, plan.n_slabs(i)) {
                 (Some(down_t), n) if n > 0 => {
                     let norm = reg.upload(dev, &name("ffn_norm"), &lw.ffn_norm)?;
+                    let nb = lw.norm_bias.as_ref().map(|[_, b]| &b[..]);
+                    let norm_bias = reg.maybe(dev, &name("ffn_norm.bias"), nb)?;
+                    let (inb, downb) = match &lw.ffn_bias {
+                        Some([i, d]) => (Some(&i[..]), Some(&d[..])),
+                        None => (None, None),
+                    };
+                    let in_bias = reg.maybe(dev, &name("ffn_up.bias"), inb)?;
+                    let down_bias = reg.maybe(dev, &name("ffn_down.bias"), downb)?;
+                    let post = lw.post_norms.as_ref().map(|[_, f]| &f[..]);
+                    let post_norm = reg.maybe(dev, &name("post_ffw_norm"), post)?;
                     let ids = &plan.table.layers[i].hot;
-                    let hot =
-                        dev.upload_hot_ffn(&lw.w_gate, &lw.w_up, &down_t[i], ids, plan.bucket)?;
+                    let up = model.program.layers[i].ffn_kind().gated.then_some(&lw.w_up);
+                    let hot = dev.upload_hot_ffn(&lw.w_gate, up, &down_t[i], ids, plan.bucket)?;
                     reg.note(&name("ffn_hot"), hot.n_bytes());
-                    Some(GpuFfn { norm, hot })
+                    Some(GpuFfn {
+                        norm,
+                        norm_bias,
+                        in_bias,
+                        down_bias,
+                        post_norm,
+                        hot,
+                    })
                 }
                 _ => None,
             };
@@ -234,6 +311,7 @@ impl<B: Backend> GpuModel<B> {
         let output = if plan.output {
             Some(GpuOutput {
                 norm: reg.upload(dev, "output_norm", &model.output_norm)?,
+                norm_bias: reg.maybe(dev, "output_norm.bias", model.output_norm_bias.as_deref())?,
                 w: reg.weight(dev, "output", &model.output)?,
                 logits: reg.zeros(dev, "output.logits", c.vocab_size)?,
             })
@@ -251,6 +329,14 @@ impl<B: Backend> GpuModel<B> {
             let mut z =
                 |n: &str, len: usize| reg.zeros::<B, f32>(dev, &format!("scratch.{n}"), len);
             let (pred, xfer) = (z("pred", max_rank)?, z("xfer", c.dim)?);
+            let kn = match c.arch.qk_norm {
+                true => Some(z("kn", c.kv_dim())?),
+                false => None,
+            };
+            let saved = match c.arch.parallel {
+                true => Some(z("saved", c.dim)?),
+                false => None,
+            };
             Some(GpuScratch {
                 x,
                 xb,
@@ -263,6 +349,8 @@ impl<B: Backend> GpuModel<B> {
                 active,
                 pred,
                 xfer,
+                kn,
+                saved,
             })
         } else {
             None

@@ -1,6 +1,9 @@
 //! The hybrid CPU+GPU executor (PowerInfer's decode loop): the plan puts attention, predictors
 //! and hot neurons on a GPU; per layer of a decode step the GPU computes its part while the CPU
-//! computes the cold neurons that fire, and the two halves meet once. It is generic over the
+//! computes the cold neurons that fire, and the two halves meet once. Both sides walk the same
+//! layer program ([`crate::layer`]), so every family the CPU engine runs runs here too: every
+//! step has a GPU op (`powerinfer_cuda::GpuOps`), matched exhaustively in the executor, so a new
+//! step cannot reach a GPU without one. It is generic over the
 //! GPU backend, so the same code runs on `device="cuda"`, on `device="gpu-emu"` (the real
 //! kernels run on the CPU by the emulator, feature `emu`) and on `device="gpu-sim"` (each
 //! kernel's contract in plain Rust), where all of it is tested without a GPU.
@@ -138,13 +141,6 @@ fn build<B: powerinfer_cuda::Backend>(
     mode: &Sparsity,
     capacity: Option<usize>,
 ) -> Result<Box<dyn Hybrid>> {
-    ensure!(
-        model.config.arch == powerinfer_core::ArchFeatures::default(),
-        Unsupported,
-        "the hybrid executor runs llama-architecture layers only; this model's family \
-         ({:?}) runs on the CPU (no plan, or device=\"cpu\")",
-        model.config.arch
-    );
     let need = placement.file.gpu_bytes;
     let (free, total) = dev.mem_info()?;
     let mib = |b: usize| b as f64 / (1u64 << 20) as f64;
