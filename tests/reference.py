@@ -271,3 +271,12 @@ def greedy_reference(model: LoadedModel, tokens: list[int], n_new: int) -> list[
     for _ in range(n_new):
         seq.append(int(np.argmax(reference_logits(model, seq)[-1])))
     return seq[len(tokens) :]
+
+
+def exact_kv_engine(model, **kw):
+    """An Engine whose KV cache keeps f32 keys and values, as this float64 reference (and
+    llama.cpp with ``type_k=type_v=F32``) does; the default f16 cache rounds them (its
+    accuracy against this reference: tests/test_kv_cache.py)."""
+    from powerinfer_rs import Engine
+
+    return Engine(model, kv_cache="f32", **kw)

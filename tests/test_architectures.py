@@ -8,13 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from powerinfer_rs import Engine
 from powerinfer_rs.errors import ShapeError, UnsupportedError
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.loading.archs import FAMILIES, split_fused
 from powerinfer_rs.loading.hf_loader import config_from_hf
 
-from reference import _weights, reference_forward, reference_logits
+from reference import _weights, exact_kv_engine, reference_forward, reference_logits
 
 #: Families other than llama (tested everywhere else) and their extra synth arguments.
 ARCHS = {
@@ -53,8 +52,8 @@ def test_hf_and_gguf_match_the_reference(synth_hf, synth_gguf, arch):
     assert hf.config.arch == arch
     ids = ids_for(hf)
     ref = reference_logits(hf, ids)
-    hf_logits = Engine(hf, threads=2).logits(ids)
-    gg_logits = Engine(gg, threads=2).logits(ids)
+    hf_logits = exact_kv_engine(hf, threads=2).logits(ids)
+    gg_logits = exact_kv_engine(gg, threads=2).logits(ids)
     assert rel(hf_logits, ref) <= REF_RTOL
     if arch == "mistral":
         # llama.cpp's converter writes no window for Mistral (its "llama" arch has none): the
@@ -109,7 +108,7 @@ def test_each_family_feature_changes_the_function(synth_hf, arch, feature):
     m.fingerprint += f"-without-{feature}"
     other = reference_logits(m, ids)
     assert rel(other, ref) > 100 * REF_RTOL
-    assert rel(Engine(m, threads=2).logits(ids), other) <= REF_RTOL
+    assert rel(exact_kv_engine(m, threads=2).logits(ids), other) <= REF_RTOL
 
 
 def test_sliding_window_per_layer_pattern(synth_hf):
@@ -119,7 +118,7 @@ def test_sliding_window_per_layer_pattern(synth_hf):
     m.config.swa_pattern = 2
     m.fingerprint += "-swa2"
     ref = reference_logits(m, ids)
-    eng = Engine(m, threads=2)
+    eng = exact_kv_engine(m, threads=2)
     assert rel(eng.logits(ids), ref) <= REF_RTOL
     eng.reset()
     rows = np.stack([eng.prefill([t]) for t in ids])
@@ -130,7 +129,7 @@ def test_sliding_window_per_layer_pattern(synth_hf):
 def test_one_token_decoding_matches_the_reference(synth_gguf, arch):
     m = load_model(synth_gguf(dtype="F32", activation="silu", arch=arch, **ARCHS[arch]))
     ids = ids_for(m)
-    eng = Engine(m, threads=2)
+    eng = exact_kv_engine(m, threads=2)
     rows = np.stack([eng.prefill([t]) for t in ids])
     assert rel(rows, reference_logits(m, ids)) <= REF_RTOL
 
@@ -155,7 +154,7 @@ def test_threshold_mode_matches_the_masked_reference(synth_hf, arch):
         return keep
 
     ref, _ = reference_forward(m, ids, ffn_mask=mask)
-    eng = Engine(m, threads=2, sparsity="threshold", thresholds=t)
+    eng = exact_kv_engine(m, threads=2, sparsity="threshold", thresholds=t)
     assert rel(eng.logits(ids), ref) <= SPARSE_RTOL
     eng.reset()
     assert rel(np.stack([eng.prefill([x]) for x in ids]), ref) <= SPARSE_RTOL
@@ -169,7 +168,7 @@ def test_relu_modes_match_the_reference(synth_gguf, arch):
     m = load_model(synth_gguf(dtype="F32", activation="relu", arch=arch, ffn=256, **ARCHS[arch]))
     ids = ids_for(m)
     ref = reference_logits(m, ids)
-    eng = Engine(m, threads=2, sparsity="exact-relu")
+    eng = exact_kv_engine(m, threads=2, sparsity="exact-relu")
     assert rel(eng.logits(ids), ref) <= REF_RTOL
     eng.reset()
     assert rel(np.stack([eng.prefill([x]) for x in ids]), ref) <= REF_RTOL
@@ -216,35 +215,6 @@ def test_unsupported_hf_settings_are_refused():
     assert (c.arch, c.qk_norm, c.rope_style) == ("qwen3", True, "neox")
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
-def test_planner_plans_and_the_hybrid_executor_refuses_other_families(synth_gguf, tmp_path, arch):
-    """The planner takes the family's extra vectors; the hybrid executor (llama layers only)
-    refuses the plan with a typed error instead of computing something else."""
-    from powerinfer_rs.formats.plan import save_plan
-    from powerinfer_rs.formats.profile import synthetic_profile
-    from powerinfer_rs.planning import load_hardware, make_plan
-
-    m = load_model(synth_gguf(dtype="F16", activation="relu", arch=arch))
-    c = m.config
-    profile = synthetic_profile(c.n_layers, c.ffn_dim, 500, seed=1, model_fingerprint=m.fingerprint)
-    budget = sum(t.nbytes for t in m.tensors.values()) // 2
-    plan = make_plan(
-        m,
-        profile,
-        load_hardware("rtx4090"),
-        budget,
-        context=64,
-        bucket=32,
-        min_neurons=0,
-        solver="greedy",
-        objective="mass",  # the time objective keeps layers this tiny on the CPU
-    )
-    assert 0 < plan.gpu_bytes <= budget
-    path = save_plan(plan, tmp_path / "plan.safetensors")
-    with pytest.raises(UnsupportedError, match="hybrid executor"):
-        Engine(m, threads=1, plan=str(path), device="gpu-sim")
-
-
 #: PowerInfer's ReLU families: Bamboo (ReLU on gate and up) and ProSparse (llama with FATReLU).
 RELU_FAMILIES = {
     "bamboo": {"arch": "bamboo"},
@@ -269,12 +239,12 @@ def test_relu_families_hf_gguf_and_sparse_modes_match_the_reference(synth_hf, sy
     ref = reference_logits(hf, ids)
     for m in (hf, gg):
         for mode in ("dense", "exact-relu"):
-            eng = Engine(m, threads=2, sparsity=mode)
+            eng = exact_kv_engine(m, threads=2, sparsity=mode)
             assert rel(eng.logits(ids), ref) <= REF_RTOL
             eng.reset()
             assert rel(np.stack([eng.prefill([t]) for t in ids]), ref) <= REF_RTOL
     preds = random_predictors(gg, threshold=0.1)
-    eng = Engine(gg, threads=2, sparsity="predictor", predictors=preds)
+    eng = exact_kv_engine(gg, threads=2, sparsity="predictor", predictors=preds)
 
     def mask(i, h, x, a):
         p = preds.layers[i]
@@ -298,7 +268,7 @@ def test_relu_family_features_change_the_function(synth_gguf, family, feature):
     m.fingerprint += f"-without-{feature}"
     other = reference_logits(m, ids)
     assert rel(other, ref) > 100 * REF_RTOL
-    assert rel(Engine(m, threads=2).logits(ids), other) <= REF_RTOL
+    assert rel(exact_kv_engine(m, threads=2).logits(ids), other) <= REF_RTOL
 
 
 def test_profiler_counts_fatrelu_activity(synth_gguf):
@@ -308,7 +278,7 @@ def test_profiler_counts_fatrelu_activity(synth_gguf):
         synth_gguf(dtype="F32", activation="relu", ffn=256, **RELU_FAMILIES["prosparse"])
     )
     ids = ids_for(m, n=12)
-    eng = Engine(m, threads=2)
+    eng = exact_kv_engine(m, threads=2)
     eng.start_profiling()
     eng.logits(ids)
     counts, tokens = eng.profile_counts()
@@ -333,7 +303,7 @@ def test_chat_renders_through_the_template_in_the_file(synth_hf, synth_gguf, arc
     msgs = [{"role": "user", "content": "the rain in spain"}]
     for m in (load_model(synth_hf(dtype="f32", **kw)), load_model(synth_gguf(**kw))):
         assert m.chat_template == chat_template(arch)
-        eng = Engine(m, threads=2)
+        eng = exact_kv_engine(m, threads=2)
         prompt = eng.format_chat(msgs)
         assert marker in prompt
         assert "the rain in spain" in prompt
@@ -361,7 +331,7 @@ def test_synth_cli_writes_every_family(tmp_path, arch, extra):
     assert synth.main(argv) == 0
     m = load_model(out)
     assert m.config.arch == arch
-    assert np.isfinite(Engine(m, threads=1).logits([5, 6, 7])).all()
+    assert np.isfinite(exact_kv_engine(m, threads=1).logits([5, 6, 7])).all()
 
 
 @pytest.mark.parametrize(

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from test_architectures import ARCHS as FAMILY_ARGS
 
-from powerinfer_rs import Engine
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.loading.gguf_loader import open_gguf
 
 import reference
+from reference import exact_kv_engine
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -82,7 +82,7 @@ def test_logits_and_greedy_tokens_match_llama_cpp(synth_gguf, arch):
     llm = open_llama(path, 64)
     llm.eval(prompt)
     want = np.asarray(llm.scores[: len(prompt)])
-    eng = Engine(model, threads=2)
+    eng = exact_kv_engine(model, threads=2)
     got = eng.logits(prompt)
     if gelu:
         assert rel(reference_with_f16_gelu(model, prompt), want) <= 2e-5

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from powerinfer_rs import Engine
 from powerinfer_rs.errors import ModelFileError, UnsupportedError
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.loading.archs import FAMILIES, family_named
@@ -23,7 +22,7 @@ from powerinfer_rs.loading.gguf_loader import config_from_metadata, open_gguf
 from powerinfer_rs.loading.hf_loader import config_from_hf
 from powerinfer_rs.runtime.tokenizer import Tokenizer
 
-from reference import reference_logits
+from reference import exact_kv_engine, reference_logits
 
 #: The families llama.cpp runs, their synth arguments and the activation its graph uses.
 LLAMA_CPP = {
@@ -224,7 +223,9 @@ def test_gguf_gemma2_head_is_always_the_embeddings(synth_gguf, tmp_path):
     m, ref = load_model(out), load_model(src)
     assert m.config.tie_embeddings
     ids = [5, 9, 17, 33]
-    np.testing.assert_array_equal(Engine(m, threads=2).logits(ids), Engine(ref).logits(ids))
+    np.testing.assert_array_equal(
+        exact_kv_engine(m, threads=2).logits(ids), exact_kv_engine(ref).logits(ids)
+    )
 
 
 def test_gguf_tokenizer_defaults_are_llama_cpps(synth_gguf):
@@ -372,7 +373,9 @@ def test_stripped_directory_still_loads_the_same_model(synth_hf, tmp_path, name)
     full, stripped = load_model(d), load_model(out)
     assert stripped.config == full.config
     ids = [5, 9, 17, 33, 40]
-    np.testing.assert_array_equal(Engine(stripped).logits(ids), Engine(full).logits(ids))
+    np.testing.assert_array_equal(
+        exact_kv_engine(stripped).logits(ids), exact_kv_engine(full).logits(ids)
+    )
 
 
 # --------------------------------------------------------------------------- HF activations
@@ -383,11 +386,11 @@ def test_hf_exact_gelu_falcon_matches_the_reference_and_the_tanh_one_differs(syn
     assert m.config.activation == "gelu_erf"
     ids = [int(t) for t in np.random.default_rng(4).integers(3, m.config.vocab_size, 12)]
     ref = reference_logits(m, ids)
-    got = Engine(m, threads=2).logits(ids)
+    got = exact_kv_engine(m, threads=2).logits(ids)
     assert np.linalg.norm(got - ref) / np.linalg.norm(ref) <= 1e-5
     tanh = load_model(_write(synth_hf, "falcon", activation="gelu"))
     assert tanh.config.activation == "gelu"
-    other = Engine(tanh, threads=2).logits(ids)
+    other = exact_kv_engine(tanh, threads=2).logits(ids)
     assert np.linalg.norm(other - got) / np.linalg.norm(got) > 1e-4
 
 
@@ -398,7 +401,7 @@ def test_hf_falcon_with_a_kv_head_per_query_head_is_reordered(synth_hf, synth_gg
     hf, gg = load_model(synth_hf(dtype="f32", **kw)), load_model(synth_gguf(dtype="F32", **kw))
     assert hf.config.n_kv_heads == gg.config.n_kv_heads == 4
     ids = [5, 9, 17, 33, 40, 41]
-    a, b = Engine(hf, threads=2).logits(ids), Engine(gg, threads=2).logits(ids)
+    a, b = exact_kv_engine(hf, threads=2).logits(ids), exact_kv_engine(gg, threads=2).logits(ids)
     assert np.linalg.norm(a - b) / np.linalg.norm(b) <= 1e-5
     assert np.linalg.norm(a - reference_logits(gg, ids)) / np.linalg.norm(b) <= 1e-5
 

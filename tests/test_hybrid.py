@@ -228,8 +228,11 @@ def test_plans_that_do_not_fit_and_devices_without_plans(relu, tmp_path):
     )
     hw = load_hardware("rtx4090")
     save_plan(make_plan(relu, profile, hw, 0, context=64, min_neurons=0, solver="greedy"), cpu_plan)
-    eng = Engine(relu, threads=1, plan=cpu_plan, device="gpu-sim", n_ctx=64)
-    assert eng.gpu_info() is None
+    with pytest.warns(UserWarning, match="nothing on the GPU"):
+        eng = Engine(relu, threads=1, plan=cpu_plan, device="gpu-sim", n_ctx=64)
+    info = eng.gpu_info()
+    assert "nothing on the GPU" in info["unused"] and info["allocations"] == []
+    assert eng.logits([1, 2, 3]).shape == (3, c.vocab_size)
 
 
 #: A shape whose rows are whole 256-weight super-blocks, so a Q4_K_M file keeps its K-quants.

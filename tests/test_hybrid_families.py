@@ -14,6 +14,7 @@ import warnings
 
 import numpy as np
 import pytest
+from test_hybrid import DEVICES, assert_close, greedy
 
 from powerinfer_rs import Engine, _core
 from powerinfer_rs.formats.plan import save_plan
@@ -22,8 +23,6 @@ from powerinfer_rs.loading import load_model
 from powerinfer_rs.planning import accounting, load_hardware, make_plan
 from powerinfer_rs.planning.predictor_size import PredictorSizes
 from powerinfer_rs.predictors.model import LayerPredictor, PredictorSet
-
-from test_hybrid import DEVICES, assert_close, greedy
 
 #: Each family's synth arguments: its own activation where PowerInfer ships a ReLU version
 #: (ReluLLaMA, ReluFalcon, OPT, Bamboo), else the family's (GELU for Gemma, SiLU otherwise).

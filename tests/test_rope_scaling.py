@@ -31,14 +31,14 @@ import gguf
 import numpy as np
 import pytest
 
-from powerinfer_rs import Engine, _core
+from powerinfer_rs import _core
 from powerinfer_rs.errors import ModelFileError, ShapeError, UnsupportedError
 from powerinfer_rs.loading import LoadedModel, load_model
 from powerinfer_rs.runtime.engine import core_model_arguments
 from powerinfer_rs.testing import synth
 from powerinfer_rs.testing.synth_model import SynthSpec
 
-from reference import reference_logits, rope_inv_freq
+from reference import exact_kv_engine, reference_logits, rope_inv_freq
 
 #: Pair wavelengths 6.3, 13.6, 29, 65, ... against 64/8 and 64/1: two pairs between them.
 LLAMA3 = dict(
@@ -128,7 +128,7 @@ def test_gguf_matches_llama_cpp(synth_gguf, variant):
     llm = open_llama(path, 128)
     llm.eval(ids)
     want = np.asarray(llm.scores[: len(ids)])
-    eng = Engine(model, threads=2)
+    eng = exact_kv_engine(model, threads=2)
     got = eng.logits(ids)
     if VARIANTS[variant][0] in GELU:
         # ggml's f16 GELU table: the reference with that rounding matches llama.cpp.
@@ -209,8 +209,8 @@ def test_hf_dir_matches_the_reference_and_its_gguf(synth_hf, synth_gguf, variant
 
     ids = prompt(hf, 40)
     ref = reference_logits(hf, ids)
-    hf_logits = Engine(hf, threads=2).logits(ids)
-    gg_logits = Engine(gg, threads=2).logits(ids)
+    hf_logits = exact_kv_engine(hf, threads=2).logits(ids)
+    gg_logits = exact_kv_engine(gg, threads=2).logits(ids)
     assert rel(hf_logits, ref) <= REF_RTOL
     assert np.abs(gg_logits - hf_logits).max() <= LOGITS_ATOL
     assert rel(reference_logits(gg, ids), ref) <= 1e-9
@@ -234,7 +234,7 @@ def test_each_rope_field_changes_the_function(synth_hf, field):
     m.fingerprint += f"-without-{field}"
     other = reference_logits(m, ids)
     assert rel(other, ref) > 100 * REF_RTOL
-    assert rel(Engine(m, threads=2).logits(ids), other) <= REF_RTOL
+    assert rel(exact_kv_engine(m, threads=2).logits(ids), other) <= REF_RTOL
 
 
 # --------------------------------------------------------------------------- synth CLI
@@ -262,7 +262,10 @@ def test_synth_cli_writes_rope_scaling(tmp_path):
     assert g.config.rope_dims == h.config.rope_dims == 8
     assert g.config.rope_freq_factors == h.config.rope_freq_factors
     ids = prompt(g, 24)
-    assert rel(Engine(g, threads=2).logits(ids), Engine(h, threads=2).logits(ids)) <= 1e-5
+    assert (
+        rel(exact_kv_engine(g, threads=2).logits(ids), exact_kv_engine(h, threads=2).logits(ids))
+        <= 1e-5
+    )
     with pytest.raises(SystemExit):
         synth.main([*common, "--rope-scaling", "yarn", "--out", str(tmp_path / "x")])
 

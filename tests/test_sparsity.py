@@ -11,7 +11,7 @@ from powerinfer_rs.errors import PlanError, UnsupportedError
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.predictors import LayerPredictor, PredictorSet
 
-from reference import _weights, reference_forward
+from reference import _weights, exact_kv_engine, reference_forward
 
 #: exact-relu must be the dense function (issue 3): relative difference of logits.
 EXACT_RTOL = 1e-5
@@ -166,7 +166,7 @@ def test_predictors_for_another_model_are_refused(relu_model, synth_hf):
 
 
 def test_profiling_counts_match_the_reference(relu_model, ids):
-    eng = Engine(relu_model, threads=2)
+    eng = exact_kv_engine(relu_model, threads=2)
     eng.start_profiling(capture=True)
     eng.logits(ids)
     counts, tokens = eng.profile_counts()
