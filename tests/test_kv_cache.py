@@ -11,8 +11,11 @@ import pytest
 from test_architectures import ARCHS, GELU
 
 from powerinfer_rs import Engine
-from powerinfer_rs.errors import UnsupportedError
+from powerinfer_rs.errors import PlanError, UnsupportedError
+from powerinfer_rs.formats.plan import save_plan
+from powerinfer_rs.formats.profile import synthetic_profile
 from powerinfer_rs.loading import load_model
+from powerinfer_rs.planning import gpu_allocation, load_hardware, make_plan
 
 from reference import reference_logits
 
@@ -49,3 +52,51 @@ def test_default_and_bad_settings(synth_gguf):
     assert Engine(m).kv_cache == "f16"
     with pytest.raises(UnsupportedError, match="KV cache precision"):
         Engine(m, kv_cache="q8_0")
+
+
+def test_plans_record_the_precision_and_the_gpu_side_holds_it(synth_gguf, tmp_path):
+    """A plan made for f32 caches counts 4 bytes a value (the engine's report agrees), runs
+    with an f32 engine on each GPU device with the CPU engine's logits, and is refused by an
+    engine holding f16; an Engine given the plan and no kv_cache takes the plan's."""
+    from test_hybrid import DEVICES_WITH_EMU, assert_close, greedy
+
+    m = load_model(synth_gguf(dtype="Q8_0", activation="relu", seed=3))
+    plans = {}
+    for kv in ("f16", "f32"):
+        c = m.config
+        profile = synthetic_profile(
+            c.n_layers, c.ffn_dim, 2000, seed=1, model_fingerprint=m.fingerprint
+        )
+        plan = make_plan(
+            m,
+            profile,
+            load_hardware("rtx4090"),
+            10 * 2**20,
+            context=64,
+            bucket=32,
+            min_neurons=0,
+            solver="greedy",
+            objective="mass",
+            kv_cache=kv,
+        )
+        assert plan.kv_cache == kv and all(plan.placement.attention)
+        plans[kv] = (plan, str(save_plan(plan, tmp_path / f"{kv}.safetensors")))
+    caches = {kv: dict(gpu_allocation(p, m))["blk.0.cache_k"] for kv, (p, _) in plans.items()}
+    assert caches["f32"] == 2 * caches["f16"]
+    path32 = plans["f32"][1]
+    with pytest.raises(PlanError, match="f32"):
+        Engine(m, threads=2, plan=path32, device="gpu-sim", kv_cache="f16")
+    cpu = Engine(m, threads=2, kv_cache="f32")
+    want, want_toks = greedy(cpu, [5, 17, 123, 42], 8)
+    for device in DEVICES_WITH_EMU:
+        hyb = Engine(m, threads=2, plan=path32, device=device)
+        assert hyb.kv_cache == "f32"
+        assert hyb.gpu_allocation_report() == [tuple(a) for a in gpu_allocation(plans["f32"][0], m)]
+        got, got_toks = greedy(hyb, [5, 17, 123, 42], 8)
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_close(g, w, 1e-3, f"{device} f32 step {i}")
+        assert got_toks == want_toks
+        if device == "gpu-emu":
+            launches = hyb.gpu_info()["kernel_launches"]
+            assert launches.get("attention_decode_f32", 0) >= 8, launches
+            assert "attention_decode" not in launches, launches

@@ -4,7 +4,7 @@
 //!
 //! Metadata (safetensors `__metadata__`, str → str): `format` = [`PLAN_FORMAT`],
 //! `model_fingerprint`, `budget_bytes`, `gpu_bytes` and `plan`, a JSON object of which this
-//! reads `n_layers`, `ffn_dim`, `bucket`, `context`, `placement.{attention, predictor,
+//! reads `n_layers`, `ffn_dim`, `bucket`, `context`, `kv_cache`, `placement.{attention, predictor,
 //! ffn_buckets, output}` and `predictors.{allocations, ranks}`; the rest (hardware, predicted
 //! speed, solver report) is the planner's business.
 
@@ -15,6 +15,7 @@ use safetensors::SafeTensors;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::kv_precision::KvPrecision;
 use crate::neuron_table::NeuronTable;
 use crate::{bail, ensure};
 
@@ -38,6 +39,8 @@ pub struct PlanFile {
     pub bucket: usize,
     /// KV cache positions (and attention-score width) the GPU buffers are sized for.
     pub context: usize,
+    /// The precision of the GPU layers' KV caches (`kv_cache` in the JSON; f16 when absent).
+    pub kv_cache: KvPrecision,
     /// Per layer: attention weights, input norm and KV cache on the GPU.
     pub attention: Vec<bool>,
     /// Per layer: the activation predictor on the GPU.
@@ -89,6 +92,11 @@ impl PlanFile {
             model_fingerprint: meta.get("model_fingerprint").cloned().unwrap_or_default(),
             bucket: uint(field(&j, "bucket")?, "bucket")?,
             context: uint(field(&j, "context")?, "context")?,
+            kv_cache: match j.get("kv_cache") {
+                None => KvPrecision::F16,
+                Some(v) => KvPrecision::from_name(v.as_str().unwrap_or("(not a string)"))
+                    .map_err(|e| Error::Plan(format!("kv_cache: {e}")))?,
+            },
             attention: list(field(placement, "attention")?, "attention", Value::as_bool)?,
             predictor: list(field(placement, "predictor")?, "predictor", Value::as_bool)?,
             ffn_buckets: uints(field(placement, "ffn_buckets")?, "ffn_buckets")?,

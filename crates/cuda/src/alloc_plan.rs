@@ -8,7 +8,8 @@
 //! rules match it (planner/README.md, "Exact byte accounting"):
 //!
 //! * per layer with attention on the GPU: `blk.{i}.attn_norm` (f32), `attn_q`, `attn_k`,
-//!   `attn_v`, `attn_output` (stored formats), `cache_k`, `cache_v` (`context · kv_dim` f16);
+//!   `attn_v`, `attn_output` (stored formats), `cache_k`, `cache_v` (`context · kv_dim` values
+//!   at the plan's `kv_cache` precision, f16 or f32);
 //! * with the predictor: `blk.{i}.pred_fc1`, `pred_fc2` (sizes recorded in the plan), or
 //!   `blk.{i}.pred` when the plan gives one size;
 //! * with hot neurons: `blk.{i}.ffn_norm` (f32) and `blk.{i}.ffn_hot`, `n_slabs` slabs of
@@ -32,8 +33,6 @@ use crate::layout::{align, slab_geometry};
 /// One device allocation: its name and size in bytes (a multiple of 256).
 pub type Allocation = (String, usize);
 
-/// Bytes per element of the KV cache on the GPU (f16 K and V).
-pub const KV_ELEMENT_BYTES: usize = 2;
 /// Bytes per element of an RMSNorm weight on the GPU: the engine keeps norms as f32 whatever
 /// their stored format, and the `rms_norm` kernel reads f32.
 pub const NORM_ELEMENT_BYTES: usize = 4;
@@ -134,7 +133,7 @@ pub fn gpu_allocations(model: &ModelTensors<'_>, plan: &PlanFile) -> Result<Vec<
                     ("post_attention_norm", c.dim, a.post_norms),
                 ],
             );
-            let kv = align(plan.context * c.kv_dim() * KV_ELEMENT_BYTES);
+            let kv = align(plan.context * c.kv_dim() * plan.kv_cache.element_bytes());
             out.push((name("cache_k"), kv));
             out.push((name("cache_v"), kv));
         }
@@ -295,6 +294,7 @@ mod tests {
             model_fingerprint: String::new(),
             bucket,
             context: 32,
+            kv_cache: powerinfer_core::KvPrecision::F16,
             attention: vec![true, false],
             predictor: vec![true, true],
             ffn_buckets: vec![11usize.div_ceil(bucket), 0],

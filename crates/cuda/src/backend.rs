@@ -34,8 +34,8 @@ pub trait CudaRepr {}
 #[cfg(not(feature = "cuda"))]
 impl<T> CudaRepr for T {}
 
-/// Element types a device buffer holds: f32 activations, i32 indices and flags, u16 (f16 bits)
-/// KV cache, u8 weight bytes.
+/// Element types a device buffer holds: f32 activations (and f32 KV caches), i32 indices and
+/// flags, u16 (f16 bits) KV caches, u8 weight bytes.
 pub trait Elem:
     sealed::Sealed + CudaRepr + Copy + Default + PartialEq + std::fmt::Debug + Send + Sync + 'static
 {
@@ -44,6 +44,141 @@ impl Elem for f32 {}
 impl Elem for i32 {}
 impl Elem for u16 {}
 impl Elem for u8 {}
+
+/// An element type of the device KV cache: f16 (as `u16` bits, the default) or f32. Each has
+/// its own pair of kernels (`kv_store` / `attention_decode`, `kv_store_f32` /
+/// `attention_decode_f32`, see [`crate::kernels::kv_entry`]).
+pub trait KvElem: Elem {
+    /// "f16" or "f32".
+    const NAME: &'static str;
+
+    /// `v` as the cache stores it (f16: rounded to nearest even, as the kernel rounds).
+    fn from_f32(v: f32) -> Self;
+
+    /// The value a cache element holds.
+    fn to_f32(self) -> f32;
+
+    /// A layer's caches `k`, `v` of this type, as a launch carries them.
+    fn caches<'a, B: Backend>(k: &'a B::Buf<Self>, v: &'a B::Buf<Self>) -> KvCaches<'a, B>;
+
+    /// [`KvElem::caches`] for a launch that writes them.
+    fn caches_mut<'a, B: Backend>(
+        k: &'a mut B::Buf<Self>,
+        v: &'a mut B::Buf<Self>,
+    ) -> KvCachesMut<'a, B>;
+}
+
+impl KvElem for u16 {
+    const NAME: &'static str = "f16";
+
+    fn from_f32(v: f32) -> u16 {
+        half::f16::from_f32(v).to_bits()
+    }
+
+    fn to_f32(self) -> f32 {
+        half::f16::from_bits(self).to_f32()
+    }
+
+    fn caches<'a, B: Backend>(k: &'a B::Buf<u16>, v: &'a B::Buf<u16>) -> KvCaches<'a, B> {
+        KvCaches::F16 { k, v }
+    }
+
+    fn caches_mut<'a, B: Backend>(
+        k: &'a mut B::Buf<u16>,
+        v: &'a mut B::Buf<u16>,
+    ) -> KvCachesMut<'a, B> {
+        KvCachesMut::F16 { k, v }
+    }
+}
+
+impl KvElem for f32 {
+    const NAME: &'static str = "f32";
+
+    fn from_f32(v: f32) -> f32 {
+        v
+    }
+
+    fn to_f32(self) -> f32 {
+        self
+    }
+
+    fn caches<'a, B: Backend>(k: &'a B::Buf<f32>, v: &'a B::Buf<f32>) -> KvCaches<'a, B> {
+        KvCaches::F32 { k, v }
+    }
+
+    fn caches_mut<'a, B: Backend>(
+        k: &'a mut B::Buf<f32>,
+        v: &'a mut B::Buf<f32>,
+    ) -> KvCachesMut<'a, B> {
+        KvCachesMut::F32 { k, v }
+    }
+}
+
+/// One layer's key and value caches (`[context, kv_dim]` each), read by a launch: both of one
+/// [`KvElem`] type.
+pub enum KvCaches<'a, B: Backend> {
+    /// f16 caches (`u16` bits).
+    F16 {
+        k: &'a B::Buf<u16>,
+        v: &'a B::Buf<u16>,
+    },
+    /// f32 caches.
+    F32 {
+        k: &'a B::Buf<f32>,
+        v: &'a B::Buf<f32>,
+    },
+}
+
+/// One layer's key and value caches, written by a launch: both of one [`KvElem`] type.
+pub enum KvCachesMut<'a, B: Backend> {
+    /// f16 caches (`u16` bits).
+    F16 {
+        k: &'a mut B::Buf<u16>,
+        v: &'a mut B::Buf<u16>,
+    },
+    /// f32 caches.
+    F32 {
+        k: &'a mut B::Buf<f32>,
+        v: &'a mut B::Buf<f32>,
+    },
+}
+
+impl<B: Backend> KvCaches<'_, B> {
+    /// The element type's [`KvElem::NAME`].
+    pub fn elem(&self) -> &'static str {
+        match self {
+            KvCaches::F16 { .. } => u16::NAME,
+            KvCaches::F32 { .. } => f32::NAME,
+        }
+    }
+
+    /// `dev`'s addresses of the caches ([`Backend::addr`]), k then v.
+    pub fn addrs(&self, dev: &B) -> [u64; 2] {
+        match self {
+            KvCaches::F16 { k, v } => [dev.addr(*k), dev.addr(*v)],
+            KvCaches::F32 { k, v } => [dev.addr(*k), dev.addr(*v)],
+        }
+    }
+}
+
+impl<B: Backend> KvCachesMut<'_, B> {
+    /// The element type's [`KvElem::NAME`].
+    pub fn elem(&self) -> &'static str {
+        match self {
+            KvCachesMut::F16 { .. } => u16::NAME,
+            KvCachesMut::F32 { .. } => f32::NAME,
+        }
+    }
+
+    /// `dev`'s addresses of the caches for a kernel that writes them ([`Backend::addr_mut`]),
+    /// k then v.
+    pub fn addrs_mut(&mut self, dev: &B) -> [u64; 2] {
+        match self {
+            KvCachesMut::F16 { k, v } => [dev.addr_mut(*k), dev.addr_mut(*v)],
+            KvCachesMut::F32 { k, v } => [dev.addr_mut(*k), dev.addr_mut(*v)],
+        }
+    }
+}
 
 /// A typed buffer of a backend: `len` elements.
 pub trait DeviceSlice: Send + Sync {
@@ -104,8 +239,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
 }
 
 /// One kernel launch: a variant per `extern "C"` entry of `kernels/*.cu`, its fields the
-/// kernel's parameters in order (per-format kernels take the weight format as `dtype`; lengths
-/// as `usize`, converted to the kernel's `int` by the launcher). The meaning of each is the
+/// kernel's parameters in order (per-format kernels take the weight format as `dtype`, the
+/// KV-cache kernels one layer's two caches as `caches`, whose element type picks the entry;
+/// lengths as `usize`, converted to the kernel's `int` by the launcher). The meaning of each is the
 /// comment above the kernel in its `.cu` file; the host backend implements exactly that.
 pub enum Launch<'a, B: Backend> {
     /// `sparse_matvec_<dtype>` (sparse_matvec.cu): `y[k] = act(dot(W[row k], x))`, k in 0..n,
@@ -202,21 +338,21 @@ pub enum Launch<'a, B: Backend> {
         inv_freqs: &'a [f64],
         neox: bool,
     },
-    /// `kv_store` (attention.cu): row `pos` of both caches = k, v rounded to f16 (nearest even).
+    /// `kv_store` (attention.cu; `kv_store_f32` for f32 caches): row `pos` of both caches =
+    /// k, v as the cache's [`KvElem`] stores them (f16: rounded to nearest even).
     KvStore {
         k: &'a B::Buf<f32>,
         v: &'a B::Buf<f32>,
         kv_dim: usize,
         pos: usize,
-        cache_k: &'a mut B::Buf<u16>,
-        cache_v: &'a mut B::Buf<u16>,
+        caches: KvCachesMut<'a, B>,
     },
-    /// `attention_decode` (attention.cu): one query over positions `first..n_pos` of the f16
-    /// caches, grouped-query, scores `(q · scale)·k`, soft-capped by `softcap` when > 0.
+    /// `attention_decode` (attention.cu; `attention_decode_f32` for f32 caches): one query over
+    /// positions `first..n_pos` of the caches, grouped-query, scores `(q · scale)·k`,
+    /// soft-capped by `softcap` when > 0.
     AttentionDecode {
         q: &'a B::Buf<f32>,
-        cache_k: &'a B::Buf<u16>,
-        cache_v: &'a B::Buf<u16>,
+        caches: KvCaches<'a, B>,
         first: usize,
         n_pos: usize,
         n_heads: usize,
@@ -261,7 +397,7 @@ pub enum Launch<'a, B: Backend> {
 impl<B: Backend> Launch<'_, B> {
     /// The kernel's entry name, e.g. "sparse_matvec_q4_0" (for messages and the launch tests).
     pub fn entry(&self) -> String {
-        use crate::kernels::dtype_suffix;
+        use crate::kernels::{dtype_suffix, kv_entry};
         match self {
             Launch::SparseMatvec { dtype, .. } => format!("sparse_matvec_{}", dtype_suffix(*dtype)),
             Launch::GateUp { dtype, .. } => format!("gate_up_{}", dtype_suffix(*dtype)),
@@ -272,8 +408,8 @@ impl<B: Backend> Launch<'_, B> {
             Launch::RmsNorm { .. } => "rms_norm".into(),
             Launch::LayerNorm { .. } => "layer_norm".into(),
             Launch::Rope { .. } => "rope".into(),
-            Launch::KvStore { .. } => "kv_store".into(),
-            Launch::AttentionDecode { .. } => "attention_decode".into(),
+            Launch::KvStore { caches, .. } => kv_entry("kv_store", caches.elem()),
+            Launch::AttentionDecode { caches, .. } => kv_entry("attention_decode", caches.elem()),
             Launch::Add { .. } => "add".into(),
             Launch::ThresholdMask { .. } => "threshold_mask".into(),
             Launch::Softcap { .. } => "softcap".into(),

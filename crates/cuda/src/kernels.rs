@@ -4,6 +4,8 @@
 
 use powerinfer_core::DType;
 
+use crate::backend::KvElem;
+
 /// Every weight format the GPU kernels take: each per-format kernel is instantiated once for
 /// each (`<prefix>_<suffix>`, see [`dtype_suffix`]). The rest (Q2_K, Q3_K) run on the CPU only;
 /// [`crate::ops`] refuses them with `Error::Unsupported` before anything is uploaded.
@@ -20,6 +22,20 @@ pub const GPU_DTYPES: [DType; 11] = [
     DType::Q5_K,
     DType::Q6_K,
 ];
+
+/// The element types of the device KV cache ([`KvElem::NAME`]): the KV-cache kernels are
+/// defined once for each (see [`kv_entry`]).
+pub const KV_ELEMS: [&str; 2] = [<u16 as KvElem>::NAME, <f32 as KvElem>::NAME];
+
+/// The entry name of KV-cache kernel `prefix` for caches of `elem` ([`KV_ELEMS`]): the bare
+/// prefix for f16 (the default cache), `<prefix>_<elem>` otherwise ("kv_store_f32").
+pub fn kv_entry(prefix: &str, elem: &str) -> String {
+    if elem == <u16 as KvElem>::NAME {
+        prefix.to_string()
+    } else {
+        format!("{prefix}_{elem}")
+    }
+}
 
 /// Whether the GPU kernels take weights stored as `dtype` ([`GPU_DTYPES`]).
 pub fn is_gpu_dtype(dtype: DType) -> bool {
@@ -38,6 +54,8 @@ pub struct KernelSource {
     pub source: &'static str,
     /// Kernels defined once per weight format, as `<prefix>_<dtype>` (see [`dtype_suffix`]).
     pub per_dtype: &'static [&'static str],
+    /// Kernels defined once per KV-cache element type, as [`kv_entry`] names them.
+    pub per_kv_elem: &'static [&'static str],
     /// Kernels defined once.
     pub single: &'static [&'static str],
 }
@@ -59,6 +77,11 @@ impl KernelSource {
                     .map(move |d| format!("{p}_{}", dtype_suffix(*d)))
             })
             .collect();
+        out.extend(
+            self.per_kv_elem
+                .iter()
+                .flat_map(|p| KV_ELEMS.iter().map(move |e| kv_entry(p, e))),
+        );
         out.extend(self.single.iter().map(|s| s.to_string()));
         out
     }
@@ -69,6 +92,7 @@ pub const SPARSE_MATVEC: KernelSource = KernelSource {
     name: "sparse_matvec",
     source: include_str!("../kernels/sparse_matvec.cu"),
     per_dtype: &["sparse_matvec", "gate_up"],
+    per_kv_elem: &[],
     single: &[],
 };
 
@@ -77,6 +101,7 @@ pub const AXPY_DOWN: KernelSource = KernelSource {
     name: "axpy_down",
     source: include_str!("../kernels/axpy_down.cu"),
     per_dtype: &["axpy_rows"],
+    per_kv_elem: &[],
     single: &[],
 };
 
@@ -85,6 +110,7 @@ pub const PREDICTOR: KernelSource = KernelSource {
     name: "predictor",
     source: include_str!("../kernels/predictor.cu"),
     per_dtype: &["predictor_fc2"],
+    per_kv_elem: &[],
     single: &[],
 };
 
@@ -93,15 +119,17 @@ pub const NORM_ROPE: KernelSource = KernelSource {
     name: "norm_rope",
     source: include_str!("../kernels/norm_rope.cu"),
     per_dtype: &[],
+    per_kv_elem: &[],
     single: &["rms_norm", "layer_norm", "rope"],
 };
 
-/// Decode attention over the f16 KV cache.
+/// Decode attention over the KV cache, f16 or f32.
 pub const ATTENTION: KernelSource = KernelSource {
     name: "attention",
     source: include_str!("../kernels/attention.cu"),
     per_dtype: &[],
-    single: &["kv_store", "attention_decode"],
+    per_kv_elem: &["kv_store", "attention_decode"],
+    single: &[],
 };
 
 /// Residual adds, the threshold mask, the logits' soft-cap and copies.
@@ -109,6 +137,7 @@ pub const ELEMENTWISE: KernelSource = KernelSource {
     name: "elementwise",
     source: include_str!("../kernels/elementwise.cu"),
     per_dtype: &[],
+    per_kv_elem: &[],
     single: &["add", "threshold_mask", "softcap", "copy", "fill"],
 };
 
@@ -155,6 +184,15 @@ mod tests {
                     assert!(src.source.contains(&call), "{}: {p}{call}", src.name);
                 }
             }
+            // Per-KV-element kernels come from one macro instantiated per element type, which
+            // takes the entry names.
+            for p in src.per_kv_elem {
+                for e in KV_ELEMS {
+                    let name = kv_entry(p, e);
+                    let arg = [format!("({name},"), format!(" {name},")];
+                    assert!(arg.iter().any(|a| src.source.contains(a)), "{name}");
+                }
+            }
             for s in src.single {
                 let def = format!("__global__ void {s}(");
                 assert!(src.source.contains(&def), "{}: {s}", src.name);
@@ -164,6 +202,15 @@ mod tests {
         assert!(SPARSE_MATVEC
             .entries()
             .contains(&"gate_up_q6_k".to_string()));
+        assert_eq!(
+            ATTENTION.entries(),
+            [
+                "kv_store",
+                "kv_store_f32",
+                "attention_decode",
+                "attention_decode_f32"
+            ]
+        );
     }
 
     #[test]

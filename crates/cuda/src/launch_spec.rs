@@ -15,7 +15,7 @@ use std::ffi::c_void;
 use powerinfer_core::{ensure, Result};
 
 use crate::backend::{Backend, Launch};
-use crate::kernels::{self, dtype_suffix, KernelSource};
+use crate::kernels::{self, dtype_suffix, kv_entry, KernelSource};
 use crate::layout::{to_i32, RowLayout, MAX_X_COLS};
 use crate::ops::MAX_ROPE_PAIRS;
 
@@ -400,21 +400,22 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             v,
             kv_dim,
             pos,
-            cache_k,
-            cache_v,
+            mut caches,
         } => {
-            // kv_store(k, v, kv_dim, pos, cache_k, cache_v): row `pos` lies inside both caches.
+            // kv_store[_f32](k, v, kv_dim, pos, cache_k, cache_v): row `pos` lies inside both
+            // caches.
             a.ptr(dev.addr(k))
                 .ptr(dev.addr(v))
                 .i32(to_i32(kv_dim, "kv_dim")?);
             a.i32(to_i32(pos, "pos")?);
-            a.ptr(dev.addr_mut(cache_k)).ptr(dev.addr_mut(cache_v));
-            per_element(&kernels::ATTENTION, "kv_store".into(), kv_dim, 0, a)
+            let [ck, cv] = caches.addrs_mut(dev);
+            a.ptr(ck).ptr(cv);
+            let entry = kv_entry("kv_store", caches.elem());
+            per_element(&kernels::ATTENTION, entry, kv_dim, 0, a)
         }
         Launch::AttentionDecode {
             q,
-            cache_k,
-            cache_v,
+            caches,
             first,
             n_pos,
             n_heads,
@@ -424,12 +425,11 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             softcap,
             out,
         } => {
-            // attention_decode(q, cache_k, cache_v, first, n_pos, n_heads, n_kv_heads, head_dim,
-            // scale, softcap, out): one block of ATT_WARPS warps per head; head_dim <=
+            // attention_decode[_f32](q, cache_k, cache_v, first, n_pos, n_heads, n_kv_heads,
+            // head_dim, scale, softcap, out): one block of ATT_WARPS warps per head; head_dim <=
             // MAX_HEAD_DIM fits the kernel's static shared arrays; first < n_pos.
-            a.ptr(dev.addr(q))
-                .ptr(dev.addr(cache_k))
-                .ptr(dev.addr(cache_v));
+            let [ck, cv] = caches.addrs(dev);
+            a.ptr(dev.addr(q)).ptr(ck).ptr(cv);
             a.i32(to_i32(first, "first position")?)
                 .i32(to_i32(n_pos, "positions")?)
                 .i32(to_i32(n_heads, "heads")?);
@@ -437,7 +437,7 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
                 .i32(to_i32(head_dim, "head_dim")?);
             a.f32(scale).f32(softcap).ptr(dev.addr_mut(out));
             let blocks = [to_i32(n_heads, "heads")? as u32, 1];
-            let entry = "attention_decode".to_string();
+            let entry = kv_entry("attention_decode", caches.elem());
             spec(&kernels::ATTENTION, entry, blocks, ATT_THREADS, 0, a)
         }
         Launch::Add { y, x, n } => {

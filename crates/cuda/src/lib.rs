@@ -1,6 +1,6 @@
 //! The CUDA side of powerinfer-rs: our own CUDA C kernels for the work the plan puts on the GPU
 //! (row-sparse gate/up over the hot neurons' slabs, accumulation over their down_t rows, the
-//! activation predictor, RMSNorm, LayerNorm, RoPE, decode attention over an f16 KV cache,
+//! activation predictor, RMSNorm, LayerNorm, RoPE, decode attention over an f16 or f32 KV cache,
 //! elementwise ops), compiled to PTX with NVRTC at first use for the device's architecture
 //! (cached on disk) and launched through cudarc.
 //!
@@ -48,7 +48,10 @@ pub use device::{device_count, driver_available, is_available, CudaBuffer, CudaD
 pub use stub::{device_count, driver_available, is_available, CudaDevice};
 
 pub use alloc_plan::{gpu_allocations, Allocation, LayerTensors, ModelTensors};
-pub use backend::{Backend, Checked, DeviceSlice, DeviceWeight, Elem, HotFfn, Launch};
+pub use backend::{
+    Backend, Checked, DeviceSlice, DeviceWeight, Elem, HotFfn, KvCaches, KvCachesMut, KvElem,
+    Launch,
+};
 #[cfg(feature = "emu")]
 pub use emu::{emu_entries, EmuBackend, GPU_EMU};
 pub use host::{HostBackend, HostBuf};

@@ -2,9 +2,10 @@
 //! the CPU against float64 references that decode weights with the core crate's scalar
 //! `dequantize_row` (never the CPU crate's SIMD kernels), on shapes at the kernels' edges: odd
 //! row counts and partial blocks, padding slots of a partial slab, the split (atomic) down pass,
-//! norms longer than a block, a long context under a sliding window and a soft-cap. One backend
-//! runs it all, and the set of entries it launched must equal the modules' entries. Also: the
-//! emulator holds exactly the compiled kernels, and refuses launches CUDA would refuse.
+//! norms longer than a block, a long context (f16 and f32 caches) under a sliding window and a
+//! soft-cap. One backend runs it all, and the set of entries it launched must equal the modules'
+//! entries. Also: the emulator holds exactly the compiled kernels, and refuses launches CUDA
+//! would refuse.
 //!
 //! `bash benchmarks/gpu/emu.sh [--sanitize address|thread]` runs these under the sanitizers.
 
@@ -12,12 +13,11 @@
 
 use std::collections::BTreeSet;
 
-use half::f16;
 use powerinfer_core::{dequantize_row, DType, Error, Weight};
 use powerinfer_cuda::kernels;
 use powerinfer_cuda::launch_spec::{launch_spec, KernelArgs, LaunchSpec};
 use powerinfer_cuda::{
-    emu_entries, Act, AttnParams, Backend, EmuBackend, FfnAct, GpuOps, Launch, GPU_DTYPES,
+    emu_entries, Act, AttnParams, Backend, EmuBackend, FfnAct, GpuOps, KvElem, Launch, GPU_DTYPES,
     MAX_X_COLS,
 };
 
@@ -290,7 +290,7 @@ fn elementwise(dev: &EmuBackend) {
 }
 
 /// RMSNorm over rows longer than the block (4097 > 1024 threads), RoPE with an odd number of
-/// pairs, and attention over a long f16 context (written straight into the caches).
+/// pairs, and attention over a long context in f16 and f32 caches.
 fn norm_rope_attention(dev: &EmuBackend) {
     let n = 4097;
     let (x, w) = (values(2 * n, 17), values(n, 18));
@@ -352,6 +352,13 @@ fn norm_rope_attention(dev: &EmuBackend) {
         );
     }
 
+    long_attention::<u16>(dev);
+    long_attention::<f32>(dev);
+}
+
+/// Attention over a long context in caches of `T` (written straight into the caches), and
+/// kv_store into them.
+fn long_attention<T: KvElem>(dev: &EmuBackend) {
     // 6 query heads over 2 kv heads of 128, 3001 positions of a 3100-position cache: the last
     // 2049 of them (a sliding window), scores soft-capped at 4.
     let (nh, nkv, hd, n_pos, ctx) = (6, 2, 128, 3001, 3100);
@@ -362,10 +369,10 @@ fn norm_rope_attention(dev: &EmuBackend) {
         ..AttnParams::new(nh, nkv, hd)
     };
     let kv = nkv * hd;
-    let bits = |seed| -> Vec<u16> {
+    let bits = |seed| -> Vec<T> {
         values(ctx * kv, seed)
             .iter()
-            .map(|v| f16::from_f32(2.0 * v).to_bits())
+            .map(|v| T::from_f32(2.0 * v))
             .collect()
     };
     let (kb, vb) = (bits(20), bits(21));
@@ -374,7 +381,7 @@ fn norm_rope_attention(dev: &EmuBackend) {
     let dq = dev.upload(&q).unwrap();
     let mut out = dev.zeros::<f32>(nh * hd).unwrap();
     dev.attention(&dq, &ck, &cv, n_pos, &p, &mut out).unwrap();
-    let f = |b: u16| f16::from_bits(b).to_f64();
+    let f = |b: T| b.to_f32() as f64;
     let mut want = vec![0f64; nh * hd];
     for h in 0..nh {
         let g = h / (nh / nkv);
@@ -400,16 +407,19 @@ fn norm_rope_attention(dev: &EmuBackend) {
         &dev.download(&out).unwrap(),
         &want,
         1.0,
-        "attention over the last 2049 of 3001 positions, soft-capped",
+        &format!(
+            "attention over the last 2049 of 3001 positions of {}, soft-capped",
+            T::NAME
+        ),
     );
 
-    // kv_store: one position's k and v rounded to f16 in place.
+    // kv_store: one position's k and v as the cache stores them (f16: rounded), in place.
     let (k, v) = (values(kv, 23), values(kv, 24));
     let (dk, dv) = (dev.upload(&k).unwrap(), dev.upload(&v).unwrap());
     let (mut ck, mut cv) = (dev.upload(&kb).unwrap(), dev.upload(&vb).unwrap());
     dev.kv_store(&dk, &dv, ctx - 1, &mut ck, &mut cv).unwrap();
     let got = dev.download(&ck).unwrap();
-    let want: Vec<u16> = k.iter().map(|x| f16::from_f32(*x).to_bits()).collect();
+    let want: Vec<T> = k.iter().map(|x| T::from_f32(*x)).collect();
     assert_eq!(got[(ctx - 1) * kv..], want[..]);
     assert_eq!(got[..(ctx - 1) * kv], kb[..(ctx - 1) * kv]);
 }

@@ -11,7 +11,7 @@ use half::f16;
 use powerinfer_core::{Activation, Buffer, DType, Error, RopeStyle, Weight};
 use powerinfer_cpu::{reference, sparse_reference};
 use powerinfer_cuda::{
-    Act, AttnParams, Backend, DeviceWeight, FfnAct, GpuOps, HostBackend, HotFfn, RowLayout,
+    Act, AttnParams, Backend, DeviceWeight, FfnAct, GpuOps, HostBackend, HotFfn, KvElem, RowLayout,
     GPU_DTYPES,
 };
 
@@ -19,8 +19,13 @@ use powerinfer_cuda::{
 const REL_TOL: f32 = 2e-4;
 /// Absolute floor of the tolerance.
 const ABS_TOL: f32 = 1e-4;
-/// Tolerance of attention, whose keys and values pass through the f16 cache.
+/// Tolerance of attention over an f16 cache, against a reference reading the same f16 keys and
+/// values.
 const ATT_TOL: f32 = 2e-3;
+/// Absolute tolerance of attention over an f32 cache against the reference on the exact keys
+/// and values (outputs are averages of values in [-1, 1)): tighter than the f16 cache's rounding
+/// moves the output.
+const ATT_TOL_F32: f32 = 5e-6;
 
 /// Run the generic test body `$body::<B>(&B)` on the host backend, on the emulator (feature
 /// `emu`: the kernels' own code on the CPU), then on every CUDA device.
@@ -647,7 +652,9 @@ fn attention_every_head_dim() {
 }
 
 /// Decode attention, grouped-query, over a partly filled cache: head_dim 64, 80, 128 and 256
-/// (the kernel's largest), and one query head per kv head.
+/// (the kernel's largest), and one query head per kv head, over f16 and f32 caches. The f32
+/// cache keeps what the f16 one rounds: its output is the exact reference's within
+/// [`ATT_TOL_F32`], the f16 cache's is not (and the two differ).
 fn attention_head_dims<B: Backend>(dev: &B) {
     for (nh, nkv, hd, n_pos) in [
         (6, 2, 80, 517),
@@ -655,8 +662,28 @@ fn attention_head_dims<B: Backend>(dev: &B) {
         (4, 4, 128, 257),
         (4, 1, 256, 131),
     ] {
-        attention_case(dev, &AttnParams::new(nh, nkv, hd), n_pos, 1.0);
+        let p = AttnParams::new(nh, nkv, hd);
+        let (f16_out, _) = attention_case::<B, u16>(dev, &p, n_pos, 1.0);
+        let (f32_out, exact) = attention_case::<B, f32>(dev, &p, n_pos, 1.0);
+        let what = format!("{nh}/{nkv} x {hd}, {n_pos} positions");
+        let f16_err = max_err(&f16_out, &exact);
+        assert!(
+            f16_err > 2.0 * ATT_TOL_F32,
+            "{what}: f16 off by {f16_err:e}"
+        );
+        assert!(
+            max_err(&f16_out, &f32_out) > ATT_TOL_F32,
+            "{what}: f16 = f32"
+        );
     }
+}
+
+/// The largest |a − b|.
+fn max_err(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f32::max)
 }
 
 #[test]
@@ -664,15 +691,21 @@ fn attention_with_window_scale_and_softcap() {
     on_each_backend!(attention_variants);
 }
 
+/// [`attention_variants_at`] over f16 and f32 caches.
+fn attention_variants<B: Backend>(dev: &B) {
+    attention_variants_at::<B, u16>(dev);
+    attention_variants_at::<B, f32>(dev);
+}
+
 /// Sliding windows (Mistral, Gemma 2/3's local layers: shorter than the context, one position,
 /// longer than the context), an explicit query scale (Gemma's query_pre_attn_scalar) and score
 /// soft-capping (Gemma 2), alone and together, on queries large enough that the cap bends the
 /// scores; each changes the output against plain attention unless it cannot (a window past the
 /// context).
-fn attention_variants<B: Backend>(dev: &B) {
+fn attention_variants_at<B: Backend, T: KvElem>(dev: &B) {
     let (nh, nkv, hd, n_pos) = (6, 2, 80, 203);
     let plain = AttnParams::new(nh, nkv, hd);
-    let base = attention_case(dev, &plain, n_pos, 6.0);
+    let (base, _) = attention_case::<B, T>(dev, &plain, n_pos, 6.0);
     let with = |window, scale, softcap| AttnParams {
         window,
         scale,
@@ -688,16 +721,22 @@ fn attention_variants<B: Backend>(dev: &B) {
         (with(None, s, Some(1.5)), false),
         (with(Some(64), 0.3, Some(2.5)), false),
     ] {
-        let got = attention_case(dev, &p, n_pos, 6.0);
+        let (got, _) = attention_case::<B, T>(dev, &p, n_pos, 6.0);
         let moved = got.iter().zip(&base).any(|(a, b)| (a - b).abs() > 1e-3);
-        assert_eq!(moved, !same, "{p:?} against plain attention");
+        assert_eq!(moved, !same, "{} {p:?} against plain attention", T::NAME);
     }
 }
 
-/// One attention case: `n_pos` positions stored through kv_store into a cache of `n_pos + 83`
-/// (queries `q_scale` times the keys' range), against an f64 reference reading the same
-/// f16-rounded keys and values with the same window, scale and soft-cap. Returns the output.
-fn attention_case<B: Backend>(dev: &B, p: &AttnParams, n_pos: usize, q_scale: f32) -> Vec<f32> {
+/// One attention case: `n_pos` positions stored through kv_store into a cache of `T` of
+/// `n_pos + 83` (queries `q_scale` times the keys' range), against an f64 reference reading the
+/// same keys and values as the cache holds them (f16: rounded) with the same window, scale and
+/// soft-cap, within [`ATT_TOL`] (f16) or [`ATT_TOL_F32`]. Returns the output and the reference.
+fn attention_case<B: Backend, T: KvElem>(
+    dev: &B,
+    p: &AttnParams,
+    n_pos: usize,
+    q_scale: f32,
+) -> (Vec<f32>, Vec<f32>) {
     let (nh, nkv, hd) = (p.n_heads, p.n_kv_heads, p.head_dim);
     let seed = hd as u64;
     let kv_dim = nkv * hd;
@@ -710,15 +749,15 @@ fn attention_case<B: Backend>(dev: &B, p: &AttnParams, n_pos: usize, q_scale: f3
         values(n_pos * kv_dim, 18 + seed),
     );
     let context = n_pos + 83;
-    let mut ck = dev.zeros::<u16>(context * kv_dim).unwrap();
-    let mut cv = dev.zeros::<u16>(context * kv_dim).unwrap();
+    let mut ck = dev.zeros::<T>(context * kv_dim).unwrap();
+    let mut cv = dev.zeros::<T>(context * kv_dim).unwrap();
     for p in 0..n_pos {
         let dk = dev.upload(&k[p * kv_dim..(p + 1) * kv_dim]).unwrap();
         let dv = dev.upload(&v[p * kv_dim..(p + 1) * kv_dim]).unwrap();
         dev.kv_store(&dk, &dv, p, &mut ck, &mut cv).unwrap();
     }
-    // The reference reads the same f16-rounded keys and values.
-    let round = |v: &[f32]| -> Vec<f32> { v.iter().map(|x| f16::from_f32(*x).to_f32()).collect() };
+    // The reference reads the keys and values as the cache holds them.
+    let round = |v: &[f32]| -> Vec<f32> { v.iter().map(|x| T::from_f32(*x).to_f32()).collect() };
     let (kr, vr) = (round(&k), round(&v));
     let first = p.window.map_or(0, |w| n_pos.saturating_sub(w));
     let mut want = vec![0f32; nh * hd];
@@ -746,9 +785,14 @@ fn attention_case<B: Backend>(dev: &B, p: &AttnParams, n_pos: usize, q_scale: f3
     let mut out = dev.zeros::<f32>(nh * hd).unwrap();
     dev.attention(&dq, &ck, &cv, n_pos, p, &mut out).unwrap();
     let got = dev.download(&out).unwrap();
-    let what = format!("attention {p:?}, {n_pos} positions");
-    assert_close(&got, &want, 1.0, ATT_TOL, &what);
-    got
+    let what = format!("attention over {} caches {p:?}, {n_pos} positions", T::NAME);
+    if T::NAME == f32::NAME {
+        let err = max_err(&got, &want);
+        assert!(err <= ATT_TOL_F32, "{what}: off by {err:e}");
+    } else {
+        assert_close(&got, &want, 1.0, ATT_TOL, &what);
+    }
+    (got, want)
 }
 
 #[test]
@@ -912,12 +956,31 @@ fn checked_errors<B: Backend>(dev: &B) {
     let e = dev.add(&mut y, &zeros_f32(7));
     assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
 
+    kv_checked_errors::<B, u16>(dev);
+    kv_checked_errors::<B, f32>(dev);
+    // RoPE over a length that is no whole number of heads.
+    let inv = vec![1.0f64; 32];
+    let mut odd = zeros_f32(65);
+    let e = dev.rope(&mut odd, 64, 0, &inv, RopeStyle::Norm);
+    assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
+    // More rotated pairs than a head holds; more than the kernel takes.
+    let mut x = zeros_f32(64);
+    let e = dev.rope(&mut x, 64, 0, &[1.0; 33], RopeStyle::Norm);
+    assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
+    let mut x = zeros_f32(1024);
+    let e = dev.rope(&mut x, 1024, 0, &[1.0; 257], RopeStyle::Neox);
+    assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
+}
+
+/// The attention and kv_store checks of [`checked_errors`], over caches of `T`.
+fn kv_checked_errors<B: Backend, T: KvElem>(dev: &B) {
+    let zeros_f32 = |n| dev.zeros::<f32>(n).unwrap();
     // head_dim past the kernel's limit.
     let hd = powerinfer_cuda::MAX_HEAD_DIM * 2;
     let (q, mut out) = (zeros_f32(hd), zeros_f32(hd));
     let (ck, cv) = (
-        dev.zeros::<u16>(4 * hd).unwrap(),
-        dev.zeros::<u16>(4 * hd).unwrap(),
+        dev.zeros::<T>(4 * hd).unwrap(),
+        dev.zeros::<T>(4 * hd).unwrap(),
     );
     let e = dev.attention(&q, &ck, &cv, 4, &AttnParams::new(1, 1, hd), &mut out);
     assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
@@ -964,23 +1027,11 @@ fn checked_errors<B: Backend>(dev: &B) {
     // A position past the cache.
     let (k, v) = (zeros_f32(16), zeros_f32(16));
     let (mut ck, mut cv) = (
-        dev.zeros::<u16>(4 * 16).unwrap(),
-        dev.zeros::<u16>(4 * 16).unwrap(),
+        dev.zeros::<T>(4 * 16).unwrap(),
+        dev.zeros::<T>(4 * 16).unwrap(),
     );
     let e = dev.kv_store(&k, &v, 4, &mut ck, &mut cv);
     assert!(matches!(e, Err(Error::ContextOverflow(_))), "{e:?}");
-    // RoPE over a length that is no whole number of heads.
-    let inv = vec![1.0f64; 32];
-    let mut odd = zeros_f32(65);
-    let e = dev.rope(&mut odd, 64, 0, &inv, RopeStyle::Norm);
-    assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
-    // More rotated pairs than a head holds; more than the kernel takes.
-    let mut x = zeros_f32(64);
-    let e = dev.rope(&mut x, 64, 0, &[1.0; 33], RopeStyle::Norm);
-    assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
-    let mut x = zeros_f32(1024);
-    let e = dev.rope(&mut x, 1024, 0, &[1.0; 257], RopeStyle::Neox);
-    assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
 }
 
 #[test]
@@ -992,8 +1043,8 @@ fn f16_conversions_are_exact_both_ways() {
 /// pass, with a coefficient of 1: y = 0 + 1·w exactly), and f32 → f16 in kv_store rounding to nearest even at
 /// every tie between neighbouring f16 values, one f32 step either side of them, past the largest
 /// finite f16, below the smallest subnormal, and on infinities and NaN — bit for bit as `half`
-/// (IEEE 754) rounds. On a GPU this checks the cvt instructions, on the emulator its own
-/// conversions.
+/// (IEEE 754) rounds; the same values through kv_store_f32 kept as they are. On a GPU this
+/// checks the cvt instructions, on the emulator its own conversions.
 fn f16_conversions<B: Backend>(dev: &B) {
     let bits: Vec<u16> = (0..=u16::MAX).collect();
     let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
@@ -1041,18 +1092,28 @@ fn f16_conversions<B: Backend>(dev: &B) {
         -0.0,
         f32::MIN_POSITIVE / 4.0,
     ]);
-    let n = x.len();
     let dx = dev.upload(&x).unwrap();
-    let (mut ck, mut cv) = (dev.zeros::<u16>(n).unwrap(), dev.zeros::<u16>(n).unwrap());
-    dev.kv_store(&dx, &dx, 0, &mut ck, &mut cv).unwrap();
-    let got = dev.download(&ck).unwrap();
+    kv_store_exact::<B, u16>(dev, &dx, &x);
+    kv_store_exact::<B, f32>(dev, &dx, &x);
+}
+
+/// kv_store of `x` (uploaded as `dx`) into caches of `T` holds `T::from_f32(x)` bit for bit in
+/// both caches (f16: rounded to nearest even as `half` rounds; f32: x itself), NaN as a NaN.
+fn kv_store_exact<B: Backend, T: KvElem>(dev: &B, dx: &B::Buf<f32>, x: &[f32]) {
+    let n = x.len();
+    let (mut ck, mut cv) = (dev.zeros::<T>(n).unwrap(), dev.zeros::<T>(n).unwrap());
+    dev.kv_store(dx, dx, 0, &mut ck, &mut cv).unwrap();
+    // Through f32, which every f16 value (NaN payloads included) converts to exactly.
+    let bits = |c: Vec<T>| -> Vec<u32> { c.into_iter().map(|e| e.to_f32().to_bits()).collect() };
+    let got = bits(dev.download(&ck).unwrap());
     for (v, g) in x.iter().zip(&got) {
-        let want = f16::from_f32(*v);
+        let want = T::from_f32(*v).to_f32();
+        let what = format!("{} {v:e} ({:#010x}): {g:#010x}", T::NAME, v.to_bits());
         if want.is_nan() {
-            assert!(f16::from_bits(*g).is_nan(), "{v}: {g:#06x}");
+            assert!(f32::from_bits(*g).is_nan(), "{what}");
         } else {
-            assert_eq!(*g, want.to_bits(), "{v:e} ({:#010x})", v.to_bits());
+            assert_eq!(*g, want.to_bits(), "{what}");
         }
     }
-    assert_eq!(dev.download(&cv).unwrap(), got);
+    assert_eq!(bits(dev.download(&cv).unwrap()), got);
 }

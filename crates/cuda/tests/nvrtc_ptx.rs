@@ -11,7 +11,8 @@ use std::path::PathBuf;
 
 use powerinfer_cuda::launch_spec::{launch_spec, LaunchSpec};
 use powerinfer_cuda::{
-    kernels, nvrtc, Act, Backend, FfnAct, HostBackend, Launch, RowLayout, GPU_DTYPES,
+    kernels, nvrtc, Act, Backend, FfnAct, HostBackend, HostBuf, KvElem, Launch, RowLayout,
+    GPU_DTYPES,
 };
 
 /// Architectures compiled in CI (Ampere and Hopper; sm_75 Turing as the oldest we name).
@@ -224,33 +225,8 @@ fn every_spec() -> Vec<LaunchSpec> {
         neox: true,
     };
     out.push(launch_spec(&dev, launch).unwrap());
-    let (mut ck, mut cv) = (
-        dev.zeros::<u16>(256).unwrap(),
-        dev.zeros::<u16>(256).unwrap(),
-    );
-    let launch = Launch::KvStore {
-        k: &x,
-        v: &x,
-        kv_dim: 64,
-        pos: 1,
-        cache_k: &mut ck,
-        cache_v: &mut cv,
-    };
-    out.push(launch_spec(&dev, launch).unwrap());
-    let launch = Launch::AttentionDecode {
-        q: &x,
-        cache_k: &ck,
-        cache_v: &cv,
-        first: 1,
-        n_pos: 2,
-        n_heads: 2,
-        n_kv_heads: 1,
-        head_dim: 32,
-        scale: 0.2,
-        softcap: 30.0,
-        out: &mut c,
-    };
-    out.push(launch_spec(&dev, launch).unwrap());
+    out.extend(kv_specs::<u16>(&dev, &x, &mut c));
+    out.extend(kv_specs::<f32>(&dev, &x, &mut c));
     out.push(
         launch_spec(
             &dev,
@@ -287,6 +263,36 @@ fn every_spec() -> Vec<LaunchSpec> {
     };
     out.push(launch_spec(&dev, launch).unwrap());
     out
+}
+
+/// The specs of the KV-cache kernels over caches of `T` (`x`: 64 floats).
+fn kv_specs<T: KvElem>(
+    dev: &HostBackend,
+    x: &HostBuf<f32>,
+    out: &mut HostBuf<f32>,
+) -> [LaunchSpec; 2] {
+    let (mut ck, mut cv) = (dev.zeros::<T>(256).unwrap(), dev.zeros::<T>(256).unwrap());
+    let launch = Launch::KvStore {
+        k: x,
+        v: x,
+        kv_dim: 64,
+        pos: 1,
+        caches: T::caches_mut::<HostBackend>(&mut ck, &mut cv),
+    };
+    let store = launch_spec(dev, launch).unwrap();
+    let launch = Launch::AttentionDecode {
+        q: x,
+        caches: T::caches::<HostBackend>(&ck, &cv),
+        first: 1,
+        n_pos: 2,
+        n_heads: 2,
+        n_kv_heads: 1,
+        head_dim: 32,
+        scale: 0.2,
+        softcap: 30.0,
+        out,
+    };
+    [store, launch_spec(dev, launch).unwrap()]
 }
 
 #[test]

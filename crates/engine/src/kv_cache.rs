@@ -7,47 +7,16 @@
 //! (ties to even, as the GPU's `kv_store` does) when written, so both sides attend over the
 //! same numbers and a row moved between them is exact.
 
+pub use powerinfer_core::KvPrecision;
 use powerinfer_core::{ensure, Result};
 
 /// Positions added to the cache at a time when it grows.
 const GROW_STEP: usize = 256;
 
-/// The precision of the keys and values the cache holds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum KvPrecision {
-    /// Rounded to f16 (llama.cpp's default `--cache-type-k f16`).
-    #[default]
-    F16,
-    /// Kept as computed.
-    F32,
-}
-
-impl KvPrecision {
-    /// Parse "f16" or "f32".
-    pub fn from_name(name: &str) -> Result<KvPrecision> {
-        match name.to_ascii_lowercase().as_str() {
-            "f16" => Ok(KvPrecision::F16),
-            "f32" => Ok(KvPrecision::F32),
-            _ => powerinfer_core::bail!(
-                Unsupported,
-                "KV cache precision {name:?}: expected \"f16\" or \"f32\""
-            ),
-        }
-    }
-
-    /// The name `from_name` takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            KvPrecision::F16 => "f16",
-            KvPrecision::F32 => "f32",
-        }
-    }
-
-    /// `v` as this precision stores it.
-    fn round(self, v: &mut [f32]) {
-        if self == KvPrecision::F16 {
-            v.iter_mut().for_each(|x| *x = round_to_f16(*x));
-        }
+/// `v` as precision `p` stores it.
+fn round(p: KvPrecision, v: &mut [f32]) {
+    if p == KvPrecision::F16 {
+        v.iter_mut().for_each(|x| *x = round_to_f16(*x));
     }
 }
 
@@ -156,7 +125,7 @@ impl KvCache {
         for (dst, src) in [(&mut self.keys[layer], k), (&mut self.values[layer], v)] {
             let rows = &mut dst[off..off + src.len()];
             rows.copy_from_slice(src);
-            self.precision.round(rows);
+            round(self.precision, rows);
         }
     }
 
@@ -257,10 +226,5 @@ mod tests {
         assert_eq!(c.len(), 0);
         c.write(0, 0, &x, &x);
         assert_eq!(c.layer(0, 1), (&x[..], &x[..]));
-        assert_eq!(KvPrecision::from_name("F32").unwrap(), KvPrecision::F32);
-        assert!(matches!(
-            KvPrecision::from_name("q8_0"),
-            Err(Error::Unsupported(_))
-        ));
     }
 }

@@ -204,6 +204,7 @@ impl Layout {
             model_fingerprint: String::new(),
             bucket: self.bucket,
             context: c.max_context,
+            kv_cache: powerinfer_core::KvPrecision::F16,
             attention: self.attention.clone(),
             predictor: self.predictor.clone(),
             ffn_buckets: self

@@ -43,6 +43,12 @@ impl PyPlan {
         self.inner.file.context
     }
 
+    /// The precision of the GPU layers' KV caches: "f16" or "f32".
+    #[getter]
+    fn kv_cache(&self) -> &'static str {
+        self.inner.file.kv_cache.name()
+    }
+
     /// Every device allocation the engine makes to run the plan, `[(name, bytes), ...]`.
     #[getter]
     fn allocations(&self) -> Vec<Allocation> {

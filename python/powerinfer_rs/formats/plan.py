@@ -50,6 +50,9 @@ class Plan:
     solver: dict = field(default_factory=dict)
     min_neurons: list[int] = field(default_factory=list)
     profile: dict = field(default_factory=dict)
+    #: The precision of the GPU layers' KV caches: "f16" (default) or "f32" (absent from a
+    #: file: f16).
+    kv_cache: str = "f16"
 
     @property
     def n_layers(self) -> int:
@@ -94,6 +97,8 @@ class Plan:
                 )
         if min(self.predictors.ranks, default=0) < 0:
             raise PlanError(f"{source}: negative predictor rank in {self.predictors.ranks}")
+        if self.kv_cache not in ("f16", "f32"):
+            raise PlanError(f"{source}: kv_cache {self.kv_cache!r}: expected f16 or f32")
         if self.bucket <= 0 or self.context <= 0:
             raise PlanError(f"{source}: bucket and context must be positive")
         for i, ids in enumerate(self.gpu_neurons):
@@ -120,6 +125,7 @@ class Plan:
             "budget_bytes": self.budget_bytes,
             "hardware": self.hardware,
             "context": self.context,
+            "kv_cache": self.kv_cache,
             "objective": self.objective,
             "bucket": self.bucket,
             "placement": {
@@ -227,6 +233,7 @@ def _read(path: Path) -> Plan:
             solver=dict(j["solver"]),
             min_neurons=[_count(m, "min_neurons") for m in j.get("min_neurons", [])],
             profile=dict(j.get("profile", {})),
+            kv_cache=str(j.get("kv_cache", "f16")),
         )
     except PlanError as e:
         if str(path) in str(e):

@@ -9,7 +9,8 @@ Per layer ``l`` (when placed on the GPU):
 
 * attention: ``attn_norm`` (f32, see :data:`NORM_ELEMENT_BYTES`), ``attn_q``, ``attn_k``,
   ``attn_v``, ``attn_output`` in their stored formats, and the KV cache ``cache_k``,
-  ``cache_v``: ``context x kv_dim`` f16 each; with the family's extra vectors (f32, in the
+  ``cache_v``: ``context x kv_dim`` values each at the plan's ``kv_cache`` precision (f16 by
+  default, or f32); with the family's extra vectors (f32, in the
   order of the layer program): ``attn_norm.bias`` (LayerNorm), ``attn_{q,k,v}.bias`` (after
   the matrices), ``attn_q_norm``, ``attn_k_norm`` (head_dim each), ``attn_output.bias``,
   ``post_attention_norm``;
@@ -51,8 +52,9 @@ if TYPE_CHECKING:
 
 Allocation = tuple[str, int]
 
-#: Bytes per element of the KV cache (f16 K and V, on either device).
-KV_ELEMENT_BYTES = 2
+#: Bytes per element of the KV cache at each precision (``kv_cache``: f16 by default, as
+#: llama.cpp's, or f32), one setting for the CPU and the GPU layers.
+KV_ELEMENT_BYTES = {"f16": 2, "f32": 4}
 #: Bytes of a neuron id stored in a slab (i32).
 NEURON_ID_BYTES = 4
 #: Bytes per element of an RMSNorm weight on the GPU: the engine keeps norms as f32 whatever
@@ -75,9 +77,17 @@ def kv_dim(shape: ModelShape) -> int:
     return shape.config.n_kv_heads * shape.config.head_dim
 
 
-def kv_cache_bytes(shape: ModelShape, context: int) -> int:
-    """Bytes of one layer's K or V cache for ``context`` positions (f16), before alignment."""
-    return context * kv_dim(shape) * KV_ELEMENT_BYTES
+def kv_element_bytes(kv_cache: str) -> int:
+    """Bytes of one cached value at precision ``kv_cache`` ("f16" or "f32")."""
+    if kv_cache not in KV_ELEMENT_BYTES:
+        raise PlanError(f"kv_cache {kv_cache!r}: choose f16 or f32")
+    return KV_ELEMENT_BYTES[kv_cache]
+
+
+def kv_cache_bytes(shape: ModelShape, context: int, kv_cache: str = "f16") -> int:
+    """Bytes of one layer's K or V cache for ``context`` positions at precision ``kv_cache``,
+    before alignment."""
+    return context * kv_dim(shape) * kv_element_bytes(kv_cache)
 
 
 def _vectors(layer: int | None, items: list[tuple[str, int, bool]]) -> list[Allocation]:
@@ -86,7 +96,9 @@ def _vectors(layer: int | None, items: list[tuple[str, int, bool]]) -> list[Allo
     return [(at + name, align(F32_BYTES * n)) for name, n, on in items if on]
 
 
-def attention_allocations(shape: ModelShape, layer: int, context: int) -> list[Allocation]:
+def attention_allocations(
+    shape: ModelShape, layer: int, context: int, kv_cache: str = "f16"
+) -> list[Allocation]:
     """Layer ``layer``'s attention weights with the family's biases and norms, and its KV
     cache, in the order the engine uploads them (the steps of its layer program)."""
     c = shape.config
@@ -113,7 +125,7 @@ def attention_allocations(shape: ModelShape, layer: int, context: int) -> list[A
         layer,
         [("attn_output.bias", c.dim, c.out_bias), ("post_attention_norm", c.dim, c.post_norms)],
     )
-    cache = align(kv_cache_bytes(shape, context))
+    cache = align(kv_cache_bytes(shape, context, kv_cache))
     out += [(f"blk.{layer}.cache_k", cache), (f"blk.{layer}.cache_v", cache)]
     return out
 
@@ -204,6 +216,7 @@ def placement_allocation(
     bucket: int,
     context: int,
     predictors: PredictorSizes,
+    kv_cache: str = "f16",
 ) -> list[Allocation]:
     """Every GPU allocation of ``placement``, layer by layer, then the global ones."""
     if placement.n_layers != shape.config.n_layers:
@@ -213,7 +226,7 @@ def placement_allocation(
     out: list[Allocation] = []
     for i in range(placement.n_layers):
         if placement.attention[i]:
-            out += attention_allocations(shape, i, context)
+            out += attention_allocations(shape, i, context, kv_cache)
         if placement.predictor[i]:
             out += predictor_allocations(predictors, i)
         out += ffn_allocations(shape, i, placement.ffn_buckets[i], bucket)
@@ -239,6 +252,7 @@ def gpu_allocation(plan: Plan, model: LoadedModel | ModelShape) -> list[Allocati
         bucket=plan.bucket,
         context=plan.context,
         predictors=plan.predictors,
+        kv_cache=plan.kv_cache,
     )
 
 
@@ -256,6 +270,7 @@ __all__ = [
     "ffn_fixed_allocations",
     "gpu_allocation",
     "kv_cache_bytes",
+    "kv_element_bytes",
     "norm_bytes",
     "output_allocations",
     "placement_allocation",

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .accounting import kv_element_bytes
 from .placement import Placement
 from .problem import PlacementProblem
 
@@ -122,6 +123,7 @@ def evaluate(p: PlacementProblem, pl: Placement) -> Evaluation:
     mass = 0.0
     gpu_counts = 0
     kv_raw = 2 * p.context * p.shape.config.n_kv_heads * p.shape.config.head_dim * 2
+    kv_raw *= kv_element_bytes(p.kv_cache) // 2
     for i, lt in enumerate(p.layers):
         k = int(pl.ffn_buckets[i])
         a, pr = bool(pl.attention[i]), bool(pl.predictor[i])

@@ -83,7 +83,12 @@ def plan_from_solution(problem: PlacementProblem, res: SolveResult, profile: Pro
         res.note = "; ".join(n for n in (res.note, kept) if n)
     ev = evaluate(p, pl)
     allocs = placement_allocation(
-        p.shape, pl, bucket=p.bucket, context=p.context, predictors=p.predictors
+        p.shape,
+        pl,
+        bucket=p.bucket,
+        context=p.context,
+        predictors=p.predictors,
+        kv_cache=p.kv_cache,
     )
     gpu_total = total_bytes(allocs)
     if gpu_total != ev.gpu_bytes:  # the two accountings are one definition; never differs
@@ -99,6 +104,7 @@ def plan_from_solution(problem: PlacementProblem, res: SolveResult, profile: Pro
         placement=pl,
         bucket=p.bucket,
         context=p.context,
+        kv_cache=p.kv_cache,
         objective=p.objective,
         budget_bytes=p.budget,
         hardware=p.hardware.to_dict(),
@@ -147,6 +153,7 @@ def make_plan(
     context: int = 4096,
     predictors: PredictorSizes | None = None,
     min_neurons: int | None = None,
+    kv_cache: str = "f16",
     solver: str = "auto",
     time_limit: float = 10.0,
     mip_gap: float = DEFAULT_MIP_GAP,
@@ -159,7 +166,8 @@ def make_plan(
     ``objective``: "time" (default) minimises the cost model's time per token, and also solves
     "mass" and keeps that plan where the cost model rates it faster (the time ILP stops within
     its MIP gap); "mass" maximises the activation mass the GPU serves (PowerInfer's objective),
-    which can be rated slower than the time plan.
+    which can be rated slower than the time plan. ``kv_cache``: the precision of the GPU
+    layers' KV caches, "f16" (default) or "f32", as the engine that runs the plan holds it.
 
     Raises :class:`PlanError` when the profile was made on another model (unless
     ``check_fingerprint`` is False), :class:`ShapeError` when it does not fit the model's shape,
@@ -189,6 +197,7 @@ def make_plan(
             context=context,
             predictors=preds,
             min_neurons=min_neurons,
+            kv_cache=kv_cache,
         )
         return problem, solve(
             problem, solver=solver, time_limit=time_limit, mip_gap=mip_gap, log=log

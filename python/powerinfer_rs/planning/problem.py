@@ -87,6 +87,7 @@ class PlacementProblem:
     embed_read: int  #: bytes of one embedding row (read on the CPU per token)
     total_counts: int  #: all activation counts of the profile
     output_refused: str | None = None  #: why the GPU cannot hold the output head, or None
+    kv_cache: str = "f16"  #: the KV caches' precision ("f16" or "f32")
 
     @property
     def output_gpu(self) -> bool:
@@ -159,6 +160,7 @@ def build_problem(
     context: int = 4096,
     predictors: PredictorSizes,
     min_neurons: int | None = None,
+    kv_cache: str = "f16",
 ) -> PlacementProblem:
     """Check the inputs fit together and compute the problem's numbers.
 
@@ -195,7 +197,7 @@ def build_problem(
             f"predictor sizes for {len(predictors.allocations)} layers, model has {c.n_layers}"
         )
     hw = hardware
-    kv_read = (context / 2) * acc.kv_dim(shape) * acc.KV_ELEMENT_BYTES * 2
+    kv_read = (context / 2) * acc.kv_dim(shape) * acc.kv_element_bytes(kv_cache) * 2
     layers = []
     for i in range(c.n_layers):
         cnt = np.asarray(profile.counts[i], dtype=np.int64)
@@ -218,7 +220,7 @@ def build_problem(
                 mass=bcounts / float(profile.tokens),
                 slab_bytes=acc.slab_bytes(shape, i, bucket),
                 ffn_fixed_bytes=acc.total_bytes(acc.ffn_fixed_allocations(shape, i)),
-                attn_bytes=acc.total_bytes(acc.attention_allocations(shape, i, context)),
+                attn_bytes=acc.total_bytes(acc.attention_allocations(shape, i, context, kv_cache)),
                 pred_bytes=acc.total_bytes(acc.predictor_allocations(predictors, i)),
                 neuron_read=r,
                 attn_weight_read=attn_w,
@@ -236,6 +238,7 @@ def build_problem(
         objective=objective,
         bucket=bucket,
         context=context,
+        kv_cache=kv_cache,
         predictors=predictors,
         layers=layers,
         output_bytes=acc.total_bytes(acc.output_allocations(shape)),

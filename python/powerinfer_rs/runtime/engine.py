@@ -72,7 +72,7 @@ class Engine(Generation, PlanAndDevice):
         device: str = "cpu",
         vram_budget: int | str | None = None,
         mmap: bool | None = None,
-        kv_cache: str = "f16",
+        kv_cache: str | None = None,
     ):
         if not isinstance(loaded, LoadedModel):
             raise ShapeError(
@@ -111,6 +111,8 @@ class Engine(Generation, PlanAndDevice):
                 "GPU KV caches); plan again with a larger --context or pass a smaller n_ctx"
             )
         self._session = _core.Session(self._model, threads, min(n_ctx, loaded.config.max_context))
+        if kv_cache is None:
+            kv_cache = adopted.kv_cache if adopted is not None else "f16"
         self._session.set_kv_cache(kv_cache)
         self._threads = self._session.threads
         self._n_ctx = self._session.n_ctx
@@ -138,7 +140,7 @@ class Engine(Generation, PlanAndDevice):
         device: str = "cpu",
         vram_budget: int | str | None = None,
         mmap: bool | None = None,
-        kv_cache: str = "f16",
+        kv_cache: str | None = None,
     ) -> Engine:
         """Load a GGUF file or a Hugging Face model directory (default: SmolLM2-135M-Instruct,
         fetched once into the cache). ``threads=0`` uses one thread per core.
@@ -167,9 +169,9 @@ class Engine(Generation, PlanAndDevice):
         copies when transparent huge pages are available and the weights take at most half of
         the available memory (see :mod:`powerinfer_rs.runtime.weight_memory`).
 
-        ``kv_cache``: the precision of the keys and values kept, "f16" (default, as llama.cpp's)
-        or "f32"; one setting for the CPU and the GPU layers, so both attend over the same
-        numbers."""
+        ``kv_cache``: the precision of the keys and values kept, "f16" (as llama.cpp's) or
+        "f32"; one setting for the CPU and the GPU layers, so both attend over the same
+        numbers. Default: the plan's (``python -m powerinfer_rs.plan --kv-cache``), else f16."""
         check_int("threads", threads, 0)
         check_device(device)
         if path is None:

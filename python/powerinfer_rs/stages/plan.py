@@ -81,6 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
         "min(4096, the model's context length))",
     )
     ap.add_argument(
+        "--kv-cache",
+        choices=["f16", "f32"],
+        default="f16",
+        help="precision of the KV cache, as the engine will hold it (Engine(kv_cache=...)): "
+        "f16 (default, as llama.cpp's) or f32 (twice the bytes per GPU layer's cache)",
+    )
+    ap.add_argument(
         "--objective",
         choices=OBJECTIVES,
         default="time",
@@ -246,6 +253,7 @@ def run(args: argparse.Namespace) -> int:
         context=context,
         predictors=preds,
         min_neurons=args.min_neurons,
+        kv_cache=args.kv_cache,
         solver=args.solver,
         time_limit=args.time_limit,
         mip_gap=args.mip_gap,

@@ -1,19 +1,21 @@
-//! `kv_store` and `attention_decode` (attention.cu): the f16 KV cache (`[context, kv_dim]`,
-//! position p's row at `p · kv_dim`) and one query's grouped-query attention over it.
+//! `kv_store` and `attention_decode` (attention.cu, and their `_f32` twins): the KV cache
+//! (`[context, kv_dim]` of f16 or f32, position p's row at `p · kv_dim`) and one query's
+//! grouped-query attention over it. One body for either element type ([`KvElem`]).
 
-use half::f16;
 use powerinfer_core::Result;
 
 use super::view::{prefix, prefix_mut, product, shape};
+use crate::backend::KvElem;
 use crate::layout::MAX_HEAD_DIM;
 
-/// Row `pos` of both caches = `k`, `v` (of kv_dim values) rounded to f16, nearest even.
-pub(super) fn kv_store(
+/// Row `pos` of both caches = `k`, `v` (of kv_dim values) as `T` stores them (f16: rounded to
+/// nearest even).
+pub(super) fn kv_store<T: KvElem>(
     k: &[f32],
     v: &[f32],
     pos: usize,
-    cache_k: &mut [u16],
-    cache_v: &mut [u16],
+    cache_k: &mut [T],
+    cache_v: &mut [T],
 ) -> Result<()> {
     let kv_dim = k.len();
     let at = product(pos, kv_dim, "pos × kv_dim")?;
@@ -23,7 +25,7 @@ pub(super) fn kv_store(
     for (src, cache, what) in [(k, cache_k, "cache_k"), (v, cache_v, "cache_v")] {
         let row = &mut prefix_mut(cache, end, what)?[at..];
         for (o, &x) in row.iter_mut().zip(src) {
-            *o = f16::from_f32(x).to_bits();
+            *o = T::from_f32(x);
         }
     }
     Ok(())
@@ -60,13 +62,13 @@ impl Heads {
 
 /// For each query head h (reading KV head `h / (n_heads / n_kv_heads)`):
 /// `out[h] = Σ_p softmax_p(s_p) · v[p]` over the positions `positions` (first..n_pos) of the
-/// f16 caches, `s_p = (q[h]·scale) · k[p]`, soft-capped to `c · tanh(s_p / c)` when the cap
+/// caches, `s_p = (q[h]·scale) · k[p]`, soft-capped to `c · tanh(s_p / c)` when the cap
 /// `c` > 0 (the sums in f64). `q` and `out` hold n_heads · head_dim values; the range must hold
 /// at least one position (the kernel's output would be 0/0).
-pub(super) fn attention_decode(
+pub(super) fn attention_decode<T: KvElem>(
     heads: &Heads,
     q: &[f32],
-    [cache_k, cache_v]: [&[u16]; 2],
+    [cache_k, cache_v]: [&[T]; 2],
     positions: std::ops::Range<usize>,
     [scale, softcap]: [f32; 2],
     out: &mut [f32],
@@ -84,7 +86,7 @@ pub(super) fn attention_decode(
     let cache_k = prefix(cache_k, need, "cache_k")?;
     let cache_v = prefix(cache_v, need, "cache_v")?;
     let group = n_heads / n_kv_heads;
-    let decode = |bits: u16| f16::from_bits(bits).to_f32() as f64;
+    let decode = |x: T| x.to_f32() as f64;
     let cap = softcap as f64;
     let mut scores = vec![0f64; positions.len()];
     let mut acc = vec![0f64; hd];
@@ -122,23 +124,23 @@ mod tests {
     use powerinfer_core::testing::pseudo_random;
 
     use super::super::testutil::*;
-    use crate::backend::{Backend, Launch};
+    use crate::backend::{Backend, KvElem, Launch};
     use crate::{HostBackend, HostBuf};
 
-    /// Store `n_pos` positions of random keys and values (kv_dim each) in caches of `ctx`;
-    /// returns the caches and the f32 values stored.
-    fn fill(
+    /// Store `n_pos` positions of random keys and values (kv_dim each) in caches of `ctx` of
+    /// `T`; returns the caches and the f32 values stored.
+    fn fill<T: KvElem>(
         be: &HostBackend,
         kv_dim: usize,
         n_pos: usize,
         ctx: usize,
-    ) -> (HostBuf<u16>, HostBuf<u16>, Vec<f32>, Vec<f32>) {
+    ) -> (HostBuf<T>, HostBuf<T>, Vec<f32>, Vec<f32>) {
         let (k, v) = (
             pseudo_random(n_pos * kv_dim, 17),
             pseudo_random(n_pos * kv_dim, 18),
         );
-        let mut ck = be.zeros::<u16>(ctx * kv_dim).unwrap();
-        let mut cv = be.zeros::<u16>(ctx * kv_dim).unwrap();
+        let mut ck = be.zeros::<T>(ctx * kv_dim).unwrap();
+        let mut cv = be.zeros::<T>(ctx * kv_dim).unwrap();
         for p in 0..n_pos {
             let dk = upload(be, &k[p * kv_dim..(p + 1) * kv_dim]);
             let dv = upload(be, &v[p * kv_dim..(p + 1) * kv_dim]);
@@ -149,8 +151,7 @@ mod tests {
                     v: &dv,
                     kv_dim,
                     pos: p,
-                    cache_k: &mut ck,
-                    cache_v: &mut cv,
+                    caches: T::caches_mut::<HostBackend>(&mut ck, &mut cv),
                 },
             )
             .unwrap();
@@ -181,8 +182,7 @@ mod tests {
                     v: &dv,
                     kv_dim: 4,
                     pos,
-                    cache_k: ck,
-                    cache_v: cv,
+                    caches: u16::caches_mut::<HostBackend>(ck, cv),
                 },
             )
         };
@@ -204,7 +204,23 @@ mod tests {
     }
 
     #[test]
+    fn kv_store_f32_keeps_every_value() {
+        let be = HostBackend::new();
+        let (ck, cv, k, v) = fill::<f32>(&be, 5, 3, 4);
+        let (ck, cv) = (download(&be, &ck), download(&be, &cv));
+        assert_eq!(ck[..15], k[..]);
+        assert_eq!(cv[..15], v[..]);
+        assert_eq!(ck[15..], [0.0; 5]);
+    }
+
+    #[test]
     fn attention_decode_is_grouped_query_softmax_over_the_window() {
+        attention_decode_at::<u16>();
+        attention_decode_at::<f32>();
+    }
+
+    /// Against an f64 reference reading the keys and values as caches of `T` hold them.
+    fn attention_decode_at<T: KvElem>() {
         let be = HostBackend::new();
         for (nh, nkv, hd, n_pos) in [
             (6, 2, 64, 37),
@@ -213,15 +229,15 @@ mod tests {
             (3, 3, 80, 1),
         ] {
             let kv_dim = nkv * hd;
-            let (ck, cv, k, v) = fill(&be, kv_dim, n_pos, n_pos + 3);
+            let (ck, cv, k, v) = fill::<T>(&be, kv_dim, n_pos, n_pos + 3);
             let q: Vec<f32> = pseudo_random(nh * hd, hd as u64)
                 .iter()
                 .map(|v| 8.0 * v)
                 .collect();
             let scale = 1.0 / (hd as f32).sqrt();
-            // The reference reads the same f16-rounded keys and values.
+            // The reference reads the same (for f16: rounded) keys and values.
             let round =
-                |v: &[f32]| -> Vec<f32> { v.iter().map(|x| f16::from_f32(*x).to_f32()).collect() };
+                |v: &[f32]| -> Vec<f32> { v.iter().map(|x| T::from_f32(*x).to_f32()).collect() };
             let (kr, vr) = (round(&k), round(&v));
             // All positions, the last 3 (a window), and soft-capped scores.
             for (first, cap) in [(0, 0.0f32), (n_pos.saturating_sub(3), 0.0), (0, 0.5)] {
@@ -258,8 +274,7 @@ mod tests {
                     &be,
                     Launch::AttentionDecode {
                         q: &dq,
-                        cache_k: &ck,
-                        cache_v: &cv,
+                        caches: T::caches::<HostBackend>(&ck, &cv),
                         first,
                         n_pos,
                         n_heads: nh,
@@ -271,7 +286,7 @@ mod tests {
                     },
                 )
                 .unwrap();
-                let what = format!("{nh}/{nkv} x {hd} from {first} cap {cap}");
+                let what = format!("{} {nh}/{nkv} x {hd} from {first} cap {cap}", T::NAME);
                 assert_close(&download(&be, &out), &want, 1e-5, &what);
             }
         }
@@ -280,7 +295,7 @@ mod tests {
     #[test]
     fn bad_attention_shapes_are_errors() {
         let be = HostBackend::new();
-        let (ck, cv, _, _) = fill(&be, 2 * 64, 4, 4);
+        let (ck, cv, _, _) = fill::<u16>(&be, 2 * 64, 4, 4);
         let dq = upload(&be, &pseudo_random(4 * 64, 1));
         let mut out = be.zeros::<f32>(4 * 64).unwrap();
         let mut att_from = |first, n_pos, n_heads, n_kv_heads, head_dim| {
@@ -288,8 +303,7 @@ mod tests {
                 &be,
                 Launch::AttentionDecode {
                     q: &dq,
-                    cache_k: &ck,
-                    cache_v: &cv,
+                    caches: u16::caches::<HostBackend>(&ck, &cv),
                     first,
                     n_pos,
                     n_heads,

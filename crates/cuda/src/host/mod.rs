@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use powerinfer_core::{ensure, Error, Result};
 
-use crate::backend::{Backend, Checked, DeviceSlice, Elem, Launch};
+use crate::backend::{Backend, Checked, DeviceSlice, Elem, KvCaches, KvCachesMut, Launch};
 use crate::layout::{align, ALIGN};
 use view::{prefix, prefix_mut, Active, Neurons, Picks, Rows};
 
@@ -424,19 +424,22 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             v,
             kv_dim,
             pos,
-            cache_k,
-            cache_v,
-        } => attention::kv_store(
-            prefix(&k.data, kv_dim, "k")?,
-            prefix(&v.data, kv_dim, "v")?,
-            pos,
-            &mut cache_k.data,
-            &mut cache_v.data,
-        ),
+            caches,
+        } => {
+            let k = prefix(&k.data, kv_dim, "k")?;
+            let v = prefix(&v.data, kv_dim, "v")?;
+            match caches {
+                KvCachesMut::F16 { k: ck, v: cv } => {
+                    attention::kv_store(k, v, pos, &mut ck.data, &mut cv.data)
+                }
+                KvCachesMut::F32 { k: ck, v: cv } => {
+                    attention::kv_store(k, v, pos, &mut ck.data, &mut cv.data)
+                }
+            }
+        }
         Launch::AttentionDecode {
             q,
-            cache_k,
-            cache_v,
+            caches,
             first,
             n_pos,
             n_heads,
@@ -450,14 +453,17 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             let total = view::product(n_heads, head_dim, "n_heads × head_dim")?;
             let q = prefix(&q.data, total, "q")?;
             let out = prefix_mut(&mut out.data, total, "out")?;
-            attention::attention_decode(
-                &shape,
-                q,
-                [&cache_k.data, &cache_v.data],
-                first..n_pos,
-                [scale, softcap],
-                out,
-            )
+            let (positions, params) = (first..n_pos, [scale, softcap]);
+            match caches {
+                KvCaches::F16 { k, v } => {
+                    let caches = [k.data.as_slice(), &v.data];
+                    attention::attention_decode(&shape, q, caches, positions, params, out)
+                }
+                KvCaches::F32 { k, v } => {
+                    let caches = [k.data.as_slice(), &v.data];
+                    attention::attention_decode(&shape, q, caches, positions, params, out)
+                }
+            }
         }
         Launch::Add { y, x, n } => {
             let x = prefix(&x.data, n, "x")?;

@@ -1,20 +1,20 @@
-//! The kernels of `attention.cu`: storing one position's keys and values in the f16 caches, and
-//! decode attention of one query over the cached positions.
+//! The kernels of `attention.cu`: storing one position's keys and values in the caches (f16 or
+//! f32, [`KvElem`]), and decode attention of one query over the cached positions.
 
 use powerinfer_core::{ensure, Result};
 
-use crate::backend::{Backend, Checked, DeviceSlice, Launch};
+use crate::backend::{Backend, Checked, DeviceSlice, KvElem, Launch};
 use crate::layout::{AttnParams, MAX_HEAD_DIM};
 
-/// Write position `pos`'s keys and values (kv_dim f32 each) into the f16 caches
-/// ([context, kv_dim] each); `Error::ContextOverflow` past the cache's end.
-pub(crate) fn kv_store<B: Backend>(
+/// Write position `pos`'s keys and values (kv_dim f32 each) into the caches of `T` ([context,
+/// kv_dim] each); `Error::ContextOverflow` past the cache's end.
+pub(crate) fn kv_store<B: Backend, T: KvElem>(
     dev: &B,
     k: &B::Buf<f32>,
     v: &B::Buf<f32>,
     pos: usize,
-    cache_k: &mut B::Buf<u16>,
-    cache_v: &mut B::Buf<u16>,
+    cache_k: &mut B::Buf<T>,
+    cache_v: &mut B::Buf<T>,
 ) -> Result<()> {
     let kv_dim = k.len();
     ensure!(
@@ -38,8 +38,7 @@ pub(crate) fn kv_store<B: Backend>(
         v,
         kv_dim,
         pos,
-        cache_k,
-        cache_v,
+        caches: T::caches_mut::<B>(cache_k, cache_v),
     };
     dev.launch(launch, Checked(()))
 }
@@ -50,11 +49,11 @@ pub(crate) fn kv_store<B: Backend>(
 /// to `c · tanh(s / c)` with `p.softcap = Some(c)`. `Error::Unsupported` for head_dim >
 /// [`MAX_HEAD_DIM`], a scale that is no finite number or a cap that is no positive one;
 /// `Error::Shape` for a window of 0 positions.
-pub(crate) fn attention<B: Backend>(
+pub(crate) fn attention<B: Backend, T: KvElem>(
     dev: &B,
     q: &B::Buf<f32>,
-    cache_k: &B::Buf<u16>,
-    cache_v: &B::Buf<u16>,
+    cache_k: &B::Buf<T>,
+    cache_v: &B::Buf<T>,
     n_pos: usize,
     p: &AttnParams,
     out: &mut B::Buf<f32>,
@@ -107,8 +106,7 @@ pub(crate) fn attention<B: Backend>(
     );
     let launch = Launch::AttentionDecode {
         q,
-        cache_k,
-        cache_v,
+        caches: T::caches::<B>(cache_k, cache_v),
         first: p.first(n_pos),
         n_pos,
         n_heads,

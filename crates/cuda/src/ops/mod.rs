@@ -8,7 +8,7 @@
 
 use powerinfer_core::{ensure, DType, Result, RopeStyle, Weight};
 
-use crate::backend::{Backend, DeviceWeight, Elem, HotFfn};
+use crate::backend::{Backend, DeviceWeight, Elem, HotFfn, KvElem};
 use crate::kernels::{is_gpu_dtype, GPU_DTYPES};
 use crate::layout::{Act, AttnParams, FfnAct};
 
@@ -161,26 +161,27 @@ pub trait GpuOps: Backend {
         norm_rope::rope(self, x, head_dim, pos, inv_freqs, style)
     }
 
-    /// Write position `pos`'s keys and values into the f16 caches.
-    fn kv_store(
+    /// Write position `pos`'s keys and values into the caches: f16 (`u16` bits, rounded to
+    /// nearest even) or f32 ([`KvElem`]).
+    fn kv_store<T: KvElem>(
         &self,
         k: &Self::Buf<f32>,
         v: &Self::Buf<f32>,
         pos: usize,
-        cache_k: &mut Self::Buf<u16>,
-        cache_v: &mut Self::Buf<u16>,
+        cache_k: &mut Self::Buf<T>,
+        cache_v: &mut Self::Buf<T>,
     ) -> Result<()> {
         attention::kv_store(self, k, v, pos, cache_k, cache_v)
     }
 
     /// Decode attention for the token at position `n_pos − 1` over the cached positions
     /// `p.first(n_pos)..n_pos` (a sliding window, or all), scores `(q·k)·p.scale`, soft-capped
-    /// with `p.softcap`, then softmax.
-    fn attention(
+    /// with `p.softcap`, then softmax. The caches are f16 or f32 ([`KvElem`]).
+    fn attention<T: KvElem>(
         &self,
         q: &Self::Buf<f32>,
-        cache_k: &Self::Buf<u16>,
-        cache_v: &Self::Buf<u16>,
+        cache_k: &Self::Buf<T>,
+        cache_v: &Self::Buf<T>,
         n_pos: usize,
         p: &AttnParams,
         out: &mut Self::Buf<f32>,

@@ -9,13 +9,13 @@
 use std::sync::Arc;
 
 use powerinfer_core::{ensure, Result, Side};
-use powerinfer_cuda::{Act, Allocation, AttnParams, Backend, FfnAct, GpuOps};
+use powerinfer_cuda::{Act, Allocation, AttnParams, Backend, FfnAct, GpuOps, KvElem};
 
 use crate::ffn::{rows_ffn, DenseDown, FfnScratch};
 use crate::forward::{
     attention_block, embed, ffn_block, norm_bias, norm_rows_with, output_block, Angles, Scratch,
 };
-use crate::hybrid::gpu_model::{GpuFfn, GpuLayer, GpuModel, GpuScratch};
+use crate::hybrid::gpu_model::{GpuFfn, GpuLayer, GpuModel, GpuScratch, KvBufs};
 use crate::hybrid::kv_sync::KvSync;
 use crate::hybrid::transfers::{Link, TransferStats};
 use crate::hybrid::Hybrid;
@@ -63,6 +63,20 @@ fn device_norm<B: Backend>(
             powerinfer_core::bail!(Other, "a LayerNorm step without its bias on the GPU")
         }
     }
+}
+
+/// Store the position's keys and values in a layer's caches (of element `T`) and attend over
+/// them: `sc.att` from `sc.q`.
+fn attend<B: Backend, T: KvElem>(
+    dev: &B,
+    sc: &mut GpuScratch<B>,
+    cache_k: &mut B::Buf<T>,
+    cache_v: &mut B::Buf<T>,
+    pos: usize,
+    p: &AttnParams,
+) -> Result<()> {
+    dev.kv_store(&sc.k, &sc.v, pos, cache_k, cache_v)?;
+    dev.attention(&sc.q, cache_k, cache_v, pos + 1, p, &mut sc.att)
 }
 
 /// The hybrid executor on backend `B`.
@@ -356,7 +370,6 @@ impl<B: Backend> Executor<B> {
                     dev.rope(&mut sc.k, c.head_dim, pos, inv, c.rope_style)?;
                 }
                 AttnStep::Attend(p) => {
-                    dev.kv_store(&sc.k, &sc.v, pos, &mut a.cache_k, &mut a.cache_v)?;
                     let params = AttnParams {
                         n_heads: c.n_heads,
                         n_kv_heads: c.n_kv_heads,
@@ -365,7 +378,10 @@ impl<B: Backend> Executor<B> {
                         scale: p.scale,
                         softcap: p.softcap,
                     };
-                    dev.attention(&sc.q, &a.cache_k, &a.cache_v, pos + 1, &params, &mut sc.att)?;
+                    match &mut a.cache {
+                        KvBufs::F16(k, v) => attend(dev, sc, k, v, pos, &params)?,
+                        KvBufs::F32(k, v) => attend(dev, sc, k, v, pos, &params)?,
+                    }
                 }
                 AttnStep::Output { bias } => {
                     dev.matvec_rows(&a.wo, &sc.att, None, c.dim, Act::None, &mut sc.xb2)?;

@@ -5,7 +5,7 @@
 //! the plan's accounting (`alloc_plan`, `planning/accounting.py`), name for name and byte for
 //! byte. A layer's vectors are uploaded in the order of its layer program's steps.
 
-use powerinfer_core::{bail, ensure, DType, Result, Weight};
+use powerinfer_core::{bail, ensure, DType, KvPrecision, Result, Weight};
 use powerinfer_cuda::layout::align;
 use powerinfer_cuda::{Allocation, Backend, DeviceSlice, DeviceWeight, Elem, GpuOps, HotFfn};
 
@@ -74,10 +74,15 @@ pub struct GpuAttention<B: Backend> {
     pub wo: DeviceWeight<B>,
     pub out_bias: Option<B::Buf<f32>>,
     pub post_norm: Option<B::Buf<f32>>,
-    pub cache_k: B::Buf<u16>,
-    pub cache_v: B::Buf<u16>,
+    pub cache: KvBufs<B>,
     /// Values per cache row (n_kv_heads · head_dim).
     pub kv_dim: usize,
+}
+
+/// A layer's K and V caches on the device, at the plan's precision (f16 bits or f32).
+pub enum KvBufs<B: Backend> {
+    F16(B::Buf<u16>, B::Buf<u16>),
+    F32(B::Buf<f32>, B::Buf<f32>),
 }
 
 /// A layer's predictor buffers on the GPU: reserved at the plan's sizes, filled when predictor
@@ -257,8 +262,16 @@ impl<B: Backend> GpuModel<B> {
                     wo,
                     out_bias,
                     post_norm,
-                    cache_k: reg.zeros(dev, &name("cache_k"), kv)?,
-                    cache_v: reg.zeros(dev, &name("cache_v"), kv)?,
+                    cache: match plan.kv_cache {
+                        KvPrecision::F16 => KvBufs::F16(
+                            reg.zeros(dev, &name("cache_k"), kv)?,
+                            reg.zeros(dev, &name("cache_v"), kv)?,
+                        ),
+                        KvPrecision::F32 => KvBufs::F32(
+                            reg.zeros(dev, &name("cache_k"), kv)?,
+                            reg.zeros(dev, &name("cache_v"), kv)?,
+                        ),
+                    },
                     kv_dim: c.kv_dim(),
                 })
             } else {

@@ -1,16 +1,16 @@
 //! Keeping the CPU and GPU KV caches consistent. The CPU cache has a row per position for every
-//! layer; a layer whose attention runs on the GPU also has its f16 cache there. Decoding writes
+//! layer; a layer whose attention runs on the GPU also has its cache there (f16 or f32, the
+//! session's precision, which the CPU cache rounds to as well). Decoding writes
 //! GPU layers' rows only on the GPU; batched CPU passes (prefill, scoring, profiling) write
 //! every layer's rows only on the CPU. So each side records how far its copy of the GPU layers'
 //! rows is valid, and the missing rows cross just before the side that lacks them runs:
-//! CPU → GPU (rounded to f16, as the `kv_store` kernel rounds) before a decode step, GPU → CPU
-//! before a CPU pass. Truncation and rollback only lower the marks.
+//! CPU → GPU (converted to the caches' element, as the `kv_store` kernels store it: exact, the
+//! CPU rows already hold such values) before a decode step, GPU → CPU before a CPU pass. Truncation and rollback only lower the marks.
 
-use half::f16;
 use powerinfer_core::Result;
-use powerinfer_cuda::Backend;
+use powerinfer_cuda::{Backend, KvElem};
 
-use crate::hybrid::gpu_model::GpuModel;
+use crate::hybrid::gpu_model::{GpuModel, KvBufs};
 use crate::hybrid::transfers::Link;
 use crate::kv_cache::KvCache;
 
@@ -58,13 +58,10 @@ impl KvSync {
                 continue;
             };
             let (keys, values) = cache.layer(l, len);
-            let kv_dim = a.kv_dim;
-            for (src, dst) in [(keys, &mut a.cache_k), (values, &mut a.cache_v)] {
-                let rows: Vec<u16> = src[from * kv_dim..]
-                    .iter()
-                    .map(|&v| f16::from_f32(v).to_bits())
-                    .collect();
-                link.up(l, &rows, dst, from * kv_dim)?;
+            let at = from * a.kv_dim;
+            match &mut a.cache {
+                KvBufs::F16(k, v) => up(link, l, [&keys[at..], &values[at..]], [k, v], at)?,
+                KvBufs::F32(k, v) => up(link, l, [&keys[at..], &values[at..]], [k, v], at)?,
             }
         }
         self.gpu = len;
@@ -87,19 +84,49 @@ impl KvSync {
             let Some(a) = layer.attention.as_ref() else {
                 continue;
             };
-            let kv_dim = a.kv_dim;
-            let n = (len - from) * kv_dim;
-            let mut bits = vec![0u16; n];
-            let mut rows = [vec![0f32; n], vec![0f32; n]];
-            for (src, out) in [&a.cache_k, &a.cache_v].into_iter().zip(rows.iter_mut()) {
-                link.down(l, src, from * kv_dim, &mut bits)?;
-                out.iter_mut()
-                    .zip(&bits)
-                    .for_each(|(o, &b)| *o = f16::from_bits(b).to_f32());
-            }
-            cache.write(l, from, &rows[0], &rows[1]);
+            let at = from * a.kv_dim;
+            let n = (len - from) * a.kv_dim;
+            let [k, v] = match &a.cache {
+                KvBufs::F16(k, v) => down(link, l, [k, v], at, n)?,
+                KvBufs::F32(k, v) => down(link, l, [k, v], at, n)?,
+            };
+            cache.write(l, from, &k, &v);
         }
         self.cpu = len;
         Ok(())
     }
+}
+
+/// Upload rows of keys and values (f32, from the CPU cache) into a layer's caches of element
+/// `T` from value `at` on, converted as the cache stores them.
+fn up<B: Backend, T: KvElem>(
+    link: &mut Link<'_, B>,
+    layer: usize,
+    src: [&[f32]; 2],
+    dst: [&mut B::Buf<T>; 2],
+    at: usize,
+) -> Result<()> {
+    for (src, dst) in src.into_iter().zip(dst) {
+        let rows: Vec<T> = src.iter().map(|&v| T::from_f32(v)).collect();
+        link.up(layer, &rows, dst, at)?;
+    }
+    Ok(())
+}
+
+/// Download `n` values of a layer's key and value caches of element `T` from value `at` on,
+/// as f32.
+fn down<B: Backend, T: KvElem>(
+    link: &mut Link<'_, B>,
+    layer: usize,
+    src: [&B::Buf<T>; 2],
+    at: usize,
+    n: usize,
+) -> Result<[Vec<f32>; 2]> {
+    let mut raw = vec![T::default(); n];
+    let mut out = [Vec::new(), Vec::new()];
+    for (src, out) in src.into_iter().zip(out.iter_mut()) {
+        link.down(layer, src, at, &mut raw)?;
+        *out = raw.iter().map(|&v| v.to_f32()).collect();
+    }
+    Ok(out)
 }

@@ -86,11 +86,15 @@ pub fn open(
     kv: KvPrecision,
     capacity: Option<usize>,
 ) -> Result<Box<dyn Hybrid>> {
+    let planned = placement.file.kv_cache;
     ensure!(
-        kv == KvPrecision::F16 || !placement.file.attention.iter().any(|&a| a),
-        Unsupported,
-        "a KV cache of {} with attention on the GPU: the GPU layers hold f16 keys and values so \
-         far; use the default kv_cache=\"f16\", or plan with attention on the CPU",
+        planned == kv || !placement.file.attention.iter().any(|&a| a),
+        Plan,
+        "the plan sizes its GPU KV caches for {} values and this engine holds {}: pass \
+         kv_cache=\"{}\", or plan again with --kv-cache {}",
+        planned.name(),
+        kv.name(),
+        planned.name(),
         kv.name()
     );
     ensure!(
