@@ -153,9 +153,10 @@ def test_scaled_and_partial_rope_on_the_gpu_side(synth_gguf, tmp_path, device):
     assert got_toks == want_toks
 
 
-@pytest.mark.parametrize("device", DEVICES_WITH_EMU)
-def test_predictors_on_the_gpu_side(relu, tmp_path, device):
-    c, rank = relu.config, 32
+def random_gpu_predictors(model, rank: int) -> tuple[PredictorSet, PredictorSizes]:
+    """Random predictors of ``rank`` for every layer (about a third of the neurons marked
+    active) and the GPU sizes a plan reserves for them (f16 fc1 and fc2)."""
+    c = model.config
     rng = np.random.default_rng(0)
     layers = {
         i: LayerPredictor(
@@ -165,10 +166,15 @@ def test_predictors_on_the_gpu_side(relu, tmp_path, device):
         )
         for i in range(c.n_layers)
     }
-    preds = PredictorSet(layers=layers, model_fingerprint=relu.fingerprint, dtype="F16")
     sizes = PredictorSizes(
         [[2 * rank * c.dim, 2 * c.ffn_dim * rank]] * c.n_layers, [rank] * c.n_layers
     )
+    return PredictorSet(layers=layers, model_fingerprint=model.fingerprint, dtype="F16"), sizes
+
+
+@pytest.mark.parametrize("device", DEVICES_WITH_EMU)
+def test_predictors_on_the_gpu_side(relu, tmp_path, device):
+    preds, sizes = random_gpu_predictors(relu, 32)
     path = plan_for(relu, tmp_path / "pred.safetensors", 0.6, predictors=sizes)
     cpu = Engine(relu, threads=2, sparsity="predictor", predictors=preds)
     hyb = Engine(relu, threads=2, sparsity="predictor", predictors=preds, plan=path, device=device)

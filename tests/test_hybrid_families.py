@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import warnings
 
-import numpy as np
 import pytest
-from test_hybrid import DEVICES, assert_close, greedy
+from test_hybrid import DEVICES, assert_close, greedy, random_gpu_predictors
 
 from powerinfer_rs import Engine, _core
 from powerinfer_rs.formats.plan import save_plan
@@ -22,7 +21,6 @@ from powerinfer_rs.formats.profile import synthetic_profile
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.planning import accounting, load_hardware, make_plan
 from powerinfer_rs.planning.predictor_size import PredictorSizes
-from powerinfer_rs.predictors.model import LayerPredictor, PredictorSet
 
 #: Each family's synth arguments: its own activation where PowerInfer ships a ReLU version
 #: (ReluLLaMA, ReluFalcon, OPT, Bamboo), else the family's (GELU for Gemma, SiLU otherwise).
@@ -65,23 +63,6 @@ def family_model(synth_gguf):
         return _models[arch]
 
     return get
-
-
-def predictors_for(model, rank: int = 16) -> tuple[PredictorSet, PredictorSizes]:
-    c = model.config
-    rng = np.random.default_rng(0)
-    layers = {
-        i: LayerPredictor(
-            fc1=(rng.normal(size=(rank, c.dim)) / np.sqrt(c.dim)).astype(np.float32),
-            fc2=(rng.normal(size=(c.ffn_dim, rank)) / np.sqrt(rank)).astype(np.float32),
-            threshold=0.05,
-        )
-        for i in range(c.n_layers)
-    }
-    sizes = PredictorSizes(
-        [[2 * rank * c.dim, 2 * c.ffn_dim * rank]] * c.n_layers, [rank] * c.n_layers
-    )
-    return PredictorSet(layers=layers, model_fingerprint=model.fingerprint, dtype="F16"), sizes
 
 
 def make(model, share: float, predictors: PredictorSizes | None):
@@ -165,7 +146,7 @@ def test_family_on_the_gpu_side_matches_the_cpu_engine(
     # measured crossover, see TOL_DENSE_REQUANTIZED).
     monkeypatch.setenv("POWERINFER_RS_DOWN_CROSSOVER", "1.0")
     model = family_model(arch)
-    preds, sizes = predictors_for(model)
+    preds, sizes = random_gpu_predictors(model, 16)
     relu = model.config.activation == "relu"
     path = plan_at(model, tmp_path / f"{placement}.safetensors", placement, sizes if relu else None)
     prompt = [5, 17, 123, 42, 7, 250]

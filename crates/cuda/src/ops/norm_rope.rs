@@ -18,14 +18,7 @@ pub(crate) fn rms_norm<B: Backend>(
     eps: f32,
     out: &mut B::Buf<f32>,
 ) -> Result<()> {
-    let n = w.len();
-    ensure!(
-        x.len() == rows * n && out.len() == rows * n,
-        Shape,
-        "rms_norm: x {}, out {} for {rows} rows of {n}",
-        x.len(),
-        out.len()
-    );
+    let n = check_rows::<B>("rms_norm", x, w, rows, out)?;
     if rows == 0 {
         return Ok(());
     }
@@ -40,6 +33,25 @@ pub(crate) fn rms_norm<B: Backend>(
     dev.launch(launch, Checked(()))
 }
 
+/// The width `w.len()` of a norm over `rows` rows, after checking `x` and `out` hold them.
+fn check_rows<B: Backend>(
+    what: &str,
+    x: &B::Buf<f32>,
+    w: &B::Buf<f32>,
+    rows: usize,
+    out: &B::Buf<f32>,
+) -> Result<usize> {
+    let n = w.len();
+    ensure!(
+        x.len() == rows * n && out.len() == rows * n,
+        Shape,
+        "{what}: x {}, out {} for {rows} rows of {n}",
+        x.len(),
+        out.len()
+    );
+    Ok(n)
+}
+
 /// LayerNorm of `rows` rows of `w.len()` values: `out = (x − mean) / sqrt(var + eps) · w + b`
 /// (the biased variance, as the CPU's `layer_norm`).
 pub(crate) fn layer_norm<B: Backend>(
@@ -51,19 +63,12 @@ pub(crate) fn layer_norm<B: Backend>(
     eps: f32,
     out: &mut B::Buf<f32>,
 ) -> Result<()> {
-    let n = w.len();
+    let n = check_rows::<B>("layer_norm", x, w, rows, out)?;
     ensure!(
         b.len() == n,
         Shape,
         "layer_norm: bias {} for a weight of {n}",
         b.len()
-    );
-    ensure!(
-        x.len() == rows * n && out.len() == rows * n,
-        Shape,
-        "layer_norm: x {}, out {} for {rows} rows of {n}",
-        x.len(),
-        out.len()
     );
     if rows == 0 || n == 0 {
         return Ok(());
