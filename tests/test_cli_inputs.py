@@ -309,6 +309,26 @@ def test_threshold_file_without_mode_selects_it(files, capsys):
     assert "\nerror: ModelFileError:" in capsys.readouterr().err
 
 
+def test_kv_cache_option_reaches_the_engine(files, capsys, monkeypatch):
+    from powerinfer_rs.runtime.engine import Engine
+
+    seen = []
+    real = Engine.from_pretrained.__func__
+
+    def spy(cls, *args, **kw):
+        eng = real(cls, *args, **kw)
+        seen.append(eng.kv_cache)
+        return eng
+
+    monkeypatch.setattr(Engine, "from_pretrained", classmethod(spy))
+    for extra, want in (([], "f16"), (["--kv-cache", "f32"], "f32")):
+        assert cli.main(_argv(files, "generate") + extra + ["--quiet"]) == 0
+        assert seen[-1] == want
+    with pytest.raises(SystemExit):
+        cli.main(_argv(files, "generate") + ["--kv-cache", "q8_0"])
+    assert "invalid choice" in capsys.readouterr().err
+
+
 def test_predictor_file_without_mode_selects_it(files, capsys):
     argv = _argv(files, "generate") + ["--predictors", files["predictors"], "--quiet"]
     assert cli.main(argv) == 0

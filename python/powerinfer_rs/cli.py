@@ -75,6 +75,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         "the file); default: copy when huge pages are available and the weights take at most "
         "half of the available memory",
     )
+    p.add_argument(
+        "--kv-cache",
+        choices=["f16", "f32"],
+        default=None,
+        help="precision of the KV cache, one setting for the CPU and the GPU layers: f16 (as "
+        "llama.cpp's) or f32; default: the plan's (serve --plan), else f16",
+    )
 
 
 def _sampling(p: argparse.ArgumentParser) -> None:
@@ -151,6 +158,7 @@ def _engine_options(a: argparse.Namespace) -> dict:
         "thresholds": a.thresholds,
         "predictors": a.predictors,
         "mmap": a.mmap,
+        "kv_cache": a.kv_cache,
     }
 
 
