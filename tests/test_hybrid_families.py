@@ -65,7 +65,8 @@ def family_model(synth_gguf):
     return get
 
 
-def make(model, share: float, predictors: PredictorSizes | None):
+def make(model, share: float, predictors: PredictorSizes | None, kv_cache: str = "f16"):
+    """The mass-objective plan of ``model`` at ``share`` of its bytes (context 64, bucket 32)."""
     c = model.config
     profile = synthetic_profile(
         c.n_layers, c.ffn_dim, 2000, seed=1, model_fingerprint=model.fingerprint
@@ -82,6 +83,7 @@ def make(model, share: float, predictors: PredictorSizes | None):
         solver="greedy",
         objective="mass",
         predictors=predictors,
+        kv_cache=kv_cache,
     )
 
 

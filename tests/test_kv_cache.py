@@ -13,9 +13,8 @@ from test_architectures import ARCHS, GELU
 from powerinfer_rs import Engine
 from powerinfer_rs.errors import PlanError, UnsupportedError
 from powerinfer_rs.formats.plan import save_plan
-from powerinfer_rs.formats.profile import synthetic_profile
 from powerinfer_rs.loading import load_model
-from powerinfer_rs.planning import gpu_allocation, load_hardware, make_plan
+from powerinfer_rs.planning import gpu_allocation
 
 from reference import reference_logits
 
@@ -59,26 +58,12 @@ def test_plans_record_the_precision_and_the_gpu_side_holds_it(synth_gguf, tmp_pa
     with an f32 engine on each GPU device with the CPU engine's logits, and is refused by an
     engine holding f16; an Engine given the plan and no kv_cache takes the plan's."""
     from test_hybrid import DEVICES_WITH_EMU, assert_close, greedy
+    from test_hybrid_families import make
 
     m = load_model(synth_gguf(dtype="Q8_0", activation="relu", seed=3))
     plans = {}
     for kv in ("f16", "f32"):
-        c = m.config
-        profile = synthetic_profile(
-            c.n_layers, c.ffn_dim, 2000, seed=1, model_fingerprint=m.fingerprint
-        )
-        plan = make_plan(
-            m,
-            profile,
-            load_hardware("rtx4090"),
-            10 * 2**20,
-            context=64,
-            bucket=32,
-            min_neurons=0,
-            solver="greedy",
-            objective="mass",
-            kv_cache=kv,
-        )
+        plan = make(m, 4.0, None, kv_cache=kv)
         assert plan.kv_cache == kv and all(plan.placement.attention)
         plans[kv] = (plan, str(save_plan(plan, tmp_path / f"{kv}.safetensors")))
     caches = {kv: dict(gpu_allocation(p, m))["blk.0.cache_k"] for kv, (p, _) in plans.items()}

@@ -348,14 +348,18 @@ mod tests {
     #[test]
     fn ffn_hot_is_what_pack_hot_slabs_uploads() {
         let t = Tiny::new(DType::Q4_0);
+        assert_packs_as_counted(&t, Some(&t.up));
+    }
+
+    /// For every bucket, `ffn_hot` is exactly what `pack_hot_slabs` uploads with `up`.
+    fn assert_packs_as_counted(t: &Tiny, up: Option<&Weight>) {
         let down_t = zeros(DType::F16, 96, 64);
         for bucket in [1, 3, 8, 32] {
             let p = plan(bucket);
             let got = gpu_allocations(&t.model(DType::F16), &p).unwrap();
             let hot = got.iter().find(|a| a.0 == "blk.0.ffn_hot").unwrap().1;
             let ids = &p.table.layers[0].hot;
-            let (layout, bytes) =
-                crate::pack_hot_slabs(&t.gate, Some(&t.up), &down_t, ids, bucket).unwrap();
+            let (layout, bytes) = crate::pack_hot_slabs(&t.gate, up, &down_t, ids, bucket).unwrap();
             assert_eq!((hot, hot), (layout.total_bytes(), bytes.len()));
         }
     }
@@ -373,17 +377,8 @@ mod tests {
         assert_eq!(total_bytes(&gated) - total_bytes(&got), 2 * (2048 - 1792));
         // What pack_hot_slabs uploads without the up matrix, for every bucket; an up matrix of
         // another shape is no concern of a gate-less model.
-        let down_t = zeros(DType::F16, 96, 64);
         t.up = zeros(DType::Q4_0, 3, 64);
-        for bucket in [1, 3, 8, 32] {
-            let p = plan(bucket);
-            let got = gpu_allocations(&t.model(DType::F16), &p).unwrap();
-            let hot = got.iter().find(|a| a.0 == "blk.0.ffn_hot").unwrap().1;
-            let ids = &p.table.layers[0].hot;
-            let (layout, bytes) =
-                crate::pack_hot_slabs(&t.gate, None, &down_t, ids, bucket).unwrap();
-            assert_eq!((hot, hot), (layout.total_bytes(), bytes.len()));
-        }
+        assert_packs_as_counted(&t, None);
         t.config.arch.no_gate = false;
         assert!(gpu_allocations(&t.model(DType::F16), &plan(8)).is_err());
     }
