@@ -341,17 +341,17 @@ def test_synth_cli_writes_every_family(tmp_path, arch, extra):
 )  # fmt: skip
 def test_bad_family_values_are_typed_errors(synth_gguf, field, value):
     """Family values a file could carry that make no sense are refused by the core with a
-    ModelFileError, not computed with."""
+    ShapeError, not computed with."""
     from powerinfer_rs import _core
-    from powerinfer_rs.errors import ModelFileError
+    from powerinfer_rs.errors import ShapeError, UnsupportedError
     from powerinfer_rs.runtime.engine import core_model_arguments
 
     m = load_model(synth_gguf(dtype="F32", activation="relu", arch="gemma2", tie=True))
     cfg, tensors = core_model_arguments(m)
-    with pytest.raises(ModelFileError):
-        _core.Model({**cfg, field: value}, tensors)
-    with pytest.raises(ModelFileError):  # FATReLU needs ReLU
-        _core.Model({**cfg, "activation": "silu", "relu_threshold": 0.1}, tensors)
+    with pytest.raises(ShapeError, match=field):
+        _core.Model(cfg.replace(**{field: value}), tensors)
+    with pytest.raises(UnsupportedError, match="FATReLU"):  # FATReLU needs ReLU
+        _core.Model(cfg.replace(activation="silu", relu_threshold=0.1), tensors)
 
 
 def test_many_layer_falcon_passes_the_layer_count_check(synth_gguf):

@@ -137,8 +137,6 @@ def test_powerinfer_gguf_non_finite_values_are_typed_errors(tmp_path):
 def test_infinite_norm_eps_or_rope_base_is_a_shape_error(key):
     """``llama.attention.layer_norm_rms_epsilon`` / ``llama.rope.freq_base`` = inf passed the
     ``> 0`` check (norms then output zeros)."""
-    import dataclasses
-
     from powerinfer_rs.errors import ShapeError
     from powerinfer_rs.loading.types import ModelConfig
 
@@ -160,7 +158,7 @@ def test_infinite_norm_eps_or_rope_base_is_a_shape_error(key):
     )
     cfg.validate()
     with pytest.raises(ShapeError, match="positive and finite"):
-        dataclasses.replace(cfg, **{key: float("inf")}).validate()
+        cfg.replace(**{key: float("inf")}).validate()
 
 
 def test_non_ascii_digit_layer_names_are_typed_errors(tmp_path):

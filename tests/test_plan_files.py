@@ -121,13 +121,13 @@ def test_slab_and_down_t_rules():
     assert shape.down_t_dtype(0) == "F16"
     assert shape.neuron_read_bytes(0) == 3 * 48 * 2
     assert slab_bytes(shape, 0, 32) == -(-32 * (288 + 4) // 256) * 256
-    q = ModelShape.from_config(cfg.__class__(**{**cfg.__dict__, "dim": 64, "head_dim": 16}), "Q4_0")
+    q = ModelShape.from_config(cfg.replace(dim=64, head_dim=16), "Q4_0")
     assert q.down_t_dtype(0) == "Q4_0" and q.neuron_read_bytes(0) == 3 * 36
     # K-quants: down_t keeps the format when dim is whole super-blocks, else llama.cpp's
     # 32-weight fallback (as the engine's transpose does).
     for dim, want, down_t_bytes in ((576, "Q5_0", 18 * 22), (512, "Q4_K", 2 * 144)):
         k = ModelShape.from_config(
-            cfg.__class__(**{**cfg.__dict__, "dim": dim, "head_dim": dim // 4}),
+            cfg.replace(dim=dim, head_dim=dim // 4),
             "F16",
             dtypes={"blk.0.ffn_down": "Q4_K", "blk.0.ffn_gate": "Q8_0"},
         )

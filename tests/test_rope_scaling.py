@@ -85,7 +85,7 @@ def rel(a, b) -> float:
 
 def without_rope_scaling(m: LoadedModel) -> LoadedModel:
     """``m`` with plain RoPE over whole heads (the reference caches weights per fingerprint)."""
-    cfg = dataclasses.replace(m.config, rope_dims=0, rope_linear_factor=0.0, rope_freq_factors=[])
+    cfg = m.config.replace(rope_dims=0, rope_linear_factor=0.0, rope_freq_factors=[])
     return dataclasses.replace(m, config=cfg, fingerprint=m.fingerprint + "-plain-rope")
 
 
@@ -417,11 +417,11 @@ def test_hf_bad_llama3_values_are_model_file_errors(synth_hf, tmp_path, key, val
 
 
 def test_rust_core_refuses_bad_rope_fields(synth_gguf):
-    """The Rust core checks the same fields itself: a typed ModelFileError, never a panic."""
+    """The Rust core checks the same fields itself: a typed ShapeError, never a panic."""
     m = load_model(synth_gguf(dtype="F32", **synth_args("llama-llama3")))
     cfg, tensors = core_model_arguments(m)
     _core.Model(cfg, tensors)  # the good case builds
-    factors = cfg["rope_freq_factors"]
+    factors = cfg.rope_freq_factors
     for change in (
         {"rope_dims": 7},
         {"rope_dims": 18},
@@ -433,5 +433,5 @@ def test_rust_core_refuses_bad_rope_fields(synth_gguf):
         {"rope_linear_factor": -2.0},
         {"rope_linear_factor": math.inf},
     ):
-        with pytest.raises(ModelFileError, match="(?i)rope"):
-            _core.Model(dict(cfg, **change), tensors)
+        with pytest.raises(ShapeError, match="(?i)rope"):
+            _core.Model(cfg.replace(**change), tensors)

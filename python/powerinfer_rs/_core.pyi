@@ -88,13 +88,68 @@ class Plan:
     @property
     def output(self) -> bool: ...
 
+class ModelConfig:
+    """The model config, declared once in crates/py/src/config.rs: keywords in, fields as
+    attributes (type-checked as they are set; 0 = unset for the optional numbers)."""
+
+    FIELDS: tuple[str, ...]
+    arch: str
+    n_layers: int
+    dim: int
+    ffn_dim: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_context: int
+    rms_eps: float
+    rope_theta: float
+    rope_style: str
+    activation: str
+    bos_token_id: int | None
+    eos_token_ids: list[int]
+    add_bos: bool
+    tie_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+    sliding_window: int
+    swa_pattern: int
+    rope_theta_local: float
+    norm_offset: float
+    post_norms: bool
+    embed_scale: float
+    attn_scale: float
+    attn_softcap: float
+    final_softcap: float
+    relu_threshold: float
+    up_act: bool
+    layer_norm: bool
+    learned_pos: bool
+    pos_offset: int
+    no_gate: bool
+    ffn_bias: bool
+    out_bias: bool
+    parallel: bool
+    rope_dims: int
+    rope_linear_factor: float
+    rope_freq_factors: list[float]
+
+    def __init__(self, **fields: object) -> None: ...
+    def replace(self, **changes: object) -> ModelConfig: ...
+    def to_dict(self) -> dict[str, object]: ...
+    def validate(self) -> None: ...
+    @property
+    def rotary_dims(self) -> int: ...
+    def global_tensors(self) -> list[tuple[str, int, int, bool]]: ...
+    def layer_tensors(self) -> list[tuple[str, int, int, bool]]: ...
+
 class Model:
     """Model weights handed over without copies (or, with ``copy_weights``, the tensors of
     2 MiB or more copied onto huge pages)."""
 
     def __init__(
         self,
-        config: dict[str, object],
+        config: ModelConfig,
         tensors: dict[str, tuple[str, int, int, npt.NDArray[np.uint8]]],
         copy_weights: bool = False,
     ) -> None: ...

@@ -15,6 +15,25 @@ pub enum RopeStyle {
     Neox,
 }
 
+impl RopeStyle {
+    /// Parse "norm" / "neox".
+    pub fn from_name(name: &str) -> Result<RopeStyle> {
+        Ok(match name {
+            "norm" => RopeStyle::Norm,
+            "neox" => RopeStyle::Neox,
+            _ => bail!(Unsupported, "rope style {name:?} (supported: norm, neox)"),
+        })
+    }
+
+    /// The name [`RopeStyle::from_name`] reads.
+    pub fn name(self) -> &'static str {
+        match self {
+            RopeStyle::Norm => "norm",
+            RopeStyle::Neox => "neox",
+        }
+    }
+}
+
 /// What changes RoPE's angles beyond the base `theta`, and how much of each head rotates.
 /// `RopeScaling::default()` is plain RoPE over the whole head.
 ///
@@ -64,8 +83,21 @@ impl Activation {
             "relu" => Activation::Relu,
             "gelu_erf" => Activation::GeluErf,
             s if s.starts_with("gelu") => Activation::Gelu,
-            _ => bail!(Unsupported, "activation {name:?}"),
+            _ => bail!(
+                Unsupported,
+                "activation {name:?} (supported: silu, relu, gelu, gelu_erf)"
+            ),
         })
+    }
+
+    /// The canonical name ([`Activation::from_name`] reads it back).
+    pub fn name(self) -> &'static str {
+        match self {
+            Activation::Silu => "silu",
+            Activation::Relu => "relu",
+            Activation::Gelu => "gelu",
+            Activation::GeluErf => "gelu_erf",
+        }
     }
 
     /// Apply to one value.
@@ -161,6 +193,34 @@ impl ArchFeatures {
     }
 }
 
+/// One tensor a model holds: its canonical name (llama.cpp's without `.weight`; biases keep
+/// `.bias`), its shape as `rows x cols` for `y = W x` (a norm or bias vector is one row), and
+/// whether the model needs it (an optional one is shape-checked where present).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TensorShape {
+    pub name: &'static str,
+    pub rows: usize,
+    pub cols: usize,
+    pub required: bool,
+}
+
+impl TensorShape {
+    /// A required matrix.
+    pub fn matrix(name: &'static str, rows: usize, cols: usize) -> TensorShape {
+        TensorShape {
+            name,
+            rows,
+            cols,
+            required: true,
+        }
+    }
+
+    /// A required norm or bias vector of `len` values.
+    pub fn vector(name: &'static str, len: usize) -> TensorShape {
+        TensorShape::matrix(name, 1, len)
+    }
+}
+
 /// Shape and numerics of a llama-style model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -185,48 +245,51 @@ pub struct ModelConfig {
 impl ModelConfig {
     /// Check the numbers are consistent with each other.
     pub fn validate(&self) -> Result<()> {
-        ensure!(self.n_layers > 0, ModelFile, "n_layers must be > 0");
-        ensure!(
-            self.dim > 0 && self.ffn_dim > 0,
-            ModelFile,
-            "dim and ffn_dim must be > 0"
-        );
-        ensure!(
-            self.n_heads > 0 && self.n_kv_heads > 0,
-            ModelFile,
-            "head counts must be > 0"
-        );
+        for (name, v) in [
+            ("n_layers", self.n_layers),
+            ("dim", self.dim),
+            ("ffn_dim", self.ffn_dim),
+            ("n_heads", self.n_heads),
+            ("n_kv_heads", self.n_kv_heads),
+            ("head_dim", self.head_dim),
+            ("vocab_size", self.vocab_size),
+            ("max_context", self.max_context),
+        ] {
+            ensure!(
+                v > 0,
+                Shape,
+                "config {name} must be a positive integer, got {v}"
+            );
+        }
         ensure!(
             self.n_heads.is_multiple_of(self.n_kv_heads),
-            ModelFile,
+            Shape,
             "n_heads {} is not a multiple of n_kv_heads {}",
             self.n_heads,
             self.n_kv_heads
         );
         ensure!(
-            self.head_dim > 0 && self.head_dim.is_multiple_of(2),
-            ModelFile,
-            "head_dim {} must be even and > 0",
+            self.head_dim.is_multiple_of(2),
+            Shape,
+            "head_dim must be even for RoPE, got {}",
             self.head_dim
         );
-        ensure!(self.vocab_size > 0, ModelFile, "vocab_size must be > 0");
-        ensure!(self.max_context > 0, ModelFile, "max_context must be > 0");
         ensure!(
             self.rms_eps > 0.0 && self.rms_eps.is_finite(),
-            ModelFile,
-            "rms_eps {} must be a positive number",
+            Shape,
+            "rms_eps {} must be positive and finite",
             self.rms_eps
         );
         ensure!(
             self.rope_theta > 0.0 && self.rope_theta.is_finite(),
-            ModelFile,
-            "rope_theta {} must be a positive number",
+            Shape,
+            "rope_theta {} must be positive and finite",
             self.rope_theta
         );
         self.validate_rope()?;
         ensure!(
             self.arch.sliding_window != Some(0),
-            ModelFile,
+            Shape,
             "sliding_window must be > 0"
         );
         let a = &self.arch;
@@ -239,25 +302,25 @@ impl ModelConfig {
         ] {
             ensure!(
                 v.is_none_or(|v| v > 0.0 && v.is_finite()),
-                ModelFile,
-                "{name} {v:?} must be a positive number"
+                Shape,
+                "{name} {v:?} must be positive and finite"
             );
         }
         ensure!(
             a.norm_offset.is_finite(),
-            ModelFile,
+            Shape,
             "norm_offset must be finite"
         );
         ensure!(
             a.relu_threshold >= 0.0 && a.relu_threshold.is_finite(),
-            ModelFile,
+            Shape,
             "relu_threshold {} must be a non-negative number",
             a.relu_threshold
         );
         ensure!(
             a.relu_threshold == 0.0 || self.activation == Activation::Relu,
-            ModelFile,
-            "relu_threshold (FATReLU) needs the ReLU activation"
+            Unsupported,
+            "relu_threshold (FATReLU) needs the relu activation"
         );
         Ok(())
     }
@@ -266,7 +329,7 @@ impl ModelConfig {
         let r = &self.rope;
         ensure!(
             r.dims.is_multiple_of(2) && r.dims <= self.head_dim,
-            ModelFile,
+            Shape,
             "rope_dims {} must be even and at most head_dim {}",
             r.dims,
             self.head_dim
@@ -274,15 +337,15 @@ impl ModelConfig {
         if let Some(f) = r.linear_factor {
             ensure!(
                 f > 0.0 && f.is_finite(),
-                ModelFile,
-                "the linear RoPE scaling factor {f} must be a positive number"
+                Shape,
+                "the linear RoPE scaling factor {f} must be positive and finite"
             );
         }
         if !r.freq_factors.is_empty() {
             let pairs = self.rope_dims() / 2;
             ensure!(
                 r.freq_factors.len() == pairs,
-                ModelFile,
+                Shape,
                 "{} RoPE frequency factors for {pairs} rotated pairs (rope_dims {})",
                 r.freq_factors.len(),
                 self.rope_dims()
@@ -294,8 +357,8 @@ impl ModelConfig {
                 .find(|(_, f)| !(**f > 0.0 && f.is_finite()))
             {
                 bail!(
-                    ModelFile,
-                    "RoPE frequency factor {i} is {f}, must be a positive number"
+                    Shape,
+                    "RoPE frequency factor {i} is {f}, must be positive and finite"
                 );
             }
         }
@@ -353,6 +416,95 @@ impl ModelConfig {
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }
+
+    /// The tensors outside the layers, in file order (see [`TensorShape`]).
+    pub fn global_tensors(&self) -> Vec<TensorShape> {
+        let (d, a) = (self.dim, &self.arch);
+        let mut out = vec![TensorShape::matrix("token_embd", self.vocab_size, d)];
+        if a.learned_pos {
+            let rows = self.max_context + a.pos_offset;
+            out.push(TensorShape::matrix("position_embd", rows, d));
+        }
+        out.push(TensorShape::vector("output_norm", d));
+        if a.layer_norm {
+            out.push(TensorShape::vector("output_norm.bias", d));
+        }
+        out.push(TensorShape {
+            required: false, // absent: the head is the embeddings (tied)
+            ..TensorShape::matrix("output", self.vocab_size, d)
+        });
+        out
+    }
+
+    /// The tensors of every layer, named without their `blk.N.` prefix, in file order: what
+    /// the family's steps read (see [`TensorShape`]). The Python loaders' shape checks and
+    /// the engine's weight table both read it.
+    pub fn layer_tensors(&self) -> Vec<TensorShape> {
+        let (d, a) = (self.dim, &self.arch);
+        let (q, kv, f) = (self.q_dim(), self.kv_dim(), self.ffn_dim);
+        let (m, v) = (TensorShape::matrix, TensorShape::vector);
+        let mut out = vec![v("attn_norm", d)];
+        if a.layer_norm {
+            out.push(v("attn_norm.bias", d));
+        }
+        out.extend([m("attn_q", q, d), m("attn_k", kv, d), m("attn_v", kv, d)]);
+        if a.qkv_bias {
+            out.extend([
+                v("attn_q.bias", q),
+                v("attn_k.bias", kv),
+                v("attn_v.bias", kv),
+            ]);
+        }
+        if a.qk_norm {
+            out.extend([
+                v("attn_q_norm", self.head_dim),
+                v("attn_k_norm", self.head_dim),
+            ]);
+        }
+        out.push(m("attn_output", d, q));
+        if a.out_bias {
+            out.push(v("attn_output.bias", d));
+        }
+        if a.post_norms {
+            out.push(v("post_attention_norm", d));
+        }
+        // A parallel block norms the FFN input with `attn_norm_2` where the file has one,
+        // else with the attention's norm.
+        let (ffn_norm, required) = match a.parallel {
+            true => ("attn_norm_2", false),
+            false => ("ffn_norm", true),
+        };
+        out.push(TensorShape {
+            required,
+            ..v(ffn_norm, d)
+        });
+        if a.layer_norm {
+            let bias = if a.parallel {
+                "attn_norm_2.bias"
+            } else {
+                "ffn_norm.bias"
+            };
+            out.push(TensorShape {
+                required,
+                ..v(bias, d)
+            });
+        }
+        if !a.no_gate {
+            out.push(m("ffn_gate", f, d));
+        }
+        out.push(m("ffn_up", f, d));
+        if a.ffn_bias {
+            out.push(v("ffn_up.bias", f));
+        }
+        out.push(m("ffn_down", d, f));
+        if a.ffn_bias {
+            out.push(v("ffn_down.bias", d));
+        }
+        if a.post_norms {
+            out.push(v("post_ffw_norm", d));
+        }
+        out
+    }
 }
 
 #[cfg(test)]
@@ -387,7 +539,7 @@ mod tests {
         let bad = |f: &dyn Fn(&mut ModelConfig)| {
             let mut b = c.clone();
             f(&mut b);
-            matches!(b.validate(), Err(crate::Error::ModelFile(_)))
+            matches!(b.validate(), Err(crate::Error::Shape(_)))
         };
         assert!(bad(&|b| b.rope.dims = 7));
         assert!(bad(&|b| b.rope.dims = 18));
@@ -424,6 +576,52 @@ mod tests {
         let local = c.rope_inv_freqs(true);
         assert!((local[1] - 100f64.powf(-0.25)).abs() < 1e-15);
         assert_eq!(c.rope_inv_freqs(false), f);
+    }
+
+    #[test]
+    fn tensor_lists_follow_the_features() {
+        let names = |c: &ModelConfig| -> Vec<(&str, bool)> {
+            let mut v: Vec<_> = c
+                .global_tensors()
+                .into_iter()
+                .chain(c.layer_tensors())
+                .collect();
+            v.sort_by_key(|t| t.name);
+            v.into_iter().map(|t| (t.name, t.required)).collect()
+        };
+        let llama = cfg();
+        let l = llama.layer_tensors();
+        assert_eq!(l.len(), 9);
+        let down = l.iter().find(|t| t.name == "ffn_down").unwrap();
+        assert_eq!((down.rows, down.cols), (llama.dim, llama.ffn_dim));
+        assert!(names(&llama).contains(&("output", false)));
+        // OPT: LayerNorm biases, learned positions, biases everywhere, no gate.
+        let mut opt = cfg();
+        let a = &mut opt.arch;
+        (a.layer_norm, a.learned_pos, a.pos_offset, a.no_gate) = (true, true, 2, true);
+        (a.ffn_bias, a.out_bias, a.qkv_bias) = (true, true, true);
+        let n = names(&opt);
+        for want in [
+            "position_embd",
+            "output_norm.bias",
+            "attn_norm.bias",
+            "ffn_norm.bias",
+            "attn_q.bias",
+            "attn_output.bias",
+            "ffn_up.bias",
+            "ffn_down.bias",
+        ] {
+            assert!(n.contains(&(want, true)), "{want}");
+        }
+        assert!(!n.iter().any(|(t, _)| *t == "ffn_gate"));
+        let pos = opt.global_tensors()[1];
+        assert_eq!((pos.name, pos.rows), ("position_embd", opt.max_context + 2));
+        // Falcon: the FFN's norm is an optional attn_norm_2 (else the attention's).
+        let mut falcon = cfg();
+        (falcon.arch.parallel, falcon.arch.layer_norm) = (true, true);
+        let n = names(&falcon);
+        assert!(n.contains(&("attn_norm_2", false)) && n.contains(&("attn_norm_2.bias", false)));
+        assert!(!n.iter().any(|(t, _)| *t == "ffn_norm"));
     }
 
     #[test]

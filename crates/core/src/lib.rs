@@ -17,7 +17,7 @@ pub mod testing;
 pub mod weight;
 
 pub use buffer::Buffer;
-pub use config::{Activation, ArchFeatures, ModelConfig, RopeScaling, RopeStyle};
+pub use config::{Activation, ArchFeatures, ModelConfig, RopeScaling, RopeStyle, TensorShape};
 pub use dequantize::dequantize_row;
 pub use dtype::DType;
 pub use error::{Error, Result};

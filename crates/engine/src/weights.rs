@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
-use powerinfer_core::{bail, ensure, DType, ModelConfig, PageBuf, Result, Weight};
+use powerinfer_core::{bail, ensure, DType, ModelConfig, PageBuf, Result, TensorShape, Weight};
 use rayon::prelude::*;
 
 use crate::layer::ModelProgram;
@@ -67,25 +67,18 @@ pub struct ModelWeights {
     down_crossover: OnceLock<f32>,
 }
 
-/// Take a tensor out of the map and check its shape.
-fn take(map: &mut HashMap<String, Weight>, name: &str, rows: usize, cols: usize) -> Result<Weight> {
-    let Some(w) = map.remove(name) else {
-        bail!(ModelFile, "missing tensor {name}");
-    };
-    ensure!(
-        w.rows == rows && w.cols == cols,
-        Shape,
-        "tensor {name} is {} x {}, the config implies {rows} x {cols}",
-        w.rows,
-        w.cols
-    );
-    Ok(w)
+/// Take a tensor out of the map (its shape checked by [`check_shapes`]).
+fn take(map: &mut HashMap<String, Weight>, name: &str) -> Result<Weight> {
+    match map.remove(name) {
+        Some(w) => Ok(w),
+        None => bail!(ModelFile, "missing tensor {name}"),
+    }
 }
 
 /// A norm or bias vector as f32, whatever its stored format.
-fn take_vector(map: &mut HashMap<String, Weight>, name: &str, len: usize) -> Result<Vec<f32>> {
-    let w = take(map, name, 1, len)?;
-    let mut out = vec![0.0f32; len];
+fn take_vector(map: &mut HashMap<String, Weight>, name: &str) -> Result<Vec<f32>> {
+    let w = take(map, name)?;
+    let mut out = vec![0.0f32; w.cols];
     powerinfer_cpu::dequantize_row(w.dtype, w.row(0), &mut out)?;
     ensure!(
         out.iter().all(|v| v.is_finite()),
@@ -95,14 +88,42 @@ fn take_vector(map: &mut HashMap<String, Weight>, name: &str, len: usize) -> Res
     Ok(out)
 }
 
+/// Every tensor the config describes ([`ModelConfig::global_tensors`],
+/// [`ModelConfig::layer_tensors`]) present where required and of its shape. A layer's
+/// `ffn_down` may come transposed instead, as PowerInfer's `ffn_down_t` (`ffn x dim`).
+fn check_shapes(c: &ModelConfig, tensors: &HashMap<String, Weight>) -> Result<()> {
+    let layer = c.layer_tensors();
+    let named = |prefix: String, t: TensorShape| (prefix + t.name, t);
+    let global = c
+        .global_tensors()
+        .into_iter()
+        .map(|t| named(String::new(), t));
+    let layers =
+        (0..c.n_layers).flat_map(|i| layer.iter().map(move |t| named(format!("blk.{i}."), *t)));
+    for (name, t) in global.chain(layers) {
+        let transposed = format!("{name}_t");
+        let (name, rows, cols) = match tensors.contains_key(&transposed) && t.name == "ffn_down" {
+            true => (transposed, t.cols, t.rows),
+            false => (name, t.rows, t.cols),
+        };
+        match tensors.get(&name) {
+            Some(w) => ensure!(
+                w.rows == rows && w.cols == cols,
+                Shape,
+                "tensor {name} is {} x {}, the config implies {rows} x {cols}",
+                w.rows,
+                w.cols
+            ),
+            None if t.required => bail!(ModelFile, "missing tensor {name}"),
+            None => {}
+        }
+    }
+    Ok(())
+}
+
 /// A norm vector with the family's offset folded in (Gemma's `1 + w`).
-fn take_norm(
-    map: &mut HashMap<String, Weight>,
-    name: &str,
-    len: usize,
-    offset: f32,
-) -> Result<Vec<f32>> {
-    let mut w = take_vector(map, name, len)?;
+fn take_norm(map: &mut HashMap<String, Weight>, name: &str, offset: f32) -> Result<Vec<f32>> {
+    let mut w = take_vector(map, name)?;
     if offset != 0.0 {
         w.iter_mut().for_each(|v| *v += offset);
     }
@@ -168,124 +189,94 @@ impl ModelWeights {
         mut tensors: HashMap<String, Weight>,
     ) -> Result<ModelWeights> {
         config.validate()?;
+        check_shapes(&config, &tensors)?;
         check_finite(&tensors)?;
         let c = &config;
-        let token_embd = take(&mut tensors, "token_embd", c.vocab_size, c.dim)?;
+        let a = &c.arch;
+        let off = a.norm_offset;
+        let token_embd = take(&mut tensors, "token_embd")?;
         let output = match tensors.contains_key("output") {
-            true => take(&mut tensors, "output", c.vocab_size, c.dim)?,
+            true => take(&mut tensors, "output")?,
             false => token_embd.clone(),
         };
-        let off = c.arch.norm_offset;
-        let a = &c.arch;
-        let output_norm = take_norm(&mut tensors, "output_norm", c.dim, off)?;
+        let output_norm = take_norm(&mut tensors, "output_norm", off)?;
         let output_norm_bias = match a.layer_norm {
-            true => Some(take_vector(&mut tensors, "output_norm.bias", c.dim)?),
+            true => Some(take_vector(&mut tensors, "output_norm.bias")?),
             false => None,
         };
         let pos_embd = match a.learned_pos {
-            true => {
-                let rows = tensors.get("position_embd").map_or(0, |w| w.rows);
-                ensure!(
-                    rows >= c.max_context + a.pos_offset,
-                    Shape,
-                    "position_embd has {rows} rows, fewer than the context {} + offset {}",
-                    c.max_context,
-                    a.pos_offset
-                );
-                Some(take(&mut tensors, "position_embd", rows, c.dim)?)
-            }
+            true => Some(take(&mut tensors, "position_embd")?),
             false => None,
         };
         let mut layers = Vec::with_capacity(c.n_layers);
         let mut down_t_given = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
-            let mut t = |name: &str, rows: usize, cols: usize| {
-                take(&mut tensors, &format!("blk.{i}.{name}"), rows, cols)
-            };
-            let wq = t("attn_q", c.q_dim(), c.dim)?;
-            let wk = t("attn_k", c.kv_dim(), c.dim)?;
-            let wv = t("attn_v", c.kv_dim(), c.dim)?;
-            let wo = t("attn_output", c.dim, c.q_dim())?;
+            let name = |s: &str| format!("blk.{i}.{s}");
+            let has = |tensors: &HashMap<String, Weight>, s: &str| tensors.contains_key(&name(s));
+            let mut t = |s: &str| take(&mut tensors, &name(s));
+            let wq = t("attn_q")?;
+            let wk = t("attn_k")?;
+            let wv = t("attn_v")?;
+            let wo = t("attn_output")?;
             // Without a gate the one input projection (`ffn_up`, OPT's fc1) is the activated one.
-            let (w_gate, w_up) = match c.arch.no_gate {
+            let (w_gate, w_up) = match a.no_gate {
                 true => {
-                    let w = t("ffn_up", c.ffn_dim, c.dim)?;
+                    let w = t("ffn_up")?;
                     (w.clone(), w)
                 }
-                false => (
-                    t("ffn_gate", c.ffn_dim, c.dim)?,
-                    t("ffn_up", c.ffn_dim, c.dim)?,
-                ),
+                false => (t("ffn_gate")?, t("ffn_up")?),
             };
-            let given_t = match tensors.contains_key(&format!("blk.{i}.ffn_down_t")) {
-                true => Some(take(
-                    &mut tensors,
-                    &format!("blk.{i}.ffn_down_t"),
-                    c.ffn_dim,
-                    c.dim,
-                )?),
+            let given_t = match has(&tensors, "ffn_down_t") {
+                true => Some(take(&mut tensors, &name("ffn_down_t"))?),
                 false => None,
             };
-            let w_down = match (&given_t, tensors.contains_key(&format!("blk.{i}.ffn_down"))) {
+            let w_down = match (&given_t, has(&tensors, "ffn_down")) {
                 (Some(dt), false) => crate::transpose::transpose(dt)?,
-                _ => take(&mut tensors, &format!("blk.{i}.ffn_down"), c.dim, c.ffn_dim)?,
+                _ => take(&mut tensors, &name("ffn_down"))?,
             };
             down_t_given.push(given_t);
-            let attn_norm = take_norm(&mut tensors, &format!("blk.{i}.attn_norm"), c.dim, off)?;
             // Parallel blocks norm the FFN input with `attn_norm_2`, or share the attention's.
             let ffn_norm_name = match a.parallel {
-                true if tensors.contains_key(&format!("blk.{i}.attn_norm_2")) => "attn_norm_2",
-                true => "attn_norm",
-                false => "ffn_norm",
+                true if has(&tensors, "attn_norm_2") => Some("attn_norm_2"),
+                true => None,
+                false => Some("ffn_norm"),
             };
+            let mut norm = |s: &str| take_norm(&mut tensors, &name(s), off);
+            let attn_norm = norm("attn_norm")?;
             let ffn_norm = match ffn_norm_name {
-                "attn_norm" => attn_norm.clone(),
-                name => take_norm(&mut tensors, &format!("blk.{i}.{name}"), c.dim, off)?,
+                Some(s) => norm(s)?,
+                None => attn_norm.clone(),
             };
-            let mut norm = |name: &str, len: usize| {
-                take_norm(&mut tensors, &format!("blk.{i}.{name}"), len, off)
-            };
-            let qk_norm = match c.arch.qk_norm {
-                true => Some([
-                    norm("attn_q_norm", c.head_dim)?,
-                    norm("attn_k_norm", c.head_dim)?,
-                ]),
+            let qk_norm = match a.qk_norm {
+                true => Some([norm("attn_q_norm")?, norm("attn_k_norm")?]),
                 false => None,
             };
-            let post_norms = match c.arch.post_norms {
-                true => Some([
-                    norm("post_attention_norm", c.dim)?,
-                    norm("post_ffw_norm", c.dim)?,
-                ]),
+            let post_norms = match a.post_norms {
+                true => Some([norm("post_attention_norm")?, norm("post_ffw_norm")?]),
                 false => None,
             };
-            let mut v =
-                |name: &str, len: usize| take_vector(&mut tensors, &format!("blk.{i}.{name}"), len);
+            let mut v = |s: &str| take_vector(&mut tensors, &name(s));
             let norm_bias = match a.layer_norm {
                 true => {
-                    let attn = v("attn_norm.bias", c.dim)?;
+                    let attn = v("attn_norm.bias")?;
                     let ffn = match ffn_norm_name {
-                        "attn_norm" => attn.clone(),
-                        name => v(&format!("{name}.bias"), c.dim)?,
+                        Some(s) => v(&format!("{s}.bias"))?,
+                        None => attn.clone(),
                     };
                     Some([attn, ffn])
                 }
                 false => None,
             };
             let out_bias = match a.out_bias {
-                true => Some(v("attn_output.bias", c.dim)?),
+                true => Some(v("attn_output.bias")?),
                 false => None,
             };
             let ffn_bias = match a.ffn_bias {
-                true => Some([v("ffn_up.bias", c.ffn_dim)?, v("ffn_down.bias", c.dim)?]),
+                true => Some([v("ffn_up.bias")?, v("ffn_down.bias")?]),
                 false => None,
             };
-            let qkv_bias = match c.arch.qkv_bias {
-                true => Some([
-                    v("attn_q.bias", c.q_dim())?,
-                    v("attn_k.bias", c.kv_dim())?,
-                    v("attn_v.bias", c.kv_dim())?,
-                ]),
+            let qkv_bias = match a.qkv_bias {
+                true => Some([v("attn_q.bias")?, v("attn_k.bias")?, v("attn_v.bias")?]),
                 false => None,
             };
             layers.push(LayerWeights {

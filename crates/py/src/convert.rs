@@ -1,116 +1,16 @@
-//! Python values into engine values: the config dict into a `ModelConfig`, and numpy arrays into
-//! `Weight`s that borrow the array's memory (no copy) and keep the array alive.
+//! Python values into engine values: numpy arrays into `Weight`s that borrow the array's memory
+//! (no copy) and keep the array alive.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use numpy::{PyArrayDescrMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
-use powerinfer_core::{
-    bail, ensure, Activation, ArchFeatures, Buffer, DType, Error, ModelConfig, Result, RopeScaling,
-    RopeStyle, Weight,
-};
+use powerinfer_core::{bail, ensure, Buffer, DType, Error, Result, Weight};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
 /// Keeps a numpy array alive while Rust reads its memory.
 struct PyOwner(#[allow(dead_code)] Py<PyAny>);
-
-fn field<'py, T: for<'a> FromPyObject<'a, 'py, Error = PyErr>>(
-    d: &Bound<'py, PyDict>,
-    key: &str,
-) -> Result<T> {
-    let v = d
-        .get_item(key)
-        .map_err(|e| Error::ModelFile(format!("config: {e}")))?
-        .ok_or_else(|| Error::ModelFile(format!("config lacks {key:?}")))?;
-    v.extract::<T>()
-        .map_err(|e| Error::ModelFile(format!("config field {key:?}: {e}")))
-}
-
-/// An optional config field: `default` when absent or None.
-fn field_or<'py, T: for<'a> FromPyObject<'a, 'py, Error = PyErr>>(
-    d: &Bound<'py, PyDict>,
-    key: &str,
-    default: T,
-) -> Result<T> {
-    match d.get_item(key) {
-        Ok(Some(v)) if !v.is_none() => v
-            .extract::<T>()
-            .map_err(|e| Error::ModelFile(format!("config field {key:?}: {e}"))),
-        _ => Ok(default),
-    }
-}
-
-/// The family's features from the config dict (all optional: absent means llama).
-fn arch_from_dict(d: &Bound<'_, PyDict>) -> Result<ArchFeatures> {
-    let window: usize = field_or(d, "sliding_window", 0)?;
-    // 0 (or absent) means "not set" for the optional numbers.
-    let opt = |key: &str| -> Result<Option<f32>> {
-        let v: f32 = field_or(d, key, 0.0)?;
-        Ok((v != 0.0).then_some(v))
-    };
-    Ok(ArchFeatures {
-        qkv_bias: field_or(d, "qkv_bias", false)?,
-        qk_norm: field_or(d, "qk_norm", false)?,
-        sliding_window: (window > 0).then_some(window),
-        swa_pattern: field_or(d, "swa_pattern", 0)?,
-        rope_theta_local: opt("rope_theta_local")?,
-        norm_offset: field_or(d, "norm_offset", 0.0)?,
-        post_norms: field_or(d, "post_norms", false)?,
-        embed_scale: opt("embed_scale")?,
-        attn_scale: opt("attn_scale")?,
-        attn_softcap: opt("attn_softcap")?,
-        final_softcap: opt("final_softcap")?,
-        relu_threshold: field_or(d, "relu_threshold", 0.0)?,
-        up_act: field_or(d, "up_act", false)?,
-        layer_norm: field_or(d, "layer_norm", false)?,
-        learned_pos: field_or(d, "learned_pos", false)?,
-        pos_offset: field_or(d, "pos_offset", 0)?,
-        no_gate: field_or(d, "no_gate", false)?,
-        ffn_bias: field_or(d, "ffn_bias", false)?,
-        out_bias: field_or(d, "out_bias", false)?,
-        parallel: field_or(d, "parallel", false)?,
-    })
-}
-
-/// RoPE scaling and partial rotation from the config dict (all optional: absent means none).
-fn rope_from_dict(d: &Bound<'_, PyDict>) -> Result<RopeScaling> {
-    let linear: f32 = field_or(d, "rope_linear_factor", 0.0)?;
-    Ok(RopeScaling {
-        dims: field_or(d, "rope_dims", 0)?,
-        linear_factor: (linear != 0.0).then_some(linear),
-        freq_factors: field_or(d, "rope_freq_factors", Vec::new())?,
-    })
-}
-
-/// Build a `ModelConfig` from the loader's config (a dict of its fields).
-pub fn config_from_dict(d: &Bound<'_, PyDict>) -> Result<ModelConfig> {
-    let rope: String = field(d, "rope_style")?;
-    let rope_style = match rope.as_str() {
-        "norm" => RopeStyle::Norm,
-        "neox" => RopeStyle::Neox,
-        other => return Err(Error::Unsupported(format!("rope style {other:?}"))),
-    };
-    let act: String = field(d, "activation")?;
-    let cfg = ModelConfig {
-        n_layers: field(d, "n_layers")?,
-        dim: field(d, "dim")?,
-        ffn_dim: field(d, "ffn_dim")?,
-        n_heads: field(d, "n_heads")?,
-        n_kv_heads: field(d, "n_kv_heads")?,
-        head_dim: field(d, "head_dim")?,
-        vocab_size: field(d, "vocab_size")?,
-        max_context: field(d, "max_context")?,
-        rms_eps: field(d, "rms_eps")?,
-        rope_theta: field(d, "rope_theta")?,
-        rope_style,
-        activation: Activation::from_name(&act)?,
-        arch: arch_from_dict(d)?,
-        rope: rope_from_dict(d)?,
-    };
-    cfg.validate()?;
-    Ok(cfg)
-}
 
 /// The bytes of a C-contiguous numpy array, borrowed (no copy): the buffer keeps the array alive.
 fn borrow_bytes(name: &str, obj: &Bound<'_, PyAny>) -> Result<Buffer> {

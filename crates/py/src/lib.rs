@@ -4,6 +4,7 @@
 //! re-exported by `powerinfer_rs.errors`. No engine logic lives in this crate.
 
 mod blocks;
+mod config;
 mod convert;
 mod cuda;
 mod exceptions;
@@ -41,6 +42,7 @@ fn measure_read_bandwidth(
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<config::PyModelConfig>()?;
     m.add_class::<model::PyModel>()?;
     m.add_class::<session::PySession>()?;
     m.add_class::<predictors::PyPredictors>()?;

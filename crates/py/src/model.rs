@@ -9,7 +9,8 @@ use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::convert::{config_from_dict, tensors_from_dict};
+use crate::config::PyModelConfig;
+use crate::convert::tensors_from_dict;
 use crate::exceptions::{check, run_detached};
 use crate::plan::PyPlan;
 
@@ -21,17 +22,17 @@ pub struct PyModel {
 
 #[pymethods]
 impl PyModel {
-    /// Build from a config dict and `{name: (dtype, rows, cols, uint8 array)}`: the arrays
+    /// Build from a `ModelConfig` and `{name: (dtype, rows, cols, uint8 array)}`: the arrays
     /// borrowed, or with `copy_weights` every one of 2 MiB or more copied onto huge pages
     /// (faster scattered row reads than a memory-mapped file's 4 KiB pages).
     #[new]
     #[pyo3(signature = (config, tensors, copy_weights = false))]
     fn new(
-        config: &Bound<'_, PyDict>,
+        config: PyRef<'_, PyModelConfig>,
         tensors: &Bound<'_, PyDict>,
         copy_weights: bool,
     ) -> PyResult<Self> {
-        let cfg = check(config_from_dict(config))?;
+        let cfg = config.core.clone();
         let map = check(tensors_from_dict(tensors, copy_weights))?;
         let weights = check(ModelWeights::from_tensors(cfg, map))?;
         Ok(PyModel {

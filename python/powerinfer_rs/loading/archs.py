@@ -11,14 +11,24 @@ are llama.cpp's without ``.weight`` (``blk.N.attn_q``); biases keep ``.bias``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import ShapeError, UnsupportedError
-from .types import TensorData
+from .types import ModelConfig, TensorData
 
 
 @dataclass(frozen=True)
 class Family:
     """One model family.
+
+    ``config`` holds the engine config values the family fixes (:class:`.types.ModelConfig`
+    field names; the engine declares them, crates/py/src/config.rs): what it changes in the
+    llama layer (``qkv_bias``, ``qk_norm``, ``post_norms``, ``swa_pattern``,
+    ``rope_theta_local``, ``up_act``, OPT's and Falcon's ``layer_norm``, ``learned_pos``,
+    ``pos_offset``, ``no_gate``, ``ffn_bias``, ``out_bias``, ``parallel``) and its
+    ``activation`` where its files do not name one. Reading ``family.<field>`` gives the value
+    there, else the config's default. The loaders build a config as
+    ``ModelConfig(**family.config, <what the file says>)`` (:func:`family_config`).
 
     ``gguf_arch`` is llama.cpp's ``general.architecture``; ``rope_style`` its RoPE pairing in
     GGUF files ("norm" where llama.cpp's converter permutes q/k rows, "neox" where it does not;
@@ -26,27 +36,21 @@ class Family:
     ``hf_archs`` the ``architectures`` of its checkpoints; ``hf_layer_names`` adds to or
     overrides the llama parameter names. ``fused_qkv`` / ``fused_gate_up``: the file stores q,k,v
     (gate,up) as one matrix, split at load. ``window``: honour a sliding window set in the file.
-    Gemma: ``post_norms`` (norms after attention and FFN), ``hf_norm_offset`` (HF stores
-    ``w - 1``; llama.cpp's converter adds the 1), ``embed_scale`` (embeddings times sqrt(dim)),
-    ``swa_pattern`` (all but every p-th layer slide), ``rope_local`` (RoPE base of the sliding
-    layers, fixed by llama.cpp for Gemma 3). ``activation``: the family's own when its files
-    do not say (Bamboo: ReLU), ``up_act``: the up projection is activated too (Bamboo).
-    OPT and Falcon: ``layer_norm`` (LayerNorm with biases), ``learned_pos`` / ``pos_offset``
-    (a position table instead of RoPE), ``no_gate`` (``down(act(up x))``), ``ffn_bias`` /
-    ``out_bias`` (biases of the FFN and of the attention output), ``parallel`` (attention and
-    FFN from the same residual). ``hf_globals`` / ``hf_layer_prefix`` / ``hf_own_names``: the
-    checkpoint's names when they are not llama's (``hf_layer_names`` then replaces llama's).
+    Gemma: ``hf_norm_offset`` (HF stores ``w - 1``; llama.cpp's converter adds the 1),
+    ``scale_embeddings`` (embeddings times sqrt(dim)). ``hf_globals`` / ``hf_layer_prefix`` /
+    ``hf_own_names``: the checkpoint's names when they are not llama's (``hf_layer_names`` then
+    replaces llama's).
 
     Defaults taken from the family rather than the file (see the table's comments for the
     source of each). GGUF, as llama.cpp's graph for the arch (``src/models/<arch>.cpp``):
-    ``activation`` (SiLU when empty), ``gguf_window`` (the window when the file names none,
-    Gemma 2's 4096), ``gguf_softcaps`` (attention, final: ``None`` where llama.cpp never reads
-    the key, else its value when absent), ``gguf_rope_base_swa`` (the sliding layers' RoPE base
-    may come from ``rope.freq_base_swa``), ``gguf_tied`` (the head is always the embeddings;
-    ``output.weight`` is never read). Hugging Face, as transformers' config class (4.57):
-    ``hf_defaults`` (``__init__`` defaults of the keys the loader reads, applied where
-    config.json leaves a key out; a key set to null stays null), ``hf_act_key`` (the key the
-    modeling code reads the activation from), ``hf_eps_key`` (the norm epsilon's key, empty
+    ``config["activation"]`` (SiLU when absent), ``gguf_window`` (the window when the file
+    names none, Gemma 2's 4096), ``gguf_softcaps`` (attention, final: ``None`` where llama.cpp
+    never reads the key, else its value when absent), ``gguf_rope_base_swa`` (the sliding
+    layers' RoPE base may come from ``rope.freq_base_swa``), ``gguf_tied`` (the head is always
+    the embeddings; ``output.weight`` is never read). Hugging Face, as transformers' config
+    class (4.57): ``hf_defaults`` (``__init__`` defaults of the keys the loader reads, applied
+    where config.json leaves a key out; a key set to null stays null), ``hf_act_key`` (the key
+    the modeling code reads the activation from), ``hf_eps_key`` (the norm epsilon's key, empty
     where the class has none and ``hf_defaults`` gives the value under ``"rms_norm_eps"``).
     """
 
@@ -55,25 +59,12 @@ class Family:
     rope_style: str
     hf_types: tuple[str, ...]
     hf_archs: tuple[str, ...]
-    qkv_bias: bool = False
-    qk_norm: bool = False
+    config: dict[str, Any] = field(default_factory=dict)
     fused_qkv: bool = False
     fused_gate_up: bool = False
     window: bool = False
-    post_norms: bool = False
     hf_norm_offset: float = 0.0
-    embed_scale: bool = False
-    swa_pattern: int = 0
-    rope_local: float = 0.0
-    activation: str = ""
-    up_act: bool = False
-    layer_norm: bool = False
-    learned_pos: bool = False
-    pos_offset: int = 0
-    no_gate: bool = False
-    ffn_bias: bool = False
-    out_bias: bool = False
-    parallel: bool = False
+    scale_embeddings: bool = False
     hf_layer_names: dict[str, str] = field(default_factory=dict)
     hf_globals: dict[str, str] = field(default_factory=lambda: dict(LLAMA_HF_GLOBALS))
     hf_layer_prefix: str = "model.layers."
@@ -86,19 +77,55 @@ class Family:
     hf_act_key: str = "hidden_act"
     hf_eps_key: str = "rms_norm_eps"
 
-    def biases(self) -> tuple[str, ...]:
-        """Canonical suffixes of the bias vectors the family's layers carry."""
-        out: list[str] = []
-        if self.qkv_bias:
-            out += ["attn_q.bias", "attn_k.bias", "attn_v.bias"]
-        if self.out_bias:
-            out.append("attn_output.bias")
-        if self.ffn_bias:
-            out += ["ffn_up.bias", "ffn_down.bias"]
-        if self.layer_norm:
-            out += ["attn_norm.bias", "attn_norm_2.bias", "ffn_norm.bias", "output_norm.bias"]
-        return tuple(out)
+    def __post_init__(self) -> None:
+        unknown = set(self.config) - set(CONFIG_DEFAULTS)
+        if unknown:
+            raise UnsupportedError(f"family {self.name}: no config fields {sorted(unknown)}")
 
+    def __getattr__(self, name: str) -> Any:
+        """A config field: the family's value, else the config's default."""
+        if name in CONFIG_DEFAULTS:
+            return self.config.get(name, CONFIG_DEFAULTS[name])
+        raise AttributeError(f"'Family' object has no attribute {name!r}")
+
+    def biases(self) -> tuple[str, ...]:
+        """Canonical names of the bias vectors the family's models carry (a layer's without
+        ``blk.N.``), from the engine's tensor list of its config."""
+        sizes = {k: v for k, v in _REQUIRED.items() if k not in ("arch", "rope_style")}
+        c = family_config(self, **{**sizes, "activation": self.activation})
+        names = [t[0] for t in c.global_tensors() + c.layer_tensors()]
+        return tuple(n for n in names if n.endswith(".bias"))
+
+
+def family_config(f: Family, **values: Any) -> ModelConfig:
+    """The config of a model of family ``f``: the family's own values (``f.config``, its
+    name and RoPE pairing) with ``values`` (what the file says) over them; not yet validated."""
+    return ModelConfig(**{**f.config, "arch": f.name, "rope_style": f.rope_style, **values})
+
+
+#: Values for the config fields without a default (a placeholder config's).
+_REQUIRED: dict[str, Any] = dict(
+    arch="",
+    n_layers=1,
+    dim=1,
+    ffn_dim=1,
+    n_heads=1,
+    n_kv_heads=1,
+    head_dim=2,
+    vocab_size=1,
+    max_context=1,
+    rms_eps=1.0,
+    rope_theta=1.0,
+    rope_style="norm",
+    activation="silu",
+)
+#: The config fields a family may fix, with their defaults as the engine declares them (the
+#: activation's: SiLU).
+CONFIG_DEFAULTS: dict[str, Any] = {
+    k: v
+    for k, v in ModelConfig(**_REQUIRED).to_dict().items()
+    if k not in _REQUIRED or k == "activation"
+}
 
 #: Llama's HF names of the tensors outside the layers -> canonical names.
 LLAMA_HF_GLOBALS: dict[str, str] = {
@@ -126,7 +153,7 @@ _GEMMA_NAMES: dict[str, str] = {
     "pre_feedforward_layernorm.weight": "ffn_norm",
     "post_feedforward_layernorm.weight": "post_ffw_norm",
 }
-_GEMMA = dict(window=True, post_norms=True, hf_norm_offset=1.0, embed_scale=True)
+_GEMMA: dict[str, Any] = dict(window=True, hf_norm_offset=1.0, scale_embeddings=True)
 _OPT_NAMES: dict[str, str] = {
     "self_attn_layer_norm.weight": "attn_norm",
     "self_attn.q_proj.weight": "attn_q",
@@ -257,8 +284,7 @@ FAMILIES: tuple[Family, ...] = (
         ("bamboo",),
         ("BambooForCausalLM",),
         window=True,
-        activation="relu",
-        up_act=True,
+        config=dict(activation="relu", up_act=True),
         # Not in transformers (its repository's own code): llama's keys, ReLU.
         hf_defaults={**_LLAMA_HF, "hidden_act": "relu"},
     ),
@@ -268,7 +294,7 @@ FAMILIES: tuple[Family, ...] = (
         "neox",
         ("qwen2",),
         ("Qwen2ForCausalLM",),
-        qkv_bias=True,
+        config=dict(qkv_bias=True),
         hf_layer_names={f"self_attn.{x}_proj.bias": f"attn_{x}.bias" for x in ("q", "k", "v")},
         hf_defaults=_QWEN_HF,
     ),
@@ -278,7 +304,7 @@ FAMILIES: tuple[Family, ...] = (
         "neox",
         ("qwen3",),
         ("Qwen3ForCausalLM",),
-        qk_norm=True,
+        config=dict(qk_norm=True),
         hf_layer_names={
             "self_attn.q_norm.weight": "attn_q_norm",
             "self_attn.k_norm.weight": "attn_k_norm",
@@ -308,12 +334,11 @@ FAMILIES: tuple[Family, ...] = (
         "neox",
         ("gemma2",),
         ("Gemma2ForCausalLM",),
-        swa_pattern=2,
+        config=dict(swa_pattern=2, activation="gelu", post_norms=True),
         hf_layer_names=_GEMMA_NAMES,
         # llama.cpp models/gemma2.cpp: GeGLU with tanh GELU, a 4096 window unless the file
         # says, both soft-caps always on (50 and 30 unless the file says), the sliding layers'
         # base from rope.freq_base_swa (else the global one), the head always token_embd.
-        activation="gelu",
         gguf_window=4096,
         gguf_softcaps=(50.0, 30.0),
         gguf_rope_base_swa=True,
@@ -328,9 +353,13 @@ FAMILIES: tuple[Family, ...] = (
         "neox",
         ("gemma3_text",),
         ("Gemma3ForCausalLM",),
-        qk_norm=True,
-        swa_pattern=6,
-        rope_local=10000.0,
+        config=dict(
+            qk_norm=True,
+            swa_pattern=6,
+            rope_theta_local=10000.0,
+            activation="gelu",
+            post_norms=True,
+        ),
         hf_layer_names={
             **_GEMMA_NAMES,
             "self_attn.q_norm.weight": "attn_q_norm",
@@ -339,7 +368,6 @@ FAMILIES: tuple[Family, ...] = (
         # llama.cpp models/gemma3.cpp: GeGLU with tanh GELU, a window only when the file has
         # one, no attention soft-cap, a final one only when the file has it, the sliding
         # layers' base from rope.freq_base_swa, else 10000.
-        activation="gelu",
         gguf_softcaps=(None, 0.0),
         gguf_rope_base_swa=True,
         hf_defaults=_GEMMA3_HF,
@@ -354,14 +382,16 @@ FAMILIES: tuple[Family, ...] = (
         "neox",
         ("opt",),
         ("OPTForCausalLM",),
-        qkv_bias=True,
-        activation="relu",
-        layer_norm=True,
-        learned_pos=True,
-        pos_offset=2,
-        no_gate=True,
-        ffn_bias=True,
-        out_bias=True,
+        config=dict(
+            qkv_bias=True,
+            activation="relu",
+            layer_norm=True,
+            learned_pos=True,
+            pos_offset=2,
+            no_gate=True,
+            ffn_bias=True,
+            out_bias=True,
+        ),
         hf_layer_names=_OPT_NAMES,
         hf_globals={
             "model.decoder.embed_tokens.weight": "token_embd",
@@ -385,10 +415,7 @@ FAMILIES: tuple[Family, ...] = (
         ("falcon",),
         ("FalconForCausalLM",),
         fused_qkv=True,
-        activation="gelu",
-        layer_norm=True,
-        no_gate=True,
-        parallel=True,
+        config=dict(activation="gelu", layer_norm=True, no_gate=True, parallel=True),
         hf_layer_names=_FALCON_NAMES,
         hf_globals={
             "transformer.word_embeddings.weight": "token_embd",

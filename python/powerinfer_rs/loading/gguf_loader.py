@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import ModelFileError, ShapeError, UnsupportedError
 from ..runtime.tokenizer import Tokenizer
-from .archs import GGUF_FAMILIES, Family, split_fused
+from .archs import GGUF_FAMILIES, Family, family_config, split_fused
 from .gguf_file import MAGIC, GGUFFile, starts_with
 from .rope import UNSUPPORTED_TENSORS, gguf_rope_fields, rope_freqs_values
 from .types import (
@@ -113,7 +113,7 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
     tokens = meta.get("tokenizer.ggml.tokens")
     n_tokens = len(tokens) if isinstance(tokens, list) else None
     vocab = _int(meta, f"{a}.vocab_size", n_tokens)
-    activation = meta.get(ACTIVATION_KEY, fam.activation or "silu")
+    activation = meta.get(ACTIVATION_KEY, fam.activation)
     if activation not in ACTIVATIONS:
         raise UnsupportedError(f"activation {activation!r} (supported: {ACTIVATIONS})")
     window = _int(meta, f"{a}.attention.sliding_window", fam.gguf_window) if fam.window else 0
@@ -123,11 +123,11 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
         0.0 if d is None else _float(meta, f"{a}.{k}_logit_softcapping", d)
         for k, d in zip(("attn", "final"), fam.gguf_softcaps)
     )
-    rope_local = fam.rope_local
+    rope_local = fam.rope_theta_local
     if fam.gguf_rope_base_swa:
         rope_local = _float(meta, f"{a}.rope.freq_base_swa", rope_local)
-    cfg = ModelConfig(
-        arch=fam.name,
+    cfg = family_config(
+        fam,
         n_layers=n_layers,
         dim=dim,
         ffn_dim=_int(meta, f"{a}.feed_forward_length"),
@@ -138,31 +138,18 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
         max_context=_int(meta, f"{a}.context_length", 2048),
         rms_eps=_float(meta, f"{a}.attention.layer_norm_{eps_kind}", None),
         rope_theta=_float(meta, f"{a}.rope.freq_base", 10000.0),
-        rope_style=fam.rope_style,
         activation=activation,
         bos_token_id=tokenizer.bos_id if tokenizer else None,
         eos_token_ids=list(tokenizer.eos_ids) if tokenizer else [],
         add_bos=tokenizer.add_bos if tokenizer else False,
-        tie_embeddings=False,
-        qkv_bias=fam.qkv_bias,
-        qk_norm=fam.qk_norm,
         sliding_window=window,
         swa_pattern=_swa_pattern(meta, fam, n_layers) if window else fam.swa_pattern,
         rope_theta_local=rope_local,
-        post_norms=fam.post_norms,
-        embed_scale=float(dim) ** 0.5 if fam.embed_scale else 0.0,
+        embed_scale=float(dim) ** 0.5 if fam.scale_embeddings else 0.0,
         attn_scale=_gemma_27b_scale(fam, n_layers, dim, n_heads),
         attn_softcap=attn_cap,
         final_softcap=final_cap,
         relu_threshold=_float(meta, RELU_THRESHOLD_KEY, 0.0),
-        up_act=fam.up_act,
-        layer_norm=fam.layer_norm,
-        learned_pos=fam.learned_pos,
-        pos_offset=fam.pos_offset,
-        no_gate=fam.no_gate,
-        ffn_bias=fam.ffn_bias,
-        out_bias=fam.out_bias,
-        parallel=fam.parallel,
         **rope,
     )
     cfg.validate()

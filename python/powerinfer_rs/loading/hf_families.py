@@ -48,12 +48,11 @@ def gemma_fields(fam: Family, cfg: dict[str, Any]) -> dict[str, Any]:
     head_dim = hd if ok else dim // cfg["num_attention_heads"]
     return {
         "swa_pattern": _swa_pattern(fam, cfg),
-        "rope_theta_local": number(cfg, "rope_local_base_freq", fam.rope_local)
-        if fam.rope_local
+        "rope_theta_local": number(cfg, "rope_local_base_freq", fam.rope_theta_local)
+        if fam.rope_theta_local
         else 0.0,
         "norm_offset": fam.hf_norm_offset,
-        "post_norms": True,
-        "embed_scale": float(dim) ** 0.5 if fam.embed_scale else 0.0,
+        "embed_scale": float(dim) ** 0.5 if fam.scale_embeddings else 0.0,
         "attn_scale": number(cfg, "query_pre_attn_scalar", float(head_dim)) ** -0.5,
         "attn_softcap": number(cfg, "attn_logit_softcapping", 0.0),
         "final_softcap": number(cfg, "final_logit_softcapping", 0.0),
@@ -61,19 +60,9 @@ def gemma_fields(fam: Family, cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def family_fields(fam: Family, cfg: dict[str, Any]) -> dict[str, Any]:
-    """The family's layer features, and for OPT and Falcon their sizes (``ffn_dim``,
-    ``n_kv_heads``, popped by the caller) and the variants the engine refuses. ``cfg`` has the
-    family's transformers defaults filled in."""
-    out: dict[str, Any] = {
-        "up_act": fam.up_act,
-        "layer_norm": fam.layer_norm,
-        "learned_pos": fam.learned_pos,
-        "pos_offset": fam.pos_offset,
-        "no_gate": fam.no_gate,
-        "ffn_bias": fam.ffn_bias,
-        "out_bias": fam.out_bias,
-        "parallel": fam.parallel,
-    }
+    """For OPT and Falcon their sizes (``ffn_dim``, ``n_kv_heads``, popped by the caller) and
+    the variants the engine refuses. ``cfg`` has the family's transformers defaults filled in."""
+    out: dict[str, Any] = {}
     if fam.name == "opt":
         if not cfg.get("do_layer_norm_before", True):
             raise UnsupportedError("OPT with do_layer_norm_before false (post-norm, OPT-350m)")

@@ -22,6 +22,7 @@ from .archs import (
     FAMILIES,
     LAYER_NORM_EPS,
     Family,
+    family_config,
     family_named,
     hf_family,
     hf_layer_names,
@@ -144,7 +145,7 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     if n_heads <= 0:
         raise ShapeError(f"num_attention_heads must be positive, got {n_heads}")
     head_dim = cfg.get("head_dim") or dim // n_heads
-    extra = gemma_fields(fam, cfg) if fam.post_norms else {}
+    extra = gemma_fields(fam, cfg) if fam.scale_embeddings else {}
     extra.update(family_fields(fam, cfg))
     act_name = cfg.get(fam.hf_act_key, "silu")
     if act_name == "fatrelu":  # ProSparse: ReLU passing only x > hidden_act_param
@@ -170,8 +171,8 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         ),
         "rms_eps": float(eps),
     }
-    c = ModelConfig(
-        arch=fam.name,
+    c = family_config(
+        fam,
         n_layers=_req_int(cfg, "num_hidden_layers"),
         dim=dim,
         n_heads=n_heads,
@@ -186,8 +187,6 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         eos_token_ids=_ids(cfg.get("eos_token_id")),
         add_bos=False,
         tie_embeddings=bool(cfg.get("tie_word_embeddings")),
-        qkv_bias=fam.qkv_bias,
-        qk_norm=fam.qk_norm,
         sliding_window=window or 0,
         **extra,
     )

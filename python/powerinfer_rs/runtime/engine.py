@@ -21,7 +21,6 @@ from ..errors import (
     UnsupportedError,
 )
 from ..loading import LoadedModel, load_model
-from ..loading.types import CORE_CONFIG_FIELDS
 from .checks import check_int, check_threads
 from .generation import Generation, GenerationStats, locked
 from .modes import api_sparsity
@@ -32,10 +31,10 @@ from .weight_memory import copy_weights
 DEFAULT_N_CTX = 4096
 
 
-def core_model_arguments(loaded: LoadedModel) -> tuple[dict, dict]:
-    """``(config, tensors)`` as ``_core.Model`` takes them: the config values by name and per
-    tensor ``(dtype, rows, cols, bytes)`` (a tied output head is left to the embeddings)."""
-    cfg = {name: getattr(loaded.config, name) for name in CORE_CONFIG_FIELDS}
+def core_model_arguments(loaded: LoadedModel) -> tuple[_core.ModelConfig, dict]:
+    """``(config, tensors)`` as ``_core.Model`` takes them: the config and per tensor
+    ``(dtype, rows, cols, bytes)`` (a tied output head is left to the embeddings)."""
+    cfg = loaded.config
     tensors = {
         name: (t.dtype, t.rows, t.cols, t.data)
         for name, t in loaded.tensors.items()

@@ -131,7 +131,7 @@ def _hf_config(spec: SynthSpec, torch_dtype: str) -> dict[str, Any]:
             "full_attention" if (i + 1) % p == 0 else "sliding_attention" for i in range(s.layers)
         ]
         if f.name == "gemma3":
-            out.update(rope_local_base_freq=f.rope_local, _sliding_window_pattern=p)
+            out.update(rope_local_base_freq=f.rope_theta_local, _sliding_window_pattern=p)
             out["use_bidirectional_attention"] = False
     elif f.name == "opt":
         out.update(ffn_dim=s.ffn, do_layer_norm_before=True, word_embed_proj_dim=s.dim)
@@ -352,8 +352,8 @@ def add_converter_metadata(w: Any, spec: SynthSpec, name: str, file_type: int) -
             w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(s.rope_factor)
         w.add_rope_freq_base(s.rope_theta)
-        if f.rope_local:
-            w.add_rope_freq_base_swa(f.rope_local)  # Gemma3TextConfig's rope_local_base_freq
+        if f.rope_theta_local:
+            w.add_rope_freq_base_swa(f.rope_theta_local)  # Gemma3TextConfig's rope_local_base_freq
         w.add_layer_norm_rms_eps(s.rms_eps)
         if s.hf_head_dim is not None:
             w.add_key_length(s.head_dim)

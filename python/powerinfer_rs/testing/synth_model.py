@@ -49,7 +49,7 @@ from statistics import NormalDist
 import numpy as np
 
 from ..errors import ShapeError, UnsupportedError
-from ..loading.archs import Family, family_named
+from ..loading.archs import Family, family_config, family_named
 from ..loading.rope import llama3_factors
 from ..loading.types import ModelConfig
 from .synth_vocab import (  # noqa: F401  (re-exported: the vocabulary of the synthetic models)
@@ -215,8 +215,8 @@ class SynthSpec:
         """The config the GGUF loader reads from this model's file (also a model shape for the
         planner without any weights)."""
         f = self.family
-        return ModelConfig(
-            arch=f.name,
+        return family_config(
+            f,
             n_layers=self.layers,
             dim=self.dim,
             ffn_dim=self.ffn,
@@ -227,29 +227,15 @@ class SynthSpec:
             max_context=self.max_context,
             rms_eps=self.rms_eps,
             rope_theta=self.rope_theta,
-            rope_style=f.rope_style,
             activation=self.activation,
             bos_token_id=BOS_ID,
             eos_token_ids=[EOS_ID],
             tie_embeddings=self.tie,
-            qkv_bias=f.qkv_bias,
-            qk_norm=f.qk_norm,
             sliding_window=self.window,
-            swa_pattern=f.swa_pattern,
-            rope_theta_local=f.rope_local,
-            post_norms=f.post_norms,
-            embed_scale=float(self.dim) ** 0.5 if f.embed_scale else 0.0,
+            embed_scale=float(self.dim) ** 0.5 if f.scale_embeddings else 0.0,
             attn_softcap=self.softcaps[0],
             final_softcap=self.softcaps[1],
             relu_threshold=self.relu_threshold,
-            up_act=f.up_act,
-            layer_norm=f.layer_norm,
-            learned_pos=f.learned_pos,
-            pos_offset=f.pos_offset,
-            no_gate=f.no_gate,
-            ffn_bias=f.ffn_bias,
-            out_bias=f.out_bias,
-            parallel=f.parallel,
             **self.rope_fields(),  # type: ignore[arg-type]
         )
 
