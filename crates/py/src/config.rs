@@ -103,31 +103,25 @@ impl Flat for Option<u32> {
     }
 }
 
-/// An optional number: 0 (or None) means "not set".
-impl Flat for Option<f32> {
-    fn to_py<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        self.unwrap_or(0.0).into_bound_py_any(py)
-    }
-    fn from_py(v: &Bound<'_, PyAny>, field: &str) -> Result<Self> {
-        match v.is_none() {
-            true => Ok(None),
-            false => number(v, field).map(|x| (x != 0.0).then_some(x)),
+/// The optional values (the soft-caps, scales, RoPE bases, the window): 0 (or None) means
+/// "not set".
+macro_rules! flat_unset_is_zero {
+    ($($ty:ty => $zero:expr),*) => {$(
+        impl Flat for Option<$ty> {
+            fn to_py<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+                self.unwrap_or($zero).into_bound_py_any(py)
+            }
+            fn from_py(v: &Bound<'_, PyAny>, field: &str) -> Result<Self> {
+                match v.is_none() {
+                    true => Ok(None),
+                    false => <$ty>::from_py(v, field).map(|x| (x != $zero).then_some(x)),
+                }
+            }
         }
-    }
+    )*};
 }
 
-/// An optional count (the sliding window): 0 (or None) means "not set".
-impl Flat for Option<usize> {
-    fn to_py<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        self.unwrap_or(0).into_bound_py_any(py)
-    }
-    fn from_py(v: &Bound<'_, PyAny>, field: &str) -> Result<Self> {
-        match v.is_none() {
-            true => Ok(None),
-            false => usize::from_py(v, field).map(|x| (x != 0).then_some(x)),
-        }
-    }
-}
+flat_unset_is_zero!(f32 => 0.0, usize => 0);
 
 /// The enums by their names.
 macro_rules! flat_named {
