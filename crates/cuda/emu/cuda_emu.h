@@ -15,7 +15,7 @@
 //   EMU_ENTRY(kernel)                             registers an extern "C" kernel with its
 //                                                 parameter types, so a launch can call it
 //                                                 through cuLaunchKernel's void** array
-//   f16 conversions (round to nearest even), __int_as_float, rsqrtf, min, max; the C math
+//   f16 conversions (round to nearest even), __int_as_float, __umulhi, rsqrtf, min, max; the C math
 //   library gives expf, tanhf, erff, fmaxf, fabsf, sqrtf, sincos.
 // Shared memory starts as 0xff bytes (NaN floats, -1 ints): a kernel that reads shared memory
 // before writing it sees garbage, as on a GPU. Every buffer is its own allocation, so the
@@ -47,6 +47,8 @@ inline thread_local uint3 gridDim;
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __grid_constant__
 
 namespace emu {
 
@@ -143,6 +145,11 @@ inline float __int_as_float(int i) {
     float f;
     std::memcpy(&f, &i, 4);
     return f;
+}
+
+// The high 32 bits of the 64-bit product.
+inline unsigned __umulhi(unsigned a, unsigned b) {
+    return (unsigned)(((unsigned long long)a * b) >> 32);
 }
 
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }

@@ -98,12 +98,12 @@ __device__ __forceinline__ void attention_decode_impl(const float* q, const T* c
 
 // The entries of one cache element type T, named KV_STORE and ATTENTION_DECODE.
 #define KV_CACHE_KERNELS(KV_STORE, ATTENTION_DECODE, T)                                         \
-    extern "C" __global__ void KV_STORE(const float* k, const float* v, int kv_dim, int pos,    \
-                                        T* cache_k, T* cache_v) {                               \
+    KERNEL KV_STORE(const float* k, const float* v, int kv_dim, int pos, T* cache_k,            \
+                    T* cache_v) {                                                               \
         kv_store_impl<T>(k, v, kv_dim, pos, cache_k, cache_v);                                  \
     }                                                                                           \
     EMU_ENTRY(KV_STORE)                                                                         \
-    extern "C" __global__ void ATTENTION_DECODE(                                                \
+    KERNEL_N(ATT_WARPS * WARP) ATTENTION_DECODE(                                                \
         const float* q, const T* cache_k, const T* cache_v, int first, int n_pos, int n_heads,  \
         int n_kv_heads, int head_dim, float scale, float softcap, float* out) {                 \
         attention_decode_impl<T>(q, cache_k, cache_v, first, n_pos, n_heads, n_kv_heads,        \

@@ -10,7 +10,7 @@
 // Launch: blockDim.x = 256, gridDim.x = ceil(cols / 256), gridDim.y = splits.
 
 #define AXPY_ROWS(NAME)                                                                         \
-    extern "C" __global__ void axpy_rows_##NAME(                                                \
+    KERNEL axpy_rows_##NAME(                                                                    \
         const u8* w, RowLayout l, int cols, const int* idx, const float* a, int n, float* y) {  \
         const int c = blockIdx.x * blockDim.x + threadIdx.x;                                    \
         if (c >= cols) return;                                                                  \

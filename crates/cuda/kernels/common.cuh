@@ -37,6 +37,14 @@ typedef signed char i8;
 typedef long long i64;
 
 #define WARP 32
+// Threads per block of every kernel but attention_decode (launch_spec.rs ROW_THREADS,
+// ELEM_THREADS, NORM_THREADS): each kernel declares its block size with __launch_bounds__, so
+// ptxas keeps its registers within what that many threads may hold.
+#define BLOCK_THREADS 256
+// An entry point launched with `threads` threads per block, and one launched with
+// BLOCK_THREADS.
+#define KERNEL_N(threads) extern "C" __global__ void __launch_bounds__(threads)
+#define KERNEL KERNEL_N(BLOCK_THREADS)
 #define QK 32
 #define QK_K 256
 #define NEG_INF __int_as_float(0xff800000)
@@ -108,16 +116,23 @@ __device__ __forceinline__ float apply_act(int act, float x) {
 // Where row r of a matrix lives: rows come in groups of `group_rows` (a slab of hot neurons),
 // group g starting at g * group_stride bytes; inside a group, this matrix's rows start at
 // `offset` and are `row_bytes` apart. A plain row-major matrix is one group (group_rows >= rows,
-// group_stride 0, offset 0).
+// group_stride 0, offset 0). The group is found without a division: r / group_rows is
+// umulhi(r, div_mul) >> div_shr, the two computed on the host (layout.rs `fast_div`).
 struct RowLayout {
     i64 group_stride;
     i64 offset;
     int group_rows;
     int row_bytes;
+    u32 div_mul;
+    u32 div_shr;
 };
 
+__device__ __forceinline__ int group_of(RowLayout l, int r) {
+    return l.group_rows == 1 ? r : (int)(__umulhi((u32)r, l.div_mul) >> l.div_shr);
+}
+
 __device__ __forceinline__ const u8* row_ptr(const u8* base, RowLayout l, int r) {
-    const int g = r / l.group_rows;
+    const int g = group_of(l, r);
     const int i = r - g * l.group_rows;
     return base + (i64)g * l.group_stride + l.offset + (i64)i * l.row_bytes;
 }

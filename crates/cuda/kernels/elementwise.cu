@@ -7,31 +7,31 @@
 // copy: dst[i] = src[i] (the residual saved for a parallel attention + FFN block).
 // fill: y[i] = v (an FFN output buffer cleared before the down passes add into it).
 
-extern "C" __global__ void add(float* y, const float* x, int n) {
+KERNEL add(float* y, const float* x, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] += x[i];
 }
 EMU_ENTRY(add)
 
-extern "C" __global__ void threshold_mask(float* h, int n, float t) {
+KERNEL threshold_mask(float* h, int n, float t) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n && fabsf(h[i]) < t) h[i] = 0.0f;
 }
 EMU_ENTRY(threshold_mask)
 
-extern "C" __global__ void softcap(float* y, int n, float cap) {
+KERNEL softcap(float* y, int n, float cap) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = cap * tanhf(y[i] / cap);
 }
 EMU_ENTRY(softcap)
 
-extern "C" __global__ void copy(float* dst, const float* src, int n) {
+KERNEL copy(float* dst, const float* src, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] = src[i];
 }
 EMU_ENTRY(copy)
 
-extern "C" __global__ void fill(float* y, int n, float v) {
+KERNEL fill(float* y, int n, float v) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = v;
 }

@@ -8,14 +8,17 @@
 // rope: rotates the first 2 * n_pairs values of every head of x (n_heads x head_dim,
 //   contiguous) in place for position pos, the rest of each head unchanged (partial RoPE);
 //   style 0 = "norm" (adjacent pairs 2i, 2i+1: GGUF llama), 1 = "neox" (i, i + n_pairs: HF).
-//   Pair i turns by pos * inv.f[i], the model's angle per position (theta^(-2i/rope_dims)
-//   over its scaling factors), computed by the host in double and passed by value; the angle
-//   is formed in double, as on the CPU (positions reach tens of thousands of radians, where
-//   f32 loses the phase). Thread per (head, i), grid covers n_heads * n_pairs threads.
+//   Pair i turns by the angle whose cosine and sine are a.cos[i], a.sin[i]: pos times the
+//   model's angle per position (theta^(-2i/rope_dims) over its scaling factors), formed and
+//   evaluated by the host in double, as on the CPU (positions reach tens of thousands of
+//   radians, where f32 loses the phase; a double sincos here would need a stack frame for its
+//   argument reduction), passed by value. Thread per (head, i), grid covers
+//   n_heads * n_pairs threads.
 
 #define MAX_ROPE_PAIRS 256
-struct RopeFreqs {
-    double f[MAX_ROPE_PAIRS];
+struct RopeAngles {
+    float cos[MAX_ROPE_PAIRS];
+    float sin[MAX_ROPE_PAIRS];
 };
 
 // The sum of v over the block, returned to every thread (each warp sums the warps' partial
@@ -30,7 +33,7 @@ __device__ __forceinline__ float block_sum(float v, float* partial) {
     return warp_sum(lane < (int)(blockDim.x / WARP) ? partial[lane] : 0.0f);
 }
 
-extern "C" __global__ void rms_norm(const float* x, const float* w, int n, float eps, float* out) {
+KERNEL rms_norm(const float* x, const float* w, int n, float eps, float* out) {
     SHARED_ARRAY(float, partial, [WARP]);
     const float* xr = x + (i64)blockIdx.x * n;
     float* o = out + (i64)blockIdx.x * n;
@@ -41,8 +44,7 @@ extern "C" __global__ void rms_norm(const float* x, const float* w, int n, float
 }
 EMU_ENTRY(rms_norm)
 
-extern "C" __global__ void layer_norm(const float* x, const float* w, const float* b, int n,
-                                      float eps, float* out) {
+KERNEL layer_norm(const float* x, const float* w, const float* b, int n, float eps, float* out) {
     SHARED_ARRAY(float, partial, [WARP]);
     const float* xr = x + (i64)blockIdx.x * n;
     float* o = out + (i64)blockIdx.x * n;
@@ -59,18 +61,16 @@ extern "C" __global__ void layer_norm(const float* x, const float* w, const floa
 }
 EMU_ENTRY(layer_norm)
 
-extern "C" __global__ void rope(float* x, int n_heads, int head_dim, int n_pairs, int pos,
-                                RopeFreqs inv, int neox) {
+KERNEL rope(float* x, int n_heads, int head_dim, int n_pairs,
+            const __grid_constant__ RopeAngles ang, int neox) {
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_heads * n_pairs) return;
-    const int head = t / n_pairs, i = t % n_pairs;
-    double s, c;
-    sincos((double)pos * inv.f[i], &s, &c);
+    const int head = t / n_pairs, i = t - head * n_pairs;
     float* h = x + (i64)head * head_dim;
     const int a = neox ? i : 2 * i;
     const int b = neox ? i + n_pairs : 2 * i + 1;
     const float x0 = h[a], x1 = h[b];
-    const float cf = (float)c, sf = (float)s;
+    const float cf = ang.cos[i], sf = ang.sin[i];
     h[a] = x0 * cf - x1 * sf;
     h[b] = x0 * sf + x1 * cf;
 }

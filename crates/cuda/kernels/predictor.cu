@@ -7,7 +7,7 @@
 // Launch: blockDim.x = 256, gridDim.x = ceil(ffn / 256), dynamic shared memory = rank * 4.
 
 #define PREDICTOR_FC2(NAME)                                                                     \
-    extern "C" __global__ void predictor_fc2_##NAME(                                            \
+    KERNEL predictor_fc2_##NAME(                                                                \
         const u8* fc2_t, RowLayout l, const float* hidden, int rank, int ffn, float threshold,  \
         int* flags, float* logits) {                                                            \
         DYNAMIC_SHARED(float, hs);                                                              \

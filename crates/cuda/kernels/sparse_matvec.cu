@@ -57,7 +57,7 @@ __device__ __forceinline__ float ffn_act(int act, float t, float x) {
 
 // y[k] = act(dot(W[row k], x)) for k in 0..n.
 #define SPARSE_MATVEC(NAME)                                                                     \
-    extern "C" __global__ void sparse_matvec_##NAME(                                            \
+    KERNEL sparse_matvec_##NAME(                                                                \
         const u8* w, RowLayout l, const float* x, int cols, const int* idx, int n,             \
         const u8* ids_base, RowLayout ids_l, const int* flags, int act, float* y) {             \
         DYNAMIC_SHARED(float, xs);                                                              \
@@ -81,7 +81,7 @@ __device__ __forceinline__ float ffn_act(int act, float t, float x) {
 // indexed by the slot's id; padding slots (id -1) give 0. The up row is not read when g is
 // exactly 0 (ReLU), as on the CPU.
 #define GATE_UP(NAME)                                                                           \
-    extern "C" __global__ void gate_up_##NAME(                                                  \
+    KERNEL gate_up_##NAME(                                                                      \
         const u8* w, RowLayout gate_l, RowLayout up_l, const float* x, int cols,               \
         const int* idx, int n, RowLayout ids_l, const int* flags, const float* bias, int act,   \
         float relu_t, int up_mode, float* h) {                                                  \

@@ -194,7 +194,7 @@ mod tests {
                 }
             }
             for s in src.single {
-                let def = format!("__global__ void {s}(");
+                let def = format!("KERNEL {s}(");
                 assert!(src.source.contains(&def), "{}: {s}", src.name);
             }
         }

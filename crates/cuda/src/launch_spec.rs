@@ -70,29 +70,40 @@ impl KernelArgs {
         self
     }
 
-    /// A `RowLayout` by value, laid out as common.cuh's struct (i64, i64, i32, i32).
+    /// A `RowLayout` by value, laid out as common.cuh's struct (i64, i64, i32, i32, u32, u32).
     pub fn layout(&mut self, l: &RowLayout) -> &mut Self {
-        let mut b = Vec::with_capacity(24);
+        let mut b = Vec::with_capacity(32);
         b.extend_from_slice(&l.group_stride.to_le_bytes());
         b.extend_from_slice(&l.offset.to_le_bytes());
         b.extend_from_slice(&l.group_rows.to_le_bytes());
         b.extend_from_slice(&l.row_bytes.to_le_bytes());
+        b.extend_from_slice(&l.div_mul.to_le_bytes());
+        b.extend_from_slice(&l.div_shr.to_le_bytes());
         self.push_bytes(&b);
         self
     }
 
-    /// norm_rope.cu's `RopeFreqs` by value: MAX_ROPE_PAIRS doubles, the unused ones 0.
-    pub fn rope_freqs(&mut self, inv: &[f64]) -> Result<&mut Self> {
+    /// norm_rope.cu's `RopeAngles` by value for position `pos`: the cosine, then the sine, of
+    /// `pos · inv[i]` for each pair, formed and evaluated in f64 here (as the CPU engine does;
+    /// positions reach tens of thousands of radians, where f32 loses the phase) and rounded to
+    /// f32; MAX_ROPE_PAIRS of each, the unused ones 0.
+    pub fn rope_angles(&mut self, pos: usize, inv: &[f64]) -> Result<&mut Self> {
         ensure!(
             inv.len() <= MAX_ROPE_PAIRS,
             Unsupported,
             "rope: {} rotated pairs, the kernel takes at most {MAX_ROPE_PAIRS}",
             inv.len()
         );
-        let mut b = Vec::with_capacity(8 * MAX_ROPE_PAIRS);
-        for i in 0..MAX_ROPE_PAIRS {
-            b.extend_from_slice(&inv.get(i).copied().unwrap_or(0.0).to_le_bytes());
+        let (mut cos, mut sin) = (vec![0f32; MAX_ROPE_PAIRS], vec![0f32; MAX_ROPE_PAIRS]);
+        for (i, f) in inv.iter().enumerate() {
+            let (s, c) = (pos as f64 * f).sin_cos();
+            (cos[i], sin[i]) = (c as f32, s as f32);
         }
+        let b: Vec<u8> = cos
+            .iter()
+            .chain(&sin)
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
         self.push_bytes(&b);
         Ok(self)
     }
@@ -381,12 +392,11 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             inv_freqs,
             neox,
         } => {
-            // rope(x, n_heads, head_dim, n_pairs, pos, inv, neox): thread per (head, pair).
+            // rope(x, n_heads, head_dim, n_pairs, angles, neox): thread per (head, pair).
             a.ptr(dev.addr_mut(x)).i32(to_i32(n_heads, "heads")?);
             a.i32(to_i32(head_dim, "head_dim")?);
-            a.i32(to_i32(inv_freqs.len(), "rope pairs")?)
-                .i32(to_i32(pos, "pos")?);
-            a.rope_freqs(inv_freqs)?.i32(i32::from(neox));
+            a.i32(to_i32(inv_freqs.len(), "rope pairs")?);
+            a.rope_angles(pos, inv_freqs)?.i32(i32::from(neox));
             per_element(
                 &kernels::NORM_ROPE,
                 "rope".into(),
@@ -473,32 +483,33 @@ mod tests {
     #[test]
     fn arguments_pack_in_aligned_slots_with_their_widths() {
         let mut a = KernelArgs::default();
-        let l = RowLayout {
-            group_stride: -2,
-            offset: 0x1122_3344_5566,
-            group_rows: 7,
-            row_bytes: -9,
-        };
+        let l = RowLayout::new(-2, 0x1122_3344_5566, 7, -9);
         a.ptr(0xdead_beef).i32(-3).f32(1.5).layout(&l);
-        a.rope_freqs(&[0.5, 2.0]).unwrap();
-        assert_eq!(a.sizes(), [8, 4, 4, 24, 8 * MAX_ROPE_PAIRS]);
+        a.rope_angles(3, &[0.5, 2.0]).unwrap();
+        assert_eq!(a.sizes(), [8, 4, 4, 32, 8 * MAX_ROPE_PAIRS]);
         assert_eq!(a.bytes(1), (-3i32).to_le_bytes());
         assert_eq!(a.bytes(2), 1.5f32.to_le_bytes());
         let lb = a.bytes(3);
         assert_eq!(lb[..8], (-2i64).to_le_bytes());
         assert_eq!(lb[16..20], 7i32.to_le_bytes());
-        assert_eq!(lb[20..], (-9i32).to_le_bytes());
+        assert_eq!(lb[20..24], (-9i32).to_le_bytes());
+        assert_eq!(lb[24..28], l.div_mul.to_le_bytes());
         let rb = a.bytes(4);
-        assert_eq!(rb[8..16], 2.0f64.to_le_bytes());
-        assert!(rb[16..].iter().all(|&b| b == 0));
+        let f = |at: usize| f32::from_le_bytes(rb[at..at + 4].try_into().unwrap());
+        let sin_at = 4 * MAX_ROPE_PAIRS;
+        assert_eq!(
+            (f(4), f(sin_at + 4)),
+            ((6.0f64).cos() as f32, (6.0f64).sin() as f32)
+        );
+        assert!(rb[8..sin_at].iter().all(|&b| b == 0));
         let p = a.pointers();
         // Every slot 8-byte aligned, one after the other.
         let d: Vec<usize> = p
             .windows(2)
             .map(|w| w[1] as usize - w[0] as usize)
             .collect();
-        assert_eq!(d, [8, 8, 8, 24]);
+        assert_eq!(d, [8, 8, 8, 32]);
         assert!(p.iter().all(|q| (*q as usize).is_multiple_of(8)));
-        assert!(a.rope_freqs(&[0.0; MAX_ROPE_PAIRS + 1]).is_err());
+        assert!(a.rope_angles(0, &[0.0; MAX_ROPE_PAIRS + 1]).is_err());
     }
 }

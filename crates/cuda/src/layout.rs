@@ -31,6 +31,12 @@ pub const fn align(x: usize) -> usize {
 /// Where row `r` of a matrix lives in a device buffer (mirrors `RowLayout` in common.cuh):
 /// group `r / group_rows` starts at `group · group_stride`; inside it this matrix's rows start at
 /// `offset` and are `row_bytes` apart.
+///
+/// The kernels find the group without dividing: `r / group_rows` is
+/// `umulhi(r, div_mul) >> div_shr`, the multiplier and shift computed here once
+/// ([`RowLayout::new`]; exact for every `r` and `group_rows` below 2^31, see
+/// [`fast_div`]). Build a layout with [`RowLayout::new`] or [`RowLayout::dense`], so the two
+/// always match `group_rows`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowLayout {
@@ -38,23 +44,64 @@ pub struct RowLayout {
     pub offset: i64,
     pub group_rows: i32,
     pub row_bytes: i32,
+    /// See [`fast_div`] (0 when `group_rows` is 1 or not positive).
+    pub div_mul: u32,
+    /// See [`fast_div`].
+    pub div_shr: u32,
+}
+
+/// The multiplier and shift that divide by `d` (1..2^31) without a division:
+/// `n / d == umulhi(n, mul) >> shr` for every `n` in 0..2^31 (the round-up method of Granlund
+/// and Montgomery, as CUTLASS's `FastDivmod`): with `l = ceil(log2 d)`, `mul = ceil(2^(31+l) /
+/// d)` and `shr = l − 1`. `d` = 1 (and anything not positive) gives `(0, 0)`: the kernels take
+/// the group as `n` itself then.
+pub fn fast_div(d: i32) -> (u32, u32) {
+    if d <= 1 {
+        return (0, 0);
+    }
+    let l = 32 - (d as u32 - 1).leading_zeros(); // ceil(log2 d), >= 1
+    let p = 31 + l;
+    let mul = (1u64 << p).div_ceil(d as u64);
+    (mul as u32, l - 1)
 }
 
 impl RowLayout {
+    /// A layout of groups of `group_rows` rows, `group_stride` bytes apart, this matrix's rows
+    /// `offset` bytes into each and `row_bytes` apart.
+    pub fn new(group_stride: i64, offset: i64, group_rows: i32, row_bytes: i32) -> RowLayout {
+        let (div_mul, div_shr) = fast_div(group_rows);
+        RowLayout {
+            group_stride,
+            offset,
+            group_rows,
+            row_bytes,
+            div_mul,
+            div_shr,
+        }
+    }
+
     /// A plain row-major matrix of `rows` rows.
     pub fn dense(rows: usize, row_bytes: usize) -> Result<RowLayout> {
-        Ok(RowLayout {
-            group_stride: 0,
-            offset: 0,
-            group_rows: to_i32(rows.max(1), "rows")?,
-            row_bytes: to_i32(row_bytes, "row bytes")?,
-        })
+        Ok(RowLayout::new(
+            0,
+            0,
+            to_i32(rows.max(1), "rows")?,
+            to_i32(row_bytes, "row bytes")?,
+        ))
+    }
+
+    /// The group of row `r` (< 2^31), as the kernels compute it (`group_of` in common.cuh).
+    pub fn group_of(&self, r: usize) -> usize {
+        match self.group_rows {
+            1 => r,
+            _ => ((r as u64 * self.div_mul as u64) >> 32 >> self.div_shr) as usize,
+        }
     }
 
     /// Byte offset of row `r` (the host mirror of `row_ptr`).
     pub fn byte_offset(&self, r: usize) -> usize {
-        let g = r / self.group_rows as usize;
-        let i = r % self.group_rows as usize;
+        let g = self.group_of(r);
+        let i = r - g * self.group_rows as usize;
         g * self.group_stride as usize + self.offset as usize + i * self.row_bytes as usize
     }
 }
@@ -294,12 +341,12 @@ pub fn pack_hot_slabs(
     let stride = slab as i64;
     let group = to_i32(bucket, "bucket")?;
     let mk = |offset: usize, row_bytes: usize| -> Result<RowLayout> {
-        Ok(RowLayout {
-            group_stride: stride,
-            offset: offset as i64,
-            group_rows: group,
-            row_bytes: to_i32(row_bytes, "row bytes")?,
-        })
+        Ok(RowLayout::new(
+            stride,
+            offset as i64,
+            group,
+            to_i32(row_bytes, "row bytes")?,
+        ))
     };
     let layout = SlabLayout {
         bucket,
@@ -355,6 +402,47 @@ pub fn parse_device(name: &str) -> Result<usize> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn fast_div_is_exact_division() {
+        let mut ds: Vec<i32> = (1..=4100).collect();
+        ds.extend([
+            65_535,
+            65_536,
+            65_537,
+            1 << 20,
+            (1 << 24) + 3,
+            i32::MAX - 1,
+            i32::MAX,
+        ]);
+        let mut ns: Vec<u32> = (0..5000).collect();
+        ns.extend((0..31).flat_map(|b| [(1u32 << b) - 1, 1 << b, (1 << b) + 1]));
+        ns.extend([i32::MAX as u32 - 1, i32::MAX as u32]);
+        let mut x = 0x2545_f491_4f6c_dd1du64; // odd values across the whole range
+        for _ in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ns.push((x as u32) >> 1);
+        }
+        for &d in &ds {
+            let l = RowLayout::new(0, 0, d, 1);
+            for &n in &ns {
+                let want = n as usize / d as usize;
+                assert_eq!(l.group_of(n as usize), want, "{n} / {d}");
+            }
+            if d > 1 {
+                // Every multiple's neighbourhood, where a bad multiplier fails first.
+                for k in [1u64, 2, 3, 1000, (i32::MAX as u64) / d as u64] {
+                    for n in [k * d as u64 - 1, k * d as u64] {
+                        if n <= i32::MAX as u64 {
+                            assert_eq!(l.group_of(n as usize) as u64, n / d as u64, "{n} / {d}");
+                        }
+                    }
+                }
+            }
+        }
+    }
     use super::*;
     use powerinfer_core::{quantize_row, Buffer};
 

@@ -311,15 +311,32 @@ pub fn image_kind(arch: u32, supported: &[u32]) -> Option<(bool, u32)> {
 /// compile error carries NVRTC's log.
 pub fn compile(name: &str, program: &str, arch: u32) -> Result<String> {
     let lib = require_nvrtc()?;
-    let guard = build(lib, name, program, &format!("compute_{arch}"))?;
+    let guard = build(lib, name, program, &format!("compute_{arch}"), &[])?;
     guard.text(lib.get_ptx_size, lib.get_ptx, "nvrtcGetPTX")
 }
 
 /// Compile `program` to a cubin for `sm_<arch>` (an ELF image the driver loads as it is).
 pub fn compile_cubin(name: &str, program: &str, arch: u32) -> Result<Vec<u8>> {
     let lib = require_nvrtc()?;
-    let guard = build(lib, name, program, &format!("sm_{arch}"))?;
+    let guard = build(lib, name, program, &format!("sm_{arch}"), &[])?;
     guard.bytes(lib.get_cubin_size, lib.get_cubin, "nvrtcGetCUBIN")
+}
+
+/// [`compile_cubin`] with ptxas's report: the cubin and NVRTC's log, which holds, per kernel,
+/// ptxas's "Used N registers", shared memory, stack frame and spill lines (the static check of
+/// the kernels, `tests/static_check.rs`, reads them).
+pub fn compile_cubin_verbose(name: &str, program: &str, arch: u32) -> Result<(Vec<u8>, String)> {
+    let lib = require_nvrtc()?;
+    let guard = build(
+        lib,
+        name,
+        program,
+        &format!("sm_{arch}"),
+        &["--ptxas-options=-v"],
+    )?;
+    let cubin = guard.bytes(lib.get_cubin_size, lib.get_cubin, "nvrtcGetCUBIN")?;
+    let log = guard.text(lib.get_log_size, lib.get_log, "nvrtcGetProgramLog")?;
+    Ok((cubin, log))
 }
 
 /// The image for a device of compute capability `arch`: see [`image_kind`].
@@ -340,15 +357,24 @@ pub fn compile_image(name: &str, program: &str, arch: u32) -> Result<Image> {
     }
 }
 
-/// A compiled program for `--gpu-architecture=<target>`.
-fn build<'a>(lib: &'a Nvrtc, name: &str, program: &str, target: &str) -> Result<ProgramGuard<'a>> {
+/// A compiled program for `--gpu-architecture=<target>`, with `extra` options.
+fn build<'a>(
+    lib: &'a Nvrtc,
+    name: &str,
+    program: &str,
+    target: &str,
+    extra: &[&str],
+) -> Result<ProgramGuard<'a>> {
     let nul = |s: String| CString::new(s).map_err(|_| Error::Cuda(format!("{name}: NUL in text")));
     let src = nul(program.to_string())?;
     let file = nul(format!("{name}.cu"))?;
-    let opts = [
+    let mut opts = vec![
         nul(format!("--gpu-architecture={target}"))?,
         nul("--std=c++17".into())?,
     ];
+    for o in extra {
+        opts.push(nul(o.to_string())?);
+    }
     let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     let mut prog: Program = std::ptr::null_mut();
     // SAFETY: `src` and `file` are NUL-terminated and outlive the call; no headers are passed

@@ -7,7 +7,9 @@
 #![cfg(feature = "cuda")]
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+
+mod support;
+use support::find_nvrtc;
 
 use powerinfer_cuda::launch_spec::{launch_spec, LaunchSpec};
 use powerinfer_cuda::{
@@ -17,37 +19,6 @@ use powerinfer_cuda::{
 
 /// Architectures compiled in CI (Ampere and Hopper; sm_75 Turing as the oldest we name).
 const ARCHS: [u32; 3] = [75, 80, 90];
-
-/// The lib directory of the `nvidia-cuda-nvrtc-cu12` wheel, if python3 has it installed.
-fn wheel_lib_dir() -> Option<PathBuf> {
-    let out = std::process::Command::new(std::env::var("PYTHON").unwrap_or("python3".into()))
-        .args([
-            "-c",
-            "import nvidia.cuda_nvrtc as m, os; print(os.path.join(list(m.__path__)[0], 'lib'))",
-        ])
-        .output()
-        .ok()?;
-    let dir = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
-    (out.status.success() && dir.is_dir()).then_some(dir)
-}
-
-/// Load libnvrtc if it can be found (`NVRTC_LIB_DIR`, else the wheel python3 has, else the
-/// system); false (after printing why) when not.
-fn find_nvrtc() -> bool {
-    let wheel = std::env::var_os(nvrtc::NVRTC_LIB_DIR)
-        .is_none()
-        .then(wheel_lib_dir)
-        .flatten();
-    if nvrtc::init(wheel.as_deref()) {
-        println!("NVRTC from {}", nvrtc::loaded_library().unwrap_or_default());
-        return true;
-    }
-    println!(
-        "skipped: no libnvrtc (pip install nvidia-cuda-nvrtc-cu12, or set {} to its lib dir)",
-        nvrtc::NVRTC_LIB_DIR
-    );
-    false
-}
 
 #[test]
 fn compile_all_kernels_to_ptx() {
@@ -338,9 +309,10 @@ fn rope_takes_its_angles_by_value_as_the_launch_passes_them() {
     }
     let src = kernels::NORM_ROPE;
     let ptx = nvrtc::compile(src.name, &src.program(), 80).unwrap_or_else(|e| panic!("{e}"));
-    // launch_spec.rs's RopeFreqs: MAX_ROPE_PAIRS f64s, 8-byte aligned, the sixth argument.
+    // launch_spec.rs's RopeAngles: MAX_ROPE_PAIRS cosines then as many sines (f32), the fifth
+    // argument.
     let bytes = 8 * powerinfer_cuda::ops::MAX_ROPE_PAIRS;
-    let want = format!(".param .align 8 .b8 rope_param_5[{bytes}]");
+    let want = format!(".param .align 4 .b8 rope_param_4[{bytes}]");
     assert!(ptx.contains(&want), "no {want:?} in the PTX of rope");
 }
 

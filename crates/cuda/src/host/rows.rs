@@ -256,12 +256,8 @@ mod tests {
         let mut w = bytes(&[vec![-1.0; cols], vec![1.0; cols], nan.clone()].concat());
         w.extend(bytes(&[nan.clone(), vec![2.0; cols], nan.clone()].concat()));
         w.extend([0i32, 1, 2].iter().flat_map(|i| i.to_le_bytes()));
-        let l = |offset: usize, row_bytes: usize| RowLayout {
-            group_stride: 0,
-            offset: offset as i64,
-            group_rows: 3,
-            row_bytes: row_bytes as i32,
-        };
+        let l =
+            |offset: usize, row_bytes: usize| RowLayout::new(0, offset as i64, 3, row_bytes as i32);
         let be = HostBackend::new();
         let (dw, dx) = (upload(&be, &w), upload(&be, &[1f32; 5]));
         let df = upload(&be, &[1i32, 1, 0]);
@@ -371,17 +367,7 @@ mod tests {
                     idx: didx.as_ref(),
                     n,
                     // Every row reads the id at byte 0 (one 4-byte row per group).
-                    ids: dids.as_ref().map(|d| {
-                        (
-                            d,
-                            RowLayout {
-                                group_stride: 0,
-                                offset: 0,
-                                group_rows: 1 << 20,
-                                row_bytes: 0,
-                            },
-                        )
-                    }),
+                    ids: dids.as_ref().map(|d| (d, RowLayout::new(0, 0, 1 << 20, 0))),
                     flags: df.as_ref(),
                     act: Act::None,
                     y: &mut y,
@@ -430,7 +416,7 @@ mod tests {
         let _ = dx;
         // A row layout the kernel would divide by zero with.
         let mut y = be.zeros::<f32>(1).unwrap();
-        let bad = RowLayout { group_rows: 0, ..l };
+        let bad = RowLayout::new(l.group_stride, l.offset, 0, l.row_bytes);
         let r = launch(
             &be,
             Launch::SparseMatvec {
@@ -449,12 +435,7 @@ mod tests {
         );
         assert!(is_shape(r));
         // A slab layout whose rows run past the buffer.
-        let slab = RowLayout {
-            group_stride: 34 * 2,
-            offset: 0,
-            group_rows: 2,
-            row_bytes: 34,
-        };
+        let slab = RowLayout::new(34 * 2, 0, 2, 34);
         let mut y = be.zeros::<f32>(5).unwrap();
         let r = launch(
             &be,

@@ -101,7 +101,8 @@ impl<'a> Rows<'a> {
                 self.what
             )));
         }
-        let (g, i) = (r / group_rows, r % group_rows);
+        let g = l.group_of(r); // as the kernels find it, without a division
+        let i = r - g * group_rows;
         let start = g
             .checked_mul(l.group_stride as usize)
             .and_then(|s| s.checked_add(l.offset as usize))
