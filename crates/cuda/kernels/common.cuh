@@ -222,21 +222,65 @@ __device__ __forceinline__ float w_q6_k(const u8* row, int j) {
 // whole warp walks the row's 256-weight super-blocks one at a time, lane l taking the weights
 // 32t + l (t = 0..8) of each, so every byte load of the warp reads 32 consecutive bytes and x
 // is read from 32 consecutive floats. The caller sums over the warp.
-__device__ __forceinline__ float lane_dot_f32(const u8* row, const float* x, int cols, int lane) {
+// 16 bytes of a row, loaded at once (one LDG.E.128) when 16-byte aligned (named fields: an
+// array member is loaded a word at a time).
+struct alignas(16) Vec16 {
+    u32 a, b, c, d;
+};
+
+// The dot of the 16 bytes `v` of a float row (4 f32, or 8 f16 / bf16 as 2 per u32, the low
+// half first) with the matching x values.
+__device__ __forceinline__ float dot16_f32(const Vec16 v16, const float* x) {
+    const u32 w[4] = {v16.a, v16.b, v16.c, v16.d};
     float s = 0.0f;
-    for (int j = lane; j < cols; j += WARP) s += w_f32(row, j) * x[j];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) s += __int_as_float((int)w[k]) * x[k];
     return s;
 }
-__device__ __forceinline__ float lane_dot_f16(const u8* row, const float* x, int cols, int lane) {
+__device__ __forceinline__ float dot16_f16(const Vec16 v16, const float* x) {
+    const u32 w[4] = {v16.a, v16.b, v16.c, v16.d};
     float s = 0.0f;
-    for (int j = lane; j < cols; j += WARP) s += w_f16(row, j) * x[j];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        s += f16_to_f32((u16)(w[k] & 0xffff)) * x[2 * k];
+        s += f16_to_f32((u16)(w[k] >> 16)) * x[2 * k + 1];
+    }
     return s;
 }
-__device__ __forceinline__ float lane_dot_bf16(const u8* row, const float* x, int cols, int lane) {
+__device__ __forceinline__ float dot16_bf16(const Vec16 v16, const float* x) {
+    const u32 w[4] = {v16.a, v16.b, v16.c, v16.d};
     float s = 0.0f;
-    for (int j = lane; j < cols; j += WARP) s += w_bf16(row, j) * x[j];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        s += __int_as_float((int)(w[k] << 16)) * x[2 * k];
+        s += __int_as_float((int)(w[k] & 0xffff0000u)) * x[2 * k + 1];
+    }
     return s;
 }
+
+// One lane's share of dot(row, x) for a float row (f32, f16, bf16) of `cols` weights: a row
+// starting 16-byte aligned is read 16 bytes per lane and load (lane l takes bytes 16 (l + 32 t)
+// .. +16: the warp reads 512 consecutive bytes at once), its tail of fewer than 16 bytes and
+// an unaligned row (an odd-width slab) one weight per lane. The caller sums over the warp.
+#define LANE_DOT_FLOAT(NAME, BYTES)                                                             \
+    __device__ __forceinline__ float lane_dot_##NAME(const u8* row, const float* x, int cols,   \
+                                                     int lane) {                                \
+        constexpr int PER = 16 / BYTES; /* weights per 16 bytes */                              \
+        float s = 0.0f;                                                                         \
+        int j0 = 0;                                                                             \
+        if (((unsigned long long)row & 15) == 0) {                                              \
+            const int n16 = cols / PER;                                                         \
+            const Vec16* v = (const Vec16*)row;                                                 \
+            for (int b = lane; b < n16; b += WARP) s += dot16_##NAME(v[b], x + PER * b);        \
+            j0 = n16 * PER;                                                                     \
+        }                                                                                       \
+        for (int j = j0 + lane; j < cols; j += WARP) s += w_##NAME(row, j) * x[j];              \
+        return s;                                                                               \
+    }
+
+LANE_DOT_FLOAT(f32, 4)
+LANE_DOT_FLOAT(f16, 2)
+LANE_DOT_FLOAT(bf16, 2)
 __device__ __forceinline__ float lane_dot_q8_0(const u8* row, const float* x, int cols, int lane) {
     float s = 0.0f;
     for (int b = lane; b < cols / QK; b += WARP) {
