@@ -80,7 +80,25 @@ def _common(p: argparse.ArgumentParser) -> None:
         choices=["f16", "f32"],
         default=None,
         help="precision of the KV cache, one setting for the CPU and the GPU layers: f16 (as "
-        "llama.cpp's) or f32; default: the plan's (serve --plan), else f16",
+        "llama.cpp's) or f32; default: the plan's (--plan), else f16",
+    )
+    p.add_argument(
+        "--plan",
+        default=None,
+        help="placement plan (python -m powerinfer_rs plan): which layers' attention and which "
+        "hot FFN neurons the GPU holds; needs --device",
+    )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (the default), cuda or cuda:N (a GPU), gpu-sim (the GPU's contract on the "
+        "CPU, for tests) or gpu-emu (the CUDA kernels run on the CPU, where the build has it)",
+    )
+    p.add_argument(
+        "--vram-budget",
+        default=None,
+        help="refuse a --plan needing more GPU memory than this, e.g. 8GiB (default: the plan's "
+        "own budget)",
     )
 
 
@@ -159,6 +177,9 @@ def _engine_options(a: argparse.Namespace) -> dict:
         "predictors": a.predictors,
         "mmap": a.mmap,
         "kv_cache": a.kv_cache,
+        "plan": a.plan,
+        "device": a.device,
+        "vram_budget": a.vram_budget,
     }
 
 
@@ -281,6 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m powerinfer_rs",
         description="powerinfer-rs: fast local LLM inference (Rust core, Python front).",
     )
+    from . import __version__
+
+    p.add_argument("--version", action="version", version=f"powerinfer-rs {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     g = sub.add_parser("generate", help="continue a prompt", description="Continue a prompt.")
@@ -329,6 +353,18 @@ def build_parser() -> argparse.ArgumentParser:
     _common(s)
     add_server_arguments(s)
     s.set_defaults(func=cmd_serve)
+    from .info import add_arguments as add_info_arguments
+    from .info import cmd_info
+
+    i = sub.add_parser(
+        "info",
+        help="what a model is and how it can run",
+        description="Family, shape, weight formats and bytes, the sparsity modes that apply "
+        "and why; with --vram-budget, what a plan would place on the GPU and the tokens/s the "
+        "cost model predicts (estimated from a synthetic power-law profile).",
+    )
+    add_info_arguments(i)
+    i.set_defaults(func=cmd_info)
     for name, (_, what) in STAGES.items():
         if "_" not in name:  # train_predictors is an alias of train-predictors
             sub.add_parser(name, help=what, add_help=False)

@@ -17,11 +17,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The server's own options (the model options come from the main command line)."""
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (8000)")
-    p.add_argument("--plan", default=None, help="placement plan (python -m powerinfer_rs.plan)")
-    p.add_argument(
-        "--device", default="cpu", help="cpu (default), gpu-sim, gpu-emu, cuda or cuda:N"
-    )
-    p.add_argument("--vram-budget", default=None, help="VRAM budget for --plan, e.g. 8GiB")
     p.add_argument(
         "--api-key",
         default=os.environ.get("POWERINFER_RS_API_KEY"),
@@ -65,9 +60,7 @@ def serve(a: argparse.Namespace, engine_options: dict) -> int:
     logging.basicConfig(
         level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    engine = Engine.from_pretrained(
-        a.model, plan=a.plan, device=a.device, vram_budget=a.vram_budget, **engine_options
-    )
+    engine = Engine.from_pretrained(a.model, **engine_options)
     name = model_id(a.model, a.model_alias)
     app = create_app(engine, model_id=name, api_key=a.api_key, max_queue=a.max_queue)
     logging.getLogger("powerinfer_rs.server").info(
