@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import time
 from pathlib import Path
 
 from . import _core
+from .errors import PlanError
 from .stages.args import at_least_int, float_in, nonneg_int, positive_float, positive_int
 
 #: Subcommands handed to a stage's or tool's ``main(argv)``: name -> (module, help).
@@ -85,20 +87,36 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--plan",
         default=None,
-        help="placement plan (python -m powerinfer_rs plan): which layers' attention and which "
-        "hot FFN neurons the GPU holds; needs --device",
+        help="placement plan (python -m powerinfer_rs plan, or a directory of prepare): which "
+        "layers' attention and which hot FFN neurons the GPU holds; needs --device",
     )
     p.add_argument(
         "--device",
-        default="cpu",
-        help="cpu (the default), cuda or cuda:N (a GPU), gpu-sim (the GPU's contract on the "
-        "CPU, for tests) or gpu-emu (the CUDA kernels run on the CPU, where the build has it)",
+        default=None,
+        help="cpu (the default; with --vram-budget and no --plan: cuda when there is a GPU), "
+        "cuda or cuda:N (a GPU), gpu-sim (the GPU's contract on the CPU, for tests) or gpu-emu "
+        "(the CUDA kernels run on the CPU, where the build has it)",
     )
     p.add_argument(
         "--vram-budget",
         default=None,
-        help="refuse a --plan needing more GPU memory than this, e.g. 8GiB (default: the plan's "
-        "own budget)",
+        metavar="SIZE|auto",
+        help="with --plan: refuse a plan needing more GPU memory than this, e.g. 8GiB; without: "
+        "auto-fit, i.e. prepare the model for this budget ('auto': GPU 0's free memory) and run "
+        "it: thresholds or predictors, a profile and a plan, made once on the shipped "
+        "calibration text and cached (see prepare --help)",
+    )
+    p.add_argument(
+        "--refresh",
+        action="store_true",
+        help="auto-fit: prepare again instead of reusing the cached files",
+    )
+    p.add_argument(
+        "--hardware",
+        default=None,
+        metavar="NAME|FILE",
+        help="auto-fit: the hardware profile the plan's cost model uses (default: the detected "
+        "GPU's, see python -m powerinfer_rs plan --help)",
     )
 
 
@@ -178,21 +196,105 @@ def _engine_options(a: argparse.Namespace) -> dict:
         "mmap": a.mmap,
         "kv_cache": a.kv_cache,
         "plan": a.plan,
-        "device": a.device,
+        "device": a.device or "cpu",
         "vram_budget": a.vram_budget,
     }
+
+
+def _auto_device(a: argparse.Namespace) -> str:
+    """The device of an auto-fit: ``--device``, else cuda where there is a GPU, else cpu."""
+    if a.device is not None:
+        return a.device
+    from .planning.gpu_probe import detect_gpu
+
+    return "cuda" if detect_gpu() is not None else "cpu"
+
+
+def _prepared_options(a: argparse.Namespace) -> tuple[str | None, dict]:
+    """The model path and ``Engine.from_pretrained`` options of the command line: a prepared
+    directory given as ``--model`` or ``--plan`` runs with its files; ``--vram-budget`` without
+    a plan auto-fits (:func:`~.runtime.autofit.prepare`). Options given on the command line
+    win over the prepared ones."""
+    from .runtime.autofit import prepare, read_prepared
+
+    opts = _engine_options(a)
+    model = a.model
+    prepared = None
+    for given in (a.model, a.plan):
+        if given is not None and os.path.isdir(given):
+            prepared = read_prepared(given) or prepared
+    if prepared is None and a.plan is None and a.vram_budget is not None:
+        device = _auto_device(a)
+        if device == "cpu" and str(a.vram_budget).strip().lower() != "auto":
+            raise PlanError(
+                f"--vram-budget {a.vram_budget} without --plan prepares a GPU plan, and there is "
+                "no GPU: pass --device gpu-sim (the plan's GPU side simulated on the CPU), or "
+                "--vram-budget auto to run on the CPU"
+            )
+        prepared = prepare(
+            a.model,
+            a.vram_budget,
+            device=device,
+            hardware=a.hardware,
+            context=a.ctx,
+            kv_cache=a.kv_cache or "f16",
+            threads=a.threads,
+            refresh=a.refresh,
+            quiet=getattr(a, "quiet", False),
+        )
+    if prepared is not None:
+        model = prepared.model
+        own = prepared.engine_options()
+        opts["plan"] = own["plan"]
+        opts["vram_budget"] = None
+        if a.sparsity is None and a.thresholds is None and a.predictors is None:
+            opts.update(
+                sparsity=own["sparsity"],
+                thresholds=own["thresholds"],
+                predictors=own["predictors"],
+            )
+        if prepared.plan is None:
+            opts["device"] = "cpu"
+        elif a.device is None:
+            opts["device"] = _auto_device(a)
+    return model, opts
 
 
 def _load(a: argparse.Namespace):
     from .runtime.engine import Engine
 
-    return Engine.from_pretrained(a.model, **_engine_options(a))
+    model, opts = _prepared_options(a)
+    return Engine.from_pretrained(model, **opts)
 
 
 def cmd_serve(a: argparse.Namespace) -> int:
     from .server.cli import serve
 
-    return serve(a, _engine_options(a))
+    model, opts = _prepared_options(a)
+    a.model = model
+    return serve(a, opts)
+
+
+def cmd_prepare(a: argparse.Namespace) -> int:
+    from .runtime.autofit import prepare
+
+    device = _auto_device(a)
+    p = prepare(
+        a.model,
+        a.vram_budget,
+        device=device,
+        hardware=a.hardware,
+        context=a.ctx,
+        kv_cache=a.kv_cache,
+        threads=a.threads,
+        out=a.out,
+        refresh=a.refresh,
+        quiet=a.quiet,
+    )
+    made = [f"{k} {v}" for k, v in p.manifest["files"].items() if v]
+    print(f"{p.dir}: {', '.join(made) or 'nothing to plan'}; sparsity {p.sparsity}")
+    print(f"run it with: python -m powerinfer_rs generate --model {p.dir} --prompt ...")
+    return 0
 
 
 def _print_stats(engine, out=sys.stderr) -> None:
@@ -353,6 +455,42 @@ def build_parser() -> argparse.ArgumentParser:
     _common(s)
     add_server_arguments(s)
     s.set_defaults(func=cmd_serve)
+    r = sub.add_parser(
+        "prepare",
+        help="auto-fit a model to a VRAM budget, once",
+        description="Prepare a model to run within a VRAM budget: thresholds (SiLU/GELU "
+        "models) or predictors (ReLU models without their own), an activation profile and a "
+        "plan, made by the pipeline's stages on the calibration text shipped with the package "
+        "(Python 3.11 documentation prose, PSF License); the number of profiled tokens shrinks "
+        "with the model's size. Writes DIR, which --model DIR or --plan DIR runs; generate, "
+        "chat, perplexity and serve do the same into the cache when given --vram-budget "
+        "without --plan.",
+    )
+    r.add_argument("--model", "-m", default=None, help="GGUF file or Hugging Face directory")
+    r.add_argument(
+        "--vram-budget",
+        required=True,
+        metavar="SIZE|auto",
+        help="GPU bytes the plan may use, e.g. 8GiB; auto: GPU 0's free memory less a margin "
+        "(with no GPU: nothing is planned, only the CPU's sparse mode is prepared)",
+    )
+    r.add_argument(
+        "--out", default=None, metavar="DIR", help="directory to write (default: the cache)"
+    )
+    r.add_argument(
+        "--device",
+        default=None,
+        help="the device the plan is for (default: cuda when there is a GPU); gpu-sim plans "
+        "for a simulated GPU",
+    )
+    r.add_argument("--hardware", default=None, help="hardware profile (default: detected)")
+    r.add_argument("--ctx", type=positive_int, default=None, help="context the plan holds")
+    r.add_argument("--kv-cache", choices=["f16", "f32"], default="f16", help="KV precision")
+    r.add_argument("--threads", "-t", type=nonneg_int, default=0, help="CPU threads")
+    r.add_argument("--refresh", action="store_true", help="prepare again even if cached")
+    r.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
+    r.set_defaults(func=cmd_prepare)
+
     from .info import add_arguments as add_info_arguments
     from .info import cmd_info
 

@@ -1,0 +1,301 @@
+"""Auto-fit: from a model file to its hybrid run in one step.
+
+:func:`prepare` runs the sparsity pipeline's stages for a model and a VRAM budget, exactly as
+they run by hand (each stage's own ``main`` with the same arguments), on the calibration text
+shipped with the package (``data/calibration.txt``: prose of the Python 3.11 documentation,
+PSF License, see ``data/CALIBRATION-LICENSE.txt``):
+
+1. ``calibrate``: per-layer thresholds (SiLU/GELU models; ReLU neurons are exactly 0 or not);
+2. ``profile``: how often each FFN neuron fires (with samples for the predictors of a ReLU
+   model);
+3. ``train-predictors``: ReLU models without predictors of their own;
+4. ``plan``: the placement under the budget.
+
+The results go into a directory of their own under the cache (``$POWERINFER_RS_CACHE/prepared``),
+named after a key of the model's fingerprint, the budget, the hardware profile, the context, the
+KV-cache precision and the package version, with ``prepared.json`` written last: a directory with
+it is complete and is reused at once (``refresh`` rebuilds it). ``--model DIR`` and ``--plan
+DIR`` accept such a directory (:func:`read_prepared`).
+
+The profiled tokens shrink with the model's size (:func:`stage_tokens`), so that a 7B model is
+ready in minutes: the stages read every weight once per token window, and what is learnt from
+the first thousand tokens changes little after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import PlanError
+
+#: The calibration and profiling text shipped with the package.
+CORPUS = Path(__file__).resolve().parent.parent / "data" / "calibration.txt"
+#: The file a complete prepared directory holds.
+MANIFEST = "prepared.json"
+#: Model bytes up to which the stages take their full token counts; above, fewer (inversely).
+FULL_TOKENS_BYTES = 512 * 2**20
+#: Tokens of (calibration, profile) for a small model, and the least a large one gets.
+FULL_TOKENS = (4096, 8192)
+MIN_TOKENS = (512, 1024)
+
+
+@dataclass
+class Prepared:
+    """A prepared directory: the files its stages wrote and how to run them."""
+
+    dir: Path
+    model: str
+    plan: Path | None
+    thresholds: Path | None
+    predictors: Path | None
+    sparsity: str
+    manifest: dict
+
+    def engine_options(self) -> dict:
+        """``Engine.from_pretrained`` keyword arguments that run it."""
+        return {
+            "plan": None if self.plan is None else str(self.plan),
+            "sparsity": self.sparsity,
+            "thresholds": None if self.thresholds is None else str(self.thresholds),
+            "predictors": None if self.predictors is None else str(self.predictors),
+        }
+
+
+def stage_tokens(model_bytes: int) -> tuple[int, int]:
+    """``(calibration tokens, profile tokens)`` for a model of ``model_bytes``: the stages'
+    defaults up to :data:`FULL_TOKENS_BYTES`, then fewer in proportion, down to
+    :data:`MIN_TOKENS`."""
+    scale = min(1.0, FULL_TOKENS_BYTES / max(1, model_bytes))
+    return tuple(max(lo, int(full * scale)) for full, lo in zip(FULL_TOKENS, MIN_TOKENS))  # type: ignore[return-value]
+
+
+def prepared_root() -> Path:
+    """Where prepared directories live: ``<cache>/prepared``."""
+    from .default_model import cache_dir
+
+    return cache_dir() / "prepared"
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def resolve_hardware(name: str | None) -> tuple[str, str | None]:
+    """The hardware profile's name (or file) the plan stage will use for ``name``, and the
+    detected GPU's name (None without one)."""
+    from ..planning.gpu_probe import detect_gpu
+    from ..planning.hardware_profile import FALLBACK_PROFILE, profile_for_gpu_name
+
+    gpu = detect_gpu()
+    if name is not None:
+        return name, gpu.name if gpu else None
+    if gpu is not None:
+        return profile_for_gpu_name(gpu.name) or FALLBACK_PROFILE, gpu.name
+    return FALLBACK_PROFILE, None
+
+
+def _key(parts: dict) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def read_prepared(path: str | os.PathLike[str]) -> Prepared | None:
+    """The prepared directory at ``path``, or None when ``path`` is not one. A directory with
+    a manifest that names missing files is a :class:`PlanError` (run with ``--refresh``)."""
+    d = Path(path)
+    m = d / MANIFEST
+    if not (d.is_dir() and m.is_file()):
+        return None
+    try:
+        man = json.loads(m.read_text())
+        files = {k: (None if v is None else d / v) for k, v in man["files"].items()}
+        prepared = Prepared(
+            dir=d,
+            model=man["model"],
+            plan=files["plan"],
+            thresholds=files["thresholds"],
+            predictors=files["predictors"],
+            sparsity=man["sparsity"],
+            manifest=man,
+        )
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise PlanError(
+            f"{m}: not a prepared directory's manifest ({e}); prepare it again"
+        ) from None
+    missing = [str(p) for p in files.values() if p is not None and not p.exists()]
+    if missing:
+        raise PlanError(f"{d}: prepared files missing ({', '.join(missing)}); prepare it again")
+    return prepared
+
+
+def _run_stage(name: str, argv: list[str], quiet: bool) -> float:
+    """Run stage ``name`` (its ``main(argv)``); its seconds. A failing stage is a PlanError
+    naming it (the stage has printed why)."""
+    import importlib
+
+    from ..cli import STAGES
+
+    module = importlib.import_module(f"..{STAGES[name][0]}", __package__)
+    t0 = time.perf_counter()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out if quiet else sys.stderr):
+        code = module.main(argv + (["--quiet"] if quiet else []))
+    if code != 0:
+        if quiet:
+            sys.stderr.write(out.getvalue())
+        raise PlanError(f"auto-fit: the {name} stage failed (exit {code}); see above")
+    return time.perf_counter() - t0
+
+
+def prepare(
+    model: str | os.PathLike[str] | None,
+    vram_budget: str | int,
+    *,
+    device: str = "cuda",
+    hardware: str | None = None,
+    context: int | None = None,
+    kv_cache: str = "f16",
+    threads: int = 0,
+    out: str | os.PathLike[str] | None = None,
+    refresh: bool = False,
+    quiet: bool = False,
+) -> Prepared:
+    """Prepare ``model`` (a path; None: the default model) to run on ``device`` within
+    ``vram_budget`` ("auto": the free memory of GPU 0; or a size): the stages of the module doc,
+    into ``out`` or the cache (reused when complete, unless ``refresh``). Each stage prints a
+    one-line summary on stderr (and its progress bar unless ``quiet``).
+
+    With "auto" and no GPU (or a CPU ``device``) nothing is planned: it says so and prepares
+    the CPU's sparse mode (thresholds or predictors) only."""
+    from ..loading import load_model
+    from ..planning.sizes import format_bytes, parse_bytes
+    from .default_model import default_model_path
+
+    path = str(default_model_path() if model is None else model)
+    own = _own_predictors(path)
+    if own:
+        from ..loading.powerinfer_gguf import load_powerinfer_gguf
+
+        loaded = load_powerinfer_gguf(path).model
+    else:
+        loaded = load_model(path)
+    cfg = loaded.config
+    hw_name, gpu = resolve_hardware(hardware)
+    auto = str(vram_budget).strip().lower() == "auto"
+    if auto and (gpu is None or device == "cpu"):
+        why = "no GPU was found" if gpu is None else "the device is the CPU"
+        print(f"auto-fit: {why}: running on the CPU, nothing planned", file=sys.stderr)
+        budget_text = None
+    else:
+        budget_text = "auto" if auto else str(parse_bytes(vram_budget))
+    ctx = min(context or 4096, cfg.max_context)
+    model_bytes = sum(t.nbytes for t in loaded.tensors.values())
+    cal_tokens, prof_tokens = stage_tokens(model_bytes)
+    relu = cfg.activation == "relu"
+    parts = {
+        "fingerprint": loaded.fingerprint,
+        "budget": budget_text,
+        "free_at_prepare": _free_bytes() if auto and budget_text else None,
+        "hardware": hw_name,
+        "context": ctx,
+        "kv_cache": kv_cache,
+        "version": _version(),
+        "tokens": [cal_tokens, prof_tokens],
+    }
+    d = Path(out) if out is not None else prepared_root() / _key(parts)
+    if not refresh:
+        done = read_prepared(d)
+        if done is not None:
+            return done
+    d.mkdir(parents=True, exist_ok=True)
+    (d / MANIFEST).unlink(missing_ok=True)
+    corpus = str(CORPUS)
+    common = ["--model", path]
+    run = ["--threads", str(threads)]
+    timings: dict[str, float] = {}
+    files: dict[str, str | None] = {"plan": None, "thresholds": None, "predictors": None}
+    if not relu:
+        files["thresholds"] = "thresholds.json"
+        timings["calibrate"] = _run_stage(
+            "calibrate",
+            common + ["--corpus", corpus, "--tokens", str(cal_tokens)]
+            + ["--out", str(d / "thresholds.json")] + run,
+            quiet,
+        )  # fmt: skip
+    need_predictors = relu and not own
+    if budget_text is not None or need_predictors:
+        argv = common + ["--corpus", corpus, "--tokens", str(prof_tokens)]
+        argv += ["--out", str(d / "profile"), "--no-plot"] + run
+        if files["thresholds"]:
+            argv += ["--thresholds", str(d / "thresholds.json")]
+        if need_predictors:
+            argv += ["--samples"]
+        timings["profile"] = _run_stage("profile", argv, quiet)
+    if need_predictors:
+        files["predictors"] = "predictors.safetensors"
+        timings["train-predictors"] = _run_stage(
+            "train-predictors",
+            common + ["--profile", str(d / "profile"), "--out", str(d / files["predictors"])],
+            quiet,
+        )
+    if budget_text is not None:
+        files["plan"] = "plan.safetensors"
+        argv = common + ["--profile", str(d / "profile"), "--vram-budget", budget_text]
+        argv += ["--hardware", hw_name, "--context", str(ctx), "--kv-cache", kv_cache]
+        argv += ["--out", str(d / "plan.safetensors")]
+        if files["predictors"]:
+            argv += ["--predictors", str(d / files["predictors"])]
+        timings["plan"] = _run_stage("plan", argv, quiet)
+    sparsity = "threshold" if not relu else "predictor"
+    manifest = {
+        "model": path,
+        "key": parts,
+        "files": files,
+        "sparsity": sparsity,
+        "seconds": timings,
+        "corpus": "data/calibration.txt (Python 3.11 documentation, PSF License)",
+    }
+    tmp = d / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2))
+    tmp.replace(d / MANIFEST)
+    total = sum(timings.values())
+    budget_note = "" if budget_text is None else f", budget {format_bytes(_budget_of(d))}"
+    steps = ", ".join(f"{k} {v:.1f} s" for k, v in timings.items())
+    print(
+        f"auto-fit: prepared in {total:.1f} s ({steps}){budget_note}; cached in {d}",
+        file=sys.stderr,
+    )
+    result = read_prepared(d)
+    assert result is not None
+    return result
+
+
+def _budget_of(d: Path) -> int:
+    """The budget the plan in ``d`` was made for."""
+    from ..formats.plan import load_plan
+
+    return load_plan(d / "plan.safetensors").budget_bytes
+
+
+def _free_bytes() -> int | None:
+    """GPU 0's free memory (part of the key of an "auto" budget), or None."""
+    from ..planning.gpu_probe import detect_gpu
+
+    gpu = detect_gpu()
+    return None if gpu is None else gpu.free_bytes
+
+
+def _own_predictors(path: str) -> bool:
+    """Whether the file carries its own predictors (a PowerInfer GGUF)."""
+    from ..loading.powerinfer_gguf import is_powerinfer_gguf
+
+    return is_powerinfer_gguf(path)
