@@ -43,6 +43,9 @@ PRELUDE = r"""
 #define __device__
 #define __forceinline__ inline
 static inline float __int_as_float(unsigned v) { float f; std::memcpy(&f, &v, 4); return f; }
+static inline unsigned __umulhi(unsigned a, unsigned b) {
+    return (unsigned)(((unsigned long long)a * b) >> 32);
+}
 static float h2f(unsigned short h) {
     const unsigned s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
     const float v = e == 0 ? std::ldexp((float)m, -24)
