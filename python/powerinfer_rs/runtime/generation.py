@@ -54,6 +54,7 @@ class GenerationStats:
     decode_seconds: float = 0.0
     completion_tokens: int = 0  # tokens sampled (an end-of-sequence token not counted)
     finish_reason: str = ""
+    stop_sequence: str | None = None  # the stop string that ended it (finish_reason "stop")
 
     @property
     def decode_tokens_per_second(self) -> float:
@@ -228,6 +229,7 @@ class Generation:
             yield step
             if matcher.stopped:
                 stats.finish_reason = "stop"
+                stats.stop_sequence = matcher.matched
                 break
             if i + 1 == max_new_tokens:
                 break

@@ -42,6 +42,8 @@ class StopMatcher:
         self._stops = [s for s in stops if s]
         self._held = ""
         self.stopped = False
+        #: The stop string that ended the text (the earliest in it), once ``stopped``.
+        self.matched: str | None = None
 
     def push(self, text: str) -> str:
         """Add text; return what is safe to show. Sets ``stopped`` when a stop string is seen
@@ -49,11 +51,12 @@ class StopMatcher:
         if not self._stops:
             return text
         buf = self._held + text
-        hits = [i for i in (buf.find(s) for s in self._stops) if i >= 0]
+        hits = [(i, s) for i, s in ((buf.find(s), s) for s in self._stops) if i >= 0]
         if hits:
             self.stopped = True
             self._held = ""
-            return buf[: min(hits)]
+            at, self.matched = min(hits, key=lambda h: h[0])
+            return buf[:at]
         keep = 0
         for s in self._stops:
             for n in range(min(len(s) - 1, len(buf)), 0, -1):

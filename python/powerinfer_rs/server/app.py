@@ -25,6 +25,7 @@ from ..errors import PowerInferError
 from ..runtime.chat import ChatTemplateError
 from ..runtime.engine import Engine
 from ..runtime.streaming import TokenStream
+from . import anthropic
 from .errors import APIError, from_engine, from_validation
 from .responses import ChunkMaker, Envelope, TokenText, full_response
 from .schemas import ChatRequest, CompletionRequest, unsupported_fields
@@ -229,7 +230,8 @@ def create_app(
     api_key: str | None = None,
     max_queue: int = DEFAULT_MAX_QUEUE,
 ) -> Starlette:
-    """The OpenAI-compatible application serving ``engine`` as ``model_id``."""
+    """The application serving ``engine`` as ``model_id``: OpenAI's routes, and Anthropic's
+    ``/v1/messages`` (:mod:`.anthropic`)."""
     state = ServerState(engine, model_id, api_key, max_queue)
 
     @asynccontextmanager
@@ -246,6 +248,8 @@ def create_app(
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/messages", anthropic.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
     ]
     app = Starlette(
         routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}

@@ -31,6 +31,7 @@ class Done:
     prompt_tokens: int
     completion_tokens: int
     error: BaseException | None = None
+    stop_sequence: str | None = None  # the stop string that ended it
 
 
 @dataclass
@@ -154,7 +155,7 @@ class Worker:
         finally:
             job.steps.close()
         reason = "cancelled" if job.cancelled else stats.finish_reason
-        return Done(reason, stats.prompt_tokens, job.completion_tokens)
+        return Done(reason, stats.prompt_tokens, job.completion_tokens, None, stats.stop_sequence)
 
 
 def _log_job(job: Job) -> None:

@@ -1,0 +1,303 @@
+"""``POST /v1/messages``: Anthropic's Messages API, as coding agents and the ``anthropic`` client
+speak it, on the same engine and worker as the OpenAI routes.
+
+Served: a system prompt (a string or text blocks), user and assistant turns of text (a string
+or text blocks), ``max_tokens`` (required), ``stop_sequences`` (the one that ended the text is
+reported in ``stop_sequence``), ``temperature``, ``top_p``, ``top_k``, ``stream`` (Anthropic's
+events: ``message_start``, ``content_block_start``, ``ping``, ``content_block_delta``,
+``content_block_stop``, ``message_delta``, ``message_stop``; ``error`` when the engine fails),
+``POST /v1/messages/count_tokens``, and errors in Anthropic's shape
+(``{"type": "error", "error": {"type", "message"}}``). The key is taken from ``x-api-key`` (or
+``Authorization: Bearer``). Any ``model`` name is accepted (agents send their own); answers
+name the served model. Not yet served, refused with a 400 naming the field: ``tools``
+(``tool_use``/``tool_result`` blocks), images and documents, and a last turn by the assistant
+(prefill).
+"""
+
+# ruff: noqa: UP007, UP045 (pydantic evaluates these annotations at run time; Python 3.9
+# cannot evaluate `X | Y`)
+from __future__ import annotations
+
+import asyncio
+import functools
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable
+from typing import Annotated, Any, Callable, Literal, Optional, Union
+
+import anyio
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from ..errors import PowerInferError
+from ..runtime.chat import ChatTemplateError
+from ..runtime.streaming import TokenStream
+from .errors import APIError, from_engine, from_validation
+from .schemas import MAX_STOPS
+from .sse import collect, watch_disconnect
+from .worker import Done, Job, QueueFull
+
+log = logging.getLogger("powerinfer_rs.server")
+
+#: The engine's finish reasons as Anthropic's stop reasons.
+STOP_REASONS = {
+    "eos": "end_turn",
+    "stop": "stop_sequence",
+    "length": "max_tokens",
+    "context": "max_tokens",
+}
+#: HTTP status -> Anthropic's error type.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+
+
+class Block(BaseModel):
+    """A content block; only ``text`` blocks are served (see :func:`block_text`)."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: Optional[str] = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    role: Literal["user", "assistant"]
+    content: Union[str, list[Block]]
+
+
+class MessagesRequest(BaseModel):
+    """``POST /v1/messages`` (unknown fields such as ``metadata`` are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    max_tokens: Annotated[int, Field(ge=1)]
+    messages: Annotated[list[Message], Field(min_length=1)]
+    system: Union[str, list[Block], None] = None
+    stop_sequences: Optional[Annotated[list[str], Field(max_length=MAX_STOPS)]] = None
+    temperature: Annotated[float, Field(ge=0.0, le=1.0)] = 1.0
+    top_p: Optional[Annotated[float, Field(gt=0.0, le=1.0)]] = None
+    top_k: Optional[Annotated[int, Field(ge=0)]] = None
+    stream: bool = False
+    tools: Optional[Any] = None
+    tool_choice: Optional[Any] = None
+
+
+class CountRequest(BaseModel):
+    """``POST /v1/messages/count_tokens``."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    messages: Annotated[list[Message], Field(min_length=1)]
+    system: Union[str, list[Block], None] = None
+    tools: Optional[Any] = None
+
+
+def block_text(content: Union[str, list[Block], None], where: str) -> str:
+    """The text of a string or of text blocks; any other block is a 400 naming it."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for i, b in enumerate(content):
+        if b.type != "text" or b.text is None:
+            what = "tool use" if b.type in ("tool_use", "tool_result") else f"'{b.type}' blocks"
+            raise APIError(
+                400, f"{where}[{i}]: {what} is not supported by this server yet", param=where
+            )
+        parts.append(b.text)
+    return "".join(parts)
+
+
+def template_messages(req: MessagesRequest | CountRequest) -> list[dict[str, str]]:
+    """The conversation as the chat template takes it."""
+    if req.tools:
+        raise APIError(400, "'tools' is not supported by this server yet", param="tools")
+    out = []
+    system = block_text(req.system, "system")
+    if system:
+        out.append({"role": "system", "content": system})
+    for i, m in enumerate(req.messages):
+        out.append({"role": m.role, "content": block_text(m.content, f"messages[{i}].content")})
+    if req.messages[-1].role != "user":
+        raise APIError(
+            400,
+            "the last message must be the user's (continuing an assistant turn is not supported)",
+            param="messages",
+        )
+    return out
+
+
+def error_body(e: APIError) -> dict[str, Any]:
+    kind = ERROR_TYPES.get(e.status, "api_error" if e.status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": e.message}}
+
+
+def anthropic_route(
+    fn: Callable[[Request, Any], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """A route answering every failure in Anthropic's error shape, never with a traceback."""
+
+    @functools.wraps(fn)
+    async def route(request: Request) -> Response:
+        state = request.app.state.server
+        try:
+            return await fn(request, state)
+        except APIError as e:
+            log.info("%s %s -> %d %s", request.method, request.url.path, e.status, e.message)
+            return JSONResponse(error_body(e), status_code=e.status)
+        except Exception:
+            log.exception("%s %s failed", request.method, request.url.path)
+            return JSONResponse(error_body(APIError(500, "internal server error")), 500)
+
+    return route
+
+
+def check_key(request: Request, state: Any) -> None:
+    """``x-api-key`` (Anthropic's header) or ``Authorization: Bearer``."""
+    if state.api_key is None:
+        return
+    key = request.headers.get("x-api-key")
+    if key is None:
+        scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
+        key = bearer.strip() if scheme.lower() == "bearer" else None
+    if key is None or not hmac.compare_digest(key, state.api_key):
+        what = "no API key given" if key is None else "incorrect API key"
+        raise APIError(401, f"{what} (send 'x-api-key: KEY')")
+
+
+async def parse(request: Request, kind: type) -> Any:
+    body = await request.body()
+    try:
+        return kind.model_validate_json(body, strict=True)
+    except ValidationError as e:
+        if e.errors()[0]["type"] == "json_invalid":
+            raise APIError(400, f"the body is not valid JSON: {e.errors()[0]['msg']}") from None
+        raise from_validation(e) from None
+
+
+def prepare(engine: Any, req: MessagesRequest) -> tuple[TokenStream, int]:
+    """The request's token stream and its prompt's token count (runs in a thread)."""
+    try:
+        prompt = engine.format_chat(template_messages(req))
+    except ChatTemplateError as e:
+        raise APIError(400, str(e), param="messages") from None
+    try:
+        steps = engine.stream_tokens(
+            prompt,
+            max_new_tokens=req.max_tokens,
+            temperature=req.temperature,
+            top_k=req.top_k or 0,
+            top_p=req.top_p if req.top_p is not None else 1.0,
+            stop=req.stop_sequences,
+        )
+    except PowerInferError as e:
+        raise from_engine(e, "messages") from None
+    return steps, len(engine.tokenizer.encode(prompt))
+
+
+def message(rid: str, model: str, text: str | None, done: Done | None, inputs: int) -> dict:
+    """A ``message`` object: whole (``done`` given) or as ``message_start`` opens it."""
+    content = [] if text is None else [{"type": "text", "text": text}]
+    return {
+        "id": rid,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": None if done is None else STOP_REASONS.get(done.finish_reason, "end_turn"),
+        "stop_sequence": None if done is None else done.stop_sequence,
+        "usage": {
+            "input_tokens": inputs,
+            "output_tokens": 0 if done is None else done.completion_tokens,
+        },
+    }
+
+
+def event(kind: str, body: dict[str, Any]) -> bytes:
+    data = json.dumps({"type": kind, **body}, ensure_ascii=False)
+    return f"event: {kind}\ndata: {data}\n\n".encode()
+
+
+async def events(
+    job: Job, rid: str, model: str, inputs: int, watcher: asyncio.Task
+) -> AsyncIterator[bytes]:
+    """The streamed answer in Anthropic's events."""
+    try:
+        yield event("message_start", {"message": message(rid, model, None, None, inputs)})
+        yield event(
+            "content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}
+        )
+        yield event("ping", {})
+        while True:
+            item = await job.events.get()
+            if isinstance(item, Done):
+                break
+            if item.text:
+                delta = {"type": "text_delta", "text": item.text}
+                yield event("content_block_delta", {"index": 0, "delta": delta})
+        if item.error is not None:
+            e = APIError(500, f"generation failed: {type(item.error).__name__}: {item.error}")
+            yield event("error", {"error": error_body(e)["error"]})
+            return
+        yield event("content_block_stop", {"index": 0})
+        whole = message(rid, model, None, item, inputs)
+        delta = {"stop_reason": whole["stop_reason"], "stop_sequence": whole["stop_sequence"]}
+        yield event("message_delta", {"delta": delta, "usage": whole["usage"]})
+        yield event("message_stop", {})
+    finally:
+        watcher.cancel()
+        job.cancel()
+
+
+@anthropic_route
+async def messages(request: Request, state: Any) -> Response:
+    check_key(request, state)
+    req = await parse(request, MessagesRequest)
+    steps, inputs = await anyio.to_thread.run_sync(prepare, state.engine, req)
+    rid = f"msg_{state.worker.next_id()}"
+    job = Job(rid, steps, asyncio.get_running_loop())
+    try:
+        state.worker.submit(job)
+    except QueueFull as e:
+        steps.close()
+        raise APIError(429, str(e)) from None
+    watcher = asyncio.create_task(watch_disconnect(request, job))
+    if req.stream:
+        headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+        return StreamingResponse(
+            events(job, rid, state.model_id, inputs, watcher),
+            media_type="text/event-stream",
+            headers=headers,
+        )
+    try:
+        text, _, done = await collect(job)
+    finally:
+        watcher.cancel()
+        job.cancel()
+    if done.error is not None:
+        raise APIError(500, f"generation failed: {type(done.error).__name__}: {done.error}")
+    return JSONResponse(message(rid, state.model_id, text, done, done.prompt_tokens))
+
+
+@anthropic_route
+async def count_tokens(request: Request, state: Any) -> Response:
+    check_key(request, state)
+    req = await parse(request, CountRequest)
+    engine = state.engine
+
+    def count() -> int:
+        try:
+            return len(engine.tokenizer.encode(engine.format_chat(template_messages(req))))
+        except ChatTemplateError as e:
+            raise APIError(400, str(e), param="messages") from None
+
+    return JSONResponse({"input_tokens": await anyio.to_thread.run_sync(count)})

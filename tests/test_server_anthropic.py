@@ -1,0 +1,130 @@
+"""Anthropic's Messages API (``POST /v1/messages``) through the official ``anthropic`` client
+against a live server on SmolLM2: a message, a streamed message equal to it, stop sequences,
+token counting, the key in ``x-api-key``, and bad input answered in Anthropic's error shape
+while the server keeps serving."""
+
+from __future__ import annotations
+
+import pytest
+
+anthropic = pytest.importorskip("anthropic")
+
+from live_server import MODEL_ID, LiveServer  # noqa: E402
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+#: The client (2.x) has no sampling parameters of its own; the API still takes them.
+GREEDY = {"temperature": 0}
+
+
+def client(server, api_key: str = "none"):
+    return anthropic.Anthropic(base_url=server.url, api_key=api_key, max_retries=0, timeout=120)
+
+
+def test_a_message_is_the_engines_chat(server):
+    got = client(server).messages.create(
+        model="claude-any", max_tokens=12, extra_body=GREEDY, messages=QUESTION
+    )
+    want = server.engine.chat(QUESTION, max_new_tokens=12, temperature=0)
+    assert got.type == "message" and got.role == "assistant" and got.model == MODEL_ID
+    assert [b.type for b in got.content] == ["text"] and got.content[0].text == want
+    assert "Paris" in want
+    prompt = len(server.engine.tokenizer.encode(server.engine.format_chat(QUESTION)))
+    assert got.usage.input_tokens == prompt
+    assert got.usage.output_tokens == server.engine.last_stats.completion_tokens
+    assert got.stop_reason == ("end_turn" if got.usage.output_tokens < 12 else "max_tokens")
+    assert got.id.startswith("msg_")
+
+
+def test_system_prompt_and_text_blocks(server):
+    c = client(server)
+    blocks = [{"role": "user", "content": [{"type": "text", "text": "What is the capital "},
+                                           {"type": "text", "text": "of France?"}]}]  # fmt: skip
+    a = c.messages.create(model="m", max_tokens=8, extra_body=GREEDY, messages=blocks,
+                          system="Answer in one word.")  # fmt: skip
+    b = c.messages.create(model="m", max_tokens=8, extra_body=GREEDY, messages=QUESTION,
+                          system=[{"type": "text", "text": "Answer in one word."}])  # fmt: skip
+    want = server.engine.chat(
+        [{"role": "system", "content": "Answer in one word."}, *QUESTION],
+        max_new_tokens=8,
+        temperature=0,
+    )
+    assert a.content[0].text == b.content[0].text == want
+
+
+def test_the_stream_carries_the_same_message(server):
+    c = client(server)
+    kw = dict(model="m", max_tokens=16, extra_body=GREEDY, messages=QUESTION)
+    whole = c.messages.create(**kw)
+    kinds, text = [], ""
+    with c.messages.stream(**kw) as stream:
+        for ev in stream:
+            kinds.append(ev.type)
+            if ev.type == "content_block_delta":
+                text += ev.delta.text
+        final = stream.get_final_message()
+    assert text == whole.content[0].text == final.content[0].text
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert "content_block_start" in kinds and "content_block_stop" in kinds
+    assert final.stop_reason == whole.stop_reason
+    assert final.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_stop_sequences_report_which_one(server):
+    c = client(server)
+    free = c.messages.create(model="m", max_tokens=16, extra_body=GREEDY, messages=QUESTION)
+    word = free.content[0].text.split()[1]  # a word the answer contains
+    got = c.messages.create(
+        model="m", max_tokens=16, extra_body=GREEDY, messages=QUESTION,
+        stop_sequences=["zzz-never", word],
+    )  # fmt: skip
+    assert got.stop_reason == "stop_sequence" and got.stop_sequence == word
+    assert word not in got.content[0].text and free.content[0].text.startswith(got.content[0].text)
+
+
+def test_count_tokens(server):
+    got = client(server).messages.count_tokens(model="m", messages=QUESTION)
+    prompt = len(server.engine.tokenizer.encode(server.engine.format_chat(QUESTION)))
+    assert got.input_tokens == prompt
+
+
+@pytest.mark.parametrize(
+    ("kw", "status", "words"),
+    [
+        (dict(max_tokens=0), 400, "max_tokens"),
+        (dict(extra_body={"temperature": 1.5}), 400, "temperature"),
+        (dict(messages=[]), 400, "messages"),
+        (dict(messages=[{"role": "robot", "content": "hi"}]), 400, "role"),
+        (dict(messages=[*QUESTION, {"role": "assistant", "content": "The"}]), 400, "last"),
+        (dict(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]), 400,
+         "'image' blocks"),
+        (dict(tools=[{"name": "f", "input_schema": {"type": "object"}}]), 400, "tools"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_an_anthropic_error_and_the_server_keeps_serving(server, kw, status, words):
+    c = client(server)
+    args = dict(model="m", max_tokens=4, messages=QUESTION) | kw
+    with pytest.raises(anthropic.APIStatusError) as e:
+        c.messages.create(**args)
+    assert e.value.status_code == status
+    body = e.value.body
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert words in body["error"]["message"]
+    ok = c.messages.create(model="m", max_tokens=2, extra_body=GREEDY, messages=QUESTION)
+    assert ok.content[0].text
+
+
+def test_the_key_is_read_from_x_api_key(smol):
+    from powerinfer_rs import Engine
+
+    live = LiveServer(Engine(smol, threads=1), api_key="sekret")
+    try:
+        with pytest.raises(anthropic.AuthenticationError) as e:
+            client(live, api_key="wrong").messages.create(model="m", max_tokens=1,
+                                                          messages=QUESTION)  # fmt: skip
+        assert e.value.body["error"]["type"] == "authentication_error"
+        got = client(live, api_key="sekret").messages.create(
+            model="m", max_tokens=1, messages=QUESTION
+        )
+        assert got.usage.output_tokens <= 1
+    finally:
+        live.stop()
