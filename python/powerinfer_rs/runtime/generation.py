@@ -104,17 +104,35 @@ class Generation:
         """Answer a conversation formatted with the model's own chat template."""
         return self.generate(self.format_chat(messages), **kwargs)
 
-    def format_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt text the model's chat template makes of ``messages``."""
+    def format_chat(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+    ) -> str:
+        """The prompt text the model's chat template makes of ``messages``, with OpenAI-style
+        ``tools`` the model may call (:mod:`.tools`: the template's own way, or a fallback
+        system prompt; earlier calls and results in ``messages`` written to match)."""
+        from .tools import prompt_messages
+
         tok = self.tokenizer
         bos = tok.id_to_token(tok.bos_id) if tok.bos_id is not None else ""
         eos = tok.id_to_token(tok.eos_ids[0]) if tok.eos_ids else ""
+        template = self.loaded.chat_template
+        uses_tools = any(
+            isinstance(m, dict) and ("tool_calls" in m or m.get("role") == "tool") for m in messages
+        )
+        if tools is not None or uses_tools:
+            messages, extra = prompt_messages(messages, tools, template)
+        else:
+            extra = {}
         return format_chat(
-            self.loaded.chat_template,
+            template,
             messages,
             add_generation_prompt=add_generation_prompt,
             bos_token=bos or "",
             eos_token=eos or "",
+            **extra,
         )
 
     def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hmac
+import json
 import logging
 import time
 from collections.abc import Awaitable
@@ -25,10 +26,11 @@ from ..errors import PowerInferError
 from ..runtime.chat import ChatTemplateError
 from ..runtime.engine import Engine
 from ..runtime.streaming import TokenStream
+from ..runtime.tools import template_takes_tools
 from . import anthropic
 from .errors import APIError, from_engine, from_validation
-from .responses import ChunkMaker, Envelope, TokenText, full_response
-from .schemas import ChatRequest, CompletionRequest, unsupported_fields
+from .responses import Calls, ChunkMaker, Envelope, TokenText, full_response
+from .schemas import ChatRequest, CompletionRequest, NamedToolChoice, unsupported_fields
 from .sse import collect, event_stream, failure, watch_disconnect
 from .worker import Job, QueueFull, Worker
 
@@ -149,15 +151,53 @@ async def parse(request: Request, kind: type) -> ChatRequest | CompletionRequest
     return req
 
 
-def prepare(engine: Engine, req: ChatRequest | CompletionRequest) -> TokenStream:
+def tool_setup(engine: Engine, req: ChatRequest) -> Calls | None:
+    """The request's tools and how the answer starts (see :class:`~.responses.Calls`); a
+    ``tool_choice`` that names no given tool is a 400."""
+    tools = req.active_tools
+    choice = req.tool_choice
+    if choice not in (None, "none", "auto") and not req.tools:
+        raise APIError(400, "tool_choice needs tools", param="tool_choice")
+    if tools is None:
+        return None
+    names = [t["function"]["name"] for t in tools]
+    named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+    if named is not None and named not in names:
+        raise APIError(
+            400,
+            f"tool_choice names the tool '{named}', which is not among the tools ({names})",
+            param="tool_choice",
+        )
+    # Hermes-style calls (the fallback prompt's, Qwen's, Hermes'): the answer is made to
+    # start as a call where one is required.
+    template = engine.loaded.chat_template
+    hermes = not template_takes_tools(template) or "<tool_call>" in (template or "")
+    prefix = ""
+    if hermes and named is not None:
+        prefix = '<tool_call>{"name": ' + json.dumps(named) + ', "arguments": '
+    elif hermes and choice == "required":
+        prefix = '<tool_call>{"name": "'
+    return Calls(tools, prefix)
+
+
+def prepare(
+    engine: Engine, req: ChatRequest | CompletionRequest
+) -> tuple[TokenStream, Calls | None]:
     """Check the request against the engine and make its token stream (runs in a thread: it
     renders the chat template and tokenizes; it does not touch the context)."""
+    calls = None
     if isinstance(req, ChatRequest):
         param = "messages"
+        calls = tool_setup(engine, req)
         try:
-            prompt: Any = engine.format_chat([m.as_template_message() for m in req.messages])
+            prompt: Any = engine.format_chat(
+                [m.as_template_message() for m in req.messages],
+                tools=None if calls is None else calls.tools,
+            )
         except ChatTemplateError as e:
             raise APIError(400, str(e), param=param) from None
+        if calls is not None:
+            prompt += calls.prefix
         limit = req.token_limit if req.token_limit is not None else engine.n_ctx
     else:
         param, prompt, limit = "prompt", req.prompt, req.token_limit
@@ -167,7 +207,7 @@ def prepare(engine: Engine, req: ChatRequest | CompletionRequest) -> TokenStream
             prompt = prompt[0]
     try:
         kwargs = req.engine_kwargs(limit)
-        return engine.stream_tokens(prompt, logprobs=req.engine_logprobs, **kwargs)
+        return engine.stream_tokens(prompt, logprobs=req.engine_logprobs, **kwargs), calls
     except PowerInferError as e:
         raise from_engine(e, param) from None
 
@@ -175,7 +215,7 @@ def prepare(engine: Engine, req: ChatRequest | CompletionRequest) -> TokenStream
 async def completion(request: Request, state: ServerState, kind: type) -> Response:
     check_key(request, state)
     req = await parse(request, kind)
-    steps = await anyio.to_thread.run_sync(prepare, state.engine, req)
+    steps, calls = await anyio.to_thread.run_sync(prepare, state.engine, req)
     chat = kind is ChatRequest
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{state.worker.next_id()}"
     job = Job(rid, steps, asyncio.get_running_loop())
@@ -188,7 +228,7 @@ async def completion(request: Request, state: ServerState, kind: type) -> Respon
     env = Envelope(rid, state.model_id, chat)
     text_of = TokenText(state.engine.tokenizer) if req.engine_logprobs is not None else None
     if req.stream:
-        chunks = ChunkMaker(env, text_of, req.include_usage)
+        chunks = ChunkMaker(env, text_of, req.include_usage, calls)
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(
             event_stream(job, chunks, watcher), media_type="text/event-stream", headers=headers
@@ -200,7 +240,7 @@ async def completion(request: Request, state: ServerState, kind: type) -> Respon
         job.cancel()
     if done.error is not None:
         raise failure(done)
-    return JSONResponse(full_response(env, text, taken, done, text_of))
+    return JSONResponse(full_response(env, text, taken, done, text_of, calls))
 
 
 @api_route

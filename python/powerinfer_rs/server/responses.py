@@ -4,12 +4,33 @@ completions, usage, finish reasons and log-probabilities."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 from ..runtime.streaming import TokenStep
 from ..runtime.tokenizer import Tokenizer
+from ..runtime.tools import ToolCall, ToolCallStream, parse_tool_calls
 from .worker import Done
+
+
+@dataclass
+class Calls:
+    """A chat request's tools: the model may answer with calls of ``tools``; its answer was
+    made to start with ``prefix`` (the opening of a required call), which is part of it."""
+
+    tools: list[dict[str, Any]]
+    prefix: str = ""
+    stream: ToolCallStream = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.stream = ToolCallStream(self.tools)
+        self.stream.push(self.prefix)
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        """The content and the calls of a whole answer."""
+        return parse_tool_calls(self.prefix + text, self.tools)
+
 
 #: The engine's finish reasons as OpenAI's.
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}
@@ -122,14 +143,23 @@ def full_response(
     steps: list[TokenStep],
     done: Done,
     text_of: TokenText | None,
+    calls: Calls | None = None,
 ) -> dict[str, Any]:
     """The non-streamed body."""
     if env.chat:
+        message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        reason = finish_reason(done)
+        if calls is not None:
+            content, made = calls.parse(text)
+            if made:
+                message["content"] = content or None
+                message["tool_calls"] = [c.openai() for c in made]
+                reason = "tool_calls"
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": text, "refusal": None},
+            "message": message,
             "logprobs": chat_logprobs(steps, text_of) if text_of else None,
-            "finish_reason": finish_reason(done),
+            "finish_reason": reason,
         }
         obj = "chat.completion"
     else:
@@ -147,10 +177,18 @@ class ChunkMaker:
     """The bodies of a streamed response: one chunk per text piece, a last one with the finish
     reason, and with ``include_usage`` a usage chunk (every chunk then has ``usage: null``)."""
 
-    def __init__(self, env: Envelope, text_of: TokenText | None, include_usage: bool):
+    def __init__(
+        self,
+        env: Envelope,
+        text_of: TokenText | None,
+        include_usage: bool,
+        calls: Calls | None = None,
+    ):
         self.env = env
         self.text_of = text_of
         self.include_usage = include_usage
+        self.calls = calls
+        self.held: list[TokenStep] = []
         self.offset = 0
 
     def _chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
@@ -165,11 +203,35 @@ class ChunkMaker:
         delta = {"role": "assistant", "content": ""}
         return self._chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": None})
 
-    def piece(self, text: str, steps: list[TokenStep]) -> dict[str, Any]:
+    def piece(self, text: str, steps: list[TokenStep]) -> dict[str, Any] | None:
+        """The chunk of ``text``, or None while it is held back (the start of a tool call)."""
+        if self.calls is not None:
+            text = self.calls.stream.push(text)
+            if not text:
+                self.held += steps
+                return None
+            steps, self.held = self.held + steps, []
         return self._piece(text, steps, None)
 
-    def last(self, text: str, steps: list[TokenStep], done: Done) -> dict[str, Any]:
-        return self._piece(text, steps, finish_reason(done))
+    def last(self, text: str, steps: list[TokenStep], done: Done) -> list[dict[str, Any]]:
+        """The closing chunks: the text left, the calls (one chunk each), the finish reason."""
+        if self.calls is None:
+            return [self._piece(text, steps, finish_reason(done))]
+        self.calls.stream.push(text)
+        rest, made = self.calls.stream.finish()
+        steps = self.held + steps
+        if not made:
+            return [self._piece(rest, steps, finish_reason(done))]
+        out = [self._piece(rest, steps, None)] if rest else []
+        for i, call in enumerate(made):
+            delta = {"tool_calls": [call.openai(index=i)]}
+            if i == 0 and not rest and self.offset == 0:
+                delta["content"] = None
+            out.append(self._chunk({"index": 0, "delta": delta, "logprobs": None,
+                                    "finish_reason": None}))  # fmt: skip
+        out.append(self._chunk({"index": 0, "delta": {}, "logprobs": None,
+                                "finish_reason": "tool_calls"}))  # fmt: skip
+        return out
 
     def _piece(self, text: str, steps: list[TokenStep], reason: str | None) -> dict[str, Any]:
         if self.env.chat:

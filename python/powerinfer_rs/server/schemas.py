@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI endpoints (pydantic models, validated strictly: a number sent as
 a string is refused, not coerced). Fields the engine has no use for (``user``, ``metadata``,
-...) are ignored; fields asking for something it does not do (``tools``, ``logit_bias``, ...)
-are refused by :func:`unsupported_fields`."""
+...) are ignored; fields asking for something it does not do (``logit_bias``,
+``response_format``, ...) are refused by :func:`unsupported_fields`."""
 
 # ruff: noqa: UP007, UP045 (pydantic evaluates these annotations at run time; Python 3.9
 # cannot evaluate `X | Y`)
@@ -34,17 +34,67 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+    arguments: str = ""
+
+
+class ToolCallIn(BaseModel):
+    """A call an assistant message of the history made."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: Optional[str] = None
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: str
     content: Union[str, list[TextPart], None] = None
+    tool_calls: Optional[list[ToolCallIn]] = None
+    tool_call_id: Optional[str] = None
+    name: Optional[str] = None
 
     def as_template_message(self) -> dict[str, Any]:
-        """The ``{"role", "content"}`` dict the chat template gets (text parts joined)."""
+        """The dict the chat template gets: role and content (text parts joined), and an
+        assistant's ``tool_calls`` or a tool result's ``tool_call_id`` and ``name``."""
         content = self.content
         if isinstance(content, list):
             content = "".join(p.text for p in content)
-        return {"role": self.role, "content": content or ""}
+        out: dict[str, Any] = {"role": self.role, "content": content or ""}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        for key in ("tool_call_id", "name"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
+
+
+class FunctionSpec(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[bool] = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class SamplingFields(BaseModel):
@@ -68,7 +118,6 @@ class SamplingFields(BaseModel):
     stream_options: Optional[StreamOptions] = None
     ignore_eos: bool = False
     # Asked-for features the engine does not have: refused when given a value.
-    tools: Optional[Any] = None
     functions: Optional[Any] = None
     logit_bias: Optional[Any] = None
     response_format: Optional[Any] = None
@@ -97,6 +146,9 @@ class ChatRequest(SamplingFields):
     """``POST /v1/chat/completions``."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    tools: Optional[list[Tool]] = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: Optional[bool] = None
     max_completion_tokens: Optional[NonNegInt] = None
     logprobs: bool = False
     top_logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)]] = None
@@ -114,11 +166,19 @@ class ChatRequest(SamplingFields):
         """``logprobs`` of :meth:`~powerinfer_rs.Engine.stream_tokens`: top alternatives."""
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    @property
+    def active_tools(self) -> Optional[list[dict[str, Any]]]:
+        """The tools the model may call (none with ``tool_choice: "none"``), as dicts."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
 
 class CompletionRequest(SamplingFields):
     """``POST /v1/completions``: one prompt (a string, a list of one string, or token ids)."""
 
     prompt: Union[str, list[int], list[str]]
+    tools: Optional[Any] = None
     logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_COMPLETION_LOGPROBS)]] = None
     echo: bool = False
     suffix: Optional[str] = None
@@ -136,9 +196,9 @@ class CompletionRequest(SamplingFields):
 
 def unsupported_fields(req: SamplingFields) -> list[str]:
     """Names of the fields ``req`` sets that ask for something the server does not do."""
-    names = ["tools", "functions", "logit_bias", "response_format"]
+    names = ["functions", "logit_bias", "response_format"]
     if isinstance(req, CompletionRequest):
-        names += ["suffix"]
+        names += ["tools", "suffix"]
         if req.echo:
             return [n for n in names if getattr(req, n)] + ["echo"]
     return [n for n in names if getattr(req, n)]

@@ -66,12 +66,15 @@ async def event_stream(job: Job, chunks: ChunkMaker, watcher: asyncio.Task) -> A
             text += event.text
             steps.append(event)
             if text:
-                yield sse(chunks.piece(text, steps))
+                piece = chunks.piece(text, steps)
+                if piece is not None:
+                    yield sse(piece)
                 text, steps = "", []
         if event.error is not None:
             yield sse(failure(event).body())
         else:
-            yield sse(chunks.last(text, steps, event))
+            for chunk in chunks.last(text, steps, event):
+                yield sse(chunk)
             usage = chunks.usage(event)
             if usage is not None:
                 yield sse(usage)
