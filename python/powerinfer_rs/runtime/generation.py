@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import ContextOverflowError, ShapeError, TokenError
 from .chat import format_chat
 from .checks import check_int, check_seed
+from .constrain import Constraint, Grammar, grammar_of
 from .sampling import SamplingParams, log_probs, sample
 from .streaming import IncrementalDecoder, StopMatcher, TokenStep, TokenStream
 
@@ -162,6 +163,9 @@ class Generation:
         stop: Sequence[str] | str | None = None,
         ignore_eos: bool = False,
         logprobs: int | None = None,
+        json_schema: dict | bool | None = None,
+        grammar: str | Grammar | None = None,
+        regex: str | None = None,
     ) -> TokenStream:
         """The continuation of ``prompt`` one sampled token at a time (:class:`TokenStep`).
 
@@ -173,7 +177,19 @@ class Generation:
         context is full; the stream's ``stats.finish_reason`` then says which ("eos", "stop",
         "length", "context"). ``logprobs=k`` gives each step its log-probability and the ``k``
         likeliest alternatives. Arguments are checked here, before the first step is asked for.
+
+        Constrained decoding (:mod:`.constrain`, llguidance): ``json_schema`` (a JSON schema;
+        True: any JSON object), ``grammar`` (llguidance's Lark-like grammar text, which may embed
+        JSON schemas with ``%json``) or ``regex``: only tokens the constraint allows are
+        sampled, and generation ends ("eos") when it is complete; cut off by
+        ``max_new_tokens`` first, it ends with "length" (the output is then incomplete). A
+        schema or grammar the engine cannot use is a :class:`~.constrain.GrammarError` naming
+        the part.
         """
+        constraint = None
+        g = grammar if isinstance(grammar, Grammar) else grammar_of(json_schema, grammar, regex)
+        if g is not None:
+            constraint = Constraint(g, self.tokenizer, self.config.vocab_size)
         params = SamplingParams(
             temperature, top_k, top_p, repetition_penalty, presence_penalty, frequency_penalty
         )
@@ -197,7 +213,9 @@ class Generation:
             )
         eos = set() if ignore_eos else set(self.tokenizer.eos_ids)
         stats = GenerationStats(prompt_tokens=len(prompt_ids))
-        steps = self._stream(prompt_ids, params, max_new_tokens, rng, stops, eos, logprobs, stats)
+        steps = self._stream(
+            prompt_ids, params, max_new_tokens, rng, stops, eos, logprobs, stats, constraint
+        )
         return TokenStream(steps, stats)
 
     def _stream(
@@ -210,6 +228,7 @@ class Generation:
         eos: set[int],
         logprobs: int | None,
         stats: GenerationStats,
+        constraint: Constraint | None = None,
     ) -> Iterator[TokenStep]:
         """The generator behind :meth:`stream_tokens`. It holds the lock for each forward pass,
         never across a ``yield``; when another call changed the context since its last step it
@@ -234,10 +253,13 @@ class Generation:
         stats.finish_reason = "length"
         t_decode = time.perf_counter()
         for i in range(max_new_tokens):
-            token = sample(logits, params, rng, seen, counts)
+            allowed = logits if constraint is None else constraint.mask(logits)
+            token = sample(allowed, params, rng, seen, counts)
             if token in eos:
                 stats.finish_reason = "eos"
                 break
+            if constraint is not None:
+                constraint.consume(token)  # the next mask is computed during the forward pass
             seen.append(token)
             counts[token] += 1
             stats.completion_tokens += 1
@@ -248,6 +270,9 @@ class Generation:
             if matcher.stopped:
                 stats.finish_reason = "stop"
                 stats.stop_sequence = matcher.matched
+                break
+            if constraint is not None and constraint.done:
+                stats.finish_reason = "eos"
                 break
             if i + 1 == max_new_tokens:
                 break

@@ -100,9 +100,13 @@ def sample(
     x = np.asarray(logits, dtype=np.float64).copy()
     if x.ndim != 1:
         raise ShapeError(f"sample() takes one row of logits, got shape {x.shape}")
-    if not np.isfinite(x).all():
-        bad = np.flatnonzero(~np.isfinite(x))[:5].tolist()
+    # -inf is a token a constraint ruled out; NaN and +inf are a broken forward pass.
+    broken = np.isnan(x) | (x == np.inf)
+    if broken.any():
+        bad = np.flatnonzero(broken)[:5].tolist()
         raise ShapeError(f"logits hold non-finite values (token ids {bad}...)")
+    if not np.isfinite(x).any():
+        raise ShapeError("every token is ruled out (all logits are -inf)")
     apply_repetition_penalty(x, seen, params.repetition_penalty)
     apply_presence_frequency(x, counts or {}, params.presence_penalty, params.frequency_penalty)
     if params.temperature == 0.0:

@@ -24,6 +24,7 @@ from starlette.routing import Route
 
 from ..errors import PowerInferError
 from ..runtime.chat import ChatTemplateError
+from ..runtime.constrain import Grammar, GrammarError, closed_schema, tool_call_grammar
 from ..runtime.engine import Engine
 from ..runtime.streaming import TokenStream
 from ..runtime.tools import template_takes_tools
@@ -177,7 +178,24 @@ def tool_setup(engine: Engine, req: ChatRequest) -> Calls | None:
         prefix = '<tool_call>{"name": ' + json.dumps(named) + ', "arguments": '
     elif hermes and choice == "required":
         prefix = '<tool_call>{"name": "'
-    return Calls(tools, prefix)
+    grammar = None
+    if hermes and (named is not None or choice == "required"):
+        grammar = tool_call_grammar(tools, named)  # arguments follow the tool's schema
+    return Calls(tools, prefix, grammar)
+
+
+def response_grammar(req: ChatRequest | CompletionRequest) -> Grammar | None:
+    """The constraint ``response_format`` asks for (None: plain text)."""
+    rf = req.response_format
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type == "json_object":
+        return Grammar("json_schema", True)
+    if rf.json_schema is None:
+        raise APIError(400, "response_format.json_schema is required for type json_schema",
+                       param="response_format.json_schema")  # fmt: skip
+    schema = rf.json_schema.json_schema
+    return Grammar("json_schema", closed_schema(schema) if rf.json_schema.strict else schema)
 
 
 def prepare(
@@ -205,9 +223,18 @@ def prepare(
             if len(prompt) != 1:
                 raise APIError(400, "prompt: give one prompt per request", param=param)
             prompt = prompt[0]
+    grammar = calls.grammar if calls is not None and calls.grammar is not None else None
+    where = "tools"
+    if grammar is None:
+        grammar, where = response_grammar(req), "response_format"
     try:
         kwargs = req.engine_kwargs(limit)
-        return engine.stream_tokens(prompt, logprobs=req.engine_logprobs, **kwargs), calls
+        steps = engine.stream_tokens(
+            prompt, logprobs=req.engine_logprobs, grammar=grammar, **kwargs
+        )
+        return steps, calls
+    except GrammarError as e:
+        raise APIError(400, str(e), param=where, code="invalid_schema") from None
     except PowerInferError as e:
         raise from_engine(e, param) from None
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from ..runtime.constrain import Grammar
 from ..runtime.streaming import TokenStep
 from ..runtime.tokenizer import Tokenizer
 from ..runtime.tools import ToolCall, ToolCallStream, parse_tool_calls
@@ -17,10 +18,12 @@ from .worker import Done
 @dataclass
 class Calls:
     """A chat request's tools: the model may answer with calls of ``tools``; its answer was
-    made to start with ``prefix`` (the opening of a required call), which is part of it."""
+    made to start with ``prefix`` (the opening of a required call), which is part of it, and
+    continues as ``grammar`` allows (the call's arguments as the tool's schema)."""
 
     tools: list[dict[str, Any]]
     prefix: str = ""
+    grammar: Grammar | None = None  # the rest of a required call, constrained
     stream: ToolCallStream = field(init=False)
 
     def __post_init__(self) -> None:

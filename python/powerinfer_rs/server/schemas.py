@@ -97,6 +97,23 @@ class NamedToolChoice(BaseModel):
     function: NamedFunction
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: Optional[str] = None
+    description: Optional[str] = None
+    json_schema: dict[str, Any] = Field(alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(BaseModel):
+    """``response_format``: text, any JSON object, or JSON following a schema (constrained
+    decoding: the output parses and validates)."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+
 class SamplingFields(BaseModel):
     """Fields both endpoints share. ``top_k``, ``repetition_penalty`` and ``ignore_eos`` are
     extensions (llama.cpp's and vLLM's servers take them too; pass them with the openai client's
@@ -120,7 +137,7 @@ class SamplingFields(BaseModel):
     # Asked-for features the engine does not have: refused when given a value.
     functions: Optional[Any] = None
     logit_bias: Optional[Any] = None
-    response_format: Optional[Any] = None
+    response_format: Optional[ResponseFormat] = None
 
     def engine_kwargs(self, max_new_tokens: int) -> dict[str, Any]:
         """Keyword arguments of :meth:`~powerinfer_rs.Engine.stream_tokens`."""
@@ -196,7 +213,7 @@ class CompletionRequest(SamplingFields):
 
 def unsupported_fields(req: SamplingFields) -> list[str]:
     """Names of the fields ``req`` sets that ask for something the server does not do."""
-    names = ["functions", "logit_bias", "response_format"]
+    names = ["functions", "logit_bias"]
     if isinstance(req, CompletionRequest):
         names += ["tools", "suffix"]
         if req.echo:
