@@ -27,7 +27,7 @@ from .._lazy import optional_import
 from ..errors import PlanError
 
 #: What installs the grammar engine.
-GRAMMAR_EXTRA = "pip install llguidance"
+GRAMMAR_EXTRA = "pip install 'powerinfer-rs[grammar]'"
 
 _tokenizers: dict[int, Any] = {}
 _lock = threading.Lock()
@@ -71,7 +71,7 @@ class Grammar:
         llg = _llg()
         if self.kind == "json_schema":
             schema = {"type": "object"} if self.value is True else self.value
-            return llg.LLMatcher.grammar_from_json_schema(schema)
+            return llg.LLMatcher.grammar_from_json_schema(compact(schema))
         if self.kind == "lark":
             return llg.LLMatcher.grammar_from_lark(self.value)
         if self.kind == "regex":
@@ -141,6 +141,18 @@ class Constraint:
             self._next = _POOL.submit(self._fill)
 
 
+#: llguidance's JSON options: one fixed layout (", " and ": " between items, no newlines),
+#: since free whitespace lets a small model write blank lines until ``max_tokens``.
+COMPACT = {"whitespace_flexible": False}
+
+
+def compact(schema: Any) -> Any:
+    """``schema`` with llguidance's fixed-whitespace option, unless it sets its own."""
+    if isinstance(schema, dict) and "x-guidance" not in schema:
+        return {**schema, "x-guidance": COMPACT}
+    return schema
+
+
 def closed_schema(schema: Any) -> Any:
     """``schema`` with ``additionalProperties: false`` on every object that does not say
     (OpenAI's strict mode: only the listed properties; a bare schema would let a small model
@@ -163,7 +175,7 @@ def tool_call_grammar(tools: list[dict[str, Any]], named: str | None) -> Grammar
     fns = [t.get("function", t) for t in tools]
     rules, alts = [], []
     for i, f in enumerate(fns):
-        schema = closed_schema(f.get("parameters") or {"type": "object"})
+        schema = compact(closed_schema(f.get("parameters") or {"type": "object"}))
         rules.append(f"args_{i}: %json {json.dumps(schema)}")
         if named is None:
             head = json.dumps(f["name"] + '", "arguments": ')
