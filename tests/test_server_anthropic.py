@@ -97,7 +97,9 @@ def test_count_tokens(server):
         (dict(messages=[*QUESTION, {"role": "assistant", "content": "The"}]), 400, "last"),
         (dict(messages=[{"role": "user", "content": [{"type": "image", "source": {}}]}]), 400,
          "'image' blocks"),
-        (dict(tools=[{"name": "f", "input_schema": {"type": "object"}}]), 400, "tools"),
+        (dict(tools=[{"name": "f", "input_schema": {"type": "object"}}],
+              tool_choice={"type": "tool", "name": "g"}), 400, "'g'"),
+        (dict(tools=[{"name": "bad name", "input_schema": {}}]), 400, "tools[0].name"),
     ],
 )  # fmt: skip
 def test_bad_input_is_an_anthropic_error_and_the_server_keeps_serving(server, kw, status, words):
@@ -128,3 +130,61 @@ def test_the_key_is_read_from_x_api_key(smol):
         assert got.usage.output_tokens <= 1
     finally:
         live.stop()
+
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather of a city",
+    "input_schema": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+        "required": ["city", "unit"],
+    },
+}
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_use_round_trip(server, stream):
+    """A required tool call comes back as a tool_use block whose input fits the schema; its
+    result goes back as a tool_result block and the model answers."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from powerinfer_rs.runtime.constrain import closed_schema
+
+    c = client(server)
+    kw = dict(model="m", max_tokens=40, extra_body=GREEDY, messages=ASK_WEATHER,
+              tools=[WEATHER], tool_choice={"type": "tool", "name": "get_weather"})  # fmt: skip
+    if stream:
+        with c.messages.stream(**kw) as s:
+            kinds = [ev.type for ev in s]
+            msg = s.get_final_message()
+        assert "content_block_start" in kinds and kinds[-1] == "message_stop"
+    else:
+        msg = c.messages.create(**kw)
+    assert msg.stop_reason == "tool_use"
+    uses = [b for b in msg.content if b.type == "tool_use"]
+    assert [u.name for u in uses] == ["get_weather"] and uses[0].id.startswith("toolu_")
+    jsonschema.validate(uses[0].input, closed_schema(WEATHER["input_schema"]))
+    history = [
+        *ASK_WEATHER,
+        {"role": "assistant", "content": [b.model_dump() for b in msg.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id,
+                                      "content": "sunny, 21 C"}]},
+    ]  # fmt: skip
+    answer = c.messages.create(model="m", max_tokens=24, extra_body=GREEDY, messages=history,
+                               tools=[WEATHER])  # fmt: skip
+    assert answer.stop_reason in ("end_turn", "max_tokens", "tool_use")
+    assert answer.content
+
+
+def test_tool_choice_any_and_none(server):
+    c = client(server)
+    anyone = c.messages.create(model="m", max_tokens=40, extra_body=GREEDY,
+                               messages=ASK_WEATHER, tools=[WEATHER],
+                               tool_choice={"type": "any"})  # fmt: skip
+    assert anyone.stop_reason == "tool_use"
+    assert [b.name for b in anyone.content if b.type == "tool_use"] == ["get_weather"]
+    none = c.messages.create(model="m", max_tokens=12, extra_body=GREEDY, messages=ASK_WEATHER,
+                             tools=[WEATHER], tool_choice={"type": "none"})  # fmt: skip
+    plain = c.messages.create(model="m", max_tokens=12, extra_body=GREEDY, messages=ASK_WEATHER)
+    assert none.content[0].text == plain.content[0].text and none.stop_reason != "tool_use"

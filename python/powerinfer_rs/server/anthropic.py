@@ -9,9 +9,12 @@ events: ``message_start``, ``content_block_start``, ``ping``, ``content_block_de
 ``POST /v1/messages/count_tokens``, and errors in Anthropic's shape
 (``{"type": "error", "error": {"type", "message"}}``). The key is taken from ``x-api-key`` (or
 ``Authorization: Bearer``). Any ``model`` name is accepted (agents send their own); answers
-name the served model. Not yet served, refused with a 400 naming the field: ``tools``
-(``tool_use``/``tool_result`` blocks), images and documents, and a last turn by the assistant
-(prefill).
+name the served model. ``tools`` with ``tool_choice`` (auto, any, tool, none) as in the OpenAI
+route (:func:`~.responses.calls_for`: a required call's input constrained to its
+``input_schema``), answered with ``tool_use`` blocks and ``stop_reason: "tool_use"``; the
+assistant's ``tool_use`` and the user's ``tool_result`` blocks are taken back in the history.
+Not served, refused with a 400 naming the field: images and documents, and a last turn by the
+assistant (prefill).
 """
 
 # ruff: noqa: UP007, UP045 (pydantic evaluates these annotations at run time; Python 3.9
@@ -33,8 +36,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..errors import PowerInferError
 from ..runtime.chat import ChatTemplateError
+from ..runtime.constrain import GrammarError
 from ..runtime.streaming import TokenStream
+from ..runtime.tools import ToolCall
 from .errors import APIError, from_engine, from_validation
+from .responses import Calls, calls_for
 from .schemas import MAX_STOPS
 from .sse import collect, watch_disconnect
 from .worker import Done, Job, QueueFull
@@ -62,11 +68,31 @@ ERROR_TYPES = {
 
 
 class Block(BaseModel):
-    """A content block; only ``text`` blocks are served (see :func:`block_text`)."""
+    """A content block: ``text``, an assistant's ``tool_use`` or a user's ``tool_result``
+    (others are refused, see :func:`block_text`)."""
 
     model_config = ConfigDict(extra="allow")
     type: str
     text: Optional[str] = None
+    id: Optional[str] = None
+    name: Optional[str] = None
+    input: Optional[dict[str, Any]] = None
+    tool_use_id: Optional[str] = None
+    content: Union[str, list[Block], None] = None
+    is_error: Optional[bool] = None
+
+
+class AnthropicTool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    description: Optional[str] = None
+    input_schema: dict[str, Any]
+
+
+class ToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["auto", "any", "tool", "none"]
+    name: Optional[str] = None
 
 
 class Message(BaseModel):
@@ -88,8 +114,19 @@ class MessagesRequest(BaseModel):
     top_p: Optional[Annotated[float, Field(gt=0.0, le=1.0)]] = None
     top_k: Optional[Annotated[int, Field(ge=0)]] = None
     stream: bool = False
-    tools: Optional[Any] = None
-    tool_choice: Optional[Any] = None
+    tools: Optional[list[AnthropicTool]] = None
+    tool_choice: Optional[ToolChoice] = None
+
+    def openai_tools(self) -> Optional[list[dict[str, Any]]]:
+        """The tools in OpenAI's shape (what :mod:`..runtime.tools` takes); None without any
+        or with ``tool_choice`` none."""
+        if not self.tools or (self.tool_choice and self.tool_choice.type == "none"):
+            return None
+        return [
+            {"type": "function", "function": {"name": t.name, "description": t.description or "",
+                                              "parameters": t.input_schema}}
+            for t in self.tools
+        ]  # fmt: skip
 
 
 class CountRequest(BaseModel):
@@ -99,7 +136,10 @@ class CountRequest(BaseModel):
     model: str
     messages: Annotated[list[Message], Field(min_length=1)]
     system: Union[str, list[Block], None] = None
-    tools: Optional[Any] = None
+    tools: Optional[list[AnthropicTool]] = None
+    tool_choice: Optional[ToolChoice] = None
+
+    openai_tools = MessagesRequest.openai_tools
 
 
 def block_text(content: Union[str, list[Block], None], where: str) -> str:
@@ -109,24 +149,54 @@ def block_text(content: Union[str, list[Block], None], where: str) -> str:
     parts = []
     for i, b in enumerate(content):
         if b.type != "text" or b.text is None:
-            what = "tool use" if b.type in ("tool_use", "tool_result") else f"'{b.type}' blocks"
             raise APIError(
-                400, f"{where}[{i}]: {what} is not supported by this server yet", param=where
+                400, f"{where}[{i}]: '{b.type}' blocks are not supported here", param=where
             )
         parts.append(b.text)
     return "".join(parts)
 
 
-def template_messages(req: MessagesRequest | CountRequest) -> list[dict[str, str]]:
+def turn_messages(m: Message, where: str) -> list[dict[str, Any]]:
+    """One turn as the chat template's messages: an assistant's text and ``tool_use`` blocks
+    (as OpenAI-style ``tool_calls``), a user's ``tool_result`` blocks (as ``tool`` messages,
+    first) and text."""
+    if isinstance(m.content, str):
+        return [{"role": m.role, "content": m.content}]
+    texts, calls, results = [], [], []
+    for i, b in enumerate(m.content):
+        at = f"{where}[{i}]"
+        if b.type == "text" and b.text is not None:
+            texts.append(b)
+        elif b.type == "tool_use" and m.role == "assistant" and b.name:
+            fn = {"name": b.name, "arguments": json.dumps(b.input or {})}
+            calls.append({"id": b.id, "type": "function", "function": fn})
+        elif b.type == "tool_result" and m.role == "user" and b.tool_use_id:
+            text = block_text(b.content, f"{at}.content")
+            if b.is_error:
+                text = f"error: {text}"
+            results.append({"role": "tool", "tool_call_id": b.tool_use_id, "content": text})
+        else:
+            raise APIError(400, f"{at}: '{b.type}' blocks are not supported here", param=where)
+    out = list(results)
+    text = block_text(texts, where)
+    if m.role == "assistant":
+        msg: dict[str, Any] = {"role": "assistant", "content": text}
+        if calls:
+            msg["tool_calls"] = calls
+        out.append(msg)
+    elif text or not results:
+        out.append({"role": "user", "content": text})
+    return out
+
+
+def template_messages(req: MessagesRequest | CountRequest) -> list[dict[str, Any]]:
     """The conversation as the chat template takes it."""
-    if req.tools:
-        raise APIError(400, "'tools' is not supported by this server yet", param="tools")
     out = []
     system = block_text(req.system, "system")
     if system:
         out.append({"role": "system", "content": system})
     for i, m in enumerate(req.messages):
-        out.append({"role": m.role, "content": block_text(m.content, f"messages[{i}].content")})
+        out += turn_messages(m, f"messages[{i}].content")
     if req.messages[-1].role != "user":
         raise APIError(
             400,
@@ -184,12 +254,23 @@ async def parse(request: Request, kind: type) -> Any:
         raise from_validation(e) from None
 
 
-def prepare(engine: Any, req: MessagesRequest) -> tuple[TokenStream, int]:
-    """The request's token stream and its prompt's token count (runs in a thread)."""
+def prepare(engine: Any, req: MessagesRequest) -> tuple[TokenStream, int, Calls | None]:
+    """The request's token stream, its prompt's token count and its tools (runs in a
+    thread)."""
+    tools = req.openai_tools()
+    calls = None
+    if tools is not None:
+        choice = req.tool_choice.type if req.tool_choice else "auto"
+        named = req.tool_choice.name if choice == "tool" and req.tool_choice else None
+        if choice == "tool" and not named:
+            raise APIError(400, "tool_choice of type tool needs a name", param="tool_choice")
+        calls = calls_for(engine, tools, choice == "any", named, "tool_choice.name")
     try:
-        prompt = engine.format_chat(template_messages(req))
+        prompt = engine.format_chat(template_messages(req), tools=tools)
     except ChatTemplateError as e:
         raise APIError(400, str(e), param="messages") from None
+    if calls is not None:
+        prompt += calls.prefix
     try:
         steps = engine.stream_tokens(
             prompt,
@@ -198,22 +279,42 @@ def prepare(engine: Any, req: MessagesRequest) -> tuple[TokenStream, int]:
             top_k=req.top_k or 0,
             top_p=req.top_p if req.top_p is not None else 1.0,
             stop=req.stop_sequences,
+            grammar=None if calls is None else calls.grammar,
         )
+    except GrammarError as e:
+        raise APIError(400, str(e), param="tools") from None
     except PowerInferError as e:
         raise from_engine(e, "messages") from None
-    return steps, len(engine.tokenizer.encode(prompt))
+    return steps, len(engine.tokenizer.encode(prompt)), calls
 
 
-def message(rid: str, model: str, text: str | None, done: Done | None, inputs: int) -> dict:
+def tool_use(call: ToolCall) -> dict[str, Any]:
+    """A call as Anthropic's ``tool_use`` block."""
+    return {"type": "tool_use", "id": "toolu_" + call.id.removeprefix("call_"),
+            "name": call.name, "input": call.arguments}  # fmt: skip
+
+
+def message(
+    rid: str,
+    model: str,
+    text: str | None,
+    done: Done | None,
+    inputs: int,
+    calls: list[ToolCall] = (),  # type: ignore[assignment]
+) -> dict:
     """A ``message`` object: whole (``done`` given) or as ``message_start`` opens it."""
-    content = [] if text is None else [{"type": "text", "text": text}]
+    content = [] if not text else [{"type": "text", "text": text}]
+    content += [tool_use(c) for c in calls]
+    reason = None if done is None else STOP_REASONS.get(done.finish_reason, "end_turn")
+    if calls:
+        reason = "tool_use"
     return {
         "id": rid,
         "type": "message",
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": None if done is None else STOP_REASONS.get(done.finish_reason, "end_turn"),
+        "stop_reason": reason,
         "stop_sequence": None if done is None else done.stop_sequence,
         "usage": {
             "input_tokens": inputs,
@@ -228,28 +329,54 @@ def event(kind: str, body: dict[str, Any]) -> bytes:
 
 
 async def events(
-    job: Job, rid: str, model: str, inputs: int, watcher: asyncio.Task
+    job: Job, rid: str, model: str, inputs: int, watcher: asyncio.Task, calls: Calls | None
 ) -> AsyncIterator[bytes]:
-    """The streamed answer in Anthropic's events."""
+    """The streamed answer in Anthropic's events: a text block opened at the first text, then
+    one ``tool_use`` block per call (its input in one ``input_json_delta``)."""
+    index = -1
+
+    def text_delta(text: str) -> list[bytes]:
+        nonlocal index
+        out = []
+        if index < 0:
+            index = 0
+            block = {"type": "text", "text": ""}
+            out.append(event("content_block_start", {"index": 0, "content_block": block}))
+        delta = {"type": "text_delta", "text": text}
+        out.append(event("content_block_delta", {"index": 0, "delta": delta}))
+        return out
+
     try:
         yield event("message_start", {"message": message(rid, model, None, None, inputs)})
-        yield event(
-            "content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}
-        )
         yield event("ping", {})
         while True:
             item = await job.events.get()
             if isinstance(item, Done):
                 break
-            if item.text:
-                delta = {"type": "text_delta", "text": item.text}
-                yield event("content_block_delta", {"index": 0, "delta": delta})
+            text = item.text if calls is None else calls.stream.push(item.text)
+            if text:
+                for b in text_delta(text):
+                    yield b
         if item.error is not None:
             e = APIError(500, f"generation failed: {type(item.error).__name__}: {item.error}")
             yield event("error", {"error": error_body(e)["error"]})
             return
-        yield event("content_block_stop", {"index": 0})
-        whole = message(rid, model, None, item, inputs)
+        made: list[ToolCall] = []
+        if calls is not None:
+            rest, made = calls.stream.finish()
+            if rest:
+                for b in text_delta(rest):
+                    yield b
+        if index == 0:
+            yield event("content_block_stop", {"index": 0})
+        for call in made:
+            index += 1
+            block = {**tool_use(call), "input": {}}
+            yield event("content_block_start", {"index": index, "content_block": block})
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(call.arguments)}
+            yield event("content_block_delta", {"index": index, "delta": delta})
+            yield event("content_block_stop", {"index": index})
+        whole = message(rid, model, None, item, inputs, made)
         delta = {"stop_reason": whole["stop_reason"], "stop_sequence": whole["stop_sequence"]}
         yield event("message_delta", {"delta": delta, "usage": whole["usage"]})
         yield event("message_stop", {})
@@ -262,7 +389,7 @@ async def events(
 async def messages(request: Request, state: Any) -> Response:
     check_key(request, state)
     req = await parse(request, MessagesRequest)
-    steps, inputs = await anyio.to_thread.run_sync(prepare, state.engine, req)
+    steps, inputs, calls = await anyio.to_thread.run_sync(prepare, state.engine, req)
     rid = f"msg_{state.worker.next_id()}"
     job = Job(rid, steps, asyncio.get_running_loop())
     try:
@@ -274,7 +401,7 @@ async def messages(request: Request, state: Any) -> Response:
     if req.stream:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(
-            events(job, rid, state.model_id, inputs, watcher),
+            events(job, rid, state.model_id, inputs, watcher, calls),
             media_type="text/event-stream",
             headers=headers,
         )
@@ -285,7 +412,10 @@ async def messages(request: Request, state: Any) -> Response:
         job.cancel()
     if done.error is not None:
         raise APIError(500, f"generation failed: {type(done.error).__name__}: {done.error}")
-    return JSONResponse(message(rid, state.model_id, text, done, done.prompt_tokens))
+    made: list[ToolCall] = []
+    if calls is not None:
+        text, made = calls.parse(text)
+    return JSONResponse(message(rid, state.model_id, text, done, done.prompt_tokens, made))
 
 
 @anthropic_route
@@ -296,7 +426,8 @@ async def count_tokens(request: Request, state: Any) -> Response:
 
     def count() -> int:
         try:
-            return len(engine.tokenizer.encode(engine.format_chat(template_messages(req))))
+            prompt = engine.format_chat(template_messages(req), tools=req.openai_tools())
+            return len(engine.tokenizer.encode(prompt))
         except ChatTemplateError as e:
             raise APIError(400, str(e), param="messages") from None
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import hmac
-import json
 import logging
 import time
 from collections.abc import Awaitable
@@ -24,13 +23,12 @@ from starlette.routing import Route
 
 from ..errors import PowerInferError
 from ..runtime.chat import ChatTemplateError
-from ..runtime.constrain import Grammar, GrammarError, closed_schema, tool_call_grammar
+from ..runtime.constrain import Grammar, GrammarError, closed_schema
 from ..runtime.engine import Engine
 from ..runtime.streaming import TokenStream
-from ..runtime.tools import template_takes_tools
 from . import anthropic
 from .errors import APIError, from_engine, from_validation
-from .responses import Calls, ChunkMaker, Envelope, TokenText, full_response
+from .responses import Calls, ChunkMaker, Envelope, TokenText, calls_for, full_response
 from .schemas import ChatRequest, CompletionRequest, NamedToolChoice, unsupported_fields
 from .sse import collect, event_stream, failure, watch_disconnect
 from .worker import Job, QueueFull, Worker
@@ -161,27 +159,8 @@ def tool_setup(engine: Engine, req: ChatRequest) -> Calls | None:
         raise APIError(400, "tool_choice needs tools", param="tool_choice")
     if tools is None:
         return None
-    names = [t["function"]["name"] for t in tools]
     named = choice.function.name if isinstance(choice, NamedToolChoice) else None
-    if named is not None and named not in names:
-        raise APIError(
-            400,
-            f"tool_choice names the tool '{named}', which is not among the tools ({names})",
-            param="tool_choice",
-        )
-    # Hermes-style calls (the fallback prompt's, Qwen's, Hermes'): the answer is made to
-    # start as a call where one is required.
-    template = engine.loaded.chat_template
-    hermes = not template_takes_tools(template) or "<tool_call>" in (template or "")
-    prefix = ""
-    if hermes and named is not None:
-        prefix = '<tool_call>{"name": ' + json.dumps(named) + ', "arguments": '
-    elif hermes and choice == "required":
-        prefix = '<tool_call>{"name": "'
-    grammar = None
-    if hermes and (named is not None or choice == "required"):
-        grammar = tool_call_grammar(tools, named)  # arguments follow the tool's schema
-    return Calls(tools, prefix, grammar)
+    return calls_for(engine, tools, choice == "required", named, "tool_choice")
 
 
 def response_grammar(req: ChatRequest | CompletionRequest) -> Grammar | None:

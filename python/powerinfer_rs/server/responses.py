@@ -3,15 +3,16 @@ completions, usage, finish reasons and log-probabilities."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from ..runtime.constrain import Grammar
+from ..runtime.constrain import Grammar, tool_call_grammar
 from ..runtime.streaming import TokenStep
 from ..runtime.tokenizer import Tokenizer
-from ..runtime.tools import ToolCall, ToolCallStream, parse_tool_calls
+from ..runtime.tools import ToolCall, ToolCallStream, parse_tool_calls, template_takes_tools
 from .worker import Done
 
 
@@ -33,6 +34,34 @@ class Calls:
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """The content and the calls of a whole answer."""
         return parse_tool_calls(self.prefix + text, self.tools)
+
+
+def calls_for(
+    engine: Any, tools: list[dict[str, Any]], required: bool, named: str | None, param: str
+) -> Calls:
+    """How an answer with OpenAI-style ``tools`` starts: free (the model may call one), or,
+    when a call is ``required`` or one is ``named``, as a call whose arguments are constrained
+    to the tool's schema. Hermes-style conventions (the fallback prompt's, Qwen's, Hermes')
+    are started in the prompt; other templates are left to the model. A ``named`` tool that is
+    not among ``tools`` is a 400 on ``param``."""
+    from .errors import APIError
+
+    names = [t["function"]["name"] for t in tools]
+    if named is not None and named not in names:
+        raise APIError(
+            400,
+            f"{param} names the tool '{named}', which is not among the tools ({names})",
+            param=param,
+        )
+    template = engine.loaded.chat_template
+    hermes = not template_takes_tools(template) or "<tool_call>" in (template or "")
+    if not hermes or (named is None and not required):
+        return Calls(tools)
+    if named is not None:
+        prefix = '<tool_call>{"name": ' + json.dumps(named) + ', "arguments": '
+    else:
+        prefix = '<tool_call>{"name": "'
+    return Calls(tools, prefix, tool_call_grammar(tools, named))
 
 
 #: The engine's finish reasons as OpenAI's.
