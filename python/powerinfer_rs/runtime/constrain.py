@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._lazy import optional_import
-from ..errors import PlanError
+from ..errors import UnsupportedError
 
 #: What installs the grammar engine.
 GRAMMAR_EXTRA = "pip install 'powerinfer-rs[grammar]'"
@@ -36,7 +36,7 @@ _lock = threading.Lock()
 _POOL = ThreadPoolExecutor(1, thread_name_prefix="grammar")
 
 
-class GrammarError(PlanError):
+class GrammarError(UnsupportedError):
     """A schema or grammar the grammar engine cannot use (the message says which part)."""
 
 
