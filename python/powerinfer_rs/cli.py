@@ -448,9 +448,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser(
         "serve",
-        help="OpenAI-compatible HTTP server",
+        help="OpenAI- and Anthropic-compatible HTTP server",
         description="Serve the model over the OpenAI API (/v1/chat/completions, "
-        "/v1/completions, /v1/models, /health); needs pip install 'powerinfer-rs[server]'.",
+        "/v1/completions, /v1/models, /health) and Anthropic's (/v1/messages); needs pip "
+        "install 'powerinfer-rs[server]'.",
     )
     _common(s)
     add_server_arguments(s)

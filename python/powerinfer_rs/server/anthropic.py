@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Annotated, Any, Callable, Literal, Optional, Union
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -39,11 +39,11 @@ from ..runtime.chat import ChatTemplateError
 from ..runtime.constrain import GrammarError
 from ..runtime.streaming import TokenStream
 from ..runtime.tools import ToolCall
-from .errors import APIError, from_engine, from_validation
+from .errors import APIError, from_engine, parse_body
 from .responses import Calls, calls_for
 from .schemas import MAX_STOPS
-from .sse import collect, watch_disconnect
-from .worker import Done, Job, QueueFull
+from .sse import collect, start_job
+from .worker import Done, Job
 
 log = logging.getLogger("powerinfer_rs.server")
 
@@ -244,16 +244,6 @@ def check_key(request: Request, state: Any) -> None:
         raise APIError(401, f"{what} (send 'x-api-key: KEY')")
 
 
-async def parse(request: Request, kind: type) -> Any:
-    body = await request.body()
-    try:
-        return kind.model_validate_json(body, strict=True)
-    except ValidationError as e:
-        if e.errors()[0]["type"] == "json_invalid":
-            raise APIError(400, f"the body is not valid JSON: {e.errors()[0]['msg']}") from None
-        raise from_validation(e) from None
-
-
 def prepare(engine: Any, req: MessagesRequest) -> tuple[TokenStream, int, Calls | None]:
     """The request's token stream, its prompt's token count and its tools (runs in a
     thread)."""
@@ -388,16 +378,10 @@ async def events(
 @anthropic_route
 async def messages(request: Request, state: Any) -> Response:
     check_key(request, state)
-    req = await parse(request, MessagesRequest)
+    req = parse_body(await request.body(), MessagesRequest)
     steps, inputs, calls = await anyio.to_thread.run_sync(prepare, state.engine, req)
     rid = f"msg_{state.worker.next_id()}"
-    job = Job(rid, steps, asyncio.get_running_loop())
-    try:
-        state.worker.submit(job)
-    except QueueFull as e:
-        steps.close()
-        raise APIError(429, str(e)) from None
-    watcher = asyncio.create_task(watch_disconnect(request, job))
+    job, watcher = start_job(request, state.worker, rid, steps)
     if req.stream:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(
@@ -421,7 +405,7 @@ async def messages(request: Request, state: Any) -> Response:
 @anthropic_route
 async def count_tokens(request: Request, state: Any) -> Response:
     check_key(request, state)
-    req = await parse(request, CountRequest)
+    req = parse_body(await request.body(), CountRequest)
     engine = state.engine
 
     def count() -> int:

@@ -3,7 +3,6 @@ hand-over of each generation to the :class:`~.worker.Worker`."""
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import hmac
 import logging
@@ -14,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import anyio
-from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -27,11 +25,11 @@ from ..runtime.constrain import Grammar, GrammarError, closed_schema
 from ..runtime.engine import Engine
 from ..runtime.streaming import TokenStream
 from . import anthropic
-from .errors import APIError, from_engine, from_validation
+from .errors import APIError, from_engine, parse_body
 from .responses import Calls, ChunkMaker, Envelope, TokenText, calls_for, full_response
 from .schemas import ChatRequest, CompletionRequest, NamedToolChoice, unsupported_fields
-from .sse import collect, event_stream, failure, watch_disconnect
-from .worker import Job, QueueFull, Worker
+from .sse import collect, event_stream, failure, start_job
+from .worker import Worker
 
 log = logging.getLogger("powerinfer_rs.server")
 
@@ -130,13 +128,7 @@ def unknown_model(name: str, state: ServerState) -> APIError:
 
 
 async def parse(request: Request, kind: type) -> ChatRequest | CompletionRequest:
-    body = await request.body()
-    try:
-        req = kind.model_validate_json(body, strict=True)
-    except ValidationError as e:
-        if e.errors()[0]["type"] == "json_invalid":
-            raise APIError(400, f"the body is not valid JSON: {e.errors()[0]['msg']}") from None
-        raise from_validation(e) from None
+    req = parse_body(await request.body(), kind)
     state: ServerState = request.app.state.server
     if req.model is not None and req.model != state.model_id:
         raise unknown_model(req.model, state)
@@ -224,13 +216,7 @@ async def completion(request: Request, state: ServerState, kind: type) -> Respon
     steps, calls = await anyio.to_thread.run_sync(prepare, state.engine, req)
     chat = kind is ChatRequest
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{state.worker.next_id()}"
-    job = Job(rid, steps, asyncio.get_running_loop())
-    try:
-        state.worker.submit(job)
-    except QueueFull as e:
-        steps.close()
-        raise APIError(429, str(e), type="rate_limit_error", code="queue_full") from None
-    watcher = asyncio.create_task(watch_disconnect(request, job))
+    job, watcher = start_job(request, state.worker, rid, steps)
     env = Envelope(rid, state.model_id, chat)
     text_of = TokenText(state.engine.tokenizer) if req.engine_logprobs is not None else None
     if req.stream:

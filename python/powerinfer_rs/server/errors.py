@@ -73,3 +73,14 @@ def from_engine(e: PowerInferError, param: str) -> APIError:
     if isinstance(e, ContextOverflowError):
         return APIError(400, str(e), param=param, code="context_length_exceeded")
     return APIError(400, f"{type(e).__name__}: {e}", param=param, code="invalid_value")
+
+
+def parse_body(body: bytes, kind: type) -> Any:
+    """A request body validated strictly as the pydantic model ``kind``: invalid JSON and the
+    first field at fault are 400s (:func:`from_validation`)."""
+    try:
+        return kind.model_validate_json(body, strict=True)
+    except ValidationError as e:
+        if e.errors()[0]["type"] == "json_invalid":
+            raise APIError(400, f"the body is not valid JSON: {e.errors()[0]['msg']}") from None
+        raise from_validation(e) from None

@@ -11,10 +11,10 @@ from typing import Any
 
 from starlette.requests import Request
 
-from ..runtime.streaming import TokenStep
+from ..runtime.streaming import TokenStep, TokenStream
 from .errors import APIError
 from .responses import ChunkMaker
-from .worker import Done, Job
+from .worker import Done, Job, QueueFull, Worker
 
 DONE_EVENT = b"data: [DONE]\n\n"
 
@@ -37,6 +37,20 @@ async def watch_disconnect(request: Request, job: Job) -> None:
         if message["type"] == "http.disconnect":
             job.cancel()
             return
+
+
+def start_job(
+    request: Request, worker: Worker, rid: str, steps: TokenStream
+) -> tuple[Job, asyncio.Task]:
+    """Queue the generation ``steps`` as job ``rid`` (a full queue is a 429, the steps closed)
+    and watch for the client going away; the job and the watcher task."""
+    job = Job(rid, steps, asyncio.get_running_loop())
+    try:
+        worker.submit(job)
+    except QueueFull as e:
+        steps.close()
+        raise APIError(429, str(e), type="rate_limit_error", code="queue_full") from None
+    return job, asyncio.create_task(watch_disconnect(request, job))
 
 
 async def collect(job: Job) -> tuple[str, list[TokenStep], Done]:
