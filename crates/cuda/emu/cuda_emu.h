@@ -7,7 +7,8 @@
 //   __syncthreads()                               the block's barrier; returned threads drop out
 //   __shfl_xor_sync(full mask, float, int)        through a per-warp exchange, a barrier on each
 //                                                 side; reading a lane that returned is an error
-//   atomicAdd(float*, float)                      std::atomic_ref
+//   atomicAdd(float*, float)                      a compare-and-swap loop (GCC/Clang __atomic
+//                                                 builtins: older C++ libraries lack atomic_ref)
 //   SHARED_ARRAY(T, name, [dims])                 static __shared__, one exact-size allocation
 //                                                 per block (the .cu files use this macro)
 //   DYNAMIC_SHARED(T, name)                       extern __shared__ T name[]: the launch's
@@ -138,7 +139,20 @@ inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
 }
 
 inline float atomicAdd(float* p, float v) {
-    return std::atomic_ref<float>(*p).fetch_add(v, std::memory_order_relaxed);
+    // The float's bits, swapped in when no other thread changed them meanwhile.
+    std::uint32_t* bits = reinterpret_cast<std::uint32_t*>(p);
+    std::uint32_t seen = __atomic_load_n(bits, __ATOMIC_RELAXED);
+    for (;;) {
+        float old;
+        std::memcpy(&old, &seen, 4);
+        const float sum = old + v;
+        std::uint32_t next;
+        std::memcpy(&next, &sum, 4);
+        if (__atomic_compare_exchange_n(bits, &seen, next, true, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED)) {
+            return old;
+        }
+    }
 }
 
 inline float __int_as_float(int i) {

@@ -15,7 +15,7 @@ EMU_ENTRY(emu_selftest_shuffle_after_return)
 // has failed (or after `spins` milliseconds), so the launch ends.
 extern "C" __global__ void emu_selftest_barrier_deadlock(int* flag, int spins) {
     if (threadIdx.x == 1) {
-        for (int i = 0; i < spins && std::atomic_ref<int>(*flag).load() == 0 &&
+        for (int i = 0; i < spins && __atomic_load_n(flag, __ATOMIC_ACQUIRE) == 0 &&
                         !emu::launch_failed();
              ++i) {
             std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -23,6 +23,6 @@ extern "C" __global__ void emu_selftest_barrier_deadlock(int* flag, int spins) {
         return;
     }
     __syncthreads();
-    if (threadIdx.x == 0) std::atomic_ref<int>(*flag).store(1);
+    if (threadIdx.x == 0) __atomic_store_n(flag, 1, __ATOMIC_RELEASE);
 }
 EMU_ENTRY(emu_selftest_barrier_deadlock)
