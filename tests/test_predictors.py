@@ -335,3 +335,29 @@ def test_load_predictors_malformed(tmp_path):
         load_predictors(p)
     header = json.loads(bytes(raw[8 : 8 + int.from_bytes(raw[:8], "little")]))
     assert header["__metadata__"]["format"] == "powerinfer-rs-predictors/1"
+
+
+def test_warm_basis_is_the_truncated_least_squares_map():
+    """The warm start's components (float32 normal equations, randomized SVD) against the
+    float64 ridge solution's exact truncated SVD, on odd sizes with a spread spectrum."""
+    from powerinfer_rs.predictors.train import linear_warm_start, warm_basis
+
+    rng = np.random.default_rng(3)
+    n, dim, ffn, k = 611, 37, 53, 6
+    x = rng.standard_normal((n, dim)) * np.linspace(3.0, 0.2, dim)
+    true = rng.standard_normal((dim, ffn)) * np.geomspace(4.0, 0.01, ffn)
+    y = (x @ true + 0.3 * rng.standard_normal((n, ffn))) > 0.4
+    t = y * 2.0 - 1.0
+    gram = x.T @ x
+    gram[np.diag_indices_from(gram)] += 1e-3 * np.trace(gram) / dim + 1e-8
+    b = np.linalg.solve(gram, x.T @ t)
+    u, s, vt = np.linalg.svd(b, full_matrices=False)
+    want = (u[:, :k] * s[:k]) @ vt[:k]
+    got = warm_basis(x.astype(np.float32), y, k, seed=1)
+    assert got.p.shape == (k, dim) and got.q.shape == (ffn, k)
+    approx = got.p.T.astype(np.float64) @ got.q.T.astype(np.float64)
+    assert np.linalg.norm(approx - want) <= 1e-3 * np.linalg.norm(want)
+    # fc2 @ relu(fc1 @ x) equals the truncated linear map for the paired components
+    w1, w2 = linear_warm_start(x, y, 2 * k, rng, got)
+    h = np.maximum(x[:5] @ w1.T, 0.0) @ w2.T
+    np.testing.assert_allclose(h, x[:5] @ approx, rtol=1e-4, atol=1e-4)

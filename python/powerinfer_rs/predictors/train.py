@@ -16,7 +16,8 @@ is still >= 1.5x the rank) and each doubling still lowers the layer's cost ``pre
 predicted_fraction * FFN bytes`` (bytes read per token). The best attempt meeting the recall
 target (lowest cost) wins, else the one with the highest recall.
 
-Also: ``sqrt`` positive weighting, a closed-form warm start (:func:`linear_warm_start`) and one
+Also: ``sqrt`` positive weighting, a closed-form warm start (:func:`linear_warm_start`, its
+components computed once per layer by :func:`warm_basis` and shared by every rank tried) and one
 BLAS thread for small products (:mod:`._blas`). torch is not used (numpy only).
 """
 
@@ -77,12 +78,57 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return out
 
 
+@dataclass
+class WarmBasis:
+    """The leading components of a layer's least-squares map ``x @ B ~ 2y - 1``, as
+    ``B ~ p.T @ q.T`` (``p [k, dim]``, ``q [ffn, k]``, strongest first). Computed once per layer
+    (:func:`warm_basis`) and shared by every rank the search tries."""
+
+    p: np.ndarray
+    q: np.ndarray
+
+
+def warm_basis(x: np.ndarray, y: np.ndarray, k: int, seed: int = 0) -> WarmBasis:
+    """The top ``k`` components of the ridge least-squares fit of ``2y - 1`` on ``x``.
+
+    The normal equations are formed in float32 (these products dominate) and solved in float64;
+    the truncated SVD is a seeded randomized one (a range finder over ``k + 16`` columns with four
+    power iterations, Halko et al. 2011), which finds the leading components of ``B [dim, ffn]``
+    at a small fraction of a full SVD's cost."""
+    dim, ffn = x.shape[1], y.shape[1]
+    k = max(0, min(k, dim, ffn))
+    if k == 0:
+        return WarmBasis(np.zeros((0, dim), np.float32), np.zeros((ffn, 0), np.float32))
+    xf = np.ascontiguousarray(x, dtype=np.float32)
+    t = y.astype(np.float32) * np.float32(2.0) - np.float32(1.0)
+    gram = (xf.T @ xf).astype(np.float64)
+    gram[np.diag_indices_from(gram)] += 1e-3 * np.trace(gram) / dim + 1e-8
+    b = np.linalg.solve(gram, (xf.T @ t).astype(np.float64))  # [dim, ffn]
+    width = min(k + 16, dim, ffn)
+    omega = np.random.default_rng([seed, 11]).standard_normal((ffn, width))
+    basis, _ = np.linalg.qr(b @ omega)
+    for _ in range(4):
+        basis, _ = np.linalg.qr(b.T @ basis)
+        basis, _ = np.linalg.qr(b @ basis)
+    u_small, s, vt = np.linalg.svd(basis.T @ b, full_matrices=False)
+    u = basis @ u_small
+    root = np.sqrt(s[:k])
+    return WarmBasis(
+        (u[:, :k] * root).T.astype(np.float32), (vt[:k].T * root).astype(np.float32)
+    )
+
+
 def linear_warm_start(
-    x: np.ndarray, y: np.ndarray, rank: int, rng: np.random.Generator
+    x: np.ndarray,
+    y: np.ndarray,
+    rank: int,
+    rng: np.random.Generator,
+    basis: WarmBasis | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Closed-form start: least-squares fit ``x @ B ~ 2y - 1``, truncated by SVD to ``k = rank
-    // 2`` components ``B ~ P.T @ Q.T``, written as ``fc1 = [P; -P]``, ``fc2 = [Q, -Q]`` so that
-    ``fc2 @ relu(fc1 @ x) = Q @ P @ x`` (ReLU(a) - ReLU(-a) = a). An odd leftover row starts
+    """Closed-form start: the least-squares map ``x @ B ~ 2y - 1`` truncated to ``k = rank // 2``
+    components ``B ~ P.T @ Q.T`` (:func:`warm_basis`, or ``basis`` when given), written as
+    ``fc1 = [P; -P]``, ``fc2 = [Q, -Q]`` so that ``fc2 @ relu(fc1 @ x) = Q @ P @ x``
+    (ReLU(a) - ReLU(-a) = a). An odd leftover row, and components the basis lacks, start
     random."""
     dim, ffn = x.shape[1], y.shape[1]
     k = rank // 2
@@ -90,16 +136,10 @@ def linear_warm_start(
     w2 = (rng.standard_normal((ffn, rank)) * math.sqrt(1.0 / rank) * 0.1).astype(np.float32)
     if k == 0:
         return w1, w2
-    xd = x.astype(np.float64)
-    t = y.astype(np.float64) * 2.0 - 1.0
-    gram = xd.T @ xd
-    gram[np.diag_indices_from(gram)] += 1e-3 * np.trace(gram) / dim + 1e-8
-    b = np.linalg.solve(gram, xd.T @ t)  # [dim, ffn]
-    u, s, vt = np.linalg.svd(b, full_matrices=False)
-    k = min(k, s.size)
-    root = np.sqrt(s[:k])
-    p = (u[:, :k] * root).T  # [k, dim]
-    q = vt[:k].T * root  # [ffn, k]
+    if basis is None:
+        basis = warm_basis(x, y, k)
+    k = min(k, basis.p.shape[0])
+    p, q = basis.p[:k], basis.q[:, :k]
     w1[:k], w1[k : 2 * k] = p, -p
     w2[:, :k], w2[:, k : 2 * k] = q, -q
     return w1, w2
@@ -139,10 +179,11 @@ def fit_mlp(
     seed: int = 0,
     progress: bool = False,
     desc: str = "",
+    basis: WarmBasis | None = None,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """Fit ``fc1 [rank, dim]``, ``fc2 [ffn, rank]`` with Adam on minibatches; early stopping on
     the validation loss (the best epoch's weights are returned with ``{"epochs", "val_loss",
-    "pos_weight"}``)."""
+    "pos_weight"}``). ``basis``: the layer's warm-start components, when already computed."""
     rng = np.random.default_rng(seed)
     n = x_train.shape[0]
     pos = float(np.count_nonzero(y_train))
@@ -151,7 +192,7 @@ def fit_mlp(
         neg = float(y_train.size) - pos
         pw = math.sqrt(neg / pos) if pos > 0 else 1.0
         pw = float(min(max(pw, 1.0), 30.0))
-    w1, w2 = linear_warm_start(x_train, y_train, rank, rng)
+    w1, w2 = linear_warm_start(x_train, y_train, rank, rng, basis)
     params = [w1, w2]
     m = [np.zeros_like(p) for p in params]
     v = [np.zeros_like(p) for p in params]
@@ -238,13 +279,17 @@ def _search(
     seed: int,
     progress: bool,
     desc: str,
+    basis: WarmBasis,
 ) -> list[dict[str, Any]]:
-    """The doubling loop of :func:`train_layer`; one dict per rank tried."""
+    """The doubling loop of :func:`train_layer`; one dict per rank tried. ``basis`` is the
+    layer's warm start, extended here if a rank needs more components than it has."""
     xtr, ytr, xtu, ytu, xck, yck = data.xtr, data.ytr, data.xtu, data.ytu, data.xck, data.yck
     dim, ffn = xtr.shape[1], ytr.shape[1]
     attempts: list[dict[str, Any]] = []
     prev_cost = math.inf
     while True:
+        if rank // 2 > basis.p.shape[0]:
+            basis = warm_basis(xtr, ytr, min(cap, 2 * rank) // 2, seed)
         w1, w2, info = fit_mlp(
             xtr,
             ytr,
@@ -255,6 +300,7 @@ def _search(
             seed=seed * 1009 + rank,
             progress=progress,
             desc=f"{desc} rank {rank}".strip(),
+            basis=basis,
         )
         w1, w2 = round_to(w1, cfg.dtype), round_to(w2, cfg.dtype)
         t = tune_threshold(_logits_chunked(xtu, w1, w2), ytu, tune_target)
@@ -339,9 +385,12 @@ def train_layer(
 
     # small products: one BLAS thread is far faster than many (see _blas)
     small = cfg.batch_size * ffn * min(cap, 4096) < (1 << 28)
+    # the warm start's large products, once for the ranks of up to two doublings, on every
+    # BLAS thread
+    basis = warm_basis(data.xtr, data.ytr, min(cap, 4 * rank) // 2, seed)
     with blas_threads(1) if small else nullcontext():
         attempts = _search(
-            data, rank, cap, recall, tune_target, ffn_bytes, cfg, seed, progress, desc
+            data, rank, cap, recall, tune_target, ffn_bytes, cfg, seed, progress, desc, basis
         )
     best = [a for a in attempts if a["recall"] >= recall]
     final = min(best, key=lambda a: a["cost"]) if best else max(attempts, key=lambda a: a["recall"])
