@@ -21,6 +21,13 @@
 //         high for k >= 2), high 2 bits (qh[32n + l] >> 2k) & 3; w = d * scales[i / 16] * (q - 32).
 // Every field lies at an even offset of its block and every block size is even, so rows need
 // only the 2-byte alignment layout.rs checks (f16 fields through ld_u16, the rest bytewise).
+//
+// On the device the 32-weight formats are REPACKED (crates/cuda/src/repack.rs): a row of nb
+// blocks holds first the nb blocks' quants (QB = 16 bytes each, 32 for Q8_0: the bytes after
+// the header above), then the nb headers (HB = 2 bytes for Q8_0/Q4_0: d; 4 for Q4_1: d, m; 6
+// for Q5_0: d, qh; 8 for Q5_1: d, m, qh), in block order. Block b's quants start at QB * b and
+// its header at QB * nb + HB * b, so a row that starts 16-byte aligned is read one 16-byte
+// load per block. The K-quants keep GGUF's layout.
 
 // Built for the GPU by NVRTC, or for the CPU after emu/cuda_emu.h (gpu-emu), which defines the
 // three macros below its own way; everything else of these sources means the same in both.
@@ -137,44 +144,46 @@ __device__ __forceinline__ const u8* row_ptr(const u8* base, RowLayout l, int r)
     return base + (i64)g * l.group_stride + l.offset + (i64)i * l.row_bytes;
 }
 
-// Weight j (0..cols) of one row, decoded on its own (used where threads own columns).
-__device__ __forceinline__ float w_f32(const u8* row, int j) { return ((const float*)row)[j]; }
-__device__ __forceinline__ float w_f16(const u8* row, int j) { return f16_to_f32(ld_u16(row + 2 * j)); }
-__device__ __forceinline__ float w_bf16(const u8* row, int j) { return bf16_to_f32(ld_u16(row + 2 * j)); }
-__device__ __forceinline__ float w_q8_0(const u8* row, int j) {
-    const u8* b = row + (j / QK) * 34;
-    return f16_to_f32(ld_u16(b)) * (float)(i8)b[2 + j % QK];
+// Weight j (0..cols) of one row of `cols` weights, decoded on its own (used where threads own
+// columns). The 32-weight formats read the repacked row: quants at QB * b, header at
+// QB * nb + HB * b for block b = j / 32.
+__device__ __forceinline__ float w_f32(const u8* row, int j, int) { return ((const float*)row)[j]; }
+__device__ __forceinline__ float w_f16(const u8* row, int j, int) { return f16_to_f32(ld_u16(row + 2 * j)); }
+__device__ __forceinline__ float w_bf16(const u8* row, int j, int) { return bf16_to_f32(ld_u16(row + 2 * j)); }
+__device__ __forceinline__ float w_q8_0(const u8* row, int j, int cols) {
+    const u8* hd = row + 32 * (cols / QK) + 2 * (j / QK);
+    return f16_to_f32(ld_u16(hd)) * (float)(i8)row[j];
 }
-__device__ __forceinline__ float w_q4_0(const u8* row, int j) {
-    const u8* b = row + (j / QK) * 18;
-    const int k = j % QK;
-    const int q = k < 16 ? (b[2 + k] & 15) : (b[2 + k - 16] >> 4);
-    return f16_to_f32(ld_u16(b)) * (float)(q - 8);
+// Nibble k (0..32) of a 4-bit block's 16 quant bytes q.
+__device__ __forceinline__ int nibble(const u8* q, int k) {
+    return k < 16 ? (q[k] & 15) : (q[k - 16] >> 4);
 }
-__device__ __forceinline__ float w_q4_1(const u8* row, int j) {
-    const u8* b = row + (j / QK) * 20;
-    const int k = j % QK;
-    const int q = k < 16 ? (b[4 + k] & 15) : (b[4 + k - 16] >> 4);
-    return f16_to_f32(ld_u16(b)) * (float)q + f16_to_f32(ld_u16(b + 2));
+__device__ __forceinline__ float w_q4_0(const u8* row, int j, int cols) {
+    const int b = j / QK;
+    const u8* hd = row + 16 * (cols / QK) + 2 * b;
+    return f16_to_f32(ld_u16(hd)) * (float)(nibble(row + 16 * b, j % QK) - 8);
+}
+__device__ __forceinline__ float w_q4_1(const u8* row, int j, int cols) {
+    const int b = j / QK;
+    const u8* hd = row + 16 * (cols / QK) + 4 * b;
+    return f16_to_f32(ld_u16(hd)) * (float)nibble(row + 16 * b, j % QK) + f16_to_f32(ld_u16(hd + 2));
 }
 
 // The u32 qh of a Q5 block at a 2-aligned address (two u16 loads).
 __device__ __forceinline__ u32 ld_u32_2(const u8* p) {
     return (u32)ld_u16(p) | ((u32)ld_u16(p + 2) << 16);
 }
-__device__ __forceinline__ float w_q5_0(const u8* row, int j) {
-    const u8* b = row + (j / QK) * 22;
-    const int k = j % QK;
-    const int nib = k < 16 ? (b[6 + k] & 15) : (b[6 + k - 16] >> 4);
-    const int q = nib | (int)(((ld_u32_2(b + 2) >> k) & 1) << 4);
-    return f16_to_f32(ld_u16(b)) * (float)(q - 16);
+__device__ __forceinline__ float w_q5_0(const u8* row, int j, int cols) {
+    const int b = j / QK, k = j % QK;
+    const u8* hd = row + 16 * (cols / QK) + 6 * b;
+    const int q = nibble(row + 16 * b, k) | (int)(((ld_u32_2(hd + 2) >> k) & 1) << 4);
+    return f16_to_f32(ld_u16(hd)) * (float)(q - 16);
 }
-__device__ __forceinline__ float w_q5_1(const u8* row, int j) {
-    const u8* b = row + (j / QK) * 24;
-    const int k = j % QK;
-    const int nib = k < 16 ? (b[8 + k] & 15) : (b[8 + k - 16] >> 4);
-    const int q = nib | (int)(((ld_u32_2(b + 4) >> k) & 1) << 4);
-    return f16_to_f32(ld_u16(b)) * (float)q + f16_to_f32(ld_u16(b + 2));
+__device__ __forceinline__ float w_q5_1(const u8* row, int j, int cols) {
+    const int b = j / QK, k = j % QK;
+    const u8* hd = row + 16 * (cols / QK) + 8 * b;
+    const int q = nibble(row + 16 * b, k) | (int)(((ld_u32_2(hd + 4) >> k) & 1) << 4);
+    return f16_to_f32(ld_u16(hd)) * (float)q + f16_to_f32(ld_u16(hd + 2));
 }
 
 // Scale and min of sub-block s (0..8) of a Q4_K/Q5_K block's 12 packed bytes `sm`
@@ -201,13 +210,13 @@ __device__ __forceinline__ float w_k4(const u8* b, int i, bool five) {
     const float m = f16_to_f32(ld_u16(b + 2)) * (float)mn;
     return d * (float)q - m;
 }
-__device__ __forceinline__ float w_q4_k(const u8* row, int j) {
+__device__ __forceinline__ float w_q4_k(const u8* row, int j, int) {
     return w_k4(row + (j / QK_K) * 144, j % QK_K, false);
 }
-__device__ __forceinline__ float w_q5_k(const u8* row, int j) {
+__device__ __forceinline__ float w_q5_k(const u8* row, int j, int) {
     return w_k4(row + (j / QK_K) * 176, j % QK_K, true);
 }
-__device__ __forceinline__ float w_q6_k(const u8* row, int j) {
+__device__ __forceinline__ float w_q6_k(const u8* row, int j, int) {
     const u8* b = row + (j / QK_K) * 210;
     const int i = j % QK_K;
     const int n = i / 128, k = (i % 128) / 32, l = i % 32;
@@ -263,8 +272,8 @@ __device__ __forceinline__ float dot16_bf16(const Vec16 v16, const float* x) {
 // .. +16: the warp reads 512 consecutive bytes at once), its tail of fewer than 16 bytes and
 // an unaligned row (an odd-width slab) one weight per lane. The caller sums over the warp.
 #define LANE_DOT_FLOAT(NAME, BYTES)                                                             \
-    __device__ __forceinline__ float lane_dot_##NAME(const u8* row, const float* x, int cols,   \
-                                                     int lane) {                                \
+    __device__ __forceinline__ float lane_dot_##NAME(const u8* row, const float* x, int,        \
+                                                     int cols, int lane) {                      \
         constexpr int PER = 16 / BYTES; /* weights per 16 bytes */                              \
         float s = 0.0f;                                                                         \
         int j0 = 0;                                                                             \
@@ -274,93 +283,130 @@ __device__ __forceinline__ float dot16_bf16(const Vec16 v16, const float* x) {
             for (int b = lane; b < n16; b += WARP) s += dot16_##NAME(v[b], x + PER * b);        \
             j0 = n16 * PER;                                                                     \
         }                                                                                       \
-        for (int j = j0 + lane; j < cols; j += WARP) s += w_##NAME(row, j) * x[j];              \
+        for (int j = j0 + lane; j < cols; j += WARP) s += w_##NAME(row, j, cols) * x[j];        \
         return s;                                                                               \
     }
 
 LANE_DOT_FLOAT(f32, 4)
 LANE_DOT_FLOAT(f16, 2)
 LANE_DOT_FLOAT(bf16, 2)
-__device__ __forceinline__ float lane_dot_q8_0(const u8* row, const float* x, int cols, int lane) {
-    float s = 0.0f;
-    for (int b = lane; b < cols / QK; b += WARP) {
-        const u8* blk = row + b * 34;
-        const float* xb = x + b * QK;
-        float t = 0.0f;
-#pragma unroll
-        for (int k = 0; k < QK; ++k) t += (float)(i8)blk[2 + k] * xb[k];
-        s += f16_to_f32(ld_u16(blk)) * t;
-    }
-    return s;
+// The 32-weight formats, repacked: lane l takes blocks b = l + 32t, reading each block's quants
+// with one 16-byte load (two for Q8_0) when the row starts 16-byte aligned (then every block's
+// quants are: the warp reads 512 consecutive quant bytes at once), else with u16 loads; the
+// headers follow in their own region, 2–8 bytes per lane, also consecutive over the warp. x
+// comes as 16-byte loads of 4 floats: staged in shared memory with `xpad` = 4 floats after
+// every 32 (block b's values at (32 + xpad) * b), so that the 8 lanes of each quarter-warp read
+// disjoint banks, or unstaged (xpad 0) from global memory.
+
+// 4 floats at a 16-byte aligned address, loaded at once.
+struct alignas(16) F4 {
+    float x, y, z, w;
+};
+
+// The 16 bytes at q (2-aligned), as one 16-byte load when `aligned`, else eight u16 loads.
+__device__ __forceinline__ Vec16 ld_quants16(const u8* q, bool aligned) {
+    if (aligned) return *(const Vec16*)q;
+    Vec16 v;
+    v.a = (u32)ld_u16(q) | ((u32)ld_u16(q + 2) << 16);
+    v.b = (u32)ld_u16(q + 4) | ((u32)ld_u16(q + 6) << 16);
+    v.c = (u32)ld_u16(q + 8) | ((u32)ld_u16(q + 10) << 16);
+    v.d = (u32)ld_u16(q + 12) | ((u32)ld_u16(q + 14) << 16);
+    return v;
 }
-__device__ __forceinline__ float lane_dot_q4_0(const u8* row, const float* x, int cols, int lane) {
-    float s = 0.0f;
-    for (int b = lane; b < cols / QK; b += WARP) {
-        const u8* blk = row + b * 18;
-        const float* xb = x + b * QK;
-        float t = 0.0f;
+
+// Σ_j (q_j + bias) · x_j over a 4-bit block: its 16 quant bytes `v` (low nibble of byte j is
+// weight j, high nibble weight j + 16), with fifth bits from `qh` (bit j of weight j: Q5), and
+// `sx` += Σ x_j (the min term of Q4_1/Q5_1).
+__device__ __forceinline__ float dot_nibbles(const Vec16 v, u32 qh, int bias, const float* xb,
+                                             float* sx) {
+    const u32 w[4] = {v.a, v.b, v.c, v.d};
+    float t = 0.0f, xs = 0.0f;
 #pragma unroll
-        for (int k = 0; k < 16; ++k) {
-            const u8 q = blk[2 + k];
-            t += (float)((q & 15) - 8) * xb[k] + (float)((q >> 4) - 8) * xb[k + 16];
+    for (int i = 0; i < 4; ++i) {
+        const F4 lo = *(const F4*)(xb + 4 * i), hi = *(const F4*)(xb + 16 + 4 * i);
+        const float xl[4] = {lo.x, lo.y, lo.z, lo.w}, xh[4] = {hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int j = 4 * i + k;
+            const int byte = (int)((w[i] >> (8 * k)) & 255u);
+            const int q0 = (byte & 15) | (int)(((qh >> j) & 1u) << 4);
+            const int q1 = (byte >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4);
+            t += (float)(q0 + bias) * xl[k] + (float)(q1 + bias) * xh[k];
+            xs += xl[k] + xh[k];
         }
-        s += f16_to_f32(ld_u16(blk)) * t;
     }
-    return s;
+    *sx += xs;
+    return t;
 }
-__device__ __forceinline__ float lane_dot_q4_1(const u8* row, const float* x, int cols, int lane) {
-    float s = 0.0f;
-    for (int b = lane; b < cols / QK; b += WARP) {
-        const u8* blk = row + b * 20;
-        const float* xb = x + b * QK;
-        float t = 0.0f, xs = 0.0f;
+
+// Σ_j q_j · x_j over 16 signed bytes `v` (Q8_0) and the 16 matching x values.
+__device__ __forceinline__ float dot_i8x16(const Vec16 v, const float* xb) {
+    const u32 w[4] = {v.a, v.b, v.c, v.d};
+    float t = 0.0f;
 #pragma unroll
-        for (int k = 0; k < 16; ++k) {
-            const u8 q = blk[4 + k];
-            t += (float)(q & 15) * xb[k] + (float)(q >> 4) * xb[k + 16];
-            xs += xb[k] + xb[k + 16];
-        }
-        s += f16_to_f32(ld_u16(blk)) * t + f16_to_f32(ld_u16(blk + 2)) * xs;
-    }
-    return s;
-}
-__device__ __forceinline__ float lane_dot_q5_0(const u8* row, const float* x, int cols, int lane) {
-    float s = 0.0f;
-    for (int b = lane; b < cols / QK; b += WARP) {
-        const u8* blk = row + b * 22;
-        const float* xb = x + b * QK;
-        const u32 qh = ld_u32_2(blk + 2);
-        float t = 0.0f;
+    for (int i = 0; i < 4; ++i) {
+        const F4 xv = *(const F4*)(xb + 4 * i);
+        const float xf[4] = {xv.x, xv.y, xv.z, xv.w};
 #pragma unroll
-        for (int k = 0; k < 16; ++k) {
-            const u8 q = blk[6 + k];
-            const int q0 = (q & 15) | (int)(((qh >> k) & 1) << 4);
-            const int q1 = (q >> 4) | (int)(((qh >> (k + 16)) & 1) << 4);
-            t += (float)(q0 - 16) * xb[k] + (float)(q1 - 16) * xb[k + 16];
-        }
-        s += f16_to_f32(ld_u16(blk)) * t;
+        for (int k = 0; k < 4; ++k) t += (float)(i8)((w[i] >> (8 * k)) & 255u) * xf[k];
     }
-    return s;
+    return t;
 }
-__device__ __forceinline__ float lane_dot_q5_1(const u8* row, const float* x, int cols, int lane) {
+
+__device__ __forceinline__ float lane_dot_q8_0(const u8* row, const float* x, int xpad, int cols,
+                                               int lane) {
+    const int nb = cols / QK;
+    const u8* hd = row + 32 * nb;
+    const bool al = ((unsigned long long)row & 15) == 0;
     float s = 0.0f;
-    for (int b = lane; b < cols / QK; b += WARP) {
-        const u8* blk = row + b * 24;
-        const float* xb = x + b * QK;
-        const u32 qh = ld_u32_2(blk + 4);
-        float t = 0.0f, xs = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 16; ++k) {
-            const u8 q = blk[8 + k];
-            const int q0 = (q & 15) | (int)(((qh >> k) & 1) << 4);
-            const int q1 = (q >> 4) | (int)(((qh >> (k + 16)) & 1) << 4);
-            t += (float)q0 * xb[k] + (float)q1 * xb[k + 16];
-            xs += xb[k] + xb[k + 16];
-        }
-        s += f16_to_f32(ld_u16(blk)) * t + f16_to_f32(ld_u16(blk + 2)) * xs;
+    for (int b = lane; b < nb; b += WARP) {
+        const float* xb = x + b * (QK + xpad);
+        const float t = dot_i8x16(ld_quants16(row + 32 * b, al), xb) +
+                        dot_i8x16(ld_quants16(row + 32 * b + 16, al), xb + 16);
+        s += f16_to_f32(ld_u16(hd + 2 * b)) * t;
     }
     return s;
 }
+
+// The 4- and 5-bit formats: header bytes HB, whether it holds a min (Q4_1, Q5_1) and where the
+// u32 of fifth bits lies in it (-1: none).
+#define LANE_DOT_NIBBLES(NAME, HB, HAS_MIN, QH_AT, BIAS)                                        \
+    __device__ __forceinline__ float lane_dot_##NAME(const u8* row, const float* x, int xpad,   \
+                                                     int cols, int lane) {                      \
+        const int nb = cols / QK;                                                               \
+        const u8* hd = row + 16 * nb;                                                           \
+        const bool al = ((unsigned long long)row & 15) == 0;                                    \
+        float s = 0.0f;                                                                         \
+        for (int b = lane; b < nb; b += WARP) {                                                 \
+            const u8* h = hd + HB * b;                                                          \
+            const u32 qh = QH_AT >= 0 ? ld_u32_2(h + (QH_AT >= 0 ? QH_AT : 0)) : 0u;            \
+            float sx = 0.0f;                                                                    \
+            const float t =                                                                     \
+                dot_nibbles(ld_quants16(row + 16 * b, al), qh, BIAS, x + b * (QK + xpad), &sx); \
+            s += f16_to_f32(ld_u16(h)) * t;                                                     \
+            if (HAS_MIN) s += f16_to_f32(ld_u16(h + 2)) * sx;                                   \
+        }                                                                                       \
+        return s;                                                                               \
+    }
+
+LANE_DOT_NIBBLES(q4_0, 2, false, -1, -8)
+LANE_DOT_NIBBLES(q4_1, 4, true, -1, 0)
+LANE_DOT_NIBBLES(q5_0, 6, false, 2, -16)
+LANE_DOT_NIBBLES(q5_1, 8, true, 4, 0)
+
+// Floats of padding the shared-memory copy of x gets after every 32 (see above): 4 for the
+// 32-weight formats, none for the others (their lanes read consecutive x already).
+#define XPAD_f32 0
+#define XPAD_f16 0
+#define XPAD_bf16 0
+#define XPAD_q8_0 4
+#define XPAD_q4_0 4
+#define XPAD_q4_1 4
+#define XPAD_q5_0 4
+#define XPAD_q5_1 4
+#define XPAD_q4_k 0
+#define XPAD_q5_k 0
+#define XPAD_q6_k 0
 
 // Q4_K / Q5_K: lane l reads qs[32c + l] (c = 0..4: weights 64c + l and 64c + 32 + l, the low
 // and high nibbles) and, for Q5_K, qh[l] (the fifth bits of its 8 weights).
@@ -389,16 +435,19 @@ __device__ __forceinline__ float lane_dot_k4(const u8* row, const float* x, int 
     }
     return s;
 }
-__device__ __forceinline__ float lane_dot_q4_k(const u8* row, const float* x, int cols, int lane) {
+__device__ __forceinline__ float lane_dot_q4_k(const u8* row, const float* x, int, int cols,
+                                               int lane) {
     return lane_dot_k4(row, x, cols, lane, false);
 }
-__device__ __forceinline__ float lane_dot_q5_k(const u8* row, const float* x, int cols, int lane) {
+__device__ __forceinline__ float lane_dot_q5_k(const u8* row, const float* x, int, int cols,
+                                               int lane) {
     return lane_dot_k4(row, x, cols, lane, true);
 }
 
 // Q6_K: lane l reads ql[64n + l], ql[64n + 32 + l] and qh[32n + l] (n = 0, 1): the weights
 // 128n + 32k + l for k = 0..4.
-__device__ __forceinline__ float lane_dot_q6_k(const u8* row, const float* x, int cols, int lane) {
+__device__ __forceinline__ float lane_dot_q6_k(const u8* row, const float* x, int, int cols,
+                                               int lane) {
     float s = 0.0f;
     for (int b = 0; b < cols / QK_K; ++b) {
         const u8* blk = row + b * 210;

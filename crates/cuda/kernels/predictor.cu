@@ -18,7 +18,7 @@
         float s = 0.0f;                                                                         \
         for (int h = 0; h < rank; ++h) {                                                        \
             const float v = hs[h];                                                              \
-            if (v > 0.0f) s += v * w_##NAME(row_ptr(fc2_t, l, h), j);                           \
+            if (v > 0.0f) s += v * w_##NAME(row_ptr(fc2_t, l, h), j, ffn);                      \
         }                                                                                       \
         flags[j] = s >= threshold ? 1 : 0;                                                      \
         if (logits) logits[j] = s;                                                              \

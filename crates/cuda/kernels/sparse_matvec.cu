@@ -12,21 +12,30 @@
 // __CUDA_ARCH__ >= 800 guard and runs on every architecture.
 //
 // Launch: blockDim.x = 256 (8 warps), gridDim.x = ceil(n / ROWS_PER_BLOCK), dynamic shared
-// memory = cols * 4 bytes when cols <= MAX_X_COLS, else 0 (x is then read from global memory).
+// memory = x_floats(cols, XPAD) * 4 bytes when that is at most MAX_X_FLOATS floats, else 0 (x
+// is then read from global memory); launch_spec.rs `x_smem` computes the same.
 
 #define ROWS_PER_BLOCK 32
 
-// Longest x staged in shared memory (48 KiB of floats; `MAX_X_COLS` in layout.rs). The launch
-// gives cols * 4 bytes of dynamic shared memory up to this length and none beyond it.
-#define MAX_X_COLS 12288
+// Most floats of x staged in shared memory (48 KiB; `MAX_X_FLOATS` in layout.rs).
+#define MAX_X_FLOATS 12288
 
-// x for the block's rows: copied into shared memory when it fits, else read in place from
-// global memory (rows longer than MAX_X_COLS, e.g. a dense down projection of ffn 14,336 or
-// 28,672). The branch is uniform over the block; every thread of the block must call it.
-__device__ __forceinline__ const float* stage_x(float* xs, const float* x, int cols) {
-    if (cols > MAX_X_COLS) return x;
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) xs[j] = x[j];
+// Floats x takes in shared memory with `pad` floats after every 32 (common.cuh, XPAD_*).
+__device__ __forceinline__ int x_floats(int cols, int pad) { return cols + (cols / QK) * pad; }
+
+// x for the block's rows: copied into shared memory, `pad` floats after every 32, when it fits
+// (*xpad = pad), else read in place from global memory (*xpad = 0: rows longer than that, e.g. a
+// dense down projection of ffn 14,336). The branch is uniform over the block; every thread of
+// the block must call it.
+__device__ __forceinline__ const float* stage_x(float* xs, const float* x, int cols, int pad,
+                                                int* xpad) {
+    if (x_floats(cols, pad) > MAX_X_FLOATS) {
+        *xpad = 0;
+        return x;
+    }
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) xs[j + (j / QK) * pad] = x[j];
     __syncthreads();
+    *xpad = pad;
     return xs;
 }
 
@@ -61,14 +70,16 @@ __device__ __forceinline__ float ffn_act(int act, float t, float x) {
         const u8* w, RowLayout l, const float* x, int cols, const int* idx, int n,             \
         const u8* ids_base, RowLayout ids_l, const int* flags, int act, float* y) {             \
         DYNAMIC_SHARED(float, xs);                                                              \
-        const float* xv = stage_x(xs, x, cols);                                                 \
+        int xpad;                                                                               \
+        const float* xv = stage_x(xs, x, cols, XPAD_##NAME, &xpad);                             \
         const int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;                         \
         const int end = min(n, (int)(blockIdx.x + 1) * ROWS_PER_BLOCK);                         \
         for (int k = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP; k < end; k += warps) {   \
             const int r = idx ? idx[k] : k;                                                     \
             float s = 0.0f;                                                                     \
             if (row_active(ids_base, ids_l, flags, r)) {                                        \
-                s = apply_act(act, warp_sum(lane_dot_##NAME(row_ptr(w, l, r), xv, cols, lane))); \
+                const float d = lane_dot_##NAME(row_ptr(w, l, r), xv, xpad, cols, lane);        \
+                s = apply_act(act, warp_sum(d));                                                \
             }                                                                                   \
             if (lane == 0) y[k] = s;                                                            \
         }                                                                                       \
@@ -86,7 +97,8 @@ __device__ __forceinline__ float ffn_act(int act, float t, float x) {
         const int* idx, int n, RowLayout ids_l, const int* flags, const float* bias, int act,   \
         float relu_t, int up_mode, float* h) {                                                  \
         DYNAMIC_SHARED(float, xs);                                                              \
-        const float* xv = stage_x(xs, x, cols);                                                 \
+        int xpad;                                                                               \
+        const float* xv = stage_x(xs, x, cols, XPAD_##NAME, &xpad);                             \
         const int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;                         \
         const int end = min(n, (int)(blockIdx.x + 1) * ROWS_PER_BLOCK);                         \
         for (int k = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP; k < end; k += warps) {   \
@@ -94,11 +106,12 @@ __device__ __forceinline__ float ffn_act(int act, float t, float x) {
             const int id = (flags || bias) ? slot_id(w, ids_l, r) : 0;                          \
             float out = 0.0f;                                                                   \
             if (id >= 0 && (flags == nullptr || flags[id] != 0)) {                              \
-                const float dg = warp_sum(lane_dot_##NAME(row_ptr(w, gate_l, r), xv, cols, lane)); \
+                const float dg =                                                                \
+                    warp_sum(lane_dot_##NAME(row_ptr(w, gate_l, r), xv, xpad, cols, lane));     \
                 out = ffn_act(act, relu_t, dg + (bias ? bias[id] : 0.0f));                      \
                 if (out != 0.0f && up_mode != UP_NONE) {                                        \
                     const float u =                                                             \
-                        warp_sum(lane_dot_##NAME(row_ptr(w, up_l, r), xv, cols, lane));         \
+                        warp_sum(lane_dot_##NAME(row_ptr(w, up_l, r), xv, xpad, cols, lane));   \
                     out *= up_mode == UP_ACT ? ffn_act(act, relu_t, u) : u;                     \
                 }                                                                               \
             }                                                                                   \

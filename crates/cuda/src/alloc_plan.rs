@@ -197,9 +197,10 @@ pub fn gpu_allocations(model: &ModelTensors<'_>, plan: &PlanFile) -> Result<Vec<
 /// `active` (i32): the residual `x`, normed `xb` and projected `xb2` (dim each), `q` (q_dim),
 /// `k`, `v` (kv_dim), the attention output `att` (q_dim; attention keeps no score buffer),
 /// `hb` (ffn: the hot neurons' activations), `active` (ffn: one flag per neuron), `pred` (the
-/// largest predictor rank), `xfer` (dim: the CPU's partial FFN sum, added on the GPU); for
-/// q/k-norm families `kn` (kv_dim: the normed keys), for parallel blocks `saved` (dim: the
-/// residual before the attention, the FFN's input).
+/// largest predictor rank), `xfer` (dim: the CPU's partial FFN sum, added on the GPU), `part`
+/// (the hot down pass's split sums, [`crate::part_len`]); for q/k-norm families `kn` (kv_dim:
+/// the normed keys), for parallel blocks `saved` (dim: the residual before the attention, the
+/// FFN's input).
 pub fn scratch_allocations(c: &ModelConfig, plan: &PlanFile) -> Vec<Allocation> {
     let max_rank = plan.predictor_ranks.iter().copied().max().unwrap_or(0);
     let kn = c.arch.qk_norm.then_some(("kn", c.kv_dim()));
@@ -216,6 +217,7 @@ pub fn scratch_allocations(c: &ModelConfig, plan: &PlanFile) -> Vec<Allocation> 
         ("active", c.ffn_dim),
         ("pred", max_rank),
         ("xfer", c.dim),
+        ("part", crate::part_len(c.dim, c.ffn_dim)),
     ]
     .into_iter()
     .chain(kn)
@@ -339,6 +341,7 @@ mod tests {
             ("scratch.active", 512),     //
             ("scratch.pred", 256),       // rank 64
             ("scratch.xfer", 256),       // 64 x 4
+            ("scratch.part", 256),       // 64 x 1 split (ffn 96) x 4
         ];
         let want: Vec<Allocation> = want.into_iter().map(|(n, b)| (n.into(), b)).collect();
         assert_eq!(got, want);

@@ -281,7 +281,9 @@ pub enum Launch<'a, B: Backend> {
         h: &'a mut B::Buf<f32>,
     },
     /// `axpy_rows_<dtype>` (axpy_down.cu): `y[c] += Σ_k a[k] · W[row k][c]`, rows with a zero
-    /// coefficient not read; `splits` blocks along the rows (gridDim.y).
+    /// coefficient not read; `splits` blocks along the rows (gridDim.y). With one split the sum
+    /// goes to `y`; with more, split `s` writes its partial sums to `part[s · cols ..]` (`part`
+    /// holds at least splits · cols) and [`Launch::AddSplits`] adds them to `y`.
     AxpyRows {
         dtype: DType,
         w: &'a B::Buf<u8>,
@@ -290,8 +292,17 @@ pub enum Launch<'a, B: Backend> {
         idx: Option<&'a B::Buf<i32>>,
         a: &'a B::Buf<f32>,
         n: usize,
+        part: Option<&'a mut B::Buf<f32>>,
         y: &'a mut B::Buf<f32>,
         splits: usize,
+    },
+    /// `add_splits` (axpy_down.cu): `y[c] += Σ_s part[s · cols + c]` for s in 0..splits, in
+    /// that order.
+    AddSplits {
+        part: &'a B::Buf<f32>,
+        splits: usize,
+        cols: usize,
+        y: &'a mut B::Buf<f32>,
     },
     /// `predictor_fc2_<dtype>` (predictor.cu): `logit[j] = Σ_{hidden[h] > 0} hidden[h] ·
     /// fc2_t[h][j]`, `flags[j] = logit[j] >= threshold`.
@@ -402,6 +413,7 @@ impl<B: Backend> Launch<'_, B> {
             Launch::SparseMatvec { dtype, .. } => format!("sparse_matvec_{}", dtype_suffix(*dtype)),
             Launch::GateUp { dtype, .. } => format!("gate_up_{}", dtype_suffix(*dtype)),
             Launch::AxpyRows { dtype, .. } => format!("axpy_rows_{}", dtype_suffix(*dtype)),
+            Launch::AddSplits { .. } => "add_splits".into(),
             Launch::PredictorFc2 { dtype, .. } => {
                 format!("predictor_fc2_{}", dtype_suffix(*dtype))
             }

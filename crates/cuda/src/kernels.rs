@@ -96,13 +96,14 @@ pub const SPARSE_MATVEC: KernelSource = KernelSource {
     single: &[],
 };
 
-/// Accumulation over rows of a transposed matrix (hot down_t rows, predictor fc2_t).
+/// Accumulation over rows of a transposed matrix (the hot down_t rows), and the fixed-order sum
+/// of its splits' partial sums.
 pub const AXPY_DOWN: KernelSource = KernelSource {
     name: "axpy_down",
     source: include_str!("../kernels/axpy_down.cu"),
     per_dtype: &["axpy_rows"],
     per_kv_elem: &[],
-    single: &[],
+    single: &["add_splits"],
 };
 
 /// Predictor fc2 + threshold.

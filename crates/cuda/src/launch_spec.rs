@@ -12,11 +12,11 @@
 
 use std::ffi::c_void;
 
-use powerinfer_core::{ensure, Result};
+use powerinfer_core::{ensure, DType, Result};
 
 use crate::backend::{Backend, Launch};
 use crate::kernels::{self, dtype_suffix, kv_entry, KernelSource};
-use crate::layout::{to_i32, RowLayout, MAX_X_COLS};
+use crate::layout::{to_i32, x_floats, RowLayout, MAX_X_FLOATS};
 use crate::ops::MAX_ROPE_PAIRS;
 
 /// Threads per block of the row kernels (8 warps).
@@ -162,14 +162,46 @@ pub struct LaunchSpec {
     pub args: KernelArgs,
 }
 
-/// Dynamic shared memory of the row kernels: x staged when it fits (`stage_x` in
-/// sparse_matvec.cu), none for longer rows, which read x from global memory.
-pub fn x_smem(cols: usize) -> usize {
-    if cols <= MAX_X_COLS {
-        cols * 4
+/// Dynamic shared memory of the row kernels of `dtype`: x staged, with its padding, when it
+/// fits (`stage_x` in sparse_matvec.cu), none for longer rows, which read x from global memory.
+pub fn x_smem(dtype: DType, cols: usize) -> usize {
+    let floats = x_floats(dtype, cols);
+    if floats <= MAX_X_FLOATS {
+        floats * 4
     } else {
         0
     }
+}
+
+/// Columns per thread of the tiled down pass (`AXPY_TILE_*` in axpy_down.cu: one 16-byte unit
+/// of a float row, one 32-weight block of the quantized formats), None for the K-quants'
+/// column-per-thread kernel.
+pub const fn axpy_tile(dtype: DType) -> Option<usize> {
+    match dtype {
+        DType::F32 => Some(4),
+        DType::F16 | DType::BF16 => Some(8),
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => Some(32),
+        _ => None,
+    }
+}
+
+/// `(gridDim.x, units_pb, dynamic shared bytes)` of `axpy_rows_<dtype>` over `cols` columns
+/// (axpy_down.cu): the tiled kernels put the row's units, rounded up to a power of two (at most
+/// 256), in a block with 256 / units_pb row lanes, whose sums meet in shared memory; the
+/// K-quants' kernel takes 256 columns per block.
+pub fn axpy_geometry(dtype: DType, cols: usize) -> Result<(u32, usize, usize)> {
+    let threads = ROW_THREADS as usize;
+    let Some(tile) = axpy_tile(dtype) else {
+        return Ok((grid(cols, threads)?, 0, 0));
+    };
+    let units = cols.div_ceil(tile);
+    let units_pb = units.next_power_of_two().min(threads);
+    let smem = if units_pb < threads {
+        threads * tile * 4
+    } else {
+        0
+    };
+    Ok((grid(units, units_pb)?, units_pb, smem))
 }
 
 /// Blocks of `per` covering `n` (at least one).
@@ -235,8 +267,9 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
                 None => RowLayout::dense(1, 4)?,
             };
             // sparse_matvec_<dtype>(w, l, x, cols, idx, n, ids_base, ids_l, flags, act, y): x
-            // holds `cols` floats staged in x_smem(cols) bytes; y holds n floats; rows 0..n (or
-            // the indices) lie inside w per `l`; flags come with the ids they are indexed by.
+            // holds `cols` floats, staged in x_smem(dtype, cols) bytes; y holds n floats; rows
+            // 0..n (or the indices) lie inside w per `l`; flags come with the ids they are
+            // indexed by.
             a.ptr(dev.addr(w)).layout(&l).ptr(dev.addr(x));
             a.i32(to_i32(cols, "cols")?)
                 .ptr(opt(idx))
@@ -250,7 +283,7 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
                 entry,
                 blocks,
                 ROW_THREADS,
-                x_smem(cols),
+                x_smem(dtype, cols),
                 a,
             )
         }
@@ -300,7 +333,7 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
                 entry,
                 blocks,
                 ROW_THREADS,
-                x_smem(cols),
+                x_smem(dtype, cols),
                 a,
             )
         }
@@ -312,21 +345,32 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             idx,
             a: coef,
             n,
+            part,
             y,
             splits,
         } => {
-            // axpy_rows_<dtype>(w, l, cols, idx, a, n, y): a holds n floats, y `cols`; splits
-            // is 1..=min(n, 65,535) (ops clamps it), gridDim.y.
+            // axpy_rows_<dtype>(w, l, cols, idx, a, n, part, y, units_pb): a holds n floats, y
+            // `cols`, part (null for one split) splits · cols; splits is 1..=min(n, 65,535)
+            // (ops clamps it), gridDim.y; the block geometry from axpy_geometry.
             a.ptr(dev.addr(w))
                 .layout(&l)
                 .i32(to_i32(cols, "cols")?)
                 .ptr(opt(idx));
             a.ptr(dev.addr(coef))
                 .i32(to_i32(n, "rows")?)
+                .ptr(part.map_or(0, |p| dev.addr_mut(p)))
                 .ptr(dev.addr_mut(y));
+            let (gx, units_pb, smem) = axpy_geometry(dtype, cols)?;
+            a.i32(to_i32(units_pb, "units per block")?);
             let entry = format!("axpy_rows_{}", dtype_suffix(dtype));
-            let blocks = [grid(cols, ROW_THREADS as usize)?, splits as u32];
-            spec(&kernels::AXPY_DOWN, entry, blocks, ROW_THREADS, 0, a)
+            spec(
+                &kernels::AXPY_DOWN,
+                entry,
+                [gx, splits as u32],
+                ROW_THREADS,
+                smem,
+                a,
+            )
         }
         Launch::PredictorFc2 {
             dtype,
@@ -462,6 +506,19 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
         Launch::Softcap { y, n, cap } => {
             a.ptr(dev.addr_mut(y)).i32(to_i32(n, "n")?).f32(cap);
             per_element(&kernels::ELEMENTWISE, "softcap".into(), n, 0, a)
+        }
+        Launch::AddSplits {
+            part,
+            splits,
+            cols,
+            y,
+        } => {
+            // add_splits(part, splits, cols, y)
+            a.ptr(dev.addr(part))
+                .i32(to_i32(splits, "splits")?)
+                .i32(to_i32(cols, "cols")?)
+                .ptr(dev.addr_mut(y));
+            per_element(&kernels::AXPY_DOWN, "add_splits".into(), cols, 0, a)
         }
         Launch::Copy { dst, src, n } => {
             a.ptr(dev.addr_mut(dst))

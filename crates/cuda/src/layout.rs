@@ -16,8 +16,25 @@ use powerinfer_core::{bail, ensure, Activation, DType, Result, Weight};
 pub const ALIGN: usize = 256;
 /// Bytes of one neuron id in a slab (i32).
 pub const NEURON_ID_BYTES: usize = 4;
-/// Most columns x may have in the row kernels (x is staged in 48 KiB of shared memory).
-pub const MAX_X_COLS: usize = 48 * 1024 / 4;
+/// Most floats of x the row kernels stage in shared memory (48 KiB; `MAX_X_FLOATS` in
+/// sparse_matvec.cu): x of `cols` values takes [`x_floats`] of them.
+pub const MAX_X_FLOATS: usize = 48 * 1024 / 4;
+
+/// Floats of padding after every 32 values of x staged for the row kernels of `dtype`
+/// (`XPAD_*` in common.cuh): 4 for the 32-weight formats, whose lanes read a block's 32 x values
+/// each (the padding puts a quarter-warp's 16-byte reads in disjoint banks), else 0.
+pub const fn x_pad(dtype: DType) -> usize {
+    if crate::repack::is_repacked(dtype) {
+        4
+    } else {
+        0
+    }
+}
+
+/// Floats x of `cols` values takes in shared memory for the row kernels of `dtype`.
+pub const fn x_floats(dtype: DType, cols: usize) -> usize {
+    cols + cols / 32 * x_pad(dtype)
+}
 /// Largest head_dim of attention_decode (`ATT_MAX_HEAD_DIM` in attention.cu).
 pub const MAX_HEAD_DIM: usize = 256;
 /// Largest predictor rank (hidden units are staged in 48 KiB of shared memory).
@@ -302,7 +319,8 @@ pub fn slab_geometry(
 /// Pack the hot neurons `ids` (slot order) of one layer into slabs of `bucket` neurons:
 /// gate/up are `[ffn, dim]` (no up for a gate-less FFN), down_t is `[ffn, dim]` (the down
 /// projection transposed). Returns the layout and the bytes to upload (exactly
-/// [`SlabLayout::total_bytes`]).
+/// [`SlabLayout::total_bytes`]), rows of the 32-weight quantized formats repacked
+/// ([`crate::repack`]).
 pub fn pack_hot_slabs(
     gate: &Weight,
     up: Option<&Weight>,
@@ -379,7 +397,8 @@ pub fn pack_hot_slabs(
         for (w, l) in parts.iter().flatten() {
             let row = w.row(id as usize);
             let at = l.byte_offset(slot);
-            bytes[at..at + row.len()].copy_from_slice(row);
+            let dst = &mut bytes[at..at + row.len()];
+            dst.copy_from_slice(&crate::repack::repack_rows(w.dtype, w.cols, row)?);
         }
     }
     Ok((layout, bytes))
@@ -471,11 +490,15 @@ mod tests {
         assert_eq!(l.slab_bytes, (bucket * (neuron + 4)).div_ceil(256) * 256);
         assert_eq!(l.n_slabs, 2);
         assert_eq!(bytes.len(), 2 * l.slab_bytes);
+        // The quantized rows are stored repacked (quants, then headers: crate::repack).
+        let dev_row = |w: &Weight, id: u32| {
+            crate::repack::repack_rows(w.dtype, w.cols, w.row(id as usize)).unwrap()
+        };
         for (slot, &id) in ids.iter().enumerate() {
             let at = l.gate.byte_offset(slot);
-            assert_eq!(&bytes[at..at + 36], gate.row(id as usize));
+            assert_eq!(bytes[at..at + 36], dev_row(&gate, id));
             let at = l.up.unwrap().byte_offset(slot);
-            assert_eq!(&bytes[at..at + 68], up.row(id as usize));
+            assert_eq!(bytes[at..at + 68], dev_row(&up, id));
             let at = l.down.byte_offset(slot);
             assert_eq!(&bytes[at..at + 128], down.row(id as usize));
             let at = l.ids.byte_offset(slot);
@@ -508,7 +531,8 @@ mod tests {
         assert_eq!(bytes.len(), 2 * l.slab_bytes);
         for (slot, &id) in ids.iter().enumerate() {
             let at = l.gate.byte_offset(slot);
-            assert_eq!(&bytes[at..at + 68], gate.row(id as usize));
+            let want = crate::repack::repack_rows(DType::Q8_0, dim, gate.row(id as usize));
+            assert_eq!(bytes[at..at + 68], want.unwrap());
             let at = l.down.byte_offset(slot);
             assert_eq!(&bytes[at..at + 128], down.row(id as usize));
         }

@@ -27,6 +27,7 @@ pub mod kernels;
 pub mod launch_spec;
 pub mod layout;
 pub mod ops;
+pub mod repack;
 
 #[cfg(feature = "emu")]
 pub mod emu;
@@ -58,9 +59,10 @@ pub use host::{HostBackend, HostBuf};
 pub use kernels::{is_gpu_dtype, GPU_DTYPES};
 pub use layout::{
     align, pack_hot_slabs, parse_device, slab_bytes, slab_geometry, Act, AttnParams, FfnAct,
-    RowLayout, SlabGeometry, SlabLayout, MAX_HEAD_DIM, MAX_RANK, MAX_X_COLS,
+    RowLayout, SlabGeometry, SlabLayout, MAX_HEAD_DIM, MAX_RANK, MAX_X_FLOATS,
 };
-pub use ops::GpuOps;
+pub use ops::{down_splits, part_len, GpuOps};
+pub use repack::{is_repacked, repack_rows, unpack_row};
 
 /// True when this build can drive a GPU (the `cuda` feature); a device may still be absent.
 pub const BUILT_WITH_CUDA: bool = cfg!(feature = "cuda");

@@ -1,9 +1,9 @@
 //! The emulator (feature `emu`): every kernel entry of `kernels::ALL` run from its `.cu` source on
 //! the CPU against float64 references that decode weights with the core crate's scalar
 //! `dequantize_row` (never the CPU crate's SIMD kernels), on shapes at the kernels' edges: odd
-//! row counts and partial blocks, padding slots of a partial slab, the split (atomic) down pass,
-//! norms longer than a block, a long context (f16 and f32 caches) under a sliding window and a
-//! soft-cap. One backend runs it all, and the set of entries it launched must equal the modules'
+//! row counts and partial blocks, padding slots of a partial slab, the split down pass (partial
+//! sums added in a fixed order), norms longer than a block, a long context (f16 and f32 caches)
+//! under a sliding window and a soft-cap. One backend runs it all, and the set of entries it launched must equal the modules'
 //! entries. Also: the emulator holds exactly the compiled kernels, and refuses launches CUDA
 //! would refuse.
 //!
@@ -18,7 +18,7 @@ use powerinfer_cuda::kernels;
 use powerinfer_cuda::launch_spec::{launch_spec, KernelArgs, LaunchSpec};
 use powerinfer_cuda::{
     emu_entries, Act, AttnParams, Backend, EmuBackend, FfnAct, GpuOps, KvElem, Launch, GPU_DTYPES,
-    MAX_X_COLS,
+    MAX_X_FLOATS,
 };
 
 /// Relative tolerance of f32 sums against float64 (summation order differs).
@@ -160,10 +160,11 @@ fn row_kernels(dev: &EmuBackend, dtype: DType) {
         .collect();
     let got_h = dev.download(&h).unwrap();
     assert_close(&got_h, &want_h, scale * scale, &format!("gate_up {dtype}"));
+    let mut part = dev.zeros::<f32>(3 * dim).unwrap();
     for splits in [1, 3] {
         let y0 = values(dim, 5);
         let mut dy = dev.upload(&y0).unwrap();
-        dev.hot_down(&hf, &h, &mut dy, splits).unwrap();
+        dev.hot_down(&hf, &h, &mut part, &mut dy, splits).unwrap();
         let want: Vec<f64> = (0..dim)
             .map(|c| {
                 let s: f64 = hot
@@ -424,12 +425,59 @@ fn long_attention<T: KvElem>(dev: &EmuBackend) {
     assert_eq!(got[..(ctx - 1) * kv], kb[..(ctx - 1) * kv]);
 }
 
+/// The tiled down pass over rows wider than one block's 256 units (one row lane per block,
+/// two blocks along the row, the last unit partial for F32), against float64: 257 units of
+/// each format, in one split and in two.
+fn wide_down(dev: &EmuBackend, dtype: DType) {
+    let tile = powerinfer_cuda::launch_spec::axpy_tile(dtype).unwrap();
+    let dim = if dtype == DType::F32 {
+        256 * tile + 3
+    } else {
+        257 * tile
+    };
+    let (gx, units_pb, smem) = powerinfer_cuda::launch_spec::axpy_geometry(dtype, dim).unwrap();
+    assert_eq!(
+        (gx, units_pb, smem),
+        (2, 256, 0),
+        "{dtype}: one lane, two blocks"
+    );
+    let ffn = 11;
+    let down_t = weight(dtype, ffn, dim, 21);
+    let dd = decoded(&down_t);
+    let hot: Vec<u32> = vec![3, 0, 9, 4, 10, 1, 7];
+    let mut h = values(hot.len(), 22);
+    h[2] = 0.0;
+    let hf = dev.upload_hot_ffn(&down_t, None, &down_t, &hot, 4).unwrap();
+    let dh = dev.upload(&[h.clone(), vec![0.0; 1]].concat()).unwrap();
+    let mut part = dev.zeros::<f32>(2 * dim).unwrap();
+    for splits in [1, 2] {
+        let y0 = values(dim, 23);
+        let mut dy = dev.upload(&y0).unwrap();
+        dev.hot_down(&hf, &dh, &mut part, &mut dy, splits).unwrap();
+        let want: Vec<f64> = (0..dim)
+            .map(|c| {
+                let s: f64 = hot
+                    .iter()
+                    .zip(&h)
+                    .map(|(&i, &a)| a as f64 * dd[i as usize][c])
+                    .sum();
+                y0[c] as f64 + s
+            })
+            .collect();
+        let what = format!("wide axpy_rows {dtype} in {splits} splits");
+        assert_close(&dev.download(&dy).unwrap(), &want, 4.0, &what);
+    }
+}
+
 #[test]
 fn every_entry_runs_against_float64_references_and_the_set_is_kernels_all() {
     let dev = EmuBackend::default();
     for dtype in GPU_DTYPES {
         row_kernels(&dev, dtype);
         predictor(&dev, dtype);
+        if powerinfer_cuda::launch_spec::axpy_tile(dtype).is_some() {
+            wide_down(&dev, dtype);
+        }
         println!("{dtype}: ok on {}", dev.describe());
     }
     elementwise(&dev);
@@ -488,9 +536,13 @@ fn launches_cuda_would_refuse_are_errors() {
     s.shared_bytes = 48 * 1024 + 4;
     assert!(emu_error(&dev, s).contains("exceed 48 KiB"));
 
-    // x of MAX_X_COLS floats is staged in exactly 48 KiB of dynamic shared memory, the most a
-    // block may have; the static arrays of rms_norm plus 48 KiB would not fit.
-    assert_eq!(powerinfer_cuda::launch_spec::x_smem(MAX_X_COLS), 48 * 1024);
+    // x of MAX_X_FLOATS F16 columns is staged in exactly 48 KiB of dynamic shared memory, the
+    // most a block may have; the static arrays of rms_norm plus 48 KiB would not fit.
+    let x_smem = powerinfer_cuda::launch_spec::x_smem;
+    assert_eq!(x_smem(DType::F16, MAX_X_FLOATS), 48 * 1024);
+    // Q4_0's x is padded: 4 floats per 32 (10,912 columns stage 12,276 floats; 10,944 do not).
+    assert_eq!(x_smem(DType::Q4_0, 10912), 12276 * 4);
+    assert_eq!(x_smem(DType::Q4_0, 10944), 0);
     let (x, w) = (dev.zeros::<f32>(64).unwrap(), dev.zeros::<f32>(64).unwrap());
     let mut out = dev.zeros::<f32>(64).unwrap();
     let launch = Launch::RmsNorm {

@@ -170,10 +170,14 @@ fn rows_longer_than_shared_memory_read_x_in_place() {
 }
 
 // ffn 14,336 (Llama-3-8B) and 28,672 (70B) as the columns of a dense down projection, and
-// the longest row still staged in shared memory.
+// the longest rows still staged in shared memory: MAX_X_FLOATS of F16, and 10,912 of Q4_0
+// (staged with 4 floats of padding per 32: 12,276 floats), then 10,944 (12,312: unstaged).
 fn long_rows<B: Backend>(dev: &B) {
+    assert_eq!(powerinfer_cuda::layout::x_floats(DType::Q4_0, 10912), 12276);
     for (cols, dtype) in [
-        (powerinfer_cuda::MAX_X_COLS, DType::F16),
+        (powerinfer_cuda::MAX_X_FLOATS, DType::F16),
+        (10912, DType::Q4_0),
+        (10944, DType::Q8_0),
         (14336, DType::Q4_0),
         (28672, DType::F16),
     ] {
@@ -199,7 +203,7 @@ fn axpy_rows_matches_reference_every_dtype() {
 
 /// The accumulation kernel (axpy_rows_<dtype>) as the hot down pass runs it: down_t rows in
 /// every format in gate-less slabs of 16 (a partial last slab), coefficients given, one split
-/// (in row order) and four (atomic).
+/// (in row order) and four (split sums added in split order: the same bits on a second run).
 fn axpy_rows<B: Backend>(dev: &B) {
     for dtype in GPU_DTYPES {
         let (rows, cols) = (91, cols_for(dtype));
@@ -213,13 +217,23 @@ fn axpy_rows<B: Backend>(dev: &B) {
         let hf = dev.upload_hot_ffn(&w, None, &w, &idx, 16).unwrap();
         assert!(hf.layout.n_slabs * 16 > idx.len(), "a partial slab");
         let da = dev.upload(&a).unwrap();
+        let mut part = dev.upload(&vec![f32::NAN; 4 * cols]).unwrap();
         for splits in [1, 4] {
-            let mut dy = dev.upload(&y0).unwrap();
-            dev.hot_down(&hf, &da, &mut dy, splits).unwrap();
-            let got = dev.download(&dy).unwrap();
+            let mut runs = Vec::new();
+            for _ in 0..2 {
+                let mut dy = dev.upload(&y0).unwrap();
+                dev.hot_down(&hf, &da, &mut part, &mut dy, splits).unwrap();
+                runs.push(dev.download(&dy).unwrap());
+            }
             let what = format!("{dtype} splits {splits}");
-            assert_close(&got, &want, (idx.len() as f32).sqrt(), REL_TOL, &what);
+            assert_close(&runs[0], &want, (idx.len() as f32).sqrt(), REL_TOL, &what);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&runs[0]), bits(&runs[1]), "{what}: two runs differ");
         }
+        let mut dy = dev.upload(&y0).unwrap();
+        let mut short = dev.zeros::<f32>(4 * cols - 1).unwrap();
+        let err = dev.hot_down(&hf, &da, &mut short, &mut dy, 4).unwrap_err();
+        assert!(matches!(err, Error::Shape(_)), "{dtype}: short part: {err}");
         ok(dev, "axpy_rows", dtype);
     }
 }
@@ -286,7 +300,8 @@ fn hot_ffn<B: Backend>(dev: &B) {
         dev.hot_gate_up(&hf, &dx, Some(&dflags), silu, None, &mut h)
             .unwrap();
         let mut y = dev.zeros::<f32>(dim).unwrap();
-        dev.hot_down(&hf, &h, &mut y, 1).unwrap();
+        let mut part = dev.zeros::<f32>(0).unwrap();
+        dev.hot_down(&hf, &h, &mut part, &mut y, 1).unwrap();
         let got = dev.download(&y).unwrap();
         assert_close(&got, &want, 4.0, 1e-3, &format!("hot ffn {dtype}/{down}"));
         if dtype == down {
@@ -1055,7 +1070,8 @@ fn f16_conversions<B: Backend>(dev: &B) {
         dev.upload(&[1.0f32]).unwrap(),
         dev.zeros::<f32>(bits.len()).unwrap(),
     );
-    dev.hot_down(&hf, &da, &mut dy, 1).unwrap();
+    let mut part = dev.zeros::<f32>(0).unwrap();
+    dev.hot_down(&hf, &da, &mut part, &mut dy, 1).unwrap();
     for (b, got) in bits.iter().zip(dev.download(&dy).unwrap()) {
         let want = f16::from_bits(*b).to_f32();
         if want.is_nan() {

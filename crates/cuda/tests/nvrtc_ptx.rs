@@ -141,6 +141,7 @@ fn every_spec() -> Vec<LaunchSpec> {
             h: &mut y,
         };
         out.push(launch_spec(&dev, launch).unwrap());
+        let mut part = f(128);
         let launch = Launch::AxpyRows {
             dtype,
             w: &w,
@@ -149,6 +150,7 @@ fn every_spec() -> Vec<LaunchSpec> {
             idx: None,
             a: &x,
             n: 8,
+            part: Some(&mut part),
             y: &mut y,
             splits: 2,
         };
@@ -231,6 +233,14 @@ fn every_spec() -> Vec<LaunchSpec> {
         y: &mut c,
         n: 64,
         v: 0.5,
+    };
+    out.push(launch_spec(&dev, launch).unwrap());
+    let part = f(128);
+    let launch = Launch::AddSplits {
+        part: &part,
+        splits: 2,
+        cols: 64,
+        y: &mut c,
     };
     out.push(launch_spec(&dev, launch).unwrap());
     out
@@ -364,10 +374,19 @@ fn cubins_for_the_exact_architecture_cached_on_disk() {
 }
 
 #[test]
-fn kernels_and_launches_agree_on_the_shared_memory_limit() {
-    let define = format!("#define MAX_X_COLS {}", powerinfer_cuda::MAX_X_COLS);
+fn kernels_and_launches_agree_on_the_shared_memory_limit_and_x_padding() {
+    let define = format!("#define MAX_X_FLOATS {}", powerinfer_cuda::MAX_X_FLOATS);
     assert!(
         kernels::SPARSE_MATVEC.source.contains(&define),
         "sparse_matvec.cu must say `{define}`, as layout.rs does"
     );
+    for dtype in powerinfer_cuda::GPU_DTYPES {
+        let pad = powerinfer_cuda::layout::x_pad(dtype);
+        let define = format!("#define XPAD_{} {pad}\n", kernels::dtype_suffix(dtype));
+        assert!(
+            kernels::COMMON.contains(&define),
+            "common.cuh must say `{}`, as layout.rs x_pad does",
+            define.trim()
+        );
+    }
 }

@@ -51,20 +51,29 @@ const STREAMING: [&str; 5] = [
 /// What a kernel (by name prefix) does not meet yet, and why.
 const PENDING: &[(&str, Criterion, &str)] = &[
     (
-        "sparse_matvec_q",
+        "sparse_matvec_q4_k",
         VectorLoads,
-        "reads the GGUF blocks as they are stored (byte and u16 loads); the repacked slabs \
-         (quants apart from scales, 16-byte aligned) and x as q8_1 with __dp4a are not \
-         written yet (the float formats read 16 bytes per lane)",
+        "the K-quants keep GGUF's 144-210-byte super-blocks (byte and u16 loads); the 32-weight \
+         formats are repacked (quants apart from headers) and read 16 bytes per lane",
     ),
-    ("gate_up_q", VectorLoads, "as sparse_matvec_q"),
+    ("sparse_matvec_q5_k", VectorLoads, "as sparse_matvec_q4_k"),
+    ("sparse_matvec_q6_k", VectorLoads, "as sparse_matvec_q4_k"),
+    ("gate_up_q4_k", VectorLoads, "as sparse_matvec_q4_k"),
+    ("gate_up_q5_k", VectorLoads, "as sparse_matvec_q4_k"),
+    ("gate_up_q6_k", VectorLoads, "as sparse_matvec_q4_k"),
     (
-        "axpy_rows_",
+        "axpy_rows_q4_k",
         VectorLoads,
-        "a thread per column decodes one weight at a time; the warp-per-row down pass with \
-         register tiles is not written yet",
+        "the K-quants' down pass decodes one weight per thread (GGUF's super-blocks); the \
+         other formats' tiled down pass reads 16 bytes per thread",
     ),
-    ("predictor_fc2_", VectorLoads, "as axpy_rows"),
+    ("axpy_rows_q5_k", VectorLoads, "as axpy_rows_q4_k"),
+    ("axpy_rows_q6_k", VectorLoads, "as axpy_rows_q4_k"),
+    (
+        "predictor_fc2_",
+        VectorLoads,
+        "a thread per column decodes one weight at a time (the predictor's rows are small)",
+    ),
     (
         "attention_decode",
         VectorLoads,

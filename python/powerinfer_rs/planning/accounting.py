@@ -176,6 +176,12 @@ def output_allocations(shape: ModelShape) -> list[Allocation]:
     ]
 
 
+def down_splits(n_hot: int) -> int:
+    """Row splits of the GPU's hot down pass over ``n_hot`` slots: one per 128 rows, 1..128
+    (``powerinfer_cuda::down_splits``)."""
+    return min(128, max(1, n_hot // 128))
+
+
 def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -> list[Allocation]:
     """Scratch buffers, allocated once (layers run one after another) when the GPU is used.
 
@@ -183,7 +189,9 @@ def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -
     each); ``q`` (n_heads * head_dim); ``k``, ``v`` (kv_dim each); attention output ``att``
     (n_heads * head_dim); ``hb`` (ffn_dim: the hot neurons' activations); ``active`` (ffn_dim
     i32: one flag per neuron); ``pred`` (the largest predictor rank, its hidden vector); ``xfer``
-    (dim: the CPU's partial FFN sum, added on the GPU); for families with q/k norms ``kn``
+    (dim: the CPU's partial FFN sum, added on the GPU); ``part`` (dim per split of the hot down
+    pass, :func:`down_splits`: its partial sums, added in a fixed order); for families with q/k
+    norms ``kn``
     (kv_dim: the normed keys); for parallel attention+FFN families (Falcon) ``saved`` (dim:
     the residual before the attention, the FFN's input). ``context``
     sizes only the KV caches, not these.
@@ -201,6 +209,7 @@ def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -
         "active": c.ffn_dim,
         "pred": max(pred.ranks, default=0),
         "xfer": c.dim,
+        "part": c.dim * down_splits(c.ffn_dim),
     }
     if c.qk_norm:
         f32["kn"] = kv_dim(shape)

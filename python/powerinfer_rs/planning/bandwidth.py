@@ -8,7 +8,8 @@ Per GPU layer and token, in the sparsity mode the engine runs (see :func:`gpu_tr
   (``context`` positions, ``kv_dim`` values each, f16 or f32) read;
 - ``gate_up``: the gate row (none for gate-less FFNs) of every hot neuron the mode reads, and
   the up row of those that fire;
-- ``axpy_rows (down)``: the down_t row of every hot neuron that fires;
+- ``axpy_rows (down)``: the down_t row of every hot neuron that fires; with more than one row
+  split, ``add_splits (down)``: the splits' partial sums written and read back;
 - ``output head``: the vocabulary's rows, where the GPU holds it;
 - ``norms / rope / adds``: the f32 vectors they read and write (small).
 
@@ -28,7 +29,7 @@ import numpy as np
 from ..formats.plan import Plan
 from ..formats.profile import Profile
 from ..loading.types import LoadedModel, row_bytes
-from .accounting import kv_element_bytes
+from .accounting import down_splits, kv_element_bytes
 from .model_shape import ModelShape
 
 #: The sparsity modes the model knows.
@@ -93,6 +94,10 @@ def gpu_traffic(
         rows_up = ids.size if mode == "dense" else fires
         add("gate_up", rows_gate * gate + rows_up * up + 4 * c.dim)
         add("axpy_rows (down)", rows_up * down + 4 * c.dim)
+        splits = down_splits(int(ids.size))
+        if splits > 1:
+            # the split partial sums: written by axpy_rows, read back by add_splits (fixed order)
+            add("add_splits (down)", 2 * splits * 4 * c.dim + 4 * c.dim)
     if pl.output:
         add("output head", shape.tensor_bytes("output") + 4 * c.vocab_size, 1)
     return [KernelTraffic(k, v[0], int(v[1])) for k, v in totals.items()]

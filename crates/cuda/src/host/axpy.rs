@@ -1,28 +1,82 @@
-//! `axpy_rows_<dtype>` (axpy_down.cu): `y[c] += Σ_k a[k] · W[row k][c]`, rows with a zero
-//! coefficient not read. Each column's sum is taken in row order and then added to `y`, as the
-//! kernel does with one split; more splits only reorder the kernel's sum, so they are ignored.
+//! `axpy_rows_<dtype>` and `add_splits` (axpy_down.cu): `y[c] += Σ_k a[k] · W[row k][c]`, rows
+//! with a zero coefficient not read. As the kernel: with one split each column's sum is taken in
+//! row order and then added to `y`; with more, the rows are cut into runs of `ceil(n / splits)`,
+//! each run's sums are written to `part`, and `add_splits` adds them to `y` in split order, so
+//! this backend sums in the kernels' order.
+
+use std::ops::Range;
 
 use powerinfer_core::Result;
 
 use super::view::{Picks, Rows};
 
-/// `y[c] += Σ_k a[k] · W[row k][c]` for k in 0..n (`a` holds n, `y` holds the cols).
-pub(super) fn axpy_rows(w: &Rows<'_>, picks: &Picks<'_>, a: &[f32], y: &mut [f32]) -> Result<()> {
-    let mut sum = vec![0f32; w.cols];
+/// `out[c] = Σ_k a[k] · W[row k][c]` for k in `ks`, in order (`out` holds the cols).
+fn sum_rows(
+    w: &Rows<'_>,
+    picks: &Picks<'_>,
+    a: &[f32],
+    ks: Range<usize>,
+    out: &mut [f32],
+) -> Result<()> {
     let mut row = vec![0f32; w.cols];
-    for (k, &ak) in a.iter().enumerate().take(picks.n) {
+    out.fill(0.0);
+    for k in ks {
+        let ak = a[k];
         if ak == 0.0 {
             continue;
         }
         w.decode(picks.row(k)?, &mut row)?;
-        for (s, &v) in sum.iter_mut().zip(&row) {
+        for (s, &v) in out.iter_mut().zip(&row) {
             *s += ak * v;
         }
     }
+    Ok(())
+}
+
+/// `y[c] += Σ_k a[k] · W[row k][c]` for k in `ks` (`a` holds them, `y` holds the cols).
+pub(super) fn axpy_rows(
+    w: &Rows<'_>,
+    picks: &Picks<'_>,
+    a: &[f32],
+    ks: Range<usize>,
+    y: &mut [f32],
+) -> Result<()> {
+    let mut sum = vec![0f32; w.cols];
+    sum_rows(w, picks, a, ks, &mut sum)?;
     for (o, s) in y.iter_mut().zip(sum) {
         *o += s;
     }
     Ok(())
+}
+
+/// The first pass of a split `axpy_rows`: `part[s · cols + c]` = split `s`'s sum (`part` holds
+/// splits · cols; `splits` ≥ 1).
+pub(super) fn axpy_split_rows(
+    w: &Rows<'_>,
+    picks: &Picks<'_>,
+    a: &[f32],
+    splits: usize,
+    part: &mut [f32],
+) -> Result<()> {
+    let n = picks.n;
+    let per = n.div_ceil(splits);
+    for (s, out) in part.chunks_exact_mut(w.cols).take(splits).enumerate() {
+        let k0 = (s * per).min(n);
+        sum_rows(w, picks, a, k0..(k0 + per).min(n), out)?;
+    }
+    Ok(())
+}
+
+/// `y[c] += part[0][c] + ... + part[splits - 1][c]`, summed in that order.
+pub(super) fn add_splits(part: &[f32], splits: usize, y: &mut [f32]) {
+    let cols = y.len();
+    for (c, o) in y.iter_mut().enumerate() {
+        let mut s = 0f32;
+        for k in 0..splits {
+            s += part[k * cols + c];
+        }
+        *o += s;
+    }
 }
 
 #[cfg(test)]
@@ -39,6 +93,49 @@ mod tests {
 
     const TOL: f32 = 1e-4;
 
+    /// axpy_rows, then add_splits for more than one split (what ops::hot_down queues).
+    fn axpy(be: &HostBackend, l: Launch<'_, HostBackend>) -> powerinfer_core::Result<()> {
+        let Launch::AxpyRows {
+            dtype,
+            w,
+            l,
+            cols,
+            idx,
+            a,
+            n,
+            y,
+            splits,
+            ..
+        } = l
+        else {
+            unreachable!("axpy() takes AxpyRows")
+        };
+        let mut part = upload(be, &vec![f32::NAN; splits * cols]);
+        let first = Launch::AxpyRows {
+            dtype,
+            w,
+            l,
+            cols,
+            idx,
+            a,
+            n,
+            part: (splits > 1).then_some(&mut part),
+            y: &mut *y,
+            splits,
+        };
+        launch(be, first)?;
+        if splits > 1 {
+            let add = Launch::AddSplits {
+                part: &part,
+                splits,
+                cols,
+                y,
+            };
+            launch(be, add)?;
+        }
+        Ok(())
+    }
+
     #[test]
     fn axpy_rows_accumulates_like_the_reference_on_every_format() {
         let be = HostBackend::new();
@@ -50,7 +147,7 @@ mod tests {
             a[3] = 0.0;
             a[10] = 0.0;
             let y0 = pseudo_random(cols, 70 + i as u64);
-            let dw = upload(&be, w.bytes());
+            let dw = upload_rows(&be, &w);
             let l = RowLayout::dense(rows, dtype.row_bytes(cols).unwrap()).unwrap();
             let didx = upload(&be, &idx.iter().map(|&v| v as i32).collect::<Vec<_>>());
             let da = upload(&be, &a);
@@ -58,7 +155,7 @@ mod tests {
                 let mut want = y0.clone();
                 sparse_reference::axpy_rows(&w, &idx, &a, &mut want).unwrap();
                 let mut y = upload(&be, &y0);
-                launch(
+                axpy(
                     &be,
                     Launch::AxpyRows {
                         dtype,
@@ -68,6 +165,7 @@ mod tests {
                         idx: Some(&didx),
                         a: &da,
                         n: idx.len(),
+                        part: None,
                         y: &mut y,
                         splits,
                     },
@@ -82,7 +180,7 @@ mod tests {
             sparse_reference::axpy_rows(&w, &all, &a, &mut want).unwrap();
             let da = upload(&be, &a);
             let mut y = upload(&be, &y0);
-            launch(
+            axpy(
                 &be,
                 Launch::AxpyRows {
                     dtype,
@@ -92,6 +190,7 @@ mod tests {
                     idx: None,
                     a: &da,
                     n: rows,
+                    part: None,
                     y: &mut y,
                     splits: 1,
                 },
@@ -116,7 +215,7 @@ mod tests {
                 .unwrap();
             let dh = upload(&be, &h);
             let mut y = upload(&be, &y0);
-            launch(
+            axpy(
                 &be,
                 Launch::AxpyRows {
                     dtype: down,
@@ -126,6 +225,7 @@ mod tests {
                     idx: None,
                     a: &dh,
                     n: hot.slots(),
+                    part: None,
                     y: &mut y,
                     splits: 2,
                 },
@@ -149,7 +249,7 @@ mod tests {
             let didx = idx.map(|i| upload(&be, i));
             let da = upload(&be, a);
             let mut y = upload(&be, &vec![1f32; y_len]);
-            launch(
+            axpy(
                 &be,
                 Launch::AxpyRows {
                     dtype: DType::F32,
@@ -159,6 +259,7 @@ mod tests {
                     idx: didx.as_ref(),
                     a: &da,
                     n,
+                    part: None,
                     y: &mut y,
                     splits,
                 },

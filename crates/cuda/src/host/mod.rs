@@ -336,6 +336,7 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             idx,
             a,
             n,
+            part,
             y,
             splits,
         } => {
@@ -345,8 +346,26 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             let w = Rows::new(&w.data, l, dtype, cols, "w")?;
             let picks = Picks::new(idx.map(|i| i.data.as_slice()), n)?;
             let a = prefix(&a.data, n, "a")?;
+            if splits == 1 {
+                let y = prefix_mut(&mut y.data, cols, "y")?;
+                return axpy::axpy_rows(&w, &picks, a, 0..n, y);
+            }
+            let part = part.ok_or_else(|| Error::Shape("split axpy_rows without part".into()))?;
+            let len = view::product(splits, cols, "part")?;
+            let part = prefix_mut(&mut part.data, len, "part")?;
+            axpy::axpy_split_rows(&w, &picks, a, splits, part)
+        }
+        Launch::AddSplits {
+            part,
+            splits,
+            cols,
+            y,
+        } => {
+            let len = view::product(splits, cols, "part")?;
+            let part = prefix(&part.data, len, "part")?;
             let y = prefix_mut(&mut y.data, cols, "y")?;
-            axpy::axpy_rows(&w, &picks, a, y)
+            axpy::add_splits(part, splits, y);
+            Ok(())
         }
         Launch::PredictorFc2 {
             dtype,

@@ -104,7 +104,7 @@ mod tests {
             let w = weight(dtype, rank, ffn, 110 + i as u64);
             let mut hidden = pseudo_random(rank, 120 + i as u64);
             hidden[4] = 0.0;
-            let dw = upload(&be, w.bytes());
+            let dw = upload_rows(&be, &w);
             let l = RowLayout::dense(rank, dtype.row_bytes(ffn).unwrap()).unwrap();
             let threshold = 0.1;
             let (flags, logits) = fc2(&be, dtype, &dw, l, &hidden, ffn, threshold);

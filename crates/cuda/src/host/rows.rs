@@ -84,7 +84,7 @@ mod tests {
             let w = weight(dtype, rows, cols, i as u64);
             let x = pseudo_random(cols, 100 + i as u64);
             let idx: Vec<u32> = (0..37).map(|k| (k * 13 + i as u32) % rows as u32).collect();
-            let dw = upload(&be, w.bytes());
+            let dw = upload_rows(&be, &w);
             let dx = upload(&be, &x);
             let didx = upload(&be, &idx.iter().map(|&v| v as i32).collect::<Vec<_>>());
             let l = RowLayout::dense(rows, dtype.row_bytes(cols).unwrap()).unwrap();
@@ -341,7 +341,7 @@ mod tests {
         let be = HostBackend::new();
         let (rows, cols) = (4, 32);
         let w = weight(DType::Q8_0, rows, cols, 1);
-        let dw = upload(&be, w.bytes());
+        let dw = upload_rows(&be, &w);
         let dx = upload(&be, &pseudo_random(cols, 2));
         let l = RowLayout::dense(rows, 34).unwrap();
         let run = |idx: Option<&[i32]>,

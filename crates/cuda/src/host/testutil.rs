@@ -20,6 +20,15 @@ pub(super) fn upload<T: Elem>(be: &HostBackend, host: &[T]) -> HostBuf<T> {
     b
 }
 
+/// A buffer holding the rows of `w` as an upload lays them out on a device (the 32-weight
+/// quantized formats repacked, [`crate::repack`]).
+pub(super) fn upload_rows(be: &HostBackend, w: &Weight) -> HostBuf<u8> {
+    upload(
+        be,
+        &crate::repack::repack_rows(w.dtype, w.cols, w.bytes()).unwrap(),
+    )
+}
+
 /// A buffer's contents.
 pub(super) fn download<T: Elem>(be: &HostBackend, b: &HostBuf<T>) -> Vec<T> {
     let mut out = vec![T::default(); b.as_slice().len()];

@@ -1,11 +1,15 @@
 //! Checked views of the host backend's buffers, shared by the kernel families: the rows of a
 //! matrix addressed through a [`RowLayout`] (plain matrices and hot-neuron slabs alike), the
-//! output→row index list, neuron flags read through slab ids, and buffer prefixes. Whatever the
+//! output→row index list, neuron flags read through slab ids, and buffer prefixes. Rows of the
+//! repacked formats are read back into GGUF's layout for the CPU's row kernels. Whatever the
 //! CUDA kernel would read out of bounds is an `Error::Shape` here.
+
+use std::borrow::Cow;
 
 use powerinfer_core::{DType, Error, Result};
 
 use crate::layout::{RowLayout, NEURON_ID_BYTES};
+use crate::repack::{is_repacked, unpack_row};
 
 /// A Shape error.
 pub(super) fn shape(msg: String) -> Error {
@@ -120,15 +124,26 @@ impl<'a> Rows<'a> {
             })
     }
 
+    /// Row `r` in GGUF's layout (rows of the repacked formats are unpacked, [`crate::repack`]).
+    fn gguf_row(&self, r: usize) -> Result<Cow<'a, [u8]>> {
+        let row = self.get(r)?;
+        if !is_repacked(self.dtype) {
+            return Ok(Cow::Borrowed(row));
+        }
+        let mut out = vec![0u8; row.len()];
+        unpack_row(self.dtype, row, &mut out);
+        Ok(Cow::Owned(out))
+    }
+
     /// `dot(row r, x)` with `x` of `cols` values (the CPU's row kernel, f32 accumulation).
     pub(super) fn dot(&self, r: usize, x: &[f32]) -> Result<f32> {
         debug_assert_eq!(x.len(), self.cols);
-        Ok(powerinfer_cpu::dot_row(self.dtype, self.get(r)?, x))
+        Ok(powerinfer_cpu::dot_row(self.dtype, &self.gguf_row(r)?, x))
     }
 
     /// Row `r` decoded into `out` (`cols` values).
     pub(super) fn decode(&self, r: usize, out: &mut [f32]) -> Result<()> {
-        powerinfer_cpu::dequantize_row(self.dtype, self.get(r)?, out)
+        powerinfer_cpu::dequantize_row(self.dtype, &self.gguf_row(r)?, out)
     }
 
     /// The little-endian i32 of row `r` (a neuron id).

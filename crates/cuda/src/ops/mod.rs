@@ -20,6 +20,7 @@ mod predictor;
 mod rows;
 mod upload;
 
+pub use axpy::{down_splits, part_len};
 pub use norm_rope::MAX_ROPE_PAIRS;
 
 /// `Error::Unsupported` unless the GPU kernels take `dtype` ([`GPU_DTYPES`]; Q2_K and Q3_K run
@@ -96,15 +97,19 @@ pub trait GpuOps: Backend {
         rows::hot_gate_up(self, ffn, x, flags, act, gate_bias, h)
     }
 
-    /// The hot neurons' down pass: `y += Σ_r h[r] · down_t[r]` over the hot slots.
+    /// The hot neurons' down pass: `y += Σ_r h[r] · down_t[r]` over the hot slots, the rows cut
+    /// into `splits` runs (clamped to 1..=min(n_hot, 65,535)) whose partial sums go through
+    /// `part` (at least splits · dim floats; [`down_splits`] and [`part_len`] size it) and are
+    /// added in a fixed order: the result is the same bits on every run.
     fn hot_down(
         &self,
         ffn: &HotFfn<Self>,
         h: &Self::Buf<f32>,
+        part: &mut Self::Buf<f32>,
         y: &mut Self::Buf<f32>,
         splits: usize,
     ) -> Result<()> {
-        axpy::hot_down(self, ffn, h, y, splits)
+        axpy::hot_down(self, ffn, h, part, y, splits)
     }
 
     /// One layer's predictor: `hidden = ReLU(fc1 · x)`, `flags[j] = (fc2 · hidden)[j] >=

@@ -5,6 +5,7 @@ use powerinfer_core::{ensure, Result, Weight};
 
 use crate::backend::{Backend, DeviceSlice, DeviceWeight, Elem, HotFfn};
 use crate::layout::{pack_hot_slabs, RowLayout};
+use crate::repack::repack_rows;
 
 /// Copy `host` to a new buffer.
 pub(crate) fn upload<B: Backend, T: Elem>(dev: &B, host: &[T]) -> Result<B::Buf<T>> {
@@ -20,7 +21,8 @@ pub(crate) fn download<B: Backend, T: Elem>(dev: &B, src: &B::Buf<T>) -> Result<
     Ok(out)
 }
 
-/// Upload a whole weight matrix (rows as stored).
+/// Upload a whole weight matrix (rows as stored, the 32-weight quantized formats repacked:
+/// [`crate::repack`]).
 pub(crate) fn upload_weight<B: Backend>(dev: &B, w: &Weight) -> Result<DeviceWeight<B>> {
     super::ensure_gpu_dtype(w.dtype)?;
     let rb = w.dtype.row_bytes(w.cols)?;
@@ -38,7 +40,7 @@ pub(crate) fn upload_weight<B: Backend>(dev: &B, w: &Weight) -> Result<DeviceWei
         rows: w.rows,
         cols: w.cols,
         layout: RowLayout::dense(w.rows, rb)?,
-        data: upload(dev, w.bytes())?,
+        data: upload(dev, &repack_rows(w.dtype, w.cols, w.bytes())?)?,
     })
 }
 

@@ -9,7 +9,7 @@
 use std::sync::Arc;
 
 use powerinfer_core::{ensure, Result, Side};
-use powerinfer_cuda::{Act, Allocation, AttnParams, Backend, FfnAct, GpuOps, KvElem};
+use powerinfer_cuda::{down_splits, Act, Allocation, AttnParams, Backend, FfnAct, GpuOps, KvElem};
 
 use crate::ffn::{rows_ffn, DenseDown, FfnScratch};
 use crate::forward::{
@@ -24,11 +24,6 @@ use crate::layer::{AttnStep, FfnKind, FfnStep, NormKind};
 use crate::placement::Placement;
 use crate::sparsity::{predicted_active, PredictorInput, PredictorScratch, Sparsity};
 use crate::weights::ModelWeights;
-
-/// Row splits of the hot down pass: more blocks for longer hot lists.
-fn down_splits(n_hot: usize) -> usize {
-    (n_hot / 128).clamp(1, 128)
-}
 
 /// Where a vector's current value is (the residual stream, or a parallel block's saved input).
 #[derive(Clone, Copy, Debug, Default)]
@@ -555,7 +550,8 @@ impl<B: Backend> Executor<B> {
                             &mut sc.xb2
                         }
                     };
-                    dev.hot_down(hot, &sc.hb, out, down_splits(hot.layout.n_hot))?;
+                    let splits = down_splits(hot.layout.n_hot);
+                    dev.hot_down(hot, &sc.hb, &mut sc.part, out, splits)?;
 
                     // CPU: the cold neurons, then one upload of their sum, added on the GPU.
                     if !cold.is_empty() {

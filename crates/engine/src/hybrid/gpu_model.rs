@@ -133,7 +133,7 @@ impl<B: Backend> GpuPredictor<B> {
             ("fc2", &p.fc2_t, &mut self.fc2_t),
         ] {
             let rb = w.dtype.row_bytes(w.cols)?;
-            let bytes = w.bytes();
+            let bytes = powerinfer_cuda::repack_rows(w.dtype, w.cols, w.bytes())?;
             ensure!(
                 bytes.len() <= dst.data.len(),
                 Plan,
@@ -142,7 +142,7 @@ impl<B: Backend> GpuPredictor<B> {
                 bytes.len(),
                 dst.data.len()
             );
-            dev.write(bytes, &mut dst.data, 0)?;
+            dev.write(&bytes, &mut dst.data, 0)?;
             dst.dtype = w.dtype;
             dst.rows = w.rows;
             dst.cols = w.cols;
@@ -193,6 +193,8 @@ pub struct GpuScratch<B: Backend> {
     pub active: B::Buf<i32>,
     pub pred: B::Buf<f32>,
     pub xfer: B::Buf<f32>,
+    /// The hot down pass's split sums (`powerinfer_cuda::part_len`).
+    pub part: B::Buf<f32>,
     /// The normed keys (q/k-norm families).
     pub kn: Option<B::Buf<f32>>,
     /// The residual before a parallel block's attention (its FFN's input).
@@ -342,6 +344,7 @@ impl<B: Backend> GpuModel<B> {
             let mut z =
                 |n: &str, len: usize| reg.zeros::<B, f32>(dev, &format!("scratch.{n}"), len);
             let (pred, xfer) = (z("pred", max_rank)?, z("xfer", c.dim)?);
+            let part = z("part", powerinfer_cuda::part_len(c.dim, c.ffn_dim))?;
             let kn = match c.arch.qk_norm {
                 true => Some(z("kn", c.kv_dim())?),
                 false => None,
@@ -362,6 +365,7 @@ impl<B: Backend> GpuModel<B> {
                 active,
                 pred,
                 xfer,
+                part,
                 kn,
                 saved,
             })

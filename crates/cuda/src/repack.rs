@@ -1,0 +1,142 @@
+//! The GPU's row layout of the 32-weight quantized formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1).
+//!
+//! GGUF stores each 32-weight block as a header (f16 scale, f16 min, the u32 of fifth bits)
+//! followed by its quants, so a row is blocks of 18–34 bytes: only 2-byte aligned, which keeps
+//! a GPU warp to byte and u16 loads. On the device a row of `nb` blocks holds the same bytes
+//! permuted: first the `nb` blocks' quants (16 bytes each, 32 for Q8_0), then the `nb` headers
+//! (in block order, each as GGUF lays it out). The row's size is unchanged, so slabs, layouts
+//! and the plan's accounting are too, and a row that starts 16-byte aligned has every block's
+//! quants at a 16-byte boundary: one 16-byte load per block (`lane_dot_q*` in common.cuh).
+//!
+//! Every upload of weights to a device ([`crate::GpuOps::upload_weight`],
+//! [`crate::pack_hot_slabs`]) repacks rows of these formats; the kernels and the host backend
+//! read them so. The other formats keep GGUF's layout.
+
+use powerinfer_core::{ensure, DType, Result};
+
+/// Bytes of one block's quants and of its header, for the formats stored repacked on a device
+/// (None: the format keeps GGUF's layout).
+pub const fn repacked_split(dtype: DType) -> Option<(usize, usize)> {
+    match dtype {
+        DType::Q8_0 => Some((32, 2)),
+        DType::Q4_0 => Some((16, 2)),
+        DType::Q4_1 => Some((16, 4)),
+        DType::Q5_0 => Some((16, 6)),
+        DType::Q5_1 => Some((16, 8)),
+        _ => None,
+    }
+}
+
+/// Whether `dtype`'s rows are repacked on a device.
+pub const fn is_repacked(dtype: DType) -> bool {
+    repacked_split(dtype).is_some()
+}
+
+/// Rows of `row_bytes` bytes from `src` (GGUF layout) to `dst` (device layout), or back
+/// (`to_device` false). Both hold whole rows of the same length.
+fn permute(dtype: DType, row_bytes: usize, src: &[u8], dst: &mut [u8], to_device: bool) {
+    let Some((q, h)) = repacked_split(dtype) else {
+        dst.copy_from_slice(src);
+        return;
+    };
+    let nb = row_bytes / (q + h);
+    for (s, d) in src
+        .chunks_exact(row_bytes)
+        .zip(dst.chunks_exact_mut(row_bytes))
+    {
+        if to_device {
+            let (quants, headers) = d.split_at_mut(nb * q);
+            for (b, blk) in s.chunks_exact(q + h).enumerate() {
+                headers[b * h..(b + 1) * h].copy_from_slice(&blk[..h]);
+                quants[b * q..(b + 1) * q].copy_from_slice(&blk[h..]);
+            }
+        } else {
+            let (quants, headers) = s.split_at(nb * q);
+            for (b, blk) in d.chunks_exact_mut(q + h).enumerate() {
+                blk[..h].copy_from_slice(&headers[b * h..(b + 1) * h]);
+                blk[h..].copy_from_slice(&quants[b * q..(b + 1) * q]);
+            }
+        }
+    }
+}
+
+/// `rows` (GGUF layout, whole rows of `cols` weights of `dtype`) in the device layout.
+/// `Error::Shape` when the bytes are no whole number of rows.
+pub fn repack_rows(dtype: DType, cols: usize, rows: &[u8]) -> Result<Vec<u8>> {
+    let rb = dtype.row_bytes(cols)?;
+    ensure!(
+        rb > 0 && rows.len().is_multiple_of(rb),
+        Shape,
+        "{} bytes are no whole number of {dtype} rows of {cols} weights",
+        rows.len()
+    );
+    let mut out = vec![0u8; rows.len()];
+    permute(dtype, rb, rows, &mut out, true);
+    Ok(out)
+}
+
+/// One row of the device layout back in GGUF's layout, into `out` (the same length).
+pub fn unpack_row(dtype: DType, row: &[u8], out: &mut [u8]) {
+    permute(dtype, row.len(), row, out, false);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use powerinfer_core::quantize_row;
+    use powerinfer_core::testing::pseudo_random;
+
+    #[test]
+    fn rows_round_trip_and_quants_come_first() {
+        for dtype in [
+            DType::Q8_0,
+            DType::Q4_0,
+            DType::Q4_1,
+            DType::Q5_0,
+            DType::Q5_1,
+        ] {
+            let (q, h) = repacked_split(dtype).unwrap();
+            let cols = 96; // three blocks
+            let rb = dtype.row_bytes(cols).unwrap();
+            let mut rows = vec![0u8; 5 * rb];
+            for (r, dst) in rows.chunks_exact_mut(rb).enumerate() {
+                quantize_row(dtype, &pseudo_random(cols, r as u64), dst).unwrap();
+            }
+            assert_eq!(rb, 3 * (q + h));
+            let dev = repack_rows(dtype, cols, &rows).unwrap();
+            assert_eq!(dev.len(), rows.len());
+            for (r, (g, d)) in rows.chunks(rb).zip(dev.chunks(rb)).enumerate() {
+                for b in 0..3 {
+                    let blk = &g[b * (q + h)..(b + 1) * (q + h)];
+                    assert_eq!(
+                        &d[b * q..(b + 1) * q],
+                        &blk[h..],
+                        "{dtype} row {r} quants {b}"
+                    );
+                    let hd = &d[3 * q + b * h..3 * q + (b + 1) * h];
+                    assert_eq!(hd, &blk[..h], "{dtype} row {r} header {b}");
+                }
+                let mut back = vec![0u8; rb];
+                unpack_row(dtype, d, &mut back);
+                assert_eq!(back, g, "{dtype} row {r}");
+            }
+        }
+    }
+
+    #[test]
+    fn other_formats_are_copied_and_partial_rows_refused() {
+        for dtype in [
+            DType::F32,
+            DType::F16,
+            DType::BF16,
+            DType::Q4_K,
+            DType::Q6_K,
+        ] {
+            assert!(!is_repacked(dtype));
+            let rb = dtype.row_bytes(256).unwrap();
+            let bytes: Vec<u8> = (0..2 * rb).map(|i| i as u8).collect();
+            assert_eq!(repack_rows(dtype, 256, &bytes).unwrap(), bytes);
+        }
+        assert!(repack_rows(DType::Q4_0, 32, &[0u8; 17]).is_err());
+    }
+}
