@@ -9,7 +9,7 @@ Per GPU layer and token, in the sparsity mode the engine runs (see :func:`gpu_tr
 - ``gate_up``: the gate row (none for gate-less FFNs) of every hot neuron the mode reads, and
   the up row of those that fire;
 - ``axpy_rows (down)``: the down_t row of every hot neuron that fires; with more than one row
-  split, ``add_splits (down)``: the splits' partial sums written and read back;
+  split, ``add_splits (down)``: y (the splits' partial sums stay in L2);
 - ``output head``: the vocabulary's rows, where the GPU holds it;
 - ``norms / rope / adds``: the f32 vectors they read and write (small).
 
@@ -94,10 +94,11 @@ def gpu_traffic(
         rows_up = ids.size if mode == "dense" else fires
         add("gate_up", rows_gate * gate + rows_up * up + 4 * c.dim)
         add("axpy_rows (down)", rows_up * down + 4 * c.dim)
-        splits = down_splits(int(ids.size))
-        if splits > 1:
-            # the split partial sums: written by axpy_rows, read back by add_splits (fixed order)
-            add("add_splits (down)", 2 * splits * 4 * c.dim + 4 * c.dim)
+        if down_splits(int(ids.size)) > 1:
+            # The splits' partial sums (splits * dim floats, at most 128 * dim: 2 MiB for dim
+            # 4096) are written by axpy_rows and read back at once by add_splits: they stay in
+            # L2 (tens of MiB on the GPUs we plan for), so only y's read and write reach memory.
+            add("add_splits (down)", 2 * 4 * c.dim)
     if pl.output:
         add("output head", shape.tensor_bytes("output") + 4 * c.vocab_size, 1)
     return [KernelTraffic(k, v[0], int(v[1])) for k, v in totals.items()]
