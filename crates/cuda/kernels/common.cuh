@@ -148,8 +148,12 @@ __device__ __forceinline__ const u8* row_ptr(const u8* base, RowLayout l, int r)
 // columns). The 32-weight formats read the repacked row: quants at QB * b, header at
 // QB * nb + HB * b for block b = j / 32.
 __device__ __forceinline__ float w_f32(const u8* row, int j, int) { return ((const float*)row)[j]; }
-__device__ __forceinline__ float w_f16(const u8* row, int j, int) { return f16_to_f32(ld_u16(row + 2 * j)); }
-__device__ __forceinline__ float w_bf16(const u8* row, int j, int) { return bf16_to_f32(ld_u16(row + 2 * j)); }
+__device__ __forceinline__ float w_f16(const u8* row, int j, int) {
+    return f16_to_f32(ld_u16(row + 2 * j));
+}
+__device__ __forceinline__ float w_bf16(const u8* row, int j, int) {
+    return bf16_to_f32(ld_u16(row + 2 * j));
+}
 __device__ __forceinline__ float w_q8_0(const u8* row, int j, int cols) {
     const u8* hd = row + 32 * (cols / QK) + 2 * (j / QK);
     return f16_to_f32(ld_u16(hd)) * (float)(i8)row[j];
@@ -166,7 +170,8 @@ __device__ __forceinline__ float w_q4_0(const u8* row, int j, int cols) {
 __device__ __forceinline__ float w_q4_1(const u8* row, int j, int cols) {
     const int b = j / QK;
     const u8* hd = row + 16 * (cols / QK) + 4 * b;
-    return f16_to_f32(ld_u16(hd)) * (float)nibble(row + 16 * b, j % QK) + f16_to_f32(ld_u16(hd + 2));
+    const float d = f16_to_f32(ld_u16(hd)), m = f16_to_f32(ld_u16(hd + 2));
+    return d * (float)nibble(row + 16 * b, j % QK) + m;
 }
 
 // The u32 qh of a Q5 block at a 2-aligned address (two u16 loads).
@@ -198,32 +203,40 @@ __device__ __forceinline__ void k4_scale_min(int s, const u8* sm, int* sc, int* 
     }
 }
 
-// Weight i (0..256) of a Q4_K (five = false) or Q5_K (five = true) block.
-__device__ __forceinline__ float w_k4(const u8* b, int i, bool five) {
+// Weight i (0..256) of a repacked Q4_K (five = false) or Q5_K (five = true) super-block: its
+// quants q (Q5_K: qh[32] then qs[128]; Q4_K: qs[128]) and its header hd (f16 d, f16 dmin, 12
+// bytes of packed scales and mins).
+__device__ __forceinline__ float w_k4(const u8* q, const u8* hd, int i, bool five) {
     const int c = i / 64, h = (i / 32) % 2, l = i % 32, s = i / 32;
-    const u8 byte = b[(five ? 48 : 16) + 32 * c + l];
-    int q = h ? (byte >> 4) : (byte & 15);
-    if (five) q |= ((b[16 + l] >> s) & 1) << 4;
+    const u8 byte = q[(five ? 32 : 0) + 32 * c + l];
+    int qv = h ? (byte >> 4) : (byte & 15);
+    if (five) qv |= ((q[l] >> s) & 1) << 4;
     int sc, mn;
-    k4_scale_min(s, b + 4, &sc, &mn);
-    const float d = f16_to_f32(ld_u16(b)) * (float)sc;
-    const float m = f16_to_f32(ld_u16(b + 2)) * (float)mn;
-    return d * (float)q - m;
+    k4_scale_min(s, hd + 4, &sc, &mn);
+    const float d = f16_to_f32(ld_u16(hd)) * (float)sc;
+    const float m = f16_to_f32(ld_u16(hd + 2)) * (float)mn;
+    return d * (float)qv - m;
 }
-__device__ __forceinline__ float w_q4_k(const u8* row, int j, int) {
-    return w_k4(row + (j / QK_K) * 144, j % QK_K, false);
+// The repacked K-quant rows: super-block b's quants at QB * b (QB = 128, 160, 192), its header
+// at QB * nb + HB * b (HB = 16, 16, 18).
+__device__ __forceinline__ float w_q4_k(const u8* row, int j, int cols) {
+    const int b = j / QK_K;
+    return w_k4(row + 128 * b, row + 128 * (cols / QK_K) + 16 * b, j % QK_K, false);
 }
-__device__ __forceinline__ float w_q5_k(const u8* row, int j, int) {
-    return w_k4(row + (j / QK_K) * 176, j % QK_K, true);
+__device__ __forceinline__ float w_q5_k(const u8* row, int j, int cols) {
+    const int b = j / QK_K;
+    return w_k4(row + 160 * b, row + 160 * (cols / QK_K) + 16 * b, j % QK_K, true);
 }
-__device__ __forceinline__ float w_q6_k(const u8* row, int j, int) {
-    const u8* b = row + (j / QK_K) * 210;
-    const int i = j % QK_K;
+// Q6_K: quants ql[128] then qh[64]; header 16 i8 scales then f16 d.
+__device__ __forceinline__ float w_q6_k(const u8* row, int j, int cols) {
+    const int b = j / QK_K, i = j % QK_K;
+    const u8* q = row + 192 * b;
+    const u8* hd = row + 192 * (cols / QK_K) + 18 * b;
     const int n = i / 128, k = (i % 128) / 32, l = i % 32;
-    const u8 lo = b[64 * n + 32 * (k % 2) + l];
-    const int q = (k < 2 ? (lo & 15) : (lo >> 4)) | (((b[128 + 32 * n + l] >> (2 * k)) & 3) << 4);
-    const float d = f16_to_f32(ld_u16(b + 208)) * (float)(i8)b[192 + i / 16];
-    return d * (float)(q - 32);
+    const u8 lo = q[64 * n + 32 * (k % 2) + l];
+    const int qv = (k < 2 ? (lo & 15) : (lo >> 4)) | (((q[128 + 32 * n + l] >> (2 * k)) & 3) << 4);
+    const float d = f16_to_f32(ld_u16(hd + 16)) * (float)(i8)hd[i / 16];
+    return d * (float)(qv - 32);
 }
 
 // One lane's share of dot(row, x) for a row of `cols` weights: lanes stride over elements
@@ -408,30 +421,51 @@ LANE_DOT_NIBBLES(q5_1, 8, true, 4, 0)
 #define XPAD_q5_k 0
 #define XPAD_q6_k 0
 
-// Q4_K / Q5_K: lane l reads qs[32c + l] (c = 0..4: weights 64c + l and 64c + 32 + l, the low
-// and high nibbles) and, for Q5_K, qh[l] (the fifth bits of its 8 weights).
+// The K-quants, repacked: eight lanes per super-block, four super-blocks per step of the warp
+// (lane l takes super-blocks l / 8 + 4t), each lane reading 16 bytes of quants with one load
+// when the row starts 16-byte aligned (the warp reads its four super-blocks' quants at once).
+//
+// Q4_K / Q5_K: lane e = l % 8 reads qs[32c + l0 .. + 16] (c = e / 2, l0 = 16 (e % 2)): the
+// weights 64c + l0 + j (low nibbles, sub-block 2c) and 64c + 32 + l0 + j (high, 2c + 1), and
+// for Q5_K qh[l0 .. + 16] (bits 2c and 2c + 1: their fifth bits).
 __device__ __forceinline__ float lane_dot_k4(const u8* row, const float* x, int cols, int lane,
                                              bool five) {
-    const int bytes = five ? 176 : 144;
+    const int qb = five ? 160 : 128;
+    const int nb = cols / QK_K;
+    const u8* hd0 = row + qb * nb;
+    const bool al = ((unsigned long long)row & 15) == 0;
+    const int e = lane % 8, c = e / 2, l0 = 16 * (e % 2);
     float s = 0.0f;
-    for (int b = 0; b < cols / QK_K; ++b) {
-        const u8* blk = row + b * bytes;
-        const float* xb = x + b * QK_K + lane;
-        const float d = f16_to_f32(ld_u16(blk)), dmin = f16_to_f32(ld_u16(blk + 2));
-        const u8* qs = blk + (five ? 48 : 16) + lane;
-        const int qh = five ? blk[16 + lane] : 0;
+    for (int b = lane / 8; b < nb; b += WARP / 8) {
+        const u8* q = row + qb * b;
+        const u8* hd = hd0 + 16 * b;
+        const Vec16 v = ld_quants16(q + (five ? 32 : 0) + 32 * c + l0, al);
+        const Vec16 hv = five ? ld_quants16(q + l0, al) : Vec16{0u, 0u, 0u, 0u};
+        const u32 w[4] = {v.a, v.b, v.c, v.d}, hw[4] = {hv.a, hv.b, hv.c, hv.d};
+        int sc0, mn0, sc1, mn1;
+        k4_scale_min(2 * c, hd + 4, &sc0, &mn0);
+        k4_scale_min(2 * c + 1, hd + 4, &sc1, &mn1);
+        const float d = f16_to_f32(ld_u16(hd)), dmin = f16_to_f32(ld_u16(hd + 2));
+        const float* xb = x + b * QK_K + 64 * c + l0;
+        float t0 = 0.0f, t1 = 0.0f, x0 = 0.0f, x1 = 0.0f;
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-            const u8 byte = qs[32 * c];
+        for (int i = 0; i < 4; ++i) {
+            const F4 lo = *(const F4*)(xb + 4 * i), hi = *(const F4*)(xb + 32 + 4 * i);
+            const float xl[4] = {lo.x, lo.y, lo.z, lo.w}, xh[4] = {hi.x, hi.y, hi.z, hi.w};
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int sub = 2 * c + h;
-                int sc, mn;
-                k4_scale_min(sub, blk + 4, &sc, &mn);
-                const int q = (h ? (byte >> 4) : (byte & 15)) | (((qh >> sub) & 1) << 4);
-                s += (d * (float)sc * (float)q - dmin * (float)mn) * xb[32 * sub];
+            for (int k = 0; k < 4; ++k) {
+                const int byte = (int)((w[i] >> (8 * k)) & 255u);
+                const int hb = (int)((hw[i] >> (8 * k)) & 255u);
+                const int q0 = (byte & 15) | (((hb >> (2 * c)) & 1) << 4);
+                const int q1 = (byte >> 4) | (((hb >> (2 * c + 1)) & 1) << 4);
+                t0 += (float)q0 * xl[k];
+                t1 += (float)q1 * xh[k];
+                x0 += xl[k];
+                x1 += xh[k];
             }
         }
+        s += d * (float)sc0 * t0 - dmin * (float)mn0 * x0;
+        s += d * (float)sc1 * t1 - dmin * (float)mn1 * x1;
     }
     return s;
 }
@@ -444,27 +478,249 @@ __device__ __forceinline__ float lane_dot_q5_k(const u8* row, const float* x, in
     return lane_dot_k4(row, x, cols, lane, true);
 }
 
-// Q6_K: lane l reads ql[64n + l], ql[64n + 32 + l] and qh[32n + l] (n = 0, 1): the weights
-// 128n + 32k + l for k = 0..4.
+// Q6_K: lane e = l % 8 (n = e / 4, a = (e / 2) % 2, l0 = 16 (e % 2)) reads ql[64n + 32a + l0
+// .. + 16] (the low 4 bits of weights 128n + 32a + l0 + j, low nibbles, and 128n + 32(a + 2) +
+// l0 + j, high nibbles) and qh[32n + l0 .. + 16] (their top 2 bits at shifts 2a and 2(a + 2)).
 __device__ __forceinline__ float lane_dot_q6_k(const u8* row, const float* x, int, int cols,
                                                int lane) {
+    const int nb = cols / QK_K;
+    const u8* hd0 = row + 192 * nb;
+    const bool al = ((unsigned long long)row & 15) == 0;
+    const int e = lane % 8, n = e / 4, a = (e / 2) % 2, l0 = 16 * (e % 2);
     float s = 0.0f;
-    for (int b = 0; b < cols / QK_K; ++b) {
-        const u8* blk = row + b * 210;
-        const float d = f16_to_f32(ld_u16(blk + 208));
+    for (int b = lane / 8; b < nb; b += WARP / 8) {
+        const u8* q = row + 192 * b;
+        const u8* hd = hd0 + 18 * b;
+        const Vec16 lv = ld_quants16(q + 64 * n + 32 * a + l0, al);
+        const Vec16 hv = ld_quants16(q + 128 + 32 * n + l0, al);
+        const u32 lw[4] = {lv.a, lv.b, lv.c, lv.d}, hw[4] = {hv.a, hv.b, hv.c, hv.d};
+        const float d = f16_to_f32(ld_u16(hd + 16));
+        const float sc0 = (float)(i8)hd[8 * n + 2 * a + l0 / 16];
+        const float sc1 = (float)(i8)hd[8 * n + 2 * (a + 2) + l0 / 16];
+        const float* xb0 = x + b * QK_K + 128 * n + 32 * a + l0;
+        const float* xb1 = xb0 + 64;
+        float t0 = 0.0f, t1 = 0.0f;
 #pragma unroll
-        for (int n = 0; n < 2; ++n) {
-            const u8 lo0 = blk[64 * n + lane], lo1 = blk[64 * n + 32 + lane];
-            const int hi = blk[128 + 32 * n + lane];
-            const float* xb = x + b * QK_K + 128 * n + lane;
+        for (int i = 0; i < 4; ++i) {
+            const F4 f0 = *(const F4*)(xb0 + 4 * i), f1 = *(const F4*)(xb1 + 4 * i);
+            const float x0[4] = {f0.x, f0.y, f0.z, f0.w}, x1[4] = {f1.x, f1.y, f1.z, f1.w};
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-                const u8 lo = k % 2 ? lo1 : lo0;
-                const int q = ((k < 2 ? (lo & 15) : (lo >> 4)) | (((hi >> (2 * k)) & 3) << 4)) - 32;
-                const int i = 128 * n + 32 * k + lane;
-                s += d * (float)(i8)blk[192 + i / 16] * (float)q * xb[32 * k];
+                const int lo = (int)((lw[i] >> (8 * k)) & 255u);
+                const int hi = (int)((hw[i] >> (8 * k)) & 255u);
+                const int q0 = ((lo & 15) | (((hi >> (2 * a)) & 3) << 4)) - 32;
+                const int q1 = ((lo >> 4) | (((hi >> (2 * a + 4)) & 3) << 4)) - 32;
+                t0 += (float)q0 * x0[k];
+                t1 += (float)q1 * x1[k];
             }
         }
+        s += d * (sc0 * t0 + sc1 * t1);
     }
     return s;
+}
+
+// ---- Tiles: row sums over the columns of transposed matrices (axpy_down.cu, predictor.cu) ----
+//
+// A thread owns a unit of ROW_TILE consecutive columns of a row-major matrix whose rows are
+// scaled and summed (y[c] += sum_k a[k] * W[k][c]): one 32-weight block of the repacked
+// quantized formats, 16 bytes of an f16/bf16/f32 row, 16 bytes of a K-quant super-block's
+// quants (32 weights in two runs of 16 columns). tile_<fmt>(row, u, cols, al, ak, acc) adds
+// ak * row[TILE_COL_<fmt>(u, i)] to acc[i], reading the unit with 16-byte loads when the row
+// starts 16-byte aligned (`al`).
+
+// Values per thread (launch_spec.rs `row_tile`).
+#define ROW_TILE_f32 4
+#define ROW_TILE_f16 8
+#define ROW_TILE_bf16 8
+#define ROW_TILE_q8_0 32
+#define ROW_TILE_q4_0 32
+#define ROW_TILE_q4_1 32
+#define ROW_TILE_q5_0 32
+#define ROW_TILE_q5_1 32
+#define ROW_TILE_q4_k 32
+#define ROW_TILE_q5_k 32
+#define ROW_TILE_q6_k 32
+
+// The column of a tile's value i (0..ROW_TILE) in unit u: TILE * u + i for every format but the
+// K-quants, whose units are the lanes of lane_dot_k4 / lane_dot_q6_k (eight per super-block,
+// each two runs of 16 columns: 32 apart for Q4_K/Q5_K, 64 for Q6_K).
+__device__ __forceinline__ int tile_col(int tile, int u, int i) { return tile * u + i; }
+__device__ __forceinline__ int tile_col_k4(int u, int i) {
+    const int e = u % 8, c = e / 2, l0 = 16 * (e % 2);
+    return QK_K * (u / 8) + 64 * c + l0 + (i < 16 ? i : 16 + i);
+}
+__device__ __forceinline__ int tile_col_k6(int u, int i) {
+    const int e = u % 8, n = e / 4, a = (e / 2) % 2, l0 = 16 * (e % 2);
+    return QK_K * (u / 8) + 128 * n + 32 * a + l0 + (i < 16 ? i : 48 + i);
+}
+#define TILE_COL_f32(u, i) tile_col(4, u, i)
+#define TILE_COL_f16(u, i) tile_col(8, u, i)
+#define TILE_COL_bf16(u, i) tile_col(8, u, i)
+#define TILE_COL_q8_0(u, i) tile_col(32, u, i)
+#define TILE_COL_q4_0(u, i) tile_col(32, u, i)
+#define TILE_COL_q4_1(u, i) tile_col(32, u, i)
+#define TILE_COL_q5_0(u, i) tile_col(32, u, i)
+#define TILE_COL_q5_1(u, i) tile_col(32, u, i)
+#define TILE_COL_q4_k(u, i) tile_col_k4(u, i)
+#define TILE_COL_q5_k(u, i) tile_col_k4(u, i)
+#define TILE_COL_q6_k(u, i) tile_col_k6(u, i)
+
+// The two 16-bit floats of a u32 (the low half first), for the f16/bf16 tiles.
+__device__ __forceinline__ float lo_f16(u32 v) { return f16_to_f32((u16)(v & 0xffffu)); }
+__device__ __forceinline__ float hi_f16(u32 v) { return f16_to_f32((u16)(v >> 16)); }
+__device__ __forceinline__ float lo_bf16(u32 v) { return __int_as_float((int)(v << 16)); }
+__device__ __forceinline__ float hi_bf16(u32 v) { return __int_as_float((int)(v & 0xffff0000u)); }
+
+// acc[i] += ak * weight (TILE * u + i) of a float row's unit u: one 16-byte load when the row is
+// 16-byte aligned and the unit whole, else weight by weight (none past cols).
+__device__ __forceinline__ void tile_f32(const u8* row, int u, int cols, bool al, float ak,
+                                         float* acc) {
+    if (al && 4 * (u + 1) <= cols) {
+        const Vec16 v = ((const Vec16*)row)[u];
+        acc[0] += ak * __int_as_float((int)v.a);
+        acc[1] += ak * __int_as_float((int)v.b);
+        acc[2] += ak * __int_as_float((int)v.c);
+        acc[3] += ak * __int_as_float((int)v.d);
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        if (4 * u + i < cols) acc[i] += ak * w_f32(row, 4 * u + i, cols);
+    }
+}
+
+#define TILE_HALF(NAME)                                                                         \
+    __device__ __forceinline__ void tile_##NAME(const u8* row, int u, int cols, bool al,        \
+                                                float ak, float* acc) {                         \
+        if (al && 8 * (u + 1) <= cols) {                                                        \
+            const Vec16 v = ((const Vec16*)row)[u];                                             \
+            acc[0] += ak * lo_##NAME(v.a);                                                      \
+            acc[1] += ak * hi_##NAME(v.a);                                                      \
+            acc[2] += ak * lo_##NAME(v.b);                                                      \
+            acc[3] += ak * hi_##NAME(v.b);                                                      \
+            acc[4] += ak * lo_##NAME(v.c);                                                      \
+            acc[5] += ak * hi_##NAME(v.c);                                                      \
+            acc[6] += ak * lo_##NAME(v.d);                                                      \
+            acc[7] += ak * hi_##NAME(v.d);                                                      \
+            return;                                                                             \
+        }                                                                                       \
+        _Pragma("unroll") for (int i = 0; i < 8; ++i) {                                         \
+            if (8 * u + i < cols) acc[i] += ak * w_##NAME(row, 8 * u + i, cols);                \
+        }                                                                                       \
+    }
+
+TILE_HALF(f16)
+TILE_HALF(bf16)
+
+// The repacked 32-weight formats: block u's quants (QB bytes at QB * u) and header (at
+// QB * nb + HB * u).
+__device__ __forceinline__ void tile_q8_0(const u8* row, int u, int cols, bool al, float ak,
+                                          float* acc) {
+    const float d = ak * f16_to_f32(ld_u16(row + 32 * (cols / QK) + 2 * u));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const Vec16 v = ld_quants16(row + 32 * u + 16 * h, al);
+        const u32 w4[4] = {v.a, v.b, v.c, v.d};
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            acc[16 * h + i] += d * (float)(i8)((w4[i / 4] >> (8 * (i % 4))) & 255u);
+        }
+    }
+}
+
+#define TILE_NIBBLES(NAME, HB, HAS_MIN, QH_AT, BIAS)                                            \
+    __device__ __forceinline__ void tile_##NAME(const u8* row, int u, int cols, bool al,        \
+                                                float ak, float* acc) {                         \
+        const u8* h = row + 16 * (cols / QK) + HB * u;                                          \
+        const float d = ak * f16_to_f32(ld_u16(h));                                             \
+        const float m = HAS_MIN ? ak * f16_to_f32(ld_u16(h + 2)) : 0.0f;                        \
+        const u32 qh = QH_AT >= 0 ? ld_u32_2(h + (QH_AT >= 0 ? QH_AT : 0)) : 0u;                \
+        const Vec16 v = ld_quants16(row + 16 * u, al);                                          \
+        const u32 w4[4] = {v.a, v.b, v.c, v.d};                                                 \
+        _Pragma("unroll") for (int j = 0; j < 16; ++j) {                                        \
+            const int byte = (int)((w4[j / 4] >> (8 * (j % 4))) & 255u);                        \
+            const int q0 = (byte & 15) | (int)(((qh >> j) & 1u) << 4);                          \
+            const int q1 = (byte >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4);                   \
+            acc[j] += d * (float)(q0 + BIAS) + m;                                               \
+            acc[j + 16] += d * (float)(q1 + BIAS) + m;                                          \
+        }                                                                                       \
+    }
+
+TILE_NIBBLES(q4_0, 2, false, -1, -8)
+TILE_NIBBLES(q4_1, 4, true, -1, 0)
+TILE_NIBBLES(q5_0, 6, false, 2, -16)
+TILE_NIBBLES(q5_1, 8, true, 4, 0)
+
+// The K-quants' tiles: unit u = lane e = u % 8 of super-block u / 8, as lane_dot_k4 and
+// lane_dot_q6_k read it (values 0..16 the first run of columns, 16..32 the second).
+__device__ __forceinline__ void tile_k4(const u8* row, int u, int cols, bool al, float ak,
+                                        float* acc, bool five) {
+    const int qb = five ? 160 : 128;
+    const int sb = u / 8, e = u % 8, c = e / 2, l0 = 16 * (e % 2);
+    const u8* q = row + qb * sb;
+    const u8* hd = row + qb * (cols / QK_K) + 16 * sb;
+    const Vec16 v = ld_quants16(q + (five ? 32 : 0) + 32 * c + l0, al);
+    const Vec16 hv = five ? ld_quants16(q + l0, al) : Vec16{0u, 0u, 0u, 0u};
+    const u32 w[4] = {v.a, v.b, v.c, v.d}, hw[4] = {hv.a, hv.b, hv.c, hv.d};
+    int sc0, mn0, sc1, mn1;
+    k4_scale_min(2 * c, hd + 4, &sc0, &mn0);
+    k4_scale_min(2 * c + 1, hd + 4, &sc1, &mn1);
+    const float d = f16_to_f32(ld_u16(hd)), dmin = f16_to_f32(ld_u16(hd + 2));
+    const float d0 = ak * (d * (float)sc0), m0 = ak * (dmin * (float)mn0);
+    const float d1 = ak * (d * (float)sc1), m1 = ak * (dmin * (float)mn1);
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        const int byte = (int)((w[j / 4] >> (8 * (j % 4))) & 255u);
+        const int hb = (int)((hw[j / 4] >> (8 * (j % 4))) & 255u);
+        acc[j] += d0 * (float)((byte & 15) | (((hb >> (2 * c)) & 1) << 4)) - m0;
+        acc[16 + j] += d1 * (float)((byte >> 4) | (((hb >> (2 * c + 1)) & 1) << 4)) - m1;
+    }
+}
+__device__ __forceinline__ void tile_q4_k(const u8* row, int u, int cols, bool al, float ak,
+                                          float* acc) {
+    tile_k4(row, u, cols, al, ak, acc, false);
+}
+__device__ __forceinline__ void tile_q5_k(const u8* row, int u, int cols, bool al, float ak,
+                                          float* acc) {
+    tile_k4(row, u, cols, al, ak, acc, true);
+}
+__device__ __forceinline__ void tile_q6_k(const u8* row, int u, int cols, bool al, float ak,
+                                          float* acc) {
+    const int sb = u / 8, e = u % 8, n = e / 4, a = (e / 2) % 2, l0 = 16 * (e % 2);
+    const u8* q = row + 192 * sb;
+    const u8* hd = row + 192 * (cols / QK_K) + 18 * sb;
+    const Vec16 lv = ld_quants16(q + 64 * n + 32 * a + l0, al);
+    const Vec16 hv = ld_quants16(q + 128 + 32 * n + l0, al);
+    const u32 lw[4] = {lv.a, lv.b, lv.c, lv.d}, hw[4] = {hv.a, hv.b, hv.c, hv.d};
+    const float d = ak * f16_to_f32(ld_u16(hd + 16));
+    const float d0 = d * (float)(i8)hd[8 * n + 2 * a + l0 / 16];
+    const float d1 = d * (float)(i8)hd[8 * n + 2 * (a + 2) + l0 / 16];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+        const int lo = (int)((lw[j / 4] >> (8 * (j % 4))) & 255u);
+        const int hi = (int)((hw[j / 4] >> (8 * (j % 4))) & 255u);
+        acc[j] += d0 * (float)(((lo & 15) | (((hi >> (2 * a)) & 3) << 4)) - 32);
+        acc[16 + j] += d1 * (float)(((lo >> 4) | (((hi >> (2 * a + 4)) & 3) << 4)) - 32);
+    }
+}
+
+// The block's row lanes' tiles summed in lane order through shared memory `red` (256 * TILE
+// floats, laid out [tile column][lane][unit] so that a warp's accesses hit consecutive words):
+// afterwards the threads of lane 0 hold the totals in acc and true is returned; the other lanes'
+// threads get false (and must do nothing more). Every thread of the block must call it.
+template <int TILE>
+__device__ __forceinline__ bool sum_row_lanes(float* red, float* acc, int lanes, int lane,
+                                              int units_pb, int ul) {
+    if (lanes == 1) return true;
+#pragma unroll
+    for (int i = 0; i < TILE; ++i) red[(i * lanes + lane) * units_pb + ul] = acc[i];
+    __syncthreads();
+    if (lane != 0) return false;
+#pragma unroll
+    for (int i = 0; i < TILE; ++i) {
+        float s = 0.0f;
+        for (int r = 0; r < lanes; ++r) s += red[(i * lanes + r) * units_pb + ul];
+        acc[i] = s;
+    }
+    return true;
 }

@@ -173,29 +173,29 @@ pub fn x_smem(dtype: DType, cols: usize) -> usize {
     }
 }
 
-/// Columns per thread of the tiled down pass (`AXPY_TILE_*` in axpy_down.cu: one 16-byte unit
-/// of a float row, one 32-weight block of the quantized formats), None for the K-quants'
-/// column-per-thread kernel.
-pub const fn axpy_tile(dtype: DType) -> Option<usize> {
+/// Values per thread of the tiled row-sum kernels (`ROW_TILE_*` in common.cuh: one 16-byte
+/// unit of a float row, one 32-weight block of the quantized formats, 16 bytes of a K-quant
+/// super-block's quants; the down pass and the predictor's fc2).
+pub const fn row_tile(dtype: DType) -> usize {
     match dtype {
-        DType::F32 => Some(4),
-        DType::F16 | DType::BF16 => Some(8),
-        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => Some(32),
-        _ => None,
+        DType::F32 => 4,
+        DType::F16 | DType::BF16 => 8,
+        _ => 32,
     }
 }
 
-/// `(gridDim.x, units_pb, dynamic shared bytes)` of `axpy_rows_<dtype>` over `cols` columns
-/// (axpy_down.cu): the tiled kernels put the row's units, rounded up to a power of two (at most
-/// 256), in a block with 256 / units_pb row lanes, whose sums meet in shared memory; the
-/// K-quants' kernel takes 256 columns per block.
-pub fn axpy_geometry(dtype: DType, cols: usize) -> Result<(u32, usize, usize)> {
+/// Units of a tiled kernel's block: one warp's worth, fewer for narrower rows.
+const TILE_UNITS_PER_BLOCK: usize = 32;
+
+/// `(gridDim.x, units_pb, dynamic shared bytes)` of a tiled row-sum kernel of `dtype` over
+/// `cols` columns (axpy_down.cu, predictor.cu): a block holds `units_pb` units (32, or the row's
+/// units rounded up to a power of two when fewer) and 256 / units_pb row lanes, whose sums meet
+/// in 256 · tile floats of shared memory.
+pub fn tile_geometry(dtype: DType, cols: usize) -> Result<(u32, usize, usize)> {
     let threads = ROW_THREADS as usize;
-    let Some(tile) = axpy_tile(dtype) else {
-        return Ok((grid(cols, threads)?, 0, 0));
-    };
+    let tile = row_tile(dtype);
     let units = cols.div_ceil(tile);
-    let units_pb = units.next_power_of_two().min(threads);
+    let units_pb = units.next_power_of_two().min(TILE_UNITS_PER_BLOCK);
     let smem = if units_pb < threads {
         threads * tile * 4
     } else {
@@ -351,7 +351,7 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
         } => {
             // axpy_rows_<dtype>(w, l, cols, idx, a, n, part, y, units_pb): a holds n floats, y
             // `cols`, part (null for one split) splits · cols; splits is 1..=min(n, 65,535)
-            // (ops clamps it), gridDim.y; the block geometry from axpy_geometry.
+            // (ops clamps it), gridDim.y; the block geometry from tile_geometry.
             a.ptr(dev.addr(w))
                 .layout(&l)
                 .i32(to_i32(cols, "cols")?)
@@ -360,7 +360,7 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
                 .i32(to_i32(n, "rows")?)
                 .ptr(part.map_or(0, |p| dev.addr_mut(p)))
                 .ptr(dev.addr_mut(y));
-            let (gx, units_pb, smem) = axpy_geometry(dtype, cols)?;
+            let (gx, units_pb, smem) = tile_geometry(dtype, cols)?;
             a.i32(to_i32(units_pb, "units per block")?);
             let entry = format!("axpy_rows_{}", dtype_suffix(dtype));
             spec(
@@ -383,8 +383,8 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             flags,
             logits,
         } => {
-            // predictor_fc2_<dtype>(fc2_t, l, hidden, rank, ffn, threshold, flags, logits):
-            // hidden (rank <= MAX_RANK floats) is staged in rank·4 bytes of shared memory.
+            // predictor_fc2_<dtype>(fc2_t, l, hidden, rank, ffn, threshold, flags, logits,
+            // units_pb): the geometry from tile_geometry.
             a.ptr(dev.addr(fc2_t)).layout(&l).ptr(dev.addr(hidden));
             a.i32(to_i32(rank, "rank")?)
                 .i32(to_i32(ffn, "ffn")?)
@@ -392,7 +392,9 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             a.ptr(dev.addr_mut(flags));
             a.ptr(logits.map_or(0, |b| dev.addr_mut(b)));
             let entry = format!("predictor_fc2_{}", dtype_suffix(dtype));
-            per_element(&kernels::PREDICTOR, entry, ffn, rank * 4, a)
+            let (gx, units_pb, smem) = tile_geometry(dtype, ffn)?;
+            a.i32(to_i32(units_pb, "units per block")?);
+            spec(&kernels::PREDICTOR, entry, [gx, 1], ROW_THREADS, smem, a)
         }
         Launch::RmsNorm {
             x,

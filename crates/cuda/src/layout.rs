@@ -24,10 +24,9 @@ pub const MAX_X_FLOATS: usize = 48 * 1024 / 4;
 /// (`XPAD_*` in common.cuh): 4 for the 32-weight formats, whose lanes read a block's 32 x values
 /// each (the padding puts a quarter-warp's 16-byte reads in disjoint banks), else 0.
 pub const fn x_pad(dtype: DType) -> usize {
-    if crate::repack::is_repacked(dtype) {
-        4
-    } else {
-        0
+    match dtype {
+        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => 4,
+        _ => 0,
     }
 }
 
@@ -37,7 +36,8 @@ pub const fn x_floats(dtype: DType, cols: usize) -> usize {
 }
 /// Largest head_dim of attention_decode (`ATT_MAX_HEAD_DIM` in attention.cu).
 pub const MAX_HEAD_DIM: usize = 256;
-/// Largest predictor rank (hidden units are staged in 48 KiB of shared memory).
+/// Largest predictor rank the GPU side takes (12,288 hidden units, far above what training
+/// chooses; the tiled fc2 kernel itself reads them from global memory).
 pub const MAX_RANK: usize = 48 * 1024 / 4;
 
 /// `x` rounded up to [`ALIGN`].

@@ -1,12 +1,14 @@
-//! The GPU's row layout of the 32-weight quantized formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1).
+//! The GPU's row layout of the quantized formats with GPU kernels (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1
+//! and the K-quants Q4_K, Q5_K, Q6_K).
 //!
-//! GGUF stores each 32-weight block as a header (f16 scale, f16 min, the u32 of fifth bits)
-//! followed by its quants, so a row is blocks of 18–34 bytes: only 2-byte aligned, which keeps
-//! a GPU warp to byte and u16 loads. On the device a row of `nb` blocks holds the same bytes
-//! permuted: first the `nb` blocks' quants (16 bytes each, 32 for Q8_0), then the `nb` headers
-//! (in block order, each as GGUF lays it out). The row's size is unchanged, so slabs, layouts
-//! and the plan's accounting are too, and a row that starts 16-byte aligned has every block's
-//! quants at a 16-byte boundary: one 16-byte load per block (`lane_dot_q*` in common.cuh).
+//! GGUF stores each block as a header (scales, mins, the fifth bits of the 32-weight formats)
+//! and its quants, so a row is blocks of 18–34 bytes (144–210 for the K-quants): only 2-byte
+//! aligned, which keeps a GPU warp to byte and u16 loads. On the device a row of `nb` blocks
+//! holds the same bytes permuted: first the `nb` blocks' quants (16, 32, 128, 160 or 192 bytes
+//! each), then the `nb` headers (in block order, each as GGUF lays it out). The row's size is
+//! unchanged, so slabs, layouts and the plan's accounting are too, and a row that starts 16-byte
+//! aligned has every block's quants at a 16-byte boundary: 16-byte loads (`lane_dot_q*` and the
+//! tiles in common.cuh).
 //!
 //! Every upload of weights to a device ([`crate::GpuOps::upload_weight`],
 //! [`crate::pack_hot_slabs`]) repacks rows of these formats; the kernels and the host backend
@@ -14,17 +16,39 @@
 
 use powerinfer_core::{ensure, DType, Result};
 
-/// Bytes of one block's quants and of its header, for the formats stored repacked on a device
-/// (None: the format keeps GGUF's layout).
-pub const fn repacked_split(dtype: DType) -> Option<(usize, usize)> {
-    match dtype {
-        DType::Q8_0 => Some((32, 2)),
-        DType::Q4_0 => Some((16, 2)),
-        DType::Q4_1 => Some((16, 4)),
-        DType::Q5_0 => Some((16, 6)),
-        DType::Q5_1 => Some((16, 8)),
-        _ => None,
-    }
+/// How a format's block splits into quants and header (scales, mins, the scalar fields).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockSplit {
+    /// Bytes of the quants (low bits and high bits, as GGUF orders them).
+    pub quants: usize,
+    /// Bytes of the header.
+    pub header: usize,
+    /// Whether GGUF puts the header before the quants (all but Q6_K, whose scales and d end
+    /// its block).
+    pub header_first: bool,
+}
+
+/// The block split of a format stored repacked on a device (None: the format keeps GGUF's
+/// layout). The 32-weight formats' header is the f16 scale, min and the u32 of fifth bits; the
+/// K-quants' is d, dmin and the 12 packed scale bytes (Q4_K, Q5_K: the quants are Q5_K's qh
+/// then qs) or the 16 i8 scales and d (Q6_K: the quants are ql then qh).
+pub const fn repacked_split(dtype: DType) -> Option<BlockSplit> {
+    let (quants, header, header_first) = match dtype {
+        DType::Q8_0 => (32, 2, true),
+        DType::Q4_0 => (16, 2, true),
+        DType::Q4_1 => (16, 4, true),
+        DType::Q5_0 => (16, 6, true),
+        DType::Q5_1 => (16, 8, true),
+        DType::Q4_K => (128, 16, true),
+        DType::Q5_K => (160, 16, true),
+        DType::Q6_K => (192, 18, false),
+        _ => return None,
+    };
+    Some(BlockSplit {
+        quants,
+        header,
+        header_first,
+    })
 }
 
 /// Whether `dtype`'s rows are repacked on a device.
@@ -35,10 +59,17 @@ pub const fn is_repacked(dtype: DType) -> bool {
 /// Rows of `row_bytes` bytes from `src` (GGUF layout) to `dst` (device layout), or back
 /// (`to_device` false). Both hold whole rows of the same length.
 fn permute(dtype: DType, row_bytes: usize, src: &[u8], dst: &mut [u8], to_device: bool) {
-    let Some((q, h)) = repacked_split(dtype) else {
+    let Some(BlockSplit {
+        quants: q,
+        header: h,
+        header_first,
+    }) = repacked_split(dtype)
+    else {
         dst.copy_from_slice(src);
         return;
     };
+    // Where a GGUF block's header and quants lie inside it.
+    let (hs, qs) = if header_first { (0, h) } else { (q, 0) };
     let nb = row_bytes / (q + h);
     for (s, d) in src
         .chunks_exact(row_bytes)
@@ -47,14 +78,14 @@ fn permute(dtype: DType, row_bytes: usize, src: &[u8], dst: &mut [u8], to_device
         if to_device {
             let (quants, headers) = d.split_at_mut(nb * q);
             for (b, blk) in s.chunks_exact(q + h).enumerate() {
-                headers[b * h..(b + 1) * h].copy_from_slice(&blk[..h]);
-                quants[b * q..(b + 1) * q].copy_from_slice(&blk[h..]);
+                headers[b * h..(b + 1) * h].copy_from_slice(&blk[hs..hs + h]);
+                quants[b * q..(b + 1) * q].copy_from_slice(&blk[qs..qs + q]);
             }
         } else {
             let (quants, headers) = s.split_at(nb * q);
             for (b, blk) in d.chunks_exact_mut(q + h).enumerate() {
-                blk[..h].copy_from_slice(&headers[b * h..(b + 1) * h]);
-                blk[h..].copy_from_slice(&quants[b * q..(b + 1) * q]);
+                blk[hs..hs + h].copy_from_slice(&headers[b * h..(b + 1) * h]);
+                blk[qs..qs + q].copy_from_slice(&quants[b * q..(b + 1) * q]);
             }
         }
     }
@@ -94,27 +125,36 @@ mod tests {
             DType::Q4_1,
             DType::Q5_0,
             DType::Q5_1,
+            DType::Q4_K,
+            DType::Q5_K,
+            DType::Q6_K,
         ] {
-            let (q, h) = repacked_split(dtype).unwrap();
-            let cols = 96; // three blocks
+            let BlockSplit {
+                quants: q,
+                header: h,
+                header_first,
+            } = repacked_split(dtype).unwrap();
+            let (hs, qs) = if header_first { (0, h) } else { (q, 0) };
+            let cols = 3 * dtype.block_size();
             let rb = dtype.row_bytes(cols).unwrap();
+            assert_eq!(rb, 3 * (q + h), "{dtype}");
+            assert_eq!(q % 16, 0, "{dtype}: quants keep 16-byte alignment");
             let mut rows = vec![0u8; 5 * rb];
             for (r, dst) in rows.chunks_exact_mut(rb).enumerate() {
                 quantize_row(dtype, &pseudo_random(cols, r as u64), dst).unwrap();
             }
-            assert_eq!(rb, 3 * (q + h));
             let dev = repack_rows(dtype, cols, &rows).unwrap();
             assert_eq!(dev.len(), rows.len());
             for (r, (g, d)) in rows.chunks(rb).zip(dev.chunks(rb)).enumerate() {
                 for b in 0..3 {
                     let blk = &g[b * (q + h)..(b + 1) * (q + h)];
                     assert_eq!(
-                        &d[b * q..(b + 1) * q],
-                        &blk[h..],
-                        "{dtype} row {r} quants {b}"
+                        d[b * q..(b + 1) * q],
+                        blk[qs..qs + q],
+                        "{dtype} {r} quants {b}"
                     );
                     let hd = &d[3 * q + b * h..3 * q + (b + 1) * h];
-                    assert_eq!(hd, &blk[..h], "{dtype} row {r} header {b}");
+                    assert_eq!(hd, &blk[hs..hs + h], "{dtype} row {r} header {b}");
                 }
                 let mut back = vec![0u8; rb];
                 unpack_row(dtype, d, &mut back);
@@ -129,8 +169,8 @@ mod tests {
             DType::F32,
             DType::F16,
             DType::BF16,
-            DType::Q4_K,
-            DType::Q6_K,
+            DType::Q2_K,
+            DType::Q3_K,
         ] {
             assert!(!is_repacked(dtype));
             let rb = dtype.row_bytes(256).unwrap();

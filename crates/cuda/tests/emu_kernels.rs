@@ -425,22 +425,21 @@ fn long_attention<T: KvElem>(dev: &EmuBackend) {
     assert_eq!(got[..(ctx - 1) * kv], kb[..(ctx - 1) * kv]);
 }
 
-/// The tiled down pass over rows wider than one block's 256 units (one row lane per block,
-/// two blocks along the row, the last unit partial for F32), against float64: 257 units of
-/// each format, in one split and in two.
+/// The tiled down pass over rows wider than one block's 32 units (9 blocks along the row, the
+/// last partial), against float64, in one split and in two.
 fn wide_down(dev: &EmuBackend, dtype: DType) {
-    let tile = powerinfer_cuda::launch_spec::axpy_tile(dtype).unwrap();
-    let dim = if dtype == DType::F32 {
-        256 * tile + 3
-    } else {
-        257 * tile
+    use powerinfer_cuda::launch_spec::{row_tile, tile_geometry};
+    let tile = row_tile(dtype);
+    // 257 units (F32: the last one partial); the K-quants' rows are whole super-blocks: 33
+    // of them, 264 units.
+    let dim = match dtype {
+        DType::F32 => 256 * tile + 3,
+        d if d.block_size() == 256 => 33 * 256,
+        _ => 257 * tile,
     };
-    let (gx, units_pb, smem) = powerinfer_cuda::launch_spec::axpy_geometry(dtype, dim).unwrap();
-    assert_eq!(
-        (gx, units_pb, smem),
-        (2, 256, 0),
-        "{dtype}: one lane, two blocks"
-    );
+    let geometry = tile_geometry(dtype, dim).unwrap();
+    let want = (dim.div_ceil(tile).div_ceil(32) as u32, 32, 256 * tile * 4);
+    assert_eq!(geometry, want, "{dtype}: 8 row lanes of 32 units");
     let ffn = 11;
     let down_t = weight(dtype, ffn, dim, 21);
     let dd = decoded(&down_t);
@@ -475,9 +474,7 @@ fn every_entry_runs_against_float64_references_and_the_set_is_kernels_all() {
     for dtype in GPU_DTYPES {
         row_kernels(&dev, dtype);
         predictor(&dev, dtype);
-        if powerinfer_cuda::launch_spec::axpy_tile(dtype).is_some() {
-            wide_down(&dev, dtype);
-        }
+        wide_down(&dev, dtype);
         println!("{dtype}: ok on {}", dev.describe());
     }
     elementwise(&dev);

@@ -49,38 +49,12 @@ const STREAMING: [&str; 5] = [
 ];
 
 /// What a kernel (by name prefix) does not meet yet, and why.
-const PENDING: &[(&str, Criterion, &str)] = &[
-    (
-        "sparse_matvec_q4_k",
-        VectorLoads,
-        "the K-quants keep GGUF's 144-210-byte super-blocks (byte and u16 loads); the 32-weight \
-         formats are repacked (quants apart from headers) and read 16 bytes per lane",
-    ),
-    ("sparse_matvec_q5_k", VectorLoads, "as sparse_matvec_q4_k"),
-    ("sparse_matvec_q6_k", VectorLoads, "as sparse_matvec_q4_k"),
-    ("gate_up_q4_k", VectorLoads, "as sparse_matvec_q4_k"),
-    ("gate_up_q5_k", VectorLoads, "as sparse_matvec_q4_k"),
-    ("gate_up_q6_k", VectorLoads, "as sparse_matvec_q4_k"),
-    (
-        "axpy_rows_q4_k",
-        VectorLoads,
-        "the K-quants' down pass decodes one weight per thread (GGUF's super-blocks); the \
-         other formats' tiled down pass reads 16 bytes per thread",
-    ),
-    ("axpy_rows_q5_k", VectorLoads, "as axpy_rows_q4_k"),
-    ("axpy_rows_q6_k", VectorLoads, "as axpy_rows_q4_k"),
-    (
-        "predictor_fc2_",
-        VectorLoads,
-        "a thread per column decodes one weight at a time (the predictor's rows are small)",
-    ),
-    (
-        "attention_decode",
-        VectorLoads,
-        "one block per head walks positions one value per lane; flash-decoding with 16-byte \
+const PENDING: &[(&str, Criterion, &str)] = &[(
+    "attention_decode",
+    VectorLoads,
+    "one block per head walks positions one value per lane; flash-decoding with 16-byte \
          K/V loads is not written yet",
-    ),
-];
+)];
 
 /// What the compilers say of one kernel on one architecture.
 #[derive(Clone, Debug, Default)]
