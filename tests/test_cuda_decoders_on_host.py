@@ -3,9 +3,11 @@ as C++ (its two inline-PTX f16 conversions swapped for a portable one, the warp 
 out), then every quantized format the GPU takes decoded weight by weight (``w_<format>``, what
 ``axpy_rows`` and ``predictor_fc2`` read) and dotted with x by the 32 lanes of a warp
 (``lane_dot_<format>`` for lanes 0..31, summed: what ``sparse_matvec`` and ``gate_up`` compute),
-against gguf-py's dequantizer on random blocks. This checks the device code's block layouts and
-lane split on machines without a GPU; ``crates/cuda/tests/gpu_kernels.rs`` runs the kernels
-themselves where there is one. Skipped without a C++ compiler."""
+against gguf-py's dequantizer on random blocks. The rows are handed to the decoders in the
+device layout (each row's quants first, its blocks' headers after them: ``crates/cuda/src/
+repack.rs``), permuted here by numpy from the block table below. This checks the device code's
+block layouts and lane split on machines without a GPU; ``crates/cuda/tests/gpu_kernels.rs``
+runs the kernels themselves where there is one. Skipped without a C++ compiler."""
 
 from __future__ import annotations
 
@@ -33,6 +35,33 @@ FORMATS = {
     "Q6_K": (256, 210, [208]),
 }
 
+#: format -> (quant bytes, header bytes, header first in GGUF's block): the device layout.
+DEVICE_SPLIT = {
+    "Q8_0": (32, 2, True),
+    "Q4_0": (16, 2, True),
+    "Q4_1": (16, 4, True),
+    "Q5_0": (16, 6, True),
+    "Q5_1": (16, 8, True),
+    "Q4_K": (128, 16, True),
+    "Q5_K": (160, 16, True),
+    "Q6_K": (192, 18, False),
+}
+
+
+def to_device(fmt: str, raw: np.ndarray, n_blocks: int) -> np.ndarray:
+    """GGUF rows ``[rows, n_blocks * block bytes]`` in the device layout: every block's quants,
+    then every block's header."""
+    q, h, header_first = DEVICE_SPLIT[fmt]
+    blocks = raw.reshape(raw.shape[0], n_blocks, q + h)
+    head, quants = (
+        (blocks[:, :, :h], blocks[:, :, h:])
+        if header_first
+        else (blocks[:, :, q:], blocks[:, :, :q])
+    )
+    rows = raw.shape[0]
+    return np.concatenate([quants.reshape(rows, -1), head.reshape(rows, -1)], axis=1)
+
+
 PRELUDE = r"""
 #include <cmath>
 #include <cstdio>
@@ -43,6 +72,7 @@ PRELUDE = r"""
 #define __device__
 #define __forceinline__ inline
 static inline float __int_as_float(unsigned v) { float f; std::memcpy(&f, &v, 4); return f; }
+static inline void __syncthreads() {}
 static inline unsigned __umulhi(unsigned a, unsigned b) {
     return (unsigned)(((unsigned long long)a * b) >> 32);
 }
@@ -64,8 +94,8 @@ int main(int argc, char** argv) {
     std::vector<float> x(cols);
     FILE* f = fopen("rows.bin", "rb"); fread(raw.data(), 1, raw.size(), f); fclose(f);
     f = fopen("x.bin", "rb"); fread(x.data(), 4, cols, f); fclose(f);
-    float (*lane)(const u8*, const float*, int, int) = nullptr;
-    float (*w)(const u8*, int) = nullptr;
+    float (*lane)(const u8*, const float*, int, int, int) = nullptr;
+    float (*w)(const u8*, int, int) = nullptr;
 #define PICK(NAME, name) if (fmt == #NAME) { lane = lane_dot_##name; w = w_##name; }
     PICK(Q8_0, q8_0) PICK(Q4_0, q4_0) PICK(Q4_1, q4_1) PICK(Q5_0, q5_0) PICK(Q5_1, q5_1)
     PICK(Q4_K, q4_k) PICK(Q5_K, q5_k) PICK(Q6_K, q6_k)
@@ -74,9 +104,9 @@ int main(int argc, char** argv) {
     FILE* dout = fopen("dot.bin", "wb");
     for (int r = 0; r < rows; ++r) {
         const u8* row = raw.data() + (size_t)r * rb;
-        for (int j = 0; j < cols; ++j) { const float v = w(row, j); fwrite(&v, 4, 1, wo); }
+        for (int j = 0; j < cols; ++j) { const float v = w(row, j, cols); fwrite(&v, 4, 1, wo); }
         double s = 0.0;
-        for (int l = 0; l < 32; ++l) s += lane(row, x.data(), cols, l);
+        for (int l = 0; l < 32; ++l) s += lane(row, x.data(), 0, cols, l);
         fwrite(&s, 8, 1, dout);
     }
     fclose(wo); fclose(dout);
@@ -135,7 +165,7 @@ def test_device_decoders_match_gguf_py(harness, fmt, tmp_path):
     cols = n_blocks * block
     raw = random_rows(fmt, rows, n_blocks, rng)
     x = rng.normal(size=cols).astype(np.float32)
-    (tmp_path / "rows.bin").write_bytes(raw.tobytes())
+    (tmp_path / "rows.bin").write_bytes(to_device(fmt, raw, n_blocks).tobytes())
     (tmp_path / "x.bin").write_bytes(x.tobytes())
     args = [str(harness), fmt, str(rows), str(cols), str(n_blocks * nbytes)]
     subprocess.run(args, cwd=tmp_path, check=True)
