@@ -73,6 +73,26 @@ class LlamaGpu(LlamaCpp):
         self.n_vocab = self.llm.n_vocab()
 
 
+class LlamaBench:
+    """llama.cpp's own ``llama-bench`` binary (a CUDA build of the same source, where the Python
+    binding cannot be built: the lent GPU machine has no registry), ``-ngl`` layers offloaded,
+    flash attention off, one decode run of ``n`` tokens per call (``-p 0 -n n -r 1``)."""
+
+    def __init__(self, binary: str, path: Path, threads: int, n_gpu_layers: int):
+        self.cmd = [binary, "-m", str(path), "-ngl", str(n_gpu_layers), "-t", str(threads)]
+        self.cmd += ["-fa", "off", "-p", "0", "-r", "1", "-o", "json"]
+
+    def decode(self, prompt: list[int], n: int) -> tuple[int, float]:
+        import json
+        import subprocess
+
+        r = subprocess.run(self.cmd + ["-n", str(n)], capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            raise RuntimeError(f"llama-bench failed ({r.returncode}): {r.stderr[-2000:]}")
+        tps = json.loads(r.stdout)[0]["avg_ts"]
+        return n, n / tps
+
+
 def greedy(eng, prompt: list[int], n: int) -> tuple[list[int], float, np.ndarray | None]:
     """Our engine: prefill ``prompt``, then ``n`` single-token greedy steps; (tokens, tok/s,
     the decode steps' transfers summed over layers, or None without a GPU side)."""
@@ -192,6 +212,9 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
             engines["llama.cpp"] = LlamaGpu(path, args.threads, n_ctx, ngl)
         except Exception as e:  # report and go on
             why = f"cannot load: {e}"
+    if "llama.cpp" not in engines and args.llama_bench:
+        row["llama_n_gpu_layers"] = ngl = llama_layers(model, budget, n_ctx)
+        engines["llama.cpp"] = LlamaBench(args.llama_bench, path, args.threads, ngl)
     if "llama.cpp" not in engines:
         row["llama_skipped"] = why
         print(f"[{dtype}] llama.cpp skipped: {why}", file=sys.stderr)
@@ -202,8 +225,9 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
             return None, done / secs, None
         return greedy(engines[key], prompt, n)
 
-    for key in engines:  # warm-up
-        once(key, min(8, args.tokens))
+    for key in engines:  # warm-up (llama-bench warms up itself)
+        if not isinstance(engines[key], LlamaBench):
+            once(key, min(8, args.tokens))
     samples = {k: [] for k in engines}
     toks, xfer = {}, None
     order = list(engines)
@@ -295,12 +319,25 @@ def main(argv=None) -> int:
         help="planner objective (default: time; mass with --small, whose tiny layers the time "
         "objective rightly keeps on the CPU)",
     )
+    ap.add_argument(
+        "--llama-bench",
+        help="llama.cpp's llama-bench binary (a CUDA build) to run with -ngl when the Python "
+        "binding has no GPU offload",
+    )
+    ap.add_argument(
+        "--layers",
+        type=int,
+        help="layers of the synthetic model (default the shape's: 32, --small 4); fewer make a "
+        "7B-wide model that is quick to write, e.g. for the whole-model-on-the-GPU floor",
+    )
     ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights")
     ap.add_argument("--model-dir", default=CACHE, help=f"synthetic GGUFs and plans ({CACHE})")
     ap.add_argument("--json", help="write all figures to this JSON file")
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.tokens < 1 or not 0 < args.budget_share <= 1:
         ap.error("--repeats and --tokens must be >= 1, --budget-share in (0, 1]")
+    if args.layers is not None and args.layers < 1:
+        ap.error("--layers must be >= 1")
     pi = require_powerinfer()
     from powerinfer_rs.errors import CudaError, PowerInferError
     from powerinfer_rs.runtime.placement import check_device
@@ -313,7 +350,9 @@ def main(argv=None) -> int:
         return 2
     except PowerInferError as e:
         ap.error(str(e))
-    shape = SMALL if args.small else LLAMA7B
+    shape = dict(SMALL if args.small else LLAMA7B)
+    if args.layers:
+        shape["layers"] = args.layers
     dtypes = list(dict.fromkeys(args.dtype or ["F16", "Q4_0"]))
     cache = Path(args.model_dir)
     cache.mkdir(parents=True, exist_ok=True)

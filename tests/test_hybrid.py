@@ -47,9 +47,14 @@ DEVICES = devices()
 #: build has it: the tests of the acceptance shape (about half of a synthetic ReLU llama on the
 #: GPU side, in dense, exact-relu and predictor modes) run on it too. It runs a thread per CUDA
 #: thread, about 0.1 s per layer and token here, so the longer tests stay on the other devices.
-DEVICES_WITH_EMU = DEVICES + (
-    ["gpu-emu"] if _core.built_with_emu and "gpu-emu" not in DEVICES else []
+#: ``$POWERINFER_RS_TEST_DEVICES`` names the devices exactly (benchmarks/gpu/check.sh names
+#: cuda alone: the emulator's minutes belong to CI, not to a lent GPU's).
+WITH_EMU = (
+    _core.built_with_emu
+    and "gpu-emu" not in DEVICES
+    and not os.environ.get("POWERINFER_RS_TEST_DEVICES")
 )
+DEVICES_WITH_EMU = DEVICES + (["gpu-emu"] if WITH_EMU else [])
 
 
 def plan_for(model, path, share: float, context: int = 256, predictors=None) -> str:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from test_hybrid import DEVICES, assert_close, greedy, random_gpu_predictors
+from test_hybrid import DEVICES, WITH_EMU, assert_close, greedy, random_gpu_predictors
 
-from powerinfer_rs import Engine, _core
+from powerinfer_rs import Engine
 from powerinfer_rs.formats.plan import save_plan
 from powerinfer_rs.formats.profile import synthetic_profile
 from powerinfer_rs.loading import load_model
@@ -45,7 +45,7 @@ TOL = 1e-3
 #: transposed rows on both sides and holds TOL.
 TOL_DENSE_REQUANTIZED = 2.5e-3
 STEPS = 10
-DEVICES_HERE = DEVICES + (["gpu-emu"] if _core.built_with_emu and "gpu-emu" not in DEVICES else [])
+DEVICES_HERE = DEVICES + (["gpu-emu"] if WITH_EMU else [])
 
 
 def modes(model) -> list[str]:

@@ -227,3 +227,34 @@ def test_default_objective_is_never_rated_slower_than_the_alternative(solver, ha
         kept_mass += "mass objective's plan is rated faster" in default.solver["note"]
     if solver == "greedy":
         assert kept_mass > 0, "no case exercised the guard"
+
+
+@pytest.mark.parametrize("objective", ["time", "mass"])
+@pytest.mark.parametrize("solver", ["greedy", "highs"])
+def test_modes_without_predictors_place_no_predictor(objective, solver):
+    """Predictors of 0 bytes (the exact-relu and dense modes: ``fixed_predictor_sizes(c, 0)``)
+    are never placed, and a budget that holds everything puts every neuron on the GPU. Before
+    the fix HiGHS's time objective marked each whole-GPU layer's (empty) predictor as placed,
+    which the GPU executor refused (seen on an H200 with the 7B shape at budget share 1.0)."""
+    if solver == "highs":
+        pytest.importorskip("highspy")
+    from powerinfer_rs.planning.ilp import solve_ilp
+
+    layers = 3
+    cfg = tiny_config(layers, ffn=32 * 4)
+    shape = ModelShape.from_config(cfg, "F16")
+    prof = synthetic_profile(layers, cfg.ffn_dim, 500, seed=0, zipf_a=1.2)
+    p = build_problem(
+        shape, prof, TOY_HW, 2**40, objective=objective, bucket=32, context=16,
+        predictors=fixed_predictor_sizes(cfg, 0),
+    )  # fmt: skip
+    assert all(lt.pred_bytes == 0 for lt in p.layers)
+    res = solve_greedy(p) if solver == "greedy" else solve_ilp(p)
+    pl = res.placement
+    assert pl.predictor == [False] * layers
+    assert pl.ffn_buckets == [lt.n_buckets for lt in p.layers]
+    assert pl.attention == [True] * layers
+    ev = evaluate(p, pl)
+    assert ev.feasible
+    # The layers run wholly on the GPU: no CPU side to wait for.
+    assert not any(ev.split)

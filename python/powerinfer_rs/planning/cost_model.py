@@ -127,6 +127,8 @@ def evaluate(p: PlacementProblem, pl: Placement) -> Evaluation:
     for i, lt in enumerate(p.layers):
         k = int(pl.ffn_buckets[i])
         a, pr = bool(pl.attention[i]), bool(pl.predictor[i])
+        has_pred = lt.pred_bytes > 0  # none in a mode without predictors: nothing to place
+        pr = pr and has_pred
         if not 0 <= k <= lt.n_buckets:
             reasons.append(f"layer {i}: {k} buckets of {lt.n_buckets}")
             k = max(0, min(k, lt.n_buckets))
@@ -153,7 +155,7 @@ def evaluate(p: PlacementProblem, pl: Placement) -> Evaluation:
         t_gpu = (tt.ffn_launch + float(tt.bucket_gpu[i][:k].sum())) if k else 0.0
         t_cpu = float(tt.bucket_cpu[i][k:].sum())
         uses_gpu = a or pr or k > 0
-        uses_cpu = (not a) or (not pr) or k < lt.n_buckets
+        uses_cpu = (not a) or (has_pred and not pr) or k < lt.n_buckets
         s = uses_gpu and uses_cpu
         split.append(s)
         layer_time.append(t + max(t_gpu, t_cpu) + (tt.sync if s else 0.0))

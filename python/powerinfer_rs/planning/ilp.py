@@ -209,10 +209,13 @@ def solve_ilp(
         nbytes = np.where(ks > 0, lt.ffn_fixed_bytes + ks * lt.slab_bytes, 0)
         full = none = -1
         a_ub = 1.0 if lt.attn_gpu else 0.0  # refused attention stays on the CPU
+        # A layer without predictor bytes (a mode without predictors) has nothing to place.
+        has_pred = lt.pred_bytes > 0
+        p_ub = 1.0 if has_pred else 0.0
         if timed:
             y = md.cols(-value)
             a = md.cols((tt.attn_gpu[i] - tt.attn_cpu[i]) * _US, ub=a_ub)[0]
-            pr = md.cols((tt.pred_gpu[i] - tt.pred_cpu[i]) * _US)[0]
+            pr = md.cols((tt.pred_gpu[i] - tt.pred_cpu[i]) * _US, ub=p_ub)[0]
             full, none = md.cols([-tt.sync * _US, -tt.sync * _US], integer=False)
             offset += (tt.attn_cpu[i] + tt.pred_cpu[i] + tt.sync) * _US
             # full <= y[K], a, p ; none <= y[0], 1 - a, 1 - p
@@ -221,14 +224,15 @@ def solve_ilp(
             else:
                 md.row([full], [1.0], -inf, 0.0)
             md.row([full, a], [1.0, -1.0], -inf, 0.0)
-            md.row([full, pr], [1.0, -1.0], -inf, 0.0)
+            if has_pred:
+                md.row([full, pr], [1.0, -1.0], -inf, 0.0)
             md.row([none, y[0]], [1.0, -1.0], -inf, 0.0)
             md.row([none, a], [1.0, 1.0], -inf, 1.0)
             md.row([none, pr], [1.0, 1.0], -inf, 1.0)
         else:
             y = md.cols(value)
             a = md.cols(mw.attention[i] / mw.total, ub=a_ub)[0]
-            pr = md.cols(mw.predictor[i] / mw.total)[0]
+            pr = md.cols(mw.predictor[i] / mw.total, ub=p_ub)[0]
         md.row(y, 1.0, 1.0, 1.0)  # exactly one choice per layer
         per_layer.append((ks, y, a, pr, full, none))
         budget_cols += [y, np.array([a, pr])]

@@ -113,9 +113,7 @@ def warm_basis(x: np.ndarray, y: np.ndarray, k: int, seed: int = 0) -> WarmBasis
     u_small, s, vt = np.linalg.svd(basis.T @ b, full_matrices=False)
     u = basis @ u_small
     root = np.sqrt(s[:k])
-    return WarmBasis(
-        (u[:, :k] * root).T.astype(np.float32), (vt[:k].T * root).astype(np.float32)
-    )
+    return WarmBasis((u[:, :k] * root).T.astype(np.float32), (vt[:k].T * root).astype(np.float32))
 
 
 def linear_warm_start(

@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# One call on a lent GPU machine (issue 33), within a time budget: probe the machine (GPU, driver,
+# NVRTC, measured device-to-device bandwidth), then in parallel build llama.cpp's llama-bench with
+# CUDA for sm_90 (from a trimmed copy of its source, .peer/lcpp.tgz, when carried) and write the
+# synthetic 7B-shape GGUFs, while benchmarks/gpu/check.sh runs the correctness steps (kernel
+# tests, executor tests, pytest's hybrid tests on the device); then compute-sanitizer memcheck,
+# the 7B decode benchmark (hybrid, CPU-only, llama.cpp -ngl at the same VRAM budget; Q4_0, then
+# F16 and the whole model on the GPU as time allows) and racecheck with what time is left. Every
+# log goes into one archive, $OUT/logs.tgz (the device tool brings back at most 8 files); the
+# summary is printed last.
+#
+# Build here first: benchmarks/gpu/build_artifacts.sh (wheel + test binaries); carry
+# target/gpu-artifacts, .peer (the trimmed llama.cpp source) and .whl (the device image lacks the
+# wheels gguf and highspy). Usage on the device:
+#   LEASE_BUDGET=450 [LEASE_BENCH="q4_0 fit f16"] [LEASE_FIT_LAYERS=32] [LEASE_SANITIZERS=0] \
+#       bash benchmarks/gpu/lease.sh
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+T0=$(date +%s)
+BUDGET=${LEASE_BUDGET:-450}
+left() { echo $((BUDGET - ($(date +%s) - T0))); }
+FINAL=${OUT:-target/gpu-lease}
+W=/tmp/lease
+rm -rf "$W" && mkdir -p "$W" "$FINAL"
+export PYTHONUNBUFFERED=1
+PY=python3
+ART=target/gpu-artifacts
+MODELS=/tmp/models
+THREADS=$(nproc)
+SUMMARY=$W/summary.txt
+note() { echo "$*" | tee -a "$SUMMARY"; }
+finish() {
+    note "lease: $(($(date +%s) - T0)) s used of $BUDGET"
+    case $FINAL in /*) ;; *) FINAL=$ROOT/$FINAL ;; esac
+    (cd /tmp && tar czf "$FINAL/logs.tgz" --exclude=lease/check/site lease)
+    echo
+    echo "== summary"
+    cat "$SUMMARY"
+    [ -f "$W/check/summary.txt" ] && cat "$W/check/summary.txt"
+    exit 0
+}
+
+echo "== probe"
+{
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,memory.total,memory.free,clocks.sm,clocks.mem --format=csv
+    nvcc --version | tail -n 2
+    ls -la /usr/local/cuda/lib64/libnvrtc.so* 2>&1 | head -n 4
+    $PY --version
+    echo "cores $THREADS"
+    free -g | head -n 2
+    df -h /tmp | tail -n 1
+    $PY - <<'EOF'
+import torch
+x = torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+y = torch.empty_like(x)
+for _ in range(3):
+    y.copy_(x)
+torch.cuda.synchronize()
+s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+s.record()
+for _ in range(20):
+    y.copy_(x)
+e.record()
+torch.cuda.synchronize()
+ms = s.elapsed_time(e) / 20
+print(f"device copy: {2 * x.numel() / ms / 1e6:.0f} GB/s (read + write, 2 GiB, 20 copies)")
+EOF
+} >"$W/env.txt" 2>&1
+cat "$W/env.txt"
+grep "device copy" "$W/env.txt" >>"$SUMMARY"
+
+# Our wheel, and the wheels of its dependencies that the device image lacks (gguf, highspy),
+# carried in .whl (the device has no registry).
+SITE=/tmp/site
+$PY -m pip install -q --no-index --no-deps --target "$SITE" "$(ls $ART/*.whl | head -n 1)" \
+    $(ls .whl/*.whl 2>/dev/null) >"$W/pip.log" 2>&1 || note "pip install failed: $(tail -n 3 "$W/pip.log")"
+export PYTHONPATH=$SITE
+
+# Which benchmarks: q4_0 and f16 (7B shape at 40% of its bytes, with llama.cpp) and fit (Q4_0, the
+# whole model on the GPU, LEASE_FIT_LAYERS layers of the 7B shape).
+BENCHES=${LEASE_BENCH:-q4_0 fit f16}
+FIT_LAYERS=${LEASE_FIT_LAYERS:-32}
+has() { case " $BENCHES " in *" $1 "*) return 0 ;; esac; return 1; }
+LPID=
+if [ -f .peer/lcpp.tgz ] && { has q4_0 || has f16; }; then
+    (
+        tar xzf .peer/lcpp.tgz -C /tmp && cd /tmp/lcpp &&
+            cmake -S . -B b -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+                -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF -DGGML_NATIVE=ON \
+                -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+                -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF &&
+            cmake --build b -j "$((THREADS - 2))" --target llama-bench
+    ) >"$W/llama_build.log" 2>&1 &
+    LPID=$!
+fi
+synth() { # synth DTYPE LAYERS: write the 7B-shape GGUF of DTYPE into $MODELS
+    cd benchmarks && $PY -c "
+from pathlib import Path
+from _bench_common import synthetic_gguf
+from bench_hybrid import LLAMA7B
+print(synthetic_gguf(Path('$MODELS'), '$1', shape={**LLAMA7B, 'layers': $2}, seed=0))"
+}
+SQ= SF= SFIT=
+if has q4_0 || { has fit && [ "$FIT_LAYERS" = 32 ]; }; then
+    synth Q4_0 32 >"$W/synth_q4_0.log" 2>&1 &
+    SQ=$!
+fi
+if has fit && [ "$FIT_LAYERS" != 32 ]; then
+    synth Q4_0 "$FIT_LAYERS" >"$W/synth_fit.log" 2>&1 &
+    SFIT=$!
+fi
+if has f16; then
+    synth F16 32 >"$W/synth_f16.log" 2>&1 &
+    SF=$!
+fi
+
+echo "== correctness (check.sh, $(left) s left)"
+STEP_TIMEOUT=${STEP_TIMEOUT:-150} CHECK_SANITIZERS=0 OUT=$W/check bash benchmarks/gpu/check.sh --device cuda --quick \
+    --artifacts $ART >"$W/check.log" 2>&1
+tail -n 30 "$W/check.log"
+
+sanitize() {
+    local tool=$1 t=$2
+    [ "$t" -lt 20 ] && { note "compute-sanitizer $tool: skipped (time)"; return; }
+    timeout "$t" compute-sanitizer --tool "$tool" --error-exitcode 1 $ART/bin/gpu_kernels \
+        --test-threads 1 >"$W/sanitizer_$tool.log" 2>&1
+    local rc=$?
+    note "compute-sanitizer $tool: rc $rc$([ $rc = 124 ] && echo " (timed out after $t s)") $(grep -E "ERROR SUMMARY|test result" "$W/sanitizer_$tool.log" | tr '\n' ' ')"
+}
+[ "${LEASE_SANITIZERS:-1}" = 1 ] && sanitize memcheck 100
+
+bench() { # bench NAME TIMEOUT ARGS...
+    local name=$1 t=$2
+    shift 2
+    [ "$t" -lt 30 ] && { note "bench $name: skipped (time)"; return; }
+    timeout "$t" $PY benchmarks/bench_hybrid.py --device cuda --model-dir $MODELS --tokens 32 \
+        --repeats 3 --threads "$THREADS" --json "$W/bench_$name.json" "$@" >"$W/bench_$name.log" 2>&1
+    local rc=$?
+    note "bench $name: rc $rc"
+    [ $rc != 0 ] && tail -n 6 "$W/bench_$name.log" | tee -a "$SUMMARY"
+    sed -n '/^Hybrid decode/,$p' "$W/bench_$name.log" | tee -a "$SUMMARY"
+}
+echo "== 7B benchmark ($(left) s left)"
+wait_for() { [ -n "$1" ] && timeout "$2" tail --pid="$1" -f /dev/null; }
+LB=()
+if [ -n "$LPID" ]; then
+    wait_for $LPID $(($(left) - 200))
+    if [ -x /tmp/lcpp/b/bin/llama-bench ]; then
+        LB=(--llama-bench /tmp/lcpp/b/bin/llama-bench)
+    else
+        note "llama-bench: not built in time ($(tail -n 2 "$W/llama_build.log" | tr '\n' ' '))"
+    fi
+fi
+if has q4_0; then
+    wait_for "$SQ" $(($(left) - 150))
+    note "synthetic Q4_0: $(tail -n 2 "$W/synth_q4_0.log" | tr '\n' ' ')"
+    bench q4_0 $(($(left) - 100)) --dtype Q4_0 "${LB[@]}"
+fi
+if has fit; then
+    wait_for "${SFIT:-$SQ}" $(($(left) - 60))
+    bench fit $(($(left) - 40)) --dtype Q4_0 --budget-share 1.0 --layers "$FIT_LAYERS"
+fi
+if has f16; then
+    wait_for "$SF" $(($(left) - 90))
+    note "synthetic F16: $(tail -n 2 "$W/synth_f16.log" | tr '\n' ' ')"
+    bench f16 $(($(left) - 10)) --dtype F16 "${LB[@]}"
+fi
+[ "${LEASE_SANITIZERS:-1}" = 1 ] && sanitize racecheck $(($(left) - 15))
+finish
