@@ -15,7 +15,11 @@
 // memory = x_floats(cols, XPAD) * 4 bytes when that is at most MAX_X_FLOATS floats, else 0 (x
 // is then read from global memory); launch_spec.rs `x_smem` computes the same.
 
-#define ROWS_PER_BLOCK 32
+// 16 rows per block of 8 warps: two per warp. Measured on an H200 (benchmarks/gpu/NOTES.md) with
+// 32, a 4096 x 4096 Q4_0 product ran 128 blocks (one per SM, 8 warps: too few loads in flight)
+// at 477 GB/s; 16 doubles the blocks, and each lane's loop is unrolled by 4 (lane_dot_*) so a
+// warp has a whole 4096-wide row's loads in flight at once.
+#define ROWS_PER_BLOCK 16
 
 // Most floats of x staged in shared memory (48 KiB; `MAX_X_FLOATS` in layout.rs).
 #define MAX_X_FLOATS 12288

@@ -22,7 +22,7 @@ use crate::ops::MAX_ROPE_PAIRS;
 /// Threads per block of the row kernels (8 warps).
 pub const ROW_THREADS: u32 = 256;
 /// Output rows per block of sparse_matvec / gate_up (`ROWS_PER_BLOCK` in sparse_matvec.cu).
-pub const ROWS_PER_BLOCK: usize = 32;
+pub const ROWS_PER_BLOCK: usize = 16;
 /// Threads per block of the thread-per-element kernels.
 pub const ELEM_THREADS: u32 = 256;
 /// Threads of rms_norm's and layer_norm's one block per row (8 warps: a row of a few thousand values is a few

@@ -235,7 +235,12 @@ fn facts_for(arch: u32, nvdisasm: &PathBuf) -> BTreeMap<String, Facts> {
             assert!(facts.contains_key(&e), "sm_{arch}: no facts for {e}");
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    // POWERINFER_RS_KEEP_CUBINS=1 keeps them, to read the machine code (`nvdisasm -c`).
+    if std::env::var_os("POWERINFER_RS_KEEP_CUBINS").is_some() {
+        println!("cubins kept in {}", dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     facts.remove("");
     facts
 }
