@@ -124,6 +124,27 @@ def planted_profile(shape: dict, seed: int, fingerprint: str, tokens: int = 100_
     return Profile(counts, tokens, meta)
 
 
+def trained_predictors(args, path: Path, model_bytes: int):
+    """Predictor mode: the model's profile (with samples) on the package's calibration text and
+    predictors trained on it, by the same stages as ``python -m powerinfer_rs prepare`` with its
+    token counts (``--profile-tokens`` overrides), cached beside the model; (profile, file)."""
+    from powerinfer_rs.formats.profile import read_profile
+    from powerinfer_rs.runtime.autofit import CORPUS, _run_stage, stage_tokens
+
+    d = Path(args.model_dir) / f"{path.stem}-predictors"
+    prof_dir, pred = d / "profile", d / "predictors.safetensors"
+    if not pred.is_file():
+        tokens = args.profile_tokens or stage_tokens(model_bytes)[1]
+        common = ["--model", str(path), "--threads", str(args.threads)]
+        argv = common + ["--corpus", str(CORPUS), "--tokens", str(tokens), "--samples"]
+        _run_stage("profile", argv + ["--out", str(prof_dir), "--no-plot"], quiet=True)
+        tmp = d / "predictors.part.safetensors"
+        argv = ["--model", str(path), "--profile", str(prof_dir), "--out", str(tmp)]
+        _run_stage("train-predictors", argv, quiet=True)
+        tmp.replace(pred)
+    return read_profile(prof_dir), pred
+
+
 def llama_layers(model, budget: int, n_ctx: int) -> int:
     """llama.cpp's n_gpu_layers for ``budget``: whole layers (weights + f16 K/V cache), then
     the output head (n_layers + 1) when it fits too."""
@@ -149,7 +170,7 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
     from powerinfer_rs.formats.plan import save_plan
     from powerinfer_rs.loading import load_model
     from powerinfer_rs.planning import load_hardware, make_plan
-    from powerinfer_rs.planning.predictor_size import fixed_predictor_sizes
+    from powerinfer_rs.planning.predictor_size import fixed_predictor_sizes, read_predictor_sizes
 
     model = load_model(path)
     model_bytes = sum(t.nbytes for t in model.tensors.values())
@@ -157,7 +178,15 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
     prompt = list(model.tokenizer.encode(PROMPT))
     n_ctx = -(-(len(prompt) + args.tokens + 1) // 64) * 64
     t0 = time.perf_counter()
-    prof = planted_profile(shape, args.seed, model.fingerprint)
+    mode = dict(sparsity=args.sparsity)
+    if args.sparsity == "predictor":
+        prof, pred = trained_predictors(args, path, model_bytes)
+        sizes = read_predictor_sizes(pred, model.config)
+        mode["predictors"] = str(pred)
+    else:
+        prof = planted_profile(shape, args.seed, model.fingerprint)
+        sizes = fixed_predictor_sizes(model.config, 0)  # no predictors in these modes
+    t_plan = time.perf_counter()
     plan = make_plan(
         model,
         prof,
@@ -166,11 +195,12 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
         context=n_ctx,
         solver="auto",
         objective=args.objective or ("mass" if args.small else "time"),
-        predictors=fixed_predictor_sizes(model.config, 0),  # no predictors in these modes
+        predictors=sizes,
         min_neurons=0 if args.small else None,
     )
     plan_path = save_plan(
-        plan, Path(args.model_dir) / f"{path.stem}-{args.budget_share}.plan.safetensors"
+        plan,
+        Path(args.model_dir) / f"{path.stem}-{args.budget_share}-{args.sparsity}.plan.safetensors",
     )
     pl = plan.placement
     hot = sum(len(h) for h in plan.gpu_neurons)
@@ -181,7 +211,8 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
         "budget": budget,
         "n_ctx": n_ctx,
         "prompt_tokens": len(prompt),
-        "plan_s": time.perf_counter() - t0,
+        "predictors_s": t_plan - t0,  # 0 when cached or not in predictor mode
+        "plan_s": time.perf_counter() - t_plan,
         "plan": {
             "gpu_bytes": plan.gpu_bytes,
             "attention_layers": sum(pl.attention),
@@ -194,7 +225,7 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
         },
         "mem_before": gpu_free() if args.device != "gpu-sim" else None,
     }
-    kw = dict(threads=args.threads, sparsity=args.sparsity, n_ctx=n_ctx)
+    kw = dict(threads=args.threads, n_ctx=n_ctx, **mode)
     engines = {
         "hybrid": Engine(model, plan=plan_path, device=args.device, vram_budget=budget, **kw)
     }
@@ -307,7 +338,18 @@ def main(argv=None) -> int:
         help="repeatable (default F16 and Q4_0)",
     )
     ap.add_argument("--budget-share", type=float, default=0.4, help="VRAM budget / model bytes")
-    ap.add_argument("--sparsity", default="exact-relu", choices=["exact-relu", "dense"])
+    ap.add_argument(
+        "--sparsity",
+        default="exact-relu",
+        choices=["exact-relu", "dense", "predictor"],
+        help="predictor: profile the model on the calibration text and train its predictors "
+        "first (cached beside the model), as `prepare` does; the CPU engine runs them too",
+    )
+    ap.add_argument(
+        "--profile-tokens",
+        type=int,
+        help="tokens profiled for --sparsity predictor (default prepare's for the model's size)",
+    )
     ap.add_argument("--tokens", type=int, default=64, help="decode steps per run")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per engine")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="default all cores")

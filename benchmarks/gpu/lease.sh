@@ -12,7 +12,8 @@
 # Build here first: benchmarks/gpu/build_artifacts.sh (wheel + test binaries); carry
 # target/gpu-artifacts, .peer (the trimmed llama.cpp source) and .whl (the device image lacks the
 # wheels gguf and highspy). Usage on the device:
-#   LEASE_BUDGET=450 [LEASE_BENCH="q4_0 fit f16"] [LEASE_FIT_LAYERS=32] [LEASE_SANITIZERS=0] \
+#   LEASE_BUDGET=450 [LEASE_BENCH="q4_0 fit f16"] [LEASE_LAYERS=32] [LEASE_FIT_LAYERS=32] \
+#       [LEASE_SPARSITY=exact-relu|predictor|dense] [LEASE_SANITIZERS=0] \
 #       bash benchmarks/gpu/lease.sh
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -80,8 +81,12 @@ export PYTHONPATH=$SITE
 
 # Which benchmarks: q4_0 and f16 (7B shape at 40% of its bytes, with llama.cpp) and fit (Q4_0, the
 # whole model on the GPU, LEASE_FIT_LAYERS layers of the 7B shape).
+# LEASE_LAYERS: layers of the q4_0/f16 models (fewer: quicker to write and, in predictor mode,
+# to profile and train); LEASE_SPARSITY: exact-relu (default), dense or predictor.
 BENCHES=${LEASE_BENCH:-q4_0 fit f16}
 FIT_LAYERS=${LEASE_FIT_LAYERS:-32}
+LAYERS=${LEASE_LAYERS:-32}
+SPARSITY=${LEASE_SPARSITY:-exact-relu}
 has() { case " $BENCHES " in *" $1 "*) return 0 ;; esac; return 1; }
 LPID=
 if [ -f .peer/lcpp.tgz ] && { has q4_0 || has f16; }; then
@@ -103,16 +108,16 @@ from bench_hybrid import LLAMA7B
 print(synthetic_gguf(Path('$MODELS'), '$1', shape={**LLAMA7B, 'layers': $2}, seed=0))"
 }
 SQ= SF= SFIT=
-if has q4_0 || { has fit && [ "$FIT_LAYERS" = 32 ]; }; then
-    synth Q4_0 32 >"$W/synth_q4_0.log" 2>&1 &
+if has q4_0 || { has fit && [ "$FIT_LAYERS" = "$LAYERS" ]; }; then
+    synth Q4_0 "$LAYERS" >"$W/synth_q4_0.log" 2>&1 &
     SQ=$!
 fi
-if has fit && [ "$FIT_LAYERS" != 32 ]; then
+if has fit && [ "$FIT_LAYERS" != "$LAYERS" ]; then
     synth Q4_0 "$FIT_LAYERS" >"$W/synth_fit.log" 2>&1 &
     SFIT=$!
 fi
 if has f16; then
-    synth F16 32 >"$W/synth_f16.log" 2>&1 &
+    synth F16 "$LAYERS" >"$W/synth_f16.log" 2>&1 &
     SF=$!
 fi
 
@@ -156,7 +161,7 @@ fi
 if has q4_0; then
     wait_for "$SQ" $(($(left) - 150))
     note "synthetic Q4_0: $(tail -n 2 "$W/synth_q4_0.log" | tr '\n' ' ')"
-    bench q4_0 $(($(left) - 100)) --dtype Q4_0 "${LB[@]}"
+    bench q4_0 $(($(left) - 100)) --dtype Q4_0 --layers "$LAYERS" --sparsity "$SPARSITY" "${LB[@]}"
 fi
 if has fit; then
     wait_for "${SFIT:-$SQ}" $(($(left) - 60))
@@ -165,7 +170,7 @@ fi
 if has f16; then
     wait_for "$SF" $(($(left) - 90))
     note "synthetic F16: $(tail -n 2 "$W/synth_f16.log" | tr '\n' ' ')"
-    bench f16 $(($(left) - 10)) --dtype F16 "${LB[@]}"
+    bench f16 $(($(left) - 10)) --dtype F16 --layers "$LAYERS" --sparsity "$SPARSITY" "${LB[@]}"
 fi
 [ "${LEASE_SANITIZERS:-1}" = 1 ] && sanitize racecheck $(($(left) - 15))
 finish
