@@ -178,6 +178,28 @@ def random_gpu_predictors(model, rank: int) -> tuple[PredictorSet, PredictorSize
 
 
 @pytest.mark.parametrize("device", DEVICES_WITH_EMU)
+def test_long_contexts_attend_in_chunks(relu, tmp_path, device):
+    """Past 64 positions the GPU's decode attention runs in chunks (flash-decoding), merged by
+    attention_merge: a 100-token prompt and 6 steps against the CPU engine, the chunk scratch
+    sized by the plan for its context (4 heads x 8 chunks x (32 + 2) f32 at context 512)."""
+    path = plan_for(relu, tmp_path / "long.safetensors", 0.9, context=512)
+    cpu = Engine(relu, threads=2, sparsity="exact-relu", n_ctx=512)
+    hyb = Engine(relu, threads=2, sparsity="exact-relu", plan=path, device=device, n_ctx=512)
+    n_att = sum(hyb.plan.attention)
+    assert n_att > 0, "the plan keeps attention on the CPU: nothing to test"
+    assert dict(hyb.plan.allocations)["scratch.attp"] == 4 * 8 * (32 + 2) * 4
+    prompt = [int(t) for t in np.random.default_rng(7).integers(1, 300, size=100)]
+    want, want_toks = greedy(cpu, prompt, 6)
+    got, got_toks = greedy(hyb, prompt, 6)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, w, TOL, f"{device} step {i} at position {len(prompt) + i}")
+    assert got_toks == want_toks
+    if device == "gpu-emu":
+        launches = hyb.gpu_info()["kernel_launches"]
+        assert launches.get("attention_merge", 0) >= 6 * n_att, launches
+
+
+@pytest.mark.parametrize("device", DEVICES_WITH_EMU)
 def test_predictors_on_the_gpu_side(relu, tmp_path, device):
     preds, sizes = random_gpu_predictors(relu, 32)
     path = plan_for(relu, tmp_path / "pred.safetensors", 0.6, predictors=sizes)

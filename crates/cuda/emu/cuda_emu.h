@@ -16,8 +16,8 @@
 //   EMU_ENTRY(kernel)                             registers an extern "C" kernel with its
 //                                                 parameter types, so a launch can call it
 //                                                 through cuLaunchKernel's void** array
-//   f16 conversions (round to nearest even), __int_as_float, __umulhi, rsqrtf, min, max; the C math
-//   library gives expf, tanhf, erff, fmaxf, fabsf, sqrtf, sincos.
+//   f16 conversions (round to nearest even), __int_as_float, __float_as_int, __umulhi, rsqrtf,
+//   min, max; the C math library gives expf, tanhf, erff, fmaxf, fabsf, sqrtf, sincos.
 // Shared memory starts as 0xff bytes (NaN floats, -1 ints): a kernel that reads shared memory
 // before writing it sees garbage, as on a GPU. Every buffer is its own allocation, so the
 // address sanitizer has redzones around each.
@@ -159,6 +159,11 @@ inline float __int_as_float(int i) {
     float f;
     std::memcpy(&f, &i, 4);
     return f;
+}
+inline int __float_as_int(float f) {
+    int i;
+    std::memcpy(&i, &f, 4);
+    return i;
 }
 
 // The high 32 bits of the 64-bit product.

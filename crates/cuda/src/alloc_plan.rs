@@ -28,7 +28,7 @@
 
 use powerinfer_core::{ensure, DType, ModelConfig, PlanFile, Result, Weight};
 
-use crate::layout::{align, slab_geometry};
+use crate::layout::{align, att_part_len, slab_geometry};
 
 /// One device allocation: its name and size in bytes (a multiple of 256).
 pub type Allocation = (String, usize);
@@ -198,7 +198,8 @@ pub fn gpu_allocations(model: &ModelTensors<'_>, plan: &PlanFile) -> Result<Vec<
 /// `k`, `v` (kv_dim), the attention output `att` (q_dim; attention keeps no score buffer),
 /// `hb` (ffn: the hot neurons' activations), `active` (ffn: one flag per neuron), `pred` (the
 /// largest predictor rank), `xfer` (dim: the CPU's partial FFN sum, added on the GPU), `part`
-/// (the hot down pass's split sums, [`crate::part_len`]); for q/k-norm families `kn` (kv_dim:
+/// (the hot down pass's split sums, [`crate::part_len`]), `attp` (the decode attention's chunk
+/// states, [`crate::layout::att_part_len`] for the plan's context); for q/k-norm families `kn` (kv_dim:
 /// the normed keys), for parallel blocks `saved` (dim: the residual before the attention, the
 /// FFN's input).
 pub fn scratch_allocations(c: &ModelConfig, plan: &PlanFile) -> Vec<Allocation> {
@@ -218,6 +219,7 @@ pub fn scratch_allocations(c: &ModelConfig, plan: &PlanFile) -> Vec<Allocation> 
         ("pred", max_rank),
         ("xfer", c.dim),
         ("part", crate::part_len(c.dim, c.ffn_dim)),
+        ("attp", att_part_len(c.n_heads, c.head_dim, plan.context)),
     ]
     .into_iter()
     .chain(kn)
@@ -342,6 +344,7 @@ mod tests {
             ("scratch.pred", 256),       // rank 64
             ("scratch.xfer", 256),       // 64 x 4
             ("scratch.part", 256),       // 64 x 1 split (ffn 96) x 4
+            ("scratch.attp", 0),         // context 32: one chunk, no chunk states
         ];
         let want: Vec<Allocation> = want.into_iter().map(|(n, b)| (n.into(), b)).collect();
         assert_eq!(got, want);

@@ -360,7 +360,9 @@ pub enum Launch<'a, B: Backend> {
     },
     /// `attention_decode` (attention.cu; `attention_decode_f32` for f32 caches): one query over
     /// positions `first..n_pos` of the caches, grouped-query, scores `(q · scale)·k`,
-    /// soft-capped by `softcap` when > 0.
+    /// soft-capped by `softcap` when > 0, in chunks of `chunk` positions. One chunk: the output
+    /// to `out`; more: each chunk's unnormalised output, max and normaliser to `part`
+    /// (`[n_heads][n_chunks][head_dim + 2]`), for [`Launch::AttentionMerge`].
     AttentionDecode {
         q: &'a B::Buf<f32>,
         caches: KvCaches<'a, B>,
@@ -371,6 +373,17 @@ pub enum Launch<'a, B: Backend> {
         head_dim: usize,
         scale: f32,
         softcap: f32,
+        chunk: usize,
+        part: &'a mut B::Buf<f32>,
+        out: &'a mut B::Buf<f32>,
+    },
+    /// `attention_merge` (attention.cu): the chunks' partial states in `part` combined, in
+    /// chunk order, into each head's output.
+    AttentionMerge {
+        part: &'a B::Buf<f32>,
+        n_heads: usize,
+        head_dim: usize,
+        n_chunks: usize,
         out: &'a mut B::Buf<f32>,
     },
     /// `add` (elementwise.cu): `y[i] += x[i]`.
@@ -422,6 +435,7 @@ impl<B: Backend> Launch<'_, B> {
             Launch::Rope { .. } => "rope".into(),
             Launch::KvStore { caches, .. } => kv_entry("kv_store", caches.elem()),
             Launch::AttentionDecode { caches, .. } => kv_entry("attention_decode", caches.elem()),
+            Launch::AttentionMerge { .. } => "attention_merge".into(),
             Launch::Add { .. } => "add".into(),
             Launch::ThresholdMask { .. } => "threshold_mask".into(),
             Launch::Softcap { .. } => "softcap".into(),

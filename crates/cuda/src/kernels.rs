@@ -130,7 +130,7 @@ pub const ATTENTION: KernelSource = KernelSource {
     source: include_str!("../kernels/attention.cu"),
     per_dtype: &[],
     per_kv_elem: &["kv_store", "attention_decode"],
-    single: &[],
+    single: &["attention_merge"],
 };
 
 /// Residual adds, the threshold mask, the logits' soft-cap and copies.
@@ -209,7 +209,8 @@ mod tests {
                 "kv_store",
                 "kv_store_f32",
                 "attention_decode",
-                "attention_decode_f32"
+                "attention_decode_f32",
+                "attention_merge"
             ]
         );
     }

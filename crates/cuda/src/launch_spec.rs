@@ -30,6 +30,8 @@ pub const ELEM_THREADS: u32 = 256;
 pub const NORM_THREADS: u32 = 256;
 /// Warps per block of attention_decode (`ATT_WARPS` in attention.cu), as threads.
 pub const ATT_THREADS: u32 = 4 * 32;
+/// Query heads per block of attention_decode (`ATT_GROUP` in attention.cu).
+pub const ATT_GROUP: usize = 4;
 
 /// A kernel's arguments packed as `cuLaunchKernel` takes them: each value in its own 8-byte
 /// aligned slot, in the kernel's parameter order.
@@ -479,22 +481,53 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             head_dim,
             scale,
             softcap,
+            chunk,
+            part,
             out,
         } => {
-            // attention_decode[_f32](q, cache_k, cache_v, first, n_pos, n_heads, n_kv_heads,
-            // head_dim, scale, softcap, out): one block of ATT_WARPS warps per head; head_dim <=
-            // MAX_HEAD_DIM fits the kernel's static shared arrays; first < n_pos.
+            // attention_decode[_f32](q, cache_k, cache_v, first, n_pos, group, head_dim, kv_dim,
+            // scale, softcap, chunk, part, out): block (x, y, z) = query heads x * ATT_GROUP.. of
+            // the group of KV head y over chunk z; head_dim <= MAX_HEAD_DIM fits the kernel's
+            // static shared arrays; first < n_pos.
             let [ck, cv] = caches.addrs(dev);
             a.ptr(dev.addr(q)).ptr(ck).ptr(cv);
             a.i32(to_i32(first, "first position")?)
                 .i32(to_i32(n_pos, "positions")?)
-                .i32(to_i32(n_heads, "heads")?);
-            a.i32(to_i32(n_kv_heads, "kv heads")?)
-                .i32(to_i32(head_dim, "head_dim")?);
-            a.f32(scale).f32(softcap).ptr(dev.addr_mut(out));
-            let blocks = [to_i32(n_heads, "heads")? as u32, 1];
+                .i32(to_i32(n_heads / n_kv_heads.max(1), "group")?);
+            a.i32(to_i32(head_dim, "head_dim")?)
+                .i32(to_i32(n_kv_heads * head_dim, "kv_dim")?);
+            a.f32(scale).f32(softcap).i32(to_i32(chunk, "chunk")?);
+            a.ptr(dev.addr_mut(part)).ptr(dev.addr_mut(out));
+            let group = n_heads / n_kv_heads.max(1);
+            let chunks = grid(n_pos.saturating_sub(first), chunk.max(1))?;
+            let blocks = [
+                grid(group, ATT_GROUP)?,
+                to_i32(n_kv_heads, "kv heads")? as u32,
+            ];
             let entry = kv_entry("attention_decode", caches.elem());
-            spec(&kernels::ATTENTION, entry, blocks, ATT_THREADS, 0, a)
+            let mut s = spec(&kernels::ATTENTION, entry, blocks, ATT_THREADS, 0, a)?;
+            s.grid[2] = chunks;
+            Ok(s)
+        }
+        Launch::AttentionMerge {
+            part,
+            n_heads,
+            head_dim,
+            n_chunks,
+            out,
+        } => {
+            // attention_merge(part, n_chunks, head_dim, out): a block per head.
+            a.ptr(dev.addr(part)).i32(to_i32(n_chunks, "chunks")?);
+            a.i32(to_i32(head_dim, "head_dim")?).ptr(dev.addr_mut(out));
+            let blocks = [to_i32(n_heads, "heads")? as u32, 1];
+            spec(
+                &kernels::ATTENTION,
+                "attention_merge".into(),
+                blocks,
+                ELEM_THREADS,
+                0,
+                a,
+            )
         }
         Launch::Add { y, x, n } => {
             a.ptr(dev.addr_mut(y)).ptr(dev.addr(x)).i32(to_i32(n, "n")?);

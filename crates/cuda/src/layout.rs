@@ -36,6 +36,41 @@ pub const fn x_floats(dtype: DType, cols: usize) -> usize {
 }
 /// Largest head_dim of attention_decode (`ATT_MAX_HEAD_DIM` in attention.cu).
 pub const MAX_HEAD_DIM: usize = 256;
+/// Fewest positions per chunk of the GPU's decode attention (flash-decoding): contexts up to
+/// this run as one chunk, with no merge.
+pub const ATT_MIN_CHUNK: usize = 64;
+/// Most chunks the attention scratch is sized for (`scratch.attp`, [`att_part_len`]).
+pub const ATT_MAX_CHUNKS: usize = 64;
+
+/// Chunks of the attention scratch for a plan's `context`: one per [`ATT_MIN_CHUNK`]
+/// positions, at most [`ATT_MAX_CHUNKS`] (accounting.py's `att_chunks`).
+pub fn att_chunks(context: usize) -> usize {
+    context.div_ceil(ATT_MIN_CHUNK).clamp(1, ATT_MAX_CHUNKS)
+}
+
+/// f32 values of the attention scratch (`scratch.attp`): per query head and chunk, the chunk's
+/// unnormalised output (head_dim), max and normaliser; 0 when there is a single chunk.
+pub fn att_part_len(n_heads: usize, head_dim: usize, context: usize) -> usize {
+    match att_chunks(context) {
+        1 => 0,
+        c => n_heads * c * (head_dim + 2),
+    }
+}
+
+/// `(chunks, positions per chunk)` of one attention launch over `n_active` positions, with a
+/// scratch of `part_len` values: chunks of at least [`ATT_MIN_CHUNK`] positions, as many as
+/// the scratch holds, every chunk non-empty.
+pub fn att_chunking(
+    n_active: usize,
+    part_len: usize,
+    n_heads: usize,
+    head_dim: usize,
+) -> (usize, usize) {
+    let fits = part_len / (n_heads * (head_dim + 2)).max(1);
+    let want = n_active.div_ceil(ATT_MIN_CHUNK).min(fits).max(1);
+    let chunk = n_active.div_ceil(want).max(1);
+    (n_active.div_ceil(chunk).max(1), chunk)
+}
 /// Largest predictor rank the GPU side takes (12,288 hidden units, far above what training
 /// chooses; the tiled fc2 kernel itself reads them from global memory).
 pub const MAX_RANK: usize = 48 * 1024 / 4;

@@ -381,7 +381,11 @@ fn long_attention<T: KvElem>(dev: &EmuBackend) {
     let q = values(nh * hd, 22);
     let dq = dev.upload(&q).unwrap();
     let mut out = dev.zeros::<f32>(nh * hd).unwrap();
-    dev.attention(&dq, &ck, &cv, n_pos, &p, &mut out).unwrap();
+    let mut part = dev
+        .zeros::<f32>(powerinfer_cuda::layout::att_part_len(nh, hd, ctx))
+        .unwrap();
+    dev.attention(&dq, &ck, &cv, n_pos, &p, &mut part, &mut out)
+        .unwrap();
     let f = |b: T| b.to_f32() as f64;
     let mut want = vec![0f64; nh * hd];
     for h in 0..nh {

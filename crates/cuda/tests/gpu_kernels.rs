@@ -10,6 +10,7 @@
 use half::f16;
 use powerinfer_core::{Activation, Buffer, DType, Error, RopeStyle, Weight};
 use powerinfer_cpu::{reference, sparse_reference};
+use powerinfer_cuda::layout::att_part_len;
 use powerinfer_cuda::{
     Act, AttnParams, Backend, DeviceWeight, FfnAct, GpuOps, HostBackend, HotFfn, KvElem, RowLayout,
     GPU_DTYPES,
@@ -667,7 +668,10 @@ fn attention_every_head_dim() {
 }
 
 /// Decode attention, grouped-query, over a partly filled cache: head_dim 64, 80, 128 and 256
-/// (the kernel's largest), and one query head per kv head, over f16 and f32 caches. The f32
+/// (the kernel's largest), 36 and 100 (not whole 16-byte pieces of f16: read element by
+/// element), one query head per kv head and groups of 5 and 12 (more than a block's 4), one
+/// chunk (45 positions) and many (up to 700: flash-decoding's chunks merged), over f16 and f32
+/// caches. The f32
 /// cache keeps what the f16 one rounds: its output is the exact reference's within
 /// [`ATT_TOL_F32`], the f16 cache's is not (and the two differ).
 fn attention_head_dims<B: Backend>(dev: &B) {
@@ -676,6 +680,8 @@ fn attention_head_dims<B: Backend>(dev: &B) {
         (8, 2, 64, 300),
         (4, 4, 128, 257),
         (4, 1, 256, 131),
+        (12, 1, 36, 45),
+        (10, 2, 100, 700),
     ] {
         let p = AttnParams::new(nh, nkv, hd);
         let (f16_out, _) = attention_case::<B, u16>(dev, &p, n_pos, 1.0);
@@ -798,7 +804,10 @@ fn attention_case<B: Backend, T: KvElem>(
     }
     let dq = dev.upload(&q).unwrap();
     let mut out = dev.zeros::<f32>(nh * hd).unwrap();
-    dev.attention(&dq, &ck, &cv, n_pos, p, &mut out).unwrap();
+    // The flash-decoding scratch as the plan sizes it for this context.
+    let mut part = dev.zeros::<f32>(att_part_len(nh, hd, context)).unwrap();
+    dev.attention(&dq, &ck, &cv, n_pos, p, &mut part, &mut out)
+        .unwrap();
     let got = dev.download(&out).unwrap();
     let what = format!("attention over {} caches {p:?}, {n_pos} positions", T::NAME);
     if T::NAME == f32::NAME {
@@ -997,7 +1006,16 @@ fn kv_checked_errors<B: Backend, T: KvElem>(dev: &B) {
         dev.zeros::<T>(4 * hd).unwrap(),
         dev.zeros::<T>(4 * hd).unwrap(),
     );
-    let e = dev.attention(&q, &ck, &cv, 4, &AttnParams::new(1, 1, hd), &mut out);
+    let mut part = zeros_f32(0);
+    let e = dev.attention(
+        &q,
+        &ck,
+        &cv,
+        4,
+        &AttnParams::new(1, 1, hd),
+        &mut part,
+        &mut out,
+    );
     assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
     // A window of no position; a cap or a scale that is no (positive) number.
     let (q, mut out) = (zeros_f32(64), zeros_f32(64));
@@ -1033,7 +1051,7 @@ fn kv_checked_errors<B: Backend, T: KvElem>(dev: &B) {
         ),
     ];
     for (p, shape) in bad {
-        let e = dev.attention(&q, &ck, &cv, 4, &p, &mut out);
+        let e = dev.attention(&q, &ck, &cv, 4, &p, &mut part, &mut out);
         match shape {
             true => assert!(matches!(e, Err(Error::Shape(_))), "{e:?}"),
             false => assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}"),

@@ -251,8 +251,9 @@ fn kv_specs<T: KvElem>(
     dev: &HostBackend,
     x: &HostBuf<f32>,
     out: &mut HostBuf<f32>,
-) -> [LaunchSpec; 2] {
+) -> [LaunchSpec; 3] {
     let (mut ck, mut cv) = (dev.zeros::<T>(256).unwrap(), dev.zeros::<T>(256).unwrap());
+    let mut part = dev.zeros::<f32>(2 * 3 * 34).unwrap();
     let launch = Launch::KvStore {
         k: x,
         v: x,
@@ -271,9 +272,19 @@ fn kv_specs<T: KvElem>(
         head_dim: 32,
         scale: 0.2,
         softcap: 30.0,
+        chunk: 64,
+        part: &mut part,
         out,
     };
-    [store, launch_spec(dev, launch).unwrap()]
+    let att = launch_spec(dev, launch).unwrap();
+    let launch = Launch::AttentionMerge {
+        part: &part,
+        n_heads: 2,
+        head_dim: 32,
+        n_chunks: 3,
+        out,
+    };
+    [store, att, launch_spec(dev, launch).unwrap()]
 }
 
 #[test]

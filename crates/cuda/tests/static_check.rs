@@ -49,12 +49,7 @@ const STREAMING: [&str; 5] = [
 ];
 
 /// What a kernel (by name prefix) does not meet yet, and why.
-const PENDING: &[(&str, Criterion, &str)] = &[(
-    "attention_decode",
-    VectorLoads,
-    "one block per head walks positions one value per lane; flash-decoding with 16-byte \
-         K/V loads is not written yet",
-)];
+const PENDING: &[(&str, Criterion, &str)] = &[];
 
 /// What the compilers say of one kernel on one architecture.
 #[derive(Clone, Debug, Default)]

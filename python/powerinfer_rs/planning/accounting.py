@@ -182,6 +182,20 @@ def down_splits(n_hot: int) -> int:
     return min(128, max(1, n_hot // 128))
 
 
+#: Fewest positions per chunk of the GPU's decode attention, and most chunks its scratch holds
+#: (``powerinfer_cuda::layout::{ATT_MIN_CHUNK, ATT_MAX_CHUNKS}``).
+ATT_MIN_CHUNK = 64
+ATT_MAX_CHUNKS = 64
+
+
+def att_part_len(n_heads: int, head_dim: int, context: int) -> int:
+    """f32 values of the decode attention's chunk states for ``context`` (flash-decoding: one
+    chunk per ``ATT_MIN_CHUNK`` positions, at most ``ATT_MAX_CHUNKS``; 0 for one chunk)
+    (``powerinfer_cuda::layout::att_part_len``)."""
+    chunks = min(ATT_MAX_CHUNKS, max(1, -(-context // ATT_MIN_CHUNK)))
+    return 0 if chunks == 1 else n_heads * chunks * (head_dim + 2)
+
+
 def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -> list[Allocation]:
     """Scratch buffers, allocated once (layers run one after another) when the GPU is used.
 
@@ -190,11 +204,10 @@ def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -
     (n_heads * head_dim); ``hb`` (ffn_dim: the hot neurons' activations); ``active`` (ffn_dim
     i32: one flag per neuron); ``pred`` (the largest predictor rank, its hidden vector); ``xfer``
     (dim: the CPU's partial FFN sum, added on the GPU); ``part`` (dim per split of the hot down
-    pass, :func:`down_splits`: its partial sums, added in a fixed order); for families with q/k
-    norms ``kn``
-    (kv_dim: the normed keys); for parallel attention+FFN families (Falcon) ``saved`` (dim:
-    the residual before the attention, the FFN's input). ``context``
-    sizes only the KV caches, not these.
+    pass, :func:`down_splits`: its partial sums, added in a fixed order); ``attp`` (the decode
+    attention's chunk states for ``context``, :func:`att_part_len`); for families with q/k
+    norms ``kn`` (kv_dim: the normed keys); for parallel attention+FFN families (Falcon)
+    ``saved`` (dim: the residual before the attention, the FFN's input).
     """
     c = shape.config
     f32 = {
@@ -210,6 +223,7 @@ def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -
         "pred": max(pred.ranks, default=0),
         "xfer": c.dim,
         "part": c.dim * down_splits(c.ffn_dim),
+        "attp": att_part_len(c.n_heads, c.head_dim, context),
     }
     if c.qk_norm:
         f32["kn"] = kv_dim(shape)

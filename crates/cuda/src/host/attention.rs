@@ -60,18 +60,29 @@ impl Heads {
     }
 }
 
-/// For each query head h (reading KV head `h / (n_heads / n_kv_heads)`):
-/// `out[h] = Σ_p softmax_p(s_p) · v[p]` over the positions `positions` (first..n_pos) of the
-/// caches, `s_p = (q[h]·scale) · k[p]`, soft-capped to `c · tanh(s_p / c)` when the cap
-/// `c` > 0 (the sums in f64). `q` and `out` hold n_heads · head_dim values; the range must hold
-/// at least one position (the kernel's output would be 0/0).
+/// Where an attention launch writes: with one chunk (`chunk` ≥ the positions) the output, else
+/// each chunk's partial state into `part` (`[n_heads][n_chunks][head_dim + 2]`: the
+/// unnormalised output, the max score, the normaliser), as attention.cu does.
+pub(super) struct Dst<'a> {
+    pub chunk: usize,
+    pub part: &'a mut [f32],
+    pub out: &'a mut [f32],
+}
+
+/// For each query head h (reading KV head `h / (n_heads / n_kv_heads)`) and each chunk of
+/// `dst.chunk` positions of `positions` (first..n_pos): the chunk's scores
+/// `s_p = (q[h]·scale) · k[p]`, soft-capped to `c · tanh(s_p / c)` when the cap `c` > 0, their
+/// max m, normaliser `l = Σ_p e^(s_p − m)` and unnormalised output `Σ_p e^(s_p − m) · v[p]`
+/// (the sums in f64); one chunk gives `out[h]` = output / l, more go to `dst.part` for
+/// [`attention_merge`]. `q` and `out` hold n_heads · head_dim values; the range must hold at
+/// least one position (the kernel's output would be 0/0).
 pub(super) fn attention_decode<T: KvElem>(
     heads: &Heads,
     q: &[f32],
     [cache_k, cache_v]: [&[T]; 2],
     positions: std::ops::Range<usize>,
     [scale, softcap]: [f32; 2],
-    out: &mut [f32],
+    dst: Dst<'_>,
 ) -> Result<()> {
     let Heads {
         n_heads,
@@ -81,6 +92,21 @@ pub(super) fn attention_decode<T: KvElem>(
     if positions.is_empty() {
         return Err(shape(format!("attention over no position ({positions:?})")));
     }
+    if dst.chunk == 0 {
+        return Err(shape("attention in chunks of 0 positions".to_string()));
+    }
+    let n_chunks = positions.len().div_ceil(dst.chunk);
+    let stride = hd + 2;
+    let part = if n_chunks > 1 {
+        let need = product(
+            n_heads * n_chunks,
+            stride,
+            "n_heads × chunks × (head_dim + 2)",
+        )?;
+        Some(prefix_mut(dst.part, need, "part")?)
+    } else {
+        None
+    };
     let kv_dim = n_kv_heads * hd;
     let need = product(positions.end, kv_dim, "n_pos × kv_dim")?;
     let cache_k = prefix(cache_k, need, "cache_k")?;
@@ -88,30 +114,98 @@ pub(super) fn attention_decode<T: KvElem>(
     let group = n_heads / n_kv_heads;
     let decode = |x: T| x.to_f32() as f64;
     let cap = softcap as f64;
-    let mut scores = vec![0f64; positions.len()];
     let mut acc = vec![0f64; hd];
-    for (h, (qh, oh)) in q.chunks_exact(hd).zip(out.chunks_exact_mut(hd)).enumerate() {
+    let mut part = part;
+    for (h, qh) in q.chunks_exact(hd).enumerate() {
         let kv = (h / group) * hd;
         let qs: Vec<f32> = qh.iter().map(|&v| v * scale).collect();
-        for (p, s) in positions.clone().zip(scores.iter_mut()) {
-            let kp = &cache_k[p * kv_dim + kv..][..hd];
-            *s = qs.iter().zip(kp).map(|(&a, &b)| a as f64 * decode(b)).sum();
-            if cap > 0.0 {
-                *s = cap * (*s / cap).tanh();
+        for c in 0..n_chunks {
+            let from = positions.start + c * dst.chunk;
+            let range = from..(from + dst.chunk).min(positions.end);
+            let scores: Vec<f64> = range
+                .clone()
+                .map(|p| {
+                    let kp = &cache_k[p * kv_dim + kv..][..hd];
+                    let s: f64 = qs.iter().zip(kp).map(|(&a, &b)| a as f64 * decode(b)).sum();
+                    if cap > 0.0 {
+                        cap * (s / cap).tanh()
+                    } else {
+                        s
+                    }
+                })
+                .collect();
+            let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            acc.fill(0.0);
+            let mut denom = 0.0;
+            for (p, &s) in range.zip(&scores) {
+                let e = (s - m).exp();
+                denom += e;
+                let vp = &cache_v[p * kv_dim + kv..][..hd];
+                for (a, &b) in acc.iter_mut().zip(vp) {
+                    *a += e * decode(b);
+                }
+            }
+            match part.as_deref_mut() {
+                None => {
+                    for (o, &a) in dst.out[h * hd..][..hd].iter_mut().zip(&acc) {
+                        *o = (a / denom) as f32;
+                    }
+                }
+                Some(part) => {
+                    let pc = &mut part[(h * n_chunks + c) * stride..][..stride];
+                    for (o, &a) in pc.iter_mut().zip(&acc) {
+                        *o = a as f32;
+                    }
+                    pc[hd] = m as f32;
+                    pc[hd + 1] = denom as f32;
+                }
             }
         }
-        let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        acc.fill(0.0);
-        let mut denom = 0.0;
-        for (p, &s) in positions.clone().zip(&scores) {
-            let e = (s - m).exp();
-            denom += e;
-            let vp = &cache_v[p * kv_dim + kv..][..hd];
-            for (a, &b) in acc.iter_mut().zip(vp) {
-                *a += e * decode(b);
-            }
-        }
-        for (o, &a) in oh.iter_mut().zip(&acc) {
+    }
+    Ok(())
+}
+
+/// `attention_merge`: for each head, the `n_chunks` partial states of `part` (see
+/// [`attention_decode`]) combined in chunk order: `out = Σ_c acc_c e^(m_c − M) / Σ_c l_c
+/// e^(m_c − M)`, M the largest m_c (the sums in f64).
+pub(super) fn attention_merge(
+    part: &[f32],
+    n_chunks: usize,
+    head_dim: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    let stride = head_dim + 2;
+    let n_heads = out.len() / head_dim.max(1);
+    let need = product(
+        n_heads * n_chunks,
+        stride,
+        "n_heads × chunks × (head_dim + 2)",
+    )?;
+    let part = prefix(part, need, "part")?;
+    if n_chunks == 0 {
+        return Err(shape("attention_merge over no chunk".to_string()));
+    }
+    for (h, oh) in out.chunks_exact_mut(head_dim).enumerate() {
+        let ph = &part[h * n_chunks * stride..][..n_chunks * stride];
+        let m = ph
+            .chunks_exact(stride)
+            .map(|pc| pc[head_dim] as f64)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let w: Vec<f64> = ph
+            .chunks_exact(stride)
+            .map(|pc| (pc[head_dim] as f64 - m).exp())
+            .collect();
+        let denom: f64 = ph
+            .chunks_exact(stride)
+            .zip(&w)
+            .map(|(pc, w)| pc[head_dim + 1] as f64 * w)
+            .sum();
+        for (d, o) in oh.iter_mut().enumerate() {
+            let a: f64 = ph
+                .chunks_exact(stride)
+                .zip(&w)
+                .map(|(pc, w)| pc[d] as f64 * w)
+                .sum();
             *o = (a / denom) as f32;
         }
     }
@@ -269,25 +363,45 @@ mod tests {
                     }
                 }
                 let dq = upload(&be, &q);
-                let mut out = be.zeros::<f32>(nh * hd).unwrap();
-                launch(
-                    &be,
-                    Launch::AttentionDecode {
-                        q: &dq,
-                        caches: T::caches::<HostBackend>(&ck, &cv),
-                        first,
-                        n_pos,
-                        n_heads: nh,
-                        n_kv_heads: nkv,
-                        head_dim: hd,
-                        scale,
-                        softcap: cap,
-                        out: &mut out,
-                    },
-                )
-                .unwrap();
-                let what = format!("{} {nh}/{nkv} x {hd} from {first} cap {cap}", T::NAME);
-                assert_close(&download(&be, &out), &want, 1e-5, &what);
+                // One chunk (the output directly), and chunks of 4 positions merged.
+                for chunk in [n_pos, 4] {
+                    let n_chunks = (n_pos - first).div_ceil(chunk);
+                    let mut out = be.zeros::<f32>(nh * hd).unwrap();
+                    let mut part = be.zeros::<f32>(nh * n_chunks * (hd + 2)).unwrap();
+                    launch(
+                        &be,
+                        Launch::AttentionDecode {
+                            q: &dq,
+                            caches: T::caches::<HostBackend>(&ck, &cv),
+                            first,
+                            n_pos,
+                            n_heads: nh,
+                            n_kv_heads: nkv,
+                            head_dim: hd,
+                            scale,
+                            softcap: cap,
+                            chunk,
+                            part: &mut part,
+                            out: &mut out,
+                        },
+                    )
+                    .unwrap();
+                    if n_chunks > 1 {
+                        let merge = Launch::AttentionMerge {
+                            part: &part,
+                            n_heads: nh,
+                            head_dim: hd,
+                            n_chunks,
+                            out: &mut out,
+                        };
+                        launch(&be, merge).unwrap();
+                    }
+                    let what = format!(
+                        "{} {nh}/{nkv} x {hd} from {first} cap {cap}, {n_chunks} chunks",
+                        T::NAME
+                    );
+                    assert_close(&download(&be, &out), &want, 1e-5, &what);
+                }
             }
         }
     }
@@ -298,6 +412,7 @@ mod tests {
         let (ck, cv, _, _) = fill::<u16>(&be, 2 * 64, 4, 4);
         let dq = upload(&be, &pseudo_random(4 * 64, 1));
         let mut out = be.zeros::<f32>(4 * 64).unwrap();
+        let mut part = be.zeros::<f32>(0).unwrap();
         let mut att_from = |first, n_pos, n_heads, n_kv_heads, head_dim| {
             launch(
                 &be,
@@ -311,6 +426,8 @@ mod tests {
                     head_dim,
                     scale: 0.125,
                     softcap: 0.0,
+                    chunk: 64,
+                    part: &mut part,
                     out: &mut out,
                 },
             )

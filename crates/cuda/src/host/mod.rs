@@ -466,6 +466,8 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             head_dim,
             scale,
             softcap,
+            chunk,
+            part,
             out,
         } => {
             let shape = attention::Heads::new(n_heads, n_kv_heads, head_dim)?;
@@ -473,16 +475,32 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             let q = prefix(&q.data, total, "q")?;
             let out = prefix_mut(&mut out.data, total, "out")?;
             let (positions, params) = (first..n_pos, [scale, softcap]);
+            let dst = attention::Dst {
+                chunk,
+                part: &mut part.data,
+                out,
+            };
             match caches {
                 KvCaches::F16 { k, v } => {
                     let caches = [k.data.as_slice(), &v.data];
-                    attention::attention_decode(&shape, q, caches, positions, params, out)
+                    attention::attention_decode(&shape, q, caches, positions, params, dst)
                 }
                 KvCaches::F32 { k, v } => {
                     let caches = [k.data.as_slice(), &v.data];
-                    attention::attention_decode(&shape, q, caches, positions, params, out)
+                    attention::attention_decode(&shape, q, caches, positions, params, dst)
                 }
             }
+        }
+        Launch::AttentionMerge {
+            part,
+            n_heads,
+            head_dim,
+            n_chunks,
+            out,
+        } => {
+            let total = view::product(n_heads, head_dim, "n_heads × head_dim")?;
+            let out = prefix_mut(&mut out.data, total, "out")?;
+            attention::attention_merge(&part.data, n_chunks, head_dim, out)
         }
         Launch::Add { y, x, n } => {
             let x = prefix(&x.data, n, "x")?;

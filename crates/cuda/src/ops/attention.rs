@@ -4,7 +4,7 @@
 use powerinfer_core::{ensure, Result};
 
 use crate::backend::{Backend, Checked, DeviceSlice, KvElem, Launch};
-use crate::layout::{AttnParams, MAX_HEAD_DIM};
+use crate::layout::{att_chunking, AttnParams, MAX_HEAD_DIM};
 
 /// Write position `pos`'s keys and values (kv_dim f32 each) into the caches of `T` ([context,
 /// kv_dim] each); `Error::ContextOverflow` past the cache's end.
@@ -46,9 +46,13 @@ pub(crate) fn kv_store<B: Backend, T: KvElem>(
 /// Decode attention for the token at position `n_pos − 1`: `q` is n_heads × head_dim, the
 /// caches hold positions 0..n_pos (rows of n_kv_heads × head_dim), `out` is n_heads × head_dim;
 /// the query attends to positions `p.first(n_pos)..n_pos`, scores `(q·k)·p.scale`, soft-capped
-/// to `c · tanh(s / c)` with `p.softcap = Some(c)`. `Error::Unsupported` for head_dim >
+/// to `c · tanh(s / c)` with `p.softcap = Some(c)`. Flash-decoding: the positions are cut into
+/// as many chunks as `part` holds partial states for ([`att_chunking`], at least
+/// [`crate::layout::ATT_MIN_CHUNK`] positions each), merged by a second launch; one chunk (a
+/// short context, or an empty `part`) is one launch. `Error::Unsupported` for head_dim >
 /// [`MAX_HEAD_DIM`], a scale that is no finite number or a cap that is no positive one;
 /// `Error::Shape` for a window of 0 positions.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention<B: Backend, T: KvElem>(
     dev: &B,
     q: &B::Buf<f32>,
@@ -56,6 +60,7 @@ pub(crate) fn attention<B: Backend, T: KvElem>(
     cache_v: &B::Buf<T>,
     n_pos: usize,
     p: &AttnParams,
+    part: &mut B::Buf<f32>,
     out: &mut B::Buf<f32>,
 ) -> Result<()> {
     let AttnParams {
@@ -104,17 +109,32 @@ pub(crate) fn attention<B: Backend, T: KvElem>(
         Unsupported,
         "attention: the soft-cap {softcap:?} must be a positive number"
     );
+    let first = p.first(n_pos);
+    let (n_chunks, chunk) = att_chunking(n_pos - first, part.len(), n_heads, head_dim);
     let launch = Launch::AttentionDecode {
         q,
         caches: T::caches::<B>(cache_k, cache_v),
-        first: p.first(n_pos),
+        first,
         n_pos,
         n_heads,
         n_kv_heads,
         head_dim,
         scale,
         softcap: softcap.unwrap_or(0.0),
+        chunk,
+        part,
         out,
     };
-    dev.launch(launch, Checked(()))
+    dev.launch(launch, Checked(()))?;
+    if n_chunks > 1 {
+        let merge = Launch::AttentionMerge {
+            part,
+            n_heads,
+            head_dim,
+            n_chunks,
+            out,
+        };
+        dev.launch(merge, Checked(()))?;
+    }
+    Ok(())
 }

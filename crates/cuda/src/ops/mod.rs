@@ -181,7 +181,10 @@ pub trait GpuOps: Backend {
 
     /// Decode attention for the token at position `n_pos − 1` over the cached positions
     /// `p.first(n_pos)..n_pos` (a sliding window, or all), scores `(q·k)·p.scale`, soft-capped
-    /// with `p.softcap`, then softmax. The caches are f16 or f32 ([`KvElem`]).
+    /// with `p.softcap`, then softmax. The caches are f16 or f32 ([`KvElem`]). `part` is the
+    /// flash-decoding scratch ([`crate::layout::att_part_len`] values for the context; empty:
+    /// one chunk, as for a short context).
+    #[allow(clippy::too_many_arguments)]
     fn attention<T: KvElem>(
         &self,
         q: &Self::Buf<f32>,
@@ -189,9 +192,10 @@ pub trait GpuOps: Backend {
         cache_v: &Self::Buf<T>,
         n_pos: usize,
         p: &AttnParams,
+        part: &mut Self::Buf<f32>,
         out: &mut Self::Buf<f32>,
     ) -> Result<()> {
-        attention::attention(self, q, cache_k, cache_v, n_pos, p, out)
+        attention::attention(self, q, cache_k, cache_v, n_pos, p, part, out)
     }
 
     /// `y[i] += x[i]`.

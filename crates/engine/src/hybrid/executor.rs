@@ -71,7 +71,15 @@ fn attend<B: Backend, T: KvElem>(
     p: &AttnParams,
 ) -> Result<()> {
     dev.kv_store(&sc.k, &sc.v, pos, cache_k, cache_v)?;
-    dev.attention(&sc.q, cache_k, cache_v, pos + 1, p, &mut sc.att)
+    dev.attention(
+        &sc.q,
+        cache_k,
+        cache_v,
+        pos + 1,
+        p,
+        &mut sc.attp,
+        &mut sc.att,
+    )
 }
 
 /// The hybrid executor on backend `B`.

@@ -6,7 +6,7 @@
 //! byte. A layer's vectors are uploaded in the order of its layer program's steps.
 
 use powerinfer_core::{bail, ensure, DType, KvPrecision, Result, Weight};
-use powerinfer_cuda::layout::align;
+use powerinfer_cuda::layout::{align, att_part_len};
 use powerinfer_cuda::{Allocation, Backend, DeviceSlice, DeviceWeight, Elem, GpuOps, HotFfn};
 
 use crate::placement::Placement;
@@ -195,6 +195,9 @@ pub struct GpuScratch<B: Backend> {
     pub xfer: B::Buf<f32>,
     /// The hot down pass's split sums (`powerinfer_cuda::part_len`).
     pub part: B::Buf<f32>,
+    /// The decode attention's chunk states (flash-decoding;
+    /// [`powerinfer_cuda::layout::att_part_len`]).
+    pub attp: B::Buf<f32>,
     /// The normed keys (q/k-norm families).
     pub kn: Option<B::Buf<f32>>,
     /// The residual before a parallel block's attention (its FFN's input).
@@ -345,6 +348,7 @@ impl<B: Backend> GpuModel<B> {
                 |n: &str, len: usize| reg.zeros::<B, f32>(dev, &format!("scratch.{n}"), len);
             let (pred, xfer) = (z("pred", max_rank)?, z("xfer", c.dim)?);
             let part = z("part", powerinfer_cuda::part_len(c.dim, c.ffn_dim))?;
+            let attp = z("attp", att_part_len(c.n_heads, c.head_dim, plan.context))?;
             let kn = match c.arch.qk_norm {
                 true => Some(z("kn", c.kv_dim())?),
                 false => None,
@@ -366,6 +370,7 @@ impl<B: Backend> GpuModel<B> {
                 pred,
                 xfer,
                 part,
+                attp,
                 kn,
                 saved,
             })
