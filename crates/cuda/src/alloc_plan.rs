@@ -344,7 +344,7 @@ mod tests {
             ("scratch.pred", 256),       // rank 64
             ("scratch.xfer", 256),       // 64 x 4
             ("scratch.part", 256),       // 64 x 1 split (ffn 96) x 4
-            ("scratch.attp", 0),         // context 32: one chunk, no chunk states
+            ("scratch.attp", 512),       // context 32: one chunk, 4 heads x (16 + 2) x 4
         ];
         let want: Vec<Allocation> = want.into_iter().map(|(n, b)| (n.into(), b)).collect();
         assert_eq!(got, want);

@@ -49,12 +49,10 @@ pub fn att_chunks(context: usize) -> usize {
 }
 
 /// f32 values of the attention scratch (`scratch.attp`): per query head and chunk, the chunk's
-/// unnormalised output (head_dim), max and normaliser; 0 when there is a single chunk.
+/// unnormalised output (head_dim), max and normaliser (with one chunk the scratch goes unused,
+/// but every allocation of a plan holds bytes).
 pub fn att_part_len(n_heads: usize, head_dim: usize, context: usize) -> usize {
-    match att_chunks(context) {
-        1 => 0,
-        c => n_heads * c * (head_dim + 2),
-    }
+    n_heads * att_chunks(context) * (head_dim + 2)
 }
 
 /// `(chunks, positions per chunk)` of one attention launch over `n_active` positions, with a

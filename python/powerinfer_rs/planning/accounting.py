@@ -190,10 +190,10 @@ ATT_MAX_CHUNKS = 64
 
 def att_part_len(n_heads: int, head_dim: int, context: int) -> int:
     """f32 values of the decode attention's chunk states for ``context`` (flash-decoding: one
-    chunk per ``ATT_MIN_CHUNK`` positions, at most ``ATT_MAX_CHUNKS``; 0 for one chunk)
-    (``powerinfer_cuda::layout::att_part_len``)."""
+    chunk per ``ATT_MIN_CHUNK`` positions, at most ``ATT_MAX_CHUNKS``; with one chunk unused,
+    but allocated: every allocation holds bytes) (``powerinfer_cuda::layout::att_part_len``)."""
     chunks = min(ATT_MAX_CHUNKS, max(1, -(-context // ATT_MIN_CHUNK)))
-    return 0 if chunks == 1 else n_heads * chunks * (head_dim + 2)
+    return n_heads * chunks * (head_dim + 2)
 
 
 def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -> list[Allocation]:
