@@ -197,6 +197,7 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
         objective=args.objective or ("mass" if args.small else "time"),
         predictors=sizes,
         min_neurons=0 if args.small else None,
+        sparsity=args.sparsity,
     )
     plan_path = save_plan(
         plan,

@@ -197,3 +197,23 @@ def test_auto_budget_without_gpu_is_a_clean_error(files, capsys, monkeypatch):
 
 def test_plan_error_is_a_value_error():
     assert issubclass(PlanError, ValueError)
+
+
+def test_sparsity_sets_what_a_neuron_costs(files, capsys):
+    """--sparsity exact-relu plans for a mode without predictors: none reserved or placed, the
+    mode recorded; the default is predictor mode, whose predictors the budget holds."""
+    model_path, prof, d, model = files
+    base = ["--model", str(model_path), "--profile", str(prof), "--vram-budget", "400KiB"]
+    base += ["--hardware", "rtx4090", "--context", "64", "--bucket", "32", "--min-neurons", "0"]
+    base += ["--objective", "mass"]
+    plans = {}
+    for mode in (None, "exact-relu"):
+        out = d / f"plan-{mode}.safetensors"
+        assert main(base + ["--out", str(out)] + (["--sparsity", mode] if mode else [])) == 0
+        plans[mode] = load_plan(out, model, budget_bytes=400 * 1024)
+    capsys.readouterr()
+    assert plans[None].predicted["sparsity"] == "predictor"
+    assert any(plans[None].placement.predictor)
+    assert plans["exact-relu"].predicted["sparsity"] == "exact-relu"
+    assert not any(plans["exact-relu"].placement.predictor)
+    assert plans["exact-relu"].predictors.layer_bytes(0) == 0

@@ -5,8 +5,10 @@ from __future__ import annotations
 import itertools
 import sys
 
+import numpy as np
 import pytest
 
+from powerinfer_rs.errors import PlanError
 from powerinfer_rs.formats.profile import synthetic_profile
 from powerinfer_rs.loading.types import ModelConfig
 from powerinfer_rs.planning import (
@@ -258,3 +260,50 @@ def test_modes_without_predictors_place_no_predictor(objective, solver):
     assert ev.feasible
     # The layers run wholly on the GPU: no CPU side to wait for.
     assert not any(ev.split)
+
+
+@pytest.mark.parametrize("no_gate", [False, True])
+def test_each_sparsity_mode_costs_what_it_reads(no_gate):
+    """The time objective's cost of a neuron is its mode's reads (float64 by hand, CPU-only
+    placement): predictor mode reads the active neurons' gate, up and down rows; exact-relu
+    reads every neuron's gate row (the up row of a gate-less FFN) and the active ones' other
+    rows; threshold every gate and up row and the active down rows; dense every row."""
+    layers = 2
+    spec = SynthSpec(64, 128, layers, heads=4, kv_heads=2, vocab=300, max_context=64)
+    cfg = (SynthSpec(**{**vars(spec), "arch": "opt"}) if no_gate else spec).model_config()
+    assert cfg.no_gate == no_gate
+    shape = ModelShape.from_config(cfg, "F16")
+    prof = synthetic_profile(layers, cfg.ffn_dim, 500, seed=3, zipf_a=1.2)
+    row = 2 * cfg.dim  # F16 rows of dim weights
+    gate = 0 if no_gate else row
+    per_neuron = gate + 2 * row  # gate + up + down_t
+    fixed = {"predictor": 0, "exact-relu": gate or row, "threshold": gate + row}
+    fixed["dense"] = per_neuron
+    cpu_only = Placement.cpu_only(layers)
+    times = {}
+    for mode, f in fixed.items():
+        p = build_problem(
+            shape, prof, TOY_HW, 0, objective="time", bucket=32, context=16,
+            predictors=fixed_predictor_sizes(cfg, 0), sparsity=mode,
+        )  # fmt: skip
+        assert all(lt.neuron_fixed == f and lt.neuron_read == per_neuron for lt in p.layers)
+        times[mode] = evaluate(p, cpu_only).time_per_token
+        assert p.sparsity == mode
+    active = sum(float(np.sum(c)) for c in prof.counts) / prof.tokens  # per token, all layers
+    c_bw = TOY_HW.cpu_mem_bw * 1e9
+    for mode, f in fixed.items():
+        # Against predictor mode: every neuron's f bytes, less the active ones' f bytes.
+        extra = (layers * cfg.ffn_dim - active) * f / c_bw
+        assert times[mode] - times["predictor"] == pytest.approx(extra, rel=1e-9, abs=1e-15)
+    assert times["predictor"] < times["exact-relu"] <= times["threshold"] < times["dense"]
+
+
+def test_unknown_sparsity_is_a_plan_error():
+    cfg = tiny_config(1)
+    shape = ModelShape.from_config(cfg, "F16")
+    prof = synthetic_profile(1, cfg.ffn_dim, 100, seed=0)
+    with pytest.raises(PlanError, match="sparsity"):
+        build_problem(
+            shape, prof, TOY_HW, 0, bucket=32, context=16,
+            predictors=fixed_predictor_sizes(cfg, 0), sparsity="sparse",
+        )  # fmt: skip

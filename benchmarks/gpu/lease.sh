@@ -12,7 +12,7 @@
 # Build here first: benchmarks/gpu/build_artifacts.sh (wheel + test binaries); carry
 # target/gpu-artifacts, .peer (the trimmed llama.cpp source) and .whl (the device image lacks the
 # wheels gguf and highspy). Usage on the device:
-#   LEASE_BUDGET=450 [LEASE_BENCH="q4_0 fit f16"] [LEASE_LAYERS=32] [LEASE_FIT_LAYERS=32] \
+#   LEASE_BUDGET=450 [LEASE_BENCH="q4_0 fit ncu f16"] [LEASE_LAYERS=32] [LEASE_FIT_LAYERS=32] \
 #       [LEASE_SPARSITY=exact-relu|predictor|dense] [LEASE_SANITIZERS=0] \
 #       bash benchmarks/gpu/lease.sh
 set -uo pipefail
@@ -79,8 +79,9 @@ $PY -m pip install -q --no-index --no-deps --target "$SITE" "$(ls $ART/*.whl | h
     $(ls .whl/*.whl 2>/dev/null) >"$W/pip.log" 2>&1 || note "pip install failed: $(tail -n 3 "$W/pip.log")"
 export PYTHONPATH=$SITE
 
-# Which benchmarks: q4_0 and f16 (7B shape at 40% of its bytes, with llama.cpp) and fit (Q4_0, the
-# whole model on the GPU, LEASE_FIT_LAYERS layers of the 7B shape).
+# Which benchmarks: q4_0 and f16 (7B shape at 40% of its bytes, with llama.cpp), fit (Q4_0, the
+# whole model on the GPU, LEASE_FIT_LAYERS layers of the 7B shape) and ncu (the fit model's
+# kernels under Nsight Compute: per-kernel GB/s against the measured copy rate, ncu_table.py).
 # LEASE_LAYERS: layers of the q4_0/f16 models (fewer: quicker to write and, in predictor mode,
 # to profile and train); LEASE_SPARSITY: exact-relu (default), dense or predictor.
 BENCHES=${LEASE_BENCH:-q4_0 fit f16}
@@ -108,11 +109,13 @@ from bench_hybrid import LLAMA7B
 print(synthetic_gguf(Path('$MODELS'), '$1', shape={**LLAMA7B, 'layers': $2}, seed=0))"
 }
 SQ= SF= SFIT=
-if has q4_0 || { has fit && [ "$FIT_LAYERS" = "$LAYERS" ]; }; then
+FITS=0
+{ has fit || has ncu; } && FITS=1
+if has q4_0 || { [ $FITS = 1 ] && [ "$FIT_LAYERS" = "$LAYERS" ]; }; then
     synth Q4_0 "$LAYERS" >"$W/synth_q4_0.log" 2>&1 &
     SQ=$!
 fi
-if has fit && [ "$FIT_LAYERS" != "$LAYERS" ]; then
+if [ $FITS = 1 ] && [ "$FIT_LAYERS" != "$LAYERS" ]; then
     synth Q4_0 "$FIT_LAYERS" >"$W/synth_fit.log" 2>&1 &
     SFIT=$!
 fi
@@ -166,6 +169,18 @@ fi
 if has fit; then
     wait_for "${SFIT:-$SQ}" $(($(left) - 60))
     bench fit $(($(left) - 40)) --dtype Q4_0 --budget-share 1.0 --layers "$FIT_LAYERS"
+fi
+if has ncu; then  # per-kernel bandwidth of the model held whole (Nsight Compute)
+    wait_for "${SFIT:-$SQ}" $(($(left) - 60))
+    COPY=$(grep -o "device copy: [0-9]*" "$W/env.txt" | grep -o "[0-9]*$")
+    timeout $(($(left) - 30)) ncu --clock-control none --csv --launch-skip 300 --launch-count 200 \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+        $PY benchmarks/bench_hybrid.py --device cuda --model-dir $MODELS --dtype Q4_0 \
+        --budget-share 1.0 --layers "$FIT_LAYERS" --tokens 8 --repeats 1 --threads "$THREADS" \
+        >"$W/ncu.csv" 2>&1
+    note "ncu: rc $?"
+    $PY benchmarks/gpu/ncu_table.py "$W/ncu.csv" ${COPY:+--copy-gbs "$COPY"} \
+        --json "$W/ncu.json" 2>&1 | tee -a "$SUMMARY"
 fi
 if has f16; then
     wait_for "$SF" $(($(left) - 90))

@@ -67,6 +67,13 @@ def mass_weights(p: PlacementProblem) -> MassWeights:
     return MassWeights(buckets, attn, pred, out, total)
 
 
+def bucket_read(lt) -> np.ndarray:
+    """Expected weight bytes each bucket of a layer reads per token: its active neurons' rows,
+    and every neuron's rows its mode reads whether it fires (``neuron_fixed``)."""
+    f = lt.neuron_fixed
+    return lt.mass * (lt.neuron_read - f) + lt.sizes * float(f)
+
+
 def time_terms(p: PlacementProblem) -> TimeTerms:
     """Time coefficients of every choice."""
     g, c, lam = p.gpu_bw, p.cpu_bw, p.launch
@@ -75,8 +82,8 @@ def time_terms(p: PlacementProblem) -> TimeTerms:
         attn_cpu=[lt.attn_read / c for lt in p.layers],
         pred_gpu=[lt.pred_read / g + lam for lt in p.layers],
         pred_cpu=[lt.pred_read / c for lt in p.layers],
-        bucket_gpu=[lt.mass * lt.neuron_read / g for lt in p.layers],
-        bucket_cpu=[lt.mass * lt.neuron_read / c for lt in p.layers],
+        bucket_gpu=[bucket_read(lt) / g for lt in p.layers],
+        bucket_cpu=[bucket_read(lt) / c for lt in p.layers],
         ffn_launch=lam,
         sync=p.sync_cost(),
         out_gpu=p.output_read / g + lam + 4 * p.shape.config.vocab_size / p.pcie_bw,

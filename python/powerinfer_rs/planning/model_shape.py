@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import ModelFileError
+from ..errors import ModelFileError, PlanError
 from ..loading.types import BLOCK_LAYOUT, LoadedModel, ModelConfig, expected_shapes, row_bytes
 
 #: The 32-weight format a K-quant's ``down_t`` falls back to when ``dim`` is not a multiple of
@@ -131,6 +131,24 @@ class ModelShape:
                 return f"blk.{layer}.ffn_gate is {gate} and ffn_up {up}: the GPU reads both in one"
         return None
 
+    def neuron_fixed_read_bytes(self, layer: int, sparsity: str) -> int:
+        """Bytes of one FFN neuron read every token in ``sparsity`` mode (:data:`SPARSITIES`)
+        whether it fires or not: none with predictors (they pick the rows before any is read);
+        the gate row with exact-relu (for a gate-less FFN its up row), whose ReLU decides; the
+        gate and up rows with thresholds (the rule reads |act(gate)·up|); every row dense."""
+        if sparsity not in SPARSITIES:
+            raise PlanError(f"sparsity {sparsity!r}: choose one of {', '.join(SPARSITIES)}")
+        d = self.config.dim
+        up = row_bytes(self.dtype(f"blk.{layer}.ffn_up"), d)
+        gate = 0 if self.config.no_gate else row_bytes(self.dtype(f"blk.{layer}.ffn_gate"), d)
+        if sparsity == "predictor":
+            return 0
+        if sparsity == "exact-relu":
+            return gate or up
+        if sparsity == "threshold":
+            return gate + up
+        return self.neuron_read_bytes(layer)
+
     def neuron_read_bytes(self, layer: int) -> int:
         """Weight bytes of one FFN neuron: its gate row (none for gate-less families) + up
         row + down_t row."""
@@ -143,4 +161,7 @@ class ModelShape:
         )
 
 
-__all__ = ["GPU_DTYPES", "GPU_PARTS", "K_FALLBACK", "ModelShape"]
+#: The FFN sparsity modes the planner's cost model knows (the engine's ``sparsity``).
+SPARSITIES = ("predictor", "exact-relu", "threshold", "dense")
+
+__all__ = ["GPU_DTYPES", "GPU_PARTS", "K_FALLBACK", "SPARSITIES", "ModelShape"]

@@ -123,6 +123,7 @@ def plan_from_solution(problem: PlacementProblem, res: SolveResult, profile: Pro
             "alignment": 256,
         },
         predicted={
+            "sparsity": p.sparsity,
             "tokens_per_s": ev.tokens_per_s,
             "time_per_token_s": ev.time_per_token,
             "layer_time_s": ev.layer_time,
@@ -154,6 +155,7 @@ def make_plan(
     predictors: PredictorSizes | None = None,
     min_neurons: int | None = None,
     kv_cache: str = "f16",
+    sparsity: str = "predictor",
     solver: str = "auto",
     time_limit: float = 10.0,
     mip_gap: float = DEFAULT_MIP_GAP,
@@ -168,6 +170,9 @@ def make_plan(
     its MIP gap); "mass" maximises the activation mass the GPU serves (PowerInfer's objective),
     which can be rated slower than the time plan. ``kv_cache``: the precision of the GPU
     layers' KV caches, "f16" (default) or "f32", as the engine that runs the plan holds it.
+    ``sparsity``: the FFN mode the plan is for ("predictor", the default; "exact-relu",
+    "threshold", "dense"): what a neuron costs per token in the time objective and the minimum
+    of hot neurons per layer (exact-relu reads every cold neuron's gate row on the CPU).
 
     Raises :class:`PlanError` when the profile was made on another model (unless
     ``check_fingerprint`` is False), :class:`ShapeError` when it does not fit the model's shape,
@@ -198,6 +203,7 @@ def make_plan(
             predictors=preds,
             min_neurons=min_neurons,
             kv_cache=kv_cache,
+            sparsity=sparsity,
         )
         return problem, solve(
             problem, solver=solver, time_limit=time_limit, mip_gap=mip_gap, log=log

@@ -39,6 +39,9 @@ class LayerTerms:
     attn_bytes: int  #: GPU bytes of attention weights + KV cache
     pred_bytes: int  #: GPU bytes of the predictor
     neuron_read: int  #: weight bytes read per active neuron (gate + up + down_t rows)
+    #: of those, the bytes read every token whether the neuron fires or not (the mode's:
+    #: :meth:`.ModelShape.neuron_fixed_read_bytes`; 0 with predictors)
+    neuron_fixed: int
     attn_weight_read: int  #: attention weight bytes read per token
     attn_read: float  #: attention bytes read per token: weights + mean KV (context / 2 rows)
     pred_read: int  #: predictor bytes read per token
@@ -88,6 +91,7 @@ class PlacementProblem:
     total_counts: int  #: all activation counts of the profile
     output_refused: str | None = None  #: why the GPU cannot hold the output head, or None
     kv_cache: str = "f16"  #: the KV caches' precision ("f16" or "f32")
+    sparsity: str = "predictor"  #: the FFN mode the plan is for (what a neuron costs)
 
     @property
     def output_gpu(self) -> bool:
@@ -131,20 +135,21 @@ class PlacementProblem:
 
 
 def min_neurons_for(
-    freq_sorted: np.ndarray, neuron_read: int, hw: HardwareProfile, dim: int
+    freq_sorted: np.ndarray, neuron_read: int, hw: HardwareProfile, dim: int, fixed: int = 0
 ) -> int:
     """m_l: the fewest hottest neurons whose GPU time saving pays for a split.
 
-    Moving neuron ``i`` (frequency ``p_i``) to the GPU saves ``p_i r (1/C - 1/G)`` seconds per
-    token; a split layer pays one launch, one sync and ``2 * 4 * dim`` PCIe bytes. Returns the
-    smallest ``m`` with the top-``m`` saving at least that, or the whole layer when none does.
+    Moving neuron ``i`` (frequency ``p_i``) to the GPU saves ``(p_i (r - f) + f) (1/C - 1/G)``
+    seconds per token (``f``: its bytes read every token, :attr:`LayerTerms.neuron_fixed`); a
+    split layer pays one launch, one sync and ``2 * 4 * dim`` PCIe bytes. Returns the smallest
+    ``m`` with the top-``m`` saving at least that, or the whole layer when none does.
     """
     n = int(freq_sorted.size)
     if not hw.has_gpu or hw.gpu_mem_bw <= hw.cpu_mem_bw:
         return n
-    gain = neuron_read * (1 / (hw.cpu_mem_bw * 1e9) - 1 / (hw.gpu_mem_bw * 1e9))
+    per_byte = 1 / (hw.cpu_mem_bw * 1e9) - 1 / (hw.gpu_mem_bw * 1e9)
     overhead = (hw.launch_latency_us + hw.sync_latency_us) * 1e-6 + 8 * dim / (hw.pcie_bw * 1e9)
-    saved = np.cumsum(freq_sorted * gain)
+    saved = np.cumsum((freq_sorted * (neuron_read - fixed) + fixed) * per_byte)
     k = int(np.searchsorted(saved, overhead))  # first index with saved >= overhead
     return max(1, min(n, k + 1))
 
@@ -161,10 +166,15 @@ def build_problem(
     predictors: PredictorSizes,
     min_neurons: int | None = None,
     kv_cache: str = "f16",
+    sparsity: str = "predictor",
 ) -> PlacementProblem:
     """Check the inputs fit together and compute the problem's numbers.
 
     ``min_neurons`` overrides the per-layer m_l (0 or 1 = no minimum beyond one bucket).
+    ``sparsity``: the FFN mode the plan is for (:data:`.model_shape.SPARSITIES`), which sets
+    what a neuron costs per token: its active rows only with predictors, plus the rows its mode
+    reads for every neuron otherwise (the gate with exact-relu: the CPU side reads the gate of
+    every cold neuron).
     Raises :class:`ShapeError` when the profile does not fit the model, :class:`PlanError` for
     bad options and :class:`VramBudgetError` for a budget the hardware cannot hold.
     """
@@ -207,9 +217,10 @@ def build_problem(
         sizes = np.diff(np.append(starts, cnt.size))
         bcounts = np.add.reduceat(sorted_counts, starts)
         r = shape.neuron_read_bytes(i)
+        f = shape.neuron_fixed_read_bytes(i, sparsity)
         attn_w = sum(shape.tensor_bytes(f"blk.{i}.{t}") for t in acc._ATTN_TENSORS)
         if min_neurons is None:
-            m = min_neurons_for(sorted_counts / profile.tokens, r, hw, c.dim)
+            m = min_neurons_for(sorted_counts / profile.tokens, r, hw, c.dim, f)
         else:
             m = max(1, min(int(min_neurons), cnt.size))
         layers.append(
@@ -223,6 +234,7 @@ def build_problem(
                 attn_bytes=acc.total_bytes(acc.attention_allocations(shape, i, context, kv_cache)),
                 pred_bytes=acc.total_bytes(acc.predictor_allocations(predictors, i)),
                 neuron_read=r,
+                neuron_fixed=f,
                 attn_weight_read=attn_w,
                 attn_read=attn_w + kv_read,
                 pred_read=predictors.layer_bytes(i),
@@ -239,6 +251,7 @@ def build_problem(
         bucket=bucket,
         context=context,
         kv_cache=kv_cache,
+        sparsity=sparsity,
         predictors=predictors,
         layers=layers,
         output_bytes=acc.total_bytes(acc.output_allocations(shape)),

@@ -254,6 +254,8 @@ def prepare(
         argv += ["--out", str(d / "plan.safetensors")]
         if files["predictors"]:
             argv += ["--predictors", str(d / files["predictors"])]
+        else:  # what a neuron costs: thresholds (SiLU/GELU) or a PowerInfer file's predictors
+            argv += ["--sparsity", "threshold" if not relu else "predictor"]
         timings["plan"] = _run_stage("plan", argv, quiet)
     sparsity = "threshold" if not relu else "predictor"
     manifest = {

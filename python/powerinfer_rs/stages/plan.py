@@ -13,6 +13,7 @@ from ..planning.hardware_profile import (
     profile_for_gpu_name,
 )
 from ..planning.ilp import DEFAULT_MIP_GAP
+from ..planning.model_shape import SPARSITIES
 from ..planning.planner import SOLVERS
 from ..planning.problem import BUCKET_SIZES, OBJECTIVES
 from ..planning.sizes import format_bytes, parse_bytes
@@ -86,6 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
         default="f16",
         help="precision of the KV cache, as the engine will hold it (Engine(kv_cache=...)): "
         "f16 (default, as llama.cpp's) or f32 (twice the bytes per GPU layer's cache)",
+    )
+    ap.add_argument(
+        "--sparsity",
+        choices=SPARSITIES,
+        default=None,
+        help="the FFN mode the engine will run the plan in, which sets what a neuron costs: "
+        "predictor (default: only predicted-active rows are read; the GPU holds the "
+        "predictors), exact-relu (every cold neuron's gate row is read on the CPU), threshold "
+        "(gate and up rows), dense. The modes without predictors reserve no predictor bytes "
+        "unless --predictors or --predictor-bytes says otherwise",
     )
     ap.add_argument(
         "--objective",
@@ -237,10 +248,13 @@ def run(args: argparse.Namespace) -> int:
             f"for {context}"
         )
     profile = read_profile(args.profile)
+    sparsity = args.sparsity or "predictor"
     if args.predictors is not None:
         preds = read_predictor_sizes(args.predictors, shape.config)
     elif pred_bytes is not None:
         preds = fixed_predictor_sizes(shape.config, pred_bytes)
+    elif sparsity != "predictor":
+        preds = fixed_predictor_sizes(shape.config, 0)  # the mode reads no predictor
     else:
         preds = None
     plan = make_plan(
@@ -254,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
         predictors=preds,
         min_neurons=args.min_neurons,
         kv_cache=args.kv_cache,
+        sparsity=sparsity,
         solver=args.solver,
         time_limit=args.time_limit,
         mip_gap=args.mip_gap,
