@@ -186,11 +186,16 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
     else:
         prof = planted_profile(shape, args.seed, model.fingerprint)
         sizes = fixed_predictor_sizes(model.config, 0)  # no predictors in these modes
+    hw = load_hardware(args.hardware)
+    if args.device != "gpu-sim":  # this machine's CPU, measured, in place of the profile's
+        from powerinfer_rs.stages.plan import measured_cpu
+
+        hw, _ = measured_cpu(hw, args.threads)
     t_plan = time.perf_counter()
     plan = make_plan(
         model,
         prof,
-        load_hardware(args.hardware),
+        hw,
         budget,
         context=n_ctx,
         solver="auto",
@@ -222,6 +227,7 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
             "hot_share": hot / (model.config.n_layers * model.config.ffn_dim),
             "mass_share": plan.predicted["mass_share"],
             "predicted_tok_s": plan.predicted["tokens_per_s"],
+            "cpu_mem_bw": hw.cpu_mem_bw,  # GB/s the planner assumed (measured on cuda)
             "solver": plan.solver,
         },
         "mem_before": gpu_free() if args.device != "gpu-sim" else None,
@@ -354,7 +360,11 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=64, help="decode steps per run")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per engine")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="default all cores")
-    ap.add_argument("--hardware", default="h200", help="planner's hardware profile")
+    ap.add_argument(
+        "--hardware",
+        default="h200",
+        help="planner's hardware profile (its CPU replaced by this machine's, measured, on cuda)",
+    )
     ap.add_argument(
         "--objective",
         choices=["time", "mass"],

@@ -217,3 +217,30 @@ def test_sparsity_sets_what_a_neuron_costs(files, capsys):
     assert plans["exact-relu"].predicted["sparsity"] == "exact-relu"
     assert not any(plans["exact-relu"].placement.predictor)
     assert plans["exact-relu"].predictors.layer_bytes(0) == 0
+
+
+def test_a_detected_gpu_is_planned_with_this_machines_cpu(files, capsys, monkeypatch):
+    """Planning for this machine (no --hardware, a GPU detected): the GPU's shipped profile,
+    with the CPU's read bandwidth and cores measured here in place of the profile's."""
+    from powerinfer_rs import _core
+    from powerinfer_rs.planning.gpu_probe import GpuInfo
+    from powerinfer_rs.stages import plan as stage
+
+    model_path, prof, d, model = files
+    gpu = GpuInfo("NVIDIA H200", 150 * 2**30, 140 * 2**30)
+    monkeypatch.setattr(stage, "detect_gpu", lambda: gpu)
+    calls = []
+
+    def measure(nbytes, iters, threads):
+        calls.append((nbytes, iters, threads))
+        return 54.0
+
+    monkeypatch.setattr(_core, "measure_read_bandwidth", measure)
+    out = d / "plan-here.safetensors"
+    argv = ["--model", str(model_path), "--profile", str(prof), "--vram-budget", "400KiB"]
+    assert main(argv + ["--context", "64", "--bucket", "32", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "detected NVIDIA H200 -> profile h200" in text and "54 GB/s" in text
+    plan = load_plan(out, model, budget_bytes=400 * 1024)
+    assert plan.hardware["name"] == "h200" and plan.hardware["cpu_mem_bw"] == 54.0
+    assert plan.hardware["cpu_cores"] == calls[0][2] and len(calls) == 1

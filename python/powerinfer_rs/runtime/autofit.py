@@ -250,7 +250,9 @@ def prepare(
     if budget_text is not None:
         files["plan"] = "plan.safetensors"
         argv = common + ["--profile", str(d / "profile"), "--vram-budget", budget_text]
-        argv += ["--hardware", hw_name, "--context", str(ctx), "--kv-cache", kv_cache]
+        argv += ["--context", str(ctx), "--kv-cache", kv_cache]
+        if hardware is not None:  # else the stage detects the GPU and measures this CPU
+            argv += ["--hardware", hw_name]
         argv += ["--out", str(d / "plan.safetensors")]
         if files["predictors"]:
             argv += ["--predictors", str(d / files["predictors"])]
