@@ -480,6 +480,30 @@ LANE_DOT_NIBBLES(q5_1, 8, true, 4, 0, 1)
 // Q4_K / Q5_K: lane e = l % 8 reads qs[32c + l0 .. + 16] (c = e / 2, l0 = 16 (e % 2)): the
 // weights 64c + l0 + j (low nibbles, sub-block 2c) and 64c + 32 + l0 + j (high, 2c + 1), and
 // for Q5_K qh[l0 .. + 16] (bits 2c and 2c + 1: their fifth bits).
+// One Q4_K/Q5_K unit: lane e (c = e / 2, l0 = 16 (e % 2)) of the super-block whose quants start
+// at q and header at hd: its 16 quant bytes, for Q5_K its 16 fifth-bit bytes (else 0), and the
+// scale d·sc and min dmin·mn of its two sub-blocks 2c and 2c + 1. lane_dot_k4 and tile_k4
+// read a unit the same way.
+struct K4Unit {
+    u32 w[4], hw[4];
+    float d0, m0, d1, m1;
+};
+__device__ __forceinline__ K4Unit k4_unit(const u8* q, const u8* hd, int c, int l0, bool al,
+                                          bool five) {
+    K4Unit k;
+    const Vec16 v = ld_quants16(q + (five ? 32 : 0) + 32 * c + l0, al);
+    const Vec16 hv = five ? ld_quants16(q + l0, al) : Vec16{0u, 0u, 0u, 0u};
+    k.w[0] = v.a, k.w[1] = v.b, k.w[2] = v.c, k.w[3] = v.d;
+    k.hw[0] = hv.a, k.hw[1] = hv.b, k.hw[2] = hv.c, k.hw[3] = hv.d;
+    int sc0, mn0, sc1, mn1;
+    k4_scale_min(2 * c, hd + 4, &sc0, &mn0);
+    k4_scale_min(2 * c + 1, hd + 4, &sc1, &mn1);
+    const float d = f16_to_f32(ld_u16(hd)), dmin = f16_to_f32(ld_u16(hd + 2));
+    k.d0 = d * (float)sc0, k.m0 = dmin * (float)mn0;
+    k.d1 = d * (float)sc1, k.m1 = dmin * (float)mn1;
+    return k;
+}
+
 __device__ __forceinline__ float lane_dot_k4(const u8* row, const float* x, int cols, int lane,
                                              bool five) {
     const int qb = five ? 160 : 128;
@@ -490,15 +514,9 @@ __device__ __forceinline__ float lane_dot_k4(const u8* row, const float* x, int 
     float s = 0.0f;
 #pragma unroll 4
     for (int b = lane / 8; b < nb; b += WARP / 8) {
-        const u8* q = row + qb * b;
-        const u8* hd = hd0 + 16 * b;
-        const Vec16 v = ld_quants16(q + (five ? 32 : 0) + 32 * c + l0, al);
-        const Vec16 hv = five ? ld_quants16(q + l0, al) : Vec16{0u, 0u, 0u, 0u};
-        const u32 w[4] = {v.a, v.b, v.c, v.d}, hw[4] = {hv.a, hv.b, hv.c, hv.d};
-        int sc0, mn0, sc1, mn1;
-        k4_scale_min(2 * c, hd + 4, &sc0, &mn0);
-        k4_scale_min(2 * c + 1, hd + 4, &sc1, &mn1);
-        const float d = f16_to_f32(ld_u16(hd)), dmin = f16_to_f32(ld_u16(hd + 2));
+        const K4Unit k = k4_unit(row + qb * b, hd0 + 16 * b, c, l0, al, five);
+        const u32* w = k.w;
+        const u32* hw = k.hw;
         const float* xb = x + b * QK_K + 64 * c + l0;
         float t0 = 0.0f, t1 = 0.0f, x0 = 0.0f, x1 = 0.0f;
 #pragma unroll
@@ -517,8 +535,8 @@ __device__ __forceinline__ float lane_dot_k4(const u8* row, const float* x, int 
                 x1 += xh[k];
             }
         }
-        s += d * (float)sc0 * t0 - dmin * (float)mn0 * x0;
-        s += d * (float)sc1 * t1 - dmin * (float)mn1 * x1;
+        s += k.d0 * t0 - k.m0 * x0;
+        s += k.d1 * t1 - k.m1 * x1;
     }
     return s;
 }
@@ -711,17 +729,11 @@ __device__ __forceinline__ void tile_k4(const u8* row, int u, int cols, bool al,
                                         float* acc, bool five) {
     const int qb = five ? 160 : 128;
     const int sb = u / 8, e = u % 8, c = e / 2, l0 = 16 * (e % 2);
-    const u8* q = row + qb * sb;
-    const u8* hd = row + qb * (cols / QK_K) + 16 * sb;
-    const Vec16 v = ld_quants16(q + (five ? 32 : 0) + 32 * c + l0, al);
-    const Vec16 hv = five ? ld_quants16(q + l0, al) : Vec16{0u, 0u, 0u, 0u};
-    const u32 w[4] = {v.a, v.b, v.c, v.d}, hw[4] = {hv.a, hv.b, hv.c, hv.d};
-    int sc0, mn0, sc1, mn1;
-    k4_scale_min(2 * c, hd + 4, &sc0, &mn0);
-    k4_scale_min(2 * c + 1, hd + 4, &sc1, &mn1);
-    const float d = f16_to_f32(ld_u16(hd)), dmin = f16_to_f32(ld_u16(hd + 2));
-    const float d0 = ak * (d * (float)sc0), m0 = ak * (dmin * (float)mn0);
-    const float d1 = ak * (d * (float)sc1), m1 = ak * (dmin * (float)mn1);
+    const K4Unit k = k4_unit(row + qb * sb, row + qb * (cols / QK_K) + 16 * sb, c, l0, al, five);
+    const u32* w = k.w;
+    const u32* hw = k.hw;
+    const float d0 = ak * k.d0, m0 = ak * k.m0;
+    const float d1 = ak * k.d1, m1 = ak * k.m1;
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
         const int byte = (int)((w[j / 4] >> (8 * (j % 4))) & 255u);
