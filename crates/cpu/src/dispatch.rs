@@ -269,3 +269,20 @@ impl<'a> Activations<'a> {
         )
     }
 }
+
+/// Rows `rows.0..rows.1` (whole sub-tiles) of the input-sparse matvec
+/// ([`crate::ops::input_major`]): `out` = Σ over `groups` of their kept columns times their
+/// inputs.
+pub(crate) fn cols_tile(
+    level: Level,
+    m: &crate::ops::input_major::InputMajor,
+    t: (usize, usize),
+    a: &crate::ops::input_major::ActiveInput,
+    groups: &[crate::ops::input_major::GroupInput],
+    out: &mut [f32],
+) {
+    by_level!(level,
+        avx2 => avx2::cols::cols_tile(m, t, a, groups, out),
+        scalar => crate::kernels::cols::cols_tile(m, t, a, groups, out),
+    )
+}

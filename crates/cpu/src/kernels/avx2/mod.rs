@@ -8,6 +8,7 @@
 
 mod attend;
 mod attend_block;
+pub(crate) mod cols;
 mod dequant;
 mod dot;
 mod formats;

@@ -1,0 +1,845 @@
+//! Input-sparse matvec: `y = W x` reading only the columns of `W` whose input `x_i` is kept
+//! (the `input` sparsity mode, TEAL/WINA style), over an input-major copy of `W` that is the
+//! same numbers as `W` (no second quantization).
+//!
+//! ## Layout ([`InputMajor`])
+//! A block format stores `w = s·q + m` per row and group of G inputs (G = 32 for the 32-weight
+//! formats, Q4_K and Q5_K; 16 for Q2_K, Q3_K and Q6_K), with an integer `q`. The copy keeps
+//! those integers and those scales, rearranged so that one input column is one contiguous line
+//! of every output row's `q`:
+//!
+//! ```text
+//! for each group of G inputs (a "chunk"):
+//!     scales [rows]  (f16 where every scale of the matrix is an f16, else f32)
+//!     mins   [rows]  (only when some min is not 0; same type)
+//!     G lines, one per input column: every row's q
+//!        4-bit q (range within 16 values): two rows a byte
+//!        wider q: one i8 a row
+//! ```
+//!
+//! rows padded to a multiple of [`SUB`]. A skipped column is a whole line not read: lines of
+//! one cache line (tiles of 128 rows, the first design) skipped 40% of the columns and read as
+//! much memory as none, since the CPU's stream prefetcher fetched the lines between the kept
+//! ones (Q4_1 5632 x 2048 on 2 threads: 276 µs at 0% skipped, 290 µs at 40%). Float formats
+//! (F32, F16, BF16) keep their values, one line per column, no scales. Rows inside each 32-row
+//! sub-tile are permuted (see [`line_pos`]) so that the AVX2 kernel's pairwise integer products
+//! land in natural row order. The bytes: a Q4_1 matrix's copy is 4.5 + 0.5 (min) bits a weight
+//! (the original: 5), a Q4_0's 4.5, Q8_0's 8.5; the 5- and 6-bit formats are stored as i8 (8
+//! bits + scales), and the K-quants' scales as f32 (their `d·scale` products are not all f16).
+//!
+//! ## The product ([`matvec_input`])
+//! x is quantized per group of G to int16 over the kept entries (the dense matvec's scheme), and
+//! each output row's group sum `Σ xq_i q_ri` is an exact integer, scaled once per group:
+//! `y_r += s_r·xs·(Σ xq_i q_ri + off·Σ xq_i) + m_r·xs·Σ xq_i`. Work is cut into (matrix, row
+//! range, range of active groups) units, each with its own partial sum, added in unit order:
+//! the result depends only on the inputs and the thread count.
+
+use half::f16;
+use powerinfer_core::{ensure, DType, Result, Weight};
+use rayon::prelude::*;
+
+use crate::check;
+use crate::dispatch;
+use crate::simd::{self, Level};
+
+/// Output rows per sub-tile: the unit of the kernels' register blocking and of row padding.
+pub const SUB: usize = 32;
+
+/// Rows a unit of work covers at least (where a matrix has more, its rows are split).
+const UNIT_ROWS: usize = 2048;
+
+/// How one column line stores its values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lines {
+    /// 4-bit `u = q − off`, two rows a byte.
+    Nibble,
+    /// i8 `q`, one row a byte.
+    Byte,
+    /// The float format's own values.
+    F32,
+    F16,
+    BF16,
+}
+
+impl Lines {
+    /// Bytes of one sub-tile (32 rows) of a column line.
+    pub(crate) const fn sub_bytes(self) -> usize {
+        match self {
+            Lines::Nibble => SUB / 2,
+            Lines::Byte => SUB,
+            Lines::F32 => SUB * 4,
+            Lines::F16 | Lines::BF16 => SUB * 2,
+        }
+    }
+
+    pub(crate) fn is_float(self) -> bool {
+        matches!(self, Lines::F32 | Lines::F16 | Lines::BF16)
+    }
+}
+
+/// The type of the scale and min tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ScaleType {
+    F16,
+    F32,
+}
+
+impl ScaleType {
+    const fn bytes(self) -> usize {
+        match self {
+            ScaleType::F16 => 2,
+            ScaleType::F32 => 4,
+        }
+    }
+}
+
+/// An input-major copy of a weight matrix (see the module docs).
+#[derive(Clone, Debug)]
+pub struct InputMajor {
+    /// The source format.
+    pub dtype: DType,
+    /// Output rows (the source's rows).
+    pub rows: usize,
+    /// Inputs (the source's columns).
+    pub cols: usize,
+    /// Rows padded to a whole number of sub-tiles.
+    pub(crate) rows_pad: usize,
+    pub(crate) lines: Lines,
+    /// Bytes of one column line (all rows).
+    pub(crate) line_bytes: usize,
+    /// Quantized lines: the integer added back to a stored nibble (`q = u + off`).
+    pub(crate) off: i32,
+    /// Inputs per group (one scale per row and group).
+    pub(crate) group: usize,
+    pub(crate) scales: ScaleType,
+    pub(crate) has_min: bool,
+    pub(crate) n_groups: usize,
+    pub(crate) chunk_bytes: usize,
+    pub(crate) data: Vec<u8>,
+}
+
+/// Where row `r` sits in a column line: (byte, high nibble) for 4-bit lines, (byte, false) for
+/// i8 lines. Sub-tile `r / 32` takes 16 (4-bit) or 32 (i8) bytes; inside each 16 rows, rows
+/// 4..8 and 8..12 trade places: the AVX2 kernel widens 16 bytes to 16 int16 and interleaves
+/// two columns per 128-bit lane, which yields rows {0..4, 8..12} then {4..8, 12..16}.
+pub(crate) const fn line_pos(lines: Lines, r: usize) -> (usize, bool) {
+    let (sub, rr) = (r / SUB, r % SUB);
+    let e = rr % 16;
+    let swapped = match e {
+        4..=7 => e + 4,
+        8..=11 => e - 4,
+        _ => e,
+    };
+    match lines {
+        Lines::Nibble => (16 * sub + swapped, rr >= 16),
+        _ => (32 * sub + 16 * (rr / 16) + swapped, false),
+    }
+}
+
+/// One block's values as `s·q + m` per group: (group length, scales, mins, q).
+struct Affine {
+    group: usize,
+    s: [f32; 16],
+    m: [f32; 16],
+    q: [i8; 256],
+}
+
+impl Default for Affine {
+    fn default() -> Self {
+        Affine {
+            group: 32,
+            s: [0.0; 16],
+            m: [0.0; 16],
+            q: [0; 256],
+        }
+    }
+}
+
+/// Split one block of `dtype` into [`Affine`] form, in the dequantizer's own float operations
+/// (so `s·q + m` is the dequantized value bit for bit).
+fn affine_block(dtype: DType, b: &[u8], a: &mut Affine) {
+    use powerinfer_core::dequantize::{unpack_k, SubScales};
+    let f16_at = |at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+    let u32_at = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    match dtype {
+        DType::Q8_0 => {
+            a.group = 32;
+            a.s[0] = f16_at(0);
+            a.m[0] = 0.0;
+            for (q, &v) in a.q.iter_mut().zip(&b[2..34]) {
+                *q = v as i8;
+            }
+        }
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => {
+            a.group = 32;
+            let (m, qh, qs) = match dtype {
+                DType::Q4_0 => (None, None, &b[2..18]),
+                DType::Q4_1 => (Some(f16_at(2)), None, &b[4..20]),
+                DType::Q5_0 => (None, Some(u32_at(2)), &b[6..22]),
+                _ => (Some(f16_at(2)), Some(u32_at(4)), &b[8..24]),
+            };
+            let bias = match (m, qh) {
+                (Some(_), _) => 0,
+                (None, None) => 8,
+                (None, Some(_)) => 16,
+            };
+            a.s[0] = f16_at(0);
+            a.m[0] = m.unwrap_or(0.0);
+            for j in 0..32 {
+                let nib = if j < 16 { qs[j] & 15 } else { qs[j - 16] >> 4 };
+                let high = qh.map_or(0, |h| ((h >> j) & 1) << 4) as i32;
+                a.q[j] = ((nib as i32 | high) - bias) as i8;
+            }
+        }
+        _ => {
+            let mut sub = SubScales::default();
+            unpack_k(dtype, b, &mut sub, &mut a.q);
+            a.group = 256 / sub.n;
+            for s in 0..sub.n {
+                a.s[s] = sub.d[s];
+                // d·q − m as the dequantizer computes it is d·q + (−m) exactly.
+                a.m[s] = -sub.m[s];
+            }
+        }
+    }
+}
+
+impl InputMajor {
+    /// The input-major copy of `w` (every format; [`Error::Shape`](powerinfer_core::Error) for
+    /// a buffer of the wrong size).
+    pub fn new(w: &Weight) -> Result<InputMajor> {
+        check::weight_bytes(w)?;
+        let (rows, cols, dtype) = (w.rows, w.cols, w.dtype);
+        let rows_pad = rows.div_ceil(SUB).max(1) * SUB;
+        let float = match dtype {
+            DType::F32 => Some(Lines::F32),
+            DType::F16 => Some(Lines::F16),
+            DType::BF16 => Some(Lines::BF16),
+            _ => None,
+        };
+        if let Some(lines) = float {
+            let group = 32;
+            let n_groups = cols.div_ceil(group).max(1);
+            let line_bytes = rows_pad / SUB * lines.sub_bytes();
+            let chunk_bytes = group * line_bytes;
+            let mut m = InputMajor {
+                dtype,
+                rows,
+                cols,
+                rows_pad,
+                lines,
+                line_bytes,
+                off: 0,
+                group,
+                scales: ScaleType::F32,
+                has_min: false,
+                n_groups,
+                chunk_bytes,
+                data: vec![0u8; n_groups * chunk_bytes],
+            };
+            let eb = dtype.block_bytes();
+            m.data
+                .par_chunks_mut(line_bytes)
+                .enumerate()
+                .filter(|(c, _)| *c < cols)
+                .for_each(|(c, line)| {
+                    for r in 0..rows {
+                        line[r * eb..(r + 1) * eb].copy_from_slice(&w.row(r)[c * eb..(c + 1) * eb]);
+                    }
+                });
+            return Ok(m);
+        }
+
+        // Pass 1: the integer range, whether every scale and min is an f16, whether any min is
+        // not 0.
+        let (bs, bb) = (dtype.block_size(), dtype.block_bytes());
+        let survey = (0..rows)
+            .into_par_iter()
+            .map(|r| {
+                let mut a = Affine::default();
+                let mut st = Survey::default();
+                for b in w.row(r).chunks_exact(bb) {
+                    affine_block(dtype, b, &mut a);
+                    st.add(&a, bs);
+                }
+                st
+            })
+            .reduce(Survey::default, Survey::merge);
+        let group = survey.group;
+        ensure!(
+            group > 0 && cols % group == 0,
+            Shape,
+            "{dtype} rows of {cols} inputs"
+        );
+        let (lines, off) = match survey.qmax - survey.qmin < 16 {
+            // Q4_0/Q3_K (−8..7, −4..3) and the unsigned 4-bit and 2-bit formats.
+            true if survey.qmin < 0 => (Lines::Nibble, -8),
+            true => (Lines::Nibble, 0),
+            false => (Lines::Byte, 0),
+        };
+        let scales = if survey.all_f16 {
+            ScaleType::F16
+        } else {
+            ScaleType::F32
+        };
+        let has_min = survey.has_min;
+        let n_groups = cols / group;
+        let sb = scales.bytes();
+        let table = rows_pad * sb;
+        let line_bytes = rows_pad / SUB * lines.sub_bytes();
+        let chunk_bytes = table * (1 + has_min as usize) + group * line_bytes;
+        let mut m = InputMajor {
+            dtype,
+            rows,
+            cols,
+            rows_pad,
+            lines,
+            line_bytes,
+            off,
+            group,
+            scales,
+            has_min,
+            n_groups,
+            chunk_bytes,
+            data: vec![0u8; n_groups * chunk_bytes],
+        };
+        let put = |buf: &mut [u8], v: f32| match scales {
+            ScaleType::F16 => buf[..2].copy_from_slice(&f16::from_f32(v).to_le_bytes()),
+            ScaleType::F32 => buf[..4].copy_from_slice(&v.to_le_bytes()),
+        };
+        // One chunk (group) per task: each decodes the group's block of every row.
+        let per_block = bs / group;
+        m.data
+            .par_chunks_mut(chunk_bytes)
+            .enumerate()
+            .for_each(|(g, chunk)| {
+                let mut a = Affine::default();
+                let (bi, k) = (g / per_block, g % per_block);
+                for r in 0..rows {
+                    affine_block(dtype, &w.row(r)[bi * bb..(bi + 1) * bb], &mut a);
+                    put(&mut chunk[r * sb..], a.s[k]);
+                    if has_min {
+                        put(&mut chunk[table + r * sb..], a.m[k]);
+                    }
+                    let (at, hi) = line_pos(lines, r);
+                    let body = &mut chunk[table * (1 + has_min as usize)..];
+                    for i in 0..group {
+                        let q = a.q[k * group + i] as i32;
+                        let byte = &mut body[i * line_bytes + at];
+                        match lines {
+                            Lines::Nibble => {
+                                let u = (q - off) as u8 & 15;
+                                *byte |= if hi { u << 4 } else { u };
+                            }
+                            _ => *byte = q as i8 as u8,
+                        }
+                    }
+                }
+            });
+        Ok(m)
+    }
+
+    /// Bytes this copy holds.
+    pub fn n_bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Inputs per group: the group length [`ActiveInput`]s for this matrix are built with.
+    pub fn group_len(&self) -> usize {
+        self.group
+    }
+
+    /// Bytes a product reads when a share `kept` of the inputs is kept (spread over every
+    /// group): every scale table and the kept columns' lines.
+    pub fn bytes_read(&self, kept: f64) -> f64 {
+        let lines = (self.chunk_bytes - self.table_bytes()) as f64;
+        self.n_groups as f64 * (self.table_bytes() as f64 + kept * lines)
+    }
+
+    /// Group `g`'s chunk.
+    pub(crate) fn chunk(&self, g: usize) -> &[u8] {
+        &self.data[g * self.chunk_bytes..(g + 1) * self.chunk_bytes]
+    }
+
+    /// Bytes of one scale (or min) table.
+    pub(crate) fn scale_table_bytes(&self) -> usize {
+        self.rows_pad * self.scales.bytes()
+    }
+
+    /// Bytes of the scale and min tables at the head of each chunk.
+    pub(crate) fn table_bytes(&self) -> usize {
+        if self.lines.is_float() {
+            0
+        } else {
+            self.scale_table_bytes() * (1 + self.has_min as usize)
+        }
+    }
+}
+
+/// What pass 1 of [`InputMajor::new`] learns of a matrix.
+#[derive(Clone, Copy, Debug)]
+struct Survey {
+    group: usize,
+    qmin: i32,
+    qmax: i32,
+    all_f16: bool,
+    has_min: bool,
+}
+
+impl Default for Survey {
+    fn default() -> Self {
+        Survey {
+            group: 0,
+            qmin: 0,
+            qmax: 0,
+            all_f16: true,
+            has_min: false,
+        }
+    }
+}
+
+impl Survey {
+    fn add(&mut self, a: &Affine, block: usize) {
+        self.group = a.group;
+        for &q in &a.q[..block] {
+            self.qmin = self.qmin.min(q as i32);
+            self.qmax = self.qmax.max(q as i32);
+        }
+        let fits = |v: f32| f16::from_f32(v).to_f32() == v || v.is_nan();
+        for k in 0..block / a.group {
+            self.all_f16 &= fits(a.s[k]) && fits(a.m[k]);
+            self.has_min |= a.m[k] != 0.0;
+        }
+    }
+
+    fn merge(a: Survey, b: Survey) -> Survey {
+        Survey {
+            group: a.group.max(b.group),
+            qmin: a.qmin.min(b.qmin),
+            qmax: a.qmax.max(b.qmax),
+            all_f16: a.all_f16 && b.all_f16,
+            has_min: a.has_min || b.has_min,
+        }
+    }
+}
+
+/// One group's kept inputs.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GroupInput {
+    /// The group's index.
+    pub g: u32,
+    /// Its pairs in [`ActiveInput::pairs`] (quantized matrices).
+    pub pairs: (u32, u32),
+    /// Its columns in [`ActiveInput::cols`] / [`ActiveInput::x`] (float matrices).
+    pub cols: (u32, u32),
+    /// x's int16 scale over the group's kept entries.
+    pub xs: f32,
+    /// Σ of the kept entries' int16 values.
+    pub sumq: i32,
+}
+
+/// Two kept columns of a group (the second may repeat the first with xq = 0) and their int16
+/// inputs packed as `xq0 | xq1 << 16`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pair {
+    pub c: [u16; 2],
+    pub xq: i32,
+}
+
+/// The kept entries of one input vector for matrices of one group length: per active group,
+/// its pairs of int16 inputs (quantized matrices) and its (column, value) list (floats).
+#[derive(Clone, Debug, Default)]
+pub struct ActiveInput {
+    pub(crate) group: usize,
+    pub(crate) len: usize,
+    pub(crate) groups: Vec<GroupInput>,
+    pub(crate) pairs: Vec<Pair>,
+    /// Column within its group.
+    pub(crate) cols: Vec<u16>,
+    pub(crate) x: Vec<f32>,
+    kept: usize,
+}
+
+impl ActiveInput {
+    /// The entries of `x` that `keep(i, x_i)` keeps (entries equal to 0 are dropped: they add
+    /// nothing), for matrices whose group length is `group`.
+    pub fn new(x: &[f32], group: usize, keep: impl Fn(usize, f32) -> bool) -> ActiveInput {
+        let mut a = ActiveInput::default();
+        a.fill(x, group, keep);
+        a
+    }
+
+    /// [`ActiveInput::new`] into this one's buffers.
+    pub fn fill(&mut self, x: &[f32], group: usize, keep: impl Fn(usize, f32) -> bool) {
+        let group = group.max(1);
+        self.group = group;
+        self.len = x.len();
+        self.groups.clear();
+        self.pairs.clear();
+        self.cols.clear();
+        self.x.clear();
+        self.kept = 0;
+        for (g, xg) in x.chunks(group).enumerate() {
+            let (p0, c0) = (self.pairs.len() as u32, self.cols.len() as u32);
+            let mut amax = 0.0f32;
+            for (i, &v) in xg.iter().enumerate() {
+                if v != 0.0 && keep(g * group + i, v) {
+                    self.cols.push(i as u16);
+                    self.x.push(v);
+                    amax = amax.max(v.abs());
+                }
+            }
+            let c1 = self.cols.len() as u32;
+            if c1 == c0 {
+                continue;
+            }
+            self.kept += (c1 - c0) as usize;
+            let xs = amax / 32767.0;
+            let inv = if xs > 0.0 { 1.0 / xs } else { 0.0 };
+            let mut sumq = 0i32;
+            let kept = &self.cols[c0 as usize..];
+            let vals = &self.x[c0 as usize..];
+            for k in (0..kept.len()).step_by(2) {
+                let q0 = (vals[k] * inv).round() as i32;
+                let (c1i, q1) = match kept.get(k + 1) {
+                    Some(&c) => (c, (vals[k + 1] * inv).round() as i32),
+                    None => (kept[k], 0),
+                };
+                sumq += q0 + q1;
+                self.pairs.push(Pair {
+                    c: [kept[k], c1i],
+                    xq: (q0 as i16 as u16 as u32 | ((q1 as i16 as u16 as u32) << 16)) as i32,
+                });
+            }
+            self.groups.push(GroupInput {
+                g: g as u32,
+                pairs: (p0, self.pairs.len() as u32),
+                cols: (c0, c1),
+                xs,
+                sumq,
+            });
+        }
+    }
+
+    /// Entries kept.
+    pub fn kept(&self) -> usize {
+        self.kept
+    }
+}
+
+/// `ys[k] = ms[k] · x` over the entries `acts[k]` keeps (acts[k] built for ms[k]'s group length
+/// and columns), all in one parallel region. Overwrites `ys`.
+pub fn matvec_input(
+    ms: &[&InputMajor],
+    acts: &[&ActiveInput],
+    ys: &mut [&mut [f32]],
+) -> Result<()> {
+    matvec_input_at(simd::level(), ms, acts, ys)
+}
+
+/// A unit of work: matrix, rows `r0..r1` (multiples of [`SUB`], r1 up to the padded rows),
+/// range of the matrix's active groups, and where its partial sum sits.
+#[derive(Clone, Copy)]
+struct Unit {
+    m: usize,
+    rows: (usize, usize),
+    groups: (usize, usize),
+    at: usize,
+}
+
+/// [`matvec_input`] on a given SIMD level.
+pub(crate) fn matvec_input_at(
+    level: Level,
+    ms: &[&InputMajor],
+    acts: &[&ActiveInput],
+    ys: &mut [&mut [f32]],
+) -> Result<()> {
+    ensure!(
+        ms.len() == acts.len() && ms.len() == ys.len(),
+        Shape,
+        "matvec_input: {} matrices, {} inputs, {} outputs",
+        ms.len(),
+        acts.len(),
+        ys.len()
+    );
+    for ((m, a), y) in ms.iter().zip(acts).zip(ys.iter()) {
+        check::len("matvec_input", "x", a.len, m.cols, "the weight's cols")?;
+        check::len("matvec_input", "y", y.len(), m.rows, "the weight's rows")?;
+        ensure!(
+            a.group == m.group,
+            Shape,
+            "matvec_input: inputs grouped by {} for a matrix of groups of {}",
+            a.group,
+            m.group
+        );
+    }
+    let threads = rayon::current_num_threads().max(1);
+    let mut units = Vec::new();
+    let mut total = 0;
+    for (k, (m, a)) in ms.iter().zip(acts).enumerate() {
+        let n = a.groups.len();
+        // Row ranges of at least UNIT_ROWS rows; then groups split so that there are enough
+        // units for every thread several times over (by this matrix alone, so that its
+        // result does not depend on the matrices beside it).
+        let subs = m.rows_pad / SUB;
+        let row_split = (m.rows_pad / UNIT_ROWS).max(1);
+        let split = (4 * threads).div_ceil(row_split).clamp(1, n.max(1));
+        for rs in 0..row_split {
+            let rows = (
+                SUB * (rs * subs / row_split),
+                SUB * ((rs + 1) * subs / row_split),
+            );
+            for s in 0..split {
+                units.push(Unit {
+                    m: k,
+                    rows,
+                    groups: (s * n / split, (s + 1) * n / split),
+                    at: total,
+                });
+                total += rows.1 - rows.0;
+            }
+        }
+    }
+    let mut partial = vec![0.0f32; total];
+    let mut parts: Vec<(Unit, &mut [f32])> = Vec::with_capacity(units.len());
+    let mut rest = partial.as_mut_slice();
+    for u in &units {
+        let (p, r) = rest.split_at_mut(u.rows.1 - u.rows.0);
+        parts.push((*u, p));
+        rest = r;
+    }
+    let run = |(u, out): &mut (Unit, &mut [f32])| {
+        let (m, a) = (ms[u.m], acts[u.m]);
+        let groups = &a.groups[u.groups.0..u.groups.1];
+        dispatch::cols_tile(level, m, u.rows, a, groups, out);
+    };
+    if parts.len() == 1 {
+        parts.iter_mut().for_each(run);
+    } else {
+        parts.par_iter_mut().for_each(run);
+    }
+    for y in ys.iter_mut() {
+        y.fill(0.0);
+    }
+    for u in &units {
+        let y = &mut ys[u.m];
+        let r1 = u.rows.1.min(y.len());
+        if u.rows.0 >= r1 {
+            continue;
+        }
+        let p = &partial[u.at..u.at + (r1 - u.rows.0)];
+        y[u.rows.0..r1].iter_mut().zip(p).for_each(|(y, p)| *y += p);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::cols::{float_at, quant_at, table_at};
+    use crate::testutil::sparse::row_f64;
+    use crate::testutil::{is_shape, pool, random_weight, Rng, DOT_ABS_TOL, DOT_REL_TOL};
+
+    /// Row counts around the sub-tile (one row, a partial sub-tile, whole ones, a tail) and one
+    /// split into row ranges.
+    const ROWS: [usize; 5] = [1, 33, 128, 261, 2 * UNIT_ROWS + 40];
+
+    fn cols_of(dtype: DType) -> [usize; 2] {
+        match (dtype.is_k_quant(), dtype.is_quantized()) {
+            (true, _) => [256, 768],
+            (false, true) => [32, 160],
+            _ => [7, 77],
+        }
+    }
+
+    /// The value the copy holds for (row r, input c), decoded with the portable helpers.
+    fn stored(m: &InputMajor, r: usize, c: usize) -> f32 {
+        let chunk = m.chunk(c / m.group);
+        let body = &chunk[m.table_bytes()..];
+        let line = &body[(c % m.group) * m.line_bytes..][..m.line_bytes];
+        if m.lines.is_float() {
+            return float_at(m, line, r);
+        }
+        let s = table_at(m, chunk, r);
+        let mins = &chunk[m.scale_table_bytes()..];
+        let q = quant_at(m, line, r) as f32;
+        match m.has_min {
+            true => s * q + table_at(m, mins, r),
+            false => s * q + 0.0,
+        }
+    }
+
+    #[test]
+    fn the_copy_holds_the_dequantized_values_bit_for_bit() {
+        let mut rng = Rng::new(7);
+        for dtype in DType::ALL {
+            for cols in cols_of(dtype) {
+                let w = random_weight(&mut rng, dtype, 197, cols);
+                let m = InputMajor::new(&w).unwrap();
+                for r in 0..w.rows {
+                    let want = row_f64(&w, r as u32);
+                    for (c, &v) in want.iter().enumerate() {
+                        let got = stored(&m, r, c);
+                        assert!(
+                            got.to_bits() == (v as f32).to_bits() || (got == 0.0 && v == 0.0),
+                            "{dtype} [{r}, {c}]: {got} != {v}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bytes_are_those_of_the_layout() {
+        let mut rng = Rng::new(8);
+        let w = random_weight(&mut rng, DType::Q4_1, 256, 64);
+        let m = InputMajor::new(&w).unwrap();
+        // Two groups; per chunk f16 scales and mins of 256 rows and 32 lines of 128 B.
+        assert_eq!(m.n_bytes(), 2 * (2 * 512 + 32 * 128));
+        assert_eq!(
+            (m.lines, m.scales, m.has_min),
+            (Lines::Nibble, ScaleType::F16, true)
+        );
+        // 33 rows pad to 64.
+        let m = InputMajor::new(&random_weight(&mut rng, DType::Q4_0, 33, 32)).unwrap();
+        assert_eq!(m.n_bytes(), 128 + 32 * 32);
+        let m = InputMajor::new(&random_weight(&mut rng, DType::Q6_K, 128, 256)).unwrap();
+        assert_eq!((m.lines, m.group), (Lines::Byte, 16));
+    }
+
+    /// f64 reference of y = W x over the kept entries, with each row's error scale:
+    /// Σ|w·x| and the int16 rounding of x (half a step of its group's scale per entry).
+    fn reference(w: &Weight, x: &[f32], keep: &[bool], group: usize) -> (Vec<f32>, Vec<f64>) {
+        let mut amax = vec![0.0f32; x.len().div_ceil(group)];
+        for (i, (&v, &k)) in x.iter().zip(keep).enumerate() {
+            if k {
+                amax[i / group] = amax[i / group].max(v.abs());
+            }
+        }
+        let quantized = w.dtype.is_quantized();
+        (0..w.rows)
+            .map(|r| {
+                let row = row_f64(w, r as u32);
+                let (mut y, mut scale, mut step) = (0.0f64, 0.0f64, 0.0f64);
+                for (i, (&wv, (&xv, &k))) in row.iter().zip(x.iter().zip(keep)).enumerate() {
+                    if k {
+                        y += wv * xv as f64;
+                        scale += (wv * xv as f64).abs();
+                        if quantized {
+                            step += wv.abs() * amax[i / group] as f64 / 32767.0 * 0.5;
+                        }
+                    }
+                }
+                (y as f32, DOT_REL_TOL * scale + DOT_ABS_TOL + 1.01 * step)
+            })
+            .unzip()
+    }
+
+    #[test]
+    fn every_format_level_and_share_matches_the_f64_reference() {
+        let mut rng = Rng::new(9);
+        for dtype in DType::ALL {
+            for rows in ROWS {
+                if rows > UNIT_ROWS && ![DType::Q4_1, DType::Q6_K, DType::F16].contains(&dtype) {
+                    continue;
+                }
+                for cols in cols_of(dtype) {
+                    let w = random_weight(&mut rng, dtype, rows, cols);
+                    let m = InputMajor::new(&w).unwrap();
+                    let x = rng.vec(cols);
+                    for share in [0.0f32, 0.4, 1.0] {
+                        let keep: Vec<bool> =
+                            (0..cols).map(|_| rng.uniform(0.0, 1.0) < share).collect();
+                        let a = ActiveInput::new(&x, m.group, |i, _| keep[i]);
+                        let (want, tol) = reference(&w, &x, &keep, m.group);
+                        for level in simd::available() {
+                            for threads in [1, 3] {
+                                let mut y = vec![f32::NAN; rows];
+                                pool(threads).install(|| {
+                                    matvec_input_at(level, &[&m], &[&a], &mut [&mut y]).unwrap()
+                                });
+                                for r in 0..rows {
+                                    let err = (y[r] as f64 - want[r] as f64).abs();
+                                    assert!(
+                                        err <= tol[r],
+                                        "{dtype} {rows}x{cols} keep {share} {level:?} {threads}t \
+                                         [{r}]: got {} want {} err {err:e} > {:e}",
+                                        y[r],
+                                        want[r],
+                                        tol[r]
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn keeping_every_input_is_the_dense_matvec() {
+        let mut rng = Rng::new(10);
+        for dtype in [DType::Q4_1, DType::Q8_0, DType::F16, DType::Q4_K] {
+            let cols = cols_of(dtype)[1];
+            let w = random_weight(&mut rng, dtype, 300, cols);
+            let m = InputMajor::new(&w).unwrap();
+            let x = rng.vec(cols);
+            let a = ActiveInput::new(&x, m.group, |_, _| true);
+            assert_eq!(a.kept(), cols);
+            let (mut y, mut dense) = (vec![0.0; 300], vec![0.0; 300]);
+            matvec_input(&[&m], &[&a], &mut [&mut y]).unwrap();
+            crate::matvec(&w, &x, &mut dense).unwrap();
+            let (_, tol) = reference(&w, &x, &vec![true; cols], m.group);
+            for r in 0..300 {
+                assert!(
+                    (y[r] - dense[r]).abs() as f64 <= 2.0 * tol[r],
+                    "{dtype} [{r}]"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn several_matrices_in_one_call_and_repeatable() {
+        let mut rng = Rng::new(11);
+        let ws: Vec<Weight> = [(130, 96), (64, 96), (64, 96)]
+            .iter()
+            .map(|&(r, c)| random_weight(&mut rng, DType::Q4_0, r, c))
+            .collect();
+        let ms: Vec<InputMajor> = ws.iter().map(|w| InputMajor::new(w).unwrap()).collect();
+        let x = rng.vec(96);
+        let a = ActiveInput::new(&x, 32, |_, v| v.abs() > 0.8);
+        let run = || {
+            let mut ys = [vec![0.0; 130], vec![0.0; 64], vec![0.0; 64]];
+            let [y0, y1, y2] = &mut ys;
+            matvec_input(&[&ms[0], &ms[1], &ms[2]], &[&a, &a, &a], &mut [y0, y1, y2]).unwrap();
+            ys
+        };
+        let first = run();
+        for (k, w) in ws.iter().enumerate() {
+            let mut one = vec![0.0; w.rows];
+            matvec_input(&[&ms[k]], &[&a], &mut [&mut one]).unwrap();
+            assert_eq!(one, first[k]);
+        }
+        assert_eq!(run(), first);
+    }
+
+    #[test]
+    fn wrong_shapes_are_errors() {
+        let mut rng = Rng::new(12);
+        let w = random_weight(&mut rng, DType::Q8_0, 40, 64);
+        let m = InputMajor::new(&w).unwrap();
+        let x = rng.vec(64);
+        let a = ActiveInput::new(&x, 32, |_, _| true);
+        let mut y = vec![0.0; 39];
+        assert!(is_shape(matvec_input(&[&m], &[&a], &mut [&mut y])));
+        let short = ActiveInput::new(&x[..32], 32, |_, _| true);
+        let mut y = vec![0.0; 40];
+        assert!(is_shape(matvec_input(&[&m], &[&short], &mut [&mut y])));
+        let regrouped = ActiveInput::new(&x, 16, |_, _| true);
+        assert!(is_shape(matvec_input(&[&m], &[&regrouped], &mut [&mut y])));
+        assert!(is_shape(matvec_input(&[&m, &m], &[&a], &mut [&mut y])));
+    }
+}
