@@ -7,7 +7,8 @@
 //! Printed per format and share: the dense and sparse times (medians of alternating rounds), the
 //! speed-up, and the ideal speed-up from bytes (the dense matrix's bytes over the bytes the
 //! sparse call reads: every scale table plus the kept columns' lines), and the achieved share of
-//! that ideal. No criterion runs: the alternating rounds are the measurement.
+//! that ideal (`INPUT_WORKING_SET_MB` sets the copies' total size: small values keep them in
+//! cache, to see the kernels' compute rate). No criterion runs: the alternating rounds are the measurement.
 
 use powerinfer_core::{Buffer, DType, Weight};
 use powerinfer_cpu::{matvec, matvec_input, ActiveInput, InputMajor};
@@ -16,7 +17,7 @@ use std::time::Instant;
 
 const WORKING_SET: usize = 512 << 20;
 const ROUNDS: usize = 9;
-const CALLS: usize = 24;
+
 
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
     std::env::var(key)
@@ -59,6 +60,8 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     let threads: usize = env_or("INPUT_THREADS", 2);
+    let calls: usize = env_or("INPUT_CALLS", 24);
+    let rounds: usize = env_or("INPUT_ROUNDS", ROUNDS);
     let shape = std::env::var("INPUT_SHAPE").unwrap_or_else(|_| "5632,2048".into());
     let (rows, cols) = shape
         .split_once(',')
@@ -72,7 +75,8 @@ fn main() {
     println!("format  skip  dense_us  input_us  speed-up  ideal  share");
     for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::F16] {
         let one = dtype.row_bytes(cols).unwrap() * rows;
-        let layers = (WORKING_SET / one).max(2);
+        let ws_bytes: usize = env_or("INPUT_WORKING_SET_MB", WORKING_SET >> 20) << 20;
+        let layers = (ws_bytes / one).max(2);
         let ws: Vec<Weight> = (0..layers)
             .map(|l| weight(l as u64 + 1, dtype, rows, cols))
             .collect();
@@ -100,9 +104,9 @@ fn main() {
             let (mut dense, mut sparse) = (Vec::new(), Vec::new());
             let mut call = 0usize;
             pool.install(|| {
-                for _ in 0..ROUNDS {
+                for _ in 0..rounds {
                     let t = Instant::now();
-                    for _ in 0..CALLS {
+                    for _ in 0..calls {
                         call += 1;
                         let xm: Vec<f32> = x
                             .iter()
@@ -111,14 +115,14 @@ fn main() {
                             .collect();
                         matvec(&ws[call % layers], black_box(&xm), &mut y).unwrap();
                     }
-                    dense.push(t.elapsed().as_secs_f64() / CALLS as f64);
+                    dense.push(t.elapsed().as_secs_f64() / calls as f64);
                     let t = Instant::now();
-                    for _ in 0..CALLS {
+                    for _ in 0..calls {
                         call += 1;
                         let a = &acts[call % acts.len()];
                         matvec_input(&[&ms[call % layers]], &[a], &mut [&mut y]).unwrap();
                     }
-                    sparse.push(t.elapsed().as_secs_f64() / CALLS as f64);
+                    sparse.push(t.elapsed().as_secs_f64() / calls as f64);
                 }
             });
             black_box(&y);

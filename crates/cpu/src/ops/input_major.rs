@@ -35,7 +35,7 @@
 //! the result depends only on the inputs and the thread count.
 
 use half::f16;
-use powerinfer_core::{ensure, DType, Result, Weight};
+use powerinfer_core::{ensure, Buffer, DType, PageBuf, Result, Weight};
 use rayon::prelude::*;
 
 use crate::check;
@@ -115,7 +115,8 @@ pub struct InputMajor {
     pub(crate) has_min: bool,
     pub(crate) n_groups: usize,
     pub(crate) chunk_bytes: usize,
-    pub(crate) data: Vec<u8>,
+    /// On huge pages where the OS grants them (scattered column reads cost few TLB misses).
+    pub(crate) data: Buffer,
 }
 
 /// Where row `r` sits in a column line: (byte, high nibble) for 4-bit lines, (byte, false) for
@@ -222,7 +223,18 @@ impl InputMajor {
             let n_groups = cols.div_ceil(group).max(1);
             let line_bytes = rows_pad / SUB * lines.sub_bytes();
             let chunk_bytes = group * line_bytes;
-            let mut m = InputMajor {
+            let mut data = PageBuf::zeroed(n_groups * chunk_bytes);
+            let eb = dtype.block_bytes();
+            data.as_mut_slice()
+                .par_chunks_mut(line_bytes)
+                .enumerate()
+                .filter(|(c, _)| *c < cols)
+                .for_each(|(c, line)| {
+                    for r in 0..rows {
+                        line[r * eb..(r + 1) * eb].copy_from_slice(&w.row(r)[c * eb..(c + 1) * eb]);
+                    }
+                });
+            return Ok(InputMajor {
                 dtype,
                 rows,
                 cols,
@@ -235,19 +247,8 @@ impl InputMajor {
                 has_min: false,
                 n_groups,
                 chunk_bytes,
-                data: vec![0u8; n_groups * chunk_bytes],
-            };
-            let eb = dtype.block_bytes();
-            m.data
-                .par_chunks_mut(line_bytes)
-                .enumerate()
-                .filter(|(c, _)| *c < cols)
-                .for_each(|(c, line)| {
-                    for r in 0..rows {
-                        line[r * eb..(r + 1) * eb].copy_from_slice(&w.row(r)[c * eb..(c + 1) * eb]);
-                    }
-                });
-            return Ok(m);
+                data: data.freeze(),
+            });
         }
 
         // Pass 1: the integer range, whether every scale and min is an f16, whether any min is
@@ -288,28 +289,14 @@ impl InputMajor {
         let table = rows_pad * sb;
         let line_bytes = rows_pad / SUB * lines.sub_bytes();
         let chunk_bytes = table * (1 + has_min as usize) + group * line_bytes;
-        let mut m = InputMajor {
-            dtype,
-            rows,
-            cols,
-            rows_pad,
-            lines,
-            line_bytes,
-            off,
-            group,
-            scales,
-            has_min,
-            n_groups,
-            chunk_bytes,
-            data: vec![0u8; n_groups * chunk_bytes],
-        };
+        let mut data = PageBuf::zeroed(n_groups * chunk_bytes);
         let put = |buf: &mut [u8], v: f32| match scales {
             ScaleType::F16 => buf[..2].copy_from_slice(&f16::from_f32(v).to_le_bytes()),
             ScaleType::F32 => buf[..4].copy_from_slice(&v.to_le_bytes()),
         };
         // One chunk (group) per task: each decodes the group's block of every row.
         let per_block = bs / group;
-        m.data
+        data.as_mut_slice()
             .par_chunks_mut(chunk_bytes)
             .enumerate()
             .for_each(|(g, chunk)| {
@@ -336,7 +323,21 @@ impl InputMajor {
                     }
                 }
             });
-        Ok(m)
+        Ok(InputMajor {
+            dtype,
+            rows,
+            cols,
+            rows_pad,
+            lines,
+            line_bytes,
+            off,
+            group,
+            scales,
+            has_min,
+            n_groups,
+            chunk_bytes,
+            data: data.freeze(),
+        })
     }
 
     /// Bytes this copy holds.
@@ -358,7 +359,7 @@ impl InputMajor {
 
     /// Group `g`'s chunk.
     pub(crate) fn chunk(&self, g: usize) -> &[u8] {
-        &self.data[g * self.chunk_bytes..(g + 1) * self.chunk_bytes]
+        &self.data.as_slice()[g * self.chunk_bytes..(g + 1) * self.chunk_bytes]
     }
 
     /// Bytes of one scale (or min) table.
@@ -578,12 +579,13 @@ pub(crate) fn matvec_input_at(
     let mut total = 0;
     for (k, (m, a)) in ms.iter().zip(acts).enumerate() {
         let n = a.groups.len();
-        // Row ranges of at least UNIT_ROWS rows; then groups split so that there are enough
-        // units for every thread several times over (by this matrix alone, so that its
-        // result does not depend on the matrices beside it).
+        // Row ranges of at least UNIT_ROWS rows; then groups split so that there is a unit
+        // for every thread (by this matrix alone, so that its result does not depend on the
+        // matrices beside it). Few long units: each fetches its groups ahead of use, which
+        // the first groups of a unit cannot hide.
         let subs = m.rows_pad / SUB;
         let row_split = (m.rows_pad / UNIT_ROWS).max(1);
-        let split = (4 * threads).div_ceil(row_split).clamp(1, n.max(1));
+        let split = threads.div_ceil(row_split).clamp(1, n.max(1));
         for rs in 0..row_split {
             let rows = (
                 SUB * (rs * subs / row_split),

@@ -113,26 +113,54 @@ unsafe fn pair_sub(lines: Lines, p0: *const u8, p1: *const u8, x: __m256i, acc: 
     }
 }
 
-/// Fetch into L2 the cache lines of rows `rows` of the kept columns of group `gi`.
+/// Groups fetched ahead of the one being computed.
+const AHEAD: usize = 2;
+
+/// Fetch into L2 the cache lines of rows `rows` of group `gi`'s scale and min tables and of
+/// its kept columns.
 #[inline(always)]
 unsafe fn prefetch_group(m: &InputMajor, a: &ActiveInput, gi: &GroupInput, rows: (usize, usize)) {
-    let sub_bytes = m.lines.sub_bytes();
-    let (from, to) = (rows.0 / SUB * sub_bytes, rows.1 / SUB * sub_bytes);
-    // SAFETY: g < n_groups (checked by cols_tile): the body is inside the data.
-    let body = unsafe {
-        m.data
-            .as_ptr()
-            .add(gi.g as usize * m.chunk_bytes + m.table_bytes())
-    };
-    for &c in &a.cols[gi.cols.0 as usize..gi.cols.1 as usize] {
+    let fetch = |p: *const u8, from: usize, to: usize| {
         let mut at = from;
         while at < to {
-            // SAFETY: a prefetch is a hint and never faults; the address is inside the line.
-            unsafe {
-                _mm_prefetch::<_MM_HINT_T1>(body.add(c as usize * m.line_bytes + at) as *const i8)
-            };
+            // SAFETY: a prefetch is a hint and never faults; the address is inside the data.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(p.add(at) as *const i8) };
             at += 64;
         }
+    };
+    // SAFETY: g < n_groups (checked by cols_tile): the chunk is inside the data.
+    let chunk = unsafe { m.data.as_ptr().add(gi.g as usize * m.chunk_bytes) };
+    if !m.lines.is_float() {
+        let eb = m.scale_table_bytes() / m.rows_pad;
+        let tables = 1 + m.has_min as usize;
+        for t in 0..tables {
+            let base = t * m.scale_table_bytes();
+            fetch(chunk, base + rows.0 * eb, base + rows.1 * eb);
+        }
+    }
+    let sub_bytes = m.lines.sub_bytes();
+    let (from, to) = (rows.0 / SUB * sub_bytes, rows.1 / SUB * sub_bytes);
+    // SAFETY: the body is inside the chunk.
+    let body = unsafe { chunk.add(m.table_bytes()) };
+    for &c in &a.cols[gi.cols.0 as usize..gi.cols.1 as usize] {
+        // SAFETY: column c < group: its line is inside the body.
+        fetch(unsafe { body.add(c as usize * m.line_bytes) }, from, to);
+    }
+}
+
+/// Fetch the groups `AHEAD` after group `k` (and, at `k` = 0, the first ones too).
+#[inline(always)]
+unsafe fn prefetch_ahead(
+    m: &InputMajor,
+    a: &ActiveInput,
+    groups: &[GroupInput],
+    k: usize,
+    rows: (usize, usize),
+) {
+    let from = if k == 0 { 0 } else { k + AHEAD };
+    for gi in groups.iter().take(k + AHEAD + 1).skip(from) {
+        // SAFETY: as prefetch_group's.
+        unsafe { prefetch_group(m, a, gi, rows) };
     }
 }
 
@@ -151,18 +179,12 @@ unsafe fn quant_rows<T: Table>(
     let outp = out.as_mut_ptr();
     // SAFETY: out holds rows.1 − rows.0 floats.
     unsafe { std::ptr::write_bytes(outp, 0, rows.1 - rows.0) };
-    if let Some(first) = groups.first() {
-        // SAFETY: as below.
-        unsafe { prefetch_group(m, a, first, rows) };
-    }
     for (k, gi) in groups.iter().enumerate() {
         // SAFETY: the chunk is group g's (g < n_groups); every line read is
         // c · lb + sub · sub_bytes + (< sub_bytes) with c < group and sub < rows_pad / 32,
         // inside the chunk's body; tables hold rows_pad entries; out holds the range's rows.
         unsafe {
-            if let Some(next) = groups.get(k + 1) {
-                prefetch_group(m, a, next, rows);
-            }
+            prefetch_ahead(m, a, groups, k, rows);
             let chunk = m.data.as_ptr().add(gi.g as usize * m.chunk_bytes);
             let body = chunk.add(body_at);
             let pairs = &a.pairs[gi.pairs.0 as usize..gi.pairs.1 as usize];
@@ -250,15 +272,9 @@ unsafe fn float_rows(
     out: &mut [f32],
 ) {
     out[..rows.1 - rows.0].fill(0.0);
-    if let Some(first) = groups.first() {
-        // SAFETY: g < n_groups (checked by cols_tile).
-        unsafe { prefetch_group(m, a, first, rows) };
-    }
     for (k, gi) in groups.iter().enumerate() {
-        if let Some(next) = groups.get(k + 1) {
-            // SAFETY: as above.
-            unsafe { prefetch_group(m, a, next, rows) };
-        }
+        // SAFETY: g < n_groups (checked by cols_tile).
+        unsafe { prefetch_ahead(m, a, groups, k, rows) };
         let mut r = rows.0;
         while r < rows.1 {
             // SAFETY: out holds rows.1 − rows.0 floats; blocks of 64 rows, then one of 32.
