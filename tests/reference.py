@@ -158,12 +158,18 @@ def activation(name: str, x: np.ndarray) -> np.ndarray:
 
 
 def reference_forward(
-    model: LoadedModel, tokens: list[int], ffn_mask=None
+    model: LoadedModel, tokens: list[int], ffn_mask=None, site_mask=None
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """Logits ``(n, vocab)`` and, per layer, the FFN gate pre-activations ``(n, ffn)``.
 
     ``ffn_mask(layer, ffn_input, residual, activated_gate) -> bool (n, ffn)``, when given,
-    zeroes the neurons it marks inactive (the sparse modes' semantics)."""
+    zeroes the neurons it marks inactive (the sparse modes' semantics).
+    ``site_mask(layer, site, values) -> values``, when given, replaces the input of each
+    projection site (the input mode's semantics): ``"attn_in"`` (q/k/v's input),
+    ``"attn_out"`` (the output projection's), ``"ffn_in"`` (gate/up's), ``"down_in"``
+    (``act(gate)·up``) and, with ``layer`` = n_layers, ``"output"`` (the head's)."""
+    if site_mask is None:
+        site_mask = lambda _layer, _site, v: v  # noqa: E731
     c = model.config
     toks = np.asarray(list(tokens), dtype=np.int64)
     if toks.ndim != 1 or toks.size == 0:
@@ -205,7 +211,7 @@ def reference_forward(
     gates: list[np.ndarray] = []
     for i in range(c.n_layers):
         p = f"blk.{i}."
-        h = norm(x, p + "attn_norm")
+        h = site_mask(i, "attn_in", norm(x, p + "attn_norm"))
         q, k, v = (h @ w[p + f"attn_{x}"].T for x in "qkv")
         if c.qkv_bias:
             q, k, v = (y + w[p + f"attn_{x}.bias"].reshape(-1) for y, x in zip((q, k, v), "qkv"))
@@ -236,14 +242,15 @@ def reference_forward(
             s -= s.max(axis=1, keepdims=True)
             e = np.exp(s)
             att[:, hq, :] = (e / e.sum(axis=1, keepdims=True)) @ v[:, kv, :]
-        o = bias(att.reshape(n, -1) @ w[p + "attn_output"].T, p + "attn_output", c.out_bias)
+        att_in = site_mask(i, "attn_out", att.reshape(n, -1))
+        o = bias(att_in @ w[p + "attn_output"].T, p + "attn_output", c.out_bias)
         x_in = x  # a parallel block's FFN reads the residual from before the attention
         x = x + (norm(o, p + "post_attention_norm") if c.post_norms else o)
         if not c.parallel:
             x_in, ffn_norm = x, p + "ffn_norm"
         else:
             ffn_norm = p + ("attn_norm_2" if p + "attn_norm_2" in w else "attn_norm")
-        h = norm(x_in, ffn_norm)
+        h = site_mask(i, "ffn_in", norm(x_in, ffn_norm))
         # Without a gate, fc1 (``ffn_up``) is the activated projection and there is no up.
         g = bias(h @ w[p + ("ffn_up" if c.no_gate else "ffn_gate")].T, p + "ffn_up", c.ffn_bias)
         gates.append(g)
@@ -253,9 +260,9 @@ def reference_forward(
             u = act(u)
         if ffn_mask is not None:
             a = a * ffn_mask(i, h, x_in, a)
-        f = bias((a * u) @ w[p + "ffn_down"].T, p + "ffn_down", c.ffn_bias)
+        f = bias(site_mask(i, "down_in", a * u) @ w[p + "ffn_down"].T, p + "ffn_down", c.ffn_bias)
         x = x + (norm(f, p + "post_ffw_norm") if c.post_norms else f)
-    x = norm(x, "output_norm")
+    x = site_mask(c.n_layers, "output", norm(x, "output_norm"))
     logits = cap(x @ w["output"].T, c.final_softcap)
     return logits, gates
 

@@ -35,6 +35,7 @@ GPU_DTYPES: tuple[str, ...]
 matrix in another format (Q2_K, Q3_K) on the GPU is refused."""
 
 SPARSITY_MODES: tuple[str, ...]
+INPUT_SITES: tuple[str, ...]
 """The sparsity mode names the engine accepts ("dense", "exact-relu", "threshold", ...)."""
 
 class PowerInferError(Exception): ...
@@ -168,6 +169,9 @@ class Model:
     @property
     def down_t_bytes(self) -> int: ...
     @property
+    def input_copies_bytes(self) -> int: ...
+    def input_column_norms(self, layer: int) -> list[npt.NDArray[np.float32]]: ...
+    @property
     def n_layers(self) -> int: ...
     @property
     def vocab_size(self) -> int: ...
@@ -186,6 +190,9 @@ class Session:
         mode: str,
         thresholds: Sequence[float] | None = None,
         predictors: Predictors | None = None,
+        input_thresholds: Sequence[Sequence[float]] | None = None,
+        input_output: float = 0.0,
+        input_score: str = "teal",
     ) -> None: ...
     def set_plan(self, plan: Plan | None) -> None: ...
     @property
@@ -193,8 +200,14 @@ class Session:
     @property
     def down_crossover(self) -> float: ...
     def start_profiling(
-        self, thresholds: Sequence[float] | None = None, capture: bool = False
+        self,
+        thresholds: Sequence[float] | None = None,
+        capture: bool = False,
+        capture_sites: bool = False,
     ) -> None: ...
+    def take_sites(
+        self,
+    ) -> tuple[list[list[npt.NDArray[np.float32]]], npt.NDArray[np.float32]]: ...
     @property
     def profile_tokens(self) -> int: ...
     def profile_counts(self) -> npt.NDArray[np.int64]: ...

@@ -18,7 +18,6 @@ use std::time::Instant;
 const WORKING_SET: usize = 512 << 20;
 const ROUNDS: usize = 9;
 
-
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
     std::env::var(key)
         .ok()

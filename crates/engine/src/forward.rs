@@ -7,6 +7,7 @@ use rayon::prelude::*;
 
 use crate::attention::{attention, AttnShape};
 use crate::ffn::{ffn, project, project_many, FfnCall, FfnScratch};
+use crate::input_sparse::{mask_rows, project_kept, site_matrix, InputScratch, Site, SiteMatrix};
 use crate::kv_cache::KvCache;
 use crate::layer::{AttnStep, FfnInput, FfnStep, NormKind};
 use crate::norm_rope::{apply_rope, layer_norm, rms_norm, RopeAngles};
@@ -86,6 +87,7 @@ pub struct Scratch {
     /// The residual stream before the attention of a parallel block (the FFN's input).
     pub(crate) par_in: Vec<f32>,
     pub(crate) ffn: FfnScratch,
+    pub(crate) input: InputScratch,
 }
 
 /// Token ids as callers hold them (Python ints, any `i64`) as the engine's `u32` ids: the one
@@ -129,19 +131,38 @@ pub fn forward(
         if model.program.layers[l].save_residual {
             s.par_in.clone_from(&s.x);
         }
-        attention_block(model, l, cache, s, start, n, &angles)?;
+        attention_block(
+            model,
+            l,
+            mode,
+            cache,
+            s,
+            profiler.as_deref_mut(),
+            start,
+            n,
+            &angles,
+        )?;
         ffn_block(model, l, mode, s, profiler.as_deref_mut(), start, n)?;
     }
     cache.set_len(start + n);
     if let Some(p) = profiler {
         p.tokens += n as u64;
+        if p.capture_sites {
+            let bias = match model.program.output.norm {
+                NormKind::Rms => None,
+                NormKind::Layer => model.output_norm_bias.as_deref(),
+            };
+            let mut rows = Vec::new();
+            norm_rows_with(&s.x, &model.output_norm, bias, c.rms_eps, &mut rows);
+            p.output_in.extend_from_slice(&rows);
+        }
     }
 
     let (first, n_out) = match which {
         Logits::Last => (n - 1, 1),
         Logits::All => (0, n),
     };
-    output_block(model, s, first, n_out)
+    output_block(model, mode, s, start, first, n_out)
 }
 
 /// RoPE angles of a chunk's tokens: the model's global ones and, for families whose sliding
@@ -184,13 +205,43 @@ pub(crate) fn norm_bias(lw: &LayerWeights, kind: NormKind, which: usize) -> Resu
     }
 }
 
+/// How the input mode reads one site's projections for `n` tokens at `start..`: none (another
+/// mode, or a threshold of 0), the input-sparse decode product (one token past the first), or
+/// the dense product of the masked inputs.
+enum SiteRead<'a> {
+    Dense,
+    Kept(&'a crate::input_sparse::InputSparsity, f32),
+    Masked(&'a crate::input_sparse::InputSparsity, f32, usize),
+}
+
+fn site_read<'a>(mode: &'a Sparsity, t: Option<f32>, start: usize, n: usize) -> SiteRead<'a> {
+    match (mode, t) {
+        (Sparsity::Input(p), Some(t)) if t > 0.0 => match mode.dense_rows(start, n) {
+            0 if n == 1 => SiteRead::Kept(p, t),
+            dense => SiteRead::Masked(p, t, dense),
+        },
+        _ => SiteRead::Dense,
+    }
+}
+
+/// Layer `l`'s threshold of `site` in the input mode.
+pub(crate) fn site_threshold(mode: &Sparsity, l: usize, site: Site) -> Option<f32> {
+    match mode {
+        Sparsity::Input(p) => Some(p.thresholds[l][site as usize]),
+        _ => None,
+    }
+}
+
 /// Layer `l`'s attention block (its program's steps) for the `n` tokens in `s.x` at positions
 /// `start..`: their keys and values go into `cache`, the output is added to the residual `s.x`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_block(
     model: &ModelWeights,
     l: usize,
+    mode: &Sparsity,
     cache: &mut KvCache,
     s: &mut Scratch,
+    mut profiler: Option<&mut Profiler>,
     start: usize,
     n: usize,
     angles: &Angles,
@@ -205,12 +256,40 @@ pub(crate) fn attention_block(
                 mark(Phase::Other);
             }
             AttnStep::Qkv { bias } => {
-                project_many(
-                    [&lw.wq, &lw.wk, &lw.wv],
-                    &s.xn,
-                    n,
-                    [&mut s.q, &mut s.k, &mut s.v],
-                )?;
+                if let Some(p) = profiler.as_deref_mut() {
+                    p.record_site(l, Site::AttnIn, &s.xn);
+                }
+                let t = site_threshold(mode, l, Site::AttnIn);
+                match site_read(mode, t, start, n) {
+                    SiteRead::Kept(p, t) => {
+                        let ic = model.input_copies()?;
+                        let cp = &ic.layers[l];
+                        s.q.resize(lw.wq.rows, 0.0);
+                        s.k.resize(lw.wk.rows, 0.0);
+                        s.v.resize(lw.wv.rows, 0.0);
+                        let norms = &cp.norms[Site::AttnIn as usize];
+                        let mats = [
+                            site_matrix(ic, &lw.wq, &cp.q),
+                            site_matrix(ic, &lw.wk, &cp.k),
+                            site_matrix(ic, &lw.wv, &cp.v),
+                        ];
+                        let ys: &mut [&mut [f32]] = &mut [&mut s.q, &mut s.k, &mut s.v];
+                        project_kept(&mats, &s.xn, p.score, norms, t, &mut s.input, ys)?;
+                    }
+                    read => {
+                        if let SiteRead::Masked(p, t, dense) = read {
+                            let norms =
+                                &model.input_copies()?.layers[l].norms[Site::AttnIn as usize];
+                            mask_rows(p.score, norms, t, &mut s.xn, dense);
+                        }
+                        project_many(
+                            [&lw.wq, &lw.wk, &lw.wv],
+                            &s.xn,
+                            n,
+                            [&mut s.q, &mut s.k, &mut s.v],
+                        )?;
+                    }
+                }
                 if let (true, Some([bq, bk, bv])) = (bias, &lw.qkv_bias) {
                     add_rows(&mut s.q, bq);
                     add_rows(&mut s.k, bk);
@@ -252,7 +331,29 @@ pub(crate) fn attention_block(
                 attention(&shape, &s.q, keys, values, start, &mut s.att);
             }
             AttnStep::Output { bias } => {
-                project(&lw.wo, &s.att, n, &mut s.o)?;
+                if let Some(p) = profiler.as_deref_mut() {
+                    p.record_site(l, Site::AttnOut, &s.att);
+                }
+                let t = site_threshold(mode, l, Site::AttnOut);
+                match site_read(mode, t, start, n) {
+                    SiteRead::Kept(p, t) => {
+                        let ic = model.input_copies()?;
+                        let cp = &ic.layers[l];
+                        s.o.resize(lw.wo.rows, 0.0);
+                        let norms = &cp.norms[Site::AttnOut as usize];
+                        let mats = [site_matrix(ic, &lw.wo, &cp.o)];
+                        let ys: &mut [&mut [f32]] = &mut [&mut s.o];
+                        project_kept(&mats, &s.att, p.score, norms, t, &mut s.input, ys)?;
+                    }
+                    read => {
+                        if let SiteRead::Masked(p, t, dense) = read {
+                            let norms =
+                                &model.input_copies()?.layers[l].norms[Site::AttnOut as usize];
+                            mask_rows(p.score, norms, t, &mut s.att, dense);
+                        }
+                        project(&lw.wo, &s.att, n, &mut s.o)?;
+                    }
+                }
                 if let (true, Some(b)) = (bias, &lw.out_bias) {
                     add_rows(&mut s.o, b);
                 }
@@ -364,10 +465,13 @@ pub(crate) fn embed(
     Ok(())
 }
 
-/// Logits of the `n_out` tokens of `s.x` from row `first` on (final norm, output head).
+/// Logits of the `n_out` tokens of `s.x` from row `first` on (final norm, output head); `start`
+/// is the position of row 0 (the input mode keeps the context's first position dense).
 pub(crate) fn output_block(
     model: &ModelWeights,
+    mode: &Sparsity,
     s: &mut Scratch,
+    start: usize,
     first: usize,
     n_out: usize,
 ) -> Result<Vec<f32>> {
@@ -386,7 +490,30 @@ pub(crate) fn output_block(
     );
     mark(Phase::Other);
     let mut logits = Vec::new();
-    project(&model.output, &s.xn, n_out, &mut logits)?;
+    let t = match mode {
+        Sparsity::Input(p) => Some(p.output),
+        _ => None,
+    };
+    match site_read(mode, t, start + first, n_out) {
+        SiteRead::Kept(p, t) => {
+            let oc = model.output_copy()?;
+            logits.resize(model.output.rows, 0.0);
+            let ys: &mut [&mut [f32]] = &mut [&mut logits];
+            let mats = [SiteMatrix {
+                w: &model.output,
+                m: &oc.w,
+                crossover: oc.crossover,
+            }];
+            project_kept(&mats, &s.xn, p.score, &oc.norms, t, &mut s.input, ys)?;
+        }
+        read => {
+            if let SiteRead::Masked(p, t, dense) = read {
+                let oc = model.output_copy()?;
+                mask_rows(p.score, &oc.norms, t, &mut s.xn, dense);
+            }
+            project(&model.output, &s.xn, n_out, &mut logits)?;
+        }
+    }
     if let Some(cap) = p.softcap {
         logits.iter_mut().for_each(|v| *v = cap * (*v / cap).tanh());
     }

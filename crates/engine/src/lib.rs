@@ -6,6 +6,7 @@ pub mod attention;
 pub mod ffn;
 pub mod forward;
 pub mod hybrid;
+pub mod input_sparse;
 pub mod kv_cache;
 pub mod layer;
 pub mod norm_rope;
@@ -18,6 +19,7 @@ pub mod transpose;
 pub mod weights;
 
 pub use forward::token_ids;
+pub use input_sparse::{InputScore, InputSparsity, SITES as INPUT_SITES};
 pub use kv_cache::{KvCache, KvPrecision};
 pub use layer::ModelProgram;
 pub use phases::{Phase, PhaseTimes};

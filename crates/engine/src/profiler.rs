@@ -24,6 +24,12 @@ pub struct Profiler {
     /// Keep the rows for predictor training.
     pub capture: bool,
     pub captured: Vec<Captured>,
+    /// Keep the input mode's site inputs (calibration): per layer, per site of
+    /// [`crate::input_sparse::SITES`], the rows each site's projections read, unmasked.
+    pub capture_sites: bool,
+    pub sites: Vec<[Vec<f32>; 4]>,
+    /// The output head's input rows (with `capture_sites`).
+    pub output_in: Vec<f32>,
 }
 
 impl Profiler {
@@ -40,7 +46,27 @@ impl Profiler {
             thresholds,
             capture,
             captured: vec![Captured::default(); n_layers],
+            capture_sites: false,
+            sites: vec![Default::default(); n_layers],
+            output_in: Vec::new(),
         }
+    }
+
+    /// Keep the rows `x` that layer `layer`'s input site `site` reads (with `capture_sites`).
+    pub fn record_site(&mut self, layer: usize, site: crate::input_sparse::Site, x: &[f32]) {
+        if self.capture_sites {
+            self.sites[layer][site as usize].extend_from_slice(x);
+        }
+    }
+
+    /// Hand over the captured site rows (per layer four, then the output head's), leaving the
+    /// buffers empty.
+    pub fn take_sites(&mut self) -> (Vec<[Vec<f32>; 4]>, Vec<f32>) {
+        let n = self.sites.len();
+        (
+            std::mem::replace(&mut self.sites, vec![Default::default(); n]),
+            std::mem::take(&mut self.output_in),
+        )
     }
 
     /// Count the active neurons of `n` rows of neuron values `act` (n × ffn) in `layer`, and

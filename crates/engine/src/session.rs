@@ -92,15 +92,21 @@ impl Session {
     pub fn set_sparsity(&mut self, mode: Sparsity) -> Result<()> {
         let c = &self.model.config;
         mode.validate(c.n_layers, c.dim, c.ffn_dim, c.activation)?;
-        if !matches!(mode, Sparsity::Dense) {
+        if let Some(h) = self.hybrid.as_mut() {
+            h.set_mode(&mode)?;
+        }
+        if let Sparsity::Input(p) = &mode {
+            let model = &self.model;
+            self.pool.install(|| model.input_copies().map(|_| ()))?;
+            if p.output > 0.0 {
+                self.pool.install(|| model.output_copy().map(|_| ()))?;
+            }
+        } else if !matches!(mode, Sparsity::Dense) {
             let model = &self.model;
             self.pool.install(|| model.down_t().map(|_| ()))?;
             if matches!(mode, Sparsity::Threshold(_)) {
                 self.pool.install(|| model.down_crossover().map(|_| ()))?;
             }
-        }
-        if let Some(h) = self.hybrid.as_mut() {
-            h.set_mode(&mode)?;
         }
         self.mode = mode;
         Ok(())
@@ -220,6 +226,26 @@ impl Session {
         }
         self.profiler = Some(Profiler::new(c.n_layers, c.ffn_dim, thresholds, capture));
         Ok(())
+    }
+
+    /// Keep the input mode's site rows in the running profile from now on (calibration of the
+    /// input mode; see [`Profiler::record_site`]). Plan error when not profiling.
+    pub fn capture_sites(&mut self) -> Result<()> {
+        match self.profiler.as_mut() {
+            Some(p) => {
+                p.capture_sites = true;
+                Ok(())
+            }
+            None => powerinfer_core::bail!(Plan, "not profiling"),
+        }
+    }
+
+    /// The site rows captured since the last call (per layer four, then the output head's).
+    pub fn take_sites(&mut self) -> (Vec<[Vec<f32>; 4]>, Vec<f32>) {
+        self.profiler
+            .as_mut()
+            .map(Profiler::take_sites)
+            .unwrap_or_default()
     }
 
     /// Stop profiling and return what was counted.

@@ -5,6 +5,8 @@ use std::str::FromStr;
 
 use powerinfer_core::{bail, ensure, Activation, Error, Result, Weight};
 
+use crate::input_sparse::InputSparsity;
+
 /// The sparsity modes by name: the one place their spelling is defined (the bindings parse
 /// with [`FromStr`] and export [`SparsityMode::ALL`]'s names, from which the CLIs take their
 /// choices).
@@ -18,15 +20,18 @@ pub enum SparsityMode {
     Threshold,
     /// See [`Sparsity::Predictor`].
     Predictor,
+    /// See [`Sparsity::Input`].
+    Input,
 }
 
 impl SparsityMode {
     /// Every mode, in the order the CLIs list them.
-    pub const ALL: [SparsityMode; 4] = [
+    pub const ALL: [SparsityMode; 5] = [
         SparsityMode::Dense,
         SparsityMode::ExactRelu,
         SparsityMode::Threshold,
         SparsityMode::Predictor,
+        SparsityMode::Input,
     ];
 
     /// The name the Python API and the CLIs use.
@@ -36,6 +41,7 @@ impl SparsityMode {
             SparsityMode::ExactRelu => "exact-relu",
             SparsityMode::Threshold => "threshold",
             SparsityMode::Predictor => "predictor",
+            SparsityMode::Input => "input",
         }
     }
 }
@@ -145,6 +151,10 @@ pub enum Sparsity {
         layers: Vec<LayerPredictor>,
         input: PredictorInput,
     },
+    /// Every projection's input loses its entries below the site's threshold, and a decode step
+    /// reads only the input-major columns of the rest (see [`crate::input_sparse`]). The
+    /// context's first token stays dense, as in threshold mode.
+    Input(InputSparsity),
 }
 
 impl Sparsity {
@@ -152,7 +162,7 @@ impl Sparsity {
     /// first token of the context in threshold mode, none otherwise.
     pub fn dense_rows(&self, start: usize, n: usize) -> usize {
         match self {
-            Sparsity::Threshold(_) if start == 0 => n.min(1),
+            Sparsity::Threshold(_) | Sparsity::Input(_) if start == 0 => n.min(1),
             _ => 0,
         }
     }
@@ -178,6 +188,10 @@ impl Sparsity {
                 },
                 None => bail!(Plan, "predictor mode needs predictors"),
             },
+            SparsityMode::Input => bail!(
+                Plan,
+                "input mode needs its per-site thresholds (Sparsity::Input)"
+            ),
         })
     }
 
@@ -188,6 +202,7 @@ impl Sparsity {
             Sparsity::ExactRelu => SparsityMode::ExactRelu,
             Sparsity::Threshold(_) => SparsityMode::Threshold,
             Sparsity::Predictor { .. } => SparsityMode::Predictor,
+            Sparsity::Input(_) => SparsityMode::Input,
         }
     }
 
@@ -218,6 +233,7 @@ impl Sparsity {
                     "thresholds must be finite and >= 0"
                 );
             }
+            Sparsity::Input(p) => p.validate(n_layers)?,
             Sparsity::Predictor { layers, .. } => {
                 ensure!(
                     layers.len() == n_layers,

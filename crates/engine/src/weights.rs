@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 use powerinfer_core::{bail, ensure, DType, ModelConfig, PageBuf, Result, TensorShape, Weight};
 use rayon::prelude::*;
 
+use crate::input_sparse::{InputCopies, OutputCopy};
 use crate::layer::ModelProgram;
 
 /// Environment variable pinning [`ModelWeights::down_crossover`] (a share in 0..=1).
@@ -65,6 +66,10 @@ pub struct ModelWeights {
     down_t: OnceLock<Vec<Weight>>,
     /// See [`ModelWeights::down_crossover`].
     down_crossover: OnceLock<f32>,
+    /// The input mode's input-major copies, built on first use.
+    input_copies: OnceLock<InputCopies>,
+    /// The input mode's copy of the output head, built on first use.
+    output_copy: OnceLock<OutputCopy>,
 }
 
 /// Take a tensor out of the map (its shape checked by [`check_shapes`]).
@@ -319,6 +324,8 @@ impl ModelWeights {
             layers,
             down_t,
             down_crossover: OnceLock::new(),
+            input_copies: OnceLock::new(),
+            output_copy: OnceLock::new(),
         })
     }
 
@@ -359,6 +366,38 @@ impl ModelWeights {
         }
         let _ = self.down_t.set(built);
         Ok(self.down_t.get().expect("set above"))
+    }
+
+    /// The input mode's input-major copies of every layer's projections, built once (on the
+    /// calling thread pool).
+    pub fn input_copies(&self) -> Result<&InputCopies> {
+        if let Some(c) = self.input_copies.get() {
+            return Ok(c);
+        }
+        let built = InputCopies::build(self)?;
+        let _ = self.input_copies.set(built);
+        Ok(self.input_copies.get().expect("set above"))
+    }
+
+    /// The input mode's copies if built.
+    pub fn built_input_copies(&self) -> Option<&InputCopies> {
+        self.input_copies.get()
+    }
+
+    /// The input mode's copy of the output head, built once.
+    pub fn output_copy(&self) -> Result<&OutputCopy> {
+        if let Some(c) = self.output_copy.get() {
+            return Ok(c);
+        }
+        let built = OutputCopy::build(self)?;
+        let _ = self.output_copy.set(built);
+        Ok(self.output_copy.get().expect("set above"))
+    }
+
+    /// Bytes of the input mode's copies built so far (0 before first use).
+    pub fn input_copies_bytes(&self) -> usize {
+        self.input_copies.get().map_or(0, InputCopies::n_bytes)
+            + self.output_copy.get().map_or(0, |o| o.w.n_bytes())
     }
 
     /// The share of active neurons above which one token's down product is cheaper as the dense

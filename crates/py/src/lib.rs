@@ -53,6 +53,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(blocks::dequantize, m)?)?;
     let modes = powerinfer_engine::SparsityMode::ALL.map(|m| m.name());
     m.add("SPARSITY_MODES", pyo3::types::PyTuple::new(m.py(), modes)?)?;
+    m.add(
+        "INPUT_SITES",
+        pyo3::types::PyTuple::new(m.py(), powerinfer_engine::INPUT_SITES)?,
+    )?;
     exceptions::register(m)?;
     cuda::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

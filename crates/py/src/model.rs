@@ -62,6 +62,66 @@ impl PyModel {
         self.weights.down_t_bytes()
     }
 
+    /// Bytes of the input mode's input-major copies built so far (0 before).
+    #[getter]
+    fn input_copies_bytes(&self) -> usize {
+        self.weights.input_copies_bytes()
+    }
+
+    /// The input mode's crossovers once measured: (format, rows, cols, share) per matrix shape,
+    /// the share of kept inputs above which a decode step takes the dense product of the
+    /// masked input instead of the input-major one; empty before the mode's first use.
+    #[getter]
+    fn input_crossovers(&self) -> Vec<(String, usize, usize, f32)> {
+        let mut v: Vec<(String, usize, usize, f32)> = self
+            .weights
+            .built_input_copies()
+            .map(|c| {
+                c.crossover
+                    .iter()
+                    .map(|(&(d, r, k), &x)| (d.name().to_string(), r, k, x))
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort_by_key(|a| (a.1, a.2));
+        v
+    }
+
+    /// WINA's column norms ‖W[:, i]‖ of layer `layer`'s four input sites (`INPUT_SITES`: q/k/v
+    /// together, o, gate/up together, down), or of the output head (`layer` = n_layers), as
+    /// float32 arrays; computed in float64 from the weights as stored.
+    fn input_column_norms<'py>(
+        &self,
+        py: Python<'py>,
+        layer: usize,
+    ) -> PyResult<Vec<Bound<'py, numpy::PyArray1<f32>>>> {
+        let w = self.weights.clone();
+        let norms = run_detached(py, move || -> powerinfer_core::Result<Vec<Vec<f32>>> {
+            use powerinfer_engine::input_sparse::column_norms;
+            if layer == w.layers.len() {
+                return Ok(vec![column_norms(&[&w.output])?]);
+            }
+            let Some(l) = w.layers.get(layer) else {
+                powerinfer_core::bail!(Shape, "layer {layer} of a {}-layer model", w.layers.len());
+            };
+            let gated = w.program.layers[layer].ffn_kind().gated;
+            let ffn_in: Vec<&powerinfer_core::Weight> = match gated {
+                true => vec![&l.w_gate, &l.w_up],
+                false => vec![&l.w_gate],
+            };
+            Ok(vec![
+                column_norms(&[&l.wq, &l.wk, &l.wv])?,
+                column_norms(&[&l.wo])?,
+                column_norms(&ffn_in)?,
+                column_norms(&[&l.w_down])?,
+            ])
+        })?;
+        Ok(norms
+            .into_iter()
+            .map(|v| numpy::PyArray1::from_vec(py, v))
+            .collect())
+    }
+
     /// Read the plan file at `plan` once and check it against this model: `PlanError` when it
     /// is unreadable, made for another model (shape, or a fingerprint other than `fingerprint`)
     /// or counts other GPU bytes than the engine would allocate; `VramBudgetError` when those

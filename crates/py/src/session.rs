@@ -6,7 +6,9 @@ use numpy::ndarray::Array2;
 use numpy::{IntoPyArray, PyArray2};
 use powerinfer_core::Error;
 use powerinfer_engine::forward::Logits;
-use powerinfer_engine::{token_ids, KvPrecision, Session, Sparsity, SparsityMode};
+use powerinfer_engine::{
+    token_ids, InputScore, InputSparsity, KvPrecision, Session, Sparsity, SparsityMode,
+};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -78,21 +80,33 @@ impl PySession {
     }
 
     /// Set the FFN sparsity: one of `SPARSITY_MODES`. "threshold" needs one threshold per layer
-    /// on |act(gate)·up|, "predictor" a `Predictors`.
-    #[pyo3(signature = (mode, thresholds = None, predictors = None))]
+    /// on |act(gate)·up|, "predictor" a `Predictors`, "input" per layer four thresholds (the
+    /// sites `INPUT_SITES`), the output head's (0: dense) and the score ("teal" or "wina").
+    #[pyo3(signature = (mode, thresholds = None, predictors = None, input_thresholds = None, input_output = 0.0, input_score = "teal"))]
+    #[allow(clippy::too_many_arguments)]
     fn set_sparsity(
         &self,
         py: Python<'_>,
         mode: &str,
         thresholds: Option<Vec<f32>>,
         predictors: Option<PyRef<'_, PyPredictors>>,
+        input_thresholds: Option<Vec<[f32; 4]>>,
+        input_output: f32,
+        input_score: &str,
     ) -> PyResult<()> {
         let mode: SparsityMode = check(mode.parse())?;
-        let sparsity = check(Sparsity::new(
-            mode,
-            thresholds,
-            predictors.map(|p| p.inner.clone()),
-        ))?;
+        let sparsity = match (mode, input_thresholds) {
+            (SparsityMode::Input, Some(t)) => Sparsity::Input(InputSparsity {
+                thresholds: t,
+                output: input_output,
+                score: check(input_score.parse::<InputScore>())?,
+            }),
+            _ => check(Sparsity::new(
+                mode,
+                thresholds,
+                predictors.map(|p| p.inner.clone()),
+            ))?,
+        };
         let mut guard = self.lock(py);
         let session = &mut *guard;
         run_detached(py, move || session.set_sparsity(sparsity))
@@ -216,14 +230,47 @@ impl PySession {
     /// Start counting, per layer and neuron, the tokens in which each FFN neuron is active
     /// (ReLU semantics without `thresholds`, |act| >= threshold with them); with `capture`,
     /// also keep (FFN input, activation) rows for predictor training.
-    #[pyo3(signature = (thresholds = None, capture = false))]
+    /// With `capture_sites`, keep the input mode's site rows instead (`take_sites`).
+    #[pyo3(signature = (thresholds = None, capture = false, capture_sites = false))]
     fn start_profiling(
         &self,
         py: Python<'_>,
         thresholds: Option<Vec<f32>>,
         capture: bool,
+        capture_sites: bool,
     ) -> PyResult<()> {
-        check(self.lock(py).start_profiling(thresholds, capture))
+        let mut guard = self.lock(py);
+        check(guard.start_profiling(thresholds, capture))?;
+        if capture_sites {
+            check(guard.capture_sites())?;
+        }
+        Ok(())
+    }
+
+    /// Site rows captured since the last call: per layer a list of the four sites' float32
+    /// matrices (`INPUT_SITES` order, one row per token), then the output head's input rows.
+    #[allow(clippy::type_complexity)]
+    fn take_sites<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(
+        Vec<Vec<Bound<'py, PyArray2<f32>>>>,
+        Bound<'py, PyArray2<f32>>,
+    )> {
+        let mut guard = self.lock(py);
+        let c = &guard.model().config;
+        let widths = [c.dim, c.q_dim(), c.dim, c.ffn_dim];
+        let dim = c.dim;
+        let (sites, out) = guard.take_sites();
+        let mut layers = Vec::with_capacity(sites.len());
+        for layer in sites {
+            let mut four = Vec::with_capacity(4);
+            for (rows, w) in layer.into_iter().zip(widths) {
+                four.push(matrix(py, w, rows)?);
+            }
+            layers.push(four);
+        }
+        Ok((layers, matrix(py, dim, out)?))
     }
 
     /// Tokens counted by the running profile (0 when not profiling).

@@ -119,6 +119,7 @@ class Engine(Generation, PlanAndDevice):
         self._batched = 0
         self.last_stats = GenerationStats()
         self.thresholds: list[float] | None = None
+        self.input_thresholds = None
         self.predictors = None
         mode = api_sparsity(sparsity, thresholds, predictors, default="dense")
         self.set_sparsity(mode, thresholds=thresholds, predictors=predictors)
@@ -146,12 +147,16 @@ class Engine(Generation, PlanAndDevice):
 
         ``sparsity``: "dense" (exact), "exact-relu" (ReLU models: skip neurons whose ReLU is 0,
         same function as dense), "threshold" (skip neurons with |act(gate)·up| below a per-layer
-        threshold; ``thresholds`` = a file from ``python -m powerinfer_rs.calibrate`` or a list)
-        or "predictor" (``predictors`` = a file from ``python -m powerinfer_rs.train_predictors``
-        or a PredictorSet). Default: the mode of the file given (``thresholds`` or ``predictors``,
-        said once with a ``UserWarning``), else "dense", or "predictor" with the file's own
-        predictors for a PowerInfer GGUF (magic "PWRI"). A file the chosen mode would not use
-        is refused (PlanError), never silently ignored.
+        threshold; ``thresholds`` = a file from ``python -m powerinfer_rs.calibrate`` or a list),
+        "predictor" (``predictors`` = a file from ``python -m powerinfer_rs.train_predictors``
+        or a PredictorSet) or "input" (SiLU/GELU models: drop the small entries of every
+        projection's input and read only the other columns; ``thresholds`` = a file from
+        ``python -m powerinfer_rs.calibrate --mode input``, an ``InputThresholds`` or a mapping;
+        CPU only, and it holds an input-major copy of every projection beside the weights:
+        ``Engine.input_copies_bytes``). Default: the mode of the file given (``thresholds``
+        or ``predictors``, said once with a ``UserWarning``), else "dense", or "predictor"
+        with the file's own predictors for a PowerInfer GGUF (magic "PWRI"). A file the chosen
+        mode would not use is refused (PlanError), never silently ignored.
 
         ``plan``: a placement from ``python -m powerinfer_rs.plan``; refused (PlanError) when made
         for another model and (VramBudgetError) when its GPU bytes exceed ``vram_budget`` (bytes
@@ -251,6 +256,12 @@ class Engine(Generation, PlanAndDevice):
         """The FFN sparsity mode."""
         return self._session.sparsity
 
+    @property
+    def input_copies_bytes(self) -> int:
+        """Bytes of the input mode's input-major copies of the weights (0 until the mode is
+        first used): the mode's extra memory."""
+        return int(self._model.input_copies_bytes)
+
     @locked
     def set_sparsity(
         self,
@@ -274,6 +285,22 @@ class Engine(Generation, PlanAndDevice):
                 )
             self.thresholds = thresholds_for(thresholds, self.loaded)
             self._session.set_sparsity("threshold", thresholds=self.thresholds)
+        elif mode == "input":
+            from ..formats.input_thresholds import input_thresholds_for
+
+            if thresholds is None:
+                raise PlanError(
+                    "sparsity='input' needs thresholds= (python -m powerinfer_rs.calibrate "
+                    "--mode input writes them)"
+                )
+            self.input_thresholds = input_thresholds_for(thresholds, self.loaded)
+            it = self.input_thresholds
+            self._session.set_sparsity(
+                "input",
+                input_thresholds=[[float(t) for t in row] for row in it.thresholds],
+                input_output=float(it.output),
+                input_score=it.score,
+            )
         elif mode == "predictor":
             if predictors is None:
                 raise PlanError(
@@ -306,12 +333,16 @@ class Engine(Generation, PlanAndDevice):
 
     @locked
     def start_profiling(
-        self, thresholds: Sequence[float] | None = None, capture: bool = False
+        self,
+        thresholds: Sequence[float] | None = None,
+        capture: bool = False,
+        capture_sites: bool = False,
     ) -> None:
         """Count per layer and neuron the tokens in which each FFN neuron is active (ReLU
         semantics, or |act| >= threshold with ``thresholds``) during the following forward
         passes; with ``capture`` also keep (FFN input, activation) rows, see
-        :meth:`take_captured`."""
+        :meth:`take_captured`; with ``capture_sites`` the input mode's site rows, see
+        :meth:`take_sites`."""
         if thresholds is not None:
             try:
                 thresholds = [float(t) for t in thresholds]
@@ -319,12 +350,25 @@ class Engine(Generation, PlanAndDevice):
                 raise ShapeError(
                     f"thresholds must be a list of numbers (one per layer), got {thresholds!r}"
                 ) from None
-        self._session.start_profiling(thresholds, bool(capture))
+        self._session.start_profiling(thresholds, bool(capture), bool(capture_sites))
 
     @locked
     def profile_counts(self) -> tuple[np.ndarray, int]:
         """(counts int64 (n_layers, ffn), tokens counted) of the running profile."""
         return self._session.profile_counts(), self._session.profile_tokens
+
+    @locked
+    def take_sites(self) -> tuple[list[list[np.ndarray]], np.ndarray]:
+        """The input mode's site rows captured since the last call (``capture_sites``): per
+        layer the four sites' float32 rows (``INPUT_SITES`` order: attention input, attention
+        output, FFN input, ``act(gate)·up``), then the output head's input rows."""
+        return self._session.take_sites()
+
+    @locked
+    def input_column_norms(self, layer: int) -> list[np.ndarray]:
+        """WINA's column norms of layer ``layer``'s four sites (or, for ``layer`` =
+        ``n_layers``, the output head's, as a one-element list)."""
+        return self._model.input_column_norms(int(layer))
 
     @locked
     def take_captured(self) -> list[tuple[np.ndarray, np.ndarray]]:

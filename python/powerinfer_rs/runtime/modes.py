@@ -13,7 +13,8 @@ from typing import Callable
 
 from ..errors import PlanError
 
-#: The mode each file argument belongs to.
+#: The mode each file argument belongs to (thresholds: "threshold", or "input" for an input
+#: threshold file).
 FILE_MODES = ("threshold", "predictor")
 
 
@@ -31,13 +32,20 @@ def resolve_sparsity(
     ``spell(name)`` writes an argument as the caller's user knows it (``"thresholds="`` or
     ``"--thresholds"``); ``say`` tells the user once when a file selects the mode; ``default``
     is the mode when neither a mode nor a file is given."""
-    given = [m for m, f in zip(FILE_MODES, (thresholds, predictors)) if f is not None]
-    arg = {"threshold": spell("thresholds"), "predictor": spell("predictors")}
+    from ..formats.input_thresholds import is_input_thresholds
+
+    # Thresholds belong to threshold mode, or to the input mode (its own file or mapping, or
+    # any thresholds when the input mode is asked for).
+    t_mode = "threshold"
+    if thresholds is not None and (sparsity == "input" or is_input_thresholds(thresholds)):
+        t_mode = "input"
+    given = [m for m, f in zip((t_mode, "predictor"), (thresholds, predictors)) if f is not None]
+    arg = {t_mode: spell("thresholds"), "predictor": spell("predictors")}
     if sparsity is None:
         if len(given) > 1:
             raise PlanError(
-                f"{arg['threshold']} and {arg['predictor']} were both given: choose the mode "
-                f"with {spell('sparsity')} threshold or predictor"
+                f"{arg[t_mode]} and {arg['predictor']} were both given: choose the mode "
+                f"with {spell('sparsity')} {t_mode} or predictor"
             )
         if given:
             say(f"{arg[given[0]]} given: using {spell('sparsity')} {given[0]}")

@@ -500,10 +500,16 @@ impl ActiveInput {
             let mut sumq = 0i32;
             let kept = &self.cols[c0 as usize..];
             let vals = &self.x[c0 as usize..];
+            // Round half away from zero without a libm call (f32::round is one on x86-64
+            // without SSE4.1); |v·inv| <= 32767.
+            let q = |v: f32| {
+                let t = v * inv;
+                (t + 0.5f32.copysign(t)) as i32
+            };
             for k in (0..kept.len()).step_by(2) {
-                let q0 = (vals[k] * inv).round() as i32;
+                let q0 = q(vals[k]);
                 let (c1i, q1) = match kept.get(k + 1) {
-                    Some(&c) => (c, (vals[k + 1] * inv).round() as i32),
+                    Some(&c) => (c, q(vals[k + 1])),
                     None => (kept[k], 0),
                 };
                 sumq += q0 + q1;

@@ -166,6 +166,12 @@ impl<B: Backend> Hybrid for Executor<B> {
     }
 
     fn set_mode(&mut self, mode: &Sparsity) -> Result<()> {
+        powerinfer_core::ensure!(
+            !matches!(mode, Sparsity::Input(_)),
+            Unsupported,
+            "the input sparsity mode runs on the CPU only (device=\"cpu\"); the hybrid \
+             executor has no input-sparse GPU kernels yet"
+        );
         if let Sparsity::Predictor { layers, .. } = mode {
             for (i, layer) in self.gpu.layers.iter_mut().enumerate() {
                 if let Some(p) = &mut layer.predictor {
@@ -232,7 +238,7 @@ impl<B: Backend> Hybrid for Executor<B> {
                 self.gpu_attention(model, l, pos, &mut res)?;
             } else {
                 self.host_x(l, &mut res)?;
-                attention_block(model, l, cache, &mut self.host, pos, 1, &angles)?;
+                attention_block(model, l, mode, cache, &mut self.host, None, pos, 1, &angles)?;
                 res.on_device = false;
             }
             if self.gpu.layers[l].ffn.is_some() {
@@ -616,7 +622,8 @@ impl<B: Backend> Executor<B> {
         let slot = c.n_layers;
         if self.gpu.output.is_none() {
             self.host_x(slot, res)?;
-            return output_block(model, &mut self.host, 0, 1);
+            // The hybrid executor refuses the input mode (set_mode): the output head is dense.
+            return output_block(model, &Sparsity::Dense, &mut self.host, 0, 0, 1);
         }
         self.device_x(slot, res)?;
         let dev = &self.dev;

@@ -102,6 +102,12 @@ pub fn open(
         Plan,
         "the plan puts nothing on the GPU; run it with device=\"cpu\""
     );
+    ensure!(
+        !matches!(mode, Sparsity::Input(_)),
+        Unsupported,
+        "the input sparsity mode runs on the CPU only (device=\"cpu\"); the hybrid executor \
+         has no input-sparse GPU kernels yet"
+    );
     if device == GPU_SIM {
         let dev = match capacity {
             Some(bytes) => HostBackend::with_capacity(bytes),

@@ -1,0 +1,473 @@
+//! The `input` sparsity mode (TEAL/WINA style): per layer and projection input ("site"), the
+//! entries whose score falls below a calibrated threshold are zero, and a decode step reads only
+//! the input-major columns of the rest ([`powerinfer_cpu::matvec_input`]).
+//!
+//! Sites, one threshold each per layer ([`SITES`]):
+//! - `attn_in`: the attention's normed input, read by q, k and v;
+//! - `attn_out`: the attention's output, read by the output projection;
+//! - `ffn_in`: the FFN's normed input, read by gate and up;
+//! - `down_in`: the FFN's values `act(gate)·up`, read by down (threshold mode's site; on a
+//!   ReLU model threshold 0 skips exactly the neurons that do not fire);
+//!
+//! and optionally the output head's input (one threshold for the model; 0 reads it densely).
+//! Scores: `teal` is |x_i|; `wina` is |x_i|·‖W[:, i]‖ (the column norm over the site's
+//! matrices together), which keeps the inputs that move the output most. The context's first
+//! position (the attention sink) stays dense, as in threshold mode. Several tokens at once
+//! (prefill, scoring) run the dense products on the masked inputs: the same function.
+
+use std::str::FromStr;
+
+use std::collections::HashMap;
+
+use powerinfer_core::{bail, ensure, DType, Error, Result, Weight};
+use powerinfer_cpu::{matvec_input, ActiveInput, InputMajor};
+use rayon::prelude::*;
+
+use crate::weights::ModelWeights;
+
+/// The sites' names, in the order of a layer's thresholds.
+pub const SITES: [&str; 4] = ["attn_in", "attn_out", "ffn_in", "down_in"];
+
+/// A projection input of a layer (index into [`SITES`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Site {
+    AttnIn = 0,
+    AttnOut = 1,
+    FfnIn = 2,
+    DownIn = 3,
+}
+
+/// How an input entry is scored against its threshold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum InputScore {
+    /// |x_i| (TEAL).
+    #[default]
+    Teal,
+    /// |x_i|·‖W[:, i]‖ (WINA).
+    Wina,
+}
+
+impl InputScore {
+    /// Both scores, as the CLIs list them.
+    pub const ALL: [InputScore; 2] = [InputScore::Teal, InputScore::Wina];
+
+    /// The name the Python API and the threshold files use.
+    pub fn name(self) -> &'static str {
+        match self {
+            InputScore::Teal => "teal",
+            InputScore::Wina => "wina",
+        }
+    }
+}
+
+impl FromStr for InputScore {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<InputScore> {
+        match InputScore::ALL.into_iter().find(|m| m.name() == s) {
+            Some(m) => Ok(m),
+            None => bail!(Unsupported, "input score {s:?} (choose teal or wina)"),
+        }
+    }
+}
+
+/// The `input` mode's parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InputSparsity {
+    /// Per layer, one threshold per site ([`SITES`] order).
+    pub thresholds: Vec<[f32; 4]>,
+    /// The output head's input threshold (0: dense).
+    pub output: f32,
+    pub score: InputScore,
+}
+
+impl InputSparsity {
+    /// Check it fits a model of `n_layers` layers.
+    pub fn validate(&self, n_layers: usize) -> Result<()> {
+        ensure!(
+            self.thresholds.len() == n_layers,
+            Plan,
+            "input thresholds for {} layers, the model has {n_layers}",
+            self.thresholds.len()
+        );
+        let all = self.thresholds.iter().flatten().chain([&self.output]);
+        ensure!(
+            all.into_iter().all(|v| v.is_finite() && *v >= 0.0),
+            Plan,
+            "input thresholds must be finite and >= 0"
+        );
+        Ok(())
+    }
+}
+
+/// One layer's input-major copies.
+#[derive(Clone, Debug)]
+pub struct LayerCopies {
+    pub q: InputMajor,
+    pub k: InputMajor,
+    pub v: InputMajor,
+    pub o: InputMajor,
+    pub gate: InputMajor,
+    pub up: Option<InputMajor>,
+    pub down: InputMajor,
+    /// WINA's column norms per site.
+    pub norms: [Vec<f32>; 4],
+}
+
+/// The input-major copies of every layer's projections (and, built separately, of the output
+/// head), with WINA's column norms.
+#[derive(Clone, Debug)]
+pub struct InputCopies {
+    pub layers: Vec<LayerCopies>,
+    /// Per matrix shape and format, the share of kept inputs above which one token's product is
+    /// cheaper as the dense matvec over the masked input (see [`measure_crossover`]).
+    pub crossover: HashMap<ShapeKey, f32>,
+}
+
+/// A matrix's format, rows and cols.
+pub type ShapeKey = (DType, usize, usize);
+
+/// Environment variable pinning every crossover of the input mode (a share of kept inputs in
+/// 0..=1: 0 always takes the dense product of the masked input, 1 always the input-major one),
+/// for runs that must not depend on a timing.
+pub const INPUT_CROSSOVER_ENV: &str = "POWERINFER_RS_INPUT_CROSSOVER";
+
+/// Bytes read between the timed passes of [`measure_crossover`] (more than a last-level cache).
+const EVICT_BYTES: usize = 96 << 20;
+
+/// The share of kept inputs above which the dense matvec over the masked input is faster than
+/// the input-major product, for the matrices `ws` (all of one shape and format) and their
+/// copies `ms`: both timed over every matrix in turn after reading a buffer larger than the
+/// last-level cache (so the weights come from memory, as in decoding), best of 3 passes, the input-major one at a quarter and at three quarters of the
+/// inputs kept, its time taken as linear in the share kept.
+pub fn measure_crossover(ws: &[&Weight], ms: &[&InputMajor]) -> Result<f32> {
+    let Some(w0) = ws.first() else {
+        return Ok(1.0);
+    };
+    let x: Vec<f32> = (0..w0.cols)
+        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0)
+        .collect();
+    let mut y = vec![0.0f32; w0.rows];
+    // Read before each pass, so the pass's weights come from memory as in decoding (one key's
+    // matrices alone would often fit the last-level cache).
+    let evict: Vec<u64> = vec![1; EVICT_BYTES / 8];
+    let best = |f: &mut dyn FnMut(usize) -> Result<()>| -> Result<f64> {
+        let mut t = f64::INFINITY;
+        for _ in 0..3 {
+            std::hint::black_box(evict.iter().fold(0u64, |a, &v| a.wrapping_add(v)));
+            let start = std::time::Instant::now();
+            for k in 0..ws.len() {
+                f(k)?;
+            }
+            t = t.min(start.elapsed().as_secs_f64());
+        }
+        Ok(t)
+    };
+    let dense = best(&mut |k| powerinfer_cpu::matvec(ws[k], &x, &mut y))?;
+    let mut at = |share: f32| -> Result<f64> {
+        // A fixed scattered pick of the inputs.
+        let keep = |i: usize| {
+            ((i as u32).wrapping_mul(0x9E37_79B9) >> 8) as f32 / (1u32 << 24) as f32 <= share
+        };
+        let a = ActiveInput::new(&x, ms[0].group_len(), |i, _| keep(i));
+        best(&mut |k| matvec_input(&[ms[k]], &[&a], &mut [&mut y]))
+    };
+    let (lo, hi) = (at(0.25)?, at(0.75)?);
+    let slope = (hi - lo) / 0.5;
+    let c = if slope <= 0.0 {
+        if lo < dense {
+            1.0
+        } else {
+            0.0
+        }
+    } else {
+        ((dense - (lo - 0.25 * slope)) / slope).clamp(0.0, 1.0)
+    };
+    Ok(c as f32)
+}
+
+/// The output head's copy and its column norms.
+#[derive(Clone, Debug)]
+pub struct OutputCopy {
+    pub w: InputMajor,
+    pub norms: Vec<f32>,
+    /// See [`InputCopies::crossover`].
+    pub crossover: f32,
+}
+
+/// ‖W[:, i]‖ over the rows of all of `ws` (same columns), in f64, as f32.
+pub fn column_norms(ws: &[&Weight]) -> Result<Vec<f32>> {
+    let cols = ws.first().map_or(0, |w| w.cols);
+    let mut sum = vec![0.0f64; cols];
+    for w in ws {
+        ensure!(
+            w.cols == cols,
+            Shape,
+            "column norms of matrices of different widths"
+        );
+        let part = (0..w.rows)
+            .into_par_iter()
+            .fold(
+                || (vec![0.0f64; cols], vec![0.0f32; cols]),
+                |(mut acc, mut row), r| {
+                    if powerinfer_cpu::dequantize_row(w.dtype, w.row(r), &mut row).is_ok() {
+                        acc.iter_mut()
+                            .zip(&row)
+                            .for_each(|(a, &v)| *a += v as f64 * v as f64);
+                    }
+                    (acc, row)
+                },
+            )
+            .map(|(acc, _)| acc)
+            .reduce(
+                || vec![0.0f64; cols],
+                |mut a, b| {
+                    a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+                    a
+                },
+            );
+        sum.iter_mut().zip(&part).for_each(|(s, p)| *s += p);
+    }
+    Ok(sum.into_iter().map(|s| s.sqrt() as f32).collect())
+}
+
+impl InputCopies {
+    /// Build every layer's copies (on the calling thread pool).
+    pub fn build(model: &ModelWeights) -> Result<InputCopies> {
+        let layers = model
+            .layers
+            .iter()
+            .zip(&model.program.layers)
+            .map(|(l, p)| {
+                let up = match p.ffn_kind().gated {
+                    true => Some(InputMajor::new(&l.w_up)?),
+                    false => None,
+                };
+                let mut ffn_in = vec![&l.w_gate];
+                if up.is_some() {
+                    ffn_in.push(&l.w_up);
+                }
+                Ok(LayerCopies {
+                    q: InputMajor::new(&l.wq)?,
+                    k: InputMajor::new(&l.wk)?,
+                    v: InputMajor::new(&l.wv)?,
+                    o: InputMajor::new(&l.wo)?,
+                    gate: InputMajor::new(&l.w_gate)?,
+                    up,
+                    down: InputMajor::new(&l.w_down)?,
+                    norms: [
+                        column_norms(&[&l.wq, &l.wk, &l.wv])?,
+                        column_norms(&[&l.wo])?,
+                        column_norms(&ffn_in)?,
+                        column_norms(&[&l.w_down])?,
+                    ],
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let crossover = crossovers(model, &layers)?;
+        Ok(InputCopies { layers, crossover })
+    }
+
+    /// The crossover of a matrix (see [`InputCopies::crossover`]); 1 for a shape not measured.
+    pub fn crossover_of(&self, m: &InputMajor) -> f32 {
+        self.crossover
+            .get(&(m.dtype, m.rows, m.cols))
+            .copied()
+            .unwrap_or(1.0)
+    }
+
+    /// Bytes of every copy (the extra memory of the mode, beside the original weights).
+    pub fn n_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|c| {
+                let up = c.up.as_ref().map_or(0, InputMajor::n_bytes);
+                [&c.q, &c.k, &c.v, &c.o, &c.gate, &c.down]
+                    .iter()
+                    .map(|m| m.n_bytes())
+                    .sum::<usize>()
+                    + up
+            })
+            .sum()
+    }
+}
+
+/// Every (format, rows, cols) of the copies' matrices and its crossover: pinned by
+/// [`INPUT_CROSSOVER_ENV`], else measured over every matrix of that key.
+fn crossovers(model: &ModelWeights, layers: &[LayerCopies]) -> Result<HashMap<ShapeKey, f32>> {
+    let pinned = match std::env::var(INPUT_CROSSOVER_ENV) {
+        Ok(v) => {
+            let c: f32 = v.trim().parse().map_err(|_| {
+                Error::Plan(format!(
+                    "{INPUT_CROSSOVER_ENV}={v:?}: expected a share in 0..=1"
+                ))
+            })?;
+            ensure!(
+                (0.0..=1.0).contains(&c),
+                Plan,
+                "{INPUT_CROSSOVER_ENV}={v:?}: expected a share in 0..=1"
+            );
+            Some(c)
+        }
+        Err(_) => None,
+    };
+    let mut by_key: HashMap<ShapeKey, (Vec<&Weight>, Vec<&InputMajor>)> = HashMap::new();
+    for (lw, cp) in model.layers.iter().zip(layers) {
+        let mut pairs = vec![
+            (&lw.wq, &cp.q),
+            (&lw.wk, &cp.k),
+            (&lw.wv, &cp.v),
+            (&lw.wo, &cp.o),
+            (&lw.w_gate, &cp.gate),
+            (&lw.w_down, &cp.down),
+        ];
+        if let Some(up) = &cp.up {
+            pairs.push((&lw.w_up, up));
+        }
+        for (w, m) in pairs {
+            let e = by_key.entry((w.dtype, w.rows, w.cols)).or_default();
+            e.0.push(w);
+            e.1.push(m);
+        }
+    }
+    by_key
+        .into_iter()
+        .map(|(key, (ws, ms))| {
+            let c = match pinned {
+                Some(c) => c,
+                None => measure_crossover(&ws, &ms)?,
+            };
+            Ok((key, c))
+        })
+        .collect()
+}
+
+impl OutputCopy {
+    /// The output head's copy.
+    pub fn build(model: &ModelWeights) -> Result<OutputCopy> {
+        let w = InputMajor::new(&model.output)?;
+        let crossover = match std::env::var(INPUT_CROSSOVER_ENV) {
+            Ok(v) => v.trim().parse::<f32>().unwrap_or(1.0).clamp(0.0, 1.0),
+            Err(_) => measure_crossover(&[&model.output], &[&w])?,
+        };
+        Ok(OutputCopy {
+            w,
+            norms: column_norms(&[&model.output])?,
+            crossover,
+        })
+    }
+}
+
+/// Whether entry `i` of value `x` passes `t` under `score` (column norms `norms`).
+#[inline]
+pub fn keeps(score: InputScore, norms: &[f32], t: f32, i: usize, x: f32) -> bool {
+    match score {
+        InputScore::Teal => x.abs() >= t,
+        InputScore::Wina => x.abs() * norms[i] >= t,
+    }
+}
+
+/// Zero the entries of `x` (rows of `norms.len()`) a site drops, from row `from` on (the
+/// batched passes' mask; rows before `from` are the context's first position, kept dense).
+pub fn mask_rows(score: InputScore, norms: &[f32], t: f32, x: &mut [f32], from: usize) {
+    let width = norms.len();
+    if t <= 0.0 || width == 0 {
+        return;
+    }
+    for row in x.chunks_exact_mut(width).skip(from) {
+        for (i, v) in row.iter_mut().enumerate() {
+            if !keeps(score, norms, t, i, *v) {
+                *v = 0.0;
+            }
+        }
+    }
+}
+
+/// Reusable [`ActiveInput`]s of one decode step (one per group length in use).
+#[derive(Clone, Debug, Default)]
+pub struct InputScratch {
+    acts: Vec<ActiveInput>,
+    groups: Vec<usize>,
+    /// The masked input of the dense fallback.
+    xm: Vec<f32>,
+}
+
+/// One matrix of a site for [`project_kept`]: the weight, its input-major copy and crossover.
+pub struct SiteMatrix<'a> {
+    pub w: &'a Weight,
+    pub m: &'a InputMajor,
+    pub crossover: f32,
+}
+
+/// `w` with its copy `m` and the copies' crossover for it.
+pub fn site_matrix<'a>(ic: &InputCopies, w: &'a Weight, m: &'a InputMajor) -> SiteMatrix<'a> {
+    SiteMatrix {
+        w,
+        m,
+        crossover: ic.crossover_of(m),
+    }
+}
+
+/// `ys[k] = W_k · x` over the entries of one token's `x` that the site keeps (`t`, `score`,
+/// `norms`): through the input-major copy where the share kept is at most the matrix's
+/// crossover, else as the dense matvec over the masked input (the same function). Returns the
+/// share of entries kept.
+#[allow(clippy::too_many_arguments)]
+pub fn project_kept(
+    mats: &[SiteMatrix<'_>],
+    x: &[f32],
+    score: InputScore,
+    norms: &[f32],
+    t: f32,
+    s: &mut InputScratch,
+    ys: &mut [&mut [f32]],
+) -> Result<f32> {
+    // The share kept first (one cheap pass): the matrices past their crossover need no
+    // active list.
+    let n_kept = match score {
+        InputScore::Teal => x.iter().filter(|v| v.abs() >= t).count(),
+        InputScore::Wina => x
+            .iter()
+            .zip(norms)
+            .filter(|(v, n)| v.abs() * **n >= t)
+            .count(),
+    };
+    let kept = n_kept as f32 / x.len().max(1) as f32;
+    s.groups.clear();
+    for sm in mats.iter().filter(|sm| kept <= sm.crossover) {
+        if !s.groups.contains(&sm.m.group_len()) {
+            s.groups.push(sm.m.group_len());
+        }
+    }
+    s.acts.resize_with(s.groups.len(), ActiveInput::default);
+    for (a, &g) in s.acts.iter_mut().zip(&s.groups) {
+        a.fill(x, g, |i, v| keeps(score, norms, t, i, v));
+    }
+    let (mut sparse_m, mut sparse_a, mut sparse_y) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut dense_w, mut dense_y) = (Vec::new(), Vec::new());
+    for (sm, y) in mats.iter().zip(ys.iter_mut()) {
+        if kept <= sm.crossover {
+            let k = s
+                .groups
+                .iter()
+                .position(|&g| g == sm.m.group_len())
+                .unwrap_or(0);
+            sparse_m.push(sm.m);
+            sparse_a.push(&s.acts[k]);
+            sparse_y.push(&mut **y);
+        } else {
+            dense_w.push(sm.w);
+            dense_y.push(&mut **y);
+        }
+    }
+    if !sparse_m.is_empty() {
+        matvec_input(&sparse_m, &sparse_a, &mut sparse_y)?;
+    }
+    if !dense_w.is_empty() {
+        s.xm.clear();
+        s.xm.extend_from_slice(x);
+        mask_rows(score, norms, t, &mut s.xm, 0);
+        powerinfer_cpu::matvec_many(&dense_w, &s.xm, &mut dense_y)?;
+    }
+    Ok(kept)
+}

@@ -1,0 +1,215 @@
+"""Calibration of the ``input`` sparsity mode (TEAL/WINA): per layer and site, the threshold
+on each entry's score below which the target share of a projection's inputs is dropped.
+
+The engine runs densely over calibration windows with its site capture on
+(:meth:`Engine.start_profiling` ``capture_sites``); per layer and site (see
+:mod:`powerinfer_rs.formats.input_thresholds`) the scores of a bounded random sample of
+entries (each window's first token left out: the mode keeps it dense) give the threshold as
+their ``sparsity``-quantile. With ``allocation="greedy"`` the per-site shares come from
+TEAL's greedy search instead: starting dense, repeatedly raise by one step the sparsity of the
+site whose step costs the least output error per byte saved on a few calibration windows, until
+the byte-weighted average reaches the target (the cost: the relative change of the final hidden
+state against the dense one, measured on the engine itself).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..formats.input_thresholds import SITES, InputThresholds
+from . import args as stage_args
+
+#: Values kept per (layer, site) for the quantiles.
+DEFAULT_SAMPLE_VALUES = 1 << 18
+
+
+def site_norms(engine: Any, score: str) -> list[list[np.ndarray]] | None:
+    """Per layer the four sites' WINA column norms, and the output head's last (None for
+    TEAL's |x| score)."""
+    if score == "teal":
+        return None
+    n = engine.config.n_layers
+    return [engine.input_column_norms(i) for i in range(n)] + [engine.input_column_norms(n)]
+
+
+def capture_scores(
+    engine: Any,
+    ids: Sequence[int],
+    *,
+    score: str,
+    window: int,
+    sample_values: int = DEFAULT_SAMPLE_VALUES,
+    seed: int = 0,
+    progress: bool = True,
+    desc: str = "calibrate",
+) -> stage_args.ValueSampler:
+    """Samples of every site's scores over ``ids`` in the engine's current mode: "layer"
+    ``4·i + site`` of the sampler is layer ``i``'s site, ``4·n_layers`` the output head's."""
+    n = engine.config.n_layers
+    norms = site_norms(engine, score)
+    sampler = stage_args.ValueSampler(4 * n + 1, sample_values, seed)
+
+    def on_window(_n: int) -> None:
+        layers, out = engine.take_sites()
+        for i, four in enumerate(layers):
+            for k, rows in enumerate(four):
+                v = np.abs(rows[1:])
+                if norms is not None:
+                    v = v * norms[i][k]
+                sampler.add(4 * i + k, v)
+        v = np.abs(out[1:])
+        if norms is not None:
+            v = v * norms[n][0]
+        sampler.add(4 * n, v)
+
+    engine.start_profiling(capture_sites=True)
+    try:
+        stage_args.feed_windows(
+            engine, ids, window, on_window=on_window, desc=desc, progress=progress
+        )
+    finally:
+        engine.stop_profiling()
+    return sampler
+
+
+@dataclass
+class InputCalibration:
+    """Thresholds and the shares each leaves out on the calibration sample."""
+
+    thresholds: InputThresholds
+    below: list[list[float]] = field(default_factory=list)
+
+
+def calibrate_input(
+    engine: Any,
+    ids: Sequence[int],
+    sparsity: float,
+    *,
+    score: str = "teal",
+    output: bool = False,
+    window: int = 256,
+    sample_values: int = DEFAULT_SAMPLE_VALUES,
+    seed: int = 0,
+    progress: bool = True,
+    site_sparsity: Sequence[Sequence[float]] | None = None,
+) -> InputCalibration:
+    """Thresholds that drop ``sparsity`` of every site's inputs (or, with ``site_sparsity``,
+    per layer and site its own share), and of the output head's when ``output``. The engine
+    is left in dense mode."""
+    if not 0.0 <= sparsity < 1.0:
+        raise ShapeError(f"sparsity must lie in [0, 1), got {sparsity}")
+    n = engine.config.n_layers
+    engine.set_sparsity("dense")
+    sampler = capture_scores(
+        engine,
+        ids,
+        score=score,
+        window=window,
+        sample_values=sample_values,
+        seed=seed,
+        progress=progress,
+    )
+    thresholds, below = [], []
+    for i in range(n):
+        row, row_below = [], []
+        for k in range(4):
+            s = sparsity if site_sparsity is None else float(site_sparsity[i][k])
+            t = float(np.float32(sampler.quantile(4 * i + k, s))) if s > 0 else 0.0
+            row.append(max(t, 0.0))
+            row_below.append(sampler.fraction_below(4 * i + k, row[-1]) if t > 0 else 0.0)
+        thresholds.append(row)
+        below.append(row_below)
+    out_t = float(np.float32(sampler.quantile(4 * n, sparsity))) if output and sparsity else 0.0
+    tf = InputThresholds(
+        thresholds=thresholds,
+        output=max(out_t, 0.0),
+        score=score,
+        model_fingerprint=getattr(engine.loaded, "fingerprint", None),
+        target_sparsity=sparsity,
+        measured_sparsity=below,
+        tokens=len(ids),
+    )
+    return InputCalibration(tf, below)
+
+
+@dataclass
+class InputHeldOut:
+    """Perplexity cost of the input mode on held-out tokens, and the share of each site's
+    inputs it dropped there (per layer, per site)."""
+
+    tokens: int
+    ppl_dense: float
+    ppl_input: float
+    dropped: list[list[float]] = field(default_factory=list)
+
+    @property
+    def ppl_change(self) -> float:
+        return self.ppl_input / self.ppl_dense - 1.0
+
+
+def held_out_input_cost(
+    engine: Any,
+    ids: Sequence[int],
+    tf: InputThresholds,
+    *,
+    window: int = 256,
+    progress: bool = True,
+    ppl_dense: float | None = None,
+) -> InputHeldOut:
+    """Dense and input-mode perplexity of ``ids``, and the share of inputs each site dropped
+    (the site rows of the input-mode run, against the thresholds). The engine is left in
+    dense mode."""
+    if ppl_dense is None:
+        engine.set_sparsity("dense")
+        ppl_dense, _ = stage_args.perplexity_and_activity(
+            engine, ids, window=window, progress=progress
+        )
+    engine.set_sparsity("input", thresholds=tf)
+    n = engine.config.n_layers
+    norms = site_norms(engine, tf.score)
+    dropped = np.zeros((n, 4))
+    counted = np.zeros((n, 4))
+
+    def on_window(_n: int) -> None:
+        layers, _out = engine.take_sites()
+        for i, four in enumerate(layers):
+            for k, rows in enumerate(four):
+                v = np.abs(rows[1:])
+                if norms is not None:
+                    v = v * norms[i][k]
+                dropped[i, k] += float(np.sum(v < tf.thresholds[i][k]))
+                counted[i, k] += v.size
+
+    try:
+        ppl_i = float(engine.perplexity_of_ids(list(ids), window=window, progress=progress))
+        # The shares dropped, from the input mode's own site rows (each window's first token,
+        # kept dense, left out).
+        engine.start_profiling(capture_sites=True)
+        stage_args.feed_windows(
+            engine, ids, window, on_window=on_window, desc="held-out sites", progress=progress
+        )
+    finally:
+        engine.stop_profiling()
+        engine.set_sparsity("dense")
+    share = np.divide(dropped, np.maximum(counted, 1))
+    return InputHeldOut(len(ids), float(ppl_dense), ppl_i, share.tolist())
+
+
+def format_table(tf: InputThresholds, held: list[list[float]] | None = None) -> str:
+    """Per layer the four thresholds and (held out) the shares dropped."""
+    head = f"{'layer':>5} | " + " | ".join(f"{s:>17}" for s in SITES)
+    lines = [head, "-" * len(head)]
+    for i, row in enumerate(tf.thresholds):
+        cells = []
+        for k, t in enumerate(row):
+            d = "" if held is None else f" ({held[i][k]:.2f})"
+            cells.append(f"{t:>10.4g}{d:>7}")
+        lines.append(f"{i:>5} | " + " | ".join(cells))
+    if tf.output:
+        lines.append(f"output head: {tf.output:.4g}")
+    return "\n".join(lines)
