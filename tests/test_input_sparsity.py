@@ -240,3 +240,43 @@ def test_calibration_reaches_its_target_and_reports_the_cost(synth_hf):
     # What the mode dropped on text it was not calibrated on, near the target.
     assert abs(float(np.mean(held.dropped)) - 0.4) < 0.1
     assert eng.sparsity == "dense"
+
+
+def test_greedy_allocation_meets_the_byte_weighted_target(synth_hf):
+    from powerinfer_rs.stages.calibrate_input import site_bytes
+
+    model = load_model(synth_hf(dtype="f32", activation="silu", ffn=256))
+    eng = Engine(model, threads=2)
+    ids = list(np.random.default_rng(12).integers(0, model.config.vocab_size, 128))
+    cal = calibrate_input(eng, ids, 0.3, score="teal", window=64, allocation="greedy", progress=False)
+    shares = np.array(cal.thresholds.thresholds) > 0
+    nbytes = site_bytes(eng)
+    assert nbytes.shape == (model.config.n_layers, 4) and (nbytes > 0).all()
+    # The shares actually dropped, weighted by the sites' bytes, reach the target.
+    below = np.array(cal.below)
+    assert (below * nbytes).sum() / nbytes.sum() >= 0.3 - 0.03
+    assert shares.any() and not np.allclose(below, below.flat[0])  # not one uniform share
+    with pytest.raises(Exception, match="allocation"):
+        calibrate_input(eng, ids, 0.3, allocation="random", progress=False)
+
+
+def test_calibrate_cli_input_mode(synth_hf, tmp_path, capsys):
+    from powerinfer_rs.stages.calibrate import main
+
+    path = synth_hf(dtype="f32", activation="silu", ffn=256)
+    corpus = tmp_path / "text.txt"
+    corpus.write_text("The quick brown fox jumps over the lazy dog. " * 200)
+    out = tmp_path / "in.json"
+    rc = main(
+        [
+            "--model", str(path), "--corpus", str(corpus), "--tokens", "600",
+            "--mode", "input", "--sparsity", "0.3", "--out", str(out), "--window", "64",
+            "--quiet", "--threads", "2",
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "held-out" in text and "attn_in" in text
+    tf = load_input_thresholds(out, load_model(path))
+    assert tf.score == "wina" and tf.target_sparsity == 0.3
+    assert "perplexity_input" in tf.extra
