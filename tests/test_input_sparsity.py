@@ -248,7 +248,9 @@ def test_greedy_allocation_meets_the_byte_weighted_target(synth_hf):
     model = load_model(synth_hf(dtype="f32", activation="silu", ffn=256))
     eng = Engine(model, threads=2)
     ids = list(np.random.default_rng(12).integers(0, model.config.vocab_size, 128))
-    cal = calibrate_input(eng, ids, 0.3, score="teal", window=64, allocation="greedy", progress=False)
+    cal = calibrate_input(
+        eng, ids, 0.3, score="teal", window=64, allocation="greedy", progress=False
+    )
     shares = np.array(cal.thresholds.thresholds) > 0
     nbytes = site_bytes(eng)
     assert nbytes.shape == (model.config.n_layers, 4) and (nbytes > 0).all()
