@@ -282,3 +282,23 @@ def test_calibrate_cli_input_mode(synth_hf, tmp_path, capsys):
     tf = load_input_thresholds(out, load_model(path))
     assert tf.score == "wina" and tf.target_sparsity == 0.3
     assert "perplexity_input" in tf.extra
+
+
+def test_evaluate_lists_the_input_mode_beside_dense(synth_hf, tmp_path, capsys):
+    from powerinfer_rs.stages.evaluate import main
+
+    path = synth_hf(dtype="f32", activation="silu", ffn=256)
+    model = load_model(path)
+    n = model.config.n_layers
+    tf = InputThresholds(thresholds=[[0.05, 0.05, 0.05, 0.01]] * n, score="teal")
+    t = save_input_thresholds(tmp_path / "in.json", tf)
+    text = tmp_path / "text.txt"
+    text.write_text("Pack my box with five dozen liquor jugs. " * 100)
+    rc = main(
+        ["--model", str(path), "--text", str(text), "--tokens", "200", "--window", "64",
+         "--input-thresholds", str(t), "--quiet"]
+    )  # fmt: skip
+    assert rc == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if "|" in line]
+    assert any(r.split("|")[0].strip() == "input" for r in rows)
+    assert any(r.split("|")[0].strip() == "dense" for r in rows)

@@ -8,6 +8,7 @@ perplexity of
 * ``exact-relu`` (ReLU models: must equal dense),
 * ``threshold`` (with ``--thresholds``),
 * ``predictor`` (with ``--predictors``),
+* ``input`` (with ``--input-thresholds``: every projection's small inputs skipped),
 
 and, counted by the engine's profiler in the same passes, the share of FFN activations left
 nonzero after each mode's mask ("FFN nonzero": for predictor mode, the neurons both predicted
@@ -39,8 +40,8 @@ from . import args as stage_args
 
 #: The ``--help`` description.
 DESCRIPTION = (
-    "Perplexity of the dense, exact-relu / threshold and predictor sparsity modes side by "
-    "side on the same tokens, plus per-layer predictor recall and precision against the "
+    "Perplexity of the dense, exact-relu / threshold, predictor and input sparsity modes side "
+    "by side on the same tokens, plus per-layer predictor recall and precision against the "
     "true activity."
 )
 
@@ -54,6 +55,7 @@ def evaluate_modes(
     window: int = 256,
     thresholds: Sequence[float] | None = None,
     predictors: Any = None,
+    input_thresholds: Any = None,
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Perplexity and mean active FFN fraction of every applicable mode on ``ids``. The
@@ -66,6 +68,8 @@ def evaluate_modes(
         modes.append(("threshold", {"thresholds": list(thresholds)}, list(thresholds)))
     if predictors is not None:
         modes.append(("predictor", {"predictors": predictors}, None))
+    if input_thresholds is not None:
+        modes.append(("input", {"thresholds": input_thresholds}, None))
     n_layers = engine.config.n_layers
     out = []
     for name, kw, count_t in modes:
@@ -193,6 +197,12 @@ def build_parser() -> argparse.ArgumentParser:
         ap,
         "adds threshold mode, and defines 'active' (|act| >= t) for the recall of SiLU/GELU models",
     )
+    ap.add_argument(
+        "--input-thresholds",
+        metavar="T",
+        help="input threshold file (python -m powerinfer_rs.calibrate --mode input): adds the "
+        "input mode",
+    )
     stage_args.add_text_args(
         ap,
         "--text",
@@ -226,6 +236,11 @@ def _run(a: argparse.Namespace) -> int:
         from ..formats.predictors import predictors_for
 
         predictors = predictors_for(a.predictors, engine.loaded)
+    input_thresholds = None
+    if a.input_thresholds:
+        from ..formats.input_thresholds import load_input_thresholds
+
+        input_thresholds = load_input_thresholds(a.input_thresholds, engine.loaded)
     ids, names = stage_args.corpus_ids(engine, a.text, a.tokens)
     window = min(a.window, engine.n_ctx)
     modes = evaluate_modes(
@@ -234,6 +249,7 @@ def _run(a: argparse.Namespace) -> int:
         window=window,
         thresholds=thresholds,
         predictors=predictors,
+        input_thresholds=input_thresholds,
         progress=progress,
     )
     report: dict[str, Any] = {
