@@ -58,10 +58,14 @@ def _common(p: argparse.ArgumentParser) -> None:
         default=None,
         help="FFN sparsity: dense (exact; the default), exact-relu (ReLU models, same function), "
         "threshold (needs --thresholds), predictor (needs --predictors; the default for "
-        "PowerInfer GGUF files, with their own predictors)",
+        "PowerInfer GGUF files, with their own predictors), input (every projection's small "
+        "inputs skipped; needs --thresholds from calibrate --mode input; CPU only)",
     )
     p.add_argument(
-        "--thresholds", default=None, help="threshold file from python -m powerinfer_rs.calibrate"
+        "--thresholds",
+        default=None,
+        help="threshold file from python -m powerinfer_rs.calibrate (--mode input files select "
+        "the input mode)",
     )
     p.add_argument(
         "--predictors",
