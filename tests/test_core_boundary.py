@@ -28,7 +28,8 @@ def test_exception_classes_are_the_extensions(small_relu):
 
 
 def test_sparsity_modes_are_named_once():
-    assert _core.SPARSITY_MODES == ("dense", "exact-relu", "threshold", "predictor")
+    assert _core.SPARSITY_MODES == ("dense", "exact-relu", "threshold", "predictor", "input")
+    assert _core.INPUT_SITES == ("attn_in", "attn_out", "ffn_in", "down_in")
     args = build_parser().parse_args(["generate", "-p", "x", "--sparsity", "exact-relu"])
     assert args.sparsity == "exact-relu"
     for mode in _core.SPARSITY_MODES:
