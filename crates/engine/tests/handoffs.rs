@@ -9,13 +9,17 @@ use std::collections::HashMap;
 use common::{model, values};
 use powerinfer_core::{Activation, Error, NeuronTable, Weight, PLAN_FORMAT};
 use powerinfer_engine::{
-    token_ids, LayerPredictor, Placement, PredictorInput, Predictors, Sparsity, SparsityMode,
+    token_ids, InputScore, InputSparsity, LayerPredictor, Placement, PredictorInput, Predictors,
+    Sparsity, SparsityMode,
 };
 
 #[test]
 fn sparsity_modes_parse_by_name_and_round_trip() {
     let names: Vec<&str> = SparsityMode::ALL.iter().map(|m| m.name()).collect();
-    assert_eq!(names, ["dense", "exact-relu", "threshold", "predictor"]);
+    assert_eq!(
+        names,
+        ["dense", "exact-relu", "threshold", "predictor", "input"]
+    );
     for m in SparsityMode::ALL {
         assert_eq!(m.name().parse::<SparsityMode>().unwrap(), m);
     }
@@ -31,6 +35,23 @@ fn sparsity_modes_parse_by_name_and_round_trip() {
     ));
     let t = Sparsity::new(SparsityMode::Threshold, Some(vec![0.5, 0.25]), None).unwrap();
     assert_eq!((t.mode(), t.name()), (SparsityMode::Threshold, "threshold"));
+    // The input mode takes its own typed parameters, never a per-layer list.
+    assert!(matches!(
+        Sparsity::new(SparsityMode::Input, Some(vec![0.5, 0.25]), None),
+        Err(Error::Plan(_))
+    ));
+    let input = Sparsity::Input(InputSparsity {
+        thresholds: vec![[0.1, 0.2, 0.3, 0.4]; 2],
+        output: 0.0,
+        score: "wina".parse::<InputScore>().unwrap(),
+    });
+    assert_eq!(input.name(), "input");
+    assert!(input.validate(2, 8, 16, Activation::Silu).is_ok());
+    assert!(matches!(
+        input.validate(3, 8, 16, Activation::Silu),
+        Err(Error::Plan(_))
+    ));
+    assert!("magic".parse::<InputScore>().is_err());
     assert_eq!(
         "ffn_inp".parse::<PredictorInput>().unwrap(),
         PredictorInput::FfnInp
