@@ -22,6 +22,10 @@ from powerinfer_rs.formats.plan import Plan, save_plan  # noqa: E402
 from powerinfer_rs.formats.predictors import save_predictors  # noqa: E402
 from powerinfer_rs.formats.profile import write_profile  # noqa: E402
 from powerinfer_rs.formats.samples import SampleWriter, shard_path  # noqa: E402
+from powerinfer_rs.formats.input_thresholds import (  # noqa: E402
+    InputThresholds,
+    save_input_thresholds,
+)
 from powerinfer_rs.formats.thresholds import ThresholdFile, save_thresholds  # noqa: E402
 from powerinfer_rs.loading.torch_pt import save_pt  # noqa: E402
 from powerinfer_rs.predictors.model import LayerPredictor, PredictorSet  # noqa: E402
@@ -153,6 +157,9 @@ def main() -> int:
 
         tf = ThresholdFile([0.1, 0.2], "fp", "silu", 0.5, [0.5, 0.4], ["c.txt"], 100, {"x": 1})
         put("thresholds", "thresholds-l2.json", save_thresholds(tmp / "t.json", tf).read_bytes())
+        itf = InputThresholds([[0.1, 0.2, 0.3, 0.01]] * 2, 0.05, "wina", "fp", 0.4, corpus=["c"])
+        itf_path = save_input_thresholds(tmp / "i.json", itf)
+        put("thresholds", "input-thresholds-l2.json", itf_path.read_bytes())
 
         for dt in ("F16", "F32"):
             p = save_predictors(tmp / f"p{dt}.safetensors", predictor_set(dt))
