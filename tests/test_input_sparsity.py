@@ -258,6 +258,9 @@ def test_greedy_allocation_meets_the_byte_weighted_target(synth_hf):
     below = np.array(cal.below)
     assert (below * nbytes).sum() / nbytes.sum() >= 0.3 - 0.03
     assert shares.any() and not np.allclose(below, below.flat[0])  # not one uniform share
+    # One share per kind of site, the same in every layer.
+    t = np.array(cal.thresholds.thresholds)
+    assert ((t > 0) == (t[0] > 0)).all()
     with pytest.raises(Exception, match="allocation"):
         calibrate_input(eng, ids, 0.3, allocation="random", progress=False)
 
