@@ -18,14 +18,14 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "python"))
 
-from powerinfer_rs.formats.plan import Plan, save_plan  # noqa: E402
-from powerinfer_rs.formats.predictors import save_predictors  # noqa: E402
-from powerinfer_rs.formats.profile import write_profile  # noqa: E402
-from powerinfer_rs.formats.samples import SampleWriter, shard_path  # noqa: E402
 from powerinfer_rs.formats.input_thresholds import (  # noqa: E402
     InputThresholds,
     save_input_thresholds,
 )
+from powerinfer_rs.formats.plan import Plan, save_plan  # noqa: E402
+from powerinfer_rs.formats.predictors import save_predictors  # noqa: E402
+from powerinfer_rs.formats.profile import write_profile  # noqa: E402
+from powerinfer_rs.formats.samples import SampleWriter, shard_path  # noqa: E402
 from powerinfer_rs.formats.thresholds import ThresholdFile, save_thresholds  # noqa: E402
 from powerinfer_rs.loading.torch_pt import save_pt  # noqa: E402
 from powerinfer_rs.predictors.model import LayerPredictor, PredictorSet  # noqa: E402
