@@ -60,6 +60,19 @@ pub fn dequantize_block(dtype: DType, b: &[u8], out: &mut [f32]) {
 
 /// Q4_0, Q4_1, Q5_0, Q5_1: the nibbles (and Q5's fifth bits) of 32 weights.
 fn legacy_block(dtype: DType, b: &[u8], out: &mut [f32]) {
+    let (d, m, q) = legacy_affine(dtype, b);
+    for (o, &q) in out.iter_mut().zip(&q) {
+        *o = match m {
+            Some(m) => d * q as f32 + m,
+            None => d * q as f32,
+        };
+    }
+}
+
+/// A Q4_0, Q4_1, Q5_0 or Q5_1 block as `w = d·q (+ m)`: its scale, its min (the formats with
+/// one) and its 32 signed integers (the symmetric formats' middle of range already
+/// subtracted). The decoder above and the input-major copies share it.
+pub fn legacy_affine(dtype: DType, b: &[u8]) -> (f32, Option<f32>, [i8; 32]) {
     let d = f16_at(b, 0);
     let (m, qh, qs) = match dtype {
         DType::Q4_0 => (None, None, &b[2..18]),
@@ -73,15 +86,13 @@ fn legacy_block(dtype: DType, b: &[u8], out: &mut [f32]) {
         (None, None) => 8,
         (None, Some(_)) => 16,
     };
-    for j in 0..32 {
+    let mut q = [0i8; 32];
+    for (j, v) in q.iter_mut().enumerate() {
         let nib = if j < 16 { qs[j] & 15 } else { qs[j - 16] >> 4 };
         let high = qh.map_or(0, |h| ((h >> j) & 1) << 4) as i32;
-        let q = (nib as i32 | high) - bias;
-        out[j] = match m {
-            Some(m) => d * q as f32 + m,
-            None => d * q as f32,
-        };
+        *v = ((nib as i32 | high) - bias) as i8;
     }
+    (d, m, q)
 }
 
 /// The little-endian u32 at byte `at`.

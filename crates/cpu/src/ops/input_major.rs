@@ -159,9 +159,8 @@ impl Default for Affine {
 /// Split one block of `dtype` into [`Affine`] form, in the dequantizer's own float operations
 /// (so `s·q + m` is the dequantized value bit for bit).
 fn affine_block(dtype: DType, b: &[u8], a: &mut Affine) {
-    use powerinfer_core::dequantize::{unpack_k, SubScales};
+    use powerinfer_core::dequantize::{legacy_affine, unpack_k, SubScales};
     let f16_at = |at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
-    let u32_at = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
     match dtype {
         DType::Q8_0 => {
             a.group = 32;
@@ -172,25 +171,11 @@ fn affine_block(dtype: DType, b: &[u8], a: &mut Affine) {
             }
         }
         DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => {
+            let (d, m, q) = legacy_affine(dtype, b);
             a.group = 32;
-            let (m, qh, qs) = match dtype {
-                DType::Q4_0 => (None, None, &b[2..18]),
-                DType::Q4_1 => (Some(f16_at(2)), None, &b[4..20]),
-                DType::Q5_0 => (None, Some(u32_at(2)), &b[6..22]),
-                _ => (Some(f16_at(2)), Some(u32_at(4)), &b[8..24]),
-            };
-            let bias = match (m, qh) {
-                (Some(_), _) => 0,
-                (None, None) => 8,
-                (None, Some(_)) => 16,
-            };
-            a.s[0] = f16_at(0);
+            a.s[0] = d;
             a.m[0] = m.unwrap_or(0.0);
-            for j in 0..32 {
-                let nib = if j < 16 { qs[j] & 15 } else { qs[j - 16] >> 4 };
-                let high = qh.map_or(0, |h| ((h >> j) & 1) << 4) as i32;
-                a.q[j] = ((nib as i32 | high) - bias) as i8;
-            }
+            a.q[..32].copy_from_slice(&q);
         }
         _ => {
             let mut sub = SubScales::default();
