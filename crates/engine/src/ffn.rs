@@ -281,12 +281,7 @@ fn batched(
     let act = m.program.layers[call.layer].ffn_kind();
     gate_and_up(act, lw, call.xn, n, &mut s.gate, &mut s.up)?;
     mark(Phase::Gate); // gate and up in one pass
-    apply_activation(act, &mut s.gate);
-    match (act.gated, act.up_act) {
-        (false, _) => {}
-        (true, false) => par_rows(&mut s.gate, &s.up, |a, u| *a *= u),
-        (true, true) => par_rows(&mut s.gate, &s.up, |a, u| *a = act.times_up(*a, u)),
-    }
+    activate(act, &mut s.gate, &s.up);
     // s.gate now holds h = act(gate)·up; the mode zeroes the neurons it skips.
     match call.mode {
         Sparsity::Dense | Sparsity::ExactRelu | Sparsity::Input(_) => {}

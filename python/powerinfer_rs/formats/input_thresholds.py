@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelFileError, PlanError
+from .thresholds import write_json_atomically
 
 FORMAT = "powerinfer-rs-input-thresholds/1"
 #: The sites of a layer, in the order of its thresholds.
@@ -134,13 +135,7 @@ def _check_value(t: Any, what: str) -> None:
 def save_input_thresholds(path: str | os.PathLike[str], tf: InputThresholds) -> Path:
     """Validate and write ``tf`` as JSON (atomically); returns the path."""
     tf.validate(os.fspath(path))
-    p = Path(path)
-    if p.parent and not p.parent.exists():
-        p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".part")
-    tmp.write_text(json.dumps(tf.to_json(), indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, p)
-    return p
+    return write_json_atomically(path, tf.to_json())
 
 
 def _read(source: str) -> Any:

@@ -116,16 +116,22 @@ class ThresholdFile:
         return doc
 
 
-def save_thresholds(path: str | os.PathLike[str], tf: ThresholdFile) -> Path:
-    """Validate and write ``tf`` as JSON (atomically); returns the path."""
-    tf.validate(os.fspath(path))
+def write_json_atomically(path: str | os.PathLike[str], doc: dict[str, Any]) -> Path:
+    """Write ``doc`` as JSON to ``path`` through a ``.part`` file replaced at the end (its
+    folder made when missing); returns the path. The threshold files of both modes use it."""
     p = Path(path)
     if p.parent and not p.parent.exists():
         p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(p.name + ".part")
-    tmp.write_text(json.dumps(tf.to_json(), indent=1) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     os.replace(tmp, p)
     return p
+
+
+def save_thresholds(path: str | os.PathLike[str], tf: ThresholdFile) -> Path:
+    """Validate and write ``tf`` as JSON (atomically); returns the path."""
+    tf.validate(os.fspath(path))
+    return write_json_atomically(path, tf.to_json())
 
 
 def _number(x: Any, what: str, source: str) -> float:
