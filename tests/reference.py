@@ -19,7 +19,8 @@ FATReLU (``x`` where ``x > t``, else 0) and Bamboo's activated up projection
 (``down(act(gate x) * act(up x))``); OPT's and Falcon's LayerNorm with biases
 (``(x - mean) / sqrt(var + eps) * w + b``), learned positions (row ``pos + offset``, no RoPE),
 gate-less FFN ``down(act(fc1 x + b1)) + b2``, attention output bias, and parallel attention and
-FFN (``x + attn(n(x)) + ffn(n2(x))``).
+FFN (``x + attn(n(x)) + ffn(n2(x))``). Mixtures of experts (:func:`moe_ffn`), OLMoE's q/k norms
+over the whole q and k vectors.
 
 RoPE scaling and partial RoPE as HF's rotary embeddings: ``inv_freq`` over the rotated
 ``rope_dims`` (HF's ``int(head_dim * partial_rotary_factor)``) divided by the linear factor and
@@ -212,13 +213,17 @@ def reference_forward(
     for i in range(c.n_layers):
         p = f"blk.{i}."
         h = site_mask(i, "attn_in", norm(x, p + "attn_norm"))
+        # A router on the layer input reads the residual before attention (SmallThinker).
+        router_in = x if c.router_on_residual else None
         q, k, v = (h @ w[p + f"attn_{x}"].T for x in "qkv")
         if c.qkv_bias:
             q, k, v = (y + w[p + f"attn_{x}.bias"].reshape(-1) for y, x in zip((q, k, v), "qkv"))
+        if c.qk_norm_full:  # OLMoE: q and k normed whole, before the split into heads
+            q, k = norm(q, p + "attn_q_norm"), norm(k, p + "attn_k_norm")
         q = q.reshape(n, c.n_heads, c.head_dim)
         k = k.reshape(n, c.n_kv_heads, c.head_dim)
         v = v.reshape(n, c.n_kv_heads, c.head_dim)
-        if c.qk_norm:
+        if c.qk_norm and not c.qk_norm_full:
             q = norm(q, p + "attn_q_norm")
             k = norm(k, p + "attn_k_norm")
         mask, theta, local = causal, c.rope_theta, False
@@ -251,6 +256,10 @@ def reference_forward(
         else:
             ffn_norm = p + ("attn_norm_2" if p + "attn_norm_2" in w else "attn_norm")
         h = site_mask(i, "ffn_in", norm(x_in, ffn_norm))
+        if c.n_expert:
+            f = moe_ffn(c, w, p, h, h if router_in is None else router_in, act)
+            x = x + (norm(f, p + "post_ffw_norm") if c.post_norms else f)
+            continue
         # Without a gate, fc1 (``ffn_up``) is the activated projection and there is no up.
         g = bias(h @ w[p + ("ffn_up" if c.no_gate else "ffn_gate")].T, p + "ffn_up", c.ffn_bias)
         gates.append(g)
@@ -265,6 +274,43 @@ def reference_forward(
     x = site_mask(c.n_layers, "output", norm(x, "output_norm"))
     logits = cap(x @ w["output"].T, c.final_softcap)
     return logits, gates
+
+
+def moe_ffn(c, w, p: str, h: np.ndarray, router_in: np.ndarray, act) -> np.ndarray:
+    """A mixture-of-experts FFN as the published modeling code (and llama.cpp's
+    build_moe_ffn) computes it: router logits, softmax or sigmoid, the ``n_expert_used`` most
+    probable experts, their probabilities (divided by their sum where the family renormalises,
+    times the weight scale where set) weighting each expert's ``down(act(gate h) * up h)``;
+    plus the shared expert, scaled by ``sigmoid(gate_inp_shexp . h)`` where it has that gate."""
+    n, d = h.shape
+    e, ef = c.n_expert, c.expert_ffn_dim or c.ffn_dim
+    logits = router_in @ w[p + "ffn_gate_inp"].T
+    if c.expert_gating == "softmax":
+        z = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs = z / z.sum(axis=1, keepdims=True)
+    else:
+        probs = 1.0 / (1.0 + np.exp(-logits))
+    gate = w[p + "ffn_gate_exps"].reshape(e, ef, d)
+    up = w[p + "ffn_up_exps"].reshape(e, ef, d)
+    down = w[p + "ffn_down_exps"].reshape(e, d, ef)
+    out = np.zeros((n, d))
+    for t in range(n):
+        top = np.argsort(-probs[t], kind="stable")[: c.n_expert_used]
+        wts = probs[t, top]
+        if c.expert_norm_weights:
+            wts = wts / max(wts.sum(), 6.103515625e-5)
+        if c.expert_weights_scale:
+            wts = wts * c.expert_weights_scale
+        for ex, wt in zip(top, wts):
+            out[t] += wt * (down[ex] @ (act(gate[ex] @ h[t]) * (up[ex] @ h[t])))
+    if c.shared_ffn_dim:
+        sh = (act(h @ w[p + "ffn_gate_shexp"].T) * (h @ w[p + "ffn_up_shexp"].T)) @ w[
+            p + "ffn_down_shexp"
+        ].T
+        if c.shared_expert_gate:
+            sh = sh / (1.0 + np.exp(-(h @ w[p + "ffn_gate_inp_shexp"].reshape(-1))))[:, None]
+        out += sh
+    return out
 
 
 def reference_logits(model: LoadedModel, tokens: list[int]) -> np.ndarray:

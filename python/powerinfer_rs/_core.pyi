@@ -113,6 +113,7 @@ class ModelConfig:
     tie_embeddings: bool
     qkv_bias: bool
     qk_norm: bool
+    qk_norm_full: bool
     sliding_window: int
     swa_pattern: int
     rope_theta_local: float
@@ -134,6 +135,15 @@ class ModelConfig:
     rope_dims: int
     rope_linear_factor: float
     rope_freq_factors: list[float]
+    n_expert: int
+    n_expert_used: int
+    expert_ffn_dim: int
+    shared_ffn_dim: int
+    shared_expert_gate: bool
+    expert_gating: str
+    expert_norm_weights: bool
+    expert_weights_scale: float
+    router_on_residual: bool
 
     def __init__(self, **fields: object) -> None: ...
     def replace(self, **changes: object) -> ModelConfig: ...

@@ -4,6 +4,7 @@
 //! the forward pass, not a second forward pass.
 
 use crate::error::Result;
+use crate::moe_config::MoeFeatures;
 use crate::{bail, ensure};
 
 /// How RoPE pairs the dimensions of a head.
@@ -128,6 +129,9 @@ pub struct ArchFeatures {
     /// Every head of q and k is RMS-normed (weights of `head_dim`: `blk.N.attn_{q,k}_norm`)
     /// before RoPE (Qwen3).
     pub qk_norm: bool,
+    /// With `qk_norm`: q and k are RMS-normed whole (weights of `q_dim` / `kv_dim`) rather
+    /// than head by head (OLMoE).
+    pub qk_norm_full: bool,
     /// Sliding-window attention: a token attends to the last `w` positions, itself included
     /// (distance < w), in the layers [`ArchFeatures::swa_pattern`] marks.
     pub sliding_window: Option<usize>,
@@ -240,6 +244,8 @@ pub struct ModelConfig {
     pub arch: ArchFeatures,
     /// RoPE scaling and partial rotation (default: none, the whole head rotates).
     pub rope: RopeScaling,
+    /// The mixture of experts (default: none, a dense FFN).
+    pub moe: MoeFeatures,
 }
 
 impl ModelConfig {
@@ -287,6 +293,17 @@ impl ModelConfig {
             self.rope_theta
         );
         self.validate_rope()?;
+        self.moe.validate()?;
+        ensure!(
+            !self.moe.is_moe() || !(self.arch.no_gate || self.arch.ffn_bias || self.arch.up_act),
+            Unsupported,
+            "experts without a gate, with FFN biases or an activated up projection"
+        );
+        ensure!(
+            !self.arch.qk_norm_full || self.arch.qk_norm,
+            Shape,
+            "qk_norm_full needs qk_norm"
+        );
         ensure!(
             self.arch.sliding_window != Some(0),
             Shape,
@@ -456,10 +473,11 @@ impl ModelConfig {
             ]);
         }
         if a.qk_norm {
-            out.extend([
-                v("attn_q_norm", self.head_dim),
-                v("attn_k_norm", self.head_dim),
-            ]);
+            let (nq, nk) = match a.qk_norm_full {
+                true => (q, kv),
+                false => (self.head_dim, self.head_dim),
+            };
+            out.extend([v("attn_q_norm", nq), v("attn_k_norm", nk)]);
         }
         out.push(m("attn_output", d, q));
         if a.out_bias {
@@ -489,6 +507,13 @@ impl ModelConfig {
                 ..v(bias, d)
             });
         }
+        if self.moe.is_moe() {
+            out.extend(self.moe_tensors());
+            if a.post_norms {
+                out.push(v("post_ffw_norm", d));
+            }
+            return out;
+        }
         if !a.no_gate {
             out.push(m("ffn_gate", f, d));
         }
@@ -507,9 +532,66 @@ impl ModelConfig {
     }
 }
 
+impl ModelConfig {
+    /// A layer's expert tensors, in llama.cpp's file order: the router (`ffn_gate_inp`,
+    /// `n_expert x dim`), the merged experts (expert `e` is rows `e·rows..(e+1)·rows` of each:
+    /// `ffn_gate_exps` and `ffn_up_exps` of `expert_ffn` rows, `ffn_down_exps` of `dim` rows),
+    /// then the shared expert and its gate where the family has them.
+    fn moe_tensors(&self) -> Vec<TensorShape> {
+        let (d, m) = (self.dim, &self.moe);
+        let (e, ef, sf) = (m.n_expert, m.expert_ffn(self.ffn_dim), m.shared_ffn_dim);
+        let mut out = vec![
+            TensorShape::matrix("ffn_gate_inp", e, d),
+            TensorShape::matrix("ffn_gate_exps", e * ef, d),
+            TensorShape::matrix("ffn_up_exps", e * ef, d),
+            TensorShape::matrix("ffn_down_exps", e * d, ef),
+        ];
+        if sf > 0 {
+            if m.shared_gate {
+                out.push(TensorShape::vector("ffn_gate_inp_shexp", d));
+            }
+            out.extend([
+                TensorShape::matrix("ffn_gate_shexp", sf, d),
+                TensorShape::matrix("ffn_up_shexp", sf, d),
+                TensorShape::matrix("ffn_down_shexp", d, sf),
+            ]);
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn moe_tensors_replace_the_ffn() {
+        let mut c = cfg();
+        c.moe = MoeFeatures {
+            n_expert: 4,
+            n_expert_used: 2,
+            expert_ffn_dim: 32,
+            shared_ffn_dim: 48,
+            shared_gate: true,
+            ..Default::default()
+        };
+        c.validate().unwrap();
+        let l = c.layer_tensors();
+        let get = |n: &str| l.iter().find(|t| t.name == n).map(|t| (t.rows, t.cols));
+        assert_eq!(get("ffn_gate"), None);
+        assert_eq!(get("ffn_gate_inp"), Some((4, 64)));
+        assert_eq!(get("ffn_up_exps"), Some((4 * 32, 64)));
+        assert_eq!(get("ffn_down_exps"), Some((4 * 64, 32)));
+        assert_eq!(get("ffn_gate_inp_shexp"), Some((1, 64)));
+        assert_eq!(get("ffn_down_shexp"), Some((64, 48)));
+        c.arch.no_gate = true;
+        assert!(matches!(c.validate(), Err(crate::Error::Unsupported(_))));
+        c.arch.no_gate = false;
+        (c.arch.qk_norm, c.arch.qk_norm_full) = (true, true);
+        let l = c.layer_tensors();
+        let q = l.iter().find(|t| t.name == "attn_q_norm").unwrap();
+        assert_eq!(q.cols, c.q_dim());
+    }
 
     fn cfg() -> ModelConfig {
         ModelConfig {

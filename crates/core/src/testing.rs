@@ -24,6 +24,7 @@ pub fn tiny_config(activation: Activation) -> ModelConfig {
         activation,
         arch: Default::default(),
         rope: Default::default(),
+        moe: Default::default(),
     }
 }
 

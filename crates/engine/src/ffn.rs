@@ -320,7 +320,7 @@ fn batched(
 }
 
 /// h = act(gate)·up in place in `gate` (the gated families' product, or act(gate) alone).
-fn activate(act: FfnKind, gate: &mut [f32], up: &[f32]) {
+pub(crate) fn activate(act: FfnKind, gate: &mut [f32], up: &[f32]) {
     apply_activation(act, gate);
     match (act.gated, act.up_act) {
         (false, _) => {}

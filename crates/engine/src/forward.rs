@@ -10,6 +10,7 @@ use crate::ffn::{ffn, project, project_many, FfnCall, FfnScratch};
 use crate::input_sparse::{mask_rows, project_kept, site_matrix, InputScratch, Site, SiteMatrix};
 use crate::kv_cache::KvCache;
 use crate::layer::{AttnStep, FfnInput, FfnStep, NormKind};
+use crate::moe::{early_logits, moe_ffn, MoeCall, MoeScratch};
 use crate::norm_rope::{apply_rope, layer_norm, rms_norm, RopeAngles};
 use crate::phases::{mark, Phase};
 use crate::profiler::Profiler;
@@ -88,6 +89,7 @@ pub struct Scratch {
     pub(crate) par_in: Vec<f32>,
     pub(crate) ffn: FfnScratch,
     pub(crate) input: InputScratch,
+    pub(crate) moe: MoeScratch,
 }
 
 /// Token ids as callers hold them (Python ints, any `i64`) as the engine's `u32` ids: the one
@@ -130,6 +132,9 @@ pub fn forward(
     for l in 0..model.layers.len() {
         if model.program.layers[l].save_residual {
             s.par_in.clone_from(&s.x);
+        }
+        if let (true, Some(m)) = (model.program.layers[l].early_router, &model.layers[l].moe) {
+            early_logits(m, &s.x, n, &mut s.moe)?;
         }
         attention_block(
             model,
@@ -409,6 +414,27 @@ pub(crate) fn ffn_block(
                     start,
                 };
                 phase = ffn(&call, &mut s.ffn, profiler.as_deref_mut(), &mut s.down)?;
+            }
+            FfnStep::Moe(kind) => {
+                let Some(w) = &lw.moe else {
+                    powerinfer_core::bail!(Other, "layer {l}: an MoE step without its experts");
+                };
+                if profiler.is_some() {
+                    powerinfer_core::bail!(
+                        Unsupported,
+                        "profiling a mixture-of-experts model is not supported yet"
+                    );
+                }
+                let call = MoeCall {
+                    m: &c.moe,
+                    w,
+                    act: *kind,
+                    xn: &s.xn,
+                    n,
+                    dim: c.dim,
+                };
+                moe_ffn(&call, &mut s.moe, &mut s.down)?;
+                phase = Phase::Ffn;
             }
             FfnStep::DownBias => {
                 if let Some([_, b]) = &lw.ffn_bias {

@@ -117,6 +117,9 @@ pub enum FfnStep {
     /// The FFN core: active neurons' input rows, activation, their down rows (the sparsity
     /// mode and the plan decide which rows and on which side).
     Ffn(FfnKind),
+    /// A mixture of experts in place of the FFN core: router, the routed experts (each an FFN
+    /// of this kind), the shared expert (see [`crate::moe`]).
+    Moe(FfnKind),
     /// `out += ffn_down.bias` (OPT).
     DownBias,
     /// `out = rms(out) · post_ffw_norm` (Gemma 2/3).
@@ -130,20 +133,27 @@ pub enum FfnStep {
 pub struct LayerProgram {
     /// Save the residual before attention: the FFN reads it ([`FfnInput::Saved`]).
     pub save_residual: bool,
+    /// The experts' router reads the layer input before attention (SmallThinker).
+    pub early_router: bool,
     pub attention: Vec<AttnStep>,
     pub ffn: Vec<FfnStep>,
 }
 
 impl LayerProgram {
-    /// The FFN core's kind (every layer has one).
+    /// The FFN core's kind (every layer has one; of a mixture of experts, its experts').
     pub fn ffn_kind(&self) -> FfnKind {
         self.ffn
             .iter()
             .find_map(|s| match s {
-                FfnStep::Ffn(k) => Some(*k),
+                FfnStep::Ffn(k) | FfnStep::Moe(k) => Some(*k),
                 _ => None,
             })
             .expect("every FFN block has its core step")
+    }
+
+    /// Whether the FFN is a mixture of experts.
+    pub fn is_moe(&self) -> bool {
+        self.ffn.iter().any(|s| matches!(s, FfnStep::Moe(_)))
     }
 
     /// Where the FFN block reads the residual.
@@ -213,16 +223,18 @@ impl ModelProgram {
                 true => FfnInput::Saved,
                 false => FfnInput::Residual,
             };
-            let mut ffn = vec![
-                FfnStep::Norm(norm, input),
-                FfnStep::Ffn(FfnKind {
-                    act: c.activation,
-                    relu_threshold: a.relu_threshold,
-                    gated: !a.no_gate,
-                    up_act: a.up_act,
-                    in_bias: a.ffn_bias,
-                }),
-            ];
+            let kind = FfnKind {
+                act: c.activation,
+                relu_threshold: a.relu_threshold,
+                gated: !a.no_gate,
+                up_act: a.up_act,
+                in_bias: a.ffn_bias,
+            };
+            let core = match c.moe.is_moe() {
+                true => FfnStep::Moe(kind),
+                false => FfnStep::Ffn(kind),
+            };
+            let mut ffn = vec![FfnStep::Norm(norm, input), core];
             if a.ffn_bias {
                 ffn.push(FfnStep::DownBias);
             }
@@ -232,6 +244,7 @@ impl ModelProgram {
             ffn.push(FfnStep::Residual);
             LayerProgram {
                 save_residual: a.parallel,
+                early_router: c.moe.is_moe() && c.moe.router_on_residual,
                 attention,
                 ffn,
             }

@@ -9,6 +9,7 @@ pub mod hybrid;
 pub mod input_sparse;
 pub mod kv_cache;
 pub mod layer;
+pub mod moe;
 pub mod norm_rope;
 pub mod phases;
 pub mod placement;

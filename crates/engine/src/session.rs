@@ -92,6 +92,13 @@ impl Session {
     pub fn set_sparsity(&mut self, mode: Sparsity) -> Result<()> {
         let c = &self.model.config;
         mode.validate(c.n_layers, c.dim, c.ffn_dim, c.activation)?;
+        powerinfer_core::ensure!(
+            !c.moe.is_moe() || matches!(mode, Sparsity::Dense),
+            Unsupported,
+            "mixture-of-experts models run dense experts only for now (sparsity=\"dense\"); \
+             the {} mode inside experts is not implemented yet",
+            mode.name()
+        );
         if let Some(h) = self.hybrid.as_mut() {
             h.set_mode(&mode)?;
         }

@@ -10,6 +10,7 @@ use rayon::prelude::*;
 
 use crate::input_sparse::{InputCopies, OutputCopy};
 use crate::layer::ModelProgram;
+use crate::moe::{MoeWeights, SharedExpert};
 
 /// Environment variable pinning [`ModelWeights::down_crossover`] (a share in 0..=1).
 pub const CROSSOVER_ENV: &str = "POWERINFER_RS_DOWN_CROSSOVER";
@@ -23,9 +24,16 @@ pub struct LayerWeights {
     pub wv: Weight,
     pub wo: Weight,
     pub ffn_norm: Vec<f32>,
+    /// The FFN's gate, up and down projections. In a mixture-of-experts layer these are the
+    /// merged expert tensors as the file stores them (`ffn_gate_exps` and `ffn_up_exps` of
+    /// `n_expert × expert_ffn` rows, `ffn_down_exps` of `n_expert × dim` rows of `expert_ffn`):
+    /// the flattened neuron space the planner sees, which no dense-FFN product accepts (the
+    /// down matrix has the wrong shape); [`LayerWeights::moe`] holds the per-expert views.
     pub w_gate: Weight,
     pub w_up: Weight,
     pub w_down: Weight,
+    /// The router, per-expert views and shared expert of a mixture-of-experts layer.
+    pub moe: Option<MoeWeights>,
     /// Biases of q, k and v (families with [`ArchFeatures::qkv_bias`]).
     ///
     /// [`ArchFeatures::qkv_bias`]: powerinfer_core::ArchFeatures::qkv_bias
@@ -223,23 +231,55 @@ impl ModelWeights {
             let wk = t("attn_k")?;
             let wv = t("attn_v")?;
             let wo = t("attn_output")?;
-            // Without a gate the one input projection (`ffn_up`, OPT's fc1) is the activated one.
-            let (w_gate, w_up) = match a.no_gate {
+            let (w_gate, w_up, w_down, moe) = match c.moe.is_moe() {
                 true => {
-                    let w = t("ffn_up")?;
-                    (w.clone(), w)
+                    let gate_inp = match (c.moe.shared_ffn_dim, c.moe.shared_gate) {
+                        (1.., true) => {
+                            Some(take_vector(&mut tensors, &name("ffn_gate_inp_shexp"))?)
+                        }
+                        _ => None,
+                    };
+                    let mut t = |s: &str| take(&mut tensors, &name(s));
+                    let (router, gate, up, down) = (
+                        t("ffn_gate_inp")?,
+                        t("ffn_gate_exps")?,
+                        t("ffn_up_exps")?,
+                        t("ffn_down_exps")?,
+                    );
+                    let shared = match c.moe.shared_ffn_dim {
+                        0 => None,
+                        _ => Some(SharedExpert {
+                            gate_inp,
+                            gate: t("ffn_gate_shexp")?,
+                            up: t("ffn_up_shexp")?,
+                            down: t("ffn_down_shexp")?,
+                        }),
+                    };
+                    let moe = MoeWeights::new(&c.moe, router, &gate, &up, &down, shared)?;
+                    (gate, up, down, Some(moe))
                 }
-                false => (t("ffn_gate")?, t("ffn_up")?),
+                false => {
+                    // Without a gate the one input projection (`ffn_up`, OPT's fc1) is the
+                    // activated one.
+                    let (w_gate, w_up) = match a.no_gate {
+                        true => {
+                            let w = t("ffn_up")?;
+                            (w.clone(), w)
+                        }
+                        false => (t("ffn_gate")?, t("ffn_up")?),
+                    };
+                    let given_t = match has(&tensors, "ffn_down_t") {
+                        true => Some(take(&mut tensors, &name("ffn_down_t"))?),
+                        false => None,
+                    };
+                    let w_down = match (&given_t, has(&tensors, "ffn_down")) {
+                        (Some(dt), false) => crate::transpose::transpose(dt)?,
+                        _ => take(&mut tensors, &name("ffn_down"))?,
+                    };
+                    down_t_given.push(given_t);
+                    (w_gate, w_up, w_down, None)
+                }
             };
-            let given_t = match has(&tensors, "ffn_down_t") {
-                true => Some(take(&mut tensors, &name("ffn_down_t"))?),
-                false => None,
-            };
-            let w_down = match (&given_t, has(&tensors, "ffn_down")) {
-                (Some(dt), false) => crate::transpose::transpose(dt)?,
-                _ => take(&mut tensors, &name("ffn_down"))?,
-            };
-            down_t_given.push(given_t);
             // Parallel blocks norm the FFN input with `attn_norm_2`, or share the attention's.
             let ffn_norm_name = match a.parallel {
                 true if has(&tensors, "attn_norm_2") => Some("attn_norm_2"),
@@ -294,6 +334,7 @@ impl ModelWeights {
                 w_gate,
                 w_up,
                 w_down,
+                moe,
                 qkv_bias,
                 qk_norm,
                 post_norms,
@@ -310,7 +351,7 @@ impl ModelWeights {
             );
         }
         let down_t = OnceLock::new();
-        if down_t_given.iter().all(Option::is_some) {
+        if !down_t_given.is_empty() && down_t_given.iter().all(Option::is_some) {
             let _ = down_t.set(down_t_given.into_iter().flatten().collect());
         }
         Ok(ModelWeights {
@@ -506,25 +547,36 @@ impl ModelWeights {
             "attn_k" => &l.wk,
             "attn_v" => &l.wv,
             "attn_output" => &l.wo,
-            "ffn_gate" => &l.w_gate,
-            "ffn_up" => &l.w_up,
-            "ffn_down" => &l.w_down,
+            "ffn_gate" | "ffn_gate_exps" => &l.w_gate,
+            "ffn_up" | "ffn_up_exps" => &l.w_up,
+            "ffn_down" | "ffn_down_exps" => &l.w_down,
+            "ffn_gate_inp" => &l.moe.as_ref()?.router,
             _ => return None,
         })
     }
 
-    /// Weight bytes a decode step reads: every matrix once, one embedding row, the norms.
+    /// Weight bytes a decode step reads: every matrix once (of a mixture of experts, the
+    /// router, `n_expert_used` experts and the shared expert), one embedding row, the norms.
     pub fn bytes_per_token(&self) -> usize {
         let mats: usize = self
             .layers
             .iter()
             .map(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
+                let attn: usize = [&l.wq, &l.wk, &l.wv, &l.wo]
                     .iter()
                     .map(|w| w.n_bytes())
-                    .sum::<usize>()
-                    - usize::from(self.config.arch.no_gate) * l.w_up.n_bytes()
-                    + 8 * self.config.dim
+                    .sum();
+                let ffn = match &l.moe {
+                    Some(m) => m.bytes_per_token(self.config.moe.n_expert_used),
+                    None => {
+                        [&l.w_gate, &l.w_up, &l.w_down]
+                            .iter()
+                            .map(|w| w.n_bytes())
+                            .sum::<usize>()
+                            - usize::from(self.config.arch.no_gate) * l.w_up.n_bytes()
+                    }
+                };
+                attn + ffn + 8 * self.config.dim
             })
             .sum();
         mats + self.output.n_bytes() + self.token_embd.row_bytes() + 4 * self.config.dim

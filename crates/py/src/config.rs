@@ -9,7 +9,8 @@
 //! the family's name (`arch`), the special token ids, `add_bos` and `tie_embeddings`.
 
 use powerinfer_core::{
-    bail, Activation, ArchFeatures, Error, ModelConfig, Result, RopeScaling, RopeStyle,
+    bail, Activation, ArchFeatures, Error, Gating, ModelConfig, MoeFeatures, Result, RopeScaling,
+    RopeStyle,
 };
 use pyo3::exceptions::{PyAttributeError, PyTypeError};
 use pyo3::prelude::*;
@@ -137,7 +138,7 @@ macro_rules! flat_named {
     )*};
 }
 
-flat_named!(RopeStyle, Activation);
+flat_named!(RopeStyle, Activation, Gating);
 
 /// The model config (see the module docs). Build it with keywords, the required ones being
 /// `arch`, the eight sizes, `rms_eps`, `rope_theta`, `rope_style` and `activation`; read and
@@ -225,6 +226,7 @@ config_fields! {
         tie_embeddings: tie_embeddings;
         qkv_bias: core.arch.qkv_bias;
         qk_norm: core.arch.qk_norm;
+        qk_norm_full: core.arch.qk_norm_full;
         sliding_window: core.arch.sliding_window;
         swa_pattern: core.arch.swa_pattern;
         rope_theta_local: core.arch.rope_theta_local;
@@ -246,6 +248,15 @@ config_fields! {
         rope_dims: core.rope.dims;
         rope_linear_factor: core.rope.linear_factor;
         rope_freq_factors: core.rope.freq_factors;
+        n_expert: core.moe.n_expert;
+        n_expert_used: core.moe.n_expert_used;
+        expert_ffn_dim: core.moe.expert_ffn_dim;
+        shared_ffn_dim: core.moe.shared_ffn_dim;
+        shared_expert_gate: core.moe.shared_gate;
+        expert_gating: core.moe.gating;
+        expert_norm_weights: core.moe.norm_weights;
+        expert_weights_scale: core.moe.weights_scale;
+        router_on_residual: core.moe.router_on_residual;
     }
 }
 
@@ -268,6 +279,7 @@ impl PyModelConfig {
                 activation: Activation::Silu,
                 arch: ArchFeatures::default(),
                 rope: RopeScaling::default(),
+                moe: MoeFeatures::default(),
             },
             arch: String::new(),
             bos_token_id: None,

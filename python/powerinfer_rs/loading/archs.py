@@ -76,6 +76,8 @@ class Family:
     hf_defaults: dict[str, object] = field(default_factory=dict)
     hf_act_key: str = "hidden_act"
     hf_eps_key: str = "rms_norm_eps"
+    #: A mixture of experts (GGUF only for now: its Hugging Face checkpoints are refused).
+    moe: bool = False
 
     def __post_init__(self) -> None:
         unknown = set(self.config) - set(CONFIG_DEFAULTS)
@@ -429,6 +431,57 @@ FAMILIES: tuple[Family, ...] = (
         hf_eps_key="layer_norm_epsilon",
     ),
 )
+
+# Mixture-of-experts families (llama.cpp's graphs, src/models/<arch>.cpp; its build_moe_ffn):
+# softmax routers, SiLU experts. Qwen3-MoE and Mixtral renormalise the top-k weights, Qwen2-MoE
+# and OLMoE do not; Qwen2-MoE adds a shared expert scaled by a sigmoid gate and q/k/v biases;
+# OLMoE RMS-norms q and k whole (weights of q_dim / kv_dim). Mixtral is llama's arch with
+# experts (its file has expert_count); the GGUF loader reads it as the "llama" family and takes
+# the expert settings of the "mixtral" entry.
+MOE_FAMILIES: tuple[Family, ...] = (
+    Family(
+        "qwen3moe",
+        "qwen3moe",
+        "neox",
+        ("qwen3_moe",),
+        ("Qwen3MoeForCausalLM",),
+        config=dict(qk_norm=True, expert_norm_weights=True),
+        hf_defaults={**_QWEN_HF, "head_dim": 128},
+        moe=True,
+    ),
+    Family(
+        "qwen2moe",
+        "qwen2moe",
+        "neox",
+        ("qwen2_moe",),
+        ("Qwen2MoeForCausalLM",),
+        config=dict(qkv_bias=True, shared_expert_gate=True),
+        hf_defaults=_QWEN_HF,
+        moe=True,
+    ),
+    Family(
+        "olmoe",
+        "olmoe",
+        "neox",
+        ("olmoe",),
+        ("OlmoeForCausalLM",),
+        config=dict(qk_norm=True, qk_norm_full=True),
+        hf_defaults=_LLAMA_HF,
+        moe=True,
+    ),
+    Family(
+        "mixtral",
+        "llama",
+        "norm",
+        ("mixtral",),
+        ("MixtralForCausalLM",),
+        config=dict(expert_norm_weights=True),
+        window=True,
+        hf_defaults=_MISTRAL_HF,
+        moe=True,
+    ),
+)
+FAMILIES = FAMILIES + MOE_FAMILIES
 
 #: ``general.architecture`` values the GGUF loader reads (the first family of each wins).
 GGUF_FAMILIES: dict[str, Family] = {}

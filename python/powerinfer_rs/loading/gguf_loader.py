@@ -33,7 +33,7 @@ import numpy as np
 
 from ..errors import ModelFileError, ShapeError, UnsupportedError
 from ..runtime.tokenizer import Tokenizer
-from .archs import GGUF_FAMILIES, Family, family_config, split_fused
+from .archs import GGUF_FAMILIES, Family, family_config, family_named, split_fused
 from .gguf_file import MAGIC, GGUFFile, starts_with
 from .rope import UNSUPPORTED_TENSORS, gguf_rope_fields, rope_freqs_values
 from .types import (
@@ -152,8 +152,34 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
         relu_threshold=_float(meta, RELU_THRESHOLD_KEY, 0.0),
         **rope,
     )
+    _read_experts(meta, fam, cfg)
     cfg.validate()
     return cfg
+
+
+def _read_experts(meta: dict[str, Any], fam: Family, cfg: ModelConfig) -> None:
+    """The expert settings of a mixture-of-experts file into ``cfg``, as llama.cpp reads
+    them: ``expert_count`` and ``expert_used_count`` (both required), each expert's width from
+    ``expert_feed_forward_length`` (Qwen2/3-MoE: else ``feed_forward_length /
+    expert_used_count``; OLMoE and Mixtral: ``feed_forward_length``), Qwen2-MoE's shared
+    expert from ``expert_shared_feed_forward_length`` (else ``feed_forward_length``). The
+    routing (gating, renormalisation) is the family's, as in llama.cpp's graphs."""
+    if not fam.moe:
+        return
+    a = fam.gguf_arch
+    n_expert = _int(meta, f"{a}.expert_count", 0)
+    n_used = _int(meta, f"{a}.expert_used_count", 0)
+    if n_expert <= 0 or n_used <= 0:
+        raise ModelFileError(
+            f"{a}.expert_count ({n_expert}) and {a}.expert_used_count ({n_used}) must be positive"
+        )
+    if fam.name in ("qwen2moe", "qwen3moe"):
+        expert_ffn = _int(meta, f"{a}.expert_feed_forward_length", cfg.ffn_dim // n_used)
+    else:
+        expert_ffn = cfg.ffn_dim
+    cfg.n_expert, cfg.n_expert_used, cfg.expert_ffn_dim = n_expert, n_used, expert_ffn
+    if fam.shared_expert_gate:
+        cfg.shared_ffn_dim = _int(meta, f"{a}.expert_shared_feed_forward_length", cfg.ffn_dim)
 
 
 def _swa_pattern(meta: dict[str, Any], fam: Family, n_layers: int) -> int:
@@ -188,6 +214,8 @@ def _family(meta: dict[str, Any]) -> Family:
         raise UnsupportedError(
             f"architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})"
         )
+    if arch == "llama" and _int(meta, "llama.expert_count", 0) > 0:
+        return family_named("mixtral")  # llama's arch with experts
     return fam
 
 
@@ -230,10 +258,18 @@ def _tensor_views(gf: GGUFFile, fam: Family, cfg: ModelConfig) -> dict[str, Tens
                 f"(supported: {', '.join(SUPPORTED_DTYPES)})"
             )
         dims = list(t.dims)
-        if any(d <= 0 for d in dims) or any(d != 1 for d in dims[2:]):
+        if name.endswith(".ffn_gate_up_exps"):
+            raise UnsupportedError(
+                f"{path}: tensor {full!r}: experts with gate and up fused "
+                "(convert_hf_to_gguf.py --fuse-gate-up-exps) are not supported"
+            )
+        # Merged experts are 3-D ({cols, rows, n_expert}): expert e is rows e*rows.. of a 2-D
+        # view of n_expert * rows rows.
+        flat = 3 if name.endswith("_exps") else 2
+        if any(d <= 0 for d in dims) or any(d != 1 for d in dims[flat:]):
             raise ShapeError(f"{path}: tensor {full!r} has unusable shape {dims}")
         cols = dims[0]
-        rows = dims[1] if len(dims) > 1 else 1
+        rows = int(np.prod(dims[1:flat], dtype=np.int64)) if len(dims) > 1 else 1
         nbytes = rows * row_bytes(dtype, cols)
         start = t.offset
         if start + nbytes > size:

@@ -33,8 +33,12 @@ from .rope import hf_rope_fields, rope_parameters_v4
 from .safetensors_mmap import RawTensor, read_safetensors
 from .types import LoadedModel, ModelConfig, TensorData, check_tensors, fingerprint
 
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(a for f in FAMILIES for a in f.hf_archs)
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for f in FAMILIES for t in f.hf_types)
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(
+    a for f in FAMILIES if not f.moe for a in f.hf_archs
+)
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(
+    t for f in FAMILIES if not f.moe for t in f.hf_types
+)
 
 
 def load_json(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -130,6 +134,11 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         raise UnsupportedError(
             f"architecture {archs or mtype!r} is not supported "
             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
+    if fam.moe:
+        raise UnsupportedError(
+            f"{fam.name}: Hugging Face mixture-of-experts checkpoints are not supported yet; "
+            "convert the model to GGUF with llama.cpp's convert_hf_to_gguf.py and load that"
         )
     # transformers 5's rope_parameters in 4.x's keys (a 4.x key in the file wins).
     cfg = {**fam.hf_defaults, **rope_parameters_v4(cfg), **cfg}

@@ -217,6 +217,8 @@ def write_hf_model(
     if shards not in (1, 2):
         raise ShapeError("shards must be 1 or 2")
     spec = SynthSpec(**shape)
+    if spec.family.moe:
+        raise UnsupportedError(f"{spec.arch}: mixture-of-experts models are written as GGUF only")
     gen = SynthWeights(spec)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -368,8 +370,24 @@ def add_converter_metadata(w: Any, spec: SynthSpec, name: str, file_type: int) -
                 w.add_sliding_window(s.window)
             if s.softcaps[1]:
                 w.add_final_logit_softcapping(s.softcaps[1])
+    if f.moe:
+        _add_experts(w, spec)
     w.add_file_type(file_type)
     add_tokenizer(w, spec, "gpt-2")
+
+
+def _add_experts(w: Any, s: SynthSpec) -> None:
+    """The expert keys llama.cpp's converter writes: ``expert_count`` and
+    ``expert_used_count`` (TextModel, from num_experts / num_local_experts and
+    num_experts_per_tok); Qwen2/3-MoE's ``expert_feed_forward_length`` (moe_intermediate_size)
+    and Qwen2-MoE's ``expert_shared_feed_forward_length``. OLMoE's and Mixtral's experts are
+    ``feed_forward_length`` wide."""
+    w.add_expert_count(s.experts)
+    w.add_expert_used_count(s.experts_used)
+    if s.arch in ("qwen2moe", "qwen3moe"):
+        w.add_expert_feed_forward_length(s.eff)
+    if s.shared_width:
+        w.add_expert_shared_feed_forward_length(s.shared_width)
 
 
 def add_tokenizer(w: Any, spec: SynthSpec, tokenizer_pre: str) -> None:
@@ -426,7 +444,12 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
     w.add_chat_template(chat_template(spec.arch))
 
     order = spec.tensor_shapes(fused=True)
-    types = {n: tensor_dtype(dtype, n, s[-1], spec.layers) for n, s in order if len(s) == 2}
+    # The router stays F32 (llama.cpp's converter and quantizer never change it).
+    types = {
+        n: "F32" if n.endswith(".ffn_gate_inp") else tensor_dtype(dtype, n, s[-1], spec.layers)
+        for n, s in order
+        if len(s) >= 2
+    }
     # Llama 3.1's RoPE factors: an F32 vector of rope_dims / 2, first, as llama.cpp's
     # converter yields it.
     rope_freqs = (
@@ -443,13 +466,13 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
         if len(shape) == 1:
             w.add_tensor_info(full, shape, np.dtype(np.float32), shape[0] * 4)
             continue
-        rows, cols = shape
+        rows, cols = math.prod(shape[:-1]), shape[-1]  # merged experts are 3-D
         tdt = types[name]
         qtype = gguf.GGMLQuantizationType[tdt]
         block, size = gguf.GGML_QUANT_SIZES[qtype]
         nbytes = rows * cols // block * size
         np_dt = {"F32": np.float32, "F16": np.float16}.get(tdt, np.uint8)
-        raw_shape = shape if tdt in ("F32", "F16") else (rows, cols // block * size)
+        raw_shape = shape if tdt in ("F32", "F16") else (*shape[:-1], cols // block * size)
         w.add_tensor_info(
             full,
             raw_shape,
@@ -464,7 +487,11 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
         w.write_tensor_data(rope_freqs)
     for name, shape in order:
         x = gen.gguf_tensor(name)
-        w.write_tensor_data(x if len(shape) == 1 else encode(x, types[name]))
+        if len(shape) == 1:
+            w.write_tensor_data(x)
+            continue
+        data = encode(x.reshape(-1, shape[-1]), types[name])
+        w.write_tensor_data(data.reshape(*shape[:-1], -1))
     w.close()
     os.replace(tmp, out)
     return out
@@ -553,13 +580,26 @@ def main(argv: list[str] | None = None) -> int:
         help="rank of the planted low-rank gate structure that makes activity predictable "
         "(0 = full-rank random gate)",
     )
+    ap.add_argument(
+        "--experts", type=nonneg_int, default=0, help="experts per layer (MoE families)"
+    )
+    ap.add_argument("--experts-used", type=nonneg_int, default=0, help="experts per token")
+    ap.add_argument(
+        "--expert-ffn",
+        type=nonneg_int,
+        default=0,
+        help="each expert's width (qwen2moe/qwen3moe; 0 = --ffn)",
+    )
+    ap.add_argument(
+        "--shared-ffn", type=nonneg_int, default=0, help="qwen2moe's shared expert (0 = --ffn)"
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True, help="output directory (hf) or .gguf path")
     a = ap.parse_args(argv)
     keys = ("dim", "ffn", "layers", "heads", "vocab", "activation", "max_context", "seed")
     extra = ("active", "tie", "gate_rank", "arch", "sliding_window", "rope_theta", "rope_scaling")
     extra += ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor")
-    extra += ("rope_original_context",)
+    extra += ("rope_original_context", "experts", "experts_used", "expert_ffn", "shared_ffn")
     common = {k: getattr(a, k) for k in (*keys, *extra)}
     common["partial_rotary"] = a.partial_rotary_factor
     common["kv_heads"] = a.kv_heads or a.heads

@@ -115,6 +115,23 @@ class SynthSpec:
     rope_original_context: int = 8192
     #: Partial RoPE: the first ``int(head_dim * partial_rotary)`` values of each head rotate.
     partial_rotary: float = 1.0
+    #: Mixture-of-experts families: experts per layer, experts per token, each expert's width
+    #: (0: ``ffn``; Qwen's files carry it apart from ``feed_forward_length``, OLMoE's and
+    #: Mixtral's as ``feed_forward_length``) and Qwen2-MoE's shared expert's (0: ``ffn``).
+    experts: int = 0
+    experts_used: int = 0
+    expert_ffn: int = 0
+    shared_ffn: int = 0
+
+    @property
+    def eff(self) -> int:
+        """Each expert's width."""
+        return self.expert_ffn or self.ffn
+
+    @property
+    def shared_width(self) -> int:
+        """The shared expert's width (Qwen2-MoE), 0 without one."""
+        return (self.shared_ffn or self.ffn) if self.family.shared_expert_gate else 0
 
     @property
     def head_dim(self) -> int:
@@ -132,7 +149,8 @@ class SynthSpec:
     def hf_head_dim(self) -> int | None:
         """``head_dim`` as the family's config class stores it: None for Mistral (whose
         class keeps null), Falcon, OPT and Qwen2 (which have no such key), else the size."""
-        if self.arch in ("mistral", "bamboo", "falcon", "opt", "qwen2"):
+        no_head_dim = ("mistral", "mixtral", "bamboo", "falcon", "opt", "qwen2", "qwen2moe", "olmoe")
+        if self.arch in no_head_dim:
             return None
         return self.head_dim
 
@@ -207,6 +225,18 @@ class SynthSpec:
             raise ShapeError(f"{self.arch}: llama.cpp's converter writes no RoPE base (10000)")
         if self.arch in ("gemma2", "falcon") and self.rope_scaling != "none":
             raise ShapeError(f"{self.arch}: llama.cpp's converter writes no {self.rope_scaling}")
+        if self.family.moe:
+            if not 0 < self.experts_used <= self.experts:
+                raise ShapeError(f"{self.arch}: need 0 < experts_used <= experts")
+            if self.arch in ("olmoe", "mixtral") and self.expert_ffn not in (0, self.ffn):
+                raise ShapeError(f"{self.arch}: the experts are ffn wide (expert_ffn 0)")
+            if self.arch == "olmoe" and self.rms_eps != 1e-5:
+                raise ShapeError("olmoe: llama.cpp's converter writes the epsilon 1e-5")
+            if self.arch == "olmoe" and self.kv_heads != self.heads:
+                # llama.cpp's olmoe reads attn_k_norm of n_embd (OLMoE-1B-7B has no GQA).
+                raise ShapeError("olmoe: one KV head per query head (kv_heads = heads)")
+        elif self.experts or self.experts_used:
+            raise ShapeError(f"{self.arch} has no experts")
         if self.arch == "falcon" and self.kv_heads not in (1, self.heads):
             # The 7B layout: multi-query, or one K/V head per query head.
             raise ShapeError("falcon has 1 KV head or one per query head")
@@ -236,6 +266,10 @@ class SynthSpec:
             attn_softcap=self.softcaps[0],
             final_softcap=self.softcaps[1],
             relu_threshold=self.relu_threshold,
+            n_expert=self.experts,
+            n_expert_used=self.experts_used,
+            expert_ffn_dim=self.eff if self.experts else 0,
+            shared_ffn_dim=self.shared_width,
             **self.rope_fields(),  # type: ignore[arg-type]
         )
 
@@ -269,12 +303,16 @@ class SynthSpec:
             if f.qkv_bias:
                 out += [(p + f"attn_{x}.bias", (n,)) for x, n in zip("qkv", (q, kv, kv))]
             if f.qk_norm:
-                out += [(p + "attn_q_norm", (hd,)), (p + "attn_k_norm", (hd,))]
+                nq, nk = (q, kv) if f.qk_norm_full else (hd, hd)
+                out += [(p + "attn_q_norm", (nq,)), (p + "attn_k_norm", (nk,))]
             out.append((p + "attn_output", (d, q)))
             out += [(p + "attn_output.bias", (d,))] if f.out_bias else []
             if f.post_norms:
                 out.append((p + "post_attention_norm", (d,)))
             out += [] if f.parallel else norm(p + "ffn_norm")
+            if f.moe:
+                out += self._expert_shapes(p)
+                continue
             if fuse_ffn:
                 out.append((p + "ffn_up", (2 * self.ffn, d)))
             elif f.no_gate:
@@ -289,6 +327,22 @@ class SynthSpec:
         out += norm("output_norm")
         if not self.tie:
             out.append(("output", (self.vocab, d)))
+        return out
+
+
+    def _expert_shapes(self, p: str) -> list[tuple[str, tuple[int, ...]]]:
+        """A layer's router and merged experts (3-D: experts first, as the converter stacks
+        them), then the shared expert and its gate."""
+        d, e, ef, sf = self.dim, self.experts, self.eff, self.shared_width
+        out: list[tuple[str, tuple[int, ...]]] = [
+            (p + "ffn_gate_inp", (e, d)),
+            (p + "ffn_gate_exps", (e, ef, d)),
+            (p + "ffn_up_exps", (e, ef, d)),
+            (p + "ffn_down_exps", (e, d, ef)),
+        ]
+        if sf:
+            out += [(p + "ffn_gate_inp_shexp", (d,)), (p + "ffn_gate_shexp", (sf, d))]
+            out += [(p + "ffn_up_shexp", (sf, d)), (p + "ffn_down_shexp", (d, sf))]
         return out
 
 
@@ -374,7 +428,12 @@ class SynthWeights:
             # The one activated projection carries the planted law of the gate.
             return self.tensor(name[: -len("ffn_up")] + "ffn_gate")
         if name.endswith(("attn_q_norm", "attn_k_norm")):
-            return 1.0 + self._normal(name, (s.head_dim,), 0.05)
+            n = s.head_dim
+            if s.family.qk_norm_full:  # OLMoE: q and k normed whole
+                n *= s.heads if name.endswith("attn_q_norm") else s.kv_heads
+            return 1.0 + self._normal(name, (n,), 0.05)
+        if s.family.moe and ("_exps" in name or "_shexp" in name or "gate_inp" in name):
+            return self._expert_tensor(name, resid_scale)
         if name.endswith("_norm"):
             g = 1.0 + self._normal(name, (d,), 0.05)
             g[0] = 1.0
@@ -412,6 +471,29 @@ class SynthWeights:
             w[:, 0] = (sigma * quant / (g[0] * BIAS_VALUE)).astype(np.float32)
             return w
         raise ShapeError(f"no synthetic tensor named {name!r}")
+
+    def _expert_tensor(self, name: str, resid_scale: float) -> np.ndarray:
+        """A router, merged expert or shared expert tensor: projections ~ N(0, 1/fan_in),
+        the down projections also scaled by ``resid_scale`` and writing nothing to the bias
+        channel 0; the router's logits of unit scale, so routing is decided, not near ties."""
+        s, d = self.spec, self.spec.dim
+        kind = name.rsplit(".", 1)[-1]
+        e, ef, sf = s.experts, s.eff, s.shared_width
+        if kind == "ffn_gate_inp":
+            return self._normal(name, (e, d), 2.0 / math.sqrt(d))
+        if kind == "ffn_gate_inp_shexp":
+            return self._normal(name, (d,), 1.0 / math.sqrt(d))
+        if kind in ("ffn_gate_exps", "ffn_up_exps"):
+            return self._normal(name, (e, ef, d), 1.0 / math.sqrt(d))
+        if kind in ("ffn_gate_shexp", "ffn_up_shexp"):
+            return self._normal(name, (sf, d), 1.0 / math.sqrt(d))
+        width = {"ffn_down_exps": ef, "ffn_down_shexp": sf}.get(kind)
+        if width is None:
+            raise ShapeError(f"no synthetic tensor named {name!r}")
+        shape = (e, d, ef) if kind == "ffn_down_exps" else (d, sf)
+        w = self._normal(name, shape, resid_scale / math.sqrt(width))
+        w[..., 0, :] = 0.0
+        return w
 
     def file_tensor(self, name: str) -> np.ndarray:
         """Tensor ``name`` of :meth:`SynthSpec.tensor_shapes` ``(fused=True)``: the canonical

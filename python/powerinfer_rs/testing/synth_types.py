@@ -51,7 +51,7 @@ def tensor_dtype(file_dtype: str, name: str, cols: int, n_layers: int) -> str:
         dt = "Q4_K"
         if name == "output":
             dt = "Q6_K"
-        elif name.endswith(("attn_v", "ffn_down")):
+        elif name.endswith(("attn_v", "ffn_down", "ffn_down_exps", "ffn_down_shexp")):
             layer = int(name.split(".")[1])
             dt = "Q6_K" if _more_bits(layer, n_layers) else "Q4_K"
     if dt in K_FALLBACK and cols % 256:

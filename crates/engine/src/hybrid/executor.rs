@@ -495,6 +495,10 @@ impl<B: Backend> Executor<B> {
                         norm_rows_with(x_in, &lw.ffn_norm, b, c.rms_eps, &mut self.xn);
                     }
                 }
+                FfnStep::Moe(_) => powerinfer_core::bail!(
+                    Unsupported,
+                    "the hybrid executor does not run mixture-of-experts layers yet"
+                ),
                 FfnStep::Ffn(kind) => {
                     // The active set: which hot slots the GPU computes (flags) and which cold
                     // neurons the CPU does (`cold`).

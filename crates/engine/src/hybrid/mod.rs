@@ -108,6 +108,12 @@ pub fn open(
         "the input sparsity mode runs on the CPU only (device=\"cpu\"); the hybrid executor \
          has no input-sparse GPU kernels yet"
     );
+    ensure!(
+        !model.config.moe.is_moe(),
+        Unsupported,
+        "mixture-of-experts models run on the CPU only for now (device=\"cpu\"); the hybrid \
+         executor does not run expert layers yet"
+    );
     if device == GPU_SIM {
         let dev = match capacity {
             Some(bytes) => HostBackend::with_capacity(bytes),

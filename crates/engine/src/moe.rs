@@ -1,0 +1,372 @@
+//! The mixture-of-experts FFN on the CPU, as llama.cpp's `build_moe_ffn` computes it: the
+//! router's logits, its gating (softmax or sigmoid), the top-k experts by probability, their
+//! weights (renormalised and scaled where the family says), each routed expert's
+//! `down(act(gate x)·up x)` times its weight, plus the shared expert (times
+//! `sigmoid(gate_inp_shexp · x)` where it has that gate).
+//!
+//! Only routed experts are read. The experts stay in the file's merged 3-D tensors (memory
+//! mapped, in their block format): expert `e` is one contiguous block of rows of each, viewed
+//! here without a copy. One token runs every selected expert's gate and up (and the shared
+//! expert's) in one parallel region and their down projections in a second; a batch groups its
+//! tokens by expert and runs one matrix product per expert over its tokens.
+
+use powerinfer_core::{bail, ensure, Gating, MoeFeatures, Result, Weight};
+use powerinfer_cpu::{matvec, matvec_each, matvec_many};
+
+use crate::ffn::{activate, project, project_many};
+use crate::layer::FfnKind;
+
+/// A shared expert every token runs (Qwen2-MoE).
+#[derive(Clone, Debug)]
+pub struct SharedExpert {
+    /// `ffn_gate_inp_shexp` (dim): the output is scaled by `sigmoid(gate_inp · x)`.
+    pub gate_inp: Option<Vec<f32>>,
+    pub gate: Weight,
+    pub up: Weight,
+    pub down: Weight,
+}
+
+/// One layer's experts.
+#[derive(Clone, Debug)]
+pub struct MoeWeights {
+    /// `ffn_gate_inp`: n_expert rows of dim.
+    pub router: Weight,
+    /// Expert `e`'s gate, up (expert_ffn rows of dim) and down (dim rows of expert_ffn): row
+    /// views of the merged tensors.
+    pub gate: Vec<Weight>,
+    pub up: Vec<Weight>,
+    pub down: Vec<Weight>,
+    pub shared: Option<SharedExpert>,
+}
+
+/// `w`'s rows as `n` equal consecutive blocks, each a weight of its own (no copy).
+fn row_blocks(w: &Weight, n: usize) -> Result<Vec<Weight>> {
+    ensure!(
+        n > 0 && w.rows.is_multiple_of(n),
+        Shape,
+        "{} rows do not split into {n} experts",
+        w.rows
+    );
+    let rows = w.rows / n;
+    let bytes = rows * w.row_bytes();
+    (0..n)
+        .map(|e| match w.data.slice(e * bytes..(e + 1) * bytes) {
+            Some(b) => Weight::new(w.dtype, rows, w.cols, b),
+            None => bail!(Shape, "expert {e} lies outside its tensor"),
+        })
+        .collect()
+}
+
+impl MoeWeights {
+    /// The experts of the merged tensors `gate`, `up` (n_expert·expert_ffn rows) and `down`
+    /// (n_expert·dim rows), and the router.
+    pub fn new(
+        m: &MoeFeatures,
+        router: Weight,
+        gate: &Weight,
+        up: &Weight,
+        down: &Weight,
+        shared: Option<SharedExpert>,
+    ) -> Result<MoeWeights> {
+        ensure!(
+            router.rows == m.n_expert,
+            Shape,
+            "the router has {} rows for {} experts",
+            router.rows,
+            m.n_expert
+        );
+        Ok(MoeWeights {
+            router,
+            gate: row_blocks(gate, m.n_expert)?,
+            up: row_blocks(up, m.n_expert)?,
+            down: row_blocks(down, m.n_expert)?,
+            shared,
+        })
+    }
+
+    /// Weight bytes one token reads: the router, `k` experts and the shared expert.
+    pub fn bytes_per_token(&self, k: usize) -> usize {
+        let expert = self.gate[0].n_bytes() + self.up[0].n_bytes() + self.down[0].n_bytes();
+        let shared = self.shared.as_ref().map_or(0, |s| {
+            s.gate.n_bytes() + s.up.n_bytes() + s.down.n_bytes() + 4 * s.down.rows
+        });
+        self.router.n_bytes() + k * expert + shared
+    }
+}
+
+/// The experts one token is routed to, with their weights, from the router's `logits` (as
+/// llama.cpp: probabilities by the gating, the `n_expert_used` largest (ties to the lower
+/// index), their probabilities, divided by their sum (clamped to ≥ 6.1e-5) when
+/// `norm_weights`, times `weights_scale`).
+pub fn route(m: &MoeFeatures, logits: &[f32], out: &mut Vec<(u32, f32)>) {
+    let probs: Vec<f64> = match m.gating {
+        Gating::Softmax => {
+            let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+            let e: Vec<f64> = logits.iter().map(|&l| (l as f64 - max).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            e.into_iter().map(|v| v / sum).collect()
+        }
+        Gating::Sigmoid => logits
+            .iter()
+            .map(|&l| 1.0 / (1.0 + (-(l as f64)).exp()))
+            .collect(),
+    };
+    let mut order: Vec<u32> = (0..probs.len() as u32).collect();
+    let k = m.n_expert_used.min(order.len());
+    // Largest first, NaN last, ties to the lower index.
+    let rank = |i: u32| match probs[i as usize] {
+        p if p.is_nan() => f64::NEG_INFINITY,
+        p => p,
+    };
+    let cmp = |a: &u32, b: &u32| rank(*b).total_cmp(&rank(*a)).then(a.cmp(b));
+    if k < order.len() {
+        order.select_nth_unstable_by(k, cmp);
+        order.truncate(k);
+    }
+    order.sort_by(cmp);
+    out.clear();
+    out.extend(order.into_iter().map(|i| (i, probs[i as usize] as f32)));
+    if m.norm_weights {
+        let sum: f64 = out
+            .iter()
+            .map(|&(_, w)| w as f64)
+            .sum::<f64>()
+            .max(6.103_515_625e-5);
+        out.iter_mut()
+            .for_each(|(_, w)| *w = (*w as f64 / sum) as f32);
+    }
+    if let Some(s) = m.weights_scale {
+        out.iter_mut().for_each(|(_, w)| *w *= s);
+    }
+}
+
+/// Scratch buffers of the MoE FFN.
+#[derive(Default)]
+pub struct MoeScratch {
+    logits: Vec<f32>,
+    /// Router logits computed before the attention block (families whose router reads the
+    /// layer input: [`MoeFeatures::router_on_residual`]).
+    pub(crate) early: Vec<f32>,
+    routes: Vec<Vec<(u32, f32)>>,
+    bufs: Vec<Vec<f32>>,
+    xe: Vec<f32>,
+    ye: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    shared: Vec<f32>,
+}
+
+/// Everything one layer's MoE call needs.
+pub struct MoeCall<'a> {
+    pub m: &'a MoeFeatures,
+    pub w: &'a MoeWeights,
+    pub act: FfnKind,
+    /// The FFN input after the norm (n × dim).
+    pub xn: &'a [f32],
+    pub n: usize,
+    pub dim: usize,
+}
+
+/// The router's logits (n × n_expert) of the `n` rows of `x` into `out`.
+pub fn router_logits(w: &MoeWeights, x: &[f32], n: usize, out: &mut Vec<f32>) -> Result<()> {
+    project(&w.router, x, n, out)
+}
+
+/// The MoE FFN output of `call.n` tokens (n × dim) into `out`; router logits come from
+/// `s.early` when the family computes them before attention, else from `call.xn`.
+pub fn moe_ffn(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut Vec<f32>) -> Result<()> {
+    let (n, dim, m, w) = (call.n, call.dim, call.m, call.w);
+    out.clear();
+    out.resize(n * dim, 0.0);
+    let logits: &[f32] = match m.router_on_residual {
+        true => &s.early,
+        false => {
+            router_logits(w, call.xn, n, &mut s.logits)?;
+            &s.logits
+        }
+    };
+    ensure!(
+        logits.len() == n * m.n_expert,
+        Other,
+        "router logits for {} values, want {n} tokens x {} experts",
+        logits.len(),
+        m.n_expert
+    );
+    s.routes.resize_with(n, Vec::new);
+    for (t, r) in s.routes.iter_mut().enumerate() {
+        route(m, &logits[t * m.n_expert..(t + 1) * m.n_expert], r);
+    }
+    match n {
+        1 => decode(call, s, out)?,
+        _ => batch(call, s, out)?,
+    }
+    shared(call, s, out)
+}
+
+/// One token: every routed expert's gate and up in one parallel region, their downs in a
+/// second, summed with their weights.
+fn decode(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut [f32]) -> Result<()> {
+    let (w, act) = (call.w, call.act);
+    let route = &s.routes[0];
+    let k = route.len();
+    let ef = w.gate[0].rows;
+    s.bufs.resize_with(3 * k, Vec::new);
+    let (inner, downs) = s.bufs.split_at_mut(2 * k);
+    let mut ws: Vec<&Weight> = Vec::with_capacity(2 * k);
+    for &(e, _) in route {
+        ws.push(&w.gate[e as usize]);
+        ws.push(&w.up[e as usize]);
+    }
+    let mut ys: Vec<&mut [f32]> = inner
+        .iter_mut()
+        .map(|b| {
+            b.resize(ef, 0.0);
+            b.as_mut_slice()
+        })
+        .collect();
+    matvec_many(&ws, call.xn, &mut ys)?;
+    for pair in inner.chunks_exact_mut(2) {
+        let (g, u) = pair.split_at_mut(1);
+        activate(act, &mut g[0], &u[0]);
+    }
+    let dws: Vec<&Weight> = route.iter().map(|&(e, _)| &w.down[e as usize]).collect();
+    let xs: Vec<&[f32]> = inner.chunks_exact(2).map(|p| p[0].as_slice()).collect();
+    let mut ys: Vec<&mut [f32]> = downs
+        .iter_mut()
+        .map(|b| {
+            b.resize(call.dim, 0.0);
+            b.as_mut_slice()
+        })
+        .collect();
+    matvec_each(&dws, &xs, &mut ys)?;
+    for (y, &(_, wt)) in downs.iter().zip(route) {
+        out.iter_mut().zip(y).for_each(|(o, v)| *o += wt * v);
+    }
+    Ok(())
+}
+
+/// A batch: the tokens grouped by expert, one product per expert over its tokens.
+fn batch(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut [f32]) -> Result<()> {
+    let (w, act, dim) = (call.w, call.act, call.dim);
+    let mut by_expert: Vec<Vec<(usize, f32)>> = vec![Vec::new(); call.m.n_expert];
+    for (t, r) in s.routes.iter().enumerate() {
+        for &(e, wt) in r {
+            by_expert[e as usize].push((t, wt));
+        }
+    }
+    for (e, tokens) in by_expert.iter().enumerate() {
+        if tokens.is_empty() {
+            continue;
+        }
+        let m = tokens.len();
+        s.xe.clear();
+        for &(t, _) in tokens {
+            s.xe.extend_from_slice(&call.xn[t * dim..(t + 1) * dim]);
+        }
+        project_many([&w.gate[e], &w.up[e]], &s.xe, m, [&mut s.gate, &mut s.up])?;
+        activate(act, &mut s.gate, &s.up);
+        project(&w.down[e], &s.gate, m, &mut s.ye)?;
+        for (i, &(t, wt)) in tokens.iter().enumerate() {
+            let y = &s.ye[i * dim..(i + 1) * dim];
+            out[t * dim..(t + 1) * dim]
+                .iter_mut()
+                .zip(y)
+                .for_each(|(o, v)| *o += wt * v);
+        }
+    }
+    Ok(())
+}
+
+/// The shared expert of every token, added to `out` (scaled by its sigmoid gate).
+fn shared(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut [f32]) -> Result<()> {
+    let Some(sh) = &call.w.shared else {
+        return Ok(());
+    };
+    let (n, dim) = (call.n, call.dim);
+    project_many([&sh.gate, &sh.up], call.xn, n, [&mut s.gate, &mut s.up])?;
+    activate(call.act, &mut s.gate, &s.up);
+    project(&sh.down, &s.gate, n, &mut s.shared)?;
+    for t in 0..n {
+        let x = &call.xn[t * dim..(t + 1) * dim];
+        let scale = match &sh.gate_inp {
+            Some(g) => {
+                let z: f64 = g.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum();
+                (1.0 / (1.0 + (-z).exp())) as f32
+            }
+            None => 1.0,
+        };
+        let y = &s.shared[t * dim..(t + 1) * dim];
+        out[t * dim..(t + 1) * dim]
+            .iter_mut()
+            .zip(y)
+            .for_each(|(o, v)| *o += scale * v);
+    }
+    Ok(())
+}
+
+/// The router's logits of one token before the attention block (families whose router reads
+/// the layer input), into `s.early`.
+pub fn early_logits(w: &MoeWeights, x: &[f32], n: usize, s: &mut MoeScratch) -> Result<()> {
+    match n {
+        1 => {
+            s.early.resize(w.router.rows, 0.0);
+            matvec(&w.router, x, &mut s.early)
+        }
+        _ => router_logits(w, x, n, &mut s.early),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feats(gating: Gating, norm: bool, scale: Option<f32>) -> MoeFeatures {
+        MoeFeatures {
+            n_expert: 5,
+            n_expert_used: 2,
+            gating,
+            norm_weights: norm,
+            weights_scale: scale,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn routing_follows_llama_cpp() {
+        let logits = [0.5f32, 2.0, -1.0, 1.5, 0.0];
+        let mut r = Vec::new();
+        route(&feats(Gating::Softmax, false, None), &logits, &mut r);
+        let e: Vec<f64> = logits.iter().map(|&l| (l as f64).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        assert_eq!(r.iter().map(|p| p.0).collect::<Vec<_>>(), vec![1, 3]);
+        assert!((r[0].1 as f64 - e[1] / sum).abs() < 1e-7);
+        assert!((r[1].1 as f64 - e[3] / sum).abs() < 1e-7);
+        route(&feats(Gating::Softmax, true, Some(2.0)), &logits, &mut r);
+        let w1 = e[1] / (e[1] + e[3]);
+        assert!((r[0].1 as f64 - 2.0 * w1).abs() < 1e-6);
+        route(&feats(Gating::Sigmoid, false, None), &logits, &mut r);
+        assert!((r[1].1 as f64 - 1.0 / (1.0 + (-1.5f64).exp())).abs() < 1e-7);
+        // NaN never wins; ties keep both candidates.
+        route(
+            &feats(Gating::Sigmoid, false, None),
+            &[f32::NAN, 1.0, 1.0, 0.0, 0.0],
+            &mut r,
+        );
+        assert_eq!(r.iter().map(|p| p.0).collect::<Vec<_>>().len(), 2);
+        assert!(r.iter().all(|p| p.0 == 1 || p.0 == 2));
+    }
+
+    #[test]
+    fn experts_are_row_views() {
+        let w = Weight::from_f32(
+            6,
+            2,
+            &[0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0],
+        )
+        .unwrap();
+        let b = row_blocks(&w, 3).unwrap();
+        assert_eq!(b[2].rows, 2);
+        assert_eq!(b[1].bytes().as_ptr(), w.row(2).as_ptr());
+        assert!(row_blocks(&w, 4).is_err());
+    }
+}
