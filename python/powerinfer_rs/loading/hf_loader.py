@@ -36,9 +36,7 @@ from .types import LoadedModel, ModelConfig, TensorData, check_tensors, fingerpr
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(
     a for f in FAMILIES if not f.moe for a in f.hf_archs
 )
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(
-    t for f in FAMILIES if not f.moe for t in f.hf_types
-)
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for f in FAMILIES if not f.moe for t in f.hf_types)
 
 
 def load_json(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -149,8 +149,8 @@ class SynthSpec:
     def hf_head_dim(self) -> int | None:
         """``head_dim`` as the family's config class stores it: None for Mistral (whose
         class keeps null), Falcon, OPT and Qwen2 (which have no such key), else the size."""
-        no_head_dim = ("mistral", "mixtral", "bamboo", "falcon", "opt", "qwen2", "qwen2moe", "olmoe")
-        if self.arch in no_head_dim:
+        no_head_dim = ("mistral", "mixtral", "bamboo", "falcon", "opt", "qwen2", "qwen2moe")
+        if self.arch in (*no_head_dim, "olmoe"):
             return None
         return self.head_dim
 
@@ -328,7 +328,6 @@ class SynthSpec:
         if not self.tie:
             out.append(("output", (self.vocab, d)))
         return out
-
 
     def _expert_shapes(self, p: str) -> list[tuple[str, tuple[int, ...]]]:
         """A layer's router and merged experts (3-D: experts first, as the converter stacks
