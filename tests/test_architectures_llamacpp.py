@@ -11,13 +11,17 @@ the reference does), and the engine the exact reference within 1e-5.
 
 llama.cpp runs Mistral as its "llama" architecture and ignores a sliding window there, so the
 Mistral file's window (64) is wider than the sequences here; the window itself is checked
-against the float64 reference in test_architectures.py."""
+against the float64 reference in test_architectures.py.
+
+The mixture-of-experts families (Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral: test_moe.py's
+``MOE_ARCHS``) run here too: llama.cpp routes, weights and sums the experts as we do."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from test_architectures import ARCHS as FAMILY_ARGS
+from test_moe import MOE_ARCHS
 
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.loading.gguf_loader import open_gguf
@@ -34,6 +38,7 @@ ARCHS = {
     "llama": {},
     **FAMILY_ARGS,
     "mistral": {"sliding_window": 64},
+    **MOE_ARCHS,
 }
 GELU_FAMILIES = ("gemma2", "gemma3", "falcon")
 

@@ -141,7 +141,8 @@ def test_families_hold_config_values_by_field_name():
 def test_one_tensor_list_serves_loader_and_engine(synth_gguf, arch):
     """Every tensor a family's file gives the engine is in the config's list, every required
     one is there, and the engine builds from exactly those tensors."""
-    extra = {"falcon": {"kv_heads": 1}, "opt": {"kv_heads": 4}}.get(arch, {})
+    extra = {"falcon": {"kv_heads": 1}, "opt": {"kv_heads": 4}, "olmoe": {"kv_heads": 4}}
+    extra = extra.get(arch, {})
     tie = arch in ("gemma2", "opt")
     m = load_model(synth_gguf(dtype="F32", arch=arch, tie=tie, activation="relu", **extra))
     table = tensor_table(m.config)

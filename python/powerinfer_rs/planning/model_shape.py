@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import ModelFileError, PlanError
+from ..errors import ModelFileError, PlanError, UnsupportedError
 from ..loading.types import BLOCK_LAYOUT, LoadedModel, ModelConfig, expected_shapes, row_bytes
 
 #: The 32-weight format a K-quant's ``down_t`` falls back to when ``dim`` is not a multiple of
@@ -46,6 +46,11 @@ class ModelShape:
     _shapes: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        if self.config.n_expert:
+            raise UnsupportedError(
+                f"{self.config.arch}: placement plans for mixture-of-experts models are not "
+                "supported yet; run the model on the CPU (device='cpu')"
+            )
         self._shapes = expected_shapes(self.config)
 
     @classmethod

@@ -115,13 +115,20 @@ class SynthSpec:
     rope_original_context: int = 8192
     #: Partial RoPE: the first ``int(head_dim * partial_rotary)`` values of each head rotate.
     partial_rotary: float = 1.0
-    #: Mixture-of-experts families: experts per layer, experts per token, each expert's width
-    #: (0: ``ffn``; Qwen's files carry it apart from ``feed_forward_length``, OLMoE's and
-    #: Mixtral's as ``feed_forward_length``) and Qwen2-MoE's shared expert's (0: ``ffn``).
+    #: Mixture-of-experts families: experts per layer (0: 8), experts per token (0: 2), each
+    #: expert's width (0: ``ffn``; Qwen's files carry it apart from ``feed_forward_length``,
+    #: OLMoE's and Mixtral's as ``feed_forward_length``) and Qwen2-MoE's shared expert's (0:
+    #: ``ffn``).
     experts: int = 0
     experts_used: int = 0
     expert_ffn: int = 0
     shared_ffn: int = 0
+
+    def __post_init__(self) -> None:
+        # A mixture-of-experts family without expert counts: 8 experts, 2 per token.
+        if family_named(self.arch).moe:
+            self.experts = self.experts or 8
+            self.experts_used = self.experts_used or 2
 
     @property
     def eff(self) -> int:

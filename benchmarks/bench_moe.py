@@ -1,0 +1,195 @@
+#!/usr/bin/env python3
+"""Mixture-of-experts decode and prefill: powerinfer-rs against llama.cpp on the same GGUF, side
+by side in one run (synthetic Qwen3-MoE, quantized by llama.cpp's own quantizer).
+
+The model is a synthetic Qwen3-MoE (random weights, llama.cpp's converter keys) of realistic
+ratios scaled to this machine: by default dim 1024, 8 layers, 64 experts of width 512 (half of
+dim), top-8, 16 query heads over 4 KV heads, vocabulary 32000. It is written once as F16 and
+quantized by llama.cpp (``llama_cpp.llama_model_quantize``) to each ``--formats`` entry
+(Q4_K_M = llama.cpp's ftype 15, Q4_0 = 2); everything measured on it is "synthetic".
+
+For each file both engines load it with the same thread count, warm up, then alternate
+(ours, llama, llama, ours, ...) ``--repeats`` times: decode tokens/s (the single-token steps
+after the prompt, greedy) and prefill tokens/s (one batched pass over ``--prefill`` token ids
+on an empty context). Medians and the ratio ours/llama.cpp are reported, with the weight bytes
+one token reads (the router, ``n_expert_used`` experts and attention per layer, one embedding
+row, the head: ``Engine.bytes_per_token``) and the machine's read bandwidth measured in the
+same run (floor = bandwidth / bytes per token).
+
+Examples::
+
+    python benchmarks/bench_moe.py                          # Q4_K_M and Q4_0, 2 threads
+    python benchmarks/bench_moe.py --formats Q4_K_M --repeats 7 --json /tmp/moe.json
+    python benchmarks/bench_moe.py --experts 128 --expert-ffn 384 --layers 6
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_common import (  # noqa: E402
+    add_bandwidth_args,
+    add_synthetic_args,
+    bench_parser,
+    import_llama,
+    machine_info,
+    measure_bandwidth,
+    median,
+    require_powerinfer,
+    write_json,
+)
+from _decode_engines import LlamaCpp, Ours  # noqa: E402
+
+#: llama.cpp's llama_ftype of each format the quantizer is asked for.
+FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+
+
+def synthetic_f16(args) -> Path:
+    """The synthetic Qwen3-MoE F16 file (written once into ``args.cache``)."""
+    require_powerinfer()
+    from powerinfer_rs.testing.synth import write_gguf_model
+
+    shape = dict(
+        dim=args.dim,
+        ffn=3 * args.dim,
+        layers=args.layers,
+        heads=args.heads,
+        kv_heads=args.kv_heads,
+        vocab=args.vocab,
+        activation="silu",
+        arch="qwen3moe",
+        experts=args.experts,
+        experts_used=args.experts_used,
+        expert_ffn=args.expert_ffn,
+        max_context=4096,
+        seed=args.seed,
+    )
+    tag = "-".join(f"{k}{v}" for k, v in shape.items() if k not in ("activation", "arch"))
+    path = Path(args.cache) / f"synthetic-qwen3moe-f16-{tag}.gguf"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        print(f"writing {path} ...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        tmp = path.with_suffix(".part.gguf")
+        write_gguf_model(tmp, dtype="F16", **shape)
+        os.replace(tmp, path)
+        print(f"  done in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return path
+
+
+def quantized(f16: Path, fmt: str, threads: int) -> Path:
+    """``f16`` quantized to ``fmt`` by llama.cpp's quantizer (once)."""
+    out = f16.with_name(f16.name.replace("-f16-", f"-{fmt.lower()}-"))
+    if out.is_file():
+        return out
+    llama_cpp, why = import_llama()
+    if llama_cpp is None:
+        raise SystemExit(f"llama-cpp-python is needed to quantize: {why}")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = FTYPES[fmt]
+    params.nthread = threads
+    print(f"quantizing to {fmt} with llama.cpp ...", file=sys.stderr, flush=True)
+    tmp = out.with_suffix(".part.gguf")
+    rc = llama_cpp.llama_model_quantize(str(f16).encode(), str(tmp).encode(), params)
+    if rc != 0:
+        raise SystemExit(f"llama_model_quantize failed ({rc})")
+    os.replace(tmp, out)
+    return out
+
+
+def race(args, path: Path, threads: int) -> dict:
+    """Decode and prefill of both engines on ``path``, alternating ABBA."""
+    n_ctx = max(512, args.prefill + args.tokens + 64)
+    engines = {"ours": Ours(path, threads, n_ctx), "llama": LlamaCpp(path, threads, n_ctx)}
+    rng = np.random.default_rng(args.seed)
+    vocab = engines["llama"].n_vocab
+    prompt = [int(t) for t in rng.integers(100, vocab - 100, 16)]
+    batch = [int(t) for t in rng.integers(100, vocab - 100, args.prefill)]
+    row: dict = {"file": str(path), "threads": threads, "tokens": args.tokens}
+    row["ours_bytes_per_token"] = engines["ours"].bytes_per_token()
+    # Same greedy tokens on both sides (a check that both run the same model).
+    ours_toks = engines["ours"].eng.generate(
+        prompt, max_new_tokens=8, temperature=0.0, seed=0, ignore_eos=True
+    )
+    row["greedy_agree"] = list(ours_toks) == engines["llama"].greedy_ids(prompt, 8)
+    for e in engines.values():
+        e.decode(prompt, 8)
+        e.prefill(batch[:16])
+    dec = {k: [] for k in engines}
+    pre = {k: [] for k in engines}
+    order = list(engines)
+    for r in range(args.repeats):
+        for key in order if r % 2 == 0 else order[::-1]:
+            n, secs = engines[key].decode(prompt, args.tokens)
+            dec[key].append(n / secs)
+            if args.prefill:
+                pre[key].append(args.prefill / engines[key].prefill(batch))
+    for key in engines:
+        row[f"{key}_tok_s"] = median(dec[key])
+        row[f"{key}_samples"] = dec[key]
+        if args.prefill:
+            row[f"{key}_prefill_tok_s"] = median(pre[key])
+            row[f"{key}_prefill_samples"] = pre[key]
+    row["ratio"] = row["ours_tok_s"] / row["llama_tok_s"]
+    if args.prefill:
+        row["prefill_ratio"] = row["ours_prefill_tok_s"] / row["llama_prefill_tok_s"]
+    for e in engines.values():
+        e.close()
+    return row
+
+
+def main(argv=None) -> int:
+    ap = bench_parser(__doc__)
+    ap.add_argument("--formats", nargs="+", default=["Q4_K_M", "Q4_0"], choices=list(FTYPES))
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=64, help="decoded tokens per run")
+    ap.add_argument("--prefill", type=int, default=128, help="prefill tokens (0: skip)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--dim", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--experts", type=int, default=64)
+    ap.add_argument("--experts-used", type=int, default=8)
+    ap.add_argument("--expert-ffn", type=int, default=512)
+    ap.add_argument("--json", default=None)
+    add_synthetic_args(ap)
+    add_bandwidth_args(ap)
+    args = ap.parse_args(argv)
+    mi = machine_info()
+    print(f"machine: {mi.get('cpu', '?')}, {mi['cpus']} cpus, load {mi.get('loadavg')}")
+    f16 = synthetic_f16(args)
+    bw, how = measure_bandwidth(args.threads, args.bw_bytes, args.bw_iters)
+    print(f"read bandwidth: {bw:.1f} GB/s ({how})")
+    print("NOTE: synthetic model (random weights): every figure here is 'synthetic'.\n")
+    rows = []
+    for fmt in args.formats:
+        path = quantized(f16, fmt, args.threads)
+        row = race(args, path, args.threads)
+        row["format"] = fmt
+        bpt = row["ours_bytes_per_token"] or 0
+        row["floor_tok_s"] = bw * 1e9 / bpt if bpt else None
+        rows.append(row)
+        print(
+            f"{fmt}: decode ours {row['ours_tok_s']:.1f} vs llama.cpp {row['llama_tok_s']:.1f} "
+            f"tok/s = {row['ratio']:.2f}x; prefill {args.prefill}: "
+            f"{row.get('ours_prefill_tok_s', 0):.0f} vs {row.get('llama_prefill_tok_s', 0):.0f} "
+            f"tok/s = {row.get('prefill_ratio', 0):.2f}x; {bpt / 1e6:.1f} MB/token, floor "
+            f"{row['floor_tok_s'] or 0:.0f} tok/s; greedy tokens agree: {row['greedy_agree']}",
+            flush=True,
+        )
+        print("  samples ours", " ".join(f"{x:.1f}" for x in row["ours_samples"]))
+        print("  samples llama", " ".join(f"{x:.1f}" for x in row["llama_samples"]))
+    write_json(args.json, {"machine": mi, "bandwidth_gbs": bw, "args": vars(args), "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
