@@ -18,7 +18,7 @@ from powerinfer_rs.errors import ModelFileError, UnsupportedError
 from powerinfer_rs.loading import TensorData, load_model
 from powerinfer_rs.loading.gguf_loader import config_from_metadata, open_gguf
 from powerinfer_rs.planning.model_shape import ModelShape
-from powerinfer_rs.testing.synth import write_gguf_model, write_hf_model
+from powerinfer_rs.testing.synth import write_hf_model
 
 from reference import exact_kv_engine, greedy_reference, reference_logits
 
