@@ -227,12 +227,15 @@ def reference_forward(
             q = norm(q, p + "attn_q_norm")
             k = norm(k, p + "attn_k_norm")
         mask, theta, local = causal, c.rope_theta, False
-        if c.sliding_window and (c.swa_pattern == 0 or (i + 1) % c.swa_pattern):
+        p_ = c.swa_pattern
+        # Global layers: each p-th counted from 1, or from 0 (dense first: SmallThinker).
+        slides = p_ == 0 or ((i % p_ != 0) if c.swa_dense_first else (i + 1) % p_ != 0)
+        if c.sliding_window and slides:
             dist = pos[:, None] - pos[None, :]
             mask = np.where(dist >= c.sliding_window, -np.inf, causal)
             local = bool(c.rope_theta_local)
             theta = c.rope_theta_local or theta
-        if not c.learned_pos:
+        if not c.learned_pos and not (c.no_rope_step and i % c.no_rope_step == 0):
             rot = c.rope_dims or c.head_dim
             # Layers with their own base (Gemma 3's local ones) use HF's default RoPE.
             inv = rope_inv_freq(theta, rot)

@@ -24,6 +24,7 @@ from test_architectures import ARCHS as FAMILY_ARGS
 from test_moe import MOE_ARCHS
 
 from powerinfer_rs.loading import load_model
+from powerinfer_rs.loading.archs import family_named
 from powerinfer_rs.loading.gguf_loader import open_gguf
 
 import reference
@@ -78,7 +79,7 @@ def open_llama(path, n_ctx: int):
 @pytest.mark.parametrize("arch", list(ARCHS))
 def test_logits_and_greedy_tokens_match_llama_cpp(synth_gguf, arch):
     gelu = arch in GELU_FAMILIES
-    act = "gelu" if gelu else "silu"
+    act = family_named(arch).activation  # GELU for Gemma and Falcon, ReLU for SmallThinker
     path = synth_gguf(dtype="F32", activation=act, arch=arch, seed=11, **ARCHS[arch])
     # The file as llama.cpp's converter writes it: every default is the loader's own.
     assert not [k for k in open_gguf(path).metadata if k.startswith("powerinfer_rs.")]

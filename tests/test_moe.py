@@ -16,6 +16,7 @@ import pytest
 from powerinfer_rs import Engine
 from powerinfer_rs.errors import ModelFileError, UnsupportedError
 from powerinfer_rs.loading import TensorData, load_model
+from powerinfer_rs.loading.archs import family_named
 from powerinfer_rs.loading.gguf_loader import config_from_metadata, open_gguf
 from powerinfer_rs.planning.model_shape import ModelShape
 from powerinfer_rs.testing.synth import write_hf_model
@@ -29,7 +30,21 @@ MOE_ARCHS = {
     "qwen2moe": {"experts": 8, "experts_used": 2, "expert_ffn": 64, "shared_ffn": 96},
     "olmoe": {"experts": 8, "experts_used": 2, "kv_heads": 4},
     "mixtral": {"experts": 8, "experts_used": 2},
+    # A window in the file: layer 0 global without RoPE, layer 1 sliding; sigmoid routing.
+    "smallthinker": {
+        "experts": 8,
+        "experts_used": 2,
+        "sliding_window": 64,
+        "expert_gating": "sigmoid",
+    },
 }
+
+
+def act_of(arch: str) -> str:
+    """The family's own activation (ReLU for SmallThinker's ReGLU experts, else SiLU)."""
+    return family_named(arch).activation
+
+
 REF_RTOL = 1e-5
 
 
@@ -43,7 +58,7 @@ def ids_for(model, n: int = 12, seed: int = 5) -> list[int]:
 
 @pytest.mark.parametrize("arch", list(MOE_ARCHS))
 def test_families_match_the_reference_batched_and_decoding(synth_gguf, arch):
-    path = synth_gguf(dtype="F32", activation="silu", arch=arch, **MOE_ARCHS[arch])
+    path = synth_gguf(dtype="F32", activation=act_of(arch), arch=arch, **MOE_ARCHS[arch])
     meta = open_gguf(path).metadata
     assert not [k for k in meta if k.startswith("powerinfer_rs.")]
     m = load_model(path)
@@ -83,6 +98,8 @@ def test_stored_formats_match_the_reference(synth_gguf, arch, dtype):
 
 #: Per family, a config field that changes the function when switched off.
 FEATURES = [
+    ("smallthinker", "router_on_residual"),
+    ("smallthinker", "no_rope_step"),
     ("qwen3moe", "expert_norm_weights"),
     ("mixtral", "expert_norm_weights"),
     ("qwen2moe", "shared_expert_gate"),
@@ -92,11 +109,12 @@ FEATURES = [
 
 @pytest.mark.parametrize(("arch", "feature"), FEATURES)
 def test_each_routing_feature_changes_the_function(synth_gguf, arch, feature):
-    m = load_model(synth_gguf(dtype="F32", activation="silu", arch=arch, **MOE_ARCHS[arch]))
+    m = load_model(synth_gguf(dtype="F32", activation=act_of(arch), arch=arch, **MOE_ARCHS[arch]))
     ids = ids_for(m, n=8)
     ref = reference_logits(m, ids)
-    assert getattr(m.config, feature)
-    setattr(m.config, feature, False)
+    old = getattr(m.config, feature)
+    assert old
+    setattr(m.config, feature, type(old)(0))
     if feature == "shared_expert_gate":
         m.tensors = {k: v for k, v in m.tensors.items() if "gate_inp_shexp" not in k}
     if feature == "qk_norm_full":  # per head then: the head-wide norms of the first head_dim
@@ -108,6 +126,52 @@ def test_each_routing_feature_changes_the_function(synth_gguf, arch, feature):
     other = reference_logits(m, ids)
     assert rel(other, ref) > 100 * REF_RTOL
     assert rel(exact_kv_engine(m, threads=2).logits(ids), other) <= REF_RTOL
+
+
+def test_smallthinker_dense_first_windows(synth_gguf):
+    """SmallThinker's window pattern counts its global layers from 0 (llama.cpp's
+    dense_first): with a window narrower than the sequence, layers 0 and 4 see everything and
+    apply no RoPE, layers 1-3 slide; engine and reference agree, batched and token by token."""
+    kw = {**MOE_ARCHS["smallthinker"], "layers": 5}
+    m = load_model(synth_gguf(dtype="F32", activation="relu", arch="smallthinker", **kw))
+    c = m.config
+    assert (c.sliding_window, c.swa_pattern, c.swa_dense_first, c.no_rope_step) == (
+        4096,
+        4,
+        True,
+        4,
+    )
+    ids = ids_for(m, n=12)
+    c.sliding_window = 5
+    m.fingerprint += "-window5"
+    ref = reference_logits(m, ids)
+    eng = exact_kv_engine(m, threads=2)
+    assert rel(eng.logits(ids), ref) <= REF_RTOL
+    eng.reset()
+    assert rel(np.stack([eng.prefill([t]) for t in ids]), ref) <= REF_RTOL
+    c.swa_dense_first = False  # the other counting is another function
+    m.fingerprint += "-dense-last"
+    assert rel(reference_logits(m, ids), ref) > 100 * REF_RTOL
+
+
+@pytest.mark.parametrize("dtype", ["F32", "Q4_K_M"])
+def test_exact_relu_inside_experts_is_the_dense_function(synth_gguf, dtype):
+    """ReGLU experts with a planted sparsity: exact-relu decoding (the up and down_t rows of
+    the neurons that fire in each routed expert) gives the dense logits (up to down_t's
+    re-encoding for quantized files), batched scoring the same function, and the experts'
+    transposed down projections it reads are built."""
+    kw = {**MOE_ARCHS["smallthinker"], "dim": 256, "ffn": 256, "active": 0.2}
+    m = load_model(synth_gguf(dtype=dtype, activation="relu", arch="smallthinker", **kw))
+    ids = ids_for(m, n=10)
+    dense = Engine(m, threads=2)
+    want = np.stack([dense.prefill([t]) for t in ids])
+    sparse = Engine(m, threads=2, sparsity="exact-relu")
+    assert dense._model.down_t_bytes == 0 and sparse._model.down_t_bytes > 0
+    got = np.stack([sparse.prefill([t]) for t in ids])
+    # Quantized experts' down_t is re-encoded in its format: close, not equal (as for dense
+    # models, test_sparsity.py); float ones are the same numbers.
+    assert rel(got, want) <= (REF_RTOL if dtype == "F32" else 0.05)
+    assert rel(sparse.logits(ids), Engine(m, threads=2).logits(ids)) <= REF_RTOL
 
 
 def _route(model, layer_input: np.ndarray, layer: int) -> set[int]:
@@ -159,7 +223,7 @@ def test_only_routed_experts_are_computed(synth_gguf):
 def test_what_is_not_supported_yet_is_refused(synth_gguf, tmp_path):
     path = synth_gguf(dtype="F32", activation="silu", arch="qwen3moe", **MOE_ARCHS["qwen3moe"])
     m = load_model(path)
-    with pytest.raises(UnsupportedError, match="mixture-of-experts models run dense experts"):
+    with pytest.raises(UnsupportedError, match="mixture-of-experts models run dense or exact-relu"):
         Engine(m, threads=1, sparsity="threshold", thresholds=[0.1] * m.config.n_layers)
     with pytest.raises(UnsupportedError, match="mixture-of-experts"):
         ModelShape.from_model(m)  # the planner's view of the model

@@ -116,6 +116,8 @@ class ModelConfig:
     qk_norm_full: bool
     sliding_window: int
     swa_pattern: int
+    swa_dense_first: bool
+    no_rope_step: int
     rope_theta_local: float
     norm_offset: float
     post_norms: bool

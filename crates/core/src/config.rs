@@ -136,8 +136,15 @@ pub struct ArchFeatures {
     /// (distance < w), in the layers [`ArchFeatures::swa_pattern`] marks.
     pub sliding_window: Option<usize>,
     /// Which layers slide when a window is set: 0 = every layer (Mistral); p > 0 = all but each
-    /// p-th layer, counted from 1 (Gemma 2: p = 2, odd layers global; Gemma 3: p = 6).
+    /// p-th layer, counted from 1 (Gemma 2: p = 2, odd layers global; Gemma 3: p = 6), or
+    /// counted from 0 with [`ArchFeatures::swa_dense_first`].
     pub swa_pattern: usize,
+    /// With `swa_pattern` p: the global layers are 0, p, 2p, ... (llama.cpp's `dense_first`;
+    /// SmallThinker) instead of p-1, 2p-1, ...
+    pub swa_dense_first: bool,
+    /// Layers 0, p, 2p, ... apply no RoPE (llama.cpp's `n_no_rope_layer_step`; SmallThinker's
+    /// global layers); 0: every layer rotates.
+    pub no_rope_step: usize,
     /// RoPE base of the sliding layers when it differs from the global one (Gemma 3: 10000).
     pub rope_theta_local: Option<f32>,
     /// Added to every norm weight at load: RMSNorm by `(offset + w)` (Gemma's HF checkpoints: 1;
@@ -183,8 +190,17 @@ impl ArchFeatures {
         let w = self.sliding_window?;
         match self.swa_pattern {
             0 => Some(w),
-            p if (l + 1).is_multiple_of(p) => None,
+            p if self.swa_dense_first && l.is_multiple_of(p) => None,
+            p if !self.swa_dense_first && (l + 1).is_multiple_of(p) => None,
             _ => Some(w),
+        }
+    }
+
+    /// Whether layer `l` rotates q and k (see [`ArchFeatures::no_rope_step`]).
+    pub fn rope_on(&self, l: usize) -> bool {
+        match self.no_rope_step {
+            0 => true,
+            p => !l.is_multiple_of(p),
         }
     }
 
@@ -721,6 +737,16 @@ mod tests {
         assert_eq!(
             (a.window(4), a.window(5), a.window(11)),
             (Some(8), None, None)
+        );
+        // SmallThinker: layers 0, 4, 8 global (and without RoPE).
+        (a.swa_pattern, a.swa_dense_first, a.no_rope_step) = (4, true, 4);
+        assert_eq!(
+            (a.window(0), a.window(3), a.window(4)),
+            (None, Some(8), None)
+        );
+        assert_eq!(
+            (a.rope_on(0), a.rope_on(1), a.rope_on(8)),
+            (false, true, false)
         );
         let mut c = cfg();
         c.arch.sliding_window = Some(0);

@@ -425,6 +425,12 @@ pub(crate) fn ffn_block(
                         "profiling a mixture-of-experts model is not supported yet"
                     );
                 }
+                // Exact-relu reads only the up and down rows of the neurons that fire in each
+                // routed expert (one token); batches compute the same function densely.
+                let down_t = match (mode, n) {
+                    (Sparsity::ExactRelu, 1) => Some(&model.expert_down_t()?[l][..]),
+                    _ => None,
+                };
                 let call = MoeCall {
                     m: &c.moe,
                     w,
@@ -432,6 +438,7 @@ pub(crate) fn ffn_block(
                     xn: &s.xn,
                     n,
                     dim: c.dim,
+                    down_t,
                 };
                 moe_ffn(&call, &mut s.moe, &mut s.down)?;
                 phase = Phase::Ffn;

@@ -204,7 +204,7 @@ impl ModelProgram {
             if a.qk_norm {
                 attention.push(AttnStep::QkNorm);
             }
-            if !a.learned_pos {
+            if !a.learned_pos && a.rope_on(l) {
                 attention.push(AttnStep::Rope {
                     local: c.rope_local(l),
                 });

@@ -11,7 +11,8 @@
 //! tokens by expert and runs one matrix product per expert over its tokens.
 
 use powerinfer_core::{bail, ensure, Gating, MoeFeatures, Result, Weight};
-use powerinfer_cpu::{matvec, matvec_each, matvec_many};
+use powerinfer_cpu::{matvec, matvec_each, matvec_many, sparse_ffn, GateRows, SparseFfn};
+use rayon::prelude::*;
 
 use crate::ffn::{activate, project, project_many};
 use crate::layer::FfnKind;
@@ -165,6 +166,9 @@ pub struct MoeCall<'a> {
     pub xn: &'a [f32],
     pub n: usize,
     pub dim: usize,
+    /// Every expert's transposed down projection: one token then reads only the up and down
+    /// rows of the neurons that fire in each routed expert (exact-relu); None: dense experts.
+    pub down_t: Option<&'a [Weight]>,
 }
 
 /// The router's logits (n × n_expert) of the `n` rows of `x` into `out`.
@@ -196,8 +200,9 @@ pub fn moe_ffn(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut Vec<f32>) -> Re
     for (t, r) in s.routes.iter_mut().enumerate() {
         route(m, &logits[t * m.n_expert..(t + 1) * m.n_expert], r);
     }
-    match n {
-        1 => decode(call, s, out)?,
+    match (n, call.down_t) {
+        (1, Some(down_t)) => sparse_decode(call, down_t, s, out)?,
+        (1, None) => decode(call, s, out)?,
         _ => batch(call, s, out)?,
     }
     shared(call, s, out)
@@ -241,6 +246,44 @@ fn decode(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut [f32]) -> Result<()>
     matvec_each(&dws, &xs, &mut ys)?;
     for (y, &(_, wt)) in downs.iter().zip(route) {
         out.iter_mut().zip(y).for_each(|(o, v)| *o += wt * v);
+    }
+    Ok(())
+}
+
+/// One token in exact-relu: each routed expert's gate rows, then the up and down_t rows of
+/// its neurons that fire ([`sparse_ffn`]), the experts in parallel, summed with their weights.
+fn sparse_decode(
+    call: &MoeCall<'_>,
+    down_t: &[Weight],
+    s: &mut MoeScratch,
+    out: &mut [f32],
+) -> Result<()> {
+    let (w, act, dim) = (call.w, call.act, call.dim);
+    let route = &s.routes[0];
+    let ys: Vec<Result<Vec<f32>>> = route
+        .par_iter()
+        .map(|&(e, _)| {
+            let e = e as usize;
+            let ffn = SparseFfn {
+                gate: &w.gate[e],
+                up: Some(&w.up[e]),
+                down_t: &down_t[e],
+            };
+            let mut y = vec![0.0f32; dim];
+            let fire = |_: u32, g: f32| act.apply(g);
+            sparse_ffn(
+                &ffn,
+                call.xn,
+                GateRows::All,
+                fire,
+                |a, u| act.times_up(a, u),
+                &mut y,
+            )?;
+            Ok(y)
+        })
+        .collect();
+    for (y, &(_, wt)) in ys.into_iter().zip(route) {
+        out.iter_mut().zip(y?).for_each(|(o, v)| *o += wt * v);
     }
     Ok(())
 }

@@ -93,12 +93,16 @@ impl Session {
         let c = &self.model.config;
         mode.validate(c.n_layers, c.dim, c.ffn_dim, c.activation)?;
         powerinfer_core::ensure!(
-            !c.moe.is_moe() || matches!(mode, Sparsity::Dense),
+            !c.moe.is_moe() || matches!(mode, Sparsity::Dense | Sparsity::ExactRelu),
             Unsupported,
-            "mixture-of-experts models run dense experts only for now (sparsity=\"dense\"); \
-             the {} mode inside experts is not implemented yet",
+            "mixture-of-experts models run dense or exact-relu experts for now; the {} mode \
+             inside experts is not implemented yet",
             mode.name()
         );
+        if c.moe.is_moe() && matches!(mode, Sparsity::ExactRelu) {
+            let model = &self.model;
+            self.pool.install(|| model.expert_down_t().map(|_| ()))?;
+        }
         if let Some(h) = self.hybrid.as_mut() {
             h.set_mode(&mode)?;
         }
@@ -108,7 +112,7 @@ impl Session {
             if p.output > 0.0 {
                 self.pool.install(|| model.output_copy().map(|_| ()))?;
             }
-        } else if !matches!(mode, Sparsity::Dense) {
+        } else if !matches!(mode, Sparsity::Dense) && !c.moe.is_moe() {
             let model = &self.model;
             self.pool.install(|| model.down_t().map(|_| ()))?;
             if matches!(mode, Sparsity::Threshold(_)) {

@@ -78,6 +78,9 @@ pub struct ModelWeights {
     input_copies: OnceLock<InputCopies>,
     /// The input mode's copy of the output head, built on first use.
     output_copy: OnceLock<OutputCopy>,
+    /// Every expert's transposed down projection (`[layer][expert]`, expert_ffn rows of dim),
+    /// for exact-relu inside experts, built on first use.
+    expert_down_t: OnceLock<Vec<Vec<Weight>>>,
 }
 
 /// Take a tensor out of the map (its shape checked by [`check_shapes`]).
@@ -367,6 +370,7 @@ impl ModelWeights {
             down_crossover: OnceLock::new(),
             input_copies: OnceLock::new(),
             output_copy: OnceLock::new(),
+            expert_down_t: OnceLock::new(),
         })
     }
 
@@ -407,6 +411,32 @@ impl ModelWeights {
         }
         let _ = self.down_t.set(built);
         Ok(self.down_t.get().expect("set above"))
+    }
+
+    /// Every expert's transposed down projection (`[layer][expert]`), built once on the
+    /// calling thread pool: the rows exact-relu reads for the neurons that fire in a routed
+    /// expert. Empty for a dense model.
+    pub fn expert_down_t(&self) -> Result<&[Vec<Weight>]> {
+        if let Some(d) = self.expert_down_t.get() {
+            return Ok(d);
+        }
+        let built = self
+            .layers
+            .iter()
+            .map(|l| match &l.moe {
+                Some(m) => m.down.par_iter().map(crate::transpose::transpose).collect(),
+                None => Ok(Vec::new()),
+            })
+            .collect::<Result<Vec<Vec<Weight>>>>()?;
+        let _ = self.expert_down_t.set(built);
+        Ok(self.expert_down_t.get().expect("set above"))
+    }
+
+    /// Bytes of the experts' transposed down projections if built (0 otherwise).
+    pub fn expert_down_t_bytes(&self) -> usize {
+        self.expert_down_t
+            .get()
+            .map_or(0, |d| d.iter().flatten().map(Weight::n_bytes).sum())
     }
 
     /// The input mode's input-major copies of every layer's projections, built once (on the
@@ -524,11 +554,12 @@ impl ModelWeights {
         }
     }
 
-    /// Bytes of the transposed down projections if built (0 otherwise).
+    /// Bytes of the transposed down projections (the experts' too) if built (0 otherwise).
     pub fn down_t_bytes(&self) -> usize {
         self.down_t
             .get()
-            .map_or(0, |d| d.iter().map(Weight::n_bytes).sum())
+            .map_or(0, |d| d.iter().map(Weight::n_bytes).sum::<usize>())
+            + self.expert_down_t_bytes()
     }
 
     /// The matrix a canonical tensor name (`token_embd`, `output`, `blk.N.attn_q`, ...,

@@ -229,6 +229,8 @@ config_fields! {
         qk_norm_full: core.arch.qk_norm_full;
         sliding_window: core.arch.sliding_window;
         swa_pattern: core.arch.swa_pattern;
+        swa_dense_first: core.arch.swa_dense_first;
+        no_rope_step: core.arch.no_rope_step;
         rope_theta_local: core.arch.rope_theta_local;
         norm_offset: core.arch.norm_offset;
         post_norms: core.arch.post_norms;

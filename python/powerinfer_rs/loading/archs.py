@@ -78,6 +78,10 @@ class Family:
     hf_eps_key: str = "rms_norm_eps"
     #: A mixture of experts (GGUF only for now: its Hugging Face checkpoints are refused).
     moe: bool = False
+    #: A window in the file switches sliding layers on at this fixed width whatever the file
+    #: says, and the global layers lose RoPE (llama.cpp's smallthinker.cpp: 4096, with
+    #: n_no_rope_layer_step 4 on the dense-first pattern).
+    gguf_fixed_window: int = 0
 
     def __post_init__(self) -> None:
         unknown = set(self.config) - set(CONFIG_DEFAULTS)
@@ -466,6 +470,28 @@ MOE_FAMILIES: tuple[Family, ...] = (
         ("olmoe",),
         ("OlmoeForCausalLM",),
         config=dict(qk_norm=True, qk_norm_full=True),
+        hf_defaults=_LLAMA_HF,
+        moe=True,
+    ),
+    # PowerInfer's SmallThinker (llama.cpp's smallthinker.cpp): ReGLU experts, renormalised,
+    # the router on the layer input before attention, softmax or sigmoid as the file says
+    # (expert_gating_func); with a window in the file every fourth layer from layer 0 is global
+    # and without RoPE, the others slide over 4096 positions.
+    Family(
+        "smallthinker",
+        "smallthinker",
+        "neox",
+        ("smallthinker",),
+        ("SmallThinkerForCausalLM",),
+        config=dict(
+            activation="relu",
+            expert_norm_weights=True,
+            router_on_residual=True,
+            swa_pattern=4,
+            swa_dense_first=True,
+        ),
+        window=True,
+        gguf_fixed_window=4096,
         hf_defaults=_LLAMA_HF,
         moe=True,
     ),

@@ -117,6 +117,8 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
     if activation not in ACTIVATIONS:
         raise UnsupportedError(f"activation {activation!r} (supported: {ACTIVATIONS})")
     window = _int(meta, f"{a}.attention.sliding_window", fam.gguf_window) if fam.window else 0
+    if window and fam.gguf_fixed_window:
+        window = fam.gguf_fixed_window
     eps_kind = "epsilon" if fam.layer_norm else "rms_epsilon"
     n_layers = _int(meta, f"{a}.block_count")
     attn_cap, final_cap = (
@@ -153,6 +155,8 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
         **rope,
     )
     _read_experts(meta, fam, cfg)
+    if window and fam.gguf_fixed_window:
+        cfg.no_rope_step = 4  # llama.cpp's n_no_rope_layer_step: the global layers
     cfg.validate()
     return cfg
 
@@ -175,6 +179,16 @@ def _read_experts(meta: dict[str, Any], fam: Family, cfg: ModelConfig) -> None:
         )
     if fam.name in ("qwen2moe", "qwen3moe"):
         expert_ffn = _int(meta, f"{a}.expert_feed_forward_length", cfg.ffn_dim // n_used)
+    elif fam.name == "smallthinker":
+        expert_ffn = _int(meta, f"{a}.expert_feed_forward_length", cfg.ffn_dim)
+        gating = meta.get(f"{a}.expert_gating_func")
+        # gguf's ExpertGatingFuncType: 1 softmax, 2 sigmoid (llama.cpp aborts without one).
+        names = {1: "softmax", 2: "sigmoid"}
+        if gating is None:
+            raise ModelFileError(f"{a}.expert_gating_func is missing")
+        if gating not in names:
+            raise UnsupportedError(f"{a}.expert_gating_func {gating!r} (1 softmax, 2 sigmoid)")
+        cfg.expert_gating = names[gating]
     else:
         expert_ffn = cfg.ffn_dim
     cfg.n_expert, cfg.n_expert_used, cfg.expert_ffn_dim = n_expert, n_used, expert_ffn
@@ -192,7 +206,11 @@ def _swa_pattern(meta: dict[str, Any], fam: Family, n_layers: int) -> int:
         return fam.swa_pattern
     if isinstance(v, list):
         for p in range(n_layers + 1):
-            if v == [p == 0 or i % p < p - 1 for i in range(n_layers)]:
+            if fam.swa_dense_first:  # the global layers are 0, p, 2p, ...
+                pattern = [p == 0 or i % p != 0 for i in range(n_layers)]
+            else:
+                pattern = [p == 0 or i % p < p - 1 for i in range(n_layers)]
+            if v == pattern:
                 return p
         raise UnsupportedError(f"{key}: per-layer windows {v!r:.200} follow no pattern")
     return _int(meta, key)

@@ -384,8 +384,16 @@ def _add_experts(w: Any, s: SynthSpec) -> None:
     ``feed_forward_length`` wide."""
     w.add_expert_count(s.experts)
     w.add_expert_used_count(s.experts_used)
-    if s.arch in ("qwen2moe", "qwen3moe"):
+    if s.arch in ("qwen2moe", "qwen3moe", "smallthinker"):
         w.add_expert_feed_forward_length(s.eff)
+    if s.arch == "smallthinker":  # conversion/smallthinker.py
+        import gguf
+
+        softmax = s.expert_gating == "softmax"
+        kind = gguf.ExpertGatingFuncType.SOFTMAX if softmax else gguf.ExpertGatingFuncType.SIGMOID
+        w.add_expert_gating_func(kind)
+        if s.sliding_window:
+            w.add_sliding_window(s.sliding_window)
     if s.shared_width:
         w.add_expert_shared_feed_forward_length(s.shared_width)
 

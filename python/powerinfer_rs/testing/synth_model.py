@@ -123,6 +123,8 @@ class SynthSpec:
     experts_used: int = 0
     expert_ffn: int = 0
     shared_ffn: int = 0
+    #: SmallThinker's router gating ("softmax" or "sigmoid": its expert_gating_func key).
+    expert_gating: str = "softmax"
 
     def __post_init__(self) -> None:
         # A mixture-of-experts family without expert counts: 8 experts, 2 per token.
@@ -150,6 +152,8 @@ class SynthSpec:
         always slides) transformers' and llama.cpp's default 4096 when it is 0."""
         if self.arch == "gemma2" and not self.sliding_window:
             return 4096
+        if self.arch == "smallthinker" and self.sliding_window:
+            return 4096  # llama.cpp's smallthinker.cpp, whatever the file says
         return self.sliding_window
 
     @property
@@ -235,7 +239,12 @@ class SynthSpec:
         if self.family.moe:
             if not 0 < self.experts_used <= self.experts:
                 raise ShapeError(f"{self.arch}: need 0 < experts_used <= experts")
-            if self.arch in ("olmoe", "mixtral") and self.expert_ffn not in (0, self.ffn):
+            if self.expert_gating not in ("softmax", "sigmoid"):
+                raise UnsupportedError(f"expert_gating {self.expert_gating!r}")
+            if self.expert_gating != "softmax" and self.arch != "smallthinker":
+                raise ShapeError(f"{self.arch} routes with a softmax")
+            fixed = ("olmoe", "mixtral", "smallthinker")
+            if self.arch in fixed and self.expert_ffn not in (0, self.ffn):
                 raise ShapeError(f"{self.arch}: the experts are ffn wide (expert_ffn 0)")
             if self.arch == "olmoe" and self.rms_eps != 1e-5:
                 raise ShapeError("olmoe: llama.cpp's converter writes the epsilon 1e-5")
@@ -275,6 +284,8 @@ class SynthSpec:
             relu_threshold=self.relu_threshold,
             n_expert=self.experts,
             n_expert_used=self.experts_used,
+            expert_gating=self.expert_gating,
+            no_rope_step=4 if self.arch == "smallthinker" and self.window else 0,
             expert_ffn_dim=self.eff if self.experts else 0,
             shared_ffn_dim=self.shared_width,
             **self.rope_fields(),  # type: ignore[arg-type]
@@ -489,6 +500,8 @@ class SynthWeights:
             return self._normal(name, (e, d), 2.0 / math.sqrt(d))
         if kind == "ffn_gate_inp_shexp":
             return self._normal(name, (d,), 1.0 / math.sqrt(d))
+        if kind == "ffn_gate_exps" and s.activation == "relu":
+            return self._planted_expert_gates(name)
         if kind in ("ffn_gate_exps", "ffn_up_exps"):
             return self._normal(name, (e, ef, d), 1.0 / math.sqrt(d))
         if kind in ("ffn_gate_shexp", "ffn_up_shexp"):
@@ -499,6 +512,25 @@ class SynthWeights:
         shape = (e, d, ef) if kind == "ffn_down_exps" else (d, sf)
         w = self._normal(name, shape, resid_scale / math.sqrt(width))
         w[..., 0, :] = 0.0
+        return w
+
+    def _planted_expert_gates(self, name: str) -> np.ndarray:
+        """ReLU experts' gates with the dense gate's planted law (see the module docs): in
+        each expert, neuron i fires with probability p_i (Zipf over a random permutation of
+        the expert's neurons, mean ``active``), through its weight on the bias channel."""
+        s, d = self.spec, self.spec.dim
+        layer = int(name.split(".")[1])
+        w = self._normal(name, (s.experts, s.eff, d), 1.0 / math.sqrt(d))
+        g = self.tensor(f"blk.{layer}.ffn_norm").astype(np.float64)
+        nd = NormalDist()
+        p = zipf_frequencies(s.eff, s.active)
+        for e in range(s.experts):
+            perm = self._rng(f"{name}#perm{e}").permutation(s.eff)
+            probs = np.empty(s.eff)
+            probs[perm] = p
+            sigma = np.sqrt(((w[e, :, 1:].astype(np.float64) * g[1:]) ** 2).sum(axis=1))
+            quant = np.array([nd.inv_cdf(float(q)) for q in probs])
+            w[e, :, 0] = (sigma * quant / (g[0] * BIAS_VALUE)).astype(np.float32)
         return w
 
     def file_tensor(self, name: str) -> np.ndarray:
