@@ -16,11 +16,19 @@ one token reads (the router, ``n_expert_used`` experts and attention per layer, 
 row, the head: ``Engine.bytes_per_token``) and the machine's read bandwidth measured in the
 same run (floor = bandwidth / bytes per token).
 
+With ``--smallthinker``: a synthetic SmallThinker (ReGLU experts with a planted activation law,
+``--st-active`` of each expert's neurons firing on average; by default 32 experts of width
+1024, top-4), quantized by llama.cpp to ``--st-format``, decoded by our dense and our
+exact-relu modes alternately. The ideal ratio counts the bytes exact-relu skips: the up and
+down_t rows of the routed experts' neurons that do not fire (the share measured by a profile
+run over the same tokens).
+
 Examples::
 
     python benchmarks/bench_moe.py                          # Q4_K_M and Q4_0, 2 threads
     python benchmarks/bench_moe.py --formats Q4_K_M --repeats 7 --json /tmp/moe.json
     python benchmarks/bench_moe.py --experts 128 --expert-ffn 384 --layers 6
+    python benchmarks/bench_moe.py --formats --smallthinker  # exact-relu vs dense only
 """
 
 from __future__ import annotations
@@ -50,8 +58,8 @@ from _decode_engines import LlamaCpp, Ours  # noqa: E402
 FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
 
 
-def synthetic_f16(args) -> Path:
-    """The synthetic Qwen3-MoE F16 file (written once into ``args.cache``)."""
+def synthetic_f16(args, arch: str = "qwen3moe") -> Path:
+    """The synthetic Qwen3-MoE (or SmallThinker) F16 file, written once into ``args.cache``."""
     require_powerinfer()
     from powerinfer_rs.testing.synth import write_gguf_model
 
@@ -63,15 +71,24 @@ def synthetic_f16(args) -> Path:
         kv_heads=args.kv_heads,
         vocab=args.vocab,
         activation="silu",
-        arch="qwen3moe",
+        arch=arch,
         experts=args.experts,
         experts_used=args.experts_used,
         expert_ffn=args.expert_ffn,
         max_context=4096,
         seed=args.seed,
     )
+    if arch == "smallthinker":  # ReGLU experts with a planted activation law; no window
+        shape.update(
+            activation="relu",
+            ffn=args.st_expert_ffn,
+            expert_ffn=0,
+            experts=args.st_experts,
+            experts_used=args.st_experts_used,
+            active=args.st_active,
+        )
     tag = "-".join(f"{k}{v}" for k, v in shape.items() if k not in ("activation", "arch"))
-    path = Path(args.cache) / f"synthetic-qwen3moe-f16-{tag}.gguf"
+    path = Path(args.cache) / f"synthetic-{arch}-f16-{tag}.gguf"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         print(f"writing {path} ...", file=sys.stderr, flush=True)
@@ -144,9 +161,78 @@ def race(args, path: Path, threads: int) -> dict:
     return row
 
 
+def expert_bytes(loaded, layer: int) -> tuple[int, int, int]:
+    """Bytes of one expert's gate, up and down in ``layer`` of a loaded model."""
+    n = loaded.config.n_expert
+    t = loaded.tensors
+    return tuple(
+        int(t[f"blk.{layer}.ffn_{k}_exps"].data.nbytes) // n for k in ("gate", "up", "down")
+    )
+
+
+def race_exact_relu(args, path: Path, threads: int) -> dict:
+    """Our dense against our exact-relu decode on a ReGLU-expert file (alternating), with the
+    ideal speed-up from bytes: the active share inside routed experts comes from a profile run
+    over the same prompt and tokens."""
+    pi = require_powerinfer()
+    from powerinfer_rs.loading import load_model
+
+    loaded = load_model(path)
+    c = loaded.config
+    n_ctx = max(512, args.tokens + 64)
+    dense = pi.Engine(loaded, threads=threads, n_ctx=n_ctx)
+    relu = pi.Engine(loaded, threads=threads, n_ctx=n_ctx, sparsity="exact-relu")
+    rng = np.random.default_rng(args.seed)
+    prompt = [int(t) for t in rng.integers(100, c.vocab_size - 100, 16)]
+    seq = dense.generate(prompt, max_new_tokens=args.tokens, temperature=0.0, ignore_eos=True)
+    dense.reset()
+    dense.start_profiling()
+    dense.prefill(prompt + list(seq))
+    counts, tokens = dense.profile_counts()
+    routed = dense.profile_expert_counts()
+    dense.stop_profiling()
+    ef = c.expert_ffn_dim or c.ffn_dim
+    active = float(counts.sum() / max(1, routed.sum() * ef))
+    full = dense._model.bytes_per_token
+    saved = 0.0
+    for layer in range(c.n_layers):
+        g, u, d = expert_bytes(loaded, layer)
+        saved += c.n_expert_used * (1.0 - active) * (u + d)
+    ideal = full / (full - saved)
+    rates = {"dense": [], "exact-relu": []}
+    engines = {"dense": dense, "exact-relu": relu}
+    for e in engines.values():
+        e.generate(prompt, max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    order = list(engines)
+    for r in range(args.repeats):
+        for key in order if r % 2 == 0 else order[::-1]:
+            eng = engines[key]
+            eng.reset()
+            eng.generate(
+                prompt, max_new_tokens=args.tokens + 1, temperature=0.0, seed=0, ignore_eos=True
+            )
+            st = eng.last_stats
+            rates[key].append(st.decode_tokens / st.decode_seconds)
+    row = {
+        "file": str(path),
+        "active_in_routed_experts": active,
+        "bytes_dense": full,
+        "bytes_exact_relu": full - saved,
+        "ideal_speedup": ideal,
+        "dense_tok_s": median(rates["dense"]),
+        "relu_tok_s": median(rates["exact-relu"]),
+        "dense_samples": rates["dense"],
+        "relu_samples": rates["exact-relu"],
+    }
+    row["speedup"] = row["relu_tok_s"] / row["dense_tok_s"]
+    row["share_of_ideal"] = (row["speedup"] - 1) / (ideal - 1) if ideal > 1 else None
+    row["ratio_of_ideal"] = row["speedup"] / ideal
+    return row
+
+
 def main(argv=None) -> int:
     ap = bench_parser(__doc__)
-    ap.add_argument("--formats", nargs="+", default=["Q4_K_M", "Q4_0"], choices=list(FTYPES))
+    ap.add_argument("--formats", nargs="*", default=["Q4_K_M", "Q4_0"], choices=list(FTYPES))
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=64, help="decoded tokens per run")
     ap.add_argument("--prefill", type=int, default=128, help="prefill tokens (0: skip)")
@@ -159,18 +245,31 @@ def main(argv=None) -> int:
     ap.add_argument("--experts", type=int, default=64)
     ap.add_argument("--experts-used", type=int, default=8)
     ap.add_argument("--expert-ffn", type=int, default=512)
+    ap.add_argument(
+        "--smallthinker",
+        action="store_true",
+        help="also a synthetic SmallThinker (ReGLU experts): exact-relu against dense, ours",
+    )
+    ap.add_argument("--st-experts", type=int, default=32)
+    ap.add_argument("--st-experts-used", type=int, default=4)
+    ap.add_argument("--st-expert-ffn", type=int, default=1024)
+    ap.add_argument(
+        "--st-active", type=float, default=0.3, help="planted share of expert neurons firing"
+    )
+    ap.add_argument("--st-format", default="Q4_0", choices=list(FTYPES))
     ap.add_argument("--json", default=None)
     add_synthetic_args(ap)
     add_bandwidth_args(ap)
     args = ap.parse_args(argv)
     mi = machine_info()
     print(f"machine: {mi.get('cpu', '?')}, {mi['cpus']} cpus, load {mi.get('loadavg')}")
-    f16 = synthetic_f16(args)
+    f16 = synthetic_f16(args) if args.formats else None
     bw, how = measure_bandwidth(args.threads, args.bw_bytes, args.bw_iters)
     print(f"read bandwidth: {bw:.1f} GB/s ({how})")
     print("NOTE: synthetic model (random weights): every figure here is 'synthetic'.\n")
     rows = []
     for fmt in args.formats:
+        assert f16 is not None
         path = quantized(f16, fmt, args.threads)
         row = race(args, path, args.threads)
         row["format"] = fmt
@@ -187,7 +286,22 @@ def main(argv=None) -> int:
         )
         print("  samples ours", " ".join(f"{x:.1f}" for x in row["ours_samples"]))
         print("  samples llama", " ".join(f"{x:.1f}" for x in row["llama_samples"]))
-    write_json(args.json, {"machine": mi, "bandwidth_gbs": bw, "args": vars(args), "rows": rows})
+    st = None
+    if args.smallthinker:
+        st_path = quantized(synthetic_f16(args, "smallthinker"), args.st_format, args.threads)
+        st = race_exact_relu(args, st_path, args.threads)
+        print(
+            f"SmallThinker {args.st_format}: dense {st['dense_tok_s']:.1f} vs exact-relu "
+            f"{st['relu_tok_s']:.1f} tok/s = {st['speedup']:.2f}x; ideal from bytes "
+            f"{st['ideal_speedup']:.2f}x ({st['active_in_routed_experts']:.3f} of routed "
+            f"experts' neurons fire) -> {100 * st['ratio_of_ideal']:.0f}% of the ideal ratio",
+            flush=True,
+        )
+        print("  samples dense", " ".join(f"{x:.1f}" for x in st["dense_samples"]))
+        print("  samples exact-relu", " ".join(f"{x:.1f}" for x in st["relu_samples"]))
+    report = {"machine": mi, "bandwidth_gbs": bw, "args": vars(args), "rows": rows}
+    report["smallthinker"] = st
+    write_json(args.json, report)
     return 0
 
 

@@ -159,7 +159,7 @@ def activation(name: str, x: np.ndarray) -> np.ndarray:
 
 
 def reference_forward(
-    model: LoadedModel, tokens: list[int], ffn_mask=None, site_mask=None
+    model: LoadedModel, tokens: list[int], ffn_mask=None, site_mask=None, moe_trace=None
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """Logits ``(n, vocab)`` and, per layer, the FFN gate pre-activations ``(n, ffn)``.
 
@@ -168,7 +168,9 @@ def reference_forward(
     ``site_mask(layer, site, values) -> values``, when given, replaces the input of each
     projection site (the input mode's semantics): ``"attn_in"`` (q/k/v's input),
     ``"attn_out"`` (the output projection's), ``"ffn_in"`` (gate/up's), ``"down_in"``
-    (``act(gate)·up``) and, with ``layer`` = n_layers, ``"output"`` (the head's)."""
+    (``act(gate)·up``) and, with ``layer`` = n_layers, ``"output"`` (the head's).
+    ``moe_trace`` (a list), when given, receives ``(layer, token, expert, h)`` for every
+    routed expert of a mixture of experts (h = its ``act(gate)·up`` values)."""
     if site_mask is None:
         site_mask = lambda _layer, _site, v: v  # noqa: E731
     c = model.config
@@ -260,7 +262,8 @@ def reference_forward(
             ffn_norm = p + ("attn_norm_2" if p + "attn_norm_2" in w else "attn_norm")
         h = site_mask(i, "ffn_in", norm(x_in, ffn_norm))
         if c.n_expert:
-            f = moe_ffn(c, w, p, h, h if router_in is None else router_in, act)
+            trace = None if moe_trace is None else (moe_trace, i)
+            f = moe_ffn(c, w, p, h, h if router_in is None else router_in, act, trace)
             x = x + (norm(f, p + "post_ffw_norm") if c.post_norms else f)
             continue
         # Without a gate, fc1 (``ffn_up``) is the activated projection and there is no up.
@@ -279,7 +282,7 @@ def reference_forward(
     return logits, gates
 
 
-def moe_ffn(c, w, p: str, h: np.ndarray, router_in: np.ndarray, act) -> np.ndarray:
+def moe_ffn(c, w, p: str, h: np.ndarray, router_in: np.ndarray, act, trace=None) -> np.ndarray:
     """A mixture-of-experts FFN as the published modeling code (and llama.cpp's
     build_moe_ffn) computes it: router logits, softmax or sigmoid, the ``n_expert_used`` most
     probable experts, their probabilities (divided by their sum where the family renormalises,
@@ -305,7 +308,10 @@ def moe_ffn(c, w, p: str, h: np.ndarray, router_in: np.ndarray, act) -> np.ndarr
         if c.expert_weights_scale:
             wts = wts * c.expert_weights_scale
         for ex, wt in zip(top, wts):
-            out[t] += wt * (down[ex] @ (act(gate[ex] @ h[t]) * (up[ex] @ h[t])))
+            hv = act(gate[ex] @ h[t]) * (up[ex] @ h[t])
+            if trace is not None:
+                trace[0].append((trace[1], t, int(ex), hv))
+            out[t] += wt * (down[ex] @ hv)
     if c.shared_ffn_dim:
         sh = (act(h @ w[p + "ffn_gate_shexp"].T) * (h @ w[p + "ffn_up_shexp"].T)) @ w[
             p + "ffn_down_shexp"

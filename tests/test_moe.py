@@ -174,6 +174,53 @@ def test_exact_relu_inside_experts_is_the_dense_function(synth_gguf, dtype):
     assert rel(sparse.logits(ids), Engine(m, threads=2).logits(ids)) <= REF_RTOL
 
 
+def test_profile_counts_routing_and_neurons_inside_experts(synth_gguf, tmp_path):
+    """The profiler counts, per layer, the tokens routed to each expert and, in the
+    flattened neuron space (expert e's neuron j at e * expert_ffn + j), the tokens in which
+    each neuron fired: as the float64 reference routes and activates them. The profile stage
+    writes both and plots the routing."""
+    from powerinfer_rs.formats.profile import read_profile
+    from powerinfer_rs.stages import profile as stage
+
+    from reference import reference_forward
+
+    kw = {**MOE_ARCHS["smallthinker"], "dim": 128, "ffn": 64, "active": 0.2}
+    path = synth_gguf(dtype="F32", activation="relu", arch="smallthinker", **kw)
+    m = load_model(path)
+    c, ef = m.config, m.config.expert_ffn_dim
+    ids = ids_for(m, n=24)
+    eng = Engine(m, threads=2, kv_cache="f32")
+    eng.start_profiling()
+    eng.prefill(ids)
+    counts, tokens = eng.profile_counts()
+    routed = eng.profile_expert_counts()
+    eng.stop_profiling()
+    assert tokens == 24 and counts.shape == (c.n_layers, c.n_expert * ef)
+    trace: list = []
+    reference_forward(m, ids, moe_trace=trace)
+    want_routed = np.zeros((c.n_layers, c.n_expert), np.int64)
+    want = np.zeros_like(counts)
+    for layer, _t, e, hv in trace:
+        want_routed[layer, e] += 1
+        want[layer, e * ef : (e + 1) * ef] += hv != 0
+    assert np.array_equal(routed, want_routed)
+    assert (routed.sum(axis=1) == 24 * c.n_expert_used).all()
+    assert np.abs(counts - want).sum() <= 2  # a gate within rounding of 0 may flip
+    assert 0.05 < counts.sum() / (24 * c.n_expert_used * ef * c.n_layers) < 0.5
+    # The stage: the profile file holds both, the routing plot is written.
+    out = tmp_path / "prof"
+    text = tmp_path / "text.txt"
+    words = "the river ran past old stone mills where bakers sold warm bread at dawn".split()
+    rng = np.random.default_rng(9)
+    text.write_text(" ".join(rng.choice(words, 300)), encoding="utf-8")
+    argv = ["--model", str(path), "--corpus", str(text), "--out", str(out), "--tokens", "64"]
+    assert stage.main([*argv, "--quiet"]) == 0
+    prof = read_profile(out)
+    assert prof.n_expert == c.n_expert and prof.ffn_dim == c.n_expert * ef
+    assert (np.asarray(prof.expert_counts).sum(axis=1) == prof.tokens * c.n_expert_used).all()
+    assert (out / stage.EXPERTS_PNG_NAME).stat().st_size > 0
+
+
 def _route(model, layer_input: np.ndarray, layer: int) -> set[int]:
     """The experts the reference routes one token to in ``layer`` (softmax, top-k)."""
     from reference import _weights

@@ -419,10 +419,13 @@ pub(crate) fn ffn_block(
                 let Some(w) = &lw.moe else {
                     powerinfer_core::bail!(Other, "layer {l}: an MoE step without its experts");
                 };
-                if profiler.is_some() {
+                if profiler
+                    .as_ref()
+                    .is_some_and(|p| p.capture || p.capture_sites)
+                {
                     powerinfer_core::bail!(
                         Unsupported,
-                        "profiling a mixture-of-experts model is not supported yet"
+                        "capturing rows of a mixture-of-experts model is not supported yet"
                     );
                 }
                 // Exact-relu reads only the up and down rows of the neurons that fire in each
@@ -439,8 +442,9 @@ pub(crate) fn ffn_block(
                     n,
                     dim: c.dim,
                     down_t,
+                    layer: l,
                 };
-                moe_ffn(&call, &mut s.moe, &mut s.down)?;
+                moe_ffn(&call, &mut s.moe, profiler.as_deref_mut(), &mut s.down)?;
                 phase = Phase::Ffn;
             }
             FfnStep::DownBias => {

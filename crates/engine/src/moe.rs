@@ -16,6 +16,7 @@ use rayon::prelude::*;
 
 use crate::ffn::{activate, project, project_many};
 use crate::layer::FfnKind;
+use crate::profiler::Profiler;
 
 /// A shared expert every token runs (Qwen2-MoE).
 #[derive(Clone, Debug)]
@@ -169,6 +170,8 @@ pub struct MoeCall<'a> {
     /// Every expert's transposed down projection: one token then reads only the up and down
     /// rows of the neurons that fire in each routed expert (exact-relu); None: dense experts.
     pub down_t: Option<&'a [Weight]>,
+    /// The layer (for the profiler).
+    pub layer: usize,
 }
 
 /// The router's logits (n × n_expert) of the `n` rows of `x` into `out`.
@@ -177,8 +180,15 @@ pub fn router_logits(w: &MoeWeights, x: &[f32], n: usize, out: &mut Vec<f32>) ->
 }
 
 /// The MoE FFN output of `call.n` tokens (n × dim) into `out`; router logits come from
-/// `s.early` when the family computes them before attention, else from `call.xn`.
-pub fn moe_ffn(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut Vec<f32>) -> Result<()> {
+/// `s.early` when the family computes them before attention, else from `call.xn`. With a
+/// profiler every token takes the grouped dense products, which count each routed expert and
+/// its active neurons.
+pub fn moe_ffn(
+    call: &MoeCall<'_>,
+    s: &mut MoeScratch,
+    profiler: Option<&mut Profiler>,
+    out: &mut Vec<f32>,
+) -> Result<()> {
     let (n, dim, m, w) = (call.n, call.dim, call.m, call.w);
     out.clear();
     out.resize(n * dim, 0.0);
@@ -200,10 +210,10 @@ pub fn moe_ffn(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut Vec<f32>) -> Re
     for (t, r) in s.routes.iter_mut().enumerate() {
         route(m, &logits[t * m.n_expert..(t + 1) * m.n_expert], r);
     }
-    match (n, call.down_t) {
-        (1, Some(down_t)) => sparse_decode(call, down_t, s, out)?,
-        (1, None) => decode(call, s, out)?,
-        _ => batch(call, s, out)?,
+    match (n, call.down_t, profiler) {
+        (1, Some(down_t), None) => sparse_decode(call, down_t, s, out)?,
+        (1, None, None) => decode(call, s, out)?,
+        (_, _, profiler) => batch(call, s, profiler, out)?,
     }
     shared(call, s, out)
 }
@@ -289,7 +299,12 @@ fn sparse_decode(
 }
 
 /// A batch: the tokens grouped by expert, one product per expert over its tokens.
-fn batch(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut [f32]) -> Result<()> {
+fn batch(
+    call: &MoeCall<'_>,
+    s: &mut MoeScratch,
+    mut profiler: Option<&mut Profiler>,
+    out: &mut [f32],
+) -> Result<()> {
     let (w, act, dim) = (call.w, call.act, call.dim);
     let mut by_expert: Vec<Vec<(usize, f32)>> = vec![Vec::new(); call.m.n_expert];
     for (t, r) in s.routes.iter().enumerate() {
@@ -308,6 +323,9 @@ fn batch(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut [f32]) -> Result<()> 
         }
         project_many([&w.gate[e], &w.up[e]], &s.xe, m, [&mut s.gate, &mut s.up])?;
         activate(act, &mut s.gate, &s.up);
+        if let Some(p) = profiler.as_deref_mut() {
+            p.record_expert(call.layer, e, &s.gate, w.gate[e].rows);
+        }
         project(&w.down[e], &s.gate, m, &mut s.ye)?;
         for (i, &(t, wt)) in tokens.iter().enumerate() {
             let y = &s.ye[i * dim..(i + 1) * dim];

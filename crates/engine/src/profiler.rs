@@ -30,6 +30,10 @@ pub struct Profiler {
     pub sites: Vec<[Vec<f32>; 4]>,
     /// The output head's input rows (with `capture_sites`).
     pub output_in: Vec<f32>,
+    /// Mixture-of-experts models: [layer][expert], tokens routed to the expert (empty for a
+    /// dense model). `counts` then covers the flattened neuron space, neuron `e·expert_ffn +
+    /// j` being neuron j of expert e, counted in the tokens routed to e.
+    pub expert_counts: Vec<Vec<u64>>,
 }
 
 impl Profiler {
@@ -49,6 +53,38 @@ impl Profiler {
             capture_sites: false,
             sites: vec![Default::default(); n_layers],
             output_in: Vec::new(),
+            expert_counts: Vec::new(),
+        }
+    }
+
+    /// A zeroed profiler for a mixture of experts: `n_expert` experts of `expert_ffn` neurons
+    /// per layer (one flattened neuron space per layer), routing counted per expert.
+    pub fn for_experts(
+        n_layers: usize,
+        n_expert: usize,
+        expert_ffn: usize,
+        thresholds: Option<Vec<f32>>,
+    ) -> Profiler {
+        Profiler {
+            expert_counts: vec![vec![0; n_expert]; n_layers],
+            ..Profiler::new(n_layers, n_expert * expert_ffn, thresholds, false)
+        }
+    }
+
+    /// Count expert `e` of `layer` routed for the `rows` (m × expert_ffn) of its neuron values
+    /// h = act(gate)·up, and the neurons active in each (ReLU or threshold semantics; an MoE
+    /// forward pass runs every token through its experts' dense products).
+    pub fn record_expert(&mut self, layer: usize, e: usize, rows: &[f32], expert_ffn: usize) {
+        let t = self.thresholds.as_ref().map(|t| t[layer]);
+        let m = rows.len() / expert_ffn.max(1);
+        if let Some(c) = self.expert_counts.get_mut(layer).and_then(|l| l.get_mut(e)) {
+            *c += m as u64;
+        }
+        let counts = &mut self.counts[layer][e * expert_ffn..(e + 1) * expert_ffn];
+        for row in rows.chunks_exact(expert_ffn) {
+            for (c, &a) in counts.iter_mut().zip(row) {
+                *c += is_active(a, t) as u64;
+            }
         }
     }
 
@@ -117,5 +153,16 @@ mod tests {
         let got = relu.take_captured();
         assert_eq!(got[0].act.len(), 6);
         assert!(relu.captured[0].x.is_empty());
+    }
+
+    #[test]
+    fn experts_count_routing_and_their_neurons() {
+        let mut p = Profiler::for_experts(2, 3, 2, None);
+        assert_eq!(p.counts[1].len(), 6);
+        p.record_expert(1, 2, &[0.0, 1.0, 3.0, 0.0, 2.0, 2.0], 2);
+        p.record_expert(1, 0, &[1.0, 0.0], 2);
+        assert_eq!(p.expert_counts[1], vec![1, 0, 3]);
+        assert_eq!(p.counts[1], vec![1, 0, 0, 0, 2, 2]);
+        assert_eq!(p.expert_counts[0], vec![0, 0, 0]);
     }
 }

@@ -235,7 +235,19 @@ impl Session {
                 c.n_layers
             );
         }
-        self.profiler = Some(Profiler::new(c.n_layers, c.ffn_dim, thresholds, capture));
+        self.profiler = Some(match c.moe.is_moe() {
+            true => {
+                powerinfer_core::ensure!(
+                    !capture,
+                    Unsupported,
+                    "capturing predictor samples of a mixture-of-experts model is not \
+                     supported yet (profile its counts without samples)"
+                );
+                let ef = c.moe.expert_ffn(c.ffn_dim);
+                Profiler::for_experts(c.n_layers, c.moe.n_expert, ef, thresholds)
+            }
+            false => Profiler::new(c.n_layers, c.ffn_dim, thresholds, capture),
+        });
         Ok(())
     }
 

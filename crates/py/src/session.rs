@@ -293,6 +293,28 @@ impl PySession {
         )
     }
 
+    /// Tokens routed to each expert in the running profile, int64 of shape (n_layers,
+    /// n_expert); None for a dense model.
+    fn profile_expert_counts<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<Option<Bound<'py, PyArray2<i64>>>> {
+        let guard = self.lock(py);
+        let p = guard
+            .profiler()
+            .ok_or_else(|| to_pyerr(py, Error::Plan("not profiling".into())))?;
+        let Some(cols) = p.expert_counts.first().map(Vec::len) else {
+            return Ok(None);
+        };
+        let flat = p
+            .expert_counts
+            .iter()
+            .flatten()
+            .map(|&c| c as i64)
+            .collect();
+        matrix(py, cols, flat).map(Some)
+    }
+
     /// Stop profiling (counts are dropped; read them first).
     fn stop_profiling(&self, py: Python<'_>) {
         self.lock(py).stop_profiling();

@@ -7,6 +7,11 @@ Written by the profiler (``python -m powerinfer_rs.profile``) and read by the pl
 * metadata (str -> str): ``format`` = ``powerinfer-rs-profile/1``, ``tokens`` (total token
   count), ``model_fingerprint`` (``LoadedModel.fingerprint``; empty when unknown), ``n_layers``,
   ``ffn_dim``, ``corpus`` (a JSON list of corpus names). Other keys are kept as they are.
+
+A mixture-of-experts model's profile counts each layer's flattened neuron space (``ffn_dim`` =
+``n_expert * expert_ffn``; neuron ``e * expert_ffn + j`` is neuron j of expert e, counted in the
+tokens routed to e) and adds tensors ``blk.{i}.expert_count`` (int64 ``[n_expert]``: tokens
+routed to each expert) and metadata ``n_expert``, ``expert_ffn``.
 """
 
 from __future__ import annotations
@@ -31,6 +36,13 @@ class Profile:
     counts: list[np.ndarray]
     tokens: int
     meta: dict[str, str] = field(default_factory=dict)
+    #: Mixture of experts: per layer, tokens routed to each expert (None for a dense model).
+    expert_counts: list[np.ndarray] | None = None
+
+    @property
+    def n_expert(self) -> int:
+        """Experts per layer (0 for a dense model)."""
+        return int(self.expert_counts[0].size) if self.expert_counts else 0
 
     @property
     def n_layers(self) -> int:
@@ -71,6 +83,28 @@ class Profile:
                 raise ModelFileError(
                     f"{source}: blk.{i}.active_count outside [0, tokens={self.tokens}]"
                 )
+        if self.expert_counts is not None:
+            self._validate_experts(source, ffn)
+
+    def _validate_experts(self, source: str, ffn: int) -> None:
+        ec = self.expert_counts or []
+        n = ec[0].size if ec else 0
+        if len(ec) != len(self.counts) or n == 0 or ffn % n:
+            raise ShapeError(
+                f"{source}: {len(ec)} expert count tensors of {n} experts for "
+                f"{len(self.counts)} layers of {ffn} neurons"
+            )
+        for i, (e, c) in enumerate(zip(ec, self.counts)):
+            if e.ndim != 1 or e.size != n or not np.issubdtype(e.dtype, np.integer):
+                raise ShapeError(f"{source}: blk.{i}.expert_count has shape {e.shape} / {e.dtype}")
+            if e.min() < 0 or e.max() > self.tokens:
+                raise ModelFileError(
+                    f"{source}: blk.{i}.expert_count outside [0, tokens={self.tokens}]"
+                )
+            if (c.reshape(n, -1).max(axis=1) > e).any():
+                raise ModelFileError(
+                    f"{source}: blk.{i}: a neuron counted in more tokens than its expert"
+                )
 
 
 def _profile_path(path: str | os.PathLike[str]) -> Path:
@@ -86,11 +120,17 @@ def write_profile(
     model_fingerprint: str = "",
     corpus: list[str] | None = None,
     extra_meta: dict[str, str] | None = None,
+    expert_counts: list[np.ndarray] | None = None,
 ) -> Path:
     """Write ``out_dir/profile.safetensors``; returns its path. Validates first."""
     from safetensors.numpy import save_file
 
-    prof = Profile([np.ascontiguousarray(c, dtype=np.int64) for c in counts], int(tokens))
+    ec = None
+    if expert_counts is not None:
+        ec = [np.ascontiguousarray(e, dtype=np.int64) for e in expert_counts]
+    prof = Profile(
+        [np.ascontiguousarray(c, dtype=np.int64) for c in counts], int(tokens), expert_counts=ec
+    )
     prof.validate("write_profile")
     meta = {
         **(extra_meta or {}),
@@ -105,7 +145,11 @@ def write_profile(
     out.mkdir(parents=True, exist_ok=True)
     path = out / PROFILE_FILE
     tmp = path.with_name(path.name + ".part")
-    save_file({f"blk.{i}.active_count": c for i, c in enumerate(prof.counts)}, str(tmp), meta)
+    tensors = {f"blk.{i}.active_count": c for i, c in enumerate(prof.counts)}
+    if ec is not None:
+        meta.update(n_expert=str(prof.n_expert), expert_ffn=str(prof.ffn_dim // prof.n_expert))
+        tensors.update({f"blk.{i}.expert_count": e for i, e in enumerate(ec)})
+    save_file(tensors, str(tmp), meta)
     os.replace(tmp, path)
     return path
 
@@ -132,16 +176,22 @@ def read_profile(path: str | os.PathLike[str]) -> Profile:
             n_layers = int(meta.get("n_layers", "0"))
             tokens = int(meta["tokens"])
             counts = []
+            experts: list[np.ndarray] | None = [] if "n_expert" in meta else None
             for i in range(n_layers):
                 name = f"blk.{i}.active_count"
                 if name not in names:
                     raise ModelFileError(f"{p}: tensor {name} is missing")
                 counts.append(np.asarray(f.get_tensor(name)))
+                if experts is not None:
+                    ename = f"blk.{i}.expert_count"
+                    if ename not in names:
+                        raise ModelFileError(f"{p}: tensor {ename} is missing")
+                    experts.append(np.asarray(f.get_tensor(ename)))
     except ModelFileError:
         raise
     except Exception as e:  # safetensors raises its own error types for malformed files
         raise ModelFileError(f"{p}: cannot read activation profile: {e}") from None
-    prof = Profile(counts, tokens, meta)
+    prof = Profile(counts, tokens, meta, expert_counts=experts)
     prof.validate(str(p))
     if str(prof.ffn_dim) != meta.get("ffn_dim", str(prof.ffn_dim)):
         raise ShapeError(f"{p}: ffn_dim metadata {meta.get('ffn_dim')} != tensors' {prof.ffn_dim}")

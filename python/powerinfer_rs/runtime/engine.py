@@ -354,8 +354,16 @@ class Engine(Generation, PlanAndDevice):
 
     @locked
     def profile_counts(self) -> tuple[np.ndarray, int]:
-        """(counts int64 (n_layers, ffn), tokens counted) of the running profile."""
+        """(counts int64 (n_layers, ffn), tokens counted) of the running profile; a mixture
+        of experts counts its flattened neuron space (n_layers, n_expert * expert_ffn), neuron
+        ``e * expert_ffn + j`` being neuron j of expert e."""
         return self._session.profile_counts(), self._session.profile_tokens
+
+    @locked
+    def profile_expert_counts(self) -> np.ndarray | None:
+        """Tokens routed to each expert in the running profile, int64 (n_layers, n_expert);
+        None for a dense model."""
+        return self._session.profile_expert_counts()
 
     @locked
     def take_sites(self) -> tuple[list[list[np.ndarray]], np.ndarray]:

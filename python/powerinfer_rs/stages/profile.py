@@ -47,6 +47,7 @@ DESCRIPTION = (
 
 DEFAULT_TOKENS = 8192
 PNG_NAME = "activation.png"
+EXPERTS_PNG_NAME = "experts.png"
 SUMMARY_NAME = "summary.json"
 
 
@@ -61,15 +62,20 @@ def profile_model(
     sample_metadata: dict[str, Any] | None = None,
     seed: int = 0,
     progress: bool = True,
+    experts: list[np.ndarray] | None = None,
 ) -> tuple[np.ndarray, int, int]:
     """Profile ``engine`` (run densely) over ``ids``: returns (counts int64 ``(n_layers,
     ffn)``, tokens counted, sample rows written). With ``samples_to`` (a profile directory)
     also stream (x, mask) samples to ``samples_to/samples``: at most ``sample_tokens`` token
-    rows per layer, drawn uniformly over the whole run (all rows when None)."""
+    rows per layer, drawn uniformly over the whole run (all rows when None). A mixture of
+    experts counts its flattened neuron space (``n_expert * expert_ffn`` per layer) and, with
+    ``experts`` (a list), appends each layer's tokens routed per expert to it."""
     from ..formats.samples import SampleWriter
 
     cfg = engine.config
     n_layers, ffn = cfg.n_layers, cfg.ffn_dim
+    if cfg.n_expert:
+        ffn = cfg.n_expert * (cfg.expert_ffn_dim or cfg.ffn_dim)
     thr = None if thresholds is None else [float(t) for t in thresholds]
     engine.set_sparsity("dense")
     writer = None
@@ -108,6 +114,9 @@ def profile_model(
             engine, ids, window, on_window=on_window, desc="profile", progress=progress
         )
         counts, tokens = engine.profile_counts()
+        routed = engine.profile_expert_counts()
+        if experts is not None and routed is not None:
+            experts.extend(np.asarray(routed, dtype=np.int64))
     finally:
         engine.stop_profiling()
         if writer is not None:
@@ -196,6 +205,35 @@ def plot_activation(
     return out
 
 
+def plot_experts(
+    routed: np.ndarray, tokens: int, path: str | os.PathLike[str], title: str = ""
+) -> Path:
+    """Write a plot of each layer's expert routing frequencies (share of tokens routed to
+    each expert), sorted hottest first: the skew a placement of experts can use."""
+    from ..planning.report import pyplot
+
+    plt = pyplot()
+    import matplotlib
+
+    routed = np.asarray(routed)
+    n_layers, n_expert = routed.shape
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
+    cmap = matplotlib.colormaps["viridis"]
+    rank = np.arange(1, n_expert + 1)
+    for i in range(n_layers):
+        share = np.sort(routed[i])[::-1] / max(1, tokens)
+        ax.plot(rank, share, color=cmap(i / max(1, n_layers - 1)), lw=1.0, alpha=0.85)
+    ax.set_xlabel("expert rank (most routed first)")
+    ax.set_ylabel(f"routing frequency (share of {tokens} tokens)")
+    ax.set_title(f"{title}: expert routing per layer".strip(": "), fontsize=9)
+    ax.grid(True, alpha=0.25)
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
 def resolve_semantics(engine: Any, thresholds_path: str | None) -> tuple[str, list[float] | None]:
     """("relu", None) for a ReLU model without thresholds, ("threshold", values) with them;
     :class:`PlanError` for a SiLU/GELU model without thresholds."""
@@ -274,6 +312,7 @@ def _run(a: argparse.Namespace) -> int:
         "thresholds": thresholds,
         "corpus": names,
     }
+    experts: list[np.ndarray] = []
     counts, tokens, rows = profile_model(
         engine,
         ids,
@@ -284,6 +323,7 @@ def _run(a: argparse.Namespace) -> int:
         sample_metadata=meta,
         seed=a.seed,
         progress=not a.quiet,
+        experts=experts,
     )
     extra = {
         "semantics": semantics,
@@ -294,7 +334,13 @@ def _run(a: argparse.Namespace) -> int:
         extra["thresholds"] = json.dumps(thresholds)
         extra["thresholds_file"] = os.fspath(a.thresholds)
     path = write_profile(
-        out, list(counts), tokens, model_fingerprint=fingerprint, corpus=names, extra_meta=extra
+        out,
+        list(counts),
+        tokens,
+        model_fingerprint=fingerprint,
+        corpus=names,
+        extra_meta=extra,
+        expert_counts=experts or None,
     )
     rows_table = layer_table(counts, tokens)
     (out / SUMMARY_NAME).write_text(
@@ -317,9 +363,24 @@ def _run(a: argparse.Namespace) -> int:
             out / PNG_NAME,
             title=f"{Path(a.model).name}: FFN activation frequency ({semantics}, {tokens} tokens)",
         )
-    print(f"profiled {tokens} tokens, {cfg.n_layers} layers x {cfg.ffn_dim} neurons ({semantics})")
+    neurons = counts.shape[1]
+    if experts:
+        routed = np.asarray(experts)
+        share = routed / max(1, tokens)
+        top = np.sort(share, axis=1)[:, ::-1]
+        print(
+            f"experts: {cfg.n_expert} per layer, {cfg.n_expert_used} per token; the hottest "
+            f"expert takes {top[:, 0].mean():.3f} of tokens, the coldest {top[:, -1].mean():.3f}"
+            " (layer means)"
+        )
+        if not a.no_plot:
+            plot_experts(routed, tokens, out / EXPERTS_PNG_NAME, title=Path(a.model).name)
+    print(f"profiled {tokens} tokens, {cfg.n_layers} layers x {neurons} neurons ({semantics})")
     print(format_layer_table(rows_table))
-    print(f"wrote {path}" + ("" if a.no_plot else f", {out / PNG_NAME}"))
+    plots = "" if a.no_plot else f", {out / PNG_NAME}"
+    if experts and not a.no_plot:
+        plots += f", {out / EXPERTS_PNG_NAME}"
+    print(f"wrote {path}{plots}")
     if a.samples:
         print(f"wrote {rows} sample rows per layer to {out / 'samples'}")
     return 0
