@@ -184,10 +184,14 @@ def race_exact_relu(args, path: Path, threads: int) -> dict:
     relu = pi.Engine(loaded, threads=threads, n_ctx=n_ctx, sparsity="exact-relu")
     rng = np.random.default_rng(args.seed)
     prompt = [int(t) for t in rng.integers(100, c.vocab_size - 100, 16)]
-    seq = dense.generate(prompt, max_new_tokens=args.tokens, temperature=0.0, ignore_eos=True)
+    seq = list(prompt)  # the greedy continuation the timed runs decode
+    logits = dense.prefill(prompt)
+    for _ in range(args.tokens):
+        seq.append(int(np.argmax(logits)))
+        logits = dense.prefill([seq[-1]])
     dense.reset()
     dense.start_profiling()
-    dense.prefill(prompt + list(seq))
+    dense.prefill(seq)
     counts, tokens = dense.profile_counts()
     routed = dense.profile_expert_counts()
     dense.stop_profiling()
