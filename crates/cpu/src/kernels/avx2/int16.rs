@@ -14,8 +14,9 @@ use super::quant::{Offset, QuantFormat};
 use super::{hmax, hsum};
 use std::arch::x86_64::*;
 
-/// Largest int16 magnitude used for x.
-const X_MAX: f32 = 32767.0;
+/// Largest int16 magnitude used for x: 127·256 + 127, so that x = 256·h + l splits into two
+/// signed bytes (see [`super::split8`]).
+const X_MAX: f32 = 32639.0;
 /// Blocks whose scales are converted together (one f32 vector's worth).
 const CHUNK: usize = 8;
 
@@ -33,6 +34,12 @@ pub(crate) struct XQuant {
     /// Per block: 8·q summed in the lane pattern of the dot's two `pmaddwd` (eight i32 lanes),
     /// subtracted from Q4_0's integer dot so each lane of Σ(q − 8)·x stays exact.
     bias8: Vec<i32>,
+    /// Per block: the 32 q split into bytes, q = 256·h + l (h in −127..=127, l in −128..=127):
+    /// the 32 h, then the 32 l, in weight order ([`super::split8`]).
+    pub(super) hl: Vec<i8>,
+    /// Per block: −8·(q of weights 4j..4j + 4) in lane j, Q4_0's −8 in the lane pattern of
+    /// `vpdpbusd` over bytes in weight order.
+    pub(super) neg_bias8: Vec<i32>,
     /// Number of 32-blocks.
     blocks: usize,
 }
@@ -50,16 +57,41 @@ impl XQuant {
             sum: vec![0.0; padded],
             sum16: vec![0.0; 2 * padded],
             bias8: vec![0; blocks * 8],
+            hl: vec![0; blocks * 64],
+            neg_bias8: vec![0; blocks * 8],
             blocks,
         };
         // SAFETY: only reached on the AVX2 path, after the features were detected.
         let finite = unsafe { quantize_blocks(x, &mut xq) };
+        if finite {
+            xq.split_bytes();
+        }
         finite.then_some(xq)
     }
 
     /// Number of 32-blocks.
     pub(crate) fn blocks(&self) -> usize {
         self.blocks
+    }
+
+    /// Fill [`XQuant::hl`] and [`XQuant::neg_bias8`] from `q`.
+    fn split_bytes(&mut self) {
+        for ((q, hl), nb) in self
+            .q
+            .chunks_exact(32)
+            .zip(self.hl.chunks_exact_mut(64))
+            .zip(self.neg_bias8.chunks_exact_mut(8))
+        {
+            let (h, l) = hl.split_at_mut(32);
+            for ((&v, h), l) in q.iter().zip(h.iter_mut()).zip(l.iter_mut()) {
+                let hi = (v as i32 + 128) >> 8;
+                *h = hi as i8;
+                *l = (v as i32 - 256 * hi) as i8;
+            }
+            for (j, b) in nb.iter_mut().enumerate() {
+                *b = -8 * q[4 * j..4 * j + 4].iter().map(|&v| v as i32).sum::<i32>();
+            }
+        }
     }
 }
 

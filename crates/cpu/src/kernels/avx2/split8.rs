@@ -1,0 +1,121 @@
+//! The int16-x dot of the 4-bit block formats on 8-bit multipliers, exactly: x's int16 value of
+//! each weight is split into a high and a low signed byte, `x = 256·h + l`, so that
+//! `Σ q·x = 256·Σ q·h + Σ q·l` with both sums taken by `vpdpbusd` (unsigned 4-bit quants times
+//! signed bytes, four products per i32 lane). A block is one 256-bit register: its 16 nibble
+//! bytes and their upper halves side by side are the 32 quants in weight order, and the two
+//! `vpdpbusd` on 256 bits cost what one 512-bit `vpdpwssd` does, with a far cheaper unpacking
+//! (two shifts and a mask instead of a broadcast, a byte shuffle, a variable shift and a mask on
+//! 512 bits). Q4_0's −8 is the low sum's integer start value (−8·Σx per lane, shared by all
+//! rows). Same x, same products, same exact integer sums as [`super::wide`]: only faster.
+
+use super::int16::XQuant;
+use super::quant::{Offset, QuantFormat};
+use std::arch::x86_64::*;
+
+/// Blocks whose scales are gathered and converted together (as in [`super::int16`]).
+const CHUNK: usize = 8;
+
+/// The 32 nibbles at `q` as unsigned bytes in weight order (low nibbles are weights 0..16,
+/// high nibbles 16..32).
+///
+/// # Safety
+/// 16 bytes readable at `q`; the CPU has the AVX-512 level.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn nibbles_u8(q: *const u8) -> __m256i {
+    // SAFETY: 16 readable bytes per the caller, unaligned.
+    let v = unsafe { _mm_loadu_si128(q.cast()) };
+    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(v), v);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// out[i] = dot(row i, x) for the `R` rows of a 4-bit format (Q4_0, Q4_1) starting at `p[i]`,
+/// on the int16 x split into bytes; with `FETCH`, the rows at `next[i]` are fetched alongside.
+///
+/// # Safety
+/// `xq.blocks()` blocks readable at each `p[i]`; `out.len() >= R`; the CPU has AVX-512
+/// F/BW/VL/VNNI, AVX2, FMA and F16C. `next` may hold any addresses.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn quant_rows_split<Q: QuantFormat, const R: usize, const FETCH: bool>(
+    p: &[*const u8; R],
+    next: &[*const u8; R],
+    xq: &XQuant,
+    out: &mut [f32],
+) {
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut offs = [_mm256_setzero_ps(); R];
+    let blocks = xq.blocks();
+    let full = blocks / CHUNK * CHUNK;
+    for b0 in (0..full).step_by(CHUNK) {
+        if FETCH {
+            super::int16::fetch_chunk::<Q, R>(next, b0, CHUNK);
+        }
+        // SAFETY: blocks b0..b0 + CHUNK exist, per the caller.
+        unsafe { chunk_dot::<Q, R>(p, xq, b0, CHUNK, &mut acc, &mut offs) };
+    }
+    if full < blocks {
+        if FETCH {
+            super::int16::fetch_chunk::<Q, R>(next, full, blocks - full);
+        }
+        // SAFETY: blocks full..blocks exist, per the caller.
+        unsafe { chunk_dot::<Q, R>(p, xq, full, blocks - full, &mut acc, &mut offs) };
+    }
+    for ((a, m), o) in acc.iter().zip(&offs).zip(out.iter_mut()) {
+        *o = super::hsum(_mm256_add_ps(*a, *m));
+    }
+}
+
+/// Add blocks `b0..b0 + n` (`n <= CHUNK`) of `R` rows to the accumulators.
+///
+/// # Safety
+/// As for [`quant_rows_split`], with `b0 + n <= xq.blocks()`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn chunk_dot<Q: QuantFormat, const R: usize>(
+    p: &[*const u8; R],
+    xq: &XQuant,
+    b0: usize,
+    n: usize,
+    acc_out: &mut [__m256; R],
+    offs: &mut [__m256; R],
+) {
+    let mut acc = *acc_out;
+    let mut ds = [[0f32; CHUNK]; R];
+    // SAFETY: the per-block vectors of xq are padded to whole chunks; each row's blocks
+    // b0..b0 + n are readable per the caller.
+    unsafe {
+        let sx = _mm256_loadu_ps(xq.scale.as_ptr().add(b0));
+        for (i, (m, dsi)) in offs.iter_mut().zip(&mut ds).enumerate() {
+            let row = p[i].add(b0 * Q::BLOCK_BYTES);
+            _mm256_storeu_ps(dsi.as_mut_ptr(), _mm256_mul_ps(Q::scales8(row, n), sx));
+            if Q::OFFSET == Offset::Min {
+                let s = _mm256_loadu_ps(xq.sum.as_ptr().add(b0));
+                *m = _mm256_fmadd_ps(Q::mins8(row, n), s, *m);
+            }
+        }
+    }
+    let (hl, start) = (xq.hl.as_ptr(), xq.neg_bias8.as_ptr());
+    for k in 0..n {
+        let b = b0 + k;
+        // SAFETY: b < blocks: x's 64 split bytes and 8 start lanes of block b exist, and every
+        // row's block b is readable per the caller.
+        unsafe {
+            let xh = _mm256_loadu_si256(hl.add(64 * b).cast());
+            let xl = _mm256_loadu_si256(hl.add(64 * b + 32).cast());
+            let s0 = match Q::OFFSET {
+                Offset::MinusEight => _mm256_loadu_si256(start.add(8 * b).cast()),
+                Offset::None | Offset::Min => _mm256_setzero_si256(),
+            };
+            for (i, (a, dsi)) in acc.iter_mut().zip(&ds).enumerate() {
+                let q = nibbles_u8(p[i].add(b * Q::BLOCK_BYTES + Q::QS));
+                let sh = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xh);
+                let sl = _mm256_dpbusd_epi32(s0, q, xl);
+                let s = _mm256_add_epi32(_mm256_slli_epi32::<8>(sh), sl);
+                let d = _mm256_set1_ps(*dsi.get_unchecked(k));
+                *a = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), *a);
+            }
+        }
+    }
+    *acc_out = acc;
+}
