@@ -19,7 +19,7 @@ from powerinfer_rs.loading import TensorData, load_model
 from powerinfer_rs.loading.archs import family_named
 from powerinfer_rs.loading.gguf_loader import config_from_metadata, open_gguf
 from powerinfer_rs.planning.model_shape import ModelShape
-from powerinfer_rs.testing.synth import write_hf_model
+from powerinfer_rs.testing.synth import write_gguf_model, write_hf_model
 
 from reference import exact_kv_engine, greedy_reference, reference_logits
 
@@ -309,3 +309,35 @@ def test_expert_keys_as_llama_cpp_reads_them(synth_gguf):
     assert mix["general.architecture"] == "llama"
     c = config_from_metadata(dict(mix), None)
     assert (c.arch, c.expert_norm_weights, c.expert_ffn_dim) == ("mixtral", True, c.ffn_dim)
+
+
+def test_malformed_expert_files_are_typed_errors(tmp_path, monkeypatch):
+    """An expert count that the merged tensors do not hold, or more experts per token than
+    there are: typed errors naming what is wrong, never a crash."""
+    import gguf
+
+    from powerinfer_rs.errors import ShapeError
+
+    shape = dict(arch="qwen3moe", activation="silu", dim=64, ffn=64, layers=1, heads=4)
+    shape.update(kv_heads=2, vocab=300, experts=4, experts_used=2)
+    cases = [(6, ShapeError, "ffn_gate_inp.*4x64.*6x64"), (1, ShapeError, "n_expert_used")]
+    for count, err, what in cases:
+        orig = gguf.GGUFWriter.add_expert_count
+        with monkeypatch.context() as mp:
+            fake = lambda w, n, c=count, add=orig: add(w, c)  # noqa: E731
+            mp.setattr(gguf.GGUFWriter, "add_expert_count", fake)
+            path = write_gguf_model(tmp_path / f"bad{count}.gguf", dtype="F32", **shape)
+        with pytest.raises(err, match=what):
+            load_model(path)
+
+
+def test_info_describes_the_experts(synth_gguf, capsys):
+    from powerinfer_rs.info import report
+
+    kw = MOE_ARCHS["qwen2moe"]
+    m = load_model(synth_gguf(dtype="F32", activation="silu", arch="qwen2moe", **kw))
+    text = report(m, 1 << 30, None, 512)
+    assert "experts      8 per layer of FFN 64, 2 per token (softmax)" in text
+    assert "shared expert of FFN 96" in text
+    assert "threshold   not yet for mixtures of experts" in text
+    assert "placement plans for mixtures of experts are not supported yet" in text

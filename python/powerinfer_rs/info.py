@@ -48,6 +48,19 @@ def sparsity_modes(model: LoadedModel) -> list[tuple[str, str]]:
         if c.relu_threshold
         else (c.activation)
     )
+    if c.n_expert:
+        return [
+            ("dense", "always: the routed experts' every neuron computed (exact)"),
+            (
+                "exact-relu",
+                f"yes: inside each routed expert, the up and down rows of the {act} neurons "
+                "that fire (the same function)"
+                if relu
+                else f"no: a {c.activation} gate is almost never exactly 0, nothing to skip",
+            ),
+            ("threshold", "not yet for mixtures of experts"),
+            ("predictor", "not yet for mixtures of experts"),
+        ]
     return [
         ("dense", "always: every neuron computed (exact)"),
         (
@@ -100,6 +113,18 @@ def report(model: LoadedModel, budget: int | None, hardware: str | None, context
         f"shape        {c.n_layers} layers, dim {c.dim}, FFN {c.ffn_dim}, heads {c.n_heads} "
         f"(KV {c.n_kv_heads}) x {c.head_dim}, vocabulary {c.vocab_size}, context "
         f"{c.max_context}",
+        *(
+            [
+                f"experts      {c.n_expert} per layer of FFN {c.expert_ffn_dim or c.ffn_dim}, "
+                f"{c.n_expert_used} per token ({c.expert_gating}"
+                + (", renormalised" if c.expert_norm_weights else "")
+                + (", router on the layer input" if c.router_on_residual else "")
+                + ")"
+                + (f", shared expert of FFN {c.shared_ffn_dim}" if c.shared_ffn_dim else "")
+            ]
+            if c.n_expert
+            else []
+        ),
         f"weights      {format_bytes(total)} in {len(model.tensors)} tensors"
         + (", output head tied to the embeddings" if c.tie_embeddings else ""),
         f"fingerprint  {model.fingerprint}",
@@ -111,7 +136,9 @@ def report(model: LoadedModel, budget: int | None, hardware: str | None, context
         lines.append(f"  {kind:<20} {fmt:<22} {format_bytes(nbytes):>9}")
     lines += ["", "sparsity modes"]
     lines += [f"  {mode:<11} {why}" for mode, why in sparsity_modes(model)]
-    if budget is not None:
+    if budget is not None and c.n_expert:
+        lines += ["", "plan: placement plans for mixtures of experts are not supported yet"]
+    elif budget is not None:
         plan = estimate_plan(model, budget, hardware, context)
         pr, pl = plan.predicted, plan.placement
         hot = sum(len(ids) for ids in plan.gpu_neurons)
