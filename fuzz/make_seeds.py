@@ -116,6 +116,10 @@ def main() -> int:
         shape = dict(dim=8, ffn=16, layers=1, heads=2, kv_heads=1, vocab=260)
         plain = write_gguf_model(tmp / "m.gguf", dtype="F16", **shape)
         put("gguf_model", "llama-d8-f16-l1.gguf", plain.read_bytes())
+        # A mixture of experts (merged 3-D expert tensors, the router on the layer input).
+        moe = dict(shape, arch="smallthinker", activation="relu", experts=4, experts_used=2)
+        moe_file = write_gguf_model(tmp / "moe.gguf", dtype="F16", **moe)
+        put("gguf_model", "smallthinker-d8-f16-l1-e4.gguf", moe_file.read_bytes())
 
         from safetensors.numpy import save_file
 
