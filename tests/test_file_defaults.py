@@ -248,14 +248,15 @@ needs_transformers = pytest.mark.skipif(transformers is None, reason="transforme
 HF = {
     f.name: f
     for f in FAMILIES
-    # Bamboo's config class is its repository's own code; MoE checkpoints load from GGUF only.
-    if f.name not in ("bamboo",) and not f.moe
+    # Bamboo's and SmallThinker's config classes are their repositories' own code.
+    if f.name not in ("bamboo",) and (not f.moe or f.hf_experts)
 }
 #: Families' synth arguments for HF directories.
 HF_ARGS = {
     **{k: v[0] for k, v in LLAMA_CPP.items()},
     "opt": {"tie": True, "heads": 4, "kv_heads": 4},
     "falcon": {"kv_heads": 1},
+    "olmoe": {"kv_heads": 4},
 }
 
 

@@ -277,15 +277,14 @@ def test_what_is_not_supported_yet_is_refused(synth_gguf, tmp_path):
     with pytest.raises(UnsupportedError, match="GGUF only"):
         write_hf_model(
             tmp_path / "hf",
-            arch="qwen3moe",
+            arch="smallthinker",
+            activation="relu",
             dim=64,
             ffn=64,
             layers=1,
             heads=4,
             kv_heads=2,
             vocab=300,
-            experts=4,
-            experts_used=2,
         )
 
 
@@ -341,3 +340,61 @@ def test_info_describes_the_experts(synth_gguf, capsys):
     assert "shared expert of FFN 96" in text
     assert "threshold   not yet for mixtures of experts" in text
     assert "placement plans for mixtures of experts are not supported yet" in text
+
+
+HF_MOE = [a for a in MOE_ARCHS if a != "smallthinker"]
+
+
+@pytest.mark.parametrize("arch", HF_MOE)
+@pytest.mark.parametrize("shards", [1, 2])
+def test_hf_checkpoints_are_the_gguf_model(synth_hf, synth_gguf, arch, shards):
+    """Each family's Hugging Face directory (one tensor per expert, as transformers saves
+    them; the loader merges them into the 3-D layout) is the model of its GGUF conversion."""
+    kw = MOE_ARCHS[arch]
+    hf = load_model(synth_hf(dtype="f32", shards=shards, activation="silu", arch=arch, **kw))
+    gg = load_model(synth_gguf(dtype="F32", activation="silu", arch=arch, **kw))
+    assert hf.config.arch == arch
+    for k in ("n_expert", "n_expert_used", "expert_ffn_dim", "shared_ffn_dim"):
+        assert getattr(hf.config, k) == getattr(gg.config, k), k
+    assert hf.config.expert_norm_weights == gg.config.expert_norm_weights
+    assert hf.tensors["blk.1.ffn_down_exps"].rows == gg.tensors["blk.1.ffn_down_exps"].rows
+    ids = ids_for(hf)
+    ref = reference_logits(gg, ids)
+    assert rel(reference_logits(hf, ids), ref) <= 1e-9
+    assert rel(exact_kv_engine(hf, threads=2).logits(ids), ref) <= REF_RTOL
+
+
+def test_hf_configs_name_their_routing(synth_hf, tmp_path):
+    """HF checkpoints route as their config.json says (Qwen3-MoE's norm_topk_prob); dense
+    layers in a Qwen MoE, and a checkpoint missing an expert, are refused."""
+    import json
+    import shutil
+
+    from powerinfer_rs.loading.hf_loader import config_from_hf
+
+    src = synth_hf(dtype="f32", activation="silu", arch="qwen3moe", **MOE_ARCHS["qwen3moe"])
+    d = tmp_path / "hf"
+    shutil.copytree(src, d)
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["norm_topk_prob"] is True
+    on = load_model(d)
+    ids = ids_for(on, n=8)
+    ref_on = reference_logits(on, ids)
+    cfg["norm_topk_prob"] = False
+    (d / "config.json").write_text(json.dumps(cfg))
+    off = load_model(d)
+    assert not off.config.expert_norm_weights
+    ref_off = reference_logits(off, ids)
+    assert rel(ref_off, ref_on) > 100 * REF_RTOL
+    assert rel(exact_kv_engine(off, threads=2).logits(ids), ref_off) <= REF_RTOL
+    with pytest.raises(UnsupportedError, match="dense layers"):
+        config_from_hf({**cfg, "mlp_only_layers": [0]})
+    # A missing expert: typed error naming the tensor.
+    from safetensors.numpy import load_file, save_file
+
+    st = d / "model.safetensors"
+    t = load_file(str(st))
+    del t["model.layers.1.mlp.experts.5.up_proj.weight"]
+    save_file(t, str(st), {"format": "pt"})
+    with pytest.raises(ModelFileError, match="blk.1.ffn_up_exps.*missing \\[5\\]"):
+        load_model(d)

@@ -76,8 +76,13 @@ class Family:
     hf_defaults: dict[str, object] = field(default_factory=dict)
     hf_act_key: str = "hidden_act"
     hf_eps_key: str = "rms_norm_eps"
-    #: A mixture of experts (GGUF only for now: its Hugging Face checkpoints are refused).
+    #: A mixture of experts.
     moe: bool = False
+    #: Hugging Face checkpoints of a mixture of experts: the parameter path of the experts
+    #: after the layer prefix (``mlp.experts.``, then the expert's index) and each expert
+    #: projection's name -> "gate" / "up" / "down". None: the family has no HF checkpoints
+    #: the loader reads (SmallThinker's need its repository's own code).
+    hf_experts: tuple[str, dict[str, str]] | None = None
     #: A window in the file switches sliding layers on at this fixed width whatever the file
     #: says, and the global layers lose RoPE (llama.cpp's smallthinker.cpp: 4096, with
     #: n_no_rope_layer_step 4 on the dense-first pattern).
@@ -436,6 +441,24 @@ FAMILIES: tuple[Family, ...] = (
     ),
 )
 
+# transformers 4.57's MoE config classes (their __init__ defaults of the keys the loader reads).
+_MOE_QWEN_KEYS = dict(decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=False)
+_QWEN3MOE_HF = {**_QWEN_HF, "num_key_value_heads": 4, **_MOE_QWEN_KEYS}
+_QWEN3MOE_HF.update(num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768)
+_QWEN2MOE_HF = {**_QWEN_HF, "num_key_value_heads": 16, **_MOE_QWEN_KEYS}
+_QWEN2MOE_HF.update(num_experts=60, num_experts_per_tok=4, moe_intermediate_size=1408)
+_QWEN2MOE_HF["shared_expert_intermediate_size"] = 5632
+_OLMOE_HF = {**_LLAMA_HF, "rms_norm_eps": 1e-5, "num_key_value_heads": None}
+_OLMOE_HF.update(max_position_embeddings=4096, bos_token_id=None, eos_token_id=50279)
+_OLMOE_HF.update(num_experts=64, num_experts_per_tok=8, norm_topk_prob=False, clip_qkv=None)
+del _OLMOE_HF["head_dim"]  # OlmoeConfig has none (hidden // heads)
+_MIXTRAL_HF = {**_LLAMA_HF, "rms_norm_eps": 1e-5, "rope_theta": 1e6, "num_key_value_heads": 8}
+_MIXTRAL_HF.update(max_position_embeddings=4096 * 32, sliding_window=None)
+_MIXTRAL_HF.update(num_local_experts=8, num_experts_per_tok=2)
+#: Qwen's and OLMoE's expert parameters (Mixtral's are w1, w3, w2).
+_EXPERTS = ("mlp.experts.", {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"})
+_QK_NORMS = {"self_attn.q_norm.weight": "attn_q_norm", "self_attn.k_norm.weight": "attn_k_norm"}
+
 # Mixture-of-experts families (llama.cpp's graphs, src/models/<arch>.cpp; its build_moe_ffn):
 # softmax routers, SiLU experts. Qwen3-MoE and Mixtral renormalise the top-k weights, Qwen2-MoE
 # and OLMoE do not; Qwen2-MoE adds a shared expert scaled by a sigmoid gate and q/k/v biases;
@@ -450,8 +473,10 @@ MOE_FAMILIES: tuple[Family, ...] = (
         ("qwen3_moe",),
         ("Qwen3MoeForCausalLM",),
         config=dict(qk_norm=True, expert_norm_weights=True),
-        hf_defaults={**_QWEN_HF, "head_dim": 128},
+        hf_layer_names={"mlp.gate.weight": "ffn_gate_inp", **_QK_NORMS},
+        hf_defaults=_QWEN3MOE_HF,
         moe=True,
+        hf_experts=_EXPERTS,
     ),
     Family(
         "qwen2moe",
@@ -460,8 +485,17 @@ MOE_FAMILIES: tuple[Family, ...] = (
         ("qwen2_moe",),
         ("Qwen2MoeForCausalLM",),
         config=dict(qkv_bias=True, shared_expert_gate=True),
-        hf_defaults=_QWEN_HF,
+        hf_layer_names={
+            "mlp.gate.weight": "ffn_gate_inp",
+            "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp",
+            "mlp.shared_expert.up_proj.weight": "ffn_up_shexp",
+            "mlp.shared_expert.down_proj.weight": "ffn_down_shexp",
+            "mlp.shared_expert_gate.weight": "ffn_gate_inp_shexp",
+            **{f"self_attn.{x}_proj.bias": f"attn_{x}.bias" for x in ("q", "k", "v")},
+        },
+        hf_defaults=_QWEN2MOE_HF,
         moe=True,
+        hf_experts=_EXPERTS,
     ),
     Family(
         "olmoe",
@@ -470,8 +504,10 @@ MOE_FAMILIES: tuple[Family, ...] = (
         ("olmoe",),
         ("OlmoeForCausalLM",),
         config=dict(qk_norm=True, qk_norm_full=True),
-        hf_defaults=_LLAMA_HF,
+        hf_layer_names={"mlp.gate.weight": "ffn_gate_inp", **_QK_NORMS},
+        hf_defaults=_OLMOE_HF,
         moe=True,
+        hf_experts=_EXPERTS,
     ),
     # PowerInfer's SmallThinker (llama.cpp's smallthinker.cpp): ReGLU experts, renormalised,
     # the router on the layer input before attention, softmax or sigmoid as the file says
@@ -503,8 +539,10 @@ MOE_FAMILIES: tuple[Family, ...] = (
         ("MixtralForCausalLM",),
         config=dict(expert_norm_weights=True),
         window=True,
-        hf_defaults=_MISTRAL_HF,
+        hf_layer_names={"block_sparse_moe.gate.weight": "ffn_gate_inp"},
+        hf_defaults=_MIXTRAL_HF,
         moe=True,
+        hf_experts=("block_sparse_moe.experts.", {"w1": "gate", "w3": "up", "w2": "down"}),
     ),
 )
 FAMILIES = FAMILIES + MOE_FAMILIES

@@ -1,5 +1,7 @@
 """The parts of ``config.json`` particular to some families (:mod:`.archs`): Gemma's norms,
-scales, soft-caps and layer pattern; OPT's and Falcon's sizes, norms and refused variants."""
+scales, soft-caps and layer pattern; OPT's and Falcon's sizes, norms and refused variants; the
+experts of the mixture-of-experts families, and their per-expert tensors merged into the
+engine's 3-D layout."""
 
 from __future__ import annotations
 
@@ -100,3 +102,69 @@ def falcon_qkv_in_order(tensors: dict[str, TensorData], n_heads: int, head_dim: 
         rows = np.asarray(t.data).reshape(n_heads, 3, head_dim, t.row_bytes)
         data = np.ascontiguousarray(rows.transpose(1, 0, 2, 3)).reshape(-1)
         tensors[name] = TensorData(name, t.dtype, t.rows, t.cols, data)
+
+
+def _count(cfg: dict[str, Any], key: str) -> int:
+    v = cfg.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+        raise ModelFileError(f"config.json: {key!r} must be a positive integer, got {v!r:.80}")
+    return v
+
+
+def moe_fields(fam: Family, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The expert settings of a mixture-of-experts ``config.json`` (as the family's modeling
+    code reads them; ``cfg`` has the class's defaults filled in): Qwen's and OLMoE's
+    ``num_experts``, Mixtral's ``num_local_experts``, ``num_experts_per_tok``, Qwen's expert
+    and shared-expert widths, and whether the top-k weights are renormalised (Qwen's and
+    OLMoE's ``norm_topk_prob``; Mixtral always). Qwen's dense layers (``mlp_only_layers``,
+    ``decoder_sparse_step`` > 1) and OLMoE's ``clip_qkv`` are refused."""
+    if not fam.moe:
+        return {}
+    out: dict[str, Any] = {}
+    key = "num_local_experts" if fam.name == "mixtral" else "num_experts"
+    out["n_expert"] = _count(cfg, key)
+    out["n_expert_used"] = _count(cfg, "num_experts_per_tok")
+    if fam.name in ("qwen2moe", "qwen3moe"):
+        if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
+            raise UnsupportedError(
+                "Qwen MoE with dense layers (mlp_only_layers, decoder_sparse_step > 1)"
+            )
+        out["expert_ffn_dim"] = _count(cfg, "moe_intermediate_size")
+    else:  # OLMoE's and Mixtral's experts are intermediate_size wide
+        out["expert_ffn_dim"] = _count(cfg, "intermediate_size")
+    if fam.name == "qwen2moe":
+        out["shared_ffn_dim"] = _count(cfg, "shared_expert_intermediate_size")
+    if fam.name == "olmoe" and cfg.get("clip_qkv") is not None:
+        raise UnsupportedError("OLMoE with clip_qkv")
+    norm = cfg.get("norm_topk_prob")
+    out["expert_norm_weights"] = True if fam.name == "mixtral" else bool(norm)
+    return out
+
+
+def merge_experts(tensors: dict[str, TensorData], cfg: Any, source: str) -> None:
+    """Merge, in place, the per-expert tensors of a Hugging Face checkpoint
+    (``blk.N.ffn_{gate,up,down}_exps.e``, one per expert) into the engine's merged ones
+    (``blk.N.ffn_gate_exps``: expert e's rows after expert e - 1's), as llama.cpp's converter
+    stacks them. One copy of the experts' bytes: the checkpoint's tensors are separate."""
+    groups: dict[str, dict[int, TensorData]] = {}
+    for name in [n for n in tensors if "_exps." in n]:
+        base, e = name.rsplit(".", 1)
+        groups.setdefault(base, {})[int(e)] = tensors.pop(name)
+    for base, experts in groups.items():
+        n = cfg.n_expert
+        missing = sorted(set(range(n)) - set(experts))
+        extra = sorted(set(experts) - set(range(n)))
+        if missing or extra:
+            raise ModelFileError(
+                f"{source}: {base} has experts {sorted(experts)[:8]}..., the config says "
+                f"{n} (missing {missing[:8]}, extra {extra[:8]})"
+            )
+        first = experts[0]
+        for e, t in experts.items():
+            if (t.dtype, t.rows, t.cols) != (first.dtype, first.rows, first.cols):
+                raise ShapeError(
+                    f"{source}: expert {e} of {base} is {t.dtype} {t.rows}x{t.cols}, expert 0 "
+                    f"{first.dtype} {first.rows}x{first.cols}"
+                )
+        data = np.concatenate([np.asarray(experts[e].data) for e in range(n)])
+        tensors[base] = TensorData(base, first.dtype, n * first.rows, first.cols, data)

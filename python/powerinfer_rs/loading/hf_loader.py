@@ -28,15 +28,24 @@ from .archs import (
     hf_layer_names,
     split_fused,
 )
-from .hf_families import falcon_qkv_in_order, family_fields, gemma_fields, number
+from .hf_families import (
+    falcon_qkv_in_order,
+    family_fields,
+    gemma_fields,
+    merge_experts,
+    moe_fields,
+    number,
+)
 from .rope import hf_rope_fields, rope_parameters_v4
 from .safetensors_mmap import RawTensor, read_safetensors
 from .types import LoadedModel, ModelConfig, TensorData, check_tensors, fingerprint
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(
-    a for f in FAMILIES if not f.moe for a in f.hf_archs
+    a for f in FAMILIES if not f.moe or f.hf_experts for a in f.hf_archs
 )
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for f in FAMILIES if not f.moe for t in f.hf_types)
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(
+    t for f in FAMILIES if not f.moe or f.hf_experts for t in f.hf_types
+)
 
 
 def load_json(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -68,6 +77,12 @@ def canonical_name(hf_name: str, family: Family | None = None) -> str | None:
     name = fam.hf_globals.get(weight)
     m = re.fullmatch(re.escape(fam.hf_layer_prefix) + r"(\d+)\.(.+)", weight)
     names = hf_layer_names(fam)
+    if fam.hf_experts and m and not bias:
+        # Expert e's projection: blk.N.ffn_{gate,up,down}_exps.e, merged after loading.
+        path, projs = fam.hf_experts
+        em = re.fullmatch(re.escape(path) + r"(\d+)\.(\w+)\.weight", m.group(2))
+        if em and em.group(2) in projs:
+            return f"blk.{int(m.group(1))}.ffn_{projs[em.group(2)]}_exps.{int(em.group(1))}"
     if name is None and m and m.group(2) in names:
         name = f"blk.{int(m.group(1))}.{names[m.group(2)]}"
     if not bias:
@@ -133,10 +148,10 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
             f"architecture {archs or mtype!r} is not supported "
             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
         )
-    if fam.moe:
+    if fam.moe and fam.hf_experts is None:
         raise UnsupportedError(
-            f"{fam.name}: Hugging Face mixture-of-experts checkpoints are not supported yet; "
-            "convert the model to GGUF with llama.cpp's convert_hf_to_gguf.py and load that"
+            f"{fam.name}: its Hugging Face checkpoints need the model's own code; convert the "
+            "model to GGUF with llama.cpp's convert_hf_to_gguf.py and load that"
         )
     # transformers 5's rope_parameters in 4.x's keys (a 4.x key in the file wins).
     cfg = {**fam.hf_defaults, **rope_parameters_v4(cfg), **cfg}
@@ -154,6 +169,7 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     head_dim = cfg.get("head_dim") or dim // n_heads
     extra = gemma_fields(fam, cfg) if fam.scale_embeddings else {}
     extra.update(family_fields(fam, cfg))
+    extra.update(moe_fields(fam, cfg))
     act_name = cfg.get(fam.hf_act_key, "silu")
     if act_name == "fatrelu":  # ProSparse: ReLU passing only x > hidden_act_param
         act_name = "relu"
@@ -304,6 +320,8 @@ def load_hf_dir(path: str | os.PathLike[str]) -> LoadedModel:
 
     family = family_named(cfg.arch)
     tensors = _tensors(_weight_files(d), family)
+    if family.moe:
+        merge_experts(tensors, cfg, str(d))
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     if family.name == "falcon" and 1 < cfg.n_kv_heads == cfg.n_heads:
         falcon_qkv_in_order(tensors, cfg.n_heads, cfg.head_dim)

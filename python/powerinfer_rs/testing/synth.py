@@ -99,12 +99,12 @@ def _hf_config(spec: SynthSpec, torch_dtype: str) -> dict[str, Any]:
         out.update(intermediate_size=s.ffn, num_key_value_heads=s.kv_heads)
         out.update(rms_norm_eps=s.rms_eps, rope_theta=s.rope_theta)
         out["hidden_activation" if f.post_norms else "hidden_act"] = _hf_act(s)
-        if f.name not in ("gemma2", "mistral") or s.rope_scaling != "none":
+        if f.name not in ("gemma2", "mistral", "mixtral") or s.rope_scaling != "none":
             out["rope_scaling"] = _hf_rope(s)
     # PretrainedConfig's fields: tie_word_embeddings (default True) and the token ids (None).
     if not s.tie or f.name in ("llama", "mistral", "bamboo", "qwen2", "qwen3", "phi3"):
         out["tie_word_embeddings"] = s.tie
-    if f.name not in ("qwen2", "qwen3"):
+    if f.name not in ("qwen2", "qwen3", "qwen2moe", "qwen3moe"):
         out.update(bos_token_id=BOS_ID, eos_token_id=EOS_ID)
     if s.relu_threshold:
         out["hidden_act_param"] = s.relu_threshold
@@ -145,6 +145,8 @@ def _hf_config(spec: SynthSpec, torch_dtype: str) -> dict[str, Any]:
         out.update(layer_norm_epsilon=s.rms_eps, activation=_hf_act(s), hidden_dropout=0.0)
         out.update(ffn_hidden_size=s.ffn, rope_theta=s.rope_theta, rope_scaling=None)
         out["num_ln_in_parallel_attn"] = None
+    if f.moe:
+        out.update(_hf_moe_config(s))
     if s.partial_rotary != 1.0 and f.name != "phi3":
         # Read by transformers' RoPE initialisation from any config (an extra attribute).
         out["partial_rotary_factor"] = s.partial_rotary
@@ -153,6 +155,50 @@ def _hf_config(spec: SynthSpec, torch_dtype: str) -> dict[str, Any]:
         # (8192 when absent: Llama 3.1's value); set there too, it stores the same factors.
         out["original_max_position_embeddings"] = s.rope_original_context
     return out
+
+
+def _hf_moe_config(s: SynthSpec) -> dict[str, Any]:
+    """The expert keys of a mixture-of-experts config.json, as the family's class saves
+    them (transformers 4.57): Qwen3-MoE renormalises (its released checkpoints do, and
+    llama.cpp always does), Qwen2-MoE and OLMoE do not."""
+    out: dict[str, Any] = {"num_experts_per_tok": s.experts_used, "output_router_logits": False}
+    out["router_aux_loss_coef"] = 0.001 if s.arch != "mixtral" else 0.02
+    if s.arch == "mixtral":
+        out.update(num_local_experts=s.experts, head_dim=None, sliding_window=s.window or None)
+        out["router_jitter_noise"] = 0.0
+        return out
+    out.update(num_experts=s.experts, norm_topk_prob=s.arch == "qwen3moe")
+    if s.arch == "olmoe":
+        out.update(attention_bias=False, clip_qkv=None)
+        return out
+    out.update(use_sliding_window=False, sliding_window=None, decoder_sparse_step=1)
+    out.update(mlp_only_layers=[], moe_intermediate_size=s.eff)
+    if s.arch == "qwen3moe":
+        out["attention_bias"] = False
+    else:
+        out.update(shared_expert_intermediate_size=s.shared_width, qkv_bias=True)
+        out["max_window_layers"] = s.layers
+    return out
+
+
+def _hf_entries(gen: SynthWeights, name: str, st: str) -> list[tuple[str, str, tuple[int, ...]]]:
+    """The HF parameters of canonical tensor ``name``: one, or for merged experts one per
+    expert (``model.layers.N.mlp.experts.E.gate_proj.weight``)."""
+    s, fam = gen.spec, gen.spec.family
+    shape = dict(s.tensor_shapes(fused=True))[name]
+    if len(shape) != 3:
+        return [(hf_name(name, fam), st, shape)]
+    assert fam.hf_experts is not None
+    path, projs = fam.hf_experts
+    layer, kind = name.split(".")[1:]
+    proj = {v: k for k, v in projs.items()}[kind[len("ffn_") : -len("_exps")]]
+    prefix = f"{fam.hf_layer_prefix}{layer}.{path}"
+    return [(f"{prefix}{e}.{proj}.weight", st, shape[1:]) for e in range(shape[0])]
+
+
+def _per_expert(x: np.ndarray, merged: bool) -> list[np.ndarray]:
+    """``x`` as the arrays its HF parameters hold: one per expert of a merged tensor."""
+    return list(x) if merged else [x]
 
 
 def _encode_hf(x: np.ndarray, st_dtype: str) -> np.ndarray:
@@ -217,8 +263,8 @@ def write_hf_model(
     if shards not in (1, 2):
         raise ShapeError("shards must be 1 or 2")
     spec = SynthSpec(**shape)
-    if spec.family.moe:
-        raise UnsupportedError(f"{spec.arch}: mixture-of-experts models are written as GGUF only")
+    if spec.family.moe and spec.family.hf_experts is None:
+        raise UnsupportedError(f"{spec.arch}: its HF checkpoints need its own code; GGUF only")
     gen = SynthWeights(spec)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -257,10 +303,15 @@ def write_hf_model(
     weight_map: dict[str, str] = {}
     total = 0
     for group, fname in zip(groups, files):
-        entries = [(hf_name(n, fam), st, shapes[n]) for n in group]
-        arrays = (_encode_hf(_hf_tensor(gen, n), st) for n in group)
+        entries = [e for n in group for e in _hf_entries(gen, n, st)]
+        # Merged experts go out one expert at a time.
+        arrays = (
+            _encode_hf(a, st)
+            for n in group
+            for a in _per_expert(_hf_tensor(gen, n), len(shapes[n]) == 3)
+        )
         total += write_safetensors(out / fname, entries, arrays)
-        weight_map.update({hf_name(n, fam): fname for n in group})
+        weight_map.update({e[0]: fname for e in entries})
     if shards > 1:
         (out / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
