@@ -11,7 +11,7 @@
 //! tokens by expert and runs one matrix product per expert over its tokens.
 
 use powerinfer_core::{bail, ensure, Gating, MoeFeatures, Result, Weight};
-use powerinfer_cpu::{matvec, matvec_each, matvec_many, sparse_ffn, GateRows, SparseFfn};
+use powerinfer_cpu::{matvec_each, matvec_many, sparse_ffn, GateRows, SparseFfn};
 use rayon::prelude::*;
 
 use crate::ffn::{activate, project, project_many};
@@ -90,7 +90,8 @@ impl MoeWeights {
     pub fn bytes_per_token(&self, k: usize) -> usize {
         let expert = self.gate[0].n_bytes() + self.up[0].n_bytes() + self.down[0].n_bytes();
         let shared = self.shared.as_ref().map_or(0, |s| {
-            s.gate.n_bytes() + s.up.n_bytes() + s.down.n_bytes() + 4 * s.down.rows
+            let gate = s.gate_inp.as_ref().map_or(0, |g| 4 * g.len());
+            s.gate.n_bytes() + s.up.n_bytes() + s.down.n_bytes() + gate
         });
         self.router.n_bytes() + k * expert + shared
     }
@@ -365,16 +366,10 @@ fn shared(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut [f32]) -> Result<()>
     Ok(())
 }
 
-/// The router's logits of one token before the attention block (families whose router reads
+/// The router's logits of `n` tokens before the attention block (families whose router reads
 /// the layer input), into `s.early`.
 pub fn early_logits(w: &MoeWeights, x: &[f32], n: usize, s: &mut MoeScratch) -> Result<()> {
-    match n {
-        1 => {
-            s.early.resize(w.router.rows, 0.0);
-            matvec(&w.router, x, &mut s.early)
-        }
-        _ => router_logits(w, x, n, &mut s.early),
-    }
+    router_logits(w, x, n, &mut s.early)
 }
 
 #[cfg(test)]
