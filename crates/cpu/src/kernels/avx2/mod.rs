@@ -44,7 +44,8 @@ use std::arch::x86_64::*;
 const ROWS: usize = 4;
 /// Rows computed together by the dense int16-x matvec kernel.
 const QROWS: usize = 4;
-/// Take the split-byte 8-bit kernels ([`split8`]) for the 4-bit formats on the AVX-512 level.
+/// Take the split-byte 8-bit kernels ([`split8`]) for the 4- and 5-bit formats on the AVX-512
+/// level.
 const SPLIT8: bool = true;
 /// Bytes the dense int16-x matvec fetches ahead of its reads: with one tile ahead, rows of 28
 /// Q4_0 blocks (dim 896) ran the gate/up product 15% slower per byte than rows of 152 blocks
@@ -241,6 +242,12 @@ unsafe fn int16_rows<const R: usize, const FETCH: bool>(
             }
             (true, DType::Q4_1) if SPLIT8 => {
                 split8::quant_rows_split::<Q4_1, R, FETCH>(p, next, xq, out)
+            }
+            (true, DType::Q5_0) if SPLIT8 => {
+                split8::quant_rows_split::<Q5_0, R, FETCH>(p, next, xq, out)
+            }
+            (true, DType::Q5_1) if SPLIT8 => {
+                split8::quant_rows_split::<Q5_1, R, FETCH>(p, next, xq, out)
             }
             (true, DType::Q4_0) => wide::quant_rows_i16::<Q4_0, R, FETCH>(p, next, xq, out),
             (true, DType::Q4_1) => wide::quant_rows_i16::<Q4_1, R, FETCH>(p, next, xq, out),

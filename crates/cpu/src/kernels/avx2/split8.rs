@@ -1,16 +1,66 @@
-//! The int16-x dot of the 4-bit block formats on 8-bit multipliers, exactly: x's int16 value of
+//! The int16-x dot of the 4- and 5-bit block formats on 8-bit multipliers, exactly: x's int16 value of
 //! each weight is split into a high and a low signed byte, `x = 256·h + l`, so that
 //! `Σ q·x = 256·Σ q·h + Σ q·l` with both sums taken by `vpdpbusd` (unsigned 4-bit quants times
 //! signed bytes, four products per i32 lane). A block is one 256-bit register: its 16 nibble
 //! bytes and their upper halves side by side are the 32 quants in weight order, and the two
 //! `vpdpbusd` on 256 bits cost what one 512-bit `vpdpwssd` does, with a far cheaper unpacking
 //! (two shifts and a mask instead of a broadcast, a byte shuffle, a variable shift and a mask on
-//! 512 bits). Q4_0's −8 is the low sum's integer start value (−8·Σx per lane, shared by all
-//! rows). Same x, same products, same exact integer sums as [`super::wide`]: only faster.
+//! 512 bits; Q5's fifth bits enter through a mask register). Q4_0's −8 and Q5_0's −16 are the
+//! low sum's integer start value (−8·Σx or −16·Σx per lane, shared by all rows). Same x, same
+//! products, same exact integer sums as [`super::wide`]: only faster.
 
 use super::int16::XQuant;
-use super::quant::{Offset, QuantFormat};
+use super::quant::{Offset, QuantFormat, Q4_0, Q4_1, Q5_0, Q5_1};
 use std::arch::x86_64::*;
+
+/// A 32-weight block format whose quants are unsigned bytes below 32.
+pub(super) trait SplitFormat: QuantFormat {
+    /// Subtracted from every quant (Q4_0: 8, Q5_0: 16, else 0), in the integer start value.
+    const BIAS: i32;
+
+    /// The block's 32 quants (before `BIAS`) as unsigned bytes in weight order.
+    ///
+    /// # Safety
+    /// `BLOCK_BYTES` readable at `p`; the CPU has the AVX-512 level.
+    unsafe fn quants_u8(p: *const u8) -> __m256i;
+}
+
+/// [`SplitFormat`] for a 4-bit format (nibbles at `$qs`) or a 5-bit one (u32 `qh` at `$qh`:
+/// bit j is bit 4 of weight j).
+macro_rules! impl_split {
+    ($t:ty, $bias:expr, nibbles at $qs:expr) => {
+        impl SplitFormat for $t {
+            const BIAS: i32 = $bias;
+
+            #[inline]
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+            unsafe fn quants_u8(p: *const u8) -> __m256i {
+                // SAFETY: the 16 nibble bytes start at $qs in the readable block.
+                unsafe { nibbles_u8(p.add($qs)) }
+            }
+        }
+    };
+    ($t:ty, $bias:expr, qh at $qh:expr) => {
+        impl SplitFormat for $t {
+            const BIAS: i32 = $bias;
+
+            #[inline]
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+            unsafe fn quants_u8(p: *const u8) -> __m256i {
+                // SAFETY: qh, then the 16 nibble bytes, start at $qh in the readable block.
+                unsafe {
+                    let qh = (p.add($qh) as *const u32).read_unaligned();
+                    let q = nibbles_u8(p.add($qh + 4));
+                    _mm256_mask_add_epi8(q, qh, q, _mm256_set1_epi8(16))
+                }
+            }
+        }
+    };
+}
+impl_split!(Q4_0, 8, nibbles at 2);
+impl_split!(Q4_1, 0, nibbles at 4);
+impl_split!(Q5_0, 16, qh at 2);
+impl_split!(Q5_1, 0, qh at 4);
 
 /// Blocks whose scales are gathered and converted together (as in [`super::int16`]).
 const CHUNK: usize = 8;
@@ -29,7 +79,7 @@ unsafe fn nibbles_u8(q: *const u8) -> __m256i {
     _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
 }
 
-/// out[i] = dot(row i, x) for the `R` rows of a 4-bit format (Q4_0, Q4_1) starting at `p[i]`,
+/// out[i] = dot(row i, x) for the `R` rows of a [`SplitFormat`] starting at `p[i]`,
 /// on the int16 x split into bytes; with `FETCH`, the rows at `next[i]` are fetched alongside.
 ///
 /// # Safety
@@ -37,7 +87,7 @@ unsafe fn nibbles_u8(q: *const u8) -> __m256i {
 /// F/BW/VL/VNNI, AVX2, FMA and F16C. `next` may hold any addresses.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn quant_rows_split<Q: QuantFormat, const R: usize, const FETCH: bool>(
+pub(super) unsafe fn quant_rows_split<Q: SplitFormat, const R: usize, const FETCH: bool>(
     p: &[*const u8; R],
     next: &[*const u8; R],
     xq: &XQuant,
@@ -72,7 +122,7 @@ pub(super) unsafe fn quant_rows_split<Q: QuantFormat, const R: usize, const FETC
 /// As for [`quant_rows_split`], with `b0 + n <= xq.blocks()`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-unsafe fn chunk_dot<Q: QuantFormat, const R: usize>(
+unsafe fn chunk_dot<Q: SplitFormat, const R: usize>(
     p: &[*const u8; R],
     xq: &XQuant,
     b0: usize,
@@ -103,12 +153,13 @@ unsafe fn chunk_dot<Q: QuantFormat, const R: usize>(
         unsafe {
             let xh = _mm256_loadu_si256(hl.add(64 * b).cast());
             let xl = _mm256_loadu_si256(hl.add(64 * b + 32).cast());
-            let s0 = match Q::OFFSET {
-                Offset::MinusEight => _mm256_loadu_si256(start.add(8 * b).cast()),
-                Offset::None | Offset::Min => _mm256_setzero_si256(),
+            let s0 = match Q::BIAS {
+                0 => _mm256_setzero_si256(),
+                8 => _mm256_loadu_si256(start.add(8 * b).cast()),
+                _ => _mm256_slli_epi32::<1>(_mm256_loadu_si256(start.add(8 * b).cast())),
             };
             for (i, (a, dsi)) in acc.iter_mut().zip(&ds).enumerate() {
-                let q = nibbles_u8(p[i].add(b * Q::BLOCK_BYTES + Q::QS));
+                let q = Q::quants_u8(p[i].add(b * Q::BLOCK_BYTES));
                 let sh = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xh);
                 let sl = _mm256_dpbusd_epi32(s0, q, xl);
                 let s = _mm256_add_epi32(_mm256_slli_epi32::<8>(sh), sl);
