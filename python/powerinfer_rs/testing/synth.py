@@ -291,7 +291,6 @@ def write_hf_model(
 
     names = [n for n, _ in spec.tensor_shapes(fused=True)]
     shapes = dict(spec.tensor_shapes(fused=True))
-    fam = spec.family
     groups = [names] if shards == 1 else [names[: len(names) // 2], names[len(names) // 2 :]]
     files = (
         ["model.safetensors"]
