@@ -18,7 +18,6 @@ from powerinfer_rs.errors import ModelFileError, UnsupportedError
 from powerinfer_rs.loading import TensorData, load_model
 from powerinfer_rs.loading.archs import family_named
 from powerinfer_rs.loading.gguf_loader import config_from_metadata, open_gguf
-from powerinfer_rs.planning.model_shape import ModelShape
 from powerinfer_rs.testing.synth import write_gguf_model, write_hf_model
 
 from reference import exact_kv_engine, greedy_reference, reference_logits
@@ -272,8 +271,6 @@ def test_what_is_not_supported_yet_is_refused(synth_gguf, tmp_path):
     m = load_model(path)
     with pytest.raises(UnsupportedError, match="mixture-of-experts models run dense or exact-relu"):
         Engine(m, threads=1, sparsity="threshold", thresholds=[0.1] * m.config.n_layers)
-    with pytest.raises(UnsupportedError, match="mixture-of-experts"):
-        ModelShape.from_model(m)  # the planner's view of the model
     with pytest.raises(UnsupportedError, match="GGUF only"):
         write_hf_model(
             tmp_path / "hf",

@@ -36,6 +36,7 @@ fn allocations(plan: &PlanFile, n_layers: usize, ffn: usize) {
         gate: &gate,
         up: &up,
         down_t: DType::Q8_0,
+        shared: None,
     };
     let model = ModelTensors {
         config: &config,

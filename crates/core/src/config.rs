@@ -450,6 +450,26 @@ impl ModelConfig {
         self.n_kv_heads * self.head_dim
     }
 
+    /// The neurons of one layer's FFN as plans count them: `ffn_dim`, or for a mixture of
+    /// experts the flattened space of its routed experts (`n_expert · expert_ffn`: neuron
+    /// `e · expert_ffn + j` is row j of expert e, the merged tensors' own row order) followed by
+    /// the shared expert's `shared_ffn_dim` neurons.
+    pub fn n_neurons(&self) -> usize {
+        match self.moe.is_moe() {
+            true => self.n_routed_neurons() + self.moe.shared_ffn_dim,
+            false => self.ffn_dim,
+        }
+    }
+
+    /// The routed experts' neurons of one layer (`n_expert · expert_ffn`; `ffn_dim` for a
+    /// dense FFN): the first part of [`ModelConfig::n_neurons`].
+    pub fn n_routed_neurons(&self) -> usize {
+        match self.moe.is_moe() {
+            true => self.moe.n_expert * self.moe.expert_ffn(self.ffn_dim),
+            false => self.ffn_dim,
+        }
+    }
+
     /// The tensors outside the layers, in file order (see [`TensorShape`]).
     pub fn global_tensors(&self) -> Vec<TensorShape> {
         let (d, a) = (self.dim, &self.arch);

@@ -14,7 +14,9 @@
 //!   `blk.{i}.pred` when the plan gives one size;
 //! * with hot neurons: `blk.{i}.ffn_norm` (f32) and `blk.{i}.ffn_hot`, `n_slabs` slabs of
 //!   [`slab_geometry`]`.slab_bytes` (the same definition [`crate::pack_hot_slabs`] packs by;
-//!   no up rows for a gate-less family, `arch.no_gate`);
+//!   no up rows for a gate-less family, `arch.no_gate`); a mixture of experts' layer has the
+//!   same two, its slabs holding rows of its flattened neuron space
+//!   (`ModelConfig::n_neurons`: the routed experts', then the shared expert's);
 //! * with the output head: `output_norm` (f32), `output` (stored format), `output.logits`
 //!   (vocab f32);
 //! * the family's f32 vectors, where its layer program has their steps, each after the tensor
@@ -53,6 +55,10 @@ pub struct LayerTensors<'a> {
     /// Format of the transposed down projection's rows (`ffn` rows of `dim` weights), as the
     /// engine builds it (`ffn_down`'s format, F16 when `dim` is no whole number of its blocks).
     pub down_t: DType,
+    /// A mixture of experts' shared expert: its gate, up and the format of its transposed down
+    /// rows. Its neurons follow the routed experts' in the layer's neuron space
+    /// (`ModelConfig::n_neurons`) and share their slabs, so their formats must be the experts'.
+    pub shared: Option<(&'a Weight, &'a Weight, DType)>,
 }
 
 /// The model as the GPU executor sees it: its config, each layer's matrices, the output head.
@@ -86,7 +92,7 @@ pub fn gpu_allocations(model: &ModelTensors<'_>, plan: &PlanFile) -> Result<Vec<
         model.layers.len(),
         c.n_layers
     );
-    plan.table.check_model(c.n_layers, c.ffn_dim)?;
+    plan.table.check_model(c.n_layers, c.n_neurons())?;
     ensure!(
         plan.attention.len() == c.n_layers
             && plan.predictor.len() == c.n_layers
@@ -114,15 +120,20 @@ pub fn gpu_allocations(model: &ModelTensors<'_>, plan: &PlanFile) -> Result<Vec<
             for (t, w) in [("attn_q", l.wq), ("attn_k", l.wk), ("attn_v", l.wv)] {
                 out.push((name(t), matrix_bytes(w)?));
             }
-            let (q, kv, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
+            let (q, kv) = (c.q_dim(), c.kv_dim());
+            // Per-head q/k norms, or whole-vector ones (OLMoE).
+            let (nq, nk) = match a.qk_norm_full {
+                true => (q, kv),
+                false => (c.head_dim, c.head_dim),
+            };
             vectors(
                 &mut out,
                 &[
                     ("attn_q.bias", q, a.qkv_bias),
                     ("attn_k.bias", kv, a.qkv_bias),
                     ("attn_v.bias", kv, a.qkv_bias),
-                    ("attn_q_norm", hd, a.qk_norm),
-                    ("attn_k_norm", hd, a.qk_norm),
+                    ("attn_q_norm", nq, a.qk_norm),
+                    ("attn_k_norm", nk, a.qk_norm),
                 ],
             );
             out.push((name("attn_output"), matrix_bytes(l.wo)?));
@@ -152,18 +163,19 @@ pub fn gpu_allocations(model: &ModelTensors<'_>, plan: &PlanFile) -> Result<Vec<
             // A gate-less FFN (OPT, Falcon) holds its one input projection as the gate; its
             // slabs carry no up rows (`neuron_read_bytes` of planning/model_shape.py).
             let up = (!c.arch.no_gate).then_some(l.up);
+            let rows = c.n_routed_neurons();
             for (what, w) in [("gate", Some(l.gate)), ("up", up)] {
                 let Some(w) = w else { continue };
                 ensure!(
-                    w.rows == c.ffn_dim && w.cols == c.dim,
+                    w.rows == rows && w.cols == c.dim,
                     Shape,
-                    "layer {i} {what} is {} x {}, expected {} x {}",
+                    "layer {i} {what} is {} x {}, expected {rows} x {}",
                     w.rows,
                     w.cols,
-                    c.ffn_dim,
                     c.dim
                 );
             }
+            check_shared(i, c, l)?;
             let up = up.map(|u| u.dtype);
             let slab = slab_geometry(l.gate.dtype, up, l.down_t, c.dim, plan.bucket)?;
             out.push((name("ffn_norm"), norm));
@@ -193,6 +205,33 @@ pub fn gpu_allocations(model: &ModelTensors<'_>, plan: &PlanFile) -> Result<Vec<
     Ok(out)
 }
 
+/// `Error::Unsupported` when layer `i` is a mixture of experts whose shared expert's rows are in
+/// other formats than its routed experts' (the slabs hold one format per row kind), and
+/// `Error::Shape` when the shared expert is not the config's width.
+fn check_shared(i: usize, c: &ModelConfig, l: &LayerTensors<'_>) -> Result<()> {
+    let Some((gate, up, down_t)) = l.shared else {
+        return Ok(());
+    };
+    let sf = c.moe.shared_ffn_dim;
+    ensure!(
+        gate.rows == sf && up.rows == sf,
+        Shape,
+        "layer {i}'s shared expert has {} and {} rows, expected {sf}",
+        gate.rows,
+        up.rows
+    );
+    let ours = [gate.dtype, up.dtype, down_t];
+    let theirs = [l.gate.dtype, l.up.dtype, l.down_t];
+    ensure!(
+        ours == theirs,
+        Unsupported,
+        "layer {i}'s shared expert (gate, up, transposed down: {ours:?}) and routed experts \
+         ({theirs:?}) differ in format; the GPU's slabs hold one format per row kind, so this \
+         layer's experts stay on the CPU (the planner keeps them there)"
+    );
+    Ok(())
+}
+
 /// The scratch buffers shared by all layers (they run one after another), all f32 except
 /// `active` (i32): the residual `x`, normed `xb` and projected `xb2` (dim each), `q` (q_dim),
 /// `k`, `v` (kv_dim), the attention output `att` (q_dim; attention keeps no score buffer),
@@ -201,11 +240,15 @@ pub fn gpu_allocations(model: &ModelTensors<'_>, plan: &PlanFile) -> Result<Vec<
 /// (the hot down pass's split sums, [`crate::part_len`]), `attp` (the decode attention's chunk
 /// states, [`crate::layout::att_part_len`] for the plan's context); for q/k-norm families `kn` (kv_dim:
 /// the normed keys), for parallel blocks `saved` (dim: the residual before the attention, the
-/// FFN's input).
+/// FFN's input); for a mixture of experts `expert_w` (n_expert + 1: each expert's routing
+/// weight for the token, 0 where not routed, then the shared expert's scale). `hb`, `active`
+/// and `part` count the layer's neurons (`ModelConfig::n_neurons`: experts flattened).
 pub fn scratch_allocations(c: &ModelConfig, plan: &PlanFile) -> Vec<Allocation> {
     let max_rank = plan.predictor_ranks.iter().copied().max().unwrap_or(0);
     let kn = c.arch.qk_norm.then_some(("kn", c.kv_dim()));
     let saved = c.arch.parallel.then_some(("saved", c.dim));
+    let experts = c.moe.is_moe().then_some(("expert_w", c.moe.n_expert + 1));
+    let ffn = c.n_neurons();
     [
         ("x", c.dim),
         ("xb", c.dim),
@@ -214,16 +257,17 @@ pub fn scratch_allocations(c: &ModelConfig, plan: &PlanFile) -> Vec<Allocation> 
         ("k", c.kv_dim()),
         ("v", c.kv_dim()),
         ("att", c.q_dim()),
-        ("hb", c.ffn_dim),
-        ("active", c.ffn_dim),
+        ("hb", ffn),
+        ("active", ffn),
         ("pred", max_rank),
         ("xfer", c.dim),
-        ("part", crate::part_len(c.dim, c.ffn_dim)),
+        ("part", crate::part_len(c.dim, ffn)),
         ("attp", att_part_len(c.n_heads, c.head_dim, plan.context)),
     ]
     .into_iter()
     .chain(kn)
     .chain(saved)
+    .chain(experts)
     .map(|(n, len)| (format!("scratch.{n}"), align(F32_BYTES * len)))
     .collect()
 }
@@ -280,6 +324,7 @@ mod tests {
                 gate: &self.gate,
                 up: &self.up,
                 down_t,
+                shared: None,
             };
             ModelTensors {
                 config: &self.config,
@@ -493,6 +538,7 @@ mod tests {
             gate: &g,
             up: &g,
             down_t: q6k,
+            shared: None,
         };
         let m = ModelTensors {
             config: &c,

@@ -416,6 +416,29 @@ pub enum Launch<'a, B: Backend> {
         n: usize,
         v: f32,
     },
+    /// `expert_flags` (elementwise.cu): `flags[j] = (w[e(j)] != 0)` for j in 0..n, where
+    /// `e(j) = j / expert_ffn` for `j < routed`, else `n_expert` (a mixture of experts'
+    /// flattened neurons: the routed experts', then the shared expert's).
+    ExpertFlags {
+        w: &'a B::Buf<f32>,
+        expert_ffn: usize,
+        routed: usize,
+        n_expert: usize,
+        n: usize,
+        flags: &'a mut B::Buf<i32>,
+    },
+    /// `expert_scale` (elementwise.cu): `h[s] *= w[e(id)]` for the slots s in 0..n of a slab
+    /// buffer, `id` read through `ids_l` (padding, −1, left alone); `e` as [`Launch::ExpertFlags`].
+    ExpertScale {
+        slabs: &'a B::Buf<u8>,
+        ids_l: RowLayout,
+        w: &'a B::Buf<f32>,
+        expert_ffn: usize,
+        routed: usize,
+        n_expert: usize,
+        n: usize,
+        h: &'a mut B::Buf<f32>,
+    },
 }
 
 impl<B: Backend> Launch<'_, B> {
@@ -441,6 +464,8 @@ impl<B: Backend> Launch<'_, B> {
             Launch::Softcap { .. } => "softcap".into(),
             Launch::Copy { .. } => "copy".into(),
             Launch::Fill { .. } => "fill".into(),
+            Launch::ExpertFlags { .. } => "expert_flags".into(),
+            Launch::ExpertScale { .. } => "expert_scale".into(),
         }
     }
 }

@@ -133,13 +133,22 @@ pub const ATTENTION: KernelSource = KernelSource {
     single: &["attention_merge"],
 };
 
-/// Residual adds, the threshold mask, the logits' soft-cap and copies.
+/// Residual adds, the threshold mask, the logits' soft-cap, copies, and a mixture of experts'
+/// routing on the hot neurons (flags and weights per expert).
 pub const ELEMENTWISE: KernelSource = KernelSource {
     name: "elementwise",
     source: include_str!("../kernels/elementwise.cu"),
     per_dtype: &[],
     per_kv_elem: &[],
-    single: &["add", "threshold_mask", "softcap", "copy", "fill"],
+    single: &[
+        "add",
+        "threshold_mask",
+        "softcap",
+        "copy",
+        "fill",
+        "expert_flags",
+        "expert_scale",
+    ],
 };
 
 /// Every module.

@@ -565,6 +565,42 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             a.ptr(dev.addr_mut(y)).i32(to_i32(n, "n")?).f32(v);
             per_element(&kernels::ELEMENTWISE, "fill".into(), n, 0, a)
         }
+        Launch::ExpertFlags {
+            w,
+            expert_ffn,
+            routed,
+            n_expert,
+            n,
+            flags,
+        } => {
+            // expert_flags(w, expert_ffn, routed, n_expert, n, flags)
+            a.ptr(dev.addr(w))
+                .i32(to_i32(expert_ffn, "expert_ffn")?)
+                .i32(to_i32(routed, "routed")?)
+                .i32(to_i32(n_expert, "n_expert")?)
+                .i32(to_i32(n, "n")?)
+                .ptr(dev.addr_mut(flags));
+            per_element(&kernels::ELEMENTWISE, "expert_flags".into(), n, 0, a)
+        }
+        Launch::ExpertScale {
+            slabs,
+            ids_l,
+            w,
+            expert_ffn,
+            routed,
+            n_expert,
+            n,
+            h,
+        } => {
+            // expert_scale(slabs, ids_l, w, expert_ffn, routed, n_expert, n, h)
+            a.ptr(dev.addr(slabs)).layout(&ids_l).ptr(dev.addr(w));
+            a.i32(to_i32(expert_ffn, "expert_ffn")?)
+                .i32(to_i32(routed, "routed")?)
+                .i32(to_i32(n_expert, "n_expert")?)
+                .i32(to_i32(n, "n")?)
+                .ptr(dev.addr_mut(h));
+            per_element(&kernels::ELEMENTWISE, "expert_scale".into(), n, 0, a)
+        }
     }
 }
 

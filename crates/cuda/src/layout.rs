@@ -349,11 +349,77 @@ pub fn slab_geometry(
     })
 }
 
+/// The rows of one kind (gate, up or transposed down) of a layer's neurons, read in place: one
+/// matrix, or several of one format and width one after another (a mixture of experts: each
+/// expert's block of rows, then the shared expert's), so neuron `i` is row `i` of the whole.
+#[derive(Clone, Debug)]
+pub struct RowSpace<'a> {
+    parts: Vec<&'a Weight>,
+    rows: usize,
+}
+
+impl<'a> RowSpace<'a> {
+    /// The rows of `parts`, in order; `Error::Shape` when there are none or they differ in
+    /// format or width.
+    pub fn new(parts: Vec<&'a Weight>) -> Result<RowSpace<'a>> {
+        let Some(first) = parts.first() else {
+            bail!(Shape, "a row space of no matrices");
+        };
+        for w in &parts[1..] {
+            ensure!(
+                w.dtype == first.dtype && w.cols == first.cols,
+                Shape,
+                "a row space of {} x {} and {} x {} rows",
+                first.dtype,
+                first.cols,
+                w.dtype,
+                w.cols
+            );
+        }
+        let rows = parts.iter().map(|w| w.rows).sum();
+        Ok(RowSpace { parts, rows })
+    }
+
+    /// The rows of one matrix.
+    pub fn one(w: &'a Weight) -> RowSpace<'a> {
+        RowSpace {
+            parts: vec![w],
+            rows: w.rows,
+        }
+    }
+
+    /// The rows' format.
+    pub fn dtype(&self) -> DType {
+        self.parts[0].dtype
+    }
+
+    /// Weights per row.
+    pub fn cols(&self) -> usize {
+        self.parts[0].cols
+    }
+
+    /// Rows in all.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Row `i`: the stored bytes of the part that holds it (None past the end).
+    pub fn row(&self, mut i: usize) -> Option<&'a [u8]> {
+        for w in &self.parts {
+            if i < w.rows {
+                return Some(w.row(i));
+            }
+            i -= w.rows;
+        }
+        None
+    }
+}
+
 /// Pack the hot neurons `ids` (slot order) of one layer into slabs of `bucket` neurons:
 /// gate/up are `[ffn, dim]` (no up for a gate-less FFN), down_t is `[ffn, dim]` (the down
 /// projection transposed). Returns the layout and the bytes to upload (exactly
 /// [`SlabLayout::total_bytes`]), rows of the 32-weight quantized formats repacked
-/// ([`crate::repack`]).
+/// ([`crate::repack`]). [`pack_hot_rows`] over one matrix of each kind.
 pub fn pack_hot_slabs(
     gate: &Weight,
     up: Option<&Weight>,
@@ -361,15 +427,33 @@ pub fn pack_hot_slabs(
     ids: &[u32],
     bucket: usize,
 ) -> Result<(SlabLayout, Vec<u8>)> {
-    let (ffn, dim) = (gate.rows, gate.cols);
+    let up = up.map(RowSpace::one);
+    pack_hot_rows(
+        &RowSpace::one(gate),
+        up.as_ref(),
+        &RowSpace::one(down_t),
+        ids,
+        bucket,
+    )
+}
+
+/// [`pack_hot_slabs`] over row spaces (a mixture of experts' flattened neurons).
+pub fn pack_hot_rows(
+    gate: &RowSpace<'_>,
+    up: Option<&RowSpace<'_>>,
+    down_t: &RowSpace<'_>,
+    ids: &[u32],
+    bucket: usize,
+) -> Result<(SlabLayout, Vec<u8>)> {
+    let (ffn, dim) = (gate.rows(), gate.cols());
     for (name, w) in [("up", up), ("down_t", Some(down_t))] {
         let Some(w) = w else { continue };
         ensure!(
-            w.rows == ffn && w.cols == dim,
+            w.rows() == ffn && w.cols() == dim,
             Shape,
             "{name} is {} x {}, gate is {ffn} x {dim}",
-            w.rows,
-            w.cols
+            w.rows(),
+            w.cols()
         );
     }
     ensure!(bucket > 0, Plan, "bucket must be > 0");
@@ -387,7 +471,13 @@ pub fn pack_hot_slabs(
         row_bytes: [g_rb, u_rb, d_rb],
         offsets,
         slab_bytes: slab,
-    } = slab_geometry(gate.dtype, up.map(|u| u.dtype), down_t.dtype, dim, bucket)?;
+    } = slab_geometry(
+        gate.dtype(),
+        up.map(|u| u.dtype()),
+        down_t.dtype(),
+        dim,
+        bucket,
+    )?;
     let n_slabs = ids.len().div_ceil(bucket);
     let stride = slab as i64;
     let group = to_i32(bucket, "bucket")?;
@@ -406,9 +496,9 @@ pub fn pack_hot_slabs(
         slab_bytes: slab,
         dim,
         ffn,
-        gate_dtype: gate.dtype,
-        up_dtype: up.map(|u| u.dtype),
-        down_dtype: down_t.dtype,
+        gate_dtype: gate.dtype(),
+        up_dtype: up.map(|u| u.dtype()),
+        down_dtype: down_t.dtype(),
         gate: mk(offsets[0], g_rb)?,
         up: up.map(|_| mk(offsets[1], u_rb)).transpose()?,
         down: mk(offsets[2], d_rb)?,
@@ -428,10 +518,12 @@ pub fn pack_hot_slabs(
             continue; // padding: zero rows
         }
         for (w, l) in parts.iter().flatten() {
-            let row = w.row(id as usize);
+            let Some(row) = w.row(id as usize) else {
+                bail!(Plan, "hot neuron {id} out of range for ffn {ffn}");
+            };
             let at = l.byte_offset(slot);
             let dst = &mut bytes[at..at + row.len()];
-            dst.copy_from_slice(&crate::repack::repack_rows(w.dtype, w.cols, row)?);
+            dst.copy_from_slice(&crate::repack::repack_rows(w.dtype(), w.cols(), row)?);
         }
     }
     Ok((layout, bytes))

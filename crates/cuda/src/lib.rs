@@ -58,8 +58,8 @@ pub use emu::{emu_entries, EmuBackend, GPU_EMU};
 pub use host::{HostBackend, HostBuf};
 pub use kernels::{is_gpu_dtype, GPU_DTYPES};
 pub use layout::{
-    align, pack_hot_slabs, parse_device, slab_bytes, slab_geometry, Act, AttnParams, FfnAct,
-    RowLayout, SlabGeometry, SlabLayout, MAX_HEAD_DIM, MAX_RANK, MAX_X_FLOATS,
+    align, pack_hot_rows, pack_hot_slabs, parse_device, slab_bytes, slab_geometry, Act, AttnParams,
+    FfnAct, RowLayout, RowSpace, SlabGeometry, SlabLayout, MAX_HEAD_DIM, MAX_RANK, MAX_X_FLOATS,
 };
 pub use ops::{down_splits, part_len, GpuOps};
 pub use repack::{is_repacked, repack_rows, unpack_row};

@@ -250,7 +250,8 @@ fn predictor(dev: &EmuBackend, dtype: DType) {
     }
 }
 
-/// The elementwise kernels past one block: add, threshold_mask, softcap, copy, fill.
+/// The elementwise kernels past one block: add, threshold_mask, softcap, copy, fill, and the
+/// routing kernels of a mixture of experts.
 fn elementwise(dev: &EmuBackend) {
     let n = 1999;
     let (g, u) = (values(n, 15), values(n, 16));
@@ -288,6 +289,44 @@ fn elementwise(dev: &EmuBackend) {
     assert_eq!(copied[n..], [3.0, 3.0]);
     dev.fill(&mut dst, -0.25).unwrap();
     assert_eq!(dev.download(&dst).unwrap(), vec![-0.25; n + 2], "fill");
+    experts(dev);
+}
+
+/// A mixture of experts' routing kernels past one block: 37 experts of 23 neurons and a shared
+/// expert of 40 (891 flags); the weights of every third expert nonzero.
+fn experts(dev: &EmuBackend) {
+    let (n, ef, sf) = (37usize, 23usize, 40usize);
+    let (routed, all) = (n * ef, n * ef + sf);
+    let w: Vec<f32> = (0..=n)
+        .map(|e| {
+            if e % 3 == 0 {
+                0.1 + e as f32 / 10.0
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let expert = |id: usize| if id < routed { id / ef } else { n };
+    let dw = dev.upload(&w).unwrap();
+    let mut flags = dev.upload(&vec![9i32; all]).unwrap();
+    dev.expert_flags(&dw, ef, routed, &mut flags).unwrap();
+    let want: Vec<i32> = (0..all).map(|j| i32::from(w[expert(j)] != 0.0)).collect();
+    assert_eq!(dev.download(&flags).unwrap(), want, "expert_flags");
+    let g = powerinfer_core::testing::random_weight(DType::F16, all, 32, 4);
+    let ids: Vec<u32> = (0..all as u32).filter(|i| i % 2 == 1).collect();
+    let hot = dev.upload_hot_ffn(&g, None, &g, &ids, 16).unwrap();
+    let h0 = values(ids.len() + 5, 19);
+    let mut dh = dev.upload(&h0).unwrap();
+    dev.expert_scale(&hot, &dw, ef, routed, &mut dh).unwrap();
+    let want: Vec<f64> = h0
+        .iter()
+        .enumerate()
+        .map(|(s, &v)| match ids.get(s) {
+            Some(&id) => v as f64 * w[expert(id as usize)] as f64,
+            None => v as f64,
+        })
+        .collect();
+    assert_close(&dev.download(&dh).unwrap(), &want, 1.0, "expert_scale");
 }
 
 /// RMSNorm over rows longer than the block (4097 > 1024 threads), RoPE with an odd number of

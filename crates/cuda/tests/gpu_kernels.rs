@@ -12,8 +12,8 @@ use powerinfer_core::{Activation, Buffer, DType, Error, RopeStyle, Weight};
 use powerinfer_cpu::{reference, sparse_reference};
 use powerinfer_cuda::layout::att_part_len;
 use powerinfer_cuda::{
-    Act, AttnParams, Backend, DeviceWeight, FfnAct, GpuOps, HostBackend, HotFfn, KvElem, RowLayout,
-    GPU_DTYPES,
+    pack_hot_rows, pack_hot_slabs, Act, AttnParams, Backend, DeviceWeight, FfnAct, GpuOps,
+    HostBackend, HotFfn, KvElem, RowLayout, RowSpace, GPU_DTYPES,
 };
 
 /// Relative tolerance of GPU f32 sums against the f64 references (different summation order).
@@ -1150,4 +1150,81 @@ fn kv_store_exact<B: Backend, T: KvElem>(dev: &B, dx: &B::Buf<f32>, x: &[f32]) {
         }
     }
     assert_eq!(bits(dev.download(&cv).unwrap()), got);
+}
+
+/// A mixture of experts' flattened neurons: 5 experts of 7 rows, then a shared expert of 3.
+const EXPERTS: (usize, usize, usize) = (5, 7, 3);
+
+/// The expert of flattened neuron `id` (the shared expert is `n_expert`).
+fn expert_of(id: usize) -> usize {
+    let (n, ef, _) = EXPERTS;
+    if id < n * ef {
+        id / ef
+    } else {
+        n
+    }
+}
+
+#[test]
+fn expert_rows_pack_as_one_matrix() {
+    // Each expert's rows and the shared expert's, packed in place, are the slabs of the one
+    // matrix that holds them all in that order.
+    let (n, ef, sf) = EXPERTS;
+    let dim = 64;
+    for dtype in [DType::F32, DType::F16, DType::Q8_0, DType::Q4_K] {
+        let dim = if dtype == DType::Q4_K { 256 } else { dim };
+        let whole = weight(dtype, n * ef + sf, dim, 5);
+        let rb = dtype.row_bytes(dim).unwrap();
+        let part = |from: usize, rows: usize| {
+            let bytes = &whole.bytes()[from * rb..(from + rows) * rb];
+            Weight::new(dtype, rows, dim, Buffer::from_bytes(bytes)).unwrap()
+        };
+        let mut parts: Vec<Weight> = (0..n).map(|e| part(e * ef, ef)).collect();
+        parts.push(part(n * ef, sf));
+        let space = RowSpace::new(parts.iter().collect()).unwrap();
+        assert_eq!(space.rows(), n * ef + sf);
+        let ids = [0u32, 6, 7, 20, 34, 35, 36, 37];
+        let (l1, b1) = pack_hot_rows(&space, Some(&space), &space, &ids, 3).unwrap();
+        let (l2, b2) = pack_hot_slabs(&whole, Some(&whole), &whole, &ids, 3).unwrap();
+        assert_eq!((l1.total_bytes(), &b1), (l2.total_bytes(), &b2), "{dtype}");
+        assert!(pack_hot_rows(&space, None, &space, &[38], 3).is_err());
+    }
+    let (a, b) = (weight(DType::F16, 3, 64, 1), weight(DType::F32, 3, 64, 1));
+    assert!(RowSpace::new(vec![&a, &b]).is_err());
+    assert!(RowSpace::new(vec![]).is_err());
+}
+
+#[test]
+fn experts_route_hot_slots() {
+    on_each_backend!(expert_flags_and_scales);
+}
+
+/// `expert_flags` sets one flag per flattened neuron from its expert's weight; `expert_scale`
+/// multiplies each hot slot's value by its neuron's expert weight, padding slots untouched.
+fn expert_flags_and_scales<B: Backend>(dev: &B) {
+    let (n, ef, sf) = EXPERTS;
+    let all = n * ef + sf;
+    let w = [0.5f32, 0.0, -0.25, 0.0, 0.0, 1.5];
+    let dw = dev.upload(&w).unwrap();
+    let mut flags = dev.upload(&vec![7i32; all]).unwrap();
+    dev.expert_flags(&dw, ef, n * ef, &mut flags).unwrap();
+    let want: Vec<i32> = (0..all)
+        .map(|j| i32::from(w[expert_of(j)] != 0.0))
+        .collect();
+    assert_eq!(dev.download(&flags).unwrap(), want);
+
+    let g = weight(DType::F16, all, 32, 3);
+    let ids = [1u32, 8, 14, 15, 21, 33, 35, 37];
+    let hot = dev.upload_hot_ffn(&g, None, &g, &ids, 3).unwrap(); // 3 slabs, one padding slot
+    let h0 = values(ids.len() + 4, 9);
+    let mut h = dev.upload(&h0).unwrap();
+    dev.expert_scale(&hot, &dw, ef, n * ef, &mut h).unwrap();
+    let mut want = h0.clone();
+    for (s, &id) in ids.iter().enumerate() {
+        want[s] *= w[expert_of(id as usize)];
+    }
+    assert_eq!(dev.download(&h).unwrap(), want);
+    // Weights that do not describe the experts: refused before any launch.
+    assert!(dev.expert_flags(&dw, ef + 1, n * ef, &mut flags).is_err());
+    assert!(dev.expert_scale(&hot, &dw, ef, n * ef + 1, &mut h).is_err());
 }

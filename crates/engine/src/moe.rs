@@ -349,14 +349,7 @@ fn shared(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut [f32]) -> Result<()>
     activate(call.act, &mut s.gate, &s.up);
     project(&sh.down, &s.gate, n, &mut s.shared)?;
     for t in 0..n {
-        let x = &call.xn[t * dim..(t + 1) * dim];
-        let scale = match &sh.gate_inp {
-            Some(g) => {
-                let z: f64 = g.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum();
-                (1.0 / (1.0 + (-z).exp())) as f32
-            }
-            None => 1.0,
-        };
+        let scale = shared_scale(sh, &call.xn[t * dim..(t + 1) * dim]);
         let y = &s.shared[t * dim..(t + 1) * dim];
         out[t * dim..(t + 1) * dim]
             .iter_mut()
@@ -364,6 +357,18 @@ fn shared(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut [f32]) -> Result<()>
             .for_each(|(o, v)| *o += scale * v);
     }
     Ok(())
+}
+
+/// The shared expert's scale for one token's FFN input `x`: `sigmoid(gate_inp · x)` where it
+/// has that gate, else 1.
+pub fn shared_scale(sh: &SharedExpert, x: &[f32]) -> f32 {
+    match &sh.gate_inp {
+        Some(g) => {
+            let z: f64 = g.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum();
+            (1.0 / (1.0 + (-z).exp())) as f32
+        }
+        None => 1.0,
+    }
 }
 
 /// The router's logits of `n` tokens before the attention block (families whose router reads

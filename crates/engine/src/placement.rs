@@ -31,7 +31,7 @@ impl Placement {
         fingerprint: Option<&str>,
     ) -> Result<Placement> {
         let c = &weights.config;
-        let file = PlanFile::load(path, c.n_layers, c.ffn_dim)?;
+        let file = PlanFile::load(path, c.n_layers, c.n_neurons())?;
         if let Some(fp) = fingerprint {
             let theirs = file.model_fingerprint.as_str();
             ensure!(
@@ -59,7 +59,7 @@ impl Placement {
     /// projections differ in format (the fused gate/up kernel reads both in one).
     pub fn new(weights: &ModelWeights, file: PlanFile) -> Result<Placement> {
         let c = &weights.config;
-        file.table.check_model(c.n_layers, c.ffn_dim)?;
+        file.table.check_model(c.n_layers, c.n_neurons())?;
         for (i, l) in weights.layers.iter().enumerate() {
             ensure!(
                 file.table.layers[i].hot.is_empty() || l.w_gate.dtype == l.w_up.dtype,
@@ -69,6 +69,20 @@ impl Placement {
                  (plan again: the planner keeps such layers on the CPU)",
                 l.w_gate.dtype,
                 l.w_up.dtype
+            );
+        }
+        // A mixture of experts' shared expert runs whole on one side: on the GPU with the
+        // layer's hot neurons (the planner puts it first), else on the CPU.
+        let (routed, all) = (c.n_routed_neurons(), c.n_neurons());
+        for (i, l) in file.table.layers.iter().enumerate() {
+            let shared = l.hot.iter().filter(|&&n| n as usize >= routed).count();
+            ensure!(
+                l.hot.is_empty() || shared == all - routed,
+                Plan,
+                "the plan puts hot neurons of layer {i} on the GPU with {shared} of its shared \
+                 expert's {} neurons; a layer with hot neurons holds its whole shared expert \
+                 (neurons {routed}..{all}): plan again",
+                all - routed
             );
         }
         let allocations = gpu_allocations(&gpu_view(weights), &file)?;
@@ -134,6 +148,10 @@ pub fn gpu_view(w: &ModelWeights) -> ModelTensors<'_> {
             gate: &l.w_gate,
             up: &l.w_up,
             down_t: w.down_t_dtype(i),
+            shared: l.moe.as_ref().and_then(|m| m.shared.as_ref()).map(|s| {
+                let down_t = crate::transpose::transposed_dtype(&s.down);
+                (&s.gate, &s.up, down_t)
+            }),
         })
         .collect();
     ModelTensors {

@@ -413,9 +413,10 @@ impl ModelWeights {
         Ok(self.down_t.get().expect("set above"))
     }
 
-    /// Every expert's transposed down projection (`[layer][expert]`), built once on the
-    /// calling thread pool: the rows exact-relu reads for the neurons that fire in a routed
-    /// expert. Empty for a dense model.
+    /// Every expert's transposed down projection (`[layer][expert]`, then the shared expert's
+    /// where the layer has one, at index `n_expert`), built once on the calling thread pool:
+    /// the rows exact-relu reads for the neurons that fire in a routed expert, and the rows
+    /// the hybrid executor packs in slabs. Empty for a dense model.
     pub fn expert_down_t(&self) -> Result<&[Vec<Weight>]> {
         if let Some(d) = self.expert_down_t.get() {
             return Ok(d);
@@ -424,7 +425,14 @@ impl ModelWeights {
             .layers
             .iter()
             .map(|l| match &l.moe {
-                Some(m) => m.down.par_iter().map(crate::transpose::transpose).collect(),
+                Some(m) => m
+                    .down
+                    .iter()
+                    .chain(m.shared.as_ref().map(|s| &s.down))
+                    .collect::<Vec<_>>()
+                    .into_par_iter()
+                    .map(crate::transpose::transpose)
+                    .collect(),
                 None => Ok(Vec::new()),
             })
             .collect::<Result<Vec<Vec<Weight>>>>()?;
@@ -548,9 +556,14 @@ impl ModelWeights {
     /// Format of layer `layer`'s transposed down projection, without building it: the given or
     /// already built one's, else what [`crate::transpose::transpose`] will choose.
     pub fn down_t_dtype(&self, layer: usize) -> DType {
+        let l = &self.layers[layer];
+        // A mixture of experts transposes each expert's down projection (dim rows) on its own.
+        if let Some(m) = &l.moe {
+            return crate::transpose::transposed_dtype(&m.down[0]);
+        }
         match self.down_t.get() {
             Some(d) => d[layer].dtype,
-            None => crate::transpose::transposed_dtype(&self.layers[layer].w_down),
+            None => crate::transpose::transposed_dtype(&l.w_down),
         }
     }
 

@@ -412,6 +412,14 @@ impl PyModelConfig {
         self.core.rope_dims()
     }
 
+    /// The neurons of one layer's FFN as plans count them: `ffn_dim`, or for a mixture of
+    /// experts `n_expert · expert_ffn` routed neurons (neuron `e · expert_ffn + j` is row j of
+    /// expert e) followed by the shared expert's `shared_ffn_dim`.
+    #[getter]
+    fn n_neurons(&self) -> usize {
+        self.core.n_neurons()
+    }
+
     /// `[(name, rows, cols, required), ...]` of the tensors outside the layers.
     fn global_tensors(&self) -> Vec<TensorRow> {
         tensor_rows(self.core.global_tensors())

@@ -268,10 +268,10 @@ def load_plan(
                 f"({shape.fingerprint or '(unknown)'}); plan again for this model"
             )
         c = shape.config
-        if plan.n_layers != c.n_layers or plan.ffn_dim != c.ffn_dim:
+        if plan.n_layers != c.n_layers or plan.ffn_dim != shape.n_neurons:
             raise PlanError(
                 f"{p}: plan is for {plan.n_layers} layers x {plan.ffn_dim} neurons, the model has "
-                f"{c.n_layers} x {c.ffn_dim}"
+                f"{c.n_layers} x {shape.n_neurons}"
             )
         actual = total_bytes(gpu_allocation(plan, shape))
         if actual != plan.gpu_bytes:

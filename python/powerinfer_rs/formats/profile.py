@@ -222,19 +222,37 @@ def synthetic_profile(
     mean_active: float = 0.1,
     seed: int = 0,
     model_fingerprint: str = "",
+    n_expert: int = 0,
+    n_expert_used: int = 0,
 ) -> Profile:
     """A power-law profile for tests and benchmarks ("synthetic profile").
 
     Neuron frequencies follow :func:`zipf_probabilities` over a random permutation per layer,
     with the exponent jittered by +-10 % between layers so layers differ; counts are binomial
-    draws over ``tokens``.
+    draws over ``tokens``. With ``n_expert`` (a mixture of experts, ``ffn_dim`` its flattened
+    routed neurons, ``n_expert * expert_ffn``), routing is a power law too: each layer's experts
+    are routed with Zipf frequencies (exponent ``zipf_a``, mean ``n_expert_used / n_expert``),
+    and a neuron fires in a binomial share of its expert's tokens.
     """
     rng = np.random.default_rng(seed)
     counts = []
+    experts = [] if n_expert else None
+    if n_expert and (ffn_dim % n_expert or not 0 < n_expert_used < n_expert):
+        raise ShapeError(
+            f"{n_expert} experts with {n_expert_used} used do not divide {ffn_dim} neurons"
+        )
     for _ in range(n_layers):
         a = zipf_a * rng.uniform(0.9, 1.1)
-        p = zipf_probabilities(ffn_dim, a, mean_active)
-        counts.append(rng.binomial(tokens, p[rng.permutation(ffn_dim)]).astype(np.int64))
+        if experts is None:
+            p = zipf_probabilities(ffn_dim, a, mean_active)
+            counts.append(rng.binomial(tokens, p[rng.permutation(ffn_dim)]).astype(np.int64))
+            continue
+        ef = ffn_dim // n_expert
+        route = zipf_probabilities(n_expert, a, n_expert_used / n_expert, cap=1.0 - 1e-9)
+        routed = np.round(tokens * route[rng.permutation(n_expert)]).astype(np.int64)
+        experts.append(np.minimum(routed, tokens))
+        inner = zipf_probabilities(ffn_dim, a, mean_active)[rng.permutation(ffn_dim)]
+        counts.append(rng.binomial(np.repeat(experts[-1], ef), inner).astype(np.int64))
     meta = {
         "format": PROFILE_FORMAT,
         "tokens": str(tokens),
@@ -243,7 +261,9 @@ def synthetic_profile(
         "ffn_dim": str(ffn_dim),
         "corpus": json.dumps([f"synthetic zipf a={zipf_a} seed={seed}"]),
     }
-    return Profile(counts, int(tokens), meta)
+    if experts is not None:
+        meta.update(n_expert=str(n_expert), expert_ffn=str(ffn_dim // n_expert))
+    return Profile(counts, int(tokens), meta, expert_counts=experts)
 
 
 __all__ = [

@@ -116,8 +116,9 @@ def attention_allocations(
             ("attn_q.bias", q_dim, c.qkv_bias),
             ("attn_k.bias", kv, c.qkv_bias),
             ("attn_v.bias", kv, c.qkv_bias),
-            ("attn_q_norm", c.head_dim, c.qk_norm),
-            ("attn_k_norm", c.head_dim, c.qk_norm),
+            # per head, or over the whole vector (OLMoE)
+            ("attn_q_norm", q_dim if c.qk_norm_full else c.head_dim, c.qk_norm),
+            ("attn_k_norm", kv if c.qk_norm_full else c.head_dim, c.qk_norm),
         ],
     )
     out += matrices(_ATTN_MATRICES[3:])
@@ -207,9 +208,13 @@ def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -
     pass, :func:`down_splits`: its partial sums, added in a fixed order); ``attp`` (the decode
     attention's chunk states for ``context``, :func:`att_part_len`); for families with q/k
     norms ``kn`` (kv_dim: the normed keys); for parallel attention+FFN families (Falcon)
-    ``saved`` (dim: the residual before the attention, the FFN's input).
+    ``saved`` (dim: the residual before the attention, the FFN's input); for a mixture of
+    experts ``expert_w`` (n_expert + 1: the token's weight of each expert, then the shared
+    expert's scale). ``hb``, ``active`` and ``part`` count a layer's neurons
+    (:attr:`.ModelShape.n_neurons`: a mixture of experts' flattened space).
     """
     c = shape.config
+    ffn = shape.n_neurons
     f32 = {
         "x": c.dim,
         "xb": c.dim,
@@ -218,17 +223,19 @@ def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -
         "k": kv_dim(shape),
         "v": kv_dim(shape),
         "att": c.n_heads * c.head_dim,
-        "hb": c.ffn_dim,
-        "active": c.ffn_dim,
+        "hb": ffn,
+        "active": ffn,
         "pred": max(pred.ranks, default=0),
         "xfer": c.dim,
-        "part": c.dim * down_splits(c.ffn_dim),
+        "part": c.dim * down_splits(ffn),
         "attp": att_part_len(c.n_heads, c.head_dim, context),
     }
     if c.qk_norm:
         f32["kn"] = kv_dim(shape)
     if c.parallel:
         f32["saved"] = c.dim
+    if c.n_expert:
+        f32["expert_w"] = c.n_expert + 1
     return [(f"scratch.{k}", align(4 * n)) for k, n in f32.items()]
 
 
@@ -267,8 +274,10 @@ def gpu_allocation(plan: Plan, model: LoadedModel | ModelShape) -> list[Allocati
     c = shape.config
     if len(plan.gpu_neurons) != c.n_layers:
         raise PlanError(f"plan has {len(plan.gpu_neurons)} layers, the model {c.n_layers}")
-    if plan.ffn_dim != c.ffn_dim:
-        raise PlanError(f"plan is for ffn_dim {plan.ffn_dim}, the model has {c.ffn_dim}")
+    if plan.ffn_dim != shape.n_neurons:
+        raise PlanError(
+            f"plan is for {plan.ffn_dim} neurons per layer, the model has {shape.n_neurons}"
+        )
     return placement_allocation(
         shape,
         plan.placement,

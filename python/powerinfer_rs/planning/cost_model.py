@@ -14,7 +14,10 @@ neurons only.
 
 Time (seconds per token, decode): per layer, attention then predictor run on their device, then
 the FFN runs on both at once (``max`` of GPU and CPU parts), plus a sync and PCIe transfer when
-the layer is split between devices; plus the output head and one embedding row.
+the layer is split between devices; plus the output head and one embedding row. A mixture of
+experts' layer also routes on the CPU (its router's bytes), so it is split whenever the GPU holds
+any part of it, and a bucket's mass is what it reads per token (routed neurons' rows, not just
+firing ones: dense experts read every row of a routed expert).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class TimeTerms:
     bucket_cpu: list[np.ndarray]  #: per bucket, expected CPU read time when cold
     ffn_launch: float  #: GPU FFN launch latency (paid when the layer has hot neurons)
     sync: float  #: cost of a split layer
+    router: list[float]  #: per layer, routing on the CPU (a mixture of experts; 0 otherwise)
     out_gpu: float
     out_cpu: float
     constant: float  #: embedding row read
@@ -58,7 +62,10 @@ class TimeTerms:
 
 def mass_weights(p: PlacementProblem) -> MassWeights:
     """Mass weights of every variable."""
-    buckets = [lt.mass.astype(np.float64) for lt in p.layers]
+    buckets = [
+        (bucket_read(lt) / lt.neuron_read if lt.moe else lt.mass).astype(np.float64)
+        for lt in p.layers
+    ]
     attn = [lt.attn_weight_read / lt.neuron_read for lt in p.layers]
     pred = [lt.pred_read / lt.neuron_read for lt in p.layers]
     mean_r = float(np.mean([lt.neuron_read for lt in p.layers]))
@@ -69,9 +76,10 @@ def mass_weights(p: PlacementProblem) -> MassWeights:
 
 def bucket_read(lt) -> np.ndarray:
     """Expected weight bytes each bucket of a layer reads per token: its active neurons' rows,
-    and every neuron's rows its mode reads whether it fires (``neuron_fixed``)."""
+    and the rows its mode reads whether a neuron fires (``neuron_fixed``) of every neuron (of
+    every neuron whose expert is routed, in a mixture of experts: ``routed``)."""
     f = lt.neuron_fixed
-    return lt.mass * (lt.neuron_read - f) + lt.sizes * float(f)
+    return lt.mass * (lt.neuron_read - f) + lt.routed * float(f)
 
 
 def time_terms(p: PlacementProblem) -> TimeTerms:
@@ -86,6 +94,7 @@ def time_terms(p: PlacementProblem) -> TimeTerms:
         bucket_cpu=[bucket_read(lt) / c for lt in p.layers],
         ffn_launch=lam,
         sync=p.sync_cost(),
+        router=[lt.router_read / c for lt in p.layers],
         out_gpu=p.output_read / g + lam + 4 * p.shape.config.vocab_size / p.pcie_bw,
         out_cpu=p.output_read / c,
         constant=p.embed_read / c,
@@ -150,7 +159,7 @@ def evaluate(p: PlacementProblem, pl: Placement) -> Evaluation:
         gb += (lt.ffn_fixed_bytes + k * lt.slab_bytes) if k else 0
         layer_gpu.append(gb)
         cold = int(lt.sizes[k:].sum())
-        cb = cold * lt.neuron_read + (0 if a else lt.attn_weight_read + kv_raw)
+        cb = cold * lt.neuron_read + (0 if a else lt.attn_weight_read + kv_raw) + lt.router_read
         cb += 0 if pr else lt.pred_read
         layer_cpu.append(cb)
         mass += float(mw.buckets[i][:k].sum()) + (mw.attention[i] if a else 0.0)
@@ -159,10 +168,11 @@ def evaluate(p: PlacementProblem, pl: Placement) -> Evaluation:
         gpu_counts += int(lt.counts[:k].sum())
         layer_share.append(float(lt.counts[:k].sum()) / lc if lc else 0.0)
         t = (tt.attn_gpu[i] if a else tt.attn_cpu[i]) + (tt.pred_gpu[i] if pr else tt.pred_cpu[i])
+        t += tt.router[i]
         t_gpu = (tt.ffn_launch + float(tt.bucket_gpu[i][:k].sum())) if k else 0.0
         t_cpu = float(tt.bucket_cpu[i][k:].sum())
         uses_gpu = a or pr or k > 0
-        uses_cpu = (not a) or (has_pred and not pr) or k < lt.n_buckets
+        uses_cpu = (not a) or (has_pred and not pr) or k < lt.n_buckets or lt.moe
         s = uses_gpu and uses_cpu
         split.append(s)
         layer_time.append(t + max(t_gpu, t_cpu) + (tt.sync if s else 0.0))

@@ -217,9 +217,10 @@ def solve_ilp(
             a = md.cols((tt.attn_gpu[i] - tt.attn_cpu[i]) * _US, ub=a_ub)[0]
             pr = md.cols((tt.pred_gpu[i] - tt.pred_cpu[i]) * _US, ub=p_ub)[0]
             full, none = md.cols([-tt.sync * _US, -tt.sync * _US], integer=False)
-            offset += (tt.attn_cpu[i] + tt.pred_cpu[i] + tt.sync) * _US
-            # full <= y[K], a, p ; none <= y[0], 1 - a, 1 - p
-            if ks[-1] == lt.n_buckets:
+            offset += (tt.attn_cpu[i] + tt.pred_cpu[i] + tt.sync + tt.router[i]) * _US
+            # full <= y[K], a, p ; none <= y[0], 1 - a, 1 - p. A mixture of experts routes on
+            # the CPU: never wholly on the GPU.
+            if ks[-1] == lt.n_buckets and not lt.moe:
                 md.row([full, y[-1]], [1.0, -1.0], -inf, 0.0)
             else:
                 md.row([full], [1.0], -inf, 0.0)

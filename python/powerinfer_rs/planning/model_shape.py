@@ -2,13 +2,19 @@
 
 A :class:`ModelShape` comes from a loaded model (:meth:`ModelShape.from_model`) or from a config
 alone (:meth:`ModelShape.from_config`), so a 70B-shaped plan needs no 40 GB file.
+
+A mixture of experts is planned over each layer's flattened neuron space
+(``config.n_neurons``): neuron ``e * expert_ffn + j`` is row j of expert e in the merged
+``ffn_{gate,up,down}_exps`` tensors (GGUF's own layout), then the shared expert's neurons
+(``ffn_*_shexp``). A neuron's rows are the same kinds as a dense FFN's (gate, up, transposed
+down), so slabs, byte accounting and the cost model read them alike.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import ModelFileError, PlanError, UnsupportedError
+from ..errors import ModelFileError, PlanError
 from ..loading.types import BLOCK_LAYOUT, LoadedModel, ModelConfig, expected_shapes, row_bytes
 
 #: The 32-weight format a K-quant's ``down_t`` falls back to when ``dim`` is not a multiple of
@@ -46,12 +52,39 @@ class ModelShape:
     _shapes: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        if self.config.n_expert:
-            raise UnsupportedError(
-                f"{self.config.arch}: placement plans for mixture-of-experts models are not "
-                "supported yet; run the model on the CPU (device='cpu')"
-            )
         self._shapes = expected_shapes(self.config)
+
+    @property
+    def moe(self) -> bool:
+        """Whether the FFN is a mixture of experts."""
+        return bool(self.config.n_expert)
+
+    @property
+    def expert_ffn(self) -> int:
+        """Neurons of each routed expert (0 for a dense FFN)."""
+        c = self.config
+        return (c.expert_ffn_dim or c.ffn_dim) if self.moe else 0
+
+    @property
+    def routed_neurons(self) -> int:
+        """The routed experts' neurons of one layer (``n_expert * expert_ffn``; ``ffn_dim``
+        for a dense FFN): the first part of :attr:`n_neurons`."""
+        return self.config.n_expert * self.expert_ffn if self.moe else self.config.ffn_dim
+
+    @property
+    def n_neurons(self) -> int:
+        """One layer's neurons as plans count them (``config.n_neurons``): ``ffn_dim``, or the
+        routed experts' flattened neurons followed by the shared expert's."""
+        return self.config.n_neurons
+
+    def ffn_tensor(self, layer: int, kind: str) -> str:
+        """The tensor holding ``layer``'s ``kind`` ("gate", "up", "down") rows: ``ffn_gate``,
+        or a mixture of experts' merged ``ffn_gate_exps``."""
+        return f"blk.{layer}.ffn_{kind}" + ("_exps" if self.moe else "")
+
+    def shared_tensor(self, layer: int, kind: str) -> str | None:
+        """The shared expert's ``kind`` tensor of ``layer``, or None without one."""
+        return f"blk.{layer}.ffn_{kind}_shexp" if self.config.shared_ffn_dim else None
 
     @classmethod
     def from_model(cls, model: LoadedModel) -> ModelShape:
@@ -99,11 +132,12 @@ class ModelShape:
         rows, cols = self.shape(name)
         return rows * row_bytes(self.dtype(name), cols)
 
-    def down_t_dtype(self, layer: int) -> str:
+    def down_t_dtype(self, layer: int, name: str | None = None) -> str:
         """Dtype of the transposed down projection, as the engine's ``transposed_dtype``:
-        ``ffn_down``'s own dtype when ``dim`` is a whole number of its blocks, else a K-quant's
-        32-weight fallback (:data:`K_FALLBACK`) when that fits, else F16."""
-        dt = self.dtype(f"blk.{layer}.ffn_down")
+        ``ffn_down``'s own dtype (an expert's: ``ffn_down_exps``'s; ``name`` another tensor's)
+        when ``dim`` is a whole number of its blocks, else a K-quant's 32-weight fallback
+        (:data:`K_FALLBACK`) when that fits, else F16."""
+        dt = self.dtype(name or self.ffn_tensor(layer, "down"))
         for cand in (dt, K_FALLBACK.get(dt, dt)):
             if self.config.dim % BLOCK_LAYOUT[cand][0] == 0:
                 return cand
@@ -118,11 +152,11 @@ class ModelShape:
             names = [f"blk.{layer}.{t}" for t in ("attn_q", "attn_k", "attn_v", "attn_output")]
             formats = {n: self.dtype(n) for n in names}
         elif part == "ffn":
-            names = [f"blk.{layer}.ffn_up"]
+            names = [self.ffn_tensor(layer, "up")]
             if not self.config.no_gate:
-                names.insert(0, f"blk.{layer}.ffn_gate")
+                names.insert(0, self.ffn_tensor(layer, "gate"))
             formats = {n: self.dtype(n) for n in names}
-            formats[f"blk.{layer}.ffn_down_t"] = self.down_t_dtype(layer)
+            formats[self.ffn_tensor(layer, "down") + "_t"] = self.down_t_dtype(layer)
         elif part == "output":
             formats = {"output": self.dtype("output")}
         else:
@@ -131,9 +165,28 @@ class ModelShape:
         if refused:
             return f"{', '.join(refused)}: no GPU kernels for that format"
         if part == "ffn" and not self.config.no_gate:
-            gate, up = formats[f"blk.{layer}.ffn_gate"], formats[f"blk.{layer}.ffn_up"]
+            gate, up = formats[names[0]], formats[names[1]]
             if gate != up:
-                return f"blk.{layer}.ffn_gate is {gate} and ffn_up {up}: the GPU reads both in one"
+                up_name = names[1].split(".", 2)[-1]
+                return f"{names[0]} is {gate} and {up_name} {up}: the GPU reads both in one"
+        if part == "ffn" and self.config.shared_ffn_dim:
+            return self._shared_refusal(layer)
+        return None
+
+    def _shared_refusal(self, layer: int) -> str | None:
+        """Why ``layer``'s shared expert cannot share its routed experts' slabs (rows of
+        another format: a slab holds one per row kind), or None (the engine's
+        ``check_shared``)."""
+        ours = [self.dtype(self.shared_tensor(layer, k) or "") for k in ("gate", "up")]
+        ours.append(self.down_t_dtype(layer, self.shared_tensor(layer, "down")))
+        theirs = [self.dtype(self.ffn_tensor(layer, k)) for k in ("gate", "up")]
+        theirs.append(self.down_t_dtype(layer))
+        if ours != theirs:
+            return (
+                f"the shared expert's rows (gate, up, transposed down: {', '.join(ours)}) differ "
+                f"in format from the routed experts' ({', '.join(theirs)}): a slab holds one "
+                "format per row kind"
+            )
         return None
 
     def neuron_fixed_read_bytes(self, layer: int, sparsity: str) -> int:
@@ -143,9 +196,16 @@ class ModelShape:
         gate and up rows with thresholds (the rule reads |act(gate)·up|); every row dense."""
         if sparsity not in SPARSITIES:
             raise PlanError(f"sparsity {sparsity!r}: choose one of {', '.join(SPARSITIES)}")
+        if self.moe and sparsity not in MOE_SPARSITIES:
+            raise PlanError(
+                f"sparsity {sparsity!r}: mixture-of-experts models run "
+                f"{' or '.join(MOE_SPARSITIES)}; plan with one of those"
+            )
         d = self.config.dim
-        up = row_bytes(self.dtype(f"blk.{layer}.ffn_up"), d)
-        gate = 0 if self.config.no_gate else row_bytes(self.dtype(f"blk.{layer}.ffn_gate"), d)
+        up = row_bytes(self.dtype(self.ffn_tensor(layer, "up")), d)
+        gate = (
+            0 if self.config.no_gate else row_bytes(self.dtype(self.ffn_tensor(layer, "gate")), d)
+        )
         if sparsity == "predictor":
             return 0
         if sparsity == "exact-relu":
@@ -158,15 +218,29 @@ class ModelShape:
         """Weight bytes of one FFN neuron: its gate row (none for gate-less families) + up
         row + down_t row."""
         d = self.config.dim
-        gate = 0 if self.config.no_gate else row_bytes(self.dtype(f"blk.{layer}.ffn_gate"), d)
+        gate = (
+            0 if self.config.no_gate else row_bytes(self.dtype(self.ffn_tensor(layer, "gate")), d)
+        )
         return (
             gate
-            + row_bytes(self.dtype(f"blk.{layer}.ffn_up"), d)
+            + row_bytes(self.dtype(self.ffn_tensor(layer, "up")), d)
             + row_bytes(self.down_t_dtype(layer), d)
         )
+
+    def router_read_bytes(self, layer: int) -> int:
+        """Bytes a mixture of experts' layer reads per token to route, on the CPU: the router
+        (``ffn_gate_inp``) and the shared expert's gate vector; 0 for a dense FFN."""
+        if not self.moe:
+            return 0
+        out = self.tensor_bytes(f"blk.{layer}.ffn_gate_inp")
+        if f"blk.{layer}.ffn_gate_inp_shexp" in self._shapes:
+            out += self.tensor_bytes(f"blk.{layer}.ffn_gate_inp_shexp")
+        return out
 
 
 #: The FFN sparsity modes the planner's cost model knows (the engine's ``sparsity``).
 SPARSITIES = ("predictor", "exact-relu", "threshold", "dense")
+#: The modes a mixture of experts runs in (the engine refuses the others).
+MOE_SPARSITIES = ("dense", "exact-relu")
 
-__all__ = ["GPU_DTYPES", "GPU_PARTS", "K_FALLBACK", "SPARSITIES", "ModelShape"]
+__all__ = ["GPU_DTYPES", "GPU_PARTS", "K_FALLBACK", "MOE_SPARSITIES", "SPARSITIES", "ModelShape"]

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 
-from ..errors import PlanError, UnsupportedError
+from ..errors import PlanError, UnsupportedError, VramBudgetError
 from ..formats.plan import Plan
 from ..formats.profile import Profile
 from ..loading.types import LoadedModel
@@ -17,11 +18,16 @@ from .hardware_profile import HardwareProfile
 from .ilp import DEFAULT_MIP_GAP, solve_ilp
 from .model_shape import ModelShape
 from .placement import Placement
-from .predictor_size import PredictorSizes, default_predictor_sizes
+from .predictor_size import PredictorSizes, default_predictor_sizes, fixed_predictor_sizes
 from .problem import PlacementProblem, build_problem
+from .sizes import format_bytes
 from .solve_result import SolveResult
 
 SOLVERS = ("auto", "highs", "greedy")
+#: How a mixture of experts' plan places its experts: "neurons" (the integer program over the
+#: flattened neurons, hot experts and hot neurons inside warm experts), "n-cpu-moe" (llama.cpp's
+#: ``--n-cpu-moe``, :func:`n_cpu_moe`).
+MOE_POLICIES = ("neurons", "n-cpu-moe")
 
 
 def solve(
@@ -64,6 +70,63 @@ def solve(
     return res
 
 
+def default_sparsity(shape: ModelShape) -> str:
+    """The mode a plan is for when none is named: predictor, or for a mixture of experts
+    exact-relu with ReLU experts (SmallThinker's ReGLU), else dense."""
+    if shape.moe:
+        return "exact-relu" if shape.config.activation == "relu" else "dense"
+    return "predictor"
+
+
+def n_cpu_moe(problem: PlacementProblem) -> SolveResult:
+    """llama.cpp's ``--n-cpu-moe`` as a placement of a mixture of experts: attention with its KV
+    cache, the shared expert (the hottest buckets, :mod:`.problem` puts it first) and the output
+    head on the GPU wherever the GPU can hold them; then, from the last layer down, every
+    routed expert of a layer while the budget holds them all (``--n-cpu-moe N`` keeps the
+    experts of the first N layers on the CPU). A baseline to compare the neuron placement with
+    on the same budget. :class:`VramBudgetError` when the budget cannot hold the base part."""
+    t0 = time.perf_counter()
+    p = problem
+    shared = p.shape.config.shared_ffn_dim
+    base = [-(-shared // p.bucket) if lt.ffn_gpu else 0 for lt in p.layers]
+    pl = Placement(
+        attention=[lt.attn_gpu for lt in p.layers],
+        predictor=[False] * len(p.layers),
+        ffn_buckets=base,
+        output=p.output_gpu,
+    )
+    ev = evaluate(p, pl)
+    if not ev.feasible:
+        raise VramBudgetError(
+            f"the n-cpu-moe baseline (attention, KV caches, shared experts and the output head "
+            f"on the GPU) needs {format_bytes(ev.gpu_bytes)}, more than the budget of "
+            f"{format_bytes(p.budget)} ({ev.reason})"
+        )
+    on = 0
+    for i in reversed(range(len(p.layers))):
+        lt = p.layers[i]
+        if not lt.ffn_gpu:
+            break
+        trial = Placement(
+            list(pl.attention),
+            list(pl.predictor),
+            [lt.n_buckets if j == i else k for j, k in enumerate(pl.ffn_buckets)],
+            pl.output,
+        )
+        if not evaluate(p, trial).feasible:
+            break
+        pl, on = trial, on + 1
+    n_cpu = len(p.layers) - on
+    return SolveResult(
+        placement=pl,
+        solver="n-cpu-moe",
+        status=f"experts of the last {on} layers on the GPU (llama.cpp --n-cpu-moe {n_cpu})",
+        objective=evaluate(p, pl).time_per_token,
+        mip_gap=None,
+        solve_time_s=time.perf_counter() - t0,
+    )
+
+
 def hot_neurons(problem: PlacementProblem, placement: Placement) -> list[np.ndarray]:
     """Per layer, the sorted ids of the neurons ``placement`` puts on the GPU."""
     out = []
@@ -97,9 +160,22 @@ def plan_from_solution(problem: PlacementProblem, res: SolveResult, profile: Pro
         corpus = json.loads(profile.meta.get("corpus", "[]"))
     except (ValueError, RecursionError):
         corpus = []
+    predicted = {
+        "sparsity": p.sparsity,
+        "tokens_per_s": ev.tokens_per_s,
+        "time_per_token_s": ev.time_per_token,
+        "layer_time_s": ev.layer_time,
+        "output_time_s": ev.output_time,
+        "layer_split": ev.split,
+        "mass_share": ev.mass_share,
+        "layer_mass_share": ev.layer_mass_share,
+        "mass_objective": ev.mass_objective,
+    }
+    if p.shape.moe:
+        predicted["moe_policy"] = "n-cpu-moe" if res.solver == "n-cpu-moe" else "neurons"
     return Plan(
         model_fingerprint=p.shape.fingerprint,
-        ffn_dim=p.shape.config.ffn_dim,
+        ffn_dim=p.shape.n_neurons,
         gpu_neurons=hot_neurons(p, pl),
         placement=pl,
         bucket=p.bucket,
@@ -122,17 +198,7 @@ def plan_from_solution(problem: PlacementProblem, res: SolveResult, profile: Pro
             },
             "alignment": 256,
         },
-        predicted={
-            "sparsity": p.sparsity,
-            "tokens_per_s": ev.tokens_per_s,
-            "time_per_token_s": ev.time_per_token,
-            "layer_time_s": ev.layer_time,
-            "output_time_s": ev.output_time,
-            "layer_split": ev.split,
-            "mass_share": ev.mass_share,
-            "layer_mass_share": ev.layer_mass_share,
-            "mass_objective": ev.mass_objective,
-        },
+        predicted=predicted,
         solver=res.to_dict(),
         min_neurons=[lt.min_neurons for lt in p.layers],
         profile={
@@ -155,7 +221,8 @@ def make_plan(
     predictors: PredictorSizes | None = None,
     min_neurons: int | None = None,
     kv_cache: str = "f16",
-    sparsity: str = "predictor",
+    sparsity: str | None = None,
+    moe_policy: str = "neurons",
     solver: str = "auto",
     time_limit: float = 10.0,
     mip_gap: float = DEFAULT_MIP_GAP,
@@ -172,7 +239,10 @@ def make_plan(
     layers' KV caches, "f16" (default) or "f32", as the engine that runs the plan holds it.
     ``sparsity``: the FFN mode the plan is for ("predictor", the default; "exact-relu",
     "threshold", "dense"): what a neuron costs per token in the time objective and the minimum
-    of hot neurons per layer (exact-relu reads every cold neuron's gate row on the CPU).
+    of hot neurons per layer (exact-relu reads every cold neuron's gate row on the CPU); a
+    mixture of experts runs "dense" or "exact-relu". ``moe_policy`` (a mixture of experts):
+    "neurons" (default: the solver places hot experts and hot neurons inside warm experts) or
+    "n-cpu-moe" (llama.cpp's baseline, :func:`n_cpu_moe`; the solver is not used).
 
     Raises :class:`PlanError` when the profile was made on another model (unless
     ``check_fingerprint`` is False), :class:`ShapeError` when it does not fit the model's shape,
@@ -189,7 +259,33 @@ def make_plan(
             f"the activation profile was made on model {profile.model_fingerprint}, not on this "
             f"one ({shape.fingerprint}); profile this model (or pass --ignore-fingerprint)"
         )
-    preds = predictors if predictors is not None else default_predictor_sizes(shape.config)
+    if sparsity is None:
+        sparsity = default_sparsity(shape)
+    if moe_policy not in MOE_POLICIES:
+        raise PlanError(f"moe_policy {moe_policy!r}: choose one of {', '.join(MOE_POLICIES)}")
+    if moe_policy != "neurons" and not shape.moe:
+        raise PlanError(f"moe_policy {moe_policy!r} is for mixture-of-experts models")
+    if predictors is not None:
+        preds = predictors
+    elif shape.moe:
+        preds = fixed_predictor_sizes(shape.config, 0)  # experts run without predictors
+    else:
+        preds = default_predictor_sizes(shape.config)
+    if moe_policy == "n-cpu-moe":
+        problem = build_problem(
+            shape,
+            profile,
+            hardware,
+            budget,
+            objective="time",
+            bucket=bucket,
+            context=context,
+            predictors=preds,
+            min_neurons=0 if min_neurons is None else min_neurons,
+            kv_cache=kv_cache,
+            sparsity=sparsity,
+        )
+        return plan_from_solution(problem, n_cpu_moe(problem), profile)
 
     def solved(kind: str) -> tuple[PlacementProblem, SolveResult]:
         problem = build_problem(
@@ -236,4 +332,13 @@ def _faster(
     return alt, alt_res
 
 
-__all__ = ["SOLVERS", "hot_neurons", "make_plan", "plan_from_solution", "solve"]
+__all__ = [
+    "MOE_POLICIES",
+    "SOLVERS",
+    "default_sparsity",
+    "hot_neurons",
+    "make_plan",
+    "n_cpu_moe",
+    "plan_from_solution",
+    "solve",
+]

@@ -6,6 +6,15 @@ and the evaluator (:mod:`.cost_model`) all read the same numbers. Byte costs are
 allocation lists of :mod:`.accounting`, so they are exact. Parts the GPU cannot hold (matrices in
 a format without GPU kernels, :meth:`.ModelShape.gpu_refusal`) are marked refused: every solver
 keeps them on the CPU and the evaluator calls a placement putting them on the GPU infeasible.
+
+A mixture of experts is one flattened neuron space per layer (:attr:`.ModelShape.n_neurons`):
+a neuron is read when its expert is routed, so each bucket also carries its *routed* mass (the
+expected number of its neurons whose expert a token routes to: the profile's ``expert_count``),
+and the neurons are ordered by expected bytes read per token (routing skew and activation
+inside the expert together): hot experts first, then hot neurons of warm experts. The shared
+expert's neurons (read every token) come first and a layer with hot neurons holds all of them
+(the executor runs the shared expert whole on one side). Routing itself stays on the CPU
+(:attr:`LayerTerms.router_read`), so such a layer is split whenever the GPU holds any of it.
 """
 
 from __future__ import annotations
@@ -46,10 +55,24 @@ class LayerTerms:
     attn_read: float  #: attention bytes read per token: weights + mean KV (context / 2 rows)
     pred_read: int  #: predictor bytes read per token
     min_neurons: int  #: m_l: a layer with hot neurons has at least this many
+    #: expected neurons per token per bucket whose expert is routed (a mixture of experts;
+    #: None: every neuron, as in a dense FFN, which reads its ``neuron_fixed`` rows every token)
+    routed: np.ndarray | None = None
+    #: bytes read per token on the CPU to route (a mixture of experts; 0 for a dense FFN)
+    router_read: int = 0
     #: Why the GPU cannot hold the layer's attention / FFN (a format without GPU kernels,
     #: :meth:`.ModelShape.gpu_refusal`), or None: a refused part stays on the CPU.
     attn_refused: str | None = None
     ffn_refused: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.routed is None:
+            self.routed = self.sizes.astype(np.float64)
+
+    @property
+    def moe(self) -> bool:
+        """Whether the layer is a mixture of experts (routed on the CPU)."""
+        return self.router_read > 0
 
     @property
     def attn_gpu(self) -> bool:
@@ -135,12 +158,18 @@ class PlacementProblem:
 
 
 def min_neurons_for(
-    freq_sorted: np.ndarray, neuron_read: int, hw: HardwareProfile, dim: int, fixed: int = 0
+    freq_sorted: np.ndarray,
+    neuron_read: int,
+    hw: HardwareProfile,
+    dim: int,
+    fixed: int = 0,
+    routed_sorted: np.ndarray | None = None,
 ) -> int:
     """m_l: the fewest hottest neurons whose GPU time saving pays for a split.
 
-    Moving neuron ``i`` (frequency ``p_i``) to the GPU saves ``(p_i (r - f) + f) (1/C - 1/G)``
-    seconds per token (``f``: its bytes read every token, :attr:`LayerTerms.neuron_fixed`); a
+    Moving neuron ``i`` (frequency ``p_i``) to the GPU saves ``(p_i (r - f) + q_i f) (1/C -
+    1/G)`` seconds per token (``f``: its bytes read every token its expert is routed,
+    :attr:`LayerTerms.neuron_fixed`; ``q_i``: that share of tokens, 1 for a dense FFN); a
     split layer pays one launch, one sync and ``2 * 4 * dim`` PCIe bytes. Returns the smallest
     ``m`` with the top-``m`` saving at least that, or the whole layer when none does.
     """
@@ -149,7 +178,8 @@ def min_neurons_for(
         return n
     per_byte = 1 / (hw.cpu_mem_bw * 1e9) - 1 / (hw.gpu_mem_bw * 1e9)
     overhead = (hw.launch_latency_us + hw.sync_latency_us) * 1e-6 + 8 * dim / (hw.pcie_bw * 1e9)
-    saved = np.cumsum((freq_sorted * (neuron_read - fixed) + fixed) * per_byte)
+    q = 1.0 if routed_sorted is None else routed_sorted
+    saved = np.cumsum((freq_sorted * (neuron_read - fixed) + q * fixed) * per_byte)
     k = int(np.searchsorted(saved, overhead))  # first index with saved >= overhead
     return max(1, min(n, k + 1))
 
@@ -197,10 +227,15 @@ def build_problem(
             f"budget {format_bytes(budget)} exceeds the {format_bytes(hardware.vram_bytes)} of "
             f"VRAM of hardware {hardware.name!r}"
         )
-    if profile.n_layers != c.n_layers or profile.ffn_dim != c.ffn_dim:
+    if profile.n_layers != c.n_layers or profile.ffn_dim != shape.routed_neurons:
         raise ShapeError(
             f"the profile has {profile.n_layers} layers x {profile.ffn_dim} neurons, the model "
-            f"{c.n_layers} x {c.ffn_dim}"
+            f"{c.n_layers} x {shape.routed_neurons}"
+        )
+    if shape.moe and (profile.expert_counts is None or profile.n_expert != c.n_expert):
+        raise ShapeError(
+            f"the profile counts no routing of the model's {c.n_expert} experts (a profile of a "
+            "mixture of experts records blk.N.expert_count); profile this model again"
         )
     if len(predictors.allocations) != c.n_layers:
         raise ShapeError(
@@ -209,20 +244,37 @@ def build_problem(
     hw = hardware
     kv_read = (context / 2) * acc.kv_dim(shape) * acc.kv_element_bytes(kv_cache) * 2
     layers = []
+    tokens = int(profile.tokens)
+    shared = c.shared_ffn_dim if shape.moe else 0
     for i in range(c.n_layers):
+        r = shape.neuron_read_bytes(i)
+        f = shape.neuron_fixed_read_bytes(i, sparsity)
         cnt = np.asarray(profile.counts[i], dtype=np.int64)
-        order = np.lexsort((np.arange(cnt.size), -cnt)).astype(np.int64)
+        ids = np.arange(cnt.size + shared)
+        if shape.moe:
+            # Tokens routing to each neuron's expert; the shared expert's run every token.
+            ec = np.asarray(profile.expert_counts[i], dtype=np.int64)  # type: ignore[index]
+            route = np.append(np.repeat(ec, shape.expert_ffn), np.full(shared, tokens))
+            cnt = np.append(cnt, np.full(shared, tokens))
+            # Shared first, then by expected bytes read per token, activations, id.
+            read = cnt * (r - f) + route * f
+            first = (ids >= shape.routed_neurons).astype(np.int64)
+            order = np.lexsort((ids, -cnt, -read, -first)).astype(np.int64)
+        else:
+            route = np.full(cnt.size, tokens, dtype=np.int64)
+            order = np.lexsort((ids, -cnt)).astype(np.int64)
         sorted_counts = cnt[order]
         starts = np.arange(0, cnt.size, bucket)
         sizes = np.diff(np.append(starts, cnt.size))
         bcounts = np.add.reduceat(sorted_counts, starts)
-        r = shape.neuron_read_bytes(i)
-        f = shape.neuron_fixed_read_bytes(i, sparsity)
+        broute = np.add.reduceat(route[order], starts) / float(tokens)
         attn_w = sum(shape.tensor_bytes(f"blk.{i}.{t}") for t in acc._ATTN_TENSORS)
         if min_neurons is None:
-            m = min_neurons_for(sorted_counts / profile.tokens, r, hw, c.dim, f)
+            q = route[order] / float(tokens)
+            m = min_neurons_for(sorted_counts / tokens, r, hw, c.dim, f, q)
         else:
             m = max(1, min(int(min_neurons), cnt.size))
+        m = max(m, shared)  # a layer with hot neurons holds its whole shared expert
         layers.append(
             LayerTerms(
                 order=order,
@@ -241,6 +293,8 @@ def build_problem(
                 min_neurons=m,
                 attn_refused=shape.gpu_refusal("attention", i),
                 ffn_refused=shape.gpu_refusal("ffn", i),
+                routed=broute,
+                router_read=shape.router_read_bytes(i),
             )
         )
     return PlacementProblem(
@@ -258,7 +312,7 @@ def build_problem(
         output_read=shape.tensor_bytes("output") + shape.tensor_bytes("output_norm"),
         scratch_bytes=acc.total_bytes(acc.scratch_allocations(shape, context, predictors)),
         embed_read=shape.tensor_bytes("token_embd") // c.vocab_size,
-        total_counts=int(sum(int(x.sum()) for x in profile.counts)),
+        total_counts=int(sum(int(lt.counts.sum()) for lt in layers)),
         output_refused=shape.gpu_refusal("output"),
     )
 

@@ -14,7 +14,7 @@ from ..planning.hardware_profile import (
 )
 from ..planning.ilp import DEFAULT_MIP_GAP
 from ..planning.model_shape import SPARSITIES
-from ..planning.planner import SOLVERS
+from ..planning.planner import MOE_POLICIES, SOLVERS
 from ..planning.problem import BUCKET_SIZES, OBJECTIVES
 from ..planning.sizes import format_bytes, parse_bytes
 from .args import entry_point
@@ -94,10 +94,21 @@ def build_parser() -> argparse.ArgumentParser:
         choices=SPARSITIES,
         default=None,
         help="the FFN mode the engine will run the plan in, which sets what a neuron costs: "
-        "predictor (default: only predicted-active rows are read; the GPU holds the "
+        "predictor (default; for a mixture of experts exact-relu with ReLU experts, else "
+        "dense: only predicted-active rows are read; the GPU holds the "
         "predictors), exact-relu (every cold neuron's gate row is read on the CPU), threshold "
         "(gate and up rows), dense. The modes without predictors reserve no predictor bytes "
         "unless --predictors or --predictor-bytes says otherwise",
+    )
+    ap.add_argument(
+        "--moe-policy",
+        choices=MOE_POLICIES,
+        default="neurons",
+        help="mixture-of-experts models only: neurons (default: the integer program places "
+        "hot experts and hot neurons inside warm experts, from the profile's routing counts); "
+        "n-cpu-moe (llama.cpp's --n-cpu-moe as a baseline: attention, KV caches, shared "
+        "experts and the output head on the GPU, then every routed expert of the last layers "
+        "while the budget holds them, the rest on the CPU). Both route on the CPU",
     )
     ap.add_argument(
         "--objective",
@@ -238,7 +249,7 @@ def run(args: argparse.Namespace) -> int:
     from ..formats.profile import read_profile
     from ..loading import load_model
     from ..planning.model_shape import ModelShape
-    from ..planning.planner import make_plan
+    from ..planning.planner import default_sparsity, make_plan
     from ..planning.predictor_size import fixed_predictor_sizes, read_predictor_sizes
     from ..planning.report import format_table, plot_plan
 
@@ -270,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
             f"for {context}"
         )
     profile = read_profile(args.profile)
-    sparsity = args.sparsity or "predictor"
+    sparsity = args.sparsity or default_sparsity(shape)
     if args.predictors is not None:
         preds = read_predictor_sizes(args.predictors, shape.config)
     elif pred_bytes is not None:
@@ -291,6 +302,7 @@ def run(args: argparse.Namespace) -> int:
         min_neurons=args.min_neurons,
         kv_cache=args.kv_cache,
         sparsity=sparsity,
+        moe_policy=args.moe_policy,
         solver=args.solver,
         time_limit=args.time_limit,
         mip_gap=args.mip_gap,

@@ -524,6 +524,42 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             prefix_mut(&mut y.data, n, "y")?.fill(v);
             Ok(())
         }
+        Launch::ExpertFlags {
+            w,
+            expert_ffn,
+            routed,
+            n_expert,
+            n,
+            flags,
+        } => {
+            let e = elementwise::Experts::new(&w.data, expert_ffn, routed, n_expert)?;
+            let flags = prefix_mut(&mut flags.data, n, "flags")?;
+            for (j, f) in flags.iter_mut().enumerate() {
+                *f = i32::from(e.weight(j as i32)? != 0.0);
+            }
+            Ok(())
+        }
+        Launch::ExpertScale {
+            slabs,
+            ids_l,
+            w,
+            expert_ffn,
+            routed,
+            n_expert,
+            n,
+            h,
+        } => {
+            let e = elementwise::Experts::new(&w.data, expert_ffn, routed, n_expert)?;
+            let ids = Rows::ids(&slabs.data, ids_l)?;
+            let h = prefix_mut(&mut h.data, n, "h")?;
+            for (s, v) in h.iter_mut().enumerate() {
+                let id = ids.id(s)?;
+                if id >= 0 {
+                    *v *= e.weight(id)?;
+                }
+            }
+            Ok(())
+        }
     }
 }
 

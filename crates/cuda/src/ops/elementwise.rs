@@ -1,9 +1,9 @@
-//! The kernels of `elementwise.cu`: residual adds, the threshold mask, the logits' soft-cap and
-//! copies.
+//! The kernels of `elementwise.cu`: residual adds, the threshold mask, the logits' soft-cap,
+//! copies, and a mixture of experts' routing on the hot neurons.
 
 use powerinfer_core::{ensure, Result};
 
-use crate::backend::{Backend, Checked, DeviceSlice, Launch};
+use crate::backend::{Backend, Checked, DeviceSlice, HotFfn, Launch};
 
 /// `y[i] += x[i]`.
 pub(crate) fn add<B: Backend>(dev: &B, y: &mut B::Buf<f32>, x: &B::Buf<f32>) -> Result<()> {
@@ -82,4 +82,81 @@ pub(crate) fn copy<B: Backend>(dev: &B, dst: &mut B::Buf<f32>, src: &B::Buf<f32>
         return Ok(());
     }
     dev.launch(Launch::Copy { dst, src, n }, Checked(()))
+}
+
+/// The experts `w` describes (`n_expert + 1` weights) for a space of `routed` routed neurons in
+/// experts of `expert_ffn`; `Error::Shape` when they do not fit.
+fn n_expert_of(w_len: usize, expert_ffn: usize, routed: usize) -> Result<usize> {
+    ensure!(
+        w_len >= 2 && expert_ffn > 0 && routed == (w_len - 1) * expert_ffn,
+        Shape,
+        "experts: {w_len} weights (experts + shared) for {routed} routed neurons in experts of \
+         {expert_ffn}"
+    );
+    Ok(w_len - 1)
+}
+
+/// `flags[j] = (w[e(j)] != 0)` over all of `flags` (see `GpuOps::expert_flags`).
+pub(crate) fn expert_flags<B: Backend>(
+    dev: &B,
+    w: &B::Buf<f32>,
+    expert_ffn: usize,
+    routed: usize,
+    flags: &mut B::Buf<i32>,
+) -> Result<()> {
+    let n_expert = n_expert_of(w.len(), expert_ffn, routed)?;
+    let n = flags.len();
+    ensure!(
+        n >= routed,
+        Shape,
+        "expert_flags: {n} flags for {routed} routed neurons"
+    );
+    dev.launch(
+        Launch::ExpertFlags {
+            w,
+            expert_ffn,
+            routed,
+            n_expert,
+            n,
+            flags,
+        },
+        Checked(()),
+    )
+}
+
+/// `h[s] *= w[e(id of slot s)]` over the hot slots of `ffn` (see `GpuOps::expert_scale`).
+pub(crate) fn expert_scale<B: Backend>(
+    dev: &B,
+    ffn: &HotFfn<B>,
+    w: &B::Buf<f32>,
+    expert_ffn: usize,
+    routed: usize,
+    h: &mut B::Buf<f32>,
+) -> Result<()> {
+    let n_expert = n_expert_of(w.len(), expert_ffn, routed)?;
+    let l = &ffn.layout;
+    ensure!(
+        h.len() >= l.n_hot && l.ffn >= routed,
+        Shape,
+        "expert_scale: h {} for {} hot of a space of {} ({routed} routed)",
+        h.len(),
+        l.n_hot,
+        l.ffn
+    );
+    if l.n_hot == 0 {
+        return Ok(());
+    }
+    dev.launch(
+        Launch::ExpertScale {
+            slabs: &ffn.data,
+            ids_l: l.ids,
+            w,
+            expert_ffn,
+            routed,
+            n_expert,
+            n: l.n_hot,
+            h,
+        },
+        Checked(()),
+    )
 }

@@ -10,7 +10,7 @@ use powerinfer_core::{ensure, DType, Result, RopeStyle, Weight};
 
 use crate::backend::{Backend, DeviceWeight, Elem, HotFfn, KvElem};
 use crate::kernels::{is_gpu_dtype, GPU_DTYPES};
-use crate::layout::{Act, AttnParams, FfnAct};
+use crate::layout::{Act, AttnParams, FfnAct, RowSpace};
 
 mod attention;
 mod axpy;
@@ -65,6 +65,19 @@ pub trait GpuOps: Backend {
         bucket: usize,
     ) -> Result<HotFfn<Self>> {
         upload::upload_hot_ffn(self, gate, up, down_t, ids, bucket)
+    }
+
+    /// [`GpuOps::upload_hot_ffn`] over row spaces: a mixture of experts' flattened neurons (each
+    /// expert's rows, then the shared expert's), packed without copying the experts first.
+    fn upload_hot_rows(
+        &self,
+        gate: &RowSpace<'_>,
+        up: Option<&RowSpace<'_>>,
+        down_t: &RowSpace<'_>,
+        ids: &[u32],
+        bucket: usize,
+    ) -> Result<HotFfn<Self>> {
+        upload::upload_hot_rows(self, gate, up, down_t, ids, bucket)
     }
 
     /// `y[k] = act(dot(W[row k], x))` for k in 0..n, row k = `idx[k]` or k.
@@ -221,6 +234,34 @@ pub trait GpuOps: Backend {
     /// `y[i] = v` for every value of `y`.
     fn fill(&self, y: &mut Self::Buf<f32>, v: f32) -> Result<()> {
         elementwise::fill(self, y, v)
+    }
+
+    /// A mixture of experts' routing as flags over its flattened neurons: `flags[j]` for every
+    /// j in `flags` is whether neuron j's expert has a nonzero weight in `w` (n_expert + 1
+    /// values: each expert's weight for the token, 0 where not routed, then the shared
+    /// expert's scale). Neuron `j < routed` belongs to expert `j / expert_ffn`, the rest to the
+    /// shared expert.
+    fn expert_flags(
+        &self,
+        w: &Self::Buf<f32>,
+        expert_ffn: usize,
+        routed: usize,
+        flags: &mut Self::Buf<i32>,
+    ) -> Result<()> {
+        elementwise::expert_flags(self, w, expert_ffn, routed, flags)
+    }
+
+    /// Each hot slot's value of `h` times its neuron's expert weight in `w` (as
+    /// [`GpuOps::expert_flags`]), before the down pass sums the slots.
+    fn expert_scale(
+        &self,
+        ffn: &HotFfn<Self>,
+        w: &Self::Buf<f32>,
+        expert_ffn: usize,
+        routed: usize,
+        h: &mut Self::Buf<f32>,
+    ) -> Result<()> {
+        elementwise::expert_scale(self, ffn, w, expert_ffn, routed, h)
     }
 }
 

@@ -4,7 +4,7 @@
 use powerinfer_core::{ensure, Result, Weight};
 
 use crate::backend::{Backend, DeviceSlice, DeviceWeight, Elem, HotFfn};
-use crate::layout::{pack_hot_slabs, RowLayout};
+use crate::layout::{pack_hot_rows, pack_hot_slabs, RowLayout, RowSpace};
 use crate::repack::repack_rows;
 
 /// Copy `host` to a new buffer.
@@ -56,6 +56,23 @@ pub(crate) fn upload_hot_ffn<B: Backend>(
     bucket: usize,
 ) -> Result<HotFfn<B>> {
     let (layout, bytes) = pack_hot_slabs(gate, up, down_t, ids, bucket)?;
+    Ok(HotFfn {
+        layout,
+        data: upload(dev, &bytes)?,
+    })
+}
+
+/// [`upload_hot_ffn`] over row spaces (a mixture of experts' flattened neurons:
+/// [`pack_hot_rows`]).
+pub(crate) fn upload_hot_rows<B: Backend>(
+    dev: &B,
+    gate: &RowSpace<'_>,
+    up: Option<&RowSpace<'_>>,
+    down_t: &RowSpace<'_>,
+    ids: &[u32],
+    bucket: usize,
+) -> Result<HotFfn<B>> {
+    let (layout, bytes) = pack_hot_rows(gate, up, down_t, ids, bucket)?;
     Ok(HotFfn {
         layout,
         data: upload(dev, &bytes)?,

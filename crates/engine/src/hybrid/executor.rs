@@ -15,12 +15,14 @@ use crate::ffn::{rows_ffn, DenseDown, FfnScratch};
 use crate::forward::{
     attention_block, embed, ffn_block, norm_bias, norm_rows_with, output_block, Angles, Scratch,
 };
+use crate::hybrid::experts::{cold_by_expert, cold_experts, token_weights};
 use crate::hybrid::gpu_model::{GpuFfn, GpuLayer, GpuModel, GpuScratch, KvBufs};
 use crate::hybrid::kv_sync::KvSync;
 use crate::hybrid::transfers::{Link, TransferStats};
 use crate::hybrid::Hybrid;
 use crate::kv_cache::KvCache;
 use crate::layer::{AttnStep, FfnKind, FfnStep, NormKind};
+use crate::moe::{early_logits, route, router_logits};
 use crate::placement::Placement;
 use crate::sparsity::{predicted_active, PredictorInput, PredictorScratch, Sparsity};
 use crate::weights::ModelWeights;
@@ -99,6 +101,12 @@ pub struct Executor<B: Backend> {
     flags: Vec<i32>,
     xn: Vec<f32>,
     part: Vec<f32>,
+    /// Mixture of experts: the token's router logits, routes and expert weights, and per layer
+    /// each expert's cold neurons (empty for a layer without hot neurons).
+    moe_logits: Vec<f32>,
+    routes: Vec<(u32, f32)>,
+    expert_w: Vec<f32>,
+    moe_cold: Vec<Vec<Vec<u32>>>,
     /// RoPE's angle per position of each rotated pair: the global layers' and, for families
     /// whose sliding layers have their own base, theirs.
     inv_freqs: [Vec<f64>; 2],
@@ -110,6 +118,17 @@ impl<B: Backend> Executor<B> {
     pub fn new(dev: B, model: &ModelWeights, placement: Arc<Placement>) -> Result<Executor<B>> {
         let gpu = GpuModel::upload(&dev, model, &placement)?;
         let c = &model.config;
+        let ef = c.moe.expert_ffn(c.ffn_dim);
+        let moe_cold = placement
+            .file
+            .table
+            .layers
+            .iter()
+            .map(|t| match c.moe.is_moe() && !t.hot.is_empty() {
+                true => cold_by_expert(&t.hot, c.moe.n_expert, ef),
+                false => Vec::new(),
+            })
+            .collect();
         Ok(Executor {
             dev,
             gpu,
@@ -124,6 +143,10 @@ impl<B: Backend> Executor<B> {
             flags: Vec::new(),
             xn: Vec::new(),
             part: Vec::new(),
+            moe_logits: Vec::new(),
+            routes: Vec::new(),
+            expert_w: Vec::new(),
+            moe_cold,
             inv_freqs: [c.rope_inv_freqs(false), c.rope_inv_freqs(true)],
             saved: Residency::default(),
         })
@@ -233,6 +256,12 @@ impl<B: Backend> Hybrid for Executor<B> {
         for l in 0..c.n_layers {
             if model.program.layers[l].save_residual {
                 self.save_residual(res)?;
+            }
+            // A router that reads the layer's input (SmallThinker) runs on the CPU before the
+            // attention block.
+            if let (true, Some(m)) = (model.program.layers[l].early_router, &model.layers[l].moe) {
+                self.host_x(l, &mut res)?;
+                early_logits(m, &self.host.x, 1, &mut self.host.moe)?;
             }
             if self.gpu.layers[l].attention.is_some() {
                 self.gpu_attention(model, l, pos, &mut res)?;
@@ -368,9 +397,14 @@ impl<B: Backend> Executor<B> {
                     let (Some([nq, nk]), Some(kn)) = (&a.qk_norm, sc.kn.as_mut()) else {
                         powerinfer_core::bail!(Other, "layer {l}: no GPU q/k norm buffers");
                     };
-                    dev.rms_norm(&sc.q, nq, c.n_heads, eps, &mut sc.att)?;
+                    // Per head, or over the whole vector (OLMoE).
+                    let (hq, hk) = match c.arch.qk_norm_full {
+                        true => (1, 1),
+                        false => (c.n_heads, c.n_kv_heads),
+                    };
+                    dev.rms_norm(&sc.q, nq, hq, eps, &mut sc.att)?;
                     std::mem::swap(&mut sc.q, &mut sc.att);
-                    dev.rms_norm(&sc.k, nk, c.n_kv_heads, eps, kn)?;
+                    dev.rms_norm(&sc.k, nk, hk, eps, kn)?;
                     std::mem::swap(&mut sc.k, kn);
                 }
                 AttnStep::Rope { local } => {
@@ -437,7 +471,9 @@ impl<B: Backend> Executor<B> {
                 .as_ref()
                 .is_some_and(|p| p.filled);
         let cpu_predictor = predictor.is_some() && !gpu_predictor;
-        let host_needed = !table.cold.is_empty() || cpu_predictor;
+        // A mixture of experts routes on the CPU.
+        let moe = c.moe.is_moe();
+        let host_needed = !table.cold.is_empty() || cpu_predictor || moe;
         let saved = prog.save_residual;
         // The block's input on each side it is needed.
         self.device_x(l, res)?;
@@ -495,10 +531,54 @@ impl<B: Backend> Executor<B> {
                         norm_rows_with(x_in, &lw.ffn_norm, b, c.rms_eps, &mut self.xn);
                     }
                 }
-                FfnStep::Moe(_) => powerinfer_core::bail!(
-                    Unsupported,
-                    "the hybrid executor does not run mixture-of-experts layers yet"
-                ),
+                FfnStep::Moe(kind) => {
+                    let (Some(m), Some(ew)) = (&lw.moe, sc.expert_w.as_mut()) else {
+                        powerinfer_core::bail!(Other, "layer {l}: an MoE step without experts");
+                    };
+                    let mf = &c.moe;
+                    // Routing on the CPU, one weight per expert up to the GPU.
+                    let logits: &[f32] = match mf.router_on_residual {
+                        true => &self.host.moe.early,
+                        false => {
+                            router_logits(m, &self.xn, 1, &mut self.moe_logits)?;
+                            &self.moe_logits
+                        }
+                    };
+                    ensure!(
+                        logits.len() == mf.n_expert,
+                        Other,
+                        "layer {l}: {} router logits for {} experts",
+                        logits.len(),
+                        mf.n_expert
+                    );
+                    route(mf, logits, &mut self.routes);
+                    token_weights(mf, m, &self.routes, &self.xn, &mut self.expert_w);
+                    link.up(l, &self.expert_w, ew, 0)?;
+                    // GPU: the routed experts' hot neurons (and the shared expert), queued.
+                    let (ef, routed) = (mf.expert_ffn(c.ffn_dim), c.n_routed_neurons());
+                    dev.expert_flags(ew, ef, routed, &mut sc.active)?;
+                    let act = gpu_act(*kind);
+                    dev.hot_gate_up(hot, &sc.xb, Some(&sc.active), act, None, &mut sc.hb)?;
+                    dev.expert_scale(hot, ew, ef, routed, &mut sc.hb)?;
+                    let out = match direct {
+                        true => &mut sc.x,
+                        false => {
+                            dev.fill(&mut sc.xb2, 0.0)?;
+                            &mut sc.xb2
+                        }
+                    };
+                    let splits = down_splits(hot.layout.n_hot);
+                    dev.hot_down(hot, &sc.hb, &mut sc.part, out, splits)?;
+                    // CPU: the routed experts' cold neurons, one upload of their sum.
+                    self.part.resize(c.dim, 0.0);
+                    let down_t = &model.expert_down_t()?[l];
+                    let cold = &self.moe_cold[l];
+                    let (xn, routes) = (&self.xn, &self.routes);
+                    if cold_experts(m, down_t, *kind, xn, routes, cold, &mut self.part)? {
+                        link.up(l, &self.part, &mut sc.xfer, 0)?;
+                        dev.add(out, &sc.xfer)?;
+                    }
+                }
                 FfnStep::Ffn(kind) => {
                     // The active set: which hot slots the GPU computes (flags) and which cold
                     // neurons the CPU does (`cold`).

@@ -7,7 +7,9 @@
 
 use powerinfer_core::{bail, ensure, DType, KvPrecision, Result, Weight};
 use powerinfer_cuda::layout::{align, att_part_len};
-use powerinfer_cuda::{Allocation, Backend, DeviceSlice, DeviceWeight, Elem, GpuOps, HotFfn};
+use powerinfer_cuda::{
+    Allocation, Backend, DeviceSlice, DeviceWeight, Elem, GpuOps, HotFfn, RowSpace,
+};
 
 use crate::placement::Placement;
 use crate::sparsity::LayerPredictor;
@@ -59,6 +61,11 @@ impl Registry {
     fn note(&mut self, name: &str, bytes: usize) {
         self.allocations.push((name.to_string(), align(bytes)));
     }
+}
+
+/// The rows of `ws` then `s`, one row space.
+fn space<'a>(ws: &'a [Weight], s: Option<&'a Weight>) -> Result<RowSpace<'a>> {
+    RowSpace::new(ws.iter().chain(s).collect())
 }
 
 /// A layer's attention on the GPU (the family's vectors where its program has their steps).
@@ -202,6 +209,9 @@ pub struct GpuScratch<B: Backend> {
     pub kn: Option<B::Buf<f32>>,
     /// The residual before a parallel block's attention (its FFN's input).
     pub saved: Option<B::Buf<f32>>,
+    /// A mixture of experts' weights for the token (n_expert + 1: each expert's, 0 where not
+    /// routed, then the shared expert's scale).
+    pub expert_w: Option<B::Buf<f32>>,
 }
 
 /// Everything the plan puts on one device.
@@ -219,10 +229,18 @@ impl<B: Backend> GpuModel<B> {
         let c = &model.config;
         let plan = &placement.file;
         let mut reg = Registry::default();
-        let down_t = if (0..c.n_layers).any(|i| plan.n_slabs(i) > 0) {
-            Some(model.down_t()?)
-        } else {
-            None
+        // The transposed down rows the slabs hold: the dense layers', and each expert's (with
+        // the shared expert's) in a mixture of experts.
+        let hot = |moe: bool| {
+            (0..c.n_layers).any(|i| plan.n_slabs(i) > 0 && model.layers[i].moe.is_some() == moe)
+        };
+        let down_t = match hot(false) {
+            true => Some(model.down_t()?),
+            false => None,
+        };
+        let expert_down_t = match hot(true) {
+            true => Some(model.expert_down_t()?),
+            false => None,
         };
         let mut layers = Vec::with_capacity(c.n_layers);
         for (i, lw) in model.layers.iter().enumerate() {
@@ -292,8 +310,8 @@ impl<B: Backend> GpuModel<B> {
             } else {
                 None
             };
-            let ffn = match (&down_t, plan.n_slabs(i)) {
-                (Some(down_t), n) if n > 0 => {
+            let ffn = match plan.n_slabs(i) {
+                n if n > 0 => {
                     let norm = reg.upload(dev, &name("ffn_norm"), &lw.ffn_norm)?;
                     let nb = lw.norm_bias.as_ref().map(|[_, b]| &b[..]);
                     let norm_bias = reg.maybe(dev, &name("ffn_norm.bias"), nb)?;
@@ -306,8 +324,24 @@ impl<B: Backend> GpuModel<B> {
                     let post = lw.post_norms.as_ref().map(|[_, f]| &f[..]);
                     let post_norm = reg.maybe(dev, &name("post_ffw_norm"), post)?;
                     let ids = &plan.table.layers[i].hot;
-                    let up = model.program.layers[i].ffn_kind().gated.then_some(&lw.w_up);
-                    let hot = dev.upload_hot_ffn(&lw.w_gate, up, &down_t[i], ids, plan.bucket)?;
+                    let gated = model.program.layers[i].ffn_kind().gated;
+                    let hot = match (&lw.moe, down_t, expert_down_t) {
+                        (None, Some(down_t), _) => {
+                            let up = gated.then_some(&lw.w_up);
+                            dev.upload_hot_ffn(&lw.w_gate, up, &down_t[i], ids, plan.bucket)?
+                        }
+                        (Some(m), _, Some(edt)) => {
+                            // The flattened neurons: each expert's rows, then the shared
+                            // expert's, read in place.
+                            let shared = m.shared.as_ref();
+                            let gate = space(&m.gate, shared.map(|s| &s.gate))?;
+                            let up = space(&m.up, shared.map(|s| &s.up))?;
+                            let down = space(&edt[i], None)?;
+                            let up = gated.then_some(&up);
+                            dev.upload_hot_rows(&gate, up, &down, ids, plan.bucket)?
+                        }
+                        _ => bail!(Other, "layer {i}: no transposed down rows for its slabs"),
+                    };
                     reg.note(&name("ffn_hot"), hot.n_bytes());
                     Some(GpuFfn {
                         norm,
@@ -342,12 +376,13 @@ impl<B: Backend> GpuModel<B> {
                 |n: &str, len: usize| reg.zeros::<B, f32>(dev, &format!("scratch.{n}"), len);
             let (x, xb, xb2) = (z("x", c.dim)?, z("xb", c.dim)?, z("xb2", c.dim)?);
             let (q, k, v) = (z("q", c.q_dim())?, z("k", c.kv_dim())?, z("v", c.kv_dim())?);
-            let (att, hb) = (z("att", c.q_dim())?, z("hb", c.ffn_dim)?);
-            let active = reg.zeros::<B, i32>(dev, "scratch.active", c.ffn_dim)?;
+            let ffn = c.n_neurons();
+            let (att, hb) = (z("att", c.q_dim())?, z("hb", ffn)?);
+            let active = reg.zeros::<B, i32>(dev, "scratch.active", ffn)?;
             let mut z =
                 |n: &str, len: usize| reg.zeros::<B, f32>(dev, &format!("scratch.{n}"), len);
             let (pred, xfer) = (z("pred", max_rank)?, z("xfer", c.dim)?);
-            let part = z("part", powerinfer_cuda::part_len(c.dim, c.ffn_dim))?;
+            let part = z("part", powerinfer_cuda::part_len(c.dim, ffn))?;
             let attp = z("attp", att_part_len(c.n_heads, c.head_dim, plan.context))?;
             let kn = match c.arch.qk_norm {
                 true => Some(z("kn", c.kv_dim())?),
@@ -355,6 +390,10 @@ impl<B: Backend> GpuModel<B> {
             };
             let saved = match c.arch.parallel {
                 true => Some(z("saved", c.dim)?),
+                false => None,
+            };
+            let expert_w = match c.moe.is_moe() {
+                true => Some(z("expert_w", c.moe.n_expert + 1)?),
                 false => None,
             };
             Some(GpuScratch {
@@ -373,6 +412,7 @@ impl<B: Backend> GpuModel<B> {
                 attp,
                 kn,
                 saved,
+                expert_w,
             })
         } else {
             None

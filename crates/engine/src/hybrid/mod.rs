@@ -12,6 +12,7 @@
 //! the GPU layers' caches before the next decode step ([`kv_sync`]).
 
 pub mod executor;
+pub mod experts;
 pub mod gpu_model;
 pub mod kv_sync;
 pub mod transfers;
@@ -107,12 +108,6 @@ pub fn open(
         Unsupported,
         "the input sparsity mode runs on the CPU only (device=\"cpu\"); the hybrid executor \
          has no input-sparse GPU kernels yet"
-    );
-    ensure!(
-        !model.config.moe.is_moe(),
-        Unsupported,
-        "mixture-of-experts models run on the CPU only for now (device=\"cpu\"); the hybrid \
-         executor does not run expert layers yet"
     );
     if device == GPU_SIM {
         let dev = match capacity {

@@ -1,0 +1,101 @@
+//! A mixture-of-experts layer split between the GPU and the CPU. The layer's neurons are one
+//! flattened space (`ModelConfig::n_neurons`: expert `e`'s rows `e · expert_ffn ..`, then the
+//! shared expert's); the plan puts the hot ones in the GPU's slabs, the shared expert whole with
+//! them. Per token the CPU routes (the router is small and the CPU needs the FFN input for its
+//! cold neurons anyway), uploads one weight per expert, and computes the cold neurons of the
+//! routed experts while the GPU computes the hot ones, each scaled by its expert's weight.
+
+use powerinfer_core::{MoeFeatures, Result, Weight};
+use powerinfer_cpu::{sparse_ffn, GateRows, SparseFfn};
+use rayon::prelude::*;
+
+use crate::layer::FfnKind;
+use crate::moe::{shared_scale, MoeWeights};
+
+/// Each expert's cold neurons (rows of the expert, ascending) given the layer's hot neurons
+/// (flattened ids, ascending): what the CPU computes when the expert is routed.
+pub fn cold_by_expert(hot: &[u32], n_expert: usize, expert_ffn: usize) -> Vec<Vec<u32>> {
+    let mut is_hot = vec![false; n_expert * expert_ffn];
+    for &i in hot {
+        if let Some(h) = is_hot.get_mut(i as usize) {
+            *h = true;
+        }
+    }
+    is_hot
+        .chunks(expert_ffn)
+        .map(|e| (0..expert_ffn as u32).filter(|&j| !e[j as usize]).collect())
+        .collect()
+}
+
+/// The token's weight of every expert (0 where not routed) and, last, the shared expert's
+/// scale (0 without one): what the GPU's `expert_flags` and `expert_scale` read.
+pub fn token_weights(
+    m: &MoeFeatures,
+    w: &MoeWeights,
+    routes: &[(u32, f32)],
+    xn: &[f32],
+    out: &mut Vec<f32>,
+) {
+    out.clear();
+    out.resize(m.n_expert + 1, 0.0);
+    for &(e, wt) in routes {
+        out[e as usize] = wt;
+    }
+    out[m.n_expert] = w.shared.as_ref().map_or(0.0, |s| shared_scale(s, xn));
+}
+
+/// The CPU's part of one token: for every routed expert its `cold` neurons (all of them for an
+/// expert with none on the GPU), gate rows then the up and transposed down rows of those that
+/// fire, times the expert's weight, summed into `out` (dim, overwritten). Returns whether any
+/// neuron was computed.
+pub fn cold_experts(
+    w: &MoeWeights,
+    down_t: &[Weight],
+    act: FfnKind,
+    xn: &[f32],
+    routes: &[(u32, f32)],
+    cold: &[Vec<u32>],
+    out: &mut [f32],
+) -> Result<bool> {
+    out.fill(0.0);
+    let work: Vec<(usize, f32)> = routes
+        .iter()
+        .map(|&(e, wt)| (e as usize, wt))
+        .filter(|&(e, _)| !cold[e].is_empty())
+        .collect();
+    let dim = out.len();
+    let ys: Vec<Result<Vec<f32>>> = work
+        .par_iter()
+        .map(|&(e, _)| {
+            let ffn = SparseFfn {
+                gate: &w.gate[e],
+                up: Some(&w.up[e]),
+                down_t: &down_t[e],
+            };
+            let rows = match cold[e].len() == w.gate[e].rows {
+                true => GateRows::All,
+                false => GateRows::Listed(&cold[e]),
+            };
+            let mut y = vec![0.0f32; dim];
+            let fire = |_: u32, g: f32| act.apply(g);
+            sparse_ffn(&ffn, xn, rows, fire, |a, u| act.times_up(a, u), &mut y)?;
+            Ok(y)
+        })
+        .collect();
+    for (y, &(_, wt)) in ys.into_iter().zip(&work) {
+        out.iter_mut().zip(y?).for_each(|(o, v)| *o += wt * v);
+    }
+    Ok(!work.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cold_neurons_per_expert() {
+        // 3 experts of 4; hot: expert 0 rows 1, 3; expert 2 all; shared ids (12..) ignored.
+        let cold = cold_by_expert(&[1, 3, 8, 9, 10, 11, 12, 13], 3, 4);
+        assert_eq!(cold, vec![vec![0, 2], vec![0, 1, 2, 3], vec![]]);
+    }
+}
