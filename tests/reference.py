@@ -159,7 +159,12 @@ def activation(name: str, x: np.ndarray) -> np.ndarray:
 
 
 def reference_forward(
-    model: LoadedModel, tokens: list[int], ffn_mask=None, site_mask=None, moe_trace=None
+    model: LoadedModel,
+    tokens: list[int],
+    ffn_mask=None,
+    site_mask=None,
+    moe_trace=None,
+    moe_mask=None,
 ) -> tuple[np.ndarray, list[np.ndarray]]:
     """Logits ``(n, vocab)`` and, per layer, the FFN gate pre-activations ``(n, ffn)``.
 
@@ -170,7 +175,9 @@ def reference_forward(
     ``"attn_out"`` (the output projection's), ``"ffn_in"`` (gate/up's), ``"down_in"``
     (``act(gate)·up``) and, with ``layer`` = n_layers, ``"output"`` (the head's).
     ``moe_trace`` (a list), when given, receives ``(layer, token, expert, h)`` for every
-    routed expert of a mixture of experts (h = its ``act(gate)·up`` values)."""
+    routed expert of a mixture of experts (h = its ``act(gate)·up`` values); ``moe_mask(layer,
+    token, h) -> h``, when given, replaces each routed expert's h (threshold mode's semantics
+    inside experts)."""
     if site_mask is None:
         site_mask = lambda _layer, _site, v: v  # noqa: E731
     c = model.config
@@ -263,7 +270,8 @@ def reference_forward(
         h = site_mask(i, "ffn_in", norm(x_in, ffn_norm))
         if c.n_expert:
             trace = None if moe_trace is None else (moe_trace, i)
-            f = moe_ffn(c, w, p, h, h if router_in is None else router_in, act, trace)
+            mask = None if moe_mask is None else (lambda t, hv, i=i: moe_mask(i, t, hv))
+            f = moe_ffn(c, w, p, h, h if router_in is None else router_in, act, trace, mask)
             x = x + (norm(f, p + "post_ffw_norm") if c.post_norms else f)
             continue
         # Without a gate, fc1 (``ffn_up``) is the activated projection and there is no up.
@@ -282,7 +290,9 @@ def reference_forward(
     return logits, gates
 
 
-def moe_ffn(c, w, p: str, h: np.ndarray, router_in: np.ndarray, act, trace=None) -> np.ndarray:
+def moe_ffn(
+    c, w, p: str, h: np.ndarray, router_in: np.ndarray, act, trace=None, mask=None
+) -> np.ndarray:
     """A mixture-of-experts FFN as the published modeling code (and llama.cpp's
     build_moe_ffn) computes it: router logits, softmax or sigmoid, the ``n_expert_used`` most
     probable experts, their probabilities (divided by their sum where the family renormalises,
@@ -309,6 +319,8 @@ def moe_ffn(c, w, p: str, h: np.ndarray, router_in: np.ndarray, act, trace=None)
             wts = wts * c.expert_weights_scale
         for ex, wt in zip(top, wts):
             hv = act(gate[ex] @ h[t]) * (up[ex] @ h[t])
+            if mask is not None:
+                hv = mask(t, hv)
             if trace is not None:
                 trace[0].append((trace[1], t, int(ex), hv))
             out[t] += wt * (down[ex] @ hv)

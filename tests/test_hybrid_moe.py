@@ -57,7 +57,28 @@ def moe_model(synth_gguf):
 
 
 def mode_of(model) -> str:
+    """The mode the plan is made for (the default: exact-relu for ReLU experts, else dense)."""
     return "exact-relu" if model.config.activation == "relu" else "dense"
+
+
+def modes_of(model) -> list[str]:
+    """The modes each engine pair runs: threshold mode too for SiLU experts."""
+    return ["exact-relu"] if model.config.activation == "relu" else ["dense", "threshold"]
+
+
+_thresholds: dict[str, list[float]] = {}
+
+
+def thresholds_of(model) -> list[float]:
+    """Thresholds dropping about 40% of the routed experts' neurons (the calibrate stage's)."""
+    from powerinfer_rs.stages.calibrate import calibrate_thresholds
+
+    if model.fingerprint not in _thresholds:
+        ids = [int(t) for t in np.random.default_rng(2).integers(3, 300, 128)]
+        eng = Engine(model, threads=2)
+        t, _ = calibrate_thresholds(eng, ids, 0.4, window=64, progress=False)
+        _thresholds[model.fingerprint] = t
+    return _thresholds[model.fingerprint]
 
 
 def measured_profile(model, tokens: int = 64) -> Profile:
@@ -128,11 +149,31 @@ def test_expert_layers_on_the_gpu_side_match_the_cpu_engine(
     for ids in plan.gpu_neurons:  # the shared expert is whole on the GPU with any hot neuron
         assert ids.size == 0 or set(range(routed, c.n_neurons)) <= set(ids.tolist())
     path = save_plan(plan, tmp_path / "plan.safetensors")
-    mode = mode_of(model)
-    cpu = Engine(model, threads=2, sparsity=mode)
+    for mode in modes_of(model):
+        if device == "gpu-emu" and mode == "dense" and placement != "half":
+            continue  # the emulator's time on the modes whose kernels differ
+        run_pair(
+            model, path, plan, device, mode, dtype, hot, f"{arch} {dtype} {device} {placement}"
+        )
+
+
+def run_pair(model, path, plan, device, mode, dtype, hot, what) -> None:
+    """The CPU engine and the hybrid one in ``mode``: the same logits and greedy tokens, the
+    GPU side's allocations, steps, transfers and (on gpu-emu) routing kernels."""
+    kw: dict = {"threads": 2, "sparsity": mode}
+    if mode == "threshold":
+        # Calibrated (40% of the routed neurons dropped) on F16 files. On quantized ones the
+        # GPU side and the CPU compute |act(gate)·up| in other arithmetic (f32 x against the
+        # CPU's int16 x), and a neuron within rounding of its threshold flips, moving the
+        # logits by about t·|down row| (8e-3 at t = 0.1 here): a small threshold there, as in
+        # test_hybrid_families.
+        kw["thresholds"] = (
+            thresholds_of(model) if dtype == "F16" else [0.01] * model.config.n_layers
+        )
+    cpu = Engine(model, **kw)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        hyb = Engine(model, threads=2, sparsity=mode, plan=str(path), device=device)
+        hyb = Engine(model, plan=str(path), device=device, **kw)
     info = hyb.gpu_info()
     assert info["allocations"] == hyb.plan.allocations == gpu_allocation(plan, model)
     if info["allocated_bytes"] is not None:
@@ -145,7 +186,7 @@ def test_expert_layers_on_the_gpu_side_match_the_cpu_engine(
     # transposed down rows where the CPU engine reads the file's (test_hybrid_families).
     tol = TOL_DENSE_REQUANTIZED if (mode == "dense" and dtype != "F16") else TOL
     for i, (g, w) in enumerate(zip(got, want)):
-        assert_close(g, w, tol, f"{arch} {dtype} {device} {placement} step {i}")
+        assert_close(g, w, tol, f"{what} {mode} step {i}")
     assert got_toks == want_toks
     info = hyb.gpu_info()
     assert info["steps"] >= STEPS
@@ -156,6 +197,9 @@ def test_expert_layers_on_the_gpu_side_match_the_cpu_engine(
         for entry in ("expert_flags", "expert_scale", "attention_decode"):
             assert launches.get(entry, 0) >= STEPS * min(layers, 1), (entry, launches)
         assert launches.get("expert_flags", 0) == launches.get("expert_scale", 0)
+        # The mask runs on the routed experts' hot rows (the shared expert's stay dense).
+        if mode == "threshold" and any(h > model.config.shared_ffn_dim for h in hot):
+            assert launches.get("threshold_mask", 0) >= STEPS, launches
 
 
 def test_the_hottest_experts_go_first(moe_model):
@@ -265,7 +309,7 @@ def test_what_moe_plans_refuse(moe_model, synth_gguf, tmp_path):
     c = model.config
     hw = load_hardware("rtx4090")
     prof = measured_profile(model)
-    with pytest.raises(PlanError, match="dense or exact-relu"):
+    with pytest.raises(PlanError, match="dense, exact-relu, threshold experts"):
         make_plan(model, prof, hw, 10**7, sparsity="predictor")
     no_routing = Profile(prof.counts, prof.tokens, {})
     with pytest.raises(ShapeError, match="expert_count"):

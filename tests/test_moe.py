@@ -12,6 +12,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from test_sparsity import random_predictors
 
 from powerinfer_rs import Engine
 from powerinfer_rs.errors import ModelFileError, UnsupportedError
@@ -20,7 +21,7 @@ from powerinfer_rs.loading.archs import family_named
 from powerinfer_rs.loading.gguf_loader import config_from_metadata, open_gguf
 from powerinfer_rs.testing.synth import write_gguf_model, write_hf_model
 
-from reference import exact_kv_engine, greedy_reference, reference_logits
+from reference import exact_kv_engine, greedy_reference, reference_forward, reference_logits
 
 #: Each MoE family's synth arguments: 8 experts, top-2 (top-3 for Qwen3-MoE), experts narrower
 #: than the dense width where the family's files say so.
@@ -173,6 +174,69 @@ def test_exact_relu_inside_experts_is_the_dense_function(synth_gguf, dtype):
     assert rel(sparse.logits(ids), Engine(m, threads=2).logits(ids)) <= REF_RTOL
 
 
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe"])
+def test_threshold_inside_experts_matches_the_masked_reference(synth_gguf, arch):
+    """Threshold mode inside SiLU experts: each routed expert drops the neurons with
+    |act(gate)·up| < t (the context's first token stays dense), batched and decoding, as the
+    float64 reference masks them; at t = 0 the dense function. Decoding reads the down rows
+    of the neurons that pass only (the experts' transposed down projections are built)."""
+    path = synth_gguf(dtype="F32", activation="silu", arch=arch, **MOE_ARCHS[arch])
+    m = load_model(path)
+    ids = ids_for(m, n=12)
+    trace: list = []
+    dense_ref, _ = reference_forward(m, ids, moe_trace=trace)
+    vals = [[] for _ in range(m.config.n_layers)]
+    for layer, tok, _e, hv in trace:
+        if tok:
+            vals[layer].append(np.abs(hv))
+    t = [float(np.median(np.concatenate(v))) for v in vals]  # half the routed neurons drop
+
+    def mask(layer, tok, hv):
+        return hv if tok == 0 else np.where(np.abs(hv) >= t[layer], hv, 0.0)
+
+    ref, _ = reference_forward(m, ids, moe_mask=mask)
+    assert rel(ref, dense_ref) > 10 * REF_RTOL  # the thresholds really dropped neurons
+    eng = Engine(m, threads=2, kv_cache="f32", sparsity="threshold", thresholds=t)
+    assert rel(eng.logits(ids), ref) <= REF_RTOL
+    eng.reset()
+    assert rel(np.stack([eng.prefill([x]) for x in ids]), ref) <= REF_RTOL
+    assert eng._model.down_t_bytes > 0
+    zero = Engine(m, threads=2, kv_cache="f32", sparsity="threshold", thresholds=[0.0] * 2)
+    assert rel(np.stack([zero.prefill([x]) for x in ids]), dense_ref) <= REF_RTOL
+
+
+def test_calibrate_thresholds_inside_experts(synth_gguf, tmp_path):
+    """The calibrate stage on a mixture of experts: thresholds are quantiles of |act(gate)·up|
+    over the routed experts' neurons (captured per token, its experts in route order), and the
+    engine in threshold mode then drops about that share of them (the profiler's count)."""
+    from powerinfer_rs.stages.calibrate import calibrate_thresholds
+
+    path = synth_gguf(dtype="F32", activation="silu", arch="qwen3moe", **MOE_ARCHS["qwen3moe"])
+    m = load_model(path)
+    c = m.config
+    eng = Engine(m, threads=2)
+    ids = ids_for(m, n=200, seed=3)
+    eng.start_profiling(capture=True)
+    eng.prefill(ids[:16])
+    caps = eng.take_captured()
+    eng.stop_profiling()
+    assert len(caps) == c.n_layers
+    x, act = caps[0]
+    assert x.shape == (16, c.dim) and act.shape == (16, c.n_expert_used * c.expert_ffn_dim)
+    assert (np.abs(act).reshape(16, c.n_expert_used, -1).sum(axis=2) > 0).all()
+    thresholds, below = calibrate_thresholds(eng, ids, 0.4, window=64, progress=False)
+    assert all(t > 0 for t in thresholds) and all(abs(b - 0.4) < 0.02 for b in below)
+    eng.set_sparsity("threshold", thresholds=thresholds)
+    eng.reset()
+    eng.start_profiling()
+    eng.prefill(ids[64:128])
+    counts, tokens = eng.profile_counts()
+    routed = eng.profile_expert_counts()
+    eng.stop_profiling()
+    active = counts.sum() / (routed.sum() * c.expert_ffn_dim)
+    assert 0.45 < active < 0.75, active  # ~60% kept on other tokens of the same text
+
+
 def test_profile_counts_routing_and_neurons_inside_experts(synth_gguf, tmp_path):
     """The profiler counts, per layer, the tokens routed to each expert and, in the
     flattened neuron space (expert e's neuron j at e * expert_ffn + j), the tokens in which
@@ -269,8 +333,8 @@ def test_only_routed_experts_are_computed(synth_gguf):
 def test_what_is_not_supported_yet_is_refused(synth_gguf, tmp_path):
     path = synth_gguf(dtype="F32", activation="silu", arch="qwen3moe", **MOE_ARCHS["qwen3moe"])
     m = load_model(path)
-    with pytest.raises(UnsupportedError, match="mixture-of-experts models run dense or exact-relu"):
-        Engine(m, threads=1, sparsity="threshold", thresholds=[0.1] * m.config.n_layers)
+    with pytest.raises(UnsupportedError, match="mixture-of-experts models run dense, exact"):
+        Engine(m, threads=1, sparsity="predictor", predictors=random_predictors(m))
     with pytest.raises(UnsupportedError, match="GGUF only"):
         write_hf_model(
             tmp_path / "hf",

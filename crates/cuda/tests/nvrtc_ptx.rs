@@ -235,6 +235,28 @@ fn every_spec() -> Vec<LaunchSpec> {
         v: 0.5,
     };
     out.push(launch_spec(&dev, launch).unwrap());
+    let mut flags = dev.zeros::<i32>(64).unwrap();
+    let launch = Launch::ExpertFlags {
+        w: &x,
+        expert_ffn: 8,
+        routed: 56,
+        n_expert: 7,
+        n: 64,
+        flags: &mut flags,
+    };
+    out.push(launch_spec(&dev, launch).unwrap());
+    let slabs = dev.zeros::<u8>(256).unwrap();
+    let launch = Launch::ExpertScale {
+        slabs: &slabs,
+        ids_l: RowLayout::dense(64, 4).unwrap(),
+        w: &x,
+        expert_ffn: 8,
+        routed: 56,
+        n_expert: 7,
+        n: 64,
+        h: &mut c,
+    };
+    out.push(launch_spec(&dev, launch).unwrap());
     let part = f(128);
     let launch = Launch::AddSplits {
         part: &part,

@@ -419,19 +419,24 @@ pub(crate) fn ffn_block(
                 let Some(w) = &lw.moe else {
                     powerinfer_core::bail!(Other, "layer {l}: an MoE step without its experts");
                 };
-                if profiler
-                    .as_ref()
-                    .is_some_and(|p| p.capture || p.capture_sites)
-                {
+                if profiler.as_ref().is_some_and(|p| p.capture_sites) {
                     powerinfer_core::bail!(
                         Unsupported,
-                        "capturing rows of a mixture-of-experts model is not supported yet"
+                        "capturing the input sites of a mixture-of-experts model is not \
+                         supported yet"
                     );
                 }
                 // Exact-relu reads only the up and down rows of the neurons that fire in each
-                // routed expert (one token); batches compute the same function densely.
+                // routed expert (one token), threshold mode the down rows of those that pass;
+                // batches compute the same function densely, masked.
                 let down_t = match (mode, n) {
-                    (Sparsity::ExactRelu, 1) => Some(&model.expert_down_t()?[l][..]),
+                    (Sparsity::ExactRelu | Sparsity::Threshold(_), 1) => {
+                        Some(&model.expert_down_t()?[l][..])
+                    }
+                    _ => None,
+                };
+                let threshold = match mode {
+                    Sparsity::Threshold(t) => Some(t[l]),
                     _ => None,
                 };
                 let call = MoeCall {
@@ -442,6 +447,8 @@ pub(crate) fn ffn_block(
                     n,
                     dim: c.dim,
                     down_t,
+                    threshold,
+                    dense_rows: mode.dense_rows(start, n),
                     layer: l,
                 };
                 moe_ffn(&call, &mut s.moe, profiler.as_deref_mut(), &mut s.down)?;

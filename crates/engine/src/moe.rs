@@ -11,7 +11,7 @@
 //! tokens by expert and runs one matrix product per expert over its tokens.
 
 use powerinfer_core::{bail, ensure, Gating, MoeFeatures, Result, Weight};
-use powerinfer_cpu::{matvec_each, matvec_many, sparse_ffn, GateRows, SparseFfn};
+use powerinfer_cpu::{axpy_rows, matvec_each, matvec_many, sparse_ffn, GateRows, SparseFfn};
 use rayon::prelude::*;
 
 use crate::ffn::{activate, project, project_many};
@@ -157,6 +157,9 @@ pub struct MoeScratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     shared: Vec<f32>,
+    /// The batch's activations inside experts for the profiler's capture: per token its
+    /// routed experts' rows, in route order (n × n_expert_used × expert_ffn).
+    capture: Vec<f32>,
 }
 
 /// Everything one layer's MoE call needs.
@@ -169,8 +172,13 @@ pub struct MoeCall<'a> {
     pub n: usize,
     pub dim: usize,
     /// Every expert's transposed down projection: one token then reads only the up and down
-    /// rows of the neurons that fire in each routed expert (exact-relu); None: dense experts.
+    /// rows of the neurons that fire in each routed expert (exact-relu), or the down rows of
+    /// those whose |act(gate)·up| passes the threshold; None: dense experts.
     pub down_t: Option<&'a [Weight]>,
+    /// Threshold mode's threshold on |act(gate)·up| inside experts (None: every neuron).
+    pub threshold: Option<f32>,
+    /// Leading tokens computed densely whatever the mode (threshold mode's first position).
+    pub dense_rows: usize,
     /// The layer (for the profiler).
     pub layer: usize,
 }
@@ -211,10 +219,12 @@ pub fn moe_ffn(
     for (t, r) in s.routes.iter_mut().enumerate() {
         route(m, &logits[t * m.n_expert..(t + 1) * m.n_expert], r);
     }
-    match (n, call.down_t, profiler) {
-        (1, Some(down_t), None) => sparse_decode(call, down_t, s, out)?,
-        (1, None, None) => decode(call, s, out)?,
-        (_, _, profiler) => batch(call, s, profiler, out)?,
+    let threshold = call.threshold.filter(|_| call.dense_rows == 0);
+    match (n, call.down_t, threshold, profiler) {
+        (1, Some(down_t), Some(t), None) => threshold_decode(call, down_t, t, s, out)?,
+        (1, Some(down_t), None, None) => sparse_decode(call, down_t, s, out)?,
+        (1, None, _, None) => decode(call, s, out)?,
+        (_, _, _, profiler) => batch(call, s, profiler, out)?,
     }
     shared(call, s, out)
 }
@@ -299,6 +309,58 @@ fn sparse_decode(
     Ok(())
 }
 
+/// One token in threshold mode: every routed expert's gate and up in one parallel region, then
+/// per expert the transposed down rows of the neurons with |act(gate)·up| >= `t` alone.
+fn threshold_decode(
+    call: &MoeCall<'_>,
+    down_t: &[Weight],
+    t: f32,
+    s: &mut MoeScratch,
+    out: &mut [f32],
+) -> Result<()> {
+    let (w, act) = (call.w, call.act);
+    let route = &s.routes[0];
+    let k = route.len();
+    let ef = w.gate[0].rows;
+    s.bufs.resize_with(2 * k + 1, Vec::new);
+    let (inner, rest) = s.bufs.split_at_mut(2 * k);
+    let mut ws: Vec<&Weight> = Vec::with_capacity(2 * k);
+    for &(e, _) in route {
+        ws.push(&w.gate[e as usize]);
+        ws.push(&w.up[e as usize]);
+    }
+    let mut ys: Vec<&mut [f32]> = inner
+        .iter_mut()
+        .map(|b| {
+            b.resize(ef, 0.0);
+            b.as_mut_slice()
+        })
+        .collect();
+    matvec_many(&ws, call.xn, &mut ys)?;
+    let y = &mut rest[0];
+    y.resize(call.dim, 0.0);
+    let (mut idx, mut vals) = (Vec::with_capacity(ef), Vec::with_capacity(ef));
+    for (pair, &(e, wt)) in inner.chunks_exact_mut(2).zip(route) {
+        let (g, u) = pair.split_at_mut(1);
+        activate(act, &mut g[0], &u[0]);
+        idx.clear();
+        vals.clear();
+        for (j, &h) in g[0].iter().enumerate() {
+            if h.abs() >= t {
+                idx.push(j as u32);
+                vals.push(h);
+            }
+        }
+        if idx.is_empty() {
+            continue;
+        }
+        y.fill(0.0);
+        axpy_rows(&down_t[e as usize], &idx, &vals, y)?;
+        out.iter_mut().zip(y.iter()).for_each(|(o, v)| *o += wt * v);
+    }
+    Ok(())
+}
+
 /// A batch: the tokens grouped by expert, one product per expert over its tokens.
 fn batch(
     call: &MoeCall<'_>,
@@ -313,6 +375,9 @@ fn batch(
             by_expert[e as usize].push((t, wt));
         }
     }
+    if profiler.as_ref().is_some_and(|p| p.capture) {
+        s.capture.clear();
+    }
     for (e, tokens) in by_expert.iter().enumerate() {
         if tokens.is_empty() {
             continue;
@@ -324,8 +389,32 @@ fn batch(
         }
         project_many([&w.gate[e], &w.up[e]], &s.xe, m, [&mut s.gate, &mut s.up])?;
         activate(act, &mut s.gate, &s.up);
+        let ef = w.gate[e].rows;
+        // Threshold mode masks the activations of the tokens it sparsifies.
+        if let Some(t) = call.threshold {
+            for (row, &(tok, _)) in s.gate.chunks_exact_mut(ef).zip(tokens) {
+                if tok >= call.dense_rows {
+                    row.iter_mut()
+                        .filter(|h| h.abs() < t)
+                        .for_each(|h| *h = 0.0);
+                }
+            }
+        }
         if let Some(p) = profiler.as_deref_mut() {
-            p.record_expert(call.layer, e, &s.gate, w.gate[e].rows);
+            p.record_expert(call.layer, e, &s.gate, ef);
+            if p.capture {
+                // Each token's rows in the order of its routes (n_expert_used per token).
+                let k = call.m.n_expert_used;
+                s.capture.resize(call.n * k * ef, 0.0);
+                for (row, &(tok, _)) in s.gate.chunks_exact(ef).zip(tokens) {
+                    let j = s.routes[tok]
+                        .iter()
+                        .position(|r| r.0 as usize == e)
+                        .unwrap_or(0);
+                    let at = (tok * k + j) * ef;
+                    s.capture[at..at + ef].copy_from_slice(row);
+                }
+            }
         }
         project(&w.down[e], &s.gate, m, &mut s.ye)?;
         for (i, &(t, wt)) in tokens.iter().enumerate() {
@@ -335,6 +424,9 @@ fn batch(
                 .zip(y)
                 .for_each(|(o, v)| *o += wt * v);
         }
+    }
+    if let Some(p) = profiler.filter(|p| p.capture) {
+        p.capture_rows(call.layer, call.xn, &s.capture);
     }
     Ok(())
 }

@@ -58,16 +58,19 @@ impl Profiler {
     }
 
     /// A zeroed profiler for a mixture of experts: `n_expert` experts of `expert_ffn` neurons
-    /// per layer (one flattened neuron space per layer), routing counted per expert.
+    /// per layer (one flattened neuron space per layer), routing counted per expert; with
+    /// `capture` each token's FFN input and its routed experts' activations (in route order,
+    /// `n_expert_used × expert_ffn` per token) are kept.
     pub fn for_experts(
         n_layers: usize,
         n_expert: usize,
         expert_ffn: usize,
         thresholds: Option<Vec<f32>>,
+        capture: bool,
     ) -> Profiler {
         Profiler {
             expert_counts: vec![vec![0; n_expert]; n_layers],
-            ..Profiler::new(n_layers, n_expert * expert_ffn, thresholds, false)
+            ..Profiler::new(n_layers, n_expert * expert_ffn, thresholds, capture)
         }
     }
 
@@ -124,6 +127,15 @@ impl Profiler {
         }
     }
 
+    /// Keep `x` (FFN input rows) and `act` (their activation rows) as captured rows of `layer`
+    /// (a mixture of experts: per token its routed experts' activations, in route order).
+    pub fn capture_rows(&mut self, layer: usize, x: &[f32], act: &[f32]) {
+        if self.capture {
+            self.captured[layer].x.extend_from_slice(x);
+            self.captured[layer].act.extend_from_slice(act);
+        }
+    }
+
     /// Hand over the captured rows, leaving the buffers empty.
     pub fn take_captured(&mut self) -> Vec<Captured> {
         let n = self.captured.len();
@@ -157,7 +169,7 @@ mod tests {
 
     #[test]
     fn experts_count_routing_and_their_neurons() {
-        let mut p = Profiler::for_experts(2, 3, 2, None);
+        let mut p = Profiler::for_experts(2, 3, 2, None, false);
         assert_eq!(p.counts[1].len(), 6);
         p.record_expert(1, 2, &[0.0, 1.0, 3.0, 0.0, 2.0, 2.0], 2);
         p.record_expert(1, 0, &[1.0, 0.0], 2);

@@ -93,13 +93,17 @@ impl Session {
         let c = &self.model.config;
         mode.validate(c.n_layers, c.dim, c.ffn_dim, c.activation)?;
         powerinfer_core::ensure!(
-            !c.moe.is_moe() || matches!(mode, Sparsity::Dense | Sparsity::ExactRelu),
+            !c.moe.is_moe()
+                || matches!(
+                    mode,
+                    Sparsity::Dense | Sparsity::ExactRelu | Sparsity::Threshold(_)
+                ),
             Unsupported,
-            "mixture-of-experts models run dense or exact-relu experts for now; the {} mode \
-             inside experts is not implemented yet",
+            "mixture-of-experts models run dense, exact-relu or threshold experts for now; the \
+             {} mode inside experts is not implemented yet",
             mode.name()
         );
-        if c.moe.is_moe() && matches!(mode, Sparsity::ExactRelu) {
+        if c.moe.is_moe() && matches!(mode, Sparsity::ExactRelu | Sparsity::Threshold(_)) {
             let model = &self.model;
             self.pool.install(|| model.expert_down_t().map(|_| ()))?;
         }
@@ -237,14 +241,8 @@ impl Session {
         }
         self.profiler = Some(match c.moe.is_moe() {
             true => {
-                powerinfer_core::ensure!(
-                    !capture,
-                    Unsupported,
-                    "capturing predictor samples of a mixture-of-experts model is not \
-                     supported yet (profile its counts without samples)"
-                );
                 let ef = c.moe.expert_ffn(c.ffn_dim);
-                Profiler::for_experts(c.n_layers, c.moe.n_expert, ef, thresholds)
+                Profiler::for_experts(c.n_layers, c.moe.n_expert, ef, thresholds, capture)
             }
             false => Profiler::new(c.n_layers, c.ffn_dim, thresholds, capture),
         });

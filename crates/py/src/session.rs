@@ -328,7 +328,12 @@ impl PySession {
     ) -> PyResult<Vec<(Bound<'py, PyArray2<f32>>, Bound<'py, PyArray2<f32>>)>> {
         let mut guard = self.lock(py);
         let c = &guard.model().config;
-        let (dim, ffn) = (c.dim, c.ffn_dim);
+        // A mixture of experts captures, per token, its routed experts' activations.
+        let ffn = match c.moe.is_moe() {
+            true => c.moe.n_expert_used * c.moe.expert_ffn(c.ffn_dim),
+            false => c.ffn_dim,
+        };
+        let dim = c.dim;
         let mut out = Vec::new();
         for cap in guard.take_captured() {
             out.push((matrix(py, dim, cap.x)?, matrix(py, ffn, cap.act)?));

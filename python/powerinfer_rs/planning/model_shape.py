@@ -199,7 +199,7 @@ class ModelShape:
         if self.moe and sparsity not in MOE_SPARSITIES:
             raise PlanError(
                 f"sparsity {sparsity!r}: mixture-of-experts models run "
-                f"{' or '.join(MOE_SPARSITIES)}; plan with one of those"
+                f"{', '.join(MOE_SPARSITIES)} experts; plan for one of those"
             )
         d = self.config.dim
         up = row_bytes(self.dtype(self.ffn_tensor(layer, "up")), d)
@@ -241,6 +241,6 @@ class ModelShape:
 #: The FFN sparsity modes the planner's cost model knows (the engine's ``sparsity``).
 SPARSITIES = ("predictor", "exact-relu", "threshold", "dense")
 #: The modes a mixture of experts runs in (the engine refuses the others).
-MOE_SPARSITIES = ("dense", "exact-relu")
+MOE_SPARSITIES = ("dense", "exact-relu", "threshold")
 
 __all__ = ["GPU_DTYPES", "GPU_PARTS", "K_FALLBACK", "MOE_SPARSITIES", "SPARSITIES", "ModelShape"]

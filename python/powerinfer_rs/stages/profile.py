@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InternalError, PlanError
+from ..errors import InternalError, PlanError, UnsupportedError
 from . import args as stage_args
 
 #: The ``--help`` description.
@@ -76,6 +76,11 @@ def profile_model(
     n_layers, ffn = cfg.n_layers, cfg.ffn_dim
     if cfg.n_expert:
         ffn = cfg.n_expert * (cfg.expert_ffn_dim or cfg.ffn_dim)
+        if samples_to is not None:
+            raise UnsupportedError(
+                "predictor samples of a mixture-of-experts model are not supported yet "
+                "(profile its counts without --samples)"
+            )
     thr = None if thresholds is None else [float(t) for t in thresholds]
     engine.set_sparsity("dense")
     writer = None

@@ -559,6 +559,16 @@ impl<B: Backend> Executor<B> {
                     dev.expert_flags(ew, ef, routed, &mut sc.active)?;
                     let act = gpu_act(*kind);
                     dev.hot_gate_up(hot, &sc.xb, Some(&sc.active), act, None, &mut sc.hb)?;
+                    let threshold = match mode {
+                        Sparsity::Threshold(t) if !dense => Some(t[l]),
+                        _ => None,
+                    };
+                    if let Some(t) = threshold {
+                        // The routed experts' slots: the shared expert (all of it hot, the
+                        // largest ids) runs dense, as on the CPU, in the last slots.
+                        let n = hot.layout.n_hot.saturating_sub(mf.shared_ffn_dim);
+                        dev.threshold_mask(&mut sc.hb, n, t)?;
+                    }
                     dev.expert_scale(hot, ew, ef, routed, &mut sc.hb)?;
                     let out = match direct {
                         true => &mut sc.x,
@@ -574,7 +584,8 @@ impl<B: Backend> Executor<B> {
                     let down_t = &model.expert_down_t()?[l];
                     let cold = &self.moe_cold[l];
                     let (xn, routes) = (&self.xn, &self.routes);
-                    if cold_experts(m, down_t, *kind, xn, routes, cold, &mut self.part)? {
+                    let part = &mut self.part;
+                    if cold_experts(m, down_t, *kind, threshold, xn, routes, cold, part)? {
                         link.up(l, &self.part, &mut sc.xfer, 0)?;
                         dev.add(out, &sc.xfer)?;
                     }

@@ -6,7 +6,7 @@
 //! routed experts while the GPU computes the hot ones, each scaled by its expert's weight.
 
 use powerinfer_core::{MoeFeatures, Result, Weight};
-use powerinfer_cpu::{sparse_ffn, GateRows, SparseFfn};
+use powerinfer_cpu::{axpy_rows, matvec_rows, sparse_ffn, GateRows, SparseFfn};
 use rayon::prelude::*;
 
 use crate::layer::FfnKind;
@@ -46,12 +46,15 @@ pub fn token_weights(
 
 /// The CPU's part of one token: for every routed expert its `cold` neurons (all of them for an
 /// expert with none on the GPU), gate rows then the up and transposed down rows of those that
-/// fire, times the expert's weight, summed into `out` (dim, overwritten). Returns whether any
-/// neuron was computed.
+/// fire (with `threshold`: gate and up rows, then the down rows of those with
+/// |act(gate)·up| >= t), times the expert's weight, summed into `out` (dim, overwritten).
+/// Returns whether any neuron was computed.
+#[allow(clippy::too_many_arguments)]
 pub fn cold_experts(
     w: &MoeWeights,
     down_t: &[Weight],
     act: FfnKind,
+    threshold: Option<f32>,
     xn: &[f32],
     routes: &[(u32, f32)],
     cold: &[Vec<u32>],
@@ -77,8 +80,13 @@ pub fn cold_experts(
                 false => GateRows::Listed(&cold[e]),
             };
             let mut y = vec![0.0f32; dim];
-            let fire = |_: u32, g: f32| act.apply(g);
-            sparse_ffn(&ffn, xn, rows, fire, |a, u| act.times_up(a, u), &mut y)?;
+            match threshold {
+                None => {
+                    let fire = |_: u32, g: f32| act.apply(g);
+                    sparse_ffn(&ffn, xn, rows, fire, |a, u| act.times_up(a, u), &mut y)?;
+                }
+                Some(t) => threshold_rows(&ffn, act, t, xn, &cold[e], &mut y)?,
+            }
             Ok(y)
         })
         .collect();
@@ -86,6 +94,32 @@ pub fn cold_experts(
         out.iter_mut().zip(y?).for_each(|(o, v)| *o += wt * v);
     }
     Ok(!work.is_empty())
+}
+
+/// Threshold mode over the rows `ids` of one expert: their gate and up rows, then the
+/// transposed down rows of the neurons with |act(gate)·up| >= `t`, into `y`.
+fn threshold_rows(
+    ffn: &SparseFfn<'_>,
+    act: FfnKind,
+    t: f32,
+    xn: &[f32],
+    ids: &[u32],
+    y: &mut [f32],
+) -> Result<()> {
+    let (mut g, mut u) = (vec![0.0f32; ids.len()], vec![0.0f32; ids.len()]);
+    matvec_rows(ffn.gate, xn, ids, &mut g)?;
+    if let Some(up) = ffn.up {
+        matvec_rows(up, xn, ids, &mut u)?;
+    }
+    let (mut idx, mut vals) = (Vec::new(), Vec::new());
+    for ((&i, &g), &u) in ids.iter().zip(&g).zip(&u) {
+        let h = act.times_up(act.apply(g), u);
+        if h.abs() >= t {
+            idx.push(i);
+            vals.push(h);
+        }
+    }
+    axpy_rows(ffn.down_t, &idx, &vals, y)
 }
 
 #[cfg(test)]
