@@ -137,7 +137,8 @@ def race(args, path: Path, threads: int) -> dict:
     row["greedy_agree"] = list(ours_toks) == engines["llama"].greedy_ids(prompt, 8)
     for e in engines.values():
         e.decode(prompt, 8)
-        e.prefill(batch[:16])
+        if batch:
+            e.prefill(batch[:16])
     dec = {k: [] for k in engines}
     pre = {k: [] for k in engines}
     order = list(engines)

@@ -17,7 +17,7 @@ import warnings
 
 import numpy as np
 import pytest
-from test_hybrid import WITH_EMU, assert_close, greedy
+from test_hybrid import DEVICES, WITH_EMU, assert_close, greedy
 from test_hybrid_families import TOL_DENSE_REQUANTIZED
 from test_moe import MOE_ARCHS
 
@@ -119,10 +119,10 @@ CASES = [
     (arch, dtype, device, placement)
     for arch in MOE_ARCHS
     for dtype in ("F16", "Q8_0")
-    for device in ["gpu-sim"] + (["gpu-emu"] if WITH_EMU else [])
+    for device in DEVICES + (["gpu-emu"] if WITH_EMU else [])
     for placement in PLACEMENTS
     # The emulator runs a thread per CUDA thread: one file format, the partial placements.
-    if device == "gpu-sim" or (dtype == "Q8_0" and placement != "all")
+    if device != "gpu-emu" or (dtype == "Q8_0" and placement != "all")
 ]
 
 

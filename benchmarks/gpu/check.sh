@@ -119,7 +119,7 @@ if [ -n "$WHEEL" ]; then
     export POWERINFER_RS_TEST_DEVICES=$DEVICE
     run "pytest: hybrid on $DEVICE" "pytest_hybrid.log" \
         $PY -m pytest -q -p no:cacheprovider tests/test_hybrid.py tests/test_hybrid_families.py \
-        tests/test_kv_cache.py
+        tests/test_hybrid_moe.py tests/test_kv_cache.py
     if [ "$QUICK" = 1 ] || [ "$DEVICE" = "gpu-sim" ]; then
         run "bench: hybrid decode (small)" "bench_hybrid.log" \
             $PY benchmarks/bench_hybrid.py --device "$DEVICE" --small --json "$OUT/bench_hybrid.json"
