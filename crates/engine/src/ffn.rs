@@ -15,6 +15,7 @@ use crate::input_sparse::{
     mask_rows, project_kept, site_matrix, InputScratch, InputSparsity, Site,
 };
 use crate::layer::FfnKind;
+use crate::neuron_store::{Active, NeuronStore};
 use crate::phases::{mark, Phase};
 use crate::profiler::Profiler;
 use crate::sparsity::{predicted_active, PredictorInput, PredictorScratch, Sparsity};
@@ -189,9 +190,64 @@ fn fused(
     Ok(())
 }
 
+/// One token's exact-relu or predictor FFN over a neuron store: exact-relu computes every gate
+/// from the resident rows and reads the up and down_t rows of the neurons that fire, predictor
+/// mode reads the gate, up and down_t rows of the predicted neurons. None for the other modes.
+fn store_decode(
+    call: &FfnCall<'_>,
+    store: &NeuronStore,
+    s: &mut FfnScratch,
+    out: &mut [f32],
+) -> Result<Option<Phase>> {
+    let m = call.model;
+    let lw: &LayerWeights = &m.layers[call.layer];
+    let act = m.program.layers[call.layer].ffn_kind();
+    let bias = lw.ffn_bias.as_ref().map(|[b, _]| b.as_slice());
+    match call.mode {
+        Sparsity::ExactRelu => {
+            s.gate.resize(lw.w_gate.rows, 0.0);
+            matvec(&lw.w_gate, call.xn, &mut s.gate)?;
+            add_gate_bias(lw, None, &mut s.gate);
+            keep_firing(
+                act,
+                0..s.gate.len() as u32,
+                &s.gate,
+                &mut s.idx,
+                &mut s.vals,
+            );
+            mark(Phase::Gate);
+            let active = Active::Firing(&s.idx, &s.vals);
+            store.ffn(call.layer, act, None, call.xn, active, out)?;
+            Ok(Some(Phase::Down))
+        }
+        Sparsity::Predictor { layers, input } => {
+            let input = match input {
+                PredictorInput::FfnNorm => call.xn,
+                PredictorInput::FfnInp => call.x_res,
+            };
+            predicted_active(
+                &layers[call.layer],
+                input,
+                &mut s.predictor,
+                &mut s.predicted,
+            )?;
+            mark(Phase::Predictor);
+            let active = Active::Listed(&s.predicted);
+            store.ffn(call.layer, act, bias, call.xn, active, out)?;
+            Ok(Some(Phase::Ffn))
+        }
+        _ => Ok(None),
+    }
+}
+
 /// One token, reading only active rows; returns the phase its tail belongs to (see [`ffn`]).
 fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Result<Phase> {
     let m = call.model;
+    if let Some(store) = m.neuron_store() {
+        if let Some(phase) = store_decode(call, &store, s, out)? {
+            return Ok(phase);
+        }
+    }
     let lw: &LayerWeights = &m.layers[call.layer];
     let act = m.program.layers[call.layer].ffn_kind();
     let down_t = &m.down_t()?[call.layer];

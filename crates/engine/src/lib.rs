@@ -10,6 +10,7 @@ pub mod input_sparse;
 pub mod kv_cache;
 pub mod layer;
 pub mod moe;
+pub mod neuron_store;
 pub mod norm_rope;
 pub mod phases;
 pub mod placement;

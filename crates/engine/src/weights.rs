@@ -3,7 +3,7 @@
 //! and checked against the config.
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock, RwLock};
 
 use powerinfer_core::{bail, ensure, DType, ModelConfig, PageBuf, Result, TensorShape, Weight};
 use rayon::prelude::*;
@@ -11,6 +11,7 @@ use rayon::prelude::*;
 use crate::input_sparse::{InputCopies, OutputCopy};
 use crate::layer::ModelProgram;
 use crate::moe::{MoeWeights, SharedExpert};
+use crate::neuron_store::NeuronStore;
 
 /// Environment variable pinning [`ModelWeights::down_crossover`] (a share in 0..=1).
 pub const CROSSOVER_ENV: &str = "POWERINFER_RS_DOWN_CROSSOVER";
@@ -81,6 +82,30 @@ pub struct ModelWeights {
     /// Every expert's transposed down projection (`[layer][expert]`, expert_ffn rows of dim),
     /// for exact-relu inside experts, built on first use.
     expert_down_t: OnceLock<Vec<Vec<Weight>>>,
+    /// The neuron store a decode step's sparse FFN reads its rows from, when one is in use
+    /// ([`crate::neuron_store`]).
+    neuron_store: StoreHandle,
+}
+
+/// The neuron store a model's sparse FFN reads from, if any (a clone shares it).
+#[derive(Default)]
+struct StoreHandle(RwLock<Option<Arc<NeuronStore>>>);
+
+impl Clone for StoreHandle {
+    fn clone(&self) -> Self {
+        StoreHandle(RwLock::new(self.0.read().ok().and_then(|s| s.clone())))
+    }
+}
+
+impl std::fmt::Debug for StoreHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let path = self
+            .0
+            .read()
+            .ok()
+            .and_then(|s| s.as_ref().map(|s| s.path().to_owned()));
+        write!(f, "StoreHandle({path:?})")
+    }
 }
 
 /// Take a tensor out of the map (its shape checked by [`check_shapes`]).
@@ -371,7 +396,20 @@ impl ModelWeights {
             input_copies: OnceLock::new(),
             output_copy: OnceLock::new(),
             expert_down_t: OnceLock::new(),
+            neuron_store: StoreHandle::default(),
         })
+    }
+
+    /// The neuron store in use, if any.
+    pub fn neuron_store(&self) -> Option<Arc<NeuronStore>> {
+        self.neuron_store.0.read().ok().and_then(|s| s.clone())
+    }
+
+    /// Use `store` for the sparse FFN's rows from now on (None: the resident weights again).
+    pub fn set_neuron_store(&self, store: Option<Arc<NeuronStore>>) {
+        if let Ok(mut s) = self.neuron_store.0.write() {
+            *s = store;
+        }
     }
 
     /// The transposed down projections (ffn rows of dim weights per layer), built once.

@@ -163,6 +163,81 @@ impl PyModel {
         })
     }
 
+    /// Write this model's neuron store (its FFN neurons' rows by cluster of `cluster`, for
+    /// reads from storage) to `path`; returns the file's bytes. `fingerprint` is recorded and
+    /// checked when the store is opened.
+    #[pyo3(signature = (path, cluster, fingerprint))]
+    fn write_neuron_store(
+        &self,
+        py: Python<'_>,
+        path: PathBuf,
+        cluster: usize,
+        fingerprint: String,
+    ) -> PyResult<u64> {
+        let w = Arc::clone(&self.weights);
+        run_detached(py, move || {
+            powerinfer_engine::neuron_store::write_store(&w, &path, cluster, &fingerprint)
+        })
+    }
+
+    /// Read the sparse FFN's rows from the neuron store at `path` from now on, through a cache
+    /// of `cache_bytes` and `io_threads` readers; `fingerprint`, when given, must be the one it
+    /// was written for. Returns (cache slots, whether reads bypass the page cache).
+    #[pyo3(signature = (path, cache_bytes, io_threads, fingerprint = None))]
+    fn open_neuron_store(
+        &self,
+        py: Python<'_>,
+        path: PathBuf,
+        cache_bytes: usize,
+        io_threads: usize,
+        fingerprint: Option<String>,
+    ) -> PyResult<(usize, bool)> {
+        let w = Arc::clone(&self.weights);
+        run_detached(py, move || {
+            use powerinfer_engine::neuron_store::NeuronStore;
+            let fp = fingerprint.as_deref();
+            let store = NeuronStore::open(&w, &path, cache_bytes, io_threads, fp)?;
+            let info = (store.cache_slots(), store.direct());
+            w.set_neuron_store(Some(Arc::new(store)));
+            Ok(info)
+        })
+    }
+
+    /// Stop reading from the neuron store (the resident weights again).
+    fn close_neuron_store(&self) {
+        self.weights.set_neuron_store(None);
+    }
+
+    /// The neuron store's counts: {"hits", "misses", "bytes_read", "read_s", "cluster",
+    /// "cluster_bytes", "file_bytes"}, or None without a store. With `reset`, zeroed after.
+    #[pyo3(signature = (reset = false))]
+    fn neuron_store_stats<'py>(
+        &self,
+        py: Python<'py>,
+        reset: bool,
+    ) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(store) = self.weights.neuron_store() else {
+            return Ok(None);
+        };
+        let s = store.stats();
+        if reset {
+            store.reset_stats();
+        }
+        let l = store.layout();
+        let d = PyDict::new(py);
+        d.set_item("hits", s.hits)?;
+        d.set_item("misses", s.misses)?;
+        d.set_item("bytes_read", s.bytes_read)?;
+        d.set_item("read_s", s.read_s)?;
+        d.set_item("cluster", l.cluster)?;
+        let bytes: Vec<usize> = l.layers.iter().map(|x| x.cluster_bytes).collect();
+        d.set_item("cluster_bytes", bytes)?;
+        d.set_item("file_bytes", l.file_bytes())?;
+        d.set_item("direct", store.direct())?;
+        d.set_item("cache_slots", store.cache_slots())?;
+        Ok(Some(d))
+    }
+
     /// Layers.
     #[getter]
     fn n_layers(&self) -> usize {

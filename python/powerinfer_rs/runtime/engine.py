@@ -24,6 +24,7 @@ from ..loading import LoadedModel, load_model
 from .checks import check_int, check_threads
 from .generation import Generation, GenerationStats, locked
 from .modes import api_sparsity
+from .neuron_store import NeuronStoreMethods
 from .placement import PlanAndDevice, check_device
 from .weight_memory import copy_weights
 
@@ -43,7 +44,7 @@ def core_model_arguments(loaded: LoadedModel) -> tuple[_core.ModelConfig, dict]:
     return cfg, tensors
 
 
-class Engine(Generation, PlanAndDevice):
+class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
     """A model ready to run: weights in Rust, tokenizer and chat template in Python.
 
     Build one with :meth:`from_pretrained`. The engine keeps one context (KV cache); a new

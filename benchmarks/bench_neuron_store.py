@@ -1,0 +1,297 @@
+#!/usr/bin/env python3
+"""Decode under a memory limit: the neuron store against our plain memory-mapped engine and
+llama.cpp (mmap), in a cgroup whose memory limit is a share of the model (``--limit-share``,
+default a third).
+
+The model is a *synthetic* ReLU llama written as F16 (``--dim``, ``--ffn``, ``--layers``; about
+4 GB by default, FFN-heavy as sparse models are), with a planted power law of FFN activation
+(``--active`` of the neurons firing on average) and a planted low-rank gate. Both of our engines
+run predictor mode with the *oracle* predictors that planted gate allows (fc1 = [B; -B; e0;
+-e0], fc2 = [A, -A, w0, -w0]: fc2 · ReLU(fc1 x) is the gate itself, so a neuron is predicted
+active exactly when it fires): what is measured is the store's I/O, not a predictor's recall.
+
+Each engine runs in its own process placed in the cgroup (v1 ``memory.limit_in_bytes`` or v2
+``memory.max``; root), in alternation, after the model's and the store's pages were dropped
+from the page cache: a warm-up, then ``--tokens`` decoded tokens. Reported: tokens/s of each,
+the store's bytes read per token and cache hit rate, and the storage read bandwidth a probe
+measured (O_DIRECT reads of 1 MiB; floor = bandwidth / bytes read per token).
+
+    sudo python benchmarks/bench_neuron_store.py [--limit-share 0.33] [--tokens 32] [--json F]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import mmap
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+try:
+    import powerinfer_rs  # noqa: F401
+except ImportError:  # run from a checkout without an installed wheel
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+
+import numpy as np  # noqa: E402
+
+CGROUP = "powerinfer_rs_bench"
+
+
+def write_oracle_predictors(spec, out: Path) -> None:
+    """Predictors that reproduce the planted gate exactly (see the module docstring), saved as
+    ``fc1_i``/``fc2_i`` arrays (made once, outside the memory limit)."""
+    from powerinfer_rs.testing.synth_model import SynthModel
+
+    sm = SynthModel(spec)
+    arrays = {}
+    for i in range(spec.layers):
+        a, b, scale = sm.gate_factors(i)
+        w0 = sm.tensor(f"blk.{i}.ffn_gate")[:, :1]
+        r = b.shape[0]
+        fc1 = np.zeros((2 * r + 2, spec.dim), np.float32)
+        fc1[:r, 1:], fc1[r : 2 * r, 1:] = b / scale, -b / scale
+        fc1[2 * r, 0], fc1[2 * r + 1, 0] = 1.0, -1.0
+        arrays[f"fc1_{i}"] = fc1
+        arrays[f"fc2_{i}"] = np.concatenate([a, -a, w0, -w0], axis=1).astype(np.float32)
+    np.savez(out, **arrays)
+
+
+def oracle_predictors(model, path: Path):
+    """The saved oracle predictors as a PredictorSet for ``model``."""
+    from powerinfer_rs.predictors import LayerPredictor, PredictorSet
+
+    z = np.load(path)
+    layers = {
+        i: LayerPredictor(fc1=z[f"fc1_{i}"], fc2=z[f"fc2_{i}"], threshold=0.0)
+        for i in range(model.config.n_layers)
+    }
+    return PredictorSet(layers=layers, model_fingerprint=model.fingerprint, input="ffn_norm")
+
+
+def drop_cache(*paths: Path) -> None:
+    """Drop the files' pages from the page cache (POSIX_FADV_DONTNEED)."""
+    for p in paths:
+        if p.exists():
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def probe_bandwidth(path: Path, total: int = 512 << 20, block: int = 1 << 20) -> float:
+    """GB/s of O_DIRECT reads of ``block`` bytes spread over ``path`` (page cache dropped)."""
+    drop_cache(path)
+    size = path.stat().st_size
+    flags = os.O_RDONLY | getattr(os, "O_DIRECT", 0)
+    fd = os.open(path, flags)
+    buf = mmap.mmap(-1, block)
+    n = max(1, min(total, size) // block)
+    rng = np.random.default_rng(0)
+    offsets = rng.integers(0, max(1, size // block - 1), n) * block
+    t0 = time.perf_counter()
+    try:
+        for off in offsets:
+            os.preadv(fd, [buf], int(off))
+    finally:
+        os.close(fd)
+    return n * block / (time.perf_counter() - t0) / 1e9
+
+
+class Cgroup:
+    """A memory cgroup (v2 or v1) with a limit; ``add(pid)`` places a process in it."""
+
+    def __init__(self, limit: int) -> None:
+        v2 = Path("/sys/fs/cgroup/cgroup.controllers").exists()
+        base = Path("/sys/fs/cgroup") if v2 else Path("/sys/fs/cgroup/memory")
+        self.path = base / CGROUP
+        self.path.mkdir(exist_ok=True)
+        knob = "memory.max" if v2 else "memory.limit_in_bytes"
+        (self.path / knob).write_text(str(limit))
+
+    def add(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def close(self) -> None:
+        try:
+            self.path.rmdir()
+        except OSError:
+            pass
+
+
+def child(args: argparse.Namespace) -> int:
+    """One engine's run inside the cgroup: prints one JSON line."""
+    prompt = [int(t) for t in np.random.default_rng(1).integers(3, args.vocab - 3, 8)]
+    if args.child == "llama":
+        from llama_cpp import Llama
+
+        llm = Llama(str(args.model), n_ctx=256, n_threads=args.threads, verbose=False)
+        llm.eval(prompt)
+        t0 = time.perf_counter()
+        for _ in range(args.tokens):
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            llm.eval([tok])
+        dt = time.perf_counter() - t0
+        print(json.dumps({"kind": "llama", "tok_s": args.tokens / dt}))
+        return 0
+    from powerinfer_rs import Engine
+    from powerinfer_rs.loading import load_model
+
+    model = load_model(args.model)
+    preds = oracle_predictors(model, Path(args.predictors))
+    eng = Engine(model, threads=args.threads, sparsity="predictor", predictors=preds)
+    if args.child == "store":
+        eng.use_neuron_store(args.store, cache=args.cache, io_threads=args.io_threads)
+    logits = eng.prefill(prompt)
+    for _ in range(4):  # warm-up
+        logits = eng.prefill([int(np.argmax(logits))])
+    eng.neuron_store_stats(reset=True)
+    t0 = time.perf_counter()
+    for _ in range(args.tokens):
+        logits = eng.prefill([int(np.argmax(logits))])
+    dt = time.perf_counter() - t0
+    out = {"kind": args.child, "tok_s": args.tokens / dt}
+    s = eng.neuron_store_stats()
+    if s:
+        out.update(
+            bytes_per_token=s["bytes_read"] / args.tokens,
+            hit_rate=s["hit_rate"],
+            read_s_per_token=s["read_s"] / args.tokens,
+            direct=s["direct"],
+        )
+    print(json.dumps(out))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dim", type=int, default=2048)
+    ap.add_argument("--ffn", type=int, default=16384)
+    ap.add_argument("--layers", type=int, default=20)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--active", type=float, default=0.1)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--limit-share", type=float, default=1 / 3)
+    ap.add_argument("--cluster", type=int, default=4)
+    ap.add_argument("--io-threads", type=int, default=16)
+    ap.add_argument("--workdir", default="/tmp/powerinfer_rs_store_bench")
+    ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--store", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--cache", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--predictors", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        return child(args)
+
+    from powerinfer_rs import Engine
+    from powerinfer_rs.loading import load_model
+    from powerinfer_rs.testing.synth import write_gguf_model
+
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    tag = f"d{args.dim}_f{args.ffn}_l{args.layers}_a{args.active}"
+    model_path, store_path = work / f"{tag}.gguf", work / f"{tag}.c{args.cluster}.neurons"
+    if not model_path.exists():
+        print(f"writing the synthetic model {model_path} ...", flush=True)
+        write_gguf_model(
+            model_path,
+            dtype="F16",
+            dim=args.dim,
+            ffn=args.ffn,
+            layers=args.layers,
+            heads=args.heads,
+            kv_heads=args.heads,
+            vocab=args.vocab,
+            activation="relu",
+            active=args.active,
+        )
+    pred_path = work / f"{tag}.oracle.npz"
+    if not pred_path.exists():
+        from powerinfer_rs.testing.synth_model import SynthSpec
+
+        spec = SynthSpec(
+            args.dim, args.ffn, args.layers, args.heads, args.heads, args.vocab, active=args.active
+        )
+        print(f"writing the oracle predictors {pred_path} ...", flush=True)
+        write_oracle_predictors(spec, pred_path)
+    if not store_path.exists():
+        print(f"writing the neuron store {store_path} ...", flush=True)
+        Engine(load_model(model_path), threads=args.threads).write_neuron_store(
+            store_path, cluster=args.cluster
+        )
+    size = model_path.stat().st_size
+    limit = int(args.limit_share * size)
+    # The store's cache: what the limit leaves after the resident part (attention, norms,
+    # embeddings, predictors) and 200 MiB of process overhead.
+    m = load_model(model_path)
+    resident = sum(t.nbytes for n, t in m.tensors.items() if "ffn_" not in n or "norm" in n)
+    del m
+    cache = max(64 << 20, limit - resident - (200 << 20))
+    bw = probe_bandwidth(store_path)
+    print(
+        f"synthetic ReLU llama {size / 1e9:.2f} GB (F16, dim {args.dim}, ffn {args.ffn}, "
+        f"{args.layers} layers, {args.active:.0%} active); memory limit {limit / 1e9:.2f} GB; "
+        f"resident part {resident / 1e9:.2f} GB; store cache {cache / 1e9:.2f} GB; storage "
+        f"read bandwidth {bw:.2f} GB/s (O_DIRECT, 1 MiB reads)",
+        flush=True,
+    )
+    cg = Cgroup(limit)
+    kinds = ["store", "mmap"] + ([] if args.no_llama else ["llama"])
+    rows: dict[str, list[dict]] = {k: [] for k in kinds}
+    try:
+        for r in range(args.repeats):
+            for kind in kinds if r % 2 == 0 else kinds[::-1]:
+                drop_cache(model_path, store_path)
+                cmd = [sys.executable, __file__, "--child", kind, "--model", str(model_path)]
+                cmd += ["--store", str(store_path), "--cache", str(cache)]
+                cmd += ["--tokens", str(args.tokens), "--threads", str(args.threads)]
+                cmd += ["--io-threads", str(args.io_threads), "--dim", str(args.dim)]
+                cmd += ["--ffn", str(args.ffn), "--layers", str(args.layers)]
+                cmd += ["--heads", str(args.heads), "--vocab", str(args.vocab)]
+                cmd += ["--active", str(args.active), "--predictors", str(pred_path)]
+                # The child joins the cgroup before it loads anything.
+                pre = f"echo $$ > {cg.path / 'cgroup.procs'} && exec "
+                proc = subprocess.run(
+                    ["sh", "-c", pre + " ".join(cmd)], capture_output=True, text=True
+                )
+                line = proc.stdout.strip().splitlines()[-1:] or [""]
+                try:
+                    res = json.loads(line[0])
+                except ValueError:
+                    print(f"{kind}: failed\n{proc.stderr[-2000:]}", flush=True)
+                    continue
+                rows[kind].append(res)
+                print(json.dumps(res), flush=True)
+    finally:
+        cg.close()
+    med = {k: float(np.median([x["tok_s"] for x in v])) for k, v in rows.items() if v}
+    print("\n| engine | decode tok/s | vs our mmap engine |\n|---|---|---|")
+    for k, v in med.items():
+        base = med.get("mmap")
+        print(f"| {k} | {v:.3f} | {v / base:.2f}x |" if base else f"| {k} | {v:.3f} | - |")
+    if rows["store"]:
+        bpt = float(np.median([x["bytes_per_token"] for x in rows["store"]]))
+        hit = float(np.median([x["hit_rate"] for x in rows["store"]]))
+        floor = bw * 1e9 / bpt if bpt else math.inf
+        print(
+            f"\nstore: {bpt / 1e6:.1f} MB read per token, cache hit rate {hit:.1%}, floor "
+            f"{floor:.2f} tok/s from the probe's bandwidth ({med['store'] / floor:.0%} of it)"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "bandwidth_gbs": bw}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,365 @@
+//! The neuron store's file: a model's FFN neurons laid out by cluster for reads from storage
+//! (PowerInfer-2's neuron clusters), written once beside the model.
+//!
+//! A cluster is `cluster` consecutive neurons of one layer. Its bytes are the neurons' up rows,
+//! then their transposed down rows, padded to [`ALIGN`]; then their gate rows, padded to
+//! [`ALIGN`] (the last cluster of a layer padded with zero rows). So one read fetches a
+//! cluster's whole work, and exact-relu, whose gate rows stay resident, reads the first part
+//! alone. Every offset and length is a multiple of [`ALIGN`], which lets the reader bypass the
+//! page cache (`O_DIRECT`).
+//!
+//! The file starts with a header padded to [`ALIGN`]: the magic `PIRSNST1`, then little-endian
+//! `u32` version (1), `u32` layers, `u64` dim, `u64` neurons per layer, `u64` cluster, `u32`
+//! length and the UTF-8 bytes of the model's fingerprint (at most [`MAX_FINGERPRINT`]), then
+//! per layer the gate, up and down_t formats as `u8` indices into [`DType::ALL`] (255: no up
+//! rows, a gate-less FFN). Everything else (row bytes, cluster bytes, each layer's offset) is
+//! derived from those, so a header cannot describe a layout the reader would misread.
+
+use std::io::Write;
+use std::path::Path;
+
+use powerinfer_core::{bail, ensure, DType, Error, Result};
+
+use crate::weights::ModelWeights;
+
+/// The file's magic bytes.
+pub const MAGIC: &[u8; 8] = b"PIRSNST1";
+/// The format version this build writes and reads.
+pub const VERSION: u32 = 1;
+/// Alignment of every offset and length in the file (and of the reader's buffers).
+pub const ALIGN: usize = 4096;
+/// Longest fingerprint a header holds.
+pub const MAX_FINGERPRINT: usize = 256;
+/// The up-format byte of a gate-less FFN.
+const NO_UP: u8 = 255;
+
+/// `n` rounded up to a multiple of [`ALIGN`].
+pub fn align(n: usize) -> usize {
+    n.div_ceil(ALIGN) * ALIGN
+}
+
+/// One layer's clusters in the file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerLayout {
+    pub gate: DType,
+    /// None for a gate-less FFN (its one input projection is the gate).
+    pub up: Option<DType>,
+    pub down: DType,
+    /// Bytes of one gate, up (0 without) and down_t row.
+    pub row_bytes: [usize; 3],
+    /// Offset of the layer's first cluster.
+    pub offset: u64,
+    /// Bytes of a cluster's up and down_t rows, padded: what exact-relu reads.
+    pub up_down_bytes: usize,
+    /// Bytes of a whole cluster (up, down_t, then gate rows), padded: what predictor mode reads.
+    pub cluster_bytes: usize,
+    pub n_clusters: usize,
+}
+
+impl LayerLayout {
+    fn new(formats: [Option<DType>; 3], dim: usize, cluster: usize, ffn: usize) -> Result<Self> {
+        let [Some(gate), up, Some(down)] = formats else {
+            bail!(ModelFile, "a neuron store layer without gate or down rows");
+        };
+        let row = |d: Option<DType>| d.map_or(Ok(0), |d| d.row_bytes(dim));
+        let row_bytes = [row(Some(gate))?, row(up)?, row(Some(down))?];
+        let up_down_bytes = align(cluster * (row_bytes[1] + row_bytes[2]));
+        Ok(LayerLayout {
+            gate,
+            up,
+            down,
+            row_bytes,
+            offset: 0,
+            up_down_bytes,
+            cluster_bytes: up_down_bytes + align(cluster * row_bytes[0]),
+            n_clusters: ffn.div_ceil(cluster),
+        })
+    }
+
+    /// Offset of cluster `k`.
+    pub fn cluster_offset(&self, k: usize) -> u64 {
+        self.offset + (k * self.cluster_bytes) as u64
+    }
+}
+
+/// A neuron store's layout: the model's shape, the cluster size and every layer's clusters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoreLayout {
+    pub dim: usize,
+    pub ffn: usize,
+    pub cluster: usize,
+    pub fingerprint: String,
+    pub layers: Vec<LayerLayout>,
+    /// Bytes of the header (a multiple of [`ALIGN`]): the first layer's offset.
+    pub header_bytes: usize,
+}
+
+/// The index of `d` in [`DType::ALL`].
+fn dtype_index(d: DType) -> u8 {
+    DType::ALL.iter().position(|x| *x == d).unwrap_or(0) as u8
+}
+
+impl StoreLayout {
+    /// The layout for `formats` (per layer gate, up, down_t) of a model of `dim` and `ffn`.
+    fn build(
+        dim: usize,
+        ffn: usize,
+        cluster: usize,
+        fingerprint: &str,
+        formats: &[[Option<DType>; 3]],
+    ) -> Result<StoreLayout> {
+        ensure!(
+            (1..=4096).contains(&cluster),
+            Shape,
+            "cluster {cluster}: choose 1..=4096 neurons"
+        );
+        ensure!(
+            fingerprint.len() <= MAX_FINGERPRINT,
+            Shape,
+            "a fingerprint of {} bytes (at most {MAX_FINGERPRINT})",
+            fingerprint.len()
+        );
+        ensure!(
+            !formats.is_empty() && dim > 0 && ffn > 0,
+            ModelFile,
+            "a neuron store of {} layers of {ffn} neurons of width {dim}",
+            formats.len()
+        );
+        let header_bytes = align(8 + 4 + 4 + 8 + 8 + 8 + 4 + fingerprint.len() + 3 * formats.len());
+        let mut offset = header_bytes as u64;
+        let mut layers = Vec::with_capacity(formats.len());
+        for f in formats {
+            let mut l = LayerLayout::new(*f, dim, cluster, ffn)?;
+            l.offset = offset;
+            let bytes = (l.n_clusters as u64).checked_mul(l.cluster_bytes as u64);
+            offset = bytes
+                .and_then(|b| offset.checked_add(b))
+                .ok_or_else(|| Error::ModelFile("a neuron store larger than 2^64 bytes".into()))?;
+            layers.push(l);
+        }
+        Ok(StoreLayout {
+            dim,
+            ffn,
+            cluster,
+            fingerprint: fingerprint.to_string(),
+            layers,
+            header_bytes,
+        })
+    }
+
+    /// The layout of `model`'s neurons in clusters of `cluster`: gate and up rows in their
+    /// stored formats, down rows as the engine transposes them.
+    pub fn for_model(model: &ModelWeights, cluster: usize, fingerprint: &str) -> Result<Self> {
+        let c = &model.config;
+        ensure!(
+            !c.moe.is_moe(),
+            Unsupported,
+            "a neuron store of a mixture of experts is not supported yet"
+        );
+        let formats: Vec<[Option<DType>; 3]> = (0..c.n_layers)
+            .map(|i| {
+                let l = &model.layers[i];
+                let gated = model.program.layers[i].ffn_kind().gated;
+                [
+                    Some(l.w_gate.dtype),
+                    gated.then_some(l.w_up.dtype),
+                    Some(model.down_t_dtype(i)),
+                ]
+            })
+            .collect();
+        StoreLayout::build(c.dim, c.ffn_dim, cluster, fingerprint, &formats)
+    }
+
+    /// Bytes of the whole file.
+    pub fn file_bytes(&self) -> u64 {
+        self.layers
+            .last()
+            .map_or(self.header_bytes as u64, |l| l.cluster_offset(l.n_clusters))
+    }
+
+    /// The header's bytes (padded to [`ALIGN`]).
+    pub fn header(&self) -> Vec<u8> {
+        let mut h = Vec::with_capacity(self.header_bytes);
+        h.extend_from_slice(MAGIC);
+        h.extend_from_slice(&VERSION.to_le_bytes());
+        h.extend_from_slice(&(self.layers.len() as u32).to_le_bytes());
+        for v in [self.dim, self.ffn, self.cluster] {
+            h.extend_from_slice(&(v as u64).to_le_bytes());
+        }
+        h.extend_from_slice(&(self.fingerprint.len() as u32).to_le_bytes());
+        h.extend_from_slice(self.fingerprint.as_bytes());
+        for l in &self.layers {
+            h.push(dtype_index(l.gate));
+            h.push(l.up.map_or(NO_UP, dtype_index));
+            h.push(dtype_index(l.down));
+        }
+        h.resize(self.header_bytes, 0);
+        h
+    }
+
+    /// Read a header from the start of a file of `file_bytes` bytes; `Error::ModelFile` for
+    /// anything but a whole, well-formed neuron store.
+    pub fn parse(bytes: &[u8], file_bytes: u64, source: &str) -> Result<StoreLayout> {
+        let bad = |what: &str| Error::ModelFile(format!("{source}: not a neuron store ({what})"));
+        let mut at = 0usize;
+        let mut take = |n: usize| -> Result<&[u8]> {
+            let s = bytes
+                .get(at..at + n)
+                .ok_or_else(|| bad("header cut short"))?;
+            at += n;
+            Ok(s)
+        };
+        if take(8)? != MAGIC {
+            return Err(bad("wrong magic bytes"));
+        }
+        let u32_at = |s: &[u8]| u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+        let u64_at = |s: &[u8]| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(s);
+            u64::from_le_bytes(b)
+        };
+        let version = u32_at(take(4)?);
+        if version != VERSION {
+            return Err(bad(&format!(
+                "version {version}, this build reads {VERSION}"
+            )));
+        }
+        let n_layers = u32_at(take(4)?) as usize;
+        let size = |v: u64, what: &str| -> Result<usize> {
+            match usize::try_from(v) {
+                Ok(v) if v > 0 && v <= 1 << 32 => Ok(v),
+                _ => Err(bad(&format!("{what} {v}"))),
+            }
+        };
+        let dim = size(u64_at(take(8)?), "dim")?;
+        let ffn = size(u64_at(take(8)?), "neurons")?;
+        let cluster = size(u64_at(take(8)?), "cluster")?;
+        let fp_len = u32_at(take(4)?) as usize;
+        if fp_len > MAX_FINGERPRINT {
+            return Err(bad(&format!("a fingerprint of {fp_len} bytes")));
+        }
+        let fingerprint = std::str::from_utf8(take(fp_len)?)
+            .map_err(|_| bad("fingerprint not UTF-8"))?
+            .to_string();
+        if n_layers == 0 || n_layers > 1 << 16 {
+            return Err(bad(&format!("{n_layers} layers")));
+        }
+        let dtype = |i: u8| DType::ALL.get(i as usize).copied();
+        let mut formats = Vec::with_capacity(n_layers);
+        for _ in 0..n_layers {
+            let f = take(3)?;
+            let up = match f[1] {
+                NO_UP => None,
+                i => Some(dtype(i).ok_or_else(|| bad("unknown up format"))?),
+            };
+            formats.push([dtype(f[0]), up, dtype(f[2])]);
+        }
+        let layout = StoreLayout::build(dim, ffn, cluster, &fingerprint, &formats)
+            .map_err(|e| bad(&e.to_string()))?;
+        if layout.file_bytes() > file_bytes {
+            return Err(Error::ModelFile(format!(
+                "{source}: a neuron store of {} bytes cut to {file_bytes}",
+                layout.file_bytes()
+            )));
+        }
+        Ok(layout)
+    }
+
+    /// `Error::ModelFile` unless this layout is `model`'s (same shape and formats) and, when
+    /// given, made for `fingerprint`.
+    pub fn check_model(
+        &self,
+        model: &ModelWeights,
+        fingerprint: Option<&str>,
+        source: &str,
+    ) -> Result<()> {
+        let want = StoreLayout::for_model(model, self.cluster, &self.fingerprint)?;
+        ensure!(
+            want == *self,
+            ModelFile,
+            "{source}: the neuron store was written for another model shape or other formats \
+             (write it again for this model)"
+        );
+        if let Some(fp) = fingerprint {
+            ensure!(
+                self.fingerprint == fp,
+                ModelFile,
+                "{source}: the neuron store was written for model {}, not this one ({fp})",
+                if self.fingerprint.is_empty() {
+                    "(unknown)"
+                } else {
+                    &self.fingerprint
+                }
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Write `model`'s neuron store to `path` in clusters of `cluster` neurons (the transposed down
+/// projections are built first if they were not); returns the file's bytes.
+pub fn write_store(
+    model: &ModelWeights,
+    path: &Path,
+    cluster: usize,
+    fingerprint: &str,
+) -> Result<u64> {
+    let layout = StoreLayout::for_model(model, cluster, fingerprint)?;
+    let down_t = model.down_t()?;
+    let io = |e: std::io::Error| Error::ModelFile(format!("{}: {e}", path.display()));
+    let file = std::fs::File::create(path).map_err(io)?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    out.write_all(&layout.header()).map_err(io)?;
+    for (i, l) in layout.layers.iter().enumerate() {
+        let lw = &model.layers[i];
+        let [g_rb, u_rb, d_rb] = l.row_bytes;
+        let mut buf = vec![0u8; l.cluster_bytes];
+        for k in 0..l.n_clusters {
+            buf.fill(0);
+            for j in 0..cluster {
+                let n = k * cluster + j;
+                if n >= layout.ffn {
+                    break;
+                }
+                if l.up.is_some() {
+                    buf[j * u_rb..(j + 1) * u_rb].copy_from_slice(lw.w_up.row(n));
+                }
+                let at = cluster * u_rb + j * d_rb;
+                buf[at..at + d_rb].copy_from_slice(down_t[i].row(n));
+                let at = l.up_down_bytes + j * g_rb;
+                buf[at..at + g_rb].copy_from_slice(lw.w_gate.row(n));
+            }
+            out.write_all(&buf).map_err(io)?;
+        }
+    }
+    out.flush().map_err(io)?;
+    Ok(layout.file_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trip_and_rejections() {
+        let f = [Some(DType::Q8_0), Some(DType::Q8_0), Some(DType::F16)];
+        let l = StoreLayout::build(64, 100, 8, "abc", &[f, f]).unwrap();
+        assert_eq!(l.header_bytes, ALIGN);
+        assert_eq!(l.layers[0].n_clusters, 13);
+        assert_eq!(l.layers[0].up_down_bytes, align(8 * (68 + 128)));
+        assert_eq!(l.layers[1].offset, l.layers[0].cluster_offset(13));
+        let h = l.header();
+        assert_eq!(StoreLayout::parse(&h, l.file_bytes(), "t").unwrap(), l);
+        assert!(StoreLayout::parse(&h, l.file_bytes() - 1, "t").is_err());
+        let mut bad = h.clone();
+        bad[0] = b'X';
+        assert!(StoreLayout::parse(&bad, u64::MAX, "t").is_err());
+        let mut bad = h.clone();
+        bad[8] = 2; // version
+        assert!(StoreLayout::parse(&bad, u64::MAX, "t").is_err());
+        assert!(StoreLayout::parse(&h[..20], u64::MAX, "t").is_err());
+        let mut bad = h;
+        bad[8 + 4 + 4 + 24 + 4 + 3] = 200; // layer 0's gate format
+        assert!(StoreLayout::parse(&bad, u64::MAX, "t").is_err());
+    }
+}

@@ -1,0 +1,379 @@
+//! Models bigger than RAM (PowerInfer-2's neuron store): the FFN neurons' rows read from a
+//! sidecar file by cluster ([`format`]), into a cache of fixed size ([`cache`]), by a pool of
+//! reader threads with several reads in flight ([`io`]). A decoded token's sparse FFN (exact-relu
+//! or predictor mode) asks for the clusters holding its active neurons: hits are computed from
+//! the cache, misses are read all at once and then computed. Everything else (attention, the
+//! gate rows exact-relu reads for every neuron, prefill's dense products) stays on the model's
+//! memory-mapped weights.
+//!
+//! The result is the all-resident engine's in the same mode: the same rows, the same kernels
+//! (one cluster at a time instead of one layer).
+
+pub mod cache;
+pub mod format;
+pub mod io;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use powerinfer_core::{ensure, Buffer, Result, Weight};
+use powerinfer_cpu::{axpy_rows, matvec_rows};
+use rayon::prelude::*;
+
+use crate::layer::FfnKind;
+use crate::weights::ModelWeights;
+use cache::{Cache, Slot};
+pub use format::{write_store, StoreLayout, ALIGN};
+use io::{Batch, IoPool};
+
+/// What the store did since it was opened (or its counts were last reset).
+#[derive(Clone, Debug, Default)]
+pub struct StoreStats {
+    /// Clusters found in the cache.
+    pub hits: u64,
+    /// Clusters read from storage.
+    pub misses: u64,
+    /// Bytes read from storage.
+    pub bytes_read: u64,
+    /// Seconds spent waiting for reads.
+    pub read_s: f64,
+}
+
+/// A neuron store opened for one model, with its cache and readers.
+pub struct NeuronStore {
+    layout: StoreLayout,
+    path: PathBuf,
+    io: IoPool,
+    cache: Mutex<Cache>,
+    stats: Mutex<StoreStats>,
+}
+
+/// The activations the caller knows already (exact-relu computes the gate from the resident
+/// rows), or the neurons whose gate rows are to be read with the rest (predictor mode).
+pub enum Active<'a> {
+    /// Neuron ids with their activations `act(gate)`.
+    Firing(&'a [u32], &'a [f32]),
+    /// Neuron ids predicted active.
+    Listed(&'a [u32]),
+}
+
+/// One cluster's rows as weights (views into its pinned slot).
+struct ClusterRows {
+    gate: Option<Weight>,
+    up: Option<Weight>,
+    down: Weight,
+}
+
+impl NeuronStore {
+    /// Open the store at `path` for `model` with a cache of `cache_bytes` and `io_threads`
+    /// readers. `Error::ModelFile` for a file that is not this model's neuron store (or, with
+    /// `fingerprint`, not written for it); `Error::Shape` for a cache that holds no cluster.
+    pub fn open(
+        model: &ModelWeights,
+        path: &Path,
+        cache_bytes: usize,
+        io_threads: usize,
+        fingerprint: Option<&str>,
+    ) -> Result<NeuronStore> {
+        let source = path.display().to_string();
+        let io_err =
+            |e: std::io::Error| powerinfer_core::Error::ModelFile(format!("{source}: {e}"));
+        let file_bytes = std::fs::metadata(path).map_err(io_err)?.len();
+        let mut head = vec![0u8; ALIGN.min(file_bytes as usize)];
+        {
+            use std::io::Read;
+            let mut f = std::fs::File::open(path).map_err(io_err)?;
+            f.read_exact(&mut head).map_err(io_err)?;
+        }
+        let mut layout = StoreLayout::parse(&head, file_bytes, &source);
+        if let Err(powerinfer_core::Error::ModelFile(_)) = &layout {
+            // A header longer than one block (many layers): read it whole and parse again.
+            let need = (file_bytes as usize).min(1 << 20);
+            if need > head.len() {
+                let all = std::fs::read(path).map_err(io_err)?;
+                layout = StoreLayout::parse(&all[..need.min(all.len())], file_bytes, &source);
+            }
+        }
+        let layout = layout?;
+        layout.check_model(model, fingerprint, &source)?;
+        let slot = layout
+            .layers
+            .iter()
+            .map(|l| l.cluster_bytes)
+            .max()
+            .unwrap_or(ALIGN);
+        Ok(NeuronStore {
+            cache: Mutex::new(Cache::new(cache_bytes, slot)?),
+            io: IoPool::open(path, io_threads)?,
+            layout,
+            path: path.to_path_buf(),
+            stats: Mutex::new(StoreStats::default()),
+        })
+    }
+
+    /// The file's layout.
+    pub fn layout(&self) -> &StoreLayout {
+        &self.layout
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether reads bypass the page cache (`O_DIRECT`).
+    pub fn direct(&self) -> bool {
+        self.io.direct
+    }
+
+    /// Clusters the cache holds.
+    pub fn cache_slots(&self) -> usize {
+        self.cache.lock().map_or(0, |c| c.slots())
+    }
+
+    /// The counts so far.
+    pub fn stats(&self) -> StoreStats {
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Zero the counts.
+    pub fn reset_stats(&self) {
+        if let Ok(mut s) = self.stats.lock() {
+            *s = StoreStats::default();
+        }
+    }
+
+    /// One token's FFN core of `layer` over the `active` neurons into `out` (dim, overwritten):
+    /// their up (and, listed, gate) rows and transposed down rows read from the store, as the
+    /// resident engine's sparse decode computes them. `bias`: the activated projection's bias
+    /// (one per neuron) where the family has one.
+    pub fn ffn(
+        &self,
+        layer: usize,
+        act: FfnKind,
+        bias: Option<&[f32]>,
+        xn: &[f32],
+        active: Active<'_>,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let l = self.layout.layers.get(layer).ok_or_else(|| {
+            powerinfer_core::Error::Shape(format!("layer {layer} of a neuron store"))
+        })?;
+        let c = self.layout.cluster;
+        // The active neurons of each cluster: (cluster, local ids, activations when known).
+        let (ids, acts) = match active {
+            Active::Firing(ids, acts) => (ids, Some(acts)),
+            Active::Listed(ids) => (ids, None),
+        };
+        ensure!(
+            acts.is_none_or(|a| a.len() == ids.len()),
+            Shape,
+            "{} activations for {} neurons",
+            acts.map_or(0, |a| a.len()),
+            ids.len()
+        );
+        let mut order: Vec<usize> = (0..ids.len()).collect();
+        order.sort_unstable_by_key(|&i| ids[i]);
+        let mut groups: Vec<(u32, Vec<u32>, Vec<f32>)> = Vec::new();
+        for i in order {
+            let id = ids[i] as usize;
+            ensure!(
+                id < self.layout.ffn,
+                Shape,
+                "neuron {id} of a layer of {}",
+                self.layout.ffn
+            );
+            let k = (id / c) as u32;
+            if groups.last().is_none_or(|g| g.0 != k) {
+                groups.push((k, Vec::new(), Vec::new()));
+            }
+            let g = groups.last_mut().expect("pushed above");
+            g.1.push((id % c) as u32);
+            g.2.push(acts.map_or(0.0, |a| a[i]));
+        }
+        let full = acts.is_none();
+        let need = if full {
+            l.cluster_bytes
+        } else {
+            l.up_down_bytes
+        };
+        out.fill(0.0);
+        let dim = out.len();
+        let slots = self.cache_slots().max(1);
+        for chunk in groups.chunks(slots) {
+            let pinned = self.pin(layer, chunk.iter().map(|g| g.0), need)?;
+            let arena = self
+                .cache
+                .lock()
+                .map(|c| c.arena())
+                .map_err(|_| poisoned())?;
+            let addrs: Vec<usize> = {
+                let cache = self.cache.lock().map_err(|_| poisoned())?;
+                pinned.iter().map(|&s| cache.addr(s) as usize).collect()
+            };
+            let parts: Vec<Result<Vec<f32>>> = chunk
+                .par_iter()
+                .zip(&addrs)
+                .map(|((k, local, a), &addr)| {
+                    // SAFETY: the slot is pinned with `need` valid bytes until released below,
+                    // after every view of it is dropped; the arena outlives the views.
+                    let rows = unsafe { self.views(l, addr as *const u8, full, &arena)? };
+                    // The bias of the cluster's neurons (the last cluster may be partial).
+                    let first = *k as usize * c;
+                    let b = bias.map(|b| &b[first..(first + c).min(b.len())]);
+                    let mut y = vec![0.0f32; dim];
+                    cluster_ffn(&rows, act, b, xn, local, a, &mut y)?;
+                    Ok(y)
+                })
+                .collect();
+            if let Ok(mut cache) = self.cache.lock() {
+                pinned.iter().for_each(|&s| cache.release(s));
+            }
+            for y in parts {
+                out.iter_mut().zip(y?).for_each(|(o, v)| *o += v);
+            }
+        }
+        Ok(())
+    }
+
+    /// Pin the clusters `keys` of `layer` with `need` valid bytes each, reading the misses (all
+    /// in flight at once); returns their slots in order.
+    fn pin(
+        &self,
+        layer: usize,
+        keys: impl Iterator<Item = u32>,
+        need: usize,
+    ) -> Result<Vec<usize>> {
+        let l = &self.layout.layers[layer];
+        let mut cache = self.cache.lock().map_err(|_| poisoned())?;
+        let mut slots = Vec::new();
+        let mut misses = Vec::new();
+        for k in keys {
+            match cache.acquire((layer as u32, k), need) {
+                Ok(Slot::Hit(s)) => slots.push(s),
+                Ok(Slot::Miss(s)) => {
+                    slots.push(s);
+                    misses.push((s, k));
+                }
+                Err(e) => {
+                    slots.iter().for_each(|&s| cache.release(s));
+                    return Err(e);
+                }
+            }
+        }
+        let batch = Batch::new(misses.len());
+        for &(s, k) in &misses {
+            // SAFETY: slot s is pinned (no view, no other read) and holds `need` <= its bytes,
+            // aligned to ALIGN, until the batch is waited for below.
+            unsafe {
+                self.io
+                    .submit(l.cluster_offset(k as usize), need, cache.addr(s), &batch)
+            };
+        }
+        let t0 = Instant::now();
+        let waited = batch.wait(&self.path.display().to_string());
+        if let Ok(mut st) = self.stats.lock() {
+            st.hits += (slots.len() - misses.len()) as u64;
+            st.misses += misses.len() as u64;
+            st.bytes_read += (misses.len() * need) as u64;
+            st.read_s += t0.elapsed().as_secs_f64();
+        }
+        match waited {
+            Ok(()) => {
+                misses.iter().for_each(|&(s, _)| cache.filled(s, need));
+                Ok(slots)
+            }
+            Err(e) => {
+                misses.iter().for_each(|&(s, _)| cache.forget(s));
+                slots.iter().for_each(|&s| cache.release(s));
+                Err(e)
+            }
+        }
+    }
+
+    /// Weight views of one cluster in a slot at `addr`.
+    ///
+    /// # Safety
+    /// `addr` is a pinned slot holding the cluster's first `up_down_bytes` (and, with `full`,
+    /// all of its bytes), unchanged while the views live; `arena` owns that memory.
+    unsafe fn views(
+        &self,
+        l: &format::LayerLayout,
+        addr: *const u8,
+        full: bool,
+        arena: &Arc<cache::Arena>,
+    ) -> Result<ClusterRows> {
+        let (c, dim) = (self.layout.cluster, self.layout.dim);
+        let [g_rb, u_rb, d_rb] = l.row_bytes;
+        let owner: Arc<dyn Send + Sync> = arena.clone();
+        // SAFETY: per the caller, these ranges lie inside the pinned slot and stay unchanged.
+        let view = |at: usize, len: usize| unsafe {
+            Buffer::borrowed(addr.add(at), len, Arc::clone(&owner))
+        };
+        Ok(ClusterRows {
+            up: match l.up {
+                Some(d) => Some(Weight::new(d, c, dim, view(0, c * u_rb))?),
+                None => None,
+            },
+            down: Weight::new(l.down, c, dim, view(c * u_rb, c * d_rb))?,
+            gate: match full {
+                true => Some(Weight::new(
+                    l.gate,
+                    c,
+                    dim,
+                    view(l.up_down_bytes, c * g_rb),
+                )?),
+                false => None,
+            },
+        })
+    }
+}
+
+fn poisoned() -> powerinfer_core::Error {
+    powerinfer_core::Error::Other("the neuron cache's lock was poisoned".into())
+}
+
+/// One cluster's part of the FFN for its active `local` rows: with the gate rows (predictor
+/// mode), their gate values and activation (plus the cluster's `bias`), keeping those that
+/// fire; else the given activations `a`; then the up rows (gated FFNs) and the down_t rows,
+/// summed into `y`.
+fn cluster_ffn(
+    rows: &ClusterRows,
+    act: FfnKind,
+    bias: Option<&[f32]>,
+    xn: &[f32],
+    local: &[u32],
+    a: &[f32],
+    y: &mut [f32],
+) -> Result<()> {
+    let (mut idx, mut vals) = (
+        Vec::with_capacity(local.len()),
+        Vec::with_capacity(local.len()),
+    );
+    match &rows.gate {
+        Some(gate) => {
+            let mut g = vec![0.0f32; local.len()];
+            matvec_rows(gate, xn, local, &mut g)?;
+            for (&j, &g) in local.iter().zip(&g) {
+                let v = act.apply(g + bias.map_or(0.0, |b| b[j as usize]));
+                if v != 0.0 {
+                    idx.push(j);
+                    vals.push(v);
+                }
+            }
+        }
+        None => {
+            idx.extend_from_slice(local);
+            vals.extend_from_slice(a);
+        }
+    }
+    if let (true, Some(up)) = (act.gated, &rows.up) {
+        let mut u = vec![0.0f32; idx.len()];
+        matvec_rows(up, xn, &idx, &mut u)?;
+        vals.iter_mut()
+            .zip(&u)
+            .for_each(|(h, &u)| *h = act.times_up(*h, u));
+    }
+    axpy_rows(&rows.down, &idx, &vals, y)
+}

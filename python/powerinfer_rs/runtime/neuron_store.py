@@ -1,0 +1,78 @@
+"""The neuron store methods of Engine: models bigger than RAM (PowerInfer-2's neuron cache).
+
+A decoded token's sparse FFN (``sparsity="exact-relu"`` or ``"predictor"``) reads the rows of its
+active neurons from a sidecar file laid out by cluster (one read fetches a cluster's up, down_t
+and gate rows), through a cache of fixed size and a pool of reader threads, instead of from the
+model's memory-mapped weights. Attention, exact-relu's gate rows and prefill's dense products
+stay on the mapped weights. The logits are the all-resident engine's in the same mode.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import ShapeError
+from ..planning.sizes import format_bytes, parse_bytes
+from .generation import locked
+
+#: Neurons per cluster by default: the unit of a read and of the cache.
+DEFAULT_CLUSTER = 4
+#: Reader threads by default: reads in flight at once.
+DEFAULT_IO_THREADS = 8
+
+
+class NeuronStoreMethods:
+    """The neuron store methods of Engine (which sets ``_model``, ``_lock`` and ``loaded``)."""
+
+    @locked
+    def write_neuron_store(
+        self, path: str | os.PathLike[str], *, cluster: int = DEFAULT_CLUSTER
+    ) -> Path:
+        """Write this model's neuron store to ``path`` (clusters of ``cluster`` neurons; the
+        transposed down projections are built first). Returns the path. The file records the
+        model's fingerprint; :meth:`use_neuron_store` checks it."""
+        if isinstance(cluster, bool) or not isinstance(cluster, int) or not 1 <= cluster <= 4096:
+            raise ShapeError(f"cluster must be an integer in 1..4096, got {cluster!r}")
+        out = Path(path)
+        self._model.write_neuron_store(str(out), cluster, self.loaded.fingerprint)
+        return out
+
+    @locked
+    def use_neuron_store(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        cache: int | str = "256MiB",
+        io_threads: int = DEFAULT_IO_THREADS,
+    ) -> dict:
+        """Read the sparse FFN's neuron rows from the store at ``path`` from now on, through a
+        cache of ``cache`` bytes ("256MiB", an int) and ``io_threads`` readers. Returns
+        :meth:`neuron_store_stats`. ModelFileError for a file that is not this model's store;
+        ShapeError for a cache smaller than one cluster."""
+        size = parse_bytes(cache)
+        if isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 1:
+            raise ShapeError(f"io_threads must be a positive integer, got {io_threads!r}")
+        self._model.open_neuron_store(str(path), size, io_threads, self.loaded.fingerprint)
+        return self.neuron_store_stats()
+
+    def close_neuron_store(self) -> None:
+        """Read the neuron rows from the resident weights again."""
+        with self._lock:
+            self._model.close_neuron_store()
+
+    def neuron_store_stats(self, *, reset: bool = False) -> dict:
+        """The store's counts since it was opened (or last reset): ``hits`` and ``misses``
+        (clusters), ``bytes_read``, ``read_s`` (seconds waiting for reads), ``hit_rate``,
+        ``cache_slots``, ``cluster``, ``direct`` (reads bypass the page cache) and
+        ``file_bytes``; ``{}`` without a store."""
+        s = self._model.neuron_store_stats(reset)
+        if s is None:
+            return {}
+        total = s["hits"] + s["misses"]
+        s["hit_rate"] = s["hits"] / total if total else 0.0
+        s["file"] = format_bytes(s["file_bytes"])
+        return s
+
+
+__all__ = ["DEFAULT_CLUSTER", "DEFAULT_IO_THREADS", "NeuronStoreMethods"]
