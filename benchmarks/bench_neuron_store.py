@@ -3,12 +3,14 @@
 llama.cpp (mmap), in a cgroup whose memory limit is a share of the model (``--limit-share``,
 default a third).
 
-The model is a *synthetic* ReLU llama written as F16 (``--dim``, ``--ffn``, ``--layers``; about
-4 GB by default, FFN-heavy as sparse models are), with a planted power law of FFN activation
-(``--active`` of the neurons firing on average) and a planted low-rank gate. Both of our engines
-run predictor mode with the *oracle* predictors that planted gate allows (fc1 = [B; -B; e0;
--e0], fc2 = [A, -A, w0, -w0]: fc2 · ReLU(fc1 x) is the gate itself, so a neuron is predicted
-active exactly when it fires): what is measured is the store's I/O, not a predictor's recall.
+The model is a *synthetic* ReLU llama in F16 (``--dim``, ``--ffn``, ``--layers``; about 4.9 GB
+by default, FFN-heavy as sparse models are), with a planted power law of FFN activation
+(``--active`` of the neurons firing on average) and a planted low-rank gate, written twice: as
+PowerInfer's converter writes it (``ffn_down_t`` stored transposed, so our memory-mapped engine
+maps its down rows from the file instead of building them in RAM, and with the *oracle*
+predictors the planted gate allows: a neuron is predicted active exactly when it fires, so what
+is measured is the store's I/O, not a predictor's recall; ``testing/powerinfer_files.py``), and
+as a plain GGUF for llama.cpp. Both of our engines run predictor mode.
 
 Each engine runs in its own process placed in the cgroup (v1 ``memory.limit_in_bytes`` or v2
 ``memory.max``; root), in alternation, after the model's and the store's pages were dropped
@@ -39,37 +41,6 @@ except ImportError:  # run from a checkout without an installed wheel
 import numpy as np  # noqa: E402
 
 CGROUP = "powerinfer_rs_bench"
-
-
-def write_oracle_predictors(spec, out: Path) -> None:
-    """Predictors that reproduce the planted gate exactly (see the module docstring), saved as
-    ``fc1_i``/``fc2_i`` arrays (made once, outside the memory limit)."""
-    from powerinfer_rs.testing.synth_model import SynthModel
-
-    sm = SynthModel(spec)
-    arrays = {}
-    for i in range(spec.layers):
-        a, b, scale = sm.gate_factors(i)
-        w0 = sm.tensor(f"blk.{i}.ffn_gate")[:, :1]
-        r = b.shape[0]
-        fc1 = np.zeros((2 * r + 2, spec.dim), np.float32)
-        fc1[:r, 1:], fc1[r : 2 * r, 1:] = b / scale, -b / scale
-        fc1[2 * r, 0], fc1[2 * r + 1, 0] = 1.0, -1.0
-        arrays[f"fc1_{i}"] = fc1
-        arrays[f"fc2_{i}"] = np.concatenate([a, -a, w0, -w0], axis=1).astype(np.float32)
-    np.savez(out, **arrays)
-
-
-def oracle_predictors(model, path: Path):
-    """The saved oracle predictors as a PredictorSet for ``model``."""
-    from powerinfer_rs.predictors import LayerPredictor, PredictorSet
-
-    z = np.load(path)
-    layers = {
-        i: LayerPredictor(fc1=z[f"fc1_{i}"], fc2=z[f"fc2_{i}"], threshold=0.0)
-        for i in range(model.config.n_layers)
-    }
-    return PredictorSet(layers=layers, model_fingerprint=model.fingerprint, input="ffn_norm")
 
 
 def drop_cache(*paths: Path) -> None:
@@ -140,11 +111,8 @@ def child(args: argparse.Namespace) -> int:
         print(json.dumps({"kind": "llama", "tok_s": args.tokens / dt}))
         return 0
     from powerinfer_rs import Engine
-    from powerinfer_rs.loading import load_model
 
-    model = load_model(args.model)
-    preds = oracle_predictors(model, Path(args.predictors))
-    eng = Engine(model, threads=args.threads, sparsity="predictor", predictors=preds)
+    eng = Engine.from_pretrained(args.model, threads=args.threads, sparsity="predictor", mmap=True)
     if args.child == "store":
         eng.use_neuron_store(args.store, cache=args.cache, io_threads=args.io_threads)
     logits = eng.prefill(prompt)
@@ -189,53 +157,52 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--store", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--cache", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument("--predictors", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         return child(args)
 
     from powerinfer_rs import Engine
-    from powerinfer_rs.loading import load_model
+    from powerinfer_rs.testing.powerinfer_files import oracle_predictors, write_powerinfer_gguf
     from powerinfer_rs.testing.synth import write_gguf_model
+    from powerinfer_rs.testing.synth_model import SynthSpec
 
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     tag = f"d{args.dim}_f{args.ffn}_l{args.layers}_a{args.active}"
-    model_path, store_path = work / f"{tag}.gguf", work / f"{tag}.c{args.cluster}.neurons"
+    model_path, llama_path = work / f"{tag}.powerinfer.gguf", work / f"{tag}.gguf"
+    store_path = work / f"{tag}.c{args.cluster}.neurons"
+    shape = dict(
+        dim=args.dim,
+        ffn=args.ffn,
+        layers=args.layers,
+        heads=args.heads,
+        kv_heads=args.heads,
+        vocab=args.vocab,
+        active=args.active,
+    )
     if not model_path.exists():
         print(f"writing the synthetic model {model_path} ...", flush=True)
-        write_gguf_model(
-            model_path,
-            dtype="F16",
-            dim=args.dim,
-            ffn=args.ffn,
-            layers=args.layers,
-            heads=args.heads,
-            kv_heads=args.heads,
-            vocab=args.vocab,
-            activation="relu",
-            active=args.active,
-        )
-    pred_path = work / f"{tag}.oracle.npz"
-    if not pred_path.exists():
-        from powerinfer_rs.testing.synth_model import SynthSpec
-
-        spec = SynthSpec(
-            args.dim, args.ffn, args.layers, args.heads, args.heads, args.vocab, active=args.active
-        )
-        print(f"writing the oracle predictors {pred_path} ...", flush=True)
-        write_oracle_predictors(spec, pred_path)
+        spec = SynthSpec(args.dim, args.ffn, args.layers, args.heads, args.heads, args.vocab)
+        spec.active = args.active
+        preds = oracle_predictors(spec, rank=160)
+        write_powerinfer_gguf(model_path, dtype="F16", predictors=preds, **shape)
+    if not llama_path.exists() and not args.no_llama:
+        print(f"writing the same model for llama.cpp {llama_path} ...", flush=True)
+        write_gguf_model(llama_path, dtype="F16", activation="relu", **shape)
     if not store_path.exists():
         print(f"writing the neuron store {store_path} ...", flush=True)
-        Engine(load_model(model_path), threads=args.threads).write_neuron_store(
+        Engine.from_pretrained(model_path, threads=args.threads).write_neuron_store(
             store_path, cluster=args.cluster
         )
     size = model_path.stat().st_size
     limit = int(args.limit_share * size)
     # The store's cache: what the limit leaves after the resident part (attention, norms,
     # embeddings, predictors) and 200 MiB of process overhead.
-    m = load_model(model_path)
+    from powerinfer_rs.loading.powerinfer_gguf import load_powerinfer_gguf
+
+    m = load_powerinfer_gguf(model_path).model
     resident = sum(t.nbytes for n, t in m.tensors.items() if "ffn_" not in n or "norm" in n)
+    resident += 160 * (args.dim + args.ffn) * 4 * args.layers  # the predictors, as f32
     del m
     cache = max(64 << 20, limit - resident - (200 << 20))
     bw = probe_bandwidth(store_path)
@@ -252,14 +219,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for r in range(args.repeats):
             for kind in kinds if r % 2 == 0 else kinds[::-1]:
-                drop_cache(model_path, store_path)
-                cmd = [sys.executable, __file__, "--child", kind, "--model", str(model_path)]
+                drop_cache(model_path, store_path, llama_path)
+                path = llama_path if kind == "llama" else model_path
+                cmd = [sys.executable, __file__, "--child", kind, "--model", str(path)]
                 cmd += ["--store", str(store_path), "--cache", str(cache)]
                 cmd += ["--tokens", str(args.tokens), "--threads", str(args.threads)]
                 cmd += ["--io-threads", str(args.io_threads), "--dim", str(args.dim)]
                 cmd += ["--ffn", str(args.ffn), "--layers", str(args.layers)]
                 cmd += ["--heads", str(args.heads), "--vocab", str(args.vocab)]
-                cmd += ["--active", str(args.active), "--predictors", str(pred_path)]
+                cmd += ["--active", str(args.active)]
                 # The child joins the cgroup before it loads anything.
                 pre = f"echo $$ > {cg.path / 'cgroup.procs'} && exec "
                 proc = subprocess.run(
@@ -269,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     res = json.loads(line[0])
                 except ValueError:
-                    print(f"{kind}: failed\n{proc.stderr[-2000:]}", flush=True)
+                    why = "killed: out of memory?" if proc.returncode == -9 else ""
+                    print(f"{kind}: failed (rc {proc.returncode}) {why}", flush=True)
+                    print(proc.stderr[-2000:], flush=True)
                     continue
                 rows[kind].append(res)
                 print(json.dumps(res), flush=True)

@@ -12,7 +12,10 @@ seconds while the kernel compacts memory to find huge pages.
 
 The copy costs resident memory the kernel cannot drop and re-read from the file under memory
 pressure, so the default (``mmap=None``) copies only where that is cheap: Linux with transparent
-huge pages available (``always`` or ``madvise``) and weights at most half of ``MemAvailable``.
+huge pages available (``always`` or ``madvise``) and weights at most half of ``MemAvailable``,
+or of what the process's memory cgroup leaves (its limit less its usage, v1 or v2), whichever
+is less: in a container or a cgroup with a memory limit, a copy the host could hold can kill
+the process.
 ``mmap=True`` always maps (zero copy), ``mmap=False`` always copies.
 """
 
@@ -27,6 +30,10 @@ MAX_SHARE_OF_AVAILABLE = 0.5
 
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 MEMINFO = Path("/proc/meminfo")
+SELF_CGROUP = Path("/proc/self/cgroup")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: A cgroup v1 limit at or above this is "no limit" (the kernel's page-rounded LONG_MAX).
+NO_LIMIT = 1 << 62
 
 
 def huge_pages_available(path: Path = THP_ENABLED) -> bool:
@@ -39,15 +46,54 @@ def huge_pages_available(path: Path = THP_ENABLED) -> bool:
     return "[always]" in text or "[madvise]" in text
 
 
+def cgroup_memory_left(self_cgroup: Path = SELF_CGROUP, root: Path = CGROUP_ROOT) -> int | None:
+    """Bytes the process's memory cgroup leaves (limit less usage; v2 ``memory.max`` /
+    ``memory.current``, v1 ``memory.limit_in_bytes`` / ``memory.usage_in_bytes``), or None
+    without a limit (or where it cannot be read)."""
+    try:
+        lines = self_cgroup.read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, rel = parts
+        if controllers == "":  # v2
+            base, files = root / rel.lstrip("/"), ("memory.max", "memory.current")
+        elif "memory" in controllers.split(","):
+            base, files = root / "memory" / rel.lstrip("/"), (
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            )
+        else:
+            continue
+        try:
+            limit_s = (base / files[0]).read_text().strip()
+            if limit_s == "max" or int(limit_s) >= NO_LIMIT:
+                continue
+            used = int((base / files[1]).read_text().strip())
+            return max(0, int(limit_s) - used)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
 def available_memory(path: Path = MEMINFO) -> int | None:
-    """``MemAvailable`` in bytes, or None where /proc/meminfo has none."""
+    """``MemAvailable`` in bytes, or what the process's memory cgroup leaves where that is
+    less (:func:`cgroup_memory_left`); None where /proc/meminfo has none."""
+    avail = None
     try:
         for line in path.read_text().splitlines():
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
+                avail = int(line.split()[1]) * 1024
+                break
     except (OSError, ValueError, IndexError):
         return None
-    return None
+    left = cgroup_memory_left()
+    if avail is not None and left is not None:
+        avail = min(avail, left)
+    return avail
 
 
 def copy_weights(mmap: object, weight_bytes: int) -> bool:
