@@ -114,7 +114,20 @@ def child(args: argparse.Namespace) -> int:
 
     eng = Engine.from_pretrained(args.model, threads=args.threads, sparsity="predictor", mmap=True)
     if args.child == "store":
-        eng.use_neuron_store(args.store, cache=args.cache, io_threads=args.io_threads)
+        # The hot clusters resident from the planted activation law (what a profile measures).
+        from powerinfer_rs.testing.synth_model import SynthSpec, SynthWeights
+
+        spec = SynthSpec(args.dim, args.ffn, args.layers, args.heads, args.heads, args.vocab)
+        spec.active = args.active
+        gen = SynthWeights(spec)
+        hot = [gen.firing_probabilities(i) for i in range(args.layers)]
+        eng.use_neuron_store(
+            args.store,
+            cache=args.cache,
+            io_threads=args.io_threads,
+            hot=hot if args.resident_share > 0 else None,
+            resident_share=args.resident_share,
+        )
     logits = eng.prefill(prompt)
     for _ in range(4):  # warm-up
         logits = eng.prefill([int(np.argmax(logits))])
@@ -148,8 +161,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--limit-share", type=float, default=1 / 3)
-    ap.add_argument("--cluster", type=int, default=4)
+    ap.add_argument("--cluster", type=int, default=1)
     ap.add_argument("--io-threads", type=int, default=16)
+    ap.add_argument(
+        "--resident-share",
+        type=float,
+        default=0.5,
+        help="share of the store's cache held by the hottest clusters (0: all LRU)",
+    )
     ap.add_argument("--workdir", default="/tmp/powerinfer_rs_store_bench")
     ap.add_argument("--no-llama", action="store_true")
     ap.add_argument("--json", default=None)
@@ -227,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                 cmd += ["--io-threads", str(args.io_threads), "--dim", str(args.dim)]
                 cmd += ["--ffn", str(args.ffn), "--layers", str(args.layers)]
                 cmd += ["--heads", str(args.heads), "--vocab", str(args.vocab)]
-                cmd += ["--active", str(args.active)]
+                cmd += ["--active", str(args.active), "--resident-share", str(args.resident_share)]
                 # The child joins the cgroup before it loads anything.
                 pre = f"echo $$ > {cg.path / 'cgroup.procs'} && exec "
                 proc = subprocess.run(

@@ -122,3 +122,39 @@ def test_bad_stores_caches_and_reads_are_typed_errors(synth_gguf, tmp_path):
     )
     with pytest.raises(UnsupportedError, match="mixture of experts"):
         Engine(moe).write_neuron_store(tmp_path / "moe.neurons")
+
+
+def test_hot_clusters_stay_resident(synth_gguf, tmp_path):
+    """With a profile's counts the hottest clusters are loaded at once and never evicted: the
+    first decoded token already hits them, the logits stay the resident engine's, and counts of
+    another shape are refused."""
+    from powerinfer_rs.runtime.neuron_store import hot_clusters
+
+    model = load_model(synth_gguf(dtype="Q8_0", activation="relu", seed=3, **SHAPE))
+    resident, stored = engines(model, "exact-relu")
+    resident.start_profiling()
+    resident.prefill([int(t) for t in np.random.default_rng(0).integers(3, 300, 48)])
+    counts, _tokens = resident.profile_counts()
+    resident.stop_profiling()
+    resident.reset()
+    path = stored.write_neuron_store(tmp_path / "m.neurons", cluster=4)
+    per_cluster = (os.path.getsize(path) - 4096) // (SHAPE["layers"] * 40)
+    info = stored.use_neuron_store(path, cache=20 * per_cluster, hot=counts, resident_share=0.5)
+    assert info["cache_slots"] == 20 and info["resident_slots"] == 10
+    assert info["misses"] == 0  # the resident load is not counted
+    want, _ = greedy(resident, PROMPT, STEPS)
+    got, _ = greedy(stored, PROMPT, STEPS)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, w, TOL, f"resident step {i}")
+    s = stored.neuron_store_stats()
+    assert s["hits"] > 0 and s["resident_slots"] == 10
+    # The ten hottest clusters by summed counts, over all layers.
+    chosen = hot_clusters(counts, 4, 10)
+    per = [np.pad(c, (0, 0)).reshape(-1, 4).sum(axis=1) for c in counts]
+    cut = sorted((v for p in per for v in p), reverse=True)[9]
+    assert all(per[layer][k] >= cut for layer, ks in enumerate(chosen) for k in ks)
+    assert sum(len(k) for k in chosen) == 10
+    with pytest.raises(ShapeError, match="hot counts"):
+        stored.use_neuron_store(path, cache=20 * per_cluster, hot=counts[:1])
+    with pytest.raises(ShapeError, match="resident_share"):
+        stored.use_neuron_store(path, hot=counts, resident_share=1.0)

@@ -203,6 +203,20 @@ impl PyModel {
         })
     }
 
+    /// Load the clusters `clusters[layer]` of the open neuron store and keep them resident
+    /// (never evicted); returns how many were loaded (at most all but one cache slot).
+    fn neuron_store_load_resident(
+        &self,
+        py: Python<'_>,
+        clusters: Vec<Vec<u32>>,
+    ) -> PyResult<usize> {
+        let w = Arc::clone(&self.weights);
+        run_detached(py, move || match w.neuron_store() {
+            Some(store) => store.load_resident(&clusters),
+            None => powerinfer_core::bail!(Plan, "no neuron store is open"),
+        })
+    }
+
     /// Stop reading from the neuron store (the resident weights again).
     fn close_neuron_store(&self) {
         self.weights.set_neuron_store(None);
@@ -235,6 +249,7 @@ impl PyModel {
         d.set_item("file_bytes", l.file_bytes())?;
         d.set_item("direct", store.direct())?;
         d.set_item("cache_slots", store.cache_slots())?;
+        d.set_item("resident_slots", store.resident_slots())?;
         Ok(Some(d))
     }
 

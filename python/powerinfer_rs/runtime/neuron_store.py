@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
+
 from ..errors import ShapeError
 from ..planning.sizes import format_bytes, parse_bytes
 from .generation import locked
@@ -20,6 +22,25 @@ from .generation import locked
 DEFAULT_CLUSTER = 4
 #: Reader threads by default: reads in flight at once.
 DEFAULT_IO_THREADS = 8
+#: Share of the cache held by the resident hot clusters by default (with ``hot=``).
+DEFAULT_RESIDENT_SHARE = 0.5
+
+
+def hot_clusters(counts, cluster: int, n: int) -> list[list[int]]:
+    """The ``n`` hottest clusters of ``cluster`` neurons over all layers, by the summed
+    activation ``counts`` of their neurons (per layer, one count per neuron: a profile's), as
+    sorted cluster ids per layer."""
+    scores = []
+    for layer, c in enumerate(counts):
+        c = np.asarray(c, dtype=np.float64)
+        pad = (-c.size) % cluster
+        per = np.pad(c, (0, pad)).reshape(-1, cluster).sum(axis=1)
+        scores += [(float(v), layer, k) for k, v in enumerate(per)]
+    scores.sort(key=lambda t: (-t[0], t[1], t[2]))
+    out: list[list[int]] = [[] for _ in counts]
+    for _v, layer, k in scores[: max(0, n)]:
+        out[layer].append(k)
+    return [sorted(ks) for ks in out]
 
 
 class NeuronStoreMethods:
@@ -45,15 +66,34 @@ class NeuronStoreMethods:
         *,
         cache: int | str = "256MiB",
         io_threads: int = DEFAULT_IO_THREADS,
+        hot=None,
+        resident_share: float = DEFAULT_RESIDENT_SHARE,
     ) -> dict:
         """Read the sparse FFN's neuron rows from the store at ``path`` from now on, through a
-        cache of ``cache`` bytes ("256MiB", an int) and ``io_threads`` readers. Returns
+        cache of ``cache`` bytes ("256MiB", an int) and ``io_threads`` readers. With ``hot``
+        (per layer one activation count per neuron: a :class:`~powerinfer_rs.formats.profile.
+        Profile` or its ``counts``) the hottest clusters are loaded at once and stay resident,
+        ``resident_share`` of the cache; the rest of it holds the most recently used. Returns
         :meth:`neuron_store_stats`. ModelFileError for a file that is not this model's store;
-        ShapeError for a cache smaller than one cluster."""
+        ShapeError for a cache smaller than one cluster or counts of another shape."""
         size = parse_bytes(cache)
         if isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 1:
             raise ShapeError(f"io_threads must be a positive integer, got {io_threads!r}")
+        if not 0.0 <= resident_share < 1.0:
+            raise ShapeError(f"resident_share must lie in [0, 1), got {resident_share}")
         self._model.open_neuron_store(str(path), size, io_threads, self.loaded.fingerprint)
+        if hot is not None:
+            counts = getattr(hot, "counts", hot)
+            c = self.config
+            if len(counts) != c.n_layers or any(len(x) != c.ffn_dim for x in counts):
+                self._model.close_neuron_store()
+                raise ShapeError(
+                    f"hot counts must be {c.n_layers} layers of {c.ffn_dim} neurons, one count "
+                    "per neuron (a profile of this model)"
+                )
+            s = self._model.neuron_store_stats(False)
+            n = int(resident_share * s["cache_slots"])
+            self._model.neuron_store_load_resident(hot_clusters(counts, s["cluster"], n))
         return self.neuron_store_stats()
 
     def close_neuron_store(self) -> None:
@@ -64,8 +104,8 @@ class NeuronStoreMethods:
     def neuron_store_stats(self, *, reset: bool = False) -> dict:
         """The store's counts since it was opened (or last reset): ``hits`` and ``misses``
         (clusters), ``bytes_read``, ``read_s`` (seconds waiting for reads), ``hit_rate``,
-        ``cache_slots``, ``cluster``, ``direct`` (reads bypass the page cache) and
-        ``file_bytes``; ``{}`` without a store."""
+        ``cache_slots``, ``resident_slots``, ``cluster``, ``direct`` (reads bypass the page
+        cache) and ``file_bytes``; ``{}`` without a store."""
         s = self._model.neuron_store_stats(reset)
         if s is None:
             return {}
@@ -75,4 +115,10 @@ class NeuronStoreMethods:
         return s
 
 
-__all__ = ["DEFAULT_CLUSTER", "DEFAULT_IO_THREADS", "NeuronStoreMethods"]
+__all__ = [
+    "DEFAULT_CLUSTER",
+    "DEFAULT_IO_THREADS",
+    "DEFAULT_RESIDENT_SHARE",
+    "NeuronStoreMethods",
+    "hot_clusters",
+]

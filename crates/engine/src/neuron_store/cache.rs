@@ -1,6 +1,8 @@
-//! The neuron store's cache: a fixed RAM budget of cluster-sized slots in one aligned arena,
-//! least recently used first out. A slot in use is pinned (out of the recency list) until it is
-//! released, so a read never lands in memory a computation is reading.
+//! The neuron store's cache: a fixed RAM budget of cluster-sized slots in one aligned arena.
+//! Resident slots hold the hot clusters, loaded once and never evicted (PowerInfer-2's hot
+//! neurons kept in memory); the others go least recently used first. A slot in use is pinned
+//! (out of the recency list) until it is released, so a read never lands in memory a computation
+//! is reading.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,6 +39,9 @@ pub(super) struct Cache {
     keys: Vec<Option<Key>>,
     /// Bytes of each slot's cluster that are valid (its first part, or all of it).
     valid: Vec<usize>,
+    /// Slots holding resident clusters (never evicted, never in the recency list).
+    resident: Vec<bool>,
+    n_resident: usize,
     prev: Vec<usize>,
     next: Vec<usize>,
     /// Most recently released.
@@ -75,6 +80,8 @@ impl Cache {
             map: HashMap::new(),
             keys: vec![None; n],
             valid: vec![0; n],
+            resident: vec![false; n],
+            n_resident: 0,
             prev: vec![NIL; n],
             next: vec![NIL; n],
             head: NIL,
@@ -89,6 +96,25 @@ impl Cache {
     /// Slots.
     pub(super) fn slots(&self) -> usize {
         self.keys.len()
+    }
+
+    /// Slots that are not resident: how many clusters can be read into the cache at once.
+    pub(super) fn free_slots(&self) -> usize {
+        self.keys.len() - self.n_resident
+    }
+
+    /// Slots holding resident clusters.
+    pub(super) fn resident_slots(&self) -> usize {
+        self.n_resident
+    }
+
+    /// Make the (pinned, filled) slot `s` resident: it stays, out of the recency list, and
+    /// [`Cache::release`] leaves it there.
+    pub(super) fn make_resident(&mut self, s: usize) {
+        if !self.resident[s] {
+            self.resident[s] = true;
+            self.n_resident += 1;
+        }
     }
 
     /// The arena (for weight views into pinned slots).
@@ -131,6 +157,9 @@ impl Cache {
     /// pinned (a caller asks for more clusters at once than there are slots).
     pub(super) fn acquire(&mut self, key: Key, need: usize) -> Result<Slot> {
         if let Some(&s) = self.map.get(&key) {
+            if self.resident[s] {
+                return Ok(Slot::Hit(s)); // resident clusters are whole
+            }
             self.unlink(s);
             return Ok(match self.valid[s] >= need {
                 true => Slot::Hit(s),
@@ -162,9 +191,11 @@ impl Cache {
         self.valid[s] = 0;
     }
 
-    /// Unpin slot `s`: the most recently used.
+    /// Unpin slot `s`: the most recently used (a resident slot stays where it is).
     pub(super) fn release(&mut self, s: usize) {
-        self.push_front(s);
+        if !self.resident[s] {
+            self.push_front(s);
+        }
     }
 }
 
@@ -204,5 +235,27 @@ mod tests {
         c.release(a);
         assert!(matches!(c.acquire((2, 0), 10).unwrap(), Slot::Miss(s) if s == a));
         assert!(Cache::new(ALIGN - 1, ALIGN).is_err());
+    }
+
+    #[test]
+    fn resident_slots_are_never_evicted() {
+        let mut c = Cache::new(2 * ALIGN, ALIGN).unwrap();
+        let Slot::Miss(r) = c.acquire((0, 7), 10).unwrap() else {
+            panic!("expected a miss")
+        };
+        c.filled(r, 10);
+        c.make_resident(r);
+        c.release(r);
+        assert_eq!((c.resident_slots(), c.free_slots()), (1, 1));
+        for k in 0..5 {
+            let Slot::Miss(s) = c.acquire((1, k), 10).unwrap() else {
+                panic!("expected a miss")
+            };
+            assert_ne!(s, r);
+            c.release(s);
+        }
+        assert!(matches!(c.acquire((0, 7), 10).unwrap(), Slot::Hit(s) if s == r));
+        c.release(r);
+        assert!(matches!(c.acquire((0, 7), 10).unwrap(), Slot::Hit(s) if s == r));
     }
 }

@@ -132,6 +132,48 @@ impl NeuronStore {
         self.cache.lock().map_or(0, |c| c.slots())
     }
 
+    /// Clusters held resident.
+    pub fn resident_slots(&self) -> usize {
+        self.cache.lock().map_or(0, |c| c.resident_slots())
+    }
+
+    /// Load the clusters `clusters[layer]` (whole) and keep them resident, never evicted (the
+    /// hot neurons' clusters, from a profile); at most all but one of the cache's slots.
+    /// Returns how many were loaded.
+    pub fn load_resident(&self, clusters: &[Vec<u32>]) -> Result<usize> {
+        ensure!(
+            clusters.len() <= self.layout.layers.len(),
+            Shape,
+            "resident clusters for {} layers of a {}-layer store",
+            clusters.len(),
+            self.layout.layers.len()
+        );
+        let room = self.cache_slots().saturating_sub(1);
+        let mut loaded = 0;
+        for (layer, ks) in clusters.iter().enumerate() {
+            let l = &self.layout.layers[layer];
+            let ks: Vec<u32> = ks
+                .iter()
+                .copied()
+                .filter(|&k| (k as usize) < l.n_clusters)
+                .take(room - loaded)
+                .collect();
+            for chunk in ks.chunks(64) {
+                let slots = self.pin(layer, chunk.iter().copied(), l.cluster_bytes)?;
+                let mut cache = self.cache.lock().map_err(|_| poisoned())?;
+                for s in slots {
+                    cache.make_resident(s);
+                }
+            }
+            loaded += ks.len();
+            if loaded >= room {
+                break;
+            }
+        }
+        self.reset_stats();
+        Ok(loaded)
+    }
+
     /// The counts so far.
     pub fn stats(&self) -> StoreStats {
         self.stats.lock().map(|s| s.clone()).unwrap_or_default()
@@ -200,7 +242,7 @@ impl NeuronStore {
         };
         out.fill(0.0);
         let dim = out.len();
-        let slots = self.cache_slots().max(1);
+        let slots = self.cache.lock().map_or(1, |c| c.free_slots()).max(1);
         for chunk in groups.chunks(slots) {
             let pinned = self.pin(layer, chunk.iter().map(|g| g.0), need)?;
             let arena = self
