@@ -254,18 +254,23 @@ impl NeuronStore {
                 let cache = self.cache.lock().map_err(|_| poisoned())?;
                 pinned.iter().map(|&s| cache.addr(s) as usize).collect()
             };
-            let parts: Vec<Result<Vec<f32>>> = chunk
+            // A few tasks per thread, each summing its run of clusters into one vector.
+            let tasks = chunk.len().min(4 * rayon::current_num_threads()).max(1);
+            let per = chunk.len().div_ceil(tasks);
+            let work: Vec<_> = chunk.chunks(per).zip(addrs.chunks(per)).collect();
+            let parts: Vec<Result<Vec<f32>>> = work
                 .par_iter()
-                .zip(&addrs)
-                .map(|((k, local, a), &addr)| {
-                    // SAFETY: the slot is pinned with `need` valid bytes until released below,
-                    // after every view of it is dropped; the arena outlives the views.
-                    let rows = unsafe { self.views(l, addr as *const u8, full, &arena)? };
-                    // The bias of the cluster's neurons (the last cluster may be partial).
-                    let first = *k as usize * c;
-                    let b = bias.map(|b| &b[first..(first + c).min(b.len())]);
+                .map(|(groups, addrs)| {
                     let mut y = vec![0.0f32; dim];
-                    cluster_ffn(&rows, act, b, xn, local, a, &mut y)?;
+                    for ((k, local, a), &addr) in groups.iter().zip(addrs.iter()) {
+                        // SAFETY: the slot is pinned with `need` valid bytes until released
+                        // below, after every view of it is dropped; the arena outlives them.
+                        let rows = unsafe { self.views(l, addr as *const u8, full, &arena)? };
+                        // The bias of the cluster's neurons (the last cluster may be partial).
+                        let first = *k as usize * c;
+                        let b = bias.map(|b| &b[first..(first + c).min(b.len())]);
+                        cluster_ffn(&rows, act, b, xn, local, a, &mut y)?;
+                    }
                     Ok(y)
                 })
                 .collect();
