@@ -216,14 +216,14 @@ def main(argv: list[str] | None = None) -> int:
     size = model_path.stat().st_size
     limit = int(args.limit_share * size)
     # The store's cache: what the limit leaves after the resident part (attention, norms,
-    # embeddings, predictors) and 200 MiB of process overhead.
+    # embeddings, predictors) and 300 MiB of process overhead and page-cache headroom.
     from powerinfer_rs.loading.powerinfer_gguf import load_powerinfer_gguf
 
     m = load_powerinfer_gguf(model_path).model
     resident = sum(t.nbytes for n, t in m.tensors.items() if "ffn_" not in n or "norm" in n)
     resident += 160 * (args.dim + args.ffn) * 4 * args.layers  # the predictors, as f32
     del m
-    cache = max(64 << 20, limit - resident - (200 << 20))
+    cache = max(64 << 20, limit - resident - (300 << 20))
     bw = probe_bandwidth(store_path)
     print(
         f"synthetic ReLU llama {size / 1e9:.2f} GB (F16, dim {args.dim}, ffn {args.ffn}, "

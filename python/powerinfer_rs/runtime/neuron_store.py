@@ -18,8 +18,10 @@ from ..errors import ShapeError
 from ..planning.sizes import format_bytes, parse_bytes
 from .generation import locked
 
-#: Neurons per cluster by default: the unit of a read and of the cache.
-DEFAULT_CLUSTER = 4
+#: Neurons per cluster by default: the unit of a read and of the cache. One: at 10% of the
+#: neurons firing, clusters of 4 read 3.4 times the bytes that fire (a third of the clusters hold
+#: one that fires), more than one neuron's padding to 4 KiB costs (bench_neuron_store.py).
+DEFAULT_CLUSTER = 1
 #: Reader threads by default: reads in flight at once.
 DEFAULT_IO_THREADS = 8
 #: Share of the cache held by the resident hot clusters by default (with ``hot=``).
