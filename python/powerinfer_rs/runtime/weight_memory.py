@@ -62,9 +62,12 @@ def cgroup_memory_left(self_cgroup: Path = SELF_CGROUP, root: Path = CGROUP_ROOT
         if controllers == "":  # v2
             base, files = root / rel.lstrip("/"), ("memory.max", "memory.current")
         elif "memory" in controllers.split(","):
-            base, files = root / "memory" / rel.lstrip("/"), (
-                "memory.limit_in_bytes",
-                "memory.usage_in_bytes",
+            base, files = (
+                root / "memory" / rel.lstrip("/"),
+                (
+                    "memory.limit_in_bytes",
+                    "memory.usage_in_bytes",
+                ),
             )
         else:
             continue
