@@ -5,12 +5,12 @@ default a third).
 
 The model is a *synthetic* ReLU llama in F16 (``--dim``, ``--ffn``, ``--layers``; about 4.9 GB
 by default, FFN-heavy as sparse models are), with a planted power law of FFN activation
-(``--active`` of the neurons firing on average) and a planted low-rank gate, written twice: as
-PowerInfer's converter writes it (``ffn_down_t`` stored transposed, so our memory-mapped engine
-maps its down rows from the file instead of building them in RAM, and with the *oracle*
-predictors the planted gate allows: a neuron is predicted active exactly when it fires, so what
-is measured is the store's I/O, not a predictor's recall; ``testing/powerinfer_files.py``), and
-as a plain GGUF for llama.cpp. Both of our engines run predictor mode.
+(``--active`` of the neurons firing on average) and a planted low-rank gate, as a GGUF the three
+engines read. Ours run predictor mode with the *oracle* predictors the planted gate allows
+(``testing/powerinfer_files.py``: a neuron is predicted active exactly when it fires, so what is
+measured is the store's I/O, not a predictor's recall). Our memory-mapped engine builds the
+transposed down projection its sparse FFN reads in memory (1.28 GB here); the store holds those
+rows, so that engine attaches its store before it enters predictor mode and builds nothing.
 
 Each engine runs in its own process placed in the cgroup (v1 ``memory.limit_in_bytes`` or v2
 ``memory.max``; root), in alternation, after the model's and the store's pages were dropped
@@ -111,8 +111,17 @@ def child(args: argparse.Namespace) -> int:
         print(json.dumps({"kind": "llama", "tok_s": args.tokens / dt}))
         return 0
     from powerinfer_rs import Engine
+    from powerinfer_rs.loading import load_model
+    from powerinfer_rs.predictors import LayerPredictor, PredictorSet
 
-    eng = Engine.from_pretrained(args.model, threads=args.threads, sparsity="predictor", mmap=True)
+    model = load_model(args.model)
+    z = np.load(args.predictors)
+    layers = {
+        i: LayerPredictor(fc1=z[f"fc1_{i}"], fc2=z[f"fc2_{i}"], threshold=0.0)
+        for i in range(model.config.n_layers)
+    }
+    preds = PredictorSet(layers=layers, model_fingerprint=model.fingerprint, input="ffn_inp")
+    eng = Engine(model, threads=args.threads, mmap=True)
     if args.child == "store":
         # The hot clusters resident from the planted activation law (what a profile measures).
         from powerinfer_rs.testing.synth_model import SynthSpec, SynthWeights
@@ -128,6 +137,7 @@ def child(args: argparse.Namespace) -> int:
             hot=hot if args.resident_share > 0 else None,
             resident_share=args.resident_share,
         )
+    eng.set_sparsity("predictor", predictors=preds)
     logits = eng.prefill(prompt)
     for _ in range(4):  # warm-up
         logits = eng.prefill([int(np.argmax(logits))])
@@ -176,19 +186,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--store", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--cache", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--predictors", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         return child(args)
 
     from powerinfer_rs import Engine
-    from powerinfer_rs.testing.powerinfer_files import oracle_predictors, write_powerinfer_gguf
+    from powerinfer_rs.loading import load_model
+    from powerinfer_rs.testing.powerinfer_files import oracle_predictors
     from powerinfer_rs.testing.synth import write_gguf_model
     from powerinfer_rs.testing.synth_model import SynthSpec
 
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
     tag = f"d{args.dim}_f{args.ffn}_l{args.layers}_a{args.active}"
-    model_path, llama_path = work / f"{tag}.powerinfer.gguf", work / f"{tag}.gguf"
+    model_path = work / f"{tag}.gguf"
+    pred_path = work / f"{tag}.oracle.npz"
     store_path = work / f"{tag}.c{args.cluster}.neurons"
     shape = dict(
         dim=args.dim,
@@ -201,25 +214,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not model_path.exists():
         print(f"writing the synthetic model {model_path} ...", flush=True)
+        write_gguf_model(model_path, dtype="F16", activation="relu", **shape)
+    if not pred_path.exists():
+        print(f"writing the oracle predictors {pred_path} ...", flush=True)
         spec = SynthSpec(args.dim, args.ffn, args.layers, args.heads, args.heads, args.vocab)
         spec.active = args.active
         preds = oracle_predictors(spec, rank=160)
-        write_powerinfer_gguf(model_path, dtype="F16", predictors=preds, **shape)
-    if not llama_path.exists() and not args.no_llama:
-        print(f"writing the same model for llama.cpp {llama_path} ...", flush=True)
-        write_gguf_model(llama_path, dtype="F16", activation="relu", **shape)
+        arrays = {f"fc1_{i}": p.fc1 for i, p in preds.items()}
+        arrays.update({f"fc2_{i}": p.fc2 for i, p in preds.items()})
+        np.savez(pred_path, **arrays)
     if not store_path.exists():
         print(f"writing the neuron store {store_path} ...", flush=True)
-        Engine.from_pretrained(model_path, threads=args.threads).write_neuron_store(
+        Engine(load_model(model_path), threads=args.threads).write_neuron_store(
             store_path, cluster=args.cluster
         )
     size = model_path.stat().st_size
     limit = int(args.limit_share * size)
     # The store's cache: what the limit leaves after the resident part (attention, norms,
     # embeddings, predictors) and 300 MiB of process overhead and page-cache headroom.
-    from powerinfer_rs.loading.powerinfer_gguf import load_powerinfer_gguf
-
-    m = load_powerinfer_gguf(model_path).model
+    m = load_model(model_path)
     resident = sum(t.nbytes for n, t in m.tensors.items() if "ffn_" not in n or "norm" in n)
     resident += 160 * (args.dim + args.ffn) * 4 * args.layers  # the predictors, as f32
     del m
@@ -238,15 +251,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for r in range(args.repeats):
             for kind in kinds if r % 2 == 0 else kinds[::-1]:
-                drop_cache(model_path, store_path, llama_path)
-                path = llama_path if kind == "llama" else model_path
-                cmd = [sys.executable, __file__, "--child", kind, "--model", str(path)]
+                drop_cache(model_path, store_path)
+                cmd = [sys.executable, __file__, "--child", kind, "--model", str(model_path)]
                 cmd += ["--store", str(store_path), "--cache", str(cache)]
                 cmd += ["--tokens", str(args.tokens), "--threads", str(args.threads)]
                 cmd += ["--io-threads", str(args.io_threads), "--dim", str(args.dim)]
                 cmd += ["--ffn", str(args.ffn), "--layers", str(args.layers)]
                 cmd += ["--heads", str(args.heads), "--vocab", str(args.vocab)]
                 cmd += ["--active", str(args.active), "--resident-share", str(args.resident_share)]
+                cmd += ["--predictors", str(pred_path)]
                 # The child joins the cgroup before it loads anything.
                 pre = f"echo $$ > {cg.path / 'cgroup.procs'} && exec "
                 proc = subprocess.run(

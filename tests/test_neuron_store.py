@@ -78,6 +78,23 @@ def test_the_store_decodes_as_the_resident_engine(synth_gguf, tmp_path, dtype, m
     np.testing.assert_allclose(greedy(stored, PROMPT, 2)[0][-1], want[2], rtol=0, atol=1e-5)
 
 
+def test_a_store_in_use_needs_no_transposed_copy(synth_gguf, tmp_path):
+    """An engine that attaches its store before it enters exact-relu or predictor mode builds no
+    transposed down projection in memory (the store holds those rows): what lets it run in a
+    memory limit its resident copy would exceed."""
+    model = load_model(synth_gguf(dtype="Q8_0", activation="relu", seed=3, **SHAPE))
+    path = Engine(model).write_neuron_store(tmp_path / "m.neurons")
+    eng = Engine(model, threads=2)
+    eng.use_neuron_store(path, cache="1MiB")
+    eng.set_sparsity("exact-relu")
+    assert eng._model.down_t_bytes == 0
+    want, _ = greedy(Engine(model, threads=2, sparsity="exact-relu"), PROMPT, 4)
+    got, _ = greedy(eng, PROMPT, 4)
+    for g, w in zip(got, want):
+        assert_close(g, w, TOL, "no copy")
+    assert eng._model.down_t_bytes == 0 and eng.neuron_store_stats()["misses"] > 0
+
+
 def test_bad_stores_caches_and_reads_are_typed_errors(synth_gguf, tmp_path):
     model = load_model(synth_gguf(dtype="Q8_0", activation="relu", seed=3, **SHAPE))
     eng = Engine(model, threads=2, sparsity="exact-relu")

@@ -118,7 +118,13 @@ impl Session {
             }
         } else if !matches!(mode, Sparsity::Dense) && !c.moe.is_moe() {
             let model = &self.model;
-            self.pool.install(|| model.down_t().map(|_| ()))?;
+            // A neuron store holds the transposed rows exact-relu and predictor mode read: no
+            // copy in memory (threshold mode still builds it).
+            let stored = model.neuron_store().is_some()
+                && matches!(mode, Sparsity::ExactRelu | Sparsity::Predictor { .. });
+            if !stored {
+                self.pool.install(|| model.down_t().map(|_| ()))?;
+            }
             if matches!(mode, Sparsity::Threshold(_)) {
                 self.pool.install(|| model.down_crossover().map(|_| ()))?;
             }
