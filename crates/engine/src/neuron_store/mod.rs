@@ -80,22 +80,15 @@ impl NeuronStore {
         let io_err =
             |e: std::io::Error| powerinfer_core::Error::ModelFile(format!("{source}: {e}"));
         let file_bytes = std::fs::metadata(path).map_err(io_err)?.len();
-        let mut head = vec![0u8; ALIGN.min(file_bytes as usize)];
+        // The header is at most a few hundred KiB (MAX_FINGERPRINT and 3 bytes per layer): read
+        // no more than 1 MiB of whatever file this is.
+        let mut head = vec![0u8; (file_bytes as usize).min(1 << 20)];
         {
             use std::io::Read;
             let mut f = std::fs::File::open(path).map_err(io_err)?;
             f.read_exact(&mut head).map_err(io_err)?;
         }
-        let mut layout = StoreLayout::parse(&head, file_bytes, &source);
-        if let Err(powerinfer_core::Error::ModelFile(_)) = &layout {
-            // A header longer than one block (many layers): read it whole and parse again.
-            let need = (file_bytes as usize).min(1 << 20);
-            if need > head.len() {
-                let all = std::fs::read(path).map_err(io_err)?;
-                layout = StoreLayout::parse(&all[..need.min(all.len())], file_bytes, &source);
-            }
-        }
-        let layout = layout?;
+        let layout = StoreLayout::parse(&head, file_bytes, &source)?;
         layout.check_model(model, fingerprint, &source)?;
         let slot = layout
             .layers
