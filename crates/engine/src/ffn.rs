@@ -190,6 +190,23 @@ fn fused(
     Ok(())
 }
 
+/// Predictor mode's active neurons of one token into `s.predicted` (its time charged to
+/// [`Phase::Predictor`]).
+fn predict(
+    call: &FfnCall<'_>,
+    p: &crate::sparsity::LayerPredictor,
+    input: PredictorInput,
+    s: &mut FfnScratch,
+) -> Result<()> {
+    let x = match input {
+        PredictorInput::FfnNorm => call.xn,
+        PredictorInput::FfnInp => call.x_res,
+    };
+    predicted_active(p, x, &mut s.predictor, &mut s.predicted)?;
+    mark(Phase::Predictor);
+    Ok(())
+}
+
 /// One token's exact-relu or predictor FFN over a neuron store: exact-relu computes every gate
 /// from the resident rows and reads the up and down_t rows of the neurons that fire, predictor
 /// mode reads the gate, up and down_t rows of the predicted neurons. None for the other modes.
@@ -221,17 +238,7 @@ fn store_decode(
             Ok(Some(Phase::Down))
         }
         Sparsity::Predictor { layers, input } => {
-            let input = match input {
-                PredictorInput::FfnNorm => call.xn,
-                PredictorInput::FfnInp => call.x_res,
-            };
-            predicted_active(
-                &layers[call.layer],
-                input,
-                &mut s.predictor,
-                &mut s.predicted,
-            )?;
-            mark(Phase::Predictor);
+            predict(call, &layers[call.layer], *input, s)?;
             let active = Active::Listed(&s.predicted);
             store.ffn(call.layer, act, bias, call.xn, active, out)?;
             Ok(Some(Phase::Ffn))
@@ -297,17 +304,7 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
             Ok(Phase::Down)
         }
         Sparsity::Predictor { layers, input } => {
-            let input = match input {
-                PredictorInput::FfnNorm => call.xn,
-                PredictorInput::FfnInp => call.x_res,
-            };
-            predicted_active(
-                &layers[call.layer],
-                input,
-                &mut s.predictor,
-                &mut s.predicted,
-            )?;
-            mark(Phase::Predictor);
+            predict(call, &layers[call.layer], *input, s)?;
             fused(
                 act,
                 lw,

@@ -229,28 +229,39 @@ pub fn moe_ffn(
     shared(call, s, out)
 }
 
-/// One token: every routed expert's gate and up in one parallel region, their downs in a
-/// second, summed with their weights.
-fn decode(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut [f32]) -> Result<()> {
-    let (w, act) = (call.w, call.act);
-    let route = &s.routes[0];
-    let k = route.len();
+/// Every routed expert's gate and up of one token in one parallel region: `bufs[2i]` and
+/// `bufs[2i + 1]` (resized to expert_ffn) for the i-th route.
+fn routed_gate_up(
+    w: &MoeWeights,
+    route: &[(u32, f32)],
+    xn: &[f32],
+    bufs: &mut [Vec<f32>],
+) -> Result<()> {
     let ef = w.gate[0].rows;
-    s.bufs.resize_with(3 * k, Vec::new);
-    let (inner, downs) = s.bufs.split_at_mut(2 * k);
-    let mut ws: Vec<&Weight> = Vec::with_capacity(2 * k);
+    let mut ws: Vec<&Weight> = Vec::with_capacity(2 * route.len());
     for &(e, _) in route {
         ws.push(&w.gate[e as usize]);
         ws.push(&w.up[e as usize]);
     }
-    let mut ys: Vec<&mut [f32]> = inner
+    let mut ys: Vec<&mut [f32]> = bufs
         .iter_mut()
         .map(|b| {
             b.resize(ef, 0.0);
             b.as_mut_slice()
         })
         .collect();
-    matvec_many(&ws, call.xn, &mut ys)?;
+    matvec_many(&ws, xn, &mut ys)
+}
+
+/// One token: every routed expert's gate and up in one parallel region, their downs in a
+/// second, summed with their weights.
+fn decode(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut [f32]) -> Result<()> {
+    let (w, act) = (call.w, call.act);
+    let route = &s.routes[0];
+    let k = route.len();
+    s.bufs.resize_with(3 * k, Vec::new);
+    let (inner, downs) = s.bufs.split_at_mut(2 * k);
+    routed_gate_up(w, route, call.xn, inner)?;
     for pair in inner.chunks_exact_mut(2) {
         let (g, u) = pair.split_at_mut(1);
         activate(act, &mut g[0], &u[0]);
@@ -324,19 +335,7 @@ fn threshold_decode(
     let ef = w.gate[0].rows;
     s.bufs.resize_with(2 * k + 1, Vec::new);
     let (inner, rest) = s.bufs.split_at_mut(2 * k);
-    let mut ws: Vec<&Weight> = Vec::with_capacity(2 * k);
-    for &(e, _) in route {
-        ws.push(&w.gate[e as usize]);
-        ws.push(&w.up[e as usize]);
-    }
-    let mut ys: Vec<&mut [f32]> = inner
-        .iter_mut()
-        .map(|b| {
-            b.resize(ef, 0.0);
-            b.as_mut_slice()
-        })
-        .collect();
-    matvec_many(&ws, call.xn, &mut ys)?;
+    routed_gate_up(w, route, call.xn, inner)?;
     let y = &mut rest[0];
     y.resize(call.dim, 0.0);
     let (mut idx, mut vals) = (Vec::with_capacity(ef), Vec::with_capacity(ef));
