@@ -20,9 +20,11 @@
 // bytes when there is more than one row lane, else 0 (launch_spec.rs `tile_geometry`). Then, for splits > 1, add_splits with gridDim.x = ceil(cols / 256).
 
 // A row lane reads the coefficients (and row ids) of its next AXPY_BATCH rows at once, then
-// visits the nonzero ones in the same order as one at a time: on an H200 the one-at-a-time loop
-// (load a[k], test, load idx[k], load the row) ran the down pass at 125 GB/s.
-#define AXPY_BATCH 4
+// visits the nonzero ones in the same order as one at a time. On an H200 the one-at-a-time loop
+// (load a[k], test, load idx[k], load the row) ran the down pass at 125 GB/s, and batches of 4
+// at 102 GB/s (benchmarks/gpu/NOTES.md): a 7B down pass gives a lane ~16 coefficients of which
+// ~2 are nonzero, so 4 rounds of coefficient loads cost more than the rows; 16 is one round.
+#define AXPY_BATCH 16
 
 #define AXPY_ROWS_TILED(NAME)                                                                   \
     KERNEL axpy_rows_##NAME(                                                                    \

@@ -21,6 +21,9 @@
 // warp has a whole 4096-wide row's loads in flight at once.
 #define ROWS_PER_BLOCK 16
 
+// 16-byte loads of x a thread has in flight at once when staging it.
+#define X_BATCH 2
+
 // Most floats of x staged in shared memory (48 KiB; `MAX_X_FLOATS` in layout.rs).
 #define MAX_X_FLOATS 12288
 
@@ -37,7 +40,33 @@ __device__ __forceinline__ const float* stage_x(float* xs, const float* x, int c
         *xpad = 0;
         return x;
     }
-    for (int j = threadIdx.x; j < cols; j += blockDim.x) xs[j + (j / QK) * pad] = x[j];
+    // x in 16-byte loads, X_BATCH of a thread in flight together, then their stores: one
+    // 4-byte load at a time (load, store, next), a 4096-wide x took 16 round trips before the
+    // first weight was read (H200, benchmarks/gpu/NOTES.md). Four floats never straddle a
+    // 32-value block, so they stay together after the padding.
+    if (cols % 4 == 0 && ((unsigned long long)x & 15) == 0) {
+        const Vec16* x4 = (const Vec16*)x;
+        const int n4 = cols / 4;
+#pragma unroll 1
+        for (int q0 = threadIdx.x; q0 < n4; q0 += X_BATCH * blockDim.x) {
+            Vec16 v[X_BATCH];
+#pragma unroll
+            for (int b = 0; b < X_BATCH; ++b) {
+                const int q = q0 + b * (int)blockDim.x;
+                if (q < n4) v[b] = x4[q];
+            }
+#pragma unroll
+            for (int b = 0; b < X_BATCH; ++b) {
+                const int q = q0 + b * (int)blockDim.x;
+                if (q >= n4) continue;
+                float* d = xs + 4 * q + (4 * q / QK) * pad;
+                d[0] = __int_as_float((int)v[b].a), d[1] = __int_as_float((int)v[b].b);
+                d[2] = __int_as_float((int)v[b].c), d[3] = __int_as_float((int)v[b].d);
+            }
+        }
+    } else {
+        for (int j = threadIdx.x; j < cols; j += blockDim.x) xs[j + (j / QK) * pad] = x[j];
+    }
     __syncthreads();
     *xpad = pad;
     return xs;
