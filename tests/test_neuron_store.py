@@ -123,13 +123,22 @@ def test_bad_stores_caches_and_reads_are_typed_errors(synth_gguf, tmp_path):
         eng.use_neuron_store(path, io_threads=0)
     with pytest.raises(ShapeError):
         eng.write_neuron_store(tmp_path / "b.neurons", cluster=0)
-    # The file shrinks under an open store: the next read fails as a typed error.
-    eng.use_neuron_store(path, cache=len(data))
+    # The file shrinks under an open store: the next read fails as a typed error, and nothing
+    # stays pinned (reads in flight are waited for, failed slots forgotten): with the file whole
+    # again the same store, three clusters of cache, decodes as the resident engine.
+    per_cluster = (len(data) - 4096) // (SHAPE["layers"] * -(-SHAPE["ffn"] // 8))
+    eng.use_neuron_store(path, cache=3 * per_cluster, io_threads=3)
     eng.prefill(PROMPT)
     with open(path, "r+b") as f:
         f.truncate(8192)
     with pytest.raises(ModelFileError, match="reading"):
         eng.prefill([9])
+    path.write_bytes(data)
+    eng.reset()
+    want, _ = greedy(Engine(model, threads=2, sparsity="exact-relu"), PROMPT, 4)
+    got, _ = greedy(eng, PROMPT, 4)
+    for g, w in zip(got, want):
+        assert_close(g, w, TOL, "after a failed read")
     eng.close_neuron_store()
     eng.reset()
     assert np.isfinite(eng.prefill(PROMPT)).all()

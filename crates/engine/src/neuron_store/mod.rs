@@ -1,8 +1,9 @@
 //! Models bigger than RAM (PowerInfer-2's neuron store): the FFN neurons' rows read from a
 //! sidecar file by cluster ([`format`]), into a cache of fixed size ([`cache`]), by a pool of
 //! reader threads with several reads in flight ([`io`]). A decoded token's sparse FFN (exact-relu
-//! or predictor mode) asks for the clusters holding its active neurons: hits are computed from
-//! the cache, misses are read all at once and then computed. Everything else (attention, the
+//! or predictor mode) asks for the clusters holding its active neurons: the misses are all read
+//! at once, in the order of the tasks that compute them, and each task computes as soon as its
+//! own clusters are in, overlapping the later reads. Everything else (attention, the
 //! gate rows exact-relu reads for every neuron, prefill's dense products) stays on the model's
 //! memory-mapped weights.
 //!
@@ -36,7 +37,8 @@ pub struct StoreStats {
     pub misses: u64,
     /// Bytes read from storage.
     pub bytes_read: u64,
-    /// Seconds spent waiting for reads.
+    /// Seconds of reading: per group of clusters, from the submission of its reads to the
+    /// completion of the last (computation overlaps them).
     pub read_s: f64,
 }
 
@@ -56,6 +58,16 @@ pub enum Active<'a> {
     Firing(&'a [u32], &'a [f32]),
     /// Neuron ids predicted active.
     Listed(&'a [u32]),
+}
+
+/// Clusters pinned in the cache, with the reads of the missing ones submitted.
+struct Pinned {
+    /// The clusters' slots, in the order asked for.
+    slots: Vec<usize>,
+    /// The slots being read, with their cluster.
+    misses: Vec<(usize, u32)>,
+    /// Those reads.
+    batch: Arc<Batch>,
 }
 
 /// One cluster's rows as weights (views into its pinned slot).
@@ -237,44 +249,80 @@ impl NeuronStore {
         let dim = out.len();
         let slots = self.cache.lock().map_or(1, |c| c.free_slots()).max(1);
         for chunk in groups.chunks(slots) {
-            let pinned = self.pin(layer, chunk.iter().map(|g| g.0), need)?;
+            // A few tasks per thread, each summing its run of clusters into one vector. Every
+            // task's misses are read as soon as the chunk is pinned, in task order, and a task
+            // starts computing when its own reads are in: the first tasks compute while the
+            // later ones' clusters are still being read (PowerInfer-2's cluster pipeline). The
+            // tasks and the order of their sums do not depend on which clusters were cached.
+            let tasks = chunk.len().min(4 * rayon::current_num_threads()).max(1);
+            let per = chunk.len().div_ceil(tasks);
+            let t0 = Instant::now();
+            let mut pinned: Vec<Pinned> = Vec::with_capacity(tasks);
+            for run in chunk.chunks(per) {
+                match self.start(layer, run.iter().map(|g| g.0), need) {
+                    Ok(p) => pinned.push(p),
+                    Err(e) => {
+                        // Reads already submitted write into their slots: wait before letting go.
+                        for p in &pinned {
+                            let waited = p.batch.wait(&self.source());
+                            self.finish(p, waited.is_ok(), need);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
             let arena = self
                 .cache
                 .lock()
                 .map(|c| c.arena())
                 .map_err(|_| poisoned())?;
-            let addrs: Vec<usize> = {
+            let addrs: Vec<Vec<usize>> = {
                 let cache = self.cache.lock().map_err(|_| poisoned())?;
-                pinned.iter().map(|&s| cache.addr(s) as usize).collect()
+                let addr = |p: &Pinned| p.slots.iter().map(|&s| cache.addr(s) as usize).collect();
+                pinned.iter().map(addr).collect()
             };
-            // A few tasks per thread, each summing its run of clusters into one vector.
-            let tasks = chunk.len().min(4 * rayon::current_num_threads()).max(1);
-            let per = chunk.len().div_ceil(tasks);
-            let work: Vec<_> = chunk.chunks(per).zip(addrs.chunks(per)).collect();
-            let parts: Vec<Result<Vec<f32>>> = work
-                .par_iter()
-                .map(|(groups, addrs)| {
-                    let mut y = vec![0.0f32; dim];
-                    for ((k, local, a), &addr) in groups.iter().zip(addrs.iter()) {
-                        // SAFETY: the slot is pinned with `need` valid bytes until released
-                        // below, after every view of it is dropped; the arena outlives them.
-                        let rows = unsafe { self.views(l, addr as *const u8, full, &arena)? };
-                        // The bias of the cluster's neurons (the last cluster may be partial).
-                        let first = *k as usize * c;
-                        let b = bias.map(|b| &b[first..(first + c).min(b.len())]);
-                        cluster_ffn(&rows, act, b, xn, local, a, &mut y)?;
-                    }
-                    Ok(y)
-                })
-                .collect();
-            if let Ok(mut cache) = self.cache.lock() {
-                pinned.iter().for_each(|&s| cache.release(s));
+            let work: Vec<_> = chunk.chunks(per).zip(pinned.iter().zip(&addrs)).collect();
+            // Per task: whether its reads succeeded, when they were in, and its sum.
+            let parts: Vec<(bool, Instant, Result<Vec<f32>>)> =
+                work.par_iter()
+                    .map(|(groups, (p, addrs))| {
+                        let waited = p.batch.wait(&self.source());
+                        let read = Instant::now();
+                        if let Err(e) = waited {
+                            return (false, read, Err(e));
+                        }
+                        let mut y = vec![0.0f32; dim];
+                        let sum = groups.iter().zip(addrs.iter()).try_for_each(
+                            |((k, local, a), &addr)| {
+                                // SAFETY: the slot is pinned with `need` valid bytes (its read was
+                                // waited for above) until released below, after every view of it is
+                                // dropped; the arena outlives them.
+                                let rows =
+                                    unsafe { self.views(l, addr as *const u8, full, &arena)? };
+                                // The bias of the cluster's neurons (the last cluster may be partial).
+                                let first = *k as usize * c;
+                                let b = bias.map(|b| &b[first..(first + c).min(b.len())]);
+                                cluster_ffn(&rows, act, b, xn, local, a, &mut y)
+                            },
+                        );
+                        (true, read, sum.map(|()| y))
+                    })
+                    .collect();
+            let last_read = parts.iter().map(|p| p.1).max().unwrap_or(t0);
+            self.count(&pinned, need, last_read.duration_since(t0).as_secs_f64());
+            for (p, part) in pinned.iter().zip(&parts) {
+                self.finish(p, part.0, need);
             }
-            for y in parts {
+            for (_, _, y) in parts {
                 out.iter_mut().zip(y?).for_each(|(o, v)| *o += v);
             }
         }
         Ok(())
+    }
+
+    /// The store file's name, for errors.
+    fn source(&self) -> String {
+        self.path.display().to_string()
     }
 
     /// Pin the clusters `keys` of `layer` with `need` valid bytes each, reading the misses (all
@@ -285,6 +333,27 @@ impl NeuronStore {
         keys: impl Iterator<Item = u32>,
         need: usize,
     ) -> Result<Vec<usize>> {
+        let p = self.start(layer, keys, need)?;
+        let t0 = Instant::now();
+        let waited = p.batch.wait(&self.source());
+        self.count(std::slice::from_ref(&p), need, t0.elapsed().as_secs_f64());
+        match waited {
+            Ok(()) => {
+                if let Ok(mut cache) = self.cache.lock() {
+                    p.misses.iter().for_each(|&(s, _)| cache.filled(s, need));
+                }
+                Ok(p.slots)
+            }
+            Err(e) => {
+                self.finish(&p, false, need);
+                Err(e)
+            }
+        }
+    }
+
+    /// Pin the clusters `keys` of `layer` and submit the reads of those not cached (`need`
+    /// bytes each), without waiting for them. On an error nothing stays pinned.
+    fn start(&self, layer: usize, keys: impl Iterator<Item = u32>, need: usize) -> Result<Pinned> {
         let l = &self.layout.layers[layer];
         let mut cache = self.cache.lock().map_err(|_| poisoned())?;
         let mut slots = Vec::new();
@@ -297,6 +366,7 @@ impl NeuronStore {
                     misses.push((s, k));
                 }
                 Err(e) => {
+                    misses.iter().for_each(|&(s, _)| cache.forget(s));
                     slots.iter().for_each(|&s| cache.release(s));
                     return Err(e);
                 }
@@ -305,30 +375,43 @@ impl NeuronStore {
         let batch = Batch::new(misses.len());
         for &(s, k) in &misses {
             // SAFETY: slot s is pinned (no view, no other read) and holds `need` <= its bytes,
-            // aligned to ALIGN, until the batch is waited for below.
+            // aligned to ALIGN, until the batch is waited for (`ffn`, `pin`).
             unsafe {
                 self.io
                     .submit(l.cluster_offset(k as usize), need, cache.addr(s), &batch)
             };
         }
-        let t0 = Instant::now();
-        let waited = batch.wait(&self.path.display().to_string());
-        if let Ok(mut st) = self.stats.lock() {
-            st.hits += (slots.len() - misses.len()) as u64;
-            st.misses += misses.len() as u64;
-            st.bytes_read += (misses.len() * need) as u64;
-            st.read_s += t0.elapsed().as_secs_f64();
+        Ok(Pinned {
+            slots,
+            misses,
+            batch,
+        })
+    }
+
+    /// After `p`'s reads were waited for: its read slots marked filled (`ok`) or forgotten,
+    /// and every slot released.
+    fn finish(&self, p: &Pinned, ok: bool, need: usize) {
+        if let Ok(mut cache) = self.cache.lock() {
+            for &(s, _) in &p.misses {
+                if ok {
+                    cache.filled(s, need);
+                } else {
+                    cache.forget(s);
+                }
+            }
+            p.slots.iter().for_each(|&s| cache.release(s));
         }
-        match waited {
-            Ok(()) => {
-                misses.iter().for_each(|&(s, _)| cache.filled(s, need));
-                Ok(slots)
+    }
+
+    /// Add `pinned`'s hits, misses and bytes to the counts, and `read_s` seconds of reading.
+    fn count(&self, pinned: &[Pinned], need: usize, read_s: f64) {
+        if let Ok(mut st) = self.stats.lock() {
+            for p in pinned {
+                st.hits += (p.slots.len() - p.misses.len()) as u64;
+                st.misses += p.misses.len() as u64;
+                st.bytes_read += (p.misses.len() * need) as u64;
             }
-            Err(e) => {
-                misses.iter().for_each(|&(s, _)| cache.forget(s));
-                slots.iter().for_each(|&s| cache.release(s));
-                Err(e)
-            }
+            st.read_s += read_s;
         }
     }
 
