@@ -193,6 +193,14 @@ def main() -> int:
     put("weight_rows", "f16-1x4", bytes([1, 1, 4]) + np.ones(4, np.float16).tobytes())
     put("weight_rows", "q8_0-2x32", bytes([3, 2, 1]) + q8)
     put("weight_rows", "q4_1-1x32", bytes([5, 1, 1]) + np.float16(1).tobytes() * 2 + bytes(16))
+    # neuron_store_header: byte 0 (odd: the file is longer than the bytes given), then a
+    # store's header as crates/engine/src/neuron_store/format.rs writes it: F16 gate/up and
+    # Q8_0 down_t (indices into DType::ALL), and a gate-less layer (up 255).
+    fp = b"fnv1a:0123456789abcdef"
+    head = b"PIRSNST1" + np.array([1, 2], "<u4").tobytes() + np.array([64, 160, 4], "<u8").tobytes()
+    head += np.array([len(fp)], "<u4").tobytes() + fp + bytes([1, 1, 3, 1, 255, 3])
+    put("neuron_store_header", "store-l2-d64-f160-c4", b"\x01" + head.ljust(4096, b"\0"))
+    put("neuron_store_header", "store-cut", b"\x00" + head.ljust(4096, b"\0"))
     for d in sorted(seeds.iterdir()):
         print(f"{d.name}: {sum(f.stat().st_size for f in d.iterdir())} bytes")
     return 0

@@ -118,3 +118,36 @@ pub fn weight_rows(data: &[u8]) {
         }
     }
 }
+
+/// The neuron store's header reader (`StoreLayout::parse`, run on the first bytes of every store
+/// file opened). Input: byte 0 (even: the file is the rest's length; odd: far longer), then the
+/// file's first bytes. Every input must end in a `ModelFile` error or a layout that fits in the
+/// file, whose layers follow one another aligned, whose clusters cover its neurons, and whose
+/// own header reads back as itself.
+pub fn neuron_store_header(data: &[u8]) {
+    use powerinfer_engine::neuron_store::{StoreLayout, ALIGN};
+    let [s, bytes @ ..] = data else { return };
+    let file_bytes = if s % 2 == 0 {
+        bytes.len() as u64
+    } else {
+        u64::MAX
+    };
+    match StoreLayout::parse(bytes, file_bytes, "fuzz") {
+        Ok(layout) => {
+            assert!(layout.file_bytes() <= file_bytes);
+            assert_eq!(layout.header_bytes % ALIGN, 0);
+            let mut at = layout.header_bytes as u64;
+            for l in &layout.layers {
+                assert_eq!(l.offset, at);
+                assert_eq!(l.cluster_bytes % ALIGN, 0);
+                assert!(l.n_clusters * layout.cluster >= layout.ffn);
+                at = l.cluster_offset(l.n_clusters);
+            }
+            assert_eq!(at, layout.file_bytes());
+            let again = StoreLayout::parse(&layout.header(), layout.file_bytes(), "again");
+            assert_eq!(again.expect("its own header"), layout);
+        }
+        Err(Error::ModelFile(_)) => {}
+        Err(e) => panic!("untyped neuron-store error: {e:?}"),
+    }
+}

@@ -1,5 +1,5 @@
 //! Replays the committed seed corpus of the Rust fuzz targets (`fuzz/seeds/{plan_file,
-//! weight_rows}`, valid files and the inputs of past findings) through the same checks the
+//! weight_rows,neuron_store_header}`, valid files and the inputs of past findings) through the same checks the
 //! cargo-fuzz targets run, on the stable toolchain, so `cargo test` keeps them fixed.
 
 #[path = "../../../fuzz/src/checks.rs"]
@@ -28,4 +28,9 @@ fn plan_file_seeds() {
 #[test]
 fn weight_rows_seeds() {
     replay("weight_rows", checks::weight_rows);
+}
+
+#[test]
+fn neuron_store_header_seeds() {
+    replay("neuron_store_header", checks::neuron_store_header);
 }
