@@ -8,9 +8,11 @@ by default, FFN-heavy as sparse models are), with a planted power law of FFN act
 (``--active`` of the neurons firing on average) and a planted low-rank gate, as a GGUF the three
 engines read. Ours run predictor mode with the *oracle* predictors the planted gate allows
 (``testing/powerinfer_files.py``: a neuron is predicted active exactly when it fires, so what is
-measured is the store's I/O, not a predictor's recall). Our memory-mapped engine builds the
-transposed down projection its sparse FFN reads in memory (1.28 GB here); the store holds those
-rows, so that engine attaches its store before it enters predictor mode and builds nothing.
+measured is the store's I/O, not a predictor's recall). The transposed down projection the
+sparse FFN reads (1.28 GB here) would be an in-memory copy near the limit's size: our
+memory-mapped engine maps it from a file written once beside the model
+(``Engine.use_down_t_file``) and pages those rows in like the rest of the model; the store holds
+them, so that engine attaches its store before it enters predictor mode and builds nothing.
 
 Each engine runs in its own process placed in the cgroup (v1 ``memory.limit_in_bytes`` or v2
 ``memory.max``; root), in alternation, after the model's and the store's pages were dropped
@@ -122,6 +124,8 @@ def child(args: argparse.Namespace) -> int:
     }
     preds = PredictorSet(layers=layers, model_fingerprint=model.fingerprint, input="ffn_inp")
     eng = Engine(model, threads=args.threads, mmap=True)
+    if args.child == "mmap":
+        eng.use_down_t_file(args.down_t)
     if args.child == "store":
         # The hot clusters resident from the planted activation law (what a profile measures).
         from powerinfer_rs.testing.synth_model import SynthSpec, SynthWeights
@@ -187,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--store", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--cache", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--predictors", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--down-t", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         return child(args)
@@ -203,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     model_path = work / f"{tag}.gguf"
     pred_path = work / f"{tag}.oracle.npz"
     store_path = work / f"{tag}.c{args.cluster}.neurons"
+    down_t_path = work / f"{tag}.down_t"
     shape = dict(
         dim=args.dim,
         ffn=args.ffn,
@@ -228,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
         Engine(load_model(model_path), threads=args.threads).write_neuron_store(
             store_path, cluster=args.cluster
         )
+    if not down_t_path.exists():
+        print(f"writing the transposed down rows {down_t_path} ...", flush=True)
+        Engine(load_model(model_path), threads=args.threads).use_down_t_file(down_t_path)
     size = model_path.stat().st_size
     limit = int(args.limit_share * size)
     # The store's cache: what the limit leaves after the resident part (attention, norms,
@@ -251,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for r in range(args.repeats):
             for kind in kinds if r % 2 == 0 else kinds[::-1]:
-                drop_cache(model_path, store_path)
+                drop_cache(model_path, store_path, down_t_path)
                 cmd = [sys.executable, __file__, "--child", kind, "--model", str(model_path)]
                 cmd += ["--store", str(store_path), "--cache", str(cache)]
                 cmd += ["--tokens", str(args.tokens), "--threads", str(args.threads)]
@@ -259,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                 cmd += ["--ffn", str(args.ffn), "--layers", str(args.layers)]
                 cmd += ["--heads", str(args.heads), "--vocab", str(args.vocab)]
                 cmd += ["--active", str(args.active), "--resident-share", str(args.resident_share)]
-                cmd += ["--predictors", str(pred_path)]
+                cmd += ["--predictors", str(pred_path), "--down-t", str(down_t_path)]
                 # The child joins the cgroup before it loads anything.
                 pre = f"echo $$ > {cg.path / 'cgroup.procs'} && exec "
                 proc = subprocess.run(

@@ -184,3 +184,46 @@ def test_hot_clusters_stay_resident(synth_gguf, tmp_path):
         stored.use_neuron_store(path, cache=20 * per_cluster, hot=counts[:1])
     with pytest.raises(ShapeError, match="resident_share"):
         stored.use_neuron_store(path, hot=counts, resident_share=1.0)
+
+
+def test_transposed_down_rows_from_a_mapped_file(synth_gguf, tmp_path):
+    """The memory-mapped engine under a memory limit: the transposed down rows the sparse modes
+    read come from a file (written once, reused while it is this model's, rewritten otherwise),
+    not an in-memory copy; the logits are the copy's, bit for bit."""
+    model = load_model(synth_gguf(dtype="Q8_0", activation="relu", seed=3, **SHAPE))
+    path = tmp_path / "m.down_t"
+    eng = Engine(model, threads=2)
+    assert eng.use_down_t_file(path) is True
+    eng.set_sparsity("exact-relu")
+    assert eng._model.down_t_bytes == 0 and str(eng._model.down_t_file) == str(path)
+    copy = Engine(model, threads=2, sparsity="exact-relu")
+    want, want_toks = greedy(copy, PROMPT, STEPS)
+    got, got_toks = greedy(eng, PROMPT, STEPS)
+    assert copy._model.down_t_bytes > 0 and got_toks == want_toks
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    # Built already (in memory): nothing changes.
+    assert copy.use_down_t_file(tmp_path / "other.down_t") is False
+    assert not (tmp_path / "other.down_t").exists()
+    # Reused as it is by another engine of the same model.
+    stamp = path.stat().st_mtime_ns
+    again = Engine(load_model(synth_gguf(dtype="Q8_0", activation="relu", seed=3, **SHAPE)))
+    assert again.use_down_t_file(path) and path.stat().st_mtime_ns == stamp
+    # Another model's file, or one cut short, is written again for this one.
+    other = load_model(synth_gguf(dtype="Q8_0", activation="relu", seed=4, **SHAPE))
+    oe = Engine(other, threads=2)
+    oe.use_down_t_file(path)
+    oe.set_sparsity("exact-relu")
+    ref, _ = greedy(Engine(other, threads=2, sparsity="exact-relu"), PROMPT, 2)
+    np.testing.assert_array_equal(greedy(oe, PROMPT, 2)[0][-1], ref[-1])
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    cut = Engine(load_model(synth_gguf(dtype="Q8_0", activation="relu", seed=4, **SHAPE)))
+    assert cut.use_down_t_file(path) and path.read_bytes() == data
+    with pytest.raises(ModelFileError):
+        Engine(other).use_down_t_file(tmp_path / "missing-dir" / "x.down_t")
+    moe = load_model(
+        synth_gguf(dtype="F32", activation="silu", arch="qwen3moe", **MOE_ARCHS["qwen3moe"])
+    )
+    with pytest.raises(UnsupportedError, match="mixture of experts"):
+        Engine(moe).use_down_t_file(tmp_path / "moe.down_t")

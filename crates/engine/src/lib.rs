@@ -3,6 +3,7 @@
 //! kernels. Prompts are prefilled in batches (matrix-matrix); decoding is one matvec per weight.
 
 pub mod attention;
+pub mod down_t_file;
 pub mod ffn;
 pub mod forward;
 pub mod hybrid;

@@ -73,6 +73,8 @@ pub struct ModelWeights {
     /// The transposed down projections of the sparse FFN, built on first use (or given by the
     /// file, as PowerInfer's `ffn_down_t`).
     down_t: OnceLock<Vec<Weight>>,
+    /// The file `down_t` is memory-mapped from ([`ModelWeights::map_down_t`]), if it is.
+    down_t_file: OnceLock<std::path::PathBuf>,
     /// See [`ModelWeights::down_crossover`].
     down_crossover: OnceLock<f32>,
     /// The input mode's input-major copies, built on first use.
@@ -392,6 +394,7 @@ impl ModelWeights {
             pos_embd,
             layers,
             down_t,
+            down_t_file: OnceLock::new(),
             down_crossover: OnceLock::new(),
             input_copies: OnceLock::new(),
             output_copy: OnceLock::new(),
@@ -410,6 +413,22 @@ impl ModelWeights {
         if let Ok(mut s) = self.neuron_store.0.write() {
             *s = store;
         }
+    }
+
+    /// Take the transposed down projections from the file at `path` (written there first unless
+    /// it already holds them for `fingerprint`), memory-mapped, instead of building them in
+    /// memory ([`crate::down_t_file`]). Returns false when they were already built or given by
+    /// the model file (nothing changes then).
+    pub fn map_down_t(&self, path: &std::path::Path, fingerprint: &str) -> Result<bool> {
+        if self.down_t.get().is_some() {
+            return Ok(false);
+        }
+        let mapped = crate::down_t_file::map_down_t(self, path, fingerprint)?;
+        let set = self.down_t.set(mapped).is_ok();
+        if set {
+            let _ = self.down_t_file.set(path.to_path_buf());
+        }
+        Ok(set)
     }
 
     /// The transposed down projections (ffn rows of dim weights per layer), built once.
@@ -605,12 +624,22 @@ impl ModelWeights {
         }
     }
 
-    /// Bytes of the transposed down projections (the experts' too) if built (0 otherwise).
+    /// Bytes of the transposed down projections (the experts' too) built in memory (0 when not
+    /// built, or memory-mapped from a file: see [`ModelWeights::down_t_file`]).
     pub fn down_t_bytes(&self) -> usize {
-        self.down_t
-            .get()
-            .map_or(0, |d| d.iter().map(Weight::n_bytes).sum::<usize>())
-            + self.expert_down_t_bytes()
+        let dense = match self.down_t_file.get() {
+            Some(_) => 0,
+            None => self
+                .down_t
+                .get()
+                .map_or(0, |d| d.iter().map(Weight::n_bytes).sum::<usize>()),
+        };
+        dense + self.expert_down_t_bytes()
+    }
+
+    /// The file the transposed down projections are memory-mapped from, if they are.
+    pub fn down_t_file(&self) -> Option<&std::path::Path> {
+        self.down_t_file.get().map(|p| p.as_path())
     }
 
     /// The matrix a canonical tensor name (`token_embd`, `output`, `blk.N.attn_q`, ...,

@@ -62,6 +62,19 @@ impl PyModel {
         self.weights.down_t_bytes()
     }
 
+    /// Take the transposed down projections from the file at `path`, memory-mapped (written
+    /// first unless it holds them for `fingerprint`); false when they were already built.
+    fn map_down_t(&self, py: Python<'_>, path: PathBuf, fingerprint: String) -> PyResult<bool> {
+        let w = Arc::clone(&self.weights);
+        run_detached(py, move || w.map_down_t(&path, &fingerprint))
+    }
+
+    /// The file the transposed down projections are memory-mapped from, if they are.
+    #[getter]
+    fn down_t_file(&self) -> Option<PathBuf> {
+        self.weights.down_t_file().map(|p| p.to_path_buf())
+    }
+
     /// Bytes of the input mode's input-major copies built so far (0 before).
     #[getter]
     fn input_copies_bytes(&self) -> usize {

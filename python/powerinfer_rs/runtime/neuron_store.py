@@ -98,6 +98,16 @@ class NeuronStoreMethods:
             self._model.neuron_store_load_resident(hot_clusters(counts, s["cluster"], n))
         return self.neuron_store_stats()
 
+    @locked
+    def use_down_t_file(self, path: str | os.PathLike[str]) -> bool:
+        """Keep the transposed down projections the sparse modes read (one row per neuron) in
+        the file at ``path``, memory-mapped, instead of an in-memory copy the size of every
+        ``ffn_down``: for a machine whose memory that copy would not fit (the page cache holds
+        and evicts the rows like the rest of the mapped model). Written once, reused while it
+        matches this model. Call it before the first sparse token; False when the rows were
+        already built (or the model file ships them, as PowerInfer's does)."""
+        return bool(self._model.map_down_t(str(path), self.loaded.fingerprint))
+
     def close_neuron_store(self) -> None:
         """Read the neuron rows from the resident weights again."""
         with self._lock:
