@@ -101,8 +101,22 @@ def child(args: argparse.Namespace) -> int:
     """One engine's run inside the cgroup: prints one JSON line."""
     prompt = [int(t) for t in np.random.default_rng(1).integers(3, args.vocab - 3, 8)]
     if args.child == "llama":
+        import llama_cpp.llama_cpp as lc
         from llama_cpp import Llama
 
+        # llama.cpp's CPU backend copies weights it repacks ("extra buffer types", on by
+        # default; `--no-repack` on its command line) into anonymous memory, which a limit of a
+        # third of the model does not hold (the OOM killer ended it): off, it reads every weight
+        # from its memory map, as this comparison intends. llama-cpp-python has no argument for
+        # it, so its default model parameters are wrapped.
+        defaults = lc.llama_model_default_params
+
+        def mmap_only():
+            p = defaults()
+            p.use_extra_bufts = False
+            return p
+
+        lc.llama_model_default_params = mmap_only
         llm = Llama(str(args.model), n_ctx=256, n_threads=args.threads, verbose=False)
         llm.eval(prompt)
         t0 = time.perf_counter()
