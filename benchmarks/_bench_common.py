@@ -46,10 +46,7 @@ def import_llama():
 
         return llama_cpp, None
     except ImportError as e:
-        return None, (
-            f'{e} (install: CMAKE_ARGS="-DGGML_NATIVE=ON -DGGML_CUDA=OFF" '
-            "pip install --no-binary llama-cpp-python llama-cpp-python)"
-        )
+        return None, (f"{e} (install it as .ci/run does: from its sdist, native, without AMX)")
 
 
 def default_model() -> Path:
