@@ -18,7 +18,10 @@ Each engine runs in its own process placed in the cgroup (v1 ``memory.limit_in_b
 ``memory.max``; root), in alternation, after the model's and the store's pages were dropped
 from the page cache: a warm-up, then ``--tokens`` decoded tokens. Reported: tokens/s of each,
 the store's bytes read per token and cache hit rate, and the storage read bandwidth a probe
-measured (O_DIRECT reads of 1 MiB; floor = bandwidth / bytes read per token).
+measured (``planning.storage_probe``: 1 MiB reads, and reads of one cluster's bytes with as
+many in flight as the store has readers; floors = each rate / what a token reads). With
+``store-plan`` in ``--kinds``, the planner's RAM tier for the limit sizes the store's cache and
+picks its resident clusters (``Engine.use_neuron_store(plan=...)``).
 
     sudo python benchmarks/bench_neuron_store.py [--limit-share 0.33] [--tokens 32] [--json F]
 """
@@ -28,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import mmap
 import os
 import subprocess
 import sys
@@ -55,25 +57,6 @@ def drop_cache(*paths: Path) -> None:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
-
-
-def probe_bandwidth(path: Path, total: int = 512 << 20, block: int = 1 << 20) -> float:
-    """GB/s of O_DIRECT reads of ``block`` bytes spread over ``path`` (page cache dropped)."""
-    drop_cache(path)
-    size = path.stat().st_size
-    flags = os.O_RDONLY | getattr(os, "O_DIRECT", 0)
-    fd = os.open(path, flags)
-    buf = mmap.mmap(-1, block)
-    n = max(1, min(total, size) // block)
-    rng = np.random.default_rng(0)
-    offsets = rng.integers(0, max(1, size // block - 1), n) * block
-    t0 = time.perf_counter()
-    try:
-        for off in offsets:
-            os.preadv(fd, [buf], int(off))
-    finally:
-        os.close(fd)
-    return n * block / (time.perf_counter() - t0) / 1e9
 
 
 class Cgroup:
@@ -140,7 +123,10 @@ def child(args: argparse.Namespace) -> int:
     eng = Engine(model, threads=args.threads, mmap=True)
     if args.child == "mmap":
         eng.use_down_t_file(args.down_t)
-    if args.child == "store":
+    if args.child == "store-plan":
+        # The planner's RAM tier: the plan's cache and resident clusters.
+        eng.use_neuron_store(args.store, plan=args.plan, io_threads=args.io_threads)
+    if args.child in ("store", "store-no-ahead"):
         # The hot clusters resident from the planted activation law (what a profile measures).
         from powerinfer_rs.testing.synth_model import SynthSpec, SynthWeights
 
@@ -154,6 +140,7 @@ def child(args: argparse.Namespace) -> int:
             io_threads=args.io_threads,
             hot=hot if args.resident_share > 0 else None,
             resident_share=args.resident_share,
+            read_ahead=args.child == "store",
         )
     eng.set_sparsity("predictor", predictors=preds)
     logits = eng.prefill(prompt)
@@ -170,6 +157,8 @@ def child(args: argparse.Namespace) -> int:
         out.update(
             bytes_per_token=s["bytes_read"] / args.tokens,
             hit_rate=s["hit_rate"],
+            ahead_per_token=s["ahead"] / args.tokens,
+            ahead_used_share=s["ahead_used"] / s["ahead"] if s["ahead"] else 0.0,
             read_s_per_token=s["read_s"] / args.tokens,
             direct=s["direct"],
         )
@@ -199,6 +188,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--workdir", default="/tmp/powerinfer_rs_store_bench")
     ap.add_argument("--no-llama", action="store_true")
+    ap.add_argument(
+        "--kinds",
+        default="store,mmap,llama",
+        help="engines to run, comma-separated: store (the neuron store, reading ahead, half "
+        "its cache resident hot clusters), store-no-ahead (without its read-ahead), store-plan "
+        "(the cache and resident set of the planner's RAM tier for the limit), mmap (our "
+        "memory-mapped engine), llama (llama.cpp, mmap) (default store,mmap,llama)",
+    )
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
@@ -206,12 +203,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--predictors", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--down-t", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--plan", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         return child(args)
 
     from powerinfer_rs import Engine
+    from powerinfer_rs.formats.plan import save_plan
     from powerinfer_rs.loading import load_model
+    from powerinfer_rs.planning import ModelShape
     from powerinfer_rs.testing.powerinfer_files import oracle_predictors
     from powerinfer_rs.testing.synth import write_gguf_model
     from powerinfer_rs.testing.synth_model import SynthSpec
@@ -260,16 +260,38 @@ def main(argv: list[str] | None = None) -> int:
     resident += 160 * (args.dim + args.ffn) * 4 * args.layers  # the predictors, as f32
     del m
     cache = max(64 << 20, limit - resident - (300 << 20))
-    bw = probe_bandwidth(store_path)
+    from powerinfer_rs.planning.ram_tier import cluster_bytes
+    from powerinfer_rs.planning.storage_probe import probe_storage
+
+    shape_ = ModelShape.from_model(load_model(model_path))
+    slot = max(cluster_bytes(shape_, i, args.cluster) for i in range(args.layers))
+    probe = probe_storage(store_path, read_bytes=slot, depth=args.io_threads)
+    bw = probe.read_bw
+    plan_path = work / f"{tag}.c{args.cluster}.ram-plan.safetensors"
+    if "store-plan" in args.kinds:
+        plan = ram_plan(args, shape_, limit, probe)
+        save_plan(plan, plan_path)
+        st = plan.ram["storage"]
+        print(
+            f"RAM tier for the limit: {plan.ram['resident_slots']} resident + "
+            f"{plan.ram['working_slots']} working clusters; predicted "
+            f"{st['reads_per_token']:,.0f} reads/token, {st['time_per_token_s']:.3f} s/token "
+            "of storage",
+            flush=True,
+        )
     print(
         f"synthetic ReLU llama {size / 1e9:.2f} GB (F16, dim {args.dim}, ffn {args.ffn}, "
         f"{args.layers} layers, {args.active:.0%} active); memory limit {limit / 1e9:.2f} GB; "
         f"resident part {resident / 1e9:.2f} GB; store cache {cache / 1e9:.2f} GB; storage "
-        f"read bandwidth {bw:.2f} GB/s (O_DIRECT, 1 MiB reads)",
+        f"read bandwidth {bw:.2f} GB/s (1 MiB reads), {probe.iops:,.0f} reads/s of "
+        f"{slot} bytes ({args.io_threads} in flight, O_DIRECT {probe.direct})",
         flush=True,
     )
     cg = Cgroup(limit)
-    kinds = ["store", "mmap"] + ([] if args.no_llama else ["llama"])
+    kinds = [k for k in args.kinds.split(",") if not (args.no_llama and k == "llama")]
+    known = ("store", "store-no-ahead", "store-plan", "mmap", "llama")
+    if not kinds or any(k not in known for k in kinds):
+        ap.error(f"--kinds: a comma-separated list of {', '.join(known)}")
     rows: dict[str, list[dict]] = {k: [] for k in kinds}
     try:
         for r in range(args.repeats):
@@ -283,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                 cmd += ["--heads", str(args.heads), "--vocab", str(args.vocab)]
                 cmd += ["--active", str(args.active), "--resident-share", str(args.resident_share)]
                 cmd += ["--predictors", str(pred_path), "--down-t", str(down_t_path)]
+                cmd += ["--plan", str(plan_path)]
                 # The child joins the cgroup before it loads anything.
                 pre = f"echo $$ > {cg.path / 'cgroup.procs'} && exec "
                 proc = subprocess.run(
@@ -305,17 +328,58 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in med.items():
         base = med.get("mmap")
         print(f"| {k} | {v:.3f} | {v / base:.2f}x |" if base else f"| {k} | {v:.3f} | - |")
-    if rows["store"]:
-        bpt = float(np.median([x["bytes_per_token"] for x in rows["store"]]))
-        hit = float(np.median([x["hit_rate"] for x in rows["store"]]))
+    for kind in ("store", "store-no-ahead", "store-plan"):
+        if not rows.get(kind):
+            continue
+        bpt = float(np.median([x["bytes_per_token"] for x in rows[kind]]))
+        hit = float(np.median([x["hit_rate"] for x in rows[kind]]))
+        ahead = float(np.median([x["ahead_used_share"] for x in rows[kind]]))
         floor = bw * 1e9 / bpt if bpt else math.inf
+        # The reads are clusters of `slot` bytes: the probe's rate of such reads is the floor.
+        iops_floor = probe.iops * slot / bpt if bpt else math.inf
         print(
-            f"\nstore: {bpt / 1e6:.1f} MB read per token, cache hit rate {hit:.1%}, floor "
-            f"{floor:.2f} tok/s from the probe's bandwidth ({med['store'] / floor:.0%} of it)"
+            f"\n{kind}: {bpt / 1e6:.1f} MB read per token ({bpt / slot:,.0f} reads), cache hit "
+            f"rate {hit:.1%}, read-ahead used {ahead:.1%}; floors: {floor:.2f} tok/s from the "
+            f"1 MiB bandwidth ({med[kind] / floor:.0%} of it), {iops_floor:.2f} tok/s from the "
+            f"probe's {slot}-byte read rate ({med[kind] / iops_floor:.0%} of it)"
         )
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "bandwidth_gbs": bw}, indent=1))
+        out = {"rows": rows, "bandwidth_gbs": bw, "iops": probe.iops, "read_bytes": slot}
+        Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
+
+
+def ram_plan(args: argparse.Namespace, shape, limit: int, probe):
+    """The planner's RAM tier for the memory limit: CPU only, predictor mode, the planted
+    activation law as the profile, the oracle predictors' f32 bytes, KV caches for 256
+    positions, 300 MiB for the process."""
+    from powerinfer_rs.formats.profile import Profile
+    from powerinfer_rs.planning import fixed_predictor_sizes, make_plan
+    from powerinfer_rs.planning.hardware_profile import load_hardware
+    from powerinfer_rs.testing.synth_model import SynthSpec, SynthWeights
+
+    spec = SynthSpec(args.dim, args.ffn, args.layers, args.heads, args.heads, args.vocab)
+    spec.active = args.active
+    gen = SynthWeights(spec)
+    tokens = 1_000_000
+    counts = [
+        np.round(gen.firing_probabilities(i) * tokens).astype(np.int64) for i in range(args.layers)
+    ]
+    prof = Profile(counts, tokens, {"model_fingerprint": shape.fingerprint})
+    preds = fixed_predictor_sizes(shape.config, 160 * (args.dim + args.ffn) * 4)
+    hw = load_hardware("cpu-only").with_storage(probe)
+    return make_plan(
+        shape,
+        prof,
+        hw,
+        0,
+        context=256,
+        predictors=preds,
+        sparsity="predictor",
+        ram_budget=limit,
+        ram_overhead=300 << 20,
+        store_cluster=args.cluster,
+    )
 
 
 if __name__ == "__main__":

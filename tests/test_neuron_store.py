@@ -186,6 +186,50 @@ def test_hot_clusters_stay_resident(synth_gguf, tmp_path):
         stored.use_neuron_store(path, hot=counts, resident_share=1.0)
 
 
+def test_read_ahead_changes_what_is_cached_not_the_logits(synth_gguf, tmp_path):
+    """Predictor mode reads the clusters the next layer's predictor names (on this layer's
+    input) while this layer computes: with read-ahead on and off the logits are the resident
+    engine's, reads ahead happen only when on, and some are used by their layer (hits). A
+    read-ahead whose reads fail is landed, forgotten and read again by its layer: the file cut
+    under the store fails that layer's own read with a typed error, and restored it decodes as
+    before."""
+    model = load_model(synth_gguf(dtype="Q8_0", activation="relu", seed=3, **SHAPE))
+    resident, _ = engines(model, "predictor")
+    want, want_toks = greedy(resident, PROMPT, STEPS)
+    path = resident.write_neuron_store(tmp_path / "m.neurons", cluster=2)
+    data = path.read_bytes()
+    per_cluster = (len(data) - 4096) // (SHAPE["layers"] * SHAPE["ffn"] // 2)
+    stats = {}
+    for on in (True, False):
+        _, stored = engines(model, "predictor")
+        # 200 slots for 240 clusters: a layer's clusters are pinned at once, room to read ahead.
+        stored.use_neuron_store(path, cache=200 * per_cluster, io_threads=3, read_ahead=on)
+        got, got_toks = greedy(stored, PROMPT, STEPS)
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_close(g, w, TOL, f"read_ahead={on} step {i}")
+        assert got_toks == want_toks
+        stats[on] = s = stored.neuron_store_stats()
+        assert s["read_ahead"] is on
+        assert s["bytes_read"] == (s["misses"] + s["ahead"]) * per_cluster, s
+    assert stats[False]["ahead"] == 0 and stats[False]["ahead_used"] == 0
+    assert 0 < stats[True]["ahead_used"] <= stats[True]["ahead"], stats[True]
+    assert stats[True]["misses"] < stats[False]["misses"], stats
+    # Reads ahead into a cut file: the layer's own read of a lost cluster is the typed error.
+    _, eng = engines(model, "predictor")
+    eng.use_neuron_store(path, cache=200 * per_cluster, io_threads=3)
+    eng.prefill(PROMPT)
+    with open(path, "r+b") as f:
+        f.truncate(8192)
+    with pytest.raises(ModelFileError, match="reading"):
+        for t in range(STEPS):
+            eng.prefill([9 + t])
+    path.write_bytes(data)
+    eng.reset()
+    got, _ = greedy(eng, PROMPT, 4)
+    for g, w in zip(got, want):
+        assert_close(g, w, TOL, "after failed reads ahead")
+
+
 def test_transposed_down_rows_from_a_mapped_file(synth_gguf, tmp_path):
     """The memory-mapped engine under a memory limit: the transposed down rows the sparse modes
     read come from a file (written once, reused while it is this model's, rewritten otherwise),

@@ -105,6 +105,8 @@ pub struct FfnScratch {
     up: Vec<f32>,
     predictor: PredictorScratch,
     predicted: Vec<u32>,
+    /// The next layer's neurons to read ahead from a neuron store.
+    ahead: Vec<u32>,
     idx: Vec<u32>,
     vals: Vec<f32>,
     /// The input mode's masked FFN input (batched) and its decode scratch.
@@ -234,13 +236,26 @@ fn store_decode(
             );
             mark(Phase::Gate);
             let active = Active::Firing(&s.idx, &s.vals);
-            store.ffn(call.layer, act, None, call.xn, active, out)?;
+            store.ffn(call.layer, act, None, call.xn, active, None, out)?;
             Ok(Some(Phase::Down))
         }
         Sparsity::Predictor { layers, input } => {
             predict(call, &layers[call.layer], *input, s)?;
+            // The next layer's predictor on this layer's input names the clusters to read
+            // ahead: the residual stream changes little from one layer to the next.
+            let next = match layers.get(call.layer + 1) {
+                Some(p) if store.read_ahead() => {
+                    let x = match input {
+                        PredictorInput::FfnNorm => call.xn,
+                        PredictorInput::FfnInp => call.x_res,
+                    };
+                    predicted_active(p, x, &mut s.predictor, &mut s.ahead)?;
+                    Some(s.ahead.as_slice())
+                }
+                _ => None,
+            };
             let active = Active::Listed(&s.predicted);
-            store.ffn(call.layer, act, bias, call.xn, active, out)?;
+            store.ffn(call.layer, act, bias, call.xn, active, next, out)?;
             Ok(Some(Phase::Ffn))
         }
         _ => Ok(None),

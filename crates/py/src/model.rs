@@ -195,8 +195,9 @@ impl PyModel {
 
     /// Read the sparse FFN's rows from the neuron store at `path` from now on, through a cache
     /// of `cache_bytes` and `io_threads` readers; `fingerprint`, when given, must be the one it
-    /// was written for. Returns (cache slots, whether reads bypass the page cache).
-    #[pyo3(signature = (path, cache_bytes, io_threads, fingerprint = None))]
+    /// was written for; `read_ahead`: predictor mode reads the clusters the next layer's
+    /// predictor names ahead of it. Returns (cache slots, whether reads bypass the page cache).
+    #[pyo3(signature = (path, cache_bytes, io_threads, fingerprint = None, read_ahead = true))]
     fn open_neuron_store(
         &self,
         py: Python<'_>,
@@ -204,12 +205,14 @@ impl PyModel {
         cache_bytes: usize,
         io_threads: usize,
         fingerprint: Option<String>,
+        read_ahead: bool,
     ) -> PyResult<(usize, bool)> {
         let w = Arc::clone(&self.weights);
         run_detached(py, move || {
             use powerinfer_engine::neuron_store::NeuronStore;
             let fp = fingerprint.as_deref();
             let store = NeuronStore::open(&w, &path, cache_bytes, io_threads, fp)?;
+            store.set_read_ahead(read_ahead);
             let info = (store.cache_slots(), store.direct());
             w.set_neuron_store(Some(Arc::new(store)));
             Ok(info)
@@ -235,7 +238,8 @@ impl PyModel {
         self.weights.set_neuron_store(None);
     }
 
-    /// The neuron store's counts: {"hits", "misses", "bytes_read", "read_s", "cluster",
+    /// The neuron store's counts: {"hits", "misses", "bytes_read", "read_s", "ahead",
+    /// "ahead_used", "read_ahead", "cluster",
     /// "cluster_bytes", "file_bytes"}, or None without a store. With `reset`, zeroed after.
     #[pyo3(signature = (reset = false))]
     fn neuron_store_stats<'py>(
@@ -256,6 +260,9 @@ impl PyModel {
         d.set_item("misses", s.misses)?;
         d.set_item("bytes_read", s.bytes_read)?;
         d.set_item("read_s", s.read_s)?;
+        d.set_item("ahead", s.ahead)?;
+        d.set_item("ahead_used", s.ahead_used)?;
+        d.set_item("read_ahead", store.read_ahead())?;
         d.set_item("cluster", l.cluster)?;
         let bytes: Vec<usize> = l.layers.iter().map(|x| x.cluster_bytes).collect();
         d.set_item("cluster_bytes", bytes)?;

@@ -8,6 +8,11 @@ flags per layer (attention + KV, predictor, FFN buckets) and global (output head
 bytes per device (per layer and total), predicted time and tokens/s, the solver's status, MIP gap
 and solve time, the per-layer minimum of hot neurons, and the predictor sizes counted.
 
+A plan with a RAM tier (``--ram-budget``, :mod:`~powerinfer_rs.planning.ram_tier`) also has
+tensors ``blk.{i}.ram_neurons`` (int32, sorted): the CPU neurons resident in RAM (the rest are
+read from storage through the neuron store), and a ``ram`` object in ``plan``: the RAM budget,
+base, overhead and store cache bytes, its slots, and the expected storage reads per token.
+
 :func:`load_plan` refuses a plan made for another model (:class:`PlanError`) or one needing more
 GPU memory than a given budget (:class:`VramBudgetError`).
 """
@@ -53,6 +58,10 @@ class Plan:
     #: The precision of the GPU layers' KV caches: "f16" (default) or "f32" (absent from a
     #: file: f16).
     kv_cache: str = "f16"
+    #: The RAM tier: per layer the CPU neurons resident in RAM (None: no RAM tier planned).
+    ram_neurons: list[np.ndarray] | None = None
+    #: The RAM tier's bytes, slots and storage cost ({} without one).
+    ram: dict = field(default_factory=dict)
 
     @property
     def n_layers(self) -> int:
@@ -113,6 +122,14 @@ class Plan:
                     f"{source}: layer {i} has {ids.size} hot neurons but {pl.ffn_buckets[i]} "
                     f"buckets of {self.bucket}"
                 )
+        if self.ram_neurons is not None:
+            from ..planning.ram_tier import check_ram_tier
+
+            why = check_ram_tier(self.ram_neurons, self.ram, self.gpu_neurons, self.ffn_dim)
+            if why:
+                raise PlanError(f"{source}: RAM tier: {why}")
+        elif self.ram:
+            raise PlanError(f"{source}: a ram section without ram_neurons tensors")
 
     def to_json(self) -> dict:
         """The metadata JSON object (everything but the neuron ids)."""
@@ -143,6 +160,7 @@ class Plan:
             "min_neurons": [int(m) for m in self.min_neurons],
             "predictors": self.predictors.to_dict(),
             "profile": self.profile,
+            **({"ram": self.ram} if self.ram_neurons is not None else {}),
         }
 
 
@@ -157,6 +175,8 @@ def save_plan(plan: Plan, path: str | os.PathLike[str]) -> Path:
         f"blk.{i}.gpu_neurons": np.ascontiguousarray(ids, dtype=np.int32)
         for i, ids in enumerate(plan.gpu_neurons)
     }
+    for i, ids in enumerate(plan.ram_neurons or []):
+        tensors[f"blk.{i}.ram_neurons"] = np.ascontiguousarray(ids, dtype=np.int32)
     meta = {
         "format": PLAN_FORMAT,
         "model_fingerprint": plan.model_fingerprint,
@@ -210,6 +230,14 @@ def _read(path: Path) -> Plan:
                 if name not in names:
                     raise PlanError(f"{path}: tensor {name} is missing")
                 ids.append(np.asarray(f.get_tensor(name)).astype(np.int64))
+            ram_ids = None
+            if "ram" in j:
+                ram_ids = []
+                for i in range(n):
+                    name = f"blk.{i}.ram_neurons"
+                    if name not in names:
+                        raise PlanError(f"{path}: tensor {name} is missing")
+                    ram_ids.append(np.asarray(f.get_tensor(name)).astype(np.int64))
         pj = j["placement"]
         placement = Placement(
             attention=[bool(v) for v in pj["attention"]],
@@ -234,6 +262,8 @@ def _read(path: Path) -> Plan:
             min_neurons=[_count(m, "min_neurons") for m in j.get("min_neurons", [])],
             profile=dict(j.get("profile", {})),
             kv_cache=str(j.get("kv_cache", "f16")),
+            ram_neurons=ram_ids,
+            ram=dict(j["ram"]) if ram_ids is not None else {},
         )
     except PlanError as e:
         if str(path) in str(e):

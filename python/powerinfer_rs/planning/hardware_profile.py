@@ -29,6 +29,9 @@ _FIELDS = (
     "launch_latency_us",
     "sync_latency_us",
 )
+#: Optional fields (0 when absent: not measured): the storage a neuron store lives on, as
+#: :func:`~powerinfer_rs.planning.storage_probe.probe_storage` measures it, for the RAM tier.
+_STORAGE_FIELDS = ("storage_read_bw", "storage_iops", "storage_read_bytes")
 
 #: Substrings of ``nvidia-smi --query-gpu=name`` -> shipped profile, most specific first.
 _GPU_NAME_TO_PROFILE = (
@@ -45,7 +48,9 @@ class HardwareProfile:
     """One machine: GPU VRAM and bandwidth, PCIe, CPU memory bandwidth, latencies.
 
     Bandwidths are in GB/s (10^9 bytes per second), latencies in microseconds.
-    ``gpu_mem_bw == 0`` means there is no GPU (only a budget of 0 fits).
+    ``gpu_mem_bw == 0`` means there is no GPU (only a budget of 0 fits). The storage fields
+    (0: not measured): ``storage_read_bw`` GB/s of 1 MiB reads, ``storage_iops`` random reads
+    per second of ``storage_read_bytes`` each, several in flight.
     """
 
     name: str
@@ -57,6 +62,33 @@ class HardwareProfile:
     launch_latency_us: float
     sync_latency_us: float
     description: str = ""
+    storage_read_bw: float = 0.0
+    storage_iops: float = 0.0
+    storage_read_bytes: int = 0
+
+    @property
+    def has_storage(self) -> bool:
+        """Whether the storage was measured (the RAM tier can price its reads)."""
+        return self.storage_read_bw > 0 and self.storage_iops > 0
+
+    def with_storage(self, probe) -> HardwareProfile:
+        """This profile with a :class:`~powerinfer_rs.planning.storage_probe.StorageProbe`'s
+        numbers."""
+        import dataclasses
+
+        return dataclasses.replace(
+            self,
+            storage_read_bw=float(probe.read_bw),
+            storage_iops=float(probe.iops),
+            storage_read_bytes=int(probe.read_bytes),
+        )
+
+    def storage_seconds(self, reads: float, nbytes: int) -> float | None:
+        """Seconds for ``reads`` random reads of ``nbytes`` each (the longer of one read's
+        latency and its bytes at the read bandwidth), None when the storage was not measured."""
+        if not self.has_storage:
+            return None
+        return reads * max(1.0 / self.storage_iops, nbytes / (self.storage_read_bw * 1e9))
 
     @property
     def has_gpu(self) -> bool:
@@ -83,6 +115,13 @@ class HardwareProfile:
             if v < 0:
                 raise PlanError(f"{source}: {k} must not be negative, got {v}")
             vals[k] = v
+        for k in _STORAGE_FIELDS:
+            v = d.get(k, 0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise PlanError(f"{source}: {k} must be a number, got {v!r}")
+            if v < 0:
+                raise PlanError(f"{source}: {k} must not be negative, got {v}")
+            vals[k] = v
         if vals["cpu_mem_bw"] <= 0:
             raise PlanError(f"{source}: cpu_mem_bw must be positive")
         if vals["gpu_mem_bw"] > 0 and vals["pcie_bw"] <= 0:
@@ -97,6 +136,9 @@ class HardwareProfile:
             launch_latency_us=float(vals["launch_latency_us"]),
             sync_latency_us=float(vals["sync_latency_us"]),
             description=str(d.get("description", "")),
+            storage_read_bw=float(vals["storage_read_bw"]),
+            storage_iops=float(vals["storage_iops"]),
+            storage_read_bytes=int(vals["storage_read_bytes"]),
         )
 
 

@@ -228,6 +228,9 @@ def make_plan(
     mip_gap: float = DEFAULT_MIP_GAP,
     check_fingerprint: bool = True,
     log: bool = False,
+    ram_budget: int | None = None,
+    store_cluster: int = 1,
+    ram_overhead: int | None = None,
 ) -> Plan:
     """Plan ``model`` (a loaded model or just its :class:`ModelShape`) on ``hardware`` within
     ``budget`` GPU bytes, from the activation ``profile``.
@@ -243,6 +246,11 @@ def make_plan(
     mixture of experts runs "dense" or "exact-relu". ``moe_policy`` (a mixture of experts):
     "neurons" (default: the solver places hot experts and hot neurons inside warm experts) or
     "n-cpu-moe" (llama.cpp's baseline, :func:`n_cpu_moe`; the solver is not used).
+
+    ``ram_budget`` (bytes) adds the RAM tier (:mod:`.ram_tier`): of the neurons the GPU does
+    not hold, the ones resident in RAM under that budget (the neuron store's resident clusters,
+    of ``store_cluster`` neurons; ``ram_overhead`` bytes kept for the process, default 256 MiB)
+    and the rest read from storage, priced with ``hardware``'s measured storage.
 
     Raises :class:`PlanError` when the profile was made on another model (unless
     ``check_fingerprint`` is False), :class:`ShapeError` when it does not fit the model's shape,
@@ -285,7 +293,15 @@ def make_plan(
             kv_cache=kv_cache,
             sparsity=sparsity,
         )
-        return plan_from_solution(problem, n_cpu_moe(problem), profile)
+        return _with_ram(
+            plan_from_solution(problem, n_cpu_moe(problem), profile),
+            shape,
+            profile,
+            hardware,
+            ram_budget,
+            store_cluster,
+            ram_overhead,
+        )
 
     def solved(kind: str) -> tuple[PlacementProblem, SolveResult]:
         problem = build_problem(
@@ -308,7 +324,40 @@ def make_plan(
     problem, res = solved(objective)
     if objective == "time":
         problem, res = _faster(problem, res, *solved("mass"))
-    return plan_from_solution(problem, res, profile)
+    plan = plan_from_solution(problem, res, profile)
+    return _with_ram(plan, shape, profile, hardware, ram_budget, store_cluster, ram_overhead)
+
+
+def _with_ram(
+    plan: Plan,
+    shape: ModelShape,
+    profile: Profile,
+    hardware: HardwareProfile,
+    ram_budget: int | None,
+    cluster: int,
+    overhead: int | None,
+) -> Plan:
+    """``plan`` with its RAM tier under ``ram_budget`` (unchanged without one)."""
+    if ram_budget is None:
+        return plan
+    from .ram_tier import DEFAULT_OVERHEAD, plan_ram_tier
+
+    plan.ram_neurons, plan.ram = plan_ram_tier(
+        shape,
+        profile,
+        plan.placement,
+        plan.gpu_neurons,
+        ram_budget,
+        sparsity=str(plan.predicted.get("sparsity", "predictor")),
+        context=plan.context,
+        kv_cache=plan.kv_cache,
+        predictors=plan.predictors,
+        hardware=hardware,
+        cluster=cluster,
+        overhead=DEFAULT_OVERHEAD if overhead is None else overhead,
+    )
+    plan.validate()
+    return plan
 
 
 def _faster(

@@ -60,7 +60,35 @@ def format_table(plan: Plan) -> str:
         f"solver {s['solver']}: {s['status']}, MIP gap {gap}, {s['solve_time_s']:.2f} s"
         + (f"; {s['note']}" if s.get("note") else ""),
     ]
+    if plan.ram_neurons is not None:
+        lines += ram_lines(plan)
     return "\n".join(lines)
+
+
+def ram_lines(plan: Plan) -> list[str]:
+    """The RAM tier's summary: bytes against the budget, neurons per tier, storage reads."""
+    r = plan.ram
+    st = r["storage"]
+    n_ram = sum(int(n.size) for n in plan.ram_neurons or [])
+    n_gpu = sum(int(n.size) for n in plan.gpu_neurons)
+    n_all = plan.ffn_dim * plan.n_layers
+    t = st.get("time_per_token_s")
+    cost = (
+        f"{t * 1e3:.1f} ms/token at {st['iops']:,.0f} reads/s and {st['read_bw_gbs']:.2f} GB/s"
+        if t is not None
+        else "not priced: no storage measured (--probe-storage)"
+    )
+    return [
+        f"RAM bytes {r['total_bytes']:,} ({format_bytes(r['total_bytes'])}) of budget "
+        f"{r['budget_bytes']:,} ({format_bytes(r['budget_bytes'])}): base "
+        f"{format_bytes(r['base_bytes'])}, process {format_bytes(r['overhead_bytes'])}, neuron "
+        f"store cache {format_bytes(r['cache_bytes'])} ({r['resident_slots']:,} resident + "
+        f"{r['working_slots']:,} working slots of {format_bytes(r['slot_bytes'])}, clusters of "
+        f"{r['cluster']})",
+        f"neurons: GPU {n_gpu:,}, RAM {n_ram:,}, storage {n_all - n_gpu - n_ram:,} of {n_all:,}; "
+        f"storage reads {st['reads_per_token']:,.0f} clusters/token "
+        f"({format_bytes(st['bytes_per_token'])}): {cost}",
+    ]
 
 
 def pyplot() -> Any:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import PlanError, ShapeError
 from ..planning.sizes import format_bytes, parse_bytes
 from .generation import locked
 
@@ -26,6 +26,8 @@ DEFAULT_CLUSTER = 1
 DEFAULT_IO_THREADS = 8
 #: Share of the cache held by the resident hot clusters by default (with ``hot=``).
 DEFAULT_RESIDENT_SHARE = 0.5
+#: The store's cache by default (without a plan).
+DEFAULT_CACHE = "256MiB"
 
 
 def hot_clusters(counts, cluster: int, n: int) -> list[list[int]]:
@@ -66,25 +68,59 @@ class NeuronStoreMethods:
         self,
         path: str | os.PathLike[str],
         *,
-        cache: int | str = "256MiB",
+        cache: int | str | None = None,
         io_threads: int = DEFAULT_IO_THREADS,
         hot=None,
         resident_share: float = DEFAULT_RESIDENT_SHARE,
+        read_ahead: bool = True,
+        plan=None,
     ) -> dict:
         """Read the sparse FFN's neuron rows from the store at ``path`` from now on, through a
-        cache of ``cache`` bytes ("256MiB", an int) and ``io_threads`` readers. With ``hot``
-        (per layer one activation count per neuron: a :class:`~powerinfer_rs.formats.profile.
-        Profile` or its ``counts``) the hottest clusters are loaded at once and stay resident,
-        ``resident_share`` of the cache; the rest of it holds the most recently used. Returns
-        :meth:`neuron_store_stats`. ModelFileError for a file that is not this model's store;
-        ShapeError for a cache smaller than one cluster or counts of another shape."""
-        size = parse_bytes(cache)
+        cache of ``cache`` bytes ("256MiB", the default; an int) and ``io_threads`` readers.
+
+        With ``hot`` (per layer one activation count per neuron: a
+        :class:`~powerinfer_rs.formats.profile.Profile` or its ``counts``) the hottest clusters
+        are loaded at once and stay resident, ``resident_share`` of the cache; the rest of it
+        holds the most recently used. With ``read_ahead`` (predictor mode), the next layer's
+        predictor runs on each layer's input and the clusters it names are read while this
+        layer computes (a guess: it changes what is cached, never the result; ``ahead_used`` of
+        ``ahead`` in the stats says how well it guessed). With ``plan`` (a
+        :class:`~powerinfer_rs.formats.plan.Plan` with a RAM tier, or its file:
+        ``python -m powerinfer_rs.plan --vram-budget 0 --ram-budget SIZE``) the cache is the
+        plan's and its RAM neurons' clusters are resident (``cache`` and ``hot`` are not given
+        then).
+
+        Returns :meth:`neuron_store_stats`. ModelFileError for a file that is not this model's
+        store; ShapeError for a cache smaller than one cluster or counts of another shape;
+        PlanError for a plan without a RAM tier, for another model or cluster size, or one
+        placing neurons on the GPU."""
+        resident = None
+        if plan is not None:
+            if cache is not None or hot is not None:
+                raise ShapeError("use_neuron_store: a plan sets the cache and the resident set")
+            plan, size, resident = self._ram_tier(plan)
+        else:
+            size = parse_bytes(DEFAULT_CACHE if cache is None else cache)
         if isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 1:
             raise ShapeError(f"io_threads must be a positive integer, got {io_threads!r}")
         if not 0.0 <= resident_share < 1.0:
             raise ShapeError(f"resident_share must lie in [0, 1), got {resident_share}")
-        self._model.open_neuron_store(str(path), size, io_threads, self.loaded.fingerprint)
-        if hot is not None:
+        self._model.open_neuron_store(
+            str(path), size, io_threads, self.loaded.fingerprint, bool(read_ahead)
+        )
+        if resident is not None:
+            s = self._model.neuron_store_stats(False)
+            slot = max(s["cluster_bytes"])
+            if s["cluster"] != plan.ram["cluster"] or slot != plan.ram["slot_bytes"]:
+                self._model.close_neuron_store()
+                raise PlanError(
+                    f"the plan's RAM tier is for clusters of {plan.ram['cluster']} neurons in "
+                    f"slots of {plan.ram['slot_bytes']} bytes; {path} has clusters of "
+                    f"{s['cluster']} in slots of {slot} (plan with --store-cluster "
+                    f"{s['cluster']}, or write the store with cluster={plan.ram['cluster']})"
+                )
+            self._model.neuron_store_load_resident(resident)
+        elif hot is not None:
             counts = getattr(hot, "counts", hot)
             c = self.config
             if len(counts) != c.n_layers or any(len(x) != c.ffn_dim for x in counts):
@@ -97,6 +133,33 @@ class NeuronStoreMethods:
             n = int(resident_share * s["cache_slots"])
             self._model.neuron_store_load_resident(hot_clusters(counts, s["cluster"], n))
         return self.neuron_store_stats()
+
+    def _ram_tier(self, plan) -> tuple:
+        """The plan (read, where a path), and its RAM tier's cache bytes and resident clusters
+        per layer, checked against this model."""
+        from ..formats.plan import Plan, load_plan
+
+        if not isinstance(plan, Plan):
+            plan = load_plan(plan, self.loaded)
+        elif plan.model_fingerprint != self.loaded.fingerprint:
+            raise PlanError(
+                f"the plan was made for model {plan.model_fingerprint or '(unknown)'}, not this "
+                f"one ({self.loaded.fingerprint})"
+            )
+        if plan.ram_neurons is None:
+            raise PlanError(
+                "the plan has no RAM tier: make it with python -m powerinfer_rs.plan "
+                "--ram-budget SIZE"
+            )
+        on_gpu = sum(int(n.size) for n in plan.gpu_neurons)
+        if on_gpu:
+            raise PlanError(
+                f"the plan places {on_gpu} neurons on the GPU; the neuron store runs on the CPU "
+                "engine: plan with --vram-budget 0"
+            )
+        c = int(plan.ram["cluster"])
+        resident = [sorted({int(i) // c for i in ids}) for ids in plan.ram_neurons]
+        return plan, int(plan.ram["cache_bytes"]), resident
 
     @locked
     def use_down_t_file(self, path: str | os.PathLike[str]) -> bool:
@@ -115,7 +178,9 @@ class NeuronStoreMethods:
 
     def neuron_store_stats(self, *, reset: bool = False) -> dict:
         """The store's counts since it was opened (or last reset): ``hits`` and ``misses``
-        (clusters), ``bytes_read``, ``read_s`` (seconds waiting for reads), ``hit_rate``,
+        (clusters), ``bytes_read``, ``read_s`` (seconds waiting for reads), ``ahead`` (clusters
+        read ahead of their layer; counted in ``bytes_read``, their use as hits) and
+        ``ahead_used`` (of those, the ones used), ``read_ahead``, ``hit_rate``,
         ``cache_slots``, ``resident_slots``, ``cluster``, ``direct`` (reads bypass the page
         cache) and ``file_bytes``; ``{}`` without a store."""
         s = self._model.neuron_store_stats(reset)

@@ -188,6 +188,33 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="accept a profile recorded on another model of the same shape",
     )
+    ap.add_argument(
+        "--ram-budget",
+        metavar="SIZE",
+        default=None,
+        help="plan a RAM tier too (models bigger than RAM): of the neurons the GPU does not "
+        "hold, the hottest stay resident in RAM within SIZE (with everything else the process "
+        "keeps: attention, embeddings, KV caches, predictors, 256 MiB for itself) and the rest "
+        "are read from storage through the neuron store (Engine.use_neuron_store(path, "
+        "plan=...)). Predictor and exact-relu modes",
+    )
+    ap.add_argument(
+        "--store-cluster",
+        type=int,
+        default=1,
+        metavar="N",
+        help="neurons per neuron-store cluster the RAM tier plans for (as "
+        "Engine.write_neuron_store(cluster=N); default 1)",
+    )
+    ap.add_argument(
+        "--probe-storage",
+        metavar="FILE",
+        default=None,
+        help="measure the storage holding FILE (the model file, or the neuron store: at least "
+        "64 MiB; its pages are dropped from the page cache) for the RAM tier's read cost: "
+        "random reads of a store cluster's size and 1 MiB reads, 8 in flight, a few seconds. "
+        "Without it the hardware profile's storage_* numbers are used, if it has them",
+    )
     ap.add_argument("--quiet", action="store_true", help="print only the summary lines")
     ap.add_argument("--verbose", action="store_true", help="show the HiGHS log")
     return ap
@@ -266,6 +293,9 @@ def run(args: argparse.Namespace) -> int:
     pred_bytes = (
         None if args.predictor_bytes is None else _size("--predictor-bytes", args.predictor_bytes)
     )
+    ram_budget = None if args.ram_budget is None else _size("--ram-budget", args.ram_budget)
+    if args.ram_budget is None and args.probe_storage is not None:
+        raise PlanError("--probe-storage prices the RAM tier: give --ram-budget too")
     probed: list = []
     hardware, note = _resolve_hardware(args.hardware, probed)
     if auto:
@@ -290,6 +320,20 @@ def run(args: argparse.Namespace) -> int:
         preds = fixed_predictor_sizes(shape.config, 0)  # the mode reads no predictor
     else:
         preds = None
+    if args.probe_storage is not None:
+        from ..planning.ram_tier import cluster_bytes
+        from ..planning.storage_probe import probe_storage
+
+        size = max(
+            cluster_bytes(shape, i, args.store_cluster) for i in range(shape.config.n_layers)
+        )
+        probe = probe_storage(args.probe_storage, read_bytes=size)
+        hardware = hardware.with_storage(probe)
+        note = (note + "; " if note else "") + (
+            f"storage measured on {args.probe_storage}: {probe.read_bw:.2f} GB/s (1 MiB reads), "
+            f"{probe.iops:,.0f} reads/s of {format_bytes(size)}, {probe.depth} in flight"
+            + ("" if probe.direct else " (through the page cache: O_DIRECT refused)")
+        )
     plan = make_plan(
         shape,
         profile,
@@ -308,6 +352,8 @@ def run(args: argparse.Namespace) -> int:
         mip_gap=args.mip_gap,
         check_fingerprint=not args.ignore_fingerprint,
         log=args.verbose,
+        ram_budget=ram_budget,
+        store_cluster=args.store_cluster,
     )
     if note:
         print(note)

@@ -178,6 +178,20 @@ impl Cache {
         Ok(Slot::Miss(s))
     }
 
+    /// Whether the cache has a slot for `key` (filled, being read, or pinned); a filled,
+    /// unpinned one becomes the most recently used (a read-ahead keeps what it will need).
+    pub(super) fn touch(&mut self, key: Key) -> bool {
+        let Some(&s) = self.map.get(&key) else {
+            return false;
+        };
+        let listed = self.prev[s] != NIL || self.head == s;
+        if listed && !self.resident[s] {
+            self.unlink(s);
+            self.push_front(s);
+        }
+        true
+    }
+
     /// Slot `s` now holds `bytes` valid bytes of its cluster.
     pub(super) fn filled(&mut self, s: usize, bytes: usize) {
         self.valid[s] = bytes;
@@ -235,6 +249,29 @@ mod tests {
         c.release(a);
         assert!(matches!(c.acquire((2, 0), 10).unwrap(), Slot::Miss(s) if s == a));
         assert!(Cache::new(ALIGN - 1, ALIGN).is_err());
+    }
+
+    #[test]
+    fn touch_keeps_a_cluster_and_leaves_pinned_slots_alone() {
+        let mut c = Cache::new(2 * ALIGN, ALIGN).unwrap();
+        let take = |c: &mut Cache, k: u32| match c.acquire((0, k), 10).unwrap() {
+            Slot::Miss(s) => s,
+            Slot::Hit(_) => panic!("expected a miss"),
+        };
+        let a = take(&mut c, 0);
+        c.filled(a, 10);
+        c.release(a);
+        let b = take(&mut c, 1);
+        c.filled(b, 10);
+        c.release(b);
+        // (0, 0) is the least recent; touched, (0, 1) goes first.
+        assert!(c.touch((0, 0)));
+        assert!(!c.touch((0, 9)));
+        assert_eq!(take(&mut c, 2), b);
+        // A pinned slot is known, and stays out of the recency list.
+        assert!(c.touch((0, 2)));
+        assert_eq!(take(&mut c, 3), a);
+        assert!(c.acquire((0, 4), 10).is_err());
     }
 
     #[test]

@@ -3,7 +3,10 @@
 //! reader threads with several reads in flight ([`io`]). A decoded token's sparse FFN (exact-relu
 //! or predictor mode) asks for the clusters holding its active neurons: the misses are all read
 //! at once, in the order of the tasks that compute them, and each task computes as soon as its
-//! own clusters are in, overlapping the later reads. Everything else (attention, the
+//! own clusters are in, overlapping the later reads. In predictor mode the next layer's
+//! predictor, run on this layer's input, names the clusters to read ahead: their reads follow
+//! this layer's in the queue and overlap its computation and the next layer's attention
+//! (PowerInfer-2's pipeline across layers, Deja Vu's look-ahead). Everything else (attention, the
 //! gate rows exact-relu reads for every neuron, prefill's dense products) stays on the model's
 //! memory-mapped weights.
 //!
@@ -14,7 +17,9 @@ pub mod cache;
 pub mod format;
 pub mod io;
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -40,6 +45,10 @@ pub struct StoreStats {
     /// Seconds of reading: per group of clusters, from the submission of its reads to the
     /// completion of the last (computation overlaps them).
     pub read_s: f64,
+    /// Clusters read ahead of their layer (counted in `bytes_read`; a later use is a hit).
+    pub ahead: u64,
+    /// Of those, the ones their layer used.
+    pub ahead_used: u64,
 }
 
 /// A neuron store opened for one model, with its cache and readers.
@@ -49,6 +58,21 @@ pub struct NeuronStore {
     io: IoPool,
     cache: Mutex<Cache>,
     stats: Mutex<StoreStats>,
+    /// The next layer's clusters being read ahead, pinned until that layer's FFN.
+    ahead: Mutex<Option<Ahead>>,
+    /// Whether [`NeuronStore::ffn`] reads the next layer's named clusters ahead.
+    read_ahead: AtomicBool,
+    /// Held for a whole [`NeuronStore::ffn`]: sessions sharing the model take turns, so that a
+    /// cluster is never read into two slots (or one slot twice) at once, and a read-ahead is
+    /// landed by the layer it was for.
+    turn: Mutex<()>,
+}
+
+/// Clusters of `layer` read ahead of its FFN.
+struct Ahead {
+    layer: usize,
+    need: usize,
+    pinned: Pinned,
 }
 
 /// The activations the caller knows already (exact-relu computes the gate from the resident
@@ -114,6 +138,9 @@ impl NeuronStore {
             layout,
             path: path.to_path_buf(),
             stats: Mutex::new(StoreStats::default()),
+            ahead: Mutex::new(None),
+            read_ahead: AtomicBool::new(true),
+            turn: Mutex::new(()),
         })
     }
 
@@ -132,6 +159,16 @@ impl NeuronStore {
         self.io.direct
     }
 
+    /// Read the clusters the next layer's predictor names ahead of that layer (on by default).
+    pub fn set_read_ahead(&self, on: bool) {
+        self.read_ahead.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether clusters are read ahead.
+    pub fn read_ahead(&self) -> bool {
+        self.read_ahead.load(Ordering::Relaxed)
+    }
+
     /// Clusters the cache holds.
     pub fn cache_slots(&self) -> usize {
         self.cache.lock().map_or(0, |c| c.slots())
@@ -146,6 +183,8 @@ impl NeuronStore {
     /// hot neurons' clusters, from a profile); at most all but one of the cache's slots.
     /// Returns how many were loaded.
     pub fn load_resident(&self, clusters: &[Vec<u32>]) -> Result<usize> {
+        let _turn = self.turn.lock().map_err(|_| poisoned())?;
+        self.land_ahead(usize::MAX);
         ensure!(
             clusters.len() <= self.layout.layers.len(),
             Shape,
@@ -194,7 +233,10 @@ impl NeuronStore {
     /// One token's FFN core of `layer` over the `active` neurons into `out` (dim, overwritten):
     /// their up (and, listed, gate) rows and transposed down rows read from the store, as the
     /// resident engine's sparse decode computes them. `bias`: the activated projection's bias
-    /// (one per neuron) where the family has one.
+    /// (one per neuron) where the family has one. `next`: the neurons of layer `layer + 1` a
+    /// guess names (its predictor on this layer's input), whose clusters are read ahead when
+    /// [`NeuronStore::read_ahead`] (never changing the result, only what is cached).
+    #[allow(clippy::too_many_arguments)]
     pub fn ffn(
         &self,
         layer: usize,
@@ -202,11 +244,14 @@ impl NeuronStore {
         bias: Option<&[f32]>,
         xn: &[f32],
         active: Active<'_>,
+        next: Option<&[u32]>,
         out: &mut [f32],
     ) -> Result<()> {
         let l = self.layout.layers.get(layer).ok_or_else(|| {
             powerinfer_core::Error::Shape(format!("layer {layer} of a neuron store"))
         })?;
+        let _turn = self.turn.lock().map_err(|_| poisoned())?;
+        let landed = self.land_ahead(layer);
         let c = self.layout.cluster;
         // The active neurons of each cluster: (cluster, local ids, activations when known).
         let (ids, acts) = match active {
@@ -245,9 +290,18 @@ impl NeuronStore {
         } else {
             l.up_down_bytes
         };
+        if !landed.is_empty() {
+            let used = groups.iter().filter(|g| landed.contains(&g.0)).count();
+            if let Ok(mut st) = self.stats.lock() {
+                st.ahead_used += used as u64;
+            }
+        }
         out.fill(0.0);
         let dim = out.len();
         let slots = self.cache.lock().map_or(1, |c| c.free_slots()).max(1);
+        // Read ahead only when this layer's clusters are pinned in one go (the read-ahead's
+        // slots then never starve a later chunk of this layer).
+        let mut next = next.filter(|_| groups.len() <= slots && self.read_ahead());
         for chunk in groups.chunks(slots) {
             // A few tasks per thread, each summing its run of clusters into one vector. Every
             // task's misses are read as soon as the chunk is pinned, in task order, and a task
@@ -270,6 +324,9 @@ impl NeuronStore {
                         return Err(e);
                     }
                 }
+            }
+            if let Some(ids) = next.take() {
+                self.start_ahead(layer + 1, ids, chunk.len());
             }
             let arena = self
                 .cache
@@ -318,6 +375,86 @@ impl NeuronStore {
             }
         }
         Ok(())
+    }
+
+    /// Wait for a read-ahead and let its slots go (filled, or forgotten where a read failed:
+    /// the layer reads them again and reports the error). Returns its clusters where it was
+    /// for `layer`.
+    fn land_ahead(&self, layer: usize) -> HashSet<u32> {
+        let Some(a) = self.ahead.lock().ok().and_then(|mut a| a.take()) else {
+            return HashSet::new();
+        };
+        let ok = a.pinned.batch.wait(&self.source()).is_ok();
+        self.finish(&a.pinned, ok, a.need);
+        match ok && a.layer == layer {
+            true => a.pinned.misses.iter().map(|&(_, k)| k).collect(),
+            false => HashSet::new(),
+        }
+    }
+
+    /// Start reading the clusters of the neurons `ids` (sorted) of `layer` that the cache
+    /// lacks, into at most half of its free slots, leaving `pinned` slots (in use now) and one
+    /// more alone. Nothing happens past the last layer, or when no slot is to be had.
+    fn start_ahead(&self, layer: usize, ids: &[u32], pinned: usize) {
+        let Some(l) = self.layout.layers.get(layer) else {
+            return;
+        };
+        let (c, need) = (self.layout.cluster as u32, l.cluster_bytes);
+        let Ok(mut cache) = self.cache.lock() else {
+            return;
+        };
+        let free = cache.free_slots();
+        let room = (free / 2).min(free.saturating_sub(pinned + 1));
+        let mut misses = Vec::new();
+        let mut last = None;
+        for k in ids.iter().map(|&id| id / c) {
+            if last == Some(k) || (k as usize) >= l.n_clusters {
+                continue;
+            }
+            last = Some(k);
+            let key = (layer as u32, k);
+            if cache.touch(key) {
+                continue;
+            }
+            if misses.len() >= room {
+                break;
+            }
+            match cache.acquire(key, need) {
+                Ok(Slot::Miss(s)) => misses.push((s, k)),
+                Ok(Slot::Hit(s)) => cache.release(s),
+                Err(_) => break,
+            }
+        }
+        if misses.is_empty() {
+            return;
+        }
+        let batch = Batch::new(misses.len());
+        for &(s, k) in &misses {
+            // SAFETY: slot s is pinned (no view, no other read) and holds `need` <= its bytes,
+            // aligned to ALIGN, until the batch is waited for (`land_ahead`).
+            unsafe {
+                self.io
+                    .submit(l.cluster_offset(k as usize), need, cache.addr(s), &batch)
+            };
+        }
+        drop(cache);
+        if let Ok(mut st) = self.stats.lock() {
+            st.ahead += misses.len() as u64;
+            st.bytes_read += (misses.len() * need) as u64;
+        }
+        let slots = misses.iter().map(|&(s, _)| s).collect();
+        let pinned = Pinned {
+            slots,
+            misses,
+            batch,
+        };
+        if let Ok(mut a) = self.ahead.lock() {
+            *a = Some(Ahead {
+                layer,
+                need,
+                pinned,
+            });
+        }
     }
 
     /// The store file's name, for errors.
@@ -450,6 +587,14 @@ impl NeuronStore {
                 false => None,
             },
         })
+    }
+}
+
+impl Drop for NeuronStore {
+    fn drop(&mut self) {
+        // The readers finish their queue before the cache's arena goes (`io` is dropped first);
+        // landing the read-ahead says so here too.
+        self.land_ahead(usize::MAX);
     }
 }
 
