@@ -142,12 +142,47 @@ def test_bad_stores_caches_and_reads_are_typed_errors(synth_gguf, tmp_path):
     eng.close_neuron_store()
     eng.reset()
     assert np.isfinite(eng.prefill(PROMPT)).all()
-    # A mixture of experts: not yet.
-    moe = load_model(
-        synth_gguf(dtype="F32", activation="silu", arch="qwen3moe", **MOE_ARCHS["qwen3moe"])
-    )
-    with pytest.raises(UnsupportedError, match="mixture of experts"):
-        Engine(moe).write_neuron_store(tmp_path / "moe.neurons")
+
+
+@pytest.mark.parametrize(
+    "arch,mode", [("qwen3moe", "dense"), ("qwen2moe", "dense"), ("smallthinker", "exact-relu")]
+)
+def test_a_mixture_of_experts_decodes_from_its_store(synth_gguf, tmp_path, arch, mode):
+    """A mixture of experts' store holds its routed experts' neurons: a decoded token reads its
+    routed experts from it (dense: whole clusters; exact-relu inside ReGLU experts: the up and
+    down_t rows of the neurons that fire, gates from the mapped rows), the shared expert from
+    the mapped weights, and gives the resident engine's logits, with a cache of a few clusters
+    (evicting every token) and with hot clusters from a profile's counts (routed neurons, then
+    the shared expert's)."""
+    act = "relu" if arch == "smallthinker" else "silu"
+    kw = {**MOE_ARCHS[arch], "active": 0.2} if act == "relu" else MOE_ARCHS[arch]
+    model = load_model(synth_gguf(dtype="F32", activation=act, arch=arch, **kw))
+    c = model.config
+    resident = Engine(model, threads=2, sparsity=mode)
+    stored = Engine(model, threads=2)
+    path = Engine(model).write_neuron_store(tmp_path / "moe.neurons", cluster=4)
+    neurons = c.n_expert * (c.expert_ffn_dim or c.ffn_dim)
+    per_cluster = (os.path.getsize(path) - 4096) // (c.n_layers * neurons // 4)
+    stored.use_neuron_store(path, cache=6 * per_cluster, io_threads=3)
+    stored.set_sparsity(mode)  # after the store: no transposed experts built
+    want, want_toks = greedy(resident, PROMPT, STEPS)
+    got, got_toks = greedy(stored, PROMPT, STEPS)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, w, TOL, f"{arch} {mode} step {i}")
+    assert got_toks == want_toks
+    s = stored.neuron_store_stats()
+    assert s["misses"] > 0 and s["bytes_read"] > 0, s
+    assert stored._model.down_t_bytes == 0  # no transposed experts in memory
+    if mode == "dense":  # every routed expert's clusters, whole
+        assert s["bytes_read"] == s["misses"] * per_cluster
+    # Hot clusters from counts over the profile's neurons (the shared expert's last).
+    counts = [np.arange(c.n_neurons)[::-1].copy() for _ in range(c.n_layers)]
+    info = stored.use_neuron_store(path, cache=40 * per_cluster, hot=counts)
+    assert info["resident_slots"] == 20
+    got, _ = greedy(stored, PROMPT, STEPS)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, w, TOL, f"{arch} {mode} hot step {i}")
+    assert stored.neuron_store_stats()["hits"] > 0
 
 
 def test_hot_clusters_stay_resident(synth_gguf, tmp_path):

@@ -14,6 +14,7 @@ import pytest
 from test_hybrid import assert_close, greedy
 from test_neuron_store import PROMPT, SHAPE, STEPS, TOL, engines
 
+from powerinfer_rs import Engine
 from powerinfer_rs.errors import PlanError, ShapeError, VramBudgetError
 from powerinfer_rs.formats.plan import load_plan, save_plan
 from powerinfer_rs.formats.profile import Profile, write_profile
@@ -170,3 +171,53 @@ def test_the_cli_plans_a_ram_tier_and_probes_storage(model, profile, tmp_path, c
     assert "give --ram-budget" in capsys.readouterr().err
     p = probe_storage(big, read_bytes=8192, depth=2, seconds=0.2)
     assert p.read_bw > 0 and p.iops > 0 and p.read_bytes == 8192
+
+
+@pytest.mark.parametrize(
+    "arch,mode,slots", [("qwen3moe", "dense", 300), ("smallthinker", "exact-relu", 700)]
+)
+def test_a_mixture_of_experts_ram_tier(synth_gguf, tmp_path, arch, mode, slots):
+    """A mixture of experts' RAM tier is over its routed neurons (the store's; the router and
+    the shared expert stay in the base part): in dense mode a neuron is read whenever its
+    expert is routed, so whole hot experts are resident first; the engine runs the plan's
+    store and decodes as the resident engine."""
+    from test_moe import MOE_ARCHS
+
+    act = "relu" if arch == "smallthinker" else "silu"
+    kw = {**MOE_ARCHS[arch], "active": 0.2} if act == "relu" else MOE_ARCHS[arch]
+    model = load_model(synth_gguf(dtype="F32", activation=act, arch=arch, **kw))
+    c, shape = model.config, ModelShape.from_model(model)
+    routed, ef = shape.routed_neurons, shape.expert_ffn
+    rng = np.random.default_rng(0)
+    tokens = 100
+    experts = [rng.integers(1, tokens, c.n_expert) for _ in range(c.n_layers)]
+    counts = [
+        np.minimum(rng.integers(0, tokens, c.n_neurons), np.resize(np.repeat(e, ef), c.n_neurons))
+        for e in experts
+    ]
+    prof = Profile(counts, tokens, {"model_fingerprint": model.fingerprint}, experts)
+    hw = load_hardware("cpu-only")
+    args = dict(sparsity=mode, store_cluster=4, ram_overhead=0)
+    big = make_plan(shape, prof, hw, 0, ram_budget=GiB, **args)
+    budget = big.ram["base_bytes"] + slots * big.ram["slot_bytes"]
+    plan = make_plan(shape, prof, hw, 0, ram_budget=budget, **args)
+    assert plan.ram["resident_slots"] > 0
+    assert all(ids.size == 0 or ids[-1] < routed for ids in plan.ram_neurons)
+    if mode == "dense":  # resident clusters belong to experts routed at least as often
+        for layer, ids in enumerate(plan.ram_neurons):
+            on = np.unique(ids // ef)
+            off = np.setdiff1d(np.arange(c.n_expert), on)
+            if on.size and off.size:
+                assert experts[layer][on].min() >= experts[layer][off].max()
+    resident = Engine(model, threads=2, sparsity=mode)
+    stored = Engine(model, threads=2)
+    path = Engine(model).write_neuron_store(tmp_path / "moe.neurons", cluster=4)
+    info = stored.use_neuron_store(path, plan=plan)
+    stored.set_sparsity(mode)
+    assert info["cache_slots"] == slots
+    assert info["resident_slots"] == plan.ram["resident_slots"]
+    want, want_toks = greedy(resident, PROMPT, STEPS)
+    got, got_toks = greedy(stored, PROMPT, STEPS)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, w, TOL, f"{arch} planned store step {i}")
+    assert got_toks == want_toks

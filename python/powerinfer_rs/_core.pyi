@@ -14,6 +14,11 @@ def simd_level() -> str:
 def measure_read_bandwidth(bytes: int = ..., iters: int = ..., threads: int = ...) -> float:
     """Read bandwidth in GB/s with `threads` threads (0 = all cores)."""
 
+def probe_storage_reads(
+    path: str, block: int, threads: int, seconds: float
+) -> tuple[int, float, bool]:
+    """Random reads of `block` bytes by `threads` readers: (reads, seconds, direct)."""
+
 def quantize(dtype: str, x: np.ndarray) -> np.ndarray:
     """Encode each row of a 2-D float32 array in ``dtype``: uint8 of shape (rows, row bytes)."""
 

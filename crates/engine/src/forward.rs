@@ -429,8 +429,14 @@ pub(crate) fn ffn_block(
                 // Exact-relu reads only the up and down rows of the neurons that fire in each
                 // routed expert (one token), threshold mode the down rows of those that pass;
                 // batches compute the same function densely, masked.
+                // A neuron store serves one token's routed experts (dense or exact-relu): no
+                // transposed copy in memory then.
+                let store = match (mode, n, profiler.is_some()) {
+                    (Sparsity::Dense | Sparsity::ExactRelu, 1, false) => model.neuron_store(),
+                    _ => None,
+                };
                 let down_t = match (mode, n) {
-                    (Sparsity::ExactRelu | Sparsity::Threshold(_), 1) => {
+                    (Sparsity::ExactRelu | Sparsity::Threshold(_), 1) if store.is_none() => {
                         Some(&model.expert_down_t()?[l][..])
                     }
                     _ => None,
@@ -450,6 +456,8 @@ pub(crate) fn ffn_block(
                     threshold,
                     dense_rows: mode.dense_rows(start, n),
                     layer: l,
+                    store: store.as_deref(),
+                    exact: matches!(mode, Sparsity::ExactRelu),
                 };
                 moe_ffn(&call, &mut s.moe, profiler.as_deref_mut(), &mut s.down)?;
                 phase = Phase::Ffn;

@@ -16,6 +16,7 @@ use rayon::prelude::*;
 
 use crate::ffn::{activate, project, project_many};
 use crate::layer::FfnKind;
+use crate::neuron_store::{Active, NeuronStore};
 use crate::profiler::Profiler;
 
 /// A shared expert every token runs (Qwen2-MoE).
@@ -179,8 +180,13 @@ pub struct MoeCall<'a> {
     pub threshold: Option<f32>,
     /// Leading tokens computed densely whatever the mode (threshold mode's first position).
     pub dense_rows: usize,
-    /// The layer (for the profiler).
+    /// The layer (for the profiler and the neuron store).
     pub layer: usize,
+    /// A neuron store holding the routed experts' rows (one token, dense or exact-relu):
+    /// [`store_decode`] reads them from it.
+    pub store: Option<&'a NeuronStore>,
+    /// Exact-relu inside the experts (with a store: the gates come from the mapped rows).
+    pub exact: bool,
 }
 
 /// The router's logits (n × n_expert) of the `n` rows of `x` into `out`.
@@ -220,6 +226,10 @@ pub fn moe_ffn(
         route(m, &logits[t * m.n_expert..(t + 1) * m.n_expert], r);
     }
     let threshold = call.threshold.filter(|_| call.dense_rows == 0);
+    if let (1, Some(store), None, None) = (n, call.store, threshold, &profiler) {
+        store_decode(call, store, s, out)?;
+        return shared(call, s, out);
+    }
     match (n, call.down_t, threshold, profiler) {
         (1, Some(down_t), Some(t), None) => threshold_decode(call, down_t, t, s, out)?,
         (1, Some(down_t), None, None) => sparse_decode(call, down_t, s, out)?,
@@ -280,6 +290,52 @@ fn decode(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut [f32]) -> Result<()>
         out.iter_mut().zip(y).for_each(|(o, v)| *o += wt * v);
     }
     Ok(())
+}
+
+/// One token's routed experts from a neuron store, each neuron's activation times its expert's
+/// weight: in exact-relu, every routed expert's gate from the mapped rows,
+/// then the up and down_t rows of the neurons that fire from the store; else (dense experts)
+/// the whole clusters of every routed expert's neurons, gate rows included.
+fn store_decode(
+    call: &MoeCall<'_>,
+    store: &NeuronStore,
+    s: &mut MoeScratch,
+    out: &mut [f32],
+) -> Result<()> {
+    let (w, act) = (call.w, call.act);
+    let route = &s.routes[0];
+    let ef = w.gate[0].rows;
+    let (mut ids, mut vals) = (Vec::new(), Vec::new());
+    if call.exact {
+        let k = route.len();
+        s.bufs.resize_with(k.max(s.bufs.len()), Vec::new);
+        let gates: Vec<&Weight> = route.iter().map(|&(e, _)| &w.gate[e as usize]).collect();
+        let mut ys: Vec<&mut [f32]> = s.bufs[..k]
+            .iter_mut()
+            .map(|b| {
+                b.resize(ef, 0.0);
+                b.as_mut_slice()
+            })
+            .collect();
+        matvec_many(&gates, call.xn, &mut ys)?;
+        for (g, &(e, wt)) in s.bufs.iter().zip(route) {
+            for (j, &g) in g.iter().enumerate() {
+                let a = act.apply(g);
+                if a != 0.0 {
+                    ids.push((e as usize * ef + j) as u32);
+                    vals.push(wt * a);
+                }
+            }
+        }
+        let active = Active::Firing(&ids, &vals);
+        return store.ffn(call.layer, act, None, call.xn, active, None, out);
+    }
+    for &(e, wt) in route {
+        ids.extend((0..ef).map(|j| (e as usize * ef + j) as u32));
+        vals.resize(ids.len(), wt);
+    }
+    let active = Active::Scaled(&ids, &vals);
+    store.ffn(call.layer, act, None, call.xn, active, None, out)
 }
 
 /// One token in exact-relu: each routed expert's gate rows, then the up and down_t rows of

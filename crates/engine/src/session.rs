@@ -103,7 +103,11 @@ impl Session {
              {} mode inside experts is not implemented yet",
             mode.name()
         );
-        if c.moe.is_moe() && matches!(mode, Sparsity::ExactRelu | Sparsity::Threshold(_)) {
+        // Exact-relu experts read their transposed down rows from a neuron store where one is
+        // attached: no copy in memory then.
+        let stored = self.model.neuron_store().is_some() && matches!(mode, Sparsity::ExactRelu);
+        if c.moe.is_moe() && !stored && matches!(mode, Sparsity::ExactRelu | Sparsity::Threshold(_))
+        {
             let model = &self.model;
             self.pool.install(|| model.expert_down_t().map(|_| ()))?;
         }

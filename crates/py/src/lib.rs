@@ -40,6 +40,21 @@ fn measure_read_bandwidth(
     })
 }
 
+/// The neuron store's storage probe: random reads of `block` bytes over the file at `path` by
+/// `threads` readers (O_DIRECT where allowed) for about `seconds`; (reads, seconds, direct).
+#[pyfunction]
+fn probe_storage_reads(
+    py: Python<'_>,
+    path: std::path::PathBuf,
+    block: usize,
+    threads: usize,
+    seconds: f64,
+) -> PyResult<(u64, f64, bool)> {
+    exceptions::run_detached(py, move || {
+        powerinfer_engine::neuron_store::io::probe_reads(&path, block, threads, seconds)
+    })
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<config::PyModelConfig>()?;
@@ -49,6 +64,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<plan::PyPlan>()?;
     m.add_function(wrap_pyfunction!(simd_level, m)?)?;
     m.add_function(wrap_pyfunction!(measure_read_bandwidth, m)?)?;
+    m.add_function(wrap_pyfunction!(probe_storage_reads, m)?)?;
     m.add_function(wrap_pyfunction!(blocks::quantize, m)?)?;
     m.add_function(wrap_pyfunction!(blocks::dequantize, m)?)?;
     let modes = powerinfer_engine::SparsityMode::ALL.map(|m| m.name());

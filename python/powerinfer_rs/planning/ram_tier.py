@@ -4,8 +4,9 @@ from storage through the neuron store (PowerInfer-2's third tier; ``Engine.use_n
 It runs after the GPU placement, over the neurons the GPU does not hold, under a RAM budget:
 
 1. **Base.** What the process keeps in RAM besides the store: every tensor but the FFN's
-   gate/up/down rows (less the attention and output head the GPU holds), exact-relu's gate
-   matrices (it reads every gate row per token), the CPU layers' KV caches at ``context``
+   gate/up/down rows (a mixture of experts' routed experts; its router and shared expert stay),
+   less the attention and output head the GPU holds, exact-relu's gate matrices (it reads every
+   gate row per token, or every routed expert's), the CPU layers' KV caches at ``context``
    positions, the predictors the GPU does not hold, and ``overhead`` for the process itself.
 2. **The store's cache**, the rest of the budget, in slots of the store's largest cluster
    (:func:`cluster_bytes`, the same formula as the engine's file layout):
@@ -14,7 +15,8 @@ It runs after the GPU placement, over the neurons the GPU does not hold, under a
      most storage clusters a layer touches per token on average, plus ``WORKING_SPARE``;
    - *resident* slots for the rest: clusters by firing probability per byte, highest first (a
      knapsack whose items all cost one slot: sorting is exact). A cluster fires when any of its
-     neurons does (independence assumed: ``1 - prod(1 - p)``).
+     neurons does (independence assumed: ``1 - prod(1 - p)``); a mixture of experts' neuron in
+     dense mode is read whenever its expert is routed (:func:`store_frequencies`).
 3. **Storage cost**: per token, every non-resident cluster that fires is read (LRU hits are not
    counted: a bound), at the measured storage's cost per read
    (:meth:`~.hardware_profile.HardwareProfile.storage_seconds`).
@@ -60,9 +62,9 @@ def cluster_bytes(shape: ModelShape, layer: int, cluster: int) -> int:
     transposed down rows, padded to 4 KiB, then their gate rows, padded (a gate-less FFN's one
     input projection stands for the gate) — the engine's ``LayerLayout``."""
     c = shape.config
-    gate_name = f"blk.{layer}.ffn_up" if c.no_gate else f"blk.{layer}.ffn_gate"
+    gate_name = shape.ffn_tensor(layer, "up" if c.no_gate else "gate")
     gate = row_bytes(shape.dtype(gate_name), c.dim)
-    up = 0 if c.no_gate else row_bytes(shape.dtype(f"blk.{layer}.ffn_up"), c.dim)
+    up = 0 if c.no_gate else row_bytes(shape.dtype(shape.ffn_tensor(layer, "up")), c.dim)
     down = row_bytes(shape.down_t_dtype(layer), c.dim)
     return _align(cluster * (up + down)) + _align(cluster * gate)
 
@@ -82,6 +84,7 @@ def base_ram_bytes(
     for name in shape.dtypes:
         parts = name.split(".")
         kind = parts[2] if len(parts) > 2 and parts[0] == "blk" else name
+        kind = kind.removesuffix("_exps")  # a mixture of experts' routed experts
         layer = int(parts[1]) if parts[0] == "blk" else None
         if kind in _FFN_MATRICES and not (kind == "ffn_gate" and sparsity == "exact-relu"):
             continue
@@ -98,13 +101,35 @@ def base_ram_bytes(
     return total
 
 
-def cluster_probabilities(freq: np.ndarray, cluster: int, gpu: np.ndarray) -> np.ndarray:
-    """Per cluster of ``cluster`` neurons, the chance one of its non-GPU neurons fires."""
+def cluster_probabilities(
+    freq: np.ndarray, cluster: int, gpu: np.ndarray, together: bool = False
+) -> np.ndarray:
+    """Per cluster of ``cluster`` neurons, the chance one of its non-GPU neurons is read:
+    independent neurons (``1 - prod(1 - p)``), or with ``together`` neurons read together (a
+    routed expert's, read whole in dense mode: the largest of the cluster's chances, exact
+    when a cluster lies inside one expert)."""
     p = np.clip(np.asarray(freq, dtype=np.float64), 0.0, 1.0).copy()
     p[np.asarray(gpu, dtype=np.int64)] = 0.0
     pad = (-p.size) % cluster
+    if together:
+        return np.pad(p, (0, pad)).reshape(-1, cluster).max(axis=1)
     q = np.pad(1.0 - p, (0, pad), constant_values=1.0).reshape(-1, cluster)
     return 1.0 - q.prod(axis=1)
+
+
+def store_frequencies(shape: ModelShape, profile: Profile, layer: int, sparsity: str) -> np.ndarray:
+    """How often each of ``layer``'s store neurons is read per token: its firing frequency, or
+    in a mixture of experts' dense mode its expert's routing frequency (a routed expert is read
+    whole). A mixture of experts' store holds its routed neurons only."""
+    if not shape.moe:
+        return profile.frequencies(layer)
+    n = shape.routed_neurons
+    if sparsity == "dense":
+        if profile.expert_counts is None:
+            raise PlanError("the profile has no expert routing counts: profile the model again")
+        q = np.asarray(profile.expert_counts[layer], dtype=np.float64) / float(profile.tokens)
+        return np.repeat(q, shape.expert_ffn)[:n]
+    return profile.frequencies(layer)[:n]
 
 
 def plan_ram_tier(
@@ -128,12 +153,11 @@ def plan_ram_tier(
     cannot hold the base part and the store's working set; :class:`PlanError` for a mode or
     model the store does not run."""
     c = shape.config
-    if shape.moe:
-        raise PlanError("a RAM tier for a mixture of experts is not supported yet")
-    if sparsity not in ("predictor", "exact-relu"):
+    modes = ("dense", "exact-relu") if shape.moe else ("predictor", "exact-relu")
+    if sparsity not in modes:
         raise PlanError(
-            f"the RAM tier is for the modes a neuron store runs (predictor, exact-relu), not "
-            f"{sparsity!r}"
+            f"the RAM tier is for the modes a neuron store runs ({', '.join(modes)} for this "
+            f"model), not {sparsity!r}"
         )
     if isinstance(cluster, bool) or not isinstance(cluster, int) or not 1 <= cluster <= 4096:
         raise PlanError(f"cluster must be an integer in 1..4096, got {cluster!r}")
@@ -148,7 +172,12 @@ def plan_ram_tier(
     slot = max(cluster_bytes(shape, i, cluster) for i in range(c.n_layers))
     room = ram_budget - base - overhead
     probs = [
-        cluster_probabilities(profile.frequencies(i), cluster, gpu_neurons[i])
+        cluster_probabilities(
+            store_frequencies(shape, profile, i, sparsity),
+            cluster,
+            np.asarray(gpu_neurons[i])[np.asarray(gpu_neurons[i]) < shape.routed_neurons],
+            together=shape.moe and sparsity == "dense",
+        )
         for i in range(c.n_layers)
     ]
 
@@ -194,7 +223,7 @@ def plan_ram_tier(
     cb = [cluster_bytes(shape, i, cluster) for i in range(c.n_layers)]
     for i, (p, ks) in enumerate(zip(probs, resident)):
         ids = (ks[:, None] * cluster + np.arange(cluster)[None, :]).ravel()
-        ids = ids[ids < c.ffn_dim]
+        ids = ids[ids < shape.routed_neurons]
         ram_neurons.append(np.setdiff1d(ids, np.asarray(gpu_neurons[i]), assume_unique=True))
         rest = p.copy()
         rest[ks] = 0.0
@@ -269,4 +298,5 @@ __all__ = [
     "cluster_bytes",
     "cluster_probabilities",
     "plan_ram_tier",
+    "store_frequencies",
 ]

@@ -9,21 +9,17 @@ readers use):
 - ``iops``: reads per second of ``read_bytes`` (a store cluster's size) at random aligned
   offsets, ``depth`` in flight (the store reads with several threads: 8 by default).
 
-The reads run on a thread pool (``os.preadv`` releases the GIL), each test for about ``seconds``
-or ``max_bytes``, whichever comes first. A file smaller than 64 MiB is refused: the numbers would
+The reads are the neuron store's own (``_core.probe_storage_reads``: its reader threads, in
+waves of four reads per thread), each test for about ``seconds``; a ModelFileError from them
+is raised as it is. A file smaller than 64 MiB is refused: the numbers would
 be the page cache's or the drive cache's.
 """
 
 from __future__ import annotations
 
-import mmap
 import os
-import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from ..errors import PlanError
 
@@ -56,52 +52,12 @@ def _drop(path: Path) -> None:
         os.close(fd)
 
 
-def _open(path: Path) -> tuple[int, bool]:
-    direct = getattr(os, "O_DIRECT", 0)
-    if direct:
-        try:
-            fd = os.open(path, os.O_RDONLY | direct)
-            buf = mmap.mmap(-1, _ALIGN)
-            os.preadv(fd, [buf], 0)
-            return fd, True
-        except OSError:
-            try:
-                os.close(fd)
-            except (OSError, UnboundLocalError):
-                pass
-    return os.open(path, os.O_RDONLY), False
-
-
-def _rate(fd: int, size: int, block: int, depth: int, seconds: float, max_bytes: int, seed: int):
-    """(reads, seconds) of random ``block`` reads with ``depth`` threads."""
-    slots = max(1, (size - block) // _ALIGN)
-    n = max(depth, min(max_bytes // block, 1 << 20))
-    offsets = np.random.default_rng(seed).integers(0, slots, n) * _ALIGN
-    deadline = time.perf_counter() + seconds
-
-    def worker(k: int) -> int:
-        buf = mmap.mmap(-1, block)
-        done = 0
-        for off in offsets[k::depth]:
-            os.preadv(fd, [buf], int(off))
-            done += 1
-            if time.perf_counter() > deadline:
-                break
-        return done
-
-    t0 = time.perf_counter()
-    with ThreadPoolExecutor(depth) as pool:
-        reads = sum(pool.map(worker, range(depth)))
-    return reads, time.perf_counter() - t0
-
-
 def probe_storage(
     path: str | os.PathLike[str],
     *,
     read_bytes: int = 12 << 10,
     depth: int = 8,
     seconds: float = 2.0,
-    max_bytes: int = 512 << 20,
 ) -> StorageProbe:
     """Measure the storage holding ``path`` (see the module doc). :class:`PlanError` for a
     missing or too small file or bad arguments."""
@@ -119,20 +75,17 @@ def probe_storage(
             f"probe: read_bytes must be a positive multiple of {_ALIGN}, depth and seconds "
             f"positive (got {read_bytes}, {depth}, {seconds})"
         )
-    _drop(p)
-    fd, direct = _open(p)
+    from .. import _core
+
     try:
-        big = 1 << 20
-        n, dt = _rate(fd, size, big, depth, seconds, max_bytes, 0)
-        read_bw = n * big / dt / 1e9
-        if not direct:
-            _drop(p)
-        n, dt = _rate(fd, size, read_bytes, depth, seconds, max_bytes, 1)
+        _drop(p)
+        n, dt, direct = _core.probe_storage_reads(str(p), 1 << 20, depth, seconds)
+        read_bw = n * (1 << 20) / dt / 1e9
+        _drop(p)
+        n, dt, direct = _core.probe_storage_reads(str(p), read_bytes, depth, seconds)
         iops = n / dt
     except OSError as e:
         raise PlanError(f"{p}: probing the storage failed: {e}") from None
-    finally:
-        os.close(fd)
     return StorageProbe(read_bw, iops, read_bytes, depth, direct, str(p))
 
 

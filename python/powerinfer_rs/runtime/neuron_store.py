@@ -5,6 +5,11 @@ active neurons from a sidecar file laid out by cluster (one read fetches a clust
 and gate rows), through a cache of fixed size and a pool of reader threads, instead of from the
 model's memory-mapped weights. Attention, exact-relu's gate rows and prefill's dense products
 stay on the mapped weights. The logits are the all-resident engine's in the same mode.
+
+A mixture of experts' store holds its routed experts' neurons (flattened: neuron ``e·E + j``
+is row ``j`` of expert ``e``); a decoded token reads its routed experts from it, in dense mode
+(whole clusters, gate rows included) or exact-relu (gates from the mapped rows, then the up
+and down_t rows of the neurons that fire). Its shared expert stays with the mapped weights.
 """
 
 from __future__ import annotations
@@ -45,6 +50,14 @@ def hot_clusters(counts, cluster: int, n: int) -> list[list[int]]:
     for _v, layer, k in scores[: max(0, n)]:
         out[layer].append(k)
     return [sorted(ks) for ks in out]
+
+
+def store_neurons(config) -> int:
+    """Neurons per layer in a store: ``ffn_dim``, or a mixture of experts' routed neurons
+    (``n_expert`` x the expert FFN; its shared expert stays with the mapped weights)."""
+    if config.n_expert:
+        return config.n_expert * (config.expert_ffn_dim or config.ffn_dim)
+    return config.ffn_dim
 
 
 class NeuronStoreMethods:
@@ -123,12 +136,17 @@ class NeuronStoreMethods:
         elif hot is not None:
             counts = getattr(hot, "counts", hot)
             c = self.config
-            if len(counts) != c.n_layers or any(len(x) != c.ffn_dim for x in counts):
+            # A mixture of experts' profile counts its routed neurons, then its shared
+            # expert's, which the store does not hold.
+            n = store_neurons(c)
+            want = c.n_neurons if c.n_expert else c.ffn_dim
+            if len(counts) != c.n_layers or any(len(x) not in (n, want) for x in counts):
                 self._model.close_neuron_store()
                 raise ShapeError(
-                    f"hot counts must be {c.n_layers} layers of {c.ffn_dim} neurons, one count "
+                    f"hot counts must be {c.n_layers} layers of {want} neurons, one count "
                     "per neuron (a profile of this model)"
                 )
+            counts = [np.asarray(x)[:n] for x in counts]
             s = self._model.neuron_store_stats(False)
             n = int(resident_share * s["cache_slots"])
             self._model.neuron_store_load_resident(hot_clusters(counts, s["cluster"], n))
@@ -198,4 +216,5 @@ __all__ = [
     "DEFAULT_RESIDENT_SHARE",
     "NeuronStoreMethods",
     "hot_clusters",
+    "store_neurons",
 ]

@@ -148,14 +148,11 @@ impl StoreLayout {
     }
 
     /// The layout of `model`'s neurons in clusters of `cluster`: gate and up rows in their
-    /// stored formats, down rows as the engine transposes them.
+    /// stored formats, down rows as the engine transposes them. A mixture of experts' neurons
+    /// are its routed experts' flattened (neuron `e·E + j` is row `j` of expert `e`, GGUF's own
+    /// order in the merged tensors); its shared expert stays with the mapped weights.
     pub fn for_model(model: &ModelWeights, cluster: usize, fingerprint: &str) -> Result<Self> {
         let c = &model.config;
-        ensure!(
-            !c.moe.is_moe(),
-            Unsupported,
-            "a neuron store of a mixture of experts is not supported yet"
-        );
         let formats: Vec<[Option<DType>; 3]> = (0..c.n_layers)
             .map(|i| {
                 let l = &model.layers[i];
@@ -167,7 +164,7 @@ impl StoreLayout {
                 ]
             })
             .collect();
-        StoreLayout::build(c.dim, c.ffn_dim, cluster, fingerprint, &formats)
+        StoreLayout::build(c.dim, store_neurons(model)?, cluster, fingerprint, &formats)
     }
 
     /// Bytes of the whole file.
@@ -296,6 +293,18 @@ impl StoreLayout {
     }
 }
 
+/// Neurons per layer in `model`'s store: `ffn_dim`, or a mixture of experts' routed neurons
+/// (the rows of its merged gate tensor), the same in every layer.
+pub fn store_neurons(model: &ModelWeights) -> Result<usize> {
+    let n = model.layers.first().map_or(0, |l| l.w_gate.rows);
+    ensure!(
+        model.layers.iter().all(|l| l.w_gate.rows == n),
+        Unsupported,
+        "a neuron store of layers with different numbers of neurons"
+    );
+    Ok(n)
+}
+
 /// Write `model`'s neuron store to `path` in clusters of `cluster` neurons (the transposed down
 /// projections are built first if they were not); returns the file's bytes.
 pub fn write_store(
@@ -305,7 +314,11 @@ pub fn write_store(
     fingerprint: &str,
 ) -> Result<u64> {
     let layout = StoreLayout::for_model(model, cluster, fingerprint)?;
-    let down_t = model.down_t()?;
+    let moe = model.config.moe.is_moe();
+    let (down_t, experts) = match moe {
+        true => (&[][..], model.expert_down_t()?),
+        false => (model.down_t()?, &[][..]),
+    };
     let io = |e: std::io::Error| Error::ModelFile(format!("{}: {e}", path.display()));
     let file = std::fs::File::create(path).map_err(io)?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
@@ -325,7 +338,14 @@ pub fn write_store(
                     buf[j * u_rb..(j + 1) * u_rb].copy_from_slice(lw.w_up.row(n));
                 }
                 let at = cluster * u_rb + j * d_rb;
-                buf[at..at + d_rb].copy_from_slice(down_t[i].row(n));
+                let down = match moe {
+                    true => {
+                        let ef = experts[i][0].rows;
+                        experts[i][n / ef].row(n % ef)
+                    }
+                    false => down_t[i].row(n),
+                };
+                buf[at..at + d_rb].copy_from_slice(down);
                 let at = l.up_down_bytes + j * g_rb;
                 buf[at..at + g_rb].copy_from_slice(lw.w_gate.row(n));
             }

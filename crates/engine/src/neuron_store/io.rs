@@ -161,6 +161,70 @@ impl Drop for IoPool {
     }
 }
 
+/// The storage probe: random reads of `block` bytes (a multiple of [`ALIGN`], at aligned
+/// offsets) over the file at `path`, by `threads` readers as the store reads (O_DIRECT where
+/// the file system takes it), four reads per reader in flight or queued, for about `seconds`. Returns
+/// (reads, elapsed seconds, whether the page cache was bypassed).
+pub fn probe_reads(
+    path: &Path,
+    block: usize,
+    threads: usize,
+    seconds: f64,
+) -> Result<(u64, f64, bool)> {
+    let io = |e: std::io::Error| Error::ModelFile(format!("{}: {e}", path.display()));
+    let size = std::fs::metadata(path).map_err(io)?.len() as usize;
+    if block == 0 || !block.is_multiple_of(ALIGN) || size < block + ALIGN {
+        return Err(Error::Shape(format!(
+            "probe reads of {block} bytes (a positive multiple of {ALIGN}) in a file of {size}"
+        )));
+    }
+    let pool = IoPool::open(path, threads)?;
+    let wave = 4 * threads.max(1);
+    // Two waves in turn, each with its own buffers: one is read while the other is refilled,
+    // so the readers' queue never runs dry (as the store's does not within a layer).
+    let mut buf = PageBuf::zeroed(2 * wave * block + ALIGN);
+    let raw = buf.as_mut_slice().as_mut_ptr();
+    let base = raw.wrapping_add(raw.align_offset(ALIGN));
+    let slots = ((size - block) / ALIGN) as u64;
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut submit = |half: usize| {
+        let batch = Batch::new(wave);
+        for i in 0..wave {
+            // xorshift64: offsets spread over the file.
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let offset = (state % slots) * ALIGN as u64;
+            let dst = base.wrapping_add((half * wave + i) * block);
+            // SAFETY: each read in flight has its own `block` bytes of `buf` (this half's),
+            // aligned to ALIGN, which nothing touches until its batch is waited for below.
+            unsafe { pool.submit(offset, block, dst, &batch) };
+        }
+        batch
+    };
+    let source = path.display().to_string();
+    let t0 = std::time::Instant::now();
+    let mut waves = [submit(0), submit(1)];
+    let mut reads = 0u64;
+    let mut half = 0;
+    loop {
+        if let Err(e) = waves[half].wait(&source) {
+            // The other wave still writes into `buf`: wait for it before `buf` goes.
+            let _ = waves[1 - half].wait(&source);
+            return Err(e);
+        }
+        reads += wave as u64;
+        if t0.elapsed().as_secs_f64() >= seconds {
+            waves[1 - half].wait(&source)?;
+            reads += wave as u64;
+            break;
+        }
+        waves[half] = submit(half);
+        half = 1 - half;
+    }
+    Ok((reads, t0.elapsed().as_secs_f64(), pool.direct))
+}
+
 /// A reader thread: take jobs until the pool is dropped.
 fn reader(file: &File, rx: &Mutex<Receiver<Job>>) {
     loop {

@@ -82,6 +82,9 @@ pub enum Active<'a> {
     Firing(&'a [u32], &'a [f32]),
     /// Neuron ids predicted active.
     Listed(&'a [u32]),
+    /// Neuron ids whose gate rows are read with the rest, each activation times a factor (a
+    /// routed expert's weight: a mixture of experts' dense experts).
+    Scaled(&'a [u32], &'a [f32]),
 }
 
 /// Clusters pinned in the cache, with the reads of the missing ones submitted.
@@ -254,15 +257,18 @@ impl NeuronStore {
         let landed = self.land_ahead(layer);
         let c = self.layout.cluster;
         // The active neurons of each cluster: (cluster, local ids, activations when known).
-        let (ids, acts) = match active {
-            Active::Firing(ids, acts) => (ids, Some(acts)),
-            Active::Listed(ids) => (ids, None),
+        // The values each neuron carries: its activation (Firing), or a factor on the one its
+        // gate row gives (Scaled; 1 when Listed).
+        let (ids, vals, full) = match active {
+            Active::Firing(ids, acts) => (ids, Some(acts), false),
+            Active::Listed(ids) => (ids, None, true),
+            Active::Scaled(ids, scales) => (ids, Some(scales), true),
         };
         ensure!(
-            acts.is_none_or(|a| a.len() == ids.len()),
+            vals.is_none_or(|a| a.len() == ids.len()),
             Shape,
-            "{} activations for {} neurons",
-            acts.map_or(0, |a| a.len()),
+            "{} values for {} neurons",
+            vals.map_or(0, |a| a.len()),
             ids.len()
         );
         let mut order: Vec<usize> = (0..ids.len()).collect();
@@ -282,9 +288,8 @@ impl NeuronStore {
             }
             let g = groups.last_mut().expect("pushed above");
             g.1.push((id % c) as u32);
-            g.2.push(acts.map_or(0.0, |a| a[i]));
+            g.2.push(vals.map_or(1.0, |a| a[i]));
         }
-        let full = acts.is_none();
         let need = if full {
             l.cluster_bytes
         } else {
@@ -603,9 +608,9 @@ fn poisoned() -> powerinfer_core::Error {
 }
 
 /// One cluster's part of the FFN for its active `local` rows: with the gate rows (predictor
-/// mode), their gate values and activation (plus the cluster's `bias`), keeping those that
-/// fire; else the given activations `a`; then the up rows (gated FFNs) and the down_t rows,
-/// summed into `y`.
+/// mode, dense experts), their gate values and activation (plus the cluster's `bias`) times the
+/// factors `a`, keeping those that fire; else the given activations `a`; then the up rows
+/// (gated FFNs) and the down_t rows, summed into `y`.
 fn cluster_ffn(
     rows: &ClusterRows,
     act: FfnKind,
@@ -623,11 +628,11 @@ fn cluster_ffn(
         Some(gate) => {
             let mut g = vec![0.0f32; local.len()];
             matvec_rows(gate, xn, local, &mut g)?;
-            for (&j, &g) in local.iter().zip(&g) {
+            for ((&j, &g), &f) in local.iter().zip(&g).zip(a) {
                 let v = act.apply(g + bias.map_or(0.0, |b| b[j as usize]));
                 if v != 0.0 {
                     idx.push(j);
-                    vals.push(v);
+                    vals.push(v * f);
                 }
             }
         }
