@@ -222,8 +222,9 @@ def test_hot_clusters_stay_resident(synth_gguf, tmp_path):
 
 
 def test_read_ahead_changes_what_is_cached_not_the_logits(synth_gguf, tmp_path):
-    """Predictor mode reads the clusters the next layer's predictor names (on this layer's
-    input) while this layer computes: with read-ahead on and off the logits are the resident
+    """With read_ahead=True (off by default), predictor mode reads the clusters the next
+    layer's predictor names (on this layer's input) while this layer computes: with read-ahead
+    on and off the logits are the resident
     engine's, reads ahead happen only when on, and some are used by their layer (hits). A
     read-ahead whose reads fail is landed, forgotten and read again by its layer: the file cut
     under the store fails that layer's own read with a typed error, and restored it decodes as
@@ -251,7 +252,7 @@ def test_read_ahead_changes_what_is_cached_not_the_logits(synth_gguf, tmp_path):
     assert stats[True]["misses"] < stats[False]["misses"], stats
     # Reads ahead into a cut file: the layer's own read of a lost cluster is the typed error.
     _, eng = engines(model, "predictor")
-    eng.use_neuron_store(path, cache=200 * per_cluster, io_threads=3)
+    eng.use_neuron_store(path, cache=200 * per_cluster, io_threads=3, read_ahead=True)
     eng.prefill(PROMPT)
     with open(path, "r+b") as f:
         f.truncate(8192)

@@ -97,6 +97,11 @@ def test_the_ram_tier_adds_up_and_keeps_the_hottest_clusters(model, profile, tmp
     bad.ram = {**bad.ram, "budget_bytes": bad.ram["total_bytes"] - 1}
     with pytest.raises(PlanError, match="over the RAM budget"):
         bad.validate()
+    for broken in ({"storage": 5}, {"slot_bytes": "x"}, {"resident_clusters": None}):
+        bad = load_plan(out)
+        bad.ram = {**bad.ram, **broken}
+        with pytest.raises(PlanError, match="lacks or garbles"):
+            bad.validate()
 
 
 def test_a_priced_storage_and_the_budget_errors(model, profile):

@@ -197,7 +197,7 @@ impl PyModel {
     /// of `cache_bytes` and `io_threads` readers; `fingerprint`, when given, must be the one it
     /// was written for; `read_ahead`: predictor mode reads the clusters the next layer's
     /// predictor names ahead of it. Returns (cache slots, whether reads bypass the page cache).
-    #[pyo3(signature = (path, cache_bytes, io_threads, fingerprint = None, read_ahead = true))]
+    #[pyo3(signature = (path, cache_bytes, io_threads, fingerprint = None, read_ahead = false))]
     fn open_neuron_store(
         &self,
         py: Python<'_>,

@@ -266,6 +266,11 @@ def check_ram_tier(
         per_layer = [int(v) for v in ram["resident_clusters"]]
         base, over = int(ram["base_bytes"]), int(ram["overhead_bytes"])
         cache, total, budget = (int(ram[k]) for k in ("cache_bytes", "total_bytes", "budget_bytes"))
+        st = ram["storage"]
+        for k in ("reads_per_token", "bytes_per_token", "read_bw_gbs", "iops"):
+            float(st[k])
+        if st["time_per_token_s"] is not None:
+            float(st["time_per_token_s"])
     except (KeyError, TypeError, ValueError) as e:
         return f"the ram section lacks or garbles {e}"
     if cluster < 1 or slot <= 0 or slot % STORE_ALIGN or min(res, work, base, over) < 0:

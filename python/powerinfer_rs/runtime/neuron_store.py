@@ -85,7 +85,7 @@ class NeuronStoreMethods:
         io_threads: int = DEFAULT_IO_THREADS,
         hot=None,
         resident_share: float = DEFAULT_RESIDENT_SHARE,
-        read_ahead: bool = True,
+        read_ahead: bool = False,
         plan=None,
     ) -> dict:
         """Read the sparse FFN's neuron rows from the store at ``path`` from now on, through a
@@ -94,7 +94,8 @@ class NeuronStoreMethods:
         With ``hot`` (per layer one activation count per neuron: a
         :class:`~powerinfer_rs.formats.profile.Profile` or its ``counts``) the hottest clusters
         are loaded at once and stay resident, ``resident_share`` of the cache; the rest of it
-        holds the most recently used. With ``read_ahead`` (predictor mode), the next layer's
+        holds the most recently used. With ``read_ahead`` (predictor mode; off by default: it
+        did not pay on a disk whose read rate was the limit already), the next layer's
         predictor runs on each layer's input and the clusters it names are read while this
         layer computes (a guess: it changes what is cached, never the result; ``ahead_used`` of
         ``ahead`` in the stats says how well it guessed). With ``plan`` (a

@@ -142,7 +142,7 @@ impl NeuronStore {
             path: path.to_path_buf(),
             stats: Mutex::new(StoreStats::default()),
             ahead: Mutex::new(None),
-            read_ahead: AtomicBool::new(true),
+            read_ahead: AtomicBool::new(false),
             turn: Mutex::new(()),
         })
     }
@@ -162,7 +162,8 @@ impl NeuronStore {
         self.io.direct
     }
 
-    /// Read the clusters the next layer's predictor names ahead of that layer (on by default).
+    /// Read the clusters the next layer's predictor names ahead of that layer (off by default:
+    /// on a disk whose read rate bounds the store already it adds reads and gains nothing).
     pub fn set_read_ahead(&self, on: bool) {
         self.read_ahead.store(on, Ordering::Relaxed);
     }
