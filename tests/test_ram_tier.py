@@ -226,3 +226,17 @@ def test_a_mixture_of_experts_ram_tier(synth_gguf, tmp_path, arch, mode, slots):
     for i, (g, w) in enumerate(zip(got, want)):
         assert_close(g, w, TOL, f"{arch} planned store step {i}")
     assert got_toks == want_toks
+
+
+def test_cluster_chances_with_neurons_read_together():
+    """Dense experts' neurons are read together: a cluster inside one expert has its chance,
+    one spanning two experts the chance either is routed; GPU neurons never count."""
+    q = np.array([0.5] * 3 + [0.2] * 3)
+    got = cluster_probabilities(q, 4, np.zeros(0, int), group=3)
+    np.testing.assert_allclose(got, [1 - 0.5 * 0.8, 0.2])
+    # Independent neurons: every neuron counts.
+    np.testing.assert_allclose(
+        cluster_probabilities(q, 4, np.zeros(0, int)), [1 - 0.5**3 * 0.8, 1 - 0.8**2]
+    )
+    # Expert 0's neurons on the GPU: the first cluster is read when expert 1 is.
+    np.testing.assert_allclose(cluster_probabilities(q, 4, np.arange(3), group=3), [0.2, 0.2])

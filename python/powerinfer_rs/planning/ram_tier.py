@@ -7,7 +7,8 @@ It runs after the GPU placement, over the neurons the GPU does not hold, under a
    gate/up/down rows (a mixture of experts' routed experts; its router and shared expert stay),
    less the attention and output head the GPU holds, exact-relu's gate matrices (it reads every
    gate row per token, or every routed expert's), the CPU layers' KV caches at ``context``
-   positions, the predictors the GPU does not hold, and ``overhead`` for the process itself.
+   positions (f32 on the CPU whatever the precision), the predictors the GPU does not hold,
+   and ``overhead`` for the process itself.
 2. **The store's cache**, the rest of the budget, in slots of the store's largest cluster
    (:func:`cluster_bytes`, the same formula as the engine's file layout):
    - a *working set* of LRU slots: a layer's clusters are pinned together while it computes,
@@ -18,8 +19,8 @@ It runs after the GPU placement, over the neurons the GPU does not hold, under a
      neurons does (independence assumed: ``1 - prod(1 - p)``); a mixture of experts' neuron in
      dense mode is read whenever its expert is routed (:func:`store_frequencies`).
 3. **Storage cost**: per token, every non-resident cluster that fires is read (LRU hits are not
-   counted: a bound), at the measured storage's cost per read
-   (:meth:`~.hardware_profile.HardwareProfile.storage_seconds`).
+   counted: a bound), whole, or in exact-relu its up and down part alone, at the measured
+   storage's cost per read (:meth:`~.hardware_profile.HardwareProfile.storage_seconds`).
 
 The result is recorded in the plan (``ram_neurons`` per layer and the ``ram`` section) and
 checked byte for byte when the plan is read.
@@ -57,16 +58,17 @@ def _align(n: int) -> int:
     return -(-n // STORE_ALIGN) * STORE_ALIGN
 
 
-def cluster_bytes(shape: ModelShape, layer: int, cluster: int) -> int:
+def cluster_bytes(shape: ModelShape, layer: int, cluster: int, whole: bool = True) -> int:
     """Bytes of one of ``layer``'s store clusters of ``cluster`` neurons: their up and
     transposed down rows, padded to 4 KiB, then their gate rows, padded (a gate-less FFN's one
-    input projection stands for the gate) — the engine's ``LayerLayout``."""
+    input projection stands for the gate) — the engine's ``LayerLayout``; without ``whole``
+    the up and down part alone (what exact-relu reads)."""
     c = shape.config
     gate_name = shape.ffn_tensor(layer, "up" if c.no_gate else "gate")
     gate = row_bytes(shape.dtype(gate_name), c.dim)
     up = 0 if c.no_gate else row_bytes(shape.dtype(shape.ffn_tensor(layer, "up")), c.dim)
     down = row_bytes(shape.down_t_dtype(layer), c.dim)
-    return _align(cluster * (up + down)) + _align(cluster * gate)
+    return _align(cluster * (up + down)) + (_align(cluster * gate) if whole else 0)
 
 
 def base_ram_bytes(
@@ -95,24 +97,32 @@ def base_ram_bytes(
         total += shape.tensor_bytes(name)
     for i in range(c.n_layers):
         if not placement.attention[i]:
-            total += 2 * kv_cache_bytes(shape, context, kv_cache)
+            # The CPU holds its KV rows as f32 whatever the precision (rounded to f16 at f16).
+            total += 2 * kv_cache_bytes(shape, context, "f32")
         if sparsity == "predictor" and not placement.predictor[i]:
             total += predictors.layer_bytes(i)
     return total
 
 
 def cluster_probabilities(
-    freq: np.ndarray, cluster: int, gpu: np.ndarray, together: bool = False
+    freq: np.ndarray, cluster: int, gpu: np.ndarray, group: int = 1
 ) -> np.ndarray:
-    """Per cluster of ``cluster`` neurons, the chance one of its non-GPU neurons is read:
-    independent neurons (``1 - prod(1 - p)``), or with ``together`` neurons read together (a
-    routed expert's, read whole in dense mode: the largest of the cluster's chances, exact
-    when a cluster lies inside one expert)."""
+    """Per cluster of ``cluster`` neurons, the chance one of its non-GPU neurons is read,
+    neurons independent (``1 - prod(1 - p)``) but for runs of ``group`` neurons read together
+    (a routed expert's ``group`` neurons, read whole in dense mode): each run inside a cluster
+    counts once (its first non-GPU neuron's chance)."""
     p = np.clip(np.asarray(freq, dtype=np.float64), 0.0, 1.0).copy()
     p[np.asarray(gpu, dtype=np.int64)] = 0.0
+    idx = np.arange(p.size)
+    if group > 1:
+        # One chance per (cluster, group) run: the largest of the run's (GPU neurons are 0).
+        run = idx // cluster * (p.size // group + 1) + idx // group
+        first = np.r_[True, run[1:] != run[:-1]]
+        starts = np.flatnonzero(first)
+        best = np.maximum.reduceat(p, starts)
+        p = np.zeros_like(p)
+        p[starts] = best
     pad = (-p.size) % cluster
-    if together:
-        return np.pad(p, (0, pad)).reshape(-1, cluster).max(axis=1)
     q = np.pad(1.0 - p, (0, pad), constant_values=1.0).reshape(-1, cluster)
     return 1.0 - q.prod(axis=1)
 
@@ -176,7 +186,7 @@ def plan_ram_tier(
             store_frequencies(shape, profile, i, sparsity),
             cluster,
             np.asarray(gpu_neurons[i])[np.asarray(gpu_neurons[i]) < shape.routed_neurons],
-            together=shape.moe and sparsity == "dense",
+            group=shape.expert_ffn if shape.moe and sparsity == "dense" else 1,
         )
         for i in range(c.n_layers)
     ]
@@ -220,7 +230,9 @@ def plan_ram_tier(
     ram_neurons = []
     reads = []
     storage_bytes = 0.0
-    cb = [cluster_bytes(shape, i, cluster) for i in range(c.n_layers)]
+    # What a read fetches: whole clusters, or exact-relu's up and down part.
+    whole = sparsity != "exact-relu"
+    cb = [cluster_bytes(shape, i, cluster, whole) for i in range(c.n_layers)]
     for i, (p, ks) in enumerate(zip(probs, resident)):
         ids = (ks[:, None] * cluster + np.arange(cluster)[None, :]).ravel()
         ids = ids[ids < shape.routed_neurons]
@@ -232,7 +244,10 @@ def plan_ram_tier(
     n_res = sum(int(k.size) for k in resident)
     cache = (n_res + work) * slot
     total_reads = float(sum(reads))
-    seconds = hardware.storage_seconds(total_reads, slot) if hardware is not None else None
+    per_layer = [
+        hardware.storage_seconds(r, b) if hardware is not None else None for r, b in zip(reads, cb)
+    ]
+    seconds = None if None in per_layer else float(sum(per_layer))
     ram = {
         "budget_bytes": int(ram_budget),
         "base_bytes": int(base),

@@ -176,6 +176,9 @@ class NeuronStoreMethods:
                 f"the plan places {on_gpu} neurons on the GPU; the neuron store runs on the CPU "
                 "engine: plan with --vram-budget 0"
             )
+        n = store_neurons(self.config)
+        if any(ids.size and ids[-1] >= n for ids in plan.ram_neurons):
+            raise PlanError(f"the plan's RAM neurons go past the store's {n} per layer")
         c = int(plan.ram["cluster"])
         resident = [sorted({int(i) // c for i in ids}) for ids in plan.ram_neurons]
         return plan, int(plan.ram["cache_bytes"]), resident

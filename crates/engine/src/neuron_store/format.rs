@@ -18,7 +18,8 @@
 use std::io::Write;
 use std::path::Path;
 
-use powerinfer_core::{bail, ensure, DType, Error, Result};
+use powerinfer_core::{bail, ensure, DType, Error, Result, Weight};
+use rayon::prelude::*;
 
 use crate::weights::ModelWeights;
 
@@ -315,9 +316,11 @@ pub fn write_store(
 ) -> Result<u64> {
     let layout = StoreLayout::for_model(model, cluster, fingerprint)?;
     let moe = model.config.moe.is_moe();
-    let (down_t, experts) = match moe {
-        true => (&[][..], model.expert_down_t()?),
-        false => (model.down_t()?, &[][..]),
+    // A mixture of experts' transposed down rows are made one layer at a time (and dropped):
+    // the writer needs one layer's, not the model's, beside the mapped weights.
+    let down_t = match moe {
+        true => &[][..],
+        false => model.down_t()?,
     };
     let io = |e: std::io::Error| Error::ModelFile(format!("{}: {e}", path.display()));
     let file = std::fs::File::create(path).map_err(io)?;
@@ -325,6 +328,14 @@ pub fn write_store(
     out.write_all(&layout.header()).map_err(io)?;
     for (i, l) in layout.layers.iter().enumerate() {
         let lw = &model.layers[i];
+        let experts: Vec<Weight> = match &lw.moe {
+            Some(m) if moe => m
+                .down
+                .par_iter()
+                .map(crate::transpose::transpose)
+                .collect::<Result<_>>()?,
+            _ => Vec::new(),
+        };
         let [g_rb, u_rb, d_rb] = l.row_bytes;
         let mut buf = vec![0u8; l.cluster_bytes];
         for k in 0..l.n_clusters {
@@ -340,8 +351,8 @@ pub fn write_store(
                 let at = cluster * u_rb + j * d_rb;
                 let down = match moe {
                     true => {
-                        let ef = experts[i][0].rows;
-                        experts[i][n / ef].row(n % ef)
+                        let ef = experts[0].rows;
+                        experts[n / ef].row(n % ef)
                     }
                     false => down_t[i].row(n),
                 };

@@ -178,11 +178,12 @@ pub fn probe_reads(
             "probe reads of {block} bytes (a positive multiple of {ALIGN}) in a file of {size}"
         )));
     }
-    let pool = IoPool::open(path, threads)?;
     let wave = 4 * threads.max(1);
     // Two waves in turn, each with its own buffers: one is read while the other is refilled,
-    // so the readers' queue never runs dry (as the store's does not within a layer).
+    // so the readers' queue never runs dry (as the store's does not within a layer). `buf` is
+    // declared before `pool`: dropped after it, whose drop lets every queued read finish.
     let mut buf = PageBuf::zeroed(2 * wave * block + ALIGN);
+    let pool = IoPool::open(path, threads)?;
     let raw = buf.as_mut_slice().as_mut_ptr();
     let base = raw.wrapping_add(raw.align_offset(ALIGN));
     let slots = ((size - block) / ALIGN) as u64;
