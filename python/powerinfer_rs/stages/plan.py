@@ -196,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
         "hold, the hottest stay resident in RAM within SIZE (with everything else the process "
         "keeps: attention, embeddings, KV caches, predictors, 256 MiB for itself) and the rest "
         "are read from storage through the neuron store (Engine.use_neuron_store(path, "
-        "plan=...)). Predictor and exact-relu modes",
+        "plan=...)). Predictor and exact-relu modes (a mixture of experts: dense or "
+        "exact-relu, over its routed experts' neurons)",
     )
     ap.add_argument(
         "--store-cluster",
