@@ -224,20 +224,19 @@ def _read(path: Path) -> Plan:
             j = json.loads(meta["plan"])
             n = _count(j["n_layers"], "n_layers")
             names = set(f.keys())
-            ids = []
-            for i in range(n):
-                name = f"blk.{i}.gpu_neurons"
-                if name not in names:
-                    raise PlanError(f"{path}: tensor {name} is missing")
-                ids.append(np.asarray(f.get_tensor(name)).astype(np.int64))
-            ram_ids = None
-            if "ram" in j:
-                ram_ids = []
+
+            def table(kind: str) -> list[np.ndarray]:
+                """The per-layer id tensors ``blk.{i}.{kind}``."""
+                out = []
                 for i in range(n):
-                    name = f"blk.{i}.ram_neurons"
+                    name = f"blk.{i}.{kind}"
                     if name not in names:
                         raise PlanError(f"{path}: tensor {name} is missing")
-                    ram_ids.append(np.asarray(f.get_tensor(name)).astype(np.int64))
+                    out.append(np.asarray(f.get_tensor(name)).astype(np.int64))
+                return out
+
+            ids = table("gpu_neurons")
+            ram_ids = table("ram_neurons") if "ram" in j else None
         pj = j["placement"]
         placement = Placement(
             attention=[bool(v) for v in pj["attention"]],
