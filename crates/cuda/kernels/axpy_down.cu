@@ -19,12 +19,16 @@
 // Launch: blockDim.x = 256, gridDim = (as above, splits); dynamic shared memory 256 * TILE * 4
 // bytes when there is more than one row lane, else 0 (launch_spec.rs `tile_geometry`). Then, for splits > 1, add_splits with gridDim.x = ceil(cols / 256).
 
-// A row lane reads the coefficients (and row ids) of its next AXPY_BATCH rows at once, then
-// visits the nonzero ones in the same order as one at a time. On an H200 the one-at-a-time loop
-// (load a[k], test, load idx[k], load the row) ran the down pass at 125 GB/s, and batches of 4
-// at 102 GB/s (benchmarks/gpu/NOTES.md): a 7B down pass gives a lane ~16 coefficients of which
-// ~2 are nonzero, so 4 rounds of coefficient loads cost more than the rows; 16 is one round.
-#define AXPY_BATCH 16
+// The block stages the coefficients (and row ids) of its split in chunks of blockDim.x: each
+// thread loads one of each, all in flight together, into shared memory; then row lane r visits
+// rows c + r, c + r + lanes, ... of the chunk (the same rows in the same order as one at a time
+// over the whole split, so the same bits) reading coefficients from shared memory, and loads a
+// row only when its coefficient is nonzero. The row loop is not unrolled: one tile's code.
+// Measured on an H200 (benchmarks/gpu/NOTES.md, ncu with flushed caches, 7B down pass): a
+// lane loading its coefficients one at a time ran 22.8 µs (one DRAM round trip per row), in
+// unrolled batches of 4 26.6 µs and of 16 47.2 µs (a tile's code inlined per batch slot);
+// staging takes one round trip for the whole chunk and keeps one tile's code.
+#define AXPY_CHUNK BLOCK_THREADS
 
 #define AXPY_ROWS_TILED(NAME)                                                                   \
     KERNEL axpy_rows_##NAME(                                                                    \
@@ -32,6 +36,8 @@
         float* part, float* y, int units_pb) {                                                  \
         constexpr int TILE = ROW_TILE_##NAME;                                                  \
         DYNAMIC_SHARED(float, red);                                                             \
+        SHARED_ARRAY(float, sa, [AXPY_CHUNK]);                                                  \
+        SHARED_ARRAY(int, sr, [AXPY_CHUNK]);                                                    \
         const int lanes = blockDim.x / units_pb;                                                \
         const int ul = threadIdx.x % units_pb, lane = threadIdx.x / units_pb;                   \
         const int u = blockIdx.x * units_pb + ul;                                               \
@@ -40,22 +46,24 @@
         const int k0 = blockIdx.y * per, k1 = min(n, k0 + per);                                 \
         float acc[TILE];                                                                        \
         _Pragma("unroll") for (int i = 0; i < TILE; ++i) acc[i] = 0.0f;                         \
-        if (u < units) {                                                                        \
-            for (int k = k0 + lane; k < k1; k += AXPY_BATCH * lanes) {                          \
-                float av[AXPY_BATCH];                                                           \
-                int rv[AXPY_BATCH];                                                             \
-                _Pragma("unroll") for (int j = 0; j < AXPY_BATCH; ++j) {                        \
-                    const int kk = k + j * lanes;                                               \
-                    av[j] = kk < k1 ? a[kk] : 0.0f;                                             \
-                    rv[j] = kk < k1 && idx ? idx[kk] : kk;                                      \
-                }                                                                               \
-                _Pragma("unroll") for (int j = 0; j < AXPY_BATCH; ++j) {                        \
-                    if (av[j] == 0.0f) continue;                                                \
-                    const u8* row = row_ptr(w, l, rv[j]);                                       \
+        for (int c = k0; c < k1; c += AXPY_CHUNK) {                                             \
+            const int m = min(AXPY_CHUNK, k1 - c);                                              \
+            const int t = threadIdx.x;                                                          \
+            if (t < m) {                                                                        \
+                sa[t] = a[c + t];                                                               \
+                sr[t] = idx ? idx[c + t] : c + t;                                               \
+            }                                                                                   \
+            __syncthreads();                                                                    \
+            if (u < units) {                                                                    \
+                _Pragma("unroll 1") for (int j = lane; j < m; j += lanes) {                     \
+                    const float ak = sa[j];                                                     \
+                    if (ak == 0.0f) continue;                                                   \
+                    const u8* row = row_ptr(w, l, sr[j]);                                       \
                     const bool al = ((unsigned long long)row & 15) == 0;                        \
-                    tile_##NAME(row, u, cols, al, av[j], acc);                                  \
+                    tile_##NAME(row, u, cols, al, ak, acc);                                     \
                 }                                                                               \
             }                                                                                   \
+            __syncthreads();                                                                    \
         }                                                                                       \
         if (!sum_row_lanes<TILE>(red, acc, lanes, lane, units_pb, ul) || u >= units) return;   \
         float* out = gridDim.y == 1 ? y : part + (i64)blockIdx.y * cols;                        \

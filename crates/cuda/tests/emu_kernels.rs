@@ -511,6 +511,66 @@ fn wide_down(dev: &EmuBackend, dtype: DType) {
     }
 }
 
+/// The down pass over splits longer than the block's coefficient chunk (256 rows): one split of
+/// 601 hot rows (three chunks, the last partial) and two of 301, a third of the coefficients
+/// zero (every third, a run of ten, the last), rows 255 and 511 nonzero (the chunks' last), the
+/// hot ids out of order; against float64,
+/// and the same bits on a second run.
+fn long_splits(dev: &EmuBackend, dtype: DType) {
+    let (ffn, dim) = (640, cols_for(dtype));
+    let down_t = weight(dtype, ffn, dim, 31);
+    let dd = decoded(&down_t);
+    let hot: Vec<u32> = (0..601u32).map(|i| (i * 37 + 11) % ffn as u32).collect();
+    let mut h = values(hot.len(), 32);
+    for (i, v) in h.iter_mut().enumerate() {
+        if i % 3 == 2 || (240..250).contains(&i) || i == 600 {
+            *v = 0.0;
+        }
+    }
+    let hf = dev
+        .upload_hot_ffn(&down_t, None, &down_t, &hot, 16)
+        .unwrap();
+    let dh = dev.upload(&[h.clone(), vec![0.0; 15]].concat()).unwrap();
+    let mut part = dev.zeros::<f32>(2 * dim).unwrap();
+    for splits in [1, 2] {
+        let y0 = values(dim, 33);
+        let want: Vec<f64> = (0..dim)
+            .map(|c| {
+                let s: f64 = hot
+                    .iter()
+                    .zip(&h)
+                    .map(|(&i, &a)| a as f64 * dd[i as usize][c])
+                    .sum();
+                y0[c] as f64 + s
+            })
+            .collect();
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            let mut dy = dev.upload(&y0).unwrap();
+            dev.hot_down(&hf, &dh, &mut part, &mut dy, splits).unwrap();
+            runs.push(dev.download(&dy).unwrap());
+        }
+        let what = format!("axpy_rows {dtype}, 601 rows in {splits} splits");
+        assert_close(&runs[0], &want, 4.0 * (hot.len() as f64).sqrt(), &what);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&runs[0]), bits(&runs[1]), "{what}: two runs differ");
+    }
+}
+
+#[test]
+fn down_pass_splits_longer_than_one_chunk() {
+    let dev = EmuBackend::default();
+    for dtype in [
+        DType::F32,
+        DType::F16,
+        DType::Q4_0,
+        DType::Q5_1,
+        DType::Q6_K,
+    ] {
+        long_splits(&dev, dtype);
+    }
+}
+
 #[test]
 fn every_entry_runs_against_float64_references_and_the_set_is_kernels_all() {
     let dev = EmuBackend::default();
