@@ -17,7 +17,9 @@
 // ceil(units / units_pb).
 //
 // Launch: blockDim.x = 256, gridDim = (as above, splits); dynamic shared memory 256 * TILE * 4
-// bytes when there is more than one row lane, else 0 (launch_spec.rs `tile_geometry`). Then, for splits > 1, add_splits with gridDim.x = ceil(cols / 256).
+// bytes when there is more than one row lane, else 0 (launch_spec.rs `tile_geometry`), plus 2 KiB
+// of static shared memory (the staged coefficients and row ids). Then, for splits > 1, add_splits
+// with gridDim.x = ceil(cols / 256).
 
 // The block stages the coefficients (and row ids) of its split in chunks of blockDim.x: each
 // thread loads one of each, all in flight together, into shared memory; then row lane r visits

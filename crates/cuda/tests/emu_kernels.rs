@@ -512,10 +512,9 @@ fn wide_down(dev: &EmuBackend, dtype: DType) {
 }
 
 /// The down pass over splits longer than the block's coefficient chunk (256 rows): one split of
-/// 601 hot rows (three chunks, the last partial) and two of 301, a third of the coefficients
-/// zero (every third, a run of ten, the last), rows 255 and 511 nonzero (the chunks' last), the
-/// hot ids out of order; against float64,
-/// and the same bits on a second run.
+/// 601 hot rows (three chunks, the last partial), then two of 301 and 300; a third of the
+/// coefficients zero (every third, a run of ten, the last), rows 255 and 511 (the chunks' last)
+/// nonzero, the hot ids out of order; against float64, and the same bits on a second run.
 fn long_splits(dev: &EmuBackend, dtype: DType) {
     let (ffn, dim) = (640, cols_for(dtype));
     let down_t = weight(dtype, ffn, dim, 31);
