@@ -363,3 +363,63 @@ def test_greedy_decoding_is_bit_identical_across_runs(synth_gguf, tmp_path, devi
         launches = hyb.gpu_info()["kernel_launches"]
         if launches is not None:  # gpu-emu and cuda count them
             assert launches.get("add_splits", 0) >= 6 * model.config.n_layers, launches
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_powerinfer_files_are_planned_and_run_on_the_gpu_side(tmp_path, device, capsys):
+    """A PowerInfer file (PWRI: its predictors inside, the down projection stored only
+    transposed as ffn_down_t) is planned by ``python -m powerinfer_rs.plan`` like any model
+    (ffn_down_t stands for ffn_down in its own format: the neuron bytes equal those of the same
+    model as a plain GGUF; the predictors' sizes are the file's own) and runs on the GPU side in
+    predictor mode with its own predictors, matching the CPU engine; the plan's GPU neurons
+    written as PowerInfer's GPU index name the same neurons."""
+    from powerinfer_rs.formats.profile import write_profile
+    from powerinfer_rs.loading.gguf_file import GGUFFile
+    from powerinfer_rs.loading.powerinfer_gguf import load_powerinfer_gguf
+    from powerinfer_rs.stages.plan import main as plan_main
+    from powerinfer_rs.testing.powerinfer_files import (
+        write_powerinfer_gguf,
+        write_powerinfer_gpu_index,
+    )
+    from powerinfer_rs.testing.synth import write_gguf_model
+
+    shape = dict(dim=64, ffn=192, layers=2, heads=4, kv_heads=4, vocab=300)
+    pwri = write_powerinfer_gguf(tmp_path / "m.pwri.gguf", **shape, ranks=16, dtype="F16")
+    plain = write_gguf_model(tmp_path / "m.gguf", dtype="F16", activation="relu", **shape)
+    pm = load_powerinfer_gguf(pwri)
+    a, b = ModelShape.from_model(pm.model), ModelShape.from_model(load_model(plain))
+    assert a.dtype("blk.1.ffn_down") == "F16"
+    assert [a.neuron_read_bytes(i) for i in range(2)] == [b.neuron_read_bytes(i) for i in range(2)]
+    prof = synthetic_profile(2, 192, 2000, seed=1, model_fingerprint=pm.model.fingerprint)
+    write_profile(
+        tmp_path / "prof", prof.counts, prof.tokens, model_fingerprint=pm.model.fingerprint
+    )
+    budget = int(0.8 * sum(t.nbytes for t in pm.model.tensors.values()))
+    plan_path = tmp_path / "pwri.plan.safetensors"
+    argv = ["--model", str(pwri), "--profile", str(tmp_path / "prof"), "--out", str(plan_path)]
+    argv += ["--vram-budget", str(budget), "--hardware", "rtx4090", "--context", "256"]
+    argv += ["--min-neurons", "0", "--objective", "mass", "--solver", "greedy", "--bucket", "32"]
+    assert plan_main(argv) == 0, capsys.readouterr().err
+    plan = load_plan(plan_path)
+    assert sum(len(h) for h in plan.gpu_neurons) > 0
+    sizes = plan.predictors.allocations
+    assert sizes == [[16 * 64 * 2, 192 * 16 * 2]] * 2  # the file's rank-16 predictors in F16
+    cpu = Engine.from_pretrained(str(pwri), threads=2)
+    hyb = Engine.from_pretrained(str(pwri), threads=2, plan=str(plan_path), device=device)
+    assert cpu.sparsity == hyb.sparsity == "predictor"
+    info = hyb.gpu_info()
+    assert info is not None and info["allocated_bytes"] > 0
+    want, want_toks = greedy(cpu, [1, 2, 3, 4], 12)
+    got, got_toks = greedy(hyb, [1, 2, 3, 4], 12)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, w, TOL, f"{device} PowerInfer file, step {i}")
+    assert got_toks == want_toks
+    index = write_powerinfer_gpu_index(
+        tmp_path / "m.pwri.gguf.generated.gpuidx", plan.gpu_neurons, shape["ffn"], 1
+    )
+    tensors = {x.name: x for x in GGUFFile(index, allow_powerinfer=True).tensors}
+    raw = index.read_bytes()
+    for i, ids in enumerate(plan.gpu_neurons):
+        t = tensors[f"blk.{i}.gpu_bucket"]
+        got_ids = np.frombuffer(raw[t.offset : t.offset + t.nbytes], dtype="<i4")
+        assert np.array_equal(got_ids, ids)

@@ -12,7 +12,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from powerinfer_rs.errors import ModelFileError, UnsupportedError
+from powerinfer_rs.errors import ModelFileError, ShapeError, UnsupportedError
 from powerinfer_rs.formats.profile import read_profile, write_profile
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.loading.gguf_file import GGUFFile
@@ -26,6 +26,7 @@ from powerinfer_rs.testing.powerinfer_files import (
     random_predictors,
     write_powerinfer_activation_dir,
     write_powerinfer_gguf,
+    write_powerinfer_gpu_index,
     write_powerinfer_predictor_dir,
 )
 from powerinfer_rs.testing.synth_model import SynthSpec, SynthWeights
@@ -312,3 +313,40 @@ def test_pwri_gguf_malformed(tmp_path, synth_gguf):
     with pytest.raises(ModelFileError, match="lacks its predictor"):
         load_powerinfer_gguf(bad)
     assert struct.unpack("<I", raw[4:8])[0] == 3 and io.BytesIO(raw).read(4) == b"PWRI"
+
+
+def _gpu_index_tensors(path) -> tuple[GGUFFile, dict[str, np.ndarray]]:
+    f = GGUFFile(path, allow_powerinfer=True)
+    raw = path.read_bytes()
+    out = {}
+    for t in f.tensors:
+        assert t.type_name == "I32"
+        out[t.name] = np.frombuffer(raw[t.offset : t.offset + t.nbytes], dtype="<i4")
+    return f, out
+
+
+def test_gpu_index_is_written_as_powerinfer_exports_it(tmp_path):
+    """PowerInfer's GPU index (``<model>.generated.gpuidx``, as its ``export_split`` writes it):
+    PWRI magic and version 3, architecture ``generic.gpu_index``, block count, VRAM capacity,
+    per layer gpu_idx (0/1 over the FFN) then gpu_bucket (sorted ids), in layer order; a layer
+    with no GPU neuron, ids out of order; bad ids refused."""
+    ffn = 40
+    layers = [np.array([7, 3, 39, 0]), np.arange(ffn), np.array([], dtype=np.int64)]
+    path = write_powerinfer_gpu_index(tmp_path / "m.gguf.generated.gpuidx", layers, ffn, 12345)
+    raw = path.read_bytes()
+    assert raw[:4] == b"PWRI" and struct.unpack("<I", raw[4:8])[0] == 3
+    f, t = _gpu_index_tensors(path)
+    assert f.metadata["general.architecture"] == "generic.gpu_index"
+    assert f.metadata["generic.gpu_index.block_count"] == 3
+    assert f.metadata["split.vram_capacity"] == 12345
+    assert [x.name for x in f.tensors] == [
+        f"blk.{i}.{k}" for i in range(3) for k in ("gpu_idx", "gpu_bucket")
+    ]
+    for i, ids in enumerate(layers):
+        want = np.zeros(ffn, dtype=np.int32)
+        want[ids] = 1
+        assert np.array_equal(t[f"blk.{i}.gpu_idx"], want)
+        assert np.array_equal(t[f"blk.{i}.gpu_bucket"], np.sort(ids))
+    for bad in ([np.array([0, ffn])], [np.array([-1])], [np.array([2, 2])]):
+        with pytest.raises(ShapeError):
+            write_powerinfer_gpu_index(tmp_path / "bad.gpuidx", bad, ffn, 1)

@@ -12,7 +12,8 @@
 # Build here first: benchmarks/gpu/build_artifacts.sh (wheel + test binaries); carry
 # target/gpu-artifacts, .peer (the trimmed llama.cpp source) and .whl (the device image lacks the
 # wheels gguf and highspy). Usage on the device:
-#   LEASE_BUDGET=450 [LEASE_BENCH="q4_0 fit ncu f16"] [LEASE_LAYERS=32] [LEASE_FIT_LAYERS=32] \
+#   LEASE_BUDGET=450 [LEASE_BENCH="q4_0 fit ncu f16 powerinfer"] [LEASE_LAYERS=32] \
+#       [LEASE_FIT_LAYERS=32] \
 #       [LEASE_SPARSITY=exact-relu|predictor|dense] [LEASE_SANITIZERS=0] [LEASE_CHECK=0] \
 #       [LEASE_PROFILE_TOKENS=N] \
 #       bash benchmarks/gpu/lease.sh
@@ -101,6 +102,21 @@ if [ -f .peer/lcpp.tgz ] && { has q4_0 || has f16; }; then
             cmake --build b -j "$((THREADS - 2))" --target llama-bench
     ) >"$W/llama_build.log" 2>&1 &
     LPID=$!
+fi
+# PowerInfer's CUDA build of main (from a trimmed copy of its source, .peer/powerinfer.tgz:
+# the top-level ggml/llama sources, CMakeLists.txt, cmake/, common/, scripts/build-info*,
+# pocs/ (empty CMakeLists.txt), examples/main and examples/llama-bench with an
+# examples/CMakeLists.txt of just those two; see benchmarks/gpu/NOTES.md).
+PPID_PI=
+if [ -f .peer/powerinfer.tgz ] && has powerinfer; then
+    (
+        tar xzf .peer/powerinfer.tgz -C /tmp && cd /tmp/pi &&
+            cmake -S . -B b -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CUBLAS=ON \
+                -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF \
+                -DLLAMA_BUILD_SERVER=OFF &&
+            cmake --build b -j "$((THREADS - 2))" --target main
+    ) >"$W/powerinfer_build.log" 2>&1 &
+    PPID_PI=$!
 fi
 synth() { # synth DTYPE LAYERS: write the 7B-shape GGUF of DTYPE into $MODELS
     cd benchmarks && $PY -c "
@@ -200,6 +216,20 @@ if has f16; then
     note "synthetic F16: $(tail -n 2 "$W/synth_f16.log" | tr '\n' ' ')"
     bench f16 $(($(left) - 10)) --dtype F16 --layers "$LAYERS" --sparsity "$SPARSITY" \
         ${LEASE_PROFILE_TOKENS:+--profile-tokens "$LEASE_PROFILE_TOKENS"} "${LB[@]}"
+fi
+if has powerinfer; then  # ours against PowerInfer's CUDA build, one placement and budget
+    PI_MAIN=
+    if [ -n "$PPID_PI" ]; then
+        wait_for $PPID_PI $(($(left) - 120))
+        [ -x /tmp/pi/b/bin/main ] && PI_MAIN=/tmp/pi/b/bin/main
+        [ -z "$PI_MAIN" ] && note "PowerInfer: not built ($(tail -n 3 "$W/powerinfer_build.log" | tr '\n' ' '))"
+    fi
+    timeout $(($(left) - 15)) $PY benchmarks/bench_powerinfer_gpu.py --device cuda \
+        --cache $MODELS --shape "4096,11008,$LAYERS,32000" --dtypes q4_0 --threads "$THREADS" \
+        ${PI_MAIN:+--powerinfer-main "$PI_MAIN"} --json "$W/bench_powerinfer.json" \
+        >"$W/bench_powerinfer.log" 2>&1
+    note "bench powerinfer: rc $?"
+    sed -n '/^Hybrid decode vs PowerInfer/,$p' "$W/bench_powerinfer.log" | tee -a "$SUMMARY"
 fi
 [ "${LEASE_SANITIZERS:-1}" = 1 ] && sanitize racecheck $(($(left) - 15))
 finish

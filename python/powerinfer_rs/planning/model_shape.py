@@ -88,8 +88,14 @@ class ModelShape:
 
     @classmethod
     def from_model(cls, model: LoadedModel) -> ModelShape:
-        """The shape of a loaded model (dtypes as stored in its file)."""
-        return cls(model.config, {n: t.dtype for n, t in model.tensors.items()}, model.fingerprint)
+        """The shape of a loaded model (dtypes as stored in its file). PowerInfer's files hold
+        the down projection only transposed (``ffn_down_t``, the same elements): it stands for
+        ``ffn_down`` here, in its own format, as the engine reads it."""
+        dtypes = {n: t.dtype for n, t in model.tensors.items()}
+        for n, dt in list(dtypes.items()):
+            if n.endswith(".ffn_down_t"):
+                dtypes.setdefault(n[: -len("_t")], dt)
+        return cls(model.config, dtypes, model.fingerprint)
 
     @classmethod
     def from_config(

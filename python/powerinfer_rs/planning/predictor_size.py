@@ -69,6 +69,29 @@ def fixed_predictor_sizes(config: ModelConfig, nbytes: int) -> PredictorSizes:
     )
 
 
+def predictor_set_sizes(predictors, config: ModelConfig) -> PredictorSizes:
+    """Sizes of a loaded :class:`~powerinfer_rs.predictors.model.PredictorSet` (a PowerInfer
+    file's own predictors) as the engine holds them: ``fc1`` and ``fc2`` as the file stores them
+    where they come in a block format (PowerInfer's Q4_0 predictors), else in the set's storage
+    dtype. Every layer must have one."""
+    import numpy as np
+
+    from ..predictors.model import STORAGE_DTYPES
+
+    item = np.dtype(STORAGE_DTYPES[predictors.dtype]).itemsize
+    allocs, ranks = [], []
+    for i in range(config.n_layers):
+        p = predictors.layers.get(i)
+        if p is None:
+            raise ModelFileError(f"layer {i} has no predictor")
+        if p.stored is not None:
+            allocs.append([int(t.nbytes) for t in p.stored])
+        else:
+            allocs.append([p.fc1.size * item, p.fc2.size * item])
+        ranks.append(p.rank)
+    return PredictorSizes(allocs, ranks, "the file's own predictors")
+
+
 def read_predictor_sizes(path: str | os.PathLike[str], config: ModelConfig) -> PredictorSizes:
     """Sizes from a predictors ``.safetensors`` file with ``blk.{i}.fc1`` / ``blk.{i}.fc2``.
 

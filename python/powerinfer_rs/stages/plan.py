@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import textwrap
 
 from ..planning.gpu_probe import AUTO_MARGIN_BYTES, auto_budget, detect_gpu
@@ -276,9 +277,14 @@ def run(args: argparse.Namespace) -> int:
     from ..formats.plan import save_plan
     from ..formats.profile import read_profile
     from ..loading import load_model
+    from ..loading.powerinfer_gguf import is_powerinfer_gguf, load_powerinfer_gguf
     from ..planning.model_shape import ModelShape
     from ..planning.planner import default_sparsity, make_plan
-    from ..planning.predictor_size import fixed_predictor_sizes, read_predictor_sizes
+    from ..planning.predictor_size import (
+        fixed_predictor_sizes,
+        predictor_set_sizes,
+        read_predictor_sizes,
+    )
     from ..planning.report import format_table, plot_plan
 
     if args.context is not None and args.context <= 0:
@@ -302,7 +308,12 @@ def run(args: argparse.Namespace) -> int:
     if auto:
         budget = auto_budget(probed[0] if probed else None)
         note = (note + "; " if note else "") + f"budget auto: {format_bytes(budget)}"
-    model = load_model(args.model)
+    own = None  # a PowerInfer file's own predictors
+    if os.path.isfile(args.model) and is_powerinfer_gguf(args.model):
+        pwri = load_powerinfer_gguf(args.model)
+        model, own = pwri.model, pwri.predictors
+    else:
+        model = load_model(args.model)
     shape = ModelShape.from_model(model)
     # the engine's KV cache: n_ctx (default 4096) clamped to the model's context length
     context = min(args.context or 4096, shape.config.max_context)
@@ -319,6 +330,8 @@ def run(args: argparse.Namespace) -> int:
         preds = fixed_predictor_sizes(shape.config, pred_bytes)
     elif sparsity != "predictor":
         preds = fixed_predictor_sizes(shape.config, 0)  # the mode reads no predictor
+    elif own is not None:
+        preds = predictor_set_sizes(own, shape.config)
     else:
         preds = None
     if args.probe_storage is not None:

@@ -1,4 +1,5 @@
-"""Write PowerInfer-format files for tests: a PWRI GGUF, predictor and activation directories.
+"""Write PowerInfer-format files for tests: a PWRI GGUF, predictor and activation directories,
+and a GPU index (which FFN neurons PowerInfer's CUDA build puts on the GPU).
 
 The GGUF is written the way PowerInfer's converter does it (``gguf.GGUFWriter``, predictor
 tensors first, ``ffn_down`` stored transposed as ``ffn_down_t``, the float32 key
@@ -209,4 +210,52 @@ def write_powerinfer_activation_dir(
     out.mkdir(parents=True, exist_ok=True)
     for i, c in enumerate(counts):
         save_pt(out / f"activation_{i}.pt", np.asarray(c).astype(dtype))
+    return out
+
+
+#: The key PowerInfer's ``export_split`` writes the index's VRAM capacity under.
+VRAM_CAPACITY_KEY = "split.vram_capacity"
+
+
+def write_powerinfer_gpu_index(
+    out_path: str | os.PathLike[str],
+    gpu_neurons: Sequence[np.ndarray],
+    ffn: int,
+    vram_capacity: int,
+) -> Path:
+    """Write a GPU index as PowerInfer's ``powerinfer-py`` exports it (``export_split``): a
+    GGUF of architecture ``generic.gpu_index`` with ``block_count`` and ``split.vram_capacity``
+    (bytes), per layer ``blk.{i}.gpu_idx`` (int32 ``[ffn]``, 1 for a neuron on the GPU) then
+    ``blk.{i}.gpu_bucket`` (int32, the GPU neurons' ids, sorted), and the first eight bytes
+    overwritten with ``PWRI`` and version 3. Saved beside a model as
+    ``<model>.generated.gpuidx``, PowerInfer's CUDA build loads it instead of running its
+    solver, so both engines can run one placement (e.g. a plan's ``gpu_neurons``)."""
+    import gguf
+
+    if ffn < 1 or vram_capacity < 0:
+        raise ShapeError(f"ffn {ffn} and vram_capacity {vram_capacity} must be positive")
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".part")
+    w = gguf.GGUFWriter(str(tmp), "generic.gpu_index")
+    w.add_block_count(len(gpu_neurons))
+    w.add_uint64(VRAM_CAPACITY_KEY, int(vram_capacity))
+    for i, ids in enumerate(gpu_neurons):
+        ids = np.asarray(ids)
+        if ids.ndim != 1 or (ids.size and (ids.min() < 0 or ids.max() >= ffn)):
+            raise ShapeError(f"layer {i}: GPU neuron ids must be a list within [0, {ffn})")
+        bucket = np.unique(ids).astype(np.int32)
+        if bucket.size != ids.size:
+            raise ShapeError(f"layer {i}: repeated GPU neuron ids")
+        idx = np.zeros(ffn, dtype=np.int32)
+        idx[bucket] = 1
+        for name, x in ((f"blk.{i}.gpu_idx", idx), (f"blk.{i}.gpu_bucket", bucket)):
+            w.add_tensor(name, x, raw_shape=x.shape[::-1], raw_dtype=gguf.GGMLQuantizationType.I32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with open(tmp, "r+b") as f:
+        f.write(POWERINFER_MAGIC + (3).to_bytes(4, "little"))
+    os.replace(tmp, out)
     return out
