@@ -54,14 +54,34 @@ def powerinfer_eval_tps(log: str) -> float:
     return runs / (ms / 1000.0)
 
 
-def run_powerinfer(binary: str, path: Path, budget: int, threads: int, tokens: int) -> float:
-    """One run of PowerInfer's ``main``: its decode tokens/s."""
+#: What PowerInfer's loader says it put on the GPU (MiB): the FFN neurons of the index, and
+#: the dense tensors and KV cache of its own placement.
+FFN_LINE = re.compile(r"offloaded ([\d.]+) MiB of FFN weights to GPU")
+VRAM_LINE = re.compile(r"VRAM used: ([\d.]+) MB")
+KV_LINE = re.compile(r"VRAM kv self = ([\d.]+) MB")
+
+
+def run_powerinfer(
+    binary: str, path: Path, dense_budget: int, n_ctx: int, threads: int, tokens: int
+) -> tuple[float, dict]:
+    """One run of PowerInfer's ``main``: (decode tokens/s, what it placed on the GPU in MiB).
+    ``--vram-budget`` is the budget less the index's neurons: PowerInfer fills it with its dense
+    tensors (and KV cache), then adds the index's neurons on top, unchecked (capacity 0), so
+    both engines hold the same neurons within the same total."""
     cmd = [binary, "-m", str(path), "-p", PROMPT, "-n", str(tokens), "-t", str(threads)]
-    cmd += ["--vram-budget", f"{budget / 2**30:.4f}", "--ignore-eos", "--temp", "0"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    cmd += ["-c", str(n_ctx), "--vram-budget", f"{dense_budget / 2**30:.6f}"]
+    cmd += ["--ignore-eos", "--temp", "0"]
+    out = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=1800)
+    log = out.stdout + out.stderr
     if out.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}): {out.stderr[-2000:]}")
-    return powerinfer_eval_tps(out.stdout + out.stderr)
+        raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}): {log[-2000:]}")
+    placed = {
+        k: float(m.group(1)) if (m := rx.search(log)) else None
+        for k, rx in (("ffn_mib", FFN_LINE), ("dense_mib", VRAM_LINE), ("kv_mib", KV_LINE))
+    }
+    if "failed to apply previously generated gpu split" in log:
+        raise RuntimeError("PowerInfer refused the GPU index: " + log[-1500:])
+    return powerinfer_eval_tps(log), placed
 
 
 def neuron_bytes(model, layer: int) -> int:
@@ -93,6 +113,7 @@ def plan_and_index(args, path: Path, shape: tuple) -> tuple[Path, int, dict]:
     model_bytes = sum(t.nbytes for t in model.tensors.values())
     budget = int(args.budget_share * model_bytes)
     syn = dict(dim=dim, ffn=ffn, layers=layers, heads=heads, kv_heads=heads, vocab=vocab)
+    syn["active"] = args.active
     prof = planted_profile(syn, args.seed, model.fingerprint)
     hw = load_hardware(args.hardware)
     plan = make_plan(
@@ -109,8 +130,10 @@ def plan_and_index(args, path: Path, shape: tuple) -> tuple[Path, int, dict]:
     )
     plan_path = save_plan(plan, path.with_name(f"{path.stem}-{args.budget_share}.plan.safetensors"))
     capacity = sum(len(ids) * neuron_bytes(model, i) for i, ids in enumerate(plan.gpu_neurons))
+    # Capacity 0: PowerInfer checks an index's capacity against what its dense placement left
+    # of --vram-budget, which it is given as the budget less these neurons (run_powerinfer).
     write_powerinfer_gpu_index(
-        path.with_name(path.name + ".generated.gpuidx"), plan.gpu_neurons, ffn, capacity
+        path.with_name(path.name + ".generated.gpuidx"), plan.gpu_neurons, ffn, 0
     )
     hot = sum(len(h) for h in plan.gpu_neurons)
     facts = {
@@ -145,9 +168,16 @@ def bench_dtype(args, dtype: str, shape: tuple) -> dict:
     binary = args.powerinfer_main
     names = list(engines) + (["powerinfer"] if binary else [])
 
+    placed: dict = {}
+
     def once(who: str, n: int) -> float:
         if who == "powerinfer":
-            return run_powerinfer(binary, path, budget, args.threads, n)
+            dense = budget - facts["index_capacity_bytes"]
+            tps, got = run_powerinfer(binary, path, dense, n_ctx, args.threads, n)
+            placed.update(got)
+            if facts["hot_neurons"] and not got["ffn_mib"]:
+                raise RuntimeError(f"PowerInfer put no FFN neuron on the GPU ({got})")
+            return tps
         return greedy(engines[who], prompt, n)[1]
 
     for who in names:
@@ -163,6 +193,7 @@ def bench_dtype(args, dtype: str, shape: tuple) -> dict:
         **facts,
         "tokens_per_s": tps,
         "median_tokens_per_s": {k: median(v) for k, v in tps.items()},
+        "powerinfer_placed_mib": placed or None,
         "synthetic": True,
     }
     if not binary:
@@ -182,6 +213,8 @@ def print_row(row: dict) -> None:
     for who, v in m.items():
         ratio = "" if "powerinfer" not in m else f"  {v / m['powerinfer']:.2f}x PowerInfer"
         print(f"    {who:<10} {v:9.2f} tok/s{ratio}")
+    if row.get("powerinfer_placed_mib"):
+        print(f"    PowerInfer placed (MiB, from its log): {row['powerinfer_placed_mib']}")
     if "powerinfer_skipped" in row:
         print(f"    powerinfer skipped: {row['powerinfer_skipped']}")
 

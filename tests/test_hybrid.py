@@ -400,6 +400,11 @@ def test_powerinfer_files_are_planned_and_run_on_the_gpu_side(tmp_path, device, 
     argv += ["--vram-budget", str(budget), "--hardware", "rtx4090", "--context", "256"]
     argv += ["--min-neurons", "0", "--objective", "mass", "--solver", "greedy", "--bucket", "32"]
     assert plan_main(argv) == 0, capsys.readouterr().err
+    # and a RAM tier for it (every tensor of the file counted once)
+    ram = ["--model", str(pwri), "--profile", str(tmp_path / "prof"), "--vram-budget", "0"]
+    ram += ["--hardware", "cpu-only", "--ram-budget", "257MiB", "--out", str(tmp_path / "r.st")]
+    assert plan_main(ram) == 0, capsys.readouterr().err
+    assert load_plan(tmp_path / "r.st").ram is not None
     plan = load_plan(plan_path)
     assert sum(len(h) for h in plan.gpu_neurons) > 0
     sizes = plan.predictors.allocations

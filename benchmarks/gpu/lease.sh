@@ -117,6 +117,8 @@ if [ -f .peer/powerinfer.tgz ] && has powerinfer; then
             cmake --build b -j "$((THREADS - 2))" --target main
     ) >"$W/powerinfer_build.log" 2>&1 &
     PPID_PI=$!
+elif has powerinfer; then
+    note "PowerInfer: no .peer/powerinfer.tgz carried (its source, trimmed: benchmarks/gpu/NOTES.md)"
 fi
 synth() { # synth DTYPE LAYERS: write the 7B-shape GGUF of DTYPE into $MODELS
     cd benchmarks && $PY -c "
@@ -191,6 +193,7 @@ if has q4_0; then
     has fit && later=$((later + 60))
     has ncu && later=$((later + 60))
     has f16 && later=$((later + 90))
+    has powerinfer && later=$((later + 150))
     [ "${LEASE_SANITIZERS:-1}" = 1 ] && later=$((later + 30))
     bench q4_0 $(($(left) - later)) --dtype Q4_0 --layers "$LAYERS" --sparsity "$SPARSITY" \
         ${LEASE_PROFILE_TOKENS:+--profile-tokens "$LEASE_PROFILE_TOKENS"} "${LB[@]}"
@@ -214,7 +217,7 @@ fi
 if has f16; then
     wait_for "$SF" $(($(left) - 90))
     note "synthetic F16: $(tail -n 2 "$W/synth_f16.log" | tr '\n' ' ')"
-    bench f16 $(($(left) - 10)) --dtype F16 --layers "$LAYERS" --sparsity "$SPARSITY" \
+    bench f16 $(($(left) - 10 - $(has powerinfer && echo 150 || echo 0))) --dtype F16 --layers "$LAYERS" --sparsity "$SPARSITY" \
         ${LEASE_PROFILE_TOKENS:+--profile-tokens "$LEASE_PROFILE_TOKENS"} "${LB[@]}"
 fi
 if has powerinfer; then  # ours against PowerInfer's CUDA build, one placement and budget
@@ -224,12 +227,17 @@ if has powerinfer; then  # ours against PowerInfer's CUDA build, one placement a
         [ -x /tmp/pi/b/bin/main ] && PI_MAIN=/tmp/pi/b/bin/main
         [ -z "$PI_MAIN" ] && note "PowerInfer: not built ($(tail -n 3 "$W/powerinfer_build.log" | tr '\n' ' '))"
     fi
-    timeout $(($(left) - 15)) $PY benchmarks/bench_powerinfer_gpu.py --device cuda \
-        --cache $MODELS --shape "4096,11008,$LAYERS,32000" --dtypes q4_0 --threads "$THREADS" \
-        ${PI_MAIN:+--powerinfer-main "$PI_MAIN"} --json "$W/bench_powerinfer.json" \
-        >"$W/bench_powerinfer.log" 2>&1
-    note "bench powerinfer: rc $?"
-    sed -n '/^Hybrid decode vs PowerInfer/,$p' "$W/bench_powerinfer.log" | tee -a "$SUMMARY"
+    if [ $(($(left) - 15)) -lt 30 ]; then
+        note "bench powerinfer: skipped (time)"
+    else
+        timeout $(($(left) - 15)) $PY benchmarks/bench_powerinfer_gpu.py --device cuda \
+            --cache $MODELS --shape "4096,11008,$LAYERS,32000" --dtypes q4_0 \
+            --threads "$THREADS" ${PI_MAIN:+--powerinfer-main "$PI_MAIN"} \
+            --json "$W/bench_powerinfer.json" >"$W/bench_powerinfer.log" 2>&1
+        note "bench powerinfer: rc $?"
+        tail -n 4 "$W/bench_powerinfer.log" | grep -E "Error|error" | tee -a "$SUMMARY"
+        sed -n '/^Hybrid decode vs PowerInfer/,$p' "$W/bench_powerinfer.log" | tee -a "$SUMMARY"
+    fi
 fi
 [ "${LEASE_SANITIZERS:-1}" = 1 ] && sanitize racecheck $(($(left) - 15))
 finish

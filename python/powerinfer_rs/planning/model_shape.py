@@ -92,9 +92,8 @@ class ModelShape:
         the down projection only transposed (``ffn_down_t``, the same elements): it stands for
         ``ffn_down`` here, in its own format, as the engine reads it."""
         dtypes = {n: t.dtype for n, t in model.tensors.items()}
-        for n, dt in list(dtypes.items()):
-            if n.endswith(".ffn_down_t"):
-                dtypes.setdefault(n[: -len("_t")], dt)
+        for n in [n for n in dtypes if n.endswith(".ffn_down_t")]:
+            dtypes.setdefault(n[: -len("_t")], dtypes.pop(n))
         return cls(model.config, dtypes, model.fingerprint)
 
     @classmethod
