@@ -84,17 +84,6 @@ def run_powerinfer(
     return powerinfer_eval_tps(log), placed
 
 
-def neuron_bytes(model, layer: int) -> int:
-    """Bytes of one FFN neuron of ``layer`` (its gate, up and down rows) in the file."""
-    c = model.config
-    total = sum(
-        t.nbytes
-        for name, t in model.tensors.items()
-        if name.startswith(f"blk.{layer}.ffn_") and t.rows > 1
-    )
-    return total // c.ffn_dim
-
-
 def plan_and_index(args, path: Path, shape: tuple) -> tuple[Path, int, dict]:
     """Our plan for ``path`` (saved beside it) and PowerInfer's GPU index from it; (plan file,
     budget, facts)."""
@@ -102,7 +91,7 @@ def plan_and_index(args, path: Path, shape: tuple) -> tuple[Path, int, dict]:
 
     from powerinfer_rs.formats.plan import save_plan
     from powerinfer_rs.loading.powerinfer_gguf import load_powerinfer_gguf
-    from powerinfer_rs.planning import load_hardware, make_plan
+    from powerinfer_rs.planning import ModelShape, load_hardware, make_plan
     from powerinfer_rs.planning.predictor_size import predictor_set_sizes
     from powerinfer_rs.testing.powerinfer_files import write_powerinfer_gpu_index
 
@@ -129,7 +118,8 @@ def plan_and_index(args, path: Path, shape: tuple) -> tuple[Path, int, dict]:
         min_neurons=0 if args.small else None,
     )
     plan_path = save_plan(plan, path.with_name(f"{path.stem}-{args.budget_share}.plan.safetensors"))
-    capacity = sum(len(ids) * neuron_bytes(model, i) for i, ids in enumerate(plan.gpu_neurons))
+    ms = ModelShape.from_model(model)
+    capacity = sum(len(ids) * ms.neuron_read_bytes(i) for i, ids in enumerate(plan.gpu_neurons))
     # Capacity 0: PowerInfer checks an index's capacity against what its dense placement left
     # of --vram-budget, which it is given as the budget less these neurons (run_powerinfer).
     write_powerinfer_gpu_index(

@@ -74,6 +74,20 @@ fn assert_close(got: &[f32], want: &[f64], scale: f64, what: &str) {
     }
 }
 
+/// The down pass's float64 reference: `y0 + Σ_k h[k] · down_t[hot[k]]` (`dd`: down_t decoded).
+fn down_reference(dd: &[Vec<f64>], hot: &[u32], h: &[f32], y0: &[f32]) -> Vec<f64> {
+    (0..y0.len())
+        .map(|c| {
+            let s: f64 = hot
+                .iter()
+                .zip(h)
+                .map(|(&i, &a)| a as f64 * dd[i as usize][c])
+                .sum();
+            y0[c] as f64 + s
+        })
+        .collect()
+}
+
 /// Columns for a format: odd for float formats, an odd number of blocks otherwise.
 fn cols_for(dtype: DType) -> usize {
     if dtype.is_k_quant() {
@@ -165,16 +179,7 @@ fn row_kernels(dev: &EmuBackend, dtype: DType) {
         let y0 = values(dim, 5);
         let mut dy = dev.upload(&y0).unwrap();
         dev.hot_down(&hf, &h, &mut part, &mut dy, splits).unwrap();
-        let want: Vec<f64> = (0..dim)
-            .map(|c| {
-                let s: f64 = hot
-                    .iter()
-                    .zip(&got_h)
-                    .map(|(&i, &a)| a as f64 * dd[i as usize][c])
-                    .sum();
-                y0[c] as f64 + s
-            })
-            .collect();
+        let want = down_reference(&dd, &hot, &got_h, &y0);
         let amax = got_h.iter().fold(1f32, |m, v| m.max(v.abs())) as f64;
         let what = format!("axpy_rows {dtype} in {splits} splits");
         assert_close(
@@ -496,16 +501,7 @@ fn wide_down(dev: &EmuBackend, dtype: DType) {
         let y0 = values(dim, 23);
         let mut dy = dev.upload(&y0).unwrap();
         dev.hot_down(&hf, &dh, &mut part, &mut dy, splits).unwrap();
-        let want: Vec<f64> = (0..dim)
-            .map(|c| {
-                let s: f64 = hot
-                    .iter()
-                    .zip(&h)
-                    .map(|(&i, &a)| a as f64 * dd[i as usize][c])
-                    .sum();
-                y0[c] as f64 + s
-            })
-            .collect();
+        let want = down_reference(&dd, &hot, &h, &y0);
         let what = format!("wide axpy_rows {dtype} in {splits} splits");
         assert_close(&dev.download(&dy).unwrap(), &want, 4.0, &what);
     }
@@ -533,16 +529,7 @@ fn long_splits(dev: &EmuBackend, dtype: DType) {
     let mut part = dev.zeros::<f32>(2 * dim).unwrap();
     for splits in [1, 2] {
         let y0 = values(dim, 33);
-        let want: Vec<f64> = (0..dim)
-            .map(|c| {
-                let s: f64 = hot
-                    .iter()
-                    .zip(&h)
-                    .map(|(&i, &a)| a as f64 * dd[i as usize][c])
-                    .sum();
-                y0[c] as f64 + s
-            })
-            .collect();
+        let want = down_reference(&dd, &hot, &h, &y0);
         let mut runs = Vec::new();
         for _ in 0..2 {
             let mut dy = dev.upload(&y0).unwrap();
