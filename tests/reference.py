@@ -176,8 +176,8 @@ def reference_forward(
     (``act(gate)·up``) and, with ``layer`` = n_layers, ``"output"`` (the head's).
     ``moe_trace`` (a list), when given, receives ``(layer, token, expert, h)`` for every
     routed expert of a mixture of experts (h = its ``act(gate)·up`` values); ``moe_mask(layer,
-    token, h) -> h``, when given, replaces each routed expert's h (threshold mode's semantics
-    inside experts)."""
+    token, h, expert=, x=) -> h``, when given, replaces each routed expert's h (``x``: the FFN
+    input after its norm; threshold and predictor mode's semantics inside experts)."""
     if site_mask is None:
         site_mask = lambda _layer, _site, v: v  # noqa: E731
     c = model.config
@@ -270,7 +270,9 @@ def reference_forward(
         h = site_mask(i, "ffn_in", norm(x_in, ffn_norm))
         if c.n_expert:
             trace = None if moe_trace is None else (moe_trace, i)
-            mask = None if moe_mask is None else (lambda t, hv, i=i: moe_mask(i, t, hv))
+            mask = None
+            if moe_mask is not None:
+                mask = lambda t, hv, ex, xt, i=i: moe_mask(i, t, hv, expert=ex, x=xt)  # noqa: E731
             f = moe_ffn(c, w, p, h, h if router_in is None else router_in, act, trace, mask)
             x = x + (norm(f, p + "post_ffw_norm") if c.post_norms else f)
             continue
@@ -320,7 +322,7 @@ def moe_ffn(
         for ex, wt in zip(top, wts):
             hv = act(gate[ex] @ h[t]) * (up[ex] @ h[t])
             if mask is not None:
-                hv = mask(t, hv)
+                hv = mask(t, hv, int(ex), h[t])
             if trace is not None:
                 trace[0].append((trace[1], t, int(ex), hv))
             out[t] += wt * (down[ex] @ hv)

@@ -22,7 +22,7 @@ from test_hybrid_families import TOL_DENSE_REQUANTIZED
 from test_moe import MOE_ARCHS
 
 from powerinfer_rs import Engine
-from powerinfer_rs.errors import PlanError, ShapeError, VramBudgetError
+from powerinfer_rs.errors import PlanError, ShapeError, UnsupportedError, VramBudgetError
 from powerinfer_rs.formats.plan import load_plan, save_plan
 from powerinfer_rs.formats.profile import Profile, synthetic_profile
 from powerinfer_rs.loading import load_model
@@ -396,3 +396,19 @@ def test_plan_cli_places_experts(moe_model, synth_gguf, tmp_path, capsys):
         assert plan.predicted["moe_policy"] == policy
         assert plan.gpu_bytes > 0
     assert "--moe-policy" in stage.build_parser().format_help()
+
+
+def test_predictors_inside_experts_stay_on_the_cpu(moe_model, tmp_path):
+    """Predictor mode inside experts runs on the CPU engine only (tests/test_moe_predictors.py):
+    the hybrid executor refuses it with a typed error rather than running something else."""
+    from test_moe_predictors import expert_predictors
+
+    model = moe_model("smallthinker", "F16")
+    path = save_plan(moe_plan(model, "half"), tmp_path / "plan.safetensors")
+    preds = expert_predictors(model)
+    with pytest.raises(UnsupportedError, match="predictors inside experts run on the CPU only"):
+        Engine(model, plan=str(path), device="gpu-sim", sparsity="predictor", predictors=preds)
+    hyb = Engine(model, plan=str(path), device="gpu-sim", sparsity="exact-relu")
+    with pytest.raises(UnsupportedError, match="predictors inside experts"):
+        hyb.set_sparsity("predictor", predictors=preds)
+    assert hyb.sparsity == "exact-relu"

@@ -15,7 +15,7 @@ import pytest
 from test_sparsity import random_predictors
 
 from powerinfer_rs import Engine
-from powerinfer_rs.errors import ModelFileError, UnsupportedError
+from powerinfer_rs.errors import ModelFileError, PlanError, UnsupportedError
 from powerinfer_rs.loading import TensorData, load_model
 from powerinfer_rs.loading.archs import family_named
 from powerinfer_rs.loading.gguf_loader import config_from_metadata, open_gguf
@@ -191,7 +191,7 @@ def test_threshold_inside_experts_matches_the_masked_reference(synth_gguf, arch)
             vals[layer].append(np.abs(hv))
     t = [float(np.median(np.concatenate(v))) for v in vals]  # half the routed neurons drop
 
-    def mask(layer, tok, hv):
+    def mask(layer, tok, hv, **_):
         return hv if tok == 0 else np.where(np.abs(hv) >= t[layer], hv, 0.0)
 
     ref, _ = reference_forward(m, ids, moe_mask=mask)
@@ -221,8 +221,13 @@ def test_calibrate_thresholds_inside_experts(synth_gguf, tmp_path):
     caps = eng.take_captured()
     eng.stop_profiling()
     assert len(caps) == c.n_layers
-    x, act = caps[0]
+    x, act, routes = caps[0]
     assert x.shape == (16, c.dim) and act.shape == (16, c.n_expert_used * c.expert_ffn_dim)
+    # Each token's routed experts, in route order: the reference's top-k.
+    trace: list = []
+    reference_forward(m, ids[:16], moe_trace=trace)
+    want = [[ex for i, t, ex, _ in trace if i == 0 and t == tok] for tok in range(16)]
+    assert routes.shape == (16, c.n_expert_used) and routes.tolist() == want
     assert (np.abs(act).reshape(16, c.n_expert_used, -1).sum(axis=2) > 0).all()
     thresholds, below = calibrate_thresholds(eng, ids, 0.4, window=64, progress=False)
     assert all(t > 0 for t in thresholds) and all(abs(b - 0.4) < 0.02 for b in below)
@@ -333,7 +338,7 @@ def test_only_routed_experts_are_computed(synth_gguf):
 def test_what_is_not_supported_yet_is_refused(synth_gguf, tmp_path):
     path = synth_gguf(dtype="F32", activation="silu", arch="qwen3moe", **MOE_ARCHS["qwen3moe"])
     m = load_model(path)
-    with pytest.raises(UnsupportedError, match="mixture-of-experts models run dense, exact"):
+    with pytest.raises(PlanError, match="takes predictors per expert"):
         Engine(m, threads=1, sparsity="predictor", predictors=random_predictors(m))
     with pytest.raises(UnsupportedError, match="GGUF only"):
         write_hf_model(

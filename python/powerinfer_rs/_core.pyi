@@ -2,6 +2,7 @@
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -55,7 +56,8 @@ class CudaError(PowerInferError, RuntimeError): ...
 class InternalError(PowerInferError, RuntimeError): ...
 
 class Predictors:
-    """Per-layer activation predictors (fc2 transposed once, in Rust)."""
+    """Per-layer activation predictors (fc2 transposed once, in Rust); with ``experts`` (one
+    ``(layer, expert)`` pair per entry) a mixture of experts' predictors per expert."""
 
     def __init__(
         self,
@@ -63,9 +65,12 @@ class Predictors:
         fc2: Sequence[npt.NDArray[np.float16] | npt.NDArray[np.float32]],
         thresholds: Sequence[float],
         input: str = "ffn_norm",
+        experts: Sequence[tuple[int, int]] | None = None,
     ) -> None: ...
     @property
     def n_layers(self) -> int: ...
+    @property
+    def n_expert_predictors(self) -> int: ...
     @property
     def ranks(self) -> list[int]: ...
     @property
@@ -249,7 +254,7 @@ class Session:
     def stop_profiling(self) -> None: ...
     def take_captured(
         self,
-    ) -> list[tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]]: ...
+    ) -> list[tuple[npt.NDArray[Any], ...]]: ...
     def reset(self) -> None: ...
     def truncate(self, n: int) -> None: ...
     @property

@@ -239,7 +239,7 @@ fn store_decode(
             store.ffn(call.layer, act, None, call.xn, active, None, out)?;
             Ok(Some(Phase::Down))
         }
-        Sparsity::Predictor { layers, input } => {
+        Sparsity::Predictor { layers, input, .. } => {
             predict(call, &layers[call.layer], *input, s)?;
             // The next layer's predictor on this layer's input names the clusters to read
             // ahead: the residual stream changes little from one layer to the next.
@@ -318,7 +318,7 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
             axpy_rows(down_t, &s.idx, &s.vals, out)?;
             Ok(Phase::Down)
         }
-        Sparsity::Predictor { layers, input } => {
+        Sparsity::Predictor { layers, input, .. } => {
             predict(call, &layers[call.layer], *input, s)?;
             fused(
                 act,
@@ -358,7 +358,7 @@ fn batched(
             let keep = call.mode.dense_rows(call.start, n) * ffn;
             zero_below(&mut s.gate[keep..], t);
         }
-        Sparsity::Predictor { layers, input } => {
+        Sparsity::Predictor { layers, input, .. } => {
             let dim = m.config.dim;
             let source = match input {
                 PredictorInput::FfnNorm => call.xn,

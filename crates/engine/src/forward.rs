@@ -436,8 +436,16 @@ pub(crate) fn ffn_block(
                     _ => None,
                 };
                 let down_t = match (mode, n) {
-                    (Sparsity::ExactRelu | Sparsity::Threshold(_), 1) if store.is_none() => {
-                        Some(&model.expert_down_t()?[l][..])
+                    (
+                        Sparsity::ExactRelu | Sparsity::Threshold(_) | Sparsity::Predictor { .. },
+                        1,
+                    ) if store.is_none() => Some(&model.expert_down_t()?[l][..]),
+                    _ => None,
+                };
+                // This layer's predictor per expert (None where it has none: exact-relu).
+                let predictors = match mode {
+                    Sparsity::Predictor { experts, .. } => {
+                        Some(experts.get(l).map_or(&[][..], |r| &r[..]))
                     }
                     _ => None,
                 };
@@ -458,6 +466,7 @@ pub(crate) fn ffn_block(
                     layer: l,
                     store: store.as_deref(),
                     exact: matches!(mode, Sparsity::ExactRelu),
+                    predictors,
                 };
                 moe_ffn(&call, &mut s.moe, profiler.as_deref_mut(), &mut s.down)?;
                 phase = Phase::Ffn;

@@ -29,5 +29,7 @@ pub use phases::{Phase, PhaseTimes};
 pub use placement::Placement;
 pub use profiler::{Captured, Profiler};
 pub use session::Session;
-pub use sparsity::{LayerPredictor, PredictorInput, Predictors, Sparsity, SparsityMode};
+pub use sparsity::{
+    ExpertPredictors, LayerPredictor, PredictorInput, Predictors, Sparsity, SparsityMode,
+};
 pub use weights::{LayerWeights, ModelWeights};

@@ -18,6 +18,7 @@ use crate::ffn::{activate, project, project_many};
 use crate::layer::FfnKind;
 use crate::neuron_store::{Active, NeuronStore};
 use crate::profiler::Profiler;
+use crate::sparsity::{predicted_active, LayerPredictor, PredictorScratch};
 
 /// A shared expert every token runs (Qwen2-MoE).
 #[derive(Clone, Debug)]
@@ -187,6 +188,17 @@ pub struct MoeCall<'a> {
     pub store: Option<&'a NeuronStore>,
     /// Exact-relu inside the experts (with a store: the gates come from the mapped rows).
     pub exact: bool,
+    /// Predictor mode: this layer's predictor per expert (an expert without one, or beyond
+    /// the slice, runs exact-relu). One token reads the gate, up and down_t rows of the
+    /// neurons its routed experts' predictors name; a batch masks the same neurons.
+    pub predictors: Option<&'a [Option<LayerPredictor>]>,
+}
+
+impl MoeCall<'_> {
+    /// Expert `e`'s predictor in predictor mode, if it has one.
+    fn predictor(&self, e: usize) -> Option<&LayerPredictor> {
+        self.predictors?.get(e)?.as_ref()
+    }
 }
 
 /// The router's logits (n × n_expert) of the `n` rows of `x` into `out`.
@@ -340,6 +352,8 @@ fn store_decode(
 
 /// One token in exact-relu: each routed expert's gate rows, then the up and down_t rows of
 /// its neurons that fire ([`sparse_ffn`]), the experts in parallel, summed with their weights.
+/// In predictor mode an expert with a predictor reads the gate rows of the neurons it
+/// predicts only (then their up and down_t rows where they fire).
 fn sparse_decode(
     call: &MoeCall<'_>,
     down_t: &[Weight],
@@ -358,15 +372,17 @@ fn sparse_decode(
                 down_t: &down_t[e],
             };
             let mut y = vec![0.0f32; dim];
+            let mut predicted = Vec::new();
+            let rows = match call.predictor(e) {
+                Some(p) => {
+                    let mut scratch = PredictorScratch::default();
+                    predicted_active(p, call.xn, &mut scratch, &mut predicted)?;
+                    GateRows::Listed(&predicted)
+                }
+                None => GateRows::All,
+            };
             let fire = |_: u32, g: f32| act.apply(g);
-            sparse_ffn(
-                &ffn,
-                call.xn,
-                GateRows::All,
-                fire,
-                |a, u| act.times_up(a, u),
-                &mut y,
-            )?;
+            sparse_ffn(&ffn, call.xn, rows, fire, |a, u| act.times_up(a, u), &mut y)?;
             Ok(y)
         })
         .collect();
@@ -455,6 +471,25 @@ fn batch(
                 }
             }
         }
+        // Predictor mode keeps the neurons the expert's predictor names for each token.
+        if let Some(p) = call.predictor(e) {
+            let mut scratch = PredictorScratch::default();
+            let (mut predicted, mut keep) = (Vec::new(), vec![false; ef]);
+            for (row, &(tok, _)) in s.gate.chunks_exact_mut(ef).zip(tokens) {
+                predicted_active(
+                    p,
+                    &call.xn[tok * dim..(tok + 1) * dim],
+                    &mut scratch,
+                    &mut predicted,
+                )?;
+                keep.fill(false);
+                predicted.iter().for_each(|&i| keep[i as usize] = true);
+                row.iter_mut()
+                    .zip(&keep)
+                    .filter(|(_, k)| !**k)
+                    .for_each(|(h, _)| *h = 0.0);
+            }
+        }
         if let Some(p) = profiler.as_deref_mut() {
             p.record_expert(call.layer, e, &s.gate, ef);
             if p.capture {
@@ -482,6 +517,11 @@ fn batch(
     }
     if let Some(p) = profiler.filter(|p| p.capture) {
         p.capture_rows(call.layer, call.xn, &s.capture);
+        let routes: Vec<u32> = s.routes[..call.n]
+            .iter()
+            .flat_map(|r| r.iter().map(|&(e, _)| e))
+            .collect();
+        p.capture_routes(call.layer, &routes);
     }
     Ok(())
 }

@@ -10,6 +10,9 @@ use crate::sparsity::is_active;
 pub struct Captured {
     pub x: Vec<f32>,
     pub act: Vec<f32>,
+    /// A mixture of experts: each token's routed experts, in route order (n_expert_used per
+    /// token, the order of its rows in `act`); empty for a dense model.
+    pub routes: Vec<u32>,
 }
 
 /// Counters (and optional captures) filled by the forward pass.
@@ -133,6 +136,14 @@ impl Profiler {
         if self.capture {
             self.captured[layer].x.extend_from_slice(x);
             self.captured[layer].act.extend_from_slice(act);
+        }
+    }
+
+    /// Keep the routed experts (`n_expert_used` per token, in route order) of the rows
+    /// [`Profiler::capture_rows`] kept for `layer`.
+    pub fn capture_routes(&mut self, layer: usize, routes: &[u32]) {
+        if self.capture {
+            self.captured[layer].routes.extend_from_slice(routes);
         }
     }
 

@@ -91,22 +91,17 @@ impl Session {
     /// transposed down projections on first use, here, on the session's threads).
     pub fn set_sparsity(&mut self, mode: Sparsity) -> Result<()> {
         let c = &self.model.config;
-        mode.validate(c.n_layers, c.dim, c.ffn_dim, c.activation)?;
-        powerinfer_core::ensure!(
-            !c.moe.is_moe()
-                || matches!(
-                    mode,
-                    Sparsity::Dense | Sparsity::ExactRelu | Sparsity::Threshold(_)
-                ),
-            Unsupported,
-            "mixture-of-experts models run dense, exact-relu or threshold experts for now; the \
-             {} mode inside experts is not implemented yet",
-            mode.name()
-        );
+        mode.validate(c)?;
         // Exact-relu experts read their transposed down rows from a neuron store where one is
-        // attached: no copy in memory then.
+        // attached: no copy in memory then. Predictor and threshold experts read them from
+        // the transposed copy.
         let stored = self.model.neuron_store().is_some() && matches!(mode, Sparsity::ExactRelu);
-        if c.moe.is_moe() && !stored && matches!(mode, Sparsity::ExactRelu | Sparsity::Threshold(_))
+        if c.moe.is_moe()
+            && !stored
+            && matches!(
+                mode,
+                Sparsity::ExactRelu | Sparsity::Threshold(_) | Sparsity::Predictor { .. }
+            )
         {
             let model = &self.model;
             self.pool.install(|| model.expert_down_t().map(|_| ()))?;

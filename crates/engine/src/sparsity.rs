@@ -3,7 +3,7 @@
 
 use std::str::FromStr;
 
-use powerinfer_core::{bail, ensure, Activation, Error, Result, Weight};
+use powerinfer_core::{bail, ensure, Activation, Error, ModelConfig, Result, Weight};
 
 use crate::input_sparse::InputSparsity;
 
@@ -122,11 +122,21 @@ impl LayerPredictor {
     }
 }
 
+/// Predictors per (layer, expert) of a mixture of experts: `experts[l][e]` predicts which of
+/// expert `e`'s neurons fire in layer `l` from the FFN input (after the norm); None where the
+/// expert has none (it did not pay, or saw too few tokens): that expert then runs exact-relu
+/// (every gate, then the up and down rows of the neurons that fire), which for a SiLU expert is
+/// its dense function.
+pub type ExpertPredictors = Vec<Vec<Option<LayerPredictor>>>;
+
 /// Every layer's predictor and what they read: the typed object the bindings hand over.
 #[derive(Clone, Debug)]
 pub struct Predictors {
+    /// One per layer (dense FFN models); empty for a mixture of experts.
     pub layers: Vec<LayerPredictor>,
     pub input: PredictorInput,
+    /// Per layer and expert (a mixture of experts); empty for a dense FFN model.
+    pub experts: ExpertPredictors,
 }
 
 /// The FFN's sparsity mode.
@@ -146,10 +156,12 @@ pub enum Sparsity {
     /// sparse, +2.11% dense; the engine on bench_sparse.py's held-out text: +2.45% -> +2.12%,
     /// on a later 8192 tokens +2.45% -> +2.43%), for one dense FFN per context.
     Threshold(Vec<f32>),
-    /// A predictor per layer picks the active set before any FFN row is read.
+    /// A predictor per layer picks the active set before any FFN row is read (a mixture of
+    /// experts: a predictor per routed expert, see [`ExpertPredictors`]).
     Predictor {
         layers: Vec<LayerPredictor>,
         input: PredictorInput,
+        experts: ExpertPredictors,
     },
     /// Every projection's input loses its entries below the site's threshold, and a decode step
     /// reads only the input-major columns of the rest (see [`crate::input_sparse`]). The
@@ -185,6 +197,7 @@ impl Sparsity {
                 Some(p) => Sparsity::Predictor {
                     layers: p.layers,
                     input: p.input,
+                    experts: p.experts,
                 },
                 None => bail!(Plan, "predictor mode needs predictors"),
             },
@@ -211,8 +224,11 @@ impl Sparsity {
         self.mode().name()
     }
 
-    /// Check the mode fits a model of `n_layers` layers, `dim`, `ffn` and `activation`.
-    pub fn validate(&self, n_layers: usize, dim: usize, ffn: usize, act: Activation) -> Result<()> {
+    /// Check the mode fits the model of config `c` (layers, widths, activation; a mixture of
+    /// experts takes dense, exact-relu, threshold or per-expert predictor mode).
+    pub fn validate(&self, c: &ModelConfig) -> Result<()> {
+        let (n_layers, dim, ffn, act) = (c.n_layers, c.dim, c.ffn_dim, c.activation);
+        let moe = c.moe.is_moe();
         match self {
             Sparsity::Dense => {}
             Sparsity::ExactRelu => ensure!(
@@ -233,8 +249,62 @@ impl Sparsity {
                     "thresholds must be finite and >= 0"
                 );
             }
-            Sparsity::Input(p) => p.validate(n_layers)?,
-            Sparsity::Predictor { layers, .. } => {
+            Sparsity::Input(p) => {
+                ensure!(
+                    !moe,
+                    Unsupported,
+                    "mixture-of-experts models run dense, exact-relu, threshold or predictor \
+                     experts; the input mode inside experts is not implemented yet"
+                );
+                p.validate(n_layers)?
+            }
+            Sparsity::Predictor {
+                layers,
+                experts,
+                input,
+            } if moe => {
+                ensure!(
+                    layers.is_empty() && !experts.is_empty(),
+                    Plan,
+                    "a mixture of experts takes predictors per expert (trained from its own \
+                     profile), not {} per-layer ones",
+                    layers.len()
+                );
+                ensure!(
+                    *input == PredictorInput::FfnNorm,
+                    Plan,
+                    "expert predictors read the FFN input after its norm (ffn_norm)"
+                );
+                ensure!(
+                    experts.len() <= n_layers,
+                    Plan,
+                    "expert predictors for {} layers, the model has {n_layers}",
+                    experts.len()
+                );
+                let ef = c.moe.expert_ffn(ffn);
+                for (l, row) in experts.iter().enumerate() {
+                    ensure!(
+                        row.len() <= c.moe.n_expert,
+                        Plan,
+                        "layer {l}: predictors for {} experts, the model has {}",
+                        row.len(),
+                        c.moe.n_expert
+                    );
+                    for (e, p) in row.iter().enumerate() {
+                        if let Some(p) = p {
+                            check_predictor(p, &format!("layer {l} expert {e}"), dim, ef)?;
+                        }
+                    }
+                }
+            }
+            Sparsity::Predictor {
+                layers, experts, ..
+            } => {
+                ensure!(
+                    experts.is_empty(),
+                    Plan,
+                    "predictors per expert for a model without experts"
+                );
                 ensure!(
                     layers.len() == n_layers,
                     Plan,
@@ -242,25 +312,31 @@ impl Sparsity {
                     layers.len()
                 );
                 for (i, p) in layers.iter().enumerate() {
-                    ensure!(
-                        p.fc1.cols == dim && p.fc2_t.cols == ffn && p.fc1.rows == p.fc2_t.rows,
-                        Plan,
-                        "predictor {i}: fc1 {}x{}, fc2 {}x{} do not fit dim {dim}, ffn {ffn}",
-                        p.fc1.rows,
-                        p.fc1.cols,
-                        p.fc2_t.cols,
-                        p.fc2_t.rows
-                    );
-                    ensure!(
-                        p.threshold.is_finite(),
-                        Plan,
-                        "predictor {i}: threshold is not finite"
-                    );
+                    check_predictor(p, &i.to_string(), dim, ffn)?;
                 }
             }
         }
         Ok(())
     }
+}
+
+/// Check predictor `name` reads `dim` values and predicts `ffn` neurons, with a finite threshold.
+fn check_predictor(p: &LayerPredictor, name: &str, dim: usize, ffn: usize) -> Result<()> {
+    ensure!(
+        p.fc1.cols == dim && p.fc2_t.cols == ffn && p.fc1.rows == p.fc2_t.rows,
+        Plan,
+        "predictor {name}: fc1 {}x{}, fc2 {}x{} do not fit dim {dim}, ffn {ffn}",
+        p.fc1.rows,
+        p.fc1.cols,
+        p.fc2_t.cols,
+        p.fc2_t.rows
+    );
+    ensure!(
+        p.threshold.is_finite(),
+        Plan,
+        "predictor {name}: threshold is not finite"
+    );
+    Ok(())
 }
 
 /// Whether a neuron whose FFN value (act(gate)·up, or act(gate)) is `h` counts as active, in

@@ -46,11 +46,11 @@ fn sparsity_modes_parse_by_name_and_round_trip() {
         score: "wina".parse::<InputScore>().unwrap(),
     });
     assert_eq!(input.name(), "input");
-    assert!(input.validate(2, 8, 16, Activation::Silu).is_ok());
-    assert!(matches!(
-        input.validate(3, 8, 16, Activation::Silu),
-        Err(Error::Plan(_))
-    ));
+    let mut c = model(Activation::Silu).config.clone();
+    assert_eq!(c.n_layers, 2);
+    assert!(input.validate(&c).is_ok());
+    c.n_layers = 3;
+    assert!(matches!(input.validate(&c), Err(Error::Plan(_))));
     assert!("magic".parse::<InputScore>().is_err());
     assert_eq!(
         "ffn_inp".parse::<PredictorInput>().unwrap(),
@@ -91,11 +91,11 @@ fn a_predictor_transposes_fc2_once() {
     let set = Predictors {
         layers: vec![p.clone(), p],
         input: PredictorInput::FfnNorm,
+        experts: Vec::new(),
     };
     let mode = Sparsity::new(SparsityMode::Predictor, None, Some(set)).unwrap();
     let c = &m.config;
-    mode.validate(c.n_layers, c.dim, c.ffn_dim, c.activation)
-        .unwrap();
+    mode.validate(c).unwrap();
 }
 
 #[test]

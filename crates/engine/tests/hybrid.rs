@@ -537,6 +537,7 @@ fn predictor_mode_on_either_side() {
         let mode = Sparsity::Predictor {
             layers: predictors(&m),
             input,
+            experts: Vec::new(),
         };
         for dev in devices() {
             let mut gpu_pred = Layout::all_gpu(n, ffn);

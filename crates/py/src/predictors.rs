@@ -1,7 +1,7 @@
 //! `_core.Predictors`: every layer's activation predictor as one typed object, built once from
 //! the trained arrays (borrowed, no copy; the engine transposes fc2) and handed to sessions.
 
-use powerinfer_engine::{LayerPredictor, PredictorInput, Predictors};
+use powerinfer_engine::{ExpertPredictors, LayerPredictor, PredictorInput, Predictors};
 use pyo3::prelude::*;
 
 use crate::convert::weight_from_matrix;
@@ -22,14 +22,18 @@ impl PyPredictors {
     /// `thresholds[i]`: the logit threshold; `input`: "ffn_norm" (the normed FFN input, our
     /// predictors) or "ffn_inp" (the residual stream, PowerInfer's). Raises `PlanError` when the
     /// lists or shapes disagree.
+    ///
+    /// `experts` (a mixture of experts): one `(layer, expert)` pair per entry of the lists,
+    /// whose predictors are then per routed expert (an expert without one runs exact-relu).
     #[new]
-    #[pyo3(signature = (fc1, fc2, thresholds, input = "ffn_norm"))]
+    #[pyo3(signature = (fc1, fc2, thresholds, input = "ffn_norm", experts = None))]
     fn new(
         py: Python<'_>,
         fc1: Vec<Bound<'_, PyAny>>,
         fc2: Vec<Bound<'_, PyAny>>,
         thresholds: Vec<f32>,
         input: &str,
+        experts: Option<Vec<(usize, usize)>>,
     ) -> PyResult<Self> {
         let input: PredictorInput = check(input.parse())?;
         check(if fc1.len() == fc2.len() && fc2.len() == thresholds.len() {
@@ -62,15 +66,34 @@ impl PyPredictors {
                 })
                 .collect::<powerinfer_core::Result<Vec<_>>>()
         })?;
-        Ok(PyPredictors {
-            inner: Predictors { layers, input },
+        let Some(units) = experts else {
+            return Ok(PyPredictors {
+                inner: Predictors {
+                    layers,
+                    input,
+                    experts: Vec::new(),
+                },
+            });
+        };
+        check(expert_table(units, layers)).map(|experts| PyPredictors {
+            inner: Predictors {
+                layers: Vec::new(),
+                input,
+                experts,
+            },
         })
     }
 
-    /// Layers.
+    /// Layers (with per-expert predictors: layers up to the last one holding any).
     #[getter]
     fn n_layers(&self) -> usize {
-        self.inner.layers.len()
+        self.inner.layers.len().max(self.inner.experts.len())
+    }
+
+    /// Experts holding a predictor (0 for per-layer predictors).
+    #[getter]
+    fn n_expert_predictors(&self) -> usize {
+        self.inner.experts.iter().flatten().flatten().count()
     }
 
     /// Each layer's rank (fc1's rows).
@@ -87,4 +110,43 @@ impl PyPredictors {
             PredictorInput::FfnInp => "ffn_inp",
         }
     }
+}
+
+/// The per-(layer, expert) table of `predictors`, entry i belonging to `units[i]`; a unit given
+/// twice is an error.
+fn expert_table(
+    units: Vec<(usize, usize)>,
+    predictors: Vec<LayerPredictor>,
+) -> powerinfer_core::Result<ExpertPredictors> {
+    /// Far beyond any model's layers or experts (a guard against absurd indices).
+    const MAX_INDEX: usize = 1 << 16;
+    powerinfer_core::ensure!(
+        units.len() == predictors.len(),
+        Plan,
+        "{} (layer, expert) pairs for {} predictors",
+        units.len(),
+        predictors.len()
+    );
+    let mut table: ExpertPredictors = Vec::new();
+    for ((l, e), p) in units.into_iter().zip(predictors) {
+        powerinfer_core::ensure!(
+            l < MAX_INDEX && e < MAX_INDEX,
+            Plan,
+            "expert predictor ({l}, {e}) out of range"
+        );
+        if table.len() <= l {
+            table.resize_with(l + 1, Vec::new);
+        }
+        let row = &mut table[l];
+        if row.len() <= e {
+            row.resize_with(e + 1, || None);
+        }
+        powerinfer_core::ensure!(
+            row[e].is_none(),
+            Plan,
+            "two predictors for layer {l} expert {e}"
+        );
+        row[e] = Some(p);
+    }
+    Ok(table)
 }

@@ -10,7 +10,7 @@ use powerinfer_engine::{
     token_ids, InputScore, InputSparsity, KvPrecision, Session, Sparsity, SparsityMode,
 };
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyTuple};
 
 use crate::exceptions::{check, run_detached, to_pyerr};
 use crate::model::PyModel;
@@ -320,23 +320,33 @@ impl PySession {
         self.lock(py).stop_profiling();
     }
 
-    /// Rows captured since the last call, per layer: (x float32 (n, dim), act float32 (n, ffn)).
-    #[allow(clippy::type_complexity)]
-    fn take_captured<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> PyResult<Vec<(Bound<'py, PyArray2<f32>>, Bound<'py, PyArray2<f32>>)>> {
+    /// Rows captured since the last call, per layer: (x float32 (n, dim), act float32 (n, ffn));
+    /// a mixture of experts: (x, act float32 (n, n_expert_used * expert_ffn), routes int64 (n,
+    /// n_expert_used)), each token's routed experts' activations in route order and the
+    /// experts they are.
+    fn take_captured<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
         let mut guard = self.lock(py);
         let c = &guard.model().config;
-        // A mixture of experts captures, per token, its routed experts' activations.
-        let ffn = match c.moe.is_moe() {
-            true => c.moe.n_expert_used * c.moe.expert_ffn(c.ffn_dim),
+        let moe = c.moe.is_moe();
+        let k = c.moe.n_expert_used;
+        let ffn = match moe {
+            true => k * c.moe.expert_ffn(c.ffn_dim),
             false => c.ffn_dim,
         };
         let dim = c.dim;
         let mut out = Vec::new();
         for cap in guard.take_captured() {
-            out.push((matrix(py, dim, cap.x)?, matrix(py, ffn, cap.act)?));
+            let x = matrix(py, dim, cap.x)?.into_any();
+            let act = matrix(py, ffn, cap.act)?.into_any();
+            let t = match moe {
+                true => {
+                    let routes = cap.routes.iter().map(|&e| e as i64).collect();
+                    let routes = matrix(py, k, routes)?.into_any();
+                    PyTuple::new(py, [x, act, routes])?
+                }
+                false => PyTuple::new(py, [x, act])?,
+            };
+            out.push(t);
         }
         Ok(out)
     }

@@ -7,6 +7,11 @@ Tensors per layer ``i`` (only the layers that have a predictor):
 * ``blk.{i}.threshold`` ``[1]`` F32 -- neuron ``j`` is active when ``(fc2 @ relu(fc1 @ x))[j] >=
   threshold`` (raw logit, no sigmoid)
 
+A mixture of experts holds, instead, per layer ``i`` and expert ``e`` (only the experts that have
+a predictor): ``blk.{i}.exp.{e}.fc1`` ``[rank, dim]``, ``blk.{i}.exp.{e}.fc2`` ``[expert_ffn,
+rank]`` and ``blk.{i}.exp.{e}.threshold``, with their stats under the ``experts`` metadata key
+(JSON: ``"i.e"`` -> stats).
+
 ``__metadata__`` (strings): ``format`` = ``powerinfer-rs-predictors/1``, ``model_fingerprint``,
 ``recall_target``, ``predictor_input`` (``ffn_norm`` or ``ffn_inp``), ``dtype``, ``layers``
 (JSON: layer index -> stats: rank, recall, precision, predicted fraction, bytes, ...) and
@@ -49,12 +54,17 @@ def save_predictors(path: str | os.PathLike[str], predictors: PredictorSet) -> P
     np_dt = STORAGE_DTYPES[dt]
     tensors: dict[str, np.ndarray] = {}
     stats: dict[str, Any] = {}
-    for i in sorted(predictors.layers):
-        p = predictors.layers[i]
-        tensors[f"blk.{i}.fc1"] = np.ascontiguousarray(p.fc1.astype(np_dt))
-        tensors[f"blk.{i}.fc2"] = np.ascontiguousarray(p.fc2.astype(np_dt))
-        tensors[f"blk.{i}.threshold"] = np.array([p.threshold], dtype=np.float32)
-        stats[str(i)] = p.stats
+    expert_stats: dict[str, Any] = {}
+    units = [(f"blk.{i}", str(i), predictors.layers[i], stats) for i in sorted(predictors.layers)]
+    units += [
+        (f"blk.{i}.exp.{e}", f"{i}.{e}", predictors.experts[(i, e)], expert_stats)
+        for i, e in sorted(predictors.experts)
+    ]
+    for prefix, key, p, into in units:
+        tensors[f"{prefix}.fc1"] = np.ascontiguousarray(p.fc1.astype(np_dt))
+        tensors[f"{prefix}.fc2"] = np.ascontiguousarray(p.fc2.astype(np_dt))
+        tensors[f"{prefix}.threshold"] = np.array([p.threshold], dtype=np.float32)
+        into[key] = p.stats
     meta = {
         "format": FORMAT,
         "model_fingerprint": predictors.model_fingerprint or "",
@@ -62,6 +72,7 @@ def save_predictors(path: str | os.PathLike[str], predictors: PredictorSet) -> P
         "predictor_input": predictors.input,
         "dtype": dt,
         "layers": json.dumps(stats, default=_json_default),
+        "experts": json.dumps(expert_stats, default=_json_default),
         "extra": json.dumps(predictors.metadata, default=_json_default),
     }
     out = Path(path)
@@ -94,44 +105,63 @@ def load_predictors(path: str | os.PathLike[str]) -> PredictorSet:
     raw = read_safetensors(p)
     try:
         stats = json.loads(meta.get("layers") or "{}")
+        expert_stats = json.loads(meta.get("experts") or "{}")
         extra = json.loads(meta.get("extra") or "{}")
         target = meta.get("recall_target") or None
         target = float(target) if target is not None else None
     except (ValueError, TypeError, RecursionError) as e:
         raise ModelFileError(f"{p}: malformed predictor metadata: {e}") from e
-    if not isinstance(stats, dict) or not isinstance(extra, dict):
-        raise ModelFileError(f"{p}: malformed predictor metadata (layers/extra not objects)")
-    layers: dict[int, LayerPredictor] = {}
-    indices = set()
+    if not all(isinstance(d, dict) for d in (stats, expert_stats, extra)):
+        raise ModelFileError(
+            f"{p}: malformed predictor metadata (layers/experts/extra not objects)"
+        )
+    # unit -> tensor prefix: a layer index, or a (layer, expert) pair
+    units: dict[int | tuple[int, int], str] = {}
     for name in raw:
         parts = name.split(".")
-        if len(parts) != 3 or parts[0] != "blk" or not (parts[1].isascii() and parts[1].isdigit()):
+        digits = all(s.isascii() and s.isdigit() for s in parts[1:-1:2])
+        if len(parts) == 3 and parts[0] == "blk" and digits:
+            unit: int | tuple[int, int] = int(parts[1])
+        elif len(parts) == 5 and parts[0] == "blk" and parts[2] == "exp" and digits:
+            if not (parts[3].isascii() and parts[3].isdigit()):
+                raise ModelFileError(f"{p}: unexpected tensor {name!r}")
+            unit = (int(parts[1]), int(parts[3]))
+        else:
             raise ModelFileError(f"{p}: unexpected tensor {name!r}")
-        if parts[2] not in ("fc1", "fc2", "threshold"):
+        if parts[-1] not in ("fc1", "fc2", "threshold"):
             raise ModelFileError(f"{p}: unexpected tensor {name!r}")
-        indices.add(int(parts[1]))
-    for i in sorted(indices):
+        units[unit] = ".".join(parts[:-1])
+    layers: dict[int, LayerPredictor] = {}
+    experts: dict[tuple[int, int], LayerPredictor] = {}
+    for unit, prefix in sorted(units.items(), key=lambda kv: str(kv[0])):
+        what = f"layer {unit}" if isinstance(unit, int) else f"layer {unit[0]} expert {unit[1]}"
         try:
-            fc1, fc2, thr = (raw[f"blk.{i}.{k}"] for k in ("fc1", "fc2", "threshold"))
+            fc1, fc2, thr = (raw[f"{prefix}.{k}"] for k in ("fc1", "fc2", "threshold"))
         except KeyError as e:
-            raise ModelFileError(f"{p}: layer {i} lacks tensor {e.args[0]!r}") from None
+            raise ModelFileError(f"{p}: {what} lacks tensor {e.args[0]!r}") from None
         if len(fc1.shape) != 2 or len(fc2.shape) != 2 or fc1.shape[0] != fc2.shape[1]:
             raise ModelFileError(
-                f"{p}: layer {i}: fc1 {fc1.shape} [rank, dim] and fc2 {fc2.shape} [ffn, rank] "
+                f"{p}: {what}: fc1 {fc1.shape} [rank, dim] and fc2 {fc2.shape} [ffn, rank] "
                 "do not fit"
             )
         if 0 in fc1.shape or 0 in fc2.shape:
-            raise ModelFileError(f"{p}: layer {i}: empty predictor matrices")
+            raise ModelFileError(f"{p}: {what}: empty predictor matrices")
         if thr.shape != (1,) or thr.dtype != "F32":
-            raise ModelFileError(f"{p}: layer {i}: threshold must be F32 [1], got {thr.shape}")
+            raise ModelFileError(f"{p}: {what}: threshold must be F32 [1], got {thr.shape}")
         w1, w2 = _to_f32(fc1, p), _to_f32(fc2, p)
         t = float(_to_f32(thr, p)[0])
         if not (np.isfinite(w1).all() and np.isfinite(w2).all() and np.isfinite(t)):
-            raise ModelFileError(f"{p}: layer {i}: non-finite predictor values")
-        s = stats.get(str(i), {})
-        layers[i] = LayerPredictor(w1, w2, t, s if isinstance(s, dict) else {})
-    dtypes = {raw[f"blk.{i}.fc1"].dtype for i in indices}
-    dims = {pr.dim for pr in layers.values()}
+            raise ModelFileError(f"{p}: {what}: non-finite predictor values")
+        if isinstance(unit, int):
+            s = stats.get(str(unit), {})
+            layers[unit] = LayerPredictor(w1, w2, t, s if isinstance(s, dict) else {})
+        else:
+            s = expert_stats.get(f"{unit[0]}.{unit[1]}", {})
+            experts[unit] = LayerPredictor(w1, w2, t, s if isinstance(s, dict) else {})
+    if layers and experts:
+        raise ModelFileError(f"{p}: holds both per-layer and per-expert predictors")
+    dtypes = {raw[f"{prefix}.fc1"].dtype for prefix in units.values()}
+    dims = {pr.dim for pr in (*layers.values(), *experts.values())}
     if len(dims) > 1:
         raise ModelFileError(f"{p}: predictors disagree on the input width: {sorted(dims)}")
     inp = meta.get("predictor_input", "ffn_norm")
@@ -147,6 +177,7 @@ def load_predictors(path: str | os.PathLike[str]) -> PredictorSet:
         input=inp,
         dtype=dtype,
         metadata=extra,
+        experts=experts,
     )
 
 
@@ -162,7 +193,34 @@ def predictors_for(source: object, model: Any) -> PredictorSet:
             f"the predictors were trained for another model (fingerprint {fp}, "
             f"this model {model.fingerprint})"
         )
-    missing = [i for i in range(model.config.n_layers) if i not in pset.layers]
+    c = model.config
+    if c.n_expert:
+        return _expert_predictors_for(pset, c)
+    if pset.experts:
+        raise PlanError("these are predictors per expert; the model has no experts")
+    missing = [i for i in range(c.n_layers) if i not in pset.layers]
     if missing:
         raise PlanError(f"the predictors lack layers {missing[:8]}")
+    return pset
+
+
+def _expert_predictors_for(pset: PredictorSet, c: Any) -> PredictorSet:
+    """``pset`` checked as a mixture of experts' predictors (config ``c``): per expert, over
+    the expert's neurons, reading the normed FFN input."""
+    if pset.layers or not pset.experts:
+        raise PlanError(
+            "a mixture of experts takes predictors per expert (python -m "
+            "powerinfer_rs.train_predictors on its profile writes them), not per layer"
+        )
+    if pset.input != "ffn_norm":
+        raise PlanError(f"expert predictors read the normed FFN input, not {pset.input}")
+    ef = c.expert_ffn_dim or c.ffn_dim
+    for (layer, e), p in pset.experts.items():
+        if not (0 <= layer < c.n_layers and 0 <= e < c.n_expert):
+            raise PlanError(f"a predictor for layer {layer} expert {e}: outside the model")
+        if p.ffn != ef or p.dim != c.dim:
+            raise PlanError(
+                f"layer {layer} expert {e}: predictor for dim {p.dim}, {p.ffn} neurons; the "
+                f"model's experts have dim {c.dim}, {ef} neurons"
+            )
     return pset

@@ -103,7 +103,9 @@ class PredictorSet:
     """Predictors by layer index, with what they were made for.
 
     ``input`` is one of :data:`PREDICTOR_INPUTS`; ``recall_target`` is ``None`` for imported
-    predictors whose training target is unknown.
+    predictors whose training target is unknown. A mixture of experts has ``experts`` instead
+    of ``layers``: a predictor per ``(layer, expert)`` over that expert's neurons, for the
+    experts where one pays (the others run exact-relu).
     """
 
     layers: dict[int, LayerPredictor]
@@ -112,11 +114,14 @@ class PredictorSet:
     input: str = "ffn_norm"
     dtype: str = "F16"
     metadata: dict[str, Any] = field(default_factory=dict)
+    experts: dict[tuple[int, int], LayerPredictor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.input not in PREDICTOR_INPUTS:
             raise ShapeError(f"predictor input must be one of {PREDICTOR_INPUTS}, got {self.input}")
-        dims = {p.dim for p in self.layers.values()}
+        if self.layers and self.experts:
+            raise ShapeError("a predictor set holds per-layer or per-expert predictors, not both")
+        dims = {p.dim for p in (*self.layers.values(), *self.experts.values())}
         if len(dims) > 1:
             raise ShapeError(f"predictors disagree on the input width: {sorted(dims)}")
 
@@ -124,8 +129,9 @@ class PredictorSet:
         return self.layers[layer]
 
     def __len__(self) -> int:
-        return len(self.layers)
+        return len(self.layers) + len(self.experts)
 
     def nbytes(self) -> int:
         """Total bytes of all predictors in the storage dtype."""
-        return sum(p.nbytes(self.dtype) for p in self.layers.values())
+        every = (*self.layers.values(), *self.experts.values())
+        return sum(p.nbytes(self.dtype) for p in every)

@@ -101,6 +101,26 @@ def train_predictors(
     n_layers, dim, ffn = meta["n_layers"], meta["dim"], meta["ffn_dim"]
     smeta = meta.get("metadata", {})
     inp = smeta.get("predictor_input", "ffn_norm")
+    if "moe" in smeta:  # a mixture of experts: per-expert samples, predictors where they pay
+        from .experts import train_expert_predictors
+
+        return train_expert_predictors(
+            profile_dir,
+            out,
+            meta=meta,
+            model=model,
+            recall=recall,
+            max_bytes_fraction=max_bytes_fraction,
+            layers=layers,
+            seed=seed,
+            cfg=cfg,
+            max_rows=max_rows,
+            progress=progress,
+            say=say,
+            settings=lambda fp, d, f: _settings(
+                fp, recall, max_bytes_fraction, cfg, d, f, inp, seed
+            ),
+        )
     fingerprint = smeta.get("model_fingerprint") or None
     if model is not None:
         c = model.config
@@ -197,7 +217,12 @@ def _set(layers: dict[int, LayerPredictor], settings: dict, cfg: TrainConfig, in
 
 def format_table(predictors: PredictorSet) -> str:
     """The per-layer report: rank, recall, precision, predicted / actual active share, bytes
-    and bytes as a share of the layer's FFN."""
+    and bytes as a share of the layer's FFN (a mixture of experts: per layer, its experts'
+    predictors, see :func:`~.experts.format_expert_table`)."""
+    if predictors.experts or "dropped" in predictors.metadata:
+        from .experts import format_expert_table
+
+        return format_expert_table(predictors)
     head = (
         f"{'layer':>5} {'rank':>5} {'recall':>7} {'precis':>7} {'pred%':>6} {'act%':>6} "
         f"{'bytes':>10} {'%ffn':>6}"

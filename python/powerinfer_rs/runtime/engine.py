@@ -320,12 +320,18 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
                     return (t.dtype, t.rows, t.cols, t.data)
                 return np.ascontiguousarray(p.fc1 if k == 0 else p.fc2, dtype=store)
 
-            layers = [self.predictors.layers[i] for i in range(self.config.n_layers)]
+            units = None
+            if self.predictors.experts:  # a mixture of experts: a predictor per expert
+                units = sorted(self.predictors.experts)
+                layers = [self.predictors.experts[u] for u in units]
+            else:
+                layers = [self.predictors.layers[i] for i in range(self.config.n_layers)]
             typed = _core.Predictors(
                 [held(p, 0) for p in layers],
                 [held(p, 1) for p in layers],
                 [float(p.threshold) for p in layers],
                 self.predictors.input,
+                experts=units,
             )
             self._session.set_sparsity("predictor", predictors=typed)
         else:
@@ -380,8 +386,11 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         return self._model.input_column_norms(int(layer))
 
     @locked
-    def take_captured(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Per layer (x (n, dim), act (n, ffn)) float32 rows captured since the last call."""
+    def take_captured(self) -> list[tuple[np.ndarray, ...]]:
+        """Per layer (x (n, dim), act (n, ffn)) float32 rows captured since the last call; a
+        mixture of experts: (x, act (n, n_expert_used * expert_ffn), routes int64 (n,
+        n_expert_used)), each token's routed experts' values in route order and which
+        experts they are."""
         return self._session.take_captured()
 
     @locked

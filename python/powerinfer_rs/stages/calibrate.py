@@ -65,10 +65,10 @@ def calibrate_thresholds(
     engine.set_sparsity("dense")
     sampler = stage_args.ValueSampler(n_layers, sample_values, seed)
 
-    def on_rows(caps: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    def on_rows(caps: list[tuple[np.ndarray, ...]]) -> None:
         # Row 0 is the context's first token, which threshold mode computes densely: the
         # thresholds are quantiles over the tokens it sparsifies.
-        for layer, (_x, act) in enumerate(caps):
+        for layer, (_x, act, *_routes) in enumerate(caps):
             sampler.add(layer, np.abs(act[1:]))
 
     stage_args.capture_windows(engine, ids, window, on_rows, desc="calibrate", progress=progress)

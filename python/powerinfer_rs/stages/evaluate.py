@@ -107,7 +107,9 @@ def predictor_quality(
 ) -> list[dict[str, float]]:
     """Per layer recall / precision of ``predictors`` (numpy predictions on the FFN inputs
     captured in a dense run over ``ids``) against the true activity (``act > 0`` without
-    ``thresholds``, ``|act| >= t`` with them). The predictors must take ``ffn_norm`` input."""
+    ``thresholds``, ``|act| >= t`` with them). The predictors must take ``ffn_norm`` input.
+    A mixture of experts' predictors count over the routed experts that have one (rank: the
+    layer's largest)."""
     if getattr(predictors, "input", "ffn_norm") != "ffn_norm":
         raise PlanError(
             f"recall needs predictors on the ffn_norm input (the captured rows); these take "
@@ -120,21 +122,37 @@ def predictor_quality(
     rows = np.zeros(n_layers, np.int64)
     size = np.zeros(n_layers, np.int64)
 
-    def on_rows(caps: list[tuple[np.ndarray, np.ndarray]]) -> None:
-        for layer, (x, act) in enumerate(caps):
+    experts = getattr(predictors, "experts", None) or {}
+
+    def count(layer: int, pred: np.ndarray, true: np.ndarray) -> None:
+        tp[layer] += np.count_nonzero(pred & true)
+        n_pred[layer] += np.count_nonzero(pred)
+        n_true[layer] += np.count_nonzero(true)
+        size[layer] += true.size
+
+    def on_rows(caps: list[tuple[np.ndarray, ...]]) -> None:
+        for layer, cap in enumerate(caps):
+            x, act = cap[0], cap[1]
             true = stage_args.active_mask(act, None if thresholds is None else thresholds[layer])
-            pred = predictors.layers[layer].predict(x)
-            tp[layer] += np.count_nonzero(pred & true)
-            n_pred[layer] += np.count_nonzero(pred)
-            n_true[layer] += np.count_nonzero(true)
             rows[layer] += x.shape[0]
-            size[layer] += true.size
+            if len(cap) == 2:
+                count(layer, predictors.layers[layer].predict(x), true)
+                continue
+            # A mixture of experts: each routed expert that has a predictor, over its neurons.
+            routes = cap[2]
+            true = true.reshape(x.shape[0], routes.shape[1], -1)
+            for e in np.unique(routes):
+                p = experts.get((layer, int(e)))
+                if p is not None:
+                    tok, slot = np.nonzero(routes == e)
+                    count(layer, p.predict(x[tok]), true[tok, slot])
 
     engine.set_sparsity("dense")
     stage_args.capture_windows(engine, ids, window, on_rows, desc="recall", progress=progress)
     out = []
     for i in range(n_layers):
-        p = predictors.layers[i]
+        ranks = [p.rank for (layer, _), p in experts.items() if layer == i]
+        rank = predictors.layers[i].rank if not experts else max(ranks, default=0)
         out.append(
             {
                 "layer": i,
@@ -142,7 +160,7 @@ def predictor_quality(
                 "precision": float(tp[i] / n_pred[i]) if n_pred[i] else 1.0,
                 "active_fraction": float(n_true[i] / max(1, size[i])),
                 "predicted_fraction": float(n_pred[i] / max(1, size[i])),
-                "rank": int(p.rank),
+                "rank": int(rank),
                 "tokens": int(rows[i]),
             }
         )

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InternalError, PlanError, UnsupportedError
+from ..errors import InternalError, PlanError
 from . import args as stage_args
 
 #: The ``--help`` description.
@@ -69,25 +69,32 @@ def profile_model(
     also stream (x, mask) samples to ``samples_to/samples``: at most ``sample_tokens`` token
     rows per layer, drawn uniformly over the whole run (all rows when None). A mixture of
     experts counts its flattened neuron space (``n_expert * expert_ffn`` per layer) and, with
-    ``experts`` (a list), appends each layer's tokens routed per expert to it."""
+    ``experts`` (a list), appends each layer's tokens routed per expert to it; its samples are
+    per (layer, expert), unit ``layer * n_expert + expert``: each sampled token's FFN input
+    under every expert it is routed to, with the mask over that expert's neurons (samples
+    metadata ``moe``)."""
     from ..formats.samples import SampleWriter
 
     cfg = engine.config
     n_layers, ffn = cfg.n_layers, cfg.ffn_dim
-    if cfg.n_expert:
-        ffn = cfg.n_expert * (cfg.expert_ffn_dim or cfg.ffn_dim)
-        if samples_to is not None:
-            raise UnsupportedError(
-                "predictor samples of a mixture-of-experts model are not supported yet "
-                "(profile its counts without --samples)"
-            )
+    n_expert, ef = cfg.n_expert, cfg.expert_ffn_dim or cfg.ffn_dim
+    if n_expert:
+        ffn = n_expert * ef
     thr = None if thresholds is None else [float(t) for t in thresholds]
     engine.set_sparsity("dense")
     writer = None
     if samples_to is not None:
-        writer = SampleWriter(
-            samples_to, n_layers, cfg.dim, ffn, metadata=dict(sample_metadata or {})
-        )
+        meta = dict(sample_metadata or {})
+        if not n_expert:
+            writer = SampleWriter(samples_to, n_layers, cfg.dim, ffn, metadata=meta)
+        else:
+            # One sample unit per (layer, expert): the tokens routed to the expert, the mask over
+            # its neurons. Shards stay small so that every unit's buffer fits in ~256 MiB.
+            units = n_layers * n_expert
+            row = 2 * cfg.dim + ef
+            shard = max(64, min(4096, (256 << 20) // (units * row)))
+            meta["moe"] = {"n_layers": n_layers, "n_expert": n_expert, "expert_ffn": ef}
+            writer = SampleWriter(samples_to, units, cfg.dim, ef, shard, metadata=meta)
     want = len(ids) if sample_tokens is None else min(sample_tokens, len(ids))
     # exactly `want` token positions, uniformly over the whole run
     chosen = np.zeros(len(ids), dtype=bool)
@@ -106,11 +113,19 @@ def profile_model(
         rows = np.flatnonzero(chosen[start : start + n])
         if rows.size == 0:
             return
-        for layer, (x, act) in enumerate(caps):
-            a = act[rows]
-            writer.add(
-                layer, x[rows], stage_args.active_mask(a, None if thr is None else thr[layer])
-            )
+        for layer, cap in enumerate(caps):
+            t = None if thr is None else thr[layer]
+            if not n_expert:
+                x, act = cap
+                writer.add(layer, x[rows], stage_args.active_mask(act[rows], t))
+                continue
+            x, act, routes = cap
+            x, r = x[rows], routes[rows]
+            act = act[rows].reshape(rows.size, r.shape[1], ef)
+            for e in np.unique(r):
+                tok, slot = np.nonzero(r == e)
+                unit = layer * n_expert + int(e)
+                writer.add(unit, x[tok], stage_args.active_mask(act[tok, slot], t))
         written += int(rows.size)
 
     engine.start_profiling(thresholds=thr, capture=writer is not None)
@@ -282,7 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--samples",
         action="store_true",
         help="also write (FFN input, active mask) samples to DIR/samples for "
-        "python -m powerinfer_rs.train_predictors",
+        "python -m powerinfer_rs.train_predictors (a mixture of experts: per layer and "
+        "expert, from the tokens routed to it)",
     )
     ap.add_argument(
         "--sample-tokens",

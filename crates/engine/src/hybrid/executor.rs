@@ -195,6 +195,12 @@ impl<B: Backend> Hybrid for Executor<B> {
             "the input sparsity mode runs on the CPU only (device=\"cpu\"); the hybrid \
              executor has no input-sparse GPU kernels yet"
         );
+        powerinfer_core::ensure!(
+            !matches!(mode, Sparsity::Predictor { experts, .. } if !experts.is_empty()),
+            Unsupported,
+            "predictors inside experts run on the CPU only (device=\"cpu\"); the hybrid \
+             executor runs mixture-of-experts layers dense, exact-relu or threshold"
+        );
         if let Sparsity::Predictor { layers, .. } = mode {
             for (i, layer) in self.gpu.layers.iter_mut().enumerate() {
                 if let Some(p) = &mut layer.predictor {
@@ -462,7 +468,7 @@ impl<B: Backend> Executor<B> {
         let table = &placement.file.table.layers[l];
         let dense = mode.dense_rows(pos, 1) > 0;
         let predictor = match mode {
-            Sparsity::Predictor { layers, input } if !dense => Some((&layers[l], *input)),
+            Sparsity::Predictor { layers, input, .. } if !dense => Some((&layers[l], *input)),
             _ => None,
         };
         let gpu_predictor = predictor.is_some()

@@ -1,0 +1,269 @@
+"""Predictors per expert of a mixture of experts: trained where they pay, resumably.
+
+The profiler's samples of a mixture of experts are per (layer, expert) unit ``layer * n_expert
++ expert`` (samples metadata ``moe``): the FFN input of every sampled token routed to the
+expert, and the mask over that expert's ``expert_ffn`` neurons. Each unit with enough samples
+is trained as one layer is (:func:`~.train.train_layer`, byte budget a fraction of the expert's
+gate+up+down bytes), then kept only where it pays. What a routed expert reads per token, as a
+share of its bytes (``g``, ``u``, ``d`` its gate, up and down bytes, ``P`` the predictor's, ``a``
+the share of its neurons that fire, ``p`` the share predicted):
+
+* without a predictor: exact-relu (ReLU experts) reads every gate row and the up and down rows
+  of the neurons that fire, ``g + a (u + d)``; SiLU experts (threshold semantics) read all,
+  ``g + u + d``;
+* with one: ``P + p g + a (u + d)`` (ReLU: the predicted gate rows, then the up and down rows of
+  those that fire), ``P + p (g + u + d)`` (SiLU: every predicted neuron counts).
+
+An expert whose predictor would read more than it saves runs without one; the report says which.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from ..errors import ModelFileError, PlanError, ShapeError
+from ..formats import samples as samples_mod
+from ..formats.predictors import load_predictors, save_predictors
+from .model import LayerPredictor, PredictorSet
+from .train import TrainConfig, train_layer
+
+#: Fewest samples (tokens routed to an expert) a predictor is trained from; an expert that saw
+#: fewer runs without one.
+MIN_SAMPLES = 64
+DROPPED_NAME = "dropped.json"
+SETTINGS_NAME = "settings.json"
+
+
+def expert_bytes(model: Any, layer: int, n_expert: int) -> tuple[float, float, float]:
+    """One expert's gate, up and down bytes in ``layer`` (the merged tensors' bytes over
+    ``n_expert``)."""
+    out = []
+    for kind in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"):
+        t = model.tensors.get(f"blk.{layer}.{kind}")
+        if t is None:
+            raise ModelFileError(f"model has no blk.{layer}.{kind}")
+        out.append(t.nbytes / n_expert)
+    return out[0], out[1], out[2]
+
+
+def read_cost(
+    stats: dict[str, Any], nbytes: float, g: float, u: float, d: float, relu: bool
+) -> tuple[float, float]:
+    """(bytes a routed token reads without the predictor, with it): see the module text."""
+    a = float(stats.get("active_fraction", 1.0))
+    p = float(stats.get("predicted_fraction", 1.0))
+    if relu:
+        return g + a * (u + d), nbytes + p * g + a * (u + d)
+    return g + u + d, nbytes + p * (g + u + d)
+
+
+def _settings(base: dict, moe: dict) -> dict:
+    return {**base, "experts": int(moe["n_expert"]), "ffn": int(moe["expert_ffn"])}
+
+
+def train_expert_predictors(
+    profile_dir: Any,
+    out: Any,
+    *,
+    meta: dict[str, Any],
+    model: Any,
+    recall: float,
+    max_bytes_fraction: float,
+    layers: Iterable[int] | None,
+    seed: int,
+    cfg: TrainConfig,
+    max_rows: int | None,
+    progress: bool,
+    say: Callable[[str], None],
+    settings: Callable[[str | None, int, int], dict],
+    min_samples: int = MIN_SAMPLES,
+) -> PredictorSet:
+    """Train the experts' predictors of the samples under ``profile_dir`` (``meta`` their
+    validated metadata) and write ``out``; ``settings(fingerprint, dim, ffn)`` gives the
+    pipeline's settings record. See the module text."""
+    smeta = meta.get("metadata", {})
+    moe = smeta.get("moe")
+    try:
+        n_layers, n_expert, ef = (int(moe[k]) for k in ("n_layers", "n_expert", "expert_ffn"))
+    except (TypeError, KeyError, ValueError):
+        raise ModelFileError(f"{meta['dir']}: malformed 'moe' samples metadata: {moe!r}") from None
+    if n_layers * n_expert != meta["n_layers"] or ef != meta["ffn_dim"] or n_expert <= 0:
+        raise ModelFileError(
+            f"{meta['dir']}: {meta['n_layers']} sample units of {meta['ffn_dim']} neurons do not "
+            f"fit {n_layers} layers x {n_expert} experts of {ef}"
+        )
+    dim = meta["dim"]
+    relu = smeta.get("semantics", "relu") == "relu"
+    fingerprint = smeta.get("model_fingerprint") or None
+    if model is None:
+        raise PlanError("training predictors per expert needs the model (its expert bytes)")
+    c = model.config
+    if (c.n_layers, c.dim, c.n_expert, c.expert_ffn_dim or c.ffn_dim) != (
+        n_layers,
+        dim,
+        n_expert,
+        ef,
+    ):
+        raise ShapeError(
+            f"samples are for {n_layers} layers x {n_expert} experts of {ef} neurons, dim "
+            f"{dim}; the model has {c.n_layers} x {c.n_expert} of "
+            f"{c.expert_ffn_dim or c.ffn_dim}, dim {c.dim}"
+        )
+    if fingerprint and fingerprint != model.fingerprint:
+        raise PlanError(f"samples were profiled on model {fingerprint}, not on {model.fingerprint}")
+    fingerprint = model.fingerprint
+    todo_layers = sorted(set(range(n_layers) if layers is None else layers))
+    for i in todo_layers:
+        if not 0 <= i < n_layers:
+            raise ShapeError(f"layer {i} outside [0, {n_layers})")
+    sets = _settings(settings(fingerprint, dim, ef), moe)
+    keys = [k for k in sets if k != "seed"]
+
+    out = Path(out)
+    parts = out.with_name(out.name + ".parts")
+    done: dict[tuple[int, int], LayerPredictor] = {}
+    dropped: dict[str, dict[str, Any]] = {}
+    if out.is_file():
+        try:
+            prev = load_predictors(out)
+            old = prev.metadata.get("settings", {})
+            if all(old.get(k) == sets.get(k) for k in keys):
+                done.update(prev.experts)
+                dropped.update(prev.metadata.get("dropped", {}))
+            else:
+                say(f"{out}: made with other settings; its experts are retrained")
+        except (ModelFileError, ShapeError) as e:
+            say(f"{out}: unreadable ({e}); starting over")
+    if parts.is_dir():
+        try:
+            old = json.loads((parts / SETTINGS_NAME).read_text())
+        except (OSError, ValueError):
+            old = {}
+        if isinstance(old, dict) and all(old.get(k) == sets.get(k) for k in keys):
+            for f in sorted(parts.glob("unit_*.safetensors")):
+                try:
+                    done.update(load_predictors(f).experts)
+                except (ModelFileError, ShapeError):
+                    say(f"{f}: unreadable partial expert; retraining it")
+            try:
+                dropped.update(json.loads((parts / DROPPED_NAME).read_text()))
+            except (OSError, ValueError):
+                pass
+        else:
+            shutil.rmtree(parts)
+    parts.mkdir(parents=True, exist_ok=True)
+    (parts / SETTINGS_NAME).write_text(json.dumps(sets, indent=1))
+
+    units = [(i, e) for i in todo_layers for e in range(n_expert)]
+    pending = [u for u in units if u not in done and f"{u[0]}.{u[1]}" not in dropped]
+    if len(pending) < len(units):
+        say(f"resuming: {len(units) - len(pending)} of {len(units)} experts already done")
+    cost = {i: expert_bytes(model, i, n_expert) for i in todo_layers}
+    bar = tqdm(pending, desc="expert predictors", unit="expert", disable=not progress)
+    for i, e in bar:
+        bar.set_postfix(layer=i, expert=e)
+        key = f"{i}.{e}"
+        x, m = samples_mod.load_samples(profile_dir, i * n_expert + e, max_rows=max_rows)
+        g, u, d = cost[i]
+        if x.shape[0] < min_samples:
+            dropped[key] = {"reason": "few samples", "n_samples": int(x.shape[0])}
+        else:
+            pred = train_layer(
+                x,
+                m,
+                recall=recall,
+                max_bytes=max_bytes_fraction * (g + u + d),
+                ffn_bytes=g + u + d,
+                seed=seed + i * n_expert + e,
+                config=cfg,
+                progress=False,
+            )
+            without, with_ = read_cost(pred.stats, pred.nbytes(cfg.dtype), g, u, d, relu)
+            pred.stats.update(
+                ffn_bytes=g + u + d,
+                n_samples=int(x.shape[0]),
+                bytes_without=without,
+                bytes_with=with_,
+            )
+            if with_ < without:
+                done[(i, e)] = pred
+                one = _set({(i, e): pred}, sets, cfg, {})
+                save_predictors(parts / f"unit_{i:03d}_{e:03d}.safetensors", one)
+            else:
+                dropped[key] = {"reason": "does not pay", **pred.stats}
+        (parts / DROPPED_NAME).write_text(json.dumps(dropped, default=float))
+    bar.close()
+    result = _set(done, sets, cfg, dropped)
+    save_predictors(out, result)
+    shutil.rmtree(parts, ignore_errors=True)
+    kept = sum(1 for u in done if u[0] in todo_layers)
+    say(f"{kept} of {len(units)} experts have a predictor that pays")
+    return result
+
+
+def _set(
+    experts: dict[tuple[int, int], LayerPredictor],
+    settings: dict,
+    cfg: TrainConfig,
+    dropped: dict[str, Any],
+) -> PredictorSet:
+    return PredictorSet(
+        layers={},
+        experts=dict(sorted(experts.items())),
+        model_fingerprint=settings["model_fingerprint"] or None,
+        recall_target=settings["recall_target"],
+        input=settings["predictor_input"],
+        dtype=cfg.dtype,
+        metadata={"settings": settings, "dropped": dropped},
+    )
+
+
+def format_expert_table(predictors: PredictorSet) -> str:
+    """The per-layer report of a mixture of experts' predictors: experts with a predictor,
+    without one (did not pay / too few samples), mean recall and precision of those kept, and
+    the bytes a routed token reads with them against without (kept experts)."""
+    dropped = predictors.metadata.get("dropped", {})
+    by_layer: dict[int, list[dict[str, Any]]] = {}
+    for (i, _e), p in predictors.experts.items():
+        by_layer.setdefault(i, []).append(p.stats)
+    skip: dict[int, list[str]] = {}
+    for key, st in dropped.items():
+        layer = int(str(key).split(".")[0])
+        skip.setdefault(layer, []).append(st.get("reason", "") if isinstance(st, dict) else "")
+    head = (
+        f"{'layer':>5} {'kept':>5} {'no-pay':>6} {'few':>5} {'recall':>7} {'precis':>7} "
+        f"{'read with/without':>18} {'pred bytes':>11}"
+    )
+    lines = [head, "-" * len(head)]
+    tot_with = tot_without = 0.0
+    for i in sorted(set(by_layer) | set(skip)):
+        kept = by_layer.get(i, [])
+        reasons = skip.get(i, [])
+        with_ = sum(s.get("bytes_with", 0.0) for s in kept)
+        without = sum(s.get("bytes_without", 0.0) for s in kept)
+        tot_with, tot_without = tot_with + with_, tot_without + without
+
+        def mean(k: str, kept: list = kept) -> float:
+            return sum(s.get(k, float("nan")) for s in kept) / len(kept) if kept else float("nan")
+
+        ratio = with_ / without if without else float("nan")
+        nbytes = sum(s.get("bytes", 0) for s in kept)
+        lines.append(
+            f"{i:>5} {len(kept):>5} {reasons.count('does not pay'):>6} "
+            f"{reasons.count('few samples'):>5} {mean('recall'):>7.4f} {mean('precision'):>7.3f} "
+            f"{ratio:>18.3f} {nbytes:>11,}"
+        )
+    lines.append("-" * len(head))
+    n = len(predictors.experts)
+    ratio = f"{tot_with / tot_without:.3f}" if tot_without else "n/a"
+    lines.append(
+        f"{n} experts with a predictor ({predictors.nbytes():,} bytes); where kept, a routed "
+        f"token reads {ratio}x the bytes it reads without"
+    )
+    return "\n".join(lines)
