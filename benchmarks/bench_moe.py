@@ -21,7 +21,9 @@ With ``--smallthinker``: a synthetic SmallThinker (ReGLU experts with a planted 
 1024, top-4), quantized by llama.cpp to ``--st-format``, decoded by our dense and our
 exact-relu modes alternately. The ideal ratio counts the bytes exact-relu skips: the up and
 down_t rows of the routed experts' neurons that do not fire (the share measured by a profile
-run over the same tokens).
+run over the same tokens). With ``--st-predictor-tokens N`` also predictor mode inside the
+experts: a profile of N random tokens with samples, predictors trained per expert and kept
+where they pay (the trainer's table is printed), raced against exact-relu in the same rounds.
 
 Examples::
 
@@ -87,6 +89,8 @@ def synthetic_f16(args, arch: str = "qwen3moe") -> Path:
             experts_used=args.st_experts_used,
             active=args.st_active,
         )
+        if args.st_gate_rank is not None:
+            shape["gate_rank"] = args.st_gate_rank
     tag = "-".join(f"{k}{v}" for k, v in shape.items() if k not in ("activation", "arch"))
     path = Path(args.cache) / f"synthetic-{arch}-f16-{tag}.gguf"
     if not path.is_file():
@@ -206,6 +210,13 @@ def race_exact_relu(args, path: Path, threads: int) -> dict:
     ideal = full / (full - saved)
     rates = {"dense": [], "exact-relu": []}
     engines = {"dense": dense, "exact-relu": relu}
+    trained = None
+    if args.st_predictor_tokens:
+        trained = expert_predictors(args, loaded, path, threads)
+        engines["predictor"] = pi.Engine(
+            loaded, threads=threads, n_ctx=n_ctx, sparsity="predictor", predictors=trained["file"]
+        )
+        rates["predictor"] = []
     for e in engines.values():
         e.generate(prompt, max_new_tokens=8, temperature=0.0, ignore_eos=True)
     order = list(engines)
@@ -229,10 +240,67 @@ def race_exact_relu(args, path: Path, threads: int) -> dict:
         "dense_samples": rates["dense"],
         "relu_samples": rates["exact-relu"],
     }
+    if trained is not None:
+        row["predictor"] = trained["summary"]
+        row["predictor_tok_s"] = median(rates["predictor"])
+        row["predictor_samples"] = rates["predictor"]
+        row["predictor_vs_relu"] = row["predictor_tok_s"] / row["relu_tok_s"]
     row["speedup"] = row["relu_tok_s"] / row["dense_tok_s"]
     row["share_of_ideal"] = (row["speedup"] - 1) / (ideal - 1) if ideal > 1 else None
     row["ratio_of_ideal"] = row["speedup"] / ideal
     return row
+
+
+def expert_predictors(args, loaded, path: Path, threads: int) -> dict:
+    """Predictors per expert for ``path``: a dense profile over ``--st-predictor-tokens``
+    random token ids (windows of 256) with samples, then the trainer, which keeps an expert's
+    predictor only where it pays (cached next to the model)."""
+    pi = require_powerinfer()
+    from powerinfer_rs.predictors import TrainConfig, format_table, train_predictors
+    from powerinfer_rs.stages.profile import profile_model
+
+    out = path.with_name(path.stem + f"-pred{args.st_predictor_tokens}.safetensors")
+    prof = path.with_name(path.stem + f"-prof{args.st_predictor_tokens}")
+    if not out.is_file():
+        eng = pi.Engine(loaded, threads=threads, n_ctx=256)
+        rng = np.random.default_rng(args.seed + 1)
+        ids = [
+            int(t)
+            for t in rng.integers(100, loaded.config.vocab_size - 100, args.st_predictor_tokens)
+        ]
+        t0 = time.perf_counter()
+        profile_model(eng, ids, window=256, samples_to=prof, progress=True)
+        print(f"  profiled in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        t0 = time.perf_counter()
+        train_predictors(
+            prof,
+            out,
+            model=loaded,
+            config=TrainConfig(),
+            progress=True,
+            log=lambda s: print(s, file=sys.stderr),
+        )
+        print(f"  trained in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    from powerinfer_rs.formats.predictors import load_predictors
+
+    pset = load_predictors(out)
+    table = format_table(pset)
+    print(table)
+    kept = list(pset.experts.values())
+    summary = {
+        "tokens": args.st_predictor_tokens,
+        "experts_kept": len(kept),
+        "experts": loaded.config.n_layers * loaded.config.n_expert,
+        "mean_precision": float(np.mean([p.stats["precision"] for p in kept])) if kept else None,
+        "mean_recall": float(np.mean([p.stats["recall"] for p in kept])) if kept else None,
+        "read_with_over_without": (
+            sum(p.stats["bytes_with"] for p in kept) / sum(p.stats["bytes_without"] for p in kept)
+            if kept
+            else None
+        ),
+        "table": table,
+    }
+    return {"file": str(out), "summary": summary}
 
 
 def main(argv=None) -> int:
@@ -262,6 +330,21 @@ def main(argv=None) -> int:
         "--st-active", type=float, default=0.3, help="planted share of expert neurons firing"
     )
     ap.add_argument("--st-format", default="Q4_0", choices=list(FTYPES))
+    ap.add_argument(
+        "--st-gate-rank",
+        type=int,
+        default=None,
+        help="rank of the planted low-rank gate structure that makes the SmallThinker's "
+        "activity predictable (default: the synthetic writer's, 64)",
+    )
+    ap.add_argument(
+        "--st-predictor-tokens",
+        type=int,
+        default=0,
+        help="also predictor mode inside the SmallThinker's experts: profile this many tokens "
+        "with samples, train predictors per expert (kept where they pay), race them against "
+        "exact-relu (0: skip)",
+    )
     ap.add_argument("--json", default=None)
     add_synthetic_args(ap)
     add_bandwidth_args(ap)
@@ -304,6 +387,21 @@ def main(argv=None) -> int:
         )
         print("  samples dense", " ".join(f"{x:.1f}" for x in st["dense_samples"]))
         print("  samples exact-relu", " ".join(f"{x:.1f}" for x in st["relu_samples"]))
+        if "predictor" in st:
+            pr = st["predictor"]
+            ratio = pr["read_with_over_without"]
+            print(
+                f"  predictor per expert ({pr['experts_kept']} of {pr['experts']} experts kept, "
+                f"trained on {pr['tokens']} profiled tokens): {st['predictor_tok_s']:.1f} tok/s "
+                f"= {st['predictor_vs_relu']:.2f}x exact-relu; "
+                + (
+                    f"where kept, a routed token reads {ratio:.3f}x the bytes"
+                    if ratio is not None
+                    else "none paid: every expert ran exact-relu"
+                ),
+                flush=True,
+            )
+            print("  samples predictor", " ".join(f"{x:.1f}" for x in st["predictor_samples"]))
     report = {"machine": mi, "bandwidth_gbs": bw, "args": vars(args), "rows": rows}
     report["smallthinker"] = st
     write_json(args.json, report)

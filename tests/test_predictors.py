@@ -160,7 +160,7 @@ def test_sample_writer_shards_and_readers(tmp_path):
         for a in range(0, 250, 37):
             w.add(1, x[a : a + 37], m[a : a + 37])
         w.add(0, x[0], m[0])  # 1-D = one sample
-        assert all(b.shape[0] <= 64 for b in w._x)  # bounded buffers
+        assert all(w._fill[i] <= 64 for i in range(2))  # bounded buffers
     meta = read_meta(tmp_path)
     assert meta["rows"] == [1, 250] and meta["shards"] == [1, 4] and meta["metadata"] == {"k": "v"}
     shards = sorted((tmp_path / "samples" / "layer_001").glob("shard_*.npz"))
@@ -187,6 +187,35 @@ def test_sample_writer_shards_and_readers(tmp_path):
     (tmp_path / "samples" / "meta.json").write_text("{not json")
     with pytest.raises(ModelFileError):
         read_meta(tmp_path)
+
+
+def test_sample_writer_bounds_what_waits_in_memory(tmp_path):
+    """With max_buffered, the fullest layers are written early as shorter shards whenever more
+    than that waits: every row still lands, in order, in its own layer."""
+    rng = np.random.default_rng(4)
+    n_layers, dim, ffn = 40, 16, 24
+    row = 2 * dim + 3  # float16 x and the packed mask
+    xs = [[] for _ in range(n_layers)]
+    ms = [[] for _ in range(n_layers)]
+    with SampleWriter(tmp_path, n_layers, dim, ffn, shard_rows=512, max_buffered=50 * row) as w:
+        for _ in range(300):
+            layer = int(rng.integers(n_layers))
+            x = rng.standard_normal((2, dim)).astype(np.float32)
+            m = rng.random((2, ffn)) < 0.4
+            w.add(layer, x, m)
+            xs[layer].append(x)
+            ms[layer].append(m)
+            assert w._buffered <= 50 * row
+    meta = read_meta(tmp_path)
+    assert sum(meta["rows"]) == 600 and max(meta["shards"]) > 1  # early, short shards
+    for layer in range(n_layers):
+        xa, ma = load_samples(tmp_path, layer)
+        if xs[layer]:
+            np.testing.assert_array_equal(ma, np.concatenate(ms[layer]))
+            want = np.concatenate(xs[layer]).astype(np.float16).astype(np.float32)
+            np.testing.assert_array_equal(xa, want)
+        else:
+            assert xa.shape == (0, dim)
 
 
 # --------------------------------------------------------------------------- resumability

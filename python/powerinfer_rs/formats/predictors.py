@@ -117,13 +117,17 @@ def load_predictors(path: str | os.PathLike[str]) -> PredictorSet:
         )
     # unit -> tensor prefix: a layer index, or a (layer, expert) pair
     units: dict[int | tuple[int, int], str] = {}
+
+    def index(s: str) -> bool:  # a canonical decimal index ("1", not "01")
+        return s.isascii() and s.isdigit() and str(int(s)) == s
+
     for name in raw:
         parts = name.split(".")
-        digits = all(s.isascii() and s.isdigit() for s in parts[1:-1:2])
+        digits = all(index(s) for s in parts[1:-1:2])
         if len(parts) == 3 and parts[0] == "blk" and digits:
             unit: int | tuple[int, int] = int(parts[1])
         elif len(parts) == 5 and parts[0] == "blk" and parts[2] == "exp" and digits:
-            if not (parts[3].isascii() and parts[3].isdigit()):
+            if not index(parts[3]):
                 raise ModelFileError(f"{p}: unexpected tensor {name!r}")
             unit = (int(parts[1]), int(parts[3]))
         else:
@@ -206,8 +210,9 @@ def predictors_for(source: object, model: Any) -> PredictorSet:
 
 def _expert_predictors_for(pset: PredictorSet, c: Any) -> PredictorSet:
     """``pset`` checked as a mixture of experts' predictors (config ``c``): per expert, over
-    the expert's neurons, reading the normed FFN input."""
-    if pset.layers or not pset.experts:
+    the expert's neurons, reading the normed FFN input. A set the trainer wrote may hold none
+    (no expert's predictor paid): every expert then runs exact-relu."""
+    if pset.layers or not (pset.experts or "dropped" in pset.metadata):
         raise PlanError(
             "a mixture of experts takes predictors per expert (python -m "
             "powerinfer_rs.train_predictors on its profile writes them), not per layer"

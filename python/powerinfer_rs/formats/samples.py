@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,8 +62,13 @@ class SampleWriter:
     ``SampleWriter(dir, n_layers, dim, ffn_dim)`` writes under ``dir/samples`` (an existing
     samples folder there is replaced). ``metadata`` (JSON-able) is stored in ``meta.json``,
     e.g. ``{"model_fingerprint": ..., "predictor_input": "ffn_norm"}``. Use as a context
-    manager or call :meth:`close`; ``meta.json`` is rewritten after every flush, so a crashed
-    run still leaves readable shards.
+    manager or call :meth:`close`; ``meta.json`` is rewritten after a flush at most once a
+    second (and at the end), so a crashed run still leaves readable shards.
+
+    Memory: rows wait in memory (x as float16, the mask packed) until a layer has
+    ``shard_rows`` of them; with ``max_buffered`` (bytes) the fullest layers are also flushed
+    early, as shorter shards, whenever more than that waits in all (the per-expert units of a
+    mixture of experts: thousands of units, each filling slowly).
     """
 
     def __init__(
@@ -74,22 +80,29 @@ class SampleWriter:
         shard_rows: int = 4096,
         *,
         metadata: dict[str, Any] | None = None,
+        max_buffered: int | None = None,
     ) -> None:
         for name, v in (("n_layers", n_layers), ("dim", dim), ("ffn_dim", ffn_dim)):
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ShapeError(f"SampleWriter: {name} must be a positive integer, got {v!r}")
         if not isinstance(shard_rows, int) or shard_rows <= 0:
             raise ShapeError(f"SampleWriter: shard_rows must be positive, got {shard_rows!r}")
+        if max_buffered is not None and max_buffered <= 0:
+            raise ShapeError(f"SampleWriter: max_buffered must be positive, got {max_buffered!r}")
         self.root = Path(dir)
         self.dir = self.root / "samples"
         self.n_layers, self.dim, self.ffn_dim, self.shard_rows = n_layers, dim, ffn_dim, shard_rows
         self.metadata = dict(metadata or {})
+        self.max_buffered = max_buffered
         if self.dir.exists():
             shutil.rmtree(self.dir)
         self.dir.mkdir(parents=True)
-        self._x = [np.empty((0, dim), np.float16) for _ in range(n_layers)]
-        self._m = [np.empty((0, ffn_dim), bool) for _ in range(n_layers)]
+        self._x: list[list[np.ndarray]] = [[] for _ in range(n_layers)]
+        self._m: list[list[np.ndarray]] = [[] for _ in range(n_layers)]
         self._fill = [0] * n_layers
+        self._row_bytes = 2 * dim + (ffn_dim + 7) // 8
+        self._buffered = 0
+        self._meta_at = 0.0
         self.rows = [0] * n_layers
         self.shards = [0] * n_layers
         self.closed = False
@@ -115,22 +128,25 @@ class SampleWriter:
             raise ShapeError(
                 f"SampleWriter: mask must be [{x.shape[0]}, {self.ffn_dim}], got {mask.shape}"
             )
-        if mask.dtype != bool:
-            mask = mask != 0
         layer = int(layer)
+        x16 = np.array(x, dtype=np.float16)  # a copy: the caller's buffer may be reused
+        packed = np.packbits(mask != 0, axis=1)
         pos, n = 0, x.shape[0]
         while pos < n:
-            if self._x[layer].shape[0] == 0:
-                self._x[layer] = np.empty((self.shard_rows, self.dim), np.float16)
-                self._m[layer] = np.empty((self.shard_rows, self.ffn_dim), bool)
-            fill = self._fill[layer]
-            take = min(n - pos, self.shard_rows - fill)
-            self._x[layer][fill : fill + take] = x[pos : pos + take]
-            self._m[layer][fill : fill + take] = mask[pos : pos + take]
-            self._fill[layer] = fill + take
+            take = min(n - pos, self.shard_rows - self._fill[layer])
+            self._x[layer].append(x16[pos : pos + take])
+            self._m[layer].append(packed[pos : pos + take])
+            self._fill[layer] += take
+            self._buffered += take * self._row_bytes
             pos += take
             if self._fill[layer] == self.shard_rows:
                 self._flush(layer)
+        if self.max_buffered is not None and self._buffered > self.max_buffered:
+            # The fullest layers go first, down to half the limit: few, long shards.
+            for i in sorted(range(self.n_layers), key=lambda i: -self._fill[i]):
+                if self._buffered <= self.max_buffered // 2:
+                    break
+                self._flush(i)
 
     def _flush(self, layer: int) -> None:
         fill = self._fill[layer]
@@ -142,27 +158,31 @@ class SampleWriter:
         with open(tmp, "wb") as f:
             np.savez(
                 f,
-                x=self._x[layer][:fill],
-                mask=np.packbits(self._m[layer][:fill], axis=1),
+                x=np.concatenate(self._x[layer]),
+                mask=np.concatenate(self._m[layer]),
                 ffn=np.int64(self.ffn_dim),
             )
         os.replace(tmp, path)
         self.rows[layer] += fill
         self.shards[layer] += 1
+        self._x[layer], self._m[layer] = [], []
         self._fill[layer] = 0
-        self._write_meta()
+        self._buffered -= fill * self._row_bytes
+        if time.monotonic() - self._meta_at >= 1.0:
+            self._write_meta()
 
     def flush(self) -> None:
         """Write every partly filled buffer as a (short) shard."""
         for layer in range(self.n_layers):
             self._flush(layer)
+        self._write_meta()
 
     def close(self) -> None:
         """Flush what is buffered and write the final ``meta.json``; idempotent."""
         if self.closed:
             return
         self.flush()
-        self._x = self._m = []  # type: ignore[assignment]
+        self._x = self._m = []
         self.closed = True
         self._write_meta()
 
@@ -181,6 +201,7 @@ class SampleWriter:
         tmp = self.dir / (META_NAME + ".part")
         tmp.write_text(json.dumps(meta, indent=1))
         os.replace(tmp, self.dir / META_NAME)
+        self._meta_at = time.monotonic()
 
     def __enter__(self) -> SampleWriter:
         return self

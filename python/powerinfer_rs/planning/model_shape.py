@@ -203,8 +203,9 @@ class ModelShape:
             raise PlanError(f"sparsity {sparsity!r}: choose one of {', '.join(SPARSITIES)}")
         if self.moe and sparsity not in MOE_SPARSITIES:
             raise PlanError(
-                f"sparsity {sparsity!r}: mixture-of-experts models run "
-                f"{', '.join(MOE_SPARSITIES)} experts; plan for one of those"
+                f"sparsity {sparsity!r}: mixture-of-experts plans run "
+                f"{', '.join(MOE_SPARSITIES)} experts; plan for one of those (predictors "
+                "inside experts run on the CPU engine only, without a plan)"
             )
         d = self.config.dim
         up = row_bytes(self.dtype(self.ffn_tensor(layer, "up")), d)

@@ -14,13 +14,15 @@ the share of its neurons that fire, ``p`` the share predicted):
 * with one: ``P + p g + a (u + d)`` (ReLU: the predicted gate rows, then the up and down rows of
   those that fire), ``P + p (g + u + d)`` (SiLU: every predicted neuron counts).
 
-An expert whose predictor would read more than it saves runs without one; the report says which.
+An expert whose predictor would read more than it saves, or misses the recall target on the
+held-out samples, runs without one; the report says which and why.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -34,8 +36,8 @@ from .model import LayerPredictor, PredictorSet
 from .train import TrainConfig, train_layer
 
 #: Fewest samples (tokens routed to an expert) a predictor is trained from; an expert that saw
-#: fewer runs without one.
-MIN_SAMPLES = 64
+#: fewer runs without one (its held-out check would be a few dozen rows).
+MIN_SAMPLES = 256
 DROPPED_NAME = "dropped.json"
 SETTINGS_NAME = "settings.json"
 
@@ -63,8 +65,27 @@ def read_cost(
     return g + u + d, nbytes + p * (g + u + d)
 
 
-def _settings(base: dict, moe: dict) -> dict:
-    return {**base, "experts": int(moe["n_expert"]), "ffn": int(moe["expert_ffn"])}
+def _settings(base: dict, moe: dict, meta: dict, min_samples: int, max_rows: int | None) -> dict:
+    """The pipeline's settings plus what decides each expert here: the experts' shape, the
+    samples themselves (rows per unit: a new profile retrains), the minimum and the cap."""
+    rows = meta.get("rows")
+    return {
+        **base,
+        "experts": int(moe["n_expert"]),
+        "ffn": int(moe["expert_ffn"]),
+        "sample_rows": zlib.crc32(json.dumps(rows).encode()),
+        "semantics": meta.get("metadata", {}).get("semantics"),
+        "min_samples": int(min_samples),
+        "max_rows": max_rows,
+    }
+
+
+def _dropped(value: Any) -> dict[str, dict[str, Any]]:
+    """A ``dropped`` record read back (from a file's metadata or the parts folder): only its
+    well-formed entries (``"layer.expert"`` -> an object)."""
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, dict)}
 
 
 def train_expert_predictors(
@@ -99,7 +120,6 @@ def train_expert_predictors(
             f"fit {n_layers} layers x {n_expert} experts of {ef}"
         )
     dim = meta["dim"]
-    relu = smeta.get("semantics", "relu") == "relu"
     fingerprint = smeta.get("model_fingerprint") or None
     if model is None:
         raise PlanError("training predictors per expert needs the model (its expert bytes)")
@@ -118,11 +138,14 @@ def train_expert_predictors(
     if fingerprint and fingerprint != model.fingerprint:
         raise PlanError(f"samples were profiled on model {fingerprint}, not on {model.fingerprint}")
     fingerprint = model.fingerprint
+    # What an expert without a predictor reads is the engine's rule for the model's experts:
+    # exact-relu for ReLU ones, everything for the others (whatever the profile's semantics).
+    relu = c.activation == "relu"
     todo_layers = sorted(set(range(n_layers) if layers is None else layers))
     for i in todo_layers:
         if not 0 <= i < n_layers:
             raise ShapeError(f"layer {i} outside [0, {n_layers})")
-    sets = _settings(settings(fingerprint, dim, ef), moe)
+    sets = _settings(settings(fingerprint, dim, ef), moe, meta, min_samples, max_rows)
     keys = [k for k in sets if k != "seed"]
 
     out = Path(out)
@@ -135,7 +158,7 @@ def train_expert_predictors(
             old = prev.metadata.get("settings", {})
             if all(old.get(k) == sets.get(k) for k in keys):
                 done.update(prev.experts)
-                dropped.update(prev.metadata.get("dropped", {}))
+                dropped.update(_dropped(prev.metadata.get("dropped")))
             else:
                 say(f"{out}: made with other settings; its experts are retrained")
         except (ModelFileError, ShapeError) as e:
@@ -152,8 +175,8 @@ def train_expert_predictors(
                 except (ModelFileError, ShapeError):
                     say(f"{f}: unreadable partial expert; retraining it")
             try:
-                dropped.update(json.loads((parts / DROPPED_NAME).read_text()))
-            except (OSError, ValueError):
+                dropped.update(_dropped(json.loads((parts / DROPPED_NAME).read_text())))
+            except (OSError, ValueError, RecursionError):
                 pass
         else:
             shutil.rmtree(parts)
@@ -174,29 +197,36 @@ def train_expert_predictors(
         if x.shape[0] < min_samples:
             dropped[key] = {"reason": "few samples", "n_samples": int(x.shape[0])}
         else:
-            pred = train_layer(
-                x,
-                m,
-                recall=recall,
-                max_bytes=max_bytes_fraction * (g + u + d),
-                ffn_bytes=g + u + d,
-                seed=seed + i * n_expert + e,
-                config=cfg,
-                progress=False,
-            )
-            without, with_ = read_cost(pred.stats, pred.nbytes(cfg.dtype), g, u, d, relu)
-            pred.stats.update(
-                ffn_bytes=g + u + d,
-                n_samples=int(x.shape[0]),
-                bytes_without=without,
-                bytes_with=with_,
-            )
-            if with_ < without:
-                done[(i, e)] = pred
-                one = _set({(i, e): pred}, sets, cfg, {})
-                save_predictors(parts / f"unit_{i:03d}_{e:03d}.safetensors", one)
-            else:
-                dropped[key] = {"reason": "does not pay", **pred.stats}
+            try:
+                pred = train_layer(
+                    x,
+                    m,
+                    recall=recall,
+                    max_bytes=max_bytes_fraction * (g + u + d),
+                    ffn_bytes=g + u + d,
+                    seed=seed + i * n_expert + e,
+                    config=cfg,
+                    progress=False,
+                )
+            except (PlanError, ShapeError) as err:  # e.g. a budget too small for rank 1
+                dropped[key] = {"reason": "untrainable", "error": str(err)}
+                pred = None
+            if pred is not None:
+                without, with_ = read_cost(pred.stats, pred.nbytes(cfg.dtype), g, u, d, relu)
+                pred.stats.update(
+                    ffn_bytes=g + u + d,
+                    n_samples=int(x.shape[0]),
+                    bytes_without=without,
+                    bytes_with=with_,
+                )
+                if not pred.stats.get("met_target", False):
+                    dropped[key] = {"reason": "misses recall", **pred.stats}
+                elif with_ < without:
+                    done[(i, e)] = pred
+                    one = _set({(i, e): pred}, sets, cfg, {})
+                    save_predictors(parts / f"unit_{i:03d}_{e:03d}.safetensors", one)
+                else:
+                    dropped[key] = {"reason": "does not pay", **pred.stats}
         (parts / DROPPED_NAME).write_text(json.dumps(dropped, default=float))
     bar.close()
     result = _set(done, sets, cfg, dropped)
@@ -224,40 +254,50 @@ def _set(
     )
 
 
+def _num(stats: dict[str, Any], key: str, default: float = float("nan")) -> float:
+    """``stats[key]`` as a float (``default`` when missing or not a number)."""
+    try:
+        return float(stats.get(key, default))
+    except (TypeError, ValueError):
+        return default
+
+
 def format_expert_table(predictors: PredictorSet) -> str:
     """The per-layer report of a mixture of experts' predictors: experts with a predictor,
-    without one (did not pay / too few samples), mean recall and precision of those kept, and
-    the bytes a routed token reads with them against without (kept experts)."""
-    dropped = predictors.metadata.get("dropped", {})
+    without one (did not pay / missed the recall target / too few samples), mean recall and
+    precision of those kept, and the bytes a routed token reads with them against without
+    (kept experts)."""
+    dropped = _dropped(predictors.metadata.get("dropped"))
     by_layer: dict[int, list[dict[str, Any]]] = {}
     for (i, _e), p in predictors.experts.items():
         by_layer.setdefault(i, []).append(p.stats)
     skip: dict[int, list[str]] = {}
     for key, st in dropped.items():
-        layer = int(str(key).split(".")[0])
-        skip.setdefault(layer, []).append(st.get("reason", "") if isinstance(st, dict) else "")
+        layer = key.split(".")[0]
+        if layer.isascii() and layer.isdigit():
+            skip.setdefault(int(layer), []).append(str(st.get("reason", "")))
     head = (
-        f"{'layer':>5} {'kept':>5} {'no-pay':>6} {'few':>5} {'recall':>7} {'precis':>7} "
-        f"{'read with/without':>18} {'pred bytes':>11}"
+        f"{'layer':>5} {'kept':>5} {'no-pay':>6} {'miss':>5} {'few':>5} {'recall':>7} "
+        f"{'precis':>7} {'read with/without':>18} {'pred bytes':>11}"
     )
     lines = [head, "-" * len(head)]
     tot_with = tot_without = 0.0
     for i in sorted(set(by_layer) | set(skip)):
         kept = by_layer.get(i, [])
         reasons = skip.get(i, [])
-        with_ = sum(s.get("bytes_with", 0.0) for s in kept)
-        without = sum(s.get("bytes_without", 0.0) for s in kept)
+        with_ = sum(_num(s, "bytes_with", 0.0) for s in kept)
+        without = sum(_num(s, "bytes_without", 0.0) for s in kept)
         tot_with, tot_without = tot_with + with_, tot_without + without
 
         def mean(k: str, kept: list = kept) -> float:
-            return sum(s.get(k, float("nan")) for s in kept) / len(kept) if kept else float("nan")
+            return sum(_num(s, k) for s in kept) / len(kept) if kept else float("nan")
 
         ratio = with_ / without if without else float("nan")
-        nbytes = sum(s.get("bytes", 0) for s in kept)
+        nbytes = int(sum(_num(s, "bytes", 0.0) for s in kept))
         lines.append(
             f"{i:>5} {len(kept):>5} {reasons.count('does not pay'):>6} "
-            f"{reasons.count('few samples'):>5} {mean('recall'):>7.4f} {mean('precision'):>7.3f} "
-            f"{ratio:>18.3f} {nbytes:>11,}"
+            f"{reasons.count('misses recall'):>5} {reasons.count('few samples'):>5} "
+            f"{mean('recall'):>7.4f} {mean('precision'):>7.3f} {ratio:>18.3f} {nbytes:>11,}"
         )
     lines.append("-" * len(head))
     n = len(predictors.experts)

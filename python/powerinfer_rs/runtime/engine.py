@@ -321,7 +321,7 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
                 return np.ascontiguousarray(p.fc1 if k == 0 else p.fc2, dtype=store)
 
             units = None
-            if self.predictors.experts:  # a mixture of experts: a predictor per expert
+            if self.config.n_expert:  # a mixture of experts: a predictor per expert
                 units = sorted(self.predictors.experts)
                 layers = [self.predictors.experts[u] for u in units]
             else:

@@ -122,6 +122,7 @@ def predictor_quality(
     rows = np.zeros(n_layers, np.int64)
     size = np.zeros(n_layers, np.int64)
 
+    moe = bool(engine.config.n_expert)
     experts = getattr(predictors, "experts", None) or {}
 
     def count(layer: int, pred: np.ndarray, true: np.ndarray) -> None:
@@ -150,14 +151,17 @@ def predictor_quality(
     engine.set_sparsity("dense")
     stage_args.capture_windows(engine, ids, window, on_rows, desc="recall", progress=progress)
     out = []
+    nan = float("nan")
     for i in range(n_layers):
         ranks = [p.rank for (layer, _), p in experts.items() if layer == i]
-        rank = predictors.layers[i].rank if not experts else max(ranks, default=0)
+        rank = max(ranks, default=0) if moe else predictors.layers[i].rank
+        # A layer whose routed experts have no predictor has nothing to score.
+        scored = size[i] > 0 or not moe
         out.append(
             {
                 "layer": i,
-                "recall": float(tp[i] / n_true[i]) if n_true[i] else 1.0,
-                "precision": float(tp[i] / n_pred[i]) if n_pred[i] else 1.0,
+                "recall": (float(tp[i] / n_true[i]) if n_true[i] else 1.0) if scored else nan,
+                "precision": (float(tp[i] / n_pred[i]) if n_pred[i] else 1.0) if scored else nan,
                 "active_fraction": float(n_true[i] / max(1, size[i])),
                 "predicted_fraction": float(n_pred[i] / max(1, size[i])),
                 "rank": int(rank),
@@ -190,10 +194,11 @@ def format_quality(rows: list[dict[str, float]], semantics: str) -> str:
             f"{r['layer']:>5} | {r['rank']:>5} | {r['recall']:>7.4f} | {r['precision']:>9.3f} | "
             f"{r['active_fraction']:>7.3f} | {r['predicted_fraction']:>9.3f}"
         )
-    if rows:
+    scored = [r for r in rows if np.isfinite(r["recall"])]  # layers with a predictor
+    if scored:
         lines.append(
-            f" mean |       | {np.mean([r['recall'] for r in rows]):>7.4f} | "
-            f"{np.mean([r['precision'] for r in rows]):>9.3f} |"
+            f" mean |       | {np.mean([r['recall'] for r in scored]):>7.4f} | "
+            f"{np.mean([r['precision'] for r in scored]):>9.3f} |"
         )
     return "\n".join(lines)
 

@@ -89,12 +89,13 @@ def profile_model(
             writer = SampleWriter(samples_to, n_layers, cfg.dim, ffn, metadata=meta)
         else:
             # One sample unit per (layer, expert): the tokens routed to the expert, the mask over
-            # its neurons. Shards stay small so that every unit's buffer fits in ~256 MiB.
+            # its neurons. At most 256 MiB wait in memory over all units (the fullest are
+            # written early, as shorter shards).
             units = n_layers * n_expert
-            row = 2 * cfg.dim + ef
-            shard = max(64, min(4096, (256 << 20) // (units * row)))
             meta["moe"] = {"n_layers": n_layers, "n_expert": n_expert, "expert_ffn": ef}
-            writer = SampleWriter(samples_to, units, cfg.dim, ef, shard, metadata=meta)
+            writer = SampleWriter(
+                samples_to, units, cfg.dim, ef, metadata=meta, max_buffered=256 << 20
+            )
     want = len(ids) if sample_tokens is None else min(sample_tokens, len(ids))
     # exactly `want` token positions, uniformly over the whole run
     chosen = np.zeros(len(ids), dtype=bool)

@@ -517,10 +517,19 @@ class SynthWeights:
     def _planted_expert_gates(self, name: str) -> np.ndarray:
         """ReLU experts' gates with the dense gate's planted law (see the module docs): in
         each expert, neuron i fires with probability p_i (Zipf over a random permutation of
-        the expert's neurons, mean ``active``), through its weight on the bias channel."""
+        the expert's neurons, mean ``active``), through its weight on the bias channel; and
+        the planted predictability: with ``gate_rank`` r (0 < r < dim - 1) each expert's gate
+        reads x[1:] through the layer's r directions, ``gate[e][:, 1:] = a_e @ b / sqrt(r dim)``
+        (entries of variance 1/dim), so a predictor per expert can tell which neurons fire."""
         s, d = self.spec, self.spec.dim
         layer = int(name.split(".")[1])
         w = self._normal(name, (s.experts, s.eff, d), 1.0 / math.sqrt(d))
+        r = s.gate_rank
+        if 0 < r < d - 1:
+            b = self._normal(name + "#b", (r, d - 1), 1.0)
+            for e in range(s.experts):
+                a = self._normal(f"{name}#a{e}", (s.eff, r), 1.0)
+                w[e, :, 1:] = (a @ b / math.sqrt(r * d)).astype(np.float32)
         g = self.tensor(f"blk.{layer}.ffn_norm").astype(np.float64)
         nd = NormalDist()
         p = zipf_frequencies(s.eff, s.active)

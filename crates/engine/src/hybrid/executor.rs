@@ -196,7 +196,12 @@ impl<B: Backend> Hybrid for Executor<B> {
              executor has no input-sparse GPU kernels yet"
         );
         powerinfer_core::ensure!(
-            !matches!(mode, Sparsity::Predictor { experts, .. } if !experts.is_empty()),
+            // A mixture of experts' predictor mode (per-expert predictors, no per-layer ones).
+            !matches!(
+                mode,
+                Sparsity::Predictor { layers, experts, .. }
+                    if !experts.is_empty() || layers.is_empty()
+            ),
             Unsupported,
             "predictors inside experts run on the CPU only (device=\"cpu\"); the hybrid \
              executor runs mixture-of-experts layers dense, exact-relu or threshold"

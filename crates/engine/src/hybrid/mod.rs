@@ -109,6 +109,12 @@ pub fn open(
         "the input sparsity mode runs on the CPU only (device=\"cpu\"); the hybrid executor \
          has no input-sparse GPU kernels yet"
     );
+    ensure!(
+        !(model.config.moe.is_moe() && matches!(mode, Sparsity::Predictor { .. })),
+        Unsupported,
+        "predictors inside experts run on the CPU only (device=\"cpu\"); the hybrid executor \
+         runs mixture-of-experts layers dense, exact-relu or threshold"
+    );
     if device == GPU_SIM {
         let dev = match capacity {
             Some(bytes) => HostBackend::with_capacity(bytes),
