@@ -411,4 +411,11 @@ def test_predictors_inside_experts_stay_on_the_cpu(moe_model, tmp_path):
     hyb = Engine(model, plan=str(path), device="gpu-sim", sparsity="exact-relu")
     with pytest.raises(UnsupportedError, match="predictors inside experts"):
         hyb.set_sparsity("predictor", predictors=preds)
+    # A trainer's set in which no expert's predictor paid (no tensors) too.
+    from powerinfer_rs.predictors.model import PredictorSet
+
+    none = PredictorSet(layers={}, metadata={"dropped": {}})
+    with pytest.raises(UnsupportedError, match="predictors inside experts"):
+        hyb.set_sparsity("predictor", predictors=none)
     assert hyb.sparsity == "exact-relu"
+    assert greedy(hyb, PROMPT, 2)[1] == greedy(Engine(model, sparsity="exact-relu"), PROMPT, 2)[1]
