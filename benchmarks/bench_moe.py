@@ -135,10 +135,11 @@ def race(args, path: Path, threads: int) -> dict:
     row: dict = {"file": str(path), "threads": threads, "tokens": args.tokens}
     row["ours_bytes_per_token"] = engines["ours"].bytes_per_token()
     # Same greedy tokens on both sides (a check that both run the same model).
-    ours_toks = engines["ours"].eng.generate(
+    steps = engines["ours"].eng.stream_tokens(
         prompt, max_new_tokens=8, temperature=0.0, seed=0, ignore_eos=True
     )
-    row["greedy_agree"] = list(ours_toks) == engines["llama"].greedy_ids(prompt, 8)
+    ours_toks = [s.token for s in steps if s.token is not None]
+    row["greedy_agree"] = ours_toks == engines["llama"].greedy_ids(prompt, 8)
     for e in engines.values():
         e.decode(prompt, 8)
         if batch:
@@ -245,6 +246,14 @@ def race_exact_relu(args, path: Path, threads: int) -> dict:
         row["predictor_tok_s"] = median(rates["predictor"])
         row["predictor_samples"] = rates["predictor"]
         row["predictor_vs_relu"] = row["predictor_tok_s"] / row["relu_tok_s"]
+        # The ideal from bytes: per layer, k routed experts each saving the kept predictors'
+        # mean (without - with) on held-out samples (experts without one save nothing).
+        saved_pred = 0.0
+        per_layer = trained["saved_per_expert"]
+        for layer in range(c.n_layers):
+            saved_pred += c.n_expert_used * per_layer.get(layer, 0.0)
+        relu_bytes = full - saved
+        row["predictor_ideal_vs_relu"] = relu_bytes / (relu_bytes - saved_pred)
     row["speedup"] = row["relu_tok_s"] / row["dense_tok_s"]
     row["share_of_ideal"] = (row["speedup"] - 1) / (ideal - 1) if ideal > 1 else None
     row["ratio_of_ideal"] = row["speedup"] / ideal
@@ -300,7 +309,12 @@ def expert_predictors(args, loaded, path: Path, threads: int) -> dict:
         ),
         "table": table,
     }
-    return {"file": str(out), "summary": summary}
+    n_expert = loaded.config.n_expert
+    saved: dict[int, float] = {}
+    for (layer, _e), p in pset.experts.items():
+        gain = p.stats["bytes_without"] - p.stats["bytes_with"]
+        saved[layer] = saved.get(layer, 0.0) + gain / n_expert
+    return {"file": str(out), "summary": summary, "saved_per_expert": saved}
 
 
 def main(argv=None) -> int:
@@ -393,7 +407,8 @@ def main(argv=None) -> int:
             print(
                 f"  predictor per expert ({pr['experts_kept']} of {pr['experts']} experts kept, "
                 f"trained on {pr['tokens']} profiled tokens): {st['predictor_tok_s']:.1f} tok/s "
-                f"= {st['predictor_vs_relu']:.2f}x exact-relu; "
+                f"= {st['predictor_vs_relu']:.2f}x exact-relu (ideal from bytes "
+                f"{st['predictor_ideal_vs_relu']:.3f}x); "
                 + (
                     f"where kept, a routed token reads {ratio:.3f}x the bytes"
                     if ratio is not None
