@@ -153,3 +153,29 @@ def test_the_calibration_text_ships_with_its_licence():
     lic = (data / "CALIBRATION-LICENSE.txt").read_text()
     assert "PYTHON SOFTWARE FOUNDATION LICENSE VERSION 2" in lic
     assert os.fspath(autofit.CORPUS).endswith("calibration.txt")
+
+
+def test_a_mixture_of_experts_plans_exact_relu_and_trains_experts_on_the_cpu(cache):
+    """ReLU experts (SmallThinker): with a budget the GPU side runs them exact-relu (it has no
+    predictors inside experts: none are trained, the plan is for exact-relu); on the CPU alone
+    the predictors are trained per expert and run."""
+    model = str(cache / "st.gguf")
+    code, _, err = run(["synth", *SHAPE, "--vocab", "300", "--activation", "relu", "--arch",
+                        "smallthinker", "--experts", "8", "--experts-used", "2", "--format",
+                        "gguf-q8_0", "--out", model])  # fmt: skip
+    assert code == 0, err
+    hw = ["--vram-budget", "2MiB", "--device", "gpu-sim", "--hardware", fast_gpu(cache)]
+    code, out, err = generate("--model", model, *hw)
+    assert code == 0, err
+    (d,) = prepared_dirs(cache)
+    man = json.loads((d / autofit.MANIFEST).read_text())
+    assert man["sparsity"] == "exact-relu" and man["files"]["predictors"] is None
+    assert load_plan(d / "plan.safetensors").gpu_bytes > 0
+    opts = autofit.read_prepared(d).engine_options()
+    eng = Engine.from_pretrained(model, threads=2, device="gpu-sim", **opts)
+    assert eng.gpu_info()["allocations"] == eng.plan.allocations
+    assert out == eng.generate("the cat sat", max_new_tokens=8, temperature=0) + "\n"
+    cpu = autofit.prepare(model, out=cache / "cpu", vram_budget="auto", device="cpu", quiet=True)
+    assert cpu.sparsity == "predictor" and cpu.plan is None and cpu.predictors is not None
+    eng = Engine.from_pretrained(model, threads=2, **cpu.engine_options())
+    assert eng.sparsity == "predictor" and eng.predictors.experts is not None

@@ -8,7 +8,9 @@ PSF License, see ``data/CALIBRATION-LICENSE.txt``):
 1. ``calibrate``: per-layer thresholds (SiLU/GELU models; ReLU neurons are exactly 0 or not);
 2. ``profile``: how often each FFN neuron fires (with samples for the predictors of a ReLU
    model);
-3. ``train-predictors``: ReLU models without predictors of their own;
+3. ``train-predictors``: ReLU models without predictors of their own (a mixture of experts:
+   per expert, on the CPU only; with a plan its ReLU experts run exact-relu, as the GPU side
+   has no predictors inside experts);
 4. ``plan``: the placement under the budget.
 
 The results go into a directory of their own under the cache (``$POWERINFER_RS_CACHE/prepared``),
@@ -231,7 +233,10 @@ def prepare(
             + ["--out", str(d / "thresholds.json")] + run,
             quiet,
         )  # fmt: skip
-    need_predictors = relu and not own
+    # A mixture of experts on the GPU side runs its ReLU experts exact-relu (the hybrid has no
+    # predictors inside experts); on the CPU alone, predictors per expert where they pay.
+    moe_gpu = bool(cfg.n_expert) and budget_text is not None
+    need_predictors = relu and not own and not moe_gpu
     if budget_text is not None or need_predictors:
         argv = common + ["--corpus", corpus, "--tokens", str(prof_tokens)]
         argv += ["--out", str(d / "profile"), "--no-plot"] + run
@@ -257,9 +262,9 @@ def prepare(
         if files["predictors"]:
             argv += ["--predictors", str(d / files["predictors"])]
         else:  # what a neuron costs: thresholds (SiLU/GELU) or a PowerInfer file's predictors
-            argv += ["--sparsity", "threshold" if not relu else "predictor"]
+            argv += ["--sparsity", "threshold" if not relu else _relu_mode(moe_gpu)]
         timings["plan"] = _run_stage("plan", argv, quiet)
-    sparsity = "threshold" if not relu else "predictor"
+    sparsity = "threshold" if not relu else _relu_mode(moe_gpu)
     manifest = {
         "model": path,
         "key": parts,
@@ -281,6 +286,12 @@ def prepare(
     result = read_prepared(d)
     assert result is not None
     return result
+
+
+def _relu_mode(moe_gpu: bool) -> str:
+    """The mode a ReLU model runs in: predictor, or exact-relu for a mixture of experts with a
+    GPU plan."""
+    return "exact-relu" if moe_gpu else "predictor"
 
 
 def _budget_of(d: Path) -> int:

@@ -324,6 +324,11 @@ def run(args: argparse.Namespace) -> int:
         )
     profile = read_profile(args.profile)
     sparsity = args.sparsity or default_sparsity(shape)
+    if args.predictors is not None and shape.moe:
+        raise PlanError(
+            "predictors inside experts run on the CPU engine only: plan a mixture of experts "
+            "without --predictors (exact-relu for ReLU experts, dense or threshold otherwise)"
+        )
     if args.predictors is not None:
         preds = read_predictor_sizes(args.predictors, shape.config)
     elif pred_bytes is not None:

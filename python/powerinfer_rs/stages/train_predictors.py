@@ -2,7 +2,9 @@
 
 Reads the (FFN input, active mask) samples the profiler wrote to ``PROFILE/samples`` and
 writes ``predictors.safetensors`` (:mod:`powerinfer_rs.formats.predictors`). Resumable: rerun the
-same command after an interruption and finished layers are skipped.
+same command after an interruption and finished layers are skipped. For a mixture of experts the
+samples are per (layer, expert) and so are the predictors, each kept only where it pays
+(:mod:`powerinfer_rs.predictors.experts`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ DESCRIPTION = (
     "neuron active when logit >= the layer's threshold) from profiler samples. The rank "
     "grows per layer (x2) from a start chosen by the layer's sparsity and skewness until "
     "the recall target holds on held-out samples at a threshold tuned on validation, "
-    "within a byte budget."
+    "within a byte budget. A mixture of experts gets one per (layer, expert), kept only where "
+    "it meets the recall target and a routed token reads fewer bytes with it."
 )
 
 
