@@ -177,5 +177,7 @@ def test_a_mixture_of_experts_plans_exact_relu_and_trains_experts_on_the_cpu(cac
     assert out == eng.generate("the cat sat", max_new_tokens=8, temperature=0) + "\n"
     cpu = autofit.prepare(model, out=cache / "cpu", vram_budget="auto", device="cpu", quiet=True)
     assert cpu.sparsity == "predictor" and cpu.plan is None and cpu.predictors is not None
+    man = json.loads((cache / "cpu" / autofit.MANIFEST).read_text())
+    assert "train-predictors" in man["seconds"] and "plan" not in man["seconds"]
     eng = Engine.from_pretrained(model, threads=2, **cpu.engine_options())
-    assert eng.sparsity == "predictor" and eng.predictors.experts is not None
+    assert eng.sparsity == "predictor" and eng.predictors.experts  # planted gates: some pay

@@ -7,6 +7,8 @@ the file format and what is refused."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from test_moe import MOE_ARCHS, REF_RTOL, act_of, ids_for, rel
@@ -261,6 +263,8 @@ def test_expert_predictor_files_and_refusals(synth_gguf, tmp_path):
     outside = _core.Predictors([fc1], [fc2], [0.0], experts=[(0, c.n_expert)])
     with pytest.raises(PlanError, match="experts, the model has"):
         eng._session.set_sparsity("predictor", predictors=outside)
+    with pytest.raises(PlanError, match="empty predictor"):  # rank 0 (once a Rust panic)
+        _core.Predictors([fc1[:0]], [fc2[:, :0]], [0.0], experts=[(0, 1)])
     with pytest.raises(PlanError, match="two predictors"):
         _core.Predictors([fc1] * 2, [fc2] * 2, [0.0] * 2, experts=[(0, 1), (0, 1)])
     wide = moe_model(synth_gguf, ffn=96)
@@ -292,7 +296,7 @@ def test_evaluate_scores_predictors_per_routed_expert(synth_gguf):
     """The evaluate stage's recall table on a mixture of experts counts each routed expert that
     has a predictor over its own neurons: predictors naming every neuron have recall 1 and
     precision equal to the share of neurons that fire (the reference's, over those experts)."""
-    from powerinfer_rs.stages.evaluate import predictor_quality
+    from powerinfer_rs.stages.evaluate import format_quality, predictor_quality
 
     m = moe_model(synth_gguf, active=0.3)
     skip = {(0, 2), (1, 6)}
@@ -301,6 +305,14 @@ def test_evaluate_scores_predictors_per_routed_expert(synth_gguf):
     trace: list = []
     reference_forward(m, ids, moe_trace=trace)
     rows = predictor_quality(Engine(m, threads=2), ids, every, window=len(ids), progress=False)
+    # A layer whose experts have no predictor reports None (JSON null), and the table says so.
+    layer0 = expert_predictors(m, threshold=-1e30)
+    layer0.experts = {k: v for k, v in layer0.experts.items() if k[0] == 0}
+    half = predictor_quality(Engine(m, threads=2), ids, layer0, window=len(ids), progress=False)
+    assert half[1]["recall"] is None and half[1]["active_fraction"] is None
+    assert half[0]["recall"] == 1.0
+    assert "no expert of this layer has one" in format_quality(half, "relu")
+    json.loads(json.dumps(half))
     for r in rows:
         hv = [h for i, _t, e, h in trace if i == r["layer"] and (i, e) not in skip]
         fire = float(np.mean(np.concatenate(hv) != 0))

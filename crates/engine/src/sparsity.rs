@@ -102,6 +102,15 @@ impl LayerPredictor {
     /// here, once.
     pub fn new(fc1: Weight, fc2: Weight, threshold: f32) -> Result<LayerPredictor> {
         ensure!(
+            fc1.rows > 0 && fc1.cols > 0 && fc2.rows > 0,
+            Plan,
+            "empty predictor: fc1 {}x{}, fc2 {}x{}",
+            fc1.rows,
+            fc1.cols,
+            fc2.rows,
+            fc2.cols
+        );
+        ensure!(
             fc2.cols == fc1.rows,
             Plan,
             "fc1 has rank {} but fc2 has {} columns",

@@ -68,12 +68,14 @@ def read_cost(
 def _settings(base: dict, moe: dict, meta: dict, min_samples: int, max_rows: int | None) -> dict:
     """The pipeline's settings plus what decides each expert here: the experts' shape, the
     samples themselves (rows per unit: a new profile retrains), the minimum and the cap."""
-    rows = meta.get("rows")
+    # The samples themselves: rows per unit and everything the profile recorded (thresholds,
+    # corpus, ...): new thresholds change the masks, not the rows.
+    samples = {"rows": meta.get("rows"), "metadata": meta.get("metadata", {})}
     return {
         **base,
         "experts": int(moe["n_expert"]),
         "ffn": int(moe["expert_ffn"]),
-        "sample_rows": zlib.crc32(json.dumps(rows).encode()),
+        "samples": zlib.crc32(json.dumps(samples, sort_keys=True, default=str).encode()),
         "semantics": meta.get("metadata", {}).get("semantics"),
         "min_samples": int(min_samples),
         "max_rows": max_rows,
@@ -120,6 +122,8 @@ def train_expert_predictors(
             f"fit {n_layers} layers x {n_expert} experts of {ef}"
         )
     dim = meta["dim"]
+    if not 0.0 < recall <= 1.0:  # checked here: per expert, training errors only drop the expert
+        raise ShapeError(f"recall target must lie in (0, 1], got {recall}")
     fingerprint = smeta.get("model_fingerprint") or None
     if model is None:
         raise PlanError("training predictors per expert needs the model (its expert bytes)")
@@ -264,7 +268,8 @@ def _num(stats: dict[str, Any], key: str, default: float = float("nan")) -> floa
 
 def format_expert_table(predictors: PredictorSet) -> str:
     """The per-layer report of a mixture of experts' predictors: experts with a predictor,
-    without one (did not pay / missed the recall target / too few samples), mean recall and
+    without one (did not pay / missed the recall target / too few samples / training failed),
+    mean recall and
     precision of those kept, and the bytes a routed token reads with them against without
     (kept experts)."""
     dropped = _dropped(predictors.metadata.get("dropped"))
@@ -277,8 +282,8 @@ def format_expert_table(predictors: PredictorSet) -> str:
         if layer.isascii() and layer.isdigit():
             skip.setdefault(int(layer), []).append(str(st.get("reason", "")))
     head = (
-        f"{'layer':>5} {'kept':>5} {'no-pay':>6} {'miss':>5} {'few':>5} {'recall':>7} "
-        f"{'precis':>7} {'read with/without':>18} {'pred bytes':>11}"
+        f"{'layer':>5} {'kept':>5} {'no-pay':>6} {'miss':>5} {'few':>5} {'fail':>5} "
+        f"{'recall':>7} {'precis':>7} {'read with/without':>18} {'pred bytes':>11}"
     )
     lines = [head, "-" * len(head)]
     tot_with = tot_without = 0.0
@@ -297,7 +302,8 @@ def format_expert_table(predictors: PredictorSet) -> str:
         lines.append(
             f"{i:>5} {len(kept):>5} {reasons.count('does not pay'):>6} "
             f"{reasons.count('misses recall'):>5} {reasons.count('few samples'):>5} "
-            f"{mean('recall'):>7.4f} {mean('precision'):>7.3f} {ratio:>18.3f} {nbytes:>11,}"
+            f"{reasons.count('untrainable'):>5} {mean('recall'):>7.4f} "
+            f"{mean('precision'):>7.3f} {ratio:>18.3f} {nbytes:>11,}"
         )
     lines.append("-" * len(head))
     n = len(predictors.experts)

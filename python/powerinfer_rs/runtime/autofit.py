@@ -211,6 +211,7 @@ def prepare(
         "context": ctx,
         "kv_cache": kv_cache,
         "version": _version(),
+        "pipeline": PIPELINE_REVISION,
         "tokens": [cal_tokens, prof_tokens],
     }
     d = Path(out) if out is not None else prepared_root() / _key(parts)
@@ -286,6 +287,12 @@ def prepare(
     result = read_prepared(d)
     assert result is not None
     return result
+
+
+#: Bumped when what the stages prepare changes for the same inputs (2: mixtures of experts get
+#: predictors per expert on the CPU, exact-relu with a plan), so older prepared directories are
+#: not reused.
+PIPELINE_REVISION = 2
 
 
 def _relu_mode(moe_gpu: bool) -> str:

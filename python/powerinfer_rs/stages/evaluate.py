@@ -109,7 +109,7 @@ def predictor_quality(
     captured in a dense run over ``ids``) against the true activity (``act > 0`` without
     ``thresholds``, ``|act| >= t`` with them). The predictors must take ``ffn_norm`` input.
     A mixture of experts' predictors count over the routed experts that have one (rank: the
-    layer's largest)."""
+    layer's largest; a layer where none has one reports None)."""
     if getattr(predictors, "input", "ffn_norm") != "ffn_norm":
         raise PlanError(
             f"recall needs predictors on the ffn_norm input (the captured rows); these take "
@@ -151,23 +151,21 @@ def predictor_quality(
     engine.set_sparsity("dense")
     stage_args.capture_windows(engine, ids, window, on_rows, desc="recall", progress=progress)
     out = []
-    nan = float("nan")
     for i in range(n_layers):
         ranks = [p.rank for (layer, _), p in experts.items() if layer == i]
         rank = max(ranks, default=0) if moe else predictors.layers[i].rank
-        # A layer whose routed experts have no predictor has nothing to score.
+        # A layer whose routed experts have no predictor has nothing to score: None.
         scored = size[i] > 0 or not moe
-        out.append(
-            {
-                "layer": i,
-                "recall": (float(tp[i] / n_true[i]) if n_true[i] else 1.0) if scored else nan,
-                "precision": (float(tp[i] / n_pred[i]) if n_pred[i] else 1.0) if scored else nan,
-                "active_fraction": float(n_true[i] / max(1, size[i])),
-                "predicted_fraction": float(n_pred[i] / max(1, size[i])),
-                "rank": int(rank),
-                "tokens": int(rows[i]),
-            }
-        )
+        row: dict[str, Any] = {
+            "layer": i,
+            "recall": float(tp[i] / n_true[i]) if n_true[i] else 1.0,
+            "precision": float(tp[i] / n_pred[i]) if n_pred[i] else 1.0,
+            "active_fraction": float(n_true[i] / max(1, size[i])),
+            "predicted_fraction": float(n_pred[i] / max(1, size[i])),
+        }
+        if not scored:
+            row = {k: None if k != "layer" else v for k, v in row.items()}
+        out.append({**row, "rank": int(rank), "tokens": int(rows[i])})
     return out
 
 
@@ -190,11 +188,14 @@ def format_quality(rows: list[dict[str, float]], semantics: str) -> str:
     )
     lines = [f"predictor quality against the dense activity ({semantics})", head, "-" * len(head)]
     for r in rows:
+        if r["recall"] is None:  # a mixture of experts' layer without any expert predictor
+            lines.append(f"{r['layer']:>5} | {r['rank']:>5} | no expert of this layer has one")
+            continue
         lines.append(
             f"{r['layer']:>5} | {r['rank']:>5} | {r['recall']:>7.4f} | {r['precision']:>9.3f} | "
             f"{r['active_fraction']:>7.3f} | {r['predicted_fraction']:>9.3f}"
         )
-    scored = [r for r in rows if np.isfinite(r["recall"])]  # layers with a predictor
+    scored = [r for r in rows if r["recall"] is not None]  # layers with a predictor
     if scored:
         lines.append(
             f" mean |       | {np.mean([r['recall'] for r in scored]):>7.4f} | "
