@@ -147,6 +147,23 @@ def test_stage_tokens_shrink_with_the_model():
     assert autofit.stage_tokens(10**12) == autofit.MIN_TOKENS
 
 
+def test_a_mixture_of_experts_is_profiled_by_its_routed_bytes(cache):
+    """A token of a mixture of experts costs its routed experts' bytes, not every expert's: the
+    stages' token counts follow those (each expert then sees its share of many tokens)."""
+    from powerinfer_rs.loading import load_model
+
+    model = str(cache / "st.gguf")
+    code, _, err = run(["synth", *SHAPE, "--vocab", "300", "--activation", "relu", "--arch",
+                        "smallthinker", "--experts", "8", "--experts-used", "2", "--format",
+                        "gguf-q8_0", "--out", model])  # fmt: skip
+    assert code == 0, err
+    m = load_model(model)
+    total = sum(t.nbytes for t in m.tensors.values())
+    exps = sum(t.nbytes for n, t in m.tensors.items() if n.endswith("_exps"))
+    assert exps > total / 2
+    assert autofit.token_bytes(m) == int(total - exps * 6 / 8)
+
+
 def test_the_calibration_text_ships_with_its_licence():
     data = Path(autofit.CORPUS).parent
     assert autofit.CORPUS.stat().st_size > 100_000

@@ -35,6 +35,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import PlanError
 
@@ -77,6 +78,19 @@ def stage_tokens(model_bytes: int) -> tuple[int, int]:
     :data:`MIN_TOKENS`."""
     scale = min(1.0, FULL_TOKENS_BYTES / max(1, model_bytes))
     return tuple(max(lo, int(full * scale)) for full, lo in zip(FULL_TOKENS, MIN_TOKENS))  # type: ignore[return-value]
+
+
+def token_bytes(loaded: Any) -> int:
+    """The weight bytes a profiled token costs, which sets the stages' token counts: the whole
+    model, or for a mixture of experts its routed share of the experts (``n_expert_used`` of
+    ``n_expert``) and everything else, so that each expert still sees enough tokens for its
+    predictor."""
+    c = loaded.config
+    total = sum(t.nbytes for t in loaded.tensors.values())
+    if not c.n_expert:
+        return total
+    experts = sum(t.nbytes for name, t in loaded.tensors.items() if name.endswith("_exps"))
+    return int(total - experts * (1.0 - c.n_expert_used / c.n_expert))
 
 
 def prepared_root() -> Path:
@@ -200,8 +214,7 @@ def prepare(
     else:
         budget_text = "auto" if auto else str(parse_bytes(vram_budget))
     ctx = min(context or 4096, cfg.max_context)
-    model_bytes = sum(t.nbytes for t in loaded.tensors.values())
-    cal_tokens, prof_tokens = stage_tokens(model_bytes)
+    cal_tokens, prof_tokens = stage_tokens(token_bytes(loaded))
     relu = cfg.activation == "relu"
     parts = {
         "fingerprint": loaded.fingerprint,
