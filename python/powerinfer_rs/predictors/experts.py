@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from ..errors import ModelFileError, PlanError, ShapeError
 from ..formats import samples as samples_mod
-from ..formats.predictors import load_predictors, save_predictors
+from ..formats.predictors import save_predictors
 from .model import LayerPredictor, PredictorSet
 from .train import TrainConfig, train_layer
 
@@ -39,7 +39,6 @@ from .train import TrainConfig, train_layer
 #: fewer runs without one (its held-out check would be a few dozen rows).
 MIN_SAMPLES = 256
 DROPPED_NAME = "dropped.json"
-SETTINGS_NAME = "settings.json"
 
 
 def expert_bytes(model: Any, layer: int, n_expert: int) -> tuple[float, float, float]:
@@ -152,40 +151,22 @@ def train_expert_predictors(
     sets = _settings(settings(fingerprint, dim, ef), moe, meta, min_samples, max_rows)
     keys = [k for k in sets if k != "seed"]
 
+    from .pipeline import resume_units
+
     out = Path(out)
     parts = out.with_name(out.name + ".parts")
-    done: dict[tuple[int, int], LayerPredictor] = {}
+    done, prev_meta, kept = resume_units(
+        out, sets, lambda old: all(old.get(k) == sets.get(k) for k in keys),
+        "unit_*.safetensors", lambda p: p.experts, say, "experts",
+    )  # fmt: skip
     dropped: dict[str, dict[str, Any]] = {}
-    if out.is_file():
+    if prev_meta is not None:
+        dropped.update(_dropped(prev_meta.get("dropped")))
+    if kept:
         try:
-            prev = load_predictors(out)
-            old = prev.metadata.get("settings", {})
-            if all(old.get(k) == sets.get(k) for k in keys):
-                done.update(prev.experts)
-                dropped.update(_dropped(prev.metadata.get("dropped")))
-            else:
-                say(f"{out}: made with other settings; its experts are retrained")
-        except (ModelFileError, ShapeError) as e:
-            say(f"{out}: unreadable ({e}); starting over")
-    if parts.is_dir():
-        try:
-            old = json.loads((parts / SETTINGS_NAME).read_text())
-        except (OSError, ValueError):
-            old = {}
-        if isinstance(old, dict) and all(old.get(k) == sets.get(k) for k in keys):
-            for f in sorted(parts.glob("unit_*.safetensors")):
-                try:
-                    done.update(load_predictors(f).experts)
-                except (ModelFileError, ShapeError):
-                    say(f"{f}: unreadable partial expert; retraining it")
-            try:
-                dropped.update(_dropped(json.loads((parts / DROPPED_NAME).read_text())))
-            except (OSError, ValueError, RecursionError):
-                pass
-        else:
-            shutil.rmtree(parts)
-    parts.mkdir(parents=True, exist_ok=True)
-    (parts / SETTINGS_NAME).write_text(json.dumps(sets, indent=1))
+            dropped.update(_dropped(json.loads((parts / DROPPED_NAME).read_text())))
+        except (OSError, ValueError, RecursionError):
+            pass
 
     units = [(i, e) for i in todo_layers for e in range(n_expert)]
     pending = [u for u in units if u not in done and f"{u[0]}.{u[1]}" not in dropped]
