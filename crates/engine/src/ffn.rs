@@ -18,7 +18,9 @@ use crate::layer::FfnKind;
 use crate::neuron_store::{Active, NeuronStore};
 use crate::phases::{mark, Phase};
 use crate::profiler::Profiler;
-use crate::sparsity::{predicted_active, PredictorInput, PredictorScratch, Sparsity};
+use crate::sparsity::{
+    mask_unpredicted, predicted_active, PredictorInput, PredictorScratch, Sparsity,
+};
 use crate::weights::{LayerWeights, ModelWeights};
 
 /// `y = W x` for n tokens: a matvec for one token, a batched matmul for more.
@@ -364,16 +366,9 @@ fn batched(
                 PredictorInput::FfnNorm => call.xn,
                 PredictorInput::FfnInp => call.x_res,
             };
-            let mut keep = vec![false; ffn];
             for (t, row) in s.gate.chunks_exact_mut(ffn).enumerate() {
                 let x = &source[t * dim..(t + 1) * dim];
-                predicted_active(&layers[call.layer], x, &mut s.predictor, &mut s.predicted)?;
-                keep.fill(false);
-                s.predicted.iter().for_each(|&i| keep[i as usize] = true);
-                row.iter_mut()
-                    .zip(&keep)
-                    .filter(|(_, k)| !**k)
-                    .for_each(|(h, _)| *h = 0.0);
+                mask_unpredicted(&layers[call.layer], x, row, &mut s.predictor)?;
             }
             mark(Phase::Predictor);
         }

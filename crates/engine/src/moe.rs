@@ -18,7 +18,7 @@ use crate::ffn::{activate, project, project_many};
 use crate::layer::FfnKind;
 use crate::neuron_store::{Active, NeuronStore};
 use crate::profiler::Profiler;
-use crate::sparsity::{predicted_active, LayerPredictor, PredictorScratch};
+use crate::sparsity::{mask_unpredicted, predicted_active, LayerPredictor, PredictorScratch};
 
 /// A shared expert every token runs (Qwen2-MoE).
 #[derive(Clone, Debug)]
@@ -474,20 +474,9 @@ fn batch(
         // Predictor mode keeps the neurons the expert's predictor names for each token.
         if let Some(p) = call.predictor(e) {
             let mut scratch = PredictorScratch::default();
-            let (mut predicted, mut keep) = (Vec::new(), vec![false; ef]);
             for (row, &(tok, _)) in s.gate.chunks_exact_mut(ef).zip(tokens) {
-                predicted_active(
-                    p,
-                    &call.xn[tok * dim..(tok + 1) * dim],
-                    &mut scratch,
-                    &mut predicted,
-                )?;
-                keep.fill(false);
-                predicted.iter().for_each(|&i| keep[i as usize] = true);
-                row.iter_mut()
-                    .zip(&keep)
-                    .filter(|(_, k)| !**k)
-                    .for_each(|(h, _)| *h = 0.0);
+                let x = &call.xn[tok * dim..(tok + 1) * dim];
+                mask_unpredicted(p, x, row, &mut scratch)?;
             }
         }
         if let Some(p) = profiler.as_deref_mut() {

@@ -92,15 +92,10 @@ impl Session {
     pub fn set_sparsity(&mut self, mode: Sparsity) -> Result<()> {
         let c = &self.model.config;
         mode.validate(c)?;
-        // Before any work (the experts' transposed copy): the GPU side has no predictors
-        // inside experts.
-        powerinfer_core::ensure!(
-            self.hybrid.is_none()
-                || !(c.moe.is_moe() && matches!(mode, Sparsity::Predictor { .. })),
-            Unsupported,
-            "predictors inside experts run on the CPU only (device=\"cpu\"); the hybrid \
-             executor runs mixture-of-experts layers dense, exact-relu or threshold"
-        );
+        // Before any work (the experts' transposed copy): what the GPU side does not run.
+        if self.hybrid.is_some() {
+            crate::hybrid::refuse_cpu_only(&mode, c.moe.is_moe())?;
+        }
         // Exact-relu experts read their transposed down rows from a neuron store where one is
         // attached: no copy in memory then. Predictor and threshold experts read them from
         // the transposed copy.

@@ -387,6 +387,25 @@ pub fn predictor_logits(p: &LayerPredictor, x: &[f32], s: &mut PredictorScratch)
     powerinfer_cpu::axpy_rows(&p.fc2_t, &s.idx, &s.vals, &mut s.logits)
 }
 
+/// Zero the entries of `row` (one token's FFN values, h = act(gate)·up) of the neurons the
+/// predictor does not mark active for input `x`: predictor mode on a batch, the function the
+/// one-token path computes by reading the marked rows only.
+pub fn mask_unpredicted(
+    p: &LayerPredictor,
+    x: &[f32],
+    row: &mut [f32],
+    s: &mut PredictorScratch,
+) -> Result<()> {
+    predictor_logits(p, x, s)?;
+    // A neuron is active when its logit is at least the threshold (a NaN logit is not).
+    let active = |l: f32| l >= p.threshold;
+    row.iter_mut()
+        .zip(&s.logits)
+        .filter(|(_, &l)| !active(l))
+        .for_each(|(h, _)| *h = 0.0);
+    Ok(())
+}
+
 /// The neurons a predictor marks active for input `x`, into `active` (replacing its contents).
 pub fn predicted_active(
     p: &LayerPredictor,

@@ -107,6 +107,8 @@ pub struct Executor<B: Backend> {
     routes: Vec<(u32, f32)>,
     expert_w: Vec<f32>,
     moe_cold: Vec<Vec<Vec<u32>>>,
+    /// Whether the model is a mixture of experts.
+    moe: bool,
     /// RoPE's angle per position of each rotated pair: the global layers' and, for families
     /// whose sliding layers have their own base, theirs.
     inv_freqs: [Vec<f64>; 2],
@@ -147,6 +149,7 @@ impl<B: Backend> Executor<B> {
             routes: Vec::new(),
             expert_w: Vec::new(),
             moe_cold,
+            moe: c.moe.is_moe(),
             inv_freqs: [c.rope_inv_freqs(false), c.rope_inv_freqs(true)],
             saved: Residency::default(),
         })
@@ -189,23 +192,7 @@ impl<B: Backend> Hybrid for Executor<B> {
     }
 
     fn set_mode(&mut self, mode: &Sparsity) -> Result<()> {
-        powerinfer_core::ensure!(
-            !matches!(mode, Sparsity::Input(_)),
-            Unsupported,
-            "the input sparsity mode runs on the CPU only (device=\"cpu\"); the hybrid \
-             executor has no input-sparse GPU kernels yet"
-        );
-        powerinfer_core::ensure!(
-            // A mixture of experts' predictor mode (per-expert predictors, no per-layer ones).
-            !matches!(
-                mode,
-                Sparsity::Predictor { layers, experts, .. }
-                    if !experts.is_empty() || layers.is_empty()
-            ),
-            Unsupported,
-            "predictors inside experts run on the CPU only (device=\"cpu\"); the hybrid \
-             executor runs mixture-of-experts layers dense, exact-relu or threshold"
-        );
+        super::refuse_cpu_only(mode, self.moe)?;
         if let Sparsity::Predictor { layers, .. } = mode {
             for (i, layer) in self.gpu.layers.iter_mut().enumerate() {
                 if let Some(p) = &mut layer.predictor {

@@ -79,6 +79,25 @@ pub fn is_gpu_device(name: &str) -> bool {
 /// [`Error::VramBudget`](powerinfer_core::Error::VramBudget) when the plan needs more than the
 /// device has free or the budget allows; [`Error::Plan`](powerinfer_core::Error::Plan) for a
 /// plan that puts nothing on the GPU.
+/// Refuse the modes the GPU side does not run: the input mode, and predictors inside the
+/// experts of a mixture of experts (`moe`). Every way into the hybrid executor asks this first
+/// (opening it, and the session switching the mode of an open one), before any work.
+pub(crate) fn refuse_cpu_only(mode: &Sparsity, moe: bool) -> Result<()> {
+    ensure!(
+        !matches!(mode, Sparsity::Input(_)),
+        Unsupported,
+        "the input sparsity mode runs on the CPU only (device=\"cpu\"); the hybrid executor \
+         has no input-sparse GPU kernels yet"
+    );
+    ensure!(
+        !(moe && matches!(mode, Sparsity::Predictor { .. })),
+        Unsupported,
+        "predictors inside experts run on the CPU only (device=\"cpu\"); the hybrid executor \
+         runs mixture-of-experts layers dense, exact-relu or threshold"
+    );
+    Ok(())
+}
+
 pub fn open(
     device: &str,
     model: &ModelWeights,
@@ -103,18 +122,7 @@ pub fn open(
         Plan,
         "the plan puts nothing on the GPU; run it with device=\"cpu\""
     );
-    ensure!(
-        !matches!(mode, Sparsity::Input(_)),
-        Unsupported,
-        "the input sparsity mode runs on the CPU only (device=\"cpu\"); the hybrid executor \
-         has no input-sparse GPU kernels yet"
-    );
-    ensure!(
-        !(model.config.moe.is_moe() && matches!(mode, Sparsity::Predictor { .. })),
-        Unsupported,
-        "predictors inside experts run on the CPU only (device=\"cpu\"); the hybrid executor \
-         runs mixture-of-experts layers dense, exact-relu or threshold"
-    );
+    refuse_cpu_only(mode, model.config.moe.is_moe())?;
     if device == GPU_SIM {
         let dev = match capacity {
             Some(bytes) => HostBackend::with_capacity(bytes),
