@@ -46,13 +46,18 @@ mod emu {
             .flag_if_supported("-Wno-unknown-pragmas")
             .warnings(true);
         // One translation unit per module, as NVRTC compiles them: header, common.cuh, the
-        // file, and an anchor the runtime calls so the linker keeps the module (and the
-        // registrations of its kernels).
+        // module's own header, the file, and an anchor the runtime calls so the linker keeps the
+        // module (and the registrations of its kernels).
         let mut anchors = String::new();
         for m in &mods {
             let tu = out.join(format!("emu_{m}.cpp"));
+            // The module's own header, when it has one (kernels.rs `KernelSource::header`).
+            let header = match kernels.join(format!("{m}.cuh")).exists() {
+                true => format!("#include \"{m}.cuh\"\n"),
+                false => String::new(),
+            };
             let text = format!(
-                "#include \"cuda_emu.h\"\n#include \"common.cuh\"\n#include \"{m}.cu\"\n\
+                "#include \"cuda_emu.h\"\n#include \"common.cuh\"\n{header}#include \"{m}.cu\"\n\
                  extern \"C\" void powerinfer_emu_anchor_{m}(void) {{}}\n"
             );
             std::fs::write(&tu, text).unwrap();

@@ -17,7 +17,8 @@
 //                                                 parameter types, so a launch can call it
 //                                                 through cuLaunchKernel's void** array
 //   f16 conversions (round to nearest even), __int_as_float, __float_as_int, __umulhi, rsqrtf,
-//   min, max; the C math library gives expf, tanhf, erff, fmaxf, fabsf, sqrtf, sincos.
+//   min, max, __dp4a (signed bytes), __float2int_rn (to nearest even), isfinite; the C math
+//   library gives expf, tanhf, erff, fmaxf, fabsf, sqrtf, sincos.
 // Shared memory starts as 0xff bytes (NaN floats, -1 ints): a kernel that reads shared memory
 // before writing it sees garbage, as on a GPU. Every buffer is its own allocation, so the
 // address sanitizer has redzones around each.
@@ -172,6 +173,19 @@ inline unsigned __umulhi(unsigned a, unsigned b) {
 }
 
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+
+// c + the sum of the four products of the signed bytes of a and b (byte k with byte k).
+inline int __dp4a(int a, int b, int c) {
+    for (int k = 0; k < 4; ++k) {
+        c += (int)(std::int8_t)(a >> (8 * k)) * (int)(std::int8_t)(b >> (8 * k));
+    }
+    return c;
+}
+
+// x rounded to the nearest int, ties to even (the default rounding mode; x must fit an int).
+inline int __float2int_rn(float x) { return (int)std::nearbyint(x); }
+
+using std::isfinite;
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 

@@ -239,11 +239,10 @@ __device__ __forceinline__ float w_q6_k(const u8* row, int j, int cols) {
     return d * (float)(qv - 32);
 }
 
-// One lane's share of dot(row, x) for a row of `cols` weights: lanes stride over elements
-// (float formats) or 32-weight blocks (the 32-weight quantized formats); for the K-quants the
-// whole warp walks the row's 256-weight super-blocks one at a time, lane l taking the weights
-// 32t + l (t = 0..8) of each, so every byte load of the warp reads 32 consecutive bytes and x
-// is read from 32 consecutive floats. The caller sums over the warp.
+// lane_dot_<fmt>(row, x, cols, lane): one lane's share of dot(row, x) for a row of `cols`
+// weights, summed over the warp by the caller. The float formats take x as floats (below), the
+// quantized ones as int16 blocks (sparse_matvec.cuh).
+
 // 16 bytes of a row, loaded at once (one LDG.E.128) when 16-byte aligned (named fields: an
 // array member is loaded a word at a time).
 struct alignas(16) Vec16 {
@@ -293,8 +292,8 @@ __device__ __forceinline__ float dot16_bf16(const Vec16 v16, const float* x) {
 // .. +16: the warp reads 512 consecutive bytes at once), its tail of fewer than 16 bytes and
 // an unaligned row (an odd-width slab) one weight per lane. The caller sums over the warp.
 #define LANE_DOT_FLOAT(NAME, BYTES)                                                             \
-    __device__ __forceinline__ float lane_dot_##NAME(const u8* row, const float* x, int,        \
-                                                     int cols, int lane) {                      \
+    __device__ __forceinline__ float lane_dot_##NAME(const u8* row, const float* x, int cols,   \
+                                                     int lane) {                                \
         constexpr int PER = 16 / BYTES; /* weights per 16 bytes */                              \
         float s = 0.0f;                                                                         \
         int j0 = 0;                                                                             \
@@ -321,18 +320,9 @@ __device__ __forceinline__ float dot16_bf16(const Vec16 v16, const float* x) {
 LANE_DOT_FLOAT(f32, 4)
 LANE_DOT_FLOAT(f16, 2)
 LANE_DOT_FLOAT(bf16, 2)
-// The 32-weight formats, repacked: lane l takes blocks b = l + 32t, reading each block's quants
-// with one 16-byte load (two for Q8_0) when the row starts 16-byte aligned (then every block's
-// quants are: the warp reads 512 consecutive quant bytes at once), else with u16 loads; the
-// headers follow in their own region, 2–8 bytes per lane, also consecutive over the warp. x
-// comes as 16-byte loads of 4 floats: staged in shared memory with `xpad` = 4 floats after
-// every 32 (block b's values at (32 + xpad) * b), so that the 8 lanes of each quarter-warp read
-// disjoint banks, or unstaged (xpad 0) from global memory.
-
-// 4 floats at a 16-byte aligned address, loaded at once.
-struct alignas(16) F4 {
-    float x, y, z, w;
-};
+// The quantized formats' dots read x quantized to int16 blocks (sparse_matvec.cuh); their
+// rows are repacked: quants first, 16 bytes per 32-weight block (32 for Q8_0), then the headers,
+// so that a row starting 16-byte aligned is read with one 16-byte load per block and lane.
 
 // The 16 bytes at q (2-aligned), as one 16-byte load when `aligned`, else eight u16 loads.
 __device__ __forceinline__ Vec16 ld_quants16(const u8* q, bool aligned) {
@@ -344,134 +334,6 @@ __device__ __forceinline__ Vec16 ld_quants16(const u8* q, bool aligned) {
     v.d = (u32)ld_u16(q + 12) | ((u32)ld_u16(q + 14) << 16);
     return v;
 }
-
-// Σ_j (q_j + bias) · x_j over a 4-bit block: its 16 quant bytes `v` (low nibble of byte j is
-// weight j, high nibble weight j + 16), with fifth bits from `qh` (bit j of weight j: Q5), and
-// `sx` += Σ x_j (the min term of Q4_1/Q5_1).
-__device__ __forceinline__ float dot_nibbles(const Vec16 v, u32 qh, int bias, const float* xb,
-                                             float* sx) {
-    const u32 w[4] = {v.a, v.b, v.c, v.d};
-    float t = 0.0f, xs = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const F4 lo = *(const F4*)(xb + 4 * i), hi = *(const F4*)(xb + 16 + 4 * i);
-        const float xl[4] = {lo.x, lo.y, lo.z, lo.w}, xh[4] = {hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const int j = 4 * i + k;
-            const int byte = (int)((w[i] >> (8 * k)) & 255u);
-            const int q0 = (byte & 15) | (int)(((qh >> j) & 1u) << 4);
-            const int q1 = (byte >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4);
-            t += (float)(q0 + bias) * xl[k] + (float)(q1 + bias) * xh[k];
-            xs += xl[k] + xh[k];
-        }
-    }
-    *sx += xs;
-    return t;
-}
-
-// Σ_j q_j · x_j over 16 signed bytes `v` (Q8_0) and the 16 matching x values.
-__device__ __forceinline__ float dot_i8x16(const Vec16 v, const float* xb) {
-    const u32 w[4] = {v.a, v.b, v.c, v.d};
-    float t = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const F4 xv = *(const F4*)(xb + 4 * i);
-        const float xf[4] = {xv.x, xv.y, xv.z, xv.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) t += (float)(i8)((w[i] >> (8 * k)) & 255u) * xf[k];
-    }
-    return t;
-}
-
-__device__ __forceinline__ float lane_dot_q8_0(const u8* row, const float* x, int xpad, int cols,
-                                               int lane) {
-    const int nb = cols / QK;
-    const u8* hd = row + 32 * nb;
-    const bool al = ((unsigned long long)row & 15) == 0;
-    float s = 0.0f;
-    constexpr int G = LOAD_GROUP / 2;  // two 16-byte loads per block
-    for (int b0 = lane; b0 < nb; b0 += G * WARP) {
-        Vec16 lo[G] = {}, hi[G] = {};
-        u16 d[G] = {};
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            const int b = b0 + g * WARP;
-            if (b < nb) {
-                lo[g] = ld_quants16(row + 32 * b, al);
-                hi[g] = ld_quants16(row + 32 * b + 16, al);
-                d[g] = ld_u16(hd + 2 * b);
-            }
-        }
-#pragma unroll
-        for (int g = 0; g < G; ++g) {
-            const int b = b0 + g * WARP;
-            if (b < nb) {
-                const float* xb = x + b * (QK + xpad);
-                const float t = dot_i8x16(lo[g], xb) + dot_i8x16(hi[g], xb + 16);
-                s += f16_to_f32(d[g]) * t;
-            }
-        }
-    }
-    return s;
-}
-
-// The 4- and 5-bit formats: header bytes HB, whether it holds a min (Q4_1, Q5_1) and where the
-// u32 of fifth bits lies in it (-1: none).
-#define LANE_DOT_NIBBLES(NAME, HB, HAS_MIN, QH_AT, BIAS, G)                                     \
-    __device__ __forceinline__ float lane_dot_##NAME(const u8* row, const float* x, int xpad,   \
-                                                     int cols, int lane) {                      \
-        const int nb = cols / QK;                                                               \
-        const u8* hd = row + 16 * nb;                                                           \
-        const bool al = ((unsigned long long)row & 15) == 0;                                    \
-        float s = 0.0f;                                                                         \
-        for (int b0 = lane; b0 < nb; b0 += (G) * WARP) {                                        \
-            Vec16 q[G] = {};                                                                    \
-            u32 qh[G] = {};                                                                     \
-            u16 d[G] = {}, m[G] = {};                                                           \
-            _Pragma("unroll") for (int g = 0; g < (G); ++g) {                                   \
-                const int b = b0 + g * WARP;                                                    \
-                if (b < nb) {                                                                   \
-                    const u8* h = hd + HB * b;                                                  \
-                    q[g] = ld_quants16(row + 16 * b, al);                                       \
-                    if (QH_AT >= 0) qh[g] = ld_u32_2(h + (QH_AT >= 0 ? QH_AT : 0));             \
-                    d[g] = ld_u16(h);                                                           \
-                    if (HAS_MIN) m[g] = ld_u16(h + 2);                                          \
-                }                                                                               \
-            }                                                                                   \
-            _Pragma("unroll") for (int g = 0; g < (G); ++g) {                                   \
-                const int b = b0 + g * WARP;                                                    \
-                if (b < nb) {                                                                   \
-                    float sx = 0.0f;                                                            \
-                    const float t = dot_nibbles(q[g], qh[g], BIAS, x + b * (QK + xpad), &sx);   \
-                    s += f16_to_f32(d[g]) * t;                                                  \
-                    if (HAS_MIN) s += f16_to_f32(m[g]) * sx;                                    \
-                }                                                                               \
-            }                                                                                   \
-        }                                                                                       \
-        return s;                                                                               \
-    }
-
-// Loads in groups of LOAD_GROUP blocks; of 2 for Q5_0 and 1 for Q5_1 (their fifth bits and mins
-// take registers too: larger groups spill in gate_up on sm_80, by the static check).
-LANE_DOT_NIBBLES(q4_0, 2, false, -1, -8, LOAD_GROUP)
-LANE_DOT_NIBBLES(q4_1, 4, true, -1, 0, LOAD_GROUP)
-LANE_DOT_NIBBLES(q5_0, 6, false, 2, -16, 2)
-LANE_DOT_NIBBLES(q5_1, 8, true, 4, 0, 1)
-
-// Floats of padding the shared-memory copy of x gets after every 32 (see above): 4 for the
-// 32-weight formats, none for the others (their lanes read consecutive x already).
-#define XPAD_f32 0
-#define XPAD_f16 0
-#define XPAD_bf16 0
-#define XPAD_q8_0 4
-#define XPAD_q4_0 4
-#define XPAD_q4_1 4
-#define XPAD_q5_0 4
-#define XPAD_q5_1 4
-#define XPAD_q4_k 0
-#define XPAD_q5_k 0
-#define XPAD_q6_k 0
 
 // The K-quants, repacked: eight lanes per super-block, four super-blocks per step of the warp
 // (lane l takes super-blocks l / 8 + 4t), each lane reading 16 bytes of quants with one load
@@ -502,93 +364,6 @@ __device__ __forceinline__ K4Unit k4_unit(const u8* q, const u8* hd, int c, int 
     k.d0 = d * (float)sc0, k.m0 = dmin * (float)mn0;
     k.d1 = d * (float)sc1, k.m1 = dmin * (float)mn1;
     return k;
-}
-
-__device__ __forceinline__ float lane_dot_k4(const u8* row, const float* x, int cols, int lane,
-                                             bool five) {
-    const int qb = five ? 160 : 128;
-    const int nb = cols / QK_K;
-    const u8* hd0 = row + qb * nb;
-    const bool al = ((unsigned long long)row & 15) == 0;
-    const int e = lane % 8, c = e / 2, l0 = 16 * (e % 2);
-    float s = 0.0f;
-#pragma unroll 4
-    for (int b = lane / 8; b < nb; b += WARP / 8) {
-        const K4Unit k = k4_unit(row + qb * b, hd0 + 16 * b, c, l0, al, five);
-        const u32* w = k.w;
-        const u32* hw = k.hw;
-        const float* xb = x + b * QK_K + 64 * c + l0;
-        float t0 = 0.0f, t1 = 0.0f, x0 = 0.0f, x1 = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const F4 lo = *(const F4*)(xb + 4 * i), hi = *(const F4*)(xb + 32 + 4 * i);
-            const float xl[4] = {lo.x, lo.y, lo.z, lo.w}, xh[4] = {hi.x, hi.y, hi.z, hi.w};
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const int byte = (int)((w[i] >> (8 * k)) & 255u);
-                const int hb = (int)((hw[i] >> (8 * k)) & 255u);
-                const int q0 = (byte & 15) | (((hb >> (2 * c)) & 1) << 4);
-                const int q1 = (byte >> 4) | (((hb >> (2 * c + 1)) & 1) << 4);
-                t0 += (float)q0 * xl[k];
-                t1 += (float)q1 * xh[k];
-                x0 += xl[k];
-                x1 += xh[k];
-            }
-        }
-        s += k.d0 * t0 - k.m0 * x0;
-        s += k.d1 * t1 - k.m1 * x1;
-    }
-    return s;
-}
-__device__ __forceinline__ float lane_dot_q4_k(const u8* row, const float* x, int, int cols,
-                                               int lane) {
-    return lane_dot_k4(row, x, cols, lane, false);
-}
-__device__ __forceinline__ float lane_dot_q5_k(const u8* row, const float* x, int, int cols,
-                                               int lane) {
-    return lane_dot_k4(row, x, cols, lane, true);
-}
-
-// Q6_K: lane e = l % 8 (n = e / 4, a = (e / 2) % 2, l0 = 16 (e % 2)) reads ql[64n + 32a + l0
-// .. + 16] (the low 4 bits of weights 128n + 32a + l0 + j, low nibbles, and 128n + 32(a + 2) +
-// l0 + j, high nibbles) and qh[32n + l0 .. + 16] (their top 2 bits at shifts 2a and 2(a + 2)).
-__device__ __forceinline__ float lane_dot_q6_k(const u8* row, const float* x, int, int cols,
-                                               int lane) {
-    const int nb = cols / QK_K;
-    const u8* hd0 = row + 192 * nb;
-    const bool al = ((unsigned long long)row & 15) == 0;
-    const int e = lane % 8, n = e / 4, a = (e / 2) % 2, l0 = 16 * (e % 2);
-    float s = 0.0f;
-#pragma unroll 2  // by 4 it spills on sm_80
-    for (int b = lane / 8; b < nb; b += WARP / 8) {
-        const u8* q = row + 192 * b;
-        const u8* hd = hd0 + 18 * b;
-        const Vec16 lv = ld_quants16(q + 64 * n + 32 * a + l0, al);
-        const Vec16 hv = ld_quants16(q + 128 + 32 * n + l0, al);
-        const u32 lw[4] = {lv.a, lv.b, lv.c, lv.d}, hw[4] = {hv.a, hv.b, hv.c, hv.d};
-        const float d = f16_to_f32(ld_u16(hd + 16));
-        const float sc0 = (float)(i8)hd[8 * n + 2 * a + l0 / 16];
-        const float sc1 = (float)(i8)hd[8 * n + 2 * (a + 2) + l0 / 16];
-        const float* xb0 = x + b * QK_K + 128 * n + 32 * a + l0;
-        const float* xb1 = xb0 + 64;
-        float t0 = 0.0f, t1 = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const F4 f0 = *(const F4*)(xb0 + 4 * i), f1 = *(const F4*)(xb1 + 4 * i);
-            const float x0[4] = {f0.x, f0.y, f0.z, f0.w}, x1[4] = {f1.x, f1.y, f1.z, f1.w};
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const int lo = (int)((lw[i] >> (8 * k)) & 255u);
-                const int hi = (int)((hw[i] >> (8 * k)) & 255u);
-                const int q0 = ((lo & 15) | (((hi >> (2 * a)) & 3) << 4)) - 32;
-                const int q1 = ((lo >> 4) | (((hi >> (2 * a + 4)) & 3) << 4)) - 32;
-                t0 += (float)q0 * x0[k];
-                t1 += (float)q1 * x1[k];
-            }
-        }
-        s += d * (sc0 * t0 + sc1 * t1);
-    }
-    return s;
 }
 
 // ---- Tiles: row sums over the columns of transposed matrices (axpy_down.cu, predictor.cu) ----

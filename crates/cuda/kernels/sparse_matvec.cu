@@ -8,12 +8,16 @@
 // nonzero = active) a row whose neuron id (read through `ids_l`) is inactive is not read and
 // yields 0.
 //
+// x: the float formats (f32, f16, bf16) take it as `cols` floats; the quantized formats as the
+// int16 blocks `quantize_x` writes (sparse_matvec.cuh: XQ_BLOCK bytes per 32 values), and
+// multiply with exact integer dots.
+//
 // BF16 is decoded by a shift (common.cuh), not through cuda_bf16.h intrinsics, so it needs no
 // __CUDA_ARCH__ >= 800 guard and runs on every architecture.
 //
 // Launch: blockDim.x = 256 (8 warps), gridDim.x = ceil(n / ROWS_PER_BLOCK), dynamic shared
-// memory = x_floats(cols, XPAD) * 4 bytes when that is at most MAX_X_FLOATS floats, else 0 (x
-// is then read from global memory); launch_spec.rs `x_smem` computes the same.
+// memory = x's bytes (cols * 4, or cols / 32 * XQ_BLOCK) when at most 48 KiB, else 0 (x is then
+// read from global memory); launch_spec.rs `x_smem` computes the same.
 
 // 16 rows per block of 8 warps: two per warp. Measured on an H200 (benchmarks/gpu/NOTES.md) with
 // 32, a 4096 x 4096 Q4_0 product ran 128 blocks (one per SM, 8 warps: too few loads in flight)
@@ -24,53 +28,100 @@
 // 16-byte loads of x a thread has in flight at once when staging it.
 #define X_BATCH 2
 
-// Most floats of x staged in shared memory (48 KiB; `MAX_X_FLOATS` in layout.rs).
-#define MAX_X_FLOATS 12288
+// Most bytes of x staged in shared memory (48 KiB; `MAX_X_BYTES` in layout.rs).
+#define MAX_X_BYTES 49152
 
-// Floats x takes in shared memory with `pad` floats after every 32 (common.cuh, XPAD_*).
-__device__ __forceinline__ int x_floats(int cols, int pad) { return cols + (cols / QK) * pad; }
+// The x input of each format's kernels: floats, or quantized blocks (bytes).
+#define XIN_f32 float
+#define XIN_f16 float
+#define XIN_bf16 float
+#define XIN_q8_0 u8
+#define XIN_q4_0 u8
+#define XIN_q4_1 u8
+#define XIN_q5_0 u8
+#define XIN_q5_1 u8
+#define XIN_q4_k u8
+#define XIN_q5_k u8
+#define XIN_q6_k u8
 
-// x for the block's rows: copied into shared memory, `pad` floats after every 32, when it fits
-// (*xpad = pad), else read in place from global memory (*xpad = 0: rows longer than that, e.g. a
-// dense down projection of ffn 14,336). The branch is uniform over the block; every thread of
-// the block must call it.
-__device__ __forceinline__ const float* stage_x(float* xs, const float* x, int cols, int pad,
-                                                int* xpad) {
-    if (x_floats(cols, pad) > MAX_X_FLOATS) {
-        *xpad = 0;
-        return x;
-    }
-    // x in 16-byte loads, X_BATCH of a thread in flight together, then their stores: one
-    // 4-byte load at a time (load, store, next), a 4096-wide x took 16 round trips before the
-    // first weight was read (H200, benchmarks/gpu/NOTES.md). Four floats never straddle a
-    // 32-value block, so they stay together after the padding.
-    if (cols % 4 == 0 && ((unsigned long long)x & 15) == 0) {
-        const Vec16* x4 = (const Vec16*)x;
-        const int n4 = cols / 4;
+// Bytes of x for a row of `cols` weights.
+__device__ __forceinline__ int x_bytes(const float*, int cols) { return 4 * cols; }
+__device__ __forceinline__ int x_bytes(const u8*, int cols) { return (cols / QK) * XQ_BLOCK; }
+
+// x for the block's rows: its `bytes` copied into shared memory when they fit, else read in
+// place from global memory. The branch is uniform over the block; every thread of the block
+// must call it. 16-byte loads, X_BATCH of a thread in flight together, then their stores: one
+// 4-byte load at a time (load, store, next), a 4096-wide x took 16 round trips before the first
+// weight was read (H200, benchmarks/gpu/NOTES.md).
+template <typename T>
+__device__ __forceinline__ const T* stage_x(float* xs, const T* x, int cols) {
+    const int bytes = x_bytes(x, cols);
+    if (bytes > MAX_X_BYTES) return x;
+    if (bytes % 16 == 0 && ((unsigned long long)x & 15) == 0) {
+        const Vec16* x16 = (const Vec16*)x;
+        Vec16* d16 = (Vec16*)xs;
+        const int n16 = bytes / 16;
 #pragma unroll 1
-        for (int q0 = threadIdx.x; q0 < n4; q0 += X_BATCH * blockDim.x) {
+        for (int q0 = threadIdx.x; q0 < n16; q0 += X_BATCH * blockDim.x) {
             Vec16 v[X_BATCH];
 #pragma unroll
             for (int b = 0; b < X_BATCH; ++b) {
                 const int q = q0 + b * (int)blockDim.x;
-                if (q < n4) v[b] = x4[q];
+                if (q < n16) v[b] = x16[q];
             }
 #pragma unroll
             for (int b = 0; b < X_BATCH; ++b) {
                 const int q = q0 + b * (int)blockDim.x;
-                if (q >= n4) continue;
-                float* d = xs + 4 * q + (4 * q / QK) * pad;
-                d[0] = __int_as_float((int)v[b].a), d[1] = __int_as_float((int)v[b].b);
-                d[2] = __int_as_float((int)v[b].c), d[3] = __int_as_float((int)v[b].d);
+                if (q < n16) d16[q] = v[b];
             }
         }
     } else {
-        for (int j = threadIdx.x; j < cols; j += blockDim.x) xs[j + (j / QK) * pad] = x[j];
+        // Floats (any count), or x blocks at a 4-aligned address (80 bytes each).
+        const u32* x4 = (const u32*)x;
+        u32* d4 = (u32*)xs;
+        for (int j = threadIdx.x; j < bytes / 4; j += blockDim.x) d4[j] = x4[j];
     }
     __syncthreads();
-    *xpad = pad;
-    return xs;
+    return (const T*)xs;
 }
+
+// x quantized for the integer dots (sparse_matvec.cuh): a warp per block of 32 values, lane j
+// taking value j. scale = max|x| / XQ_MAX, q = round-to-nearest-even(x · (XQ_MAX / max|x|)) (0
+// for a block of zeros), h = (q + 128) >> 8, l = q − 256·h; the sums of x over each half and Σq.
+// A block holding a NaN or an infinity gets a NaN scale and sums (its dots are NaN, as the f32
+// ones would be) and q = 0.
+//
+// Launch: blockDim.x = 256, gridDim.x = ceil(cols / 32 / 8); cols a multiple of 32; xq holds
+// cols / 32 * XQ_BLOCK bytes.
+KERNEL quantize_x(const float* x, int cols, u8* xq) {
+    const int lane = threadIdx.x % WARP;
+    const int b = blockIdx.x * (BLOCK_THREADS / WARP) + threadIdx.x / WARP;
+    if (b >= cols / QK) return;  // whole warps
+    const float v = x[QK * b + lane];
+    const float amax = warp_max(fabsf(v));
+    float half = v;  // summed over each half-warp
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) half += __shfl_xor_sync(0xffffffffu, half, o);
+    const float other = __shfl_xor_sync(0xffffffffu, half, 16);
+    const float lo = lane < 16 ? half : other, hi = lane < 16 ? other : half;
+    const bool finite = isfinite(amax) && isfinite(lo + hi);
+    const float inv = amax > 0.0f ? XQ_MAX / amax : 0.0f;
+    const int q = finite ? __float2int_rn(v * inv) : 0;
+    const int h = (q + 128) >> 8;
+    u8* xb = xq + XQ_BLOCK * b;
+    xb[lane] = (u8)h;
+    xb[32 + lane] = (u8)(q - 256 * h);
+    const float qsum = warp_sum((float)q);  // |Σq| <= 32 · 32639 < 2^24: exact
+    if (lane == 0) {
+        const float nan = __int_as_float(0x7fc00000);
+        float* hd = (float*)(xb + 64);
+        hd[0] = finite ? amax / XQ_MAX : nan;
+        hd[1] = finite ? lo : nan;
+        hd[2] = finite ? hi : nan;
+        ((int*)hd)[3] = (int)qsum;
+    }
+}
+EMU_ENTRY(quantize_x)
 
 // The neuron id of matrix row r (padding slots of a partial slab hold -1).
 __device__ __forceinline__ int slot_id(const u8* ids_base, RowLayout ids_l, int r) {
@@ -100,18 +151,17 @@ __device__ __forceinline__ float ffn_act(int act, float t, float x) {
 // y[k] = act(dot(W[row k], x)) for k in 0..n.
 #define SPARSE_MATVEC(NAME)                                                                     \
     KERNEL sparse_matvec_##NAME(                                                                \
-        const u8* w, RowLayout l, const float* x, int cols, const int* idx, int n,             \
+        const u8* w, RowLayout l, const XIN_##NAME* x, int cols, const int* idx, int n,         \
         const u8* ids_base, RowLayout ids_l, const int* flags, int act, float* y) {             \
         DYNAMIC_SHARED(float, xs);                                                              \
-        int xpad;                                                                               \
-        const float* xv = stage_x(xs, x, cols, XPAD_##NAME, &xpad);                             \
+        const XIN_##NAME* xv = stage_x(xs, x, cols);                                            \
         const int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;                         \
         const int end = min(n, (int)(blockIdx.x + 1) * ROWS_PER_BLOCK);                         \
         for (int k = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP; k < end; k += warps) {   \
             const int r = idx ? idx[k] : k;                                                     \
             float s = 0.0f;                                                                     \
             if (row_active(ids_base, ids_l, flags, r)) {                                        \
-                const float d = lane_dot_##NAME(row_ptr(w, l, r), xv, xpad, cols, lane);        \
+                const float d = lane_dot_##NAME(row_ptr(w, l, r), xv, cols, lane);              \
                 s = apply_act(act, warp_sum(d));                                                \
             }                                                                                   \
             if (lane == 0) y[k] = s;                                                            \
@@ -126,12 +176,11 @@ __device__ __forceinline__ float ffn_act(int act, float t, float x) {
 // exactly 0 (ReLU), as on the CPU.
 #define GATE_UP(NAME)                                                                           \
     KERNEL gate_up_##NAME(                                                                      \
-        const u8* w, RowLayout gate_l, RowLayout up_l, const float* x, int cols,               \
+        const u8* w, RowLayout gate_l, RowLayout up_l, const XIN_##NAME* x, int cols,           \
         const int* idx, int n, RowLayout ids_l, const int* flags, const float* bias, int act,   \
         float relu_t, int up_mode, float* h) {                                                  \
         DYNAMIC_SHARED(float, xs);                                                              \
-        int xpad;                                                                               \
-        const float* xv = stage_x(xs, x, cols, XPAD_##NAME, &xpad);                             \
+        const XIN_##NAME* xv = stage_x(xs, x, cols);                                            \
         const int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;                         \
         const int end = min(n, (int)(blockIdx.x + 1) * ROWS_PER_BLOCK);                         \
         for (int k = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP; k < end; k += warps) {   \
@@ -140,11 +189,11 @@ __device__ __forceinline__ float ffn_act(int act, float t, float x) {
             float out = 0.0f;                                                                   \
             if (id >= 0 && (flags == nullptr || flags[id] != 0)) {                              \
                 const float dg =                                                                \
-                    warp_sum(lane_dot_##NAME(row_ptr(w, gate_l, r), xv, xpad, cols, lane));     \
+                    warp_sum(lane_dot_##NAME(row_ptr(w, gate_l, r), xv, cols, lane));           \
                 out = ffn_act(act, relu_t, dg + (bias ? bias[id] : 0.0f));                      \
                 if (out != 0.0f && up_mode != UP_NONE) {                                        \
                     const float u =                                                             \
-                        warp_sum(lane_dot_##NAME(row_ptr(w, up_l, r), xv, xpad, cols, lane));   \
+                        warp_sum(lane_dot_##NAME(row_ptr(w, up_l, r), xv, cols, lane));         \
                     out *= up_mode == UP_ACT ? ffn_act(act, relu_t, u) : u;                     \
                 }                                                                               \
             }                                                                                   \

@@ -180,6 +180,26 @@ impl<B: Backend> KvCachesMut<'_, B> {
     }
 }
 
+/// The x a row kernel reads ([`Launch::SparseMatvec`], [`Launch::GateUp`]): `cols` floats for
+/// the float formats, the int16 blocks [`Launch::QuantizeX`] writes for the quantized ones
+/// ([`crate::layout::xq_bytes`] of them).
+pub enum XArg<'a, B: Backend> {
+    /// Floats.
+    F32(&'a B::Buf<f32>),
+    /// Quantized blocks.
+    Quant(&'a B::Buf<u8>),
+}
+
+impl<B: Backend> XArg<'_, B> {
+    /// The address the kernel receives ([`Backend::addr`]).
+    pub fn addr(&self, dev: &B) -> u64 {
+        match self {
+            XArg::F32(x) => dev.addr(*x),
+            XArg::Quant(x) => dev.addr(*x),
+        }
+    }
+}
+
 /// A typed buffer of a backend: `len` elements.
 pub trait DeviceSlice: Send + Sync {
     /// Elements.
@@ -251,7 +271,7 @@ pub enum Launch<'a, B: Backend> {
         dtype: DType,
         w: &'a B::Buf<u8>,
         l: RowLayout,
-        x: &'a B::Buf<f32>,
+        x: XArg<'a, B>,
         cols: usize,
         idx: Option<&'a B::Buf<i32>>,
         n: usize,
@@ -270,7 +290,7 @@ pub enum Launch<'a, B: Backend> {
         w: &'a B::Buf<u8>,
         gate_l: RowLayout,
         up_l: Option<RowLayout>,
-        x: &'a B::Buf<f32>,
+        x: XArg<'a, B>,
         cols: usize,
         idx: Option<&'a B::Buf<i32>>,
         n: usize,
@@ -279,6 +299,13 @@ pub enum Launch<'a, B: Backend> {
         bias: Option<&'a B::Buf<f32>>,
         act: FfnAct,
         h: &'a mut B::Buf<f32>,
+    },
+    /// `quantize_x` (sparse_matvec.cu): `x` (`cols` floats, a multiple of 32) as the int16 blocks
+    /// of the quantized formats' row kernels, into `xq` ([`crate::layout::xq_bytes`] bytes).
+    QuantizeX {
+        x: &'a B::Buf<f32>,
+        cols: usize,
+        xq: &'a mut B::Buf<u8>,
     },
     /// `axpy_rows_<dtype>` (axpy_down.cu): `y[c] += Σ_k a[k] · W[row k][c]`, rows with a zero
     /// coefficient not read; `splits` blocks along the rows (gridDim.y). With one split the sum
@@ -448,6 +475,7 @@ impl<B: Backend> Launch<'_, B> {
         match self {
             Launch::SparseMatvec { dtype, .. } => format!("sparse_matvec_{}", dtype_suffix(*dtype)),
             Launch::GateUp { dtype, .. } => format!("gate_up_{}", dtype_suffix(*dtype)),
+            Launch::QuantizeX { .. } => "quantize_x".into(),
             Launch::AxpyRows { dtype, .. } => format!("axpy_rows_{}", dtype_suffix(*dtype)),
             Launch::AddSplits { .. } => "add_splits".into(),
             Launch::PredictorFc2 { dtype, .. } => {

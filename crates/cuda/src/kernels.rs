@@ -52,6 +52,9 @@ pub struct KernelSource {
     pub name: &'static str,
     /// The file's text (without [`COMMON`]).
     pub source: &'static str,
+    /// The text of its own header `<name>.cuh`, "" when it has none: prepended to the file after
+    /// [`COMMON`] (NVRTC has no include path; the emulator's build includes the file).
+    pub header: &'static str,
     /// Kernels defined once per weight format, as `<prefix>_<dtype>` (see [`dtype_suffix`]).
     pub per_dtype: &'static [&'static str],
     /// Kernels defined once per KV-cache element type, as [`kv_entry`] names them.
@@ -61,9 +64,14 @@ pub struct KernelSource {
 }
 
 impl KernelSource {
-    /// The full program text handed to NVRTC: [`COMMON`] then the file.
+    /// The full program text handed to NVRTC: [`COMMON`], the module's header, then the file.
     pub fn program(&self) -> String {
-        format!("{COMMON}\n// ---- {}.cu ----\n{}", self.name, self.source)
+        let name = self.name;
+        let header = match self.header {
+            "" => String::new(),
+            h => format!("\n// ---- {name}.cuh ----\n{h}"),
+        };
+        format!("{COMMON}{header}\n// ---- {name}.cu ----\n{}", self.source)
     }
 
     /// Every kernel name the compiled module must contain.
@@ -91,9 +99,10 @@ impl KernelSource {
 pub const SPARSE_MATVEC: KernelSource = KernelSource {
     name: "sparse_matvec",
     source: include_str!("../kernels/sparse_matvec.cu"),
+    header: include_str!("../kernels/sparse_matvec.cuh"),
     per_dtype: &["sparse_matvec", "gate_up"],
     per_kv_elem: &[],
-    single: &[],
+    single: &["quantize_x"],
 };
 
 /// Accumulation over rows of a transposed matrix (the hot down_t rows), and the fixed-order sum
@@ -101,6 +110,7 @@ pub const SPARSE_MATVEC: KernelSource = KernelSource {
 pub const AXPY_DOWN: KernelSource = KernelSource {
     name: "axpy_down",
     source: include_str!("../kernels/axpy_down.cu"),
+    header: "",
     per_dtype: &["axpy_rows"],
     per_kv_elem: &[],
     single: &["add_splits"],
@@ -110,6 +120,7 @@ pub const AXPY_DOWN: KernelSource = KernelSource {
 pub const PREDICTOR: KernelSource = KernelSource {
     name: "predictor",
     source: include_str!("../kernels/predictor.cu"),
+    header: "",
     per_dtype: &["predictor_fc2"],
     per_kv_elem: &[],
     single: &[],
@@ -119,6 +130,7 @@ pub const PREDICTOR: KernelSource = KernelSource {
 pub const NORM_ROPE: KernelSource = KernelSource {
     name: "norm_rope",
     source: include_str!("../kernels/norm_rope.cu"),
+    header: "",
     per_dtype: &[],
     per_kv_elem: &[],
     single: &["rms_norm", "layer_norm", "rope"],
@@ -128,6 +140,7 @@ pub const NORM_ROPE: KernelSource = KernelSource {
 pub const ATTENTION: KernelSource = KernelSource {
     name: "attention",
     source: include_str!("../kernels/attention.cu"),
+    header: "",
     per_dtype: &[],
     per_kv_elem: &["kv_store", "attention_decode"],
     single: &["attention_merge"],
@@ -138,6 +151,7 @@ pub const ATTENTION: KernelSource = KernelSource {
 pub const ELEMENTWISE: KernelSource = KernelSource {
     name: "elementwise",
     source: include_str!("../kernels/elementwise.cu"),
+    header: "",
     per_dtype: &[],
     per_kv_elem: &[],
     single: &[

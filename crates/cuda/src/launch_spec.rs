@@ -14,9 +14,9 @@ use std::ffi::c_void;
 
 use powerinfer_core::{ensure, DType, Result};
 
-use crate::backend::{Backend, Launch};
+use crate::backend::{Backend, Launch, XArg};
 use crate::kernels::{self, dtype_suffix, kv_entry, KernelSource};
-use crate::layout::{to_i32, x_floats, RowLayout, MAX_X_FLOATS};
+use crate::layout::{to_i32, x_bytes, RowLayout, MAX_X_BYTES};
 use crate::ops::MAX_ROPE_PAIRS;
 
 /// Threads per block of the row kernels (8 warps).
@@ -164,15 +164,32 @@ pub struct LaunchSpec {
     pub args: KernelArgs,
 }
 
-/// Dynamic shared memory of the row kernels of `dtype`: x staged, with its padding, when it
-/// fits (`stage_x` in sparse_matvec.cu), none for longer rows, which read x from global memory.
+/// Dynamic shared memory of the row kernels of `dtype`: x staged (`stage_x` in
+/// sparse_matvec.cu: floats, or the quantized blocks) when it fits, none for longer rows, which
+/// read x from global memory.
 pub fn x_smem(dtype: DType, cols: usize) -> usize {
-    let floats = x_floats(dtype, cols);
-    if floats <= MAX_X_FLOATS {
-        floats * 4
-    } else {
-        0
+    match x_bytes(dtype, cols) {
+        b if b <= MAX_X_BYTES => b,
+        _ => 0,
     }
+}
+
+/// `Error::Unsupported` unless `x` is what the row kernels of `dtype` read: floats for the float
+/// formats, quantized blocks for the others.
+fn check_x<B: Backend>(what: &str, dtype: DType, x: &XArg<'_, B>) -> Result<()> {
+    let quant = matches!(x, XArg::Quant(_));
+    ensure!(
+        quant == dtype.is_quantized(),
+        Unsupported,
+        "{what}_{}: x must be {} for {dtype} weights",
+        dtype_suffix(dtype),
+        if dtype.is_quantized() {
+            "quantized (quantize_x)"
+        } else {
+            "floats"
+        }
+    );
+    Ok(())
 }
 
 /// Values per thread of the tiled row-sum kernels (`ROW_TILE_*` in common.cuh: one 16-byte
@@ -264,15 +281,16 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
                 Unsupported,
                 "sparse_matvec: flags without neuron ids"
             );
+            check_x("sparse_matvec", dtype, &x)?;
             let ids_l = match ids {
                 Some((_, l)) => l,
                 None => RowLayout::dense(1, 4)?,
             };
             // sparse_matvec_<dtype>(w, l, x, cols, idx, n, ids_base, ids_l, flags, act, y): x
-            // holds `cols` floats, staged in x_smem(dtype, cols) bytes; y holds n floats; rows
-            // 0..n (or the indices) lie inside w per `l`; flags come with the ids they are
-            // indexed by.
-            a.ptr(dev.addr(w)).layout(&l).ptr(dev.addr(x));
+            // holds `cols` values (floats or quantized blocks), staged in x_smem(dtype, cols)
+            // bytes; y holds n floats; rows 0..n (or the indices) lie inside w per `l`; flags
+            // come with the ids they are indexed by.
+            a.ptr(dev.addr(w)).layout(&l).ptr(x.addr(dev));
             a.i32(to_i32(cols, "cols")?)
                 .ptr(opt(idx))
                 .i32(to_i32(n, "rows")?);
@@ -308,6 +326,7 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             // up_mode, h): the slab layouts come from pack_hot_slabs for this buffer, slots 0..n
             // hold ids < ffn or −1, flags and bias have one entry per FFN neuron; h holds n
             // floats. Without up rows the kernel never reads up_l (UP_NONE).
+            check_x("gate_up", dtype, &x)?;
             let up_mode = match (up_l, act.up_act) {
                 (None, _) => 0,
                 (Some(_), false) => 1,
@@ -317,7 +336,7 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             a.ptr(dev.addr(w))
                 .layout(&gate_l)
                 .layout(&up_l)
-                .ptr(dev.addr(x));
+                .ptr(x.addr(dev));
             a.i32(to_i32(cols, "dim")?)
                 .ptr(opt(idx))
                 .i32(to_i32(n, "hot")?);
@@ -336,6 +355,23 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
                 blocks,
                 ROW_THREADS,
                 x_smem(dtype, cols),
+                a,
+            )
+        }
+        Launch::QuantizeX { x, cols, xq } => {
+            // quantize_x(x, cols, xq): a warp per 32 values, 8 per block; cols a multiple of 32
+            // (ops checks it), xq holds xq_bytes(cols).
+            a.ptr(dev.addr(x))
+                .i32(to_i32(cols, "cols")?)
+                .ptr(dev.addr_mut(xq));
+            let warps = (ROW_THREADS / 32) as usize;
+            let blocks = [grid(cols / 32, warps)?, 1];
+            spec(
+                &kernels::SPARSE_MATVEC,
+                "quantize_x".into(),
+                blocks,
+                ROW_THREADS,
+                0,
                 a,
             )
         }

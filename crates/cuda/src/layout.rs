@@ -16,23 +16,27 @@ use powerinfer_core::{bail, ensure, Activation, DType, Result, Weight};
 pub const ALIGN: usize = 256;
 /// Bytes of one neuron id in a slab (i32).
 pub const NEURON_ID_BYTES: usize = 4;
-/// Most floats of x the row kernels stage in shared memory (48 KiB; `MAX_X_FLOATS` in
-/// sparse_matvec.cu): x of `cols` values takes [`x_floats`] of them.
-pub const MAX_X_FLOATS: usize = 48 * 1024 / 4;
+/// Most bytes of x the row kernels stage in shared memory (48 KiB; `MAX_X_BYTES` in
+/// sparse_matvec.cu): floats take 4 bytes each, quantized x [`XQ_BLOCK`] per 32 values.
+pub const MAX_X_BYTES: usize = 48 * 1024;
 
-/// Floats of padding after every 32 values of x staged for the row kernels of `dtype`
-/// (`XPAD_*` in common.cuh): 4 for the 32-weight formats, whose lanes read a block's 32 x values
-/// each (the padding puts a quarter-warp's 16-byte reads in disjoint banks), else 0.
-pub const fn x_pad(dtype: DType) -> usize {
-    match dtype {
-        DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => 4,
-        _ => 0,
-    }
+/// Bytes of x quantized for the integer dots per 32 values (`XQ_BLOCK` in sparse_matvec.cuh):
+/// 32 high and 32 low bytes of the int16 values, then the scale, the two half sums and Σq.
+pub const XQ_BLOCK: usize = 80;
+
+/// Bytes of x quantized for the integer dots (`quantize_x`): [`XQ_BLOCK`] per 32 values, the
+/// values rounded up to a whole block.
+pub const fn xq_bytes(len: usize) -> usize {
+    len.div_ceil(32) * XQ_BLOCK
 }
 
-/// Floats x of `cols` values takes in shared memory for the row kernels of `dtype`.
-pub const fn x_floats(dtype: DType, cols: usize) -> usize {
-    cols + cols / 32 * x_pad(dtype)
+/// Bytes of x the row kernels of `dtype` read for rows of `cols` weights: floats for the float
+/// formats, quantized blocks for the others.
+pub const fn x_bytes(dtype: DType, cols: usize) -> usize {
+    match dtype.is_quantized() {
+        true => xq_bytes(cols),
+        false => 4 * cols,
+    }
 }
 /// Largest head_dim of attention_decode (`ATT_MAX_HEAD_DIM` in attention.cu).
 pub const MAX_HEAD_DIM: usize = 256;

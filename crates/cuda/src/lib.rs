@@ -51,7 +51,7 @@ pub use stub::{device_count, driver_available, is_available, CudaDevice};
 pub use alloc_plan::{gpu_allocations, Allocation, LayerTensors, ModelTensors};
 pub use backend::{
     Backend, Checked, DeviceSlice, DeviceWeight, Elem, HotFfn, KvCaches, KvCachesMut, KvElem,
-    Launch,
+    Launch, XArg,
 };
 #[cfg(feature = "emu")]
 pub use emu::{emu_entries, EmuBackend, GPU_EMU};
@@ -59,9 +59,10 @@ pub use host::{HostBackend, HostBuf};
 pub use kernels::{is_gpu_dtype, GPU_DTYPES};
 pub use layout::{
     align, pack_hot_rows, pack_hot_slabs, parse_device, slab_bytes, slab_geometry, Act, AttnParams,
-    FfnAct, RowLayout, RowSpace, SlabGeometry, SlabLayout, MAX_HEAD_DIM, MAX_RANK, MAX_X_FLOATS,
+    FfnAct, RowLayout, RowSpace, SlabGeometry, SlabLayout, MAX_HEAD_DIM, MAX_RANK, MAX_X_BYTES,
+    XQ_BLOCK,
 };
-pub use ops::{down_splits, part_len, GpuOps};
+pub use ops::{down_splits, part_len, GpuOps, XIn};
 pub use repack::{is_repacked, repack_rows, unpack_row};
 
 /// True when this build can drive a GPU (the `cuda` feature); a device may still be absent.

@@ -17,8 +17,9 @@ use powerinfer_core::{dequantize_row, DType, Error, Weight};
 use powerinfer_cuda::kernels;
 use powerinfer_cuda::launch_spec::{launch_spec, KernelArgs, LaunchSpec};
 use powerinfer_cuda::{
-    emu_entries, Act, AttnParams, Backend, EmuBackend, FfnAct, GpuOps, KvElem, Launch, GPU_DTYPES,
-    MAX_X_FLOATS,
+    emu_entries, Act, AttnParams, Backend, EmuBackend, FfnAct, GpuOps, HostBuf, KvElem, Launch,
+    XArg, XIn,
+    GPU_DTYPES, MAX_X_BYTES, XQ_BLOCK,
 };
 
 /// Relative tolerance of f32 sums against float64 (summation order differs).
@@ -74,6 +75,35 @@ fn assert_close(got: &[f32], want: &[f64], scale: f64, what: &str) {
     }
 }
 
+/// The x the integer dots of the quantized formats multiply: per 32 values, scale · q with
+/// scale = max|x| / 32639 and q = round-to-nearest-even(x · (32639 / max|x|)) (the CPU engine's
+/// int16 x), computed here on its own; x itself for the float formats.
+fn x_hat(dtype: DType, x: &[f32]) -> Vec<f32> {
+    if !dtype.is_quantized() {
+        return x.to_vec();
+    }
+    x.chunks(32)
+        .flat_map(|b| {
+            let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let inv = if amax > 0.0 { 32639.0 / amax } else { 0.0 };
+            let scale = amax / 32639.0;
+            b.iter()
+                .map(move |v| scale * (v * inv).round_ties_even())
+        })
+        .collect()
+}
+
+/// `x` uploaded, and quantized on the device when `dtype` is a quantized format.
+fn upload_x(dev: &EmuBackend, dtype: DType, x: &[f32]) -> (HostBuf<f32>, Option<HostBuf<u8>>) {
+    let dx = dev.upload(x).unwrap();
+    let dq = dtype.is_quantized().then(|| {
+        let mut q = dev.zeros::<u8>(x.len() / 32 * XQ_BLOCK).unwrap();
+        dev.quantize_x(&dx, &mut q).unwrap();
+        q
+    });
+    (dx, dq)
+}
+
 /// The down pass's float64 reference: `y0 + Σ_k h[k] · down_t[hot[k]]` (`dd`: down_t decoded).
 fn down_reference(dd: &[Vec<f64>], hot: &[u32], h: &[f32], y0: &[f32]) -> Vec<f64> {
     (0..y0.len())
@@ -123,13 +153,20 @@ fn row_kernels(dev: &EmuBackend, dtype: DType) {
     let (rows, cols) = (45, cols_for(dtype));
     let w = weight(dtype, rows, cols, 1);
     let wd = decoded(&w);
-    let x = values(cols, 2);
+    let x0 = values(cols, 2);
+    // The reference multiplies the x the kernels do (int16 for the quantized formats).
+    let x = x_hat(dtype, &x0);
     let scale = (cols as f64).sqrt();
     let idx: Vec<i32> = (0..rows as i32).rev().filter(|i| i % 4 != 1).collect();
     let dw = dev.upload_weight(&w).unwrap();
-    let (dx, didx) = (dev.upload(&x).unwrap(), dev.upload(&idx).unwrap());
+    let (dx, dq) = upload_x(dev, dtype, &x0);
+    let xin = XIn {
+        x: &dx,
+        q: dq.as_ref(),
+    };
+    let didx = dev.upload(&idx).unwrap();
     let mut dy = dev.zeros::<f32>(idx.len()).unwrap();
-    dev.matvec_rows(&dw, &dx, Some(&didx), idx.len(), Act::Silu, &mut dy)
+    dev.matvec_rows(&dw, xin, Some(&didx), idx.len(), Act::Silu, &mut dy)
         .unwrap();
     let want: Vec<f64> = idx
         .iter()
@@ -160,7 +197,7 @@ fn row_kernels(dev: &EmuBackend, dtype: DType) {
     let dflags = dev.upload(&flags).unwrap();
     let mut h = dev.zeros::<f32>(hot.len()).unwrap();
     let relu = FfnAct::from(Act::Relu);
-    dev.hot_gate_up(&hf, &dx, Some(&dflags), relu, None, &mut h)
+    dev.hot_gate_up(&hf, xin, Some(&dflags), relu, None, &mut h)
         .unwrap();
     let want_h: Vec<f64> = hot
         .iter()
@@ -198,7 +235,10 @@ fn row_kernels(dev: &EmuBackend, dtype: DType) {
         dtype,
         w: &hf.data,
         l: hf.layout.gate,
-        x: &dx,
+        x: match &dq {
+            Some(q) => XArg::Quant(q),
+            None => XArg::F32(&dx),
+        },
         cols,
         idx: None,
         n: n_slots,
@@ -239,7 +279,7 @@ fn predictor(dev: &EmuBackend, dtype: DType) {
     let mut dflags = dev.zeros::<i32>(ffn).unwrap();
     let mut dlog = dev.zeros::<f32>(ffn).unwrap();
     let t = 0.05;
-    dev.predictor(&d1, &d2, t, &dx, &mut dh, &mut dflags, Some(&mut dlog))
+    dev.predictor(&d1, &d2, t, XIn::floats(&dx), &mut dh, &mut dflags, Some(&mut dlog))
         .unwrap();
     assert_close(
         &dev.download(&dlog).unwrap(),
@@ -543,6 +583,68 @@ fn long_splits(dev: &EmuBackend, dtype: DType) {
     }
 }
 
+/// quantize_x against its rule computed here: per 32 values the high and low bytes of
+/// q = round(x · 32639 / max|x|) (ties to even), the scale, each half's sum and Σq; a block of
+/// zeros gives zeros, one holding a NaN or an infinity a NaN scale and sums; 13 blocks, past one
+/// CUDA block of 8 warps.
+#[test]
+fn quantize_x_writes_the_int16_blocks_of_its_rule() {
+    let dev = EmuBackend::default();
+    let mut x = values(13 * 32, 40);
+    // Ties: 32639 / 2 · k / 32639 ... a block whose max is 2, with values at exact halves of a
+    // step (q = v · 32639 / 2 = 0.5, 1.5, 2.5: ties to even 0, 2, 2).
+    x[32..64].fill(0.0);
+    x[64] = 2.0;
+    for (k, v) in [0.5f32, 1.5, 2.5].iter().enumerate() {
+        x[65 + k] = v * 2.0 / 32639.0;
+    }
+    x[96..128].fill(0.0);
+    x[100] = f32::NAN;
+    x[160] = f32::INFINITY;
+    let dx = dev.upload(&x).unwrap();
+    let mut dq = dev.zeros::<u8>(13 * XQ_BLOCK).unwrap();
+    dev.quantize_x(&dx, &mut dq).unwrap();
+    let q = dev.download(&dq).unwrap();
+    let f = |b: &[u8], at: usize| f32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+    for (i, (v, b)) in x.chunks(32).zip(q.chunks(XQ_BLOCK)).enumerate() {
+        let amax = v.iter().fold(0f32, |m, a| m.max(a.abs()));
+        let finite = v.iter().all(|a| a.is_finite());
+        let inv = if amax > 0.0 { 32639.0 / amax } else { 0.0 };
+        let mut qsum = 0;
+        for (j, a) in v.iter().enumerate() {
+            let want = if finite {
+                (a * inv).round_ties_even() as i32
+            } else {
+                0
+            };
+            let got = 256 * i32::from(b[j] as i8) + i32::from(b[32 + j] as i8);
+            assert_eq!(got, want, "block {i} value {j} ({a})");
+            assert_ne!(b[j] as i8, i8::MIN, "h stays within a signed byte");
+            qsum += want;
+        }
+        let sums = (f(b, 68), f(b, 72));
+        if !finite {
+            assert!(f(b, 64).is_nan() && sums.0.is_nan() && sums.1.is_nan(), "block {i}");
+            continue;
+        }
+        assert_eq!(f(b, 64), amax / 32639.0, "block {i} scale");
+        let (lo, hi): (f64, f64) = (
+            v[..16].iter().map(|&a| a as f64).sum(),
+            v[16..].iter().map(|&a| a as f64).sum(),
+        );
+        assert!((sums.0 as f64 - lo).abs() < 1e-5 && (sums.1 as f64 - hi).abs() < 1e-5);
+        assert_eq!(i32::from_le_bytes(b[76..80].try_into().unwrap()), qsum, "block {i}");
+    }
+    // The ties of block 2.
+    let q2 = |j: usize| 256 * i32::from(q[2 * XQ_BLOCK + j] as i8) + i32::from(q[2 * XQ_BLOCK + 32 + j] as i8);
+    assert_eq!([q2(0), q2(1), q2(2), q2(3)], [32639, 0, 2, 2]);
+    // Not whole blocks, or too few bytes: refused before a launch.
+    let d33 = dev.upload(&values(33, 1)).unwrap();
+    assert!(matches!(dev.quantize_x(&d33, &mut dq), Err(Error::Shape(_))));
+    let mut short = dev.zeros::<u8>(13 * XQ_BLOCK - 1).unwrap();
+    assert!(matches!(dev.quantize_x(&dx, &mut short), Err(Error::Shape(_))));
+}
+
 #[test]
 fn down_pass_splits_longer_than_one_chunk() {
     let dev = EmuBackend::default();
@@ -622,13 +724,15 @@ fn launches_cuda_would_refuse_are_errors() {
     s.shared_bytes = 48 * 1024 + 4;
     assert!(emu_error(&dev, s).contains("exceed 48 KiB"));
 
-    // x of MAX_X_FLOATS F16 columns is staged in exactly 48 KiB of dynamic shared memory, the
-    // most a block may have; the static arrays of rms_norm plus 48 KiB would not fit.
+    // x of 12,288 F16 columns is staged in exactly 48 KiB of dynamic shared memory, the most a
+    // block may have; the static arrays of rms_norm plus 48 KiB would not fit.
     let x_smem = powerinfer_cuda::launch_spec::x_smem;
-    assert_eq!(x_smem(DType::F16, MAX_X_FLOATS), 48 * 1024);
-    // Q4_0's x is padded: 4 floats per 32 (10,912 columns stage 12,276 floats; 10,944 do not).
-    assert_eq!(x_smem(DType::Q4_0, 10912), 12276 * 4);
-    assert_eq!(x_smem(DType::Q4_0, 10944), 0);
+    assert_eq!(x_smem(DType::F16, MAX_X_BYTES / 4), 48 * 1024);
+    assert_eq!(x_smem(DType::F16, MAX_X_BYTES / 4 + 1), 0);
+    // Quantized x takes 80 bytes per 32 values: 19,648 columns stage 49,120 bytes; 19,680 do
+    // not.
+    assert_eq!(x_smem(DType::Q4_0, 19648), 49120);
+    assert_eq!(x_smem(DType::Q4_0, 19680), 0);
     let (x, w) = (dev.zeros::<f32>(64).unwrap(), dev.zeros::<f32>(64).unwrap());
     let mut out = dev.zeros::<f32>(64).unwrap();
     let launch = Launch::RmsNorm {

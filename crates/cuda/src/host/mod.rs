@@ -297,9 +297,9 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
                 }
             };
             let picks = Picks::new(idx.map(|i| i.data.as_slice()), n)?;
-            let x = prefix(&x.data, cols, "x")?;
+            let x = rows::x_values(&x, cols)?;
             let y = prefix_mut(&mut y.data, n, "y")?;
-            rows::sparse_matvec(&w, x, &picks, active.as_ref(), act, y)
+            rows::sparse_matvec(&w, &x, &picks, active.as_ref(), act, y)
         }
         Launch::GateUp {
             dtype,
@@ -324,10 +324,11 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             let bias = bias.map(|b| b.data.as_slice());
             let neurons = Neurons::new(&w.data, ids_l, flags, bias)?;
             let picks = Picks::new(idx.map(|i| i.data.as_slice()), n)?;
-            let x = prefix(&x.data, cols, "x")?;
+            let x = rows::x_values(&x, cols)?;
             let h = prefix_mut(&mut h.data, n, "h")?;
-            rows::gate_up((&gate, up.as_ref()), x, &picks, &neurons, act, h)
+            rows::gate_up((&gate, up.as_ref()), &x, &picks, &neurons, act, h)
         }
+        Launch::QuantizeX { x, cols, xq } => rows::quantize_x(&x.data, cols, &mut xq.data),
         Launch::AxpyRows {
             dtype,
             w,

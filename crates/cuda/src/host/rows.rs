@@ -3,11 +3,74 @@
 //! padding neurons yielding 0 without their rows being read; gate_up with the FFN's whole
 //! activation (gate bias, FATReLU, gate-less or activated up).
 
+use std::borrow::Cow;
+
 use powerinfer_core::Result;
 
 use super::elementwise::{apply_act, apply_ffn_act};
-use super::view::{Active, Neurons, Picks, Rows};
-use crate::layout::{Act, FfnAct};
+use super::view::{prefix, prefix_mut, shape, Active, Neurons, Picks, Rows};
+use super::HostBackend;
+use crate::backend::XArg;
+use crate::layout::{xq_bytes, Act, FfnAct, XQ_BLOCK};
+
+/// Largest |q| of quantized x (`XQ_MAX` in sparse_matvec.cuh).
+const XQ_MAX: f32 = 32639.0;
+
+/// `quantize_x` (sparse_matvec.cu): the first `cols` values of `x` (a multiple of 32) as int16
+/// blocks into `xq`: per 32 values h[32], l[32], then the f32 scale, the f32 sums of each half
+/// and the i32 Σq, with q = round-to-nearest-even(x · (XQ_MAX / max|x|)), h = (q + 128) >> 8,
+/// l = q − 256·h; a block holding a NaN or an infinity gets NaN scale and sums and q = 0.
+pub(super) fn quantize_x(x: &[f32], cols: usize, xq: &mut [u8]) -> Result<()> {
+    if cols % 32 != 0 {
+        return Err(shape(format!("quantize_x: {cols} values, not whole blocks of 32")));
+    }
+    let x = prefix(x, cols, "x")?;
+    let xq = prefix_mut(xq, xq_bytes(cols), "xq")?;
+    for (v, out) in x.chunks_exact(32).zip(xq.chunks_exact_mut(XQ_BLOCK)) {
+        let amax = v.iter().fold(0f32, |m, a| m.max(a.abs()));
+        let (lo, hi) = (v[..16].iter().sum::<f32>(), v[16..].iter().sum::<f32>());
+        let finite = amax.is_finite() && (lo + hi).is_finite();
+        let inv = if amax > 0.0 { XQ_MAX / amax } else { 0.0 };
+        let mut qsum = 0i32;
+        for (j, &a) in v.iter().enumerate() {
+            let q = if finite {
+                (a * inv).round_ties_even() as i32
+            } else {
+                0
+            };
+            let h = (q + 128) >> 8;
+            out[j] = h as i8 as u8;
+            out[32 + j] = (q - 256 * h) as i8 as u8;
+            qsum += q;
+        }
+        let (scale, lo, hi) = match finite {
+            true => (amax / XQ_MAX, lo, hi),
+            false => (f32::NAN, f32::NAN, f32::NAN),
+        };
+        out[64..68].copy_from_slice(&scale.to_le_bytes());
+        out[68..72].copy_from_slice(&lo.to_le_bytes());
+        out[72..76].copy_from_slice(&hi.to_le_bytes());
+        out[76..80].copy_from_slice(&qsum.to_le_bytes());
+    }
+    Ok(())
+}
+
+/// The `cols` values x stands for: floats as given, quantized blocks as scale · (256·h + l) (the
+/// x̂ the integer dots multiply).
+pub(super) fn x_values<'a>(x: &'a XArg<'_, HostBackend>, cols: usize) -> Result<Cow<'a, [f32]>> {
+    let bytes = match x {
+        XArg::F32(x) => return prefix(&x.data, cols, "x").map(Cow::Borrowed),
+        XArg::Quant(q) => prefix(&q.data, xq_bytes(cols), "xq")?,
+    };
+    let mut out = Vec::with_capacity(cols);
+    for b in bytes.chunks_exact(XQ_BLOCK) {
+        let scale = f32::from_le_bytes([b[64], b[65], b[66], b[67]]);
+        let q = |j: usize| 256 * i32::from(b[j] as i8) + i32::from(b[32 + j] as i8);
+        out.extend((0..32).map(|j| scale * q(j) as f32));
+    }
+    out.truncate(cols);
+    Ok(Cow::Owned(out))
+}
 
 /// `y[k] = act(dot(W[row k], x))` for k in 0..n (`y` holds n, `x` holds the row's cols).
 pub(super) fn sparse_matvec(

@@ -21,6 +21,7 @@ mod rows;
 mod upload;
 
 pub use axpy::{down_splits, part_len};
+pub use rows::XIn;
 pub use norm_rope::MAX_ROPE_PAIRS;
 
 /// `Error::Unsupported` unless the GPU kernels take `dtype` ([`GPU_DTYPES`]; Q2_K and Q3_K run
@@ -80,11 +81,19 @@ pub trait GpuOps: Backend {
         upload::upload_hot_rows(self, gate, up, down_t, ids, bucket)
     }
 
-    /// `y[k] = act(dot(W[row k], x))` for k in 0..n, row k = `idx[k]` or k.
+    /// `x` (all of it: a multiple of 32 values) quantized to the int16 blocks the row kernels of
+    /// the quantized formats read, into `xq` (at least [`crate::layout::xq_bytes`] of x's
+    /// length): once per vector, before the row operations that read it ([`XIn::quantized`]).
+    fn quantize_x(&self, x: &Self::Buf<f32>, xq: &mut Self::Buf<u8>) -> Result<()> {
+        rows::quantize_x(self, x, xq)
+    }
+
+    /// `y[k] = act(dot(W[row k], x))` for k in 0..n, row k = `idx[k]` or k; x quantized when
+    /// W is.
     fn matvec_rows(
         &self,
         w: &DeviceWeight<Self>,
-        x: &Self::Buf<f32>,
+        x: XIn<'_, Self>,
         idx: Option<&Self::Buf<i32>>,
         n: usize,
         act: Act,
@@ -97,11 +106,11 @@ pub trait GpuOps: Backend {
     /// `g = act(dot(gate[r], x) + gate_bias[id])` and `u' = dot(up[r], x)` (`act(u)` with
     /// `act.up_act`; 1 for slabs without up rows), `act` with its FATReLU threshold. With
     /// `flags` (one i32 per FFN neuron) inactive neurons give 0 unread; `gate_bias` holds one
-    /// value per FFN neuron (OPT's fc1 bias), indexed by the slot's neuron id.
+    /// value per FFN neuron (OPT's fc1 bias), indexed by the slot's neuron id; x quantized when the slabs are.
     fn hot_gate_up(
         &self,
         ffn: &HotFfn<Self>,
-        x: &Self::Buf<f32>,
+        x: XIn<'_, Self>,
         flags: Option<&Self::Buf<i32>>,
         act: FfnAct,
         gate_bias: Option<&Self::Buf<f32>>,
@@ -132,7 +141,7 @@ pub trait GpuOps: Backend {
         fc1: &DeviceWeight<Self>,
         fc2_t: &DeviceWeight<Self>,
         threshold: f32,
-        x: &Self::Buf<f32>,
+        x: XIn<'_, Self>,
         hidden: &mut Self::Buf<f32>,
         flags: &mut Self::Buf<i32>,
         logits: Option<&mut Self::Buf<f32>>,

@@ -5,7 +5,7 @@ use powerinfer_core::{ensure, Result};
 
 use crate::backend::{Backend, Checked, DeviceSlice, DeviceWeight, Launch};
 use crate::layout::{Act, MAX_RANK};
-use crate::ops::rows::matvec_rows;
+use crate::ops::rows::{matvec_rows, XIn};
 
 /// The predictor of one layer: `hidden = ReLU(fc1 · x)`, `logits = fc2 · hidden` over the
 /// nonzero hidden units (`fc2_t` is `[rank, ffn]`), `flags[j] = logits[j] >= threshold`.
@@ -15,7 +15,7 @@ pub(crate) fn predictor<B: Backend>(
     fc1: &DeviceWeight<B>,
     fc2_t: &DeviceWeight<B>,
     threshold: f32,
-    x: &B::Buf<f32>,
+    x: XIn<'_, B>,
     hidden: &mut B::Buf<f32>,
     flags: &mut B::Buf<i32>,
     logits: Option<&mut B::Buf<f32>>,

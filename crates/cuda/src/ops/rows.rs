@@ -1,10 +1,93 @@
 //! The row kernels of `sparse_matvec.cu`: a matvec over chosen rows of a matrix, and the hot
 //! neurons' fused gate/up pass over their slabs.
 
-use powerinfer_core::{ensure, Result};
+use powerinfer_core::{ensure, DType, Result};
 
-use crate::backend::{Backend, Checked, DeviceSlice, DeviceWeight, HotFfn, Launch};
-use crate::layout::{Act, FfnAct};
+use crate::backend::{Backend, Checked, DeviceSlice, DeviceWeight, HotFfn, Launch, XArg};
+use crate::layout::{xq_bytes, Act, FfnAct};
+
+/// The input vector of the row operations: its floats, and for weights in a quantized format
+/// the same vector quantized by [`GpuOps::quantize_x`](crate::GpuOps::quantize_x) since the
+/// floats last changed (the operations cannot tell a stale copy: the caller keeps them in step).
+pub struct XIn<'a, B: Backend> {
+    /// The values.
+    pub x: &'a B::Buf<f32>,
+    /// The values quantized, when a quantized weight reads them.
+    pub q: Option<&'a B::Buf<u8>>,
+}
+
+impl<B: Backend> Clone for XIn<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B: Backend> Copy for XIn<'_, B> {}
+
+impl<'a, B: Backend> XIn<'a, B> {
+    /// Floats only (for weights in a float format).
+    pub fn floats(x: &'a B::Buf<f32>) -> Self {
+        XIn { x, q: None }
+    }
+
+    /// The floats and their quantized copy.
+    pub fn quantized(x: &'a B::Buf<f32>, q: &'a B::Buf<u8>) -> Self {
+        XIn { x, q: Some(q) }
+    }
+
+    /// What the row kernels of `dtype` over `cols` columns read, checked: `cols` floats, and
+    /// for a quantized format the quantized copy.
+    pub(crate) fn arg(&self, dtype: DType, cols: usize, what: &str) -> Result<XArg<'a, B>> {
+        ensure!(
+            self.x.len() == cols,
+            Shape,
+            "{what}: x {} for {cols} cols",
+            self.x.len()
+        );
+        if !dtype.is_quantized() {
+            return Ok(XArg::F32(self.x));
+        }
+        let Some(q) = self.q else {
+            powerinfer_core::bail!(
+                Shape,
+                "{what}: {dtype} weights read x quantized (GpuOps::quantize_x), none given"
+            );
+        };
+        ensure!(
+            q.len() >= xq_bytes(cols),
+            Shape,
+            "{what}: quantized x of {} bytes for {cols} cols ({} needed)",
+            q.len(),
+            xq_bytes(cols)
+        );
+        Ok(XArg::Quant(q))
+    }
+}
+
+/// `x` as the int16 blocks of the quantized formats' row kernels, into `xq` (at least
+/// [`xq_bytes`] of x's length): all of x, whose length must be a multiple of 32.
+pub(crate) fn quantize_x<B: Backend>(
+    dev: &B,
+    x: &B::Buf<f32>,
+    xq: &mut B::Buf<u8>,
+) -> Result<()> {
+    let cols = x.len();
+    ensure!(
+        cols % 32 == 0,
+        Shape,
+        "quantize_x: {cols} values, not whole blocks of 32"
+    );
+    ensure!(
+        xq.len() >= xq_bytes(cols),
+        Shape,
+        "quantize_x: {} bytes for {cols} values ({} needed)",
+        xq.len(),
+        xq_bytes(cols)
+    );
+    if cols == 0 {
+        return Ok(());
+    }
+    dev.launch(Launch::QuantizeX { x, cols, xq }, Checked(()))
+}
 
 /// Error unless the rows a launch reads exist: `n` indices when `idx` is given (their values
 /// are the caller's to keep in range), else rows 0..n of `rows`.
@@ -31,19 +114,13 @@ pub(crate) fn check_rows<B: Backend>(
 pub(crate) fn matvec_rows<B: Backend>(
     dev: &B,
     w: &DeviceWeight<B>,
-    x: &B::Buf<f32>,
+    x: XIn<'_, B>,
     idx: Option<&B::Buf<i32>>,
     n: usize,
     act: Act,
     y: &mut B::Buf<f32>,
 ) -> Result<()> {
-    ensure!(
-        x.len() == w.cols,
-        Shape,
-        "matvec_rows: x {} for {} cols",
-        x.len(),
-        w.cols
-    );
+    let x = x.arg(w.dtype, w.cols, "matvec_rows")?;
     ensure!(
         y.len() >= n,
         Shape,
@@ -80,20 +157,14 @@ pub(crate) fn matvec_rows<B: Backend>(
 pub(crate) fn hot_gate_up<B: Backend>(
     dev: &B,
     ffn: &HotFfn<B>,
-    x: &B::Buf<f32>,
+    x: XIn<'_, B>,
     flags: Option<&B::Buf<i32>>,
     act: FfnAct,
     gate_bias: Option<&B::Buf<f32>>,
     h: &mut B::Buf<f32>,
 ) -> Result<()> {
     let l = &ffn.layout;
-    ensure!(
-        x.len() == l.dim,
-        Shape,
-        "hot_gate_up: x {} for dim {}",
-        x.len(),
-        l.dim
-    );
+    let x = x.arg(l.gate_dtype, l.dim, "hot_gate_up")?;
     ensure!(
         h.len() >= l.n_hot,
         Shape,
