@@ -19,8 +19,6 @@
 #define XQ_BLOCK 80
 // Largest |q|: 127·256 + 127, so that q splits into two signed bytes (h = (q + 128) >> 8).
 #define XQ_MAX 32639.0f
-// Most bytes of quantized x staged in shared memory (48 KiB; `MAX_X_BYTES` in layout.rs).
-#define MAX_XQ_BYTES 49152
 
 // Four signed-byte products summed into c (`__dp4a`).
 __device__ __forceinline__ int dp4(u32 a, u32 b, int c) { return __dp4a((int)a, (int)b, c); }

@@ -30,7 +30,7 @@
 
 use powerinfer_core::{ensure, DType, ModelConfig, PlanFile, Result, Weight};
 
-use crate::layout::{align, att_part_len, slab_geometry};
+use crate::layout::{align, att_part_len, slab_geometry, xq_bytes};
 
 /// One device allocation: its name and size in bytes (a multiple of 256).
 pub type Allocation = (String, usize);
@@ -242,7 +242,9 @@ fn check_shared(i: usize, c: &ModelConfig, l: &LayerTensors<'_>) -> Result<()> {
 /// the normed keys), for parallel blocks `saved` (dim: the residual before the attention, the
 /// FFN's input); for a mixture of experts `expert_w` (n_expert + 1: each expert's routing
 /// weight for the token, 0 where not routed, then the shared expert's scale). `hb`, `active`
-/// and `part` count the layer's neurons (`ModelConfig::n_neurons`: experts flattened).
+/// and `part` count the layer's neurons (`ModelConfig::n_neurons`: experts flattened). Then
+/// `xq` (bytes, not floats): the input of the quantized row kernels, x quantized
+/// ([`crate::layout::xq_bytes`] of the longer of dim and q_dim).
 pub fn scratch_allocations(c: &ModelConfig, plan: &PlanFile) -> Vec<Allocation> {
     let max_rank = plan.predictor_ranks.iter().copied().max().unwrap_or(0);
     let kn = c.arch.qk_norm.then_some(("kn", c.kv_dim()));
@@ -269,6 +271,10 @@ pub fn scratch_allocations(c: &ModelConfig, plan: &PlanFile) -> Vec<Allocation> 
     .chain(saved)
     .chain(experts)
     .map(|(n, len)| (format!("scratch.{n}"), align(F32_BYTES * len)))
+    .chain([(
+        "scratch.xq".to_string(),
+        align(xq_bytes(c.dim.max(c.q_dim()))),
+    )])
     .collect()
 }
 
@@ -390,6 +396,7 @@ mod tests {
             ("scratch.xfer", 256),       // 64 x 4
             ("scratch.part", 256),       // 64 x 1 split (ffn 96) x 4
             ("scratch.attp", 512),       // context 32: one chunk, 4 heads x (16 + 2) x 4
+            ("scratch.xq", 256),         // 64 / 32 x 80 = 160
         ];
         let want: Vec<Allocation> = want.into_iter().map(|(n, b)| (n.into(), b)).collect();
         assert_eq!(got, want);
@@ -486,8 +493,8 @@ mod tests {
         assert_eq!(bytes("blk.0.attn_q_norm"), 256);
         assert_eq!(bytes("blk.0.ffn_up.bias"), 512);
         assert!(names.contains(&"output_norm.bias"));
-        let tail = &names[names.len() - 2..];
-        assert_eq!(tail, ["scratch.kn", "scratch.saved"]);
+        let tail = &names[names.len() - 3..];
+        assert_eq!(tail, ["scratch.kn", "scratch.saved", "scratch.xq"]);
         // Without the flags, none of them.
         let plain = gpu_allocations(&t.model(DType::F16), &plan(8)).unwrap();
         assert_eq!(got.len() - plain.len(), 8 + 4 + 1 + 2);

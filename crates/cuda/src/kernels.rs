@@ -222,7 +222,7 @@ mod tests {
                 assert!(src.source.contains(&def), "{}: {s}", src.name);
             }
         }
-        assert_eq!(SPARSE_MATVEC.entries().len(), 22);
+        assert_eq!(SPARSE_MATVEC.entries().len(), 23);
         assert!(SPARSE_MATVEC
             .entries()
             .contains(&"gate_up_q6_k".to_string()));

@@ -11,6 +11,9 @@
 
 #![cfg(feature = "emu")]
 
+#[path = "support/x_hat.rs"]
+mod x_hat;
+
 use std::collections::BTreeSet;
 
 use powerinfer_core::{dequantize_row, DType, Error, Weight};
@@ -18,9 +21,9 @@ use powerinfer_cuda::kernels;
 use powerinfer_cuda::launch_spec::{launch_spec, KernelArgs, LaunchSpec};
 use powerinfer_cuda::{
     emu_entries, Act, AttnParams, Backend, EmuBackend, FfnAct, GpuOps, HostBuf, KvElem, Launch,
-    XArg, XIn,
-    GPU_DTYPES, MAX_X_BYTES, XQ_BLOCK,
+    XArg, XIn, GPU_DTYPES, MAX_X_BYTES, XQ_BLOCK,
 };
+use x_hat::x_hat;
 
 /// Relative tolerance of f32 sums against float64 (summation order differs).
 const REL_TOL: f64 = 2e-5;
@@ -73,24 +76,6 @@ fn assert_close(got: &[f32], want: &[f64], scale: f64, what: &str) {
             "{what}[{i}]: emulator {g} vs float64 {w} (bound {bound:.2e})"
         );
     }
-}
-
-/// The x the integer dots of the quantized formats multiply: per 32 values, scale · q with
-/// scale = max|x| / 32639 and q = round-to-nearest-even(x · (32639 / max|x|)) (the CPU engine's
-/// int16 x), computed here on its own; x itself for the float formats.
-fn x_hat(dtype: DType, x: &[f32]) -> Vec<f32> {
-    if !dtype.is_quantized() {
-        return x.to_vec();
-    }
-    x.chunks(32)
-        .flat_map(|b| {
-            let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let inv = if amax > 0.0 { 32639.0 / amax } else { 0.0 };
-            let scale = amax / 32639.0;
-            b.iter()
-                .map(move |v| scale * (v * inv).round_ties_even())
-        })
-        .collect()
 }
 
 /// `x` uploaded, and quantized on the device when `dtype` is a quantized format.
@@ -279,8 +264,16 @@ fn predictor(dev: &EmuBackend, dtype: DType) {
     let mut dflags = dev.zeros::<i32>(ffn).unwrap();
     let mut dlog = dev.zeros::<f32>(ffn).unwrap();
     let t = 0.05;
-    dev.predictor(&d1, &d2, t, XIn::floats(&dx), &mut dh, &mut dflags, Some(&mut dlog))
-        .unwrap();
+    dev.predictor(
+        &d1,
+        &d2,
+        t,
+        XIn::floats(&dx),
+        &mut dh,
+        &mut dflags,
+        Some(&mut dlog),
+    )
+    .unwrap();
     assert_close(
         &dev.download(&dlog).unwrap(),
         &logits,
@@ -624,7 +617,10 @@ fn quantize_x_writes_the_int16_blocks_of_its_rule() {
         }
         let sums = (f(b, 68), f(b, 72));
         if !finite {
-            assert!(f(b, 64).is_nan() && sums.0.is_nan() && sums.1.is_nan(), "block {i}");
+            assert!(
+                f(b, 64).is_nan() && sums.0.is_nan() && sums.1.is_nan(),
+                "block {i}"
+            );
             continue;
         }
         assert_eq!(f(b, 64), amax / 32639.0, "block {i} scale");
@@ -633,16 +629,28 @@ fn quantize_x_writes_the_int16_blocks_of_its_rule() {
             v[16..].iter().map(|&a| a as f64).sum(),
         );
         assert!((sums.0 as f64 - lo).abs() < 1e-5 && (sums.1 as f64 - hi).abs() < 1e-5);
-        assert_eq!(i32::from_le_bytes(b[76..80].try_into().unwrap()), qsum, "block {i}");
+        assert_eq!(
+            i32::from_le_bytes(b[76..80].try_into().unwrap()),
+            qsum,
+            "block {i}"
+        );
     }
     // The ties of block 2.
-    let q2 = |j: usize| 256 * i32::from(q[2 * XQ_BLOCK + j] as i8) + i32::from(q[2 * XQ_BLOCK + 32 + j] as i8);
+    let q2 = |j: usize| {
+        256 * i32::from(q[2 * XQ_BLOCK + j] as i8) + i32::from(q[2 * XQ_BLOCK + 32 + j] as i8)
+    };
     assert_eq!([q2(0), q2(1), q2(2), q2(3)], [32639, 0, 2, 2]);
     // Not whole blocks, or too few bytes: refused before a launch.
     let d33 = dev.upload(&values(33, 1)).unwrap();
-    assert!(matches!(dev.quantize_x(&d33, &mut dq), Err(Error::Shape(_))));
+    assert!(matches!(
+        dev.quantize_x(&d33, &mut dq),
+        Err(Error::Shape(_))
+    ));
     let mut short = dev.zeros::<u8>(13 * XQ_BLOCK - 1).unwrap();
-    assert!(matches!(dev.quantize_x(&dx, &mut short), Err(Error::Shape(_))));
+    assert!(matches!(
+        dev.quantize_x(&dx, &mut short),
+        Err(Error::Shape(_))
+    ));
 }
 
 #[test]

@@ -7,14 +7,18 @@
 //! format they checked; benchmarks/gpu/check.sh looks for those lines of every format on the
 //! CUDA device.
 
+#[path = "support/x_hat.rs"]
+mod x_hat;
+
 use half::f16;
 use powerinfer_core::{Activation, Buffer, DType, Error, RopeStyle, Weight};
 use powerinfer_cpu::{reference, sparse_reference};
 use powerinfer_cuda::layout::att_part_len;
 use powerinfer_cuda::{
     pack_hot_rows, pack_hot_slabs, Act, AttnParams, Backend, DeviceWeight, FfnAct, GpuOps,
-    HostBackend, HotFfn, KvElem, RowLayout, RowSpace, GPU_DTYPES,
+    HostBackend, HotFfn, KvElem, RowLayout, RowSpace, XIn, GPU_DTYPES,
 };
+use x_hat::x_hat;
 
 /// Relative tolerance of GPU f32 sums against the f64 references (different summation order).
 const REL_TOL: f32 = 2e-4;
@@ -104,6 +108,34 @@ fn cols_for(dtype: DType) -> usize {
     }
 }
 
+/// `x` on the device, with its quantized copy (`quantize_x`, on the device) for weights of a
+/// quantized `dtype`: what the row operations of that format read.
+struct DevX<B: Backend> {
+    x: B::Buf<f32>,
+    q: Option<B::Buf<u8>>,
+}
+
+impl<B: Backend> DevX<B> {
+    fn new(dev: &B, dtype: DType, x: &[f32]) -> DevX<B> {
+        let dx = dev.upload(x).unwrap();
+        let q = dtype.is_quantized().then(|| {
+            let mut q = dev
+                .zeros::<u8>(powerinfer_cuda::layout::xq_bytes(x.len()))
+                .unwrap();
+            dev.quantize_x(&dx, &mut q).unwrap();
+            q
+        });
+        DevX { x: dx, q }
+    }
+
+    fn arg(&self) -> XIn<'_, B> {
+        XIn {
+            x: &self.x,
+            q: self.q.as_ref(),
+        }
+    }
+}
+
 /// The line check.sh looks for: test `test` passed on format `dtype` on `dev`.
 fn ok<B: Backend>(dev: &B, test: &str, dtype: DType) {
     println!("{test} {dtype}: ok on {}", dev.describe());
@@ -126,17 +158,19 @@ fn sparse_matvec<B: Backend>(dev: &B) {
     for dtype in GPU_DTYPES {
         let (rows, cols) = (157, cols_for(dtype));
         let w = weight(dtype, rows, cols, 1);
-        let x = values(cols, 2);
+        // x as uploaded, and the x the kernels multiply (int16 for the quantized formats).
+        let x0 = values(cols, 2);
+        let x = x_hat(dtype, &x0);
         let idx: Vec<u32> = (0..rows as u32).filter(|i| i % 3 != 1).rev().collect();
         let mut want = vec![0f32; idx.len()];
         sparse_reference::matvec_rows(&w, &x, &idx, &mut want).unwrap();
         let dw = dev.upload_weight(&w).unwrap();
-        let dx = dev.upload(&x).unwrap();
+        let dx = DevX::new(dev, dtype, &x0);
         let didx = dev
             .upload(&idx.iter().map(|&i| i as i32).collect::<Vec<_>>())
             .unwrap();
         let mut dy = dev.zeros::<f32>(idx.len()).unwrap();
-        dev.matvec_rows(&dw, &dx, Some(&didx), idx.len(), Act::None, &mut dy)
+        dev.matvec_rows(&dw, dx.arg(), Some(&didx), idx.len(), Act::None, &mut dy)
             .unwrap();
         let got = dev.download(&dy).unwrap();
         assert_close(
@@ -148,7 +182,7 @@ fn sparse_matvec<B: Backend>(dev: &B) {
         );
         // Dense (no index list) with ReLU.
         let mut dense = dev.zeros::<f32>(rows).unwrap();
-        dev.matvec_rows(&dw, &dx, None, rows, Act::Relu, &mut dense)
+        dev.matvec_rows(&dw, dx.arg(), None, rows, Act::Relu, &mut dense)
             .unwrap();
         let mut all = vec![0f32; rows];
         reference::matvec(&w, &x, &mut all).unwrap();
@@ -171,25 +205,27 @@ fn rows_longer_than_shared_memory_read_x_in_place() {
 }
 
 // ffn 14,336 (Llama-3-8B) and 28,672 (70B) as the columns of a dense down projection, and
-// the longest rows still staged in shared memory: MAX_X_FLOATS of F16, and 10,912 of Q4_0
-// (staged with 4 floats of padding per 32: 12,276 floats), then 10,944 (12,312: unstaged).
+// the longest rows still staged in shared memory: 12,288 of F16 (48 KiB of floats), and 19,648
+// of Q4_0 (614 quantized blocks of 80 bytes: 49,120), then 19,680 (49,200: read in place).
 fn long_rows<B: Backend>(dev: &B) {
-    assert_eq!(powerinfer_cuda::layout::x_floats(DType::Q4_0, 10912), 12276);
     for (cols, dtype) in [
-        (powerinfer_cuda::MAX_X_FLOATS, DType::F16),
-        (10912, DType::Q4_0),
-        (10944, DType::Q8_0),
+        (powerinfer_cuda::MAX_X_BYTES / 4, DType::F16),
+        (19648, DType::Q4_0),
+        (19680, DType::Q8_0),
         (14336, DType::Q4_0),
         (28672, DType::F16),
+        (28672, DType::Q4_K),
     ] {
         let rows = 37;
         let w = weight(dtype, rows, cols, 3);
-        let x = values(cols, 4);
+        // x as uploaded, and the x the kernels multiply (int16 for the quantized formats).
+        let x0 = values(cols, 4);
+        let x = x_hat(dtype, &x0);
         let mut want = vec![0f32; rows];
         reference::matvec(&w, &x, &mut want).unwrap();
-        let (dw, dx) = (dev.upload_weight(&w).unwrap(), dev.upload(&x).unwrap());
+        let (dw, dx) = (dev.upload_weight(&w).unwrap(), DevX::new(dev, dtype, &x0));
         let mut dy = dev.zeros::<f32>(rows).unwrap();
-        dev.matvec_rows(&dw, &dx, None, rows, Act::None, &mut dy)
+        dev.matvec_rows(&dw, dx.arg(), None, rows, Act::None, &mut dy)
             .unwrap();
         let got = dev.download(&dy).unwrap();
         let what = format!("{dtype} x {cols}");
@@ -268,7 +304,9 @@ fn hot_ffn<B: Backend>(dev: &B) {
         let gate = weight(dtype, ffn, dim, 6);
         let up = weight(dtype, ffn, dim, 7);
         let down_t = weight(down, ffn, dim, 8);
-        let x = values(dim, 9);
+        // x as uploaded, and the x the kernels multiply (int16 for the quantized formats).
+        let x0 = values(dim, 9);
+        let x = x_hat(dtype, &x0);
         let hot: Vec<u32> = (0..ffn as u32).filter(|i| i % 5 != 0).collect(); // partial slab
         let mut flags = vec![0i32; ffn];
         hot.iter()
@@ -294,11 +332,11 @@ fn hot_ffn<B: Backend>(dev: &B) {
             .upload_hot_ffn(&gate, Some(&up), &down_t, &hot, 32)
             .unwrap();
         assert_eq!(hf.n_bytes(), hf.layout.total_bytes());
-        let dx = dev.upload(&x).unwrap();
+        let dx = DevX::new(dev, dtype, &x0);
         let dflags = dev.upload(&flags).unwrap();
         let mut h = dev.zeros::<f32>(hot.len()).unwrap();
         let silu = FfnAct::from(Act::Silu);
-        dev.hot_gate_up(&hf, &dx, Some(&dflags), silu, None, &mut h)
+        dev.hot_gate_up(&hf, dx.arg(), Some(&dflags), silu, None, &mut h)
             .unwrap();
         let mut y = dev.zeros::<f32>(dim).unwrap();
         let mut part = dev.zeros::<f32>(0).unwrap();
@@ -343,7 +381,9 @@ fn ffn_activations<B: Backend>(dev: &B) {
         let (gate, up) = (weight(dtype, ffn, dim, 40), weight(dtype, ffn, dim, 41));
         let down_t = weight(DType::F16, ffn, dim, 42);
         let (gate_rows, up_rows) = (decoded(&gate), decoded(&up));
-        let x = values(dim, 43);
+        // x as uploaded, and the x the kernels multiply (int16 for the quantized formats).
+        let x0 = values(dim, 43);
+        let x = x_hat(dtype, &x0);
         let scale = (dim as f32).sqrt();
         let bias: Vec<f32> = values(ffn, 44).iter().map(|v| v * scale / 2.0).collect();
         let hot: Vec<u32> = (0..ffn as u32).rev().filter(|i| i % 4 != 1).collect();
@@ -356,7 +396,7 @@ fn ffn_activations<B: Backend>(dev: &B) {
         pos.sort_by(f64::total_cmp);
         let t = pos[pos.len() / 2] as f32;
         let (dx, dflags, dbias) = (
-            dev.upload(&x).unwrap(),
+            DevX::new(dev, dtype, &x0),
             dev.upload(&flags).unwrap(),
             dev.upload(&bias).unwrap(),
         );
@@ -409,7 +449,7 @@ fn ffn_activations<B: Backend>(dev: &B) {
             let mut h = dev.upload(&vec![9f32; hot.len() + 1]).unwrap();
             dev.hot_gate_up(
                 hf,
-                &dx,
+                dx.arg(),
                 with_flags.then_some(&dflags),
                 act,
                 with_bias.then_some(&dbias),
@@ -462,7 +502,7 @@ fn ffn_activations<B: Backend>(dev: &B) {
             assert_ne!(&results[k], plain, "{dtype}: {name} changed nothing");
         }
         let mut h = dev.zeros::<f32>(hot.len()).unwrap();
-        dev.hot_gate_up(&gate_less, &dx, Some(&dflags), relu, None, &mut h)
+        dev.hot_gate_up(&gate_less, dx.arg(), Some(&dflags), relu, None, &mut h)
             .unwrap();
         assert_ne!(
             dev.download(&h).unwrap(),
@@ -544,7 +584,7 @@ fn predictor<B: Backend>(dev: &B) {
         &d1,
         &d2,
         threshold,
-        &dx,
+        XIn::floats(&dx),
         &mut dh,
         &mut dflags,
         Some(&mut dlog),
@@ -909,13 +949,14 @@ fn checked_errors<B: Backend>(dev: &B) {
         data: dev.zeros::<u8>(8 * 128).unwrap(),
     };
     let (x, mut y) = (zeros_f32(63), zeros_f32(8));
-    let e = dev.matvec_rows(&w, &x, None, 8, Act::None, &mut y);
+    let e = dev.matvec_rows(&w, XIn::floats(&x), None, 8, Act::None, &mut y);
     assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
     let x = zeros_f32(64);
-    let e = dev.matvec_rows(&w, &x, None, 9, Act::None, &mut y);
+    let e = dev.matvec_rows(&w, XIn::floats(&x), None, 9, Act::None, &mut y);
     assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
     // No rows: nothing to do.
-    dev.matvec_rows(&w, &x, None, 0, Act::None, &mut y).unwrap();
+    dev.matvec_rows(&w, XIn::floats(&x), None, 0, Act::None, &mut y)
+        .unwrap();
     let mut empty = zeros_f32(0);
     dev.add(&mut empty, &zeros_f32(0)).unwrap();
     dev.copy(&mut empty, &zeros_f32(0)).unwrap();
@@ -950,9 +991,16 @@ fn checked_errors<B: Backend>(dev: &B) {
     let (hx, mut hh) = (zeros_f32(64), zeros_f32(2));
     let (flags9, flags10) = (dev.zeros::<i32>(9).unwrap(), dev.zeros::<i32>(10).unwrap());
     let relu = FfnAct::from(Act::Relu);
-    let e = dev.hot_gate_up(&hf, &hx, Some(&flags9), relu, None, &mut hh);
+    let e = dev.hot_gate_up(&hf, XIn::floats(&hx), Some(&flags9), relu, None, &mut hh);
     assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
-    let e = dev.hot_gate_up(&hf, &hx, Some(&flags10), relu, Some(&zeros_f32(9)), &mut hh);
+    let e = dev.hot_gate_up(
+        &hf,
+        XIn::floats(&hx),
+        Some(&flags10),
+        relu,
+        Some(&zeros_f32(9)),
+        &mut hh,
+    );
     assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
     for act in [
         FfnAct {
@@ -964,7 +1012,7 @@ fn checked_errors<B: Backend>(dev: &B) {
             ..relu
         },
     ] {
-        let e = dev.hot_gate_up(&hf, &hx, None, act, None, &mut hh);
+        let e = dev.hot_gate_up(&hf, XIn::floats(&hx), None, act, None, &mut hh);
         assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
     }
     let (layout, _) = powerinfer_cuda::pack_hot_slabs(&f16w(10), None, &f16w(10), &[], 4).unwrap();
@@ -972,8 +1020,15 @@ fn checked_errors<B: Backend>(dev: &B) {
         layout,
         data: dev.zeros::<u8>(0).unwrap(),
     };
-    dev.hot_gate_up(&none, &hx, None, relu, Some(&zeros_f32(10)), &mut empty)
-        .unwrap();
+    dev.hot_gate_up(
+        &none,
+        XIn::floats(&hx),
+        None,
+        relu,
+        Some(&zeros_f32(10)),
+        &mut empty,
+    )
+    .unwrap();
     dev.threshold_mask(&mut y, 0, 0.5).unwrap();
     let e = dev.threshold_mask(&mut y, 9, 0.5);
     assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");

@@ -13,7 +13,7 @@ use support::find_nvrtc;
 
 use powerinfer_cuda::launch_spec::{launch_spec, LaunchSpec};
 use powerinfer_cuda::{
-    kernels, nvrtc, Act, Backend, FfnAct, HostBackend, HostBuf, KvElem, Launch, RowLayout,
+    kernels, nvrtc, Act, Backend, FfnAct, HostBackend, HostBuf, KvElem, Launch, RowLayout, XArg,
     GPU_DTYPES,
 };
 
@@ -107,11 +107,16 @@ fn every_spec() -> Vec<LaunchSpec> {
     let mut out = Vec::new();
     for dtype in GPU_DTYPES {
         let (mut y, flags) = (f(64), i(64));
+        // The quantized formats read x quantized (any u8 buffer will do for a spec).
+        let xa = || match dtype.is_quantized() {
+            true => XArg::Quant(&w),
+            false => XArg::F32(&x),
+        };
         let launch = Launch::SparseMatvec {
             dtype,
             w: &w,
             l,
-            x: &x,
+            x: xa(),
             cols: 64,
             idx: Some(&idx),
             n: 8,
@@ -126,7 +131,7 @@ fn every_spec() -> Vec<LaunchSpec> {
             w: &w,
             gate_l: l,
             up_l: Some(l),
-            x: &x,
+            x: xa(),
             cols: 64,
             idx: None,
             n: 8,
@@ -169,6 +174,13 @@ fn every_spec() -> Vec<LaunchSpec> {
         };
         out.push(launch_spec(&dev, launch).unwrap());
     }
+    let mut xq = dev.zeros::<u8>(160).unwrap();
+    let launch = Launch::QuantizeX {
+        x: &x,
+        cols: 64,
+        xq: &mut xq,
+    };
+    out.push(launch_spec(&dev, launch).unwrap());
     let mut c = f(64);
     let launch = Launch::RmsNorm {
         x: &x,
@@ -407,18 +419,22 @@ fn cubins_for_the_exact_architecture_cached_on_disk() {
 }
 
 #[test]
-fn kernels_and_launches_agree_on_the_shared_memory_limit_and_x_padding() {
-    let define = format!("#define MAX_X_FLOATS {}", powerinfer_cuda::MAX_X_FLOATS);
-    assert!(
-        kernels::SPARSE_MATVEC.source.contains(&define),
-        "sparse_matvec.cu must say `{define}`, as layout.rs does"
-    );
-    for dtype in powerinfer_cuda::GPU_DTYPES {
-        let pad = powerinfer_cuda::layout::x_pad(dtype);
-        let define = format!("#define XPAD_{} {pad}\n", kernels::dtype_suffix(dtype));
+fn kernels_and_launches_agree_on_the_shared_memory_limit_and_quantized_x() {
+    for (define, text, file) in [
+        (
+            format!("#define MAX_X_BYTES {}\n", powerinfer_cuda::MAX_X_BYTES),
+            kernels::SPARSE_MATVEC.source,
+            "sparse_matvec.cu",
+        ),
+        (
+            format!("#define XQ_BLOCK {}\n", powerinfer_cuda::XQ_BLOCK),
+            kernels::SPARSE_MATVEC.header,
+            "sparse_matvec.cuh",
+        ),
+    ] {
         assert!(
-            kernels::COMMON.contains(&define),
-            "common.cuh must say `{}`, as layout.rs x_pad does",
+            text.contains(&define),
+            "{file} must say `{}`, as layout.rs does",
             define.trim()
         );
     }

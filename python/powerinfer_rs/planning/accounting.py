@@ -197,6 +197,10 @@ def att_part_len(n_heads: int, head_dim: int, context: int) -> int:
     return n_heads * chunks * (head_dim + 2)
 
 
+#: Bytes of x quantized for the integer dots per 32 values (``powerinfer_cuda::XQ_BLOCK``).
+XQ_BLOCK = 80
+
+
 def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -> list[Allocation]:
     """Scratch buffers, allocated once (layers run one after another) when the GPU is used.
 
@@ -211,7 +215,9 @@ def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -
     ``saved`` (dim: the residual before the attention, the FFN's input); for a mixture of
     experts ``expert_w`` (n_expert + 1: the token's weight of each expert, then the shared
     expert's scale). ``hb``, ``active`` and ``part`` count a layer's neurons
-    (:attr:`.ModelShape.n_neurons`: a mixture of experts' flattened space).
+    (:attr:`.ModelShape.n_neurons`: a mixture of experts' flattened space). Last ``xq``, in
+    bytes: the input of the quantized row kernels, x quantized to int16 blocks of
+    :data:`XQ_BLOCK` bytes per 32 values, for the longer of dim and n_heads * head_dim.
     """
     c = shape.config
     ffn = shape.n_neurons
@@ -236,7 +242,8 @@ def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -
         f32["saved"] = c.dim
     if c.n_expert:
         f32["expert_w"] = c.n_expert + 1
-    return [(f"scratch.{k}", align(4 * n)) for k, n in f32.items()]
+    xq = XQ_BLOCK * -(-max(c.dim, c.n_heads * c.head_dim) // 32)
+    return [(f"scratch.{k}", align(4 * n)) for k, n in f32.items()] + [("scratch.xq", align(xq))]
 
 
 def placement_allocation(

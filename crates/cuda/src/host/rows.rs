@@ -21,8 +21,10 @@ const XQ_MAX: f32 = 32639.0;
 /// and the i32 Σq, with q = round-to-nearest-even(x · (XQ_MAX / max|x|)), h = (q + 128) >> 8,
 /// l = q − 256·h; a block holding a NaN or an infinity gets NaN scale and sums and q = 0.
 pub(super) fn quantize_x(x: &[f32], cols: usize, xq: &mut [u8]) -> Result<()> {
-    if cols % 32 != 0 {
-        return Err(shape(format!("quantize_x: {cols} values, not whole blocks of 32")));
+    if !cols.is_multiple_of(32) {
+        return Err(shape(format!(
+            "quantize_x: {cols} values, not whole blocks of 32"
+        )));
     }
     let x = prefix(x, cols, "x")?;
     let xq = prefix_mut(xq, xq_bytes(cols), "xq")?;
@@ -132,7 +134,7 @@ mod tests {
     use powerinfer_cpu::{reference, sparse_reference};
 
     use super::super::testutil::*;
-    use crate::backend::{Backend, Launch};
+    use crate::backend::{Backend, Launch, XArg};
     use crate::kernels::GPU_DTYPES;
     use crate::layout::{Act, FfnAct, RowLayout};
     use crate::HostBackend;
@@ -163,7 +165,7 @@ mod tests {
                         dtype,
                         w: &dw,
                         l,
-                        x: &dx,
+                        x: XArg::F32(&dx),
                         cols,
                         idx: Some(&didx),
                         n: idx.len(),
@@ -189,7 +191,7 @@ mod tests {
                         dtype,
                         w: &dw,
                         l,
-                        x: &dx,
+                        x: XArg::F32(&dx),
                         cols,
                         idx: None,
                         n: rows,
@@ -223,7 +225,7 @@ mod tests {
                     dtype,
                     w: &hot.buf,
                     l: hot.layout.gate,
-                    x: &dx,
+                    x: XArg::F32(&dx),
                     cols: dim,
                     idx: None,
                     n,
@@ -272,7 +274,7 @@ mod tests {
                             w: &hot.buf,
                             gate_l: hot.layout.gate,
                             up_l: hot.layout.up,
-                            x: &dx,
+                            x: XArg::F32(&dx),
                             cols: dim,
                             idx: with_idx.then_some(&didx),
                             n,
@@ -332,7 +334,7 @@ mod tests {
                 w: &dw,
                 gate_l: l(0, rb),
                 up_l: Some(l(3 * rb, rb)),
-                x: &dx,
+                x: XArg::F32(&dx),
                 cols,
                 idx: None,
                 n: 3,
@@ -359,7 +361,7 @@ mod tests {
                     w: &dw,
                     gate_l: l(0, rb),
                     up_l: None,
-                    x: &dx,
+                    x: XArg::F32(&dx),
                     cols,
                     idx: None,
                     n: 3,
@@ -385,7 +387,7 @@ mod tests {
                 dtype: DType::F32,
                 w: &dw,
                 l: l(0, rb),
-                x: &dx,
+                x: XArg::F32(&dx),
                 cols,
                 idx: None,
                 n: 3,
@@ -425,7 +427,7 @@ mod tests {
                     dtype: DType::Q8_0,
                     w: &dw,
                     l,
-                    x: &dx,
+                    x: XArg::F32(&dx),
                     cols,
                     idx: didx.as_ref(),
                     n,
@@ -486,7 +488,7 @@ mod tests {
                 dtype: DType::Q8_0,
                 w: &dw,
                 l: bad,
-                x: &upload(&be, &pseudo_random(cols, 3)),
+                x: XArg::F32(&upload(&be, &pseudo_random(cols, 3))),
                 cols,
                 idx: None,
                 n: 1,
@@ -506,7 +508,7 @@ mod tests {
                 dtype: DType::Q8_0,
                 w: &dw,
                 l: slab,
-                x: &upload(&be, &pseudo_random(cols, 3)),
+                x: XArg::F32(&upload(&be, &pseudo_random(cols, 3))),
                 cols,
                 idx: None,
                 n: 5,
@@ -523,5 +525,65 @@ mod tests {
             msg.contains("sparse_matvec_q8_0") && msg.contains("row 4"),
             "{msg}"
         );
+    }
+
+    /// The host's quantize_x keeps its rule (q within ±32639, the block's largest |x| at the
+    /// end of the range, NaN blocks NaN) and a matvec over the quantized x equals one over the
+    /// floats it stands for.
+    #[test]
+    fn quantized_x_stands_for_its_dequantized_floats() {
+        let be = HostBackend::new();
+        let cols = 32 * 5;
+        let mut x = pseudo_random(cols, 9);
+        x[70] = f32::NAN;
+        let dx = upload(&be, &x);
+        let mut xq = be.zeros::<u8>(crate::layout::xq_bytes(cols)).unwrap();
+        launch(
+            &be,
+            Launch::QuantizeX {
+                x: &dx,
+                cols,
+                xq: &mut xq,
+            },
+        )
+        .unwrap();
+        let quant = XArg::Quant(&xq);
+        let hat = super::x_values(&quant, cols).unwrap().into_owned();
+        for (b, (v, h)) in x.chunks(32).zip(hat.chunks(32)).enumerate() {
+            if b == 2 {
+                assert!(h.iter().all(|v| v.is_nan()), "the NaN block");
+                continue;
+            }
+            let amax = v.iter().fold(0f32, |m, a| m.max(a.abs()));
+            for (a, e) in v.iter().zip(h) {
+                assert!((a - e).abs() <= amax / 32639.0, "{a} vs {e}");
+            }
+            assert!(h.iter().any(|e| e.abs() == amax / 32639.0 * 32639.0));
+        }
+        let (rows, w) = (3, weight(DType::Q4_0, 3, cols, 4));
+        let dw = upload_rows(&be, &w);
+        let l = RowLayout::dense(rows, DType::Q4_0.row_bytes(cols).unwrap()).unwrap();
+        let dhat = upload(&be, &hat);
+        let mut out = [vec![0f32; rows], vec![0f32; rows]];
+        for (x, y) in [quant, XArg::F32(&dhat)].into_iter().zip(&mut out) {
+            let mut dy = be.zeros::<f32>(rows).unwrap();
+            let launch_one = Launch::SparseMatvec {
+                dtype: DType::Q4_0,
+                w: &dw,
+                l,
+                x,
+                cols,
+                idx: None,
+                n: rows,
+                ids: None,
+                flags: None,
+                act: Act::None,
+                y: &mut dy,
+            };
+            launch(&be, launch_one).unwrap();
+            *y = download(&be, &dy);
+        }
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&out[0]), bits(&out[1]));
     }
 }

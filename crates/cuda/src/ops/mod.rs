@@ -21,8 +21,8 @@ mod rows;
 mod upload;
 
 pub use axpy::{down_splits, part_len};
-pub use rows::XIn;
 pub use norm_rope::MAX_ROPE_PAIRS;
+pub use rows::XIn;
 
 /// `Error::Unsupported` unless the GPU kernels take `dtype` ([`GPU_DTYPES`]; Q2_K and Q3_K run
 /// on the CPU only, so far).

@@ -65,14 +65,10 @@ impl<'a, B: Backend> XIn<'a, B> {
 
 /// `x` as the int16 blocks of the quantized formats' row kernels, into `xq` (at least
 /// [`xq_bytes`] of x's length): all of x, whose length must be a multiple of 32.
-pub(crate) fn quantize_x<B: Backend>(
-    dev: &B,
-    x: &B::Buf<f32>,
-    xq: &mut B::Buf<u8>,
-) -> Result<()> {
+pub(crate) fn quantize_x<B: Backend>(dev: &B, x: &B::Buf<f32>, xq: &mut B::Buf<u8>) -> Result<()> {
     let cols = x.len();
     ensure!(
-        cols % 32 == 0,
+        cols.is_multiple_of(32),
         Shape,
         "quantize_x: {cols} values, not whole blocks of 32"
     );

@@ -9,7 +9,9 @@
 use std::sync::Arc;
 
 use powerinfer_core::{ensure, Result, Side};
-use powerinfer_cuda::{down_splits, Act, Allocation, AttnParams, Backend, FfnAct, GpuOps, KvElem};
+use powerinfer_cuda::{
+    down_splits, Act, Allocation, AttnParams, Backend, FfnAct, GpuOps, KvElem, XIn,
+};
 
 use crate::ffn::{rows_ffn, DenseDown, FfnScratch};
 use crate::forward::{
@@ -64,6 +66,21 @@ fn device_norm<B: Backend>(
 
 /// Store the position's keys and values in a layer's caches (of element `T`) and attend over
 /// them: `sc.att` from `sc.q`.
+/// `x` as the row operations read it: with its quantized copy, made now in `xq`, when
+/// `quantized` (some weight reading it is in a quantized format).
+fn row_input<'a, B: Backend>(
+    dev: &B,
+    quantized: bool,
+    x: &'a B::Buf<f32>,
+    xq: &'a mut B::Buf<u8>,
+) -> Result<XIn<'a, B>> {
+    if !quantized {
+        return Ok(XIn::floats(x));
+    }
+    dev.quantize_x(x, xq)?;
+    Ok(XIn::quantized(x, xq))
+}
+
 fn attend<B: Backend, T: KvElem>(
     dev: &B,
     sc: &mut GpuScratch<B>,
@@ -382,9 +399,11 @@ impl<B: Backend> Executor<B> {
                     &mut sc.xb,
                 )?,
                 AttnStep::Qkv { bias } => {
-                    dev.matvec_rows(&a.wq, &sc.xb, None, c.q_dim(), Act::None, &mut sc.q)?;
-                    dev.matvec_rows(&a.wk, &sc.xb, None, c.kv_dim(), Act::None, &mut sc.k)?;
-                    dev.matvec_rows(&a.wv, &sc.xb, None, c.kv_dim(), Act::None, &mut sc.v)?;
+                    let quant = [&a.wq, &a.wk, &a.wv].iter().any(|w| w.dtype.is_quantized());
+                    let x = row_input(dev, quant, &sc.xb, &mut sc.xq)?;
+                    dev.matvec_rows(&a.wq, x, None, c.q_dim(), Act::None, &mut sc.q)?;
+                    dev.matvec_rows(&a.wk, x, None, c.kv_dim(), Act::None, &mut sc.k)?;
+                    dev.matvec_rows(&a.wv, x, None, c.kv_dim(), Act::None, &mut sc.v)?;
                     if let (true, Some([bq, bk, bv])) = (bias, &a.qkv_bias) {
                         dev.add(&mut sc.q, bq)?;
                         dev.add(&mut sc.k, bk)?;
@@ -425,7 +444,8 @@ impl<B: Backend> Executor<B> {
                     }
                 }
                 AttnStep::Output { bias } => {
-                    dev.matvec_rows(&a.wo, &sc.att, None, c.dim, Act::None, &mut sc.xb2)?;
+                    let x = row_input(dev, a.wo.dtype.is_quantized(), &sc.att, &mut sc.xq)?;
+                    dev.matvec_rows(&a.wo, x, None, c.dim, Act::None, &mut sc.xb2)?;
                     if let (true, Some(b)) = (bias, &a.out_bias) {
                         dev.add(&mut sc.xb2, b)?;
                     }
@@ -556,7 +576,9 @@ impl<B: Backend> Executor<B> {
                     let (ef, routed) = (mf.expert_ffn(c.ffn_dim), c.n_routed_neurons());
                     dev.expert_flags(ew, ef, routed, &mut sc.active)?;
                     let act = gpu_act(*kind);
-                    dev.hot_gate_up(hot, &sc.xb, Some(&sc.active), act, None, &mut sc.hb)?;
+                    let quant = hot.layout.gate_dtype.is_quantized();
+                    let x = row_input(dev, quant, &sc.xb, &mut sc.xq)?;
+                    dev.hot_gate_up(hot, x, Some(&sc.active), act, None, &mut sc.hb)?;
                     let threshold = match mode {
                         Sparsity::Threshold(t) if !dense => Some(t[l]),
                         _ => None,
@@ -601,6 +623,8 @@ impl<B: Backend> Executor<B> {
                                 (PredictorInput::FfnInp, true, Some(s)) => s,
                                 (PredictorInput::FfnInp, ..) => &sc.x,
                             };
+                            let quant = gp.fc1.dtype.is_quantized();
+                            let x = row_input(dev, quant, x, &mut sc.xq)?;
                             dev.predictor(
                                 &gp.fc1,
                                 &gp.fc2_t,
@@ -642,7 +666,9 @@ impl<B: Backend> Executor<B> {
                     // GPU: queued, runs while the CPU computes its part.
                     let active = flags.then_some(&sc.active);
                     let bias = f.in_bias.as_ref();
-                    dev.hot_gate_up(hot, &sc.xb, active, gpu_act(*kind), bias, &mut sc.hb)?;
+                    let quant = hot.layout.gate_dtype.is_quantized();
+                    let x = row_input(dev, quant, &sc.xb, &mut sc.xq)?;
+                    dev.hot_gate_up(hot, x, active, gpu_act(*kind), bias, &mut sc.hb)?;
                     let threshold = match mode {
                         Sparsity::Threshold(t) if !dense => Some(t[l]),
                         _ => None,
@@ -736,7 +762,8 @@ impl<B: Backend> Executor<B> {
             c.rms_eps,
             &mut sc.xb,
         )?;
-        dev.matvec_rows(&o.w, &sc.xb, None, c.vocab_size, Act::None, &mut o.logits)?;
+        let x = row_input(dev, o.w.dtype.is_quantized(), &sc.xb, &mut sc.xq)?;
+        dev.matvec_rows(&o.w, x, None, c.vocab_size, Act::None, &mut o.logits)?;
         if let Some(cap) = p.softcap {
             dev.softcap(&mut o.logits, c.vocab_size, cap)?;
         }

@@ -212,6 +212,9 @@ pub struct GpuScratch<B: Backend> {
     /// A mixture of experts' weights for the token (n_expert + 1: each expert's, 0 where not
     /// routed, then the shared expert's scale).
     pub expert_w: Option<B::Buf<f32>>,
+    /// The input of the quantized row kernels: x quantized (`GpuOps::quantize_x`), for the
+    /// longer of dim and q_dim.
+    pub xq: B::Buf<u8>,
 }
 
 /// Everything the plan puts on one device.
@@ -396,6 +399,8 @@ impl<B: Backend> GpuModel<B> {
                 true => Some(z("expert_w", c.moe.n_expert + 1)?),
                 false => None,
             };
+            let xq_len = powerinfer_cuda::layout::xq_bytes(c.dim.max(c.q_dim()));
+            let xq = reg.zeros::<B, u8>(dev, "scratch.xq", xq_len)?;
             Some(GpuScratch {
                 x,
                 xb,
@@ -413,6 +418,7 @@ impl<B: Backend> GpuModel<B> {
                 kn,
                 saved,
                 expert_w,
+                xq,
             })
         } else {
             None
