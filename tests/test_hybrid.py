@@ -130,7 +130,11 @@ def test_half_on_the_gpu_side_matches_the_cpu_engine(relu, tmp_path, device, spa
         # neurons' gate/up and down passes in the model's format.
         launches = info["kernel_launches"]
         fmt = str(dtype).split(".")[-1].lower()
-        entries = [f"gate_up_{fmt}", f"axpy_rows_{fmt}"]
+        # The down pass over the nonzero activations, gathered on the device; x quantized
+        # once per vector for a quantized format's integer dots.
+        entries = [f"gate_up_{fmt}", f"axpy_rows_{fmt}", "compact_nonzero"]
+        if fmt not in ("f32", "f16", "bf16"):
+            entries.append("quantize_x")
         assert any(len(h) for h in hyb.plan.hot_neurons)
         if any(hyb.plan.attention):
             entries += ["attention_decode", "kv_store", "rms_norm"]
@@ -210,6 +214,13 @@ def test_predictors_on_the_gpu_side(relu, tmp_path, device):
     for i, (g, w) in enumerate(zip(got, want)):
         assert_close(g, w, TOL, f"{device} predictor step {i}")
     assert got_toks == want_toks
+    launches = hyb.gpu_info()["kernel_launches"]
+    if launches is not None:  # gpu-emu and cuda count them
+        # The predictor ran on the device, its active hot slots were gathered there, and
+        # gate/up and the down pass ran over the gathered lists.
+        steps = 24 * sum(1 for h in hyb.plan.hot_neurons if len(h))
+        for entry in ("predictor_fc2_f16", "compact_flags", "compact_nonzero"):
+            assert launches.get(entry, 0) >= steps, (entry, launches)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -6,6 +6,11 @@
 // to y; with more, split s writes its partial sums to part[s][c] and add_splits then adds them
 // to y in split order. No atomics anywhere: the same inputs give the same bits on every run.
 //
+// With `count` (a device int written by compact_nonzero: the rows are a compacted list) the
+// rows are the first min(*count, n), in live_splits(...) runs: one per SPLIT_ROWS of them, at
+// most gridDim.y; the blocks of the other splits return at once, and add_splits (given the same
+// count) adds the live splits' sums.
+//
 // Tiled (common.cuh `tile_*`): a thread owns a unit of TILE columns (one 32-weight block of
 // the repacked quantized formats, 16 bytes of an f16/bf16/f32 row, 16 bytes of a K-quant
 // super-block's quants) and keeps their sums in registers; a warp's units are consecutive, so the
@@ -32,11 +37,23 @@
 // staging takes one round trip for the whole chunk and keeps one tile's code.
 #define AXPY_CHUNK BLOCK_THREADS
 
+// Rows per split of a compacted list (`down_splits` in ops/axpy.rs cuts the hot list the same).
+#define SPLIT_ROWS 128
+
+// The splits that run over n rows: all gridDim.y without a count, else one per SPLIT_ROWS
+// rows, 1..=splits.
+__device__ __forceinline__ int live_splits(const int* count, int n, int splits) {
+    return count ? max(1, min(splits, (n + SPLIT_ROWS - 1) / SPLIT_ROWS)) : splits;
+}
+
 #define AXPY_ROWS_TILED(NAME)                                                                   \
     KERNEL axpy_rows_##NAME(                                                                    \
         const u8* w, RowLayout l, int cols, const int* idx, const float* a, int n,              \
-        float* part, float* y, int units_pb) {                                                  \
+        const int* count, float* part, float* y, int units_pb) {                                \
         constexpr int TILE = ROW_TILE_##NAME;                                                  \
+        if (count) n = min(n, *count);                                                          \
+        const int splits = live_splits(count, n, gridDim.y);                                    \
+        if ((int)blockIdx.y >= splits) return; /* the whole block */                            \
         DYNAMIC_SHARED(float, red);                                                             \
         SHARED_ARRAY(float, sa, [AXPY_CHUNK]);                                                  \
         SHARED_ARRAY(int, sr, [AXPY_CHUNK]);                                                    \
@@ -44,7 +61,7 @@
         const int ul = threadIdx.x % units_pb, lane = threadIdx.x / units_pb;                   \
         const int u = blockIdx.x * units_pb + ul;                                               \
         const int units = (cols + TILE - 1) / TILE;                                             \
-        const int per = (n + gridDim.y - 1) / gridDim.y;                                        \
+        const int per = (n + splits - 1) / splits;                                              \
         const int k0 = blockIdx.y * per, k1 = min(n, k0 + per);                                 \
         float acc[TILE];                                                                        \
         _Pragma("unroll") for (int i = 0; i < TILE; ++i) acc[i] = 0.0f;                         \
@@ -89,10 +106,11 @@ AXPY_ROWS_TILED(q5_k)
 AXPY_ROWS_TILED(q6_k)
 
 // y[c] += part[0][c] + part[1][c] + ... + part[splits - 1][c], in that order (the second pass
-// of a split axpy_rows).
-KERNEL add_splits(const float* part, int splits, int cols, float* y) {
+// of a split axpy_rows); with `count`, over the live splits of min(*count, n) rows.
+KERNEL add_splits(const float* part, int splits, int cols, const int* count, int n, float* y) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
+    if (count) splits = live_splits(count, min(n, *count), splits);
     float s = 0.0f;
     for (int k = 0; k < splits; ++k) s += part[(i64)k * cols + c];
     y[c] += s;

@@ -144,6 +144,12 @@ __device__ __forceinline__ const u8* row_ptr(const u8* base, RowLayout l, int r)
     return base + (i64)g * l.group_stride + l.offset + (i64)i * l.row_bytes;
 }
 
+// The neuron id of hot slot r: its i32 row in the slabs' id rows (padding slots of a partial
+// slab hold -1).
+__device__ __forceinline__ int slot_id(const u8* ids_base, RowLayout ids_l, int r) {
+    return *(const int*)row_ptr(ids_base, ids_l, r);
+}
+
 // Weight j (0..cols) of one row of `cols` weights, decoded on its own (used where threads own
 // columns). The 32-weight formats read the repacked row: quants at QB * b, header at
 // QB * nb + HB * b for block b = j / 32.

@@ -87,9 +87,10 @@ __device__ __forceinline__ const T* stage_x(float* xs, const T* x, int cols) {
 
 // x quantized for the integer dots (sparse_matvec.cuh): a warp per block of 32 values, lane j
 // taking value j. scale = max|x| / XQ_MAX, q = round-to-nearest-even(x · (XQ_MAX / max|x|)) (0
-// for a block of zeros), h = (q + 128) >> 8, l = q − 256·h; the sums of x over each half and Σq.
-// A block holding a NaN or an infinity gets a NaN scale and sums (its dots are NaN, as the f32
-// ones would be) and q = 0.
+// for a block of zeros, and for one so small that XQ_MAX / max|x| overflows), h = (q + 128) >>
+// 8, l = q − 256·h; the sums of x over each half and Σq. A block holding a NaN or an infinity,
+// or whose sum overflows, gets a NaN scale and sums (its dots are NaN) and q = 0: the CPU
+// engine's rule.
 //
 // Launch: blockDim.x = 256, gridDim.x = ceil(cols / 32 / 8); cols a multiple of 32; xq holds
 // cols / 32 * XQ_BLOCK bytes.
@@ -105,7 +106,8 @@ KERNEL quantize_x(const float* x, int cols, u8* xq) {
     const float other = __shfl_xor_sync(0xffffffffu, half, 16);
     const float lo = lane < 16 ? half : other, hi = lane < 16 ? other : half;
     const bool finite = isfinite(amax) && isfinite(lo + hi);
-    const float inv = amax > 0.0f ? XQ_MAX / amax : 0.0f;
+    float inv = amax > 0.0f ? XQ_MAX / amax : 0.0f;
+    if (!isfinite(inv)) inv = 0.0f;  // max|x| below ~1e-34
     const int q = finite ? __float2int_rn(v * inv) : 0;
     const int h = (q + 128) >> 8;
     u8* xb = xq + XQ_BLOCK * b;
@@ -122,11 +124,6 @@ KERNEL quantize_x(const float* x, int cols, u8* xq) {
     }
 }
 EMU_ENTRY(quantize_x)
-
-// The neuron id of matrix row r (padding slots of a partial slab hold -1).
-__device__ __forceinline__ int slot_id(const u8* ids_base, RowLayout ids_l, int r) {
-    return *(const int*)row_ptr(ids_base, ids_l, r);
-}
 
 // Whether output row k (matrix row r) is to be computed.
 __device__ __forceinline__ bool row_active(const u8* ids_base, RowLayout ids_l, const int* flags, int r) {
@@ -173,12 +170,16 @@ __device__ __forceinline__ float ffn_act(int act, float t, float x) {
 // (UP_LINEAR), act(dot(up[row k], x)) (UP_ACT) or 1 (UP_NONE): the fused gate/up pass of the
 // FFN, act with FATReLU's threshold relu_t. The bias (null: none) has one value per FFN neuron,
 // indexed by the slot's id; padding slots (id -1) give 0. The up row is not read when g is
-// exactly 0 (ReLU), as on the CPU.
+// exactly 0 (ReLU), as on the CPU. With `count` (a device int written by compact_flags), only
+// the first min(*count, n) outputs are computed (the grid is sized for n; the blocks past the
+// count return at once), the others left as they are.
 #define GATE_UP(NAME)                                                                           \
     KERNEL gate_up_##NAME(                                                                      \
         const u8* w, RowLayout gate_l, RowLayout up_l, const XIN_##NAME* x, int cols,           \
         const int* idx, int n, RowLayout ids_l, const int* flags, const float* bias, int act,   \
-        float relu_t, int up_mode, float* h) {                                                  \
+        float relu_t, int up_mode, const int* count, float* h) {                                \
+        if (count) n = min(n, *count);                                                          \
+        if ((int)blockIdx.x * ROWS_PER_BLOCK >= n) return; /* the whole block */                \
         DYNAMIC_SHARED(float, xs);                                                              \
         const XIN_##NAME* xv = stage_x(xs, x, cols);                                            \
         const int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;                         \

@@ -244,7 +244,10 @@ fn check_shared(i: usize, c: &ModelConfig, l: &LayerTensors<'_>) -> Result<()> {
 /// weight for the token, 0 where not routed, then the shared expert's scale). `hb`, `active`
 /// and `part` count the layer's neurons (`ModelConfig::n_neurons`: experts flattened). Then
 /// `xq` (bytes, not floats): the input of the quantized row kernels, x quantized
-/// ([`crate::layout::xq_bytes`] of the longer of dim and q_dim).
+/// ([`crate::layout::xq_bytes`] of the longer of dim and q_dim); the lists compacted on the GPU
+/// ([`crate::Compacted`], a layer's neurons each): `slots` (i32: the active hot slots of
+/// predictor mode) and its count `slots_n`, `rows`, `rows_a` (i32, f32: the down pass's rows and
+/// their activations) and `rows_n`.
 pub fn scratch_allocations(c: &ModelConfig, plan: &PlanFile) -> Vec<Allocation> {
     let max_rank = plan.predictor_ranks.iter().copied().max().unwrap_or(0);
     let kn = c.arch.qk_norm.then_some(("kn", c.kv_dim()));
@@ -271,10 +274,17 @@ pub fn scratch_allocations(c: &ModelConfig, plan: &PlanFile) -> Vec<Allocation> 
     .chain(saved)
     .chain(experts)
     .map(|(n, len)| (format!("scratch.{n}"), align(F32_BYTES * len)))
-    .chain([(
-        "scratch.xq".to_string(),
-        align(xq_bytes(c.dim.max(c.q_dim()))),
-    )])
+    .chain(
+        [
+            ("xq", xq_bytes(c.dim.max(c.q_dim()))),
+            ("slots", F32_BYTES * ffn),
+            ("slots_n", F32_BYTES),
+            ("rows", F32_BYTES * ffn),
+            ("rows_a", F32_BYTES * ffn),
+            ("rows_n", F32_BYTES),
+        ]
+        .map(|(n, bytes)| (format!("scratch.{n}"), align(bytes))),
+    )
     .collect()
 }
 
@@ -397,6 +407,11 @@ mod tests {
             ("scratch.part", 256),       // 64 x 1 split (ffn 96) x 4
             ("scratch.attp", 512),       // context 32: one chunk, 4 heads x (16 + 2) x 4
             ("scratch.xq", 256),         // 64 / 32 x 80 = 160
+            ("scratch.slots", 512),      // 96 x 4
+            ("scratch.slots_n", 256),    //
+            ("scratch.rows", 512),       //
+            ("scratch.rows_a", 512),     //
+            ("scratch.rows_n", 256),     //
         ];
         let want: Vec<Allocation> = want.into_iter().map(|(n, b)| (n.into(), b)).collect();
         assert_eq!(got, want);
@@ -493,7 +508,7 @@ mod tests {
         assert_eq!(bytes("blk.0.attn_q_norm"), 256);
         assert_eq!(bytes("blk.0.ffn_up.bias"), 512);
         assert!(names.contains(&"output_norm.bias"));
-        let tail = &names[names.len() - 3..];
+        let tail = &names[names.len() - 8..names.len() - 5];
         assert_eq!(tail, ["scratch.kn", "scratch.saved", "scratch.xq"]);
         // Without the flags, none of them.
         let plain = gpu_allocations(&t.model(DType::F16), &plan(8)).unwrap();

@@ -198,6 +198,23 @@ impl<B: Backend> XArg<'_, B> {
             XArg::Quant(x) => dev.addr(*x),
         }
     }
+
+    /// `Error::Unsupported` unless this is what the row kernels `<what>_<dtype>` read: floats
+    /// for the float formats, quantized blocks for the others (every backend checks it).
+    pub fn check(&self, what: &str, dtype: DType) -> Result<()> {
+        let quant = matches!(self, XArg::Quant(_));
+        powerinfer_core::ensure!(
+            quant == dtype.is_quantized(),
+            Unsupported,
+            "{what}_{}: x must be {} for {dtype} weights",
+            crate::kernels::dtype_suffix(dtype),
+            match dtype.is_quantized() {
+                true => "quantized (quantize_x)",
+                false => "floats",
+            }
+        );
+        Ok(())
+    }
 }
 
 /// A typed buffer of a backend: `len` elements.
@@ -298,6 +315,7 @@ pub enum Launch<'a, B: Backend> {
         flags: Option<&'a B::Buf<i32>>,
         bias: Option<&'a B::Buf<f32>>,
         act: FfnAct,
+        count: Option<&'a B::Buf<i32>>,
         h: &'a mut B::Buf<f32>,
     },
     /// `quantize_x` (sparse_matvec.cu): `x` (`cols` floats, a multiple of 32) as the int16 blocks
@@ -310,7 +328,9 @@ pub enum Launch<'a, B: Backend> {
     /// `axpy_rows_<dtype>` (axpy_down.cu): `y[c] += Σ_k a[k] · W[row k][c]`, rows with a zero
     /// coefficient not read; `splits` blocks along the rows (gridDim.y). With one split the sum
     /// goes to `y`; with more, split `s` writes its partial sums to `part[s · cols ..]` (`part`
-    /// holds at least splits · cols) and [`Launch::AddSplits`] adds them to `y`.
+    /// holds at least splits · cols) and [`Launch::AddSplits`] adds them to `y`. With `count`
+    /// (a compacted list) the rows are the first min(count[0], n), in one split per 128 of them
+    /// (at most `splits`: [`crate::ops::live_splits`]).
     AxpyRows {
         dtype: DType,
         w: &'a B::Buf<u8>,
@@ -319,17 +339,43 @@ pub enum Launch<'a, B: Backend> {
         idx: Option<&'a B::Buf<i32>>,
         a: &'a B::Buf<f32>,
         n: usize,
+        count: Option<&'a B::Buf<i32>>,
         part: Option<&'a mut B::Buf<f32>>,
         y: &'a mut B::Buf<f32>,
         splits: usize,
     },
     /// `add_splits` (axpy_down.cu): `y[c] += Σ_s part[s · cols + c]` for s in 0..splits, in
-    /// that order.
+    /// that order; with `count`, over the live splits of min(count[0], n) rows.
     AddSplits {
         part: &'a B::Buf<f32>,
         splits: usize,
         cols: usize,
+        count: Option<&'a B::Buf<i32>>,
+        n: usize,
         y: &'a mut B::Buf<f32>,
+    },
+    /// `compact_nonzero` (compact.cu): the entries k < min(count_in[0], n) (n without
+    /// `count_in`) with `a[k] != 0`, in order: `out_idx[j] = idx[k]` (k without `idx`),
+    /// `out_a[j] = a[k]`, `count[0]` = how many.
+    CompactNonzero {
+        a: &'a B::Buf<f32>,
+        idx: Option<&'a B::Buf<i32>>,
+        count_in: Option<&'a B::Buf<i32>>,
+        n: usize,
+        out_idx: &'a mut B::Buf<i32>,
+        out_a: &'a mut B::Buf<f32>,
+        count: &'a mut B::Buf<i32>,
+    },
+    /// `compact_flags` (compact.cu): the hot slots s < n whose neuron (id read through `ids_l`
+    /// in `slabs`) is not padding and has `flags[id] != 0`, in order, into `out_idx`; `count[0]`
+    /// = how many.
+    CompactFlags {
+        slabs: &'a B::Buf<u8>,
+        ids_l: RowLayout,
+        flags: &'a B::Buf<i32>,
+        n: usize,
+        out_idx: &'a mut B::Buf<i32>,
+        count: &'a mut B::Buf<i32>,
     },
     /// `predictor_fc2_<dtype>` (predictor.cu): `logit[j] = Σ_{hidden[h] > 0} hidden[h] ·
     /// fc2_t[h][j]`, `flags[j] = logit[j] >= threshold`.
@@ -478,6 +524,8 @@ impl<B: Backend> Launch<'_, B> {
             Launch::QuantizeX { .. } => "quantize_x".into(),
             Launch::AxpyRows { dtype, .. } => format!("axpy_rows_{}", dtype_suffix(*dtype)),
             Launch::AddSplits { .. } => "add_splits".into(),
+            Launch::CompactNonzero { .. } => "compact_nonzero".into(),
+            Launch::CompactFlags { .. } => "compact_flags".into(),
             Launch::PredictorFc2 { dtype, .. } => {
                 format!("predictor_fc2_{}", dtype_suffix(*dtype))
             }

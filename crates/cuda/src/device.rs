@@ -22,6 +22,10 @@ use crate::layout::{align, parse_device, RowLayout};
 use crate::nvrtc;
 use crate::staging::{DownloadStaging, UploadStaging, STAGING_BYTES};
 
+/// The oldest compute capability the kernels run on: sm_61 (Pascal GP10x), the first with
+/// `__dp4a`, which the quantized formats' integer dots use.
+pub const MIN_ARCH: u32 = 61;
+
 // SAFETY: RowLayout is #[repr(C)] plain old data (two i64 then two i32, no padding), the same
 // layout as `struct RowLayout` in common.cuh, so it can be passed to a kernel by value.
 unsafe impl DeviceRepr for RowLayout {}
@@ -112,6 +116,13 @@ impl CudaDevice {
             .compute_capability()
             .map_err(driver_err("reading the compute capability"))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown GPU".into());
+        let arch = (major * 10 + minor) as u32;
+        ensure!(
+            arch >= MIN_ARCH,
+            Unsupported,
+            "cuda:{ordinal} ({name}) is sm_{arch}; the GPU kernels need sm_{MIN_ARCH} or newer \
+             (their integer dots use __dp4a): run on device=\"cpu\""
+        );
         let upload = Mutex::new(UploadStaging::new(&stream)?);
         let download = Mutex::new(DownloadStaging::new(&stream)?);
         let dev = CudaDevice {
@@ -119,7 +130,7 @@ impl CudaDevice {
                 ctx,
                 stream,
                 ordinal,
-                arch: (major * 10 + minor) as u32,
+                arch,
                 name,
                 modules: Mutex::new(HashMap::new()),
                 functions: Mutex::new(HashMap::new()),

@@ -116,6 +116,16 @@ pub const AXPY_DOWN: KernelSource = KernelSource {
     single: &["add_splits"],
 };
 
+/// `compact.cu`: the hot slots and the down pass's rows gathered into lists on the GPU.
+pub const COMPACT: KernelSource = KernelSource {
+    name: "compact",
+    source: include_str!("../kernels/compact.cu"),
+    header: "",
+    per_dtype: &[],
+    per_kv_elem: &[],
+    single: &["compact_nonzero", "compact_flags"],
+};
+
 /// Predictor fc2 + threshold.
 pub const PREDICTOR: KernelSource = KernelSource {
     name: "predictor",
@@ -166,9 +176,10 @@ pub const ELEMENTWISE: KernelSource = KernelSource {
 };
 
 /// Every module.
-pub const ALL: [KernelSource; 6] = [
+pub const ALL: [KernelSource; 7] = [
     SPARSE_MATVEC,
     AXPY_DOWN,
+    COMPACT,
     PREDICTOR,
     NORM_ROPE,
     ATTENTION,

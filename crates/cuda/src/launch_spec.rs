@@ -14,7 +14,7 @@ use std::ffi::c_void;
 
 use powerinfer_core::{ensure, DType, Result};
 
-use crate::backend::{Backend, Launch, XArg};
+use crate::backend::{Backend, Launch};
 use crate::kernels::{self, dtype_suffix, kv_entry, KernelSource};
 use crate::layout::{to_i32, x_bytes, RowLayout, MAX_X_BYTES};
 use crate::ops::MAX_ROPE_PAIRS;
@@ -174,24 +174,6 @@ pub fn x_smem(dtype: DType, cols: usize) -> usize {
     }
 }
 
-/// `Error::Unsupported` unless `x` is what the row kernels of `dtype` read: floats for the float
-/// formats, quantized blocks for the others.
-fn check_x<B: Backend>(what: &str, dtype: DType, x: &XArg<'_, B>) -> Result<()> {
-    let quant = matches!(x, XArg::Quant(_));
-    ensure!(
-        quant == dtype.is_quantized(),
-        Unsupported,
-        "{what}_{}: x must be {} for {dtype} weights",
-        dtype_suffix(dtype),
-        if dtype.is_quantized() {
-            "quantized (quantize_x)"
-        } else {
-            "floats"
-        }
-    );
-    Ok(())
-}
-
 /// Values per thread of the tiled row-sum kernels (`ROW_TILE_*` in common.cuh: one 16-byte
 /// unit of a float row, one 32-weight block of the quantized formats, 16 bytes of a K-quant
 /// super-block's quants; the down pass and the predictor's fc2).
@@ -281,7 +263,7 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
                 Unsupported,
                 "sparse_matvec: flags without neuron ids"
             );
-            check_x("sparse_matvec", dtype, &x)?;
+            x.check("sparse_matvec", dtype)?;
             let ids_l = match ids {
                 Some((_, l)) => l,
                 None => RowLayout::dense(1, 4)?,
@@ -320,13 +302,15 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             flags,
             bias,
             act,
+            count,
             h,
         } => {
             // gate_up_<dtype>(w, gate_l, up_l, x, cols, idx, n, ids_l, flags, bias, act, relu_t,
-            // up_mode, h): the slab layouts come from pack_hot_slabs for this buffer, slots 0..n
-            // hold ids < ffn or −1, flags and bias have one entry per FFN neuron; h holds n
-            // floats. Without up rows the kernel never reads up_l (UP_NONE).
-            check_x("gate_up", dtype, &x)?;
+            // up_mode, count, h): the slab layouts come from pack_hot_slabs for this buffer,
+            // slots 0..n hold ids < ffn or −1, flags and bias have one entry per FFN neuron; h
+            // holds n floats; count (null: none) one int. Without up rows the kernel never
+            // reads up_l (UP_NONE).
+            x.check("gate_up", dtype)?;
             let up_mode = match (up_l, act.up_act) {
                 (None, _) => 0,
                 (Some(_), false) => 1,
@@ -346,6 +330,7 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             a.i32(act.act as i32)
                 .f32(act.relu_threshold)
                 .i32(up_mode)
+                .ptr(opt(count))
                 .ptr(dev.addr_mut(h));
             let entry = format!("gate_up_{}", dtype_suffix(dtype));
             let blocks = [grid(n, ROWS_PER_BLOCK)?, 1];
@@ -383,19 +368,22 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             idx,
             a: coef,
             n,
+            count,
             part,
             y,
             splits,
         } => {
-            // axpy_rows_<dtype>(w, l, cols, idx, a, n, part, y, units_pb): a holds n floats, y
-            // `cols`, part (null for one split) splits · cols; splits is 1..=min(n, 65,535)
-            // (ops clamps it), gridDim.y; the block geometry from tile_geometry.
+            // axpy_rows_<dtype>(w, l, cols, idx, a, n, count, part, y, units_pb): a holds n
+            // floats, y `cols`, part (null for one split) splits · cols, count (null: none)
+            // one int; splits is 1..=min(n, 65,535) (ops clamps it), gridDim.y; the block
+            // geometry from tile_geometry.
             a.ptr(dev.addr(w))
                 .layout(&l)
                 .i32(to_i32(cols, "cols")?)
                 .ptr(opt(idx));
             a.ptr(dev.addr(coef))
                 .i32(to_i32(n, "rows")?)
+                .ptr(opt(count))
                 .ptr(part.map_or(0, |p| dev.addr_mut(p)))
                 .ptr(dev.addr_mut(y));
             let (gx, units_pb, smem) = tile_geometry(dtype, cols)?;
@@ -582,14 +570,54 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             part,
             splits,
             cols,
+            count,
+            n,
             y,
         } => {
-            // add_splits(part, splits, cols, y)
+            // add_splits(part, splits, cols, count, n, y)
             a.ptr(dev.addr(part))
                 .i32(to_i32(splits, "splits")?)
                 .i32(to_i32(cols, "cols")?)
+                .ptr(opt(count))
+                .i32(to_i32(n, "rows")?)
                 .ptr(dev.addr_mut(y));
             per_element(&kernels::AXPY_DOWN, "add_splits".into(), cols, 0, a)
+        }
+        Launch::CompactNonzero {
+            a: coef,
+            idx,
+            count_in,
+            n,
+            out_idx,
+            out_a,
+            count,
+        } => {
+            // compact_nonzero(a, idx, count_in, n, out_idx, out_a, count): a (and idx) hold
+            // n entries, out_idx and out_a n each, count_in and count one int; one block.
+            a.ptr(dev.addr(coef)).ptr(opt(idx)).ptr(opt(count_in));
+            a.i32(to_i32(n, "entries")?)
+                .ptr(dev.addr_mut(out_idx))
+                .ptr(dev.addr_mut(out_a))
+                .ptr(dev.addr_mut(count));
+            let entry = "compact_nonzero".to_string();
+            spec(&kernels::COMPACT, entry, [1, 1], ROW_THREADS, 0, a)
+        }
+        Launch::CompactFlags {
+            slabs,
+            ids_l,
+            flags,
+            n,
+            out_idx,
+            count,
+        } => {
+            // compact_flags(slabs, ids_l, flags, n, out_idx, count): slots 0..n of the slabs
+            // hold ids < flags.len() or −1, out_idx holds n, count one int; one block.
+            a.ptr(dev.addr(slabs)).layout(&ids_l).ptr(dev.addr(flags));
+            a.i32(to_i32(n, "slots")?)
+                .ptr(dev.addr_mut(out_idx))
+                .ptr(dev.addr_mut(count));
+            let entry = "compact_flags".to_string();
+            spec(&kernels::COMPACT, entry, [1, 1], ROW_THREADS, 0, a)
         }
         Launch::Copy { dst, src, n } => {
             a.ptr(dev.addr_mut(dst))

@@ -20,8 +20,8 @@ use powerinfer_core::{dequantize_row, DType, Error, Weight};
 use powerinfer_cuda::kernels;
 use powerinfer_cuda::launch_spec::{launch_spec, KernelArgs, LaunchSpec};
 use powerinfer_cuda::{
-    emu_entries, Act, AttnParams, Backend, EmuBackend, FfnAct, GpuOps, HostBuf, KvElem, Launch,
-    XArg, XIn, GPU_DTYPES, MAX_X_BYTES, XQ_BLOCK,
+    emu_entries, Act, AttnParams, Backend, Compacted, EmuBackend, FfnAct, GpuOps, HostBuf, KvElem,
+    Launch, XArg, XIn, GPU_DTYPES, MAX_X_BYTES, XQ_BLOCK,
 };
 use x_hat::x_hat;
 
@@ -211,6 +211,53 @@ fn row_kernels(dev: &EmuBackend, dtype: DType) {
             &what,
         );
     }
+
+    // Predictor mode's path: the active slots gathered on the GPU, gate_up over them (the
+    // same bits as over every slot with flags), the nonzero activations gathered, and the
+    // down pass over those rows.
+    let mut slots = Compacted::zeros(dev, hf.layout.n_hot, false).unwrap();
+    dev.active_slots(&hf, &dflags, &mut slots).unwrap();
+    let active: Vec<usize> = (0..hot.len())
+        .filter(|&s| flags[hot[s] as usize] != 0)
+        .collect();
+    assert_eq!(dev.download(&slots.count).unwrap(), [active.len() as i32]);
+    let got_slots = dev.download(&slots.idx).unwrap();
+    assert_eq!(
+        got_slots[..active.len()],
+        active.iter().map(|&s| s as i32).collect::<Vec<_>>()
+    );
+    let mut hl = dev.upload(&vec![7f32; hot.len()]).unwrap();
+    dev.hot_gate_up_listed(&hf, xin, &slots, relu, None, &mut hl)
+        .unwrap();
+    let got_hl = dev.download(&hl).unwrap();
+    for (k, &s) in active.iter().enumerate() {
+        assert_eq!(
+            got_hl[k].to_bits(),
+            got_h[s].to_bits(),
+            "gate_up listed {dtype}[{k}]"
+        );
+    }
+    assert!(
+        got_hl[active.len()..].iter().all(|&v| v == 7.0),
+        "{dtype}: past the count"
+    );
+    let mut rows = Compacted::zeros(dev, hf.layout.n_hot, true).unwrap();
+    dev.nonzero_rows(&hf, &hl, Some(&slots), &mut rows).unwrap();
+    let nonzero: Vec<usize> = active
+        .iter()
+        .copied()
+        .filter(|&s| got_h[s] != 0.0)
+        .collect();
+    assert_eq!(dev.download(&rows.count).unwrap(), [nonzero.len() as i32]);
+    let y0 = values(dim, 6);
+    let mut dy = dev.upload(&y0).unwrap();
+    dev.hot_down_listed(&hf, &rows, &mut part, &mut dy, 3)
+        .unwrap();
+    let want = down_reference(&dd, &hot, &got_h, &y0);
+    let amax = got_h.iter().fold(1f32, |m, v| m.max(v.abs())) as f64;
+    let what = format!("axpy_rows {dtype} over the nonzero rows");
+    let scale = amax * (hot.len() as f64).sqrt();
+    assert_close(&dev.download(&dy).unwrap(), &want, scale, &what);
 
     // sparse_matvec's flag path (ids read through the slabs' id rows), launched directly:
     // the gate rows of the slabs, inactive and padding slots 0.
@@ -574,6 +621,41 @@ fn long_splits(dev: &EmuBackend, dtype: DType) {
         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&runs[0]), bits(&runs[1]), "{what}: two runs differ");
     }
+    // The same rows gathered on the GPU (391 nonzero of 601: one round of 2,048 entries, 4 live
+    // splits of 128 rows at most), then summed over the list, twice.
+    let mut rows = Compacted::zeros(dev, hf.layout.n_hot, true).unwrap();
+    dev.nonzero_rows(&hf, &dh, None, &mut rows).unwrap();
+    let nz: Vec<usize> = (0..h.len()).filter(|&k| h[k] != 0.0).collect();
+    assert_eq!(dev.download(&rows.count).unwrap(), [nz.len() as i32]);
+    let idx = dev.download(&rows.idx).unwrap();
+    let a = dev.download(rows.a.as_ref().unwrap()).unwrap();
+    assert_eq!(
+        idx[..nz.len()],
+        nz.iter().map(|&k| k as i32).collect::<Vec<_>>()
+    );
+    assert!(nz
+        .iter()
+        .zip(&a)
+        .all(|(&k, &v)| v.to_bits() == h[k].to_bits()));
+    let mut part = dev.zeros::<f32>(8 * dim).unwrap();
+    for splits in [1, 2, 8] {
+        let y0 = values(dim, 34);
+        let want = down_reference(&dd, &hot, &h, &y0);
+        let mut runs = Vec::new();
+        for _ in 0..2 {
+            let mut dy = dev.upload(&y0).unwrap();
+            dev.hot_down_listed(&hf, &rows, &mut part, &mut dy, splits)
+                .unwrap();
+            runs.push(dev.download(&dy).unwrap());
+        }
+        let what = format!(
+            "listed axpy_rows {dtype}, {} rows, {splits} splits",
+            nz.len()
+        );
+        assert_close(&runs[0], &want, 4.0 * (hot.len() as f64).sqrt(), &what);
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&runs[0]), bits(&runs[1]), "{what}: two runs differ");
+    }
 }
 
 /// quantize_x against its rule computed here: per 32 values the high and low bytes of
@@ -594,6 +676,8 @@ fn quantize_x_writes_the_int16_blocks_of_its_rule() {
     x[96..128].fill(0.0);
     x[100] = f32::NAN;
     x[160] = f32::INFINITY;
+    // A block so small that 32639 / max|x| overflows: zeros.
+    x[224..256].fill(-3e-36);
     let dx = dev.upload(&x).unwrap();
     let mut dq = dev.zeros::<u8>(13 * XQ_BLOCK).unwrap();
     dev.quantize_x(&dx, &mut dq).unwrap();
@@ -602,7 +686,10 @@ fn quantize_x_writes_the_int16_blocks_of_its_rule() {
     for (i, (v, b)) in x.chunks(32).zip(q.chunks(XQ_BLOCK)).enumerate() {
         let amax = v.iter().fold(0f32, |m, a| m.max(a.abs()));
         let finite = v.iter().all(|a| a.is_finite());
-        let inv = if amax > 0.0 { 32639.0 / amax } else { 0.0 };
+        let inv = match 32639.0 / amax {
+            inv if amax > 0.0 && inv.is_finite() => inv,
+            _ => 0.0,
+        };
         let mut qsum = 0;
         for (j, a) in v.iter().enumerate() {
             let want = if finite {

@@ -15,8 +15,8 @@ use powerinfer_core::{Activation, Buffer, DType, Error, RopeStyle, Weight};
 use powerinfer_cpu::{reference, sparse_reference};
 use powerinfer_cuda::layout::att_part_len;
 use powerinfer_cuda::{
-    pack_hot_rows, pack_hot_slabs, Act, AttnParams, Backend, DeviceWeight, FfnAct, GpuOps,
-    HostBackend, HotFfn, KvElem, RowLayout, RowSpace, XIn, GPU_DTYPES,
+    pack_hot_rows, pack_hot_slabs, Act, AttnParams, Backend, Compacted, DeviceWeight, FfnAct,
+    GpuOps, HostBackend, HotFfn, KvElem, RowLayout, RowSpace, XIn, GPU_DTYPES,
 };
 use x_hat::x_hat;
 
@@ -204,9 +204,11 @@ fn rows_longer_than_shared_memory_read_x_in_place() {
     on_each_backend!(long_rows);
 }
 
-// ffn 14,336 (Llama-3-8B) and 28,672 (70B) as the columns of a dense down projection, and
-// the longest rows still staged in shared memory: 12,288 of F16 (48 KiB of floats), and 19,648
-// of Q4_0 (614 quantized blocks of 80 bytes: 49,120), then 19,680 (49,200: read in place).
+// ffn 14,336 (Llama-3-8B: quantized x staged, 35,840 bytes) and 28,672 (70B) as the columns
+// of a dense down projection, and the longest rows still staged in shared memory: 12,288 of F16
+// (48 KiB of floats), and 19,648 of Q4_0 (614 quantized blocks of 80 bytes: 49,120), then
+// 19,680 (49,200) and 20,480 in every other quantized format: x read in place, and every lane
+// through many load groups.
 fn long_rows<B: Backend>(dev: &B) {
     for (cols, dtype) in [
         (powerinfer_cuda::MAX_X_BYTES / 4, DType::F16),
@@ -215,6 +217,11 @@ fn long_rows<B: Backend>(dev: &B) {
         (14336, DType::Q4_0),
         (28672, DType::F16),
         (28672, DType::Q4_K),
+        (20480, DType::Q4_1),
+        (20480, DType::Q5_0),
+        (20480, DType::Q5_1),
+        (20480, DType::Q5_K),
+        (20480, DType::Q6_K),
     ] {
         let rows = 37;
         let w = weight(dtype, rows, cols, 3);
@@ -343,6 +350,22 @@ fn hot_ffn<B: Backend>(dev: &B) {
         dev.hot_down(&hf, &h, &mut part, &mut y, 1).unwrap();
         let got = dev.download(&y).unwrap();
         assert_close(&got, &want, 4.0, 1e-3, &format!("hot ffn {dtype}/{down}"));
+        // Predictor mode's path: the active slots and then the nonzero rows gathered on the
+        // device, gate/up and down over those lists only (four splits at most, live ones by
+        // the count).
+        let mut slots = Compacted::zeros(dev, hf.layout.n_hot, false).unwrap();
+        dev.active_slots(&hf, &dflags, &mut slots).unwrap();
+        let mut hl = dev.zeros::<f32>(hot.len()).unwrap();
+        dev.hot_gate_up_listed(&hf, dx.arg(), &slots, silu, None, &mut hl)
+            .unwrap();
+        let mut rows = Compacted::zeros(dev, hf.layout.n_hot, true).unwrap();
+        dev.nonzero_rows(&hf, &hl, Some(&slots), &mut rows).unwrap();
+        let (mut y2, mut part4) = (dev.zeros::<f32>(dim).unwrap(), dev.zeros(4 * dim).unwrap());
+        dev.hot_down_listed(&hf, &rows, &mut part4, &mut y2, 4)
+            .unwrap();
+        let listed = dev.download(&y2).unwrap();
+        let what = format!("hot ffn {dtype}/{down} over the gathered lists");
+        assert_close(&listed, &want, 4.0, 1e-3, &what);
         if dtype == down {
             ok(dev, "hot_ffn", dtype);
         }
@@ -930,6 +953,51 @@ fn threshold_mask<B: Backend>(dev: &B) {
         .collect();
     assert_eq!(dev.download(&dh).unwrap(), want);
     assert!(want[..n].contains(&0.0) && want[..n].iter().any(|v| *v != 0.0));
+}
+
+/// Compaction past one round (2,048 entries a round): 5,003 coefficients, a NaN kept, a list
+/// bounded by an input count; the hot slots of 3,001 flagged neurons.
+#[test]
+fn compaction_keeps_order_over_many_rounds() {
+    on_each_backend!(compaction);
+}
+
+fn compaction<B: Backend>(dev: &B) {
+    let n = 5003;
+    let mut a = values(n, 50);
+    for (k, v) in a.iter_mut().enumerate() {
+        if k % 7 < 4 {
+            *v = 0.0;
+        }
+    }
+    a[4100] = f32::NAN;
+    let w = weight(DType::F16, n, 32, 51);
+    let hot: Vec<u32> = (0..n as u32).collect();
+    let hf = dev.upload_hot_ffn(&w, None, &w, &hot, 64).unwrap();
+    let da = dev
+        .upload(&[a.clone(), vec![0.0; hf.layout.n_hot - n]].concat())
+        .unwrap();
+    let mut out = Compacted::zeros(dev, hf.layout.n_hot, true).unwrap();
+    dev.nonzero_rows(&hf, &da, None, &mut out).unwrap();
+    let want: Vec<i32> = (0..n).filter(|&k| a[k] != 0.0).map(|k| k as i32).collect();
+    assert_eq!(dev.download(&out.count).unwrap(), [want.len() as i32]);
+    assert_eq!(dev.download(&out.idx).unwrap()[..want.len()], want[..]);
+    // The flagged slots: every third neuron, over slabs of 64 (the last one partial: padding).
+    let flags: Vec<i32> = (0..n as i32).map(|i| i32::from(i % 3 == 0)).collect();
+    let mut slots = Compacted::zeros(dev, hf.layout.n_hot, false).unwrap();
+    dev.active_slots(&hf, &dev.upload(&flags).unwrap(), &mut slots)
+        .unwrap();
+    let on: Vec<i32> = (0..n as i32).filter(|i| i % 3 == 0).collect();
+    assert_eq!(dev.download(&slots.count).unwrap(), [on.len() as i32]);
+    assert_eq!(dev.download(&slots.idx).unwrap()[..on.len()], on[..]);
+    // A list bounded by that count: the coefficients of the first |on| entries only.
+    dev.nonzero_rows(&hf, &da, Some(&slots), &mut out).unwrap();
+    let want: Vec<i32> = (0..on.len())
+        .filter(|&k| a[k] != 0.0)
+        .map(|k| on[k])
+        .collect();
+    assert_eq!(dev.download(&out.count).unwrap(), [want.len() as i32]);
+    assert_eq!(dev.download(&out.idx).unwrap()[..want.len()], want[..]);
 }
 
 #[test]

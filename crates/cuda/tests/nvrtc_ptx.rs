@@ -143,6 +143,7 @@ fn every_spec() -> Vec<LaunchSpec> {
                 up_act: true,
                 ..FfnAct::from(Act::Relu)
             },
+            count: Some(&idx),
             h: &mut y,
         };
         out.push(launch_spec(&dev, launch).unwrap());
@@ -155,6 +156,7 @@ fn every_spec() -> Vec<LaunchSpec> {
             idx: None,
             a: &x,
             n: 8,
+            count: Some(&idx),
             part: Some(&mut part),
             y: &mut y,
             splits: 2,
@@ -269,12 +271,35 @@ fn every_spec() -> Vec<LaunchSpec> {
         h: &mut c,
     };
     out.push(launch_spec(&dev, launch).unwrap());
-    let part = f(128);
+    let (part, count) = (f(128), i(1));
     let launch = Launch::AddSplits {
         part: &part,
         splits: 2,
         cols: 64,
+        count: Some(&count),
+        n: 64,
         y: &mut c,
+    };
+    out.push(launch_spec(&dev, launch).unwrap());
+    let (mut oi, mut oa, mut oc) = (i(64), f(64), i(1));
+    let launch = Launch::CompactNonzero {
+        a: &x,
+        idx: Some(&idx),
+        count_in: Some(&count),
+        n: 8,
+        out_idx: &mut oi,
+        out_a: &mut oa,
+        count: &mut oc,
+    };
+    out.push(launch_spec(&dev, launch).unwrap());
+    let flags = i(64);
+    let launch = Launch::CompactFlags {
+        slabs: &slabs,
+        ids_l: RowLayout::dense(64, 4).unwrap(),
+        flags: &flags,
+        n: 64,
+        out_idx: &mut oi,
+        count: &mut oc,
     };
     out.push(launch_spec(&dev, launch).unwrap());
     out

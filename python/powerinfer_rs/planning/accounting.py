@@ -215,9 +215,12 @@ def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -
     ``saved`` (dim: the residual before the attention, the FFN's input); for a mixture of
     experts ``expert_w`` (n_expert + 1: the token's weight of each expert, then the shared
     expert's scale). ``hb``, ``active`` and ``part`` count a layer's neurons
-    (:attr:`.ModelShape.n_neurons`: a mixture of experts' flattened space). Last ``xq``, in
+    (:attr:`.ModelShape.n_neurons`: a mixture of experts' flattened space). Then ``xq``, in
     bytes: the input of the quantized row kernels, x quantized to int16 blocks of
-    :data:`XQ_BLOCK` bytes per 32 values, for the longer of dim and n_heads * head_dim.
+    :data:`XQ_BLOCK` bytes per 32 values, for the longer of dim and n_heads * head_dim; and the
+    lists compacted on the GPU, a layer's neurons each: ``slots`` (i32: predictor mode's active
+    hot slots) with its count ``slots_n`` (one int), ``rows`` and ``rows_a`` (i32, f32: the down
+    pass's rows and their activations) with ``rows_n``.
     """
     c = shape.config
     ffn = shape.n_neurons
@@ -243,7 +246,17 @@ def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -
     if c.n_expert:
         f32["expert_w"] = c.n_expert + 1
     xq = XQ_BLOCK * -(-max(c.dim, c.n_heads * c.head_dim) // 32)
-    return [(f"scratch.{k}", align(4 * n)) for k, n in f32.items()] + [("scratch.xq", align(xq))]
+    tail = {
+        "xq": xq,
+        "slots": 4 * ffn,
+        "slots_n": 4,
+        "rows": 4 * ffn,
+        "rows_a": 4 * ffn,
+        "rows_n": 4,
+    }
+    return [(f"scratch.{k}", align(4 * n)) for k, n in f32.items()] + [
+        (f"scratch.{k}", align(b)) for k, b in tail.items()
+    ]
 
 
 def placement_allocation(

@@ -10,7 +10,7 @@
 //! of range, short buffers, rows outside their buffer) are `Error::Shape`, never a panic.
 //!
 //! The kernel families live in their own files, as in `kernels/*.cu`: `rows` (sparse_matvec,
-//! gate_up), `axpy`, `predictor`, `norm_rope`, `attention` and `elementwise`; `view` holds the
+//! gate_up, quantize_x), `axpy`, `compact`, `predictor`, `norm_rope`, `attention` and `elementwise`; `view` holds the
 //! checked views of buffers they share (rows through a [`RowLayout`], index lists, neuron
 //! flags).
 //!
@@ -18,6 +18,7 @@
 
 mod attention;
 mod axpy;
+mod compact;
 mod elementwise;
 mod norm_rope;
 mod predictor;
@@ -270,6 +271,23 @@ impl Backend for HostBackend {
     }
 }
 
+/// `n`, or with a count buffer (written by a compaction) min(count[0], n); a negative count
+/// is 0.
+fn counted(count: Option<&HostBuf<i32>>, n: usize) -> Result<usize> {
+    let Some(c) = count else {
+        return Ok(n);
+    };
+    let c = prefix(&c.data, 1, "count")?[0];
+    Ok(usize::try_from(c).unwrap_or(0).min(n))
+}
+
+/// A compaction's count into its one-int buffer.
+fn write_count(count: &mut HostBuf<i32>, kept: usize) -> Result<()> {
+    let c = prefix_mut(&mut count.data, 1, "count")?;
+    c[0] = i32::try_from(kept).map_err(|_| Error::Shape(format!("{kept} entries")))?;
+    Ok(())
+}
+
 /// One launch, on slices of the buffers.
 fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
     match launch {
@@ -286,6 +304,7 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             act,
             y,
         } => {
+            x.check("sparse_matvec", dtype)?;
             let w = Rows::new(&w.data, l, dtype, cols, "w")?;
             let active = match (ids, flags) {
                 (_, None) => None,
@@ -314,8 +333,11 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             flags,
             bias,
             act,
+            count,
             h,
         } => {
+            x.check("gate_up", dtype)?;
+            let n = counted(count, n)?;
             let gate = Rows::new(&w.data, gate_l, dtype, cols, "gate")?;
             let up = up_l
                 .map(|l| Rows::new(&w.data, l, dtype, cols, "up"))
@@ -337,6 +359,7 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             idx,
             a,
             n,
+            count,
             part,
             y,
             splits,
@@ -344,15 +367,21 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             if splits == 0 {
                 return Err(Error::Shape("splits must be > 0".into()));
             }
+            let launched = splits;
+            let n = counted(count, n)?;
+            let splits = match count {
+                Some(_) => crate::ops::live_splits(n, launched),
+                None => launched,
+            };
             let w = Rows::new(&w.data, l, dtype, cols, "w")?;
             let picks = Picks::new(idx.map(|i| i.data.as_slice()), n)?;
             let a = prefix(&a.data, n, "a")?;
-            if splits == 1 {
+            if launched == 1 {
                 let y = prefix_mut(&mut y.data, cols, "y")?;
                 return axpy::axpy_rows(&w, &picks, a, 0..n, y);
             }
             let part = part.ok_or_else(|| Error::Shape("split axpy_rows without part".into()))?;
-            let len = view::product(splits, cols, "part")?;
+            let len = view::product(launched, cols, "part")?;
             let part = prefix_mut(&mut part.data, len, "part")?;
             axpy::axpy_split_rows(&w, &picks, a, splits, part)
         }
@@ -360,13 +389,48 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             part,
             splits,
             cols,
+            count,
+            n,
             y,
         } => {
             let len = view::product(splits, cols, "part")?;
             let part = prefix(&part.data, len, "part")?;
             let y = prefix_mut(&mut y.data, cols, "y")?;
+            let splits = match count {
+                Some(_) => crate::ops::live_splits(counted(count, n)?, splits),
+                None => splits,
+            };
             axpy::add_splits(part, splits, y);
             Ok(())
+        }
+        Launch::CompactNonzero {
+            a,
+            idx,
+            count_in,
+            n,
+            out_idx,
+            out_a,
+            count,
+        } => {
+            let m = counted(count_in, n)?;
+            let out_idx = prefix_mut(&mut out_idx.data, m, "out_idx")?;
+            let out_a = prefix_mut(&mut out_a.data, m, "out_a")?;
+            let idx = idx.map(|i| i.data.as_slice());
+            let kept = compact::compact_nonzero(&a.data, idx, m, out_idx, out_a)?;
+            write_count(count, kept)
+        }
+        Launch::CompactFlags {
+            slabs,
+            ids_l,
+            flags,
+            n,
+            out_idx,
+            count,
+        } => {
+            let ids = Rows::ids(&slabs.data, ids_l)?;
+            let out_idx = prefix_mut(&mut out_idx.data, n, "out_idx")?;
+            let kept = compact::compact_flags(&ids, &flags.data, n, out_idx)?;
+            write_count(count, kept)
         }
         Launch::PredictorFc2 {
             dtype,

@@ -18,8 +18,9 @@ const XQ_MAX: f32 = 32639.0;
 
 /// `quantize_x` (sparse_matvec.cu): the first `cols` values of `x` (a multiple of 32) as int16
 /// blocks into `xq`: per 32 values h[32], l[32], then the f32 scale, the f32 sums of each half
-/// and the i32 Σq, with q = round-to-nearest-even(x · (XQ_MAX / max|x|)), h = (q + 128) >> 8,
-/// l = q − 256·h; a block holding a NaN or an infinity gets NaN scale and sums and q = 0.
+/// and the i32 Σq, with q = round-to-nearest-even(x · (XQ_MAX / max|x|)) (0 where that factor
+/// overflows), h = (q + 128) >> 8, l = q − 256·h; a block holding a NaN or an infinity gets NaN
+/// scale and sums and q = 0.
 pub(super) fn quantize_x(x: &[f32], cols: usize, xq: &mut [u8]) -> Result<()> {
     if !cols.is_multiple_of(32) {
         return Err(shape(format!(
@@ -32,7 +33,10 @@ pub(super) fn quantize_x(x: &[f32], cols: usize, xq: &mut [u8]) -> Result<()> {
         let amax = v.iter().fold(0f32, |m, a| m.max(a.abs()));
         let (lo, hi) = (v[..16].iter().sum::<f32>(), v[16..].iter().sum::<f32>());
         let finite = amax.is_finite() && (lo + hi).is_finite();
-        let inv = if amax > 0.0 { XQ_MAX / amax } else { 0.0 };
+        let inv = match XQ_MAX / amax {
+            inv if amax > 0.0 && inv.is_finite() => inv,
+            _ => 0.0, // zeros, or max|x| below ~1e-34
+        };
         let mut qsum = 0i32;
         for (j, &a) in v.iter().enumerate() {
             let q = if finite {
@@ -58,7 +62,8 @@ pub(super) fn quantize_x(x: &[f32], cols: usize, xq: &mut [u8]) -> Result<()> {
 }
 
 /// The `cols` values x stands for: floats as given, quantized blocks as scale · (256·h + l) (the
-/// x̂ the integer dots multiply).
+/// x̂ the integer dots multiply; the host then takes Q4_1/Q5_1's and the K-quants' min terms
+/// over x̂ where the kernels use the blocks' sums of x, a difference within x̂'s rounding).
 pub(super) fn x_values<'a>(x: &'a XArg<'_, HostBackend>, cols: usize) -> Result<Cow<'a, [f32]>> {
     let bytes = match x {
         XArg::F32(x) => return prefix(&x.data, cols, "x").map(Cow::Borrowed),
@@ -136,7 +141,7 @@ mod tests {
     use super::super::testutil::*;
     use crate::backend::{Backend, Launch, XArg};
     use crate::kernels::GPU_DTYPES;
-    use crate::layout::{Act, FfnAct, RowLayout};
+    use crate::layout::{Act, FfnAct, RowLayout, XQ_BLOCK};
     use crate::HostBackend;
 
     const TOL: f32 = 1e-4;
@@ -147,10 +152,12 @@ mod tests {
         for (i, dtype) in GPU_DTYPES.into_iter().enumerate() {
             let (rows, cols) = (45, odd_cols(dtype));
             let w = weight(dtype, rows, cols, i as u64);
-            let x = pseudo_random(cols, 100 + i as u64);
+            // x as uploaded, and the x the kernels multiply (int16 for the quantized formats).
+            let x0 = pseudo_random(cols, 100 + i as u64);
+            let x = x_hat(dtype, &x0);
             let idx: Vec<u32> = (0..37).map(|k| (k * 13 + i as u32) % rows as u32).collect();
             let dw = upload_rows(&be, &w);
-            let dx = upload(&be, &x);
+            let dx = HostX::new(&be, dtype, &x0);
             let didx = upload(&be, &idx.iter().map(|&v| v as i32).collect::<Vec<_>>());
             let l = RowLayout::dense(rows, dtype.row_bytes(cols).unwrap()).unwrap();
             for act in ACTS {
@@ -165,7 +172,7 @@ mod tests {
                         dtype,
                         w: &dw,
                         l,
-                        x: XArg::F32(&dx),
+                        x: dx.arg(),
                         cols,
                         idx: Some(&didx),
                         n: idx.len(),
@@ -191,7 +198,7 @@ mod tests {
                         dtype,
                         w: &dw,
                         l,
-                        x: XArg::F32(&dx),
+                        x: dx.arg(),
                         cols,
                         idx: None,
                         n: rows,
@@ -214,9 +221,11 @@ mod tests {
             let down = GPU_DTYPES[(i + 2) % GPU_DTYPES.len()];
             let dim = hot_dim(dtype, down);
             let hot = hot(&be, dtype, down, dim, 10 * i as u64);
-            let x = pseudo_random(dim, 7 + i as u64);
+            // x as uploaded, and the x the kernels multiply (int16 for the quantized formats).
+            let x0 = pseudo_random(dim, 7 + i as u64);
+            let x = x_hat(dtype, &x0);
             let f = flags(FFN, i as u64);
-            let (dx, df) = (upload(&be, &x), upload(&be, &f));
+            let (dx, df) = (HostX::new(&be, dtype, &x0), upload(&be, &f));
             let n = hot.slots();
             let mut y = upload(&be, &vec![9f32; n]);
             launch(
@@ -225,7 +234,7 @@ mod tests {
                     dtype,
                     w: &hot.buf,
                     l: hot.layout.gate,
-                    x: XArg::F32(&dx),
+                    x: dx.arg(),
                     cols: dim,
                     idx: None,
                     n,
@@ -257,9 +266,11 @@ mod tests {
             let down = GPU_DTYPES[(i + 1) % GPU_DTYPES.len()];
             let dim = hot_dim(dtype, down);
             let hot = hot(&be, dtype, down, dim, 20 + i as u64);
-            let x = pseudo_random(dim, 30 + i as u64);
+            // x as uploaded, and the x the kernels multiply (int16 for the quantized formats).
+            let x0 = pseudo_random(dim, 30 + i as u64);
+            let x = x_hat(dtype, &x0);
             let f = flags(FFN, 40 + i as u64);
-            let (dx, df) = (upload(&be, &x), upload(&be, &f));
+            let (dx, df) = (HostX::new(&be, dtype, &x0), upload(&be, &f));
             // A list of slots, padding included.
             let slots: Vec<i32> = vec![23, 0, 5, 20, 21, 7, 7, 16];
             let didx = upload(&be, &slots);
@@ -274,7 +285,7 @@ mod tests {
                             w: &hot.buf,
                             gate_l: hot.layout.gate,
                             up_l: hot.layout.up,
-                            x: XArg::F32(&dx),
+                            x: dx.arg(),
                             cols: dim,
                             idx: with_idx.then_some(&didx),
                             n,
@@ -282,6 +293,7 @@ mod tests {
                             flags: with_flags.then_some(&df),
                             bias: None,
                             act: FfnAct::from(act),
+                            count: None,
                             h: &mut h,
                         },
                     )
@@ -342,6 +354,7 @@ mod tests {
                 flags: Some(&df),
                 bias: None,
                 act: FfnAct::from(Act::Relu),
+                count: None,
                 h: &mut h,
             },
         )
@@ -369,6 +382,7 @@ mod tests {
                     flags: Some(&df),
                     bias: Some(&db),
                     act: FfnAct::from(Act::Relu),
+                    count: None,
                     h: &mut h,
                 },
             );
@@ -407,7 +421,6 @@ mod tests {
         let (rows, cols) = (4, 32);
         let w = weight(DType::Q8_0, rows, cols, 1);
         let dw = upload_rows(&be, &w);
-        let dx = upload(&be, &pseudo_random(cols, 2));
         let l = RowLayout::dense(rows, 34).unwrap();
         let run = |idx: Option<&[i32]>,
                    n: usize,
@@ -419,7 +432,8 @@ mod tests {
             let didx = idx.map(|i| upload(&be, i));
             let dids = ids.map(|id| upload(&be, &id.to_le_bytes()));
             let df = flags.map(|f| upload(&be, f));
-            let dx = upload(&be, &pseudo_random(x_len, 3));
+            // Q8_0 reads x quantized: 80 bytes per whole 32 values, a partial block short.
+            let dx = upload(&be, &vec![0u8; x_len / 32 * XQ_BLOCK + x_len % 32]);
             let mut y = be.zeros::<f32>(y_len).unwrap();
             launch(
                 &be,
@@ -427,7 +441,7 @@ mod tests {
                     dtype: DType::Q8_0,
                     w: &dw,
                     l,
-                    x: XArg::F32(&dx),
+                    x: XArg::Quant(&dx),
                     cols,
                     idx: didx.as_ref(),
                     n,
@@ -478,7 +492,29 @@ mod tests {
             "padding"
         );
         assert!(run(None, 2, Some(1), Some(&[1, 1]), cols, 2, cols).is_ok());
-        let _ = dx;
+        // Floats where the format reads x quantized: refused.
+        let mut y = be.zeros::<f32>(1).unwrap();
+        let floats = upload(&be, &pseudo_random(cols, 2));
+        let r = launch(
+            &be,
+            Launch::SparseMatvec {
+                dtype: DType::Q8_0,
+                w: &dw,
+                l,
+                x: XArg::F32(&floats),
+                cols,
+                idx: None,
+                n: 1,
+                ids: None,
+                flags: None,
+                act: Act::None,
+                y: &mut y,
+            },
+        );
+        assert!(
+            matches!(r, Err(powerinfer_core::Error::Unsupported(_))),
+            "{r:?}"
+        );
         // A row layout the kernel would divide by zero with.
         let mut y = be.zeros::<f32>(1).unwrap();
         let bad = RowLayout::new(l.group_stride, l.offset, 0, l.row_bytes);
@@ -488,7 +524,7 @@ mod tests {
                 dtype: DType::Q8_0,
                 w: &dw,
                 l: bad,
-                x: XArg::F32(&upload(&be, &pseudo_random(cols, 3))),
+                x: XArg::Quant(&upload(&be, &[0u8; XQ_BLOCK])),
                 cols,
                 idx: None,
                 n: 1,
@@ -508,7 +544,7 @@ mod tests {
                 dtype: DType::Q8_0,
                 w: &dw,
                 l: slab,
-                x: XArg::F32(&upload(&be, &pseudo_random(cols, 3))),
+                x: XArg::Quant(&upload(&be, &[0u8; XQ_BLOCK])),
                 cols,
                 idx: None,
                 n: 5,
@@ -560,30 +596,41 @@ mod tests {
             }
             assert!(h.iter().any(|e| e.abs() == amax / 32639.0 * 32639.0));
         }
+        // The matvec over finite x: block 2 quantized again without its NaN.
+        let mut x2 = x.clone();
+        x2[70] = 0.5;
+        let dx2 = upload(&be, &x2);
+        let quantize = Launch::QuantizeX {
+            x: &dx2,
+            cols,
+            xq: &mut xq,
+        };
+        launch(&be, quantize).unwrap();
+        let quant = XArg::Quant(&xq);
+        let hat = super::x_values(&quant, cols).unwrap().into_owned();
+        assert!(hat.iter().all(|v| v.is_finite()));
         let (rows, w) = (3, weight(DType::Q4_0, 3, cols, 4));
         let dw = upload_rows(&be, &w);
         let l = RowLayout::dense(rows, DType::Q4_0.row_bytes(cols).unwrap()).unwrap();
-        let dhat = upload(&be, &hat);
-        let mut out = [vec![0f32; rows], vec![0f32; rows]];
-        for (x, y) in [quant, XArg::F32(&dhat)].into_iter().zip(&mut out) {
-            let mut dy = be.zeros::<f32>(rows).unwrap();
-            let launch_one = Launch::SparseMatvec {
-                dtype: DType::Q4_0,
-                w: &dw,
-                l,
-                x,
-                cols,
-                idx: None,
-                n: rows,
-                ids: None,
-                flags: None,
-                act: Act::None,
-                y: &mut dy,
-            };
-            launch(&be, launch_one).unwrap();
-            *y = download(&be, &dy);
+        let mut dy = be.zeros::<f32>(rows).unwrap();
+        let matvec = Launch::SparseMatvec {
+            dtype: DType::Q4_0,
+            w: &dw,
+            l,
+            x: quant,
+            cols,
+            idx: None,
+            n: rows,
+            ids: None,
+            flags: None,
+            act: Act::None,
+            y: &mut dy,
+        };
+        launch(&be, matvec).unwrap();
+        let got = download(&be, &dy);
+        for (r, g) in got.iter().enumerate() {
+            let want = powerinfer_cpu::dot_row(DType::Q4_0, w.row(r), &hat);
+            assert_eq!(g.to_bits(), want.to_bits(), "row {r}");
         }
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&out[0]), bits(&out[1]));
     }
 }

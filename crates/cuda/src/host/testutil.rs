@@ -5,8 +5,14 @@ use powerinfer_core::testing::pseudo_random;
 use powerinfer_core::{quantize_row, Buffer, DType, Error, Result, Weight};
 
 use super::{HostBackend, HostBuf};
-use crate::backend::{Backend, Checked, Elem, Launch};
+
+/// The x the quantized formats' kernels multiply, computed independently (shared with the
+/// integration tests).
+#[path = "../../tests/support/x_hat.rs"]
+mod x_hat;
+use crate::backend::{Backend, Checked, Elem, Launch, XArg};
 use crate::layout::{pack_hot_slabs, Act, SlabLayout};
+pub(super) use x_hat::x_hat;
 
 /// Launch on the host backend (the tests stand in for the checked ops).
 pub(super) fn launch(be: &HostBackend, l: Launch<'_, HostBackend>) -> Result<()> {
@@ -27,6 +33,42 @@ pub(super) fn upload_rows(be: &HostBackend, w: &Weight) -> HostBuf<u8> {
         be,
         &crate::repack::repack_rows(w.dtype, w.cols, w.bytes()).unwrap(),
     )
+}
+
+/// x as the row kernels of a format read it: the floats, and for a quantized format the same
+/// quantized by the host's quantize_x.
+pub(super) struct HostX {
+    x: HostBuf<f32>,
+    q: Option<HostBuf<u8>>,
+}
+
+impl HostX {
+    pub(super) fn new(be: &HostBackend, dtype: DType, x: &[f32]) -> HostX {
+        let dx = upload(be, x);
+        let q = dtype.is_quantized().then(|| {
+            let mut q = be.zeros(crate::layout::xq_bytes(x.len())).unwrap();
+            let cols = x.len();
+            launch(
+                be,
+                Launch::QuantizeX {
+                    x: &dx,
+                    cols,
+                    xq: &mut q,
+                },
+            )
+            .unwrap();
+            q
+        });
+        HostX { x: dx, q }
+    }
+
+    /// What a launch takes.
+    pub(super) fn arg(&self) -> XArg<'_, HostBackend> {
+        match &self.q {
+            Some(q) => XArg::Quant(q),
+            None => XArg::F32(&self.x),
+        }
+    }
 }
 
 /// A buffer's contents.

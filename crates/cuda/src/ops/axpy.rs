@@ -5,6 +5,7 @@ use powerinfer_core::{ensure, DType, Result};
 
 use crate::backend::{Backend, Checked, DeviceSlice, HotFfn, Launch};
 use crate::layout::RowLayout;
+use crate::ops::compact::Compacted;
 
 /// Most row splits (gridDim.y of axpy_rows).
 const MAX_SPLITS: usize = 65_535;
@@ -12,7 +13,16 @@ const MAX_SPLITS: usize = 65_535;
 /// Row splits of the hot down pass over `n_hot` slots: one per 128 rows, 1..=128. More blocks
 /// for longer hot lists, so that a large GPU has enough of them in flight.
 pub fn down_splits(n_hot: usize) -> usize {
-    (n_hot / 128).clamp(1, 128)
+    (n_hot / SPLIT_ROWS).clamp(1, 128)
+}
+
+/// Rows per split (`SPLIT_ROWS` in axpy_down.cu).
+const SPLIT_ROWS: usize = 128;
+
+/// The splits a down pass over a compacted list of `n` rows runs (the kernels compute it from
+/// the device count): one per 128 rows, 1..=`splits` (those launched).
+pub fn live_splits(n: usize, splits: usize) -> usize {
+    n.div_ceil(SPLIT_ROWS).clamp(1, splits.max(1))
 }
 
 /// Floats of the split sums' buffer for a model of `dim` and `ffn` neurons: enough for
@@ -51,8 +61,42 @@ pub(crate) fn hot_down<B: Backend>(
         l: l.down,
         cols: l.dim,
         idx: None,
+        count: None,
     };
     launch_axpy(dev, rows, h, l.n_hot, part, y, splits)
+}
+
+/// The hot neurons' down pass over a compacted list: `y += Σ_j list.a[j] · down_t[list.idx[j]]`
+/// for the list's first count entries (at most `n_hot`; compact_nonzero wrote them).
+pub(crate) fn hot_down_listed<B: Backend>(
+    dev: &B,
+    ffn: &HotFfn<B>,
+    list: &Compacted<B>,
+    part: &mut B::Buf<f32>,
+    y: &mut B::Buf<f32>,
+    splits: usize,
+) -> Result<()> {
+    let l = &ffn.layout;
+    ensure!(
+        y.len() == l.dim,
+        Shape,
+        "hot_down: y {} for dim {}",
+        y.len(),
+        l.dim
+    );
+    let Some(a) = &list.a else {
+        powerinfer_core::bail!(Shape, "hot_down: a list without coefficients");
+    };
+    list.check(l.n_hot, "hot_down")?;
+    let rows = Rows {
+        dtype: l.down_dtype,
+        w: &ffn.data,
+        l: l.down,
+        cols: l.dim,
+        idx: Some(&list.idx),
+        count: Some(&list.count),
+    };
+    launch_axpy(dev, rows, a, l.n_hot, part, y, splits)
 }
 
 /// The matrix rows an accumulation reads: `cols` weights of `dtype` per row, row k being
@@ -63,6 +107,8 @@ struct Rows<'a, B: Backend> {
     l: RowLayout,
     cols: usize,
     idx: Option<&'a B::Buf<i32>>,
+    /// With a compacted list: its count (the rows are the first count of n).
+    count: Option<&'a B::Buf<i32>>,
 }
 
 /// Queue axpy_rows (and, for more than one split, add_splits) after the callers' checks:
@@ -100,6 +146,7 @@ fn launch_axpy<B: Backend>(
         idx: rows.idx,
         a,
         n,
+        count: rows.count,
         part: if single { None } else { Some(&mut *part) },
         y: &mut *y,
         splits,
@@ -112,6 +159,8 @@ fn launch_axpy<B: Backend>(
         part: &*part,
         splits,
         cols,
+        count: rows.count,
+        n,
         y,
     };
     dev.launch(add, Checked(()))

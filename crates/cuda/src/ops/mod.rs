@@ -14,13 +14,15 @@ use crate::layout::{Act, AttnParams, FfnAct, RowSpace};
 
 mod attention;
 mod axpy;
+mod compact;
 mod elementwise;
 mod norm_rope;
 mod predictor;
 mod rows;
 mod upload;
 
-pub use axpy::{down_splits, part_len};
+pub use axpy::{down_splits, live_splits, part_len};
+pub use compact::Compacted;
 pub use norm_rope::MAX_ROPE_PAIRS;
 pub use rows::XIn;
 
@@ -117,6 +119,59 @@ pub trait GpuOps: Backend {
         h: &mut Self::Buf<f32>,
     ) -> Result<()> {
         rows::hot_gate_up(self, ffn, x, flags, act, gate_bias, h)
+    }
+
+    /// The hot slots of `ffn` whose neuron's flag is set (one i32 per FFN neuron, nonzero =
+    /// active), gathered on the GPU in slot order into `out` (room for `n_hot`; its count stays
+    /// on the device).
+    fn active_slots(
+        &self,
+        ffn: &HotFfn<Self>,
+        flags: &Self::Buf<i32>,
+        out: &mut Compacted<Self>,
+    ) -> Result<()> {
+        compact::active_slots(self, ffn, flags, out)
+    }
+
+    /// [`GpuOps::hot_gate_up`] over the slots of `slots` ([`GpuOps::active_slots`]) only:
+    /// `h[k]` for the k-th of them (the entries past their count untouched).
+    fn hot_gate_up_listed(
+        &self,
+        ffn: &HotFfn<Self>,
+        x: XIn<'_, Self>,
+        slots: &Compacted<Self>,
+        act: FfnAct,
+        gate_bias: Option<&Self::Buf<f32>>,
+        h: &mut Self::Buf<f32>,
+    ) -> Result<()> {
+        rows::hot_gate_up_listed(self, ffn, x, slots, act, gate_bias, h)
+    }
+
+    /// The rows of the down pass: the hot slots whose activation in `h` is not 0 (one per hot
+    /// slot, or with `slots` one per entry of that list), with their activation, gathered on
+    /// the GPU in slot order into `out` (room for `n_hot`, with coefficients).
+    fn nonzero_rows(
+        &self,
+        ffn: &HotFfn<Self>,
+        h: &Self::Buf<f32>,
+        slots: Option<&Compacted<Self>>,
+        out: &mut Compacted<Self>,
+    ) -> Result<()> {
+        compact::nonzero_rows(self, ffn, h, slots, out)
+    }
+
+    /// The hot neurons' down pass over the rows of `rows` ([`GpuOps::nonzero_rows`]):
+    /// `y += Σ_j a[j] · down_t[idx[j]]`, split as [`GpuOps::hot_down`] over one split per 128
+    /// rows (at most `splits`, chosen on the GPU from the count): the same bits on every run.
+    fn hot_down_listed(
+        &self,
+        ffn: &HotFfn<Self>,
+        rows: &Compacted<Self>,
+        part: &mut Self::Buf<f32>,
+        y: &mut Self::Buf<f32>,
+        splits: usize,
+    ) -> Result<()> {
+        axpy::hot_down_listed(self, ffn, rows, part, y, splits)
     }
 
     /// The hot neurons' down pass: `y += Σ_r h[r] · down_t[r]` over the hot slots, the rows cut

@@ -5,6 +5,7 @@ use powerinfer_core::{ensure, DType, Result};
 
 use crate::backend::{Backend, Checked, DeviceSlice, DeviceWeight, HotFfn, Launch, XArg};
 use crate::layout::{xq_bytes, Act, FfnAct};
+use crate::ops::compact::Compacted;
 
 /// The input vector of the row operations: its floats, and for weights in a quantized format
 /// the same vector quantized by [`GpuOps::quantize_x`](crate::GpuOps::quantize_x) since the
@@ -159,6 +160,45 @@ pub(crate) fn hot_gate_up<B: Backend>(
     gate_bias: Option<&B::Buf<f32>>,
     h: &mut B::Buf<f32>,
 ) -> Result<()> {
+    gate_up(dev, ffn, x, Active::Flags(flags), act, gate_bias, h)
+}
+
+/// Which hot slots a gate/up pass computes: all (`Flags(None)`), those whose neuron's flag is
+/// set, or the list compact_flags wrote (h[k] for its k-th slot).
+enum Active<'a, B: Backend> {
+    Flags(Option<&'a B::Buf<i32>>),
+    Slots(&'a Compacted<B>),
+}
+
+/// [`hot_gate_up`] over the active slots `slots` (from
+/// [`GpuOps::active_slots`](crate::GpuOps::active_slots)): `h[k]` for the k-th of them, the
+/// entries past their count left as they are.
+pub(crate) fn hot_gate_up_listed<B: Backend>(
+    dev: &B,
+    ffn: &HotFfn<B>,
+    x: XIn<'_, B>,
+    slots: &Compacted<B>,
+    act: FfnAct,
+    gate_bias: Option<&B::Buf<f32>>,
+    h: &mut B::Buf<f32>,
+) -> Result<()> {
+    slots.check(ffn.layout.n_hot, "hot_gate_up")?;
+    gate_up(dev, ffn, x, Active::Slots(slots), act, gate_bias, h)
+}
+
+fn gate_up<B: Backend>(
+    dev: &B,
+    ffn: &HotFfn<B>,
+    x: XIn<'_, B>,
+    active: Active<'_, B>,
+    act: FfnAct,
+    gate_bias: Option<&B::Buf<f32>>,
+    h: &mut B::Buf<f32>,
+) -> Result<()> {
+    let (flags, idx, count) = match active {
+        Active::Flags(f) => (f, None, None),
+        Active::Slots(s) => (None, Some(&s.idx), Some(&s.count)),
+    };
     let l = &ffn.layout;
     let x = x.arg(l.gate_dtype, l.dim, "hot_gate_up")?;
     ensure!(
@@ -206,12 +246,13 @@ pub(crate) fn hot_gate_up<B: Backend>(
         up_l: l.up,
         x,
         cols: l.dim,
-        idx: None,
+        idx,
         n: l.n_hot,
         ids_l: l.ids,
         flags,
         bias: gate_bias,
         act,
+        count,
         h,
     };
     dev.launch(launch, Checked(()))

@@ -13,7 +13,10 @@ pub fn x_hat(dtype: DType, x: &[f32]) -> Vec<f32> {
     x.chunks(32)
         .flat_map(|b| {
             let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let inv = if amax > 0.0 { 32639.0 / amax } else { 0.0 };
+            let inv = match 32639.0 / amax {
+                inv if amax > 0.0 && inv.is_finite() => inv,
+                _ => 0.0, // zeros, or max|x| below ~1e-34
+            };
             let scale = amax / 32639.0;
             b.iter().map(move |v| scale * (v * inv).round_ties_even())
         })

@@ -64,8 +64,6 @@ fn device_norm<B: Backend>(
     }
 }
 
-/// Store the position's keys and values in a layer's caches (of element `T`) and attend over
-/// them: `sc.att` from `sc.q`.
 /// `x` as the row operations read it: with its quantized copy, made now in `xq`, when
 /// `quantized` (some weight reading it is in a quantized format).
 fn row_input<'a, B: Backend>(
@@ -81,6 +79,8 @@ fn row_input<'a, B: Backend>(
     Ok(XIn::quantized(x, xq))
 }
 
+/// Store the position's keys and values in a layer's caches (of element `T`) and attend over
+/// them: `sc.att` from `sc.q`.
 fn attend<B: Backend, T: KvElem>(
     dev: &B,
     sc: &mut GpuScratch<B>,
@@ -597,8 +597,10 @@ impl<B: Backend> Executor<B> {
                             &mut sc.xb2
                         }
                     };
+                    // The down pass over the nonzero activations only, gathered on the GPU.
+                    dev.nonzero_rows(hot, &sc.hb, None, &mut sc.rows)?;
                     let splits = down_splits(hot.layout.n_hot);
-                    dev.hot_down(hot, &sc.hb, &mut sc.part, out, splits)?;
+                    dev.hot_down_listed(hot, &sc.rows, &mut sc.part, out, splits)?;
                     // CPU: the routed experts' cold neurons, one upload of their sum.
                     self.part.resize(c.dim, 0.0);
                     let down_t = &model.expert_down_t()?[l];
@@ -663,18 +665,27 @@ impl<B: Backend> Executor<B> {
                         cold = &self.cold_active;
                     }
 
-                    // GPU: queued, runs while the CPU computes its part.
-                    let active = flags.then_some(&sc.active);
+                    // GPU: queued, runs while the CPU computes its part. With flags (predictor
+                    // mode) gate/up runs over the active slots only, gathered on the GPU; the
+                    // down pass over the nonzero activations only.
                     let bias = f.in_bias.as_ref();
                     let quant = hot.layout.gate_dtype.is_quantized();
                     let x = row_input(dev, quant, &sc.xb, &mut sc.xq)?;
-                    dev.hot_gate_up(hot, x, active, gpu_act(*kind), bias, &mut sc.hb)?;
+                    let act = gpu_act(*kind);
                     let threshold = match mode {
                         Sparsity::Threshold(t) if !dense => Some(t[l]),
                         _ => None,
                     };
-                    if let Some(t) = threshold {
-                        dev.threshold_mask(&mut sc.hb, hot.layout.n_hot, t)?;
+                    if flags {
+                        dev.active_slots(hot, &sc.active, &mut sc.slots)?;
+                        dev.hot_gate_up_listed(hot, x, &sc.slots, act, bias, &mut sc.hb)?;
+                        dev.nonzero_rows(hot, &sc.hb, Some(&sc.slots), &mut sc.rows)?;
+                    } else {
+                        dev.hot_gate_up(hot, x, None, act, bias, &mut sc.hb)?;
+                        if let Some(t) = threshold {
+                            dev.threshold_mask(&mut sc.hb, hot.layout.n_hot, t)?;
+                        }
+                        dev.nonzero_rows(hot, &sc.hb, None, &mut sc.rows)?;
                     }
                     let out = match direct {
                         true => &mut sc.x,
@@ -684,7 +695,7 @@ impl<B: Backend> Executor<B> {
                         }
                     };
                     let splits = down_splits(hot.layout.n_hot);
-                    dev.hot_down(hot, &sc.hb, &mut sc.part, out, splits)?;
+                    dev.hot_down_listed(hot, &sc.rows, &mut sc.part, out, splits)?;
 
                     // CPU: the cold neurons, then one upload of their sum, added on the GPU.
                     if !cold.is_empty() {

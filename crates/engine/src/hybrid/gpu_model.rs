@@ -8,7 +8,7 @@
 use powerinfer_core::{bail, ensure, DType, KvPrecision, Result, Weight};
 use powerinfer_cuda::layout::{align, att_part_len};
 use powerinfer_cuda::{
-    Allocation, Backend, DeviceSlice, DeviceWeight, Elem, GpuOps, HotFfn, RowSpace,
+    Allocation, Backend, Compacted, DeviceSlice, DeviceWeight, Elem, GpuOps, HotFfn, RowSpace,
 };
 
 use crate::placement::Placement;
@@ -215,6 +215,10 @@ pub struct GpuScratch<B: Backend> {
     /// The input of the quantized row kernels: x quantized (`GpuOps::quantize_x`), for the
     /// longer of dim and q_dim.
     pub xq: B::Buf<u8>,
+    /// The hot slots predictor mode's gate/up pass computes (`GpuOps::active_slots`).
+    pub slots: Compacted<B>,
+    /// The rows of the hot down pass, with their activations (`GpuOps::nonzero_rows`).
+    pub rows: Compacted<B>,
 }
 
 /// Everything the plan puts on one device.
@@ -401,6 +405,17 @@ impl<B: Backend> GpuModel<B> {
             };
             let xq_len = powerinfer_cuda::layout::xq_bytes(c.dim.max(c.q_dim()));
             let xq = reg.zeros::<B, u8>(dev, "scratch.xq", xq_len)?;
+            let mut list = |name: &str, coefficients: bool| -> Result<Compacted<B>> {
+                Ok(Compacted {
+                    idx: reg.zeros(dev, &format!("scratch.{name}"), ffn)?,
+                    a: match coefficients {
+                        true => Some(reg.zeros(dev, &format!("scratch.{name}_a"), ffn)?),
+                        false => None,
+                    },
+                    count: reg.zeros(dev, &format!("scratch.{name}_n"), 1)?,
+                })
+            };
+            let (slots, rows) = (list("slots", false)?, list("rows", true)?);
             Some(GpuScratch {
                 x,
                 xb,
@@ -419,6 +434,8 @@ impl<B: Backend> GpuModel<B> {
                 saved,
                 expert_w,
                 xq,
+                slots,
+                rows,
             })
         } else {
             None

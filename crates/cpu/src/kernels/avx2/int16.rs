@@ -119,7 +119,13 @@ unsafe fn quantize_blocks(x: &[f32], xq: &mut XQuant) -> bool {
         if !amax.is_finite() || !s.is_finite() {
             return false;
         }
-        let inv = _mm256_set1_ps(if amax > 0.0 { X_MAX / amax } else { 0.0 });
+        // 0 for a block of zeros, and for one so small (max|x| below ~1e-34) that the factor
+        // overflows: its values are 0 here.
+        let inv = match X_MAX / amax {
+            inv if amax > 0.0 && inv.is_finite() => inv,
+            _ => 0.0,
+        };
+        let inv = _mm256_set1_ps(inv);
         // Round to nearest (the default MXCSR mode); |v·inv| <= 32767, so packs never clips.
         let i = v.map(|vk| _mm256_cvtps_epi32(_mm256_mul_ps(vk, inv)));
         // packs works per 128-bit lane: reorder the 64-bit quarters back into x order.
@@ -289,6 +295,8 @@ mod tests {
         assert_eq!(xq.scale.len(), CHUNK);
         assert!(xq.scale[3..].iter().all(|&s| s == 0.0));
         assert!(XQuant::new(&[0.0; 32]).unwrap().q.iter().all(|&q| q == 0));
+        // A block so small that X_MAX / max|x| overflows is zeros (not −32768s).
+        assert!(XQuant::new(&[1e-36; 32]).unwrap().q.iter().all(|&q| q == 0));
         let mut bad = vec![1.0f32; 64];
         bad[40] = f32::NAN;
         assert!(XQuant::new(&bad).is_none());

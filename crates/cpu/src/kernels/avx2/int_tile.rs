@@ -415,7 +415,13 @@ unsafe fn quantize<F: IntTile>(dtype: DType, x: &[f32], n: usize, cols: usize) -
             32 if F::MINS > 0 => xt.sum[b] = _mm512_reduce_add_ps(_mm512_add_ps(v[0], v[1])),
             _ => {}
         }
-        let inv = _mm512_set1_ps(if amax > 0.0 { F::X_MAX / amax } else { 0.0 });
+        // 0 for a block of zeros, and for one so small (max|x| below ~1e-34) that the factor
+        // overflows: its values are 0 here.
+        let inv = match F::X_MAX / amax {
+            inv if amax > 0.0 && inv.is_finite() => inv,
+            _ => 0.0,
+        };
+        let inv = _mm512_set1_ps(inv);
         xt.scale[b] = amax / F::X_MAX;
         for (h, vh) in v.iter().enumerate() {
             // Round to nearest (the default MXCSR mode); |x·inv| <= X_MAX.
