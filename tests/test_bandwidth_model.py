@@ -58,6 +58,11 @@ def test_bytes_follow_the_plan_profile_and_mode(setup):
     assert dense["kv_store"].bytes == c.n_layers * 2 * kv * 2  # f16
     assert dense["attention_decode"].bytes > c.n_layers * 2 * 64 * kv * 2
     assert dense["output head"].bytes >= shape.tensor_bytes("output")
+    # Q8_0 weights read x quantized: q/k/v, o and gate/up per layer, and the head.
+    assert dense["quantize_x"].launches == 3 * c.n_layers + 1
+    # The down pass's rows gathered per layer; predictor mode also gathers its active slots.
+    assert dense["compact (lists)"].launches == c.n_layers
+    assert pred["compact (lists)"].launches == 2 * c.n_layers
     t = dense["gate_up"]
     assert t.seconds(1000.0) == pytest.approx(t.bytes / 1e12)
     assert t.seconds(1000.0, 5.0) == pytest.approx(t.bytes / 1e12 + t.launches * 5e-6)

@@ -223,6 +223,35 @@ def test_predictors_on_the_gpu_side(relu, tmp_path, device):
             assert launches.get(entry, 0) >= steps, (entry, launches)
 
 
+@pytest.mark.parametrize("device", DEVICES_WITH_EMU)
+def test_the_hot_ffn_without_gathered_lists(relu, tmp_path, device, monkeypatch):
+    """POWERINFER_RS_GPU_GATHER=0: the hot FFN tests every slot's flag and every row's
+    coefficient instead of running over lists gathered on the GPU (kept to measure one against
+    the other); it matches the CPU engine as the default does, and gathers nothing."""
+    monkeypatch.setenv("POWERINFER_RS_GPU_GATHER", "0")
+    preds, sizes = random_gpu_predictors(relu, 32)
+    path = plan_for(relu, tmp_path / "pred.safetensors", 0.6, predictors=sizes)
+    for sparsity in ("exact-relu", "predictor"):
+        extra = {"predictors": preds} if sparsity == "predictor" else {}
+        cpu = Engine(relu, threads=2, sparsity=sparsity, **extra)
+        hyb = Engine(relu, threads=2, sparsity=sparsity, plan=path, device=device, **extra)
+        want, want_toks = greedy(cpu, [1, 2, 3, 4], 8)
+        got, got_toks = greedy(hyb, [1, 2, 3, 4], 8)
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_close(g, w, TOL, f"{device} {sparsity} step {i}")
+        assert got_toks == want_toks
+        launches = hyb.gpu_info()["kernel_launches"]
+        if launches is not None:
+            assert (
+                launches.get(
+                    "axpy_rows_" + str(relu.tensors["blk.0.ffn_down"].dtype).split(".")[-1].lower(),
+                    0,
+                )
+                > 0
+            )
+            assert "compact_nonzero" not in launches and "compact_flags" not in launches
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_smollm2_threshold_mode_on_the_gpu_side(smol, tmp_path, device, monkeypatch):
     # Both engines take the same down product (dense above 74% active): the crossover each

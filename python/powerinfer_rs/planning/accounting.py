@@ -201,6 +201,12 @@ def att_part_len(n_heads: int, head_dim: int, context: int) -> int:
 XQ_BLOCK = 80
 
 
+def xq_bytes(n: int) -> int:
+    """Bytes of ``n`` values quantized for the integer dots (``powerinfer_cuda::layout::xq_bytes``):
+    :data:`XQ_BLOCK` per 32, the last block whole."""
+    return XQ_BLOCK * -(-n // 32)
+
+
 def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -> list[Allocation]:
     """Scratch buffers, allocated once (layers run one after another) when the GPU is used.
 
@@ -245,7 +251,7 @@ def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -
         f32["saved"] = c.dim
     if c.n_expert:
         f32["expert_w"] = c.n_expert + 1
-    xq = XQ_BLOCK * -(-max(c.dim, c.n_heads * c.head_dim) // 32)
+    xq = xq_bytes(max(c.dim, c.n_heads * c.head_dim))
     tail = {
         "xq": xq,
         "slots": 4 * ffn,

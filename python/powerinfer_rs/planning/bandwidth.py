@@ -10,6 +10,11 @@ Per GPU layer and token, in the sparsity mode the engine runs (see :func:`gpu_tr
   the up row of those that fire;
 - ``axpy_rows (down)``: the down_t row of every hot neuron that fires; with more than one row
   split, ``add_splits (down)``: y (the splits' partial sums stay in L2);
+- ``compact (lists)``: the down pass's rows gathered on the GPU (every hot activation read, the
+  nonzero ones' slot and value written) and, in predictor mode, the active hot slots (every
+  slot's id and flag read, the active ones written): one launch each;
+- ``quantize_x``: the input of each quantized matvec (the q/k/v and o projections, gate/up, the
+  head) read as floats and written as int16 blocks of 80 bytes per 32 values, once per vector;
 - ``output head``: the vocabulary's rows, where the GPU holds it;
 - ``norms / rope / adds``: the f32 vectors they read and write (small).
 
@@ -29,11 +34,14 @@ import numpy as np
 from ..formats.plan import Plan
 from ..formats.profile import Profile
 from ..loading.types import LoadedModel, row_bytes
-from .accounting import down_splits, kv_element_bytes
+from .accounting import down_splits, kv_element_bytes, xq_bytes
 from .model_shape import ModelShape
 
 #: The sparsity modes the model knows.
 MODES = ("dense", "exact-relu", "threshold", "predictor")
+
+#: Weight formats whose matvecs read x as floats (the others read it quantized).
+FLOAT_DTYPES = ("F32", "F16", "BF16")
 
 
 @dataclass
@@ -82,6 +90,10 @@ def gpu_traffic(
             add("kv_store", 2 * kv * elem)
             add("attention_decode", 2 * ctx * kv * elem + 2 * c.n_heads * c.head_dim * 4)
             add("norms / rope / adds", 4 * c.dim * 4 * 3, 4)
+            q_dim = c.n_heads * c.head_dim
+            for inputs, group in ((c.dim, names[:3]), (q_dim, names[3:])):
+                if any(shape.dtype(f"blk.{i}.{n}").upper() not in FLOAT_DTYPES for n in group):
+                    add("quantize_x", 4 * inputs + xq_bytes(inputs))
         ids = np.asarray(plan.gpu_neurons[i], dtype=np.int64)
         if ids.size == 0:
             continue
@@ -92,6 +104,13 @@ def gpu_traffic(
         down = row_bytes(shape.down_t_dtype(i), c.dim)
         rows_gate = {"dense": ids.size, "exact-relu": ids.size}.get(mode, fires)
         rows_up = ids.size if mode == "dense" else fires
+        if shape.dtype(f"blk.{i}.ffn_up").upper() not in FLOAT_DTYPES:
+            add("quantize_x", 4 * c.dim + xq_bytes(c.dim))
+        # The rows of the down pass gathered (every hot activation read, 8 bytes per row
+        # written), and in predictor mode the active slots (every slot's id and flag read).
+        add("compact (lists)", 4 * ids.size + 8 * rows_up)
+        if mode == "predictor":
+            add("compact (lists)", 8 * ids.size + 4 * fires)
         add("gate_up", rows_gate * gate + rows_up * up + 4 * c.dim)
         add("axpy_rows (down)", rows_up * down + 4 * c.dim)
         if down_splits(int(ids.size)) > 1:
@@ -101,6 +120,8 @@ def gpu_traffic(
             add("add_splits (down)", 2 * 4 * c.dim)
     if pl.output:
         add("output head", shape.tensor_bytes("output") + 4 * c.vocab_size, 1)
+        if shape.dtype("output").upper() not in FLOAT_DTYPES:
+            add("quantize_x", 4 * c.dim + xq_bytes(c.dim))
     return [KernelTraffic(k, v[0], int(v[1])) for k, v in totals.items()]
 
 

@@ -130,7 +130,15 @@ pub struct Executor<B: Backend> {
     /// whose sliding layers have their own base, theirs.
     inv_freqs: [Vec<f64>; 2],
     saved: Residency,
+    /// Whether the hot FFN runs over lists gathered on the GPU (the default; see
+    /// [`GATHER_ENV`]).
+    gather: bool,
 }
+
+/// `POWERINFER_RS_GPU_GATHER=0` runs the hot FFN without the lists gathered on the GPU: gate/up
+/// over every hot slot testing its flag, the down pass over every hot row testing its
+/// coefficient (the path before compact.cu), for measuring one against the other on a GPU.
+pub const GATHER_ENV: &str = "POWERINFER_RS_GPU_GATHER";
 
 impl<B: Backend> Executor<B> {
     /// Upload what `placement` puts on the GPU of `model` to `dev`.
@@ -169,6 +177,7 @@ impl<B: Backend> Executor<B> {
             moe: c.moe.is_moe(),
             inv_freqs: [c.rope_inv_freqs(false), c.rope_inv_freqs(true)],
             saved: Residency::default(),
+            gather: std::env::var(GATHER_ENV).map_or(true, |v| v != "0"),
         })
     }
 
@@ -598,9 +607,13 @@ impl<B: Backend> Executor<B> {
                         }
                     };
                     // The down pass over the nonzero activations only, gathered on the GPU.
-                    dev.nonzero_rows(hot, &sc.hb, None, &mut sc.rows)?;
                     let splits = down_splits(hot.layout.n_hot);
-                    dev.hot_down_listed(hot, &sc.rows, &mut sc.part, out, splits)?;
+                    if self.gather {
+                        dev.nonzero_rows(hot, &sc.hb, None, &mut sc.rows)?;
+                        dev.hot_down_listed(hot, &sc.rows, &mut sc.part, out, splits)?;
+                    } else {
+                        dev.hot_down(hot, &sc.hb, &mut sc.part, out, splits)?;
+                    }
                     // CPU: the routed experts' cold neurons, one upload of their sum.
                     self.part.resize(c.dim, 0.0);
                     let down_t = &model.expert_down_t()?[l];
@@ -676,16 +689,20 @@ impl<B: Backend> Executor<B> {
                         Sparsity::Threshold(t) if !dense => Some(t[l]),
                         _ => None,
                     };
-                    if flags {
+                    let gather = self.gather;
+                    if flags && gather {
                         dev.active_slots(hot, &sc.active, &mut sc.slots)?;
                         dev.hot_gate_up_listed(hot, x, &sc.slots, act, bias, &mut sc.hb)?;
                         dev.nonzero_rows(hot, &sc.hb, Some(&sc.slots), &mut sc.rows)?;
                     } else {
-                        dev.hot_gate_up(hot, x, None, act, bias, &mut sc.hb)?;
+                        let active = flags.then_some(&sc.active);
+                        dev.hot_gate_up(hot, x, active, act, bias, &mut sc.hb)?;
                         if let Some(t) = threshold {
                             dev.threshold_mask(&mut sc.hb, hot.layout.n_hot, t)?;
                         }
-                        dev.nonzero_rows(hot, &sc.hb, None, &mut sc.rows)?;
+                        if gather {
+                            dev.nonzero_rows(hot, &sc.hb, None, &mut sc.rows)?;
+                        }
                     }
                     let out = match direct {
                         true => &mut sc.x,
@@ -695,7 +712,10 @@ impl<B: Backend> Executor<B> {
                         }
                     };
                     let splits = down_splits(hot.layout.n_hot);
-                    dev.hot_down_listed(hot, &sc.rows, &mut sc.part, out, splits)?;
+                    match gather {
+                        true => dev.hot_down_listed(hot, &sc.rows, &mut sc.part, out, splits)?,
+                        false => dev.hot_down(hot, &sc.hb, &mut sc.part, out, splits)?,
+                    }
 
                     // CPU: the cold neurons, then one upload of their sum, added on the GPU.
                     if !cold.is_empty() {
