@@ -62,7 +62,7 @@ pub use layout::{
     FfnAct, RowLayout, RowSpace, SlabGeometry, SlabLayout, MAX_HEAD_DIM, MAX_RANK, MAX_X_BYTES,
     XQ_BLOCK,
 };
-pub use ops::{down_splits, live_splits, part_len, Compacted, GpuOps, XIn};
+pub use ops::{down_splits, live_splits, part_len, Compacted, GpuOps, XIn, SPLIT_ROWS};
 pub use repack::{is_repacked, repack_rows, unpack_row};
 
 /// True when this build can drive a GPU (the `cuda` feature); a device may still be absent.

@@ -444,7 +444,7 @@ fn cubins_for_the_exact_architecture_cached_on_disk() {
 }
 
 #[test]
-fn kernels_and_launches_agree_on_the_shared_memory_limit_and_quantized_x() {
+fn kernels_and_launches_agree_on_their_shared_constants() {
     for (define, text, file) in [
         (
             format!("#define MAX_X_BYTES {}\n", powerinfer_cuda::MAX_X_BYTES),
@@ -455,6 +455,11 @@ fn kernels_and_launches_agree_on_the_shared_memory_limit_and_quantized_x() {
             format!("#define XQ_BLOCK {}\n", powerinfer_cuda::XQ_BLOCK),
             kernels::SPARSE_MATVEC.header,
             "sparse_matvec.cuh",
+        ),
+        (
+            format!("#define SPLIT_ROWS {}\n", powerinfer_cuda::SPLIT_ROWS),
+            kernels::AXPY_DOWN.source,
+            "axpy_down.cu",
         ),
     ] {
         assert!(

@@ -16,8 +16,8 @@ pub fn down_splits(n_hot: usize) -> usize {
     (n_hot / SPLIT_ROWS).clamp(1, 128)
 }
 
-/// Rows per split (`SPLIT_ROWS` in axpy_down.cu).
-const SPLIT_ROWS: usize = 128;
+/// Rows per split of the down pass (`SPLIT_ROWS` in axpy_down.cu).
+pub const SPLIT_ROWS: usize = 128;
 
 /// The splits a down pass over a compacted list of `n` rows runs (the kernels compute it from
 /// the device count): one per 128 rows, 1..=`splits` (those launched).

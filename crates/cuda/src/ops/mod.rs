@@ -21,7 +21,7 @@ mod predictor;
 mod rows;
 mod upload;
 
-pub use axpy::{down_splits, live_splits, part_len};
+pub use axpy::{down_splits, live_splits, part_len, SPLIT_ROWS};
 pub use compact::Compacted;
 pub use norm_rope::MAX_ROPE_PAIRS;
 pub use rows::XIn;

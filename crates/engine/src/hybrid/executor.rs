@@ -131,7 +131,7 @@ pub struct Executor<B: Backend> {
     inv_freqs: [Vec<f64>; 2],
     saved: Residency,
     /// Whether the hot FFN runs over lists gathered on the GPU (the default; see
-    /// [`GATHER_ENV`]).
+    /// [`GATHER_ENV`]) in the sparse modes (dense rows gather nothing).
     gather: bool,
 }
 
@@ -608,7 +608,7 @@ impl<B: Backend> Executor<B> {
                     };
                     // The down pass over the nonzero activations only, gathered on the GPU.
                     let splits = down_splits(hot.layout.n_hot);
-                    if self.gather {
+                    if self.gather && !dense && !matches!(mode, Sparsity::Dense) {
                         dev.nonzero_rows(hot, &sc.hb, None, &mut sc.rows)?;
                         dev.hot_down_listed(hot, &sc.rows, &mut sc.part, out, splits)?;
                     } else {
@@ -689,7 +689,8 @@ impl<B: Backend> Executor<B> {
                         Sparsity::Threshold(t) if !dense => Some(t[l]),
                         _ => None,
                     };
-                    let gather = self.gather;
+                    // Dense rows hold almost no exact zeros: gathering would only add a launch.
+                    let gather = self.gather && !dense && !matches!(mode, Sparsity::Dense);
                     if flags && gather {
                         dev.active_slots(hot, &sc.active, &mut sc.slots)?;
                         dev.hot_gate_up_listed(hot, x, &sc.slots, act, bias, &mut sc.hb)?;
