@@ -1,13 +1,15 @@
-"""The CUDA kernels' weight decoders, run on the host: ``crates/cuda/kernels/common.cuh`` compiled
-as C++ (its two inline-PTX f16 conversions swapped for a portable one, the warp shuffles left
-out), then every quantized format the GPU takes decoded weight by weight (``w_<format>``, what
-``axpy_rows`` and ``predictor_fc2`` read) and dotted with x by the 32 lanes of a warp
-(``lane_dot_<format>`` for lanes 0..31, summed: what ``sparse_matvec`` and ``gate_up`` compute),
-against gguf-py's dequantizer on random blocks. The rows are handed to the decoders in the
-device layout (each row's quants first, its blocks' headers after them: ``crates/cuda/src/
-repack.rs``), permuted here by numpy from the block table below. This checks the device code's
-block layouts and lane split on machines without a GPU; ``crates/cuda/tests/gpu_kernels.rs``
-runs the kernels themselves where there is one. Skipped without a C++ compiler."""
+"""The CUDA kernels' weight decoders, run on the host: ``crates/cuda/kernels/common.cuh`` and
+``sparse_matvec.cuh`` compiled as C++ (the inline-PTX f16 conversions swapped for a portable one,
+the warp shuffles left out, ``__dp4a`` written out), then every quantized format the GPU takes
+decoded weight by weight (``w_<format>``, what ``axpy_rows`` and ``predictor_fc2`` read) and
+dotted with x by the 32 lanes of a warp (``lane_dot_<format>`` for lanes 0..31, summed: what
+``sparse_matvec`` and ``gate_up`` compute, on x quantized here by numpy to the int16 blocks of
+``quantize_x``), against gguf-py's dequantizer on random blocks and the x̂ those blocks stand
+for. The rows are handed to the decoders in the device layout (each row's quants first, its
+blocks' headers after them: ``crates/cuda/src/repack.rs``), permuted here by numpy from the block
+table below. This checks the device code's block layouts and lane split on machines without a
+GPU; ``crates/cuda/tests/gpu_kernels.rs`` runs the kernels themselves where there is one.
+Skipped without a C++ compiler."""
 
 from __future__ import annotations
 
@@ -21,7 +23,10 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-COMMON = Path(__file__).resolve().parents[1] / "crates/cuda/kernels/common.cuh"
+KERNELS = Path(__file__).resolve().parents[1] / "crates/cuda/kernels"
+COMMON = KERNELS / "common.cuh"
+#: The quantized formats' integer dots (sparse_matvec.cu's own header).
+INT_DOTS = KERNELS / "sparse_matvec.cuh"
 
 #: format -> (weights per block, bytes per block, byte offsets of the block's f16 fields)
 FORMATS = {
@@ -76,6 +81,12 @@ static inline void __syncthreads() {}
 static inline unsigned __umulhi(unsigned a, unsigned b) {
     return (unsigned)(((unsigned long long)a * b) >> 32);
 }
+static inline int __dp4a(int a, int b, int c) {
+    for (int k = 0; k < 4; ++k) {
+        c += (int)(signed char)(a >> (8 * k)) * (int)(signed char)(b >> (8 * k));
+    }
+    return c;
+}
 static float h2f(unsigned short h) {
     const unsigned s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
     const float v = e == 0 ? std::ldexp((float)m, -24)
@@ -87,14 +98,14 @@ static float h2f(unsigned short h) {
 
 HARNESS = r"""
 int main(int argc, char** argv) {
-    // argv: format, rows, cols, row bytes; files rows.bin (bytes), x.bin (f32).
+    // argv: format, rows, cols, row bytes; files rows.bin (bytes), xq.bin (x quantized).
     const std::string fmt = argv[1];
     const int rows = atoi(argv[2]), cols = atoi(argv[3]), rb = atoi(argv[4]);
     std::vector<u8> raw(rows * rb);
-    std::vector<float> x(cols);
+    std::vector<u8> xq(cols / 32 * XQ_BLOCK);
     FILE* f = fopen("rows.bin", "rb"); fread(raw.data(), 1, raw.size(), f); fclose(f);
-    f = fopen("x.bin", "rb"); fread(x.data(), 4, cols, f); fclose(f);
-    float (*lane)(const u8*, const float*, int, int, int) = nullptr;
+    f = fopen("xq.bin", "rb"); fread(xq.data(), 1, xq.size(), f); fclose(f);
+    float (*lane)(const u8*, const u8*, int, int) = nullptr;
     float (*w)(const u8*, int, int) = nullptr;
 #define PICK(NAME, name) if (fmt == #NAME) { lane = lane_dot_##name; w = w_##name; }
     PICK(Q8_0, q8_0) PICK(Q4_0, q4_0) PICK(Q4_1, q4_1) PICK(Q5_0, q5_0) PICK(Q5_1, q5_1)
@@ -106,7 +117,7 @@ int main(int argc, char** argv) {
         const u8* row = raw.data() + (size_t)r * rb;
         for (int j = 0; j < cols; ++j) { const float v = w(row, j, cols); fwrite(&v, 4, 1, wo); }
         double s = 0.0;
-        for (int l = 0; l < 32; ++l) s += lane(row, x.data(), 0, cols, l);
+        for (int l = 0; l < 32; ++l) s += lane(row, xq.data(), cols, l);
         fwrite(&s, 8, 1, dout);
     }
     fclose(wo); fclose(dout);
@@ -127,7 +138,7 @@ def host_source() -> str:
         pattern = r"__device__ __forceinline__ " + name + r" \{.*?\n\}\n"
         src, n = re.subn(pattern, repl + "\n", src, count=1, flags=re.S)
         assert n == 1, f"common.cuh: no definition matching {name}"
-    return PRELUDE + src + HARNESS
+    return PRELUDE + src + INT_DOTS.read_text() + HARNESS
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +156,24 @@ def harness(tmp_path_factory) -> Path:
     )
     assert cc.returncode == 0, cc.stderr[-3000:]
     return out
+
+
+def quantize_x(x: np.ndarray) -> tuple[bytes, np.ndarray]:
+    """x as ``quantize_x`` writes it (80 bytes per 32 values: the high and low signed bytes of
+    q = round(x * 32639 / max|x|), ties to even, then the f32 scale, the f32 sums of each half
+    and the i32 sum of q), and the values x̂ = scale * q those blocks stand for."""
+    out, hat = [], []
+    for b in x.reshape(-1, 32).astype(np.float32):
+        amax = np.float32(np.abs(b).max())
+        inv = np.float32(32639.0) / amax if amax > 0 else np.float32(0.0)
+        q = np.rint(b * inv).astype(np.int32)
+        h = (q + 128) >> 8
+        scale = amax / np.float32(32639.0)
+        out += [h.astype(np.int8).tobytes(), (q - 256 * h).astype(np.int8).tobytes()]
+        out.append(np.array([scale, b[:16].sum(), b[16:].sum()], dtype=np.float32).tobytes())
+        out.append(np.array([q.sum()], dtype=np.int32).tobytes())
+        hat.append(scale * q.astype(np.float32))
+    return b"".join(out), np.concatenate(hat)
 
 
 def random_rows(fmt: str, rows: int, n_blocks: int, rng) -> np.ndarray:
@@ -166,7 +195,8 @@ def test_device_decoders_match_gguf_py(harness, fmt, tmp_path):
     raw = random_rows(fmt, rows, n_blocks, rng)
     x = rng.normal(size=cols).astype(np.float32)
     (tmp_path / "rows.bin").write_bytes(to_device(fmt, raw, n_blocks).tobytes())
-    (tmp_path / "x.bin").write_bytes(x.tobytes())
+    xq, x_hat = quantize_x(x)
+    (tmp_path / "xq.bin").write_bytes(xq)
     args = [str(harness), fmt, str(rows), str(cols), str(n_blocks * nbytes)]
     subprocess.run(args, cwd=tmp_path, check=True)
     got_w = np.fromfile(tmp_path / "w.bin", dtype=np.float32).reshape(rows, cols)
@@ -174,6 +204,8 @@ def test_device_decoders_match_gguf_py(harness, fmt, tmp_path):
     want_w = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[fmt]).reshape(rows, cols)
     # Weight by weight, the same float operations as ggml: bit for bit.
     np.testing.assert_array_equal(got_w, want_w.astype(np.float32))
-    want_dot = want_w.astype(np.float64) @ x.astype(np.float64)
+    # The dot of the x̂ the integer dots multiply (Q4_1/Q5_1's and the K-quants' min terms take
+    # the blocks' sums of x itself: within x̂'s rounding of it).
+    want_dot = want_w.astype(np.float64) @ x_hat.astype(np.float64)
     scale = np.abs(want_w.astype(np.float64) * x).sum(axis=1)
     assert np.all(np.abs(got_dot - want_dot) <= 1e-5 * scale), (got_dot, want_dot)
