@@ -283,7 +283,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
 pub enum Launch<'a, B: Backend> {
     /// `sparse_matvec_<dtype>` (sparse_matvec.cu): `y[k] = act(dot(W[row k], x))`, k in 0..n,
     /// row k = `idx[k]` or k; with `flags`, a row whose id (read through `ids`) is inactive or
-    /// padding (−1) yields 0.
+    /// padding (−1) yields 0. `x` as [`XArg`] says for the format.
     SparseMatvec {
         dtype: DType,
         w: &'a B::Buf<u8>,
@@ -301,7 +301,9 @@ pub enum Launch<'a, B: Backend> {
     /// bias[id(k)])` and `u' = dot(up[k], x)` (`act` of it with `act.up_act`; 1 without up
     /// rows: `up_l` None), `act` with its FATReLU threshold; the up row not read when `g` is 0;
     /// ids (for `flags` and `bias`, each one entry per FFN neuron) live in `w` at `ids_l`, and a
-    /// padding slot (id −1) gives 0 when either is given.
+    /// padding slot (id −1) gives 0 when either is given. `x` as [`XArg`] says for the format;
+    /// with `count` (written by [`Launch::CompactFlags`]) only the first min(count[0], n)
+    /// outputs are computed, the others left as they are.
     GateUp {
         dtype: DType,
         w: &'a B::Buf<u8>,
