@@ -42,27 +42,13 @@ pub(crate) fn hot_down<B: Backend>(
 ) -> Result<()> {
     let l = &ffn.layout;
     ensure!(
-        y.len() == l.dim,
-        Shape,
-        "hot_down: y {} for dim {}",
-        y.len(),
-        l.dim
-    );
-    ensure!(
         h.len() >= l.n_hot,
         Shape,
         "hot_down: h {} for {} hot",
         h.len(),
         l.n_hot
     );
-    let rows = Rows {
-        dtype: l.down_dtype,
-        w: &ffn.data,
-        l: l.down,
-        cols: l.dim,
-        idx: None,
-        count: None,
-    };
+    let rows = down_rows(ffn, y.len(), None)?;
     launch_axpy(dev, rows, h, l.n_hot, part, y, splits)
 }
 
@@ -76,27 +62,36 @@ pub(crate) fn hot_down_listed<B: Backend>(
     y: &mut B::Buf<f32>,
     splits: usize,
 ) -> Result<()> {
-    let l = &ffn.layout;
-    ensure!(
-        y.len() == l.dim,
-        Shape,
-        "hot_down: y {} for dim {}",
-        y.len(),
-        l.dim
-    );
     let Some(a) = &list.a else {
         powerinfer_core::bail!(Shape, "hot_down: a list without coefficients");
     };
-    list.check(l.n_hot, "hot_down")?;
-    let rows = Rows {
+    list.check(ffn.layout.n_hot, "hot_down")?;
+    let rows = down_rows(ffn, y.len(), Some(list))?;
+    launch_axpy(dev, rows, a, ffn.layout.n_hot, part, y, splits)
+}
+
+/// The down_t rows of `ffn`'s slabs a down pass into a `y` of `y_len` reads (checked: dim
+/// values): every hot slot, or the slots of a compacted `list` up to its count.
+fn down_rows<'a, B: Backend>(
+    ffn: &'a HotFfn<B>,
+    y_len: usize,
+    list: Option<&'a Compacted<B>>,
+) -> Result<Rows<'a, B>> {
+    let l = &ffn.layout;
+    ensure!(
+        y_len == l.dim,
+        Shape,
+        "hot_down: y {y_len} for dim {}",
+        l.dim
+    );
+    Ok(Rows {
         dtype: l.down_dtype,
         w: &ffn.data,
         l: l.down,
         cols: l.dim,
-        idx: Some(&list.idx),
-        count: Some(&list.count),
-    };
-    launch_axpy(dev, rows, a, l.n_hot, part, y, splits)
+        idx: list.map(|c| &c.idx),
+        count: list.map(|c| &c.count),
+    })
 }
 
 /// The matrix rows an accumulation reads: `cols` weights of `dtype` per row, row k being
