@@ -11,6 +11,7 @@ from powerinfer_rs.formats.profile import synthetic_profile
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.loading.types import row_bytes
 from powerinfer_rs.planning import load_hardware, make_plan
+from powerinfer_rs.planning.accounting import xq_bytes
 from powerinfer_rs.planning.bandwidth import format_traffic, gpu_traffic
 from powerinfer_rs.planning.model_shape import ModelShape
 
@@ -58,8 +59,11 @@ def test_bytes_follow_the_plan_profile_and_mode(setup):
     assert dense["kv_store"].bytes == c.n_layers * 2 * kv * 2  # f16
     assert dense["attention_decode"].bytes > c.n_layers * 2 * 64 * kv * 2
     assert dense["output head"].bytes >= shape.tensor_bytes("output")
-    # Q8_0 weights read x quantized: q/k/v, o and gate/up per layer, and the head.
-    assert dense["quantize_x"].launches == 3 * c.n_layers + 1
+    # Q8_0 weights read x quantized: the norms quantize q/k/v's, gate/up's and the head's input
+    # in their own launch; quantize_x runs only before the o projection.
+    assert dense["quantize_x"].launches == c.n_layers
+    q_dim = c.n_heads * c.head_dim
+    assert dense["quantize_x"].bytes == c.n_layers * (4 * q_dim + xq_bytes(q_dim))
     # The down pass's rows gathered per layer; predictor mode also gathers its active slots.
     assert dense["compact (lists)"].launches == c.n_layers
     assert pred["compact (lists)"].launches == 2 * c.n_layers

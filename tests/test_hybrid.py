@@ -131,14 +131,21 @@ def test_half_on_the_gpu_side_matches_the_cpu_engine(relu, tmp_path, device, spa
         launches = info["kernel_launches"]
         fmt = str(dtype).split(".")[-1].lower()
         # The down pass over the nonzero activations gathered on the device (not in dense
-        # mode: nothing to gather); x quantized once per vector for a quantized format.
+        # mode: nothing to gather).
         entries = [f"gate_up_{fmt}", f"axpy_rows_{fmt}"]
         if sparsity != "dense":
             entries.append("compact_nonzero")
         else:
             assert "compact_nonzero" not in launches, launches
+        n_att = sum(hyb.plan.attention)
         if fmt not in ("f32", "f16", "bf16"):
-            entries.append("quantize_x")
+            # x quantized once per vector for a quantized format: a norm's output by the norm
+            # in its own launch (the FFN's, the attention's, the head's); quantize_x only for
+            # the attention's output before the o projection, once per GPU attention a step.
+            entries.append("quantize_x (in rms_norm)")
+            assert launches.get("quantize_x", 0) == n_att * info["steps"], launches
+        else:
+            assert not any(k.startswith("quantize_x") for k in launches), launches
         assert any(len(h) for h in hyb.plan.hot_neurons)
         if any(hyb.plan.attention):
             entries += ["attention_decode", "kv_store", "rms_norm"]
@@ -254,6 +261,52 @@ def test_the_hot_ffn_without_gathered_lists(relu, tmp_path, device, monkeypatch)
                 > 0
             )
             assert "compact_nonzero" not in launches and "compact_flags" not in launches
+
+
+#: The devices that batch launches into graphs (gpu-sim runs each launch at once).
+BATCHING = [d for d in DEVICES_WITH_EMU if d != "gpu-sim"]
+
+
+@pytest.mark.skipif(not BATCHING, reason="no gpu-emu in this build and no CUDA device")
+@pytest.mark.parametrize("device", BATCHING)
+def test_graphs_give_the_same_bits(relu, tmp_path, device, monkeypatch):
+    """POWERINFER_RS_GPU_GRAPHS=1: the launches between two host interactions run as one
+    batch (a CUDA graph on a GPU; on gpu-emu in order at the flush), each batch of a step
+    replaying the graph built for its number with only the changed nodes updated. Half of the
+    model on the GPU side (cold neurons on the CPU: a flush before each CPU part), in
+    exact-relu mode and in predictor mode with the predictors on the GPU: the logits are the
+    bits of the run without graphs, and on gpu-emu the same kernels ran, all inside batches."""
+    preds, sizes = random_gpu_predictors(relu, 32)
+    path = plan_for(relu, tmp_path / "pred.safetensors", 0.5, predictors=sizes)
+    prompt = [5, 17, 123, 42, 7, 250]
+    for sparsity in ("exact-relu", "predictor"):
+        extra = {"predictors": preds} if sparsity == "predictor" else {}
+        runs = {}
+        for graphs in ("0", "1"):
+            monkeypatch.setenv("POWERINFER_RS_GPU_GRAPHS", graphs)
+            hyb = Engine(relu, threads=2, sparsity=sparsity, plan=path, device=device, **extra)
+            logits, toks = greedy(hyb, prompt, 10)
+            runs[graphs] = (logits, toks, hyb.gpu_info())
+        (a, ta, plain), (b, tb, info) = runs["0"], runs["1"]
+        assert ta == tb, sparsity
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert np.array_equal(x.view(np.uint32), y.view(np.uint32)), f"{sparsity} step {i}"
+        launches, before = info["kernel_launches"], plain["kernel_launches"]
+        if launches is None:  # cuda: no counts
+            continue
+        assert not any(k.startswith("graph:") for k in before), before
+        kernels = {k: v for k, v in launches.items() if not k.startswith("graph:")}
+        assert kernels == before, sparsity
+        # Every launch ran inside a batch; each batch number's graph was built once (the
+        # first step) and replayed after, most nodes unchanged.
+        run = sum(v for k, v in kernels.items() if "(in " not in k)
+        assert launches["graph: kernels"] == run > 0
+        steps = info["steps"]
+        per_step = launches["graph: batches"] / steps
+        assert per_step >= sum(1 for h in hyb.plan.hot_neurons if len(h)), launches
+        assert launches["graph: built"] <= 2 * per_step, launches
+        assert launches["graph: replayed"] == launches["graph: batches"] - launches["graph: built"]
+        assert launches["graph: nodes updated"] < run / 3, launches
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -8,7 +8,9 @@
 #                                       at the kernels' edges, the set of entries run ==
 #                                       kernels::ALL; launches CUDA refuses are errors
 #   - crates/cuda/tests/emu_deadlock.rs a barrier part of a block never reaches: an error
-#   - crates/engine/tests/hybrid.rs     the hybrid executor on gpu-sim and gpu-emu, one body
+#   - crates/engine/tests/hybrid.rs     the hybrid executor on gpu-sim and gpu-emu, one body;
+#                                       without a sanitizer once more with graphs on
+#                                       (POWERINFER_RS_GPU_GRAPHS=1: crates/cuda/src/graph.rs)
 #
 # usage: bash benchmarks/gpu/emu.sh [--sanitize address|thread] [--quick]
 #   --sanitize address  the kernels built with AddressSanitizer and UndefinedBehaviorSanitizer
@@ -69,5 +71,10 @@ cargo test -p powerinfer-cuda --no-default-features --features emu \
 if [ "$QUICK" = 0 ]; then
     echo "== the hybrid executor on gpu-sim and gpu-emu (${SAN:-no sanitizer})"
     cargo test -p powerinfer-engine --no-default-features --features emu --test hybrid
+    if [ -z "$SAN" ]; then
+        echo "== the same with graphs on: launches batched between host interactions"
+        POWERINFER_RS_GPU_GRAPHS=1 cargo test -p powerinfer-engine --no-default-features \
+            --features emu --test hybrid
+    fi
 fi
 echo "== gpu-emu: passed (${SAN:-no sanitizer})"

@@ -100,6 +100,45 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// x quantized for the integer dots (sparse_matvec.cuh says how they read it): blocks of 32
+// values, XQ_BLOCK bytes each: h[32] and l[32], the signed bytes of the int16
+// q = round(x · XQ_MAX / max|x|) (ties to even; h = (q + 128) >> 8, l = q − 256·h), then the f32
+// scale max|x| / XQ_MAX, the f32 sums of x[0..16] and x[16..32], and the i32 Σq. A block with a
+// NaN or an infinity (or halves whose sum overflows) gets NaN header floats and zero quants; one
+// whose max|x| is below ~1e-34 (XQ_MAX / max|x| not finite) gets zero quants.
+#define XQ_BLOCK 80
+// Largest |q|: 127·256 + 127, so that q splits into two signed bytes (h = (q + 128) >> 8).
+#define XQ_MAX 32639.0f
+
+// One block of quantized x written by a whole warp, lane j holding value j of the block:
+// `quantize_x` (sparse_matvec.cu), and the norms (norm_rope.cu) for the values they store, so
+// that both write the same bytes for the same floats. Every lane of the warp must call it.
+__device__ __forceinline__ void quantize_block_warp(float v, u8* xb) {
+    const int lane = threadIdx.x % WARP;
+    const float amax = warp_max(fabsf(v));
+    float half = v;  // summed over each half-warp
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) half += __shfl_xor_sync(0xffffffffu, half, o);
+    const float other = __shfl_xor_sync(0xffffffffu, half, 16);
+    const float lo = lane < 16 ? half : other, hi = lane < 16 ? other : half;
+    const bool finite = isfinite(amax) && isfinite(lo + hi);
+    float inv = amax > 0.0f ? XQ_MAX / amax : 0.0f;
+    if (!isfinite(inv)) inv = 0.0f;  // max|x| below ~1e-34
+    const int q = finite ? __float2int_rn(v * inv) : 0;
+    const int h = (q + 128) >> 8;
+    xb[lane] = (u8)h;
+    xb[32 + lane] = (u8)(q - 256 * h);
+    const float qsum = warp_sum((float)q);  // |Σq| <= 32 · 32639 < 2^24: exact
+    if (lane == 0) {
+        const float nan = __int_as_float(0x7fc00000);
+        float* hd = (float*)(xb + 64);
+        hd[0] = finite ? amax / XQ_MAX : nan;
+        hd[1] = finite ? lo : nan;
+        hd[2] = finite ? hi : nan;
+        ((int*)hd)[3] = (int)qsum;
+    }
+}
+
 // Activation codes shared with the Rust side (powerinfer_cuda::Act).
 #define ACT_NONE 0
 #define ACT_RELU 1

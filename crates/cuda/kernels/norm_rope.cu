@@ -3,9 +3,14 @@
 // rms_norm: out = x / sqrt(mean(x^2) + eps) * w, one block per row (rows = gridDim.x, each n
 //   long), blockDim.x a multiple of 32 up to 1024; a thread's loads go NORM_BATCH at a time
 //   (below), the order of the sums unchanged.
+//   With xq (not null; n a multiple of 32) a norm also writes its output quantized for the
+//   integer dots (common.cuh's XQ_BLOCK blocks, row r's at xq + r * n / 32 * XQ_BLOCK), the
+//   bytes `quantize_x` would write for it: one launch fewer before each quantized matvec that
+//   reads a norm. Each warp of the output loop holds exactly one block of 32 consecutive values
+//   (blockDim.x is a multiple of 32), so it quantizes what it stores.
 // layer_norm: out = (x - mean) / sqrt(var + eps) * w + b with the biased variance
 //   mean((x - mean)^2) (OPT, Falcon), one block per row as rms_norm, two block reductions
-//   (the mean, then the variance around it).
+//   (the mean, then the variance around it); xq as rms_norm's.
 // rope: rotates the first 2 * n_pairs values of every head of x (n_heads x head_dim,
 //   contiguous) in place for position pos, the rest of each head unchanged (partial RoPE);
 //   style 0 = "norm" (adjacent pairs 2i, 2i+1: GGUF llama), 1 = "neox" (i, i + n_pairs: HF).
@@ -50,10 +55,21 @@ __device__ __forceinline__ void load_batch(const float* p, int i0, int n, float*
     }
 }
 
-KERNEL rms_norm(const float* x, const float* w, int n, float eps, float* out) {
+// Store value r of output element i (loop round i0, batch element j) and, with xq, quantize the
+// warp's block of 32 (uniform over the warp: n is then a multiple of 32, and the warp's
+// elements are 32 consecutive ones starting at a multiple of 32).
+__device__ __forceinline__ void store_norm(float* o, u8* xq, int i, int n, float r) {
+    if (i < n) o[i] = r;
+    if (xq != nullptr && i - (int)(threadIdx.x % WARP) < n) {
+        quantize_block_warp(r, xq + XQ_BLOCK * (i / QK));
+    }
+}
+
+KERNEL rms_norm(const float* x, const float* w, int n, float eps, float* out, u8* xq) {
     SHARED_ARRAY(float, partial, [WARP]);
     const float* xr = x + (i64)blockIdx.x * n;
     float* o = out + (i64)blockIdx.x * n;
+    u8* q = xq == nullptr ? nullptr : xq + (i64)blockIdx.x * (n / QK) * XQ_BLOCK;
     const int step = NORM_BATCH * blockDim.x;
     float ss = 0.0f;
     for (int i0 = threadIdx.x; i0 < n; i0 += step) {
@@ -68,18 +84,17 @@ KERNEL rms_norm(const float* x, const float* w, int n, float eps, float* out) {
         load_batch(xr, i0, n, v);
         load_batch(w, i0, n, g);
 #pragma unroll
-        for (int j = 0; j < NORM_BATCH; ++j) {
-            const int i = i0 + j * (int)blockDim.x;
-            if (i < n) o[i] = v[j] * scale * g[j];
-        }
+        for (int j = 0; j < NORM_BATCH; ++j) store_norm(o, q, i0 + j * (int)blockDim.x, n, v[j] * scale * g[j]);
     }
 }
 EMU_ENTRY(rms_norm)
 
-KERNEL layer_norm(const float* x, const float* w, const float* b, int n, float eps, float* out) {
+KERNEL layer_norm(const float* x, const float* w, const float* b, int n, float eps, float* out,
+                  u8* xq) {
     SHARED_ARRAY(float, partial, [WARP]);
     const float* xr = x + (i64)blockIdx.x * n;
     float* o = out + (i64)blockIdx.x * n;
+    u8* q = xq == nullptr ? nullptr : xq + (i64)blockIdx.x * (n / QK) * XQ_BLOCK;
     const int step = NORM_BATCH * blockDim.x;
     float s = 0.0f;
     for (int i0 = threadIdx.x; i0 < n; i0 += step) {
@@ -107,8 +122,8 @@ KERNEL layer_norm(const float* x, const float* w, const float* b, int n, float e
         load_batch(b, i0, n, c);
 #pragma unroll
         for (int j = 0; j < NORM_BATCH; ++j) {
-            const int i = i0 + j * (int)blockDim.x;
-            if (i < n) o[i] = (v[j] - mean) * scale * g[j] + c[j];
+            const float r = (v[j] - mean) * scale * g[j] + c[j];
+            store_norm(o, q, i0 + j * (int)blockDim.x, n, r);
         }
     }
 }

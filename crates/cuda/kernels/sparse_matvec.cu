@@ -85,12 +85,9 @@ __device__ __forceinline__ const T* stage_x(float* xs, const T* x, int cols) {
     return (const T*)xs;
 }
 
-// x quantized for the integer dots (sparse_matvec.cuh): a warp per block of 32 values, lane j
-// taking value j. scale = max|x| / XQ_MAX, q = round-to-nearest-even(x · (XQ_MAX / max|x|)) (0
-// for a block of zeros, and for one so small that XQ_MAX / max|x| overflows), h = (q + 128) >>
-// 8, l = q − 256·h; the sums of x over each half and Σq. A block holding a NaN or an infinity,
-// or whose sum overflows, gets a NaN scale and sums (its dots are NaN) and q = 0: the CPU
-// engine's rule.
+// x quantized for the integer dots (common.cuh's XQ_BLOCK rule, `quantize_block_warp`): a warp
+// per block of 32 values, lane j taking value j. The CPU engine's rule: q = 0 and NaN header
+// floats for a block holding a NaN or an infinity, q = 0 for one too small to scale.
 //
 // Launch: blockDim.x = 256, gridDim.x = ceil(cols / 32 / 8); cols a multiple of 32; xq holds
 // cols / 32 * XQ_BLOCK bytes.
@@ -98,30 +95,7 @@ KERNEL quantize_x(const float* x, int cols, u8* xq) {
     const int lane = threadIdx.x % WARP;
     const int b = blockIdx.x * (BLOCK_THREADS / WARP) + threadIdx.x / WARP;
     if (b >= cols / QK) return;  // whole warps
-    const float v = x[QK * b + lane];
-    const float amax = warp_max(fabsf(v));
-    float half = v;  // summed over each half-warp
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) half += __shfl_xor_sync(0xffffffffu, half, o);
-    const float other = __shfl_xor_sync(0xffffffffu, half, 16);
-    const float lo = lane < 16 ? half : other, hi = lane < 16 ? other : half;
-    const bool finite = isfinite(amax) && isfinite(lo + hi);
-    float inv = amax > 0.0f ? XQ_MAX / amax : 0.0f;
-    if (!isfinite(inv)) inv = 0.0f;  // max|x| below ~1e-34
-    const int q = finite ? __float2int_rn(v * inv) : 0;
-    const int h = (q + 128) >> 8;
-    u8* xb = xq + XQ_BLOCK * b;
-    xb[lane] = (u8)h;
-    xb[32 + lane] = (u8)(q - 256 * h);
-    const float qsum = warp_sum((float)q);  // |Σq| <= 32 · 32639 < 2^24: exact
-    if (lane == 0) {
-        const float nan = __int_as_float(0x7fc00000);
-        float* hd = (float*)(xb + 64);
-        hd[0] = finite ? amax / XQ_MAX : nan;
-        hd[1] = finite ? lo : nan;
-        hd[2] = finite ? hi : nan;
-        ((int*)hd)[3] = (int)qsum;
-    }
+    quantize_block_warp(x[QK * b + lane], xq + XQ_BLOCK * b);
 }
 EMU_ENTRY(quantize_x)
 

@@ -16,9 +16,8 @@
 // and for Q4_K/Q5_K's eight lanes of a super-block (blocks 2c, at words 40c + 4·(e % 2)).
 // Q6_K's lanes read blocks 4n + a with two lanes per 4-bank group: 2-way conflicts there.
 
-#define XQ_BLOCK 80
-// Largest |q|: 127·256 + 127, so that q splits into two signed bytes (h = (q + 128) >> 8).
-#define XQ_MAX 32639.0f
+// XQ_BLOCK and XQ_MAX, and the warp that writes a block (`quantize_block_warp`), are in
+// common.cuh: the norms write x's quantized copy as they write x (norm_rope.cu).
 
 // Four signed-byte products summed into c (`__dp4a`).
 __device__ __forceinline__ int dp4(u32 a, u32 b, int c) { return __dp4a((int)a, (int)b, c); }

@@ -273,6 +273,17 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn kernel_launches(&self) -> Option<std::collections::BTreeMap<String, u64>> {
         None
     }
+
+    /// Run the launches queued since the host last interacted with the device, where the
+    /// backend batches them into graphs ([`crate::graph`]; a copy, an allocation or
+    /// [`Backend::synchronize`] does it too); nothing elsewhere. The executor calls it before
+    /// CPU work that should overlap the queued GPU work.
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// A decode step begins: batches are numbered from 0 again (a graph is kept per number).
+    fn begin_step(&self) {}
 }
 
 /// One kernel launch: a variant per `extern "C"` entry of `kernels/*.cu`, its fields the
@@ -302,7 +313,7 @@ pub enum Launch<'a, B: Backend> {
     /// rows: `up_l` None), `act` with its FATReLU threshold; the up row not read when `g` is 0;
     /// ids (for `flags` and `bias`, each one entry per FFN neuron) live in `w` at `ids_l`, and a
     /// padding slot (id −1) gives 0 when either is given. `x` as [`XArg`] says for the format;
-    /// with `count` (written by [`Launch::CompactFlags`]) only the first min(count[0], n)
+    /// with `count` (written by [`Launch::CompactFlags`]) only the first `min(count[0], n)`
     /// outputs are computed, the others left as they are.
     GateUp {
         dtype: DType,
@@ -331,7 +342,7 @@ pub enum Launch<'a, B: Backend> {
     /// coefficient not read; `splits` blocks along the rows (gridDim.y). With one split the sum
     /// goes to `y`; with more, split `s` writes its partial sums to `part[s · cols ..]` (`part`
     /// holds at least splits · cols) and [`Launch::AddSplits`] adds them to `y`. With `count`
-    /// (a compacted list) the rows are the first min(count[0], n), in one split per 128 of them
+    /// (a compacted list) the rows are the first `min(count[0], n)`, in one split per 128 of them
     /// (at most `splits`: [`crate::ops::live_splits`]).
     AxpyRows {
         dtype: DType,
@@ -347,7 +358,7 @@ pub enum Launch<'a, B: Backend> {
         splits: usize,
     },
     /// `add_splits` (axpy_down.cu): `y[c] += Σ_s part[s · cols + c]` for s in 0..splits, in
-    /// that order; with `count`, over the live splits of min(count[0], n) rows.
+    /// that order; with `count`, over the live splits of `min(count[0], n)` rows.
     AddSplits {
         part: &'a B::Buf<f32>,
         splits: usize,
@@ -356,7 +367,7 @@ pub enum Launch<'a, B: Backend> {
         n: usize,
         y: &'a mut B::Buf<f32>,
     },
-    /// `compact_nonzero` (compact.cu): the entries k < min(count_in[0], n) (n without
+    /// `compact_nonzero` (compact.cu): the entries k < `min(count_in[0], n)` (n without
     /// `count_in`) with `a[k] != 0`, in order: `out_idx[j] = idx[k]` (k without `idx`),
     /// `out_a[j] = a[k]`, `count[0]` = how many.
     CompactNonzero {
@@ -392,7 +403,9 @@ pub enum Launch<'a, B: Backend> {
         flags: &'a mut B::Buf<i32>,
         logits: Option<&'a mut B::Buf<f32>>,
     },
-    /// `rms_norm` (norm_rope.cu) over `rows` rows of `n`: `out = x / sqrt(mean(x²) + eps) · w`.
+    /// `rms_norm` (norm_rope.cu) over `rows` rows of `n`: `out = x / sqrt(mean(x²) + eps) · w`;
+    /// with `xq` also `out` quantized for the integer dots, the bytes [`Launch::QuantizeX`]
+    /// writes for it (row r's blocks after row r − 1's; `n` a multiple of 32).
     RmsNorm {
         x: &'a B::Buf<f32>,
         w: &'a B::Buf<f32>,
@@ -400,9 +413,10 @@ pub enum Launch<'a, B: Backend> {
         n: usize,
         eps: f32,
         out: &'a mut B::Buf<f32>,
+        xq: Option<&'a mut B::Buf<u8>>,
     },
     /// `layer_norm` (norm_rope.cu) over `rows` rows of `n`: `out = (x − mean) / sqrt(var + eps)
-    /// · w + b`, the biased variance.
+    /// · w + b`, the biased variance; `xq` as [`Launch::RmsNorm`]'s.
     LayerNorm {
         x: &'a B::Buf<f32>,
         w: &'a B::Buf<f32>,
@@ -411,6 +425,7 @@ pub enum Launch<'a, B: Backend> {
         n: usize,
         eps: f32,
         out: &'a mut B::Buf<f32>,
+        xq: Option<&'a mut B::Buf<u8>>,
     },
     /// `rope` (norm_rope.cu): rotate the first `2 · inv_freqs.len()` values of every head of
     /// `x` in place for position `pos`, pair i by `pos · inv_freqs[i]` (in f64; at most
@@ -517,6 +532,17 @@ pub enum Launch<'a, B: Backend> {
 }
 
 impl<B: Backend> Launch<'_, B> {
+    /// What a launch does besides its own kernel's work, for the launch counts the tests read
+    /// (the emulator's [`Backend::kernel_launches`]): "quantize_x (in rms_norm)" for a norm
+    /// that quantizes its output in the same launch.
+    pub fn fused(&self) -> Option<&'static str> {
+        match self {
+            Launch::RmsNorm { xq: Some(_), .. } => Some("quantize_x (in rms_norm)"),
+            Launch::LayerNorm { xq: Some(_), .. } => Some("quantize_x (in layer_norm)"),
+            _ => None,
+        }
+    }
+
     /// The kernel's entry name, e.g. "sparse_matvec_q4_0" (for messages and the launch tests).
     pub fn entry(&self) -> String {
         use crate::kernels::{dtype_suffix, kv_entry};

@@ -1,6 +1,7 @@
 //! The raw launch on a GPU (feature `cuda`): the [`LaunchSpec`] of a checked [`Launch`]
 //! (`launch_spec.rs`, the description the emulator runs too) handed to `cuLaunchKernel` on
-//! the device's stream. Nothing here waits for the GPU.
+//! the device's stream, or queued for the next graph batch when graphs are on
+//! ([`crate::graph`]). Nothing here waits for the GPU.
 
 use cudarc::driver::result;
 use powerinfer_core::Result;
@@ -14,7 +15,11 @@ impl CudaDevice {
     ///
     /// [`Backend::launch`]: crate::Backend::launch
     pub(crate) fn launch_kernel(&self, launch: Launch<'_, CudaDevice>) -> Result<()> {
-        let mut spec = launch_spec(self, launch)?;
+        let spec = launch_spec(self, launch)?;
+        // With graphs on, queued for the next batch (crate::graph).
+        let Some(mut spec) = self.queue(spec) else {
+            return Ok(());
+        };
         let f = self.function(spec.module, &spec.entry)?;
         let mut params = spec.args.pointers();
         self.bind()?;

@@ -17,7 +17,10 @@ use cudarc::nvrtc::Ptx;
 use powerinfer_core::{ensure, Error, Result};
 
 use crate::backend::{Backend, Checked, DeviceSlice, Elem, Launch};
+use crate::cuda_graph::{CudaGraph, CudaGraphs};
+use crate::graph::{graphs_from_env, GraphQueue, GraphStats};
 use crate::kernels::KernelSource;
+use crate::launch_spec::LaunchSpec;
 use crate::layout::{align, parse_device, RowLayout};
 use crate::nvrtc;
 use crate::staging::{DownloadStaging, UploadStaging, STAGING_BYTES};
@@ -77,6 +80,9 @@ struct Inner {
     upload: Mutex<UploadStaging>,
     /// Pinned buffer for reads of at most [`STAGING_BYTES`].
     download: Mutex<DownloadStaging>,
+    /// Launches queued for the next batch, and the graphs kept, with graphs on
+    /// ([`crate::graph`]).
+    graphs: Mutex<GraphQueue<CudaGraph>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -137,6 +143,7 @@ impl CudaDevice {
                 allocated: Arc::new(AtomicUsize::new(0)),
                 upload,
                 download,
+                graphs: Mutex::new(GraphQueue::new(graphs_from_env())),
             }),
         };
         // Every module now (compiled, or read from the disk cache, and loaded), so a missing
@@ -169,6 +176,22 @@ impl CudaDevice {
 
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
         &self.inner.stream
+    }
+
+    /// The device's context.
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.inner.ctx
+    }
+
+    /// The counters of the batches run as graphs, when graphs are on ([`crate::graph`]).
+    pub fn graph_stats(&self) -> Option<GraphStats> {
+        let q = lock(&self.inner.graphs);
+        q.on().then(|| q.stats())
+    }
+
+    /// Queue `spec` for the next batch when graphs are on; else hand it back to launch now.
+    pub(crate) fn queue(&self, spec: LaunchSpec) -> Option<LaunchSpec> {
+        lock(&self.inner.graphs).queue(spec)
     }
 
     /// Make this device's context current on the calling thread (raw driver calls need it).
@@ -311,6 +334,7 @@ impl Backend for CudaDevice {
     }
 
     fn zeros<T: Elem>(&self, len: usize) -> Result<CudaBuffer<T>> {
+        self.flush()?;
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
             .ok_or_else(|| Error::Shape(format!("{len} elements overflow")))?;
@@ -341,6 +365,7 @@ impl Backend for CudaDevice {
     /// before later ones).
     fn write<T: Elem>(&self, host: &[T], dst: &mut CudaBuffer<T>, at: usize) -> Result<()> {
         check_range(at, host.len(), dst.len, "writing")?;
+        self.flush()?;
         if host.is_empty() {
             return Ok(());
         }
@@ -363,6 +388,7 @@ impl Backend for CudaDevice {
     /// first either way.
     fn read<T: Elem>(&self, src: &CudaBuffer<T>, at: usize, out: &mut [T]) -> Result<()> {
         check_range(at, out.len(), src.len, "reading")?;
+        self.flush()?;
         if out.is_empty() {
             return self.synchronize();
         }
@@ -381,6 +407,7 @@ impl Backend for CudaDevice {
     }
 
     fn synchronize(&self) -> Result<()> {
+        self.flush()?;
         self.inner
             .stream
             .synchronize()
@@ -389,6 +416,15 @@ impl Backend for CudaDevice {
 
     fn launch(&self, launch: Launch<'_, Self>, _checked: Checked) -> Result<()> {
         self.launch_kernel(launch)
+    }
+
+    /// The queued batch as a graph ([`crate::graph`]), with graphs on.
+    fn flush(&self) -> Result<()> {
+        lock(&self.inner.graphs).flush(&CudaGraphs(self))
+    }
+
+    fn begin_step(&self) {
+        lock(&self.inner.graphs).begin_step();
     }
 
     fn addr<T: Elem>(&self, buf: &CudaBuffer<T>) -> u64 {

@@ -9,8 +9,11 @@
 //!
 //! It is slow (a thread per CUDA thread) and meant for tests and for checking a plan's kernels
 //! without a GPU; under `benchmarks/gpu/emu.sh --sanitize address|thread` the same launches run
-//! under the sanitizers. What it cannot show: PTX and the driver, streams and events, the GPU's
-//! weak memory ordering and speed.
+//! under the sanitizers. With graphs on ([`crate::graph::GRAPHS_ENV`]) it batches launches as
+//! the CUDA device does and runs each batch in order at the flush, so the executor's flush
+//! points (a read before the queued work ran would see stale data) and the graph bookkeeping
+//! are tested here. What it cannot show: PTX and the driver, streams and events, the graphs
+//! themselves, the GPU's weak memory ordering and speed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_char, c_int, c_void, CString};
@@ -19,6 +22,7 @@ use std::sync::Mutex;
 use powerinfer_core::{Error, Result};
 
 use crate::backend::{Backend, Checked, Elem, Launch};
+use crate::graph::{graphs_from_env, GraphQueue, GraphRunner};
 use crate::host::{HostBackend, HostBuf};
 use crate::launch_spec::{launch_spec, LaunchSpec};
 
@@ -47,6 +51,10 @@ pub struct EmuBackend {
     mem: HostBackend,
     /// Launches so far, by kernel entry.
     launched: Mutex<BTreeMap<String, u64>>,
+    /// Work done inside another kernel's launch so far ([`Launch::fused`]).
+    fused: Mutex<BTreeMap<String, u64>>,
+    /// Launches queued for the next batch, with graphs on.
+    graphs: Mutex<GraphQueue<()>>,
 }
 
 impl Default for EmuBackend {
@@ -58,10 +66,18 @@ impl Default for EmuBackend {
 impl EmuBackend {
     /// An emulator whose buffers may total at most `capacity` bytes (each rounded up to 256),
     /// or unlimited.
+    /// Graphs on when [`crate::graph::GRAPHS_ENV`] says so.
     pub fn new(capacity: Option<usize>) -> EmuBackend {
+        EmuBackend::batching(capacity, graphs_from_env())
+    }
+
+    /// [`EmuBackend::new`] with graphs on or off whatever the environment says.
+    pub fn batching(capacity: Option<usize>, graphs: bool) -> EmuBackend {
         EmuBackend {
             mem: HostBackend::named(GPU_EMU, capacity),
             launched: Mutex::new(BTreeMap::new()),
+            fused: Mutex::new(BTreeMap::new()),
+            graphs: Mutex::new(GraphQueue::new(graphs)),
         }
     }
 
@@ -80,12 +96,7 @@ impl EmuBackend {
     /// CUDA's limits) or a thread of it failed (a barrier part of a block never reached, a
     /// shuffle from a returned lane).
     pub fn run(&self, mut spec: LaunchSpec) -> Result<()> {
-        *self
-            .launched
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(spec.entry.clone())
-            .or_insert(0) += 1;
+        count(&self.launched, &spec.entry);
         let entry = CString::new(spec.entry.clone())
             .map_err(|_| Error::Cuda(format!("gpu-emu: kernel name {:?}", spec.entry)))?;
         let sizes = spec.args.sizes();
@@ -152,25 +163,44 @@ impl Backend for EmuBackend {
 
     /// An exact-size allocation of its own (the address sanitizer's redzones around it).
     fn zeros<T: Elem>(&self, len: usize) -> Result<HostBuf<T>> {
+        self.flush()?;
         self.mem.zeros(len)
     }
 
     fn write<T: Elem>(&self, host: &[T], dst: &mut HostBuf<T>, at: usize) -> Result<()> {
+        self.flush()?;
         self.mem.write(host, dst, at)
     }
 
     fn read<T: Elem>(&self, src: &HostBuf<T>, at: usize, out: &mut [T]) -> Result<()> {
+        self.flush()?;
         self.mem.read(src, at, out)
     }
 
-    /// Launches finish before they return.
+    /// Launches finish before they return (queued ones at this flush).
     fn synchronize(&self) -> Result<()> {
-        Ok(())
+        self.flush()
     }
 
     fn launch(&self, launch: Launch<'_, Self>, _checked: Checked) -> Result<()> {
+        let fused = launch.fused();
         let spec = launch_spec(self, launch)?;
-        self.run(spec)
+        if let Some(what) = fused {
+            count(&self.fused, what);
+        }
+        let now = lock(&self.graphs).queue(spec);
+        match now {
+            Some(spec) => self.run(spec),
+            None => Ok(()),
+        }
+    }
+
+    fn flush(&self) -> Result<()> {
+        lock(&self.graphs).flush(&EmuGraphs(self))
+    }
+
+    fn begin_step(&self) {
+        lock(&self.graphs).begin_step();
     }
 
     fn addr<T: Elem>(&self, buf: &HostBuf<T>) -> u64 {
@@ -181,12 +211,45 @@ impl Backend for EmuBackend {
         self.mem.addr_mut(buf)
     }
 
+    /// Launches per entry (run so far), per fused step ([`Launch::fused`]: "quantize_x (in
+    /// rms_norm)"), and with graphs on the batches' counters ("graph: batches", "graph:
+    /// built", "graph: replayed", "graph: nodes updated", "graph: kernels").
     fn kernel_launches(&self) -> Option<BTreeMap<String, u64>> {
-        Some(
-            self.launched
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
-        )
+        let mut all = lock(&self.launched).clone();
+        all.extend(lock(&self.fused).iter().map(|(k, v)| (k.clone(), *v)));
+        let graphs = lock(&self.graphs);
+        if graphs.on() {
+            all.extend(graphs.stats().entries().map(|(k, v)| (k.to_string(), v)));
+        }
+        Some(all)
     }
+}
+
+/// The emulator's graphs: nothing to build or update; a batch runs launch after launch.
+struct EmuGraphs<'a>(&'a EmuBackend);
+
+impl GraphRunner for EmuGraphs<'_> {
+    type Graph = ();
+
+    fn build(&self, _batch: &[LaunchSpec]) -> Result<()> {
+        Ok(())
+    }
+
+    fn update(&self, _graph: &mut (), _i: usize, _spec: &LaunchSpec) -> Result<()> {
+        Ok(())
+    }
+
+    fn run(&self, _graph: &(), batch: &[LaunchSpec]) -> Result<()> {
+        batch.iter().try_for_each(|spec| self.0.run(spec.clone()))
+    }
+}
+
+/// A lock, through a poisoned one (a panicking test thread leaves counts that are still good).
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One more launch of `what` in `counts`.
+fn count(counts: &Mutex<BTreeMap<String, u64>>, what: &str) {
+    *lock(counts).entry(what.to_string()).or_insert(0) += 1;
 }

@@ -35,7 +35,7 @@ pub const ATT_GROUP: usize = 4;
 
 /// A kernel's arguments packed as `cuLaunchKernel` takes them: each value in its own 8-byte
 /// aligned slot, in the kernel's parameter order.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KernelArgs {
     words: Vec<u64>,
     /// (first word, bytes) of each argument.
@@ -429,13 +429,16 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             n,
             eps,
             out,
+            xq,
         } => {
-            // rms_norm(x, w, n, eps, out): block b reads row b of x, writes row b of out.
+            // rms_norm(x, w, n, eps, out, xq): block b reads row b of x, writes row b of out
+            // (and, xq not null, its blocks of quantized x; n a multiple of 32).
             a.ptr(dev.addr(x))
                 .ptr(dev.addr(w))
                 .i32(to_i32(n, "n")?)
                 .f32(eps);
-            a.ptr(dev.addr_mut(out));
+            a.ptr(dev.addr_mut(out))
+                .ptr(xq.map_or(0, |q| dev.addr_mut(q)));
             let blocks = [to_i32(rows, "rows")? as u32, 1];
             let entry = "rms_norm".to_string();
             spec(&kernels::NORM_ROPE, entry, blocks, NORM_THREADS, 0, a)
@@ -448,10 +451,13 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             n,
             eps,
             out,
+            xq,
         } => {
-            // layer_norm(x, w, b, n, eps, out): block r reads row r of x, writes row r of out.
+            // layer_norm(x, w, b, n, eps, out, xq): block r reads row r of x, writes row r of
+            // out (and its quantized blocks as rms_norm).
             a.ptr(dev.addr(x)).ptr(dev.addr(w)).ptr(dev.addr(b));
             a.i32(to_i32(n, "n")?).f32(eps).ptr(dev.addr_mut(out));
+            a.ptr(xq.map_or(0, |q| dev.addr_mut(q)));
             let blocks = [to_i32(rows, "rows")? as u32, 1];
             let entry = "layer_norm".to_string();
             spec(&kernels::NORM_ROPE, entry, blocks, NORM_THREADS, 0, a)

@@ -22,6 +22,7 @@
 
 pub mod alloc_plan;
 pub mod backend;
+pub mod graph;
 pub mod host;
 pub mod kernels;
 pub mod launch_spec;
@@ -32,6 +33,8 @@ pub mod repack;
 #[cfg(feature = "emu")]
 pub mod emu;
 
+#[cfg(feature = "cuda")]
+mod cuda_graph;
 #[cfg(feature = "cuda")]
 mod cuda_launch;
 #[cfg(feature = "cuda")]

@@ -837,6 +837,7 @@ fn launches_cuda_would_refuse_are_errors() {
         n: 64,
         eps: 1e-5,
         out: &mut out,
+        xq: None,
     };
     let mut s = launch_spec(&dev, launch).unwrap();
     s.shared_bytes = 48 * 1024;

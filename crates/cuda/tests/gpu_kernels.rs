@@ -87,6 +87,11 @@ macro_rules! on_each_cuda_device {
     }};
 }
 
+/// The bit patterns of `v` (NaNs compared as bits).
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|f| f.to_bits()).collect()
+}
+
 /// Deterministic pseudo-random values in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
     powerinfer_core::testing::pseudo_random(n, seed)
@@ -622,6 +627,85 @@ fn predictor<B: Backend>(dev: &B) {
             assert_eq!(flags[j] != 0, logits[j] >= threshold, "flag {j}");
         }
     }
+}
+
+#[test]
+fn norms_quantize_their_output_as_quantize_x() {
+    on_each_backend!(norms_quantize);
+}
+
+/// A norm with `xq` writes the same floats as without, and exactly the bytes `quantize_x` writes
+/// for them: rows of 13 blocks (one round of the kernel's output loop, most warps idle) and of
+/// 4,160 values (three rounds of 256 threads × 8), a block 1e30 times smaller than the rest,
+/// a row with a NaN.
+fn norms_quantize<B: Backend>(dev: &B) {
+    use powerinfer_cuda::layout::xq_bytes;
+    for (n, rows) in [(32 * 13, 3), (4160, 2)] {
+        let mut x = values(rows * n, 31 + n as u64);
+        // Row 0's block 1 far smaller than the rest (each block is scaled by its own max).
+        for v in &mut x[32..64] {
+            *v *= 1e-30;
+        }
+        // The last row with a NaN: all of its values and blocks NaN (q = 0, NaN scales).
+        x[rows * n - 5] = f32::NAN;
+        let (w, b) = (values(n, 32), values(n, 33));
+        let (dx, dw, db) = (
+            dev.upload(&x).unwrap(),
+            dev.upload(&w).unwrap(),
+            dev.upload(&b).unwrap(),
+        );
+        for layer in [false, true] {
+            let (mut plain, mut fused) = (
+                dev.zeros::<f32>(rows * n).unwrap(),
+                dev.zeros::<f32>(rows * n).unwrap(),
+            );
+            // Prefilled with 0xff bytes: every byte must be written.
+            let mut xq = dev.upload(&vec![0xffu8; rows * xq_bytes(n)]).unwrap();
+            if layer {
+                dev.layer_norm(&dx, &dw, &db, rows, 1e-5, &mut plain)
+                    .unwrap();
+                dev.layer_norm_quantized(&dx, &dw, &db, rows, 1e-5, &mut fused, &mut xq)
+                    .unwrap();
+            } else {
+                dev.rms_norm(&dx, &dw, rows, 1e-5, &mut plain).unwrap();
+                dev.rms_norm_quantized(&dx, &dw, rows, 1e-5, &mut fused, &mut xq)
+                    .unwrap();
+            }
+            let what = format!("{} n {n}", if layer { "layer_norm" } else { "rms_norm" });
+            let out = dev.download(&fused).unwrap();
+            assert_eq!(bits(&out), bits(&dev.download(&plain).unwrap()), "{what}");
+            let got = dev.download(&xq).unwrap();
+            let mut want = Vec::new();
+            for row in out.chunks_exact(n) {
+                let dr = dev.upload(row).unwrap();
+                let mut q = dev.zeros::<u8>(xq_bytes(n)).unwrap();
+                dev.quantize_x(&dr, &mut q).unwrap();
+                want.extend(dev.download(&q).unwrap());
+            }
+            assert_eq!(got, want, "{what}: the quantized bytes");
+            // Not all zeros: a fused path that wrote nothing of use would show.
+            assert!(
+                got.iter().filter(|&&b| b != 0).count() > got.len() / 2,
+                "{what}"
+            );
+        }
+        // Rows not of whole blocks, or too few bytes, are refused.
+        let mut short = dev.zeros::<u8>(rows * xq_bytes(n) - 1).unwrap();
+        let mut out = dev.zeros::<f32>(rows * n).unwrap();
+        let err = dev.rms_norm_quantized(&dx, &dw, rows, 1e-5, &mut out, &mut short);
+        assert!(matches!(err, Err(Error::Shape(_))), "{err:?}");
+    }
+    let odd = 33;
+    let (dx, dw) = (
+        dev.upload(&values(odd, 1)).unwrap(),
+        dev.upload(&values(odd, 2)).unwrap(),
+    );
+    let (mut out, mut q) = (
+        dev.zeros::<f32>(odd).unwrap(),
+        dev.zeros::<u8>(160).unwrap(),
+    );
+    let err = dev.rms_norm_quantized(&dx, &dw, 1, 1e-5, &mut out, &mut q);
+    assert!(matches!(err, Err(Error::Shape(_))), "{err:?}");
 }
 
 #[test]

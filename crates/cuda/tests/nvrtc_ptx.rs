@@ -191,6 +191,7 @@ fn every_spec() -> Vec<LaunchSpec> {
         n: 64,
         eps: 1e-5,
         out: &mut c,
+        xq: None,
     };
     out.push(launch_spec(&dev, launch).unwrap());
     let launch = Launch::LayerNorm {
@@ -201,6 +202,7 @@ fn every_spec() -> Vec<LaunchSpec> {
         n: 64,
         eps: 1e-5,
         out: &mut c,
+        xq: None,
     };
     out.push(launch_spec(&dev, launch).unwrap());
     let launch = Launch::Rope {

@@ -184,7 +184,7 @@ pub struct MoeCall<'a> {
     /// The layer (for the profiler and the neuron store).
     pub layer: usize,
     /// A neuron store holding the routed experts' rows (one token, dense or exact-relu):
-    /// [`store_decode`] reads them from it.
+    /// `store_decode` reads them from it.
     pub store: Option<&'a NeuronStore>,
     /// Exact-relu inside the experts (with a store: the gates come from the mapped rows).
     pub exact: bool,

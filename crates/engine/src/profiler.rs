@@ -18,7 +18,7 @@ pub struct Captured {
 /// Counters (and optional captures) filled by the forward pass.
 #[derive(Clone, Debug)]
 pub struct Profiler {
-    /// [layer][neuron]: tokens in which the neuron was active.
+    /// `[layer][neuron]`: tokens in which the neuron was active.
     pub counts: Vec<Vec<u64>>,
     /// Tokens counted.
     pub tokens: u64,
@@ -33,7 +33,7 @@ pub struct Profiler {
     pub sites: Vec<[Vec<f32>; 4]>,
     /// The output head's input rows (with `capture_sites`).
     pub output_in: Vec<f32>,
-    /// Mixture-of-experts models: [layer][expert], tokens routed to the expert (empty for a
+    /// Mixture-of-experts models: `[layer][expert]`, tokens routed to the expert (empty for a
     /// dense model). `counts` then covers the flattened neuron space, neuron `e·expert_ffn +
     /// j` being neuron j of expert e, counted in the tokens routed to e.
     pub expert_counts: Vec<Vec<u64>>,

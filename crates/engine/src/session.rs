@@ -178,7 +178,7 @@ impl Session {
     /// Run the placement's GPU side on `device`: "cpu" (no GPU: the plan's neuron table is
     /// kept but everything runs on the CPU), "gpu-sim" (the host backend, for checking a GPU
     /// plan without a GPU), "gpu-emu" (the CUDA kernels run on the CPU by the emulator) or
-    /// "cuda[:N]". `capacity` is the VRAM budget (and gpu-sim's memory
+    /// `"cuda[:N]"`. `capacity` is the VRAM budget (and gpu-sim's memory
     /// size). A GPU device needs a placement; a placement that puts nothing on the GPU runs
     /// the CPU path on any device. Errors leave the session on the CPU.
     pub fn set_device(&mut self, device: &str, capacity: Option<usize>) -> Result<()> {

@@ -196,7 +196,7 @@ fn row_has_non_finite(dtype: DType, row: &[u8]) -> bool {
     }
 }
 
-/// The first row of `w` holding a NaN or an infinity (see [`row_has_non_finite`]).
+/// The first row of `w` holding a NaN or an infinity (see `row_has_non_finite`).
 pub fn first_non_finite_row(w: &Weight) -> Option<usize> {
     (0..w.rows)
         .into_par_iter()

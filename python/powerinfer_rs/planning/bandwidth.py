@@ -13,8 +13,10 @@ Per GPU layer and token, in the sparsity mode the engine runs (see :func:`gpu_tr
 - ``compact (lists)``: the down pass's rows gathered on the GPU (every hot activation read, the
   nonzero ones' slot and value written) and, in predictor mode, the active hot slots (every
   slot's id and flag read, the active ones written): one launch each;
-- ``quantize_x``: the input of each quantized matvec (the q/k/v and o projections, gate/up, the
-  head) read as floats and written as int16 blocks of 80 bytes per 32 values, once per vector;
+- ``quantize_x``: the attention's output before a quantized o projection, read as floats and
+  written as int16 blocks of 80 bytes per 32 values; the inputs that come out of a norm (q/k/v,
+  gate/up, the head) are quantized by the norm in its own launch (their 80 bytes per 32 values
+  counted under ``norms / rope / adds``, no launch);
 - ``output head``: the vocabulary's rows, where the GPU holds it;
 - ``norms / rope / adds``: the f32 vectors they read and write (small).
 
@@ -91,9 +93,10 @@ def gpu_traffic(
             add("attention_decode", 2 * ctx * kv * elem + 2 * c.n_heads * c.head_dim * 4)
             add("norms / rope / adds", 4 * c.dim * 4 * 3, 4)
             q_dim = c.n_heads * c.head_dim
-            for inputs, group in ((c.dim, names[:3]), (q_dim, names[3:])):
-                if any(shape.dtype(f"blk.{i}.{n}").upper() not in FLOAT_DTYPES for n in group):
-                    add("quantize_x", 4 * inputs + xq_bytes(inputs))
+            if any(shape.dtype(f"blk.{i}.{n}").upper() not in FLOAT_DTYPES for n in names[:3]):
+                add("norms / rope / adds", xq_bytes(c.dim), 0)  # written by the norm
+            if shape.dtype(f"blk.{i}.attn_output").upper() not in FLOAT_DTYPES:
+                add("quantize_x", 4 * q_dim + xq_bytes(q_dim))
         ids = np.asarray(plan.gpu_neurons[i], dtype=np.int64)
         if ids.size == 0:
             continue
@@ -105,7 +108,7 @@ def gpu_traffic(
         rows_gate = {"dense": ids.size, "exact-relu": ids.size}.get(mode, fires)
         rows_up = ids.size if mode == "dense" else fires
         if shape.dtype(f"blk.{i}.ffn_up").upper() not in FLOAT_DTYPES:
-            add("quantize_x", 4 * c.dim + xq_bytes(c.dim))
+            add("norms / rope / adds", xq_bytes(c.dim), 0)  # written by the FFN's norm
         # The rows of the down pass gathered (every hot activation read, 8 bytes per row
         # written), and in predictor mode the active slots (every slot's id and flag read).
         add("compact (lists)", 4 * ids.size + 8 * rows_up)
@@ -121,7 +124,7 @@ def gpu_traffic(
     if pl.output:
         add("output head", shape.tensor_bytes("output") + 4 * c.vocab_size, 1)
         if shape.dtype("output").upper() not in FLOAT_DTYPES:
-            add("quantize_x", 4 * c.dim + xq_bytes(c.dim))
+            add("norms / rope / adds", xq_bytes(c.dim), 0)  # written by the final norm
     return [KernelTraffic(k, v[0], int(v[1])) for k, v in totals.items()]
 
 

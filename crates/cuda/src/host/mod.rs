@@ -459,13 +459,14 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             n,
             eps,
             out,
+            xq,
         } => {
             let total = view::product(rows, n, "rows × n")?;
             let x = prefix(&x.data, total, "x")?;
             let w = prefix(&w.data, n, "w")?;
             let out = prefix_mut(&mut out.data, total, "out")?;
             norm_rope::rms_norm(x, w, n, eps, out);
-            Ok(())
+            norm_rope::quantize_rows(out, n, xq.map(|q| &mut q.data[..]))
         }
         Launch::LayerNorm {
             x,
@@ -475,6 +476,7 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             n,
             eps,
             out,
+            xq,
         } => {
             let total = view::product(rows, n, "rows × n")?;
             let x = prefix(&x.data, total, "x")?;
@@ -482,7 +484,7 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             let b = prefix(&b.data, n, "b")?;
             let out = prefix_mut(&mut out.data, total, "out")?;
             norm_rope::layer_norm(x, [w, b], eps, out);
-            Ok(())
+            norm_rope::quantize_rows(out, n, xq.map(|q| &mut q.data[..]))
         }
         Launch::Rope {
             x,

@@ -1,5 +1,9 @@
 //! `rms_norm`, `layer_norm` and `rope` (norm_rope.cu) on f32 rows.
 
+use powerinfer_core::Result;
+
+use crate::layout::xq_bytes;
+
 /// `out = x / sqrt(mean(x²) + eps) · w` for every row of `n` values of `x` (the sum of
 /// squares in f64, as the CPU engine's RMSNorm).
 pub(super) fn rms_norm(x: &[f32], w: &[f32], n: usize, eps: f32, out: &mut [f32]) {
@@ -30,6 +34,24 @@ pub(super) fn layer_norm(x: &[f32], [w, b]: [&[f32]; 2], eps: f32, out: &mut [f3
             *o = ((v as f64 - mean) * scale) as f32 * g + c;
         }
     }
+}
+
+/// With `xq`, every row of `n` values of a norm's `out` quantized for the integer dots as
+/// `quantize_x` quantizes it, row r's blocks after row r − 1's (the norm kernels' `xq`).
+pub(super) fn quantize_rows(out: &[f32], n: usize, xq: Option<&mut [u8]>) -> Result<()> {
+    let Some(xq) = xq else {
+        return Ok(());
+    };
+    if n == 0 {
+        return Ok(());
+    }
+    let per_row = xq_bytes(n);
+    let need = out.len() / n * per_row;
+    let xq = super::view::prefix_mut(xq, need, "xq")?;
+    for (row, q) in out.chunks_exact(n).zip(xq.chunks_exact_mut(per_row)) {
+        super::rows::quantize_x(row, n, q)?;
+    }
+    Ok(())
 }
 
 /// Rotate the first `2 · inv_freqs.len()` values of every head of `x` (heads of `head_dim`,
@@ -95,6 +117,7 @@ mod tests {
                     n,
                     eps,
                     out,
+                    xq: None,
                 },
             )
         };
@@ -136,6 +159,7 @@ mod tests {
                     n,
                     eps,
                     out,
+                    xq: None,
                 },
             )
         };

@@ -213,7 +213,22 @@ pub trait GpuOps: Backend {
         eps: f32,
         out: &mut Self::Buf<f32>,
     ) -> Result<()> {
-        norm_rope::rms_norm(self, x, w, rows, eps, out)
+        norm_rope::rms_norm(self, x, w, rows, eps, out, None)
+    }
+
+    /// [`rms_norm`](Self::rms_norm), and `out` quantized into `xq` in the same launch (the
+    /// bytes [`quantize_x`](Self::quantize_x) would write for it, row after row; rows of whole
+    /// blocks of 32): the quantized matvecs reading a norm need no launch of their own.
+    fn rms_norm_quantized(
+        &self,
+        x: &Self::Buf<f32>,
+        w: &Self::Buf<f32>,
+        rows: usize,
+        eps: f32,
+        out: &mut Self::Buf<f32>,
+        xq: &mut Self::Buf<u8>,
+    ) -> Result<()> {
+        norm_rope::rms_norm(self, x, w, rows, eps, out, Some(xq))
     }
 
     /// LayerNorm of `rows` rows of `w.len()` values: `out = (x − mean) / sqrt(var + eps) · w +
@@ -227,7 +242,22 @@ pub trait GpuOps: Backend {
         eps: f32,
         out: &mut Self::Buf<f32>,
     ) -> Result<()> {
-        norm_rope::layer_norm(self, x, w, b, rows, eps, out)
+        norm_rope::layer_norm(self, x, w, b, rows, eps, out, None)
+    }
+
+    /// [`layer_norm`](Self::layer_norm), and `out` quantized into `xq` in the same launch (as
+    /// [`rms_norm_quantized`](Self::rms_norm_quantized)).
+    fn layer_norm_quantized(
+        &self,
+        x: &Self::Buf<f32>,
+        w: &Self::Buf<f32>,
+        b: &Self::Buf<f32>,
+        rows: usize,
+        eps: f32,
+        out: &mut Self::Buf<f32>,
+        xq: &mut Self::Buf<u8>,
+    ) -> Result<()> {
+        norm_rope::layer_norm(self, x, w, b, rows, eps, out, Some(xq))
     }
 
     /// Rotate every head of `x` (n_heads × head_dim) in place for position `pos`: pair i of

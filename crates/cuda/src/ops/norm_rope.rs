@@ -4,12 +4,15 @@
 use powerinfer_core::{ensure, Result, RopeStyle};
 
 use crate::backend::{Backend, Checked, DeviceSlice, Launch};
+use crate::layout::xq_bytes;
 
 /// The most rotated pairs per head the `rope` kernel takes (`MAX_ROPE_PAIRS` in norm_rope.cu:
 /// heads up to 512 values).
 pub const MAX_ROPE_PAIRS: usize = 256;
 
-/// RMSNorm of `rows` rows of `w.len()` values: `out = x / sqrt(mean(x²) + eps) · w`.
+/// RMSNorm of `rows` rows of `w.len()` values: `out = x / sqrt(mean(x²) + eps) · w`; with `xq`
+/// also `out` quantized for the integer dots (as [`quantize_x`](super::rows::quantize_x) would,
+/// row after row).
 pub(crate) fn rms_norm<B: Backend>(
     dev: &B,
     x: &B::Buf<f32>,
@@ -17,8 +20,10 @@ pub(crate) fn rms_norm<B: Backend>(
     rows: usize,
     eps: f32,
     out: &mut B::Buf<f32>,
+    xq: Option<&mut B::Buf<u8>>,
 ) -> Result<()> {
     let n = check_rows::<B>("rms_norm", x, w, rows, out)?;
+    check_xq::<B>("rms_norm", rows, n, xq.as_deref())?;
     if rows == 0 {
         return Ok(());
     }
@@ -29,8 +34,29 @@ pub(crate) fn rms_norm<B: Backend>(
         n,
         eps,
         out,
+        xq,
     };
     dev.launch(launch, Checked(()))
+}
+
+/// Error unless `xq` (when given) holds `rows` rows of `n` values quantized: whole blocks of 32.
+fn check_xq<B: Backend>(what: &str, rows: usize, n: usize, xq: Option<&B::Buf<u8>>) -> Result<()> {
+    let Some(xq) = xq else {
+        return Ok(());
+    };
+    ensure!(
+        n.is_multiple_of(32),
+        Shape,
+        "{what}: rows of {n} values, not whole blocks of 32 to quantize"
+    );
+    let need = rows * xq_bytes(n);
+    ensure!(
+        xq.len() >= need,
+        Shape,
+        "{what}: {} bytes for {rows} rows of {n} values quantized ({need} needed)",
+        xq.len()
+    );
+    Ok(())
 }
 
 /// The width `w.len()` of a norm over `rows` rows, after checking `x` and `out` hold them.
@@ -53,7 +79,8 @@ fn check_rows<B: Backend>(
 }
 
 /// LayerNorm of `rows` rows of `w.len()` values: `out = (x − mean) / sqrt(var + eps) · w + b`
-/// (the biased variance, as the CPU's `layer_norm`).
+/// (the biased variance, as the CPU's `layer_norm`); `xq` as [`rms_norm`]'s.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn layer_norm<B: Backend>(
     dev: &B,
     x: &B::Buf<f32>,
@@ -62,8 +89,10 @@ pub(crate) fn layer_norm<B: Backend>(
     rows: usize,
     eps: f32,
     out: &mut B::Buf<f32>,
+    xq: Option<&mut B::Buf<u8>>,
 ) -> Result<()> {
     let n = check_rows::<B>("layer_norm", x, w, rows, out)?;
+    check_xq::<B>("layer_norm", rows, n, xq.as_deref())?;
     ensure!(
         b.len() == n,
         Shape,
@@ -81,6 +110,7 @@ pub(crate) fn layer_norm<B: Backend>(
         n,
         eps,
         out,
+        xq,
     };
     dev.launch(launch, Checked(()))
 }

@@ -45,38 +45,70 @@ fn gpu_act(k: FfnKind) -> FfnAct {
     }
 }
 
-/// `out = norm(x)` on the device: RMSNorm, or LayerNorm with its bias.
-fn device_norm<B: Backend>(
+/// `sc.xb = norm(x)` on the device: RMSNorm, or LayerNorm with its bias. With `quantize` (a
+/// quantized matvec reads `xb` next), `sc.xq` gets `xb` quantized in the same launch.
+#[allow(clippy::too_many_arguments)]
+fn norm_into_xb<B: Backend>(
     dev: &B,
     kind: NormKind,
     x: &B::Buf<f32>,
     w: &B::Buf<f32>,
     b: Option<&B::Buf<f32>>,
     eps: f32,
-    out: &mut B::Buf<f32>,
+    quantize: bool,
+    xb: &mut B::Buf<f32>,
+    xq: &mut B::Buf<u8>,
+    xq_of_xb: &mut bool,
 ) -> Result<()> {
-    match (kind, b) {
-        (NormKind::Rms, _) => dev.rms_norm(x, w, 1, eps, out),
-        (NormKind::Layer, Some(b)) => dev.layer_norm(x, w, b, 1, eps, out),
-        (NormKind::Layer, None) => {
+    // Cleared first: a failed launch leaves no claim on xq.
+    *xq_of_xb = false;
+    match (kind, b, quantize) {
+        (NormKind::Rms, _, false) => dev.rms_norm(x, w, 1, eps, xb)?,
+        (NormKind::Rms, _, true) => dev.rms_norm_quantized(x, w, 1, eps, xb, xq)?,
+        (NormKind::Layer, Some(b), false) => dev.layer_norm(x, w, b, 1, eps, xb)?,
+        (NormKind::Layer, Some(b), true) => dev.layer_norm_quantized(x, w, b, 1, eps, xb, xq)?,
+        (NormKind::Layer, None, _) => {
             powerinfer_core::bail!(Other, "a LayerNorm step without its bias on the GPU")
         }
     }
+    *xq_of_xb = quantize;
+    Ok(())
 }
 
-/// `x` as the row operations read it: with its quantized copy, made now in `xq`, when
-/// `quantized` (some weight reading it is in a quantized format).
+/// `x` (not `sc.xb`: see [`xb_input`]) as the row operations read it: with its quantized copy,
+/// made now in `xq`, when `quantized` (some weight reading it is in a quantized format).
 fn row_input<'a, B: Backend>(
     dev: &B,
     quantized: bool,
     x: &'a B::Buf<f32>,
     xq: &'a mut B::Buf<u8>,
+    xq_of_xb: &mut bool,
 ) -> Result<XIn<'a, B>> {
     if !quantized {
         return Ok(XIn::floats(x));
     }
+    *xq_of_xb = false;
     dev.quantize_x(x, xq)?;
     Ok(XIn::quantized(x, xq))
+}
+
+/// `sc.xb` as the row operations read it: with its quantized copy when `quantized`, the one
+/// its norm wrote when there is one (no launch), else made now.
+fn xb_input<'a, B: Backend>(
+    dev: &B,
+    quantized: bool,
+    xb: &'a B::Buf<f32>,
+    xq: &'a mut B::Buf<u8>,
+    xq_of_xb: &mut bool,
+) -> Result<XIn<'a, B>> {
+    if !quantized {
+        return Ok(XIn::floats(xb));
+    }
+    if !*xq_of_xb {
+        dev.quantize_x(xb, xq)?;
+        *xq_of_xb = true;
+    }
+    Ok(XIn::quantized(xb, xq))
 }
 
 /// Store the position's keys and values in a layer's caches (of element `T`) and attend over
@@ -271,6 +303,11 @@ impl<B: Backend> Hybrid for Executor<B> {
             let mut link = Link::new(&self.dev, &mut self.stats);
             self.kv.to_gpu(&mut link, &mut self.gpu, cache)?;
         }
+        if let Some(sc) = self.gpu.scratch.as_mut() {
+            sc.xq_of_xb = false;
+        }
+        // With graphs on, the step's launch batches are numbered from here (a graph each).
+        self.dev.begin_step();
         embed(model, &[token], pos, &mut self.host.x)?;
         let mut res = Residency {
             on_host: true,
@@ -396,20 +433,23 @@ impl<B: Backend> Executor<B> {
             powerinfer_core::bail!(Other, "layer {l}: no GPU attention buffers");
         };
         let eps = c.rms_eps;
+        let qkv_quant = [&a.wq, &a.wk, &a.wv].iter().any(|w| w.dtype.is_quantized());
         for step in &model.program.layers[l].attention {
             match step {
-                AttnStep::Norm(kind) => device_norm(
+                AttnStep::Norm(kind) => norm_into_xb(
                     dev,
                     *kind,
                     &sc.x,
                     &a.norm,
                     a.norm_bias.as_ref(),
                     eps,
+                    qkv_quant,
                     &mut sc.xb,
+                    &mut sc.xq,
+                    &mut sc.xq_of_xb,
                 )?,
                 AttnStep::Qkv { bias } => {
-                    let quant = [&a.wq, &a.wk, &a.wv].iter().any(|w| w.dtype.is_quantized());
-                    let x = row_input(dev, quant, &sc.xb, &mut sc.xq)?;
+                    let x = xb_input(dev, qkv_quant, &sc.xb, &mut sc.xq, &mut sc.xq_of_xb)?;
                     dev.matvec_rows(&a.wq, x, None, c.q_dim(), Act::None, &mut sc.q)?;
                     dev.matvec_rows(&a.wk, x, None, c.kv_dim(), Act::None, &mut sc.k)?;
                     dev.matvec_rows(&a.wv, x, None, c.kv_dim(), Act::None, &mut sc.v)?;
@@ -453,7 +493,8 @@ impl<B: Backend> Executor<B> {
                     }
                 }
                 AttnStep::Output { bias } => {
-                    let x = row_input(dev, a.wo.dtype.is_quantized(), &sc.att, &mut sc.xq)?;
+                    let quant = a.wo.dtype.is_quantized();
+                    let x = row_input(dev, quant, &sc.att, &mut sc.xq, &mut sc.xq_of_xb)?;
                     dev.matvec_rows(&a.wo, x, None, c.dim, Act::None, &mut sc.xb2)?;
                     if let (true, Some(b)) = (bias, &a.out_bias) {
                         dev.add(&mut sc.xb2, b)?;
@@ -463,6 +504,7 @@ impl<B: Backend> Executor<B> {
                     let Some(post) = &a.post_norm else {
                         powerinfer_core::bail!(Other, "layer {l}: no GPU post-attention norm");
                     };
+                    sc.xq_of_xb = false;
                     dev.rms_norm(&sc.xb2, post, 1, eps, &mut sc.xb)?;
                     std::mem::swap(&mut sc.xb, &mut sc.xb2);
                 }
@@ -533,6 +575,15 @@ impl<B: Backend> Executor<B> {
         };
         let GpuFfn { hot, .. } = f;
         let lw = &model.layers[l];
+        // The norm quantizes xb in its launch when a quantized matvec reads xb: the hot gate/up
+        // rows, or the GPU predictor's fc1 over the FFN norm's output.
+        let fc1_reads_xb = match (predictor, gpu_pred) {
+            (Some((_, PredictorInput::FfnNorm)), Some(gp)) => {
+                gpu_predictor && gp.fc1.dtype.is_quantized()
+            }
+            _ => false,
+        };
+        let xb_quant = hot.layout.gate_dtype.is_quantized() || fc1_reads_xb;
         for step in &prog.ffn {
             match step {
                 FfnStep::Norm(kind, _) => {
@@ -540,16 +591,22 @@ impl<B: Backend> Executor<B> {
                         (true, Some(s)) => s,
                         _ => &sc.x,
                     };
-                    device_norm(
+                    norm_into_xb(
                         dev,
                         *kind,
                         input,
                         &f.norm,
                         f.norm_bias.as_ref(),
                         c.rms_eps,
+                        xb_quant,
                         &mut sc.xb,
+                        &mut sc.xq,
+                        &mut sc.xq_of_xb,
                     )?;
                     if host_needed {
+                        // The GPU's queued work (with graphs on, a batch) starts now, while the
+                        // CPU normalises, predicts, routes and computes its cold neurons.
+                        dev.flush()?;
                         let x_in = match saved {
                             true => &self.host.par_in,
                             false => &self.host.x,
@@ -586,7 +643,7 @@ impl<B: Backend> Executor<B> {
                     dev.expert_flags(ew, ef, routed, &mut sc.active)?;
                     let act = gpu_act(*kind);
                     let quant = hot.layout.gate_dtype.is_quantized();
-                    let x = row_input(dev, quant, &sc.xb, &mut sc.xq)?;
+                    let x = xb_input(dev, quant, &sc.xb, &mut sc.xq, &mut sc.xq_of_xb)?;
                     dev.hot_gate_up(hot, x, Some(&sc.active), act, None, &mut sc.hb)?;
                     let threshold = match mode {
                         Sparsity::Threshold(t) if !dense => Some(t[l]),
@@ -618,6 +675,7 @@ impl<B: Backend> Executor<B> {
                     self.part.resize(c.dim, 0.0);
                     let down_t = &model.expert_down_t()?[l];
                     let cold = &self.moe_cold[l];
+                    dev.flush()?;
                     let (xn, routes) = (&self.xn, &self.routes);
                     let part = &mut self.part;
                     if cold_experts(m, down_t, *kind, threshold, xn, routes, cold, part)? {
@@ -633,13 +691,19 @@ impl<B: Backend> Executor<B> {
                     if let Some((p, input)) = predictor {
                         flags = true;
                         if let (true, Some(gp)) = (gpu_predictor, gpu_pred) {
-                            let x = match (input, saved, sc.saved.as_ref()) {
-                                (PredictorInput::FfnNorm, ..) => &sc.xb,
-                                (PredictorInput::FfnInp, true, Some(s)) => s,
-                                (PredictorInput::FfnInp, ..) => &sc.x,
-                            };
                             let quant = gp.fc1.dtype.is_quantized();
-                            let x = row_input(dev, quant, x, &mut sc.xq)?;
+                            let of_xb = &mut sc.xq_of_xb;
+                            let x = match (input, saved, sc.saved.as_ref()) {
+                                (PredictorInput::FfnNorm, ..) => {
+                                    xb_input(dev, quant, &sc.xb, &mut sc.xq, of_xb)?
+                                }
+                                (PredictorInput::FfnInp, true, Some(s)) => {
+                                    row_input(dev, quant, s, &mut sc.xq, of_xb)?
+                                }
+                                (PredictorInput::FfnInp, ..) => {
+                                    row_input(dev, quant, &sc.x, &mut sc.xq, of_xb)?
+                                }
+                            };
                             dev.predictor(
                                 &gp.fc1,
                                 &gp.fc2_t,
@@ -683,7 +747,7 @@ impl<B: Backend> Executor<B> {
                     // down pass over the nonzero activations only.
                     let bias = f.in_bias.as_ref();
                     let quant = hot.layout.gate_dtype.is_quantized();
-                    let x = row_input(dev, quant, &sc.xb, &mut sc.xq)?;
+                    let x = xb_input(dev, quant, &sc.xb, &mut sc.xq, &mut sc.xq_of_xb)?;
                     let act = gpu_act(*kind);
                     let threshold = match mode {
                         Sparsity::Threshold(t) if !dense => Some(t[l]),
@@ -720,6 +784,8 @@ impl<B: Backend> Executor<B> {
 
                     // CPU: the cold neurons, then one upload of their sum, added on the GPU.
                     if !cold.is_empty() {
+                        // The hot FFN's launches run while the CPU computes the cold neurons.
+                        dev.flush()?;
                         self.part.resize(c.dim, 0.0);
                         let dense_down = match mode {
                             Sparsity::Dense => DenseDown::Always,
@@ -752,6 +818,7 @@ impl<B: Backend> Executor<B> {
                     let Some(post) = &f.post_norm else {
                         powerinfer_core::bail!(Other, "layer {l}: no GPU post-FFN norm");
                     };
+                    sc.xq_of_xb = false;
                     dev.rms_norm(&sc.xb2, post, 1, c.rms_eps, &mut sc.xb)?;
                     std::mem::swap(&mut sc.xb, &mut sc.xb2);
                 }
@@ -785,16 +852,20 @@ impl<B: Backend> Executor<B> {
             powerinfer_core::bail!(Other, "no GPU output buffers");
         };
         let p = &model.program.output;
-        device_norm(
+        let quant = o.w.dtype.is_quantized();
+        norm_into_xb(
             dev,
             p.norm,
             &sc.x,
             &o.norm,
             o.norm_bias.as_ref(),
             c.rms_eps,
+            quant,
             &mut sc.xb,
+            &mut sc.xq,
+            &mut sc.xq_of_xb,
         )?;
-        let x = row_input(dev, o.w.dtype.is_quantized(), &sc.xb, &mut sc.xq)?;
+        let x = xb_input(dev, quant, &sc.xb, &mut sc.xq, &mut sc.xq_of_xb)?;
         dev.matvec_rows(&o.w, x, None, c.vocab_size, Act::None, &mut o.logits)?;
         if let Some(cap) = p.softcap {
             dev.softcap(&mut o.logits, c.vocab_size, cap)?;

@@ -212,9 +212,13 @@ pub struct GpuScratch<B: Backend> {
     /// A mixture of experts' weights for the token (n_expert + 1: each expert's, 0 where not
     /// routed, then the shared expert's scale).
     pub expert_w: Option<B::Buf<f32>>,
-    /// The input of the quantized row kernels: x quantized (`GpuOps::quantize_x`), for the
-    /// longer of dim and q_dim.
+    /// The input of the quantized row kernels: x quantized (`GpuOps::quantize_x`, or by the
+    /// norm that wrote `xb`), for the longer of dim and q_dim.
     pub xq: B::Buf<u8>,
+    /// Whether `xq` holds `xb` quantized, written with it by the norm that wrote `xb` (the
+    /// quantized matvecs that read `xb` then launch no `quantize_x`). Set only by such a norm;
+    /// cleared by every other write of `xb` or of `xq` (the executor's `row_input`).
+    pub xq_of_xb: bool,
     /// The hot slots predictor mode's gate/up pass computes (`GpuOps::active_slots`).
     pub slots: Compacted<B>,
     /// The rows of the hot down pass, with their activations (`GpuOps::nonzero_rows`).
@@ -434,6 +438,7 @@ impl<B: Backend> GpuModel<B> {
                 saved,
                 expert_w,
                 xq,
+                xq_of_xb: false,
                 slots,
                 rows,
             })

@@ -1,5 +1,5 @@
 //! Models bigger than RAM (PowerInfer-2's neuron store): the FFN neurons' rows read from a
-//! sidecar file by cluster ([`format`]), into a cache of fixed size ([`cache`]), by a pool of
+//! sidecar file by cluster ([`format`](mod@format)), into a cache of fixed size ([`cache`]), by a pool of
 //! reader threads with several reads in flight ([`io`]). A decoded token's sparse FFN (exact-relu
 //! or predictor mode) asks for the clusters holding its active neurons: the misses are all read
 //! at once, in the order of the tasks that compute them, and each task computes as soon as its
