@@ -127,13 +127,15 @@ int main(int argc, char** argv) {
 
 
 def host_source() -> str:
-    """common.cuh as host C++: the inline-PTX conversions and the warp shuffles replaced."""
+    """common.cuh as host C++: the inline-PTX conversions replaced, the warp functions (shuffles)
+    left out."""
     src = COMMON.read_text()
     for name, repl in (
         (r"float f16_to_f32\(u16 h\)", "float f16_to_f32(u16 h) { return h2f(h); }"),
         (r"u16 f32_to_f16\(float f\)", ""),
         (r"float warp_sum\(float v\)", ""),
         (r"float warp_max\(float v\)", ""),
+        (r"void quantize_block_warp\(float v, u8\* xb\)", ""),
     ):
         pattern = r"__device__ __forceinline__ " + name + r" \{.*?\n\}\n"
         src, n = re.subn(pattern, repl + "\n", src, count=1, flags=re.S)

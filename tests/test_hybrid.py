@@ -148,7 +148,8 @@ def test_half_on_the_gpu_side_matches_the_cpu_engine(relu, tmp_path, device, spa
             assert not any(k.startswith("quantize_x") for k in launches), launches
         assert any(len(h) for h in hyb.plan.hot_neurons)
         if any(hyb.plan.attention):
-            entries += ["attention_decode", "kv_store", "rms_norm"]
+            # The o projection adds into the residual in its own launch (no bias, no post-norm).
+            entries += ["attention_decode", "kv_store", "rms_norm", "add (in sparse_matvec)"]
         for entry in entries:
             assert launches.get(entry, 0) >= 32, (entry, launches)
     else:
@@ -271,10 +272,11 @@ BATCHING = [d for d in DEVICES_WITH_EMU if d != "gpu-sim"]
 @pytest.mark.parametrize("device", BATCHING)
 def test_graphs_give_the_same_bits(relu, tmp_path, device, monkeypatch):
     """POWERINFER_RS_GPU_GRAPHS=1: the launches between two host interactions run as one
-    batch (a CUDA graph on a GPU; on gpu-emu in order at the flush), each batch of a step
-    replaying the graph built for its number with only the changed nodes updated. Half of the
-    model on the GPU side (cold neurons on the CPU: a flush before each CPU part), in
-    exact-relu mode and in predictor mode with the predictors on the GPU: the logits are the
+    batch, a graph (a CUDA graph on a GPU; on gpu-emu the launches it was built from, patched
+    as its nodes are updated, so a missed update runs stale arguments), each batch of a step
+    replaying the graph built for its number and kernels with only the changed nodes updated.
+    Half of the model on the GPU side (cold neurons on the CPU: a flush before each CPU part),
+    in exact-relu mode and in predictor mode with the predictors on the GPU: the logits are the
     bits of the run without graphs, and on gpu-emu the same kernels ran, all inside batches."""
     preds, sizes = random_gpu_predictors(relu, 32)
     path = plan_for(relu, tmp_path / "pred.safetensors", 0.5, predictors=sizes)
@@ -291,22 +293,26 @@ def test_graphs_give_the_same_bits(relu, tmp_path, device, monkeypatch):
         assert ta == tb, sparsity
         for i, (x, y) in enumerate(zip(a, b)):
             assert np.array_equal(x.view(np.uint32), y.view(np.uint32)), f"{sparsity} step {i}"
-        launches, before = info["kernel_launches"], plain["kernel_launches"]
-        if launches is None:  # cuda: no counts
-            continue
-        assert not any(k.startswith("graph:") for k in before), before
-        kernels = {k: v for k, v in launches.items() if not k.startswith("graph:")}
-        assert kernels == before, sparsity
-        # Every launch ran inside a batch; each batch number's graph was built once (the
-        # first step) and replayed after, most nodes unchanged.
-        run = sum(v for k, v in kernels.items() if "(in " not in k)
-        assert launches["graph: kernels"] == run > 0
+        assert plain["graphs"] is None, plain["graphs"]
+        g = info["graphs"]
+        assert g is not None, f"{device}: graphs were asked for and not used"
+        # Graphs ran: each batch's graph built once (per form) and replayed after, most nodes
+        # unchanged; per layer that splits its FFN, two batches submitted by the executor's
+        # flushes: before the CPU's norm and predictor, and before its cold neurons.
         steps = info["steps"]
-        per_step = launches["graph: batches"] / steps
-        assert per_step >= sum(1 for h in hyb.plan.hot_neurons if len(h)), launches
-        assert launches["graph: built"] <= 2 * per_step, launches
-        assert launches["graph: replayed"] == launches["graph: batches"] - launches["graph: built"]
-        assert launches["graph: nodes updated"] < run / 3, launches
+        ffn = relu.config.ffn_dim
+        hybrid = sum(1 for h in hyb.plan.hot_neurons if 0 < len(h) < ffn)
+        assert hybrid > 0, "no layer splits its FFN: nothing to overlap"
+        assert g["explicit"] >= 2 * hybrid * steps, g
+        assert g["built"] <= 2 * g["batches"] / steps, g
+        assert g["replayed"] > g["built"], g
+        assert g["nodes_updated"] < g["kernels"] / 3, g
+        launches, before = info["kernel_launches"], plain["kernel_launches"]
+        if launches is None:  # cuda: no launch counts
+            continue
+        # The same kernels ran, all of them inside batches.
+        assert launches == before, sparsity
+        assert g["kernels"] == sum(v for k, v in launches.items() if "(in " not in k) > 0
 
 
 @pytest.mark.parametrize("device", DEVICES)

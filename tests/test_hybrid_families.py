@@ -184,6 +184,9 @@ def test_family_on_the_gpu_side_matches_the_cpu_engine(
             if any(hyb.plan.attention):
                 wanted |= {"attention_decode", "kv_store"}
                 wanted.add("layer_norm" if model.config.layer_norm else "rms_norm")
+                if model.config.qk_norm and not model.config.qk_norm_full:
+                    # The per-head q/k norm runs inside RoPE's launch.
+                    wanted.add("rms_norm (in rope)")
             if any(len(h) for h in hyb.plan.hot_neurons):
                 wanted |= {"gate_up_q8_0", "axpy_rows_q8_0"}
                 # The FFN's norm quantizes its output for the Q8_0 rows in its own launch.

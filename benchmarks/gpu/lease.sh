@@ -12,7 +12,7 @@
 # Build here first: benchmarks/gpu/build_artifacts.sh (wheel + test binaries); carry
 # target/gpu-artifacts, .peer (the trimmed llama.cpp source) and .whl (the device image lacks the
 # wheels gguf and highspy). Usage on the device:
-#   LEASE_BUDGET=450 [LEASE_BENCH="q4_0 fit fit_nogather ncu f16 powerinfer"] \
+#   LEASE_BUDGET=450 [LEASE_BENCH="q4_0 fit fit_graphs fit_nogather ncu f16 powerinfer"] \
 #       [LEASE_LAYERS=32] \
 #       [LEASE_FIT_LAYERS=32] \
 #       [LEASE_SPARSITY=exact-relu|predictor|dense] [LEASE_SANITIZERS=0] [LEASE_CHECK=0] \
@@ -130,7 +130,7 @@ print(synthetic_gguf(Path('$MODELS'), '$1', shape={**LLAMA7B, 'layers': $2}, see
 }
 SQ= SF= SFIT=
 FITS=0
-{ has fit || has fit_nogather || has ncu; } && FITS=1
+{ has fit || has fit_graphs || has fit_nogather || has ncu; } && FITS=1
 if has q4_0 || { [ $FITS = 1 ] && [ "$FIT_LAYERS" = "$LAYERS" ]; }; then
     synth Q4_0 "$LAYERS" >"$W/synth_q4_0.log" 2>&1 &
     SQ=$!
@@ -202,6 +202,11 @@ fi
 if has fit; then
     wait_for "${SFIT:-$SQ}" $(($(left) - 60))
     bench fit $(($(left) - 40)) --dtype Q4_0 --budget-share 1.0 --layers "$FIT_LAYERS"
+fi
+if has fit_graphs; then  # the same with each batch of launches run as a CUDA graph (graph.rs)
+    wait_for "${SFIT:-$SQ}" $(($(left) - 60))
+    POWERINFER_RS_GPU_GRAPHS=1 bench fit_graphs $(($(left) - 40)) --dtype Q4_0 \
+        --budget-share 1.0 --layers "$FIT_LAYERS"
 fi
 if has fit_nogather; then  # the same without the lists gathered on the GPU (compact.cu)
     wait_for "${SFIT:-$SQ}" $(($(left) - 60))

@@ -11,15 +11,20 @@
 // layer_norm: out = (x - mean) / sqrt(var + eps) * w + b with the biased variance
 //   mean((x - mean)^2) (OPT, Falcon), one block per row as rms_norm, two block reductions
 //   (the mean, then the variance around it); xq as rms_norm's.
-// rope: rotates the first 2 * n_pairs values of every head of x (n_heads x head_dim,
-//   contiguous) in place for position pos, the rest of each head unchanged (partial RoPE);
-//   style 0 = "norm" (adjacent pairs 2i, 2i+1: GGUF llama), 1 = "neox" (i, i + n_pairs: HF).
-//   Pair i turns by the angle whose cosine and sine are a.cos[i], a.sin[i]: pos times the
-//   model's angle per position (theta^(-2i/rope_dims) over its scaling factors), formed and
-//   evaluated by the host in double, as on the CPU (positions reach tens of thousands of
-//   radians, where f32 loses the phase; a double sincos here would need a stack frame for its
-//   argument reduction), passed by value. Thread per (head, i), grid covers
-//   n_heads * n_pairs threads.
+// rope: rotates the first 2 * n_pairs values of every head of q (nq heads x head_dim,
+//   contiguous) and of k (nk heads; null when nk = 0) in place for position pos, the rest of
+//   each head unchanged (partial RoPE): the queries and keys of a layer in one launch. Style 0 =
+//   "norm" (adjacent pairs 2i, 2i+1: GGUF llama), 1 = "neox" (i, i + n_pairs: HF). Pair i turns
+//   by the angle whose cosine and sine are a.cos[i], a.sin[i]: pos times the model's angle per
+//   position (theta^(-2i/rope_dims) over its scaling factors), formed and evaluated by the host
+//   in double, as on the CPU (positions reach tens of thousands of radians, where f32 loses the
+//   phase; a double sincos here would need a stack frame for its argument reduction), passed by
+//   value. With qn (kn) not null each head of q (k) is first RMS-normed over its head_dim
+//   values with weight qn (kn) and eps (the per-head q/k norm of Qwen3, Gemma 3: one launch for
+//   norm and rotation). A warp per head (grid covers 32 * (nq + nk) threads): the norm's sum of
+//   squares over the head, then lane l takes pairs l, l + 32, ... (both values of a pair) and,
+//   when normed, the unrotated values 2 * n_pairs + l, ...: each value read and written by one
+//   lane.
 
 #define MAX_ROPE_PAIRS 256
 struct RopeAngles {
@@ -129,17 +134,32 @@ KERNEL layer_norm(const float* x, const float* w, const float* b, int n, float e
 }
 EMU_ENTRY(layer_norm)
 
-KERNEL rope(float* x, int n_heads, int head_dim, int n_pairs,
-            const __grid_constant__ RopeAngles ang, int neox) {
-    const int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n_heads * n_pairs) return;
-    const int head = t / n_pairs, i = t - head * n_pairs;
-    float* h = x + (i64)head * head_dim;
-    const int a = neox ? i : 2 * i;
-    const int b = neox ? i + n_pairs : 2 * i + 1;
-    const float x0 = h[a], x1 = h[b];
-    const float cf = ang.cos[i], sf = ang.sin[i];
-    h[a] = x0 * cf - x1 * sf;
-    h[b] = x0 * sf + x1 * cf;
+KERNEL rope(float* q, int nq, float* k, int nk, int head_dim, int n_pairs,
+            const __grid_constant__ RopeAngles ang, int neox, const float* qn, const float* kn,
+            float eps) {
+    const int lane = threadIdx.x % WARP;
+    const int head = (blockIdx.x * blockDim.x + threadIdx.x) / WARP;
+    if (head >= nq + nk) return;  // whole warps
+    float* h = head < nq ? q + (i64)head * head_dim : k + (i64)(head - nq) * head_dim;
+    const float* w = head < nq ? qn : kn;
+    float scale = 1.0f;
+    if (w != nullptr) {
+        float ss = 0.0f;
+        for (int j = lane; j < head_dim; j += WARP) ss += h[j] * h[j];
+        scale = rsqrtf(warp_sum(ss) / (float)head_dim + eps);
+        for (int j = 2 * n_pairs + lane; j < head_dim; j += WARP) h[j] = h[j] * scale * w[j];
+    }
+    for (int i = lane; i < n_pairs; i += WARP) {
+        const int a = neox ? i : 2 * i;
+        const int b = neox ? i + n_pairs : 2 * i + 1;
+        float x0 = h[a], x1 = h[b];
+        if (w != nullptr) {
+            x0 = x0 * scale * w[a];
+            x1 = x1 * scale * w[b];
+        }
+        const float cf = ang.cos[i], sf = ang.sin[i];
+        h[a] = x0 * cf - x1 * sf;
+        h[b] = x0 * sf + x1 * cf;
+    }
 }
 EMU_ENTRY(rope)

@@ -9,7 +9,7 @@
 // yields 0.
 //
 // x: the float formats (f32, f16, bf16) take it as `cols` floats; the quantized formats as the
-// int16 blocks `quantize_x` writes (sparse_matvec.cuh: XQ_BLOCK bytes per 32 values), and
+// int16 blocks `quantize_x` writes (common.cuh: XQ_BLOCK bytes per 32 values), and
 // multiply with exact integer dots.
 //
 // BF16 is decoded by a shift (common.cuh), not through cuda_bf16.h intrinsics, so it needs no
@@ -119,11 +119,14 @@ __device__ __forceinline__ float ffn_act(int act, float t, float x) {
 #define UP_LINEAR 1
 #define UP_ACT 2
 
-// y[k] = act(dot(W[row k], x)) for k in 0..n.
+// y[k] = act(dot(W[row k], x)) for k in 0..n; with `accumulate`, y[k] + act(...) (the attention's
+// output projection added straight into the residual: one launch fewer than a separate add, the
+// same float sum).
 #define SPARSE_MATVEC(NAME)                                                                     \
     KERNEL sparse_matvec_##NAME(                                                                \
         const u8* w, RowLayout l, const XIN_##NAME* x, int cols, const int* idx, int n,         \
-        const u8* ids_base, RowLayout ids_l, const int* flags, int act, float* y) {             \
+        const u8* ids_base, RowLayout ids_l, const int* flags, int act, int accumulate,         \
+        float* y) {                                                                             \
         DYNAMIC_SHARED(float, xs);                                                              \
         const XIN_##NAME* xv = stage_x(xs, x, cols);                                            \
         const int lane = threadIdx.x % WARP, warps = blockDim.x / WARP;                         \
@@ -135,7 +138,7 @@ __device__ __forceinline__ float ffn_act(int act, float t, float x) {
                 const float d = lane_dot_##NAME(row_ptr(w, l, r), xv, cols, lane);              \
                 s = apply_act(act, warp_sum(d));                                                \
             }                                                                                   \
-            if (lane == 0) y[k] = s;                                                            \
+            if (lane == 0) y[k] = accumulate ? y[k] + s : s;                                    \
         }                                                                                       \
     }                                                                                           \
     EMU_ENTRY(sparse_matvec_##NAME)

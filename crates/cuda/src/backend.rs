@@ -282,8 +282,17 @@ pub trait Backend: Send + Sync + Sized + 'static {
         Ok(())
     }
 
-    /// A decode step begins: batches are numbered from 0 again (a graph is kept per number).
-    fn begin_step(&self) {}
+    /// A decode step begins: what is queued runs, and batches are numbered from 0 again (graphs
+    /// are kept per number).
+    fn begin_step(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// The counters of the launch batches run as graphs, where the backend batches and graphs
+    /// are on.
+    fn graph_stats(&self) -> Option<crate::graph::GraphStats> {
+        None
+    }
 }
 
 /// One kernel launch: a variant per `extern "C"` entry of `kernels/*.cu`, its fields the
@@ -306,6 +315,8 @@ pub enum Launch<'a, B: Backend> {
         ids: Option<(&'a B::Buf<u8>, RowLayout)>,
         flags: Option<&'a B::Buf<i32>>,
         act: Act,
+        /// `y[k] += ...` instead of `y[k] = ...`.
+        accumulate: bool,
         y: &'a mut B::Buf<f32>,
     },
     /// `gate_up_<dtype>` (sparse_matvec.cu): `h[k] = g · u'` with `g = act(dot(gate[k], x) +
@@ -428,16 +439,23 @@ pub enum Launch<'a, B: Backend> {
         xq: Option<&'a mut B::Buf<u8>>,
     },
     /// `rope` (norm_rope.cu): rotate the first `2 · inv_freqs.len()` values of every head of
-    /// `x` in place for position `pos`, pair i by `pos · inv_freqs[i]` (in f64; at most
+    /// `x` (`n_heads` heads) and of `k` (`k_heads`, the keys: one launch for both) in place for
+    /// position `pos`, pair i by `pos · inv_freqs[i]` (in f64; at most
     /// [`MAX_ROPE_PAIRS`](crate::ops::MAX_ROPE_PAIRS) pairs); `neox` pairs (i, i + n), else
-    /// (2i, 2i + 1).
+    /// (2i, 2i + 1). With `x_norm` (`k_norm`) each head of `x` (`k`) is first RMS-normed over
+    /// its `head_dim` values with that weight and `eps` (the per-head q/k norm).
     Rope {
         x: &'a mut B::Buf<f32>,
         n_heads: usize,
+        k: Option<&'a mut B::Buf<f32>>,
+        k_heads: usize,
         head_dim: usize,
         pos: usize,
         inv_freqs: &'a [f64],
         neox: bool,
+        x_norm: Option<&'a B::Buf<f32>>,
+        k_norm: Option<&'a B::Buf<f32>>,
+        eps: f32,
     },
     /// `kv_store` (attention.cu; `kv_store_f32` for f32 caches): row `pos` of both caches =
     /// k, v as the cache's [`KvElem`] stores them (f16: rounded to nearest even).
@@ -534,11 +552,18 @@ pub enum Launch<'a, B: Backend> {
 impl<B: Backend> Launch<'_, B> {
     /// What a launch does besides its own kernel's work, for the launch counts the tests read
     /// (the emulator's [`Backend::kernel_launches`]): "quantize_x (in rms_norm)" for a norm
-    /// that quantizes its output in the same launch.
+    /// that quantizes its output in the same launch, "rms_norm (in rope)" for the per-head q/k
+    /// norm inside RoPE's launch, "add (in sparse_matvec)" for a matvec added into its output.
     pub fn fused(&self) -> Option<&'static str> {
         match self {
             Launch::RmsNorm { xq: Some(_), .. } => Some("quantize_x (in rms_norm)"),
             Launch::LayerNorm { xq: Some(_), .. } => Some("quantize_x (in layer_norm)"),
+            Launch::Rope {
+                x_norm: Some(_), ..
+            } => Some("rms_norm (in rope)"),
+            Launch::SparseMatvec {
+                accumulate: true, ..
+            } => Some("add (in sparse_matvec)"),
             _ => None,
         }
     }

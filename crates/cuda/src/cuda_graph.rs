@@ -139,7 +139,7 @@ impl GraphRunner for CudaGraphs<'_> {
             )))
     }
 
-    fn run(&self, g: &CudaGraph, _batch: &[LaunchSpec]) -> Result<()> {
+    fn run(&self, g: &CudaGraph) -> Result<()> {
         self.0.bind()?;
         // SAFETY: an instantiated graph of this context, launched on this device's stream (in
         // stream order: after the copies and launches before it, before those after it).

@@ -18,7 +18,7 @@ use powerinfer_core::{ensure, Error, Result};
 
 use crate::backend::{Backend, Checked, DeviceSlice, Elem, Launch};
 use crate::cuda_graph::{CudaGraph, CudaGraphs};
-use crate::graph::{graphs_from_env, GraphQueue, GraphStats};
+use crate::graph::{graphs_from_env, GraphQueue, GraphStats, GRAPHS_ENV};
 use crate::kernels::KernelSource;
 use crate::launch_spec::LaunchSpec;
 use crate::layout::{align, parse_device, RowLayout};
@@ -67,6 +67,10 @@ pub struct CudaDevice {
 }
 
 struct Inner {
+    /// Launches queued for the next batch, and the graphs kept, with graphs on
+    /// ([`crate::graph`]). First: dropped (the graphs destroyed) before the modules their nodes
+    /// run are unloaded.
+    graphs: Mutex<GraphQueue<CudaGraph>>,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     ordinal: usize,
@@ -80,9 +84,6 @@ struct Inner {
     upload: Mutex<UploadStaging>,
     /// Pinned buffer for reads of at most [`STAGING_BYTES`].
     download: Mutex<DownloadStaging>,
-    /// Launches queued for the next batch, and the graphs kept, with graphs on
-    /// ([`crate::graph`]).
-    graphs: Mutex<GraphQueue<CudaGraph>>,
 }
 
 impl std::fmt::Debug for CudaDevice {
@@ -129,10 +130,24 @@ impl CudaDevice {
             "cuda:{ordinal} ({name}) is sm_{arch}; the GPU kernels need sm_{MIN_ARCH} or newer \
              (their integer dots use __dp4a): run on device=\"cpu\""
         );
+        // CUDA graphs' kernel-node calls (the _v2 entry points) came with CUDA 12.0: an older
+        // driver runs every kernel as its own launch, said once.
+        let mut driver = 0;
+        // SAFETY: an out-pointer to a local int; the driver library is loaded (driver_available).
+        // A failed call leaves 0: graphs off.
+        let _ = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) };
+        let graphs = graphs_from_env() && driver >= 12000;
+        if graphs_from_env() && !graphs {
+            eprintln!(
+                "powerinfer-rs: {GRAPHS_ENV}=1 ignored: the CUDA driver's version ({driver}: \
+                 unknown, or before 12000) lacks CUDA 12.0's graph calls"
+            );
+        }
         let upload = Mutex::new(UploadStaging::new(&stream)?);
         let download = Mutex::new(DownloadStaging::new(&stream)?);
         let dev = CudaDevice {
             inner: Arc::new(Inner {
+                graphs: Mutex::new(GraphQueue::new(graphs)),
                 ctx,
                 stream,
                 ordinal,
@@ -143,7 +158,6 @@ impl CudaDevice {
                 allocated: Arc::new(AtomicUsize::new(0)),
                 upload,
                 download,
-                graphs: Mutex::new(GraphQueue::new(graphs_from_env())),
             }),
         };
         // Every module now (compiled, or read from the disk cache, and loaded), so a missing
@@ -183,10 +197,9 @@ impl CudaDevice {
         &self.inner.ctx
     }
 
-    /// The counters of the batches run as graphs, when graphs are on ([`crate::graph`]).
-    pub fn graph_stats(&self) -> Option<GraphStats> {
-        let q = lock(&self.inner.graphs);
-        q.on().then(|| q.stats())
+    /// Run the queued batch before a copy, an allocation or a synchronisation.
+    fn submit(&self) -> Result<()> {
+        lock(&self.inner.graphs).flush(&CudaGraphs(self), false)
     }
 
     /// Queue `spec` for the next batch when graphs are on; else hand it back to launch now.
@@ -334,7 +347,7 @@ impl Backend for CudaDevice {
     }
 
     fn zeros<T: Elem>(&self, len: usize) -> Result<CudaBuffer<T>> {
-        self.flush()?;
+        self.submit()?;
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
             .ok_or_else(|| Error::Shape(format!("{len} elements overflow")))?;
@@ -365,7 +378,7 @@ impl Backend for CudaDevice {
     /// before later ones).
     fn write<T: Elem>(&self, host: &[T], dst: &mut CudaBuffer<T>, at: usize) -> Result<()> {
         check_range(at, host.len(), dst.len, "writing")?;
-        self.flush()?;
+        self.submit()?;
         if host.is_empty() {
             return Ok(());
         }
@@ -388,7 +401,7 @@ impl Backend for CudaDevice {
     /// first either way.
     fn read<T: Elem>(&self, src: &CudaBuffer<T>, at: usize, out: &mut [T]) -> Result<()> {
         check_range(at, out.len(), src.len, "reading")?;
-        self.flush()?;
+        self.submit()?;
         if out.is_empty() {
             return self.synchronize();
         }
@@ -407,7 +420,7 @@ impl Backend for CudaDevice {
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.flush()?;
+        self.submit()?;
         self.inner
             .stream
             .synchronize()
@@ -420,11 +433,19 @@ impl Backend for CudaDevice {
 
     /// The queued batch as a graph ([`crate::graph`]), with graphs on.
     fn flush(&self) -> Result<()> {
-        lock(&self.inner.graphs).flush(&CudaGraphs(self))
+        lock(&self.inner.graphs).flush(&CudaGraphs(self), true)
     }
 
-    fn begin_step(&self) {
-        lock(&self.inner.graphs).begin_step();
+    fn begin_step(&self) -> Result<()> {
+        let mut q = lock(&self.inner.graphs);
+        q.flush(&CudaGraphs(self), false)?;
+        q.begin_step();
+        Ok(())
+    }
+
+    fn graph_stats(&self) -> Option<GraphStats> {
+        let q = lock(&self.inner.graphs);
+        q.on().then(|| q.stats())
     }
 
     fn addr<T: Elem>(&self, buf: &CudaBuffer<T>) -> u64 {

@@ -10,10 +10,11 @@
 //! It is slow (a thread per CUDA thread) and meant for tests and for checking a plan's kernels
 //! without a GPU; under `benchmarks/gpu/emu.sh --sanitize address|thread` the same launches run
 //! under the sanitizers. With graphs on ([`crate::graph::GRAPHS_ENV`]) it batches launches as
-//! the CUDA device does and runs each batch in order at the flush, so the executor's flush
-//! points (a read before the queued work ran would see stale data) and the graph bookkeeping
-//! are tested here. What it cannot show: PTX and the driver, streams and events, the graphs
-//! themselves, the GPU's weak memory ordering and speed.
+//! the CUDA device does, and its "graph" is the list of launches the batch was built from with
+//! the changed ones patched in as a CUDA graph's nodes are updated: a replay runs that list, not
+//! the batch, so a change the bookkeeping missed runs stale arguments here too. What it cannot
+//! show: PTX and the driver, streams and events, the CUDA graph calls, whether GPU work
+//! overlaps CPU work, the GPU's weak memory ordering and speed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_char, c_int, c_void, CString};
@@ -22,7 +23,7 @@ use std::sync::Mutex;
 use powerinfer_core::{Error, Result};
 
 use crate::backend::{Backend, Checked, Elem, Launch};
-use crate::graph::{graphs_from_env, GraphQueue, GraphRunner};
+use crate::graph::{graphs_from_env, GraphQueue, GraphRunner, GraphStats};
 use crate::host::{HostBackend, HostBuf};
 use crate::launch_spec::{launch_spec, LaunchSpec};
 
@@ -53,8 +54,8 @@ pub struct EmuBackend {
     launched: Mutex<BTreeMap<String, u64>>,
     /// Work done inside another kernel's launch so far ([`Launch::fused`]).
     fused: Mutex<BTreeMap<String, u64>>,
-    /// Launches queued for the next batch, with graphs on.
-    graphs: Mutex<GraphQueue<()>>,
+    /// Launches queued for the next batch, with graphs on, and the graphs kept.
+    graphs: Mutex<GraphQueue<Vec<LaunchSpec>>>,
 }
 
 impl Default for EmuBackend {
@@ -163,23 +164,23 @@ impl Backend for EmuBackend {
 
     /// An exact-size allocation of its own (the address sanitizer's redzones around it).
     fn zeros<T: Elem>(&self, len: usize) -> Result<HostBuf<T>> {
-        self.flush()?;
+        self.submit()?;
         self.mem.zeros(len)
     }
 
     fn write<T: Elem>(&self, host: &[T], dst: &mut HostBuf<T>, at: usize) -> Result<()> {
-        self.flush()?;
+        self.submit()?;
         self.mem.write(host, dst, at)
     }
 
     fn read<T: Elem>(&self, src: &HostBuf<T>, at: usize, out: &mut [T]) -> Result<()> {
-        self.flush()?;
+        self.submit()?;
         self.mem.read(src, at, out)
     }
 
-    /// Launches finish before they return (queued ones at this flush).
+    /// Launches finish before they return (queued ones at this synchronisation).
     fn synchronize(&self) -> Result<()> {
-        self.flush()
+        self.submit()
     }
 
     fn launch(&self, launch: Launch<'_, Self>, _checked: Checked) -> Result<()> {
@@ -196,11 +197,19 @@ impl Backend for EmuBackend {
     }
 
     fn flush(&self) -> Result<()> {
-        lock(&self.graphs).flush(&EmuGraphs(self))
+        lock(&self.graphs).flush(&EmuGraphs(self), true)
     }
 
-    fn begin_step(&self) {
-        lock(&self.graphs).begin_step();
+    fn begin_step(&self) -> Result<()> {
+        let mut q = lock(&self.graphs);
+        q.flush(&EmuGraphs(self), false)?;
+        q.begin_step();
+        Ok(())
+    }
+
+    fn graph_stats(&self) -> Option<GraphStats> {
+        let q = lock(&self.graphs);
+        q.on().then(|| q.stats())
     }
 
     fn addr<T: Elem>(&self, buf: &HostBuf<T>) -> u64 {
@@ -211,36 +220,40 @@ impl Backend for EmuBackend {
         self.mem.addr_mut(buf)
     }
 
-    /// Launches per entry (run so far), per fused step ([`Launch::fused`]: "quantize_x (in
-    /// rms_norm)"), and with graphs on the batches' counters ("graph: batches", "graph:
-    /// built", "graph: replayed", "graph: nodes updated", "graph: kernels").
+    /// Launches per entry (run so far) and per fused step ([`Launch::fused`]: "quantize_x (in
+    /// rms_norm)", "rms_norm (in rope)", "add (in sparse_matvec)").
     fn kernel_launches(&self) -> Option<BTreeMap<String, u64>> {
         let mut all = lock(&self.launched).clone();
         all.extend(lock(&self.fused).iter().map(|(k, v)| (k.clone(), *v)));
-        let graphs = lock(&self.graphs);
-        if graphs.on() {
-            all.extend(graphs.stats().entries().map(|(k, v)| (k.to_string(), v)));
-        }
         Some(all)
     }
 }
 
-/// The emulator's graphs: nothing to build or update; a batch runs launch after launch.
+impl EmuBackend {
+    /// Run the queued batch before a copy, an allocation or a synchronisation.
+    fn submit(&self) -> Result<()> {
+        lock(&self.graphs).flush(&EmuGraphs(self), false)
+    }
+}
+
+/// The emulator's graphs: the launches a batch was built from, each replaced as a CUDA graph's
+/// node is updated; running one runs its launches in order.
 struct EmuGraphs<'a>(&'a EmuBackend);
 
 impl GraphRunner for EmuGraphs<'_> {
-    type Graph = ();
+    type Graph = Vec<LaunchSpec>;
 
-    fn build(&self, _batch: &[LaunchSpec]) -> Result<()> {
+    fn build(&self, batch: &[LaunchSpec]) -> Result<Vec<LaunchSpec>> {
+        Ok(batch.to_vec())
+    }
+
+    fn update(&self, graph: &mut Vec<LaunchSpec>, i: usize, spec: &LaunchSpec) -> Result<()> {
+        graph[i] = spec.clone();
         Ok(())
     }
 
-    fn update(&self, _graph: &mut (), _i: usize, _spec: &LaunchSpec) -> Result<()> {
-        Ok(())
-    }
-
-    fn run(&self, _graph: &(), batch: &[LaunchSpec]) -> Result<()> {
-        batch.iter().try_for_each(|spec| self.0.run(spec.clone()))
+    fn run(&self, graph: &Vec<LaunchSpec>) -> Result<()> {
+        graph.iter().try_for_each(|spec| self.0.run(spec.clone()))
     }
 }
 

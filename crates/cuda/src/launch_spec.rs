@@ -256,6 +256,7 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
             ids,
             flags,
             act,
+            accumulate,
             y,
         } => {
             ensure!(
@@ -268,7 +269,8 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
                 Some((_, l)) => l,
                 None => RowLayout::dense(1, 4)?,
             };
-            // sparse_matvec_<dtype>(w, l, x, cols, idx, n, ids_base, ids_l, flags, act, y): x
+            // sparse_matvec_<dtype>(w, l, x, cols, idx, n, ids_base, ids_l, flags, act,
+            // accumulate, y): x
             // holds `cols` values (floats or quantized blocks), staged in x_smem(dtype, cols)
             // bytes; y holds n floats; rows 0..n (or the indices) lie inside w per `l`; flags
             // come with the ids they are indexed by.
@@ -277,7 +279,8 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
                 .ptr(opt(idx))
                 .i32(to_i32(n, "rows")?);
             a.ptr(ids.map_or(0, |(b, _)| dev.addr(b))).layout(&ids_l);
-            a.ptr(opt(flags)).i32(act as i32).ptr(dev.addr_mut(y));
+            a.ptr(opt(flags)).i32(act as i32).i32(i32::from(accumulate));
+            a.ptr(dev.addr_mut(y));
             let entry = format!("sparse_matvec_{}", dtype_suffix(dtype));
             let blocks = [grid(n, ROWS_PER_BLOCK)?, 1];
             spec(
@@ -465,23 +468,31 @@ pub fn launch_spec<B: Backend>(dev: &B, launch: Launch<'_, B>) -> Result<LaunchS
         Launch::Rope {
             x,
             n_heads,
+            k,
+            k_heads,
             head_dim,
             pos,
             inv_freqs,
             neox,
+            x_norm,
+            k_norm,
+            eps,
         } => {
-            // rope(x, n_heads, head_dim, n_pairs, angles, neox): thread per (head, pair).
+            // rope(q, nq, k, nk, head_dim, n_pairs, angles, neox, qn, kn, eps): a warp per
+            // head of q then of k (k null when nk = 0; qn, kn null: no norm).
+            let k_heads = if k.is_some() { k_heads } else { 0 };
             a.ptr(dev.addr_mut(x)).i32(to_i32(n_heads, "heads")?);
+            a.ptr(k.map_or(0, |k| dev.addr_mut(k)))
+                .i32(to_i32(k_heads, "key heads")?);
             a.i32(to_i32(head_dim, "head_dim")?);
             a.i32(to_i32(inv_freqs.len(), "rope pairs")?);
             a.rope_angles(pos, inv_freqs)?.i32(i32::from(neox));
-            per_element(
-                &kernels::NORM_ROPE,
-                "rope".into(),
-                n_heads * inv_freqs.len(),
-                0,
-                a,
-            )
+            let norm = |w: Option<&B::Buf<f32>>| w.map_or(0, |w| dev.addr(w));
+            a.ptr(norm(x_norm)).ptr(norm(k_norm)).f32(eps);
+            let threads = (n_heads + k_heads)
+                .checked_mul(32)
+                .ok_or_else(|| powerinfer_core::Error::Shape("rope: too many heads".into()))?;
+            per_element(&kernels::NORM_ROPE, "rope".into(), threads, 0, a)
         }
         Launch::KvStore {
             k,

@@ -20,7 +20,7 @@ pub const NEURON_ID_BYTES: usize = 4;
 /// sparse_matvec.cu): floats take 4 bytes each, quantized x [`XQ_BLOCK`] per 32 values.
 pub const MAX_X_BYTES: usize = 48 * 1024;
 
-/// Bytes of x quantized for the integer dots per 32 values (`XQ_BLOCK` in sparse_matvec.cuh):
+/// Bytes of x quantized for the integer dots per 32 values (`XQ_BLOCK` in common.cuh):
 /// 32 high and 32 low bytes of the int16 values, then the scale, the two half sums and Σq.
 pub const XQ_BLOCK: usize = 80;
 

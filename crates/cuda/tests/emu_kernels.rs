@@ -277,6 +277,7 @@ fn row_kernels(dev: &EmuBackend, dtype: DType) {
         ids: Some((&hf.data, hf.layout.ids)),
         flags: Some(&dflags),
         act: Act::None,
+        accumulate: false,
         y: &mut out,
     };
     dev.run(launch_spec(dev, launch).unwrap()).unwrap();

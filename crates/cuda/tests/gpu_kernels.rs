@@ -635,9 +635,10 @@ fn norms_quantize_their_output_as_quantize_x() {
 }
 
 /// A norm with `xq` writes the same floats as without, and exactly the bytes `quantize_x` writes
-/// for them: rows of 13 blocks (one round of the kernel's output loop, most warps idle) and of
-/// 4,160 values (three rounds of 256 threads × 8), a block 1e30 times smaller than the rest,
-/// a row with a NaN.
+/// for them (on gpu-sim both are the host's code; on the emulator and a GPU, the kernels'):
+/// rows of 13 blocks (one round of the kernel's output loop, most warps idle) and of 4,160
+/// values (three rounds of 256 threads × 8), an RMSNorm block 1e30 times smaller than the
+/// rest, a row with a NaN.
 fn norms_quantize<B: Backend>(dev: &B) {
     use powerinfer_cuda::layout::xq_bytes;
     for (n, rows) in [(32 * 13, 3), (4160, 2)] {
@@ -683,16 +684,19 @@ fn norms_quantize<B: Backend>(dev: &B) {
                 want.extend(dev.download(&q).unwrap());
             }
             assert_eq!(got, want, "{what}: the quantized bytes");
-            // Not all zeros: a fused path that wrote nothing of use would show.
+            // Row 0's quants mostly nonzero: a fused path that wrote nothing of use would show.
+            let row0 = &got[..xq_bytes(n)];
             assert!(
-                got.iter().filter(|&&b| b != 0).count() > got.len() / 2,
+                row0.iter().filter(|&&b| b != 0).count() > row0.len() / 2,
                 "{what}"
             );
         }
-        // Rows not of whole blocks, or too few bytes, are refused.
+        // Too few bytes are refused.
         let mut short = dev.zeros::<u8>(rows * xq_bytes(n) - 1).unwrap();
         let mut out = dev.zeros::<f32>(rows * n).unwrap();
         let err = dev.rms_norm_quantized(&dx, &dw, rows, 1e-5, &mut out, &mut short);
+        assert!(matches!(err, Err(Error::Shape(_))), "{err:?}");
+        let err = dev.layer_norm_quantized(&dx, &dw, &db, rows, 1e-5, &mut out, &mut short);
         assert!(matches!(err, Err(Error::Shape(_))), "{err:?}");
     }
     let odd = 33;
@@ -806,6 +810,129 @@ fn norm_rope<B: Backend>(dev: &B) {
                 &format!("{style:?} rotating {rot} of {hd}"),
             );
         }
+    }
+}
+
+#[test]
+fn rope_of_queries_and_keys_with_their_norms_in_one_launch() {
+    on_each_backend!(rope_qk);
+}
+
+/// `rope_qk`: 7 query heads and 3 key heads (a warp per head: the grid's last block part
+/// empty) rotated in one launch, with and without the per-head RMSNorm first (its own weight
+/// for each side), whole and partial rotation (the unrotated part normed too), head_dim 64 and
+/// 256 (4 pairs a lane), both styles, an eps of 1e-6 and one of 0.25 (the heads' mean square
+/// is ~1/3: a lost or misplaced eps would show); against a float64 reference.
+fn rope_qk<B: Backend>(dev: &B) {
+    let (nq, nk, pos) = (7, 3, 4_321);
+    for (hd, rot, eps) in [
+        (64, 64, 1e-6f32),
+        (64, 32, 0.25),
+        (256, 256, 1e-6),
+        (128, 96, 0.25),
+    ] {
+        let inv: Vec<f64> = (0..rot / 2)
+            .map(|i| 10000f64.powf(-2.0 * i as f64 / rot as f64))
+            .collect();
+        let (qn, kn) = (values(hd, 41), values(hd, 42));
+        for style in [RopeStyle::Norm, RopeStyle::Neox] {
+            for normed in [false, true] {
+                // Each head at its own scale: a norm that mixed heads would show.
+                let scaled = |n: usize, seed: u64| -> Vec<f32> {
+                    let v = values(n * hd, seed);
+                    v.chunks(hd)
+                        .enumerate()
+                        .flat_map(|(h, c)| c.iter().map(move |x| x * (1.0 + h as f32)))
+                        .collect()
+                };
+                let (q, k) = (scaled(nq, 43), scaled(nk, 44));
+                let reference = |x: &[f32], w: &[f32]| -> Vec<f32> {
+                    let mut out = vec![0f32; x.len()];
+                    for (h, o) in x.chunks_exact(hd).zip(out.chunks_exact_mut(hd)) {
+                        let ss: f64 = h.iter().map(|&v| (v as f64).powi(2)).sum();
+                        let s = 1.0 / (ss / hd as f64 + eps as f64).sqrt();
+                        let v: Vec<f64> = (0..hd)
+                            .map(|j| match normed {
+                                true => h[j] as f64 * s * w[j] as f64,
+                                false => h[j] as f64,
+                            })
+                            .collect();
+                        for j in 0..hd {
+                            o[j] = v[j] as f32;
+                        }
+                        for (i, f) in inv.iter().enumerate() {
+                            let a = pos as f64 * f;
+                            let (ia, ib) = match style {
+                                RopeStyle::Norm => (2 * i, 2 * i + 1),
+                                RopeStyle::Neox => (i, i + rot / 2),
+                            };
+                            o[ia] = (v[ia] * a.cos() - v[ib] * a.sin()) as f32;
+                            o[ib] = (v[ia] * a.sin() + v[ib] * a.cos()) as f32;
+                        }
+                    }
+                    out
+                };
+                let (mut dq, mut dk) = (dev.upload(&q).unwrap(), dev.upload(&k).unwrap());
+                let (dqn, dkn) = (dev.upload(&qn).unwrap(), dev.upload(&kn).unwrap());
+                let norms = normed.then_some((&dqn, &dkn, eps));
+                dev.rope_qk(&mut dq, &mut dk, hd, pos, &inv, style, norms)
+                    .unwrap();
+                let what = format!("{style:?} {rot} of {hd}, normed {normed}");
+                let scale = if normed { 4.0 } else { 1.0 + nq as f32 };
+                let got = dev.download(&dq).unwrap();
+                assert_close(&got, &reference(&q, &qn), scale, 2e-5, &format!("q {what}"));
+                let got = dev.download(&dk).unwrap();
+                assert_close(&got, &reference(&k, &kn), scale, 2e-5, &format!("k {what}"));
+            }
+        }
+    }
+    // Keys not of whole heads, or norm weights of another length, are refused.
+    let mut dq = dev.upload(&values(64, 1)).unwrap();
+    let mut odd = dev.upload(&values(65, 2)).unwrap();
+    let inv = [1.0f64; 8];
+    let err = dev.rope_qk(&mut dq, &mut odd, 32, 1, &inv, RopeStyle::Neox, None);
+    assert!(matches!(err, Err(Error::Shape(_))), "{err:?}");
+    let mut dk = dev.upload(&values(32, 2)).unwrap();
+    let short = dev.upload(&values(31, 3)).unwrap();
+    let err = dev.rope_qk(
+        &mut dq,
+        &mut dk,
+        32,
+        1,
+        &inv,
+        RopeStyle::Neox,
+        Some((&short, &short, 1e-6)),
+    );
+    assert!(matches!(err, Err(Error::Shape(_))), "{err:?}");
+}
+
+#[test]
+fn matvec_add_is_the_matvec_then_the_add() {
+    on_each_backend!(matvec_add);
+}
+
+/// `matvec_add` (the o projection added into the residual in its own launch) gives the bits of
+/// `matvec_rows` followed by `add`, in a float and a quantized format, over 37 rows (the last
+/// block of rows part empty).
+fn matvec_add<B: Backend>(dev: &B) {
+    for dtype in [DType::F16, DType::Q4_0] {
+        let (rows, cols) = (37, cols_for(dtype));
+        let w = dev.upload_weight(&weight(dtype, rows, cols, 51)).unwrap();
+        let x = DevX::new(dev, dtype, &values(cols, 52));
+        let y0 = values(rows, 53);
+        let mut fused = dev.upload(&y0).unwrap();
+        dev.matvec_add(&w, x.arg(), rows, &mut fused).unwrap();
+        let (mut sep, mut prod) = (dev.upload(&y0).unwrap(), dev.zeros::<f32>(rows).unwrap());
+        dev.matvec_rows(&w, x.arg(), None, rows, Act::None, &mut prod)
+            .unwrap();
+        dev.add(&mut sep, &prod).unwrap();
+        let (f, p) = (dev.download(&fused).unwrap(), dev.download(&prod).unwrap());
+        assert_eq!(bits(&f), bits(&dev.download(&sep).unwrap()), "{dtype}");
+        // It added: the product alone is not the result.
+        assert!(
+            f.iter().zip(&p).any(|(a, b)| (a - b).abs() > 1e-3),
+            "{dtype}"
+        );
     }
 }
 

@@ -123,6 +123,7 @@ fn every_spec() -> Vec<LaunchSpec> {
             ids: Some((&w, l)),
             flags: Some(&flags),
             act: Act::Silu,
+            accumulate: false,
             y: &mut y,
         };
         out.push(launch_spec(&dev, launch).unwrap());
@@ -205,13 +206,19 @@ fn every_spec() -> Vec<LaunchSpec> {
         xq: None,
     };
     out.push(launch_spec(&dev, launch).unwrap());
+    let mut k = dev.zeros::<f32>(32).unwrap();
     let launch = Launch::Rope {
         x: &mut c,
         n_heads: 2,
+        k: Some(&mut k),
+        k_heads: 1,
         head_dim: 32,
         pos: 3,
         inv_freqs: &[1.0; 16],
         neox: true,
+        x_norm: Some(&x),
+        k_norm: Some(&x),
+        eps: 1e-6,
     };
     out.push(launch_spec(&dev, launch).unwrap());
     out.extend(kv_specs::<u16>(&dev, &x, &mut c));
@@ -391,10 +398,10 @@ fn rope_takes_its_angles_by_value_as_the_launch_passes_them() {
     }
     let src = kernels::NORM_ROPE;
     let ptx = nvrtc::compile(src.name, &src.program(), 80).unwrap_or_else(|e| panic!("{e}"));
-    // launch_spec.rs's RopeAngles: MAX_ROPE_PAIRS cosines then as many sines (f32), the fifth
+    // launch_spec.rs's RopeAngles: MAX_ROPE_PAIRS cosines then as many sines (f32), the seventh
     // argument.
     let bytes = 8 * powerinfer_cuda::ops::MAX_ROPE_PAIRS;
-    let want = format!(".param .align 4 .b8 rope_param_4[{bytes}]");
+    let want = format!(".param .align 4 .b8 rope_param_6[{bytes}]");
     assert!(ptx.contains(&want), "no {want:?} in the PTX of rope");
 }
 
@@ -455,8 +462,8 @@ fn kernels_and_launches_agree_on_their_shared_constants() {
         ),
         (
             format!("#define XQ_BLOCK {}\n", powerinfer_cuda::XQ_BLOCK),
-            kernels::SPARSE_MATVEC.header,
-            "sparse_matvec.cuh",
+            kernels::COMMON,
+            "common.cuh",
         ),
         (
             format!("#define SPLIT_ROWS {}\n", powerinfer_cuda::SPLIT_ROWS),

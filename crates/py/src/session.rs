@@ -158,8 +158,10 @@ impl PySession {
     /// The GPU side, or None: a dict with `device` (its description), `allocations` ([(name,
     /// bytes)]), `allocated_bytes` (what the backend counts, or None), `free_bytes`,
     /// `total_bytes`, `steps` (decode steps run), `transfers` (per layer, the output head
-    /// last: (uploads, downloads, bytes up, bytes down)) and `kernel_launches` ({entry: count}
-    /// where the backend counts them, as gpu-emu does; else None).
+    /// last: (uploads, downloads, bytes up, bytes down)), `kernel_launches` ({entry: count}
+    /// where the backend counts them, as gpu-emu does; else None) and `graphs` (with
+    /// POWERINFER_RS_GPU_GRAPHS=1 on cuda or gpu-emu, the launch batches' counters: batches,
+    /// built, replayed, nodes_updated, kernels, explicit; else None).
     fn gpu_info<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         let guard = self.lock(py);
         let Some(h) = guard.hybrid() else {
@@ -181,6 +183,12 @@ impl PySession {
         d.set_item("steps", st.steps)?;
         d.set_item("transfers", transfers)?;
         d.set_item("kernel_launches", h.kernel_launches())?;
+        let graphs = h.graph_stats().map(|g| {
+            g.entries()
+                .into_iter()
+                .collect::<std::collections::BTreeMap<_, _>>()
+        });
+        d.set_item("graphs", graphs)?;
         Ok(Some(d))
     }
 

@@ -18,7 +18,8 @@ Per GPU layer and token, in the sparsity mode the engine runs (see :func:`gpu_tr
   gate/up, the head) are quantized by the norm in its own launch (their 80 bytes per 32 values
   counted under ``norms / rope / adds``, no launch);
 - ``output head``: the vocabulary's rows, where the GPU holds it;
-- ``norms / rope / adds``: the f32 vectors they read and write (small).
+- ``norms / rope / adds``: the f32 vectors they read and write (small): three launches per GPU
+  attention layer.
 
 Which neurons fire comes from the activation profile: neuron ``j`` of layer ``l`` fires with
 frequency ``counts / tokens``. "dense" reads every hot row; "exact-relu" reads every gate row and
@@ -91,7 +92,9 @@ def gpu_traffic(
             )
             add("kv_store", 2 * kv * elem)
             add("attention_decode", 2 * ctx * kv * elem + 2 * c.n_heads * c.head_dim * 4)
-            add("norms / rope / adds", 4 * c.dim * 4 * 3, 4)
+            # The attention's norm, rope (q and k in one launch, with a per-head q/k norm), the
+            # FFN's norm; the residual adds run inside the o projection and the down pass.
+            add("norms / rope / adds", 4 * c.dim * 4 * 3, 3)
             q_dim = c.n_heads * c.head_dim
             if any(shape.dtype(f"blk.{i}.{n}").upper() not in FLOAT_DTYPES for n in names[:3]):
                 add("norms / rope / adds", xq_bytes(c.dim), 0)  # written by the norm
@@ -107,7 +110,8 @@ def gpu_traffic(
         down = row_bytes(shape.down_t_dtype(i), c.dim)
         rows_gate = {"dense": ids.size, "exact-relu": ids.size}.get(mode, fires)
         rows_up = ids.size if mode == "dense" else fires
-        if shape.dtype(f"blk.{i}.ffn_up").upper() not in FLOAT_DTYPES:
+        first = "ffn_up" if c.no_gate else "ffn_gate"  # the hot slab's format
+        if shape.dtype(f"blk.{i}.{first}").upper() not in FLOAT_DTYPES:
             add("norms / rope / adds", xq_bytes(c.dim), 0)  # written by the FFN's norm
         # The rows of the down pass gathered (every hot activation read, 8 bytes per row
         # written), and in predictor mode the active slots (every slot's id and flag read).

@@ -84,9 +84,12 @@ class PlanAndDevice:
         description, its ``allocations`` ([(name, bytes)], equal to the plan's),
         ``allocated_bytes``, ``free_bytes``/``total_bytes`` of device memory, decode ``steps``
         and per-layer ``transfers`` (uploads, downloads, bytes up, bytes down; the output head
-        last), and ``kernel_launches`` ({kernel entry: launches}) where the device counts them
-        (gpu-emu), else None. ``unused`` is None, or, on a GPU device whose plan puts nothing
-        on it, why the device is idle (the engine warned when it adopted the plan)."""
+        last), ``kernel_launches`` ({kernel entry: launches}) where the device counts them
+        (gpu-emu), else None, and ``graphs`` (with ``POWERINFER_RS_GPU_GRAPHS=1`` on gpu-emu, or
+        on cuda with a CUDA 12+ driver: the launch batches run as graphs, {batches, built,
+        replayed, nodes_updated, kernels, explicit}), else None. ``unused`` is None, or, on a
+        GPU device whose plan puts nothing on it, why the device is idle (the engine warned when
+        it adopted the plan)."""
         with self._lock:
             info = self._session.gpu_info()
             unused = getattr(self, "_gpu_unused", None)
@@ -101,6 +104,7 @@ class PlanAndDevice:
                     "steps": 0,
                     "transfers": [],
                     "kernel_launches": None,
+                    "graphs": None,
                 }
             return info
 

@@ -302,6 +302,7 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             ids,
             flags,
             act,
+            accumulate,
             y,
         } => {
             x.check("sparse_matvec", dtype)?;
@@ -318,7 +319,7 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
             let picks = Picks::new(idx.map(|i| i.data.as_slice()), n)?;
             let x = rows::x_values(&x, cols)?;
             let y = prefix_mut(&mut y.data, n, "y")?;
-            rows::sparse_matvec(&w, &x, &picks, active.as_ref(), act, y)
+            rows::sparse_matvec(&w, &x, &picks, active.as_ref(), act, accumulate, y)
         }
         Launch::GateUp {
             dtype,
@@ -489,10 +490,15 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
         Launch::Rope {
             x,
             n_heads,
+            k,
+            k_heads,
             head_dim,
             pos,
             inv_freqs,
             neox,
+            x_norm,
+            k_norm,
+            eps,
         } => {
             ensure!(
                 2 * inv_freqs.len() <= head_dim,
@@ -500,9 +506,17 @@ fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
                 "rope: {} pairs in heads of {head_dim}",
                 inv_freqs.len()
             );
-            let total = view::product(n_heads, head_dim, "n_heads × head_dim")?;
-            let x = prefix_mut(&mut x.data, total, "x")?;
-            norm_rope::rope(x, head_dim, pos, inv_freqs, neox);
+            let heads = [("x", Some(x), n_heads, x_norm), ("k", k, k_heads, k_norm)];
+            for (what, buf, n, norm) in heads {
+                let Some(buf) = buf else { continue };
+                let total = view::product(n, head_dim, "heads × head_dim")?;
+                let h = prefix_mut(&mut buf.data, total, what)?;
+                if let Some(w) = norm {
+                    let w = prefix(&w.data, head_dim, "norm weight")?;
+                    norm_rope::rms_norm_in_place(h, w, eps);
+                }
+                norm_rope::rope(h, head_dim, pos, inv_freqs, neox);
+            }
             Ok(())
         }
         Launch::KvStore {

@@ -19,6 +19,22 @@ pub(super) fn rms_norm(x: &[f32], w: &[f32], n: usize, eps: f32, out: &mut [f32]
     }
 }
 
+/// Every row of `w.len()` values of `x` RMS-normed in place with weight `w` (the per-head q/k
+/// norm the `rope` kernel applies before rotating).
+pub(super) fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let n = w.len();
+    if n == 0 {
+        return;
+    }
+    for row in x.chunks_exact_mut(n) {
+        let ss: f64 = row.iter().map(|&v| v as f64 * v as f64).sum();
+        let scale = (1.0 / (ss / n as f64 + eps as f64).sqrt()) as f32;
+        for (v, &g) in row.iter_mut().zip(w) {
+            *v = *v * scale * g;
+        }
+    }
+}
+
 /// `out = (x − mean) / sqrt(var + eps) · w + b` for every row of `w.len()` values of `x`, with
 /// the biased variance, mean and variance in f64 (the CPU engine's `layer_norm`).
 pub(super) fn layer_norm(x: &[f32], [w, b]: [&[f32]; 2], eps: f32, out: &mut [f32]) {
@@ -209,10 +225,15 @@ mod tests {
                     Launch::Rope {
                         x: &mut dq,
                         n_heads: heads,
+                        k: None,
+                        k_heads: 0,
                         head_dim: hd,
                         pos,
                         inv_freqs: &inv,
                         neox,
+                        x_norm: None,
+                        k_norm: None,
+                        eps: 0.0,
                     },
                 )
                 .unwrap();
@@ -235,10 +256,15 @@ mod tests {
                 Launch::Rope {
                     x: &mut dq,
                     n_heads,
+                    k: None,
+                    k_heads: 0,
                     head_dim: 32,
                     pos,
                     inv_freqs,
                     neox: true,
+                    x_norm: None,
+                    k_norm: None,
+                    eps: 0.0,
                 },
             )
         };

@@ -13,7 +13,7 @@ use super::HostBackend;
 use crate::backend::XArg;
 use crate::layout::{xq_bytes, Act, FfnAct, XQ_BLOCK};
 
-/// Largest |q| of quantized x (`XQ_MAX` in sparse_matvec.cuh).
+/// Largest |q| of quantized x (`XQ_MAX` in common.cuh).
 const XQ_MAX: f32 = 32639.0;
 
 /// `quantize_x` (sparse_matvec.cu): the first `cols` values of `x` (a multiple of 32) as int16
@@ -86,15 +86,17 @@ pub(super) fn sparse_matvec(
     picks: &Picks<'_>,
     active: Option<&Active<'_>>,
     act: Act,
+    accumulate: bool,
     y: &mut [f32],
 ) -> Result<()> {
     for (k, out) in y.iter_mut().enumerate().take(picks.n) {
         let r = picks.row(k)?;
-        *out = if is_active(active, r)? {
+        let v = if is_active(active, r)? {
             apply_act(act, w.dot(r, x)?)
         } else {
             0.0
         };
+        *out = if accumulate { *out + v } else { v };
     }
     Ok(())
 }
@@ -179,6 +181,7 @@ mod tests {
                         ids: None,
                         flags: None,
                         act,
+                        accumulate: false,
                         y: &mut y,
                     },
                 )
@@ -205,6 +208,7 @@ mod tests {
                         ids: None,
                         flags: None,
                         act,
+                        accumulate: false,
                         y: &mut y,
                     },
                 )
@@ -241,6 +245,7 @@ mod tests {
                     ids: Some((&hot.buf, hot.layout.ids)),
                     flags: Some(&df),
                     act: Act::Silu,
+                    accumulate: false,
                     y: &mut y,
                 },
             )
@@ -408,6 +413,7 @@ mod tests {
                 ids: Some((&dw, l(6 * rb, 4))),
                 flags: Some(&df),
                 act: Act::None,
+                accumulate: false,
                 y: &mut y,
             },
         )
@@ -449,6 +455,7 @@ mod tests {
                     ids: dids.as_ref().map(|d| (d, RowLayout::new(0, 0, 1 << 20, 0))),
                     flags: df.as_ref(),
                     act: Act::None,
+                    accumulate: false,
                     y: &mut y,
                 },
             )
@@ -508,6 +515,7 @@ mod tests {
                 ids: None,
                 flags: None,
                 act: Act::None,
+                accumulate: false,
                 y: &mut y,
             },
         );
@@ -531,6 +539,7 @@ mod tests {
                 ids: None,
                 flags: None,
                 act: Act::None,
+                accumulate: false,
                 y: &mut y,
             },
         );
@@ -551,6 +560,7 @@ mod tests {
                 ids: None,
                 flags: None,
                 act: Act::None,
+                accumulate: false,
                 y: &mut y,
             },
         );
@@ -624,6 +634,7 @@ mod tests {
             ids: None,
             flags: None,
             act: Act::None,
+            accumulate: false,
             y: &mut dy,
         };
         launch(&be, matvec).unwrap();

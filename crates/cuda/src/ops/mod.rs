@@ -23,7 +23,7 @@ mod upload;
 
 pub use axpy::{down_splits, live_splits, part_len, SPLIT_ROWS};
 pub use compact::Compacted;
-pub use norm_rope::MAX_ROPE_PAIRS;
+pub use norm_rope::{QkNorms, MAX_ROPE_PAIRS};
 pub use rows::XIn;
 
 /// `Error::Unsupported` unless the GPU kernels take `dtype` ([`GPU_DTYPES`]; Q2_K and Q3_K run
@@ -101,7 +101,19 @@ pub trait GpuOps: Backend {
         act: Act,
         y: &mut Self::Buf<f32>,
     ) -> Result<()> {
-        rows::matvec_rows(self, w, x, idx, n, act, y)
+        rows::matvec_rows(self, w, x, idx, n, act, false, y)
+    }
+
+    /// `y[k] += dot(W[row k], x)` for k in 0..n (a dense matvec added into `y` in the same
+    /// launch: the attention's output into the residual); x quantized when W is.
+    fn matvec_add(
+        &self,
+        w: &DeviceWeight<Self>,
+        x: XIn<'_, Self>,
+        n: usize,
+        y: &mut Self::Buf<f32>,
+    ) -> Result<()> {
+        rows::matvec_rows(self, w, x, None, n, Act::None, true, y)
     }
 
     /// The hot neurons' gate/up pass, for every hot slot r: `h[r] = g · u'` with
@@ -270,7 +282,23 @@ pub trait GpuOps: Backend {
         inv_freqs: &[f64],
         style: RopeStyle,
     ) -> Result<()> {
-        norm_rope::rope(self, x, head_dim, pos, inv_freqs, style)
+        norm_rope::rope(self, x, None, head_dim, pos, inv_freqs, style, None)
+    }
+
+    /// [`rope`](Self::rope) of the queries `q` and the keys `k` in one launch; with `norms`
+    /// (the q and k weights of head_dim values, and eps) each head RMS-normed first, in the
+    /// same launch (the per-head q/k norm).
+    fn rope_qk(
+        &self,
+        q: &mut Self::Buf<f32>,
+        k: &mut Self::Buf<f32>,
+        head_dim: usize,
+        pos: usize,
+        inv_freqs: &[f64],
+        style: RopeStyle,
+        norms: Option<QkNorms<'_, Self>>,
+    ) -> Result<()> {
+        norm_rope::rope(self, q, Some(k), head_dim, pos, inv_freqs, style, norms)
     }
 
     /// Write position `pos`'s keys and values into the caches: f16 (`u16` bits, rounded to

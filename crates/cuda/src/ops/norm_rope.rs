@@ -115,22 +115,36 @@ pub(crate) fn layer_norm<B: Backend>(
     dev.launch(launch, Checked(()))
 }
 
-/// Rotate every head of `x` (n_heads × head_dim) in place for position `pos`: the first
-/// `2 · inv_freqs.len()` values of each head, pair i by `pos · inv_freqs[i]`
-/// ([`ModelConfig::rope_inv_freqs`](powerinfer_core::ModelConfig::rope_inv_freqs)).
+/// The per-head RMSNorm weights of the queries and of the keys, and eps, that `rope` applies
+/// before rotating (Qwen3's and Gemma 3's q/k norm).
+pub type QkNorms<'a, B> = (
+    &'a <B as Backend>::Buf<f32>,
+    &'a <B as Backend>::Buf<f32>,
+    f32,
+);
+
+/// Rotate every head of `x` (and of `k`: the keys, in the same launch) in place for position
+/// `pos`: the first `2 · inv_freqs.len()` values of each head, pair i by `pos · inv_freqs[i]`
+/// ([`ModelConfig::rope_inv_freqs`](powerinfer_core::ModelConfig::rope_inv_freqs)); with
+/// `norms`, each head RMS-normed first (x's with the first weight, k's with the second).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn rope<B: Backend>(
     dev: &B,
     x: &mut B::Buf<f32>,
+    k: Option<&mut B::Buf<f32>>,
     head_dim: usize,
     pos: usize,
     inv_freqs: &[f64],
     style: RopeStyle,
+    norms: Option<QkNorms<'_, B>>,
 ) -> Result<()> {
+    let heads = |v: &B::Buf<f32>| v.len().is_multiple_of(head_dim.max(1));
     ensure!(
-        head_dim > 0 && head_dim.is_multiple_of(2) && x.len().is_multiple_of(head_dim),
+        head_dim > 0 && head_dim.is_multiple_of(2) && heads(x) && k.as_deref().is_none_or(heads),
         Shape,
-        "rope: {} values are not heads of even head_dim {head_dim}",
-        x.len()
+        "rope: {} (and {}) values are not heads of even head_dim {head_dim}",
+        x.len(),
+        k.as_deref().map_or(0, |k| k.len())
     );
     ensure!(
         !inv_freqs.is_empty() && 2 * inv_freqs.len() <= head_dim,
@@ -145,17 +159,32 @@ pub(crate) fn rope<B: Backend>(
         inv_freqs.len(),
         2 * MAX_ROPE_PAIRS
     );
+    if let Some((qn, kn, _)) = norms {
+        ensure!(
+            qn.len() == head_dim && kn.len() == head_dim,
+            Shape,
+            "rope: q/k norm weights of {} and {} for heads of {head_dim}",
+            qn.len(),
+            kn.len()
+        );
+    }
     let n_heads = x.len() / head_dim;
-    if n_heads == 0 {
+    let k_heads = k.as_deref().map_or(0, |k| k.len() / head_dim);
+    if n_heads + k_heads == 0 {
         return Ok(());
     }
     let launch = Launch::Rope {
         x,
         n_heads,
+        k,
+        k_heads,
         head_dim,
         pos,
         inv_freqs,
         neox: style == RopeStyle::Neox,
+        x_norm: norms.map(|n| n.0),
+        k_norm: norms.map(|n| n.1),
+        eps: norms.map_or(0.0, |n| n.2),
     };
     dev.launch(launch, Checked(()))
 }

@@ -46,7 +46,7 @@ pub(crate) fn predictor<B: Backend>(
             l.len()
         );
     }
-    matvec_rows(dev, fc1, x, None, rank, Act::Relu, hidden)?;
+    matvec_rows(dev, fc1, x, None, rank, Act::Relu, false, hidden)?;
     let launch = Launch::PredictorFc2 {
         dtype: fc2_t.dtype,
         fc2_t: &fc2_t.data,

@@ -106,8 +106,10 @@ pub(crate) fn check_rows<B: Backend>(
     Ok(())
 }
 
-/// `y[k] = act(dot(W[row k], x))` for k in 0..n, row k = `idx[k]` or k. The indices must be
-/// rows of `w` (the kernel does not check them). A dense matvec is `idx = None, n = rows`.
+/// `y[k] = act(dot(W[row k], x))` for k in 0..n, row k = `idx[k]` or k (`y[k] += ...` with
+/// `accumulate`). The indices must be rows of `w` (the kernel does not check them). A dense
+/// matvec is `idx = None, n = rows`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn matvec_rows<B: Backend>(
     dev: &B,
     w: &DeviceWeight<B>,
@@ -115,6 +117,7 @@ pub(crate) fn matvec_rows<B: Backend>(
     idx: Option<&B::Buf<i32>>,
     n: usize,
     act: Act,
+    accumulate: bool,
     y: &mut B::Buf<f32>,
 ) -> Result<()> {
     let x = x.arg(w.dtype, w.cols, "matvec_rows")?;
@@ -139,6 +142,7 @@ pub(crate) fn matvec_rows<B: Backend>(
         ids: None,
         flags: None,
         act,
+        accumulate,
         y,
     };
     dev.launch(launch, Checked(()))

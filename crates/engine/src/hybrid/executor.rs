@@ -237,6 +237,10 @@ impl<B: Backend> Hybrid for Executor<B> {
         self.dev.kernel_launches()
     }
 
+    fn graph_stats(&self) -> Option<powerinfer_cuda::graph::GraphStats> {
+        self.dev.graph_stats()
+    }
+
     fn mem_info(&self) -> Result<(usize, usize)> {
         self.dev.mem_info()
     }
@@ -307,7 +311,7 @@ impl<B: Backend> Hybrid for Executor<B> {
             sc.xq_of_xb = false;
         }
         // With graphs on, the step's launch batches are numbered from here (a graph each).
-        self.dev.begin_step();
+        self.dev.begin_step()?;
         embed(model, &[token], pos, &mut self.host.x)?;
         let mut res = Residency {
             on_host: true,
@@ -434,7 +438,12 @@ impl<B: Backend> Executor<B> {
         };
         let eps = c.rms_eps;
         let qkv_quant = [&a.wq, &a.wk, &a.wv].iter().any(|w| w.dtype.is_quantized());
-        for step in &model.program.layers[l].attention {
+        let steps = &model.program.layers[l].attention;
+        // A per-head q/k norm right before RoPE runs inside RoPE's launch.
+        let mut qk_norm_pending = false;
+        // The o projection added itself into the residual (the Residual step then adds nothing).
+        let mut residual_added = false;
+        for (i, step) in steps.iter().enumerate() {
             match step {
                 AttnStep::Norm(kind) => norm_into_xb(
                     dev,
@@ -459,6 +468,12 @@ impl<B: Backend> Executor<B> {
                         dev.add(&mut sc.v, bv)?;
                     }
                 }
+                AttnStep::QkNorm
+                    if !c.arch.qk_norm_full
+                        && matches!(steps.get(i + 1), Some(AttnStep::Rope { .. })) =>
+                {
+                    qk_norm_pending = true;
+                }
                 AttnStep::QkNorm => {
                     let (Some([nq, nk]), Some(kn)) = (&a.qk_norm, sc.kn.as_mut()) else {
                         powerinfer_core::bail!(Other, "layer {l}: no GPU q/k norm buffers");
@@ -474,9 +489,19 @@ impl<B: Backend> Executor<B> {
                     std::mem::swap(&mut sc.k, kn);
                 }
                 AttnStep::Rope { local } => {
+                    // Queries and keys in one launch, each head normed first when the q/k norm
+                    // was left for it.
                     let inv = &self.inv_freqs[usize::from(*local)];
-                    dev.rope(&mut sc.q, c.head_dim, pos, inv, c.rope_style)?;
-                    dev.rope(&mut sc.k, c.head_dim, pos, inv, c.rope_style)?;
+                    let norms = match (qk_norm_pending, &a.qk_norm) {
+                        (false, _) => None,
+                        (true, Some([nq, nk])) => Some((nq, nk, eps)),
+                        (true, None) => {
+                            powerinfer_core::bail!(Other, "layer {l}: no GPU q/k norm buffers")
+                        }
+                    };
+                    qk_norm_pending = false;
+                    let (hd, style) = (c.head_dim, c.rope_style);
+                    dev.rope_qk(&mut sc.q, &mut sc.k, hd, pos, inv, style, norms)?;
                 }
                 AttnStep::Attend(p) => {
                     let params = AttnParams {
@@ -495,6 +520,12 @@ impl<B: Backend> Executor<B> {
                 AttnStep::Output { bias } => {
                     let quant = a.wo.dtype.is_quantized();
                     let x = row_input(dev, quant, &sc.att, &mut sc.xq, &mut sc.xq_of_xb)?;
+                    if !bias && matches!(steps.get(i + 1), Some(AttnStep::Residual)) {
+                        // Straight into the residual, in the projection's launch.
+                        dev.matvec_add(&a.wo, x, c.dim, &mut sc.x)?;
+                        residual_added = true;
+                        continue;
+                    }
                     dev.matvec_rows(&a.wo, x, None, c.dim, Act::None, &mut sc.xb2)?;
                     if let (true, Some(b)) = (bias, &a.out_bias) {
                         dev.add(&mut sc.xb2, b)?;
@@ -508,6 +539,7 @@ impl<B: Backend> Executor<B> {
                     dev.rms_norm(&sc.xb2, post, 1, eps, &mut sc.xb)?;
                     std::mem::swap(&mut sc.xb, &mut sc.xb2);
                 }
+                AttnStep::Residual if residual_added => {}
                 AttnStep::Residual => dev.add(&mut sc.x, &sc.xb2)?,
             }
         }
@@ -583,7 +615,15 @@ impl<B: Backend> Executor<B> {
             }
             _ => false,
         };
-        let xb_quant = hot.layout.gate_dtype.is_quantized() || fc1_reads_xb;
+        // Not when a quantized fc1 reads the FFN's input instead: its quantize_x would overwrite
+        // xq before gate/up reads it.
+        let fc1_reads_input = match (predictor, gpu_pred) {
+            (Some((_, PredictorInput::FfnInp)), Some(gp)) => {
+                gpu_predictor && gp.fc1.dtype.is_quantized()
+            }
+            _ => false,
+        };
+        let xb_quant = (hot.layout.gate_dtype.is_quantized() && !fc1_reads_input) || fc1_reads_xb;
         for step in &prog.ffn {
             match step {
                 FfnStep::Norm(kind, _) => {
@@ -783,9 +823,13 @@ impl<B: Backend> Executor<B> {
                     }
 
                     // CPU: the cold neurons, then one upload of their sum, added on the GPU.
-                    if !cold.is_empty() {
-                        // The hot FFN's launches run while the CPU computes the cold neurons.
+                    // The hot FFN's launches run while the CPU computes the cold neurons (a
+                    // flush wherever the layer has cold neurons, whether or not this token
+                    // activates any: the step's batches keep their numbers from token to token).
+                    if !table.cold.is_empty() {
                         dev.flush()?;
+                    }
+                    if !cold.is_empty() {
                         self.part.resize(c.dim, 0.0);
                         let dense_down = match mode {
                             Sparsity::Dense => DenseDown::Always,

@@ -45,6 +45,9 @@ pub trait Hybrid: Send {
     fn allocated_bytes(&self) -> Option<usize>;
     /// Kernel launches so far by entry name, when the backend counts them (the emulator does).
     fn kernel_launches(&self) -> Option<std::collections::BTreeMap<String, u64>>;
+    /// The counters of the launch batches run as graphs, with graphs on (the CUDA device and the
+    /// emulator batch; `powerinfer_cuda::graph`).
+    fn graph_stats(&self) -> Option<powerinfer_cuda::graph::GraphStats>;
     /// (free, total) device memory.
     fn mem_info(&self) -> Result<(usize, usize)>;
     /// Transfers so far.
