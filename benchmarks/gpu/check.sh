@@ -6,18 +6,23 @@
 # tests on the device, and the hybrid decode benchmark; end with a short table. Full logs go to
 # $OUT (default target/gpu-check).
 #
-# Usage: check.sh [--device cuda|gpu-sim] [--artifacts DIR] [--quick]
+# Usage: check.sh [--device cuda|gpu-sim] [--artifacts DIR] [--quick] [--smoke]
+#   --quick  the small hybrid benchmark instead of the 7B shape
+#   --smoke  the plumbing only (what `.ci/run` checks on gpu-sim, where the suites have already
+#            run): every test binary loads and lists its tests, one small test of each runs,
+#            the wheel installs and imports, one hybrid test and the small benchmark run
 # Environment: STEP_TIMEOUT (seconds per step, default none); CHECK_SANITIZERS=0, CHECK_RUST=0 skip
 # those steps.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-DEVICE=cuda ART=target/gpu-artifacts QUICK=0
+DEVICE=cuda ART=target/gpu-artifacts QUICK=0 SMOKE=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --device) DEVICE=$2; shift 2 ;;
         --artifacts) ART=$2; shift 2 ;;
         --quick) QUICK=1; shift ;;
-        -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+        --smoke) SMOKE=1; QUICK=1; shift ;;
+        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -74,8 +79,28 @@ BIN=$ART/bin
 # --nocapture: the tests' own lines ("skipped: no CUDA device", "<test> <format>: ok on <device>")
 # reach the logs.
 [ "${CHECK_RUST:-1}" = 0 ] && BIN=/nonexistent && row "rust tests" skip "CHECK_RUST=0"
+# --smoke: each binary's one small test (by exact name), after it lists its tests.
+declare -A SMOKE_TEST=(
+    [nvrtc_ptx]=compile_errors_carry_the_nvrtc_log
+    [gpu_kernels]=elementwise
+    [no_device]=""
+    [hybrid]=transfers_are_counted_per_layer
+    [session_consistency]=prefill_equals_token_by_token
+)
+# rust_test NAME: the binary's tests (all of them, or --smoke's one after listing them all).
+rust_test() {
+    local t=$1
+    [ -x "$BIN/$t" ] || return 0
+    if [ "$SMOKE" = 1 ]; then
+        run "rust: $t loads" "rust_${t}_list.log" "$BIN/$t" --list
+        run "rust: $t ${SMOKE_TEST[$t]:-(all)}" "rust_$t.log" "$BIN/$t" ${SMOKE_TEST[$t]:+--exact} \
+            ${SMOKE_TEST[$t]} --test-threads 1 --nocapture
+    else
+        run "rust: $t" "rust_$t.log" "$BIN/$t" --test-threads 1 --nocapture
+    fi
+}
 for t in nvrtc_ptx gpu_kernels no_device; do
-    [ -x "$BIN/$t" ] && run "rust: $t" "rust_$t.log" "$BIN/$t" --test-threads 1 --nocapture
+    rust_test "$t"
 done
 # Every weight format the GPU kernels take (GPU_DTYPES in crates/cuda/src/kernels.rs) must have
 # passed the row kernels on the device: sparse_matvec and axpy_rows in each, the hot-slab FFN in
@@ -95,8 +120,8 @@ if [ "$DEVICE" = "cuda" ] && [ -f "$OUT/rust_gpu_kernels.log" ]; then
         row "rust: gpu formats on cuda" FAIL "not checked on the device:$missing"
     fi
 fi
-if [ "${CHECK_SANITIZERS:-1}" = 0 ]; then
-    row "compute-sanitizer" skip "CHECK_SANITIZERS=0"
+if [ "${CHECK_SANITIZERS:-1}" = 0 ] || [ "$SMOKE" = 1 ]; then
+    row "compute-sanitizer" skip "CHECK_SANITIZERS=0 or --smoke"
 elif [ "$DEVICE" = "cuda" ] && command -v compute-sanitizer >/dev/null 2>&1; then
     for tool in memcheck racecheck; do
         run "compute-sanitizer $tool" "sanitizer_$tool.log" \
@@ -106,7 +131,7 @@ elif [ "$DEVICE" = "cuda" ]; then
     row "compute-sanitizer" skip "not installed"
 fi
 for t in hybrid session_consistency; do
-    [ -x "$BIN/$t" ] && run "rust: $t" "rust_$t.log" "$BIN/$t" --test-threads 1 --nocapture
+    rust_test "$t"
 done
 
 # The wheel into a private folder (no registry needed: its Python dependencies are numpy and
@@ -117,9 +142,15 @@ if [ -n "$WHEEL" ]; then
     rm -rf "$SITE" && $PY -m pip install -q --no-deps --target "$SITE" "$WHEEL" >"$OUT/pip.log" 2>&1
     export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
     export POWERINFER_RS_TEST_DEVICES=$DEVICE
-    run "pytest: hybrid on $DEVICE" "pytest_hybrid.log" \
-        $PY -m pytest -q -p no:cacheprovider tests/test_hybrid.py tests/test_hybrid_families.py \
-        tests/test_hybrid_moe.py tests/test_kv_cache.py
+    if [ "$SMOKE" = 1 ]; then
+        run "pytest: one hybrid test on $DEVICE" "pytest_hybrid.log" \
+            $PY -m pytest -q -p no:cacheprovider \
+            "tests/test_hybrid.py::test_greedy_decoding_is_bit_identical_across_runs"
+    else
+        run "pytest: hybrid on $DEVICE" "pytest_hybrid.log" \
+            $PY -m pytest -q -p no:cacheprovider tests/test_hybrid.py \
+            tests/test_hybrid_families.py tests/test_hybrid_moe.py tests/test_kv_cache.py
+    fi
     if [ "$QUICK" = 1 ] || [ "$DEVICE" = "gpu-sim" ]; then
         run "bench: hybrid decode (small)" "bench_hybrid.log" \
             $PY benchmarks/bench_hybrid.py --device "$DEVICE" --small --json "$OUT/bench_hybrid.json"

@@ -1,9 +1,9 @@
 //! With the `emu` feature, compiles the CUDA kernels of `kernels/*.cu` for the host, after the
 //! emulator's header `emu/cuda_emu.h`, with the emulator's runtime (`emu/emu_runtime.cpp`), into
 //! one static library (the `cc` crate, C++20). `POWERINFER_EMU_SANITIZE=address` or `thread`
-//! builds them under AddressSanitizer (with UndefinedBehaviorSanitizer) or ThreadSanitizer;
-//! the binaries that link them then need the same `-fsanitize` at link time
-//! (`benchmarks/gpu/emu.sh` sets it). Without the feature this does nothing.
+//! builds them under AddressSanitizer (with UndefinedBehaviorSanitizer) or ThreadSanitizer and
+//! links the sanitizer's runtime into the binaries that link them (`benchmarks/gpu/emu.sh`
+//! preloads it into the test binaries). Without the feature this does nothing.
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
@@ -83,22 +83,35 @@ mod emu {
         let list = out.join("emu_modules.cpp");
         std::fs::write(&list, anchors).unwrap();
         b.file(list);
-        match std::env::var("POWERINFER_EMU_SANITIZE").as_deref() {
-            Ok("address") => {
+        // The sanitizer's runtime is linked by name into every binary that links the kernels
+        // (rustc links with -nodefaultlibs, so `-fsanitize` at link time would add none); the
+        // test runner preloads it (benchmarks/gpu/emu.sh). Set here rather than in RUSTFLAGS,
+        // so that switching sanitizers rebuilds this crate and its dependents, not every crate.
+        let sanitizer = std::env::var("POWERINFER_EMU_SANITIZE").unwrap_or_default();
+        let runtimes: &[&str] = match sanitizer.as_str() {
+            "address" => {
                 b.flag("-fsanitize=address,undefined")
                     .flag("-fno-sanitize-recover=undefined")
                     .flag("-fno-omit-frame-pointer")
                     .opt_level(1)
                     .debug(true);
+                &["asan", "ubsan"]
             }
-            Ok("thread") => {
+            "thread" => {
                 b.flag("-fsanitize=thread").opt_level(1).debug(true);
+                &["tsan"]
             }
-            Ok("") | Err(_) => {
+            "" => {
                 b.opt_level(2);
+                &[]
             }
-            Ok(other) => panic!("POWERINFER_EMU_SANITIZE={other}: expected address or thread"),
-        }
+            other => panic!("POWERINFER_EMU_SANITIZE={other}: expected address or thread"),
+        };
         b.compile("powerinfer_emu");
+        for lib in runtimes {
+            println!("cargo:rustc-link-lib=dylib={lib}");
+        }
+        // `powerinfer_cuda::EMU_SANITIZER`: the kernel tests size their sanitized runs by it.
+        println!("cargo:rustc-env=POWERINFER_EMU_SANITIZER={sanitizer}");
     }
 }

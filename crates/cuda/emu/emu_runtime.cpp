@@ -1,21 +1,33 @@
-// The gpu-emu runtime: runs one launch of a registered kernel on the CPU, one OS thread per
-// CUDA thread. Blocks run in waves of up to EMU_MAX_THREADS threads (at least two blocks a
-// wave when the grid has two), every thread of a wave started before any is joined, so blocks
-// overlap as on a GPU and the thread sanitizer sees their races. Called from Rust
+// The gpu-emu runtime: runs one launch of a registered kernel on the CPU. Called from Rust
 // (crates/cuda/src/emu.rs) through `powerinfer_emu_launch`, with the argument array
 // cuLaunchKernel would receive.
 //
-// Barriers are a mutex and condition variable (so the sanitizers see their ordering), with a
-// timeout: a barrier that part of a block never reaches aborts the launch with an error instead
-// of hanging. Threads that return drop out of their block's barrier and their warp's exchange.
+// A launch runs on the calling OS thread (tests and engines that launch from several threads run
+// their launches side by side), its CUDA threads as fibers (a stack each, switched by
+// emu_fibers.h), block after block, each fiber in thread order until it waits at a barrier or
+// returns. A barrier releases when every live thread of its block (or, for a shuffle, its warp)
+// has arrived; the waiters become ready in the order they came and the last arrival runs on. So
+// a kernel missing a __syncthreads reads what other threads have not yet written (0xff
+// garbage), every time, and a barrier nobody can release (every live fiber waiting) is an error
+// at once. Threads that return drop out of their block's barrier and their warp's exchange.
+// Fibers are kept per OS thread and reused: each loops, running the CUDA thread it is given and
+// switching back. Switching fibers costs a small fraction of waking an OS thread, which is where
+// an emulated launch used to spend its time (one OS thread per CUDA thread).
+//
+// Under the sanitizers (POWERINFER_EMU_SANITIZE) the fibers are announced to them
+// (emu_fibers.h). ThreadSanitizer sees each fiber as a thread and orders fibers only where CUDA
+// orders threads: a block's start after its setup, a barrier's leavers (__syncthreads, a
+// shuffle's lanes) after every arrival, the block's end before its teardown. Blocks run in waves of up to kMaxWave CUDA threads (at least two
+// blocks), all set up before any runs and torn down after all have run, on fibers none of them
+// shares: nothing orders one block of a wave after another, so races between blocks (an atomic
+// written as a plain add) are reported too.
 
-#include <pthread.h>
-#include <sched.h>
-
+#include <algorithm>
+#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,19 +35,19 @@
 #include <vector>
 
 #include "cuda_emu.h"
+#include "emu_fibers.h"
 
 extern "C" void powerinfer_emu_link_modules(void);  // emu_modules.cpp (written by build.rs)
 
 namespace emu {
 namespace {
 
+using fiber::Untracked;
+
 constexpr unsigned kWarp = 32;
 constexpr unsigned kMaxBlockThreads = 1024;
 constexpr std::size_t kMaxSharedBytes = 48 * 1024;  // static + dynamic, without opt-in
-constexpr unsigned kMaxThreads = 2048;              // live OS threads per wave
-constexpr std::size_t kStackBytes = 1 << 20;
-constexpr int kYields = 2000;  // polls of a barrier's generation before sleeping,
-constexpr std::chrono::milliseconds kYieldTime{5};  // for at most this long
+constexpr unsigned long kMaxWave = 256;  // ThreadSanitizer: CUDA threads on distinct fibers
 
 /// Thrown inside a CUDA thread when its launch has failed, to unwind it out of the kernel.
 struct Abort {};
@@ -56,94 +68,115 @@ std::chrono::milliseconds barrier_timeout() {
     return std::chrono::milliseconds(1000 * (v > 0 ? v : 60));
 }
 
-/// One launch: its first error, shared by every thread.
+/// One launch: its first error, shared by every thread. `failed` is read without ordering
+/// (a relaxed atomic), so that asking orders no fiber after another for ThreadSanitizer.
 struct Launch {
     std::mutex m;
     std::string error;
-    bool failed = false;
+    std::atomic<bool> failed{false};
     std::chrono::milliseconds timeout = barrier_timeout();
 
     void fail(const std::string& why) {
         std::lock_guard<std::mutex> g(m);
-        if (!failed) {
-            failed = true;
+        if (!failed.load(std::memory_order_relaxed)) {
             error = why;
+            failed.store(true, std::memory_order_relaxed);
         }
     }
-    bool has_failed() {
-        std::lock_guard<std::mutex> g(m);
-        return failed;
-    }
+    bool has_failed() const { return failed.load(std::memory_order_relaxed); }
 };
 
-/// A barrier for `expected` threads that may drop out; breaks (every waiter throws) on timeout.
-/// Waiters first yield the CPU while polling the generation (the threads they wait for are
-/// runnable, and a yield costs less than a sleep and a wake-up), then sleep on the condition
-/// variable. Arrivals go through the mutex and the generation is released by the last one, so
-/// a barrier orders every thread's writes before it against every read after it.
+struct Thread;
+
+/// A fiber of this OS thread's pool: it runs the CUDA thread `th` it is given, sets `done` and
+/// switches back to the scheduler, again and again.
+struct Fiber {
+    fiber::Context ctx;
+    Thread* th = nullptr;
+    bool done = false;
+};
+
+/// The fibers of the block an OS thread runs now: the ones ready to run, in order, and the one
+/// running.
+struct Scheduler {
+    fiber::Context main;  // the OS thread's own stack, where the scheduling loop runs
+    std::deque<Fiber*> ready;
+    Fiber* current = nullptr;
+};
+
+thread_local Scheduler* t_sched = nullptr;
+
+/// A barrier for `expected` fibers of one block that may drop out: a fiber that arrives before
+/// the last switches to the next ready one; the last arrival makes the waiters ready (in the
+/// order they came) and runs on. Broken (a failed launch), every waiter resumes and unwinds.
+/// For ThreadSanitizer each arrival releases, and each leaver acquires, the sync word of its
+/// generation (two alternate: generation g + 2 cannot begin before every fiber has left g).
 struct Barrier {
-    std::mutex m;
-    std::condition_variable cv;
     unsigned expected = 0, arrived = 0;
-    std::atomic<unsigned long> generation{0};
-    std::atomic<bool> broken{false};
+    unsigned long generation = 0;
+    std::vector<Fiber*> waiters;
+    const char* what = "";  // the construct the waiters wait in
+    std::chrono::steady_clock::time_point since;  // when the first of them arrived
+    bool broken = false;
+    char sync[2] = {};
 
-    void release_locked() {
+    void release() {
+        for (Fiber* f : waiters) t_sched->ready.push_back(f);
+        waiters.clear();
         arrived = 0;
-        generation.fetch_add(1, std::memory_order_release);
-        cv.notify_all();
+        ++generation;
     }
 
-    void wait(Launch& launch, const char* what) {
-        unsigned long gen;
+    /// Wait for the other members; ThreadSanitizer sees the leavers ordered after every arrival.
+    /// (A shuffle orders its lanes' memory too: what a lane read before a warp sum, another lane
+    /// may write after it, as rope's per-head norm does in place; the lanes' data dependence
+    /// through the shuffle orders them on a GPU.)
+    void wait(const Launch& launch, const char* construct) {
+        char* word;
         {
-            std::lock_guard<std::mutex> g(m);
-            if (broken) throw Abort{};
+            Untracked u;
+            if (broken || launch.has_failed()) throw Abort{};
+            word = &sync[generation % 2];
+        }
+        fiber::release(word);
+        Fiber* me = nullptr;
+        {
+            Untracked u;
             if (++arrived == expected) {
-                release_locked();
-                return;
+                release();
+            } else {
+                if (waiters.empty()) since = std::chrono::steady_clock::now();
+                what = construct;
+                me = t_sched->current;
+                waiters.push_back(me);
             }
-            gen = generation.load(std::memory_order_relaxed);
         }
-        // The timeout counts from arrival, yields included (on a busy machine a yield can take
-        // a whole time slice of another process).
-        const auto start = std::chrono::steady_clock::now();
-        for (int i = 0; i < kYields; ++i) {
-            if (generation.load(std::memory_order_acquire) != gen) return;
-            if (broken.load(std::memory_order_acquire)) throw Abort{};
-            if (i % 64 == 63 && std::chrono::steady_clock::now() - start > kYieldTime) break;
-            sched_yield();
+        if (me) {
+            fiber::swap(me->ctx, t_sched->main);
+            Untracked u;
+            if (broken || launch.has_failed()) throw Abort{};
         }
-        std::unique_lock<std::mutex> g(m);
-        const bool done = cv.wait_until(g, start + launch.timeout, [&] {
-            return generation.load(std::memory_order_acquire) != gen || broken;
-        });
-        if (broken) throw Abort{};
-        if (!done) {
-            broken = true;
-            cv.notify_all();
-            // The message is made under the lock: dropping threads change `expected`.
-            const std::string why = std::string(what) + ": " +
-                                    std::to_string(expected - arrived) +
-                                    " thread(s) never arrived (timeout; a barrier part of the "
-                                    "block skips?)";
-            g.unlock();
-            launch.fail(why);
-            throw Abort{};
-        }
+        fiber::acquire(word);
     }
 
-    /// A thread returned: the barrier no longer waits for it.
+    /// A fiber returned: the barrier no longer waits for it.
     void drop() {
-        std::lock_guard<std::mutex> g(m);
+        Untracked u;
         --expected;
-        if (arrived > 0 && arrived == expected) release_locked();
+        if (arrived > 0 && arrived == expected) release();
     }
 
     void break_all() {
-        std::lock_guard<std::mutex> g(m);
+        Untracked u;
         broken = true;
-        cv.notify_all();
+        release();
+    }
+
+    /// Why the waiters wait forever: `expected - arrived` members are elsewhere.
+    std::string never(const char* why) const {
+        Untracked u;
+        return std::string(what) + ": " + std::to_string(expected - arrived) +
+               " thread(s) never arrived (" + why + "; a barrier part of the block skips?)";
     }
 };
 
@@ -153,18 +186,19 @@ struct Barrier {
 struct Warp {
     Barrier bar;
     float vals[2][kWarp] = {};
-    std::atomic<unsigned> shuffles[kWarp] = {};  // per lane: shuffles it has entered
+    unsigned shuffles[kWarp] = {};  // per lane: shuffles it has entered (bookkeeping)
 };
 
-/// One block: its barrier, warps and shared memory.
+/// One block: its barrier, warps and shared memory; `start` / `end` order its setup before its
+/// threads and its threads before its teardown (ThreadSanitizer).
 struct Block {
     Launch* launch;
     Barrier bar;
     std::vector<std::unique_ptr<Warp>> warps;
-    std::mutex shared_m;
     std::map<int, void*> statics;
     std::size_t static_bytes = 0, dynamic_bytes = 0;
     void* dynamic = nullptr;
+    char start = 0, end = 0;
 
     Block(Launch* l, unsigned threads, std::size_t smem) : launch(l), dynamic_bytes(smem) {
         bar.expected = threads;
@@ -184,7 +218,7 @@ struct Block {
     }
 };
 
-/// What each CUDA thread's OS thread knows of its place.
+/// What each CUDA thread knows of its place.
 struct Thread {
     Block* block;
     uint3 tid, bid, bdim, gdim;
@@ -197,12 +231,13 @@ thread_local Block* t_block = nullptr;
 unsigned flat_tid() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
 
 void run_thread(Thread* t) {
-    threadIdx = t->tid;
-    blockIdx = t->bid;
-    blockDim = t->bdim;
-    gridDim = t->gdim;
-    t_block = t->block;
-    Block& b = *t->block;
+    Block* bp;
+    {
+        Untracked u;  // set before the block's start, which orders the rest
+        bp = t->block;
+    }
+    Block& b = *bp;
+    fiber::acquire(&b.start);
     try {
         if (!b.launch->has_failed()) t->invoke(t->args);
     } catch (const Abort&) {
@@ -214,120 +249,103 @@ void run_thread(Thread* t) {
     const unsigned f = flat_tid();
     b.warps[f / kWarp]->bar.drop();
     b.bar.drop();
+    fiber::release(&b.end);
 }
 
-/// Threads that have run CUDA threads wait here for the next one, so a launch costs a wake-up
-/// per CUDA thread rather than a thread start. Each wave still gets a distinct OS thread per CUDA
-/// thread, all running at once; the handoffs are mutex/condition-variable pairs, which the
-/// thread sanitizer sees.
-struct Wave {
-    std::mutex m;
-    std::condition_variable cv;
-    std::size_t remaining = 0;
-};
-
-struct Worker {
-    std::mutex m;
-    std::condition_variable cv;
-    Thread* task = nullptr;
-    Wave* wave = nullptr;
-};
-
-void* worker_main(void* p) {
-    Worker* w = static_cast<Worker*>(p);
+/// A fiber's life: CUDA threads, one after another, each followed by a switch back.
+void fiber_loop(void* p) {
+    fiber::started();
+    Fiber* f = static_cast<Fiber*>(p);
     for (;;) {
-        Thread* t;
-        Wave* wave;
+        Thread* th;
         {
-            std::unique_lock<std::mutex> g(w->m);
-            w->cv.wait(g, [&] { return w->task != nullptr; });
-            t = w->task;
-            wave = w->wave;
-            w->task = nullptr;
+            Untracked u;
+            th = f->th;
         }
-        run_thread(t);
-        std::lock_guard<std::mutex> g(wave->m);
-        if (--wave->remaining == 0) wave->cv.notify_all();
+        run_thread(th);
+        {
+            Untracked u;
+            f->done = true;
+        }
+        fiber::swap(f->ctx, t_sched->main);
     }
-    return nullptr;
 }
 
-struct Pool {
-    std::mutex m;
-    std::vector<Worker*> idle;
+/// This OS thread's fibers: made on demand, kept for its later launches, freed with it (every
+/// one suspended in its loop then).
+struct FiberPool {
+    std::vector<std::unique_ptr<Fiber>> all;
+    std::vector<Fiber*> idle;
 
-    /// `n` workers: idle ones first, then new threads; fewer when the OS refuses threads.
-    std::vector<Worker*> take(std::size_t n) {
-        std::vector<Worker*> out;
-        {
-            std::lock_guard<std::mutex> g(m);
-            while (out.size() < n && !idle.empty()) {
-                out.push_back(idle.back());
-                idle.pop_back();
-            }
+    Fiber* take() {
+        if (!idle.empty()) {
+            Fiber* f = idle.back();
+            idle.pop_back();
+            return f;
         }
-        pthread_attr_t attr;
-        pthread_attr_init(&attr);
-        pthread_attr_setstacksize(&attr, kStackBytes);
-        while (out.size() < n) {
-            Worker* w = new Worker();
-            pthread_t h;
-            if (pthread_create(&h, &attr, worker_main, w) != 0) {
-                delete w;
-                break;
-            }
-            pthread_detach(h);
-            out.push_back(w);
-        }
-        pthread_attr_destroy(&attr);
-        return out;
+        auto f = std::make_unique<Fiber>();
+        fiber::make(f->ctx, fiber::make_stack(), &fiber_loop, f.get());
+        all.push_back(std::move(f));
+        return all.back().get();
     }
-
-    void give_back(const std::vector<Worker*>& ws) {
-        std::lock_guard<std::mutex> g(m);
-        idle.insert(idle.end(), ws.begin(), ws.end());
+    ~FiberPool() {
+        for (auto& f : all) fiber::free_stack(f->ctx.stack);
     }
 };
 
-/// The pool (never destroyed: its threads outlive static destructors). A child made by fork()
-/// has none of its threads, so it starts a new pool (the old one, with a lock perhaps held by a
-/// thread that did not survive the fork, is left alone).
-Pool* g_pool = nullptr;
-std::once_flag g_pool_once;
+thread_local FiberPool t_fibers;
 
-Pool& pool() {
-    std::call_once(g_pool_once, [] {
-        g_pool = new Pool();
-        pthread_atfork(nullptr, nullptr, [] { g_pool = new Pool(); });
-    });
-    return *g_pool;
-}
-
-/// One launch at a time per process: a launch already uses every core, and concurrent launches
-/// (parallel tests) would multiply the threads held by the pool.
-std::mutex g_launch_m;
-
-/// Run every thread of `ts` at once on workers of the pool, and wait for all.
-bool run_wave(std::vector<Thread>& ts) {
-    std::vector<Worker*> ws = pool().take(ts.size());
-    if (ws.size() < ts.size()) {
-        pool().give_back(ws);
-        return false;
+/// Run every thread of block `b` (`ts[0..n]`, in thread order) on fibers of this OS thread's
+/// pool until all have returned (the fibers then go to `used`, for the caller to give back).
+/// Fibers that wait at barriers nobody can release fail the launch, then unwind. The caller
+/// orders the block's end (`acquire(&b.end)`) before its teardown.
+void run_block(Block& b, Thread* ts, std::size_t n, std::vector<Fiber*>& used) {
+    Untracked u;  // the scheduler's side (its fibers track their own accesses)
+    Scheduler s;
+    fiber::make_main(s.main);
+    const std::size_t first = used.size();
+    for (std::size_t i = 0; i < n; ++i) {
+        Fiber* f = t_fibers.take();
+        f->th = &ts[i];
+        f->done = false;
+        used.push_back(f);
+        s.ready.push_back(f);
     }
-    Wave wave;
-    wave.remaining = ts.size();
-    for (std::size_t i = 0; i < ts.size(); ++i) {
-        std::lock_guard<std::mutex> g(ws[i]->m);
-        ws[i]->task = &ts[i];
-        ws[i]->wave = &wave;
-        ws[i]->cv.notify_one();
+    const auto all_done = [&] {
+        return std::all_of(used.begin() + first, used.end(), [](Fiber* f) { return f->done; });
+    };
+    t_sched = &s;
+    t_block = &b;
+    blockIdx = ts[0].bid;
+    blockDim = ts[0].bdim;
+    gridDim = ts[0].gdim;
+    fiber::release(&b.start);
+    for (int round = 0; round < 2; ++round) {
+        while (!s.ready.empty()) {
+            s.current = s.ready.front();
+            s.ready.pop_front();
+            threadIdx = s.current->th->tid;
+            fiber::swap(s.main, s.current->ctx);
+        }
+        if (all_done()) break;
+        // Every live fiber waits, so none of these barriers can release: name one, then
+        // break them all (their waiters resume and unwind; the second round runs them).
+        std::string why;
+        if (!b.bar.waiters.empty()) why = b.bar.never("every other thread waits elsewhere");
+        for (auto& w : b.warps) {
+            if (why.empty() && !w->bar.waiters.empty()) {
+                why = w->bar.never("every other lane waits elsewhere");
+            }
+        }
+        b.launch->fail(why.empty() ? "fibers left waiting (emulator bug)" : why);
+        b.bar.break_all();
+        for (auto& w : b.warps) w->bar.break_all();
     }
-    {
-        std::unique_lock<std::mutex> g(wave.m);
-        wave.cv.wait(g, [&] { return wave.remaining == 0; });
-    }
-    pool().give_back(ws);
-    return true;
+    t_sched = nullptr;
+    t_block = nullptr;
+    // A fiber that did not unwind would still be inside its CUDA thread (not reached: an Abort
+    // reaches every waiter, and run_thread catches everything).
+    if (!all_done()) std::abort();
 }
 
 }  // namespace
@@ -345,12 +363,21 @@ float shfl_xor(unsigned mask, float v, int lane_mask) {
         throw Abort{};
     }
     Warp& w = *b.warps[f / kWarp];
-    const unsigned k = w.shuffles[lane]++;
+    unsigned k;
+    {
+        Untracked u;
+        k = w.shuffles[lane]++;
+    }
     float* buf = w.vals[k % 2];
     buf[lane] = v;
     w.bar.wait(*b.launch, "__shfl_xor_sync");
     // The barrier drops returned lanes: one that never entered shuffle k left no value.
-    if (w.shuffles[src] <= k) {
+    bool returned;
+    {
+        Untracked u;
+        returned = w.shuffles[src] <= k;
+    }
+    if (returned) {
         b.launch->fail("__shfl_xor_sync: lane " + std::to_string(src) + " of warp " +
                        std::to_string(f / kWarp) + " returned before the shuffle");
         w.bar.break_all();
@@ -361,7 +388,9 @@ float shfl_xor(unsigned mask, float v, int lane_mask) {
 
 void* static_shared(int key, std::size_t bytes) {
     Block& b = *t_block;
-    std::lock_guard<std::mutex> g(b.shared_m);
+    // The first thread to declare the array allocates it and fills it with garbage; to
+    // ThreadSanitizer that is nobody's write (the threads' own accesses are what it checks).
+    Untracked u;
     auto it = b.statics.find(key);
     if (it != b.statics.end()) return it->second;
     b.static_bytes += bytes;
@@ -441,19 +470,12 @@ static int launch(const char* entry, const unsigned* grid, const unsigned* block
         return 1;
     }
     emu::Launch launch;
-    const unsigned long per_wave = std::max(2ul, kMaxThreads / threads);
-    for (unsigned long first = 0; first < blocks && !launch.has_failed(); first += per_wave) {
-        const unsigned long n = std::min(per_wave, blocks - first);
-        std::vector<std::unique_ptr<Block>> wave;
-        std::vector<Thread> ts(n * threads);
-        for (unsigned long i = 0; i < n; ++i) {
-            const unsigned long id = first + i;
-            wave.push_back(std::make_unique<Block>(&launch, (unsigned)threads, smem));
-            const uint3 bid{(unsigned)(id % g.x), (unsigned)(id / g.x % g.y),
-                            (unsigned)(id / ((unsigned long)g.x * g.y))};
-            for (unsigned long t = 0; t < threads; ++t) {
-                Thread& th = ts[i * threads + t];
-                th = Thread{wave.back().get(),
+    // The threads of block `id` of the grid, in thread order.
+    const auto place = [&](Block* blk, unsigned long id, Thread* out) {
+        const uint3 bid{(unsigned)(id % g.x), (unsigned)(id / g.x % g.y),
+                        (unsigned)(id / ((unsigned long)g.x * g.y))};
+        for (unsigned long t = 0; t < threads; ++t) {
+            out[t] = Thread{blk,
                             uint3{(unsigned)(t % b.x), (unsigned)(t / b.x % b.y),
                                   (unsigned)(t / ((unsigned long)b.x * b.y))},
                             bid,
@@ -461,16 +483,26 @@ static int launch(const char* entry, const unsigned* grid, const unsigned* block
                             g,
                             e.invoke,
                             args};
-            }
         }
-        if (!run_wave(ts)) {
-            set_error(err, errlen,
-                      std::string(entry) + ": could not start " + std::to_string(ts.size()) +
-                          " OS threads for a wave of CUDA threads");
-            return 1;
+    };
+    // Block after block, each block's fibers back to the pool when it ends; under
+    // ThreadSanitizer in waves (see the top of this file).
+    const unsigned long per_wave = EMU_TSAN ? std::max(2ul, kMaxWave / threads) : 1;
+    std::vector<Fiber*> used;
+    for (unsigned long first = 0; first < blocks && !launch.has_failed(); first += per_wave) {
+        const unsigned long n = std::min(per_wave, blocks - first);
+        std::vector<std::unique_ptr<Block>> wave;
+        std::vector<Thread> ts(n * threads);
+        for (unsigned long i = 0; i < n; ++i) {
+            wave.push_back(std::make_unique<Block>(&launch, (unsigned)threads, smem));
+            place(wave.back().get(), first + i, &ts[i * threads]);
         }
+        for (unsigned long i = 0; i < n; ++i) run_block(*wave[i], &ts[i * threads], threads, used);
+        for (auto& blk : wave) fiber::acquire(&blk->end);
+        for (Fiber* f : used) t_fibers.idle.push_back(f);
+        used.clear();
     }
-    if (launch.failed) {
+    if (launch.has_failed()) {
         set_error(err, errlen, std::string(entry) + ": " + launch.error);
         return 1;
     }
@@ -484,7 +516,6 @@ extern "C" int powerinfer_emu_launch(const char* entry, const unsigned* grid, co
                                      std::size_t smem, void** args, const std::size_t* sizes,
                                      std::size_t nargs, char* err, std::size_t errlen) {
     try {
-        std::lock_guard<std::mutex> g(emu::g_launch_m);
         return launch(entry, grid, block, smem, args, sizes, nargs, err, errlen);
     } catch (const std::exception& e) {
         set_error(err, errlen, std::string(entry) + ": the emulator failed: " + e.what());
@@ -494,7 +525,23 @@ extern "C" int powerinfer_emu_launch(const char* entry, const unsigned* grid, co
     return 1;
 }
 
-bool emu::launch_failed() { return t_block && t_block->launch->has_failed(); }
+bool emu::launch_failed() {
+    if (!t_block) return false;
+    Block& b = *t_block;
+    // A fiber that polls without reaching a barrier (the deadlock self-test) keeps the others
+    // of its block from running: past the timeout, a barrier it leaves waiting fails the launch.
+    bool stuck;
+    {
+        Untracked u;
+        stuck = !b.bar.waiters.empty() &&
+                std::chrono::steady_clock::now() - b.bar.since > b.launch->timeout;
+    }
+    if (stuck && !b.launch->has_failed()) {
+        b.launch->fail(b.bar.never("timeout"));
+        b.bar.break_all();
+    }
+    return b.launch->has_failed();
+}
 
 /// The registered kernels' names, separated by '\n', into `out` (at most `len` bytes with the
 /// terminating 0); returns the bytes the whole list needs.

@@ -72,3 +72,10 @@ pub use repack::{is_repacked, repack_rows, unpack_row};
 pub const BUILT_WITH_CUDA: bool = cfg!(feature = "cuda");
 /// True when this build has the emulator (`device="gpu-emu"`, the `emu` feature).
 pub const BUILT_WITH_EMU: bool = cfg!(feature = "emu");
+/// The sanitizer the emulator's kernels were built under (`POWERINFER_EMU_SANITIZE` at build
+/// time: "address" or "thread"; `benchmarks/gpu/emu.sh --sanitize`), None for a plain build or
+/// one without the emulator. The kernel tests size their sanitized runs by it.
+pub const EMU_SANITIZER: Option<&str> = match option_env!("POWERINFER_EMU_SANITIZER") {
+    Some(s) if !s.is_empty() => Some(s),
+    _ => None,
+};

@@ -7,6 +7,7 @@
 #![cfg(feature = "cuda")]
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 mod support;
 use support::find_nvrtc;
@@ -16,6 +17,26 @@ use powerinfer_cuda::{
     kernels, nvrtc, Act, Backend, FfnAct, HostBackend, HostBuf, KvElem, Launch, RowLayout, XArg,
     GPU_DTYPES,
 };
+
+/// The PTX of `src` for `arch`, compiled once per process: the tests below ask for the same
+/// modules (every module for compute_80 three times), and each compile takes seconds.
+fn ptx(src: &kernels::KernelSource, arch: u32) -> Arc<str> {
+    type Slot = Arc<OnceLock<Arc<str>>>;
+    static PTX: OnceLock<Mutex<HashMap<(&'static str, u32), Slot>>> = OnceLock::new();
+    let slot = PTX
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap()
+        .entry((src.name, arch))
+        .or_default()
+        .clone();
+    slot.get_or_init(|| {
+        nvrtc::compile(src.name, &src.program(), arch)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .into()
+    })
+    .clone()
+}
 
 /// Architectures compiled in CI (Ampere and Hopper; sm_75 Turing as the oldest we name).
 const ARCHS: [u32; 3] = [75, 80, 90];
@@ -27,26 +48,28 @@ fn compile_all_kernels_to_ptx() {
     }
     let (major, minor) = nvrtc::nvrtc_version().unwrap();
     println!("NVRTC {major}.{minor}");
-    let mut checked = 0;
-    for arch in ARCHS {
-        for src in kernels::ALL {
-            let ptx =
-                nvrtc::compile(src.name, &src.program(), arch).unwrap_or_else(|e| panic!("{e}"));
+    let jobs: Vec<(u32, &kernels::KernelSource)> = ARCHS
+        .iter()
+        .flat_map(|&arch| kernels::ALL.iter().map(move |src| (arch, src)))
+        .collect();
+    let checked: usize = support::par_map(&jobs, |&(arch, src)| {
+        let ptx = ptx(src, arch);
+        assert!(
+            ptx.contains(&format!(".target sm_{arch}")),
+            "{}: PTX for the wrong target",
+            src.name
+        );
+        for entry in src.entries() {
             assert!(
-                ptx.contains(&format!(".target sm_{arch}")),
-                "{}: PTX for the wrong target",
+                ptx.contains(&format!(".entry {entry}(")),
+                "{} (compute_{arch}): no .entry {entry}",
                 src.name
             );
-            for entry in src.entries() {
-                assert!(
-                    ptx.contains(&format!(".entry {entry}(")),
-                    "{} (compute_{arch}): no .entry {entry}",
-                    src.name
-                );
-                checked += 1;
-            }
         }
-    }
+        src.entries().len()
+    })
+    .into_iter()
+    .sum();
     println!(
         "checked {checked} entries over {} architectures",
         ARCHS.len()
@@ -362,8 +385,7 @@ fn every_launch_spec_packs_its_kernels_parameters_with_their_widths() {
     }
     let mut params = HashMap::new();
     for src in kernels::ALL {
-        let ptx = nvrtc::compile(src.name, &src.program(), 80).unwrap_or_else(|e| panic!("{e}"));
-        params.extend(ptx_params(&ptx));
+        params.extend(ptx_params(&ptx(&src, 80)));
     }
     let specs = every_spec();
     let mut launched = std::collections::HashSet::new();
@@ -396,8 +418,7 @@ fn rope_takes_its_angles_by_value_as_the_launch_passes_them() {
     if !find_nvrtc() {
         return;
     }
-    let src = kernels::NORM_ROPE;
-    let ptx = nvrtc::compile(src.name, &src.program(), 80).unwrap_or_else(|e| panic!("{e}"));
+    let ptx = ptx(&kernels::NORM_ROPE, 80);
     // launch_spec.rs's RopeAngles: MAX_ROPE_PAIRS cosines then as many sines (f32), the seventh
     // argument.
     let bytes = 8 * powerinfer_cuda::ops::MAX_ROPE_PAIRS;

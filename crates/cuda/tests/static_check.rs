@@ -21,7 +21,7 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use powerinfer_cuda::{kernels, nvrtc};
 
@@ -200,35 +200,63 @@ fn find_nvdisasm() -> Option<PathBuf> {
         .find_map(|m| support::wheel_path(m, "bin/nvdisasm"))
 }
 
-/// Every kernel of every module on `arch`.
-fn facts_for(arch: u32, nvdisasm: &PathBuf) -> BTreeMap<String, Facts> {
-    let mut facts = BTreeMap::new();
+/// What the compilers say of one module on one architecture: ptxas's log, the PTX and the
+/// disassembled cubin.
+struct Outputs {
+    log: String,
+    ptx: String,
+    sass: String,
+}
+
+/// Compile `src` for `arch` (cubin with ptxas's report, and PTX) and disassemble the cubin.
+fn compile(src: &kernels::KernelSource, arch: u32, nvdisasm: &PathBuf, dir: &Path) -> Outputs {
+    let program = src.program();
+    let (cubin, log) =
+        nvrtc::compile_cubin_verbose(src.name, &program, arch).unwrap_or_else(|e| panic!("{e}"));
+    let ptx = nvrtc::compile(src.name, &program, arch).unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.join(format!("{}-sm_{arch}.cubin", src.name));
+    std::fs::write(&path, &cubin).unwrap();
+    let out = std::process::Command::new(nvdisasm)
+        .arg("-c")
+        .arg(&path)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}", nvdisasm.display()));
+    assert!(
+        out.status.success(),
+        "nvdisasm {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sass = String::from_utf8_lossy(&out.stdout).into_owned();
+    Outputs { log, ptx, sass }
+}
+
+/// Every kernel of every module on each architecture of [`ARCHS`], in that order (the modules
+/// compiled on every core: [`support::par_map`]).
+fn facts_per_arch(nvdisasm: &PathBuf) -> Vec<BTreeMap<String, Facts>> {
     let dir = std::env::temp_dir().join(format!("powerinfer-static-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for src in kernels::ALL {
-        let program = src.program();
-        let (cubin, log) = nvrtc::compile_cubin_verbose(src.name, &program, arch)
-            .unwrap_or_else(|e| panic!("{e}"));
-        read_ptxas(&log, &mut facts);
-        let ptx = nvrtc::compile(src.name, &program, arch).unwrap_or_else(|e| panic!("{e}"));
-        read_ptx(&ptx, &mut facts);
-        let path = dir.join(format!("{}-sm_{arch}.cubin", src.name));
-        std::fs::write(&path, &cubin).unwrap();
-        let out = std::process::Command::new(nvdisasm)
-            .arg("-c")
-            .arg(&path)
-            .output()
-            .unwrap_or_else(|e| panic!("{}: {e}", nvdisasm.display()));
-        assert!(
-            out.status.success(),
-            "nvdisasm {}: {}",
-            path.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        read_sass(&String::from_utf8_lossy(&out.stdout), &mut facts);
-        for e in src.entries() {
-            assert!(facts.contains_key(&e), "sm_{arch}: no facts for {e}");
+    let jobs: Vec<(u32, &kernels::KernelSource)> = ARCHS
+        .iter()
+        .flat_map(|&arch| kernels::ALL.iter().map(move |src| (arch, src)))
+        .collect();
+    let outputs = support::par_map(&jobs, |&(arch, src)| compile(src, arch, nvdisasm, &dir));
+    let mut all = Vec::new();
+    for arch in ARCHS {
+        let mut facts = BTreeMap::new();
+        for (&(a, src), out) in jobs.iter().zip(&outputs) {
+            if a != arch {
+                continue;
+            }
+            read_ptxas(&out.log, &mut facts);
+            read_ptx(&out.ptx, &mut facts);
+            read_sass(&out.sass, &mut facts);
+            for e in src.entries() {
+                assert!(facts.contains_key(&e), "sm_{arch}: no facts for {e}");
+            }
         }
+        facts.remove("");
+        all.push(facts);
     }
     // POWERINFER_RS_KEEP_CUBINS=1 keeps them, to read the machine code (`nvdisasm -c`).
     if std::env::var_os("POWERINFER_RS_KEEP_CUBINS").is_some() {
@@ -236,8 +264,7 @@ fn facts_for(arch: u32, nvdisasm: &PathBuf) -> BTreeMap<String, Facts> {
     } else {
         let _ = std::fs::remove_dir_all(&dir);
     }
-    facts.remove("");
-    facts
+    all
 }
 
 #[test]
@@ -252,11 +279,21 @@ fn every_kernel_passes_the_static_check() {
         println!("skipped: no nvdisasm (pip install nvidia-cuda-nvdisasm, or set NVDISASM)");
         return;
     };
+    // The table, printed and, where POWERINFER_RS_STATIC_CHECK_TABLE names a file, written
+    // there (`.ci/run` prints it without running the test a second time).
+    let mut table = String::new();
+    macro_rules! line {
+        ($($arg:tt)*) => {{
+            let l = format!($($arg)*);
+            println!("{l}");
+            table.push_str(&l);
+            table.push('\n');
+        }};
+    }
     let mut failures = Vec::new();
     let mut still_pending: BTreeMap<(String, Criterion), bool> = BTreeMap::new();
-    for arch in ARCHS {
-        let facts = facts_for(arch, &nvdisasm);
-        println!(
+    for (arch, facts) in ARCHS.into_iter().zip(facts_per_arch(&nvdisasm)) {
+        line!(
             "\nsm_{arch}: {:<28} {:>4} {:>6} {:>5} {:>6} {:>6} {:>5} {:>6} {:>6} {:>5}",
             "kernel",
             "regs",
@@ -270,7 +307,7 @@ fn every_kernel_passes_the_static_check() {
             "ldiv"
         );
         for (name, f) in &facts {
-            println!(
+            line!(
                 "sm_{arch}: {name:<28} {:>4} {:>6} {:>5} {:>6} {:>6} {:>5} {:>6} {:>6} {:>5}",
                 f.regs,
                 f.smem,
@@ -299,14 +336,17 @@ fn every_kernel_passes_the_static_check() {
             }
         }
     }
-    println!("\npending (not yet met, with why):");
+    line!("\npending (not yet met, with why):");
     for (p, c, why) in PENDING {
-        println!("  {p}* {c:?}: {why}");
+        line!("  {p}* {c:?}: {why}");
         match still_pending.get(&(p.to_string(), *c)) {
             Some(true) => {}
             Some(false) => failures.push(format!("{p}* now meets {c:?}: remove it from PENDING")),
             None => failures.push(format!("PENDING names {p}*, which no kernel matches")),
         }
+    }
+    if let Some(path) = std::env::var_os("POWERINFER_RS_STATIC_CHECK_TABLE") {
+        std::fs::write(&path, &table).unwrap_or_else(|e| panic!("{path:?}: {e}"));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
