@@ -45,8 +45,8 @@ def devices() -> list[str]:
 DEVICES = devices()
 #: The devices plus ``gpu-emu`` (the real CUDA kernels run on the CPU by the emulator) where the
 #: build has it: the tests of the acceptance shape (about half of a synthetic ReLU llama on the
-#: GPU side, in dense, exact-relu and predictor modes) run on it too. It runs a thread per CUDA
-#: thread, about 0.1 s per layer and token here, so the longer tests stay on the other devices.
+#: GPU side, in dense, exact-relu and predictor modes) run on it too. One core runs every CUDA
+#: thread of a launch, so the longer tests stay on the other devices.
 #: ``$POWERINFER_RS_TEST_DEVICES`` names the devices exactly (benchmarks/gpu/check.sh names
 #: cuda alone: the emulator's minutes belong to CI, not to a lent GPU's).
 WITH_EMU = (

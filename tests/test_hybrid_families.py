@@ -136,7 +136,7 @@ CASES = [
     for arch in FAMILIES
     for device in DEVICES_HERE
     for placement in PLACEMENTS
-    # The emulator runs a thread per CUDA thread: the placements that exercise the kernels.
+    # The emulator runs every CUDA thread on one core: the placements that exercise the kernels.
     if not (device == "gpu-emu" and placement in ("none", "all"))
 ]
 

@@ -121,7 +121,7 @@ CASES = [
     for dtype in ("F16", "Q8_0")
     for device in DEVICES + (["gpu-emu"] if WITH_EMU else [])
     for placement in PLACEMENTS
-    # The emulator runs a thread per CUDA thread: one file format, the partial placements.
+    # The emulator runs every CUDA thread on one core: one file format, the partial placements.
     if device != "gpu-emu" or (dtype == "Q8_0" and placement != "all")
 ]
 

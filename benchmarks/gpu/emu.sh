@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CUDA kernels without a GPU: builds the emulator (crates/cuda, feature `emu`: the real
-# kernels/*.cu compiled for the host, one OS thread per CUDA thread) and runs its tests:
+# kernels/*.cu compiled for the host, each CUDA thread a fiber) and runs its tests:
 #   - crates/cuda/tests/gpu_kernels.rs  each kernel against scalar / float64 references, one
 #                                       body on the host backend and the emulator (every f16
 #                                       bit pattern, rows past MAX_X_COLS, head dims to 256)
@@ -67,7 +67,8 @@ case "$SAN" in
         ;;
     *) echo "emu.sh: --sanitize takes address or thread, not '$SAN'" >&2; exit 2 ;;
 esac
-export POWERINFER_EMU_SANITIZE=$SAN
+# Set only for a sanitizer: build.rs reruns when it changes, and empty is not unset to cargo.
+if [ -n "$SAN" ]; then export POWERINFER_EMU_SANITIZE=$SAN; else unset POWERINFER_EMU_SANITIZE; fi
 # Sanitized runs are slower: give the emulator's barriers more time before calling a hang.
 export POWERINFER_EMU_TIMEOUT_S=${POWERINFER_EMU_TIMEOUT_S:-300}
 # The features of `.ci/run`'s cargo test (the workspace with the emulator), so that nothing

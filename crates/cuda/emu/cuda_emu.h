@@ -1,6 +1,6 @@
 // The CUDA surface our kernels use, for the host C++ compiler (gpu-emu): the kernel sources of
 // crates/cuda/kernels are compiled as ordinary C++ after this header and run on the CPU by
-// emu_runtime.cpp, one OS thread per CUDA thread, blocks of a grid overlapping.
+// emu_runtime.cpp, each CUDA thread a fiber of the launching OS thread (emu_fibers.h).
 //
 // Covered, and nothing more (a kernel using anything else fails to compile here):
 //   threadIdx / blockIdx / blockDim / gridDim     per-thread values set by the runtime
@@ -40,7 +40,7 @@ struct uint3 {
     unsigned x, y, z;
 };
 
-// The built-in variables, set by the runtime on each CUDA thread's OS thread.
+// The built-in variables, set by the runtime before it switches to a CUDA thread's fiber.
 inline thread_local uint3 threadIdx;
 inline thread_local uint3 blockIdx;
 inline thread_local uint3 blockDim;

@@ -1,13 +1,13 @@
 //! The emulator backend (`device="gpu-emu"`, feature `emu`): the real kernels of
 //! `kernels/*.cu`, compiled for the host by `build.rs` after `emu/cuda_emu.h`, run on the CPU
-//! with one OS thread per CUDA thread. Buffers live in host memory (each its own exact-size
+//! by `emu/emu_runtime.cpp`, each CUDA thread a fiber on the launching OS thread. Buffers live in host memory (each its own exact-size
 //! allocation, accounted as the plan counts device memory, like the host backend's), and every
 //! launch goes through the same [`LaunchSpec`](crate::launch_spec::LaunchSpec) as a GPU launch:
 //! the kernel is called through the `void**` argument array `cuLaunchKernel` would receive,
 //! after the emulator has checked the count and byte width of every argument against the
 //! kernel's declared parameters.
 //!
-//! It is slow (a thread per CUDA thread) and meant for tests and for checking a plan's kernels
+//! It is slow (one core does every CUDA thread's work) and meant for tests and for checking a plan's kernels
 //! without a GPU; under `benchmarks/gpu/emu.sh --sanitize address|thread` the same launches run
 //! under the sanitizers. With graphs on ([`crate::graph::GRAPHS_ENV`]) it batches launches as
 //! the CUDA device does, and its "graph" is the list of launches the batch was built from with
