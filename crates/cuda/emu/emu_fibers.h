@@ -15,6 +15,7 @@
 #pragma once
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define EMU_ASAN 1
 #else
@@ -110,6 +111,10 @@ inline void free_stack(const Stack& s) {
     const std::size_t page = (std::size_t)sysconf(_SC_PAGESIZE);
 #if EMU_TSAN
     __tsan_destroy_fiber(s.tsan);
+#endif
+#if EMU_ASAN
+    // The stack's frames left poisoned redzones: memory mapped here later must not inherit them.
+    __asan_unpoison_memory_region(s.low, kStackBytes);
 #endif
     munmap(static_cast<char*>(s.low) - page, kStackBytes + page);
 }
