@@ -39,7 +39,6 @@ extern "C" void AnnotateIgnoreWritesEnd(const char* file, int line);
 #include <cstddef>
 #include <cstdint>
 #include <new>
-#include <vector>
 
 #if !defined(__x86_64__) || defined(EMU_UCONTEXT)
 #include <ucontext.h>

@@ -48,10 +48,7 @@ fn compile_all_kernels_to_ptx() {
     }
     let (major, minor) = nvrtc::nvrtc_version().unwrap();
     println!("NVRTC {major}.{minor}");
-    let jobs: Vec<(u32, &kernels::KernelSource)> = ARCHS
-        .iter()
-        .flat_map(|&arch| kernels::ALL.iter().map(move |src| (arch, src)))
-        .collect();
+    let jobs = support::module_jobs(&ARCHS);
     let checked: usize = support::par_map(&jobs, |&(arch, src)| {
         let ptx = ptx(src, arch);
         assert!(

@@ -236,10 +236,7 @@ fn compile(src: &kernels::KernelSource, arch: u32, nvdisasm: &PathBuf, dir: &Pat
 fn facts_per_arch(nvdisasm: &PathBuf) -> Vec<BTreeMap<String, Facts>> {
     let dir = std::env::temp_dir().join(format!("powerinfer-static-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let jobs: Vec<(u32, &kernels::KernelSource)> = ARCHS
-        .iter()
-        .flat_map(|&arch| kernels::ALL.iter().map(move |src| (arch, src)))
-        .collect();
+    let jobs = support::module_jobs(&ARCHS);
     let outputs = support::par_map(&jobs, |&(arch, src)| compile(src, arch, nvdisasm, &dir));
     let mut all = Vec::new();
     for arch in ARCHS {

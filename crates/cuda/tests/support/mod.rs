@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use powerinfer_cuda::nvrtc;
+use powerinfer_cuda::{kernels, nvrtc};
 
 /// A path under the first directory of python3's package `module` (an NVIDIA wheel's
 /// namespace package), if it exists.
@@ -58,5 +58,14 @@ pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec
         .unwrap()
         .into_iter()
         .map(Option::unwrap)
+        .collect()
+}
+
+/// Every kernel module paired with every architecture of `archs`, architecture by
+/// architecture: the compile jobs of the NVRTC tests.
+pub fn module_jobs(archs: &[u32]) -> Vec<(u32, &'static kernels::KernelSource)> {
+    archs
+        .iter()
+        .flat_map(|&arch| kernels::ALL.iter().map(move |src| (arch, src)))
         .collect()
 }
