@@ -218,16 +218,23 @@ def _prepared_options(a: argparse.Namespace) -> tuple[str | None, dict]:
     """The model path and ``Engine.from_pretrained`` options of the command line: a prepared
     directory given as ``--model`` or ``--plan`` runs with its files; ``--vram-budget`` without
     a plan auto-fits (:func:`~.runtime.autofit.prepare`). Options given on the command line
-    win over the prepared ones."""
-    from .runtime.autofit import prepare, read_prepared
+    win over the prepared ones. The model is ``--model``'s, checked against the one a prepared
+    ``--plan DIR`` was made from; only ``--model DIR`` runs the model the directory records."""
+    from .runtime.autofit import check_budget, prepare, read_prepared
 
     opts = _engine_options(a)
     model = a.model
     prepared = None
-    for given in (a.model, a.plan):
+    for i, given in enumerate((a.model, a.plan)):
         if given is not None and os.path.isdir(given):
-            prepared = read_prepared(given) or prepared
+            found = read_prepared(given)
+            if found is not None and (i == 0 or a.model is None):
+                model = found.model
+            prepared = found or prepared
+    if prepared is not None:
+        prepared.check_model(model)
     if prepared is None and a.plan is None and a.vram_budget is not None:
+        check_budget(a.vram_budget)  # before anything else is done
         device = _auto_device(a)
         if device == "cpu" and str(a.vram_budget).strip().lower() != "auto":
             raise PlanError(
@@ -247,7 +254,7 @@ def _prepared_options(a: argparse.Namespace) -> tuple[str | None, dict]:
             quiet=getattr(a, "quiet", False),
         )
     if prepared is not None:
-        model = prepared.model
+        model = prepared.model if model is None else model  # None: the default model's
         own = prepared.engine_options()
         opts["plan"] = own["plan"]
         opts["vram_budget"] = None

@@ -31,45 +31,35 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import PlanError
+from .prepared import (
+    MANIFEST,
+    MANIFEST_FORMAT,
+    Prepared,
+    content_digest,
+    file_digests,
+    load_manifest,
+    model_problem,
+    model_record,
+    read_prepared,
+    write_manifest,
+)
+
+__all__ = ["MANIFEST", "Prepared", "prepare", "read_prepared", "check_budget", "stage_tokens"]
 
 #: The calibration and profiling text shipped with the package.
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "calibration.txt"
-#: The file a complete prepared directory holds.
-MANIFEST = "prepared.json"
 #: Model bytes up to which the stages take their full token counts; above, fewer (inversely).
 FULL_TOKENS_BYTES = 512 * 2**20
 #: Tokens of (calibration, profile) for a small model, and the least a large one gets.
 FULL_TOKENS = (4096, 8192)
 MIN_TOKENS = (512, 1024)
-
-
-@dataclass
-class Prepared:
-    """A prepared directory: the files its stages wrote and how to run them."""
-
-    dir: Path
-    model: str
-    plan: Path | None
-    thresholds: Path | None
-    predictors: Path | None
-    sparsity: str
-    manifest: dict
-
-    def engine_options(self) -> dict:
-        """``Engine.from_pretrained`` keyword arguments that run it."""
-        return {
-            "plan": None if self.plan is None else str(self.plan),
-            "sparsity": self.sparsity,
-            "thresholds": None if self.thresholds is None else str(self.thresholds),
-            "predictors": None if self.predictors is None else str(self.predictors),
-        }
 
 
 def stage_tokens(model_bytes: int) -> tuple[int, int]:
@@ -124,35 +114,6 @@ def _key(parts: dict) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def read_prepared(path: str | os.PathLike[str]) -> Prepared | None:
-    """The prepared directory at ``path``, or None when ``path`` is not one. A directory with
-    a manifest that names missing files is a :class:`PlanError` (run with ``--refresh``)."""
-    d = Path(path)
-    m = d / MANIFEST
-    if not (d.is_dir() and m.is_file()):
-        return None
-    try:
-        man = json.loads(m.read_text())
-        files = {k: (None if v is None else d / v) for k, v in man["files"].items()}
-        prepared = Prepared(
-            dir=d,
-            model=man["model"],
-            plan=files["plan"],
-            thresholds=files["thresholds"],
-            predictors=files["predictors"],
-            sparsity=man["sparsity"],
-            manifest=man,
-        )
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise PlanError(
-            f"{m}: not a prepared directory's manifest ({e}); prepare it again"
-        ) from None
-    missing = [str(p) for p in files.values() if p is not None and not p.exists()]
-    if missing:
-        raise PlanError(f"{d}: prepared files missing ({', '.join(missing)}); prepare it again")
-    return prepared
-
-
 def _run_stage(name: str, argv: list[str], quiet: bool) -> float:
     """Run stage ``name`` (its ``main(argv)``); its seconds. A failing stage is a PlanError
     naming it (the stage has printed why)."""
@@ -172,6 +133,79 @@ def _run_stage(name: str, argv: list[str], quiet: bool) -> float:
     return time.perf_counter() - t0
 
 
+#: The largest VRAM budget accepted (16 TiB: more than any one GPU holds, by far).
+MAX_BUDGET = 2**44
+
+
+def check_budget(vram_budget: str | int) -> int | None:
+    """The bytes of an auto-fit's ``vram_budget`` (None for "auto"), checked before any work:
+    a :class:`PlanError` for anything that is not a size (a unit it does not know, a negative
+    or non-finite number), for 0 (a plan that places nothing on the GPU: run without a budget)
+    and for more than :data:`MAX_BUDGET`."""
+    from ..planning.sizes import format_bytes, parse_bytes
+
+    if isinstance(vram_budget, str) and vram_budget.strip().lower() == "auto":
+        return None
+    if isinstance(vram_budget, float):  # parse_bytes reads it from its text
+        vram_budget = repr(vram_budget)
+    if not isinstance(vram_budget, (str, int)):
+        raise PlanError(f"vram budget: not a size: {vram_budget!r}; write e.g. 8GiB or auto")
+    try:
+        n = parse_bytes(vram_budget)
+    except OverflowError:  # int(float) of a huge text
+        n = MAX_BUDGET + 1
+    except PlanError as e:
+        raise PlanError(f"vram budget: {e}") from None
+    if n <= 0:
+        raise PlanError(
+            f"vram budget {vram_budget!r} places nothing on the GPU: give a size, or auto, or run "
+            "without --vram-budget on the CPU"
+        )
+    if n > MAX_BUDGET:
+        raise PlanError(
+            f"vram budget {vram_budget!r} is more than {format_bytes(MAX_BUDGET)}, more than any "
+            "GPU holds: give the GPU's memory or less, or auto"
+        )
+    return n
+
+
+def _key_difference(old: dict, new: dict) -> str:
+    """What an existing directory was prepared for that differs from ``new``'s key, in words."""
+    if any(old.get(k) != new[k] for k in ("fingerprint", "content")):
+        return "it was prepared for another model, or an older version of this one"
+    diff = [k for k in sorted(new) if old.get(k) != new[k]]
+    return "it was prepared for another " + ", ".join(
+        f"{k} ({old.get(k)!r}, now {new[k]!r})" for k in diff
+    )
+
+
+def _reusable(d: Path, parts: dict, model: str) -> tuple[Prepared | None, str | None]:
+    """The prepared directory ``d`` when it was prepared for ``parts`` from ``model``'s bytes
+    and every file matches its digest (its ``model`` is then ``model``); else None and why
+    (None too when ``d`` holds no manifest: nothing was prepared there)."""
+    try:
+        if not (d / MANIFEST).is_file():
+            return None, None
+        man = load_manifest(d)
+        if man["key"] != parts:
+            return None, _key_difference(man["key"], parts)
+        why = model_problem(model, man["model_files"])
+        if why is not None:
+            return None, f"the model is not the one it was prepared from ({why})"
+        done = read_prepared(d)
+    except PlanError as e:
+        return None, str(e)
+    except OSError as e:
+        return None, f"cannot read it ({e})"
+    assert done is not None
+    if done.manifest["model_files"] != man["model_files"]:  # a copy recognised by its bytes
+        done.manifest["model_files"] = man["model_files"]
+        with contextlib.suppress(OSError):
+            write_manifest(d, done.manifest)
+    done.model = model
+    return done, None
+
+
 def prepare(
     model: str | os.PathLike[str] | None,
     vram_budget: str | int,
@@ -186,17 +220,26 @@ def prepare(
     quiet: bool = False,
 ) -> Prepared:
     """Prepare ``model`` (a path; None: the default model) to run on ``device`` within
-    ``vram_budget`` ("auto": the free memory of GPU 0; or a size): the stages of the module doc,
-    into ``out`` or the cache (reused when complete, unless ``refresh``). Each stage prints a
-    one-line summary on stderr (and its progress bar unless ``quiet``).
+    ``vram_budget`` ("auto": the free memory of GPU 0; or a size, checked first by
+    :func:`check_budget`): the stages of the module doc, into ``out`` or the cache. Each stage
+    prints a one-line summary on stderr (and its progress bar unless ``quiet``).
+
+    A directory already prepared there is reused at once, unless ``refresh``, when it was
+    prepared for the same key from the same model bytes and its files match their digests;
+    otherwise it is prepared again, with a line on stderr saying why. That holds for ``out``
+    too: ``prepare --out DIR`` asks for DIR to hold this model at this budget, so a DIR made for
+    another budget or model is remade, as ``make`` remakes an out-of-date target (refusing would
+    only make the user type ``--refresh``; reusing it runs the wrong plan). The returned
+    :class:`Prepared` runs ``model``, wherever the directory was prepared from.
 
     With "auto" and no GPU (or a CPU ``device``) nothing is planned: it says so and prepares
     the CPU's sparse mode (thresholds or predictors) only."""
     from ..loading import load_model
-    from ..planning.sizes import format_bytes, parse_bytes
+    from ..planning.sizes import format_bytes
     from .default_model import default_model_path
 
-    path = str(default_model_path() if model is None else model)
+    budget = check_budget(vram_budget)
+    path = os.path.abspath(default_model_path() if model is None else model)
     own = _own_predictors(path)
     if own:
         from ..loading.powerinfer_gguf import load_powerinfer_gguf
@@ -206,18 +249,19 @@ def prepare(
         loaded = load_model(path)
     cfg = loaded.config
     hw_name, gpu = resolve_hardware(hardware)
-    auto = str(vram_budget).strip().lower() == "auto"
+    auto = budget is None
     if auto and (gpu is None or device == "cpu"):
         why = "no GPU was found" if gpu is None else "the device is the CPU"
         print(f"auto-fit: {why}: running on the CPU, nothing planned", file=sys.stderr)
         budget_text = None
     else:
-        budget_text = "auto" if auto else str(parse_bytes(vram_budget))
+        budget_text = "auto" if auto else str(budget)
     ctx = min(context or 4096, cfg.max_context)
     cal_tokens, prof_tokens = stage_tokens(token_bytes(loaded))
     relu = cfg.activation == "relu"
     parts = {
         "fingerprint": loaded.fingerprint,
+        "content": content_digest(loaded.tensors),
         "budget": budget_text,
         "free_at_prepare": _free_bytes() if auto and budget_text else None,
         "hardware": hw_name,
@@ -229,9 +273,13 @@ def prepare(
     }
     d = Path(out) if out is not None else prepared_root() / _key(parts)
     if not refresh:
-        done = read_prepared(d)
+        done, why = _reusable(d, parts, path)
         if done is not None:
             return done
+        if why is not None:
+            print(f"auto-fit: {d}: {why}; preparing it again", file=sys.stderr)
+    if out is None and d.is_dir():  # the cache's own directory: nothing of it is kept
+        shutil.rmtree(d)
     d.mkdir(parents=True, exist_ok=True)
     (d / MANIFEST).unlink(missing_ok=True)
     corpus = str(CORPUS)
@@ -279,17 +327,25 @@ def prepare(
             argv += ["--sparsity", "threshold" if not relu else _relu_mode(moe_gpu)]
         timings["plan"] = _run_stage("plan", argv, quiet)
     sparsity = "threshold" if not relu else _relu_mode(moe_gpu)
+    ours = {v for v in files.values() if v is not None}
+    profiled = "profile" in timings
+    digests = {
+        k: v
+        for k, v in file_digests(d).items()
+        if k in ours or (profiled and k.startswith("profile/"))
+    }
     manifest = {
+        "format": MANIFEST_FORMAT,
         "model": path,
+        "model_files": model_record(path),
         "key": parts,
         "files": files,
+        "digests": digests,
         "sparsity": sparsity,
         "seconds": timings,
         "corpus": "data/calibration.txt (Python 3.11 documentation, PSF License)",
     }
-    tmp = d / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2))
-    tmp.replace(d / MANIFEST)
+    write_manifest(d, manifest)
     total = sum(timings.values())
     budget_note = "" if budget_text is None else f", budget {format_bytes(_budget_of(d))}"
     steps = ", ".join(f"{k} {v:.1f} s" for k, v in timings.items())
@@ -299,13 +355,15 @@ def prepare(
     )
     result = read_prepared(d)
     assert result is not None
+    result.model = path
     return result
 
 
 #: Bumped when what the stages prepare changes for the same inputs (2: mixtures of experts get
-#: predictors per expert on the CPU, exact-relu with a plan), so older prepared directories are
-#: not reused.
-PIPELINE_REVISION = 2
+#: predictors per expert on the CPU, exact-relu with a plan; 3: the key holds the weights'
+#: content digest, the manifest every file's digest), so older prepared directories are not
+#: reused.
+PIPELINE_REVISION = 3
 
 
 def _relu_mode(moe_gpu: bool) -> str:

