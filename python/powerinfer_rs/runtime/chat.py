@@ -17,6 +17,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import ModelFileError, PowerInferError
+from .tokenizer import unencodable
 
 #: ChatML, used when a model ships no template.
 CHATML_TEMPLATE = (
@@ -28,8 +29,23 @@ CHATML_TEMPLATE = (
 
 
 class ChatTemplateError(PowerInferError, ValueError):
-    """The messages do not fit the template (the template called ``raise_exception``), or
-    they are not a list of ``{"role": str, "content": str}`` mappings."""
+    """The messages do not fit the template (the template called ``raise_exception``), they
+    are not a list of ``{"role": str, "content": str}`` mappings, they or the template's other
+    arguments hold a string that is not text (a lone surrogate), or their tool calls and
+    results do not add up (:func:`~.tools.check_tool_history`). ``param`` names the argument
+    at fault when known (``messages[2].tool_call_id``)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+def check_text_args(value: Any, where: str) -> None:
+    """Refuse (:class:`ChatTemplateError` naming the place) a string in ``value`` (nested dicts
+    and lists) that is not text: a lone surrogate, which the tokenizer cannot take."""
+    problem = unencodable(value, where)
+    if problem is not None:
+        raise ChatTemplateError(problem, param=problem.split(" ", 1)[0])
 
 
 def _raise_exception(message: str) -> None:
@@ -75,6 +91,7 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
             raise ChatTemplateError(f"message {i} has no string 'role'")
         if "content" in m and not isinstance(m["content"], (str, list, type(None))):
             raise ChatTemplateError(f"message {i}: 'content' must be a string")
+        check_text_args(m, f"messages[{i}]")
         out.append(dict(m))
     return out
 
@@ -94,6 +111,8 @@ def format_chat(
     :class:`ChatTemplateError` when the template rejects the conversation.
     """
     msgs = _check_messages(messages)
+    for name, value in extra.items():
+        check_text_args(value, name)
     tpl = _compile(template if template is not None else CHATML_TEMPLATE)
     try:
         return tpl.render(

@@ -26,6 +26,7 @@ from .generation import Generation, GenerationStats, locked
 from .modes import api_sparsity
 from .neuron_store import NeuronStoreMethods
 from .placement import PlanAndDevice, check_device
+from .tokenizer import check_text
 from .weight_memory import copy_weights
 
 #: Context size used when the caller gives none (the model's own if smaller).
@@ -439,7 +440,7 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         after the first of each window is scored."""
         if not isinstance(text, str):
             raise ShapeError(f"text must be a string, got {type(text).__name__}")
-        ids = self.tokenizer.encode(text, add_bos=False)
+        ids = self.tokenizer.encode(check_text("text", text), add_bos=False)
         return self.perplexity_of_ids(ids, window=window, progress=progress)
 
     @locked

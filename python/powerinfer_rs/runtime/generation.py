@@ -19,10 +19,10 @@ from .checks import check_int, check_seed
 from .constrain import Constraint, Grammar, grammar_of
 from .sampling import SamplingParams, log_probs, sample
 from .streaming import IncrementalDecoder, StopMatcher, TokenStep, TokenStream
+from .tokenizer import Tokenizer, check_text
 
 if TYPE_CHECKING:
     from ..loading import LoadedModel
-    from .tokenizer import Tokenizer
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -114,8 +114,11 @@ class Generation:
         """The prompt text the model's chat template makes of ``messages``, with OpenAI-style
         ``tools`` the model may call (:mod:`.tools`: the template's own way, or a fallback
         system prompt; earlier calls and results in ``messages`` written to match)."""
+        from .chat import check_text_args
         from .tools import prompt_messages
 
+        if tools is not None:
+            check_text_args(tools, "tools")
         tok = self.tokenizer
         bos = tok.id_to_token(tok.bos_id) if tok.bos_id is not None else ""
         eos = tok.id_to_token(tok.eos_ids[0]) if tok.eos_ids else ""
@@ -206,6 +209,8 @@ class Generation:
             stops = [stop]
         if not all(isinstance(s, str) for s in stops):
             raise ShapeError(f"stop must be a string or a list of strings, got {stop!r}")
+        for i, s in enumerate(stops):
+            check_text("stop" if isinstance(stop, str) else f"stop[{i}]", s)
         prompt_ids = self._encode_prompt(prompt)
         if len(prompt_ids) >= self.n_ctx:
             raise ContextOverflowError(
@@ -316,7 +321,7 @@ class Generation:
 
     def _encode_prompt(self, prompt: str | Sequence[int]) -> list[int]:
         if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt)
+            ids = self.tokenizer.encode(check_text("prompt", prompt))
         elif isinstance(prompt, (bytes, bytearray)) or not isinstance(prompt, Iterable):
             raise TokenError(
                 f"prompt must be a string or a sequence of token ids, got {type(prompt).__name__}"

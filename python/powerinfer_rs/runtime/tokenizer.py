@@ -96,6 +96,49 @@ BPE_PRE_WITH_BOS = frozenset(
 )
 
 
+def unencodable(value: Any, where: str) -> str | None:
+    """Why ``value`` cannot be handed to a tokenizer or grammar engine as text, or None.
+
+    Python strings may hold lone surrogates (``"\\ud800"``: from ``surrogateescape`` decoding,
+    a JSON ``"\\ud800"`` escape or a cut UTF-16 pair), which UTF-8, the HF tokenizers and
+    llguidance cannot encode. ``value`` is a string or nested dicts and lists of them (keys
+    included, walked without recursion); the answer names the first bad string by its path
+    below ``where`` (``messages[0].content``) and the code point's index in it.
+    """
+    stack: list[tuple[Any, str]] = [(value, where)]
+    while stack:
+        v, at = stack.pop()
+        if isinstance(v, str):
+            if v.isascii():
+                continue
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return (
+                    f"{at} holds the lone surrogate U+{ord(v[e.start]):04X} at index {e.start}, "
+                    "which is not text (UTF-8 cannot encode it)"
+                )
+        elif isinstance(v, Mapping):
+            items = list(v.items())
+            for k, x in reversed(items):
+                stack.append((x, f"{at}.{k}" if isinstance(k, str) and k.isidentifier()
+                              else f"{at}[{k!r}]"))  # fmt: skip
+                if isinstance(k, str):
+                    stack.append((k, f"{at} (a key)"))
+        elif isinstance(v, (list, tuple)):
+            stack.extend((x, f"{at}[{i}]") for i, x in reversed(list(enumerate(v))))
+    return None
+
+
+def check_text(name: str, text: str) -> str:
+    """``text`` when a tokenizer can take it; else a :class:`TokenError` naming ``name`` (a
+    lone surrogate: see :func:`unencodable`)."""
+    problem = unencodable(text, name)
+    if problem is not None:
+        raise TokenError(problem)
+    return text
+
+
 class Tokenizer:
     """A tokenizer with the model's BOS/EOS conventions.
 
@@ -305,7 +348,10 @@ class Tokenizer:
         return tok
 
     def token_to_id(self, s: str) -> int | None:
-        """The id of vocabulary string ``s``, or ``None`` when it is not in the vocabulary."""
+        """The id of vocabulary string ``s``, or ``None`` when it is not in the vocabulary (a
+        string that is not text, holding a lone surrogate, never is)."""
+        if isinstance(s, str) and unencodable(s, "s") is not None:
+            return None
         return self._inner.token_to_id(s)
 
     def is_special(self, i: int) -> bool:
@@ -323,9 +369,11 @@ class Tokenizer:
 
         ``add_bos=None`` follows the model's default. With ``special=False`` strings such as
         ``<|im_start|>`` are tokenized as plain text instead of becoming their special id.
+        Text holding a lone surrogate (``"\\ud800"``) is a :class:`TokenError`.
         """
         if not isinstance(text, str):
             raise TypeError(f"text must be str, got {type(text).__name__}")
+        check_text("text", text)
         inner = self._inner
         if not special:
             if self._plain is None:

@@ -82,10 +82,73 @@ def _arguments(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"_value": value}
 
 
+def check_tool_history(messages: list[dict[str, Any]]) -> None:
+    """Refuse a conversation whose tool calls and results do not add up, as OpenAI's API does
+    (:class:`~.chat.ChatTemplateError` naming the message): every call of an assistant
+    message has an ``id``; the ``tool`` messages right after it answer its calls, each by a
+    ``tool_call_id`` among them, and every call is answered before the next other message
+    (or the end of the conversation); a ``tool`` message anywhere else answers nothing."""
+    from .chat import ChatTemplateError
+
+    open_ids: list[str] | None = None  # the calls of the assistant message before this run
+    pending: dict[str, int] = {}  # call id -> index of the message that made it
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            continue
+        if m.get("role") == "tool":
+            cid = m.get("tool_call_id")
+            if not isinstance(cid, str) or not cid:
+                raise ChatTemplateError(
+                    f"messages[{i}]: a 'tool' message needs its 'tool_call_id'",
+                    param=f"messages[{i}].tool_call_id",
+                )
+            if open_ids is None:
+                raise ChatTemplateError(
+                    f"messages[{i}]: a 'tool' message must answer a call of the assistant "
+                    "message right before it (one with 'tool_calls'); none precedes it",
+                    param=f"messages[{i}].role",
+                )
+            if cid not in open_ids:
+                raise ChatTemplateError(
+                    f"messages[{i}].tool_call_id {cid!r} answers no call of the assistant "
+                    f"message before it (its calls: {open_ids})",
+                    param=f"messages[{i}].tool_call_id",
+                )
+            pending.pop(cid, None)
+            continue
+        _unanswered(pending)
+        open_ids = None
+        calls = m.get("tool_calls")
+        if m.get("role") == "assistant" and calls:
+            open_ids = []
+            for j, c in enumerate(calls if isinstance(calls, list) else []):
+                cid = c.get("id") if isinstance(c, dict) else None
+                if not isinstance(cid, str) or not cid:
+                    raise ChatTemplateError(f"messages[{i}].tool_calls[{j}] has no 'id'",
+                                            param=f"messages[{i}].tool_calls[{j}].id")  # fmt: skip
+                open_ids.append(cid)
+                pending[cid] = i
+    _unanswered(pending)
+
+
+def _unanswered(pending: dict[str, int]) -> None:
+    if pending:
+        from .chat import ChatTemplateError
+
+        at = min(pending.values())
+        raise ChatTemplateError(
+            f"messages[{at}]: an assistant message with 'tool_calls' must be followed by 'tool' "
+            f"messages answering each call; no answer to {sorted(pending)}",
+            param=f"messages[{at}].tool_calls",
+        )
+
+
 def prompt_messages(
     messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, template: str | None
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """``(messages, template variables)`` for a conversation with ``tools`` (None: none)."""
+    """``(messages, template variables)`` for a conversation with ``tools`` (None: none); a
+    history whose calls and results do not add up is refused (:func:`check_tool_history`)."""
+    check_tool_history(messages)
     native = template_takes_tools(template)
     out: list[dict[str, Any]] = []
     for m in messages:

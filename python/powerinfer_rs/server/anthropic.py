@@ -42,7 +42,7 @@ from ..runtime.tools import ToolCall
 from .errors import APIError, from_engine, parse_body
 from .responses import Calls, calls_for
 from .schemas import MAX_STOPS
-from .sse import collect, start_job
+from .sse import collect, failure, start_job
 from .worker import Done, Job
 
 log = logging.getLogger("powerinfer_rs.server")
@@ -189,8 +189,48 @@ def turn_messages(m: Message, where: str) -> list[dict[str, Any]]:
     return out
 
 
+def check_tool_turns(req: MessagesRequest | CountRequest) -> None:
+    """Refuse tool turns that do not add up, in Anthropic's words: every ``tool_use`` block has
+    an id and is answered by a ``tool_result`` block in the next message, and every
+    ``tool_result`` answers a ``tool_use`` of the message right before it. A ``tool_choice``
+    that asks for a call (any, tool) needs ``tools``."""
+    choice = req.tool_choice
+    if choice is not None and choice.type in ("any", "tool") and not req.tools:
+        raise APIError(400, f"tool_choice of type {choice.type!r} may only be specified "
+                       "while providing tools", param="tool_choice")  # fmt: skip
+    asked: list[str] = []  # the tool_use ids of the message before
+    for i, m in enumerate(req.messages):
+        blocks = [] if isinstance(m.content, str) else m.content
+        if asked:
+            answered = {b.tool_use_id for b in blocks if b.type == "tool_result"}
+            missing = [a for a in asked if a not in answered]
+            if m.role != "user" or missing:
+                raise APIError(
+                    400,
+                    f"messages.{i - 1}: `tool_use` ids were found without `tool_result` blocks "
+                    f"immediately after: {', '.join(missing or asked)}. Each `tool_use` block "
+                    "must have a corresponding `tool_result` block in the next message.",
+                    param="messages",
+                )
+        for j, b in enumerate(blocks):
+            if b.type == "tool_result" and b.tool_use_id not in asked:
+                raise APIError(
+                    400,
+                    f"messages.{i}.content.{j}: unexpected `tool_use_id` found in `tool_result` "
+                    f"blocks: {b.tool_use_id}. Each `tool_result` block must have a "
+                    "corresponding `tool_use` block in the previous message.",
+                    param="messages",
+                )
+            if b.type == "tool_use" and not b.id:
+                raise APIError(400, f"messages.{i}.content.{j}.id: Field required",
+                               param="messages")  # fmt: skip
+        asked = [b.id for b in blocks if b.type == "tool_use" and b.id]
+
+
 def template_messages(req: MessagesRequest | CountRequest) -> list[dict[str, Any]]:
-    """The conversation as the chat template takes it."""
+    """The conversation as the chat template takes it (its tool turns checked first:
+    :func:`check_tool_turns`)."""
+    check_tool_turns(req)
     out = []
     system = block_text(req.system, "system")
     if system:
@@ -259,6 +299,8 @@ def prepare(engine: Any, req: MessagesRequest) -> tuple[TokenStream, int, Calls 
         prompt = engine.format_chat(template_messages(req), tools=tools)
     except ChatTemplateError as e:
         raise APIError(400, str(e), param="messages") from None
+    except PowerInferError as e:
+        raise from_engine(e, "messages") from None
     if calls is not None:
         prompt += calls.prefix
     try:
@@ -348,8 +390,7 @@ async def events(
                 for b in text_delta(text):
                     yield b
         if item.error is not None:
-            e = APIError(500, f"generation failed: {type(item.error).__name__}: {item.error}")
-            yield event("error", {"error": error_body(e)["error"]})
+            yield event("error", {"error": error_body(failure(item))["error"]})
             return
         made: list[ToolCall] = []
         if calls is not None:
@@ -395,7 +436,7 @@ async def messages(request: Request, state: Any) -> Response:
         watcher.cancel()
         job.cancel()
     if done.error is not None:
-        raise APIError(500, f"generation failed: {type(done.error).__name__}: {done.error}")
+        raise failure(done)
     made: list[ToolCall] = []
     if calls is not None:
         text, made = calls.parse(text)
@@ -414,5 +455,7 @@ async def count_tokens(request: Request, state: Any) -> Response:
             return len(engine.tokenizer.encode(prompt))
         except ChatTemplateError as e:
             raise APIError(400, str(e), param="messages") from None
+        except PowerInferError as e:
+            raise from_engine(e, "messages") from None
 
     return JSONResponse({"input_tokens": await anyio.to_thread.run_sync(count)})

@@ -184,7 +184,9 @@ def prepare(
                 tools=None if calls is None else calls.tools,
             )
         except ChatTemplateError as e:
-            raise APIError(400, str(e), param=param) from None
+            raise APIError(400, str(e), param=e.param or param) from None
+        except PowerInferError as e:
+            raise from_engine(e, param) from None
         if calls is not None:
             prompt += calls.prefix
         limit = req.token_limit if req.token_limit is not None else engine.n_ctx

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from ..runtime.constrain import Grammar, tool_call_grammar
+from ..runtime.constrain import Grammar, GrammarError, check_tool_schemas, tool_call_grammar
 from ..runtime.streaming import TokenStep
 from ..runtime.tokenizer import Tokenizer
 from ..runtime.tools import ToolCall, ToolCallStream, parse_tool_calls, template_takes_tools
@@ -43,9 +43,15 @@ def calls_for(
     when a call is ``required`` or one is ``named``, as a call whose arguments are constrained
     to the tool's schema. Hermes-style conventions (the fallback prompt's, Qwen's, Hermes')
     are started in the prompt; other templates are left to the model. A ``named`` tool that is
-    not among ``tools`` is a 400 on ``param``."""
+    not among ``tools`` is a 400 on ``param``, and so is a tool no call could satisfy (its
+    parameters have no finite instance: :func:`~..runtime.constrain.check_tool_schemas`)
+    whatever the choice, before anything is generated."""
     from .errors import APIError
 
+    try:
+        check_tool_schemas(tools)
+    except GrammarError as e:
+        raise APIError(400, str(e), param="tools", code="invalid_schema") from None
     names = [t["function"]["name"] for t in tools]
     if named is not None and named not in names:
         raise APIError(

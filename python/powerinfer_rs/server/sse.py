@@ -11,6 +11,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from ..runtime.constrain import GrammarError
 from ..runtime.streaming import TokenStep, TokenStream
 from .errors import APIError
 from .responses import ChunkMaker
@@ -24,8 +25,12 @@ def sse(body: dict[str, Any]) -> bytes:
 
 
 def failure(done: Done) -> APIError:
-    """The error a job that failed in the engine answers with (no traceback)."""
+    """The error a job that failed in the engine answers with (no traceback): the request's
+    own constraint failing on the way (a grammar too complex for the grammar engine) is the
+    request's fault, a 400; anything else a 500."""
     e = done.error
+    if isinstance(e, GrammarError):
+        return APIError(400, f"generation failed: {e}", code="invalid_schema")
     return APIError(500, f"generation failed: {type(e).__name__}: {e}", type="server_error")
 
 
