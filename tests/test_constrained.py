@@ -168,3 +168,110 @@ def test_bad_response_formats_are_400s(server, rf, param, words):
         assert err["param"] == param and words in err["message"]
         assert http.post("/v1/chat/completions",
                          json={"messages": ASK, "max_tokens": 1}).status_code == 200  # fmt: skip
+
+
+# -- strings that are not text, schemas with no finite instance ---------------------------------
+
+LONE = "a\ud800b"
+
+
+@pytest.mark.parametrize(
+    ("kw", "words"),
+    [
+        (dict(json_schema={"enum": [LONE]}), "json_schema.enum[0]"),
+        (dict(json_schema={"type": "object", "properties": {LONE: {}}}),
+         "json_schema.properties (a key)"),
+        (dict(regex=LONE), "regex"),
+        (dict(grammar=f'start: "{LONE}"'), "grammar"),
+    ],
+)  # fmt: skip
+def test_constraints_that_are_not_text_are_grammar_errors_naming_them(eng, kw, words):
+    with pytest.raises(GrammarError) as e:
+        eng.stream_tokens("x", max_new_tokens=2, **kw)
+    assert isinstance(e.value, ValueError)
+    assert str(e.value).startswith(words) and "U+D800" in str(e.value)
+
+
+SELF_REQUIRED = {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}
+INFINITE = [
+    SELF_REQUIRED,
+    {"$ref": "#"},
+    {"allOf": [{"$ref": "#"}]},
+    {"type": "array", "items": {"$ref": "#"}, "minItems": 1},
+    {"type": "array", "prefixItems": [{"$ref": "#"}], "minItems": 1},
+    {"type": "array", "contains": {"$ref": "#"}},
+    {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"},
+    {"type": "object", "properties": {"x": {"$ref": "#/$defs/n"}}, "required": ["x"],
+     "$defs": {"n": {"type": "object", "properties": {"y": {"$ref": "#/$defs/n"}},
+                     "required": ["y"]}}},
+    {"anyOf": [{"$ref": "#"}, {"allOf": [{"$ref": "#"}]}]},
+    {"type": ["object", "array"], "properties": {"a": {"$ref": "#"}}, "required": ["a"],
+     "items": {"$ref": "#"}, "minItems": 2},
+]  # fmt: skip
+FINITE = [
+    True,
+    {},
+    SCHEMA,
+    {"type": "object", "properties": {"a": {"$ref": "#"}}},  # a not required
+    {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}},
+     "required": ["kids"]},  # a tree: the empty list ends it
+    {"anyOf": [{"type": "null"}, SELF_REQUIRED]},
+    {"properties": {"a": {"$ref": "#"}}, "required": ["a"]},  # no type: a string will do
+    {"type": ["object", "string"], "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
+    {"$defs": {"node": {"type": "object", "required": ["next"], "properties": {
+        "next": {"anyOf": [{"$ref": "#/$defs/node"}, {"type": "null"}]}}}},
+     "$ref": "#/$defs/node"},  # a linked list
+    {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/c"}, "c": {"type": "string"}},
+     "$ref": "#/$defs/a"},
+    {"type": "array", "contains": {"$ref": "#"}, "minContains": 0},
+    {"$ref": "https://example.com/remote.json"},  # not followed: the grammar engine's to judge
+    {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"],
+     "enum": [{"a": 1}]},
+]  # fmt: skip
+
+
+def test_schemas_with_no_finite_instance_are_found_and_no_other():
+    from powerinfer_rs.runtime.schema_check import no_finite_instance
+
+    for s in INFINITE:
+        assert no_finite_instance(s) is not None, s
+    for s in FINITE:
+        assert no_finite_instance(s) is None, s
+    deep: dict = {"type": "string"}
+    for _ in range(5000):  # deeper than Python's stack: left to the grammar engine
+        deep = {"type": "object", "properties": {"a": deep}, "required": ["a"]}
+    assert no_finite_instance(deep) is None
+
+
+@pytest.mark.parametrize("schema", INFINITE[:3], ids=["self-required", "ref-root", "allOf"])
+def test_a_schema_with_no_finite_instance_is_refused_before_generation(eng, schema):
+    before = eng.n_past
+    with pytest.raises(GrammarError, match="json_schema: this JSON schema has no finite instance"):
+        eng.stream_tokens("x", max_new_tokens=4, json_schema=schema)
+    assert eng.n_past == before
+    from powerinfer_rs.runtime.constrain import tool_call_grammar
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+    with pytest.raises(GrammarError, match=r"tools\[0\] \('f'\): .* no finite instance"):
+        tool_call_grammar(tools, None)
+
+
+def test_a_grammar_that_admits_nothing_fails_at_once_without_the_parser_state(eng):
+    """A Lark grammar is not analysed, but one that allows no text at all fails when the
+    constraint is made (the first mask), and llguidance's state dump is cut from the message."""
+    with pytest.raises(GrammarError, match="admits no text") as e:
+        eng.stream_tokens("x", max_new_tokens=4, grammar='start: %json {"$ref": "#"}')
+    assert "<state>" not in str(e.value) and "<grammar>" not in str(e.value)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("schema", [SELF_REQUIRED, {"$ref": "#"}], ids=["self", "ref"])
+def test_response_formats_with_no_finite_instance_are_400s(server, schema, stream):
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    with server.http() as http:
+        body = {"messages": ASK, "max_tokens": 8, "response_format": rf, "stream": stream}
+        r = http.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "response_format" and err["code"] == "invalid_schema"
+        assert "no finite instance" in err["message"] and "<state>" not in err["message"]

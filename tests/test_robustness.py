@@ -17,13 +17,14 @@ from powerinfer_rs.errors import (
     InternalError,
     ModelFileError,
     PlanError,
+    PowerInferError,
     ShapeError,
     TokenError,
     UnsupportedError,
 )
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.runtime import generation
-from powerinfer_rs.runtime.chat import fit_conversation
+from powerinfer_rs.runtime.chat import ChatTemplateError, fit_conversation
 from powerinfer_rs.runtime.checks import THREADS_CAP_FACTOR, usable_cores
 from powerinfer_rs.runtime.sampling import SamplingParams, sample
 
@@ -500,3 +501,61 @@ def test_numpy_arguments_are_accepted(small, fresh):
     )
     assert text == fresh(PROMPTS[0])
     assert math.isfinite(eng.perplexity_of_ids(ids, window=np.int64(4)))
+
+
+# -- 6. strings that are not text --------------------------------------------------------------
+
+#: A lone surrogate: a Python string no UTF-8 encoder, tokenizer or grammar engine can take.
+LONE = "a\ud800b"
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+UNENCODABLE_CALLS = [
+    ("prompt", TokenError, lambda e: e.generate(LONE, max_new_tokens=1)),
+    ("prompt", TokenError, lambda e: list(e.stream(LONE, max_new_tokens=1))),
+    ("prompt", TokenError, lambda e: e.stream_tokens(LONE, max_new_tokens=1)),
+    ("text", TokenError, lambda e: e.perplexity(LONE + " and more words here")),
+    ("text", TokenError, lambda e: e.tokenizer.encode(LONE)),
+    ("text", TokenError, lambda e: e.tokenizer.encode(LONE, special=False)),
+    ("stop", TokenError, lambda e: e.generate("x", max_new_tokens=1, stop=LONE)),
+    (r"stop\[1\]", TokenError, lambda e: e.generate("x", max_new_tokens=1, stop=["a", LONE])),
+    (r"messages\[0\].content", ChatTemplateError,
+     lambda e: e.chat([{"role": "user", "content": LONE}], max_new_tokens=1)),
+    (r"messages\[0\].role", ChatTemplateError,
+     lambda e: e.chat([{"role": LONE, "content": "hi"}], max_new_tokens=1)),
+    (r"messages\[0\].content", ChatTemplateError,
+     lambda e: e.format_chat([{"role": "system", "content": LONE},
+                              {"role": "user", "content": ""}])),
+    (r"messages\[1\].content\[0\].text", ChatTemplateError,
+     lambda e: e.format_chat([{"role": "user", "content": "hi"},
+                              {"role": "user", "content": [{"type": "text", "text": LONE}]}])),
+    (r"tools\[0\].function.description", ChatTemplateError,
+     lambda e: e.format_chat([{"role": "user", "content": "hi"}], tools=[
+         {"type": "function", "function": {"name": "f", "description": LONE}}])),
+    (r"messages\[1\].tool_calls\[0\].function.arguments", ChatTemplateError,
+     lambda e: e.format_chat([{"role": "user", "content": "hi"},
+                              {"role": "assistant", "tool_calls": [
+                                  {"id": "c1", "function": {"name": "f", "arguments": LONE}}]},
+                              {"role": "tool", "tool_call_id": "c1", "content": "ok"}],
+                             tools=[TOOL])),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "name,cls,call",
+    UNENCODABLE_CALLS,
+    ids=[f"{i}-{c[0]}" for i, c in enumerate(UNENCODABLE_CALLS)],
+)
+def test_strings_that_are_not_text_are_typed_errors_naming_the_argument(small, name, cls, call):
+    """A lone surrogate is refused before tokenizing, as a ValueError-derived PowerInferError
+    naming the argument and the character (never the tokenizer's raw TypeError), and the engine
+    keeps working."""
+    eng = Engine(small, threads=1)
+    with pytest.raises(cls, match=name) as e:
+        call(eng)
+    assert isinstance(e.value, ValueError) and isinstance(e.value, PowerInferError)
+    assert "U+D800 at index 1" in str(e.value)
+    assert eng.n_past == len(eng._context)
+    assert eng.generate([1, 2], max_new_tokens=2, **GREEDY)
+
+
+def test_token_to_id_of_a_string_that_is_not_text_is_none(small):
+    assert small.tokenizer.token_to_id(LONE) is None

@@ -188,3 +188,81 @@ def test_tool_choice_any_and_none(server):
                              tools=[WEATHER], tool_choice={"type": "none"})  # fmt: skip
     plain = c.messages.create(model="m", max_tokens=12, extra_body=GREEDY, messages=ASK_WEATHER)
     assert none.content[0].text == plain.content[0].text and none.stop_reason != "tool_use"
+
+
+# -- tool turns that do not add up, tools no call could satisfy --------------------------------
+
+USE = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
+RESULT = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"}
+
+
+@pytest.mark.parametrize(
+    ("messages", "words"),
+    [
+        ([{"role": "user", "content": [{**RESULT, "tool_use_id": "toolu_x"}]}],
+         "messages.0.content.0: unexpected `tool_use_id` found in `tool_result` blocks: toolu_x"),
+        ([*ASK_WEATHER, {"role": "assistant", "content": [USE]},
+          {"role": "user", "content": [{**RESULT, "tool_use_id": "toolu_2"}]}],
+         "messages.1: `tool_use` ids were found without `tool_result` blocks immediately after: "
+         "toolu_1"),
+        ([*ASK_WEATHER, {"role": "assistant", "content": [USE]}, *ASK_WEATHER],
+         "without `tool_result` blocks immediately after: toolu_1"),
+        ([*ASK_WEATHER, {"role": "assistant", "content": [USE]},
+          {"role": "user", "content": [RESULT]}, {"role": "assistant", "content": "Sunny."},
+          {"role": "user", "content": [RESULT]}],
+         "messages.4.content.0: unexpected `tool_use_id`"),
+        ([*ASK_WEATHER, {"role": "assistant", "content": [{**USE, "id": None}]},
+          {"role": "user", "content": "well?"}], "messages.1.content.0.id: Field required"),
+    ],
+)  # fmt: skip
+def test_tool_turns_that_do_not_add_up_are_400s(server, messages, words):
+    with server.http() as http:
+        for route in ("/v1/messages", "/v1/messages/count_tokens"):
+            body = {"model": "m", "max_tokens": 4, "messages": messages, "tools": [WEATHER]}
+            r = http.post(route, json=body)
+            assert r.status_code == 400, r.text
+            assert r.json() == {
+                "type": "error",
+                "error": {"type": "invalid_request_error", "message": r.json()["error"]["message"]},
+            }
+            assert words in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("choice", [{"type": "tool", "name": "get_weather"}, {"type": "any"}])
+def test_tool_choice_without_tools_is_a_400(server, choice):
+    c = client(server)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        c.messages.create(model="m", max_tokens=4, messages=QUESTION, tool_choice=choice)
+    body = e.value.body
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+    assert "may only be specified while providing tools" in body["error"]["message"]
+
+
+SELF_REQUIRED = {"type": "object", "required": ["a"], "properties": {"a": {"$ref": "#"}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("schema", [{"$ref": "#"}, SELF_REQUIRED], ids=["ref", "self"])
+def test_a_tool_no_call_could_satisfy_is_a_400_before_any_event(server, schema, stream):
+    with server.http() as http:
+        body = {"model": "m", "max_tokens": 8, "messages": ASK_WEATHER, "stream": stream,
+                "tools": [{"name": "f", "input_schema": schema}],
+                "tool_choice": {"type": "any"}}  # fmt: skip
+        r = http.post("/v1/messages", json=body)
+        assert r.status_code == 400, r.text
+        msg = r.json()["error"]["message"]
+        assert "tools[0] ('f')" in msg and "no finite instance" in msg and "<state>" not in msg
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_cut_off_by_max_tokens_leaks_no_call_text(server, stream):
+    c = client(server)
+    kw = dict(model="m", max_tokens=3, extra_body=GREEDY, messages=ASK_WEATHER, tools=[WEATHER],
+              tool_choice={"type": "any"})  # fmt: skip
+    if stream:
+        with c.messages.stream(**kw) as s:
+            msg = s.get_final_message()
+    else:
+        msg = c.messages.create(**kw)
+    assert msg.stop_reason == "max_tokens"
+    assert msg.content == []

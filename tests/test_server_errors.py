@@ -4,6 +4,7 @@ full queue on a second server (key set, one waiting place)."""
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -166,3 +167,33 @@ def test_a_full_queue_answers_429_at_once(keyed):
     second.join(60)
     assert len(results) == 2 and all(r.choices[0].text for r in results)
     keyed.wait_idle(done + 2)
+
+
+#: Where a lone surrogate goes: sent as the JSON escape "\\ud800" it is no text, and so no prompt.
+LONE = "@lone@"
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": LONE}]}),
+        ("/v1/chat/completions", {"messages": [{"role": LONE, "content": "hi"}]}),
+        ("/v1/chat/completions", {"messages": HI, "stop": [LONE]}),
+        ("/v1/chat/completions", {"messages": HI, "tools": [
+            {"type": "function", "function": {"name": "f", "description": LONE}}]}),
+        ("/v1/chat/completions", {"messages": HI, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "x", "schema": {"enum": [LONE]}}}}),
+        ("/v1/completions", {"prompt": LONE}),
+        ("/v1/messages", {"model": "m", "max_tokens": 2, "system": LONE, "messages": HI}),
+        ("/v1/messages/count_tokens", {"model": "m", "messages": [
+            {"role": "user", "content": [{"type": "text", "text": LONE}]}]}),
+    ],
+)  # fmt: skip
+def test_strings_that_are_not_text_are_400s(server, path, body):
+    raw = json.dumps(body).replace(LONE, "a\\ud800b")
+    r = post(server, path, raw)
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert "not valid JSON" in message and "Traceback" not in message
+    assert post(server, "/v1/chat/completions", OK_CHAT).status_code == 200

@@ -9,6 +9,7 @@ here): these tests check the calls' shape, not what SmolLM2 writes in them."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -192,3 +193,99 @@ def test_bad_tool_requests_are_400s_naming_the_field(server, kw, param):
         assert err["param"].startswith(param), err
         ok = http.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 1})
         assert ok.status_code == 200
+
+
+# -- tool histories that do not add up, tools no call could satisfy ----------------------------
+
+CALLED = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call_9", "type": "function",
+     "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]}  # fmt: skip
+ANSWER = {"role": "tool", "tool_call_id": "call_9", "content": "sunny"}
+BAD_HISTORIES = [
+    ([*ASK, {**ANSWER, "tool_call_id": "call_1"}], "messages[1].role", "none precedes it"),
+    ([*ASK, CALLED, {**ANSWER, "tool_call_id": "nope"}], "messages[2].tool_call_id",
+     "answers no call"),
+    ([*ASK, CALLED, {"role": "tool", "content": "sunny"}], "messages[2].tool_call_id",
+     "needs its 'tool_call_id'"),
+    ([*ASK, CALLED, *ASK], "messages[1].tool_calls", "no answer to ['call_9']"),
+    ([*ASK, CALLED], "messages[1].tool_calls", "no answer to ['call_9']"),
+    ([*ASK, CALLED, ANSWER, *ASK, ANSWER], "messages[4].role", "none precedes it"),
+    ([*ASK, {**CALLED, "tool_calls": [{"type": "function", "function": {"name": "get_time"}}]}],
+     "messages[1].tool_calls[0].id", "has no 'id'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("history", "param", "words"), BAD_HISTORIES)
+def test_tool_histories_that_do_not_add_up_are_refused(history, param, words):
+    from powerinfer_rs.runtime.chat import ChatTemplateError
+    from powerinfer_rs.runtime.tools import check_tool_history
+
+    with pytest.raises(ChatTemplateError, match=re.escape(words)) as e:
+        check_tool_history(history)
+    assert e.value.param == param
+    with pytest.raises(ChatTemplateError, match=re.escape(words)):
+        prompt_messages(history, TOOLS, CHATML_TEMPLATE)
+
+
+def test_tool_histories_that_add_up_are_taken():
+    from powerinfer_rs.runtime.tools import check_tool_history
+
+    two = {**CALLED, "tool_calls": [*CALLED["tool_calls"], {**CALLED["tool_calls"][0],
+                                                            "id": "call_10"}]}  # fmt: skip
+    for history in (
+        [*ASK, CALLED, ANSWER],
+        [*ASK, CALLED, ANSWER, {"role": "assistant", "content": "Sunny."}, *ASK],
+        [*ASK, two, {**ANSWER, "tool_call_id": "call_10"}, ANSWER],  # any order
+        [*ASK, CALLED, ANSWER, CALLED, ANSWER],
+    ):
+        check_tool_history(history)
+
+
+@pytest.mark.parametrize(("index", "history_param"), [(1, "messages[2].tool_call_id"),
+                                                      (3, "messages[1].tool_calls")])  # fmt: skip
+def test_tool_histories_that_do_not_add_up_are_400s(server, index, history_param):
+    history = BAD_HISTORIES[index][0]
+    with server.http() as http:
+        r = http.post("/v1/chat/completions",
+                      json={"messages": history, "tools": [WEATHER], "max_tokens": 2})  # fmt: skip
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == history_param
+        # without tools in the request too: the history alone is checked
+        r = http.post("/v1/chat/completions", json={"messages": history, "max_tokens": 2})
+        assert r.status_code == 400, r.text
+
+
+SELF_REF = {"type": "function", "function": {"name": "f", "parameters": {"$ref": "#"}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    "choice", ["required", "auto", {"type": "function", "function": {"name": "f"}}]
+)
+def test_a_tool_no_call_could_satisfy_is_a_400_before_generation(server, choice, stream):
+    with server.http() as http:
+        body = {"messages": ASK, "max_tokens": 8, "tools": [WEATHER, SELF_REF],
+                "tool_choice": choice, "stream": stream}  # fmt: skip
+        r = http.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "tools" and err["code"] == "invalid_schema"
+        assert "tools[1] ('f')" in err["message"] and "no finite instance" in err["message"]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_required_call_cut_off_by_max_tokens_leaks_no_call_text(server, stream):
+    """The prompt starts a required call; cut off before it closes, the answer has no calls
+    and no content (the inside of a call is never shown as text), and says "length"."""
+    c = server.client()
+    kw = dict(model="smollm2", messages=ASK, tools=[WEATHER], tool_choice="required",
+              temperature=0, max_tokens=3)  # fmt: skip
+    if not stream:
+        ch = c.chat.completions.create(**kw).choices[0]
+        assert ch.finish_reason == "length" and not ch.message.tool_calls
+        assert not ch.message.content
+    else:
+        chunks = [x for x in c.chat.completions.create(stream=True, **kw) if x.choices]
+        assert chunks[-1].choices[0].finish_reason == "length"
+        assert "".join(x.choices[0].delta.content or "" for x in chunks) == ""
+        assert not any(x.choices[0].delta.tool_calls for x in chunks)

@@ -127,6 +127,7 @@ class Generation:
             isinstance(m, dict) and ("tool_calls" in m or m.get("role") == "tool") for m in messages
         )
         if tools is not None or uses_tools:
+            check_text_args(messages, "messages")  # before the calls are written as JSON
             messages, extra = prompt_messages(messages, tools, template)
         else:
             extra = {}

@@ -394,7 +394,7 @@ async def events(
             return
         made: list[ToolCall] = []
         if calls is not None:
-            rest, made = calls.stream.finish()
+            rest, made = calls.finish()
             if rest:
                 for b in text_delta(rest):
                     yield b

@@ -32,8 +32,17 @@ class Calls:
         self.stream.push(self.prefix)
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
-        """The content and the calls of a whole answer."""
-        return parse_tool_calls(self.prefix + text, self.tools)
+        """The content and the calls of a whole answer. A call the prompt started (``prefix``)
+        that does not parse (cut off by ``max_tokens``) is no content: its text is the inside
+        of a call, never shown."""
+        content, calls = parse_tool_calls(self.prefix + text, self.tools)
+        return ("", []) if self.prefix and not calls else (content, calls)
+
+    def finish(self) -> tuple[str, list[ToolCall]]:
+        """The streamed answer's end: the content still to show and the calls (see
+        :meth:`parse`)."""
+        rest, calls = self.stream.finish()
+        return ("", []) if self.prefix and not calls else (rest, calls)
 
 
 def calls_for(
@@ -189,6 +198,7 @@ def full_response(
         reason = finish_reason(done)
         if calls is not None:
             content, made = calls.parse(text)
+            message["content"] = content
             if made:
                 message["content"] = content or None
                 message["tool_calls"] = [c.openai() for c in made]
@@ -256,7 +266,7 @@ class ChunkMaker:
         if self.calls is None:
             return [self._piece(text, steps, finish_reason(done))]
         self.calls.stream.push(text)
-        rest, made = self.calls.stream.finish()
+        rest, made = self.calls.finish()
         steps = self.held + steps
         if not made:
             return [self._piece(rest, steps, finish_reason(done))]
