@@ -275,3 +275,21 @@ def test_response_formats_with_no_finite_instance_are_400s(server, schema, strea
         err = r.json()["error"]
         assert err["param"] == "response_format" and err["code"] == "invalid_schema"
         assert "no finite instance" in err["message"] and "<state>" not in err["message"]
+
+
+def test_a_grammar_failing_during_generation_says_why_without_the_parser_state(eng):
+    """A Lark grammar embedding a schema with no finite instance is not analysed: llguidance
+    fails at the first token ("Too many items"); the error is a GrammarError without its state
+    dump, and the server answers it as the request's fault (400), not a 500."""
+    from powerinfer_rs.server.sse import failure
+    from powerinfer_rs.server.worker import Done
+
+    schema = {**SELF_REQUIRED, "x-guidance": {"whitespace_flexible": False}}
+    with pytest.raises(GrammarError) as e:
+        eng.generate(
+            "x", max_new_tokens=8, temperature=0, grammar=f"start: %json {json.dumps(schema)}"
+        )
+    assert "Too many items" in str(e.value) and "<state>" not in str(e.value)
+    answer = failure(Done("error", 1, 1, e.value))
+    assert answer.status == 400 and answer.code == "invalid_schema"
+    assert failure(Done("error", 1, 1, RuntimeError("boom"))).status == 500

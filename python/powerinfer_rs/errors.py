@@ -8,7 +8,8 @@ re-exported here: every error the package raises on bad input, from Python or fr
 * :class:`ModelFileError` - a model file or directory is missing, truncated or malformed;
 * :class:`UnsupportedError` - an architecture, format or feature the engine does not implement;
 * :class:`ShapeError` - shapes, sizes or config values that do not fit together;
-* :class:`TokenError` - a token id outside the vocabulary;
+* :class:`TokenError` - a token id outside the vocabulary, or text no tokenizer can take (a
+  string holding a lone surrogate such as ``"\\ud800"``, named by argument);
 * :class:`ContextOverflowError` - more tokens than the context holds;
 * :class:`PlanError` - a plan, threshold or predictor file made for another model;
 * :class:`VramBudgetError` - a placement that does not fit the VRAM budget;

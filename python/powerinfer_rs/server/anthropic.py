@@ -12,7 +12,10 @@ events: ``message_start``, ``content_block_start``, ``ping``, ``content_block_de
 name the served model. ``tools`` with ``tool_choice`` (auto, any, tool, none) as in the OpenAI
 route (:func:`~.responses.calls_for`: a required call's input constrained to its
 ``input_schema``), answered with ``tool_use`` blocks and ``stop_reason: "tool_use"``; the
-assistant's ``tool_use`` and the user's ``tool_result`` blocks are taken back in the history.
+assistant's ``tool_use`` and the user's ``tool_result`` blocks are taken back in the history,
+checked as Anthropic checks them (:func:`check_tool_turns`: every ``tool_use`` answered in the
+next message, every ``tool_result`` answering one; a ``tool_choice`` asking for a call needs
+``tools``); a tool whose ``input_schema`` no call could satisfy is a 400 before generation.
 Not served, refused with a 400 naming the field: images and documents, and a last turn by the
 assistant (prefill).
 """
