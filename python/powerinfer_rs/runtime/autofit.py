@@ -42,6 +42,7 @@ from .prepared import (
     MANIFEST,
     MANIFEST_FORMAT,
     Prepared,
+    checked,
     content_digest,
     file_digests,
     load_manifest,
@@ -192,12 +193,11 @@ def _reusable(d: Path, parts: dict, model: str) -> tuple[Prepared | None, str | 
         why = model_problem(model, man["model_files"])
         if why is not None:
             return None, f"the model is not the one it was prepared from ({why})"
-        done = read_prepared(d)
+        done = checked(d)
     except PlanError as e:
         return None, str(e)
     except OSError as e:
         return None, f"cannot read it ({e})"
-    assert done is not None
     if done.manifest["model_files"] != man["model_files"]:  # a copy recognised by its bytes
         done.manifest["model_files"] = man["model_files"]
         with contextlib.suppress(OSError):

@@ -160,7 +160,9 @@ def model_problem(model: str | os.PathLike[str], record: list[dict]) -> str | No
     try:
         files = model_paths(model)
         names = [f.name for f in files]
-        if names != [r["name"] for r in record]:
+        if len(files) != len(record) or (
+            Path(model).is_dir() and names != [r["name"] for r in record]
+        ):  # a single file's name may change (moved, copied)
             return f"its files are {names}, not {[r['name'] for r in record]}"
         for f, r in zip(files, record):
             st = f.stat()
@@ -246,8 +248,7 @@ def load_manifest(d: Path) -> dict:
         man = json.loads(raw)
         _check_types(man)
     except (OSError, ValueError, RecursionError) as e:  # PlanError is a ValueError
-        why = f"not a prepared directory's manifest ({e}); prepare it again"
-        raise PlanError(f"{m}: {why}") from None
+        raise PlanError(f"{m}: not a prepared directory's manifest ({e})") from None
     return man
 
 
@@ -262,7 +263,7 @@ def files_problem(d: Path, man: dict) -> str | None:
     for rel, want in digests.items():
         f = _relative(d, rel, "a digested file")
         if not f.is_file():
-            return f"{f} is missing"
+            return f"{f} is not a regular file" if f.exists() else f"{f} is missing"
         try:
             got = file_sha256(f)
         except OSError as e:
@@ -270,6 +271,28 @@ def files_problem(d: Path, man: dict) -> str | None:
         if got != want:
             return f"{f} does not match its digest in {MANIFEST} (edited or damaged)"
     return None
+
+
+def checked(d: Path) -> Prepared:
+    """The prepared directory ``d`` (its manifest present), every file checked against its
+    digest; a PlanError saying what is wrong (``model`` is the recorded one)."""
+    man = load_manifest(d)
+    files = {
+        k: (None if v is None else _relative(d, v, f"the {k} file"))
+        for k, v in man["files"].items()
+    }
+    why = files_problem(d, man)
+    if why is not None:
+        raise PlanError(why)
+    return Prepared(
+        dir=d,
+        model=man["model"],
+        plan=files["plan"],
+        thresholds=files["thresholds"],
+        predictors=files["predictors"],
+        sparsity=man["sparsity"],
+        manifest=man,
+    )
 
 
 def read_prepared(path: str | os.PathLike[str]) -> Prepared | None:
@@ -283,23 +306,7 @@ def read_prepared(path: str | os.PathLike[str]) -> Prepared | None:
             return None
     except (OSError, ValueError):  # a name the OS refuses
         return None
-    man = load_manifest(d)
     try:
-        files = {
-            k: (None if v is None else _relative(d, v, f"the {k} file"))
-            for k, v in man["files"].items()
-        }
-        why = files_problem(d, man)
+        return checked(d)
     except PlanError as e:
-        why = str(e)
-    if why is not None:
-        raise PlanError(f"{d}: {why}; prepare it again (prepare --refresh)")
-    return Prepared(
-        dir=d,
-        model=man["model"],
-        plan=files["plan"],
-        thresholds=files["thresholds"],
-        predictors=files["predictors"],
-        sparsity=man["sparsity"],
-        manifest=man,
-    )
+        raise PlanError(f"{d}: {e}; prepare it again (prepare --refresh)") from None
