@@ -45,7 +45,8 @@ def check_text_args(value: Any, where: str) -> None:
     and lists) that is not text: a lone surrogate, which the tokenizer cannot take."""
     problem = unencodable(value, where)
     if problem is not None:
-        raise ChatTemplateError(problem, param=problem.split(" ", 1)[0])
+        path = problem.rsplit(" holds the lone surrogate", 1)[0].removesuffix(" (a key)")
+        raise ChatTemplateError(problem, param=path)
 
 
 def _raise_exception(message: str) -> None:
