@@ -153,6 +153,41 @@ def fuzz_main(load: Callable[[], OneInput], *, mutator: Callable | None = None) 
     atheris.Fuzz()
 
 
+#: The files of the prepared directory the ``prepared_dir`` target reads (and its seeds name):
+#: relative path -> bytes; and the bytes of its model file.
+PREPARED_FILES = {
+    "thresholds.json": b'{"format": "thresholds", "layers": [0.5, 0.25]}\n',
+    "plan.safetensors": b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ",
+    "profile/counts.npy": bytes(range(64)),
+}
+PREPARED_MODEL = b"GGUF" + bytes(range(256)) * 4
+
+
+def prepared_dir(root: Path) -> tuple[Path, Path, dict]:
+    """Write :data:`PREPARED_FILES` into ``root/prep`` and :data:`PREPARED_MODEL` into
+    ``root/model.gguf``; the directory, the model and the manifest that describes them (the
+    ``prepared.json`` :func:`powerinfer_rs.runtime.autofit.prepare` would write)."""
+    from powerinfer_rs.runtime import prepared
+
+    d = root / "prep"
+    for rel, data in PREPARED_FILES.items():
+        write(d / rel, data)
+    model = write(root / "model.gguf", PREPARED_MODEL)
+    os.utime(model, ns=(10**18, 10**18))  # a fixed time: the seeds are the same every time
+    manifest = {
+        "format": prepared.MANIFEST_FORMAT,
+        "model": "/models/model.gguf",
+        "model_files": prepared.model_record(model),
+        "key": {"fingerprint": "fp", "content": "c", "budget": "2097152"},
+        "files": {"plan": "plan.safetensors", "thresholds": "thresholds.json", "predictors": None},
+        "digests": prepared.file_digests(d),
+        "sparsity": "threshold",
+        "seconds": {"calibrate": 1.0},
+        "corpus": "seed",
+    }
+    return d, model, manifest
+
+
 def plan_shape():
     """The model the plan seeds are made for (``make_seeds.py``) and the plan target checks
     plans against: 2 layers of 16 neurons, fingerprint ``fp``."""

@@ -175,6 +175,13 @@ def main() -> int:
         put("samples", "0-meta.json", b"\x00" + (sdir / "meta.json").read_bytes())
         put("samples", "1-shard.npz", b"\x01" + shard_path(sdir, 0, 0).read_bytes())
 
+        from harness import PREPARED_FILES, PREPARED_MODEL, prepared_dir
+
+        _, _, manifest = prepared_dir(tmp / "prepared")
+        put("prepared_dir", "0-prepared.json", b"\x00" + json.dumps(manifest, indent=2).encode())
+        put("prepared_dir", "1-thresholds.json", b"\x01" + PREPARED_FILES["thresholds.json"])
+        put("prepared_dir", "2-model.gguf", b"\x02" + PREPARED_MODEL)
+
         from powerinfer_rs.testing.synth import write_hf_model
 
         hf = tmp / "hf"

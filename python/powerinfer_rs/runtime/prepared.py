@@ -262,11 +262,11 @@ def files_problem(d: Path, man: dict) -> str | None:
             return f"the {kind} file {rel!r} has no digest"
     for rel, want in digests.items():
         f = _relative(d, rel, "a digested file")
-        if not f.is_file():
-            return f"{f} is not a regular file" if f.exists() else f"{f} is missing"
         try:
+            if not f.is_file():
+                return f"{f} is not a regular file" if f.exists() else f"{f} is missing"
             got = file_sha256(f)
-        except OSError as e:
+        except OSError as e:  # a name too long, a permission, an I/O error
             return f"{f} cannot be read ({e})"
         if got != want:
             return f"{f} does not match its digest in {MANIFEST} (edited or damaged)"
