@@ -375,6 +375,15 @@ def test_an_out_dir_for_another_budget_or_model_is_prepared_again(base, tmp_path
     assert code == 0 and "auto-fit" not in err and str(d) in text, err
 
 
+def test_an_out_path_that_is_a_file_is_a_plan_error(base, tmp_path):
+    model, _ = base["silu"]
+    (tmp_path / "file").write_text("mine")
+    for out in (tmp_path / "file", tmp_path / "file" / "sub"):
+        with pytest.raises(PlanError, match="cannot prepare into"):
+            prep(base, model, out)
+    assert (tmp_path / "file").read_text() == "mine"
+
+
 def test_the_cache_prepares_a_changed_key_into_its_own_directory(base, tmp_path, monkeypatch):
     monkeypatch.setenv("POWERINFER_RS_CACHE", str(tmp_path / "cache"))
     model, _ = base["silu"]

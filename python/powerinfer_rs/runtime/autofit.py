@@ -278,10 +278,13 @@ def prepare(
             return done
         if why is not None:
             print(f"auto-fit: {d}: {why}; preparing it again", file=sys.stderr)
-    if out is None and d.is_dir():  # the cache's own directory: nothing of it is kept
-        shutil.rmtree(d)
-    d.mkdir(parents=True, exist_ok=True)
-    (d / MANIFEST).unlink(missing_ok=True)
+    try:
+        if out is None and d.is_dir():  # the cache's own directory: nothing of it is kept
+            shutil.rmtree(d)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / MANIFEST).unlink(missing_ok=True)
+    except OSError as e:
+        raise PlanError(f"auto-fit: cannot prepare into {d}: {e}") from None
     corpus = str(CORPUS)
     common = ["--model", path]
     run = ["--threads", str(threads)]
