@@ -298,7 +298,7 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
             }
             let ffn = s.gate.len();
             let n = s.gate.iter().filter(|h| h.abs() >= t).count();
-            if n as f32 > m.down_crossover()? * ffn as f32 {
+            if n as f32 > m.down_crossover_at(call.layer)? * ffn as f32 {
                 // So many neurons pass that the dense product over the masked values is
                 // cheaper than an axpy over their down_t rows (the same function).
                 zero_below(&mut s.gate, t);
@@ -570,7 +570,9 @@ pub(crate) fn rows_ffn(
     let dense = match dense_down {
         DenseDown::Never => false,
         DenseDown::Always => true,
-        DenseDown::AboveCrossover => s.idx.len() as f32 > model.down_crossover()? * ffn as f32,
+        DenseDown::AboveCrossover => {
+            s.idx.len() as f32 > model.down_crossover_at(layer)? * ffn as f32
+        }
     };
     if dense {
         s.gate.clear();

@@ -120,7 +120,7 @@ pub struct LayerCopies {
 pub struct InputCopies {
     pub layers: Vec<LayerCopies>,
     /// Per matrix shape and format, the share of kept inputs above which one token's product is
-    /// cheaper as the dense matvec over the masked input (see [`measure_crossover`]).
+    /// taken as the dense matvec over the masked input (see [`input_crossover_share`]).
     pub crossover: HashMap<ShapeKey, f32>,
 }
 
@@ -129,61 +129,24 @@ pub type ShapeKey = (DType, usize, usize);
 
 /// Environment variable pinning every crossover of the input mode (a share of kept inputs in
 /// 0..=1: 0 always takes the dense product of the masked input, 1 always the input-major one),
-/// for runs that must not depend on a timing.
+/// instead of the formats' table.
 pub const INPUT_CROSSOVER_ENV: &str = "POWERINFER_RS_INPUT_CROSSOVER";
 
-/// Bytes read between the timed passes of [`measure_crossover`] (more than a last-level cache).
-const EVICT_BYTES: usize = 96 << 20;
-
-/// The share of kept inputs above which the dense matvec over the masked input is faster than
-/// the input-major product, for the matrices `ws` (all of one shape and format) and their
-/// copies `ms`: both timed over every matrix in turn after reading a buffer larger than the
-/// last-level cache (so the weights come from memory, as in decoding), best of 3 passes, the input-major one at a quarter and at three quarters of the
-/// inputs kept, its time taken as linear in the share kept.
-pub fn measure_crossover(ws: &[&Weight], ms: &[&InputMajor]) -> Result<f32> {
-    let Some(w0) = ws.first() else {
-        return Ok(1.0);
-    };
-    let x: Vec<f32> = (0..w0.cols)
-        .map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 500.0)
-        .collect();
-    let mut y = vec![0.0f32; w0.rows];
-    // Read before each pass, so the pass's weights come from memory as in decoding (one key's
-    // matrices alone would often fit the last-level cache).
-    let evict: Vec<u64> = vec![1; EVICT_BYTES / 8];
-    let best = |f: &mut dyn FnMut(usize) -> Result<()>| -> Result<f64> {
-        let mut t = f64::INFINITY;
-        for _ in 0..3 {
-            std::hint::black_box(evict.iter().fold(0u64, |a, &v| a.wrapping_add(v)));
-            let start = std::time::Instant::now();
-            for k in 0..ws.len() {
-                f(k)?;
-            }
-            t = t.min(start.elapsed().as_secs_f64());
-        }
-        Ok(t)
-    };
-    let dense = best(&mut |k| powerinfer_cpu::matvec(ws[k], &x, &mut y))?;
-    let mut at = |share: f32| -> Result<f64> {
-        // A fixed scattered pick of the inputs.
-        let keep = |i: usize| {
-            ((i as u32).wrapping_mul(0x9E37_79B9) >> 8) as f32 / (1u32 << 24) as f32 <= share
-        };
-        let a = ActiveInput::new(&x, ms[0].group_len(), |i, _| keep(i));
-        best(&mut |k| matvec_input(&[ms[k]], &[&a], &mut [&mut y]))
-    };
-    let (lo, hi) = (at(0.25)?, at(0.75)?);
-    let slope = (hi - lo) / 0.5;
-    let c = if slope <= 0.0 {
-        if lo < dense {
-            1.0
-        } else {
-            0.0
-        }
-    } else {
-        ((dense - (lo - 0.25 * slope)) / slope).clamp(0.0, 1.0)
-    };
-    Ok(c as f32)
+/// The share of kept inputs above which one token's product with a `dtype` matrix is taken as
+/// the dense matvec over the masked input rather than over the kept columns of the input-major
+/// copy: where the two take the same time in `cargo bench -p powerinfer-cpu --bench input`
+/// (5632 x 2048, 2 threads, out of cache) on a 2-core AVX-512 machine, rounded to 0.05. Q4_0,
+/// Q4_1, Q8_0 and F16 were measured (the speed-up crosses 1 at 35-40% skipped); the other
+/// formats take their neighbours' share.
+///
+/// A table, not a timing: the two products sum in different orders, so which one a token takes
+/// decides its bits, and the choice must depend on the inputs alone for decoding to give the
+/// same bits in every process (a crossover timed per process gave different greedy texts).
+pub fn input_crossover_share(dtype: DType) -> f32 {
+    match dtype {
+        DType::Q4_1 | DType::F16 | DType::BF16 | DType::F32 => 0.65,
+        _ => 0.6,
+    }
 }
 
 /// The output head's copy and its column norms.
@@ -268,7 +231,7 @@ impl InputCopies {
         Ok(InputCopies { layers, crossover })
     }
 
-    /// The crossover of a matrix (see [`InputCopies::crossover`]); 1 for a shape not measured.
+    /// The crossover of a matrix (see [`InputCopies::crossover`]); 1 for a shape not listed.
     pub fn crossover_of(&self, m: &InputMajor) -> f32 {
         self.crossover
             .get(&(m.dtype, m.rows, m.cols))
@@ -292,64 +255,43 @@ impl InputCopies {
     }
 }
 
-/// Every (format, rows, cols) of the copies' matrices and its crossover: pinned by
-/// [`INPUT_CROSSOVER_ENV`], else measured over every matrix of that key.
-fn crossovers(model: &ModelWeights, layers: &[LayerCopies]) -> Result<HashMap<ShapeKey, f32>> {
-    let pinned = match std::env::var(INPUT_CROSSOVER_ENV) {
-        Ok(v) => {
-            let c: f32 = v.trim().parse().map_err(|_| {
-                Error::Plan(format!(
-                    "{INPUT_CROSSOVER_ENV}={v:?}: expected a share in 0..=1"
-                ))
-            })?;
-            ensure!(
-                (0.0..=1.0).contains(&c),
-                Plan,
-                "{INPUT_CROSSOVER_ENV}={v:?}: expected a share in 0..=1"
-            );
-            Some(c)
-        }
-        Err(_) => None,
+/// The share pinned by [`INPUT_CROSSOVER_ENV`] for every matrix, None when it is unset.
+fn pinned_input_crossover() -> Result<Option<f32>> {
+    let Ok(v) = std::env::var(INPUT_CROSSOVER_ENV) else {
+        return Ok(None);
     };
-    let mut by_key: HashMap<ShapeKey, (Vec<&Weight>, Vec<&InputMajor>)> = HashMap::new();
+    match v.trim().parse::<f32>() {
+        Ok(c) if (0.0..=1.0).contains(&c) => Ok(Some(c)),
+        _ => Err(Error::Plan(format!(
+            "{INPUT_CROSSOVER_ENV}={v:?}: expected a share in 0..=1"
+        ))),
+    }
+}
+
+/// Every (format, rows, cols) of the copies' matrices and its crossover: pinned by
+/// [`INPUT_CROSSOVER_ENV`], else the format's [`input_crossover_share`].
+fn crossovers(model: &ModelWeights, layers: &[LayerCopies]) -> Result<HashMap<ShapeKey, f32>> {
+    let pinned = pinned_input_crossover()?;
+    let mut out = HashMap::new();
     for (lw, cp) in model.layers.iter().zip(layers) {
-        let mut pairs = vec![
-            (&lw.wq, &cp.q),
-            (&lw.wk, &cp.k),
-            (&lw.wv, &cp.v),
-            (&lw.wo, &cp.o),
-            (&lw.w_gate, &cp.gate),
-            (&lw.w_down, &cp.down),
-        ];
-        if let Some(up) = &cp.up {
-            pairs.push((&lw.w_up, up));
-        }
-        for (w, m) in pairs {
-            let e = by_key.entry((w.dtype, w.rows, w.cols)).or_default();
-            e.0.push(w);
-            e.1.push(m);
+        let up = cp.up.as_ref().map(|_| &lw.w_up);
+        for w in [&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_down]
+            .into_iter()
+            .chain(up)
+        {
+            let c = pinned.unwrap_or_else(|| input_crossover_share(w.dtype));
+            out.insert((w.dtype, w.rows, w.cols), c);
         }
     }
-    by_key
-        .into_iter()
-        .map(|(key, (ws, ms))| {
-            let c = match pinned {
-                Some(c) => c,
-                None => measure_crossover(&ws, &ms)?,
-            };
-            Ok((key, c))
-        })
-        .collect()
+    Ok(out)
 }
 
 impl OutputCopy {
     /// The output head's copy.
     pub fn build(model: &ModelWeights) -> Result<OutputCopy> {
         let w = InputMajor::new(&model.output)?;
-        let crossover = match std::env::var(INPUT_CROSSOVER_ENV) {
-            Ok(v) => v.trim().parse::<f32>().unwrap_or(1.0).clamp(0.0, 1.0),
-            Err(_) => measure_crossover(&[&model.output], &[&w])?,
-        };
+        let crossover =
+            pinned_input_crossover()?.unwrap_or_else(|| input_crossover_share(model.output.dtype));
         Ok(OutputCopy {
             w,
             norms: column_norms(&[&model.output])?,

@@ -75,8 +75,9 @@ pub struct ModelWeights {
     down_t: OnceLock<Vec<Weight>>,
     /// The file `down_t` is memory-mapped from ([`ModelWeights::map_down_t`]), if it is.
     down_t_file: OnceLock<std::path::PathBuf>,
-    /// See [`ModelWeights::down_crossover`].
-    down_crossover: OnceLock<f32>,
+    /// The share pinned for every layer, None for the formats' table; fixed at the first query
+    /// (see [`ModelWeights::down_crossover`]).
+    down_crossover: OnceLock<Option<f32>>,
     /// The input mode's input-major copies, built on first use.
     input_copies: OnceLock<InputCopies>,
     /// The input mode's copy of the output head, built on first use.
@@ -221,6 +222,33 @@ pub fn check_finite(tensors: &HashMap<String, Weight>) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The share of active neurons above which threshold decoding's down product is taken dense
+/// (the matvec over `ffn_down` with the inactive values zeroed) rather than as an axpy over the
+/// active `down_t` rows, for a `ffn_down` in `dtype`: share · (time of the dense matvec) / (time
+/// of the axpy over that share of the rows), from `cargo bench -p powerinfer-cpu --bench sparse`
+/// (`dense_down` against `axpy_rows` at half the neurons active, a random set, dim 2048, ffn
+/// 5504 or 5632, out of cache) on a 2-core AVX-512 machine, rounded to 0.05.
+///
+/// A table, not a timing: the two products round differently, so the choice must depend on the
+/// inputs alone for decoding to give the same bits in every process. The price is a crossover
+/// that is off on machines whose balance of streamed and scattered reads differs; near the
+/// crossover the two products cost about the same, so being off costs little there.
+pub fn down_crossover_share(dtype: DType) -> f32 {
+    match dtype {
+        // The axpy streams the rows as fast as the matvec: always cheaper over fewer rows.
+        DType::F32 | DType::F16 => 1.0,
+        DType::BF16 => 0.9,
+        DType::Q4_0 => 0.85,
+        DType::Q8_0 | DType::Q4_1 => 0.7,
+        DType::Q5_0 | DType::Q5_1 => 0.45,
+        // The K-quants' axpy decodes a whole super-block's scales per row: slow per byte.
+        DType::Q6_K => 0.3,
+        DType::Q4_K => 0.2,
+        // Not measured (the bench's formats stop at Q4_K and Q6_K): as their neighbours.
+        DType::Q2_K | DType::Q3_K | DType::Q5_K => 0.25,
+    }
 }
 
 impl ModelWeights {
@@ -538,76 +566,64 @@ impl ModelWeights {
 
     /// The share of active neurons above which one token's down product is cheaper as the dense
     /// matvec over `ffn_down` (with the inactive values zeroed) than as an axpy over the active
-    /// `down_t` rows: s · (time of one dense matvec) / (time of an axpy over a scattered share
-    /// s ≈ 1/2 of the rows), assuming the axpy's time grows in proportion to the rows it reads.
-    /// Measured once (best of 3 passes over every layer each, on the calling thread pool), since
-    /// the balance depends on the format, the shape and the machine; the environment variable
-    /// [`CROSSOVER_ENV`] (a share in 0..=1) pins it instead, for runs that must not depend on a
-    /// timing (two engines compared in a test on a busy machine).
+    /// `down_t` rows, for layer 0's down format ([`down_crossover_share`]); the environment
+    /// variable [`CROSSOVER_ENV`] (a share in 0..=1) or [`ModelWeights::set_down_crossover`]
+    /// pins one share for every layer instead.
+    ///
+    /// The two products round differently (the transposed copy is quantized again), so which
+    /// one a token takes decides its bits: the choice depends on the formats and the count of
+    /// active neurons only, never on a timing (it was measured per process once, and the same
+    /// greedy prompt gave different texts in different processes).
     pub fn down_crossover(&self) -> Result<f32> {
+        self.down_crossover_at(0)
+    }
+
+    /// [`ModelWeights::down_crossover`] for layer `layer`'s down format (models may mix formats
+    /// across layers, as llama.cpp's `Q4_K_M` does).
+    pub fn down_crossover_at(&self, layer: usize) -> Result<f32> {
+        if let Some(c) = self.pinned_crossover()? {
+            return Ok(c);
+        }
+        Ok(self
+            .layers
+            .get(layer)
+            .map_or(1.0, |l| down_crossover_share(l.w_down.dtype)))
+    }
+
+    /// The pinned share: set by [`ModelWeights::set_down_crossover`] before the first query,
+    /// else read from [`CROSSOVER_ENV`] at the first query; None when neither pins it.
+    fn pinned_crossover(&self) -> Result<Option<f32>> {
         if let Some(&c) = self.down_crossover.get() {
             return Ok(c);
         }
-        if let Ok(v) = std::env::var(CROSSOVER_ENV) {
-            let c: f32 = v.trim().parse().map_err(|_| {
-                powerinfer_core::Error::Plan(format!(
-                    "{CROSSOVER_ENV}={v:?}: expected a share in 0..=1"
-                ))
-            })?;
-            powerinfer_core::ensure!(
-                (0.0..=1.0).contains(&c),
-                Plan,
-                "{CROSSOVER_ENV}={v:?}: expected a share in 0..=1"
-            );
-            let _ = self.down_crossover.set(c);
-            return Ok(c);
-        }
-        let down_t = self.down_t()?;
-        let Some(dt) = down_t.first() else {
-            return Ok(1.0);
-        };
-        // Half the rows, scattered as a decode step's active set is (a fixed pseudo-random
-        // pick): reading every row in order would stream memory faster than real sets do.
-        let idx: Vec<u32> = (0..dt.rows as u32)
-            .filter(|&i| i.wrapping_mul(0x9E37_79B9).rotate_left(7) & 1 == 0)
-            .collect();
-        let share = idx.len() as f64 / dt.rows.max(1) as f64;
-        let h = vec![1.0f32; dt.rows];
-        let mut y = vec![0.0f32; dt.cols];
-        // Every layer once per pass, so the weights come from memory as in decoding, not from a
-        // cache that one layer would fit in.
-        let best = |f: &mut dyn FnMut(usize) -> Result<()>| -> Result<f64> {
-            let mut t = f64::INFINITY;
-            for _ in 0..3 {
-                let start = std::time::Instant::now();
-                for l in 0..self.layers.len() {
-                    f(l)?;
-                }
-                t = t.min(start.elapsed().as_secs_f64());
+        let pinned = match std::env::var(CROSSOVER_ENV) {
+            Err(_) => None,
+            Ok(v) => {
+                let c = v
+                    .trim()
+                    .parse::<f32>()
+                    .ok()
+                    .filter(|c| (0.0..=1.0).contains(c));
+                let Some(c) = c else {
+                    bail!(Plan, "{CROSSOVER_ENV}={v:?}: expected a share in 0..=1");
+                };
+                Some(c)
             }
-            Ok(t)
         };
-        let dense = best(&mut |l| powerinfer_cpu::matvec(&self.layers[l].w_down, &h, &mut y))?;
-        let h_idx = &h[..idx.len()];
-        let axpy = best(&mut |l| powerinfer_cpu::axpy_rows(&down_t[l], &idx, h_idx, &mut y))?;
-        let c = match axpy > 0.0 {
-            true => (share * dense / axpy).clamp(0.0, 1.0) as f32,
-            false => 1.0,
-        };
-        let _ = self.down_crossover.set(c);
-        Ok(self.down_crossover.get().copied().unwrap_or(c))
+        let _ = self.down_crossover.set(pinned);
+        Ok(self.down_crossover.get().copied().flatten())
     }
 
-    /// Fix [`ModelWeights::down_crossover`] to `share` (clamped to [0, 1]) instead of measuring
-    /// it: 0 always takes the dense down product, 1 always the axpy. False (nothing changed)
-    /// when it was already measured or set.
+    /// Pin [`ModelWeights::down_crossover`] to `share` (clamped to [0, 1]) for every layer
+    /// instead of the formats' table: 0 always takes the dense down product, 1 always the axpy.
+    /// False (nothing changed) once the crossover was queried or pinned.
     pub fn set_down_crossover(&self, share: f32) -> bool {
         let share = if share.is_nan() {
             1.0
         } else {
             share.clamp(0.0, 1.0)
         };
-        self.down_crossover.set(share).is_ok()
+        self.down_crossover.set(Some(share)).is_ok()
     }
 
     /// Format of layer `layer`'s transposed down projection, without building it: the given or

@@ -124,11 +124,17 @@ fn threshold_decode_is_the_same_function_on_both_down_paths() {
 }
 
 #[test]
-fn the_measured_crossover_is_a_share() {
-    let m = model(Activation::Silu);
-    let c = m.down_crossover().unwrap();
-    assert!((0.0..=1.0).contains(&c), "{c}");
-    assert!(!m.set_down_crossover(0.3), "already measured");
+fn the_crossover_is_a_function_of_the_formats_never_of_a_timing() {
+    // Which down product a token takes decides its bits: two engines of the same model (in one
+    // process or two) must choose alike, so the share comes from the formats' table.
+    let (a, b) = (model(Activation::Silu), model(Activation::Silu));
+    let want = powerinfer_engine::weights::down_crossover_share(a.layers[0].w_down.dtype);
+    for m in [&a, &b] {
+        for l in 0..m.config.n_layers {
+            assert_eq!(m.down_crossover_at(l).unwrap(), want);
+        }
+    }
+    assert!(!a.set_down_crossover(0.3), "fixed at the first query");
 }
 
 #[test]

@@ -81,9 +81,9 @@ impl PyModel {
         self.weights.input_copies_bytes()
     }
 
-    /// The input mode's crossovers once measured: (format, rows, cols, share) per matrix shape,
-    /// the share of kept inputs above which a decode step takes the dense product of the
-    /// masked input instead of the input-major one; empty before the mode's first use.
+    /// The input mode's crossovers once its copies are built: (format, rows, cols, share) per
+    /// matrix shape, the share of kept inputs above which a decode step takes the dense product
+    /// of the masked input instead of the input-major one; empty before the mode's first use.
     #[getter]
     fn input_crossovers(&self) -> Vec<(String, usize, usize, f32)> {
         let mut v: Vec<(String, usize, usize, f32)> = self

@@ -221,7 +221,8 @@ impl PySession {
     }
 
     /// Share of active neurons above which threshold decoding takes the dense down product
-    /// instead of an axpy over the active down_t rows (measured once per model on first use).
+    /// instead of an axpy over the active down_t rows (layer 0's, from a table of the formats,
+    /// or pinned by POWERINFER_RS_DOWN_CROSSOVER).
     #[getter]
     fn down_crossover(&self, py: Python<'_>) -> PyResult<f32> {
         let guard = self.lock(py);

@@ -48,6 +48,11 @@ pub const SUB: usize = 32;
 /// Rows a unit of work covers at least (where a matrix has more, its rows are split).
 const UNIT_ROWS: usize = 2048;
 
+/// Units of work per matrix (its row ranges, each split by input groups), whatever the pool's
+/// size: the split decides the order of the partial sums, so it must not follow the thread
+/// count. Pools wider than this leave threads idle on small matrices.
+const INPUT_UNITS: usize = 8;
+
 /// How one column line stores its values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Lines {
@@ -565,18 +570,18 @@ pub(crate) fn matvec_input_at(
             m.group
         );
     }
-    let threads = rayon::current_num_threads().max(1);
     let mut units = Vec::new();
     let mut total = 0;
     for (k, (m, a)) in ms.iter().zip(acts).enumerate() {
         let n = a.groups.len();
-        // Row ranges of at least UNIT_ROWS rows; then groups split so that there is a unit
-        // for every thread (by this matrix alone, so that its result does not depend on the
-        // matrices beside it). Few long units: each fetches its groups ahead of use, which
-        // the first groups of a unit cannot hide.
+        // Row ranges of at least UNIT_ROWS rows; then groups split so that there are
+        // INPUT_UNITS units (by this matrix alone, so that its result does not depend on the
+        // matrices beside it, and never by the thread count, which would change the order of
+        // the partial sums and so the bits). Few long units: each fetches its groups ahead of
+        // use, which the first groups of a unit cannot hide.
         let subs = m.rows_pad / SUB;
         let row_split = (m.rows_pad / UNIT_ROWS).max(1);
-        let split = threads.div_ceil(row_split).clamp(1, n.max(1));
+        let split = INPUT_UNITS.div_ceil(row_split).clamp(1, n.max(1));
         for rs in 0..row_split {
             let rows = (
                 SUB * (rs * subs / row_split),

@@ -17,15 +17,12 @@
 //! in the gate row list, and the partials are added in a fixed order).
 
 use super::sparse::{listed_axpy, listed_dot};
-use super::split::accumulate_in;
+use super::split::accumulate;
 use crate::check::{self, Rows};
 use crate::dispatch::{Activations, GROUP};
 use crate::simd::{self, Level};
 use powerinfer_core::{ensure, Result, Weight};
 use std::cell::Cell;
-
-/// Tasks per thread (each with its own partial sum of dim values).
-const TASKS_PER_THREAD: usize = 2;
 
 /// Which gate rows a [`sparse_ffn`] computes.
 #[derive(Clone, Copy, Debug)]
@@ -129,60 +126,52 @@ where
     let quantized = gate.dtype.is_quantized() || up.is_some_and(|w| w.dtype.is_quantized());
     let xs = Activations::new(level, x, quantized);
     let fired = std::sync::atomic::AtomicUsize::new(0);
-    accumulate_in(
-        n,
-        gate_rows.bytes,
-        GROUP,
-        TASKS_PER_THREAD,
-        y,
-        |range, part| {
-            let mut s = SCRATCH.take();
-            let len = range.len();
-            s.gate.resize(len, 0.0);
-            // Gate values of this task's rows.
-            let ids: &[u32] = match rows {
-                GateRows::All => {
-                    let bytes =
-                        &gate.bytes()[range.start * gate_rows.bytes..][..len * gate_rows.bytes];
-                    xs.rows_dot(gate.dtype, bytes, gate_rows.bytes, &mut s.gate);
-                    &[]
-                }
-                GateRows::Listed(ids) => {
-                    let ids = &ids[range.clone()];
-                    listed_dot(&xs, gate.dtype, &gate_rows, ids, &mut s.gate);
-                    ids
-                }
+    accumulate(n, gate_rows.bytes, GROUP, y, |range, part| {
+        let mut s = SCRATCH.take();
+        let len = range.len();
+        s.gate.resize(len, 0.0);
+        // Gate values of this task's rows.
+        let ids: &[u32] = match rows {
+            GateRows::All => {
+                let bytes = &gate.bytes()[range.start * gate_rows.bytes..][..len * gate_rows.bytes];
+                xs.rows_dot(gate.dtype, bytes, gate_rows.bytes, &mut s.gate);
+                &[]
+            }
+            GateRows::Listed(ids) => {
+                let ids = &ids[range.clone()];
+                listed_dot(&xs, gate.dtype, &gate_rows, ids, &mut s.gate);
+                ids
+            }
+        };
+        // The neurons that fire, branch-free (which ones follow no predictable pattern).
+        s.idx.resize(len, 0);
+        s.vals.resize(len, 0.0);
+        let mut k = 0;
+        for (j, &g) in s.gate.iter().enumerate() {
+            let i = match rows {
+                GateRows::All => (range.start + j) as u32,
+                GateRows::Listed(_) => ids[j],
             };
-            // The neurons that fire, branch-free (which ones follow no predictable pattern).
-            s.idx.resize(len, 0);
-            s.vals.resize(len, 0.0);
-            let mut k = 0;
-            for (j, &g) in s.gate.iter().enumerate() {
-                let i = match rows {
-                    GateRows::All => (range.start + j) as u32,
-                    GateRows::Listed(_) => ids[j],
-                };
-                let a = fire(i, g);
-                s.idx[k] = i;
-                s.vals[k] = a;
-                k += usize::from(a != 0.0);
-            }
-            s.idx.truncate(k);
-            s.vals.truncate(k);
-            // Their up rows, then their down_t rows into this task's partial sum.
-            if let (Some(w), Some(up_rows)) = (up, &up_rows) {
-                s.up.resize(k, 0.0);
-                listed_dot(&xs, w.dtype, up_rows, &s.idx, &mut s.up);
-                s.vals
-                    .iter_mut()
-                    .zip(&s.up)
-                    .for_each(|(a, &u)| *a = combine(*a, u));
-            }
-            listed_axpy(level, down_t.dtype, &down_rows, &s.idx, &s.vals, part);
-            fired.fetch_add(k, std::sync::atomic::Ordering::Relaxed);
-            SCRATCH.set(s);
-        },
-    );
+            let a = fire(i, g);
+            s.idx[k] = i;
+            s.vals[k] = a;
+            k += usize::from(a != 0.0);
+        }
+        s.idx.truncate(k);
+        s.vals.truncate(k);
+        // Their up rows, then their down_t rows into this task's partial sum.
+        if let (Some(w), Some(up_rows)) = (up, &up_rows) {
+            s.up.resize(k, 0.0);
+            listed_dot(&xs, w.dtype, up_rows, &s.idx, &mut s.up);
+            s.vals
+                .iter_mut()
+                .zip(&s.up)
+                .for_each(|(a, &u)| *a = combine(*a, u));
+        }
+        listed_axpy(level, down_t.dtype, &down_rows, &s.idx, &s.vals, part);
+        fired.fetch_add(k, std::sync::atomic::Ordering::Relaxed);
+        SCRATCH.set(s);
+    });
     Ok(fired.into_inner())
 }
 

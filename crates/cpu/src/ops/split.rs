@@ -1,8 +1,9 @@
 //! The parallel split of the sparse ops: an active list cut into a few contiguous chunks per
 //! thread (by bytes touched), and for the accumulating ops one partial sum per chunk (the first
 //! chunk adds straight into y, the others into zeroed thread-local scratch), added into y in
-//! chunk order: no two tasks write the same memory, and the result depends only on the inputs
-//! and the thread count.
+//! chunk order: no two tasks write the same memory. The accumulating split is cut by the bytes
+//! touched up to [`ACC_TASKS`] tasks whatever the pool's size, so the result depends on the
+//! inputs alone: the same bits at 1 thread and at 16.
 
 use rayon::prelude::*;
 use std::cell::Cell;
@@ -12,9 +13,11 @@ use std::ops::Range;
 const MIN_TASK_BYTES: usize = 64 * 1024;
 /// At most this many tasks per thread in [`chunks`] (no reduction to pay for).
 const MATVEC_TASKS_PER_THREAD: usize = 4;
-/// At most this many tasks per thread in the accumulating kernels (each task's partial y is
-/// read once more by the reduction).
-const ACC_TASKS_PER_THREAD: usize = 2;
+/// The most tasks an accumulating kernel's work is cut into, whatever the pool's size (each
+/// task's partial y is read once more by the reduction). Fixed, not per thread: the cut decides
+/// the order of the partial sums, so a cut that followed the thread count gave other bits at
+/// 1 thread than at 2. Pools wider than this leave threads idle in these kernels.
+pub(crate) const ACC_TASKS: usize = 16;
 /// Reductions over at least this many partial values run in parallel over chunks of y.
 const PAR_REDUCE_MIN: usize = 1 << 16;
 /// y chunk of the parallel reduction (floats).
@@ -61,24 +64,11 @@ pub(crate) fn accumulate<F>(n: usize, bytes: usize, align: usize, y: &mut [f32],
 where
     F: Fn(Range<usize>, &mut [f32]) + Sync,
 {
-    accumulate_in(n, bytes, align, ACC_TASKS_PER_THREAD, y, body)
-}
-
-/// [`accumulate`] with at most `per_thread` tasks per thread.
-pub(crate) fn accumulate_in<F>(
-    n: usize,
-    bytes: usize,
-    align: usize,
-    per_thread: usize,
-    y: &mut [f32],
-    body: F,
-) where
-    F: Fn(Range<usize>, &mut [f32]) + Sync,
-{
     if n == 0 {
         return;
     }
-    let per = chunk_len(n, bytes, per_thread).next_multiple_of(align.max(1));
+    let tasks = (n.saturating_mul(bytes) / MIN_TASK_BYTES).clamp(1, ACC_TASKS.min(n));
+    let per = n.div_ceil(tasks).next_multiple_of(align.max(1));
     let tasks = n.div_ceil(per);
     if tasks == 1 || y.is_empty() {
         body(0..n, y);
