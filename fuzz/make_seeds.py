@@ -204,8 +204,12 @@ def main() -> int:
     # store's header as crates/engine/src/neuron_store/format.rs writes it: F16 gate/up and
     # Q8_0 down_t (indices into DType::ALL), and a gate-less layer (up 255).
     fp = b"fnv1a:0123456789abcdef"
-    head = b"PIRSNST1" + np.array([1, 2], "<u4").tobytes() + np.array([64, 160, 4], "<u8").tobytes()
+    head = b"PIRSNST1" + np.array([2, 2], "<u4").tobytes() + np.array([64, 160, 4], "<u8").tobytes()
     head += np.array([len(fp)], "<u4").tobytes() + fp + bytes([1, 1, 3, 1, 255, 3])
+    h = 0xCBF29CE484222325  # then the FNV-1a hash of every byte before it
+    for b in head:
+        h = ((h ^ b) * 0x100000001B3) % (1 << 64)
+    head += h.to_bytes(8, "little")
     put("neuron_store_header", "store-l2-d64-f160-c4", b"\x01" + head.ljust(4096, b"\0"))
     put("neuron_store_header", "store-cut", b"\x00" + head.ljust(4096, b"\0"))
     for d in sorted(seeds.iterdir()):

@@ -7,6 +7,7 @@ pub mod config;
 pub mod dequantize;
 pub mod dtype;
 pub mod error;
+pub mod files;
 pub mod kv_precision;
 pub mod moe_config;
 pub mod neuron_table;

@@ -15,6 +15,16 @@ pub const HUGE_PAGE: usize = 2 << 20;
 /// Buffers at least this long are placed on huge pages.
 pub const HUGE_MIN: usize = HUGE_PAGE;
 
+/// This machine's physical memory in bytes (`MemTotal` of `/proc/meminfo`), None where it
+/// cannot be read: the bound of any buffer a user sizes (an anonymous mapping past it may be
+/// granted, then the process is killed as it fills it).
+pub fn physical_memory() -> Option<usize> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
 /// A zero-filled, writable allocation that becomes an immutable [`Buffer`] by [`PageBuf::freeze`].
 pub struct PageBuf {
     store: Store,
@@ -56,6 +66,35 @@ impl PageBuf {
             off: 0,
             len,
         }
+    }
+
+    /// [`PageBuf::zeroed`], or `Error::Shape` when the memory cannot be had (instead of the
+    /// process ending in the allocator's abort) or is more than the machine's
+    /// [`physical_memory`]: for sizes a user gives.
+    pub fn try_zeroed(len: usize) -> crate::Result<PageBuf> {
+        if let Some(total) = physical_memory() {
+            crate::ensure!(
+                len <= total,
+                Shape,
+                "{len} bytes of memory: more than this machine has ({total})"
+            );
+        }
+        #[cfg(target_os = "linux")]
+        if len >= HUGE_MIN {
+            if let Some(b) = PageBuf::mapped(len) {
+                return Ok(b);
+            }
+        }
+        let lines = len.div_ceil(64);
+        let mut v: Vec<CacheLine> = Vec::new();
+        v.try_reserve_exact(lines)
+            .map_err(|_| crate::Error::Shape(format!("cannot allocate {len} bytes of memory")))?;
+        v.resize(lines, CacheLine([0u8; 64]));
+        Ok(PageBuf {
+            store: Store::Heap(v),
+            off: 0,
+            len,
+        })
     }
 
     /// An anonymous mapping with room to start at a 2 MiB boundary, advised for huge pages.

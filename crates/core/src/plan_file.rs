@@ -62,7 +62,7 @@ pub struct PlanFile {
 impl PlanFile {
     /// Read a plan file for a model of `n_layers` layers of `ffn` neurons.
     pub fn load(path: &Path, n_layers: usize, ffn: usize) -> Result<PlanFile> {
-        let bytes = std::fs::read(path)
+        let bytes = crate::files::read_regular(path)
             .map_err(|e| Error::Plan(format!("{}: cannot read: {e}", path.display())))?;
         PlanFile::from_safetensors(&bytes, n_layers, ffn)
             .map_err(|e| Error::Plan(format!("{}: {e}", path.display())))

@@ -65,7 +65,7 @@ fn header(fingerprint: &str, sizes: &[usize], dtypes: &[DType]) -> Result<Vec<u8
 /// Whether the file at `path` is `bytes` long and starts with `want`.
 fn holds(path: &Path, want: &[u8], bytes: u64) -> bool {
     use std::io::Read;
-    let Ok(mut f) = File::open(path) else {
+    let Ok(mut f) = powerinfer_core::files::open_regular(path) else {
         return false;
     };
     let mut head = vec![0u8; want.len()];
@@ -92,6 +92,9 @@ pub fn map_down_t(model: &ModelWeights, path: &Path, fingerprint: &str) -> Resul
     let dtypes: Vec<DType> = downs.iter().map(|w| transposed_dtype(w)).collect();
     let head = header(fingerprint, &sizes, &dtypes)?;
     let total = HEADER + sizes.iter().map(|&n| aligned(n)).sum::<usize>();
+    // Something at `path` that is not a regular file (a FIFO, a directory) is the caller's
+    // mistake, never replaced.
+    powerinfer_core::files::check_writable_path(path).map_err(|e| io("writing", e))?;
     if !holds(path, &head, total as u64) {
         let part = path.with_extension("part");
         let mut f = File::create(&part).map_err(|e| io("creating", e))?;
@@ -104,7 +107,7 @@ pub fn map_down_t(model: &ModelWeights, path: &Path, fingerprint: &str) -> Resul
         f.sync_all().map_err(|e| io("writing", e))?;
         std::fs::rename(&part, path).map_err(|e| io("renaming", e))?;
     }
-    let file = File::open(path).map_err(|e| io("opening", e))?;
+    let file = powerinfer_core::files::open_regular(path).map_err(|e| io("opening", e))?;
     // SAFETY: the file is ours (written above or checked against this model's header) and is
     // only read; a process that truncates it under us is outside what a memory map can guard.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| io("mapping", e))?;

@@ -70,7 +70,15 @@ impl Cache {
             "a neuron cache of {budget} bytes holds no cluster of {slot_bytes} bytes; give it at \
              least that"
         );
-        let mut buf = PageBuf::zeroed(n * slot_bytes + ALIGN);
+        if let Some(total) = powerinfer_core::pages::physical_memory() {
+            ensure!(
+                budget <= total,
+                Shape,
+                "a neuron cache of {budget} bytes is more than this machine's memory ({total} \
+                 bytes)"
+            );
+        }
+        let mut buf = PageBuf::try_zeroed(n * slot_bytes + ALIGN)?;
         let raw = buf.as_mut_slice().as_mut_ptr();
         let base = raw.wrapping_add(raw.align_offset(ALIGN));
         let mut c = Cache {

@@ -9,11 +9,15 @@
 //! page cache (`O_DIRECT`).
 //!
 //! The file starts with a header padded to [`ALIGN`]: the magic `PIRSNST1`, then little-endian
-//! `u32` version (1), `u32` layers, `u64` dim, `u64` neurons per layer, `u64` cluster, `u32`
+//! `u32` version (2), `u32` layers, `u64` dim, `u64` neurons per layer, `u64` cluster, `u32`
 //! length and the UTF-8 bytes of the model's fingerprint (at most [`MAX_FINGERPRINT`]), then
 //! per layer the gate, up and down_t formats as `u8` indices into [`DType::ALL`] (255: no up
-//! rows, a gate-less FFN). Everything else (row bytes, cluster bytes, each layer's offset) is
-//! derived from those, so a header cannot describe a layout the reader would misread.
+//! rows, a gate-less FFN), then the `u64` FNV-1a hash of every header byte before it; zeros
+//! pad it. Everything else (row bytes, cluster bytes, each layer's offset) is derived from
+//! those, and the file's size must be exactly the layout's. The hash is there because the
+//! cluster size is not implied by anything else: a changed one often gives the same size
+//! (clusters padded to [`ALIGN`]) and would read rows from the wrong offsets. Version 1 (no
+//! hash) is refused: write the store again.
 
 use std::io::Write;
 use std::path::Path;
@@ -26,13 +30,20 @@ use crate::weights::ModelWeights;
 /// The file's magic bytes.
 pub const MAGIC: &[u8; 8] = b"PIRSNST1";
 /// The format version this build writes and reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Alignment of every offset and length in the file (and of the reader's buffers).
 pub const ALIGN: usize = 4096;
 /// Longest fingerprint a header holds.
 pub const MAX_FINGERPRINT: usize = 256;
 /// The up-format byte of a gate-less FFN.
 const NO_UP: u8 = 255;
+
+/// The 64-bit FNV-1a hash of `bytes` (the header's check: one wrong bit changes it).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
 
 /// `n` rounded up to a multiple of [`ALIGN`].
 pub fn align(n: usize) -> usize {
@@ -126,7 +137,8 @@ impl StoreLayout {
             "a neuron store of {} layers of {ffn} neurons of width {dim}",
             formats.len()
         );
-        let header_bytes = align(8 + 4 + 4 + 8 + 8 + 8 + 4 + fingerprint.len() + 3 * formats.len());
+        let header_bytes =
+            align(8 + 4 + 4 + 8 + 8 + 8 + 4 + fingerprint.len() + 3 * formats.len() + 8);
         let mut offset = header_bytes as u64;
         let mut layers = Vec::with_capacity(formats.len());
         for f in formats {
@@ -191,6 +203,7 @@ impl StoreLayout {
             h.push(l.up.map_or(NO_UP, dtype_index));
             h.push(dtype_index(l.down));
         }
+        h.extend_from_slice(&fnv1a(&h).to_le_bytes());
         h.resize(self.header_bytes, 0);
         h
     }
@@ -252,15 +265,32 @@ impl StoreLayout {
             };
             formats.push([dtype(f[0]), up, dtype(f[2])]);
         }
+        // Every byte so far (the fields are fixed-width but for the fingerprint and formats).
+        let hashed = fnv1a(&bytes[..8 + 4 + 4 + 24 + 4 + fp_len + 3 * n_layers]);
+        if u64_at(take(8)?) != hashed {
+            return Err(bad("the header's hash does not match its bytes"));
+        }
         let layout = StoreLayout::build(dim, ffn, cluster, &fingerprint, &formats)
             .map_err(|e| bad(&e.to_string()))?;
-        if layout.file_bytes() > file_bytes {
-            return Err(Error::ModelFile(format!(
+        // The header's padding is zeros, as the writer leaves it.
+        let pad = bytes.get(at..layout.header_bytes).unwrap_or_default();
+        if pad.iter().any(|&b| b != 0) {
+            return Err(bad("nonzero bytes after the layer formats"));
+        }
+        // Every field is checked against the file's real layout: its size is exactly the one
+        // the header's shape, cluster size and formats give (a cluster size changed by one bit
+        // otherwise reads rows from the wrong offsets).
+        match layout.file_bytes().cmp(&file_bytes) {
+            std::cmp::Ordering::Equal => Ok(layout),
+            std::cmp::Ordering::Greater => Err(Error::ModelFile(format!(
                 "{source}: a neuron store of {} bytes cut to {file_bytes}",
                 layout.file_bytes()
-            )));
+            ))),
+            std::cmp::Ordering::Less => Err(bad(&format!(
+                "the header describes {} bytes, the file holds {file_bytes}",
+                layout.file_bytes()
+            ))),
         }
-        Ok(layout)
     }
 
     /// `Error::ModelFile` unless this layout is `model`'s (same shape and formats) and, when
@@ -323,6 +353,9 @@ pub fn write_store(
         false => model.down_t()?,
     };
     let io = |e: std::io::Error| Error::ModelFile(format!("{}: {e}", path.display()));
+    // Something at `path` that is not a regular file is never written through (opening a FIFO
+    // for writing waits for a reader, forever when none comes) nor replaced.
+    powerinfer_core::files::check_writable_path(path).map_err(io)?;
     let file = std::fs::File::create(path).map_err(io)?;
     let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
     out.write_all(&layout.header()).map_err(io)?;
@@ -392,5 +425,32 @@ mod tests {
         let mut bad = h;
         bad[8 + 4 + 4 + 24 + 4 + 3] = 200; // layer 0's gate format
         assert!(StoreLayout::parse(&bad, u64::MAX, "t").is_err());
+    }
+
+    #[test]
+    fn every_single_bit_flip_of_a_header_is_refused() {
+        // Mixed formats, a ReLU layer without up rows, a fingerprint: every field in play.
+        let f = [Some(DType::Q8_0), Some(DType::Q4_0), Some(DType::F16)];
+        let g = [Some(DType::Q4_1), None, Some(DType::Q8_0)];
+        for cluster in [1, 8, 32, 33] {
+            let l = StoreLayout::build(96, 160, cluster, "fp-0123", &[f, g, f]).unwrap();
+            let h = l.header();
+            assert_eq!(StoreLayout::parse(&h, l.file_bytes(), "t").unwrap(), l);
+            for bit in 0..8 * h.len() {
+                let mut b = h.clone();
+                b[bit / 8] ^= 1 << (bit % 8);
+                // As `NeuronStore::open` checks it: the header, then the model's layout for the
+                // header's cluster size (`check_model`), and the model's fingerprint.
+                let accepted = StoreLayout::parse(&b, l.file_bytes(), "t").is_ok_and(|got| {
+                    let formats = [f, g, f];
+                    let want = StoreLayout::build(96, 160, got.cluster, "fp-0123", &formats);
+                    want.is_ok_and(|w| w == got) && got.fingerprint == "fp-0123"
+                });
+                assert!(
+                    !accepted,
+                    "cluster {cluster}: bit {bit} flipped was accepted"
+                );
+            }
+        }
     }
 }

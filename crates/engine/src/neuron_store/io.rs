@@ -10,7 +10,7 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-use powerinfer_core::{Error, PageBuf, Result};
+use powerinfer_core::{ensure, Error, PageBuf, Result};
 
 use super::format::ALIGN;
 
@@ -25,6 +25,9 @@ const O_DIRECT: i32 = 0o200000;
     any(target_arch = "x86_64", target_arch = "aarch64")
 )))]
 const O_DIRECT: i32 = 0;
+
+/// The most reader threads a store or a storage probe starts.
+pub const MAX_IO_THREADS: usize = 256;
 
 /// A destination address handed to a reader thread.
 struct Dst(*mut u8);
@@ -88,17 +91,12 @@ pub(super) struct IoPool {
     pub(super) direct: bool,
 }
 
-/// Open `path` for reading, with `O_DIRECT` when the file system takes it and an aligned read
-/// of the first block succeeds that way.
+/// Open `path` (a regular file) for reading, with `O_DIRECT` when the file system takes it and
+/// an aligned read of the first block succeeds that way.
 fn open(path: &Path) -> Result<(File, bool)> {
     let io = |e: std::io::Error| Error::ModelFile(format!("{}: {e}", path.display()));
     if O_DIRECT != 0 {
-        use std::os::unix::fs::OpenOptionsExt;
-        if let Ok(f) = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(O_DIRECT)
-            .open(path)
-        {
+        if let Ok(f) = powerinfer_core::files::open_regular_with(path, O_DIRECT) {
             let mut probe = PageBuf::zeroed(2 * ALIGN);
             let buf = probe.as_mut_slice();
             let at = buf.as_ptr().align_offset(ALIGN);
@@ -107,12 +105,21 @@ fn open(path: &Path) -> Result<(File, bool)> {
             }
         }
     }
-    Ok((File::open(path).map_err(io)?, false))
+    Ok((
+        powerinfer_core::files::open_regular(path).map_err(io)?,
+        false,
+    ))
 }
 
 impl IoPool {
     /// `threads` readers (at least one) on the file at `path`.
     pub(super) fn open(path: &Path, threads: usize) -> Result<IoPool> {
+        ensure!(
+            threads <= MAX_IO_THREADS,
+            Shape,
+            "{threads} reader threads: at most {MAX_IO_THREADS} (a few per storage device pay; \
+             more only queue)"
+        );
         let (file, direct) = open(path)?;
         let file = Arc::new(file);
         let (tx, rx) = channel::<Job>();
@@ -182,7 +189,17 @@ pub fn probe_reads(
     // Two waves in turn, each with its own buffers: one is read while the other is refilled,
     // so the readers' queue never runs dry (as the store's does not within a layer). `buf` is
     // declared before `pool`: dropped after it, whose drop lets every queued read finish.
-    let mut buf = PageBuf::zeroed(2 * wave * block + ALIGN);
+    ensure!(
+        threads <= MAX_IO_THREADS,
+        Shape,
+        "{threads} reader threads: at most {MAX_IO_THREADS}"
+    );
+    let mut buf = PageBuf::try_zeroed(
+        (2 * wave)
+            .checked_mul(block)
+            .and_then(|n| n.checked_add(ALIGN))
+            .ok_or_else(|| Error::Shape(format!("probe reads of {block} bytes")))?,
+    )?;
     let pool = IoPool::open(path, threads)?;
     let raw = buf.as_mut_slice().as_mut_ptr();
     let base = raw.wrapping_add(raw.align_offset(ALIGN));

@@ -118,15 +118,17 @@ impl NeuronStore {
         let source = path.display().to_string();
         let io_err =
             |e: std::io::Error| powerinfer_core::Error::ModelFile(format!("{source}: {e}"));
-        let file_bytes = std::fs::metadata(path).map_err(io_err)?.len();
+        // A regular file only (a FIFO would block the open and every read).
+        let mut f = powerinfer_core::files::open_regular(path).map_err(io_err)?;
+        let file_bytes = f.metadata().map_err(io_err)?.len();
         // The header is at most a few hundred KiB (MAX_FINGERPRINT and 3 bytes per layer): read
         // no more than 1 MiB of whatever file this is.
         let mut head = vec![0u8; (file_bytes as usize).min(1 << 20)];
         {
             use std::io::Read;
-            let mut f = std::fs::File::open(path).map_err(io_err)?;
             f.read_exact(&mut head).map_err(io_err)?;
         }
+        drop(f);
         let layout = StoreLayout::parse(&head, file_bytes, &source)?;
         layout.check_model(model, fingerprint, &source)?;
         let slot = layout
