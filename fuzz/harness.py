@@ -211,3 +211,21 @@ def plan_shape():
         bos_token_id=None,
     )
     return ModelShape.from_config(cfg, "Q8_0", fingerprint="fp")
+
+
+#: The neuron-store target's model: a small synthetic ReLU llama in Q8_0 (three layers).
+STORE_SHAPE = dict(dim=64, ffn=160, layers=3, heads=4, kv_heads=2, vocab=300)
+
+
+def store_engine(root: Path):
+    """An exact-relu engine on a small synthetic model and its neuron store's bytes (clusters of
+    8), written under ``root``: the fixed files of the neuron-store target and its seeds."""
+    from powerinfer_rs import Engine
+    from powerinfer_rs.loading import load_model
+    from powerinfer_rs.testing.synth import write_gguf_model
+
+    model = write_gguf_model(root / "store-model.gguf", dtype="Q8_0", activation="relu", seed=3,
+                             **STORE_SHAPE)  # fmt: skip
+    eng = Engine(load_model(model), threads=1, sparsity="exact-relu")
+    store = eng.write_neuron_store(root / "valid.neurons", cluster=8)
+    return eng, store.read_bytes()

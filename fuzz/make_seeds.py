@@ -181,6 +181,13 @@ def main() -> int:
         put("prepared_dir", "0-prepared.json", b"\x00" + json.dumps(manifest, indent=2).encode())
         put("prepared_dir", "1-thresholds.json", b"\x01" + PREPARED_FILES["thresholds.json"])
         put("prepared_dir", "2-model.gguf", b"\x02" + PREPARED_MODEL)
+        from harness import store_engine
+
+        # neuron_store: byte 0 even, the valid store's header fields (the clusters follow);
+        # odd, a whole file (the header alone: a store cut short).
+        _, store = store_engine(tmp)
+        put("neuron_store", "header", b"\x00" + store[:128])
+        put("neuron_store", "cut", b"\x01" + store[:4096])
 
         from powerinfer_rs.testing.synth import write_hf_model
 

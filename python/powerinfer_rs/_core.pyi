@@ -41,8 +41,10 @@ GPU_DTYPES: tuple[str, ...]
 matrix in another format (Q2_K, Q3_K) on the GPU is refused."""
 
 SPARSITY_MODES: tuple[str, ...]
-INPUT_SITES: tuple[str, ...]
 """The sparsity mode names the engine accepts ("dense", "exact-relu", "threshold", ...)."""
+INPUT_SITES: tuple[str, ...]
+MAX_IO_THREADS: int
+"""The most reader threads a neuron store (or a storage probe) starts."""
 
 class PowerInferError(Exception): ...
 class ModelFileError(PowerInferError, ValueError): ...

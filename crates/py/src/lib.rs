@@ -9,6 +9,7 @@ mod convert;
 mod cuda;
 mod exceptions;
 mod model;
+mod paths;
 mod plan;
 mod predictors;
 mod session;
@@ -45,11 +46,12 @@ fn measure_read_bandwidth(
 #[pyfunction]
 fn probe_storage_reads(
     py: Python<'_>,
-    path: std::path::PathBuf,
+    path: &Bound<'_, PyAny>,
     block: usize,
     threads: usize,
     seconds: f64,
 ) -> PyResult<(u64, f64, bool)> {
+    let path = paths::fs_path(path, "path", powerinfer_core::Error::ModelFile)?;
     exceptions::run_detached(py, move || {
         powerinfer_engine::neuron_store::io::probe_reads(&path, block, threads, seconds)
     })
@@ -76,5 +78,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     exceptions::register(m)?;
     cuda::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    // The most reader threads a neuron store (or a storage probe) starts.
+    m.add(
+        "MAX_IO_THREADS",
+        powerinfer_engine::neuron_store::io::MAX_IO_THREADS,
+    )?;
     Ok(())
 }

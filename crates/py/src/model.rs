@@ -12,7 +12,9 @@ use pyo3::types::PyDict;
 use crate::config::PyModelConfig;
 use crate::convert::tensors_from_dict;
 use crate::exceptions::{check, run_detached};
+use crate::paths::fs_path;
 use crate::plan::PyPlan;
+use powerinfer_core::Error;
 
 /// Model weights handed over from Python without copies (numpy arrays kept alive inside).
 #[pyclass(module = "powerinfer_rs._core", name = "Model", frozen)]
@@ -64,7 +66,13 @@ impl PyModel {
 
     /// Take the transposed down projections from the file at `path`, memory-mapped (written
     /// first unless it holds them for `fingerprint`); false when they were already built.
-    fn map_down_t(&self, py: Python<'_>, path: PathBuf, fingerprint: String) -> PyResult<bool> {
+    fn map_down_t(
+        &self,
+        py: Python<'_>,
+        path: &Bound<'_, PyAny>,
+        fingerprint: String,
+    ) -> PyResult<bool> {
+        let path = fs_path(path, "path", Error::ModelFile)?;
         let w = Arc::clone(&self.weights);
         run_detached(py, move || w.map_down_t(&path, &fingerprint))
     }
@@ -143,10 +151,11 @@ impl PyModel {
     fn load_plan(
         &self,
         py: Python<'_>,
-        plan: PathBuf,
+        plan: &Bound<'_, PyAny>,
         fingerprint: Option<String>,
         budget: Option<usize>,
     ) -> PyResult<PyPlan> {
+        let plan = fs_path(plan, "plan", Error::Plan)?;
         let weights = Arc::clone(&self.weights);
         let path = plan.display().to_string();
         let placement = run_detached(py, move || {
@@ -167,9 +176,10 @@ impl PyModel {
     fn gpu_allocation_report(
         &self,
         py: Python<'_>,
-        plan: PathBuf,
+        plan: &Bound<'_, PyAny>,
         fingerprint: Option<String>,
     ) -> PyResult<Vec<Allocation>> {
+        let plan = fs_path(plan, "plan", Error::Plan)?;
         let weights = Arc::clone(&self.weights);
         run_detached(py, move || {
             Placement::read(&weights, &plan, fingerprint.as_deref()).map(|p| p.allocations)
@@ -183,10 +193,11 @@ impl PyModel {
     fn write_neuron_store(
         &self,
         py: Python<'_>,
-        path: PathBuf,
+        path: &Bound<'_, PyAny>,
         cluster: usize,
         fingerprint: String,
     ) -> PyResult<u64> {
+        let path = fs_path(path, "path", Error::ModelFile)?;
         let w = Arc::clone(&self.weights);
         run_detached(py, move || {
             powerinfer_engine::neuron_store::write_store(&w, &path, cluster, &fingerprint)
@@ -201,12 +212,13 @@ impl PyModel {
     fn open_neuron_store(
         &self,
         py: Python<'_>,
-        path: PathBuf,
+        path: &Bound<'_, PyAny>,
         cache_bytes: usize,
         io_threads: usize,
         fingerprint: Option<String>,
         read_ahead: bool,
     ) -> PyResult<(usize, bool)> {
+        let path = fs_path(path, "path", Error::ModelFile)?;
         let w = Arc::clone(&self.weights);
         run_detached(py, move || {
             use powerinfer_engine::neuron_store::NeuronStore;

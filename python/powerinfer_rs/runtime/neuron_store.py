@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import _core
 from ..errors import PlanError, ShapeError
 from ..planning.sizes import format_bytes, parse_bytes
 from .generation import locked
@@ -29,6 +30,8 @@ from .generation import locked
 DEFAULT_CLUSTER = 1
 #: Reader threads by default: reads in flight at once.
 DEFAULT_IO_THREADS = 8
+#: The most reader threads a store starts (the engine's bound).
+MAX_IO_THREADS = _core.MAX_IO_THREADS
 #: Share of the cache held by the resident hot clusters by default (with ``hot=``).
 DEFAULT_RESIDENT_SHARE = 0.5
 #: The store's cache by default (without a plan).
@@ -72,9 +75,8 @@ class NeuronStoreMethods:
         model's fingerprint; :meth:`use_neuron_store` checks it."""
         if isinstance(cluster, bool) or not isinstance(cluster, int) or not 1 <= cluster <= 4096:
             raise ShapeError(f"cluster must be an integer in 1..4096, got {cluster!r}")
-        out = Path(path)
-        self._model.write_neuron_store(str(out), cluster, self.loaded.fingerprint)
-        return out
+        self._model.write_neuron_store(os.fspath(path), cluster, self.loaded.fingerprint)
+        return Path(os.fsdecode(path))
 
     @locked
     def use_neuron_store(
@@ -115,12 +117,18 @@ class NeuronStoreMethods:
             plan, size, resident = self._ram_tier(plan)
         else:
             size = parse_bytes(DEFAULT_CACHE if cache is None else cache)
-        if isinstance(io_threads, bool) or not isinstance(io_threads, int) or io_threads < 1:
-            raise ShapeError(f"io_threads must be a positive integer, got {io_threads!r}")
+        if (
+            isinstance(io_threads, bool)
+            or not isinstance(io_threads, int)
+            or not 1 <= io_threads <= MAX_IO_THREADS
+        ):
+            raise ShapeError(
+                f"io_threads must be an integer in 1..{MAX_IO_THREADS}, got {io_threads!r}"
+            )
         if not 0.0 <= resident_share < 1.0:
             raise ShapeError(f"resident_share must lie in [0, 1), got {resident_share}")
         self._model.open_neuron_store(
-            str(path), size, io_threads, self.loaded.fingerprint, bool(read_ahead)
+            os.fspath(path), size, io_threads, self.loaded.fingerprint, bool(read_ahead)
         )
         if resident is not None:
             s = self._model.neuron_store_stats(False)
@@ -191,7 +199,7 @@ class NeuronStoreMethods:
         and evicts the rows like the rest of the mapped model). Written once, reused while it
         matches this model. Call it before the first sparse token; False when the rows were
         already built (or the model file ships them, as PowerInfer's does)."""
-        return bool(self._model.map_down_t(str(path), self.loaded.fingerprint))
+        return bool(self._model.map_down_t(os.fspath(path), self.loaded.fingerprint))
 
     def close_neuron_store(self) -> None:
         """Read the neuron rows from the resident weights again."""
