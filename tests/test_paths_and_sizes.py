@@ -47,6 +47,8 @@ def test_a_path_the_file_system_cannot_encode_is_a_typed_error(eng, tmp_path):
         "write_neuron_store": lambda p: eng.write_neuron_store(p),
         "gpu_allocation_report": lambda p: eng.gpu_allocation_report(p),
         "Engine(plan=)": lambda p: Engine(eng.loaded, plan=p, device="gpu-sim"),
+        "thresholds": lambda p: dense.set_sparsity("threshold", thresholds=p),
+        "predictors": lambda p: dense.set_sparsity("predictor", predictors=p),
     }
     for name, call in calls.items():
         for p in (BAD, str(tmp_path / BAD)):
@@ -93,6 +95,13 @@ def test_a_fifo_is_refused_at_once_not_waited_on(model_path, tmp_path):
             ("use_down_t_file", lambda: dense.use_down_t_file(fifo), ModelFileError),
             ("write_neuron_store", lambda: eng.write_neuron_store(fifo), ModelFileError),
             ("plan", lambda: Engine(eng.loaded, plan=fifo, device="gpu-sim"), PlanError),
+            # The Python readers make the same check.
+            ("thresholds", lambda: dense.set_sparsity("threshold", thresholds=fifo),
+             ModelFileError),
+            ("predictors", lambda: dense.set_sparsity("predictor", predictors=fifo),
+             ModelFileError),
+            ("input thresholds", lambda: dense.set_sparsity("input", thresholds=fifo),
+             ModelFileError),
         ]:
             try:
                 call()
@@ -107,7 +116,7 @@ def test_a_fifo_is_refused_at_once_not_waited_on(model_path, tmp_path):
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.count("refused") == 4, out.stdout
+    assert out.stdout.count("refused") == 7, out.stdout
     assert fifo.is_fifo()  # never replaced by a file
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelFileError, PlanError
+from ..loading.regular_file import regular_file
 from .thresholds import write_json_atomically
 
 FORMAT = "powerinfer-rs-input-thresholds/1"
@@ -140,7 +141,7 @@ def save_input_thresholds(path: str | os.PathLike[str], tf: InputThresholds) -> 
 
 def _read(source: str) -> Any:
     try:
-        with open(source, encoding="utf-8") as f:
+        with open(regular_file(source), encoding="utf-8") as f:
             return json.load(f)
     except FileNotFoundError:
         raise ModelFileError(f"{source}: no such threshold file") from None
@@ -215,9 +216,9 @@ def is_input_thresholds(source: Any) -> bool:
         return True
     if isinstance(source, (str, os.PathLike)):
         try:
-            with open(os.fspath(source), encoding="utf-8") as f:
+            with open(regular_file(source), encoding="utf-8") as f:
                 doc = json.load(f)
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # PowerInferError too
             return False
         return isinstance(doc, dict) and doc.get("format") == FORMAT
     return False

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelFileError, PlanError, PowerInferError
+from ..loading.regular_file import regular_file
 
 FORMAT = "powerinfer-rs-thresholds/1"
 _KNOWN = (
@@ -155,7 +156,7 @@ def load_thresholds(path: str | os.PathLike[str], model: Any = None) -> Threshol
     """Read a threshold file; with ``model`` (a LoadedModel) also check it fits
     (:class:`PlanError` for another model's file). Malformed files raise
     :class:`ModelFileError`."""
-    source = os.fspath(path)
+    source = regular_file(path)
     try:
         with open(source, encoding="utf-8") as f:
             doc = json.load(f)

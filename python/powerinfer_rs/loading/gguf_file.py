@@ -20,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelFileError, UnsupportedError
+from ..errors import ModelFileError, PowerInferError, UnsupportedError
+from .regular_file import regular_file
 
 MAGIC = b"GGUF"
 #: PowerInfer's files: a GGUF file whose first four bytes were overwritten with this magic.
@@ -30,9 +31,9 @@ POWERINFER_MAGIC = b"PWRI"
 def starts_with(path: str | os.PathLike[str], magic: bytes) -> bool:
     """Whether ``path`` is a readable file whose first bytes are ``magic``."""
     try:
-        with open(path, "rb") as f:
+        with open(regular_file(path), "rb") as f:
             return f.read(len(magic)) == magic
-    except OSError:
+    except (OSError, PowerInferError):
         return False
 
 

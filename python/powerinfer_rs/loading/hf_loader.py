@@ -36,6 +36,7 @@ from .hf_families import (
     moe_fields,
     number,
 )
+from .regular_file import regular_file
 from .rope import hf_rope_fields, rope_parameters_v4
 from .safetensors_mmap import RawTensor, read_safetensors
 from .types import LoadedModel, ModelConfig, TensorData, check_tensors, fingerprint
@@ -51,7 +52,7 @@ SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(
 def load_json(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Read a JSON object; :class:`ModelFileError` if unreadable, invalid or not an object."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(regular_file(path), encoding="utf-8") as f:
             obj = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ModelFileError(f"{os.fspath(path)}: cannot read JSON: {e}") from e

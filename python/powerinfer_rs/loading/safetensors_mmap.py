@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ModelFileError, UnsupportedError
+from .regular_file import regular_file
 
 #: safetensors dtype -> bytes per element, for the dtypes the engine takes.
 ITEMSIZE: dict[str, int] = {"BF16": 2, "F16": 2, "F32": 4}
@@ -35,7 +36,7 @@ class RawTensor:
 
 def read_header(path: str | os.PathLike[str]) -> tuple[dict, int, int]:
     """Parse the header of ``path``: ``(header dict, data start offset, file size)``."""
-    p = os.fspath(path)
+    p = regular_file(path)
     try:
         size = os.path.getsize(p)
         with open(p, "rb") as f:

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelFileError, PowerInferError, UnsupportedError
+from .regular_file import regular_file
 
 #: torch storage class name -> numpy dtype of its elements.
 STORAGE_DTYPES: dict[str, np.dtype] = {
@@ -195,7 +196,7 @@ class _Unpickler(pickle.Unpickler):
 
 def load_pt(path: str | os.PathLike[str]) -> Any:
     """Load a ``torch.save`` zip file: tensors become numpy arrays, state dicts dicts."""
-    p = os.fspath(path)
+    p = regular_file(path)
     try:
         zf = zipfile.ZipFile(p)
     except FileNotFoundError:

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import PlanError
+from ..loading.regular_file import regular_file
 
 HARDWARE_DIR = Path(__file__).resolve().parent / "hardware"
 
@@ -159,7 +160,7 @@ def load_hardware(name_or_file: str | os.PathLike[str]) -> HardwareProfile:
                 "nor a JSON file"
             )
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(Path(regular_file(path, PlanError)).read_text())
     except (OSError, ValueError, RecursionError) as e:
         raise PlanError(f"{path}: cannot read hardware profile: {e}") from None
     return HardwareProfile.from_dict(data, source=str(path))

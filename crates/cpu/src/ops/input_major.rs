@@ -800,6 +800,28 @@ mod tests {
     }
 
     #[test]
+    fn the_same_bits_on_every_pool() {
+        // Units cut by the matrix, never by the thread count: the partial sums add in one
+        // order whatever the pool (a row split too: more rows than UNIT_ROWS).
+        let mut rng = Rng::new(15);
+        for (rows, cols) in [(97, 320), (UNIT_ROWS + 70, 256)] {
+            let w = random_weight(&mut rng, DType::Q8_0, rows, cols);
+            let m = InputMajor::new(&w).unwrap();
+            let x = rng.vec(cols);
+            let a = ActiveInput::new(&x, 32, |_, v| v.abs() > 0.3);
+            let run = |threads: usize| {
+                let mut y = vec![0.0; rows];
+                pool(threads).install(|| matvec_input(&[&m], &[&a], &mut [&mut y]).unwrap());
+                y
+            };
+            let one = run(1);
+            for t in [2, 3, 8] {
+                assert_eq!(run(t), one, "{rows} rows on {t} threads");
+            }
+        }
+    }
+
+    #[test]
     fn several_matrices_in_one_call_and_repeatable() {
         let mut rng = Rng::new(11);
         let ws: Vec<Weight> = [(130, 96), (64, 96), (64, 96)]

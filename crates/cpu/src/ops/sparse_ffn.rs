@@ -313,14 +313,18 @@ mod tests {
             down_t: &ws[2],
         };
         let relu = |_: u32, g: f32| g.max(0.0);
-        let run = || {
+        let run_on = |pool: &rayon::ThreadPool| {
             let mut y = vec![0f32; cols];
-            seven
-                .install(|| sparse_ffn(&ffn, &x, GateRows::All, relu, |a, u| a * u, &mut y))
+            pool.install(|| sparse_ffn(&ffn, &x, GateRows::All, relu, |a, u| a * u, &mut y))
                 .unwrap();
             y
         };
+        let run = || run_on(&seven);
         assert_eq!(run(), run());
+        // The same bits on any pool: the work is cut by bytes, not by the thread count.
+        for n in [1, 2, 3] {
+            assert_eq!(run_on(&crate::testutil::pool(n)), run(), "{n} threads");
+        }
         let mut g = vec![0f32; rows];
         crate::matvec(&ws[0], &x, &mut g).unwrap();
         let idx: Vec<u32> = (0..rows as u32).filter(|&i| g[i as usize] > 0.0).collect();
