@@ -131,7 +131,8 @@ def test_a_directory_is_no_store_and_is_never_replaced(eng, model_path, tmp_path
 
 
 def test_sizes_past_the_machine_and_reader_counts_past_the_bound_are_refused(eng, store):
-    for cache in ("1TiB", 1 << 50, os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") + 1):
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    for cache in ("1TiB", 1 << 50, physical + 1, 1 << 70, "1e30GiB"):
         with pytest.raises(ShapeError, match="more than this machine"):
             eng.use_neuron_store(store, cache=cache)
     for n in (MAX_IO_THREADS + 1, 100_000):
@@ -167,3 +168,13 @@ def test_every_single_bit_flip_of_a_store_header_is_refused(eng, store, tmp_path
     # The file itself opens.
     assert eng.use_neuron_store(store)["file_bytes"] == len(data)
     eng.close_neuron_store()
+
+
+def test_a_vram_budget_past_any_gpu_is_a_plan_error(synth_gguf, tmp_path):
+    from test_engine_plan import TINY, plan_file
+
+    model = load_model(synth_gguf(dtype="Q8_0", **TINY))
+    _, plan = plan_file(model, tmp_path, 1 << 20, "p.safetensors")
+    for budget in ("1e30GiB", 1 << 70, "1e30"):
+        with pytest.raises(PlanError, match="more than any GPU holds"):
+            Engine(model, threads=1, plan=plan, device="gpu-sim", vram_budget=budget)

@@ -117,6 +117,8 @@ class NeuronStoreMethods:
             plan, size, resident = self._ram_tier(plan)
         else:
             size = parse_bytes(DEFAULT_CACHE if cache is None else cache)
+            if size >= 1 << 63:  # the engine refuses any size past the machine's memory
+                raise ShapeError(f"a neuron cache of {cache!r}: more than this machine has")
         if (
             isinstance(io_threads, bool)
             or not isinstance(io_threads, int)

@@ -44,7 +44,14 @@ class PlanAndDevice:
 
         if not isinstance(plan, (str, os.PathLike)):
             raise PlanError(f"plan must be a path, got {type(plan).__name__}")
+        from .autofit import MAX_BUDGET
+
         budget = None if vram_budget is None else parse_bytes(vram_budget)
+        if budget is not None and budget > MAX_BUDGET:
+            raise PlanError(
+                f"vram_budget={vram_budget!r}: more than any GPU holds (at most "
+                f"{MAX_BUDGET >> 40} TiB)"
+            )
         if self.device == "cpu" and budget:
             raise VramBudgetError(
                 f"the CPU device has no VRAM; vram_budget={vram_budget!r} needs device='gpu-sim' "
