@@ -18,6 +18,10 @@ const MATVEC_TASKS_PER_THREAD: usize = 4;
 /// the order of the partial sums, so a cut that followed the thread count gave other bits at
 /// 1 thread than at 2. Pools wider than this leave threads idle in these kernels.
 pub(crate) const ACC_TASKS: usize = 16;
+/// Bytes of rows an accumulating task reads at least: its partial sum (y's length, zeroed,
+/// then read by the reduction) must be small beside them (measured on 2 threads: tasks of
+/// 64 KiB made the F16 axpy at dim 2048 a fifth slower than a cut by the thread count).
+const ACC_MIN_TASK_BYTES: usize = 256 * 1024;
 /// Reductions over at least this many partial values run in parallel over chunks of y.
 const PAR_REDUCE_MIN: usize = 1 << 16;
 /// y chunk of the parallel reduction (floats).
@@ -67,7 +71,7 @@ where
     if n == 0 {
         return;
     }
-    let tasks = (n.saturating_mul(bytes) / MIN_TASK_BYTES).clamp(1, ACC_TASKS.min(n));
+    let tasks = (n.saturating_mul(bytes) / ACC_MIN_TASK_BYTES).clamp(1, ACC_TASKS.min(n));
     let per = n.div_ceil(tasks).next_multiple_of(align.max(1));
     let tasks = n.div_ceil(per);
     if tasks == 1 || y.is_empty() {
