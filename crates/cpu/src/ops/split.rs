@@ -18,10 +18,12 @@ const MATVEC_TASKS_PER_THREAD: usize = 4;
 /// the order of the partial sums, so a cut that followed the thread count gave other bits at
 /// 1 thread than at 2. Pools wider than this leave threads idle in these kernels.
 pub(crate) const ACC_TASKS: usize = 16;
-/// Bytes of rows an accumulating task reads at least: its partial sum (y's length, zeroed,
-/// then read by the reduction) must be small beside them (measured on 2 threads: tasks of
-/// 64 KiB made the F16 axpy at dim 2048 a fifth slower than a cut by the thread count).
-const ACC_MIN_TASK_BYTES: usize = 256 * 1024;
+/// Bytes of rows an accumulating task reads at least, per byte of its partial sum (y's length
+/// in f32, zeroed, then read by the reduction), and at least [`MIN_TASK_BYTES`]. Measured on 2
+/// threads: tasks of 8 times their partial (64 KiB at dim 2048) made the F16 axpy up to a fifth
+/// slower than a cut by the thread count, 32 times was at parity; a fixed 256 KiB left
+/// SmolLM2's down pass (277 KB at dim 576) one task and its threshold decode slower.
+const ACC_BYTES_PER_PARTIAL_BYTE: usize = 32;
 /// Reductions over at least this many partial values run in parallel over chunks of y.
 const PAR_REDUCE_MIN: usize = 1 << 16;
 /// y chunk of the parallel reduction (floats).
@@ -71,7 +73,8 @@ where
     if n == 0 {
         return;
     }
-    let tasks = (n.saturating_mul(bytes) / ACC_MIN_TASK_BYTES).clamp(1, ACC_TASKS.min(n));
+    let min_task = MIN_TASK_BYTES.max(ACC_BYTES_PER_PARTIAL_BYTE * 4 * y.len());
+    let tasks = (n.saturating_mul(bytes) / min_task).clamp(1, ACC_TASKS.min(n));
     let per = n.div_ceil(tasks).next_multiple_of(align.max(1));
     let tasks = n.div_ceil(per);
     if tasks == 1 || y.is_empty() {
