@@ -255,23 +255,10 @@ impl InputCopies {
     }
 }
 
-/// The share pinned by [`INPUT_CROSSOVER_ENV`] for every matrix, None when it is unset.
-fn pinned_input_crossover() -> Result<Option<f32>> {
-    let Ok(v) = std::env::var(INPUT_CROSSOVER_ENV) else {
-        return Ok(None);
-    };
-    match v.trim().parse::<f32>() {
-        Ok(c) if (0.0..=1.0).contains(&c) => Ok(Some(c)),
-        _ => Err(Error::Plan(format!(
-            "{INPUT_CROSSOVER_ENV}={v:?}: expected a share in 0..=1"
-        ))),
-    }
-}
-
 /// Every (format, rows, cols) of the copies' matrices and its crossover: pinned by
 /// [`INPUT_CROSSOVER_ENV`], else the format's [`input_crossover_share`].
 fn crossovers(model: &ModelWeights, layers: &[LayerCopies]) -> Result<HashMap<ShapeKey, f32>> {
-    let pinned = pinned_input_crossover()?;
+    let pinned = crate::weights::share_from_env(INPUT_CROSSOVER_ENV)?;
     let mut out = HashMap::new();
     for (lw, cp) in model.layers.iter().zip(layers) {
         let up = cp.up.as_ref().map(|_| &lw.w_up);
@@ -290,8 +277,8 @@ impl OutputCopy {
     /// The output head's copy.
     pub fn build(model: &ModelWeights) -> Result<OutputCopy> {
         let w = InputMajor::new(&model.output)?;
-        let crossover =
-            pinned_input_crossover()?.unwrap_or_else(|| input_crossover_share(model.output.dtype));
+        let crossover = crate::weights::share_from_env(INPUT_CROSSOVER_ENV)?
+            .unwrap_or_else(|| input_crossover_share(model.output.dtype));
         Ok(OutputCopy {
             w,
             norms: column_norms(&[&model.output])?,

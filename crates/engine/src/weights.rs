@@ -224,6 +224,18 @@ pub fn check_finite(tensors: &HashMap<String, Weight>) -> Result<()> {
     Ok(())
 }
 
+/// The share in 0..=1 the environment variable `name` pins (a crossover), None when it is
+/// unset; `Error::Plan` for anything else.
+pub(crate) fn share_from_env(name: &str) -> Result<Option<f32>> {
+    let Ok(v) = std::env::var(name) else {
+        return Ok(None);
+    };
+    match v.trim().parse::<f32>() {
+        Ok(c) if (0.0..=1.0).contains(&c) => Ok(Some(c)),
+        _ => bail!(Plan, "{name}={v:?}: expected a share in 0..=1"),
+    }
+}
+
 /// The share of active neurons above which threshold decoding's down product is taken dense
 /// (the matvec over `ffn_down` with the inactive values zeroed) rather than as an axpy over the
 /// active `down_t` rows, for a `ffn_down` in `dtype`: share · (time of the dense matvec) / (time
@@ -596,21 +608,7 @@ impl ModelWeights {
         if let Some(&c) = self.down_crossover.get() {
             return Ok(c);
         }
-        let pinned = match std::env::var(CROSSOVER_ENV) {
-            Err(_) => None,
-            Ok(v) => {
-                let c = v
-                    .trim()
-                    .parse::<f32>()
-                    .ok()
-                    .filter(|c| (0.0..=1.0).contains(c));
-                let Some(c) = c else {
-                    bail!(Plan, "{CROSSOVER_ENV}={v:?}: expected a share in 0..=1");
-                };
-                Some(c)
-            }
-        };
-        let _ = self.down_crossover.set(pinned);
+        let _ = self.down_crossover.set(share_from_env(CROSSOVER_ENV)?);
         Ok(self.down_crossover.get().copied().flatten())
     }
 
