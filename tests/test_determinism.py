@@ -29,28 +29,16 @@ STEPS = 24
 
 
 def _engine(case: dict, threads: int):
+    from test_sparsity import random_predictors
+
     from powerinfer_rs import Engine
     from powerinfer_rs.loading import load_model
-    from powerinfer_rs.predictors import LayerPredictor, PredictorSet
 
     model = load_model(case["model"])
     kw = dict(case.get("kwargs", {}))
     if case.get("predictors"):
         # Random predictors of a fixed seed (the same in every process), marking about half.
-        rng = np.random.default_rng(3)
-        c, rank = model.config, 16
-        kw["predictors"] = PredictorSet(
-            layers={
-                i: LayerPredictor(
-                    fc1=rng.normal(size=(rank, c.dim)).astype(np.float32) / np.sqrt(c.dim),
-                    fc2=rng.normal(size=(c.ffn_dim, rank)).astype(np.float32) / np.sqrt(rank),
-                    threshold=0.0,
-                )
-                for i in range(c.n_layers)
-            },
-            model_fingerprint=model.fingerprint,
-            input="ffn_norm",
-        )
+        kw["predictors"] = random_predictors(model, rank=16, seed=3)
     return Engine(model, threads=threads, **kw)
 
 
