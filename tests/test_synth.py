@@ -93,6 +93,39 @@ def test_planted_power_law(tmp_path):
         assert freq[hot].sum() > 0.4 * freq.sum()
 
 
+def test_gate_noise_keeps_the_planted_law(tmp_path):
+    """gate_noise: layer 0 still fires at the planted rates (here the ReluLLaMA-like 30%
+    regime), as closely as without noise; the gate's non-bias part is no longer low rank;
+    every other tensor is unchanged; the share is validated."""
+    shape = dict(dim=128, ffn=512, layers=1, heads=4, kv_heads=4, vocab=400, seed=2)
+    shape.update(active=0.3, gate_rank=16)
+    toks = np.random.default_rng(1).integers(3, 400, size=512).tolist()
+    err, gens = {}, {}
+    for noise in (0.0, 0.25):
+        d = synth.write_hf_model(tmp_path / f"m{noise}", dtype="f32", gate_noise=noise, **shape)
+        _, gates = reference_forward(load_model(d), toks)
+        gen = gens[noise] = synth_model.SynthWeights(
+            synth_model.SynthSpec(gate_noise=noise, **shape)
+        )
+        freq, planted = (gates[0] > 0).mean(axis=0), gen.firing_probabilities(0)
+        assert 0.27 < freq.mean() < 0.33, freq.mean()
+        assert np.corrcoef(freq, planted)[0, 1] > 0.95
+        err[noise] = np.abs(freq - planted).mean()
+    assert err[0.25] < 0.06 and err[0.25] < err[0.0] + 0.01, err
+    # full rank with noise: singular values past gate_rank carry a good part of the spectrum;
+    # without it the non-bias part is exactly of rank 16
+    sv = {
+        k: np.linalg.svd(g.tensor("blk.0.ffn_gate")[:, 1:], compute_uv=False)
+        for k, g in gens.items()
+    }
+    assert sv[0.25][16] > 0.2 * sv[0.25][0] and sv[0.25][100] > 0.1 * sv[0.25][0]
+    assert sv[0.0][16] < 1e-4 * sv[0.0][0]
+    assert np.array_equal(gens[0.0].tensor("blk.0.ffn_up"), gens[0.25].tensor("blk.0.ffn_up"))
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ShapeError):
+            synth_model.SynthSpec(gate_noise=bad, **shape).validate()
+
+
 def test_gguf_needs_blocks(tmp_path):
     tiny = dict(layers=1, heads=4, kv_heads=4, vocab=300)
     with pytest.raises(ShapeError):

@@ -251,10 +251,11 @@ def write_hf_model(
 ) -> Path:
     """Write a synthetic HF directory (config.json, safetensors, tokenizer files) of the
     model ``SynthSpec(**shape)``: ``dim, ffn, layers, heads, kv_heads, vocab`` and optionally
-    ``activation, max_context, seed, active, tie, gate_rank, arch, sliding_window``, and RoPE's
-    ``rope_theta, rope_scaling`` ("linear" / "llama3" as ``rope_scaling`` in config.json, with
-    ``rope_factor`` and llama3's ``rope_low_freq_factor, rope_high_freq_factor,
-    rope_original_context``) and ``partial_rotary`` (``partial_rotary_factor``).
+    ``activation, max_context, seed, active, tie, gate_rank, gate_noise, arch, sliding_window``,
+    and RoPE's ``rope_theta, rope_scaling`` ("linear" / "llama3" as ``rope_scaling`` in
+    config.json, with ``rope_factor`` and llama3's ``rope_low_freq_factor,
+    rope_high_freq_factor, rope_original_context``) and ``partial_rotary``
+    (``partial_rotary_factor``).
 
     ``shards=2`` splits the weights over two files with a ``model.safetensors.index.json``.
     """
@@ -639,6 +640,13 @@ def main(argv: list[str] | None = None) -> int:
         "(0 = full-rank random gate)",
     )
     ap.add_argument(
+        "--gate-noise",
+        type=float_in(0.0, 1.0),
+        default=0.0,
+        help="share of each gate row's variance from a full-rank random part added to the "
+        "planted low-rank one (0 = exactly low rank; a low-rank predictor is then inexact)",
+    )
+    ap.add_argument(
         "--experts", type=nonneg_int, default=0, help="experts per layer (MoE families)"
     )
     ap.add_argument("--experts-used", type=nonneg_int, default=0, help="experts per token")
@@ -655,7 +663,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="output directory (hf) or .gguf path")
     a = ap.parse_args(argv)
     keys = ("dim", "ffn", "layers", "heads", "vocab", "activation", "max_context", "seed")
-    extra = ("active", "tie", "gate_rank", "arch", "sliding_window", "rope_theta", "rope_scaling")
+    extra = ("active", "tie", "gate_rank", "gate_noise", "arch", "sliding_window")
+    extra += ("rope_theta", "rope_scaling")
     extra += ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor")
     extra += ("rope_original_context", "experts", "experts_used", "expert_ffn", "shared_ffn")
     common = {k: getattr(a, k) for k in (*keys, *extra)}

@@ -31,7 +31,17 @@ in (the residual stream drifts a little). For ReLU models the FFN is
 Planted predictability. ``ffn_gate[:, 1:]`` is a product ``A @ B`` of rank ``gate_rank``
 (default 64): the gate sees the residual stream through a few directions, so a low-rank
 predictor can tell which neurons fire, as predictors do on real ReLU LLMs; ``gate_rank=0`` gives
-a full-rank random gate, which no small predictor can follow.
+a full-rank random gate, which no small predictor can follow. Between the two, ``gate_noise``
+(``eta`` in [0, 1], default 0) is the share of each row's non-bias gate variance that comes from
+a full-rank random part: ``ffn_gate[:, 1:] = sqrt(1 - eta) A @ B + sqrt(eta) N`` with ``N ~
+N(0, 1/dim)`` (the full-rank gate ``gate_rank=0`` would have), so a low-rank predictor can no
+longer be exact (real gates are not exactly low rank either). ``sigma_i`` above is computed from
+the row as written, noise included, so the planted frequencies stay exact for layer 0; with
+``gate_noise=0`` every weight is bit for bit what it was before the option existed. A merged
+expert's gates take the same mix.
+
+Regimes: ``active=0.1`` is ProSparse-like (about 10% of neurons fire per token), ``active=0.3``
+close to ReluLLaMA (about 30%).
 
 The tokenizer is byte-level BPE: 3 special tokens (``<|endoftext|>`` = BOS, ``<|im_start|>``,
 ``<|im_end|>`` = EOS), the 256 byte symbols, then merges over common English letters until
@@ -100,6 +110,8 @@ class SynthSpec:
     rms_eps: float = 1e-5
     tie: bool = False
     gate_rank: int = 64
+    #: Share of each gate row's non-bias variance from a full-rank random part (module docs).
+    gate_noise: float = 0.0
     arch: str = "llama"
     sliding_window: int = 0
     attn_softcap: float = 50.0
@@ -209,6 +221,8 @@ class SynthSpec:
             raise UnsupportedError(f"activation {self.activation!r}")
         if not 0.0 < self.active < 1.0:
             raise ShapeError("active must lie in (0, 1)")
+        if not 0.0 <= self.gate_noise <= 1.0:
+            raise ShapeError(f"gate_noise must lie in [0, 1], got {self.gate_noise}")
         if self.sliding_window < 0 or (self.sliding_window and not self.family.window):
             raise ShapeError(f"sliding_window {self.sliding_window} for {self.arch}")
         if self.arch == "opt" and self.kv_heads != self.heads:
@@ -416,6 +430,16 @@ class SynthWeights:
         a = self._normal(name + "#a", (s.ffn, r), 1.0)
         return a, self._normal(name + "#b", (r, s.dim - 1), 1.0), math.sqrt(r * s.dim)
 
+    def _noisy_gate(self, low: np.ndarray, full: np.ndarray) -> np.ndarray:
+        """A gate's non-bias part: the planted low-rank ``low`` with ``gate_noise`` of its
+        variance from the full-rank random ``full`` (both of entry variance 1/dim); ``low``
+        itself, untouched, without noise."""
+        eta = self.spec.gate_noise
+        if not eta:
+            return low
+        mixed = low.astype(np.float64) * math.sqrt(1.0 - eta) + full * math.sqrt(eta)
+        return mixed.astype(np.float32)
+
     def tensor(self, name: str) -> np.ndarray:
         """The float32 tensor ``name`` (canonical name) in HF layout."""
         s = self.spec
@@ -480,7 +504,7 @@ class SynthWeights:
                 # projection, so which neurons fire is predictable from few directions (as
                 # PowerInfer/DejaVu predictors find in real LLMs). Entries keep variance 1/d.
                 a, b, scale = factors
-                w[:, 1:] = (a @ b / scale).astype(np.float32)
+                w[:, 1:] = self._noisy_gate((a @ b / scale).astype(np.float32), w[:, 1:])
             g = self.tensor(f"blk.{layer}.ffn_norm").astype(np.float64)
             sigma = np.sqrt(((w[:, 1:].astype(np.float64) * g[1:]) ** 2).sum(axis=1))
             nd = NormalDist()
@@ -529,7 +553,8 @@ class SynthWeights:
             b = self._normal(name + "#b", (r, d - 1), 1.0)
             for e in range(s.experts):
                 a = self._normal(f"{name}#a{e}", (s.eff, r), 1.0)
-                w[e, :, 1:] = (a @ b / math.sqrt(r * d)).astype(np.float32)
+                low = (a @ b / math.sqrt(r * d)).astype(np.float32)
+                w[e, :, 1:] = self._noisy_gate(low, w[e, :, 1:])
         g = self.tensor(f"blk.{layer}.ffn_norm").astype(np.float64)
         nd = NormalDist()
         p = zipf_frequencies(s.eff, s.active)
