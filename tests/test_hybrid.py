@@ -96,6 +96,21 @@ def assert_close(got, want, tol, what) -> None:
     assert worst <= tol * scale, f"{what}: max |diff| {worst:.3g} (scale {scale:.3g})"
 
 
+def assert_phases(info: dict, n_layers: int) -> None:
+    """The decode steps' phase times (gpu_info()["phases"]) cover each step's wall time, as the
+    session measured it around the executor's calls, within 5%, and name the work the plan
+    splits: the GPU side's queued work, the CPU's cold neurons, the copies between them."""
+    ph = info["phases"]
+    assert ph["steps"] == info["steps"] and len(ph["per_layer"]) == n_layers + 1
+    assert all(len(row) == len(ph["names"]) for row in ph["per_layer"])
+    assert all(v >= 0 for row in ph["per_layer"] for v in row)
+    total = sum(ph["total"].values())
+    assert total == pytest.approx(sum(map(sum, ph["per_layer"])), rel=1e-9)
+    assert abs(total - ph["decode_seconds"]) <= 0.05 * ph["decode_seconds"], ph
+    for name in ("gpu_submit", "cold_ffn", "upload", "download", "cpu_norm"):
+        assert ph["total"][name] > 0, (name, ph["total"])
+
+
 @pytest.fixture(scope="module", params=["F16", "Q8_0"])
 def relu(request, synth_gguf):
     return load_model(synth_gguf(dtype=request.param, seed=3, **SHAPE))
@@ -125,6 +140,7 @@ def test_half_on_the_gpu_side_matches_the_cpu_engine(relu, tmp_path, device, spa
     assert got_toks == want_toks
     info = hyb.gpu_info()
     assert info["steps"] >= 32 and len(info["transfers"]) == relu.config.n_layers + 1
+    assert_phases(info, relu.config.n_layers)
     if device == "gpu-emu":
         # The emulator ran the kernels themselves, every decode step: attention and the hot
         # neurons' gate/up and down passes in the model's format.

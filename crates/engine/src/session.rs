@@ -34,6 +34,9 @@ pub struct Session {
     hybrid: Option<Box<dyn Hybrid>>,
     /// Time per phase of the forward passes since timing was turned on (benchmarks).
     phase_times: Option<PhaseTimes>,
+    /// Wall time of the hybrid decode steps since the last reset, measured around the
+    /// executor's calls (against which its phase times are checked).
+    hybrid_decode_seconds: f64,
 }
 
 impl Session {
@@ -64,6 +67,7 @@ impl Session {
             capacity: None,
             hybrid: None,
             phase_times: None,
+            hybrid_decode_seconds: 0.0,
         })
     }
 
@@ -225,9 +229,23 @@ impl Session {
         self.hybrid.as_deref()
     }
 
-    /// The hybrid executor, mutably (to reset its transfer counts).
+    /// The hybrid executor, mutably.
     pub fn hybrid_mut(&mut self) -> Option<&mut (dyn Hybrid + 'static)> {
         self.hybrid.as_deref_mut()
+    }
+
+    /// Wall time of the hybrid decode steps since the last [`Session::reset_hybrid_stats`],
+    /// measured around the executor's calls.
+    pub fn hybrid_decode_seconds(&self) -> f64 {
+        self.hybrid_decode_seconds
+    }
+
+    /// Zero the hybrid executor's transfer counts and phase times, and the decode time.
+    pub fn reset_hybrid_stats(&mut self) {
+        self.hybrid_decode_seconds = 0.0;
+        if let Some(h) = self.hybrid.as_deref_mut() {
+            h.reset_transfers();
+        }
     }
 
     /// The adopted placement.
@@ -369,11 +387,15 @@ impl Session {
             let (mode, profiler) = (&self.mode, self.profiler.as_mut());
             let hybrid = self.hybrid.as_deref_mut();
             let times = self.phase_times.as_mut();
+            let decode_seconds = &mut self.hybrid_decode_seconds;
             let logits = self.pool.install(|| {
                 phases::timed(times, chunk.len(), || match hybrid {
                     // One token and no profile: the hybrid decode step.
                     Some(h) if chunk.len() == 1 && profiler.is_none() => {
-                        h.decode(model, mode, cache, chunk[0])
+                        let t0 = std::time::Instant::now();
+                        let out = h.decode(model, mode, cache, chunk[0]);
+                        *decode_seconds += t0.elapsed().as_secs_f64();
+                        out
                     }
                     // Batches (and profiling) run on the CPU, with the GPU layers' cache rows
                     // brought over first and noted as written after.

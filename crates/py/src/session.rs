@@ -161,7 +161,8 @@ impl PySession {
     /// last: (uploads, downloads, bytes up, bytes down)), `kernel_launches` ({entry: count}
     /// where the backend counts them, as gpu-emu does; else None) and `graphs` (with
     /// POWERINFER_RS_GPU_GRAPHS=1 on cuda or gpu-emu, the launch batches' counters: batches,
-    /// built, replayed, nodes_updated, kernels, explicit; else None).
+    /// built, replayed, nodes_updated, kernels, explicit; else None) and `phases` (each decode
+    /// step's wall time by phase: see `phases_dict`).
     fn gpu_info<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
         let guard = self.lock(py);
         let Some(h) = guard.hybrid() else {
@@ -189,14 +190,15 @@ impl PySession {
                 .collect::<std::collections::BTreeMap<_, _>>()
         });
         d.set_item("graphs", graphs)?;
+        let phases = phases_dict(py, h.phases())?;
+        phases.set_item("decode_seconds", guard.hybrid_decode_seconds())?;
+        d.set_item("phases", phases)?;
         Ok(Some(d))
     }
 
-    /// Zero the GPU side's transfer counts.
+    /// Zero the GPU side's transfer counts and phase times.
     fn reset_transfers(&self, py: Python<'_>) {
-        if let Some(h) = self.lock(py).hybrid_mut() {
-            h.reset_transfers();
-        }
+        self.lock(py).reset_hybrid_stats();
     }
 
     /// Turn per-phase timing of the forward passes on (from zero) or off (benchmarks).
@@ -405,4 +407,30 @@ fn matrix<T: numpy::Element>(
     let arr = Array2::from_shape_vec((rows, cols), values)
         .map_err(|e| to_pyerr(py, Error::Other(e.to_string())))?;
     Ok(arr.into_pyarray(py))
+}
+
+/// The hybrid decode steps' phase times as Python sees them: `names` (the phases, in order),
+/// `total` ({phase: seconds} over every slot), `per_layer` (per slot, the layers then the
+/// output head: seconds per phase in `names` order), `steps`, `step_seconds` (their wall time,
+/// measured apart from the phases) and `switches` (phase switches timed, for the timers' cost);
+/// the caller adds `decode_seconds` (the session's own clock around the same steps).
+fn phases_dict<'py>(
+    py: Python<'py>,
+    p: &powerinfer_engine::hybrid::PhaseStats,
+) -> PyResult<Bound<'py, PyDict>> {
+    use powerinfer_engine::hybrid::HybridPhase;
+    let d = PyDict::new(py);
+    let names: Vec<&str> = HybridPhase::ALL.iter().map(|p| p.name()).collect();
+    let total = PyDict::new(py);
+    for ph in HybridPhase::ALL {
+        total.set_item(ph.name(), p.total(ph))?;
+    }
+    let per_layer: Vec<Vec<f64>> = p.slots.iter().map(|s| s.to_vec()).collect();
+    d.set_item("names", names)?;
+    d.set_item("total", total)?;
+    d.set_item("per_layer", per_layer)?;
+    d.set_item("steps", p.steps)?;
+    d.set_item("step_seconds", p.step_seconds)?;
+    d.set_item("switches", p.switches)?;
+    Ok(d)
 }

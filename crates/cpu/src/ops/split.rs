@@ -3,9 +3,12 @@
 //! chunk adds straight into y, the others into zeroed thread-local scratch), added into y in
 //! chunk order: no two tasks write the same memory. The accumulating split is cut by the bytes
 //! touched up to [`ACC_TASKS`] tasks whatever the pool's size, so the result depends on the
-//! inputs alone: the same bits at 1 thread and at 16.
+//! inputs alone: the same bits at 1 thread and at 16. Each parallel region is timed for the
+//! delay until its last thread starts ([`crate::pool_start`]).
 
 use rayon::prelude::*;
+
+use crate::pool_start::Region;
 use std::cell::Cell;
 use std::ops::Range;
 
@@ -51,9 +54,14 @@ where
     if per >= idx.len() {
         body((idx, y));
     } else {
+        let region = Region::begin();
         idx.par_chunks(per)
             .zip(y.par_chunks_mut(per))
-            .for_each(body);
+            .for_each(|c| {
+                region.task();
+                body(c)
+            });
+        region.end();
     }
 }
 
@@ -89,10 +97,12 @@ where
     let mut parts: Vec<&mut [f32]> = Vec::with_capacity(tasks);
     parts.push(&mut *y);
     parts.extend(scratch.chunks_exact_mut(dim));
-    parts
-        .into_par_iter()
-        .enumerate()
-        .for_each(|(t, part)| body(t * per..((t + 1) * per).min(n), part));
+    let region = Region::begin();
+    parts.into_par_iter().enumerate().for_each(|(t, part)| {
+        region.task();
+        body(t * per..((t + 1) * per).min(n), part)
+    });
+    region.end();
     reduce(y, &scratch);
     SCRATCH.set(scratch);
 }

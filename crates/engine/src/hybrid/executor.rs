@@ -20,6 +20,7 @@ use crate::forward::{
 use crate::hybrid::experts::{cold_by_expert, cold_experts, token_weights};
 use crate::hybrid::gpu_model::{GpuFfn, GpuLayer, GpuModel, GpuScratch, KvBufs};
 use crate::hybrid::kv_sync::KvSync;
+use crate::hybrid::phase_clock::{HybridPhase, PhaseClock, PhaseStats};
 use crate::hybrid::transfers::{Link, TransferStats};
 use crate::hybrid::Hybrid;
 use crate::kv_cache::KvCache;
@@ -140,6 +141,8 @@ pub struct Executor<B: Backend> {
     placement: Arc<Placement>,
     kv: KvSync,
     stats: TransferStats,
+    /// Each decode step's time by layer and phase.
+    clock: PhaseClock,
     /// The CPU side's buffers: `host.x` is the residual stream on the host, `host.par_in` a
     /// parallel block's saved input.
     host: Scratch,
@@ -194,6 +197,7 @@ impl<B: Backend> Executor<B> {
             placement,
             kv: KvSync::default(),
             stats: TransferStats::new(c.n_layers),
+            clock: PhaseClock::new(c.n_layers),
             host: Scratch::default(),
             rows: FfnScratch::default(),
             predictor: PredictorScratch::default(),
@@ -249,8 +253,13 @@ impl<B: Backend> Hybrid for Executor<B> {
         &self.stats
     }
 
+    fn phases(&self) -> &PhaseStats {
+        self.clock.stats()
+    }
+
     fn reset_transfers(&mut self) {
-        self.stats = TransferStats::new(self.stats.layers.len());
+        self.stats = TransferStats::new(self.stats.layers.len().saturating_sub(1));
+        self.clock.reset();
     }
 
     fn set_mode(&mut self, mode: &Sparsity) -> Result<()> {
@@ -266,7 +275,7 @@ impl<B: Backend> Hybrid for Executor<B> {
     }
 
     fn before_cpu_pass(&mut self, cache: &mut KvCache) -> Result<()> {
-        let mut link = Link::new(&self.dev, &mut self.stats);
+        let mut link = Link::new(&self.dev, &mut self.stats, &mut self.clock);
         self.kv.to_cpu(&mut link, &self.gpu, cache)
     }
 
@@ -279,6 +288,22 @@ impl<B: Backend> Hybrid for Executor<B> {
     }
 
     fn decode(
+        &mut self,
+        model: &ModelWeights,
+        mode: &Sparsity,
+        cache: &mut KvCache,
+        token: u32,
+    ) -> Result<Vec<f32>> {
+        self.clock.begin_step();
+        let out = self.step(model, mode, cache, token);
+        self.clock.end_step(out.is_ok());
+        out
+    }
+}
+
+impl<B: Backend> Executor<B> {
+    /// One decode step (see [`Hybrid::decode`]), timed by its caller.
+    fn step(
         &mut self,
         model: &ModelWeights,
         mode: &Sparsity,
@@ -304,7 +329,7 @@ impl<B: Backend> Hybrid for Executor<B> {
         );
         cache.reserve(1)?;
         {
-            let mut link = Link::new(&self.dev, &mut self.stats);
+            let mut link = Link::new(&self.dev, &mut self.stats, &mut self.clock);
             self.kv.to_gpu(&mut link, &mut self.gpu, cache)?;
         }
         if let Some(sc) = self.gpu.scratch.as_mut() {
@@ -319,18 +344,21 @@ impl<B: Backend> Hybrid for Executor<B> {
         };
         let angles = Angles::new(c, pos, 1);
         for l in 0..c.n_layers {
+            self.clock.enter(l, HybridPhase::Other);
             if model.program.layers[l].save_residual {
                 self.save_residual(res)?;
             }
             // A router that reads the layer's input (SmallThinker) runs on the CPU before the
             // attention block.
             if let (true, Some(m)) = (model.program.layers[l].early_router, &model.layers[l].moe) {
+                self.clock.enter(l, HybridPhase::CpuRoute);
                 self.host_x(l, &mut res)?;
                 early_logits(m, &self.host.x, 1, &mut self.host.moe)?;
             }
             if self.gpu.layers[l].attention.is_some() {
                 self.gpu_attention(model, l, pos, &mut res)?;
             } else {
+                self.clock.enter(l, HybridPhase::CpuAttention);
                 self.host_x(l, &mut res)?;
                 attention_block(model, l, mode, cache, &mut self.host, None, pos, 1, &angles)?;
                 res.on_device = false;
@@ -338,6 +366,7 @@ impl<B: Backend> Hybrid for Executor<B> {
             if self.gpu.layers[l].ffn.is_some() {
                 self.hybrid_ffn(model, mode, l, pos, &mut res)?;
             } else {
+                self.clock.enter(l, HybridPhase::CpuFfn);
                 self.host_x(l, &mut res)?;
                 if model.program.layers[l].save_residual {
                     self.host_saved(l)?;
@@ -347,19 +376,23 @@ impl<B: Backend> Hybrid for Executor<B> {
             }
         }
         let logits = self.output(model, &mut res)?;
+        self.clock.enter(c.n_layers, HybridPhase::Other);
         cache.set_len(pos + 1);
         self.kv.gpu_wrote(pos + 1);
         self.stats.steps += 1;
         Ok(logits)
     }
-}
 
-impl<B: Backend> Executor<B> {
     /// Make the host's copy of the residual current (a download when the device has it).
     fn host_x(&mut self, slot: usize, res: &mut Residency) -> Result<()> {
         if !res.on_host {
             let sc = Self::scratch(&mut self.gpu)?;
-            Link::new(&self.dev, &mut self.stats).down(slot, &sc.x, 0, &mut self.host.x)?;
+            Link::new(&self.dev, &mut self.stats, &mut self.clock).down(
+                slot,
+                &sc.x,
+                0,
+                &mut self.host.x,
+            )?;
             res.on_host = true;
         }
         Ok(())
@@ -369,7 +402,12 @@ impl<B: Backend> Executor<B> {
     fn device_x(&mut self, slot: usize, res: &mut Residency) -> Result<()> {
         if !res.on_device {
             let sc = Self::scratch(&mut self.gpu)?;
-            Link::new(&self.dev, &mut self.stats).up(slot, &self.host.x, &mut sc.x, 0)?;
+            Link::new(&self.dev, &mut self.stats, &mut self.clock).up(
+                slot,
+                &self.host.x,
+                &mut sc.x,
+                0,
+            )?;
             res.on_device = true;
         }
         Ok(())
@@ -400,7 +438,12 @@ impl<B: Backend> Executor<B> {
                 powerinfer_core::bail!(Other, "no GPU buffer for a parallel block's input");
             };
             self.host.par_in.resize(self.host.x.len(), 0.0);
-            Link::new(&self.dev, &mut self.stats).down(slot, saved, 0, &mut self.host.par_in)?;
+            Link::new(&self.dev, &mut self.stats, &mut self.clock).down(
+                slot,
+                saved,
+                0,
+                &mut self.host.par_in,
+            )?;
             self.saved.on_host = true;
         }
         Ok(())
@@ -413,7 +456,12 @@ impl<B: Backend> Executor<B> {
             let Some(saved) = sc.saved.as_mut() else {
                 powerinfer_core::bail!(Other, "no GPU buffer for a parallel block's input");
             };
-            Link::new(&self.dev, &mut self.stats).up(slot, &self.host.par_in, saved, 0)?;
+            Link::new(&self.dev, &mut self.stats, &mut self.clock).up(
+                slot,
+                &self.host.par_in,
+                saved,
+                0,
+            )?;
             self.saved.on_device = true;
         }
         Ok(())
@@ -428,6 +476,7 @@ impl<B: Backend> Executor<B> {
         res: &mut Residency,
     ) -> Result<()> {
         let c = &model.config;
+        self.clock.enter(l, HybridPhase::GpuSubmit);
         self.device_x(l, res)?;
         let dev = &self.dev;
         let GpuModel {
@@ -577,6 +626,7 @@ impl<B: Backend> Executor<B> {
         let host_needed = !table.cold.is_empty() || cpu_predictor || moe;
         let saved = prog.save_residual;
         // The block's input on each side it is needed.
+        self.clock.enter(l, HybridPhase::GpuSubmit);
         self.device_x(l, res)?;
         if saved {
             self.device_saved(l)?;
@@ -590,7 +640,7 @@ impl<B: Backend> Executor<B> {
         // Its output goes straight into the residual unless a post-norm comes between.
         let direct = !prog.ffn.contains(&FfnStep::PostNorm);
         let dev = &self.dev;
-        let mut link = Link::new(dev, &mut self.stats);
+        let mut link = Link::new(dev, &mut self.stats, &mut self.clock);
         let GpuModel {
             layers, scratch, ..
         } = &mut self.gpu;
@@ -647,12 +697,14 @@ impl<B: Backend> Executor<B> {
                         // The GPU's queued work (with graphs on, a batch) starts now, while the
                         // CPU normalises, predicts, routes and computes its cold neurons.
                         dev.flush()?;
+                        link.enter(l, HybridPhase::CpuNorm);
                         let x_in = match saved {
                             true => &self.host.par_in,
                             false => &self.host.x,
                         };
                         let b = norm_bias(lw, *kind, 1)?;
                         norm_rows_with(x_in, &lw.ffn_norm, b, c.rms_eps, &mut self.xn);
+                        link.enter(l, HybridPhase::GpuSubmit);
                     }
                 }
                 FfnStep::Moe(kind) => {
@@ -660,6 +712,7 @@ impl<B: Backend> Executor<B> {
                         powerinfer_core::bail!(Other, "layer {l}: an MoE step without experts");
                     };
                     let mf = &c.moe;
+                    link.enter(l, HybridPhase::CpuRoute);
                     // Routing on the CPU, one weight per expert up to the GPU.
                     let logits: &[f32] = match mf.router_on_residual {
                         true => &self.host.moe.early,
@@ -677,6 +730,7 @@ impl<B: Backend> Executor<B> {
                     );
                     route(mf, logits, &mut self.routes);
                     token_weights(mf, m, &self.routes, &self.xn, &mut self.expert_w);
+                    link.enter(l, HybridPhase::GpuSubmit);
                     link.up(l, &self.expert_w, ew, 0)?;
                     // GPU: the routed experts' hot neurons (and the shared expert), queued.
                     let (ef, routed) = (mf.expert_ffn(c.ffn_dim), c.n_routed_neurons());
@@ -716,9 +770,12 @@ impl<B: Backend> Executor<B> {
                     let down_t = &model.expert_down_t()?[l];
                     let cold = &self.moe_cold[l];
                     dev.flush()?;
+                    link.enter(l, HybridPhase::ColdFfn);
                     let (xn, routes) = (&self.xn, &self.routes);
                     let part = &mut self.part;
-                    if cold_experts(m, down_t, *kind, threshold, xn, routes, cold, part)? {
+                    let any = cold_experts(m, down_t, *kind, threshold, xn, routes, cold, part)?;
+                    link.enter(l, HybridPhase::GpuSubmit);
+                    if any {
                         link.up(l, &self.part, &mut sc.xfer, 0)?;
                         dev.add(out, &sc.xfer)?;
                     }
@@ -756,12 +813,14 @@ impl<B: Backend> Executor<B> {
                             if !table.cold.is_empty() {
                                 self.flags.resize(c.ffn_dim, 0);
                                 link.down(l, &sc.active, 0, &mut self.flags)?;
+                                link.enter(l, HybridPhase::CpuPredictor);
                                 self.cold_active.clear();
                                 let on = &self.flags;
                                 self.cold_active
                                     .extend(table.cold.iter().filter(|&&i| on[i as usize] != 0));
                             }
                         } else {
+                            link.enter(l, HybridPhase::CpuPredictor);
                             let x = match (input, saved) {
                                 (PredictorInput::FfnNorm, _) => &self.xn,
                                 (PredictorInput::FfnInp, true) => &self.host.par_in,
@@ -780,6 +839,7 @@ impl<B: Backend> Executor<B> {
                             link.up(l, &self.flags, &mut sc.active, 0)?;
                         }
                         cold = &self.cold_active;
+                        link.enter(l, HybridPhase::GpuSubmit);
                     }
 
                     // GPU: queued, runs while the CPU computes its part. With flags (predictor
@@ -830,6 +890,7 @@ impl<B: Backend> Executor<B> {
                         dev.flush()?;
                     }
                     if !cold.is_empty() {
+                        link.enter(l, HybridPhase::ColdFfn);
                         self.part.resize(c.dim, 0.0);
                         let dense_down = match mode {
                             Sparsity::Dense => DenseDown::Always,
@@ -847,6 +908,7 @@ impl<B: Backend> Executor<B> {
                             &mut self.rows,
                             &mut self.part,
                         )?;
+                        link.enter(l, HybridPhase::GpuSubmit);
                         link.up(l, &self.part, &mut sc.xfer, 0)?;
                         dev.add(out, &sc.xfer)?;
                     }
@@ -883,10 +945,12 @@ impl<B: Backend> Executor<B> {
         let c = &model.config;
         let slot = c.n_layers;
         if self.gpu.output.is_none() {
+            self.clock.enter(slot, HybridPhase::CpuOutput);
             self.host_x(slot, res)?;
             // The hybrid executor refuses the input mode (set_mode): the output head is dense.
             return output_block(model, &Sparsity::Dense, &mut self.host, 0, 0, 1);
         }
+        self.clock.enter(slot, HybridPhase::GpuSubmit);
         self.device_x(slot, res)?;
         let dev = &self.dev;
         let GpuModel {
@@ -915,7 +979,7 @@ impl<B: Backend> Executor<B> {
             dev.softcap(&mut o.logits, c.vocab_size, cap)?;
         }
         let mut logits = vec![0.0f32; c.vocab_size];
-        Link::new(dev, &mut self.stats).down(slot, &o.logits, 0, &mut logits)?;
+        Link::new(dev, &mut self.stats, &mut self.clock).down(slot, &o.logits, 0, &mut logits)?;
         Ok(logits)
     }
 }

@@ -15,6 +15,7 @@ pub mod executor;
 pub mod experts;
 pub mod gpu_model;
 pub mod kv_sync;
+pub mod phase_clock;
 pub mod transfers;
 
 use std::sync::Arc;
@@ -28,6 +29,7 @@ use crate::sparsity::Sparsity;
 use crate::weights::ModelWeights;
 
 pub use executor::Executor;
+pub use phase_clock::{HybridPhase, PhaseStats};
 pub use transfers::{TransferStats, Transfers};
 
 /// The device name of the host backend.
@@ -52,7 +54,9 @@ pub trait Hybrid: Send {
     fn mem_info(&self) -> Result<(usize, usize)>;
     /// Transfers so far.
     fn transfers(&self) -> &TransferStats;
-    /// Zero the transfer counts.
+    /// Each decode step's wall time by layer and phase, since the last reset.
+    fn phases(&self) -> &PhaseStats;
+    /// Zero the transfer counts and the phase times.
     fn reset_transfers(&mut self);
     /// Adopt a sparsity mode (predictor mode writes the predictors into their GPU buffers).
     fn set_mode(&mut self, mode: &Sparsity) -> Result<()>;

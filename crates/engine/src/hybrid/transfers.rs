@@ -1,8 +1,12 @@
 //! Host↔device transfers of the hybrid executor, counted per layer: every copy goes through a
-//! [`Link`], so tests and benchmarks can see how many crossings a decode step takes.
+//! [`Link`], so tests and benchmarks can see how many crossings a decode step takes, and each
+//! is timed as its phase ([`HybridPhase::Upload`], [`HybridPhase::Download`], and the wait for
+//! the GPU's queued work before a download, [`HybridPhase::GpuWait`]).
 
 use powerinfer_core::Result;
 use powerinfer_cuda::{Backend, Elem};
+
+use crate::hybrid::phase_clock::{HybridPhase, Mark, PhaseClock};
 
 /// Copies in each direction and their bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -30,16 +34,22 @@ impl TransferStats {
     }
 }
 
-/// A backend and the counters its copies are charged to.
+/// A backend, the counters its copies are charged to, and the step's clock.
 pub struct Link<'a, B: Backend> {
     dev: &'a B,
     stats: &'a mut TransferStats,
+    clock: &'a mut PhaseClock,
 }
 
 impl<'a, B: Backend> Link<'a, B> {
-    /// Copies on `dev`, counted in `stats`.
-    pub fn new(dev: &'a B, stats: &'a mut TransferStats) -> Self {
-        Link { dev, stats }
+    /// Copies on `dev`, counted in `stats` and timed on `clock`.
+    pub fn new(dev: &'a B, stats: &'a mut TransferStats, clock: &'a mut PhaseClock) -> Self {
+        Link { dev, stats, clock }
+    }
+
+    /// Enter `phase` of `slot` on the step's clock (see [`PhaseClock::enter`]).
+    pub fn enter(&mut self, slot: usize, phase: HybridPhase) -> Mark {
+        self.clock.enter(slot, phase)
     }
 
     fn slot(&mut self, slot: usize) -> &mut Transfers {
@@ -55,7 +65,10 @@ impl<'a, B: Backend> Link<'a, B> {
         dst: &mut B::Buf<T>,
         at: usize,
     ) -> Result<()> {
-        self.dev.write(host, dst, at)?;
+        let was = self.clock.enter(slot, HybridPhase::Upload);
+        let done = self.dev.write(host, dst, at);
+        self.clock.restore(was);
+        done?;
         let t = self.slot(slot);
         t.uploads += 1;
         t.bytes_up += std::mem::size_of_val(host) as u64;
@@ -70,7 +83,14 @@ impl<'a, B: Backend> Link<'a, B> {
         at: usize,
         out: &mut [T],
     ) -> Result<()> {
-        self.dev.read(src, at, out)?;
+        let was = self.clock.enter(slot, HybridPhase::GpuWait);
+        let mut done = self.dev.synchronize();
+        if done.is_ok() {
+            self.clock.enter(slot, HybridPhase::Download);
+            done = self.dev.read(src, at, out);
+        }
+        self.clock.restore(was);
+        done?;
         let t = self.slot(slot);
         t.downloads += 1;
         t.bytes_down += std::mem::size_of_val(out) as u64;

@@ -1,0 +1,97 @@
+//! How long the sparse ops' parallel regions wait for the pool's threads: the "dispatch" phase
+//! of the hybrid executor's timers.
+//!
+//! A region (the split of [`crate::ops`]' sparse kernels over rayon) notes when it begins and,
+//! per pool thread, when that thread starts its first task. The region's dispatch time is the
+//! delay until the last of its threads started: the time the pool took to be fully at work
+//! (the calling thread starts at once; the others wake from sleep or steal). It is added to a
+//! counter of the calling thread, which [`take_dispatch`] reads and zeroes. Always on: one clock
+//! read and one atomic store per task (at most a few dozen per region).
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// Pool threads tracked per region; threads beyond share slots (the delay is then a lower bound).
+const SLOTS: usize = 32;
+
+thread_local! {
+    /// Seconds of dispatch and regions counted on this thread since the last take.
+    static WAITED: Cell<(f64, u64)> = const { Cell::new((0.0, 0)) };
+}
+
+/// Seconds this thread's parallel regions spent waiting for their last thread to start, and how
+/// many regions ran in parallel, since the previous call (then zero).
+pub fn take_dispatch() -> (f64, u64) {
+    WAITED.with(|w| w.replace((0.0, 0)))
+}
+
+/// One parallel region's start times.
+pub(crate) struct Region {
+    entry: Instant,
+    /// Per pool thread: nanoseconds after `entry` of its first task, plus 1 (0: not started).
+    first: [AtomicU64; SLOTS],
+}
+
+impl Region {
+    /// A region beginning now.
+    pub(crate) fn begin() -> Region {
+        Region {
+            entry: Instant::now(),
+            first: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+
+    /// A task starts on the current thread.
+    #[inline]
+    pub(crate) fn task(&self) {
+        let slot = rayon::current_thread_index().unwrap_or(0) % SLOTS;
+        if self.first[slot].load(Ordering::Relaxed) == 0 {
+            let ns = self.entry.elapsed().as_nanos() as u64 + 1;
+            // Only the first task of the thread sets it (a later one sees it set).
+            let _ = self.first[slot].compare_exchange(0, ns, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    /// The region's tasks are done: add its dispatch delay to the calling thread's counter.
+    pub(crate) fn end(self) {
+        let last = self
+            .first
+            .iter()
+            .map(|a| a.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0)
+            .saturating_sub(1);
+        WAITED.with(|w| {
+            let (secs, n) = w.get();
+            w.set((secs + last as f64 * 1e-9, n + 1));
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_delay_is_until_the_last_thread_started() {
+        take_dispatch();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let r = Region::begin();
+        // Each pool thread once; thread 1 starts 5 ms late.
+        pool.broadcast(|ctx| {
+            if ctx.index() == 1 {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            r.task();
+        });
+        r.end();
+        let (secs, n) = take_dispatch();
+        assert_eq!(n, 1);
+        assert!((0.005..1.0).contains(&secs), "{secs}");
+        assert_eq!(take_dispatch(), (0.0, 0));
+    }
+}
