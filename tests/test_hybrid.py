@@ -141,6 +141,10 @@ def test_half_on_the_gpu_side_matches_the_cpu_engine(relu, tmp_path, device, spa
     info = hyb.gpu_info()
     assert info["steps"] >= 32 and len(info["transfers"]) == relu.config.n_layers + 1
     assert_phases(info, relu.config.n_layers)
+    # A generation's stats carry its own steps' phases (none on the CPU).
+    hyb.generate(prompt, max_new_tokens=3)
+    cpu.generate(prompt, max_new_tokens=3)
+    assert hyb.last_stats.phases["cold_ffn"] > 0 and cpu.last_stats.phases is None
     if device == "gpu-emu":
         # The emulator ran the kernels themselves, every decode step: attention and the hot
         # neurons' gate/up and down passes in the model's format.

@@ -316,6 +316,11 @@ def _print_stats(engine, out=sys.stderr) -> None:
         f"{engine.threads} threads, stop: {s.finish_reason}]",
         file=out,
     )
+    if s.phases and s.decode_tokens:
+        # The hybrid executor's phases, largest first, in ms per decode step.
+        top = sorted(((v, k) for k, v in s.phases.items() if v > 0), reverse=True)
+        parts = [f"{k} {1e3 * v / s.decode_tokens:.2f}" for v, k in top]
+        print(f"[ms per token by phase: {', '.join(parts)}]", file=out)
 
 
 def cmd_generate(a: argparse.Namespace) -> int:

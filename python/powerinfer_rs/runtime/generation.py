@@ -56,6 +56,9 @@ class GenerationStats:
     completion_tokens: int = 0  # tokens sampled (an end-of-sequence token not counted)
     finish_reason: str = ""
     stop_sequence: str | None = None  # the stop string that ended it (finish_reason "stop")
+    #: With a plan on a GPU device: the decode steps' seconds by phase of the hybrid executor
+    #: ({phase: seconds}, see ``Engine.gpu_info()["phases"]``), else None.
+    phases: dict[str, float] | None = None
 
     @property
     def decode_tokens_per_second(self) -> float:
@@ -258,51 +261,62 @@ class Generation:
         fed = list(prompt_ids)  # this generator's context: the tokens behind `logits`
         stats.finish_reason = "length"
         t_decode = time.perf_counter()
-        for i in range(max_new_tokens):
-            allowed = logits if constraint is None else constraint.mask(logits)
-            token = sample(allowed, params, rng, seen, counts)
-            if token in eos:
-                stats.finish_reason = "eos"
-                break
-            if constraint is not None:
-                constraint.consume(token)  # the next mask is computed during the forward pass
-            seen.append(token)
-            counts[token] += 1
-            stats.completion_tokens += 1
-            step = TokenStep(token, matcher.push(decoder.add(token)))
-            if logprobs is not None:
-                step.logprob, step.top_logprobs = log_probs(logits, token, logprobs)
-            yield step
-            if matcher.stopped:
-                stats.finish_reason = "stop"
-                stats.stop_sequence = matcher.matched
-                break
-            if constraint is not None and constraint.done:
-                stats.finish_reason = "eos"
-                break
-            if i + 1 == max_new_tokens:
-                break
-            if len(fed) >= self.n_ctx:
-                stats.finish_reason = "context"
-                break
-            with self._lock:
-                try:
-                    if self._version != mine:  # another call used the context meanwhile
-                        logits = self._prefill(fed + [token])
-                    else:
-                        logits = self._session.feed([token])[0]
-                        self._context.append(token)
-                        self._version += 1
-                except BaseException:
-                    self._resync()
-                    raise
-                mine = self._version
-            fed.append(token)
-            stats.decode_tokens += 1
-            stats.decode_seconds = time.perf_counter() - t_decode
+        phases0 = self._phase_totals()
+        try:
+            for i in range(max_new_tokens):
+                allowed = logits if constraint is None else constraint.mask(logits)
+                token = sample(allowed, params, rng, seen, counts)
+                if token in eos:
+                    stats.finish_reason = "eos"
+                    break
+                if constraint is not None:
+                    constraint.consume(token)  # the next mask is computed during the forward pass
+                seen.append(token)
+                counts[token] += 1
+                stats.completion_tokens += 1
+                step = TokenStep(token, matcher.push(decoder.add(token)))
+                if logprobs is not None:
+                    step.logprob, step.top_logprobs = log_probs(logits, token, logprobs)
+                yield step
+                if matcher.stopped:
+                    stats.finish_reason = "stop"
+                    stats.stop_sequence = matcher.matched
+                    break
+                if constraint is not None and constraint.done:
+                    stats.finish_reason = "eos"
+                    break
+                if i + 1 == max_new_tokens:
+                    break
+                if len(fed) >= self.n_ctx:
+                    stats.finish_reason = "context"
+                    break
+                with self._lock:
+                    try:
+                        if self._version != mine:  # another call used the context meanwhile
+                            logits = self._prefill(fed + [token])
+                        else:
+                            logits = self._session.feed([token])[0]
+                            self._context.append(token)
+                            self._version += 1
+                    except BaseException:
+                        self._resync()
+                        raise
+                    mine = self._version
+                fed.append(token)
+                stats.decode_tokens += 1
+                stats.decode_seconds = time.perf_counter() - t_decode
+        finally:
+            if phases0 is not None:
+                phases1 = self._phase_totals() or {}
+                stats.phases = {k: v - phases0.get(k, 0.0) for k, v in phases1.items()}
         rest = matcher.flush()
         if rest and not matcher.stopped:
             yield TokenStep(None, rest)
+
+    def _phase_totals(self) -> dict[str, float] | None:
+        """The hybrid executor's phase totals so far ({phase: seconds}), or None on the CPU."""
+        info = self._session.gpu_info()
+        return None if info is None else dict(info["phases"]["total"])
 
     def stats(self) -> dict:
         """Timing of the last generation as a dict."""
@@ -316,6 +330,7 @@ class Generation:
             "decode_tokens_per_second": s.decode_tokens_per_second,
             "completion_tokens": s.completion_tokens,
             "finish_reason": s.finish_reason,
+            "phases": s.phases,
         }
 
     # -- internals -------------------------------------------------------------------------
