@@ -24,6 +24,7 @@ projection) and one different token changes the ones after it.
     python benchmarks/bench_hybrid.py                          # 7B shape, F16 and Q4_0, cuda
     python benchmarks/bench_hybrid.py --dtype Q4_0 --tokens 128 --repeats 5 --json out.json
     python benchmarks/bench_hybrid.py --device gpu-sim --small # tiny model, seconds, no GPU
+    python benchmarks/bench_hybrid.py --project --dtype Q4_0     # the headline projected here
 
 The 7B shape's GGUFs (F16 13.5 GB, Q4_0 3.8 GB) are written in parallel on the first run (about
 2-3 min on 2 cores). --small plans with min_neurons=0 so that its tiny layers get hot neurons.
@@ -93,9 +94,11 @@ class LlamaBench:
         return n, n / tps
 
 
-def greedy(eng, prompt: list[int], n: int) -> tuple[list[int], float, np.ndarray | None]:
+def greedy(eng, prompt: list[int], n: int, phases: dict | None = None):
     """Our engine: prefill ``prompt``, then ``n`` single-token greedy steps; (tokens, tok/s,
-    the decode steps' transfers summed over layers, or None without a GPU side)."""
+    the decode steps' transfers summed over layers, or None without a GPU side). With
+    ``phases`` (a dict), the steps' phase times, cold bytes and transfers per slot are added
+    into it (for the projection)."""
     eng.reset()
     logits = eng.prefill(prompt)
     info0 = eng.gpu_info()
@@ -109,7 +112,20 @@ def greedy(eng, prompt: list[int], n: int) -> tuple[list[int], float, np.ndarray
         return out, tps, None
     info1 = eng.gpu_info()
     xfer = np.array(info1["transfers"]) - np.array(info0["transfers"])
+    if phases is not None:
+        p0, p1 = info0["phases"], info1["phases"]
+        phases["names"] = p1["names"]
+        for key in ("per_layer", "cold_bytes"):
+            d = np.array(p1[key], dtype=float) - np.array(p0[key], dtype=float)
+            phases[key] = phases.get(key, 0) + d
+        phases["transfers"] = phases.get("transfers", 0) + xfer
+        phases["steps"] = phases.get("steps", 0) + p1["steps"] - p0["steps"]
     return out, tps, np.append(xfer.sum(axis=0), info1["steps"] - info0["steps"])
+
+
+def regime_tag(shape: dict) -> str:
+    """The file-name tag of a synthetic regime other than the default (10% active)."""
+    return f"-a{shape['active']:g}" if "active" in shape else ""
 
 
 def planted_profile(shape: dict, seed: int, fingerprint: str, tokens: int = 100_000):
@@ -187,7 +203,7 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
         prof = planted_profile(shape, args.seed, model.fingerprint)
         sizes = fixed_predictor_sizes(model.config, 0)  # no predictors in these modes
     hw = load_hardware(args.hardware)
-    if args.device != "gpu-sim":  # this machine's CPU, measured, in place of the profile's
+    if args.device != "gpu-sim" or args.project:  # this machine's CPU, measured
         from powerinfer_rs.stages.plan import measured_cpu
 
         hw, _ = measured_cpu(hw, args.threads)
@@ -238,9 +254,22 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
     }
     info = engines["hybrid"].gpu_info() or {}  # free_bytes: cuMemGetInfo on cuda
     row["mem_after"] = {k: info.get(k) for k in ("allocated_bytes", "free_bytes", "total_bytes")}
-    engines["cpu"] = Engine(model, **kw)
+    if not args.project:
+        engines["cpu"] = Engine(model, **kw)
     llama_cpp, why = import_llama()
-    if args.device == "gpu-sim":
+    if args.project:
+        why = None
+        row["llama_n_gpu_layers"] = ngl = llama_layers(model, budget, n_ctx)
+        row["llama_cpu_layers"] = cpu_layers = max(1, shape["layers"] - ngl)
+        if llama_cpp is None:
+            why = "llama-cpp-python is not installed"
+        else:
+            cpu_shape = {**shape, "layers": cpu_layers}
+            cpu_path = synthetic_gguf(
+                Path(args.model_dir), dtype, cpu_shape, seed=args.seed, tag=regime_tag(shape)
+            )
+            engines["llama.cpp"] = LlamaCpp(cpu_path, args.threads, n_ctx)
+    elif args.device == "gpu-sim":
         why = "device gpu-sim (no GPU to offload to)"
     elif llama_cpp is not None and not llama_cpp.llama_supports_gpu_offload():
         why = "llama-cpp-python was built without GPU offload"
@@ -257,11 +286,13 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
         row["llama_skipped"] = why
         print(f"[{dtype}] llama.cpp skipped: {why}", file=sys.stderr)
 
-    def once(key, n):
+    phases: dict = {}
+
+    def once(key, n, timed=False):
         if key == "llama.cpp":
             done, secs = engines[key].decode(prompt, n)
             return None, done / secs, None
-        return greedy(engines[key], prompt, n)
+        return greedy(engines[key], prompt, n, phases if timed and key == "hybrid" else None)
 
     for key in engines:  # warm-up (llama-bench warms up itself)
         if not isinstance(engines[key], LlamaBench):
@@ -271,7 +302,7 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
     order = list(engines)
     for r in range(args.repeats):
         for key in order if r % 2 == 0 else order[::-1]:
-            t, tps, x = once(key, args.tokens)
+            t, tps, x = once(key, args.tokens, timed=True)
             samples[key].append(tps)
             toks.setdefault(key, t)
             if x is not None:
@@ -285,6 +316,13 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
     if xfer is not None and xfer[-1] > 0:
         per = xfer[:4] / xfer[-1]
         row["transfers_per_token"] = dict(zip(("uploads", "downloads", "up_B", "down_B"), per))
+    if args.project:
+        ngl = row["llama_n_gpu_layers"]
+        row["projection"] = projection_row(args, model, plan, prof, phases, samples, hw, ngl)
+        row["engines"] = {k: {"tok_s": median(v), "samples": v} for k, v in samples.items()}
+        engines.clear()
+        gc.collect()
+        return row
     row["mismatches"] = sum(a != b for a, b in zip(toks["hybrid"], toks["cpu"]))
     row["engines"] = {
         k: {"tok_s": median(v), "samples": v, "vs_cpu": median(v) / median(samples["cpu"])}
@@ -293,6 +331,49 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
     engines.clear()
     gc.collect()  # free this dtype's device memory before the next one is measured
     return row
+
+
+def projection_row(args, model, plan, prof, phases: dict, samples: dict, hw, ngl: int) -> dict:
+    """The projected hybrid ratio over llama.cpp -ngl from the timed repeats (see
+    ``_hybrid_projection``)."""
+    from _hybrid_projection import format_projection, llama_seconds, project
+
+    from powerinfer_rs.planning.bandwidth import gpu_traffic_by_slot
+
+    c = model.config
+    traffic = gpu_traffic_by_slot(plan, model, prof, args.sparsity)
+    ph = {
+        "names": phases["names"],
+        "per_layer": phases["per_layer"].tolist(),
+        "cold_bytes": phases["cold_bytes"].tolist(),
+    }
+    proj = project(ph, phases["transfers"].tolist(), phases["steps"], traffic, hw.sync_latency_us)
+    out = {"llama_cpu_ms": None}
+    out["cpu_side_ms"] = 1e3 * (
+        proj.total("cpu_serial") + proj.total("cpu_overlapped") + proj.total("handoff_host")
+    )
+    out["cold_bytes_per_token"] = proj.total("cold_bytes")
+    out["handoff_host_us_per_layer"] = 1e6 * proj.total("handoff_host") / c.n_layers
+    out["link_us_per_layer"] = 1e6 * proj.total("link") / c.n_layers
+    out["gpu_attention_ms"] = 1e3 * proj.total("gpu_attention")
+    out["gpu_ffn_ms"] = 1e3 * proj.total("gpu_ffn")
+    out["hybrid_ms"] = 1e3 * proj.seconds
+    # The planner's cost model (this machine's CPU bandwidth, measured) for the same CPU side.
+    out["planner_cpu_side_ms"] = 1e3 * plan.predicted["cpu_time_per_token_s"]
+    if samples.get("llama.cpp"):
+        ngl = min(ngl, c.n_layers)
+        layer_bytes = sum(
+            t.nbytes
+            for k, t in model.tensors.items()
+            if k.startswith("blk.") and int(k.split(".")[1]) < ngl
+        )
+        llama_cpu = 1.0 / median(samples["llama.cpp"])
+        llama_s = llama_seconds(llama_cpu, layer_bytes, hw.sync_latency_us)
+        out["llama_cpu_ms"] = 1e3 * llama_cpu
+        out["llama_ms"] = 1e3 * llama_s
+        out["ratio"] = llama_s / proj.seconds
+        out["table"] = format_projection(proj, llama_s, c.n_layers)
+    return out
 
 
 def mib(x):
@@ -320,9 +401,21 @@ def report(rows: list[dict], args) -> None:
                 f"    per token: {t['uploads']:.1f} uploads ({t['up_B'] / 1e3:.1f} kB), "
                 f"{t['downloads']:.1f} downloads ({t['down_B'] / 1e3:.1f} kB)"
             )
-        print(f"    greedy tokens hybrid vs cpu: {r['mismatches']} of {args.tokens} differ")
+        if "mismatches" in r:
+            print(f"    greedy tokens hybrid vs cpu: {r['mismatches']} of {args.tokens} differ")
         if "llama_n_gpu_layers" in r:
             print(f"    llama.cpp n_gpu_layers {r['llama_n_gpu_layers']} (dense SiLU FFN)")
+    if args.project:
+        for r in rows:
+            pr = r["projection"]
+            print(
+                f"\n[{r['dtype']}] projection ({args.sparsity}; llama.cpp -ngl "
+                f"{r['llama_n_gpu_layers']}, its CPU part a {r['llama_cpu_layers']}-layer file "
+                f"run here): CPU side {pr['cpu_side_ms']:.2f} ms/token measured, "
+                f"{pr['planner_cpu_side_ms']:.2f} predicted by the planner"
+            )
+            print(pr.get("table", f"  llama.cpp skipped: {r.get('llama_skipped')}"))
+        return
     hdr = f"{'device':<8} | {'dtype':<5} | {'engine':<9} | {'tok/s':>8} | {'vs cpu':>6}"
     print("\n" + hdr + "\n" + "-" * len(hdr))
     for r in rows:
@@ -383,6 +476,20 @@ def main(argv=None) -> int:
         help="layers of the synthetic model (default the shape's: 32, --small 4); fewer make a "
         "7B-wide model that is quick to write, e.g. for the whole-model-on-the-GPU floor",
     )
+    ap.add_argument(
+        "--project",
+        action="store_true",
+        help="project the headline without a GPU: run the plan's CPU side here (device "
+        "gpu-sim, its phases timed), the GPU side from the bandwidth model at the last lease's "
+        "rates, against llama.cpp's CPU part at the budget-equal -ngl measured here (a file of "
+        "the layers it leaves on the CPU); see benchmarks/_hybrid_projection.py",
+    )
+    ap.add_argument(
+        "--active",
+        type=float,
+        help="mean share of FFN neurons active per token in the synthetic model (default 0.1, "
+        "ProSparse-like; 0.3 is close to ReluLLaMA)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights")
     ap.add_argument("--model-dir", default=CACHE, help=f"synthetic GGUFs and plans ({CACHE})")
     ap.add_argument("--json", help="write all figures to this JSON file")
@@ -391,6 +498,8 @@ def main(argv=None) -> int:
         ap.error("--repeats and --tokens must be >= 1, --budget-share in (0, 1]")
     if args.layers is not None and args.layers < 1:
         ap.error("--layers must be >= 1")
+    if args.project:
+        args.device = "gpu-sim"
     pi = require_powerinfer()
     from powerinfer_rs.errors import CudaError, PowerInferError
     from powerinfer_rs.runtime.placement import check_device
@@ -406,11 +515,13 @@ def main(argv=None) -> int:
     shape = dict(SMALL if args.small else LLAMA7B)
     if args.layers:
         shape["layers"] = args.layers
+    if args.active is not None:
+        shape["active"] = args.active
     dtypes = list(dict.fromkeys(args.dtype or ["F16", "Q4_0"]))
     cache = Path(args.model_dir)
     cache.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(len(dtypes), mp_context=get_context("spawn")) as pool:  # in parallel
-        write = partial(synthetic_gguf, cache, shape=shape, seed=args.seed)
+        write = partial(synthetic_gguf, cache, shape=shape, seed=args.seed, tag=regime_tag(shape))
         paths = list(pool.map(write, dtypes))
     rows = []
     for dtype, path in zip(dtypes, paths):

@@ -175,6 +175,7 @@ fn keep_firing(
 /// One token's FFN over the gate rows `rows` in one parallel region (see
 /// [`powerinfer_cpu::sparse_ffn`]): gate rows, then the up and down_t rows of the neurons that
 /// fire. Its time is charged to [`Phase::Ffn`] (by the caller: see [`ffn`]).
+/// Returns how many neurons fired.
 fn fused(
     act: FfnKind,
     lw: &LayerWeights,
@@ -182,7 +183,7 @@ fn fused(
     xn: &[f32],
     rows: GateRows<'_>,
     out: &mut [f32],
-) -> Result<()> {
+) -> Result<usize> {
     let ffn = SparseFfn {
         gate: &lw.w_gate,
         up: act.gated.then_some(&lw.w_up),
@@ -190,8 +191,12 @@ fn fused(
     };
     let bias = lw.ffn_bias.as_ref().map(|[b, _]| b.as_slice());
     let fire = |i: u32, g: f32| act.apply(g + bias.map_or(0.0, |b| b[i as usize]));
-    sparse_ffn(&ffn, xn, rows, fire, |a, u| act.times_up(a, u), out)?;
-    Ok(())
+    sparse_ffn(&ffn, xn, rows, fire, |a, u| act.times_up(a, u), out)
+}
+
+/// Bytes of `n` rows of `w`.
+fn rows_bytes(w: &Weight, n: usize) -> u64 {
+    (w.data.len() / w.rows.max(1) * n) as u64
 }
 
 /// Predictor mode's active neurons of one token into `s.predicted` (its time charged to
@@ -513,7 +518,7 @@ pub(crate) enum DenseDown {
 /// decode of the same mode takes it (`dense_down`): always over the transposed rows
 /// (exact-relu, predictor), always the dense product over the masked values (dense mode,
 /// which reads the original `ffn_down`), or the dense one above the model's crossover share
-/// (threshold mode). `out` (dim) is overwritten.
+/// (threshold mode). `out` (dim) is overwritten. Returns the bytes of weight rows it read.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn rows_ffn(
     model: &ModelWeights,
@@ -524,13 +529,19 @@ pub(crate) fn rows_ffn(
     ids: &[u32],
     s: &mut FfnScratch,
     out: &mut [f32],
-) -> Result<()> {
+) -> Result<u64> {
     let lw = &model.layers[layer];
     let act = model.program.layers[layer].ffn_kind();
+    let up = |n: usize| match act.gated {
+        true => rows_bytes(&lw.w_up, n),
+        false => 0,
+    };
     if threshold.is_none() && dense_down == DenseDown::Never {
         let down_t = &model.down_t()?[layer];
-        return fused(act, lw, down_t, xn, GateRows::Listed(ids), out);
+        let fired = fused(act, lw, down_t, xn, GateRows::Listed(ids), out)?;
+        return Ok(rows_bytes(&lw.w_gate, ids.len()) + up(fired) + rows_bytes(down_t, fired));
     }
+
     s.gate.resize(ids.len(), 0.0);
     matvec_rows(&lw.w_gate, xn, ids, &mut s.gate)?;
     add_gate_bias(lw, Some(ids), &mut s.gate);
@@ -566,6 +577,13 @@ pub(crate) fn rows_ffn(
             }
         }
     }
+    // ReLU semantics read the up rows of the neurons that fire, threshold semantics all of them.
+    let up_rows = if threshold.is_none() {
+        s.idx.len()
+    } else {
+        ids.len()
+    };
+    let gate_up = rows_bytes(&lw.w_gate, ids.len()) + up(up_rows);
     let ffn = lw.w_gate.rows;
     let dense = match dense_down {
         DenseDown::Never => false,
@@ -580,8 +598,11 @@ pub(crate) fn rows_ffn(
         for (&i, &v) in s.idx.iter().zip(&s.vals) {
             s.gate[i as usize] = v;
         }
-        return matvec(&lw.w_down, &s.gate, out);
+        matvec(&lw.w_down, &s.gate, out)?;
+        return Ok(gate_up + lw.w_down.data.len() as u64);
     }
     out.fill(0.0);
-    axpy_rows(&model.down_t()?[layer], &s.idx, &s.vals, out)
+    let down_t = &model.down_t()?[layer];
+    axpy_rows(down_t, &s.idx, &s.vals, out)?;
+    Ok(gate_up + rows_bytes(down_t, s.idx.len()))
 }

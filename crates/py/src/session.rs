@@ -412,7 +412,8 @@ fn matrix<T: numpy::Element>(
 /// The hybrid decode steps' phase times as Python sees them: `names` (the phases, in order),
 /// `total` ({phase: seconds} over every slot), `per_layer` (per slot, the layers then the
 /// output head: seconds per phase in `names` order), `steps`, `step_seconds` (their wall time,
-/// measured apart from the phases) and `switches` (phase switches timed, for the timers' cost);
+/// measured apart from the phases), `switches` (phase switches timed, for the timers' cost) and
+/// `cold_bytes` (per slot, bytes of FFN rows the CPU read for cold neurons);
 /// the caller adds `decode_seconds` (the session's own clock around the same steps).
 fn phases_dict<'py>(
     py: Python<'py>,
@@ -432,5 +433,6 @@ fn phases_dict<'py>(
     d.set_item("steps", p.steps)?;
     d.set_item("step_seconds", p.step_seconds)?;
     d.set_item("switches", p.switches)?;
+    d.set_item("cold_bytes", p.cold_bytes.clone())?;
     Ok(d)
 }

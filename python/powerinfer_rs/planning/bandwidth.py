@@ -69,6 +69,23 @@ def gpu_traffic(
 ) -> list[KernelTraffic]:
     """Per kernel class, the bytes the plan's GPU side moves per token (see the module doc);
     ``context`` positions in the KV cache (default: the plan's)."""
+    totals: dict[str, list[float]] = {}
+    for slot in gpu_traffic_by_slot(plan, model, profile, mode, context):
+        for k in slot:
+            t = totals.setdefault(k.kernel, [0.0, 0])
+            t[0] += k.bytes
+            t[1] += k.launches
+    return [KernelTraffic(k, v[0], int(v[1])) for k, v in totals.items()]
+
+
+def gpu_traffic_by_slot(
+    plan: Plan,
+    model: LoadedModel | ModelShape,
+    profile: Profile,
+    mode: str = "predictor",
+    context: int | None = None,
+) -> list[list[KernelTraffic]]:
+    """:func:`gpu_traffic` per slot: each layer's kernel classes, then the output head's."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: one of {MODES}")
     shape = ModelShape.coerce(model)
@@ -76,15 +93,17 @@ def gpu_traffic(
     ctx = plan.context if context is None else context
     kv = c.n_kv_heads * c.head_dim
     elem = kv_element_bytes(plan.kv_cache)
-    totals: dict[str, list[float]] = {}
+    slots: list[dict[str, list[float]]] = []
 
     def add(kernel: str, nbytes: float, launches: int = 1) -> None:
+        totals = slots[-1]
         t = totals.setdefault(kernel, [0.0, 0])
         t[0] += nbytes
         t[1] += launches
 
     pl = plan.placement
     for i in range(c.n_layers):
+        slots.append({})
         if pl.attention[i]:
             names = ("attn_q", "attn_k", "attn_v", "attn_output")
             add(
@@ -125,11 +144,12 @@ def gpu_traffic(
             # 4096) are written by axpy_rows and read back at once by add_splits: they stay in
             # L2 (tens of MiB on the GPUs we plan for), so only y's read and write reach memory.
             add("add_splits (down)", 2 * 4 * c.dim)
+    slots.append({})
     if pl.output:
         add("output head", shape.tensor_bytes("output") + 4 * c.vocab_size, 1)
         if shape.dtype("output").upper() not in FLOAT_DTYPES:
             add("norms / rope / adds", xq_bytes(c.dim), 0)  # written by the final norm
-    return [KernelTraffic(k, v[0], int(v[1])) for k, v in totals.items()]
+    return [[KernelTraffic(k, v[0], int(v[1])) for k, v in t.items()] for t in slots]
 
 
 def format_traffic(traffic: list[KernelTraffic], bandwidth_gbs: float, launch_us: float) -> str:

@@ -119,6 +119,17 @@ class Evaluation:
     output_time: float
     time_per_token: float
     split: list[bool] = field(default_factory=list)
+    #: Per layer, the CPU's part of its time: attention and predictor where they run on the
+    #: CPU, routing, and the cold neurons' reads (what ``bench_hybrid.py --project`` measures).
+    layer_cpu_time: list[float] = field(default_factory=list)
+
+    @property
+    def cpu_time_per_token(self) -> float:
+        """The CPU side's predicted seconds per token (its layers' parts and the head when the
+        CPU holds it)."""
+        return sum(self.layer_cpu_time) + (0.0 if self.output_on_gpu else self.output_time)
+
+    output_on_gpu: bool = False
 
     @property
     def tokens_per_s(self) -> float:
@@ -136,6 +147,7 @@ def evaluate(p: PlacementProblem, pl: Placement) -> Evaluation:
     mw, tt = mass_weights(p), time_terms(p)
     reasons = []
     layer_gpu, layer_cpu, layer_share, layer_time, split = [], [], [], [], []
+    layer_cpu_time = []
     mass = 0.0
     gpu_counts = 0
     kv_raw = 2 * p.context * p.shape.config.n_kv_heads * p.shape.config.head_dim * 2
@@ -176,6 +188,8 @@ def evaluate(p: PlacementProblem, pl: Placement) -> Evaluation:
         s = uses_gpu and uses_cpu
         split.append(s)
         layer_time.append(t + max(t_gpu, t_cpu) + (tt.sync if s else 0.0))
+        cpu_t = (0.0 if a else tt.attn_cpu[i]) + (0.0 if pr else tt.pred_cpu[i])
+        layer_cpu_time.append(cpu_t + tt.router[i] + t_cpu)
     if pl.output and not p.output_gpu:
         reasons.append(f"output head on the GPU: {p.output_refused}")
     glob = p.output_bytes if pl.output else 0
@@ -202,6 +216,8 @@ def evaluate(p: PlacementProblem, pl: Placement) -> Evaluation:
         output_time=out_t,
         time_per_token=sum(layer_time) + out_t + tt.constant,
         split=split,
+        layer_cpu_time=layer_cpu_time,
+        output_on_gpu=bool(pl.output),
     )
 
 

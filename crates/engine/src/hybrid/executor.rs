@@ -898,7 +898,7 @@ impl<B: Backend> Executor<B> {
                             Sparsity::Threshold(_) => DenseDown::AboveCrossover,
                             _ => DenseDown::Never,
                         };
-                        rows_ffn(
+                        let read = rows_ffn(
                             model,
                             l,
                             threshold,
@@ -908,6 +908,7 @@ impl<B: Backend> Executor<B> {
                             &mut self.rows,
                             &mut self.part,
                         )?;
+                        link.cold_read(l, read);
                         link.enter(l, HybridPhase::GpuSubmit);
                         link.up(l, &self.part, &mut sc.xfer, 0)?;
                         dev.add(out, &sc.xfer)?;

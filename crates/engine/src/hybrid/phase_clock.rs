@@ -109,6 +109,8 @@ pub struct PhaseStats {
     pub step_seconds: f64,
     /// Phase switches made (for the timers' own cost).
     pub switches: u64,
+    /// Per slot, bytes of FFN weight rows the CPU side read for the plan's cold neurons.
+    pub cold_bytes: Vec<u64>,
 }
 
 impl PhaseStats {
@@ -116,6 +118,7 @@ impl PhaseStats {
     pub fn new(n_layers: usize) -> PhaseStats {
         PhaseStats {
             slots: vec![[0.0; N]; n_layers + 1],
+            cold_bytes: vec![0; n_layers + 1],
             ..PhaseStats::default()
         }
     }
@@ -228,6 +231,13 @@ impl PhaseClock {
             self.at = Mark { slot, phase };
         }
         before
+    }
+
+    /// Count `bytes` of cold FFN rows read for `slot`.
+    pub fn cold_read(&mut self, slot: usize, bytes: u64) {
+        if let Some(b) = self.stats.cold_bytes.get_mut(slot) {
+            *b += bytes;
+        }
     }
 
     /// Go back to `mark` (after a nested phase such as a transfer).

@@ -57,6 +57,11 @@ impl<'a, B: Backend> Link<'a, B> {
         &mut self.stats.layers[slot.min(last)]
     }
 
+    /// Count `bytes` of cold FFN rows read for `slot` (see [`PhaseClock::cold_read`]).
+    pub fn cold_read(&mut self, slot: usize, bytes: u64) {
+        self.clock.cold_read(slot, bytes);
+    }
+
     /// Host → device, charged to layer `slot`.
     pub fn up<T: Elem>(
         &mut self,
