@@ -161,6 +161,24 @@ def trained_predictors(args, path: Path, model_bytes: int):
     return read_profile(prof_dir), pred
 
 
+def oracle_predictor_file(args, shape: dict, path: Path, fingerprint: str) -> Path:
+    """Predictor mode's upper bound: rank-256 predictors built from the planted gate that mark
+    exactly the firing neurons (``testing.powerinfer_files.oracle_predictors``; synthetic,
+    F16), written once beside the model."""
+    from powerinfer_rs.formats.predictors import save_predictors
+    from powerinfer_rs.predictors.model import PredictorSet
+    from powerinfer_rs.testing.powerinfer_files import oracle_predictors
+    from powerinfer_rs.testing.synth_model import SynthSpec
+
+    out = Path(args.model_dir) / f"{path.stem}-oracle-predictors.safetensors"
+    if not out.is_file():
+        spec = SynthSpec(**shape, activation="relu", seed=args.seed, max_context=4096)
+        layers = oracle_predictors(spec)
+        pset = PredictorSet(layers, model_fingerprint=fingerprint, input="ffn_inp")
+        save_predictors(out, pset)
+    return out
+
+
 def llama_layers(model, budget: int, n_ctx: int) -> int:
     """llama.cpp's n_gpu_layers for ``budget``: whole layers (weights + f16 K/V cache), then
     the output head (n_layers + 1) when it fits too."""
@@ -195,7 +213,12 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
     n_ctx = -(-(len(prompt) + args.tokens + 1) // 64) * 64
     t0 = time.perf_counter()
     mode = dict(sparsity=args.sparsity)
-    if args.sparsity == "predictor":
+    if args.sparsity == "predictor" and args.predictors == "oracle":
+        prof = planted_profile(shape, args.seed, model.fingerprint)
+        pred = oracle_predictor_file(args, shape, path, model.fingerprint)
+        sizes = read_predictor_sizes(pred, model.config)
+        mode["predictors"] = str(pred)
+    elif args.sparsity == "predictor":
         prof, pred = trained_predictors(args, path, model_bytes)
         sizes = read_predictor_sizes(pred, model.config)
         mode["predictors"] = str(pred)
@@ -444,6 +467,14 @@ def main(argv=None) -> int:
         choices=["exact-relu", "dense", "predictor"],
         help="predictor: profile the model on the calibration text and train its predictors "
         "first (cached beside the model), as `prepare` does; the CPU engine runs them too",
+    )
+    ap.add_argument(
+        "--predictors",
+        choices=["trained", "oracle"],
+        default="trained",
+        help="with --sparsity predictor: trained on the calibration text (as prepare does), or "
+        "oracle (built from the planted gate, marking exactly the firing neurons: the upper "
+        "bound, synthetic)",
     )
     ap.add_argument(
         "--profile-tokens",
