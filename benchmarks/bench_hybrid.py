@@ -287,10 +287,10 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
         if llama_cpp is None:
             why = "llama-cpp-python is not installed"
         else:
+            # llama.cpp runs the FFN dense whatever the regime: one file serves every regime.
             cpu_shape = {**shape, "layers": cpu_layers}
-            cpu_path = synthetic_gguf(
-                Path(args.model_dir), dtype, cpu_shape, seed=args.seed, tag=regime_tag(shape)
-            )
+            cpu_shape.pop("active", None)
+            cpu_path = synthetic_gguf(Path(args.model_dir), dtype, cpu_shape, seed=args.seed)
             engines["llama.cpp"] = LlamaCpp(cpu_path, args.threads, n_ctx)
     elif args.device == "gpu-sim":
         why = "device gpu-sim (no GPU to offload to)"

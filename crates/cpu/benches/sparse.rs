@@ -65,11 +65,14 @@ const FORMATS: [DType; 10] = [
 /// region: [`powerinfer_cpu::sparse_ffn`]) and threshold mode's FFN, then the dense products they
 /// replace (over the same
 /// layers' bytes, so each sparse kernel's time compares with the dense product's).
-const KERNELS: [&str; 8] = [
+/// `listed_fused` is predictor mode's FFN: the fused pass over the gate, up and down_t rows of
+/// the listed (predicted) neurons alone, every one of them firing (a predictor of precision 1).
+const KERNELS: [&str; 9] = [
     "matvec_rows",
     "axpy_rows",
     "relu_steps",
     "relu_fused",
+    "listed_fused",
     "threshold_steps",
     "dense_up",
     "dense_down",
@@ -182,6 +185,7 @@ fn call(kernel: &str, layer: &Layer, idx: &[u32], b: &mut Bufs) {
         "axpy_rows" => powerinfer_cpu::axpy_rows(&layer.down_t, idx, &b.g[..n], &mut b.y),
         "relu_steps" => relu_steps(layer, b),
         "relu_fused" => relu_fused(layer, b),
+        "listed_fused" => listed_fused(layer, idx, b),
         "threshold_steps" => threshold_steps(layer, b),
         "dense_ffn" => dense_ffn(layer, b),
         "dense_up" => powerinfer_cpu::matvec(&layer.up, &b.x, &mut b.yk),
@@ -260,6 +264,19 @@ fn relu_fused(layer: &Layer, b: &mut Bufs) -> powerinfer_core::Result<()> {
     powerinfer_cpu::sparse_ffn(&ffn, &b.x, rows, fire, |a, u| a * u, &mut b.y).map(|_| ())
 }
 
+/// Predictor mode's fused FFN over the listed neurons `idx` (all of which fire).
+fn listed_fused(layer: &Layer, idx: &[u32], b: &mut Bufs) -> powerinfer_core::Result<()> {
+    let ffn = powerinfer_cpu::SparseFfn {
+        gate: &layer.gate,
+        up: Some(&layer.up),
+        down_t: &layer.down_t,
+    };
+    let mask = &b.masks[b.set];
+    let fire = |i: u32, g: f32| if mask[i as usize] { g } else { 0.0 };
+    let rows = powerinfer_cpu::GateRows::Listed(idx);
+    powerinfer_cpu::sparse_ffn(&ffn, &b.x, rows, fire, |a, u| a * u, &mut b.y).map(|_| ())
+}
+
 /// The threshold on |act(gate)·up| that keeps the `n` largest of one layer's values.
 fn threshold_for(layer: &Layer, b: &mut Bufs, n: usize) -> f32 {
     gate_up(layer, b).unwrap();
@@ -276,6 +293,7 @@ fn active_bytes(kernel: &str, dtype: DType, n: usize) -> u64 {
         "dense_up" | "dense_down" => ffn,
         "threshold_steps" => 2 * ffn + n,
         "relu_steps" | "relu_fused" => ffn + 2 * n,
+        "listed_fused" => 3 * n,
         "dense_ffn" => 3 * ffn,
         _ => unreachable!("{kernel}"),
     };
