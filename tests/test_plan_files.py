@@ -255,7 +255,13 @@ def test_hardware_from_file_and_errors(tmp_path):
     d["name"] = "mine"
     f = tmp_path / "mine.json"
     f.write_text(json.dumps(d))
-    assert load_hardware(f).name == "mine"
+    assert load_hardware(f).name == "mine" and load_hardware(f).cpu_dispatch_us == 0
+    # The measured pool start (optional) is read back, and refused when negative.
+    f.write_text(json.dumps({**d, "cpu_dispatch_us": 3.5}))
+    assert load_hardware(f).cpu_dispatch_us == 3.5
+    f.write_text(json.dumps({**d, "cpu_dispatch_us": -1}))
+    with pytest.raises(PlanError, match="cpu_dispatch_us"):
+        load_hardware(f)
     with pytest.raises(PlanError):
         load_hardware("no-such-card")
     del d["pcie_bw"]

@@ -41,6 +41,21 @@ fn measure_read_bandwidth(
     })
 }
 
+/// The delay, in seconds, until all of a pool of `threads` threads (0 = all cores) has started
+/// a parallel region after `idle_us` microseconds without work: the median of `rounds`.
+#[pyfunction]
+#[pyo3(signature = (threads = 0, rounds = 21, idle_us = 2000))]
+fn measure_dispatch(py: Python<'_>, threads: usize, rounds: usize, idle_us: u64) -> PyResult<f64> {
+    exceptions::run_detached(py, move || {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| powerinfer_core::Error::Other(e.to_string()))?;
+        let idle = std::time::Duration::from_micros(idle_us);
+        Ok(pool.install(|| powerinfer_cpu::measure_dispatch(rounds, idle)))
+    })
+}
+
 /// The neuron store's storage probe: random reads of `block` bytes over the file at `path` by
 /// `threads` readers (O_DIRECT where allowed) for about `seconds`; (reads, seconds, direct).
 #[pyfunction]
@@ -66,6 +81,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<plan::PyPlan>()?;
     m.add_function(wrap_pyfunction!(simd_level, m)?)?;
     m.add_function(wrap_pyfunction!(measure_read_bandwidth, m)?)?;
+    m.add_function(wrap_pyfunction!(measure_dispatch, m)?)?;
     m.add_function(wrap_pyfunction!(probe_storage_reads, m)?)?;
     m.add_function(wrap_pyfunction!(blocks::quantize, m)?)?;
     m.add_function(wrap_pyfunction!(blocks::dequantize, m)?)?;

@@ -33,6 +33,9 @@ _FIELDS = (
 #: Optional fields (0 when absent: not measured): the storage a neuron store lives on, as
 #: :func:`~powerinfer_rs.planning.storage_probe.probe_storage` measures it, for the RAM tier.
 _STORAGE_FIELDS = ("storage_read_bw", "storage_iops", "storage_read_bytes")
+#: Optional (0 when absent): the CPU pool's start after idle, in microseconds, as
+#: ``_core.measure_dispatch`` measures it; part of the cost of a layer split between devices.
+_DISPATCH_FIELD = "cpu_dispatch_us"
 
 #: Substrings of ``nvidia-smi --query-gpu=name`` -> shipped profile, most specific first.
 _GPU_NAME_TO_PROFILE = (
@@ -66,6 +69,7 @@ class HardwareProfile:
     storage_read_bw: float = 0.0
     storage_iops: float = 0.0
     storage_read_bytes: int = 0
+    cpu_dispatch_us: float = 0.0
 
     @property
     def has_storage(self) -> bool:
@@ -116,7 +120,7 @@ class HardwareProfile:
             if v < 0:
                 raise PlanError(f"{source}: {k} must not be negative, got {v}")
             vals[k] = v
-        for k in _STORAGE_FIELDS:
+        for k in (*_STORAGE_FIELDS, _DISPATCH_FIELD):
             v = d.get(k, 0)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise PlanError(f"{source}: {k} must be a number, got {v!r}")
@@ -140,6 +144,7 @@ class HardwareProfile:
             storage_read_bw=float(vals["storage_read_bw"]),
             storage_iops=float(vals["storage_iops"]),
             storage_read_bytes=int(vals["storage_read_bytes"]),
+            cpu_dispatch_us=float(vals[_DISPATCH_FIELD]),
         )
 
 

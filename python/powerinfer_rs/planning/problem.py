@@ -153,8 +153,11 @@ class PlacementProblem:
         return self.hardware.launch_latency_us * 1e-6
 
     def sync_cost(self) -> float:
-        """Cost of a layer split between devices: one sync plus ``dim`` f32 each way."""
-        return self.hardware.sync_latency_us * 1e-6 + 2 * 4 * self.shape.config.dim / self.pcie_bw
+        """Cost of a layer split between devices: one sync, the CPU pool's start after idle
+        (where measured), plus ``dim`` f32 each way."""
+        hw = self.hardware
+        lat = (hw.sync_latency_us + hw.cpu_dispatch_us) * 1e-6
+        return lat + 2 * 4 * self.shape.config.dim / self.pcie_bw
 
 
 def min_neurons_for(
@@ -177,7 +180,8 @@ def min_neurons_for(
     if not hw.has_gpu or hw.gpu_mem_bw <= hw.cpu_mem_bw:
         return n
     per_byte = 1 / (hw.cpu_mem_bw * 1e9) - 1 / (hw.gpu_mem_bw * 1e9)
-    overhead = (hw.launch_latency_us + hw.sync_latency_us) * 1e-6 + 8 * dim / (hw.pcie_bw * 1e9)
+    lat = hw.launch_latency_us + hw.sync_latency_us + hw.cpu_dispatch_us
+    overhead = lat * 1e-6 + 8 * dim / (hw.pcie_bw * 1e9)
     q = 1.0 if routed_sorted is None else routed_sorted
     saved = np.cumsum((freq_sorted * (neuron_read - fixed) + q * fixed) * per_byte)
     k = int(np.searchsorted(saved, overhead))  # first index with saved >= overhead

@@ -223,8 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def measured_cpu(profile, threads: int | None = None):
-    """``profile`` with this machine's CPU: its cores and the read bandwidth the engine's
-    threads reach (``_core.measure_read_bandwidth``, 256 MiB, best of 3: a second or two), in
+    """``profile`` with this machine's CPU: its cores, the read bandwidth the engine's threads
+    reach (``_core.measure_read_bandwidth``, 256 MiB, best of 3: a second or two) and their
+    start after idle (``_core.measure_dispatch``, about 50 ms), in
     place of the profile's (a shipped GPU profile assumes its server's CPU: the H200 one an
     8-channel DDR5 host at 307 GB/s, where a lent 16-core VM reached 54); and a note."""
     import dataclasses
@@ -234,11 +235,14 @@ def measured_cpu(profile, threads: int | None = None):
 
     cores = threads or os.cpu_count() or 1
     bw = float(_core.measure_read_bandwidth(256 << 20, 3, cores))
+    dispatch_us = 1e6 * float(_core.measure_dispatch(cores))
     note = (
-        f"CPU measured here: {bw:.0f} GB/s with {cores} threads (the profile says "
-        f"{profile.cpu_mem_bw:.0f} GB/s, {profile.cpu_cores} cores)"
+        f"CPU measured here: {bw:.0f} GB/s with {cores} threads, their start after idle "
+        f"{dispatch_us:.1f} us (the profile says {profile.cpu_mem_bw:.0f} GB/s, "
+        f"{profile.cpu_cores} cores)"
     )
-    return dataclasses.replace(profile, cpu_mem_bw=bw, cpu_cores=cores), note
+    out = dataclasses.replace(profile, cpu_mem_bw=bw, cpu_cores=cores, cpu_dispatch_us=dispatch_us)
+    return out, note
 
 
 def _resolve_hardware(name: str | None, gpu_known: list) -> tuple:
