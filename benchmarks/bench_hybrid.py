@@ -123,6 +123,13 @@ def greedy(eng, prompt: list[int], n: int, phases: dict | None = None):
     return out, tps, np.append(xfer.sum(axis=0), info1["steps"] - info0["steps"])
 
 
+def pi_core():
+    """``powerinfer_rs._core``."""
+    from powerinfer_rs import _core
+
+    return _core
+
+
 def regime_tag(shape: dict) -> str:
     """The file-name tag of a synthetic regime other than the default (10% active)."""
     return f"-a{shape['active']:g}" if "active" in shape else ""
@@ -323,7 +330,10 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
     samples = {k: [] for k in engines}
     toks, xfer = {}, None
     order = list(engines)
+    probe = []  # the read bandwidth (GB/s) before each repeat, for the CPU side's share of it
     for r in range(args.repeats):
+        if args.project:
+            probe.append(float(pi_core().measure_read_bandwidth(256 << 20, 2, args.threads)))
         for key in order if r % 2 == 0 else order[::-1]:
             t, tps, x = once(key, args.tokens, timed=True)
             samples[key].append(tps)
@@ -342,6 +352,7 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
     if args.project:
         ngl = row["llama_n_gpu_layers"]
         row["projection"] = projection_row(args, model, plan, prof, phases, samples, hw, ngl)
+        row["projection"]["read_probe_gbs"] = median(probe)
         row["engines"] = {k: {"tok_s": median(v), "samples": v} for k, v in samples.items()}
         engines.clear()
         gc.collect()
@@ -365,8 +376,9 @@ def projection_row(args, model, plan, prof, phases: dict, samples: dict, hw, ngl
 
     c = model.config
     traffic = gpu_traffic_by_slot(plan, model, prof, args.sparsity)
+    names = phases["names"]
     ph = {
-        "names": phases["names"],
+        "names": names,
         "per_layer": phases["per_layer"].tolist(),
         "cold_bytes": phases["cold_bytes"].tolist(),
     }
@@ -376,6 +388,11 @@ def projection_row(args, model, plan, prof, phases: dict, samples: dict, hw, ngl
         proj.total("cpu_serial") + proj.total("cpu_overlapped") + proj.total("handoff_host")
     )
     out["cold_bytes_per_token"] = proj.total("cold_bytes")
+    per_phase = np.array(ph["per_layer"]).sum(axis=0) / phases["steps"]
+    out["phases_ms"] = {n: 1e3 * float(v) for n, v in zip(names, per_phase)}
+    cold_s = sum(p[names.index("cold_ffn")] for p in ph["per_layer"]) / phases["steps"]
+    out["cold_ffn_ms"] = 1e3 * cold_s
+    out["cold_ffn_gbs"] = proj.total("cold_bytes") / cold_s / 1e9 if cold_s > 0 else None
     out["handoff_host_us_per_layer"] = 1e6 * proj.total("handoff_host") / c.n_layers
     out["link_us_per_layer"] = 1e6 * proj.total("link") / c.n_layers
     out["gpu_attention_ms"] = 1e3 * proj.total("gpu_attention")
@@ -438,6 +455,18 @@ def report(rows: list[dict], args) -> None:
                 f"{pr['planner_cpu_side_ms']:.2f} predicted by the planner"
             )
             print(pr.get("table", f"  llama.cpp skipped: {r.get('llama_skipped')}"))
+            top = sorted(pr["phases_ms"].items(), key=lambda kv: -kv[1])
+            print(
+                "  measured ms/token by phase (gpu_submit and gpu_wait: the host running the GPU "
+                "side on gpu-sim, not projected; kv_sync: the prompt's K/V rows, not a decode "
+                "step's): " + ", ".join(f"{k} {v:.3f}" for k, v in top if v > 0)
+            )
+            if pr["cold_ffn_gbs"]:
+                print(
+                    f"  cold FFN {pr['cold_ffn_ms']:.2f} ms/token at {pr['cold_ffn_gbs']:.1f} GB/s "
+                    f"= {pr['cold_ffn_gbs'] / pr['read_probe_gbs']:.0%} of the read probe "
+                    f"({pr['read_probe_gbs']:.1f} GB/s, median, measured between the repeats)"
+                )
         return
     hdr = f"{'device':<8} | {'dtype':<5} | {'engine':<9} | {'tok/s':>8} | {'vs cpu':>6}"
     print("\n" + hdr + "\n" + "-" * len(hdr))

@@ -329,8 +329,10 @@ impl<B: Backend> Executor<B> {
         );
         cache.reserve(1)?;
         {
+            self.clock.enter(0, HybridPhase::KvSync);
             let mut link = Link::new(&self.dev, &mut self.stats, &mut self.clock);
             self.kv.to_gpu(&mut link, &mut self.gpu, cache)?;
+            self.clock.enter(0, HybridPhase::Other);
         }
         if let Some(sc) = self.gpu.scratch.as_mut() {
             sc.xq_of_xb = false;

@@ -40,13 +40,16 @@ pub enum HybridPhase {
     CpuFfn,
     /// The output head on the CPU.
     CpuOutput,
+    /// Bringing the GPU layers' KV caches up to date after a batched CPU pass (its copies
+    /// included: they are not a decode step's hand-offs).
+    KvSync,
     /// The embedding and everything not above.
     Other,
 }
 
 impl HybridPhase {
     /// Every phase, in report order.
-    pub const ALL: [HybridPhase; 13] = [
+    pub const ALL: [HybridPhase; 14] = [
         HybridPhase::GpuSubmit,
         HybridPhase::GpuWait,
         HybridPhase::Upload,
@@ -59,6 +62,7 @@ impl HybridPhase {
         HybridPhase::CpuAttention,
         HybridPhase::CpuFfn,
         HybridPhase::CpuOutput,
+        HybridPhase::KvSync,
         HybridPhase::Other,
     ];
 
@@ -77,6 +81,7 @@ impl HybridPhase {
             HybridPhase::CpuAttention => "cpu_attention",
             HybridPhase::CpuFfn => "cpu_ffn",
             HybridPhase::CpuOutput => "cpu_output",
+            HybridPhase::KvSync => "kv_sync",
             HybridPhase::Other => "other",
         }
     }
@@ -220,6 +225,11 @@ impl PhaseClock {
         row[HybridPhase::Dispatch as usize] += waited;
         self.stats.switches += 1;
         now
+    }
+
+    /// The phase time is charged to now.
+    pub fn phase(&self) -> HybridPhase {
+        self.at.phase
     }
 
     /// Enter `phase` of `slot`; returns where the step was, for [`PhaseClock::restore`].

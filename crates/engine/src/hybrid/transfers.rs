@@ -57,6 +57,14 @@ impl<'a, B: Backend> Link<'a, B> {
         &mut self.stats.layers[slot.min(last)]
     }
 
+    /// The phase a copy is charged to: `phase`, or the KV caches' sync it is part of.
+    fn copy_phase(&self, phase: HybridPhase) -> HybridPhase {
+        match self.clock.phase() {
+            HybridPhase::KvSync => HybridPhase::KvSync,
+            _ => phase,
+        }
+    }
+
     /// Count `bytes` of cold FFN rows read for `slot` (see [`PhaseClock::cold_read`]).
     pub fn cold_read(&mut self, slot: usize, bytes: u64) {
         self.clock.cold_read(slot, bytes);
@@ -70,7 +78,7 @@ impl<'a, B: Backend> Link<'a, B> {
         dst: &mut B::Buf<T>,
         at: usize,
     ) -> Result<()> {
-        let was = self.clock.enter(slot, HybridPhase::Upload);
+        let was = self.clock.enter(slot, self.copy_phase(HybridPhase::Upload));
         let done = self.dev.write(host, dst, at);
         self.clock.restore(was);
         done?;
@@ -88,10 +96,10 @@ impl<'a, B: Backend> Link<'a, B> {
         at: usize,
         out: &mut [T],
     ) -> Result<()> {
-        let was = self.clock.enter(slot, HybridPhase::GpuWait);
+        let was = self.clock.enter(slot, self.copy_phase(HybridPhase::GpuWait));
         let mut done = self.dev.synchronize();
         if done.is_ok() {
-            self.clock.enter(slot, HybridPhase::Download);
+            self.clock.enter(slot, self.copy_phase(HybridPhase::Download));
             done = self.dev.read(src, at, out);
         }
         self.clock.restore(was);
