@@ -469,7 +469,8 @@ def report(rows: list[dict], args) -> None:
             )
             if pr["cold_ffn_gbs"]:
                 print(
-                    f"  cold FFN + dispatch {pr['cold_ffn_ms']:.2f} ms/token at {pr['cold_ffn_gbs']:.1f} GB/s "
+                    f"  cold FFN + dispatch {pr['cold_ffn_ms']:.2f} ms/token at "
+                    f"{pr['cold_ffn_gbs']:.1f} GB/s "
                     f"= {pr['cold_ffn_gbs'] / pr['read_probe_gbs']:.0%} of the read probe "
                     f"({pr['read_probe_gbs']:.1f} GB/s, median, measured between the repeats)"
                 )
