@@ -270,6 +270,7 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
         "plan": {
             "gpu_bytes": plan.gpu_bytes,
             "attention_layers": sum(pl.attention),
+            "predictor_layers": sum(pl.predictor),
             "output": bool(pl.output),
             "hot_neurons": hot,
             "hot_share": hot / (model.config.n_layers * model.config.ffn_dim),
@@ -435,7 +436,8 @@ def report(rows: list[dict], args) -> None:
         p, m = r["plan"], r["mem_after"]
         print(
             f"[{r['dtype']}] model {mib(r['model_bytes'])}, budget {mib(r['budget'])}, plan "
-            f"gpu_bytes {mib(p['gpu_bytes'])} (attention {p['attention_layers']} layers, output "
+            f"gpu_bytes {mib(p['gpu_bytes'])} (attention {p['attention_layers']} layers, "
+            f"predictors {p.get('predictor_layers', 0)} layers, output "
             f"{p['output']}, {p['hot_neurons']} hot neurons = {p['hot_share']:.1%} of FFN, "
             f"{p['mass_share']:.1%} of activation mass), allocated {mib(m['allocated_bytes'])}, "
             f"free {mib((r['mem_before'] or {}).get('free'))} -> {mib(m['free_bytes'])} of "
