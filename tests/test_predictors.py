@@ -149,6 +149,13 @@ def test_train_layer_api_and_errors():
         train_layer(x, m, max_bytes=10)  # not even rank 1 fits
     with pytest.raises(ShapeError):
         p.predict(np.zeros((2, 5)))
+    # the warm start's ridge: the Gram's sampling-noise scale dim / n unless given
+    assert TrainConfig().ridge_for(1536, 4096) == pytest.approx(4096 / 1536)
+    assert TrainConfig().ridge_for(10**6, 16) == 1e-3
+    assert TrainConfig(ridge=0.5).ridge_for(100, 4096) == 0.5
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ShapeError):
+            train_layer(x, m, config=TrainConfig(ridge=bad))
 
 
 # --------------------------------------------------------------------------- samples

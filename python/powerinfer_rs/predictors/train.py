@@ -17,7 +17,8 @@ predicted_fraction * FFN bytes`` (bytes read per token). The best attempt meetin
 target (lowest cost) wins, else the one with the highest recall.
 
 Also: ``sqrt`` positive weighting, a closed-form warm start (:func:`linear_warm_start`, its
-components computed once per layer by :func:`warm_basis` and shared by every rank tried) and one
+components computed once per layer by :func:`warm_basis` and shared by every rank tried; its
+ridge grows as samples get few for the width, ``TrainConfig.ridge``) and one
 BLAS thread for small products (:mod:`._blas`). torch is not used (numpy only).
 """
 
@@ -54,6 +55,9 @@ class TrainConfig:
     recall_margin: float = 0.6
     dtype: str = "F16"
     max_eval_rows: int = 16384
+    #: Ridge of the warm start's normal equations, in units of the Gram matrix's mean diagonal;
+    #: None: ``dim / n_train`` (at least 1e-3), the scale of the Gram's sampling noise.
+    ridge: float | None = None
 
     def validate(self) -> None:
         """Raise :class:`ShapeError` for values out of range."""
@@ -67,6 +71,12 @@ class TrainConfig:
             raise ShapeError(f"dtype must be one of {tuple(STORAGE_DTYPES)}, got {self.dtype}")
         if not 0.0 <= self.recall_margin <= 1.0:
             raise ShapeError(f"recall_margin must lie in [0, 1], got {self.recall_margin}")
+        if self.ridge is not None and not self.ridge > 0:
+            raise ShapeError(f"ridge must be positive, got {self.ridge}")
+
+    def ridge_for(self, n: int, dim: int) -> float:
+        """The warm start's ridge for ``n`` training rows of width ``dim``."""
+        return self.ridge if self.ridge is not None else max(1e-3, dim / max(1, n))
 
 
 # --------------------------------------------------------------------------- fitting
@@ -88,8 +98,17 @@ class WarmBasis:
     q: np.ndarray
 
 
-def warm_basis(x: np.ndarray, y: np.ndarray, k: int, seed: int = 0) -> WarmBasis:
-    """The top ``k`` components of the ridge least-squares fit of ``2y - 1`` on ``x``.
+def warm_basis(
+    x: np.ndarray, y: np.ndarray, k: int, seed: int = 0, ridge: float = 1e-3
+) -> WarmBasis:
+    """The top ``k`` components of the ridge least-squares fit of ``2y - 1`` on ``x``, the ridge
+    ``ridge`` times the Gram matrix's mean diagonal.
+
+    The ridge matters when samples are few for the width: with ``n`` rows of width ``dim`` the
+    Gram's small eigenvalues are mostly sampling noise (Marchenko-Pastur: they spread over
+    ``(1 +- sqrt(dim / n))^2``), and a tiny ridge lets them blow the noise up. At the 7B width
+    (dim 4096) on 1,536 training rows (synthetic, planted rank-64 gate, 10% active) a ridge of
+    1e-3 gave precision 0.25 at recall 0.99 on another text, 1 and 10 gave 0.32 and 0.31.
 
     The normal equations are formed in float32 (these products dominate) and solved in float64;
     the truncated SVD is a seeded randomized one (a range finder over ``k + 16`` columns with four
@@ -102,7 +121,7 @@ def warm_basis(x: np.ndarray, y: np.ndarray, k: int, seed: int = 0) -> WarmBasis
     xf = np.ascontiguousarray(x, dtype=np.float32)
     t = y.astype(np.float32) * np.float32(2.0) - np.float32(1.0)
     gram = (xf.T @ xf).astype(np.float64)
-    gram[np.diag_indices_from(gram)] += 1e-3 * np.trace(gram) / dim + 1e-8
+    gram[np.diag_indices_from(gram)] += ridge * np.trace(gram) / dim + 1e-8
     b = np.linalg.solve(gram, (xf.T @ t).astype(np.float64))  # [dim, ffn]
     width = min(k + 16, dim, ffn)
     omega = np.random.default_rng([seed, 11]).standard_normal((ffn, width))
@@ -287,7 +306,8 @@ def _search(
     prev_cost = math.inf
     while True:
         if rank // 2 > basis.p.shape[0]:
-            basis = warm_basis(xtr, ytr, min(cap, 2 * rank) // 2, seed)
+            ridge = cfg.ridge_for(xtr.shape[0], dim)
+            basis = warm_basis(xtr, ytr, min(cap, 2 * rank) // 2, seed, ridge)
         w1, w2, info = fit_mlp(
             xtr,
             ytr,
@@ -385,7 +405,8 @@ def train_layer(
     small = cfg.batch_size * ffn * min(cap, 4096) < (1 << 28)
     # the warm start's large products, once for the ranks of up to two doublings, on every
     # BLAS thread
-    basis = warm_basis(data.xtr, data.ytr, min(cap, 4 * rank) // 2, seed)
+    ridge = cfg.ridge_for(data.xtr.shape[0], dim)
+    basis = warm_basis(data.xtr, data.ytr, min(cap, 4 * rank) // 2, seed, ridge)
     with blas_threads(1) if small else nullcontext():
         attempts = _search(
             data, rank, cap, recall, tune_target, ffn_bytes, cfg, seed, progress, desc, basis
