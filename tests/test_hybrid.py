@@ -97,8 +97,10 @@ def assert_close(got, want, tol, what) -> None:
 
 
 def assert_phases(info: dict, n_layers: int) -> None:
-    """The decode steps' phase times (gpu_info()["phases"]) cover each step's wall time, as the
-    session measured it around the executor's calls, within 5%, and name the work the plan
+    """The decode steps' phase times (gpu_info()["phases"]) add up to the steps' wall time (the
+    executor's clock from a step's start to its end, within 5%: every moment is charged to one
+    phase), lie within the session's own clock around the same calls (which a preemption
+    between the two clocks' reads may lengthen on a busy machine), and name the work the plan
     splits: the GPU side's queued work, the CPU's cold neurons, the copies between them."""
     ph = info["phases"]
     assert ph["steps"] == info["steps"] and len(ph["per_layer"]) == n_layers + 1
@@ -106,7 +108,8 @@ def assert_phases(info: dict, n_layers: int) -> None:
     assert all(v >= 0 for row in ph["per_layer"] for v in row)
     total = sum(ph["total"].values())
     assert total == pytest.approx(sum(map(sum, ph["per_layer"])), rel=1e-9)
-    assert abs(total - ph["decode_seconds"]) <= 0.05 * ph["decode_seconds"], ph
+    assert total == pytest.approx(ph["step_seconds"], rel=0.05), ph
+    assert 0.25 * ph["decode_seconds"] <= total <= ph["decode_seconds"] * (1 + 1e-9), ph
     for name in ("gpu_submit", "cold_ffn", "upload", "download", "cpu_norm"):
         assert ph["total"][name] > 0, (name, ph["total"])
 
@@ -142,8 +145,8 @@ def test_half_on_the_gpu_side_matches_the_cpu_engine(relu, tmp_path, device, spa
     assert info["steps"] >= 32 and len(info["transfers"]) == relu.config.n_layers + 1
     assert_phases(info, relu.config.n_layers)
     # A generation's stats carry its own steps' phases (none on the CPU).
-    hyb.generate(prompt, max_new_tokens=3)
-    cpu.generate(prompt, max_new_tokens=3)
+    hyb.generate(prompt, max_new_tokens=3, temperature=0.0, ignore_eos=True)
+    cpu.generate(prompt, max_new_tokens=3, temperature=0.0, ignore_eos=True)
     assert hyb.last_stats.phases["cold_ffn"] > 0 and cpu.last_stats.phases is None
     if device == "gpu-emu":
         # The emulator ran the kernels themselves, every decode step: attention and the hot

@@ -15,7 +15,9 @@ def simd_level() -> str:
 def measure_read_bandwidth(bytes: int = ..., iters: int = ..., threads: int = ...) -> float:
     """Read bandwidth in GB/s with `threads` threads (0 = all cores)."""
 
-def measure_dispatch(threads: int = ..., rounds: int = ..., idle_us: int = ...) -> float:
+def measure_dispatch(
+    threads: int = ..., rounds: int = ..., idle_us: int = ..., warm: bool = ...
+) -> float:
     """Seconds until all of a pool of `threads` threads started a region after `idle_us` idle."""
 
 def probe_storage_reads(

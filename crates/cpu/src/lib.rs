@@ -30,6 +30,6 @@ pub use ops::matvec::{matvec, matvec_each, matvec_many};
 pub use ops::row::{dequantize_row, dot_row, dot_row_scalar};
 pub use ops::sparse::{axpy_rows, matvec_rows};
 pub use ops::sparse_ffn::{sparse_ffn, GateRows, SparseFfn};
-pub use pool_start::{measure_dispatch, take_dispatch};
+pub use pool_start::{measure_dispatch, take_dispatch, warm_pool};
 pub use reference::sparse as sparse_reference;
 pub use simd::{simd_level, SIMD_ENV};

@@ -7,10 +7,15 @@
 //! (the calling thread starts at once; the others wake from sleep or steal). It is added to a
 //! counter of the calling thread, which [`take_dispatch`] reads and zeroes. Always on: one clock
 //! read and one atomic store per task (at most a few dozen per region).
+//!
+//! A thread woken from sleep starts late: on a VM whose idle vCPU halts, tens of microseconds.
+//! [`warm_pool`] wakes the pool's other threads ahead of a region (the hybrid executor calls it
+//! as a layer starts, before the GPU's part is queued) and keeps them spinning until a region
+//! begins or a deadline passes, so that they are already running when the work arrives.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Pool threads tracked per region; threads beyond share slots (the delay is then a lower bound).
 const SLOTS: usize = 32;
@@ -18,6 +23,31 @@ const SLOTS: usize = 32;
 thread_local! {
     /// Seconds of dispatch and regions counted on this thread since the last take.
     static WAITED: Cell<(f64, u64)> = const { Cell::new((0.0, 0)) };
+}
+
+/// Regions begun so far (any pool): a warm thread stops spinning when it changes.
+static REGIONS_BEGUN: AtomicU64 = AtomicU64::new(0);
+
+/// Wake the current pool's other threads now and keep each spinning until the next parallel
+/// region of the sparse ops begins (anywhere) or `max` has passed, whichever is first. Returns
+/// at once; nothing to do on a pool of one thread or with `max` zero. The spinning threads
+/// take no work meanwhile: call it when the calling thread has only short work (queueing GPU
+/// launches) before its next region.
+pub fn warm_pool(max: Duration) {
+    let me = rayon::current_thread_index();
+    if max.is_zero() || rayon::current_num_threads() <= 1 || me.is_none() {
+        return;
+    }
+    let seen = REGIONS_BEGUN.load(Ordering::Relaxed);
+    rayon::spawn_broadcast(move |ctx| {
+        if Some(ctx.index()) == me {
+            return;
+        }
+        let t = Instant::now();
+        while REGIONS_BEGUN.load(Ordering::Relaxed) == seen && t.elapsed() < max {
+            std::hint::spin_loop();
+        }
+    });
 }
 
 /// Seconds this thread's parallel regions spent waiting for their last thread to start, and how
@@ -36,6 +66,7 @@ pub(crate) struct Region {
 impl Region {
     /// A region beginning now.
     pub(crate) fn begin() -> Region {
+        REGIONS_BEGUN.fetch_add(1, Ordering::Relaxed);
         Region {
             entry: Instant::now(),
             first: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -72,13 +103,18 @@ impl Region {
 /// The current pool's dispatch after `idle` without work (its threads asleep, as between two
 /// layers' CPU parts while the GPU works): the median over `rounds` of the delay until the last
 /// thread started a region of short tasks (about 20 µs each, a few per thread), in seconds.
-/// The planner adds it to the cost of a layer split between the devices.
-pub fn measure_dispatch(rounds: usize, idle: std::time::Duration) -> f64 {
+/// The planner adds it to the cost of a layer split between the devices. With `warm`, the pool
+/// is warmed ([`warm_pool`], for `idle` plus 1 ms) before the idle time, as the hybrid executor
+/// does before each layer.
+pub fn measure_dispatch(rounds: usize, idle: Duration, warm: bool) -> f64 {
     use rayon::prelude::*;
-    const TASK: std::time::Duration = std::time::Duration::from_micros(20);
+    const TASK: Duration = Duration::from_micros(20);
     let tasks = 4 * rayon::current_num_threads();
     let mut delays: Vec<f64> = (0..rounds.max(1))
         .map(|_| {
+            if warm {
+                warm_pool(idle + Duration::from_millis(1));
+            }
             std::thread::sleep(idle);
             let region = Region::begin();
             (0..tasks).into_par_iter().for_each(|_| {
@@ -120,5 +156,24 @@ mod tests {
         assert_eq!(n, 1);
         assert!((0.005..1.0).contains(&secs), "{secs}");
         assert_eq!(take_dispatch(), (0.0, 0));
+    }
+
+    #[test]
+    fn warm_threads_stop_spinning_when_a_region_begins() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let t = Instant::now();
+        pool.install(|| {
+            // Spinners told to stop after 30 s stop at the region instead: the broadcast after
+            // it runs on both threads at once (it waits for a spinner's job to return).
+            warm_pool(Duration::from_secs(30));
+            std::thread::sleep(Duration::from_millis(5));
+            Region::begin().end();
+            rayon::broadcast(|_| ());
+        });
+        take_dispatch();
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
     }
 }

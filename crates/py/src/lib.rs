@@ -42,17 +42,24 @@ fn measure_read_bandwidth(
 }
 
 /// The delay, in seconds, until all of a pool of `threads` threads (0 = all cores) has started
-/// a parallel region after `idle_us` microseconds without work: the median of `rounds`.
+/// a parallel region after `idle_us` microseconds without work: the median of `rounds`; with
+/// `warm`, the pool warmed first as the hybrid executor does before each layer.
 #[pyfunction]
-#[pyo3(signature = (threads = 0, rounds = 21, idle_us = 2000))]
-fn measure_dispatch(py: Python<'_>, threads: usize, rounds: usize, idle_us: u64) -> PyResult<f64> {
+#[pyo3(signature = (threads = 0, rounds = 21, idle_us = 2000, warm = false))]
+fn measure_dispatch(
+    py: Python<'_>,
+    threads: usize,
+    rounds: usize,
+    idle_us: u64,
+    warm: bool,
+) -> PyResult<f64> {
     exceptions::run_detached(py, move || {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .build()
             .map_err(|e| powerinfer_core::Error::Other(e.to_string()))?;
         let idle = std::time::Duration::from_micros(idle_us);
-        Ok(pool.install(|| powerinfer_cpu::measure_dispatch(rounds, idle)))
+        Ok(pool.install(|| powerinfer_cpu::measure_dispatch(rounds, idle, warm)))
     })
 }
 

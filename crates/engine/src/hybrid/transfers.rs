@@ -96,10 +96,13 @@ impl<'a, B: Backend> Link<'a, B> {
         at: usize,
         out: &mut [T],
     ) -> Result<()> {
-        let was = self.clock.enter(slot, self.copy_phase(HybridPhase::GpuWait));
+        let was = self
+            .clock
+            .enter(slot, self.copy_phase(HybridPhase::GpuWait));
         let mut done = self.dev.synchronize();
         if done.is_ok() {
-            self.clock.enter(slot, self.copy_phase(HybridPhase::Download));
+            self.clock
+                .enter(slot, self.copy_phase(HybridPhase::Download));
             done = self.dev.read(src, at, out);
         }
         self.clock.restore(was);
