@@ -238,7 +238,8 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
     if args.device != "gpu-sim" or args.project:  # this machine's CPU, measured
         from powerinfer_rs.stages.plan import measured_cpu
 
-        hw, _ = measured_cpu(hw, args.threads)
+        ffn_format = str(model.tensors["blk.0.ffn_up"].dtype)
+        hw, _ = measured_cpu(hw, args.threads, ffn_format=ffn_format)
     t_plan = time.perf_counter()
     plan = make_plan(
         model,

@@ -235,12 +235,20 @@ def test_a_detected_gpu_is_planned_with_this_machines_cpu(files, capsys, monkeyp
         calls.append((nbytes, iters, threads))
         return 54.0
 
+    def rate(dtype, nbytes, iters, threads):
+        calls.append((dtype, threads))
+        return 30.0  # the model's FFN format runs slower than the memory reads: it sets the rate
+
     monkeypatch.setattr(_core, "measure_read_bandwidth", measure)
+    monkeypatch.setattr(_core, "measure_format_bandwidth", rate)
     out = d / "plan-here.safetensors"
     argv = ["--model", str(model_path), "--profile", str(prof), "--vram-budget", "400KiB"]
     assert main(argv + ["--context", "64", "--bucket", "32", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "detected NVIDIA H200 -> profile h200" in text and "54 GB/s" in text
+    ffn_format = str(model.tensors["blk.0.ffn_up"].dtype)
+    assert f"{ffn_format} matvec 30 GB/s" in text
     plan = load_plan(out, model, budget_bytes=400 * 1024)
-    assert plan.hardware["name"] == "h200" and plan.hardware["cpu_mem_bw"] == 54.0
-    assert plan.hardware["cpu_cores"] == calls[0][2] and len(calls) == 1
+    assert plan.hardware["name"] == "h200" and plan.hardware["cpu_mem_bw"] == 30.0
+    assert plan.hardware["cpu_cores"] == calls[0][2] and calls[1] == (ffn_format, calls[0][2])
+    assert plan.hardware["cpu_dispatch_us"] > 0 and len(calls) == 2

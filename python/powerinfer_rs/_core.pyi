@@ -15,6 +15,11 @@ def simd_level() -> str:
 def measure_read_bandwidth(bytes: int = ..., iters: int = ..., threads: int = ...) -> float:
     """Read bandwidth in GB/s with `threads` threads (0 = all cores)."""
 
+def measure_format_bandwidth(
+    dtype: str, bytes: int = ..., iters: int = ..., threads: int = ...
+) -> float:
+    """GB/s at which `threads` threads run a matvec over weights of `dtype`."""
+
 def measure_dispatch(
     threads: int = ..., rounds: int = ..., idle_us: int = ..., warm: bool = ...
 ) -> float:

@@ -41,6 +41,49 @@ pub fn measure_read_bandwidth(bytes: usize, iters: usize) -> f64 {
     (n * 8) as f64 / best / 1e9
 }
 
+/// The rate, in GB/s of weight bytes, at which the current pool runs a matvec over weights of
+/// `dtype` (4096 columns of pseudo-random finite values, `bytes` of them at least, so well out
+/// of cache), the best of `iters` passes. Where decoding a format costs more than reading it
+/// (Q4_0 on two cores: about half the read bandwidth) this, not [`measure_read_bandwidth`], is
+/// what the CPU side of a plan reaches.
+pub fn measure_format_bandwidth(
+    dtype: powerinfer_core::DType,
+    bytes: usize,
+    iters: usize,
+) -> powerinfer_core::Result<f64> {
+    const COLS: usize = 4096;
+    let row = dtype.row_bytes(COLS)?;
+    let rows = bytes.div_ceil(row).max(64);
+    let mut data = vec![0u8; rows * row];
+    let mut s = 0x2545_F491_4F6C_DD1Du64;
+    for chunk in data.chunks_mut(8) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        // The top exponent bits of every 2-byte value's high byte cleared: small, finite values
+        // (f16/bf16 weights and block scales; f32 too) in every format.
+        let v = (s & 0x3FFF_3FFF_3FFF_3FFF).to_le_bytes();
+        chunk.copy_from_slice(&v[..chunk.len()]);
+    }
+    let w = powerinfer_core::Weight::new(
+        dtype,
+        rows,
+        COLS,
+        powerinfer_core::Buffer::from_bytes(&data),
+    )?;
+    drop(data);
+    let x: Vec<f32> = (0..COLS).map(|i| ((i % 7) as f32 - 3.0) * 0.25).collect();
+    let mut y = vec![0.0f32; rows];
+    let mut best = f64::INFINITY;
+    for _ in 0..iters.max(1) {
+        let start = Instant::now();
+        crate::matvec(&w, &x, &mut y)?;
+        std::hint::black_box(&y);
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    Ok(w.data.len() as f64 / best / 1e9)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

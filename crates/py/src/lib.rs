@@ -41,6 +41,29 @@ fn measure_read_bandwidth(
     })
 }
 
+/// The rate in GB/s at which `threads` threads (0 = all cores) run a matvec over `bytes` of
+/// weights in format `dtype` (e.g. "Q4_0"), the best of `iters`: what the CPU reaches on that
+/// format where decoding it costs more than reading it.
+#[pyfunction]
+#[pyo3(signature = (dtype, bytes = 128 << 20, iters = 3, threads = 0))]
+fn measure_format_bandwidth(
+    py: Python<'_>,
+    dtype: &str,
+    bytes: usize,
+    iters: usize,
+    threads: usize,
+) -> PyResult<f64> {
+    let dtype =
+        powerinfer_core::DType::from_name(dtype).map_err(|e| exceptions::to_pyerr(py, e))?;
+    exceptions::run_detached(py, move || {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| powerinfer_core::Error::Other(e.to_string()))?;
+        pool.install(|| powerinfer_cpu::measure_format_bandwidth(dtype, bytes, iters))
+    })
+}
+
 /// The delay, in seconds, until all of a pool of `threads` threads (0 = all cores) has started
 /// a parallel region after `idle_us` microseconds without work: the median of `rounds`; with
 /// `warm`, the pool warmed first as the hybrid executor does before each layer.
@@ -89,6 +112,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(simd_level, m)?)?;
     m.add_function(wrap_pyfunction!(measure_read_bandwidth, m)?)?;
     m.add_function(wrap_pyfunction!(measure_dispatch, m)?)?;
+    m.add_function(wrap_pyfunction!(measure_format_bandwidth, m)?)?;
     m.add_function(wrap_pyfunction!(probe_storage_reads, m)?)?;
     m.add_function(wrap_pyfunction!(blocks::quantize, m)?)?;
     m.add_function(wrap_pyfunction!(blocks::dequantize, m)?)?;

@@ -222,12 +222,16 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def measured_cpu(profile, threads: int | None = None):
+def measured_cpu(profile, threads: int | None = None, ffn_format: str | None = None):
     """``profile`` with this machine's CPU: its cores, the read bandwidth the engine's threads
     reach (``_core.measure_read_bandwidth``, 256 MiB, best of 3: a second or two) and their
     start after idle (``_core.measure_dispatch``, about 50 ms), in
     place of the profile's (a shipped GPU profile assumes its server's CPU: the H200 one an
-    8-channel DDR5 host at 307 GB/s, where a lent 16-core VM reached 54); and a note."""
+    8-channel DDR5 host at 307 GB/s, where a lent 16-core VM reached 54); and a note. With
+    ``ffn_format`` (the model's FFN weight format), the CPU's bandwidth is the lower of the read
+    probe and the rate its matvec reaches on that format (``_core.measure_format_bandwidth``,
+    128 MiB, best of 3): where decoding the format costs more than reading it (Q4_0 on few
+    cores) that is what the CPU side of a plan reaches, and what the cost model must price."""
     import dataclasses
     import os
 
@@ -241,11 +245,16 @@ def measured_cpu(profile, threads: int | None = None):
         f"{dispatch_us:.1f} us (the profile says {profile.cpu_mem_bw:.0f} GB/s, "
         f"{profile.cpu_cores} cores)"
     )
+    if ffn_format is not None:
+        rate = float(_core.measure_format_bandwidth(ffn_format, 128 << 20, 3, cores))
+        if rate < bw:
+            note += f"; {ffn_format} matvec {rate:.0f} GB/s: the CPU's rate for this model"
+            bw = rate
     out = dataclasses.replace(profile, cpu_mem_bw=bw, cpu_cores=cores, cpu_dispatch_us=dispatch_us)
     return out, note
 
 
-def _resolve_hardware(name: str | None, gpu_known: list) -> tuple:
+def _resolve_hardware(name: str | None, gpu_known: list, ffn_format: str | None) -> tuple:
     if name is not None:
         return load_hardware(name), None
     gpu = detect_gpu()
@@ -253,9 +262,9 @@ def _resolve_hardware(name: str | None, gpu_known: list) -> tuple:
     if gpu is not None:  # planning for this machine: its own CPU
         prof = profile_for_gpu_name(gpu.name)
         if prof is not None:
-            hw, cpu = measured_cpu(load_hardware(prof))
+            hw, cpu = measured_cpu(load_hardware(prof), ffn_format=ffn_format)
             return hw, f"hardware: detected {gpu.name} -> profile {prof}; {cpu}"
-        hw, cpu = measured_cpu(load_hardware(FALLBACK_PROFILE))
+        hw, cpu = measured_cpu(load_hardware(FALLBACK_PROFILE), ffn_format=ffn_format)
         return hw, (
             f"hardware: {gpu.name} has no shipped profile; using {FALLBACK_PROFILE} "
             f"(pass --hardware FILE for exact numbers); {cpu}"
@@ -307,11 +316,6 @@ def run(args: argparse.Namespace) -> int:
     ram_budget = None if args.ram_budget is None else _size("--ram-budget", args.ram_budget)
     if args.ram_budget is None and args.probe_storage is not None:
         raise PlanError("--probe-storage prices the RAM tier: give --ram-budget too")
-    probed: list = []
-    hardware, note = _resolve_hardware(args.hardware, probed)
-    if auto:
-        budget = auto_budget(probed[0] if probed else None)
-        note = (note + "; " if note else "") + f"budget auto: {format_bytes(budget)}"
     own = None  # a PowerInfer file's own predictors
     if os.path.isfile(args.model) and is_powerinfer_gguf(args.model):
         pwri = load_powerinfer_gguf(args.model)
@@ -319,6 +323,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         model = load_model(args.model)
     shape = ModelShape.from_model(model)
+    probed: list = []
+    hardware, note = _resolve_hardware(
+        args.hardware, probed, shape.dtype(shape.ffn_tensor(0, "up"))
+    )
+    if auto:
+        budget = auto_budget(probed[0] if probed else None)
+        note = (note + "; " if note else "") + f"budget auto: {format_bytes(budget)}"
     # the engine's KV cache: n_ctx (default 4096) clamped to the model's context length
     context = min(args.context or 4096, shape.config.max_context)
     if args.context is not None and args.context > context:
