@@ -567,6 +567,14 @@ def main(argv=None) -> int:
         help="share of each gate row's variance from a full-rank part beside the planted "
         "low-rank one (0: exactly low rank; a low-rank predictor cannot then be exact)",
     )
+    ap.add_argument(
+        "--pool-spin-us",
+        type=int,
+        help="POWERINFER_RS_POOL_SPIN_US for the hybrid engine: how long the CPU pool's "
+        "threads, woken as a layer starts, spin for its CPU part (engine default 1000, longer "
+        "than a 7B layer's GPU part on an H200; with --project on gpu-sim the host runs the "
+        "GPU part for tens of ms, so a value above that keeps the threads warm as a GPU would)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights")
     ap.add_argument("--model-dir", default=CACHE, help=f"synthetic GGUFs and plans ({CACHE})")
     ap.add_argument("--json", help="write all figures to this JSON file")
@@ -577,6 +585,9 @@ def main(argv=None) -> int:
         ap.error("--layers must be >= 1")
     if args.project:
         args.device = "gpu-sim"
+    if args.pool_spin_us is not None:
+        # Read by each hybrid executor as it opens.
+        os.environ["POWERINFER_RS_POOL_SPIN_US"] = str(args.pool_spin_us)
     pi = require_powerinfer()
     from powerinfer_rs.errors import CudaError, PowerInferError
     from powerinfer_rs.runtime.placement import check_device

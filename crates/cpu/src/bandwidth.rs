@@ -89,6 +89,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn format_rates_are_positive_and_finite() {
+        for dtype in [powerinfer_core::DType::F16, powerinfer_core::DType::Q4_0] {
+            let gbs = measure_format_bandwidth(dtype, 1 << 20, 1).unwrap();
+            assert!(gbs.is_finite() && gbs > 0.0, "{dtype:?} {gbs}");
+        }
+    }
+
+    #[test]
     fn bandwidth_is_positive_and_finite() {
         let gbs = measure_read_bandwidth(1 << 20, 2);
         assert!(gbs.is_finite() && gbs > 0.0, "{gbs}");
