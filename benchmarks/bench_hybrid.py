@@ -115,7 +115,7 @@ def greedy(eng, prompt: list[int], n: int, phases: dict | None = None):
     if phases is not None:
         p0, p1 = info0["phases"], info1["phases"]
         phases["names"] = p1["names"]
-        for key in ("per_layer", "cold_bytes"):
+        for key in ("per_layer", "cold_bytes", "predictor_bytes"):
             d = np.array(p1[key], dtype=float) - np.array(p0[key], dtype=float)
             phases[key] = phases.get(key, 0) + d
         phases["transfers"] = phases.get("transfers", 0) + xfer
@@ -393,6 +393,7 @@ def projection_row(args, model, plan, prof, phases: dict, samples: dict, hw, ngl
         proj.total("cpu_serial") + proj.total("cpu_overlapped") + proj.total("handoff_host")
     )
     out["cold_bytes_per_token"] = proj.total("cold_bytes")
+    out["cpu_predictor_bytes_per_token"] = float(phases["predictor_bytes"].sum()) / phases["steps"]
     per_phase = np.array(ph["per_layer"]).sum(axis=0) / phases["steps"]
     out["phases_ms"] = {n: 1e3 * float(v) for n, v in zip(names, per_phase)}
     # The cold FFN with its parallel regions' start (the dispatch phase): the bandwidth it
@@ -469,6 +470,10 @@ def report(rows: list[dict], args) -> None:
                 "  measured ms/token by phase (gpu_submit and gpu_wait: the host running the GPU "
                 "side on gpu-sim, not projected; kv_sync: the prompt's K/V rows, not a decode "
                 "step's): " + ", ".join(f"{k} {v:.3f}" for k, v in top if v > 0)
+            )
+            print(
+                f"  the CPU's predictors read {pr['cpu_predictor_bytes_per_token'] / 1e6:.1f} "
+                f"MB/token ({r['plan']['predictor_layers']} layers' predictors on the GPU)"
             )
             if pr["cold_ffn_gbs"]:
                 print(

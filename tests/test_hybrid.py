@@ -104,6 +104,8 @@ def assert_phases(info: dict, n_layers: int) -> None:
     splits: the GPU side's queued work, the CPU's cold neurons, the copies between them."""
     ph = info["phases"]
     assert ph["steps"] == info["steps"] and len(ph["per_layer"]) == n_layers + 1
+    assert len(ph["cold_bytes"]) == len(ph["predictor_bytes"]) == n_layers + 1
+    assert sum(ph["cold_bytes"]) > 0  # the CPU read its cold neurons' rows
     assert all(len(row) == len(ph["names"]) for row in ph["per_layer"])
     assert all(v >= 0 for row in ph["per_layer"] for v in row)
     total = sum(ph["total"].values())

@@ -369,6 +369,15 @@ pub struct PredictorScratch {
     pub logits: Vec<f32>,
 }
 
+impl PredictorScratch {
+    /// Bytes of `p`'s weights the last [`predictor_logits`] on this scratch read: fc1 whole,
+    /// and the fc2 rows of the hidden units ReLU left nonzero.
+    pub fn bytes_read(&self, p: &LayerPredictor) -> u64 {
+        let fc2_row = p.fc2_t.data.len() / p.fc2_t.rows.max(1);
+        (p.fc1.data.len() + fc2_row * self.idx.len()) as u64
+    }
+}
+
 /// Predictor logits for one input row into `s.logits`: fc2 · ReLU(fc1 · x), with fc2 read only
 /// for the hidden units ReLU leaves nonzero.
 pub fn predictor_logits(p: &LayerPredictor, x: &[f32], s: &mut PredictorScratch) -> Result<()> {

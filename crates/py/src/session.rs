@@ -413,7 +413,8 @@ fn matrix<T: numpy::Element>(
 /// `total` ({phase: seconds} over every slot), `per_layer` (per slot, the layers then the
 /// output head: seconds per phase in `names` order), `steps`, `step_seconds` (their wall time,
 /// measured apart from the phases), `switches` (phase switches timed, for the timers' cost) and
-/// `cold_bytes` (per slot, bytes of FFN rows the CPU read for cold neurons);
+/// `cold_bytes` and `predictor_bytes` (per slot, bytes of FFN rows the CPU read for cold
+/// neurons, and of the predictors it ran);
 /// the caller adds `decode_seconds` (the session's own clock around the same steps).
 fn phases_dict<'py>(
     py: Python<'py>,
@@ -434,5 +435,6 @@ fn phases_dict<'py>(
     d.set_item("step_seconds", p.step_seconds)?;
     d.set_item("switches", p.switches)?;
     d.set_item("cold_bytes", p.cold_bytes.clone())?;
+    d.set_item("predictor_bytes", p.predictor_bytes.clone())?;
     Ok(d)
 }

@@ -851,6 +851,7 @@ impl<B: Backend> Executor<B> {
                                 (PredictorInput::FfnInp, false) => &self.host.x,
                             };
                             predicted_active(p, x, &mut self.predictor, &mut self.predicted)?;
+                            link.predictor_read(l, self.predictor.bytes_read(p));
                             self.flags.clear();
                             self.flags.resize(c.ffn_dim, 0);
                             self.cold_active.clear();

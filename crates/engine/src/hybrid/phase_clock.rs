@@ -116,6 +116,8 @@ pub struct PhaseStats {
     pub switches: u64,
     /// Per slot, bytes of FFN weight rows the CPU side read for the plan's cold neurons.
     pub cold_bytes: Vec<u64>,
+    /// Per slot, bytes of predictor weights the CPU read (predictors the plan keeps there).
+    pub predictor_bytes: Vec<u64>,
 }
 
 impl PhaseStats {
@@ -124,6 +126,7 @@ impl PhaseStats {
         PhaseStats {
             slots: vec![[0.0; N]; n_layers + 1],
             cold_bytes: vec![0; n_layers + 1],
+            predictor_bytes: vec![0; n_layers + 1],
             ..PhaseStats::default()
         }
     }
@@ -246,6 +249,13 @@ impl PhaseClock {
     /// Count `bytes` of cold FFN rows read for `slot`.
     pub fn cold_read(&mut self, slot: usize, bytes: u64) {
         if let Some(b) = self.stats.cold_bytes.get_mut(slot) {
+            *b += bytes;
+        }
+    }
+
+    /// Count `bytes` of predictor weights the CPU read for `slot`.
+    pub fn predictor_read(&mut self, slot: usize, bytes: u64) {
+        if let Some(b) = self.stats.predictor_bytes.get_mut(slot) {
             *b += bytes;
         }
     }

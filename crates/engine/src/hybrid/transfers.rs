@@ -70,6 +70,11 @@ impl<'a, B: Backend> Link<'a, B> {
         self.clock.cold_read(slot, bytes);
     }
 
+    /// Count `bytes` of predictor weights the CPU read for `slot`.
+    pub fn predictor_read(&mut self, slot: usize, bytes: u64) {
+        self.clock.predictor_read(slot, bytes);
+    }
+
     /// Host → device, charged to layer `slot`.
     pub fn up<T: Elem>(
         &mut self,
