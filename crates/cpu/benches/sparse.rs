@@ -21,7 +21,7 @@
 //! \"kernel/FORMAT\" names containing it (summary and criterion alike).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use powerinfer_core::{Activation, Buffer, DType, PageBuf, Weight};
+use powerinfer_core::{Activation, DType, PageBuf, Weight};
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -81,19 +81,7 @@ const KERNELS: [&str; 9] = [
 
 /// A weight of pseudo-random bytes that decode to finite values in every format.
 fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Weight {
-    let row_bytes = dtype.row_bytes(cols).unwrap();
-    let mut bytes = vec![0u8; rows * row_bytes];
-    let mut s = 0x2545_F491_4F6C_DD1Du64 ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    for chunk in bytes.chunks_mut(8) {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        // Clear the top exponent bits of every 2-byte value's high byte (f16/bf16 values and
-        // block scales; f32 values too): small, finite numbers in every format.
-        let v = (s & 0x3FFF_3FFF_3FFF_3FFF).to_le_bytes();
-        chunk.copy_from_slice(&v[..chunk.len()]);
-    }
-    Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
+    powerinfer_cpu::pseudo_random_weight(dtype, rows, cols, seed).unwrap()
 }
 
 /// One FFN layer in the sparse layout: gate and up as rows, down transposed; `down` is down_t's
@@ -253,19 +241,20 @@ fn relu_steps(layer: &Layer, b: &mut Bufs) -> powerinfer_core::Result<()> {
 
 /// [`relu_steps`] in one parallel region ([`powerinfer_cpu::sparse_ffn`]).
 fn relu_fused(layer: &Layer, b: &mut Bufs) -> powerinfer_core::Result<()> {
-    let ffn = powerinfer_cpu::SparseFfn {
-        gate: &layer.gate,
-        up: Some(&layer.up),
-        down_t: &layer.down_t,
-    };
-    let mask = &b.masks[b.set];
-    let fire = |i: u32, g: f32| if mask[i as usize] { g } else { 0.0 };
-    let rows = powerinfer_cpu::GateRows::All;
-    powerinfer_cpu::sparse_ffn(&ffn, &b.x, rows, fire, |a, u| a * u, &mut b.y).map(|_| ())
+    fused(layer, powerinfer_cpu::GateRows::All, b)
 }
 
 /// Predictor mode's fused FFN over the listed neurons `idx` (all of which fire).
 fn listed_fused(layer: &Layer, idx: &[u32], b: &mut Bufs) -> powerinfer_core::Result<()> {
+    fused(layer, powerinfer_cpu::GateRows::Listed(idx), b)
+}
+
+/// The fused FFN over `rows`' gate rows, the set's neurons firing.
+fn fused(
+    layer: &Layer,
+    rows: powerinfer_cpu::GateRows<'_>,
+    b: &mut Bufs,
+) -> powerinfer_core::Result<()> {
     let ffn = powerinfer_cpu::SparseFfn {
         gate: &layer.gate,
         up: Some(&layer.up),
@@ -273,7 +262,6 @@ fn listed_fused(layer: &Layer, idx: &[u32], b: &mut Bufs) -> powerinfer_core::Re
     };
     let mask = &b.masks[b.set];
     let fire = |i: u32, g: f32| if mask[i as usize] { g } else { 0.0 };
-    let rows = powerinfer_cpu::GateRows::Listed(idx);
     powerinfer_cpu::sparse_ffn(&ffn, &b.x, rows, fire, |a, u| a * u, &mut b.y).map(|_| ())
 }
 

@@ -41,6 +41,29 @@ pub fn measure_read_bandwidth(bytes: usize, iters: usize) -> f64 {
     (n * 8) as f64 / best / 1e9
 }
 
+/// A `rows` x `cols` weight of `dtype` whose bytes are pseudo-random (xorshift from `seed`) and
+/// decode to small finite values in every format: the top exponent bits of every 2-byte value's
+/// high byte are cleared (f16/bf16 weights and block scales; f32 values too). For probes and
+/// benchmarks.
+pub fn pseudo_random_weight(
+    dtype: powerinfer_core::DType,
+    rows: usize,
+    cols: usize,
+    seed: u64,
+) -> powerinfer_core::Result<powerinfer_core::Weight> {
+    let mut bytes = vec![0u8; rows * dtype.row_bytes(cols)?];
+    let mut s = 0x2545_F491_4F6C_DD1Du64 ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    for chunk in bytes.chunks_mut(8) {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        let v = (s & 0x3FFF_3FFF_3FFF_3FFF).to_le_bytes();
+        chunk.copy_from_slice(&v[..chunk.len()]);
+    }
+    let data = powerinfer_core::Buffer::from_bytes(&bytes);
+    powerinfer_core::Weight::new(dtype, rows, cols, data)
+}
+
 /// The rate, in GB/s of weight bytes, at which the current pool runs a matvec over weights of
 /// `dtype` (4096 columns of pseudo-random finite values, `bytes` of them at least, so well out
 /// of cache), the best of `iters` passes. Where decoding a format costs more than reading it
@@ -52,26 +75,8 @@ pub fn measure_format_bandwidth(
     iters: usize,
 ) -> powerinfer_core::Result<f64> {
     const COLS: usize = 4096;
-    let row = dtype.row_bytes(COLS)?;
-    let rows = bytes.div_ceil(row).max(64);
-    let mut data = vec![0u8; rows * row];
-    let mut s = 0x2545_F491_4F6C_DD1Du64;
-    for chunk in data.chunks_mut(8) {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        // The top exponent bits of every 2-byte value's high byte cleared: small, finite values
-        // (f16/bf16 weights and block scales; f32 too) in every format.
-        let v = (s & 0x3FFF_3FFF_3FFF_3FFF).to_le_bytes();
-        chunk.copy_from_slice(&v[..chunk.len()]);
-    }
-    let w = powerinfer_core::Weight::new(
-        dtype,
-        rows,
-        COLS,
-        powerinfer_core::Buffer::from_bytes(&data),
-    )?;
-    drop(data);
+    let rows = bytes.div_ceil(dtype.row_bytes(COLS)?).max(64);
+    let w = pseudo_random_weight(dtype, rows, COLS, 0)?;
     let x: Vec<f32> = (0..COLS).map(|i| ((i % 7) as f32 - 3.0) * 0.25).collect();
     let mut y = vec![0.0f32; rows];
     let mut best = f64::INFINITY;

@@ -21,7 +21,7 @@ mod simd;
 #[cfg(test)]
 mod testutil;
 
-pub use bandwidth::{measure_format_bandwidth, measure_read_bandwidth};
+pub use bandwidth::{measure_format_bandwidth, measure_read_bandwidth, pseudo_random_weight};
 pub use ops::attend::{attend_head, HeadCache};
 pub use ops::attend_block::{attend_block, block_attention_is_fast, BlockScratch, QueryBlock};
 pub use ops::input_major::{matvec_input, ActiveInput, InputMajor};

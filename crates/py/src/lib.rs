@@ -22,6 +22,22 @@ fn simd_level() -> &'static str {
     powerinfer_cpu::simd_level()
 }
 
+/// Run `f` on a fresh pool of `threads` threads (0 = all cores), detached from the GIL: the
+/// machine probes' common frame.
+fn on_pool<T: Send>(
+    py: Python<'_>,
+    threads: usize,
+    f: impl FnOnce() -> powerinfer_core::Result<T> + Send,
+) -> PyResult<T> {
+    exceptions::run_detached(py, move || {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .map_err(|e| powerinfer_core::Error::Other(e.to_string()))?;
+        pool.install(f)
+    })
+}
+
 /// Measure this machine's memory read bandwidth in GB/s with `threads` threads (0 = all cores):
 /// sums a buffer of `bytes` bytes `iters` times and returns the best pass.
 #[pyfunction]
@@ -32,12 +48,8 @@ fn measure_read_bandwidth(
     iters: usize,
     threads: usize,
 ) -> PyResult<f64> {
-    exceptions::run_detached(py, move || {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .map_err(|e| powerinfer_core::Error::Other(e.to_string()))?;
-        Ok(pool.install(|| powerinfer_cpu::measure_read_bandwidth(bytes, iters.max(1))))
+    on_pool(py, threads, || {
+        Ok(powerinfer_cpu::measure_read_bandwidth(bytes, iters.max(1)))
     })
 }
 
@@ -55,12 +67,8 @@ fn measure_format_bandwidth(
 ) -> PyResult<f64> {
     let dtype =
         powerinfer_core::DType::from_name(dtype).map_err(|e| exceptions::to_pyerr(py, e))?;
-    exceptions::run_detached(py, move || {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .map_err(|e| powerinfer_core::Error::Other(e.to_string()))?;
-        pool.install(|| powerinfer_cpu::measure_format_bandwidth(dtype, bytes, iters))
+    on_pool(py, threads, || {
+        powerinfer_cpu::measure_format_bandwidth(dtype, bytes, iters)
     })
 }
 
@@ -76,13 +84,9 @@ fn measure_dispatch(
     idle_us: u64,
     warm: bool,
 ) -> PyResult<f64> {
-    exceptions::run_detached(py, move || {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .map_err(|e| powerinfer_core::Error::Other(e.to_string()))?;
-        let idle = std::time::Duration::from_micros(idle_us);
-        Ok(pool.install(|| powerinfer_cpu::measure_dispatch(rounds, idle, warm)))
+    let idle = std::time::Duration::from_micros(idle_us);
+    on_pool(py, threads, || {
+        Ok(powerinfer_cpu::measure_dispatch(rounds, idle, warm))
     })
 }
 
