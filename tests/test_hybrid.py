@@ -434,25 +434,28 @@ def test_q4_k_m_on_the_gpu_side_matches_the_cpu_engine(q4_k_m, tmp_path, device,
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_formats_without_gpu_kernels_stay_on_the_cpu(synth_gguf, tmp_path, device):
-    """Q3_K has no GPU kernels: the planner keeps its matrices on the CPU (the plan still runs
-    on the device, with what it could place), and a plan that puts them on the GPU anyway is an
+    """Q3_K has no GPU kernels: the planner keeps its matrices on the CPU, and with them the
+    predictors (a predictor on the GPU serves its layer's hot neurons; a layer without any runs
+    its FFN on the CPU), and says so; a plan that puts them on the GPU anyway is an
     UnsupportedError naming the format, not a crash or wrong numbers."""
     model = load_model(synth_gguf("Q3_K", seed=3, **K_SHAPE))
-    path = plan_for(model, tmp_path / "q3.safetensors", 0.5)
-    plan = load_plan(path, model)
-    assert not any(plan.placement.attention) and not any(plan.placement.ffn_buckets)
-    assert not plan.placement.output and any(plan.placement.predictor)
-    assert "cannot hold" in plan.solver["note"]
-    Engine(model, threads=1, plan=path, device=device)  # runs, with its predictors there
-    # A plan made as if the matrices were Q4_K (same model fingerprint) puts them on the GPU.
     c = model.config
+    profile = synthetic_profile(
+        c.n_layers, c.ffn_dim, 2000, seed=1, model_fingerprint=model.fingerprint
+    )
+    budget = int(0.5 * sum(t.nbytes for t in model.tensors.values()))
+    hw = load_hardware("rtx4090")
+    plan = make_plan(
+        model, profile, hw, budget, context=256, bucket=32, min_neurons=0, solver="greedy"
+    )
+    assert not any(plan.placement.attention) and not any(plan.placement.ffn_buckets)
+    assert not plan.placement.output and not any(plan.placement.predictor)
+    assert plan.gpu_bytes == 0 and "cannot hold" in plan.solver["note"]
+    # A plan made as if the matrices were Q4_K (same model fingerprint) puts them on the GPU.
     as_q4_k = ModelShape(
         c,
         {n: ("Q4_K" if t.rows > 1 else t.dtype) for n, t in model.tensors.items()},
         model.fingerprint,
-    )
-    profile = synthetic_profile(
-        c.n_layers, c.ffn_dim, 2000, seed=1, model_fingerprint=model.fingerprint
     )
     forged = make_plan(
         as_q4_k,

@@ -165,6 +165,11 @@ def evaluate(p: PlacementProblem, pl: Placement) -> Evaluation:
             reasons.append(f"layer {i} attention on the GPU: {lt.attn_refused}")
         if k and not lt.ffn_gpu:
             reasons.append(f"layer {i} neurons on the GPU: {lt.ffn_refused}")
+        if pr and k == 0:
+            reasons.append(
+                f"layer {i}: a predictor on the GPU without hot neurons (such a layer's FFN, "
+                "predictor included, runs on the CPU)"
+            )
         if 0 < hot < lt.min_neurons:
             reasons.append(f"layer {i}: {hot} hot neurons < minimum {lt.min_neurons}")
         gb = (lt.attn_bytes if a else 0) + (lt.pred_bytes if pr else 0)

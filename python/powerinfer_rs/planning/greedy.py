@@ -57,7 +57,7 @@ def solve_greedy(p: PlacementProblem) -> SolveResult:
     for i, lt in enumerate(p.layers):
         if lt.attn_gpu:
             push(attn_gain[i], lt.attn_bytes, ("attn", i))
-        push(pred_gain[i], lt.pred_bytes, ("pred", i))
+        # A layer's predictor goes on the GPU only after some of its neurons (it serves them).
         if lt.ffn_gpu:
             k0 = lt.min_buckets
             gain = float(bucket_gain[i][:k0].sum()) - first_cost[i]
@@ -81,6 +81,8 @@ def solve_greedy(p: PlacementProblem) -> SolveResult:
             pl.output = True
         else:
             i, k = item[1], item[2]
+            if pl.ffn_buckets[i] == 0:
+                push(pred_gain[i], p.layers[i].pred_bytes, ("pred", i))
             pl.ffn_buckets[i] = k
             lt = p.layers[i]
             if k < lt.n_buckets:

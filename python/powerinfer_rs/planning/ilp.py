@@ -235,6 +235,10 @@ def solve_ilp(
             a = md.cols(mw.attention[i] / mw.total, ub=a_ub)[0]
             pr = md.cols(mw.predictor[i] / mw.total, ub=p_ub)[0]
         md.row(y, 1.0, 1.0, 1.0)  # exactly one choice per layer
+        if has_pred and ks[0] == 0:
+            # A predictor on the GPU serves the layer's hot neurons: a layer without any runs
+            # its FFN, predictor included, on the CPU (p <= 1 - y[0]).
+            md.row([pr, y[0]], [1.0, 1.0], -inf, 1.0)
         per_layer.append((ks, y, a, pr, full, none))
         budget_cols += [y, np.array([a, pr])]
         budget_vals += [nbytes / _MIB, np.array([lt.attn_bytes, lt.pred_bytes]) / _MIB]
