@@ -92,6 +92,8 @@ def build_parser():
     ap.add_argument("--stage", choices=["profile", "all"], default="all")
     ap.add_argument("--epochs", type=int, default=None, help="TrainConfig.epochs override")
     ap.add_argument("--max-rank", type=int, default=None, help="cap on the predictor rank")
+    ap.add_argument("--lr", type=float, default=None, help="TrainConfig.lr override")
+    ap.add_argument("--patience", type=int, default=None, help="TrainConfig.patience override")
     ap.add_argument("--start-rank", type=int, default=None, help="first rank tried")
     ap.add_argument("--no-quant", action="store_true", help="skip the Q8_0 / Q4_0 round trip")
     ap.add_argument("--json", default=None, help="write the results here")
@@ -197,6 +199,10 @@ def run_layer(a, active, noise, n, layer, prof_a: Path, prof_b: Path, ffn_bytes:
     cfg = TrainConfig()
     if a.epochs:
         cfg.epochs = a.epochs
+    if a.lr:
+        cfg.lr = a.lr
+    if a.patience:
+        cfg.patience = a.patience
     t0 = time.perf_counter()
     pred = train_layer(
         x,
