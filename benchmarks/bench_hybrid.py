@@ -123,13 +123,6 @@ def greedy(eng, prompt: list[int], n: int, phases: dict | None = None):
     return out, tps, np.append(xfer.sum(axis=0), info1["steps"] - info0["steps"])
 
 
-def pi_core():
-    """``powerinfer_rs._core``."""
-    from powerinfer_rs import _core
-
-    return _core
-
-
 def regime_tag(shape: dict) -> str:
     """The file-name tag of a synthetic regime other than the default (10% active, the gate
     exactly low rank)."""
@@ -209,7 +202,7 @@ def gpu_free() -> dict | None:
 
 
 def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
-    from powerinfer_rs import Engine
+    from powerinfer_rs import Engine, _core
     from powerinfer_rs.formats.plan import save_plan
     from powerinfer_rs.loading import load_model
     from powerinfer_rs.planning import load_hardware, make_plan
@@ -338,7 +331,7 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
     probe = []  # the read bandwidth (GB/s) before each repeat, for the CPU side's share of it
     for r in range(args.repeats):
         if args.project:
-            probe.append(float(pi_core().measure_read_bandwidth(256 << 20, 2, args.threads)))
+            probe.append(float(_core.measure_read_bandwidth(256 << 20, 2, args.threads)))
         for key in order if r % 2 == 0 else order[::-1]:
             t, tps, x = once(key, args.tokens, timed=True)
             samples[key].append(tps)

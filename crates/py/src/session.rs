@@ -411,8 +411,8 @@ fn matrix<T: numpy::Element>(
 
 /// The hybrid decode steps' phase times as Python sees them: `names` (the phases, in order),
 /// `total` ({phase: seconds} over every slot), `per_layer` (per slot, the layers then the
-/// output head: seconds per phase in `names` order), `steps`, `step_seconds` (their wall time,
-/// measured apart from the phases), `switches` (phase switches timed, for the timers' cost) and
+/// output head: seconds per phase in `names` order), `steps`, `step_seconds` (their wall time
+/// on the phases' own clock reads: the phases add up to it), `switches` (phase switches timed, for the timers' cost) and
 /// `cold_bytes` and `predictor_bytes` (per slot, bytes of FFN rows the CPU read for cold
 /// neurons, and of the predictors it ran);
 /// the caller adds `decode_seconds` (the session's own clock around the same steps).

@@ -122,14 +122,13 @@ class Evaluation:
     #: Per layer, the CPU's part of its time: attention and predictor where they run on the
     #: CPU, routing, and the cold neurons' reads (what ``bench_hybrid.py --project`` measures).
     layer_cpu_time: list[float] = field(default_factory=list)
+    output_on_gpu: bool = False
 
     @property
     def cpu_time_per_token(self) -> float:
         """The CPU side's predicted seconds per token (its layers' parts and the head when the
         CPU holds it)."""
         return sum(self.layer_cpu_time) + (0.0 if self.output_on_gpu else self.output_time)
-
-    output_on_gpu: bool = False
 
     @property
     def tokens_per_s(self) -> float:
