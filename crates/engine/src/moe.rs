@@ -11,7 +11,9 @@
 //! tokens by expert and runs one matrix product per expert over its tokens.
 
 use powerinfer_core::{bail, ensure, Gating, MoeFeatures, Result, Weight};
-use powerinfer_cpu::{axpy_rows, matvec_each, matvec_many, sparse_ffn, GateRows, SparseFfn};
+use powerinfer_cpu::{
+    axpy_rows_many, matvec_each, matvec_many, sparse_ffn_many, GateRows, SparseFfn, SparsePart,
+};
 use rayon::prelude::*;
 
 use crate::ffn::{activate, project, project_many};
@@ -159,6 +161,15 @@ pub struct MoeScratch {
     gate: Vec<f32>,
     up: Vec<f32>,
     shared: Vec<f32>,
+    /// Per routed expert in predictor mode: its predictor's scratch and the neurons it names.
+    pred: Vec<PredictorScratch>,
+    predicted: Vec<Vec<u32>>,
+    /// Per routed expert in threshold mode: the neurons that pass and their coefficients.
+    idx: Vec<Vec<u32>>,
+    vals: Vec<Vec<f32>>,
+    /// A neuron store's token: the routed experts' neurons (flattened ids) and coefficients.
+    flat_ids: Vec<u32>,
+    flat_vals: Vec<f32>,
     /// The batch's activations inside experts for the profiler's capture: per token its
     /// routed experts' rows, in route order (n × n_expert_used × expert_ffn).
     capture: Vec<f32>,
@@ -245,10 +256,21 @@ pub fn moe_ffn(
     match (n, call.down_t, threshold, profiler) {
         (1, Some(down_t), Some(t), None) => threshold_decode(call, down_t, t, s, out)?,
         (1, Some(down_t), None, None) => sparse_decode(call, down_t, s, out)?,
-        (1, None, _, None) => decode(call, s, out)?,
+        // The dense decode runs the shared expert in its own two passes.
+        (1, None, _, None) => return decode(call, s, out),
         (_, _, _, profiler) => batch(call, s, profiler, out)?,
     }
     shared(call, s, out)
+}
+
+/// `bufs` resized to `k` buffers of `len` (reusing their memory), as output slices.
+fn slices(bufs: &mut [Vec<f32>], len: usize) -> Vec<&mut [f32]> {
+    bufs.iter_mut()
+        .map(|b| {
+            b.resize(len, 0.0);
+            b.as_mut_slice()
+        })
+        .collect()
 }
 
 /// Every routed expert's gate and up of one token in one parallel region: `bufs[2i]` and
@@ -259,47 +281,58 @@ fn routed_gate_up(
     xn: &[f32],
     bufs: &mut [Vec<f32>],
 ) -> Result<()> {
-    let ef = w.gate[0].rows;
-    let mut ws: Vec<&Weight> = Vec::with_capacity(2 * route.len());
+    let ws: Vec<&Weight> = route
+        .iter()
+        .flat_map(|&(e, _)| [&w.gate[e as usize], &w.up[e as usize]])
+        .collect();
+    matvec_many(&ws, xn, &mut slices(&mut bufs[..ws.len()], w.gate[0].rows))
+}
+
+/// One token, dense experts: one parallel pass over the gate and up rows of every routed
+/// expert and the shared expert (one work list, cut by bytes over the threads), then one over
+/// all their down rows; summed with the routes' weights (in route order), then the shared
+/// expert's output times its scale. The buffers are the scratch's, reused token after token.
+fn decode(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut [f32]) -> Result<()> {
+    let (w, act, dim) = (call.w, call.act, call.dim);
+    let route = &s.routes[0];
+    let k = route.len();
+    let sh = w.shared.as_ref();
+    let m = k + usize::from(sh.is_some());
+    s.bufs.resize_with(3 * m, Vec::new);
+    let (inner, downs) = s.bufs.split_at_mut(2 * m);
+    let mut ws: Vec<&Weight> = Vec::with_capacity(2 * m);
+    let mut dws: Vec<&Weight> = Vec::with_capacity(m);
     for &(e, _) in route {
-        ws.push(&w.gate[e as usize]);
-        ws.push(&w.up[e as usize]);
+        ws.extend([&w.gate[e as usize], &w.up[e as usize]]);
+        dws.push(&w.down[e as usize]);
     }
-    let mut ys: Vec<&mut [f32]> = bufs
+    if let Some(sh) = sh {
+        ws.extend([&sh.gate, &sh.up]);
+        dws.push(&sh.down);
+    }
+    let mut ys: Vec<&mut [f32]> = inner
         .iter_mut()
-        .map(|b| {
-            b.resize(ef, 0.0);
+        .zip(&ws)
+        .map(|(b, w)| {
+            b.resize(w.rows, 0.0);
             b.as_mut_slice()
         })
         .collect();
-    matvec_many(&ws, xn, &mut ys)
-}
-
-/// One token: every routed expert's gate and up in one parallel region, their downs in a
-/// second, summed with their weights.
-fn decode(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut [f32]) -> Result<()> {
-    let (w, act) = (call.w, call.act);
-    let route = &s.routes[0];
-    let k = route.len();
-    s.bufs.resize_with(3 * k, Vec::new);
-    let (inner, downs) = s.bufs.split_at_mut(2 * k);
-    routed_gate_up(w, route, call.xn, inner)?;
+    matvec_many(&ws, call.xn, &mut ys)?;
     for pair in inner.chunks_exact_mut(2) {
         let (g, u) = pair.split_at_mut(1);
         activate(act, &mut g[0], &u[0]);
     }
-    let dws: Vec<&Weight> = route.iter().map(|&(e, _)| &w.down[e as usize]).collect();
     let xs: Vec<&[f32]> = inner.chunks_exact(2).map(|p| p[0].as_slice()).collect();
-    let mut ys: Vec<&mut [f32]> = downs
-        .iter_mut()
-        .map(|b| {
-            b.resize(call.dim, 0.0);
-            b.as_mut_slice()
-        })
-        .collect();
-    matvec_each(&dws, &xs, &mut ys)?;
+    matvec_each(&dws, &xs, &mut slices(downs, dim))?;
     for (y, &(_, wt)) in downs.iter().zip(route) {
         out.iter_mut().zip(y).for_each(|(o, v)| *o += wt * v);
+    }
+    if let Some(sh) = sh {
+        let scale = shared_scale(sh, call.xn);
+        out.iter_mut()
+            .zip(&downs[k])
+            .for_each(|(o, v)| *o += scale * v);
     }
     Ok(())
 }
@@ -317,19 +350,14 @@ fn store_decode(
     let (w, act) = (call.w, call.act);
     let route = &s.routes[0];
     let ef = w.gate[0].rows;
-    let (mut ids, mut vals) = (Vec::new(), Vec::new());
+    let (ids, vals) = (&mut s.flat_ids, &mut s.flat_vals);
+    ids.clear();
+    vals.clear();
     if call.exact {
         let k = route.len();
         s.bufs.resize_with(k.max(s.bufs.len()), Vec::new);
         let gates: Vec<&Weight> = route.iter().map(|&(e, _)| &w.gate[e as usize]).collect();
-        let mut ys: Vec<&mut [f32]> = s.bufs[..k]
-            .iter_mut()
-            .map(|b| {
-                b.resize(ef, 0.0);
-                b.as_mut_slice()
-            })
-            .collect();
-        matvec_many(&gates, call.xn, &mut ys)?;
+        matvec_many(&gates, call.xn, &mut slices(&mut s.bufs[..k], ef))?;
         for (g, &(e, wt)) in s.bufs.iter().zip(route) {
             for (j, &g) in g.iter().enumerate() {
                 let a = act.apply(g);
@@ -339,21 +367,23 @@ fn store_decode(
                 }
             }
         }
-        let active = Active::Firing(&ids, &vals);
+        let active = Active::Firing(ids, vals);
         return store.ffn(call.layer, act, None, call.xn, active, None, out);
     }
     for &(e, wt) in route {
         ids.extend((0..ef).map(|j| (e as usize * ef + j) as u32));
         vals.resize(ids.len(), wt);
     }
-    let active = Active::Scaled(&ids, &vals);
+    let active = Active::Scaled(ids, vals);
     store.ffn(call.layer, act, None, call.xn, active, None, out)
 }
 
 /// One token in exact-relu: each routed expert's gate rows, then the up and down_t rows of
-/// its neurons that fire ([`sparse_ffn`]), the experts in parallel, summed with their weights.
-/// In predictor mode an expert with a predictor reads the gate rows of the neurons it
-/// predicts only (then their up and down_t rows where they fire).
+/// its neurons that fire, every routed expert's tasks in one parallel pass
+/// ([`sparse_ffn_many`]: each expert cut as it alone would be, one fork-join for all), summed
+/// with their weights. In predictor mode an expert with a predictor reads the gate rows of the
+/// neurons it predicts only (then their up and down_t rows where they fire); the predictors of
+/// the routed experts run first, in one parallel region.
 fn sparse_decode(
     call: &MoeCall<'_>,
     down_t: &[Weight],
@@ -362,38 +392,55 @@ fn sparse_decode(
 ) -> Result<()> {
     let (w, act, dim) = (call.w, call.act, call.dim);
     let route = &s.routes[0];
-    let ys: Vec<Result<Vec<f32>>> = route
-        .par_iter()
-        .map(|&(e, _)| {
+    let k = route.len();
+    s.pred.resize_with(k, PredictorScratch::default);
+    s.predicted.resize_with(k, Vec::new);
+    let predicted = route
+        .iter()
+        .any(|&(e, _)| call.predictor(e as usize).is_some());
+    if predicted {
+        s.pred[..k]
+            .par_iter_mut()
+            .zip(&mut s.predicted[..k])
+            .zip(route)
+            .try_for_each(
+                |((scratch, ids), &(e, _))| match call.predictor(e as usize) {
+                    Some(p) => predicted_active(p, call.xn, scratch, ids),
+                    None => Ok(()),
+                },
+            )?;
+    }
+    let parts: Vec<SparsePart<'_>> = route
+        .iter()
+        .zip(&s.predicted)
+        .map(|(&(e, _), ids)| {
             let e = e as usize;
-            let ffn = SparseFfn {
-                gate: &w.gate[e],
-                up: Some(&w.up[e]),
-                down_t: &down_t[e],
-            };
-            let mut y = vec![0.0f32; dim];
-            let mut predicted = Vec::new();
-            let rows = match call.predictor(e) {
-                Some(p) => {
-                    let mut scratch = PredictorScratch::default();
-                    predicted_active(p, call.xn, &mut scratch, &mut predicted)?;
-                    GateRows::Listed(&predicted)
-                }
-                None => GateRows::All,
-            };
-            let fire = |_: u32, g: f32| act.apply(g);
-            sparse_ffn(&ffn, call.xn, rows, fire, |a, u| act.times_up(a, u), &mut y)?;
-            Ok(y)
+            SparsePart {
+                ffn: SparseFfn {
+                    gate: &w.gate[e],
+                    up: Some(&w.up[e]),
+                    down_t: &down_t[e],
+                },
+                rows: match call.predictor(e) {
+                    Some(_) => GateRows::Listed(ids),
+                    None => GateRows::All,
+                },
+            }
         })
         .collect();
-    for (y, &(_, wt)) in ys.into_iter().zip(route) {
-        out.iter_mut().zip(y?).for_each(|(o, v)| *o += wt * v);
+    s.bufs.resize_with(k.max(s.bufs.len()), Vec::new);
+    let mut ys = slices(&mut s.bufs[..k], dim);
+    let fire = |_: usize, _: u32, g: f32| act.apply(g);
+    sparse_ffn_many(&parts, call.xn, fire, |a, u| act.times_up(a, u), &mut ys)?;
+    for (y, &(_, wt)) in s.bufs.iter().zip(route) {
+        out.iter_mut().zip(y).for_each(|(o, v)| *o += wt * v);
     }
     Ok(())
 }
 
 /// One token in threshold mode: every routed expert's gate and up in one parallel region, then
-/// per expert the transposed down rows of the neurons with |act(gate)·up| >= `t` alone.
+/// the transposed down rows of each expert's neurons with |act(gate)·up| >= `t`, all experts in
+/// a second ([`axpy_rows_many`]), summed with their weights.
 fn threshold_decode(
     call: &MoeCall<'_>,
     down_t: &[Weight],
@@ -404,14 +451,12 @@ fn threshold_decode(
     let (w, act) = (call.w, call.act);
     let route = &s.routes[0];
     let k = route.len();
-    let ef = w.gate[0].rows;
-    s.bufs.resize_with(2 * k + 1, Vec::new);
-    let (inner, rest) = s.bufs.split_at_mut(2 * k);
+    s.bufs.resize_with(3 * k, Vec::new);
+    let (inner, ys) = s.bufs.split_at_mut(2 * k);
     routed_gate_up(w, route, call.xn, inner)?;
-    let y = &mut rest[0];
-    y.resize(call.dim, 0.0);
-    let (mut idx, mut vals) = (Vec::with_capacity(ef), Vec::with_capacity(ef));
-    for (pair, &(e, wt)) in inner.chunks_exact_mut(2).zip(route) {
+    s.idx.resize_with(k, Vec::new);
+    s.vals.resize_with(k, Vec::new);
+    for ((pair, idx), vals) in inner.chunks_exact_mut(2).zip(&mut s.idx).zip(&mut s.vals) {
         let (g, u) = pair.split_at_mut(1);
         activate(act, &mut g[0], &u[0]);
         idx.clear();
@@ -422,12 +467,19 @@ fn threshold_decode(
                 vals.push(h);
             }
         }
-        if idx.is_empty() {
-            continue;
+    }
+    let parts: Vec<(&Weight, &[u32], &[f32])> = route
+        .iter()
+        .zip(s.idx.iter().zip(&s.vals))
+        .map(|(&(e, _), (i, v))| (&down_t[e as usize], &i[..], &v[..]))
+        .collect();
+    let mut outs = slices(ys, call.dim);
+    outs.iter_mut().for_each(|y| y.fill(0.0));
+    axpy_rows_many(&parts, &mut outs)?;
+    for ((y, &(_, wt)), idx) in ys.iter().zip(route).zip(&s.idx) {
+        if !idx.is_empty() {
+            out.iter_mut().zip(y).for_each(|(o, v)| *o += wt * v);
         }
-        y.fill(0.0);
-        axpy_rows(&down_t[e as usize], &idx, &vals, y)?;
-        out.iter_mut().zip(y.iter()).for_each(|(o, v)| *o += wt * v);
     }
     Ok(())
 }

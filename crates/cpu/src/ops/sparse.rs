@@ -23,7 +23,7 @@
 //! A neuron whose coefficient a[k] is exactly zero contributes nothing and its row is not read;
 //! the references in [`crate::reference::sparse`] follow the same rule.
 
-use super::split::{accumulate, chunks};
+use super::split::{accumulate_many, chunks};
 use crate::check::{self, Rows};
 use crate::dispatch::{self, Activations, GROUP};
 use crate::simd::{self, Level};
@@ -119,11 +119,44 @@ pub(crate) fn axpy_rows_at(
     a: &[f32],
     y: &mut [f32],
 ) -> Result<()> {
-    check::len("axpy_rows", "y", y.len(), w.cols, "the weight's cols")?;
-    check::len("axpy_rows", "a", a.len(), idx.len(), "one per index")?;
-    let rows = Rows::new(w, idx, "axpy_rows")?;
-    accumulate(idx.len(), rows.bytes, 1, y, |range, part| {
-        listed_axpy(level, w.dtype, &rows, &idx[range.clone()], &a[range], part)
+    axpy_rows_many_at(level, &[(w, idx, a)], &mut [y])
+}
+
+/// [`axpy_rows`] of several weights in one parallel region: `ys[p] += Σ_k a·w[idx[k]]` for
+/// each `(w, idx, a)` of `parts`, each `ys[p]` bit for bit what its own call gives (the
+/// transposed down rows of a mixture-of-experts layer's routed experts).
+pub fn axpy_rows_many(parts: &[(&Weight, &[u32], &[f32])], ys: &mut [&mut [f32]]) -> Result<()> {
+    axpy_rows_many_at(simd::level(), parts, ys)
+}
+
+/// [`axpy_rows_many`] on a given SIMD level.
+pub(crate) fn axpy_rows_many_at(
+    level: Level,
+    parts: &[(&Weight, &[u32], &[f32])],
+    ys: &mut [&mut [f32]],
+) -> Result<()> {
+    check::len("axpy_rows", "ys", ys.len(), parts.len(), "one per part")?;
+    let mut rows = Vec::with_capacity(parts.len());
+    for (&(w, idx, a), y) in parts.iter().zip(ys.iter()) {
+        check::len("axpy_rows", "y", y.len(), w.cols, "the weight's cols")?;
+        check::len("axpy_rows", "a", a.len(), idx.len(), "one per index")?;
+        rows.push(Rows::new(w, idx, "axpy_rows")?);
+    }
+    let probs: Vec<(usize, usize)> = parts
+        .iter()
+        .zip(&rows)
+        .map(|(p, r)| (p.1.len(), r.bytes))
+        .collect();
+    accumulate_many(&probs, 1, ys, |p, range, part| {
+        let (w, idx, a) = parts[p];
+        listed_axpy(
+            level,
+            w.dtype,
+            &rows[p],
+            &idx[range.clone()],
+            &a[range],
+            part,
+        )
     });
     Ok(())
 }

@@ -17,7 +17,7 @@
 //! in the gate row list, and the partials are added in a fixed order).
 
 use super::sparse::{listed_axpy, listed_dot};
-use super::split::accumulate;
+use super::split::accumulate_many;
 use crate::check::{self, Rows};
 use crate::dispatch::{Activations, GROUP};
 use crate::simd::{self, Level};
@@ -62,8 +62,7 @@ thread_local! {
 ///
 /// `fire` applies the activation (and any bias or threshold) and must return exactly 0.0 for a
 /// neuron that does not fire: its up and down_t rows are then never read. Quantized rows are
-/// dotted on the int16-x kernel as in [`super::sparse::matvec_rows`], and down_t rows are
-/// accumulated as in [`super::sparse::axpy_rows`] (with the same rounding bounds).
+/// dotted against x quantized once; the caller's activation decides.
 pub fn sparse_ffn<F, C>(
     ffn: &SparseFfn<'_>,
     x: &[f32],
@@ -77,6 +76,31 @@ where
     C: Fn(f32, f32) -> f32 + Sync,
 {
     sparse_ffn_at(simd::level(), ffn, x, rows, fire, combine, y)
+}
+
+/// One FFN of a [`sparse_ffn_many`] call (a routed expert): its matrices and gate rows.
+#[derive(Clone, Copy, Debug)]
+pub struct SparsePart<'a> {
+    pub ffn: SparseFfn<'a>,
+    pub rows: GateRows<'a>,
+}
+
+/// [`sparse_ffn`] of several FFNs over the same `x` in one parallel region: `ys[p]` gets part
+/// `p`'s output, bit for bit what a [`sparse_ffn`] call of its own gives (each part is cut into
+/// tasks as it alone would be; the tasks of all parts share one fork-join and x is prepared
+/// once). `fire(p, i, g)` sees the part. Returns how many neurons fired in all.
+pub fn sparse_ffn_many<F, C>(
+    parts: &[SparsePart<'_>],
+    x: &[f32],
+    fire: F,
+    combine: C,
+    ys: &mut [&mut [f32]],
+) -> Result<usize>
+where
+    F: Fn(usize, u32, f32) -> f32 + Sync,
+    C: Fn(f32, f32) -> f32 + Sync,
+{
+    sparse_ffn_many_at(simd::level(), parts, x, fire, combine, ys)
 }
 
 /// [`sparse_ffn`] on a given SIMD level.
@@ -93,8 +117,22 @@ where
     F: Fn(u32, f32) -> f32 + Sync,
     C: Fn(f32, f32) -> f32 + Sync,
 {
+    let part = SparsePart { ffn: *ffn, rows };
+    let fire = |_: usize, i: u32, g: f32| fire(i, g);
+    sparse_ffn_many_at(level, &[part], x, fire, combine, &mut [y])
+}
+
+/// A part's rows, checked: its gate (listed rows), up and down_t.
+struct PartRows<'a> {
+    gate: Rows<'a>,
+    up: Option<Rows<'a>>,
+    down: Rows<'a>,
+}
+
+/// The checks of one part against `x` and its `y`.
+fn check_part<'a>(part: &SparsePart<'a>, x: &[f32], y: &[f32]) -> Result<PartRows<'a>> {
     const OP: &str = "sparse_ffn";
-    let SparseFfn { gate, up, down_t } = *ffn;
+    let SparseFfn { gate, up, down_t } = part.ffn;
     let neurons = gate.rows;
     check::len(OP, "x", x.len(), gate.cols, "the gate's cols")?;
     check::len(OP, "y", y.len(), down_t.cols, "down_t's cols")?;
@@ -110,36 +148,68 @@ where
             );
         }
     }
-    let listed: &[u32] = match rows {
+    let listed: &[u32] = match part.rows {
         GateRows::All => &[],
         GateRows::Listed(ids) => ids,
     };
-    let gate_rows = Rows::new(gate, listed, OP)?;
-    // Every neuron below `neurons` is in range of the other matrices (checked above).
-    let up_rows = up.map(|w| Rows::new(w, &[], OP)).transpose()?;
-    let down_rows = Rows::new(down_t, &[], OP)?;
-    y.fill(0.0);
-    let n = match rows {
-        GateRows::All => neurons,
+    Ok(PartRows {
+        gate: Rows::new(gate, listed, OP)?,
+        // Every neuron below `neurons` is in range of the other matrices (checked above).
+        up: up.map(|w| Rows::new(w, &[], OP)).transpose()?,
+        down: Rows::new(down_t, &[], OP)?,
+    })
+}
+
+/// [`sparse_ffn_many`] on a given SIMD level.
+pub(crate) fn sparse_ffn_many_at<F, C>(
+    level: Level,
+    parts: &[SparsePart<'_>],
+    x: &[f32],
+    fire: F,
+    combine: C,
+    ys: &mut [&mut [f32]],
+) -> Result<usize>
+where
+    F: Fn(usize, u32, f32) -> f32 + Sync,
+    C: Fn(f32, f32) -> f32 + Sync,
+{
+    check::len("sparse_ffn", "ys", ys.len(), parts.len(), "one per part")?;
+    let rows: Vec<PartRows<'_>> = parts
+        .iter()
+        .zip(ys.iter())
+        .map(|(p, y)| check_part(p, x, y))
+        .collect::<Result<_>>()?;
+    ys.iter_mut().for_each(|y| y.fill(0.0));
+    let n = |p: &SparsePart<'_>| match p.rows {
+        GateRows::All => p.ffn.gate.rows,
         GateRows::Listed(ids) => ids.len(),
     };
-    let quantized = gate.dtype.is_quantized() || up.is_some_and(|w| w.dtype.is_quantized());
+    let probs: Vec<(usize, usize)> = parts
+        .iter()
+        .zip(&rows)
+        .map(|(p, r)| (n(p), r.gate.bytes))
+        .collect();
+    let quantized = parts.iter().any(|p| {
+        p.ffn.gate.dtype.is_quantized() || p.ffn.up.is_some_and(|w| w.dtype.is_quantized())
+    });
     let xs = Activations::new(level, x, quantized);
     let fired = std::sync::atomic::AtomicUsize::new(0);
-    accumulate(n, gate_rows.bytes, GROUP, y, |range, part| {
+    accumulate_many(&probs, GROUP, ys, |p, range, part| {
+        let SparsePart { ffn, rows: which } = parts[p];
+        let (gate, r) = (ffn.gate, &rows[p]);
         let mut s = SCRATCH.take();
         let len = range.len();
         s.gate.resize(len, 0.0);
         // Gate values of this task's rows.
-        let ids: &[u32] = match rows {
+        let ids: &[u32] = match which {
             GateRows::All => {
-                let bytes = &gate.bytes()[range.start * gate_rows.bytes..][..len * gate_rows.bytes];
-                xs.rows_dot(gate.dtype, bytes, gate_rows.bytes, &mut s.gate);
+                let bytes = &gate.bytes()[range.start * r.gate.bytes..][..len * r.gate.bytes];
+                xs.rows_dot(gate.dtype, bytes, r.gate.bytes, &mut s.gate);
                 &[]
             }
             GateRows::Listed(ids) => {
                 let ids = &ids[range.clone()];
-                listed_dot(&xs, gate.dtype, &gate_rows, ids, &mut s.gate);
+                listed_dot(&xs, gate.dtype, &r.gate, ids, &mut s.gate);
                 ids
             }
         };
@@ -148,11 +218,11 @@ where
         s.vals.resize(len, 0.0);
         let mut k = 0;
         for (j, &g) in s.gate.iter().enumerate() {
-            let i = match rows {
+            let i = match which {
                 GateRows::All => (range.start + j) as u32,
                 GateRows::Listed(_) => ids[j],
             };
-            let a = fire(i, g);
+            let a = fire(p, i, g);
             s.idx[k] = i;
             s.vals[k] = a;
             k += usize::from(a != 0.0);
@@ -160,7 +230,7 @@ where
         s.idx.truncate(k);
         s.vals.truncate(k);
         // Their up rows, then their down_t rows into this task's partial sum.
-        if let (Some(w), Some(up_rows)) = (up, &up_rows) {
+        if let (Some(w), Some(up_rows)) = (ffn.up, &r.up) {
             s.up.resize(k, 0.0);
             listed_dot(&xs, w.dtype, up_rows, &s.idx, &mut s.up);
             s.vals
@@ -168,7 +238,7 @@ where
                 .zip(&s.up)
                 .for_each(|(a, &u)| *a = combine(*a, u));
         }
-        listed_axpy(level, down_t.dtype, &down_rows, &s.idx, &s.vals, part);
+        listed_axpy(level, ffn.down_t.dtype, &r.down, &s.idx, &s.vals, part);
         fired.fetch_add(k, std::sync::atomic::Ordering::Relaxed);
         SCRATCH.set(s);
     });
@@ -342,6 +412,82 @@ mod tests {
         for (a, b) in fused.iter().zip(&sep) {
             assert!((a - b).abs() <= 1e-4 * size, "{a} vs {b}");
         }
+    }
+
+    #[test]
+    fn many_parts_give_each_part_its_own_bits() {
+        // Three "experts" of odd sizes, one of them listed, one too small to split, and an
+        // empty list: one region gives each the bits of its own call, on any pool.
+        let mut rng = Rng::new(24);
+        let cols = qcols(DType::Q4_0, 320);
+        let experts: Vec<[Weight; 3]> = [1537, 37, 901]
+            .iter()
+            .map(|&r| case(&mut rng, [DType::Q4_0, DType::Q8_0, DType::F16], r, cols))
+            .collect();
+        let x = rng.vec(cols);
+        let listed = subset(&mut rng, 901, 0.4);
+        let rows = [GateRows::All, GateRows::All, GateRows::Listed(&listed)];
+        let parts: Vec<SparsePart<'_>> = experts
+            .iter()
+            .zip(rows)
+            .map(|(ws, rows)| SparsePart {
+                ffn: SparseFfn {
+                    gate: &ws[0],
+                    up: Some(&ws[1]),
+                    down_t: &ws[2],
+                },
+                rows,
+            })
+            .collect();
+        let relu = |g: f32| g.max(0.0);
+        for n in [1, 2, 5] {
+            let pool = crate::testutil::pool(n);
+            let mut outs = vec![vec![f32::NAN; cols]; parts.len()];
+            let mut ys: Vec<&mut [f32]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
+            let fired = pool
+                .install(|| sparse_ffn_many(&parts, &x, |_, _, g| relu(g), |a, u| a * u, &mut ys))
+                .unwrap();
+            let mut want_fired = 0;
+            for (p, got) in parts.iter().zip(&outs) {
+                let mut y = vec![0f32; cols];
+                want_fired += pool
+                    .install(|| {
+                        sparse_ffn(&p.ffn, &x, p.rows, |_, g| relu(g), |a, u| a * u, &mut y)
+                    })
+                    .unwrap();
+                assert_eq!(&y, got, "{n} threads");
+            }
+            assert_eq!(fired, want_fired);
+            // The transposed down rows alone, several weights in one region.
+            let idx: Vec<Vec<u32>> = experts
+                .iter()
+                .map(|ws| subset(&mut rng, ws[2].rows, 0.5))
+                .collect();
+            let a: Vec<Vec<f32>> = idx.iter().map(|i| rng.vec(i.len())).collect();
+            let list: Vec<(&Weight, &[u32], &[f32])> = experts
+                .iter()
+                .zip(&idx)
+                .zip(&a)
+                .map(|((ws, i), a)| (&ws[2], &i[..], &a[..]))
+                .collect();
+            let mut outs = vec![vec![0.5f32; cols]; list.len()];
+            let mut ys: Vec<&mut [f32]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
+            pool.install(|| crate::axpy_rows_many(&list, &mut ys))
+                .unwrap();
+            for (&(w, i, a), got) in list.iter().zip(&outs) {
+                let mut y = vec![0.5f32; cols];
+                pool.install(|| crate::axpy_rows(w, i, a, &mut y)).unwrap();
+                assert_eq!(&y, got, "{n} threads");
+            }
+        }
+        // One output per part, and each part's shapes checked.
+        let mut one = vec![0f32; cols];
+        let err = sparse_ffn_many(&parts, &x, |_, _, g| g, |a, u| a * u, &mut [&mut one[..]]);
+        assert!(is_shape(err.map(|_| ())));
+        let mut short = vec![vec![0f32; cols - 1]; parts.len()];
+        let mut ys: Vec<&mut [f32]> = short.iter_mut().map(|v| v.as_mut_slice()).collect();
+        let err = sparse_ffn_many(&parts, &x, |_, _, g| g, |a, u| a * u, &mut ys);
+        assert!(is_shape(err.map(|_| ())));
     }
 
     #[test]

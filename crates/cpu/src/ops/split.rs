@@ -70,40 +70,83 @@ thread_local! {
     static SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
-/// Run `body(range, part)` over contiguous chunks of `0..n` (each item `bytes` bytes of rows;
-/// chunk boundaries on multiples of `align`), in parallel, where `part` is `y` itself for the
-/// first chunk and a zeroed partial sum for the others; then add the partials into y in chunk
-/// order.
-pub(crate) fn accumulate<F>(n: usize, bytes: usize, align: usize, y: &mut [f32], body: F)
-where
-    F: Fn(Range<usize>, &mut [f32]) + Sync,
+/// One accumulating problem's cut: its items per task and its number of tasks (1 when the work
+/// is too small to split or `dim` is 0).
+fn acc_cut(n: usize, bytes: usize, align: usize, dim: usize) -> (usize, usize) {
+    let min_task = MIN_TASK_BYTES.max(ACC_BYTES_PER_PARTIAL_BYTE * 4 * dim);
+    let tasks = (n.saturating_mul(bytes) / min_task).clamp(1, ACC_TASKS.min(n.max(1)));
+    let per = n.div_ceil(tasks).next_multiple_of(align.max(1)).max(1);
+    match dim {
+        0 => (n.max(1), 1),
+        _ => (per, n.div_ceil(per).max(1)),
+    }
+}
+
+/// Run `body(p, range, part)` over contiguous chunks of `0..n_p` for every problem `p`
+/// (`probs[p]` = (n_p items, bytes per item); chunk boundaries on multiples of `align`), all
+/// in one parallel region, where `part` is `ys[p]` itself for a problem's first chunk and a
+/// zeroed partial sum for its others; then add each problem's partials into its y in chunk
+/// order. A problem is cut by its own size alone, so each `ys[p]` gets the same bits whether it
+/// is summed alone or beside others: only the fork-join is shared (the routed experts of a
+/// mixture-of-experts layer: one region for all of them, not one per expert).
+pub(crate) fn accumulate_many<F>(
+    probs: &[(usize, usize)],
+    align: usize,
+    ys: &mut [&mut [f32]],
+    body: F,
+) where
+    F: Fn(usize, Range<usize>, &mut [f32]) + Sync,
 {
-    if n == 0 {
+    debug_assert_eq!(probs.len(), ys.len());
+    let cuts: Vec<(usize, usize)> = probs
+        .iter()
+        .zip(ys.iter())
+        .map(|(&(n, bytes), y)| acc_cut(n, bytes, align, y.len()))
+        .collect();
+    let live = |p: usize| probs[p].0 > 0;
+    let tasks: usize = (0..probs.len())
+        .filter(|&p| live(p))
+        .map(|p| cuts[p].1)
+        .sum();
+    if tasks <= 1 {
+        for (p, y) in ys.iter_mut().enumerate().filter(|&(p, _)| live(p)) {
+            body(p, 0..probs[p].0, y);
+        }
         return;
     }
-    let min_task = MIN_TASK_BYTES.max(ACC_BYTES_PER_PARTIAL_BYTE * 4 * y.len());
-    let tasks = (n.saturating_mul(bytes) / min_task).clamp(1, ACC_TASKS.min(n));
-    let per = n.div_ceil(tasks).next_multiple_of(align.max(1));
-    let tasks = n.div_ceil(per);
-    if tasks == 1 || y.is_empty() {
-        body(0..n, y);
-        return;
-    }
-    let dim = y.len();
     // Taken, not borrowed: a nested call on this thread (work stealing) gets its own buffer.
     let mut scratch = SCRATCH.take();
     scratch.clear();
-    scratch.resize((tasks - 1) * dim, 0.0);
-    let mut parts: Vec<&mut [f32]> = Vec::with_capacity(tasks);
-    parts.push(&mut *y);
-    parts.extend(scratch.chunks_exact_mut(dim));
+    let extra: usize = (0..probs.len())
+        .filter(|&p| live(p))
+        .map(|p| (cuts[p].1 - 1) * ys[p].len())
+        .sum();
+    scratch.resize(extra, 0.0);
+    let mut work: Vec<(usize, Range<usize>, &mut [f32])> = Vec::with_capacity(tasks);
+    let mut rest = &mut scratch[..];
+    for (p, y) in ys.iter_mut().enumerate().filter(|&(p, _)| live(p)) {
+        let (n, (per, count)) = (probs[p].0, cuts[p]);
+        let dim = y.len();
+        let (mine, tail) = rest.split_at_mut((count - 1) * dim);
+        rest = tail;
+        work.push((p, 0..per.min(n), &mut **y));
+        for (t, part) in mine.chunks_exact_mut(dim.max(1)).enumerate() {
+            let t = t + 1;
+            work.push((p, t * per..((t + 1) * per).min(n), part));
+        }
+    }
     let region = Region::begin();
-    parts.into_par_iter().enumerate().for_each(|(t, part)| {
+    work.into_par_iter().for_each(|(p, range, part)| {
         region.task();
-        body(t * per..((t + 1) * per).min(n), part)
+        body(p, range, part)
     });
     region.end();
-    reduce(y, &scratch);
+    let mut at = 0;
+    for (p, y) in ys.iter_mut().enumerate().filter(|&(p, _)| live(p)) {
+        let len = (cuts[p].1 - 1) * y.len();
+        reduce(y, &scratch[at..at + len]);
+        at += len;
+    }
     SCRATCH.set(scratch);
 }
 

@@ -153,6 +153,8 @@ pub struct Executor<B: Backend> {
     flags: Vec<i32>,
     xn: Vec<f32>,
     part: Vec<f32>,
+    /// Each routed expert's cold output before its weight (reused across tokens).
+    cold_bufs: Vec<Vec<f32>>,
     /// Mixture of experts: the token's router logits, routes and expert weights, and per layer
     /// each expert's cold neurons (empty for a layer without hot neurons).
     moe_logits: Vec<f32>,
@@ -218,6 +220,7 @@ impl<B: Backend> Executor<B> {
             flags: Vec::new(),
             xn: Vec::new(),
             part: Vec::new(),
+            cold_bufs: Vec::new(),
             moe_logits: Vec::new(),
             routes: Vec::new(),
             expert_w: Vec::new(),
@@ -796,8 +799,9 @@ impl<B: Backend> Executor<B> {
                     dev.flush()?;
                     link.enter(l, HybridPhase::ColdFfn);
                     let (xn, routes) = (&self.xn, &self.routes);
-                    let part = &mut self.part;
-                    let any = cold_experts(m, down_t, *kind, threshold, xn, routes, cold, part)?;
+                    let (part, bufs) = (&mut self.part, &mut self.cold_bufs);
+                    let any =
+                        cold_experts(m, down_t, *kind, threshold, xn, routes, cold, bufs, part)?;
                     link.enter(l, HybridPhase::GpuSubmit);
                     if any {
                         link.up(l, &self.part, &mut sc.xfer, 0)?;

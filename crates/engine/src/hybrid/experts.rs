@@ -6,8 +6,7 @@
 //! routed experts while the GPU computes the hot ones, each scaled by its expert's weight.
 
 use powerinfer_core::{MoeFeatures, Result, Weight};
-use powerinfer_cpu::{axpy_rows, matvec_rows, sparse_ffn, GateRows, SparseFfn};
-use rayon::prelude::*;
+use powerinfer_cpu::{axpy_rows, matvec_rows, sparse_ffn_many, GateRows, SparseFfn, SparsePart};
 
 use crate::layer::FfnKind;
 use crate::moe::{shared_scale, MoeWeights};
@@ -46,9 +45,11 @@ pub fn token_weights(
 
 /// The CPU's part of one token: for every routed expert its `cold` neurons (all of them for an
 /// expert with none on the GPU), gate rows then the up and transposed down rows of those that
-/// fire (with `threshold`: gate and up rows, then the down rows of those with
-/// |act(gate)·up| >= t), times the expert's weight, summed into `out` (dim, overwritten).
-/// Returns whether any neuron was computed.
+/// fire, every routed expert's tasks in one parallel pass ([`sparse_ffn_many`], the path the
+/// CPU engine's sparse experts take); with `threshold`, per expert its gate and up rows, then
+/// the down rows of those with |act(gate)·up| >= t. Each expert's output times its weight,
+/// summed into `out` (dim, overwritten); `bufs` is scratch reused across tokens. Returns
+/// whether any neuron was computed.
 #[allow(clippy::too_many_arguments)]
 pub fn cold_experts(
     w: &MoeWeights,
@@ -58,40 +59,53 @@ pub fn cold_experts(
     xn: &[f32],
     routes: &[(u32, f32)],
     cold: &[Vec<u32>],
+    bufs: &mut Vec<Vec<f32>>,
     out: &mut [f32],
 ) -> Result<bool> {
     out.fill(0.0);
+    let dim = out.len();
     let work: Vec<(usize, f32)> = routes
         .iter()
         .map(|&(e, wt)| (e as usize, wt))
         .filter(|&(e, _)| !cold[e].is_empty())
         .collect();
-    let dim = out.len();
-    let ys: Vec<Result<Vec<f32>>> = work
-        .par_iter()
-        .map(|&(e, _)| {
-            let ffn = SparseFfn {
-                gate: &w.gate[e],
-                up: Some(&w.up[e]),
-                down_t: &down_t[e],
-            };
-            let rows = match cold[e].len() == w.gate[e].rows {
-                true => GateRows::All,
-                false => GateRows::Listed(&cold[e]),
-            };
-            let mut y = vec![0.0f32; dim];
-            match threshold {
-                None => {
-                    let fire = |_: u32, g: f32| act.apply(g);
-                    sparse_ffn(&ffn, xn, rows, fire, |a, u| act.times_up(a, u), &mut y)?;
-                }
-                Some(t) => threshold_rows(&ffn, act, t, xn, &cold[e], &mut y)?,
-            }
-            Ok(y)
+    let ffn = |e: usize| SparseFfn {
+        gate: &w.gate[e],
+        up: Some(&w.up[e]),
+        down_t: &down_t[e],
+    };
+    bufs.resize_with(work.len().max(bufs.len()), Vec::new);
+    let mut ys: Vec<&mut [f32]> = bufs[..work.len()]
+        .iter_mut()
+        .map(|b| {
+            b.resize(dim, 0.0);
+            b.as_mut_slice()
         })
         .collect();
-    for (y, &(_, wt)) in ys.into_iter().zip(&work) {
-        out.iter_mut().zip(y?).for_each(|(o, v)| *o += wt * v);
+    match threshold {
+        None => {
+            let parts: Vec<SparsePart<'_>> = work
+                .iter()
+                .map(|&(e, _)| SparsePart {
+                    ffn: ffn(e),
+                    rows: match cold[e].len() == w.gate[e].rows {
+                        true => GateRows::All,
+                        false => GateRows::Listed(&cold[e]),
+                    },
+                })
+                .collect();
+            let fire = |_: usize, _: u32, g: f32| act.apply(g);
+            sparse_ffn_many(&parts, xn, fire, |a, u| act.times_up(a, u), &mut ys)?;
+        }
+        Some(t) => {
+            for (&(e, _), y) in work.iter().zip(ys.iter_mut()) {
+                y.fill(0.0);
+                threshold_rows(&ffn(e), act, t, xn, &cold[e], y)?;
+            }
+        }
+    }
+    for (y, &(_, wt)) in bufs.iter().zip(&work) {
+        out.iter_mut().zip(y).for_each(|(o, v)| *o += wt * v);
     }
     Ok(!work.is_empty())
 }
