@@ -2,11 +2,17 @@
 """Mixture-of-experts decode and prefill: powerinfer-rs against llama.cpp on the same GGUF, side
 by side in one run (synthetic Qwen3-MoE, quantized by llama.cpp's own quantizer).
 
-The model is a synthetic Qwen3-MoE (random weights, llama.cpp's converter keys) of realistic
-ratios scaled to this machine: by default dim 1024, 8 layers, 64 experts of width 512 (half of
-dim), top-8, 16 query heads over 4 KV heads, vocabulary 32000. It is written once as F16 and
-quantized by llama.cpp (``llama_cpp.llama_model_quantize``) to each ``--formats`` entry
-(Q4_K_M = llama.cpp's ftype 15, Q4_0 = 2); everything measured on it is "synthetic".
+The models are synthetic mixtures of experts (random weights, llama.cpp's converter keys) of
+realistic ratios scaled to this machine, one per ``--shapes`` entry, all dim 1024, 12 layers,
+16 query heads, vocabulary 32000:
+
+- ``qwen3moe``: 32 experts of width 512, top-4, 4 KV heads (issue 59's acceptance shape);
+- ``olmoe``: 64 experts of width 512, top-8, one KV head per query head (OLMoE's);
+- ``mixtral``: 8 experts of width 3584 (3.5x dim, Mixtral's ratio), top-2, 4 KV heads.
+
+``--dim``/``--layers``/``--experts``/... override a shape's numbers. Each is written once as F16
+and quantized by llama.cpp (``llama_cpp.llama_model_quantize``) to each ``--formats`` entry
+(Q4_K_M = llama.cpp's ftype 15, Q4_0 = 2); everything measured on them is "synthetic".
 
 For each file both engines load it with the same thread count, warm up, then alternate
 (ours, llama, llama, ours, ...) ``--repeats`` times: decode tokens/s (the single-token steps
@@ -15,6 +21,14 @@ on an empty context). Medians and the ratio ours/llama.cpp are reported, with th
 one token reads (the router, ``n_expert_used`` experts and attention per layer, one embedding
 row, the head: ``Engine.bytes_per_token``) and the machine's read bandwidth measured in the
 same run (floor = bandwidth / bytes per token).
+
+Then where our decode's time goes, from the engine's phase clock over one more run: per phase
+(attention: q/k/v/o and the attention itself; ffn: the router and the routed experts (and any
+shared expert); output: the head) its milliseconds per token, the weight bytes it reads per
+token, the GB/s that makes and its share of the read probe; beside them the rate of our matvec
+kernel on each weight format the phase reads (``_core.measure_format_bandwidth``, 2 threads,
+out of cache): where that rate is below the probe, the kernel's arithmetic, not memory, is the
+floor a phase can reach.
 
 With ``--smallthinker``: a synthetic SmallThinker (ReGLU experts with a planted activation law,
 ``--st-active`` of each expert's neurons firing on average; by default 32 experts of width
@@ -27,8 +41,8 @@ where they pay (the trainer's table is printed), raced against exact-relu in the
 
 Examples::
 
-    python benchmarks/bench_moe.py                          # Q4_K_M and Q4_0, 2 threads
-    python benchmarks/bench_moe.py --formats Q4_K_M --repeats 7 --json /tmp/moe.json
+    python benchmarks/bench_moe.py                          # qwen3moe, Q4_K_M and Q4_0
+    python benchmarks/bench_moe.py --shapes qwen3moe olmoe mixtral --formats Q4_K_M --repeats 7
     python benchmarks/bench_moe.py --experts 128 --expert-ffn 384 --layers 6
     python benchmarks/bench_moe.py --formats --smallthinker  # exact-relu vs dense only
 """
@@ -60,23 +74,45 @@ from _decode_engines import LlamaCpp, Ours  # noqa: E402
 FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
 
 
+#: Each ``--shapes`` entry: its family and numbers (``ffn`` is the experts' width where the
+#: family has no separate expert width).
+SHAPES = {
+    "qwen3moe": dict(arch="qwen3moe", kv_heads=4, experts=32, experts_used=4, expert_ffn=512),
+    "olmoe": dict(arch="olmoe", kv_heads=16, experts=64, experts_used=8, ffn=512),
+    "mixtral": dict(arch="mixtral", kv_heads=4, experts=8, experts_used=2, ffn=3584),
+}
+
+
+def shape_of(args, name: str) -> dict:
+    """The synth keywords of shape ``name``: the preset, then any number given on the line."""
+    preset = {"dim": 1024, "layers": 12, "heads": 16, "ffn": 3 * 1024, **SHAPES[name]}
+    for key in ("dim", "layers", "heads", "kv_heads", "experts", "experts_used", "expert_ffn"):
+        if getattr(args, key) is not None:
+            preset[key] = getattr(args, key)
+    if args.ffn is not None:
+        preset["ffn"] = args.ffn
+    return preset
+
+
 def synthetic_f16(args, arch: str = "qwen3moe") -> Path:
-    """The synthetic Qwen3-MoE (or SmallThinker) F16 file, written once into ``args.cache``."""
+    """The synthetic F16 file of shape ``arch`` (or the SmallThinker), written once into
+    ``args.cache``."""
     require_powerinfer()
     from powerinfer_rs.testing.synth import write_gguf_model
 
+    base = shape_of(args, "qwen3moe" if arch == "smallthinker" else arch)
     shape = dict(
-        dim=args.dim,
-        ffn=3 * args.dim,
-        layers=args.layers,
-        heads=args.heads,
-        kv_heads=args.kv_heads,
+        dim=base["dim"],
+        ffn=base["ffn"],
+        layers=base["layers"],
+        heads=base["heads"],
+        kv_heads=base["kv_heads"],
         vocab=args.vocab,
         activation="silu",
-        arch=arch,
-        experts=args.experts,
-        experts_used=args.experts_used,
-        expert_ffn=args.expert_ffn,
+        arch=base["arch"] if arch != "smallthinker" else arch,
+        experts=base["experts"],
+        experts_used=base["experts_used"],
+        expert_ffn=base.get("expert_ffn", 0),
         max_context=4096,
         seed=args.seed,
     )
@@ -165,6 +201,185 @@ def race(args, path: Path, threads: int) -> dict:
     for e in engines.values():
         e.close()
     return row
+
+
+def phase_bytes(loaded) -> dict[str, float]:
+    """Weight bytes one decode token reads per phase of the engine's clock: attention (q, k,
+    v, o), ffn (the router, ``n_expert_used`` experts' gate, up and down, any shared expert and
+    its gate) and output (the head), each with its bytes per weight format."""
+    c = loaded.config
+    t = loaded.tensors
+    k = c.n_expert_used
+    out: dict[str, dict[str, float]] = {"attention": {}, "ffn": {}, "output": {}}
+
+    def add(phase: str, name: str, share: float = 1.0) -> None:
+        if name in t:
+            data = t[name]
+            fmt = str(data.dtype)
+            out[phase][fmt] = out[phase].get(fmt, 0.0) + share * data.nbytes
+
+    for i in range(c.n_layers):
+        for w in ("q", "k", "v", "output"):
+            add("attention", f"blk.{i}.attn_{w}")
+        add("ffn", f"blk.{i}.ffn_gate_inp")
+        for w in ("gate", "up", "down"):
+            add("ffn", f"blk.{i}.ffn_{w}_exps", k / c.n_expert)
+            add("ffn", f"blk.{i}.ffn_{w}_shexp")
+        add("ffn", f"blk.{i}.ffn_gate_inp_shexp")
+    add("output", "output" if "output" in t else "token_embd")
+    return out
+
+
+def phase_table(path: Path, threads: int, bw: float, tokens: int) -> dict:
+    """Our decode by phase on ``path`` (one warm run, then ``tokens`` timed steps): per phase
+    ms/token, bytes/token (by format), GB/s, share of the read probe ``bw``, and our kernel's
+    rate on each format it reads."""
+    pi = require_powerinfer()
+    from powerinfer_rs.loading import load_model
+
+    loaded = load_model(path)
+    need = phase_bytes(loaded)
+    eng = pi.Engine(loaded, threads=threads, n_ctx=max(512, tokens + 64))
+    prompt = list(range(100, 116))
+    eng.generate(prompt, max_new_tokens=8, temperature=0.0, ignore_eos=True)
+    session = eng._session
+    best: dict[str, float] = {}
+    for _ in range(3):  # the best of three runs per phase: the VM's noise only slows
+        eng.reset()
+        eng.prefill(prompt)
+        session.set_phase_timing(True)
+        try:
+            eng.generate([prompt[-1]], max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
+            times = session.phase_times() or {}
+        finally:
+            session.set_phase_timing(False)
+        steps = max(1, int(times.get("tokens", tokens)))
+        for name, secs in times.items():
+            if isinstance(secs, float) and secs > 0:
+                best[name] = min(best.get(name, float("inf")), secs / steps)
+    rates: dict[str, float] = {}
+    for fmts in need.values():
+        for fmt in fmts:
+            if fmt not in rates:
+                try:
+                    rates[fmt] = float(pi._core.measure_format_bandwidth(fmt, 64 << 20, 3, threads))
+                except Exception:
+                    rates[fmt] = float("nan")
+    table = {}
+    for name, secs in best.items():
+        nbytes = sum(need.get(name, {}).values())
+        gbs = nbytes / secs / 1e9
+        table[name] = {
+            "ms_per_token": 1e3 * secs,
+            "bytes_per_token": nbytes,
+            "bytes_by_format": need.get(name, {}),
+            "gbs": gbs,
+            "share_of_probe": gbs / bw,
+            # The time the bytes take at our kernel's rate on each format (no overheads).
+            "kernel_ms": 1e3 * sum(b / (rates[f] * 1e9) for f, b in need.get(name, {}).items()),
+        }
+    return {"phases": table, "format_gbs": rates}
+
+
+def format_phases(p: dict, bw: float) -> str:
+    """The phase table as text."""
+    lines = ["  phase       ms/token   MB/token   GB/s   of probe   kernel-only ms   formats"]
+    total_ms = total_b = 0.0
+    for name, r in sorted(p["phases"].items(), key=lambda kv: -kv[1]["ms_per_token"]):
+        total_ms += r["ms_per_token"]
+        total_b += r["bytes_per_token"]
+        fmts = ", ".join(f"{f} {b / 1e6:.1f} MB" for f, b in r["bytes_by_format"].items())
+        lines.append(
+            f"  {name:<10} {r['ms_per_token']:8.3f} {r['bytes_per_token'] / 1e6:10.2f} "
+            f"{r['gbs']:6.1f} {100 * r['share_of_probe']:8.0f}% {r['kernel_ms']:14.3f}   {fmts}"
+        )
+    lines.append(
+        f"  total      {total_ms:8.3f} {total_b / 1e6:10.2f} {total_b / total_ms / 1e6:6.1f} "
+        f"{100 * total_b / total_ms / 1e6 / bw:8.0f}%"
+    )
+    rates = ", ".join(f"{f} {g:.1f}" for f, g in p["format_gbs"].items())
+    lines.append(f"  our matvec kernel, GB/s out of cache: {rates} (read probe {bw:.1f})")
+    return "\n".join(lines)
+
+
+#: The hybrid executor's phases on the CPU (the rest: the GPU side and the link).
+CPU_PHASES = (
+    "cpu_norm",
+    "cpu_predictor",
+    "cpu_route",
+    "cold_ffn",
+    "dispatch",
+    "cpu_attention",
+    "cpu_ffn",
+    "cpu_output",
+)
+
+
+def hybrid_cpu_side(path: Path, threads: int, share: float, tokens: int, hardware: str) -> dict:
+    """Plans of ``path`` at ``share`` of its weight bytes on ``hardware``'s GPU, by the neuron
+    policy and by llama.cpp's ``--n-cpu-moe``, decoded on gpu-sim: per policy the CPU side's
+    milliseconds per token (the phases in :data:`CPU_PHASES`, from ``gpu_info()["phases"]``),
+    its cold FFN bytes per token, and the whole step (gpu-sim runs the GPU's part on this CPU
+    too: only the CPU phases are what a real GPU would leave to the CPU)."""
+    import tempfile
+    import warnings
+
+    pi = require_powerinfer()
+    from powerinfer_rs.formats.plan import save_plan
+    from powerinfer_rs.formats.profile import Profile
+    from powerinfer_rs.loading import load_model
+    from powerinfer_rs.planning import load_hardware, make_plan
+
+    loaded = load_model(path)
+    c = loaded.config
+    eng = pi.Engine(loaded, threads=threads, n_ctx=512)
+    rng = np.random.default_rng(3)
+    eng.start_profiling()
+    eng.prefill([int(t) for t in rng.integers(100, c.vocab_size - 100, 256)])
+    counts, n = eng.profile_counts()
+    routed = eng.profile_expert_counts()
+    eng.stop_profiling()
+    prof = Profile(
+        [np.asarray(x, np.int64) for x in counts],
+        int(n),
+        {"model_fingerprint": loaded.fingerprint},
+        expert_counts=[np.asarray(r, np.int64) for r in routed],
+    )
+    total = sum(t.nbytes for t in loaded.tensors.values())
+    out: dict = {"share": share, "hardware": hardware, "budget_bytes": int(share * total)}
+    prompt = [int(t) for t in rng.integers(100, c.vocab_size - 100, 16)]
+    for policy in ("neurons", "n-cpu-moe"):
+        plan = make_plan(
+            loaded,
+            prof,
+            load_hardware(hardware),
+            int(share * total),
+            context=512,
+            sparsity="dense",
+            moe_policy=policy,
+            solver="greedy",
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            plan_path = save_plan(plan, Path(tmp) / "plan.safetensors")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                hyb = pi.Engine(loaded, plan=str(plan_path), device="gpu-sim", threads=threads)
+            hyb.generate(prompt, max_new_tokens=4, temperature=0.0, ignore_eos=True)
+            p0 = hyb.gpu_info()["phases"]
+            hyb.generate(prompt, max_new_tokens=tokens + 1, temperature=0.0, ignore_eos=True)
+            p1 = hyb.gpu_info()["phases"]
+        steps = max(1, p1["steps"] - p0["steps"])
+        per = {k: 1e3 * (p1["total"][k] - p0["total"][k]) / steps for k in p1["names"]}
+        cold = (sum(p1["cold_bytes"]) - sum(p0["cold_bytes"])) / steps
+        out[policy] = {
+            "gpu_bytes": int(plan.gpu_bytes),
+            "experts_hot_neurons": int(sum(len(ids) for ids in plan.gpu_neurons)),
+            "cpu_ms_per_token": sum(per[k] for k in CPU_PHASES if k in per),
+            "phase_ms_per_token": per,
+            "step_ms": 1e3 * (p1["step_seconds"] - p0["step_seconds"]) / steps,
+            "cold_bytes_per_token": cold,
+        }
+    return out
 
 
 def expert_bytes(loaded, layer: int) -> tuple[int, int, int]:
@@ -324,14 +539,22 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=64, help="decoded tokens per run")
     ap.add_argument("--prefill", type=int, default=128, help="prefill tokens (0: skip)")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--dim", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument(
+        "--shapes",
+        nargs="*",
+        default=["qwen3moe"],
+        choices=list(SHAPES),
+        help="the synthetic models raced (see the top of this file)",
+    )
+    ap.add_argument("--dim", type=int, default=None, help="override every shape's dim")
+    ap.add_argument("--layers", type=int, default=None)
+    ap.add_argument("--heads", type=int, default=None)
+    ap.add_argument("--kv-heads", type=int, default=None)
+    ap.add_argument("--ffn", type=int, default=None, help="mixtral/olmoe: the experts' width")
     ap.add_argument("--vocab", type=int, default=32000)
-    ap.add_argument("--experts", type=int, default=64)
-    ap.add_argument("--experts-used", type=int, default=8)
-    ap.add_argument("--expert-ffn", type=int, default=512)
+    ap.add_argument("--experts", type=int, default=None)
+    ap.add_argument("--experts-used", type=int, default=None)
+    ap.add_argument("--expert-ffn", type=int, default=None, help="qwen3moe: the experts' width")
     ap.add_argument(
         "--smallthinker",
         action="store_true",
@@ -359,35 +582,73 @@ def main(argv=None) -> int:
         "with samples, train predictors per expert (kept where they pay), race them against "
         "exact-relu (0: skip)",
     )
+    ap.add_argument(
+        "--hybrid-share",
+        type=float,
+        default=0.0,
+        help="also plan the first shape's first format at this share of its weight bytes on "
+        "--hardware's GPU (neuron policy and --n-cpu-moe) and give the CPU side's time per "
+        "token on gpu-sim, from the executor's phase clock (0: skip)",
+    )
+    ap.add_argument("--hardware", default="rtx4090", help="hardware profile of --hybrid-share")
     ap.add_argument("--json", default=None)
     add_synthetic_args(ap)
     add_bandwidth_args(ap)
     args = ap.parse_args(argv)
     mi = machine_info()
     print(f"machine: {mi.get('cpu', '?')}, {mi['cpus']} cpus, load {mi.get('loadavg')}")
-    f16 = synthetic_f16(args) if args.formats else None
     bw, how = measure_bandwidth(args.threads, args.bw_bytes, args.bw_iters)
     print(f"read bandwidth: {bw:.1f} GB/s ({how})")
     print("NOTE: synthetic model (random weights): every figure here is 'synthetic'.\n")
     rows = []
-    for fmt in args.formats:
-        assert f16 is not None
-        path = quantized(f16, fmt, args.threads)
-        row = race(args, path, args.threads)
-        row["format"] = fmt
-        bpt = row["ours_bytes_per_token"] or 0
-        row["floor_tok_s"] = bw * 1e9 / bpt if bpt else None
-        rows.append(row)
+    for shape in args.shapes if args.formats else []:
+        f16 = synthetic_f16(args, shape)
+        for fmt in args.formats:
+            path = quantized(f16, fmt, args.threads)
+            row = race(args, path, args.threads)
+            row["shape"], row["format"] = shape, fmt
+            bpt = row["ours_bytes_per_token"] or 0
+            row["floor_tok_s"] = bw * 1e9 / bpt if bpt else None
+            row["ours_share_of_floor"] = row["ours_tok_s"] / row["floor_tok_s"] if bpt else None
+            row["llama_share_of_floor"] = row["llama_tok_s"] / row["floor_tok_s"] if bpt else None
+            row["phases"] = phase_table(path, args.threads, bw, args.tokens)
+            rows.append(row)
+            print(
+                f"{shape} {fmt}: decode ours {row['ours_tok_s']:.1f} vs llama.cpp "
+                f"{row['llama_tok_s']:.1f} tok/s = {row['ratio']:.2f}x; prefill {args.prefill}: "
+                f"{row.get('ours_prefill_tok_s', 0):.0f} vs "
+                f"{row.get('llama_prefill_tok_s', 0):.0f} tok/s = "
+                f"{row.get('prefill_ratio', 0):.2f}x; {bpt / 1e6:.1f} MB/token, floor "
+                f"{row['floor_tok_s'] or 0:.0f} tok/s (ours at "
+                f"{100 * (row['ours_share_of_floor'] or 0):.0f}% of it, llama.cpp at "
+                f"{100 * (row['llama_share_of_floor'] or 0):.0f}%); greedy tokens agree: "
+                f"{row['greedy_agree']}",
+                flush=True,
+            )
+            print("  samples ours", " ".join(f"{x:.1f}" for x in row["ours_samples"]))
+            print("  samples llama", " ".join(f"{x:.1f}" for x in row["llama_samples"]))
+            print(format_phases(row["phases"], bw))
+    hybrid = None
+    if args.hybrid_share > 0 and args.shapes and args.formats:
+        path = quantized(synthetic_f16(args, args.shapes[0]), args.formats[0], args.threads)
+        hybrid = hybrid_cpu_side(path, args.threads, args.hybrid_share, args.tokens, args.hardware)
         print(
-            f"{fmt}: decode ours {row['ours_tok_s']:.1f} vs llama.cpp {row['llama_tok_s']:.1f} "
-            f"tok/s = {row['ratio']:.2f}x; prefill {args.prefill}: "
-            f"{row.get('ours_prefill_tok_s', 0):.0f} vs {row.get('llama_prefill_tok_s', 0):.0f} "
-            f"tok/s = {row.get('prefill_ratio', 0):.2f}x; {bpt / 1e6:.1f} MB/token, floor "
-            f"{row['floor_tok_s'] or 0:.0f} tok/s; greedy tokens agree: {row['greedy_agree']}",
-            flush=True,
+            f"hybrid on gpu-sim, {args.shapes[0]} {args.formats[0]}, plans at "
+            f"{100 * args.hybrid_share:.0f}% of the weights on {args.hardware}:"
         )
-        print("  samples ours", " ".join(f"{x:.1f}" for x in row["ours_samples"]))
-        print("  samples llama", " ".join(f"{x:.1f}" for x in row["llama_samples"]))
+        for policy in ("neurons", "n-cpu-moe"):
+            h = hybrid[policy]
+            top = sorted(
+                ((k, v) for k, v in h["phase_ms_per_token"].items() if k in CPU_PHASES),
+                key=lambda kv: -kv[1],
+            )[:4]
+            print(
+                f"  {policy:<9}: CPU side {h['cpu_ms_per_token']:.2f} ms/token ("
+                + ", ".join(f"{k} {v:.2f}" for k, v in top)
+                + f"), cold FFN rows {h['cold_bytes_per_token'] / 1e6:.1f} MB/token; whole "
+                f"gpu-sim step {h['step_ms']:.2f} ms; {h['gpu_bytes'] / 1e6:.0f} MB on the GPU",
+                flush=True,
+            )
     st = None
     if args.smallthinker:
         st_path = quantized(synthetic_f16(args, "smallthinker"), args.st_format, args.threads)
@@ -418,6 +679,7 @@ def main(argv=None) -> int:
             )
             print("  samples predictor", " ".join(f"{x:.1f}" for x in st["predictor_samples"]))
     report = {"machine": mi, "bandwidth_gbs": bw, "args": vars(args), "rows": rows}
+    report["hybrid"] = hybrid
     report["smallthinker"] = st
     write_json(args.json, report)
     return 0

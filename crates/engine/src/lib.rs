@@ -11,6 +11,7 @@ pub mod input_sparse;
 pub mod kv_cache;
 pub mod layer;
 pub mod moe;
+mod moe_pass;
 pub mod neuron_store;
 pub mod norm_rope;
 pub mod phases;

@@ -12,12 +12,13 @@
 
 use powerinfer_core::{bail, ensure, Gating, MoeFeatures, Result, Weight};
 use powerinfer_cpu::{
-    axpy_rows_many, matvec_each, matvec_many, sparse_ffn_many, GateRows, SparseFfn, SparsePart,
+    axpy_rows_many, matvec_many, sparse_ffn_many, GateRows, SparseFfn, SparsePart,
 };
 use rayon::prelude::*;
 
 use crate::ffn::{activate, project, project_many};
 use crate::layer::FfnKind;
+use crate::moe_pass::decode_pass;
 use crate::neuron_store::{Active, NeuronStore};
 use crate::profiler::Profiler;
 use crate::sparsity::{mask_unpredicted, predicted_active, LayerPredictor, PredictorScratch};
@@ -155,7 +156,7 @@ pub struct MoeScratch {
     /// layer input: [`MoeFeatures::router_on_residual`]).
     pub(crate) early: Vec<f32>,
     routes: Vec<Vec<(u32, f32)>>,
-    bufs: Vec<Vec<f32>>,
+    pub(crate) bufs: Vec<Vec<f32>>,
     xe: Vec<f32>,
     ye: Vec<f32>,
     gate: Vec<f32>,
@@ -230,6 +231,13 @@ pub fn moe_ffn(
     let (n, dim, m, w) = (call.n, call.dim, call.m, call.w);
     out.clear();
     out.resize(n * dim, 0.0);
+    let threshold = call.threshold.filter(|_| call.dense_rows == 0);
+    // One token through dense experts (not a neuron store's): one parallel pass, routing
+    // included.
+    let from_store = call.store.is_some() && threshold.is_none();
+    if n == 1 && profiler.is_none() && call.down_t.is_none() && !from_store {
+        return decode_pass(call, s, out);
+    }
     let logits: &[f32] = match m.router_on_residual {
         true => &s.early,
         false => {
@@ -248,7 +256,6 @@ pub fn moe_ffn(
     for (t, r) in s.routes.iter_mut().enumerate() {
         route(m, &logits[t * m.n_expert..(t + 1) * m.n_expert], r);
     }
-    let threshold = call.threshold.filter(|_| call.dense_rows == 0);
     if let (1, Some(store), None, None) = (n, call.store, threshold, &profiler) {
         store_decode(call, store, s, out)?;
         return shared(call, s, out);
@@ -256,8 +263,6 @@ pub fn moe_ffn(
     match (n, call.down_t, threshold, profiler) {
         (1, Some(down_t), Some(t), None) => threshold_decode(call, down_t, t, s, out)?,
         (1, Some(down_t), None, None) => sparse_decode(call, down_t, s, out)?,
-        // The dense decode runs the shared expert in its own two passes.
-        (1, None, _, None) => return decode(call, s, out),
         (_, _, _, profiler) => batch(call, s, profiler, out)?,
     }
     shared(call, s, out)
@@ -286,55 +291,6 @@ fn routed_gate_up(
         .flat_map(|&(e, _)| [&w.gate[e as usize], &w.up[e as usize]])
         .collect();
     matvec_many(&ws, xn, &mut slices(&mut bufs[..ws.len()], w.gate[0].rows))
-}
-
-/// One token, dense experts: one parallel pass over the gate and up rows of every routed
-/// expert and the shared expert (one work list, cut by bytes over the threads), then one over
-/// all their down rows; summed with the routes' weights (in route order), then the shared
-/// expert's output times its scale. The buffers are the scratch's, reused token after token.
-fn decode(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut [f32]) -> Result<()> {
-    let (w, act, dim) = (call.w, call.act, call.dim);
-    let route = &s.routes[0];
-    let k = route.len();
-    let sh = w.shared.as_ref();
-    let m = k + usize::from(sh.is_some());
-    s.bufs.resize_with(3 * m, Vec::new);
-    let (inner, downs) = s.bufs.split_at_mut(2 * m);
-    let mut ws: Vec<&Weight> = Vec::with_capacity(2 * m);
-    let mut dws: Vec<&Weight> = Vec::with_capacity(m);
-    for &(e, _) in route {
-        ws.extend([&w.gate[e as usize], &w.up[e as usize]]);
-        dws.push(&w.down[e as usize]);
-    }
-    if let Some(sh) = sh {
-        ws.extend([&sh.gate, &sh.up]);
-        dws.push(&sh.down);
-    }
-    let mut ys: Vec<&mut [f32]> = inner
-        .iter_mut()
-        .zip(&ws)
-        .map(|(b, w)| {
-            b.resize(w.rows, 0.0);
-            b.as_mut_slice()
-        })
-        .collect();
-    matvec_many(&ws, call.xn, &mut ys)?;
-    for pair in inner.chunks_exact_mut(2) {
-        let (g, u) = pair.split_at_mut(1);
-        activate(act, &mut g[0], &u[0]);
-    }
-    let xs: Vec<&[f32]> = inner.chunks_exact(2).map(|p| p[0].as_slice()).collect();
-    matvec_each(&dws, &xs, &mut slices(downs, dim))?;
-    for (y, &(_, wt)) in downs.iter().zip(route) {
-        out.iter_mut().zip(y).for_each(|(o, v)| *o += wt * v);
-    }
-    if let Some(sh) = sh {
-        let scale = shared_scale(sh, call.xn);
-        out.iter_mut()
-            .zip(&downs[k])
-            .for_each(|(o, v)| *o += scale * v);
-    }
-    Ok(())
 }
 
 /// One token's routed experts from a neuron store, each neuron's activation times its expert's
