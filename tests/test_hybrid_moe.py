@@ -191,6 +191,10 @@ def run_pair(model, path, plan, device, mode, dtype, hot, what) -> None:
     info = hyb.gpu_info()
     assert info["steps"] >= STEPS
     assert sum(t[2] + t[3] for t in info["transfers"]) > 0
+    # Half the neurons on the GPU (experts split between the devices): the CPU read the routed
+    # experts' cold rows, and counted them.
+    if what.endswith("half"):
+        assert sum(info["phases"]["cold_bytes"]) > 0, what
     if device == "gpu-emu":
         launches = info["kernel_launches"]
         layers = sum(1 for h in hot if h)

@@ -800,10 +800,11 @@ impl<B: Backend> Executor<B> {
                     link.enter(l, HybridPhase::ColdFfn);
                     let (xn, routes) = (&self.xn, &self.routes);
                     let (part, bufs) = (&mut self.part, &mut self.cold_bufs);
-                    let any =
+                    let read =
                         cold_experts(m, down_t, *kind, threshold, xn, routes, cold, bufs, part)?;
                     link.enter(l, HybridPhase::GpuSubmit);
-                    if any {
+                    if let Some(read) = read {
+                        link.cold_read(l, read);
                         link.up(l, &self.part, &mut sc.xfer, 0)?;
                         dev.add(out, &sc.xfer)?;
                     }

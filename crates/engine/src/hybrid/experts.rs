@@ -48,8 +48,8 @@ pub fn token_weights(
 /// fire, every routed expert's tasks in one parallel pass ([`sparse_ffn_many`], the path the
 /// CPU engine's sparse experts take); with `threshold`, per expert its gate and up rows, then
 /// the down rows of those with |act(gate)·up| >= t. Each expert's output times its weight,
-/// summed into `out` (dim, overwritten); `bufs` is scratch reused across tokens. Returns
-/// whether any neuron was computed.
+/// summed into `out` (dim, overwritten); `bufs` is scratch reused across tokens. Returns the
+/// bytes of expert rows read, or None when no routed expert has cold neurons.
 #[allow(clippy::too_many_arguments)]
 pub fn cold_experts(
     w: &MoeWeights,
@@ -61,7 +61,7 @@ pub fn cold_experts(
     cold: &[Vec<u32>],
     bufs: &mut Vec<Vec<f32>>,
     out: &mut [f32],
-) -> Result<bool> {
+) -> Result<Option<u64>> {
     out.fill(0.0);
     let dim = out.len();
     let work: Vec<(usize, f32)> = routes
@@ -82,6 +82,7 @@ pub fn cold_experts(
             b.as_mut_slice()
         })
         .collect();
+    let mut bytes = 0usize;
     match threshold {
         None => {
             let parts: Vec<SparsePart<'_>> = work
@@ -95,23 +96,33 @@ pub fn cold_experts(
                 })
                 .collect();
             let fire = |_: usize, _: u32, g: f32| act.apply(g);
-            sparse_ffn_many(&parts, xn, fire, |a, u| act.times_up(a, u), &mut ys)?;
+            let fired = sparse_ffn_many(&parts, xn, fire, |a, u| act.times_up(a, u), &mut ys)?;
+            // Every listed gate row, then the up and transposed down rows of those that fired.
+            for &(e, _) in &work {
+                bytes += cold[e].len() * w.gate[e].row_bytes();
+            }
+            if let Some(&(e, _)) = work.first() {
+                bytes += fired * (w.up[e].row_bytes() + down_t[e].row_bytes());
+            }
         }
         Some(t) => {
             for (&(e, _), y) in work.iter().zip(ys.iter_mut()) {
                 y.fill(0.0);
-                threshold_rows(&ffn(e), act, t, xn, &cold[e], y)?;
+                let passed = threshold_rows(&ffn(e), act, t, xn, &cold[e], y)?;
+                bytes += cold[e].len() * (w.gate[e].row_bytes() + w.up[e].row_bytes())
+                    + passed * down_t[e].row_bytes();
             }
         }
     }
     for (y, &(_, wt)) in bufs.iter().zip(&work) {
         out.iter_mut().zip(y).for_each(|(o, v)| *o += wt * v);
     }
-    Ok(!work.is_empty())
+    Ok((!work.is_empty()).then_some(bytes as u64))
 }
 
 /// Threshold mode over the rows `ids` of one expert: their gate and up rows, then the
-/// transposed down rows of the neurons with |act(gate)·up| >= `t`, into `y`.
+/// transposed down rows of the neurons with |act(gate)·up| >= `t`, into `y`. Returns how many
+/// passed.
 fn threshold_rows(
     ffn: &SparseFfn<'_>,
     act: FfnKind,
@@ -119,7 +130,7 @@ fn threshold_rows(
     xn: &[f32],
     ids: &[u32],
     y: &mut [f32],
-) -> Result<()> {
+) -> Result<usize> {
     let (mut g, mut u) = (vec![0.0f32; ids.len()], vec![0.0f32; ids.len()]);
     matvec_rows(ffn.gate, xn, ids, &mut g)?;
     if let Some(up) = ffn.up {
@@ -133,7 +144,8 @@ fn threshold_rows(
             vals.push(h);
         }
     }
-    axpy_rows(ffn.down_t, &idx, &vals, y)
+    axpy_rows(ffn.down_t, &idx, &vals, y)?;
+    Ok(idx.len())
 }
 
 #[cfg(test)]
