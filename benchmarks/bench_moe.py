@@ -645,8 +645,9 @@ def main(argv=None) -> int:
             print(
                 f"  {policy:<9}: CPU side {h['cpu_ms_per_token']:.2f} ms/token ("
                 + ", ".join(f"{k} {v:.2f}" for k, v in top)
-                + f"), cold rows of split experts {h['cold_bytes_per_token'] / 1e6:.1f} MB/token; whole "
-                f"gpu-sim step {h['step_ms']:.2f} ms; {h['gpu_bytes'] / 1e6:.0f} MB on the GPU",
+                + f"), cold rows of split experts {h['cold_bytes_per_token'] / 1e6:.1f} MB/token; "
+                f"whole gpu-sim step {h['step_ms']:.2f} ms; "
+                f"{h['gpu_bytes'] / 1e6:.0f} MB on the GPU",
                 flush=True,
             )
     st = None
