@@ -11,7 +11,8 @@
 //! threads never write the same rows, and a row's value is the one a [`crate::matvec`] of its
 //! weight gives (the same kernel over the same prepared x, [`PreparedX`]): the same bits.
 
-use crate::check;
+use super::sparse::listed_dot;
+use crate::check::{self, Rows};
 use crate::dispatch::Activations;
 use crate::simd;
 use powerinfer_core::{Result, Weight};
@@ -207,6 +208,23 @@ impl<'a> PreparedX<'a> {
     pub fn check(&self, w: &Weight) -> Result<()> {
         check::len("pass", "x", self.len, w.cols, "the weight's cols")?;
         check::weight_bytes(w)
+    }
+
+    /// Error unless rows of `w` can be dotted with this x and every index of `ids` names one.
+    pub fn check_listed(&self, w: &Weight, ids: &[u32]) -> Result<()> {
+        self.check(w)?;
+        Rows::new(w, ids, "pass").map(|_| ())
+    }
+
+    /// `out[k] = dot(row ids[k] of w, x)`, on this thread, the next rows fetched in step.
+    /// `w` and `ids` passed [`Self::check_listed`].
+    ///
+    /// # Panics
+    /// If an index is outside `w` or `out` is not `ids.len()` long.
+    pub fn rows_listed(&self, w: &Weight, ids: &[u32], out: &mut [f32]) {
+        assert!(out.len() == ids.len() && self.len == w.cols);
+        let rows = Rows::new(w, &[], "pass").expect("a checked weight");
+        listed_dot(&self.act, w.dtype, &rows, ids, out);
     }
 
     /// `out[k] = dot(row rows.start + k of w, x)`, on this thread. `w` passed [`Self::check`].

@@ -800,8 +800,10 @@ impl<B: Backend> Executor<B> {
                     link.enter(l, HybridPhase::ColdFfn);
                     let (xn, routes) = (&self.xn, &self.routes);
                     let (part, bufs) = (&mut self.part, &mut self.cold_bufs);
-                    let read =
-                        cold_experts(m, down_t, *kind, threshold, xn, routes, cold, bufs, part)?;
+                    let dense_mode = matches!(mode, Sparsity::Dense);
+                    let read = cold_experts(
+                        mf, m, down_t, *kind, threshold, dense_mode, xn, routes, cold, bufs, part,
+                    )?;
                     link.enter(l, HybridPhase::GpuSubmit);
                     if let Some(read) = read {
                         link.cold_read(l, read);

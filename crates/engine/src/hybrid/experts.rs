@@ -10,6 +10,7 @@ use powerinfer_cpu::{axpy_rows, matvec_rows, sparse_ffn_many, GateRows, SparseFf
 
 use crate::layer::FfnKind;
 use crate::moe::{shared_scale, MoeWeights};
+use crate::moe_pass::{experts_pass, ExpertsPass};
 
 /// Each expert's cold neurons (rows of the expert, ascending) given the layer's hot neurons
 /// (flattened ids, ascending): what the CPU computes when the expert is routed.
@@ -44,18 +45,23 @@ pub fn token_weights(
 }
 
 /// The CPU's part of one token: for every routed expert its `cold` neurons (all of them for an
-/// expert with none on the GPU), gate rows then the up and transposed down rows of those that
-/// fire, every routed expert's tasks in one parallel pass ([`sparse_ffn_many`], the path the
-/// CPU engine's sparse experts take); with `threshold`, per expert its gate and up rows, then
-/// the down rows of those with |act(gate)·up| >= t. Each expert's output times its weight,
+/// expert with none on the GPU). `dense` (dense mode): their gate and up rows, then the
+/// expert's whole down product over the activations with the hot neurons' at zero, every
+/// routed expert in one pass ([`experts_pass`], the CPU engine's dense decode). Otherwise gate
+/// rows, then the up and transposed down rows of those that fire, every routed expert's tasks in
+/// one parallel region ([`sparse_ffn_many`], as the CPU engine's sparse experts); with
+/// `threshold`, per expert its gate and up rows, then the down rows of those with
+/// |act(gate)·up| >= t. Each expert's output times its weight,
 /// summed into `out` (dim, overwritten); `bufs` is scratch reused across tokens. Returns the
 /// bytes of expert rows read, or None when no routed expert has cold neurons.
 #[allow(clippy::too_many_arguments)]
 pub fn cold_experts(
+    m: &MoeFeatures,
     w: &MoeWeights,
     down_t: &[Weight],
     act: FfnKind,
     threshold: Option<f32>,
+    dense: bool,
     xn: &[f32],
     routes: &[(u32, f32)],
     cold: &[Vec<u32>],
@@ -64,6 +70,31 @@ pub fn cold_experts(
 ) -> Result<Option<u64>> {
     out.fill(0.0);
     let dim = out.len();
+    if dense && threshold.is_none() {
+        // Dense mode: the cold rows' gate and up, then each routed expert's whole down product
+        // over its activations (the hot neurons' at zero), in one pass.
+        let pass = ExpertsPass {
+            m,
+            w,
+            act,
+            xn,
+            dim,
+            early: None,
+            routes: Some(routes),
+            rows: Some(cold),
+            shared: false,
+        };
+        experts_pass(&pass, bufs, out)?;
+        let mut bytes = 0;
+        for &(e, _) in routes {
+            let e = e as usize;
+            if !cold[e].is_empty() {
+                bytes += cold[e].len() * (w.gate[e].row_bytes() + w.up[e].row_bytes())
+                    + w.down[e].n_bytes();
+            }
+        }
+        return Ok((bytes > 0).then_some(bytes as u64));
+    }
     let work: Vec<(usize, f32)> = routes
         .iter()
         .map(|&(e, wt)| (e as usize, wt))
