@@ -26,7 +26,7 @@ pub use ops::attend::{attend_head, HeadCache};
 pub use ops::attend_block::{attend_block, block_attention_is_fast, BlockScratch, QueryBlock};
 pub use ops::input_major::{matvec_input, ActiveInput, InputMajor};
 pub use ops::matmul::matmul;
-pub use ops::matvec::{matvec, matvec_each, matvec_many};
+pub use ops::matvec::{matvec, matvec_many};
 pub use ops::pass::{in_pass, Disjoint, Pass, PreparedX};
 pub use ops::row::{dequantize_row, dot_row, dot_row_scalar};
 pub use ops::sparse::{axpy_rows, axpy_rows_many, matvec_rows};

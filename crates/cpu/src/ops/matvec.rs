@@ -30,21 +30,11 @@ pub(crate) fn matvec_at(level: Level, w: &Weight, x: &[f32], y: &mut [f32]) -> R
     matvec_many_at(level, &[w], x, &mut [y])
 }
 
-/// `ys[i] = ws[i]·xs[i]`: several matvecs, each over its own input (a mixture of experts'
-/// down projections), in one parallel region; each input is prepared once.
-pub fn matvec_each(ws: &[&Weight], xs: &[&[f32]], ys: &mut [&mut [f32]]) -> Result<()> {
-    check::len("matvec_each", "xs", xs.len(), ws.len(), "one per weight")?;
-    let which: Vec<usize> = (0..ws.len()).collect();
-    matvec_grouped(simd::level(), ws, xs, &which, ys)
-}
-
-/// One unit of parallel work: some consecutive rows of one weight, its input's index and the
-/// rows' outputs.
+/// One unit of parallel work: some consecutive rows of one weight and the rows' outputs.
 struct Task<'a> {
     dtype: DType,
     row_bytes: usize,
     rows: &'a [u8],
-    x: usize,
     out: &'a mut [f32],
 }
 
@@ -55,26 +45,15 @@ pub(crate) fn matvec_many_at(
     x: &[f32],
     ys: &mut [&mut [f32]],
 ) -> Result<()> {
-    matvec_grouped(level, ws, &[x], &vec![0; ws.len()], ys)
-}
-
-/// `ys[i] = ws[i]·xs[which[i]]` in one parallel region.
-fn matvec_grouped(
-    level: Level,
-    ws: &[&Weight],
-    xs: &[&[f32]],
-    which: &[usize],
-    ys: &mut [&mut [f32]],
-) -> Result<()> {
     check::len("matvec_many", "ys", ys.len(), ws.len(), "one per weight")?;
-    for ((w, y), &i) in ws.iter().zip(ys.iter()).zip(which) {
-        check::matvec(w, xs[i], y)?;
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        check::matvec(w, x, y)?;
     }
     let threads = rayon::current_num_threads();
     let total: usize = ws.iter().map(|w| w.n_bytes()).sum();
     let chunk_bytes = chunk_bytes(total, threads);
     let mut tasks = Vec::new();
-    for ((w, y), &x) in ws.iter().zip(ys.iter_mut()).zip(which) {
+    for (w, y) in ws.iter().zip(ys.iter_mut()) {
         let row_bytes = w.dtype.row_bytes(w.cols)?;
         let per = match threads {
             1 => w.rows.max(1),
@@ -89,21 +68,13 @@ fn matvec_grouped(
                 dtype: w.dtype,
                 row_bytes,
                 rows,
-                x,
                 out,
             });
         }
     }
-    let prepared: Vec<Activations> = (0..xs.len())
-        .map(|i| {
-            let quantized = ws
-                .iter()
-                .zip(which)
-                .any(|(w, &x)| x == i && w.dtype.is_quantized());
-            Activations::new(level, xs[i], quantized)
-        })
-        .collect();
-    let run = |t: Task<'_>| prepared[t.x].rows_dot(t.dtype, t.rows, t.row_bytes, t.out);
+    let quantized = ws.iter().any(|w| w.dtype.is_quantized());
+    let prepared = Activations::new(level, x, quantized);
+    let run = |t: Task<'_>| prepared.rows_dot(t.dtype, t.rows, t.row_bytes, t.out);
     if tasks.len() <= 1 {
         tasks.into_iter().for_each(run);
     } else {
@@ -172,34 +143,6 @@ mod tests {
         let err = matvec_many(&refs[..1], &x, &mut [&mut short[..]]).unwrap_err();
         assert!(matches!(err, powerinfer_core::Error::Shape(_)));
         assert!(matvec_many(&refs, &x, &mut []).is_err());
-    }
-
-    #[test]
-    fn each_equals_one_by_one() {
-        let pool = crate::testutil::pool(3);
-        let cols = 32 * 5;
-        let ws = [
-            weight(DType::Q4_0, 97, cols, 4),
-            weight(DType::F32, 33, cols, 5),
-        ];
-        let xs: Vec<Vec<f32>> = (0..2)
-            .map(|k| {
-                (0..cols)
-                    .map(|i| (i as f32 * 0.1 + k as f32).cos())
-                    .collect()
-            })
-            .collect();
-        let mut outs: Vec<Vec<f32>> = ws.iter().map(|w| vec![0.0; w.rows]).collect();
-        let mut ys: Vec<&mut [f32]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
-        let refs: Vec<&Weight> = ws.iter().collect();
-        let xr: Vec<&[f32]> = xs.iter().map(|x| x.as_slice()).collect();
-        assert!(matvec_each(&refs, &xr[..1], &mut ys).is_err());
-        pool.install(|| matvec_each(&refs, &xr, &mut ys)).unwrap();
-        for ((w, x), got) in ws.iter().zip(&xs).zip(&outs) {
-            let mut one = vec![0.0; w.rows];
-            matvec(w, x, &mut one).unwrap();
-            assert_eq!(&one, got);
-        }
     }
 
     #[test]

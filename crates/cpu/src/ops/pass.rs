@@ -271,11 +271,6 @@ impl<'a> Disjoint<'a> {
         self.bufs.is_empty()
     }
 
-    /// Elements of buffer `i`.
-    pub fn buf_len(&self, i: usize) -> usize {
-        self.bufs[i].1
-    }
-
     /// Elements `range` of buffer `i`, to write.
     ///
     /// # Safety
