@@ -74,7 +74,7 @@ pub struct ModelTensors<'a> {
 /// for a format the GPU kernels do not take ([`crate::GPU_DTYPES`]): a plan putting such a
 /// matrix on the GPU is refused when it is read, before anything is uploaded.
 fn matrix_bytes(w: &Weight) -> Result<usize> {
-    crate::ops::ensure_gpu_dtype(w.dtype)?;
+    crate::kernels::ensure_gpu_dtype(w.dtype)?;
     Ok(align(w.rows * w.dtype.row_bytes(w.cols)?))
 }
 

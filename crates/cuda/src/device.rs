@@ -11,13 +11,14 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::sys::CUresult;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
-    DeviceRepr, DriverError,
+    DeviceRepr,
 };
 use cudarc::nvrtc::Ptx;
 use powerinfer_core::{ensure, Error, Result};
 
-use crate::backend::{Backend, Checked, DeviceSlice, Elem, Launch};
-use crate::cuda_graph::{CudaGraph, CudaGraphs};
+use crate::backend::{Backend, Checked, DeviceSlice, Elem, Kernel};
+use crate::cuda_graph::CudaGraph;
+use crate::driver::driver_err;
 use crate::graph::{graphs_from_env, GraphQueue, GraphStats, GRAPHS_ENV};
 use crate::kernels::KernelSource;
 use crate::launch_spec::LaunchSpec;
@@ -32,11 +33,6 @@ pub const MIN_ARCH: u32 = 61;
 // SAFETY: RowLayout is #[repr(C)] plain old data (two i64 then two i32, no padding), the same
 // layout as `struct RowLayout` in common.cuh, so it can be passed to a kernel by value.
 unsafe impl DeviceRepr for RowLayout {}
-
-/// Map a driver error to `Error::Cuda`, saying what was being done.
-pub(crate) fn driver_err(what: &str) -> impl FnOnce(DriverError) -> Error + '_ {
-    move |e| Error::Cuda(format!("{what}: {e:?}"))
-}
 
 /// Whether the CUDA driver library (libcuda) can be loaded. Never panics.
 pub fn driver_available() -> bool {
@@ -162,7 +158,7 @@ impl CudaDevice {
         };
         // Every module now (compiled, or read from the disk cache, and loaded), so a missing
         // NVRTC or a driver that refuses the image fails here and not at the first token.
-        for src in &crate::kernels::ALL {
+        for src in &crate::ops::SOURCES {
             dev.module(src)?;
         }
         Ok(dev)
@@ -199,7 +195,12 @@ impl CudaDevice {
 
     /// Run the queued batch before a copy, an allocation or a synchronisation.
     fn submit(&self) -> Result<()> {
-        lock(&self.inner.graphs).flush(&CudaGraphs(self), false)
+        self.run_batch(false, false)
+    }
+
+    /// The queued launches and the graphs kept, with graphs on ([`crate::graph`]).
+    pub(crate) fn graphs(&self) -> std::sync::MutexGuard<'_, GraphQueue<CudaGraph>> {
+        lock(&self.inner.graphs)
     }
 
     /// Queue `spec` for the next batch when graphs are on; else hand it back to launch now.
@@ -427,20 +428,17 @@ impl Backend for CudaDevice {
             .map_err(driver_err("synchronizing the stream"))
     }
 
-    fn launch(&self, launch: Launch<'_, Self>, _checked: Checked) -> Result<()> {
-        self.launch_kernel(launch)
+    fn launch<K: Kernel<Self>>(&self, kernel: K, _checked: Checked) -> Result<()> {
+        self.launch_kernel(kernel)
     }
 
     /// The queued batch as a graph ([`crate::graph`]), with graphs on.
     fn flush(&self) -> Result<()> {
-        lock(&self.inner.graphs).flush(&CudaGraphs(self), true)
+        self.run_batch(true, false)
     }
 
     fn begin_step(&self) -> Result<()> {
-        let mut q = lock(&self.inner.graphs);
-        q.flush(&CudaGraphs(self), false)?;
-        q.begin_step();
-        Ok(())
+        self.run_batch(false, true)
     }
 
     fn graph_stats(&self) -> Option<GraphStats> {

@@ -2,7 +2,7 @@
 //! `kernels/*.cu`, compiled for the host by `build.rs` after `emu/cuda_emu.h`, run on the CPU
 //! by `emu/emu_runtime.cpp`, each CUDA thread a fiber on the launching OS thread. Buffers live in host memory (each its own exact-size
 //! allocation, accounted as the plan counts device memory, like the host backend's), and every
-//! launch goes through the same [`LaunchSpec`](crate::launch_spec::LaunchSpec) as a GPU launch:
+//! launch goes through the same [`LaunchSpec`] as a GPU launch:
 //! the kernel is called through the `void**` argument array `cuLaunchKernel` would receive,
 //! after the emulator has checked the count and byte width of every argument against the
 //! kernel's declared parameters.
@@ -22,10 +22,10 @@ use std::sync::Mutex;
 
 use powerinfer_core::{Error, Result};
 
-use crate::backend::{Backend, Checked, Elem, Launch};
+use crate::backend::{Backend, Checked, Elem, HostMem, Kernel};
 use crate::graph::{graphs_from_env, GraphQueue, GraphRunner, GraphStats};
 use crate::host::{HostBackend, HostBuf};
-use crate::launch_spec::{launch_spec, LaunchSpec};
+use crate::launch_spec::LaunchSpec;
 
 extern "C" {
     fn powerinfer_emu_launch(
@@ -52,7 +52,7 @@ pub struct EmuBackend {
     mem: HostBackend,
     /// Launches so far, by kernel entry.
     launched: Mutex<BTreeMap<String, u64>>,
-    /// Work done inside another kernel's launch so far ([`Launch::fused`]).
+    /// Work done inside another kernel's launch so far ([`Kernel::fused`]).
     fused: Mutex<BTreeMap<String, u64>>,
     /// Launches queued for the next batch, with graphs on, and the graphs kept.
     graphs: Mutex<GraphQueue<Vec<LaunchSpec>>>,
@@ -106,8 +106,8 @@ impl EmuBackend {
         // SAFETY: `entry` is NUL-terminated; grid and block are 3 values each; `params` holds
         // sizes.len() pointers to the packed arguments of `spec`, alive (and unmoved) for the
         // call; the emulator checks their count and widths against the kernel before calling
-        // it. The kernel dereferences the buffer addresses in them: launch_spec took those from
-        // this backend's live buffers, whose lengths crate::ops checked against the launch.
+        // it. The kernel dereferences the buffer addresses in them: its Kernel::spec took those
+        // from this backend's live buffers, whose lengths crate::ops checked against the launch.
         // `err` is writable for its length.
         let rc = unsafe {
             powerinfer_emu_launch(
@@ -183,9 +183,9 @@ impl Backend for EmuBackend {
         self.submit()
     }
 
-    fn launch(&self, launch: Launch<'_, Self>, _checked: Checked) -> Result<()> {
-        let fused = launch.fused();
-        let spec = launch_spec(self, launch)?;
+    fn launch<K: Kernel<Self>>(&self, kernel: K, _checked: Checked) -> Result<()> {
+        let fused = kernel.fused();
+        let spec = kernel.spec(self)?;
         if let Some(what) = fused {
             count(&self.fused, what);
         }
@@ -220,12 +220,22 @@ impl Backend for EmuBackend {
         self.mem.addr_mut(buf)
     }
 
-    /// Launches per entry (run so far) and per fused step ([`Launch::fused`]: "quantize_x (in
+    /// Launches per entry (run so far) and per fused step ([`Kernel::fused`]: "quantize_x (in
     /// rms_norm)", "rms_norm (in rope)", "add (in sparse_matvec)").
     fn kernel_launches(&self) -> Option<BTreeMap<String, u64>> {
         let mut all = lock(&self.launched).clone();
         all.extend(lock(&self.fused).iter().map(|(k, v)| (k.clone(), *v)));
         Some(all)
+    }
+}
+
+impl HostMem for EmuBackend {
+    fn data<T: Elem>(buf: &HostBuf<T>) -> &[T] {
+        HostBackend::data(buf)
+    }
+
+    fn data_mut<T: Elem>(buf: &mut HostBuf<T>) -> &mut [T] {
+        HostBackend::data_mut(buf)
     }
 }
 

@@ -248,8 +248,8 @@ mod tests {
     use std::cell::RefCell;
 
     use super::*;
-    use crate::kernels;
     use crate::launch_spec::KernelArgs;
+    use crate::ops::elementwise::launch::SOURCE;
 
     /// A runner that records what it was asked to do.
     #[derive(Default)]
@@ -277,7 +277,7 @@ mod tests {
         let mut args = KernelArgs::default();
         args.i32(arg);
         LaunchSpec {
-            module: &kernels::ELEMENTWISE,
+            module: &SOURCE,
             entry: entry.into(),
             grid: [1, 1, 1],
             block: [256, 1, 1],

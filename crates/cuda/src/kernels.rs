@@ -1,10 +1,10 @@
-//! The CUDA C sources, one per op family, and the `extern "C"` entry points each one defines.
-//! Every source is compiled on its own (NVRTC: one program per module) after `common.cuh`, which
-//! holds the shared decoding helpers; the registry and the PTX test both read this table.
+//! What a CUDA C source is ([`KernelSource`]: one `kernels/<family>.cu` per op family, declared
+//! by its family in `crate::ops::<family>::launch`, listed in [`crate::ops::SOURCES`]), the
+//! helpers every module is compiled after (`common.cuh`), and the names kernels are instantiated
+//! under: once per GPU weight format ([`GPU_DTYPES`]) or per KV-cache element type
+//! ([`KV_ELEMS`]). Every source is compiled on its own (NVRTC: one program per module).
 
-use powerinfer_core::DType;
-
-use crate::backend::KvElem;
+use powerinfer_core::{ensure, DType, Result};
 
 /// Every weight format the GPU kernels take: each per-format kernel is instantiated once for
 /// each (`<prefix>_<suffix>`, see [`dtype_suffix`]). The rest (Q2_K, Q3_K) run on the CPU only;
@@ -23,14 +23,18 @@ pub const GPU_DTYPES: [DType; 11] = [
     DType::Q6_K,
 ];
 
-/// The element types of the device KV cache ([`KvElem::NAME`]): the KV-cache kernels are
+/// The f16 KV cache's element name (the default cache).
+pub const KV_F16: &str = "f16";
+/// The f32 KV cache's element name.
+pub const KV_F32: &str = "f32";
+/// The element types of the device KV cache (`KvElem::NAME`): the KV-cache kernels are
 /// defined once for each (see [`kv_entry`]).
-pub const KV_ELEMS: [&str; 2] = [<u16 as KvElem>::NAME, <f32 as KvElem>::NAME];
+pub const KV_ELEMS: [&str; 2] = [KV_F16, KV_F32];
 
 /// The entry name of KV-cache kernel `prefix` for caches of `elem` ([`KV_ELEMS`]): the bare
 /// prefix for f16 (the default cache), `<prefix>_<elem>` otherwise ("kv_store_f32").
 pub fn kv_entry(prefix: &str, elem: &str) -> String {
-    if elem == <u16 as KvElem>::NAME {
+    if elem == KV_F16 {
         prefix.to_string()
     } else {
         format!("{prefix}_{elem}")
@@ -40,6 +44,19 @@ pub fn kv_entry(prefix: &str, elem: &str) -> String {
 /// Whether the GPU kernels take weights stored as `dtype` ([`GPU_DTYPES`]).
 pub fn is_gpu_dtype(dtype: DType) -> bool {
     GPU_DTYPES.contains(&dtype)
+}
+
+/// `Error::Unsupported` unless the GPU kernels take `dtype` ([`GPU_DTYPES`]; Q2_K and Q3_K run
+/// on the CPU only, so far).
+pub fn ensure_gpu_dtype(dtype: DType) -> Result<()> {
+    ensure!(
+        is_gpu_dtype(dtype),
+        Unsupported,
+        "{dtype} weights have no GPU kernels yet (supported on the GPU: {}); keep them on the \
+         CPU (plan them with the planner, which does) or run this model on device=\"cpu\"",
+        GPU_DTYPES.map(DType::name).join(", ")
+    );
+    Ok(())
 }
 
 /// Helpers prepended to every module (types, f16/bf16 decoding, GGUF blocks, warp sums).
@@ -64,6 +81,42 @@ pub struct KernelSource {
 }
 
 impl KernelSource {
+    /// Module `name` (the file stem) with its text and the kernels it defines once; add the
+    /// others with [`KernelSource::per_dtype`], [`KernelSource::per_kv_elem`] and its header with
+    /// [`KernelSource::header`].
+    pub const fn new(
+        name: &'static str,
+        source: &'static str,
+        single: &'static [&'static str],
+    ) -> KernelSource {
+        KernelSource {
+            name,
+            source,
+            header: "",
+            per_dtype: &[],
+            per_kv_elem: &[],
+            single,
+        }
+    }
+
+    /// With the kernels defined once per weight format, as `<prefix>_<dtype>`.
+    pub const fn per_dtype(self, per_dtype: &'static [&'static str]) -> KernelSource {
+        KernelSource { per_dtype, ..self }
+    }
+
+    /// With the kernels defined once per KV-cache element type.
+    pub const fn per_kv_elem(self, per_kv_elem: &'static [&'static str]) -> KernelSource {
+        KernelSource {
+            per_kv_elem,
+            ..self
+        }
+    }
+
+    /// With its own header's text.
+    pub const fn header(self, header: &'static str) -> KernelSource {
+        KernelSource { header, ..self }
+    }
+
     /// The full program text handed to NVRTC: [`COMMON`], the module's header, then the file.
     pub fn program(&self) -> String {
         let name = self.name;
@@ -95,97 +148,6 @@ impl KernelSource {
     }
 }
 
-/// Row-sparse matvec over compact gate/up rows, and the fused gate·up pass.
-pub const SPARSE_MATVEC: KernelSource = KernelSource {
-    name: "sparse_matvec",
-    source: include_str!("../kernels/sparse_matvec.cu"),
-    header: include_str!("../kernels/sparse_matvec.cuh"),
-    per_dtype: &["sparse_matvec", "gate_up"],
-    per_kv_elem: &[],
-    single: &["quantize_x"],
-};
-
-/// Accumulation over rows of a transposed matrix (the hot down_t rows), and the fixed-order sum
-/// of its splits' partial sums.
-pub const AXPY_DOWN: KernelSource = KernelSource {
-    name: "axpy_down",
-    source: include_str!("../kernels/axpy_down.cu"),
-    header: "",
-    per_dtype: &["axpy_rows"],
-    per_kv_elem: &[],
-    single: &["add_splits"],
-};
-
-/// `compact.cu`: the hot slots and the down pass's rows gathered into lists on the GPU.
-pub const COMPACT: KernelSource = KernelSource {
-    name: "compact",
-    source: include_str!("../kernels/compact.cu"),
-    header: "",
-    per_dtype: &[],
-    per_kv_elem: &[],
-    single: &["compact_nonzero", "compact_flags"],
-};
-
-/// Predictor fc2 + threshold.
-pub const PREDICTOR: KernelSource = KernelSource {
-    name: "predictor",
-    source: include_str!("../kernels/predictor.cu"),
-    header: "",
-    per_dtype: &["predictor_fc2"],
-    per_kv_elem: &[],
-    single: &[],
-};
-
-/// RMSNorm, LayerNorm and RoPE.
-pub const NORM_ROPE: KernelSource = KernelSource {
-    name: "norm_rope",
-    source: include_str!("../kernels/norm_rope.cu"),
-    header: "",
-    per_dtype: &[],
-    per_kv_elem: &[],
-    single: &["rms_norm", "layer_norm", "rope"],
-};
-
-/// Decode attention over the KV cache, f16 or f32.
-pub const ATTENTION: KernelSource = KernelSource {
-    name: "attention",
-    source: include_str!("../kernels/attention.cu"),
-    header: "",
-    per_dtype: &[],
-    per_kv_elem: &["kv_store", "attention_decode"],
-    single: &["attention_merge"],
-};
-
-/// Residual adds, the threshold mask, the logits' soft-cap, copies, and a mixture of experts'
-/// routing on the hot neurons (flags and weights per expert).
-pub const ELEMENTWISE: KernelSource = KernelSource {
-    name: "elementwise",
-    source: include_str!("../kernels/elementwise.cu"),
-    header: "",
-    per_dtype: &[],
-    per_kv_elem: &[],
-    single: &[
-        "add",
-        "threshold_mask",
-        "softcap",
-        "copy",
-        "fill",
-        "expert_flags",
-        "expert_scale",
-    ],
-};
-
-/// Every module.
-pub const ALL: [KernelSource; 7] = [
-    SPARSE_MATVEC,
-    AXPY_DOWN,
-    COMPACT,
-    PREDICTOR,
-    NORM_ROPE,
-    ATTENTION,
-    ELEMENTWISE,
-];
-
 /// The kernel-name suffix of a weight format: "f32", "f16", "bf16", "q8_0", "q4_0", ..., "q6_k".
 pub const fn dtype_suffix(d: DType) -> &'static str {
     match d {
@@ -208,46 +170,6 @@ pub const fn dtype_suffix(d: DType) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn every_listed_kernel_is_defined_in_its_source() {
-        for src in ALL {
-            for p in src.per_dtype {
-                // Per-dtype kernels come from one macro instantiated per format.
-                for d in GPU_DTYPES {
-                    let call = format!("({})", dtype_suffix(d));
-                    assert!(src.source.contains(&call), "{}: {p}{call}", src.name);
-                }
-            }
-            // Per-KV-element kernels come from one macro instantiated per element type, which
-            // takes the entry names.
-            for p in src.per_kv_elem {
-                for e in KV_ELEMS {
-                    let name = kv_entry(p, e);
-                    let arg = [format!("({name},"), format!(" {name},")];
-                    assert!(arg.iter().any(|a| src.source.contains(a)), "{name}");
-                }
-            }
-            for s in src.single {
-                let def = format!("KERNEL {s}(");
-                assert!(src.source.contains(&def), "{}: {s}", src.name);
-            }
-        }
-        assert_eq!(SPARSE_MATVEC.entries().len(), 23);
-        assert!(SPARSE_MATVEC
-            .entries()
-            .contains(&"gate_up_q6_k".to_string()));
-        assert_eq!(
-            ATTENTION.entries(),
-            [
-                "kv_store",
-                "kv_store_f32",
-                "attention_decode",
-                "attention_decode_f32",
-                "attention_merge"
-            ]
-        );
-    }
 
     #[test]
     fn the_gpu_formats_are_the_basic_ones_and_all_but_two_of_the_rest() {

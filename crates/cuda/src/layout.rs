@@ -318,7 +318,7 @@ pub fn slab_geometry(
     let mut row_bytes = [0usize; 3];
     for (rb, d) in row_bytes.iter_mut().zip(parts) {
         if let Some(d) = d {
-            crate::ops::ensure_gpu_dtype(d)?;
+            crate::kernels::ensure_gpu_dtype(d)?;
             *rb = d.row_bytes(dim)?;
         }
     }

@@ -1,13 +1,15 @@
 //! The CUDA side of powerinfer-rs: our own CUDA C kernels for the work the plan puts on the GPU
 //! (row-sparse gate/up over the hot neurons' slabs, accumulation over their down_t rows, the
 //! activation predictor, RMSNorm, LayerNorm, RoPE, decode attention over an f16 or f32 KV cache,
-//! elementwise ops), compiled to PTX with NVRTC at first use for the device's architecture
-//! (cached on disk) and launched through cudarc.
+//! elementwise ops, a mixture of experts' routing), compiled by NVRTC to cubins for the
+//! device's architecture when a device is opened (cached on disk) and launched through cudarc.
 //!
-//! The executor sees a GPU through [`Backend`] (typed buffers, copies, one checked launch entry)
-//! and [`GpuOps`] (every operation, shape-checked once for all backends, in [`ops`]).
-//! [`CudaDevice`] implements it with the kernels; [`HostBackend`] (always built) implements every
-//! kernel's contract in plain Rust, for `device="gpu-sim"` and tests without a GPU.
+//! The executor sees a GPU through [`Backend`] (typed buffers, copies, one checked launch entry
+//! taking any [`Kernel`]) and the operations of [`ops`]: one folder per kernel family, each with
+//! its `*Ops` trait (every operation, shape-checked once for all backends;
+//! [`ops::prelude`] brings them all), its kernels' launches and their contracts on host memory.
+//! [`CudaDevice`] implements [`Backend`] with the kernels; [`HostBackend`] (always built) runs
+//! every kernel's host contract, for `device="gpu-sim"` and tests without a GPU.
 //!
 //! libcuda (cudarc, dynamic loading) and libnvrtc (our loader in `nvrtc`, CUDA 12 or 13) are
 //! opened only when a device is requested, so a build with the `cuda` feature still runs
@@ -15,7 +17,7 @@
 //! Without the feature, the device queries answer "none" and `CudaDevice::new` returns
 //! `Error::Unsupported` ("built without CUDA"); `CudaDevice` is then no backend.
 //!
-//! Kernel sources live in `kernels/*.cu` (one per op family, see [`kernels`]); host-side
+//! Kernel sources live in `kernels/*.cu` (one per op family, see [`ops::SOURCES`]); host-side
 //! layouts shared by both builds (row addressing, hot-neuron slabs) in [`layout`], and the list
 //! of device allocations a plan implies (the engine's side of the VRAM accounting) in
 //! [`alloc_plan`].
@@ -40,6 +42,8 @@ mod cuda_launch;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]
+mod driver;
+#[cfg(feature = "cuda")]
 pub mod nvrtc;
 #[cfg(feature = "cuda")]
 pub mod staging;
@@ -52,10 +56,7 @@ pub use device::{device_count, driver_available, is_available, CudaBuffer, CudaD
 pub use stub::{device_count, driver_available, is_available, CudaDevice};
 
 pub use alloc_plan::{gpu_allocations, Allocation, LayerTensors, ModelTensors};
-pub use backend::{
-    Backend, Checked, DeviceSlice, DeviceWeight, Elem, HotFfn, KvCaches, KvCachesMut, KvElem,
-    Launch, XArg,
-};
+pub use backend::{Backend, Checked, DeviceSlice, DeviceWeight, Elem, HostMem, HotFfn, Kernel};
 #[cfg(feature = "emu")]
 pub use emu::{emu_entries, EmuBackend, GPU_EMU};
 pub use host::{HostBackend, HostBuf};
@@ -65,7 +66,11 @@ pub use layout::{
     FfnAct, RowLayout, RowSpace, SlabGeometry, SlabLayout, MAX_HEAD_DIM, MAX_RANK, MAX_X_BYTES,
     XQ_BLOCK,
 };
-pub use ops::{down_splits, live_splits, part_len, Compacted, GpuOps, XIn, SPLIT_ROWS};
+pub use ops::attention::{KvCaches, KvCachesMut, KvElem};
+pub use ops::axpy::{down_splits, live_splits, part_len, SPLIT_ROWS};
+pub use ops::compact::Compacted;
+pub use ops::norm_rope::{QkNorms, MAX_ROPE_PAIRS};
+pub use ops::rows::{XArg, XIn};
 pub use repack::{is_repacked, repack_rows, unpack_row};
 
 /// True when this build can drive a GPU (the `cuda` feature); a device may still be absent.

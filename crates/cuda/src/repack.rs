@@ -10,9 +10,8 @@
 //! aligned has every block's quants at a 16-byte boundary: 16-byte loads (`lane_dot_q*` and the
 //! tiles in common.cuh).
 //!
-//! Every upload of weights to a device ([`crate::GpuOps::upload_weight`],
-//! [`crate::pack_hot_slabs`]) repacks rows of these formats; the kernels and the host backend
-//! read them so. The other formats keep GGUF's layout.
+//! Every upload of weights to a device (`UploadOps::upload_weight`, [`crate::pack_hot_slabs`])
+//! repacks rows of these formats; the kernels and the host backend read them so. The other formats keep GGUF's layout.
 
 use powerinfer_core::{ensure, DType, Result};
 

@@ -22,7 +22,7 @@ use cudarc::driver::sys::{CUdeviceptr, CU_MEMHOSTALLOC_WRITECOMBINED};
 use cudarc::driver::{result, CudaEvent, CudaStream};
 use powerinfer_core::Result;
 
-use crate::device::driver_err;
+use crate::driver::driver_err;
 
 /// Largest transfer sent through a staging buffer (and each buffer's size): 1 MiB.
 pub const STAGING_BYTES: usize = 1 << 20;

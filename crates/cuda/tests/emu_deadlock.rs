@@ -9,7 +9,8 @@ use std::time::Instant;
 
 use powerinfer_core::Error;
 use powerinfer_cuda::launch_spec::{KernelArgs, LaunchSpec};
-use powerinfer_cuda::{kernels, Backend, EmuBackend};
+use powerinfer_cuda::ops;
+use powerinfer_cuda::{Backend, EmuBackend};
 
 #[test]
 fn a_barrier_part_of_the_block_never_reaches_times_out() {
@@ -20,7 +21,7 @@ fn a_barrier_part_of_the_block_never_reaches_times_out() {
     // Thread 1 waits until the launch has failed (60 s at most).
     a.ptr(dev.addr_mut(&mut flag)).i32(60_000);
     let spec = LaunchSpec {
-        module: &kernels::ELEMENTWISE,
+        module: &ops::elementwise::launch::SOURCE,
         entry: "emu_selftest_barrier_deadlock".into(),
         grid: [1, 1, 1],
         block: [2, 1, 1],

@@ -1,4 +1,4 @@
-//! The emulator (feature `emu`): every kernel entry of `kernels::ALL` run from its `.cu` source on
+//! The emulator (feature `emu`): every kernel entry of `ops::SOURCES` run from its `.cu` source on
 //! the CPU against float64 references that decode weights with the core crate's scalar
 //! `dequantize_row` (never the CPU crate's SIMD kernels), on shapes at the kernels' edges: odd
 //! row counts and partial blocks, padding slots of a partial slab, the split down pass (partial
@@ -17,11 +17,16 @@ mod x_hat;
 use std::collections::BTreeSet;
 
 use powerinfer_core::{dequantize_row, DType, Error, Weight};
-use powerinfer_cuda::kernels;
-use powerinfer_cuda::launch_spec::{launch_spec, KernelArgs, LaunchSpec};
+
+use powerinfer_cuda::launch_spec::{KernelArgs, LaunchSpec};
+use powerinfer_cuda::ops;
+use powerinfer_cuda::ops::elementwise::launch::Add;
+use powerinfer_cuda::ops::norm_rope::launch::RmsNorm;
+use powerinfer_cuda::ops::prelude::*;
+use powerinfer_cuda::ops::rows::launch::SparseMatvec;
 use powerinfer_cuda::{
-    emu_entries, Act, AttnParams, Backend, Compacted, EmuBackend, FfnAct, GpuOps, HostBuf, KvElem,
-    Launch, XArg, XIn, GPU_DTYPES, MAX_X_BYTES, XQ_BLOCK,
+    emu_entries, Act, AttnParams, Backend, Compacted, EmuBackend, FfnAct, HostBuf, Kernel, KvElem,
+    XArg, XIn, GPU_DTYPES, MAX_X_BYTES, XQ_BLOCK,
 };
 use x_hat::x_hat;
 
@@ -114,9 +119,9 @@ fn cols_for(dtype: DType) -> usize {
     }
 }
 
-/// Every entry the kernel modules define (`kernels::ALL`).
+/// Every entry the kernel modules define (`ops::SOURCES`).
 fn all_entries() -> BTreeSet<String> {
-    kernels::ALL.iter().flat_map(|m| m.entries()).collect()
+    ops::SOURCES.iter().flat_map(|m| m.entries()).collect()
 }
 
 #[test]
@@ -263,7 +268,7 @@ fn row_kernels(dev: &EmuBackend, dtype: DType) {
     // the gate rows of the slabs, inactive and padding slots 0.
     let n_slots = hf.layout.n_slabs * 8;
     let mut out = dev.zeros::<f32>(n_slots).unwrap();
-    let launch = Launch::SparseMatvec {
+    let launch = SparseMatvec {
         dtype,
         w: &hf.data,
         l: hf.layout.gate,
@@ -280,7 +285,7 @@ fn row_kernels(dev: &EmuBackend, dtype: DType) {
         accumulate: false,
         y: &mut out,
     };
-    dev.run(launch_spec(dev, launch).unwrap()).unwrap();
+    dev.run(launch.spec(dev).unwrap()).unwrap();
     let want: Vec<f64> = (0..n_slots)
         .map(|r| match hot.get(r) {
             Some(&i) if flags[i as usize] != 0 => dot(&wd[i as usize], &x),
@@ -772,8 +777,8 @@ fn every_entry_runs_against_float64_references_and_the_set_is_kernels_all() {
 /// A spec for `add` over `n` floats (the simplest launch), to break in the tests below.
 fn add_spec(dev: &EmuBackend, y: &mut <EmuBackend as Backend>::Buf<f32>, n: usize) -> LaunchSpec {
     let x = dev.zeros::<f32>(n).unwrap();
-    let launch = Launch::Add { y, x: &x, n };
-    launch_spec(dev, launch).unwrap()
+    let launch = Add { y, x: &x, n };
+    launch.spec(dev).unwrap()
 }
 
 fn emu_error(dev: &EmuBackend, spec: LaunchSpec) -> String {
@@ -831,7 +836,7 @@ fn launches_cuda_would_refuse_are_errors() {
     assert_eq!(x_smem(DType::Q4_0, 19680), 0);
     let (x, w) = (dev.zeros::<f32>(64).unwrap(), dev.zeros::<f32>(64).unwrap());
     let mut out = dev.zeros::<f32>(64).unwrap();
-    let launch = Launch::RmsNorm {
+    let launch = RmsNorm {
         x: &x,
         w: &w,
         rows: 1,
@@ -840,7 +845,7 @@ fn launches_cuda_would_refuse_are_errors() {
         out: &mut out,
         xq: None,
     };
-    let mut s = launch_spec(&dev, launch).unwrap();
+    let mut s = launch.spec(&dev).unwrap();
     s.shared_bytes = 48 * 1024;
     let m = emu_error(&dev, s);
     assert!(m.contains("static") && m.contains("exceed 48 KiB"), "{m}");
@@ -855,7 +860,7 @@ fn kernels_that_break_the_rules_are_reported() {
     let mut a = KernelArgs::default();
     a.ptr(dev.addr_mut(&mut out));
     let spec = LaunchSpec {
-        module: &kernels::ELEMENTWISE,
+        module: &ops::elementwise::launch::SOURCE,
         entry: "emu_selftest_shuffle_after_return".into(),
         grid: [1, 1, 1],
         block: [64, 1, 1],

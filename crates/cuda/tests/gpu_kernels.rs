@@ -14,9 +14,10 @@ use half::f16;
 use powerinfer_core::{Activation, Buffer, DType, Error, RopeStyle, Weight};
 use powerinfer_cpu::{reference, sparse_reference};
 use powerinfer_cuda::layout::att_part_len;
+use powerinfer_cuda::ops::prelude::*;
 use powerinfer_cuda::{
     pack_hot_rows, pack_hot_slabs, Act, AttnParams, Backend, Compacted, DeviceWeight, FfnAct,
-    GpuOps, HostBackend, HotFfn, KvElem, RowLayout, RowSpace, XIn, GPU_DTYPES,
+    HostBackend, HotFfn, KvElem, RowLayout, RowSpace, XIn, GPU_DTYPES,
 };
 use x_hat::x_hat;
 

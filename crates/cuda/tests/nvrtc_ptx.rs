@@ -12,9 +12,20 @@ use std::sync::{Arc, Mutex, OnceLock};
 mod support;
 use support::find_nvrtc;
 
-use powerinfer_cuda::launch_spec::{launch_spec, LaunchSpec};
+use powerinfer_cuda::launch_spec::LaunchSpec;
+use powerinfer_cuda::ops;
+use powerinfer_cuda::ops::attention::launch::{AttentionDecode, AttentionMerge, KvStore};
+use powerinfer_cuda::ops::axpy::launch::{AddSplits, AxpyRows};
+use powerinfer_cuda::ops::compact::launch::{CompactFlags, CompactNonzero};
+use powerinfer_cuda::ops::elementwise::launch::{
+    Add, Copy as CopyKernel, Fill, Softcap, ThresholdMask,
+};
+use powerinfer_cuda::ops::moe::launch::{ExpertFlags, ExpertScale};
+use powerinfer_cuda::ops::norm_rope::launch::{LayerNorm, RmsNorm, Rope};
+use powerinfer_cuda::ops::predictor::launch::PredictorFc2;
+use powerinfer_cuda::ops::rows::launch::{GateUp, QuantizeX, SparseMatvec};
 use powerinfer_cuda::{
-    kernels, nvrtc, Act, Backend, FfnAct, HostBackend, HostBuf, KvElem, Launch, RowLayout, XArg,
+    kernels, nvrtc, Act, Backend, FfnAct, HostBackend, HostBuf, Kernel, KvElem, RowLayout, XArg,
     GPU_DTYPES,
 };
 
@@ -132,7 +143,7 @@ fn every_spec() -> Vec<LaunchSpec> {
             true => XArg::Quant(&w),
             false => XArg::F32(&x),
         };
-        let launch = Launch::SparseMatvec {
+        let launch = SparseMatvec {
             dtype,
             w: &w,
             l,
@@ -146,8 +157,8 @@ fn every_spec() -> Vec<LaunchSpec> {
             accumulate: false,
             y: &mut y,
         };
-        out.push(launch_spec(&dev, launch).unwrap());
-        let launch = Launch::GateUp {
+        out.push(launch.spec(&dev).unwrap());
+        let launch = GateUp {
             dtype,
             w: &w,
             gate_l: l,
@@ -167,9 +178,9 @@ fn every_spec() -> Vec<LaunchSpec> {
             count: Some(&idx),
             h: &mut y,
         };
-        out.push(launch_spec(&dev, launch).unwrap());
+        out.push(launch.spec(&dev).unwrap());
         let mut part = f(128);
-        let launch = Launch::AxpyRows {
+        let launch = AxpyRows {
             dtype,
             w: &w,
             l,
@@ -182,9 +193,9 @@ fn every_spec() -> Vec<LaunchSpec> {
             y: &mut y,
             splits: 2,
         };
-        out.push(launch_spec(&dev, launch).unwrap());
+        out.push(launch.spec(&dev).unwrap());
         let mut fl = i(64);
-        let launch = Launch::PredictorFc2 {
+        let launch = PredictorFc2 {
             dtype,
             fc2_t: &w,
             l,
@@ -195,17 +206,17 @@ fn every_spec() -> Vec<LaunchSpec> {
             flags: &mut fl,
             logits: Some(&mut y),
         };
-        out.push(launch_spec(&dev, launch).unwrap());
+        out.push(launch.spec(&dev).unwrap());
     }
     let mut xq = dev.zeros::<u8>(160).unwrap();
-    let launch = Launch::QuantizeX {
+    let launch = QuantizeX {
         x: &x,
         cols: 64,
         xq: &mut xq,
     };
-    out.push(launch_spec(&dev, launch).unwrap());
+    out.push(launch.spec(&dev).unwrap());
     let mut c = f(64);
-    let launch = Launch::RmsNorm {
+    let launch = RmsNorm {
         x: &x,
         w: &x,
         rows: 1,
@@ -214,8 +225,8 @@ fn every_spec() -> Vec<LaunchSpec> {
         out: &mut c,
         xq: None,
     };
-    out.push(launch_spec(&dev, launch).unwrap());
-    let launch = Launch::LayerNorm {
+    out.push(launch.spec(&dev).unwrap());
+    let launch = LayerNorm {
         x: &x,
         w: &x,
         b: &x,
@@ -225,9 +236,9 @@ fn every_spec() -> Vec<LaunchSpec> {
         out: &mut c,
         xq: None,
     };
-    out.push(launch_spec(&dev, launch).unwrap());
+    out.push(launch.spec(&dev).unwrap());
     let mut k = dev.zeros::<f32>(32).unwrap();
-    let launch = Launch::Rope {
+    let launch = Rope {
         x: &mut c,
         n_heads: 2,
         k: Some(&mut k),
@@ -240,46 +251,41 @@ fn every_spec() -> Vec<LaunchSpec> {
         k_norm: Some(&x),
         eps: 1e-6,
     };
-    out.push(launch_spec(&dev, launch).unwrap());
+    out.push(launch.spec(&dev).unwrap());
     out.extend(kv_specs::<u16>(&dev, &x, &mut c));
     out.extend(kv_specs::<f32>(&dev, &x, &mut c));
-    out.push(
-        launch_spec(
-            &dev,
-            Launch::Add {
-                y: &mut c,
-                x: &x,
-                n: 64,
-            },
-        )
-        .unwrap(),
-    );
-    let launch = Launch::ThresholdMask {
+    let launch = Add {
+        y: &mut c,
+        x: &x,
+        n: 64,
+    };
+    out.push(launch.spec(&dev).unwrap());
+    let launch = ThresholdMask {
         h: &mut c,
         n: 64,
         t: 0.1,
     };
-    out.push(launch_spec(&dev, launch).unwrap());
-    let launch = Launch::Softcap {
+    out.push(launch.spec(&dev).unwrap());
+    let launch = Softcap {
         y: &mut c,
         n: 64,
         cap: 30.0,
     };
-    out.push(launch_spec(&dev, launch).unwrap());
-    let launch = Launch::Copy {
+    out.push(launch.spec(&dev).unwrap());
+    let launch = CopyKernel {
         dst: &mut c,
         src: &x,
         n: 64,
     };
-    out.push(launch_spec(&dev, launch).unwrap());
-    let launch = Launch::Fill {
+    out.push(launch.spec(&dev).unwrap());
+    let launch = Fill {
         y: &mut c,
         n: 64,
         v: 0.5,
     };
-    out.push(launch_spec(&dev, launch).unwrap());
+    out.push(launch.spec(&dev).unwrap());
     let mut flags = dev.zeros::<i32>(64).unwrap();
-    let launch = Launch::ExpertFlags {
+    let launch = ExpertFlags {
         w: &x,
         expert_ffn: 8,
         routed: 56,
@@ -287,9 +293,9 @@ fn every_spec() -> Vec<LaunchSpec> {
         n: 64,
         flags: &mut flags,
     };
-    out.push(launch_spec(&dev, launch).unwrap());
+    out.push(launch.spec(&dev).unwrap());
     let slabs = dev.zeros::<u8>(256).unwrap();
-    let launch = Launch::ExpertScale {
+    let launch = ExpertScale {
         slabs: &slabs,
         ids_l: RowLayout::dense(64, 4).unwrap(),
         w: &x,
@@ -299,9 +305,9 @@ fn every_spec() -> Vec<LaunchSpec> {
         n: 64,
         h: &mut c,
     };
-    out.push(launch_spec(&dev, launch).unwrap());
+    out.push(launch.spec(&dev).unwrap());
     let (part, count) = (f(128), i(1));
-    let launch = Launch::AddSplits {
+    let launch = AddSplits {
         part: &part,
         splits: 2,
         cols: 64,
@@ -309,9 +315,9 @@ fn every_spec() -> Vec<LaunchSpec> {
         n: 64,
         y: &mut c,
     };
-    out.push(launch_spec(&dev, launch).unwrap());
+    out.push(launch.spec(&dev).unwrap());
     let (mut oi, mut oa, mut oc) = (i(64), f(64), i(1));
-    let launch = Launch::CompactNonzero {
+    let launch = CompactNonzero {
         a: &x,
         idx: Some(&idx),
         count_in: Some(&count),
@@ -320,9 +326,9 @@ fn every_spec() -> Vec<LaunchSpec> {
         out_a: &mut oa,
         count: &mut oc,
     };
-    out.push(launch_spec(&dev, launch).unwrap());
+    out.push(launch.spec(&dev).unwrap());
     let flags = i(64);
-    let launch = Launch::CompactFlags {
+    let launch = CompactFlags {
         slabs: &slabs,
         ids_l: RowLayout::dense(64, 4).unwrap(),
         flags: &flags,
@@ -330,7 +336,7 @@ fn every_spec() -> Vec<LaunchSpec> {
         out_idx: &mut oi,
         count: &mut oc,
     };
-    out.push(launch_spec(&dev, launch).unwrap());
+    out.push(launch.spec(&dev).unwrap());
     out
 }
 
@@ -342,15 +348,15 @@ fn kv_specs<T: KvElem>(
 ) -> [LaunchSpec; 3] {
     let (mut ck, mut cv) = (dev.zeros::<T>(256).unwrap(), dev.zeros::<T>(256).unwrap());
     let mut part = dev.zeros::<f32>(2 * 3 * 34).unwrap();
-    let launch = Launch::KvStore {
+    let launch = KvStore {
         k: x,
         v: x,
         kv_dim: 64,
         pos: 1,
         caches: T::caches_mut::<HostBackend>(&mut ck, &mut cv),
     };
-    let store = launch_spec(dev, launch).unwrap();
-    let launch = Launch::AttentionDecode {
+    let store = launch.spec(dev).unwrap();
+    let launch = AttentionDecode {
         q: x,
         caches: T::caches::<HostBackend>(&ck, &cv),
         first: 1,
@@ -364,15 +370,15 @@ fn kv_specs<T: KvElem>(
         part: &mut part,
         out,
     };
-    let att = launch_spec(dev, launch).unwrap();
-    let launch = Launch::AttentionMerge {
+    let att = launch.spec(dev).unwrap();
+    let launch = AttentionMerge {
         part: &part,
         n_heads: 2,
         head_dim: 32,
         n_chunks: 3,
         out,
     };
-    [store, att, launch_spec(dev, launch).unwrap()]
+    [store, att, launch.spec(dev).unwrap()]
 }
 
 #[test]
@@ -381,7 +387,7 @@ fn every_launch_spec_packs_its_kernels_parameters_with_their_widths() {
         return;
     }
     let mut params = HashMap::new();
-    for src in kernels::ALL {
+    for src in ops::SOURCES {
         params.extend(ptx_params(&ptx(&src, 80)));
     }
     let specs = every_spec();
@@ -415,10 +421,10 @@ fn rope_takes_its_angles_by_value_as_the_launch_passes_them() {
     if !find_nvrtc() {
         return;
     }
-    let ptx = ptx(&kernels::NORM_ROPE, 80);
+    let ptx = ptx(&ops::norm_rope::launch::SOURCE, 80);
     // launch_spec.rs's RopeAngles: MAX_ROPE_PAIRS cosines then as many sines (f32), the seventh
     // argument.
-    let bytes = 8 * powerinfer_cuda::ops::MAX_ROPE_PAIRS;
+    let bytes = 8 * powerinfer_cuda::MAX_ROPE_PAIRS;
     let want = format!(".param .align 4 .b8 rope_param_6[{bytes}]");
     assert!(ptx.contains(&want), "no {want:?} in the PTX of rope");
 }
@@ -442,14 +448,14 @@ fn cubins_for_the_exact_architecture_cached_on_disk() {
     println!("NVRTC compiles binaries for {archs:?}");
     for arch in [80, 90] {
         assert!(archs.contains(&arch), "sm_{arch} missing from {archs:?}");
-        let src = kernels::ELEMENTWISE;
+        let src = ops::elementwise::launch::SOURCE;
         let cubin = nvrtc::compile_cubin(src.name, &src.program(), arch).unwrap();
         assert!(cubin.starts_with(b"\x7fELF"), "sm_{arch}: not an ELF image");
     }
     // Through the cache: compiled once, then read back identical.
     let dir = std::env::temp_dir().join(format!("powerinfer-kcache-{}", std::process::id()));
     std::env::set_var(nvrtc::PTX_CACHE_DIR, &dir);
-    let src = kernels::NORM_ROPE;
+    let src = ops::norm_rope::launch::SOURCE;
     let first = nvrtc::compile_cached(src.name, &src.program(), 90).unwrap();
     assert!(
         matches!(first, nvrtc::Image::Cubin { arch: 90, .. }),
@@ -475,7 +481,7 @@ fn kernels_and_launches_agree_on_their_shared_constants() {
     for (define, text, file) in [
         (
             format!("#define MAX_X_BYTES {}\n", powerinfer_cuda::MAX_X_BYTES),
-            kernels::SPARSE_MATVEC.source,
+            ops::rows::launch::SOURCE.source,
             "sparse_matvec.cu",
         ),
         (
@@ -485,7 +491,7 @@ fn kernels_and_launches_agree_on_their_shared_constants() {
         ),
         (
             format!("#define SPLIT_ROWS {}\n", powerinfer_cuda::SPLIT_ROWS),
-            kernels::AXPY_DOWN.source,
+            ops::axpy::launch::SOURCE.source,
             "axpy_down.cu",
         ),
     ] {

@@ -9,33 +9,21 @@
 //! synchronously on the calling thread; arguments the CUDA kernel would fault on (indices out
 //! of range, short buffers, rows outside their buffer) are `Error::Shape`, never a panic.
 //!
-//! The kernel families live in their own files, as in `kernels/*.cu`: `rows` (sparse_matvec,
-//! gate_up, quantize_x), `axpy`, `compact`, `predictor`, `norm_rope`, `attention` and `elementwise`; `view` holds the
-//! checked views of buffers they share (rows through a [`RowLayout`], index lists, neuron
-//! flags).
+//! Each kernel's contract lives with its family (`crate::ops::<family>::host`, run by
+//! [`Kernel::host`]); [`view`] holds the checked views of buffers they share (rows through a
+//! [`RowLayout`], index lists, neuron flags, counts). This module knows no family.
 //!
 //! [`RowLayout`]: crate::layout::RowLayout
 
-mod attention;
-mod axpy;
-mod compact;
-mod elementwise;
-mod norm_rope;
-mod predictor;
-mod rows;
-mod view;
-
-#[cfg(test)]
-mod testutil;
+pub(crate) mod view;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use powerinfer_core::{ensure, Error, Result};
+use powerinfer_core::{Error, Result};
 
-use crate::backend::{Backend, Checked, DeviceSlice, Elem, KvCaches, KvCachesMut, Launch};
+use crate::backend::{Backend, Checked, DeviceSlice, Elem, HostMem, Kernel};
 use crate::layout::{align, ALIGN};
-use view::{prefix, prefix_mut, Active, Neurons, Picks, Rows};
 
 /// A simulated GPU in host memory, optionally with a memory capacity (the "VRAM" a plan must
 /// fit in; unlimited by default).
@@ -262,392 +250,29 @@ impl Backend for HostBackend {
         buf.data.as_mut_ptr() as u64
     }
 
-    fn launch(&self, launch: Launch<'_, Self>, _checked: Checked) -> Result<()> {
-        let entry = launch.entry();
-        run(launch).map_err(|e| match e {
+    fn launch<K: Kernel<Self>>(&self, kernel: K, _checked: Checked) -> Result<()> {
+        let entry = kernel.entry();
+        kernel.host().map_err(|e| match e {
             Error::Shape(m) => Error::Shape(format!("gpu-sim {entry}: {m}")),
             e => e,
         })
     }
 }
 
-/// `n`, or with a count buffer (written by a compaction) min(count[0], n); a negative count
-/// is 0.
-fn counted(count: Option<&HostBuf<i32>>, n: usize) -> Result<usize> {
-    let Some(c) = count else {
-        return Ok(n);
-    };
-    let c = prefix(&c.data, 1, "count")?[0];
-    Ok(usize::try_from(c).unwrap_or(0).min(n))
-}
+impl HostMem for HostBackend {
+    fn data<T: Elem>(buf: &HostBuf<T>) -> &[T] {
+        &buf.data
+    }
 
-/// A compaction's count into its one-int buffer.
-fn write_count(count: &mut HostBuf<i32>, kept: usize) -> Result<()> {
-    let c = prefix_mut(&mut count.data, 1, "count")?;
-    c[0] = i32::try_from(kept).map_err(|_| Error::Shape(format!("{kept} entries")))?;
-    Ok(())
-}
-
-/// One launch, on slices of the buffers.
-fn run(launch: Launch<'_, HostBackend>) -> Result<()> {
-    match launch {
-        Launch::SparseMatvec {
-            dtype,
-            w,
-            l,
-            x,
-            cols,
-            idx,
-            n,
-            ids,
-            flags,
-            act,
-            accumulate,
-            y,
-        } => {
-            x.check("sparse_matvec", dtype)?;
-            let w = Rows::new(&w.data, l, dtype, cols, "w")?;
-            let active = match (ids, flags) {
-                (_, None) => None,
-                (Some((ids, ids_l)), Some(flags)) => {
-                    Some(Active::new(&ids.data, ids_l, &flags.data)?)
-                }
-                (None, Some(_)) => {
-                    return Err(Error::Shape("flags given without neuron ids".into()))
-                }
-            };
-            let picks = Picks::new(idx.map(|i| i.data.as_slice()), n)?;
-            let x = rows::x_values(&x, cols)?;
-            let y = prefix_mut(&mut y.data, n, "y")?;
-            rows::sparse_matvec(&w, &x, &picks, active.as_ref(), act, accumulate, y)
-        }
-        Launch::GateUp {
-            dtype,
-            w,
-            gate_l,
-            up_l,
-            x,
-            cols,
-            idx,
-            n,
-            ids_l,
-            flags,
-            bias,
-            act,
-            count,
-            h,
-        } => {
-            x.check("gate_up", dtype)?;
-            let n = counted(count, n)?;
-            let gate = Rows::new(&w.data, gate_l, dtype, cols, "gate")?;
-            let up = up_l
-                .map(|l| Rows::new(&w.data, l, dtype, cols, "up"))
-                .transpose()?;
-            let flags = flags.map(|f| f.data.as_slice());
-            let bias = bias.map(|b| b.data.as_slice());
-            let neurons = Neurons::new(&w.data, ids_l, flags, bias)?;
-            let picks = Picks::new(idx.map(|i| i.data.as_slice()), n)?;
-            let x = rows::x_values(&x, cols)?;
-            let h = prefix_mut(&mut h.data, n, "h")?;
-            rows::gate_up((&gate, up.as_ref()), &x, &picks, &neurons, act, h)
-        }
-        Launch::QuantizeX { x, cols, xq } => rows::quantize_x(&x.data, cols, &mut xq.data),
-        Launch::AxpyRows {
-            dtype,
-            w,
-            l,
-            cols,
-            idx,
-            a,
-            n,
-            count,
-            part,
-            y,
-            splits,
-        } => {
-            if splits == 0 {
-                return Err(Error::Shape("splits must be > 0".into()));
-            }
-            let launched = splits;
-            let n = counted(count, n)?;
-            let splits = match count {
-                Some(_) => crate::ops::live_splits(n, launched),
-                None => launched,
-            };
-            let w = Rows::new(&w.data, l, dtype, cols, "w")?;
-            let picks = Picks::new(idx.map(|i| i.data.as_slice()), n)?;
-            let a = prefix(&a.data, n, "a")?;
-            if launched == 1 {
-                let y = prefix_mut(&mut y.data, cols, "y")?;
-                return axpy::axpy_rows(&w, &picks, a, 0..n, y);
-            }
-            let part = part.ok_or_else(|| Error::Shape("split axpy_rows without part".into()))?;
-            let len = view::product(launched, cols, "part")?;
-            let part = prefix_mut(&mut part.data, len, "part")?;
-            axpy::axpy_split_rows(&w, &picks, a, splits, part)
-        }
-        Launch::AddSplits {
-            part,
-            splits,
-            cols,
-            count,
-            n,
-            y,
-        } => {
-            let len = view::product(splits, cols, "part")?;
-            let part = prefix(&part.data, len, "part")?;
-            let y = prefix_mut(&mut y.data, cols, "y")?;
-            let splits = match count {
-                Some(_) => crate::ops::live_splits(counted(count, n)?, splits),
-                None => splits,
-            };
-            axpy::add_splits(part, splits, y);
-            Ok(())
-        }
-        Launch::CompactNonzero {
-            a,
-            idx,
-            count_in,
-            n,
-            out_idx,
-            out_a,
-            count,
-        } => {
-            let m = counted(count_in, n)?;
-            let out_idx = prefix_mut(&mut out_idx.data, m, "out_idx")?;
-            let out_a = prefix_mut(&mut out_a.data, m, "out_a")?;
-            let idx = idx.map(|i| i.data.as_slice());
-            let kept = compact::compact_nonzero(&a.data, idx, m, out_idx, out_a)?;
-            write_count(count, kept)
-        }
-        Launch::CompactFlags {
-            slabs,
-            ids_l,
-            flags,
-            n,
-            out_idx,
-            count,
-        } => {
-            let ids = Rows::ids(&slabs.data, ids_l)?;
-            let out_idx = prefix_mut(&mut out_idx.data, n, "out_idx")?;
-            let kept = compact::compact_flags(&ids, &flags.data, n, out_idx)?;
-            write_count(count, kept)
-        }
-        Launch::PredictorFc2 {
-            dtype,
-            fc2_t,
-            l,
-            hidden,
-            rank,
-            ffn,
-            threshold,
-            flags,
-            logits,
-        } => {
-            let fc2_t = Rows::new(&fc2_t.data, l, dtype, ffn, "fc2_t")?;
-            let hidden = prefix(&hidden.data, rank, "hidden")?;
-            let flags = prefix_mut(&mut flags.data, ffn, "flags")?;
-            let logits = match logits {
-                Some(l) => Some(prefix_mut(&mut l.data, ffn, "logits")?),
-                None => None,
-            };
-            predictor::predictor_fc2(&fc2_t, hidden, threshold, flags, logits)
-        }
-        Launch::RmsNorm {
-            x,
-            w,
-            rows,
-            n,
-            eps,
-            out,
-            xq,
-        } => {
-            let total = view::product(rows, n, "rows × n")?;
-            let x = prefix(&x.data, total, "x")?;
-            let w = prefix(&w.data, n, "w")?;
-            let out = prefix_mut(&mut out.data, total, "out")?;
-            norm_rope::rms_norm(x, w, n, eps, out);
-            norm_rope::quantize_rows(out, n, xq.map(|q| &mut q.data[..]))
-        }
-        Launch::LayerNorm {
-            x,
-            w,
-            b,
-            rows,
-            n,
-            eps,
-            out,
-            xq,
-        } => {
-            let total = view::product(rows, n, "rows × n")?;
-            let x = prefix(&x.data, total, "x")?;
-            let w = prefix(&w.data, n, "w")?;
-            let b = prefix(&b.data, n, "b")?;
-            let out = prefix_mut(&mut out.data, total, "out")?;
-            norm_rope::layer_norm(x, [w, b], eps, out);
-            norm_rope::quantize_rows(out, n, xq.map(|q| &mut q.data[..]))
-        }
-        Launch::Rope {
-            x,
-            n_heads,
-            k,
-            k_heads,
-            head_dim,
-            pos,
-            inv_freqs,
-            neox,
-            x_norm,
-            k_norm,
-            eps,
-        } => {
-            ensure!(
-                2 * inv_freqs.len() <= head_dim,
-                Shape,
-                "rope: {} pairs in heads of {head_dim}",
-                inv_freqs.len()
-            );
-            let heads = [("x", Some(x), n_heads, x_norm), ("k", k, k_heads, k_norm)];
-            for (what, buf, n, norm) in heads {
-                let Some(buf) = buf else { continue };
-                let total = view::product(n, head_dim, "heads × head_dim")?;
-                let h = prefix_mut(&mut buf.data, total, what)?;
-                if let Some(w) = norm {
-                    let w = prefix(&w.data, head_dim, "norm weight")?;
-                    norm_rope::rms_norm_in_place(h, w, eps);
-                }
-                norm_rope::rope(h, head_dim, pos, inv_freqs, neox);
-            }
-            Ok(())
-        }
-        Launch::KvStore {
-            k,
-            v,
-            kv_dim,
-            pos,
-            caches,
-        } => {
-            let k = prefix(&k.data, kv_dim, "k")?;
-            let v = prefix(&v.data, kv_dim, "v")?;
-            match caches {
-                KvCachesMut::F16 { k: ck, v: cv } => {
-                    attention::kv_store(k, v, pos, &mut ck.data, &mut cv.data)
-                }
-                KvCachesMut::F32 { k: ck, v: cv } => {
-                    attention::kv_store(k, v, pos, &mut ck.data, &mut cv.data)
-                }
-            }
-        }
-        Launch::AttentionDecode {
-            q,
-            caches,
-            first,
-            n_pos,
-            n_heads,
-            n_kv_heads,
-            head_dim,
-            scale,
-            softcap,
-            chunk,
-            part,
-            out,
-        } => {
-            let shape = attention::Heads::new(n_heads, n_kv_heads, head_dim)?;
-            let total = view::product(n_heads, head_dim, "n_heads × head_dim")?;
-            let q = prefix(&q.data, total, "q")?;
-            let out = prefix_mut(&mut out.data, total, "out")?;
-            let (positions, params) = (first..n_pos, [scale, softcap]);
-            let dst = attention::Dst {
-                chunk,
-                part: &mut part.data,
-                out,
-            };
-            match caches {
-                KvCaches::F16 { k, v } => {
-                    let caches = [k.data.as_slice(), &v.data];
-                    attention::attention_decode(&shape, q, caches, positions, params, dst)
-                }
-                KvCaches::F32 { k, v } => {
-                    let caches = [k.data.as_slice(), &v.data];
-                    attention::attention_decode(&shape, q, caches, positions, params, dst)
-                }
-            }
-        }
-        Launch::AttentionMerge {
-            part,
-            n_heads,
-            head_dim,
-            n_chunks,
-            out,
-        } => {
-            let total = view::product(n_heads, head_dim, "n_heads × head_dim")?;
-            let out = prefix_mut(&mut out.data, total, "out")?;
-            attention::attention_merge(&part.data, n_chunks, head_dim, out)
-        }
-        Launch::Add { y, x, n } => {
-            let x = prefix(&x.data, n, "x")?;
-            elementwise::add(prefix_mut(&mut y.data, n, "y")?, x);
-            Ok(())
-        }
-        Launch::ThresholdMask { h, n, t } => {
-            elementwise::threshold_mask(prefix_mut(&mut h.data, n, "h")?, t);
-            Ok(())
-        }
-        Launch::Softcap { y, n, cap } => {
-            elementwise::softcap(prefix_mut(&mut y.data, n, "y")?, cap);
-            Ok(())
-        }
-        Launch::Copy { dst, src, n } => {
-            let src = prefix(&src.data, n, "src")?;
-            prefix_mut(&mut dst.data, n, "dst")?.copy_from_slice(src);
-            Ok(())
-        }
-        Launch::Fill { y, n, v } => {
-            prefix_mut(&mut y.data, n, "y")?.fill(v);
-            Ok(())
-        }
-        Launch::ExpertFlags {
-            w,
-            expert_ffn,
-            routed,
-            n_expert,
-            n,
-            flags,
-        } => {
-            let e = elementwise::Experts::new(&w.data, expert_ffn, routed, n_expert)?;
-            let flags = prefix_mut(&mut flags.data, n, "flags")?;
-            for (j, f) in flags.iter_mut().enumerate() {
-                *f = i32::from(e.weight(j as i32)? != 0.0);
-            }
-            Ok(())
-        }
-        Launch::ExpertScale {
-            slabs,
-            ids_l,
-            w,
-            expert_ffn,
-            routed,
-            n_expert,
-            n,
-            h,
-        } => {
-            let e = elementwise::Experts::new(&w.data, expert_ffn, routed, n_expert)?;
-            let ids = Rows::ids(&slabs.data, ids_l)?;
-            let h = prefix_mut(&mut h.data, n, "h")?;
-            for (s, v) in h.iter_mut().enumerate() {
-                let id = ids.id(s)?;
-                if id >= 0 {
-                    *v *= e.weight(id)?;
-                }
-            }
-            Ok(())
-        }
+    fn data_mut<T: Elem>(buf: &mut HostBuf<T>) -> &mut [T] {
+        &mut buf.data
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::testutil::{is_shape, upload};
     use super::*;
+    use crate::ops::testutil::{is_shape, upload};
 
     #[test]
     fn allocations_are_counted_in_granules_and_given_back() {

@@ -12,32 +12,32 @@ use crate::layout::{RowLayout, NEURON_ID_BYTES};
 use crate::repack::{is_repacked, unpack_row};
 
 /// A Shape error.
-pub(super) fn shape(msg: String) -> Error {
+pub(crate) fn shape(msg: String) -> Error {
     Error::Shape(msg)
 }
 
 /// The first `n` elements of `buf`, or a Shape error naming `what`.
-pub(super) fn prefix<'a, T>(buf: &'a [T], n: usize, what: &str) -> Result<&'a [T]> {
+pub(crate) fn prefix<'a, T>(buf: &'a [T], n: usize, what: &str) -> Result<&'a [T]> {
     let len = buf.len();
     buf.get(..n)
         .ok_or_else(|| shape(format!("{what} holds {len} elements, {n} needed")))
 }
 
 /// The first `n` elements of `buf`, mutable, or a Shape error naming `what`.
-pub(super) fn prefix_mut<'a, T>(buf: &'a mut [T], n: usize, what: &str) -> Result<&'a mut [T]> {
+pub(crate) fn prefix_mut<'a, T>(buf: &'a mut [T], n: usize, what: &str) -> Result<&'a mut [T]> {
     let len = buf.len();
     buf.get_mut(..n)
         .ok_or_else(|| shape(format!("{what} holds {len} elements, {n} needed")))
 }
 
 /// `a · b`, or a Shape error when it overflows.
-pub(super) fn product(a: usize, b: usize, what: &str) -> Result<usize> {
+pub(crate) fn product(a: usize, b: usize, what: &str) -> Result<usize> {
     a.checked_mul(b)
         .ok_or_else(|| shape(format!("{what} = {a} × {b} overflows")))
 }
 
 /// An `i32` index or id as a position in a buffer of `len`, or a Shape error.
-pub(super) fn index(v: i32, len: usize, what: &str) -> Result<usize> {
+pub(crate) fn index(v: i32, len: usize, what: &str) -> Result<usize> {
     usize::try_from(v)
         .ok()
         .filter(|&i| i < len)
@@ -46,18 +46,18 @@ pub(super) fn index(v: i32, len: usize, what: &str) -> Result<usize> {
 
 /// The rows of one matrix inside a byte buffer: row `r` is `bytes` bytes at
 /// `layout.byte_offset(r)` (`row_ptr` in common.cuh), holding `cols` weights of `dtype`.
-pub(super) struct Rows<'a> {
+pub(crate) struct Rows<'a> {
     buf: &'a [u8],
     l: RowLayout,
-    pub(super) dtype: DType,
-    pub(super) cols: usize,
+    pub(crate) dtype: DType,
+    pub(crate) cols: usize,
     bytes: usize,
     what: &'static str,
 }
 
 impl<'a> Rows<'a> {
     /// The rows of a `dtype` matrix of `cols` columns laid out by `l` in `buf`.
-    pub(super) fn new(
+    pub(crate) fn new(
         buf: &'a [u8],
         l: RowLayout,
         dtype: DType,
@@ -69,7 +69,7 @@ impl<'a> Rows<'a> {
     }
 
     /// The i32 neuron ids of a slab layout (4-byte rows).
-    pub(super) fn ids(buf: &'a [u8], l: RowLayout) -> Result<Rows<'a>> {
+    pub(crate) fn ids(buf: &'a [u8], l: RowLayout) -> Result<Rows<'a>> {
         Rows::with_bytes(buf, l, DType::F32, 1, NEURON_ID_BYTES, "ids")
     }
 
@@ -95,7 +95,7 @@ impl<'a> Rows<'a> {
     }
 
     /// The bytes of row `r`.
-    pub(super) fn get(&self, r: usize) -> Result<&'a [u8]> {
+    pub(crate) fn get(&self, r: usize) -> Result<&'a [u8]> {
         let l = &self.l;
         let group_rows = l.group_rows as usize; // > 0, checked in `new`
         if l.group_stride == 0 && r >= group_rows {
@@ -136,39 +136,39 @@ impl<'a> Rows<'a> {
     }
 
     /// `dot(row r, x)` with `x` of `cols` values (the CPU's row kernel, f32 accumulation).
-    pub(super) fn dot(&self, r: usize, x: &[f32]) -> Result<f32> {
+    pub(crate) fn dot(&self, r: usize, x: &[f32]) -> Result<f32> {
         debug_assert_eq!(x.len(), self.cols);
         Ok(powerinfer_cpu::dot_row(self.dtype, &self.gguf_row(r)?, x))
     }
 
     /// Row `r` decoded into `out` (`cols` values).
-    pub(super) fn decode(&self, r: usize, out: &mut [f32]) -> Result<()> {
+    pub(crate) fn decode(&self, r: usize, out: &mut [f32]) -> Result<()> {
         powerinfer_cpu::dequantize_row(self.dtype, &self.gguf_row(r)?, out)
     }
 
     /// The little-endian i32 of row `r` (a neuron id).
-    pub(super) fn id(&self, r: usize) -> Result<i32> {
+    pub(crate) fn id(&self, r: usize) -> Result<i32> {
         let b = self.get(r)?;
         Ok(i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
     }
 }
 
 /// Which matrix row each output `k in 0..n` reads: `idx[k]`, or `k` without a list.
-pub(super) struct Picks<'a> {
+pub(crate) struct Picks<'a> {
     idx: Option<&'a [i32]>,
     /// Outputs.
-    pub(super) n: usize,
+    pub(crate) n: usize,
 }
 
 impl<'a> Picks<'a> {
     /// The rows of `n` outputs; the list must hold at least `n` indices.
-    pub(super) fn new(idx: Option<&'a [i32]>, n: usize) -> Result<Picks<'a>> {
+    pub(crate) fn new(idx: Option<&'a [i32]>, n: usize) -> Result<Picks<'a>> {
         let idx = idx.map(|i| prefix(i, n, "idx")).transpose()?;
         Ok(Picks { idx, n })
     }
 
     /// The matrix row of output `k` (a negative index is a Shape error).
-    pub(super) fn row(&self, k: usize) -> Result<usize> {
+    pub(crate) fn row(&self, k: usize) -> Result<usize> {
         match self.idx {
             None => Ok(k),
             Some(idx) => usize::try_from(idx[k])
@@ -179,14 +179,14 @@ impl<'a> Picks<'a> {
 
 /// Neuron flags (one i32 per FFN neuron, nonzero = active) read through the neuron ids of the
 /// rows (`row_active` in sparse_matvec.cu).
-pub(super) struct Active<'a> {
+pub(crate) struct Active<'a> {
     ids: Rows<'a>,
     flags: &'a [i32],
 }
 
 impl<'a> Active<'a> {
     /// Flags `flags`, ids at `ids_l` in `ids_buf`.
-    pub(super) fn new(ids_buf: &'a [u8], ids_l: RowLayout, flags: &'a [i32]) -> Result<Active<'a>> {
+    pub(crate) fn new(ids_buf: &'a [u8], ids_l: RowLayout, flags: &'a [i32]) -> Result<Active<'a>> {
         Ok(Active {
             ids: Rows::ids(ids_buf, ids_l)?,
             flags,
@@ -195,7 +195,7 @@ impl<'a> Active<'a> {
 
     /// Whether matrix row `r` is to be computed: its id is not padding (< 0) and its flag is
     /// set. An id past the flags is a Shape error.
-    pub(super) fn is_active(&self, r: usize) -> Result<bool> {
+    pub(crate) fn is_active(&self, r: usize) -> Result<bool> {
         let id = self.ids.id(r)?;
         if id < 0 {
             return Ok(false);
@@ -208,7 +208,7 @@ impl<'a> Active<'a> {
 /// flags (an inactive neuron yields 0 unread) and the gate bias (one value per FFN neuron,
 /// added to the gate's dot). A padding slot (id < 0) yields 0 when either is given; with
 /// neither, no id is read.
-pub(super) struct Neurons<'a> {
+pub(crate) struct Neurons<'a> {
     ids: Rows<'a>,
     flags: Option<&'a [i32]>,
     bias: Option<&'a [f32]>,
@@ -216,7 +216,7 @@ pub(super) struct Neurons<'a> {
 
 impl<'a> Neurons<'a> {
     /// Ids at `ids_l` in `ids_buf`, with the optional flags and bias.
-    pub(super) fn new(
+    pub(crate) fn new(
         ids_buf: &'a [u8],
         ids_l: RowLayout,
         flags: Option<&'a [i32]>,
@@ -231,7 +231,7 @@ impl<'a> Neurons<'a> {
 
     /// The gate bias of matrix row `r` (0 without one), or None when the row yields 0 unread
     /// (padding, or an inactive neuron). An id past the flags or the bias is a Shape error.
-    pub(super) fn gate_bias(&self, r: usize) -> Result<Option<f32>> {
+    pub(crate) fn gate_bias(&self, r: usize) -> Result<Option<f32>> {
         if self.flags.is_none() && self.bias.is_none() {
             return Ok(Some(0.0));
         }
@@ -248,4 +248,21 @@ impl<'a> Neurons<'a> {
             .map_or(Ok(0.0), |b| Ok(b[index(id, b.len(), "neuron id (bias)")?]))
             .map(Some)
     }
+}
+
+/// `n`, or with a count buffer (written by a compaction) min(count[0], n); a negative count
+/// is 0.
+pub(crate) fn counted(count: Option<&[i32]>, n: usize) -> Result<usize> {
+    let Some(c) = count else {
+        return Ok(n);
+    };
+    let c = prefix(c, 1, "count")?[0];
+    Ok(usize::try_from(c).unwrap_or(0).min(n))
+}
+
+/// A compaction's count into its one-int buffer.
+pub(crate) fn write_count(count: &mut [i32], kept: usize) -> Result<()> {
+    let c = prefix_mut(count, 1, "count")?;
+    c[0] = i32::try_from(kept).map_err(|_| Error::Shape(format!("{kept} entries")))?;
+    Ok(())
 }

@@ -1,80 +1,87 @@
 //! Copies in and out, and the weight uploads: whole matrices, and one layer's hot neurons
-//! packed in slabs ([`pack_hot_slabs`]).
+//! packed in slabs ([`pack_hot_slabs`]) ([`UploadOps`]; no kernel).
 
 use powerinfer_core::{ensure, Result, Weight};
 
 use crate::backend::{Backend, DeviceSlice, DeviceWeight, Elem, HotFfn};
+use crate::kernels::ensure_gpu_dtype;
 use crate::layout::{pack_hot_rows, pack_hot_slabs, RowLayout, RowSpace};
 use crate::repack::repack_rows;
 
-/// Copy `host` to a new buffer.
-pub(crate) fn upload<B: Backend, T: Elem>(dev: &B, host: &[T]) -> Result<B::Buf<T>> {
-    let mut buf = dev.zeros::<T>(host.len())?;
-    dev.write(host, &mut buf, 0)?;
-    Ok(buf)
+/// Copies and uploads, checked, on any backend.
+pub trait UploadOps: Backend {
+    /// Copy `host` to a new buffer.
+    fn upload<T: Elem>(&self, host: &[T]) -> Result<Self::Buf<T>> {
+        let mut buf = self.zeros::<T>(host.len())?;
+        self.write(host, &mut buf, 0)?;
+        Ok(buf)
+    }
+
+    /// Copy a whole buffer back (waits for queued work).
+    fn download<T: Elem>(&self, src: &Self::Buf<T>) -> Result<Vec<T>> {
+        let mut out = vec![T::default(); src.len()];
+        self.read(src, 0, &mut out)?;
+        Ok(out)
+    }
+
+    /// Upload a whole weight matrix (rows as stored, the 32-weight quantized formats repacked:
+    /// [`crate::repack`]).
+    fn upload_weight(&self, w: &Weight) -> Result<DeviceWeight<Self>> {
+        ensure_gpu_dtype(w.dtype)?;
+        let rb = w.dtype.row_bytes(w.cols)?;
+        ensure!(
+            w.n_bytes() == rb * w.rows,
+            Shape,
+            "{} weight of {} x {} has {} bytes",
+            w.dtype,
+            w.rows,
+            w.cols,
+            w.n_bytes()
+        );
+        Ok(DeviceWeight {
+            dtype: w.dtype,
+            rows: w.rows,
+            cols: w.cols,
+            layout: RowLayout::dense(w.rows, rb)?,
+            data: self.upload(&repack_rows(w.dtype, w.cols, w.bytes())?)?,
+        })
+    }
+
+    /// Pack one layer's hot neurons into slabs of `bucket` (see [`pack_hot_slabs`]; `up` None for
+    /// a gate-less FFN) and upload them: exactly `n_slabs · slab_bytes` bytes, the plan's
+    /// `ffn_hot`.
+    fn upload_hot_ffn(
+        &self,
+        gate: &Weight,
+        up: Option<&Weight>,
+        down_t: &Weight,
+        ids: &[u32],
+        bucket: usize,
+    ) -> Result<HotFfn<Self>> {
+        let (layout, bytes) = pack_hot_slabs(gate, up, down_t, ids, bucket)?;
+        Ok(HotFfn {
+            layout,
+            data: self.upload(&bytes)?,
+        })
+    }
+
+    /// [`UploadOps::upload_hot_ffn`] over row spaces: a mixture of experts' flattened neurons
+    /// (each expert's rows, then the shared expert's), packed without copying the experts first
+    /// ([`pack_hot_rows`]).
+    fn upload_hot_rows(
+        &self,
+        gate: &RowSpace<'_>,
+        up: Option<&RowSpace<'_>>,
+        down_t: &RowSpace<'_>,
+        ids: &[u32],
+        bucket: usize,
+    ) -> Result<HotFfn<Self>> {
+        let (layout, bytes) = pack_hot_rows(gate, up, down_t, ids, bucket)?;
+        Ok(HotFfn {
+            layout,
+            data: self.upload(&bytes)?,
+        })
+    }
 }
 
-/// Copy a whole buffer back (waits for queued work).
-pub(crate) fn download<B: Backend, T: Elem>(dev: &B, src: &B::Buf<T>) -> Result<Vec<T>> {
-    let mut out = vec![T::default(); src.len()];
-    dev.read(src, 0, &mut out)?;
-    Ok(out)
-}
-
-/// Upload a whole weight matrix (rows as stored, the 32-weight quantized formats repacked:
-/// [`crate::repack`]).
-pub(crate) fn upload_weight<B: Backend>(dev: &B, w: &Weight) -> Result<DeviceWeight<B>> {
-    super::ensure_gpu_dtype(w.dtype)?;
-    let rb = w.dtype.row_bytes(w.cols)?;
-    ensure!(
-        w.n_bytes() == rb * w.rows,
-        Shape,
-        "{} weight of {} x {} has {} bytes",
-        w.dtype,
-        w.rows,
-        w.cols,
-        w.n_bytes()
-    );
-    Ok(DeviceWeight {
-        dtype: w.dtype,
-        rows: w.rows,
-        cols: w.cols,
-        layout: RowLayout::dense(w.rows, rb)?,
-        data: upload(dev, &repack_rows(w.dtype, w.cols, w.bytes())?)?,
-    })
-}
-
-/// Pack one layer's hot neurons into slabs of `bucket` (see [`pack_hot_slabs`]; `up` None for
-/// a gate-less FFN) and upload them: exactly `n_slabs · slab_bytes` bytes, the plan's
-/// `ffn_hot`.
-pub(crate) fn upload_hot_ffn<B: Backend>(
-    dev: &B,
-    gate: &Weight,
-    up: Option<&Weight>,
-    down_t: &Weight,
-    ids: &[u32],
-    bucket: usize,
-) -> Result<HotFfn<B>> {
-    let (layout, bytes) = pack_hot_slabs(gate, up, down_t, ids, bucket)?;
-    Ok(HotFfn {
-        layout,
-        data: upload(dev, &bytes)?,
-    })
-}
-
-/// [`upload_hot_ffn`] over row spaces (a mixture of experts' flattened neurons:
-/// [`pack_hot_rows`]).
-pub(crate) fn upload_hot_rows<B: Backend>(
-    dev: &B,
-    gate: &RowSpace<'_>,
-    up: Option<&RowSpace<'_>>,
-    down_t: &RowSpace<'_>,
-    ids: &[u32],
-    bucket: usize,
-) -> Result<HotFfn<B>> {
-    let (layout, bytes) = pack_hot_rows(gate, up, down_t, ids, bucket)?;
-    Ok(HotFfn {
-        layout,
-        data: upload(dev, &bytes)?,
-    })
-}
+impl<B: Backend> UploadOps for B {}

@@ -66,6 +66,10 @@ pub fn par_map<T: Sync, R: Send>(items: &[T], f: impl Fn(&T) -> R + Sync) -> Vec
 pub fn module_jobs(archs: &[u32]) -> Vec<(u32, &'static kernels::KernelSource)> {
     archs
         .iter()
-        .flat_map(|&arch| kernels::ALL.iter().map(move |src| (arch, src)))
+        .flat_map(|&arch| {
+            powerinfer_cuda::ops::SOURCES
+                .iter()
+                .map(move |src| (arch, src))
+        })
         .collect()
 }

@@ -9,9 +9,8 @@
 use std::sync::Arc;
 
 use powerinfer_core::{ensure, Result, Side};
-use powerinfer_cuda::{
-    down_splits, Act, Allocation, AttnParams, Backend, FfnAct, GpuOps, KvElem, XIn,
-};
+use powerinfer_cuda::ops::prelude::*;
+use powerinfer_cuda::{down_splits, Act, Allocation, AttnParams, Backend, FfnAct, KvElem, XIn};
 
 use crate::ffn::{rows_ffn, DenseDown, FfnScratch};
 use crate::forward::{

@@ -7,8 +7,9 @@
 
 use powerinfer_core::{bail, ensure, DType, KvPrecision, Result, Weight};
 use powerinfer_cuda::layout::{align, att_part_len};
+use powerinfer_cuda::ops::prelude::*;
 use powerinfer_cuda::{
-    Allocation, Backend, Compacted, DeviceSlice, DeviceWeight, Elem, GpuOps, HotFfn, RowSpace,
+    Allocation, Backend, Compacted, DeviceSlice, DeviceWeight, Elem, HotFfn, RowSpace,
 };
 
 use crate::placement::Placement;
@@ -212,16 +213,16 @@ pub struct GpuScratch<B: Backend> {
     /// A mixture of experts' weights for the token (n_expert + 1: each expert's, 0 where not
     /// routed, then the shared expert's scale).
     pub expert_w: Option<B::Buf<f32>>,
-    /// The input of the quantized row kernels: x quantized (`GpuOps::quantize_x`, or by the
+    /// The input of the quantized row kernels: x quantized (`RowOps::quantize_x`, or by the
     /// norm that wrote `xb`), for the longer of dim and q_dim.
     pub xq: B::Buf<u8>,
     /// Whether `xq` holds `xb` quantized, written with it by the norm that wrote `xb` (the
     /// quantized matvecs that read `xb` then launch no `quantize_x`). Set only by such a norm;
     /// cleared by every other write of `xb` or of `xq` (the executor's `row_input`).
     pub xq_of_xb: bool,
-    /// The hot slots predictor mode's gate/up pass computes (`GpuOps::active_slots`).
+    /// The hot slots predictor mode's gate/up pass computes (`CompactOps::active_slots`).
     pub slots: Compacted<B>,
-    /// The rows of the hot down pass, with their activations (`GpuOps::nonzero_rows`).
+    /// The rows of the hot down pass, with their activations (`CompactOps::nonzero_rows`).
     pub rows: Compacted<B>,
 }
 

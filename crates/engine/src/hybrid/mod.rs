@@ -2,7 +2,7 @@
 //! and hot neurons on a GPU; per layer of a decode step the GPU computes its part while the CPU
 //! computes the cold neurons that fire, and the two halves meet once. Both sides walk the same
 //! layer program ([`crate::layer`]), so every family the CPU engine runs runs here too: every
-//! step has a GPU op (`powerinfer_cuda::GpuOps`), matched exhaustively in the executor, so a new
+//! step has a GPU op (`powerinfer_cuda::ops`), matched exhaustively in the executor, so a new
 //! step cannot reach a GPU without one. It is generic over the
 //! GPU backend, so the same code runs on `device="cuda"`, on `device="gpu-emu"` (the real
 //! kernels run on the CPU by the emulator, feature `emu`) and on `device="gpu-sim"` (each

@@ -1,13 +1,13 @@
-//! `compact_nonzero` and `compact_flags` (compact.cu): lists gathered in entry order, their
-//! count written to a one-int buffer.
+//! The contracts of `compact_nonzero` and `compact_flags` (compact.cu) on host memory: lists
+//! gathered in entry order, their count written to a one-int buffer.
 
 use powerinfer_core::Result;
 
-use super::view::{index, prefix, Rows};
+use crate::host::view::{index, prefix, Rows};
 
 /// The entries k < m with `a[k] != 0` (a NaN kept): `out_idx[j] = idx[k]` (k without a list),
 /// `out_a[j] = a[k]`; returns how many.
-pub(super) fn compact_nonzero(
+pub(crate) fn compact_nonzero(
     a: &[f32],
     idx: Option<&[i32]>,
     m: usize,
@@ -30,7 +30,7 @@ pub(super) fn compact_nonzero(
 
 /// The slots s < n whose id (read through `ids`) is not padding and whose flag is set, into
 /// `out_idx`; returns how many. An id past the flags is a Shape error.
-pub(super) fn compact_flags(
+pub(crate) fn compact_flags(
     ids: &Rows<'_>,
     flags: &[i32],
     n: usize,

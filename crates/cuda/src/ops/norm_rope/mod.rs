@@ -1,19 +1,25 @@
-//! The kernels of `norm_rope.cu`: RMSNorm and LayerNorm over rows, and rotary embeddings in
-//! place.
+//! The norm and rotary family (`kernels/norm_rope.cu`): RMSNorm and LayerNorm over rows
+//! (optionally quantizing their output for the integer dots in the same launch), and rotary
+//! embeddings in place (optionally after the per-head q/k norm), checked ([`NormRopeOps`]),
+//! launched ([`launch`]) and run on host memory (`host`).
 
 use powerinfer_core::{ensure, Result, RopeStyle};
 
-use crate::backend::{Backend, Checked, DeviceSlice, Launch};
+use crate::backend::{Backend, Checked, DeviceSlice};
 use crate::layout::xq_bytes;
 
-/// The most rotated pairs per head the `rope` kernel takes (`MAX_ROPE_PAIRS` in norm_rope.cu:
-/// heads up to 512 values).
-pub const MAX_ROPE_PAIRS: usize = 256;
+pub(crate) mod host;
+pub mod launch;
+#[cfg(test)]
+mod tests;
+
+pub use launch::MAX_ROPE_PAIRS;
+use launch::{LayerNorm, RmsNorm, Rope};
 
 /// RMSNorm of `rows` rows of `w.len()` values: `out = x / sqrt(mean(x²) + eps) · w`; with `xq`
-/// also `out` quantized for the integer dots (as [`quantize_x`](super::rows::quantize_x) would,
+/// also `out` quantized for the integer dots (as `quantize_x` would,
 /// row after row).
-pub(crate) fn rms_norm<B: Backend>(
+fn rms_norm<B: Backend>(
     dev: &B,
     x: &B::Buf<f32>,
     w: &B::Buf<f32>,
@@ -27,7 +33,7 @@ pub(crate) fn rms_norm<B: Backend>(
     if rows == 0 {
         return Ok(());
     }
-    let launch = Launch::RmsNorm {
+    let launch = RmsNorm {
         x,
         w,
         rows,
@@ -81,7 +87,7 @@ fn check_rows<B: Backend>(
 /// LayerNorm of `rows` rows of `w.len()` values: `out = (x − mean) / sqrt(var + eps) · w + b`
 /// (the biased variance, as the CPU's `layer_norm`); `xq` as [`rms_norm`]'s.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn layer_norm<B: Backend>(
+fn layer_norm<B: Backend>(
     dev: &B,
     x: &B::Buf<f32>,
     w: &B::Buf<f32>,
@@ -102,7 +108,7 @@ pub(crate) fn layer_norm<B: Backend>(
     if rows == 0 || n == 0 {
         return Ok(());
     }
-    let launch = Launch::LayerNorm {
+    let launch = LayerNorm {
         x,
         w,
         b,
@@ -128,7 +134,7 @@ pub type QkNorms<'a, B> = (
 /// ([`ModelConfig::rope_inv_freqs`](powerinfer_core::ModelConfig::rope_inv_freqs)); with
 /// `norms`, each head RMS-normed first (x's with the first weight, k's with the second).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn rope<B: Backend>(
+fn rope<B: Backend>(
     dev: &B,
     x: &mut B::Buf<f32>,
     k: Option<&mut B::Buf<f32>>,
@@ -173,7 +179,7 @@ pub(crate) fn rope<B: Backend>(
     if n_heads + k_heads == 0 {
         return Ok(());
     }
-    let launch = Launch::Rope {
+    let launch = Rope {
         x,
         n_heads,
         k,
@@ -189,13 +195,93 @@ pub(crate) fn rope<B: Backend>(
     dev.launch(launch, Checked(()))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::MAX_ROPE_PAIRS;
+/// The norms and rotary embeddings, checked, on any backend.
+#[allow(clippy::too_many_arguments)]
+pub trait NormRopeOps: Backend {
+    /// RMSNorm of `rows` rows of `w.len()` values.
+    fn rms_norm(
+        &self,
+        x: &Self::Buf<f32>,
+        w: &Self::Buf<f32>,
+        rows: usize,
+        eps: f32,
+        out: &mut Self::Buf<f32>,
+    ) -> Result<()> {
+        rms_norm(self, x, w, rows, eps, out, None)
+    }
 
-    #[test]
-    fn the_kernel_takes_max_rope_pairs() {
-        let define = format!("#define MAX_ROPE_PAIRS {MAX_ROPE_PAIRS}\n");
-        assert!(crate::kernels::NORM_ROPE.source.contains(&define));
+    /// [`rms_norm`](Self::rms_norm), and `out` quantized into `xq` in the same launch (the
+    /// bytes `quantize_x` would write for it, row after row; rows of whole blocks of 32): the
+    /// quantized matvecs reading a norm need no launch of their own.
+    fn rms_norm_quantized(
+        &self,
+        x: &Self::Buf<f32>,
+        w: &Self::Buf<f32>,
+        rows: usize,
+        eps: f32,
+        out: &mut Self::Buf<f32>,
+        xq: &mut Self::Buf<u8>,
+    ) -> Result<()> {
+        rms_norm(self, x, w, rows, eps, out, Some(xq))
+    }
+
+    /// LayerNorm of `rows` rows of `w.len()` values: `out = (x − mean) / sqrt(var + eps) · w +
+    /// b`, the biased variance (OPT, Falcon).
+    fn layer_norm(
+        &self,
+        x: &Self::Buf<f32>,
+        w: &Self::Buf<f32>,
+        b: &Self::Buf<f32>,
+        rows: usize,
+        eps: f32,
+        out: &mut Self::Buf<f32>,
+    ) -> Result<()> {
+        layer_norm(self, x, w, b, rows, eps, out, None)
+    }
+
+    /// [`layer_norm`](Self::layer_norm), and `out` quantized into `xq` in the same launch (as
+    /// [`rms_norm_quantized`](Self::rms_norm_quantized)).
+    fn layer_norm_quantized(
+        &self,
+        x: &Self::Buf<f32>,
+        w: &Self::Buf<f32>,
+        b: &Self::Buf<f32>,
+        rows: usize,
+        eps: f32,
+        out: &mut Self::Buf<f32>,
+        xq: &mut Self::Buf<u8>,
+    ) -> Result<()> {
+        layer_norm(self, x, w, b, rows, eps, out, Some(xq))
+    }
+
+    /// Rotate every head of `x` (n_heads × head_dim) in place for position `pos`: pair i of
+    /// the first `2 · inv_freqs.len()` values of each head by `pos · inv_freqs[i]`.
+    fn rope(
+        &self,
+        x: &mut Self::Buf<f32>,
+        head_dim: usize,
+        pos: usize,
+        inv_freqs: &[f64],
+        style: RopeStyle,
+    ) -> Result<()> {
+        rope(self, x, None, head_dim, pos, inv_freqs, style, None)
+    }
+
+    /// [`rope`](Self::rope) of the queries `q` and the keys `k` in one launch; with `norms`
+    /// (the q and k weights of head_dim values, and eps) each head RMS-normed first, in the
+    /// same launch (the per-head q/k norm).
+    fn rope_qk(
+        &self,
+        q: &mut Self::Buf<f32>,
+        k: &mut Self::Buf<f32>,
+        head_dim: usize,
+        pos: usize,
+        inv_freqs: &[f64],
+        style: RopeStyle,
+        norms: Option<QkNorms<'_, Self>>,
+    ) -> Result<()> {
+        rope(self, q, Some(k), head_dim, pos, inv_freqs, style, norms)
     }
 }
+
+impl<B: Backend> NormRopeOps for B {}

@@ -1,14 +1,23 @@
-//! The row kernels of `sparse_matvec.cu`: a matvec over chosen rows of a matrix, and the hot
-//! neurons' fused gate/up pass over their slabs.
+//! The row family (`kernels/sparse_matvec.cu`): a matvec over chosen rows of a matrix, the
+//! hot neurons' fused gate/up pass over their slabs, and x quantized for the integer dots,
+//! checked ([`RowOps`]), launched ([`launch`]) and run on host memory (`host`).
 
 use powerinfer_core::{ensure, DType, Result};
 
-use crate::backend::{Backend, Checked, DeviceSlice, DeviceWeight, HotFfn, Launch, XArg};
+use crate::backend::{Backend, Checked, DeviceSlice, DeviceWeight, HotFfn};
 use crate::layout::{xq_bytes, Act, FfnAct};
 use crate::ops::compact::Compacted;
 
+pub(crate) mod host;
+pub mod launch;
+#[cfg(test)]
+mod tests;
+
+pub use launch::XArg;
+use launch::{GateUp, QuantizeX, SparseMatvec};
+
 /// The input vector of the row operations: its floats, and for weights in a quantized format
-/// the same vector quantized by [`GpuOps::quantize_x`](crate::GpuOps::quantize_x) since the
+/// the same vector quantized by [`RowOps::quantize_x`] since the
 /// floats last changed (the operations cannot tell a stale copy: the caller keeps them in step).
 pub struct XIn<'a, B: Backend> {
     /// The values.
@@ -50,7 +59,7 @@ impl<'a, B: Backend> XIn<'a, B> {
         let Some(q) = self.q else {
             powerinfer_core::bail!(
                 Shape,
-                "{what}: {dtype} weights read x quantized (GpuOps::quantize_x), none given"
+                "{what}: {dtype} weights read x quantized (quantize_x), none given"
             );
         };
         ensure!(
@@ -64,31 +73,9 @@ impl<'a, B: Backend> XIn<'a, B> {
     }
 }
 
-/// `x` as the int16 blocks of the quantized formats' row kernels, into `xq` (at least
-/// [`xq_bytes`] of x's length): all of x, whose length must be a multiple of 32.
-pub(crate) fn quantize_x<B: Backend>(dev: &B, x: &B::Buf<f32>, xq: &mut B::Buf<u8>) -> Result<()> {
-    let cols = x.len();
-    ensure!(
-        cols.is_multiple_of(32),
-        Shape,
-        "quantize_x: {cols} values, not whole blocks of 32"
-    );
-    ensure!(
-        xq.len() >= xq_bytes(cols),
-        Shape,
-        "quantize_x: {} bytes for {cols} values ({} needed)",
-        xq.len(),
-        xq_bytes(cols)
-    );
-    if cols == 0 {
-        return Ok(());
-    }
-    dev.launch(Launch::QuantizeX { x, cols, xq }, Checked(()))
-}
-
 /// Error unless the rows a launch reads exist: `n` indices when `idx` is given (their values
 /// are the caller's to keep in range), else rows 0..n of `rows`.
-pub(crate) fn check_rows<B: Backend>(
+fn check_rows<B: Backend>(
     rows: usize,
     idx: Option<&B::Buf<i32>>,
     n: usize,
@@ -110,7 +97,7 @@ pub(crate) fn check_rows<B: Backend>(
 /// `accumulate`). The indices must be rows of `w` (the kernel does not check them). A dense
 /// matvec is `idx = None, n = rows`.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn matvec_rows<B: Backend>(
+fn matvec_rows<B: Backend>(
     dev: &B,
     w: &DeviceWeight<B>,
     x: XIn<'_, B>,
@@ -131,7 +118,7 @@ pub(crate) fn matvec_rows<B: Backend>(
     if n == 0 {
         return Ok(());
     }
-    let launch = Launch::SparseMatvec {
+    let launch = SparseMatvec {
         dtype: w.dtype,
         w: &w.data,
         l: w.layout,
@@ -148,46 +135,11 @@ pub(crate) fn matvec_rows<B: Backend>(
     dev.launch(launch, Checked(()))
 }
 
-/// The hot neurons' gate/up pass, for every hot slot r in 0..n_hot: `h[r] = g · u'` with
-/// `g = act(dot(gate[r], x) + gate_bias[id])` and `u' = dot(up[r], x)` (`act(u)` with
-/// `act.up_act`, 1 for slabs without up rows), `act` with its FATReLU threshold. With `flags`
-/// (one i32 per FFN neuron, nonzero = active) an inactive neuron's rows are not read and
-/// h[r] = 0; `gate_bias` holds one value per FFN neuron. `Error::Unsupported` for gate and up
-/// rows in different formats, or a threshold that is negative, not a number, or given with
-/// another activation than ReLU.
-pub(crate) fn hot_gate_up<B: Backend>(
-    dev: &B,
-    ffn: &HotFfn<B>,
-    x: XIn<'_, B>,
-    flags: Option<&B::Buf<i32>>,
-    act: FfnAct,
-    gate_bias: Option<&B::Buf<f32>>,
-    h: &mut B::Buf<f32>,
-) -> Result<()> {
-    gate_up(dev, ffn, x, Active::Flags(flags), act, gate_bias, h)
-}
-
 /// Which hot slots a gate/up pass computes: all (`Flags(None)`), those whose neuron's flag is
 /// set, or the list compact_flags wrote (h[k] for its k-th slot).
 enum Active<'a, B: Backend> {
     Flags(Option<&'a B::Buf<i32>>),
     Slots(&'a Compacted<B>),
-}
-
-/// [`hot_gate_up`] over the active slots `slots` (from
-/// [`GpuOps::active_slots`](crate::GpuOps::active_slots)): `h[k]` for the k-th of them, the
-/// entries past their count left as they are.
-pub(crate) fn hot_gate_up_listed<B: Backend>(
-    dev: &B,
-    ffn: &HotFfn<B>,
-    x: XIn<'_, B>,
-    slots: &Compacted<B>,
-    act: FfnAct,
-    gate_bias: Option<&B::Buf<f32>>,
-    h: &mut B::Buf<f32>,
-) -> Result<()> {
-    slots.check(ffn.layout.n_hot, "hot_gate_up")?;
-    gate_up(dev, ffn, x, Active::Slots(slots), act, gate_bias, h)
 }
 
 fn gate_up<B: Backend>(
@@ -243,7 +195,7 @@ fn gate_up<B: Backend>(
     if l.n_hot == 0 {
         return Ok(());
     }
-    let launch = Launch::GateUp {
+    let launch = GateUp {
         dtype: l.gate_dtype,
         w: &ffn.data,
         gate_l: l.gate,
@@ -261,3 +213,93 @@ fn gate_up<B: Backend>(
     };
     dev.launch(launch, Checked(()))
 }
+
+/// The row operations, checked, on any backend.
+pub trait RowOps: Backend {
+    /// `x` (all of it: a multiple of 32 values) quantized to the int16 blocks the row kernels of
+    /// the quantized formats read, into `xq` (at least [`xq_bytes`] of x's length): once per
+    /// vector, before the row operations that read it ([`XIn::quantized`]).
+    fn quantize_x(&self, x: &Self::Buf<f32>, xq: &mut Self::Buf<u8>) -> Result<()> {
+        let cols = x.len();
+        ensure!(
+            cols.is_multiple_of(32),
+            Shape,
+            "quantize_x: {cols} values, not whole blocks of 32"
+        );
+        ensure!(
+            xq.len() >= xq_bytes(cols),
+            Shape,
+            "quantize_x: {} bytes for {cols} values ({} needed)",
+            xq.len(),
+            xq_bytes(cols)
+        );
+        if cols == 0 {
+            return Ok(());
+        }
+        self.launch(QuantizeX { x, cols, xq }, Checked(()))
+    }
+
+    /// `y[k] = act(dot(W[row k], x))` for k in 0..n, row k = `idx[k]` or k; x quantized when
+    /// W is. The indices must be rows of `w` (the kernel does not check them); a dense matvec
+    /// is `idx = None, n = rows`.
+    fn matvec_rows(
+        &self,
+        w: &DeviceWeight<Self>,
+        x: XIn<'_, Self>,
+        idx: Option<&Self::Buf<i32>>,
+        n: usize,
+        act: Act,
+        y: &mut Self::Buf<f32>,
+    ) -> Result<()> {
+        matvec_rows(self, w, x, idx, n, act, false, y)
+    }
+
+    /// `y[k] += dot(W[row k], x)` for k in 0..n (a dense matvec added into `y` in the same
+    /// launch: the attention's output into the residual); x quantized when W is.
+    fn matvec_add(
+        &self,
+        w: &DeviceWeight<Self>,
+        x: XIn<'_, Self>,
+        n: usize,
+        y: &mut Self::Buf<f32>,
+    ) -> Result<()> {
+        matvec_rows(self, w, x, None, n, Act::None, true, y)
+    }
+
+    /// The hot neurons' gate/up pass, for every hot slot r in 0..n_hot: `h[r] = g · u'` with
+    /// `g = act(dot(gate[r], x) + gate_bias[id])` and `u' = dot(up[r], x)` (`act(u)` with
+    /// `act.up_act`, 1 for slabs without up rows), `act` with its FATReLU threshold. With
+    /// `flags` (one i32 per FFN neuron, nonzero = active) an inactive neuron's rows are not
+    /// read and h[r] = 0; `gate_bias` holds one value per FFN neuron (OPT's fc1 bias); x
+    /// quantized when the slabs are. `Error::Unsupported` for gate and up rows in different
+    /// formats, or a threshold that is negative, not a number, or given with another
+    /// activation than ReLU.
+    fn hot_gate_up(
+        &self,
+        ffn: &HotFfn<Self>,
+        x: XIn<'_, Self>,
+        flags: Option<&Self::Buf<i32>>,
+        act: FfnAct,
+        gate_bias: Option<&Self::Buf<f32>>,
+        h: &mut Self::Buf<f32>,
+    ) -> Result<()> {
+        gate_up(self, ffn, x, Active::Flags(flags), act, gate_bias, h)
+    }
+
+    /// [`RowOps::hot_gate_up`] over the slots of `slots` only (`CompactOps::active_slots`):
+    /// `h[k]` for the k-th of them, the entries past their count left as they are.
+    fn hot_gate_up_listed(
+        &self,
+        ffn: &HotFfn<Self>,
+        x: XIn<'_, Self>,
+        slots: &Compacted<Self>,
+        act: FfnAct,
+        gate_bias: Option<&Self::Buf<f32>>,
+        h: &mut Self::Buf<f32>,
+    ) -> Result<()> {
+        slots.check(ffn.layout.n_hot, "hot_gate_up")?;
+        gate_up(self, ffn, x, Active::Slots(slots), act, gate_bias, h)
+    }
+}
+
+impl<B: Backend> RowOps for B {}

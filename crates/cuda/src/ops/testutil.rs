@@ -4,23 +4,24 @@
 use powerinfer_core::testing::pseudo_random;
 use powerinfer_core::{quantize_row, Buffer, DType, Error, Result, Weight};
 
-use super::{HostBackend, HostBuf};
+use crate::host::{HostBackend, HostBuf};
 
 /// The x the quantized formats' kernels multiply, computed independently (shared with the
 /// integration tests).
 #[path = "../../tests/support/x_hat.rs"]
 mod x_hat;
-use crate::backend::{Backend, Checked, Elem, Launch, XArg};
+use crate::backend::{Backend, Checked, Elem, Kernel};
 use crate::layout::{pack_hot_slabs, Act, SlabLayout};
-pub(super) use x_hat::x_hat;
+use crate::ops::rows::launch::{QuantizeX, XArg};
+pub(crate) use x_hat::x_hat;
 
 /// Launch on the host backend (the tests stand in for the checked ops).
-pub(super) fn launch(be: &HostBackend, l: Launch<'_, HostBackend>) -> Result<()> {
-    be.launch(l, Checked(()))
+pub(crate) fn launch<K: Kernel<HostBackend>>(be: &HostBackend, kernel: K) -> Result<()> {
+    be.launch(kernel, Checked(()))
 }
 
 /// A buffer holding `host`.
-pub(super) fn upload<T: Elem>(be: &HostBackend, host: &[T]) -> HostBuf<T> {
+pub(crate) fn upload<T: Elem>(be: &HostBackend, host: &[T]) -> HostBuf<T> {
     let mut b = be.zeros(host.len()).unwrap();
     be.write(host, &mut b, 0).unwrap();
     b
@@ -28,7 +29,7 @@ pub(super) fn upload<T: Elem>(be: &HostBackend, host: &[T]) -> HostBuf<T> {
 
 /// A buffer holding the rows of `w` as an upload lays them out on a device (the 32-weight
 /// quantized formats repacked, [`crate::repack`]).
-pub(super) fn upload_rows(be: &HostBackend, w: &Weight) -> HostBuf<u8> {
+pub(crate) fn upload_rows(be: &HostBackend, w: &Weight) -> HostBuf<u8> {
     upload(
         be,
         &crate::repack::repack_rows(w.dtype, w.cols, w.bytes()).unwrap(),
@@ -37,20 +38,20 @@ pub(super) fn upload_rows(be: &HostBackend, w: &Weight) -> HostBuf<u8> {
 
 /// x as the row kernels of a format read it: the floats, and for a quantized format the same
 /// quantized by the host's quantize_x.
-pub(super) struct HostX {
+pub(crate) struct HostX {
     x: HostBuf<f32>,
     q: Option<HostBuf<u8>>,
 }
 
 impl HostX {
-    pub(super) fn new(be: &HostBackend, dtype: DType, x: &[f32]) -> HostX {
+    pub(crate) fn new(be: &HostBackend, dtype: DType, x: &[f32]) -> HostX {
         let dx = upload(be, x);
         let q = dtype.is_quantized().then(|| {
             let mut q = be.zeros(crate::layout::xq_bytes(x.len())).unwrap();
             let cols = x.len();
             launch(
                 be,
-                Launch::QuantizeX {
+                QuantizeX {
                     x: &dx,
                     cols,
                     xq: &mut q,
@@ -63,7 +64,7 @@ impl HostX {
     }
 
     /// What a launch takes.
-    pub(super) fn arg(&self) -> XArg<'_, HostBackend> {
+    pub(crate) fn arg(&self) -> XArg<'_, HostBackend> {
         match &self.q {
             Some(q) => XArg::Quant(q),
             None => XArg::F32(&self.x),
@@ -72,19 +73,19 @@ impl HostX {
 }
 
 /// A buffer's contents.
-pub(super) fn download<T: Elem>(be: &HostBackend, b: &HostBuf<T>) -> Vec<T> {
+pub(crate) fn download<T: Elem>(be: &HostBackend, b: &HostBuf<T>) -> Vec<T> {
     let mut out = vec![T::default(); b.as_slice().len()];
     be.read(b, 0, &mut out).unwrap();
     out
 }
 
 /// Whether `r` failed with `Error::Shape`.
-pub(super) fn is_shape(r: Result<()>) -> bool {
+pub(crate) fn is_shape(r: Result<()>) -> bool {
     matches!(r, Err(Error::Shape(_)))
 }
 
 /// A `rows × cols` weight of random values in `dtype`.
-pub(super) fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Weight {
+pub(crate) fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Weight {
     let rb = dtype.row_bytes(cols).unwrap();
     let vals = pseudo_random(rows * cols, seed);
     let mut bytes = vec![0u8; rb * rows];
@@ -101,7 +102,7 @@ pub(super) fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Weigh
 
 /// Columns for `dtype` that are not a round number: odd for the float formats, an odd count of
 /// blocks (32-weight blocks or 256-weight super-blocks) for the quantized ones.
-pub(super) fn odd_cols(dtype: DType) -> usize {
+pub(crate) fn odd_cols(dtype: DType) -> usize {
     if dtype.is_quantized() {
         dtype.block_size() * if dtype.is_k_quant() { 3 } else { 7 }
     } else {
@@ -111,7 +112,7 @@ pub(super) fn odd_cols(dtype: DType) -> usize {
 
 /// Width for hot slabs of gate/up in `a` and down_t in `b`: odd unless one is quantized, a
 /// whole number of super-blocks when one is a K-quant.
-pub(super) fn hot_dim(a: DType, b: DType) -> usize {
+pub(crate) fn hot_dim(a: DType, b: DType) -> usize {
     [a, b]
         .into_iter()
         .max_by_key(|d| d.block_size())
@@ -119,7 +120,7 @@ pub(super) fn hot_dim(a: DType, b: DType) -> usize {
 }
 
 /// Assert `got` is `want` within `rel · max(1, |want|)` per element.
-pub(super) fn assert_close(got: &[f32], want: &[f32], rel: f32, what: &str) {
+pub(crate) fn assert_close(got: &[f32], want: &[f32], rel: f32, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let tol = rel * w.abs().max(1.0);
@@ -128,7 +129,7 @@ pub(super) fn assert_close(got: &[f32], want: &[f32], rel: f32, what: &str) {
 }
 
 /// `act(x)` by the core crate's activation (identity for [`Act::None`]): the reference.
-pub(super) fn act_ref(act: Act, x: f32) -> f32 {
+pub(crate) fn act_ref(act: Act, x: f32) -> f32 {
     use powerinfer_core::Activation;
     match act {
         Act::None => x,
@@ -140,10 +141,10 @@ pub(super) fn act_ref(act: Act, x: f32) -> f32 {
 }
 
 /// Every activation code.
-pub(super) const ACTS: [Act; 5] = [Act::None, Act::Relu, Act::Silu, Act::Gelu, Act::GeluErf];
+pub(crate) const ACTS: [Act; 5] = [Act::None, Act::Relu, Act::Silu, Act::Gelu, Act::GeluErf];
 
 /// One layer's hot neurons in slabs on the host backend, with the weights they came from.
-pub(super) struct Hot {
+pub(crate) struct Hot {
     pub gate: Weight,
     pub up: Weight,
     pub down: Weight,
@@ -166,11 +167,11 @@ impl Hot {
 }
 
 /// FFN width of [`hot`] (prime, so the ids `(7i + 3) % FFN` are distinct).
-pub(super) const FFN: usize = 61;
+pub(crate) const FFN: usize = 61;
 
 /// 21 hot neurons of an FFN of [`FFN`] and width `dim`, in slabs of 8 (the last one partial):
 /// gate and up in `dtype`, down_t in `down`.
-pub(super) fn hot(be: &HostBackend, dtype: DType, down: DType, dim: usize, seed: u64) -> Hot {
+pub(crate) fn hot(be: &HostBackend, dtype: DType, down: DType, dim: usize, seed: u64) -> Hot {
     let gate = weight(dtype, FFN, dim, seed);
     let up = weight(dtype, FFN, dim, seed + 1);
     let down_w = weight(down, FFN, dim, seed + 2);
@@ -188,7 +189,7 @@ pub(super) fn hot(be: &HostBackend, dtype: DType, down: DType, dim: usize, seed:
 }
 
 /// One flag per FFN neuron, about a third of them 0.
-pub(super) fn flags(n: usize, seed: u64) -> Vec<i32> {
+pub(crate) fn flags(n: usize, seed: u64) -> Vec<i32> {
     pseudo_random(n, seed)
         .iter()
         .map(|&v| i32::from(v > -0.3))
