@@ -156,15 +156,17 @@ pub trait Kernel<B: Backend>: Sized {
 }
 
 /// Declares one kernel's launch struct (its fields the kernel's parameters in order, all public)
-/// and its [`Kernel`] implementation from what differs per kernel: the entry name, what it fuses
-/// (optional), its spec and its host contract, each given the struct by a name of the caller's.
+/// and its [`Kernel`] implementation from what differs per kernel: the entry name (a name, or
+/// an expression of the struct), what it fuses (optional), its spec (given the struct, the
+/// device and empty [`KernelArgs`](crate::launch_spec::KernelArgs) to pack) and its host
+/// contract, each given the struct by a name of the caller's.
 ///
 /// ```ignore
 /// kernel! {
 ///     /// `fill`: `y[i] = v`.
 ///     struct Fill<'a, B> { y: &'a mut B::Buf<f32>, n: usize, v: f32 }
-///     entry(_k) "fill".into();
-///     spec(k, dev) { /* the LaunchSpec of k on dev */ }
+///     entry = "fill";
+///     spec(k, dev, a) { /* a.ptr(..)...; the LaunchSpec of k on dev */ }
 ///     host(k) { /* the contract on B::data_mut(k.y) */ }
 /// }
 /// ```
@@ -174,9 +176,9 @@ macro_rules! kernel {
         struct $name:ident<$lt:lifetime, $b:ident> {
             $( $(#[$fdoc:meta])* $field:ident : $ty:ty ),* $(,)?
         }
-        entry($es:pat) $entry:expr;
+        entry $(($es:pat))? = $entry:expr;
         $( fused($fs:pat) $fused:expr; )?
-        spec($ss:pat, $dev:ident) $spec:block
+        spec($ss:pat, $dev:ident, $args:ident) $spec:block
         host($hs:pat) $host:block
     ) => {
         $(#[$doc])*
@@ -186,8 +188,8 @@ macro_rules! kernel {
 
         impl<$lt, $b: $crate::backend::Backend> $crate::backend::Kernel<$b> for $name<$lt, $b> {
             fn entry(&self) -> String {
-                let $es = self;
-                $entry
+                $( let $es = self; )?
+                String::from($entry)
             }
 
             $(
@@ -199,6 +201,7 @@ macro_rules! kernel {
 
             fn spec(self, $dev: &$b) -> powerinfer_core::Result<$crate::launch_spec::LaunchSpec> {
                 let $ss = self;
+                let mut $args = $crate::launch_spec::KernelArgs::default();
                 $spec
             }
 

@@ -118,16 +118,11 @@ mod tests {
 
     #[test]
     fn rows_round_trip_and_quants_come_first() {
-        for dtype in [
-            DType::Q8_0,
-            DType::Q4_0,
-            DType::Q4_1,
-            DType::Q5_0,
-            DType::Q5_1,
-            DType::Q4_K,
-            DType::Q5_K,
-            DType::Q6_K,
-        ] {
+        // The quantized formats the GPU takes.
+        let quantized = crate::kernels::GPU_DTYPES
+            .into_iter()
+            .filter(|d| d.is_quantized());
+        for dtype in quantized {
             let BlockSplit {
                 quants: q,
                 header: h,

@@ -20,14 +20,15 @@ fn a_barrier_part_of_the_block_never_reaches_times_out() {
     let mut a = KernelArgs::default();
     // Thread 1 waits until the launch has failed (60 s at most).
     a.ptr(dev.addr_mut(&mut flag)).i32(60_000);
-    let spec = LaunchSpec {
-        module: &ops::elementwise::launch::SOURCE,
-        entry: "emu_selftest_barrier_deadlock".into(),
-        grid: [1, 1, 1],
-        block: [2, 1, 1],
-        shared_bytes: 0,
-        args: a,
-    };
+    let module = &ops::elementwise::launch::SOURCE;
+    let spec = LaunchSpec::new(
+        module,
+        "emu_selftest_barrier_deadlock".into(),
+        [1, 1],
+        2,
+        0,
+        a,
+    );
     let t = Instant::now();
     let out = dev.run(spec);
     let Err(Error::Cuda(m)) = out else {

@@ -11,6 +11,9 @@
 
 #![cfg(feature = "emu")]
 
+#[path = "support/attention_ref.rs"]
+mod attention_ref;
+use attention_ref::attention_ref;
 #[path = "support/x_hat.rs"]
 mod x_hat;
 
@@ -20,8 +23,8 @@ use powerinfer_core::{dequantize_row, DType, Error, Weight};
 
 use powerinfer_cuda::launch_spec::{KernelArgs, LaunchSpec};
 use powerinfer_cuda::ops;
-use powerinfer_cuda::ops::elementwise::launch::Add;
-use powerinfer_cuda::ops::norm_rope::launch::RmsNorm;
+use powerinfer_cuda::ops::elementwise::launch::{Pair, PairKernel};
+use powerinfer_cuda::ops::norm_rope::launch::Norm;
 use powerinfer_cuda::ops::prelude::*;
 use powerinfer_cuda::ops::rows::launch::SparseMatvec;
 use powerinfer_cuda::{
@@ -439,7 +442,8 @@ fn norm_rope_attention(dev: &EmuBackend) {
     assert_close(&dev.download(&out).unwrap(), &want, 1.0, "rms_norm 4097");
     let b = values(n, 25);
     let db = dev.upload(&b).unwrap();
-    dev.layer_norm(&dx, &dw, &db, 2, 1e-5, &mut out).unwrap();
+    dev.norm(&dx, &dw, Some(&db), 2, 1e-5, &mut out, None)
+        .unwrap();
     for r in 0..2 {
         let row = &x[r * n..(r + 1) * n];
         let m = row.iter().map(|v| *v as f64).sum::<f64>() / n as f64;
@@ -461,7 +465,7 @@ fn norm_rope_attention(dev: &EmuBackend) {
     ] {
         let q = values(hd * heads, 19);
         let mut dq = dev.upload(&q).unwrap();
-        dev.rope(&mut dq, hd, pos, &inv, style).unwrap();
+        dev.rope(&mut dq, None, hd, pos, &inv, style, None).unwrap();
         let mut want: Vec<f64> = q.iter().map(|v| *v as f64).collect();
         for head in want.chunks_exact_mut(hd) {
             for (i, f) in inv.iter().enumerate() {
@@ -517,27 +521,9 @@ fn long_attention<T: KvElem>(dev: &EmuBackend) {
     dev.attention(&dq, &ck, &cv, n_pos, &p, &mut part, &mut out)
         .unwrap();
     let f = |b: T| b.to_f32() as f64;
-    let mut want = vec![0f64; nh * hd];
-    for h in 0..nh {
-        let g = h / (nh / nkv);
-        let s: Vec<f64> = (first..n_pos)
-            .map(|p| {
-                let s = (0..hd)
-                    .map(|i| q[h * hd + i] as f64 * f(kb[p * kv + g * hd + i]))
-                    .sum::<f64>()
-                    / (hd as f64).sqrt();
-                cap * (s / cap).tanh()
-            })
-            .collect();
-        let m = s.iter().cloned().fold(f64::MIN, f64::max);
-        let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
-        for i in 0..hd {
-            want[h * hd + i] = (first..n_pos)
-                .zip(&s)
-                .map(|(p, s)| (s - m).exp() / z * f(vb[p * kv + g * hd + i]))
-                .sum();
-        }
-    }
+    let (kf, vf) = (|i: usize| f(kb[i]), |i: usize| f(vb[i]));
+    let scale = 1.0 / (hd as f64).sqrt();
+    let want = attention_ref(&q, kf, vf, (nkv, hd), first, n_pos, scale, Some(cap));
     assert_close(
         &dev.download(&out).unwrap(),
         &want,
@@ -777,7 +763,12 @@ fn every_entry_runs_against_float64_references_and_the_set_is_kernels_all() {
 /// A spec for `add` over `n` floats (the simplest launch), to break in the tests below.
 fn add_spec(dev: &EmuBackend, y: &mut <EmuBackend as Backend>::Buf<f32>, n: usize) -> LaunchSpec {
     let x = dev.zeros::<f32>(n).unwrap();
-    let launch = Add { y, x: &x, n };
+    let launch = PairKernel {
+        op: Pair::Add,
+        y,
+        x: &x,
+        n,
+    };
     launch.spec(dev).unwrap()
 }
 
@@ -836,9 +827,10 @@ fn launches_cuda_would_refuse_are_errors() {
     assert_eq!(x_smem(DType::Q4_0, 19680), 0);
     let (x, w) = (dev.zeros::<f32>(64).unwrap(), dev.zeros::<f32>(64).unwrap());
     let mut out = dev.zeros::<f32>(64).unwrap();
-    let launch = RmsNorm {
+    let launch = Norm {
         x: &x,
         w: &w,
+        bias: None,
         rows: 1,
         n: 64,
         eps: 1e-5,
@@ -859,14 +851,8 @@ fn kernels_that_break_the_rules_are_reported() {
     let mut out = dev.zeros::<f32>(2).unwrap();
     let mut a = KernelArgs::default();
     a.ptr(dev.addr_mut(&mut out));
-    let spec = LaunchSpec {
-        module: &ops::elementwise::launch::SOURCE,
-        entry: "emu_selftest_shuffle_after_return".into(),
-        grid: [1, 1, 1],
-        block: [64, 1, 1],
-        shared_bytes: 0,
-        args: a,
-    };
+    let entry = "emu_selftest_shuffle_after_return".into();
+    let spec = LaunchSpec::new(&ops::elementwise::launch::SOURCE, entry, [1, 1], 64, 0, a);
     let m = emu_error(&dev, spec);
     assert!(m.contains("returned before the shuffle"), "{m}");
 }

@@ -7,6 +7,9 @@
 //! format they checked; benchmarks/gpu/check.sh looks for those lines of every format on the
 //! CUDA device.
 
+#[path = "support/attention_ref.rs"]
+mod attention_ref;
+use attention_ref::attention_ref;
 #[path = "support/x_hat.rs"]
 mod x_hat;
 
@@ -674,16 +677,11 @@ fn norms_quantize<B: Backend>(dev: &B) {
             );
             // Prefilled with 0xff bytes: every byte must be written.
             let mut xq = dev.upload(&vec![0xffu8; rows * xq_bytes(n)]).unwrap();
-            if layer {
-                dev.layer_norm(&dx, &dw, &db, rows, 1e-5, &mut plain)
-                    .unwrap();
-                dev.layer_norm_quantized(&dx, &dw, &db, rows, 1e-5, &mut fused, &mut xq)
-                    .unwrap();
-            } else {
-                dev.rms_norm(&dx, &dw, rows, 1e-5, &mut plain).unwrap();
-                dev.rms_norm_quantized(&dx, &dw, rows, 1e-5, &mut fused, &mut xq)
-                    .unwrap();
-            }
+            let bias = layer.then_some(&db);
+            dev.norm(&dx, &dw, bias, rows, 1e-5, &mut plain, None)
+                .unwrap();
+            dev.norm(&dx, &dw, bias, rows, 1e-5, &mut fused, Some(&mut xq))
+                .unwrap();
             let what = format!("{} n {n}", if layer { "layer_norm" } else { "rms_norm" });
             let out = dev.download(&fused).unwrap();
             assert_eq!(bits(&out), bits(&dev.download(&plain).unwrap()), "{what}");
@@ -706,9 +704,9 @@ fn norms_quantize<B: Backend>(dev: &B) {
         // Too few bytes are refused.
         let mut short = dev.zeros::<u8>(rows * xq_bytes(n) - 1).unwrap();
         let mut out = dev.zeros::<f32>(rows * n).unwrap();
-        let err = dev.rms_norm_quantized(&dx, &dw, rows, 1e-5, &mut out, &mut short);
+        let err = dev.norm(&dx, &dw, None, rows, 1e-5, &mut out, Some(&mut short));
         assert!(matches!(err, Err(Error::Shape(_))), "{err:?}");
-        let err = dev.layer_norm_quantized(&dx, &dw, &db, rows, 1e-5, &mut out, &mut short);
+        let err = dev.norm(&dx, &dw, Some(&db), rows, 1e-5, &mut out, Some(&mut short));
         assert!(matches!(err, Err(Error::Shape(_))), "{err:?}");
     }
     let odd = 33;
@@ -720,7 +718,7 @@ fn norms_quantize<B: Backend>(dev: &B) {
         dev.zeros::<f32>(odd).unwrap(),
         dev.zeros::<u8>(160).unwrap(),
     );
-    let err = dev.rms_norm_quantized(&dx, &dw, 1, 1e-5, &mut out, &mut q);
+    let err = dev.norm(&dx, &dw, None, 1, 1e-5, &mut out, Some(&mut q));
     assert!(matches!(err, Err(Error::Shape(_))), "{err:?}");
 }
 
@@ -773,7 +771,8 @@ fn norm_rope<B: Backend>(dev: &B) {
         dev.upload(&b).unwrap(),
     );
     let mut out = dev.zeros::<f32>(rows * n).unwrap();
-    dev.layer_norm(&dx, &dw, &db, rows, 1e-5, &mut out).unwrap();
+    dev.norm(&dx, &dw, Some(&db), rows, 1e-5, &mut out, None)
+        .unwrap();
     let got = dev.download(&out).unwrap();
     assert_close(&got, &want, 1.0, REL_TOL, "layer_norm");
     // Not RMSNorm: the mean matters.
@@ -813,7 +812,7 @@ fn norm_rope<B: Backend>(dev: &B) {
                 }
             }
             let mut dq = dev.upload(&q).unwrap();
-            dev.rope(&mut dq, hd, pos, &inv, style).unwrap();
+            dev.rope(&mut dq, None, hd, pos, &inv, style, None).unwrap();
             assert_close(
                 &dev.download(&dq).unwrap(),
                 &want,
@@ -887,7 +886,7 @@ fn rope_qk<B: Backend>(dev: &B) {
                 let (mut dq, mut dk) = (dev.upload(&q).unwrap(), dev.upload(&k).unwrap());
                 let (dqn, dkn) = (dev.upload(&qn).unwrap(), dev.upload(&kn).unwrap());
                 let norms = normed.then_some((&dqn, &dkn, eps));
-                dev.rope_qk(&mut dq, &mut dk, hd, pos, &inv, style, norms)
+                dev.rope(&mut dq, Some(&mut dk), hd, pos, &inv, style, norms)
                     .unwrap();
                 let what = format!("{style:?} {rot} of {hd}, normed {normed}");
                 let scale = if normed { 4.0 } else { 1.0 + nq as f32 };
@@ -902,13 +901,13 @@ fn rope_qk<B: Backend>(dev: &B) {
     let mut dq = dev.upload(&values(64, 1)).unwrap();
     let mut odd = dev.upload(&values(65, 2)).unwrap();
     let inv = [1.0f64; 8];
-    let err = dev.rope_qk(&mut dq, &mut odd, 32, 1, &inv, RopeStyle::Neox, None);
+    let err = dev.rope(&mut dq, Some(&mut odd), 32, 1, &inv, RopeStyle::Neox, None);
     assert!(matches!(err, Err(Error::Shape(_))), "{err:?}");
     let mut dk = dev.upload(&values(32, 2)).unwrap();
     let short = dev.upload(&values(31, 3)).unwrap();
-    let err = dev.rope_qk(
+    let err = dev.rope(
         &mut dq,
-        &mut dk,
+        Some(&mut dk),
         32,
         1,
         &inv,
@@ -1084,27 +1083,13 @@ fn attention_case<B: Backend, T: KvElem>(
     let round = |v: &[f32]| -> Vec<f32> { v.iter().map(|x| T::from_f32(*x).to_f32()).collect() };
     let (kr, vr) = (round(&k), round(&v));
     let first = p.window.map_or(0, |w| n_pos.saturating_sub(w));
-    let mut want = vec![0f32; nh * hd];
-    for h in 0..nh {
-        let kvh = h / (nh / nkv);
-        let s: Vec<f64> = (first..n_pos)
-            .map(|pos| {
-                let s = (0..hd)
-                    .map(|i| q[h * hd + i] as f64 * kr[pos * kv_dim + kvh * hd + i] as f64)
-                    .sum::<f64>()
-                    * p.scale as f64;
-                p.softcap.map_or(s, |c| c as f64 * (s / c as f64).tanh())
-            })
-            .collect();
-        let m = s.iter().cloned().fold(f64::MIN, f64::max);
-        let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
-        for i in 0..hd {
-            want[h * hd + i] = (first..n_pos)
-                .zip(&s)
-                .map(|(pos, s)| (s - m).exp() / z * vr[pos * kv_dim + kvh * hd + i] as f64)
-                .sum::<f64>() as f32;
-        }
-    }
+    let (kf, vf) = (|i: usize| kr[i] as f64, |i: usize| vr[i] as f64);
+    let cap = p.softcap.map(f64::from);
+    let scale = p.scale as f64;
+    let want: Vec<f32> = attention_ref(&q, kf, vf, (nkv, hd), first, n_pos, scale, cap)
+        .iter()
+        .map(|&w| w as f32)
+        .collect();
     let dq = dev.upload(&q).unwrap();
     let mut out = dev.zeros::<f32>(nh * hd).unwrap();
     // The flash-decoding scratch as the plan sizes it for this context.
@@ -1280,11 +1265,11 @@ fn checked_errors<B: Backend>(dev: &B) {
     // LayerNorm: a bias of another length; no rows.
     let (w64, b63) = (zeros_f32(64), zeros_f32(63));
     let (x2, mut out2) = (zeros_f32(128), zeros_f32(128));
-    let e = dev.layer_norm(&x2, &w64, &b63, 2, 1e-5, &mut out2);
+    let e = dev.norm(&x2, &w64, Some(&b63), 2, 1e-5, &mut out2, None);
     assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
-    let e = dev.layer_norm(&x2, &w64, &w64, 3, 1e-5, &mut out2);
+    let e = dev.norm(&x2, &w64, Some(&w64), 3, 1e-5, &mut out2, None);
     assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
-    dev.layer_norm(&empty, &w64, &w64, 0, 1e-5, &mut zeros_f32(0))
+    dev.norm(&empty, &w64, Some(&w64), 0, 1e-5, &mut zeros_f32(0), None)
         .unwrap();
 
     // hot_gate_up: flags or a bias shorter than the FFN, FATReLU's threshold with SiLU or
@@ -1348,14 +1333,14 @@ fn checked_errors<B: Backend>(dev: &B) {
     // RoPE over a length that is no whole number of heads.
     let inv = vec![1.0f64; 32];
     let mut odd = zeros_f32(65);
-    let e = dev.rope(&mut odd, 64, 0, &inv, RopeStyle::Norm);
+    let e = dev.rope(&mut odd, None, 64, 0, &inv, RopeStyle::Norm, None);
     assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
     // More rotated pairs than a head holds; more than the kernel takes.
     let mut x = zeros_f32(64);
-    let e = dev.rope(&mut x, 64, 0, &[1.0; 33], RopeStyle::Norm);
+    let e = dev.rope(&mut x, None, 64, 0, &[1.0; 33], RopeStyle::Norm, None);
     assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
     let mut x = zeros_f32(1024);
-    let e = dev.rope(&mut x, 1024, 0, &[1.0; 257], RopeStyle::Neox);
+    let e = dev.rope(&mut x, None, 1024, 0, &[1.0; 257], RopeStyle::Neox, None);
     assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
 }
 

@@ -17,11 +17,9 @@ use powerinfer_cuda::ops;
 use powerinfer_cuda::ops::attention::launch::{AttentionDecode, AttentionMerge, KvStore};
 use powerinfer_cuda::ops::axpy::launch::{AddSplits, AxpyRows};
 use powerinfer_cuda::ops::compact::launch::{CompactFlags, CompactNonzero};
-use powerinfer_cuda::ops::elementwise::launch::{
-    Add, Copy as CopyKernel, Fill, Softcap, ThresholdMask,
-};
-use powerinfer_cuda::ops::moe::launch::{ExpertFlags, ExpertScale};
-use powerinfer_cuda::ops::norm_rope::launch::{LayerNorm, RmsNorm, Rope};
+use powerinfer_cuda::ops::elementwise::launch::{Pair, PairKernel, ValueKernel, WithValue};
+use powerinfer_cuda::ops::moe::launch::{ExpertFlags, ExpertScale, Routing};
+use powerinfer_cuda::ops::norm_rope::launch::{Norm, Rope};
 use powerinfer_cuda::ops::predictor::launch::PredictorFc2;
 use powerinfer_cuda::ops::rows::launch::{GateUp, QuantizeX, SparseMatvec};
 use powerinfer_cuda::{
@@ -216,27 +214,20 @@ fn every_spec() -> Vec<LaunchSpec> {
     };
     out.push(launch.spec(&dev).unwrap());
     let mut c = f(64);
-    let launch = RmsNorm {
-        x: &x,
-        w: &x,
-        rows: 1,
-        n: 64,
-        eps: 1e-5,
-        out: &mut c,
-        xq: None,
-    };
-    out.push(launch.spec(&dev).unwrap());
-    let launch = LayerNorm {
-        x: &x,
-        w: &x,
-        b: &x,
-        rows: 1,
-        n: 64,
-        eps: 1e-5,
-        out: &mut c,
-        xq: None,
-    };
-    out.push(launch.spec(&dev).unwrap());
+    // rms_norm, then layer_norm.
+    for bias in [None, Some(&x)] {
+        let launch = Norm {
+            x: &x,
+            w: &x,
+            bias,
+            rows: 1,
+            n: 64,
+            eps: 1e-5,
+            out: &mut c,
+            xq: None,
+        };
+        out.push(launch.spec(&dev).unwrap());
+    }
     let mut k = dev.zeros::<f32>(32).unwrap();
     let launch = Rope {
         x: &mut c,
@@ -254,42 +245,27 @@ fn every_spec() -> Vec<LaunchSpec> {
     out.push(launch.spec(&dev).unwrap());
     out.extend(kv_specs::<u16>(&dev, &x, &mut c));
     out.extend(kv_specs::<f32>(&dev, &x, &mut c));
-    let launch = Add {
-        y: &mut c,
-        x: &x,
-        n: 64,
-    };
-    out.push(launch.spec(&dev).unwrap());
-    let launch = ThresholdMask {
-        h: &mut c,
-        n: 64,
-        t: 0.1,
-    };
-    out.push(launch.spec(&dev).unwrap());
-    let launch = Softcap {
-        y: &mut c,
-        n: 64,
-        cap: 30.0,
-    };
-    out.push(launch.spec(&dev).unwrap());
-    let launch = CopyKernel {
-        dst: &mut c,
-        src: &x,
-        n: 64,
-    };
-    out.push(launch.spec(&dev).unwrap());
-    let launch = Fill {
-        y: &mut c,
-        n: 64,
-        v: 0.5,
-    };
-    out.push(launch.spec(&dev).unwrap());
+    for op in [Pair::Add, Pair::Copy] {
+        let (y, x) = (&mut c, &x);
+        out.push(PairKernel { op, y, x, n: 64 }.spec(&dev).unwrap());
+    }
+    for op in [
+        WithValue::ThresholdMask,
+        WithValue::Softcap,
+        WithValue::Fill,
+    ] {
+        let (y, v) = (&mut c, 0.5);
+        out.push(ValueKernel { op, y, n: 64, v }.spec(&dev).unwrap());
+    }
     let mut flags = dev.zeros::<i32>(64).unwrap();
-    let launch = ExpertFlags {
+    let routing = || Routing {
         w: &x,
         expert_ffn: 8,
         routed: 56,
         n_expert: 7,
+    };
+    let launch = ExpertFlags {
+        routing: routing(),
         n: 64,
         flags: &mut flags,
     };
@@ -298,10 +274,7 @@ fn every_spec() -> Vec<LaunchSpec> {
     let launch = ExpertScale {
         slabs: &slabs,
         ids_l: RowLayout::dense(64, 4).unwrap(),
-        w: &x,
-        expert_ffn: 8,
-        routed: 56,
-        n_expert: 7,
+        routing: routing(),
         n: 64,
         h: &mut c,
     };

@@ -6,6 +6,10 @@ use powerinfer_core::{quantize_row, Buffer, DType, Error, Result, Weight};
 
 use crate::host::{HostBackend, HostBuf};
 
+/// The float64 decode attention the attention kernels are checked against (shared with the
+/// integration tests).
+#[path = "../../tests/support/attention_ref.rs"]
+mod attention_ref;
 /// The x the quantized formats' kernels multiply, computed independently (shared with the
 /// integration tests).
 #[path = "../../tests/support/x_hat.rs"]
@@ -13,6 +17,7 @@ mod x_hat;
 use crate::backend::{Backend, Checked, Elem, Kernel};
 use crate::layout::{pack_hot_slabs, Act, SlabLayout};
 use crate::ops::rows::launch::{QuantizeX, XArg};
+pub(crate) use attention_ref::attention_ref;
 pub(crate) use x_hat::x_hat;
 
 /// Launch on the host backend (the tests stand in for the checked ops).

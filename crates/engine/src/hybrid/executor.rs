@@ -62,15 +62,14 @@ fn norm_into_xb<B: Backend>(
 ) -> Result<()> {
     // Cleared first: a failed launch leaves no claim on xq.
     *xq_of_xb = false;
-    match (kind, b, quantize) {
-        (NormKind::Rms, _, false) => dev.rms_norm(x, w, 1, eps, xb)?,
-        (NormKind::Rms, _, true) => dev.rms_norm_quantized(x, w, 1, eps, xb, xq)?,
-        (NormKind::Layer, Some(b), false) => dev.layer_norm(x, w, b, 1, eps, xb)?,
-        (NormKind::Layer, Some(b), true) => dev.layer_norm_quantized(x, w, b, 1, eps, xb, xq)?,
-        (NormKind::Layer, None, _) => {
+    let bias = match (kind, b) {
+        (NormKind::Rms, _) => None,
+        (NormKind::Layer, Some(b)) => Some(b),
+        (NormKind::Layer, None) => {
             powerinfer_core::bail!(Other, "a LayerNorm step without its bias on the GPU")
         }
-    }
+    };
+    dev.norm(x, w, bias, 1, eps, xb, quantize.then_some(xq))?;
     *xq_of_xb = quantize;
     Ok(())
 }
@@ -576,7 +575,7 @@ impl<B: Backend> Executor<B> {
                     };
                     qk_norm_pending = false;
                     let (hd, style) = (c.head_dim, c.rope_style);
-                    dev.rope_qk(&mut sc.q, &mut sc.k, hd, pos, inv, style, norms)?;
+                    dev.rope(&mut sc.q, Some(&mut sc.k), hd, pos, inv, style, norms)?;
                 }
                 AttnStep::Attend(p) => {
                     let params = AttnParams {

@@ -28,51 +28,43 @@ pub trait KvElem: Elem {
     ) -> KvCachesMut<'a, B>;
 }
 
-impl KvElem for u16 {
-    const NAME: &'static str = KV_F16;
+/// [`KvElem`] for `$t`, named `$name`, its caches the `$variant` of [`KvCaches`] and
+/// [`KvCachesMut`], stored and read back by `$from` and `$to`.
+macro_rules! kv_elem {
+    ($t:ty, $name:expr, $variant:ident, $from:expr, $to:expr) => {
+        impl KvElem for $t {
+            const NAME: &'static str = $name;
 
-    fn from_f32(v: f32) -> u16 {
-        half::f16::from_f32(v).to_bits()
-    }
+            fn from_f32(v: f32) -> $t {
+                $from(v)
+            }
 
-    fn to_f32(self) -> f32 {
-        half::f16::from_bits(self).to_f32()
-    }
+            fn to_f32(self) -> f32 {
+                $to(self)
+            }
 
-    fn caches<'a, B: Backend>(k: &'a B::Buf<u16>, v: &'a B::Buf<u16>) -> KvCaches<'a, B> {
-        KvCaches::F16 { k, v }
-    }
+            fn caches<'a, B: Backend>(k: &'a B::Buf<$t>, v: &'a B::Buf<$t>) -> KvCaches<'a, B> {
+                KvCaches::$variant { k, v }
+            }
 
-    fn caches_mut<'a, B: Backend>(
-        k: &'a mut B::Buf<u16>,
-        v: &'a mut B::Buf<u16>,
-    ) -> KvCachesMut<'a, B> {
-        KvCachesMut::F16 { k, v }
-    }
+            fn caches_mut<'a, B: Backend>(
+                k: &'a mut B::Buf<$t>,
+                v: &'a mut B::Buf<$t>,
+            ) -> KvCachesMut<'a, B> {
+                KvCachesMut::$variant { k, v }
+            }
+        }
+    };
 }
 
-impl KvElem for f32 {
-    const NAME: &'static str = KV_F32;
-
-    fn from_f32(v: f32) -> f32 {
-        v
-    }
-
-    fn to_f32(self) -> f32 {
-        self
-    }
-
-    fn caches<'a, B: Backend>(k: &'a B::Buf<f32>, v: &'a B::Buf<f32>) -> KvCaches<'a, B> {
-        KvCaches::F32 { k, v }
-    }
-
-    fn caches_mut<'a, B: Backend>(
-        k: &'a mut B::Buf<f32>,
-        v: &'a mut B::Buf<f32>,
-    ) -> KvCachesMut<'a, B> {
-        KvCachesMut::F32 { k, v }
-    }
-}
+kv_elem!(
+    u16,
+    KV_F16,
+    F16,
+    |v| half::f16::from_f32(v).to_bits(),
+    |b| half::f16::from_bits(b).to_f32()
+);
+kv_elem!(f32, KV_F32, F32, |v| v, |v| v);
 
 /// One layer's key and value caches (`[context, kv_dim]` each), read by a launch: both of one
 /// [`KvElem`] type.

@@ -7,7 +7,7 @@ use super::kv::{KvCaches, KvCachesMut};
 use crate::backend::kernel;
 use crate::host::view::{prefix, prefix_mut, product};
 use crate::kernels::{kv_entry, KernelSource};
-use crate::launch_spec::{grid, KernelArgs, LaunchSpec, ELEM_THREADS};
+use crate::launch_spec::{grid, LaunchSpec, ELEM_THREADS};
 use crate::layout::to_i32;
 
 /// `kernels/attention.cu`.
@@ -33,11 +33,10 @@ kernel! {
         pos: usize,
         caches: KvCachesMut<'a, B>,
     }
-    entry(k) kv_entry("kv_store", k.caches.elem());
-    spec(mut k, dev) {
+    entry(k) = kv_entry("kv_store", k.caches.elem());
+    spec(mut k, dev, a) {
         // kv_store[_f32](k, v, kv_dim, pos, cache_k, cache_v): row `pos` lies inside both caches.
         let entry = k.entry();
-        let mut a = KernelArgs::default();
         a.ptr(dev.addr(k.k))
             .ptr(dev.addr(k.v))
             .i32(to_i32(k.kv_dim, "kv_dim")?);
@@ -80,8 +79,8 @@ kernel! {
         part: &'a mut B::Buf<f32>,
         out: &'a mut B::Buf<f32>,
     }
-    entry(k) kv_entry("attention_decode", k.caches.elem());
-    spec(k, dev) {
+    entry(k) = kv_entry("attention_decode", k.caches.elem());
+    spec(k, dev, a) {
         // attention_decode[_f32](q, cache_k, cache_v, first, n_pos, group, head_dim, kv_dim,
         // scale, softcap, chunk, part, out): block (x, y, z) = query heads x * ATT_GROUP.. of the
         // group of KV head y over chunk z; head_dim <= MAX_HEAD_DIM fits the kernel's static
@@ -90,7 +89,6 @@ kernel! {
         let (n_heads, n_kv_heads, head_dim) = (k.n_heads, k.n_kv_heads, k.head_dim);
         let group = n_heads / n_kv_heads.max(1);
         let [ck, cv] = k.caches.addrs(dev);
-        let mut a = KernelArgs::default();
         a.ptr(dev.addr(k.q)).ptr(ck).ptr(cv);
         a.i32(to_i32(k.first, "first position")?)
             .i32(to_i32(k.n_pos, "positions")?)
@@ -141,10 +139,9 @@ kernel! {
         n_chunks: usize,
         out: &'a mut B::Buf<f32>,
     }
-    entry(_k) "attention_merge".into();
-    spec(k, dev) {
+    entry = "attention_merge";
+    spec(k, dev, a) {
         // attention_merge(part, n_chunks, head_dim, out): a block per head.
-        let mut a = KernelArgs::default();
         a.ptr(dev.addr(k.part))
             .i32(to_i32(k.n_chunks, "chunks")?);
         a.i32(to_i32(k.head_dim, "head_dim")?)

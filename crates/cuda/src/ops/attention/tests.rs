@@ -123,31 +123,14 @@ fn attention_decode_at<T: KvElem>() {
         let (kr, vr) = (round(&k), round(&v));
         // All positions, the last 3 (a window), and soft-capped scores.
         for (first, cap) in [(0, 0.0f32), (n_pos.saturating_sub(3), 0.0), (0, 0.5)] {
-            let mut want = vec![0f32; nh * hd];
-            for h in 0..nh {
-                let kvh = h / (nh / nkv);
-                let s: Vec<f64> = (first..n_pos)
-                    .map(|p| {
-                        let s = (0..hd)
-                            .map(|i| q[h * hd + i] as f64 * kr[p * kv_dim + kvh * hd + i] as f64)
-                            .sum::<f64>()
-                            * scale as f64;
-                        if cap > 0.0 {
-                            cap as f64 * (s / cap as f64).tanh()
-                        } else {
-                            s
-                        }
-                    })
+            let capped = (cap > 0.0).then_some(cap as f64);
+            let (kf, vf) = (|i: usize| kr[i] as f64, |i: usize| vr[i] as f64);
+            let shape = (nkv, hd);
+            let want: Vec<f32> =
+                attention_ref(&q, kf, vf, shape, first, n_pos, scale as f64, capped)
+                    .iter()
+                    .map(|&w| w as f32)
                     .collect();
-                let m = s.iter().cloned().fold(f64::MIN, f64::max);
-                let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
-                for i in 0..hd {
-                    want[h * hd + i] = (first..n_pos)
-                        .zip(&s)
-                        .map(|(p, s)| (s - m).exp() / z * vr[p * kv_dim + kvh * hd + i] as f64)
-                        .sum::<f64>() as f32;
-                }
-            }
             let dq = upload(&be, &q);
             // One chunk (the output directly), and chunks of 4 positions merged.
             for chunk in [n_pos, 4] {

@@ -33,16 +33,11 @@ fn sum_rows(
     Ok(())
 }
 
-/// `y[c] += Σ_k a[k] · W[row k][c]` for k in `ks` (`a` holds them, `y` holds the cols).
-pub(crate) fn axpy_rows(
-    w: &Rows<'_>,
-    picks: &Picks<'_>,
-    a: &[f32],
-    ks: Range<usize>,
-    y: &mut [f32],
-) -> Result<()> {
+/// `y[c] += Σ_k a[k] · W[row k][c]` over the picked rows (`a` holds one per row, `y` the
+/// cols): one split, its sum added to `y` whole.
+pub(crate) fn axpy_rows(w: &Rows<'_>, picks: &Picks<'_>, a: &[f32], y: &mut [f32]) -> Result<()> {
     let mut sum = vec![0f32; w.cols];
-    sum_rows(w, picks, a, ks, &mut sum)?;
+    sum_rows(w, picks, a, 0..picks.n, &mut sum)?;
     for (o, s) in y.iter_mut().zip(sum) {
         *o += s;
     }

@@ -4,10 +4,10 @@
 use powerinfer_core::{DType, Error};
 
 use super::host;
-use crate::backend::kernel;
+use crate::backend::{kernel, Backend};
 use crate::host::view::{counted, prefix, prefix_mut, product, Picks, Rows};
 use crate::kernels::{dtype_suffix, KernelSource};
-use crate::launch_spec::{tile_geometry, KernelArgs, LaunchSpec, ROW_THREADS};
+use crate::launch_spec::{tile_geometry, LaunchSpec, ROW_THREADS};
 use crate::layout::{to_i32, RowLayout};
 
 /// `kernels/axpy_down.cu`.
@@ -62,14 +62,13 @@ kernel! {
         y: &'a mut B::Buf<f32>,
         splits: usize,
     }
-    entry(k) format!("axpy_rows_{}", dtype_suffix(k.dtype));
-    spec(k, dev) {
+    entry(k) = format!("axpy_rows_{}", dtype_suffix(k.dtype));
+    spec(k, dev, a) {
         // axpy_rows_<dtype>(w, l, cols, idx, a, n, count, part, y, units_pb): a holds n floats, y
         // `cols`, part (null for one split) splits · cols, count (null: none) one int; splits is
         // 1..=min(n, 65,535) (the op clamps it), gridDim.y; the block geometry from tile_geometry.
         let opt = |b: Option<&B::Buf<i32>>| b.map_or(0, |b| dev.addr(b));
         let entry = k.entry();
-        let mut a = KernelArgs::default();
         a.ptr(dev.addr(k.w))
             .layout(&k.l)
             .i32(to_i32(k.cols, "cols")?)
@@ -100,7 +99,7 @@ kernel! {
         let a = prefix(B::data(k.a), n, "a")?;
         if launched == 1 {
             let y = prefix_mut(B::data_mut(k.y), k.cols, "y")?;
-            return host::axpy_rows(&w, &picks, a, 0..n, y);
+            return host::axpy_rows(&w, &picks, a, y);
         }
         let part = k
             .part
@@ -108,6 +107,35 @@ kernel! {
         let len = product(launched, k.cols, "part")?;
         let part = prefix_mut(B::data_mut(part), len, "part")?;
         host::axpy_split_rows(&w, &picks, a, splits, part)
+    }
+}
+
+impl<'a, B: Backend> AxpyRows<'a, B> {
+    /// `y[c] += Σ_k a[k] · W[row k][c]` over the rows 0..n of `w` (`dtype`, laid out by `l`,
+    /// `cols` columns) in one split: no index list, no count; the other fields are set from
+    /// there.
+    pub fn rows(
+        dtype: DType,
+        w: &'a B::Buf<u8>,
+        l: RowLayout,
+        cols: usize,
+        a: &'a B::Buf<f32>,
+        n: usize,
+        y: &'a mut B::Buf<f32>,
+    ) -> Self {
+        AxpyRows {
+            dtype,
+            w,
+            l,
+            cols,
+            idx: None,
+            a,
+            n,
+            count: None,
+            part: None,
+            y,
+            splits: 1,
+        }
     }
 }
 
@@ -122,10 +150,9 @@ kernel! {
         n: usize,
         y: &'a mut B::Buf<f32>,
     }
-    entry(_k) "add_splits".into();
-    spec(k, dev) {
+    entry = "add_splits";
+    spec(k, dev, a) {
         // add_splits(part, splits, cols, count, n, y): thread per column.
-        let mut a = KernelArgs::default();
         a.ptr(dev.addr(k.part))
             .i32(to_i32(k.splits, "splits")?)
             .i32(to_i32(k.cols, "cols")?)

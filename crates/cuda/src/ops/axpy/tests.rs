@@ -28,17 +28,10 @@ fn axpy(be: &HostBackend, l: AxpyRows<'_, HostBackend>) -> powerinfer_core::Resu
     } = l;
     let mut part = upload(be, &vec![f32::NAN; splits * cols]);
     let first = AxpyRows {
-        dtype,
-        w,
-        l,
-        cols,
         idx,
-        a,
-        n,
-        count: None,
         part: (splits > 1).then_some(&mut part),
-        y: &mut *y,
         splits,
+        ..AxpyRows::rows(dtype, w, l, cols, a, n, &mut *y)
     };
     launch(be, first)?;
     if splits > 1 {
@@ -77,17 +70,9 @@ fn axpy_rows_accumulates_like_the_reference_on_every_format() {
             axpy(
                 &be,
                 AxpyRows {
-                    dtype,
-                    w: &dw,
-                    l,
-                    cols,
                     idx: Some(&didx),
-                    a: &da,
-                    n: idx.len(),
-                    count: None,
-                    part: None,
-                    y: &mut y,
                     splits,
+                    ..AxpyRows::rows(dtype, &dw, l, cols, &da, idx.len(), &mut y)
                 },
             )
             .unwrap();
@@ -100,23 +85,7 @@ fn axpy_rows_accumulates_like_the_reference_on_every_format() {
         sparse_reference::axpy_rows(&w, &all, &a, &mut want).unwrap();
         let da = upload(&be, &a);
         let mut y = upload(&be, &y0);
-        axpy(
-            &be,
-            AxpyRows {
-                dtype,
-                w: &dw,
-                l,
-                cols,
-                idx: None,
-                a: &da,
-                n: rows,
-                count: None,
-                part: None,
-                y: &mut y,
-                splits: 1,
-            },
-        )
-        .unwrap();
+        axpy(&be, AxpyRows::rows(dtype, &dw, l, cols, &da, rows, &mut y)).unwrap();
         assert_close(&download(&be, &y), &want, TOL, &format!("{dtype} dense"));
     }
 }
@@ -138,17 +107,16 @@ fn axpy_over_hot_down_slabs() {
         axpy(
             &be,
             AxpyRows {
-                dtype: down,
-                w: &hot.buf,
-                l: hot.layout.down,
-                cols: dim,
-                idx: None,
-                a: &dh,
-                n: hot.slots(),
-                count: None,
-                part: None,
-                y: &mut y,
                 splits: 2,
+                ..AxpyRows::rows(
+                    down,
+                    &hot.buf,
+                    hot.layout.down,
+                    dim,
+                    &dh,
+                    hot.slots(),
+                    &mut y,
+                )
             },
         )
         .unwrap();
@@ -173,17 +141,9 @@ fn zero_coefficients_skip_their_rows_and_bad_arguments_are_errors() {
         axpy(
             &be,
             AxpyRows {
-                dtype: DType::F32,
-                w: &dw,
-                l,
-                cols: 3,
                 idx: didx.as_ref(),
-                a: &da,
-                n,
-                count: None,
-                part: None,
-                y: &mut y,
                 splits,
+                ..AxpyRows::rows(DType::F32, &dw, l, 3, &da, n, &mut y)
             },
         )
         .map(|()| download(&be, &y))

@@ -5,7 +5,7 @@ use super::host;
 use crate::backend::kernel;
 use crate::host::view::{counted, prefix_mut, write_count, Rows};
 use crate::kernels::KernelSource;
-use crate::launch_spec::{KernelArgs, LaunchSpec, ROW_THREADS};
+use crate::launch_spec::{LaunchSpec, ROW_THREADS};
 use crate::layout::{to_i32, RowLayout};
 
 /// `kernels/compact.cu`.
@@ -28,12 +28,11 @@ kernel! {
         out_a: &'a mut B::Buf<f32>,
         count: &'a mut B::Buf<i32>,
     }
-    entry(_k) "compact_nonzero".into();
-    spec(k, dev) {
+    entry = "compact_nonzero";
+    spec(k, dev, a) {
         // compact_nonzero(a, idx, count_in, n, out_idx, out_a, count): a (and idx) hold n
         // entries, out_idx and out_a n each, count_in and count one int; one block.
         let opt = |b: Option<&B::Buf<i32>>| b.map_or(0, |b| dev.addr(b));
-        let mut a = KernelArgs::default();
         a.ptr(dev.addr(k.a)).ptr(opt(k.idx)).ptr(opt(k.count_in));
         a.i32(to_i32(k.n, "entries")?)
             .ptr(dev.addr_mut(k.out_idx))
@@ -63,11 +62,10 @@ kernel! {
         out_idx: &'a mut B::Buf<i32>,
         count: &'a mut B::Buf<i32>,
     }
-    entry(_k) "compact_flags".into();
-    spec(k, dev) {
+    entry = "compact_flags";
+    spec(k, dev, a) {
         // compact_flags(slabs, ids_l, flags, n, out_idx, count): slots 0..n of the slabs hold ids
         // < flags.len() or −1, out_idx holds n, count one int; one block.
-        let mut a = KernelArgs::default();
         a.ptr(dev.addr(k.slabs))
             .layout(&k.ids_l)
             .ptr(dev.addr(k.flags));

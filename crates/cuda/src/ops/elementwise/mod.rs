@@ -11,7 +11,29 @@ pub mod launch;
 #[cfg(test)]
 mod tests;
 
-use launch::{Add, Copy, Fill, Softcap, ThresholdMask};
+use launch::{Pair, PairKernel, ValueKernel, WithValue};
+
+/// `op` over the first `n` values of `y` with `v`, after checking `y` holds them (none: no
+/// launch).
+fn with_value<B: Backend>(
+    dev: &B,
+    op: WithValue,
+    y: &mut B::Buf<f32>,
+    n: usize,
+    v: f32,
+) -> Result<()> {
+    ensure!(
+        n <= y.len(),
+        Shape,
+        "{}: {n} values of a buffer of {}",
+        op.entry(),
+        y.len()
+    );
+    if n == 0 {
+        return Ok(());
+    }
+    dev.launch(ValueKernel { op, y, n, v }, Checked(()))
+}
 
 /// The elementwise operations, checked, on any backend.
 pub trait ElementwiseOps: Backend {
@@ -24,50 +46,32 @@ pub trait ElementwiseOps: Backend {
             y.len(),
             x.len()
         );
-        let n = y.len();
+        let (op, n) = (Pair::Add, y.len());
         if n == 0 {
             return Ok(());
         }
-        self.launch(Add { y, x, n }, Checked(()))
+        self.launch(PairKernel { op, y, x, n }, Checked(()))
     }
 
     /// `h[i] = 0` where `|h[i]| < t`, for i in 0..n (the first n values of `h`).
     fn threshold_mask(&self, h: &mut Self::Buf<f32>, n: usize, t: f32) -> Result<()> {
-        ensure!(
-            n <= h.len(),
-            Shape,
-            "threshold_mask: {n} values of a buffer of {}",
-            h.len()
-        );
-        if n == 0 {
-            return Ok(());
-        }
-        self.launch(ThresholdMask { h, n, t }, Checked(()))
+        with_value(self, WithValue::ThresholdMask, h, n, t)
     }
 
     /// `y[i] = cap · tanh(y[i] / cap)` for i in 0..n (Gemma 2's final logits);
     /// `Error::Unsupported` unless `cap` is a positive number.
     fn softcap(&self, y: &mut Self::Buf<f32>, n: usize, cap: f32) -> Result<()> {
         ensure!(
-            n <= y.len(),
-            Shape,
-            "softcap: {n} values of a buffer of {}",
-            y.len()
-        );
-        ensure!(
             cap > 0.0 && cap.is_finite(),
             Unsupported,
             "softcap: the cap {cap} must be a positive number"
         );
-        if n == 0 {
-            return Ok(());
-        }
-        self.launch(Softcap { y, n, cap }, Checked(()))
+        with_value(self, WithValue::Softcap, y, n, cap)
     }
 
     /// `dst[i] = src[i]` over `src.len()` values (`dst` at least as long).
     fn copy(&self, dst: &mut Self::Buf<f32>, src: &Self::Buf<f32>) -> Result<()> {
-        let n = src.len();
+        let (op, n) = (Pair::Copy, src.len());
         ensure!(
             n <= dst.len(),
             Shape,
@@ -77,16 +81,14 @@ pub trait ElementwiseOps: Backend {
         if n == 0 {
             return Ok(());
         }
-        self.launch(Copy { dst, src, n }, Checked(()))
+        let (y, x) = (dst, src);
+        self.launch(PairKernel { op, y, x, n }, Checked(()))
     }
 
     /// `y[i] = v` for every value of `y`.
     fn fill(&self, y: &mut Self::Buf<f32>, v: f32) -> Result<()> {
         let n = y.len();
-        if n == 0 {
-            return Ok(());
-        }
-        self.launch(Fill { y, n, v }, Checked(()))
+        with_value(self, WithValue::Fill, y, n, v)
     }
 }
 

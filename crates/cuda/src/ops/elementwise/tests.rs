@@ -2,7 +2,7 @@
 
 use powerinfer_core::testing::pseudo_random;
 
-use super::launch::{Add, Copy, Softcap, ThresholdMask};
+use super::launch::{Pair, PairKernel, ValueKernel, WithValue};
 use crate::host::HostBackend;
 use crate::layout::{Act, FfnAct};
 use crate::ops::testutil::*;
@@ -46,38 +46,50 @@ fn add_threshold_mask_softcap_and_copy() {
     let be = HostBackend::new();
     let n = 1001;
     let (g, u) = (pseudo_random(n + 2, 19), pseudo_random(n, 20));
-    let mut dy = upload(&be, &g);
     let dx = upload(&be, &u);
-    launch(
-        &be,
-        Add {
-            y: &mut dy,
-            x: &dx,
-            n,
-        },
-    )
-    .unwrap();
-    let mut want: Vec<f32> = (0..n).map(|i| g[i] + u[i]).collect();
-    want.extend(&g[n..]);
-    assert_eq!(download(&be, &dy), want);
-    let r = launch(
-        &be,
-        Add {
-            y: &mut dy,
-            x: &dx,
-            n: n + 1,
-        },
-    );
-    assert!(is_shape(r));
+    // add and copy over n values (the rest of y kept); n past x is an error.
+    for (op, m) in [(Pair::Add, n), (Pair::Copy, n - 1)] {
+        let mut dy = upload(&be, &g);
+        let y = &mut dy;
+        launch(
+            &be,
+            PairKernel {
+                op,
+                y,
+                x: &dx,
+                n: m,
+            },
+        )
+        .unwrap();
+        let mut want: Vec<f32> = match op {
+            Pair::Add => (0..m).map(|i| g[i] + u[i]).collect(),
+            Pair::Copy => u[..m].to_vec(),
+        };
+        want.extend(&g[m..]);
+        assert_eq!(download(&be, &dy), want, "{op:?}");
+        let y = &mut dy;
+        let r = launch(
+            &be,
+            PairKernel {
+                op,
+                y,
+                x: &dx,
+                n: n + 1,
+            },
+        );
+        assert!(is_shape(r), "{op:?}");
+    }
 
     let h = [0.5f32, -0.5, 0.1, -0.2, 0.0, 0.3, f32::NAN, 0.05];
     let mut dh = upload(&be, &h);
+    let op = WithValue::ThresholdMask;
     launch(
         &be,
-        ThresholdMask {
-            h: &mut dh,
+        ValueKernel {
+            op,
+            y: &mut dh,
             n: 7,
-            t: 0.3,
+            v: 0.3,
         },
     )
     .unwrap();
@@ -87,10 +99,11 @@ fn add_threshold_mask_softcap_and_copy() {
     assert_eq!(got[7], 0.05, "past n");
     let r = launch(
         &be,
-        ThresholdMask {
-            h: &mut dh,
+        ValueKernel {
+            op,
+            y: &mut dh,
             n: 9,
-            t: 0.3,
+            v: 0.3,
         },
     );
     assert!(is_shape(r));
@@ -98,44 +111,47 @@ fn add_threshold_mask_softcap_and_copy() {
     // softcap over the first n values (x 40 so the cap of 30 bends them), the rest kept.
     let y: Vec<f32> = g.iter().map(|v| 40.0 * v).collect();
     let mut dy = upload(&be, &y);
-    let (y_ref, cap) = (&y, 30.0f32);
-    launch(&be, Softcap { y: &mut dy, n, cap }).unwrap();
+    let (op, cap) = (WithValue::Softcap, 30.0f32);
+    launch(
+        &be,
+        ValueKernel {
+            op,
+            y: &mut dy,
+            n,
+            v: cap,
+        },
+    )
+    .unwrap();
     let mut want: Vec<f32> = (0..n)
-        .map(|i| (cap as f64 * (y_ref[i] as f64 / cap as f64).tanh()) as f32)
+        .map(|i| (cap as f64 * (y[i] as f64 / cap as f64).tanh()) as f32)
         .collect();
     want.extend(&y[n..]);
     assert_close(&download(&be, &dy), &want, 1e-6, "softcap");
     let r = launch(
         &be,
-        Softcap {
+        ValueKernel {
+            op,
             y: &mut dy,
             n: n + 3,
-            cap,
+            v: cap,
         },
     );
     assert!(is_shape(r));
 
-    // copy: n values, the rest of dst kept; a short src is an error.
-    let mut dst = upload(&be, &g);
+    // fill: n values, the rest kept.
+    let before = download(&be, &dy);
+    let op = WithValue::Fill;
     launch(
         &be,
-        Copy {
-            dst: &mut dst,
-            src: &dx,
-            n: n - 1,
+        ValueKernel {
+            op,
+            y: &mut dy,
+            n: 3,
+            v: 0.25,
         },
     )
     .unwrap();
-    let mut want = u[..n - 1].to_vec();
-    want.extend(&g[n - 1..]);
-    assert_eq!(download(&be, &dst), want);
-    let r = launch(
-        &be,
-        Copy {
-            dst: &mut dst,
-            src: &dx,
-            n: n + 1,
-        },
-    );
-    assert!(is_shape(r));
+    let got = download(&be, &dy);
+    assert_eq!(got[..3], [0.25; 3]);
+    assert_eq!(got[3..], before[3..]);
 }

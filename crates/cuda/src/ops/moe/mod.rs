@@ -10,18 +10,28 @@ use crate::backend::{Backend, Checked, DeviceSlice, HotFfn};
 pub(crate) mod host;
 pub mod launch;
 
-use launch::{ExpertFlags, ExpertScale};
+use launch::{ExpertFlags, ExpertScale, Routing};
 
-/// The experts `w` describes (`n_expert + 1` weights) for a space of `routed` routed neurons in
-/// experts of `expert_ffn`; `Error::Shape` when they do not fit.
-fn n_expert_of(w_len: usize, expert_ffn: usize, routed: usize) -> Result<usize> {
+/// The routing `w` describes (`n_expert + 1` weights) for a space of `routed` routed neurons
+/// in experts of `expert_ffn`; `Error::Shape` when they do not fit.
+fn routing<B: Backend>(
+    w: &B::Buf<f32>,
+    expert_ffn: usize,
+    routed: usize,
+) -> Result<Routing<'_, B>> {
+    let w_len = w.len();
     ensure!(
         w_len >= 2 && expert_ffn > 0 && routed == (w_len - 1) * expert_ffn,
         Shape,
         "experts: {w_len} weights (experts + shared) for {routed} routed neurons in experts of \
          {expert_ffn}"
     );
-    Ok(w_len - 1)
+    Ok(Routing {
+        w,
+        expert_ffn,
+        routed,
+        n_expert: w_len - 1,
+    })
 }
 
 /// A mixture of experts' routing on the hot neurons, checked, on any backend.
@@ -38,21 +48,14 @@ pub trait MoeOps: Backend {
         routed: usize,
         flags: &mut Self::Buf<i32>,
     ) -> Result<()> {
-        let n_expert = n_expert_of(w.len(), expert_ffn, routed)?;
+        let routing = routing::<Self>(w, expert_ffn, routed)?;
         let n = flags.len();
         ensure!(
             n >= routed,
             Shape,
             "expert_flags: {n} flags for {routed} routed neurons"
         );
-        let launch = ExpertFlags {
-            w,
-            expert_ffn,
-            routed,
-            n_expert,
-            n,
-            flags,
-        };
+        let launch = ExpertFlags { routing, n, flags };
         self.launch(launch, Checked(()))
     }
 
@@ -66,7 +69,7 @@ pub trait MoeOps: Backend {
         routed: usize,
         h: &mut Self::Buf<f32>,
     ) -> Result<()> {
-        let n_expert = n_expert_of(w.len(), expert_ffn, routed)?;
+        let routing = routing::<Self>(w, expert_ffn, routed)?;
         let l = &ffn.layout;
         ensure!(
             h.len() >= l.n_hot && l.ffn >= routed,
@@ -82,10 +85,7 @@ pub trait MoeOps: Backend {
         let launch = ExpertScale {
             slabs: &ffn.data,
             ids_l: l.ids,
-            w,
-            expert_ffn,
-            routed,
-            n_expert,
+            routing,
             n: l.n_hot,
             h,
         };

@@ -50,93 +50,54 @@ pub fn push_rope_angles(a: &mut KernelArgs, pos: usize, inv: &[f64]) -> Result<(
     Ok(())
 }
 
-/// A norm's launch over `rows` rows: one block of [`NORM_THREADS`] per row.
-fn per_row(entry: &str, rows: usize, a: KernelArgs) -> Result<LaunchSpec> {
-    let blocks = [to_i32(rows, "rows")? as u32, 1];
-    Ok(LaunchSpec::new(
-        &SOURCE,
-        entry.into(),
-        blocks,
-        NORM_THREADS,
-        0,
-        a,
-    ))
-}
-
 kernel! {
-    /// `rms_norm` over `rows` rows of `n`: `out = x / sqrt(mean(x²) + eps) · w`; with `xq` also
-    /// `out` quantized for the integer dots, the bytes `quantize_x` writes for it (row r's blocks
-    /// after row r − 1's; `n` a multiple of 32).
-    struct RmsNorm<'a, B> {
+    /// `rms_norm` (`bias` None) or `layer_norm` (with the bias) over `rows` rows of `n`:
+    /// `out = x / sqrt(mean(x²) + eps) · w`, or `out = (x − mean) / sqrt(var + eps) · w + b`
+    /// (the biased variance); with `xq` also `out` quantized for the integer dots, the bytes
+    /// `quantize_x` writes for it (row r's blocks after row r − 1's; `n` a multiple of 32).
+    struct Norm<'a, B> {
         x: &'a B::Buf<f32>,
         w: &'a B::Buf<f32>,
+        bias: Option<&'a B::Buf<f32>>,
         rows: usize,
         n: usize,
         eps: f32,
         out: &'a mut B::Buf<f32>,
         xq: Option<&'a mut B::Buf<u8>>,
     }
-    entry(_k) "rms_norm".into();
-    fused(k) k.xq.as_ref().map(|_| "quantize_x (in rms_norm)");
-    spec(k, dev) {
-        // rms_norm(x, w, n, eps, out, xq): block b reads row b of x, writes row b of out (and, xq
-        // not null, its blocks of quantized x).
-        let mut a = KernelArgs::default();
-        a.ptr(dev.addr(k.x))
-            .ptr(dev.addr(k.w))
-            .i32(to_i32(k.n, "n")?)
-            .f32(k.eps);
+    entry(k) = match k.bias {
+        None => "rms_norm",
+        Some(_) => "layer_norm",
+    };
+    fused(k) k.xq.as_ref().map(|_| match k.bias {
+        None => "quantize_x (in rms_norm)",
+        Some(_) => "quantize_x (in layer_norm)",
+    });
+    spec(k, dev, a) {
+        // rms_norm(x, w, n, eps, out, xq), layer_norm(x, w, b, n, eps, out, xq): block r reads
+        // row r of x, writes row r of out (and, xq not null, its blocks of quantized x); one
+        // block of NORM_THREADS per row.
+        let entry = k.entry();
+        a.ptr(dev.addr(k.x)).ptr(dev.addr(k.w));
+        if let Some(b) = k.bias {
+            a.ptr(dev.addr(b));
+        }
+        a.i32(to_i32(k.n, "n")?).f32(k.eps);
         a.ptr(dev.addr_mut(k.out))
             .ptr(k.xq.map_or(0, |q| dev.addr_mut(q)));
-        per_row("rms_norm", k.rows, a)
-    }
-    host(k) {
-        let (rows, n) = (k.rows, k.n);
-        let total = product(rows, n, "rows × n")?;
-        let x = prefix(B::data(k.x), total, "x")?;
-        let w = prefix(B::data(k.w), n, "w")?;
-        let out = prefix_mut(B::data_mut(k.out), total, "out")?;
-        host::rms_norm(x, w, n, k.eps, out);
-        host::quantize_rows(out, n, k.xq.map(|q| B::data_mut(q)))
-    }
-}
-
-kernel! {
-    /// `layer_norm` over `rows` rows of `n`: `out = (x − mean) / sqrt(var + eps) · w + b`, the
-    /// biased variance; `xq` as [`RmsNorm`]'s.
-    struct LayerNorm<'a, B> {
-        x: &'a B::Buf<f32>,
-        w: &'a B::Buf<f32>,
-        b: &'a B::Buf<f32>,
-        rows: usize,
-        n: usize,
-        eps: f32,
-        out: &'a mut B::Buf<f32>,
-        xq: Option<&'a mut B::Buf<u8>>,
-    }
-    entry(_k) "layer_norm".into();
-    fused(k) k.xq.as_ref().map(|_| "quantize_x (in layer_norm)");
-    spec(k, dev) {
-        // layer_norm(x, w, b, n, eps, out, xq): block r reads row r of x, writes row r of out (and
-        // its quantized blocks as rms_norm).
-        let mut a = KernelArgs::default();
-        a.ptr(dev.addr(k.x))
-            .ptr(dev.addr(k.w))
-            .ptr(dev.addr(k.b));
-        a.i32(to_i32(k.n, "n")?)
-            .f32(k.eps)
-            .ptr(dev.addr_mut(k.out));
-        a.ptr(k.xq.map_or(0, |q| dev.addr_mut(q)));
-        per_row("layer_norm", k.rows, a)
+        let blocks = [to_i32(k.rows, "rows")? as u32, 1];
+        Ok(LaunchSpec::new(&SOURCE, entry, blocks, NORM_THREADS, 0, a))
     }
     host(k) {
         let n = k.n;
         let total = product(k.rows, n, "rows × n")?;
         let x = prefix(B::data(k.x), total, "x")?;
         let w = prefix(B::data(k.w), n, "w")?;
-        let b = prefix(B::data(k.b), n, "b")?;
         let out = prefix_mut(B::data_mut(k.out), total, "out")?;
-        host::layer_norm(x, [w, b], k.eps, out);
+        match k.bias {
+            None => host::rms_norm(x, w, n, k.eps, out),
+            Some(b) => host::layer_norm(x, [w, prefix(B::data(b), n, "b")?], k.eps, out),
+        }
         host::quantize_rows(out, n, k.xq.map(|q| B::data_mut(q)))
     }
 }
@@ -160,13 +121,12 @@ kernel! {
         k_norm: Option<&'a B::Buf<f32>>,
         eps: f32,
     }
-    entry(_k) "rope".into();
+    entry = "rope";
     fused(k) k.x_norm.map(|_| "rms_norm (in rope)");
-    spec(k, dev) {
+    spec(k, dev, a) {
         // rope(q, nq, k, nk, head_dim, n_pairs, angles, neox, qn, kn, eps): a warp per head of q
         // then of k (k null when nk = 0; qn, kn null: no norm).
         let k_heads = if k.k.is_some() { k.k_heads } else { 0 };
-        let mut a = KernelArgs::default();
         a.ptr(dev.addr_mut(k.x))
             .i32(to_i32(k.n_heads, "heads")?);
         a.ptr(k.k.map_or(0, |k| dev.addr_mut(k)))

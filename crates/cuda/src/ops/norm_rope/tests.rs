@@ -2,7 +2,7 @@
 
 use powerinfer_core::testing::pseudo_random;
 
-use super::launch::{push_rope_angles, LayerNorm, RmsNorm, Rope, MAX_ROPE_PAIRS};
+use super::launch::{push_rope_angles, Norm, Rope, MAX_ROPE_PAIRS};
 use crate::backend::Backend;
 use crate::host::{HostBackend, HostBuf};
 use crate::ops::testutil::*;
@@ -26,9 +26,10 @@ fn rms_norm_normalises_each_row() {
     let rms = |x: &HostBuf<f32>, out: &mut HostBuf<f32>| {
         launch(
             &be,
-            RmsNorm {
+            Norm {
                 x,
                 w: &dw,
+                bias: None,
                 rows,
                 n,
                 eps,
@@ -67,10 +68,10 @@ fn layer_norm_centres_and_scales_each_row() {
     let ln = |x: &HostBuf<f32>, b: &HostBuf<f32>, out: &mut HostBuf<f32>| {
         launch(
             &be,
-            LayerNorm {
+            Norm {
                 x,
                 w: &dw,
-                b,
+                bias: Some(b),
                 rows,
                 n,
                 eps,

@@ -6,7 +6,7 @@ use super::host;
 use crate::backend::kernel;
 use crate::host::view::{prefix, prefix_mut, Rows};
 use crate::kernels::{dtype_suffix, KernelSource};
-use crate::launch_spec::{tile_geometry, KernelArgs, LaunchSpec, ROW_THREADS};
+use crate::launch_spec::{tile_geometry, LaunchSpec, ROW_THREADS};
 use crate::layout::{to_i32, RowLayout};
 
 /// `kernels/predictor.cu`.
@@ -31,12 +31,11 @@ kernel! {
         flags: &'a mut B::Buf<i32>,
         logits: Option<&'a mut B::Buf<f32>>,
     }
-    entry(k) format!("predictor_fc2_{}", dtype_suffix(k.dtype));
-    spec(k, dev) {
+    entry(k) = format!("predictor_fc2_{}", dtype_suffix(k.dtype));
+    spec(k, dev, a) {
         // predictor_fc2_<dtype>(fc2_t, l, hidden, rank, ffn, threshold, flags, logits,
         // units_pb): the geometry from tile_geometry.
         let entry = k.entry();
-        let mut a = KernelArgs::default();
         a.ptr(dev.addr(k.fc2_t))
             .layout(&k.l)
             .ptr(dev.addr(k.hidden));

@@ -24,37 +24,23 @@ fn fc2(
     let dh = upload(be, hidden);
     let mut flags = upload(be, &vec![7i32; ffn]);
     let mut logits = be.zeros::<f32>(ffn + 1).unwrap();
-    launch(
-        be,
-        PredictorFc2 {
-            dtype,
-            fc2_t: w,
-            l,
-            hidden: &dh,
-            rank: hidden.len(),
-            ffn,
-            threshold,
-            flags: &mut flags,
-            logits: Some(&mut logits),
-        },
-    )
-    .unwrap();
     let mut flags_only = upload(be, &vec![7i32; ffn]);
-    launch(
-        be,
-        PredictorFc2 {
+    // With the logits kept, and without.
+    for (flags, logits) in [(&mut flags, Some(&mut logits)), (&mut flags_only, None)] {
+        let (fc2_t, hidden, rank) = (w, &dh, hidden.len());
+        let launched = PredictorFc2 {
             dtype,
-            fc2_t: w,
+            fc2_t,
             l,
-            hidden: &dh,
-            rank: hidden.len(),
+            hidden,
+            rank,
             ffn,
             threshold,
-            flags: &mut flags_only,
-            logits: None,
-        },
-    )
-    .unwrap();
+            flags,
+            logits,
+        };
+        launch(be, launched).unwrap();
+    }
     let flags = download(be, &flags);
     assert_eq!(flags, download(be, &flags_only));
     let logits = download(be, &logits);
@@ -112,38 +98,24 @@ fn rows_of_non_positive_hidden_units_are_not_read() {
     let (flags, logits) = fc2(&be, DType::F32, &dw, l, &[0.0, 2.0, -1.0], 3, 1.0);
     assert_eq!(logits, [2.0, -4.0, 1.0]);
     assert_eq!(flags, [1, 0, 1]);
-    // A hidden unit past fc2_t's rows, and short outputs, are errors.
+    // A hidden unit past fc2_t's rows (rank 4), and short logits, are errors.
     let dh = upload(&be, &[1f32; 4]);
     let mut f = be.zeros::<i32>(3).unwrap();
-    let r = launch(
-        &be,
-        PredictorFc2 {
-            dtype: DType::F32,
-            fc2_t: &dw,
-            l,
-            hidden: &dh,
-            rank: 4,
-            ffn: 3,
-            threshold: 0.0,
-            flags: &mut f,
-            logits: None,
-        },
-    );
-    assert!(is_shape(r));
     let mut short = be.zeros::<f32>(2).unwrap();
-    let r = launch(
-        &be,
-        PredictorFc2 {
-            dtype: DType::F32,
+    for (rank, logits) in [(4, None), (3, Some(&mut short))] {
+        let (dtype, hidden, threshold) = (DType::F32, &dh, 0.0);
+        let flags = &mut f;
+        let bad = PredictorFc2 {
+            dtype,
             fc2_t: &dw,
             l,
-            hidden: &dh,
-            rank: 3,
+            hidden,
+            rank,
             ffn: 3,
-            threshold: 0.0,
-            flags: &mut f,
-            logits: Some(&mut short),
-        },
-    );
-    assert!(is_shape(r));
+            threshold,
+            flags,
+            logits,
+        };
+        assert!(is_shape(launch(&be, bad)), "rank {rank}");
+    }
 }

@@ -110,9 +110,9 @@ kernel! {
         accumulate: bool,
         y: &'a mut B::Buf<f32>,
     }
-    entry(k) format!("sparse_matvec_{}", dtype_suffix(k.dtype));
+    entry(k) = format!("sparse_matvec_{}", dtype_suffix(k.dtype));
     fused(k) k.accumulate.then_some("add (in sparse_matvec)");
-    spec(k, dev) {
+    spec(k, dev, a) {
         // sparse_matvec_<dtype>(w, l, x, cols, idx, n, ids_base, ids_l, flags, act, accumulate,
         // y): x holds `cols` values (floats or quantized blocks), staged in x_smem(dtype, cols)
         // bytes; y holds n floats; rows 0..n (or the indices) lie inside w per `l`; flags come
@@ -129,7 +129,6 @@ kernel! {
             Some((_, l)) => l,
             None => RowLayout::dense(1, 4)?,
         };
-        let mut a = KernelArgs::default();
         a.ptr(dev.addr(k.w)).layout(&k.l).ptr(k.x.addr(dev));
         a.i32(to_i32(k.cols, "cols")?)
             .ptr(opt(k.idx))
@@ -158,6 +157,36 @@ kernel! {
     }
 }
 
+impl<'a, B: Backend> SparseMatvec<'a, B> {
+    /// `y[k] = dot(W[row k], x)` for the rows 0..n of `w` (`dtype`, laid out by `l`, `cols`
+    /// columns): no index list, no flags, no activation, not accumulated; the other fields are
+    /// set from there.
+    pub fn rows(
+        dtype: DType,
+        w: &'a B::Buf<u8>,
+        l: RowLayout,
+        x: XArg<'a, B>,
+        cols: usize,
+        n: usize,
+        y: &'a mut B::Buf<f32>,
+    ) -> Self {
+        SparseMatvec {
+            dtype,
+            w,
+            l,
+            x,
+            cols,
+            idx: None,
+            n,
+            ids: None,
+            flags: None,
+            act: Act::None,
+            accumulate: false,
+            y,
+        }
+    }
+}
+
 kernel! {
     /// `gate_up_<dtype>`: `h[k] = g · u'` with `g = act(dot(gate[k], x) + bias[id(k)])` and
     /// `u' = dot(up[k], x)` (`act` of it with `act.up_act`; 1 without up rows: `up_l` None), `act`
@@ -182,8 +211,8 @@ kernel! {
         count: Option<&'a B::Buf<i32>>,
         h: &'a mut B::Buf<f32>,
     }
-    entry(k) format!("gate_up_{}", dtype_suffix(k.dtype));
-    spec(k, dev) {
+    entry(k) = format!("gate_up_{}", dtype_suffix(k.dtype));
+    spec(k, dev, a) {
         // gate_up_<dtype>(w, gate_l, up_l, x, cols, idx, n, ids_l, flags, bias, act, relu_t,
         // up_mode, count, h): the slab layouts come from pack_hot_slabs for this buffer, slots
         // 0..n hold ids < ffn or −1, flags and bias have one entry per FFN neuron; h holds n
@@ -198,7 +227,6 @@ kernel! {
             (Some(_), true) => 2,
         };
         let up_l = k.up_l.unwrap_or(k.gate_l);
-        let mut a = KernelArgs::default();
         a.ptr(dev.addr(k.w))
             .layout(&k.gate_l)
             .layout(&up_l)
@@ -244,11 +272,10 @@ kernel! {
         cols: usize,
         xq: &'a mut B::Buf<u8>,
     }
-    entry(_k) "quantize_x".into();
-    spec(k, dev) {
+    entry = "quantize_x";
+    spec(k, dev, a) {
         // quantize_x(x, cols, xq): a warp per 32 values, 8 per block; cols a multiple of 32 (the
         // op checks it), xq holds xq_bytes(cols).
-        let mut a = KernelArgs::default();
         a.ptr(dev.addr(k.x))
             .i32(to_i32(k.cols, "cols")?)
             .ptr(dev.addr_mut(k.xq));

@@ -119,18 +119,10 @@ fn matvec_rows<B: Backend>(
         return Ok(());
     }
     let launch = SparseMatvec {
-        dtype: w.dtype,
-        w: &w.data,
-        l: w.layout,
-        x,
-        cols: w.cols,
         idx,
-        n,
-        ids: None,
-        flags: None,
         act,
         accumulate,
-        y,
+        ..SparseMatvec::rows(w.dtype, &w.data, w.layout, x, w.cols, n, y)
     };
     dev.launch(launch, Checked(()))
 }

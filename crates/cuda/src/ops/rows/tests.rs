@@ -37,18 +37,9 @@ fn sparse_matvec_matches_the_reference_on_every_format() {
             launch(
                 &be,
                 SparseMatvec {
-                    dtype,
-                    w: &dw,
-                    l,
-                    x: dx.arg(),
-                    cols,
                     idx: Some(&didx),
-                    n: idx.len(),
-                    ids: None,
-                    flags: None,
                     act,
-                    accumulate: false,
-                    y: &mut y,
+                    ..SparseMatvec::rows(dtype, &dw, l, dx.arg(), cols, idx.len(), &mut y)
                 },
             )
             .unwrap();
@@ -64,18 +55,8 @@ fn sparse_matvec_matches_the_reference_on_every_format() {
             launch(
                 &be,
                 SparseMatvec {
-                    dtype,
-                    w: &dw,
-                    l,
-                    x: dx.arg(),
-                    cols,
-                    idx: None,
-                    n: rows,
-                    ids: None,
-                    flags: None,
                     act,
-                    accumulate: false,
-                    y: &mut y,
+                    ..SparseMatvec::rows(dtype, &dw, l, dx.arg(), cols, rows, &mut y)
                 },
             )
             .unwrap();
@@ -101,18 +82,10 @@ fn sparse_matvec_over_slabs_skips_inactive_and_padding_neurons() {
         launch(
             &be,
             SparseMatvec {
-                dtype,
-                w: &hot.buf,
-                l: hot.layout.gate,
-                x: dx.arg(),
-                cols: dim,
-                idx: None,
-                n,
                 ids: Some((&hot.buf, hot.layout.ids)),
                 flags: Some(&df),
                 act: Act::Silu,
-                accumulate: false,
-                y: &mut y,
+                ..SparseMatvec::rows(dtype, &hot.buf, hot.layout.gate, dx.arg(), dim, n, &mut y)
             },
         )
         .unwrap();
@@ -268,18 +241,9 @@ fn rows_that_need_not_be_read_are_not_read() {
     launch(
         &be,
         SparseMatvec {
-            dtype: DType::F32,
-            w: &dw,
-            l: l(0, rb),
-            x: XArg::F32(&dx),
-            cols,
-            idx: None,
-            n: 3,
             ids: Some((&dw, l(6 * rb, 4))),
             flags: Some(&df),
-            act: Act::None,
-            accumulate: false,
-            y: &mut y,
+            ..SparseMatvec::rows(DType::F32, &dw, l(0, rb), XArg::F32(&dx), cols, 3, &mut y)
         },
     )
     .unwrap();
@@ -309,19 +273,11 @@ fn bad_rows_indices_and_ids_are_shape_errors() {
         launch(
             &be,
             SparseMatvec {
-                dtype: DType::Q8_0,
-                w: &dw,
-                l,
-                x: XArg::Quant(&dx),
-                cols,
                 idx: didx.as_ref(),
-                n,
                 // Every row reads the id at byte 0 (one 4-byte row per group).
                 ids: dids.as_ref().map(|d| (d, RowLayout::new(0, 0, 1 << 20, 0))),
                 flags: df.as_ref(),
-                act: Act::None,
-                accumulate: false,
-                y: &mut y,
+                ..SparseMatvec::rows(DType::Q8_0, &dw, l, XArg::Quant(&dx), cols, n, &mut y)
             },
         )
     };
@@ -369,20 +325,7 @@ fn bad_rows_indices_and_ids_are_shape_errors() {
     let floats = upload(&be, &pseudo_random(cols, 2));
     let r = launch(
         &be,
-        SparseMatvec {
-            dtype: DType::Q8_0,
-            w: &dw,
-            l,
-            x: XArg::F32(&floats),
-            cols,
-            idx: None,
-            n: 1,
-            ids: None,
-            flags: None,
-            act: Act::None,
-            accumulate: false,
-            y: &mut y,
-        },
+        SparseMatvec::rows(DType::Q8_0, &dw, l, XArg::F32(&floats), cols, 1, &mut y),
     );
     assert!(
         matches!(r, Err(powerinfer_core::Error::Unsupported(_))),
@@ -393,20 +336,15 @@ fn bad_rows_indices_and_ids_are_shape_errors() {
     let bad = RowLayout::new(l.group_stride, l.offset, 0, l.row_bytes);
     let r = launch(
         &be,
-        SparseMatvec {
-            dtype: DType::Q8_0,
-            w: &dw,
-            l: bad,
-            x: XArg::Quant(&upload(&be, &[0u8; XQ_BLOCK])),
+        SparseMatvec::rows(
+            DType::Q8_0,
+            &dw,
+            bad,
+            XArg::Quant(&upload(&be, &[0u8; XQ_BLOCK])),
             cols,
-            idx: None,
-            n: 1,
-            ids: None,
-            flags: None,
-            act: Act::None,
-            accumulate: false,
-            y: &mut y,
-        },
+            1,
+            &mut y,
+        ),
     );
     assert!(is_shape(r));
     // A slab layout whose rows run past the buffer.
@@ -414,20 +352,15 @@ fn bad_rows_indices_and_ids_are_shape_errors() {
     let mut y = be.zeros::<f32>(5).unwrap();
     let r = launch(
         &be,
-        SparseMatvec {
-            dtype: DType::Q8_0,
-            w: &dw,
-            l: slab,
-            x: XArg::Quant(&upload(&be, &[0u8; XQ_BLOCK])),
+        SparseMatvec::rows(
+            DType::Q8_0,
+            &dw,
+            slab,
+            XArg::Quant(&upload(&be, &[0u8; XQ_BLOCK])),
             cols,
-            idx: None,
-            n: 5,
-            ids: None,
-            flags: None,
-            act: Act::None,
-            accumulate: false,
-            y: &mut y,
-        },
+            5,
+            &mut y,
+        ),
     );
     let Err(powerinfer_core::Error::Shape(msg)) = r else {
         panic!("{r:?}")
@@ -490,20 +423,7 @@ fn quantized_x_stands_for_its_dequantized_floats() {
     let dw = upload_rows(&be, &w);
     let l = RowLayout::dense(rows, DType::Q4_0.row_bytes(cols).unwrap()).unwrap();
     let mut dy = be.zeros::<f32>(rows).unwrap();
-    let matvec = SparseMatvec {
-        dtype: DType::Q4_0,
-        w: &dw,
-        l,
-        x: XArg::Quant(&xq),
-        cols,
-        idx: None,
-        n: rows,
-        ids: None,
-        flags: None,
-        act: Act::None,
-        accumulate: false,
-        y: &mut dy,
-    };
+    let matvec = SparseMatvec::rows(DType::Q4_0, &dw, l, XArg::Quant(&xq), cols, rows, &mut dy);
     launch(&be, matvec).unwrap();
     let got = download(&be, &dy);
     for (r, g) in got.iter().enumerate() {
