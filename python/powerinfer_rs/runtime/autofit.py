@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PlanError
+from ..planning.sizes import MAX_BUDGET
 from .prepared import (
     MANIFEST,
     MANIFEST_FORMAT,
@@ -92,7 +93,7 @@ def prepared_root() -> Path:
 
 
 def _version() -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return __version__
 
@@ -120,7 +121,7 @@ def _run_stage(name: str, argv: list[str], quiet: bool) -> float:
     naming it (the stage has printed why)."""
     import importlib
 
-    from ..cli import STAGES
+    from ..stages import STAGES
 
     module = importlib.import_module(f"..{STAGES[name][0]}", __package__)
     t0 = time.perf_counter()
@@ -132,10 +133,6 @@ def _run_stage(name: str, argv: list[str], quiet: bool) -> float:
             sys.stderr.write(out.getvalue())
         raise PlanError(f"auto-fit: the {name} stage failed (exit {code}); see above")
     return time.perf_counter() - t0
-
-
-#: The largest VRAM budget accepted (16 TiB: more than any one GPU holds, by far).
-MAX_BUDGET = 2**44
 
 
 def check_budget(vram_budget: str | int) -> int | None:
