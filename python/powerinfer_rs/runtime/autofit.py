@@ -53,7 +53,15 @@ from .prepared import (
     write_manifest,
 )
 
-__all__ = ["MANIFEST", "Prepared", "prepare", "read_prepared", "check_budget", "stage_tokens"]
+__all__ = [
+    "MANIFEST",
+    "Prepared",
+    "prepare",
+    "read_prepared",
+    "reusable",
+    "check_budget",
+    "stage_tokens",
+]
 
 #: The calibration and profiling text shipped with the package.
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "calibration.txt"
@@ -177,7 +185,7 @@ def _key_difference(old: dict, new: dict) -> str:
     )
 
 
-def _reusable(d: Path, parts: dict, model: str) -> tuple[Prepared | None, str | None]:
+def reusable(d: Path, parts: dict, model: str) -> tuple[Prepared | None, str | None]:
     """The prepared directory ``d`` when it was prepared for ``parts`` from ``model``'s bytes
     and every file matches its digest (its ``model`` is then ``model``); else None and why
     (None too when ``d`` holds no manifest: nothing was prepared there)."""
@@ -270,7 +278,7 @@ def prepare(
     }
     d = Path(out) if out is not None else prepared_root() / _key(parts)
     if not refresh:
-        done, why = _reusable(d, parts, path)
+        done, why = reusable(d, parts, path)
         if done is not None:
             return done
         if why is not None:
