@@ -186,6 +186,28 @@ def test_an_acyclic_rust_crate_passes(tmp_path):
     assert set(graph.edges["src/a.rs"]) == {"src/c/mod.rs"}
 
 
+def test_rust_unit_tests_are_apart_from_their_file(tmp_path):
+    # a's unit tests use the crate's test helpers, which use a: no circle of the library's
+    files = {
+        "lib.rs": "pub mod a;\npub mod testing;\n",
+        "a.rs": """\
+            pub struct A;
+            #[cfg(test)]
+            mod tests {
+                use super::*;
+                use crate::testing::make;
+            }
+            """,
+        "testing.rs": "use crate::a::A;\npub fn make() -> A { A }\n",
+    }
+    assert _rust_circles(tmp_path, files) == []
+    tool = _tool()
+    graph = tool.rust_graph(tmp_path / "src", tmp_path, "fixture")
+    assert set(graph.edges["src/a.rs [cfg(test)]"]) == {"src/testing.rs"}
+    inside = tool.rust_graph(tmp_path / "src", tmp_path, "fixture", tests_apart=False)
+    assert tool.strongly_connected(inside) == [["src/a.rs", "src/testing.rs"]]
+
+
 def test_the_command_fails_on_a_circle_and_passes_without(tmp_path):
     _write(tmp_path / "bad", {"pkg/__init__.py": "", "pkg/a.py": "from . import b\n"})
     _write(tmp_path / "bad", {"pkg/b.py": "from . import a\n"})

@@ -28,6 +28,10 @@ The Rust rules (``--crate DIR``, a crate's ``src``; each crate is checked on its
 * files are modules: ``lib.rs`` (or ``main.rs``) the root, ``a/b.rs`` and ``a/b/mod.rs`` the
   module ``a::b``; an inline ``mod x { ... }`` belongs to its file (``use super::*`` in a
   ``#[cfg(test)] mod tests`` is no edge);
+* what a file's ``#[cfg(test)]`` modules import is the edge of a node of their own
+  (``a.rs [cfg(test)]``), as the tests outside the package are for Python: a unit test that
+  uses ``crate::testing`` helpers, which use the module under test, is no circle
+  (``--test-modules-in-file`` counts those imports as the file's own);
 * comments, doc comments, strings and char literals are skipped;
 * an edge for every ``use`` of ``crate::``, ``super::``, ``self::`` or of a child module
   (``use x::Y`` where ``x`` is a module under the current one), ``pub use`` re-exports
@@ -52,6 +56,9 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+#: What marks a Rust file's ``#[cfg(test)]`` modules (as a node, and in an edge's reason).
+TEST_NODE = " [cfg(test)]"
+
 
 @dataclass
 class Graph:
@@ -62,7 +69,9 @@ class Graph:
     edges: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def add(self, a: str, b: str, why: str) -> None:
-        self.edges.setdefault(a, {}).setdefault(b, why)
+        out = self.edges.setdefault(a, {})
+        if b not in out or (TEST_NODE in out[b] and TEST_NODE not in why):
+            out[b] = why  # a reason outside test code, when there is one
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,12 +485,18 @@ def _scan_rust(tokens: list[tuple[str, str, int]], mod: tuple[str, ...]):
 
 
 def rust_graph(
-    src: Path, root: Path, name: str | None = None, follow_reexports: bool = True
+    src: Path,
+    root: Path,
+    name: str | None = None,
+    follow_reexports: bool = True,
+    tests_apart: bool = True,
 ) -> Graph:
     """The module graph of one crate's ``src`` directory. With ``follow_reexports``, a path to
     a name that a module re-exports (``pub use a::Name``, ``crate::Name`` from lib.rs) goes on
     to the module the re-export names (the re-exporting file keeps its own edge); without it,
-    the path stops at the re-exporting file."""
+    the path stops at the re-exporting file. With ``tests_apart``, what a file's ``#[cfg(test)]``
+    modules import is the edge of a node of its own (``a.rs [cfg(test)]``), as tests outside
+    the package are for Python; without it, the file's own."""
     src = src.resolve()
     modules: dict[tuple[str, ...], Path] = {}
     for path in sorted(src.rglob("*.rs")):
@@ -572,7 +587,8 @@ def rust_graph(
             if target is None or modules[target] == modules[mod]:
                 continue
             why = f"line {line}: {'pub ' if kind == 'pub use' else ''}{text}"
-            graph.add(show(mod), show(target), why + (" [cfg(test)]" if in_test else ""))
+            source = show(mod) + (TEST_NODE if in_test and tests_apart else "")
+            graph.add(source, show(target), why + (TEST_NODE if in_test else ""))
     return graph
 
 
@@ -585,6 +601,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--package", type=Path, action="append", default=[])
     ap.add_argument("--crate", type=Path, action="append", default=[], help="a crate's src/")
     ap.add_argument("--allow-crate", action="append", default=[], metavar="NAME")
+    ap.add_argument(
+        "--test-modules-in-file",
+        action="store_true",
+        help="count what a Rust file's #[cfg(test)] modules import as the file's own imports",
+    )
     args = ap.parse_args(argv)
     root = args.root.resolve()
     packages, crates = args.package, args.crate
@@ -602,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     for src in crates:
         src = src.resolve()
         crate = src.parent.name
-        g = rust_graph(src, root, crate)
+        g = rust_graph(src, root, crate, tests_apart=not args.test_modules_in_file)
         comps = strongly_connected(g)
         report(g, comps)
         allowed = crate in args.allow_crate
