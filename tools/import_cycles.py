@@ -430,12 +430,29 @@ def _scan_rust(tokens: list[tuple[str, str, int]], mod: tuple[str, ...]):
     i = 0
     values = [v for _, v, _ in tokens]
 
-    def attr_before(j: int, words: list[str]) -> bool:
-        # `#[cfg(test)]` / `#[macro_export]` just before token j (visibility skipped)
-        while j > 0 and values[j - 1] in ("pub", "(", ")", "crate", "super", "self"):
+    def attributes_before(j: int) -> list[list[str]]:
+        """The attributes (``#[...]``, their tokens inside the brackets) on the item whose
+        keyword is token ``j`` (visibility skipped)."""
+        while j > 0 and values[j - 1] in ("pub", "(", ")", "crate", "super", "self", "in"):
             j -= 1
-        n = len(words)
-        return j >= n and values[j - n : j] == words
+        attrs = []
+        while j > 1 and values[j - 1] == "]":
+            depth, k = 0, j - 1
+            while k >= 0:
+                depth += {"]": 1, "[": -1}.get(values[k], 0)
+                if depth == 0:
+                    break
+                k -= 1
+            if k < 1 or values[k - 1] != "#":
+                break
+            attrs.append(values[k + 1 : j - 1])
+            j = k - 1
+        return attrs
+
+    def is_test(j: int) -> bool:
+        return any(
+            a[:1] == ["cfg"] and "test" in a and "not" not in a for a in attributes_before(j)
+        )
 
     while i < len(tokens):
         kind, value, line = tokens[i]
@@ -451,12 +468,12 @@ def _scan_rust(tokens: list[tuple[str, str, int]], mod: tuple[str, ...]):
             i += 1
             continue
         if value == "mod" and i + 2 < len(tokens) and values[i + 2] == "{":
-            test = attr_before(i, ["#", "[", "cfg", "(", "test", ")", "]"])
+            test = is_test(i)
             inline.append((depth + 1, values[i + 1], test))
             i += 2
             continue
         if value == "macro_rules" and i + 2 < len(tokens) and values[i + 1] == "!":
-            if attr_before(i, ["#", "[", "macro_export", "]"]):
+            if any(a[:1] == ["macro_export"] for a in attributes_before(i)):
                 macros.append(values[i + 2])
             i += 3
             continue
