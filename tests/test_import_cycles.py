@@ -108,6 +108,19 @@ def test_an_acyclic_python_package_passes(tmp_path):
     assert circles == []
 
 
+def test_an_unbuilt_extension_is_its_stub(tmp_path):
+    # a fresh checkout: `_core` is only `_core.pyi`; `from . import _core` is no import of the
+    # package's __init__ (which imports the module that imports _core)
+    files = {
+        "pkg/__init__.py": "from .engine import Engine\n",
+        "pkg/_core.pyi": "class Model: ...\n",
+        "pkg/engine.py": "from . import _core\nEngine = _core.Model\n",
+    }
+    assert _python_circles(tmp_path, files) == []
+    (tmp_path / "pkg" / "_core.pyi").unlink()
+    assert _python_circles(tmp_path, {}) == [["pkg/__init__.py", "pkg/engine.py"]]
+
+
 RUST_BASE = {
     "lib.rs": """\
         //! crate::a::A in a doc comment is no edge

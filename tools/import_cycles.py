@@ -13,7 +13,8 @@ it with the line that makes it.
 The Python rules (``--package DIR``, a package directory):
 
 * every ``.py`` file is a module (``pkg/__init__.py`` is ``pkg``); extension modules (``.so``,
-  ``.pyd``) are modules without imports;
+  ``.pyd``, or their ``.pyi`` stub where the extension is not built) are modules without
+  imports;
 * an edge from A to B for every import of B in A: at module level *and* inside functions and
   methods (a lazy import is still a dependency), ``importlib.import_module`` with a constant
   name included; imports under ``if TYPE_CHECKING:`` do not count;
@@ -232,11 +233,14 @@ def python_graph(package: Path, root: Path) -> Graph:
             if parts[-1] == "__init__":
                 parts.pop()
                 packages.add(".".join(parts))
-        elif path.suffix in (".so", ".pyd"):
+        elif path.suffix in (".so", ".pyd", ".pyi"):
+            # an extension module, or its stub (a fresh checkout has not built it yet)
             parts[-1] = path.name.split(".")[0]
+            if path.suffix == ".pyi" and path.with_suffix(".py").exists():
+                continue
         else:
             continue
-        modules[".".join(parts)] = path
+        modules.setdefault(".".join(parts), path)
 
     def show(name: str) -> str:
         p = modules[name]
