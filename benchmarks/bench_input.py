@@ -99,7 +99,7 @@ def bench(
         lv.update(tok_s=tps, samples=samples[key], ratio=tps / d)
         lv["share_of_ideal"] = lv["ratio"] / lv["ideal_ratio"]
     rep["input_copies_bytes"] = engine.input_copies_bytes
-    rep["crossovers"] = engine._model.input_crossovers
+    rep["crossovers"] = engine.core_model.input_crossovers
     return rep
 
 

@@ -242,7 +242,7 @@ def phase_table(path: Path, threads: int, bw: float, tokens: int) -> dict:
     eng = pi.Engine(loaded, threads=threads, n_ctx=max(512, tokens + 64))
     prompt = list(range(100, 116))
     eng.generate(prompt, max_new_tokens=8, temperature=0.0, ignore_eos=True)
-    session = eng._session
+    session = eng.core_session
     best: dict[str, float] = {}
     for _ in range(3):  # the best of three runs per phase: the VM's noise only slows
         eng.reset()
@@ -418,7 +418,7 @@ def race_exact_relu(args, path: Path, threads: int) -> dict:
     dense.stop_profiling()
     ef = c.expert_ffn_dim or c.ffn_dim
     active = float(counts.sum() / max(1, routed.sum() * ef))
-    full = dense._model.bytes_per_token
+    full = dense.bytes_per_token
     saved = 0.0
     for layer in range(c.n_layers):
         g, u, d = expert_bytes(loaded, layer)

@@ -149,7 +149,7 @@ def phase_bytes(tb: dict[str, int], layers: int, active: list[float], ours) -> d
 def phase_breakdown(engine, tokens: int, need: dict[str, float], bw_gbs: float) -> dict:
     """Per phase of one timed decode run: ms per token, bytes per token, GB/s, and the time the
     bytes alone would take at the measured read bandwidth (the phase's floor)."""
-    session = engine._session
+    session = engine.core_session
     session.set_phase_timing(True)
     try:
         decode_once(engine, [engine.tokenizer.bos_id], tokens)

@@ -151,7 +151,7 @@ def test_a_changed_prepared_file_is_refused_and_prepared_again(base, tmp_path, c
     assert code == 2 and rel in err and "prepare it again" in err, err
     if how != "edited":  # the reason is enough; the one rebuild below shows the rest
         man = json.loads((d / autofit.MANIFEST).read_text())
-        assert autofit._reusable(d, man["key"], os.path.abspath(model))[1].endswith(
+        assert autofit.reusable(d, man["key"], os.path.abspath(model))[1].endswith(
             {"deleted": "is missing", "truncated": "(edited or damaged)"}.get(how, "regular file")
         )
         return
@@ -222,7 +222,7 @@ def test_a_broken_manifest_is_refused_and_prepared_again(base, tmp_path, capsys,
         autofit.read_prepared(d)
     if damage not in ("truncated", "plan-outside", "top-a-list"):  # the reason is enough
         key = json.loads(raw)["key"]
-        assert autofit._reusable(d, key, os.path.abspath(model))[1]
+        assert autofit.reusable(d, key, os.path.abspath(model))[1]
         return
     p = prep(base, model, d)
     err = capsys.readouterr().err

@@ -79,28 +79,28 @@ def test_malformed_sample_shard_is_model_file_error(tmp_path, what, mutate):
 def _pt_with_view(path: Path, size: tuple[int, ...], stride: tuple[int, ...]) -> Path:
     """A .pt file holding one float32 tensor of 4 stored elements viewed with ``size`` and
     ``stride`` (written opcode by opcode as ``save_pt`` does)."""
-    from powerinfer_rs.loading import torch_pt as tp
+    from powerinfer_rs.loading import pickle_ops as po
 
-    pid = tp._tuple(
+    pid = po.tuple_op(
         [
-            tp._unicode("storage"),
-            tp._global("torch", "FloatStorage"),
-            tp._unicode("0"),
-            tp._unicode("cpu"),
-            tp._intop(4),
+            po.unicode_op("storage"),
+            po.global_op("torch", "FloatStorage"),
+            po.unicode_op("0"),
+            po.unicode_op("cpu"),
+            po.int_op(4),
         ]
     )
-    args = tp._tuple(
+    args = po.tuple_op(
         [
             pid + b"Q",
-            tp._intop(0),
-            tp._tuple([tp._intop(d) for d in size]),
-            tp._tuple([tp._intop(s) for s in stride]),
+            po.int_op(0),
+            po.tuple_op([po.int_op(d) for d in size]),
+            po.tuple_op([po.int_op(s) for s in stride]),
             b"\x89",
-            tp._global("collections", "OrderedDict") + b")R",
+            po.global_op("collections", "OrderedDict") + b")R",
         ]
     )
-    pkl = b"\x80\x02" + tp._global("torch._utils", "_rebuild_tensor_v2") + args + b"R."
+    pkl = b"\x80\x02" + po.global_op("torch._utils", "_rebuild_tensor_v2") + args + b"R."
     with zipfile.ZipFile(path, "w") as zf:
         zf.writestr("t/data.pkl", pkl)
         zf.writestr("t/data/0", np.arange(4, dtype=np.float32).tobytes())

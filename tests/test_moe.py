@@ -166,7 +166,7 @@ def test_exact_relu_inside_experts_is_the_dense_function(synth_gguf, dtype):
     dense = Engine(m, threads=2)
     want = np.stack([dense.prefill([t]) for t in ids])
     sparse = Engine(m, threads=2, sparsity="exact-relu")
-    assert dense._model.down_t_bytes == 0 and sparse._model.down_t_bytes > 0
+    assert dense.core_model.down_t_bytes == 0 and sparse.core_model.down_t_bytes > 0
     got = np.stack([sparse.prefill([t]) for t in ids])
     # Quantized experts' down_t is re-encoded in its format: close, not equal (as for dense
     # models, test_sparsity.py); float ones are the same numbers.
@@ -200,7 +200,7 @@ def test_threshold_inside_experts_matches_the_masked_reference(synth_gguf, arch)
     assert rel(eng.logits(ids), ref) <= REF_RTOL
     eng.reset()
     assert rel(np.stack([eng.prefill([x]) for x in ids]), ref) <= REF_RTOL
-    assert eng._model.down_t_bytes > 0
+    assert eng.core_model.down_t_bytes > 0
     zero = Engine(m, threads=2, kv_cache="f32", sparsity="threshold", thresholds=[0.0] * 2)
     assert rel(np.stack([zero.prefill([x]) for x in ids]), dense_ref) <= REF_RTOL
 

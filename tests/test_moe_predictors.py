@@ -82,7 +82,7 @@ def test_predictors_inside_experts_match_the_masked_reference(synth_gguf, arch):
     assert 0.2 < np.mean(kept) < 0.8, np.mean(kept)  # the predictors drop about half
     assert rel(ref, dense) > 100 * REF_RTOL  # ... and that changes the function
     eng = exact_kv_engine(m, threads=2, sparsity="predictor", predictors=preds)
-    assert eng._model.down_t_bytes > 0  # decoding reads the experts' transposed down rows
+    assert eng.core_model.down_t_bytes > 0  # decoding reads the experts' transposed down rows
     assert rel(eng.logits(ids), ref) <= REF_RTOL
     eng.reset()
     assert rel(np.stack([eng.prefill([t]) for t in ids]), ref) <= REF_RTOL
@@ -256,13 +256,13 @@ def test_expert_predictor_files_and_refusals(synth_gguf, tmp_path):
     fc1, fc2 = np.zeros((4, c.dim), np.float32), np.zeros((c.expert_ffn_dim, 4), np.float32)
     per_layer = _core.Predictors([fc1] * c.n_layers, [fc2] * c.n_layers, [0.0] * c.n_layers)
     with pytest.raises(PlanError, match="per-layer ones"):
-        eng._session.set_sparsity("predictor", predictors=per_layer)
+        eng.core_session.set_sparsity("predictor", predictors=per_layer)
     narrow = _core.Predictors([fc1], [fc2[:-1]], [0.0], experts=[(0, 1)])
     with pytest.raises(PlanError, match="layer 0 expert 1"):
-        eng._session.set_sparsity("predictor", predictors=narrow)
+        eng.core_session.set_sparsity("predictor", predictors=narrow)
     outside = _core.Predictors([fc1], [fc2], [0.0], experts=[(0, c.n_expert)])
     with pytest.raises(PlanError, match="experts, the model has"):
-        eng._session.set_sparsity("predictor", predictors=outside)
+        eng.core_session.set_sparsity("predictor", predictors=outside)
     with pytest.raises(PlanError, match="empty predictor"):  # rank 0 (once a Rust panic)
         _core.Predictors([fc1[:0]], [fc2[:, :0]], [0.0], experts=[(0, 1)])
     with pytest.raises(PlanError, match="two predictors"):

@@ -90,12 +90,12 @@ def test_a_store_in_use_needs_no_transposed_copy(synth_gguf, tmp_path):
     eng = Engine(model, threads=2)
     eng.use_neuron_store(path, cache="1MiB")
     eng.set_sparsity("exact-relu")
-    assert eng._model.down_t_bytes == 0
+    assert eng.core_model.down_t_bytes == 0
     want, _ = greedy(Engine(model, threads=2, sparsity="exact-relu"), PROMPT, 4)
     got, _ = greedy(eng, PROMPT, 4)
     for g, w in zip(got, want):
         assert_close(g, w, TOL, "no copy")
-    assert eng._model.down_t_bytes == 0 and eng.neuron_store_stats()["misses"] > 0
+    assert eng.core_model.down_t_bytes == 0 and eng.neuron_store_stats()["misses"] > 0
 
 
 def test_bad_stores_caches_and_reads_are_typed_errors(synth_gguf, tmp_path):
@@ -183,7 +183,7 @@ def test_a_mixture_of_experts_decodes_from_its_store(synth_gguf, tmp_path, arch,
     assert got_toks == want_toks
     s = stored.neuron_store_stats()
     assert s["misses"] > 0 and s["bytes_read"] > 0, s
-    assert stored._model.down_t_bytes == 0  # no transposed experts in memory
+    assert stored.core_model.down_t_bytes == 0  # no transposed experts in memory
     if mode == "dense":  # every routed expert's clusters, whole
         assert s["bytes_read"] == s["misses"] * per_cluster
     # Hot clusters from counts over the profile's neurons (the shared expert's last).
@@ -286,11 +286,11 @@ def test_transposed_down_rows_from_a_mapped_file(synth_gguf, tmp_path):
     eng = Engine(model, threads=2)
     assert eng.use_down_t_file(path) is True
     eng.set_sparsity("exact-relu")
-    assert eng._model.down_t_bytes == 0 and str(eng._model.down_t_file) == str(path)
+    assert eng.core_model.down_t_bytes == 0 and str(eng.core_model.down_t_file) == str(path)
     copy = Engine(model, threads=2, sparsity="exact-relu")
     want, want_toks = greedy(copy, PROMPT, STEPS)
     got, got_toks = greedy(eng, PROMPT, STEPS)
-    assert copy._model.down_t_bytes > 0 and got_toks == want_toks
+    assert copy.core_model.down_t_bytes > 0 and got_toks == want_toks
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
     # Built already (in memory): nothing changes.

@@ -140,7 +140,7 @@ def test_sizes_past_the_machine_and_reader_counts_past_the_bound_are_refused(eng
             eng.use_neuron_store(store, io_threads=n)
     # The bound is the engine's too, not only the Python front's.
     with pytest.raises(ShapeError, match="reader threads"):
-        eng._model.open_neuron_store(os.fspath(store), 1 << 20, 100_000, None, False)
+        eng.core_model.open_neuron_store(os.fspath(store), 1 << 20, 100_000, None, False)
     # The process is alive and the store still opens.
     assert eng.use_neuron_store(store, io_threads=2)["cluster"] == 8
     eng.close_neuron_store()

@@ -71,33 +71,33 @@ def test_pt_round_trip_dtypes(tmp_path):
 
 def test_pt_reads_strided_and_bf16(tmp_path):
     """Hand-made pickle: a transposed view with an offset into a shared storage, and bf16."""
-    from powerinfer_rs.loading import torch_pt as tp
+    from powerinfer_rs.loading import pickle_ops as po
 
     store = np.arange(20, dtype=np.float32)
     bf = (np.array([1.0, -2.5], np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
     def tensor(storage: str, key: str, numel: int, offset: int, shape, stride) -> bytes:
         """The pickle of ``torch._utils._rebuild_tensor_v2`` on storage record ``key``."""
-        location = [tp._unicode("storage"), tp._global("torch", storage), tp._unicode(key)]
-        pid = tp._tuple([*location, tp._unicode("cpu"), tp._intop(numel)]) + b"Q"
-        return tp._global("torch._utils", "_rebuild_tensor_v2") + tp._tuple(
+        location = [po.unicode_op("storage"), po.global_op("torch", storage), po.unicode_op(key)]
+        pid = po.tuple_op([*location, po.unicode_op("cpu"), po.int_op(numel)]) + b"Q"
+        return po.global_op("torch._utils", "_rebuild_tensor_v2") + po.tuple_op(
             [
                 pid,
-                tp._intop(offset),
-                tp._tuple([tp._intop(n) for n in shape]),
-                tp._tuple([tp._intop(n) for n in stride]),
+                po.int_op(offset),
+                po.tuple_op([po.int_op(n) for n in shape]),
+                po.tuple_op([po.int_op(n) for n in stride]),
                 b"\x89",
-                tp._global("collections", "OrderedDict") + b")R",
+                po.global_op("collections", "OrderedDict") + b")R",
             ]
         )
 
     body = (
-        tp._global("collections", "OrderedDict")
+        po.global_op("collections", "OrderedDict")
         + b")R("
-        + tp._unicode("a")
+        + po.unicode_op("a")
         + tensor("FloatStorage", "0", 20, 2, (3, 2), (1, 5))
         + b"R"
-        + tp._unicode("b")
+        + po.unicode_op("b")
         + tensor("BFloat16Storage", "1", 2, 0, (2,), (1,))
         + b"Ru"
     )

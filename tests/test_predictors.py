@@ -167,7 +167,7 @@ def test_sample_writer_shards_and_readers(tmp_path):
         for a in range(0, 250, 37):
             w.add(1, x[a : a + 37], m[a : a + 37])
         w.add(0, x[0], m[0])  # 1-D = one sample
-        assert all(w._fill[i] <= 64 for i in range(2))  # bounded buffers
+        assert all(n <= 64 for n in w.buffered_rows)  # bounded buffers
     meta = read_meta(tmp_path)
     assert meta["rows"] == [1, 250] and meta["shards"] == [1, 4] and meta["metadata"] == {"k": "v"}
     shards = sorted((tmp_path / "samples" / "layer_001").glob("shard_*.npz"))
@@ -212,7 +212,7 @@ def test_sample_writer_bounds_what_waits_in_memory(tmp_path):
             w.add(layer, x, m)
             xs[layer].append(x)
             ms[layer].append(m)
-            assert w._buffered <= 50 * row
+            assert w.buffered_bytes <= 50 * row
     meta = read_meta(tmp_path)
     assert sum(meta["rows"]) == 600 and max(meta["shards"]) > 1  # early, short shards
     for layer in range(n_layers):

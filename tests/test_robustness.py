@@ -115,7 +115,7 @@ def test_non_finite_logits_never_reach_sampling(overflowing):
     for kwargs in (dict(temperature=0.8, seed=1), GREEDY):
         with pytest.raises(InternalError, match=r"non-finite logits at position 3 \(token id 4\)"):
             eng.generate([1, 2, 3, 4, 5], max_new_tokens=3, **kwargs)
-        assert eng.n_past == len(eng._context) == 0  # the failed feed is rolled back
+        assert eng.n_past == len(eng.context_ids) == 0  # the failed feed is rolled back
     with pytest.raises(InternalError, match="non-finite logits"):
         eng.logits([1, 2, 3])
     with pytest.raises(InternalError, match="non-finite logits"):
@@ -172,7 +172,7 @@ def test_threads_sharing_one_engine_are_serialised(small, fresh):
     assert len(got) == 12
     for i, text in got.values():
         assert text == want[i]
-    assert eng.n_past == len(eng._context)
+    assert eng.n_past == len(eng.context_ids)
 
 
 def test_interleaved_stream_generators_each_give_their_own_text(small, fresh):
@@ -268,7 +268,7 @@ class FeedInterruptedAfterReturn:
 
 
 def assert_consistent_and_fresh(eng, fresh) -> None:
-    assert eng.n_past == len(eng._context)
+    assert eng.n_past == len(eng.context_ids)
     for p in PROMPTS:
         assert eng.generate(p, max_new_tokens=12, **GREEDY) == fresh(p)
 
@@ -292,7 +292,7 @@ def test_interrupt_between_feed_and_bookkeeping(small, fresh, k):
     with pytest.raises(KeyboardInterrupt):
         for _ in eng.stream(PROMPTS[1], max_new_tokens=12, **GREEDY):
             pass
-    assert eng._session.n_past == len(eng._context)
+    assert eng.n_past == len(eng.context_ids)
     eng._session = real
     assert_consistent_and_fresh(eng, fresh)
 
@@ -305,7 +305,7 @@ def test_interrupted_prefill_then_appending_matches_a_fresh_engine(small):
     with pytest.raises(KeyboardInterrupt):
         eng.prefill([7, 8])
     eng._session = real
-    assert eng.n_past == len(eng._context) == 2
+    assert eng.n_past == len(eng.context_ids) == 2
     got = eng.prefill([9, 10])
     want = ref.logits([1, 5, 9, 10])[-1]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
@@ -404,7 +404,7 @@ def test_chat_keeps_its_history_when_a_reply_is_interrupted(small, monkeypatch, 
     first_reply = out.out.split("\n")[0]
     assert "hello there" in prompts[1] and "and again" in prompts[1]
     assert first_reply and f"assistant\n{first_reply}<|im_end|>" in prompts[1]
-    assert eng.n_past == len(eng._context)
+    assert eng.n_past == len(eng.context_ids)
 
 
 def test_chat_drops_the_oldest_turns_when_the_context_fills(small, monkeypatch, capsys):
@@ -471,7 +471,7 @@ def test_bad_arguments_raise_typed_errors_naming_them(small, name, cls, call):
     eng = Engine(small, threads=1)
     with pytest.raises(cls, match=name):
         call(eng)
-    assert eng.n_past == len(eng._context)
+    assert eng.n_past == len(eng.context_ids)
 
 
 def test_from_pretrained_checks_device_and_threads(small_path):
@@ -553,7 +553,7 @@ def test_strings_that_are_not_text_are_typed_errors_naming_the_argument(small, n
         call(eng)
     assert isinstance(e.value, ValueError) and isinstance(e.value, PowerInferError)
     assert "U+D800 at index 1" in str(e.value)
-    assert eng.n_past == len(eng._context)
+    assert eng.n_past == len(eng.context_ids)
     assert eng.generate([1, 2], max_new_tokens=2, **GREEDY)
 
 

@@ -201,7 +201,7 @@ def test_phase_timing_accounts_for_each_forward_pass(synth_gguf):
     from powerinfer_rs.testing.powerinfer_files import random_predictors
 
     eng = Engine.from_pretrained(str(synth_gguf("F32", activation="relu")), threads=2)
-    s = eng._session
+    s = eng.core_session
     assert s.phase_times() is None
     c = eng.config
     preds = PredictorSet(

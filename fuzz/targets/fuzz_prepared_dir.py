@@ -1,6 +1,6 @@
 """Fuzz the prepared-directory reader (``runtime.prepared.read_prepared``: ``prepared.json``,
 its types, every file against its digest; ``Prepared.check_model``; and the auto-fit's reuse
-check ``runtime.autofit._reusable``, which must answer "prepare again, because ..." to any
+check ``runtime.autofit.reusable``, which must answer "prepare again, because ..." to any
 damage, never raise).
 
 The first byte picks the file the rest of the input becomes, the others are valid
@@ -24,7 +24,7 @@ from harness import (  # noqa: E402
 def load():
     import json
 
-    from powerinfer_rs.runtime.autofit import _reusable
+    from powerinfer_rs.runtime.autofit import reusable
     from powerinfer_rs.runtime.prepared import MANIFEST, read_prepared
 
     d, model, manifest = prepared_dir(tmp_dir())
@@ -38,7 +38,7 @@ def load():
         write(d / MANIFEST, body if mode == 0 else good)
         write(thresholds, body if mode == 1 else PREPARED_FILES["thresholds.json"])
         write(model, body if mode == 2 else PREPARED_MODEL)
-        done, why = _reusable(d, manifest["key"], str(model))  # never raises
+        done, why = reusable(d, manifest["key"], str(model))  # never raises
         assert (done is None) != (why is None) and (why is None or isinstance(why, str))
         p = read_prepared(d)  # a PlanError for any damage
         assert p is not None and p.sparsity in ("threshold", "predictor", "exact-relu")

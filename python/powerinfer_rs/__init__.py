@@ -10,15 +10,9 @@ Hugging Face directories), tokenizes, samples and drives generation::
 
 from __future__ import annotations
 
-from importlib import metadata as _metadata
-
-from . import _core, errors
+from . import errors
+from ._version import __version__
 from .errors import *  # noqa: F403 (the exception classes: errors.__all__)
 from .runtime.engine import Engine, GenerationStats
-
-try:  # the installed distribution's version; from a source tree, the extension's own
-    __version__ = _metadata.version("powerinfer-rs")
-except _metadata.PackageNotFoundError:
-    __version__ = _core.__version__
 
 __all__ = ["Engine", "GenerationStats", *errors.__all__, "__version__"]

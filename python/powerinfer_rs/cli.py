@@ -19,19 +19,8 @@ from pathlib import Path
 
 from . import _core
 from .errors import PlanError
+from .stages import STAGES
 from .stages.args import at_least_int, float_in, nonneg_int, positive_float, positive_int
-
-#: Subcommands handed to a stage's or tool's ``main(argv)``: name -> (module, help).
-STAGES = {
-    "calibrate": ("stages.calibrate", "per-layer thresholds for sparsity=threshold"),
-    "profile": ("stages.profile", "count how often each FFN neuron fires"),
-    "train-predictors": ("stages.train_predictors", "train per-layer activation predictors"),
-    "evaluate": ("stages.evaluate", "perplexity of the sparsity modes, predictor recall"),
-    "plan": ("stages.plan", "place hot neurons under a VRAM budget"),
-    "synth": ("testing.synth", "write a synthetic model (tests, benchmarks)"),
-    "thresholds": ("formats.thresholds", "print a threshold file"),
-}
-STAGES["train_predictors"] = STAGES["train-predictors"]
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -420,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m powerinfer_rs",
         description="powerinfer-rs: fast local LLM inference (Rust core, Python front).",
     )
-    from . import __version__
+    from ._version import __version__
 
     p.add_argument("--version", action="version", version=f"powerinfer-rs {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")

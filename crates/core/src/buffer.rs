@@ -1,8 +1,8 @@
 //! Byte buffers that either own their memory or borrow it from an owner kept alive beside them
 //! (a memory-mapped numpy array handed over from Python), so weights reach the kernels without a
-//! copy.
+//! copy. The owning constructors (`Buffer::from_bytes`, `from_f32`) are in [`crate::pages`],
+//! whose allocations they copy into.
 
-use crate::pages::PageBuf;
 use std::sync::Arc;
 
 /// An immutable run of bytes with its owner. Cloning shares the owner, never the bytes.
@@ -20,20 +20,6 @@ unsafe impl Send for Buffer {}
 unsafe impl Sync for Buffer {}
 
 impl Buffer {
-    /// Copy `bytes` into a new buffer that owns them: 64-byte aligned, and on huge pages when
-    /// large (see [`crate::pages`]).
-    pub fn from_bytes(bytes: &[u8]) -> Buffer {
-        let mut store = PageBuf::zeroed(bytes.len());
-        store.as_mut_slice().copy_from_slice(bytes);
-        store.freeze()
-    }
-
-    /// A buffer of f32 values (copied), for tests and small tensors.
-    pub fn from_f32(values: &[f32]) -> Buffer {
-        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        Buffer::from_bytes(&bytes)
-    }
-
     /// Borrow `len` bytes at `ptr`, kept valid by `owner`.
     ///
     /// # Safety

@@ -167,6 +167,23 @@ impl PageBuf {
     }
 }
 
+/// The buffers that own their bytes: copies into a [`PageBuf`], frozen.
+impl Buffer {
+    /// Copy `bytes` into a new buffer that owns them: 64-byte aligned, and on huge pages when
+    /// large (see [`crate::pages`]).
+    pub fn from_bytes(bytes: &[u8]) -> Buffer {
+        let mut store = PageBuf::zeroed(bytes.len());
+        store.as_mut_slice().copy_from_slice(bytes);
+        store.freeze()
+    }
+
+    /// A buffer of f32 values (copied), for tests and small tensors.
+    pub fn from_f32(values: &[f32]) -> Buffer {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Buffer::from_bytes(&bytes)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

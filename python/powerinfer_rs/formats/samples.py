@@ -108,6 +108,16 @@ class SampleWriter:
         self.closed = False
         self._write_meta()
 
+    @property
+    def buffered_rows(self) -> list[int]:
+        """Per layer, the samples held in memory, not yet in a shard (at most ``shard_rows``)."""
+        return list(self._fill)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """The bytes of the samples held in memory (kept under ``max_buffered`` when given)."""
+        return self._buffered
+
     # ----------------------------------------------------------------------------- writing
     def add(self, layer: int, x: np.ndarray, mask: np.ndarray) -> None:
         """Append ``n`` samples of ``layer``: ``x`` float ``[n, dim]``, ``mask`` ``[n, ffn]``

@@ -290,3 +290,16 @@ class GGUFFile:
 
     def __repr__(self) -> str:
         return f"GGUFFile({self.path!r}, version={self.version}, tensors={len(self.tensors)})"
+
+
+def gguf_metadata(source: Any) -> dict[str, Any]:
+    """Metadata as plain Python values from a :class:`GGUFFile` or a ``gguf.GGUFReader``."""
+    if isinstance(source, GGUFFile):
+        return source.metadata
+    out: dict[str, Any] = {}
+    for key, fld in source.fields.items():
+        try:
+            out[key] = fld.contents()
+        except Exception as e:
+            raise ModelFileError(f"GGUF metadata key {key!r} is malformed: {e}") from e
+    return out

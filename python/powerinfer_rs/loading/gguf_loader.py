@@ -58,19 +58,6 @@ def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
     return GGUFFile(path)
 
 
-def gguf_metadata(source: Any) -> dict[str, Any]:
-    """Metadata as plain Python values from a :class:`GGUFFile` or a ``gguf.GGUFReader``."""
-    if isinstance(source, GGUFFile):
-        return source.metadata
-    out: dict[str, Any] = {}
-    for key, fld in source.fields.items():
-        try:
-            out[key] = fld.contents()
-        except Exception as e:
-            raise ModelFileError(f"GGUF metadata key {key!r} is malformed: {e}") from e
-    return out
-
-
 def _int(meta: dict[str, Any], key: str, default: int | None = None) -> int:
     v = meta.get(key, default)
     if isinstance(v, list):

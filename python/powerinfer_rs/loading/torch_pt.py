@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ModelFileError, PowerInferError, UnsupportedError
+from .pickle_ops import global_op, int_op, tuple_op, unicode_op
 from .regular_file import regular_file
 
 #: torch storage class name -> numpy dtype of its elements.
@@ -262,40 +263,16 @@ def load_tensor(path: str | os.PathLike[str]) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- writing
-def _unicode(s: str) -> bytes:
-    b = s.encode("utf-8")
-    return b"X" + struct.pack("<I", len(b)) + b
-
-
-def _intop(v: int) -> bytes:
-    if 0 <= v < 256:
-        return b"K" + struct.pack("<B", v)
-    if 0 <= v < 65536:
-        return b"M" + struct.pack("<H", v)
-    if -(2**31) <= v < 2**31:
-        return b"J" + struct.pack("<i", v)
-    raw = int(v).to_bytes((v.bit_length() + 8) // 8, "little", signed=True)
-    return b"\x8a" + struct.pack("<B", len(raw)) + raw
-
-
-def _global(module: str, name: str) -> bytes:
-    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
-
-
-def _tuple(items: list[bytes]) -> bytes:
-    return b"(" + b"".join(items) + b"t"
-
-
 def _tensor_ops(key: str, arr: np.ndarray) -> bytes:
     stype = _NP_TO_STORAGE[arr.dtype]
     pid = (
-        _tuple(
+        tuple_op(
             [
-                _unicode("storage"),
-                _global("torch", stype),
-                _unicode(key),
-                _unicode("cpu"),
-                _intop(arr.size),
+                unicode_op("storage"),
+                global_op("torch", stype),
+                unicode_op(key),
+                unicode_op("cpu"),
+                int_op(arr.size),
             ]
         )
         + b"Q"
@@ -304,17 +281,17 @@ def _tensor_ops(key: str, arr: np.ndarray) -> bytes:
     for d in reversed(arr.shape):
         strides.append(acc)
         acc *= d
-    args = _tuple(
+    args = tuple_op(
         [
             pid,
-            _intop(0),
-            _tuple([_intop(d) for d in arr.shape]),
-            _tuple([_intop(s) for s in reversed(strides)]),
+            int_op(0),
+            tuple_op([int_op(d) for d in arr.shape]),
+            tuple_op([int_op(s) for s in reversed(strides)]),
             b"\x89",  # requires_grad = False
-            _global("collections", "OrderedDict") + b")R",
+            global_op("collections", "OrderedDict") + b")R",
         ]
     )
-    return _global("torch._utils", "_rebuild_tensor_v2") + args + b"R"
+    return global_op("torch._utils", "_rebuild_tensor_v2") + args + b"R"
 
 
 def _normalise(a: np.ndarray) -> np.ndarray:
@@ -342,8 +319,8 @@ def save_pt(path: str | os.PathLike[str], obj: np.ndarray | Mapping[str, np.ndar
                 raise UnsupportedError("state dict keys must be strings")
             a = _normalise(arr)
             tensors.append((str(i), a))
-            items.append(_unicode(name) + _tensor_ops(str(i), a))
-        body = _global("collections", "OrderedDict") + b")R"
+            items.append(unicode_op(name) + _tensor_ops(str(i), a))
+        body = global_op("collections", "OrderedDict") + b")R"
         if items:
             body += b"(" + b"".join(items) + b"u"
     else:

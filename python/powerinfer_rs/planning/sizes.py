@@ -10,6 +10,8 @@ from ..errors import PlanError
 #: Every GPU allocation the plan counts is rounded up to this many bytes (cudaMalloc returns
 #: 256-byte aligned pointers; a sub-allocator must keep that alignment for the same totals).
 ALIGN = 256
+#: The largest VRAM budget accepted (16 TiB: more than any one GPU holds, by far).
+MAX_BUDGET = 2**44
 
 _UNITS = {
     "": 1,

@@ -33,6 +33,7 @@ from ..errors import ModelFileError, PlanError, ShapeError
 from ..formats import samples as samples_mod
 from ..formats.predictors import save_predictors
 from .model import LayerPredictor, PredictorSet
+from .resume import resume_units
 from .train import TrainConfig, train_layer
 
 #: Fewest samples (tokens routed to an expert) a predictor is trained from; an expert that saw
@@ -150,8 +151,6 @@ def train_expert_predictors(
             raise ShapeError(f"layer {i} outside [0, {n_layers})")
     sets = _settings(settings(fingerprint, dim, ef), moe, meta, min_samples, max_rows)
     keys = [k for k in sets if k != "seed"]
-
-    from .pipeline import resume_units
 
     out = Path(out)
     parts = out.with_name(out.name + ".parts")

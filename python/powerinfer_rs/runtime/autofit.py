@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import PlanError
+from ..planning.sizes import MAX_BUDGET
 from .prepared import (
     MANIFEST,
     MANIFEST_FORMAT,
@@ -52,7 +53,15 @@ from .prepared import (
     write_manifest,
 )
 
-__all__ = ["MANIFEST", "Prepared", "prepare", "read_prepared", "check_budget", "stage_tokens"]
+__all__ = [
+    "MANIFEST",
+    "Prepared",
+    "prepare",
+    "read_prepared",
+    "reusable",
+    "check_budget",
+    "stage_tokens",
+]
 
 #: The calibration and profiling text shipped with the package.
 CORPUS = Path(__file__).resolve().parent.parent / "data" / "calibration.txt"
@@ -92,7 +101,7 @@ def prepared_root() -> Path:
 
 
 def _version() -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return __version__
 
@@ -120,7 +129,7 @@ def _run_stage(name: str, argv: list[str], quiet: bool) -> float:
     naming it (the stage has printed why)."""
     import importlib
 
-    from ..cli import STAGES
+    from ..stages import STAGES
 
     module = importlib.import_module(f"..{STAGES[name][0]}", __package__)
     t0 = time.perf_counter()
@@ -132,10 +141,6 @@ def _run_stage(name: str, argv: list[str], quiet: bool) -> float:
             sys.stderr.write(out.getvalue())
         raise PlanError(f"auto-fit: the {name} stage failed (exit {code}); see above")
     return time.perf_counter() - t0
-
-
-#: The largest VRAM budget accepted (16 TiB: more than any one GPU holds, by far).
-MAX_BUDGET = 2**44
 
 
 def check_budget(vram_budget: str | int) -> int | None:
@@ -180,7 +185,7 @@ def _key_difference(old: dict, new: dict) -> str:
     )
 
 
-def _reusable(d: Path, parts: dict, model: str) -> tuple[Prepared | None, str | None]:
+def reusable(d: Path, parts: dict, model: str) -> tuple[Prepared | None, str | None]:
     """The prepared directory ``d`` when it was prepared for ``parts`` from ``model``'s bytes
     and every file matches its digest (its ``model`` is then ``model``); else None and why
     (None too when ``d`` holds no manifest: nothing was prepared there)."""
@@ -273,7 +278,7 @@ def prepare(
     }
     d = Path(out) if out is not None else prepared_root() / _key(parts)
     if not refresh:
-        done, why = _reusable(d, parts, path)
+        done, why = reusable(d, parts, path)
         if done is not None:
             return done
         if why is not None:

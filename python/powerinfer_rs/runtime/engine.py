@@ -243,6 +243,20 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         (e.g. a second ``_core.Session`` on the same weights)."""
         return self._model
 
+    @property
+    def core_session(self) -> _core.Session:
+        """The Rust session (``_core.Session``: the context's KV cache and the sparsity mode)
+        this engine runs, for callers of the core itself (e.g. its phase timing). Changing its
+        context behind the engine's back leaves the engine's view of the context stale."""
+        return self._session
+
+    @property
+    @locked
+    def context_ids(self) -> tuple[int, ...]:
+        """The token ids the engine holds its context to be (what the next call continues);
+        as many as :attr:`n_past` says the KV cache holds."""
+        return tuple(self._context)
+
     def tensor_address(self, name: str) -> int:
         """Address the engine reads tensor ``name`` from (zero-copy checks); KeyError for a
         name the engine holds no matrix under."""

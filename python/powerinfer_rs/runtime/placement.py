@@ -40,11 +40,10 @@ class PlanAndDevice:
         self, plan: str | os.PathLike[str], vram_budget: int | str | None
     ) -> tuple[_core.Plan, int | None]:
         """Read and check ``plan`` for this model and device; the plan and the budget."""
-        from ..planning.sizes import parse_bytes
+        from ..planning.sizes import MAX_BUDGET, parse_bytes
 
         if not isinstance(plan, (str, os.PathLike)):
             raise PlanError(f"plan must be a path, got {type(plan).__name__}")
-        from .autofit import MAX_BUDGET
 
         budget = None if vram_budget is None else parse_bytes(vram_budget)
         if budget is not None and budget > MAX_BUDGET:

@@ -175,7 +175,7 @@ class Tokenizer:
         if isinstance(source, Mapping):
             meta = source
         else:
-            from ..loading.gguf_loader import gguf_metadata
+            from ..loading.gguf_file import gguf_metadata
 
             meta = gguf_metadata(source)
         try:

@@ -3,3 +3,17 @@
 and :mod:`.plan` (placement). Each has ``main(argv)``, reachable as ``python -m
 powerinfer_rs.<stage>`` and ``powerinfer-rs <stage>``; :mod:`.args` holds the argument handling
 they share and :mod:`.corpus` the text they read."""
+
+#: The subcommands of ``powerinfer-rs`` handed to a stage's or tool's ``main(argv)``:
+#: name -> (module under ``powerinfer_rs``, help). The CLI lists and runs them; auto-fit finds the
+#: stages' modules here.
+STAGES = {
+    "calibrate": ("stages.calibrate", "per-layer thresholds for sparsity=threshold"),
+    "profile": ("stages.profile", "count how often each FFN neuron fires"),
+    "train-predictors": ("stages.train_predictors", "train per-layer activation predictors"),
+    "evaluate": ("stages.evaluate", "perplexity of the sparsity modes, predictor recall"),
+    "plan": ("stages.plan", "place hot neurons under a VRAM budget"),
+    "synth": ("testing.synth", "write a synthetic model (tests, benchmarks)"),
+    "thresholds": ("formats.thresholds", "print a threshold file"),
+}
+STAGES["train_predictors"] = STAGES["train-predictors"]
