@@ -6,7 +6,7 @@
 #                                       bit pattern, rows past MAX_X_COLS, head dims to 256)
 #   - crates/cuda/tests/emu_kernels.rs  every entry x every GPU format against float64, shapes
 #                                       at the kernels' edges, the set of entries run ==
-#                                       kernels::ALL; launches CUDA refuses are errors
+#                                       ops::SOURCES; launches CUDA refuses are errors
 #   - crates/cuda/tests/emu_deadlock.rs a barrier part of a block never reaches: an error
 #   - crates/engine/tests/hybrid.rs     the hybrid executor on gpu-sim and gpu-emu, one body;
 #                                       four of them again with graphs on

@@ -118,7 +118,7 @@ impl GraphRunner for CudaGraphs<'_> {
             // SAFETY: `g.graph` is the graph just created; the dependency (the previous node,
             // or none) is a node of it; `p` holds a function of this context and the argument
             // pointers of `args`, alive for this call (the driver copies the values), in the
-            // kernel's parameter order as for cuLaunchKernel (launch_spec.rs).
+            // kernel's parameter order as for cuLaunchKernel (Kernel::spec).
             unsafe {
                 sys::cuGraphAddKernelNode_v2(
                     &mut node,

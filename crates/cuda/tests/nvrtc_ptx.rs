@@ -395,8 +395,8 @@ fn rope_takes_its_angles_by_value_as_the_launch_passes_them() {
         return;
     }
     let ptx = ptx(&ops::norm_rope::launch::SOURCE, 80);
-    // launch_spec.rs's RopeAngles: MAX_ROPE_PAIRS cosines then as many sines (f32), the seventh
-    // argument.
+    // norm_rope/launch.rs's RopeAngles: MAX_ROPE_PAIRS cosines then as many sines (f32), the
+    // seventh argument.
     let bytes = 8 * powerinfer_cuda::MAX_ROPE_PAIRS;
     let want = format!(".param .align 4 .b8 rope_param_6[{bytes}]");
     assert!(ptx.contains(&want), "no {want:?} in the PTX of rope");
