@@ -22,7 +22,7 @@ use powerinfer_cpu::{in_pass, Disjoint, PreparedX};
 
 use crate::ffn::activate;
 use crate::layer::FfnKind;
-use crate::moe::{route, shared_scale, MoeCall, MoeScratch, MoeWeights};
+use crate::moe_weights::{route, shared_scale, MoeWeights};
 
 /// Rows per piece of a thread's share of a product (the matvec kernels' row groups).
 const ALIGN: usize = 8;
@@ -51,25 +51,6 @@ pub(crate) struct ExpertsPass<'a> {
     pub rows: Option<&'a [Vec<u32>]>,
     /// Whether the shared expert (where the layer has one) runs in this pass.
     pub shared: bool,
-}
-
-/// The token's routed experts and shared expert (dense experts, the CPU engine's decode):
-/// `out` (dim, zero) += each routed expert's output times its weight, then the shared expert's
-/// times its scale.
-pub(crate) fn decode_pass(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut [f32]) -> Result<()> {
-    let early = call.m.router_on_residual.then_some(&s.early[..]);
-    let pass = ExpertsPass {
-        m: call.m,
-        w: call.w,
-        act: call.act,
-        xn: call.xn,
-        dim: call.dim,
-        early,
-        routes: None,
-        rows: None,
-        shared: true,
-    };
-    experts_pass(&pass, &mut s.bufs, out)
 }
 
 /// Rows of expert `e` this pass computes (all `ef` without a list).

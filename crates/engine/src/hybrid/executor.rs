@@ -16,15 +16,16 @@ use crate::ffn::{rows_ffn, DenseDown, FfnScratch};
 use crate::forward::{
     attention_block, embed, ffn_block, norm_bias, norm_rows_with, output_block, Angles, Scratch,
 };
+use crate::hybrid::api::{refuse_cpu_only, Hybrid};
 use crate::hybrid::experts::{cold_by_expert, cold_experts, token_weights};
 use crate::hybrid::gpu_model::{GpuFfn, GpuLayer, GpuModel, GpuScratch, KvBufs};
 use crate::hybrid::kv_sync::KvSync;
 use crate::hybrid::phase_clock::{HybridPhase, PhaseClock, PhaseStats};
 use crate::hybrid::transfers::{Link, TransferStats};
-use crate::hybrid::Hybrid;
 use crate::kv_cache::KvCache;
 use crate::layer::{AttnStep, FfnKind, FfnStep, NormKind};
-use crate::moe::{early_logits, route, router_logits};
+use crate::moe::{early_logits, router_logits};
+use crate::moe_weights::route;
 use crate::placement::Placement;
 use crate::sparsity::{predicted_active, PredictorInput, PredictorScratch, Sparsity};
 use crate::weights::ModelWeights;
@@ -283,7 +284,7 @@ impl<B: Backend> Hybrid for Executor<B> {
     }
 
     fn set_mode(&mut self, mode: &Sparsity) -> Result<()> {
-        super::refuse_cpu_only(mode, self.moe)?;
+        refuse_cpu_only(mode, self.moe)?;
         if let Sparsity::Predictor { layers, .. } = mode {
             for (i, layer) in self.gpu.layers.iter_mut().enumerate() {
                 if let Some(p) = &mut layer.predictor {
