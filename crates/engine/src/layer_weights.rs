@@ -92,24 +92,29 @@ struct LayerTensors<'a> {
 }
 
 impl LayerTensors<'_> {
+    /// The canonical name of this layer's tensor `s`.
     fn name(&self, s: &str) -> String {
         format!("blk.{}.{s}", self.i)
     }
 
+    /// Whether the map still holds tensor `s`.
     fn has(&self, s: &str) -> bool {
         self.map.contains_key(&self.name(s))
     }
 
+    /// Tensor `s` ([`take`]).
     fn take(&mut self, s: &str) -> Result<Weight> {
         let name = self.name(s);
         take(self.map, &name)
     }
 
+    /// Vector `s` as f32 ([`take_vector`]).
     fn vector(&mut self, s: &str) -> Result<Vec<f32>> {
         let name = self.name(s);
         take_vector(self.map, &name)
     }
 
+    /// Norm `s` with the family's offset ([`take_norm`]).
     fn norm(&mut self, s: &str) -> Result<Vec<f32>> {
         let name = self.name(s);
         take_norm(self.map, &name, self.norm_offset)

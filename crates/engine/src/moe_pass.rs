@@ -171,6 +171,7 @@ struct BufIndex {
 }
 
 impl BufIndex {
+    /// The buffers of `items` items.
     fn new(items: usize) -> BufIndex {
         BufIndex {
             items,
@@ -223,6 +224,7 @@ struct Items<'r> {
 }
 
 impl<'r> Items<'r> {
+    /// The routes, then the shared expert where it runs.
     fn len(&self) -> usize {
         self.routes.len() + usize::from(self.sh.is_some())
     }

@@ -294,6 +294,7 @@ struct HotDowns<'m> {
 }
 
 impl<'m> HotDowns<'m> {
+    /// The rows `plan`'s hot slabs of `model` need (built once, by the model).
     fn build(model: &'m ModelWeights, plan: &PlanFile) -> Result<HotDowns<'m>> {
         let hot = |moe: bool| {
             (0..model.config.n_layers)
