@@ -1,6 +1,6 @@
 //! The plan file as the engine reads it: the neuron table (`blk.{i}.gpu_neurons`) plus the
 //! placement recorded in its metadata, everything the GPU executor needs to size its
-//! allocations (`python/powerinfer_rs/planning/plan_file.py` writes it).
+//! allocations (`save_plan` in `python/powerinfer_rs/formats/plan.py` writes it).
 //!
 //! Metadata (safetensors `__metadata__`, str → str): `format` = [`PLAN_FORMAT`],
 //! `model_fingerprint`, `budget_bytes`, `gpu_bytes` and `plan`, a JSON object of which this

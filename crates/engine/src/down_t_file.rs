@@ -15,10 +15,10 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::Arc;
 
-use powerinfer_core::{ensure, Buffer, DType, Error, Result, Weight};
+use powerinfer_core::{ensure, Buffer, DType, Error, ModelConfig, Result, Weight};
 
+use crate::layer_weights::LayerWeights;
 use crate::transpose::{transpose_into, transposed_bytes, transposed_dtype};
-use crate::weights::ModelWeights;
 
 /// The file's magic bytes.
 const MAGIC: &[u8; 8] = b"PIRSDNT1";
@@ -72,19 +72,25 @@ fn holds(path: &Path, want: &[u8], bytes: u64) -> bool {
     f.metadata().is_ok_and(|m| m.len() == bytes) && f.read_exact(&mut head).is_ok() && head == want
 }
 
-/// `model`'s transposed down projections from the file at `path`, memory-mapped; the file is
-/// written first (one layer in memory at a time, through a `.part` file renamed at the end)
-/// unless it already holds them for `fingerprint`. Mixtures of experts are refused.
-pub fn map_down_t(model: &ModelWeights, path: &Path, fingerprint: &str) -> Result<Vec<Weight>> {
+/// The transposed down projections of a model's `layers` (of config `config`) from the file at
+/// `path`, memory-mapped; the file is written first (one layer in memory at a time, through a
+/// `.part` file renamed at the end) unless it already holds them for `fingerprint`. Mixtures of
+/// experts are refused.
+pub fn map_down_t(
+    config: &ModelConfig,
+    layers: &[LayerWeights],
+    path: &Path,
+    fingerprint: &str,
+) -> Result<Vec<Weight>> {
     ensure!(
-        !model.config.moe.is_moe(),
+        !config.moe.is_moe(),
         Unsupported,
         "a transposed-down file of a mixture of experts is not supported yet"
     );
     let io = |what: &str, e: std::io::Error| {
         Error::ModelFile(format!("{}: {what}: {e}", path.display()))
     };
-    let downs: Vec<&Weight> = model.layers.iter().map(|l| &l.w_down).collect();
+    let downs: Vec<&Weight> = layers.iter().map(|l| &l.w_down).collect();
     let sizes = downs
         .iter()
         .map(|w| transposed_bytes(w))

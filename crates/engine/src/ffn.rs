@@ -15,13 +15,14 @@ use crate::input_sparse::{
     mask_rows, project_kept, site_matrix, InputScratch, InputSparsity, Site,
 };
 use crate::layer::FfnKind;
-use crate::neuron_store::{Active, NeuronStore};
+use crate::layer_weights::LayerWeights;
+use crate::neuron_store::store::{Active, NeuronStore};
 use crate::phases::{mark, Phase};
 use crate::profiler::Profiler;
 use crate::sparsity::{
     mask_unpredicted, predicted_active, PredictorInput, PredictorScratch, Sparsity,
 };
-use crate::weights::{LayerWeights, ModelWeights};
+use crate::weights::ModelWeights;
 
 /// `y = W x` for n tokens: a matvec for one token, a batched matmul for more.
 pub fn project(w: &Weight, x: &[f32], n: usize, y: &mut Vec<f32>) -> Result<()> {

@@ -10,12 +10,13 @@ use crate::ffn::{ffn, project, project_many, FfnCall, FfnScratch};
 use crate::input_sparse::{mask_rows, project_kept, site_matrix, InputScratch, Site, SiteMatrix};
 use crate::kv_cache::KvCache;
 use crate::layer::{AttnStep, FfnInput, FfnStep, NormKind};
+use crate::layer_weights::LayerWeights;
 use crate::moe::{early_logits, moe_ffn, MoeCall, MoeScratch};
 use crate::norm_rope::{apply_rope, layer_norm, rms_norm, RopeAngles};
 use crate::phases::{mark, Phase};
 use crate::profiler::Profiler;
 use crate::sparsity::Sparsity;
-use crate::weights::{LayerWeights, ModelWeights};
+use crate::weights::ModelWeights;
 
 /// Which logits a forward pass returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -23,7 +23,9 @@ use powerinfer_core::{bail, ensure, DType, Error, Result, Weight};
 use powerinfer_cpu::{matvec_input, ActiveInput, InputMajor};
 use rayon::prelude::*;
 
-use crate::weights::ModelWeights;
+use crate::env::share_from_env;
+use crate::layer::ModelProgram;
+use crate::layer_weights::LayerWeights;
 
 /// The sites' names, in the order of a layer's thresholds.
 pub const SITES: [&str; 4] = ["attn_in", "attn_out", "ffn_in", "down_in"];
@@ -195,12 +197,12 @@ pub fn column_norms(ws: &[&Weight]) -> Result<Vec<f32>> {
 }
 
 impl InputCopies {
-    /// Build every layer's copies (on the calling thread pool).
-    pub fn build(model: &ModelWeights) -> Result<InputCopies> {
-        let layers = model
-            .layers
+    /// Build every layer's copies (on the calling thread pool) from the model's `layers` and
+    /// its `program`.
+    pub fn build(weights: &[LayerWeights], program: &ModelProgram) -> Result<InputCopies> {
+        let layers = weights
             .iter()
-            .zip(&model.program.layers)
+            .zip(&program.layers)
             .map(|(l, p)| {
                 let up = match p.ffn_kind().gated {
                     true => Some(InputMajor::new(&l.w_up)?),
@@ -227,7 +229,7 @@ impl InputCopies {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let crossover = crossovers(model, &layers)?;
+        let crossover = crossovers(weights, &layers)?;
         Ok(InputCopies { layers, crossover })
     }
 
@@ -257,10 +259,10 @@ impl InputCopies {
 
 /// Every (format, rows, cols) of the copies' matrices and its crossover: pinned by
 /// [`INPUT_CROSSOVER_ENV`], else the format's [`input_crossover_share`].
-fn crossovers(model: &ModelWeights, layers: &[LayerCopies]) -> Result<HashMap<ShapeKey, f32>> {
-    let pinned = crate::weights::share_from_env(INPUT_CROSSOVER_ENV)?;
+fn crossovers(weights: &[LayerWeights], layers: &[LayerCopies]) -> Result<HashMap<ShapeKey, f32>> {
+    let pinned = share_from_env(INPUT_CROSSOVER_ENV)?;
     let mut out = HashMap::new();
-    for (lw, cp) in model.layers.iter().zip(layers) {
+    for (lw, cp) in weights.iter().zip(layers) {
         let up = cp.up.as_ref().map(|_| &lw.w_up);
         for w in [&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_down]
             .into_iter()
@@ -274,14 +276,14 @@ fn crossovers(model: &ModelWeights, layers: &[LayerCopies]) -> Result<HashMap<Sh
 }
 
 impl OutputCopy {
-    /// The output head's copy.
-    pub fn build(model: &ModelWeights) -> Result<OutputCopy> {
-        let w = InputMajor::new(&model.output)?;
-        let crossover = crate::weights::share_from_env(INPUT_CROSSOVER_ENV)?
-            .unwrap_or_else(|| input_crossover_share(model.output.dtype));
+    /// The copy of the output head `output`.
+    pub fn build(output: &Weight) -> Result<OutputCopy> {
+        let w = InputMajor::new(output)?;
+        let crossover = share_from_env(INPUT_CROSSOVER_ENV)?
+            .unwrap_or_else(|| input_crossover_share(output.dtype));
         Ok(OutputCopy {
             w,
-            norms: column_norms(&[&model.output])?,
+            norms: column_norms(&[output])?,
             crossover,
         })
     }

@@ -4,14 +4,17 @@
 
 pub mod attention;
 pub mod down_t_file;
+mod env;
 pub mod ffn;
 pub mod forward;
 pub mod hybrid;
 pub mod input_sparse;
 pub mod kv_cache;
 pub mod layer;
+pub mod layer_weights;
 pub mod moe;
 mod moe_pass;
+pub mod moe_weights;
 pub mod neuron_store;
 pub mod norm_rope;
 pub mod phases;
@@ -26,6 +29,7 @@ pub use forward::token_ids;
 pub use input_sparse::{InputScore, InputSparsity, SITES as INPUT_SITES};
 pub use kv_cache::{KvCache, KvPrecision};
 pub use layer::ModelProgram;
+pub use layer_weights::LayerWeights;
 pub use phases::{Phase, PhaseTimes};
 pub use placement::Placement;
 pub use profiler::{Captured, Profiler};
@@ -33,4 +37,4 @@ pub use session::Session;
 pub use sparsity::{
     ExpertPredictors, LayerPredictor, PredictorInput, Predictors, Sparsity, SparsityMode,
 };
-pub use weights::{LayerWeights, ModelWeights};
+pub use weights::ModelWeights;

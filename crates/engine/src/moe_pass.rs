@@ -18,11 +18,11 @@
 use std::cell::RefCell;
 
 use powerinfer_core::{ensure, MoeFeatures, Result, Weight};
-use powerinfer_cpu::{in_pass, Disjoint, PreparedX};
+use powerinfer_cpu::{in_pass, Disjoint, Pass, PreparedX};
 
 use crate::ffn::activate;
 use crate::layer::FfnKind;
-use crate::moe::{route, shared_scale, MoeCall, MoeScratch, MoeWeights};
+use crate::moe_weights::{route, shared_scale, MoeWeights, SharedExpert};
 
 /// Rows per piece of a thread's share of a product (the matvec kernels' row groups).
 const ALIGN: usize = 8;
@@ -53,25 +53,6 @@ pub(crate) struct ExpertsPass<'a> {
     pub shared: bool,
 }
 
-/// The token's routed experts and shared expert (dense experts, the CPU engine's decode):
-/// `out` (dim, zero) += each routed expert's output times its weight, then the shared expert's
-/// times its scale.
-pub(crate) fn decode_pass(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut [f32]) -> Result<()> {
-    let early = call.m.router_on_residual.then_some(&s.early[..]);
-    let pass = ExpertsPass {
-        m: call.m,
-        w: call.w,
-        act: call.act,
-        xn: call.xn,
-        dim: call.dim,
-        early,
-        routes: None,
-        rows: None,
-        shared: true,
-    };
-    experts_pass(&pass, &mut s.bufs, out)
-}
-
 /// Rows of expert `e` this pass computes (all `ef` without a list).
 fn listed(rows: Option<&[Vec<u32>]>, e: usize) -> Option<&[u32]> {
     rows.map(|r| r.get(e).map_or(&[][..], |v| &v[..]))
@@ -84,7 +65,7 @@ pub(crate) fn experts_pass(
     bufs: &mut Vec<Vec<f32>>,
     out: &mut [f32],
 ) -> Result<()> {
-    let (w, m, act, dim) = (p.w, p.m, p.act, p.dim);
+    let (w, m, dim) = (p.w, p.m, p.dim);
     ensure!(
         out.len() == dim,
         Shape,
@@ -93,8 +74,41 @@ pub(crate) fn experts_pass(
     );
     let k = m.n_expert_used.min(m.n_expert);
     let sh = w.shared.as_ref().filter(|_| p.shared);
-    let items = k + usize::from(sh.is_some());
     let xp = PreparedX::new(p.xn, true);
+    check_pass(p, &xp, k, sh)?;
+    // Every expert is a row block of the same tensors: the first one's shapes are all of them.
+    let (ef, sh_ef) = (w.gate[0].rows, sh.map_or(0, |s| s.gate.rows));
+    let at = BufIndex::new(k + usize::from(sh.is_some()));
+    at.size(bufs, k, ef, sh_ef, m.n_expert, dim);
+    let mut slices: Vec<&mut [f32]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
+    slices.push(out);
+    let d = Disjoint::new(&mut slices);
+    let run = PassRun {
+        p,
+        sh,
+        scale: sh.map_or(0.0, |sh| shared_scale(sh, p.xn)),
+        down_quantized: w.down[0].dtype.is_quantized()
+            || sh.is_some_and(|s| s.down.dtype.is_quantized()),
+        ef,
+        sh_ef,
+        xp,
+        o: d.len() - 1,
+        d,
+        at,
+    };
+    in_pass(|pass| run.thread(pass));
+    Ok(())
+}
+
+/// The pass's inputs against its weights: the given routes, early logits or the router; the
+/// experts' (and the shared expert's) shapes; the row lists.
+fn check_pass(
+    p: &ExpertsPass<'_>,
+    xp: &PreparedX<'_>,
+    k: usize,
+    sh: Option<&SharedExpert>,
+) -> Result<()> {
+    let (w, m, dim) = (p.w, p.m, p.dim);
     match (p.routes, p.early) {
         (Some(r), _) => ensure!(
             r.len() <= k && r.iter().all(|&(e, _)| (e as usize) < m.n_expert),
@@ -112,7 +126,6 @@ pub(crate) fn experts_pass(
         ),
         (None, None) => xp.check(&w.router)?,
     }
-    // Every expert is a row block of the same tensors: the first one's shapes are all of them.
     let (ef, sh_ef) = (w.gate[0].rows, sh.map_or(0, |s| s.gate.rows));
     let shapes = std::iter::once((&w.gate[0], &w.up[0], &w.down[0], ef))
         .chain(sh.map(|s| (&s.gate, &s.up, &s.down, sh_ef)));
@@ -141,35 +154,132 @@ pub(crate) fn experts_pass(
             xp.check_listed(&w.gate[0], ids)?;
         }
     }
-    let scale = sh.map_or(0.0, |sh| shared_scale(sh, p.xn));
-    let down_quantized =
-        w.down[0].dtype.is_quantized() || sh.is_some_and(|s| s.down.dtype.is_quantized());
-    // Buffers: the logits; per item its gate and up values (compact, one per computed row), its
-    // activations (all its neurons, zero where not computed) and its output; then `out`.
-    let (lg, gate, up, hid, y) = (0, 1, 1 + items, 1 + 2 * items, 1 + 3 * items);
-    let width = |i: usize| if i < k { ef } else { sh_ef };
-    bufs.resize_with(1 + 4 * items, Vec::new);
-    for (i, b) in bufs.iter_mut().enumerate() {
-        let len = match i {
-            0 => m.n_expert,
-            i if i < hid => width((i - gate) % items),
-            i if i < y => width(i - hid),
-            _ => dim,
-        };
-        b.clear();
-        b.resize(len, 0.0);
+    Ok(())
+}
+
+/// Where the pass's buffers are: the logits; per item (route i's expert up to top-k, then the
+/// shared expert) its gate and up values (compact, one per computed row), its activations (all
+/// its neurons, zero where not computed) and its output; then `out`.
+#[derive(Clone, Copy)]
+struct BufIndex {
+    items: usize,
+    lg: usize,
+    gate: usize,
+    up: usize,
+    hid: usize,
+    y: usize,
+}
+
+impl BufIndex {
+    /// The buffers of `items` items.
+    fn new(items: usize) -> BufIndex {
+        BufIndex {
+            items,
+            lg: 0,
+            gate: 1,
+            up: 1 + items,
+            hid: 1 + 2 * items,
+            y: 1 + 3 * items,
+        }
     }
-    let mut slices: Vec<&mut [f32]> = bufs.iter_mut().map(|b| b.as_mut_slice()).collect();
-    slices.push(out);
-    let d = Disjoint::new(&mut slices);
-    let o = d.len() - 1;
-    in_pass(|pass| {
+
+    /// Size and zero `bufs` for `k` routed experts of `ef` neurons and a shared expert of
+    /// `sh_ef`, `n_expert` logits and outputs of `dim`.
+    fn size(
+        &self,
+        bufs: &mut Vec<Vec<f32>>,
+        k: usize,
+        ef: usize,
+        sh_ef: usize,
+        n_expert: usize,
+        dim: usize,
+    ) {
+        let width = |i: usize| if i < k { ef } else { sh_ef };
+        bufs.resize_with(1 + 4 * self.items, Vec::new);
+        for (i, b) in bufs.iter_mut().enumerate() {
+            let len = match i {
+                0 => n_expert,
+                i if i < self.hid => width((i - self.gate) % self.items),
+                i if i < self.y => width(i - self.hid),
+                _ => dim,
+            };
+            b.clear();
+            b.resize(len, 0.0);
+        }
+    }
+}
+
+/// One item of a thread's pass: an expert's gate, up and down, the rows computed (None: all)
+/// and its neurons.
+type Item<'w> = (&'w Weight, &'w Weight, &'w Weight, Option<&'w [u32]>, usize);
+
+/// The pass's items once the token is routed: route i's expert, then the shared expert.
+struct Items<'r> {
+    routes: &'r [(u32, f32)],
+    w: &'r MoeWeights,
+    sh: Option<&'r SharedExpert>,
+    rows: Option<&'r [Vec<u32>]>,
+    ef: usize,
+    sh_ef: usize,
+}
+
+impl<'r> Items<'r> {
+    /// The routes, then the shared expert where it runs.
+    fn len(&self) -> usize {
+        self.routes.len() + usize::from(self.sh.is_some())
+    }
+
+    /// Item i's weights and the rows it computes (None: all).
+    fn item(&self, i: usize) -> Item<'r> {
+        let (w, ef) = (self.w, self.ef);
+        match (self.routes.get(i), self.sh) {
+            (Some(&(e, _)), _) => {
+                let e = e as usize;
+                // A list of every row is the contiguous rows.
+                let ids = listed(self.rows, e).filter(|v| v.len() < ef);
+                (&w.gate[e], &w.up[e], &w.down[e], ids, ef)
+            }
+            (None, Some(sh)) => (&sh.gate, &sh.up, &sh.down, None, self.sh_ef),
+            (None, None) => unreachable!("item {i} beyond the routes"),
+        }
+    }
+
+    /// Rows of item i computed.
+    fn computed(&self, i: usize) -> usize {
+        let (.., ids, width) = self.item(i);
+        ids.map_or(width, |v| v.len())
+    }
+}
+
+/// One pass over the pool: what every thread shares.
+struct PassRun<'a> {
+    p: &'a ExpertsPass<'a>,
+    sh: Option<&'a SharedExpert>,
+    /// The shared expert's scale.
+    scale: f32,
+    /// Whether some down product is quantized (its activations are prepared quantized).
+    down_quantized: bool,
+    ef: usize,
+    sh_ef: usize,
+    xp: PreparedX<'a>,
+    d: Disjoint<'a>,
+    /// `out`'s index in `d`.
+    o: usize,
+    at: BufIndex,
+}
+
+impl PassRun<'_> {
+    /// One thread's pass: its share of the router, after a barrier the token's routes, its
+    /// share of the gate and up rows, after a barrier of the down rows, after a last barrier
+    /// its columns of the sum.
+    fn thread(&self, pass: &Pass<'_>) {
+        let (p, d, m) = (self.p, &self.d, self.p.m);
         if p.routes.is_none() && p.early.is_none() {
-            let router = [(m.n_expert, w.router.row_bytes())];
+            let router = [(m.n_expert, p.w.router.row_bytes())];
             pass.share(&router, 1, |_, rows| {
                 // SAFETY: this thread's rows of the logits, written by it alone before the sync.
-                let part = unsafe { d.part(lg, rows.clone()) };
-                xp.rows(&w.router, rows, part);
+                let part = unsafe { d.part(self.at.lg, rows.clone()) };
+                self.xp.rows(&p.w.router, rows, part);
             });
             pass.sync();
         }
@@ -178,107 +288,117 @@ pub(crate) fn experts_pass(
                 Some(r) => r,
                 None => {
                     // SAFETY: the logits are complete (synced) and nobody writes them any more.
-                    let logits = p.early.unwrap_or_else(|| unsafe { d.read(lg) });
+                    let logits = p.early.unwrap_or_else(|| unsafe { d.read(self.at.lg) });
                     route(m, logits, own);
                     own
                 }
             };
-            // Item i: route i's expert, or past the routes the shared expert; its weights and
-            // the rows computed (None: all).
-            let n = routes.len() + usize::from(sh.is_some());
-            let item = |i: usize| -> (&Weight, &Weight, &Weight, Option<&[u32]>, usize) {
-                match (routes.get(i), sh) {
-                    (Some(&(e, _)), _) => {
-                        let e = e as usize;
-                        // A list of every row is the contiguous rows.
-                        let ids = listed(p.rows, e).filter(|v| v.len() < ef);
-                        (&w.gate[e], &w.up[e], &w.down[e], ids, ef)
-                    }
-                    (None, Some(sh)) => (&sh.gate, &sh.up, &sh.down, None, sh_ef),
-                    (None, None) => unreachable!("item {i} beyond the routes"),
-                }
+            let items = Items {
+                routes,
+                w: p.w,
+                sh: self.sh,
+                rows: p.rows,
+                ef: self.ef,
+                sh_ef: self.sh_ef,
             };
-            let computed = |i: usize| {
-                let (.., ids, width) = item(i);
-                ids.map_or(width, |v| v.len())
+            self.gate_up(pass, &items);
+            pass.sync();
+            self.down(pass, &items);
+            pass.sync();
+            self.sum(pass, &items);
+        });
+    }
+
+    /// This thread's share of the items' gate and up rows, in pairs, activated as soon as
+    /// both are computed and placed at their neurons.
+    fn gate_up(&self, pass: &Pass<'_>, items: &Items<'_>) {
+        let (d, at) = (&self.d, self.at);
+        let pairs: Vec<(usize, usize)> = (0..items.len())
+            .map(|i| {
+                let (g, u, ..) = items.item(i);
+                (items.computed(i), g.row_bytes() + u.row_bytes())
+            })
+            .collect();
+        pass.share(&pairs, ALIGN, |i, rows| {
+            let (g, u, _, ids, _) = items.item(i);
+            // SAFETY: this thread's rows of item i's gate and up, its own until the sync.
+            let (gp, upart) = unsafe {
+                (
+                    d.part(at.gate + i, rows.clone()),
+                    d.part(at.up + i, rows.clone()),
+                )
             };
-            // Gate and up rows in pairs, activated as soon as both are computed and placed at
-            // their neurons.
-            let pairs: Vec<(usize, usize)> = (0..n)
-                .map(|i| {
-                    let (g, u, ..) = item(i);
-                    (computed(i), g.row_bytes() + u.row_bytes())
-                })
-                .collect();
-            pass.share(&pairs, ALIGN, |i, at| {
-                let (g, u, _, ids, _) = item(i);
-                // SAFETY: this thread's rows of item i's gate and up, its own until the sync.
-                let (gp, upart) =
-                    unsafe { (d.part(gate + i, at.clone()), d.part(up + i, at.clone())) };
-                match ids {
-                    Some(ids) => {
-                        xp.rows_listed(g, &ids[at.clone()], gp);
-                        xp.rows_listed(u, &ids[at.clone()], upart);
-                    }
-                    None => {
-                        xp.rows(g, at.clone(), gp);
-                        xp.rows(u, at.clone(), upart);
-                    }
+            match ids {
+                Some(ids) => {
+                    self.xp.rows_listed(g, &ids[rows.clone()], gp);
+                    self.xp.rows_listed(u, &ids[rows.clone()], upart);
                 }
-                activate(act, gp, upart);
-                match ids {
-                    Some(ids) => {
-                        for (&j, &h) in ids[at].iter().zip(gp.iter()) {
-                            // SAFETY: neuron j is in this thread's rows alone (the lists are
-                            // ascending, so no index repeats across shares).
-                            unsafe { d.part(hid + i, j as usize..j as usize + 1)[0] = h };
-                        }
-                    }
-                    // SAFETY: these neurons are this thread's until the sync.
-                    None => unsafe { d.part(hid + i, at) }.copy_from_slice(gp),
+                None => {
+                    self.xp.rows(g, rows.clone(), gp);
+                    self.xp.rows(u, rows.clone(), upart);
                 }
-            });
-            pass.sync();
-            // Down rows (whole: the neurons not computed are zero), each item's activations
-            // prepared once by each thread that needs them.
-            let downs: Vec<(usize, usize)> = (0..n)
-                .map(|i| match computed(i) {
-                    0 => (0, 0),
-                    _ => {
-                        let (_, _, dn, ..) = item(i);
-                        (dn.rows, dn.row_bytes())
-                    }
-                })
-                .collect();
-            let mut hs: Vec<Option<PreparedX<'_>>> = (0..n).map(|_| None).collect();
-            pass.share(&downs, ALIGN, |i, rows| {
-                let (_, _, dn, ..) = item(i);
-                let h = hs[i].get_or_insert_with(|| {
-                    // SAFETY: the activations are complete (synced) and read-only from here.
-                    PreparedX::new(unsafe { d.read(hid + i) }, down_quantized)
-                });
-                // SAFETY: this thread's rows of item i's output, its own until the sync.
-                h.rows(dn, rows.clone(), unsafe { d.part(y + i, rows) });
-            });
-            pass.sync();
-            // This thread's columns of the sum, in route order, then the shared expert.
-            let cols = pass.span(dim, COLS);
-            // SAFETY: these columns of `out` are this thread's; the outputs are complete.
-            let acc = unsafe { d.part(o, cols.clone()) };
-            for (i, &(_, wt)) in routes.iter().enumerate() {
-                if computed(i) == 0 {
-                    continue;
-                }
-                // SAFETY: as above.
-                let yi = unsafe { &d.read(y + i)[cols.clone()] };
-                acc.iter_mut().zip(yi).for_each(|(a, v)| *a += wt * v);
             }
-            if sh.is_some() {
-                // SAFETY: as above.
-                let ys = unsafe { &d.read(y + routes.len())[cols.clone()] };
-                acc.iter_mut().zip(ys).for_each(|(a, v)| *a += scale * v);
+            activate(self.p.act, gp, upart);
+            match ids {
+                Some(ids) => {
+                    for (&j, &h) in ids[rows].iter().zip(gp.iter()) {
+                        // SAFETY: neuron j is in this thread's rows alone (the lists are
+                        // ascending, so no index repeats across shares).
+                        unsafe { d.part(at.hid + i, j as usize..j as usize + 1)[0] = h };
+                    }
+                }
+                // SAFETY: these neurons are this thread's until the sync.
+                None => unsafe { d.part(at.hid + i, rows) }.copy_from_slice(gp),
             }
         });
-    });
-    Ok(())
+    }
+
+    /// This thread's share of the items' down rows (whole: the neurons not computed are
+    /// zero), each item's activations prepared once by each thread that needs them.
+    fn down(&self, pass: &Pass<'_>, items: &Items<'_>) {
+        let (d, at) = (&self.d, self.at);
+        let downs: Vec<(usize, usize)> = (0..items.len())
+            .map(|i| match items.computed(i) {
+                0 => (0, 0),
+                _ => {
+                    let (_, _, dn, ..) = items.item(i);
+                    (dn.rows, dn.row_bytes())
+                }
+            })
+            .collect();
+        let mut hs: Vec<Option<PreparedX<'_>>> = (0..items.len()).map(|_| None).collect();
+        pass.share(&downs, ALIGN, |i, rows| {
+            let (_, _, dn, ..) = items.item(i);
+            let h = hs[i].get_or_insert_with(|| {
+                // SAFETY: the activations are complete (synced) and read-only from here.
+                PreparedX::new(unsafe { d.read(at.hid + i) }, self.down_quantized)
+            });
+            // SAFETY: this thread's rows of item i's output, its own until the sync.
+            h.rows(dn, rows.clone(), unsafe { d.part(at.y + i, rows) });
+        });
+    }
+
+    /// This thread's columns of `out`: the routed experts' outputs times their weights, in
+    /// route order, then the shared expert's times its scale.
+    fn sum(&self, pass: &Pass<'_>, items: &Items<'_>) {
+        let (d, at, routes) = (&self.d, self.at, items.routes);
+        let cols = pass.span(self.p.dim, COLS);
+        // SAFETY: these columns of `out` are this thread's; the outputs are complete.
+        let acc = unsafe { d.part(self.o, cols.clone()) };
+        for (i, &(_, wt)) in routes.iter().enumerate() {
+            if items.computed(i) == 0 {
+                continue;
+            }
+            // SAFETY: as above.
+            let yi = unsafe { &d.read(at.y + i)[cols.clone()] };
+            acc.iter_mut().zip(yi).for_each(|(a, v)| *a += wt * v);
+        }
+        if self.sh.is_some() {
+            // SAFETY: as above.
+            let ys = unsafe { &d.read(at.y + routes.len())[cols.clone()] };
+            acc.iter_mut()
+                .zip(ys)
+                .for_each(|(a, v)| *a += self.scale * v);
+        }
+    }
 }

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use powerinfer_core::{Error, Result};
 
 use crate::forward::{forward, Logits, Scratch};
-use crate::hybrid::{self, Hybrid};
+use crate::hybrid;
+use crate::hybrid::api::{refuse_cpu_only, Hybrid};
 use crate::kv_cache::{KvCache, KvPrecision};
 use crate::phases::{self, PhaseTimes};
 use crate::placement::Placement;
@@ -98,7 +99,7 @@ impl Session {
         mode.validate(c)?;
         // Before any work (the experts' transposed copy): what the GPU side does not run.
         if self.hybrid.is_some() {
-            crate::hybrid::refuse_cpu_only(&mode, c.moe.is_moe())?;
+            refuse_cpu_only(&mode, c.moe.is_moe())?;
         }
         // Exact-relu experts read their transposed down rows from a neuron store where one is
         // attached: no copy in memory then. Predictor and threshold experts read them from

@@ -8,53 +8,14 @@ use std::sync::{Arc, OnceLock, RwLock};
 use powerinfer_core::{bail, ensure, DType, ModelConfig, PageBuf, Result, TensorShape, Weight};
 use rayon::prelude::*;
 
+use crate::env::share_from_env;
 use crate::input_sparse::{InputCopies, OutputCopy};
 use crate::layer::ModelProgram;
-use crate::moe::{MoeWeights, SharedExpert};
-use crate::neuron_store::NeuronStore;
+use crate::layer_weights::{take, take_norm, take_vector, LayerWeights};
+use crate::neuron_store::store::NeuronStore;
 
 /// Environment variable pinning [`ModelWeights::down_crossover`] (a share in 0..=1).
 pub const CROSSOVER_ENV: &str = "POWERINFER_RS_DOWN_CROSSOVER";
-
-/// One decoder layer.
-#[derive(Clone, Debug)]
-pub struct LayerWeights {
-    pub attn_norm: Vec<f32>,
-    pub wq: Weight,
-    pub wk: Weight,
-    pub wv: Weight,
-    pub wo: Weight,
-    pub ffn_norm: Vec<f32>,
-    /// The FFN's gate, up and down projections. In a mixture-of-experts layer these are the
-    /// merged expert tensors as the file stores them (`ffn_gate_exps` and `ffn_up_exps` of
-    /// `n_expert × expert_ffn` rows, `ffn_down_exps` of `n_expert × dim` rows of `expert_ffn`):
-    /// the flattened neuron space the planner sees, which no dense-FFN product accepts (the
-    /// down matrix has the wrong shape); [`LayerWeights::moe`] holds the per-expert views.
-    pub w_gate: Weight,
-    pub w_up: Weight,
-    pub w_down: Weight,
-    /// The router, per-expert views and shared expert of a mixture-of-experts layer.
-    pub moe: Option<MoeWeights>,
-    /// Biases of q, k and v (families with [`ArchFeatures::qkv_bias`]).
-    ///
-    /// [`ArchFeatures::qkv_bias`]: powerinfer_core::ArchFeatures::qkv_bias
-    pub qkv_bias: Option<[Vec<f32>; 3]>,
-    /// Per-head RMSNorm weights of q and k, `head_dim` each (families with
-    /// [`ArchFeatures::qk_norm`]).
-    ///
-    /// [`ArchFeatures::qk_norm`]: powerinfer_core::ArchFeatures::qk_norm
-    pub qk_norm: Option<[Vec<f32>; 2]>,
-    /// Norms of the attention output and of the FFN output before their residual adds
-    /// (families with `post_norms`).
-    pub post_norms: Option<[Vec<f32>; 2]>,
-    /// LayerNorm biases of `attn_norm` and `ffn_norm` (families with `layer_norm`).
-    pub norm_bias: Option<[Vec<f32>; 2]>,
-    /// Bias of the attention output projection (`out_bias`).
-    pub out_bias: Option<Vec<f32>>,
-    /// Biases of the FFN's activated input projection (ffn wide) and of its down projection
-    /// (dim wide) (`ffn_bias`).
-    pub ffn_bias: Option<[Vec<f32>; 2]>,
-}
 
 /// All weights of a llama-style model of any supported family, plus its config.
 #[derive(Clone, Debug)]
@@ -111,27 +72,6 @@ impl std::fmt::Debug for StoreHandle {
     }
 }
 
-/// Take a tensor out of the map (its shape checked by [`check_shapes`]).
-fn take(map: &mut HashMap<String, Weight>, name: &str) -> Result<Weight> {
-    match map.remove(name) {
-        Some(w) => Ok(w),
-        None => bail!(ModelFile, "missing tensor {name}"),
-    }
-}
-
-/// A norm or bias vector as f32, whatever its stored format.
-fn take_vector(map: &mut HashMap<String, Weight>, name: &str) -> Result<Vec<f32>> {
-    let w = take(map, name)?;
-    let mut out = vec![0.0f32; w.cols];
-    powerinfer_cpu::dequantize_row(w.dtype, w.row(0), &mut out)?;
-    ensure!(
-        out.iter().all(|v| v.is_finite()),
-        ModelFile,
-        "tensor {name} holds non-finite values"
-    );
-    Ok(out)
-}
-
 /// Every tensor the config describes ([`ModelConfig::global_tensors`],
 /// [`ModelConfig::layer_tensors`]) present where required and of its shape. A layer's
 /// `ffn_down` may come transposed instead, as PowerInfer's `ffn_down_t` (`ffn x dim`).
@@ -165,13 +105,42 @@ fn check_shapes(c: &ModelConfig, tensors: &HashMap<String, Weight>) -> Result<()
     Ok(())
 }
 
-/// A norm vector with the family's offset folded in (Gemma's `1 + w`).
-fn take_norm(map: &mut HashMap<String, Weight>, name: &str, offset: f32) -> Result<Vec<f32>> {
-    let mut w = take_vector(map, name)?;
-    if offset != 0.0 {
-        w.iter_mut().for_each(|v| *v += offset);
+/// The tensors outside the layers: embeddings, output head, final norm.
+struct GlobalTensors {
+    token_embd: Weight,
+    output: Weight,
+    output_norm: Vec<f32>,
+    output_norm_bias: Option<Vec<f32>>,
+    pos_embd: Option<Weight>,
+}
+
+impl GlobalTensors {
+    /// Take them out of `tensors`: `output` is the embedding table when absent (tied
+    /// embeddings); the norm's bias and the position embeddings where the family has them.
+    fn take(c: &ModelConfig, tensors: &mut HashMap<String, Weight>) -> Result<GlobalTensors> {
+        let a = &c.arch;
+        let token_embd = take(tensors, "token_embd")?;
+        let output = match tensors.contains_key("output") {
+            true => take(tensors, "output")?,
+            false => token_embd.clone(),
+        };
+        let output_norm = take_norm(tensors, "output_norm", a.norm_offset)?;
+        let output_norm_bias = match a.layer_norm {
+            true => Some(take_vector(tensors, "output_norm.bias")?),
+            false => None,
+        };
+        let pos_embd = match a.learned_pos {
+            true => Some(take(tensors, "position_embd")?),
+            false => None,
+        };
+        Ok(GlobalTensors {
+            token_embd,
+            output,
+            output_norm,
+            output_norm_bias,
+            pos_embd,
+        })
     }
-    Ok(w)
 }
 
 /// True when a row holds a NaN or an infinity: every value of the float formats, the f16
@@ -224,18 +193,6 @@ pub fn check_finite(tensors: &HashMap<String, Weight>) -> Result<()> {
     Ok(())
 }
 
-/// The share in 0..=1 the environment variable `name` pins (a crossover), None when it is
-/// unset; `Error::Plan` for anything else.
-pub(crate) fn share_from_env(name: &str) -> Result<Option<f32>> {
-    let Ok(v) = std::env::var(name) else {
-        return Ok(None);
-    };
-    match v.trim().parse::<f32>() {
-        Ok(c) if (0.0..=1.0).contains(&c) => Ok(Some(c)),
-        _ => bail!(Plan, "{name}={v:?}: expected a share in 0..=1"),
-    }
-}
-
 /// The share of active neurons above which threshold decoding's down product is taken dense
 /// (the matvec over `ffn_down` with the inactive values zeroed) rather than as an axpy over the
 /// active `down_t` rows, for a `ffn_down` in `dtype`: share · (time of the dense matvec) / (time
@@ -275,143 +232,16 @@ impl ModelWeights {
         check_shapes(&config, &tensors)?;
         check_finite(&tensors)?;
         let c = &config;
-        let a = &c.arch;
-        let off = a.norm_offset;
-        let token_embd = take(&mut tensors, "token_embd")?;
-        let output = match tensors.contains_key("output") {
-            true => take(&mut tensors, "output")?,
-            false => token_embd.clone(),
-        };
-        let output_norm = take_norm(&mut tensors, "output_norm", off)?;
-        let output_norm_bias = match a.layer_norm {
-            true => Some(take_vector(&mut tensors, "output_norm.bias")?),
-            false => None,
-        };
-        let pos_embd = match a.learned_pos {
-            true => Some(take(&mut tensors, "position_embd")?),
-            false => None,
-        };
+        let global = GlobalTensors::take(c, &mut tensors)?;
         let mut layers = Vec::with_capacity(c.n_layers);
         let mut down_t_given = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
-            let name = |s: &str| format!("blk.{i}.{s}");
-            let has = |tensors: &HashMap<String, Weight>, s: &str| tensors.contains_key(&name(s));
-            let mut t = |s: &str| take(&mut tensors, &name(s));
-            let wq = t("attn_q")?;
-            let wk = t("attn_k")?;
-            let wv = t("attn_v")?;
-            let wo = t("attn_output")?;
-            let (w_gate, w_up, w_down, moe) = match c.moe.is_moe() {
-                true => {
-                    let gate_inp = match (c.moe.shared_ffn_dim, c.moe.shared_gate) {
-                        (1.., true) => {
-                            Some(take_vector(&mut tensors, &name("ffn_gate_inp_shexp"))?)
-                        }
-                        _ => None,
-                    };
-                    let mut t = |s: &str| take(&mut tensors, &name(s));
-                    let (router, gate, up, down) = (
-                        t("ffn_gate_inp")?,
-                        t("ffn_gate_exps")?,
-                        t("ffn_up_exps")?,
-                        t("ffn_down_exps")?,
-                    );
-                    let shared = match c.moe.shared_ffn_dim {
-                        0 => None,
-                        _ => Some(SharedExpert {
-                            gate_inp,
-                            gate: t("ffn_gate_shexp")?,
-                            up: t("ffn_up_shexp")?,
-                            down: t("ffn_down_shexp")?,
-                        }),
-                    };
-                    let moe = MoeWeights::new(&c.moe, router, &gate, &up, &down, shared)?;
-                    (gate, up, down, Some(moe))
-                }
-                false => {
-                    // Without a gate the one input projection (`ffn_up`, OPT's fc1) is the
-                    // activated one.
-                    let (w_gate, w_up) = match a.no_gate {
-                        true => {
-                            let w = t("ffn_up")?;
-                            (w.clone(), w)
-                        }
-                        false => (t("ffn_gate")?, t("ffn_up")?),
-                    };
-                    let given_t = match has(&tensors, "ffn_down_t") {
-                        true => Some(take(&mut tensors, &name("ffn_down_t"))?),
-                        false => None,
-                    };
-                    let w_down = match (&given_t, has(&tensors, "ffn_down")) {
-                        (Some(dt), false) => crate::transpose::transpose(dt)?,
-                        _ => take(&mut tensors, &name("ffn_down"))?,
-                    };
-                    down_t_given.push(given_t);
-                    (w_gate, w_up, w_down, None)
-                }
-            };
-            // Parallel blocks norm the FFN input with `attn_norm_2`, or share the attention's.
-            let ffn_norm_name = match a.parallel {
-                true if has(&tensors, "attn_norm_2") => Some("attn_norm_2"),
-                true => None,
-                false => Some("ffn_norm"),
-            };
-            let mut norm = |s: &str| take_norm(&mut tensors, &name(s), off);
-            let attn_norm = norm("attn_norm")?;
-            let ffn_norm = match ffn_norm_name {
-                Some(s) => norm(s)?,
-                None => attn_norm.clone(),
-            };
-            let qk_norm = match a.qk_norm {
-                true => Some([norm("attn_q_norm")?, norm("attn_k_norm")?]),
-                false => None,
-            };
-            let post_norms = match a.post_norms {
-                true => Some([norm("post_attention_norm")?, norm("post_ffw_norm")?]),
-                false => None,
-            };
-            let mut v = |s: &str| take_vector(&mut tensors, &name(s));
-            let norm_bias = match a.layer_norm {
-                true => {
-                    let attn = v("attn_norm.bias")?;
-                    let ffn = match ffn_norm_name {
-                        Some(s) => v(&format!("{s}.bias"))?,
-                        None => attn.clone(),
-                    };
-                    Some([attn, ffn])
-                }
-                false => None,
-            };
-            let out_bias = match a.out_bias {
-                true => Some(v("attn_output.bias")?),
-                false => None,
-            };
-            let ffn_bias = match a.ffn_bias {
-                true => Some([v("ffn_up.bias")?, v("ffn_down.bias")?]),
-                false => None,
-            };
-            let qkv_bias = match a.qkv_bias {
-                true => Some([v("attn_q.bias")?, v("attn_k.bias")?, v("attn_v.bias")?]),
-                false => None,
-            };
-            layers.push(LayerWeights {
-                attn_norm,
-                wq,
-                wk,
-                wv,
-                wo,
-                ffn_norm,
-                w_gate,
-                w_up,
-                w_down,
-                moe,
-                qkv_bias,
-                qk_norm,
-                post_norms,
-                norm_bias,
-                out_bias,
-                ffn_bias,
-            });
+            let (layer, given_t) = LayerWeights::take(c, i, &mut tensors)?;
+            // A mixture of experts' layers never come with a transposed down projection.
+            if !c.moe.is_moe() {
+                down_t_given.push(given_t);
+            }
+            layers.push(layer);
         }
         if let Some(extra) = tensors.keys().next() {
             bail!(
@@ -424,6 +254,13 @@ impl ModelWeights {
         if !down_t_given.is_empty() && down_t_given.iter().all(Option::is_some) {
             let _ = down_t.set(down_t_given.into_iter().flatten().collect());
         }
+        let GlobalTensors {
+            token_embd,
+            output,
+            output_norm,
+            output_norm_bias,
+            pos_embd,
+        } = global;
         Ok(ModelWeights {
             program: ModelProgram::compile(&config)?,
             config,
@@ -463,7 +300,7 @@ impl ModelWeights {
         if self.down_t.get().is_some() {
             return Ok(false);
         }
-        let mapped = crate::down_t_file::map_down_t(self, path, fingerprint)?;
+        let mapped = crate::down_t_file::map_down_t(&self.config, &self.layers, path, fingerprint)?;
         let set = self.down_t.set(mapped).is_ok();
         if set {
             let _ = self.down_t_file.set(path.to_path_buf());
@@ -550,7 +387,7 @@ impl ModelWeights {
         if let Some(c) = self.input_copies.get() {
             return Ok(c);
         }
-        let built = InputCopies::build(self)?;
+        let built = InputCopies::build(&self.layers, &self.program)?;
         let _ = self.input_copies.set(built);
         Ok(self.input_copies.get().expect("set above"))
     }
@@ -565,7 +402,7 @@ impl ModelWeights {
         if let Some(c) = self.output_copy.get() {
             return Ok(c);
         }
-        let built = OutputCopy::build(self)?;
+        let built = OutputCopy::build(&self.output)?;
         let _ = self.output_copy.set(built);
         Ok(self.output_copy.get().expect("set above"))
     }

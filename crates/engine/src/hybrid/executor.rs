@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use powerinfer_core::{ensure, Result, Side};
+use powerinfer_core::{ensure, LayerTable, Result, Side};
 use powerinfer_cuda::ops::prelude::*;
 use powerinfer_cuda::{down_splits, Act, Allocation, AttnParams, Backend, FfnAct, KvElem, XIn};
 
@@ -16,17 +16,20 @@ use crate::ffn::{rows_ffn, DenseDown, FfnScratch};
 use crate::forward::{
     attention_block, embed, ffn_block, norm_bias, norm_rows_with, output_block, Angles, Scratch,
 };
+use crate::hybrid::api::{refuse_cpu_only, Hybrid};
 use crate::hybrid::experts::{cold_by_expert, cold_experts, token_weights};
-use crate::hybrid::gpu_model::{GpuFfn, GpuLayer, GpuModel, GpuScratch, KvBufs};
+use crate::hybrid::gpu_model::{GpuFfn, GpuLayer, GpuModel, GpuPredictor, GpuScratch, KvBufs};
 use crate::hybrid::kv_sync::KvSync;
 use crate::hybrid::phase_clock::{HybridPhase, PhaseClock, PhaseStats};
 use crate::hybrid::transfers::{Link, TransferStats};
-use crate::hybrid::Hybrid;
 use crate::kv_cache::KvCache;
 use crate::layer::{AttnStep, FfnKind, FfnStep, NormKind};
-use crate::moe::{early_logits, route, router_logits};
+use crate::moe::{early_logits, router_logits};
+use crate::moe_weights::{route, MoeWeights};
 use crate::placement::Placement;
-use crate::sparsity::{predicted_active, PredictorInput, PredictorScratch, Sparsity};
+use crate::sparsity::{
+    predicted_active, LayerPredictor, PredictorInput, PredictorScratch, Sparsity,
+};
 use crate::weights::ModelWeights;
 
 /// Where a vector's current value is (the residual stream, or a parallel block's saved input).
@@ -132,6 +135,440 @@ fn attend<B: Backend, T: KvElem>(
     )
 }
 
+/// The CPU side's buffers of a hybrid FFN block (kept across tokens).
+#[derive(Default)]
+struct CpuFfnScratch {
+    /// The cold rows' scratch ([`rows_ffn`]).
+    rows: FfnScratch,
+    /// The CPU predictor's scratch, and the neurons it names.
+    predictor: PredictorScratch,
+    predicted: Vec<u32>,
+    /// Predictor mode: the token's active cold neurons, and a flag per neuron (1: active).
+    cold_active: Vec<u32>,
+    flags: Vec<i32>,
+    /// The block's normed input on the host.
+    xn: Vec<f32>,
+    /// The cold neurons' output (dim), one upload.
+    part: Vec<f32>,
+    /// Each routed expert's cold output before its weight.
+    cold_bufs: Vec<Vec<f32>>,
+    /// Mixture of experts: the token's router logits, routes and expert weights.
+    moe_logits: Vec<f32>,
+    routes: Vec<(u32, f32)>,
+    expert_w: Vec<f32>,
+}
+
+/// One layer's hybrid FFN block for one token: what was decided before its steps run (the
+/// plan's split, the mode's choices), and the two sides' buffers the steps work in. The GPU's
+/// part of each step is queued first; the CPU's part runs while it computes, and its sum
+/// crosses once and is added on the GPU.
+struct FfnPass<'a, B: Backend> {
+    model: &'a ModelWeights,
+    mode: &'a Sparsity,
+    l: usize,
+    /// The plan's split of the layer's neurons.
+    table: &'a LayerTable,
+    /// The layer's hot neurons (with its norms and biases) on the GPU, and its GPU predictor.
+    f: &'a GpuFfn<B>,
+    gpu_pred: Option<&'a GpuPredictor<B>>,
+    /// Whether the token's rows are dense whatever the mode (threshold mode's first position).
+    dense: bool,
+    /// Predictor mode: the layer's predictor and what it reads.
+    predictor: Option<(&'a LayerPredictor, PredictorInput)>,
+    /// Whether the predictor runs on the GPU (its weights are there and filled).
+    gpu_predictor: bool,
+    /// Whether the block reads a parallel block's saved input instead of the residual.
+    saved: bool,
+    /// Whether the CPU takes part (cold neurons, a CPU predictor, a router).
+    host_needed: bool,
+    /// Whether the block's output goes straight into the residual (no post-norm between).
+    direct: bool,
+    /// Whether the hot FFN runs over lists gathered on the GPU.
+    gather: bool,
+    /// Threshold mode's threshold for this layer and token.
+    threshold: Option<f32>,
+    dev: &'a B,
+    link: Link<'a, B>,
+    sc: &'a mut GpuScratch<B>,
+    /// The CPU side's residual and saved input (current where `host_needed`).
+    host: &'a Scratch,
+    cpu: &'a mut CpuFfnScratch,
+    /// Mixture of experts: each expert's cold neurons in this layer.
+    moe_cold: &'a [Vec<u32>],
+}
+
+impl<B: Backend> FfnPass<'_, B> {
+    /// Whether the norm quantizes xb in its launch: when a quantized matvec reads xb, the hot
+    /// gate/up rows or the GPU predictor's fc1 over the FFN norm's output; not when a
+    /// quantized fc1 reads the FFN's input instead (its quantize_x would overwrite xq before
+    /// gate/up reads it).
+    fn xb_quantized(&self) -> bool {
+        let fc1_reads_xb = match (self.predictor, self.gpu_pred) {
+            (Some((_, PredictorInput::FfnNorm)), Some(gp)) => {
+                self.gpu_predictor && gp.fc1.dtype.is_quantized()
+            }
+            _ => false,
+        };
+        let fc1_reads_input = match (self.predictor, self.gpu_pred) {
+            (Some((_, PredictorInput::FfnInp)), Some(gp)) => {
+                self.gpu_predictor && gp.fc1.dtype.is_quantized()
+            }
+            _ => false,
+        };
+        (self.f.hot.layout.gate_dtype.is_quantized() && !fc1_reads_input) || fc1_reads_xb
+    }
+
+    /// The output the block's products add into: the residual, or (before a post-norm) xb2.
+    fn out(&mut self) -> &mut B::Buf<f32> {
+        match self.direct {
+            true => &mut self.sc.x,
+            false => &mut self.sc.xb2,
+        }
+    }
+
+    /// One step of the block's program.
+    fn step(&mut self, step: &FfnStep, xb_quant: bool) -> Result<()> {
+        let (l, f) = (self.l, self.f);
+        match step {
+            FfnStep::Norm(kind, _) => self.norm(*kind, xb_quant)?,
+            FfnStep::Moe(kind) => self.experts(*kind)?,
+            FfnStep::Ffn(kind) => {
+                if self.predictor.is_some() {
+                    self.predict()?;
+                }
+                self.hot_ffn(*kind)?;
+                self.cold_ffn()?;
+            }
+            FfnStep::DownBias => {
+                let Some(b) = &f.down_bias else {
+                    powerinfer_core::bail!(Other, "layer {l}: no GPU down bias");
+                };
+                let dev = self.dev;
+                dev.add(self.out(), b)?;
+            }
+            FfnStep::PostNorm => {
+                let Some(post) = &f.post_norm else {
+                    powerinfer_core::bail!(Other, "layer {l}: no GPU post-FFN norm");
+                };
+                let sc = &mut *self.sc;
+                sc.xq_of_xb = false;
+                let eps = self.model.config.rms_eps;
+                self.dev.rms_norm(&sc.xb2, post, 1, eps, &mut sc.xb)?;
+                std::mem::swap(&mut sc.xb, &mut sc.xb2);
+            }
+            FfnStep::Residual => {
+                if !self.direct {
+                    self.dev.add(&mut self.sc.x, &self.sc.xb2)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The FFN norm: on the GPU into xb (quantized in the same launch with `xb_quant`), and
+    /// where the CPU takes part on the host into its xn, after the GPU's queued work starts.
+    fn norm(&mut self, kind: NormKind, xb_quant: bool) -> Result<()> {
+        let (model, l, f) = (self.model, self.l, self.f);
+        let c = &model.config;
+        let sc = &mut *self.sc;
+        let input = match (self.saved, sc.saved.as_ref()) {
+            (true, Some(s)) => s,
+            _ => &sc.x,
+        };
+        norm_into_xb(
+            self.dev,
+            kind,
+            input,
+            &f.norm,
+            f.norm_bias.as_ref(),
+            c.rms_eps,
+            xb_quant,
+            &mut sc.xb,
+            &mut sc.xq,
+            &mut sc.xq_of_xb,
+        )?;
+        if self.host_needed {
+            // The GPU's queued work (with graphs on, a batch) starts now, while the CPU
+            // normalises, predicts, routes and computes its cold neurons.
+            self.dev.flush()?;
+            self.link.enter(l, HybridPhase::CpuNorm);
+            let x_in = match self.saved {
+                true => &self.host.par_in,
+                false => &self.host.x,
+            };
+            let lw = &model.layers[l];
+            let b = norm_bias(lw, kind, 1)?;
+            norm_rows_with(x_in, &lw.ffn_norm, b, c.rms_eps, &mut self.cpu.xn);
+            self.link.enter(l, HybridPhase::GpuSubmit);
+        }
+        Ok(())
+    }
+
+    /// A mixture of experts' FFN: routed on the CPU, the routed experts' hot neurons (and the
+    /// shared expert) on the GPU, their cold neurons on the CPU.
+    fn experts(&mut self, kind: FfnKind) -> Result<()> {
+        let (model, l) = (self.model, self.l);
+        let (Some(m), true) = (&model.layers[l].moe, self.sc.expert_w.is_some()) else {
+            powerinfer_core::bail!(Other, "layer {l}: an MoE step without experts");
+        };
+        self.route(m)?;
+        self.hot_experts(kind)?;
+        self.cold_experts(m, kind)
+    }
+
+    /// Route the token on the CPU: its experts and one weight per expert (`cpu.expert_w`).
+    fn route(&mut self, m: &MoeWeights) -> Result<()> {
+        let (model, l) = (self.model, self.l);
+        let mf = &model.config.moe;
+        let cpu = &mut *self.cpu;
+        self.link.enter(l, HybridPhase::CpuRoute);
+        let logits: &[f32] = match mf.router_on_residual {
+            true => &self.host.moe.early,
+            false => {
+                router_logits(m, &cpu.xn, 1, &mut cpu.moe_logits)?;
+                &cpu.moe_logits
+            }
+        };
+        ensure!(
+            logits.len() == mf.n_expert,
+            Other,
+            "layer {l}: {} router logits for {} experts",
+            logits.len(),
+            mf.n_expert
+        );
+        route(mf, logits, &mut cpu.routes);
+        token_weights(mf, m, &cpu.routes, &cpu.xn, &mut cpu.expert_w);
+        self.link.enter(l, HybridPhase::GpuSubmit);
+        Ok(())
+    }
+
+    /// Queue the routed experts' hot neurons (and the shared expert) on the GPU, the experts'
+    /// weights uploaded first; the down pass adds into the block's output.
+    fn hot_experts(&mut self, kind: FfnKind) -> Result<()> {
+        let (model, l, dev, f) = (self.model, self.l, self.dev, self.f);
+        let (c, hot) = (&model.config, &f.hot);
+        let mf = &c.moe;
+        let sc = &mut *self.sc;
+        let Some(ew) = sc.expert_w.as_mut() else {
+            powerinfer_core::bail!(Other, "layer {l}: an MoE step without experts");
+        };
+        self.link.up(l, &self.cpu.expert_w, ew, 0)?;
+        let (ef, routed) = (mf.expert_ffn(c.ffn_dim), c.n_routed_neurons());
+        dev.expert_flags(ew, ef, routed, &mut sc.active)?;
+        let act = gpu_act(kind);
+        let quant = hot.layout.gate_dtype.is_quantized();
+        let x = xb_input(dev, quant, &sc.xb, &mut sc.xq, &mut sc.xq_of_xb)?;
+        dev.hot_gate_up(hot, x, Some(&sc.active), act, None, &mut sc.hb)?;
+        if let Some(t) = self.threshold {
+            // The routed experts' slots: the shared expert (all of it hot, the largest ids)
+            // runs dense, as on the CPU, in the last slots.
+            let n = hot.layout.n_hot.saturating_sub(mf.shared_ffn_dim);
+            dev.threshold_mask(&mut sc.hb, n, t)?;
+        }
+        dev.expert_scale(hot, ew, ef, routed, &mut sc.hb)?;
+        let out = match self.direct {
+            true => &mut sc.x,
+            false => {
+                dev.fill(&mut sc.xb2, 0.0)?;
+                &mut sc.xb2
+            }
+        };
+        // The down pass over the nonzero activations only, gathered on the GPU.
+        let splits = down_splits(hot.layout.n_hot);
+        if self.gather {
+            dev.nonzero_rows(hot, &sc.hb, None, &mut sc.rows)?;
+            dev.hot_down_listed(hot, &sc.rows, &mut sc.part, out, splits)?;
+        } else {
+            dev.hot_down(hot, &sc.hb, &mut sc.part, out, splits)?;
+        }
+        Ok(())
+    }
+
+    /// The routed experts' cold neurons on the CPU while the GPU computes, one upload of their
+    /// sum added into the block's output.
+    fn cold_experts(&mut self, m: &MoeWeights, kind: FfnKind) -> Result<()> {
+        let (model, l) = (self.model, self.l);
+        let cpu = &mut *self.cpu;
+        cpu.part.resize(model.config.dim, 0.0);
+        let down_t = &model.expert_down_t()?[l];
+        self.dev.flush()?;
+        self.link.enter(l, HybridPhase::ColdFfn);
+        let dense_mode = matches!(self.mode, Sparsity::Dense);
+        let read = cold_experts(
+            &model.config.moe,
+            m,
+            down_t,
+            kind,
+            self.threshold,
+            dense_mode,
+            &cpu.xn,
+            &cpu.routes,
+            self.moe_cold,
+            &mut cpu.cold_bufs,
+            &mut cpu.part,
+        )?;
+        self.link.enter(l, HybridPhase::GpuSubmit);
+        if let Some(read) = read {
+            self.link.cold_read(l, read);
+            self.link.up(l, &self.cpu.part, &mut self.sc.xfer, 0)?;
+            let dev = self.dev;
+            let sc = &mut *self.sc;
+            let out = if self.direct { &mut sc.x } else { &mut sc.xb2 };
+            dev.add(out, &sc.xfer)?;
+        }
+        Ok(())
+    }
+
+    /// Predictor mode's active set: which hot slots the GPU computes (`sc.active`, a flag per
+    /// neuron) and which cold neurons the CPU does (`cpu.cold_active`), by the GPU's predictor
+    /// or the CPU's.
+    fn predict(&mut self) -> Result<()> {
+        let Some((p, input)) = self.predictor else {
+            return Ok(());
+        };
+        let (model, l, dev, table) = (self.model, self.l, self.dev, self.table);
+        let c = &model.config;
+        let (sc, cpu) = (&mut *self.sc, &mut *self.cpu);
+        if let (true, Some(gp)) = (self.gpu_predictor, self.gpu_pred) {
+            let quant = gp.fc1.dtype.is_quantized();
+            let of_xb = &mut sc.xq_of_xb;
+            let x = match (input, self.saved, sc.saved.as_ref()) {
+                (PredictorInput::FfnNorm, ..) => xb_input(dev, quant, &sc.xb, &mut sc.xq, of_xb)?,
+                (PredictorInput::FfnInp, true, Some(s)) => {
+                    row_input(dev, quant, s, &mut sc.xq, of_xb)?
+                }
+                (PredictorInput::FfnInp, ..) => row_input(dev, quant, &sc.x, &mut sc.xq, of_xb)?,
+            };
+            dev.predictor(
+                &gp.fc1,
+                &gp.fc2_t,
+                gp.threshold,
+                x,
+                &mut sc.pred,
+                &mut sc.active,
+                None,
+            )?;
+            if !table.cold.is_empty() {
+                cpu.flags.resize(c.ffn_dim, 0);
+                self.link.down(l, &sc.active, 0, &mut cpu.flags)?;
+                self.link.enter(l, HybridPhase::CpuPredictor);
+                cpu.cold_active.clear();
+                let on = &cpu.flags;
+                cpu.cold_active
+                    .extend(table.cold.iter().filter(|&&i| on[i as usize] != 0));
+            }
+        } else {
+            self.link.enter(l, HybridPhase::CpuPredictor);
+            let x = match (input, self.saved) {
+                (PredictorInput::FfnNorm, _) => &cpu.xn,
+                (PredictorInput::FfnInp, true) => &self.host.par_in,
+                (PredictorInput::FfnInp, false) => &self.host.x,
+            };
+            predicted_active(p, x, &mut cpu.predictor, &mut cpu.predicted)?;
+            self.link.predictor_read(l, cpu.predictor.bytes_read(p));
+            cpu.flags.clear();
+            cpu.flags.resize(c.ffn_dim, 0);
+            cpu.cold_active.clear();
+            for &i in &cpu.predicted {
+                cpu.flags[i as usize] = 1;
+                if table.place[i as usize].0 == Side::Cpu {
+                    cpu.cold_active.push(i);
+                }
+            }
+            self.link.up(l, &cpu.flags, &mut sc.active, 0)?;
+        }
+        self.link.enter(l, HybridPhase::GpuSubmit);
+        Ok(())
+    }
+
+    /// Queue the hot neurons on the GPU; it runs them while the CPU computes its part. With
+    /// flags (predictor mode) gate/up runs over the active slots only, gathered on the GPU;
+    /// the down pass over the nonzero activations only.
+    fn hot_ffn(&mut self, kind: FfnKind) -> Result<()> {
+        let (dev, f) = (self.dev, self.f);
+        let hot = &f.hot;
+        let flags = self.predictor.is_some();
+        let sc = &mut *self.sc;
+        let bias = f.in_bias.as_ref();
+        let quant = hot.layout.gate_dtype.is_quantized();
+        let x = xb_input(dev, quant, &sc.xb, &mut sc.xq, &mut sc.xq_of_xb)?;
+        let act = gpu_act(kind);
+        if flags && self.gather {
+            dev.active_slots(hot, &sc.active, &mut sc.slots)?;
+            dev.hot_gate_up_listed(hot, x, &sc.slots, act, bias, &mut sc.hb)?;
+            dev.nonzero_rows(hot, &sc.hb, Some(&sc.slots), &mut sc.rows)?;
+        } else {
+            let active = flags.then_some(&sc.active);
+            dev.hot_gate_up(hot, x, active, act, bias, &mut sc.hb)?;
+            if let Some(t) = self.threshold {
+                dev.threshold_mask(&mut sc.hb, hot.layout.n_hot, t)?;
+            }
+            if self.gather {
+                dev.nonzero_rows(hot, &sc.hb, None, &mut sc.rows)?;
+            }
+        }
+        let out = match self.direct {
+            true => &mut sc.x,
+            false => {
+                dev.fill(&mut sc.xb2, 0.0)?;
+                &mut sc.xb2
+            }
+        };
+        let splits = down_splits(hot.layout.n_hot);
+        match self.gather {
+            true => dev.hot_down_listed(hot, &sc.rows, &mut sc.part, out, splits)?,
+            false => dev.hot_down(hot, &sc.hb, &mut sc.part, out, splits)?,
+        }
+        Ok(())
+    }
+
+    /// The cold neurons on the CPU (all of the plan's, or predictor mode's active ones), then
+    /// one upload of their sum, added on the GPU.
+    fn cold_ffn(&mut self) -> Result<()> {
+        let (model, l, mode, dense, table) =
+            (self.model, self.l, self.mode, self.dense, self.table);
+        // The hot FFN's launches run while the CPU computes the cold neurons (a flush wherever
+        // the layer has cold neurons, whether or not this token activates any: the step's
+        // batches keep their numbers from token to token).
+        if !table.cold.is_empty() {
+            self.dev.flush()?;
+        }
+        let cpu = &mut *self.cpu;
+        let cold: &[u32] = match self.predictor {
+            Some(_) => &cpu.cold_active,
+            None => &table.cold,
+        };
+        if cold.is_empty() {
+            return Ok(());
+        }
+        self.link.enter(l, HybridPhase::ColdFfn);
+        cpu.part.resize(model.config.dim, 0.0);
+        let dense_down = match mode {
+            Sparsity::Dense => DenseDown::Always,
+            Sparsity::Threshold(_) if dense => DenseDown::Always,
+            Sparsity::Threshold(_) => DenseDown::AboveCrossover,
+            _ => DenseDown::Never,
+        };
+        let read = rows_ffn(
+            model,
+            l,
+            self.threshold,
+            dense_down,
+            &cpu.xn,
+            cold,
+            &mut cpu.rows,
+            &mut cpu.part,
+        )?;
+        self.link.cold_read(l, read);
+        self.link.enter(l, HybridPhase::GpuSubmit);
+        self.link.up(l, &cpu.part, &mut self.sc.xfer, 0)?;
+        let sc = &mut *self.sc;
+        let out = if self.direct { &mut sc.x } else { &mut sc.xb2 };
+        self.dev.add(out, &sc.xfer)?;
+        Ok(())
+    }
+}
+
 /// The hybrid executor on backend `B`.
 pub struct Executor<B: Backend> {
     dev: B,
@@ -144,20 +581,10 @@ pub struct Executor<B: Backend> {
     /// The CPU side's buffers: `host.x` is the residual stream on the host, `host.par_in` a
     /// parallel block's saved input.
     host: Scratch,
-    rows: FfnScratch,
-    predictor: PredictorScratch,
-    predicted: Vec<u32>,
-    cold_active: Vec<u32>,
-    flags: Vec<i32>,
-    xn: Vec<f32>,
-    part: Vec<f32>,
-    /// Each routed expert's cold output before its weight (reused across tokens).
-    cold_bufs: Vec<Vec<f32>>,
-    /// Mixture of experts: the token's router logits, routes and expert weights, and per layer
-    /// each expert's cold neurons (empty for a layer without hot neurons).
-    moe_logits: Vec<f32>,
-    routes: Vec<(u32, f32)>,
-    expert_w: Vec<f32>,
+    /// The CPU side's buffers of the FFN blocks.
+    cpu: CpuFfnScratch,
+    /// Mixture of experts: per layer each expert's cold neurons (empty for a layer without hot
+    /// neurons).
     moe_cold: Vec<Vec<Vec<u32>>>,
     /// Whether the model is a mixture of experts.
     moe: bool,
@@ -211,17 +638,7 @@ impl<B: Backend> Executor<B> {
             stats: TransferStats::new(c.n_layers),
             clock: PhaseClock::new(c.n_layers),
             host: Scratch::default(),
-            rows: FfnScratch::default(),
-            predictor: PredictorScratch::default(),
-            predicted: Vec::new(),
-            cold_active: Vec::new(),
-            flags: Vec::new(),
-            xn: Vec::new(),
-            part: Vec::new(),
-            cold_bufs: Vec::new(),
-            moe_logits: Vec::new(),
-            routes: Vec::new(),
-            expert_w: Vec::new(),
+            cpu: CpuFfnScratch::default(),
             moe_cold,
             moe: c.moe.is_moe(),
             inv_freqs: [c.rope_inv_freqs(false), c.rope_inv_freqs(true)],
@@ -282,7 +699,7 @@ impl<B: Backend> Hybrid for Executor<B> {
     }
 
     fn set_mode(&mut self, mode: &Sparsity) -> Result<()> {
-        super::refuse_cpu_only(mode, self.moe)?;
+        refuse_cpu_only(mode, self.moe)?;
         if let Sparsity::Predictor { layers, .. } = mode {
             for (i, layer) in self.gpu.layers.iter_mut().enumerate() {
                 if let Some(p) = &mut layer.predictor {
@@ -622,7 +1039,7 @@ impl<B: Backend> Executor<B> {
     }
 
     /// Layer `l`'s FFN block with hot neurons on the GPU and cold ones on the CPU, at the same
-    /// time: its program's steps, the FFN core split by the plan.
+    /// time: its program's steps, the FFN core split by the plan (see [`FfnPass`]).
     fn hybrid_ffn(
         &mut self,
         model: &ModelWeights,
@@ -631,7 +1048,6 @@ impl<B: Backend> Executor<B> {
         pos: usize,
         res: &mut Residency,
     ) -> Result<()> {
-        let c = &model.config;
         let prog = &model.program.layers[l];
         let placement = Arc::clone(&self.placement);
         let table = &placement.file.table.layers[l];
@@ -647,25 +1063,9 @@ impl<B: Backend> Executor<B> {
                 .is_some_and(|p| p.filled);
         let cpu_predictor = predictor.is_some() && !gpu_predictor;
         // A mixture of experts routes on the CPU.
-        let moe = c.moe.is_moe();
-        let host_needed = !table.cold.is_empty() || cpu_predictor || moe;
+        let host_needed = !table.cold.is_empty() || cpu_predictor || model.config.moe.is_moe();
         let saved = prog.save_residual;
-        // The block's input on each side it is needed.
-        self.clock.enter(l, HybridPhase::GpuSubmit);
-        self.device_x(l, res)?;
-        if saved {
-            self.device_saved(l)?;
-        }
-        if host_needed {
-            self.host_x(l, res)?;
-            if saved {
-                self.host_saved(l)?;
-            }
-        }
-        // Its output goes straight into the residual unless a post-norm comes between.
-        let direct = !prog.ffn.contains(&FfnStep::PostNorm);
-        let dev = &self.dev;
-        let mut link = Link::new(dev, &mut self.stats, &mut self.clock);
+        self.ffn_inputs(l, saved, host_needed, res)?;
         let GpuModel {
             layers, scratch, ..
         } = &mut self.gpu;
@@ -680,297 +1080,64 @@ impl<B: Backend> Executor<B> {
         let Some(f) = ffn else {
             powerinfer_core::bail!(Other, "layer {l}: no hot neurons on the GPU");
         };
-        let GpuFfn { hot, .. } = f;
-        let lw = &model.layers[l];
-        // The norm quantizes xb in its launch when a quantized matvec reads xb: the hot gate/up
-        // rows, or the GPU predictor's fc1 over the FFN norm's output.
-        let fc1_reads_xb = match (predictor, gpu_pred) {
-            (Some((_, PredictorInput::FfnNorm)), Some(gp)) => {
-                gpu_predictor && gp.fc1.dtype.is_quantized()
-            }
-            _ => false,
+        let mut pass = FfnPass {
+            model,
+            mode,
+            l,
+            table,
+            f,
+            gpu_pred: gpu_pred.as_ref(),
+            dense,
+            predictor,
+            gpu_predictor,
+            saved,
+            host_needed,
+            // Its output goes straight into the residual unless a post-norm comes between.
+            direct: !prog.ffn.contains(&FfnStep::PostNorm),
+            // Dense rows hold almost no exact zeros: gathering would only add a launch.
+            gather: self.gather && !dense && !matches!(mode, Sparsity::Dense),
+            threshold: match mode {
+                Sparsity::Threshold(t) if !dense => Some(t[l]),
+                _ => None,
+            },
+            dev: &self.dev,
+            link: Link::new(&self.dev, &mut self.stats, &mut self.clock),
+            sc,
+            host: &self.host,
+            cpu: &mut self.cpu,
+            moe_cold: &self.moe_cold[l],
         };
-        // Not when a quantized fc1 reads the FFN's input instead: its quantize_x would overwrite
-        // xq before gate/up reads it.
-        let fc1_reads_input = match (predictor, gpu_pred) {
-            (Some((_, PredictorInput::FfnInp)), Some(gp)) => {
-                gpu_predictor && gp.fc1.dtype.is_quantized()
-            }
-            _ => false,
-        };
-        let xb_quant = (hot.layout.gate_dtype.is_quantized() && !fc1_reads_input) || fc1_reads_xb;
+        let xb_quant = pass.xb_quantized();
         for step in &prog.ffn {
-            match step {
-                FfnStep::Norm(kind, _) => {
-                    let input = match (saved, sc.saved.as_ref()) {
-                        (true, Some(s)) => s,
-                        _ => &sc.x,
-                    };
-                    norm_into_xb(
-                        dev,
-                        *kind,
-                        input,
-                        &f.norm,
-                        f.norm_bias.as_ref(),
-                        c.rms_eps,
-                        xb_quant,
-                        &mut sc.xb,
-                        &mut sc.xq,
-                        &mut sc.xq_of_xb,
-                    )?;
-                    if host_needed {
-                        // The GPU's queued work (with graphs on, a batch) starts now, while the
-                        // CPU normalises, predicts, routes and computes its cold neurons.
-                        dev.flush()?;
-                        link.enter(l, HybridPhase::CpuNorm);
-                        let x_in = match saved {
-                            true => &self.host.par_in,
-                            false => &self.host.x,
-                        };
-                        let b = norm_bias(lw, *kind, 1)?;
-                        norm_rows_with(x_in, &lw.ffn_norm, b, c.rms_eps, &mut self.xn);
-                        link.enter(l, HybridPhase::GpuSubmit);
-                    }
-                }
-                FfnStep::Moe(kind) => {
-                    let (Some(m), Some(ew)) = (&lw.moe, sc.expert_w.as_mut()) else {
-                        powerinfer_core::bail!(Other, "layer {l}: an MoE step without experts");
-                    };
-                    let mf = &c.moe;
-                    link.enter(l, HybridPhase::CpuRoute);
-                    // Routing on the CPU, one weight per expert up to the GPU.
-                    let logits: &[f32] = match mf.router_on_residual {
-                        true => &self.host.moe.early,
-                        false => {
-                            router_logits(m, &self.xn, 1, &mut self.moe_logits)?;
-                            &self.moe_logits
-                        }
-                    };
-                    ensure!(
-                        logits.len() == mf.n_expert,
-                        Other,
-                        "layer {l}: {} router logits for {} experts",
-                        logits.len(),
-                        mf.n_expert
-                    );
-                    route(mf, logits, &mut self.routes);
-                    token_weights(mf, m, &self.routes, &self.xn, &mut self.expert_w);
-                    link.enter(l, HybridPhase::GpuSubmit);
-                    link.up(l, &self.expert_w, ew, 0)?;
-                    // GPU: the routed experts' hot neurons (and the shared expert), queued.
-                    let (ef, routed) = (mf.expert_ffn(c.ffn_dim), c.n_routed_neurons());
-                    dev.expert_flags(ew, ef, routed, &mut sc.active)?;
-                    let act = gpu_act(*kind);
-                    let quant = hot.layout.gate_dtype.is_quantized();
-                    let x = xb_input(dev, quant, &sc.xb, &mut sc.xq, &mut sc.xq_of_xb)?;
-                    dev.hot_gate_up(hot, x, Some(&sc.active), act, None, &mut sc.hb)?;
-                    let threshold = match mode {
-                        Sparsity::Threshold(t) if !dense => Some(t[l]),
-                        _ => None,
-                    };
-                    if let Some(t) = threshold {
-                        // The routed experts' slots: the shared expert (all of it hot, the
-                        // largest ids) runs dense, as on the CPU, in the last slots.
-                        let n = hot.layout.n_hot.saturating_sub(mf.shared_ffn_dim);
-                        dev.threshold_mask(&mut sc.hb, n, t)?;
-                    }
-                    dev.expert_scale(hot, ew, ef, routed, &mut sc.hb)?;
-                    let out = match direct {
-                        true => &mut sc.x,
-                        false => {
-                            dev.fill(&mut sc.xb2, 0.0)?;
-                            &mut sc.xb2
-                        }
-                    };
-                    // The down pass over the nonzero activations only, gathered on the GPU.
-                    let splits = down_splits(hot.layout.n_hot);
-                    if self.gather && !dense && !matches!(mode, Sparsity::Dense) {
-                        dev.nonzero_rows(hot, &sc.hb, None, &mut sc.rows)?;
-                        dev.hot_down_listed(hot, &sc.rows, &mut sc.part, out, splits)?;
-                    } else {
-                        dev.hot_down(hot, &sc.hb, &mut sc.part, out, splits)?;
-                    }
-                    // CPU: the routed experts' cold neurons, one upload of their sum.
-                    self.part.resize(c.dim, 0.0);
-                    let down_t = &model.expert_down_t()?[l];
-                    let cold = &self.moe_cold[l];
-                    dev.flush()?;
-                    link.enter(l, HybridPhase::ColdFfn);
-                    let (xn, routes) = (&self.xn, &self.routes);
-                    let (part, bufs) = (&mut self.part, &mut self.cold_bufs);
-                    let dense_mode = matches!(mode, Sparsity::Dense);
-                    let read = cold_experts(
-                        mf, m, down_t, *kind, threshold, dense_mode, xn, routes, cold, bufs, part,
-                    )?;
-                    link.enter(l, HybridPhase::GpuSubmit);
-                    if let Some(read) = read {
-                        link.cold_read(l, read);
-                        link.up(l, &self.part, &mut sc.xfer, 0)?;
-                        dev.add(out, &sc.xfer)?;
-                    }
-                }
-                FfnStep::Ffn(kind) => {
-                    // The active set: which hot slots the GPU computes (flags) and which cold
-                    // neurons the CPU does (`cold`).
-                    let mut flags = false;
-                    let mut cold: &[u32] = &table.cold;
-                    if let Some((p, input)) = predictor {
-                        flags = true;
-                        if let (true, Some(gp)) = (gpu_predictor, gpu_pred) {
-                            let quant = gp.fc1.dtype.is_quantized();
-                            let of_xb = &mut sc.xq_of_xb;
-                            let x = match (input, saved, sc.saved.as_ref()) {
-                                (PredictorInput::FfnNorm, ..) => {
-                                    xb_input(dev, quant, &sc.xb, &mut sc.xq, of_xb)?
-                                }
-                                (PredictorInput::FfnInp, true, Some(s)) => {
-                                    row_input(dev, quant, s, &mut sc.xq, of_xb)?
-                                }
-                                (PredictorInput::FfnInp, ..) => {
-                                    row_input(dev, quant, &sc.x, &mut sc.xq, of_xb)?
-                                }
-                            };
-                            dev.predictor(
-                                &gp.fc1,
-                                &gp.fc2_t,
-                                gp.threshold,
-                                x,
-                                &mut sc.pred,
-                                &mut sc.active,
-                                None,
-                            )?;
-                            if !table.cold.is_empty() {
-                                self.flags.resize(c.ffn_dim, 0);
-                                link.down(l, &sc.active, 0, &mut self.flags)?;
-                                link.enter(l, HybridPhase::CpuPredictor);
-                                self.cold_active.clear();
-                                let on = &self.flags;
-                                self.cold_active
-                                    .extend(table.cold.iter().filter(|&&i| on[i as usize] != 0));
-                            }
-                        } else {
-                            link.enter(l, HybridPhase::CpuPredictor);
-                            let x = match (input, saved) {
-                                (PredictorInput::FfnNorm, _) => &self.xn,
-                                (PredictorInput::FfnInp, true) => &self.host.par_in,
-                                (PredictorInput::FfnInp, false) => &self.host.x,
-                            };
-                            predicted_active(p, x, &mut self.predictor, &mut self.predicted)?;
-                            link.predictor_read(l, self.predictor.bytes_read(p));
-                            self.flags.clear();
-                            self.flags.resize(c.ffn_dim, 0);
-                            self.cold_active.clear();
-                            for &i in &self.predicted {
-                                self.flags[i as usize] = 1;
-                                if table.place[i as usize].0 == Side::Cpu {
-                                    self.cold_active.push(i);
-                                }
-                            }
-                            link.up(l, &self.flags, &mut sc.active, 0)?;
-                        }
-                        cold = &self.cold_active;
-                        link.enter(l, HybridPhase::GpuSubmit);
-                    }
-
-                    // GPU: queued, runs while the CPU computes its part. With flags (predictor
-                    // mode) gate/up runs over the active slots only, gathered on the GPU; the
-                    // down pass over the nonzero activations only.
-                    let bias = f.in_bias.as_ref();
-                    let quant = hot.layout.gate_dtype.is_quantized();
-                    let x = xb_input(dev, quant, &sc.xb, &mut sc.xq, &mut sc.xq_of_xb)?;
-                    let act = gpu_act(*kind);
-                    let threshold = match mode {
-                        Sparsity::Threshold(t) if !dense => Some(t[l]),
-                        _ => None,
-                    };
-                    // Dense rows hold almost no exact zeros: gathering would only add a launch.
-                    let gather = self.gather && !dense && !matches!(mode, Sparsity::Dense);
-                    if flags && gather {
-                        dev.active_slots(hot, &sc.active, &mut sc.slots)?;
-                        dev.hot_gate_up_listed(hot, x, &sc.slots, act, bias, &mut sc.hb)?;
-                        dev.nonzero_rows(hot, &sc.hb, Some(&sc.slots), &mut sc.rows)?;
-                    } else {
-                        let active = flags.then_some(&sc.active);
-                        dev.hot_gate_up(hot, x, active, act, bias, &mut sc.hb)?;
-                        if let Some(t) = threshold {
-                            dev.threshold_mask(&mut sc.hb, hot.layout.n_hot, t)?;
-                        }
-                        if gather {
-                            dev.nonzero_rows(hot, &sc.hb, None, &mut sc.rows)?;
-                        }
-                    }
-                    let out = match direct {
-                        true => &mut sc.x,
-                        false => {
-                            dev.fill(&mut sc.xb2, 0.0)?;
-                            &mut sc.xb2
-                        }
-                    };
-                    let splits = down_splits(hot.layout.n_hot);
-                    match gather {
-                        true => dev.hot_down_listed(hot, &sc.rows, &mut sc.part, out, splits)?,
-                        false => dev.hot_down(hot, &sc.hb, &mut sc.part, out, splits)?,
-                    }
-
-                    // CPU: the cold neurons, then one upload of their sum, added on the GPU.
-                    // The hot FFN's launches run while the CPU computes the cold neurons (a
-                    // flush wherever the layer has cold neurons, whether or not this token
-                    // activates any: the step's batches keep their numbers from token to token).
-                    if !table.cold.is_empty() {
-                        dev.flush()?;
-                    }
-                    if !cold.is_empty() {
-                        link.enter(l, HybridPhase::ColdFfn);
-                        self.part.resize(c.dim, 0.0);
-                        let dense_down = match mode {
-                            Sparsity::Dense => DenseDown::Always,
-                            Sparsity::Threshold(_) if dense => DenseDown::Always,
-                            Sparsity::Threshold(_) => DenseDown::AboveCrossover,
-                            _ => DenseDown::Never,
-                        };
-                        let read = rows_ffn(
-                            model,
-                            l,
-                            threshold,
-                            dense_down,
-                            &self.xn,
-                            cold,
-                            &mut self.rows,
-                            &mut self.part,
-                        )?;
-                        link.cold_read(l, read);
-                        link.enter(l, HybridPhase::GpuSubmit);
-                        link.up(l, &self.part, &mut sc.xfer, 0)?;
-                        dev.add(out, &sc.xfer)?;
-                    }
-                }
-                FfnStep::DownBias => {
-                    let Some(b) = &f.down_bias else {
-                        powerinfer_core::bail!(Other, "layer {l}: no GPU down bias");
-                    };
-                    let out = if direct { &mut sc.x } else { &mut sc.xb2 };
-                    dev.add(out, b)?;
-                }
-                FfnStep::PostNorm => {
-                    let Some(post) = &f.post_norm else {
-                        powerinfer_core::bail!(Other, "layer {l}: no GPU post-FFN norm");
-                    };
-                    sc.xq_of_xb = false;
-                    dev.rms_norm(&sc.xb2, post, 1, c.rms_eps, &mut sc.xb)?;
-                    std::mem::swap(&mut sc.xb, &mut sc.xb2);
-                }
-                FfnStep::Residual => {
-                    if !direct {
-                        dev.add(&mut sc.x, &sc.xb2)?;
-                    }
-                }
-            }
+            pass.step(step, xb_quant)?;
         }
         res.on_host = false;
         res.on_device = true;
         Ok(())
     }
 
+    /// An FFN block's input on each side it is needed: the residual (or a parallel block's
+    /// saved input) on the device, and on the host when the CPU takes part.
+    fn ffn_inputs(
+        &mut self,
+        l: usize,
+        saved: bool,
+        host_needed: bool,
+        res: &mut Residency,
+    ) -> Result<()> {
+        self.clock.enter(l, HybridPhase::GpuSubmit);
+        self.device_x(l, res)?;
+        if saved {
+            self.device_saved(l)?;
+        }
+        if host_needed {
+            self.host_x(l, res)?;
+            if saved {
+                self.host_saved(l)?;
+            }
+        }
+        Ok(())
+    }
     /// The output steps (final norm, head, soft-cap), where the plan put them.
     fn output(&mut self, model: &ModelWeights, res: &mut Residency) -> Result<Vec<f32>> {
         let c = &model.config;

@@ -9,8 +9,8 @@ use powerinfer_core::{MoeFeatures, Result, Weight};
 use powerinfer_cpu::{axpy_rows, matvec_rows, sparse_ffn_many, GateRows, SparseFfn, SparsePart};
 
 use crate::layer::FfnKind;
-use crate::moe::{shared_scale, MoeWeights};
 use crate::moe_pass::{experts_pass, ExpertsPass};
+use crate::moe_weights::{shared_scale, MoeWeights};
 
 /// Each expert's cold neurons (rows of the expert, ascending) given the layer's hot neurons
 /// (flattened ids, ascending): what the CPU computes when the expert is routed.

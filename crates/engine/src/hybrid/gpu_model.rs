@@ -5,13 +5,14 @@
 //! the plan's accounting (`alloc_plan`, `planning/accounting.py`), name for name and byte for
 //! byte. A layer's vectors are uploaded in the order of its layer program's steps.
 
-use powerinfer_core::{bail, ensure, DType, KvPrecision, Result, Weight};
+use powerinfer_core::{bail, ensure, DType, KvPrecision, ModelConfig, PlanFile, Result, Weight};
 use powerinfer_cuda::layout::{align, att_part_len};
 use powerinfer_cuda::ops::prelude::*;
 use powerinfer_cuda::{
     Allocation, Backend, Compacted, DeviceSlice, DeviceWeight, Elem, HotFfn, RowSpace,
 };
 
+use crate::layer_weights::LayerWeights;
 use crate::placement::Placement;
 use crate::sparsity::LayerPredictor;
 use crate::weights::ModelWeights;
@@ -241,129 +242,24 @@ impl<B: Backend> GpuModel<B> {
         let c = &model.config;
         let plan = &placement.file;
         let mut reg = Registry::default();
-        // The transposed down rows the slabs hold: the dense layers', and each expert's (with
-        // the shared expert's) in a mixture of experts.
-        let hot = |moe: bool| {
-            (0..c.n_layers).any(|i| plan.n_slabs(i) > 0 && model.layers[i].moe.is_some() == moe)
-        };
-        let down_t = match hot(false) {
-            true => Some(model.down_t()?),
-            false => None,
-        };
-        let expert_down_t = match hot(true) {
-            true => Some(model.expert_down_t()?),
-            false => None,
-        };
+        let downs = HotDowns::build(model, plan)?;
         let mut layers = Vec::with_capacity(c.n_layers);
         for (i, lw) in model.layers.iter().enumerate() {
-            let name = |t: &str| format!("blk.{i}.{t}");
-            let attention = if plan.attention[i] {
-                let kv = plan.context * c.kv_dim();
-                let norm = reg.upload(dev, &name("attn_norm"), &lw.attn_norm)?;
-                let norm_bias = match &lw.norm_bias {
-                    Some([b, _]) => Some(reg.upload(dev, &name("attn_norm.bias"), b)?),
-                    None => None,
-                };
-                let wq = reg.weight(dev, &name("attn_q"), &lw.wq)?;
-                let wk = reg.weight(dev, &name("attn_k"), &lw.wk)?;
-                let wv = reg.weight(dev, &name("attn_v"), &lw.wv)?;
-                let qkv_bias = match &lw.qkv_bias {
-                    Some([q, k, v]) => Some([
-                        reg.upload(dev, &name("attn_q.bias"), q)?,
-                        reg.upload(dev, &name("attn_k.bias"), k)?,
-                        reg.upload(dev, &name("attn_v.bias"), v)?,
-                    ]),
-                    None => None,
-                };
-                let qk_norm = match &lw.qk_norm {
-                    Some([q, k]) => Some([
-                        reg.upload(dev, &name("attn_q_norm"), q)?,
-                        reg.upload(dev, &name("attn_k_norm"), k)?,
-                    ]),
-                    None => None,
-                };
-                let wo = reg.weight(dev, &name("attn_output"), &lw.wo)?;
-                let out_bias = reg.maybe(dev, &name("attn_output.bias"), lw.out_bias.as_deref())?;
-                let post = lw.post_norms.as_ref().map(|[a, _]| &a[..]);
-                let post_norm = reg.maybe(dev, &name("post_attention_norm"), post)?;
-                Some(GpuAttention {
-                    norm,
-                    norm_bias,
-                    wq,
-                    wk,
-                    wv,
-                    qkv_bias,
-                    qk_norm,
-                    wo,
-                    out_bias,
-                    post_norm,
-                    cache: match plan.kv_cache {
-                        KvPrecision::F16 => KvBufs::F16(
-                            reg.zeros(dev, &name("cache_k"), kv)?,
-                            reg.zeros(dev, &name("cache_v"), kv)?,
-                        ),
-                        KvPrecision::F32 => KvBufs::F32(
-                            reg.zeros(dev, &name("cache_k"), kv)?,
-                            reg.zeros(dev, &name("cache_v"), kv)?,
-                        ),
-                    },
-                    kv_dim: c.kv_dim(),
-                })
-            } else {
-                None
+            let attention = match plan.attention[i] {
+                true => Some(GpuAttention::upload(&mut reg, dev, c, plan, i, lw)?),
+                false => None,
             };
-            let predictor = if plan.predictor[i] {
-                Some(GpuPredictor::reserve(
+            let predictor = match plan.predictor[i] {
+                true => Some(GpuPredictor::reserve(
                     &mut reg,
                     dev,
                     i,
                     &plan.predictor_allocations[i],
-                )?)
-            } else {
-                None
+                )?),
+                false => None,
             };
             let ffn = match plan.n_slabs(i) {
-                n if n > 0 => {
-                    let norm = reg.upload(dev, &name("ffn_norm"), &lw.ffn_norm)?;
-                    let nb = lw.norm_bias.as_ref().map(|[_, b]| &b[..]);
-                    let norm_bias = reg.maybe(dev, &name("ffn_norm.bias"), nb)?;
-                    let (inb, downb) = match &lw.ffn_bias {
-                        Some([i, d]) => (Some(&i[..]), Some(&d[..])),
-                        None => (None, None),
-                    };
-                    let in_bias = reg.maybe(dev, &name("ffn_up.bias"), inb)?;
-                    let down_bias = reg.maybe(dev, &name("ffn_down.bias"), downb)?;
-                    let post = lw.post_norms.as_ref().map(|[_, f]| &f[..]);
-                    let post_norm = reg.maybe(dev, &name("post_ffw_norm"), post)?;
-                    let ids = &plan.table.layers[i].hot;
-                    let gated = model.program.layers[i].ffn_kind().gated;
-                    let hot = match (&lw.moe, down_t, expert_down_t) {
-                        (None, Some(down_t), _) => {
-                            let up = gated.then_some(&lw.w_up);
-                            dev.upload_hot_ffn(&lw.w_gate, up, &down_t[i], ids, plan.bucket)?
-                        }
-                        (Some(m), _, Some(edt)) => {
-                            // The flattened neurons: each expert's rows, then the shared
-                            // expert's, read in place.
-                            let shared = m.shared.as_ref();
-                            let gate = space(&m.gate, shared.map(|s| &s.gate))?;
-                            let up = space(&m.up, shared.map(|s| &s.up))?;
-                            let down = space(&edt[i], None)?;
-                            let up = gated.then_some(&up);
-                            dev.upload_hot_rows(&gate, up, &down, ids, plan.bucket)?
-                        }
-                        _ => bail!(Other, "layer {i}: no transposed down rows for its slabs"),
-                    };
-                    reg.note(&name("ffn_hot"), hot.n_bytes());
-                    Some(GpuFfn {
-                        norm,
-                        norm_bias,
-                        in_bias,
-                        down_bias,
-                        post_norm,
-                        hot,
-                    })
-                }
+                n if n > 0 => Some(GpuFfn::upload(&mut reg, dev, model, plan, i, &downs)?),
                 _ => None,
             };
             layers.push(GpuLayer {
@@ -372,85 +268,257 @@ impl<B: Backend> GpuModel<B> {
                 ffn,
             });
         }
-        let output = if plan.output {
-            Some(GpuOutput {
-                norm: reg.upload(dev, "output_norm", &model.output_norm)?,
-                norm_bias: reg.maybe(dev, "output_norm.bias", model.output_norm_bias.as_deref())?,
-                w: reg.weight(dev, "output", &model.output)?,
-                logits: reg.zeros(dev, "output.logits", c.vocab_size)?,
-            })
-        } else {
-            None
+        let output = match plan.output {
+            true => Some(GpuOutput::upload(&mut reg, dev, model)?),
+            false => None,
         };
-        let scratch = if plan.uses_gpu() {
-            let max_rank = plan.predictor_ranks.iter().copied().max().unwrap_or(0);
-            let mut z =
-                |n: &str, len: usize| reg.zeros::<B, f32>(dev, &format!("scratch.{n}"), len);
-            let (x, xb, xb2) = (z("x", c.dim)?, z("xb", c.dim)?, z("xb2", c.dim)?);
-            let (q, k, v) = (z("q", c.q_dim())?, z("k", c.kv_dim())?, z("v", c.kv_dim())?);
-            let ffn = c.n_neurons();
-            let (att, hb) = (z("att", c.q_dim())?, z("hb", ffn)?);
-            let active = reg.zeros::<B, i32>(dev, "scratch.active", ffn)?;
-            let mut z =
-                |n: &str, len: usize| reg.zeros::<B, f32>(dev, &format!("scratch.{n}"), len);
-            let (pred, xfer) = (z("pred", max_rank)?, z("xfer", c.dim)?);
-            let part = z("part", powerinfer_cuda::part_len(c.dim, ffn))?;
-            let attp = z("attp", att_part_len(c.n_heads, c.head_dim, plan.context))?;
-            let kn = match c.arch.qk_norm {
-                true => Some(z("kn", c.kv_dim())?),
-                false => None,
-            };
-            let saved = match c.arch.parallel {
-                true => Some(z("saved", c.dim)?),
-                false => None,
-            };
-            let expert_w = match c.moe.is_moe() {
-                true => Some(z("expert_w", c.moe.n_expert + 1)?),
-                false => None,
-            };
-            let xq_len = powerinfer_cuda::layout::xq_bytes(c.dim.max(c.q_dim()));
-            let xq = reg.zeros::<B, u8>(dev, "scratch.xq", xq_len)?;
-            let mut list = |name: &str, coefficients: bool| -> Result<Compacted<B>> {
-                Ok(Compacted {
-                    idx: reg.zeros(dev, &format!("scratch.{name}"), ffn)?,
-                    a: match coefficients {
-                        true => Some(reg.zeros(dev, &format!("scratch.{name}_a"), ffn)?),
-                        false => None,
-                    },
-                    count: reg.zeros(dev, &format!("scratch.{name}_n"), 1)?,
-                })
-            };
-            let (slots, rows) = (list("slots", false)?, list("rows", true)?);
-            Some(GpuScratch {
-                x,
-                xb,
-                xb2,
-                q,
-                k,
-                v,
-                att,
-                hb,
-                active,
-                pred,
-                xfer,
-                part,
-                attp,
-                kn,
-                saved,
-                expert_w,
-                xq,
-                xq_of_xb: false,
-                slots,
-                rows,
-            })
-        } else {
-            None
+        let scratch = match plan.uses_gpu() {
+            true => Some(GpuScratch::allocate(&mut reg, dev, c, plan)?),
+            false => None,
         };
         Ok(GpuModel {
             layers,
             output,
             scratch,
             registry: reg,
+        })
+    }
+}
+
+/// The transposed down rows the hot slabs hold: the dense layers', and each expert's (with the
+/// shared expert's) in a mixture of experts; each built only when some layer of its kind has
+/// hot neurons.
+struct HotDowns<'m> {
+    dense: Option<&'m [Weight]>,
+    experts: Option<&'m [Vec<Weight>]>,
+}
+
+impl<'m> HotDowns<'m> {
+    /// The rows `plan`'s hot slabs of `model` need (built once, by the model).
+    fn build(model: &'m ModelWeights, plan: &PlanFile) -> Result<HotDowns<'m>> {
+        let hot = |moe: bool| {
+            (0..model.config.n_layers)
+                .any(|i| plan.n_slabs(i) > 0 && model.layers[i].moe.is_some() == moe)
+        };
+        let dense = match hot(false) {
+            true => Some(model.down_t()?),
+            false => None,
+        };
+        let experts = match hot(true) {
+            true => Some(model.expert_down_t()?),
+            false => None,
+        };
+        Ok(HotDowns { dense, experts })
+    }
+}
+
+impl<B: Backend> GpuAttention<B> {
+    /// Layer `i`'s attention block (`lw`'s weights, norms and biases, in its program's order)
+    /// and its KV caches for the plan's context.
+    fn upload(
+        reg: &mut Registry,
+        dev: &B,
+        c: &ModelConfig,
+        plan: &PlanFile,
+        i: usize,
+        lw: &LayerWeights,
+    ) -> Result<GpuAttention<B>> {
+        let name = |t: &str| format!("blk.{i}.{t}");
+        let kv = plan.context * c.kv_dim();
+        let norm = reg.upload(dev, &name("attn_norm"), &lw.attn_norm)?;
+        let norm_bias = match &lw.norm_bias {
+            Some([b, _]) => Some(reg.upload(dev, &name("attn_norm.bias"), b)?),
+            None => None,
+        };
+        let wq = reg.weight(dev, &name("attn_q"), &lw.wq)?;
+        let wk = reg.weight(dev, &name("attn_k"), &lw.wk)?;
+        let wv = reg.weight(dev, &name("attn_v"), &lw.wv)?;
+        let qkv_bias = match &lw.qkv_bias {
+            Some([q, k, v]) => Some([
+                reg.upload(dev, &name("attn_q.bias"), q)?,
+                reg.upload(dev, &name("attn_k.bias"), k)?,
+                reg.upload(dev, &name("attn_v.bias"), v)?,
+            ]),
+            None => None,
+        };
+        let qk_norm = match &lw.qk_norm {
+            Some([q, k]) => Some([
+                reg.upload(dev, &name("attn_q_norm"), q)?,
+                reg.upload(dev, &name("attn_k_norm"), k)?,
+            ]),
+            None => None,
+        };
+        let wo = reg.weight(dev, &name("attn_output"), &lw.wo)?;
+        let out_bias = reg.maybe(dev, &name("attn_output.bias"), lw.out_bias.as_deref())?;
+        let post = lw.post_norms.as_ref().map(|[a, _]| &a[..]);
+        let post_norm = reg.maybe(dev, &name("post_attention_norm"), post)?;
+        let cache = match plan.kv_cache {
+            KvPrecision::F16 => KvBufs::F16(
+                reg.zeros(dev, &name("cache_k"), kv)?,
+                reg.zeros(dev, &name("cache_v"), kv)?,
+            ),
+            KvPrecision::F32 => KvBufs::F32(
+                reg.zeros(dev, &name("cache_k"), kv)?,
+                reg.zeros(dev, &name("cache_v"), kv)?,
+            ),
+        };
+        Ok(GpuAttention {
+            norm,
+            norm_bias,
+            wq,
+            wk,
+            wv,
+            qkv_bias,
+            qk_norm,
+            wo,
+            out_bias,
+            post_norm,
+            cache,
+            kv_dim: c.kv_dim(),
+        })
+    }
+}
+
+impl<B: Backend> GpuFfn<B> {
+    /// Layer `i`'s FFN block on the GPU: its norm and biases (in its program's order), then
+    /// the plan's hot neurons in slabs ([`upload_hot`]).
+    fn upload(
+        reg: &mut Registry,
+        dev: &B,
+        model: &ModelWeights,
+        plan: &PlanFile,
+        i: usize,
+        downs: &HotDowns<'_>,
+    ) -> Result<GpuFfn<B>> {
+        let lw = &model.layers[i];
+        let name = |t: &str| format!("blk.{i}.{t}");
+        let norm = reg.upload(dev, &name("ffn_norm"), &lw.ffn_norm)?;
+        let nb = lw.norm_bias.as_ref().map(|[_, b]| &b[..]);
+        let norm_bias = reg.maybe(dev, &name("ffn_norm.bias"), nb)?;
+        let (inb, downb) = match &lw.ffn_bias {
+            Some([i, d]) => (Some(&i[..]), Some(&d[..])),
+            None => (None, None),
+        };
+        let in_bias = reg.maybe(dev, &name("ffn_up.bias"), inb)?;
+        let down_bias = reg.maybe(dev, &name("ffn_down.bias"), downb)?;
+        let post = lw.post_norms.as_ref().map(|[_, f]| &f[..]);
+        let post_norm = reg.maybe(dev, &name("post_ffw_norm"), post)?;
+        let hot = upload_hot(dev, model, plan, i, downs)?;
+        reg.note(&name("ffn_hot"), hot.n_bytes());
+        Ok(GpuFfn {
+            norm,
+            norm_bias,
+            in_bias,
+            down_bias,
+            post_norm,
+            hot,
+        })
+    }
+}
+
+/// Layer `i`'s hot neurons (the plan's table) in slabs of the plan's bucket: gate, up (where
+/// the FFN is gated) and transposed down rows; a mixture of experts' from its flattened
+/// neurons, each expert's rows then the shared expert's, read in place.
+fn upload_hot<B: Backend>(
+    dev: &B,
+    model: &ModelWeights,
+    plan: &PlanFile,
+    i: usize,
+    downs: &HotDowns<'_>,
+) -> Result<HotFfn<B>> {
+    let lw = &model.layers[i];
+    let ids = &plan.table.layers[i].hot;
+    let gated = model.program.layers[i].ffn_kind().gated;
+    match (&lw.moe, downs.dense, downs.experts) {
+        (None, Some(down_t), _) => {
+            let up = gated.then_some(&lw.w_up);
+            dev.upload_hot_ffn(&lw.w_gate, up, &down_t[i], ids, plan.bucket)
+        }
+        (Some(m), _, Some(edt)) => {
+            let shared = m.shared.as_ref();
+            let gate = space(&m.gate, shared.map(|s| &s.gate))?;
+            let up = space(&m.up, shared.map(|s| &s.up))?;
+            let down = space(&edt[i], None)?;
+            let up = gated.then_some(&up);
+            dev.upload_hot_rows(&gate, up, &down, ids, plan.bucket)
+        }
+        _ => bail!(Other, "layer {i}: no transposed down rows for its slabs"),
+    }
+}
+
+impl<B: Backend> GpuOutput<B> {
+    /// The output steps' weights (final norm, its bias, the head) and the logits buffer.
+    fn upload(reg: &mut Registry, dev: &B, model: &ModelWeights) -> Result<GpuOutput<B>> {
+        Ok(GpuOutput {
+            norm: reg.upload(dev, "output_norm", &model.output_norm)?,
+            norm_bias: reg.maybe(dev, "output_norm.bias", model.output_norm_bias.as_deref())?,
+            w: reg.weight(dev, "output", &model.output)?,
+            logits: reg.zeros(dev, "output.logits", model.config.vocab_size)?,
+        })
+    }
+}
+
+impl<B: Backend> GpuScratch<B> {
+    /// The decode step's shared buffers, sized for the model and the plan (its context, its
+    /// largest predictor), in the accounting's order.
+    fn allocate(reg: &mut Registry, dev: &B, c: &ModelConfig, plan: &PlanFile) -> Result<Self> {
+        let max_rank = plan.predictor_ranks.iter().copied().max().unwrap_or(0);
+        let mut z = |n: &str, len: usize| reg.zeros::<B, f32>(dev, &format!("scratch.{n}"), len);
+        let (x, xb, xb2) = (z("x", c.dim)?, z("xb", c.dim)?, z("xb2", c.dim)?);
+        let (q, k, v) = (z("q", c.q_dim())?, z("k", c.kv_dim())?, z("v", c.kv_dim())?);
+        let ffn = c.n_neurons();
+        let (att, hb) = (z("att", c.q_dim())?, z("hb", ffn)?);
+        let active = reg.zeros::<B, i32>(dev, "scratch.active", ffn)?;
+        let mut z = |n: &str, len: usize| reg.zeros::<B, f32>(dev, &format!("scratch.{n}"), len);
+        let (pred, xfer) = (z("pred", max_rank)?, z("xfer", c.dim)?);
+        let part = z("part", powerinfer_cuda::part_len(c.dim, ffn))?;
+        let attp = z("attp", att_part_len(c.n_heads, c.head_dim, plan.context))?;
+        let kn = match c.arch.qk_norm {
+            true => Some(z("kn", c.kv_dim())?),
+            false => None,
+        };
+        let saved = match c.arch.parallel {
+            true => Some(z("saved", c.dim)?),
+            false => None,
+        };
+        let expert_w = match c.moe.is_moe() {
+            true => Some(z("expert_w", c.moe.n_expert + 1)?),
+            false => None,
+        };
+        let xq_len = powerinfer_cuda::layout::xq_bytes(c.dim.max(c.q_dim()));
+        let xq = reg.zeros::<B, u8>(dev, "scratch.xq", xq_len)?;
+        let mut list = |name: &str, coefficients: bool| -> Result<Compacted<B>> {
+            Ok(Compacted {
+                idx: reg.zeros(dev, &format!("scratch.{name}"), ffn)?,
+                a: match coefficients {
+                    true => Some(reg.zeros(dev, &format!("scratch.{name}_a"), ffn)?),
+                    false => None,
+                },
+                count: reg.zeros(dev, &format!("scratch.{name}_n"), 1)?,
+            })
+        };
+        let (slots, rows) = (list("slots", false)?, list("rows", true)?);
+        Ok(GpuScratch {
+            x,
+            xb,
+            xb2,
+            q,
+            k,
+            v,
+            att,
+            hb,
+            active,
+            pred,
+            xfer,
+            part,
+            attp,
+            kn,
+            saved,
+            expert_w,
+            xq,
+            xq_of_xb: false,
+            slots,
+            rows,
         })
     }
 }

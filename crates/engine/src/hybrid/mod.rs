@@ -11,6 +11,7 @@
 //! Batched passes (prefill, scoring, profiling) stay on the CPU; their K/V rows are uploaded to
 //! the GPU layers' caches before the next decode step ([`kv_sync`]).
 
+pub mod api;
 pub mod executor;
 pub mod experts;
 pub mod gpu_model;
@@ -21,13 +22,15 @@ pub mod transfers;
 use std::sync::Arc;
 
 use powerinfer_core::{bail, ensure, Result};
-use powerinfer_cuda::{Allocation, HostBackend};
+use powerinfer_cuda::HostBackend;
 
-use crate::kv_cache::{KvCache, KvPrecision};
+use crate::kv_cache::KvPrecision;
 use crate::placement::Placement;
 use crate::sparsity::Sparsity;
 use crate::weights::ModelWeights;
 
+use api::refuse_cpu_only;
+pub use api::Hybrid;
 pub use executor::Executor;
 pub use phase_clock::{HybridPhase, PhaseStats};
 pub use transfers::{TransferStats, Transfers};
@@ -36,45 +39,6 @@ pub use transfers::{TransferStats, Transfers};
 pub const GPU_SIM: &str = "gpu-sim";
 /// The device name of the emulator (the CUDA kernels on the CPU; needs the `emu` feature).
 pub const GPU_EMU: &str = "gpu-emu";
-
-/// A hybrid executor on some backend, as a session holds it.
-pub trait Hybrid: Send {
-    /// The device, e.g. "gpu-sim" or "cuda:0 (NVIDIA H200, sm_90)".
-    fn describe(&self) -> String;
-    /// Every device allocation made, `(name, bytes)`, in order.
-    fn allocations(&self) -> &[Allocation];
-    /// Bytes the backend counts as allocated, when it counts.
-    fn allocated_bytes(&self) -> Option<usize>;
-    /// Kernel launches so far by entry name, when the backend counts them (the emulator does).
-    fn kernel_launches(&self) -> Option<std::collections::BTreeMap<String, u64>>;
-    /// The counters of the launch batches run as graphs, with graphs on (the CUDA device and the
-    /// emulator batch; `powerinfer_cuda::graph`).
-    fn graph_stats(&self) -> Option<powerinfer_cuda::graph::GraphStats>;
-    /// (free, total) device memory.
-    fn mem_info(&self) -> Result<(usize, usize)>;
-    /// Transfers so far.
-    fn transfers(&self) -> &TransferStats;
-    /// Each decode step's wall time by layer and phase, since the last reset.
-    fn phases(&self) -> &PhaseStats;
-    /// Zero the transfer counts and the phase times.
-    fn reset_transfers(&mut self);
-    /// Adopt a sparsity mode (predictor mode writes the predictors into their GPU buffers).
-    fn set_mode(&mut self, mode: &Sparsity) -> Result<()>;
-    /// One token at position `cache.len()`: its logits (vocab); the cache grows by one.
-    fn decode(
-        &mut self,
-        model: &ModelWeights,
-        mode: &Sparsity,
-        cache: &mut KvCache,
-        token: u32,
-    ) -> Result<Vec<f32>>;
-    /// Bring the CPU cache's rows of GPU layers up to date before a batched CPU pass.
-    fn before_cpu_pass(&mut self, cache: &mut KvCache) -> Result<()>;
-    /// A CPU pass left `len` positions in the cache, every layer's rows written on the CPU.
-    fn after_cpu_pass(&mut self, len: usize);
-    /// The context was cut to `len` positions.
-    fn truncate(&mut self, len: usize);
-}
 
 /// Device names [`open`] accepts: "gpu-sim", "gpu-emu", "cuda", "cuda:N".
 pub fn is_gpu_device(name: &str) -> bool {
@@ -86,25 +50,6 @@ pub fn is_gpu_device(name: &str) -> bool {
 /// [`Error::VramBudget`](powerinfer_core::Error::VramBudget) when the plan needs more than the
 /// device has free or the budget allows; [`Error::Plan`](powerinfer_core::Error::Plan) for a
 /// plan that puts nothing on the GPU.
-/// Refuse the modes the GPU side does not run: the input mode, and predictors inside the
-/// experts of a mixture of experts (`moe`). Every way into the hybrid executor asks this first
-/// (opening it, and the session switching the mode of an open one), before any work.
-pub(crate) fn refuse_cpu_only(mode: &Sparsity, moe: bool) -> Result<()> {
-    ensure!(
-        !matches!(mode, Sparsity::Input(_)),
-        Unsupported,
-        "the input sparsity mode runs on the CPU only (device=\"cpu\"); the hybrid executor \
-         has no input-sparse GPU kernels yet"
-    );
-    ensure!(
-        !(moe && matches!(mode, Sparsity::Predictor { .. })),
-        Unsupported,
-        "predictors inside experts run on the CPU only (device=\"cpu\"); the hybrid executor \
-         runs mixture-of-experts layers dense, exact-relu or threshold"
-    );
-    Ok(())
-}
-
 pub fn open(
     device: &str,
     model: &ModelWeights,

@@ -19,13 +19,7 @@
 //! (clusters padded to [`ALIGN`]) and would read rows from the wrong offsets. Version 1 (no
 //! hash) is refused: write the store again.
 
-use std::io::Write;
-use std::path::Path;
-
-use powerinfer_core::{bail, ensure, DType, Error, Result, Weight};
-use rayon::prelude::*;
-
-use crate::weights::ModelWeights;
+use powerinfer_core::{bail, ensure, DType, Error, Result};
 
 /// The file's magic bytes.
 pub const MAGIC: &[u8; 8] = b"PIRSNST1";
@@ -113,7 +107,7 @@ fn dtype_index(d: DType) -> u8 {
 
 impl StoreLayout {
     /// The layout for `formats` (per layer gate, up, down_t) of a model of `dim` and `ffn`.
-    fn build(
+    pub(super) fn build(
         dim: usize,
         ffn: usize,
         cluster: usize,
@@ -158,26 +152,6 @@ impl StoreLayout {
             layers,
             header_bytes,
         })
-    }
-
-    /// The layout of `model`'s neurons in clusters of `cluster`: gate and up rows in their
-    /// stored formats, down rows as the engine transposes them. A mixture of experts' neurons
-    /// are its routed experts' flattened (neuron `e·E + j` is row `j` of expert `e`, GGUF's own
-    /// order in the merged tensors); its shared expert stays with the mapped weights.
-    pub fn for_model(model: &ModelWeights, cluster: usize, fingerprint: &str) -> Result<Self> {
-        let c = &model.config;
-        let formats: Vec<[Option<DType>; 3]> = (0..c.n_layers)
-            .map(|i| {
-                let l = &model.layers[i];
-                let gated = model.program.layers[i].ffn_kind().gated;
-                [
-                    Some(l.w_gate.dtype),
-                    gated.then_some(l.w_up.dtype),
-                    Some(model.down_t_dtype(i)),
-                ]
-            })
-            .collect();
-        StoreLayout::build(c.dim, store_neurons(model)?, cluster, fingerprint, &formats)
     }
 
     /// Bytes of the whole file.
@@ -292,112 +266,6 @@ impl StoreLayout {
             ))),
         }
     }
-
-    /// `Error::ModelFile` unless this layout is `model`'s (same shape and formats) and, when
-    /// given, made for `fingerprint`.
-    pub fn check_model(
-        &self,
-        model: &ModelWeights,
-        fingerprint: Option<&str>,
-        source: &str,
-    ) -> Result<()> {
-        let want = StoreLayout::for_model(model, self.cluster, &self.fingerprint)?;
-        ensure!(
-            want == *self,
-            ModelFile,
-            "{source}: the neuron store was written for another model shape or other formats \
-             (write it again for this model)"
-        );
-        if let Some(fp) = fingerprint {
-            ensure!(
-                self.fingerprint == fp,
-                ModelFile,
-                "{source}: the neuron store was written for model {}, not this one ({fp})",
-                if self.fingerprint.is_empty() {
-                    "(unknown)"
-                } else {
-                    &self.fingerprint
-                }
-            );
-        }
-        Ok(())
-    }
-}
-
-/// Neurons per layer in `model`'s store: `ffn_dim`, or a mixture of experts' routed neurons
-/// (the rows of its merged gate tensor), the same in every layer.
-pub fn store_neurons(model: &ModelWeights) -> Result<usize> {
-    let n = model.layers.first().map_or(0, |l| l.w_gate.rows);
-    ensure!(
-        model.layers.iter().all(|l| l.w_gate.rows == n),
-        Unsupported,
-        "a neuron store of layers with different numbers of neurons"
-    );
-    Ok(n)
-}
-
-/// Write `model`'s neuron store to `path` in clusters of `cluster` neurons (the transposed down
-/// projections are built first if they were not); returns the file's bytes.
-pub fn write_store(
-    model: &ModelWeights,
-    path: &Path,
-    cluster: usize,
-    fingerprint: &str,
-) -> Result<u64> {
-    let layout = StoreLayout::for_model(model, cluster, fingerprint)?;
-    let moe = model.config.moe.is_moe();
-    // A mixture of experts' transposed down rows are made one layer at a time (and dropped):
-    // the writer needs one layer's, not the model's, beside the mapped weights.
-    let down_t = match moe {
-        true => &[][..],
-        false => model.down_t()?,
-    };
-    let io = |e: std::io::Error| Error::ModelFile(format!("{}: {e}", path.display()));
-    // Something at `path` that is not a regular file is never written through (opening a FIFO
-    // for writing waits for a reader, forever when none comes) nor replaced.
-    powerinfer_core::files::check_writable_path(path).map_err(io)?;
-    let file = std::fs::File::create(path).map_err(io)?;
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-    out.write_all(&layout.header()).map_err(io)?;
-    for (i, l) in layout.layers.iter().enumerate() {
-        let lw = &model.layers[i];
-        let experts: Vec<Weight> = match &lw.moe {
-            Some(m) if moe => m
-                .down
-                .par_iter()
-                .map(crate::transpose::transpose)
-                .collect::<Result<_>>()?,
-            _ => Vec::new(),
-        };
-        let [g_rb, u_rb, d_rb] = l.row_bytes;
-        let mut buf = vec![0u8; l.cluster_bytes];
-        for k in 0..l.n_clusters {
-            buf.fill(0);
-            for j in 0..cluster {
-                let n = k * cluster + j;
-                if n >= layout.ffn {
-                    break;
-                }
-                if l.up.is_some() {
-                    buf[j * u_rb..(j + 1) * u_rb].copy_from_slice(lw.w_up.row(n));
-                }
-                let at = cluster * u_rb + j * d_rb;
-                let down = match moe {
-                    true => {
-                        let ef = experts[0].rows;
-                        experts[n / ef].row(n % ef)
-                    }
-                    false => down_t[i].row(n),
-                };
-                buf[at..at + d_rb].copy_from_slice(down);
-                let at = l.up_down_bytes + j * g_rb;
-                buf[at..at + g_rb].copy_from_slice(lw.w_gate.row(n));
-            }
-            out.write_all(&buf).map_err(io)?;
-        }
-    }
-    out.flush().map_err(io)?;
-    Ok(layout.file_bytes())
 }
 
 #[cfg(test)]

@@ -1,0 +1,331 @@
+//! One decoder layer's weights, and how they are taken out of a model file's tensors by their
+//! canonical names (`blk.N.attn_q`, ...): the attention's projections, the FFN (dense, or a
+//! mixture of experts'), the norms and the biases the family has. Below the model's weights
+//! ([`crate::weights`]) and everything that reads a layer.
+
+use std::collections::HashMap;
+
+use powerinfer_core::{bail, ensure, ModelConfig, Result, Weight};
+
+use crate::moe_weights::{MoeWeights, SharedExpert};
+
+/// One decoder layer.
+#[derive(Clone, Debug)]
+pub struct LayerWeights {
+    pub attn_norm: Vec<f32>,
+    pub wq: Weight,
+    pub wk: Weight,
+    pub wv: Weight,
+    pub wo: Weight,
+    pub ffn_norm: Vec<f32>,
+    /// The FFN's gate, up and down projections. In a mixture-of-experts layer these are the
+    /// merged expert tensors as the file stores them (`ffn_gate_exps` and `ffn_up_exps` of
+    /// `n_expert × expert_ffn` rows, `ffn_down_exps` of `n_expert × dim` rows of `expert_ffn`):
+    /// the flattened neuron space the planner sees, which no dense-FFN product accepts (the
+    /// down matrix has the wrong shape); [`LayerWeights::moe`] holds the per-expert views.
+    pub w_gate: Weight,
+    pub w_up: Weight,
+    pub w_down: Weight,
+    /// The router, per-expert views and shared expert of a mixture-of-experts layer.
+    pub moe: Option<MoeWeights>,
+    /// Biases of q, k and v (families with [`ArchFeatures::qkv_bias`]).
+    ///
+    /// [`ArchFeatures::qkv_bias`]: powerinfer_core::ArchFeatures::qkv_bias
+    pub qkv_bias: Option<[Vec<f32>; 3]>,
+    /// Per-head RMSNorm weights of q and k, `head_dim` each (families with
+    /// [`ArchFeatures::qk_norm`]).
+    ///
+    /// [`ArchFeatures::qk_norm`]: powerinfer_core::ArchFeatures::qk_norm
+    pub qk_norm: Option<[Vec<f32>; 2]>,
+    /// Norms of the attention output and of the FFN output before their residual adds
+    /// (families with `post_norms`).
+    pub post_norms: Option<[Vec<f32>; 2]>,
+    /// LayerNorm biases of `attn_norm` and `ffn_norm` (families with `layer_norm`).
+    pub norm_bias: Option<[Vec<f32>; 2]>,
+    /// Bias of the attention output projection (`out_bias`).
+    pub out_bias: Option<Vec<f32>>,
+    /// Biases of the FFN's activated input projection (ffn wide) and of its down projection
+    /// (dim wide) (`ffn_bias`).
+    pub ffn_bias: Option<[Vec<f32>; 2]>,
+}
+
+/// Take a tensor out of the map (its shape checked already, by the model's `check_shapes`).
+pub(crate) fn take(map: &mut HashMap<String, Weight>, name: &str) -> Result<Weight> {
+    match map.remove(name) {
+        Some(w) => Ok(w),
+        None => bail!(ModelFile, "missing tensor {name}"),
+    }
+}
+
+/// A norm or bias vector as f32, whatever its stored format.
+pub(crate) fn take_vector(map: &mut HashMap<String, Weight>, name: &str) -> Result<Vec<f32>> {
+    let w = take(map, name)?;
+    let mut out = vec![0.0f32; w.cols];
+    powerinfer_cpu::dequantize_row(w.dtype, w.row(0), &mut out)?;
+    ensure!(
+        out.iter().all(|v| v.is_finite()),
+        ModelFile,
+        "tensor {name} holds non-finite values"
+    );
+    Ok(out)
+}
+
+/// A norm vector with the family's offset folded in (Gemma's `1 + w`).
+pub(crate) fn take_norm(
+    map: &mut HashMap<String, Weight>,
+    name: &str,
+    offset: f32,
+) -> Result<Vec<f32>> {
+    let mut w = take_vector(map, name)?;
+    if offset != 0.0 {
+        w.iter_mut().for_each(|v| *v += offset);
+    }
+    Ok(w)
+}
+
+/// The tensors of layer `i` (`blk.{i}.*`) in the map they are taken from.
+struct LayerTensors<'a> {
+    i: usize,
+    map: &'a mut HashMap<String, Weight>,
+    /// The family's norm offset ([`take_norm`]).
+    norm_offset: f32,
+}
+
+impl LayerTensors<'_> {
+    /// The canonical name of this layer's tensor `s`.
+    fn name(&self, s: &str) -> String {
+        format!("blk.{}.{s}", self.i)
+    }
+
+    /// Whether the map still holds tensor `s`.
+    fn has(&self, s: &str) -> bool {
+        self.map.contains_key(&self.name(s))
+    }
+
+    /// Tensor `s` ([`take`]).
+    fn take(&mut self, s: &str) -> Result<Weight> {
+        let name = self.name(s);
+        take(self.map, &name)
+    }
+
+    /// Vector `s` as f32 ([`take_vector`]).
+    fn vector(&mut self, s: &str) -> Result<Vec<f32>> {
+        let name = self.name(s);
+        take_vector(self.map, &name)
+    }
+
+    /// Norm `s` with the family's offset ([`take_norm`]).
+    fn norm(&mut self, s: &str) -> Result<Vec<f32>> {
+        let name = self.name(s);
+        take_norm(self.map, &name, self.norm_offset)
+    }
+}
+
+/// A layer's FFN tensors as the file gives them.
+struct FfnTensors {
+    gate: Weight,
+    up: Weight,
+    down: Weight,
+    moe: Option<MoeWeights>,
+    /// The transposed down projection the file gives (PowerInfer's `ffn_down_t`).
+    down_t: Option<Weight>,
+}
+
+/// A layer's norms: the attention's, the FFN's, q and k's, the two post norms.
+struct LayerNorms {
+    attn: Vec<f32>,
+    ffn: Vec<f32>,
+    qk: Option<[Vec<f32>; 2]>,
+    post: Option<[Vec<f32>; 2]>,
+}
+
+/// A layer's biases (see the fields of [`LayerWeights`] of the same names).
+struct LayerBiases {
+    norm: Option<[Vec<f32>; 2]>,
+    out: Option<Vec<f32>>,
+    ffn: Option<[Vec<f32>; 2]>,
+    qkv: Option<[Vec<f32>; 3]>,
+}
+
+impl LayerWeights {
+    /// Layer `i`'s tensors taken out of `tensors` (their shapes checked already), with the
+    /// transposed down projection the file gives for a dense FFN, if it does.
+    pub(crate) fn take(
+        c: &ModelConfig,
+        i: usize,
+        tensors: &mut HashMap<String, Weight>,
+    ) -> Result<(LayerWeights, Option<Weight>)> {
+        let mut t = LayerTensors {
+            i,
+            map: tensors,
+            norm_offset: c.arch.norm_offset,
+        };
+        let wq = t.take("attn_q")?;
+        let wk = t.take("attn_k")?;
+        let wv = t.take("attn_v")?;
+        let wo = t.take("attn_output")?;
+        let ffn = match c.moe.is_moe() {
+            true => take_moe_ffn(c, &mut t)?,
+            false => take_dense_ffn(c, &mut t)?,
+        };
+        // Parallel blocks norm the FFN input with `attn_norm_2`, or share the attention's.
+        let ffn_norm_name = match c.arch.parallel {
+            true if t.has("attn_norm_2") => Some("attn_norm_2"),
+            true => None,
+            false => Some("ffn_norm"),
+        };
+        let norms = take_norms(c, &mut t, ffn_norm_name)?;
+        let biases = take_biases(c, &mut t, ffn_norm_name)?;
+        let layer = LayerWeights {
+            attn_norm: norms.attn,
+            wq,
+            wk,
+            wv,
+            wo,
+            ffn_norm: norms.ffn,
+            w_gate: ffn.gate,
+            w_up: ffn.up,
+            w_down: ffn.down,
+            moe: ffn.moe,
+            qkv_bias: biases.qkv,
+            qk_norm: norms.qk,
+            post_norms: norms.post,
+            norm_bias: biases.norm,
+            out_bias: biases.out,
+            ffn_bias: biases.ffn,
+        };
+        Ok((layer, ffn.down_t))
+    }
+}
+
+/// A mixture of experts' FFN: the router, the merged expert tensors (viewed per expert) and
+/// the shared expert where the family has one, with its gate.
+fn take_moe_ffn(c: &ModelConfig, t: &mut LayerTensors<'_>) -> Result<FfnTensors> {
+    let gate_inp = match (c.moe.shared_ffn_dim, c.moe.shared_gate) {
+        (1.., true) => Some(t.vector("ffn_gate_inp_shexp")?),
+        _ => None,
+    };
+    let (router, gate, up, down) = (
+        t.take("ffn_gate_inp")?,
+        t.take("ffn_gate_exps")?,
+        t.take("ffn_up_exps")?,
+        t.take("ffn_down_exps")?,
+    );
+    let shared = match c.moe.shared_ffn_dim {
+        0 => None,
+        _ => Some(SharedExpert {
+            gate_inp,
+            gate: t.take("ffn_gate_shexp")?,
+            up: t.take("ffn_up_shexp")?,
+            down: t.take("ffn_down_shexp")?,
+        }),
+    };
+    let moe = MoeWeights::new(&c.moe, router, &gate, &up, &down, shared)?;
+    Ok(FfnTensors {
+        gate,
+        up,
+        down,
+        moe: Some(moe),
+        down_t: None,
+    })
+}
+
+/// A dense FFN: gate and up (one activated projection without a gate), the down projection,
+/// and the transposed one if the file gives it (the down projection is then made from it when
+/// the file has no `ffn_down`).
+fn take_dense_ffn(c: &ModelConfig, t: &mut LayerTensors<'_>) -> Result<FfnTensors> {
+    // Without a gate the one input projection (`ffn_up`, OPT's fc1) is the activated one.
+    let (gate, up) = match c.arch.no_gate {
+        true => {
+            let w = t.take("ffn_up")?;
+            (w.clone(), w)
+        }
+        false => (t.take("ffn_gate")?, t.take("ffn_up")?),
+    };
+    let down_t = match t.has("ffn_down_t") {
+        true => Some(t.take("ffn_down_t")?),
+        false => None,
+    };
+    let down = match (&down_t, t.has("ffn_down")) {
+        (Some(dt), false) => crate::transpose::transpose(dt)?,
+        _ => t.take("ffn_down")?,
+    };
+    Ok(FfnTensors {
+        gate,
+        up,
+        down,
+        moe: None,
+        down_t,
+    })
+}
+
+/// The layer's norms; the FFN's is named `ffn_norm_name` (None: it shares the attention's).
+fn take_norms(
+    c: &ModelConfig,
+    t: &mut LayerTensors<'_>,
+    ffn_norm_name: Option<&str>,
+) -> Result<LayerNorms> {
+    let a = &c.arch;
+    let attn = t.norm("attn_norm")?;
+    let ffn = match ffn_norm_name {
+        Some(s) => t.norm(s)?,
+        None => attn.clone(),
+    };
+    let qk = match a.qk_norm {
+        true => Some([t.norm("attn_q_norm")?, t.norm("attn_k_norm")?]),
+        false => None,
+    };
+    let post = match a.post_norms {
+        true => Some([t.norm("post_attention_norm")?, t.norm("post_ffw_norm")?]),
+        false => None,
+    };
+    Ok(LayerNorms {
+        attn,
+        ffn,
+        qk,
+        post,
+    })
+}
+
+/// The layer's biases the family has; the FFN norm's is that of `ffn_norm_name` (None: the
+/// attention norm's).
+fn take_biases(
+    c: &ModelConfig,
+    t: &mut LayerTensors<'_>,
+    ffn_norm_name: Option<&str>,
+) -> Result<LayerBiases> {
+    let a = &c.arch;
+    let norm = match a.layer_norm {
+        true => {
+            let attn = t.vector("attn_norm.bias")?;
+            let ffn = match ffn_norm_name {
+                Some(s) => t.vector(&format!("{s}.bias"))?,
+                None => attn.clone(),
+            };
+            Some([attn, ffn])
+        }
+        false => None,
+    };
+    let out = match a.out_bias {
+        true => Some(t.vector("attn_output.bias")?),
+        false => None,
+    };
+    let ffn = match a.ffn_bias {
+        true => Some([t.vector("ffn_up.bias")?, t.vector("ffn_down.bias")?]),
+        false => None,
+    };
+    let qkv = match a.qkv_bias {
+        true => Some([
+            t.vector("attn_q.bias")?,
+            t.vector("attn_k.bias")?,
+            t.vector("attn_v.bias")?,
+        ]),
+        false => None,
+    };
+    Ok(LayerBiases {
+        norm,
+        out,
+        ffn,
+        qkv,
+    })
+}
