@@ -546,7 +546,11 @@ fn predictor_mode_on_either_side() {
             cpu_pred.predictor = vec![false; n];
             let mut mixed = cpu_pred.clone();
             mixed.predictor[1] = true;
-            for l in [gpu_pred, cpu_pred, mixed, Layout::all_gpu(n, ffn)] {
+            // A layer all hot after one with cold neurons, both predicted on the GPU: the
+            // second has no cold neurons to compute (none left over from the first).
+            let mut uneven = gpu_pred.clone();
+            uneven.hot[n - 1] = (0..ffn as u32).collect();
+            for l in [gpu_pred, cpu_pred, mixed, uneven, Layout::all_gpu(n, ffn)] {
                 check(&m, &mode, &l, dev, 12);
             }
         }

@@ -448,11 +448,13 @@ impl<B: Backend> FfnPass<'_, B> {
                 &mut sc.active,
                 None,
             )?;
+            // Cleared whether or not the layer has cold neurons: a layer all hot computes none
+            // (not those the previous layer left).
+            cpu.cold_active.clear();
             if !table.cold.is_empty() {
                 cpu.flags.resize(c.ffn_dim, 0);
                 self.link.down(l, &sc.active, 0, &mut cpu.flags)?;
                 self.link.enter(l, HybridPhase::CpuPredictor);
-                cpu.cold_active.clear();
                 let on = &cpu.flags;
                 cpu.cold_active
                     .extend(table.cold.iter().filter(|&&i| on[i as usize] != 0));
