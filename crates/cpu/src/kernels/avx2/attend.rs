@@ -4,7 +4,7 @@
 
 use super::hsum;
 use crate::kernels::exp_nonpositive;
-use crate::ops::attend::Head;
+use crate::operands::attention::Head;
 use std::arch::x86_64::*;
 
 /// Output values held in registers per pass over the positions.

@@ -26,8 +26,8 @@ mod wide_float;
 mod wide_k;
 mod wide_tile;
 
-use crate::ops::attend::Head;
-use crate::ops::attend_block::{ScoreBlock, ValueBlock};
+use crate::operands::attention::Head;
+use crate::operands::attention::{ScoreBlock, ValueBlock};
 use formats::{with_format, with_rows, with_wide_float, Format};
 pub(crate) use int16::XQuant;
 pub(crate) use int_tile::{
