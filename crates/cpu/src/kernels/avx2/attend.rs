@@ -2,7 +2,7 @@
 //! horizontal sum per position, the softmax on the shared exp, and the weighted value sum with
 //! the output held in registers 32 values at a time while every position's value rows stream by.
 
-use super::hsum;
+use super::reduce::hsum;
 use crate::kernels::exp_nonpositive;
 use crate::operands::attention::Head;
 use std::arch::x86_64::*;

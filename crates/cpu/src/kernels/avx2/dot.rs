@@ -2,8 +2,8 @@
 //! so every x vector loaded from memory feeds `R` rows (the path for an x that the int16 kernel
 //! of [`super::int16`] cannot take; the float formats' kernel is [`super::rows::float_dot`]).
 
-use super::hsum;
 use super::quant::{Offset, QuantFormat};
+use super::reduce::hsum;
 use super::rows::RowGroup;
 use std::arch::x86_64::*;
 

@@ -18,6 +18,7 @@ mod kquant;
 mod q4_axpy;
 mod quant;
 mod read;
+mod reduce;
 mod rows;
 mod split8;
 mod tile;
@@ -28,6 +29,7 @@ mod wide_tile;
 
 use crate::operands::attention::Head;
 use crate::operands::attention::{ScoreBlock, ValueBlock};
+use crate::simd::{debug_check_level, debug_check_wide};
 use formats::{with_format, with_rows, with_wide_float, Format};
 pub(crate) use int16::XQuant;
 pub(crate) use int_tile::{
@@ -38,7 +40,6 @@ use powerinfer_core::DType;
 use quant::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use rows::RowGroup;
 pub(crate) use rows::{axpy_group, dot_group, GROUP};
-use std::arch::x86_64::*;
 
 /// Rows computed together by the dense f32-x matvec kernels.
 const ROWS: usize = 4;
@@ -59,28 +60,6 @@ fn prefetch_tiles(tile_bytes: usize) -> usize {
     PREFETCH_BYTES.div_ceil(tile_bytes.max(1)).max(1)
 }
 
-/// A horizontal reduction of the eight lanes of a vector with `$op` (packed) and `$op_ss`.
-macro_rules! horizontal {
-    ($(#[$doc:meta])* $name:ident, $op:ident, $op_ss:ident) => {
-        $(#[$doc])*
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        fn $name(v: __m256) -> f32 {
-            let s = $op(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-            let s = $op(s, _mm_movehl_ps(s, s));
-            _mm_cvtss_f32($op_ss(s, _mm_movehdup_ps(s)))
-        }
-    };
-}
-horizontal!(
-    /// Sum of the eight lanes.
-    hsum, _mm_add_ps, _mm_add_ss
-);
-horizontal!(
-    /// Largest of the eight lanes.
-    hmax, _mm_max_ps, _mm_max_ss
-);
-
 /// The `wide` arguments to test on this CPU: false, and true where it has the AVX-512 level.
 #[cfg(test)]
 pub(crate) fn wide_choices() -> Vec<bool> {
@@ -89,16 +68,6 @@ pub(crate) fn wide_choices() -> Vec<bool> {
         v.push(true);
     }
     v
-}
-
-/// Panic unless this CPU really has the AVX-512 level (a debug-build guard for `wide` calls).
-fn debug_check_wide(wide: bool) {
-    debug_assert!(!wide || crate::simd::detect() == crate::simd::Level::Avx512);
-}
-
-/// Panic unless this CPU really has the features (a debug-build guard).
-fn debug_check_level() {
-    debug_assert!(crate::simd::detect().is_x86_simd());
 }
 
 /// out[i] = dot(row i, x) over consecutive rows of `row_bytes` bytes (sizes checked by callers).

@@ -10,8 +10,8 @@
 //! Reached only through [`crate::dispatch`] once AVX2/FMA/F16C have been detected.
 
 use super::formats::{with_format, with_rows, with_wide_float, FloatFormat, Format};
-use super::hsum;
 use super::quant::{Offset, QuantFormat};
+use super::reduce::hsum;
 use super::wide_float;
 use powerinfer_core::DType;
 use std::arch::x86_64::*;
@@ -73,7 +73,7 @@ pub(crate) fn axpy_group(
     y: &mut [f32],
     wide: bool,
 ) {
-    super::debug_check_wide(wide);
+    crate::simd::debug_check_wide(wide);
     let g = RowGroup::checked(dtype, rows, next, y.len(), a.len());
     // SAFETY: features detected (the dispatcher's contract, checked in debug builds), the
     // AVX-512 level where `wide`; the check above keeps every row's y.len() weights readable.
@@ -97,7 +97,7 @@ pub(crate) fn dot_group(
     out: &mut [f32],
     wide: bool,
 ) {
-    super::debug_check_wide(wide);
+    crate::simd::debug_check_wide(wide);
     let g = RowGroup::checked(dtype, rows, next, x.len(), out.len());
     // SAFETY: features detected (the dispatcher's contract, checked in debug builds), the
     // AVX-512 level where `wide`; the check above keeps every row's x.len() weights readable.
