@@ -5,8 +5,7 @@
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::avx2;
 use crate::kernels::scalar;
-use crate::operands::attention::Head;
-use crate::operands::attention::{ScoreBlock, ValueBlock};
+use crate::operands::attention::{Head, ScoreBlock, ValueBlock};
 use crate::simd::Level;
 use powerinfer_core::DType;
 

@@ -4,7 +4,7 @@
 
 use super::quant::{Offset, QuantFormat};
 use super::reduce::hsum;
-use super::rows::RowGroup;
+use super::row_group::RowGroup;
 use std::arch::x86_64::*;
 
 /// out[i] = dot(row i, x) for the group's first `R` quantized rows (its fetch addresses are not

@@ -301,7 +301,7 @@ impl_legacy!(Q4_1, 1);
 impl_legacy!(Q5_1, 1);
 
 /// `$body` with `$F` bound to the [`IntTile`] type of `$dtype` (a quantized format), in the
-/// style of `formats::with_format`.
+/// style of `select::with_format`.
 macro_rules! with_tile_format {
     ($dtype:expr, $F:ident => $body:expr) => {
         with_tile_format!(@ $dtype, $F => $body; Q8_0 = Q8_0, Q4_0 = Q4_0, Q4_1 = Q4_1,

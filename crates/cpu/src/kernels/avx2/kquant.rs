@@ -11,7 +11,7 @@
 
 use super::int16::XQuant;
 use super::reduce::hsum;
-use super::rows::{fetch_lines, RowGroup};
+use super::row_group::{fetch_lines, RowGroup};
 use powerinfer_core::dequantize::k3_scale;
 use std::arch::x86_64::*;
 

@@ -5,6 +5,12 @@
 //! run the 512-bit forms of [`wide`] (int16-x dot of the 32-block formats), [`wide_float`]
 //! (float-format rows) and [`wide_tile`] (matmul tile) instead; the AVX-512 level's matmul of
 //! quantized rows takes the integer tile of [`int_tile`].
+//!
+//! Layering (each file imports only files below it; none imports this one): [`reduce`]
+//! (horizontal sums), [`row_group`] (rows read together and their cache hints), [`quant`] and
+//! [`formats`] (how formats decode, the [`formats::Format`] trait), the generic kernels
+//! ([`rows`], [`dot`], [`dequant`], [`int16`], [`kquant`], ...), [`select`] (each dtype's
+//! `Format` impl and the macros that pick one at run time), and this module's entry points.
 
 mod attend;
 mod attend_block;
@@ -19,7 +25,9 @@ mod q4_axpy;
 mod quant;
 mod read;
 mod reduce;
+mod row_group;
 mod rows;
+mod select;
 mod split8;
 mod tile;
 mod wide;
@@ -27,10 +35,9 @@ mod wide_float;
 mod wide_k;
 mod wide_tile;
 
-use crate::operands::attention::Head;
-use crate::operands::attention::{ScoreBlock, ValueBlock};
+use crate::operands::attention::{Head, ScoreBlock, ValueBlock};
 use crate::simd::{debug_check_level, debug_check_wide};
-use formats::{with_format, with_rows, with_wide_float, Format};
+use formats::Format;
 pub(crate) use int16::XQuant;
 pub(crate) use int_tile::{
     rows_times_tokens as int_tile_rows, token_fits as int_tile_fits, XTile,
@@ -38,8 +45,9 @@ pub(crate) use int_tile::{
 };
 use powerinfer_core::DType;
 use quant::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
-use rows::RowGroup;
-pub(crate) use rows::{axpy_group, dot_group, GROUP};
+use row_group::RowGroup;
+pub(crate) use row_group::GROUP;
+use select::{with_format, with_rows, with_wide_float};
 
 /// Rows computed together by the dense f32-x matvec kernels.
 const ROWS: usize = 4;
@@ -114,6 +122,52 @@ unsafe fn rows_with<F: Format>(base: *const u8, row_bytes: usize, x: &[f32], out
         let group = RowGroup::strided(base, row_bytes, i, i + 1);
         // SAFETY: row i is within the rows per the caller.
         unsafe { F::dot::<1>(&group, x, std::slice::from_mut(o)) };
+    }
+}
+
+/// y += Σ_i a[i] · row i, for the `n <= GROUP` rows `rows[..n]`, each holding `y.len()` weights
+/// of `dtype` (sizes checked by the caller).
+/// `wide`: float-format rows take the 512-bit kernel (only on the AVX-512 level).
+pub(crate) fn axpy_group(
+    dtype: DType,
+    rows: &[&[u8]],
+    next: &[&[u8]],
+    a: &[f32],
+    y: &mut [f32],
+    wide: bool,
+) {
+    debug_check_wide(wide);
+    let g = RowGroup::checked(dtype, rows, next, y.len(), a.len());
+    // SAFETY: features detected (the dispatcher's contract, checked in debug builds), the
+    // AVX-512 level where `wide`; the check above keeps every row's y.len() weights readable.
+    unsafe {
+        with_rows!(rows.len(), R => with_wide_float!(wide, dtype,
+            F => wide_float::axpy::<F, R>(&g, a, y),
+            else => with_format!(dtype, F => F::axpy::<R>(&g, a, y))))
+    }
+}
+
+/// out[i] = dot(rows[i], x) for the `n <= GROUP` rows `rows[..n]`, each holding `x.len()`
+/// values of `dtype` (sizes checked by the caller), fetching the `next` rows alongside.
+/// Quantized rows take the f32 path here; the int16-x kernel (`super::scattered_dot_i16`) is
+/// the fast one for them.
+/// `wide`: float-format rows take the 512-bit kernel (only on the AVX-512 level).
+pub(crate) fn dot_group(
+    dtype: DType,
+    rows: &[&[u8]],
+    next: &[&[u8]],
+    x: &[f32],
+    out: &mut [f32],
+    wide: bool,
+) {
+    debug_check_wide(wide);
+    let g = RowGroup::checked(dtype, rows, next, x.len(), out.len());
+    // SAFETY: features detected (the dispatcher's contract, checked in debug builds), the
+    // AVX-512 level where `wide`; the check above keeps every row's x.len() weights readable.
+    unsafe {
+        with_rows!(rows.len(), R => with_wide_float!(wide, dtype,
+            F => wide_float::dot::<F, R>(&g, x, out),
+            else => with_format!(dtype, F => F::dot::<R>(&g, x, out))))
     }
 }
 
