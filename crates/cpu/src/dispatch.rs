@@ -5,8 +5,7 @@
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::avx2;
 use crate::kernels::scalar;
-use crate::ops::attend::Head;
-use crate::ops::attend_block::{ScoreBlock, ValueBlock};
+use crate::operands::attention::{Head, ScoreBlock, ValueBlock};
 use crate::simd::Level;
 use powerinfer_core::DType;
 
@@ -275,10 +274,10 @@ impl<'a> Activations<'a> {
 /// inputs.
 pub(crate) fn cols_tile(
     level: Level,
-    m: &crate::ops::input_major::InputMajor,
+    m: &crate::operands::input_major::InputMajor,
     t: (usize, usize),
-    a: &crate::ops::input_major::ActiveInput,
-    groups: &[crate::ops::input_major::GroupInput],
+    a: &crate::operands::input_major::ActiveInput,
+    groups: &[crate::operands::input_major::GroupInput],
     out: &mut [f32],
 ) {
     by_level!(level,

@@ -6,14 +6,16 @@
 //! [`reference`] module holds plain f64 loops every fast path is tested against.
 //!
 //! Layout: `ops` holds the public operations (shape checks, the parallel split), `kernels` the
-//! per-ISA kernels (`kernels::scalar`, `kernels::avx2`), and `dispatch` the one place that picks
-//! a kernel for the SIMD level. SIMD selection happens once per process;
-//! `POWERINFER_SIMD=scalar` forces the scalar path.
+//! per-ISA kernels (`kernels::scalar`, `kernels::avx2`), `dispatch` the one place that picks
+//! a kernel for the SIMD level, and `operands` what the ops hand to the kernels (so that ops
+//! reach the kernels only through `dispatch`, and no kernel imports an op). SIMD selection
+//! happens once per process; `POWERINFER_SIMD=scalar` forces the scalar path.
 
 mod bandwidth;
 mod check;
 mod dispatch;
 mod kernels;
+mod operands;
 mod ops;
 mod pool_start;
 pub mod reference;
@@ -22,9 +24,11 @@ mod simd;
 mod testutil;
 
 pub use bandwidth::{measure_format_bandwidth, measure_read_bandwidth, pseudo_random_weight};
-pub use ops::attend::{attend_head, HeadCache};
+pub use operands::attention::HeadCache;
+pub use operands::input_major::{ActiveInput, InputMajor};
+pub use ops::attend::attend_head;
 pub use ops::attend_block::{attend_block, block_attention_is_fast, BlockScratch, QueryBlock};
-pub use ops::input_major::{matvec_input, ActiveInput, InputMajor};
+pub use ops::input_major::matvec_input;
 pub use ops::matmul::matmul;
 pub use ops::matvec::{matvec, matvec_many};
 pub use ops::pass::{in_pass, Disjoint, Pass, PreparedX};

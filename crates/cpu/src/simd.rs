@@ -61,6 +61,20 @@ pub(crate) fn level() -> Level {
     })
 }
 
+/// Panic unless this CPU really has the AVX-512 level (a debug-build guard for the AVX2
+/// kernels' `wide` calls).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn debug_check_wide(wide: bool) {
+    debug_assert!(!wide || detect() == Level::Avx512);
+}
+
+/// Panic unless this CPU really has the AVX2/FMA/F16C features (a debug-build guard of the AVX2
+/// kernels).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn debug_check_level() {
+    debug_assert!(detect().is_x86_simd());
+}
+
 /// Every level this CPU can run, best first (tests run each kernel on all of them).
 #[cfg(test)]
 pub(crate) fn available() -> Vec<Level> {

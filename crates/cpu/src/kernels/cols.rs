@@ -3,7 +3,9 @@
 
 use half::{bf16, f16};
 
-use crate::ops::input_major::{line_pos, ActiveInput, GroupInput, InputMajor, Lines, ScaleType};
+use crate::operands::input_major::{
+    line_pos, ActiveInput, GroupInput, InputMajor, Lines, ScaleType,
+};
 
 /// The stored value of row `r` in a quantized column line (`q`, offset added back).
 #[inline]

@@ -4,8 +4,7 @@
 //! accumulation decodes a chunk of each row into a stack buffer and adds it in f32.
 
 use super::exp_nonpositive;
-use crate::ops::attend::Head;
-use crate::ops::attend_block::{ScoreBlock, ValueBlock};
+use crate::operands::attention::{Head, ScoreBlock, ValueBlock};
 use half::{bf16, f16};
 use powerinfer_core::DType;
 

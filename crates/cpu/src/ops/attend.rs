@@ -8,40 +8,8 @@
 //! polynomial and an exponent shift rather than a libm call per score).
 
 use crate::dispatch;
+use crate::operands::attention::{Head, HeadCache};
 use crate::simd;
-
-/// Where one head's keys and values sit: position p's vector is `hd` values starting at
-/// `p · stride` of `keys` and `values`.
-#[derive(Clone, Copy, Debug)]
-pub struct HeadCache<'a> {
-    pub keys: &'a [f32],
-    pub values: &'a [f32],
-    pub stride: usize,
-}
-
-/// One head's attention problem, as the kernels take it: the query (`hd = q.len()` values),
-/// the cache, the number of positions and the score scale.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Head<'a> {
-    pub(crate) q: &'a [f32],
-    pub(crate) cache: HeadCache<'a>,
-    pub(crate) n_pos: usize,
-    pub(crate) scale: f32,
-}
-
-impl Head<'_> {
-    /// Panic unless `n_pos >= 1`, `out` holds `hd` values and the cache `n_pos` positions.
-    pub(crate) fn check(&self, out: &[f32]) {
-        let hd = self.q.len();
-        assert!(self.n_pos > 0 && out.len() == hd, "attend_head: bad sizes");
-        let need = (self.n_pos - 1) * self.cache.stride + hd;
-        assert!(
-            self.cache.keys.len() >= need && self.cache.values.len() >= need,
-            "attend_head: the cache holds fewer than {} positions",
-            self.n_pos
-        );
-    }
-}
 
 /// `out = Σ_p softmax_p((q·k_p)·scale) · v_p` over positions `0..n_pos` of `cache`, with
 /// `scores` as scratch (resized to `n_pos`). `hd = q.len() = out.len()`.

@@ -15,8 +15,8 @@
 //! other levels the portable kernels of this op exist for tests and for callers that want one
 //! code path.
 
-use super::attend::HeadCache;
 use crate::dispatch;
+use crate::operands::attention::{HeadCache, ScoreBlock, ValueBlock};
 use crate::simd::{self, Level};
 
 /// Positions per score vector (the padding of the transposed keys and of every score row).
@@ -85,31 +85,6 @@ pub struct BlockScratch {
     s: Vec<f32>,
     /// 1 / Σ weights per query of a sub-block.
     inv: Vec<f32>,
-}
-
-/// A sub-block's scores as the kernels take them: s[b · width + p] = scale ·
-/// Σ_c q[b · q_stride + c] · kt[c · kt_stride + p] for b < n_q, p < width (a multiple of 16).
-pub(crate) struct ScoreBlock<'a> {
-    pub(crate) kt: &'a [f32],
-    pub(crate) kt_stride: usize,
-    pub(crate) width: usize,
-    pub(crate) hd: usize,
-    pub(crate) q: &'a [f32],
-    pub(crate) q_stride: usize,
-    pub(crate) n_q: usize,
-    pub(crate) scale: f32,
-}
-
-/// A sub-block's weighted sums as the kernels take them: out[b · out_stride + c] = inv[b] ·
-/// Σ_{p < np} s[b · width + p] · values[p · stride + c] for b < inv.len(), c < hd.
-pub(crate) struct ValueBlock<'a> {
-    pub(crate) s: &'a [f32],
-    pub(crate) width: usize,
-    pub(crate) np: usize,
-    pub(crate) inv: &'a [f32],
-    pub(crate) values: &'a [f32],
-    pub(crate) stride: usize,
-    pub(crate) hd: usize,
 }
 
 /// Whether this CPU takes the vectorised block kernels (else the per-query head kernel is

@@ -2,9 +2,9 @@
 //! horizontal sum per position, the softmax on the shared exp, and the weighted value sum with
 //! the output held in registers 32 values at a time while every position's value rows stream by.
 
-use super::hsum;
+use super::reduce::hsum;
 use crate::kernels::exp_nonpositive;
-use crate::ops::attend::Head;
+use crate::operands::attention::Head;
 use std::arch::x86_64::*;
 
 /// Output values held in registers per pass over the positions.

@@ -4,7 +4,7 @@
 //! on a vector form of [`crate::kernels::exp_nonpositive`], and the weighted value sums as a
 //! 4-query × 64-value register block while the value rows stream by.
 
-use crate::ops::attend_block::{ScoreBlock, ValueBlock};
+use crate::operands::attention::{ScoreBlock, ValueBlock};
 use std::arch::x86_64::*;
 
 /// Queries per register block.

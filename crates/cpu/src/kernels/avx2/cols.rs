@@ -9,7 +9,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::ops::input_major::{ActiveInput, GroupInput, InputMajor, Lines, ScaleType, SUB};
+use crate::operands::input_major::{ActiveInput, GroupInput, InputMajor, Lines, ScaleType, SUB};
 
 /// Eight consecutive entries of a scale table as f32.
 trait Table {

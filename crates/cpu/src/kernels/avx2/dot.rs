@@ -2,9 +2,9 @@
 //! so every x vector loaded from memory feeds `R` rows (the path for an x that the int16 kernel
 //! of [`super::int16`] cannot take; the float formats' kernel is [`super::rows::float_dot`]).
 
-use super::hsum;
 use super::quant::{Offset, QuantFormat};
-use super::rows::RowGroup;
+use super::reduce::hsum;
+use super::row_group::RowGroup;
 use std::arch::x86_64::*;
 
 /// out[i] = dot(row i, x) for the group's first `R` quantized rows (its fetch addresses are not

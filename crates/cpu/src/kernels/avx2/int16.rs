@@ -11,7 +11,7 @@
 //! dot (a per-block bias of x), so blocks of zero weights give exactly zero.
 
 use super::quant::{Offset, QuantFormat};
-use super::{hmax, hsum};
+use super::reduce::{hmax, hsum};
 use std::arch::x86_64::*;
 
 /// Largest int16 magnitude used for x: 127·256 + 127, so that x = 256·h + l splits into two
@@ -48,7 +48,7 @@ impl XQuant {
     /// Quantize `x` (length a multiple of 32); `None` when x holds a NaN or infinity (the f32
     /// path then propagates it faithfully).
     pub(crate) fn new(x: &[f32]) -> Option<XQuant> {
-        super::debug_check_level();
+        crate::simd::debug_check_level();
         let blocks = x.len() / 32;
         let padded = blocks.next_multiple_of(CHUNK);
         let mut xq = XQuant {

@@ -301,7 +301,7 @@ impl_legacy!(Q4_1, 1);
 impl_legacy!(Q5_1, 1);
 
 /// `$body` with `$F` bound to the [`IntTile`] type of `$dtype` (a quantized format), in the
-/// style of `formats::with_format`.
+/// style of `select::with_format`.
 macro_rules! with_tile_format {
     ($dtype:expr, $F:ident => $body:expr) => {
         with_tile_format!(@ $dtype, $F => $body; Q8_0 = Q8_0, Q4_0 = Q4_0, Q4_1 = Q4_1,
@@ -337,7 +337,7 @@ impl XTile {
     /// tile; `None` when x holds a NaN or infinity (the f32 path then propagates it). Callers
     /// first keep to the tokens [`token_fits`] accepts.
     pub(crate) fn new(dtype: DType, x: &[f32], n: usize, cols: usize) -> Option<XTile> {
-        super::debug_check_wide(true);
+        crate::simd::debug_check_wide(true);
         assert!(
             dtype.is_quantized()
                 && x.len() == n * cols
@@ -630,7 +630,7 @@ pub(crate) fn rows_times_tokens(
     x: &XTile,
     out: &mut [f32],
 ) {
-    super::debug_check_wide(true);
+    crate::simd::debug_check_wide(true);
     let dtype = x.dtype;
     assert!(
         out.len() == count * x.n

@@ -9,9 +9,9 @@
 //! weights), or each 16-weight half by its own (Q2_K, Q3_K, Q6_K: `PER16`); the mins enter as
 //! Σ min·Σx over the 16-weight halves (x's sums in f32).
 
-use super::hsum;
 use super::int16::XQuant;
-use super::rows::{fetch_lines, RowGroup};
+use super::reduce::hsum;
+use super::row_group::{fetch_lines, RowGroup};
 use powerinfer_core::dequantize::k3_scale;
 use std::arch::x86_64::*;
 

@@ -5,6 +5,12 @@
 //! run the 512-bit forms of [`wide`] (int16-x dot of the 32-block formats), [`wide_float`]
 //! (float-format rows) and [`wide_tile`] (matmul tile) instead; the AVX-512 level's matmul of
 //! quantized rows takes the integer tile of [`int_tile`].
+//!
+//! Layering (each file imports only files below it; none imports this one): [`reduce`]
+//! (horizontal sums), [`row_group`] (rows read together and their cache hints), [`quant`] and
+//! [`formats`] (how formats decode, the [`formats::Format`] trait), the generic kernels
+//! ([`rows`], [`dot`], [`dequant`], [`int16`], [`kquant`], ...), [`select`] (each dtype's
+//! `Format` impl and the macros that pick one at run time), and this module's entry points.
 
 mod attend;
 mod attend_block;
@@ -18,7 +24,10 @@ mod kquant;
 mod q4_axpy;
 mod quant;
 mod read;
+mod reduce;
+mod row_group;
 mod rows;
+mod select;
 mod split8;
 mod tile;
 mod wide;
@@ -26,9 +35,9 @@ mod wide_float;
 mod wide_k;
 mod wide_tile;
 
-use crate::ops::attend::Head;
-use crate::ops::attend_block::{ScoreBlock, ValueBlock};
-use formats::{with_format, with_rows, with_wide_float, Format};
+use crate::operands::attention::{Head, ScoreBlock, ValueBlock};
+use crate::simd::{debug_check_level, debug_check_wide};
+use formats::Format;
 pub(crate) use int16::XQuant;
 pub(crate) use int_tile::{
     rows_times_tokens as int_tile_rows, token_fits as int_tile_fits, XTile,
@@ -36,9 +45,9 @@ pub(crate) use int_tile::{
 };
 use powerinfer_core::DType;
 use quant::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
-use rows::RowGroup;
-pub(crate) use rows::{axpy_group, dot_group, GROUP};
-use std::arch::x86_64::*;
+use row_group::RowGroup;
+pub(crate) use row_group::GROUP;
+use select::{with_format, with_rows, with_wide_float};
 
 /// Rows computed together by the dense f32-x matvec kernels.
 const ROWS: usize = 4;
@@ -59,28 +68,6 @@ fn prefetch_tiles(tile_bytes: usize) -> usize {
     PREFETCH_BYTES.div_ceil(tile_bytes.max(1)).max(1)
 }
 
-/// A horizontal reduction of the eight lanes of a vector with `$op` (packed) and `$op_ss`.
-macro_rules! horizontal {
-    ($(#[$doc:meta])* $name:ident, $op:ident, $op_ss:ident) => {
-        $(#[$doc])*
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        fn $name(v: __m256) -> f32 {
-            let s = $op(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-            let s = $op(s, _mm_movehl_ps(s, s));
-            _mm_cvtss_f32($op_ss(s, _mm_movehdup_ps(s)))
-        }
-    };
-}
-horizontal!(
-    /// Sum of the eight lanes.
-    hsum, _mm_add_ps, _mm_add_ss
-);
-horizontal!(
-    /// Largest of the eight lanes.
-    hmax, _mm_max_ps, _mm_max_ss
-);
-
 /// The `wide` arguments to test on this CPU: false, and true where it has the AVX-512 level.
 #[cfg(test)]
 pub(crate) fn wide_choices() -> Vec<bool> {
@@ -89,16 +76,6 @@ pub(crate) fn wide_choices() -> Vec<bool> {
         v.push(true);
     }
     v
-}
-
-/// Panic unless this CPU really has the AVX-512 level (a debug-build guard for `wide` calls).
-fn debug_check_wide(wide: bool) {
-    debug_assert!(!wide || crate::simd::detect() == crate::simd::Level::Avx512);
-}
-
-/// Panic unless this CPU really has the features (a debug-build guard).
-fn debug_check_level() {
-    debug_assert!(crate::simd::detect().is_x86_simd());
 }
 
 /// out[i] = dot(row i, x) over consecutive rows of `row_bytes` bytes (sizes checked by callers).
@@ -145,6 +122,52 @@ unsafe fn rows_with<F: Format>(base: *const u8, row_bytes: usize, x: &[f32], out
         let group = RowGroup::strided(base, row_bytes, i, i + 1);
         // SAFETY: row i is within the rows per the caller.
         unsafe { F::dot::<1>(&group, x, std::slice::from_mut(o)) };
+    }
+}
+
+/// y += Σ_i a[i] · row i, for the `n <= GROUP` rows `rows[..n]`, each holding `y.len()` weights
+/// of `dtype` (sizes checked by the caller).
+/// `wide`: float-format rows take the 512-bit kernel (only on the AVX-512 level).
+pub(crate) fn axpy_group(
+    dtype: DType,
+    rows: &[&[u8]],
+    next: &[&[u8]],
+    a: &[f32],
+    y: &mut [f32],
+    wide: bool,
+) {
+    debug_check_wide(wide);
+    let g = RowGroup::checked(dtype, rows, next, y.len(), a.len());
+    // SAFETY: features detected (the dispatcher's contract, checked in debug builds), the
+    // AVX-512 level where `wide`; the check above keeps every row's y.len() weights readable.
+    unsafe {
+        with_rows!(rows.len(), R => with_wide_float!(wide, dtype,
+            F => wide_float::axpy::<F, R>(&g, a, y),
+            else => with_format!(dtype, F => F::axpy::<R>(&g, a, y))))
+    }
+}
+
+/// out[i] = dot(rows[i], x) for the `n <= GROUP` rows `rows[..n]`, each holding `x.len()`
+/// values of `dtype` (sizes checked by the caller), fetching the `next` rows alongside.
+/// Quantized rows take the f32 path here; the int16-x kernel (`super::scattered_dot_i16`) is
+/// the fast one for them.
+/// `wide`: float-format rows take the 512-bit kernel (only on the AVX-512 level).
+pub(crate) fn dot_group(
+    dtype: DType,
+    rows: &[&[u8]],
+    next: &[&[u8]],
+    x: &[f32],
+    out: &mut [f32],
+    wide: bool,
+) {
+    debug_check_wide(wide);
+    let g = RowGroup::checked(dtype, rows, next, x.len(), out.len());
+    // SAFETY: features detected (the dispatcher's contract, checked in debug builds), the
+    // AVX-512 level where `wide`; the check above keeps every row's x.len() weights readable.
+    unsafe {
+        with_rows!(rows.len(), R => with_wide_float!(wide, dtype,
+            F => wide_float::dot::<F, R>(&g, x, out),
+            else => with_format!(dtype, F => F::dot::<R>(&g, x, out))))
     }
 }
 

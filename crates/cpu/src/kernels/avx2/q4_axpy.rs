@@ -16,7 +16,8 @@
 //! goes to the f32 kernel instead, so infinities and NaNs propagate as in the reference.
 
 use super::quant::{Offset, QuantFormat};
-use super::rows::{fetch_lines, quant_axpy, RowGroup, GROUP};
+use super::row_group::{fetch_lines, RowGroup, GROUP};
+use super::rows::quant_axpy;
 use std::arch::x86_64::*;
 
 /// Blocks whose coefficients are prepared together (one per lane of an f32 vector).
@@ -229,7 +230,7 @@ unsafe fn integer_blocks<Q: QuantFormat, const R: usize>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::rows::axpy_group;
+    use super::super::axpy_group;
     use crate::simd::detect;
     use crate::testutil::{random_row, Rng};
     use half::f16;

@@ -112,7 +112,7 @@ pub(super) unsafe fn quant_rows_split<Q: SplitFormat, const R: usize, const FETC
         unsafe { chunk_dot::<Q, R>(p, xq, full, blocks - full, &mut acc, &mut offs) };
     }
     for ((a, m), o) in acc.iter().zip(&offs).zip(out.iter_mut()) {
-        *o = super::hsum(_mm256_add_ps(*a, *m));
+        *o = super::reduce::hsum(_mm256_add_ps(*a, *m));
     }
 }
 

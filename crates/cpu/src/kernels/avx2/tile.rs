@@ -2,7 +2,7 @@
 //! over columns so a stripe of the tile and of the tokens stays in L1, with an `MR`×`NT`
 //! register block of accumulators (MR rows × NT tokens) per column sweep.
 
-use super::hsum;
+use super::reduce::hsum;
 use std::arch::x86_64::*;
 
 /// Weight rows per register block.

@@ -160,7 +160,7 @@ pub(super) unsafe fn quant_rows_i16<Q: WideFormat, const R: usize, const FETCH: 
         unsafe { chunk_dot::<Q, R>(p, xq, full, blocks - full, &mut acc, &mut offs) };
     }
     for ((a, m), o) in acc.iter().zip(&offs).zip(out.iter_mut()) {
-        *o = _mm512_reduce_add_ps(*a) + super::hsum(*m);
+        *o = _mm512_reduce_add_ps(*a) + super::reduce::hsum(*m);
     }
 }
 

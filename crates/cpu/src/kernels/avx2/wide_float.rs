@@ -14,7 +14,7 @@
 //! are read with masked loads, which never touch the values past a row's end.
 
 use super::formats::{Bf16, FloatFormat, F16, F32};
-use super::rows::{RowGroup, GROUP};
+use super::row_group::{RowGroup, GROUP};
 use std::arch::x86_64::*;
 
 /// How far ahead of its reads the dense dot ([`rows_dot`]) fetches, in bytes.

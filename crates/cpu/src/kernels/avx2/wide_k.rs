@@ -298,6 +298,6 @@ pub(super) unsafe fn rows_i16<K: WideK, const R: usize, const FETCH: bool>(
         }
     }
     for ((a, m), o) in acc.iter().zip(&mins).zip(out.iter_mut()) {
-        *o = _mm512_reduce_add_ps(*a) + super::hsum(_mm256_add_ps(m[0], m[1]));
+        *o = _mm512_reduce_add_ps(*a) + super::reduce::hsum(_mm256_add_ps(m[0], m[1]));
     }
 }

@@ -1,0 +1,62 @@
+//! What the attention kernels take: one head's cache ([`HeadCache`], public) and problem
+//! ([`Head`], for [`crate::ops::attend`]), and a query block's score and value products
+//! ([`ScoreBlock`], [`ValueBlock`], for [`crate::ops::attend_block`]). The ops build them; the
+//! kernels of every level (`crate::kernels::scalar`, `crate::kernels::avx2`) read them.
+
+/// Where one head's keys and values sit: position p's vector is `hd` values starting at
+/// `p · stride` of `keys` and `values`.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadCache<'a> {
+    pub keys: &'a [f32],
+    pub values: &'a [f32],
+    pub stride: usize,
+}
+
+/// One head's attention problem, as the kernels take it: the query (`hd = q.len()` values),
+/// the cache, the number of positions and the score scale.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Head<'a> {
+    pub(crate) q: &'a [f32],
+    pub(crate) cache: HeadCache<'a>,
+    pub(crate) n_pos: usize,
+    pub(crate) scale: f32,
+}
+
+impl Head<'_> {
+    /// Panic unless `n_pos >= 1`, `out` holds `hd` values and the cache `n_pos` positions.
+    pub(crate) fn check(&self, out: &[f32]) {
+        let hd = self.q.len();
+        assert!(self.n_pos > 0 && out.len() == hd, "attend_head: bad sizes");
+        let need = (self.n_pos - 1) * self.cache.stride + hd;
+        assert!(
+            self.cache.keys.len() >= need && self.cache.values.len() >= need,
+            "attend_head: the cache holds fewer than {} positions",
+            self.n_pos
+        );
+    }
+}
+
+/// A sub-block's scores as the kernels take them: s[b · width + p] = scale ·
+/// Σ_c q[b · q_stride + c] · kt[c · kt_stride + p] for b < n_q, p < width (a multiple of 16).
+pub(crate) struct ScoreBlock<'a> {
+    pub(crate) kt: &'a [f32],
+    pub(crate) kt_stride: usize,
+    pub(crate) width: usize,
+    pub(crate) hd: usize,
+    pub(crate) q: &'a [f32],
+    pub(crate) q_stride: usize,
+    pub(crate) n_q: usize,
+    pub(crate) scale: f32,
+}
+
+/// A sub-block's weighted sums as the kernels take them: out[b · out_stride + c] = inv[b] ·
+/// Σ_{p < np} s[b · width + p] · values[p · stride + c] for b < inv.len(), c < hd.
+pub(crate) struct ValueBlock<'a> {
+    pub(crate) s: &'a [f32],
+    pub(crate) width: usize,
+    pub(crate) np: usize,
+    pub(crate) inv: &'a [f32],
+    pub(crate) values: &'a [f32],
+    pub(crate) stride: usize,
+    pub(crate) hd: usize,
+}
