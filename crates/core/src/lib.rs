@@ -5,6 +5,7 @@
 pub mod buffer;
 pub mod config;
 pub mod dequantize;
+pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod files;
@@ -21,6 +22,7 @@ pub mod weight;
 pub use buffer::Buffer;
 pub use config::{Activation, ArchFeatures, ModelConfig, RopeScaling, RopeStyle, TensorShape};
 pub use dequantize::dequantize_row;
+pub use device::{Device, DEVICE_NAMES};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use kv_precision::KvPrecision;

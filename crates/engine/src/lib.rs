@@ -3,6 +3,7 @@
 //! kernels. Prompts are prefilled in batches (matrix-matrix); decoding is one matvec per weight.
 
 pub mod attention;
+pub mod device;
 pub mod down_t_file;
 pub mod ffn;
 pub mod forward;
@@ -10,6 +11,7 @@ pub mod hybrid;
 pub mod input_sparse;
 pub mod kv_cache;
 pub mod layer;
+pub mod modes;
 pub mod moe;
 mod moe_pass;
 pub mod neuron_store;

@@ -190,14 +190,10 @@ impl Session {
         self.hybrid = None;
         self.device = "cpu".into();
         self.capacity = None;
-        if device == "cpu" {
+        let parsed = powerinfer_core::Device::parse(device)?;
+        if !parsed.is_gpu() {
             return Ok(());
         }
-        powerinfer_core::ensure!(
-            hybrid::is_gpu_device(device),
-            Unsupported,
-            "device {device:?}: expected \"cpu\", \"gpu-sim\", \"gpu-emu\", \"cuda\" or \"cuda:N\""
-        );
         let Some(placement) = self.placement.clone() else {
             powerinfer_core::bail!(
                 Plan,
@@ -214,7 +210,7 @@ impl Session {
             h.after_cpu_pass(self.cache.len());
             self.hybrid = Some(h);
         }
-        self.device = device.to_string();
+        self.device = parsed.to_string();
         self.capacity = capacity;
         Ok(())
     }

@@ -259,12 +259,9 @@ impl Sparsity {
                 );
             }
             Sparsity::Input(p) => {
-                ensure!(
-                    !moe,
-                    Unsupported,
-                    "mixture-of-experts models run dense, exact-relu, threshold or predictor \
-                     experts; the input mode inside experts is not implemented yet"
-                );
+                if moe {
+                    crate::modes::refuse(SparsityMode::Input, crate::modes::Place::MoeCpu)?;
+                }
                 p.validate(n_layers)?
             }
             Sparsity::Predictor {

@@ -20,7 +20,7 @@ pub mod transfers;
 
 use std::sync::Arc;
 
-use powerinfer_core::{bail, ensure, Result};
+use powerinfer_core::{bail, ensure, Device, Result};
 use powerinfer_cuda::{Allocation, HostBackend};
 
 use crate::kv_cache::{KvCache, KvPrecision};
@@ -76,9 +76,23 @@ pub trait Hybrid: Send {
     fn truncate(&mut self, len: usize);
 }
 
-/// Device names [`open`] accepts: "gpu-sim", "gpu-emu", "cuda", "cuda:N".
+/// Device names [`open`] accepts: "gpu-sim", "gpu-emu", "cuda", "cuda:N" (the grammar of
+/// [`Device`]).
 pub fn is_gpu_device(name: &str) -> bool {
-    name == GPU_SIM || name == GPU_EMU || powerinfer_cuda::parse_device(name).is_ok()
+    Device::parse(name).is_ok_and(Device::is_gpu)
+}
+
+/// Refuse the modes the GPU side does not run (the `gpu` column of [`crate::modes::MODE_TABLE`],
+/// and for a mixture of experts, `moe`, its `moe_gpu` column). Every way into the hybrid
+/// executor asks this first (opening it, and the session switching the mode of an open one),
+/// before any work.
+pub(crate) fn refuse_cpu_only(mode: &Sparsity, moe: bool) -> Result<()> {
+    use crate::modes::{refuse, Place};
+    refuse(mode.mode(), Place::Gpu)?;
+    if moe {
+        refuse(mode.mode(), Place::MoeGpu)?;
+    }
+    Ok(())
 }
 
 /// Open `device` and upload what `placement` puts on it. `capacity` limits the device memory
@@ -86,25 +100,6 @@ pub fn is_gpu_device(name: &str) -> bool {
 /// [`Error::VramBudget`](powerinfer_core::Error::VramBudget) when the plan needs more than the
 /// device has free or the budget allows; [`Error::Plan`](powerinfer_core::Error::Plan) for a
 /// plan that puts nothing on the GPU.
-/// Refuse the modes the GPU side does not run: the input mode, and predictors inside the
-/// experts of a mixture of experts (`moe`). Every way into the hybrid executor asks this first
-/// (opening it, and the session switching the mode of an open one), before any work.
-pub(crate) fn refuse_cpu_only(mode: &Sparsity, moe: bool) -> Result<()> {
-    ensure!(
-        !matches!(mode, Sparsity::Input(_)),
-        Unsupported,
-        "the input sparsity mode runs on the CPU only (device=\"cpu\"); the hybrid executor \
-         has no input-sparse GPU kernels yet"
-    );
-    ensure!(
-        !(moe && matches!(mode, Sparsity::Predictor { .. })),
-        Unsupported,
-        "predictors inside experts run on the CPU only (device=\"cpu\"); the hybrid executor \
-         runs mixture-of-experts layers dense, exact-relu or threshold"
-    );
-    Ok(())
-}
-
 pub fn open(
     device: &str,
     model: &ModelWeights,
@@ -130,40 +125,36 @@ pub fn open(
         "the plan puts nothing on the GPU; run it with device=\"cpu\""
     );
     refuse_cpu_only(mode, model.config.moe.is_moe())?;
-    if device == GPU_SIM {
-        let dev = match capacity {
-            Some(bytes) => HostBackend::with_capacity(bytes),
-            None => HostBackend::new(),
-        };
-        return build(dev, model, placement, mode, capacity);
-    }
-    if device == GPU_EMU {
+    let device = crate::device::check_device(device)?;
+    match device {
+        Device::Cpu => bail!(Plan, "the CPU device runs no plan's GPU side"),
+        Device::GpuSim => {
+            let dev = match capacity {
+                Some(bytes) => HostBackend::with_capacity(bytes),
+                None => HostBackend::new(),
+            };
+            build(dev, model, placement, mode, capacity)
+        }
         #[cfg(feature = "emu")]
-        return build(
+        Device::GpuEmu => build(
             powerinfer_cuda::EmuBackend::new(capacity),
             model,
             placement,
             mode,
             capacity,
-        );
-        #[cfg(not(feature = "emu"))]
-        bail!(
-            Unsupported,
-            "gpu-emu: this build has no emulator (the `emu` feature); use device=\"gpu-sim\""
-        );
+        ),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) => build(
+            powerinfer_cuda::CudaDevice::new(n)?,
+            model,
+            placement,
+            mode,
+            capacity,
+        ),
+        // What this build lacks, `check_device` refused above.
+        #[allow(unreachable_patterns)]
+        _ => bail!(Other, "{device}: not in this build"),
     }
-    let _ordinal = powerinfer_cuda::parse_device(device)?;
-    #[cfg(feature = "cuda")]
-    {
-        let dev = powerinfer_cuda::CudaDevice::from_name(device)?;
-        build(dev, model, placement, mode, capacity)
-    }
-    #[cfg(not(feature = "cuda"))]
-    bail!(
-        Unsupported,
-        "{device}: this build has no CUDA support; use device=\"gpu-sim\" to run the plan's GPU \
-         side on the host"
-    )
 }
 
 fn build<B: powerinfer_cuda::Backend>(
