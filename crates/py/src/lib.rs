@@ -8,6 +8,7 @@ mod config;
 mod convert;
 mod cuda;
 mod exceptions;
+mod facts;
 mod model;
 mod paths;
 mod plan;
@@ -128,6 +129,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     exceptions::register(m)?;
     cuda::register(m)?;
+    facts::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // The most reader threads a neuron store (or a storage probe) starts.
     m.add(
