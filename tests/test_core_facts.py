@@ -5,7 +5,9 @@ tests fail when Python grows its own copy again and the two drift."""
 from __future__ import annotations
 
 import argparse
+import json
 
+import numpy as np
 import pytest
 
 from powerinfer_rs import _core
@@ -134,3 +136,99 @@ def test_info_reads_the_table(synth_gguf):
 def _rust_debug(s: str) -> str:
     """``s`` as Rust's ``{:?}`` writes it (the tests' names: ASCII, or printable non-ASCII)."""
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+# ----------------------------------------------------------------------------- the plan reader
+def _plan(synth_gguf, tmp_path, **kw):
+    """A tiny model and a plan file for it (GPU neurons at 1 MiB; a RAM tier with ``ram``)."""
+    from powerinfer_rs.formats.plan import save_plan
+    from powerinfer_rs.formats.profile import synthetic_profile
+    from powerinfer_rs.loading import load_model
+    from powerinfer_rs.planning import load_hardware, make_plan
+
+    model = load_model(synth_gguf(dtype="Q8_0", dim=64, ffn=256, layers=3, heads=4, kv_heads=2,
+                                  vocab=300, activation="relu"))  # fmt: skip
+    profile = synthetic_profile(3, 256, 1000, seed=0, model_fingerprint=model.fingerprint)
+    hw = load_hardware("cpu-only" if "ram_budget" in kw else "rtx4090")
+    budget = 0 if "ram_budget" in kw else 2**20
+    plan = make_plan(model, profile, hw, budget, context=64, min_neurons=0, solver="greedy",
+                     objective="mass", **kw)  # fmt: skip
+    return model, plan, save_plan(plan, tmp_path / "p.safetensors")
+
+
+def test_python_reads_plans_through_the_engines_reader(synth_gguf, tmp_path):
+    from powerinfer_rs.formats.plan import load_plan
+
+    model, plan, path = _plan(synth_gguf, tmp_path)
+    raw = _core.read_plan(path)
+    back = load_plan(path, model)
+    assert raw["n_layers"] == back.n_layers == 3 and raw["gpu_bytes"] == back.gpu_bytes
+    for a, b, c in zip(raw["gpu_neurons"], back.gpu_neurons, plan.gpu_neurons):
+        assert a.dtype == np.int64 and np.array_equal(a, b) and np.array_equal(a, c)
+    assert back.to_json() == json.loads(json.dumps(plan.to_json()))
+    assert raw["ram_neurons"] is None and back.ram_neurons is None
+    # The engine's own reading of the same file agrees.
+    from powerinfer_rs import Engine
+
+    adopted = Engine(model, threads=1).core_model.load_plan(str(path), model.fingerprint)
+    for a, b in zip(adopted.hot_neurons, back.gpu_neurons):
+        assert np.array_equal(a, b)
+
+
+def test_a_ram_tier_is_read_by_rust_and_the_engine_takes_the_file(synth_gguf, tmp_path):
+    from powerinfer_rs import Engine
+    from powerinfer_rs.formats.plan import load_plan
+
+    model, plan, path = _plan(synth_gguf, tmp_path, ram_budget=2**30, store_cluster=2)
+    raw = _core.read_plan(path)
+    assert raw["ram_neurons"] is not None
+    for a, b in zip(raw["ram_neurons"], plan.ram_neurons):
+        assert np.array_equal(a, b)
+    assert load_plan(path, model).ram == json.loads(json.dumps(plan.ram))
+    Engine(model, threads=1, plan=path)  # the engine's reader takes a RAM tier's tensors
+
+
+def _edited(path, out, edit_meta=None, edit_tensors=None):
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    with safe_open(str(path), "numpy") as f:
+        meta, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+    j = json.loads(meta["plan"])
+    if edit_meta:
+        edit_meta(j)
+    if edit_tensors:
+        edit_tensors(tensors)
+    meta["plan"] = json.dumps(j)
+    save_file(tensors, str(out), meta)
+    return out
+
+
+BROKEN = {
+    "buckets disagree": (lambda j: j["placement"].update(ffn_buckets=[9, 9, 9]), None),
+    "short ranks": (lambda j: j["predictors"].update(ranks=[1]), None),
+    "float context": (lambda j: j.update(context=2.5), None),
+    "kv cache": (lambda j: j.update(kv_cache="f8"), None),
+    "twice": (None, lambda t: t.update({"blk.0.gpu_neurons": np.array([1, 1], np.int32)})),
+    "out of range": (None, lambda t: t.update({"blk.1.gpu_neurons": np.array([999], np.int32)})),
+}
+
+
+@pytest.mark.parametrize("what", list(BROKEN))
+def test_one_error_path_for_a_broken_plan(synth_gguf, tmp_path, what):
+    """Python's reader and the engine's raise the same PlanError, in the engine's words."""
+    from powerinfer_rs import Engine
+    from powerinfer_rs.errors import PlanError
+    from powerinfer_rs.formats.plan import load_plan
+
+    model, _, path = _plan(synth_gguf, tmp_path)
+    bad = _edited(path, tmp_path / "bad.safetensors", *BROKEN[what])
+    with pytest.raises(PlanError) as py_side:
+        load_plan(bad, model)
+    with pytest.raises(PlanError) as rust_side:
+        _core.read_plan(bad)
+    assert str(py_side.value) == str(rust_side.value)
+    assert str(bad) in str(py_side.value)
+    with pytest.raises(PlanError) as engine_side:
+        Engine(model, threads=1).core_model.load_plan(str(bad), model.fingerprint)
+    assert str(engine_side.value) == str(py_side.value)

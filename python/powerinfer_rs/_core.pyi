@@ -67,6 +67,14 @@ def sparsity_modes() -> list[dict[str, Any]]:
 def mode_refusal(mode: str, place: str) -> str | None:
     """Why ``mode`` does not run at ``place`` (the engine's text), or None where it does."""
 
+def read_plan(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The plan file at ``path`` read by the engine's reader (PlanError, naming the file, for
+    anything malformed): ``model_fingerprint``, ``n_layers``, ``ffn_dim``, ``bucket``,
+    ``context``, ``kv_cache``, ``budget_bytes``, ``gpu_bytes``, ``attention``, ``predictor``,
+    ``ffn_buckets``, ``output``, ``predictor_allocations``, ``predictor_ranks``,
+    ``gpu_neurons`` (int64 arrays per layer), ``ram_neurons`` (the same, or None) and
+    ``json`` (the whole ``plan`` metadata text)."""
+
 SPARSITY_MODES: tuple[str, ...]
 """The sparsity mode names the engine accepts ("dense", "exact-relu", "threshold", ...)."""
 INPUT_SITES: tuple[str, ...]
