@@ -100,10 +100,11 @@ impl Session {
         if self.hybrid.is_some() {
             crate::hybrid::refuse_cpu_only(&mode, c.moe.is_moe())?;
         }
-        // Exact-relu experts read their transposed down rows from a neuron store where one is
-        // attached: no copy in memory then. Predictor and threshold experts read them from
-        // the transposed copy.
-        let stored = self.model.neuron_store().is_some() && matches!(mode, Sparsity::ExactRelu);
+        // Experts in a mode the store serves (the mode table's moe_store: exact-relu; dense
+        // reads no transposed rows) read their transposed down rows from a neuron store where
+        // one is attached: no copy in memory then. Predictor and threshold experts read them
+        // from the transposed copy.
+        let stored = self.model.neuron_store().is_some() && mode.mode().support().moe_store;
         if c.moe.is_moe()
             && !stored
             && matches!(
@@ -127,8 +128,7 @@ impl Session {
             let model = &self.model;
             // A neuron store holds the transposed rows exact-relu and predictor mode read: no
             // copy in memory (threshold mode still builds it).
-            let stored = model.neuron_store().is_some()
-                && matches!(mode, Sparsity::ExactRelu | Sparsity::Predictor { .. });
+            let stored = model.neuron_store().is_some() && mode.mode().support().store;
             if !stored {
                 self.pool.install(|| model.down_t().map(|_| ()))?;
             }
