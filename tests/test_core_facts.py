@@ -78,7 +78,7 @@ def test_plain_gpu_is_refused_and_says_which_to_use():
 @pytest.mark.parametrize("value", [None, 3, b"cuda", ["cpu"]])
 def test_a_device_that_is_no_string_is_refused_by_rust(value):
     for call in (_core.parse_device, _core.check_device, check_device):
-        with pytest.raises(UnsupportedError, match=f"device must be a string, {NAMES}, got "):
+        with pytest.raises(UnsupportedError, match=rf"device must be a string \({NAMES}\), got "):
             call(value)
 
 

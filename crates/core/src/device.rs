@@ -58,7 +58,7 @@ impl Device {
     /// The refusal of a device that is not a string at all (`what` describes it).
     pub fn not_a_name(what: &str) -> Error {
         Error::Unsupported(format!(
-            "device must be a string, {DEVICE_NAMES}, got {what}"
+            "device must be a string ({DEVICE_NAMES}), got {what}"
         ))
     }
 

@@ -32,11 +32,6 @@ pub use executor::Executor;
 pub use phase_clock::{HybridPhase, PhaseStats};
 pub use transfers::{TransferStats, Transfers};
 
-/// The device name of the host backend.
-pub const GPU_SIM: &str = "gpu-sim";
-/// The device name of the emulator (the CUDA kernels on the CPU; needs the `emu` feature).
-pub const GPU_EMU: &str = "gpu-emu";
-
 /// A hybrid executor on some backend, as a session holds it.
 pub trait Hybrid: Send {
     /// The device, e.g. "gpu-sim" or "cuda:0 (NVIDIA H200, sm_90)".
@@ -74,12 +69,6 @@ pub trait Hybrid: Send {
     fn after_cpu_pass(&mut self, len: usize);
     /// The context was cut to `len` positions.
     fn truncate(&mut self, len: usize);
-}
-
-/// Device names [`open`] accepts: "gpu-sim", "gpu-emu", "cuda", "cuda:N" (the grammar of
-/// [`Device`]).
-pub fn is_gpu_device(name: &str) -> bool {
-    Device::parse(name).is_ok_and(Device::is_gpu)
 }
 
 /// Refuse the modes the GPU side does not run (the `gpu` column of [`crate::modes::MODE_TABLE`],
