@@ -301,3 +301,58 @@ def test_load_plan_refuses_a_plan_the_engine_would_exceed(engines, tmp_path):
     assert engine.plan is None
     engine.load_plan(cpu)
     assert engine.plan is not None and engine.gpu_allocation_report() == []
+
+
+def _family_model(synth_gguf, arch: str):
+    """A Q8_0 model of ``arch`` at this file's shape (a mixture of experts at its own)."""
+    from test_moe import MOE_ARCHS
+
+    if arch in MOE_ARCHS:
+        from test_hybrid_moe import SHAPE as MOE_SHAPE
+
+        act = "relu" if arch == "smallthinker" else "silu"
+        args = {**MOE_SHAPE, **MOE_ARCHS[arch], "activation": act}
+        return load_model(synth_gguf(dtype="Q8_0", seed=5, arch=arch, **args))
+    act = {"gemma2": "gelu", "gemma3": "gelu"}.get(arch, "relu")
+    extra = {"tie": True} if arch in ("gemma2", "gemma3", "opt") else {}
+    extra |= {"falcon": {"kv_heads": 1}, "opt": {"kv_heads": SHAPE["heads"]}}.get(arch, {})
+    return load_model(synth_gguf(dtype="Q8_0", activation=act, arch=arch, **{**SHAPE, **extra}))
+
+
+def _family_modes():
+    """(family, mode) for every family the tests build and every mode a plan is for there
+    (the engine's mode table: what the GPU side runs, inside experts for a mixture)."""
+    from test_moe import MOE_ARCHS
+
+    from powerinfer_rs.planning.model_shape import MOE_SPARSITIES, SPARSITIES
+
+    return [(a, m) for a in FAMILY_VECTORS for m in SPARSITIES] + [
+        (a, m) for a in MOE_ARCHS for m in MOE_SPARSITIES
+    ]
+
+
+@pytest.mark.parametrize(("arch", "mode"), _family_modes())
+def test_every_family_and_mode_report_equals_the_accounting(synth_gguf, arch, mode, tmp_path):
+    """The planner's Python accounting and the engine's Rust allocation list, on every family
+    (the dense ones and the mixtures of experts) and every mode a plan is made for: name for
+    name, byte for byte, at half and at all of the model's bytes."""
+    model = _family_model(synth_gguf, arch)
+    engine = Engine(model)
+    c = engine.config
+    if c.n_expert:
+        from test_hybrid_moe import measured_profile
+
+        profile = measured_profile(model)
+    else:
+        profile = synthetic_profile(
+            c.n_layers, c.ffn_dim, 1000, seed=0, model_fingerprint=model.fingerprint
+        )
+    total = sum(t.nbytes for t in model.tensors.values())
+    kw = dict(context=CONTEXT, bucket=32, sparsity=mode, objective="mass", min_neurons=0)
+    for share in (0.5, 4.0):
+        plan = make_plan(model, profile, load_hardware("rtx4090"), int(share * total),
+                         solver="greedy", **kw)  # fmt: skip
+        assert plan.predicted["sparsity"] == mode
+        path = save_plan(plan, tmp_path / f"{share}.safetensors")
+        report = check_report(engine, plan, path)
+        assert report, "a plan at half the model's bytes puts something on the GPU"

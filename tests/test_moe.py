@@ -9,6 +9,7 @@ same files in test_architectures_llamacpp.py (``MOE_ARCHS``)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -407,7 +408,11 @@ def test_info_describes_the_experts(synth_gguf, capsys):
     text = report(m, 1 << 30, None, 512)
     assert "experts      8 per layer of FFN 64, 2 per token (softmax)" in text
     assert "shared expert of FFN 96" in text
-    assert "threshold   not yet for mixtures of experts" in text
+    # The modes' lines follow the engine's table: threshold runs inside experts (the CPU and
+    # the GPU side), the input mode does not (the engine's own refusal).
+    assert re.search(r"threshold\s+yes, with per-layer thresholds.*inside each routed expert", text)
+    assert "input mode inside experts is not implemented yet" in text
+    assert "not yet for mixtures of experts" not in text
     assert "placement plans for mixtures of experts are not supported yet" in text
 
 

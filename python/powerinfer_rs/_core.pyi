@@ -50,6 +50,31 @@ GPU_DTYPES: tuple[str, ...]
 """The weight formats the GPU kernels take ("F32", ..., "Q4_K", "Q5_K", "Q6_K"); a plan putting a
 matrix in another format (Q2_K, Q3_K) on the GPU is refused."""
 
+def parse_device(device: str) -> tuple[str, int | None]:
+    """``(kind, index)`` of a device name: kind "cpu", "gpu-sim", "gpu-emu" or "cuda", index
+    the CUDA ordinal or None. The one grammar (UnsupportedError, its text the engine's)."""
+
+def check_device(device: str) -> str:
+    """The canonical name ("cpu", "gpu-sim", "gpu-emu", "cuda:N") of a device this build and
+    machine run: UnsupportedError outside the grammar or for gpu-emu without the emulator,
+    CudaError for CUDA without support or past the devices found."""
+
+def sparsity_modes() -> list[dict[str, Any]]:
+    """The engine's table of which sparsity mode runs where: per mode ``name``, a bool per
+    place (``cpu``, ``gpu``, ``moe_cpu``, ``moe_gpu``, ``store``, ``moe_store``),
+    ``relu_only`` and ``needs`` (the file it takes, or None)."""
+
+def mode_refusal(mode: str, place: str) -> str | None:
+    """Why ``mode`` does not run at ``place`` (the engine's text), or None where it does."""
+
+def read_plan(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The plan file at ``path`` read by the engine's reader (PlanError, naming the file, for
+    anything malformed): ``model_fingerprint``, ``n_layers``, ``ffn_dim``, ``bucket``,
+    ``context``, ``kv_cache``, ``budget_bytes``, ``gpu_bytes``, ``attention``, ``predictor``,
+    ``ffn_buckets``, ``output``, ``predictor_allocations``, ``predictor_ranks``,
+    ``gpu_neurons`` (int64 arrays per layer), ``ram_neurons`` (the same, or None) and
+    ``json`` (the whole ``plan`` metadata text)."""
+
 SPARSITY_MODES: tuple[str, ...]
 """The sparsity mode names the engine accepts ("dense", "exact-relu", "threshold", ...)."""
 INPUT_SITES: tuple[str, ...]

@@ -195,8 +195,10 @@ def _engine_options(a: argparse.Namespace) -> dict:
 
 
 def _auto_device(a: argparse.Namespace) -> str:
-    """The device of an auto-fit: ``--device``, else cuda where there is a GPU, else cpu."""
+    """The device of an auto-fit: ``--device`` (its grammar checked by the Rust core, before
+    any stage runs), else cuda where there is a GPU, else cpu."""
     if a.device is not None:
+        _core.parse_device(a.device)
         return a.device
     from .planning.gpu_probe import detect_gpu
 

@@ -14,6 +14,7 @@ import argparse
 import re
 from collections import defaultdict
 
+from .facts import MODE_TABLE, mode_refusal
 from .loading import LoadedModel, load_model
 from .planning.sizes import format_bytes, parse_bytes
 
@@ -40,51 +41,61 @@ def tensor_kinds(model: LoadedModel) -> dict[str, tuple[dict[str, int], int]]:
 
 
 def sparsity_modes(model: LoadedModel) -> list[tuple[str, str]]:
-    """``(mode, why it applies or not)`` for each sparsity mode."""
+    """``(mode, why it applies or not)`` for each sparsity mode of the engine's mode table
+    (:data:`~powerinfer_rs.facts.MODE_TABLE`: where each runs; its refusals are the engine's
+    text); the prose says what each does to this model."""
     c = model.config
     relu = c.activation == "relu"
+    moe = bool(c.n_expert)
     act = (
         f"{c.activation} (FATReLU, threshold {c.relu_threshold})"
         if c.relu_threshold
         else (c.activation)
     )
-    if c.n_expert:
-        return [
-            ("dense", "always: the routed experts' every neuron computed (exact)"),
-            (
-                "exact-relu",
-                f"yes: inside each routed expert, the up and down rows of the {act} neurons "
-                "that fire (the same function)"
-                if relu
-                else f"no: a {c.activation} gate is almost never exactly 0, nothing to skip",
-            ),
-            ("threshold", "not yet for mixtures of experts"),
-            ("predictor", "not yet for mixtures of experts"),
-        ]
-    return [
-        ("dense", "always: every neuron computed (exact)"),
-        (
-            "exact-relu",
-            f"yes: {act} gates are exactly 0 for most neurons; skipping them gives the same "
-            "function"
-            if relu
-            else f"no: a {c.activation} gate is almost never exactly 0, nothing to skip exactly",
-        ),
-        (
-            "threshold",
-            "yes, with per-layer thresholds (python -m powerinfer_rs calibrate): skips neurons "
-            "whose |act(gate)·up| is below them (approximate; for "
-            + ("any activation)" if relu else f"{c.activation} models such as this one)"),
-        ),
-        (
-            "predictor",
-            "yes, with predictors (python -m powerinfer_rs train-predictors; PowerInfer's GGUF "
-            "files carry their own): neurons predicted active are read, the rest skipped"
-            if relu
-            else f"no: predictors learn which ReLU neurons fire; a {c.activation} model "
-            "takes threshold mode",
-        ),
-    ]
+    inside = "inside each routed expert, " if moe else ""
+    what = {
+        "dense": "always: "
+        + ("the routed experts' every neuron computed" if moe else "every neuron computed")
+        + " (exact)",
+        "exact-relu": f"yes: {inside}the up and down rows of the {act} neurons that fire "
+        "(the same function)"
+        if moe
+        else f"yes: {act} gates are exactly 0 for most neurons; skipping them gives the same "
+        "function",
+        "threshold": f"yes, with per-layer thresholds (python -m powerinfer_rs calibrate): "
+        f"{inside}skips neurons whose |act(gate)·up| is below them (approximate; for "
+        + ("any activation)" if relu else f"{c.activation} models such as this one)"),
+        "predictor": (
+            "yes, with predictors per expert (python -m powerinfer_rs train-predictors), kept "
+            "where they pay: neurons predicted active are read, the rest skipped"
+            if moe
+            else "yes, with predictors (python -m powerinfer_rs train-predictors; PowerInfer's "
+            "GGUF files carry their own): neurons predicted active are read, the rest skipped"
+        )
+        if relu
+        else f"no: predictors learn which ReLU neurons fire; a {c.activation} model takes "
+        "threshold mode",
+        "input": "yes, with per-site input thresholds (python -m powerinfer_rs calibrate --mode "
+        "input): small entries of every projection's input are dropped (approximate; for "
+        "SiLU/GELU models)",
+    }
+    out = []
+    for row in MODE_TABLE:
+        mode = row["name"]
+        why = mode_refusal(mode, "moe_cpu" if moe else "cpu")
+        if why:
+            out.append((mode, f"no: {why}"))
+        elif row["relu_only"] and not relu:
+            out.append((mode, f"no: a {c.activation} gate is almost never exactly 0, nothing to "
+                              "skip exactly"))  # fmt: skip
+        else:
+            text = what.get(mode, "yes")
+            if text.startswith(("yes", "always")) and mode_refusal(
+                mode, "moe_gpu" if moe else "gpu"
+            ):
+                text += "; CPU only (no GPU plan runs it)"
+            out.append((mode, text))
+    return out
 
 
 def estimate_plan(model: LoadedModel, budget: int, hardware: str | None, context: int):

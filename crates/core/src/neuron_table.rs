@@ -159,9 +159,9 @@ impl NeuronTable {
             lists.push(ids);
         }
         ensure!(
-            st.names()
-                .iter()
-                .all(|n| !n.starts_with("blk.") || n.ends_with(".gpu_neurons")),
+            st.names().iter().all(|n| !n.starts_with("blk.")
+                || n.ends_with(".gpu_neurons")
+                || n.ends_with(".ram_neurons")),
             Plan,
             "unexpected tensors in the plan file"
         );

@@ -1,6 +1,7 @@
 //! The plan file as the engine reads it: the neuron table (`blk.{i}.gpu_neurons`) plus the
 //! placement recorded in its metadata, everything the GPU executor needs to size its
-//! allocations (`save_plan` in `python/powerinfer_rs/formats/plan.py` writes it).
+//! allocations (`save_plan` in `python/powerinfer_rs/formats/plan.py` writes it; Python reads it
+//! through [`crate::plan_record::PlanRecord`]).
 //!
 //! Metadata (safetensors `__metadata__`, str → str): `format` = [`PLAN_FORMAT`],
 //! `model_fingerprint`, `budget_bytes`, `gpu_bytes` and `plan`, a JSON object of which this
@@ -70,21 +71,8 @@ impl PlanFile {
 
     /// Parse plan-file bytes; [`Error::Plan`] for anything malformed or not fitting the model.
     pub fn from_safetensors(bytes: &[u8], n_layers: usize, ffn: usize) -> Result<PlanFile> {
-        let (_, header) = SafeTensors::read_metadata(bytes)
-            .map_err(|e| Error::Plan(format!("not a plan file: {e}")))?;
-        let meta: HashMap<String, String> = header.metadata().clone().unwrap_or_default();
-        let format = meta.get("format").map_or("(none)", String::as_str);
-        ensure!(
-            format == PLAN_FORMAT,
-            Plan,
-            "format {format:?}, expected {PLAN_FORMAT:?}"
-        );
+        let (meta, _, j) = header(bytes)?;
         let table = NeuronTable::from_safetensors(bytes, n_layers, ffn)?;
-        let Some(text) = meta.get("plan") else {
-            bail!(Plan, "no `plan` metadata");
-        };
-        let j: Value = serde_json::from_str(text)
-            .map_err(|e| Error::Plan(format!("`plan` metadata is not JSON: {e}")))?;
         let placement = field(&j, "placement")?;
         let predictors = field(&j, "predictors")?;
         let plan = PlanFile {
@@ -155,6 +143,7 @@ impl PlanFile {
             ("predictor", self.predictor.len()),
             ("ffn_buckets", self.ffn_buckets.len()),
             ("predictors.allocations", self.predictor_allocations.len()),
+            ("predictors.ranks", self.predictor_ranks.len()),
         ] {
             ensure!(len == n, Plan, "placement {what} has {len} layers, not {n}");
         }
@@ -195,12 +184,31 @@ impl PlanFile {
     }
 }
 
-fn field<'a>(j: &'a Value, key: &str) -> Result<&'a Value> {
+/// The metadata of plan-file bytes, its `plan` text and that parsed, the format checked.
+pub(crate) fn header(bytes: &[u8]) -> Result<(HashMap<String, String>, String, Value)> {
+    let (_, header) = SafeTensors::read_metadata(bytes)
+        .map_err(|e| Error::Plan(format!("not a plan file: {e}")))?;
+    let meta: HashMap<String, String> = header.metadata().clone().unwrap_or_default();
+    let format = meta.get("format").map_or("(none)", String::as_str);
+    ensure!(
+        format == PLAN_FORMAT,
+        Plan,
+        "format {format:?}, expected {PLAN_FORMAT:?}"
+    );
+    let Some(text) = meta.get("plan").cloned() else {
+        bail!(Plan, "no `plan` metadata");
+    };
+    let j: Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Plan(format!("`plan` metadata is not JSON: {e}")))?;
+    Ok((meta, text, j))
+}
+
+pub(crate) fn field<'a>(j: &'a Value, key: &str) -> Result<&'a Value> {
     j.get(key)
         .ok_or_else(|| Error::Plan(format!("`plan` metadata lacks {key:?}")))
 }
 
-fn uint(v: &Value, what: &str) -> Result<usize> {
+pub(crate) fn uint(v: &Value, what: &str) -> Result<usize> {
     v.as_u64()
         .and_then(|n| usize::try_from(n).ok())
         .ok_or_else(|| Error::Plan(format!("{what} is not a non-negative integer: {v}")))

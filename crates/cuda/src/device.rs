@@ -22,7 +22,7 @@ use crate::driver::driver_err;
 use crate::graph::{graphs_from_env, GraphQueue, GraphStats, GRAPHS_ENV};
 use crate::kernels::KernelSource;
 use crate::launch_spec::LaunchSpec;
-use crate::layout::{align, parse_device, RowLayout};
+use crate::layout::{align, RowLayout};
 use crate::nvrtc;
 use crate::staging::{DownloadStaging, UploadStaging, STAGING_BYTES};
 
@@ -162,11 +162,6 @@ impl CudaDevice {
             dev.module(src)?;
         }
         Ok(dev)
-    }
-
-    /// Open a device by name: "cuda" (= "cuda:0") or "cuda:N".
-    pub fn from_name(name: &str) -> Result<CudaDevice> {
-        CudaDevice::new(parse_device(name)?)
     }
 
     /// The device ordinal.

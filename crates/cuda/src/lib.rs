@@ -62,9 +62,8 @@ pub use emu::{emu_entries, EmuBackend, GPU_EMU};
 pub use host::{HostBackend, HostBuf};
 pub use kernels::{is_gpu_dtype, GPU_DTYPES};
 pub use layout::{
-    align, pack_hot_rows, pack_hot_slabs, parse_device, slab_bytes, slab_geometry, Act, AttnParams,
-    FfnAct, RowLayout, RowSpace, SlabGeometry, SlabLayout, MAX_HEAD_DIM, MAX_RANK, MAX_X_BYTES,
-    XQ_BLOCK,
+    align, pack_hot_rows, pack_hot_slabs, slab_bytes, slab_geometry, Act, AttnParams, FfnAct,
+    RowLayout, RowSpace, SlabGeometry, SlabLayout, MAX_HEAD_DIM, MAX_RANK, MAX_X_BYTES, XQ_BLOCK,
 };
 pub use ops::attention::{KvCaches, KvCachesMut, KvElem};
 pub use ops::axpy::{down_splits, live_splits, part_len, SPLIT_ROWS};

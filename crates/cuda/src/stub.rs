@@ -6,8 +6,6 @@
 
 use powerinfer_core::{Error, Result};
 
-use crate::layout::parse_device;
-
 /// Always false without the `cuda` feature.
 pub fn driver_available() -> bool {
     false
@@ -33,11 +31,5 @@ impl CudaDevice {
     /// `Error::Unsupported`: this build has no CUDA.
     pub fn new(_ordinal: usize) -> Result<CudaDevice> {
         Err(Error::Unsupported("built without CUDA".into()))
-    }
-
-    /// Checks the name, then `Error::Unsupported`: this build has no CUDA.
-    pub fn from_name(name: &str) -> Result<CudaDevice> {
-        parse_device(name)?;
-        CudaDevice::new(0)
     }
 }

@@ -1,4 +1,5 @@
-//! Asking for a device that is not there is a clear error, in the CUDA build and without it.
+//! Asking for a device that is not there is a clear error, in the CUDA build and without it
+//! (device names are `powerinfer_core::Device`'s to parse).
 
 use powerinfer_cuda::CudaDevice;
 
@@ -9,5 +10,4 @@ fn missing_device_is_a_clear_error() {
     let err = CudaDevice::new(n).unwrap_err();
     let msg = err.to_string();
     assert!(msg.contains("CUDA") || msg.contains("cuda"), "{msg}");
-    assert!(CudaDevice::from_name("cuda:zero").is_err());
 }

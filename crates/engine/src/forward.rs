@@ -430,10 +430,11 @@ pub(crate) fn ffn_block(
                 // Exact-relu reads only the up and down rows of the neurons that fire in each
                 // routed expert (one token), threshold mode the down rows of those that pass;
                 // batches compute the same function densely, masked.
-                // A neuron store serves one token's routed experts (dense or exact-relu): no
-                // transposed copy in memory then.
-                let store = match (mode, n, profiler.is_some()) {
-                    (Sparsity::Dense | Sparsity::ExactRelu, 1, false) => model.neuron_store(),
+                // A neuron store serves one token's routed experts in the modes the mode table
+                // says (moe_store: dense, exact-relu): no transposed copy in memory then.
+                let stored = mode.mode().support().moe_store;
+                let store = match (stored, n, profiler.is_some()) {
+                    (true, 1, false) => model.neuron_store(),
                     _ => None,
                 };
                 let down_t = match (mode, n) {

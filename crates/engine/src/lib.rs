@@ -3,6 +3,7 @@
 //! kernels. Prompts are prefilled in batches (matrix-matrix); decoding is one matvec per weight.
 
 pub mod attention;
+pub mod device;
 pub mod down_t_file;
 mod env;
 pub mod ffn;
@@ -12,6 +13,7 @@ pub mod input_sparse;
 pub mod kv_cache;
 pub mod layer;
 pub mod layer_weights;
+pub mod modes;
 pub mod moe;
 mod moe_pass;
 pub mod moe_weights;

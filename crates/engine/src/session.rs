@@ -101,10 +101,11 @@ impl Session {
         if self.hybrid.is_some() {
             refuse_cpu_only(&mode, c.moe.is_moe())?;
         }
-        // Exact-relu experts read their transposed down rows from a neuron store where one is
-        // attached: no copy in memory then. Predictor and threshold experts read them from
-        // the transposed copy.
-        let stored = self.model.neuron_store().is_some() && matches!(mode, Sparsity::ExactRelu);
+        // Experts in a mode the store serves (the mode table's moe_store: exact-relu; dense
+        // reads no transposed rows) read their transposed down rows from a neuron store where
+        // one is attached: no copy in memory then. Predictor and threshold experts read them
+        // from the transposed copy.
+        let stored = self.model.neuron_store().is_some() && mode.mode().support().moe_store;
         if c.moe.is_moe()
             && !stored
             && matches!(
@@ -128,8 +129,7 @@ impl Session {
             let model = &self.model;
             // A neuron store holds the transposed rows exact-relu and predictor mode read: no
             // copy in memory (threshold mode still builds it).
-            let stored = model.neuron_store().is_some()
-                && matches!(mode, Sparsity::ExactRelu | Sparsity::Predictor { .. });
+            let stored = model.neuron_store().is_some() && mode.mode().support().store;
             if !stored {
                 self.pool.install(|| model.down_t().map(|_| ()))?;
             }
@@ -191,14 +191,10 @@ impl Session {
         self.hybrid = None;
         self.device = "cpu".into();
         self.capacity = None;
-        if device == "cpu" {
+        let parsed = powerinfer_core::Device::parse(device)?;
+        if !parsed.is_gpu() {
             return Ok(());
         }
-        powerinfer_core::ensure!(
-            hybrid::is_gpu_device(device),
-            Unsupported,
-            "device {device:?}: expected \"cpu\", \"gpu-sim\", \"gpu-emu\", \"cuda\" or \"cuda:N\""
-        );
         let Some(placement) = self.placement.clone() else {
             powerinfer_core::bail!(
                 Plan,
@@ -215,7 +211,7 @@ impl Session {
             h.after_cpu_pass(self.cache.len());
             self.hybrid = Some(h);
         }
-        self.device = device.to_string();
+        self.device = parsed.to_string();
         self.capacity = capacity;
         Ok(())
     }

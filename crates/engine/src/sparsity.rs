@@ -7,59 +7,7 @@ use powerinfer_core::{bail, ensure, Activation, Error, ModelConfig, Result, Weig
 
 use crate::input_sparse::InputSparsity;
 
-/// The sparsity modes by name: the one place their spelling is defined (the bindings parse
-/// with [`FromStr`] and export [`SparsityMode::ALL`]'s names, from which the CLIs take their
-/// choices).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SparsityMode {
-    /// See [`Sparsity::Dense`].
-    Dense,
-    /// See [`Sparsity::ExactRelu`].
-    ExactRelu,
-    /// See [`Sparsity::Threshold`].
-    Threshold,
-    /// See [`Sparsity::Predictor`].
-    Predictor,
-    /// See [`Sparsity::Input`].
-    Input,
-}
-
-impl SparsityMode {
-    /// Every mode, in the order the CLIs list them.
-    pub const ALL: [SparsityMode; 5] = [
-        SparsityMode::Dense,
-        SparsityMode::ExactRelu,
-        SparsityMode::Threshold,
-        SparsityMode::Predictor,
-        SparsityMode::Input,
-    ];
-
-    /// The name the Python API and the CLIs use.
-    pub fn name(self) -> &'static str {
-        match self {
-            SparsityMode::Dense => "dense",
-            SparsityMode::ExactRelu => "exact-relu",
-            SparsityMode::Threshold => "threshold",
-            SparsityMode::Predictor => "predictor",
-            SparsityMode::Input => "input",
-        }
-    }
-}
-
-impl FromStr for SparsityMode {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<SparsityMode> {
-        match SparsityMode::ALL.into_iter().find(|m| m.name() == s) {
-            Some(m) => Ok(m),
-            None => bail!(
-                Unsupported,
-                "sparsity {s:?} (choose {})",
-                SparsityMode::ALL.map(SparsityMode::name).join(", ")
-            ),
-        }
-    }
-}
+pub use crate::modes::SparsityMode;
 
 /// What the predictor reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -259,12 +207,9 @@ impl Sparsity {
                 );
             }
             Sparsity::Input(p) => {
-                ensure!(
-                    !moe,
-                    Unsupported,
-                    "mixture-of-experts models run dense, exact-relu, threshold or predictor \
-                     experts; the input mode inside experts is not implemented yet"
-                );
+                if moe {
+                    crate::modes::refuse(SparsityMode::Input, crate::modes::Place::MoeCpu)?;
+                }
                 p.validate(n_layers)?
             }
             Sparsity::Predictor {

@@ -8,9 +8,11 @@ mod config;
 mod convert;
 mod cuda;
 mod exceptions;
+mod facts;
 mod model;
 mod paths;
 mod plan;
+mod plan_record;
 mod predictors;
 mod session;
 
@@ -128,6 +130,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     )?;
     exceptions::register(m)?;
     cuda::register(m)?;
+    facts::register(m)?;
+    plan_record::register(m)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     // The most reader threads a neuron store (or a storage probe) starts.
     m.add(

@@ -13,8 +13,11 @@ tensors ``blk.{i}.ram_neurons`` (int32, sorted): the CPU neurons resident in RAM
 read from storage through the neuron store), and a ``ram`` object in ``plan``: the RAM budget,
 base, overhead and store cache bytes, its slots, and the expected storage reads per token.
 
-:func:`load_plan` refuses a plan made for another model (:class:`PlanError`) or one needing more
-GPU memory than a given budget (:class:`VramBudgetError`).
+The file has one reader, the engine's (``_core.read_plan``, Rust's ``PlanRecord``):
+:func:`load_plan` fills :class:`Plan` from it and checks only the planner's own sections (its GPU
+bytes total and the RAM tier's figures, which the engine does not read). It refuses a plan made
+for another model (:class:`PlanError`) or one needing more GPU memory than a given budget
+(:class:`VramBudgetError`). :func:`save_plan` is the writer.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import _core
 from ..errors import PlanError, VramBudgetError
 from ..loading.types import LoadedModel
 from ..planning.model_shape import ModelShape
@@ -82,13 +86,30 @@ class Plan:
         """Whether nothing is on the GPU."""
         return not self.placement.uses_gpu()
 
-    def validate(self, source: str = "plan") -> None:
-        """Check the neuron tables against the placement; :class:`PlanError` otherwise."""
-        pl, n = self.placement, self.n_layers
+    def check_sections(self, source: str = "plan") -> None:
+        """Check the planner's own sections, which the engine does not read: the GPU bytes
+        total and the RAM tier's figures; :class:`PlanError` otherwise."""
         gpu = self.bytes.get("gpu", {})
         total = gpu.get("total", 0) if isinstance(gpu, dict) else None
         if isinstance(total, bool) or not isinstance(total, int) or total < 0:
             raise PlanError(f"{source}: bytes.gpu.total must be a non-negative integer")
+        if any(isinstance(m, bool) or not isinstance(m, int) or m < 0 for m in self.min_neurons):
+            raise PlanError(f"{source}: min_neurons must be non-negative integers")
+        if self.ram_neurons is not None:
+            from ..planning.ram_tier import check_ram_tier
+
+            why = check_ram_tier(self.ram_neurons, self.ram, self.gpu_neurons, self.ffn_dim)
+            if why:
+                raise PlanError(f"{source}: RAM tier: {why}")
+        elif self.ram:
+            raise PlanError(f"{source}: a ram section without ram_neurons tensors")
+
+    def validate(self, source: str = "plan") -> None:
+        """Check the neuron tables against the placement, and the planner's sections, before
+        the plan is written (a file read back is checked by the engine's reader);
+        :class:`PlanError` otherwise."""
+        pl, n = self.placement, self.n_layers
+        self.check_sections(source)
         for what, items in (
             ("placement.attention", pl.attention),
             ("placement.predictor", pl.predictor),
@@ -122,14 +143,6 @@ class Plan:
                     f"{source}: layer {i} has {ids.size} hot neurons but {pl.ffn_buckets[i]} "
                     f"buckets of {self.bucket}"
                 )
-        if self.ram_neurons is not None:
-            from ..planning.ram_tier import check_ram_tier
-
-            why = check_ram_tier(self.ram_neurons, self.ram, self.gpu_neurons, self.ffn_dim)
-            if why:
-                raise PlanError(f"{source}: RAM tier: {why}")
-        elif self.ram:
-            raise PlanError(f"{source}: a ram section without ram_neurons tensors")
 
     def to_json(self) -> dict:
         """The metadata JSON object (everything but the neuron ids)."""
@@ -190,87 +203,46 @@ def save_plan(plan: Plan, path: str | os.PathLike[str]) -> Path:
     return out
 
 
-def _count(v: object, what: str) -> int:
-    """A JSON value that must be a non-negative integer (as the engine's reader demands: no
-    floats truncated, no booleans)."""
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise PlanError(f"{what} must be a non-negative integer, got {v!r}")
-    return v
-
-
-def _predictor_sizes(d: object) -> PredictorSizes:
-    if not isinstance(d, dict):
-        raise PlanError(f"predictors must be an object, got {d!r:.80}")
-    allocs = d["allocations"]
-    if not isinstance(allocs, list) or not all(isinstance(a, list) for a in allocs):
-        raise PlanError(f"predictors.allocations must be a list of lists, got {allocs!r:.80}")
-    return PredictorSizes(
-        [[_count(b, "predictors.allocations") for b in a] for a in allocs],
-        [_count(r, "predictors.ranks") for r in d["ranks"]],
-        str(d.get("source", "")),
-    )
-
-
 def _read(path: Path) -> Plan:
-    from safetensors import safe_open
-
-    if not path.is_file():
-        raise PlanError(f"{path}: no plan file")
+    """The plan at ``path``, read by the engine's reader (``_core.read_plan``: the neuron
+    tables, placement, predictor sizes and RAM tier ids, with the engine's checks and its
+    PlanError texts); the planner's own sections (hardware, bytes, predicted speed, solver
+    report, the RAM tier's arithmetic) taken from its JSON and checked here."""
+    r = _core.read_plan(path)
     try:
-        with safe_open(str(path), framework="numpy") as f:
-            meta = dict(f.metadata() or {})
-            if meta.get("format") != PLAN_FORMAT:
-                raise PlanError(f"{path}: format {meta.get('format')!r}, expected {PLAN_FORMAT!r}")
-            j = json.loads(meta["plan"])
-            n = _count(j["n_layers"], "n_layers")
-            names = set(f.keys())
-
-            def table(kind: str) -> list[np.ndarray]:
-                """The per-layer id tensors ``blk.{i}.{kind}``."""
-                out = []
-                for i in range(n):
-                    name = f"blk.{i}.{kind}"
-                    if name not in names:
-                        raise PlanError(f"{path}: tensor {name} is missing")
-                    out.append(np.asarray(f.get_tensor(name)).astype(np.int64))
-                return out
-
-            ids = table("gpu_neurons")
-            ram_ids = table("ram_neurons") if "ram" in j else None
-        pj = j["placement"]
-        placement = Placement(
-            attention=[bool(v) for v in pj["attention"]],
-            predictor=[bool(v) for v in pj["predictor"]],
-            ffn_buckets=[_count(v, "ffn_buckets") for v in pj["ffn_buckets"]],
-            output=bool(pj["output"]),
-        )
+        j = json.loads(r["json"])
         plan = Plan(
-            model_fingerprint=str(j["model_fingerprint"]),
-            ffn_dim=_count(j["ffn_dim"], "ffn_dim"),
-            gpu_neurons=ids,
-            placement=placement,
-            bucket=_count(j["bucket"], "bucket"),
-            context=_count(j["context"], "context"),
+            model_fingerprint=r["model_fingerprint"],
+            ffn_dim=r["ffn_dim"],
+            gpu_neurons=list(r["gpu_neurons"]),
+            placement=Placement(
+                attention=r["attention"],
+                predictor=r["predictor"],
+                ffn_buckets=r["ffn_buckets"],
+                output=r["output"],
+            ),
+            bucket=r["bucket"],
+            context=r["context"],
             objective=str(j["objective"]),
-            budget_bytes=_count(j["budget_bytes"], "budget_bytes"),
+            budget_bytes=r["budget_bytes"],
             hardware=dict(j["hardware"]),
-            predictors=_predictor_sizes(j["predictors"]),
+            predictors=PredictorSizes(
+                r["predictor_allocations"],
+                r["predictor_ranks"],
+                str(j["predictors"].get("source", "")),
+            ),
             bytes=dict(j["bytes"]),
             predicted=dict(j["predicted"]),
             solver=dict(j["solver"]),
-            min_neurons=[_count(m, "min_neurons") for m in j.get("min_neurons", [])],
+            min_neurons=list(j.get("min_neurons", [])),
             profile=dict(j.get("profile", {})),
-            kv_cache=str(j.get("kv_cache", "f16")),
-            ram_neurons=ram_ids,
-            ram=dict(j["ram"]) if ram_ids is not None else {},
+            kv_cache=r["kv_cache"],
+            ram_neurons=r["ram_neurons"],
+            ram=dict(j["ram"]) if r["ram_neurons"] is not None else {},
         )
-    except PlanError as e:
-        if str(path) in str(e):
-            raise
-        raise PlanError(f"{path}: {e}") from None
-    except Exception as e:  # malformed JSON, missing keys, safetensors errors
+    except Exception as e:  # a planner section missing or of another type
         raise PlanError(f"{path}: not a readable plan file: {e!r}") from None
-    plan.validate(str(path))
+    plan.check_sections(str(path))
     return plan
 
 

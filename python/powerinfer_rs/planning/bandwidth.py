@@ -38,10 +38,10 @@ from ..formats.plan import Plan
 from ..formats.profile import Profile
 from ..loading.types import LoadedModel, row_bytes
 from .accounting import down_splits, kv_element_bytes, xq_bytes
-from .model_shape import ModelShape
+from .model_shape import SPARSITIES, ModelShape
 
 #: The sparsity modes the model knows.
-MODES = ("dense", "exact-relu", "threshold", "predictor")
+MODES = SPARSITIES
 
 #: Weight formats whose matvecs read x as floats (the others read it quantized).
 FLOAT_DTYPES = ("F32", "F16", "BF16")

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .. import _core
 from ..errors import ModelFileError, PlanError
+from ..facts import mode_refusal, modes_at
 from ..loading.types import BLOCK_LAYOUT, LoadedModel, ModelConfig, expected_shapes, row_bytes
 
 #: The 32-weight format a K-quant's ``down_t`` falls back to when ``dim`` is not a multiple of
@@ -199,14 +201,11 @@ class ModelShape:
         whether it fires or not: none with predictors (they pick the rows before any is read);
         the gate row with exact-relu (for a gate-less FFN its up row), whose ReLU decides; the
         gate and up rows with thresholds (the rule reads |act(gate)·up|); every row dense."""
-        if sparsity not in SPARSITIES:
+        if sparsity not in _core.SPARSITY_MODES:
             raise PlanError(f"sparsity {sparsity!r}: choose one of {', '.join(SPARSITIES)}")
-        if self.moe and sparsity not in MOE_SPARSITIES:
-            raise PlanError(
-                f"sparsity {sparsity!r}: mixture-of-experts plans run "
-                f"{', '.join(MOE_SPARSITIES)} experts; plan for one of those (predictors "
-                "inside experts run on the CPU engine only, without a plan)"
-            )
+        why = mode_refusal(sparsity, "moe_gpu" if self.moe else "gpu")
+        if why:
+            raise PlanError(f"sparsity {sparsity!r}: {why}; plan for one of those")
         d = self.config.dim
         up = row_bytes(self.dtype(self.ffn_tensor(layer, "up")), d)
         gate = (
@@ -244,9 +243,9 @@ class ModelShape:
         return out
 
 
-#: The FFN sparsity modes the planner's cost model knows (the engine's ``sparsity``).
-SPARSITIES = ("predictor", "exact-relu", "threshold", "dense")
-#: The modes a mixture of experts runs in (the engine refuses the others).
-MOE_SPARSITIES = ("dense", "exact-relu", "threshold")
+#: The FFN sparsity modes a plan is for: those the GPU side runs (the engine's mode table).
+SPARSITIES = modes_at("gpu")
+#: The modes a mixture of experts' plan is for: those its GPU side runs inside experts.
+MOE_SPARSITIES = modes_at("moe_gpu")
 
 __all__ = ["GPU_DTYPES", "GPU_PARTS", "K_FALLBACK", "MOE_SPARSITIES", "SPARSITIES", "ModelShape"]

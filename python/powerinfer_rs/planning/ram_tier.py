@@ -33,6 +33,7 @@ import math
 import numpy as np
 
 from ..errors import PlanError, VramBudgetError
+from ..facts import mode_refusal
 from ..formats.profile import Profile
 from ..loading.types import row_bytes
 from .accounting import kv_cache_bytes
@@ -163,12 +164,9 @@ def plan_ram_tier(
     cannot hold the base part and the store's working set; :class:`PlanError` for a mode or
     model the store does not run."""
     c = shape.config
-    modes = ("dense", "exact-relu") if shape.moe else ("predictor", "exact-relu")
-    if sparsity not in modes:
-        raise PlanError(
-            f"the RAM tier is for the modes a neuron store runs ({', '.join(modes)} for this "
-            f"model), not {sparsity!r}"
-        )
+    why = mode_refusal(sparsity, "moe_store" if shape.moe else "store")
+    if why:
+        raise PlanError(f"the RAM tier is for the modes a neuron store runs: {why}")
     if isinstance(cluster, bool) or not isinstance(cluster, int) or not 1 <= cluster <= 4096:
         raise PlanError(f"cluster must be an integer in 1..4096, got {cluster!r}")
     base = base_ram_bytes(

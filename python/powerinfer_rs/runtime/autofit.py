@@ -303,10 +303,11 @@ def prepare(
             + ["--out", str(d / "thresholds.json")] + run,
             quiet,
         )  # fmt: skip
-    # A mixture of experts on the GPU side runs its ReLU experts exact-relu (the hybrid has no
-    # predictors inside experts); on the CPU alone, predictors per expert where they pay.
+    # A mixture of experts on the GPU side runs its ReLU experts exact-relu where the hybrid
+    # runs no predictors inside experts (the engine's mode table); on the CPU alone,
+    # predictors per expert where they pay.
     moe_gpu = bool(cfg.n_expert) and budget_text is not None
-    need_predictors = relu and not own and not moe_gpu
+    need_predictors = relu and not own and _relu_mode(moe_gpu) == "predictor"
     if budget_text is not None or need_predictors:
         argv = common + ["--corpus", corpus, "--tokens", str(prof_tokens)]
         argv += ["--out", str(d / "profile"), "--no-plot"] + run
@@ -376,8 +377,10 @@ PIPELINE_REVISION = 3
 
 def _relu_mode(moe_gpu: bool) -> str:
     """The mode a ReLU model runs in: predictor, or exact-relu for a mixture of experts with a
-    GPU plan."""
-    return "exact-relu" if moe_gpu else "predictor"
+    GPU plan where the GPU side runs no predictors inside experts (the engine's mode table)."""
+    from ..facts import mode_row
+
+    return "exact-relu" if moe_gpu and not mode_row("predictor")["moe_gpu"] else "predictor"
 
 
 def _budget_of(d: Path) -> int:

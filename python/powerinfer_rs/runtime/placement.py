@@ -10,7 +10,7 @@ import warnings
 import numpy as np
 
 from .. import _core
-from ..errors import CudaError, PlanError, UnsupportedError, VramBudgetError
+from ..errors import PlanError, VramBudgetError
 from .generation import locked
 
 
@@ -139,35 +139,10 @@ class PlanAndDevice:
 
 
 def check_device(device: str) -> str:
-    """ "cpu", "gpu-sim" (a plan's GPU side in host memory, each kernel's contract in Rust),
-    "gpu-emu" (the real CUDA kernels run on the CPU by the emulator: slow, for checking a plan's
-    kernels without a GPU), or "cuda"/"cuda:N" when that GPU exists."""
-    if not isinstance(device, str):
-        raise UnsupportedError(
-            f"device must be 'cpu', 'gpu-sim', 'gpu-emu', 'cuda' or 'cuda:N', got {device!r}"
-        )
-    if device in ("cpu", "gpu-sim"):
-        return device
-    if device == "gpu-emu":
-        if not getattr(_core, "built_with_emu", False):
-            raise UnsupportedError(
-                "gpu-emu: this build has no emulator (the `emu` feature); use device='gpu-sim'"
-            )
-        return device
-    if device == "cuda" or (
-        device.startswith("cuda:") and device[5:].isascii() and device[5:].isdigit()
-    ):
-        if not getattr(_core, "built_with_cuda", False):
-            raise CudaError(f"{device}: this build has no CUDA support; use device='gpu-sim'")
-        count = _core.cuda_device_count()
-        ordinal = int(device[5:]) if ":" in device else 0
-        if ordinal >= count:
-            raise CudaError(
-                f"{device} was asked for, but {count} CUDA device(s) were found "
-                "(is the NVIDIA driver installed?); device='gpu-sim' runs a plan's GPU side on "
-                "the host"
-            )
-        return f"cuda:{ordinal}"
-    raise UnsupportedError(
-        f"device {device!r} (use 'cpu', 'gpu-sim', 'gpu-emu', 'cuda' or 'cuda:N')"
-    )
+    """The canonical name of ``device``: "cpu", "gpu-sim" (a plan's GPU side in host memory,
+    each kernel's contract in Rust), "gpu-emu" (the real CUDA kernels run on the CPU by the
+    emulator: slow, for checking a plan's kernels without a GPU), or "cuda:N" ("cuda" is
+    "cuda:0") when that GPU exists. The grammar and its refusals are the Rust core's
+    (``_core.check_device``): UnsupportedError for another name or gpu-emu in a build without
+    the emulator, CudaError for a GPU this build or machine does not have."""
+    return _core.check_device(device)

@@ -6,6 +6,7 @@ import argparse
 import os
 import textwrap
 
+from ..facts import mode_refusal
 from ..planning.gpu_probe import AUTO_MARGIN_BYTES, auto_budget, detect_gpu
 from ..planning.hardware_profile import (
     FALLBACK_PROFILE,
@@ -339,11 +340,9 @@ def run(args: argparse.Namespace) -> int:
         )
     profile = read_profile(args.profile)
     sparsity = args.sparsity or default_sparsity(shape)
-    if args.predictors is not None and shape.moe:
-        raise PlanError(
-            "predictors inside experts run on the CPU engine only: plan a mixture of experts "
-            "without --predictors (exact-relu for ReLU experts, dense or threshold otherwise)"
-        )
+    why = mode_refusal("predictor", "moe_gpu") if shape.moe else None
+    if args.predictors is not None and why:
+        raise PlanError(f"{why}: plan a mixture of experts without --predictors")
     if args.predictors is not None:
         preds = read_predictor_sizes(args.predictors, shape.config)
     elif pred_bytes is not None:

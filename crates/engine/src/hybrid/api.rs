@@ -2,12 +2,13 @@
 //! the sparsity modes every way into the executor refuses before any work
 //! ([`refuse_cpu_only`]). Below the executor and [`open`](super::open), which both build on it.
 
-use powerinfer_core::{ensure, Result};
+use powerinfer_core::Result;
 use powerinfer_cuda::Allocation;
 
 use crate::hybrid::phase_clock::PhaseStats;
 use crate::hybrid::transfers::TransferStats;
 use crate::kv_cache::KvCache;
+use crate::modes::{refuse, Place};
 use crate::sparsity::Sparsity;
 use crate::weights::ModelWeights;
 
@@ -50,21 +51,14 @@ pub trait Hybrid: Send {
     fn truncate(&mut self, len: usize);
 }
 
-/// Refuse the modes the GPU side does not run: the input mode, and predictors inside the
-/// experts of a mixture of experts (`moe`). Every way into the hybrid executor asks this first
-/// (opening it, and the session switching the mode of an open one), before any work.
+/// Refuse the modes the GPU side does not run (the `gpu` column of [`crate::modes::MODE_TABLE`],
+/// and for a mixture of experts, `moe`, its `moe_gpu` column). Every way into the hybrid
+/// executor asks this first (opening it, and the session switching the mode of an open one),
+/// before any work.
 pub(crate) fn refuse_cpu_only(mode: &Sparsity, moe: bool) -> Result<()> {
-    ensure!(
-        !matches!(mode, Sparsity::Input(_)),
-        Unsupported,
-        "the input sparsity mode runs on the CPU only (device=\"cpu\"); the hybrid executor \
-         has no input-sparse GPU kernels yet"
-    );
-    ensure!(
-        !(moe && matches!(mode, Sparsity::Predictor { .. })),
-        Unsupported,
-        "predictors inside experts run on the CPU only (device=\"cpu\"); the hybrid executor \
-         runs mixture-of-experts layers dense, exact-relu or threshold"
-    );
+    refuse(mode.mode(), Place::Gpu)?;
+    if moe {
+        refuse(mode.mode(), Place::MoeGpu)?;
+    }
     Ok(())
 }

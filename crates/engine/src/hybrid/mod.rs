@@ -21,7 +21,7 @@ pub mod transfers;
 
 use std::sync::Arc;
 
-use powerinfer_core::{bail, ensure, Result};
+use powerinfer_core::{bail, ensure, Device, Result};
 use powerinfer_cuda::HostBackend;
 
 use crate::kv_cache::KvPrecision;
@@ -34,16 +34,6 @@ pub use api::Hybrid;
 pub use executor::Executor;
 pub use phase_clock::{HybridPhase, PhaseStats};
 pub use transfers::{TransferStats, Transfers};
-
-/// The device name of the host backend.
-pub const GPU_SIM: &str = "gpu-sim";
-/// The device name of the emulator (the CUDA kernels on the CPU; needs the `emu` feature).
-pub const GPU_EMU: &str = "gpu-emu";
-
-/// Device names [`open`] accepts: "gpu-sim", "gpu-emu", "cuda", "cuda:N".
-pub fn is_gpu_device(name: &str) -> bool {
-    name == GPU_SIM || name == GPU_EMU || powerinfer_cuda::parse_device(name).is_ok()
-}
 
 /// Open `device` and upload what `placement` puts on it. `capacity` limits the device memory
 /// the plan may use (the VRAM budget; for "gpu-sim" also the simulated device's size).
@@ -75,40 +65,36 @@ pub fn open(
         "the plan puts nothing on the GPU; run it with device=\"cpu\""
     );
     refuse_cpu_only(mode, model.config.moe.is_moe())?;
-    if device == GPU_SIM {
-        let dev = match capacity {
-            Some(bytes) => HostBackend::with_capacity(bytes),
-            None => HostBackend::new(),
-        };
-        return build(dev, model, placement, mode, capacity);
-    }
-    if device == GPU_EMU {
+    let device = crate::device::check_device(device)?;
+    match device {
+        Device::Cpu => bail!(Plan, "the CPU device runs no plan's GPU side"),
+        Device::GpuSim => {
+            let dev = match capacity {
+                Some(bytes) => HostBackend::with_capacity(bytes),
+                None => HostBackend::new(),
+            };
+            build(dev, model, placement, mode, capacity)
+        }
         #[cfg(feature = "emu")]
-        return build(
+        Device::GpuEmu => build(
             powerinfer_cuda::EmuBackend::new(capacity),
             model,
             placement,
             mode,
             capacity,
-        );
-        #[cfg(not(feature = "emu"))]
-        bail!(
-            Unsupported,
-            "gpu-emu: this build has no emulator (the `emu` feature); use device=\"gpu-sim\""
-        );
+        ),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) => build(
+            powerinfer_cuda::CudaDevice::new(n)?,
+            model,
+            placement,
+            mode,
+            capacity,
+        ),
+        // What this build lacks, `check_device` refused above.
+        #[allow(unreachable_patterns)]
+        _ => bail!(Other, "{device}: not in this build"),
     }
-    let _ordinal = powerinfer_cuda::parse_device(device)?;
-    #[cfg(feature = "cuda")]
-    {
-        let dev = powerinfer_cuda::CudaDevice::from_name(device)?;
-        build(dev, model, placement, mode, capacity)
-    }
-    #[cfg(not(feature = "cuda"))]
-    bail!(
-        Unsupported,
-        "{device}: this build has no CUDA support; use device=\"gpu-sim\" to run the plan's GPU \
-         side on the host"
-    )
 }
 
 fn build<B: powerinfer_cuda::Backend>(

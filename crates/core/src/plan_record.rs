@@ -1,0 +1,195 @@
+//! A plan file read without a model: the one reader Python's `formats.plan.load_plan` goes
+//! through (`_core.read_plan`). It is the engine's reading ([`PlanFile`], with every check the
+//! engine makes, for the plan's own layer and neuron counts), plus the RAM tier's resident
+//! neurons (`blk.{i}.ram_neurons`, checked against the neuron table) and the metadata JSON,
+//! whose planner-only sections (hardware, predicted speed, solver report, the RAM tier's
+//! bytes) Python reads.
+
+use std::path::Path;
+
+use safetensors::{Dtype, SafeTensors};
+
+use crate::error::{Error, Result};
+use crate::plan_file::{PlanFile, MAX_PLAN_COUNT};
+use crate::{bail, ensure};
+
+/// Everything a plan file holds that a reader needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlanRecord {
+    /// The engine's reading: neuron table, placement, predictor sizes, budget and GPU bytes.
+    pub file: PlanFile,
+    /// Per layer, the CPU neurons resident in RAM (ascending), when the plan has a RAM tier.
+    pub ram_neurons: Option<Vec<Vec<u32>>>,
+    /// The `plan` metadata JSON, whole, as written (numbers exactly as the planner wrote them).
+    pub json: String,
+}
+
+impl PlanRecord {
+    /// Read the plan file at `path`; [`Error::Plan`] naming the path for anything malformed.
+    pub fn read(path: &Path) -> Result<PlanRecord> {
+        let bytes = crate::files::read_regular(path)
+            .map_err(|e| Error::Plan(format!("{}: cannot read: {e}", path.display())))?;
+        PlanRecord::from_safetensors(&bytes)
+            .map_err(|e| Error::Plan(format!("{}: {e}", path.display())))
+    }
+
+    /// Parse plan-file bytes, taking the layer and neuron counts from the file itself.
+    pub fn from_safetensors(bytes: &[u8]) -> Result<PlanRecord> {
+        let (_, text, json) = crate::plan_file::header(bytes)?;
+        let count = |key| crate::plan_file::uint(crate::plan_file::field(&json, key)?, key);
+        let (n_layers, ffn) = (count("n_layers")?, count("ffn_dim")?);
+        ensure!(
+            n_layers <= MAX_PLAN_COUNT && ffn <= MAX_PLAN_COUNT,
+            Plan,
+            "n_layers {n_layers} or ffn_dim {ffn} exceeds {MAX_PLAN_COUNT}"
+        );
+        let file = PlanFile::from_safetensors(bytes, n_layers, ffn)?;
+        let ram_neurons = match json.get("ram") {
+            None => None,
+            Some(_) => Some(ram_neurons(bytes, &file, ffn)?),
+        };
+        Ok(PlanRecord {
+            file,
+            ram_neurons,
+            json: text,
+        })
+    }
+}
+
+/// The RAM tier's id lists: per layer a 1-D int32 tensor of ascending ids below `ffn`, none of
+/// them hot.
+fn ram_neurons(bytes: &[u8], file: &PlanFile, ffn: usize) -> Result<Vec<Vec<u32>>> {
+    let st = SafeTensors::deserialize(bytes)
+        .map_err(|e| Error::Plan(format!("not a plan file: {e}")))?;
+    let mut out = Vec::with_capacity(file.table.layers.len());
+    for (i, layer) in file.table.layers.iter().enumerate() {
+        let name = format!("blk.{i}.ram_neurons");
+        let Ok(t) = st.tensor(&name) else {
+            bail!(
+                Plan,
+                "tensor {name} is missing (the plan has a ram section)"
+            );
+        };
+        ensure!(
+            t.dtype() == Dtype::I32 && t.shape().len() == 1,
+            Plan,
+            "{name} must be a 1-D int32 tensor, got {:?} {:?}",
+            t.dtype(),
+            t.shape()
+        );
+        let ids: Vec<i32> = t
+            .data()
+            .chunks_exact(4)
+            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        if ids.iter().any(|&v| v < 0 || v as usize >= ffn) {
+            bail!(Plan, "{name} has ids outside [0, {ffn})");
+        }
+        ensure!(
+            ids.windows(2).all(|w| w[0] < w[1]),
+            Plan,
+            "{name} is not sorted and unique"
+        );
+        let ids: Vec<u32> = ids.into_iter().map(|v| v as u32).collect();
+        if let Some(id) = ids.iter().find(|&&id| layer.hot.binary_search(&id).is_ok()) {
+            bail!(
+                Plan,
+                "blk.{i}: neuron {id} both on the GPU and resident in RAM"
+            );
+        }
+        out.push(ids);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::neuron_table::NeuronTable;
+    use crate::plan_file::PLAN_FORMAT;
+
+    fn file(ram: Option<&[Vec<i32>]>) -> Vec<u8> {
+        let mut j = serde_json::json!({
+            "n_layers": 2, "ffn_dim": 16, "bucket": 4, "context": 32,
+            "placement": {
+                "attention": [true, false], "predictor": [false, false],
+                "ffn_buckets": [1, 0], "output": false,
+            },
+            "predictors": {"allocations": [[0], [0]], "ranks": [0, 0]},
+            "hardware": {"name": "x"},
+        });
+        if ram.is_some() {
+            j["ram"] = serde_json::json!({"cluster": 1});
+        }
+        let meta = HashMap::from([
+            ("format".to_string(), PLAN_FORMAT.to_string()),
+            ("model_fingerprint".to_string(), "fp".to_string()),
+            ("budget_bytes".to_string(), "10".to_string()),
+            ("gpu_bytes".to_string(), "9".to_string()),
+            ("plan".to_string(), j.to_string()),
+        ]);
+        let table = NeuronTable::from_hot_lists(16, &[vec![3, 1], vec![]]).unwrap();
+        let mut tensors: Vec<(String, Vec<u8>, usize)> = table
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let b: Vec<u8> = l
+                    .hot
+                    .iter()
+                    .flat_map(|&v| (v as i32).to_le_bytes())
+                    .collect();
+                (format!("blk.{i}.gpu_neurons"), b, l.hot.len())
+            })
+            .collect();
+        for (i, ids) in ram.unwrap_or(&[]).iter().enumerate() {
+            let b: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
+            tensors.push((format!("blk.{i}.ram_neurons"), b, ids.len()));
+        }
+        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+            .iter()
+            .map(|(n, b, len)| {
+                let v = safetensors::tensor::TensorView::new(Dtype::I32, vec![*len], b).unwrap();
+                (n.clone(), v)
+            })
+            .collect();
+        safetensors::serialize(views, Some(meta)).unwrap()
+    }
+
+    #[test]
+    fn reads_the_plan_without_a_model() {
+        let r = PlanRecord::from_safetensors(&file(None)).unwrap();
+        assert_eq!(r.file.table.layers[0].hot, [1, 3]);
+        assert_eq!((r.file.gpu_bytes, r.file.budget_bytes), (9, 10));
+        assert_eq!(r.ram_neurons, None);
+        assert!(
+            r.json.contains("\"hardware\":{\"name\":\"x\"}"),
+            "{}",
+            r.json
+        );
+        let r = PlanRecord::from_safetensors(&file(Some(&[vec![0, 2], vec![5]]))).unwrap();
+        assert_eq!(r.ram_neurons.unwrap(), [vec![0, 2], vec![5]]);
+    }
+
+    #[test]
+    fn bad_ram_tiers_are_plan_errors() {
+        for (ram, why) in [
+            (vec![vec![0, 2]], "blk.1.ram_neurons is missing"),
+            (vec![vec![2, 0], vec![]], "not sorted and unique"),
+            (vec![vec![0, 0], vec![]], "not sorted and unique"),
+            (vec![vec![0, 16], vec![]], "outside [0, 16)"),
+            (vec![vec![-1], vec![]], "outside [0, 16)"),
+            (vec![vec![1], vec![]], "both on the GPU and resident in RAM"),
+        ] {
+            let e = PlanRecord::from_safetensors(&file(Some(&ram))).unwrap_err();
+            assert!(
+                matches!(e, Error::Plan(_)) && e.to_string().contains(why),
+                "{e}"
+            );
+        }
+        let e = PlanRecord::from_safetensors(b"garbage").unwrap_err();
+        assert!(matches!(e, Error::Plan(_)), "{e}");
+    }
+}
