@@ -148,7 +148,11 @@ def report(model: LoadedModel, budget: int | None, hardware: str | None, context
     lines += ["", "sparsity modes"]
     lines += [f"  {mode:<11} {why}" for mode, why in sparsity_modes(model)]
     if budget is not None and c.n_expert:
-        lines += ["", "plan: placement plans for mixtures of experts are not supported yet"]
+        lines += [
+            "",
+            "plan: this estimate covers dense models; a mixture of experts is planned from its "
+            "profile (python -m powerinfer_rs.plan, or auto-fit)",
+        ]
     elif budget is not None:
         plan = estimate_plan(model, budget, hardware, context)
         pr, pl = plan.predicted, plan.placement
