@@ -127,10 +127,11 @@ pub trait Backend: Send + Sync + Sized + 'static {
     }
 }
 
-/// One kernel launch with its arguments: a struct per `extern "C"` entry of `kernels/*.cu`
-/// (in `crate::ops::<family>::launch`), its fields the kernel's parameters in order (per-format
-/// kernels take the weight format as `dtype`, the KV-cache kernels one layer's two caches, whose
-/// element type picks the entry; lengths as `usize`). The meaning of each is the comment above
+/// One kernel launch with its arguments: a struct per `extern "C"` entry of `kernels/*.cu`, or
+/// per group of entries with the same parameters (in `crate::ops::<family>::launch`), its fields
+/// the kernel's parameters in order (per-format kernels take the weight format as `dtype`, the
+/// KV-cache kernels one layer's two caches, whose element type picks the entry, and a group the
+/// field that names its member; lengths as `usize`). The meaning of each is the comment above
 /// the kernel in its `.cu` file and on its struct; [`Kernel::host`] implements exactly that.
 pub trait Kernel<B: Backend>: Sized {
     /// The kernel's entry name, e.g. "sparse_matvec_q4_0" (for messages and the launch tests).

@@ -3,8 +3,9 @@
 //! `moe`. Each folder holds its family's checked operations (a `*Ops` trait every backend gets,
 //! in `mod.rs`: shapes checked on the host, then the launch queued; empty work returns `Ok`
 //! without one; each check returns the same `Error` kind on every backend), its launches
-//! (`launch.rs`: one struct per kernel implementing [`Kernel`](crate::backend::Kernel), with the
-//! module's [`KernelSource`]) and its contract on host memory (`host.rs`, what gpu-sim runs).
+//! (`launch.rs`: a struct per kernel, or per group of kernels with the same parameters told
+//! apart by a field, implementing [`Kernel`](crate::backend::Kernel), with the module's
+//! [`KernelSource`]) and its contract on host memory (`host.rs`, what gpu-sim runs).
 //! [`upload`] holds the copies and weight uploads. Nothing here waits for the device except
 //! `download`. A new kernel is one `.cu` (or a few lines in one), its family's three files, and
 //! its tests; a new family adds its folder here, to [`SOURCES`] and to [`prelude`].
