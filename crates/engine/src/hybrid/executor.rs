@@ -366,6 +366,18 @@ impl<B: Backend> FfnPass<'_, B> {
             dev.threshold_mask(&mut sc.hb, n, t)?;
         }
         dev.expert_scale(hot, ew, ef, routed, &mut sc.hb)?;
+        // The down pass over the nonzero activations only, gathered on the GPU.
+        if self.gather {
+            dev.nonzero_rows(hot, &sc.hb, None, &mut sc.rows)?;
+        }
+        self.hot_down()
+    }
+
+    /// The hot neurons' down pass into the block's output (the residual directly, or the
+    /// cleared FFN buffer): over the rows gathered in `sc.rows`, or over every hot slot's `sc.hb`.
+    fn hot_down(&mut self) -> Result<()> {
+        let (dev, hot) = (self.dev, &self.f.hot);
+        let sc = &mut *self.sc;
         let out = match self.direct {
             true => &mut sc.x,
             false => {
@@ -373,15 +385,11 @@ impl<B: Backend> FfnPass<'_, B> {
                 &mut sc.xb2
             }
         };
-        // The down pass over the nonzero activations only, gathered on the GPU.
         let splits = down_splits(hot.layout.n_hot);
-        if self.gather {
-            dev.nonzero_rows(hot, &sc.hb, None, &mut sc.rows)?;
-            dev.hot_down_listed(hot, &sc.rows, &mut sc.part, out, splits)?;
-        } else {
-            dev.hot_down(hot, &sc.hb, &mut sc.part, out, splits)?;
+        match self.gather {
+            true => dev.hot_down_listed(hot, &sc.rows, &mut sc.part, out, splits),
+            false => dev.hot_down(hot, &sc.hb, &mut sc.part, out, splits),
         }
-        Ok(())
     }
 
     /// The routed experts' cold neurons on the CPU while the GPU computes, one upload of their
@@ -509,19 +517,7 @@ impl<B: Backend> FfnPass<'_, B> {
                 dev.nonzero_rows(hot, &sc.hb, None, &mut sc.rows)?;
             }
         }
-        let out = match self.direct {
-            true => &mut sc.x,
-            false => {
-                dev.fill(&mut sc.xb2, 0.0)?;
-                &mut sc.xb2
-            }
-        };
-        let splits = down_splits(hot.layout.n_hot);
-        match self.gather {
-            true => dev.hot_down_listed(hot, &sc.rows, &mut sc.part, out, splits)?,
-            false => dev.hot_down(hot, &sc.hb, &mut sc.part, out, splits)?,
-        }
-        Ok(())
+        self.hot_down()
     }
 
     /// The cold neurons on the CPU (all of the plan's, or predictor mode's active ones), then
