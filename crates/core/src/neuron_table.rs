@@ -107,17 +107,25 @@ impl NeuronTable {
 
     /// The safetensors bytes: `blk.{i}.gpu_neurons` int32 per layer, plus `metadata`.
     pub fn to_safetensors(&self, metadata: HashMap<String, String>) -> Result<Vec<u8>> {
-        let bytes: Vec<(String, Vec<u8>, usize)> = self
-            .layers
-            .iter()
-            .enumerate()
-            .map(|(i, l)| {
-                let b: Vec<u8> = l
-                    .hot
-                    .iter()
-                    .flat_map(|&v| (v as i32).to_le_bytes())
-                    .collect();
-                (format!("blk.{i}.gpu_neurons"), b, l.hot.len())
+        self.to_safetensors_with(metadata, Vec::new())
+    }
+
+    /// [`NeuronTable::to_safetensors`] with more int32 id lists beside the table's, `(name,
+    /// ids)` each (a plan's RAM tier writes `blk.{i}.ram_neurons` so).
+    pub fn to_safetensors_with(
+        &self,
+        metadata: HashMap<String, String>,
+        extra: Vec<(String, Vec<i32>)>,
+    ) -> Result<Vec<u8>> {
+        let hot = self.layers.iter().enumerate().map(|(i, l)| {
+            let ids = l.hot.iter().map(|&v| v as i32).collect();
+            (format!("blk.{i}.gpu_neurons"), ids)
+        });
+        let bytes: Vec<(String, Vec<u8>, usize)> = hot
+            .chain(extra)
+            .map(|(name, ids): (String, Vec<i32>)| {
+                let b: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
+                (name, b, ids.len())
             })
             .collect();
         let views = bytes

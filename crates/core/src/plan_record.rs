@@ -131,31 +131,13 @@ mod tests {
             ("plan".to_string(), j.to_string()),
         ]);
         let table = NeuronTable::from_hot_lists(16, &[vec![3, 1], vec![]]).unwrap();
-        let mut tensors: Vec<(String, Vec<u8>, usize)> = table
-            .layers
+        let ram: Vec<(String, Vec<i32>)> = ram
+            .unwrap_or(&[])
             .iter()
             .enumerate()
-            .map(|(i, l)| {
-                let b: Vec<u8> = l
-                    .hot
-                    .iter()
-                    .flat_map(|&v| (v as i32).to_le_bytes())
-                    .collect();
-                (format!("blk.{i}.gpu_neurons"), b, l.hot.len())
-            })
+            .map(|(i, ids)| (format!("blk.{i}.ram_neurons"), ids.clone()))
             .collect();
-        for (i, ids) in ram.unwrap_or(&[]).iter().enumerate() {
-            let b: Vec<u8> = ids.iter().flat_map(|v| v.to_le_bytes()).collect();
-            tensors.push((format!("blk.{i}.ram_neurons"), b, ids.len()));
-        }
-        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
-            .iter()
-            .map(|(n, b, len)| {
-                let v = safetensors::tensor::TensorView::new(Dtype::I32, vec![*len], b).unwrap();
-                (n.clone(), v)
-            })
-            .collect();
-        safetensors::serialize(views, Some(meta)).unwrap()
+        table.to_safetensors_with(meta, ram).unwrap()
     }
 
     #[test]
