@@ -218,7 +218,7 @@ macro_rules! kernel {
 }
 pub(crate) use kernel;
 
-/// A backend whose buffers are host memory (the host backend, the emulator): the elements of
+/// A backend whose buffers are host memory (the host backend): the elements of
 /// a buffer as a slice, for the kernels' host contracts ([`Kernel::host`]).
 pub trait HostMem: Backend {
     /// The elements of `buf`.

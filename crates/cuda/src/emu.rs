@@ -22,7 +22,7 @@ use std::sync::Mutex;
 
 use powerinfer_core::{Error, Result};
 
-use crate::backend::{Backend, Checked, Elem, HostMem, Kernel};
+use crate::backend::{Backend, Checked, Elem, Kernel};
 use crate::graph::{graphs_from_env, GraphQueue, GraphRunner, GraphStats};
 use crate::host::{HostBackend, HostBuf};
 use crate::launch_spec::LaunchSpec;
@@ -226,16 +226,6 @@ impl Backend for EmuBackend {
         let mut all = lock(&self.launched).clone();
         all.extend(lock(&self.fused).iter().map(|(k, v)| (k.clone(), *v)));
         Some(all)
-    }
-}
-
-impl HostMem for EmuBackend {
-    fn data<T: Elem>(buf: &HostBuf<T>) -> &[T] {
-        HostBackend::data(buf)
-    }
-
-    fn data_mut<T: Elem>(buf: &mut HostBuf<T>) -> &mut [T] {
-        HostBackend::data_mut(buf)
     }
 }
 
