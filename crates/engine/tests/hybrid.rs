@@ -292,6 +292,9 @@ fn check_tol(
     let (want, want_toks) = greedy(&mut cpu, &prompt, steps);
     let mut gpu = session(m, mode, Some(layout.placement(m)), dev);
     let (got, got_toks) = greedy(&mut gpu, &prompt, steps);
+    // The hybrid executor ran: open on `dev`, with the plan's device allocations made.
+    let h = gpu.hybrid().expect("the plan opened no hybrid executor");
+    assert!(!h.allocations().is_empty(), "{dev}: no device allocation");
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert_close(g, w, tol, &format!("{dev} {} step {i}", mode.name()));
     }
