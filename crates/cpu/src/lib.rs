@@ -31,6 +31,7 @@ pub use ops::attend_block::{attend_block, block_attention_is_fast, BlockScratch,
 pub use ops::input_major::matvec_input;
 pub use ops::matmul::matmul;
 pub use ops::matvec::{matvec, matvec_many};
+pub use ops::matvec_tokens::matvec_tokens;
 pub use ops::pass::{in_pass, Disjoint, Pass, PreparedX};
 pub use ops::row::{dequantize_row, dot_row, dot_row_scalar};
 pub use ops::sparse::{axpy_rows, axpy_rows_many, matvec_rows};

@@ -7,7 +7,8 @@
 
 use powerinfer_core::{Result, Weight};
 use powerinfer_cpu::{
-    axpy_rows, matmul, matvec, matvec_many, matvec_rows, sparse_ffn, GateRows, SparseFfn,
+    axpy_rows, matmul, matvec, matvec_many, matvec_rows, matvec_tokens, sparse_ffn, GateRows,
+    SparseFfn,
 };
 use rayon::prelude::*;
 
@@ -24,12 +25,26 @@ use crate::sparsity::{
 };
 use crate::weights::ModelWeights;
 
-/// `y = W x` for n tokens: a matvec for one token, a batched matmul for more.
-pub fn project(w: &Weight, x: &[f32], n: usize, y: &mut Vec<f32>) -> Result<()> {
+/// How a pass over several tokens multiplies: as prefill does (matrix products, each weight
+/// row decoded once for all tokens) or with the one-token matvec's arithmetic for every token
+/// (bit-identical to decode steps: speculative verification).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Arith {
+    /// Matrix products (prefill, scoring).
+    #[default]
+    Batch,
+    /// Each token as a decode step computes it, over shared weight reads.
+    Steps,
+}
+
+/// `y = W x` for n tokens: a matvec for one token, a batched matmul (or, with
+/// [`Arith::Steps`], the per-token matvecs) for more.
+pub fn project(w: &Weight, x: &[f32], n: usize, y: &mut Vec<f32>, a: Arith) -> Result<()> {
     y.resize(n * w.rows, 0.0);
-    match n {
-        1 => matvec(w, x, y),
-        _ => matmul(w, x, n, y),
+    match (n, a) {
+        (1, _) => matvec(w, x, y),
+        (_, Arith::Steps) => matvec_tokens(&[w], x, n, &mut [&mut y[..]]),
+        (_, Arith::Batch) => matmul(w, x, n, y),
     }
 }
 
@@ -39,19 +54,23 @@ pub fn project_many<const K: usize>(
     x: &[f32],
     n: usize,
     ys: [&mut Vec<f32>; K],
+    a: Arith,
 ) -> Result<()> {
-    if n > 1 {
+    if n > 1 && a == Arith::Batch {
         for (w, y) in ws.into_iter().zip(ys) {
-            project(w, x, n, y)?;
+            project(w, x, n, y, a)?;
         }
         return Ok(());
     }
     let mut outs: Vec<&mut [f32]> = Vec::with_capacity(K);
     for (w, y) in ws.iter().zip(ys) {
-        y.resize(w.rows, 0.0);
+        y.resize(n * w.rows, 0.0);
         outs.push(y.as_mut_slice());
     }
-    matvec_many(&ws, x, &mut outs)
+    match n {
+        1 => matvec_many(&ws, x, &mut outs),
+        _ => matvec_tokens(&ws, x, n, &mut outs),
+    }
 }
 
 /// Elementwise over chunks, in parallel only when there is enough work.
@@ -92,10 +111,11 @@ fn gate_and_up(
     n: usize,
     gate: &mut Vec<f32>,
     up: &mut Vec<f32>,
+    a: Arith,
 ) -> Result<()> {
     match act.gated {
-        false => project(&lw.w_gate, xn, n, gate)?,
-        true => project_many([&lw.w_gate, &lw.w_up], xn, n, [gate, up])?,
+        false => project(&lw.w_gate, xn, n, gate, a)?,
+        true => project_many([&lw.w_gate, &lw.w_up], xn, n, [gate, up], a)?,
     }
     add_gate_bias(lw, None, gate);
     Ok(())
@@ -129,6 +149,8 @@ pub struct FfnCall<'a> {
     pub n: usize,
     /// Position of the first token in the context.
     pub start: usize,
+    /// How several tokens multiply (the dense FFN's products).
+    pub arith: Arith,
 }
 
 /// The FFN output (n × dim) into `out`; returns the phase the time since the last mark belongs
@@ -288,7 +310,7 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
         }
         Sparsity::Threshold(t) => {
             let t = t[call.layer];
-            gate_and_up(act, lw, call.xn, 1, &mut s.gate, &mut s.up)?;
+            gate_and_up(act, lw, call.xn, 1, &mut s.gate, &mut s.up, Arith::Batch)?;
             mark(Phase::Gate); // gate and up in one pass
                                // h = act(gate)·up in place, as the batched path computes it (whole-vector passes
                                // the compiler vectorises, apart from the activation's exp).
@@ -355,9 +377,21 @@ fn batched(
     let lw = &m.layers[call.layer];
     let (n, ffn) = (call.n, m.config.ffn_dim);
     let act = m.program.layers[call.layer].ffn_kind();
-    gate_and_up(act, lw, call.xn, n, &mut s.gate, &mut s.up)?;
+    gate_and_up(act, lw, call.xn, n, &mut s.gate, &mut s.up, call.arith)?;
     mark(Phase::Gate); // gate and up in one pass
-    activate(act, &mut s.gate, &s.up);
+    match call.arith {
+        Arith::Batch => activate(act, &mut s.gate, &s.up),
+        // Row by row, as one token's pass splits the work.
+        Arith::Steps => {
+            for (t, g) in s.gate.chunks_exact_mut(ffn).enumerate() {
+                let u = match act.gated {
+                    true => &s.up[t * ffn..(t + 1) * ffn],
+                    false => &[][..],
+                };
+                activate(act, g, u);
+            }
+        }
+    }
     // s.gate now holds h = act(gate)·up; the mode zeroes the neurons it skips.
     match call.mode {
         Sparsity::Dense | Sparsity::ExactRelu | Sparsity::Input(_) => {}
@@ -385,7 +419,7 @@ fn batched(
         p.record_site(call.layer, Site::FfnIn, call.xn);
         p.record_site(call.layer, Site::DownIn, &s.gate);
     }
-    project(&lw.w_down, &s.gate, n, out)
+    project(&lw.w_down, &s.gate, n, out, call.arith)
 }
 
 /// h = act(gate)·up in place in `gate` (the gated families' product, or act(gate) alone).
@@ -425,14 +459,14 @@ fn input_ffn(
     };
     let Some(ic) = copies else {
         // Thresholds of 0 keep everything: the dense FFN.
-        gate_and_up(act, lw, call.xn, n, &mut s.gate, &mut s.up)?;
+        gate_and_up(act, lw, call.xn, n, &mut s.gate, &mut s.up, Arith::Batch)?;
         activate(act, &mut s.gate, &s.up);
         if let Some(p) = profiler {
             p.record(l, call.xn, &s.gate, ffn, dense);
             p.record_site(l, Site::FfnIn, call.xn);
             p.record_site(l, Site::DownIn, &s.gate);
         }
-        return project(&lw.w_down, &s.gate, n, out);
+        return project(&lw.w_down, &s.gate, n, out, Arith::Batch);
     };
     let cp = &ic.layers[l];
     let norms = &cp.norms;
@@ -465,7 +499,7 @@ fn input_ffn(
             &mut s.xm,
             dense,
         );
-        gate_and_up(act, lw, &s.xm, n, &mut s.gate, &mut s.up)?;
+        gate_and_up(act, lw, &s.xm, n, &mut s.gate, &mut s.up, Arith::Batch)?;
     }
     activate(act, &mut s.gate, &s.up);
     let ndown = &norms[Site::DownIn as usize];
@@ -484,7 +518,7 @@ fn input_ffn(
     if let Some(p) = profiler {
         p.record(l, call.xn, &s.gate, ffn, dense);
     }
-    project(&lw.w_down, &s.gate, n, out)
+    project(&lw.w_down, &s.gate, n, out, Arith::Batch)
 }
 
 /// Threshold mode's mask: zero every value with |h| < t.

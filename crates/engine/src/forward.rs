@@ -6,12 +6,13 @@ use powerinfer_core::{ensure, ModelConfig, Result};
 use rayon::prelude::*;
 
 use crate::attention::{attention, AttnShape};
-use crate::ffn::{ffn, project, project_many, FfnCall, FfnScratch};
+use crate::ffn::{ffn, project, project_many, Arith, FfnCall, FfnScratch};
 use crate::input_sparse::{mask_rows, project_kept, site_matrix, InputScratch, Site, SiteMatrix};
 use crate::kv_cache::KvCache;
-use crate::layer::{AttnStep, FfnInput, FfnStep, NormKind};
+use crate::layer::{AttnStep, FfnInput, FfnKind, FfnStep, NormKind};
 use crate::layer_weights::LayerWeights;
 use crate::moe::{early_logits, moe_ffn, MoeCall, MoeScratch};
+use crate::moe_weights::MoeWeights;
 use crate::norm_rope::{apply_rope, layer_norm, rms_norm, RopeAngles};
 use crate::phases::{mark, Phase};
 use crate::profiler::Profiler;
@@ -25,6 +26,10 @@ pub enum Logits {
     Last,
     /// Every token's (scoring, perplexity).
     All,
+    /// Every token's, each bit-identical to what a one-token decode step after the tokens
+    /// before it gives (speculative verification): the products share their weight reads,
+    /// attention and sparse FFNs run per token.
+    Steps,
 }
 
 /// RMSNorm every row of `x` (n rows of `w.len()`) into `out`.
@@ -91,6 +96,8 @@ pub struct Scratch {
     pub(crate) ffn: FfnScratch,
     pub(crate) input: InputScratch,
     pub(crate) moe: MoeScratch,
+    /// How the current pass multiplies several tokens (set by [`forward`]).
+    pub(crate) arith: Arith,
 }
 
 /// Token ids as callers hold them (Python ints, any `i64`) as the engine's `u32` ids: the one
@@ -124,9 +131,22 @@ pub fn forward(
         token_ids(&[i64::from(bad)], c.vocab_size)?;
     }
     let start = cache.len();
+    if which == Logits::Steps && n > 1 && !steps_in_one_pass(model, mode, profiler.is_some()) {
+        // One forward pass per token: exact by construction.
+        let mut all = Vec::with_capacity(n * c.vocab_size);
+        for t in tokens.chunks(1) {
+            let p = profiler.as_deref_mut();
+            all.extend(forward(model, mode, cache, scratch, p, t, Logits::Last)?);
+        }
+        return Ok(all);
+    }
     cache.reserve(n)?;
 
     let s = scratch;
+    s.arith = match which {
+        Logits::Steps => Arith::Steps,
+        Logits::Last | Logits::All => Arith::Batch,
+    };
     embed(model, tokens, start, &mut s.x)?;
     let angles = Angles::new(c, start, n);
     mark(Phase::Other);
@@ -166,9 +186,17 @@ pub fn forward(
 
     let (first, n_out) = match which {
         Logits::Last => (n - 1, 1),
-        Logits::All => (0, n),
+        Logits::All | Logits::Steps => (0, n),
     };
     output_block(model, mode, s, start, first, n_out)
+}
+
+/// Whether [`Logits::Steps`] runs its tokens through one pass (the products shared): not in
+/// the input mode (whose one-token products read input-major columns), not while profiling,
+/// and not where a router reads the residual before attention (its logits are per pass).
+fn steps_in_one_pass(model: &ModelWeights, mode: &Sparsity, profiling: bool) -> bool {
+    let early = model.program.layers.iter().any(|l| l.early_router);
+    !matches!(mode, Sparsity::Input(_)) && !profiling && !early
 }
 
 /// RoPE angles of a chunk's tokens: the model's global ones and, for families whose sliding
@@ -254,6 +282,7 @@ pub(crate) fn attention_block(
 ) -> Result<()> {
     let c = &model.config;
     let lw = &model.layers[l];
+    let arith = s.arith;
     for step in &model.program.layers[l].attention {
         match step {
             AttnStep::Norm(kind) => {
@@ -293,6 +322,7 @@ pub(crate) fn attention_block(
                             &s.xn,
                             n,
                             [&mut s.q, &mut s.k, &mut s.v],
+                            arith,
                         )?;
                     }
                 }
@@ -334,7 +364,18 @@ pub(crate) fn attention_block(
                     scale: Some(p.scale),
                     softcap: p.softcap,
                 };
-                attention(&shape, &s.q, keys, values, start, &mut s.att);
+                match arith {
+                    Arith::Batch => attention(&shape, &s.q, keys, values, start, &mut s.att),
+                    // One query at a time, as decode steps attend.
+                    Arith::Steps => {
+                        let rows =
+                            s.q.chunks_exact(c.q_dim())
+                                .zip(s.att.chunks_exact_mut(c.q_dim()));
+                        for (t, (q, o)) in rows.enumerate() {
+                            attention(&shape, q, keys, values, start + t, o);
+                        }
+                    }
+                }
             }
             AttnStep::Output { bias } => {
                 if let Some(p) = profiler.as_deref_mut() {
@@ -357,7 +398,7 @@ pub(crate) fn attention_block(
                                 &model.input_copies()?.layers[l].norms[Site::AttnOut as usize];
                             mask_rows(p.score, norms, t, &mut s.att, dense);
                         }
-                        project(&lw.wo, &s.att, n, &mut s.o)?;
+                        project(&lw.wo, &s.att, n, &mut s.o, arith)?;
                     }
                 }
                 if let (true, Some(b)) = (bias, &lw.out_bias) {
@@ -393,6 +434,7 @@ pub(crate) fn ffn_block(
     let c = &model.config;
     let lw = &model.layers[l];
     let mut phase = Phase::Other;
+    let per_token = s.arith == Arith::Steps && n > 1 && !matches!(mode, Sparsity::Dense);
     for step in &model.program.layers[l].ffn {
         let x_in = match model.program.layers[l].ffn_input() {
             FfnInput::Saved => &s.par_in,
@@ -404,6 +446,26 @@ pub(crate) fn ffn_block(
                 norm_rows_with(x_in, &lw.ffn_norm, b, c.rms_eps, &mut s.xn);
                 mark(Phase::Other);
             }
+            // Decode steps of a sparse mode read each token's own rows: one call per token.
+            FfnStep::Ffn(_) if per_token => {
+                let dim = c.dim;
+                s.down.resize(n * dim, 0.0);
+                let mut row = Vec::with_capacity(dim);
+                for t in 0..n {
+                    let call = FfnCall {
+                        model,
+                        layer: l,
+                        mode,
+                        x_res: &x_in[t * dim..(t + 1) * dim],
+                        xn: &s.xn[t * dim..(t + 1) * dim],
+                        n: 1,
+                        start: start + t,
+                        arith: Arith::Batch,
+                    };
+                    phase = ffn(&call, &mut s.ffn, None, &mut row)?;
+                    s.down[t * dim..(t + 1) * dim].copy_from_slice(&row);
+                }
+            }
             FfnStep::Ffn(_) => {
                 let call = FfnCall {
                     model,
@@ -413,6 +475,7 @@ pub(crate) fn ffn_block(
                     xn: &s.xn,
                     n,
                     start,
+                    arith: s.arith,
                 };
                 phase = ffn(&call, &mut s.ffn, profiler.as_deref_mut(), &mut s.down)?;
             }
@@ -427,50 +490,34 @@ pub(crate) fn ffn_block(
                          supported yet"
                     );
                 }
-                // Exact-relu reads only the up and down rows of the neurons that fire in each
-                // routed expert (one token), threshold mode the down rows of those that pass;
-                // batches compute the same function densely, masked.
-                // A neuron store serves one token's routed experts in the modes the mode table
-                // says (moe_store: dense, exact-relu): no transposed copy in memory then.
-                let stored = mode.mode().support().moe_store;
-                let store = match (stored, n, profiler.is_some()) {
-                    (true, 1, false) => model.neuron_store(),
-                    _ => None,
-                };
-                let down_t = match (mode, n) {
-                    (
-                        Sparsity::ExactRelu | Sparsity::Threshold(_) | Sparsity::Predictor { .. },
-                        1,
-                    ) if store.is_none() => Some(&model.expert_down_t()?[l][..]),
-                    _ => None,
-                };
-                // This layer's predictor per expert (None where it has none: exact-relu).
-                let predictors = match mode {
-                    Sparsity::Predictor { experts, .. } => {
-                        Some(experts.get(l).map_or(&[][..], |r| &r[..]))
-                    }
-                    _ => None,
-                };
-                let threshold = match mode {
-                    Sparsity::Threshold(t) => Some(t[l]),
-                    _ => None,
-                };
-                let call = MoeCall {
-                    m: &c.moe,
+                let at = MoeAt {
+                    model,
+                    l,
+                    mode,
                     w,
-                    act: *kind,
-                    xn: &s.xn,
-                    n,
-                    dim: c.dim,
-                    down_t,
-                    threshold,
-                    dense_rows: mode.dense_rows(start, n),
-                    layer: l,
-                    store: store.as_deref(),
-                    exact: matches!(mode, Sparsity::ExactRelu),
-                    predictors,
+                    kind: *kind,
                 };
-                moe_ffn(&call, &mut s.moe, profiler.as_deref_mut(), &mut s.down)?;
+                match s.arith {
+                    // Decode steps route and read each token on its own: one call per token.
+                    Arith::Steps if n > 1 => {
+                        let dim = c.dim;
+                        s.down.resize(n * dim, 0.0);
+                        let mut row = Vec::with_capacity(dim);
+                        for t in 0..n {
+                            let xn = &s.xn[t * dim..(t + 1) * dim];
+                            at.run(xn, 1, start + t, &mut s.moe, None, &mut row)?;
+                            s.down[t * dim..(t + 1) * dim].copy_from_slice(&row);
+                        }
+                    }
+                    _ => at.run(
+                        &s.xn,
+                        n,
+                        start,
+                        &mut s.moe,
+                        profiler.as_deref_mut(),
+                        &mut s.down,
+                    )?,
+                }
                 phase = Phase::Ffn;
             }
             FfnStep::DownBias => {
@@ -491,6 +538,80 @@ pub(crate) fn ffn_block(
         }
     }
     Ok(())
+}
+
+/// One layer's MoE step, for [`ffn_block`].
+struct MoeAt<'a> {
+    model: &'a ModelWeights,
+    l: usize,
+    mode: &'a Sparsity,
+    w: &'a MoeWeights,
+    kind: FfnKind,
+}
+
+impl MoeAt<'_> {
+    /// The routed (and shared) experts of the `n` tokens `xn` at positions `start..` into `out`.
+    fn run(
+        &self,
+        xn: &[f32],
+        n: usize,
+        start: usize,
+        moe: &mut MoeScratch,
+        profiler: Option<&mut Profiler>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let MoeAt {
+            model,
+            l,
+            mode,
+            w,
+            kind,
+        } = *self;
+        let c = &model.config;
+        // Exact-relu reads only the up and down rows of the neurons that fire in each
+        // routed expert (one token), threshold mode the down rows of those that pass;
+        // batches compute the same function densely, masked.
+        // A neuron store serves one token's routed experts in the modes the mode table
+        // says (moe_store: dense, exact-relu): no transposed copy in memory then.
+        let stored = mode.mode().support().moe_store;
+        let store = match (stored, n, profiler.is_some()) {
+            (true, 1, false) => model.neuron_store(),
+            _ => None,
+        };
+        let down_t = match (mode, n) {
+            (Sparsity::ExactRelu | Sparsity::Threshold(_) | Sparsity::Predictor { .. }, 1)
+                if store.is_none() =>
+            {
+                Some(&model.expert_down_t()?[l][..])
+            }
+            _ => None,
+        };
+        // This layer's predictor per expert (None where it has none: exact-relu).
+        let predictors = match mode {
+            Sparsity::Predictor { experts, .. } => Some(experts.get(l).map_or(&[][..], |r| &r[..])),
+            _ => None,
+        };
+        let threshold = match mode {
+            Sparsity::Threshold(t) => Some(t[l]),
+            _ => None,
+        };
+        let call = MoeCall {
+            m: &c.moe,
+            w,
+            act: kind,
+            xn,
+            n,
+            dim: c.dim,
+            down_t,
+            threshold,
+            dense_rows: mode.dense_rows(start, n),
+            layer: l,
+            store: store.as_deref(),
+            exact: matches!(mode, Sparsity::ExactRelu),
+            predictors,
+        };
+        moe_ffn(&call, moe, profiler, out)
+    }
 }
 
 /// The embedding steps of the model's program for `tokens` at positions `start..` into `x`
@@ -574,7 +695,7 @@ pub(crate) fn output_block(
                 let oc = model.output_copy()?;
                 mask_rows(p.score, &oc.norms, t, &mut s.xn, dense);
             }
-            project(&model.output, &s.xn, n_out, &mut logits)?;
+            project(&model.output, &s.xn, n_out, &mut logits, s.arith)?;
         }
     }
     if let Some(cap) = p.softcap {

@@ -16,7 +16,7 @@ use powerinfer_cpu::{
 };
 use rayon::prelude::*;
 
-use crate::ffn::{activate, project, project_many};
+use crate::ffn::{activate, project, project_many, Arith};
 use crate::layer::FfnKind;
 use crate::moe_pass::{experts_pass, ExpertsPass};
 use crate::moe_weights::{route, shared_scale, MoeWeights};
@@ -91,7 +91,7 @@ impl MoeCall<'_> {
 
 /// The router's logits (n × n_expert) of the `n` rows of `x` into `out`.
 pub fn router_logits(w: &MoeWeights, x: &[f32], n: usize, out: &mut Vec<f32>) -> Result<()> {
-    project(&w.router, x, n, out)
+    project(&w.router, x, n, out, Arith::Batch)
 }
 
 /// The MoE FFN output of `call.n` tokens (n × dim) into `out`; router logits come from
@@ -361,7 +361,13 @@ fn batch(
         for &(t, _) in tokens {
             s.xe.extend_from_slice(&call.xn[t * dim..(t + 1) * dim]);
         }
-        project_many([&w.gate[e], &w.up[e]], &s.xe, m, [&mut s.gate, &mut s.up])?;
+        project_many(
+            [&w.gate[e], &w.up[e]],
+            &s.xe,
+            m,
+            [&mut s.gate, &mut s.up],
+            Arith::Batch,
+        )?;
         activate(act, &mut s.gate, &s.up);
         let ef = w.gate[e].rows;
         // Threshold mode masks the activations of the tokens it sparsifies.
@@ -398,7 +404,7 @@ fn batch(
                 }
             }
         }
-        project(&w.down[e], &s.gate, m, &mut s.ye)?;
+        project(&w.down[e], &s.gate, m, &mut s.ye, Arith::Batch)?;
         for (i, &(t, wt)) in tokens.iter().enumerate() {
             let y = &s.ye[i * dim..(i + 1) * dim];
             out[t * dim..(t + 1) * dim]
@@ -424,9 +430,15 @@ fn shared(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut [f32]) -> Result<()>
         return Ok(());
     };
     let (n, dim) = (call.n, call.dim);
-    project_many([&sh.gate, &sh.up], call.xn, n, [&mut s.gate, &mut s.up])?;
+    project_many(
+        [&sh.gate, &sh.up],
+        call.xn,
+        n,
+        [&mut s.gate, &mut s.up],
+        Arith::Batch,
+    )?;
     activate(call.act, &mut s.gate, &s.up);
-    project(&sh.down, &s.gate, n, &mut s.shared)?;
+    project(&sh.down, &s.gate, n, &mut s.shared, Arith::Batch)?;
     for t in 0..n {
         let scale = shared_scale(sh, &call.xn[t * dim..(t + 1) * dim]);
         let y = &s.shared[t * dim..(t + 1) * dim];

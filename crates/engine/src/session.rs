@@ -341,7 +341,9 @@ impl Session {
     }
 
     /// Feed `tokens` after the cached context, in chunks of [`PREFILL_CHUNK`]; returns the last
-    /// token's logits, or every token's when `which` is [`Logits::All`]. The `between` callback
+    /// token's logits, or every token's when `which` is [`Logits::All`] (or
+    /// [`Logits::Steps`]: each as a one-token step computes it, for speculative verification;
+    /// on the hybrid executor one of its decode steps per token). The `between` callback
     /// runs between chunks and may abort (e.g. on Ctrl-C) by returning an error; on any error
     /// the cache is rolled back to where it was.
     pub fn feed(
@@ -387,6 +389,16 @@ impl Session {
             let decode_seconds = &mut self.hybrid_decode_seconds;
             let logits = self.pool.install(|| {
                 phases::timed(times, chunk.len(), || match hybrid {
+                    // Decode steps on the hybrid executor: one of its steps per token.
+                    Some(h) if which == Logits::Steps && profiler.is_none() => {
+                        let t0 = std::time::Instant::now();
+                        let mut all = Vec::with_capacity(chunk.len() * vocab);
+                        for &t in chunk {
+                            all.extend(h.decode(model, mode, cache, t)?);
+                        }
+                        *decode_seconds += t0.elapsed().as_secs_f64();
+                        Ok(all)
+                    }
                     // One token and no profile: the hybrid decode step.
                     Some(h) if chunk.len() == 1 && profiler.is_none() => {
                         let t0 = std::time::Instant::now();
@@ -409,7 +421,7 @@ impl Session {
             // into numpy errors or a silent nan); the caller's `feed` rolls the cache back.
             if let Some(bad) = logits.iter().position(|v| !v.is_finite()) {
                 let row = match which {
-                    Logits::All => bad / vocab,
+                    Logits::All | Logits::Steps => bad / vocab,
                     Logits::Last => chunk.len() - 1,
                 };
                 let at = i * PREFILL_CHUNK + row;
@@ -422,7 +434,7 @@ impl Session {
                 );
             }
             match which {
-                Logits::All => all.extend_from_slice(&logits),
+                Logits::All | Logits::Steps => all.extend_from_slice(&logits),
                 Logits::Last => last = logits,
             }
             if i + 1 < n_chunks {
@@ -430,7 +442,7 @@ impl Session {
             }
         }
         Ok(match which {
-            Logits::All => all,
+            Logits::All | Logits::Steps => all,
             Logits::Last => last,
         })
     }

@@ -79,6 +79,30 @@ impl PySession {
         matrix(py, vocab, logits)
     }
 
+    /// Append `tokens` to the context as successive one-token decode steps would, in one pass
+    /// (speculative verification): float32 logits of shape (len(tokens), vocab), row i
+    /// bit-identical to what `feed([tokens[i]])` gives after the tokens before it. The
+    /// products share their weight reads; attention and the sparse FFN modes run per token
+    /// (the input mode, and the hybrid executor, one decode step per token). On error the
+    /// context is unchanged.
+    #[pyo3(signature = (tokens))]
+    fn decode<'py>(
+        &self,
+        py: Python<'py>,
+        tokens: Vec<i64>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let mut guard = self.lock(py);
+        let vocab = guard.model().config.vocab_size;
+        let ids = check(token_ids(&tokens, vocab))?;
+        let session = &mut *guard;
+        let logits = run_detached(py, move || {
+            let check_signals =
+                || Python::attach(|py| py.check_signals()).map_err(|_| Error::Interrupted);
+            session.feed(&ids, Logits::Steps, check_signals)
+        })?;
+        matrix(py, vocab, logits)
+    }
+
     /// Set the FFN sparsity: one of `SPARSITY_MODES`. "threshold" needs one threshold per layer
     /// on |act(gate)·up|, "predictor" a `Predictors`, "input" per layer four thresholds (the
     /// sites `INPUT_SITES`), the output head's (0: dense) and the score ("teal" or "wina").

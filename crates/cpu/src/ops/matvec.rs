@@ -12,7 +12,7 @@ const MIN_CHUNK_BYTES: usize = 32 * 1024;
 /// At most this many chunks per thread (a little slack for load balancing, no more).
 const CHUNKS_PER_THREAD: usize = 4;
 /// Chunk boundaries fall on multiples of this many rows (the kernels' row-group width).
-const ROW_ALIGN: usize = 8;
+pub(crate) const ROW_ALIGN: usize = 8;
 
 /// y[r] = Σ_c W[r,c]·x[c] for every row, in parallel on the current rayon pool.
 pub fn matvec(w: &Weight, x: &[f32], y: &mut [f32]) -> Result<()> {
@@ -85,7 +85,7 @@ pub(crate) fn matvec_many_at(
 
 /// Bytes of weights per parallel task when `total` bytes are shared by `threads` threads: a
 /// few tasks per thread for balance, none smaller than [`MIN_CHUNK_BYTES`].
-fn chunk_bytes(total: usize, threads: usize) -> usize {
+pub(crate) fn chunk_bytes(total: usize, threads: usize) -> usize {
     (total / (threads * CHUNKS_PER_THREAD).max(1)).max(MIN_CHUNK_BYTES)
 }
 
