@@ -704,3 +704,60 @@ fn transfers_are_counted_per_layer() {
     assert_eq!((st.layers[1].uploads, st.layers[1].downloads), (0, 4));
     assert_eq!((st.layers[2].uploads, st.layers[2].downloads), (4, 4));
 }
+
+/// Whether two logit rows are the same bits.
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Speculative verification: [`Logits::Steps`] gives every token's logits bit-identical to
+/// one-token decode steps, in every mode and format, on the CPU (one pass, the products
+/// shared) and on the hybrid executor (one of its steps per token); cutting a rejected tail
+/// off leaves a context whose next step is the one-token session's, GPU cache included.
+#[test]
+fn steps_equal_one_token_decode_in_every_mode() {
+    for dtype in [DType::Q4_1, DType::Q4_0, DType::Q8_0, DType::F16] {
+        let m = model(Activation::Relu, dtype, 256);
+        let (n, ffn, vocab) = (m.config.n_layers, m.config.ffn_dim, m.config.vocab_size);
+        let modes = [
+            Sparsity::Dense,
+            Sparsity::ExactRelu,
+            Sparsity::Threshold(vec![0.02; n]),
+            Sparsity::Predictor {
+                layers: predictors(&m),
+                input: PredictorInput::FfnInp,
+                experts: Vec::new(),
+            },
+        ];
+        let mut layout = Layout::all_gpu(n, ffn);
+        layout.hot = half_hot(ffn, n);
+        let mut devs = vec!["cpu"];
+        if dtype == DType::Q4_0 {
+            devs.extend(devices_for(dtype));
+        }
+        for mode in &modes {
+            for &dev in &devs {
+                let plan = (dev != "cpu").then(|| layout.placement(&m));
+                let prompt = [3u32, 17, 5, 42, 8];
+                let what = format!("{dev} {dtype:?} {}", mode.name());
+                let mut one = session(&m, mode, plan.clone(), dev);
+                let (want, toks) = greedy(&mut one, &prompt, 7);
+                let mut spec = session(&m, mode, plan, dev);
+                spec.feed(&prompt, Logits::Last, no_check).unwrap();
+                let got = spec.feed(&toks, Logits::Steps, no_check).unwrap();
+                assert_eq!(got.len(), toks.len() * vocab);
+                for (i, row) in got.chunks_exact(vocab).enumerate() {
+                    assert!(same_bits(row, &want[i + 1]), "{what}: step {i}");
+                }
+                if dev != "cpu" {
+                    assert!(spec.hybrid().is_some(), "{what}: no hybrid executor");
+                }
+                // The last four rejected: cut back, then the fourth again as a one-token step.
+                spec.truncate(prompt.len() + 3);
+                let next = spec.feed(&toks[3..4], Logits::Last, no_check).unwrap();
+                assert!(same_bits(&next, &want[4]), "{what}: after the rollback");
+                assert_eq!(spec.n_past(), prompt.len() + 4);
+            }
+        }
+    }
+}

@@ -10,7 +10,7 @@
 //! the tests below check on every format and level.
 
 use crate::check;
-use crate::dispatch::Activations;
+use crate::dispatch::Tokens;
 use crate::ops::matvec::{chunk_bytes, ROW_ALIGN};
 use crate::simd::{self, Level};
 use powerinfer_core::{DType, Result, Weight};
@@ -91,18 +91,14 @@ pub(crate) fn matvec_tokens_at(
         }
     }
     let quantized = ws.iter().any(|w| w.dtype.is_quantized());
-    let prepared: Vec<Activations<'_>> = x
-        .chunks_exact(cols.max(1))
-        .map(|t| Activations::new(level, t, quantized))
-        .collect();
+    let tokens = Tokens::new(level, x, cols, quantized);
     let run = |t: Task<'_>| {
         let slice = (SLICE_BYTES / t.row_bytes.max(1)).next_multiple_of(ROW_ALIGN);
         let mut outs = t.outs;
         for (s, rows) in t.rows.chunks(slice * t.row_bytes).enumerate() {
             let (r0, len) = (s * slice, rows.len() / t.row_bytes.max(1));
-            for (a, out) in prepared.iter().zip(outs.iter_mut()) {
-                a.rows_dot(t.dtype, rows, t.row_bytes, &mut out[r0..r0 + len]);
-            }
+            let mut o: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[r0..r0 + len]).collect();
+            tokens.rows_dot(t.dtype, rows, t.row_bytes, &mut o);
         }
     };
     if tasks.len() <= 1 {
@@ -173,10 +169,10 @@ mod tests {
         let mut rng = Rng::new(62);
         let w = random_weight(&mut rng, DType::Q4_0, 8, 64);
         let x = rng.vec(2 * 64);
-        let mut y = vec![0.0; 15];
+        let mut y = [0.0; 15];
         let err = matvec_tokens(&[&w], &x, 2, &mut [&mut y[..]]).unwrap_err();
         assert!(matches!(err, powerinfer_core::Error::Shape(_)));
-        let mut y = vec![0.0; 16];
+        let mut y = [0.0; 16];
         assert!(matvec_tokens(&[&w], &x[..100], 2, &mut [&mut y[..]]).is_err());
         assert!(matvec_tokens(&[&w], &x, 2, &mut []).is_err());
         assert!(matvec_tokens(&[&w], &x, 0, &mut [&mut y[..]]).is_ok());

@@ -29,6 +29,7 @@ mod row_group;
 mod rows;
 mod select;
 mod split8;
+mod split8_pairs;
 mod tile;
 mod wide;
 mod wide_float;
@@ -48,6 +49,7 @@ use quant::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use row_group::RowGroup;
 pub(crate) use row_group::GROUP;
 use select::{with_format, with_rows, with_wide_float};
+pub(crate) use split8_pairs::XPair;
 
 /// Rows computed together by the dense f32-x matvec kernels.
 const ROWS: usize = 4;
@@ -211,6 +213,45 @@ pub(crate) fn rows_dot_i16(
         // SAFETY: as above, for the single row i.
         unsafe { int16_rows::<1, false>(dtype, &p, &p, xq, std::slice::from_mut(o), wide) };
     }
+}
+
+/// `outs[2j + h][i]` = dot(row i, token h of `pairs[j]`) over consecutive rows of `dtype`
+/// (`outs[0].len()` of them), each bit-identical to [`rows_dot_i16`] (wide) on that token;
+/// false, with nothing written, where `dtype` has no paired kernel.
+pub(crate) fn rows_dot_pairs(
+    dtype: DType,
+    rows: &[u8],
+    row_bytes: usize,
+    pairs: &[XPair],
+    outs: &mut [&mut [f32]],
+) -> bool {
+    debug_check_wide(true);
+    let count = outs.first().map_or(0, |o| o.len());
+    let blocks = pairs.first().map_or(0, |p| p.blocks());
+    let want = dtype.row_bytes(32 * blocks).unwrap_or(usize::MAX);
+    assert!(outs.len() == 2 * pairs.len() && outs.iter().all(|o| o.len() == count));
+    assert!(pairs.iter().all(|p| p.blocks() == blocks));
+    assert!(rows.len() >= count * row_bytes && row_bytes >= want);
+    // SAFETY: the AVX-512 level (checked above in debug builds, by the dispatcher always); the
+    // asserts keep every row inside `rows` with `blocks` blocks, and every output in range.
+    unsafe {
+        match dtype {
+            DType::Q4_0 if SPLIT8 => {
+                split8_pairs::rows_dot_pairs::<Q4_0>(rows, row_bytes, pairs, outs)
+            }
+            DType::Q4_1 if SPLIT8 => {
+                split8_pairs::rows_dot_pairs::<Q4_1>(rows, row_bytes, pairs, outs)
+            }
+            DType::Q5_0 if SPLIT8 => {
+                split8_pairs::rows_dot_pairs::<Q5_0>(rows, row_bytes, pairs, outs)
+            }
+            DType::Q5_1 if SPLIT8 => {
+                split8_pairs::rows_dot_pairs::<Q5_1>(rows, row_bytes, pairs, outs)
+            }
+            _ => return false,
+        }
+    }
+    true
 }
 
 /// out[i] = dot(rows[i], x) for up to 8 scattered quantized rows (each at least `xq.blocks()`
