@@ -253,6 +253,12 @@ def resolve_speculative(
     return mode, draft_model, draft_max
 
 
+def mode_of_flag(value: str) -> str:
+    """The mode of a ``--speculative`` value: a mode name as it is, a draft model's path
+    "draft"."""
+    return value if value in SPECULATIVE_MODES else "draft"
+
+
 def merged_counts(counts: Mapping[int, int], extra: Iterable[int]) -> dict[int, int]:
     """``counts`` with each token of ``extra`` counted once more (a copy)."""
     out = dict(counts)
