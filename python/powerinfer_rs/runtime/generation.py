@@ -388,8 +388,8 @@ class Generation:
                 if len(fed) >= self.n_ctx:
                     stats.finish_reason = "context"
                     break
-                # Room for the drafts: in the context, and only rows a later token will use.
-                room = min(self.n_ctx - len(fed) - 1, max_new_tokens - i - 2)
+                # Room for the drafts: in the context, and no more than tokens are left.
+                room = min(self.n_ctx - len(fed) - 1, max_new_tokens - i - 1)
                 with self._lock:
                     try:
                         proposal = Draft([], [])
