@@ -378,7 +378,7 @@ class Generation:
                     break
                 if i + 1 == max_new_tokens:
                     break
-                if accepted and rows is not None:  # in the cache already: its row is at hand
+                if accepted and rows is not None and pos + 1 < len(rows):  # fed: its row is here
                     fed.append(token)
                     pos += 1
                     logits = rows[pos]
@@ -388,8 +388,13 @@ class Generation:
                 if len(fed) >= self.n_ctx:
                     stats.finish_reason = "context"
                     break
-                # Room for the drafts: in the context, and no more than tokens are left.
-                room = min(self.n_ctx - len(fed) - 1, max_new_tokens - i - 1)
+                # Drafts: no more than tokens are left, nor than the context's room for what
+                # they verify (draft j is checked against the row after draft j-1). A last
+                # draft whose own row no later token could use is verified but not fed (if
+                # accepted, it is taken as the plain loop takes a sampled token).
+                left = max_new_tokens - i - 1
+                room = min(self.n_ctx - len(fed), left)
+                feed_max = min(self.n_ctx - len(fed) - 1, left - 1)
                 with self._lock:
                     try:
                         proposal = Draft([], [])
@@ -410,7 +415,7 @@ class Generation:
                             self._version += 1
                             rows = None
                         else:
-                            ids = [token] + proposal.tokens
+                            ids = [token] + proposal.tokens[:feed_max]
                             rows = decode_many(self._session, ids)
                             self._context.extend(ids)
                             self._version += 1
