@@ -73,11 +73,15 @@ class DraftModel:
 
     def _sync(self, history: Sequence[int]) -> np.ndarray:
         """Bring the cache to ``history``; the logits after its last token."""
-        common = 0
-        for a, b in zip(self._context, history):
-            if a != b:
-                break
-            common += 1
+        held = self._context
+        if list(history[: len(held)]) == held:  # the usual case, compared at C speed
+            common = len(held)
+        else:
+            common = 0
+            for a, b in zip(held, history):
+                if a != b:
+                    break
+                common += 1
         common = min(common, len(history) - 1)
         self.rewind(common)
         todo = [int(t) for t in history[common:]]

@@ -469,6 +469,7 @@ class Generation:
             if self._session.n_past > n:
                 self._session.truncate(n)
             del self._context[n:]
+            self._batched = min(self._batched, n)
             self._version += 1
             return self._version
 

@@ -276,7 +276,8 @@ def create_app(
     """The application serving ``engine`` as ``model_id``: OpenAI's routes, and Anthropic's
     ``/v1/messages`` (:mod:`.anthropic`). ``speculative`` and ``draft_max``: the speculative
     decoding of requests that do not say (:mod:`.speculation`); checked here."""
-    resolve_speculative(speculative, draft_max, engine.draft)  # a bad default fails now
+    # A bad default fails now, not at the first request.
+    resolve_speculative(speculative, draft_max, getattr(engine, "draft", None))
     defaults = SpeculativeDefaults(speculative, draft_max)
     state = ServerState(engine, model_id, api_key, max_queue, defaults)
 
