@@ -402,6 +402,29 @@ def test_after_rejected_drafts_the_context_and_cache_agree(relu):
     assert eng.generate([9, 8, 7, 6], **kw) == Engine(relu, threads=2).generate([9, 8, 7, 6], **kw)
 
 
+@pytest.mark.parametrize("failure", ["drafter", "bad id"])
+def test_a_failing_verification_leaves_the_context_consistent(relu, failure):
+    """A drafter that raises, or drafts an id outside the vocabulary (the core refuses it
+    within the verification pass): the error reaches the caller, the context and the cache
+    agree, and the next call is a fresh engine's."""
+    eng = Engine(relu, threads=2)
+    calls = []
+
+    def pick(history, state):
+        calls.append(len(history))
+        if len(calls) == 3:
+            if failure == "drafter":
+                raise KeyboardInterrupt
+            return 10**6, None
+        return history[-2], None
+
+    with pytest.raises(KeyboardInterrupt if failure == "drafter" else TokenError):
+        eng.generate(PROMPT, max_new_tokens=20, temperature=0, speculative=Fixed(pick))
+    assert eng.core_session.n_past == len(eng.context_ids)
+    kw = dict(max_new_tokens=12, temperature=0, speculative="lookup")
+    assert eng.generate([9, 8, 7, 6], **kw) == Engine(relu, threads=2).generate([9, 8, 7, 6], **kw)
+
+
 @pytest.mark.parametrize("limit", ["max", "stop", "eos", "context", "closed"])
 def test_every_end_is_the_same(relu, limit, monkeypatch):
     """A window of accepted drafts that runs past the end: the output, the finish reason and
