@@ -556,7 +556,7 @@ def test_constrained_output_is_the_same_with_lookup(smol_engine):
 # -- command line and server ---------------------------------------------------------------------
 
 
-def test_command_line_flags(synth_gguf, capsys):
+def test_command_line_flags(synth_gguf, capfd):
     from powerinfer_rs.cli import _engine_options, _gen_kwargs, build_parser, main
 
     path = str(synth_gguf(dtype="F32", activation="relu"))
@@ -573,12 +573,12 @@ def test_command_line_flags(synth_gguf, capsys):
     for bad in (["--speculative", "/no/such/model.gguf"], ["--draft-max", "-1"]):
         with pytest.raises(SystemExit):
             p.parse_args(["generate", "-p", "x", *bad])
-    capsys.readouterr()
+    capfd.readouterr()
     argv = ["generate", "-m", path, "-p", "hello", "-n", "12", "--temperature", "0", "-t", "2"]
     assert main([*argv, "--speculative", "off", "-q"]) == 0
-    plain = capsys.readouterr().out
+    plain = capfd.readouterr().out
     assert main([*argv, "--speculative", path]) == 0
-    out = capsys.readouterr()
+    out = capfd.readouterr()
     assert out.out == plain and "speculative draft" in out.err
 
 
