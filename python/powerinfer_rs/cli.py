@@ -360,7 +360,8 @@ def cmd_prepare(a: argparse.Namespace) -> int:
     return 0
 
 
-def _print_stats(engine, out=sys.stderr) -> None:
+def _print_stats(engine, out=None) -> None:
+    out = out or sys.stderr  # looked up now: a replaced sys.stderr is honoured
     s = engine.last_stats
     print(
         f"\n[prompt {s.prompt_tokens} tok, prefill {s.prefill_tokens_per_second:.1f} tok/s, "
