@@ -302,6 +302,15 @@ def test_synthetic_greedy_is_the_same_in_every_mode(case, synth_gguf, relu, tmp_
         assert eng.gpu_info()["steps"] > 0  # the decode steps ran the plan's GPU side
 
 
+def test_penalties_are_taken_as_of_each_position(relu):
+    """Temperature 0 with penalties: each drafted position is judged with the penalty state
+    after the tokens before it (an accepted draft counts for the next one)."""
+    eng = Engine(relu, threads=2)
+    assert_same_greedy(
+        eng, PROMPT, repetition_penalty=1.3, presence_penalty=0.4, frequency_penalty=0.6
+    )
+
+
 def test_draft_model_greedy_is_the_same_and_keeps_in_step(synth_gguf, relu):
     other = load_model(synth_gguf(dtype="F32", activation="relu", seed=7))
     for draft, accepts in ((relu, True), (other, False)):
