@@ -19,6 +19,12 @@ from pathlib import Path
 
 from . import _core
 from .errors import PlanError
+from .runtime.speculative import (
+    DEFAULT_DRAFT_MAX,
+    DEFAULT_SPECULATIVE,
+    SPECULATIVE_MODES,
+    mode_of_flag,
+)
 from .stages import STAGES
 from .stages.args import at_least_int, float_in, nonneg_int, positive_float, positive_int
 
@@ -143,6 +149,53 @@ def _sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignore-eos", action="store_true", help="keep going past end-of-sequence")
 
 
+def speculative_arg(s: str) -> str:
+    """argparse type of ``--speculative``: a mode name, or the path of a draft model."""
+    name = s.strip().lower()
+    if name in SPECULATIVE_MODES:
+        return name
+    if os.path.exists(s):
+        return s
+    raise argparse.ArgumentTypeError(
+        f"{s!r} is neither a mode ({', '.join(SPECULATIVE_MODES)}) nor a draft model's path"
+    )
+
+
+def add_speculative_arguments(p: argparse.ArgumentParser, server: bool = False) -> None:
+    """``--speculative`` and ``--draft-max`` (generate, chat, and serve's defaults)."""
+    scope = "the default of every request (a request's 'speculative' field overrides it)"
+    p.add_argument(
+        "--speculative",
+        type=speculative_arg,
+        default="auto",
+        metavar="lookup|off|auto|PATH",
+        help="speculative decoding: draft several tokens and verify them in one forward pass "
+        "(the output is the same: greedy token for token, sampling in distribution). lookup: "
+        "draft what followed the latest earlier occurrence of the last few tokens (free; pays "
+        "when the output copies its prompt, e.g. an edited file or JSON echoing its input); "
+        "PATH: a smaller draft model with the same tokenizer (a GGUF file or HF directory); "
+        f"off: none; auto (the default): the draft model if given, else {DEFAULT_SPECULATIVE}"
+        + (f"; {scope}" if server else ""),
+    )
+    p.add_argument(
+        "--draft-max",
+        type=nonneg_int,
+        default=DEFAULT_DRAFT_MAX,
+        metavar="K",
+        help=f"most tokens drafted per verification step ({DEFAULT_DRAFT_MAX}); the number "
+        "grows while drafts are accepted and drops to 0 (with a cheap retry now and then) "
+        "while they are not; 0 turns speculation off",
+    )
+
+
+def speculative_options(a: argparse.Namespace) -> dict:
+    """``speculative`` and ``draft_max`` of the generation calls (a path runs "draft")."""
+    mode = getattr(a, "speculative", None)
+    if mode is None:
+        return {}
+    return {"speculative": mode_of_flag(mode), "draft_max": a.draft_max}
+
+
 def at_least_2(s: str) -> int:
     """argparse type: an integer >= 2 (a perplexity window scores pairs of tokens)."""
     return at_least_int(2)(s)
@@ -158,6 +211,7 @@ def _gen_kwargs(a: argparse.Namespace) -> dict:
         "seed": a.seed,
         "stop": a.stop,
         "ignore_eos": a.ignore_eos,
+        **speculative_options(a),
     }
 
 
@@ -191,7 +245,14 @@ def _engine_options(a: argparse.Namespace) -> dict:
         "plan": a.plan,
         "device": a.device or "cpu",
         "vram_budget": a.vram_budget,
+        "draft": draft_path(a),
     }
+
+
+def draft_path(a: argparse.Namespace) -> str | None:
+    """The draft model ``--speculative PATH`` names (None: none)."""
+    mode = getattr(a, "speculative", None)
+    return mode if mode is not None and mode not in SPECULATIVE_MODES else None
 
 
 def _auto_device(a: argparse.Namespace) -> str:
@@ -299,7 +360,8 @@ def cmd_prepare(a: argparse.Namespace) -> int:
     return 0
 
 
-def _print_stats(engine, out=sys.stderr) -> None:
+def _print_stats(engine, out=None) -> None:
+    out = out or sys.stderr  # looked up now: a replaced sys.stderr is honoured
     s = engine.last_stats
     print(
         f"\n[prompt {s.prompt_tokens} tok, prefill {s.prefill_tokens_per_second:.1f} tok/s, "
@@ -307,6 +369,13 @@ def _print_stats(engine, out=sys.stderr) -> None:
         f"{engine.threads} threads, stop: {s.finish_reason}]",
         file=out,
     )
+    if s.verify_steps:
+        print(
+            f"[speculative {s.speculative}: {s.accepted_tokens}/{s.drafted_tokens} drafts "
+            f"accepted ({100 * s.acceptance_rate:.0f}%), {s.tokens_per_verify_step:.2f} tokens "
+            f"per verification step over {s.verify_steps} steps]",
+            file=out,
+        )
     if s.phases and s.decode_tokens:
         # The hybrid executor's phases, largest first, in ms per decode step.
         top = sorted(((v, k) for k, v in s.phases.items() if v > 0), reverse=True)
@@ -423,6 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--echo", action="store_true", help="print the prompt before the output")
     g.add_argument("--quiet", "-q", action="store_true", help="no timing line on stderr")
     _sampling(g)
+    add_speculative_arguments(g)
     g.set_defaults(func=cmd_generate)
 
     c = sub.add_parser(
@@ -431,6 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(c)
     c.add_argument("--system", default=None, help="system message")
     _sampling(c)
+    add_speculative_arguments(c)
     c.set_defaults(func=cmd_chat)
 
     q = sub.add_parser(
@@ -462,6 +533,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(s)
     add_server_arguments(s)
+    add_speculative_arguments(s, server=True)
     s.set_defaults(func=cmd_serve)
     r = sub.add_parser(
         "prepare",

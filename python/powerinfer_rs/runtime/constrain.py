@@ -155,6 +155,15 @@ class Constraint:
         self._lln.apply_token_bitmask_inplace(out, self._bits)
         return out[0]
 
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of ``tokens``, in a row from here, the grammar allows (speculative drafts
+        are cut there before they are verified). The matcher is not advanced: llguidance's
+        ``validate_tokens`` only looks, so nothing needs rolling back."""
+        if self._next is not None:
+            self._next.result()
+            self._next = None
+        return int(self.matcher.validate_tokens([int(t) for t in tokens]))
+
     def consume(self, token: int) -> None:
         """Advance past ``token`` and start computing the next mask (the matcher is not
         touched again until :meth:`mask` has waited for it)."""

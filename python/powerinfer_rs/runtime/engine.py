@@ -22,6 +22,7 @@ from ..errors import (
 )
 from ..loading import LoadedModel, load_model
 from .checks import check_int, check_threads
+from .draft import DraftModel
 from .generation import Generation, GenerationStats, locked
 from .modes import api_sparsity
 from .neuron_store import NeuronStoreMethods
@@ -74,6 +75,7 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         vram_budget: int | str | None = None,
         mmap: bool | None = None,
         kv_cache: str | None = None,
+        draft: str | os.PathLike[str] | LoadedModel | None = None,
     ):
         if not isinstance(loaded, LoadedModel):
             raise ShapeError(
@@ -127,6 +129,10 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         self.set_sparsity(mode, thresholds=thresholds, predictors=predictors)
         if adopted is not None:
             self._adopt(adopted, budget)
+        #: The draft model speculative decoding runs (:meth:`set_draft`), or None.
+        self.draft: DraftModel | None = None
+        if draft is not None:
+            self.set_draft(draft)
 
     @classmethod
     def from_pretrained(
@@ -143,6 +149,7 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         vram_budget: int | str | None = None,
         mmap: bool | None = None,
         kv_cache: str | None = None,
+        draft: str | os.PathLike[str] | LoadedModel | None = None,
     ) -> Engine:
         """Load a GGUF file or a Hugging Face model directory (default: SmolLM2-135M-Instruct,
         fetched once into the cache). ``threads=0`` uses one thread per core.
@@ -177,7 +184,11 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
 
         ``kv_cache``: the precision of the keys and values kept, "f16" (as llama.cpp's) or
         "f32"; one setting for the CPU and the GPU layers, so both attend over the same
-        numbers. Default: the plan's (``python -m powerinfer_rs.plan --kv-cache``), else f16."""
+        numbers. Default: the plan's (``python -m powerinfer_rs.plan --kv-cache``), else f16.
+
+        ``draft``: a smaller model with the same tokenizer (a path, or a LoadedModel) that
+        drafts tokens for speculative decoding (:meth:`set_draft`); generation then runs it by
+        default (``speculative="auto"``, see :meth:`stream_tokens`)."""
         check_int("threads", threads, 0)
         check_device(device)
         if path is None:
@@ -209,7 +220,33 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
             vram_budget=vram_budget,
             mmap=mmap,
             kv_cache=kv_cache,
+            draft=draft,
         )
+
+    @locked
+    def set_draft(self, draft: str | os.PathLike[str] | LoadedModel | None) -> None:
+        """Load (a GGUF file or HF directory) or take (a LoadedModel) the draft model of
+        speculative decoding (``speculative="draft"``, and "auto"'s choice); None drops it.
+        It runs dense on the CPU with the engine's threads, context size and KV precision, in a
+        session of its own. A draft whose vocabulary differs from this model's (its size or any
+        token string) is a :class:`~.draft.DraftMismatchError` (an UnsupportedError)."""
+        from .draft import DraftModel, check_same_vocab
+
+        if draft is None:
+            self.draft = None
+            return
+        if isinstance(draft, LoadedModel):
+            loaded = draft
+        elif isinstance(draft, (str, os.PathLike)):
+            loaded = load_model(draft)
+        else:
+            raise ModelFileError(
+                f"draft must be a model path or a LoadedModel, got {type(draft).__name__}"
+            )
+        check_same_vocab(self.loaded, loaded)
+        cfg, tensors = core_model_arguments(loaded)
+        model = _core.Model(cfg, tensors, copy_weights=False)
+        self.draft = DraftModel(loaded, model, self._threads, self._n_ctx, self.kv_cache)
 
     # -- properties --------------------------------------------------------------------------
 

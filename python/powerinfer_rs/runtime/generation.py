@@ -18,6 +18,16 @@ from .chat import format_chat
 from .checks import check_int, check_seed
 from .constrain import Constraint, Grammar, grammar_of
 from .sampling import SamplingParams, log_probs, sample
+from .speculative import (
+    DEFAULT_DRAFT_MAX,
+    Draft,
+    Drafter,
+    DraftLength,
+    SamplingState,
+    accept_or_replace,
+    decode_many,
+    resolve_speculative,
+)
 from .streaming import IncrementalDecoder, StopMatcher, TokenStep, TokenStream
 from .tokenizer import Tokenizer, check_text
 
@@ -59,6 +69,26 @@ class GenerationStats:
     #: With a plan on a GPU device: the decode steps' seconds by phase of the hybrid executor
     #: ({phase: seconds}, see ``Engine.gpu_info()["phases"]``), else None.
     phases: dict[str, float] | None = None
+    #: Speculative decoding (:mod:`.speculative`): the mode that ran ("off", "lookup",
+    #: "draft", "custom"), the tokens drafted and sent to verification, those accepted, and
+    #: the verification steps (forward passes that carried drafts).
+    speculative: str = "off"
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_steps: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts / drafted tokens (0 when nothing was drafted)."""
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
+
+    @property
+    def tokens_per_verify_step(self) -> float:
+        """Tokens each verification step yielded: its accepted drafts plus the one token the
+        target always gives (0 without verification steps)."""
+        if not self.verify_steps:
+            return 0.0
+        return (self.accepted_tokens + self.verify_steps) / self.verify_steps
 
     @property
     def decode_tokens_per_second(self) -> float:
@@ -95,6 +125,7 @@ class Generation:
     n_ctx: int
     n_past: int
     _check_ids: Callable[[Sequence[int]], list[int]]
+    draft: Any  # the engine's draft model (:class:`~.draft.DraftModel`) or None
 
     # -- generation ------------------------------------------------------------------------
 
@@ -173,6 +204,8 @@ class Generation:
         json_schema: dict | bool | None = None,
         grammar: str | Grammar | None = None,
         regex: str | None = None,
+        speculative: str | Drafter | None = "auto",
+        draft_max: int = DEFAULT_DRAFT_MAX,
     ) -> TokenStream:
         """The continuation of ``prompt`` one sampled token at a time (:class:`TokenStep`).
 
@@ -192,6 +225,18 @@ class Generation:
         ``max_new_tokens`` first, it ends with "length" (the output is then incomplete). A
         schema or grammar the engine cannot use is a :class:`~.constrain.GrammarError` naming
         the part.
+
+        Speculative decoding (:mod:`.speculative`): ``speculative="lookup"`` drafts the tokens
+        that followed the latest earlier occurrence of the context's last few tokens (text the
+        model copies from its prompt or its output), "draft" runs the engine's draft model
+        (``Engine.from_pretrained(..., draft=PATH)``), "off" or None neither; "auto" (the
+        default) is "draft" when the engine has a draft model, else
+        :data:`~.speculative.DEFAULT_SPECULATIVE`. Up to ``draft_max`` drafted tokens (the
+        number adapts to how many are accepted) are verified in one forward pass. The output is
+        the same: token for token under greedy decoding, the same distribution when sampling
+        (the speculative sampling rule), with the same stop, eos, length, logprobs and
+        constraint behaviour; only the random draws differ, so a seed gives another sample.
+        ``stats`` reports the tokens drafted and accepted.
         """
         constraint = None
         g = grammar if isinstance(grammar, Grammar) else grammar_of(json_schema, grammar, regex)
@@ -220,10 +265,23 @@ class Generation:
             raise ContextOverflowError(
                 f"the prompt has {len(prompt_ids)} tokens; the context holds {self.n_ctx}"
             )
+        mode, drafter, draft_max = resolve_speculative(
+            speculative, draft_max, getattr(self, "draft", None)
+        )
         eos = set() if ignore_eos else set(self.tokenizer.eos_ids)
-        stats = GenerationStats(prompt_tokens=len(prompt_ids))
+        stats = GenerationStats(prompt_tokens=len(prompt_ids), speculative=mode)
         steps = self._stream(
-            prompt_ids, params, max_new_tokens, rng, stops, eos, logprobs, stats, constraint
+            prompt_ids,
+            params,
+            max_new_tokens,
+            rng,
+            stops,
+            eos,
+            logprobs,
+            stats,
+            constraint,
+            drafter,
+            draft_max,
         )
         return TokenStream(steps, stats)
 
@@ -238,10 +296,23 @@ class Generation:
         logprobs: int | None,
         stats: GenerationStats,
         constraint: Constraint | None = None,
+        drafter: Drafter | None = None,
+        draft_max: int = 0,
     ) -> Iterator[TokenStep]:
         """The generator behind :meth:`stream_tokens`. It holds the lock for each forward pass,
         never across a ``yield``; when another call changed the context since its last step it
-        brings the context back to its own tokens (prefix reuse) before the next one."""
+        brings the context back to its own tokens (prefix reuse) before the next one.
+
+        With a ``drafter`` (speculative decoding), the token sampled from the last logits is fed
+        together with up to k drafted tokens (:func:`~.speculative.decode_many`): the rows give
+        the logits after the token and after each draft. The positions are then taken one by
+        one as without speculation (eos, constraint, penalties, stop strings, logprobs, the
+        length limits), each drafted token accepted or replaced by
+        :func:`~.speculative.accept_or_replace` against its position's row. An accepted draft
+        is in the cache already: the next position's row is at hand, no forward pass; at the
+        first replacement the cache is cut back to the accepted tokens and the replacement is
+        fed with the next drafts. ``fed`` is always what the plain loop would have fed, and the
+        cache is cut back to it when the generation ends."""
         t0 = time.perf_counter()
         with self._lock:
             self.last_stats = stats
@@ -259,13 +330,33 @@ class Generation:
         seen = list(prompt_ids)
         counts: Counter[int] = Counter()  # output tokens, for the presence/frequency penalties
         fed = list(prompt_ids)  # this generator's context: the tokens behind `logits`
+        state = SamplingState(params, rng, seen, counts)
+        length = DraftLength(draft_max) if drafter is not None else None
+        rows: np.ndarray | None = None  # the last verification's rows
+        draft = Draft([], [])  # being verified: draft.tokens[pos] was drafted for `logits`
+        pos = 0
         stats.finish_reason = "length"
         t_decode = time.perf_counter()
         phases0 = self._phase_totals()
         try:
             for i in range(max_new_tokens):
                 allowed = logits if constraint is None else constraint.mask(logits)
-                token = sample(allowed, params, rng, seen, counts)
+                accepted = False
+                if pos < len(draft):
+                    token, accepted = accept_or_replace(
+                        allowed, draft.tokens[pos], draft.q[pos], state
+                    )
+                    if accepted:
+                        stats.accepted_tokens += 1
+                        if pos + 1 == len(draft) and length is not None:
+                            length.update(len(draft), len(draft))
+                    else:
+                        if length is not None:
+                            length.update(len(draft), pos)
+                        mine = self._cut_back(fed, mine, drafter)
+                        draft, pos, rows = Draft([], []), 0, None
+                else:
+                    token = sample(allowed, params, rng, seen, counts)
                 if token in eos:
                     stats.finish_reason = "eos"
                     break
@@ -287,21 +378,56 @@ class Generation:
                     break
                 if i + 1 == max_new_tokens:
                     break
+                if accepted and rows is not None and pos + 1 < len(rows):  # fed: its row is here
+                    fed.append(token)
+                    pos += 1
+                    logits = rows[pos]
+                    stats.decode_tokens += 1
+                    stats.decode_seconds = time.perf_counter() - t_decode
+                    continue
                 if len(fed) >= self.n_ctx:
                     stats.finish_reason = "context"
                     break
+                # Drafts: no more than tokens are left, nor than the context's room for what
+                # they verify (draft j is checked against the row after draft j-1). A last
+                # draft whose own row no later token could use is verified but not fed (if
+                # accepted, it is taken as the plain loop takes a sampled token).
+                left = max_new_tokens - i - 1
+                room = min(self.n_ctx - len(fed), left)
+                feed_max = min(self.n_ctx - len(fed) - 1, left - 1)
                 with self._lock:
                     try:
+                        proposal = Draft([], [])
+                        if length is not None and drafter is not None:
+                            want = length.want()
+                            if want == 0:
+                                length.plain_step()
+                            elif room > 0:
+                                proposal = self._propose(
+                                    drafter, fed + [token], min(want, room), state, constraint
+                                )
                         if self._version != mine:  # another call used the context meanwhile
                             logits = self._prefill(fed + [token])
-                        else:
+                            proposal, rows = Draft([], []), None
+                        elif not proposal.tokens:
                             logits = self._session.feed([token])[0]
                             self._context.append(token)
                             self._version += 1
+                            rows = None
+                        else:
+                            ids = [token] + proposal.tokens[:feed_max]
+                            rows = decode_many(self._session, ids)
+                            self._context.extend(ids)
+                            self._version += 1
+                            logits = rows[0]
                     except BaseException:
                         self._resync()
                         raise
                     mine = self._version
+                draft, pos = proposal, 0
+                if proposal.tokens:
+                    stats.verify_steps += 1
+                    stats.drafted_tokens += len(proposal)
                 fed.append(token)
                 stats.decode_tokens += 1
                 stats.decode_seconds = time.perf_counter() - t_decode
@@ -309,9 +435,43 @@ class Generation:
             if phases0 is not None:
                 phases1 = self._phase_totals() or {}
                 stats.phases = {k: v - phases0.get(k, 0.0) for k, v in phases1.items()}
+            if draft.tokens:  # drafts past the last token taken may sit in the cache
+                self._cut_back(fed, mine, drafter)
         rest = matcher.flush()
         if rest and not matcher.stopped:
             yield TokenStep(None, rest)
+
+    def _propose(
+        self,
+        drafter: Drafter,
+        history: list[int],
+        k: int,
+        state: SamplingState,
+        constraint: Constraint | None,
+    ) -> Draft:
+        """At most ``k`` drafted tokens continuing ``history``, cut before the first one the
+        constraint (at the state after ``history``) does not allow."""
+        got = drafter.propose(history, k, state)
+        proposal = Draft([int(t) for t in got.tokens[:k]], list(got.q[:k]))
+        if constraint is not None and proposal.tokens:
+            proposal = proposal.cut(constraint.valid_prefix(proposal.tokens))
+        return proposal
+
+    def _cut_back(self, fed: list[int], mine: int, drafter: Drafter | None) -> int:
+        """Drop the drafts past ``fed`` from the KV cache and the context (when the context is
+        still this generator's, ``mine``) and from the drafter; the context's version after."""
+        if drafter is not None:
+            drafter.rewind(len(fed))
+        with self._lock:
+            if self._version != mine:
+                return mine
+            n = len(fed)
+            if self._session.n_past > n:
+                self._session.truncate(n)
+            del self._context[n:]
+            self._batched = min(self._batched, n)
+            self._version += 1
+            return self._version
 
     def _phase_totals(self) -> dict[str, float] | None:
         """The hybrid executor's phase totals so far ({phase: seconds}), or None on the CPU."""
@@ -331,6 +491,12 @@ class Generation:
             "completion_tokens": s.completion_tokens,
             "finish_reason": s.finish_reason,
             "phases": s.phases,
+            "speculative": s.speculative,
+            "drafted_tokens": s.drafted_tokens,
+            "accepted_tokens": s.accepted_tokens,
+            "acceptance_rate": s.acceptance_rate,
+            "verify_steps": s.verify_steps,
+            "tokens_per_verify_step": s.tokens_per_verify_step,
         }
 
     # -- internals -------------------------------------------------------------------------

@@ -83,20 +83,20 @@ def apply_presence_frequency(
     logits[ids] -= presence + frequency * n
 
 
-def sample(
+def distribution(
     logits: np.ndarray,
     params: SamplingParams,
-    rng: np.random.Generator,
     seen: Iterable[int] = (),
     counts: Mapping[int, int] | None = None,
-) -> int:
-    """Pick one token id from a 1-D logits vector. ``seen`` (prompt and output) is what the
-    repetition penalty looks at; ``counts`` (output tokens and how often each was generated)
-    what the presence and frequency penalties look at."""
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(ids, p)``: the distribution :func:`sample` draws from (penalties, temperature, top-k,
+    top-p applied), likeliest first; ``p`` sums to 1. Temperature 0 (greedy, with or without
+    penalties) is the one id with ``p == [1.0]``. Speculative decoding
+    (:mod:`.speculative`) verifies drafts against this same distribution."""
     if params.greedy:
         if np.ndim(logits) != 1:
             raise ShapeError(f"sample() takes one row of logits, got shape {np.shape(logits)}")
-        return int(np.argmax(logits))  # greedy: no copy on the hot path
+        return np.array([int(np.argmax(logits))]), np.ones(1)
     x = np.asarray(logits, dtype=np.float64).copy()
     if x.ndim != 1:
         raise ShapeError(f"sample() takes one row of logits, got shape {x.shape}")
@@ -110,7 +110,7 @@ def sample(
     apply_repetition_penalty(x, seen, params.repetition_penalty)
     apply_presence_frequency(x, counts or {}, params.presence_penalty, params.frequency_penalty)
     if params.temperature == 0.0:
-        return int(np.argmax(x))
+        return np.array([int(np.argmax(x))]), np.ones(1)
     x /= params.temperature
     ids = np.arange(x.size)
     if 0 < params.top_k < x.size:
@@ -123,6 +123,27 @@ def sample(
     if params.top_p < 1.0:
         cut = int(np.searchsorted(np.cumsum(p), params.top_p)) + 1
         ids, p = ids[:cut], p[:cut] / p[:cut].sum()
+    return ids, p
+
+
+def sample(
+    logits: np.ndarray,
+    params: SamplingParams,
+    rng: np.random.Generator,
+    seen: Iterable[int] = (),
+    counts: Mapping[int, int] | None = None,
+) -> int:
+    """Pick one token id from a 1-D logits vector. ``seen`` (prompt and output) is what the
+    repetition penalty looks at; ``counts`` (output tokens and how often each was generated)
+    what the presence and frequency penalties look at. Temperature 0 draws nothing from
+    ``rng``; otherwise one ``rng.choice`` over :func:`distribution`."""
+    if params.greedy:
+        if np.ndim(logits) != 1:
+            raise ShapeError(f"sample() takes one row of logits, got shape {np.shape(logits)}")
+        return int(np.argmax(logits))  # greedy: no copy on the hot path
+    ids, p = distribution(logits, params, seen, counts)
+    if ids.size == 1 and params.temperature == 0.0:
+        return int(ids[0])
     return int(ids[rng.choice(p.size, p=p)])
 
 

@@ -44,7 +44,8 @@ from ..runtime.streaming import TokenStream
 from ..runtime.tools import ToolCall
 from .errors import APIError, from_engine, parse_body
 from .responses import Calls, calls_for
-from .schemas import MAX_STOPS
+from .schemas import MAX_STOPS, DraftMax, SpeculativeMode
+from .speculation import DEFAULTS, SpeculativeDefaults, speculative_kwargs
 from .sse import collect, failure, start_job
 from .worker import Done, Job
 
@@ -119,6 +120,9 @@ class MessagesRequest(BaseModel):
     stream: bool = False
     tools: Optional[list[AnthropicTool]] = None
     tool_choice: Optional[ToolChoice] = None
+    #: Extensions: speculative decoding (see :mod:`.speculation`).
+    speculative: Optional[SpeculativeMode] = None
+    draft_max: Optional[DraftMax] = None
 
     def openai_tools(self) -> Optional[list[dict[str, Any]]]:
         """The tools in OpenAI's shape (what :mod:`..runtime.tools` takes); None without any
@@ -287,9 +291,11 @@ def check_key(request: Request, state: Any) -> None:
         raise APIError(401, f"{what} (send 'x-api-key: KEY')")
 
 
-def prepare(engine: Any, req: MessagesRequest) -> tuple[TokenStream, int, Calls | None]:
+def prepare(
+    engine: Any, req: MessagesRequest, defaults: SpeculativeDefaults = DEFAULTS
+) -> tuple[TokenStream, int, Calls | None]:
     """The request's token stream, its prompt's token count and its tools (runs in a
-    thread)."""
+    thread); ``defaults``: the server's speculative decoding options."""
     tools = req.openai_tools()
     calls = None
     if tools is not None:
@@ -306,6 +312,7 @@ def prepare(engine: Any, req: MessagesRequest) -> tuple[TokenStream, int, Calls 
         raise from_engine(e, "messages") from None
     if calls is not None:
         prompt += calls.prefix
+    spec = speculative_kwargs(engine, req.speculative, req.draft_max, defaults)
     try:
         steps = engine.stream_tokens(
             prompt,
@@ -315,6 +322,7 @@ def prepare(engine: Any, req: MessagesRequest) -> tuple[TokenStream, int, Calls 
             top_p=req.top_p if req.top_p is not None else 1.0,
             stop=req.stop_sequences,
             grammar=None if calls is None else calls.grammar,
+            **spec,
         )
     except GrammarError as e:
         raise APIError(400, str(e), param="tools") from None
@@ -423,7 +431,9 @@ async def events(
 async def messages(request: Request, state: Any) -> Response:
     check_key(request, state)
     req = parse_body(await request.body(), MessagesRequest)
-    steps, inputs, calls = await anyio.to_thread.run_sync(prepare, state.engine, req)
+    steps, inputs, calls = await anyio.to_thread.run_sync(
+        prepare, state.engine, req, state.speculative
+    )
     rid = f"msg_{state.worker.next_id()}"
     job, watcher = start_job(request, state.worker, rid, steps)
     if req.stream:

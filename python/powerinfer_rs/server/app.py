@@ -23,11 +23,13 @@ from ..errors import PowerInferError
 from ..runtime.chat import ChatTemplateError
 from ..runtime.constrain import Grammar, GrammarError, closed_schema
 from ..runtime.engine import Engine
+from ..runtime.speculative import DEFAULT_DRAFT_MAX, resolve_speculative
 from ..runtime.streaming import TokenStream
 from . import anthropic
 from .errors import APIError, from_engine, parse_body
 from .responses import Calls, ChunkMaker, Envelope, TokenText, calls_for, full_response
 from .schemas import ChatRequest, CompletionRequest, NamedToolChoice, unsupported_fields
+from .speculation import DEFAULTS, SpeculativeDefaults, speculative_kwargs
 from .sse import collect, event_stream, failure, start_job
 from .worker import Worker
 
@@ -45,6 +47,7 @@ class ServerState:
     model_id: str
     api_key: str | None = None
     max_queue: int = DEFAULT_MAX_QUEUE
+    speculative: SpeculativeDefaults = field(default_factory=SpeculativeDefaults)
     created: int = field(default_factory=lambda: int(time.time()))
     worker: Worker = field(init=False)
 
@@ -170,10 +173,13 @@ def response_grammar(req: ChatRequest | CompletionRequest) -> Grammar | None:
 
 
 def prepare(
-    engine: Engine, req: ChatRequest | CompletionRequest
+    engine: Engine,
+    req: ChatRequest | CompletionRequest,
+    defaults: SpeculativeDefaults = DEFAULTS,
 ) -> tuple[TokenStream, Calls | None]:
     """Check the request against the engine and make its token stream (runs in a thread: it
-    renders the chat template and tokenizes; it does not touch the context)."""
+    renders the chat template and tokenizes; it does not touch the context); ``defaults``: the
+    server's speculative decoding options."""
     calls = None
     if isinstance(req, ChatRequest):
         param = "messages"
@@ -200,8 +206,9 @@ def prepare(
     where = "tools"
     if grammar is None:
         grammar, where = response_grammar(req), "response_format"
+    kwargs = req.engine_kwargs(limit)
+    kwargs.update(speculative_kwargs(engine, req.speculative, req.draft_max, defaults))
     try:
-        kwargs = req.engine_kwargs(limit)
         steps = engine.stream_tokens(
             prompt, logprobs=req.engine_logprobs, grammar=grammar, **kwargs
         )
@@ -215,7 +222,7 @@ def prepare(
 async def completion(request: Request, state: ServerState, kind: type) -> Response:
     check_key(request, state)
     req = await parse(request, kind)
-    steps, calls = await anyio.to_thread.run_sync(prepare, state.engine, req)
+    steps, calls = await anyio.to_thread.run_sync(prepare, state.engine, req, state.speculative)
     chat = kind is ChatRequest
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{state.worker.next_id()}"
     job, watcher = start_job(request, state.worker, rid, steps)
@@ -263,10 +270,16 @@ def create_app(
     model_id: str,
     api_key: str | None = None,
     max_queue: int = DEFAULT_MAX_QUEUE,
+    speculative: str = "auto",
+    draft_max: int = DEFAULT_DRAFT_MAX,
 ) -> Starlette:
     """The application serving ``engine`` as ``model_id``: OpenAI's routes, and Anthropic's
-    ``/v1/messages`` (:mod:`.anthropic`)."""
-    state = ServerState(engine, model_id, api_key, max_queue)
+    ``/v1/messages`` (:mod:`.anthropic`). ``speculative`` and ``draft_max``: the speculative
+    decoding of requests that do not say (:mod:`.speculation`); checked here."""
+    # A bad default fails now, not at the first request.
+    resolve_speculative(speculative, draft_max, getattr(engine, "draft", None))
+    defaults = SpeculativeDefaults(speculative, draft_max)
+    state = ServerState(engine, model_id, api_key, max_queue, defaults)
 
     @asynccontextmanager
     async def lifespan(app: Starlette):

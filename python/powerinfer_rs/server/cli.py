@@ -53,6 +53,7 @@ def serve(a: argparse.Namespace, engine_options: dict) -> int:
     optional_import("starlette", "serve", SERVER_EXTRA)
     optional_import("pydantic", "serve", SERVER_EXTRA)
     from ..runtime.engine import Engine
+    from ..runtime.speculative import mode_of_flag
     from .app import create_app
 
     if a.max_queue < 1:
@@ -62,7 +63,14 @@ def serve(a: argparse.Namespace, engine_options: dict) -> int:
     )
     engine = Engine.from_pretrained(a.model, **engine_options)
     name = model_id(a.model, a.model_alias)
-    app = create_app(engine, model_id=name, api_key=a.api_key, max_queue=a.max_queue)
+    app = create_app(
+        engine,
+        model_id=name,
+        api_key=a.api_key,
+        max_queue=a.max_queue,
+        speculative=mode_of_flag(a.speculative),
+        draft_max=a.draft_max,
+    )
     logging.getLogger("powerinfer_rs.server").info(
         "serving %s (%d threads, context %d) on http://%s:%d/v1",
         name,

@@ -18,6 +18,11 @@ MAX_COMPLETION_LOGPROBS = 5
 MAX_STOPS = 16
 
 NonNegInt = Annotated[int, Field(ge=0)]
+#: Speculative decoding per request (an extension, see :mod:`.speculation`).
+SpeculativeMode = Literal["auto", "lookup", "draft", "off"]
+#: The most tokens a request may have drafted per verification step.
+MAX_DRAFT = 64
+DraftMax = Annotated[int, Field(ge=0, le=MAX_DRAFT)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 
@@ -117,7 +122,9 @@ class ResponseFormat(BaseModel):
 class SamplingFields(BaseModel):
     """Fields both endpoints share. ``top_k``, ``repetition_penalty`` and ``ignore_eos`` are
     extensions (llama.cpp's and vLLM's servers take them too; pass them with the openai client's
-    ``extra_body``)."""
+    ``extra_body``), and so are ``speculative`` ("lookup", "draft", "auto", "off") and
+    ``draft_max`` (speculative decoding; default: the server's ``--speculative`` and
+    ``--draft-max``)."""
 
     model_config = ConfigDict(extra="ignore")
     model: Optional[str] = None
@@ -134,6 +141,8 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     ignore_eos: bool = False
+    speculative: Optional[SpeculativeMode] = None
+    draft_max: Optional[DraftMax] = None
     # Asked-for features the engine does not have: refused when given a value.
     functions: Optional[Any] = None
     logit_bias: Optional[Any] = None

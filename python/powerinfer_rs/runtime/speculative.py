@@ -1,0 +1,267 @@
+"""Speculative decoding: draft several tokens, verify them in one forward pass, keep the ones
+the target model would have produced.
+
+A *drafter* proposes up to k tokens continuing the context: :class:`PromptLookup` copies what
+followed the latest earlier occurrence of the context's last n-gram (no extra model), a
+:class:`~.draft.DraftModel` runs a smaller model with the same tokenizer, and any object with
+the :class:`Drafter` methods can stand in (tests force bad drafts that way).
+:func:`decode_many` feeds the sampled token and the drafts after the cached context in one
+pass; row i holds the logits after token i, exactly as one-token steps would give them.
+:func:`accept_or_replace` applies the speculative sampling rule (Leviathan et al. 2023, Chen
+et al. 2023) to one position: the output distribution is the target's processed distribution
+(:func:`~.sampling.distribution`), token for token the same under greedy decoding.
+:class:`DraftLength` adapts k to what is accepted. The decode loop itself is
+:meth:`~.generation.Generation._stream`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..errors import UnsupportedError
+from .checks import check_int
+from .sampling import SamplingParams, distribution
+
+#: What ``speculative="auto"`` (the default of every generation call) runs when the engine has
+#: no draft model: "lookup" or "off". The benchmark (benchmarks/) decides which pays.
+DEFAULT_SPECULATIVE = "lookup"
+#: The most tokens drafted per verification step when none is given (k adapts up to it).
+DEFAULT_DRAFT_MAX = 8
+#: The modes ``speculative=`` takes by name (None means "off").
+SPECULATIVE_MODES = ("auto", "lookup", "draft", "off")
+
+#: Prompt lookup matches the last n tokens, n from the longest to the shortest of these.
+NGRAM_MAX = 3
+NGRAM_MIN = 2
+#: k a generation starts with (at most ``draft_max``).
+START_LENGTH = 2
+#: Plain tokens decoded before drafting again after a draft with nothing accepted; doubled
+#: after each further such probe, up to ``PROBE_WAIT_MAX``.
+PROBE_WAIT = 4
+PROBE_WAIT_MAX = 64
+
+
+def decode_many(session: Any, ids: Sequence[int]) -> np.ndarray:
+    """Float32 logits ``(len(ids), vocab)`` of ``ids`` fed after the session's cached context:
+    row i is what ``session.feed([ids[i]])[0]`` would give after the tokens before it (the
+    one-token path, bit for bit). Uses the core's ``Session.decode`` (one pass, shared weight
+    reads) where the extension has it, else one-token feeds. On an exception the cache is
+    rolled back to where it was."""
+    ids = [int(t) for t in ids]
+    decode = getattr(session, "decode", None)
+    if decode is not None:
+        return np.asarray(decode(ids))
+    n0 = session.n_past
+    try:
+        return np.stack([session.feed([t])[0] for t in ids])
+    except BaseException:
+        if session.n_past > n0:
+            session.truncate(n0)
+        raise
+
+
+@dataclass
+class SamplingState:
+    """What a position's distribution depends on besides its logits: the sampling parameters,
+    the generator, the tokens seen (prompt and output, for the repetition penalty) and the
+    output tokens' counts (presence and frequency penalties)."""
+
+    params: SamplingParams
+    rng: np.random.Generator
+    seen: list[int]
+    counts: Mapping[int, int]
+
+
+@dataclass
+class Draft:
+    """Proposed tokens and, per token, the full-vocabulary distribution it was drawn from
+    (None: chosen deterministically, i.e. one-hot on the token)."""
+
+    tokens: list[int]
+    q: list[np.ndarray | None]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def cut(self, n: int) -> Draft:
+        """The first ``n`` tokens."""
+        return Draft(self.tokens[:n], self.q[:n])
+
+
+class Drafter(Protocol):
+    """Proposes tokens to verify. ``propose(history, k, state)`` gets the context (prompt and
+    output so far, the sampled token to be fed last) and returns at most ``k`` tokens;
+    ``rewind(n)`` says that only the first ``n`` tokens of the history stand (drafts beyond
+    were rejected); a drafter with state of its own (a draft model's KV cache) cuts it back."""
+
+    def propose(self, history: Sequence[int], k: int, state: SamplingState) -> Draft: ...
+
+    def rewind(self, n: int) -> None: ...
+
+
+class PromptLookup:
+    """Prompt-lookup drafting: the tokens that followed the latest earlier occurrence of the
+    history's last n-gram (n from :data:`NGRAM_MAX` down to :data:`NGRAM_MIN`); nothing when
+    no n-gram recurs. An index of every n-gram seen (n-gram -> where its latest continuation
+    starts) grows with the history, so a proposal costs O(new tokens), not O(context)."""
+
+    def __init__(self, ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN):
+        self.sizes = range(ngram_max, ngram_min - 1, -1)
+        self._hist: list[int] = []
+        self._at: dict[tuple[int, ...], int] = {}
+        self._done = 0  # continuation starts indexed: 1.._done
+
+    def _sync(self, history: Sequence[int]) -> None:
+        n = len(self._hist)
+        if len(history) < n or (n and history[n - 1] != self._hist[-1]):
+            self._hist, self._at, self._done = [], {}, 0  # not an extension: start over
+            n = 0
+        self._hist.extend(int(t) for t in history[n:])
+
+    def propose(self, history: Sequence[int], k: int, state: SamplingState | None = None) -> Draft:
+        self._sync(history)
+        h = self._hist
+        end = len(h)
+        # Index every n-gram that has a continuation (it ends before the last token), so
+        # the history's own suffix never matches itself.
+        for e in range(self._done + 1, end):
+            for n in self.sizes:
+                if e >= n:
+                    self._at[tuple(h[e - n : e])] = e
+        self._done = max(self._done, end - 1)
+        if k <= 0:
+            return Draft([], [])
+        for n in self.sizes:
+            if end >= n:
+                start = self._at.get(tuple(h[end - n :]))
+                if start is not None:
+                    tokens = h[start : start + k]
+                    return Draft(list(tokens), [None] * len(tokens))
+        return Draft([], [])
+
+    def rewind(self, n: int) -> None:
+        """Nothing to do: the index holds only tokens of the history, which never shrinks
+        within a generation."""
+
+
+def accept_or_replace(
+    logits: np.ndarray, draft: int, q: np.ndarray | None, state: SamplingState
+) -> tuple[int, bool]:
+    """The token of this position given a draft token: ``(draft, True)`` with probability
+    ``min(1, p(draft) / q(draft))``, else ``(t, False)`` with ``t`` drawn from the normalised
+    ``max(0, p - q)``; ``p`` is :func:`~.sampling.distribution` of ``logits`` (penalties as of
+    this position), ``q`` the distribution the draft was drawn from (None: one-hot on it, so
+    accept with ``p(draft)``, else draw from ``p`` without it). The result is distributed as
+    ``p``. Temperature 0: the argmax, accepted when it is the draft; nothing drawn."""
+    ids, p = distribution(logits, state.params, state.seen, state.counts)
+    if state.params.temperature == 0.0:
+        token = int(ids[0])
+        return token, token == draft
+    hit = np.flatnonzero(ids == draft)
+    pd = float(p[hit[0]]) if hit.size else 0.0
+    qd = 1.0 if q is None else float(q[draft])
+    if pd > 0.0 and (pd >= qd or state.rng.random() * qd < pd):
+        return draft, True
+    if q is None:
+        r = p.copy()
+        r[hit] = 0.0
+    else:
+        r = np.maximum(p - q[ids], 0.0)
+    total = r.sum()
+    if not total > 0.0:  # p == q up to rounding: the residual is empty, p itself is exact
+        r, total = p, p.sum()
+    return int(ids[state.rng.choice(r.size, p=r / total)]), False
+
+
+class DraftLength:
+    """How many tokens to draft next (``k``), adapted to what was accepted: all of a draft
+    accepted doubles k (up to ``draft_max``); a partial acceptance lowers it by one; none
+    accepted stops drafting for :data:`PROBE_WAIT` plain tokens, then probes with k = 1, the
+    wait doubling after each probe that fails again (up to :data:`PROBE_WAIT_MAX`), so text
+    with nothing to copy costs almost no verification work. An empty proposal (no n-gram
+    match) changes nothing: it cost nothing."""
+
+    def __init__(self, draft_max: int):
+        self.max = draft_max
+        self.k = min(START_LENGTH, draft_max)
+        self._wait = 0  # plain tokens left before the next probe
+        self._next_wait = PROBE_WAIT
+
+    def want(self) -> int:
+        """Tokens to draft now (0: decode plainly)."""
+        return 0 if self._wait > 0 or self.max == 0 else max(self.k, 1)
+
+    def plain_step(self) -> None:
+        """A token was decoded without a draft."""
+        if self._wait > 0:
+            self._wait -= 1
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """A verification of ``drafted`` tokens accepted ``accepted`` of them."""
+        if drafted == 0:
+            return
+        if accepted == drafted:
+            self.k = min(self.max, max(self.k, drafted) * 2)
+            self._next_wait = PROBE_WAIT
+        elif accepted > 0:
+            self.k = max(1, self.k - 1)
+            self._next_wait = PROBE_WAIT
+        else:
+            self.k = 1
+            self._wait = self._next_wait
+            self._next_wait = min(PROBE_WAIT_MAX, 2 * self._next_wait)
+
+
+def resolve_speculative(
+    speculative: str | Drafter | None, draft_max: int, draft_model: Any | None
+) -> tuple[str, Drafter | None, int]:
+    """``(mode, drafter, draft_max)`` of a generation's arguments: mode "off" (no drafter),
+    "lookup" (a fresh :class:`PromptLookup`), "draft" (``draft_model``) or "custom" (a
+    drafter object given). "auto" is "draft" when the engine has a draft model, else
+    :data:`DEFAULT_SPECULATIVE`. Unknown modes and "draft" without a draft model are an
+    :class:`UnsupportedError`; a bad ``draft_max`` a :class:`~..errors.ShapeError`."""
+    draft_max = check_int("draft_max", draft_max, 0)
+    if speculative is None:
+        speculative = "off"
+    if not isinstance(speculative, str):
+        if not callable(getattr(speculative, "propose", None)):
+            raise UnsupportedError(
+                f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, None or a drafter "
+                f"(an object with propose() and rewind()), got {speculative!r}"
+            )
+        return "custom", speculative, draft_max
+    mode = speculative.strip().lower()
+    if mode == "auto":
+        mode = "draft" if draft_model is not None else DEFAULT_SPECULATIVE
+    if mode not in SPECULATIVE_MODES:
+        raise UnsupportedError(
+            f"speculative must be one of {', '.join(SPECULATIVE_MODES)} or None, got "
+            f"{speculative!r}"
+        )
+    if mode == "draft" and draft_model is None:
+        raise UnsupportedError(
+            "speculative='draft' needs a draft model: Engine.from_pretrained(..., draft=PATH)"
+        )
+    if mode == "off" or draft_max == 0:
+        return "off", None, draft_max
+    if mode == "lookup":
+        return mode, PromptLookup(), draft_max
+    return mode, draft_model, draft_max
+
+
+def mode_of_flag(value: str) -> str:
+    """The mode of a ``--speculative`` value: a mode name as it is, a draft model's path
+    "draft"."""
+    return value if value in SPECULATIVE_MODES else "draft"
+
+
+def merged_counts(counts: Mapping[int, int], extra: Iterable[int]) -> dict[int, int]:
+    """``counts`` with each token of ``extra`` counted once more (a copy)."""
+    out = dict(counts)
+    for t in extra:
+        out[t] = out.get(t, 0) + 1
+    return out
