@@ -14,8 +14,10 @@ Tasks (``--tasks``, default all):
   llama weights: target ``--target-dtype`` F16, draft ``--draft-dtype`` Q4_0, optionally with
   fewer layers) from pseudo-random prompt ids: ours plain on the target against ours with the
   draft model (``Engine.from_pretrained(target, draft=draft)``, ``speculative="draft"``);
-  acceptance rate and speed-up. Labelled synthetic. ``--draft-pair TARGET,DRAFT`` uses two
-  real files instead.
+  acceptance rate and speed-up, beside the "greedy agreement": the share of the target's
+  greedy tokens that the draft's argmax predicts from the same prefix (``Engine.logits`` of
+  both, untimed), which the acceptance rate should come near. Labelled synthetic.
+  ``--draft-pair TARGET,DRAFT`` uses two real files instead.
 
 Modes, alternated in one process (the order reversed every other repeat), ``--repeats`` each
 after ``--warmup`` untimed runs; medians reported:
@@ -26,6 +28,10 @@ after ``--warmup`` untimed runs; medians reported:
 * llama plain:  ``Llama(model, n_threads=T).generate(ids, temp=0)`` (llama-cpp-python)
 * llama lookup: ``Llama(model, n_threads=T, draft_model=LlamaPromptLookupDecoding(
   max_ngram_size=--llama-ngram, num_pred_tokens=K)).generate(ids, temp=0)``
+  (``logits_all=True`` passed by hand: llama-cpp-python 0.3.36 forces it with a draft model but
+  sizes its logits buffer by the argument and fails past n_batch positions). This is the peer
+  as shipped: every verify step copies its K + 1 rows of logits into Python, and the draft is
+  the continuation of the first (earliest) match of the last 1..max_ngram_size tokens.
 
 Both engines get the same prompt token ids (ours: the chat template applied and tokenized by
 our engine, exactly what ``engine.chat`` feeds; llama.cpp gets the ids, not the text), greedy,
@@ -276,7 +282,7 @@ def summarize(results: dict, n: int) -> dict:
         }
         if any(r["tokens"] != n for r in runs):
             s["warning"] = f"generated {sorted({r['tokens'] for r in runs})} tokens, not {n}"
-        for key in SPEC_KEYS:
+        for key in (*SPEC_KEYS, "stats_decode_tok_s"):
             vals = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
             if vals:
                 s[key] = median(vals)
@@ -294,6 +300,8 @@ def run_chat_task(name: str, args, ctx: dict) -> dict:
     ids = list(eng.tokenizer.encode(eng.format_chat(messages)))
     k = args.draft_max
     row = {"task": name, "kind": kind, "prompt_tokens": len(ids), "tokens": n, "draft_max": k}
+    if len(ids) + n + k + 1 > args.n_ctx:
+        raise SystemExit(f"{name}: {len(ids)} prompt + {n} tokens + {k} drafted > --n-ctx")
     modes = {}
     if "ours" in args.engines:
         modes["ours_plain"] = lambda: run_ours(eng, ids, n, None, k)
@@ -370,6 +378,22 @@ def draft_models(args) -> tuple[Path, Path, str]:
     return target, draft, label
 
 
+def greedy_agreement(target, draft_path: Path, ids: list[int], n: int, args) -> float:
+    """Share of the target's ``n`` greedy tokens after ``ids`` that the draft model's argmax
+    predicts from the same prefix (``Engine.logits`` of both over prompt + output; untimed):
+    what a greedy draft's acceptance rate should come near."""
+    target.reset()
+    out = [
+        s.token
+        for s in target.stream_tokens(ids, max_new_tokens=n, temperature=0.0, ignore_eos=True)
+        if s.token is not None
+    ]
+    draft = open_ours(draft_path, args.threads, args.n_ctx)
+    pred = draft.logits(ids + out).argmax(-1)[len(ids) - 1 : -1]
+    target.reset()
+    return float(np.mean(pred == np.asarray(out)))
+
+
 def run_draft_task(args) -> dict:
     n = args.tokens or 128
     k = args.draft_max
@@ -389,6 +413,7 @@ def run_draft_task(args) -> dict:
         modes["ours_draft"] = lambda: run_ours(eng, ids, n, "draft", k)
     results = race(modes, args.repeats, args.warmup)
     row["modes"] = summarize(results, n)
+    row["greedy_agreement"] = greedy_agreement(eng, draft, ids, n, args)
     texts = {m: runs[-1]["text"] for m, runs in results.items()}
     row["agree_ours_draft_plain"] = agreement(texts.get("ours_plain"), texts.get("ours_draft"))
     add_ratios(row)
@@ -452,13 +477,14 @@ def print_tables(rep: dict) -> None:
         print(f"\nDraft model{syn}: {r['label']}, draft_max {r['draft_max']}\n")
         print(
             "| task | prompt tok | gen tok | ours plain | ours draft | draft/plain | "
-            "acceptance | tok/step | drafted | text vs plain |"
+            "acceptance | greedy agreement | tok/step | drafted | text vs plain |"
         )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
         print(
             f"| draft{syn} | {r['prompt_tokens']} | {r['tokens']} | "
             f"{fmt(md.get('ours_plain', {}).get('tok_s'))} | {fmt(d.get('tok_s'))} | "
             f"{fmt(r.get('draft_over_plain'), '.2f')} | {fmt(d.get('acceptance_rate'), '.2f')} | "
+            f"{fmt(r.get('greedy_agreement'), '.2f')} | "
             f"{fmt(d.get('tokens_per_step'), '.2f')} | {fmt(d.get('drafted'), '.0f')} | "
             f"{r.get('agree_ours_draft_plain', '-')} |"
         )
@@ -549,8 +575,11 @@ def run(args) -> dict:
                 counting = llama_lookup_class(llama_cpp)
                 counter = counting(max_ngram_size=args.llama_ngram, num_pred_tokens=args.draft_max)
                 ctx["llama_plain"] = open_llama(model, args.n_ctx, args.threads, **kw)
+                # logits_all=True by hand: llama-cpp-python 0.3.36 turns it on with a draft
+                # model but sizes its score buffer by the argument (n_batch rows), and the
+                # first verify step past n_batch positions then fails to copy its logits.
                 ctx["llama_lookup"] = open_llama(
-                    model, args.n_ctx, args.threads, draft_model=counter, **kw
+                    model, args.n_ctx, args.threads, draft_model=counter, logits_all=True, **kw
                 )
                 ctx["counter"] = counter
                 common = (
@@ -563,7 +592,8 @@ def run(args) -> dict:
                 )
                 rep["calls"].append(f"llama plain: {common}){gen}")
                 rep["calls"].append(
-                    f"llama lookup: {common}, draft_model=LlamaPromptLookupDecoding("
+                    f"llama lookup: {common}, logits_all=True, "
+                    "draft_model=LlamaPromptLookupDecoding("
                     f"max_ngram_size={args.llama_ngram}, num_pred_tokens={args.draft_max})){gen}"
                 )
     for t in chat_tasks:
@@ -578,11 +608,14 @@ def run(args) -> dict:
         else:
             row = run_draft_task(args)
             rep["rows"].append(row)
+            spec = "draft" if not args.skip_spec else None
+            draft_kw = f"draft={row['draft_model']!r}, " if spec else ""
             rep["calls"].append(
-                f"ours draft: Engine.from_pretrained({row['target_model']!r}, "
-                f"draft={row['draft_model']!r}, threads={args.threads}, n_ctx={args.n_ctx}); "
-                f"{ours_call_text(n_doc, 'draft', args.draft_max)}; ids: {row['prompt_tokens']} "
-                f"pseudo-random ids (seed {args.seed})"
+                f"ours {spec or 'plain'} (draft task): Engine.from_pretrained("
+                f"{row['target_model']!r}, {draft_kw}threads={args.threads}, "
+                f"n_ctx={args.n_ctx}); {ours_call_text(n_doc, spec, args.draft_max)}; ids: "
+                f"{row['prompt_tokens']} pseudo-random ids (seed {args.seed}); draft for the "
+                f"greedy agreement: {row['draft_model']!r}"
             )
     rep["loadavg_after"] = os.getloadavg()
     return rep
@@ -622,7 +655,12 @@ def main(argv=None) -> int:
         default=2,
         help="LlamaPromptLookupDecoding's max_ngram_size (default 2, its own default)",
     )
-    ap.add_argument("--n-ctx", type=int, default=2048, help="context size of every engine")
+    ap.add_argument(
+        "--n-ctx",
+        type=int,
+        default=1024,
+        help="context size of every engine (1024; llama's lookup keeps n_ctx x vocab logits)",
+    )
     ap.add_argument(
         "--skip-spec",
         action="store_true",
