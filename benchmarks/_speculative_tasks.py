@@ -57,9 +57,13 @@ class SeedLibrary:
         return "\\n".join(lines)
 '''
 
+#: The file first, the request after it: SmolLM2-135M copies the file far more faithfully so
+#: (a most-recent-bigram lookup predicted 78 % of its greedy output tokens, against 47 % with the
+#: request first, where it mostly writes new code).
 RENAME_ASK = (
+    "```python\n" + RENAME_SOURCE + "```\n\n"
     "Rename the variable `shelf_code` to `drawer_label` everywhere in this Python file. "
-    "Change nothing else and output the whole file.\n\n```python\n" + RENAME_SOURCE + "```"
+    "Change nothing else and output the whole file."
 )
 
 #: A message whose facts the answer repeats as JSON.
@@ -71,12 +75,13 @@ two packs of Meadow Blend wildflower seeds (SKU MB-220), one Copper Rain Gauge (
 three Bamboo Plant Markers, set of twenty (SKU BPM-20). The parcel should be left with the
 neighbour at number 25 if nobody answers, and please do not fold the seed packets."""
 
+#: The message first, the request after it (as RENAME_ASK).
 JSON_ASK = (
-    "Read the customer's message below and answer with one JSON object only, with the keys "
+    "Message:\n" + JSON_INPUT + "\n\nAnswer with one JSON object only, with the keys "
     '"customer_name", "email", "phone", "order_id", "order_date", "shipping_address" (an object '
     'with "line1", "line2", "town", "postcode", "country"), "items" (a list of objects with '
     '"sku", "name", "quantity") and "delivery_notes". Copy every value exactly as written in '
-    "the message.\n\nMessage:\n" + JSON_INPUT
+    "the message."
 )
 
 STORY_ASK = "Write a long story about a lighthouse keeper who finds a map in a bottle."

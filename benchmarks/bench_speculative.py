@@ -50,6 +50,10 @@ The ``stats()`` keys of speculation ("drafted", "accepted", "acceptance_rate", "
 counts the draft calls itself: verify steps = draft calls during decode, tokens/step = (N - 1) /
 steps, drafted = the draft tokens proposed.
 
+"copyable" (untimed, from one more greedy run of ours): the share of the greedy output tokens
+that the most recent earlier match of the last 2 (else 1) tokens in prompt + output predicts; a
+guide to what any prompt lookup can accept on this model and prompt.
+
 Whether the texts agree is printed: our lookup against our plain (greedy speculation must not
 change the text; batched verification rounds differently from one-token steps, so a late
 divergence on a near-tie is possible, and is shown with its position), llama's lookup against
@@ -232,6 +236,24 @@ def run_llama(llm, ids: list[int], n: int, counter=None) -> dict:
 # one task
 
 
+def lookup_hit_share(prompt: list[int], out: list[int], ngram: int = 2) -> float:
+    """Share of ``out`` tokens that the continuation of the most recent earlier match of the
+    last 1..``ngram`` tokens (longest first) in prompt + output so far predicts: how much of a
+    greedy output a one-token prompt lookup would get right."""
+    seq, hits = list(prompt), 0
+    for tok in out:
+        pred = None
+        for n in range(min(ngram, len(seq) - 1), 0, -1):
+            key = seq[-n:]
+            j = next((j for j in range(len(seq) - n - 1, -1, -1) if seq[j : j + n] == key), None)
+            if j is not None:
+                pred = seq[j + n]
+                break
+        hits += pred == tok
+        seq.append(tok)
+    return hits / max(1, len(out))
+
+
 def first_difference(a: str, b: str) -> int | None:
     """Index of the first character where ``a`` and ``b`` differ (None if equal)."""
     if a == b:
@@ -329,6 +351,12 @@ def run_chat_task(name: str, args, ctx: dict) -> dict:
         row["agree_llama_lookup_plain"] = (
             "same" if same_ids else agreement(texts["llama_plain"], texts["llama_lookup"])
         )
+    greedy = [
+        st.token
+        for st in eng.stream_tokens(ids, max_new_tokens=n, temperature=0.0, ignore_eos=True)
+        if st.token is not None
+    ]
+    row["lookup_hit_share"] = lookup_hit_share(ids, greedy)
     row["agree_ours_lookup_plain"] = agreement(texts.get("ours_plain"), texts.get("ours_lookup"))
     row["agree_ours_llama"] = agreement(texts.get("ours_plain"), texts.get("llama_plain"))
     row["texts"] = texts
@@ -455,14 +483,16 @@ def print_tables(rep: dict) -> None:
                 f"{fmt(r.get('lookup_over_llama_lookup'), '.2f')} | {r.get('target', '')} | {met} |"
             )
         print(
-            "\n| task | ours tok/step | ours acceptance | ours drafted | llama tok/step | "
-            "llama drafted | ours lookup vs plain text | llama lookup vs plain | ours vs llama |"
+            "\n| task | copyable | ours tok/step | ours acceptance | ours drafted | "
+            "llama tok/step | llama drafted | ours lookup vs plain text | "
+            "llama lookup vs plain | ours vs llama |"
         )
-        print("|---|---:|---:|---:|---:|---:|---|---|---|")
+        print("|---|---:|---:|---:|---:|---:|---:|---|---|---|")
         for r in rows:
             o, ll = r["modes"].get("ours_lookup", {}), r["modes"].get("llama_lookup", {})
             print(
-                f"| {r['task']} | {fmt(o.get('tokens_per_step'), '.2f')} | "
+                f"| {r['task']} | {fmt(r.get('lookup_hit_share'), '.2f')} | "
+                f"{fmt(o.get('tokens_per_step'), '.2f')} | "
                 f"{fmt(o.get('acceptance_rate'), '.2f')} | {fmt(o.get('drafted'), '.0f')} | "
                 f"{fmt(ll.get('tokens_per_step'), '.2f')} | {fmt(ll.get('drafted'), '.0f')} | "
                 f"{r.get('agree_ours_lookup_plain', '-')} | "
@@ -487,6 +517,12 @@ def print_tables(rep: dict) -> None:
             f"{fmt(r.get('greedy_agreement'), '.2f')} | "
             f"{fmt(d.get('tokens_per_step'), '.2f')} | {fmt(d.get('drafted'), '.0f')} | "
             f"{r.get('agree_ours_draft_plain', '-')} |"
+        )
+    if rows:
+        print(
+            "\ncopyable: share of our greedy output tokens that the most recent earlier match of"
+            " the last 2 (else 1) tokens in prompt + output predicts (untimed; a guide to what a"
+            " lookup can accept)"
         )
     print(f"\nmem BW: {rep['bandwidth_gbs']:.2f} GB/s ({rep['bandwidth_method']})")
     cpu = [
