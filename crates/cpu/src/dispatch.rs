@@ -270,17 +270,18 @@ impl<'a> Activations<'a> {
 }
 
 /// Several tokens' x prepared for dot products with the same weight rows (speculative
-/// verification): each token's [`Activations`], and on the AVX-512 level the tokens' int16 x
-/// in pairs for the split-byte formats' two-token kernel (`kernels::avx2::split8_pairs`).
-/// Every token's dots are bit-identical to its own [`Activations::rows_dot`].
+/// verification): each token's [`Activations`]; on the AVX-512 level the split-byte formats
+/// take the several-token kernel (`kernels::avx2::split8_tokens`), which unpacks each block's
+/// quants once for all the tokens. Every token's dots are bit-identical to its own
+/// [`Activations::rows_dot`].
 pub(crate) struct Tokens<'a> {
     acts: Vec<Activations<'a>>,
-    #[cfg(target_arch = "x86_64")]
-    pairs: Vec<avx2::XPair>,
+    /// Whether every token has its int16 x and the level its several-token kernel.
+    together: bool,
 }
 
-/// Take the paired kernel where it exists; `false` dots every token on its own.
-const PAIRED_TOKENS: bool = true;
+/// Take the several-token kernel where it exists; `false` dots every token on its own.
+const TOKENS_TOGETHER: bool = true;
 
 impl<'a> Tokens<'a> {
     /// The tokens of `x` (rows of `cols` values) prepared for rows of some formats
@@ -291,22 +292,11 @@ impl<'a> Tokens<'a> {
             .map(|t| Activations::new(level, t, quantized))
             .collect();
         #[cfg(target_arch = "x86_64")]
-        let pairs = {
-            let xqs: Vec<&avx2::XQuant> = acts.iter().filter_map(|a| a.xq.as_ref()).collect();
-            // An odd token pairs with itself: half a pair costs less than the one-token kernel.
-            match PAIRED_TOKENS && wide(level) && xqs.len() == acts.len() && acts.len() > 1 {
-                true => xqs
-                    .chunks(2)
-                    .map(|c| avx2::XPair::new(c[0], c[c.len() - 1]))
-                    .collect(),
-                false => Vec::new(),
-            }
-        };
-        Tokens {
-            acts,
-            #[cfg(target_arch = "x86_64")]
-            pairs,
-        }
+        let together =
+            TOKENS_TOGETHER && wide(level) && acts.len() > 1 && acts.iter().all(|a| a.xq.is_some());
+        #[cfg(not(target_arch = "x86_64"))]
+        let together = false;
+        Tokens { acts, together }
     }
 
     /// `outs[t][i]` = dot(row i, token t) over consecutive rows of `row_bytes` bytes
@@ -319,21 +309,14 @@ impl<'a> Tokens<'a> {
         outs: &mut [&mut [f32]],
     ) {
         debug_assert_eq!(outs.len(), self.acts.len());
-        #[allow(unused_mut)]
-        let mut done = 0;
         #[cfg(target_arch = "x86_64")]
-        if !self.pairs.is_empty() && dtype.is_quantized() {
-            // The odd token's twin writes to a spare row.
-            let mut spare = vec![0f32; outs.first().map_or(0, |o| o.len())];
-            let mut all: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
-            if all.len() % 2 == 1 {
-                all.push(&mut spare);
-            }
-            if avx2::rows_dot_pairs(dtype, rows, row_bytes, &self.pairs, &mut all) {
-                done = outs.len();
+        if self.together && dtype.is_quantized() {
+            let xs: Vec<&avx2::XQuant> = self.acts.iter().filter_map(|a| a.xq.as_ref()).collect();
+            if avx2::rows_dot_tokens(dtype, rows, row_bytes, &xs, outs) {
+                return;
             }
         }
-        for (a, out) in self.acts.iter().zip(outs.iter_mut()).skip(done) {
+        for (a, out) in self.acts.iter().zip(outs.iter_mut()) {
             a.rows_dot(dtype, rows, row_bytes, out);
         }
     }

@@ -331,7 +331,14 @@ class Generation:
         counts: Counter[int] = Counter()  # output tokens, for the presence/frequency penalties
         fed = list(prompt_ids)  # this generator's context: the tokens behind `logits`
         state = SamplingState(params, rng, seen, counts)
-        length = DraftLength(draft_max) if drafter is not None else None
+        length = None
+        if drafter is not None:
+            # A drafter object given as ``speculative=`` is asked for draft_max tokens every
+            # step (its drafts verified as given); lookup and draft models adapt k.
+            adaptive = stats.speculative != "custom"
+            free = bool(getattr(drafter, "free", False))
+            length = DraftLength(draft_max, free=free, adaptive=adaptive)
+        guess: int | None = None  # a free drafter's guess at the next token, at a plain step
         rows: np.ndarray | None = None  # the last verification's rows
         draft = Draft([], [])  # being verified: draft.tokens[pos] was drafted for `logits`
         pos = 0
@@ -357,6 +364,9 @@ class Generation:
                         draft, pos, rows = Draft([], []), 0, None
                 else:
                     token = sample(allowed, params, rng, seen, counts)
+                    if guess is not None and length is not None:
+                        length.update(1, int(token == guess))
+                guess = None
                 if token in eos:
                     stats.finish_reason = "eos"
                     break
@@ -398,28 +408,38 @@ class Generation:
                 with self._lock:
                     try:
                         proposal = Draft([], [])
+                        t_pass = time.perf_counter()
                         if length is not None and drafter is not None:
                             want = length.want()
                             if want == 0:
                                 length.plain_step()
+                                if length.free and room > 0:
+                                    got = self._propose(drafter, fed + [token], 1, state, None)
+                                    guess = got.tokens[0] if got.tokens else None
                             elif room > 0:
                                 proposal = self._propose(
                                     drafter, fed + [token], min(want, room), state, constraint
                                 )
                         if self._version != mine:  # another call used the context meanwhile
                             logits = self._prefill(fed + [token])
-                            proposal, rows = Draft([], []), None
+                            proposal, rows, guess = Draft([], []), None, None
                         elif not proposal.tokens:
+                            t_feed = time.perf_counter()  # a free guess is not the step's
                             logits = self._session.feed([token])[0]
                             self._context.append(token)
                             self._version += 1
                             rows = None
+                            t_pass = t_feed
+                            if length is not None:
+                                length.timed(1, time.perf_counter() - t_pass)
                         else:
                             ids = [token] + proposal.tokens[:feed_max]
                             rows = decode_many(self._session, ids)
                             self._context.extend(ids)
                             self._version += 1
                             logits = rows[0]
+                            if length is not None:
+                                length.timed(len(ids), time.perf_counter() - t_pass)
                     except BaseException:
                         self._resync()
                         raise

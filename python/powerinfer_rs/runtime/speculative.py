@@ -37,12 +37,22 @@ SPECULATIVE_MODES = ("auto", "lookup", "draft", "off")
 #: Prompt lookup matches the last n tokens, n from the longest to the shortest of these.
 NGRAM_MAX = 3
 NGRAM_MIN = 2
-#: k a generation starts with (at most ``draft_max``).
-START_LENGTH = 2
-#: Plain tokens decoded before drafting again after a draft with nothing accepted; doubled
-#: after each further such probe, up to ``PROBE_WAIT_MAX``.
-PROBE_WAIT = 4
-PROBE_WAIT_MAX = 64
+#: Prior of the acceptance estimate, as if ``PRIOR_TRIALS`` drafted tokens had been tried:
+#: drafts of one token from the first step; a free drafter's guesses checked at plain steps
+#: soon replace it.
+PRIOR_FREE = 0.7
+PRIOR_MODEL = 0.75
+PRIOR_TRIALS = 2.0
+#: The weight an observation keeps per newer one.
+DECAY = 0.9
+#: First guess of what one drafted token adds to a verification, in plain decode steps (the
+#: generation then measures it: the verification's time against the plain steps').
+DRAFT_COST = 0.5
+#: A draft is made only when its expected tokens per unit of time beat plain decoding by this.
+MARGIN = 1.02
+#: A drafter whose proposals are not free (a draft model) probes with one token after this many
+#: plain steps, so a stretch where drafts did not pay is not the end of drafting.
+PROBE_WAIT = 8
 
 
 def decode_many(session: Any, ids: Sequence[int]) -> np.ndarray:
@@ -107,7 +117,10 @@ class PromptLookup:
     """Prompt-lookup drafting: the tokens that followed the latest earlier occurrence of the
     history's last n-gram (n from :data:`NGRAM_MAX` down to :data:`NGRAM_MIN`); nothing when
     no n-gram recurs. An index of every n-gram seen (n-gram -> where its latest continuation
-    starts) grows with the history, so a proposal costs O(new tokens), not O(context)."""
+    starts) grows with the history, so a proposal costs O(new tokens), not O(context): it is
+    *free* (:class:`DraftLength` checks its guesses at plain steps too)."""
+
+    free = True
 
     def __init__(self, ngram_max: int = NGRAM_MAX, ngram_min: int = NGRAM_MIN):
         self.sizes = range(ngram_max, ngram_min - 1, -1)
@@ -178,42 +191,79 @@ def accept_or_replace(
 
 
 class DraftLength:
-    """How many tokens to draft next (``k``), adapted to what was accepted: all of a draft
-    accepted doubles k (up to ``draft_max``); a partial acceptance lowers it by one; none
-    accepted stops drafting for :data:`PROBE_WAIT` plain tokens, then probes with k = 1, the
-    wait doubling after each probe that fails again (up to :data:`PROBE_WAIT_MAX`), so text
-    with nothing to copy costs almost no verification work. An empty proposal (no n-gram
-    match) changes nothing: it cost nothing."""
+    """How many tokens to draft next (``k``): the length whose expected tokens per unit of
+    time is best, 0 (decode plainly) when no length beats a plain step.
 
-    def __init__(self, draft_max: int):
+    A drafted token is accepted with probability ``a`` (estimated from every draft verified
+    and, for a free drafter such as prompt lookup, from the drafter's guess at each plain
+    step checked against the token then decoded: no verification needed, so text with
+    nothing to copy never pays for finding that out). A draft of k tokens then gives
+    ``1 + a + ... + a^k`` tokens per forward pass, at a cost of ``1 + c·k`` plain steps,
+    where ``c`` (what one drafted token adds to a verification, the drafting included) is
+    measured from the generation's own forward passes. Old evidence decays (:data:`DECAY`),
+    so k follows the text from prose into a copied passage and back. Not ``adaptive`` (a
+    drafter object the caller gave): ``draft_max`` tokens every step."""
+
+    def __init__(self, draft_max: int, free: bool = True, adaptive: bool = True):
         self.max = draft_max
-        self.k = min(START_LENGTH, draft_max)
-        self._wait = 0  # plain tokens left before the next probe
-        self._next_wait = PROBE_WAIT
+        self.free = free
+        self.adaptive = adaptive
+        self.hits = (PRIOR_FREE if free else PRIOR_MODEL) * PRIOR_TRIALS
+        self.trials = PRIOR_TRIALS
+        self.cost = DRAFT_COST
+        self._plain_seconds: float | None = None
+        self._idle = 0  # plain steps since the last draft (drafters that are not free)
+
+    @property
+    def acceptance(self) -> float:
+        """The current estimate of a drafted token's acceptance probability."""
+        return self.hits / self.trials
+
+    def gain(self, k: int) -> float:
+        """Expected tokens per unit of time of a k-token draft, relative to plain decoding."""
+        a = self.acceptance
+        return sum(a**i for i in range(k + 1)) / (1.0 + self.cost * k)
 
     def want(self) -> int:
         """Tokens to draft now (0: decode plainly)."""
-        return 0 if self._wait > 0 or self.max == 0 else max(self.k, 1)
+        if self.max == 0 or not self.adaptive:
+            return self.max
+        k = max(range(1, self.max + 1), key=self.gain)
+        if self.gain(k) >= MARGIN:
+            return k
+        if not self.free and self._idle >= PROBE_WAIT:
+            return 1
+        return 0
 
     def plain_step(self) -> None:
         """A token was decoded without a draft."""
-        if self._wait > 0:
-            self._wait -= 1
+        self._idle += 1
 
     def update(self, drafted: int, accepted: int) -> None:
-        """A verification of ``drafted`` tokens accepted ``accepted`` of them."""
+        """A verification (or a plain step's free guess, ``drafted`` 1) of ``drafted`` tokens
+        accepted ``accepted`` of them: ``accepted`` successes and, unless all were accepted,
+        one failure (the tokens after the first rejection were never tried)."""
         if drafted == 0:
             return
-        if accepted == drafted:
-            self.k = min(self.max, max(self.k, drafted) * 2)
-            self._next_wait = PROBE_WAIT
-        elif accepted > 0:
-            self.k = max(1, self.k - 1)
-            self._next_wait = PROBE_WAIT
-        else:
-            self.k = 1
-            self._wait = self._next_wait
-            self._next_wait = min(PROBE_WAIT_MAX, 2 * self._next_wait)
+        if drafted > 0 and not self.free:
+            self._idle = 0
+        trials = accepted + (accepted < drafted)
+        keep = DECAY**trials
+        self.hits = self.hits * keep + accepted
+        self.trials = self.trials * keep + trials
+
+    def timed(self, fed: int, seconds: float) -> None:
+        """A forward pass of ``fed`` tokens took ``seconds`` (with a draft, its drafting
+        included): one token, the plain step's time; more, what each token past the first adds
+        (the cost ``c``)."""
+        if seconds <= 0.0:
+            return
+        if fed == 1:
+            p = self._plain_seconds
+            self._plain_seconds = seconds if p is None else 0.8 * p + 0.2 * seconds
+        elif self._plain_seconds is not None:
+            c = (seconds / self._plain_seconds - 1.0) / (fed - 1)
+            self.cost = min(2.0, max(0.02, 0.7 * self.cost + 0.3 * c))
 
 
 def resolve_speculative(

@@ -29,7 +29,7 @@ mod row_group;
 mod rows;
 mod select;
 mod split8;
-mod split8_pairs;
+mod split8_tokens;
 mod tile;
 mod wide;
 mod wide_float;
@@ -49,7 +49,6 @@ use quant::{Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use row_group::RowGroup;
 pub(crate) use row_group::GROUP;
 use select::{with_format, with_rows, with_wide_float};
-pub(crate) use split8_pairs::XPair;
 
 /// Rows computed together by the dense f32-x matvec kernels.
 const ROWS: usize = 4;
@@ -215,38 +214,39 @@ pub(crate) fn rows_dot_i16(
     }
 }
 
-/// `outs[2j + h][i]` = dot(row i, token h of `pairs[j]`) over consecutive rows of `dtype`
+/// `outs[t][i]` = dot(row i, token `xs[t]`) over consecutive rows of `dtype`
 /// (`outs[0].len()` of them), each bit-identical to [`rows_dot_i16`] (wide) on that token;
-/// false, with nothing written, where `dtype` has no paired kernel.
-pub(crate) fn rows_dot_pairs(
+/// false, with nothing written, where `dtype` has no several-token kernel.
+pub(crate) fn rows_dot_tokens(
     dtype: DType,
     rows: &[u8],
     row_bytes: usize,
-    pairs: &[XPair],
+    xs: &[&XQuant],
     outs: &mut [&mut [f32]],
 ) -> bool {
     debug_check_wide(true);
     let count = outs.first().map_or(0, |o| o.len());
-    let blocks = pairs.first().map_or(0, |p| p.blocks());
+    let blocks = xs.first().map_or(0, |x| x.blocks());
     let want = dtype.row_bytes(32 * blocks).unwrap_or(usize::MAX);
-    assert!(outs.len() == 2 * pairs.len() && outs.iter().all(|o| o.len() == count));
-    assert!(pairs.iter().all(|p| p.blocks() == blocks));
+    assert!(outs.len() == xs.len() && outs.iter().all(|o| o.len() == count));
+    assert!(xs.iter().all(|x| x.blocks() == blocks));
     assert!(rows.len() >= count * row_bytes && row_bytes >= want);
+    let ahead = prefetch_tiles(QROWS * row_bytes);
     // SAFETY: the AVX-512 level (checked above in debug builds, by the dispatcher always); the
     // asserts keep every row inside `rows` with `blocks` blocks, and every output in range.
     unsafe {
         match dtype {
             DType::Q4_0 if SPLIT8 => {
-                split8_pairs::rows_dot_pairs::<Q4_0>(rows, row_bytes, pairs, outs)
+                split8_tokens::rows_dot_tokens::<Q4_0>(rows, row_bytes, xs, outs, ahead)
             }
             DType::Q4_1 if SPLIT8 => {
-                split8_pairs::rows_dot_pairs::<Q4_1>(rows, row_bytes, pairs, outs)
+                split8_tokens::rows_dot_tokens::<Q4_1>(rows, row_bytes, xs, outs, ahead)
             }
             DType::Q5_0 if SPLIT8 => {
-                split8_pairs::rows_dot_pairs::<Q5_0>(rows, row_bytes, pairs, outs)
+                split8_tokens::rows_dot_tokens::<Q5_0>(rows, row_bytes, xs, outs, ahead)
             }
             DType::Q5_1 if SPLIT8 => {
-                split8_pairs::rows_dot_pairs::<Q5_1>(rows, row_bytes, pairs, outs)
+                split8_tokens::rows_dot_tokens::<Q5_1>(rows, row_bytes, xs, outs, ahead)
             }
             _ => return false,
         }
