@@ -276,8 +276,10 @@ impl<'a> Activations<'a> {
 /// [`Activations::rows_dot`].
 pub(crate) struct Tokens<'a> {
     acts: Vec<Activations<'a>>,
-    /// Whether every token has its int16 x and the level its several-token kernel.
-    together: bool,
+    /// Every token's int16 x in the several-token kernel's lane order, where every token has
+    /// its int16 x and the level the kernel (else empty).
+    #[cfg(target_arch = "x86_64")]
+    lanes: Vec<avx2::XLanes>,
 }
 
 /// Take the several-token kernel where it exists; `false` dots every token on its own.
@@ -292,11 +294,19 @@ impl<'a> Tokens<'a> {
             .map(|t| Activations::new(level, t, quantized))
             .collect();
         #[cfg(target_arch = "x86_64")]
-        let together =
-            TOKENS_TOGETHER && wide(level) && acts.len() > 1 && acts.iter().all(|a| a.xq.is_some());
-        #[cfg(not(target_arch = "x86_64"))]
-        let together = false;
-        Tokens { acts, together }
+        let lanes = match TOKENS_TOGETHER && wide(level) && acts.len() > 1 {
+            true => acts
+                .iter()
+                .map(|a| a.xq.as_ref().map(avx2::XLanes::new))
+                .collect::<Option<Vec<_>>>()
+                .unwrap_or_default(),
+            false => Vec::new(),
+        };
+        Tokens {
+            acts,
+            #[cfg(target_arch = "x86_64")]
+            lanes,
+        }
     }
 
     /// `outs[t][i]` = dot(row i, token t) over consecutive rows of `row_bytes` bytes
@@ -310,9 +320,10 @@ impl<'a> Tokens<'a> {
     ) {
         debug_assert_eq!(outs.len(), self.acts.len());
         #[cfg(target_arch = "x86_64")]
-        if self.together && dtype.is_quantized() {
+        if !self.lanes.is_empty() && dtype.is_quantized() {
             let xs: Vec<&avx2::XQuant> = self.acts.iter().filter_map(|a| a.xq.as_ref()).collect();
-            if avx2::rows_dot_tokens(dtype, rows, row_bytes, &xs, outs) {
+            let lanes: Vec<&avx2::XLanes> = self.lanes.iter().collect();
+            if avx2::rows_dot_tokens(dtype, rows, row_bytes, &xs, &lanes, outs) {
                 return;
             }
         }

@@ -30,6 +30,7 @@ mod rows;
 mod select;
 mod split8;
 mod split8_tokens;
+pub(crate) use split8_tokens::XLanes;
 mod tile;
 mod wide;
 mod wide_float;
@@ -222,6 +223,7 @@ pub(crate) fn rows_dot_tokens(
     rows: &[u8],
     row_bytes: usize,
     xs: &[&XQuant],
+    lanes: &[&XLanes],
     outs: &mut [&mut [f32]],
 ) -> bool {
     debug_check_wide(true);
@@ -229,7 +231,8 @@ pub(crate) fn rows_dot_tokens(
     let blocks = xs.first().map_or(0, |x| x.blocks());
     let want = dtype.row_bytes(32 * blocks).unwrap_or(usize::MAX);
     assert!(outs.len() == xs.len() && outs.iter().all(|o| o.len() == count));
-    assert!(xs.iter().all(|x| x.blocks() == blocks));
+    assert!(xs.iter().all(|x| x.blocks() == blocks) && lanes.len() == xs.len());
+    assert!(lanes.iter().all(|l| l.len() == 32 * blocks));
     assert!(rows.len() >= count * row_bytes && row_bytes >= want);
     let ahead = prefetch_tiles(QROWS * row_bytes);
     // SAFETY: the AVX-512 level (checked above in debug builds, by the dispatcher always); the
@@ -237,16 +240,16 @@ pub(crate) fn rows_dot_tokens(
     unsafe {
         match dtype {
             DType::Q4_0 if SPLIT8 => {
-                split8_tokens::rows_dot_tokens::<Q4_0>(rows, row_bytes, xs, outs, ahead)
+                split8_tokens::rows_dot_tokens::<Q4_0>(rows, row_bytes, xs, lanes, outs, ahead)
             }
             DType::Q4_1 if SPLIT8 => {
-                split8_tokens::rows_dot_tokens::<Q4_1>(rows, row_bytes, xs, outs, ahead)
+                split8_tokens::rows_dot_tokens::<Q4_1>(rows, row_bytes, xs, lanes, outs, ahead)
             }
             DType::Q5_0 if SPLIT8 => {
-                split8_tokens::rows_dot_tokens::<Q5_0>(rows, row_bytes, xs, outs, ahead)
+                split8_tokens::rows_dot_tokens::<Q5_0>(rows, row_bytes, xs, lanes, outs, ahead)
             }
             DType::Q5_1 if SPLIT8 => {
-                split8_tokens::rows_dot_tokens::<Q5_1>(rows, row_bytes, xs, outs, ahead)
+                split8_tokens::rows_dot_tokens::<Q5_1>(rows, row_bytes, xs, lanes, outs, ahead)
             }
             _ => return false,
         }

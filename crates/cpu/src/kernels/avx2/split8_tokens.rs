@@ -1,11 +1,15 @@
 //! [`super::split8`]'s dot for several tokens at once (speculative verification). Each token
-//! keeps the one-token kernel's 256-bit lanes and does exactly its arithmetic (the same exact
-//! integer sums, the same conversion, the same FMA by the same `d·s_x`, the same final
-//! `hsum`), so each token's dot is bit-identical to
-//! [`super::split8::quant_rows_split`]'s; what the tokens share is the block's quants, loaded
-//! and unpacked once, and the per-chunk scales. 256-bit registers, not 512: a pairing of two
-//! tokens per 512-bit register measured slower than two one-token passes for two tokens (its
-//! ops run on fewer ports).
+//! keeps the one-token kernel's 256-bit lanes and its arithmetic: lane j of a block holds the
+//! exact integer Σ q·x over weights 4j..4j + 4 (the same integer however it is summed), then
+//! the same conversion, the same FMA by the same `d·s_x`, the same final `hsum`; so each
+//! token's dot is bit-identical to [`super::split8::quant_rows_split`]'s. The integer is taken
+//! differently: the block's quants are unpacked once for all the tokens into int16 pairs in
+//! lane order (weights 4j, 4j + 1 in one vector, 4j + 2, 4j + 3 in the other), and each token
+//! adds its two `vpdpwssd` against its int16 x laid out the same way ([`XLanes`]): two
+//! instructions a token and block where the one-token kernel's split bytes take four (two
+//! `vpdpbusd`, a shift and an add). 256-bit registers, not 512: a pairing of two tokens per
+//! 512-bit register measured slower than two one-token passes for two tokens (its ops run on
+//! fewer ports).
 
 use super::int16::{fetch_chunk, XQuant};
 use super::quant::Offset;
@@ -15,6 +19,37 @@ use std::arch::x86_64::*;
 
 /// Blocks whose scales are gathered and converted together (as in [`super::split8`]).
 const CHUNK: usize = 8;
+
+/// One token's int16 x in the kernel's lane order: per block, the values of weights 4j, 4j + 1
+/// for j = 0..8, then those of weights 4j + 2, 4j + 3.
+pub(crate) struct XLanes {
+    ab: Vec<i16>,
+}
+
+impl XLanes {
+    /// `x`'s int16 values rearranged.
+    pub(crate) fn new(x: &XQuant) -> XLanes {
+        let mut ab = Vec::with_capacity(x.q.len());
+        for q in x.q.chunks_exact(32) {
+            for half in [0, 2] {
+                for j in 0..8 {
+                    ab.extend_from_slice(&q[4 * j + half..4 * j + half + 2]);
+                }
+            }
+        }
+        XLanes { ab }
+    }
+
+    /// Values held (32 a block).
+    pub(crate) fn len(&self) -> usize {
+        self.ab.len()
+    }
+}
+
+/// In each 128-bit half of a block's 32 quant bytes (weights 0..16, 16..32): the bytes of
+/// weights 4j, 4j + 1, then of 4j + 2, 4j + 3, so that unpacking the low and high eight bytes
+/// to int16 gives the two vectors of lane-ordered pairs.
+const PAIRS_FIRST: [i8; 16] = [0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15];
 /// Tokens per kernel call.
 const TOKENS: usize = 4;
 /// Rows per kernel call.
@@ -32,6 +67,7 @@ unsafe fn rows_tokens<Q: SplitFormat, const R: usize, const T: usize, const FETC
     p: &[*const u8; R],
     next: &[*const u8; R],
     xs: &[&XQuant; T],
+    lanes: &[&XLanes; T],
     out: &mut [[f32; R]; T],
 ) {
     let mut acc = [[_mm256_setzero_ps(); T]; R];
@@ -43,14 +79,14 @@ unsafe fn rows_tokens<Q: SplitFormat, const R: usize, const T: usize, const FETC
             fetch_chunk::<Q, R>(next, b0, CHUNK);
         }
         // SAFETY: blocks b0..b0 + CHUNK exist, per the caller.
-        unsafe { chunk_tokens::<Q, R, T>(p, xs, b0, CHUNK, &mut acc, &mut offs) };
+        unsafe { chunk_tokens::<Q, R, T>(p, xs, lanes, b0, CHUNK, &mut acc, &mut offs) };
     }
     if full < blocks {
         if FETCH {
             fetch_chunk::<Q, R>(next, full, blocks - full);
         }
         // SAFETY: blocks full..blocks exist, per the caller.
-        unsafe { chunk_tokens::<Q, R, T>(p, xs, full, blocks - full, &mut acc, &mut offs) };
+        unsafe { chunk_tokens::<Q, R, T>(p, xs, lanes, full, blocks - full, &mut acc, &mut offs) };
     }
     for i in 0..R {
         for t in 0..T {
@@ -68,6 +104,7 @@ unsafe fn rows_tokens<Q: SplitFormat, const R: usize, const T: usize, const FETC
 unsafe fn chunk_tokens<Q: SplitFormat, const R: usize, const T: usize>(
     p: &[*const u8; R],
     xs: &[&XQuant; T],
+    lanes: &[&XLanes; T],
     b0: usize,
     n: usize,
     acc_out: &mut [[__m256; T]; R],
@@ -95,15 +132,17 @@ unsafe fn chunk_tokens<Q: SplitFormat, const R: usize, const T: usize>(
             }
         }
     }
+    let pairs_first = _mm256_broadcastsi128_si256(_mm_loadu_si128(PAIRS_FIRST.as_ptr().cast()));
     for k in 0..n {
         let b = b0 + k;
-        // SAFETY: b < blocks: every token's 64 split bytes and 8 start lanes of block b exist,
-        // and every row's block b is readable per the caller.
+        // SAFETY: b < blocks: every token's 32 int16 x and 8 start lanes of block b exist, and
+        // every row's block b is readable per the caller.
         unsafe {
-            let xh: [__m256i; T] =
-                std::array::from_fn(|t| _mm256_loadu_si256(xs[t].hl.as_ptr().add(64 * b).cast()));
-            let xl: [__m256i; T] = std::array::from_fn(|t| {
-                _mm256_loadu_si256(xs[t].hl.as_ptr().add(64 * b + 32).cast())
+            let xa: [__m256i; T] = std::array::from_fn(|t| {
+                _mm256_loadu_si256(lanes[t].ab.as_ptr().add(32 * b).cast())
+            });
+            let xb: [__m256i; T] = std::array::from_fn(|t| {
+                _mm256_loadu_si256(lanes[t].ab.as_ptr().add(32 * b + 16).cast())
             });
             let s0: [__m256i; T] = std::array::from_fn(|t| {
                 let start = xs[t].neg_bias8.as_ptr().add(8 * b).cast();
@@ -114,11 +153,12 @@ unsafe fn chunk_tokens<Q: SplitFormat, const R: usize, const T: usize>(
                 }
             });
             for i in 0..R {
-                let q = Q::quants_u8(p[i].add(b * Q::BLOCK_BYTES));
+                let u =
+                    _mm256_shuffle_epi8(Q::quants_u8(p[i].add(b * Q::BLOCK_BYTES)), pairs_first);
+                let qa = _mm256_unpacklo_epi8(u, _mm256_setzero_si256());
+                let qb = _mm256_unpackhi_epi8(u, _mm256_setzero_si256());
                 for t in 0..T {
-                    let sh = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q, xh[t]);
-                    let sl = _mm256_dpbusd_epi32(s0[t], q, xl[t]);
-                    let s = _mm256_add_epi32(_mm256_slli_epi32::<8>(sh), sl);
+                    let s = _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(s0[t], qa, xa[t]), qb, xb[t]);
                     let d = _mm256_set1_ps(*ds[i][t].get_unchecked(k));
                     acc[i][t] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[i][t]);
                 }
@@ -139,6 +179,7 @@ pub(super) unsafe fn rows_dot_tokens<Q: SplitFormat>(
     rows: &[u8],
     row_bytes: usize,
     xs: &[&XQuant],
+    lanes: &[&XLanes],
     outs: &mut [&mut [f32]],
     ahead: usize,
 ) {
@@ -155,12 +196,12 @@ pub(super) unsafe fn rows_dot_tokens<Q: SplitFormat>(
             false => r0,
         };
         // SAFETY: rows r0..r0 + QROWS exist, per the caller; `next` is only fetched.
-        unsafe { tokens_of_rows::<Q, QROWS>(&at(r0), &at(next), xs, outs, r0) };
+        unsafe { tokens_of_rows::<Q, QROWS>(&at(r0), &at(next), xs, lanes, outs, r0) };
     }
     for r in full..count {
         let p = [base.wrapping_add(r * row_bytes)];
         // SAFETY: row r exists, per the caller.
-        unsafe { tokens_of_rows::<Q, 1>(&p, &p, xs, outs, r) };
+        unsafe { tokens_of_rows::<Q, 1>(&p, &p, xs, lanes, outs, r) };
     }
 }
 
@@ -175,6 +216,7 @@ unsafe fn tokens_of_rows<Q: SplitFormat, const R: usize>(
     p: &[*const u8; R],
     next: &[*const u8; R],
     xs: &[&XQuant],
+    lanes: &[&XLanes],
     outs: &mut [&mut [f32]],
     r0: usize,
 ) {
@@ -182,12 +224,13 @@ unsafe fn tokens_of_rows<Q: SplitFormat, const R: usize>(
     macro_rules! run {
         ($nt:literal, $t0:expr) => {{
             let group: [&XQuant; $nt] = std::array::from_fn(|t| xs[$t0 + t]);
+            let group_lanes: [&XLanes; $nt] = std::array::from_fn(|t| lanes[$t0 + t]);
             let mut out = [[0f32; R]; $nt];
             // SAFETY: forwarded from the caller.
             unsafe {
                 match $t0 {
-                    0 => rows_tokens::<Q, R, $nt, true>(p, next, &group, &mut out),
-                    _ => rows_tokens::<Q, R, $nt, false>(p, next, &group, &mut out),
+                    0 => rows_tokens::<Q, R, $nt, true>(p, next, &group, &group_lanes, &mut out),
+                    _ => rows_tokens::<Q, R, $nt, false>(p, next, &group, &group_lanes, &mut out),
                 }
             };
             for (t, o) in out.iter().enumerate() {
