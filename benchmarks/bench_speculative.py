@@ -45,8 +45,9 @@ prompt's prefill; the rest is decode, Python sampling included; if the engine re
 prefill seconds, ``stats()["decode_seconds"]`` is used and a note printed). The engine is reset
 before each run (no prefix reuse). llama.cpp: the wall time from the first token its
 ``generate`` generator yields (prefill done) to the N-th; its state is reset before each run.
-The ``stats()`` keys of speculation ("drafted", "accepted", "acceptance_rate", "verify_steps",
-"tokens_per_step", whatever is there) are shown as medians. For llama.cpp's lookup the script
+The ``stats()`` counters of speculation ("drafted_tokens", "accepted_tokens",
+"acceptance_rate", "verify_steps", "tokens_per_verify_step") are shown as medians (ours
+tok/step: tokens per verification step). For llama.cpp's lookup the script
 counts the draft calls itself: verify steps = draft calls during decode, tokens/step = (N - 1) /
 steps, drafted = the draft tokens proposed.
 
@@ -178,9 +179,17 @@ def run_ours(engine, ids: list[int], n: int, spec: str | None, k: int) -> dict:
         secs, how = float(st.get("decode_seconds") or wall), "stats decode_seconds"
     out = {"text": text, "tokens": gen, "decode_s": secs, "timing": how, "wall_s": wall}
     out["stats_decode_tok_s"] = st.get("decode_tokens_per_second")
+    # The engine's names of the speculation counters (tokens per step: per verification step).
+    names = {
+        "drafted": "drafted_tokens",
+        "accepted": "accepted_tokens",
+        "acceptance_rate": "acceptance_rate",
+        "verify_steps": "verify_steps",
+        "tokens_per_step": "tokens_per_verify_step",
+    }
     for key in SPEC_KEYS:
-        if key in st:
-            out[key] = st[key]
+        if st.get(names[key]) is not None:
+            out[key] = st[names[key]]
     return out
 
 

@@ -118,7 +118,10 @@ def assert_same_greedy(eng, prompt, **kw) -> dict:
     ids = eng.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
     scripted = Scripted(ids + tokens, eng.config.vocab_size)
     stats = {}
-    for name, how in (("lookup", "lookup"), ("scripted", scripted)):
+    # "lookup" drafts where its policy expects a gain (timing-dependent); a PromptLookup given
+    # as the drafter drafts at every step, so the lookup drafts surely go through verification.
+    runs = (("lookup", "lookup"), ("eager", PromptLookup()), ("scripted", scripted))
+    for name, how in runs:
         got, stats[name] = greedy_steps(eng, prompt, how, **kw)
         assert got == want, name
         assert eng.context_ids == context, name  # what the plain loop leaves
@@ -268,8 +271,9 @@ def test_smollm2_greedy_is_the_same_with_lookup(smol_engine):
     eng = smol_engine
     copy = eng.format_chat([{"role": "user", "content": COPY}])
     stats = assert_same_greedy(eng, copy, max_new_tokens=48)
-    s = stats["lookup"]
-    assert s.speculative == "lookup" and s.accepted_tokens >= 3, s
+    assert stats["lookup"].speculative == "lookup"
+    s = stats["eager"]
+    assert s.accepted_tokens >= 10, s
     assert s.tokens_per_verify_step > 1.5 and 0 < s.acceptance_rate <= 1
     free = eng.format_chat([{"role": "user", "content": FREE}])
     assert_same_greedy(eng, free, max_new_tokens=24)
@@ -559,7 +563,9 @@ def test_constrained_output_is_the_same_with_lookup(smol_engine):
     prompt = eng.format_chat([{"role": "user", "content": COPY}])
     kw = dict(max_new_tokens=60, temperature=0, json_schema=schema, logprobs=2)
     want, _ = greedy_steps(eng, prompt, "off", **kw)
-    got, stats = greedy_steps(eng, prompt, "lookup", **kw)
+    got, _ = greedy_steps(eng, prompt, "lookup", **kw)
+    assert got == want
+    got, stats = greedy_steps(eng, prompt, PromptLookup(), **kw)  # drafts at every step
     assert got == want and stats.accepted_tokens > 5, stats
     text = "".join(s[1] for s in got[:-1])
     assert set(json.loads(text)) == set(schema["properties"])

@@ -48,6 +48,8 @@ DECAY = 0.9
 #: First guess of what one drafted token adds to a verification, in plain decode steps (the
 #: generation then measures it: the verification's time against the plain steps').
 DRAFT_COST = 0.5
+#: Passes whose median gives the plain step's time and the cost of a drafted token.
+COST_WINDOW = 9
 #: A draft is made only when its expected tokens per unit of time beat plain decoding by this.
 MARGIN = 1.02
 #: A drafter whose proposals are not free (a draft model) probes with one token after this many
@@ -211,7 +213,8 @@ class DraftLength:
         self.hits = (PRIOR_FREE if free else PRIOR_MODEL) * PRIOR_TRIALS
         self.trials = PRIOR_TRIALS
         self.cost = DRAFT_COST
-        self._plain_seconds: float | None = None
+        self._plain: list[float] = []  # recent plain steps' seconds
+        self._costs: list[float] = []  # recent verifications' cost per drafted token
         self._idle = 0  # plain steps since the last draft (drafters that are not free)
 
     @property
@@ -258,12 +261,16 @@ class DraftLength:
         (the cost ``c``)."""
         if seconds <= 0.0:
             return
+        # Medians of the recent passes: one pass slowed by another process must not stop the
+        # drafting (no verification then measures the cost again).
         if fed == 1:
-            p = self._plain_seconds
-            self._plain_seconds = seconds if p is None else 0.8 * p + 0.2 * seconds
-        elif self._plain_seconds is not None:
-            c = (seconds / self._plain_seconds - 1.0) / (fed - 1)
-            self.cost = min(2.0, max(0.02, 0.7 * self.cost + 0.3 * c))
+            self._plain.append(seconds)
+            del self._plain[:-COST_WINDOW]
+        elif self._plain:
+            per = (seconds / float(np.median(self._plain)) - 1.0) / (fed - 1)
+            self._costs.append(per)
+            del self._costs[:-COST_WINDOW]
+            self.cost = min(2.0, max(0.02, float(np.median(self._costs))))
 
 
 def resolve_speculative(
