@@ -12,7 +12,7 @@ const MIN_CHUNK_BYTES: usize = 32 * 1024;
 /// At most this many chunks per thread (a little slack for load balancing, no more).
 const CHUNKS_PER_THREAD: usize = 4;
 /// Chunk boundaries fall on multiples of this many rows (the kernels' row-group width).
-pub(crate) const ROW_ALIGN: usize = 8;
+const ROW_ALIGN: usize = 8;
 
 /// y[r] = Σ_c W[r,c]·x[c] for every row, in parallel on the current rayon pool.
 pub fn matvec(w: &Weight, x: &[f32], y: &mut [f32]) -> Result<()> {
@@ -49,18 +49,11 @@ pub(crate) fn matvec_many_at(
     for (w, y) in ws.iter().zip(ys.iter()) {
         check::matvec(w, x, y)?;
     }
-    let threads = rayon::current_num_threads();
-    let total: usize = ws.iter().map(|w| w.n_bytes()).sum();
-    let chunk_bytes = chunk_bytes(total, threads);
+    let split = RowSplit::new(ws);
     let mut tasks = Vec::new();
     for (w, y) in ws.iter().zip(ys.iter_mut()) {
         let row_bytes = w.dtype.row_bytes(w.cols)?;
-        let per = match threads {
-            1 => w.rows.max(1),
-            _ => chunk_bytes
-                .div_ceil(row_bytes.max(1))
-                .next_multiple_of(ROW_ALIGN),
-        };
+        let per = split.rows_per_task(w, row_bytes);
         for (i, out) in y.chunks_mut(per).enumerate() {
             let start = i * per * row_bytes;
             let rows = &w.bytes()[start..start + out.len() * row_bytes];
@@ -83,9 +76,39 @@ pub(crate) fn matvec_many_at(
     Ok(())
 }
 
+/// How the matvec splits the rows of the weights of one parallel region into tasks.
+pub(crate) struct RowSplit {
+    threads: usize,
+    chunk_bytes: usize,
+}
+
+impl RowSplit {
+    /// The split for `ws` on the current rayon pool.
+    pub(crate) fn new(ws: &[&Weight]) -> RowSplit {
+        let threads = rayon::current_num_threads();
+        let total: usize = ws.iter().map(|w| w.n_bytes()).sum();
+        RowSplit {
+            threads,
+            chunk_bytes: chunk_bytes(total, threads),
+        }
+    }
+
+    /// Rows of `w` (rows of `row_bytes`) per task: all of them on one thread, else about
+    /// [`chunk_bytes`], in whole row groups.
+    pub(crate) fn rows_per_task(&self, w: &Weight, row_bytes: usize) -> usize {
+        match self.threads {
+            1 => w.rows.max(1),
+            _ => self
+                .chunk_bytes
+                .div_ceil(row_bytes.max(1))
+                .next_multiple_of(ROW_ALIGN),
+        }
+    }
+}
+
 /// Bytes of weights per parallel task when `total` bytes are shared by `threads` threads: a
 /// few tasks per thread for balance, none smaller than [`MIN_CHUNK_BYTES`].
-pub(crate) fn chunk_bytes(total: usize, threads: usize) -> usize {
+fn chunk_bytes(total: usize, threads: usize) -> usize {
     (total / (threads * CHUNKS_PER_THREAD).max(1)).max(MIN_CHUNK_BYTES)
 }
 

@@ -11,7 +11,7 @@
 
 use crate::check;
 use crate::dispatch::Tokens;
-use crate::ops::matvec::{chunk_bytes, ROW_ALIGN};
+use crate::ops::matvec::RowSplit;
 use crate::simd::{self, Level};
 use powerinfer_core::{DType, Result, Weight};
 use rayon::prelude::*;
@@ -19,6 +19,8 @@ use rayon::prelude::*;
 /// Weight bytes of one slice a task dots with every token before moving on (well inside a
 /// core's L2 with the tokens' prepared activations beside it).
 const SLICE_BYTES: usize = 48 * 1024;
+/// Slices are whole groups of this many rows (the kernels' row groups).
+const SLICE_ALIGN: usize = 8;
 
 /// `ys[i][t·rows_i + r] = dot(ws[i] row r, x token t)` for `n` tokens (x is n rows of the
 /// weights' common column count), each token's values bit-identical to
@@ -61,19 +63,13 @@ pub(crate) fn matvec_tokens_at(
         check::len("matvec_tokens", "y", y.len(), n * w.rows, "tokens x rows")?;
         check::weight_bytes(w)?;
     }
-    let threads = rayon::current_num_threads();
-    let total: usize = ws.iter().map(|w| w.n_bytes()).sum();
-    let chunk = chunk_bytes(total, threads);
+    // The matvec's split (the same rows per task): not needed for exactness, kept for the
+    // same cache behaviour per token.
+    let split = RowSplit::new(ws);
     let mut tasks = Vec::new();
     for (w, y) in ws.iter().zip(ys.iter_mut()) {
         let row_bytes = w.dtype.row_bytes(w.cols)?;
-        // The matvec's split (the same rows per task), so a task's rows are the ones a
-        // one-token call hands its kernel (not needed for exactness, kept for the same cache
-        // behaviour per token).
-        let per = match threads {
-            1 => w.rows.max(1),
-            _ => chunk.div_ceil(row_bytes.max(1)).next_multiple_of(ROW_ALIGN),
-        };
+        let per = split.rows_per_task(w, row_bytes);
         let mut per_token: Vec<_> = y
             .chunks_mut(w.rows.max(1))
             .map(|t| t.chunks_mut(per))
@@ -93,7 +89,7 @@ pub(crate) fn matvec_tokens_at(
     let quantized = ws.iter().any(|w| w.dtype.is_quantized());
     let tokens = Tokens::new(level, x, cols, quantized);
     let run = |t: Task<'_>| {
-        let slice = (SLICE_BYTES / t.row_bytes.max(1)).next_multiple_of(ROW_ALIGN);
+        let slice = (SLICE_BYTES / t.row_bytes.max(1)).next_multiple_of(SLICE_ALIGN);
         let mut outs = t.outs;
         for (s, rows) in t.rows.chunks(slice * t.row_bytes).enumerate() {
             let (r0, len) = (s * slice, rows.len() / t.row_bytes.max(1));
