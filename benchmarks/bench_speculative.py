@@ -22,7 +22,8 @@ Tasks (``--tasks``, default all):
 Modes, alternated in one process (the order reversed every other repeat), ``--repeats`` each
 after ``--warmup`` untimed runs; medians reported:
 
-* ours plain:   ``engine.generate(ids, max_new_tokens=N, temperature=0, ignore_eos=True)``
+* ours plain:   ``engine.generate(ids, max_new_tokens=N, temperature=0, ignore_eos=True,
+  speculative="off")`` (the engine's default, "auto", is lookup)
 * ours lookup:  the same with ``speculative="lookup", draft_max=K``
 * ours draft:   the same with ``speculative="draft", draft_max=K`` (draft task)
 * llama plain:  ``Llama(model, n_threads=T).generate(ids, temp=0)`` (llama-cpp-python)
@@ -145,9 +146,10 @@ def check_draft_api() -> None:
 
 
 def ours_kwargs(n: int, spec: str | None, k: int) -> dict:
-    kw = dict(max_new_tokens=n, temperature=0.0, seed=0, ignore_eos=True)
-    if spec is not None:
-        kw.update(speculative=spec, draft_max=k)
+    # Plain is speculative="off" said explicitly: the engine's default ("auto") is lookup.
+    kw = dict(max_new_tokens=n, temperature=0.0, seed=0, ignore_eos=True, speculative=spec)
+    if spec != "off":
+        kw["draft_max"] = k
     return kw
 
 
@@ -335,7 +337,7 @@ def run_chat_task(name: str, args, ctx: dict) -> dict:
         raise SystemExit(f"{name}: {len(ids)} prompt + {n} tokens + {k} drafted > --n-ctx")
     modes = {}
     if "ours" in args.engines:
-        modes["ours_plain"] = lambda: run_ours(eng, ids, n, None, k)
+        modes["ours_plain"] = lambda: run_ours(eng, ids, n, "off", k)
         if not args.skip_spec:
             modes["ours_lookup"] = lambda: run_ours(eng, ids, n, "lookup", k)
     if "llama" in args.engines and ctx.get("llama_plain") is not None:
@@ -444,7 +446,7 @@ def run_draft_task(args) -> dict:
     rng = np.random.default_rng(args.seed)
     ids = [int(t) for t in rng.integers(3, vocab, args.draft_prompt)]
     row["prompt_tokens"] = len(ids)
-    modes = {"ours_plain": lambda: run_ours(eng, ids, n, None, k)}
+    modes = {"ours_plain": lambda: run_ours(eng, ids, n, "off", k)}
     if not args.skip_spec:
         probe_spec(eng, ids, "draft", k)
         modes["ours_draft"] = lambda: run_ours(eng, ids, n, "draft", k)
@@ -607,7 +609,7 @@ def run(args) -> dict:
             f"ours: Engine.from_pretrained({str(model)!r}, threads={args.threads}, "
             f"n_ctx={args.n_ctx}); ids = engine.tokenizer.encode(engine.format_chat(messages))"
         )
-        rep["calls"].append(f"ours plain: {ours_call_text(n_doc, None, args.draft_max)}")
+        rep["calls"].append(f"ours plain: {ours_call_text(n_doc, 'off', args.draft_max)}")
         if "ours" in args.engines and not args.skip_spec:
             probe_spec(ctx["ours"], [1, 2, 3, 4], "lookup", args.draft_max)
             rep["calls"].append(f"ours lookup: {ours_call_text(n_doc, 'lookup', args.draft_max)}")

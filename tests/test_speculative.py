@@ -206,16 +206,25 @@ def test_draft_length_follows_acceptance_and_cost():
     n.update(0, 0)  # no proposal: nothing changes
     assert n.acceptance < 0.1
     assert DraftLength(0).want() == 0
-    # A drafter that is not free probes with one token after PROBE_WAIT plain steps.
+    # A drafter that is not free probes with one token after PROBE_WAIT plain steps, the wait
+    # doubling after each failure.
     m = DraftLength(4, free=False)
-    for _ in range(30):
-        m.update(1, 0)
-    for _ in range(spec.PROBE_WAIT):
-        assert m.want() == 0
-        m.plain_step()
+    m.update(3, 0)  # a draft with nothing accepted: no length pays now
+
+    def waited() -> int:
+        n = 0
+        while m.want() == 0:
+            m.plain_step()
+            n += 1
+        return n
+
+    assert waited() == 2 * spec.PROBE_WAIT
     assert m.want() == 1
+    m.update(1, 0)  # the probe fails too
+    assert waited() == 4 * spec.PROBE_WAIT
+    m.update(1, 1)  # a probe accepted: the wait starts over (doubled by the next failure)
     m.update(1, 0)
-    assert m.want() == 0
+    assert waited() == 2 * spec.PROBE_WAIT
 
 
 def test_accept_or_replace_gives_the_target_distribution():

@@ -53,8 +53,10 @@ COST_WINDOW = 9
 #: A draft is made only when its expected tokens per unit of time beat plain decoding by this.
 MARGIN = 1.02
 #: A drafter whose proposals are not free (a draft model) probes with one token after this many
-#: plain steps, so a stretch where drafts did not pay is not the end of drafting.
+#: plain steps, so a stretch where drafts did not pay is not the end of drafting; each probe
+#: that finds nothing accepted doubles the wait, up to ``PROBE_WAIT_MAX``.
 PROBE_WAIT = 8
+PROBE_WAIT_MAX = 128
 
 
 def decode_many(session: Any, ids: Sequence[int]) -> np.ndarray:
@@ -216,6 +218,7 @@ class DraftLength:
         self._plain: list[float] = []  # recent plain steps' seconds
         self._costs: list[float] = []  # recent verifications' cost per drafted token
         self._idle = 0  # plain steps since the last draft (drafters that are not free)
+        self._wait = PROBE_WAIT  # plain steps before the next probe
 
     @property
     def acceptance(self) -> float:
@@ -234,7 +237,7 @@ class DraftLength:
         k = max(range(1, self.max + 1), key=self.gain)
         if self.gain(k) >= MARGIN:
             return k
-        if not self.free and self._idle >= PROBE_WAIT:
+        if not self.free and self._idle >= self._wait:
             return 1
         return 0
 
@@ -248,8 +251,9 @@ class DraftLength:
         one failure (the tokens after the first rejection were never tried)."""
         if drafted == 0:
             return
-        if drafted > 0 and not self.free:
+        if not self.free:
             self._idle = 0
+            self._wait = PROBE_WAIT if accepted else min(PROBE_WAIT_MAX, 2 * self._wait)
         trials = accepted + (accepted < drafted)
         keep = DECAY**trials
         self.hits = self.hits * keep + accepted
