@@ -195,11 +195,19 @@ def test_draft_length_follows_acceptance_and_cost():
     assert 1 < k <= 8 and n.gain(k) > spec.MARGIN
     n.update(8, 8)
     assert n.want() >= k
+    n.timed(9, 0.018)  # a verification and no plain step timed yet: the next step is plain
+    assert n.want() == 0
     n.timed(1, 0.010)  # plain steps of 10 ms, verifications of 9 tokens in 18 ms: c = 0.1
-    for _ in range(20):
+    for _ in range(spec.PLAIN_EVERY - 1):
         n.timed(9, 0.018)
     assert abs(n.cost - 0.1) < 0.02
     assert n.want() == 8  # cheap drafted tokens: the longest draft
+    n.timed(9, 0.018)
+    assert n.want() == 0  # PLAIN_EVERY verifications in a row: a plain step to time
+    n.timed(1, 0.010)
+    for _ in range(12):  # drafting that costs more than it saves (a draft model as slow as
+        n.timed(9, 0.200)  # the target): no draft however much is accepted
+    assert n.want() == 0
     for _ in range(30):  # guesses that fail: back to plain decoding
         n.update(1, 0)
     assert n.want() == 0
@@ -225,6 +233,13 @@ def test_draft_length_follows_acceptance_and_cost():
     m.update(1, 1)  # a probe accepted: the wait starts over (doubled by the next failure)
     m.update(1, 0)
     assert waited() == 2 * spec.PROBE_WAIT
+    # Drafting that costs more than a plain step per drafted token (a draft model as slow as
+    # the target) never pays, whatever is accepted: no more probes.
+    m.timed(1, 0.010)
+    m.timed(2, 0.030)
+    for _ in range(3 * spec.PROBE_WAIT_MAX):
+        assert m.want() == 0
+        m.plain_step()
 
 
 def test_accept_or_replace_gives_the_target_distribution():

@@ -50,6 +50,10 @@ DECAY = 0.9
 DRAFT_COST = 0.5
 #: Passes whose median gives the plain step's time and the cost of a drafted token.
 COST_WINDOW = 9
+#: After this many verifications in a row, one plain step (its time is what the cost is
+#: measured against; a draft model that is accepted every time would otherwise never be timed
+#: against plain decoding).
+PLAIN_EVERY = 16
 #: A draft is made only when its expected tokens per unit of time beat plain decoding by this.
 MARGIN = 1.02
 #: A drafter whose proposals are not free (a draft model) probes with one token after this many
@@ -217,6 +221,7 @@ class DraftLength:
         self.cost = DRAFT_COST
         self._plain: list[float] = []  # recent plain steps' seconds
         self._costs: list[float] = []  # recent verifications' cost per drafted token
+        self._since_plain = 0  # verifications since the last plain step was timed
         self._idle = 0  # plain steps since the last draft (drafters that are not free)
         self._wait = PROBE_WAIT  # plain steps before the next probe
 
@@ -234,10 +239,14 @@ class DraftLength:
         """Tokens to draft now (0: decode plainly)."""
         if self.max == 0 or not self.adaptive:
             return self.max
+        if self._since_plain >= PLAIN_EVERY or (self._since_plain and not self._plain):
+            return 0  # a plain step to time: the cost is relative to it
         k = max(range(1, self.max + 1), key=self.gain)
         if self.gain(k) >= MARGIN:
             return k
-        if not self.free and self._idle >= self._wait:
+        # A probe only where some draft could pay: with every token accepted, the longest.
+        could_pay = (self.max + 1) / (1.0 + self.cost * self.max) >= MARGIN
+        if not self.free and self._idle >= self._wait and could_pay:
             return 1
         return 0
 
@@ -270,7 +279,10 @@ class DraftLength:
         if fed == 1:
             self._plain.append(seconds)
             del self._plain[:-COST_WINDOW]
-        elif self._plain:
+            self._since_plain = 0
+            return
+        self._since_plain += 1
+        if self._plain:
             per = (seconds / float(np.median(self._plain)) - 1.0) / (fed - 1)
             self._costs.append(per)
             del self._costs[:-COST_WINDOW]
