@@ -66,20 +66,9 @@ PROBE_WAIT_MAX = 128
 def decode_many(session: Any, ids: Sequence[int]) -> np.ndarray:
     """Float32 logits ``(len(ids), vocab)`` of ``ids`` fed after the session's cached context:
     row i is what ``session.feed([ids[i]])[0]`` would give after the tokens before it (the
-    one-token path, bit for bit). Uses the core's ``Session.decode`` (one pass, shared weight
-    reads) where the extension has it, else one-token feeds. On an exception the cache is
-    rolled back to where it was."""
-    ids = [int(t) for t in ids]
-    decode = getattr(session, "decode", None)
-    if decode is not None:
-        return np.asarray(decode(ids))
-    n0 = session.n_past
-    try:
-        return np.stack([session.feed([t])[0] for t in ids])
-    except BaseException:
-        if session.n_past > n0:
-            session.truncate(n0)
-        raise
+    one-token path, bit for bit), from the core's ``Session.decode`` (one pass, shared weight
+    reads). On an exception the cache is rolled back to where it was (by the core)."""
+    return np.asarray(session.decode([int(t) for t in ids]))
 
 
 @dataclass
