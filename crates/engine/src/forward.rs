@@ -157,18 +157,10 @@ pub fn forward(
         if let (true, Some(m)) = (model.program.layers[l].early_router, &model.layers[l].moe) {
             early_logits(m, &s.x, n, &mut s.moe)?;
         }
-        attention_block(
-            model,
-            l,
-            mode,
-            cache,
-            s,
-            profiler.as_deref_mut(),
-            start,
-            n,
-            &angles,
-        )?;
-        ffn_block(model, l, mode, s, profiler.as_deref_mut(), start, n)?;
+        let kv = &mut Kv::Run { cache, start };
+        attention_block(model, l, mode, kv, s, profiler.as_deref_mut(), n, &angles)?;
+        let rows = Rows::Run { mode, start };
+        ffn_block(model, l, &rows, s, profiler.as_deref_mut(), n)?;
     }
     cache.set_len(start + n);
     if let Some(p) = profiler {
@@ -209,9 +201,17 @@ pub(crate) struct Angles {
 impl Angles {
     /// The angles of positions `start..start + n`.
     pub fn new(c: &ModelConfig, start: usize, n: usize) -> Angles {
+        Angles::at(c, &(start..start + n).collect::<Vec<_>>())
+    }
+
+    /// The angles of the rows at `positions`.
+    pub fn at(c: &ModelConfig, positions: &[usize]) -> Angles {
         let of = |local: bool| -> Vec<RopeAngles> {
             let inv = c.rope_inv_freqs(local);
-            (0..n).map(|t| RopeAngles::new(start + t, &inv)).collect()
+            positions
+                .iter()
+                .map(|&p| RopeAngles::new(p, &inv))
+                .collect()
         };
         Angles {
             global: of(false),
@@ -266,21 +266,82 @@ pub(crate) fn site_threshold(mode: &Sparsity, l: usize, site: Site) -> Option<f3
     }
 }
 
-/// Layer `l`'s attention block (its program's steps) for the `n` tokens in `s.x` at positions
-/// `start..`: their keys and values go into `cache`, the output is added to the residual `s.x`.
+/// Where the rows of a pass keep their keys and values, and at which positions.
+pub(crate) enum Kv<'a, 'b> {
+    /// One context: the rows are positions `start..start + n` of `cache`.
+    Run {
+        cache: &'a mut KvCache,
+        start: usize,
+    },
+    /// Several contexts (decode steps of several conversations in one pass): each slot's rows,
+    /// in order, follow its cache's positions.
+    Slots(&'a mut [SlotKv<'b>]),
+}
+
+/// One context's rows in a [`Kv::Slots`] pass.
+pub(crate) struct SlotKv<'b> {
+    pub cache: &'b mut KvCache,
+    /// Its rows in the pass.
+    pub rows: usize,
+}
+
+impl Kv<'_, '_> {
+    /// The position of the pass's first row (only the input mode, which never runs in a
+    /// [`Kv::Slots`] pass, asks).
+    fn start(&self) -> usize {
+        match self {
+            Kv::Run { start, .. } => *start,
+            Kv::Slots(slots) => slots.first().map_or(0, |s| s.cache.len()),
+        }
+    }
+}
+
+/// Which mode each row of a pass's FFN runs in, and at which position.
+pub(crate) enum Rows<'a> {
+    /// One context: every row in `mode`, at positions `start..`.
+    Run { mode: &'a Sparsity, start: usize },
+    /// Several contexts: each row's own mode and position.
+    Slots(&'a [(&'a Sparsity, usize)]),
+}
+
+impl<'a> Rows<'a> {
+    /// Row `t`'s mode and position.
+    fn at(&self, t: usize) -> (&'a Sparsity, usize) {
+        match *self {
+            Rows::Run { mode, start } => (mode, start + t),
+            Rows::Slots(rows) => rows[t],
+        }
+    }
+
+    /// The mode of every row and the first row's position, where the rows can run as one
+    /// batch: one context, one row, or several contexts all dense (None otherwise).
+    fn uniform(&self) -> Option<(&'a Sparsity, usize)> {
+        match *self {
+            Rows::Run { mode, start } => Some((mode, start)),
+            Rows::Slots([one]) => Some(*one),
+            Rows::Slots(rows) => rows
+                .iter()
+                .all(|(m, _)| matches!(m, Sparsity::Dense))
+                .then(|| (&Sparsity::Dense, rows.first().map_or(0, |r| r.1))),
+        }
+    }
+}
+
+/// Layer `l`'s attention block (its program's steps) for the `n` tokens in `s.x`: their keys
+/// and values go into their caches (`kv`), the output is added to the residual `s.x`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_block(
     model: &ModelWeights,
     l: usize,
     mode: &Sparsity,
-    cache: &mut KvCache,
+    kv: &mut Kv<'_, '_>,
     s: &mut Scratch,
     mut profiler: Option<&mut Profiler>,
-    start: usize,
     n: usize,
     angles: &Angles,
 ) -> Result<()> {
     let c = &model.config;
+    let start = kv.start();
     let lw = &model.layers[l];
     let arith = s.arith;
     for step in &model.program.layers[l].attention {
@@ -353,8 +414,6 @@ pub(crate) fn attention_block(
                 }
             }
             AttnStep::Attend(p) => {
-                cache.write(l, start, &s.k, &s.v);
-                let (keys, values) = cache.layer(l, start + n);
                 s.att.resize(n * c.q_dim(), 0.0);
                 let shape = AttnShape {
                     n_heads: c.n_heads,
@@ -364,15 +423,29 @@ pub(crate) fn attention_block(
                     scale: Some(p.scale),
                     softcap: p.softcap,
                 };
-                match arith {
-                    Arith::Batch => attention(&shape, &s.q, keys, values, start, &mut s.att),
-                    // One query at a time, as decode steps attend.
-                    Arith::Steps => {
-                        let rows =
-                            s.q.chunks_exact(c.q_dim())
-                                .zip(s.att.chunks_exact_mut(c.q_dim()));
-                        for (t, (q, o)) in rows.enumerate() {
-                            attention(&shape, q, keys, values, start + t, o);
+                match kv {
+                    Kv::Run { cache, start } => {
+                        let (q, k, v, att) = (&s.q[..], &s.k[..], &s.v[..], &mut s.att[..]);
+                        attend_rows(&shape, arith, cache, l, *start, q, k, v, att);
+                    }
+                    Kv::Slots(slots) => {
+                        let (qd, kd) = (c.q_dim(), c.kv_dim());
+                        let mut row = 0;
+                        for slot in slots.iter_mut() {
+                            let (a, b) = (row, row + slot.rows);
+                            let start = slot.cache.len();
+                            attend_rows(
+                                &shape,
+                                Arith::Steps,
+                                slot.cache,
+                                l,
+                                start,
+                                &s.q[a * qd..b * qd],
+                                &s.k[a * kd..b * kd],
+                                &s.v[a * kd..b * kd],
+                                &mut s.att[a * qd..b * qd],
+                            );
+                            row = b;
                         }
                     }
                 }
@@ -420,21 +493,56 @@ pub(crate) fn attention_block(
     Ok(())
 }
 
-/// Layer `l`'s FFN block (its program's steps) in `mode` for the `n` tokens in `s.x`
-/// (positions `start..`), added to the residual.
+/// The keys and values of rows at positions `start..` into `cache` (layer `l`), and their
+/// attention over it: one pass over all queries ([`Arith::Batch`]) or one query at a time, as
+/// decode steps attend ([`Arith::Steps`]).
+#[allow(clippy::too_many_arguments)]
+fn attend_rows(
+    shape: &AttnShape,
+    arith: Arith,
+    cache: &mut KvCache,
+    l: usize,
+    start: usize,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    att: &mut [f32],
+) {
+    let n = k.len() / cache_width(shape);
+    cache.write(l, start, k, v);
+    let (keys, values) = cache.layer(l, start + n);
+    match arith {
+        Arith::Batch => attention(shape, q, keys, values, start, att),
+        Arith::Steps => {
+            let qd = shape.n_heads * shape.head_dim;
+            for (t, (q, o)) in q.chunks_exact(qd).zip(att.chunks_exact_mut(qd)).enumerate() {
+                attention(shape, q, keys, values, start + t, o);
+            }
+        }
+    }
+}
+
+/// Values per position of a cache row (keys or values) for `shape`.
+fn cache_width(shape: &AttnShape) -> usize {
+    shape.n_kv_heads * shape.head_dim
+}
+
+/// Layer `l`'s FFN block (its program's steps) for the `n` tokens in `s.x` (each in its row's
+/// mode and at its position, `rows`), added to the residual.
 pub(crate) fn ffn_block(
     model: &ModelWeights,
     l: usize,
-    mode: &Sparsity,
+    rows: &Rows<'_>,
     s: &mut Scratch,
     mut profiler: Option<&mut Profiler>,
-    start: usize,
     n: usize,
 ) -> Result<()> {
     let c = &model.config;
     let lw = &model.layers[l];
     let mut phase = Phase::Other;
-    let per_token = s.arith == Arith::Steps && n > 1 && !matches!(mode, Sparsity::Dense);
+    let uniform = rows.uniform();
+    let per_token =
+        s.arith == Arith::Steps && n > 1 && !matches!(uniform, Some((Sparsity::Dense, _)));
     for step in &model.program.layers[l].ffn {
         let x_in = match model.program.layers[l].ffn_input() {
             FfnInput::Saved => &s.par_in,
@@ -452,6 +560,7 @@ pub(crate) fn ffn_block(
                 s.down.resize(n * dim, 0.0);
                 let mut row = Vec::with_capacity(dim);
                 for t in 0..n {
+                    let (mode, start) = rows.at(t);
                     let call = FfnCall {
                         model,
                         layer: l,
@@ -459,7 +568,7 @@ pub(crate) fn ffn_block(
                         x_res: &x_in[t * dim..(t + 1) * dim],
                         xn: &s.xn[t * dim..(t + 1) * dim],
                         n: 1,
-                        start: start + t,
+                        start,
                         arith: Arith::Batch,
                     };
                     phase = ffn(&call, &mut s.ffn, None, &mut row)?;
@@ -467,6 +576,9 @@ pub(crate) fn ffn_block(
                 }
             }
             FfnStep::Ffn(_) => {
+                let Some((mode, start)) = uniform else {
+                    powerinfer_core::bail!(Other, "layer {l}: rows of several modes in one pass");
+                };
                 let call = FfnCall {
                     model,
                     layer: l,
@@ -490,26 +602,27 @@ pub(crate) fn ffn_block(
                          supported yet"
                     );
                 }
-                let at = MoeAt {
+                let at = |mode| MoeAt {
                     model,
                     l,
                     mode,
                     w,
                     kind: *kind,
                 };
-                match s.arith {
+                match (s.arith, uniform) {
                     // Decode steps route and read each token on its own: one call per token.
-                    Arith::Steps if n > 1 => {
+                    (Arith::Steps, _) if n > 1 => {
                         let dim = c.dim;
                         s.down.resize(n * dim, 0.0);
                         let mut row = Vec::with_capacity(dim);
                         for t in 0..n {
+                            let (mode, start) = rows.at(t);
                             let xn = &s.xn[t * dim..(t + 1) * dim];
-                            at.run(xn, 1, start + t, &mut s.moe, None, &mut row)?;
+                            at(mode).run(xn, 1, start, &mut s.moe, None, &mut row)?;
                             s.down[t * dim..(t + 1) * dim].copy_from_slice(&row);
                         }
                     }
-                    _ => at.run(
+                    (_, Some((mode, start))) => at(mode).run(
                         &s.xn,
                         n,
                         start,
@@ -517,6 +630,12 @@ pub(crate) fn ffn_block(
                         profiler.as_deref_mut(),
                         &mut s.down,
                     )?,
+                    (_, None) => {
+                        powerinfer_core::bail!(
+                            Other,
+                            "layer {l}: rows of several modes in one pass"
+                        )
+                    }
                 }
                 phase = Phase::Ffn;
             }

@@ -145,6 +145,86 @@ impl KvCache {
         self.len = self.len.min(len);
     }
 
+    /// Bytes per position of a [`KvCache::snapshot`]: every layer's key and value rows at the
+    /// cache's precision (2 bytes a value at f16, 4 at f32).
+    pub fn snapshot_bytes_per_position(&self) -> usize {
+        let width = match self.precision {
+            KvPrecision::F16 => 2,
+            KvPrecision::F32 => 4,
+        };
+        self.keys.len() * 2 * self.kv_dim * width
+    }
+
+    /// Positions `0..n` (n ≤ [`KvCache::len`]) as bytes: per layer its keys then its values,
+    /// little-endian at the cache's precision (exact: f16 values were rounded when written).
+    pub fn snapshot(&self, n: usize) -> Result<Vec<u8>> {
+        ensure!(
+            n <= self.len,
+            Shape,
+            "a snapshot of {n} positions from a cache holding {}",
+            self.len
+        );
+        let mut out = Vec::with_capacity(n * self.snapshot_bytes_per_position());
+        for (k, v) in self.keys.iter().zip(&self.values) {
+            for rows in [k, v] {
+                let rows = &rows[..n * self.kv_dim];
+                match self.precision {
+                    KvPrecision::F16 => out.extend(
+                        rows.iter()
+                            .flat_map(|&x| half::f16::from_f32(x).to_bits().to_le_bytes()),
+                    ),
+                    KvPrecision::F32 => out.extend(rows.iter().flat_map(|x| x.to_le_bytes())),
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Make the cache exactly the `n` positions of a [`KvCache::snapshot`] (`data` of this
+    /// cache's shape and precision; a [`Shape`](powerinfer_core::Error::Shape) error, and the
+    /// cache unchanged, otherwise).
+    pub fn restore(&mut self, data: &[u8], n: usize) -> Result<()> {
+        let want = n.checked_mul(self.snapshot_bytes_per_position());
+        ensure!(
+            want == Some(data.len()),
+            Shape,
+            "a KV snapshot of {} bytes is not {n} positions of this cache ({} bytes each at {:?})",
+            data.len(),
+            self.snapshot_bytes_per_position(),
+            self.precision
+        );
+        ensure!(
+            n <= self.capacity,
+            ContextOverflow,
+            "a KV snapshot of {n} positions exceeds the context of {} tokens",
+            self.capacity
+        );
+        self.len = 0;
+        self.reserve(n)?;
+        let per_rows = data.len() / (2 * self.keys.len()).max(1);
+        let mut chunks = data.chunks_exact(per_rows.max(1));
+        for (k, v) in self.keys.iter_mut().zip(self.values.iter_mut()) {
+            for rows in [k, v] {
+                let src = chunks.next().unwrap_or(&[]);
+                let dst = &mut rows[..n * self.kv_dim];
+                match self.precision {
+                    KvPrecision::F16 => {
+                        for (d, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                            *d = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+                        }
+                    }
+                    KvPrecision::F32 => {
+                        for (d, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
+                            *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                        }
+                    }
+                }
+            }
+        }
+        self.len = n;
+        Ok(())
+    }
+
     /// Bytes currently allocated.
     pub fn allocated_bytes(&self) -> usize {
         self.keys
@@ -175,6 +255,44 @@ mod tests {
         assert!(matches!(c.reserve(1), Err(Error::ContextOverflow(_))));
         c.truncate(10);
         assert_eq!(c.len(), 10);
+    }
+
+    #[test]
+    fn snapshot_restores_every_value_at_both_precisions() {
+        for p in [KvPrecision::F16, KvPrecision::F32] {
+            let mut c = KvCache::new(3, 5, 40);
+            c.set_precision(p);
+            c.reserve(7).unwrap();
+            let mut s = 7u32;
+            for l in 0..3 {
+                let mut row = || {
+                    (0..7 * 5)
+                        .map(|_| {
+                            s = s.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+                            (s >> 8) as f32 / 3e5 - 20.0
+                        })
+                        .collect::<Vec<f32>>()
+                };
+                let (k, v) = (row(), row());
+                c.write(l, 0, &k, &v);
+            }
+            c.set_len(7);
+            let snap = c.snapshot(6).unwrap();
+            assert_eq!(snap.len(), 6 * c.snapshot_bytes_per_position());
+            let mut d = KvCache::new(3, 5, 40);
+            d.set_precision(p);
+            d.reserve(9).unwrap();
+            d.set_len(9);
+            d.restore(&snap, 6).unwrap();
+            assert_eq!(d.len(), 6);
+            for l in 0..3 {
+                assert_eq!(d.layer(l, 6), c.layer(l, 6), "{p:?} layer {l}");
+            }
+            assert!(matches!(c.snapshot(8), Err(Error::Shape(_))));
+            assert!(matches!(d.restore(&snap[1..], 6), Err(Error::Shape(_))));
+            assert!(matches!(d.restore(&snap, 5), Err(Error::Shape(_))));
+            assert_eq!(d.len(), 6, "a refused restore changes nothing");
+        }
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod phases;
 pub mod placement;
 pub mod profiler;
 pub mod session;
+pub mod slots;
 pub mod sparsity;
 pub mod transpose;
 pub mod weights;

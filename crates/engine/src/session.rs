@@ -12,6 +12,7 @@ use crate::kv_cache::{KvCache, KvPrecision};
 use crate::phases::{self, PhaseTimes};
 use crate::placement::Placement;
 use crate::profiler::{Captured, Profiler};
+use crate::slots::{forward_slots, Slot};
 use crate::sparsity::Sparsity;
 use crate::weights::ModelWeights;
 
@@ -325,6 +326,35 @@ impl Session {
         }
     }
 
+    /// Positions `0..n` of the KV cache as bytes (see [`KvCache::snapshot`]), for a prefix
+    /// cache; not on the hybrid executor (its GPU layers keep their rows in VRAM).
+    pub fn kv_snapshot(&self, n: usize) -> Result<Vec<u8>> {
+        self.refuse_hybrid("a KV snapshot")?;
+        self.cache.snapshot(n)
+    }
+
+    /// Make the context exactly the `n` positions of a [`Session::kv_snapshot`] of a session
+    /// over the same model at the same KV precision (the tokens are the caller's to know).
+    pub fn kv_restore(&mut self, data: &[u8], n: usize) -> Result<()> {
+        self.refuse_hybrid("restoring a KV snapshot")?;
+        self.cache.restore(data, n)
+    }
+
+    /// Bytes per position of a [`Session::kv_snapshot`].
+    pub fn kv_snapshot_bytes_per_position(&self) -> usize {
+        self.cache.snapshot_bytes_per_position()
+    }
+
+    fn refuse_hybrid(&self, what: &str) -> Result<()> {
+        powerinfer_core::ensure!(
+            self.hybrid.is_none(),
+            Unsupported,
+            "{what} is not supported on the hybrid executor (device {})",
+            self.device
+        );
+        Ok(())
+    }
+
     /// Turn per-phase timing of the forward passes on (from zero) or off.
     pub fn set_phase_timing(&mut self, on: bool) {
         self.phase_times = on.then(PhaseTimes::default);
@@ -358,6 +388,108 @@ impl Session {
             self.truncate(start);
         }
         out
+    }
+
+    /// Decode steps of several sessions over one model in one pass (the server's parallel
+    /// slots, see [`forward_slots`]): session i takes `tokens[i]` after its context, and its
+    /// logits (len × vocab) come back, every row bit-identical to what [`Session::feed`] of one
+    /// token gives after the tokens before it. The pass runs on the first session's threads.
+    /// Sessions on the hybrid executor or profiling run one after the other (each as
+    /// `feed(.., Logits::Steps)`). On any error no session's context changes.
+    pub fn decode_slots(
+        sessions: &mut [&mut Session],
+        tokens: &[Vec<u32>],
+    ) -> Result<Vec<Vec<f32>>> {
+        powerinfer_core::ensure!(
+            sessions.len() == tokens.len(),
+            Shape,
+            "{} sessions but {} token lists",
+            sessions.len(),
+            tokens.len()
+        );
+        let Some(model) = sessions.first().map(|s| s.model.clone()) else {
+            return Ok(Vec::new());
+        };
+        for (s, t) in sessions.iter().zip(tokens) {
+            powerinfer_core::ensure!(
+                Arc::ptr_eq(&s.model, &model),
+                Unsupported,
+                "sessions over different models cannot decode in one pass"
+            );
+            powerinfer_core::ensure!(!t.is_empty(), Shape, "no tokens to decode for a session");
+            powerinfer_core::ensure!(
+                s.cache.len() + t.len() <= s.cache.capacity(),
+                ContextOverflow,
+                "{} cached + {} new tokens exceed the context of {} tokens",
+                s.cache.len(),
+                t.len(),
+                s.cache.capacity()
+            );
+        }
+        let starts: Vec<usize> = sessions.iter().map(|s| s.cache.len()).collect();
+        let out = if sessions
+            .iter()
+            .any(|s| s.hybrid.is_some() || s.profiler.is_some())
+        {
+            let mut out = Vec::with_capacity(sessions.len());
+            for (s, t) in sessions.iter_mut().zip(tokens) {
+                match s.feed(t, Logits::Steps, || Ok(())) {
+                    Ok(l) => out.push(l),
+                    Err(e) => {
+                        for (s, &n) in sessions.iter_mut().zip(&starts) {
+                            s.truncate(n);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            out
+        } else {
+            let (first, rest) = sessions.split_first_mut().expect("not empty");
+            let Session {
+                cache,
+                scratch,
+                pool,
+                mode,
+                phase_times,
+                ..
+            } = &mut **first;
+            let mut slots = vec![Slot {
+                cache,
+                mode,
+                tokens: &tokens[0],
+            }];
+            for (s, t) in rest.iter_mut().zip(&tokens[1..]) {
+                let Session { cache, mode, .. } = &mut **s;
+                slots.push(Slot {
+                    cache,
+                    mode,
+                    tokens: t,
+                });
+            }
+            let rows = tokens.iter().map(Vec::len).sum();
+            pool.install(|| {
+                phases::timed(phase_times.as_mut(), rows, || {
+                    forward_slots(&model, &mut slots, scratch)
+                })
+            })?
+        };
+        let vocab = model.config.vocab_size.max(1);
+        for (i, logits) in out.iter().enumerate() {
+            if let Some(bad) = logits.iter().position(|v| !v.is_finite()) {
+                for (s, &n) in sessions.iter_mut().zip(&starts) {
+                    s.truncate(n);
+                }
+                powerinfer_core::bail!(
+                    Other,
+                    "the forward pass gave non-finite logits at position {} (token id {}); \
+                     the weights are finite, so the model overflows float32 on this input",
+                    starts[i] + bad / vocab,
+                    tokens[i][bad / vocab]
+                );
+            }
+        }
+        Ok(out)
     }
 
     fn feed_inner(

@@ -761,3 +761,106 @@ fn steps_equal_one_token_decode_in_every_mode() {
         }
     }
 }
+
+/// The server's parallel slots: decode steps of several sessions in one pass give every
+/// session exactly its own one-token steps, whatever else is in the pass (contexts of
+/// different lengths, different modes per slot, a slot verifying several tokens, a slot on the
+/// hybrid executor), and a refused pass changes no context.
+#[test]
+fn slots_decode_as_their_sessions_alone() {
+    for dtype in [DType::Q4_1, DType::Q8_0] {
+        let m = model(Activation::Relu, dtype, 256);
+        let (n, ffn, vocab) = (m.config.n_layers, m.config.ffn_dim, m.config.vocab_size);
+        let modes = [
+            Sparsity::Dense,
+            Sparsity::Dense,
+            Sparsity::ExactRelu,
+            Sparsity::Threshold(vec![0.02; n]),
+            Sparsity::Predictor {
+                layers: predictors(&m),
+                input: PredictorInput::FfnInp,
+                experts: Vec::new(),
+            },
+        ];
+        let mut layout = Layout::all_gpu(n, ffn);
+        layout.hot = half_hot(ffn, n);
+        let prompts: [&[u32]; 5] = [
+            &[3, 17, 5],
+            &[9, 1, 2, 4, 6, 8, 10],
+            &[7],
+            &[11, 12],
+            &[5, 5],
+        ];
+        // Each slot alone: its prompt, then 6 greedy one-token steps.
+        let alone: Vec<(Vec<Vec<f32>>, Vec<u32>)> = modes
+            .iter()
+            .zip(prompts)
+            .map(|(mode, p)| greedy(&mut session(&m, mode, None, "cpu"), p, 6))
+            .collect();
+        // Passes: the two dense slots (one batched FFN), then all five in mixed modes, then a
+        // pass where slot 1 verifies three tokens at once, and one with a hybrid slot.
+        let groups: [&[usize]; 2] = [&[0, 1], &[0, 1, 2, 3, 4]];
+        for (g, group) in groups.iter().enumerate() {
+            let mut ss: Vec<Session> = group
+                .iter()
+                .map(|&i| {
+                    let mut s = session(&m, &modes[i], None, "cpu");
+                    s.feed(prompts[i], Logits::Last, no_check).unwrap();
+                    s
+                })
+                .collect();
+            let mut step = vec![0usize; group.len()];
+            for pass in 0..3 {
+                let toks: Vec<Vec<u32>> = group
+                    .iter()
+                    .zip(&step)
+                    .map(|(&i, &k)| {
+                        let take = if pass == 1 && i == 1 { 3 } else { 1 };
+                        alone[i].1[k..k + take].to_vec()
+                    })
+                    .collect();
+                let mut refs: Vec<&mut Session> = ss.iter_mut().collect();
+                let out = Session::decode_slots(&mut refs, &toks).unwrap();
+                for (j, &i) in group.iter().enumerate() {
+                    assert_eq!(out[j].len(), toks[j].len() * vocab);
+                    for (r, row) in out[j].chunks_exact(vocab).enumerate() {
+                        let what = format!("{dtype:?} group {g} pass {pass} slot {i} row {r}");
+                        assert!(same_bits(row, &alone[i].0[step[j] + r + 1]), "{what}");
+                    }
+                    step[j] += toks[j].len();
+                    assert_eq!(ss[j].n_past(), prompts[i].len() + step[j]);
+                }
+            }
+            // A bad token in the last slot: refused, no context moved.
+            let before: Vec<usize> = ss.iter().map(Session::n_past).collect();
+            let mut toks: Vec<Vec<u32>> = vec![vec![1]; ss.len()];
+            *toks.last_mut().unwrap() = vec![vocab as u32];
+            let mut refs: Vec<&mut Session> = ss.iter_mut().collect();
+            assert!(Session::decode_slots(&mut refs, &toks).is_err());
+            let after: Vec<usize> = ss.iter().map(Session::n_past).collect();
+            assert_eq!(
+                before, after,
+                "{dtype:?} group {g}: a refused pass moved a context"
+            );
+        }
+        // A slot on the hybrid executor beside a CPU slot: each as alone.
+        if dtype == DType::Q4_1 {
+            for dev in devices_for(DType::Q4_0).into_iter().take(1) {
+                let mut cpu = session(&m, &modes[0], None, "cpu");
+                let mut gpu = session(&m, &modes[0], Some(layout.placement(&m)), dev);
+                let (want_gpu, toks) = greedy(
+                    &mut session(&m, &modes[0], Some(layout.placement(&m)), dev),
+                    prompts[1],
+                    2,
+                );
+                cpu.feed(prompts[0], Logits::Last, no_check).unwrap();
+                gpu.feed(prompts[1], Logits::Last, no_check).unwrap();
+                assert!(gpu.hybrid().is_some(), "{dev}: no hybrid executor");
+                let ts = vec![vec![alone[0].1[0]], vec![toks[0]]];
+                let out = Session::decode_slots(&mut [&mut cpu, &mut gpu], &ts).unwrap();
+                assert!(same_bits(&out[0], &alone[0].0[1]), "{dev}: the CPU slot");
+                assert!(same_bits(&out[1], &want_gpu[1]), "{dev}: the hybrid slot");
+            }
+        }
+    }
+}

@@ -15,6 +15,7 @@ mod plan;
 mod plan_record;
 mod predictors;
 mod session;
+mod slots;
 
 use pyo3::prelude::*;
 
@@ -115,6 +116,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<session::PySession>()?;
     m.add_class::<predictors::PyPredictors>()?;
     m.add_class::<plan::PyPlan>()?;
+    m.add_function(wrap_pyfunction!(slots::decode_slots, m)?)?;
     m.add_function(wrap_pyfunction!(simd_level, m)?)?;
     m.add_function(wrap_pyfunction!(measure_read_bandwidth, m)?)?;
     m.add_function(wrap_pyfunction!(measure_dispatch, m)?)?;

@@ -10,7 +10,7 @@ use powerinfer_engine::{
     token_ids, InputScore, InputSparsity, KvPrecision, Session, Sparsity, SparsityMode,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 
 use crate::exceptions::{check, run_detached, to_pyerr};
 use crate::model::PyModel;
@@ -27,7 +27,7 @@ pub struct PySession {
 impl PySession {
     /// The session, once no other thread uses it (waiting with the GIL released; a panic that
     /// escaped a previous call leaves the session usable: every call checks its own input).
-    fn lock(&self, py: Python<'_>) -> MutexGuard<'_, Session> {
+    pub(crate) fn lock(&self, py: Python<'_>) -> MutexGuard<'_, Session> {
         loop {
             match self.inner.try_lock() {
                 Ok(guard) => return guard,
@@ -101,6 +101,30 @@ impl PySession {
             session.feed(&ids, Logits::Steps, check_signals)
         })?;
         matrix(py, vocab, logits)
+    }
+
+    /// Positions 0..n of the KV cache as bytes (every layer's keys and values at the cache's
+    /// precision), for a prefix cache: `kv_restore` gives them back to a session over the same
+    /// model at the same precision. UnsupportedError on the hybrid executor.
+    #[pyo3(signature = (n))]
+    fn kv_snapshot<'py>(&self, py: Python<'py>, n: usize) -> PyResult<Bound<'py, PyBytes>> {
+        let guard = self.lock(py);
+        let data = check(guard.kv_snapshot(n))?;
+        Ok(PyBytes::new(py, &data))
+    }
+
+    /// Make the context exactly the `n` positions of a `kv_snapshot` (ShapeError, and the
+    /// context unchanged, when `data` is not n positions of this session's cache).
+    #[pyo3(signature = (data, n))]
+    fn kv_restore(&self, py: Python<'_>, data: &[u8], n: usize) -> PyResult<()> {
+        let mut guard = self.lock(py);
+        check(guard.kv_restore(data, n))
+    }
+
+    /// Bytes per position of a `kv_snapshot`.
+    #[getter]
+    fn kv_snapshot_bytes_per_position(&self, py: Python<'_>) -> usize {
+        self.lock(py).kv_snapshot_bytes_per_position()
     }
 
     /// Set the FFN sparsity: one of `SPARSITY_MODES`. "threshold" needs one threshold per layer
@@ -422,7 +446,7 @@ impl PySession {
 }
 
 /// Row-major `values` as a numpy array of `cols` columns (0 rows when `cols` is 0).
-fn matrix<T: numpy::Element>(
+pub(crate) fn matrix<T: numpy::Element>(
     py: Python<'_>,
     cols: usize,
     values: Vec<T>,

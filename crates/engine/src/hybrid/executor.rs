@@ -14,7 +14,8 @@ use powerinfer_cuda::{down_splits, Act, Allocation, AttnParams, Backend, FfnAct,
 
 use crate::ffn::{rows_ffn, DenseDown, FfnScratch};
 use crate::forward::{
-    attention_block, embed, ffn_block, norm_bias, norm_rows_with, output_block, Angles, Scratch,
+    attention_block, embed, ffn_block, norm_bias, norm_rows_with, output_block, Angles, Kv, Rows,
+    Scratch,
 };
 use crate::hybrid::api::{refuse_cpu_only, Hybrid};
 use crate::hybrid::experts::{cold_by_expert, cold_experts, token_weights};
@@ -800,7 +801,8 @@ impl<B: Backend> Executor<B> {
             } else {
                 self.clock.enter(l, HybridPhase::CpuAttention);
                 self.host_x(l, &mut res)?;
-                attention_block(model, l, mode, cache, &mut self.host, None, pos, 1, &angles)?;
+                let kv = &mut Kv::Run { cache, start: pos };
+                attention_block(model, l, mode, kv, &mut self.host, None, 1, &angles)?;
                 res.on_device = false;
             }
             if self.gpu.layers[l].ffn.is_some() {
@@ -811,7 +813,8 @@ impl<B: Backend> Executor<B> {
                 if model.program.layers[l].save_residual {
                     self.host_saved(l)?;
                 }
-                ffn_block(model, l, mode, &mut self.host, None, pos, 1)?;
+                let rows = Rows::Run { mode, start: pos };
+                ffn_block(model, l, &rows, &mut self.host, None, 1)?;
                 res.on_device = false;
             }
         }
