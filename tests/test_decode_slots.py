@@ -18,7 +18,7 @@ def engine(smol_path):
     return Engine.from_pretrained(str(smol_path), threads=2, n_ctx=512)
 
 
-def _sessions(engine, k=len(PROMPTS)):
+def _sessions(engine, k=3):
     out = []
     for p in PROMPTS[:k]:
         s = _core.Session(engine._model, 2, 512)
