@@ -18,17 +18,20 @@ def engine(smol_path):
     return Engine.from_pretrained(str(smol_path), threads=2, n_ctx=512)
 
 
-def _sessions(engine, k=3):
+def _sessions(engine, k=3, shared=False):
     out = []
     for p in PROMPTS[:k]:
-        s = _core.Session(engine._model, 2, 512)
+        pool = engine.core_session if shared else None
+        s = _core.Session(engine._model, 2, 512, threads_of=pool)
         s.feed(engine.tokenizer.encode(p))
         out.append(s)
     return out
 
 
 def test_rows_equal_each_session_alone(engine):
-    slots, alone = _sessions(engine), _sessions(engine)
+    # The slots share the engine's worker threads, as the server's do.
+    slots, alone = _sessions(engine, shared=True), _sessions(engine)
+    assert all(s.threads == engine.core_session.threads for s in slots)
     for step, toks in enumerate([[[42], [7, 99, 5], [1000]], [[3], [4], [5, 6]]]):
         got = _core.decode_slots(slots, toks)
         for s, r, t, g in zip(slots, alone, toks, got):
@@ -72,3 +75,5 @@ def test_bad_calls_are_refused_and_move_nothing(engine, smol_path):
         _core.decode_slots([slots[0], _core.Session(other._model, 2, 512)], [[1], [2]])
     assert [s.n_past for s in slots] == before
     assert _core.decode_slots([], []) == []
+    with pytest.raises(UnsupportedError):
+        _core.Session(other._model, threads_of=slots[0])

@@ -24,7 +24,8 @@ pub struct Session {
     model: Arc<ModelWeights>,
     cache: KvCache,
     scratch: Scratch,
-    pool: rayon::ThreadPool,
+    /// Its worker threads (shared with other sessions by [`Session::sharing_threads`]).
+    pool: Arc<rayon::ThreadPool>,
     mode: Sparsity,
     profiler: Option<Profiler>,
     placement: Option<Arc<Placement>>,
@@ -45,19 +46,30 @@ impl Session {
     /// A fresh session with `threads` worker threads (0 = one per core) and room for `n_ctx`
     /// positions (capped at the model's context).
     pub fn new(model: Arc<ModelWeights>, threads: usize, n_ctx: usize) -> Result<Session> {
-        let c = &model.config;
-        let n_ctx = if n_ctx == 0 {
-            c.max_context
-        } else {
-            n_ctx.min(c.max_context)
-        };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("powerinfer-{i}"))
             .build()
             .map_err(|e| Error::Other(format!("could not start {threads} threads: {e}")))?;
+        Ok(Session::with_pool(model, Arc::new(pool), n_ctx))
+    }
+
+    /// A fresh session over `other`'s model that runs on `other`'s worker threads (the server's
+    /// slots: their passes never run at once, and one pool keeps idle threads from spinning
+    /// beside the working ones), with room for `n_ctx` positions (0: the model's context).
+    pub fn sharing_threads(other: &Session, n_ctx: usize) -> Session {
+        Session::with_pool(other.model.clone(), other.pool.clone(), n_ctx)
+    }
+
+    /// A fresh session on `pool`; `n_ctx` capped at the model's context (0: all of it).
+    fn with_pool(model: Arc<ModelWeights>, pool: Arc<rayon::ThreadPool>, n_ctx: usize) -> Session {
+        let c = &model.config;
+        let n_ctx = match n_ctx {
+            0 => c.max_context,
+            n => n.min(c.max_context),
+        };
         let cache = KvCache::new(c.n_layers, c.kv_dim(), n_ctx);
-        Ok(Session {
+        Session {
             model,
             cache,
             scratch: Scratch::default(),
@@ -70,11 +82,16 @@ impl Session {
             hybrid: None,
             phase_times: None,
             hybrid_decode_seconds: 0.0,
-        })
+        }
     }
 
     /// The model.
     pub fn model(&self) -> &ModelWeights {
+        &self.model
+    }
+
+    /// The model, shared.
+    pub fn model_arc(&self) -> &Arc<ModelWeights> {
         &self.model
     }
 

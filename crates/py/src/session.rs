@@ -43,11 +43,30 @@ impl PySession {
 impl PySession {
     /// A fresh session: `threads` workers (0 = one per core), `n_ctx` positions (0 = the
     /// model's context length).
+    /// `threads_of`: another session over the same model whose worker threads this one shares
+    /// instead of starting its own (`threads` is then ignored): the server's slots, whose passes
+    /// never run at once.
     #[new]
-    #[pyo3(signature = (model, threads = 0, n_ctx = 0))]
-    fn new(model: &PyModel, threads: usize, n_ctx: usize) -> PyResult<Self> {
+    #[pyo3(signature = (model, threads = 0, n_ctx = 0, threads_of = None))]
+    fn new(
+        py: Python<'_>,
+        model: &PyModel,
+        threads: usize,
+        n_ctx: usize,
+        threads_of: Option<&PySession>,
+    ) -> PyResult<Self> {
         let weights = model.weights.clone();
-        let inner = check(Session::new(weights, threads, n_ctx))?;
+        let inner = match threads_of {
+            None => check(Session::new(weights, threads, n_ctx))?,
+            Some(other) => {
+                let other = other.lock(py);
+                if !std::sync::Arc::ptr_eq(other.model_arc(), &weights) {
+                    let msg = "threads_of: a session over another model".to_string();
+                    return Err(to_pyerr(py, Error::Unsupported(msg)));
+                }
+                Session::sharing_threads(&other, n_ctx)
+            }
+        };
         Ok(PySession {
             inner: Mutex::new(inner),
         })
