@@ -281,6 +281,41 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         return self._model
 
     @property
+    def can_batch(self) -> bool:
+        """Whether requests can decode together in slots (:mod:`.slots`): on the CPU device.
+        A hybrid engine (a GPU device with a plan) runs one context at a time."""
+        return self.device == "cpu" and self._session.gpu_info() is None
+
+    def new_session(self) -> _core.Session:
+        """A fresh ``_core.Session`` over this engine's weights that computes exactly what the
+        engine's own does: the same threads, context size, KV precision, sparsity mode (with
+        its thresholds or predictors) and CPU plan. Slots (:mod:`.slots`) run in these.
+        UnsupportedError on a hybrid engine (its GPU side belongs to the engine's session)."""
+        if not self.can_batch:
+            raise UnsupportedError(
+                f"device={self.device!r}: a hybrid engine runs one session (its GPU side); "
+                "extra sessions run on the CPU device only"
+            )
+        with self._lock:
+            session = _core.Session(self._model, self._threads, self._n_ctx)
+            session.set_kv_cache(self.kv_cache)
+            mode, args = self._sparsity_args
+            session.set_sparsity(mode, **args)
+            if self.plan is not None:
+                session.set_plan(self.plan)
+            return session
+
+    def batch_generate(self, prompts: Sequence[str | Sequence[int]], **kwargs) -> list[str]:
+        """Continue every prompt of ``prompts`` at once, each in a slot of its own whose decode
+        steps run as one batched pass (:class:`~.slots.SlotPool`); ``kwargs`` as for
+        :meth:`generate`. Text i is ``generate(prompts[i], **kwargs)``'s under greedy
+        decoding (the batched pass computes each row exactly as alone). A hybrid engine runs
+        the prompts one after the other. The engine's own context is left as it was."""
+        from .slots import batch_generate
+
+        return batch_generate(self, prompts, **kwargs)
+
+    @property
     def core_session(self) -> _core.Session:
         """The Rust session (``_core.Session``: the context's KV cache and the sparsity mode)
         this engine runs, for callers of the core itself (e.g. its phase timing). Changing its
@@ -330,6 +365,7 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         if not isinstance(mode, str):
             raise UnsupportedError(f"sparsity mode must be a string, got {mode!r}")
         api_sparsity(mode, thresholds, predictors, default=None)
+        args: dict[str, object] = {}  # the session's set_sparsity arguments beside the mode
         if mode == "threshold":
             if thresholds is None:
                 raise PlanError(
@@ -337,7 +373,7 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
                     "powerinfer_rs.calibrate writes them)"
                 )
             self.thresholds = thresholds_for(thresholds, self.loaded)
-            self._session.set_sparsity("threshold", thresholds=self.thresholds)
+            args = {"thresholds": self.thresholds}
         elif mode == "input":
             from ..formats.input_thresholds import input_thresholds_for
 
@@ -348,12 +384,11 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
                 )
             self.input_thresholds = input_thresholds_for(thresholds, self.loaded)
             it = self.input_thresholds
-            self._session.set_sparsity(
-                "input",
-                input_thresholds=[[float(t) for t in row] for row in it.thresholds],
-                input_output=float(it.output),
-                input_score=it.score,
-            )
+            args = {
+                "input_thresholds": [[float(t) for t in row] for row in it.thresholds],
+                "input_output": float(it.output),
+                "input_score": it.score,
+            }
         elif mode == "predictor":
             if predictors is None:
                 raise PlanError(
@@ -385,9 +420,9 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
                 self.predictors.input,
                 experts=units,
             )
-            self._session.set_sparsity("predictor", predictors=typed)
-        else:
-            self._session.set_sparsity(mode)
+            args = {"predictors": typed}
+        self._session.set_sparsity(mode, **args)
+        self._sparsity_args = (mode, args)
         self.reset()
 
     @locked

@@ -60,6 +60,7 @@ class GenerationStats:
 
     prompt_tokens: int = 0
     prefill_tokens: int = 0  # prompt tokens actually computed (the rest came from the cache)
+    cached_tokens: int = 0  # prompt tokens reused from the KV cache (or a prefix cache entry)
     prefill_seconds: float = 0.0
     decode_tokens: int = 0
     decode_seconds: float = 0.0
@@ -323,6 +324,7 @@ class Generation:
                 raise
             mine = self._version
             stats.prefill_tokens = self._last_prefill_count
+            stats.cached_tokens = len(prompt_ids) - self._last_prefill_count
         stats.prefill_seconds = time.perf_counter() - t0
 
         decoder = IncrementalDecoder(self.tokenizer.decode)
@@ -504,6 +506,7 @@ class Generation:
         return {
             "prompt_tokens": s.prompt_tokens,
             "prefill_tokens": s.prefill_tokens,
+            "cached_tokens": s.cached_tokens,
             "prefill_seconds": s.prefill_seconds,
             "decode_tokens": s.decode_tokens,
             "decode_seconds": s.decode_seconds,

@@ -1,0 +1,228 @@
+"""The executor of a :class:`~.slots.SlotPool`: one thread runs every slot's forward passes.
+
+A *decode round* is one batched call, ``_core.decode_slots``, over the next token(s) of every slot
+waiting for one: the weights are read once for all of them, attention runs per slot over its
+own KV cache, and each row is bit-identical to what the slot's session computes alone, so which
+slots share a round never changes any text, only the speed. A new prompt's prefill runs between
+rounds in chunks (:data:`DEFAULT_CHUNK` tokens), alternating with the rounds, so the running
+streams keep flowing while it is computed.
+
+Gather rule: a round runs as soon as every *decoder* (a slot that has asked for a decode step
+since it was bound and has not left) has its request in, or :data:`DEFAULT_GATHER_S` after the
+first request came, whichever is first (a slot busy elsewhere, e.g. a slow consumer of its
+stream, delays the others by at most that much)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import _core
+from ..errors import UnsupportedError
+
+#: Prompt tokens one prefill chunk computes between two decode rounds.
+DEFAULT_CHUNK = 128
+#: Seconds a decode round waits for the decoders still missing after the first request.
+DEFAULT_GATHER_S = 0.005
+
+
+def one_pass(session: Any, tokens: list[int]) -> np.ndarray:
+    """The logits ``(len(tokens), vocab)`` of ``tokens`` fed after ``session``'s context as one
+    slot's row of a round computes them: a one-token feed, or a decode pass whose rows are
+    each what a one-token feed gives (``Session.decode``)."""
+    return session.feed(tokens) if len(tokens) == 1 else session.decode(tokens)
+
+
+#: Whether the extension runs a round as one pass (``_core.decode_slots``). TEMPORARY: until
+#: the extension has it, a round runs its slots one after the other (same rows, slower).
+BATCHED = hasattr(_core, "decode_slots")
+
+
+def chunks(ids: Sequence[int], size: int) -> list[list[int]]:
+    """``ids`` cut into pieces of at most ``size`` tokens, none of one token (a one-token piece
+    would run the one-token path, which rounds differently from a multi-token pass; a fresh
+    prefill never does), unless ``ids`` is one token."""
+    size = max(2, size)
+    out = [list(ids[i : i + size]) for i in range(0, len(ids), size)]
+    if len(out) > 1 and len(out[-1]) == 1:
+        out[-1].insert(0, out[-2].pop())
+    return out
+
+
+class _Request:
+    """One session's tokens waiting for the executor, and what it answered."""
+
+    __slots__ = ("key", "session", "tokens", "done", "result", "error")
+
+    def __init__(self, key: Hashable, session: Any, tokens: list[int]):
+        self.key, self.session, self.tokens = key, session, tokens
+        self.done = threading.Event()
+        self.result: np.ndarray | None = None
+        self.error: BaseException | None = None
+
+
+class Batcher:
+    """The executor thread. :meth:`decode` and :meth:`prefill` block the calling slot's thread
+    until its rows are computed; :meth:`leave` when a slot's generation ends. Counters (for
+    tests and /health): ``rounds`` (decode rounds), ``rows`` (slot requests they served),
+    ``shared_rounds`` (rounds over more than one slot), ``max_slots`` (the most in one round),
+    ``prefill_chunks`` and ``prefill_tokens``."""
+
+    def __init__(self, chunk: int = DEFAULT_CHUNK, gather_s: float = DEFAULT_GATHER_S):
+        self.chunk = int(chunk)
+        self.gather_s = float(gather_s)
+        self._cv = threading.Condition()
+        self._decodes: list[_Request] = []
+        self._prefills: deque[_Request] = deque()
+        self._decoders: set[Hashable] = set()
+        self._first = 0.0  # when the oldest waiting decode request came
+        self._prefill_turn = False
+        self._closed = False
+        self.rounds = self.rows = self.shared_rounds = self.max_slots = 0
+        self.prefill_chunks = self.prefill_tokens = 0
+        self._thread = threading.Thread(target=self._run, name="powerinfer-slots", daemon=True)
+        self._thread.start()
+
+    # -- the slots' side ---------------------------------------------------------------------
+
+    def decode(self, key: Hashable, session: Any, tokens: Sequence[int]) -> np.ndarray:
+        """The logits of ``tokens`` after ``session``'s context, computed in the next round;
+        ``key`` (the slot) counts as a decoder from now until :meth:`leave`."""
+        req = _Request(key, session, list(tokens))
+        with self._cv:
+            self._check_open()
+            self._decoders.add(key)
+            if not self._decodes:
+                self._first = time.monotonic()
+            self._decodes.append(req)
+            self._cv.notify_all()
+        return self._wait(req)
+
+    def prefill(self, key: Hashable, session: Any, tokens: Sequence[int]) -> np.ndarray:
+        """Feed ``tokens`` to ``session`` in chunks between decode rounds; the last chunk's
+        logits (those of the last token). ``key`` is no decoder meanwhile."""
+        out = None
+        with self._cv:
+            self._decoders.discard(key)
+        for piece in chunks(tokens, self.chunk):
+            req = _Request(key, session, piece)
+            with self._cv:
+                self._check_open()
+                self._prefills.append(req)
+                self._cv.notify_all()
+            out = self._wait(req)
+        assert out is not None
+        return out
+
+    def leave(self, key: Hashable) -> None:
+        """``key``'s generation ended: rounds no longer wait for it."""
+        with self._cv:
+            self._decoders.discard(key)
+            self._cv.notify_all()
+
+    def close(self) -> None:
+        """Stop the thread; requests still waiting fail with UnsupportedError."""
+        with self._cv:
+            self._closed = True
+            pending = self._decodes + list(self._prefills)
+            self._decodes, self._prefills = [], deque()
+            self._cv.notify_all()
+        for req in pending:
+            req.error = UnsupportedError("the slot pool is closed")
+            req.done.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(30)
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "rounds": self.rounds,
+            "rows": self.rows,
+            "shared_rounds": self.shared_rounds,
+            "max_slots": self.max_slots,
+            "prefill_chunks": self.prefill_chunks,
+            "prefill_tokens": self.prefill_tokens,
+        }
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UnsupportedError("the slot pool is closed")
+
+    @staticmethod
+    def _wait(req: _Request) -> np.ndarray:
+        try:
+            req.done.wait()
+        except BaseException:  # an interrupt: the session is in use until the pass ends
+            req.done.wait()
+            raise
+        if req.error is not None:
+            raise req.error
+        assert req.result is not None
+        return req.result
+
+    # -- the executor thread -----------------------------------------------------------------
+
+    def _next(self) -> tuple[str, list[_Request]] | None:
+        """The next work (under the lock): ("decode", requests) or ("prefill", [one chunk]),
+        waiting for it; None once closed."""
+        while not self._closed:
+            if self._prefills and (self._prefill_turn or not self._decodes):
+                self._prefill_turn = False
+                return "prefill", [self._prefills.popleft()]
+            if self._decodes:
+                waiting = {r.key for r in self._decodes}
+                left = self._first + self.gather_s - time.monotonic()
+                if self._decoders <= waiting or left <= 0:
+                    reqs, self._decodes = self._decodes, []
+                    self._prefill_turn = True
+                    return "decode", reqs
+                self._cv.wait(left)
+            else:
+                self._cv.wait()
+        return None
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                work = self._next()
+            if work is None:
+                return
+            kind, reqs = work
+            if kind == "decode":
+                self._round(reqs)
+            else:
+                self._pass(reqs[0], lambda r: r.session.feed(r.tokens))
+                self.prefill_chunks += 1
+                self.prefill_tokens += len(reqs[0].tokens)
+
+    def _round(self, reqs: list[_Request]) -> None:
+        """One batched call over ``reqs``; when it fails, each alone (so only the request at
+        fault gets the error: the call changes no session when it fails)."""
+        self.rounds += 1
+        self.rows += len(reqs)
+        self.max_slots = max(self.max_slots, len(reqs))
+        self.shared_rounds += len(reqs) > 1
+        if len(reqs) > 1 and BATCHED:
+            try:
+                results = _core.decode_slots([r.session for r in reqs], [r.tokens for r in reqs])
+            except Exception:
+                pass
+            else:
+                for r, rows in zip(reqs, results):
+                    r.result = np.asarray(rows)
+                    r.done.set()
+                return
+        for r in reqs:
+            self._pass(r, lambda q: one_pass(q.session, q.tokens))
+
+    @staticmethod
+    def _pass(req: _Request, run: Any) -> None:
+        try:
+            req.result = np.asarray(run(req))
+        except BaseException as e:  # handed to the slot's thread, never lost here
+            req.error = e
+        req.done.set()
