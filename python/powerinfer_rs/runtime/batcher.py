@@ -44,13 +44,14 @@ BATCHED = hasattr(_core, "decode_slots")
 
 
 def chunks(ids: Sequence[int], size: int) -> list[list[int]]:
-    """``ids`` cut into pieces of at most ``size`` tokens, none of one token (a one-token piece
-    would run the one-token path, which rounds differently from a multi-token pass; a fresh
-    prefill never does), unless ``ids`` is one token."""
+    """``ids`` cut into pieces of ``size`` tokens, none of one token (a one-token piece would
+    run the one-token path, which rounds differently from a multi-token pass; a fresh prefill
+    never does) unless ``ids`` is one token: a lone last token joins the piece before."""
     size = max(2, size)
     out = [list(ids[i : i + size]) for i in range(0, len(ids), size)]
     if len(out) > 1 and len(out[-1]) == 1:
-        out[-1].insert(0, out[-2].pop())
+        last = out.pop()
+        out[-1] += last
     return out
 
 

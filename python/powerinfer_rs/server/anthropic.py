@@ -292,10 +292,14 @@ def check_key(request: Request, state: Any) -> None:
 
 
 def prepare(
-    engine: Any, req: MessagesRequest, defaults: SpeculativeDefaults = DEFAULTS
+    engine: Any,
+    req: MessagesRequest,
+    defaults: SpeculativeDefaults = DEFAULTS,
+    stream_tokens: Callable[..., TokenStream] | None = None,
 ) -> tuple[TokenStream, int, Calls | None]:
     """The request's token stream, its prompt's token count and its tools (runs in a
-    thread); ``defaults``: the server's speculative decoding options."""
+    thread); ``defaults``: the server's speculative decoding options; ``stream_tokens``: what
+    makes the stream (default: the engine's own)."""
     tools = req.openai_tools()
     calls = None
     if tools is not None:
@@ -314,7 +318,8 @@ def prepare(
         prompt += calls.prefix
     spec = speculative_kwargs(engine, req.speculative, req.draft_max, defaults)
     try:
-        steps = engine.stream_tokens(
+        make = stream_tokens or engine.stream_tokens
+        steps = make(
             prompt,
             max_new_tokens=req.max_tokens,
             temperature=req.temperature,
@@ -431,10 +436,10 @@ async def events(
 async def messages(request: Request, state: Any) -> Response:
     check_key(request, state)
     req = parse_body(await request.body(), MessagesRequest)
-    steps, inputs, calls = await anyio.to_thread.run_sync(
-        prepare, state.engine, req, state.speculative
-    )
     rid = f"msg_{state.worker.next_id()}"
+    steps, inputs, calls = await anyio.to_thread.run_sync(
+        prepare, state.engine, req, state.speculative, state.stream_tokens(rid)
+    )
     job, watcher = start_job(request, state.worker, rid, steps)
     if req.stream:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

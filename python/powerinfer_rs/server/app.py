@@ -23,10 +23,12 @@ from ..errors import PowerInferError
 from ..runtime.chat import ChatTemplateError
 from ..runtime.constrain import Grammar, GrammarError, closed_schema
 from ..runtime.engine import Engine
+from ..runtime.slots import SlotPool
 from ..runtime.speculative import DEFAULT_DRAFT_MAX, resolve_speculative
 from ..runtime.streaming import TokenStream
 from . import anthropic
 from .errors import APIError, from_engine, parse_body
+from .health import health
 from .responses import Calls, ChunkMaker, Envelope, TokenText, calls_for, full_response
 from .schemas import ChatRequest, CompletionRequest, NamedToolChoice, unsupported_fields
 from .speculation import DEFAULTS, SpeculativeDefaults, speculative_kwargs
@@ -41,18 +43,43 @@ DEFAULT_MAX_QUEUE = 64
 
 @dataclass
 class ServerState:
-    """What the routes share: the engine, its worker, the served model's id and the key."""
+    """What the routes share: the engine, its worker, the served model's id and the key, and
+    the slot pool when requests run in slots (``parallel`` > 1 or a prefix cache, on an engine
+    that can batch: :attr:`~..runtime.engine.Engine.can_batch`); without one the worker's one
+    thread runs the engine's own context, one request at a time."""
 
     engine: Engine
     model_id: str
     api_key: str | None = None
     max_queue: int = DEFAULT_MAX_QUEUE
     speculative: SpeculativeDefaults = field(default_factory=SpeculativeDefaults)
+    parallel: int = 1
+    cache_mib: int = 0
     created: int = field(default_factory=lambda: int(time.time()))
     worker: Worker = field(init=False)
+    pool: SlotPool | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        self.worker = Worker(self.max_queue)
+        if self.engine.can_batch and (self.parallel > 1 or self.cache_mib > 0):
+            self.pool = SlotPool(self.engine, self.parallel, cache_bytes=self.cache_mib << 20)
+        self.worker = Worker(self.max_queue, self.slots)
+
+    @property
+    def slots(self) -> int:
+        """Requests that run at once."""
+        return self.pool.parallel if self.pool is not None else 1
+
+    @property
+    def batching(self) -> bool:
+        """Whether running requests decode together (in one batched pass per step)."""
+        return self.slots > 1
+
+    def stream_tokens(self, rid: str) -> Callable[..., TokenStream]:
+        """What makes request ``rid``'s token stream: the pool's (the stream runs in a slot
+        labelled ``rid``) or the engine's."""
+        if self.pool is None:
+            return self.engine.stream_tokens
+        return functools.partial(self.pool.stream_tokens, request=rid)
 
 
 def api_route(
@@ -97,13 +124,6 @@ def model_card(state: ServerState) -> dict[str, Any]:
         "created": state.created,
         "owned_by": "powerinfer-rs",
     }
-
-
-async def health(request: Request) -> Response:
-    state: ServerState = request.app.state.server
-    busy = state.worker.current is not None
-    body = {"status": "ok", "model": state.model_id, "busy": busy, "waiting": state.worker.waiting}
-    return JSONResponse(body)
 
 
 @api_route
@@ -176,10 +196,12 @@ def prepare(
     engine: Engine,
     req: ChatRequest | CompletionRequest,
     defaults: SpeculativeDefaults = DEFAULTS,
+    stream_tokens: Callable[..., TokenStream] | None = None,
 ) -> tuple[TokenStream, Calls | None]:
     """Check the request against the engine and make its token stream (runs in a thread: it
     renders the chat template and tokenizes; it does not touch the context); ``defaults``: the
-    server's speculative decoding options."""
+    server's speculative decoding options; ``stream_tokens``: what makes the stream (default:
+    the engine's own, see :meth:`ServerState.stream_tokens`)."""
     calls = None
     if isinstance(req, ChatRequest):
         param = "messages"
@@ -209,9 +231,8 @@ def prepare(
     kwargs = req.engine_kwargs(limit)
     kwargs.update(speculative_kwargs(engine, req.speculative, req.draft_max, defaults))
     try:
-        steps = engine.stream_tokens(
-            prompt, logprobs=req.engine_logprobs, grammar=grammar, **kwargs
-        )
+        make = stream_tokens or engine.stream_tokens
+        steps = make(prompt, logprobs=req.engine_logprobs, grammar=grammar, **kwargs)
         return steps, calls
     except GrammarError as e:
         raise APIError(400, str(e), param=where, code="invalid_schema") from None
@@ -222,9 +243,11 @@ def prepare(
 async def completion(request: Request, state: ServerState, kind: type) -> Response:
     check_key(request, state)
     req = await parse(request, kind)
-    steps, calls = await anyio.to_thread.run_sync(prepare, state.engine, req, state.speculative)
     chat = kind is ChatRequest
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{state.worker.next_id()}"
+    steps, calls = await anyio.to_thread.run_sync(
+        prepare, state.engine, req, state.speculative, state.stream_tokens(rid)
+    )
     job, watcher = start_job(request, state.worker, rid, steps)
     env = Envelope(rid, state.model_id, chat)
     text_of = TokenText(state.engine.tokenizer) if req.engine_logprobs is not None else None
@@ -272,14 +295,24 @@ def create_app(
     max_queue: int = DEFAULT_MAX_QUEUE,
     speculative: str = "auto",
     draft_max: int = DEFAULT_DRAFT_MAX,
+    parallel: int = 1,
+    cache_mib: int = 0,
 ) -> Starlette:
     """The application serving ``engine`` as ``model_id``: OpenAI's routes, and Anthropic's
     ``/v1/messages`` (:mod:`.anthropic`). ``speculative`` and ``draft_max``: the speculative
-    decoding of requests that do not say (:mod:`.speculation`); checked here."""
+    decoding of requests that do not say (:mod:`.speculation`); checked here. ``parallel``:
+    requests decoding together in slots (:mod:`..runtime.slots`; a hybrid engine serves one
+    at a time whatever it says); ``cache_mib``: the slots' prefix cache (MiB, 0: off). The
+    defaults (1, 0) serve one request at a time on the engine's own context, as
+    ``serve --parallel 1 --cache-ram 0``."""
     # A bad default fails now, not at the first request.
     resolve_speculative(speculative, draft_max, getattr(engine, "draft", None))
+    if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
+        raise ValueError(f"parallel must be an integer >= 1, got {parallel!r}")
+    if isinstance(cache_mib, bool) or not isinstance(cache_mib, int) or cache_mib < 0:
+        raise ValueError(f"cache_mib must be an integer >= 0, got {cache_mib!r}")
     defaults = SpeculativeDefaults(speculative, draft_max)
-    state = ServerState(engine, model_id, api_key, max_queue, defaults)
+    state = ServerState(engine, model_id, api_key, max_queue, defaults, parallel, cache_mib)
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
@@ -288,6 +321,8 @@ def create_app(
             yield
         finally:
             await anyio.to_thread.run_sync(state.worker.stop)
+            if state.pool is not None:
+                await anyio.to_thread.run_sync(state.pool.close)
 
     routes = [
         Route("/health", health, methods=["GET"]),

@@ -29,6 +29,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="requests that may wait for the engine; more are answered 429 (64)",
     )
     p.add_argument(
+        "--parallel",
+        type=int,
+        default=4,
+        help="requests decoding together, each in a slot of its own, one batched pass per step "
+        "(4; 1: one request at a time). A hybrid GPU engine serves one at a time",
+    )
+    p.add_argument(
+        "--cache-ram",
+        type=int,
+        default=2048,
+        metavar="MIB",
+        help="RAM for the slots' prefix cache: the KV of earlier prompts, reused by new requests "
+        "that start with the same tokens (2048 MiB; 0: off)",
+    )
+    p.add_argument(
         "--model-alias", default=None, help="the model's id in the API (default: the file name)"
     )
     p.add_argument("--log-level", default="info", help="debug, info (default), warning")
@@ -58,6 +73,10 @@ def serve(a: argparse.Namespace, engine_options: dict) -> int:
 
     if a.max_queue < 1:
         raise SystemExit(f"serve: --max-queue must be >= 1, got {a.max_queue}")
+    if a.parallel < 1:
+        raise SystemExit(f"serve: --parallel must be >= 1, got {a.parallel}")
+    if a.cache_ram < 0:
+        raise SystemExit(f"serve: --cache-ram must be >= 0, got {a.cache_ram}")
     logging.basicConfig(
         level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -70,12 +89,31 @@ def serve(a: argparse.Namespace, engine_options: dict) -> int:
         max_queue=a.max_queue,
         speculative=mode_of_flag(a.speculative),
         draft_max=a.draft_max,
+        parallel=a.parallel,
+        cache_mib=a.cache_ram,
     )
-    logging.getLogger("powerinfer_rs.server").info(
-        "serving %s (%d threads, context %d) on http://%s:%d/v1",
+    log = logging.getLogger("powerinfer_rs.server")
+    state = app.state.server
+    if not engine.can_batch and (a.parallel > 1 or a.cache_ram > 0):
+        log.info(
+            "device %s: a hybrid engine serves one request at a time (no batching, no prefix "
+            "cache; --parallel %d and --cache-ram %d do not apply)",
+            engine.device,
+            a.parallel,
+            a.cache_ram,
+        )
+    log.info(
+        "serving %s (%d threads, context %d, %d slot%s, batching %s, prefix cache %s) on "
+        "http://%s:%d/v1",
         name,
         engine.threads,
         engine.n_ctx,
+        state.slots,
+        "" if state.slots == 1 else "s",
+        "on" if state.batching else "off",
+        f"{state.pool.cache.limit_bytes >> 20} MiB"
+        if state.pool and state.pool.cache.enabled
+        else "off",
         a.host,
         a.port,
     )

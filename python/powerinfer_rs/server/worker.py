@@ -1,7 +1,8 @@
-"""One engine, one request at a time: a worker thread takes jobs from a bounded queue in
-arrival order and runs each job's token stream, handing every step to the job's asyncio queue.
-The event loop never runs model work; a cancelled job (its client went away) stops before its
-next forward pass, so within one token."""
+"""Worker threads (one per slot; one for an engine serving one request at a time) take jobs
+from one bounded queue in arrival order and run each job's token stream, handing every step to
+the job's asyncio queue. The event loop never runs model work; a cancelled job (its client went
+away) stops before its next forward pass, so within one token, and closing its stream frees its
+slot."""
 
 from __future__ import annotations
 
@@ -69,20 +70,32 @@ class Job:
 
 
 class Worker:
-    """The thread that owns the engine's context. ``submit`` queues a job or raises
-    :class:`QueueFull` at once; ``jobs_done`` counts finished jobs (tests wait on it)."""
+    """``threads`` threads running jobs (one: the thread that owns the engine's context;
+    more: one per slot of a :class:`~..runtime.slots.SlotPool`). ``submit`` queues a job or
+    raises :class:`QueueFull` at once; ``jobs_done`` counts finished jobs (tests wait on it);
+    ``running`` maps each busy thread to its job."""
 
-    def __init__(self, max_queue: int):
+    def __init__(self, max_queue: int, threads: int = 1):
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
         self.max_queue = max_queue
+        self.n_threads = threads
         self._queue: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.current: Job | None = None
+        self._threads: list[threading.Thread] = []
+        self._done_lock = threading.Lock()
+        self.running: dict[int, Job] = {}
         self.last: Job | None = None
         self.jobs_done = 0
         self._ids = itertools.count(1)
+
+    @property
+    def current(self) -> Job | None:
+        """A running job (the oldest), or None when all threads are idle."""
+        jobs = list(self.running.values())
+        return min(jobs, key=lambda j: j.created) if jobs else None
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -92,14 +105,17 @@ class Worker:
         return self._queue.qsize()
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="powerinfer-server", daemon=True)
-        self._thread.start()
+        for i in range(self.n_threads):
+            name = "powerinfer-server" + (f"-{i}" if self.n_threads > 1 else "")
+            t = threading.Thread(target=self._run, args=(i,), name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Cancel what is queued and running, and end the thread."""
+        """Cancel what is queued and running, and end the threads."""
         self._stop.set()
-        if self.current is not None:
-            self.current.cancel()
+        for job in list(self.running.values()):
+            job.cancel()
         while True:
             try:
                 job = self._queue.get_nowait()
@@ -108,8 +124,8 @@ class Worker:
             job.cancel()
             job.result = Done("cancelled", job.steps.stats.prompt_tokens, 0)
             job._emit(job.result)
-        if self._thread is not None:
-            self._thread.join(timeout)
+        for t in self._threads:
+            t.join(timeout)
 
     def submit(self, job: Job) -> None:
         if self._stop.is_set():
@@ -121,20 +137,22 @@ class Worker:
                 f"{self.max_queue} requests are waiting for the engine already; try again later"
             ) from None
 
-    def _run(self) -> None:
+    def _run(self, index: int) -> None:
         while not self._stop.is_set():
             try:
                 job = self._queue.get(timeout=0.2)
             except queue.Empty:
                 continue
-            self.current = job
+            self.running[index] = job
             try:
                 job.result = self._generate(job)
             finally:
                 job.finished = time.perf_counter()
                 _log_job(job)  # before the job counts as done: tests wait on jobs_done
-                self.current, self.last = None, job
-                self.jobs_done += 1
+                with self._done_lock:
+                    del self.running[index]
+                    self.last = job
+                    self.jobs_done += 1
                 job._emit(job.result)
 
     def _generate(self, job: Job) -> Done:
@@ -166,9 +184,10 @@ def _log_job(job: Job) -> None:
     decode = (job.finished or 0.0) - (job.first_token or 0.0)
     rate = (job.completion_tokens - 1) / decode if job.completion_tokens > 1 and decode > 0 else 0
     log.info(
-        "%s in=%d out=%d ttft=%.3fs %.1f tok/s finish=%s",
+        "%s in=%d cached=%d out=%d ttft=%.3fs %.1f tok/s finish=%s",
         job.id,
         r.prompt_tokens,
+        job.steps.stats.cached_tokens,
         r.completion_tokens,
         ttft,
         rate,
