@@ -123,3 +123,4 @@ def test_abuse_leaves_the_server_idle_and_the_same(slots_server, caplog):
     assert all(" cached=" in line for line in lines)
     stats = s.state.pool.batcher.stats()
     assert stats["shared_rounds"] > 0 and stats["max_slots"] >= 2, stats
+    assert stats["split_rounds"] == 0, stats

@@ -15,13 +15,12 @@ import threading
 
 import pytest
 
-from powerinfer_rs import Engine, _core
+from powerinfer_rs import Engine
 from powerinfer_rs.errors import UnsupportedError
 from powerinfer_rs.loading import load_model
-from powerinfer_rs.runtime import batcher as batcher_mod
 from powerinfer_rs.runtime.batcher import chunks
 from powerinfer_rs.runtime.prefix_cache import PrefixCache, common_prefix
-from powerinfer_rs.runtime.slots import SNAPSHOTS, SlotPool
+from powerinfer_rs.runtime.slots import SlotPool
 
 #: Prompts of different lengths (several prefill chunks of CHUNK tokens for the long ones).
 PROMPTS = [
@@ -32,10 +31,6 @@ PROMPTS = [
 ]
 CHUNK = 8
 GREEDY = dict(max_new_tokens=24, temperature=0, ignore_eos=True)
-
-needs_snapshots = pytest.mark.skipif(
-    not SNAPSHOTS, reason="TEMPORARY: the extension has no Session.kv_snapshot yet"
-)
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +103,8 @@ def test_slots_decode_together_and_each_text_is_its_own(relu):
         got = run_together(pool, PROMPTS, **GREEDY)
         b = pool.batcher
         assert got == want
-        assert b.shared_rounds > 0 and b.max_slots >= 2, b.stats()  # rounds over several slots
+        # Rounds over several slots ran, each one decode_slots call that did not fail.
+        assert b.shared_rounds > 0 and b.max_slots >= 2 and b.split_rounds == 0, b.stats()
         assert b.rows > b.rounds  # fewer passes than tokens
         long_prompts = sum(len(p) - 1 > CHUNK for p in PROMPTS)
         assert b.prefill_chunks > len(PROMPTS) + long_prompts - 1  # chunked prefill ran
@@ -116,14 +112,6 @@ def test_slots_decode_together_and_each_text_is_its_own(relu):
         # A second wave on the same slots (each context reused or replaced) is the same again.
         assert run_together(pool, PROMPTS[::-1], **GREEDY) == want[::-1]
     assert eng.batch_generate(PROMPTS, **GREEDY) == want
-
-
-def test_batched_rounds_are_one_extension_call():
-    """TEMPORARY skip until the extension has decode_slots: then every shared round is one
-    call of it (BATCHED)."""
-    if not hasattr(_core, "decode_slots"):
-        pytest.skip("the extension has no decode_slots yet")
-    assert batcher_mod.BATCHED
 
 
 def _mode_engine(case, relu, synth_gguf):
@@ -154,7 +142,7 @@ def test_every_mode_gives_each_prompt_its_own_text(case, relu, synth_gguf):
     with SlotPool(eng, 4, cache_bytes=0, chunk=CHUNK, gather_s=0.05) as pool:
         assert pool.slots[0]._core.sparsity == eng.sparsity
         assert run_together(pool, PROMPTS, **GREEDY) == want
-        assert pool.batcher.shared_rounds > 0
+        assert pool.batcher.shared_rounds > 0 and pool.batcher.split_rounds == 0
 
 
 def test_speculative_decoding_runs_per_slot(relu, synth_gguf):
@@ -205,7 +193,6 @@ def test_a_pool_refuses_a_hybrid_engine(relu, tmp_path):
 # -- the prefix cache ----------------------------------------------------------------------------
 
 
-@needs_snapshots
 def test_a_cached_prefix_is_reused_in_another_slot_with_the_same_text(relu):
     eng = Engine(relu, threads=2)
     base = list(range(10, 70))
@@ -224,7 +211,6 @@ def test_a_cached_prefix_is_reused_in_another_slot_with_the_same_text(relu):
         assert cache["bytes"] <= cache["limit_bytes"]
 
 
-@needs_snapshots
 def test_the_cache_stays_within_its_bound(relu):
     eng = Engine(relu, threads=2)
     with SlotPool(eng, 2, cache_bytes=1 << 20, chunk=CHUNK) as pool:

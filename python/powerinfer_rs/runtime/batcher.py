@@ -1,7 +1,7 @@
 """The executor of a :class:`~.slots.SlotPool`: one thread runs every slot's forward passes.
 
-A *decode round* is one batched call, ``_core.decode_slots``, over the next token(s) of every slot
-waiting for one: the weights are read once for all of them, attention runs per slot over its
+A *decode round* is one batched call, ``_core.decode_slots``, over the next token(s) of every
+slot waiting for one: the weights are read once for all of them, attention runs per slot over its
 own KV cache, and each row is bit-identical to what the slot's session computes alone, so which
 slots share a round never changes any text, only the speed. A new prompt's prefill runs between
 rounds in chunks (:data:`DEFAULT_CHUNK` tokens), alternating with the rounds, so the running
@@ -14,6 +14,7 @@ stream, delays the others by at most that much)."""
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -24,6 +25,8 @@ import numpy as np
 
 from .. import _core
 from ..errors import UnsupportedError
+
+log = logging.getLogger("powerinfer_rs.slots")
 
 #: Prompt tokens one prefill chunk computes between two decode rounds.
 DEFAULT_CHUNK = 128
@@ -36,11 +39,6 @@ def one_pass(session: Any, tokens: list[int]) -> np.ndarray:
     slot's row of a round computes them: a one-token feed, or a decode pass whose rows are
     each what a one-token feed gives (``Session.decode``)."""
     return session.feed(tokens) if len(tokens) == 1 else session.decode(tokens)
-
-
-#: Whether the extension runs a round as one pass (``_core.decode_slots``). TEMPORARY: until
-#: the extension has it, a round runs its slots one after the other (same rows, slower).
-BATCHED = hasattr(_core, "decode_slots")
 
 
 def chunks(ids: Sequence[int], size: int) -> list[list[int]]:
@@ -71,7 +69,9 @@ class Batcher:
     """The executor thread. :meth:`decode` and :meth:`prefill` block the calling slot's thread
     until its rows are computed; :meth:`leave` when a slot's generation ends. Counters (for
     tests and /health): ``rounds`` (decode rounds), ``rows`` (slot requests they served),
-    ``shared_rounds`` (rounds over more than one slot), ``max_slots`` (the most in one round),
+    ``shared_rounds`` (rounds over more than one slot: one ``_core.decode_slots`` call each),
+    ``split_rounds`` (of those, rounds whose call failed and ran again slot by slot, so that
+    only the slot at fault gets the error), ``max_slots`` (the most in one round),
     ``prefill_chunks`` and ``prefill_tokens``."""
 
     def __init__(self, chunk: int = DEFAULT_CHUNK, gather_s: float = DEFAULT_GATHER_S):
@@ -84,7 +84,7 @@ class Batcher:
         self._first = 0.0  # when the oldest waiting decode request came
         self._prefill_turn = False
         self._closed = False
-        self.rounds = self.rows = self.shared_rounds = self.max_slots = 0
+        self.rounds = self.rows = self.shared_rounds = self.split_rounds = self.max_slots = 0
         self.prefill_chunks = self.prefill_tokens = 0
         self._thread = threading.Thread(target=self._run, name="powerinfer-slots", daemon=True)
         self._thread.start()
@@ -144,6 +144,7 @@ class Batcher:
             "rounds": self.rounds,
             "rows": self.rows,
             "shared_rounds": self.shared_rounds,
+            "split_rounds": self.split_rounds,
             "max_slots": self.max_slots,
             "prefill_chunks": self.prefill_chunks,
             "prefill_tokens": self.prefill_tokens,
@@ -207,11 +208,12 @@ class Batcher:
         self.rows += len(reqs)
         self.max_slots = max(self.max_slots, len(reqs))
         self.shared_rounds += len(reqs) > 1
-        if len(reqs) > 1 and BATCHED:
+        if len(reqs) > 1:
             try:
                 results = _core.decode_slots([r.session for r in reqs], [r.tokens for r in reqs])
-            except Exception:
-                pass
+            except Exception as e:
+                self.split_rounds += 1
+                log.warning("a batched decode round failed (%s); running its slots one by one", e)
             else:
                 for r, rows in zip(reqs, results):
                     r.result = np.asarray(rows)

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .. import _core
 from ..errors import PowerInferError, UnsupportedError
 from .batcher import DEFAULT_CHUNK, DEFAULT_GATHER_S, Batcher
 from .generation import Generation, GenerationStats, _texts
@@ -40,9 +39,6 @@ log = logging.getLogger("powerinfer_rs.slots")
 DEFAULT_PARALLEL = 4
 #: The most slots :func:`batch_generate` opens by default.
 MAX_BATCH_SLOTS = 16
-#: Whether the extension can snapshot a KV cache (``Session.kv_snapshot``). TEMPORARY: until it
-#: can, the prefix cache keeps nothing.
-SNAPSHOTS = hasattr(_core.Session, "kv_snapshot")
 
 
 class SlotSession:
@@ -189,8 +185,7 @@ class SlotPool:
             raise UnsupportedError(f"parallel must be an integer >= 1, got {parallel!r}")
         self.engine = engine
         self.batcher = Batcher(chunk, gather_s)
-        self.cache = PrefixCache(cache_bytes if SNAPSHOTS else 0)
-        self.cache_limit = max(0, int(cache_bytes))
+        self.cache = PrefixCache(cache_bytes)
         self._cv = threading.Condition()
         self._tick = itertools.count(1)
         self._closed = False
@@ -289,10 +284,8 @@ class SlotPool:
         return any(s.state != "idle" for s in self.slots)
 
     def stats(self) -> dict[str, Any]:
-        """The batcher's counters and the prefix cache's (with the cache's asked bound)."""
-        cache = self.cache.stats()
-        cache["limit_bytes"] = self.cache_limit
-        return {"batcher": self.batcher.stats(), "prefix_cache": cache}
+        """The batcher's counters and the prefix cache's."""
+        return {"batcher": self.batcher.stats(), "prefix_cache": self.cache.stats()}
 
 
 def batch_generate(
