@@ -8,9 +8,12 @@ rounds in chunks (:data:`DEFAULT_CHUNK` tokens), alternating with the rounds, so
 streams keep flowing while it is computed.
 
 Gather rule: a round runs as soon as every *decoder* (a slot that has asked for a decode step
-since it was bound and has not left) has its request in, or :data:`DEFAULT_GATHER_S` after the
-first request came, whichever is first (a slot busy elsewhere, e.g. a slow consumer of its
-stream, delays the others by at most that much)."""
+since it was bound and has not left) has its request in, or when the first request has waited
+as long as the last round took (at least :data:`DEFAULT_GATHER_S`), whichever is first. A slot
+left out would need a round of its own, so waiting up to a round's time for it never costs
+more than it saves; a shorter fixed wait lets slots whose Python side (sampling, the consumer
+of the stream) takes longer than it fall out of step for good, each round serving one of them.
+A slot busy elsewhere (a slow consumer) delays the others by at most a round's time."""
 
 from __future__ import annotations
 
@@ -30,7 +33,8 @@ log = logging.getLogger("powerinfer_rs.slots")
 
 #: Prompt tokens one prefill chunk computes between two decode rounds.
 DEFAULT_CHUNK = 128
-#: Seconds a decode round waits for the decoders still missing after the first request.
+#: Seconds a decode round waits at least for the decoders still missing after the first
+#: request (at most the last round's time otherwise).
 DEFAULT_GATHER_S = 0.005
 
 
@@ -84,6 +88,7 @@ class Batcher:
         self._first = 0.0  # when the oldest waiting decode request came
         self._prefill_turn = False
         self._closed = False
+        self._last_round_s = 0.0
         self.rounds = self.rows = self.shared_rounds = self.split_rounds = self.max_slots = 0
         self.prefill_chunks = self.prefill_tokens = 0
         self._thread = threading.Thread(target=self._run, name="powerinfer-slots", daemon=True)
@@ -177,7 +182,8 @@ class Batcher:
                 return "prefill", [self._prefills.popleft()]
             if self._decodes:
                 waiting = {r.key for r in self._decodes}
-                left = self._first + self.gather_s - time.monotonic()
+                wait = max(self.gather_s, self._last_round_s)
+                left = self._first + wait - time.monotonic()
                 if self._decoders <= waiting or left <= 0:
                     reqs, self._decodes = self._decodes, []
                     self._prefill_turn = True
@@ -195,7 +201,9 @@ class Batcher:
                 return
             kind, reqs = work
             if kind == "decode":
+                t0 = time.monotonic()
                 self._round(reqs)
+                self._last_round_s = time.monotonic() - t0
             else:
                 self._pass(reqs[0], lambda r: r.session.feed(r.tokens))
                 self.prefill_chunks += 1
