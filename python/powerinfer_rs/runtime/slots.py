@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import PowerInferError, UnsupportedError
 from .batcher import DEFAULT_CHUNK, DEFAULT_GATHER_S, Batcher
 from .generation import Generation, GenerationStats, _texts
-from .prefix_cache import DEFAULT_CACHE_MIB, PrefixCache, common_prefix
+from .prefix_cache import DEFAULT_CACHE_MIB, MIN_ENTRY_TOKENS, PrefixCache, common_prefix
 from .streaming import TokenStream
 
 if TYPE_CHECKING:
@@ -264,7 +264,8 @@ class SlotPool:
         """Free ``slot`` (its generation ended): its reusable prefix goes into the cache."""
         self.batcher.leave(slot)
         try:
-            if self.cache.enabled and not self.cache.covers(slot._context[: slot._batched]):
+            held = slot._context[: slot._batched]
+            if self.cache.enabled and len(held) >= MIN_ENTRY_TOKENS and not self.cache.covers(held):
                 self.cache.insert(*slot.snapshot())
         except PowerInferError as e:
             log.warning("prefix cache: snapshot of slot %d failed: %s", slot.id, e)
