@@ -21,6 +21,7 @@ from powerinfer_rs.loading import load_model
 from powerinfer_rs.runtime.batcher import chunks
 from powerinfer_rs.runtime.prefix_cache import PrefixCache, common_prefix
 from powerinfer_rs.runtime.slots import SlotPool
+from powerinfer_rs.runtime.streaming import GenerationCancelled
 
 #: Prompts of different lengths (several prefill chunks of CHUNK tokens for the long ones).
 PROMPTS = [
@@ -176,6 +177,33 @@ def test_a_closed_stream_frees_its_slot_at_once(relu):
         steps.close()
         assert pool.info()[0]["state"] == "idle" and not pool.busy
         assert pool.generate(PROMPTS[1], **GREEDY) == eng.generate(PROMPTS[1], **GREEDY)
+
+
+def test_a_cancelled_stream_stops_its_prefill_at_the_next_chunk(relu):
+    eng = Engine(relu, threads=2)
+    long = list(range(10, 70))
+    with SlotPool(eng, 1, cache_bytes=0, chunk=4) as pool:
+        steps = pool.stream_tokens(long, **GREEDY)
+        got: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                next(steps)
+            except BaseException as e:
+                got.append(e)
+            finally:
+                steps.close()
+
+        t = threading.Thread(target=run)
+        with pool.batcher._cv:  # the executor is held: the prefill waits for its first chunk
+            t.start()
+            while pool.info()[0]["state"] != "prefill":
+                t.join(0.01)
+            steps.cancel()
+        t.join(30)
+        assert got and isinstance(got[0], GenerationCancelled)
+        assert pool.batcher.prefill_chunks <= 1 and not pool.busy
+        assert pool.generate(long, **GREEDY) == eng.generate(long, **GREEDY)
 
 
 def test_a_pool_refuses_a_hybrid_engine(relu, tmp_path):

@@ -21,13 +21,14 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
 
 from .. import _core
 from ..errors import UnsupportedError
+from .streaming import GenerationCancelled
 
 log = logging.getLogger("powerinfer_rs.slots")
 
@@ -109,13 +110,23 @@ class Batcher:
             self._cv.notify_all()
         return self._wait(req)
 
-    def prefill(self, key: Hashable, session: Any, tokens: Sequence[int]) -> np.ndarray:
+    def prefill(
+        self,
+        key: Hashable,
+        session: Any,
+        tokens: Sequence[int],
+        stop: Callable[[], bool] | None = None,
+    ) -> np.ndarray:
         """Feed ``tokens`` to ``session`` in chunks between decode rounds; the last chunk's
-        logits (those of the last token). ``key`` is no decoder meanwhile."""
+        logits (those of the last token). ``key`` is no decoder meanwhile. When ``stop()``
+        says so before a chunk, :class:`~.streaming.GenerationCancelled` (the session then
+        holds the chunks fed so far)."""
         out = None
         with self._cv:
             self._decoders.discard(key)
         for piece in chunks(tokens, self.chunk):
+            if stop is not None and stop():
+                raise GenerationCancelled("the generation was cancelled during its prefill")
             req = _Request(key, session, piece)
             with self._cv:
                 self._check_open()

@@ -56,7 +56,7 @@ class SlotSession:
         if len(ids) == 1:
             return self.decode(ids)
         self._slot.state = "prefill"
-        return self._batcher.prefill(self._slot, self._core, ids)
+        return self._batcher.prefill(self._slot, self._core, ids, self._slot.cancelled.is_set)
 
     def decode(self, tokens: Sequence[int]) -> np.ndarray:
         self._slot.state = "decode"
@@ -95,6 +95,7 @@ class Slot(Generation):
         self.last_stats = GenerationStats()
         self.state = "idle"
         self.request: str | None = None
+        self.cancelled = threading.Event()  # the running generation's (its lease's)
         self.used = 0  # when it was last released (a tick of the pool's), for LRU ties
 
     @property
@@ -144,6 +145,7 @@ class _Lease(Generation):
     def __init__(self, pool: SlotPool, request: str | None):
         engine = pool.engine
         self._pool, self._request = pool, request
+        self.cancelled = threading.Event()
         self.loaded, self.config, self.tokenizer = engine.loaded, engine.config, engine.tokenizer
         self.n_ctx = engine.n_ctx
         self._check_ids = engine._check_ids
@@ -154,7 +156,7 @@ class _Lease(Generation):
     ) -> Iterator[Any]:
         """Generation's ``_stream`` (the same arguments) in a slot bound now."""
         *rest, drafter, draft_max = args  # stream_tokens passes every argument in order
-        slot = self._pool.acquire(prompt_ids, self._request)
+        slot = self._pool.acquire(prompt_ids, self._request, self.cancelled)
         try:
             if drafter is not None and drafter is self.draft:
                 drafter = slot.draft  # the engine's draft model: the slot's own context of it
@@ -217,7 +219,9 @@ class SlotPool:
     def stream_tokens(self, prompt: str | Sequence[int], *, request: str | None = None, **kwargs):
         """As :meth:`~.engine.Engine.stream_tokens` (the same arguments, checked now), run in
         a slot; ``request`` labels the slot while it runs (/health)."""
-        stream: TokenStream = _Lease(self, request).stream_tokens(prompt, **kwargs)
+        lease = _Lease(self, request)
+        stream: TokenStream = lease.stream_tokens(prompt, **kwargs)
+        stream.on_cancel = lease.cancelled.set
         return stream
 
     def stream(self, prompt: str | Sequence[int], **kwargs) -> Iterator[str]:
@@ -231,10 +235,16 @@ class SlotPool:
 
     # -- slots -------------------------------------------------------------------------------
 
-    def acquire(self, ids: Sequence[int], request: str | None = None) -> Slot:
+    def acquire(
+        self,
+        ids: Sequence[int],
+        request: str | None = None,
+        cancelled: threading.Event | None = None,
+    ) -> Slot:
         """Bind an idle slot to a generation of ``ids`` (waiting for one): the slot whose
         context reuses most of ``ids`` (then the least recently used), or the prefix cache's
-        entry restored into it when that reuses more."""
+        entry restored into it when that reuses more. ``request`` labels it; ``cancelled``
+        stops its prefill between chunks."""
         with self._cv:
             while True:
                 if self._closed:
@@ -245,6 +255,7 @@ class SlotPool:
                 self._cv.wait()
             slot = max(idle, key=lambda s: (s.reusable(ids), -s.used))
             slot.state, slot.request = "prefill", request
+            slot.cancelled = cancelled if cancelled is not None else threading.Event()
             slot.last_stats = GenerationStats(prompt_tokens=len(ids))
         if self.cache.enabled:
             try:

@@ -92,11 +92,21 @@ class TokenStep:
 class TokenStream(Iterator[TokenStep]):
     """The iterator :meth:`~.engine.Engine.stream_tokens` returns: :class:`TokenStep` items,
     and ``stats`` (this call's :class:`~.generation.GenerationStats`; ``finish_reason`` is set
-    when the stream ends). ``close()`` stops the generation before its next forward pass."""
+    when the stream ends). ``close()`` stops the generation before its next forward pass;
+    ``cancel()``, from any thread, also stops a step that is running a long prompt's prefill in
+    chunks (a slot's, :mod:`.slots`) at its next chunk (the step then raises
+    :class:`GenerationCancelled`)."""
 
-    def __init__(self, steps: Generator[TokenStep, None, None], stats: Any):
+    def __init__(
+        self,
+        steps: Generator[TokenStep, None, None],
+        stats: Any,
+        on_cancel: Callable[[], None] | None = None,
+    ):
         self._steps = steps
         self.stats = stats
+        #: Called by :meth:`cancel` (None: nothing to stop between forward passes).
+        self.on_cancel = on_cancel
 
     def __iter__(self) -> TokenStream:
         return self
@@ -106,3 +116,12 @@ class TokenStream(Iterator[TokenStep]):
 
     def close(self) -> None:
         self._steps.close()
+
+    def cancel(self) -> None:
+        """Ask the generation to stop (thread-safe); :meth:`close` it afterwards."""
+        if self.on_cancel is not None:
+            self.on_cancel()
+
+
+class GenerationCancelled(Exception):
+    """A step stopped inside its prefill because its stream was cancelled."""

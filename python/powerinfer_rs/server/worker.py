@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..runtime.streaming import TokenStream
+from ..runtime.streaming import GenerationCancelled, TokenStream
 
 log = logging.getLogger("powerinfer_rs.server")
 
@@ -57,10 +57,12 @@ class Job:
         return self._cancel.is_set()
 
     def cancel(self) -> None:
-        """Stop the generation before its next forward pass (or before it starts)."""
+        """Stop the generation before its next forward pass (or before it starts; a slot's
+        prefill at its next chunk)."""
         if not self._cancel.is_set():
             self.tokens_at_cancel = self.completion_tokens
             self._cancel.set()
+            self.steps.cancel()
 
     def _emit(self, event: Any) -> None:
         try:
@@ -167,6 +169,8 @@ class Worker:
                     job._emit(step)
                     if job.cancelled:
                         break
+        except GenerationCancelled:  # cancelled during its prefill
+            pass
         except Exception as e:  # the engine refused or failed: the client gets the error
             log.exception("request %s failed", job.id)
             return Done("error", stats.prompt_tokens, job.completion_tokens, e)
