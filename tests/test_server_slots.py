@@ -124,3 +124,55 @@ def test_abuse_leaves_the_server_idle_and_the_same(slots_server, caplog):
     stats = s.state.pool.batcher.stats()
     assert stats["shared_rounds"] > 0 and stats["max_slots"] >= 2, stats
     assert stats["split_rounds"] == 0, stats
+
+
+def test_every_route_runs_in_a_slot(slots_server):
+    s = slots_server
+    eng = s.engine
+    ask = [{"role": "user", "content": "hello there"}]
+    want = eng.chat(ask, max_new_tokens=8, temperature=0, ignore_eos=True)
+    done, lookups = s.worker.jobs_done, s.state.pool.cache.lookups
+    with s.http() as http:
+        chat = http.post(
+            "/v1/chat/completions",
+            json=dict(model=MODEL_ID, messages=ask, max_tokens=8, temperature=0, ignore_eos=True),
+        )
+        msg = http.post(
+            "/v1/messages", json=dict(model=MODEL_ID, messages=ask, max_tokens=8, temperature=0)
+        )
+    assert chat.status_code == 200 and chat.json()["choices"][0]["message"]["content"] == want
+    assert msg.status_code == 200 and msg.json()["type"] == "message"
+    s.wait_idle(done + 2)
+    assert s.state.pool.cache.lookups == lookups + 2  # each bound a slot
+
+
+def test_a_hybrid_engine_serves_one_request_at_a_time(synth_gguf, tmp_path):
+    from test_speculative import _plan
+
+    from powerinfer_rs.server.cli import startup_lines
+
+    model = load_model(synth_gguf(dtype="F32", activation="relu"))
+    eng = Engine(model, threads=2, sparsity="exact-relu", plan=_plan(model, tmp_path),
+                 device="gpu-sim")  # fmt: skip
+    live = LiveServer(eng, parallel=4, cache_mib=8)
+    try:
+        with live.http() as http:
+            h = http.get("/health").json()
+            got = http.post("/v1/completions", json=GREEDY).json()["choices"][0]["text"]
+        assert h["batching"] is False and h["parallel"] == 1 and len(h["slots"]) == 1
+        assert h["prefix_cache"]["limit_bytes"] == 0 and live.state.pool is None
+        assert got == eng.generate("hello world", max_new_tokens=12, temperature=0, ignore_eos=True)
+        lines = startup_lines(live.state, 4, 8, "http://x/v1")
+        assert "one request at a time" in lines[0] and "batching off" in lines[1]
+    finally:
+        live.stop()
+
+
+def test_health_of_a_server_without_slots(server):
+    """``create_app``'s defaults (``serve --parallel 1 --cache-ram 0``): the engine's own
+    context, one request at a time, as before."""
+    with server.http() as http:
+        h = http.get("/health").json()
+    assert h["parallel"] == 1 and h["batching"] is False and server.state.pool is None
+    assert len(h["slots"]) == 1 and h["slots"][0]["id"] == 0
+    assert h["prefix_cache"]["entries"] == 0 and h["prefix_cache"]["limit_bytes"] == 0

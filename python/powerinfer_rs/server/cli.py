@@ -7,6 +7,7 @@ import argparse
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 from .._lazy import optional_import
 
@@ -93,29 +94,29 @@ def serve(a: argparse.Namespace, engine_options: dict) -> int:
         cache_mib=a.cache_ram,
     )
     log = logging.getLogger("powerinfer_rs.server")
-    state = app.state.server
-    if not engine.can_batch and (a.parallel > 1 or a.cache_ram > 0):
-        log.info(
-            "device %s: a hybrid engine serves one request at a time (no batching, no prefix "
-            "cache; --parallel %d and --cache-ram %d do not apply)",
-            engine.device,
-            a.parallel,
-            a.cache_ram,
-        )
-    log.info(
-        "serving %s (%d threads, context %d, %d slot%s, batching %s, prefix cache %s) on "
-        "http://%s:%d/v1",
-        name,
-        engine.threads,
-        engine.n_ctx,
-        state.slots,
-        "" if state.slots == 1 else "s",
-        "on" if state.batching else "off",
-        f"{state.pool.cache.limit_bytes >> 20} MiB"
-        if state.pool and state.pool.cache.enabled
-        else "off",
-        a.host,
-        a.port,
-    )
+    url = f"http://{a.host}:{a.port}/v1"
+    for line in startup_lines(app.state.server, a.parallel, a.cache_ram, url):
+        log.info("%s", line)
     uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level, access_log=False)
     return 0
+
+
+def startup_lines(state: Any, parallel: int, cache_mib: int, url: str) -> list[str]:
+    """What the server says when it starts: how it serves (slots, batching, the prefix cache)
+    and where, and, for a hybrid engine asked for slots, that it serves one request at a
+    time."""
+    engine, pool = state.engine, state.pool
+    lines = []
+    if not engine.can_batch and (parallel > 1 or cache_mib > 0):
+        lines.append(
+            f"device {engine.device}: a hybrid engine serves one request at a time (batching "
+            f"off, no prefix cache; --parallel {parallel} and --cache-ram {cache_mib} do not "
+            "apply)"
+        )
+    cache = f"{pool.cache.limit_bytes >> 20} MiB" if pool and pool.cache.enabled else "off"
+    lines.append(
+        f"serving {state.model_id} ({engine.threads} threads, context {engine.n_ctx}, "
+        f"{state.slots} slot{'' if state.slots == 1 else 's'}, batching "
+        f"{'on' if state.batching else 'off'}, prefix cache {cache}) on {url}"
+    )
+    return lines
