@@ -62,6 +62,12 @@ class DraftModel:
         self._session.set_kv_cache(kv_cache)
         self._context: list[int] = []
 
+    def fork(self) -> DraftModel:
+        """A draft model over the same weights with a context of its own (a slot's,
+        :mod:`.slots`: each generation running at once drafts in its own)."""
+        s = self._session
+        return DraftModel(self.loaded, self._model, s.threads, s.n_ctx, s.kv_cache)
+
     @property
     def n_ctx(self) -> int:
         return self._session.n_ctx

@@ -49,10 +49,8 @@ class SlotSession:
     def __init__(self, slot: Slot, core: Any, batcher: Batcher):
         self._slot, self._core, self._batcher = slot, core, batcher
 
-    def feed(self, tokens: Sequence[int], all_logits: bool = False) -> np.ndarray:
+    def feed(self, tokens: Sequence[int]) -> np.ndarray:
         ids = [int(t) for t in tokens]
-        if all_logits:
-            return self._core.feed(ids, all_logits=True)
         if len(ids) == 1:
             return self.decode(ids)
         self._slot.state = "prefill"
@@ -66,27 +64,29 @@ class SlotSession:
         return getattr(self._core, name)
 
 
-class Slot(Generation):
+class _OfEngine(Generation):
+    """A :class:`~.generation.Generation` over ``engine``'s model: what the generation loop
+    needs of the engine besides a context (the model, tokenizer, context size, id checks)."""
+
+    def _of(self, engine: Engine) -> None:
+        self.loaded, self.config, self.tokenizer = engine.loaded, engine.config, engine.tokenizer
+        self.n_ctx = engine.n_ctx
+        self._check_ids = engine._check_ids
+
+
+class Slot(_OfEngine):
     """One context of a pool: the engine's generation loop over a session of its own (see the
     module). ``state`` is "idle", "prefill" or "decode"; ``request`` the label of the
     generation it runs (None when idle)."""
 
     def __init__(self, pool: SlotPool, index: int):
         engine = pool.engine
+        self._of(engine)
         self.id = index
-        self.loaded, self.config, self.tokenizer = engine.loaded, engine.config, engine.tokenizer
-        self.n_ctx = engine.n_ctx
-        self._check_ids = engine._check_ids
         self._core = engine.new_session()
         self._session = SlotSession(self, self._core, pool.batcher)
-        self.draft = None
-        if engine.draft is not None:  # a draft model's context of its own, on the same weights
-            from .draft import DraftModel
-
-            d = engine.draft
-            self.draft = DraftModel(
-                d.loaded, d._model, engine.threads, engine.n_ctx, engine.kv_cache
-            )
+        # The engine's draft model, with a context of its own.
+        self.draft = engine.draft.fork() if engine.draft is not None else None
         self._lock = threading.RLock()
         self._version = 0
         self._context: list[int] = []
@@ -138,18 +138,15 @@ class Slot(Generation):
         }
 
 
-class _Lease(Generation):
+class _Lease(_OfEngine):
     """One generation's claim on a slot of ``pool``: ``stream_tokens`` checks the arguments
     as the engine's does; the stream binds a slot at its first step and frees it at its end."""
 
     def __init__(self, pool: SlotPool, request: str | None):
-        engine = pool.engine
+        self._of(pool.engine)
         self._pool, self._request = pool, request
         self.cancelled = threading.Event()
-        self.loaded, self.config, self.tokenizer = engine.loaded, engine.config, engine.tokenizer
-        self.n_ctx = engine.n_ctx
-        self._check_ids = engine._check_ids
-        self.draft = engine.draft
+        self.draft = pool.engine.draft
 
     def _stream(  # type: ignore[override]
         self, prompt_ids: list[int], *args: Any
