@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .. import _core
-from ..errors import UnsupportedError
+from ..errors import InternalError, UnsupportedError
 from .streaming import GenerationCancelled
 
 log = logging.getLogger("powerinfer_rs.slots")
@@ -211,14 +211,21 @@ class Batcher:
             if work is None:
                 return
             kind, reqs = work
-            if kind == "decode":
-                t0 = time.monotonic()
-                self._round(reqs)
-                self._last_round_s = time.monotonic() - t0
-            else:
-                self._pass(reqs[0], lambda r: r.session.feed(r.tokens))
-                self.prefill_chunks += 1
-                self.prefill_tokens += len(reqs[0].tokens)
+            try:
+                if kind == "decode":
+                    t0 = time.monotonic()
+                    self._round(reqs)
+                    self._last_round_s = time.monotonic() - t0
+                else:
+                    self._pass(reqs[0], lambda r: r.session.feed(r.tokens))
+                    self.prefill_chunks += 1
+                    self.prefill_tokens += len(reqs[0].tokens)
+            except BaseException as e:  # a bug here must not leave a slot waiting forever
+                log.exception("the slots' executor failed")
+                for r in reqs:
+                    if not r.done.is_set():
+                        r.error = InternalError(f"the slots' executor failed: {e!r}")
+                        r.done.set()
 
     def _round(self, reqs: list[_Request]) -> None:
         """One batched call over ``reqs``; when it fails, each alone (so only the request at
@@ -234,6 +241,8 @@ class Batcher:
                 self.split_rounds += 1
                 log.warning("a batched decode round failed (%s); running its slots one by one", e)
             else:
+                if len(results) != len(reqs):
+                    raise InternalError(f"decode_slots gave {len(results)} results for {len(reqs)}")
                 for r, rows in zip(reqs, results):
                     r.result = np.asarray(rows)
                     r.done.set()

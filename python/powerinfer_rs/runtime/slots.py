@@ -165,7 +165,9 @@ class _Lease(_OfEngine):
 class SlotPool:
     """``parallel`` slots over ``engine`` (see the module) and a prefix cache of
     ``cache_bytes`` (0: off). ``chunk``: prefill tokens per chunk; ``gather_s``: how long a
-    decode round waits for slots still missing. Use as a context manager, or :meth:`close`."""
+    decode round waits at least for slots still missing. The slots take the engine's settings
+    (sparsity mode, KV precision, plan, draft model) as they are when the pool is made. Use as
+    a context manager, or :meth:`close`."""
 
     def __init__(
         self,
