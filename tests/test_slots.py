@@ -113,6 +113,36 @@ def test_slots_decode_together_and_each_text_is_its_own(relu):
         # A second wave on the same slots (each context reused or replaced) is the same again.
         assert run_together(pool, PROMPTS[::-1], **GREEDY) == want[::-1]
     assert eng.batch_generate(PROMPTS, **GREEDY) == want
+    assert eng.batch_generate(PROMPTS, parallel=2, **GREEDY) == want  # two wait for a slot
+
+
+def test_a_new_prompt_is_prefilled_between_the_running_streams_steps(relu):
+    eng = Engine(relu, threads=2)
+    long = list(range(10, 130))
+    with SlotPool(eng, 2, cache_bytes=0, chunk=2) as pool:
+        running = pool.stream_tokens(PROMPTS[0], max_new_tokens=10_000, temperature=0,
+                                     ignore_eos=True)  # fmt: skip
+        next(running)
+        stop = threading.Event()
+
+        def keep_decoding() -> None:
+            while not stop.is_set():
+                next(running)
+            running.close()
+
+        t = threading.Thread(target=keep_decoding)
+        t.start()
+        start = len(pool.batcher.trace)
+        try:
+            got = pool.generate(long, **GREEDY)
+        finally:
+            stop.set()
+            t.join(30)
+        trace = "".join(pool.batcher.trace)[start:]
+        first, last = trace.index("p"), trace.rindex("p")
+        assert trace.count("p") == len(chunks(long[:-1], 2))  # the prompt before its last token
+        assert trace[first:last].count("d") >= 5, trace  # decode rounds ran between the chunks
+        assert got == eng.generate(long, **GREEDY)
 
 
 def _mode_engine(case, relu, synth_gguf):

@@ -32,6 +32,9 @@ from .streaming import GenerationCancelled
 
 log = logging.getLogger("powerinfer_rs.slots")
 
+#: Works the batcher's ``trace`` remembers.
+TRACE = 1024
+
 #: Prompt tokens one prefill chunk computes between two decode rounds.
 DEFAULT_CHUNK = 128
 #: Seconds a decode round waits at least for the decoders still missing after the first
@@ -77,7 +80,8 @@ class Batcher:
     ``shared_rounds`` (rounds over more than one slot: one ``_core.decode_slots`` call each),
     ``split_rounds`` (of those, rounds whose call failed and ran again slot by slot, so that
     only the slot at fault gets the error), ``max_slots`` (the most in one round),
-    ``prefill_chunks`` and ``prefill_tokens``."""
+    ``prefill_chunks`` and ``prefill_tokens``; ``trace``: the kinds of the latest works run
+    ("d" a decode round, "p" a prefill chunk), oldest first."""
 
     def __init__(self, chunk: int = DEFAULT_CHUNK, gather_s: float = DEFAULT_GATHER_S):
         self.chunk = int(chunk)
@@ -92,6 +96,7 @@ class Batcher:
         self._last_round_s = 0.0
         self.rounds = self.rows = self.shared_rounds = self.split_rounds = self.max_slots = 0
         self.prefill_chunks = self.prefill_tokens = 0
+        self.trace: deque[str] = deque(maxlen=TRACE)
         self._thread = threading.Thread(target=self._run, name="powerinfer-slots", daemon=True)
         self._thread.start()
 
@@ -211,6 +216,7 @@ class Batcher:
             if work is None:
                 return
             kind, reqs = work
+            self.trace.append(kind[0])
             try:
                 if kind == "decode":
                     t0 = time.monotonic()
