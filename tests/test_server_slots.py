@@ -176,3 +176,26 @@ def test_health_of_a_server_without_slots(server):
     assert h["parallel"] == 1 and h["batching"] is False and server.state.pool is None
     assert len(h["slots"]) == 1 and h["slots"][0]["id"] == 0
     assert h["prefix_cache"]["entries"] == 0 and h["prefix_cache"]["limit_bytes"] == 0
+
+
+def test_concurrent_sampled_answers_are_the_sequential_ones(slots_server):
+    """Seeded sampling: each row is computed exactly as alone, so the draws are the same."""
+    s = slots_server
+    n = PARALLEL + QUEUE
+
+    def send(i: int) -> str:
+        body = dict(GREEDY, prompt=f"note {i}:", temperature=0.9, seed=i, max_tokens=48)
+        with s.http() as http:
+            r = http.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    rounds0 = s.state.pool.batcher.shared_rounds
+    out: list[str | None] = [None] * n
+    threads = [threading.Thread(target=lambda i=i: out.__setitem__(i, send(i))) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert out == [send(i) for i in range(n)]
+    assert s.state.pool.batcher.shared_rounds > rounds0
