@@ -309,8 +309,9 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         """Continue every prompt of ``prompts`` at once, each in a slot of its own whose decode
         steps run as one batched pass (:class:`~.slots.SlotPool`); ``kwargs`` as for
         :meth:`generate`. Text i is ``generate(prompts[i], **kwargs)``'s under greedy
-        decoding (the batched pass computes each row exactly as alone). A hybrid engine runs
-        the prompts one after the other. The engine's own context is left as it was."""
+        decoding (the batched pass computes each row exactly as alone). ``parallel=`` caps
+        the slots (default: one per prompt, at most 16). The engine's own context is left as
+        it was, except on a hybrid engine, which runs the prompts one after the other in it."""
         from .slots import batch_generate
 
         return batch_generate(self, prompts, **kwargs)
