@@ -101,6 +101,8 @@ def test_slots_decode_together_and_each_text_is_its_own(relu):
     eng = Engine(relu, threads=2)
     want = alone(eng, PROMPTS, **GREEDY)
     with SlotPool(eng, 4, cache_bytes=0, chunk=CHUNK, gather_s=0.05) as pool:
+        # The slots run on the engine's worker threads (no pool per slot).
+        assert all(s._core.threads == eng.core_session.threads for s in pool.slots)
         got = run_together(pool, PROMPTS, **GREEDY)
         b = pool.batcher
         assert got == want

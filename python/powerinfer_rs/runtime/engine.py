@@ -288,16 +288,18 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
 
     def new_session(self) -> _core.Session:
         """A fresh ``_core.Session`` over this engine's weights that computes exactly what the
-        engine's own does: the same threads, context size, KV precision, sparsity mode (with
-        its thresholds or predictors) and CPU plan. Slots (:mod:`.slots`) run in these.
-        UnsupportedError on a hybrid engine (its GPU side belongs to the engine's session)."""
+        engine's own does: the same context size, KV precision, sparsity mode (with its
+        thresholds or predictors) and CPU plan, on the engine's own worker threads (shared, not
+        a pool more: its passes should not run at the same time as the engine's). Slots
+        (:mod:`.slots`) run in these. UnsupportedError on a hybrid engine (its GPU side
+        belongs to the engine's session)."""
         if not self.can_batch:
             raise UnsupportedError(
                 f"device={self.device!r}: a hybrid engine runs one session (its GPU side); "
                 "extra sessions run on the CPU device only"
             )
         with self._lock:
-            session = _core.Session(self._model, self._threads, self._n_ctx)
+            session = _core.Session(self._model, 0, self._n_ctx, threads_of=self._session)
             session.set_kv_cache(self.kv_cache)
             mode, args = self._sparsity_args
             session.set_sparsity(mode, **args)
