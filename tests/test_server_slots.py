@@ -181,7 +181,7 @@ def test_health_of_a_server_without_slots(server):
 def test_concurrent_sampled_answers_are_the_sequential_ones(slots_server):
     """Seeded sampling: each row is computed exactly as alone, so the draws are the same."""
     s = slots_server
-    n = PARALLEL + QUEUE
+    n = QUEUE  # never a 429, however the worker threads are late to take jobs from the queue
 
     def send(i: int) -> str:
         body = dict(GREEDY, prompt=f"note {i}:", temperature=0.9, seed=i, max_tokens=48)

@@ -273,11 +273,20 @@ def test_a_cached_prefix_is_reused_in_another_slot_with_the_same_text(relu):
 
 def test_the_cache_stays_within_its_bound(relu):
     eng = Engine(relu, threads=2)
-    with SlotPool(eng, 2, cache_bytes=1 << 20, chunk=CHUNK) as pool:
-        pool.generate(list(range(10, 40)), **GREEDY)
-        per_token = pool.cache.bytes // 29
-        pool.cache.limit_bytes = per_token * 70  # room for two 30-token prompts, not three
-        for start in (100, 150, 200):
-            pool.generate(list(range(start, start + 30)), **GREEDY)
+    per_token = eng.new_session().kv_snapshot_bytes_per_position
+    prompts = [list(range(start, start + 30)) for start in (10, 100, 150, 200)]
+    # Room for two 30-token prompts (29 positions kept of each), not three.
+    with SlotPool(eng, 2, cache_bytes=per_token * 70, chunk=CHUNK) as pool:
+        for p in prompts:
+            pool.generate(p, **GREEDY)
             assert pool.cache.bytes <= pool.cache.limit_bytes
-        assert len(pool.cache) == 2
+        assert len(pool.cache) == 2 and pool.cache.bytes == 2 * 29 * per_token
+    # A prefix larger than the whole bound is never even copied out of the slot.
+    with SlotPool(eng, 1, cache_bytes=per_token * 20, chunk=CHUNK) as pool:
+
+        def no_snapshot():
+            raise AssertionError("a snapshot that cannot be kept was taken")
+
+        pool.slots[0].snapshot = no_snapshot  # type: ignore[method-assign]
+        pool.generate(prompts[0], **GREEDY)
+        assert len(pool.cache) == 0

@@ -94,6 +94,7 @@ class Batcher:
         self._prefill_turn = False
         self._closed = False
         self._last_round_s = 0.0
+        self._done_at = 0.0  # when the last work ended
         self.rounds = self.rows = self.shared_rounds = self.split_rounds = self.max_slots = 0
         self.prefill_chunks = self.prefill_tokens = 0
         self.trace: deque[str] = deque(maxlen=TRACE)
@@ -191,22 +192,27 @@ class Batcher:
 
     def _next(self) -> tuple[str, list[_Request]] | None:
         """The next work (under the lock): ("decode", requests) or ("prefill", [one chunk]),
-        waiting for it; None once closed."""
+        waiting for it; None once closed. After a chunk it is the decoders' turn: a chunk
+        waits for them as a round waits for the missing ones (it runs when the wait is over
+        and none came)."""
         while not self._closed:
-            if self._prefills and (self._prefill_turn or not self._decodes):
+            if self._prefills and (self._prefill_turn or not self._decoders):
                 self._prefill_turn = False
                 return "prefill", [self._prefills.popleft()]
-            if self._decodes:
-                waiting = {r.key for r in self._decodes}
-                wait = max(self.gather_s, self._last_round_s)
-                left = self._first + wait - time.monotonic()
-                if self._decoders <= waiting or left <= 0:
-                    reqs, self._decodes = self._decodes, []
-                    self._prefill_turn = True
-                    return "decode", reqs
-                self._cv.wait(left)
-            else:
+            if not self._decodes and not self._prefills:
                 self._cv.wait()
+                continue
+            waiting = {r.key for r in self._decodes}
+            since = self._first if self._decodes else self._done_at
+            left = since + max(self.gather_s, self._last_round_s) - time.monotonic()
+            if self._decodes and (self._decoders <= waiting or left <= 0):
+                reqs, self._decodes = self._decodes, []
+                self._prefill_turn = True
+                return "decode", reqs
+            if left <= 0:  # no decoder came in time: the chunk goes first
+                self._prefill_turn = True
+                continue
+            self._cv.wait(left)
         return None
 
     def _run(self) -> None:
@@ -232,6 +238,7 @@ class Batcher:
                     if not r.done.is_set():
                         r.error = InternalError(f"the slots' executor failed: {e!r}")
                         r.done.set()
+            self._done_at = time.monotonic()
 
     def _round(self, reqs: list[_Request]) -> None:
         """One batched call over ``reqs``; when it fails, each alone (so only the request at

@@ -274,8 +274,7 @@ class SlotPool:
         """Free ``slot`` (its generation ended): its reusable prefix goes into the cache."""
         self.batcher.leave(slot)
         try:
-            held = slot._context[: slot._batched]
-            if self.cache.enabled and len(held) >= MIN_ENTRY_TOKENS and not self.cache.covers(held):
+            if self._worth_keeping(slot):
                 self.cache.insert(*slot.snapshot())
         except PowerInferError as e:
             log.warning("prefix cache: snapshot of slot %d failed: %s", slot.id, e)
@@ -283,6 +282,15 @@ class SlotPool:
             with self._cv:
                 slot.state, slot.request, slot.used = "idle", None, next(self._tick)
                 self._cv.notify_all()
+
+    def _worth_keeping(self, slot: Slot) -> bool:
+        """Whether ``slot``'s reusable prefix would go into the cache (checked before its
+        snapshot is copied): long enough, within the bound, and not held by an entry yet."""
+        held = slot._context[: slot._batched]
+        if not self.cache.enabled or len(held) < MIN_ENTRY_TOKENS:
+            return False
+        nbytes = len(held) * slot._core.kv_snapshot_bytes_per_position
+        return self.cache.fits(nbytes) and not self.cache.covers(held)
 
     # -- observability -----------------------------------------------------------------------
 
