@@ -13,7 +13,11 @@ as long as the last round took (at least :data:`DEFAULT_GATHER_S`), whichever is
 left out would need a round of its own, so waiting up to a round's time for it never costs
 more than it saves; a shorter fixed wait lets slots whose Python side (sampling, the consumer
 of the stream) takes longer than it fall out of step for good, each round serving one of them.
-A slot busy elsewhere (a slow consumer) delays the others by at most a round's time."""
+A slot busy elsewhere (a slow consumer) delays the others by at most a round's time. After a
+prefill chunk the decoders get their turn the same way (the next chunk waits for them as long),
+so a long prompt costs each running stream one chunk's time per token, never its whole prefill.
+For speed, each stream should be consumed by a thread of its own (one thread stepping two
+streams makes every round and chunk wait out the other's turn)."""
 
 from __future__ import annotations
 
