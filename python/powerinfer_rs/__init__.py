@@ -14,5 +14,6 @@ from . import errors
 from ._version import __version__
 from .errors import *  # noqa: F403 (the exception classes: errors.__all__)
 from .runtime.engine import Engine, GenerationStats
+from .runtime.slots import SlotPool
 
-__all__ = ["Engine", "GenerationStats", *errors.__all__, "__version__"]
+__all__ = ["Engine", "GenerationStats", "SlotPool", *errors.__all__, "__version__"]
