@@ -474,7 +474,9 @@ def run_throughput(a, specs: list[Spec], logs: Path) -> dict:
                 print(
                     f"  repeat {k} {s.key:10s}: 1 stream {r['one_stream_tok_s']:.1f} tok/s, "
                     f"{a.streams} streams {r['n_streams_tok_s']:.1f} tok/s, texts equal "
-                    f"{sum(r['texts_equal'])}/{a.streams}",
+                    f"{sum(r['texts_equal'])}/{a.streams}; other processes' CPU/wall "
+                    f"{r['alone_cpu']['others_cpu_per_wall']:.2f} / "
+                    f"{r['concurrent_cpu']['others_cpu_per_wall']:.2f}",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -511,7 +513,8 @@ def run_cache(a, specs: list[Spec], logs: Path) -> dict:
                 print(
                     f"  repeat {k} {s.key:15s}: TTFT A1 {r['A1']['ttft_s']:.3f} s, B "
                     f"{r['B']['ttft_s']:.3f} s, A2 {r['A2']['ttft_s']:.3f} s (A2 prompt "
-                    f"{r['A2'].get('prompt_tokens', '?')} tokens)",
+                    f"{r['A2'].get('prompt_tokens', '?')} tokens); other processes' CPU/wall "
+                    f"{r['cpu']['others_cpu_per_wall']:.2f}",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -606,6 +609,12 @@ def print_report(rep: dict) -> None:
                     f"{kind}: TTFT of A's second turn, cache on / off = "
                     f"{on['a2_ttft_on_over_off']:.2f}{goal}"
                 )
+    for part in ("throughput", "cache"):
+        for key, r in (rep.get(part) or {}).items():
+            h = r["health"].get("at_end", {})
+            said = {k: h[k] for k in ("parallel", "slots", "prefix_cache") if k in h}
+            if said:
+                print(f"{part}/{key} /health: {said}")
     print("\ncommands:")
     for part in ("throughput", "cache"):
         for key, r in (rep.get(part) or {}).items():
@@ -631,8 +640,12 @@ def main(argv: list[str] | None = None) -> int:
         help="slots of the parallel rows: ours --parallel N, llama-server -np N (4)",
     )
     ap.add_argument("--streams", type=int, default=4, help="concurrent streams (4)")
-    ap.add_argument("--max-tokens", type=int, default=128, help="tokens per stream (128)")
-    ap.add_argument("--repeats", type=int, default=3, help="alternating runs per server (3)")
+    ap.add_argument(
+        "--max-tokens", type=int, default=None, help="tokens per stream (128; --quick: 32)"
+    )
+    ap.add_argument(
+        "--repeats", type=int, default=None, help="alternating runs per server (3; --quick: 1)"
+    )
     ap.add_argument(
         "--system-tokens",
         type=int,
@@ -642,8 +655,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--answer-tokens",
         type=int,
-        default=64,
-        help="length of A's first answer in the cache test (64)",
+        default=None,
+        help="length of A's first answer in the cache test (64; --quick: 32)",
     )
     ap.add_argument(
         "--cache-slots",
@@ -658,13 +671,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run: 1 repeat, --max-tokens 32, --answer-tokens 32",
+        help="smoke run: by default 1 repeat, --max-tokens 32, --answer-tokens 32",
     )
     ap.add_argument("--json", default=None, help="write every figure and command to this file")
     add_bandwidth_args(ap)
     a = ap.parse_args(argv)
-    if a.quick:
-        a.repeats, a.max_tokens, a.answer_tokens = 1, 32, 32
+    quick = {"repeats": 1, "max_tokens": 32, "answer_tokens": 32}
+    full = {"repeats": 3, "max_tokens": 128, "answer_tokens": 64}
+    for k, v in (quick if a.quick else full).items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
     a.model = str(a.model or default_model())
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that finally/atexit kill servers
     py = sys.executable
