@@ -561,13 +561,14 @@ def print_report(rep: dict) -> None:
         )
         print(
             f"| server | 1 stream tok/s | {n} streams aggregate tok/s | x | completion tokens "
-            f"(1 / {n}) | server CPU/wall ({n}) | others' CPU/wall | {n}-stream texts == "
+            f"(1 / {n}) | server CPU/wall ({n}) | others' CPU/wall (1 / {n}) | {n}-stream texts == "
             "alone |"
         )
         print("|---|---|---|---|---|---|---|---|")
         for r in thr.values():
             last = r["runs"][-1]
             cpu = median([x["concurrent_cpu"]["server_cpu_per_wall"] for x in r["runs"]])
+            oth1 = median([x["alone_cpu"]["others_cpu_per_wall"] for x in r["runs"]])
             oth = median([x["concurrent_cpu"]["others_cpu_per_wall"] for x in r["runs"]])
             eq = sum(sum(x["texts_equal"]) for x in r["runs"])
             tot = sum(len(x["texts_equal"]) for x in r["runs"])
@@ -575,7 +576,7 @@ def print_report(rep: dict) -> None:
                 f"| {r['label']} | {r['one_stream_tok_s']:.1f} | {r['n_streams_tok_s']:.1f} | "
                 f"{r['n_streams_tok_s'] / r['one_stream_tok_s']:.2f} | "
                 f"{sum(last['one_stream_tokens'])} / {sum(last['n_streams_tokens'])} | "
-                f"{cpu:.2f} | {oth:.2f} | {eq}/{tot} |"
+                f"{cpu:.2f} | {oth1:.2f} / {oth:.2f} | {eq}/{tot} |"
             )
     cache = rep.get("cache") or {}
     if cache:
