@@ -46,9 +46,11 @@ def free_port() -> int:
 
 
 class Server:
-    """A server subprocess (its log in ``log``), up once ``/v1/models`` answers."""
+    """A server subprocess (its log in ``log``), up once ``ready_path`` answers 200."""
 
-    def __init__(self, name: str, argv: list[str], port: int, log: Path):
+    def __init__(
+        self, name: str, argv: list[str], port: int, log: Path, ready_path: str = "/v1/models"
+    ):
         self.name, self.url, self.log = name, f"http://127.0.0.1:{port}", log
         env = {**os.environ, "PYTHONPATH": f"{REPO / 'python'}:{os.environ.get('PYTHONPATH', '')}"}
         self.proc = subprocess.Popen(
@@ -59,7 +61,7 @@ class Server:
             if self.proc.poll() is not None:
                 raise SystemExit(f"{name} server exited: see {log}\n{log.read_text()[-2000:]}")
             try:
-                if httpx.get(f"{self.url}/v1/models", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}{ready_path}", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
