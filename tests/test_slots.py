@@ -21,6 +21,7 @@ from powerinfer_rs.loading import load_model
 from powerinfer_rs.runtime.batcher import chunks
 from powerinfer_rs.runtime.prefix_cache import PrefixCache, common_prefix
 from powerinfer_rs.runtime.slots import SlotPool
+from powerinfer_rs.runtime.speculative import PromptLookup
 from powerinfer_rs.runtime.streaming import GenerationCancelled
 
 #: Prompts of different lengths (several prefill chunks of CHUNK tokens for the long ones).
@@ -41,15 +42,19 @@ def relu(synth_gguf):
 
 def run_together(pool: SlotPool, prompts, **kw) -> list[str]:
     """Every prompt in a thread of its own, all streams made first, started at once."""
-    streams = [pool.stream(p, **kw) for p in prompts]
-    out: list[str | None] = [None] * len(prompts)
-    go = threading.Barrier(len(prompts))
+    return run_streams([pool.stream(p, **kw) for p in prompts])
+
+
+def run_streams(streams) -> list[str]:
+    """Every stream's text, each consumed by a thread of its own, started at once."""
+    out: list[str | None] = [None] * len(streams)
+    go = threading.Barrier(len(streams))
 
     def run(i: int) -> None:
         go.wait()
         out[i] = "".join(streams[i])
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(prompts))]
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(streams))]
     for t in threads:
         t.start()
     for t in threads:
@@ -189,6 +194,20 @@ def test_speculative_decoding_runs_per_slot(relu, synth_gguf):
             if mode == "draft":  # each slot drafts in a context of its own
                 assert len({id(s.draft) for s in pool.slots} - {id(eng.draft)}) == 4
             assert sum(s.last_stats.verify_steps for s in pool.slots) > 0
+
+
+def test_verification_rows_share_the_rounds(relu):
+    """Drafters that draft every step (objects of the caller's, no policy; one per stream):
+    their several-token verification rows go into the shared rounds, and every text is the
+    text without speculation."""
+    eng = Engine(relu, threads=2)
+    want = alone(eng, PROMPTS, **GREEDY, speculative="off")
+    with SlotPool(eng, 4, cache_bytes=0, chunk=CHUNK, gather_s=0.05) as pool:
+        kw = dict(GREEDY, draft_max=3)
+        assert (
+            run_streams([pool.stream(p, speculative=PromptLookup(), **kw) for p in PROMPTS]) == want
+        )
+        assert pool.batcher.shared_verify_rows > 0 and pool.batcher.split_rounds == 0
 
 
 def test_constrained_decoding_runs_per_slot(smol):

@@ -214,6 +214,23 @@ def test_draft_length_follows_acceptance_and_cost():
     n.update(0, 0)  # no proposal: nothing changes
     assert n.acceptance < 0.1
     assert DraftLength(0).want() == 0
+    # Beside other streams in a shared pass (the server's slots), a draft costs them too: it
+    # needs a high acceptance there, and a drafter that is not free never probes.
+    o = DraftLength(8)
+    for _ in range(12):
+        o.update(1, 1)
+    o.update(1, 0)  # a ~ 0.9: worth drafting alone, not beside three streams
+    assert o.want() > 0 and o.want(others=3) == 0
+    for _ in range(40):
+        o.update(1, 1)  # a ~ 1 (copying), and drafted rows cheap against the shared pass
+    o.timed(1, 0.030)
+    o.timed(9, 0.036)  # c = 0.025: worth it even then
+    assert o.want(others=3) > 0 and o.gain(o.want(others=3), 3) >= spec.MARGIN
+    p = DraftLength(4, free=False)
+    for _ in range(3 * spec.PROBE_WAIT_MAX):
+        assert p.want(others=1) == 0
+        p.plain_step()
+    assert p.want() == 1
     # A drafter that is not free probes with one token after PROBE_WAIT plain steps, the wait
     # doubling after each failure.
     m = DraftLength(4, free=False)

@@ -82,10 +82,12 @@ class Batcher:
     until its rows are computed; :meth:`leave` when a slot's generation ends. Counters (for
     tests and /health): ``rounds`` (decode rounds), ``rows`` (slot requests they served),
     ``shared_rounds`` (rounds over more than one slot: one ``_core.decode_slots`` call each),
-    ``split_rounds`` (of those, rounds whose call failed and ran again slot by slot, so that
-    only the slot at fault gets the error), ``max_slots`` (the most in one round),
-    ``prefill_chunks`` and ``prefill_tokens``; ``trace``: the kinds of the latest works run
-    ("d" a decode round, "p" a prefill chunk), oldest first."""
+    ``shared_verify_rows`` (requests of several tokens, speculative verifications, in those
+    rounds), ``split_rounds`` (of those, rounds whose call failed and ran again slot by slot,
+    so that only the slot at fault gets the error), ``max_slots`` (the most in one round),
+    ``prefill_chunks``, ``prefill_tokens`` and ``busy_seconds`` (time in rounds and chunks:
+    against the wall time, how much of it the executor computed); ``trace``: the kinds of the
+    latest works run ("d" a decode round, "p" a prefill chunk), oldest first."""
 
     def __init__(self, chunk: int = DEFAULT_CHUNK, gather_s: float = DEFAULT_GATHER_S):
         self.chunk = int(chunk)
@@ -100,7 +102,9 @@ class Batcher:
         self._last_round_s = 0.0
         self._done_at = 0.0  # when the last work ended
         self.rounds = self.rows = self.shared_rounds = self.split_rounds = self.max_slots = 0
+        self.shared_verify_rows = 0
         self.prefill_chunks = self.prefill_tokens = 0
+        self.busy_seconds = 0.0
         self.trace: deque[str] = deque(maxlen=TRACE)
         self._thread = threading.Thread(target=self._run, name="powerinfer-slots", daemon=True)
         self._thread.start()
@@ -146,6 +150,11 @@ class Batcher:
         assert out is not None
         return out
 
+    def decoders_besides(self, key: Hashable) -> int:
+        """The decoders other than ``key`` (slots whose steps share the rounds now)."""
+        with self._cv:
+            return len(self._decoders - {key})
+
     def leave(self, key: Hashable) -> None:
         """``key``'s generation ended: rounds no longer wait for it."""
         with self._cv:
@@ -165,15 +174,17 @@ class Batcher:
         if self._thread is not threading.current_thread():
             self._thread.join(30)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, float]:
         return {
             "rounds": self.rounds,
             "rows": self.rows,
             "shared_rounds": self.shared_rounds,
+            "shared_verify_rows": self.shared_verify_rows,
             "split_rounds": self.split_rounds,
             "max_slots": self.max_slots,
             "prefill_chunks": self.prefill_chunks,
             "prefill_tokens": self.prefill_tokens,
+            "busy_seconds": round(self.busy_seconds, 6),
         }
 
     def _check_open(self) -> None:
@@ -227,9 +238,9 @@ class Batcher:
                 return
             kind, reqs = work
             self.trace.append(kind[0])
+            t0 = time.monotonic()
             try:
                 if kind == "decode":
-                    t0 = time.monotonic()
                     self._round(reqs)
                     self._last_round_s = time.monotonic() - t0
                 else:
@@ -243,6 +254,7 @@ class Batcher:
                         r.error = InternalError(f"the slots' executor failed: {e!r}")
                         r.done.set()
             self._done_at = time.monotonic()
+            self.busy_seconds += self._done_at - t0
 
     def _round(self, reqs: list[_Request]) -> None:
         """One batched call over ``reqs``; when it fails, each alone (so only the request at
@@ -252,6 +264,7 @@ class Batcher:
         self.max_slots = max(self.max_slots, len(reqs))
         self.shared_rounds += len(reqs) > 1
         if len(reqs) > 1:
+            self.shared_verify_rows += sum(len(r.tokens) > 1 for r in reqs)
             try:
                 results = _core.decode_slots([r.session for r in reqs], [r.tokens for r in reqs])
             except Exception as e:

@@ -412,7 +412,7 @@ class Generation:
                         proposal = Draft([], [])
                         t_pass = time.perf_counter()
                         if length is not None and drafter is not None:
-                            want = length.want()
+                            want = length.want(self._others_decoding())
                             if want == 0:
                                 length.plain_step()
                                 if length.free and room > 0:
@@ -462,6 +462,12 @@ class Generation:
         rest = matcher.flush()
         if rest and not matcher.stopped:
             yield TokenStep(None, rest)
+
+    def _others_decoding(self) -> int:
+        """Other generations whose decode steps share this one's forward passes (none here;
+        a slot of a :class:`~.slots.SlotPool` says how many): speculative drafts then cost
+        them too (:meth:`~.speculative.DraftLength.want`)."""
+        return 0
 
     def _propose(
         self,

@@ -84,6 +84,7 @@ class Slot(_OfEngine):
         self._of(engine)
         self.id = index
         self._core = engine.new_session()
+        self._batcher = pool.batcher
         self._session = SlotSession(self, self._core, pool.batcher)
         # The engine's draft model, with a context of its own.
         self.draft = engine.draft.fork() if engine.draft is not None else None
@@ -97,6 +98,10 @@ class Slot(_OfEngine):
         self.request: str | None = None
         self.cancelled = threading.Event()  # the running generation's (its lease's)
         self.used = 0  # when it was last released (a tick of the pool's), for LRU ties
+
+    def _others_decoding(self) -> int:
+        """The other slots decoding now (their steps share this slot's passes)."""
+        return self._batcher.decoders_besides(self)
 
     @property
     def n_past(self) -> int:

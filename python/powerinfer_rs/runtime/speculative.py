@@ -199,7 +199,13 @@ class DraftLength:
     where ``c`` (what one drafted token adds to a verification, the drafting included) is
     measured from the generation's own forward passes. Old evidence decays (:data:`DECAY`),
     so k follows the text from prose into a copied passage and back. Not ``adaptive`` (a
-    drafter object the caller gave): ``draft_max`` tokens every step."""
+    drafter object the caller gave): ``draft_max`` tokens every step.
+
+    Beside ``others`` streams decoding in the same batched pass (the server's slots), a drafted
+    token costs every stream the time it adds to the pass, and a draft pays only where the
+    pass's tokens per unit of time grow: ``others + 1 + a + ... + a^k`` against
+    ``(others + 1)·(1 + c·k)`` (``c`` as this stream measures it: its own passes are the
+    shared ones), so drafts there need a high acceptance (copying), and no probes are run."""
 
     def __init__(self, draft_max: int, free: bool = True, adaptive: bool = True):
         self.max = draft_max
@@ -219,23 +225,25 @@ class DraftLength:
         """The current estimate of a drafted token's acceptance probability."""
         return self.hits / self.trials
 
-    def gain(self, k: int) -> float:
-        """Expected tokens per unit of time of a k-token draft, relative to plain decoding."""
+    def gain(self, k: int, others: int = 0) -> float:
+        """Expected tokens per unit of time of a k-token draft, relative to plain decoding, in
+        a pass shared with ``others`` streams decoding one token each."""
         a = self.acceptance
-        return sum(a**i for i in range(k + 1)) / (1.0 + self.cost * k)
+        tokens = others + sum(a**i for i in range(k + 1))
+        return tokens / ((others + 1) * (1.0 + self.cost * k))
 
-    def want(self) -> int:
-        """Tokens to draft now (0: decode plainly)."""
+    def want(self, others: int = 0) -> int:
+        """Tokens to draft now (0: decode plainly), ``others`` streams sharing the pass."""
         if self.max == 0 or not self.adaptive:
             return self.max
         if self._since_plain >= PLAIN_EVERY or (self._since_plain and not self._plain):
             return 0  # a plain step to time: the cost is relative to it
-        k = max(range(1, self.max + 1), key=self.gain)
-        if self.gain(k) >= MARGIN:
+        k = max(range(1, self.max + 1), key=lambda k: self.gain(k, others))
+        if self.gain(k, others) >= MARGIN:
             return k
         # A probe only where some draft could pay: with every token accepted, the longest.
         could_pay = (self.max + 1) / (1.0 + self.cost * self.max) >= MARGIN
-        if not self.free and self._idle >= self._wait and could_pay:
+        if not self.free and not others and self._idle >= self._wait and could_pay:
             return 1
         return 0
 

@@ -34,12 +34,17 @@ def health_body(state: ServerState) -> dict[str, Any]:
     """The body of /health: "status", "model", "busy", "waiting" (queued requests), "parallel"
     (requests that run at once), "batching" (whether they decode together), "slots" (each
     one's id, state, request, n_past, prompt_tokens, cached_tokens, completion_tokens) and
-    "prefix_cache" (entries, bytes, limit_bytes, lookups, hits, hit_rate, hit_tokens)."""
+    "prefix_cache" (entries, bytes, limit_bytes, lookups, hits, hit_rate, hit_tokens) and, with
+    slots, "rounds" (the batcher's counters: decode rounds, the slot rows they served, rounds
+    shared by several slots, the most slots in one, prefill chunks and tokens; rows / rounds is
+    how many streams a decode step carried on average)."""
     pool = state.pool
+    rounds = None
     if pool is None:
         slots, cache = [engine_slot(state)], PrefixCache(0).stats()
     else:
-        slots, cache = pool.info(), pool.stats()["prefix_cache"]
+        stats = pool.stats()
+        slots, cache, rounds = pool.info(), stats["prefix_cache"], stats["batcher"]
     return {
         "status": "ok",
         "model": state.model_id,
@@ -49,6 +54,7 @@ def health_body(state: ServerState) -> dict[str, Any]:
         "batching": state.batching,
         "slots": slots,
         "prefix_cache": cache,
+        **({"rounds": rounds} if rounds is not None else {}),
     }
 
 
