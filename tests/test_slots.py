@@ -193,7 +193,9 @@ def test_speculative_decoding_runs_per_slot(relu, synth_gguf):
             assert run_together(pool, PROMPTS, **kw) == want
             if mode == "draft":  # each slot drafts in a context of its own
                 assert len({id(s.draft) for s in pool.slots} - {id(eng.draft)}) == 4
-            assert sum(s.last_stats.verify_steps for s in pool.slots) > 0
+            # Whether a slot drafts beside others is the policy's call (DraftLength.want's
+            # others): verification inside shared rounds is the next test's.
+            assert all(s.last_stats.speculative == mode for s in pool.slots)
 
 
 def test_verification_rows_share_the_rounds(relu):
