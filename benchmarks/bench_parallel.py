@@ -63,6 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -460,8 +461,13 @@ def alternate(specs: list[Spec], repeat: int) -> list[Spec]:
     return specs if repeat % 2 == 0 else specs[::-1]
 
 
-def run_throughput(a, specs: list[Spec], logs: Path) -> dict:
-    prompts = [STORY_PROMPTS[i % len(STORY_PROMPTS)] for i in range(a.streams)]
+def run_alternating(
+    a, specs: list[Spec], logs: Path, one_run: Callable[[Spec, int], dict], line: Callable
+) -> dict[str, dict]:
+    """Start every server (and warm it up), run ``one_run(spec, repeat)`` ``a.repeats`` times
+    per server in alternating order (printing ``line(spec, result)``), keep each server's
+    /health before and after, and stop them all; per server: its label, command, health and
+    runs."""
     runs: dict[str, list[dict]] = {s.key: [] for s in specs}
     try:
         for s in specs:
@@ -469,71 +475,64 @@ def run_throughput(a, specs: list[Spec], logs: Path) -> dict:
             stream_chat(s, user("Hello!"), 4, False)  # warm-up
         for k in range(a.repeats):
             for s in alternate(specs, k):
-                r = throughput_run(s, prompts, a.max_tokens)
+                r = one_run(s, k)
                 runs[s.key].append(r)
-                print(
-                    f"  repeat {k} {s.key:10s}: 1 stream {r['one_stream_tok_s']:.1f} tok/s, "
-                    f"{a.streams} streams {r['n_streams_tok_s']:.1f} tok/s, texts equal "
-                    f"{sum(r['texts_equal'])}/{a.streams}; other processes' CPU/wall "
-                    f"{r['alone_cpu']['others_cpu_per_wall']:.2f} / "
-                    f"{r['concurrent_cpu']['others_cpu_per_wall']:.2f}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                print(f"  repeat {k} {line(s, r)}", file=sys.stderr, flush=True)
         for s in specs:
             s.health = {"at_start": s.health, "at_end": get_json(f"{s.url}/health")}
     finally:
         for s in specs:
             stop(s)
-    out = {}
-    for s in specs:
-        rs = runs[s.key]
-        out[s.key] = {
+    return {
+        s.key: {
             "label": s.label,
             "command": shlex.join(s.argv),
             "health": s.health,
-            "one_stream_tok_s": median([r["one_stream_tok_s"] for r in rs]),
-            "n_streams_tok_s": median([r["n_streams_tok_s"] for r in rs]),
-            "texts_equal_all_runs": all(all(r["texts_equal"]) for r in rs),
-            "runs": rs,
+            "runs": runs[s.key],
         }
+        for s in specs
+    }
+
+
+def run_throughput(a, specs: list[Spec], logs: Path) -> dict:
+    prompts = [STORY_PROMPTS[i % len(STORY_PROMPTS)] for i in range(a.streams)]
+
+    def line(s: Spec, r: dict) -> str:
+        return (
+            f"{s.key:10s}: 1 stream {r['one_stream_tok_s']:.1f} tok/s, "
+            f"{a.streams} streams {r['n_streams_tok_s']:.1f} tok/s, texts equal "
+            f"{sum(r['texts_equal'])}/{a.streams}; other processes' CPU/wall "
+            f"{r['alone_cpu']['others_cpu_per_wall']:.2f} / "
+            f"{r['concurrent_cpu']['others_cpu_per_wall']:.2f}"
+        )
+
+    out = run_alternating(
+        a, specs, logs, lambda s, k: throughput_run(s, prompts, a.max_tokens), line
+    )
+    for o in out.values():
+        rs = o["runs"]
+        o["one_stream_tok_s"] = median([r["one_stream_tok_s"] for r in rs])
+        o["n_streams_tok_s"] = median([r["n_streams_tok_s"] for r in rs])
+        o["texts_equal_all_runs"] = all(all(r["texts_equal"]) for r in rs)
     return out
 
 
 def run_cache(a, specs: list[Spec], logs: Path) -> dict:
-    runs: dict[str, list[dict]] = {s.key: [] for s in specs}
-    try:
-        for s in specs:
-            start(s, logs)
-            stream_chat(s, user("Hello!"), 4, False)  # warm-up
-        for k in range(a.repeats):
-            for s in alternate(specs, k):
-                r = cache_run(s, f"{k + 1:04d}", a.system_tokens, a.answer_tokens)
-                runs[s.key].append(r)
-                print(
-                    f"  repeat {k} {s.key:15s}: TTFT A1 {r['A1']['ttft_s']:.3f} s, B "
-                    f"{r['B']['ttft_s']:.3f} s, A2 {r['A2']['ttft_s']:.3f} s (A2 prompt "
-                    f"{r['A2'].get('prompt_tokens', '?')} tokens); other processes' CPU/wall "
-                    f"{r['cpu']['others_cpu_per_wall']:.2f}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-        for s in specs:
-            s.health = {"at_start": s.health, "at_end": get_json(f"{s.url}/health")}
-    finally:
-        for s in specs:
-            stop(s)
-    out = {}
-    for s in specs:
-        rs = runs[s.key]
-        out[s.key] = {
-            "label": s.label,
-            "command": shlex.join(s.argv),
-            "health": s.health,
-            **{f"ttft_{n}_s": median([r[n]["ttft_s"] for r in rs]) for n in ("A1", "B", "A2")},
-            "prompt_tokens": {n: rs[0][n].get("prompt_tokens") for n in ("A1", "B", "A2")},
-            "runs": rs,
-        }
+    def one(s: Spec, k: int) -> dict:
+        return cache_run(s, f"{k + 1:04d}", a.system_tokens, a.answer_tokens)
+
+    def line(s: Spec, r: dict) -> str:
+        return (
+            f"{s.key:15s}: TTFT A1 {r['A1']['ttft_s']:.3f} s, B {r['B']['ttft_s']:.3f} s, "
+            f"A2 {r['A2']['ttft_s']:.3f} s (A2 prompt {r['A2'].get('prompt_tokens', '?')} "
+            f"tokens); other processes' CPU/wall {r['cpu']['others_cpu_per_wall']:.2f}"
+        )
+
+    out = run_alternating(a, specs, logs, one, line)
+    for o in out.values():
+        rs = o["runs"]
+        o.update({f"ttft_{n}_s": median([r[n]["ttft_s"] for r in rs]) for n in ("A1", "B", "A2")})
+        o["prompt_tokens"] = {n: rs[0][n].get("prompt_tokens") for n in ("A1", "B", "A2")}
     for kind in ("ours", "llama"):
         on, off = out.get(f"{kind}_cache_on"), out.get(f"{kind}_cache_off")
         if on and off:

@@ -710,6 +710,20 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
+/// Dense, exact-relu, threshold and predictor mode (synthetic predictors) for `m`.
+fn every_mode(m: &ModelWeights) -> Vec<Sparsity> {
+    vec![
+        Sparsity::Dense,
+        Sparsity::ExactRelu,
+        Sparsity::Threshold(vec![0.02; m.config.n_layers]),
+        Sparsity::Predictor {
+            layers: predictors(m),
+            input: PredictorInput::FfnInp,
+            experts: Vec::new(),
+        },
+    ]
+}
+
 /// Speculative verification: [`Logits::Steps`] gives every token's logits bit-identical to
 /// one-token decode steps, in every mode and format, on the CPU (one pass, the products
 /// shared) and on the hybrid executor (one of its steps per token); cutting a rejected tail
@@ -719,16 +733,7 @@ fn steps_equal_one_token_decode_in_every_mode() {
     for dtype in [DType::Q4_1, DType::Q4_0, DType::Q8_0, DType::F16] {
         let m = model(Activation::Relu, dtype, 256);
         let (n, ffn, vocab) = (m.config.n_layers, m.config.ffn_dim, m.config.vocab_size);
-        let modes = [
-            Sparsity::Dense,
-            Sparsity::ExactRelu,
-            Sparsity::Threshold(vec![0.02; n]),
-            Sparsity::Predictor {
-                layers: predictors(&m),
-                input: PredictorInput::FfnInp,
-                experts: Vec::new(),
-            },
-        ];
+        let modes = every_mode(&m);
         let mut layout = Layout::all_gpu(n, ffn);
         layout.hot = half_hot(ffn, n);
         let mut devs = vec!["cpu"];
@@ -771,17 +776,11 @@ fn slots_decode_as_their_sessions_alone() {
     for dtype in [DType::Q4_1, DType::Q8_0] {
         let m = model(Activation::Relu, dtype, 256);
         let (n, ffn, vocab) = (m.config.n_layers, m.config.ffn_dim, m.config.vocab_size);
-        let modes = [
-            Sparsity::Dense,
-            Sparsity::Dense,
-            Sparsity::ExactRelu,
-            Sparsity::Threshold(vec![0.02; n]),
-            Sparsity::Predictor {
-                layers: predictors(&m),
-                input: PredictorInput::FfnInp,
-                experts: Vec::new(),
-            },
-        ];
+        // Two dense slots, then one in each mode.
+        let modes: Vec<Sparsity> = [Sparsity::Dense]
+            .into_iter()
+            .chain(every_mode(&m))
+            .collect();
         let mut layout = Layout::all_gpu(n, ffn);
         layout.hot = half_hot(ffn, n);
         let prompts: [&[u32]; 5] = [
