@@ -453,9 +453,7 @@ impl Session {
                 match s.feed(t, Logits::Steps, || Ok(())) {
                     Ok(l) => out.push(l),
                     Err(e) => {
-                        for (s, &n) in sessions.iter_mut().zip(&starts) {
-                            s.truncate(n);
-                        }
+                        cut_back(sessions, &starts);
                         return Err(e);
                     }
                 }
@@ -494,9 +492,7 @@ impl Session {
         let vocab = model.config.vocab_size.max(1);
         for (i, logits) in out.iter().enumerate() {
             if let Some(bad) = logits.iter().position(|v| !v.is_finite()) {
-                for (s, &n) in sessions.iter_mut().zip(&starts) {
-                    s.truncate(n);
-                }
+                cut_back(sessions, &starts);
                 powerinfer_core::bail!(
                     Other,
                     "the forward pass gave non-finite logits at position {} (token id {}); \
@@ -594,5 +590,12 @@ impl Session {
             Logits::All | Logits::Steps => all,
             Logits::Last => last,
         })
+    }
+}
+
+/// Every session back to its length in `starts` (a refused [`Session::decode_slots`]).
+fn cut_back(sessions: &mut [&mut Session], starts: &[usize]) {
+    for (s, &n) in sessions.iter_mut().zip(starts) {
+        s.truncate(n);
     }
 }

@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import _core
 from ..errors import UnsupportedError
+from .prefix_cache import common_prefix
 from .sampling import distribution
 from .speculative import Draft, SamplingState, merged_counts
 
@@ -79,16 +80,7 @@ class DraftModel:
 
     def _sync(self, history: Sequence[int]) -> np.ndarray:
         """Bring the cache to ``history``; the logits after its last token."""
-        held = self._context
-        if list(history[: len(held)]) == held:  # the usual case, compared at C speed
-            common = len(held)
-        else:
-            common = 0
-            for a, b in zip(held, history):
-                if a != b:
-                    break
-                common += 1
-        common = min(common, len(history) - 1)
+        common = min(common_prefix(self._context, history), len(history) - 1)
         self.rewind(common)
         todo = [int(t) for t in history[common:]]
         try:

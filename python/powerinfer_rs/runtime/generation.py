@@ -17,6 +17,7 @@ from ..errors import ContextOverflowError, ShapeError, TokenError
 from .chat import format_chat
 from .checks import check_int, check_seed
 from .constrain import Constraint, Grammar, grammar_of
+from .prefix_cache import common_prefix
 from .sampling import SamplingParams, log_probs, sample
 from .speculative import (
     DEFAULT_DRAFT_MAX,
@@ -562,12 +563,8 @@ class Generation:
         the tokens computed now before the last are never a single token when a fresh context
         would batch them."""
         n = len(ids)
-        common = 0
-        for a, b in zip(self._context, ids):
-            if a != b:
-                break
-            common += 1
-        common = min(common, n - 1, self._batched)  # always recompute the last token's logits
+        # The last token's logits are always recomputed.
+        common = min(common_prefix(self._context, ids), n - 1, self._batched)
         if n - 1 < 2:
             common = 0  # a fresh context computes a lone first token by the one-token path too
         elif n - 1 - common == 1:

@@ -23,7 +23,8 @@ MIN_ENTRY_TOKENS = 2
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """The number of leading tokens ``a`` and ``b`` share."""
+    """The number of leading tokens ``a`` and ``b`` share (the usual case, one a prefix of the
+    other, compared at C speed)."""
     n = min(len(a), len(b))
     if list(a[:n]) == list(b[:n]):
         return n
