@@ -3,6 +3,7 @@
 //! path is tested against them. [`sparse`] holds the sparse kernels' references.
 
 pub mod sparse;
+pub mod x8;
 
 use half::f16;
 use powerinfer_core::{DType, Result, Weight};

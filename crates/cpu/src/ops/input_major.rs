@@ -296,8 +296,10 @@ mod tests {
             crate::matvec(&w, &x, &mut dense).unwrap();
             let (_, tol) = reference(&w, &x, &vec![true; cols], m.group);
             for r in 0..300 {
+                // The dense matvec computes with the int8 x̂ on x86: it may sit that far off.
+                let gap = crate::testutil::x8_gap(crate::simd::level(), dtype, w.row(r), &x);
                 assert!(
-                    (y[r] - dense[r]).abs() as f64 <= 2.0 * tol[r],
+                    (y[r] - dense[r]).abs() as f64 <= 2.0 * tol[r] + gap,
                     "{dtype} [{r}]"
                 );
             }

@@ -256,7 +256,7 @@ mod tests {
     use crate::testutil::sparse::{
         abs_dot, assert_close_plus, cols_for, down_scale, rounding_slack, subset, ACTS,
     };
-    use crate::testutil::{is_shape, qcols, random_weight, Rng};
+    use crate::testutil::{is_shape, qcols, random_weight, x_seen, Rng};
     use powerinfer_core::{Activation, DType};
 
     /// The f64 reference of what `sparse_ffn` computes with ReLU-style `fire` (activation
@@ -274,25 +274,30 @@ mod tests {
         let mut coef = vec![];
         let mut want = vec![0f32; down.cols];
         let mut h = vec![];
+        // Each product against the x it is computed with (x̂ for quantized rows on x86).
+        let xg = x_seen(level, gate.dtype, x);
         for &i in ids {
-            let g = reference::dot_row_f64(gate.dtype, gate.row(i as usize), x);
+            let g = reference::dot_row_f64(gate.dtype, gate.row(i as usize), &xg);
             let a = act.apply(g as f32);
             if a == 0.0 {
                 continue;
             }
             // The f64 up value and its error scale (1 without an up matrix).
             let (u, su) = match ffn.up {
-                Some(w) => (
-                    reference::dot_row_f64(w.dtype, w.row(i as usize), x),
-                    abs_dot(w, i, x),
-                ),
+                Some(w) => {
+                    let xu = x_seen(level, w.dtype, x);
+                    (
+                        reference::dot_row_f64(w.dtype, w.row(i as usize), &xu),
+                        abs_dot(w, i, &xu),
+                    )
+                }
                 None => (1.0, 1.0),
             };
             fired.push(i);
             h.push((a as f64 * u) as f32);
             // An activation's slope is at most ~1.13 (GELU): the gate's dot error reaches h
             // scaled by at most that, times |u|; the up error by |a|.
-            coef.push((a.abs() as f64 + 1.2 * abs_dot(gate, i, x)) * su);
+            coef.push((a.abs() as f64 + 1.2 * abs_dot(gate, i, &xg)) * su);
         }
         reference::sparse::axpy_rows(down, &fired, &h, &mut want).unwrap();
         let scale = down_scale(down, &fired, &coef);
@@ -318,11 +323,12 @@ mod tests {
             GateRows::All => &all[..],
             GateRows::Listed(ids) => ids,
         };
+        let xg = x_seen(level, ws[0].dtype, x);
         for act in ACTS {
             // Fire where the f64 gate value is clear of zero by its own rounding bound, so the
             // kernel's and the reference's decisions agree.
-            let margin = |i: u32| 2e-4 * abs_dot(&ws[0], i, x) + 1e-6;
-            let g64 = |i: u32| reference::dot_row_f64(ws[0].dtype, ws[0].row(i as usize), x);
+            let margin = |i: u32| 2e-4 * abs_dot(&ws[0], i, &xg) + 1e-6;
+            let g64 = |i: u32| reference::dot_row_f64(ws[0].dtype, ws[0].row(i as usize), &xg);
             let clear: Vec<u32> = ids
                 .iter()
                 .copied()

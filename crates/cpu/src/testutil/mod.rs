@@ -94,6 +94,69 @@ pub(crate) fn assert_dot_close(got: f32, dtype: DType, row: &[u8], x: &[f32], wh
     );
 }
 
+/// Whether a product of `dtype` rows with `x` on `level` takes the int8-x kernels (quantized
+/// rows on the x86 levels, x finite and whole 32-blocks): it then computes with x̂, the int8 x.
+pub(crate) fn takes_x8(level: crate::simd::Level, dtype: DType, x: &[f32]) -> bool {
+    level.is_x86_simd() && dtype.is_quantized() && crate::reference::x8::x8_hat(x).is_some()
+}
+
+/// Allowed |error| of an int8-x dot against the float64 dot of the same weights and the same
+/// x̂, relative to Σ|w·x̂|: the f32 roundings of its accumulation alone (a unit roundoff per
+/// 32-block in a lane, a few more for the scales and the final sum).
+pub(crate) fn x8_tol(cols: usize) -> f64 {
+    f64::from(f32::EPSILON) * (cols / 32 + 16) as f64
+}
+
+/// The x a product of `dtype` rows computes with on `level`: x̂ where it takes the int8-x
+/// kernels ([`takes_x8`]), else x itself.
+pub(crate) fn x_seen(level: crate::simd::Level, dtype: DType, x: &[f32]) -> Vec<f32> {
+    match takes_x8(level, dtype, x) {
+        true => crate::reference::x8::x8_hat(x).unwrap(),
+        false => x.to_vec(),
+    }
+}
+
+/// Panic unless `got`, a dot of `row` with `x` computed on `level`, is right: within the f32
+/// roundings of the float64 dot with x̂ where the level takes the int8-x kernels (exact on the
+/// same quantized x), else within the f32-x bound of [`assert_dot_close`].
+pub(crate) fn assert_dot_seen(
+    got: f32,
+    level: crate::simd::Level,
+    dtype: DType,
+    row: &[u8],
+    x: &[f32],
+    what: &str,
+) {
+    if !takes_x8(level, dtype, x) {
+        return assert_dot_close(got, dtype, row, x, what);
+    }
+    let hat = crate::reference::x8::x8_hat(x).unwrap();
+    let want = crate::reference::dot_row_f64(dtype, row, &hat);
+    let scale = crate::reference::abs_dot_row(dtype, row, &hat);
+    let err = (got as f64 - want).abs();
+    let tol = x8_tol(x.len()) * scale + 1e-30;
+    assert!(
+        err <= tol,
+        "{what} {dtype} cols {} (int8 x): got {got}, want {want}, err {err:e} > tol {tol:e}",
+        x.len()
+    );
+}
+
+/// How far the int8 x can move a dot of `row` on `level`: Σ|w|·|x − x̂| where the level takes
+/// the int8-x kernels, else 0 (a bound, not an estimate).
+pub(crate) fn x8_gap(level: crate::simd::Level, dtype: DType, row: &[u8], x: &[f32]) -> f64 {
+    if !takes_x8(level, dtype, x) {
+        return 0.0;
+    }
+    let hat = crate::reference::x8::x8_hat(x).unwrap();
+    let mut w = vec![0f32; x.len()];
+    crate::reference::dequantize_row(dtype, row, &mut w).unwrap();
+    w.iter()
+        .zip(x.iter().zip(&hat))
+        .map(|(&wi, (&a, &b))| (wi as f64).abs() * (a as f64 - b as f64).abs())
+        .sum()
+}
+
 /// Column counts valid for `dtype` that exercise tails: odd ones for the float formats.
 pub(crate) fn test_cols(dtype: DType) -> &'static [usize] {
     if dtype.is_k_quant() {

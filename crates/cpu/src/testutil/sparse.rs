@@ -153,9 +153,11 @@ impl Case {
         for w in [&self.gate, &self.up, &self.down] {
             let mut got = vec![f32::NAN; idx.len()];
             matvec_rows_at(level, w, x, idx, &mut got).unwrap();
+            // Against the x the level computes with (the int8 x̂ for quantized rows on x86).
+            let seen = super::x_seen(level, w.dtype, x);
             let mut want = vec![0f32; idx.len()];
-            reference::sparse::matvec_rows(w, x, idx, &mut want).unwrap();
-            let scale: Vec<f64> = idx.iter().map(|&i| abs_dot(w, i, x)).collect();
+            reference::sparse::matvec_rows(w, &seen, idx, &mut want).unwrap();
+            let scale: Vec<f64> = idx.iter().map(|&i| abs_dot(w, i, &seen)).collect();
             assert_close(
                 &got,
                 &want,
@@ -181,16 +183,19 @@ impl Case {
         for act in ACTS {
             let (gw, uw, dw) = (&self.gate, &self.up, &self.down);
             let got = sparse_ffn(level, [gw, uw, dw], act, x, idx);
-            let mut want = vec![0f32; x.len()];
-            reference::sparse::ffn_gate_up_down_sparse(gw, uw, dw, act, x, idx, &mut want).unwrap();
+            let (xg, xu) = (
+                super::x_seen(level, gw.dtype, x),
+                super::x_seen(level, uw.dtype, x),
+            );
+            let want = ffn_on_seen_x(level, [gw, uw, dw], act, x, idx);
             // An activation's slope is at most ~1.13 (GELU), so the gate's dot error reaches h
             // scaled by at most that; the up error by |act(gate)|.
             let coef: Vec<f64> = idx
                 .iter()
                 .map(|&i| {
-                    let gd = crate::reference::dot_row_f64(gw.dtype, gw.row(i as usize), x);
+                    let gd = crate::reference::dot_row_f64(gw.dtype, gw.row(i as usize), &xg);
                     let gk = act.apply(gd as f32).abs() as f64;
-                    (gk + 1.2 * abs_dot(gw, i, x)) * abs_dot(uw, i, x)
+                    (gk + 1.2 * abs_dot(gw, i, &xg)) * abs_dot(uw, i, &xu)
                 })
                 .collect();
             let scale = down_scale(dw, idx, &coef);
@@ -199,6 +204,33 @@ impl Case {
             assert_close_plus(&got, &want, &scale, &slack, &what);
         }
     }
+}
+
+/// [`reference::sparse::ffn_gate_up_down_sparse`] with each of gate and up dotted with the x it
+/// is computed with on `level` ([`super::x_seen`]): in f64.
+fn ffn_on_seen_x(
+    level: Level,
+    [gate, up, down_t]: [&Weight; 3],
+    act: Activation,
+    x: &[f32],
+    idx: &[u32],
+) -> Vec<f32> {
+    let (xg, xu) = (
+        super::x_seen(level, gate.dtype, x),
+        super::x_seen(level, up.dtype, x),
+    );
+    let mut acc = vec![0f64; down_t.cols];
+    for &i in idx {
+        let gk = act.apply(reference::dot_row_f64(gate.dtype, gate.row(i as usize), &xg) as f32);
+        if gk == 0.0 {
+            continue;
+        }
+        let h = gk as f64 * reference::dot_row_f64(up.dtype, up.row(i as usize), &xu);
+        for (a, v) in acc.iter_mut().zip(row_f64(down_t, i)) {
+            *a += h * v;
+        }
+    }
+    acc.iter().map(|&v| v as f32).collect()
 }
 
 /// Columns valid for `dtype`: odd for the float formats, whole blocks for the quantized ones.

@@ -19,6 +19,9 @@ mod dequant;
 mod dot;
 mod formats;
 mod int16;
+pub(crate) mod int8;
+mod int8_formats;
+mod int8_rows;
 mod int_tile;
 mod kquant;
 mod q4_axpy;
@@ -41,6 +44,9 @@ use crate::operands::attention::{Head, ScoreBlock, ValueBlock};
 use crate::simd::{debug_check_level, debug_check_wide};
 use formats::Format;
 pub(crate) use int16::XQuant;
+pub(crate) use int8::X8;
+use int8_rows::with_int8;
+pub(crate) use int8_rows::TOKENS as X8_TOKENS;
 pub(crate) use int_tile::{
     rows_times_tokens as int_tile_rows, token_fits as int_tile_fits, XTile,
     TILE_ROWS as INT_TILE_ROWS,
@@ -255,6 +261,100 @@ pub(crate) fn rows_dot_tokens(
         }
     }
     true
+}
+
+/// `outs[t][i]` = dot(row i, token `xs[t]`) over consecutive quantized rows of `dtype`
+/// (`outs[t].len()` of them), on the int8 x (see [`int8_rows`]): each token's values are the
+/// same bits whatever tokens share the call, and on both instruction sets. `vnni`: take the
+/// AVX-512 VNNI form (only on the AVX-512 level).
+pub(crate) fn rows_dot_x8(
+    dtype: DType,
+    rows: &[u8],
+    row_bytes: usize,
+    xs: &[&X8],
+    outs: &mut [&mut [f32]],
+    vnni: bool,
+) {
+    debug_check_level();
+    debug_check_wide(vnni);
+    let count = outs.first().map_or(0, |o| o.len());
+    let blocks = xs.first().map_or(0, |x| x.blocks());
+    let want = dtype.row_bytes(32 * blocks).unwrap_or(usize::MAX);
+    assert!(dtype.is_quantized() && outs.len() == xs.len());
+    assert!(outs.iter().all(|o| o.len() == count) && xs.iter().all(|x| x.blocks() == blocks));
+    assert!(rows.len() >= count * row_bytes && row_bytes >= want);
+    let base = rows.as_ptr();
+    let full = count / QROWS * QROWS;
+    let ahead = prefetch_tiles(QROWS * row_bytes);
+    for (xs, outs) in xs.chunks(X8_TOKENS).zip(outs.chunks_mut(X8_TOKENS)) {
+        for g in 0..full / QROWS {
+            let p: [*const u8; QROWS] =
+                std::array::from_fn(|i| base.wrapping_add((g * QROWS + i) * row_bytes));
+            // A later tile's rows (PREFETCH_BYTES ahead), fetched chunk by chunk in step; the
+            // last tiles re-touch their own rows.
+            let next = match (g + ahead) * QROWS < full {
+                true => (g + ahead) * QROWS,
+                false => g * QROWS,
+            };
+            let q: [*const u8; QROWS] =
+                std::array::from_fn(|i| base.wrapping_add((next + i) * row_bytes));
+            // SAFETY: features detected by the dispatcher (VNNI where `vnni`); the asserts keep
+            // rows g·QROWS.. inside `rows`, each with `blocks` blocks; `q` is only prefetched.
+            let got = with_int8!(dtype, F => unsafe {
+                int8_rows::rows_of::<F, QROWS, true>(vnni, &p, &q, xs, blocks)
+            }, else => unreachable!("{dtype} is not quantized"));
+            for (t, o) in outs.iter_mut().enumerate() {
+                for (i, r) in got.iter().enumerate() {
+                    o[g * QROWS + i] = r[t];
+                }
+            }
+        }
+        for i in full..count {
+            let p = [base.wrapping_add(i * row_bytes)];
+            // SAFETY: as above, for the single row i.
+            let got = with_int8!(dtype, F => unsafe {
+                int8_rows::rows_of::<F, 1, false>(vnni, &p, &p, xs, blocks)
+            }, else => unreachable!("{dtype} is not quantized"));
+            for (t, o) in outs.iter_mut().enumerate() {
+                o[i] = got[0][t];
+            }
+        }
+    }
+}
+
+/// out[i] = dot(rows[i], x) for up to 8 scattered quantized rows (each at least `x.blocks()`
+/// blocks of `dtype`) on the int8 x, fetching the `next` rows (up to as many, read next by the
+/// caller) into the cache in step; each value the bits [`rows_dot_x8`] gives that row.
+pub(crate) fn scattered_dot_x8(
+    dtype: DType,
+    rows: &[&[u8]],
+    next: &[&[u8]],
+    x: &X8,
+    out: &mut [f32],
+    vnni: bool,
+) {
+    debug_check_level();
+    debug_check_wide(vnni);
+    let want = dtype.row_bytes(32 * x.blocks()).unwrap_or(usize::MAX);
+    assert!(
+        dtype.is_quantized()
+            && rows.len() == out.len()
+            && rows.len() <= 8
+            && next.len() <= 8
+            && rows.iter().all(|r| r.len() >= want)
+    );
+    with_rows!(rows.len(), R => {
+        let p: [*const u8; R] = std::array::from_fn(|i| rows[i].as_ptr());
+        let q: [*const u8; R] = std::array::from_fn(|i| next.get(i).map_or(p[i], |r| r.as_ptr()));
+        // SAFETY: features detected by the dispatcher (VNNI where `vnni`); the assert keeps
+        // every row's blocks readable; `q` is only prefetched.
+        let got = with_int8!(dtype, F => unsafe {
+            int8_rows::rows_of::<F, R, true>(vnni, &p, &q, &[x], x.blocks())
+        }, else => unreachable!("{dtype} is not quantized"));
+        for (o, r) in out.iter_mut().zip(&got) {
+            *o = r[0];
+        }
+    })
 }
 
 /// out[i] = dot(rows[i], x) for up to 8 scattered quantized rows (each at least `xq.blocks()`
