@@ -15,6 +15,9 @@ def decode_slots(
 def simd_level() -> str:
     """Which SIMD path the CPU kernels use ("avx2+fma+f16c", "scalar", ...)."""
 
+def numerics() -> str:
+    """The quantized products' activations: "int16" (default) or "int8" (POWERINFER_RS_NUMERICS)."""
+
 def measure_read_bandwidth(bytes: int = ..., iters: int = ..., threads: int = ...) -> float:
     """Read bandwidth in GB/s with `threads` threads (0 = all cores)."""
 

@@ -5,6 +5,7 @@
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::avx2;
 use crate::kernels::scalar;
+use crate::numerics::{numerics, Numerics};
 use crate::operands::attention::{Head, ScoreBlock, ValueBlock};
 use crate::simd::Level;
 use powerinfer_core::DType;
@@ -202,50 +203,82 @@ pub(crate) fn read_sum(level: Level, data: &[u64]) -> u64 {
 }
 
 /// One x prepared for dot products with weight rows on a level: on the x86 levels, quantized
-/// rows take the int8-x kernels (`kernels::avx2::int8_rows`), x quantized once (when it is
-/// finite and whole 32-blocks) and shared by every product that reads it; other rows are dotted
-/// with x itself.
+/// rows take the quantized-x kernels of the process's [`Numerics`] (int16 x, or int8 x of
+/// `kernels::avx2::int8_rows`), x quantized once (when it is finite and whole 32-blocks) and
+/// shared by every product that reads it; other rows are dotted with x itself.
 pub(crate) struct Activations<'a> {
     level: Level,
     x: &'a [f32],
     #[cfg(target_arch = "x86_64")]
-    xq: Option<avx2::X8>,
+    xq: Option<avx2::XQuant>,
+    #[cfg(target_arch = "x86_64")]
+    x8: Option<avx2::X8>,
 }
 
 impl<'a> Activations<'a> {
     /// `x` prepared for rows of some formats (`quantized`: whether any of them is quantized).
     pub(crate) fn new(level: Level, x: &'a [f32], quantized: bool) -> Activations<'a> {
-        let int8 = quantized && x.len().is_multiple_of(32);
+        Self::with_numerics(level, numerics(), x, quantized)
+    }
+
+    /// As [`Activations::new`], with the given numerics.
+    pub(crate) fn with_numerics(
+        level: Level,
+        numerics: Numerics,
+        x: &'a [f32],
+        quantized: bool,
+    ) -> Activations<'a> {
+        let whole = quantized && x.len().is_multiple_of(32);
+        let (int16, int8) = match numerics {
+            Numerics::Int16 => (whole, false),
+            Numerics::Int8 => (false, whole),
+        };
         Activations {
             level,
             x,
             #[cfg(target_arch = "x86_64")]
             xq: by_level!(level,
+                avx2 => int16.then(|| avx2::XQuant::new(x)).flatten(),
+                scalar => None,
+            ),
+            #[cfg(target_arch = "x86_64")]
+            x8: by_level!(level,
                 avx2 => int8.then(|| avx2::X8::new(x)).flatten(),
                 scalar => None,
             ),
         }
     }
 
-    /// Whether the 512-bit kernels (and VNNI) run (the AVX-512 level).
+    /// Whether the 512-bit kernels run (the AVX-512 level).
     #[cfg(target_arch = "x86_64")]
     #[inline]
     fn wide(&self) -> bool {
         wide(self.level)
     }
 
+    /// The int16 x, where quantized rows of `dtype` take the int16-x kernel.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    fn int16(&self, dtype: DType) -> Option<&avx2::XQuant> {
+        self.xq.as_ref().filter(|_| dtype.is_quantized())
+    }
+
     /// The int8 x, where quantized rows of `dtype` take the int8-x kernels.
     #[cfg(target_arch = "x86_64")]
     #[inline]
     fn int8(&self, dtype: DType) -> Option<&avx2::X8> {
-        self.xq.as_ref().filter(|_| dtype.is_quantized())
+        self.x8.as_ref().filter(|_| dtype.is_quantized())
     }
 
     /// out[i] = dot(row i, x) over consecutive rows of `row_bytes` bytes.
     pub(crate) fn rows_dot(&self, dtype: DType, rows: &[u8], row_bytes: usize, out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        if let Some(xq) = self.int8(dtype) {
-            return avx2::rows_dot_x8(dtype, rows, row_bytes, &[xq], &mut [out], self.wide());
+        if let Some(x8) = self.int8(dtype) {
+            return avx2::rows_dot_x8(dtype, rows, row_bytes, &[x8], &mut [out], self.wide());
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(xq) = self.int16(dtype) {
+            return avx2::rows_dot_i16(dtype, rows, row_bytes, xq, out, self.wide());
         }
         rows_dot(self.level, dtype, rows, row_bytes, self.x, out)
     }
@@ -256,8 +289,12 @@ impl<'a> Activations<'a> {
     pub(crate) fn group_dot(&self, dtype: DType, rows: &[&[u8]], next: &[&[u8]], out: &mut [f32]) {
         debug_assert!(rows.len() == out.len() && rows.len() <= GROUP && next.len() <= GROUP);
         #[cfg(target_arch = "x86_64")]
-        if let Some(xq) = self.int8(dtype) {
-            return avx2::scattered_dot_x8(dtype, rows, next, xq, out, self.wide());
+        if let Some(x8) = self.int8(dtype) {
+            return avx2::scattered_dot_x8(dtype, rows, next, x8, out, self.wide());
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(xq) = self.int16(dtype) {
+            return avx2::scattered_dot_i16(dtype, rows, next, xq, out, self.wide());
         }
         by_level!(self.level,
             avx2 => avx2::dot_group(dtype, rows, next, self.x, out, self.wide()),
@@ -267,12 +304,20 @@ impl<'a> Activations<'a> {
 }
 
 /// Several tokens' x prepared for dot products with the same weight rows (speculative
-/// verification, parallel slots): each token's [`Activations`]. Quantized rows take the int8-x
-/// kernel once for all the tokens (each row decoded once for all of them); every token's dots
-/// are bit-identical to its own [`Activations::rows_dot`].
+/// verification): each token's [`Activations`]; on the AVX-512 level the split-byte formats
+/// take the several-token kernel (`kernels::avx2::split8_tokens`), which unpacks each block's
+/// quants once for all the tokens. Every token's dots are bit-identical to its own
+/// [`Activations::rows_dot`].
 pub(crate) struct Tokens<'a> {
     acts: Vec<Activations<'a>>,
+    /// Every token's int16 x in the several-token kernel's lane order, where every token has
+    /// its int16 x and the level the kernel (else empty).
+    #[cfg(target_arch = "x86_64")]
+    lanes: Vec<avx2::XLanes>,
 }
+
+/// Take the several-token kernel where it exists; `false` dots every token on its own.
+const TOKENS_TOGETHER: bool = true;
 
 impl<'a> Tokens<'a> {
     /// The tokens of `x` (rows of `cols` values) prepared for rows of some formats
@@ -282,7 +327,20 @@ impl<'a> Tokens<'a> {
             .chunks_exact(cols.max(1))
             .map(|t| Activations::new(level, t, quantized))
             .collect();
-        Tokens { acts }
+        #[cfg(target_arch = "x86_64")]
+        let lanes = match TOKENS_TOGETHER && wide(level) && acts.len() > 1 {
+            true => acts
+                .iter()
+                .map(|a| a.xq.as_ref().map(avx2::XLanes::new))
+                .collect::<Option<Vec<_>>>()
+                .unwrap_or_default(),
+            false => Vec::new(),
+        };
+        Tokens {
+            acts,
+            #[cfg(target_arch = "x86_64")]
+            lanes,
+        }
     }
 
     /// `outs[t][i]` = dot(row i, token t) over consecutive rows of `row_bytes` bytes
@@ -302,8 +360,17 @@ impl<'a> Tokens<'a> {
             .map(|a| a.int8(dtype))
             .collect::<Option<Vec<_>>>()
         {
+            // The int8 kernel takes every token at once, each row decoded once for them all.
             let wide = self.acts.first().is_some_and(|a| a.wide());
             return avx2::rows_dot_x8(dtype, rows, row_bytes, &xs, outs, wide);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if !self.lanes.is_empty() && dtype.is_quantized() {
+            let xs: Vec<&avx2::XQuant> = self.acts.iter().filter_map(|a| a.xq.as_ref()).collect();
+            let lanes: Vec<&avx2::XLanes> = self.lanes.iter().collect();
+            if avx2::rows_dot_tokens(dtype, rows, row_bytes, &xs, &lanes, outs) {
+                return;
+            }
         }
         for (a, out) in self.acts.iter().zip(outs.iter_mut()) {
             a.rows_dot(dtype, rows, row_bytes, out);

@@ -2,8 +2,10 @@
 //! format in [`DType`](powerinfer_core::DType), parallel on the caller's rayon pool, with
 //! runtime-dispatched AVX2/FMA/F16C paths and a portable scalar fallback.
 //!
-//! Activations stay in f32 (they are never quantized); products accumulate in f32. The
-//! [`reference`] module holds plain f64 loops every fast path is tested against.
+//! Quantized rows on the x86 levels are dotted with x quantized once per vector: int16 per
+//! 32-block by default, int8 per 32-block (a scale per 16 values) where [`numerics`] says so;
+//! other products take f32 x, and every product accumulates in f32. The [`reference`] module
+//! holds plain f64 loops every fast path is tested against.
 //!
 //! Layout: `ops` holds the public operations (shape checks, the parallel split), `kernels` the
 //! per-ISA kernels (`kernels::scalar`, `kernels::avx2`), `dispatch` the one place that picks
@@ -15,6 +17,7 @@ mod bandwidth;
 mod check;
 mod dispatch;
 mod kernels;
+pub mod numerics;
 mod operands;
 mod ops;
 mod pool_start;
@@ -24,6 +27,7 @@ mod simd;
 mod testutil;
 
 pub use bandwidth::{measure_format_bandwidth, measure_read_bandwidth, pseudo_random_weight};
+pub use numerics::{numerics, Numerics, NUMERICS_ENV};
 pub use operands::attention::HeadCache;
 pub use operands::input_major::{ActiveInput, InputMajor};
 pub use ops::attend::attend_head;

@@ -25,6 +25,13 @@ fn simd_level() -> &'static str {
     powerinfer_cpu::simd_level()
 }
 
+/// Which activations the quantized products take on the x86 levels: "int16" (the default) or
+/// "int8" (opt-in, `POWERINFER_RS_NUMERICS=int8` before the first product).
+#[pyfunction]
+fn numerics() -> &'static str {
+    powerinfer_cpu::numerics().name()
+}
+
 /// Run `f` on a fresh pool of `threads` threads (0 = all cores), detached from the GIL: the
 /// machine probes' common frame.
 fn on_pool<T: Send>(
@@ -118,6 +125,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<plan::PyPlan>()?;
     m.add_function(wrap_pyfunction!(slots::decode_slots, m)?)?;
     m.add_function(wrap_pyfunction!(simd_level, m)?)?;
+    m.add_function(wrap_pyfunction!(numerics, m)?)?;
     m.add_function(wrap_pyfunction!(measure_read_bandwidth, m)?)?;
     m.add_function(wrap_pyfunction!(measure_dispatch, m)?)?;
     m.add_function(wrap_pyfunction!(measure_format_bandwidth, m)?)?;

@@ -1,6 +1,6 @@
-//! x quantized once per vector to int8 in blocks of 32 ([`X8`]): the activations of every
-//! quantized product on the x86 levels (see [`super::int8_rows`]). The quantization is
-//! `crate::reference::x8` computed with AVX2, bit for bit.
+//! x quantized once per vector to int8 in blocks of 32 with a scale per 16-value half ([`X8`]):
+//! the activations of every quantized product on the x86 levels (see [`super::int8_rows`]). The
+//! quantization is `crate::reference::x8` computed with AVX2, bit for bit.
 //!
 //! Besides the quants and a scale per block, an [`X8`] carries what the weight formats' offsets
 //! need, computed once here instead of once per row:
@@ -8,7 +8,8 @@
 //!   product over a block (lane j: quants 4j..4j + 4). A format whose quants are stored with a
 //!   bias (Q4_0's 8, Q5_0's 16, Q3_K's 4, Q6_K's 32) starts its integer dot from it (shifted),
 //!   so the bias is taken exactly, in integers.
-//! - `s` and `s16`: d·Σq per 32-block and per 16-value half, for the formats with stored mins
+//! - `dv`: each block's two scales in the lanes of its dot (lanes 0..4: the first half's).
+//! - `s` and `s16`: Σ d·q per 32-block and per 16-value half, for the formats with stored mins
 //!   (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K): the min times the sum of the very x̂ the quants are dotted
 //!   with.
 
@@ -24,9 +25,10 @@ pub(super) const CHUNK: usize = 8;
 pub(crate) struct X8 {
     /// The quants, 32 per block.
     pub(super) q: Vec<i8>,
-    /// Per block: its scale d (x̂ = d·q); padded to whole chunks with zeros.
-    pub(super) d: Vec<f32>,
-    /// Per block: d·Σq; padded as `d`.
+    /// Per block, eight lanes: the scale d of its first half (x̂ = d·q) in lanes 0..4, of its
+    /// second half in lanes 4..8.
+    pub(super) dv: Vec<f32>,
+    /// Per block: Σ d·q (the halves' sums added); padded to whole chunks with zeros.
     pub(super) s: Vec<f32>,
     /// Per 16-value half-block: d·Σq over the half; padded to 16 per chunk.
     pub(super) s16: Vec<f32>,
@@ -46,7 +48,7 @@ impl X8 {
         let padded = blocks.next_multiple_of(CHUNK);
         let mut xq = X8 {
             q: vec![0; blocks * 32],
-            d: vec![0.0; padded],
+            dv: vec![0.0; blocks * 8],
             s: vec![0.0; padded],
             s16: vec![0.0; 2 * padded],
             neg8: vec![0; blocks * 8],
@@ -81,24 +83,24 @@ unsafe fn quantize(x: &[f32], xq: &mut X8) -> bool {
             let xb = x.as_ptr().add(32 * b);
             let v = [0, 8, 16, 24].map(|k| _mm256_loadu_ps(xb.add(k)));
             let abs = v.map(|vk| _mm256_andnot_ps(sign, vk));
-            let amax = hmax(_mm256_max_ps(
-                _mm256_max_ps(abs[0], abs[1]),
-                _mm256_max_ps(abs[2], abs[3]),
-            ));
+            let amax = [
+                hmax(_mm256_max_ps(abs[0], abs[1])),
+                hmax(_mm256_max_ps(abs[2], abs[3])),
+            ];
             // max_ps drops a NaN in its second operand: test the values themselves.
             let bad = v.iter().fold(_mm256_setzero_ps(), |m, &vk| {
                 _mm256_or_ps(m, _mm256_cmp_ps::<_CMP_UNORD_Q>(vk, vk))
             });
-            if !amax.is_finite() || _mm256_movemask_ps(bad) != 0 {
+            if !amax.iter().all(|a| a.is_finite()) || _mm256_movemask_ps(bad) != 0 {
                 return false;
             }
-            let inv = match X8_MAX / amax {
-                inv if amax > 0.0 && inv.is_finite() => inv,
-                _ => 0.0,
-            };
-            let inv = _mm256_set1_ps(inv);
+            let inv = amax.map(|a| match X8_MAX / a {
+                inv if a > 0.0 && inv.is_finite() => _mm256_set1_ps(inv),
+                _ => _mm256_setzero_ps(),
+            });
             // Round to nearest even (the default MXCSR mode), as `round_ties_even`.
-            let i = v.map(|vk| _mm256_cvtps_epi32(_mm256_mul_ps(vk, inv)));
+            let i: [__m256i; 4] =
+                std::array::from_fn(|k| _mm256_cvtps_epi32(_mm256_mul_ps(v[k], inv[k / 2])));
             let w = _mm256_packs_epi16(
                 _mm256_packs_epi32(i[0], i[1]),
                 _mm256_packs_epi32(i[2], i[3]),
@@ -112,11 +114,13 @@ unsafe fn quantize(x: &[f32], xq: &mut X8) -> bool {
             let mut l = [0i32; 8];
             _mm256_storeu_si256(l.as_mut_ptr().cast(), sum4);
             let (h0, h1) = (l[..4].iter().sum::<i32>(), l[4..].iter().sum::<i32>());
-            let d = amax / X8_MAX;
-            *xq.d.get_unchecked_mut(b) = d;
-            *xq.s.get_unchecked_mut(b) = d * (h0 + h1) as f32;
-            *xq.s16.get_unchecked_mut(2 * b) = d * h0 as f32;
-            *xq.s16.get_unchecked_mut(2 * b + 1) = d * h1 as f32;
+            let d = amax.map(|a| a / X8_MAX);
+            let dv = _mm256_setr_ps(d[0], d[0], d[0], d[0], d[1], d[1], d[1], d[1]);
+            _mm256_storeu_ps(xq.dv.as_mut_ptr().add(8 * b), dv);
+            let (s0, s1) = (d[0] * h0 as f32, d[1] * h1 as f32);
+            *xq.s.get_unchecked_mut(b) = s0 + s1;
+            *xq.s16.get_unchecked_mut(2 * b) = s0;
+            *xq.s16.get_unchecked_mut(2 * b + 1) = s1;
         }
     }
     true
@@ -140,7 +144,7 @@ mod tests {
         cases.push(outliers);
         cases.push(vec![0.0; 64]);
         cases.push(vec![1e-39; 32]);
-        cases.push((0..32).map(|i| (i as f32 - 15.5) * 2e37).collect());
+        cases.push((0..32).map(|i| (i as f32 - 15.5) * 2e35).collect());
         // x·127/max|x| lands on k + 0.5 for these: ties go to even.
         cases.push(
             (0..32)
@@ -151,13 +155,18 @@ mod tests {
             let xq = X8::new(&x).unwrap();
             let (q, d) = quantize_x8(&x).unwrap();
             assert_eq!(xq.q, q);
-            assert_eq!(&xq.d[..d.len()], &d[..]);
-            assert!(xq.d[d.len()..].iter().all(|&v| v == 0.0));
             for (b, qb) in q.chunks_exact(32).enumerate() {
+                let dv = &xq.dv[8 * b..8 * b + 8];
+                assert!(dv[..4].iter().all(|&v| v == d[2 * b]));
+                assert!(dv[4..].iter().all(|&v| v == d[2 * b + 1]));
                 let sum = |r: std::ops::Range<usize>| qb[r].iter().map(|&v| v as i32).sum::<i32>();
-                assert_eq!(xq.s[b], d[b] * sum(0..32) as f32);
-                assert_eq!(xq.s16[2 * b], d[b] * sum(0..16) as f32);
-                assert_eq!(xq.s16[2 * b + 1], d[b] * sum(16..32) as f32);
+                let (s0, s1) = (
+                    d[2 * b] * sum(0..16) as f32,
+                    d[2 * b + 1] * sum(16..32) as f32,
+                );
+                assert_eq!(xq.s[b], s0 + s1);
+                assert_eq!(xq.s16[2 * b], s0);
+                assert_eq!(xq.s16[2 * b + 1], s1);
                 for j in 0..8 {
                     assert_eq!(xq.neg8[8 * b + j], -8 * sum(4 * j..4 * j + 4));
                 }

@@ -50,11 +50,29 @@ pub(super) trait Int8Format {
     /// Where the mins sit.
     const MINS: Mins;
 
+    /// Whether each block decodes on its own ([`Int8Format::block`], the 32-block formats): a
+    /// one-token kernel then decodes block by block beside its dots instead of chunk by chunk.
+    const BLOCKWISE: bool;
+
     /// The first `n` blocks (1..=8; always 8 for the K-quants) of the chunk at `p`.
     ///
     /// # Safety
     /// `n` blocks readable at `p`; the CPU has AVX2, FMA and F16C.
     unsafe fn decode(p: *const u8, n: usize) -> Decoded;
+
+    /// Block `k`'s quants `u` of the chunk at `p` (as in [`Decoded::q`]); only where
+    /// `BLOCKWISE`.
+    ///
+    /// # Safety
+    /// Block k readable at `p`; the CPU has AVX2, FMA and F16C.
+    unsafe fn block(p: *const u8, k: usize) -> __m256i;
+
+    /// The scales and mins of the first `n` blocks of the chunk at `p` (as in
+    /// [`Decoded::scale`]`[0]` and [`Decoded::min`]`[0]`); only where `BLOCKWISE`.
+    ///
+    /// # Safety
+    /// As for [`Int8Format::decode`].
+    unsafe fn factors(p: *const u8, n: usize) -> (__m256, __m256);
 }
 
 /// 32 unsigned nibbles of the 16 bytes at `q`, in weight order (low nibbles are weights 0..16).
@@ -120,33 +138,51 @@ macro_rules! impl_blocks {
             const BIAS: i32 = $bias;
             const PER16: bool = false;
             const MINS: Mins = $mins;
+            const BLOCKWISE: bool = true;
 
             #[inline]
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn decode(p: *const u8, n: usize) -> Decoded {
-                let bb = <Self as QuantFormat>::BLOCK_BYTES;
                 let mut q = [_mm256_setzero_si256(); 8];
-                // SAFETY: the n blocks at p are readable per the caller: their scales (and mins)
-                // lead each block, their quants follow.
+                // SAFETY: the n blocks at p are readable per the caller.
                 unsafe {
                     for (k, qk) in q.iter_mut().enumerate().take(n) {
-                        *qk = $quants(p.add(k * bb));
+                        *qk = <Self as Int8Format>::block(p, k);
                     }
+                    let (scale, min) = <Self as Int8Format>::factors(p, n);
+                    Decoded {
+                        q,
+                        scale: [scale, _mm256_setzero_ps()],
+                        min: [min, _mm256_setzero_ps()],
+                    }
+                }
+            }
+
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn block(p: *const u8, k: usize) -> __m256i {
+                // SAFETY: block k is readable per the caller; its quants follow its scale (and
+                // min).
+                unsafe { $quants(p.add(k * <Self as QuantFormat>::BLOCK_BYTES)) }
+            }
+
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn factors(p: *const u8, n: usize) -> (__m256, __m256) {
+                let bb = <Self as QuantFormat>::BLOCK_BYTES;
+                // SAFETY: the n blocks at p are readable: their scales (and mins) lead them.
+                unsafe {
                     let min = match $mins {
                         Mins::None => _mm256_setzero_ps(),
                         _ => halves8(p.add(2), bb, n),
                     };
-                    Decoded {
-                        q,
-                        scale: [halves8(p, bb, n), _mm256_setzero_ps()],
-                        min: [min, _mm256_setzero_ps()],
-                    }
+                    (halves8(p, bb, n), min)
                 }
             }
         }
     };
 }
-// Each `$quants` runs inside the decoder's unsafe block: it is called with a readable block; the quants' offsets are the
+// Each `$quants` runs inside `block`'s unsafe block: it is called with a readable block; the quants' offsets are the
 // formats' own (Q8_0: 32 bytes after d; Q4: 16 nibble bytes after d (and m); Q5: qh, then the
 // nibbles).
 impl_blocks!(Q8_0, signed true, bias 0, mins Mins::None, |b: *const u8| { load32(b.add(2)) });
@@ -172,6 +208,15 @@ macro_rules! impl_k {
             const BIAS: i32 = $bias;
             const PER16: bool = <$t as KFormat>::PER16;
             const MINS: Mins = $mins;
+            const BLOCKWISE: bool = false;
+
+            unsafe fn block(_p: *const u8, _k: usize) -> __m256i {
+                unreachable!("a K-quant super-block decodes whole")
+            }
+
+            unsafe fn factors(_p: *const u8, _n: usize) -> (__m256, __m256) {
+                unreachable!("a K-quant super-block decodes whole")
+            }
 
             #[inline]
             #[target_feature(enable = "avx2,fma,f16c")]

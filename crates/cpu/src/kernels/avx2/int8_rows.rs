@@ -4,12 +4,12 @@
 //!
 //! Per row and 32-block the integer dot Σ u·q over the block's 32 quants is exact (and so the
 //! same on both instruction sets and in any order), started from the block's bias term; each
-//! lane's i32 then enters the row's f32 accumulator with one conversion and one FMA by
-//! d_w·d_x (per 16-weight half for the formats scaled so). A row's eight blocks are decoded once
-//! per chunk and dotted with every token in turn; each (row, token) pair has its own
-//! accumulator, which sees the same operations in the same order whatever other rows and tokens
-//! share the call: so a token's dots are bit-identical whether it comes alone or with others,
-//! and on either instruction set. Mins enter once per chunk against x's d·Σq sums.
+//! lane's i32 then enters the row's f32 accumulator with one conversion and one FMA by d_w·d_x
+//! (x's scale per 16-value half; the weights' per 32-block or per half). A row's eight blocks
+//! are decoded once per chunk and dotted with every token in turn; each (row, token) pair has
+//! its own accumulators, which see the same operations in the same order whatever other rows
+//! and tokens share the call: so a token's dots are bit-identical whether it comes alone or with
+//! others, and on either instruction set. Mins enter once per chunk against x's Σ d·q sums.
 
 use super::int8::{CHUNK, X8};
 use super::int8_formats::{Int8Format, Mins};
@@ -73,6 +73,17 @@ macro_rules! int8_kernel {
                         n * F::BLOCK_BYTES
                     };
                     fetch(next, at, at + len);
+                }
+                if T == 1 && F::BLOCKWISE {
+                    let pc: [*const u8; R] = std::array::from_fn(|i| p[i].wrapping_add(at));
+                    // SAFETY: as below.
+                    unsafe {
+                        match n {
+                            CHUNK => chunk_blockwise::<F, R, CHUNK>(&pc, xs[0], c, &mut acc[0]),
+                            _ => chunk_blockwise::<F, R, 0>(&pc, xs[0], c, &mut acc[0]),
+                        }
+                    }
+                    continue;
                 }
                 if T == 1 {
                     // One token: each row's chunk goes from the decoder straight into its dots
@@ -146,6 +157,58 @@ macro_rules! int8_kernel {
             r.min = dec.min.map(MaybeUninit::new);
         }
 
+        /// [`chunk_token`] for a [`Int8Format::BLOCKWISE`] format, its rows' chunks at `p`:
+        /// block by block, each row's block decoded beside its dot (x's block loaded once for
+        /// all the rows). Each accumulator sees exactly `chunk_token`'s operations in its order.
+        ///
+        /// # Safety
+        /// As for the kernel; `p[i]` is row i's chunk c.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn chunk_blockwise<F: Int8Format, const R: usize, const N: usize>(
+            p: &[*const u8; R],
+            x: &X8,
+            c: usize,
+            acc_out: &mut [[__m256; 2]; R],
+        ) {
+            let mut acc = *acc_out;
+            let n = if N == 0 {
+                (x.blocks() - CHUNK * c).min(CHUNK)
+            } else {
+                N
+            };
+            let mut dw = [[0f32; CHUNK]; R];
+            // SAFETY: n blocks readable at each p[i] per the caller; x's per-block vectors hold
+            // blocks 8c..8c + n (and are padded to whole chunks).
+            unsafe {
+                for ((&pi, a), dwi) in p.iter().zip(acc.iter_mut()).zip(dw.iter_mut()) {
+                    let (scale, min) = F::factors(pi, n);
+                    if F::MINS == Mins::Per32 {
+                        let s = _mm256_loadu_ps(x.s.as_ptr().add(CHUNK * c));
+                        a[1] = _mm256_fmadd_ps(min, s, a[1]);
+                    }
+                    _mm256_storeu_ps(dwi.as_mut_ptr(), scale);
+                }
+                for k in 0..n {
+                    let b = CHUNK * c + k;
+                    let xv = _mm256_loadu_si256(x.q.as_ptr().add(32 * b).cast());
+                    let start = bias_start::<F>(x, b);
+                    let dx = _mm256_loadu_ps(x.dv.as_ptr().add(8 * b));
+                    for ((&pi, a), dwi) in p.iter().zip(acc.iter_mut()).zip(&dw) {
+                        let q = F::block(pi, k);
+                        let (u, xk) = match F::SIGNED {
+                            true => (_mm256_abs_epi8(q), _mm256_sign_epi8(xv, q)),
+                            false => (q, xv),
+                        };
+                        let f = _mm256_cvtepi32_ps($dot(start, u, xk));
+                        let d = _mm256_broadcast_ss(dwi.get_unchecked(k));
+                        a[k % 2] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), f, a[k % 2]);
+                    }
+                }
+            }
+            *acc_out = acc;
+        }
+
         /// The rows' chunk `c` (blocks `8c..`, `N` of them, or the rest of the row for `N` 0)
         /// dotted with one token `x`, added to the rows' accumulators `acc`.
         ///
@@ -166,12 +229,13 @@ macro_rules! int8_kernel {
             } else {
                 N
             };
-            let mut ds = [[0f32; CHUNK]; R];
+            // Each row's per-32 weight scales (formats scaled per 32), broadcast per block.
+            let mut dw = [[0f32; CHUNK]; R];
             // SAFETY: the per-block vectors of x are padded to whole chunks; blocks 8c..8c + n
             // exist in x.q and x.neg8; each row field read was set by `rows_chunk` for this
             // format (its reads follow the same `F` constants as its writes).
             unsafe {
-                for ((row, a), dsi) in rows.iter().zip(acc.iter_mut()).zip(ds.iter_mut()) {
+                for ((row, a), dwi) in rows.iter().zip(acc.iter_mut()).zip(dw.iter_mut()) {
                     match F::MINS {
                         Mins::None => {}
                         Mins::Per32 => {
@@ -187,28 +251,16 @@ macro_rules! int8_kernel {
                         }
                     }
                     if !F::PER16 {
-                        let dx = _mm256_loadu_ps(x.d.as_ptr().add(CHUNK * c));
-                        let ds = _mm256_mul_ps(row.scale.assume_init(), dx);
-                        _mm256_storeu_ps(dsi.as_mut_ptr(), ds);
+                        _mm256_storeu_ps(dwi.as_mut_ptr(), row.scale.assume_init());
                     }
                 }
                 for k in 0..n {
                     let b = CHUNK * c + k;
                     let xv = _mm256_loadu_si256(x.q.as_ptr().add(32 * b).cast());
-                    let start = match F::BIAS {
-                        0 => _mm256_setzero_si256(),
-                        bias => {
-                            let neg8 = _mm256_loadu_si256(x.neg8.as_ptr().add(8 * b).cast());
-                            match bias {
-                                4 => _mm256_srai_epi32::<1>(neg8),
-                                8 => neg8,
-                                16 => _mm256_slli_epi32::<1>(neg8),
-                                _ => _mm256_slli_epi32::<2>(neg8),
-                            }
-                        }
-                    };
-                    let dx = _mm256_broadcast_ss(x.d.get_unchecked(b));
-                    for ((row, a), dsi) in rows.iter().zip(acc.iter_mut()).zip(&ds) {
+                    let start = bias_start::<F>(x, b);
+                    // x's two half scales, in the lanes of the dot.
+                    let dx = _mm256_loadu_ps(x.dv.as_ptr().add(8 * b));
+                    for ((row, a), dwi) in rows.iter().zip(acc.iter_mut()).zip(&dw) {
                         let xk = match F::SIGNED {
                             true => _mm256_sign_epi8(xv, row.sign[k].assume_init()),
                             false => xv,
@@ -220,8 +272,8 @@ macro_rules! int8_kernel {
                                 _mm256_fmadd_ps(f, h, a[k % 2])
                             }
                             false => {
-                                let d = _mm256_broadcast_ss(dsi.get_unchecked(k));
-                                _mm256_fmadd_ps(d, f, a[k % 2])
+                                let d = _mm256_broadcast_ss(dwi.get_unchecked(k));
+                                _mm256_fmadd_ps(_mm256_mul_ps(d, dx), f, a[k % 2])
                             }
                         };
                     }
@@ -253,6 +305,27 @@ impl Rows {
         scale: MaybeUninit::uninit(),
         min: [MaybeUninit::uninit(); 2],
     };
+}
+
+/// The integer start value of block `b`'s dot for format `F`: −BIAS · Σ q of each 4 quants of
+/// x, from x's −8 · Σ (exact shifts: every lane is a multiple of 8).
+///
+/// # Safety
+/// Block b exists in `x`; the CPU has AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bias_start<F: Int8Format>(x: &X8, b: usize) -> __m256i {
+    if F::BIAS == 0 {
+        return _mm256_setzero_si256();
+    }
+    // SAFETY: block b's eight lanes are in neg8 per the caller.
+    let neg8 = unsafe { _mm256_loadu_si256(x.neg8.as_ptr().add(8 * b).cast()) };
+    match F::BIAS {
+        4 => _mm256_srai_epi32::<1>(neg8),
+        8 => neg8,
+        16 => _mm256_slli_epi32::<1>(neg8),
+        _ => _mm256_slli_epi32::<2>(neg8),
+    }
 }
 
 /// start + Σ u·x per 4 bytes with `vpmaddubsw` (pairs, exact below i16's bounds: |u·x| sums of
