@@ -303,6 +303,73 @@ impl<'a> Activations<'a> {
     }
 }
 
+impl Activations<'_> {
+    /// out[k·8 + i] = dot(row i of group `g0 + k`, x) for the groups `g0..g0 + out.len() / 8`
+    /// of an interleaved weight (`crate::operands::interleaved`); where the level has no
+    /// quantized x (the scalar level, a non-finite x) each group's rows are gathered back and
+    /// dotted one by one.
+    pub(crate) fn interleaved_groups(
+        &self,
+        w: &crate::operands::interleaved::Interleaved,
+        g0: usize,
+        out: &mut [f32],
+    ) {
+        use crate::operands::interleaved::GROUP_ROWS;
+        let (nb, gb) = (w.cols / 32, w.group_bytes());
+        assert!(out.len().is_multiple_of(GROUP_ROWS) && g0 + out.len() / GROUP_ROWS <= w.groups());
+        #[cfg(target_arch = "x86_64")]
+        {
+            use avx2::interleaved::{avx2 as a, vnni as v, Starts};
+            let base = w.data.as_ptr();
+            let groups = out.chunks_exact_mut(GROUP_ROWS).enumerate();
+            if let Some(x8) = self.int8(w.dtype) {
+                let st = Starts::of_int8(x8);
+                for (k, o) in groups {
+                    let g = base.wrapping_add((g0 + k) * gb);
+                    // SAFETY: the assert keeps group g0 + k inside the weight (nb blocks of
+                    // eight rows); x holds nb blocks (the weight's columns); the level's
+                    // features were detected (VNNI where wide).
+                    let r = unsafe {
+                        match self.wide() {
+                            true => v::group_i8(g, nb, x8, &st),
+                            false => a::group_i8(g, nb, x8, &st),
+                        }
+                    };
+                    o.copy_from_slice(&r);
+                }
+                return;
+            }
+            if let Some(xq) = self.int16(w.dtype) {
+                let st = Starts::of_int16(xq);
+                for (k, o) in groups {
+                    let g = base.wrapping_add((g0 + k) * gb);
+                    // SAFETY: as above, for the int16 x.
+                    let r = unsafe {
+                        match self.wide() {
+                            true => v::group_i16(g, nb, xq, &st),
+                            false => a::group_i16(g, nb, xq, &st),
+                        }
+                    };
+                    o.copy_from_slice(&r);
+                }
+                return;
+            }
+        }
+        let rb = w.dtype.row_bytes(w.cols).unwrap_or(0);
+        for (i, o) in out.iter_mut().enumerate() {
+            let row = w.row(g0 * GROUP_ROWS + i);
+            rows_dot(
+                self.level,
+                w.dtype,
+                &row,
+                rb,
+                self.x,
+                std::slice::from_mut(o),
+            );
+        }
+    }
+}
+
 /// Several tokens' x prepared for dot products with the same weight rows (speculative
 /// verification): each token's [`Activations`]; on the AVX-512 level the split-byte formats
 /// take the several-token kernel (`kernels::avx2::split8_tokens`), which unpacks each block's

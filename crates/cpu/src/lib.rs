@@ -30,9 +30,11 @@ pub use bandwidth::{measure_format_bandwidth, measure_read_bandwidth, pseudo_ran
 pub use numerics::{numerics, Numerics, NUMERICS_ENV};
 pub use operands::attention::HeadCache;
 pub use operands::input_major::{ActiveInput, InputMajor};
+pub use operands::interleaved::Interleaved;
 pub use ops::attend::attend_head;
 pub use ops::attend_block::{attend_block, block_attention_is_fast, BlockScratch, QueryBlock};
 pub use ops::input_major::matvec_input;
+pub use ops::interleaved::matvec_interleaved;
 pub use ops::matmul::matmul;
 pub use ops::matvec::{matvec, matvec_many};
 pub use ops::matvec_tokens::matvec_tokens;

@@ -3,3 +3,4 @@
 
 pub(crate) mod attention;
 pub(crate) mod input_major;
+pub(crate) mod interleaved;

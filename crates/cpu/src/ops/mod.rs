@@ -5,6 +5,7 @@
 pub(crate) mod attend;
 pub(crate) mod attend_block;
 pub(crate) mod input_major;
+pub(crate) mod interleaved;
 pub(crate) mod matmul;
 pub(crate) mod matvec;
 pub(crate) mod matvec_tokens;

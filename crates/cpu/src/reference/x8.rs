@@ -41,7 +41,7 @@ pub fn quantize_x8(x: &[f32]) -> Option<(Vec<i8>, Vec<f32>)> {
     Some((q, d))
 }
 
-/// The values the int8 x stands for, d·q, in f32 (exact: a quant times its half's scale);
+/// The values the int8 x stands for, d·q, in f32 (each product rounded once to f32);
 /// `None` as for [`quantize_x8`].
 pub fn x8_hat(x: &[f32]) -> Option<Vec<f32>> {
     let (q, d) = quantize_x8(x)?;

@@ -332,7 +332,7 @@ unsafe fn bias_start<F: Int8Format>(x: &X8, b: usize) -> __m256i {
 /// two stay <= 2·128·127) and `vpmaddwd` by ones.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn dot_avx2(start: __m256i, u: __m256i, x: __m256i) -> __m256i {
+pub(super) fn dot_avx2(start: __m256i, u: __m256i, x: __m256i) -> __m256i {
     let pairs = _mm256_maddubs_epi16(u, x);
     _mm256_add_epi32(start, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
 }
@@ -340,7 +340,7 @@ fn dot_avx2(start: __m256i, u: __m256i, x: __m256i) -> __m256i {
 /// start + Σ u·x per 4 bytes with `vpdpbusd`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-fn dot_vnni(start: __m256i, u: __m256i, x: __m256i) -> __m256i {
+pub(super) fn dot_vnni(start: __m256i, u: __m256i, x: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(start, u, x)
 }
 

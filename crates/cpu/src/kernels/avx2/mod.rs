@@ -23,6 +23,7 @@ pub(crate) mod int8;
 mod int8_formats;
 mod int8_rows;
 mod int_tile;
+pub(crate) mod interleaved;
 mod kquant;
 mod q4_axpy;
 mod quant;

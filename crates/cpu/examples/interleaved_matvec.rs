@@ -1,0 +1,69 @@
+//! Q4_0 matvec throughput, rows row-major against rows interleaved by eight
+//! ([`powerinfer_cpu::Interleaved`]), in one run: eight 5504 x 2048 matrices (about 50 MB, past
+//! any L3 of ours) per pass, alternating, best of ten, in GB/s of weights read.
+//!
+//! ```text
+//! cargo run --release -p powerinfer-cpu --example interleaved_matvec -- 2     # 2 threads
+//! POWERINFER_RS_NUMERICS=int8 cargo run --release -p powerinfer-cpu --example interleaved_matvec
+//! ```
+
+use powerinfer_core::{Buffer, DType, Weight};
+use std::time::Instant;
+
+/// A Q4_0 weight of pseudo-random bytes (f16 scales kept small and finite).
+fn weight(rows: usize, cols: usize, seed: u64) -> Weight {
+    let mut bytes = vec![0u8; rows * DType::Q4_0.row_bytes(cols).unwrap()];
+    let mut s = 0x2545_F491_4F6C_DD1Du64 ^ seed;
+    for b in bytes.iter_mut() {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        *b = s as u8;
+    }
+    for v in bytes.chunks_exact_mut(2) {
+        v[1] &= 0x3F;
+    }
+    Weight::new(DType::Q4_0, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
+}
+
+fn main() {
+    let threads: usize = std::env::args()
+        .nth(1)
+        .map_or(1, |s| s.parse().expect("threads"));
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    let ws: Vec<Weight> = (0..8).map(|i| weight(5504, 2048, i)).collect();
+    let il: Vec<_> = ws
+        .iter()
+        .map(|w| powerinfer_cpu::Interleaved::new(w).unwrap())
+        .collect();
+    let x: Vec<f32> = (0..2048)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.03)
+        .collect();
+    let mut y = vec![0f32; 5504];
+    let bytes: f64 = ws.iter().map(|w| w.bytes().len() as f64).sum();
+    pool.install(|| {
+        let (mut rows, mut inter) = (f64::MAX, f64::MAX);
+        for _ in 0..10 {
+            let t = Instant::now();
+            for w in &ws {
+                powerinfer_cpu::matvec(w, &x, &mut y).unwrap();
+            }
+            rows = rows.min(t.elapsed().as_secs_f64());
+            let t = Instant::now();
+            for w in &il {
+                powerinfer_cpu::matvec_interleaved(w, &x, &mut y).unwrap();
+            }
+            inter = inter.min(t.elapsed().as_secs_f64());
+        }
+        println!(
+            "Q4_0, {} x, {threads} thread(s): row-major {:.2} GB/s, interleaved {:.2} GB/s ({:.2}x)",
+            powerinfer_cpu::numerics().name(),
+            bytes / rows / 1e9,
+            bytes / inter / 1e9,
+            rows / inter
+        );
+    });
+}

@@ -1,0 +1,149 @@
+//! Dot products of Q4_0 rows interleaved by eight (`crate::operands::interleaved`) with
+//! quantized x: the eight rows of a group sit in the eight i32 lanes of every byte dot, each
+//! against one broadcast word (four values) of x, so a block costs eight byte dots, one scale
+//! conversion and one or two FMAs for eight rows, and no horizontal sum. For either numerics:
+//! the int16 x (its high and low bytes dotted apart, `256·Σh + Σl`, exact) or the int8 x (a
+//! scale per 16 values: each half's dot apart). Written once over the instruction set's byte
+//! dot, as `super::int8_rows`.
+
+use super::int16::XQuant;
+use super::int8::X8;
+use super::int8_rows::{dot_avx2, dot_vnni};
+use crate::operands::interleaved::GROUP_BLOCK_BYTES;
+use std::arch::x86_64::*;
+
+/// Per-block integer start values an x brings to the interleaved dots: −8·Σq (Q4_0's bias) over
+/// the block (int16) or over each half (int8).
+pub(crate) struct Starts(Vec<[i32; 2]>);
+
+impl Starts {
+    /// For the int16 x.
+    pub(crate) fn of_int16(xq: &XQuant) -> Starts {
+        Starts(
+            xq.neg_bias8
+                .chunks_exact(8)
+                .map(|l| [l.iter().sum(), 0])
+                .collect(),
+        )
+    }
+
+    /// For the int8 x.
+    pub(crate) fn of_int8(x: &X8) -> Starts {
+        Starts(
+            x.neg8
+                .chunks_exact(8)
+                .map(|l| [l[..4].iter().sum(), l[4..].iter().sum()])
+                .collect(),
+        )
+    }
+}
+
+/// The word of four x bytes at `p` (any alignment), broadcast.
+///
+/// # Safety
+/// Four bytes readable at `p`; AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn word(p: *const i8) -> __m256i {
+    // SAFETY: per the caller.
+    _mm256_set1_epi32(unsafe { (p as *const i32).read_unaligned() })
+}
+
+/// The group kernels for one instruction set (`$dot` its byte dot).
+macro_rules! interleaved_kernels {
+    ($feat:literal, $dot:ident) => {
+        /// The eight rows of the group at `g` (`nb` blocks) dotted with the int16 x.
+        ///
+        /// # Safety
+        /// `nb` group blocks readable at `g`; `xq` and `st` of `nb` blocks; the CPU has `$feat`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        pub(crate) unsafe fn group_i16(
+            g: *const u8,
+            nb: usize,
+            xq: &XQuant,
+            st: &Starts,
+        ) -> [f32; 8] {
+            let m = _mm256_set1_epi8(0x0F);
+            let mut acc = [_mm256_setzero_ps(); 2];
+            for b in 0..nb {
+                // SAFETY: block b of the group, and of x, are readable per the caller.
+                unsafe {
+                    let p = g.add(b * GROUP_BLOCK_BYTES);
+                    let dw = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
+                    let (h, l) = (xq.hl.as_ptr().add(64 * b), xq.hl.as_ptr().add(64 * b + 32));
+                    let mut sh = _mm256_setzero_si256();
+                    let mut sl = _mm256_set1_epi32(st.0.get_unchecked(b)[0]);
+                    for j in 0..4 {
+                        let v = _mm256_loadu_si256(p.add(16 + 32 * j).cast());
+                        let lo = _mm256_and_si256(v, m);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
+                        sh = $dot(sh, lo, word(h.add(4 * j)));
+                        sl = $dot(sl, lo, word(l.add(4 * j)));
+                        sh = $dot(sh, hi, word(h.add(16 + 4 * j)));
+                        sl = $dot(sl, hi, word(l.add(16 + 4 * j)));
+                    }
+                    let s = _mm256_add_epi32(_mm256_slli_epi32::<8>(sh), sl);
+                    let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.scale.get_unchecked(b)));
+                    acc[b % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc[b % 2]);
+                }
+            }
+            let mut out = [0f32; 8];
+            // SAFETY: eight floats.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(acc[0], acc[1])) };
+            out
+        }
+
+        /// The eight rows of the group at `g` (`nb` blocks) dotted with the int8 x.
+        ///
+        /// # Safety
+        /// As for `group_i16`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        pub(crate) unsafe fn group_i8(g: *const u8, nb: usize, x: &X8, st: &Starts) -> [f32; 8] {
+            let m = _mm256_set1_epi8(0x0F);
+            let mut acc = [_mm256_setzero_ps(); 2];
+            for b in 0..nb {
+                // SAFETY: block b of the group, and of x, are readable per the caller.
+                unsafe {
+                    let p = g.add(b * GROUP_BLOCK_BYTES);
+                    let dw = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
+                    let q = x.q.as_ptr().add(32 * b);
+                    let [na, nb_] = *st.0.get_unchecked(b);
+                    let (mut sa, mut sb) = (_mm256_set1_epi32(na), _mm256_set1_epi32(nb_));
+                    for j in 0..4 {
+                        let v = _mm256_loadu_si256(p.add(16 + 32 * j).cast());
+                        let lo = _mm256_and_si256(v, m);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
+                        sa = $dot(sa, lo, word(q.add(4 * j)));
+                        sb = $dot(sb, hi, word(q.add(16 + 4 * j)));
+                    }
+                    let (da, db) = (*x.dv.get_unchecked(8 * b), *x.dv.get_unchecked(8 * b + 4));
+                    let fa = _mm256_mul_ps(dw, _mm256_set1_ps(da));
+                    let fb = _mm256_mul_ps(dw, _mm256_set1_ps(db));
+                    acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sa), fa, acc[0]);
+                    acc[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sb), fb, acc[1]);
+                }
+            }
+            let mut out = [0f32; 8];
+            // SAFETY: eight floats.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(acc[0], acc[1])) };
+            out
+        }
+    };
+}
+
+/// The AVX2 forms.
+pub(crate) mod avx2 {
+    use super::*;
+    interleaved_kernels!("avx2,fma,f16c", dot_avx2);
+}
+
+/// The AVX-512 VNNI forms.
+pub(crate) mod vnni {
+    use super::*;
+    interleaved_kernels!(
+        "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
+        dot_vnni
+    );
+}

@@ -1,0 +1,166 @@
+//! The dense matvec of a weight whose rows are interleaved by eight
+//! ([`Interleaved`](crate::operands::interleaved::Interleaved)): groups split into rayon tasks of
+//! a few per thread, each group's eight rows computed together by the dispatched kernel, the
+//! row-major tail rows by the matvec's own kernel.
+
+use crate::check;
+use crate::dispatch::Activations;
+use crate::operands::interleaved::{Interleaved, GROUP_ROWS};
+use crate::simd::{self, Level};
+use powerinfer_core::Result;
+use rayon::prelude::*;
+
+/// Groups per rayon task, at least (a group of 2048 columns is 9 KiB of Q4_0).
+const MIN_TASK_GROUPS: usize = 8;
+
+/// y[r] = Σ_c W[r,c]·x[c] for every row of the interleaved `w`, on the current rayon pool.
+pub fn matvec_interleaved(w: &Interleaved, x: &[f32], y: &mut [f32]) -> Result<()> {
+    matvec_interleaved_at(simd::level(), w, x, y)
+}
+
+/// [`matvec_interleaved`] on a given SIMD level.
+pub(crate) fn matvec_interleaved_at(
+    level: Level,
+    w: &Interleaved,
+    x: &[f32],
+    y: &mut [f32],
+) -> Result<()> {
+    check::len(
+        "matvec_interleaved",
+        "x",
+        x.len(),
+        w.cols,
+        "the weight's cols",
+    )?;
+    check::len(
+        "matvec_interleaved",
+        "y",
+        y.len(),
+        w.rows,
+        "the weight's rows",
+    )?;
+    let act = Activations::new(level, x, true);
+    let (grouped, tail_out) = y.split_at_mut(w.groups() * GROUP_ROWS);
+    let threads = rayon::current_num_threads().max(1);
+    let per = w.groups().div_ceil(4 * threads).max(MIN_TASK_GROUPS) * GROUP_ROWS;
+    grouped
+        .par_chunks_mut(per)
+        .enumerate()
+        .for_each(|(i, out)| act.interleaved_groups(w, i * per / GROUP_ROWS, out));
+    let (tail, rb) = w.tail();
+    act.rows_dot(w.dtype, tail, rb, tail_out);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::numerics::Numerics;
+    use crate::reference::{abs_dot_row, dot_row_f64};
+    use crate::simd::available;
+    use crate::testutil::{random_weight, Rng, DOT_ABS_TOL, DOT_REL_TOL};
+    use powerinfer_core::DType;
+
+    /// Interleaving moves bytes only: every row gathers back to its GGUF bytes.
+    #[test]
+    fn rows_gather_back_to_their_bytes() {
+        let mut rng = Rng::new(91);
+        for rows in [1, 8, 13, 24, 31] {
+            let w = random_weight(&mut rng, DType::Q4_0, rows, 96);
+            let il = Interleaved::new(&w).unwrap();
+            assert_eq!(il.data.len(), w.bytes().len());
+            for r in 0..rows {
+                assert_eq!(il.row(r), w.row(r), "rows {rows} row {r}");
+            }
+        }
+        let f = random_weight(&mut rng, DType::Q8_0, 8, 32);
+        assert!(matches!(
+            Interleaved::new(&f),
+            Err(powerinfer_core::Error::Unsupported(_))
+        ));
+    }
+
+    /// Every level and both numerics, odd shapes (tails of rows, 1..=9 blocks, an outlier): each
+    /// row within the f32 roundings of the float64 dot with the x the kernel computes with (x̂ of
+    /// the numerics' quantization on the x86 levels, x itself on the scalar one).
+    #[test]
+    fn matches_float64_on_the_same_x_at_every_level() {
+        let mut rng = Rng::new(92);
+        for level in available() {
+            for numerics in [Numerics::Int16, Numerics::Int8] {
+                for (rows, blocks) in [(8, 1), (16, 3), (21, 9), (43, 5), (5, 2)] {
+                    let cols = 32 * blocks;
+                    let w = random_weight(&mut rng, DType::Q4_0, rows, cols);
+                    let il = Interleaved::new(&w).unwrap();
+                    let mut x = rng.vec(cols);
+                    x[cols / 2] = 70.0;
+                    let act = Activations::with_numerics(level, numerics, &x, true);
+                    let mut y = vec![f32::NAN; rows];
+                    let g = il.groups() * GROUP_ROWS;
+                    act.interleaved_groups(&il, 0, &mut y[..g]);
+                    let (tail, rb) = il.tail();
+                    act.rows_dot(il.dtype, tail, rb, &mut y[g..]);
+                    let seen = seen_x(level, numerics, &x);
+                    for (r, &got) in y.iter().enumerate() {
+                        let want = dot_row_f64(DType::Q4_0, w.row(r), &seen);
+                        let scale = abs_dot_row(DType::Q4_0, w.row(r), &seen);
+                        let tol = match level.is_x86_simd() {
+                            true => crate::testutil::x8_tol(cols) * scale,
+                            false => DOT_REL_TOL * scale + DOT_ABS_TOL,
+                        };
+                        assert!(
+                            (got as f64 - want).abs() <= tol + 1e-30,
+                            "{level:?} {numerics:?} rows {rows} blocks {blocks} row {r}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// The x the kernels compute with: x̂ of the numerics' quantization on the x86 levels (the
+    /// int16 one as `kernels::avx2::int16` defines it: a scale max|x| / 32639 per 32-block,
+    /// ties to even), x itself on the scalar level.
+    fn seen_x(level: Level, numerics: Numerics, x: &[f32]) -> Vec<f32> {
+        match (level.is_x86_simd(), numerics) {
+            (true, Numerics::Int8) => crate::reference::x8::x8_hat(x).unwrap(),
+            (true, Numerics::Int16) => x
+                .chunks_exact(32)
+                .flat_map(|b| {
+                    let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let inv = if amax > 0.0 { 32639.0 / amax } else { 0.0 };
+                    b.iter()
+                        .map(move |&v| (v * inv).round_ties_even() * (amax / 32639.0))
+                })
+                .collect(),
+            _ => x.to_vec(),
+        }
+    }
+
+    /// The op on a pool of several threads gives the one-thread bits, and checks its sizes.
+    #[test]
+    fn the_same_bits_on_any_pool_and_shape_errors() {
+        let mut rng = Rng::new(93);
+        let w = random_weight(&mut rng, DType::Q4_0, 1029, 256);
+        let il = Interleaved::new(&w).unwrap();
+        let x = rng.vec(256);
+        let run = |n| {
+            let mut y = vec![0f32; 1029];
+            crate::testutil::pool(n)
+                .install(|| matvec_interleaved(&il, &x, &mut y))
+                .unwrap();
+            y
+        };
+        assert_eq!(run(1), run(3));
+        assert!(crate::testutil::is_shape(matvec_interleaved(
+            &il,
+            &x[..32],
+            &mut [0.0; 1029]
+        )));
+        assert!(crate::testutil::is_shape(matvec_interleaved(
+            &il,
+            &x,
+            &mut [0.0; 3]
+        )));
+    }
+}
