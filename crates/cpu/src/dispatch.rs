@@ -330,9 +330,11 @@ impl Activations<'_> {
                     // eight rows); x holds nb blocks (the weight's columns); the level's
                     // features were detected (VNNI where wide).
                     let r = unsafe {
-                        match self.wide() {
-                            true => v::group_i8(g, nb, x8, &st),
-                            false => a::group_i8(g, nb, x8, &st),
+                        match (self.wide(), w.dtype == DType::Q4_1) {
+                            (true, true) => v::group_i8::<true>(g, nb, x8, &st),
+                            (true, false) => v::group_i8::<false>(g, nb, x8, &st),
+                            (false, true) => a::group_i8::<true>(g, nb, x8, &st),
+                            (false, false) => a::group_i8::<false>(g, nb, x8, &st),
                         }
                     };
                     o.copy_from_slice(&r);
@@ -345,9 +347,11 @@ impl Activations<'_> {
                     let g = base.wrapping_add((g0 + k) * gb);
                     // SAFETY: as above, for the int16 x.
                     let r = unsafe {
-                        match self.wide() {
-                            true => v::group_i16(g, nb, xq, &st),
-                            false => a::group_i16(g, nb, xq, &st),
+                        match (self.wide(), w.dtype == DType::Q4_1) {
+                            (true, true) => v::group_i16::<true>(g, nb, xq, &st),
+                            (true, false) => v::group_i16::<false>(g, nb, xq, &st),
+                            (false, true) => a::group_i16::<true>(g, nb, xq, &st),
+                            (false, false) => a::group_i16::<false>(g, nb, xq, &st),
                         }
                     };
                     o.copy_from_slice(&r);

@@ -1,19 +1,20 @@
-//! Dot products of Q4_0 rows interleaved by eight (`crate::operands::interleaved`) with
+//! Dot products of Q4_0 and Q4_1 rows interleaved by eight (`crate::operands::interleaved`) with
 //! quantized x: the eight rows of a group sit in the eight i32 lanes of every byte dot, each
 //! against one broadcast word (four values) of x, so a block costs eight byte dots, one scale
 //! conversion and one or two FMAs for eight rows, and no horizontal sum. For either numerics:
 //! the int16 x (its high and low bytes dotted apart, `256·Σh + Σl`, exact) or the int8 x (a
-//! scale per 16 values: each half's dot apart). Written once over the instruction set's byte
-//! dot, as `super::int8_rows`.
+//! scale per 16 values: each half's dot apart). Q4_0's −8 is the dots' integer start value, Q4_1's
+//! mins one FMA per block against x's block sums (of x itself for the int16 x, as the row kernels
+//! take them; of x̂ for the int8 x). Written once over the instruction set's byte dot and the
+//! format (`MIN`: Q4_1), as `super::int8_rows`.
 
 use super::int16::XQuant;
 use super::int8::X8;
 use super::int8_rows::{dot_avx2, dot_vnni};
-use crate::operands::interleaved::GROUP_BLOCK_BYTES;
 use std::arch::x86_64::*;
 
-/// Per-block integer start values an x brings to the interleaved dots: −8·Σq (Q4_0's bias) over
-/// the block (int16) or over each half (int8).
+/// Per-block integer start values an x brings to the interleaved Q4_0 dots: −8·Σq (its bias)
+/// over the block (int16) or over each half (int8).
 pub(crate) struct Starts(Vec<[i32; 2]>);
 
 impl Starts {
@@ -38,6 +39,16 @@ impl Starts {
     }
 }
 
+/// A group block's bytes and where its quants start: Q4_1 (`MIN`) carries eight mins after the
+/// eight scales.
+#[inline(always)]
+const fn layout<const MIN: bool>() -> (usize, usize) {
+    match MIN {
+        true => (8 * 20, 32),
+        false => (8 * 18, 16),
+    }
+}
+
 /// The word of four x bytes at `p` (any alignment), broadcast.
 ///
 /// # Safety
@@ -52,30 +63,40 @@ unsafe fn word(p: *const i8) -> __m256i {
 /// The group kernels for one instruction set (`$dot` its byte dot).
 macro_rules! interleaved_kernels {
     ($feat:literal, $dot:ident) => {
-        /// The eight rows of the group at `g` (`nb` blocks) dotted with the int16 x.
+        /// The eight rows of the group at `g` (`nb` blocks; Q4_1 where `MIN`, else Q4_0)
+        /// dotted with the int16 x.
         ///
         /// # Safety
         /// `nb` group blocks readable at `g`; `xq` and `st` of `nb` blocks; the CPU has `$feat`.
         #[inline]
         #[target_feature(enable = $feat)]
-        pub(crate) unsafe fn group_i16(
+        pub(crate) unsafe fn group_i16<const MIN: bool>(
             g: *const u8,
             nb: usize,
             xq: &XQuant,
             st: &Starts,
         ) -> [f32; 8] {
+            let (gbb, qo) = layout::<MIN>();
             let m = _mm256_set1_epi8(0x0F);
             let mut acc = [_mm256_setzero_ps(); 2];
             for b in 0..nb {
                 // SAFETY: block b of the group, and of x, are readable per the caller.
                 unsafe {
-                    let p = g.add(b * GROUP_BLOCK_BYTES);
+                    let p = g.add(b * gbb);
                     let dw = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
                     let (h, l) = (xq.hl.as_ptr().add(64 * b), xq.hl.as_ptr().add(64 * b + 32));
                     let mut sh = _mm256_setzero_si256();
-                    let mut sl = _mm256_set1_epi32(st.0.get_unchecked(b)[0]);
+                    let mut sl = match MIN {
+                        true => _mm256_setzero_si256(),
+                        false => _mm256_set1_epi32(st.0.get_unchecked(b)[0]),
+                    };
+                    if MIN {
+                        let mins = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast()));
+                        let s = _mm256_set1_ps(*xq.sum.get_unchecked(b));
+                        acc[1] = _mm256_fmadd_ps(mins, s, acc[1]);
+                    }
                     for j in 0..4 {
-                        let v = _mm256_loadu_si256(p.add(16 + 32 * j).cast());
+                        let v = _mm256_loadu_si256(p.add(qo + 32 * j).cast());
                         let lo = _mm256_and_si256(v, m);
                         let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
                         sh = $dot(sh, lo, word(h.add(4 * j)));
@@ -94,25 +115,40 @@ macro_rules! interleaved_kernels {
             out
         }
 
-        /// The eight rows of the group at `g` (`nb` blocks) dotted with the int8 x.
+        /// The eight rows of the group at `g` (`nb` blocks; Q4_1 where `MIN`, else Q4_0)
+        /// dotted with the int8 x.
         ///
         /// # Safety
         /// As for `group_i16`.
         #[inline]
         #[target_feature(enable = $feat)]
-        pub(crate) unsafe fn group_i8(g: *const u8, nb: usize, x: &X8, st: &Starts) -> [f32; 8] {
+        pub(crate) unsafe fn group_i8<const MIN: bool>(
+            g: *const u8,
+            nb: usize,
+            x: &X8,
+            st: &Starts,
+        ) -> [f32; 8] {
+            let (gbb, qo) = layout::<MIN>();
             let m = _mm256_set1_epi8(0x0F);
             let mut acc = [_mm256_setzero_ps(); 2];
             for b in 0..nb {
                 // SAFETY: block b of the group, and of x, are readable per the caller.
                 unsafe {
-                    let p = g.add(b * GROUP_BLOCK_BYTES);
+                    let p = g.add(b * gbb);
                     let dw = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
                     let q = x.q.as_ptr().add(32 * b);
-                    let [na, nb_] = *st.0.get_unchecked(b);
+                    let [na, nb_] = match MIN {
+                        true => [0, 0],
+                        false => *st.0.get_unchecked(b),
+                    };
                     let (mut sa, mut sb) = (_mm256_set1_epi32(na), _mm256_set1_epi32(nb_));
+                    if MIN {
+                        let mins = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast()));
+                        let s = _mm256_set1_ps(*x.s.get_unchecked(b));
+                        acc[1] = _mm256_fmadd_ps(mins, s, acc[1]);
+                    }
                     for j in 0..4 {
-                        let v = _mm256_loadu_si256(p.add(16 + 32 * j).cast());
+                        let v = _mm256_loadu_si256(p.add(qo + 32 * j).cast());
                         let lo = _mm256_and_si256(v, m);
                         let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
                         sa = $dot(sa, lo, word(q.add(4 * j)));
