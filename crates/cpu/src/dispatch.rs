@@ -321,42 +321,37 @@ impl Activations<'_> {
         {
             use avx2::interleaved::{avx2 as a, vnni as v, Starts};
             let base = w.data.as_ptr();
-            let groups = out.chunks_exact_mut(GROUP_ROWS).enumerate();
-            if let Some(x8) = self.int8(w.dtype) {
-                let st = Starts::of_int8(x8);
-                for (k, o) in groups {
-                    let g = base.wrapping_add((g0 + k) * gb);
-                    // SAFETY: the assert keeps group g0 + k inside the weight (nb blocks of
-                    // eight rows); x holds nb blocks (the weight's columns); the level's
-                    // features were detected (VNNI where wide).
-                    let r = unsafe {
-                        match (self.wide(), w.dtype == DType::Q4_1) {
-                            (true, true) => v::group_i8::<true>(g, nb, x8, &st),
-                            (true, false) => v::group_i8::<false>(g, nb, x8, &st),
-                            (false, true) => a::group_i8::<true>(g, nb, x8, &st),
-                            (false, false) => a::group_i8::<false>(g, nb, x8, &st),
-                        }
-                    };
-                    o.copy_from_slice(&r);
+            // Each group's eight rows from `kernel(group start)`.
+            let mut each = |kernel: &dyn Fn(*const u8) -> [f32; 8]| {
+                for (k, o) in out.chunks_exact_mut(GROUP_ROWS).enumerate() {
+                    o.copy_from_slice(&kernel(base.wrapping_add((g0 + k) * gb)));
                 }
-                return;
+            };
+            let q41 = w.dtype == DType::Q4_1;
+            type K<X> = unsafe fn(*const u8, usize, &X, &Starts) -> [f32; 8];
+            if let Some(x8) = self.int8(w.dtype) {
+                let kernel: K<avx2::X8> = match (self.wide(), q41) {
+                    (true, true) => v::group_i8::<true>,
+                    (true, false) => v::group_i8::<false>,
+                    (false, true) => a::group_i8::<true>,
+                    (false, false) => a::group_i8::<false>,
+                };
+                let st = Starts::of_int8(x8);
+                // SAFETY: the assert keeps every group given inside the weight (nb blocks of
+                // eight rows); x holds nb blocks (the weight's columns); the level's features
+                // were detected (VNNI where wide).
+                return each(&|g| unsafe { kernel(g, nb, x8, &st) });
             }
             if let Some(xq) = self.int16(w.dtype) {
+                let kernel: K<avx2::XQuant> = match (self.wide(), q41) {
+                    (true, true) => v::group_i16::<true>,
+                    (true, false) => v::group_i16::<false>,
+                    (false, true) => a::group_i16::<true>,
+                    (false, false) => a::group_i16::<false>,
+                };
                 let st = Starts::of_int16(xq);
-                for (k, o) in groups {
-                    let g = base.wrapping_add((g0 + k) * gb);
-                    // SAFETY: as above, for the int16 x.
-                    let r = unsafe {
-                        match (self.wide(), w.dtype == DType::Q4_1) {
-                            (true, true) => v::group_i16::<true>(g, nb, xq, &st),
-                            (true, false) => v::group_i16::<false>(g, nb, xq, &st),
-                            (false, true) => a::group_i16::<true>(g, nb, xq, &st),
-                            (false, false) => a::group_i16::<false>(g, nb, xq, &st),
-                        }
-                    };
-                    o.copy_from_slice(&r);
-                }
-                return;
+                // SAFETY: as above, for the int16 x.
+                return each(&|g| unsafe { kernel(g, nb, xq, &st) });
             }
         }
         let rb = w.dtype.row_bytes(w.cols).unwrap_or(0);
