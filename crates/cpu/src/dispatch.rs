@@ -328,30 +328,30 @@ impl Activations<'_> {
                 }
             };
             let q41 = w.dtype == DType::Q4_1;
-            type K<X> = unsafe fn(*const u8, usize, &X, &Starts) -> [f32; 8];
+            type K<X> = unsafe fn(*const u8, usize, [&X; 1], [&Starts; 1]) -> [[f32; 8]; 1];
             if let Some(x8) = self.int8(w.dtype) {
                 let kernel: K<avx2::X8> = match (self.wide(), q41) {
-                    (true, true) => v::group_i8::<true>,
-                    (true, false) => v::group_i8::<false>,
-                    (false, true) => a::group_i8::<true>,
-                    (false, false) => a::group_i8::<false>,
+                    (true, true) => v::group_i8::<true, 1>,
+                    (true, false) => v::group_i8::<false, 1>,
+                    (false, true) => a::group_i8::<true, 1>,
+                    (false, false) => a::group_i8::<false, 1>,
                 };
                 let st = Starts::of_int8(x8);
                 // SAFETY: the assert keeps every group given inside the weight (nb blocks of
                 // eight rows); x holds nb blocks (the weight's columns); the level's features
                 // were detected (VNNI where wide).
-                return each(&|g| unsafe { kernel(g, nb, x8, &st) });
+                return each(&|g| unsafe { kernel(g, nb, [x8], [&st])[0] });
             }
             if let Some(xq) = self.int16(w.dtype) {
                 let kernel: K<avx2::XQuant> = match (self.wide(), q41) {
-                    (true, true) => v::group_i16::<true>,
-                    (true, false) => v::group_i16::<false>,
-                    (false, true) => a::group_i16::<true>,
-                    (false, false) => a::group_i16::<false>,
+                    (true, true) => v::group_i16::<true, 1>,
+                    (true, false) => v::group_i16::<false, 1>,
+                    (false, true) => a::group_i16::<true, 1>,
+                    (false, false) => a::group_i16::<false, 1>,
                 };
                 let st = Starts::of_int16(xq);
                 // SAFETY: as above, for the int16 x.
-                return each(&|g| unsafe { kernel(g, nb, xq, &st) });
+                return each(&|g| unsafe { kernel(g, nb, [xq], [&st])[0] });
             }
         }
         let rb = w.dtype.row_bytes(w.cols).unwrap_or(0);
@@ -389,9 +389,20 @@ impl<'a> Tokens<'a> {
     /// The tokens of `x` (rows of `cols` values) prepared for rows of some formats
     /// (`quantized`: whether any of them is quantized).
     pub(crate) fn new(level: Level, x: &'a [f32], cols: usize, quantized: bool) -> Tokens<'a> {
+        Self::new_with(level, numerics(), x, cols, quantized)
+    }
+
+    /// As [`Tokens::new`], with the given numerics.
+    pub(crate) fn new_with(
+        level: Level,
+        numerics: Numerics,
+        x: &'a [f32],
+        cols: usize,
+        quantized: bool,
+    ) -> Tokens<'a> {
         let acts: Vec<Activations<'a>> = x
             .chunks_exact(cols.max(1))
-            .map(|t| Activations::new(level, t, quantized))
+            .map(|t| Activations::with_numerics(level, numerics, t, quantized))
             .collect();
         #[cfg(target_arch = "x86_64")]
         let lanes = match TOKENS_TOGETHER && wide(level) && acts.len() > 1 {
@@ -440,6 +451,120 @@ impl<'a> Tokens<'a> {
         }
         for (a, out) in self.acts.iter().zip(outs.iter_mut()) {
             a.rows_dot(dtype, rows, row_bytes, out);
+        }
+    }
+}
+
+impl Tokens<'_> {
+    /// `outs[t][k·8 + i]` = dot(row i of group `g0 + k`, token t) for the groups
+    /// `g0..g0 + outs[t].len() / 8` of an interleaved weight: tokens in runs of up to four
+    /// share each block's unpacking where all of them have their quantized x (each token's
+    /// values the bits of [`Activations::interleaved_groups`] alone); else token by token.
+    pub(crate) fn interleaved_groups(
+        &self,
+        w: &crate::operands::interleaved::Interleaved,
+        g0: usize,
+        outs: &mut [&mut [f32]],
+    ) {
+        debug_assert_eq!(outs.len(), self.acts.len());
+        #[cfg(target_arch = "x86_64")]
+        {
+            use avx2::interleaved::{avx2 as a, vnni as v, Starts};
+            let wide = self.acts.first().is_some_and(|t| t.wide());
+            let q41 = w.dtype == DType::Q4_1;
+            let x8: Option<Vec<&avx2::X8>> = self.acts.iter().map(|t| t.int8(w.dtype)).collect();
+            if let Some(xs) = x8 {
+                let st: Vec<Starts> = xs.iter().map(|x| Starts::of_int8(x)).collect();
+                for (c, outs) in outs.chunks_mut(4).enumerate() {
+                    let (xs, st) = (&xs[4 * c..], &st[4 * c..]);
+                    by_tokens!(outs.len(), T => {
+                        let xt: [&avx2::X8; T] = std::array::from_fn(|i| xs[i]);
+                        let stt: [&Starts; T] = std::array::from_fn(|i| &st[i]);
+                        let kernel = match (wide, q41) {
+                            (true, true) => v::group_i8::<true, T>,
+                            (true, false) => v::group_i8::<false, T>,
+                            (false, true) => a::group_i8::<true, T>,
+                            (false, false) => a::group_i8::<false, T>,
+                        };
+                        // SAFETY: as in `Activations::interleaved_groups` (checked there by
+                        // the caller's sizes), for every token of the run.
+                        groups_of_tokens(w, g0, outs, |g, nb| unsafe { kernel(g, nb, xt, stt) });
+                    });
+                }
+                return;
+            }
+            let x16: Option<Vec<&avx2::XQuant>> =
+                self.acts.iter().map(|t| t.int16(w.dtype)).collect();
+            if let Some(xs) = x16 {
+                let st: Vec<Starts> = xs.iter().map(|x| Starts::of_int16(x)).collect();
+                for (c, outs) in outs.chunks_mut(4).enumerate() {
+                    let (xs, st) = (&xs[4 * c..], &st[4 * c..]);
+                    by_tokens!(outs.len(), T => {
+                        let xt: [&avx2::XQuant; T] = std::array::from_fn(|i| xs[i]);
+                        let stt: [&Starts; T] = std::array::from_fn(|i| &st[i]);
+                        let kernel = match (wide, q41) {
+                            (true, true) => v::group_i16::<true, T>,
+                            (true, false) => v::group_i16::<false, T>,
+                            (false, true) => a::group_i16::<true, T>,
+                            (false, false) => a::group_i16::<false, T>,
+                        };
+                        // SAFETY: as above, for the int16 x.
+                        groups_of_tokens(w, g0, outs, |g, nb| unsafe { kernel(g, nb, xt, stt) });
+                    });
+                }
+                return;
+            }
+        }
+        for (t, out) in self.acts.iter().zip(outs.iter_mut()) {
+            t.interleaved_groups(w, g0, out);
+        }
+    }
+}
+
+/// `$body` with the constant `$T` set to the token count `$n` (1..=4).
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_tokens {
+    ($n:expr, $T:ident => $body:expr) => {
+        match $n {
+            1 => {
+                const $T: usize = 1;
+                $body
+            }
+            2 => {
+                const $T: usize = 2;
+                $body
+            }
+            3 => {
+                const $T: usize = 3;
+                $body
+            }
+            _ => {
+                const $T: usize = 4;
+                $body
+            }
+        }
+    };
+}
+#[cfg(target_arch = "x86_64")]
+use by_tokens;
+
+/// Each group's rows for `T` tokens from `kernel(group start, blocks)`, into `outs[t]`.
+#[cfg(target_arch = "x86_64")]
+fn groups_of_tokens<const T: usize>(
+    w: &crate::operands::interleaved::Interleaved,
+    g0: usize,
+    outs: &mut [&mut [f32]],
+    kernel: impl Fn(*const u8, usize) -> [[f32; 8]; T],
+) {
+    use crate::operands::interleaved::GROUP_ROWS;
+    let (nb, gb) = (w.cols / 32, w.group_bytes());
+    let groups = outs.first().map_or(0, |o| o.len() / GROUP_ROWS);
+    assert!(outs.len() == T && outs.iter().all(|o| o.len() == groups * GROUP_ROWS));
+    assert!(g0 + groups <= w.groups());
+    for k in 0..groups {
+        let r = kernel(w.data.as_ptr().wrapping_add((g0 + k) * gb), nb);
+        for (o, rt) in outs.iter_mut().zip(r) {
+            o[k * GROUP_ROWS..(k + 1) * GROUP_ROWS].copy_from_slice(&rt);
         }
     }
 }

@@ -34,7 +34,9 @@ pub use operands::interleaved::Interleaved;
 pub use ops::attend::attend_head;
 pub use ops::attend_block::{attend_block, block_attention_is_fast, BlockScratch, QueryBlock};
 pub use ops::input_major::matvec_input;
-pub use ops::interleaved::{matvec_interleaved, matvec_interleaved_many};
+pub use ops::interleaved::{
+    matvec_interleaved, matvec_interleaved_many, matvec_interleaved_tokens,
+};
 pub use ops::matmul::matmul;
 pub use ops::matvec::{matvec, matvec_many};
 pub use ops::matvec_tokens::matvec_tokens;

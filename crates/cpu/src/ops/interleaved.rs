@@ -4,7 +4,7 @@
 //! computed together by the dispatched kernel, the row-major tail rows by the matvec's own.
 
 use crate::check;
-use crate::dispatch::Activations;
+use crate::dispatch::{Activations, Tokens};
 use crate::operands::interleaved::{Interleaved, GROUP_ROWS};
 use crate::simd::{self, Level};
 use powerinfer_core::Result;
@@ -76,6 +76,60 @@ pub(crate) fn matvec_interleaved_many_at(
     tasks
         .into_par_iter()
         .for_each(|(w, g0, out)| act.interleaved_groups(w, g0, out));
+    Ok(())
+}
+
+/// `y[t·rows + r]` = dot(row r, token t) for the `n` tokens of `x` (n rows of the weight's
+/// columns): speculative verification and parallel slots. Each block is unpacked once for up to
+/// four tokens, and each token's values are the bits [`matvec_interleaved`] gives it alone.
+pub fn matvec_interleaved_tokens(
+    w: &Interleaved,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) -> Result<()> {
+    matvec_interleaved_tokens_at(simd::level(), w, x, n, y)
+}
+
+/// [`matvec_interleaved_tokens`] on a given SIMD level.
+pub(crate) fn matvec_interleaved_tokens_at(
+    level: Level,
+    w: &Interleaved,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) -> Result<()> {
+    let what = "matvec_interleaved_tokens";
+    check::len(what, "x", x.len(), n * w.cols, "tokens x cols")?;
+    check::len(what, "y", y.len(), n * w.rows, "tokens x rows")?;
+    if n == 0 {
+        return Ok(());
+    }
+    let tokens = Tokens::new(level, x, w.cols, true);
+    let grouped = w.groups() * GROUP_ROWS;
+    let mut per_token: Vec<(&mut [f32], &mut [f32])> = y
+        .chunks_mut(w.rows.max(1))
+        .map(|t| t.split_at_mut(grouped))
+        .collect();
+    let (tail, rb) = w.tail();
+    let mut tails: Vec<&mut [f32]> = per_token.iter_mut().map(|(_, t)| &mut **t).collect();
+    tokens.rows_dot(w.dtype, tail, rb, &mut tails);
+    let threads = rayon::current_num_threads().max(1);
+    let per = w.groups().div_ceil(threads).max(MIN_TASK_GROUPS) * GROUP_ROWS;
+    let mut chunks: Vec<_> = per_token
+        .into_iter()
+        .map(|(g, _)| g.chunks_mut(per))
+        .collect();
+    let mut tasks: Vec<(usize, Vec<&mut [f32]>)> = Vec::new();
+    for i in 0..grouped.div_ceil(per) {
+        tasks.push((
+            i * per / GROUP_ROWS,
+            chunks.iter_mut().filter_map(|c| c.next()).collect(),
+        ));
+    }
+    tasks
+        .into_par_iter()
+        .for_each(|(g0, mut outs)| tokens.interleaved_groups(w, g0, &mut outs));
     Ok(())
 }
 
@@ -186,6 +240,69 @@ mod tests {
         }
     }
 
+    /// Several tokens at once (runs of four and the rest, a token that is not finite among
+    /// them), every level and both numerics: each token's values are its own call's bits.
+    #[test]
+    fn tokens_together_are_each_token_alone() {
+        let mut rng = Rng::new(94);
+        for level in available() {
+            for numerics in [Numerics::Int16, Numerics::Int8] {
+                for (dtype, rows, n, bad) in [
+                    (DType::Q4_0, 43, 6, None),
+                    (DType::Q4_1, 24, 5, None),
+                    (DType::Q4_0, 16, 3, Some(1)),
+                ] {
+                    let cols = 96;
+                    let il = Interleaved::new(&random_weight(&mut rng, dtype, rows, cols)).unwrap();
+                    let mut x = rng.vec(n * cols);
+                    if let Some(t) = bad {
+                        x[t * cols + 7] = f32::NAN;
+                    }
+                    let mut y = vec![0f32; n * rows];
+                    let run = |x: &[f32], n, y: &mut [f32]| {
+                        let tokens = Tokens::new_with(level, numerics, x, cols, true);
+                        tokens_into(&tokens, &il, n, y)
+                    };
+                    run(&x, n, &mut y);
+                    for t in 0..n {
+                        let mut alone = vec![0f32; rows];
+                        run(&x[t * cols..(t + 1) * cols], 1, &mut alone);
+                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        let got = &y[t * rows..(t + 1) * rows];
+                        assert_eq!(
+                            bits(got),
+                            bits(&alone),
+                            "{level:?} {numerics:?} {dtype} t{t}"
+                        );
+                    }
+                }
+            }
+        }
+        let il = Interleaved::new(&random_weight(&mut rng, DType::Q4_0, 16, 64)).unwrap();
+        assert!(crate::testutil::is_shape(matvec_interleaved_tokens(
+            &il,
+            &[0.0; 64],
+            2,
+            &mut [0.0; 32]
+        )));
+    }
+
+    /// [`matvec_interleaved_tokens_at`]'s body on prepared tokens (so a test can pick the
+    /// numerics).
+    fn tokens_into(tokens: &Tokens<'_>, w: &Interleaved, n: usize, y: &mut [f32]) {
+        let grouped = w.groups() * GROUP_ROWS;
+        let mut parts: Vec<(&mut [f32], &mut [f32])> = y
+            .chunks_mut(w.rows)
+            .map(|t| t.split_at_mut(grouped))
+            .take(n)
+            .collect();
+        let (tail, rb) = w.tail();
+        let mut tails: Vec<&mut [f32]> = parts.iter_mut().map(|(_, t)| &mut **t).collect();
+        tokens.rows_dot(w.dtype, tail, rb, &mut tails);
+        let mut outs: Vec<&mut [f32]> = parts.into_iter().map(|(g, _)| g).collect();
+        tokens.interleaved_groups(w, 0, &mut outs);
+    }
+
     /// The op on a pool of several threads gives the one-thread bits, and checks its sizes.
     #[test]
     fn the_same_bits_on_any_pool_and_shape_errors() {
@@ -210,6 +327,17 @@ mod tests {
         let mut alone = vec![0f32; 77];
         matvec_interleaved(&v, &x, &mut alone).unwrap();
         assert_eq!((a, b), (run(1), alone));
+        // Five tokens through the op on three threads: each its own call's bits.
+        let xs = rng.vec(5 * 256);
+        let mut y5 = vec![0f32; 5 * 1029];
+        crate::testutil::pool(3)
+            .install(|| matvec_interleaved_tokens(&il, &xs, 5, &mut y5))
+            .unwrap();
+        for (t, got) in y5.chunks(1029).enumerate() {
+            let mut one = vec![0f32; 1029];
+            matvec_interleaved(&il, &xs[t * 256..(t + 1) * 256], &mut one).unwrap();
+            assert_eq!(got, &one[..], "token {t}");
+        }
         assert!(crate::testutil::is_shape(matvec_interleaved(
             &il,
             &x[..32],

@@ -60,110 +60,148 @@ unsafe fn word(p: *const i8) -> __m256i {
     _mm256_set1_epi32(unsafe { (p as *const i32).read_unaligned() })
 }
 
-/// The group kernels for one instruction set (`$dot` its byte dot).
+/// The group kernels for one instruction set (`$dot` its byte dot), for `T` tokens at once:
+/// each block's quants are unpacked once, then every token's dots and FMAs follow in the order
+/// one token alone takes (`T` = 1), so a token's results are the same bits in any company.
 macro_rules! interleaved_kernels {
     ($feat:literal, $dot:ident) => {
         /// The eight rows of the group at `g` (`nb` blocks; Q4_1 where `MIN`, else Q4_0)
-        /// dotted with the int16 x.
+        /// dotted with each of `T` int16 x.
         ///
         /// # Safety
-        /// `nb` group blocks readable at `g`; `xq` and `st` of `nb` blocks; the CPU has `$feat`.
+        /// `nb` group blocks readable at `g`; every `xs[t]` and `st[t]` of `nb` blocks; the CPU
+        /// has `$feat`.
         #[inline]
         #[target_feature(enable = $feat)]
-        pub(crate) unsafe fn group_i16<const MIN: bool>(
+        pub(crate) unsafe fn group_i16<const MIN: bool, const T: usize>(
             g: *const u8,
             nb: usize,
-            xq: &XQuant,
-            st: &Starts,
-        ) -> [f32; 8] {
+            xs: [&XQuant; T],
+            st: [&Starts; T],
+        ) -> [[f32; 8]; T] {
             let (gbb, qo) = layout::<MIN>();
             let m = _mm256_set1_epi8(0x0F);
-            let mut acc = [_mm256_setzero_ps(); 2];
+            let mut acc = [[_mm256_setzero_ps(); 2]; T];
             for b in 0..nb {
-                // SAFETY: block b of the group, and of x, are readable per the caller.
+                // SAFETY: block b of the group, and of every x, are readable per the caller.
                 unsafe {
                     let p = g.add(b * gbb);
                     let dw = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
-                    let (h, l) = (xq.hl.as_ptr().add(64 * b), xq.hl.as_ptr().add(64 * b + 32));
-                    let mut sh = _mm256_setzero_si256();
-                    let mut sl = match MIN {
-                        true => _mm256_setzero_si256(),
-                        false => _mm256_set1_epi32(st.0.get_unchecked(b)[0]),
+                    let mins = match MIN {
+                        true => _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast())),
+                        false => _mm256_setzero_ps(),
                     };
-                    if MIN {
-                        let mins = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast()));
-                        let s = _mm256_set1_ps(*xq.sum.get_unchecked(b));
-                        acc[1] = _mm256_fmadd_ps(mins, s, acc[1]);
+                    let (lo, hi) = unpack(p.add(qo), m);
+                    for ((xq, st), a) in xs.iter().zip(&st).zip(acc.iter_mut()) {
+                        let (h, l) = (xq.hl.as_ptr().add(64 * b), xq.hl.as_ptr().add(64 * b + 32));
+                        let mut sh = _mm256_setzero_si256();
+                        let mut sl = match MIN {
+                            true => _mm256_setzero_si256(),
+                            false => _mm256_set1_epi32(st.0.get_unchecked(b)[0]),
+                        };
+                        if MIN {
+                            let s = _mm256_set1_ps(*xq.sum.get_unchecked(b));
+                            a[1] = _mm256_fmadd_ps(mins, s, a[1]);
+                        }
+                        for j in 0..4 {
+                            sh = $dot(sh, lo[j], word(h.add(4 * j)));
+                            sl = $dot(sl, lo[j], word(l.add(4 * j)));
+                            sh = $dot(sh, hi[j], word(h.add(16 + 4 * j)));
+                            sl = $dot(sl, hi[j], word(l.add(16 + 4 * j)));
+                        }
+                        let s = _mm256_add_epi32(_mm256_slli_epi32::<8>(sh), sl);
+                        let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.scale.get_unchecked(b)));
+                        a[b % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, a[b % 2]);
                     }
-                    for j in 0..4 {
-                        let v = _mm256_loadu_si256(p.add(qo + 32 * j).cast());
-                        let lo = _mm256_and_si256(v, m);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
-                        sh = $dot(sh, lo, word(h.add(4 * j)));
-                        sl = $dot(sl, lo, word(l.add(4 * j)));
-                        sh = $dot(sh, hi, word(h.add(16 + 4 * j)));
-                        sl = $dot(sl, hi, word(l.add(16 + 4 * j)));
-                    }
-                    let s = _mm256_add_epi32(_mm256_slli_epi32::<8>(sh), sl);
-                    let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.scale.get_unchecked(b)));
-                    acc[b % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc[b % 2]);
                 }
             }
-            let mut out = [0f32; 8];
-            // SAFETY: eight floats.
-            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(acc[0], acc[1])) };
+            let mut out = [[0f32; 8]; T];
+            for (o, a) in out.iter_mut().zip(acc) {
+                *o = sum8(a);
+            }
             out
         }
 
         /// The eight rows of the group at `g` (`nb` blocks; Q4_1 where `MIN`, else Q4_0)
-        /// dotted with the int8 x.
+        /// dotted with each of `T` int8 x.
         ///
         /// # Safety
         /// As for `group_i16`.
         #[inline]
         #[target_feature(enable = $feat)]
-        pub(crate) unsafe fn group_i8<const MIN: bool>(
+        pub(crate) unsafe fn group_i8<const MIN: bool, const T: usize>(
             g: *const u8,
             nb: usize,
-            x: &X8,
-            st: &Starts,
-        ) -> [f32; 8] {
+            xs: [&X8; T],
+            st: [&Starts; T],
+        ) -> [[f32; 8]; T] {
             let (gbb, qo) = layout::<MIN>();
             let m = _mm256_set1_epi8(0x0F);
-            let mut acc = [_mm256_setzero_ps(); 2];
+            let mut acc = [[_mm256_setzero_ps(); 2]; T];
             for b in 0..nb {
-                // SAFETY: block b of the group, and of x, are readable per the caller.
+                // SAFETY: block b of the group, and of every x, are readable per the caller.
                 unsafe {
                     let p = g.add(b * gbb);
                     let dw = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
-                    let q = x.q.as_ptr().add(32 * b);
-                    let [na, nb_] = match MIN {
-                        true => [0, 0],
-                        false => *st.0.get_unchecked(b),
+                    let mins = match MIN {
+                        true => _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast())),
+                        false => _mm256_setzero_ps(),
                     };
-                    let (mut sa, mut sb) = (_mm256_set1_epi32(na), _mm256_set1_epi32(nb_));
-                    if MIN {
-                        let mins = _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast()));
-                        let s = _mm256_set1_ps(*x.s.get_unchecked(b));
-                        acc[1] = _mm256_fmadd_ps(mins, s, acc[1]);
+                    let (lo, hi) = unpack(p.add(qo), m);
+                    for ((x, st), a) in xs.iter().zip(&st).zip(acc.iter_mut()) {
+                        let q = x.q.as_ptr().add(32 * b);
+                        let [na, nb_] = match MIN {
+                            true => [0, 0],
+                            false => *st.0.get_unchecked(b),
+                        };
+                        let (mut sa, mut sb) = (_mm256_set1_epi32(na), _mm256_set1_epi32(nb_));
+                        if MIN {
+                            let s = _mm256_set1_ps(*x.s.get_unchecked(b));
+                            a[1] = _mm256_fmadd_ps(mins, s, a[1]);
+                        }
+                        for j in 0..4 {
+                            sa = $dot(sa, lo[j], word(q.add(4 * j)));
+                            sb = $dot(sb, hi[j], word(q.add(16 + 4 * j)));
+                        }
+                        let (da, db) = (*x.dv.get_unchecked(8 * b), *x.dv.get_unchecked(8 * b + 4));
+                        let fa = _mm256_mul_ps(dw, _mm256_set1_ps(da));
+                        let fb = _mm256_mul_ps(dw, _mm256_set1_ps(db));
+                        a[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sa), fa, a[0]);
+                        a[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sb), fb, a[1]);
                     }
-                    for j in 0..4 {
-                        let v = _mm256_loadu_si256(p.add(qo + 32 * j).cast());
-                        let lo = _mm256_and_si256(v, m);
-                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
-                        sa = $dot(sa, lo, word(q.add(4 * j)));
-                        sb = $dot(sb, hi, word(q.add(16 + 4 * j)));
-                    }
-                    let (da, db) = (*x.dv.get_unchecked(8 * b), *x.dv.get_unchecked(8 * b + 4));
-                    let fa = _mm256_mul_ps(dw, _mm256_set1_ps(da));
-                    let fb = _mm256_mul_ps(dw, _mm256_set1_ps(db));
-                    acc[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sa), fa, acc[0]);
-                    acc[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sb), fb, acc[1]);
                 }
             }
+            let mut out = [[0f32; 8]; T];
+            for (o, a) in out.iter_mut().zip(acc) {
+                *o = sum8(a);
+            }
+            out
+        }
+
+        /// A group block's four 32-byte quant chunks at `q` as low and high nibbles.
+        ///
+        /// # Safety
+        /// 128 bytes readable at `q`; the CPU has `$feat`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn unpack(q: *const u8, m: __m256i) -> ([__m256i; 4], [__m256i; 4]) {
+            let (mut lo, mut hi) = ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4]);
+            for j in 0..4 {
+                // SAFETY: chunk j of the 128 readable bytes.
+                let v = unsafe { _mm256_loadu_si256(q.add(32 * j).cast()) };
+                lo[j] = _mm256_and_si256(v, m);
+                hi[j] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
+            }
+            (lo, hi)
+        }
+
+        /// The eight rows' sums of the two accumulators.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn sum8(a: [__m256; 2]) -> [f32; 8] {
             let mut out = [0f32; 8];
             // SAFETY: eight floats.
-            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(acc[0], acc[1])) };
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(a[0], a[1])) };
             out
         }
     };
