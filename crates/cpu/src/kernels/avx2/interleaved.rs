@@ -79,19 +79,11 @@ macro_rules! interleaved_kernels {
             xs: [&XQuant; T],
             st: [&Starts; T],
         ) -> [[f32; 8]; T] {
-            let (gbb, qo) = layout::<MIN>();
-            let m = _mm256_set1_epi8(0x0F);
             let mut acc = [[_mm256_setzero_ps(); 2]; T];
             for b in 0..nb {
                 // SAFETY: block b of the group, and of every x, are readable per the caller.
                 unsafe {
-                    let p = g.add(b * gbb);
-                    let dw = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
-                    let mins = match MIN {
-                        true => _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast())),
-                        false => _mm256_setzero_ps(),
-                    };
-                    let (lo, hi) = unpack(p.add(qo), m);
+                    let (dw, mins, lo, hi) = group_block::<MIN>(g, b);
                     for ((xq, st), a) in xs.iter().zip(&st).zip(acc.iter_mut()) {
                         let (h, l) = (xq.hl.as_ptr().add(64 * b), xq.hl.as_ptr().add(64 * b + 32));
                         let mut sh = _mm256_setzero_si256();
@@ -135,19 +127,11 @@ macro_rules! interleaved_kernels {
             xs: [&X8; T],
             st: [&Starts; T],
         ) -> [[f32; 8]; T] {
-            let (gbb, qo) = layout::<MIN>();
-            let m = _mm256_set1_epi8(0x0F);
             let mut acc = [[_mm256_setzero_ps(); 2]; T];
             for b in 0..nb {
                 // SAFETY: block b of the group, and of every x, are readable per the caller.
                 unsafe {
-                    let p = g.add(b * gbb);
-                    let dw = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
-                    let mins = match MIN {
-                        true => _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast())),
-                        false => _mm256_setzero_ps(),
-                    };
-                    let (lo, hi) = unpack(p.add(qo), m);
+                    let (dw, mins, lo, hi) = group_block::<MIN>(g, b);
                     for ((x, st), a) in xs.iter().zip(&st).zip(acc.iter_mut()) {
                         let q = x.q.as_ptr().add(32 * b);
                         let [na, nb_] = match MIN {
@@ -178,21 +162,35 @@ macro_rules! interleaved_kernels {
             out
         }
 
-        /// A group block's four 32-byte quant chunks at `q` as low and high nibbles.
+        /// Group block `b` at `g` (Q4_1 where `MIN`): its eight rows' scales, their mins (Q4_1;
+        /// else zeros), and its four 32-byte quant chunks as low and high nibbles.
         ///
         /// # Safety
-        /// 128 bytes readable at `q`; the CPU has `$feat`.
+        /// Block b of the group readable at `g`; the CPU has `$feat`.
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn unpack(q: *const u8, m: __m256i) -> ([__m256i; 4], [__m256i; 4]) {
+        unsafe fn group_block<const MIN: bool>(
+            g: *const u8,
+            b: usize,
+        ) -> (__m256, __m256, [__m256i; 4], [__m256i; 4]) {
+            let (gbb, qo) = layout::<MIN>();
+            let m = _mm256_set1_epi8(0x0F);
             let (mut lo, mut hi) = ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4]);
-            for j in 0..4 {
-                // SAFETY: chunk j of the 128 readable bytes.
-                let v = unsafe { _mm256_loadu_si256(q.add(32 * j).cast()) };
-                lo[j] = _mm256_and_si256(v, m);
-                hi[j] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
+            // SAFETY: the block's scales, mins and quant chunks are readable per the caller.
+            unsafe {
+                let p = g.add(b * gbb);
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
+                let mins = match MIN {
+                    true => _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast())),
+                    false => _mm256_setzero_ps(),
+                };
+                for j in 0..4 {
+                    let v = _mm256_loadu_si256(p.add(qo + 32 * j).cast());
+                    lo[j] = _mm256_and_si256(v, m);
+                    hi[j] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
+                }
+                (dw, mins, lo, hi)
             }
-            (lo, hi)
         }
 
         /// The eight rows' sums of the two accumulators.
