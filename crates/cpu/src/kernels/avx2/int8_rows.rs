@@ -191,9 +191,7 @@ macro_rules! int8_kernel {
                 }
                 for k in 0..n {
                     let b = CHUNK * c + k;
-                    let xv = _mm256_loadu_si256(x.q.as_ptr().add(32 * b).cast());
-                    let start = bias_start::<F>(x, b);
-                    let dx = _mm256_loadu_ps(x.dv.as_ptr().add(8 * b));
+                    let (xv, start, dx) = x_block::<F>(x, b);
                     for ((&pi, a), dwi) in p.iter().zip(acc.iter_mut()).zip(&dw) {
                         let q = F::block(pi, k);
                         let (u, xk) = match F::SIGNED {
@@ -256,10 +254,7 @@ macro_rules! int8_kernel {
                 }
                 for k in 0..n {
                     let b = CHUNK * c + k;
-                    let xv = _mm256_loadu_si256(x.q.as_ptr().add(32 * b).cast());
-                    let start = bias_start::<F>(x, b);
-                    // x's two half scales, in the lanes of the dot.
-                    let dx = _mm256_loadu_ps(x.dv.as_ptr().add(8 * b));
+                    let (xv, start, dx) = x_block::<F>(x, b);
                     for ((row, a), dwi) in rows.iter().zip(acc.iter_mut()).zip(&dw) {
                         let xk = match F::SIGNED {
                             true => _mm256_sign_epi8(xv, row.sign[k].assume_init()),
@@ -305,6 +300,24 @@ impl Rows {
         scale: MaybeUninit::uninit(),
         min: [MaybeUninit::uninit(); 2],
     };
+}
+
+/// What block `b` of `x` brings to every row's dot: its 32 quants, the integer start value of
+/// format `F` ([`bias_start`]) and its two half scales in the lanes of the dot.
+///
+/// # Safety
+/// Block b exists in `x`; the CPU has AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn x_block<F: Int8Format>(x: &X8, b: usize) -> (__m256i, __m256i, __m256) {
+    // SAFETY: block b's quants, lanes and scales are in x per the caller.
+    unsafe {
+        (
+            _mm256_loadu_si256(x.q.as_ptr().add(32 * b).cast()),
+            bias_start::<F>(x, b),
+            _mm256_loadu_ps(x.dv.as_ptr().add(8 * b)),
+        )
+    }
 }
 
 /// The integer start value of block `b`'s dot for format `F`: −BIAS · Σ q of each 4 quants of
