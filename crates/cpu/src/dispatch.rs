@@ -472,48 +472,37 @@ impl Tokens<'_> {
             use avx2::interleaved::{avx2 as a, vnni as v, Starts};
             let wide = self.acts.first().is_some_and(|t| t.wide());
             let q41 = w.dtype == DType::Q4_1;
-            let x8: Option<Vec<&avx2::X8>> = self.acts.iter().map(|t| t.int8(w.dtype)).collect();
-            if let Some(xs) = x8 {
-                let st: Vec<Starts> = xs.iter().map(|x| Starts::of_int8(x)).collect();
-                for (c, outs) in outs.chunks_mut(4).enumerate() {
-                    let (xs, st) = (&xs[4 * c..], &st[4 * c..]);
-                    by_tokens!(outs.len(), T => {
-                        let xt: [&avx2::X8; T] = std::array::from_fn(|i| xs[i]);
-                        let stt: [&Starts; T] = std::array::from_fn(|i| &st[i]);
-                        let kernel = match (wide, q41) {
-                            (true, true) => v::group_i8::<true, T>,
-                            (true, false) => v::group_i8::<false, T>,
-                            (false, true) => a::group_i8::<true, T>,
-                            (false, false) => a::group_i8::<false, T>,
-                        };
-                        // SAFETY: as in `Activations::interleaved_groups` (checked there by
-                        // the caller's sizes), for every token of the run.
-                        groups_of_tokens(w, g0, outs, |g, nb| unsafe { kernel(g, nb, xt, stt) });
-                    });
-                }
-                return;
+            // Every token's x of one kind (`$X`, from `$of`), its starts (`$starts`) and the
+            // group kernel (`$kernel`) for runs of up to four tokens.
+            macro_rules! runs {
+                ($of:ident, $X:ty, $starts:ident, $kernel:ident) => {
+                    let xs: Option<Vec<&$X>> = self.acts.iter().map(|t| t.$of(w.dtype)).collect();
+                    if let Some(xs) = xs {
+                        let st: Vec<Starts> = xs.iter().map(|x| Starts::$starts(x)).collect();
+                        for (c, outs) in outs.chunks_mut(4).enumerate() {
+                            let (xs, st) = (&xs[4 * c..], &st[4 * c..]);
+                            by_tokens!(outs.len(), T => {
+                                let xt: [&$X; T] = std::array::from_fn(|i| xs[i]);
+                                let stt: [&Starts; T] = std::array::from_fn(|i| &st[i]);
+                                let kernel = match (wide, q41) {
+                                    (true, true) => v::$kernel::<true, T>,
+                                    (true, false) => v::$kernel::<false, T>,
+                                    (false, true) => a::$kernel::<true, T>,
+                                    (false, false) => a::$kernel::<false, T>,
+                                };
+                                // SAFETY: as in `Activations::interleaved_groups` (the sizes
+                                // checked by `groups_of_tokens`), for every token of the run.
+                                groups_of_tokens(w, g0, outs, |g, nb| unsafe {
+                                    kernel(g, nb, xt, stt)
+                                });
+                            });
+                        }
+                        return;
+                    }
+                };
             }
-            let x16: Option<Vec<&avx2::XQuant>> =
-                self.acts.iter().map(|t| t.int16(w.dtype)).collect();
-            if let Some(xs) = x16 {
-                let st: Vec<Starts> = xs.iter().map(|x| Starts::of_int16(x)).collect();
-                for (c, outs) in outs.chunks_mut(4).enumerate() {
-                    let (xs, st) = (&xs[4 * c..], &st[4 * c..]);
-                    by_tokens!(outs.len(), T => {
-                        let xt: [&avx2::XQuant; T] = std::array::from_fn(|i| xs[i]);
-                        let stt: [&Starts; T] = std::array::from_fn(|i| &st[i]);
-                        let kernel = match (wide, q41) {
-                            (true, true) => v::group_i16::<true, T>,
-                            (true, false) => v::group_i16::<false, T>,
-                            (false, true) => a::group_i16::<true, T>,
-                            (false, false) => a::group_i16::<false, T>,
-                        };
-                        // SAFETY: as above, for the int16 x.
-                        groups_of_tokens(w, g0, outs, |g, nb| unsafe { kernel(g, nb, xt, stt) });
-                    });
-                }
-                return;
-            }
+            runs!(int8, avx2::X8, of_int8, group_i8);
+            runs!(int16, avx2::XQuant, of_int16, group_i16);
         }
         for (t, out) in self.acts.iter().zip(outs.iter_mut()) {
             t.interleaved_groups(w, g0, out);
