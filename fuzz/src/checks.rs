@@ -29,19 +29,19 @@ fn allocations(plan: &PlanFile, n_layers: usize, ffn: usize) {
     let (gate, up) = (zeros(DType::Q8_0, ffn, dim), zeros(DType::F16, ffn, dim));
     let out = zeros(DType::Q8_0, config.vocab_size, dim);
     let layer = LayerTensors {
-        wq: &q,
-        wk: &kv,
-        wv: &kv,
-        wo: &o,
-        gate: &gate,
-        up: &up,
+        wq: (&q).into(),
+        wk: (&kv).into(),
+        wv: (&kv).into(),
+        wo: (&o).into(),
+        gate: (&gate).into(),
+        up: (&up).into(),
         down_t: DType::Q8_0,
         shared: None,
     };
     let model = ModelTensors {
         config: &config,
         layers: vec![layer; n_layers],
-        output: &out,
+        output: (&out).into(),
     };
     match gpu_allocations(&model, plan) {
         Ok(list) => {

@@ -220,8 +220,10 @@ class Model:
         config: ModelConfig,
         tensors: dict[str, tuple[str, int, int, npt.NDArray[np.uint8]]],
         copy_weights: bool = False,
+        interleave_ffn: bool = False,
     ) -> None: ...
     def tensor_address(self, name: str) -> int: ...
+    def tensor_layout(self, name: str) -> str: ...
     def load_plan(
         self,
         plan: str | os.PathLike[str],

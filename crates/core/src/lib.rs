@@ -33,4 +33,4 @@ pub use pages::PageBuf;
 pub use plan_file::{PlanFile, MAX_PLAN_BYTES, MAX_PLAN_COUNT, PLAN_FORMAT};
 pub use plan_record::PlanRecord;
 pub use quantize::quantize_row;
-pub use weight::Weight;
+pub use weight::{MatrixShape, Weight};

@@ -62,6 +62,25 @@ impl Weight {
     }
 }
 
+/// A matrix's format and shape, without its bytes (what byte accounting needs, whatever the
+/// layout the bytes are kept in).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatrixShape {
+    pub dtype: DType,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl From<&Weight> for MatrixShape {
+    fn from(w: &Weight) -> MatrixShape {
+        MatrixShape {
+            dtype: w.dtype,
+            rows: w.rows,
+            cols: w.cols,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -17,6 +17,7 @@ mod bandwidth;
 mod check;
 mod dispatch;
 mod kernels;
+pub mod layout;
 pub mod numerics;
 mod operands;
 mod ops;
@@ -27,10 +28,12 @@ mod simd;
 mod testutil;
 
 pub use bandwidth::{measure_format_bandwidth, measure_read_bandwidth, pseudo_random_weight};
+pub use layout::{interleaving, LAYOUT_ENV};
 pub use numerics::{numerics, Numerics, NUMERICS_ENV};
 pub use operands::attention::HeadCache;
 pub use operands::input_major::{ActiveInput, InputMajor};
 pub use operands::interleaved::Interleaved;
+pub use operands::matrix::{Matrix, MatrixRef};
 pub use ops::attend::attend_head;
 pub use ops::attend_block::{attend_block, block_attention_is_fast, BlockScratch, QueryBlock};
 pub use ops::input_major::matvec_input;
@@ -38,6 +41,7 @@ pub use ops::interleaved::{
     matvec_interleaved, matvec_interleaved_many, matvec_interleaved_tokens,
 };
 pub use ops::matmul::matmul;
+pub use ops::matrix::{matvec_matrices, matvec_matrices_tokens};
 pub use ops::matvec::{matvec, matvec_many};
 pub use ops::matvec_tokens::matvec_tokens;
 pub use ops::pass::{in_pass, Disjoint, Pass, PreparedX};

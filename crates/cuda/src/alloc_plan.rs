@@ -28,7 +28,7 @@
 //!
 //! Each size is rounded up to [`ALIGN`](crate::layout::ALIGN) bytes.
 
-use powerinfer_core::{ensure, DType, ModelConfig, PlanFile, Result, Weight};
+use powerinfer_core::{ensure, DType, MatrixShape, ModelConfig, PlanFile, Result, Weight};
 
 use crate::layout::{align, att_part_len, slab_geometry, xq_bytes};
 
@@ -44,14 +44,15 @@ pub const F32_BYTES: usize = 4;
 /// One decoder layer's matrices as the GPU executor uploads them.
 #[derive(Clone, Copy, Debug)]
 pub struct LayerTensors<'a> {
-    pub wq: &'a Weight,
-    pub wk: &'a Weight,
-    pub wv: &'a Weight,
-    pub wo: &'a Weight,
+    /// The attention's projections (their shapes: the CPU may keep them in another layout).
+    pub wq: MatrixShape,
+    pub wk: MatrixShape,
+    pub wv: MatrixShape,
+    pub wo: MatrixShape,
     /// The activated input projection (a gate-less family's one input projection).
-    pub gate: &'a Weight,
+    pub gate: MatrixShape,
     /// The up projection (not on the GPU for a gate-less family, `arch.no_gate`).
-    pub up: &'a Weight,
+    pub up: MatrixShape,
     /// Format of the transposed down projection's rows (`ffn` rows of `dim` weights), as the
     /// engine builds it (`ffn_down`'s format, F16 when `dim` is no whole number of its blocks).
     pub down_t: DType,
@@ -66,14 +67,14 @@ pub struct LayerTensors<'a> {
 pub struct ModelTensors<'a> {
     pub config: &'a ModelConfig,
     pub layers: Vec<LayerTensors<'a>>,
-    /// The output matrix (the embedding table when tied).
-    pub output: &'a Weight,
+    /// The output matrix's shape (the embedding table when tied).
+    pub output: MatrixShape,
 }
 
 /// Bytes of a whole matrix on the device: `rows · row_bytes`, aligned. `Error::Unsupported`
 /// for a format the GPU kernels do not take ([`crate::GPU_DTYPES`]): a plan putting such a
 /// matrix on the GPU is refused when it is read, before anything is uploaded.
-fn matrix_bytes(w: &Weight) -> Result<usize> {
+fn matrix_bytes(w: MatrixShape) -> Result<usize> {
     crate::kernels::ensure_gpu_dtype(w.dtype)?;
     Ok(align(w.rows * w.dtype.row_bytes(w.cols)?))
 }
@@ -333,19 +334,19 @@ mod tests {
 
         fn model(&self, down_t: DType) -> ModelTensors<'_> {
             let layer = LayerTensors {
-                wq: &self.q,
-                wk: &self.kv,
-                wv: &self.kv,
-                wo: &self.o,
-                gate: &self.gate,
-                up: &self.up,
+                wq: (&self.q).into(),
+                wk: (&self.kv).into(),
+                wv: (&self.kv).into(),
+                wo: (&self.o).into(),
+                gate: (&self.gate).into(),
+                up: (&self.up).into(),
                 down_t,
                 shared: None,
             };
             ModelTensors {
                 config: &self.config,
                 layers: vec![layer; 2],
-                output: &self.out,
+                output: (&self.out).into(),
             }
         }
     }
@@ -553,19 +554,19 @@ mod tests {
         let g = zeros(q4k, 512, 256);
         let out = zeros(q6k, 100, 256);
         let layer = LayerTensors {
-            wq: &q,
-            wk: &kv,
-            wv: &kv,
-            wo: &q,
-            gate: &g,
-            up: &g,
+            wq: (&q).into(),
+            wk: (&kv).into(),
+            wv: (&kv).into(),
+            wo: (&q).into(),
+            gate: (&g).into(),
+            up: (&g).into(),
             down_t: q6k,
             shared: None,
         };
         let m = ModelTensors {
             config: &c,
             layers: vec![layer; 2],
-            output: &out,
+            output: (&out).into(),
         };
         let hot: Vec<u32> = (0..11).map(|i| i * 7).collect();
         let p = PlanFile {
@@ -590,11 +591,17 @@ mod tests {
             let w = zeros(dtype, 256, 256);
             let refused = [
                 ModelTensors {
-                    layers: vec![LayerTensors { wo: &w, ..layer }; 2],
+                    layers: vec![
+                        LayerTensors {
+                            wo: (&w).into(),
+                            ..layer
+                        };
+                        2
+                    ],
                     ..m.clone()
                 },
                 ModelTensors {
-                    output: &w,
+                    output: (&w).into(),
                     ..m.clone()
                 },
                 ModelTensors {
@@ -653,15 +660,15 @@ mod tests {
         c.dim = 48;
         let g = zeros(DType::F16, 96, 48);
         let layer = |down_t| LayerTensors {
-            gate: &g,
-            up: &g,
+            gate: (&g).into(),
+            up: (&g).into(),
             down_t,
             ..t.model(down_t).layers[0]
         };
         let m = |down_t| ModelTensors {
             config: &c,
             layers: vec![layer(down_t); 2],
-            output: &t.out,
+            output: (&t.out).into(),
         };
         assert!(gpu_allocations(&m(DType::F16), &plan(8)).is_ok());
         assert!(gpu_allocations(&m(DType::Q8_0), &plan(8)).is_err());

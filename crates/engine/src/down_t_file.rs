@@ -17,6 +17,8 @@ use std::sync::Arc;
 
 use powerinfer_core::{ensure, Buffer, DType, Error, ModelConfig, Result, Weight};
 
+use powerinfer_cpu::Matrix;
+
 use crate::layer_weights::LayerWeights;
 use crate::transpose::{transpose_into, transposed_bytes, transposed_dtype};
 
@@ -90,12 +92,12 @@ pub fn map_down_t(
     let io = |what: &str, e: std::io::Error| {
         Error::ModelFile(format!("{}: {what}: {e}", path.display()))
     };
-    let downs: Vec<&Weight> = layers.iter().map(|l| &l.w_down).collect();
+    let downs: Vec<&Matrix> = layers.iter().map(|l| &l.w_down).collect();
     let sizes = downs
         .iter()
-        .map(|w| transposed_bytes(w))
+        .map(|w| transposed_bytes(*w))
         .collect::<Result<Vec<_>>>()?;
-    let dtypes: Vec<DType> = downs.iter().map(|w| transposed_dtype(w)).collect();
+    let dtypes: Vec<DType> = downs.iter().map(|w| transposed_dtype(*w)).collect();
     let head = header(fingerprint, &sizes, &dtypes)?;
     let total = HEADER + sizes.iter().map(|&n| aligned(n)).sum::<usize>();
     // Something at `path` that is not a regular file (a FIFO, a directory) is the caller's
@@ -107,7 +109,7 @@ pub fn map_down_t(
         f.write_all(&head).map_err(|e| io("writing", e))?;
         for (w, &n) in downs.iter().zip(&sizes) {
             let mut rows = vec![0u8; aligned(n)];
-            transpose_into(w, &mut rows[..n])?;
+            transpose_into(&*w.to_rows()?, &mut rows[..n])?;
             f.write_all(&rows).map_err(|e| io("writing", e))?;
         }
         f.sync_all().map_err(|e| io("writing", e))?;
@@ -131,7 +133,7 @@ pub fn map_down_t(
         // SAFETY: at..at + n lies inside the map (total counts every layer), which `owner`
         // keeps alive and unchanged for as long as the buffer lives.
         let bytes = unsafe { Buffer::borrowed(base.add(at), n, Arc::clone(&owner)) };
-        out.push(Weight::new(d, w.cols, w.rows, bytes)?);
+        out.push(Weight::new(d, w.cols(), w.rows(), bytes)?);
         at += aligned(n);
     }
     Ok(out)

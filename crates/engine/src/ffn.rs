@@ -7,8 +7,8 @@
 
 use powerinfer_core::{Result, Weight};
 use powerinfer_cpu::{
-    axpy_rows, matmul, matvec, matvec_many, matvec_rows, matvec_tokens, sparse_ffn, GateRows,
-    SparseFfn,
+    axpy_rows, matmul, matvec, matvec_matrices, matvec_matrices_tokens, matvec_rows, sparse_ffn,
+    GateRows, MatrixRef, SparseFfn,
 };
 use rayon::prelude::*;
 
@@ -38,24 +38,34 @@ pub enum Arith {
 }
 
 /// `y = W x` for n tokens: a matvec for one token, a batched matmul (or, with
-/// [`Arith::Steps`], the per-token matvecs) for more.
-pub fn project(w: &Weight, x: &[f32], n: usize, y: &mut Vec<f32>, a: Arith) -> Result<()> {
-    y.resize(n * w.rows, 0.0);
+/// [`Arith::Steps`], the per-token matvecs) for more. `w` in either layout (a [`Weight`] or a
+/// [`powerinfer_cpu::Matrix`]).
+pub fn project<'a>(
+    w: impl Into<MatrixRef<'a>>,
+    x: &[f32],
+    n: usize,
+    y: &mut Vec<f32>,
+    a: Arith,
+) -> Result<()> {
+    let w = w.into();
+    y.resize(n * w.rows(), 0.0);
     match (n, a) {
-        (1, _) => matvec(w, x, y),
-        (_, Arith::Steps) => matvec_tokens(&[w], x, n, &mut [&mut y[..]]),
+        (1, _) => matvec_matrices(&[w], x, &mut [y]),
+        (_, Arith::Steps) => matvec_matrices_tokens(&[w], x, n, &mut [&mut y[..]]),
         (_, Arith::Batch) => matmul(w, x, n, y),
     }
 }
 
-/// `ys[i] = ws[i] x` for n tokens; one parallel region for all weights when decoding.
-pub fn project_many<const K: usize>(
-    ws: [&Weight; K],
+/// `ys[i] = ws[i] x` for n tokens; one parallel region for all weights of a layout when
+/// decoding.
+pub fn project_many<'a, W: Into<MatrixRef<'a>>, const K: usize>(
+    ws: [W; K],
     x: &[f32],
     n: usize,
     ys: [&mut Vec<f32>; K],
     a: Arith,
 ) -> Result<()> {
+    let ws: [MatrixRef<'a>; K] = ws.map(Into::into);
     if n > 1 && a == Arith::Batch {
         for (w, y) in ws.into_iter().zip(ys) {
             project(w, x, n, y, a)?;
@@ -64,12 +74,12 @@ pub fn project_many<const K: usize>(
     }
     let mut outs: Vec<&mut [f32]> = Vec::with_capacity(K);
     for (w, y) in ws.iter().zip(ys) {
-        y.resize(n * w.rows, 0.0);
+        y.resize(n * w.rows(), 0.0);
         outs.push(y.as_mut_slice());
     }
     match n {
-        1 => matvec_many(&ws, x, &mut outs),
-        _ => matvec_tokens(&ws, x, n, &mut outs),
+        1 => matvec_matrices(&ws, x, &mut outs),
+        _ => matvec_matrices_tokens(&ws, x, n, &mut outs),
     }
 }
 
@@ -208,8 +218,8 @@ fn fused(
     out: &mut [f32],
 ) -> Result<usize> {
     let ffn = SparseFfn {
-        gate: &lw.w_gate,
-        up: act.gated.then_some(&lw.w_up),
+        gate: lw.w_gate.indexed()?,
+        up: act.gated.then(|| lw.w_up.indexed()).transpose()?,
         down_t,
     };
     let bias = lw.ffn_bias.as_ref().map(|[b, _]| b.as_slice());
@@ -218,8 +228,9 @@ fn fused(
 }
 
 /// Bytes of `n` rows of `w`.
-fn rows_bytes(w: &Weight, n: usize) -> u64 {
-    (w.data.len() / w.rows.max(1) * n) as u64
+fn rows_bytes<'a>(w: impl Into<MatrixRef<'a>>, n: usize) -> u64 {
+    let w = w.into();
+    (w.dtype().row_bytes(w.cols()).unwrap_or(0) * n) as u64
 }
 
 /// Predictor mode's active neurons of one token into `s.predicted` (its time charged to
@@ -254,7 +265,7 @@ fn store_decode(
     let bias = lw.ffn_bias.as_ref().map(|[b, _]| b.as_slice());
     match call.mode {
         Sparsity::ExactRelu => {
-            s.gate.resize(lw.w_gate.rows, 0.0);
+            s.gate.resize(lw.w_gate.rows(), 0.0);
             matvec(&lw.w_gate, call.xn, &mut s.gate)?;
             add_gate_bias(lw, None, &mut s.gate);
             keep_firing(
@@ -578,14 +589,14 @@ pub(crate) fn rows_ffn(
     }
 
     s.gate.resize(ids.len(), 0.0);
-    matvec_rows(&lw.w_gate, xn, ids, &mut s.gate)?;
+    matvec_rows(lw.w_gate.indexed()?, xn, ids, &mut s.gate)?;
     add_gate_bias(lw, Some(ids), &mut s.gate);
     match threshold {
         None => {
             keep_firing(act, ids.iter().copied(), &s.gate, &mut s.idx, &mut s.vals);
             if act.gated {
                 s.up.resize(s.idx.len(), 0.0);
-                matvec_rows(&lw.w_up, xn, &s.idx, &mut s.up)?;
+                matvec_rows(lw.w_up.indexed()?, xn, &s.idx, &mut s.up)?;
                 s.vals
                     .iter_mut()
                     .zip(&s.up)
@@ -598,7 +609,7 @@ pub(crate) fn rows_ffn(
                 false => s.up.resize(ids.len(), 1.0),
                 true => {
                     s.up.resize(ids.len(), 0.0);
-                    matvec_rows(&lw.w_up, xn, ids, &mut s.up)?;
+                    matvec_rows(lw.w_up.indexed()?, xn, ids, &mut s.up)?;
                 }
             }
             s.idx.clear();
@@ -619,7 +630,7 @@ pub(crate) fn rows_ffn(
         ids.len()
     };
     let gate_up = rows_bytes(&lw.w_gate, ids.len()) + up(up_rows);
-    let ffn = lw.w_gate.rows;
+    let ffn = lw.w_gate.rows();
     let dense = match dense_down {
         DenseDown::Never => false,
         DenseDown::Always => true,
@@ -634,7 +645,7 @@ pub(crate) fn rows_ffn(
             s.gate[i as usize] = v;
         }
         matvec(&lw.w_down, &s.gate, out)?;
-        return Ok(gate_up + lw.w_down.data.len() as u64);
+        return Ok(gate_up + lw.w_down.n_bytes() as u64);
     }
     out.fill(0.0);
     let down_t = &model.down_t()?[layer];

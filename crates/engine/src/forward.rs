@@ -360,9 +360,9 @@ pub(crate) fn attention_block(
                     SiteRead::Kept(p, t) => {
                         let ic = model.input_copies()?;
                         let cp = &ic.layers[l];
-                        s.q.resize(lw.wq.rows, 0.0);
-                        s.k.resize(lw.wk.rows, 0.0);
-                        s.v.resize(lw.wv.rows, 0.0);
+                        s.q.resize(lw.wq.rows(), 0.0);
+                        s.k.resize(lw.wk.rows(), 0.0);
+                        s.v.resize(lw.wv.rows(), 0.0);
                         let norms = &cp.norms[Site::AttnIn as usize];
                         let mats = [
                             site_matrix(ic, &lw.wq, &cp.q),
@@ -459,7 +459,7 @@ pub(crate) fn attention_block(
                     SiteRead::Kept(p, t) => {
                         let ic = model.input_copies()?;
                         let cp = &ic.layers[l];
-                        s.o.resize(lw.wo.rows, 0.0);
+                        s.o.resize(lw.wo.rows(), 0.0);
                         let norms = &cp.norms[Site::AttnOut as usize];
                         let mats = [site_matrix(ic, &lw.wo, &cp.o)];
                         let ys: &mut [&mut [f32]] = &mut [&mut s.o];
@@ -746,7 +746,13 @@ pub(crate) fn embed(
     x.resize(tokens.len() * c.dim, 0.0);
     for (row, &t) in x.chunks_exact_mut(c.dim).zip(tokens) {
         let e = &model.token_embd;
-        powerinfer_cpu::dequantize_row(e.dtype, e.row(t as usize), row)?;
+        ensure!(
+            (t as usize) < e.rows(),
+            Token,
+            "token id {t} is past the vocabulary of {}",
+            e.rows()
+        );
+        powerinfer_cpu::dequantize_row(e.dtype(), &e.row(t as usize), row)?;
         if let Some(f) = p.scale {
             row.iter_mut().for_each(|v| *v *= f);
         }
@@ -800,10 +806,10 @@ pub(crate) fn output_block(
     match site_read(mode, t, start + first, n_out) {
         SiteRead::Kept(p, t) => {
             let oc = model.output_copy()?;
-            logits.resize(model.output.rows, 0.0);
+            logits.resize(model.output.rows(), 0.0);
             let ys: &mut [&mut [f32]] = &mut [&mut logits];
             let mats = [SiteMatrix {
-                w: &model.output,
+                w: model.output.view(),
                 m: &oc.w,
                 crossover: oc.crossover,
             }];

@@ -19,8 +19,8 @@ use std::str::FromStr;
 
 use std::collections::HashMap;
 
-use powerinfer_core::{bail, ensure, DType, Error, Result, Weight};
-use powerinfer_cpu::{matvec_input, ActiveInput, InputMajor};
+use powerinfer_core::{bail, ensure, DType, Error, Result};
+use powerinfer_cpu::{matvec_input, ActiveInput, InputMajor, Matrix, MatrixRef};
 use rayon::prelude::*;
 
 use crate::env::share_from_env;
@@ -161,21 +161,21 @@ pub struct OutputCopy {
 }
 
 /// ‖W[:, i]‖ over the rows of all of `ws` (same columns), in f64, as f32.
-pub fn column_norms(ws: &[&Weight]) -> Result<Vec<f32>> {
-    let cols = ws.first().map_or(0, |w| w.cols);
+pub fn column_norms(ws: &[MatrixRef<'_>]) -> Result<Vec<f32>> {
+    let cols = ws.first().map_or(0, |w| w.cols());
     let mut sum = vec![0.0f64; cols];
     for w in ws {
         ensure!(
-            w.cols == cols,
+            w.cols() == cols,
             Shape,
             "column norms of matrices of different widths"
         );
-        let part = (0..w.rows)
+        let part = (0..w.rows())
             .into_par_iter()
             .fold(
                 || (vec![0.0f64; cols], vec![0.0f32; cols]),
                 |(mut acc, mut row), r| {
-                    if powerinfer_cpu::dequantize_row(w.dtype, w.row(r), &mut row).is_ok() {
+                    if powerinfer_cpu::dequantize_row(w.dtype(), &w.row(r), &mut row).is_ok() {
                         acc.iter_mut()
                             .zip(&row)
                             .for_each(|(a, &v)| *a += v as f64 * v as f64);
@@ -205,26 +205,29 @@ impl InputCopies {
             .zip(&program.layers)
             .map(|(l, p)| {
                 let up = match p.ffn_kind().gated {
-                    true => Some(InputMajor::new(&l.w_up)?),
+                    true => Some(InputMajor::new(&*l.w_up.to_rows()?)?),
                     false => None,
                 };
-                let mut ffn_in = vec![&l.w_gate];
+                let mut ffn_in = vec![l.w_gate.view()];
                 if up.is_some() {
-                    ffn_in.push(&l.w_up);
+                    ffn_in.push(l.w_up.view());
                 }
+                // The attention's rows in the file's layout (gathered back where interleaved).
+                let [wq, wk, wv, wo] = [&l.wq, &l.wk, &l.wv, &l.wo].map(|m| m.to_rows());
+                let (wq, wk, wv, wo) = (wq?, wk?, wv?, wo?);
                 Ok(LayerCopies {
-                    q: InputMajor::new(&l.wq)?,
-                    k: InputMajor::new(&l.wk)?,
-                    v: InputMajor::new(&l.wv)?,
-                    o: InputMajor::new(&l.wo)?,
-                    gate: InputMajor::new(&l.w_gate)?,
+                    q: InputMajor::new(&wq)?,
+                    k: InputMajor::new(&wk)?,
+                    v: InputMajor::new(&wv)?,
+                    o: InputMajor::new(&wo)?,
+                    gate: InputMajor::new(&*l.w_gate.to_rows()?)?,
                     up,
-                    down: InputMajor::new(&l.w_down)?,
+                    down: InputMajor::new(&*l.w_down.to_rows()?)?,
                     norms: [
-                        column_norms(&[&l.wq, &l.wk, &l.wv])?,
-                        column_norms(&[&l.wo])?,
+                        column_norms(&[(&*wq).into(), (&*wk).into(), (&*wv).into()])?,
+                        column_norms(&[(&*wo).into()])?,
                         column_norms(&ffn_in)?,
-                        column_norms(&[&l.w_down])?,
+                        column_norms(&[l.w_down.view()])?,
                     ],
                 })
             })
@@ -263,13 +266,12 @@ fn crossovers(weights: &[LayerWeights], layers: &[LayerCopies]) -> Result<HashMa
     let pinned = share_from_env(INPUT_CROSSOVER_ENV)?;
     let mut out = HashMap::new();
     for (lw, cp) in weights.iter().zip(layers) {
-        let up = cp.up.as_ref().map(|_| &lw.w_up);
-        for w in [&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w_gate, &lw.w_down]
-            .into_iter()
-            .chain(up)
-        {
-            let c = pinned.unwrap_or_else(|| input_crossover_share(w.dtype));
-            out.insert((w.dtype, w.rows, w.cols), c);
+        let up = cp.up.as_ref().map(|_| lw.w_up.view());
+        let attn = [&lw.wq, &lw.wk, &lw.wv, &lw.wo].map(|m| m.view());
+        let ffn = [&lw.w_gate, &lw.w_down].map(|m| m.view());
+        for w in attn.into_iter().chain(ffn).chain(up) {
+            let c = pinned.unwrap_or_else(|| input_crossover_share(w.dtype()));
+            out.insert((w.dtype(), w.rows(), w.cols()), c);
         }
     }
     Ok(out)
@@ -277,13 +279,14 @@ fn crossovers(weights: &[LayerWeights], layers: &[LayerCopies]) -> Result<HashMa
 
 impl OutputCopy {
     /// The copy of the output head `output`.
-    pub fn build(output: &Weight) -> Result<OutputCopy> {
-        let w = InputMajor::new(output)?;
+    pub fn build(output: &Matrix) -> Result<OutputCopy> {
+        let rows = output.to_rows()?;
+        let w = InputMajor::new(&rows)?;
         let crossover = share_from_env(INPUT_CROSSOVER_ENV)?
-            .unwrap_or_else(|| input_crossover_share(output.dtype));
+            .unwrap_or_else(|| input_crossover_share(output.dtype()));
         Ok(OutputCopy {
             w,
-            norms: column_norms(&[output])?,
+            norms: column_norms(&[(&*rows).into()])?,
             crossover,
         })
     }
@@ -325,15 +328,19 @@ pub struct InputScratch {
 
 /// One matrix of a site for [`project_kept`]: the weight, its input-major copy and crossover.
 pub struct SiteMatrix<'a> {
-    pub w: &'a Weight,
+    pub w: MatrixRef<'a>,
     pub m: &'a InputMajor,
     pub crossover: f32,
 }
 
 /// `w` with its copy `m` and the copies' crossover for it.
-pub fn site_matrix<'a>(ic: &InputCopies, w: &'a Weight, m: &'a InputMajor) -> SiteMatrix<'a> {
+pub fn site_matrix<'a>(
+    ic: &InputCopies,
+    w: impl Into<MatrixRef<'a>>,
+    m: &'a InputMajor,
+) -> SiteMatrix<'a> {
     SiteMatrix {
-        w,
+        w: w.into(),
         m,
         crossover: ic.crossover_of(m),
     }
@@ -398,7 +405,7 @@ pub fn project_kept(
         s.xm.clear();
         s.xm.extend_from_slice(x);
         mask_rows(score, norms, t, &mut s.xm, 0);
-        powerinfer_cpu::matvec_many(&dense_w, &s.xm, &mut dense_y)?;
+        powerinfer_cpu::matvec_matrices(&dense_w, &s.xm, &mut dense_y)?;
     }
     Ok(kept)
 }

@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use powerinfer_core::{bail, ensure, ModelConfig, Result, Weight};
+use powerinfer_cpu::Matrix;
 
 use crate::moe_weights::{MoeWeights, SharedExpert};
 
@@ -13,19 +14,25 @@ use crate::moe_weights::{MoeWeights, SharedExpert};
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
     pub attn_norm: Vec<f32>,
-    pub wq: Weight,
-    pub wk: Weight,
-    pub wv: Weight,
-    pub wo: Weight,
+    /// The attention's projections, interleaved at load where their format has that layout
+    /// ([`Matrix::for_products`]): only whole-matrix products read them.
+    pub wq: Matrix,
+    pub wk: Matrix,
+    pub wv: Matrix,
+    pub wo: Matrix,
     pub ffn_norm: Vec<f32>,
     /// The FFN's gate, up and down projections. In a mixture-of-experts layer these are the
     /// merged expert tensors as the file stores them (`ffn_gate_exps` and `ffn_up_exps` of
     /// `n_expert × expert_ffn` rows, `ffn_down_exps` of `n_expert × dim` rows of `expert_ffn`):
     /// the flattened neuron space the planner sees, which no dense-FFN product accepts (the
     /// down matrix has the wrong shape); [`LayerWeights::moe`] holds the per-expert views.
-    pub w_gate: Weight,
-    pub w_up: Weight,
-    pub w_down: Weight,
+    ///
+    /// A dense FFN's are interleaved at load where the model is loaded for dense decoding
+    /// ([`Layouts::ffn`]) and their format has that layout; the paths that read rows by index
+    /// take them through [`Matrix::indexed`].
+    pub w_gate: Matrix,
+    pub w_up: Matrix,
+    pub w_down: Matrix,
     /// The router, per-expert views and shared expert of a mixture-of-experts layer.
     pub moe: Option<MoeWeights>,
     /// Biases of q, k and v (families with [`ArchFeatures::qkv_bias`]).
@@ -47,6 +54,51 @@ pub struct LayerWeights {
     /// Biases of the FFN's activated input projection (ffn wide) and of its down projection
     /// (dim wide) (`ffn_bias`).
     pub ffn_bias: Option<[Vec<f32>; 2]>,
+}
+
+/// Which of a model's matrices are interleaved at load where their format has the layout
+/// ([`Matrix::for_products`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layouts {
+    /// The attention's projections and the output head: only whole-matrix products read them
+    /// (on by default).
+    pub attention: bool,
+    /// A dense FFN's gate, up and down: for a model decoded dense on the CPU. The sparse
+    /// modes, the neuron store and the GPU's hot rows read gate and up rows by index, and on
+    /// an interleaved FFN gather a row-major copy on first use ([`Matrix::indexed`]).
+    pub ffn: bool,
+}
+
+impl Layouts {
+    /// The attention's and the head's interleaved, the FFN's rows kept (the default).
+    pub const DEFAULT: Layouts = Layouts {
+        attention: true,
+        ffn: false,
+    };
+    /// Every matrix in the file's rows.
+    pub const ROWS: Layouts = Layouts {
+        attention: false,
+        ffn: false,
+    };
+    /// Every whole-matrix product's matrix interleaved (dense decoding on the CPU).
+    pub const DENSE: Layouts = Layouts {
+        attention: true,
+        ffn: true,
+    };
+
+    /// `w` as a matrix, interleaved when `on` (and its format allows).
+    pub(crate) fn matrix(on: bool, w: Weight) -> Result<Matrix> {
+        match on {
+            true => Matrix::for_products(w),
+            false => Ok(Matrix::Rows(w)),
+        }
+    }
+}
+
+impl Default for Layouts {
+    fn default() -> Layouts {
+        Layouts::DEFAULT
+    }
 }
 
 /// Take a tensor out of the map (its shape checked already, by the model's `check_shapes`).
@@ -154,16 +206,18 @@ impl LayerWeights {
         c: &ModelConfig,
         i: usize,
         tensors: &mut HashMap<String, Weight>,
+        layouts: Layouts,
     ) -> Result<(LayerWeights, Option<Weight>)> {
         let mut t = LayerTensors {
             i,
             map: tensors,
             norm_offset: c.arch.norm_offset,
         };
-        let wq = t.take("attn_q")?;
-        let wk = t.take("attn_k")?;
-        let wv = t.take("attn_v")?;
-        let wo = t.take("attn_output")?;
+        let attn = |w: Weight| Layouts::matrix(layouts.attention, w);
+        let wq = attn(t.take("attn_q")?)?;
+        let wk = attn(t.take("attn_k")?)?;
+        let wv = attn(t.take("attn_v")?)?;
+        let wo = attn(t.take("attn_output")?)?;
         let ffn = match c.moe.is_moe() {
             true => take_moe_ffn(c, &mut t)?,
             false => take_dense_ffn(c, &mut t)?,
@@ -176,6 +230,13 @@ impl LayerWeights {
         };
         let norms = take_norms(c, &mut t, ffn_norm_name)?;
         let biases = take_biases(c, &mut t, ffn_norm_name)?;
+        // A mixture of experts' merged tensors are read expert by expert, never whole.
+        let ffn_layout = |w: Weight| Layouts::matrix(layouts.ffn && ffn.moe.is_none(), w);
+        let (w_gate, w_up, w_down) = (
+            ffn_layout(ffn.gate)?,
+            ffn_layout(ffn.up)?,
+            ffn_layout(ffn.down)?,
+        );
         let layer = LayerWeights {
             attn_norm: norms.attn,
             wq,
@@ -183,9 +244,9 @@ impl LayerWeights {
             wv,
             wo,
             ffn_norm: norms.ffn,
-            w_gate: ffn.gate,
-            w_up: ffn.up,
-            w_down: ffn.down,
+            w_gate,
+            w_up,
+            w_down,
             moe: ffn.moe,
             qkv_bias: biases.qkv,
             qk_norm: norms.qk,

@@ -32,7 +32,7 @@ pub use forward::token_ids;
 pub use input_sparse::{InputScore, InputSparsity, SITES as INPUT_SITES};
 pub use kv_cache::{KvCache, KvPrecision};
 pub use layer::ModelProgram;
-pub use layer_weights::LayerWeights;
+pub use layer_weights::{LayerWeights, Layouts};
 pub use phases::{Phase, PhaseTimes};
 pub use placement::Placement;
 pub use profiler::{Captured, Profiler};

@@ -62,13 +62,13 @@ impl Placement {
         file.table.check_model(c.n_layers, c.n_neurons())?;
         for (i, l) in weights.layers.iter().enumerate() {
             ensure!(
-                file.table.layers[i].hot.is_empty() || l.w_gate.dtype == l.w_up.dtype,
+                file.table.layers[i].hot.is_empty() || l.w_gate.dtype() == l.w_up.dtype(),
                 Unsupported,
                 "the plan puts hot neurons of layer {i} on the GPU, whose gate ({}) and up ({}) \
                  projections differ in format; the GPU's fused gate/up kernel reads one format \
                  (plan again: the planner keeps such layers on the CPU)",
-                l.w_gate.dtype,
-                l.w_up.dtype
+                l.w_gate.dtype(),
+                l.w_up.dtype()
             );
         }
         // A mixture of experts' shared expert runs whole on one side: on the GPU with the
@@ -141,12 +141,12 @@ pub fn gpu_view(w: &ModelWeights) -> ModelTensors<'_> {
         .iter()
         .enumerate()
         .map(|(i, l)| LayerTensors {
-            wq: &l.wq,
-            wk: &l.wk,
-            wv: &l.wv,
-            wo: &l.wo,
-            gate: &l.w_gate,
-            up: &l.w_up,
+            wq: l.wq.shape(),
+            wk: l.wk.shape(),
+            wv: l.wv.shape(),
+            wo: l.wo.shape(),
+            gate: l.w_gate.shape(),
+            up: l.w_up.shape(),
             down_t: w.down_t_dtype(i),
             shared: l.moe.as_ref().and_then(|m| m.shared.as_ref()).map(|s| {
                 let down_t = crate::transpose::transposed_dtype(&s.down);
@@ -157,6 +157,6 @@ pub fn gpu_view(w: &ModelWeights) -> ModelTensors<'_> {
     ModelTensors {
         config: &w.config,
         layers,
-        output: &w.output,
+        output: w.output.shape(),
     }
 }

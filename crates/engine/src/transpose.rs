@@ -9,7 +9,7 @@
 //! format llama.cpp substitutes in the same case (Q2_K, Q3_K -> Q4_0; Q4_K -> Q5_0; Q5_K -> Q5_1;
 //! Q6_K -> Q8_0) where the length is a multiple of 32, and F16 otherwise.
 
-use powerinfer_core::{quantize_row, Buffer, DType, Result, Weight};
+use powerinfer_core::{quantize_row, Buffer, DType, MatrixShape, Result, Weight};
 use rayon::prelude::*;
 
 /// Rows decoded per parallel task while transposing.
@@ -18,7 +18,8 @@ const TILE: usize = 64;
 /// The format [`transpose`] stores `w`'s transpose in: `w`'s own when a row of `w.rows`
 /// weights is a whole number of its blocks, else the K-quant's 32-weight fallback
 /// ([`k_fallback`]) when that fits, else F16.
-pub fn transposed_dtype(w: &Weight) -> DType {
+pub fn transposed_dtype(w: impl Into<MatrixShape>) -> DType {
+    let w = w.into();
     [w.dtype, k_fallback(w.dtype)]
         .into_iter()
         .find(|d| d.row_bytes(w.rows).is_ok())
@@ -38,7 +39,8 @@ pub const fn k_fallback(dtype: DType) -> DType {
 }
 
 /// Bytes of `w`'s transpose as [`transpose`] stores it.
-pub fn transposed_bytes(w: &Weight) -> Result<usize> {
+pub fn transposed_bytes(w: impl Into<MatrixShape>) -> Result<usize> {
+    let w = w.into();
     Ok(transposed_dtype(w).row_bytes(w.rows)? * w.cols)
 }
 

@@ -6,12 +6,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, OnceLock, RwLock};
 
 use powerinfer_core::{bail, ensure, DType, ModelConfig, PageBuf, Result, TensorShape, Weight};
+use powerinfer_cpu::{Matrix, MatrixRef};
 use rayon::prelude::*;
 
 use crate::env::share_from_env;
 use crate::input_sparse::{InputCopies, OutputCopy};
 use crate::layer::ModelProgram;
-use crate::layer_weights::{take, take_norm, take_vector, LayerWeights};
+use crate::layer_weights::{take, take_norm, take_vector, LayerWeights, Layouts};
 use crate::neuron_store::store::NeuronStore;
 
 /// Environment variable pinning [`ModelWeights::down_crossover`] (a share in 0..=1).
@@ -23,8 +24,10 @@ pub struct ModelWeights {
     pub config: ModelConfig,
     /// The config's layer program, compiled once (see [`crate::layer`]).
     pub program: ModelProgram,
-    pub token_embd: Weight,
-    pub output: Weight,
+    /// The embedding table (the file's rows, or interleaved when it is the head too).
+    pub token_embd: Matrix,
+    /// The output head, interleaved where its format allows ([`Matrix::for_products`]).
+    pub output: Matrix,
     pub output_norm: Vec<f32>,
     /// The final LayerNorm's bias (families with `layer_norm`).
     pub output_norm_bias: Option<Vec<f32>>,
@@ -107,8 +110,8 @@ fn check_shapes(c: &ModelConfig, tensors: &HashMap<String, Weight>) -> Result<()
 
 /// The tensors outside the layers: embeddings, output head, final norm.
 struct GlobalTensors {
-    token_embd: Weight,
-    output: Weight,
+    token_embd: Matrix,
+    output: Matrix,
     output_norm: Vec<f32>,
     output_norm_bias: Option<Vec<f32>>,
     pos_embd: Option<Weight>,
@@ -117,12 +120,25 @@ struct GlobalTensors {
 impl GlobalTensors {
     /// Take them out of `tensors`: `output` is the embedding table when absent (tied
     /// embeddings); the norm's bias and the position embeddings where the family has them.
-    fn take(c: &ModelConfig, tensors: &mut HashMap<String, Weight>) -> Result<GlobalTensors> {
+    fn take(
+        c: &ModelConfig,
+        tensors: &mut HashMap<String, Weight>,
+        layouts: Layouts,
+    ) -> Result<GlobalTensors> {
+        let head = |w: Weight| Layouts::matrix(layouts.attention, w);
         let a = &c.arch;
-        let token_embd = take(tensors, "token_embd")?;
-        let output = match tensors.contains_key("output") {
-            true => take(tensors, "output")?,
-            false => token_embd.clone(),
+        // The head is a whole-matrix product, so it is interleaved where its format allows;
+        // the embedding table is read a row at a time, so it keeps the file's rows unless it
+        // is the head too (tied: one matrix, its rows gathered back one token at a time).
+        let (token_embd, output) = match tensors.contains_key("output") {
+            true => (
+                Matrix::Rows(take(tensors, "token_embd")?),
+                head(take(tensors, "output")?)?,
+            ),
+            false => {
+                let tied = head(take(tensors, "token_embd")?)?;
+                (tied.clone(), tied)
+            }
         };
         let output_norm = take_norm(tensors, "output_norm", a.norm_offset)?;
         let output_norm_bias = match a.layer_norm {
@@ -226,17 +242,26 @@ impl ModelWeights {
     /// `output` may be absent, in which case the embedding table is used (tied embeddings).
     pub fn from_tensors(
         config: ModelConfig,
+        tensors: HashMap<String, Weight>,
+    ) -> Result<ModelWeights> {
+        ModelWeights::from_tensors_with(config, tensors, Layouts::default())
+    }
+
+    /// [`ModelWeights::from_tensors`] with the FFN's layout chosen by `layouts`.
+    pub fn from_tensors_with(
+        config: ModelConfig,
         mut tensors: HashMap<String, Weight>,
+        layouts: Layouts,
     ) -> Result<ModelWeights> {
         config.validate()?;
         check_shapes(&config, &tensors)?;
         check_finite(&tensors)?;
         let c = &config;
-        let global = GlobalTensors::take(c, &mut tensors)?;
+        let global = GlobalTensors::take(c, &mut tensors, layouts)?;
         let mut layers = Vec::with_capacity(c.n_layers);
         let mut down_t_given = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
-            let (layer, given_t) = LayerWeights::take(c, i, &mut tensors)?;
+            let (layer, given_t) = LayerWeights::take(c, i, &mut tensors, layouts)?;
             // A mixture of experts' layers never come with a transposed down projection.
             if !c.moe.is_moe() {
                 down_t_given.push(given_t);
@@ -325,7 +350,11 @@ impl ModelWeights {
         let mut rest = store.as_mut_slice();
         for (l, &n) in self.layers.iter().zip(&sizes) {
             let (part, tail) = rest.split_at_mut(n);
-            dtypes.push(crate::transpose::transpose_into(&l.w_down, part)?);
+            // The file's rows of an interleaved down, gathered for the transpose alone.
+            dtypes.push(crate::transpose::transpose_into(
+                &*l.w_down.to_rows()?,
+                part,
+            )?);
             rest = tail;
         }
         let store = store.freeze();
@@ -340,7 +369,7 @@ impl ModelWeights {
                     start + n
                 );
             };
-            built.push(Weight::new(dtype, l.w_down.cols, l.w_down.rows, bytes)?);
+            built.push(Weight::new(dtype, l.w_down.cols(), l.w_down.rows(), bytes)?);
             start += n;
         }
         let _ = self.down_t.set(built);
@@ -436,7 +465,7 @@ impl ModelWeights {
         Ok(self
             .layers
             .get(layer)
-            .map_or(1.0, |l| down_crossover_share(l.w_down.dtype)))
+            .map_or(1.0, |l| down_crossover_share(l.w_down.dtype())))
     }
 
     /// The pinned share: set by [`ModelWeights::set_down_crossover`] before the first query,
@@ -496,23 +525,23 @@ impl ModelWeights {
     /// The matrix a canonical tensor name (`token_embd`, `output`, `blk.N.attn_q`, ...,
     /// `blk.N.ffn_down`) resolved to as the engine reads it; None for a name it does not hold
     /// as a matrix.
-    pub fn tensor(&self, name: &str) -> Option<&Weight> {
+    pub fn tensor(&self, name: &str) -> Option<MatrixRef<'_>> {
         match name {
-            "token_embd" => return Some(&self.token_embd),
-            "output" => return Some(&self.output),
+            "token_embd" => return Some(self.token_embd.view()),
+            "output" => return Some(self.output.view()),
             _ => {}
         }
         let (blk, rest) = name.strip_prefix("blk.")?.split_once('.')?;
         let l = self.layers.get(blk.parse::<usize>().ok()?)?;
         Some(match rest {
-            "attn_q" => &l.wq,
-            "attn_k" => &l.wk,
-            "attn_v" => &l.wv,
-            "attn_output" => &l.wo,
-            "ffn_gate" | "ffn_gate_exps" => &l.w_gate,
-            "ffn_up" | "ffn_up_exps" => &l.w_up,
-            "ffn_down" | "ffn_down_exps" => &l.w_down,
-            "ffn_gate_inp" => &l.moe.as_ref()?.router,
+            "attn_q" => l.wq.view(),
+            "attn_k" => l.wk.view(),
+            "attn_v" => l.wv.view(),
+            "attn_output" => l.wo.view(),
+            "ffn_gate" | "ffn_gate_exps" => l.w_gate.view(),
+            "ffn_up" | "ffn_up_exps" => l.w_up.view(),
+            "ffn_down" | "ffn_down_exps" => l.w_down.view(),
+            "ffn_gate_inp" => (&l.moe.as_ref()?.router).into(),
             _ => return None,
         })
     }

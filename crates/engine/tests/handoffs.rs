@@ -111,10 +111,10 @@ fn token_ids_are_checked_in_one_place() {
 #[test]
 fn tensors_resolve_by_canonical_name() {
     let m = model(Activation::Silu);
-    let ptr = |name: &str| m.tensor(name).map(|w| w.data.as_ptr());
-    assert_eq!(ptr("blk.1.ffn_up"), Some(m.layers[1].w_up.data.as_ptr()));
-    assert_eq!(ptr("token_embd"), Some(m.token_embd.data.as_ptr()));
-    assert_eq!(ptr("output"), Some(m.output.data.as_ptr()));
+    let ptr = |name: &str| m.tensor(name).map(|w| w.as_ptr());
+    assert_eq!(ptr("blk.1.ffn_up"), Some(m.layers[1].w_up.as_ptr()));
+    assert_eq!(ptr("token_embd"), Some(m.token_embd.as_ptr()));
+    assert_eq!(ptr("output"), Some(m.output.as_ptr()));
     for bad in [
         "blk.2.ffn_up",
         "blk.x.attn_q",

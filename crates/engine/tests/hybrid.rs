@@ -303,7 +303,7 @@ fn check_tol(
 
 /// [`check_tol`] with the tolerance of the model's format.
 fn check(m: &Arc<ModelWeights>, mode: &Sparsity, layout: &Layout, dev: &str, steps: usize) {
-    check_tol(m, mode, layout, dev, steps, tol(m.layers[0].w_gate.dtype));
+    check_tol(m, mode, layout, dev, steps, tol(m.layers[0].w_gate.dtype()));
 }
 
 fn half_hot(ffn: usize, n_layers: usize) -> Vec<Vec<u32>> {

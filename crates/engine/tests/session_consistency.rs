@@ -128,7 +128,7 @@ fn the_crossover_is_a_function_of_the_formats_never_of_a_timing() {
     // Which down product a token takes decides its bits: two engines of the same model (in one
     // process or two) must choose alike, so the share comes from the formats' table.
     let (a, b) = (model(Activation::Silu), model(Activation::Silu));
-    let want = powerinfer_engine::weights::down_crossover_share(a.layers[0].w_down.dtype);
+    let want = powerinfer_engine::weights::down_crossover_share(a.layers[0].w_down.dtype());
     for m in [&a, &b] {
         for l in 0..m.config.n_layers {
             assert_eq!(m.down_crossover_at(l).unwrap(), want);

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use powerinfer_cuda::Allocation;
-use powerinfer_engine::{ModelWeights, Placement};
+use powerinfer_engine::{Layouts, ModelWeights, Placement};
 use pyo3::exceptions::PyKeyError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -15,6 +15,7 @@ use crate::exceptions::{check, run_detached};
 use crate::paths::fs_path;
 use crate::plan::PyPlan;
 use powerinfer_core::Error;
+use powerinfer_cpu::MatrixRef;
 
 /// Model weights handed over from Python without copies (numpy arrays kept alive inside).
 #[pyclass(module = "powerinfer_rs._core", name = "Model", frozen)]
@@ -26,17 +27,27 @@ pub struct PyModel {
 impl PyModel {
     /// Build from a `ModelConfig` and `{name: (dtype, rows, cols, uint8 array)}`: the arrays
     /// borrowed, or with `copy_weights` every one of 2 MiB or more copied onto huge pages
-    /// (faster scattered row reads than a memory-mapped file's 4 KiB pages).
+    /// (faster scattered row reads than a memory-mapped file's 4 KiB pages). The attention's
+    /// projections and the head are interleaved where their format allows; with
+    /// `interleave_ffn` a dense FFN's matrices too (a model decoded dense on the CPU).
     #[new]
-    #[pyo3(signature = (config, tensors, copy_weights = false))]
+    #[pyo3(signature = (config, tensors, copy_weights = false, interleave_ffn = false))]
     fn new(
+        py: Python<'_>,
         config: PyRef<'_, PyModelConfig>,
         tensors: &Bound<'_, PyDict>,
         copy_weights: bool,
+        interleave_ffn: bool,
     ) -> PyResult<Self> {
         let cfg = config.core.clone();
         let map = check(tensors_from_dict(tensors, copy_weights))?;
-        let weights = check(ModelWeights::from_tensors(cfg, map))?;
+        let layouts = Layouts {
+            ffn: interleave_ffn,
+            ..Layouts::DEFAULT
+        };
+        let weights = run_detached(py, move || {
+            ModelWeights::from_tensors_with(cfg, map, layouts)
+        })?;
         Ok(PyModel {
             weights: Arc::new(weights),
         })
@@ -49,7 +60,21 @@ impl PyModel {
             .weights
             .tensor(name)
             .ok_or_else(|| PyKeyError::new_err(name.to_string()))?;
-        Ok(w.data.as_ptr() as usize)
+        Ok(w.as_ptr() as usize)
+    }
+
+    /// How the engine keeps tensor `name`'s rows: `"rows"` (the file's layout, borrowed or
+    /// copied) or `"interleaved"` (rows interleaved by eight at load, in place of the file's
+    /// layout); `KeyError` for a name the engine holds no matrix under.
+    fn tensor_layout(&self, name: &str) -> PyResult<&'static str> {
+        let w = self
+            .weights
+            .tensor(name)
+            .ok_or_else(|| PyKeyError::new_err(name.to_string()))?;
+        Ok(match w.is_interleaved() {
+            true => "interleaved",
+            false => "rows",
+        })
     }
 
     /// Weight bytes one decoded token reads (every matrix once, one embedding row, norms).
@@ -120,21 +145,21 @@ impl PyModel {
         let norms = run_detached(py, move || -> powerinfer_core::Result<Vec<Vec<f32>>> {
             use powerinfer_engine::input_sparse::column_norms;
             if layer == w.layers.len() {
-                return Ok(vec![column_norms(&[&w.output])?]);
+                return Ok(vec![column_norms(&[w.output.view()])?]);
             }
             let Some(l) = w.layers.get(layer) else {
                 powerinfer_core::bail!(Shape, "layer {layer} of a {}-layer model", w.layers.len());
             };
             let gated = w.program.layers[layer].ffn_kind().gated;
-            let ffn_in: Vec<&powerinfer_core::Weight> = match gated {
-                true => vec![&l.w_gate, &l.w_up],
-                false => vec![&l.w_gate],
+            let ffn_in: Vec<MatrixRef<'_>> = match gated {
+                true => vec![l.w_gate.view(), l.w_up.view()],
+                false => vec![l.w_gate.view()],
             };
             Ok(vec![
-                column_norms(&[&l.wq, &l.wk, &l.wv])?,
-                column_norms(&[&l.wo])?,
+                column_norms(&[l.wq.view(), l.wk.view(), l.wv.view()])?,
+                column_norms(&[l.wo.view()])?,
                 column_norms(&ffn_in)?,
-                column_norms(&[&l.w_down])?,
+                column_norms(&[l.w_down.view()])?,
             ])
         })?;
         Ok(norms

@@ -91,7 +91,14 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         copy = copy_weights(mmap, sum(int(t[3].nbytes) for t in tensors.values()))
         self._lock = threading.RLock()
         self._version = 0
-        self._model = _core.Model(cfg, tensors, copy_weights=copy)
+        mode = api_sparsity(sparsity, thresholds, predictors, default="dense")
+        # Where the FFN runs as whole-matrix products on the CPU (dense, and the input mode's
+        # dense fallbacks) its matrices are interleaved too; a mode that reads rows by index,
+        # chosen later, gathers row-major copies on first use.
+        whole_ffn = mode in ("dense", "input") and self.device == "cpu" and plan is None
+        self._model = _core.Model(
+            cfg, tensors, copy_weights=copy, interleave_ffn=whole_ffn and vram_budget is None
+        )
         #: Whether the weights were copied onto huge pages (False: read from the file's map).
         self.weights_copied = copy
         self.plan: _core.Plan | None = None
@@ -125,7 +132,6 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         self.thresholds: list[float] | None = None
         self.input_thresholds = None
         self.predictors = None
-        mode = api_sparsity(sparsity, thresholds, predictors, default="dense")
         self.set_sparsity(mode, thresholds=thresholds, predictors=predictors)
         if adopted is not None:
             self._adopt(adopted, budget)
@@ -245,7 +251,7 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
             )
         check_same_vocab(self.loaded, loaded)
         cfg, tensors = core_model_arguments(loaded)
-        model = _core.Model(cfg, tensors, copy_weights=False)
+        model = _core.Model(cfg, tensors, copy_weights=False, interleave_ffn=True)
         self.draft = DraftModel(loaded, model, self._threads, self._n_ctx, self.kv_cache)
 
     # -- properties --------------------------------------------------------------------------
@@ -338,6 +344,16 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         if not isinstance(name, str):
             raise KeyError(name)
         return self._model.tensor_address(name)
+
+    def tensor_layout(self, name: str) -> str:
+        """How the engine keeps tensor ``name``'s rows: ``"rows"`` (the file's layout, read
+        from the file's map or copied) or ``"interleaved"`` (the whole-matrix products'
+        matrices in Q4_0/Q4_1, the attention's and the head's: rows interleaved by eight at
+        load, in place of the file's layout, so one 32-byte load feeds eight rows); KeyError
+        for a name the engine holds no matrix under."""
+        if not isinstance(name, str):
+            raise KeyError(name)
+        return self._model.tensor_layout(name)
 
     # -- sparsity and profiling -------------------------------------------------------------
 

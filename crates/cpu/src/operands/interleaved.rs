@@ -10,18 +10,19 @@
 //! bytes, row r's quant bytes 4j..4j + 4 at 32j + 4r (byte i holds weight i in its low nibble and
 //! weight i + 16 in its high one). Rows past the last whole group stay row-major after them.
 
-use powerinfer_core::{ensure, DType, Result, Weight};
+use powerinfer_core::{ensure, Buffer, DType, PageBuf, Result, Weight};
 
 /// Rows interleaved together.
 pub const GROUP_ROWS: usize = 8;
 
 /// A weight's rows interleaved by eight (see the module docs).
+#[derive(Clone)]
 pub struct Interleaved {
     pub(crate) dtype: DType,
     pub(crate) rows: usize,
     pub(crate) cols: usize,
-    /// The groups, then the row-major tail rows.
-    pub(crate) data: Vec<u8>,
+    /// The groups, then the row-major tail rows (64-byte aligned, on huge pages when large).
+    pub(crate) data: Buffer,
 }
 
 impl Interleaved {
@@ -42,7 +43,8 @@ impl Interleaved {
         );
         let head = bb - 16;
         let src = w.bytes();
-        let mut data = vec![0u8; src.len()];
+        let mut store = PageBuf::try_zeroed(src.len())?;
+        let data = store.as_mut_slice();
         let groups = w.rows / GROUP_ROWS;
         for g in 0..groups {
             for b in 0..nb {
@@ -65,8 +67,25 @@ impl Interleaved {
             dtype: w.dtype,
             rows: w.rows,
             cols: w.cols,
-            data,
+            data: store.freeze(),
         })
+    }
+
+    /// Whether `w` has an interleaved layout here (Q4_0 or Q4_1, at least one whole group).
+    pub fn fits(w: &Weight) -> bool {
+        matches!(w.dtype, DType::Q4_0 | DType::Q4_1)
+            && w.rows >= GROUP_ROWS
+            && w.cols.is_multiple_of(32)
+    }
+
+    /// Bytes of the interleaved store (the same as the row-major weight's).
+    pub fn n_bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Address of the first byte of the store.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.data.as_ptr()
     }
 
     /// Rows, columns and format.
@@ -92,29 +111,63 @@ impl Interleaved {
     /// The row-major rows after the groups and their row size.
     pub(crate) fn tail(&self) -> (&[u8], usize) {
         let rb = self.cols / 32 * self.dtype.block_bytes();
-        (&self.data[self.groups() * self.group_bytes()..], rb)
+        (
+            &self.data.as_slice()[self.groups() * self.group_bytes()..],
+            rb,
+        )
     }
 
-    /// Row `r` in its GGUF bytes (gathered back from its group), for tests and references.
+    /// Row `r` in its GGUF bytes (gathered back from its group).
     pub fn row(&self, r: usize) -> Vec<u8> {
-        let (nb, g, i) = (self.cols / 32, r / GROUP_ROWS, r % GROUP_ROWS);
-        if g >= self.groups() {
-            let (tail, rb) = self.tail();
-            return tail[(r - self.groups() * GROUP_ROWS) * rb..][..rb].to_vec();
-        }
-        let (bb, gbb) = (self.dtype.block_bytes(), self.group_block_bytes());
-        let head = bb - 16;
-        let mut out = Vec::with_capacity(nb * bb);
-        for b in 0..nb {
-            let o = (g * nb + b) * gbb;
-            for f in 0..head / 2 {
-                out.extend_from_slice(&self.data[o + 16 * f + 2 * i..][..2]);
-            }
-            for j in 0..4 {
-                let at = o + 8 * head + 32 * j + 4 * i;
-                out.extend_from_slice(&self.data[at..at + 4]);
-            }
-        }
+        let mut out = vec![0u8; self.cols / 32 * self.dtype.block_bytes()];
+        self.rows_into(r..r + 1, &mut out);
         out
+    }
+
+    /// Rows `range` in their GGUF bytes, row after row, into `out` (range.len() rows' bytes):
+    /// the row-major view that batched products and uploads read.
+    pub fn rows_into(&self, range: std::ops::Range<usize>, out: &mut [u8]) {
+        let (nb, bb) = (self.cols / 32, self.dtype.block_bytes());
+        let rb = nb * bb;
+        assert!(range.end <= self.rows && out.len() == range.len() * rb);
+        let (data, head) = (self.data.as_slice(), bb - 16);
+        let grouped = self.groups() * GROUP_ROWS;
+        let gbb = self.group_block_bytes();
+        for (r, row) in range.zip(out.chunks_exact_mut(rb)) {
+            if r >= grouped {
+                let (tail, _) = self.tail();
+                row.copy_from_slice(&tail[(r - grouped) * rb..][..rb]);
+                continue;
+            }
+            let (g, i) = (r / GROUP_ROWS, r % GROUP_ROWS);
+            for (b, blk) in row.chunks_exact_mut(bb).enumerate() {
+                let o = (g * nb + b) * gbb;
+                for f in 0..head / 2 {
+                    blk[2 * f..2 * f + 2].copy_from_slice(&data[o + 16 * f + 2 * i..][..2]);
+                }
+                for j in 0..4 {
+                    let at = o + 8 * head + 32 * j + 4 * i;
+                    blk[head + 4 * j..head + 4 * j + 4].copy_from_slice(&data[at..at + 4]);
+                }
+            }
+        }
+    }
+
+    /// The whole matrix back in its GGUF layout, as a [`Weight`] of its own (a copy): for the
+    /// readers that need rows by index (GPU upload, the input mode's copies).
+    pub fn to_weight(&self) -> Result<Weight> {
+        let mut store = PageBuf::try_zeroed(self.data.len())?;
+        self.rows_into(0..self.rows, store.as_mut_slice());
+        Weight::new(self.dtype, self.rows, self.cols, store.freeze())
+    }
+}
+
+impl std::fmt::Debug for Interleaved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Interleaved({} {} x {})",
+            self.dtype, self.rows, self.cols
+        )
     }
 }

@@ -4,3 +4,4 @@
 pub(crate) mod attention;
 pub(crate) mod input_major;
 pub(crate) mod interleaved;
+pub(crate) mod matrix;

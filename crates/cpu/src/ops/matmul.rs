@@ -4,8 +4,9 @@
 
 use crate::check;
 use crate::dispatch;
+use crate::operands::matrix::MatrixRef;
 use crate::simd::{self, Level};
-use powerinfer_core::{ensure, Result, Weight};
+use powerinfer_core::{ensure, Result};
 use rayon::prelude::*;
 
 /// Weight rows dequantised together into one f32 tile.
@@ -14,18 +15,21 @@ pub(crate) const TILE_ROWS: usize = 8;
 const MIN_TASK_FLOPS: usize = 1 << 20;
 
 /// y[t·rows + r] = dot(W[r], x[t]) for n tokens; x is n rows of `w.cols`, y n rows of `w.rows`.
-pub fn matmul(w: &Weight, x: &[f32], n: usize, y: &mut [f32]) -> Result<()> {
-    matmul_at(simd::level(), w, x, n, y)
+/// `w` in either layout: an interleaved matrix's rows are gathered back task by task, so its
+/// values are those of the row-major weight's.
+pub fn matmul<'a>(w: impl Into<MatrixRef<'a>>, x: &[f32], n: usize, y: &mut [f32]) -> Result<()> {
+    matmul_at(simd::level(), w.into(), x, n, y)
 }
 
 /// [`matmul`] on a given SIMD level.
 pub(crate) fn matmul_at(
     level: Level,
-    w: &Weight,
+    m: MatrixRef<'_>,
     x: &[f32],
     n: usize,
     y: &mut [f32],
 ) -> Result<()> {
+    let w = Rows::of(m);
     ensure!(
         Some(x.len()) == n.checked_mul(w.cols),
         Shape,
@@ -40,13 +44,16 @@ pub(crate) fn matmul_at(
         y.len(),
         w.rows
     );
-    check::weight_bytes(w)?;
+    if let MatrixRef::Rows(w) = m {
+        check::weight_bytes(w)?;
+    }
     if n == 0 || w.rows == 0 {
         return Ok(());
     }
     if n == 1 {
-        return super::matvec::matvec_at(level, w, x, y);
+        return super::matrix::matvec_matrices_at(level, &[m], x, &mut [y]);
     }
+    let w = &w;
     let row_bytes = w.dtype.row_bytes(w.cols)?;
     // Quantized rows on the AVX-512 level: the integer tile for the tokens it fits (each
     // token decided on its own x), the f32 tile for the rest.
@@ -88,10 +95,29 @@ pub(crate) fn matmul_at(
     Ok(())
 }
 
+/// A matrix's shape and the source of its rows.
+struct Rows<'a> {
+    m: MatrixRef<'a>,
+    dtype: powerinfer_core::DType,
+    rows: usize,
+    cols: usize,
+}
+
+impl<'a> Rows<'a> {
+    fn of(m: MatrixRef<'a>) -> Rows<'a> {
+        Rows {
+            m,
+            dtype: m.dtype(),
+            rows: m.rows(),
+            cols: m.cols(),
+        }
+    }
+}
+
 /// [`matmul_at`] on the integer tile (every token fits it).
 fn integer(
     level: Level,
-    w: &Weight,
+    w: &Rows<'_>,
     row_bytes: usize,
     x: &[f32],
     n: usize,
@@ -100,8 +126,10 @@ fn integer(
     let xt = dispatch::TileTokens::new(level, w.dtype, x, n, w.cols);
     let xt = xt.ok_or_else(|| powerinfer_core::Error::Other("integer tile refused x".into()))?;
     let run = |rows: std::ops::Range<usize>, out: &mut [f32]| {
-        let bytes = &w.bytes()[rows.start * row_bytes..rows.end * row_bytes];
-        xt.rows_times_tokens(bytes, row_bytes, rows.len(), out);
+        let len = rows.len();
+        w.m.with_rows(rows, |bytes| {
+            xt.rows_times_tokens(bytes, row_bytes, len, out)
+        });
     };
     by_tasks(w, n, dispatch::INT_TILE_ROWS, y, run);
     Ok(())
@@ -110,7 +138,7 @@ fn integer(
 /// Split the rows into rayon tasks of whole `tile`s of rows; `run(rows, out)` fills
 /// out[t·rows.len() + i] for the rows of one task, copied into y.
 fn by_tasks(
-    w: &Weight,
+    w: &Rows<'_>,
     n: usize,
     tile: usize,
     y: &mut [f32],
@@ -143,23 +171,37 @@ fn by_tasks(
 /// out[t·len + i] = dot(W[rows.start + i], x[t]) for the rows in `rows`, tile by tile.
 fn rows_times_tokens(
     level: Level,
-    w: &Weight,
+    w: &Rows<'_>,
     row_bytes: usize,
     rows: std::ops::Range<usize>,
     x: &[f32],
     n: usize,
     out: &mut [f32],
 ) {
+    w.m.with_rows(rows, |bytes| {
+        tiles_times_tokens(level, w, row_bytes, bytes, x, n, out)
+    })
+}
+
+/// [`rows_times_tokens`] over the rows' bytes.
+fn tiles_times_tokens(
+    level: Level,
+    w: &Rows<'_>,
+    row_bytes: usize,
+    bytes: &[u8],
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
     let cols = w.cols;
-    let len = rows.len();
+    let len = bytes.len() / row_bytes.max(1);
     let mut tile = vec![0f32; TILE_ROWS * cols];
     let mut tile_out = vec![0f32; TILE_ROWS * n];
     for t0 in (0..len).step_by(TILE_ROWS) {
         let r = TILE_ROWS.min(len - t0);
         for i in 0..r {
-            let row = rows.start + t0 + i;
-            let bytes = &w.bytes()[row * row_bytes..(row + 1) * row_bytes];
-            dispatch::dequantize_row(level, w.dtype, bytes, &mut tile[i * cols..(i + 1) * cols]);
+            let row = &bytes[(t0 + i) * row_bytes..(t0 + i + 1) * row_bytes];
+            dispatch::dequantize_row(level, w.dtype, row, &mut tile[i * cols..(i + 1) * cols]);
         }
         dispatch::tile_dot(level, &tile[..r * cols], cols, x, &mut tile_out[..r * n]);
         for t in 0..n {
@@ -177,7 +219,7 @@ mod tests {
     use crate::testutil::{
         assert_dot_close, assert_dot_seen, is_shape, qcols, random_weight, x8_gap, Rng,
     };
-    use powerinfer_core::{Buffer, DType};
+    use powerinfer_core::{Buffer, DType, Weight};
 
     #[test]
     fn matmul_matches_per_token_matvec() {
@@ -201,7 +243,7 @@ mod tests {
                     let w = random_weight(&mut rng, dtype, rows, cols);
                     let x = rng.vec(n * cols);
                     let mut y = vec![f32::NAN; n * rows];
-                    pool.install(|| matmul_at(level, &w, &x, n, &mut y))
+                    pool.install(|| matmul_at(level, (&w).into(), &x, n, &mut y))
                         .unwrap();
                     for (t, xt) in x.chunks_exact(cols).enumerate() {
                         let mut yt = vec![0f32; rows];
@@ -242,12 +284,12 @@ mod tests {
             }
             for level in available() {
                 let mut whole = vec![0f32; 5 * 37];
-                matmul_at(level, &w, &x, 5, &mut whole).unwrap();
+                matmul_at(level, (&w).into(), &x, 5, &mut whole).unwrap();
                 for split in [2, 3] {
                     let mut parts = vec![0f32; 5 * 37];
                     let (a, b) = parts.split_at_mut(split * 37);
-                    matmul_at(level, &w, &x[..split * cols], split, a).unwrap();
-                    matmul_at(level, &w, &x[split * cols..], 5 - split, b).unwrap();
+                    matmul_at(level, (&w).into(), &x[..split * cols], split, a).unwrap();
+                    matmul_at(level, (&w).into(), &x[split * cols..], 5 - split, b).unwrap();
                     assert_eq!(whole, parts, "{level:?} {dtype} split at {split}");
                 }
             }
@@ -296,7 +338,7 @@ mod tests {
                     assert_dot_seen(got, level, dtype, w.row(r), &x[..cols], "prop matvec");
                 }
                 let mut ym = vec![0f32; n * rows];
-                matmul_at(level, &w, &x, n, &mut ym).unwrap();
+                matmul_at(level, (&w).into(), &x, n, &mut ym).unwrap();
                 for (t, xt) in x.chunks_exact(cols).enumerate() {
                     for r in 0..rows {
                         let got = ym[t * rows + r];

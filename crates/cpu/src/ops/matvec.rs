@@ -3,6 +3,7 @@
 
 use crate::check;
 use crate::dispatch::Activations;
+use crate::operands::matrix::MatrixRef;
 use crate::simd::{self, Level};
 use powerinfer_core::{DType, Result, Weight};
 use rayon::prelude::*;
@@ -14,9 +15,10 @@ const CHUNKS_PER_THREAD: usize = 4;
 /// Chunk boundaries fall on multiples of this many rows (the kernels' row-group width).
 const ROW_ALIGN: usize = 8;
 
-/// y[r] = Σ_c W[r,c]·x[c] for every row, in parallel on the current rayon pool.
-pub fn matvec(w: &Weight, x: &[f32], y: &mut [f32]) -> Result<()> {
-    matvec_at(simd::level(), w, x, y)
+/// y[r] = Σ_c W[r,c]·x[c] for every row, in parallel on the current rayon pool; `w` in either
+/// layout (a [`Weight`] or a [`Matrix`](crate::Matrix)).
+pub fn matvec<'a>(w: impl Into<MatrixRef<'a>>, x: &[f32], y: &mut [f32]) -> Result<()> {
+    super::matrix::matvec_matrices_at(simd::level(), &[w.into()], x, &mut [y])
 }
 
 /// Several matvecs over the same `x` (q/k/v, gate/up) in one parallel region: `ys[i] = ws[i]·x`.
@@ -26,6 +28,7 @@ pub fn matvec_many(ws: &[&Weight], x: &[f32], ys: &mut [&mut [f32]]) -> Result<(
 }
 
 /// [`matvec`] on a given SIMD level.
+#[cfg(test)]
 pub(crate) fn matvec_at(level: Level, w: &Weight, x: &[f32], y: &mut [f32]) -> Result<()> {
     matvec_many_at(level, &[w], x, &mut [y])
 }

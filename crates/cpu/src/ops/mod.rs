@@ -7,6 +7,7 @@ pub(crate) mod attend_block;
 pub(crate) mod input_major;
 pub(crate) mod interleaved;
 pub(crate) mod matmul;
+pub(crate) mod matrix;
 pub(crate) mod matvec;
 pub(crate) mod matvec_tokens;
 pub(crate) mod pass;

@@ -6,6 +6,7 @@
 //! byte. A layer's vectors are uploaded in the order of its layer program's steps.
 
 use powerinfer_core::{bail, ensure, DType, KvPrecision, ModelConfig, PlanFile, Result, Weight};
+use powerinfer_cpu::Matrix;
 use powerinfer_cuda::layout::{align, att_part_len};
 use powerinfer_cuda::ops::prelude::*;
 use powerinfer_cuda::{
@@ -43,9 +44,10 @@ impl Registry {
         Ok(buf)
     }
 
-    /// A whole weight matrix, registered as `name`.
-    fn weight<B: Backend>(&mut self, dev: &B, name: &str, w: &Weight) -> Result<DeviceWeight<B>> {
-        let dw = dev.upload_weight(w)?;
+    /// A whole weight matrix, registered as `name` (an interleaved one gathered back to the
+    /// file's rows first: the device repacks rows its own way).
+    fn weight<B: Backend>(&mut self, dev: &B, name: &str, w: &Matrix) -> Result<DeviceWeight<B>> {
+        let dw = dev.upload_weight(&*w.to_rows()?)?;
         self.note(name, dw.n_bytes());
         Ok(dw)
     }
@@ -431,8 +433,9 @@ fn upload_hot<B: Backend>(
     let gated = model.program.layers[i].ffn_kind().gated;
     match (&lw.moe, downs.dense, downs.experts) {
         (None, Some(down_t), _) => {
-            let up = gated.then_some(&lw.w_up);
-            dev.upload_hot_ffn(&lw.w_gate, up, &down_t[i], ids, plan.bucket)
+            // Hot rows by index (an interleaved FFN's gathered back: the device packs its own).
+            let up = gated.then(|| lw.w_up.indexed()).transpose()?;
+            dev.upload_hot_ffn(lw.w_gate.indexed()?, up, &down_t[i], ids, plan.bucket)
         }
         (Some(m), _, Some(edt)) => {
             let shared = m.shared.as_ref();

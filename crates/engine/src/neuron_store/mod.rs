@@ -72,8 +72,8 @@ impl StoreLayout {
                 let l = &model.layers[i];
                 let gated = model.program.layers[i].ffn_kind().gated;
                 [
-                    Some(l.w_gate.dtype),
-                    gated.then_some(l.w_up.dtype),
+                    Some(l.w_gate.dtype()),
+                    gated.then_some(l.w_up.dtype()),
                     Some(model.down_t_dtype(i)),
                 ]
             })
@@ -115,9 +115,9 @@ impl StoreLayout {
 /// Neurons per layer in `model`'s store: `ffn_dim`, or a mixture of experts' routed neurons
 /// (the rows of its merged gate tensor), the same in every layer.
 pub fn store_neurons(model: &ModelWeights) -> Result<usize> {
-    let n = model.layers.first().map_or(0, |l| l.w_gate.rows);
+    let n = model.layers.first().map_or(0, |l| l.w_gate.rows());
     ensure!(
-        model.layers.iter().all(|l| l.w_gate.rows == n),
+        model.layers.iter().all(|l| l.w_gate.rows() == n),
         Unsupported,
         "a neuron store of layers with different numbers of neurons"
     );
@@ -167,7 +167,7 @@ pub fn write_store(
                     break;
                 }
                 if l.up.is_some() {
-                    buf[j * u_rb..(j + 1) * u_rb].copy_from_slice(lw.w_up.row(n));
+                    buf[j * u_rb..(j + 1) * u_rb].copy_from_slice(&lw.w_up.row(n));
                 }
                 let at = cluster * u_rb + j * d_rb;
                 let down = match moe {
@@ -179,7 +179,7 @@ pub fn write_store(
                 };
                 buf[at..at + d_rb].copy_from_slice(down);
                 let at = l.up_down_bytes + j * g_rb;
-                buf[at..at + g_rb].copy_from_slice(lw.w_gate.row(n));
+                buf[at..at + g_rb].copy_from_slice(&lw.w_gate.row(n));
             }
             out.write_all(&buf).map_err(io)?;
         }

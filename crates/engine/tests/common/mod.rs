@@ -27,6 +27,39 @@ pub fn values(n: usize, seed: u64, scale: f32) -> Vec<f32> {
 
 pub fn model(activation: Activation) -> Arc<ModelWeights> {
     let c = config(activation);
+    Arc::new(ModelWeights::from_tensors(c.clone(), tensors(&c)).unwrap())
+}
+
+/// The tensors of [`model`], its matrices (not the norms) quantized to `dtype`.
+pub fn quantized_tensors(
+    c: &ModelConfig,
+    dtype: powerinfer_core::DType,
+) -> HashMap<String, Weight> {
+    tensors(c)
+        .into_iter()
+        .map(|(name, w)| {
+            if w.rows == 1 {
+                return (name, w);
+            }
+            let rb = dtype.row_bytes(w.cols).unwrap();
+            let mut bytes = vec![0u8; w.rows * rb];
+            for (r, out) in bytes.chunks_exact_mut(rb).enumerate() {
+                let row: Vec<f32> = w
+                    .row(r)
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect();
+                powerinfer_core::quantize_row(dtype, &row, out).unwrap();
+            }
+            let data = powerinfer_core::Buffer::from_bytes(&bytes);
+            (name, Weight::new(dtype, w.rows, w.cols, data).unwrap())
+        })
+        .collect()
+}
+
+/// The f32 tensors of [`model`].
+pub fn tensors(c: &ModelConfig) -> HashMap<String, Weight> {
+    let c = c.clone();
     let mut t = HashMap::new();
     let mut seed = 0;
     let mut add = |name: String, rows: usize, cols: usize, scale: f32| {
@@ -48,5 +81,5 @@ pub fn model(activation: Activation) -> Arc<ModelWeights> {
         add(format!("blk.{i}.ffn_up"), c.ffn_dim, c.dim, s);
         add(format!("blk.{i}.ffn_down"), c.dim, c.ffn_dim, s);
     }
-    Arc::new(ModelWeights::from_tensors(c, t).unwrap())
+    t
 }

@@ -1,0 +1,144 @@
+//! The engine on rows interleaved at load (a Q4_0 model): which matrices each layout choice
+//! interleaves, the same function as the file's rows (batched products bit for bit, one-token
+//! steps within the f32 roundings), verification rows and parallel slots bit-identical to
+//! one-token steps on every interleaved matrix, and the sparse modes reading an interleaved
+//! FFN's rows through the copy gathered on first use.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{config, quantized_tensors};
+use powerinfer_core::{Activation, DType};
+use powerinfer_engine::forward::Logits;
+use powerinfer_engine::{Layouts, ModelWeights, Session, Sparsity};
+
+fn q4_model(act: Activation, layouts: Layouts) -> Arc<ModelWeights> {
+    let c = config(act);
+    let t = quantized_tensors(&c, DType::Q4_0);
+    Arc::new(ModelWeights::from_tensors_with(c, t, layouts).unwrap())
+}
+
+fn no_check() -> powerinfer_core::Result<()> {
+    Ok(())
+}
+
+/// The largest relative difference of two logit rows (vocab wide) over all rows.
+fn max_rel(a: &[f32], b: &[f32], vocab: usize) -> f32 {
+    a.chunks(vocab)
+        .zip(b.chunks(vocab))
+        .map(|(a, b)| {
+            let n: f32 = b.iter().map(|v| v * v).sum::<f32>().sqrt();
+            let d: f32 = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y) * (x - y))
+                .sum::<f32>()
+                .sqrt();
+            d / n
+        })
+        .fold(0.0, f32::max)
+}
+
+/// Token-by-token logits of `tokens` on a fresh session of `m` in `mode`.
+fn steps(m: &Arc<ModelWeights>, mode: Sparsity, tokens: &[u32]) -> Vec<f32> {
+    let mut s = Session::new(m.clone(), 2, 0).unwrap();
+    s.set_sparsity(mode).unwrap();
+    let mut out = Vec::new();
+    for &t in tokens {
+        out.extend(s.feed(&[t], Logits::Last, no_check).unwrap());
+    }
+    out
+}
+
+#[test]
+fn each_layout_interleaves_what_it_says() {
+    let layered = |l: Layouts| {
+        let m = q4_model(Activation::Silu, l);
+        [
+            "blk.0.attn_q",
+            "blk.1.attn_output",
+            "output",
+            "blk.0.ffn_gate",
+            "blk.1.ffn_down",
+        ]
+        .map(|n| m.tensor(n).unwrap().is_interleaved())
+    };
+    assert_eq!(layered(Layouts::ROWS), [false; 5]);
+    assert_eq!(layered(Layouts::DEFAULT), [true, true, true, false, false]);
+    assert_eq!(layered(Layouts::DENSE), [true; 5]);
+    // Tied embeddings: the table is the head, one matrix in one layout.
+    let m = q4_model(Activation::Silu, Layouts::DENSE);
+    assert!(m.tensor("token_embd").unwrap().is_interleaved());
+    assert_eq!(m.token_embd.as_ptr(), m.output.as_ptr());
+}
+
+#[test]
+fn interleaved_rows_compute_the_file_rows_function() {
+    let tokens: Vec<u32> = (0..40).map(|i| (i * 11 % 50) as u32).collect();
+    let rows = q4_model(Activation::Silu, Layouts::ROWS);
+    let dense = q4_model(Activation::Silu, Layouts::DENSE);
+    let vocab = rows.config.vocab_size;
+    // Batched products gather the interleaved rows back: the same bits.
+    let all = |m: &Arc<ModelWeights>| {
+        let mut s = Session::new(m.clone(), 2, 0).unwrap();
+        s.feed(&tokens, Logits::All, no_check).unwrap()
+    };
+    assert_eq!(all(&rows), all(&dense));
+    // One-token steps: other kernels on the same int16 x, the same values up to f32 roundings
+    // (2.1e-5 seen).
+    let (a, b) = (
+        steps(&rows, Sparsity::Dense, &tokens),
+        steps(&dense, Sparsity::Dense, &tokens),
+    );
+    let gap = max_rel(&b, &a, vocab);
+    assert!(gap > 0.0 && gap < 1e-4, "interleaved against rows: {gap:e}");
+}
+
+#[test]
+fn verification_rows_and_slots_are_one_token_steps_bit_for_bit() {
+    let m = q4_model(Activation::Silu, Layouts::DENSE);
+    let prompt: Vec<u32> = (0..9).map(|i| (i * 5 % 50) as u32).collect();
+    let other: Vec<u32> = (0..5).map(|i| (i * 3 % 50) as u32).collect();
+    let draft = [3u32, 17, 29, 41];
+    // A session after its prompt's batched prefill.
+    let after = |p: &[u32]| {
+        let mut s = Session::new(m.clone(), 2, 0).unwrap();
+        s.feed(p, Logits::Last, no_check).unwrap();
+        s
+    };
+    let (mut one, mut batch) = (after(&prompt), after(&prompt));
+    let want: Vec<f32> = draft
+        .iter()
+        .flat_map(|&t| one.feed(&[t], Logits::Last, no_check).unwrap())
+        .collect();
+    let got = batch.feed(&draft, Logits::Steps, no_check).unwrap();
+    assert_eq!(got, want, "verification rows");
+    // Two sessions in one pass, each its own step's bits.
+    let (mut a, mut b, mut c) = (after(&prompt), after(&other), after(&other));
+    let alone = c.feed(&[8], Logits::Last, no_check).unwrap();
+    let out = Session::decode_slots(&mut [&mut a, &mut b], &[vec![draft[0]], vec![8]]).unwrap();
+    assert_eq!(out[0], &want[..m.config.vocab_size]);
+    assert_eq!(out[1], alone);
+}
+
+#[test]
+fn sparse_modes_read_an_interleaved_ffn_through_gathered_rows() {
+    let tokens: Vec<u32> = (0..12).map(|i| (i * 13 % 50) as u32).collect();
+    let rows = q4_model(Activation::Relu, Layouts::ROWS);
+    let dense = q4_model(Activation::Relu, Layouts::DENSE);
+    assert!(!dense.layers[0].w_up.has_indexed_copy());
+    let a = steps(&rows, Sparsity::ExactRelu, &tokens);
+    let b = steps(&dense, Sparsity::ExactRelu, &tokens);
+    // Only the gate's kernel differs (the up rows read by index and the transposed down are
+    // the same bytes): its f32 roundings, through the neurons' firing and the down pass's
+    // re-quantized transposed rows (1.7e-4 seen; the dense pass on this model, 2.1e-5).
+    let gap = max_rel(&b, &a, rows.config.vocab_size);
+    assert!(
+        gap < 1e-3,
+        "exact-relu on interleaved against rows: {gap:e}"
+    );
+    // The up rows of the neurons that fire were read by index, from the gathered copy.
+    assert!(dense.layers.iter().all(|l| l.w_up.has_indexed_copy()));
+    assert!(!rows.layers[0].w_up.has_indexed_copy());
+}
