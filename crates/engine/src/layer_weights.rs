@@ -206,18 +206,16 @@ impl LayerWeights {
         c: &ModelConfig,
         i: usize,
         tensors: &mut HashMap<String, Weight>,
-        layouts: Layouts,
     ) -> Result<(LayerWeights, Option<Weight>)> {
         let mut t = LayerTensors {
             i,
             map: tensors,
             norm_offset: c.arch.norm_offset,
         };
-        let attn = |w: Weight| Layouts::matrix(layouts.attention, w);
-        let wq = attn(t.take("attn_q")?)?;
-        let wk = attn(t.take("attn_k")?)?;
-        let wv = attn(t.take("attn_v")?)?;
-        let wo = attn(t.take("attn_output")?)?;
+        let wq = Matrix::Rows(t.take("attn_q")?);
+        let wk = Matrix::Rows(t.take("attn_k")?);
+        let wv = Matrix::Rows(t.take("attn_v")?);
+        let wo = Matrix::Rows(t.take("attn_output")?);
         let ffn = match c.moe.is_moe() {
             true => take_moe_ffn(c, &mut t)?,
             false => take_dense_ffn(c, &mut t)?,
@@ -230,12 +228,10 @@ impl LayerWeights {
         };
         let norms = take_norms(c, &mut t, ffn_norm_name)?;
         let biases = take_biases(c, &mut t, ffn_norm_name)?;
-        // A mixture of experts' merged tensors are read expert by expert, never whole.
-        let ffn_layout = |w: Weight| Layouts::matrix(layouts.ffn && ffn.moe.is_none(), w);
         let (w_gate, w_up, w_down) = (
-            ffn_layout(ffn.gate)?,
-            ffn_layout(ffn.up)?,
-            ffn_layout(ffn.down)?,
+            Matrix::Rows(ffn.gate),
+            Matrix::Rows(ffn.up),
+            Matrix::Rows(ffn.down),
         );
         let layer = LayerWeights {
             attn_norm: norms.attn,
@@ -257,6 +253,30 @@ impl LayerWeights {
         };
         Ok((layer, ffn.down_t))
     }
+
+    /// Repack the matrices `layouts` names in their interleaved layout where the format has
+    /// one (the file's rows dropped as each is done). A mixture of experts' merged tensors are
+    /// read expert by expert, never whole, so they keep the file's rows.
+    pub(crate) fn interleave(&mut self, layouts: Layouts) -> Result<()> {
+        let ffn = layouts.ffn && self.moe.is_none();
+        let attn = [&mut self.wq, &mut self.wk, &mut self.wv, &mut self.wo];
+        let ffn_mats = [&mut self.w_gate, &mut self.w_up, &mut self.w_down];
+        for m in attn.into_iter().filter(|_| layouts.attention) {
+            repack(m)?;
+        }
+        for m in ffn_mats.into_iter().filter(|_| ffn) {
+            repack(m)?;
+        }
+        Ok(())
+    }
+}
+
+/// `m` in its interleaved layout where its format has one ([`Matrix::for_products`]).
+fn repack(m: &mut Matrix) -> Result<()> {
+    if let Matrix::Rows(w) = m {
+        *m = Matrix::for_products(w.clone())?;
+    }
+    Ok(())
 }
 
 /// A mixture of experts' FFN: the router, the merged expert tensors (viewed per expert) and
