@@ -5,8 +5,8 @@
 
 use std::collections::HashMap;
 
-use powerinfer_core::{bail, ensure, ModelConfig, Result, Weight};
-use powerinfer_cpu::Matrix;
+use powerinfer_core::{bail, ensure, MatrixShape, ModelConfig, Result, Weight};
+use powerinfer_cpu::{Interleaved, Matrix};
 
 use crate::moe_weights::{MoeWeights, SharedExpert};
 
@@ -85,6 +85,19 @@ impl Layouts {
         attention: true,
         ffn: true,
     };
+
+    /// Whether the load repacks the tensor of canonical name `name` and shape `shape` (a
+    /// layer's matrices and the head by these layouts, the formats with an interleaved layout;
+    /// a tied embedding table is not counted).
+    pub fn repacks(&self, name: &str, shape: MatrixShape) -> bool {
+        let which = match name.split('.').collect::<Vec<_>>()[..] {
+            ["output"] => self.attention,
+            ["blk", _, "attn_q" | "attn_k" | "attn_v" | "attn_output"] => self.attention,
+            ["blk", _, "ffn_gate" | "ffn_up" | "ffn_down"] => self.ffn,
+            _ => false,
+        };
+        which && powerinfer_cpu::interleaving() && Interleaved::fits_shape(shape)
+    }
 
     /// `w` as a matrix, interleaved when `on` (and its format allows).
     pub(crate) fn matrix(on: bool, w: Weight) -> Result<Matrix> {

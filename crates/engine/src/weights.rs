@@ -276,7 +276,9 @@ impl ModelWeights {
             );
         }
         // The repacking, layer by layer on the pool (a 7B's 3.5 GB of Q4_0 is seconds alone).
-        layers.par_iter_mut().try_for_each(|l| l.interleave(layouts))?;
+        layers
+            .par_iter_mut()
+            .try_for_each(|l| l.interleave(layouts))?;
         let down_t = OnceLock::new();
         if !down_t_given.is_empty() && down_t_given.iter().all(Option::is_some) {
             let _ = down_t.set(down_t_given.into_iter().flatten().collect());

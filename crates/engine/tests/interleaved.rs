@@ -9,7 +9,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{config, quantized_tensors};
-use powerinfer_core::{Activation, DType};
+use powerinfer_core::{Activation, DType, MatrixShape};
 use powerinfer_engine::forward::Logits;
 use powerinfer_engine::{Layouts, ModelWeights, Session, Sparsity};
 
@@ -141,4 +141,34 @@ fn sparse_modes_read_an_interleaved_ffn_through_gathered_rows() {
     // The up rows of the neurons that fire were read by index, from the gathered copy.
     assert!(dense.layers.iter().all(|l| l.w_up.has_indexed_copy()));
     assert!(!rows.layers[0].w_up.has_indexed_copy());
+}
+
+#[test]
+fn the_load_says_beforehand_what_it_repacks() {
+    // What `Layouts::repacks` predicts (the extension copies nothing it names) is what the
+    // load does, matrix by matrix (the tied embedding table aside).
+    let c = config(Activation::Silu);
+    for layouts in [Layouts::ROWS, Layouts::DEFAULT, Layouts::DENSE] {
+        let t = quantized_tensors(&c, DType::Q4_0);
+        let shapes: Vec<(String, MatrixShape)> = t
+            .iter()
+            .filter(|(_, w)| w.rows > 1)
+            .map(|(n, w)| (n.clone(), w.into()))
+            .collect();
+        let m = ModelWeights::from_tensors_with(c.clone(), t, layouts).unwrap();
+        for (name, shape) in shapes.iter().filter(|(n, _)| n != "token_embd") {
+            let done = m.tensor(name).unwrap().is_interleaved();
+            assert_eq!(layouts.repacks(name, *shape), done, "{layouts:?} {name}");
+        }
+    }
+    let q = |dtype, rows| MatrixShape {
+        dtype,
+        rows,
+        cols: 64,
+    };
+    assert!(Layouts::DEFAULT.repacks("output", q(DType::Q4_1, 64)));
+    assert!(!Layouts::DEFAULT.repacks("blk.2.ffn_up", q(DType::Q4_0, 64)));
+    assert!(!Layouts::DENSE.repacks("blk.2.attn_q", q(DType::Q8_0, 64)));
+    assert!(!Layouts::DENSE.repacks("blk.2.attn_q", q(DType::Q4_0, 4)));
+    assert!(!Layouts::DENSE.repacks("blk.2.ffn_norm", q(DType::Q4_0, 64)));
 }

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use numpy::{PyArrayDescrMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
-use powerinfer_core::{bail, ensure, Buffer, DType, Error, Result, Weight};
+use powerinfer_core::{bail, ensure, Buffer, DType, Error, MatrixShape, Result, Weight};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
 
@@ -55,7 +55,11 @@ fn named_weight(
 /// at least a huge page of bytes) into a copy of its own on huge pages (see
 /// [`powerinfer_core::pages`]): a memory-mapped file is on 4 KiB pages, so a scattered row read
 /// there misses the TLB on nearly every row, and the hardware prefetcher stops at each page.
-fn weight_from_tuple(name: &str, t: &Bound<'_, PyTuple>, copy: bool) -> Result<Weight> {
+fn weight_from_tuple(
+    name: &str,
+    t: &Bound<'_, PyTuple>,
+    copy: impl Fn(MatrixShape) -> bool,
+) -> Result<Weight> {
     let bad = |e: PyErr| Error::ModelFile(format!("tensor {name}: {e}"));
     ensure!(
         t.len() == 4,
@@ -78,7 +82,7 @@ fn weight_from_tuple(name: &str, t: &Bound<'_, PyTuple>, copy: bool) -> Result<W
     })?;
     drop(arr);
     let mut data = borrow_bytes(name, &obj)?;
-    if copy && data.len() >= powerinfer_core::pages::HUGE_MIN {
+    if data.len() >= powerinfer_core::pages::HUGE_MIN && copy(MatrixShape { dtype, rows, cols }) {
         data = Buffer::from_bytes(data.as_slice());
     }
     named_weight(name, dtype, rows, cols, data)
@@ -89,7 +93,7 @@ fn weight_from_tuple(name: &str, t: &Bound<'_, PyTuple>, copy: bool) -> Result<W
 /// format as a file stores it).
 pub fn weight_from_matrix(name: &str, obj: &Bound<'_, PyAny>) -> Result<Weight> {
     if let Ok(t) = obj.cast::<PyTuple>() {
-        return weight_from_tuple(name, t, false);
+        return weight_from_tuple(name, t, |_| false);
     }
     let arr = obj
         .cast::<PyUntypedArray>()
@@ -115,7 +119,12 @@ pub fn weight_from_matrix(name: &str, obj: &Bound<'_, PyAny>) -> Result<Weight> 
 
 /// The tensors dict (`name -> (dtype, rows, cols, uint8 array)`) into weights: borrowed, or
 /// with `copy` the large ones copied onto huge pages ([`weight_from_tuple`]).
-pub fn tensors_from_dict(d: &Bound<'_, PyDict>, copy: bool) -> Result<HashMap<String, Weight>> {
+/// The tensors of `d`, each borrowed, or copied onto huge pages where `copy(name, shape)` says
+/// (see [`weight_from_tuple`]).
+pub fn tensors_from_dict(
+    d: &Bound<'_, PyDict>,
+    copy: impl Fn(&str, MatrixShape) -> bool,
+) -> Result<HashMap<String, Weight>> {
     let mut out = HashMap::with_capacity(d.len());
     for (k, v) in d.iter() {
         let name: String = k
@@ -124,7 +133,7 @@ pub fn tensors_from_dict(d: &Bound<'_, PyDict>, copy: bool) -> Result<HashMap<St
         let tup = v
             .cast_into::<PyTuple>()
             .map_err(|_| Error::ModelFile(format!("tensor {name}: expected a tuple")))?;
-        let w = weight_from_tuple(&name, &tup, copy)?;
+        let w = weight_from_tuple(&name, &tup, |shape| copy(&name, shape))?;
         out.insert(name, w);
     }
     Ok(out)

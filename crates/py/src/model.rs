@@ -40,11 +40,13 @@ impl PyModel {
         interleave_ffn: bool,
     ) -> PyResult<Self> {
         let cfg = config.core.clone();
-        let map = check(tensors_from_dict(tensors, copy_weights))?;
         let layouts = Layouts {
             ffn: interleave_ffn,
             ..Layouts::DEFAULT
         };
+        // A tensor the load repacks is read once from the file's map, never copied as it is.
+        let copy = |name: &str, shape| copy_weights && !layouts.repacks(name, shape);
+        let map = check(tensors_from_dict(tensors, copy))?;
         let weights = run_detached(py, move || {
             ModelWeights::from_tensors_with(cfg, map, layouts)
         })?;

@@ -10,7 +10,7 @@
 //! bytes, row r's quant bytes 4j..4j + 4 at 32j + 4r (byte i holds weight i in its low nibble and
 //! weight i + 16 in its high one). Rows past the last whole group stay row-major after them.
 
-use powerinfer_core::{ensure, Buffer, DType, PageBuf, Result, Weight};
+use powerinfer_core::{ensure, Buffer, DType, MatrixShape, PageBuf, Result, Weight};
 
 /// Rows interleaved together.
 pub const GROUP_ROWS: usize = 8;
@@ -73,9 +73,14 @@ impl Interleaved {
 
     /// Whether `w` has an interleaved layout here (Q4_0 or Q4_1, at least one whole group).
     pub fn fits(w: &Weight) -> bool {
-        matches!(w.dtype, DType::Q4_0 | DType::Q4_1)
-            && w.rows >= GROUP_ROWS
-            && w.cols.is_multiple_of(32)
+        Interleaved::fits_shape(w.into())
+    }
+
+    /// [`Interleaved::fits`] of a format and shape.
+    pub fn fits_shape(s: MatrixShape) -> bool {
+        matches!(s.dtype, DType::Q4_0 | DType::Q4_1)
+            && s.rows >= GROUP_ROWS
+            && s.cols.is_multiple_of(32)
     }
 
     /// Bytes of the interleaved store (the same as the row-major weight's).
