@@ -41,8 +41,8 @@ pub use ops::interleaved::{
     matvec_interleaved, matvec_interleaved_many, matvec_interleaved_tokens,
 };
 pub use ops::matmul::matmul;
-pub use ops::matrix::{matvec_matrices, matvec_matrices_tokens};
-pub use ops::matvec::{matvec, matvec_many};
+pub use ops::matrix::{matvec, matvec_matrices, matvec_matrices_tokens};
+pub use ops::matvec::matvec_many;
 pub use ops::matvec_tokens::matvec_tokens;
 pub use ops::pass::{in_pass, Disjoint, Pass, PreparedX};
 pub use ops::row::{dequantize_row, dot_row, dot_row_scalar};

@@ -12,6 +12,12 @@ use super::interleaved::{matvec_interleaved_many_at, matvec_interleaved_tokens_a
 use super::matvec::matvec_many_at;
 use super::matvec_tokens::matvec_tokens_at;
 
+/// y[r] = Σ_c W[r,c]·x[c] for every row, in parallel on the current rayon pool; `w` in either
+/// layout (a [`Weight`] or a [`Matrix`](crate::Matrix)).
+pub fn matvec<'a>(w: impl Into<MatrixRef<'a>>, x: &[f32], y: &mut [f32]) -> Result<()> {
+    matvec_matrices_at(simd::level(), &[w.into()], x, &mut [y])
+}
+
 /// `ys[i] = ms[i]·x`: the row-major matrices in one parallel region, the interleaved ones in
 /// another (each region preparing x once).
 pub fn matvec_matrices(ms: &[MatrixRef<'_>], x: &[f32], ys: &mut [&mut [f32]]) -> Result<()> {

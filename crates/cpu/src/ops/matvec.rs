@@ -3,7 +3,6 @@
 
 use crate::check;
 use crate::dispatch::Activations;
-use crate::operands::matrix::MatrixRef;
 use crate::simd::{self, Level};
 use powerinfer_core::{DType, Result, Weight};
 use rayon::prelude::*;
@@ -14,12 +13,6 @@ const MIN_CHUNK_BYTES: usize = 32 * 1024;
 const CHUNKS_PER_THREAD: usize = 4;
 /// Chunk boundaries fall on multiples of this many rows (the kernels' row-group width).
 const ROW_ALIGN: usize = 8;
-
-/// y[r] = Σ_c W[r,c]·x[c] for every row, in parallel on the current rayon pool; `w` in either
-/// layout (a [`Weight`] or a [`Matrix`](crate::Matrix)).
-pub fn matvec<'a>(w: impl Into<MatrixRef<'a>>, x: &[f32], y: &mut [f32]) -> Result<()> {
-    super::matrix::matvec_matrices_at(simd::level(), &[w.into()], x, &mut [y])
-}
 
 /// Several matvecs over the same `x` (q/k/v, gate/up) in one parallel region: `ys[i] = ws[i]·x`.
 /// One fork-join instead of one per matrix, and x is prepared once.
@@ -162,7 +155,8 @@ mod tests {
         pool.install(|| matvec_many(&refs, &x, &mut ys)).unwrap();
         for (w, got) in ws.iter().zip(&many) {
             let mut one = vec![0.0; w.rows];
-            pool.install(|| matvec(w, &x, &mut one)).unwrap();
+            pool.install(|| matvec_at(simd::level(), w, &x, &mut one))
+                .unwrap();
             assert_eq!(&one, got);
         }
         let mut short = [0.0; 3];
@@ -227,7 +221,7 @@ mod tests {
             x[3] = f32::INFINITY;
             x[40] = f32::NAN;
             let mut y = vec![0f32; 9];
-            matvec(&w, &x, &mut y).unwrap();
+            matvec_at(simd::level(), &w, &x, &mut y).unwrap();
             assert!(y.iter().all(|v| v.is_nan()), "{dtype}: {y:?}");
         }
     }
@@ -242,7 +236,8 @@ mod tests {
             let w = random_weight(&mut rng, dtype, 1001, cols);
             let x = rng.vec(cols);
             let mut y = vec![0f32; 1001];
-            pool.install(|| matvec(&w, &x, &mut y)).unwrap();
+            pool.install(|| matvec_at(simd::level(), &w, &x, &mut y))
+                .unwrap();
             for (r, &got) in y.iter().enumerate() {
                 assert_dot_seen(
                     got,
@@ -256,7 +251,8 @@ mod tests {
             // Chunking never changes a row's arithmetic: one thread gives identical bits.
             let mut single = vec![0f32; 1001];
             let one = crate::testutil::pool(1);
-            one.install(|| matvec(&w, &x, &mut single)).unwrap();
+            one.install(|| matvec_at(simd::level(), &w, &x, &mut single))
+                .unwrap();
             assert_eq!(y, single, "{dtype}");
         }
     }
@@ -264,18 +260,39 @@ mod tests {
     #[test]
     fn shape_errors_are_errors_not_panics() {
         let w = Weight::from_f32(3, 4, &[0.0; 12]).unwrap();
-        assert!(is_shape(matvec(&w, &[0.0; 3], &mut [0.0; 3])));
-        assert!(is_shape(matvec(&w, &[0.0; 4], &mut [0.0; 2])));
+        assert!(is_shape(matvec_at(
+            simd::level(),
+            &w,
+            &[0.0; 3],
+            &mut [0.0; 3]
+        )));
+        assert!(is_shape(matvec_at(
+            simd::level(),
+            &w,
+            &[0.0; 4],
+            &mut [0.0; 2]
+        )));
         assert!(is_shape(reference::matvec(&w, &[0.0; 5], &mut [0.0; 3])));
         // A weight whose public fields were edited to lie about its size.
         let mut bad = w.clone();
         bad.rows = 4;
-        assert!(is_shape(matvec(&bad, &[0.0; 4], &mut [0.0; 4])));
+        assert!(is_shape(matvec_at(
+            simd::level(),
+            &bad,
+            &[0.0; 4],
+            &mut [0.0; 4]
+        )));
         // Empty shapes are fine.
         let empty = Weight::from_f32(0, 4, &[]).unwrap();
-        matvec(&empty, &[0.0; 4], &mut []).unwrap();
+        matvec_at(simd::level(), &empty, &[0.0; 4], &mut []).unwrap();
         let mut y = [1.0f32; 3];
-        matvec(&Weight::from_f32(3, 0, &[]).unwrap(), &[], &mut y).unwrap();
+        matvec_at(
+            simd::level(),
+            &Weight::from_f32(3, 0, &[]).unwrap(),
+            &[],
+            &mut y,
+        )
+        .unwrap();
         assert_eq!(y, [0.0; 3]);
     }
 }
