@@ -1,19 +1,21 @@
-//! Q4_0 matvec throughput, rows row-major against rows interleaved by eight
+//! Matvec throughput of an interleaved format (Q4_0 unless named: Q4_1, Q8_0), rows row-major against rows interleaved by eight
 //! ([`powerinfer_cpu::Interleaved`]), in one run: eight 5504 x 2048 matrices (about 50 MB, past
 //! any L3 of ours) per pass, alternating, best of ten, in GB/s of weights read; the interleaved
-//! ones both one call per matrix and all eight in one region (`matvec_interleaved_many`).
+//! ones both one call per matrix and all eight in one region (`matvec_interleaved_many`); then
+//! the read probe on the same pool, for the share of the floor.
 //!
 //! ```text
 //! cargo run --release -p powerinfer-cpu --example interleaved_matvec -- 2     # 2 threads
+//! cargo run --release -p powerinfer-cpu --example interleaved_matvec -- 2 Q8_0
 //! POWERINFER_RS_NUMERICS=int8 cargo run --release -p powerinfer-cpu --example interleaved_matvec
 //! ```
 
 use powerinfer_core::{Buffer, DType, Weight};
 use std::time::Instant;
 
-/// A Q4_0 weight of pseudo-random bytes (f16 scales kept small and finite).
-fn weight(rows: usize, cols: usize, seed: u64) -> Weight {
-    let mut bytes = vec![0u8; rows * DType::Q4_0.row_bytes(cols).unwrap()];
+/// A weight of pseudo-random bytes in `dtype` (its f16 fields kept small and finite).
+fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Weight {
+    let mut bytes = vec![0u8; rows * dtype.row_bytes(cols).unwrap()];
     let mut s = 0x2545_F491_4F6C_DD1Du64 ^ seed;
     for b in bytes.iter_mut() {
         s ^= s << 13;
@@ -21,21 +23,26 @@ fn weight(rows: usize, cols: usize, seed: u64) -> Weight {
         s ^= s << 17;
         *b = s as u8;
     }
-    for v in bytes.chunks_exact_mut(2) {
-        v[1] &= 0x3F;
+    for blk in bytes.chunks_exact_mut(dtype.block_bytes()) {
+        for &f in dtype.f16_fields() {
+            blk[f + 1] &= 0x3F;
+        }
     }
-    Weight::new(DType::Q4_0, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
+    Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
 }
 
 fn main() {
     let threads: usize = std::env::args()
         .nth(1)
         .map_or(1, |s| s.parse().expect("threads"));
+    let dtype = std::env::args().nth(2).map_or(DType::Q4_0, |s| {
+        DType::from_name(&s).expect("a format name")
+    });
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .unwrap();
-    let ws: Vec<Weight> = (0..8).map(|i| weight(5504, 2048, i)).collect();
+    let ws: Vec<Weight> = (0..8).map(|i| weight(dtype, 5504, 2048, i)).collect();
     let il: Vec<_> = ws
         .iter()
         .map(|w| powerinfer_cpu::Interleaved::new(w).unwrap())
@@ -66,7 +73,7 @@ fn main() {
             many = many.min(t.elapsed().as_secs_f64());
         }
         println!(
-            "Q4_0, {} x, {threads} thread(s): row-major {:.2} GB/s, interleaved {:.2} GB/s \
+            "{dtype}, {} x, {threads} thread(s): row-major {:.2} GB/s, interleaved {:.2} GB/s \
              ({:.2}x), interleaved in one region {:.2} GB/s ({:.2}x)",
             powerinfer_cpu::numerics().name(),
             bytes / rows / 1e9,
@@ -74,6 +81,10 @@ fn main() {
             rows / inter,
             bytes / many / 1e9,
             rows / many
+        );
+        println!(
+            "read probe (the same pool, 512 MiB): {:.2} GB/s",
+            powerinfer_cpu::measure_read_bandwidth(512 << 20, 5)
         );
     });
 }

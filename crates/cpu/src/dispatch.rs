@@ -319,7 +319,7 @@ impl Activations<'_> {
         assert!(out.len().is_multiple_of(GROUP_ROWS) && g0 + out.len() / GROUP_ROWS <= w.groups());
         #[cfg(target_arch = "x86_64")]
         {
-            use avx2::interleaved::{avx2 as a, vnni as v, Starts};
+            use avx2::interleaved::{kernel_i16, kernel_i8, Starts};
             let base = w.data.as_ptr();
             // Each group's eight rows from `kernel(group start)`.
             let mut each = |kernel: &dyn Fn(*const u8) -> [f32; 8]| {
@@ -327,28 +327,18 @@ impl Activations<'_> {
                     o.copy_from_slice(&kernel(base.wrapping_add((g0 + k) * gb)));
                 }
             };
-            let q41 = w.dtype == DType::Q4_1;
-            type K<X> = unsafe fn(*const u8, usize, [&X; 1], [&Starts; 1]) -> [[f32; 8]; 1];
-            if let Some(x8) = self.int8(w.dtype) {
-                let kernel: K<avx2::X8> = match (self.wide(), q41) {
-                    (true, true) => v::group_i8::<true, 1>,
-                    (true, false) => v::group_i8::<false, 1>,
-                    (false, true) => a::group_i8::<true, 1>,
-                    (false, false) => a::group_i8::<false, 1>,
-                };
+            if let Some((x8, kernel)) = self.int8(w.dtype).zip(kernel_i8::<1>(w.dtype, self.wide()))
+            {
                 let st = Starts::of_int8(x8);
                 // SAFETY: the assert keeps every group given inside the weight (nb blocks of
                 // eight rows); x holds nb blocks (the weight's columns); the level's features
                 // were detected (VNNI where wide).
                 return each(&|g| unsafe { kernel(g, nb, [x8], [&st])[0] });
             }
-            if let Some(xq) = self.int16(w.dtype) {
-                let kernel: K<avx2::XQuant> = match (self.wide(), q41) {
-                    (true, true) => v::group_i16::<true, 1>,
-                    (true, false) => v::group_i16::<false, 1>,
-                    (false, true) => a::group_i16::<true, 1>,
-                    (false, false) => a::group_i16::<false, 1>,
-                };
+            if let Some((xq, kernel)) = self
+                .int16(w.dtype)
+                .zip(kernel_i16::<1>(w.dtype, self.wide()))
+            {
                 let st = Starts::of_int16(xq);
                 // SAFETY: as above, for the int16 x.
                 return each(&|g| unsafe { kernel(g, nb, [xq], [&st])[0] });
@@ -469,27 +459,21 @@ impl Tokens<'_> {
         debug_assert_eq!(outs.len(), self.acts.len());
         #[cfg(target_arch = "x86_64")]
         {
-            use avx2::interleaved::{avx2 as a, vnni as v, Starts};
+            use avx2::interleaved::{kernel_i16, kernel_i8, Starts};
             let wide = self.acts.first().is_some_and(|t| t.wide());
-            let q41 = w.dtype == DType::Q4_1;
             // Every token's x of one kind (`$X`, from `$of`), its starts (`$starts`) and the
-            // group kernel (`$kernel`) for runs of up to four tokens.
+            // group kernel from the table `$table` for runs of up to four tokens.
             macro_rules! runs {
-                ($of:ident, $X:ty, $starts:ident, $kernel:ident) => {
+                ($of:ident, $X:ty, $starts:ident, $table:ident) => {
                     let xs: Option<Vec<&$X>> = self.acts.iter().map(|t| t.$of(w.dtype)).collect();
-                    if let Some(xs) = xs {
+                    if let Some(xs) = xs.filter(|_| $table::<1>(w.dtype, wide).is_some()) {
                         let st: Vec<Starts> = xs.iter().map(|x| Starts::$starts(x)).collect();
                         for (c, outs) in outs.chunks_mut(4).enumerate() {
                             let (xs, st) = (&xs[4 * c..], &st[4 * c..]);
                             by_tokens!(outs.len(), T => {
                                 let xt: [&$X; T] = std::array::from_fn(|i| xs[i]);
                                 let stt: [&Starts; T] = std::array::from_fn(|i| &st[i]);
-                                let kernel = match (wide, q41) {
-                                    (true, true) => v::$kernel::<true, T>,
-                                    (true, false) => v::$kernel::<false, T>,
-                                    (false, true) => a::$kernel::<true, T>,
-                                    (false, false) => a::$kernel::<false, T>,
-                                };
+                                let kernel = $table::<T>(w.dtype, wide).expect("checked above");
                                 // SAFETY: as in `Activations::interleaved_groups` (the sizes
                                 // checked by `groups_of_tokens`), for every token of the run.
                                 groups_of_tokens(w, g0, outs, |g, nb| unsafe {
@@ -501,8 +485,8 @@ impl Tokens<'_> {
                     }
                 };
             }
-            runs!(int8, avx2::X8, of_int8, group_i8);
-            runs!(int16, avx2::XQuant, of_int16, group_i16);
+            runs!(int8, avx2::X8, of_int8, kernel_i8);
+            runs!(int16, avx2::XQuant, of_int16, kernel_i16);
         }
         for (t, out) in self.acts.iter().zip(outs.iter_mut()) {
             t.interleaved_groups(w, g0, out);

@@ -1,14 +1,15 @@
-//! A Q4_0 or Q4_1 weight with its rows interleaved by [`GROUP_ROWS`] ([`Interleaved`]): the same bytes
-//! rearranged so that one 32-byte load holds four quant bytes of each of eight rows, and one
-//! 16-byte load the eight rows' scales of a block. A byte dot against a broadcast word of x then
+//! A Q4_0, Q4_1 or Q8_0 weight with its rows interleaved by [`GROUP_ROWS`] ([`Interleaved`]):
+//! the same bytes rearranged so that one 32-byte load holds four quant bytes of each of eight
+//! rows, and one 16-byte load the eight rows' scales of a block. A byte dot against a broadcast word of x then
 //! advances eight rows at once (rows in the vector's lanes), the scales are converted once per
 //! eight rows, and no row needs a horizontal sum: the layout of ik_llama.cpp's `_R8` types
 //! (ikawrakow/ik_llama.cpp PRs #118–#141), written here from the GGUF block layout.
 //!
 //! Per group of eight rows and per 32-weight block b (eight blocks' bytes): the eight rows' f16
-//! scales d (row r at 2r), for Q4_1 then their f16 mins m, then four chunks j = 0..4 of 32
-//! bytes, row r's quant bytes 4j..4j + 4 at 32j + 4r (byte i holds weight i in its low nibble and
-//! weight i + 16 in its high one). Rows past the last whole group stay row-major after them.
+//! scales d (row r at 2r), for Q4_1 then their f16 mins m, then chunks j of 32 bytes (four for
+//! the 4-bit formats, eight for Q8_0), row r's quant bytes 4j..4j + 4 at 32j + 4r (a 4-bit
+//! byte i holds weight i in its low nibble and weight i + 16 in its high one; a Q8_0 byte i is
+//! weight i). Rows past the last whole group stay row-major after them.
 
 use powerinfer_core::{ensure, Buffer, DType, MatrixShape, PageBuf, Result, Weight};
 
@@ -27,12 +28,12 @@ pub struct Interleaved {
 
 impl Interleaved {
     /// `w` with its rows interleaved (its bytes copied once, rearranged); `Unsupported` for a
-    /// format without an interleaved layout (Q4_0 and Q4_1 so far).
+    /// format without an interleaved layout (Q4_0, Q4_1 and Q8_0 so far).
     pub fn new(w: &Weight) -> Result<Interleaved> {
         ensure!(
-            matches!(w.dtype, DType::Q4_0 | DType::Q4_1),
+            has_layout(w.dtype),
             Unsupported,
-            "interleaved rows: {} has no interleaved layout (Q4_0 and Q4_1 only)",
+            "interleaved rows: {} has no interleaved layout (Q4_0, Q4_1 and Q8_0 only)",
             w.dtype
         );
         crate::check::weight_bytes(w)?;
@@ -41,7 +42,7 @@ impl Interleaved {
             w.cols / 32,
             w.dtype.block_bytes(),
         );
-        let head = bb - 16;
+        let (head, chunks) = fields(w.dtype);
         let src = w.bytes();
         let mut store = PageBuf::try_zeroed(src.len())?;
         let data = store.as_mut_slice();
@@ -54,7 +55,7 @@ impl Interleaved {
                     for (f, field) in blk[..head].chunks_exact(2).enumerate() {
                         data[o + 16 * f + 2 * r..][..2].copy_from_slice(field);
                     }
-                    for j in 0..4 {
+                    for j in 0..chunks {
                         let at = o + 8 * head + 32 * j + 4 * r;
                         data[at..at + 4].copy_from_slice(&blk[head + 4 * j..head + 4 * j + 4]);
                     }
@@ -71,16 +72,15 @@ impl Interleaved {
         })
     }
 
-    /// Whether `w` has an interleaved layout here (Q4_0 or Q4_1, at least one whole group).
+    /// Whether `w` has an interleaved layout here (Q4_0, Q4_1 or Q8_0, at least one whole
+    /// group).
     pub fn fits(w: &Weight) -> bool {
         Interleaved::fits_shape(w.into())
     }
 
     /// [`Interleaved::fits`] of a format and shape.
     pub fn fits_shape(s: MatrixShape) -> bool {
-        matches!(s.dtype, DType::Q4_0 | DType::Q4_1)
-            && s.rows >= GROUP_ROWS
-            && s.cols.is_multiple_of(32)
+        has_layout(s.dtype) && s.rows >= GROUP_ROWS && s.cols.is_multiple_of(32)
     }
 
     /// Bytes of the interleaved store (the same as the row-major weight's).
@@ -135,7 +135,7 @@ impl Interleaved {
         let (nb, bb) = (self.cols / 32, self.dtype.block_bytes());
         let rb = nb * bb;
         assert!(range.end <= self.rows && out.len() == range.len() * rb);
-        let (data, head) = (self.data.as_slice(), bb - 16);
+        let (data, (head, chunks)) = (self.data.as_slice(), fields(self.dtype));
         let grouped = self.groups() * GROUP_ROWS;
         let gbb = self.group_block_bytes();
         for (r, row) in range.zip(out.chunks_exact_mut(rb)) {
@@ -150,7 +150,7 @@ impl Interleaved {
                 for f in 0..head / 2 {
                     blk[2 * f..2 * f + 2].copy_from_slice(&data[o + 16 * f + 2 * i..][..2]);
                 }
-                for j in 0..4 {
+                for j in 0..chunks {
                     let at = o + 8 * head + 32 * j + 4 * i;
                     blk[head + 4 * j..head + 4 * j + 4].copy_from_slice(&data[at..at + 4]);
                 }
@@ -165,6 +165,17 @@ impl Interleaved {
         self.rows_into(0..self.rows, store.as_mut_slice());
         Weight::new(self.dtype, self.rows, self.cols, store.freeze())
     }
+}
+
+/// Whether `dtype` has an interleaved layout.
+fn has_layout(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
+}
+
+/// A block's bytes of f16 fields (its scale, and Q4_1's min) and its chunks of four quant bytes.
+fn fields(dtype: DType) -> (usize, usize) {
+    let head = if dtype == DType::Q4_1 { 4 } else { 2 };
+    (head, (dtype.block_bytes() - head) / 4)
 }
 
 impl std::fmt::Debug for Interleaved {

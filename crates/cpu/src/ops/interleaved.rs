@@ -146,7 +146,7 @@ mod tests {
     #[test]
     fn rows_gather_back_to_their_bytes() {
         let mut rng = Rng::new(91);
-        for dtype in [DType::Q4_0, DType::Q4_1] {
+        for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
             for rows in [1, 8, 13, 24, 31] {
                 let w = random_weight(&mut rng, dtype, rows, 96);
                 let il = Interleaved::new(&w).unwrap();
@@ -171,7 +171,7 @@ mod tests {
         let mut rng = Rng::new(92);
         for (level, dtype) in available()
             .into_iter()
-            .flat_map(|l| [(l, DType::Q4_0), (l, DType::Q4_1)])
+            .flat_map(|l| [(l, DType::Q4_0), (l, DType::Q4_1), (l, DType::Q8_0)])
         {
             for numerics in [Numerics::Int16, Numerics::Int8] {
                 for (rows, blocks) in [(8, 1), (16, 3), (21, 9), (43, 5), (5, 2)] {
@@ -250,7 +250,9 @@ mod tests {
                 for (dtype, rows, n, bad) in [
                     (DType::Q4_0, 43, 6, None),
                     (DType::Q4_1, 24, 5, None),
+                    (DType::Q8_0, 35, 7, None),
                     (DType::Q4_0, 16, 3, Some(1)),
+                    (DType::Q8_0, 16, 2, Some(0)),
                 ] {
                     let cols = 96;
                     let il = Interleaved::new(&random_weight(&mut rng, dtype, rows, cols)).unwrap();
@@ -301,6 +303,29 @@ mod tests {
         tokens.rows_dot(w.dtype, tail, rb, &mut tails);
         let mut outs: Vec<&mut [f32]> = parts.into_iter().map(|(g, _)| g).collect();
         tokens.interleaved_groups(w, 0, &mut outs);
+    }
+
+    /// Every format with an interleaved layout has a kernel in each numerics' table at every x86
+    /// level, and no other format has one (the scalar level reads rows gathered back).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_kernel_tables_cover_every_interleaved_format() {
+        use crate::kernels::avx2::interleaved::{kernel_i16, kernel_i8};
+        for dtype in DType::ALL {
+            let fits = Interleaved::fits_shape(powerinfer_core::MatrixShape {
+                dtype,
+                rows: 8,
+                cols: 256,
+            });
+            for wide in [false, true] {
+                assert_eq!(
+                    kernel_i16::<1>(dtype, wide).is_some(),
+                    fits,
+                    "{dtype} int16"
+                );
+                assert_eq!(kernel_i8::<3>(dtype, wide).is_some(), fits, "{dtype} int8");
+            }
+        }
     }
 
     /// The op on a pool of several threads gives the one-thread bits, and checks its sizes.

@@ -1,20 +1,80 @@
-//! Dot products of Q4_0 and Q4_1 rows interleaved by eight (`crate::operands::interleaved`) with
-//! quantized x: the eight rows of a group sit in the eight i32 lanes of every byte dot, each
-//! against one broadcast word (four values) of x, so a block costs eight byte dots, one scale
-//! conversion and one or two FMAs for eight rows, and no horizontal sum. For either numerics:
-//! the int16 x (its high and low bytes dotted apart, `256·Σh + Σl`, exact) or the int8 x (a
-//! scale per 16 values: each half's dot apart). Q4_0's −8 is the dots' integer start value, Q4_1's
-//! mins one FMA per block against x's block sums (of x itself for the int16 x, as the row kernels
-//! take them; of x̂ for the int8 x). Written once over the instruction set's byte dot and the
-//! format (`MIN`: Q4_1), as `super::int8_rows`.
+//! Dot products of Q4_0, Q4_1 and Q8_0 rows interleaved by eight
+//! (`crate::operands::interleaved`) with quantized x: the eight rows of a group sit in the eight
+//! i32 lanes of every integer dot, each against one broadcast word of x, so a block costs a
+//! handful of dots, one scale conversion and one or two FMAs for eight rows, and no horizontal
+//! sum. For either numerics: the int16 x (its high and low bytes dotted apart, `256·Σh + Σl`,
+//! exact) or the int8 x (a scale per 16 values: each half's dot apart).
+//!
+//! How each format meets the byte dot (unsigned weight bytes times signed x bytes):
+//! - Q4_0: the nibbles q are unsigned; its −8 is the dots' integer start value (−8·Σx).
+//! - Q4_1: the nibbles likewise; its mins one FMA per block against x's block sums (of x itself
+//!   for the int16 x, as the row kernels take them; of x̂ for the int8 x).
+//! - Q8_0: the signed quants w are read as w + 128 (one xor), and −128·Σx is the start value,
+//!   so Σ(w + 128)·x − 128·Σx = Σw·x exactly. That needs a dot that does not saturate at
+//!   255·127 per pair: `vpdpbusd` (VNNI). AVX2's `pmaddubsw` saturates there, so its Q8_0
+//!   kernels ([`avx2::q8_group_i16`], [`avx2::q8_group_i8`]) widen the quants to int16 and take
+//!   `pmaddwd` on the int16 x itself (or the int8 x widened), four rows per vector.
+//!
+//! The kernels are written once over the instruction set's byte dot and the format, as
+//! `super::int8_rows`, and reached through one table per numerics ([`kernel_i16`],
+//! [`kernel_i8`]) that picks the (format, level) kernel.
 
 use super::int16::XQuant;
 use super::int8::X8;
 use super::int8_rows::{dot_avx2, dot_vnni};
+use powerinfer_core::DType;
 use std::arch::x86_64::*;
 
-/// Per-block integer start values an x brings to the interleaved Q4_0 dots: −8·Σq (its bias)
-/// over the block (int16) or over each half (int8).
+/// The interleaved formats, as the kernels' const parameter.
+pub(crate) mod fmt {
+    /// Q4_0.
+    pub(crate) const Q4_0: u8 = 0;
+    /// Q4_1.
+    pub(crate) const Q4_1: u8 = 1;
+    /// Q8_0.
+    pub(crate) const Q8_0: u8 = 2;
+}
+
+/// A group kernel for `T` tokens of the x `X`: the eight rows of the group at its first
+/// argument (its second: blocks), dotted with each token's x.
+pub(crate) type GroupKernel<X, const T: usize> =
+    unsafe fn(*const u8, usize, [&X; T], [&Starts; T]) -> [[f32; 8]; T];
+
+/// The int16-x group kernel of `dtype` on the level (`wide`: AVX-512 VNNI, else AVX2); `None`
+/// for a format without an interleaved layout.
+pub(crate) fn kernel_i16<const T: usize>(
+    dtype: DType,
+    wide: bool,
+) -> Option<GroupKernel<XQuant, T>> {
+    use fmt::*;
+    Some(match (dtype, wide) {
+        (DType::Q4_0, true) => vnni::group_i16::<Q4_0, T>,
+        (DType::Q4_1, true) => vnni::group_i16::<Q4_1, T>,
+        (DType::Q8_0, true) => vnni::group_i16::<Q8_0, T>,
+        (DType::Q4_0, false) => avx2::group_i16::<Q4_0, T>,
+        (DType::Q4_1, false) => avx2::group_i16::<Q4_1, T>,
+        (DType::Q8_0, false) => avx2::q8_group_i16::<T>,
+        _ => return None,
+    })
+}
+
+/// The int8-x group kernel of `dtype` on the level, as [`kernel_i16`].
+pub(crate) fn kernel_i8<const T: usize>(dtype: DType, wide: bool) -> Option<GroupKernel<X8, T>> {
+    use fmt::*;
+    Some(match (dtype, wide) {
+        (DType::Q4_0, true) => vnni::group_i8::<Q4_0, T>,
+        (DType::Q4_1, true) => vnni::group_i8::<Q4_1, T>,
+        (DType::Q8_0, true) => vnni::group_i8::<Q8_0, T>,
+        (DType::Q4_0, false) => avx2::group_i8::<Q4_0, T>,
+        (DType::Q4_1, false) => avx2::group_i8::<Q4_1, T>,
+        (DType::Q8_0, false) => avx2::q8_group_i8::<T>,
+        _ => return None,
+    })
+}
+
+/// Per-block integer start values an x brings to the interleaved dots: −8·Σq (Q4_0's bias; a
+/// format's start is a multiple of it, [`start_mul`]) over the block (int16) or over each half
+/// (int8).
 pub(crate) struct Starts(Vec<[i32; 2]>);
 
 impl Starts {
@@ -39,13 +99,25 @@ impl Starts {
     }
 }
 
-/// A group block's bytes and where its quants start: Q4_1 (`MIN`) carries eight mins after the
-/// eight scales.
+/// A group block's bytes and where its quants start: Q4_1 carries eight mins after the eight
+/// scales; Q8_0 has 32 quant bytes per row.
 #[inline(always)]
-const fn layout<const MIN: bool>() -> (usize, usize) {
-    match MIN {
-        true => (8 * 20, 32),
-        false => (8 * 18, 16),
+const fn layout<const F: u8>() -> (usize, usize) {
+    match F {
+        fmt::Q4_1 => (8 * 20, 32),
+        fmt::Q8_0 => (8 * 34, 16),
+        _ => (8 * 18, 16),
+    }
+}
+
+/// The multiple of [`Starts`] (−8·Σq) a format's dots start from: Q4_0's −8 once, Q8_0's −128
+/// sixteen times, none for Q4_1 (its mins go in floats).
+#[inline(always)]
+const fn start_mul<const F: u8>() -> i32 {
+    match F {
+        fmt::Q4_0 => 1,
+        fmt::Q8_0 => 16,
+        _ => 0,
     }
 }
 
@@ -60,38 +132,39 @@ unsafe fn word(p: *const i8) -> __m256i {
     _mm256_set1_epi32(unsafe { (p as *const i32).read_unaligned() })
 }
 
-/// The group kernels for one instruction set (`$dot` its byte dot), for `T` tokens at once:
-/// each block's quants are unpacked once, then every token's dots and FMAs follow in the order
-/// one token alone takes (`T` = 1), so a token's results are the same bits in any company.
+/// The group kernels for one instruction set (`$dot` its byte dot; `$wide_u8`: whether it takes
+/// unsigned bytes up to 255 without saturating, as Q8_0 needs), for `T` tokens at once: each
+/// block's quants are unpacked once, then every token's dots and FMAs follow in the order one
+/// token alone takes (`T` = 1), so a token's results are the same bits in any company.
 macro_rules! interleaved_kernels {
-    ($feat:literal, $dot:ident) => {
-        /// The eight rows of the group at `g` (`nb` blocks; Q4_1 where `MIN`, else Q4_0)
-        /// dotted with each of `T` int16 x.
+    ($feat:literal, $dot:ident, $wide_u8:expr) => {
+        /// The eight rows of the group at `g` (`nb` blocks, format `F`) dotted with each of `T`
+        /// int16 x.
         ///
         /// # Safety
         /// `nb` group blocks readable at `g`; every `xs[t]` and `st[t]` of `nb` blocks; the CPU
         /// has `$feat`.
         #[inline]
         #[target_feature(enable = $feat)]
-        pub(crate) unsafe fn group_i16<const MIN: bool, const T: usize>(
+        pub(crate) unsafe fn group_i16<const F: u8, const T: usize>(
             g: *const u8,
             nb: usize,
             xs: [&XQuant; T],
             st: [&Starts; T],
         ) -> [[f32; 8]; T] {
+            const { assert!(F != fmt::Q8_0 || $wide_u8) };
+            let min = F == fmt::Q4_1;
             let mut acc = [[_mm256_setzero_ps(); 2]; T];
             for b in 0..nb {
                 // SAFETY: block b of the group, and of every x, are readable per the caller.
                 unsafe {
-                    let (dw, mins, lo, hi) = group_block::<MIN>(g, b);
+                    let (dw, mins, lo, hi) = group_block::<F>(g, b);
                     for ((xq, st), a) in xs.iter().zip(&st).zip(acc.iter_mut()) {
                         let (h, l) = (xq.hl.as_ptr().add(64 * b), xq.hl.as_ptr().add(64 * b + 32));
                         let mut sh = _mm256_setzero_si256();
-                        let mut sl = match MIN {
-                            true => _mm256_setzero_si256(),
-                            false => _mm256_set1_epi32(st.0.get_unchecked(b)[0]),
-                        };
-                        if MIN {
+                        let start = start_mul::<F>() * st.0.get_unchecked(b)[0];
+                        let mut sl = _mm256_set1_epi32(start);
+                        if min {
                             let s = _mm256_set1_ps(*xq.sum.get_unchecked(b));
                             a[1] = _mm256_fmadd_ps(mins, s, a[1]);
                         }
@@ -114,32 +187,33 @@ macro_rules! interleaved_kernels {
             out
         }
 
-        /// The eight rows of the group at `g` (`nb` blocks; Q4_1 where `MIN`, else Q4_0)
-        /// dotted with each of `T` int8 x.
+        /// The eight rows of the group at `g` (`nb` blocks, format `F`) dotted with each of `T`
+        /// int8 x.
         ///
         /// # Safety
         /// As for `group_i16`.
         #[inline]
         #[target_feature(enable = $feat)]
-        pub(crate) unsafe fn group_i8<const MIN: bool, const T: usize>(
+        pub(crate) unsafe fn group_i8<const F: u8, const T: usize>(
             g: *const u8,
             nb: usize,
             xs: [&X8; T],
             st: [&Starts; T],
         ) -> [[f32; 8]; T] {
+            const { assert!(F != fmt::Q8_0 || $wide_u8) };
+            let min = F == fmt::Q4_1;
             let mut acc = [[_mm256_setzero_ps(); 2]; T];
             for b in 0..nb {
                 // SAFETY: block b of the group, and of every x, are readable per the caller.
                 unsafe {
-                    let (dw, mins, lo, hi) = group_block::<MIN>(g, b);
+                    let (dw, mins, lo, hi) = group_block::<F>(g, b);
                     for ((x, st), a) in xs.iter().zip(&st).zip(acc.iter_mut()) {
                         let q = x.q.as_ptr().add(32 * b);
-                        let [na, nb_] = match MIN {
-                            true => [0, 0],
-                            false => *st.0.get_unchecked(b),
-                        };
-                        let (mut sa, mut sb) = (_mm256_set1_epi32(na), _mm256_set1_epi32(nb_));
-                        if MIN {
+                        let [na, nb_] = *st.0.get_unchecked(b);
+                        let k = start_mul::<F>();
+                        let mut sa = _mm256_set1_epi32(k * na);
+                        let mut sb = _mm256_set1_epi32(k * nb_);
+                        if min {
                             let s = _mm256_set1_ps(*x.s.get_unchecked(b));
                             a[1] = _mm256_fmadd_ps(mins, s, a[1]);
                         }
@@ -162,32 +236,43 @@ macro_rules! interleaved_kernels {
             out
         }
 
-        /// Group block `b` at `g` (Q4_1 where `MIN`): its eight rows' scales, their mins (Q4_1;
-        /// else zeros), and its four 32-byte quant chunks as low and high nibbles.
+        /// Group block `b` at `g` (format `F`): its eight rows' scales, their mins (Q4_1; else
+        /// zeros), and its quants as four 32-byte chunks of weights 0..16 (`lo`) and of weights
+        /// 16..32 (`hi`), chunk j holding each row's weights 4j..4j + 4 (of its half) as
+        /// unsigned bytes: the nibbles, or Q8_0's quants + 128.
         ///
         /// # Safety
         /// Block b of the group readable at `g`; the CPU has `$feat`.
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn group_block<const MIN: bool>(
+        unsafe fn group_block<const F: u8>(
             g: *const u8,
             b: usize,
         ) -> (__m256, __m256, [__m256i; 4], [__m256i; 4]) {
-            let (gbb, qo) = layout::<MIN>();
-            let m = _mm256_set1_epi8(0x0F);
+            let (gbb, qo) = layout::<F>();
             let (mut lo, mut hi) = ([_mm256_setzero_si256(); 4], [_mm256_setzero_si256(); 4]);
             // SAFETY: the block's scales, mins and quant chunks are readable per the caller.
             unsafe {
                 let p = g.add(b * gbb);
                 let dw = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
-                let mins = match MIN {
-                    true => _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast())),
-                    false => _mm256_setzero_ps(),
+                let mins = match F {
+                    fmt::Q4_1 => _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast())),
+                    _ => _mm256_setzero_ps(),
                 };
-                for j in 0..4 {
-                    let v = _mm256_loadu_si256(p.add(qo + 32 * j).cast());
-                    lo[j] = _mm256_and_si256(v, m);
-                    hi[j] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
+                if F == fmt::Q8_0 {
+                    let flip = _mm256_set1_epi8(-128);
+                    for j in 0..4 {
+                        let (a, b) = (p.add(qo + 32 * j), p.add(qo + 128 + 32 * j));
+                        lo[j] = _mm256_xor_si256(_mm256_loadu_si256(a.cast()), flip);
+                        hi[j] = _mm256_xor_si256(_mm256_loadu_si256(b.cast()), flip);
+                    }
+                } else {
+                    let m = _mm256_set1_epi8(0x0F);
+                    for j in 0..4 {
+                        let v = _mm256_loadu_si256(p.add(qo + 32 * j).cast());
+                        lo[j] = _mm256_and_si256(v, m);
+                        hi[j] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
+                    }
                 }
                 (dw, mins, lo, hi)
             }
@@ -205,10 +290,126 @@ macro_rules! interleaved_kernels {
     };
 }
 
-/// The AVX2 forms.
+/// The AVX2 forms (Q8_0's own below: `pmaddubsw` saturates on its unsigned bytes).
 pub(crate) mod avx2 {
     use super::*;
-    interleaved_kernels!("avx2,fma,f16c", dot_avx2);
+    interleaved_kernels!("avx2,fma,f16c", dot_avx2, false);
+
+    /// Group block `b` of a Q8_0 group at `g`: its eight scales, and its eight quant chunks
+    /// widened to int16, rows 0..4 then rows 4..8 of each (lane pair 2r, 2r + 1 of a `pmaddwd`
+    /// holding row r's four weights of the chunk).
+    ///
+    /// # Safety
+    /// Block b of the group readable at `g`; AVX2.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q8_block(g: *const u8, b: usize) -> (__m256, [[__m256i; 2]; 8]) {
+        let (gbb, qo) = layout::<{ fmt::Q8_0 }>();
+        let mut w = [[_mm256_setzero_si256(); 2]; 8];
+        // SAFETY: the block's scales and quant chunks are readable per the caller.
+        unsafe {
+            let p = g.add(b * gbb);
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
+            for (j, wj) in w.iter_mut().enumerate() {
+                let c = p.add(qo + 32 * j);
+                wj[0] = _mm256_cvtepi8_epi16(_mm_loadu_si128(c.cast()));
+                wj[1] = _mm256_cvtepi8_epi16(_mm_loadu_si128(c.add(16).cast()));
+            }
+            (dw, w)
+        }
+    }
+
+    /// The eight rows' exact dot of one run of chunks with x's four int16 values per chunk
+    /// (`x4(j)`), in row order.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn q8_dot(w: &[[__m256i; 2]], x4: impl Fn(usize) -> __m256i) -> __m256i {
+        let (mut s03, mut s47) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+        for (j, wj) in w.iter().enumerate() {
+            let xv = x4(j);
+            s03 = _mm256_add_epi32(s03, _mm256_madd_epi16(wj[0], xv));
+            s47 = _mm256_add_epi32(s47, _mm256_madd_epi16(wj[1], xv));
+        }
+        // hadd gives rows 0 1 4 5 | 2 3 6 7.
+        let order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+        _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(s03, s47), order)
+    }
+
+    /// The eight rows of the Q8_0 group at `g` (`nb` blocks) dotted with each of `T` int16 x,
+    /// the float steps those of `group_i16`.
+    ///
+    /// # Safety
+    /// As for `group_i16`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn q8_group_i16<const T: usize>(
+        g: *const u8,
+        nb: usize,
+        xs: [&XQuant; T],
+        _st: [&Starts; T],
+    ) -> [[f32; 8]; T] {
+        let mut acc = [[_mm256_setzero_ps(); 2]; T];
+        for b in 0..nb {
+            // SAFETY: block b of the group, and of every x, are readable per the caller.
+            unsafe {
+                let (dw, w) = q8_block(g, b);
+                for (xq, a) in xs.iter().zip(acc.iter_mut()) {
+                    let q = xq.q.as_ptr().add(32 * b);
+                    let s = q8_dot(&w, |j| {
+                        _mm256_set1_epi64x((q.add(4 * j) as *const i64).read_unaligned())
+                    });
+                    let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xq.scale.get_unchecked(b)));
+                    a[b % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, a[b % 2]);
+                }
+            }
+        }
+        let mut out = [[0f32; 8]; T];
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = sum8(a);
+        }
+        out
+    }
+
+    /// The eight rows of the Q8_0 group at `g` (`nb` blocks) dotted with each of `T` int8 x
+    /// (widened to int16), the float steps those of `group_i8`.
+    ///
+    /// # Safety
+    /// As for `group_i16`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(crate) unsafe fn q8_group_i8<const T: usize>(
+        g: *const u8,
+        nb: usize,
+        xs: [&X8; T],
+        _st: [&Starts; T],
+    ) -> [[f32; 8]; T] {
+        let mut acc = [[_mm256_setzero_ps(); 2]; T];
+        for b in 0..nb {
+            // SAFETY: block b of the group, and of every x, are readable per the caller.
+            unsafe {
+                let (dw, w) = q8_block(g, b);
+                for (x, a) in xs.iter().zip(acc.iter_mut()) {
+                    let q = x.q.as_ptr().add(32 * b);
+                    let x4 = |j: usize| {
+                        let v = _mm_cvtsi32_si128((q.add(4 * j) as *const i32).read_unaligned());
+                        _mm256_broadcastq_epi64(_mm_cvtepi8_epi16(v))
+                    };
+                    let sa = q8_dot(&w[..4], x4);
+                    let sb = q8_dot(&w[4..], |j| x4(4 + j));
+                    let (da, db) = (*x.dv.get_unchecked(8 * b), *x.dv.get_unchecked(8 * b + 4));
+                    let fa = _mm256_mul_ps(dw, _mm256_set1_ps(da));
+                    let fb = _mm256_mul_ps(dw, _mm256_set1_ps(db));
+                    a[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sa), fa, a[0]);
+                    a[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sb), fb, a[1]);
+                }
+            }
+        }
+        let mut out = [[0f32; 8]; T];
+        for (o, a) in out.iter_mut().zip(acc) {
+            *o = sum8(a);
+        }
+        out
+    }
 }
 
 /// The AVX-512 VNNI forms.
@@ -216,6 +417,7 @@ pub(crate) mod vnni {
     use super::*;
     interleaved_kernels!(
         "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c",
-        dot_vnni
+        dot_vnni,
+        true
     );
 }
