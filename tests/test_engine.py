@@ -73,21 +73,22 @@ def test_synthetic_gguf_every_format_matches_reference(synth_gguf, dtype):
 
 
 def test_weights_reach_rust_without_copy(smol):
-    """Rows read by index stay in the file's map; the whole-matrix products' Q4_1 matrices
-    (the attention's always, the FFN's when the engine decodes dense on the CPU) are
+    """Rows read by index stay in the file's map; the whole-matrix products' matrices (the
+    attention's and the head's always, the FFN's when the engine decodes dense on the CPU) are
     interleaved at load in place of it."""
     sparse = Engine(smol, threads=1, mmap=True, sparsity="threshold", thresholds=[0.01] * 30)
     dense = Engine(smol, threads=1, mmap=True)
     assert not sparse.weights_copied and not dense.weights_copied
-    for name in ["token_embd", "blk.0.ffn_gate", "blk.29.ffn_down", "output"]:
+    for name in ["blk.0.ffn_gate", "blk.29.ffn_down"]:
         assert sparse.tensor_layout(name) == "rows"
         assert sparse.tensor_address(name) == smol.tensors[name].data.ctypes.data
-    # Tied: the output head is the embedding table itself (Q8_0 here: no interleaved layout).
-    assert sparse.tensor_address("output") == sparse.tensor_address("token_embd")
-    assert dense.tensor_address("output") == smol.tensors["token_embd"].data.ctypes.data
+    # Tied: the output head (Q8_0 here) is the embedding table itself, one interleaved matrix.
+    for eng in [sparse, dense]:
+        assert eng.tensor_layout("output") == eng.tensor_layout("token_embd") == "interleaved"
+        assert eng.tensor_address("output") == eng.tensor_address("token_embd")
     for eng, names in [
-        (sparse, ["blk.0.attn_q", "blk.29.attn_output"]),
-        (dense, ["blk.0.attn_q", "blk.0.ffn_gate", "blk.29.ffn_down"]),
+        (sparse, ["blk.0.attn_q", "blk.29.attn_output", "output"]),
+        (dense, ["blk.0.attn_q", "blk.0.ffn_gate", "blk.29.ffn_down", "token_embd"]),
     ]:
         for name in names:
             assert eng.tensor_layout(name) == "interleaved"
@@ -103,20 +104,24 @@ def test_zero_copy_for_hf_bf16(synth_hf):
 
 
 def test_copied_weights_sit_on_huge_page_boundaries_and_give_the_same_logits(smol):
-    """mmap=False copies every tensor of 2 MiB or more (the embedding table here) into memory
-    of its own, 2 MiB aligned; small ones stay borrowed; logits are bit-identical."""
-    mapped = Engine(smol, threads=2, mmap=True)
-    copied = Engine(smol, threads=2, mmap=False)
+    """mmap=False copies every tensor of 2 MiB or more into memory of its own, 2 MiB aligned
+    (the embedding table of a sparse engine, which keeps the FFN's rows: its tied head is
+    interleaved there instead); small ones stay borrowed; logits are bit-identical."""
+    kw = dict(threads=2, sparsity="threshold", thresholds=[0.01] * 30)
+    mapped = Engine(smol, mmap=True, **kw)
+    copied = Engine(smol, mmap=False, **kw)
     assert copied.weights_copied
     emb = smol.tensors["token_embd"].data
     assert emb.nbytes >= 2 << 20
     assert copied.tensor_address("token_embd") != emb.ctypes.data
     assert copied.tensor_address("token_embd") % (2 << 20) == 0
-    # A small matrix is not copied, but a dense engine's is interleaved (in place of the map).
+    # A small matrix is not copied; a dense engine's is interleaved (in place of the map).
     small = smol.tensors["blk.0.ffn_up"].data
     assert small.nbytes < 2 << 20
-    assert copied.tensor_layout("blk.0.ffn_up") == "interleaved"
-    assert copied.tensor_address("blk.0.ffn_up") != small.ctypes.data
+    assert copied.tensor_address("blk.0.ffn_up") == small.ctypes.data
+    dense = Engine(smol, threads=2, mmap=False)
+    assert dense.tensor_layout("blk.0.ffn_up") == "interleaved"
+    assert dense.tensor_address("blk.0.ffn_up") != small.ctypes.data
     ids = smol.tokenizer.encode("The weights moved but the numbers did not", add_bos=False)
     np.testing.assert_array_equal(copied.logits(ids), mapped.logits(ids))
 

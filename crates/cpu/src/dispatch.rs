@@ -315,7 +315,7 @@ impl Activations<'_> {
         out: &mut [f32],
     ) {
         use crate::operands::interleaved::GROUP_ROWS;
-        let (nb, gb) = (w.cols / 32, w.group_bytes());
+        let (nb, gb) = (w.blocks(), w.group_bytes());
         assert!(out.len().is_multiple_of(GROUP_ROWS) && g0 + out.len() / GROUP_ROWS <= w.groups());
         #[cfg(target_arch = "x86_64")]
         {
@@ -530,7 +530,7 @@ fn groups_of_tokens<const T: usize>(
     kernel: impl Fn(*const u8, usize) -> [[f32; 8]; T],
 ) {
     use crate::operands::interleaved::GROUP_ROWS;
-    let (nb, gb) = (w.cols / 32, w.group_bytes());
+    let (nb, gb) = (w.blocks(), w.group_bytes());
     let groups = outs.first().map_or(0, |o| o.len() / GROUP_ROWS);
     assert!(outs.len() == T && outs.iter().all(|o| o.len() == groups * GROUP_ROWS));
     assert!(g0 + groups <= w.groups());

@@ -1,15 +1,20 @@
-//! A Q4_0, Q4_1 or Q8_0 weight with its rows interleaved by [`GROUP_ROWS`] ([`Interleaved`]):
+//! A Q4_0, Q4_1, Q8_0 or Q4_K weight with its rows interleaved by [`GROUP_ROWS`] ([`Interleaved`]):
 //! the same bytes rearranged so that one 32-byte load holds four quant bytes of each of eight
 //! rows, and one 16-byte load the eight rows' scales of a block. A byte dot against a broadcast word of x then
 //! advances eight rows at once (rows in the vector's lanes), the scales are converted once per
 //! eight rows, and no row needs a horizontal sum: the layout of ik_llama.cpp's `_R8` types
 //! (ikawrakow/ik_llama.cpp PRs #118–#141), written here from the GGUF block layout.
 //!
-//! Per group of eight rows and per 32-weight block b (eight blocks' bytes): the eight rows' f16
-//! scales d (row r at 2r), for Q4_1 then their f16 mins m, then chunks j of 32 bytes (four for
-//! the 4-bit formats, eight for Q8_0), row r's quant bytes 4j..4j + 4 at 32j + 4r (a 4-bit
-//! byte i holds weight i in its low nibble and weight i + 16 in its high one; a Q8_0 byte i is
-//! weight i). Rows past the last whole group stay row-major after them.
+//! Per group of eight rows and per block b (of 32 weights; Q4_K's of 256; eight blocks' bytes):
+//! the eight rows' f16 scales d (row r at 2r), for Q4_1 then their f16 mins m (Q4_K: its dmin),
+//! then chunks j of 32 bytes, row r's block bytes 4j..4j + 4 after its f16 fields at 32j + 4r:
+//! - Q4_0, Q4_1: four chunks of quants (byte i holds weight i in its low nibble and weight
+//!   i + 16 in its high one);
+//! - Q8_0: eight chunks, byte i weight i;
+//! - Q4_K: three chunks of its 12 bytes of 6-bit scales and mins, then 32 chunks of quants
+//!   (quant byte 32k + i holds weight 64k + i in its low nibble and 64k + 32 + i in its high).
+//!
+//! Rows past the last whole group stay row-major after them.
 
 use powerinfer_core::{ensure, Buffer, DType, MatrixShape, PageBuf, Result, Weight};
 
@@ -28,18 +33,18 @@ pub struct Interleaved {
 
 impl Interleaved {
     /// `w` with its rows interleaved (its bytes copied once, rearranged); `Unsupported` for a
-    /// format without an interleaved layout (Q4_0, Q4_1 and Q8_0 so far).
+    /// format without an interleaved layout (Q4_0, Q4_1, Q8_0 and Q4_K so far).
     pub fn new(w: &Weight) -> Result<Interleaved> {
         ensure!(
             has_layout(w.dtype),
             Unsupported,
-            "interleaved rows: {} has no interleaved layout (Q4_0, Q4_1 and Q8_0 only)",
+            "interleaved rows: {} has no interleaved layout (Q4_0, Q4_1, Q8_0 and Q4_K only)",
             w.dtype
         );
         crate::check::weight_bytes(w)?;
         let (rb, nb, bb) = (
             w.dtype.row_bytes(w.cols)?,
-            w.cols / 32,
+            w.cols / w.dtype.block_size(),
             w.dtype.block_bytes(),
         );
         let (head, chunks) = fields(w.dtype);
@@ -72,8 +77,8 @@ impl Interleaved {
         })
     }
 
-    /// Whether `w` has an interleaved layout here (Q4_0, Q4_1 or Q8_0, at least one whole
-    /// group).
+    /// Whether `w` has an interleaved layout here (Q4_0, Q4_1, Q8_0 or Q4_K, at least one
+    /// whole group).
     pub fn fits(w: &Weight) -> bool {
         Interleaved::fits_shape(w.into())
     }
@@ -98,6 +103,11 @@ impl Interleaved {
         (self.rows, self.cols, self.dtype)
     }
 
+    /// Blocks per row (of 32 weights; of 256 for the K-quants).
+    pub(crate) fn blocks(&self) -> usize {
+        self.cols / self.dtype.block_size()
+    }
+
     /// Whole groups of eight rows.
     pub(crate) fn groups(&self) -> usize {
         self.rows / GROUP_ROWS
@@ -110,12 +120,12 @@ impl Interleaved {
 
     /// Bytes of one group (all its blocks).
     pub(crate) fn group_bytes(&self) -> usize {
-        self.cols / 32 * self.group_block_bytes()
+        self.blocks() * self.group_block_bytes()
     }
 
     /// The row-major rows after the groups and their row size.
     pub(crate) fn tail(&self) -> (&[u8], usize) {
-        let rb = self.cols / 32 * self.dtype.block_bytes();
+        let rb = self.blocks() * self.dtype.block_bytes();
         (
             &self.data.as_slice()[self.groups() * self.group_bytes()..],
             rb,
@@ -124,7 +134,7 @@ impl Interleaved {
 
     /// Row `r` in its GGUF bytes (gathered back from its group).
     pub fn row(&self, r: usize) -> Vec<u8> {
-        let mut out = vec![0u8; self.cols / 32 * self.dtype.block_bytes()];
+        let mut out = vec![0u8; self.blocks() * self.dtype.block_bytes()];
         self.rows_into(r..r + 1, &mut out);
         out
     }
@@ -132,7 +142,7 @@ impl Interleaved {
     /// Rows `range` in their GGUF bytes, row after row, into `out` (range.len() rows' bytes):
     /// the row-major view that batched products and uploads read.
     pub fn rows_into(&self, range: std::ops::Range<usize>, out: &mut [u8]) {
-        let (nb, bb) = (self.cols / 32, self.dtype.block_bytes());
+        let (nb, bb) = (self.blocks(), self.dtype.block_bytes());
         let rb = nb * bb;
         assert!(range.end <= self.rows && out.len() == range.len() * rb);
         let (data, (head, chunks)) = (self.data.as_slice(), fields(self.dtype));
@@ -169,12 +179,17 @@ impl Interleaved {
 
 /// Whether `dtype` has an interleaved layout.
 fn has_layout(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
+    matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0 | DType::Q4_K)
 }
 
-/// A block's bytes of f16 fields (its scale, and Q4_1's min) and its chunks of four quant bytes.
+/// A block's bytes of f16 fields (its scale d; Q4_1's min, Q4_K's dmin) and its chunks of four
+/// bytes after them (Q4_K's: three of scale bytes, then 32 of quants).
 fn fields(dtype: DType) -> (usize, usize) {
-    let head = if dtype == DType::Q4_1 { 4 } else { 2 };
+    let head = if matches!(dtype, DType::Q4_1 | DType::Q4_K) {
+        4
+    } else {
+        2
+    };
     (head, (dtype.block_bytes() - head) / 4)
 }
 

@@ -207,7 +207,7 @@ impl<'a> MatrixRef<'a> {
                 f(&w.bytes()[range.start * rb..range.end * rb])
             }
             MatrixRef::Interleaved(w) => {
-                let rb = w.cols / 32 * w.dtype.block_bytes();
+                let rb = w.blocks() * w.dtype.block_bytes();
                 let mut bytes = vec![0u8; range.len() * rb];
                 w.rows_into(range, &mut bytes);
                 f(&bytes)

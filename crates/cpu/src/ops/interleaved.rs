@@ -142,13 +142,16 @@ mod tests {
     use crate::testutil::{random_weight, Rng, DOT_ABS_TOL, DOT_REL_TOL};
     use powerinfer_core::DType;
 
+    /// The formats with an interleaved layout.
+    const FORMATS: [DType; 4] = [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K];
+
     /// Interleaving moves bytes only: every row gathers back to its GGUF bytes.
     #[test]
     fn rows_gather_back_to_their_bytes() {
         let mut rng = Rng::new(91);
-        for dtype in [DType::Q4_0, DType::Q4_1, DType::Q8_0] {
+        for dtype in FORMATS {
             for rows in [1, 8, 13, 24, 31] {
-                let w = random_weight(&mut rng, dtype, rows, 96);
+                let w = random_weight(&mut rng, dtype, rows, 3 * dtype.block_size());
                 let il = Interleaved::new(&w).unwrap();
                 assert_eq!(il.data.len(), w.bytes().len());
                 for r in 0..rows {
@@ -171,11 +174,11 @@ mod tests {
         let mut rng = Rng::new(92);
         for (level, dtype) in available()
             .into_iter()
-            .flat_map(|l| [(l, DType::Q4_0), (l, DType::Q4_1), (l, DType::Q8_0)])
+            .flat_map(|l| FORMATS.map(|d| (l, d)))
         {
             for numerics in [Numerics::Int16, Numerics::Int8] {
                 for (rows, blocks) in [(8, 1), (16, 3), (21, 9), (43, 5), (5, 2)] {
-                    let cols = 32 * blocks;
+                    let cols = dtype.block_size() * blocks;
                     let w = random_weight(&mut rng, dtype, rows, cols);
                     let il = Interleaved::new(&w).unwrap();
                     let mut x = rng.vec(cols);
@@ -194,10 +197,10 @@ mod tests {
                             true => crate::testutil::x8_tol(cols) * scale,
                             false => DOT_REL_TOL * scale + DOT_ABS_TOL,
                         };
-                        if dtype == DType::Q4_1 && numerics == Numerics::Int16 {
+                        if numerics == Numerics::Int16 && level.is_x86_simd() {
                             // The int16 x's mins take the sums of x itself, as its row kernels:
                             // Σ_b m_b·(Σx_b − Σx̂_b) on top.
-                            tol += min_gap(w.row(r), &x, &seen);
+                            tol += min_gap(dtype, w.row(r), &x, &seen);
                         }
                         assert!(
                             (got as f64 - want).abs() <= tol + 1e-30,
@@ -209,14 +212,28 @@ mod tests {
         }
     }
 
-    /// Σ_b |m_b|·|Σx_b − Σx̂_b| over a Q4_1 row's blocks.
-    fn min_gap(row: &[u8], x: &[f32], seen: &[f32]) -> f64 {
-        row.chunks_exact(20)
+    /// Σ_b |m_b|·|Σx_b − Σx̂_b| over a row's 32-weight blocks, m_b the block's weight at zero
+    /// quants (Q4_1's min, Q4_K's −dmin·m; zero for the formats without mins), plus the f32
+    /// rounding of the sums.
+    fn min_gap(dtype: DType, row: &[u8], x: &[f32], seen: &[f32]) -> f64 {
+        let quants = match dtype {
+            DType::Q4_1 => 4..20,
+            DType::Q4_K => 16..144,
+            _ => return 0.0,
+        };
+        let mut zeroed = row.to_vec();
+        for blk in zeroed.chunks_exact_mut(dtype.block_bytes()) {
+            blk[quants.clone()].fill(0);
+        }
+        let mut at_zero = vec![0f32; x.len()];
+        powerinfer_core::dequantize_row(dtype, &zeroed, &mut at_zero).unwrap();
+        at_zero
+            .chunks_exact(32)
             .zip(x.chunks_exact(32).zip(seen.chunks_exact(32)))
-            .map(|(blk, (a, b))| {
-                let m = half::f16::from_le_bytes([blk[2], blk[3]]).to_f32() as f64;
+            .map(|(m, (a, b))| {
+                let m = m[0].abs() as f64;
                 let d: f64 = a.iter().zip(b).map(|(&u, &v)| u as f64 - v as f64).sum();
-                m.abs() * d.abs() + 1e-7 * m.abs() * a.iter().map(|v| v.abs() as f64).sum::<f64>()
+                m * d.abs() + 1e-7 * m * a.iter().map(|v| v.abs() as f64).sum::<f64>()
             })
             .sum()
     }
@@ -251,10 +268,12 @@ mod tests {
                     (DType::Q4_0, 43, 6, None),
                     (DType::Q4_1, 24, 5, None),
                     (DType::Q8_0, 35, 7, None),
+                    (DType::Q4_K, 19, 6, None),
                     (DType::Q4_0, 16, 3, Some(1)),
                     (DType::Q8_0, 16, 2, Some(0)),
+                    (DType::Q4_K, 8, 3, Some(2)),
                 ] {
-                    let cols = 96;
+                    let cols = 3 * dtype.block_size();
                     let il = Interleaved::new(&random_weight(&mut rng, dtype, rows, cols)).unwrap();
                     let mut x = rng.vec(n * cols);
                     if let Some(t) = bad {

@@ -1,4 +1,4 @@
-//! Dot products of Q4_0, Q4_1 and Q8_0 rows interleaved by eight
+//! Dot products of Q4_0, Q4_1, Q8_0 and Q4_K rows interleaved by eight
 //! (`crate::operands::interleaved`) with quantized x: the eight rows of a group sit in the eight
 //! i32 lanes of every integer dot, each against one broadcast word of x, so a block costs a
 //! handful of dots, one scale conversion and one or two FMAs for eight rows, and no horizontal
@@ -14,6 +14,9 @@
 //!   255·127 per pair: `vpdpbusd` (VNNI). AVX2's `pmaddubsw` saturates there, so its Q8_0
 //!   kernels ([`avx2::q8_group_i16`], [`avx2::q8_group_i8`]) widen the quants to int16 and take
 //!   `pmaddwd` on the int16 x itself (or the int8 x widened), four rows per vector.
+//! - Q4_K: the nibbles likewise, each 32-weight sub-block's integer dot apart (x's blocks of 32
+//!   are its sub-blocks), scaled by d·sc; the eight rows' 6-bit scales and mins are unpacked
+//!   once per super-block for all tokens, the mins (dmin·m) against x's block sums.
 //!
 //! The kernels are written once over the instruction set's byte dot and the format, as
 //! `super::int8_rows`, and reached through one table per numerics ([`kernel_i16`],
@@ -54,6 +57,8 @@ pub(crate) fn kernel_i16<const T: usize>(
         (DType::Q4_0, false) => avx2::group_i16::<Q4_0, T>,
         (DType::Q4_1, false) => avx2::group_i16::<Q4_1, T>,
         (DType::Q8_0, false) => avx2::q8_group_i16::<T>,
+        (DType::Q4_K, true) => vnni::k4_group_i16::<T>,
+        (DType::Q4_K, false) => avx2::k4_group_i16::<T>,
         _ => return None,
     })
 }
@@ -68,6 +73,8 @@ pub(crate) fn kernel_i8<const T: usize>(dtype: DType, wide: bool) -> Option<Grou
         (DType::Q4_0, false) => avx2::group_i8::<Q4_0, T>,
         (DType::Q4_1, false) => avx2::group_i8::<Q4_1, T>,
         (DType::Q8_0, false) => avx2::q8_group_i8::<T>,
+        (DType::Q4_K, true) => vnni::k4_group_i8::<T>,
+        (DType::Q4_K, false) => avx2::k4_group_i8::<T>,
         _ => return None,
     })
 }
@@ -120,6 +127,9 @@ const fn start_mul<const F: u8>() -> i32 {
         _ => 0,
     }
 }
+
+/// Bytes of a Q4_K group super-block (eight rows' 144).
+const K4_GROUP_BLOCK: usize = 8 * 144;
 
 /// The word of four x bytes at `p` (any alignment), broadcast.
 ///
@@ -232,6 +242,184 @@ macro_rules! interleaved_kernels {
             let mut out = [[0f32; 8]; T];
             for (o, a) in out.iter_mut().zip(acc) {
                 *o = sum8(a);
+            }
+            out
+        }
+
+        /// The eight rows of the Q4_K group at `g` (`nb` super-blocks) dotted with each of `T`
+        /// int16 x: each 32-weight sub-block's exact integer dot scaled by d·sc·s_x, the mins
+        /// as dmin·m times x's own sums (as the row kernels take them), subtracted at the end.
+        ///
+        /// # Safety
+        /// As for `group_i16`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        pub(crate) unsafe fn k4_group_i16<const T: usize>(
+            g: *const u8,
+            nb: usize,
+            xs: [&XQuant; T],
+            _st: [&Starts; T],
+        ) -> [[f32; 8]; T] {
+            let mut acc = [[_mm256_setzero_ps(); 2]; T];
+            let mut mins = [_mm256_setzero_ps(); T];
+            for sb in 0..nb {
+                // SAFETY: super-block sb of the group, and of every x, are readable per the
+                // caller.
+                unsafe {
+                    let p = g.add(sb * K4_GROUP_BLOCK);
+                    let (fs, fm) = k4_factors(p);
+                    for k in 0..4 {
+                        let q = k4_quants(p, k);
+                        for ((xq, a), m) in xs.iter().zip(acc.iter_mut()).zip(mins.iter_mut()) {
+                            for (h, q) in q.iter().enumerate() {
+                                let (s, b) = (2 * k + h, 8 * sb + 2 * k + h);
+                                let (xh, xl) =
+                                    (xq.hl.as_ptr().add(64 * b), xq.hl.as_ptr().add(64 * b + 32));
+                                let (mut sh, mut sl) =
+                                    (_mm256_setzero_si256(), _mm256_setzero_si256());
+                                for (j, &qj) in q.iter().enumerate() {
+                                    sh = $dot(sh, qj, word(xh.add(4 * j)));
+                                    sl = $dot(sl, qj, word(xl.add(4 * j)));
+                                }
+                                let si = _mm256_add_epi32(_mm256_slli_epi32::<8>(sh), sl);
+                                let d = _mm256_mul_ps(
+                                    fs[s],
+                                    _mm256_set1_ps(*xq.scale.get_unchecked(b)),
+                                );
+                                a[s % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), d, a[s % 2]);
+                                *m = _mm256_fmadd_ps(
+                                    fm[s],
+                                    _mm256_set1_ps(*xq.sum.get_unchecked(b)),
+                                    *m,
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+            k4_out(acc, mins)
+        }
+
+        /// The eight rows of the Q4_K group at `g` (`nb` super-blocks) dotted with each of `T`
+        /// int8 x: each 16-weight half's integer dot scaled by d·sc·d_x, the mins as dmin·m
+        /// times the sums of x̂.
+        ///
+        /// # Safety
+        /// As for `group_i16`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        pub(crate) unsafe fn k4_group_i8<const T: usize>(
+            g: *const u8,
+            nb: usize,
+            xs: [&X8; T],
+            _st: [&Starts; T],
+        ) -> [[f32; 8]; T] {
+            let mut acc = [[_mm256_setzero_ps(); 2]; T];
+            let mut mins = [_mm256_setzero_ps(); T];
+            for sb in 0..nb {
+                // SAFETY: super-block sb of the group, and of every x, are readable per the
+                // caller.
+                unsafe {
+                    let p = g.add(sb * K4_GROUP_BLOCK);
+                    let (fs, fm) = k4_factors(p);
+                    for k in 0..4 {
+                        let q = k4_quants(p, k);
+                        for ((x, a), m) in xs.iter().zip(acc.iter_mut()).zip(mins.iter_mut()) {
+                            for (h, q) in q.iter().enumerate() {
+                                let (s, b) = (2 * k + h, 8 * sb + 2 * k + h);
+                                let xq = x.q.as_ptr().add(32 * b);
+                                let (mut sa, mut sb_) =
+                                    (_mm256_setzero_si256(), _mm256_setzero_si256());
+                                for j in 0..4 {
+                                    sa = $dot(sa, q[j], word(xq.add(4 * j)));
+                                    sb_ = $dot(sb_, q[4 + j], word(xq.add(16 + 4 * j)));
+                                }
+                                let (da, db) =
+                                    (*x.dv.get_unchecked(8 * b), *x.dv.get_unchecked(8 * b + 4));
+                                let fa = _mm256_mul_ps(fs[s], _mm256_set1_ps(da));
+                                let fb = _mm256_mul_ps(fs[s], _mm256_set1_ps(db));
+                                a[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sa), fa, a[0]);
+                                a[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sb_), fb, a[1]);
+                                *m = _mm256_fmadd_ps(
+                                    fm[s],
+                                    _mm256_set1_ps(*x.s.get_unchecked(b)),
+                                    *m,
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+            k4_out(acc, mins)
+        }
+
+        /// A Q4_K group super-block's eight sub-blocks' factors for its eight rows: d·sc and
+        /// dmin·m, the 6-bit scales and mins unpacked from the three chunks of scale bytes
+        /// (lane r: row r's bytes 4c..4c + 4), as `factors_q45` of the row kernels.
+        ///
+        /// # Safety
+        /// The group super-block's first 128 bytes readable at `p`; the CPU has `$feat`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn k4_factors(p: *const u8) -> ([__m256; 8], [__m256; 8]) {
+            // SAFETY: the f16 fields and scale chunks are the first 128 bytes.
+            let (d, dmin, w) = unsafe {
+                (
+                    _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+                    _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast())),
+                    [0, 1, 2].map(|c| _mm256_loadu_si256(p.add(32 + 32 * c).cast())),
+                )
+            };
+            let (m6, m4, m2) = (
+                _mm256_set1_epi32(63),
+                _mm256_set1_epi32(15),
+                _mm256_set1_epi32(3),
+            );
+            let srl = |v: __m256i, n: i32| _mm256_srl_epi32(v, _mm_cvtsi32_si128(n));
+            let (mut sc, mut mn) = ([_mm256_setzero_si256(); 8], [_mm256_setzero_si256(); 8]);
+            for j in 0..4 {
+                let s = 8 * j as i32;
+                sc[j] = _mm256_and_si256(srl(w[0], s), m6);
+                mn[j] = _mm256_and_si256(srl(w[1], s), m6);
+                let top = |v| _mm256_slli_epi32::<4>(_mm256_and_si256(srl(v, s + 6), m2));
+                sc[4 + j] = _mm256_or_si256(_mm256_and_si256(srl(w[2], s), m4), top(w[0]));
+                mn[4 + j] = _mm256_or_si256(_mm256_and_si256(srl(w[2], s + 4), m4), top(w[1]));
+            }
+            (
+                sc.map(|v| _mm256_mul_ps(_mm256_cvtepi32_ps(v), d)),
+                mn.map(|v| _mm256_mul_ps(_mm256_cvtepi32_ps(v), dmin)),
+            )
+        }
+
+        /// A Q4_K group super-block's quants of weights 64k..64k + 64: its sub-block 2k (the
+        /// low nibbles) and 2k + 1 (the high ones), eight chunks each (chunk j: each row's
+        /// weights 4j..4j + 4 of the sub-block).
+        ///
+        /// # Safety
+        /// The group super-block readable at `p`; the CPU has `$feat`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn k4_quants(p: *const u8, k: usize) -> [[__m256i; 8]; 2] {
+            let m = _mm256_set1_epi8(0x0F);
+            let mut q = [[_mm256_setzero_si256(); 8]; 2];
+            for j in 0..8 {
+                // SAFETY: chunk 8k + j of the quants, per the caller.
+                let v = unsafe { _mm256_loadu_si256(p.add(128 + 32 * (8 * k + j)).cast()) };
+                q[0][j] = _mm256_and_si256(v, m);
+                q[1][j] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
+            }
+            q
+        }
+
+        /// The eight rows' values of each token: its two accumulators' sum less its mins.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        fn k4_out<const T: usize>(acc: [[__m256; 2]; T], mins: [__m256; T]) -> [[f32; 8]; T] {
+            let mut out = [[0f32; 8]; T];
+            for ((o, a), m) in out.iter_mut().zip(acc).zip(mins) {
+                let v = _mm256_sub_ps(_mm256_add_ps(a[0], a[1]), m);
+                // SAFETY: eight floats.
+                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
             }
             out
         }
