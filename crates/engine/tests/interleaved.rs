@@ -1,4 +1,4 @@
-//! The engine on rows interleaved at load (Q4_0, Q8_0 and Q4_K models): which matrices each layout choice
+//! The engine on rows interleaved at load (Q4_0, Q8_0, Q4_K and Q6_K models): which matrices each layout choice
 //! interleaves, the same function as the file's rows (batched products bit for bit, one-token
 //! steps within the f32 roundings), verification rows and parallel slots bit-identical to
 //! one-token steps on every interleaved matrix, and the sparse modes reading an interleaved
@@ -14,7 +14,7 @@ use powerinfer_engine::forward::Logits;
 use powerinfer_engine::{Layouts, ModelWeights, Session, Sparsity};
 
 /// The interleaved formats the model-level tests run on (Q4_1 is Q4_0's kernel with mins).
-const FORMATS: [DType; 3] = [DType::Q4_0, DType::Q8_0, DType::Q4_K];
+const FORMATS: [DType; 4] = [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K];
 
 fn q4_model(act: Activation, layouts: Layouts) -> Arc<ModelWeights> {
     model(DType::Q4_0, act, layouts)

@@ -1,18 +1,20 @@
-//! A Q4_0, Q4_1, Q8_0 or Q4_K weight with its rows interleaved by [`GROUP_ROWS`] ([`Interleaved`]):
-//! the same bytes rearranged so that one 32-byte load holds four quant bytes of each of eight
+//! A Q4_0, Q4_1, Q8_0, Q4_K or Q6_K weight with its rows interleaved by [`GROUP_ROWS`]
+//! ([`Interleaved`]): the same bytes rearranged so that one 32-byte load holds four quant bytes of each of eight
 //! rows, and one 16-byte load the eight rows' scales of a block. A byte dot against a broadcast word of x then
 //! advances eight rows at once (rows in the vector's lanes), the scales are converted once per
 //! eight rows, and no row needs a horizontal sum: the layout of ik_llama.cpp's `_R8` types
 //! (ikawrakow/ik_llama.cpp PRs #118–#141), written here from the GGUF block layout.
 //!
-//! Per group of eight rows and per block b (of 32 weights; Q4_K's of 256; eight blocks' bytes):
+//! Per group of eight rows and per block b (of 32 weights; the K-quants' of 256; eight blocks' bytes):
 //! the eight rows' f16 scales d (row r at 2r), for Q4_1 then their f16 mins m (Q4_K: its dmin),
 //! then chunks j of 32 bytes, row r's block bytes 4j..4j + 4 after its f16 fields at 32j + 4r:
 //! - Q4_0, Q4_1: four chunks of quants (byte i holds weight i in its low nibble and weight
 //!   i + 16 in its high one);
 //! - Q8_0: eight chunks, byte i weight i;
 //! - Q4_K: three chunks of its 12 bytes of 6-bit scales and mins, then 32 chunks of quants
-//!   (quant byte 32k + i holds weight 64k + i in its low nibble and 64k + 32 + i in its high).
+//!   (quant byte 32k + i holds weight 64k + i in its low nibble and 64k + 32 + i in its high);
+//! - Q6_K: its d first like the others' fields, then its 208 other bytes in their order: 32
+//!   chunks of `ql`, 16 of `qh`, four of the sixteen int8 scales.
 //!
 //! Rows past the last whole group stay row-major after them.
 
@@ -33,12 +35,12 @@ pub struct Interleaved {
 
 impl Interleaved {
     /// `w` with its rows interleaved (its bytes copied once, rearranged); `Unsupported` for a
-    /// format without an interleaved layout (Q4_0, Q4_1, Q8_0 and Q4_K so far).
+    /// format without an interleaved layout (Q4_0, Q4_1, Q8_0, Q4_K and Q6_K so far).
     pub fn new(w: &Weight) -> Result<Interleaved> {
         ensure!(
             has_layout(w.dtype),
             Unsupported,
-            "interleaved rows: {} has no interleaved layout (Q4_0, Q4_1, Q8_0 and Q4_K only)",
+            "interleaved rows: {} has no interleaved layout (Q4_0, Q4_1, Q8_0, Q4_K and Q6_K only)",
             w.dtype
         );
         crate::check::weight_bytes(w)?;
@@ -47,7 +49,8 @@ impl Interleaved {
             w.cols / w.dtype.block_size(),
             w.dtype.block_bytes(),
         );
-        let (head, chunks) = fields(w.dtype);
+        let (f16, rest) = fields(w.dtype);
+        let (nf, chunks) = (f16.len(), rest.len() / 4);
         let src = w.bytes();
         let mut store = PageBuf::try_zeroed(src.len())?;
         let data = store.as_mut_slice();
@@ -57,12 +60,12 @@ impl Interleaved {
                 let o = (g * nb + b) * GROUP_ROWS * bb;
                 for r in 0..GROUP_ROWS {
                     let blk = &src[(g * GROUP_ROWS + r) * rb + bb * b..][..bb];
-                    for (f, field) in blk[..head].chunks_exact(2).enumerate() {
-                        data[o + 16 * f + 2 * r..][..2].copy_from_slice(field);
+                    for (f, &at) in f16.iter().enumerate() {
+                        data[o + 16 * f + 2 * r..][..2].copy_from_slice(&blk[at..at + 2]);
                     }
                     for j in 0..chunks {
-                        let at = o + 8 * head + 32 * j + 4 * r;
-                        data[at..at + 4].copy_from_slice(&blk[head + 4 * j..head + 4 * j + 4]);
+                        let at = o + 16 * nf + 32 * j + 4 * r;
+                        data[at..at + 4].copy_from_slice(&blk[rest.start + 4 * j..][..4]);
                     }
                 }
             }
@@ -77,8 +80,8 @@ impl Interleaved {
         })
     }
 
-    /// Whether `w` has an interleaved layout here (Q4_0, Q4_1, Q8_0 or Q4_K, at least one
-    /// whole group).
+    /// Whether `w` has an interleaved layout here (Q4_0, Q4_1, Q8_0, Q4_K or Q6_K, at least
+    /// one whole group).
     pub fn fits(w: &Weight) -> bool {
         Interleaved::fits_shape(w.into())
     }
@@ -145,7 +148,8 @@ impl Interleaved {
         let (nb, bb) = (self.blocks(), self.dtype.block_bytes());
         let rb = nb * bb;
         assert!(range.end <= self.rows && out.len() == range.len() * rb);
-        let (data, (head, chunks)) = (self.data.as_slice(), fields(self.dtype));
+        let (data, (f16, rest)) = (self.data.as_slice(), fields(self.dtype));
+        let (nf, chunks) = (f16.len(), rest.len() / 4);
         let grouped = self.groups() * GROUP_ROWS;
         let gbb = self.group_block_bytes();
         for (r, row) in range.zip(out.chunks_exact_mut(rb)) {
@@ -157,12 +161,12 @@ impl Interleaved {
             let (g, i) = (r / GROUP_ROWS, r % GROUP_ROWS);
             for (b, blk) in row.chunks_exact_mut(bb).enumerate() {
                 let o = (g * nb + b) * gbb;
-                for f in 0..head / 2 {
-                    blk[2 * f..2 * f + 2].copy_from_slice(&data[o + 16 * f + 2 * i..][..2]);
+                for (f, &at) in f16.iter().enumerate() {
+                    blk[at..at + 2].copy_from_slice(&data[o + 16 * f + 2 * i..][..2]);
                 }
                 for j in 0..chunks {
-                    let at = o + 8 * head + 32 * j + 4 * i;
-                    blk[head + 4 * j..head + 4 * j + 4].copy_from_slice(&data[at..at + 4]);
+                    let at = o + 16 * nf + 32 * j + 4 * i;
+                    blk[rest.start + 4 * j..][..4].copy_from_slice(&data[at..at + 4]);
                 }
             }
         }
@@ -179,18 +183,23 @@ impl Interleaved {
 
 /// Whether `dtype` has an interleaved layout.
 fn has_layout(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0 | DType::Q4_K)
+    matches!(
+        dtype,
+        DType::Q4_0 | DType::Q4_1 | DType::Q8_0 | DType::Q4_K | DType::Q6_K
+    )
 }
 
-/// A block's bytes of f16 fields (its scale d; Q4_1's min, Q4_K's dmin) and its chunks of four
-/// bytes after them (Q4_K's: three of scale bytes, then 32 of quants).
-fn fields(dtype: DType) -> (usize, usize) {
-    let head = if matches!(dtype, DType::Q4_1 | DType::Q4_K) {
-        4
-    } else {
-        2
-    };
-    (head, (dtype.block_bytes() - head) / 4)
+/// A block's f16 fields (their offsets: its scale d; Q4_1's min, Q4_K's dmin), first in a
+/// group block, and the block's other bytes, in chunks of four after them (Q4_K's: three of
+/// scale bytes, then 32 of quants; Q6_K's: 32 of `ql`, 16 of `qh`, 4 of scales, its d last in
+/// the file's block).
+fn fields(dtype: DType) -> (&'static [usize], std::ops::Range<usize>) {
+    let f16 = dtype.f16_fields();
+    let bb = dtype.block_bytes();
+    match dtype {
+        DType::Q6_K => (f16, 0..bb - 2),
+        _ => (f16, 2 * f16.len()..bb),
+    }
 }
 
 impl std::fmt::Debug for Interleaved {

@@ -143,7 +143,13 @@ mod tests {
     use powerinfer_core::DType;
 
     /// The formats with an interleaved layout.
-    const FORMATS: [DType; 4] = [DType::Q4_0, DType::Q4_1, DType::Q8_0, DType::Q4_K];
+    const FORMATS: [DType; 5] = [
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q8_0,
+        DType::Q4_K,
+        DType::Q6_K,
+    ];
 
     /// Interleaving moves bytes only: every row gathers back to its GGUF bytes.
     #[test]
@@ -272,6 +278,7 @@ mod tests {
                     (DType::Q4_0, 16, 3, Some(1)),
                     (DType::Q8_0, 16, 2, Some(0)),
                     (DType::Q4_K, 8, 3, Some(2)),
+                    (DType::Q6_K, 27, 5, None),
                 ] {
                     let cols = 3 * dtype.block_size();
                     let il = Interleaved::new(&random_weight(&mut rng, dtype, rows, cols)).unwrap();

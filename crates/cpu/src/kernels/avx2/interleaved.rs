@@ -1,4 +1,4 @@
-//! Dot products of Q4_0, Q4_1, Q8_0 and Q4_K rows interleaved by eight
+//! Dot products of Q4_0, Q4_1, Q8_0, Q4_K and Q6_K rows interleaved by eight
 //! (`crate::operands::interleaved`) with quantized x: the eight rows of a group sit in the eight
 //! i32 lanes of every integer dot, each against one broadcast word of x, so a block costs a
 //! handful of dots, one scale conversion and one or two FMAs for eight rows, and no horizontal
@@ -17,6 +17,9 @@
 //! - Q4_K: the nibbles likewise, each 32-weight sub-block's integer dot apart (x's blocks of 32
 //!   are its sub-blocks), scaled by d·sc; the eight rows' 6-bit scales and mins are unpacked
 //!   once per super-block for all tokens, the mins (dmin·m) against x's block sums.
+//! - Q6_K: its six-bit quants assembled from `ql` and `qh` as unsigned bytes (0..64), its −32
+//!   as the start value (four times Q4_0's), each 16-weight sub-block's dot apart, scaled by
+//!   d·sc (its int8 scales sign-extended once per super-block).
 //!
 //! The kernels are written once over the instruction set's byte dot and the format, as
 //! `super::int8_rows`, and reached through one table per numerics ([`kernel_i16`],
@@ -59,6 +62,8 @@ pub(crate) fn kernel_i16<const T: usize>(
         (DType::Q8_0, false) => avx2::q8_group_i16::<T>,
         (DType::Q4_K, true) => vnni::k4_group_i16::<T>,
         (DType::Q4_K, false) => avx2::k4_group_i16::<T>,
+        (DType::Q6_K, true) => vnni::k6_group_i16::<T>,
+        (DType::Q6_K, false) => avx2::k6_group_i16::<T>,
         _ => return None,
     })
 }
@@ -75,13 +80,14 @@ pub(crate) fn kernel_i8<const T: usize>(dtype: DType, wide: bool) -> Option<Grou
         (DType::Q8_0, false) => avx2::q8_group_i8::<T>,
         (DType::Q4_K, true) => vnni::k4_group_i8::<T>,
         (DType::Q4_K, false) => avx2::k4_group_i8::<T>,
+        (DType::Q6_K, true) => vnni::k6_group_i8::<T>,
+        (DType::Q6_K, false) => avx2::k6_group_i8::<T>,
         _ => return None,
     })
 }
 
 /// Per-block integer start values an x brings to the interleaved dots: −8·Σq (Q4_0's bias; a
-/// format's start is a multiple of it, [`start_mul`]) over the block (int16) or over each half
-/// (int8).
+/// format's start is a multiple of it, [`start_mul`]) over each 16-value half of the block.
 pub(crate) struct Starts(Vec<[i32; 2]>);
 
 impl Starts {
@@ -90,7 +96,7 @@ impl Starts {
         Starts(
             xq.neg_bias8
                 .chunks_exact(8)
-                .map(|l| [l.iter().sum(), 0])
+                .map(|l| [l[..4].iter().sum(), l[4..].iter().sum()])
                 .collect(),
         )
     }
@@ -130,6 +136,8 @@ const fn start_mul<const F: u8>() -> i32 {
 
 /// Bytes of a Q4_K group super-block (eight rows' 144).
 const K4_GROUP_BLOCK: usize = 8 * 144;
+/// Bytes of a Q6_K group super-block (eight rows' 210).
+const K6_GROUP_BLOCK: usize = 8 * 210;
 
 /// The word of four x bytes at `p` (any alignment), broadcast.
 ///
@@ -172,7 +180,8 @@ macro_rules! interleaved_kernels {
                     for ((xq, st), a) in xs.iter().zip(&st).zip(acc.iter_mut()) {
                         let (h, l) = (xq.hl.as_ptr().add(64 * b), xq.hl.as_ptr().add(64 * b + 32));
                         let mut sh = _mm256_setzero_si256();
-                        let start = start_mul::<F>() * st.0.get_unchecked(b)[0];
+                        let [na, nb_] = *st.0.get_unchecked(b);
+                        let start = start_mul::<F>() * (na + nb_);
                         let mut sl = _mm256_set1_epi32(start);
                         if min {
                             let s = _mm256_set1_ps(*xq.sum.get_unchecked(b));
@@ -351,6 +360,166 @@ macro_rules! interleaved_kernels {
                 }
             }
             k4_out(acc, mins)
+        }
+
+        /// The eight rows of the Q6_K group at `g` (`nb` super-blocks) dotted with each of `T`
+        /// int16 x: each 16-weight sub-block's exact integer dot (its −32 as the start value)
+        /// scaled by d·sc·s_x.
+        ///
+        /// # Safety
+        /// As for `group_i16`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        pub(crate) unsafe fn k6_group_i16<const T: usize>(
+            g: *const u8,
+            nb: usize,
+            xs: [&XQuant; T],
+            st: [&Starts; T],
+        ) -> [[f32; 8]; T] {
+            let mut acc = [[_mm256_setzero_ps(); 2]; T];
+            for sb in 0..nb {
+                // SAFETY: super-block sb of the group, and of every x, are readable per the
+                // caller.
+                unsafe {
+                    let p = g.add(sb * K6_GROUP_BLOCK);
+                    let f = k6_factors(p);
+                    for m in 0..8 {
+                        let q = k6_quants(p, m);
+                        let b = 8 * sb + m;
+                        for ((xq, st), a) in xs.iter().zip(&st).zip(acc.iter_mut()) {
+                            let (xh, xl) =
+                                (xq.hl.as_ptr().add(64 * b), xq.hl.as_ptr().add(64 * b + 32));
+                            let [na, nb_] = *st.0.get_unchecked(b);
+                            let sx = _mm256_set1_ps(*xq.scale.get_unchecked(b));
+                            let (mut ha, mut la) =
+                                (_mm256_setzero_si256(), _mm256_set1_epi32(4 * na));
+                            let (mut hb, mut lb) =
+                                (_mm256_setzero_si256(), _mm256_set1_epi32(4 * nb_));
+                            for j in 0..4 {
+                                ha = $dot(ha, q[j], word(xh.add(4 * j)));
+                                la = $dot(la, q[j], word(xl.add(4 * j)));
+                                hb = $dot(hb, q[4 + j], word(xh.add(16 + 4 * j)));
+                                lb = $dot(lb, q[4 + j], word(xl.add(16 + 4 * j)));
+                            }
+                            let sa = _mm256_add_epi32(_mm256_slli_epi32::<8>(ha), la);
+                            let sb_ = _mm256_add_epi32(_mm256_slli_epi32::<8>(hb), lb);
+                            let da = _mm256_mul_ps(f[2 * m], sx);
+                            let db = _mm256_mul_ps(f[2 * m + 1], sx);
+                            a[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sa), da, a[0]);
+                            a[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sb_), db, a[1]);
+                        }
+                    }
+                }
+            }
+            let mut out = [[0f32; 8]; T];
+            for (o, a) in out.iter_mut().zip(acc) {
+                *o = sum8(a);
+            }
+            out
+        }
+
+        /// The eight rows of the Q6_K group at `g` (`nb` super-blocks) dotted with each of `T`
+        /// int8 x: each 16-weight sub-block's integer dot (its −32 as the start value) scaled
+        /// by d·sc·d_x.
+        ///
+        /// # Safety
+        /// As for `group_i16`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        pub(crate) unsafe fn k6_group_i8<const T: usize>(
+            g: *const u8,
+            nb: usize,
+            xs: [&X8; T],
+            st: [&Starts; T],
+        ) -> [[f32; 8]; T] {
+            let mut acc = [[_mm256_setzero_ps(); 2]; T];
+            for sb in 0..nb {
+                // SAFETY: super-block sb of the group, and of every x, are readable per the
+                // caller.
+                unsafe {
+                    let p = g.add(sb * K6_GROUP_BLOCK);
+                    let f = k6_factors(p);
+                    for m in 0..8 {
+                        let q = k6_quants(p, m);
+                        let b = 8 * sb + m;
+                        for ((x, st), a) in xs.iter().zip(&st).zip(acc.iter_mut()) {
+                            let xq = x.q.as_ptr().add(32 * b);
+                            let starts = *st.0.get_unchecked(b);
+                            for (h, start) in starts.into_iter().enumerate() {
+                                let mut s = _mm256_set1_epi32(4 * start);
+                                for j in 4 * h..4 * h + 4 {
+                                    s = $dot(s, q[j], word(xq.add(4 * j)));
+                                }
+                                let dx = _mm256_set1_ps(*x.dv.get_unchecked(8 * b + 4 * h));
+                                let d = _mm256_mul_ps(f[2 * m + h], dx);
+                                a[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, a[h]);
+                            }
+                        }
+                    }
+                }
+            }
+            let mut out = [[0f32; 8]; T];
+            for (o, a) in out.iter_mut().zip(acc) {
+                *o = sum8(a);
+            }
+            out
+        }
+
+        /// A Q6_K group super-block's sixteen sub-blocks' factors d·sc for its eight rows (the
+        /// int8 scales from the four chunks of scale bytes, lane r: row r's scales 4c..4c + 4).
+        ///
+        /// # Safety
+        /// The group super-block readable at `p`; the CPU has `$feat`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn k6_factors(p: *const u8) -> [__m256; 16] {
+            // SAFETY: d and the scale chunks (chunks 48..52) are in the group super-block.
+            let (d, w) = unsafe {
+                (
+                    _mm256_cvtph_ps(_mm_loadu_si128(p.cast())),
+                    [0, 1, 2, 3].map(|c| _mm256_loadu_si256(p.add(16 + 32 * (48 + c)).cast())),
+                )
+            };
+            let mut f = [_mm256_setzero_ps(); 16];
+            for (k, fk) in f.iter_mut().enumerate() {
+                // Byte k % 4 of the lane to the top, then back with its sign.
+                let up = _mm256_sll_epi32(w[k / 4], _mm_cvtsi32_si128(24 - 8 * (k % 4) as i32));
+                let sc = _mm256_srai_epi32::<24>(up);
+                *fk = _mm256_mul_ps(_mm256_cvtepi32_ps(sc), d);
+            }
+            f
+        }
+
+        /// A Q6_K group super-block's quants (0..64, the −32 not applied) of its 32-weight
+        /// block m, eight chunks (chunk j: each row's weights 4j..4j + 4 of the block): of
+        /// weights 128n + 32k + l (m = 4n + k), the low bits from `ql` byte 64n + 32(k % 2) + l
+        /// (its high nibble where k ≥ 2), the high two from bits 2k of `qh` byte 32n + l.
+        ///
+        /// # Safety
+        /// The group super-block readable at `p`; the CPU has `$feat`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn k6_quants(p: *const u8, m: usize) -> [__m256i; 8] {
+            let (n, k) = (m / 4, m % 4);
+            let (m4, m2) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x03));
+            let (low_shift, high_shift) = (
+                _mm_cvtsi32_si128(4 * (k / 2) as i32),
+                _mm_cvtsi32_si128(2 * k as i32),
+            );
+            let mut q = [_mm256_setzero_si256(); 8];
+            for (j, qj) in q.iter_mut().enumerate() {
+                // SAFETY: chunks of `ql` (0..32) and `qh` (32..48), per the caller.
+                let (l, h) = unsafe {
+                    (
+                        _mm256_loadu_si256(p.add(16 + 32 * (16 * n + 8 * (k % 2) + j)).cast()),
+                        _mm256_loadu_si256(p.add(16 + 32 * (32 + 8 * n + j)).cast()),
+                    )
+                };
+                let low = _mm256_and_si256(_mm256_srl_epi16(l, low_shift), m4);
+                let high = _mm256_and_si256(_mm256_srl_epi16(h, high_shift), m2);
+                *qj = _mm256_or_si256(low, _mm256_slli_epi16::<4>(high));
+            }
+            q
         }
 
         /// A Q4_K group super-block's eight sub-blocks' factors for its eight rows: d·sc and
