@@ -1,12 +1,14 @@
 //! Matvec throughput of an interleaved format (Q4_0 unless named: Q4_1, Q8_0), rows row-major against rows interleaved by eight
-//! ([`powerinfer_cpu::Interleaved`]), in one run: eight 5504 x 2048 matrices (about 50 MB, past
-//! any L3 of ours) per pass, alternating, best of ten, in GB/s of weights read; the interleaved
-//! ones both one call per matrix and all eight in one region (`matvec_interleaved_many`); then
+//! ([`powerinfer_cpu::Interleaved`]), in one run: eight matrices (5504 x 2048 unless given:
+//! about 50 MB in Q4_0, past any L3 of ours) per pass, alternating, best of ten, in GB/s of
+//! weights read; the interleaved ones both one call per matrix and all eight in one region
+//! (`matvec_interleaved_many`); then
 //! the read probe on the same pool, for the share of the floor.
 //!
 //! ```text
 //! cargo run --release -p powerinfer-cpu --example interleaved_matvec -- 2     # 2 threads
 //! cargo run --release -p powerinfer-cpu --example interleaved_matvec -- 2 Q8_0
+//! cargo run --release -p powerinfer-cpu --example interleaved_matvec -- 2 Q4_0 2048 5504  # down
 //! POWERINFER_RS_NUMERICS=int8 cargo run --release -p powerinfer-cpu --example interleaved_matvec
 //! ```
 
@@ -38,20 +40,26 @@ fn main() {
     let dtype = std::env::args().nth(2).map_or(DType::Q4_0, |s| {
         DType::from_name(&s).expect("a format name")
     });
+    let dim = |i: usize, default: usize| {
+        std::env::args()
+            .nth(i)
+            .map_or(default, |s| s.parse().expect("a size"))
+    };
+    let (rows, cols) = (dim(3, 5504), dim(4, 2048));
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .unwrap();
-    let ws: Vec<Weight> = (0..8).map(|i| weight(dtype, 5504, 2048, i)).collect();
+    let ws: Vec<Weight> = (0..8).map(|i| weight(dtype, rows, cols, i)).collect();
     let il: Vec<_> = ws
         .iter()
         .map(|w| powerinfer_cpu::Interleaved::new(w).unwrap())
         .collect();
-    let x: Vec<f32> = (0..2048)
+    let x: Vec<f32> = (0..cols)
         .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.03)
         .collect();
-    let mut y = vec![0f32; 5504];
-    let mut ys = vec![vec![0f32; 5504]; 8];
+    let mut y = vec![0f32; rows];
+    let mut ys = vec![vec![0f32; rows]; 8];
     let bytes: f64 = ws.iter().map(|w| w.bytes().len() as f64).sum();
     pool.install(|| {
         let (mut rows, mut inter, mut many) = (f64::MAX, f64::MAX, f64::MAX);

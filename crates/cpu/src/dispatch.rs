@@ -315,25 +315,17 @@ impl Activations<'_> {
         out: &mut [f32],
     ) {
         use crate::operands::interleaved::GROUP_ROWS;
-        let (nb, gb) = (w.blocks(), w.group_bytes());
         assert!(out.len().is_multiple_of(GROUP_ROWS) && g0 + out.len() / GROUP_ROWS <= w.groups());
         #[cfg(target_arch = "x86_64")]
         {
             use avx2::interleaved::{kernel_i16, kernel_i8, Starts};
-            let base = w.data.as_ptr();
-            // Each group's eight rows from `kernel(group start)`.
-            let mut each = |kernel: &dyn Fn(*const u8) -> [f32; 8]| {
-                for (k, o) in out.chunks_exact_mut(GROUP_ROWS).enumerate() {
-                    o.copy_from_slice(&kernel(base.wrapping_add((g0 + k) * gb)));
-                }
-            };
             if let Some((x8, kernel)) = self.int8(w.dtype).zip(kernel_i8::<1>(w.dtype, self.wide()))
             {
                 let st = Starts::of_int8(x8);
                 // SAFETY: the assert keeps every group given inside the weight (nb blocks of
                 // eight rows); x holds nb blocks (the weight's columns); the level's features
                 // were detected (VNNI where wide).
-                return each(&|g| unsafe { kernel(g, nb, [x8], [&st])[0] });
+                return unsafe { groups_of_tokens(w, g0, &mut [out], kernel, [x8], [&st]) };
             }
             if let Some((xq, kernel)) = self
                 .int16(w.dtype)
@@ -341,7 +333,7 @@ impl Activations<'_> {
             {
                 let st = Starts::of_int16(xq);
                 // SAFETY: as above, for the int16 x.
-                return each(&|g| unsafe { kernel(g, nb, [xq], [&st])[0] });
+                return unsafe { groups_of_tokens(w, g0, &mut [out], kernel, [xq], [&st]) };
             }
         }
         let rb = w.dtype.row_bytes(w.cols).unwrap_or(0);
@@ -476,9 +468,7 @@ impl Tokens<'_> {
                                 let kernel = $table::<T>(w.dtype, wide).expect("checked above");
                                 // SAFETY: as in `Activations::interleaved_groups` (the sizes
                                 // checked by `groups_of_tokens`), for every token of the run.
-                                groups_of_tokens(w, g0, outs, |g, nb| unsafe {
-                                    kernel(g, nb, xt, stt)
-                                });
+                                unsafe { groups_of_tokens(w, g0, outs, kernel, xt, stt) };
                             });
                         }
                         return;
@@ -521,24 +511,50 @@ macro_rules! by_tokens {
 #[cfg(target_arch = "x86_64")]
 use by_tokens;
 
-/// Each group's rows for `T` tokens from `kernel(group start, blocks)`, into `outs[t]`.
+/// The rows of the groups `g0..g0 + outs[t].len() / 8` for `T` tokens by the group kernel
+/// `kernel`, into `outs[t]`: batch by batch of the store's layout, each batch's groups column
+/// tile by column tile (their accumulators live across the tiles), so the store is read front
+/// to back while x's tile stays in the L1 (`crate::operands::interleaved`).
+///
+/// # Safety
+/// Every `xs[t]` and `st[t]` of the weight's blocks; the CPU has what `kernel` needs.
 #[cfg(target_arch = "x86_64")]
-fn groups_of_tokens<const T: usize>(
+unsafe fn groups_of_tokens<X, const T: usize>(
     w: &crate::operands::interleaved::Interleaved,
     g0: usize,
     outs: &mut [&mut [f32]],
-    kernel: impl Fn(*const u8, usize) -> [[f32; 8]; T],
+    kernel: avx2::interleaved::GroupKernel<X, T>,
+    xs: [&X; T],
+    st: [&avx2::interleaved::Starts; T],
 ) {
-    use crate::operands::interleaved::GROUP_ROWS;
-    let (nb, gb) = (w.blocks(), w.group_bytes());
+    use crate::operands::interleaved::{BATCH_GROUPS, GROUP_ROWS};
+    use avx2::interleaved::{finish, Acc};
     let groups = outs.first().map_or(0, |o| o.len() / GROUP_ROWS);
     assert!(outs.len() == T && outs.iter().all(|o| o.len() == groups * GROUP_ROWS));
     assert!(g0 + groups <= w.groups());
-    for k in 0..groups {
-        let r = kernel(w.data.as_ptr().wrapping_add((g0 + k) * gb), nb);
-        for (o, rt) in outs.iter_mut().zip(r) {
-            o[k * GROUP_ROWS..(k + 1) * GROUP_ROWS].copy_from_slice(&rt);
+    let (nb, tile, base) = (w.blocks(), w.tile_blocks(), w.data.as_ptr());
+    let (mut g, end) = (g0, g0 + groups);
+    while g < end {
+        let n = ((g / BATCH_GROUPS + 1) * BATCH_GROUPS).min(end) - g;
+        // SAFETY: all-zero bits are +0.0 in every lane.
+        let mut accs: [[Acc; T]; BATCH_GROUPS] = unsafe { std::mem::zeroed() };
+        for b0 in (0..nb).step_by(tile) {
+            for (k, acc) in accs[..n].iter_mut().enumerate() {
+                let at = base.wrapping_add(w.block_offset(g + k, b0));
+                // SAFETY: group g + k is inside the weight (the asserts), its blocks
+                // b0..b0 + tile follow one another from `at` in the store; the rest per the
+                // caller.
+                unsafe { kernel(at, (b0, (b0 + tile).min(nb)), xs, st, acc) };
+            }
         }
+        for (k, acc) in accs[..n].iter().enumerate() {
+            let r = (g + k - g0) * GROUP_ROWS;
+            for (o, a) in outs.iter_mut().zip(acc) {
+                // SAFETY: the CPU has AVX2 (the kernel's level, per the caller).
+                o[r..r + GROUP_ROWS].copy_from_slice(&unsafe { finish(a) });
+            }
+        }
+        g += n;
     }
 }
 

@@ -5,13 +5,23 @@
 
 use crate::check;
 use crate::dispatch::{Activations, Tokens};
-use crate::operands::interleaved::{Interleaved, GROUP_ROWS};
+use crate::operands::interleaved::{Interleaved, BATCH_GROUPS, GROUP_ROWS};
 use crate::simd::{self, Level};
 use powerinfer_core::Result;
 use rayon::prelude::*;
 
-/// Groups per rayon task, at least (a group of 2048 columns is 9 KiB of Q4_0).
-const MIN_TASK_GROUPS: usize = 8;
+/// Groups per rayon task, at least (a group of 2048 columns is 9 KiB of Q4_0): one batch of
+/// the store's layout, and tasks cut at whole batches, so each task reads one run of the store.
+const MIN_TASK_GROUPS: usize = BATCH_GROUPS;
+
+/// Groups per task of a weight of `groups` groups on `threads` threads: one task per thread,
+/// whole batches, at least [`MIN_TASK_GROUPS`].
+fn task_groups(groups: usize, threads: usize) -> usize {
+    groups
+        .div_ceil(threads)
+        .next_multiple_of(BATCH_GROUPS)
+        .max(MIN_TASK_GROUPS)
+}
 
 /// y[r] = Σ_c W[r,c]·x[c] for every row of the interleaved `w`, on the current rayon pool.
 pub fn matvec_interleaved(w: &Interleaved, x: &[f32], y: &mut [f32]) -> Result<()> {
@@ -68,7 +78,7 @@ pub(crate) fn matvec_interleaved_many_at(
         // One task per thread and weight: long runs of groups keep each thread's reads one
         // stream (eight 6 MB products in one region on 2 threads: 26–32 GB/s, against 17–25
         // with four tasks per thread and weight; `examples/interleaved_matvec`).
-        let per = w.groups().div_ceil(threads).max(MIN_TASK_GROUPS) * GROUP_ROWS;
+        let per = task_groups(w.groups(), threads) * GROUP_ROWS;
         for (i, out) in grouped.chunks_mut(per).enumerate() {
             tasks.push((w, i * per / GROUP_ROWS, out));
         }
@@ -115,7 +125,7 @@ pub(crate) fn matvec_interleaved_tokens_at(
     let mut tails: Vec<&mut [f32]> = per_token.iter_mut().map(|(_, t)| &mut **t).collect();
     tokens.rows_dot(w.dtype, tail, rb, &mut tails);
     let threads = rayon::current_num_threads().max(1);
-    let per = w.groups().div_ceil(threads).max(MIN_TASK_GROUPS) * GROUP_ROWS;
+    let per = task_groups(w.groups(), threads) * GROUP_ROWS;
     let mut chunks: Vec<_> = per_token
         .into_iter()
         .map(|(g, _)| g.chunks_mut(per))
@@ -156,8 +166,16 @@ mod tests {
     fn rows_gather_back_to_their_bytes() {
         let mut rng = Rng::new(91);
         for dtype in FORMATS {
-            for rows in [1, 8, 13, 24, 31] {
-                let w = random_weight(&mut rng, dtype, rows, 3 * dtype.block_size());
+            // Past a batch of groups and a column tile too (139 rows: 17 groups and a tail;
+            // 2240 or 2304 columns: two tiles, the second partial).
+            let wide = 2304 / dtype.block_size() * dtype.block_size();
+            for (rows, cols) in [(1, 3), (8, 3), (13, 3), (24, 3), (31, 3), (139, 0)] {
+                let cols = match cols {
+                    0 if dtype.block_size() == 32 => 2240,
+                    0 => wide,
+                    n => n * dtype.block_size(),
+                };
+                let w = random_weight(&mut rng, dtype, rows, cols);
                 let il = Interleaved::new(&w).unwrap();
                 assert_eq!(il.data.len(), w.bytes().len());
                 for r in 0..rows {
@@ -183,7 +201,13 @@ mod tests {
             .flat_map(|l| FORMATS.map(|d| (l, d)))
         {
             for numerics in [Numerics::Int16, Numerics::Int8] {
-                for (rows, blocks) in [(8, 1), (16, 3), (21, 9), (43, 5), (5, 2)] {
+                // The last: 17 groups (past a batch), two column tiles (the second partial).
+                for (rows, blocks) in [(8, 1), (16, 3), (21, 9), (43, 5), (5, 2), (139, 70)] {
+                    let blocks = if dtype.block_size() == 256 {
+                        blocks.min(9)
+                    } else {
+                        blocks
+                    };
                     let cols = dtype.block_size() * blocks;
                     let w = random_weight(&mut rng, dtype, rows, cols);
                     let il = Interleaved::new(&w).unwrap();

@@ -41,10 +41,28 @@ pub(crate) mod fmt {
     pub(crate) const Q8_0: u8 = 2;
 }
 
-/// A group kernel for `T` tokens of the x `X`: the eight rows of the group at its first
-/// argument (its second: blocks), dotted with each token's x.
+/// A group kernel for `T` tokens of the x `X`: the eight rows of a group dotted with each
+/// token's x over the blocks `blocks.0..blocks.1` (its second argument; its first: where the
+/// group's block `blocks.0` starts, the next blocks following it), added to each token's
+/// accumulators (its last; [`finish`] gives the rows' values once every block is in). A row's
+/// float steps do not depend on how its blocks are split between calls.
 pub(crate) type GroupKernel<X, const T: usize> =
-    unsafe fn(*const u8, usize, [&X; T], [&Starts; T]) -> [[f32; 8]; T];
+    unsafe fn(*const u8, (usize, usize), [&X; T], [&Starts; T], &mut [Acc; T]);
+
+/// A token's accumulators of a group's eight rows: two alternating sums and the sum of the
+/// mins subtracted at the end (Q4_K's; Q4_1 adds its mins into the second sum).
+pub(crate) type Acc = [__m256; 3];
+
+/// The eight rows' values of a token's accumulators: their two sums less the mins.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) fn finish(a: &Acc) -> [f32; 8] {
+    let mut out = [0f32; 8];
+    let v = _mm256_sub_ps(_mm256_add_ps(a[0], a[1]), a[2]);
+    // SAFETY: eight floats.
+    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) };
+    out
+}
 
 /// The int16-x group kernel of `dtype` on the level (`wide`: AVX-512 VNNI, else AVX2); `None`
 /// for a format without an interleaved layout.
@@ -166,17 +184,17 @@ macro_rules! interleaved_kernels {
         #[target_feature(enable = $feat)]
         pub(crate) unsafe fn group_i16<const F: u8, const T: usize>(
             g: *const u8,
-            nb: usize,
+            blocks: (usize, usize),
             xs: [&XQuant; T],
             st: [&Starts; T],
-        ) -> [[f32; 8]; T] {
+            acc: &mut [Acc; T],
+        ) {
             const { assert!(F != fmt::Q8_0 || $wide_u8) };
             let min = F == fmt::Q4_1;
-            let mut acc = [[_mm256_setzero_ps(); 2]; T];
-            for b in 0..nb {
+            for b in blocks.0..blocks.1 {
                 // SAFETY: block b of the group, and of every x, are readable per the caller.
                 unsafe {
-                    let (dw, mins, lo, hi) = group_block::<F>(g, b);
+                    let (dw, mins, lo, hi) = group_block::<F>(g, b - blocks.0);
                     for ((xq, st), a) in xs.iter().zip(&st).zip(acc.iter_mut()) {
                         let (h, l) = (xq.hl.as_ptr().add(64 * b), xq.hl.as_ptr().add(64 * b + 32));
                         let mut sh = _mm256_setzero_si256();
@@ -199,11 +217,6 @@ macro_rules! interleaved_kernels {
                     }
                 }
             }
-            let mut out = [[0f32; 8]; T];
-            for (o, a) in out.iter_mut().zip(acc) {
-                *o = sum8(a);
-            }
-            out
         }
 
         /// The eight rows of the group at `g` (`nb` blocks, format `F`) dotted with each of `T`
@@ -215,17 +228,17 @@ macro_rules! interleaved_kernels {
         #[target_feature(enable = $feat)]
         pub(crate) unsafe fn group_i8<const F: u8, const T: usize>(
             g: *const u8,
-            nb: usize,
+            blocks: (usize, usize),
             xs: [&X8; T],
             st: [&Starts; T],
-        ) -> [[f32; 8]; T] {
+            acc: &mut [Acc; T],
+        ) {
             const { assert!(F != fmt::Q8_0 || $wide_u8) };
             let min = F == fmt::Q4_1;
-            let mut acc = [[_mm256_setzero_ps(); 2]; T];
-            for b in 0..nb {
+            for b in blocks.0..blocks.1 {
                 // SAFETY: block b of the group, and of every x, are readable per the caller.
                 unsafe {
-                    let (dw, mins, lo, hi) = group_block::<F>(g, b);
+                    let (dw, mins, lo, hi) = group_block::<F>(g, b - blocks.0);
                     for ((x, st), a) in xs.iter().zip(&st).zip(acc.iter_mut()) {
                         let q = x.q.as_ptr().add(32 * b);
                         let [na, nb_] = *st.0.get_unchecked(b);
@@ -248,11 +261,6 @@ macro_rules! interleaved_kernels {
                     }
                 }
             }
-            let mut out = [[0f32; 8]; T];
-            for (o, a) in out.iter_mut().zip(acc) {
-                *o = sum8(a);
-            }
-            out
         }
 
         /// The eight rows of the Q4_K group at `g` (`nb` super-blocks) dotted with each of `T`
@@ -265,21 +273,20 @@ macro_rules! interleaved_kernels {
         #[target_feature(enable = $feat)]
         pub(crate) unsafe fn k4_group_i16<const T: usize>(
             g: *const u8,
-            nb: usize,
+            blocks: (usize, usize),
             xs: [&XQuant; T],
             _st: [&Starts; T],
-        ) -> [[f32; 8]; T] {
-            let mut acc = [[_mm256_setzero_ps(); 2]; T];
-            let mut mins = [_mm256_setzero_ps(); T];
-            for sb in 0..nb {
+            acc: &mut [Acc; T],
+        ) {
+            for sb in blocks.0..blocks.1 {
                 // SAFETY: super-block sb of the group, and of every x, are readable per the
                 // caller.
                 unsafe {
-                    let p = g.add(sb * K4_GROUP_BLOCK);
+                    let p = g.add((sb - blocks.0) * K4_GROUP_BLOCK);
                     let (fs, fm) = k4_factors(p);
                     for k in 0..4 {
                         let q = k4_quants(p, k);
-                        for ((xq, a), m) in xs.iter().zip(acc.iter_mut()).zip(mins.iter_mut()) {
+                        for (xq, a) in xs.iter().zip(acc.iter_mut()) {
                             for (h, q) in q.iter().enumerate() {
                                 let (s, b) = (2 * k + h, 8 * sb + 2 * k + h);
                                 let (xh, xl) =
@@ -296,17 +303,16 @@ macro_rules! interleaved_kernels {
                                     _mm256_set1_ps(*xq.scale.get_unchecked(b)),
                                 );
                                 a[s % 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(si), d, a[s % 2]);
-                                *m = _mm256_fmadd_ps(
+                                a[2] = _mm256_fmadd_ps(
                                     fm[s],
                                     _mm256_set1_ps(*xq.sum.get_unchecked(b)),
-                                    *m,
+                                    a[2],
                                 );
                             }
                         }
                     }
                 }
             }
-            k4_out(acc, mins)
         }
 
         /// The eight rows of the Q4_K group at `g` (`nb` super-blocks) dotted with each of `T`
@@ -319,21 +325,20 @@ macro_rules! interleaved_kernels {
         #[target_feature(enable = $feat)]
         pub(crate) unsafe fn k4_group_i8<const T: usize>(
             g: *const u8,
-            nb: usize,
+            blocks: (usize, usize),
             xs: [&X8; T],
             _st: [&Starts; T],
-        ) -> [[f32; 8]; T] {
-            let mut acc = [[_mm256_setzero_ps(); 2]; T];
-            let mut mins = [_mm256_setzero_ps(); T];
-            for sb in 0..nb {
+            acc: &mut [Acc; T],
+        ) {
+            for sb in blocks.0..blocks.1 {
                 // SAFETY: super-block sb of the group, and of every x, are readable per the
                 // caller.
                 unsafe {
-                    let p = g.add(sb * K4_GROUP_BLOCK);
+                    let p = g.add((sb - blocks.0) * K4_GROUP_BLOCK);
                     let (fs, fm) = k4_factors(p);
                     for k in 0..4 {
                         let q = k4_quants(p, k);
-                        for ((x, a), m) in xs.iter().zip(acc.iter_mut()).zip(mins.iter_mut()) {
+                        for (x, a) in xs.iter().zip(acc.iter_mut()) {
                             for (h, q) in q.iter().enumerate() {
                                 let (s, b) = (2 * k + h, 8 * sb + 2 * k + h);
                                 let xq = x.q.as_ptr().add(32 * b);
@@ -349,17 +354,16 @@ macro_rules! interleaved_kernels {
                                 let fb = _mm256_mul_ps(fs[s], _mm256_set1_ps(db));
                                 a[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sa), fa, a[0]);
                                 a[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sb_), fb, a[1]);
-                                *m = _mm256_fmadd_ps(
+                                a[2] = _mm256_fmadd_ps(
                                     fm[s],
                                     _mm256_set1_ps(*x.s.get_unchecked(b)),
-                                    *m,
+                                    a[2],
                                 );
                             }
                         }
                     }
                 }
             }
-            k4_out(acc, mins)
         }
 
         /// The eight rows of the Q6_K group at `g` (`nb` super-blocks) dotted with each of `T`
@@ -372,16 +376,16 @@ macro_rules! interleaved_kernels {
         #[target_feature(enable = $feat)]
         pub(crate) unsafe fn k6_group_i16<const T: usize>(
             g: *const u8,
-            nb: usize,
+            blocks: (usize, usize),
             xs: [&XQuant; T],
             st: [&Starts; T],
-        ) -> [[f32; 8]; T] {
-            let mut acc = [[_mm256_setzero_ps(); 2]; T];
-            for sb in 0..nb {
+            acc: &mut [Acc; T],
+        ) {
+            for sb in blocks.0..blocks.1 {
                 // SAFETY: super-block sb of the group, and of every x, are readable per the
                 // caller.
                 unsafe {
-                    let p = g.add(sb * K6_GROUP_BLOCK);
+                    let p = g.add((sb - blocks.0) * K6_GROUP_BLOCK);
                     let f = k6_factors(p);
                     for m in 0..8 {
                         let q = k6_quants(p, m);
@@ -411,11 +415,6 @@ macro_rules! interleaved_kernels {
                     }
                 }
             }
-            let mut out = [[0f32; 8]; T];
-            for (o, a) in out.iter_mut().zip(acc) {
-                *o = sum8(a);
-            }
-            out
         }
 
         /// The eight rows of the Q6_K group at `g` (`nb` super-blocks) dotted with each of `T`
@@ -428,16 +427,16 @@ macro_rules! interleaved_kernels {
         #[target_feature(enable = $feat)]
         pub(crate) unsafe fn k6_group_i8<const T: usize>(
             g: *const u8,
-            nb: usize,
+            blocks: (usize, usize),
             xs: [&X8; T],
             st: [&Starts; T],
-        ) -> [[f32; 8]; T] {
-            let mut acc = [[_mm256_setzero_ps(); 2]; T];
-            for sb in 0..nb {
+            acc: &mut [Acc; T],
+        ) {
+            for sb in blocks.0..blocks.1 {
                 // SAFETY: super-block sb of the group, and of every x, are readable per the
                 // caller.
                 unsafe {
-                    let p = g.add(sb * K6_GROUP_BLOCK);
+                    let p = g.add((sb - blocks.0) * K6_GROUP_BLOCK);
                     let f = k6_factors(p);
                     for m in 0..8 {
                         let q = k6_quants(p, m);
@@ -458,11 +457,6 @@ macro_rules! interleaved_kernels {
                     }
                 }
             }
-            let mut out = [[0f32; 8]; T];
-            for (o, a) in out.iter_mut().zip(acc) {
-                *o = sum8(a);
-            }
-            out
         }
 
         /// A Q6_K group super-block's sixteen sub-blocks' factors d·sc for its eight rows (the
@@ -580,19 +574,6 @@ macro_rules! interleaved_kernels {
             q
         }
 
-        /// The eight rows' values of each token: its two accumulators' sum less its mins.
-        #[inline]
-        #[target_feature(enable = $feat)]
-        fn k4_out<const T: usize>(acc: [[__m256; 2]; T], mins: [__m256; T]) -> [[f32; 8]; T] {
-            let mut out = [[0f32; 8]; T];
-            for ((o, a), m) in out.iter_mut().zip(acc).zip(mins) {
-                let v = _mm256_sub_ps(_mm256_add_ps(a[0], a[1]), m);
-                // SAFETY: eight floats.
-                unsafe { _mm256_storeu_ps(o.as_mut_ptr(), v) };
-            }
-            out
-        }
-
         /// Group block `b` at `g` (format `F`): its eight rows' scales, their mins (Q4_1; else
         /// zeros), and its quants as four 32-byte chunks of weights 0..16 (`lo`) and of weights
         /// 16..32 (`hi`), chunk j holding each row's weights 4j..4j + 4 (of its half) as
@@ -633,16 +614,6 @@ macro_rules! interleaved_kernels {
                 }
                 (dw, mins, lo, hi)
             }
-        }
-
-        /// The eight rows' sums of the two accumulators.
-        #[inline]
-        #[target_feature(enable = $feat)]
-        fn sum8(a: [__m256; 2]) -> [f32; 8] {
-            let mut out = [0f32; 8];
-            // SAFETY: eight floats.
-            unsafe { _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(a[0], a[1])) };
-            out
         }
     };
 }
@@ -701,15 +672,15 @@ pub(crate) mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn q8_group_i16<const T: usize>(
         g: *const u8,
-        nb: usize,
+        blocks: (usize, usize),
         xs: [&XQuant; T],
         _st: [&Starts; T],
-    ) -> [[f32; 8]; T] {
-        let mut acc = [[_mm256_setzero_ps(); 2]; T];
-        for b in 0..nb {
+        acc: &mut [Acc; T],
+    ) {
+        for b in blocks.0..blocks.1 {
             // SAFETY: block b of the group, and of every x, are readable per the caller.
             unsafe {
-                let (dw, w) = q8_block(g, b);
+                let (dw, w) = q8_block(g, b - blocks.0);
                 for (xq, a) in xs.iter().zip(acc.iter_mut()) {
                     let q = xq.q.as_ptr().add(32 * b);
                     let s = q8_dot(&w, |j| {
@@ -720,11 +691,6 @@ pub(crate) mod avx2 {
                 }
             }
         }
-        let mut out = [[0f32; 8]; T];
-        for (o, a) in out.iter_mut().zip(acc) {
-            *o = sum8(a);
-        }
-        out
     }
 
     /// The eight rows of the Q8_0 group at `g` (`nb` blocks) dotted with each of `T` int8 x
@@ -736,15 +702,15 @@ pub(crate) mod avx2 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn q8_group_i8<const T: usize>(
         g: *const u8,
-        nb: usize,
+        blocks: (usize, usize),
         xs: [&X8; T],
         _st: [&Starts; T],
-    ) -> [[f32; 8]; T] {
-        let mut acc = [[_mm256_setzero_ps(); 2]; T];
-        for b in 0..nb {
+        acc: &mut [Acc; T],
+    ) {
+        for b in blocks.0..blocks.1 {
             // SAFETY: block b of the group, and of every x, are readable per the caller.
             unsafe {
-                let (dw, w) = q8_block(g, b);
+                let (dw, w) = q8_block(g, b - blocks.0);
                 for (x, a) in xs.iter().zip(acc.iter_mut()) {
                     let q = x.q.as_ptr().add(32 * b);
                     let x4 = |j: usize| {
@@ -761,11 +727,6 @@ pub(crate) mod avx2 {
                 }
             }
         }
-        let mut out = [[0f32; 8]; T];
-        for (o, a) in out.iter_mut().zip(acc) {
-            *o = sum8(a);
-        }
-        out
     }
 }
 
