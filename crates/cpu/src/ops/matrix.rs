@@ -114,17 +114,21 @@ mod tests {
     #[test]
     fn layouts_are_chosen_by_format_and_gather_back() {
         let mut rng = Rng::new(101);
-        for (dtype, rows, interleaved) in [
-            (DType::Q4_0, 21, true),
-            (DType::Q4_1, 8, true),
-            (DType::Q4_0, 7, false),
-            (DType::Q8_0, 16, false),
-            (DType::F16, 16, false),
+        for (dtype, rows, cols, interleaved) in [
+            (DType::Q4_0, 21, 64, true),
+            (DType::Q4_1, 8, 64, true),
+            (DType::Q4_0, 7, 64, false),
+            (DType::Q8_0, 16, 64, true),
+            (DType::Q4_K, 9, 512, true),
+            (DType::Q6_K, 17, 256, true),
+            (DType::Q5_0, 16, 64, false),
+            (DType::Q5_K, 16, 256, false),
+            (DType::F16, 16, 64, false),
         ] {
-            let w = random_weight(&mut rng, dtype, rows, 64);
+            let w = random_weight(&mut rng, dtype, rows, cols);
             let m = Matrix::for_products(w.clone()).unwrap();
             assert_eq!(m.is_interleaved(), interleaved, "{dtype} x {rows}");
-            assert_eq!((m.rows(), m.cols(), m.dtype()), (rows, 64, dtype));
+            assert_eq!((m.rows(), m.cols(), m.dtype()), (rows, cols, dtype));
             assert_eq!((m.n_bytes(), m.row_bytes()), (w.n_bytes(), w.row_bytes()));
             assert_eq!(m.to_rows().unwrap().bytes(), w.bytes());
             assert!((0..rows).all(|r| *m.row(r) == *w.row(r)));
