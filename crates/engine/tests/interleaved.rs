@@ -1,4 +1,4 @@
-//! The engine on rows interleaved at load (Q4_0, Q8_0, Q4_K and Q6_K models): which matrices each layout choice
+//! The engine on rows interleaved at load (Q4_0, Q5_0, Q8_0, Q4_K and Q6_K models): which matrices each layout choice
 //! interleaves, the same function as the file's rows (batched products bit for bit, one-token
 //! steps within the f32 roundings), verification rows and parallel slots bit-identical to
 //! one-token steps on every interleaved matrix, and the sparse modes reading an interleaved
@@ -13,8 +13,15 @@ use powerinfer_core::{Activation, DType, MatrixShape};
 use powerinfer_engine::forward::Logits;
 use powerinfer_engine::{Layouts, ModelWeights, Session, Sparsity};
 
-/// The interleaved formats the model-level tests run on (Q4_1 is Q4_0's kernel with mins).
-const FORMATS: [DType; 4] = [DType::Q4_0, DType::Q8_0, DType::Q4_K, DType::Q6_K];
+/// The interleaved formats the model-level tests run on (Q4_1 and Q5_1 are Q4_0's and Q5_0's
+/// kernels with mins).
+const FORMATS: [DType; 5] = [
+    DType::Q4_0,
+    DType::Q5_0,
+    DType::Q8_0,
+    DType::Q4_K,
+    DType::Q6_K,
+];
 
 fn q4_model(act: Activation, layouts: Layouts) -> Arc<ModelWeights> {
     model(DType::Q4_0, act, layouts)
@@ -202,15 +209,16 @@ fn the_load_says_beforehand_what_it_repacks() {
             assert_eq!(layouts.repacks(name, *shape), done, "{layouts:?} {name}");
         }
     }
-    let q = |dtype, rows| MatrixShape {
+    let q = |dtype: DType, rows| MatrixShape {
         dtype,
         rows,
-        cols: 64,
+        cols: 64.max(dtype.block_size()),
     };
     assert!(Layouts::DEFAULT.repacks("output", q(DType::Q4_1, 64)));
     assert!(!Layouts::DEFAULT.repacks("blk.2.ffn_up", q(DType::Q4_0, 64)));
     assert!(Layouts::DENSE.repacks("blk.2.attn_q", q(DType::Q8_0, 64)));
-    assert!(!Layouts::DENSE.repacks("blk.2.attn_q", q(DType::Q5_0, 64)));
+    assert!(Layouts::DENSE.repacks("blk.2.attn_q", q(DType::Q5_0, 64)));
+    assert!(!Layouts::DENSE.repacks("blk.2.attn_q", q(DType::Q5_K, 64)));
     assert!(!Layouts::DENSE.repacks("blk.2.attn_q", q(DType::Q4_0, 4)));
     assert!(!Layouts::DENSE.repacks("blk.2.ffn_norm", q(DType::Q4_0, 64)));
 }

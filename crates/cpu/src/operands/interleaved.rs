@@ -1,4 +1,4 @@
-//! A Q4_0, Q4_1, Q8_0, Q4_K or Q6_K weight with its rows interleaved by [`GROUP_ROWS`]
+//! A Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K or Q6_K weight with its rows interleaved by [`GROUP_ROWS`]
 //! ([`Interleaved`]): the same bytes rearranged so that one 32-byte load holds four quant bytes of each of eight
 //! rows, and one 16-byte load the eight rows' scales of a block. A byte dot against a broadcast word of x then
 //! advances eight rows at once (rows in the vector's lanes), the scales are converted once per
@@ -11,6 +11,11 @@
 //! - Q4_0, Q4_1: four chunks of quants (byte i holds weight i in its low nibble and weight
 //!   i + 16 in its high one);
 //! - Q8_0: eight chunks, byte i weight i;
+//! - Q5_0, Q5_1: one chunk of the fifth bits, then Q4_0's four chunks of nibbles. The fifth bits
+//!   are transposed within their chunk ([`fifth_bits_to_lanes`]): bit c of byte 4r + i holds the
+//!   fifth bit of row r's weight 4c + i, that is of byte 4r + i of quant chunk c (c < 4: the low
+//!   nibbles of chunk c; else the high nibbles of chunk c − 4), so a kernel takes a chunk's
+//!   fifth bits with one shift and one mask;
 //! - Q4_K: three chunks of its 12 bytes of 6-bit scales and mins, then 32 chunks of quants
 //!   (quant byte 32k + i holds weight 64k + i in its low nibble and 64k + 32 + i in its high);
 //! - Q6_K: its d first like the others' fields, then its 208 other bytes in their order: 32
@@ -48,12 +53,12 @@ pub struct Interleaved {
 
 impl Interleaved {
     /// `w` with its rows interleaved (its bytes copied once, rearranged); `Unsupported` for a
-    /// format without an interleaved layout (Q4_0, Q4_1, Q8_0, Q4_K and Q6_K so far).
+    /// format without an interleaved layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K so far).
     pub fn new(w: &Weight) -> Result<Interleaved> {
         ensure!(
             has_layout(w.dtype),
             Unsupported,
-            "interleaved rows: {} has no interleaved layout (Q4_0, Q4_1, Q8_0, Q4_K and Q6_K only)",
+            "interleaved rows: {} has no interleaved layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K only)",
             w.dtype
         );
         crate::check::weight_bytes(w)?;
@@ -82,6 +87,11 @@ impl Interleaved {
                         data[at..at + 4].copy_from_slice(&blk[rest.start + 4 * j..][..4]);
                     }
                 }
+                if has_fifth_bits(w.dtype) {
+                    let c = &mut data[o + 16 * nf..][..32];
+                    let t = fifth_bits_to_lanes((&*c).try_into().expect("32 bytes"));
+                    c.copy_from_slice(&t);
+                }
             }
         }
         let tail = groups * GROUP_ROWS * rb;
@@ -94,7 +104,7 @@ impl Interleaved {
         })
     }
 
-    /// Whether `w` has an interleaved layout here (Q4_0, Q4_1, Q8_0, Q4_K or Q6_K, at least
+    /// Whether `w` has an interleaved layout here (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K or Q6_K, at least
     /// one whole group).
     pub fn fits(w: &Weight) -> bool {
         Interleaved::fits_shape(w.into())
@@ -198,6 +208,11 @@ impl Interleaved {
                     let at = o + 16 * nf + 32 * j + 4 * i;
                     blk[rest.start + 4 * j..][..4].copy_from_slice(&data[at..at + 4]);
                 }
+                if has_fifth_bits(self.dtype) {
+                    let c = &data[o + 16 * nf..][..32];
+                    let bits = fifth_bits_from_lanes(c.try_into().expect("32 bytes"));
+                    blk[rest.start..][..4].copy_from_slice(&bits[4 * i..4 * i + 4]);
+                }
             }
         }
     }
@@ -234,8 +249,48 @@ fn block_offset(
 fn has_layout(dtype: DType) -> bool {
     matches!(
         dtype,
-        DType::Q4_0 | DType::Q4_1 | DType::Q8_0 | DType::Q4_K | DType::Q6_K
+        DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+            | DType::Q4_K
+            | DType::Q6_K
     )
+}
+
+/// Whether `dtype`'s first chunk is of fifth bits (Q5_0, Q5_1), stored transposed.
+fn has_fifth_bits(dtype: DType) -> bool {
+    matches!(dtype, DType::Q5_0 | DType::Q5_1)
+}
+
+/// A group block's chunk of fifth bits (row r's 32-bit `qh` at bytes 4r..4r + 4, bit w the
+/// fifth bit of weight w), transposed: bit c of byte 4r + i the fifth bit of row r's weight
+/// 4c + i.
+pub(crate) fn fifth_bits_to_lanes(natural: &[u8; 32]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    for r in 0..GROUP_ROWS {
+        let qh = u32::from_le_bytes(natural[4 * r..4 * r + 4].try_into().expect("4 bytes"));
+        for i in 0..4 {
+            out[4 * r + i] = (0..8).map(|c| (((qh >> (4 * c + i)) & 1) << c) as u8).sum();
+        }
+    }
+    out
+}
+
+/// The inverse of [`fifth_bits_to_lanes`].
+pub(crate) fn fifth_bits_from_lanes(lanes: &[u8; 32]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    for r in 0..GROUP_ROWS {
+        let mut qh = 0u32;
+        for i in 0..4 {
+            for c in 0..8 {
+                qh |= u32::from((lanes[4 * r + i] >> c) & 1) << (4 * c + i);
+            }
+        }
+        out[4 * r..4 * r + 4].copy_from_slice(&qh.to_le_bytes());
+    }
+    out
 }
 
 /// A block's f16 fields (their offsets: its scale d; Q4_1's min, Q4_K's dmin), first in a

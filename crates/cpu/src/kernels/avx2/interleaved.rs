@@ -1,4 +1,4 @@
-//! Dot products of Q4_0, Q4_1, Q8_0, Q4_K and Q6_K rows interleaved by eight
+//! Dot products of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K rows interleaved by eight
 //! (`crate::operands::interleaved`) with quantized x: the eight rows of a group sit in the eight
 //! i32 lanes of every integer dot, each against one broadcast word of x, so a block costs a
 //! handful of dots, one scale conversion and one or two FMAs for eight rows, and no horizontal
@@ -9,6 +9,8 @@
 //! - Q4_0: the nibbles q are unsigned; its −8 is the dots' integer start value (−8·Σx).
 //! - Q4_1: the nibbles likewise; its mins one FMA per block against x's block sums (of x itself
 //!   for the int16 x, as the row kernels take them; of x̂ for the int8 x).
+//! - Q5_0, Q5_1: as Q4_0 and Q4_1 with each nibble's fifth bit (a shift and a mask of the
+//!   layout's transposed chunk) as its bit 4; Q5_0's −16 is twice Q4_0's start.
 //! - Q8_0: the signed quants w are read as w + 128 (one xor), and −128·Σx is the start value,
 //!   so Σ(w + 128)·x − 128·Σx = Σw·x exactly. That needs a dot that does not saturate at
 //!   255·127 per pair: `vpdpbusd` (VNNI). AVX2's `pmaddubsw` saturates there, so its Q8_0
@@ -39,6 +41,10 @@ pub(crate) mod fmt {
     pub(crate) const Q4_1: u8 = 1;
     /// Q8_0.
     pub(crate) const Q8_0: u8 = 2;
+    /// Q5_0.
+    pub(crate) const Q5_0: u8 = 3;
+    /// Q5_1.
+    pub(crate) const Q5_1: u8 = 4;
 }
 
 /// A group kernel for `T` tokens of the x `X`: the eight rows of a group dotted with each
@@ -74,9 +80,13 @@ pub(crate) fn kernel_i16<const T: usize>(
     Some(match (dtype, wide) {
         (DType::Q4_0, true) => vnni::group_i16::<Q4_0, T>,
         (DType::Q4_1, true) => vnni::group_i16::<Q4_1, T>,
+        (DType::Q5_0, true) => vnni::group_i16::<Q5_0, T>,
+        (DType::Q5_1, true) => vnni::group_i16::<Q5_1, T>,
         (DType::Q8_0, true) => vnni::group_i16::<Q8_0, T>,
         (DType::Q4_0, false) => avx2::group_i16::<Q4_0, T>,
         (DType::Q4_1, false) => avx2::group_i16::<Q4_1, T>,
+        (DType::Q5_0, false) => avx2::group_i16::<Q5_0, T>,
+        (DType::Q5_1, false) => avx2::group_i16::<Q5_1, T>,
         (DType::Q8_0, false) => avx2::q8_group_i16::<T>,
         (DType::Q4_K, true) => vnni::k4_group_i16::<T>,
         (DType::Q4_K, false) => avx2::k4_group_i16::<T>,
@@ -92,9 +102,13 @@ pub(crate) fn kernel_i8<const T: usize>(dtype: DType, wide: bool) -> Option<Grou
     Some(match (dtype, wide) {
         (DType::Q4_0, true) => vnni::group_i8::<Q4_0, T>,
         (DType::Q4_1, true) => vnni::group_i8::<Q4_1, T>,
+        (DType::Q5_0, true) => vnni::group_i8::<Q5_0, T>,
+        (DType::Q5_1, true) => vnni::group_i8::<Q5_1, T>,
         (DType::Q8_0, true) => vnni::group_i8::<Q8_0, T>,
         (DType::Q4_0, false) => avx2::group_i8::<Q4_0, T>,
         (DType::Q4_1, false) => avx2::group_i8::<Q4_1, T>,
+        (DType::Q5_0, false) => avx2::group_i8::<Q5_0, T>,
+        (DType::Q5_1, false) => avx2::group_i8::<Q5_1, T>,
         (DType::Q8_0, false) => avx2::q8_group_i8::<T>,
         (DType::Q4_K, true) => vnni::k4_group_i8::<T>,
         (DType::Q4_K, false) => avx2::k4_group_i8::<T>,
@@ -130,23 +144,27 @@ impl Starts {
     }
 }
 
-/// A group block's bytes and where its quants start: Q4_1 carries eight mins after the eight
-/// scales; Q8_0 has 32 quant bytes per row.
+/// A group block's bytes and where its quants start: Q4_1 and Q5_1 carry eight mins after the
+/// eight scales, Q5_0 and Q5_1 a chunk of fifth bits before the quants; Q8_0 has 32 quant bytes
+/// per row.
 #[inline(always)]
 const fn layout<const F: u8>() -> (usize, usize) {
     match F {
         fmt::Q4_1 => (8 * 20, 32),
         fmt::Q8_0 => (8 * 34, 16),
+        fmt::Q5_0 => (8 * 22, 48),
+        fmt::Q5_1 => (8 * 24, 64),
         _ => (8 * 18, 16),
     }
 }
 
-/// The multiple of [`Starts`] (−8·Σq) a format's dots start from: Q4_0's −8 once, Q8_0's −128
-/// sixteen times, none for Q4_1 (its mins go in floats).
+/// The multiple of [`Starts`] (−8·Σq) a format's dots start from: Q4_0's −8 once, Q5_0's −16
+/// twice, Q8_0's −128 sixteen times, none for Q4_1 and Q5_1 (their mins go in floats).
 #[inline(always)]
 const fn start_mul<const F: u8>() -> i32 {
     match F {
         fmt::Q4_0 => 1,
+        fmt::Q5_0 => 2,
         fmt::Q8_0 => 16,
         _ => 0,
     }
@@ -190,7 +208,7 @@ macro_rules! interleaved_kernels {
             acc: &mut [Acc; T],
         ) {
             const { assert!(F != fmt::Q8_0 || $wide_u8) };
-            let min = F == fmt::Q4_1;
+            let min = F == fmt::Q4_1 || F == fmt::Q5_1;
             for b in blocks.0..blocks.1 {
                 // SAFETY: block b of the group, and of every x, are readable per the caller.
                 unsafe {
@@ -234,7 +252,7 @@ macro_rules! interleaved_kernels {
             acc: &mut [Acc; T],
         ) {
             const { assert!(F != fmt::Q8_0 || $wide_u8) };
-            let min = F == fmt::Q4_1;
+            let min = F == fmt::Q4_1 || F == fmt::Q5_1;
             for b in blocks.0..blocks.1 {
                 // SAFETY: block b of the group, and of every x, are readable per the caller.
                 unsafe {
@@ -574,10 +592,11 @@ macro_rules! interleaved_kernels {
             q
         }
 
-        /// Group block `b` at `g` (format `F`): its eight rows' scales, their mins (Q4_1; else
+        /// Group block `b` at `g` (format `F`): its eight rows' scales, their mins (Q4_1, Q5_1; else
         /// zeros), and its quants as four 32-byte chunks of weights 0..16 (`lo`) and of weights
         /// 16..32 (`hi`), chunk j holding each row's weights 4j..4j + 4 (of its half) as
-        /// unsigned bytes: the nibbles, or Q8_0's quants + 128.
+        /// unsigned bytes: the nibbles (with their fifth bits for Q5_0 and Q5_1), or Q8_0's
+        /// quants + 128.
         ///
         /// # Safety
         /// Block b of the group readable at `g`; the CPU has `$feat`.
@@ -594,7 +613,7 @@ macro_rules! interleaved_kernels {
                 let p = g.add(b * gbb);
                 let dw = _mm256_cvtph_ps(_mm_loadu_si128(p.cast()));
                 let mins = match F {
-                    fmt::Q4_1 => _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast())),
+                    fmt::Q4_1 | fmt::Q5_1 => _mm256_cvtph_ps(_mm_loadu_si128(p.add(16).cast())),
                     _ => _mm256_setzero_ps(),
                 };
                 if F == fmt::Q8_0 {
@@ -610,6 +629,25 @@ macro_rules! interleaved_kernels {
                         let v = _mm256_loadu_si256(p.add(qo + 32 * j).cast());
                         lo[j] = _mm256_and_si256(v, m);
                         hi[j] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
+                    }
+                    if F == fmt::Q5_0 || F == fmt::Q5_1 {
+                        // Chunk c's fifth bits are bit c of each byte (the layout's
+                        // transposition): moved to bit 4 within each byte of the 16-bit lanes.
+                        let (qh, t) = (
+                            _mm256_loadu_si256(p.add(qo - 32).cast()),
+                            _mm256_set1_epi8(0x10),
+                        );
+                        let at = |c: i32| {
+                            let v = match c {
+                                0..4 => _mm256_sll_epi16(qh, _mm_cvtsi32_si128(4 - c)),
+                                _ => _mm256_srl_epi16(qh, _mm_cvtsi32_si128(c - 4)),
+                            };
+                            _mm256_and_si256(v, t)
+                        };
+                        for j in 0..4 {
+                            lo[j] = _mm256_or_si256(lo[j], at(j as i32));
+                            hi[j] = _mm256_or_si256(hi[j], at(4 + j as i32));
+                        }
                     }
                 }
                 (dw, mins, lo, hi)
