@@ -18,8 +18,13 @@
 //!   fifth bits with one shift and one mask;
 //! - Q4_K: three chunks of its 12 bytes of 6-bit scales and mins, then 32 chunks of quants
 //!   (quant byte 32k + i holds weight 64k + i in its low nibble and 64k + 32 + i in its high);
-//! - Q6_K: its d first like the others' fields, then its 208 other bytes in their order: 32
-//!   chunks of `ql`, 16 of `qh`, four of the sixteen int8 scales.
+//! - Q6_K: its d first like the others' fields, then 48 chunks of its six-bit quants
+//!   reassembled at load ([`six_bit_lanes`]), then four of its sixteen int8 scales. For each
+//!   half n of the super-block and each chunk j of a 32-weight block, three chunks s = 0, 1, 2
+//!   (chunk 3(8n + j) + s): byte i of row r's four holds weight 4j + i of block 4n + s in its
+//!   low six bits and two bits of the same weight of block 4n + 3 in its top two (bits 4–5,
+//!   2–3, 0–1 for s = 0, 1, 2), so a kernel takes three blocks' quants with one mask each and
+//!   the fourth's with three shifts, three masks and two ors.
 //!
 //! The group blocks are laid out for a product that reads the matrix in column tiles of
 //! [`TILE_COLS`]: groups in batches of [`BATCH_GROUPS`], and within a batch tile after tile,
@@ -79,6 +84,14 @@ impl Interleaved {
                 let o = block_offset((groups, nb, tile, GROUP_ROWS * bb), g, b);
                 for r in 0..GROUP_ROWS {
                     let blk = &src[(g * GROUP_ROWS + r) * rb + bb * b..][..bb];
+                    let lanes;
+                    let blk = match w.dtype {
+                        DType::Q6_K => {
+                            lanes = six_bit_lanes(blk);
+                            &lanes[..]
+                        }
+                        _ => blk,
+                    };
                     for (f, &at) in f16.iter().enumerate() {
                         data[o + 16 * f + 2 * r..][..2].copy_from_slice(&blk[at..at + 2]);
                     }
@@ -213,6 +226,10 @@ impl Interleaved {
                     let bits = fifth_bits_from_lanes(c.try_into().expect("32 bytes"));
                     blk[rest.start..][..4].copy_from_slice(&bits[4 * i..4 * i + 4]);
                 }
+                if self.dtype == DType::Q6_K {
+                    let natural = six_bit_lanes_back(blk);
+                    blk.copy_from_slice(&natural);
+                }
             }
         }
     }
@@ -257,6 +274,45 @@ fn has_layout(dtype: DType) -> bool {
             | DType::Q4_K
             | DType::Q6_K
     )
+}
+
+/// A Q6_K block's bytes with its `ql` and `qh` (bytes 0..192) reassembled as the layout's
+/// chunks of six-bit quants (see the module docs), its scales and d where they were.
+fn six_bit_lanes(blk: &[u8]) -> Vec<u8> {
+    let mut quant = [0u8; 256];
+    for (w, q) in quant.iter_mut().enumerate() {
+        let (n, k, l) = (w / 128, w % 128 / 32, w % 32);
+        let low = (blk[64 * n + 32 * (k % 2) + l] >> (4 * (k / 2))) & 0x0F;
+        let high = (blk[128 + 32 * n + l] >> (2 * k)) & 3;
+        *q = low | high << 4;
+    }
+    let mut out = blk.to_vec();
+    for (c, chunk) in out[..192].chunks_exact_mut(4).enumerate() {
+        let (n, j, s) = (c / 24, c % 24 / 3, c % 3);
+        for (i, byte) in chunk.iter_mut().enumerate() {
+            let l = 128 * n + 4 * j + i;
+            let top = quant[l + 96] >> (4 - 2 * s) & 3;
+            *byte = quant[l + 32 * s] | top << 6;
+        }
+    }
+    out
+}
+
+/// The inverse of [`six_bit_lanes`]: the block's `ql` and `qh` back from its chunks.
+fn six_bit_lanes_back(lanes: &[u8]) -> Vec<u8> {
+    let mut out = lanes.to_vec();
+    out[..192].fill(0);
+    for (c, chunk) in lanes[..192].chunks_exact(4).enumerate() {
+        let (n, j, s) = (c / 24, c % 24 / 3, c % 3);
+        for (i, &byte) in chunk.iter().enumerate() {
+            let l = 4 * j + i;
+            for (k, q) in [(s, byte & 0x3F), (3, (byte >> 6) << (4 - 2 * s))] {
+                out[64 * n + 32 * (k % 2) + l] |= (q & 0x0F) << (4 * (k / 2));
+                out[128 + 32 * n + l] |= (q >> 4) << (2 * k);
+            }
+        }
+    }
+    out
 }
 
 /// Whether `dtype`'s first chunk is of fifth bits (Q5_0, Q5_1), stored transposed.

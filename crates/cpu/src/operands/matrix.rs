@@ -16,7 +16,7 @@ use super::interleaved::Interleaved;
 pub enum Matrix {
     /// The file's rows, row r at byte r · row_bytes.
     Rows(Weight),
-    /// Rows interleaved by eight (Q4_0, Q4_1).
+    /// Rows interleaved by eight (the formats [`Interleaved`] has a layout for).
     Interleaved(Arc<Interleaved>, Arc<OnceLock<Weight>>),
 }
 

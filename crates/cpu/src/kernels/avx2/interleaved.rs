@@ -19,9 +19,10 @@
 //! - Q4_K: the nibbles likewise, each 32-weight sub-block's integer dot apart (x's blocks of 32
 //!   are its sub-blocks), scaled by d·sc; the eight rows' 6-bit scales and mins are unpacked
 //!   once per super-block for all tokens, the mins (dmin·m) against x's block sums.
-//! - Q6_K: its six-bit quants assembled from `ql` and `qh` as unsigned bytes (0..64), its −32
-//!   as the start value (four times Q4_0's), each 16-weight sub-block's dot apart, scaled by
-//!   d·sc (its int8 scales sign-extended once per super-block).
+//! - Q6_K: its six-bit quants as unsigned bytes (0..64), reassembled at load so that three of
+//!   four blocks take one mask each and the fourth three shifts, its −32 as the start value
+//!   (four times Q4_0's), each 16-weight sub-block's dot apart, scaled by d·sc (its int8 scales
+//!   sign-extended once per super-block).
 //!
 //! The kernels are written once over the instruction set's byte dot and the format, as
 //! `super::int8_rows`, and reached through one table per numerics ([`kernel_i16`],
@@ -404,9 +405,13 @@ macro_rules! interleaved_kernels {
                 // caller.
                 unsafe {
                     let p = g.add((sb - blocks.0) * K6_GROUP_BLOCK);
+                    let mut half = [[_mm256_setzero_si256(); 8]; 4];
                     let f = k6_factors(p);
                     for m in 0..8 {
-                        let q = k6_quants(p, m);
+                        if m % 4 == 0 {
+                            half = k6_quants(p, m / 4);
+                        }
+                        let q = &half[m % 4];
                         let b = 8 * sb + m;
                         for ((xq, st), a) in xs.iter().zip(&st).zip(acc.iter_mut()) {
                             let (xh, xl) =
@@ -455,9 +460,13 @@ macro_rules! interleaved_kernels {
                 // caller.
                 unsafe {
                     let p = g.add((sb - blocks.0) * K6_GROUP_BLOCK);
+                    let mut half = [[_mm256_setzero_si256(); 8]; 4];
                     let f = k6_factors(p);
                     for m in 0..8 {
-                        let q = k6_quants(p, m);
+                        if m % 4 == 0 {
+                            half = k6_quants(p, m / 4);
+                        }
+                        let q = &half[m % 4];
                         let b = 8 * sb + m;
                         for ((x, st), a) in xs.iter().zip(&st).zip(acc.iter_mut()) {
                             let xq = x.q.as_ptr().add(32 * b);
@@ -502,34 +511,31 @@ macro_rules! interleaved_kernels {
             f
         }
 
-        /// A Q6_K group super-block's quants (0..64, the −32 not applied) of its 32-weight
-        /// block m, eight chunks (chunk j: each row's weights 4j..4j + 4 of the block): of
-        /// weights 128n + 32k + l (m = 4n + k), the low bits from `ql` byte 64n + 32(k % 2) + l
-        /// (its high nibble where k ≥ 2), the high two from bits 2k of `qh` byte 32n + l.
+        /// A Q6_K group super-block's quants (0..64, the −32 not applied) of its half n: of its
+        /// blocks 4n + k, eight chunks each (chunk j: each row's weights 4j..4j + 4 of the
+        /// block), from the layout's three chunks per j (`crate::operands::interleaved`): blocks
+        /// 4n..4n + 3 in their low six bits, block 4n + 3 two bits in the top of each.
         ///
         /// # Safety
         /// The group super-block readable at `p`; the CPU has `$feat`.
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn k6_quants(p: *const u8, m: usize) -> [__m256i; 8] {
-            let (n, k) = (m / 4, m % 4);
-            let (m4, m2) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x03));
-            let (low_shift, high_shift) = (
-                _mm_cvtsi32_si128(4 * (k / 2) as i32),
-                _mm_cvtsi32_si128(2 * k as i32),
-            );
-            let mut q = [_mm256_setzero_si256(); 8];
-            for (j, qj) in q.iter_mut().enumerate() {
-                // SAFETY: chunks of `ql` (0..32) and `qh` (32..48), per the caller.
-                let (l, h) = unsafe {
-                    (
-                        _mm256_loadu_si256(p.add(16 + 32 * (16 * n + 8 * (k % 2) + j)).cast()),
-                        _mm256_loadu_si256(p.add(16 + 32 * (32 + 8 * n + j)).cast()),
-                    )
-                };
-                let low = _mm256_and_si256(_mm256_srl_epi16(l, low_shift), m4);
-                let high = _mm256_and_si256(_mm256_srl_epi16(h, high_shift), m2);
-                *qj = _mm256_or_si256(low, _mm256_slli_epi16::<4>(high));
+        unsafe fn k6_quants(p: *const u8, n: usize) -> [[__m256i; 8]; 4] {
+            let low6 = _mm256_set1_epi8(0x3F);
+            let top = [0x30, 0x0C, 0x03].map(|t| _mm256_set1_epi8(t));
+            let mut q = [[_mm256_setzero_si256(); 8]; 4];
+            for j in 0..8 {
+                // SAFETY: chunks 3(8n + j)..3(8n + j) + 3 of the quants, per the caller.
+                let v = [0, 1, 2].map(|s| unsafe {
+                    _mm256_loadu_si256(p.add(16 + 32 * (3 * (8 * n + j) + s)).cast())
+                });
+                for s in 0..3 {
+                    q[s][j] = _mm256_and_si256(v[s], low6);
+                }
+                let t0 = _mm256_and_si256(_mm256_srli_epi16::<2>(v[0]), top[0]);
+                let t1 = _mm256_and_si256(_mm256_srli_epi16::<4>(v[1]), top[1]);
+                let t2 = _mm256_and_si256(_mm256_srli_epi16::<6>(v[2]), top[2]);
+                q[3][j] = _mm256_or_si256(_mm256_or_si256(t0, t1), t2);
             }
             q
         }
