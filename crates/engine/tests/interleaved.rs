@@ -1,8 +1,8 @@
-//! The engine on rows interleaved at load (Q4_0, Q5_0, Q8_0, Q4_K and Q6_K models): which matrices each layout choice
-//! interleaves, the same function as the file's rows (batched products bit for bit, one-token
-//! steps within the f32 roundings), verification rows and parallel slots bit-identical to
-//! one-token steps on every interleaved matrix, and the sparse modes reading an interleaved
-//! FFN's rows through the copy gathered on first use.
+//! The engine on rows interleaved at load (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K models): which
+//! matrices each layout choice interleaves, the same function as the file's rows (batched
+//! products bit for bit, one-token steps within the f32 roundings), verification rows and
+//! parallel slots bit-identical to one-token steps on every interleaved matrix, and the sparse
+//! modes reading an interleaved FFN's rows through the copy gathered on first use.
 
 mod common;
 
@@ -15,11 +15,12 @@ use powerinfer_engine::{Layouts, ModelWeights, Session, Sparsity};
 
 /// The interleaved formats the model-level tests run on (Q4_1 and Q5_1 are Q4_0's and Q5_0's
 /// kernels with mins).
-const FORMATS: [DType; 5] = [
+const FORMATS: [DType; 6] = [
     DType::Q4_0,
     DType::Q5_0,
     DType::Q8_0,
     DType::Q4_K,
+    DType::Q5_K,
     DType::Q6_K,
 ];
 
@@ -218,7 +219,7 @@ fn the_load_says_beforehand_what_it_repacks() {
     assert!(!Layouts::DEFAULT.repacks("blk.2.ffn_up", q(DType::Q4_0, 64)));
     assert!(Layouts::DENSE.repacks("blk.2.attn_q", q(DType::Q8_0, 64)));
     assert!(Layouts::DENSE.repacks("blk.2.attn_q", q(DType::Q5_0, 64)));
-    assert!(!Layouts::DENSE.repacks("blk.2.attn_q", q(DType::Q5_K, 64)));
+    assert!(!Layouts::DENSE.repacks("blk.2.attn_q", q(DType::Q3_K, 64)));
     assert!(!Layouts::DENSE.repacks("blk.2.attn_q", q(DType::Q4_0, 4)));
     assert!(!Layouts::DENSE.repacks("blk.2.ffn_norm", q(DType::Q4_0, 64)));
 }

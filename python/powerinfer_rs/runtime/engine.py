@@ -348,8 +348,8 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
     def tensor_layout(self, name: str) -> str:
         """How the engine keeps tensor ``name``'s rows: ``"rows"`` (the file's layout, read
         from the file's map or copied) or ``"interleaved"`` (the whole-matrix products'
-        matrices in Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q6_K, the attention's and the head's, and
-        the FFN's on a dense CPU engine: rows interleaved by eight at load, in place of the
+        matrices in Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K, the attention's and the head's,
+        and the FFN's on a dense CPU engine: rows interleaved by eight at load, in place of the
         file's layout, so one 32-byte load feeds eight rows); KeyError for a name the engine
         holds no matrix under."""
         if not isinstance(name, str):

@@ -1,13 +1,15 @@
-//! A Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K or Q6_K weight with its rows interleaved by [`GROUP_ROWS`]
-//! ([`Interleaved`]): the same bytes rearranged so that one 32-byte load holds four quant bytes of each of eight
-//! rows, and one 16-byte load the eight rows' scales of a block. A byte dot against a broadcast word of x then
-//! advances eight rows at once (rows in the vector's lanes), the scales are converted once per
-//! eight rows, and no row needs a horizontal sum: the layout of ik_llama.cpp's `_R8` types
-//! (ikawrakow/ik_llama.cpp PRs #118–#141), written here from the GGUF block layout.
+//! A Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K weight with its rows interleaved by
+//! [`GROUP_ROWS`] ([`Interleaved`]): the same bytes rearranged so that one 32-byte load holds
+//! four quant bytes of each of eight rows, and one 16-byte load the eight rows' scales of a
+//! block. A byte dot against a broadcast word of x then advances eight rows at once (rows in
+//! the vector's lanes), the scales are converted once per eight rows, and no row needs a
+//! horizontal sum: the layout of ik_llama.cpp's `_R8` types (ikawrakow/ik_llama.cpp PRs
+//! #118–#141), written here from the GGUF block layout.
 //!
-//! Per group of eight rows and per block b (of 32 weights; the K-quants' of 256; eight blocks' bytes):
-//! the eight rows' f16 scales d (row r at 2r), for Q4_1 then their f16 mins m (Q4_K: its dmin),
-//! then chunks j of 32 bytes, row r's block bytes 4j..4j + 4 after its f16 fields at 32j + 4r:
+//! Per group of eight rows and per block b (of 32 weights; the K-quants' of 256; eight blocks'
+//! bytes): the eight rows' f16 scales d (row r at 2r), for Q4_1 and Q5_1 then their f16 mins m
+//! (Q4_K's and Q5_K's: dmin), then chunks j of 32 bytes, row r's block bytes 4j..4j + 4 after
+//! its f16 fields at 32j + 4r:
 //! - Q4_0, Q4_1: four chunks of quants (byte i holds weight i in its low nibble and weight
 //!   i + 16 in its high one);
 //! - Q8_0: eight chunks, byte i weight i;
@@ -18,6 +20,9 @@
 //!   fifth bits with one shift and one mask;
 //! - Q4_K: three chunks of its 12 bytes of 6-bit scales and mins, then 32 chunks of quants
 //!   (quant byte 32k + i holds weight 64k + i in its low nibble and 64k + 32 + i in its high);
+//! - Q5_K: Q4_K's three chunks of scale bytes, then eight of its `qh` (bit s of a byte: the
+//!   fifth bit of sub-block s's weight at that byte's place in chunk j's quants), then its 32
+//!   chunks of quants;
 //! - Q6_K: its d first like the others' fields, then 48 chunks of its six-bit quants
 //!   reassembled at load ([`six_bit_lanes`]), then four of its sixteen int8 scales. For each
 //!   half n of the super-block and each chunk j of a 32-weight block, three chunks s = 0, 1, 2
@@ -58,12 +63,13 @@ pub struct Interleaved {
 
 impl Interleaved {
     /// `w` with its rows interleaved (its bytes copied once, rearranged); `Unsupported` for a
-    /// format without an interleaved layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K so far).
+    /// format without an interleaved layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K
+    /// so far).
     pub fn new(w: &Weight) -> Result<Interleaved> {
         ensure!(
             has_layout(w.dtype),
             Unsupported,
-            "interleaved rows: {} has no interleaved layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K only)",
+            "interleaved rows: {} has no interleaved layout (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K only)",
             w.dtype
         );
         crate::check::weight_bytes(w)?;
@@ -117,8 +123,8 @@ impl Interleaved {
         })
     }
 
-    /// Whether `w` has an interleaved layout here (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K or Q6_K, at least
-    /// one whole group).
+    /// Whether `w` has an interleaved layout here (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or
+    /// Q6_K, at least one whole group).
     pub fn fits(w: &Weight) -> bool {
         Interleaved::fits_shape(w.into())
     }
@@ -272,6 +278,7 @@ fn has_layout(dtype: DType) -> bool {
             | DType::Q5_1
             | DType::Q8_0
             | DType::Q4_K
+            | DType::Q5_K
             | DType::Q6_K
     )
 }

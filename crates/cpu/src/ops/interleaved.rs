@@ -153,13 +153,14 @@ mod tests {
     use powerinfer_core::DType;
 
     /// The formats with an interleaved layout.
-    const FORMATS: [DType; 7] = [
+    const FORMATS: [DType; 8] = [
         DType::Q4_0,
         DType::Q4_1,
         DType::Q5_0,
         DType::Q5_1,
         DType::Q8_0,
         DType::Q4_K,
+        DType::Q5_K,
         DType::Q6_K,
     ];
 
@@ -185,7 +186,7 @@ mod tests {
                 }
             }
         }
-        let f = random_weight(&mut rng, DType::Q5_K, 8, 256);
+        let f = random_weight(&mut rng, DType::Q3_K, 8, 256);
         assert!(matches!(
             Interleaved::new(&f),
             Err(powerinfer_core::Error::Unsupported(_))
@@ -245,13 +246,14 @@ mod tests {
     }
 
     /// Σ_b |m_b|·|Σx_b − Σx̂_b| over a row's 32-weight blocks, m_b the block's weight at zero
-    /// quants (Q4_1's and Q5_1's min, Q4_K's −dmin·m; zero for the formats without mins), plus the f32
+    /// quants (Q4_1's and Q5_1's min, Q4_K's and Q5_K's −dmin·m; zero for the formats without mins), plus the f32
     /// rounding of the sums.
     fn min_gap(dtype: DType, row: &[u8], x: &[f32], seen: &[f32]) -> f64 {
         let quants = match dtype {
             DType::Q4_1 => 4..20,
             DType::Q5_1 => 4..24,
             DType::Q4_K => 16..144,
+            DType::Q5_K => 16..176,
             _ => return 0.0,
         };
         let mut zeroed = row.to_vec();
@@ -308,6 +310,7 @@ mod tests {
                     (DType::Q6_K, 27, 5, None),
                     (DType::Q5_0, 21, 4, None),
                     (DType::Q5_1, 16, 3, Some(2)),
+                    (DType::Q5_K, 17, 4, None),
                 ] {
                     let cols = 3 * dtype.block_size();
                     let il = Interleaved::new(&random_weight(&mut rng, dtype, rows, cols)).unwrap();

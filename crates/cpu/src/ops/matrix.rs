@@ -123,7 +123,8 @@ mod tests {
             (DType::Q6_K, 17, 256, true),
             (DType::Q5_0, 16, 64, true),
             (DType::Q5_1, 11, 96, true),
-            (DType::Q5_K, 16, 256, false),
+            (DType::Q5_K, 16, 256, true),
+            (DType::Q3_K, 16, 256, false),
             (DType::F16, 16, 64, false),
         ] {
             let w = random_weight(&mut rng, dtype, rows, cols);

@@ -1,4 +1,4 @@
-//! Dot products of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K and Q6_K rows interleaved by eight
+//! Dot products of Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K rows interleaved by eight
 //! (`crate::operands::interleaved`) with quantized x: the eight rows of a group sit in the eight
 //! i32 lanes of every integer dot, each against one broadcast word of x, so a block costs a
 //! handful of dots, one scale conversion and one or two FMAs for eight rows, and no horizontal
@@ -19,6 +19,8 @@
 //! - Q4_K: the nibbles likewise, each 32-weight sub-block's integer dot apart (x's blocks of 32
 //!   are its sub-blocks), scaled by d·sc; the eight rows' 6-bit scales and mins are unpacked
 //!   once per super-block for all tokens, the mins (dmin·m) against x's block sums.
+//! - Q5_K: as Q4_K, each quant's fifth bit from bit s (its sub-block) of a `qh` byte, which the
+//!   file's layout already keeps where one shift and one mask take it.
 //! - Q6_K: its six-bit quants as unsigned bytes (0..64), reassembled at load so that three of
 //!   four blocks take one mask each and the fourth three shifts, its −32 as the start value
 //!   (four times Q4_0's), each 16-weight sub-block's dot apart, scaled by d·sc (its int8 scales
@@ -46,6 +48,10 @@ pub(crate) mod fmt {
     pub(crate) const Q5_0: u8 = 3;
     /// Q5_1.
     pub(crate) const Q5_1: u8 = 4;
+    /// Q4_K.
+    pub(crate) const Q4_K: u8 = 5;
+    /// Q5_K.
+    pub(crate) const Q5_K: u8 = 6;
 }
 
 /// A group kernel for `T` tokens of the x `X`: the eight rows of a group dotted with each
@@ -89,8 +95,10 @@ pub(crate) fn kernel_i16<const T: usize>(
         (DType::Q5_0, false) => avx2::group_i16::<Q5_0, T>,
         (DType::Q5_1, false) => avx2::group_i16::<Q5_1, T>,
         (DType::Q8_0, false) => avx2::q8_group_i16::<T>,
-        (DType::Q4_K, true) => vnni::k4_group_i16::<T>,
-        (DType::Q4_K, false) => avx2::k4_group_i16::<T>,
+        (DType::Q4_K, true) => vnni::k4_group_i16::<Q4_K, T>,
+        (DType::Q5_K, true) => vnni::k4_group_i16::<Q5_K, T>,
+        (DType::Q4_K, false) => avx2::k4_group_i16::<Q4_K, T>,
+        (DType::Q5_K, false) => avx2::k4_group_i16::<Q5_K, T>,
         (DType::Q6_K, true) => vnni::k6_group_i16::<T>,
         (DType::Q6_K, false) => avx2::k6_group_i16::<T>,
         _ => return None,
@@ -111,8 +119,10 @@ pub(crate) fn kernel_i8<const T: usize>(dtype: DType, wide: bool) -> Option<Grou
         (DType::Q5_0, false) => avx2::group_i8::<Q5_0, T>,
         (DType::Q5_1, false) => avx2::group_i8::<Q5_1, T>,
         (DType::Q8_0, false) => avx2::q8_group_i8::<T>,
-        (DType::Q4_K, true) => vnni::k4_group_i8::<T>,
-        (DType::Q4_K, false) => avx2::k4_group_i8::<T>,
+        (DType::Q4_K, true) => vnni::k4_group_i8::<Q4_K, T>,
+        (DType::Q5_K, true) => vnni::k4_group_i8::<Q5_K, T>,
+        (DType::Q4_K, false) => avx2::k4_group_i8::<Q4_K, T>,
+        (DType::Q5_K, false) => avx2::k4_group_i8::<Q5_K, T>,
         (DType::Q6_K, true) => vnni::k6_group_i8::<T>,
         (DType::Q6_K, false) => avx2::k6_group_i8::<T>,
         _ => return None,
@@ -171,8 +181,14 @@ const fn start_mul<const F: u8>() -> i32 {
     }
 }
 
-/// Bytes of a Q4_K group super-block (eight rows' 144).
-const K4_GROUP_BLOCK: usize = 8 * 144;
+/// Bytes of a Q4_K or Q5_K group super-block (eight rows' 144 or 176).
+#[inline(always)]
+const fn k_group_block<const F: u8>() -> usize {
+    match F {
+        fmt::Q5_K => 8 * 176,
+        _ => 8 * 144,
+    }
+}
 /// Bytes of a Q6_K group super-block (eight rows' 210).
 const K6_GROUP_BLOCK: usize = 8 * 210;
 
@@ -290,7 +306,7 @@ macro_rules! interleaved_kernels {
         /// As for `group_i16`.
         #[inline]
         #[target_feature(enable = $feat)]
-        pub(crate) unsafe fn k4_group_i16<const T: usize>(
+        pub(crate) unsafe fn k4_group_i16<const F: u8, const T: usize>(
             g: *const u8,
             blocks: (usize, usize),
             xs: [&XQuant; T],
@@ -301,10 +317,10 @@ macro_rules! interleaved_kernels {
                 // SAFETY: super-block sb of the group, and of every x, are readable per the
                 // caller.
                 unsafe {
-                    let p = g.add((sb - blocks.0) * K4_GROUP_BLOCK);
+                    let p = g.add((sb - blocks.0) * k_group_block::<F>());
                     let (fs, fm) = k4_factors(p);
                     for k in 0..4 {
-                        let q = k4_quants(p, k);
+                        let q = k4_quants::<F>(p, k);
                         for (xq, a) in xs.iter().zip(acc.iter_mut()) {
                             for (h, q) in q.iter().enumerate() {
                                 let (s, b) = (2 * k + h, 8 * sb + 2 * k + h);
@@ -342,7 +358,7 @@ macro_rules! interleaved_kernels {
         /// As for `group_i16`.
         #[inline]
         #[target_feature(enable = $feat)]
-        pub(crate) unsafe fn k4_group_i8<const T: usize>(
+        pub(crate) unsafe fn k4_group_i8<const F: u8, const T: usize>(
             g: *const u8,
             blocks: (usize, usize),
             xs: [&X8; T],
@@ -353,10 +369,10 @@ macro_rules! interleaved_kernels {
                 // SAFETY: super-block sb of the group, and of every x, are readable per the
                 // caller.
                 unsafe {
-                    let p = g.add((sb - blocks.0) * K4_GROUP_BLOCK);
+                    let p = g.add((sb - blocks.0) * k_group_block::<F>());
                     let (fs, fm) = k4_factors(p);
                     for k in 0..4 {
-                        let q = k4_quants(p, k);
+                        let q = k4_quants::<F>(p, k);
                         for (x, a) in xs.iter().zip(acc.iter_mut()) {
                             for (h, q) in q.iter().enumerate() {
                                 let (s, b) = (2 * k + h, 8 * sb + 2 * k + h);
@@ -578,31 +594,46 @@ macro_rules! interleaved_kernels {
             )
         }
 
-        /// A Q4_K group super-block's quants of weights 64k..64k + 64: its sub-block 2k (the
-        /// low nibbles) and 2k + 1 (the high ones), eight chunks each (chunk j: each row's
-        /// weights 4j..4j + 4 of the sub-block).
+        /// A Q4_K or Q5_K (`F`) group super-block's quants of weights 64k..64k + 64: its
+        /// sub-block 2k (the low nibbles) and 2k + 1 (the high ones), eight chunks each (chunk
+        /// j: each row's weights 4j..4j + 4 of the sub-block); Q5_K's with their fifth bits
+        /// from its `qh` chunks.
         ///
         /// # Safety
         /// The group super-block readable at `p`; the CPU has `$feat`.
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn k4_quants(p: *const u8, k: usize) -> [[__m256i; 8]; 2] {
-            let m = _mm256_set1_epi8(0x0F);
+        unsafe fn k4_quants<const F: u8>(p: *const u8, k: usize) -> [[__m256i; 8]; 2] {
+            let (m, t) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
+            let qs = if F == fmt::Q5_K { 128 + 256 } else { 128 };
             let mut q = [[_mm256_setzero_si256(); 8]; 2];
             for j in 0..8 {
                 // SAFETY: chunk 8k + j of the quants, per the caller.
-                let v = unsafe { _mm256_loadu_si256(p.add(128 + 32 * (8 * k + j)).cast()) };
+                let v = unsafe { _mm256_loadu_si256(p.add(qs + 32 * (8 * k + j)).cast()) };
                 q[0][j] = _mm256_and_si256(v, m);
                 q[1][j] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
+                if F == fmt::Q5_K {
+                    // Bit s of qh chunk j's bytes: sub-block s's fifth bits, to bit 4.
+                    // SAFETY: qh chunk j, per the caller.
+                    let h = unsafe { _mm256_loadu_si256(p.add(128 + 32 * j).cast()) };
+                    for (e, qe) in q.iter_mut().enumerate() {
+                        let s = (2 * k + e) as i32;
+                        let v = match s {
+                            0..4 => _mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - s)),
+                            _ => _mm256_srl_epi16(h, _mm_cvtsi32_si128(s - 4)),
+                        };
+                        qe[j] = _mm256_or_si256(qe[j], _mm256_and_si256(v, t));
+                    }
+                }
             }
             q
         }
 
-        /// Group block `b` at `g` (format `F`): its eight rows' scales, their mins (Q4_1, Q5_1; else
-        /// zeros), and its quants as four 32-byte chunks of weights 0..16 (`lo`) and of weights
-        /// 16..32 (`hi`), chunk j holding each row's weights 4j..4j + 4 (of its half) as
-        /// unsigned bytes: the nibbles (with their fifth bits for Q5_0 and Q5_1), or Q8_0's
-        /// quants + 128.
+        /// Group block `b` at `g` (format `F`): its eight rows' scales, their mins (Q4_1,
+        /// Q5_1; else zeros), and its quants as four 32-byte chunks of weights 0..16 (`lo`) and
+        /// of weights 16..32 (`hi`), chunk j holding each row's weights 4j..4j + 4 (of its
+        /// half) as unsigned bytes: the nibbles (with their fifth bits for Q5_0 and Q5_1), or
+        /// Q8_0's quants + 128.
         ///
         /// # Safety
         /// Block b of the group readable at `g`; the CPU has `$feat`.
