@@ -606,6 +606,7 @@ macro_rules! interleaved_kernels {
         unsafe fn k4_quants<const F: u8>(p: *const u8, k: usize) -> [[__m256i; 8]; 2] {
             let (m, t) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
             let qs = if F == fmt::Q5_K { 128 + 256 } else { 128 };
+            let down = _mm_cvtsi32_si128(2 * k as i32);
             let mut q = [[_mm256_setzero_si256(); 8]; 2];
             for j in 0..8 {
                 // SAFETY: chunk 8k + j of the quants, per the caller.
@@ -613,17 +614,16 @@ macro_rules! interleaved_kernels {
                 q[0][j] = _mm256_and_si256(v, m);
                 q[1][j] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), m);
                 if F == fmt::Q5_K {
-                    // Bit s of qh chunk j's bytes: sub-block s's fifth bits, to bit 4.
+                    // Bits 2k and 2k + 1 of qh chunk j's bytes: sub-blocks 2k and 2k + 1's
+                    // fifth bits, brought down to bits 0 and 1 (the 16-bit shift carries no
+                    // bit there from the other byte), then to bit 4.
                     // SAFETY: qh chunk j, per the caller.
                     let h = unsafe { _mm256_loadu_si256(p.add(128 + 32 * j).cast()) };
-                    for (e, qe) in q.iter_mut().enumerate() {
-                        let s = (2 * k + e) as i32;
-                        let v = match s {
-                            0..4 => _mm256_sll_epi16(h, _mm_cvtsi32_si128(4 - s)),
-                            _ => _mm256_srl_epi16(h, _mm_cvtsi32_si128(s - 4)),
-                        };
-                        qe[j] = _mm256_or_si256(qe[j], _mm256_and_si256(v, t));
-                    }
+                    let h = _mm256_srl_epi16(h, down);
+                    q[0][j] =
+                        _mm256_or_si256(q[0][j], _mm256_and_si256(_mm256_slli_epi16::<4>(h), t));
+                    q[1][j] =
+                        _mm256_or_si256(q[1][j], _mm256_and_si256(_mm256_slli_epi16::<3>(h), t));
                 }
             }
             q
