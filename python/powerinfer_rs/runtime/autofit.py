@@ -19,6 +19,12 @@ KV-cache precision and the package version, with ``prepared.json`` written last:
 it is complete and is reused at once (``refresh`` rebuilds it). ``--model DIR`` and ``--plan
 DIR`` accept such a directory (:func:`read_prepared`).
 
+The stages run in a working directory beside the target (``.NAME.part-PID-N``), which replaces
+the target only once whole, under a lock per target (``<cache>/prepare-locks``, ``flock``): a
+second preparation of the same model and budget started meanwhile (a second server, a second
+command) waits for the first and reuses its result, and a preparation that dies (killed, out of
+disk) leaves only its working directory, which the next one removes before it prepares again.
+
 The profiled tokens shrink with the model's size (:func:`stage_tokens`), so that a 7B model is
 ready in minutes: the stages read every weight once per token window, and what is learnt from
 the first thousand tokens changes little after.
@@ -276,20 +282,52 @@ def prepare(
         "pipeline": PIPELINE_REVISION,
         "tokens": [cal_tokens, prof_tokens],
     }
-    d = Path(out) if out is not None else prepared_root() / _key(parts)
+    final = Path(out) if out is not None else prepared_root() / _key(parts)
     if not refresh:
-        done, why = reusable(d, parts, path)
+        done, why = reusable(final, parts, path)
         if done is not None:
             return done
+    with _preparing(final) as d:
+        # Another preparation of this directory may have finished while this one waited.
+        done, why = reusable(final, parts, path)
+        if done is not None and not refresh:
+            return done
         if why is not None:
-            print(f"auto-fit: {d}: {why}; preparing it again", file=sys.stderr)
-    try:
-        if out is None and d.is_dir():  # the cache's own directory: nothing of it is kept
-            shutil.rmtree(d)
-        d.mkdir(parents=True, exist_ok=True)
-        (d / MANIFEST).unlink(missing_ok=True)
-    except OSError as e:
-        raise PlanError(f"auto-fit: cannot prepare into {d}: {e}") from None
+            print(f"auto-fit: {final}: {why}; preparing it again", file=sys.stderr)
+        _run_stages(d, path, loaded, own, relu, budget_text, hardware, hw_name, ctx,
+                    kv_cache, parts, threads, quiet)  # fmt: skip
+        _put_in_place(d, final, own_dir=out is None)
+    total = sum(load_manifest(final)["seconds"].values())
+    budget_note = "" if budget_text is None else f", budget {format_bytes(_budget_of(final))}"
+    steps = ", ".join(f"{k} {v:.1f} s" for k, v in load_manifest(final)["seconds"].items())
+    print(
+        f"auto-fit: prepared in {total:.1f} s ({steps}){budget_note}; cached in {final}",
+        file=sys.stderr,
+    )
+    result = read_prepared(final)
+    assert result is not None
+    result.model = path
+    return result
+
+
+def _run_stages(
+    d: Path,
+    path: str,
+    loaded: Any,
+    own: bool,
+    relu: bool,
+    budget_text: str | None,
+    hardware: str | None,
+    hw_name: str,
+    ctx: int,
+    kv_cache: str,
+    parts: dict[str, Any],
+    threads: int,
+    quiet: bool,
+) -> None:
+    """Run the stages of the module doc into the empty directory ``d``, its manifest last."""
+    cfg = loaded.config
+    cal_tokens, prof_tokens = parts["tokens"]
     corpus = str(CORPUS)
     common = ["--model", path]
     run = ["--threads", str(threads)]
@@ -355,17 +393,78 @@ def prepare(
         "corpus": "data/calibration.txt (Python 3.11 documentation, PSF License)",
     }
     write_manifest(d, manifest)
-    total = sum(timings.values())
-    budget_note = "" if budget_text is None else f", budget {format_bytes(_budget_of(d))}"
-    steps = ", ".join(f"{k} {v:.1f} s" for k, v in timings.items())
-    print(
-        f"auto-fit: prepared in {total:.1f} s ({steps}){budget_note}; cached in {d}",
-        file=sys.stderr,
-    )
-    result = read_prepared(d)
-    assert result is not None
-    result.model = path
-    return result
+
+
+#: Prefix of a preparation's working directory beside its target (``.NAME.part-PID-N``).
+PART = ".part-"
+
+
+@contextlib.contextmanager
+def _preparing(final: Path):
+    """Hold the lock of ``final`` (a file under the cache's ``prepare-locks`` named after
+    ``final``'s absolute path, ``fcntl.flock``: a second preparation waits, saying so, and then
+    finds the first one's result) and yield an empty
+    working directory beside it, removed afterwards whatever happens. Working directories left
+    by a preparation that died (killed mid-way) are removed first: none is ever taken for
+    ``final``, which only a whole preparation replaces."""
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        if final.exists() and not final.is_dir():
+            raise NotADirectoryError(f"{final} is not a directory")
+        locks = prepared_root().parent / "prepare-locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        name = hashlib.sha256(str(final.resolve()).encode()).hexdigest()[:24]
+        lock = open(locks / f"{name}.lock", "a+b")  # noqa: SIM115 (held below)
+    except OSError as e:
+        raise PlanError(f"auto-fit: cannot prepare into {final}: {e}") from None
+    with lock:
+        try:
+            import fcntl
+        except ImportError:  # no POSIX locks (Windows): one preparation at a time is the user's
+            fcntl = None
+        if fcntl is not None:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                print(f"auto-fit: {final} is being prepared by another process; waiting for it",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                fcntl.flock(lock, fcntl.LOCK_EX)
+        for stale in final.parent.glob(f".{final.name}{PART}*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        work = final.parent / f".{final.name}{PART}{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            work.mkdir()
+        except OSError as e:
+            raise PlanError(f"auto-fit: cannot prepare into {final}: {e}") from None
+        try:
+            yield work
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _put_in_place(work: Path, final: Path, *, own_dir: bool) -> None:
+    """Move the whole preparation in ``work`` to ``final``. The cache's own directory is
+    replaced by a rename (nothing of the old one is kept); a user's ``--out DIR`` keeps its
+    other files, the prepared ones moved in over theirs and the manifest last, so DIR is
+    complete exactly when it has one."""
+    try:
+        if own_dir:
+            if final.is_dir():
+                shutil.rmtree(final)
+            os.replace(work, final)
+            return
+        final.mkdir(parents=True, exist_ok=True)
+        (final / MANIFEST).unlink(missing_ok=True)
+        for src in sorted(work.rglob("*"), key=lambda p: p.name == MANIFEST):
+            dst = final / src.relative_to(work)
+            if src.is_dir():
+                dst.mkdir(parents=True, exist_ok=True)
+            elif src.name != MANIFEST or src.parent != work:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(src, dst)
+        os.replace(work / MANIFEST, final / MANIFEST)
+    except OSError as e:
+        raise PlanError(f"auto-fit: cannot prepare into {final}: {e}") from None
 
 
 #: Bumped when what the stages prepare changes for the same inputs (2: mixtures of experts get
