@@ -183,6 +183,19 @@ def test_every_mode_gives_each_prompt_its_own_text(case, relu, synth_gguf):
         assert pool.batcher.shared_rounds > 0 and pool.batcher.split_rounds == 0
 
 
+def test_a_seed_gives_one_text_beside_other_streams(relu):
+    """Sampled with a seed per request, with speculation off and lookup: each stream's text is
+    the one it gives alone, whatever runs beside it."""
+    eng = Engine(relu, threads=2)
+    for mode in ("off", "lookup"):
+        kw = dict(max_new_tokens=24, temperature=0.9, top_p=0.95, ignore_eos=True, seed=7)
+        kw["speculative"] = mode
+        want = alone(eng, PROMPTS, **kw)
+        with SlotPool(eng, 4, cache_bytes=0, chunk=CHUNK, gather_s=0.05) as pool:
+            assert run_together(pool, PROMPTS, **kw) == want, mode
+            assert pool.batcher.shared_rounds > 0
+
+
 def test_speculative_decoding_runs_per_slot(relu, synth_gguf):
     other = load_model(synth_gguf(dtype="F32", activation="relu", seed=7))
     eng = Engine(relu, threads=2, draft=other)

@@ -27,7 +27,7 @@ from powerinfer_rs.errors import ShapeError, TokenError, UnsupportedError
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.runtime import speculative as spec
 from powerinfer_rs.runtime.draft import DraftMismatchError
-from powerinfer_rs.runtime.sampling import SamplingParams, distribution
+from powerinfer_rs.runtime.sampling import PositionDraws, SamplingParams, distribution, sample
 from powerinfer_rs.runtime.speculative import (
     DEFAULT_SPECULATIVE,
     Draft,
@@ -260,12 +260,14 @@ def test_draft_length_follows_acceptance_and_cost():
 
 
 def test_accept_or_replace_gives_the_target_distribution():
-    """The rule alone, many draws: p from a penalised, tempered, top-k logits row; drafts one-hot
-    (lookup) and drawn from a wrong q (draft model)."""
+    """The rule alone, many positions: p from a penalised, tempered, top-k logits row; drafts
+    one-hot (lookup) and drawn from a wrong q (draft model); each position's token is the one
+    plain sampling draws there, whatever the draft."""
     rng = np.random.default_rng(0)
     logits = rng.normal(size=12).astype(np.float32) * 1.5
     params = SamplingParams(temperature=0.9, top_k=6, top_p=1.0, repetition_penalty=1.3)
-    state = SamplingState(params, rng, seen=[0, 1, 2], counts={})
+    draws = PositionDraws(11)
+    state = SamplingState(params, rng, seen=[0, 1, 2], counts={}, draws=draws)
     ids, p = distribution(logits, params, state.seen, state.counts)
     probs = {int(i): float(x) for i, x in zip(ids, p)}
     draft_onehot = int(ids[1])
@@ -280,17 +282,18 @@ def test_accept_or_replace_gives_the_target_distribution():
     ):
         counts: dict[int, int] = {}
         accepted = 0
-        for _ in range(n):
-            d, qq = draw()
-            t, ok = accept_or_replace(logits, d, qq, state)
+        for i in range(n):
+            d, _ = draw()
+            t, ok = accept_or_replace(logits, d, state, i)
+            assert (t, ok) == (sample(logits, params, draws.at(i), state.seen), t == d)
             accepted += ok
             counts[t] = counts.get(t, 0) + 1
         assert 0 < accepted < n, name
         assert chi2_test(counts, probs, n) > ALPHA, (name, counts, probs)
     greedy = SamplingState(SamplingParams(temperature=0), rng, [], {})
     best = int(np.argmax(logits))
-    assert accept_or_replace(logits, best, None, greedy) == (best, True)
-    assert accept_or_replace(logits, (best + 1) % 12, None, greedy) == (best, False)
+    assert accept_or_replace(logits, best, greedy, 0) == (best, True)
+    assert accept_or_replace(logits, (best + 1) % 12, greedy, 1) == (best, False)
 
 
 def test_decode_many_equals_one_token_steps(relu):
@@ -319,6 +322,39 @@ def test_smollm2_greedy_is_the_same_with_lookup(smol_engine):
     free = eng.format_chat([{"role": "user", "content": FREE}])
     assert_same_greedy(eng, free, max_new_tokens=24)
     assert eng.stats()["speculative"] == "custom"
+
+
+SEEDED = dict(temperature=0.9, top_p=0.95, seed=7)
+
+
+def test_smollm2_a_seed_gives_the_plain_text_with_lookup_drafts(smol_engine):
+    """Sampled (temperature 0.9, top-p 0.95, a seed): lookup drafts are verified and accepted,
+    and the text is the one without speculation, token for token, as "auto" gives."""
+    eng = smol_engine
+    copy = eng.format_chat([{"role": "user", "content": COPY}])
+    want = eng.generate(copy, max_new_tokens=48, speculative="off", **SEEDED)
+    for how in ("auto", "lookup", PromptLookup()):
+        s = eng.stream_tokens(copy, max_new_tokens=48, speculative=how, **SEEDED)
+        assert "".join(step.text for step in s) == want, how
+        if not isinstance(how, str):  # drafts at every step: surely verified
+            assert s.stats.accepted_tokens > 0, s.stats
+    free = eng.format_chat([{"role": "user", "content": FREE}])  # another seed, another text
+    texts = {eng.generate(free, max_new_tokens=32, **dict(SEEDED, seed=s)) for s in (7, 8, 7)}
+    assert len(texts) == 2
+
+
+def test_a_seed_gives_one_text_with_every_drafter(relu, synth_gguf):
+    """A draft model (the weights in Q4_0: its draws at a position are the target's, so most
+    are accepted), lookup and a drafter that is always wrong: the text without speculation."""
+    eng = Engine(relu, threads=2, draft=load_model(synth_gguf(dtype="Q4_0", activation="relu")))
+    kw = dict(SEEDED, max_new_tokens=24, ignore_eos=True, draft_max=4)
+    want = eng.generate(PROMPT, speculative="off", **kw)
+    wrong = Fixed(lambda history, state: ((history[-1] + 1) % eng.config.vocab_size, None))
+    for how in ("draft", eng.draft, "lookup", wrong):  # eng.draft: drafting at every step
+        s = eng.stream_tokens(PROMPT, speculative=how, **kw)
+        assert "".join(step.text for step in s) == want, how
+        if how is eng.draft:  # most drafts pass: independent draws would pass few
+            assert s.stats.accepted_tokens > s.stats.verify_steps, s.stats
 
 
 def _plan(model, tmp_path) -> str:

@@ -14,7 +14,7 @@ import numpy as np
 from .. import _core
 from ..errors import UnsupportedError
 from .prefix_cache import common_prefix
-from .sampling import distribution
+from .sampling import distribution, draw
 from .speculative import Draft, SamplingState, merged_counts
 
 
@@ -53,8 +53,10 @@ def check_same_vocab(target: Any, draft: Any) -> None:
 class DraftModel:
     """A draft model's weights and session. :meth:`propose` brings its context to the given
     history (reusing the common prefix) and drafts k tokens: the argmax under greedy decoding,
-    else a draw from the target's sampling rule applied to its own logits (the distribution
-    it drew from goes with the draft, for the acceptance rule)."""
+    else a draw from the target's sampling rule applied to its own logits with the noise of
+    the position it drafts for, the noise the target samples that position with (so the two
+    agree where the distributions are close; the distribution it drew from goes with the
+    draft)."""
 
     def __init__(self, loaded: Any, model: Any, threads: int, n_ctx: int, kv_cache: str):
         self.loaded = loaded
@@ -109,7 +111,8 @@ class DraftModel:
             else:
                 q = np.zeros(vocab)
                 q[ids] = p
-                tokens.append(int(ids[state.rng.choice(p.size, p=p)]))
+                # The target's uniform at that position too (the verification's draw).
+                tokens.append(draw(ids, p, state.draws.at(state.position + j)))
                 qs.append(q)
             if j + 1 < k:
                 logits = self._session.feed([tokens[-1]])[0]

@@ -18,7 +18,7 @@ from .chat import format_chat
 from .checks import check_int, check_seed
 from .constrain import Constraint, Grammar, grammar_of
 from .prefix_cache import common_prefix
-from .sampling import SamplingParams, log_probs, sample
+from .sampling import PositionDraws, SamplingParams, log_probs, sample
 from .speculative import (
     DEFAULT_DRAFT_MAX,
     Draft,
@@ -235,10 +235,13 @@ class Generation:
         default) is "draft" when the engine has a draft model, else
         :data:`~.speculative.DEFAULT_SPECULATIVE`. Up to ``draft_max`` drafted tokens (the
         number adapts to how many are accepted) are verified in one forward pass. The output is
-        the same: token for token under greedy decoding, the same distribution when sampling
-        (the speculative sampling rule), with the same stop, eos, length, logprobs and
-        constraint behaviour; only the random draws differ, so a seed gives another sample.
-        ``stats`` reports the tokens drafted and accepted.
+        the same, token for token, greedy or sampled: each output position samples with a
+        generator of its own, keyed by ``seed`` and the position
+        (:class:`~.sampling.PositionDraws`), and a draft is accepted when it is the token that
+        position samples (:func:`~.speculative.accept_or_replace`). So a ``seed`` gives one text
+        with speculation auto, lookup or off, alone or beside other streams, with the same
+        stop, eos, length, logprobs and constraint behaviour. ``stats`` reports the tokens
+        drafted and accepted.
         """
         constraint = None
         g = grammar if isinstance(grammar, Grammar) else grammar_of(json_schema, grammar, regex)
@@ -251,7 +254,7 @@ class Generation:
         max_new_tokens = check_int("max_new_tokens", max_new_tokens, 0)
         if logprobs is not None:
             logprobs = check_int("logprobs", logprobs, 0)
-        rng = np.random.default_rng(check_seed(seed))
+        draws = PositionDraws(check_seed(seed))
         if isinstance(stop, str) or stop is None:
             stops = [stop] if stop else []
         elif isinstance(stop, Iterable):
@@ -276,7 +279,7 @@ class Generation:
             prompt_ids,
             params,
             max_new_tokens,
-            rng,
+            draws,
             stops,
             eos,
             logprobs,
@@ -292,7 +295,7 @@ class Generation:
         prompt_ids: list[int],
         params: SamplingParams,
         max_new_tokens: int,
-        rng: np.random.Generator,
+        draws: PositionDraws,
         stops: list[str],
         eos: set[int],
         logprobs: int | None,
@@ -333,7 +336,7 @@ class Generation:
         seen = list(prompt_ids)
         counts: Counter[int] = Counter()  # output tokens, for the presence/frequency penalties
         fed = list(prompt_ids)  # this generator's context: the tokens behind `logits`
-        state = SamplingState(params, rng, seen, counts)
+        state = SamplingState(params, draws.generator(), seen, counts, draws)
         length = None
         if drafter is not None:
             # A drafter object given as ``speculative=`` is asked for draft_max tokens every
@@ -353,9 +356,7 @@ class Generation:
                 allowed = logits if constraint is None else constraint.mask(logits)
                 accepted = False
                 if pos < len(draft):
-                    token, accepted = accept_or_replace(
-                        allowed, draft.tokens[pos], draft.q[pos], state
-                    )
+                    token, accepted = accept_or_replace(allowed, draft.tokens[pos], state, i)
                     if accepted:
                         stats.accepted_tokens += 1
                         if pos + 1 == len(draft) and length is not None:
@@ -366,7 +367,7 @@ class Generation:
                         mine = self._cut_back(fed, mine, drafter)
                         draft, pos, rows = Draft([], []), 0, None
                 else:
-                    token = sample(allowed, params, rng, seen, counts)
+                    token = sample(allowed, params, draws.at(i), seen, counts)
                     if guess is not None and length is not None:
                         length.update(1, int(token == guess))
                 guess = None
@@ -408,6 +409,7 @@ class Generation:
                 left = max_new_tokens - i - 1
                 room = min(self.n_ctx - len(fed), left)
                 feed_max = min(self.n_ctx - len(fed) - 1, left - 1)
+                state.position = i + 1  # what a drafter proposes now starts there
                 with self._lock:
                     try:
                         proposal = Draft([], [])

@@ -7,9 +7,11 @@ followed the latest earlier occurrence of the context's last n-gram (no extra mo
 the :class:`Drafter` methods can stand in (tests force bad drafts that way).
 :func:`decode_many` feeds the sampled token and the drafts after the cached context in one
 pass; row i holds the logits after token i, exactly as one-token steps would give them.
-:func:`accept_or_replace` applies the speculative sampling rule (Leviathan et al. 2023, Chen
-et al. 2023) to one position: the output distribution is the target's processed distribution
-(:func:`~.sampling.distribution`), token for token the same under greedy decoding.
+:func:`accept_or_replace` takes at each position the token plain decoding samples there, with
+that position's own generator (:class:`~.sampling.PositionDraws`), and accepts the draft when
+it is that token: for one-hot drafts (prompt lookup) the speculative sampling rule (Leviathan
+et al. 2023, Chen et al. 2023) itself, and for every drafter the plain text, token for token,
+greedy or seeded.
 :class:`DraftLength` adapts k to what is accepted. The decode loop itself is
 :meth:`~.generation.Generation._stream`.
 """
@@ -17,14 +19,14 @@ et al. 2023) to one position: the output distribution is the target's processed 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 
 from ..errors import UnsupportedError
 from .checks import check_int
-from .sampling import SamplingParams, distribution
+from .sampling import PositionDraws, SamplingParams, sample
 
 #: What ``speculative="auto"`` (the default of every generation call) runs when the engine has
 #: no draft model: "lookup" or "off". The benchmark (benchmarks/) decides which pays.
@@ -74,13 +76,17 @@ def decode_many(session: Any, ids: Sequence[int]) -> np.ndarray:
 @dataclass
 class SamplingState:
     """What a position's distribution depends on besides its logits: the sampling parameters,
-    the generator, the tokens seen (prompt and output, for the repetition penalty) and the
-    output tokens' counts (presence and frequency penalties)."""
+    the tokens seen (prompt and output, for the repetition penalty) and the output tokens'
+    counts (presence and frequency penalties); and the randomness: ``draws``, each output
+    position's own generator, ``position`` the output position a drafter's first token is
+    proposed for, ``rng`` a generator for a drafter's draws of its own."""
 
     params: SamplingParams
     rng: np.random.Generator
     seen: list[int]
     counts: Mapping[int, int]
+    draws: PositionDraws = field(default_factory=lambda: PositionDraws(None))
+    position: int = 0
 
 
 @dataclass
@@ -159,32 +165,22 @@ class PromptLookup:
 
 
 def accept_or_replace(
-    logits: np.ndarray, draft: int, q: np.ndarray | None, state: SamplingState
+    logits: np.ndarray, draft: int, state: SamplingState, position: int
 ) -> tuple[int, bool]:
-    """The token of this position given a draft token: ``(draft, True)`` with probability
-    ``min(1, p(draft) / q(draft))``, else ``(t, False)`` with ``t`` drawn from the normalised
-    ``max(0, p - q)``; ``p`` is :func:`~.sampling.distribution` of ``logits`` (penalties as of
-    this position), ``q`` the distribution the draft was drawn from (None: one-hot on it, so
-    accept with ``p(draft)``, else draw from ``p`` without it). The result is distributed as
-    ``p``. Temperature 0: the argmax, accepted when it is the draft; nothing drawn."""
-    ids, p = distribution(logits, state.params, state.seen, state.counts)
-    if state.params.temperature == 0.0:
-        token = int(ids[0])
-        return token, token == draft
-    hit = np.flatnonzero(ids == draft)
-    pd = float(p[hit[0]]) if hit.size else 0.0
-    qd = 1.0 if q is None else float(q[draft])
-    if pd > 0.0 and (pd >= qd or state.rng.random() * qd < pd):
-        return draft, True
-    if q is None:
-        r = p.copy()
-        r[hit] = 0.0
-    else:
-        r = np.maximum(p - q[ids], 0.0)
-    total = r.sum()
-    if not total > 0.0:  # p == q up to rounding: the residual is empty, p itself is exact
-        r, total = p, p.sum()
-    return int(ids[state.rng.choice(r.size, p=r / total)]), False
+    """The token of output position ``position`` given a draft token there: the token plain
+    decoding samples at that position (:func:`~.sampling.sample` of ``logits``, penalties as of
+    this position, with the position's own generator ``state.draws.at(position)``), accepted
+    when it is the draft (``(token, token == draft)``).
+
+    For a one-hot draft (prompt lookup) that is the speculative sampling rule itself: the
+    draft is accepted with probability p(draft), else the token is p without it. For a draft
+    model it gives up some acceptance against the rule's ``min(1, p/q)`` (the draft model draws
+    its tokens with the same positions' generators, so where q is close to p the two draws
+    mostly agree), and in return the text is the plain decoding's, token for token under a
+    seed, whatever was drafted: how many tokens are drafted follows measured timings, and
+    with the rule's own draws the text would follow the machine's load."""
+    token = sample(logits, state.params, state.draws.at(position), state.seen, state.counts)
+    return token, token == draft
 
 
 class DraftLength:
