@@ -183,17 +183,30 @@ def test_every_mode_gives_each_prompt_its_own_text(case, relu, synth_gguf):
         assert pool.batcher.shared_rounds > 0 and pool.batcher.split_rounds == 0
 
 
+class Always:
+    """A drafter drafting one token at every step (its drafts verified, seldom accepted)."""
+
+    def propose(self, history, k, state):
+        from powerinfer_rs.runtime.speculative import Draft
+
+        return Draft([(history[-1] * 7 + 1) % 300], [None])
+
+    def rewind(self, n):
+        pass
+
+
 def test_a_seed_gives_one_text_beside_other_streams(relu):
-    """Sampled with a seed per request, with speculation off and lookup: each stream's text is
-    the one it gives alone, whatever runs beside it."""
+    """Sampled with a seed per request: each stream's text, beside the others, with
+    speculation off, lookup or a drafter verified at every step, is the one it gives alone
+    without speculation."""
     eng = Engine(relu, threads=2)
-    for mode in ("off", "lookup"):
-        kw = dict(max_new_tokens=24, temperature=0.9, top_p=0.95, ignore_eos=True, seed=7)
-        kw["speculative"] = mode
-        want = alone(eng, PROMPTS, **kw)
-        with SlotPool(eng, 4, cache_bytes=0, chunk=CHUNK, gather_s=0.05) as pool:
-            assert run_together(pool, PROMPTS, **kw) == want, mode
-            assert pool.batcher.shared_rounds > 0
+    kw = dict(max_new_tokens=24, temperature=0.9, top_p=0.95, ignore_eos=True, seed=7)
+    want = alone(eng, PROMPTS, speculative="off", **kw)
+    with SlotPool(eng, 4, cache_bytes=0, chunk=CHUNK, gather_s=0.05) as pool:
+        for mode in ("off", "lookup", Always()):
+            assert run_together(pool, PROMPTS, speculative=mode, **kw) == want, mode
+        assert pool.batcher.shared_rounds > 0
+        assert all(s.last_stats.drafted_tokens > 0 for s in pool.slots)  # Always's ran last
 
 
 def test_speculative_decoding_runs_per_slot(relu, synth_gguf):

@@ -367,7 +367,7 @@ MODES = ["dense", "exact-relu", "predictor", "threshold", "moe", "gpu-sim"]
 
 
 @pytest.mark.parametrize("case", MODES)
-def test_synthetic_greedy_is_the_same_in_every_mode(case, synth_gguf, relu, tmp_path):
+def test_synthetic_greedy_and_seeded_are_the_same_in_every_mode(case, synth_gguf, relu, tmp_path):
     model, kw = relu, {"sparsity": case if case in ("dense", "exact-relu") else "dense"}
     if case == "predictor":
         from test_sparsity import random_predictors
@@ -388,6 +388,12 @@ def test_synthetic_greedy_is_the_same_in_every_mode(case, synth_gguf, relu, tmp_
     eng = Engine(model, threads=2, **kw)
     assert eng.sparsity == kw["sparsity"]
     assert_same_greedy(eng, PROMPT)
+    seeded = dict(SEEDED, max_new_tokens=16, ignore_eos=True)  # and sampled with a seed
+    want = eng.generate(PROMPT, speculative="off", **seeded)
+    vocab = eng.config.vocab_size
+    always = Fixed(lambda history, state: ((history[-1] * 7 + 1) % vocab, None))  # verified
+    for how in ("lookup", PromptLookup(), always):
+        assert eng.generate(PROMPT, speculative=how, **seeded) == want, how
     if case == "gpu-sim":
         assert eng.gpu_info()["steps"] > 0  # the decode steps ran the plan's GPU side
 
