@@ -21,6 +21,7 @@ make PowerInfer-style files that ``torch.load`` reads.
 from __future__ import annotations
 
 import io
+import lzma
 import math
 import os
 import pickle
@@ -65,11 +66,14 @@ _NP_TO_STORAGE = {
 }
 MAX_PICKLE_BYTES = 64 << 20
 #: What :mod:`zipfile` raises on a malformed archive besides ``BadZipFile``: a corrupt deflate
-#: stream (``zlib.error``), an unsupported zip version or compression (``NotImplementedError``),
-#: an encrypted entry (``RuntimeError``), short reads and bad fields (the rest).
+#: stream (``zlib.error``) or LZMA stream (``lzma.LZMAError``: an entry that claims LZMA with
+#: invalid filter properties, found by the fuzz smoke), an unsupported zip version or
+#: compression (``NotImplementedError``), an encrypted entry (``RuntimeError``), short reads and
+#: bad fields (the rest).
 ZIP_ERRORS: tuple[type[BaseException], ...] = (
     zipfile.BadZipFile,
     zlib.error,
+    lzma.LZMAError,
     NotImplementedError,
     RuntimeError,
     EOFError,
