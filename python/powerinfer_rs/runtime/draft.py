@@ -55,8 +55,8 @@ class DraftModel:
     history (reusing the common prefix) and drafts k tokens: the argmax under greedy decoding,
     else a draw from the target's sampling rule applied to its own logits with the noise of
     the position it drafts for, the noise the target samples that position with (so the two
-    agree where the distributions are close; the distribution it drew from goes with the
-    draft)."""
+    agree where the distributions are close). No distribution goes with the draft:
+    verification takes each position's own sample and never reads one."""
 
     def __init__(self, loaded: Any, model: Any, threads: int, n_ctx: int, kv_cache: str):
         self.loaded = loaded
@@ -98,26 +98,19 @@ class DraftModel:
         if k <= 0:
             return Draft([], [])
         logits = self._sync(history)
-        vocab = logits.shape[0]
         tokens: list[int] = []
-        qs: list[np.ndarray | None] = []
         for j in range(k):
             ids, p = distribution(
                 logits, state.params, chain(state.seen, tokens), merged_counts(state.counts, tokens)
             )
-            if state.params.temperature == 0.0:  # greedy: the argmax, one-hot
+            if state.params.temperature == 0.0:  # greedy: the argmax
                 tokens.append(int(ids[0]))
-                qs.append(None)
-            else:
-                q = np.zeros(vocab)
-                q[ids] = p
-                # The target's uniform at that position too (the verification's draw).
+            else:  # the noise the target samples that position with (the verification's)
                 tokens.append(draw(ids, p, state.draws.at(state.position + j)))
-                qs.append(q)
             if j + 1 < k:
                 logits = self._session.feed([tokens[-1]])[0]
                 self._context.append(tokens[-1])
-        return Draft(tokens, qs)
+        return Draft(tokens, [None] * len(tokens))
 
     def rewind(self, n: int) -> None:
         """Keep only the first ``n`` tokens of the draft's context."""

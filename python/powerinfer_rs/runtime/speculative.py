@@ -91,8 +91,9 @@ class SamplingState:
 
 @dataclass
 class Draft:
-    """Proposed tokens and, per token, the full-vocabulary distribution it was drawn from
-    (None: chosen deterministically, i.e. one-hot on the token)."""
+    """Proposed tokens and, per token, the full-vocabulary distribution a drafter drew it from
+    or None. Verification reads only the tokens (:func:`accept_or_replace`); ``q`` stays for
+    drafters that report it (the Drafter protocol's shape), and the built-in ones give None."""
 
     tokens: list[int]
     q: list[np.ndarray | None]
