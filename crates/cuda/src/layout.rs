@@ -2,7 +2,8 @@
 //! ([`RowLayout`]), the hot-neuron slabs the VRAM plan accounts for ([`slab_geometry`], the one
 //! definition of a slab's size and offsets, and [`pack_hot_slabs`]), the activation codes the
 //! kernels understand ([`Act`], and the FFN's whole activation, [`FfnAct`]), the parameters of
-//! decode attention ([`AttnParams`]) and device-name parsing.
+//! decode attention ([`AttnParams`]). Device names are parsed in `powerinfer_core` (its
+//! `Device` grammar).
 //!
 //! A slab (planner/README.md, `planning/accounting.py`) holds one bucket of `B` hot neurons:
 //! their `B` gate rows, `B` up rows (none for a gate-less FFN: OPT, Falcon), `B` down_t rows
@@ -678,7 +679,4 @@ mod tests {
         let a = FfnAct::from(Act::Silu);
         assert_eq!((a.act, a.relu_threshold, a.up_act), (Act::Silu, 0.0, false));
     }
-
-    #[test]
-    fn device_names() {}
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use powerinfer_core::{Error, Result};
+use powerinfer_core::{Device, Error, Result};
 
 use crate::forward::{forward, Logits, Scratch};
 use crate::hybrid;
@@ -29,8 +29,8 @@ pub struct Session {
     mode: Sparsity,
     profiler: Option<Profiler>,
     placement: Option<Arc<Placement>>,
-    /// "cpu", or the device the hybrid executor runs the plan's GPU side on.
-    device: String,
+    /// The CPU, or the device the hybrid executor runs the plan's GPU side on.
+    device: Device,
     /// The VRAM budget the device was opened with.
     capacity: Option<usize>,
     /// The hybrid executor, when the device is not the CPU and the plan uses the GPU.
@@ -77,7 +77,7 @@ impl Session {
             mode: Sparsity::Dense,
             profiler: None,
             placement: None,
-            device: "cpu".into(),
+            device: Device::Cpu,
             capacity: None,
             hybrid: None,
             phase_times: None,
@@ -169,8 +169,7 @@ impl Session {
         self.cache.set_precision(p);
         self.truncate(0);
         if self.hybrid.is_some() {
-            let device = self.device.clone();
-            return self.set_device(&device, self.capacity);
+            return self.open_device(self.device, self.capacity);
         }
         Ok(())
     }
@@ -190,10 +189,9 @@ impl Session {
     /// rebuilt for it; on the CPU it is only kept.
     pub fn set_placement(&mut self, placement: Option<Arc<Placement>>) -> Result<()> {
         self.placement = placement;
-        let device = std::mem::take(&mut self.device);
-        let out = self.set_device(&device, self.capacity);
+        let out = self.open_device(self.device, self.capacity);
         if out.is_err() {
-            self.device = "cpu".into();
+            self.device = Device::Cpu;
             self.hybrid = None;
         }
         out
@@ -206,17 +204,24 @@ impl Session {
     /// size). A GPU device needs a placement; a placement that puts nothing on the GPU runs
     /// the CPU path on any device. Errors leave the session on the CPU.
     pub fn set_device(&mut self, device: &str, capacity: Option<usize>) -> Result<()> {
+        match Device::parse(device) {
+            Ok(device) => self.open_device(device, capacity),
+            Err(e) => self.open_device(Device::Cpu, None).and(Err(e)),
+        }
+    }
+
+    /// [`Session::set_device`] of a parsed device.
+    fn open_device(&mut self, device: Device, capacity: Option<usize>) -> Result<()> {
         self.hybrid = None;
-        self.device = "cpu".into();
+        self.device = Device::Cpu;
         self.capacity = None;
-        let parsed = powerinfer_core::Device::parse(device)?;
-        if !parsed.is_gpu() {
+        if !device.is_gpu() {
             return Ok(());
         }
         let Some(placement) = self.placement.clone() else {
             powerinfer_core::bail!(
                 Plan,
-                "device {device:?} runs a placement plan's GPU side, and no plan is loaded: make \
+                "device \"{device}\" runs a placement plan's GPU side, and no plan is loaded: make \
                  one with `python -m powerinfer_rs.plan` and load it first"
             );
         };
@@ -229,14 +234,14 @@ impl Session {
             h.after_cpu_pass(self.cache.len());
             self.hybrid = Some(h);
         }
-        self.device = parsed.to_string();
+        self.device = device;
         self.capacity = capacity;
         Ok(())
     }
 
-    /// The device: "cpu", "gpu-sim", "gpu-emu", "cuda:N".
-    pub fn device(&self) -> &str {
-        &self.device
+    /// The device: cpu, gpu-sim, gpu-emu or cuda:N.
+    pub fn device(&self) -> Device {
+        self.device
     }
 
     /// The hybrid executor, when the plan's GPU side runs on a device.

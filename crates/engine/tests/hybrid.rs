@@ -669,7 +669,7 @@ fn allocations_are_the_plans_and_nothing_else() {
         matches!(err, powerinfer_core::Error::VramBudget(_)),
         "{err}"
     );
-    assert_eq!(s.device(), "cpu");
+    assert_eq!(s.device(), powerinfer_core::Device::Cpu);
     assert!(s.set_device("gpu-sim", Some(total)).is_ok());
     // No plan, no GPU device; unknown names are refused.
     let mut s = Session::new(m.clone(), 1, 0).unwrap();

@@ -41,7 +41,7 @@ pub use transfers::{TransferStats, Transfers};
 /// device has free or the budget allows; [`Error::Plan`](powerinfer_core::Error::Plan) for a
 /// plan that puts nothing on the GPU.
 pub fn open(
-    device: &str,
+    device: Device,
     model: &ModelWeights,
     placement: Arc<Placement>,
     mode: &Sparsity,
@@ -65,7 +65,7 @@ pub fn open(
         "the plan puts nothing on the GPU; run it with device=\"cpu\""
     );
     refuse_cpu_only(mode, model.config.moe.is_moe())?;
-    let device = crate::device::check_device(device)?;
+    crate::device::check_available(device)?;
     match device {
         Device::Cpu => bail!(Plan, "the CPU device runs no plan's GPU side"),
         Device::GpuSim => {
@@ -91,7 +91,7 @@ pub fn open(
             mode,
             capacity,
         ),
-        // What this build lacks, `check_device` refused above.
+        // What this build lacks, `check_available` refused above.
         #[allow(unreachable_patterns)]
         _ => bail!(Other, "{device}: not in this build"),
     }
