@@ -3,12 +3,15 @@
 //! kernels. Prompts are prefilled in batches (matrix-matrix); decoding is one matvec per weight.
 
 pub mod attention;
+mod attention_block;
 pub mod device;
 pub mod down_t_file;
 mod env;
 pub mod ffn;
+mod ffn_block;
 pub mod forward;
 pub mod hybrid;
+mod input_ffn;
 pub mod input_sparse;
 pub mod kv_cache;
 pub mod layer;
@@ -16,12 +19,15 @@ pub mod layer_weights;
 pub mod modes;
 pub mod moe;
 mod moe_pass;
+mod moe_step;
 pub mod moe_weights;
 pub mod neuron_store;
 pub mod norm_rope;
+mod pass_rows;
 pub mod phases;
 pub mod placement;
 pub mod profiler;
+mod project_site;
 pub mod session;
 pub mod slots;
 pub mod sparsity;
