@@ -9,6 +9,7 @@ pub mod down_t_file;
 mod env;
 pub mod ffn;
 mod ffn_block;
+mod finite;
 pub mod forward;
 pub mod hybrid;
 mod input_ffn;

@@ -2,7 +2,6 @@
 //! sparse FFN a decoded token runs over the clusters it pins. Below the model's weights, which
 //! hold the store in use; opening one for a model is [`NeuronStore::open`] (in the parent).
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,6 +15,9 @@ use crate::layer::FfnKind;
 use crate::neuron_store::cache::{Arena, Cache, Slot};
 use crate::neuron_store::format::{self, StoreLayout, ALIGN};
 use crate::neuron_store::io::{Batch, IoPool};
+
+mod ahead;
+use ahead::Ahead;
 
 /// What the store did since it was opened (or its counts were last reset).
 #[derive(Clone, Debug, Default)]
@@ -52,13 +54,6 @@ pub struct NeuronStore {
     turn: Mutex<()>,
 }
 
-/// Clusters of `layer` read ahead of its FFN.
-struct Ahead {
-    layer: usize,
-    need: usize,
-    pinned: Pinned,
-}
-
 /// The activations the caller knows already (exact-relu computes the gate from the resident
 /// rows), or the neurons whose gate rows are to be read with the rest (predictor mode).
 pub enum Active<'a> {
@@ -80,6 +75,9 @@ struct Pinned {
     /// Those reads.
     batch: Arc<Batch>,
 }
+
+/// A cluster's active neurons: the cluster, their ids in it, the value each carries.
+type ClusterGroup = (u32, Vec<u32>, Vec<f32>);
 
 /// One cluster's rows as weights (views into its pinned slot).
 struct ClusterRows {
@@ -225,40 +223,7 @@ impl NeuronStore {
         let _turn = self.turn.lock().map_err(|_| poisoned())?;
         let landed = self.land_ahead(layer);
         let c = self.layout.cluster;
-        // The active neurons of each cluster: (cluster, local ids, activations when known).
-        // The values each neuron carries: its activation (Firing), or a factor on the one its
-        // gate row gives (Scaled; 1 when Listed).
-        let (ids, vals, full) = match active {
-            Active::Firing(ids, acts) => (ids, Some(acts), false),
-            Active::Listed(ids) => (ids, None, true),
-            Active::Scaled(ids, scales) => (ids, Some(scales), true),
-        };
-        ensure!(
-            vals.is_none_or(|a| a.len() == ids.len()),
-            Shape,
-            "{} values for {} neurons",
-            vals.map_or(0, |a| a.len()),
-            ids.len()
-        );
-        let mut order: Vec<usize> = (0..ids.len()).collect();
-        order.sort_unstable_by_key(|&i| ids[i]);
-        let mut groups: Vec<(u32, Vec<u32>, Vec<f32>)> = Vec::new();
-        for i in order {
-            let id = ids[i] as usize;
-            ensure!(
-                id < self.layout.ffn,
-                Shape,
-                "neuron {id} of a layer of {}",
-                self.layout.ffn
-            );
-            let k = (id / c) as u32;
-            if groups.last().is_none_or(|g| g.0 != k) {
-                groups.push((k, Vec::new(), Vec::new()));
-            }
-            let g = groups.last_mut().expect("pushed above");
-            g.1.push((id % c) as u32);
-            g.2.push(vals.map_or(1.0, |a| a[i]));
-        }
+        let (groups, full) = self.cluster_groups(active)?;
         let need = if full {
             l.cluster_bytes
         } else {
@@ -351,84 +316,45 @@ impl NeuronStore {
         Ok(())
     }
 
-    /// Wait for a read-ahead and let its slots go (filled, or forgotten where a read failed:
-    /// the layer reads them again and reports the error). Returns its clusters where it was
-    /// for `layer`.
-    fn land_ahead(&self, layer: usize) -> HashSet<u32> {
-        let Some(a) = self.ahead.lock().ok().and_then(|mut a| a.take()) else {
-            return HashSet::new();
+    /// The `active` neurons by cluster, in cluster order: (cluster, local ids, the value each
+    /// carries), and whether their gate rows are read too (Listed, Scaled).
+    fn cluster_groups(&self, active: Active<'_>) -> Result<(Vec<ClusterGroup>, bool)> {
+        let c = self.layout.cluster;
+        // The active neurons of each cluster: (cluster, local ids, activations when known).
+        // The values each neuron carries: its activation (Firing), or a factor on the one its
+        // gate row gives (Scaled; 1 when Listed).
+        let (ids, vals, full) = match active {
+            Active::Firing(ids, acts) => (ids, Some(acts), false),
+            Active::Listed(ids) => (ids, None, true),
+            Active::Scaled(ids, scales) => (ids, Some(scales), true),
         };
-        let ok = a.pinned.batch.wait(&self.source()).is_ok();
-        self.finish(&a.pinned, ok, a.need);
-        match ok && a.layer == layer {
-            true => a.pinned.misses.iter().map(|&(_, k)| k).collect(),
-            false => HashSet::new(),
-        }
-    }
-
-    /// Start reading the clusters of the neurons `ids` (sorted) of `layer` that the cache
-    /// lacks, into at most half of its free slots, leaving `pinned` slots (in use now) and one
-    /// more alone. Nothing happens past the last layer, or when no slot is to be had.
-    fn start_ahead(&self, layer: usize, ids: &[u32], pinned: usize) {
-        let Some(l) = self.layout.layers.get(layer) else {
-            return;
-        };
-        let (c, need) = (self.layout.cluster as u32, l.cluster_bytes);
-        let Ok(mut cache) = self.cache.lock() else {
-            return;
-        };
-        let free = cache.free_slots();
-        let room = (free / 2).min(free.saturating_sub(pinned + 1));
-        let mut misses = Vec::new();
-        let mut last = None;
-        for k in ids.iter().map(|&id| id / c) {
-            if last == Some(k) || (k as usize) >= l.n_clusters {
-                continue;
+        ensure!(
+            vals.is_none_or(|a| a.len() == ids.len()),
+            Shape,
+            "{} values for {} neurons",
+            vals.map_or(0, |a| a.len()),
+            ids.len()
+        );
+        let mut order: Vec<usize> = (0..ids.len()).collect();
+        order.sort_unstable_by_key(|&i| ids[i]);
+        let mut groups: Vec<ClusterGroup> = Vec::new();
+        for i in order {
+            let id = ids[i] as usize;
+            ensure!(
+                id < self.layout.ffn,
+                Shape,
+                "neuron {id} of a layer of {}",
+                self.layout.ffn
+            );
+            let k = (id / c) as u32;
+            if groups.last().is_none_or(|g| g.0 != k) {
+                groups.push((k, Vec::new(), Vec::new()));
             }
-            last = Some(k);
-            let key = (layer as u32, k);
-            if cache.touch(key) {
-                continue;
-            }
-            if misses.len() >= room {
-                break;
-            }
-            match cache.acquire(key, need) {
-                Ok(Slot::Miss(s)) => misses.push((s, k)),
-                Ok(Slot::Hit(s)) => cache.release(s),
-                Err(_) => break,
-            }
+            let g = groups.last_mut().expect("pushed above");
+            g.1.push((id % c) as u32);
+            g.2.push(vals.map_or(1.0, |a| a[i]));
         }
-        if misses.is_empty() {
-            return;
-        }
-        let batch = Batch::new(misses.len());
-        for &(s, k) in &misses {
-            // SAFETY: slot s is pinned (no view, no other read) and holds `need` <= its bytes,
-            // aligned to ALIGN, until the batch is waited for (`land_ahead`).
-            unsafe {
-                self.io
-                    .submit(l.cluster_offset(k as usize), need, cache.addr(s), &batch)
-            };
-        }
-        drop(cache);
-        if let Ok(mut st) = self.stats.lock() {
-            st.ahead += misses.len() as u64;
-            st.bytes_read += (misses.len() * need) as u64;
-        }
-        let slots = misses.iter().map(|&(s, _)| s).collect();
-        let pinned = Pinned {
-            slots,
-            misses,
-            batch,
-        };
-        if let Ok(mut a) = self.ahead.lock() {
-            *a = Some(Ahead {
-                layer,
-                need,
-                pinned,
-            });
-        }
+        Ok((groups, full))
     }
 
     /// The store file's name, for errors.
