@@ -64,6 +64,11 @@ class Given:
         self.rewinds.append(n)
 
 
+def none() -> int:
+    """No other stream shares the passes."""
+    return 0
+
+
 def started(drafter, max_new_tokens: int = 8):
     """A context holding the prompt [1, 2, 3], its claim, the step and a greedy state."""
     ctx = Context(FakeSession())
@@ -82,7 +87,7 @@ def run(ctx, claim, step, state, logits, n: int) -> list[int]:
         token = step.take(logits, state, i, claim)
         out.append(token)
         got = step.row_after(token, claim)
-        logits = got if got is not None else step.forward(token, i, claim, state, 0)
+        logits = got if got is not None else step.forward(token, i, claim, state, none)
     return out
 
 
@@ -122,7 +127,7 @@ def test_a_context_changed_by_another_call_is_brought_back_first():
     ctx, claim, step, state, logits = started(None)
     token = step.take(logits, state, 0, claim)
     ctx.prefill([7, 7, 7, 7])  # another generation used the context meanwhile
-    logits = step.forward(token, 0, claim, state, 0)
+    logits = step.forward(token, 0, claim, state, none)
     assert ctx.ids == claim.tokens == [1, 2, 3, 4] and claim.version == ctx.version
     assert int(np.argmax(logits)) == 5
 
@@ -130,6 +135,6 @@ def test_a_context_changed_by_another_call_is_brought_back_first():
 def test_drafts_stop_at_the_length_limit():
     ctx, claim, step, state, logits = started(Given([5, 6, 7]), max_new_tokens=2)
     token = step.take(logits, state, 0, claim)
-    step.forward(token, 0, claim, state, 0)
+    step.forward(token, 0, claim, state, none)
     # One token is left after 4: one draft verified (5, against the row after 4), none fed.
     assert step.stats.drafted_tokens == 1 and ctx.ids == [1, 2, 3, 4]

@@ -97,8 +97,8 @@ def _texts(steps: TokenStream) -> Iterator[str]:
 
 
 class Generation:
-    """The generation methods of :class:`~.engine.Engine` (which supplies the session, the
-    tokenizer and the context bookkeeping)."""
+    """The generation methods of :class:`~.engine.Engine` and of a slot (:mod:`.slots`), which
+    supply the context (``ctx``, a :class:`~.context.Context`), the model and its tokenizer."""
 
     ctx: Context  # the context it generates in
     loaded: LoadedModel
@@ -313,7 +313,7 @@ class Generation:
                     if len(claim.tokens) >= self.n_ctx:
                         stats.finish_reason = "context"
                         break
-                    row = spec.forward(token, i, claim, out.state, self._others_decoding())
+                    row = spec.forward(token, i, claim, out.state, self._others_decoding)
                 logits = row
                 stats.decode_tokens += 1
                 stats.decode_seconds = time.perf_counter() - t_decode

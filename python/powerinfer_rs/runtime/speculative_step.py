@@ -7,6 +7,7 @@ fake session and fake logits test it (tests/test_speculative_step.py)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -103,11 +104,11 @@ class SpeculativeStep:
         return self.rows[self.pos]
 
     def forward(
-        self, token: int, i: int, claim: Claim, state: SamplingState, others: int
+        self, token: int, i: int, claim: Claim, state: SamplingState, others: Callable[[], int]
     ) -> np.ndarray:
         """Feed ``token``, output position ``i``, after ``claim``'s tokens (first bringing the
         context back to them when another call changed it), with the next drafts when they
-        pay; the logits after it. ``others``: streams sharing the pass. Drafts: no more than
+        pay; the logits after it. ``others()``: the streams sharing the pass. Drafts: no more than
         tokens are left, nor than the context's room for what they verify (draft j is checked
         against the row after draft j-1); a last draft whose own row no later token could use
         is verified but not fed (if accepted, it is taken as a sampled token is)."""
@@ -142,13 +143,15 @@ class SpeculativeStep:
         claim.tokens.append(token)
         return logits
 
-    def _proposal(self, history: list[int], room: int, state: SamplingState, others: int) -> Draft:
+    def _proposal(
+        self, history: list[int], room: int, state: SamplingState, others: Callable[[], int]
+    ) -> Draft:
         """The drafts to verify after ``history`` (none for a plain step, where a free drafter
         still guesses the next token, :attr:`guess`)."""
         length, drafter = self.length, self.drafter
         if length is None or drafter is None:
             return Draft([], [])
-        want = length.want(others)
+        want = length.want(others())
         if want == 0:
             length.plain_step()
             if length.free and room > 0:
