@@ -343,7 +343,7 @@ def test_what_is_not_supported_yet_is_refused(synth_gguf, tmp_path):
         Engine(m, threads=1, sparsity="predictor", predictors=random_predictors(m))
     sites = [[0.1, 0.1, 0.1, 0.1]] * m.config.n_layers
     with pytest.raises(UnsupportedError, match="input mode inside experts"):
-        Engine(m, threads=1)._session.set_sparsity("input", input_thresholds=sites)
+        Engine(m, threads=1).ctx.session.set_sparsity("input", input_thresholds=sites)
     with pytest.raises(UnsupportedError, match="GGUF only"):
         write_hf_model(
             tmp_path / "hf",

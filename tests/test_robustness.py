@@ -23,7 +23,7 @@ from powerinfer_rs.errors import (
     UnsupportedError,
 )
 from powerinfer_rs.loading import load_model
-from powerinfer_rs.runtime import generation
+from powerinfer_rs.runtime import speculative_step
 from powerinfer_rs.runtime.chat import ChatTemplateError, fit_conversation
 from powerinfer_rs.runtime.checks import THREADS_CAP_FACTOR, usable_cores
 from powerinfer_rs.runtime.sampling import SamplingParams, sample
@@ -238,7 +238,7 @@ def test_direct_core_session_calls_from_threads_are_serialised(small):
 
 def interrupt_sampling_at(monkeypatch, k: int) -> None:
     """Make the k-th call of the sampler raise KeyboardInterrupt."""
-    real, calls = generation.sample, [0]
+    real, calls = speculative_step.sample, [0]
 
     def sampler(*args, **kwargs):
         calls[0] += 1
@@ -246,7 +246,7 @@ def interrupt_sampling_at(monkeypatch, k: int) -> None:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(generation, "sample", sampler)
+    monkeypatch.setattr(speculative_step, "sample", sampler)
 
 
 class FeedInterruptedAfterReturn:
@@ -287,24 +287,24 @@ def test_interrupted_stream_leaves_a_consistent_context(small, fresh, monkeypatc
 def test_interrupt_between_feed_and_bookkeeping(small, fresh, k):
     eng = Engine(small, threads=1)
     eng.generate(PROMPTS[2], max_new_tokens=3, **GREEDY)
-    real = eng._session
-    eng._session = FeedInterruptedAfterReturn(real, k)
+    real = eng.ctx.session
+    eng.ctx.session = FeedInterruptedAfterReturn(real, k)
     with pytest.raises(KeyboardInterrupt):
         for _ in eng.stream(PROMPTS[1], max_new_tokens=12, **GREEDY):
             pass
     assert eng.n_past == len(eng.context_ids)
-    eng._session = real
+    eng.ctx.session = real
     assert_consistent_and_fresh(eng, fresh)
 
 
 def test_interrupted_prefill_then_appending_matches_a_fresh_engine(small):
     eng, ref = Engine(small, threads=1), Engine(small, threads=1)
     eng.prefill([1, 5])
-    real = eng._session
-    eng._session = FeedInterruptedAfterReturn(real, 1)
+    real = eng.ctx.session
+    eng.ctx.session = FeedInterruptedAfterReturn(real, 1)
     with pytest.raises(KeyboardInterrupt):
         eng.prefill([7, 8])
-    eng._session = real
+    eng.ctx.session = real
     assert eng.n_past == len(eng.context_ids) == 2
     got = eng.prefill([9, 10])
     want = ref.logits([1, 5, 9, 10])[-1]
@@ -317,14 +317,14 @@ def test_interrupted_scoring_matches_a_fresh_engine(small, fresh, method):
     ids = [1, 17, 42, 99, 5, 8, 9]
     want = Engine(small, threads=1).perplexity_of_ids(ids, window=4)
     eng.generate(PROMPTS[0], max_new_tokens=4, **GREEDY)
-    real = eng._session
-    eng._session = FeedInterruptedAfterReturn(real, 2 if method == "perplexity" else 1)
+    real = eng.ctx.session
+    eng.ctx.session = FeedInterruptedAfterReturn(real, 2 if method == "perplexity" else 1)
     with pytest.raises(KeyboardInterrupt):
         if method == "logits":
             eng.logits(ids)
         else:
             eng.perplexity_of_ids(ids, window=4)
-    eng._session = real
+    eng.ctx.session = real
     assert eng.perplexity_of_ids(ids, window=4) == pytest.approx(want, rel=1e-6)
     assert_consistent_and_fresh(eng, fresh)
 

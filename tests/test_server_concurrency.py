@@ -85,7 +85,7 @@ def test_a_request_cancelled_while_waiting_never_runs(server):
     done = server.worker.jobs_done
     answers: list = []
     kw = dict(model=MODEL_ID, prompt="Hi", max_tokens=3, temperature=0)
-    with server.engine._lock:  # hold the engine: the first request runs and blocks
+    with server.engine.ctx.lock:  # hold the engine: the first request runs and blocks
         first = threading.Thread(
             target=lambda: answers.append(server.client().completions.create(**kw))
         )

@@ -151,7 +151,7 @@ def test_a_full_queue_answers_429_at_once(keyed):
     def request() -> None:
         results.append(client.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=2))
 
-    with keyed.engine._lock:  # the engine is busy: the first request runs, then blocks
+    with keyed.engine.ctx.lock:  # the engine is busy: the first request runs, then blocks
         first = threading.Thread(target=request)
         first.start()
         while keyed.worker.current is None:

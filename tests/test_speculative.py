@@ -422,7 +422,7 @@ def test_draft_model_greedy_is_the_same_and_keeps_in_step(synth_gguf, relu):
         # The draft's cache was cut back with the target's: it holds a prefix of what the
         # target left in its context, no drafts past it.
         ctx = list(eng.context_ids)
-        held = eng.draft._context
+        held = eng.draft.ctx.ids
         assert eng.draft.n_past == len(held) <= len(ctx) and held == ctx[: len(held)]
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from .. import _core
 from ..errors import UnsupportedError
+from .context import Context
 from .prefix_cache import common_prefix
 from .sampling import distribution, draw
 from .speculative import Draft, SamplingState, merged_counts
@@ -61,37 +62,34 @@ class DraftModel:
     def __init__(self, loaded: Any, model: Any, threads: int, n_ctx: int, kv_cache: str):
         self.loaded = loaded
         self._model = model
-        self._session = _core.Session(model, threads, min(n_ctx, loaded.config.max_context))
-        self._session.set_kv_cache(kv_cache)
-        self._context: list[int] = []
+        #: The draft's context: its session and the tokens in its KV cache.
+        self.ctx = Context(_core.Session(model, threads, min(n_ctx, loaded.config.max_context)))
+        self.ctx.session.set_kv_cache(kv_cache)
 
     def fork(self) -> DraftModel:
         """A draft model over the same weights with a context of its own (a slot's,
         :mod:`.slots`: each generation running at once drafts in its own)."""
-        s = self._session
+        s = self.ctx.session
         return DraftModel(self.loaded, self._model, s.threads, s.n_ctx, s.kv_cache)
 
     @property
     def n_ctx(self) -> int:
-        return self._session.n_ctx
+        return self.ctx.session.n_ctx
 
     @property
     def n_past(self) -> int:
         """Tokens in the draft's KV cache."""
-        return self._session.n_past
+        return self.ctx.session.n_past
 
     def _sync(self, history: Sequence[int]) -> np.ndarray:
         """Bring the cache to ``history``; the logits after its last token."""
-        common = min(common_prefix(self._context, history), len(history) - 1)
-        self.rewind(common)
-        todo = [int(t) for t in history[common:]]
+        common = min(common_prefix(self.ctx.ids, history), len(history) - 1)
+        self.ctx.cut_back(common)
         try:
-            logits = self._session.feed(todo)[0]
+            return self.ctx.feed(history[common:])
         except BaseException:
-            self.rewind(min(self._session.n_past, len(self._context)))
+            self.ctx.resync()
             raise
-        self._context.extend(todo)
-        return logits
 
     def propose(self, history: Sequence[int], k: int, state: SamplingState) -> Draft:
         k = min(k, self.n_ctx - len(history) + 1)  # d1..d(k-1) are fed after the history
@@ -108,13 +106,9 @@ class DraftModel:
             else:  # the noise the target samples that position with (the verification's)
                 tokens.append(draw(ids, p, state.draws.at(state.position + j)))
             if j + 1 < k:
-                logits = self._session.feed([tokens[-1]])[0]
-                self._context.append(tokens[-1])
+                logits = self.ctx.feed(tokens[-1:])
         return Draft(tokens, [None] * len(tokens))
 
     def rewind(self, n: int) -> None:
         """Keep only the first ``n`` tokens of the draft's context."""
-        if n < len(self._context):
-            del self._context[n:]
-        if self._session.n_past > len(self._context):
-            self._session.truncate(len(self._context))
+        self.ctx.cut_back(n)

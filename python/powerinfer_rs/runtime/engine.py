@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import operator
 import os
-import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -22,6 +21,7 @@ from ..errors import (
 )
 from ..loading import LoadedModel, load_model
 from .checks import check_int, check_threads
+from .context import Context
 from .draft import DraftModel
 from .generation import Generation, GenerationStats, locked
 from .modes import api_sparsity
@@ -89,8 +89,6 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         self.tokenizer = loaded.tokenizer
         cfg, tensors = core_model_arguments(loaded)
         copy = copy_weights(mmap, sum(int(t[3].nbytes) for t in tensors.values()))
-        self._lock = threading.RLock()
-        self._version = 0
         mode = api_sparsity(sparsity, thresholds, predictors, default="dense")
         # Where the FFN runs as whole-matrix products on the CPU (dense, and the input mode's
         # dense fallbacks) its matrices are interleaved too; a mode that reads rows by index,
@@ -120,14 +118,13 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
                 f"n_ctx={n_ctx} is more than the plan's context of {gpu_context} positions (its "
                 "GPU KV caches); plan again with a larger --context or pass a smaller n_ctx"
             )
-        self._session = _core.Session(self._model, threads, min(n_ctx, loaded.config.max_context))
+        #: The context: the session (its KV cache and sparsity mode) and the tokens in it.
+        self.ctx = Context(_core.Session(self._model, threads, min(n_ctx, cfg.max_context)))
         if kv_cache is None:
             kv_cache = adopted.kv_cache if adopted is not None else "f16"
-        self._session.set_kv_cache(kv_cache)
-        self._threads = self._session.threads
-        self._n_ctx = self._session.n_ctx
-        self._context: list[int] = []
-        self._batched = 0
+        self.ctx.session.set_kv_cache(kv_cache)
+        self._threads = self.ctx.session.threads
+        self._n_ctx = self.ctx.session.n_ctx
         self.last_stats = GenerationStats()
         self.thresholds: list[float] | None = None
         self.input_thresholds = None
@@ -267,13 +264,13 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
     @property
     def kv_cache(self) -> str:
         """The KV cache's precision: "f16" or "f32"."""
-        return self._session.kv_cache
+        return self.ctx.session.kv_cache
 
     @property
     @locked
     def n_past(self) -> int:
         """Tokens in the context now."""
-        return self._session.n_past
+        return self.ctx.session.n_past
 
     @property
     def bytes_per_token(self) -> int:
@@ -290,7 +287,7 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
     def can_batch(self) -> bool:
         """Whether requests can decode together in slots (:mod:`.slots`): on the CPU device.
         A hybrid engine (a GPU device with a plan) runs one context at a time."""
-        return self.device == "cpu" and self._session.gpu_info() is None
+        return self.device == "cpu" and self.ctx.session.gpu_info() is None
 
     def new_session(self) -> _core.Session:
         """A fresh ``_core.Session`` over this engine's weights that computes exactly what the
@@ -304,8 +301,8 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
                 f"device={self.device!r}: a hybrid engine runs one session (its GPU side); "
                 "extra sessions run on the CPU device only"
             )
-        with self._lock:
-            session = _core.Session(self._model, 0, self._n_ctx, threads_of=self._session)
+        with self.ctx.lock:
+            session = _core.Session(self._model, 0, self._n_ctx, threads_of=self.ctx.session)
             session.set_kv_cache(self.kv_cache)
             mode, args = self._sparsity_args
             session.set_sparsity(mode, **args)
@@ -329,14 +326,14 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         """The Rust session (``_core.Session``: the context's KV cache and the sparsity mode)
         this engine runs, for callers of the core itself (e.g. its phase timing). Changing its
         context behind the engine's back leaves the engine's view of the context stale."""
-        return self._session
+        return self.ctx.session
 
     @property
     @locked
     def context_ids(self) -> tuple[int, ...]:
         """The token ids the engine holds its context to be (what the next call continues);
         as many as :attr:`n_past` says the KV cache holds."""
-        return tuple(self._context)
+        return tuple(self.ctx.ids)
 
     def tensor_address(self, name: str) -> int:
         """Address the engine reads tensor ``name`` from (zero-copy checks); KeyError for a
@@ -362,7 +359,7 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
     @locked
     def sparsity(self) -> str:
         """The FFN sparsity mode."""
-        return self._session.sparsity
+        return self.ctx.session.sparsity
 
     @property
     def input_copies_bytes(self) -> int:
@@ -441,7 +438,7 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
                 experts=units,
             )
             args = {"predictors": typed}
-        self._session.set_sparsity(mode, **args)
+        self.ctx.session.set_sparsity(mode, **args)
         self._sparsity_args = (mode, args)
         self.reset()
 
@@ -464,27 +461,27 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
                 raise ShapeError(
                     f"thresholds must be a list of numbers (one per layer), got {thresholds!r}"
                 ) from None
-        self._session.start_profiling(thresholds, bool(capture), bool(capture_sites))
+        self.ctx.session.start_profiling(thresholds, bool(capture), bool(capture_sites))
 
     @locked
     def profile_counts(self) -> tuple[np.ndarray, int]:
         """(counts int64 (n_layers, ffn), tokens counted) of the running profile; a mixture
         of experts counts its flattened neuron space (n_layers, n_expert * expert_ffn), neuron
         ``e * expert_ffn + j`` being neuron j of expert e."""
-        return self._session.profile_counts(), self._session.profile_tokens
+        return self.ctx.session.profile_counts(), self.ctx.session.profile_tokens
 
     @locked
     def profile_expert_counts(self) -> np.ndarray | None:
         """Tokens routed to each expert in the running profile, int64 (n_layers, n_expert);
         None for a dense model."""
-        return self._session.profile_expert_counts()
+        return self.ctx.session.profile_expert_counts()
 
     @locked
     def take_sites(self) -> tuple[list[list[np.ndarray]], np.ndarray]:
         """The input mode's site rows captured since the last call (``capture_sites``): per
         layer the four sites' float32 rows (``INPUT_SITES`` order: attention input, attention
         output, FFN input, ``act(gate)·up``), then the output head's input rows."""
-        return self._session.take_sites()
+        return self.ctx.session.take_sites()
 
     @locked
     def input_column_norms(self, layer: int) -> list[np.ndarray]:
@@ -498,22 +495,19 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         mixture of experts: (x, act (n, n_expert_used * expert_ffn), routes int64 (n,
         n_expert_used)), each token's routed experts' values in route order and which
         experts they are."""
-        return self._session.take_captured()
+        return self.ctx.session.take_captured()
 
     @locked
     def stop_profiling(self) -> None:
         """Stop counting."""
-        self._session.stop_profiling()
+        self.ctx.session.stop_profiling()
 
     # -- scoring ---------------------------------------------------------------------------
 
     @locked
     def reset(self) -> None:
         """Forget the context."""
-        self._version += 1
-        self._session.reset()
-        self._context = []
-        self._batched = 0
+        self.ctx.reset()
 
     @locked
     def prefill(self, token_ids: Sequence[int]) -> np.ndarray:
@@ -522,12 +516,7 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         ids = self._check_ids(token_ids)
         if not ids:
             raise ShapeError("prefill() needs at least one token")
-        self._version += 1
-        logits = self._session.feed(ids)[0]
-        if len(ids) >= 2 and self._batched == len(self._context):
-            self._batched += len(ids)
-        self._context.extend(ids)
-        return logits
+        return self.ctx.feed(ids)
 
     @locked
     def logits(self, token_ids: Sequence[int]) -> np.ndarray:
@@ -537,7 +526,7 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
             raise ShapeError("logits() needs at least one token")
         self.reset()
         try:
-            return self._session.feed(ids, all_logits=True)
+            return self.ctx.session.feed(ids, all_logits=True)
         finally:
             self.reset()
 

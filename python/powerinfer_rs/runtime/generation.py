@@ -4,32 +4,21 @@ stop strings, and the timing of the last call (:class:`GenerationStats`)."""
 from __future__ import annotations
 
 import functools
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
-
-import numpy as np
 
 from ..errors import ContextOverflowError, ShapeError, TokenError
 from .chat import format_chat
 from .checks import check_int, check_seed
 from .constrain import Constraint, Grammar, grammar_of
-from .prefix_cache import common_prefix
-from .sampling import PositionDraws, SamplingParams, log_probs, sample
-from .speculative import (
-    DEFAULT_DRAFT_MAX,
-    Draft,
-    Drafter,
-    DraftLength,
-    SamplingState,
-    accept_or_replace,
-    decode_many,
-    resolve_speculative,
-)
-from .streaming import IncrementalDecoder, StopMatcher, TokenStep, TokenStream
+from .context import Claim, Context
+from .sampling import PositionDraws, SamplingParams
+from .speculative import DEFAULT_DRAFT_MAX, Drafter, resolve_speculative
+from .speculative_step import SpeculativeStep
+from .stream_args import Output, StreamArgs
+from .streaming import TokenStep, TokenStream
 from .tokenizer import Tokenizer, check_text
 
 if TYPE_CHECKING:
@@ -45,12 +34,8 @@ def locked(method: F) -> F:
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        with self._lock:
-            try:
-                return method(self, *args, **kwargs)
-            except BaseException:
-                self._resync()
-                raise
+        with self.ctx.guarded():
+            return method(self, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
 
@@ -112,15 +97,10 @@ def _texts(steps: TokenStream) -> Iterator[str]:
 
 
 class Generation:
-    """The generation methods of :class:`~.engine.Engine` (which supplies the session, the
-    tokenizer and the context bookkeeping)."""
+    """The generation methods of :class:`~.engine.Engine` and of a slot (:mod:`.slots`), which
+    supply the context (``ctx``, a :class:`~.context.Context`), the model and its tokenizer."""
 
-    _session: Any
-    _context: list[int]
-    _lock: threading.RLock
-    _version: int  # bumped whenever the context changes
-    _last_prefill_count: int
-    _batched: int  # leading context positions computed by multi-token passes
+    ctx: Context  # the context it generates in
     loaded: LoadedModel
     tokenizer: Tokenizer
     last_stats: GenerationStats
@@ -134,7 +114,7 @@ class Generation:
     def generate(self, prompt: str | Sequence[int], **kwargs) -> str:
         """Continue ``prompt`` and return the new text (see :meth:`stream` for arguments). Holds
         the engine's lock for the whole call: other threads wait."""
-        with self._lock:
+        with self.ctx.lock:
             return "".join(self.stream(prompt, **kwargs))
 
     def chat(self, messages: list[dict], **kwargs) -> str:
@@ -275,7 +255,7 @@ class Generation:
         )
         eos = set() if ignore_eos else set(self.tokenizer.eos_ids)
         stats = GenerationStats(prompt_tokens=len(prompt_ids), speculative=mode)
-        steps = self._stream(
+        args = StreamArgs(
             prompt_ids,
             params,
             max_new_tokens,
@@ -284,187 +264,67 @@ class Generation:
             eos,
             logprobs,
             stats,
-            constraint,
-            drafter,
-            draft_max,
+            constraint=constraint,
+            drafter=drafter,
+            draft_max=draft_max,
         )
+        steps = self._stream(args)
         return TokenStream(steps, stats)
 
-    def _stream(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        max_new_tokens: int,
-        draws: PositionDraws,
-        stops: list[str],
-        eos: set[int],
-        logprobs: int | None,
-        stats: GenerationStats,
-        constraint: Constraint | None = None,
-        drafter: Drafter | None = None,
-        draft_max: int = 0,
-    ) -> Iterator[TokenStep]:
-        """The generator behind :meth:`stream_tokens`. It holds the lock for each forward pass,
-        never across a ``yield``; when another call changed the context since its last step it
-        brings the context back to its own tokens (prefix reuse) before the next one.
+    def _stream(self, a: StreamArgs) -> Iterator[TokenStep]:
+        """The generator behind :meth:`stream_tokens`. It holds the context's lock for each
+        forward pass, never across a ``yield``; when another call changed the context since its
+        last step it brings the context back to its own tokens (prefix reuse) before the next
+        one (``claim``: its tokens and the context's version after its own last pass).
 
-        With a ``drafter`` (speculative decoding), the token sampled from the last logits is fed
-        together with up to k drafted tokens (:func:`~.speculative.decode_many`): the rows give
-        the logits after the token and after each draft. The positions are then taken one by
-        one as without speculation (eos, constraint, penalties, stop strings, logprobs, the
-        length limits), each drafted token accepted or replaced by
-        :func:`~.speculative.accept_or_replace` against its position's row. An accepted draft
-        is in the cache already: the next position's row is at hand, no forward pass; at the
-        first replacement the cache is cut back to the accepted tokens and the replacement is
-        fed with the next drafts. ``fed`` is always what the plain loop would have fed, and the
-        cache is cut back to it when the generation ends."""
-        t0 = time.perf_counter()
-        with self._lock:
+        Each output position takes its token from the last logits (:class:`~.speculative_step.
+        SpeculativeStep`: a drafted token accepted or replaced, or a plain sample), ends the
+        stream at eos, then yields it (:class:`~.stream_args.Output`: constraint, penalties,
+        stop strings, logprobs) and ends it at a stop string, a complete constraint or the
+        length limit. The next logits are the last verification's row after an accepted draft
+        (no pass), else a forward pass (the token alone, or with the next drafts), unless the
+        context is full. The claim's tokens are always what the plain loop would have fed, and
+        the cache is cut back to them when the generation ends."""
+        ctx, stats, t0 = self.ctx, a.stats, time.perf_counter()
+        with ctx.guarded():
             self.last_stats = stats
-            try:
-                logits = self._prefill(prompt_ids)
-            except BaseException:
-                self._resync()
-                raise
-            mine = self._version
-            stats.prefill_tokens = self._last_prefill_count
-            stats.cached_tokens = len(prompt_ids) - self._last_prefill_count
+            logits = ctx.prefill(a.prompt_ids)
+            claim = Claim(list(a.prompt_ids), ctx.version)
+            stats.prefill_tokens = ctx.last_prefill_count
+            stats.cached_tokens = len(a.prompt_ids) - ctx.last_prefill_count
         stats.prefill_seconds = time.perf_counter() - t0
-
-        decoder = IncrementalDecoder(self.tokenizer.decode)
-        matcher = StopMatcher(stops)
-        seen = list(prompt_ids)
-        counts: Counter[int] = Counter()  # output tokens, for the presence/frequency penalties
-        fed = list(prompt_ids)  # this generator's context: the tokens behind `logits`
-        state = SamplingState(params, draws.generator(), seen, counts, draws)
-        length = None
-        if drafter is not None:
-            # A drafter object given as ``speculative=`` is asked for draft_max tokens every
-            # step (its drafts verified as given); lookup and draft models adapt k.
-            adaptive = stats.speculative != "custom"
-            free = bool(getattr(drafter, "free", False))
-            length = DraftLength(draft_max, free=free, adaptive=adaptive)
-        guess: int | None = None  # a free drafter's guess at the next token, at a plain step
-        rows: np.ndarray | None = None  # the last verification's rows
-        draft = Draft([], [])  # being verified: draft.tokens[pos] was drafted for `logits`
-        pos = 0
+        out = Output(a, self.tokenizer.decode)
+        spec = SpeculativeStep.of(ctx, a, self.n_ctx)
         stats.finish_reason = "length"
         t_decode = time.perf_counter()
         phases0 = self._phase_totals()
         try:
-            for i in range(max_new_tokens):
-                allowed = logits if constraint is None else constraint.mask(logits)
-                accepted = False
-                if pos < len(draft):
-                    token, accepted = accept_or_replace(allowed, draft.tokens[pos], state, i)
-                    if accepted:
-                        stats.accepted_tokens += 1
-                        if pos + 1 == len(draft) and length is not None:
-                            length.update(len(draft), len(draft))
-                    else:
-                        if length is not None:
-                            length.update(len(draft), pos)
-                        mine = self._cut_back(fed, mine, drafter)
-                        draft, pos, rows = Draft([], []), 0, None
-                else:
-                    token = sample(allowed, params, draws.at(i), seen, counts)
-                    if guess is not None and length is not None:
-                        length.update(1, int(token == guess))
-                guess = None
-                if token in eos:
+            for i in range(a.max_new_tokens):
+                allowed = logits if a.constraint is None else a.constraint.mask(logits)
+                token = spec.take(allowed, out.state, i, claim)
+                if token in a.eos:
                     stats.finish_reason = "eos"
                     break
-                if constraint is not None:
-                    constraint.consume(token)  # the next mask is computed during the forward pass
-                seen.append(token)
-                counts[token] += 1
-                stats.completion_tokens += 1
-                step = TokenStep(token, matcher.push(decoder.add(token)))
-                if logprobs is not None:
-                    step.logprob, step.top_logprobs = log_probs(logits, token, logprobs)
-                yield step
-                if matcher.stopped:
-                    stats.finish_reason = "stop"
-                    stats.stop_sequence = matcher.matched
+                yield out.push(token, logits)
+                if out.finished(i):
                     break
-                if constraint is not None and constraint.done:
-                    stats.finish_reason = "eos"
-                    break
-                if i + 1 == max_new_tokens:
-                    break
-                if accepted and rows is not None and pos + 1 < len(rows):  # fed: its row is here
-                    fed.append(token)
-                    pos += 1
-                    logits = rows[pos]
-                    stats.decode_tokens += 1
-                    stats.decode_seconds = time.perf_counter() - t_decode
-                    continue
-                if len(fed) >= self.n_ctx:
-                    stats.finish_reason = "context"
-                    break
-                # Drafts: no more than tokens are left, nor than the context's room for what
-                # they verify (draft j is checked against the row after draft j-1). A last
-                # draft whose own row no later token could use is verified but not fed (if
-                # accepted, it is taken as the plain loop takes a sampled token).
-                left = max_new_tokens - i - 1
-                room = min(self.n_ctx - len(fed), left)
-                feed_max = min(self.n_ctx - len(fed) - 1, left - 1)
-                state.position = i + 1  # what a drafter proposes now starts there
-                with self._lock:
-                    try:
-                        proposal = Draft([], [])
-                        t_pass = time.perf_counter()
-                        if length is not None and drafter is not None:
-                            want = length.want(self._others_decoding())
-                            if want == 0:
-                                length.plain_step()
-                                if length.free and room > 0:
-                                    got = self._propose(drafter, fed + [token], 1, state, None)
-                                    guess = got.tokens[0] if got.tokens else None
-                            elif room > 0:
-                                proposal = self._propose(
-                                    drafter, fed + [token], min(want, room), state, constraint
-                                )
-                        if self._version != mine:  # another call used the context meanwhile
-                            logits = self._prefill(fed + [token])
-                            proposal, rows, guess = Draft([], []), None, None
-                        elif not proposal.tokens:
-                            t_feed = time.perf_counter()  # a free guess is not the step's
-                            logits = self._session.feed([token])[0]
-                            self._context.append(token)
-                            self._version += 1
-                            rows = None
-                            t_pass = t_feed
-                            if length is not None:
-                                length.timed(1, time.perf_counter() - t_pass)
-                        else:
-                            ids = [token] + proposal.tokens[:feed_max]
-                            rows = decode_many(self._session, ids)
-                            self._context.extend(ids)
-                            self._version += 1
-                            logits = rows[0]
-                            if length is not None:
-                                length.timed(len(ids), time.perf_counter() - t_pass)
-                    except BaseException:
-                        self._resync()
-                        raise
-                    mine = self._version
-                draft, pos = proposal, 0
-                if proposal.tokens:
-                    stats.verify_steps += 1
-                    stats.drafted_tokens += len(proposal)
-                fed.append(token)
+                row = spec.row_after(token, claim)
+                if row is None:
+                    if len(claim.tokens) >= self.n_ctx:
+                        stats.finish_reason = "context"
+                        break
+                    row = spec.forward(token, i, claim, out.state, self._others_decoding)
+                logits = row
                 stats.decode_tokens += 1
                 stats.decode_seconds = time.perf_counter() - t_decode
         finally:
             if phases0 is not None:
                 phases1 = self._phase_totals() or {}
                 stats.phases = {k: v - phases0.get(k, 0.0) for k, v in phases1.items()}
-            if draft.tokens:  # drafts past the last token taken may sit in the cache
-                self._cut_back(fed, mine, drafter)
-        rest = matcher.flush()
-        if rest and not matcher.stopped:
-            yield TokenStep(None, rest)
+            spec.close(claim)
+        rest = out.rest()
+        if rest is not None:
+            yield rest
 
     def _others_decoding(self) -> int:
         """Other generations whose decode steps share this one's forward passes (none here;
@@ -472,41 +332,9 @@ class Generation:
         them too (:meth:`~.speculative.DraftLength.want`)."""
         return 0
 
-    def _propose(
-        self,
-        drafter: Drafter,
-        history: list[int],
-        k: int,
-        state: SamplingState,
-        constraint: Constraint | None,
-    ) -> Draft:
-        """At most ``k`` drafted tokens continuing ``history``, cut before the first one the
-        constraint (at the state after ``history``) does not allow."""
-        got = drafter.propose(history, k, state)
-        proposal = Draft([int(t) for t in got.tokens[:k]], list(got.q[:k]))
-        if constraint is not None and proposal.tokens:
-            proposal = proposal.cut(constraint.valid_prefix(proposal.tokens))
-        return proposal
-
-    def _cut_back(self, fed: list[int], mine: int, drafter: Drafter | None) -> int:
-        """Drop the drafts past ``fed`` from the KV cache and the context (when the context is
-        still this generator's, ``mine``) and from the drafter; the context's version after."""
-        if drafter is not None:
-            drafter.rewind(len(fed))
-        with self._lock:
-            if self._version != mine:
-                return mine
-            n = len(fed)
-            if self._session.n_past > n:
-                self._session.truncate(n)
-            del self._context[n:]
-            self._batched = min(self._batched, n)
-            self._version += 1
-            return self._version
-
     def _phase_totals(self) -> dict[str, float] | None:
         """The hybrid executor's phase totals so far ({phase: seconds}), or None on the CPU."""
-        info = self._session.gpu_info()
+        info = self.ctx.session.gpu_info()
         return None if info is None else dict(info["phases"]["total"])
 
     def stats(self) -> dict:
@@ -552,46 +380,3 @@ class Generation:
                 raise ShapeError("empty prompt and the model has no BOS token to start from")
             ids = [self.tokenizer.bos_id]
         return ids
-
-    def _prefill(self, ids: list[int]) -> np.ndarray:
-        """Bring the context to ``ids`` reusing the longest common prefix; return the logits of
-        the last token.
-
-        The result never depends on what the cache held: a fresh context computes the tokens
-        before the last in one multi-token pass (whose rows do not depend on how the tokens
-        are split into passes) and the last one through the one-token (decode) path, which
-        rounds differently. So only positions a multi-token pass computed are reused
-        (``_batched``: not the last prompt token of an earlier call, nor generated tokens), and
-        the tokens computed now before the last are never a single token when a fresh context
-        would batch them."""
-        n = len(ids)
-        # The last token's logits are always recomputed.
-        common = min(common_prefix(self._context, ids), n - 1, self._batched)
-        if n - 1 < 2:
-            common = 0  # a fresh context computes a lone first token by the one-token path too
-        elif n - 1 - common == 1:
-            common -= 1  # two tokens before the last: one multi-token pass, as when fresh
-        self._version += 1
-        self._session.truncate(common)
-        self._context = self._context[:common]
-        self._batched = common
-        todo = ids[common:]
-        self._last_prefill_count = len(todo)
-        if len(todo) > 1:
-            self._session.feed(todo[:-1])
-            self._context.extend(todo[:-1])
-        self._batched = n - 1 if n - 1 >= 2 else 0
-        logits = self._session.feed(todo[-1:])[0]
-        self._context.append(todo[-1])
-        return logits
-
-    def _resync(self) -> None:
-        """After an exception: keep the longest state the Python view and the KV cache agree
-        on. The Rust side rolls a failed feed back, and the Python view only grows after a feed
-        returned, so the cache can only be ahead (an interrupt between the two): cut it back."""
-        n = min(self._session.n_past, len(self._context))
-        if self._session.n_past != n:
-            self._session.truncate(n)
-        del self._context[n:]
-        self._batched = min(self._batched, n)
-        self._version += 1

@@ -64,7 +64,7 @@ def store_neurons(config) -> int:
 
 
 class NeuronStoreMethods:
-    """The neuron store methods of Engine (which sets ``_model``, ``_lock`` and ``loaded``)."""
+    """The neuron store methods of Engine (which sets ``_model``, ``ctx`` and ``loaded``)."""
 
     @locked
     def write_neuron_store(
@@ -205,7 +205,7 @@ class NeuronStoreMethods:
 
     def close_neuron_store(self) -> None:
         """Read the neuron rows from the resident weights again."""
-        with self._lock:
+        with self.ctx.lock:
             self._model.close_neuron_store()
 
     def neuron_store_stats(self, *, reset: bool = False) -> dict:

@@ -15,7 +15,7 @@ from .generation import locked
 
 
 class PlanAndDevice:
-    """The plan and device methods of Engine (which sets ``_model``, ``_session``, ``_lock``,
+    """The plan and device methods of Engine (which sets ``_model``, ``ctx`` (its context),
     ``_n_ctx``, ``device``, ``loaded`` and ``plan``)."""
 
     @locked
@@ -67,13 +67,13 @@ class PlanAndDevice:
 
     def _adopt(self, adopted: _core.Plan, budget: int | None) -> None:
         """Hand a checked plan to the session and open its device."""
-        self._session.set_plan(adopted)
+        self.ctx.session.set_plan(adopted)
         try:
-            self._session.set_device(self.device, budget)
+            self.ctx.session.set_device(self.device, budget)
         except BaseException:
-            self._session.set_plan(self.plan)
+            self.ctx.session.set_plan(self.plan)
             if self.plan is not None:
-                self._session.set_device(self.device, None)
+                self.ctx.session.set_device(self.device, None)
             raise
         self.plan = adopted
         self._gpu_unused = None
@@ -96,8 +96,8 @@ class PlanAndDevice:
         replayed, nodes_updated, kernels, explicit}), else None. ``unused`` is None, or, on a
         GPU device whose plan puts nothing on it, why the device is idle (the engine warned when
         it adopted the plan)."""
-        with self._lock:
-            info = self._session.gpu_info()
+        with self.ctx.lock:
+            info = self.ctx.session.gpu_info()
             unused = getattr(self, "_gpu_unused", None)
             if info is not None:
                 info["unused"] = None

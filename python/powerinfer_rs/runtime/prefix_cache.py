@@ -4,7 +4,7 @@ conversation, in whichever slot it lands.
 
 An entry is a token list and the KV bytes of exactly those positions
 (``_core.Session.kv_snapshot``). Only positions computed by multi-token passes are stored (a
-slot's ``_context[:_batched]``), so a restored prefix gives the same logits as computing it
+slot's ``ctx.ids[:ctx.batched]``), so a restored prefix gives the same logits as computing it
 again. Lookup: the entry with the longest common prefix with the new tokens. Insert: entries
 that are a strict prefix of the new one are dropped (it covers them); a new one already covered
 by an entry only refreshes that entry; the least recently used go until the bytes fit."""

@@ -20,15 +20,18 @@ import logging
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import PowerInferError, UnsupportedError
 from .batcher import DEFAULT_CHUNK, DEFAULT_GATHER_S, Batcher
+from .context import Context
 from .generation import Generation, GenerationStats, _texts
-from .prefix_cache import DEFAULT_CACHE_MIB, MIN_ENTRY_TOKENS, PrefixCache, common_prefix
-from .streaming import TokenStream
+from .prefix_cache import DEFAULT_CACHE_MIB, MIN_ENTRY_TOKENS, PrefixCache
+from .stream_args import StreamArgs
+from .streaming import TokenStep, TokenStream
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -85,14 +88,9 @@ class Slot(_OfEngine):
         self.id = index
         self._core = engine.new_session()
         self._batcher = pool.batcher
-        self._session = SlotSession(self, self._core, pool.batcher)
+        self.ctx = Context(SlotSession(self, self._core, pool.batcher))
         # The engine's draft model, with a context of its own.
         self.draft = engine.draft.fork() if engine.draft is not None else None
-        self._lock = threading.RLock()
-        self._version = 0
-        self._context: list[int] = []
-        self._batched = 0
-        self._last_prefill_count = 0
         self.last_stats = GenerationStats()
         self.state = "idle"
         self.request: str | None = None
@@ -106,28 +104,11 @@ class Slot(_OfEngine):
     @property
     def n_past(self) -> int:
         """Positions in the slot's context (its Python view, read without waiting)."""
-        return len(self._context)
+        return len(self.ctx.ids)
 
     def reusable(self, ids: Sequence[int]) -> int:
         """Leading positions of ``ids`` this slot's KV cache holds bit-exactly."""
-        return min(common_prefix(self._context, ids), self._batched)
-
-    def restore(self, tokens: Sequence[int], data: bytes) -> None:
-        """Make the context the snapshot ``data`` of ``tokens`` (all computed by multi-token
-        passes); a failure leaves an empty context."""
-        self._version += 1
-        try:
-            self._core.kv_restore(data, len(tokens))
-        except BaseException:
-            self._core.reset()
-            self._context, self._batched = [], 0
-            raise
-        self._context, self._batched = list(tokens), len(tokens)
-
-    def snapshot(self) -> tuple[list[int], bytes]:
-        """The reusable part of the context: its tokens and their KV bytes."""
-        n = self._batched
-        return self._context[:n], self._core.kv_snapshot(n)
+        return self.ctx.reusable(ids)
 
     def info(self) -> dict[str, Any]:
         """The /health view of the slot."""
@@ -153,16 +134,14 @@ class _Lease(_OfEngine):
         self.cancelled = threading.Event()
         self.draft = pool.engine.draft
 
-    def _stream(  # type: ignore[override]
-        self, prompt_ids: list[int], *args: Any
-    ) -> Iterator[Any]:
-        """Generation's ``_stream`` (the same arguments) in a slot bound now."""
-        *rest, drafter, draft_max = args  # stream_tokens passes every argument in order
-        slot = self._pool.acquire(prompt_ids, self._request, self.cancelled)
+    def _stream(self, args: StreamArgs) -> Iterator[TokenStep]:
+        """Generation's ``_stream`` of ``args`` in a slot bound now (the engine's draft model
+        replaced by the slot's own context of it)."""
+        slot = self._pool.acquire(args.prompt_ids, self._request, self.cancelled)
         try:
-            if drafter is not None and drafter is self.draft:
-                drafter = slot.draft  # the engine's draft model: the slot's own context of it
-            yield from slot._stream(prompt_ids, *rest, drafter, draft_max)
+            if args.drafter is not None and args.drafter is self.draft:
+                args = replace(args, drafter=slot.draft)
+            yield from slot._stream(args)
         finally:
             self._pool.release(slot)
 
@@ -272,7 +251,7 @@ class SlotPool:
         entry, n = self.cache.lookup(ids)
         usable = min(n, len(ids) - 1)  # the last prompt token is always computed
         if entry is not None and usable > slot.reusable(ids):
-            slot.restore(entry.tokens, entry.data)
+            slot.ctx.restore(entry.tokens, entry.data)
             self.cache.used(entry, usable)
 
     def release(self, slot: Slot) -> None:
@@ -280,7 +259,7 @@ class SlotPool:
         self.batcher.leave(slot)
         try:
             if self._worth_keeping(slot):
-                self.cache.insert(*slot.snapshot())
+                self.cache.insert(*slot.ctx.snapshot())
         except PowerInferError as e:
             log.warning("prefix cache: snapshot of slot %d failed: %s", slot.id, e)
         finally:
@@ -291,7 +270,7 @@ class SlotPool:
     def _worth_keeping(self, slot: Slot) -> bool:
         """Whether ``slot``'s reusable prefix would go into the cache (checked before its
         snapshot is copied): long enough, within the bound, and not held by an entry yet."""
-        held = slot._context[: slot._batched]
+        held = slot.ctx.ids[: slot.ctx.batched]
         if not self.cache.enabled or len(held) < MIN_ENTRY_TOKENS:
             return False
         nbytes = len(held) * slot._core.kv_snapshot_bytes_per_position

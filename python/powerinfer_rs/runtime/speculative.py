@@ -12,8 +12,8 @@ that position's own generator (:class:`~.sampling.PositionDraws`), and accepts t
 it is that token: for one-hot drafts (prompt lookup) the speculative sampling rule (Leviathan
 et al. 2023, Chen et al. 2023) itself, and for every drafter the plain text, token for token,
 greedy or seeded.
-:class:`DraftLength` adapts k to what is accepted. The decode loop itself is
-:meth:`~.generation.Generation._stream`.
+:class:`DraftLength` adapts k to what is accepted. The step that drafts, verifies and accepts is
+:class:`~.speculative_step.SpeculativeStep`, run by :meth:`~.generation.Generation._stream`.
 """
 
 from __future__ import annotations

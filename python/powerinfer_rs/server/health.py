@@ -23,7 +23,7 @@ def engine_slot(state: ServerState) -> dict[str, Any]:
         "id": 0,
         "state": "idle" if job is None else "decode",
         "request": None if job is None else job.id,
-        "n_past": len(state.engine._context),
+        "n_past": len(state.engine.ctx.ids),
         "prompt_tokens": s.prompt_tokens,
         "cached_tokens": s.cached_tokens,
         "completion_tokens": s.completion_tokens,
