@@ -7,12 +7,14 @@ use powerinfer_core::Result;
 
 use crate::attention::{attention, AttnShape};
 use crate::ffn::Arith;
-use crate::forward::{add_rows, norm_bias, norm_heads, norm_rows, norm_rows_with, Angles, Scratch};
 use crate::input_sparse::{site_matrix, Site};
 use crate::kv_cache::KvCache;
 use crate::layer::AttnStep;
 use crate::norm_rope::apply_rope;
 use crate::pass_rows::Kv;
+use crate::pass_scratch::{
+    add_rows, norm_bias, norm_heads, norm_rows, norm_rows_with, Angles, Scratch,
+};
 use crate::phases::{mark, Phase};
 use crate::profiler::Profiler;
 use crate::project_site::{project_site, SiteCopies, SiteRead};

@@ -161,7 +161,8 @@ pub struct FfnCall<'a> {
     pub arith: Arith,
 }
 
-/// The FFN output (n × dim) into `out`; returns the phase the time since the last mark belongs
+/// The FFN output (n × dim) into `out` in every mode but the input mode's (see
+/// [`ffn_in_mode`](crate::input_ffn::ffn_in_mode)); returns the phase the time since the last mark belongs
 /// to ([`Phase::Ffn`] where one fused region ran the whole FFN, else [`Phase::Down`]).
 pub fn ffn(
     call: &FfnCall<'_>,
@@ -171,10 +172,11 @@ pub fn ffn(
 ) -> Result<Phase> {
     let dim = call.model.config.dim;
     out.resize(call.n * dim, 0.0);
-    if let Sparsity::Input(p) = call.mode {
-        crate::input_ffn::input_ffn(call, p, s, profiler, out)?;
-        return Ok(Phase::Down);
-    }
+    powerinfer_core::ensure!(
+        !matches!(call.mode, Sparsity::Input(_)),
+        Other,
+        "the input mode's FFN is input_ffn's"
+    );
     let sparse = !matches!(call.mode, Sparsity::Dense) && call.mode.dense_rows(call.start, 1) == 0;
     if call.n == 1 && profiler.is_none() && sparse {
         return sparse_decode(call, s, out);

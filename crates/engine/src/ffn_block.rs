@@ -4,11 +4,12 @@
 
 use powerinfer_core::Result;
 
-use crate::ffn::{ffn, Arith, FfnCall};
-use crate::forward::{add_rows, norm_bias, norm_rows, norm_rows_with, Scratch};
+use crate::ffn::{Arith, FfnCall};
+use crate::input_ffn::ffn_in_mode;
 use crate::layer::{FfnInput, FfnStep};
 use crate::moe_step::MoeAt;
 use crate::pass_rows::Rows;
+use crate::pass_scratch::{add_rows, norm_bias, norm_rows, norm_rows_with, Scratch};
 use crate::phases::{mark, Phase};
 use crate::profiler::Profiler;
 use crate::sparsity::Sparsity;
@@ -58,7 +59,7 @@ pub(crate) fn ffn_block(
                         start,
                         arith: Arith::Batch,
                     };
-                    phase = ffn(&call, &mut s.ffn, None, &mut row)?;
+                    phase = ffn_in_mode(&call, &mut s.ffn, None, &mut row)?;
                     s.down[t * dim..(t + 1) * dim].copy_from_slice(&row);
                 }
             }
@@ -76,7 +77,7 @@ pub(crate) fn ffn_block(
                     start,
                     arith: s.arith,
                 };
-                phase = ffn(&call, &mut s.ffn, profiler.as_deref_mut(), &mut s.down)?;
+                phase = ffn_in_mode(&call, &mut s.ffn, profiler.as_deref_mut(), &mut s.down)?;
             }
             FfnStep::Moe(kind) => {
                 let Some(w) = &lw.moe else {

@@ -3,15 +3,33 @@
 
 use powerinfer_core::Result;
 
-use crate::ffn::{activate, add_gate_bias, gate_and_up, project, Arith, FfnCall, FfnScratch};
+use crate::ffn::{activate, add_gate_bias, ffn, gate_and_up, project, Arith, FfnCall, FfnScratch};
 use crate::input_sparse::{mask_rows, project_kept, site_matrix, InputSparsity, Site};
+use crate::phases::Phase;
 use crate::profiler::Profiler;
+use crate::sparsity::Sparsity;
+
+/// The FFN output of `call` (n × dim) into `out` in its mode: the input mode's here, the others'
+/// by [`ffn`]; returns the phase the time since the last mark belongs to.
+pub(crate) fn ffn_in_mode(
+    call: &FfnCall<'_>,
+    s: &mut FfnScratch,
+    profiler: Option<&mut Profiler>,
+    out: &mut Vec<f32>,
+) -> Result<Phase> {
+    let Sparsity::Input(p) = call.mode else {
+        return ffn(call, s, profiler, out);
+    };
+    out.resize(call.n * call.model.config.dim, 0.0);
+    input_ffn(call, p, s, profiler, out)?;
+    Ok(Phase::Down)
+}
 
 /// The FFN in the input mode (see [`crate::input_sparse`]): gate and up over the entries of
 /// the FFN input that `ffn_in` keeps, down over the values `act(gate)·up` that `down_in` keeps.
 /// One token past the context's first reads only the kept input-major columns; batches (and
 /// profiling runs) take the dense products of the masked inputs.
-pub(crate) fn input_ffn(
+fn input_ffn(
     call: &FfnCall<'_>,
     p: &InputSparsity,
     s: &mut FfnScratch,

@@ -25,6 +25,7 @@ pub mod moe_weights;
 pub mod neuron_store;
 pub mod norm_rope;
 mod pass_rows;
+mod pass_scratch;
 pub mod phases;
 pub mod placement;
 pub mod profiler;

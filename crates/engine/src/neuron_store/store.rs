@@ -17,7 +17,6 @@ use crate::neuron_store::format::{self, StoreLayout, ALIGN};
 use crate::neuron_store::io::{Batch, IoPool};
 
 mod ahead;
-use ahead::Ahead;
 
 /// What the store did since it was opened (or its counts were last reset).
 #[derive(Clone, Debug, Default)]
@@ -64,6 +63,13 @@ pub enum Active<'a> {
     /// Neuron ids whose gate rows are read with the rest, each activation times a factor (a
     /// routed expert's weight: a mixture of experts' dense experts).
     Scaled(&'a [u32], &'a [f32]),
+}
+
+/// Clusters of `layer` read ahead of its FFN.
+struct Ahead {
+    layer: usize,
+    need: usize,
+    pinned: Pinned,
 }
 
 /// Clusters pinned in the cache, with the reads of the missing ones submitted.

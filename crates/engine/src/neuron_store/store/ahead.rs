@@ -4,16 +4,9 @@
 
 use std::collections::HashSet;
 
-use super::{NeuronStore, Pinned};
+use super::{Ahead, NeuronStore, Pinned};
 use crate::neuron_store::cache::Slot;
 use crate::neuron_store::io::Batch;
-
-/// Clusters of `layer` read ahead of its FFN.
-pub(super) struct Ahead {
-    layer: usize,
-    need: usize,
-    pinned: Pinned,
-}
 
 impl NeuronStore {
     /// Wait for a read-ahead and let its slots go (filled, or forgotten where a read failed:
