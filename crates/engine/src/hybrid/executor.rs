@@ -3,13 +3,12 @@
 //! then the FFN block split between the GPU's hot neurons and the CPU's cold ones, computed at
 //! the same time ([`crate::hybrid::ffn_pass`]). A block on the CPU runs the CPU forward pass's
 //! own code for it. The residual stream (and a parallel block's saved input) is
-//! [`Mirrored`]: it moves between host and device only when the next step runs on the other
+//! [`Mirrored`](crate::hybrid::mirrored::Mirrored): it moves between host and device only when the next step runs on the other
 //! side.
 
 use std::sync::Arc;
 
 use powerinfer_core::{ensure, Result, Side};
-use powerinfer_cuda::ops::prelude::*;
 use powerinfer_cuda::{Allocation, Backend};
 
 use crate::forward::{attention_block, embed, ffn_block, output_block, Angles, Kv, Rows, Scratch};
@@ -17,9 +16,11 @@ use crate::hybrid::api::{refuse_cpu_only, Hybrid};
 use crate::hybrid::attention::AttnPass;
 use crate::hybrid::experts::cold_by_expert;
 use crate::hybrid::ffn_pass::{CpuFfnScratch, FfnChoices, FfnPass};
-use crate::hybrid::gpu_model::{GpuLayer, GpuModel, GpuScratch};
+use crate::hybrid::gpu_model::{GpuLayer, GpuModel};
+use crate::hybrid::knobs::Knobs;
+pub use crate::hybrid::knobs::{GATHER_ENV, POOL_SPIN_ENV, POOL_SPIN_US};
 use crate::hybrid::kv_sync::KvSync;
-use crate::hybrid::mirrored::Mirrored;
+use crate::hybrid::mirrored::{Streams, Vector};
 use crate::hybrid::output::gpu_output;
 use crate::hybrid::phase_clock::{HybridPhase, PhaseClock, PhaseStats};
 use crate::hybrid::transfers::{Link, TransferStats};
@@ -28,15 +29,6 @@ use crate::moe::early_logits;
 use crate::placement::Placement;
 use crate::sparsity::Sparsity;
 use crate::weights::ModelWeights;
-
-/// A vector the executor keeps on both sides.
-#[derive(Clone, Copy, Debug)]
-enum Vector {
-    /// The residual stream (`host.x`, `sc.x`).
-    Residual,
-    /// A parallel block's saved input (`host.par_in`, `sc.saved`).
-    Saved,
-}
 
 /// The hybrid executor on backend `B`.
 pub struct Executor<B: Backend> {
@@ -60,31 +52,11 @@ pub struct Executor<B: Backend> {
     /// RoPE's angle per position of each rotated pair: the global layers' and, for families
     /// whose sliding layers have their own base, theirs.
     inv_freqs: [Vec<f64>; 2],
-    /// Where the residual stream's current value is (host, device or both).
-    x: Mirrored,
-    /// Where a parallel block's saved input's current value is.
-    saved: Mirrored,
-    /// Whether the hot FFN runs over lists gathered on the GPU (the default; see
-    /// [`GATHER_ENV`]) in the sparse modes (dense rows gather nothing).
-    gather: bool,
-    /// How long the CPU pool's threads spin, woken as a layer with cold neurons starts, waiting
-    /// for its CPU part (see [`POOL_SPIN_ENV`]).
-    pool_spin: std::time::Duration,
+    /// Where the residual stream and a parallel block's saved input are current.
+    streams: Streams,
+    /// The settings from the environment (gathering lists on the GPU, the pool's spin).
+    knobs: Knobs,
 }
-
-/// `POWERINFER_RS_POOL_SPIN_US`: microseconds the CPU pool's threads spin for a layer's CPU part,
-/// woken as the layer starts (default [`POOL_SPIN_US`]; 0: they sleep between layers and wake
-/// when the work arrives, tens of microseconds later on a VM whose idle vCPU halts).
-pub const POOL_SPIN_ENV: &str = "POWERINFER_RS_POOL_SPIN_US";
-/// Default of [`POOL_SPIN_ENV`]: longer than a layer's GPU part on the GPUs we plan for (about
-/// 0.2 ms for a 7B layer at 40% of its bytes on an H200), so the threads are running when the
-/// CPU's part begins; a bound on the core time a layer without CPU work wastes.
-pub const POOL_SPIN_US: u64 = 1000;
-
-/// `POWERINFER_RS_GPU_GATHER=0` runs the hot FFN without the lists gathered on the GPU: gate/up
-/// over every hot slot testing its flag, the down pass over every hot row testing its
-/// coefficient (the path before compact.cu), for measuring one against the other on a GPU.
-pub const GATHER_ENV: &str = "POWERINFER_RS_GPU_GATHER";
 
 impl<B: Backend> Executor<B> {
     /// Upload what `placement` puts on the GPU of `model` to `dev`.
@@ -114,22 +86,9 @@ impl<B: Backend> Executor<B> {
             moe_cold,
             moe: c.moe.is_moe(),
             inv_freqs: [c.rope_inv_freqs(false), c.rope_inv_freqs(true)],
-            x: Mirrored::only(Side::Cpu),
-            saved: Mirrored::default(),
-            gather: std::env::var(GATHER_ENV).map_or(true, |v| v != "0"),
-            pool_spin: std::time::Duration::from_micros(
-                std::env::var(POOL_SPIN_ENV)
-                    .ok()
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(POOL_SPIN_US),
-            ),
+            streams: Streams::default(),
+            knobs: Knobs::from_env(),
         })
-    }
-
-    fn scratch(gpu: &mut GpuModel<B>) -> Result<&mut GpuScratch<B>> {
-        gpu.scratch
-            .as_mut()
-            .ok_or_else(|| powerinfer_core::Error::Other("no GPU scratch buffers".into()))
     }
 }
 
@@ -246,16 +205,17 @@ impl<B: Backend> Executor<B> {
         // With graphs on, the step's launch batches are numbered from here (a graph each).
         self.dev.begin_step()?;
         embed(model, &[token], pos, &mut self.host.x)?;
-        self.x = Mirrored::only(Side::Cpu);
+        self.streams.x.wrote(Side::Cpu);
         let angles = Angles::new(c, pos, 1);
         for l in 0..c.n_layers {
             self.clock.enter(l, HybridPhase::Other);
             if !self.placement.file.table.layers[l].cold.is_empty() {
                 // The pool's threads start now, while the GPU's part of the layer is queued.
-                powerinfer_cpu::warm_pool(self.pool_spin);
+                powerinfer_cpu::warm_pool(self.knobs.pool_spin);
             }
             if model.program.layers[l].save_residual {
-                self.save_residual()?;
+                let sc = self.gpu.scratch.as_mut();
+                self.streams.save_residual(&self.dev, &mut self.host, sc)?;
             }
             // A router that reads the layer's input (SmallThinker) runs on the CPU before the
             // attention block.
@@ -271,7 +231,7 @@ impl<B: Backend> Executor<B> {
                 self.current(Vector::Residual, Side::Cpu, l)?;
                 let kv = &mut Kv::Run { cache, start: pos };
                 attention_block(model, l, mode, kv, &mut self.host, None, 1, &angles)?;
-                self.x.wrote(Side::Cpu);
+                self.streams.x.wrote(Side::Cpu);
             }
             if self.gpu.layers[l].ffn.is_some() {
                 self.hybrid_ffn(model, mode, l, pos)?;
@@ -283,7 +243,7 @@ impl<B: Backend> Executor<B> {
                 }
                 let rows = Rows::Run { mode, start: pos };
                 ffn_block(model, l, &rows, &mut self.host, None, 1)?;
-                self.x.wrote(Side::Cpu);
+                self.streams.x.wrote(Side::Cpu);
             }
         }
         let logits = self.output(model)?;
@@ -294,46 +254,12 @@ impl<B: Backend> Executor<B> {
         Ok(logits)
     }
 
-    /// Make `side`'s copy of `v` current (a transfer charged to `slot` when only the other
-    /// side has it).
+    /// Make `side`'s copy of `v` current (see [`Streams::current`]).
     fn current(&mut self, v: Vector, side: Side, slot: usize) -> Result<()> {
-        let mirror = match v {
-            Vector::Residual => self.x,
-            Vector::Saved => self.saved,
-        };
-        if mirror.is_on(side) {
-            return Ok(());
-        }
-        let sc = Self::scratch(&mut self.gpu)?;
-        let len = self.host.x.len();
-        let (mirror, host, device) = match v {
-            Vector::Residual => (&mut self.x, &mut self.host.x, &mut sc.x),
-            Vector::Saved => {
-                let Some(saved) = sc.saved.as_mut() else {
-                    powerinfer_core::bail!(Other, "no GPU buffer for a parallel block's input");
-                };
-                (&mut self.saved, &mut self.host.par_in, saved)
-            }
-        };
         let mut link = Link::new(&self.dev, &mut self.stats, &mut self.clock);
-        mirror.make_current(side, &mut link, slot, host, len, device)
-    }
-
-    /// A parallel block starts: keep the residual as its FFN's input, on each side that has it
-    /// (a copy, no transfer).
-    fn save_residual(&mut self) -> Result<()> {
-        self.saved = self.x;
-        if self.x.is_on(Side::Cpu) {
-            self.host.par_in.clone_from(&self.host.x);
-        }
-        if self.x.is_on(Side::Gpu) {
-            let sc = Self::scratch(&mut self.gpu)?;
-            let Some(saved) = sc.saved.as_mut() else {
-                powerinfer_core::bail!(Other, "no GPU buffer for a parallel block's input");
-            };
-            self.dev.copy(saved, &sc.x)?;
-        }
-        Ok(())
+        let sc = self.gpu.scratch.as_mut();
+        self.streams
+            .current(v, side, slot, &mut link, &mut self.host, sc)
     }
 
     /// Layer `l`'s attention block on the GPU (see [`AttnPass`]).
@@ -356,7 +282,7 @@ impl<B: Backend> Executor<B> {
             inv_freqs: &self.inv_freqs,
         };
         pass.run(&model.program.layers[l].attention)?;
-        self.x.wrote(Side::Gpu);
+        self.streams.x.wrote(Side::Gpu);
         Ok(())
     }
 
@@ -375,7 +301,7 @@ impl<B: Backend> Executor<B> {
             .predictor
             .as_ref()
             .is_some_and(|p| p.filled);
-        let choices = FfnChoices::new(model, mode, table, l, pos, gpu_filled, self.gather);
+        let choices = FfnChoices::new(model, mode, table, l, pos, gpu_filled, self.knobs.gather);
         self.ffn_inputs(l, choices.saved, choices.host_needed)?;
         let GpuModel {
             layers, scratch, ..
@@ -407,7 +333,7 @@ impl<B: Backend> Executor<B> {
             moe_cold: &self.moe_cold[l],
         };
         pass.run(&model.program.layers[l].ffn)?;
-        self.x.wrote(Side::Gpu);
+        self.streams.x.wrote(Side::Gpu);
         Ok(())
     }
 

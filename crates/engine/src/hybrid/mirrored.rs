@@ -3,9 +3,12 @@
 //! on one side makes that side current first, one transfer when only the other side has it;
 //! a step that writes it on one side leaves the other side stale.
 
-use powerinfer_core::{Result, Side};
+use powerinfer_core::{bail, Result, Side};
+use powerinfer_cuda::ops::prelude::*;
 use powerinfer_cuda::Backend;
 
+use crate::forward::Scratch;
+use crate::hybrid::gpu_model::GpuScratch;
 use crate::hybrid::transfers::Link;
 
 /// Which copies of a mirrored vector hold its current value.
@@ -61,6 +64,87 @@ impl Mirrored {
                 link.up(slot, host, device, 0)?;
                 self.device = true;
             }
+        }
+        Ok(())
+    }
+}
+
+/// A vector the executor keeps on both sides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Vector {
+    /// The residual stream (`host.x`, `sc.x`).
+    Residual,
+    /// A parallel block's saved input (`host.par_in`, `sc.saved`).
+    Saved,
+}
+
+/// Where the executor's mirrored vectors are current: the residual stream and a parallel
+/// block's saved input (their host copies in the CPU's [`Scratch`], their device copies in the
+/// [`GpuScratch`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Streams {
+    pub x: Mirrored,
+    pub saved: Mirrored,
+}
+
+/// The device buffer of a parallel block's saved input.
+fn saved_buf<B: Backend>(sc: &mut GpuScratch<B>) -> Result<&mut B::Buf<f32>> {
+    match sc.saved.as_mut() {
+        Some(saved) => Ok(saved),
+        None => bail!(Other, "no GPU buffer for a parallel block's input"),
+    }
+}
+
+impl Streams {
+    /// Make `side`'s copy of `v` current (a transfer charged to `slot` when only the other
+    /// side has it).
+    pub fn current<B: Backend>(
+        &mut self,
+        v: Vector,
+        side: Side,
+        slot: usize,
+        link: &mut Link<'_, B>,
+        host: &mut Scratch,
+        sc: Option<&mut GpuScratch<B>>,
+    ) -> Result<()> {
+        let mirror = match v {
+            Vector::Residual => &mut self.x,
+            Vector::Saved => &mut self.saved,
+        };
+        if mirror.is_on(side) {
+            return Ok(());
+        }
+        let Some(sc) = sc else {
+            bail!(Other, "no GPU scratch buffers");
+        };
+        let len = host.x.len();
+        let (host, device) = match v {
+            Vector::Residual => (&mut host.x, &mut sc.x),
+            Vector::Saved => (&mut host.par_in, saved_buf(sc)?),
+        };
+        mirror.make_current(side, link, slot, host, len, device)
+    }
+
+    /// A parallel block starts: keep the residual as its FFN's input, on each side that has it
+    /// (a copy, no transfer).
+    pub fn save_residual<B: Backend>(
+        &mut self,
+        dev: &B,
+        host: &mut Scratch,
+        sc: Option<&mut GpuScratch<B>>,
+    ) -> Result<()> {
+        self.saved = self.x;
+        if self.x.is_on(Side::Cpu) {
+            host.par_in.clone_from(&host.x);
+        }
+        if self.x.is_on(Side::Gpu) {
+            let Some(sc) = sc else {
+                bail!(Other, "no GPU scratch buffers");
+            };
+            let Some(saved) = sc.saved.as_mut() else {
+                bail!(Other, "no GPU buffer for a parallel block's input");
+            };
+            dev.copy(saved, &sc.x)?;
         }
         Ok(())
     }

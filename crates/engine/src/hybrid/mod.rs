@@ -17,6 +17,7 @@ pub mod executor;
 pub mod experts;
 pub mod ffn_pass;
 pub mod gpu_model;
+pub mod knobs;
 pub mod kv_sync;
 pub mod mirrored;
 pub mod output;
