@@ -149,3 +149,38 @@ impl Streams {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hybrid::phase_clock::PhaseClock;
+    use crate::hybrid::transfers::TransferStats;
+    use powerinfer_cuda::HostBackend;
+
+    #[test]
+    fn a_side_is_made_current_by_one_transfer_and_only_when_stale() -> Result<()> {
+        let dev = HostBackend::new();
+        let (mut stats, mut clock) = (TransferStats::new(1), PhaseClock::new(1));
+        let mut link = Link::new(&dev, &mut stats, &mut clock);
+        let mut host = vec![1.0f32, 2.0, 3.0];
+        let mut device = dev.zeros::<f32>(3)?;
+        let mut m = Mirrored::only(Side::Cpu);
+        assert!(m.is_on(Side::Cpu) && !m.is_on(Side::Gpu));
+        for _ in 0..2 {
+            m.make_current(Side::Gpu, &mut link, 0, &mut host, 3, &mut device)?;
+            m.make_current(Side::Cpu, &mut link, 0, &mut host, 3, &mut device)?;
+        }
+        assert!(m.is_on(Side::Cpu) && m.is_on(Side::Gpu));
+        dev.write(&[4.0f32, 5.0, 6.0], &mut device, 0)?;
+        m.wrote(Side::Gpu);
+        assert!(!m.is_on(Side::Cpu));
+        // Into a host copy of another length (a saved input not kept on the host yet).
+        let mut saved = Vec::new();
+        m.make_current(Side::Cpu, &mut link, 1, &mut saved, 3, &mut device)?;
+        assert_eq!(saved, [4.0, 5.0, 6.0]);
+        let (up, down) = (stats.layers[0], stats.layers[1]);
+        assert_eq!((up.uploads, up.downloads, up.bytes_up), (1, 0, 12));
+        assert_eq!((down.uploads, down.downloads, down.bytes_down), (0, 1, 12));
+        Ok(())
+    }
+}

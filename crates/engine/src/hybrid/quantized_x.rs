@@ -138,3 +138,83 @@ impl<B: Backend> QuantizedX<B> {
         Ok(XIn::quantized(xb, &self.bytes))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use powerinfer_cuda::{HostBackend, HostMem};
+
+    /// The bytes `quantize_x` makes of `x`.
+    fn quantized(dev: &HostBackend, x: &[f32], len: usize) -> Result<Vec<u8>> {
+        let (mut buf, mut q) = (dev.zeros::<f32>(x.len())?, dev.zeros::<u8>(len)?);
+        dev.write(x, &mut buf, 0)?;
+        dev.quantize_x(&buf, &mut q)?;
+        Ok(HostBackend::data(&q).to_vec())
+    }
+
+    #[test]
+    fn a_copy_of_another_source_is_quantized_again() -> Result<()> {
+        let dev = HostBackend::new();
+        let n = 64;
+        let len = powerinfer_cuda::layout::xq_bytes(n);
+        let (a, b): (Vec<f32>, Vec<f32>) = (0..n)
+            .map(|i| (i as f32 * 0.25 - 3.0, 5.0 - i as f32 * 0.5))
+            .unzip();
+        let mut xq = QuantizedX::new(dev.zeros::<u8>(len)?);
+        let (mut x, mut xb) = (dev.zeros::<f32>(n)?, dev.zeros::<f32>(n)?);
+        let mut w = dev.zeros::<f32>(n)?;
+        dev.write(&vec![1.0; n], &mut w, 0)?;
+        let norm = NormWeights {
+            kind: NormKind::Rms,
+            w: &w,
+            bias: None,
+            eps: 1e-5,
+        };
+        let ffn0 = XbSite {
+            layer: 0,
+            block: Block::Ffn,
+        };
+        let attn1 = XbSite {
+            layer: 1,
+            block: Block::Attention,
+        };
+        dev.write(&a, &mut x, 0)?;
+        xq.norm_into(&dev, ffn0, &norm, &x, &mut xb, true)?;
+        assert_eq!(xq.source(), XqSource::Xb(ffn0));
+        let mut normed = vec![0.0; n];
+        dev.read(&xb, 0, &mut normed)?;
+        let want = quantized(&dev, &normed, len)?;
+        let got = xq
+            .xb(&dev, true, ffn0, &xb)?
+            .q
+            .map(|q| HostBackend::data(q).to_vec());
+        assert_eq!(got.as_deref(), Some(&want[..]));
+        // Another block's xb, with the bytes still holding layer 0's: quantized now.
+        dev.write(&b, &mut xb, 0)?;
+        let got = xq
+            .xb(&dev, true, attn1, &xb)?
+            .q
+            .map(|q| HostBackend::data(q).to_vec());
+        assert_eq!(got.as_deref(), Some(&quantized(&dev, &b, len)?[..]));
+        assert_eq!(xq.source(), XqSource::Xb(attn1));
+        // A row input takes the bytes: the same site's xb is quantized again after it.
+        xq.row(&dev, true, &x)?;
+        assert_eq!(xq.source(), XqSource::Row);
+        let got = xq
+            .xb(&dev, true, attn1, &xb)?
+            .q
+            .map(|q| HostBackend::data(q).to_vec());
+        assert_eq!(got.as_deref(), Some(&quantized(&dev, &b, len)?[..]));
+        // A write of xb other than its norm's (a post-norm) drops the claim; floats only touch
+        // nothing.
+        xq.xb_changed();
+        assert_eq!(xq.source(), XqSource::None);
+        assert!(xq.row(&dev, false, &x)?.q.is_none());
+        assert_eq!(xq.source(), XqSource::None);
+        // An unquantized norm claims nothing either.
+        xq.xb(&dev, true, ffn0, &xb)?;
+        xq.norm_into(&dev, ffn0, &norm, &x, &mut xb, false)?;
+        assert_eq!(xq.source(), XqSource::None);
+        Ok(())
+    }
+}
