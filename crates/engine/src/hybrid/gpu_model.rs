@@ -13,6 +13,7 @@ use powerinfer_cuda::{
     Allocation, Backend, Compacted, DeviceSlice, DeviceWeight, Elem, HotFfn, RowSpace,
 };
 
+use crate::hybrid::quantized_x::QuantizedX;
 use crate::layer_weights::LayerWeights;
 use crate::placement::Placement;
 use crate::sparsity::LayerPredictor;
@@ -216,13 +217,9 @@ pub struct GpuScratch<B: Backend> {
     /// A mixture of experts' weights for the token (n_expert + 1: each expert's, 0 where not
     /// routed, then the shared expert's scale).
     pub expert_w: Option<B::Buf<f32>>,
-    /// The input of the quantized row kernels: x quantized (`RowOps::quantize_x`, or by the
-    /// norm that wrote `xb`), for the longer of dim and q_dim.
-    pub xq: B::Buf<u8>,
-    /// Whether `xq` holds `xb` quantized, written with it by the norm that wrote `xb` (the
-    /// quantized matvecs that read `xb` then launch no `quantize_x`). Set only by such a norm;
-    /// cleared by every other write of `xb` or of `xq` (the executor's `row_input`).
-    pub xq_of_xb: bool,
+    /// The input of the quantized row kernels: a vector quantized (`RowOps::quantize_x`, or by
+    /// the norm that wrote `xb`), for the longer of dim and q_dim, tagged with its source.
+    pub xq: QuantizedX<B>,
     /// The hot slots predictor mode's gate/up pass computes (`CompactOps::active_slots`).
     pub slots: Compacted<B>,
     /// The rows of the hot down pass, with their activations (`CompactOps::nonzero_rows`).
@@ -518,10 +515,18 @@ impl<B: Backend> GpuScratch<B> {
             kn,
             saved,
             expert_w,
-            xq,
-            xq_of_xb: false,
+            xq: QuantizedX::new(xq),
             slots,
             rows,
         })
+    }
+
+    /// A block's post-norm: `xb2 = rms_norm(xb2)`, through `xb` (which then holds the block's
+    /// output before the norm, so a quantized copy of the norm's `xb` is no longer current).
+    pub fn post_norm(&mut self, dev: &B, w: &B::Buf<f32>, eps: f32) -> Result<()> {
+        self.xq.xb_changed();
+        dev.rms_norm(&self.xb2, w, 1, eps, &mut self.xb)?;
+        std::mem::swap(&mut self.xb, &mut self.xb2);
+        Ok(())
     }
 }

@@ -12,11 +12,17 @@
 //! the GPU layers' caches before the next decode step ([`kv_sync`]).
 
 pub mod api;
+pub mod attention;
 pub mod executor;
 pub mod experts;
+pub mod ffn_pass;
 pub mod gpu_model;
+pub mod knobs;
 pub mod kv_sync;
+pub mod mirrored;
+pub mod output;
 pub mod phase_clock;
+pub mod quantized_x;
 pub mod transfers;
 
 use std::sync::Arc;

@@ -47,6 +47,11 @@ impl<'a, B: Backend> Link<'a, B> {
         Link { dev, stats, clock }
     }
 
+    /// The backend the copies run on.
+    pub fn dev(&self) -> &'a B {
+        self.dev
+    }
+
     /// Enter `phase` of `slot` on the step's clock (see [`PhaseClock::enter`]).
     pub fn enter(&mut self, slot: usize, phase: HybridPhase) -> Mark {
         self.clock.enter(slot, phase)
