@@ -92,7 +92,6 @@ pub(crate) fn attention_block(
                 }
             }
             AttnStep::Attend(p) => {
-                s.att.resize(n * c.q_dim(), 0.0);
                 let shape = AttnShape {
                     n_heads: c.n_heads,
                     n_kv_heads: c.n_kv_heads,
@@ -101,32 +100,7 @@ pub(crate) fn attention_block(
                     scale: Some(p.scale),
                     softcap: p.softcap,
                 };
-                match kv {
-                    Kv::Run { cache, start } => {
-                        let (q, k, v, att) = (&s.q[..], &s.k[..], &s.v[..], &mut s.att[..]);
-                        attend_rows(&shape, arith, cache, l, *start, q, k, v, att);
-                    }
-                    Kv::Slots(slots) => {
-                        let (qd, kd) = (c.q_dim(), c.kv_dim());
-                        let mut row = 0;
-                        for slot in slots.iter_mut() {
-                            let (a, b) = (row, row + slot.rows);
-                            let start = slot.cache.len();
-                            attend_rows(
-                                &shape,
-                                Arith::Steps,
-                                slot.cache,
-                                l,
-                                start,
-                                &s.q[a * qd..b * qd],
-                                &s.k[a * kd..b * kd],
-                                &s.v[a * kd..b * kd],
-                                &mut s.att[a * qd..b * qd],
-                            );
-                            row = b;
-                        }
-                    }
-                }
+                attend_pass(&shape, arith, kv, l, s, n);
             }
             AttnStep::Output { bias } => {
                 if let Some(p) = profiler.as_deref_mut() {
@@ -160,6 +134,46 @@ pub(crate) fn attention_block(
         }
     }
     Ok(())
+}
+
+/// The attention of the pass's `n` rows in `s.q`/`s.k`/`s.v` into `s.att`, their keys and
+/// values written into their caches first: one context's run in `arith`, or each slot's rows
+/// over its own cache as decode steps.
+fn attend_pass(
+    shape: &AttnShape,
+    arith: Arith,
+    kv: &mut Kv<'_, '_>,
+    l: usize,
+    s: &mut Scratch,
+    n: usize,
+) {
+    let (qd, kd) = (shape.n_heads * shape.head_dim, cache_width(shape));
+    s.att.resize(n * qd, 0.0);
+    match kv {
+        Kv::Run { cache, start } => {
+            let (q, k, v, att) = (&s.q[..], &s.k[..], &s.v[..], &mut s.att[..]);
+            attend_rows(shape, arith, cache, l, *start, q, k, v, att);
+        }
+        Kv::Slots(slots) => {
+            let mut row = 0;
+            for slot in slots.iter_mut() {
+                let (a, b) = (row, row + slot.rows);
+                let start = slot.cache.len();
+                attend_rows(
+                    shape,
+                    Arith::Steps,
+                    slot.cache,
+                    l,
+                    start,
+                    &s.q[a * qd..b * qd],
+                    &s.k[a * kd..b * kd],
+                    &s.v[a * kd..b * kd],
+                    &mut s.att[a * qd..b * qd],
+                );
+                row = b;
+            }
+        }
+    }
 }
 
 /// The keys and values of rows at positions `start..` into `cache` (layer `l`), and their

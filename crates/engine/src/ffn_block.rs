@@ -7,7 +7,7 @@ use powerinfer_core::Result;
 use crate::ffn::{Arith, FfnCall};
 use crate::input_ffn::ffn_in_mode;
 use crate::layer::{FfnInput, FfnStep};
-use crate::moe_step::MoeAt;
+use crate::moe_step::moe_rows;
 use crate::pass_rows::Rows;
 use crate::pass_scratch::{add_rows, norm_bias, norm_rows, norm_rows_with, Scratch};
 use crate::phases::{mark, Phase};
@@ -80,51 +80,7 @@ pub(crate) fn ffn_block(
                 phase = ffn_in_mode(&call, &mut s.ffn, profiler.as_deref_mut(), &mut s.down)?;
             }
             FfnStep::Moe(kind) => {
-                let Some(w) = &lw.moe else {
-                    powerinfer_core::bail!(Other, "layer {l}: an MoE step without its experts");
-                };
-                if profiler.as_ref().is_some_and(|p| p.capture_sites) {
-                    powerinfer_core::bail!(
-                        Unsupported,
-                        "capturing the input sites of a mixture-of-experts model is not \
-                         supported yet"
-                    );
-                }
-                let at = |mode| MoeAt {
-                    model,
-                    l,
-                    mode,
-                    w,
-                    kind: *kind,
-                };
-                match (s.arith, uniform) {
-                    // Decode steps route and read each token on its own: one call per token.
-                    (Arith::Steps, _) if n > 1 => {
-                        let dim = c.dim;
-                        s.down.resize(n * dim, 0.0);
-                        let mut row = Vec::with_capacity(dim);
-                        for t in 0..n {
-                            let (mode, start) = rows.at(t);
-                            let xn = &s.xn[t * dim..(t + 1) * dim];
-                            at(mode).run(xn, 1, start, &mut s.moe, None, &mut row)?;
-                            s.down[t * dim..(t + 1) * dim].copy_from_slice(&row);
-                        }
-                    }
-                    (_, Some((mode, start))) => at(mode).run(
-                        &s.xn,
-                        n,
-                        start,
-                        &mut s.moe,
-                        profiler.as_deref_mut(),
-                        &mut s.down,
-                    )?,
-                    (_, None) => {
-                        powerinfer_core::bail!(
-                            Other,
-                            "layer {l}: rows of several modes in one pass"
-                        )
-                    }
-                }
+                moe_rows(model, l, *kind, rows, s, profiler.as_deref_mut(), n)?;
                 phase = Phase::Ffn;
             }
             FfnStep::DownBias => {

@@ -3,9 +3,12 @@
 
 use powerinfer_core::Result;
 
+use crate::ffn::Arith;
 use crate::layer::FfnKind;
 use crate::moe::{moe_ffn, MoeCall, MoeScratch};
 use crate::moe_weights::MoeWeights;
+use crate::pass_rows::Rows;
+use crate::pass_scratch::Scratch;
 use crate::profiler::Profiler;
 use crate::sparsity::Sparsity;
 use crate::weights::ModelWeights;
@@ -82,4 +85,57 @@ impl MoeAt<'_> {
         };
         moe_ffn(&call, moe, profiler, out)
     }
+}
+
+/// Layer `l`'s MoE step (experts of kind `kind`) for the `n` rows of `s.xn` into `s.down`:
+/// decode steps route and read each token on its own, one context's rows in one call.
+pub(crate) fn moe_rows(
+    model: &ModelWeights,
+    l: usize,
+    kind: FfnKind,
+    rows: &Rows<'_>,
+    s: &mut Scratch,
+    profiler: Option<&mut Profiler>,
+    n: usize,
+) -> Result<()> {
+    let c = &model.config;
+    let lw = &model.layers[l];
+    let Some(w) = &lw.moe else {
+        powerinfer_core::bail!(Other, "layer {l}: an MoE step without its experts");
+    };
+    if profiler.as_ref().is_some_and(|p| p.capture_sites) {
+        powerinfer_core::bail!(
+            Unsupported,
+            "capturing the input sites of a mixture-of-experts model is not \
+             supported yet"
+        );
+    }
+    let at = |mode| MoeAt {
+        model,
+        l,
+        mode,
+        w,
+        kind,
+    };
+    match (s.arith, rows.uniform()) {
+        // Decode steps route and read each token on its own: one call per token.
+        (Arith::Steps, _) if n > 1 => {
+            let dim = c.dim;
+            s.down.resize(n * dim, 0.0);
+            let mut row = Vec::with_capacity(dim);
+            for t in 0..n {
+                let (mode, start) = rows.at(t);
+                let xn = &s.xn[t * dim..(t + 1) * dim];
+                at(mode).run(xn, 1, start, &mut s.moe, None, &mut row)?;
+                s.down[t * dim..(t + 1) * dim].copy_from_slice(&row);
+            }
+        }
+        (_, Some((mode, start))) => {
+            at(mode).run(&s.xn, n, start, &mut s.moe, profiler, &mut s.down)?
+        }
+        (_, None) => {
+            powerinfer_core::bail!(Other, "layer {l}: rows of several modes in one pass")
+        }
+    }
+    Ok(())
 }
