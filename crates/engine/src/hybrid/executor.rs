@@ -204,6 +204,12 @@ impl<B: Backend> Executor<B> {
         }
         // With graphs on, the step's launch batches are numbered from here (a graph each).
         self.dev.begin_step()?;
+        // A new token: no quantized x of the last step's is current (each block's norm
+        // quantizes its own; this keeps a block that starts without one from reading a stale
+        // copy).
+        if let Some(sc) = self.gpu.scratch.as_mut() {
+            sc.xq.xb_changed();
+        }
         embed(model, &[token], pos, &mut self.host.x)?;
         self.streams.x.wrote(Side::Cpu);
         let angles = Angles::new(c, pos, 1);
