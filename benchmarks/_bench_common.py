@@ -61,6 +61,7 @@ from powerinfer_rs.benchmarking import (  # noqa: E402, F401 (re-exported; found
     busy_cpu_seconds,
     children_cpu_seconds,
     fmt,
+    int_list,
     markdown_table,
     median,
     race,

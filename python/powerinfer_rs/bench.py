@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .benchmarking import Column, Run, markdown_table, median, race
+from .benchmarking import Column, Run, int_list, markdown_table, median, race
 
 COLUMNS: list[Column] = [
     ("model", "model", "s"),
@@ -30,16 +30,6 @@ COLUMNS: list[Column] = [
     ("cpu util", "cpu_util", ".2f"),
     ("others' cpu", "others_util", ".2f"),
 ]
-
-
-def _int_list(s: str) -> list[int]:
-    try:
-        out = [int(x) for x in s.split(",") if x.strip()]
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {s!r}") from e
-    if not out or min(out) < 1:
-        raise argparse.ArgumentTypeError(f"thread counts must be >= 1: {s!r}")
-    return out
 
 
 def _positive(s: str) -> int:
@@ -76,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--threads",
         "-t",
-        type=_int_list,
+        type=int_list,
         default=[os.cpu_count() or 1],
         help="comma-separated thread counts, e.g. 1,2 (default: one per core)",
     )

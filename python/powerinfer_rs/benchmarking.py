@@ -10,6 +10,7 @@ taken while something else ran can be told from a clean one."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -38,6 +39,17 @@ def children_cpu_seconds() -> float:
     """CPU-seconds of this process's waited-for children (an engine run as a subprocess)."""
     t = os.times()
     return t.children_user + t.children_system
+
+
+def int_list(s: str) -> list[int]:
+    """A comma-separated list of positive integers (``--threads 1,2``), for argparse."""
+    try:
+        out = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of positive integers: {s!r}")
+    return out
 
 
 def median(xs: Sequence[float]) -> float:
