@@ -60,6 +60,7 @@ from powerinfer_rs.benchmarking import (  # noqa: E402, F401 (re-exported; found
     alternation,
     busy_cpu_seconds,
     children_cpu_seconds,
+    decode_rate,
     fmt,
     int_list,
     markdown_table,

@@ -134,6 +134,17 @@ def summary(runs: Sequence[Run], rate: Callable[[Run], float]) -> dict[str, Any]
     }
 
 
+def decode_rate(engine: Any, prompt_ids: Sequence[int], n: int) -> float:
+    """Tokens/s of ``n`` single-token decode steps of our ``engine`` after ``prompt_ids`` on an
+    empty context (greedy, end of text ignored), by the engine's own decode clock."""
+    engine.reset()
+    engine.generate(
+        list(prompt_ids), max_new_tokens=n + 1, temperature=0.0, seed=0, ignore_eos=True
+    )
+    st = engine.last_stats  # n + 1 sampled tokens = n single-token decode steps
+    return st.decode_tokens / st.decode_seconds
+
+
 @runtime_checkable
 class Runner(Protocol):
     """An engine a benchmark races: ours, llama.cpp (llama-cpp-python), llama-server,
