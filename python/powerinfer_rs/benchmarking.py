@@ -104,17 +104,21 @@ def race(
     warmup: int = 0,
     own_cpu: Mapping[str, Callable[[], float]] | None = None,
     on_run: Callable[[str, int, Run], None] | None = None,
+    before_round: Callable[[int], None] | None = None,
 ) -> dict[str, list[Run]]:
     """Run every contender ``repeats`` times, alternating (see :func:`alternation`), after
     ``warmup`` untimed runs each; returns ``{name: [Run, ...]}`` in run order. ``own_cpu`` maps
     a name to its CPU counter (default :func:`time.process_time`); ``on_run(name, repeat,
-    run)`` is told of every timed run (to print progress)."""
+    run)`` is told of every timed run (to print progress); ``before_round(repeat)`` runs,
+    untimed, before each round (a bandwidth probe)."""
     names = list(contenders)
     for name in names:
         for _ in range(warmup):
             contenders[name]()
     runs: dict[str, list[Run]] = {name: [] for name in names}
     for r in range(repeats):
+        if before_round is not None:
+            before_round(r)
         for name in alternation(names, r):
             counter = (own_cpu or {}).get(name, time.process_time)
             run = timed(contenders[name], counter)
