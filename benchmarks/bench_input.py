@@ -36,7 +36,7 @@ from _bench_common import (  # noqa: E402
     synthetic_gguf,
     write_json,
 )
-from _sparse_parts import race  # noqa: E402
+from _sparse_parts import race_modes  # noqa: E402
 
 PROMPT = "The history of the printing press begins in the fifteenth century, when Johannes"
 SYNTH_SHAPE = dict(dim=2048, ffn=5632, layers=16, heads=16, kv_heads=16, vocab=32000)
@@ -91,7 +91,7 @@ def bench(
             flush=True,
         )
     rep["perplexity_dense"] = ppl_dense
-    samples = race(engine, modes, prompt, args.tokens, args.repeats, 1)
+    samples = race_modes(engine, modes, prompt, args.tokens, args.repeats, 1)
     d = median(samples["dense"])
     rep["dense_tok_s"] = d
     for key, lv in rep["levels"].items():

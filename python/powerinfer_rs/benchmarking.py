@@ -93,8 +93,13 @@ def timed(fn: Callable[[], Any], own_cpu: Callable[[], float] = time.process_tim
 
 
 def alternation(names: Sequence[str], repeat: int) -> list[str]:
-    """The order of ``names`` in repeat ``repeat``: as given on even repeats, reversed on odd."""
-    return list(names) if repeat % 2 == 0 else list(names)[::-1]
+    """The order of ``names`` in repeat ``repeat``: as given on even repeats, reversed on odd
+    (A B, B A, A B, ...). With three or more, each pair of repeats also starts one further
+    along (A B C, C B A, B C A, A C B, ...), so that none is always in the middle."""
+    n = len(names)
+    k = (repeat // 2) % n if n > 2 else 0
+    order = list(names[k:]) + list(names[:k])
+    return order if repeat % 2 == 0 else order[::-1]
 
 
 def race(
