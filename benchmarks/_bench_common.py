@@ -55,6 +55,8 @@ def import_llama():
 if import_powerinfer()[0] is None:
     raise SystemExit(f"benchmarks need powerinfer_rs: {import_powerinfer()[1]}")
 from powerinfer_rs.benchmarking import (  # noqa: E402, F401 (re-exported; found above)
+    Decode,
+    Prefill,
     Run,
     Runner,
     alternation,

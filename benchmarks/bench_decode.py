@@ -35,6 +35,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
+    Decode,
+    Prefill,
     add_bandwidth_args,
     add_synthetic_args,
     bench_parser,
@@ -46,7 +48,7 @@ from _bench_common import (  # noqa: E402
     markdown_table,
     measure_bandwidth,
     median,
-    race,
+    race_runners,
     synthetic_gguf,
     write_json,
 )
@@ -141,11 +143,7 @@ def run(args) -> dict:
         if "ours" in loaded and row.get("ours_bytes_per_token") is None:
             row["ours_bytes_per_token"] = loaded["ours"].bytes_per_token()
 
-        runs = race(
-            {k: (lambda e=e, p=prompt_ids: e.decode(p, n_tokens)) for k, e in loaded.items()},
-            args.repeats,
-            warmup=args.warmup,
-        )
+        runs = race_runners(loaded, Decode(prompt_ids, n_tokens), args.repeats, warmup=args.warmup)
         samples = {k: [n / secs for n, secs in (r.value for r in rs)] for k, rs in runs.items()}
         for key, rs in runs.items():
             row[f"{key}_tok_s"] = median(samples[key])
@@ -192,7 +190,9 @@ def race_prefill(args, loaded: dict, row: dict) -> None:
     ids = [int(t) for t in rng.integers(100, max(101, vocab - 100), args.prefill)]
     for eng in loaded.values():
         eng.prefill(ids)  # warm-up
-    runs = race({k: (lambda e=e: e.prefill(ids)) for k, e in loaded.items()}, args.repeats)
+    runs = dict(
+        zip(loaded, race_runners(list(loaded.values()), Prefill(ids), args.repeats).values())
+    )
     secs = {k: [r.value for r in rs] for k, rs in runs.items()}
     for key in loaded:
         row[f"{key}_prefill_tok_s"] = args.prefill / median(secs[key])

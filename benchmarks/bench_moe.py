@@ -58,6 +58,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
+    Decode,
+    Prefill,
     add_bandwidth_args,
     add_synthetic_args,
     bench_parser,
@@ -65,7 +67,7 @@ from _bench_common import (  # noqa: E402
     machine_info,
     measure_bandwidth,
     median,
-    race,
+    race_runners,
     require_powerinfer,
     write_json,
 )
@@ -183,12 +185,10 @@ def race_engines(args, path: Path, threads: int) -> dict:
         e.decode(prompt, 8)
         if batch:
             e.prefill(batch[:16])
-    dec = race(
-        {k: (lambda e=e: e.decode(prompt, args.tokens)) for k, e in engines.items()}, args.repeats
-    )
+    dec = race_runners(engines, Decode(prompt, args.tokens), args.repeats)
     dec = {k: [n / secs for n, secs in (r.value for r in rs)] for k, rs in dec.items()}
     if args.prefill:
-        pre = race({k: (lambda e=e: e.prefill(batch)) for k, e in engines.items()}, args.repeats)
+        pre = race_runners(engines, Prefill(batch), args.repeats)
         pre = {k: [args.prefill / r.value for r in rs] for k, rs in pre.items()}
     for key in engines:
         row[f"{key}_tok_s"] = median(dec[key])

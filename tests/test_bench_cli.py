@@ -49,3 +49,41 @@ def test_race_alternates_and_counts_cpu():
         assert r.wall_s >= 0 and r.cpu_s >= 0 and r.others_cpu_s >= 0
     table = markdown_table([{"x": 1.5, "n": "a"}], [("n", "n", "s"), ("x", "x", ".1f")])
     assert table.splitlines()[2] == "| a | 1.5 |"
+
+
+def test_three_contenders_rotate_who_starts():
+    from powerinfer_rs.benchmarking import alternation
+
+    firsts = [alternation(["a", "b", "c"], r)[0] for r in range(6)]
+    middles = [alternation(["a", "b", "c"], r)[1] for r in range(6)]
+    assert sorted(firsts) == ["a", "a", "b", "b", "c", "c"]
+    assert len(set(middles)) == 3
+
+
+def test_race_runners_keys_and_subprocess_cpu():
+    from powerinfer_rs.benchmarking import Runner, race_runners
+
+    class Echo:
+        name = "echo"
+
+        def __init__(self):
+            self.cpu = 0.0
+
+        def load(self):
+            pass
+
+        def run(self, workload):
+            self.cpu += 0.5  # as a subprocess's counter would advance
+            return workload * 2
+
+        def close(self):
+            pass
+
+        def own_cpu(self):
+            return self.cpu
+
+    e = Echo()
+    assert isinstance(e, Runner)
+    runs = race_runners({"x": e}, 21, 2, warmup=1)
+    assert [r.value for r in runs["x"]] == [42, 42]
+    assert all(r.cpu_s == 0.5 for r in runs["x"])

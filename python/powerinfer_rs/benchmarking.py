@@ -154,6 +154,23 @@ def decode_rate(engine: Any, prompt_ids: Sequence[int], n: int) -> float:
     return st.decode_tokens / st.decode_seconds
 
 
+@dataclass(frozen=True)
+class Decode:
+    """Workload: ``n`` single-token greedy decode steps after ``prompt_ids`` (prefill not
+    timed); a runner returns ``(tokens decoded, seconds)``."""
+
+    prompt_ids: Sequence[int]
+    n: int
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """Workload: one batched forward pass over ``ids`` on an empty context; a runner returns
+    its seconds."""
+
+    ids: Sequence[int]
+
+
 @runtime_checkable
 class Runner(Protocol):
     """An engine a benchmark races: ours, llama.cpp (llama-cpp-python), llama-server,
@@ -170,12 +187,19 @@ class Runner(Protocol):
 
 
 def race_runners(
-    runners: Sequence[Runner], workload: Any, repeats: int, *, warmup: int = 0, on_run=None
+    runners: Mapping[str, Runner] | Sequence[Runner],
+    workload: Any,
+    repeats: int,
+    *,
+    warmup: int = 0,
+    on_run: Callable[[str, int, Run], None] | None = None,
 ) -> dict[str, list[Run]]:
-    """:func:`race` of ``runner.run(workload)`` for every runner (already loaded); a runner
-    with an ``own_cpu()`` method (a subprocess's counter) is charged with that."""
-    own = {r.name: r.own_cpu for r in runners if callable(getattr(r, "own_cpu", None))}
-    fns = {r.name: (lambda r=r: r.run(workload)) for r in runners}
+    """:func:`race` of ``runner.run(workload)`` for every runner (already loaded), keyed as
+    given (or by ``runner.name``); a runner with an ``own_cpu()`` method (a subprocess's
+    counter) is charged with that."""
+    named = dict(runners) if isinstance(runners, Mapping) else {r.name: r for r in runners}
+    own = {k: r.own_cpu for k, r in named.items() if callable(getattr(r, "own_cpu", None))}
+    fns = {k: (lambda r=r: r.run(workload)) for k, r in named.items()}
     return race(fns, repeats, warmup=warmup, own_cpu=own, on_run=on_run)
 
 
