@@ -55,18 +55,14 @@ def load_or_train_predictors(args, eng, path: Path, calib: list[int]):
 
 def bench_smol(args) -> dict[str, Any]:
     pi = require_powerinfer()
-    from corpus import SOURCE_NAME, held_out_text
+    from corpus import SOURCE_NAME, held_out_ids
 
     from powerinfer_rs.stages.calibrate import calibrate_thresholds, held_out_cost
 
     path = Path(args.model) if args.model else default_model()
     eng = pi.Engine.from_pretrained(str(path), threads=args.threads, n_ctx=args.n_ctx)
     need = args.calib_tokens + args.ppl_tokens
-    ids: list[int] = []
-    chars = 6 * need
-    while len(ids) < need:
-        ids = eng.tokenizer.encode(held_out_text(chars), add_bos=False)
-        chars *= 2
+    ids = held_out_ids(eng.tokenizer, need)
     cal, held = ids[: args.calib_tokens], ids[args.calib_tokens : need]
     dense_b = int(eng.bytes_per_token)
     layers = ffn_bytes(eng)

@@ -146,16 +146,12 @@ def main(argv=None) -> int:
     pi = require_powerinfer()
     report: dict[str, Any] = {"machine": machine_info(), "parts": []}
     if not args.skip_smol:
-        from corpus import SOURCE_NAME, held_out_text
+        from corpus import SOURCE_NAME, held_out_ids
 
         path = Path(args.model) if args.model else default_model()
         eng = pi.Engine.from_pretrained(str(path), threads=args.threads, n_ctx=1024)
         need = args.calib_tokens + args.ppl_tokens
-        ids: list[int] = []
-        chars = 6 * need
-        while len(ids) < need:
-            ids = eng.tokenizer.encode(held_out_text(chars), add_bos=False)
-            chars *= 2
+        ids = held_out_ids(eng.tokenizer, need)
         cal, held = ids[: args.calib_tokens], ids[args.calib_tokens : need]
         print(f"\n== {path.name}: calibration and held-out text from {SOURCE_NAME} ==")
         rep = bench(
