@@ -1,10 +1,13 @@
 """Helpers shared by the benchmark scripts: finding the model, importing our engine and
-llama-cpp-python, reading weight sizes from a GGUF, and describing the machine."""
+llama-cpp-python, reading weight sizes from a GGUF, and describing the machine.
+
+The race, the runner protocol and the report writer are the package's
+(:mod:`powerinfer_rs.benchmarking`, which ``powerinfer-rs bench`` uses too) and are re-exported
+here, so every bench alternates and reports the one way."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -47,6 +50,29 @@ def import_llama():
         return llama_cpp, None
     except ImportError as e:
         return None, (f"{e} (install it as .ci/run does: from its sdist, native, without AMX)")
+
+
+if import_powerinfer()[0] is None:
+    raise SystemExit(f"benchmarks need powerinfer_rs: {import_powerinfer()[1]}")
+from powerinfer_rs.benchmarking import (  # noqa: E402, F401 (re-exported; found above)
+    Decode,
+    Prefill,
+    Run,
+    Runner,
+    alternation,
+    busy_cpu_seconds,
+    children_cpu_seconds,
+    decode_rate,
+    fmt,
+    int_list,
+    markdown_table,
+    median,
+    race,
+    race_runners,
+    summary,
+    timed,
+    write_report,
+)
 
 
 def default_model() -> Path:
@@ -125,28 +151,6 @@ def machine_info() -> dict:
     except OSError:
         pass
     return info
-
-
-def busy_cpu_seconds() -> float:
-    """CPU-seconds spent busy by every process on the machine so far (Linux /proc/stat; 0.0
-    elsewhere): with an engine's own CPU time over the same interval, what everyone else used."""
-    try:
-        with open("/proc/stat") as f:
-            fields = f.readline().split()[1:]
-    except OSError:
-        return 0.0
-    ticks = [int(v) for v in fields]
-    # user nice system idle iowait irq softirq steal ...: all but idle and iowait are busy.
-    busy = sum(ticks[:8]) - ticks[3] - ticks[4]
-    return busy / os.sysconf("SC_CLK_TCK")
-
-
-def median(xs):
-    s = sorted(xs)
-    n = len(s)
-    if n == 0:
-        return float("nan")
-    return s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
 
 
 def llama_kv_overrides(path: str | os.PathLike) -> dict:
@@ -250,12 +254,10 @@ def add_bandwidth_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--bw-iters", type=int, default=5, help="bandwidth sweep passes")
 
 
-def write_json(path: str | None, report: dict) -> None:
-    """Write ``report`` to ``path`` (when given) as JSON and say so."""
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(report, indent=2, default=str))
-        print(f"results written to {path}")
+def write_json(path: str | None, report: dict, markdown: str | None = None) -> None:
+    """Write ``report`` to ``path`` (when given) as JSON, and ``markdown`` beside it; see
+    :func:`powerinfer_rs.benchmarking.write_report`."""
+    write_report(path, report, markdown)
 
 
 def measure_bandwidth(threads: int, nbytes: int, iters: int) -> tuple[float, str]:

@@ -1,5 +1,9 @@
-"""The two engines bench_decode.py races, behind one interface: ``decode(prompt_ids, n)`` ->
-(tokens, seconds), ``greedy_ids``, ``tokenize``, ``bytes_per_token``, ``close``."""
+"""Ours and llama.cpp (llama-cpp-python) as runners of the one race
+(:class:`powerinfer_rs.benchmarking.Runner`: ``load``, ``run(workload)``, ``close``; the
+workloads :class:`~powerinfer_rs.benchmarking.Decode` -> (tokens, seconds) and
+:class:`~powerinfer_rs.benchmarking.Prefill` -> seconds), with ``decode``, ``prefill``,
+``greedy_ids``, ``tokenize`` and ``bytes_per_token`` beside. bench_decode, bench_moe and
+bench_hybrid race them."""
 
 from __future__ import annotations
 
@@ -7,10 +11,25 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _bench_common import import_llama, open_llama, require_powerinfer
+from _bench_common import Decode, Prefill, import_llama, open_llama, require_powerinfer
 
 
-class Ours:
+class Workloads:
+    """``load`` (engines load in ``__init__``) and ``run`` of the runner protocol, dispatching
+    a workload to ``decode`` or ``prefill``."""
+
+    def load(self) -> None:
+        pass
+
+    def run(self, workload):
+        if isinstance(workload, Decode):
+            return self.decode(list(workload.prompt_ids), workload.n)
+        if isinstance(workload, Prefill):
+            return self.prefill(list(workload.ids))
+        raise TypeError(f"{type(self).__name__} runs Decode and Prefill, not {workload!r}")
+
+
+class Ours(Workloads):
     name = "powerinfer-rs"
 
     def __init__(self, path: Path, threads: int, n_ctx: int):
@@ -77,7 +96,7 @@ class Ours:
         self.eng = None
 
 
-class LlamaCpp:
+class LlamaCpp(Workloads):
     name = "llama.cpp"
 
     def __init__(self, path: Path, threads: int, n_ctx: int, n_batch: int = 512):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from _bench_common import decode_rate, race
 
 
 def ffn_bytes(engine) -> list[dict[str, int]]:
@@ -40,32 +41,22 @@ def sparse_bytes_per_token(
 # measurement
 
 
-def decode_once(engine, prompt_ids: list[int], n: int) -> float:
-    """tokens/s of ``n`` greedy single-token decode steps after ``prompt_ids``."""
-    engine.reset()
-    engine.generate(list(prompt_ids), max_new_tokens=n + 1, temperature=0.0, ignore_eos=True)
-    st = engine.last_stats
-    return st.decode_tokens / max(st.decode_seconds, 1e-9)
+#: tokens/s of ``n`` greedy single-token decode steps after ``prompt_ids`` (the one decode clock)
+decode_once = decode_rate
 
 
-def race(engine, modes: dict[str, dict], prompt_ids, n, repeats, warmup) -> dict[str, list]:
-    """Decode tokens/s of every mode, alternating; ``modes`` maps a label to set_sparsity
-    arguments ({"mode": ..., **kwargs})."""
-    order = list(modes)
-    for label in order:
+def race_modes(engine, modes: dict[str, dict], prompt_ids, n, repeats, warmup) -> dict[str, list]:
+    """Decode tokens/s of every mode of one engine in the one race; ``modes`` maps a label to
+    set_sparsity arguments ({"mode": ..., **kwargs})."""
+
+    def run(label: str) -> float:
         kw = dict(modes[label])
         engine.set_sparsity(kw.pop("mode"), **kw)
-        for _ in range(warmup):
-            decode_once(engine, prompt_ids, min(n, 16))
-    samples: dict[str, list] = {k: [] for k in order}
-    for r in range(repeats):
-        rot = order[r % len(order) :] + order[: r % len(order)]
-        for label in rot if r % 2 == 0 else rot[::-1]:
-            kw = dict(modes[label])
-            engine.set_sparsity(kw.pop("mode"), **kw)
-            samples[label].append(decode_once(engine, prompt_ids, n))
+        return decode_once(engine, prompt_ids, n)
+
+    runs = race({label: (lambda k=label: run(k)) for label in modes}, repeats, warmup=warmup)
     engine.set_sparsity("dense")
-    return samples
+    return {label: [r.value for r in rs] for label, rs in runs.items()}
 
 
 def decode_activity(engine, prompt_ids, n, thresholds=None) -> list[float]:

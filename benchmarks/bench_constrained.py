@@ -12,6 +12,7 @@ seconds per decoded token of each and the overhead of the constrained one.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from powerinfer_rs import Engine  # noqa: E402
+from powerinfer_rs.benchmarking import race  # noqa: E402
 
 SCHEMA = {
     "type": "array",
@@ -56,10 +58,15 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     engine = Engine.from_pretrained(a.model, threads=a.threads)
     per_token(engine, 8, 0, True)  # build the grammar engine's tokenizer once
-    free, held = [], []
-    for r in range(a.rounds):
-        free.append(per_token(engine, a.tokens, r, False))
-        held.append(per_token(engine, a.tokens, r, True))
+    seeds = {"free": itertools.count(), "constrained": itertools.count()}
+    runs = race(
+        {
+            "free": lambda: per_token(engine, a.tokens, next(seeds["free"]), False),
+            "constrained": lambda: per_token(engine, a.tokens, next(seeds["constrained"]), True),
+        },
+        a.rounds,
+    )
+    free, held = ([r.value for r in runs[k]] for k in ("free", "constrained"))
     f, h = statistics.mean(free), statistics.mean(held)
     print(f"free        {f * 1e3:.2f} ms/token (mean of {a.rounds})")
     print(f"constrained {h * 1e3:.2f} ms/token")

@@ -27,24 +27,28 @@ Examples::
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
+    Decode,
+    Prefill,
     add_bandwidth_args,
     add_synthetic_args,
     bench_parser,
     default_model,
+    fmt,
     gguf_weight_bytes,
+    int_list,
     machine_info,
+    markdown_table,
     measure_bandwidth,
     median,
+    race_runners,
     synthetic_gguf,
     write_json,
 )
@@ -139,23 +143,13 @@ def run(args) -> dict:
         if "ours" in loaded and row.get("ours_bytes_per_token") is None:
             row["ours_bytes_per_token"] = loaded["ours"].bytes_per_token()
 
-        for eng in loaded.values():
-            for _ in range(args.warmup):
-                eng.decode(prompt_ids, min(n_tokens, 16))
-
-        samples = {k: [] for k in loaded}
-        cpu = {k: [] for k in loaded}  # process CPU-seconds per wall-second during the runs
-        order = list(loaded)
-        for r in range(args.repeats):
-            for key in order if r % 2 == 0 else order[::-1]:  # ABBA: no engine always first
-                c0, w0 = time.process_time(), time.perf_counter()
-                n, secs = loaded[key].decode(prompt_ids, n_tokens)
-                cpu[key].append((time.process_time() - c0) / (time.perf_counter() - w0))
-                samples[key].append(n / secs)
-        for key in loaded:
+        runs = race_runners(loaded, Decode(prompt_ids, n_tokens), args.repeats, warmup=args.warmup)
+        samples = {k: [n / secs for n, secs in (r.value for r in rs)] for k, rs in runs.items()}
+        for key, rs in runs.items():
             row[f"{key}_tok_s"] = median(samples[key])
             row[f"{key}_samples"] = samples[key]
-            row[f"{key}_cpu_util"] = median(cpu[key])
+            row[f"{key}_cpu_util"] = median([r.cpu_util for r in rs])
+            row[f"{key}_others_cpu_util"] = median([r.others_util for r in rs])
             row[f"{key}_achieved_gbs"] = wb["per_token"] * row[f"{key}_tok_s"] / 1e9
         if "ours" in loaded and "llama" in loaded:
             row["ratio_ours_llama"] = row["ours_tok_s"] / row["llama_tok_s"]
@@ -196,11 +190,10 @@ def race_prefill(args, loaded: dict, row: dict) -> None:
     ids = [int(t) for t in rng.integers(100, max(101, vocab - 100), args.prefill)]
     for eng in loaded.values():
         eng.prefill(ids)  # warm-up
-    secs = {k: [] for k in loaded}
-    order = list(loaded)
-    for r in range(args.repeats):
-        for key in order if r % 2 == 0 else order[::-1]:
-            secs[key].append(loaded[key].prefill(ids))
+    runs = dict(
+        zip(loaded, race_runners(list(loaded.values()), Prefill(ids), args.repeats).values())
+    )
+    secs = {k: [r.value for r in rs] for k, rs in runs.items()}
     for key in loaded:
         row[f"{key}_prefill_tok_s"] = args.prefill / median(secs[key])
         row[f"{key}_prefill_samples"] = [args.prefill / s for s in secs[key]]
@@ -216,33 +209,38 @@ def race_prefill(args, loaded: dict, row: dict) -> None:
     )
 
 
-def fmt(x, spec=".1f", none="-"):
-    return none if x is None or (isinstance(x, float) and x != x) else format(x, spec)
+COLUMNS = [
+    ("threads", "threads", "d"),
+    ("ours tok/s", "ours_tok_s", ".1f"),
+    ("llama tok/s", "llama_tok_s", ".1f"),
+    ("ours/llama", "ratio_ours_llama", ".3f"),
+    ("mem BW GB/s", "bandwidth_gbs", ".2f"),
+    ("floor tok/s", "floor_tok_s", ".1f"),
+    ("ours GB/s (%BW)", "ours_gbs", "s"),
+    ("llama GB/s (%BW)", "llama_gbs", "s"),
+    ("ours CPUs", "ours_cpu_util", ".2f"),
+    ("llama CPUs", "llama_cpu_util", ".2f"),
+    ("others' CPUs", "others_cpu", ".2f"),
+]
+
+
+def table_row(r: dict, bpt: int) -> dict:
+    """``r`` with the table's derived cells: the floor speed and achieved bandwidths."""
+    bw = r["bandwidth_gbs"]
+    out = {**r, "floor_tok_s": bw * 1e9 / bpt}
+    for key in ("ours", "llama"):
+        g = r.get(f"{key}_achieved_gbs")
+        out[f"{key}_gbs"] = None if g is None else f"{g:.2f} ({100 * g / bw:.0f}%)"
+    others = [r[f"{k}_others_cpu_util"] for k in ("ours", "llama") if f"{k}_others_cpu_util" in r]
+    out["others_cpu"] = max(others) if others else None
+    return out
 
 
 def print_table(rep: dict) -> None:
     syn = " (synthetic)" if rep["synthetic"] else ""
     bpt = rep["weights"]["per_token"]
     print(f"\nDecode speed{syn}: {rep['label']}, {bpt / 1e6:.2f} MB weights read per token")
-    hdr = (
-        f"{'threads':>7} | {'ours tok/s':>10} | {'llama tok/s':>11} | {'ours/llama':>10} | "
-        f"{'mem BW GB/s':>11} | {'floor tok/s':>11} | {'ours GB/s (%BW)':>16} | "
-        f"{'llama GB/s (%BW)':>16}"
-    )
-    print(hdr)
-    print("-" * len(hdr))
-    for r in rep["results"]:
-        bw = r["bandwidth_gbs"]
-        ach = {}
-        for key in ("ours", "llama"):
-            g = r.get(f"{key}_achieved_gbs")
-            ach[key] = "-" if g is None else f"{g:.2f} ({100 * g / bw:.0f}%)"
-        print(
-            f"{r['threads']:>7} | {fmt(r.get('ours_tok_s')):>10} | "
-            f"{fmt(r.get('llama_tok_s')):>11} | "
-            f"{fmt(r.get('ratio_ours_llama'), '.3f'):>10} | {bw:>11.2f} | "
-            f"{bw * 1e9 / bpt:>11.1f} | {ach['ours']:>16} | {ach['llama']:>16}"
-        )
+    print(markdown_table([table_row(r, bpt) for r in rep["results"]], COLUMNS))
     busy = [
         f"threads={r['threads']} {k} used {r[k + '_cpu_util']:.2f} CPUs"
         for r in rep["results"]
@@ -256,16 +254,8 @@ def print_table(rep: dict) -> None:
             + " - these figures are unreliable, run again on an idle machine"
         )
     methods = sorted({r["bandwidth_method"] for r in rep["results"]})
-    print(
-        "cpu use (process CPU s / wall s, expect ~threads; more = someone spins while idle): "
-        + "; ".join(
-            f"t={r['threads']}: "
-            + ", ".join(
-                f"{k} {r[k + '_cpu_util']:.2f}" for k in ("ours", "llama") if k + "_cpu_util" in r
-            )
-            for r in rep["results"]
-        )
-    )
+    print("CPUs: process CPU s / wall s (expect ~threads; more = someone spins while idle);")
+    print("others' CPUs: CPU-seconds per wall-second other processes used during the runs")
     print(f"mem BW: best pass of a read-only sweep ({'; '.join(methods)})")
     print("floor tok/s = mem BW / bytes per token (all weights streamed once per token)")
     obpts = {r.get("ours_bytes_per_token") for r in rep["results"]} - {None}
@@ -285,13 +275,6 @@ def print_table(rep: dict) -> None:
         for key in ("ours", "llama"):
             if r.get(f"{key}_error"):
                 print(f"threads={r['threads']}: {key} not run: {r[f'{key}_error']}")
-
-
-def parse_threads(s: str) -> list[int]:
-    out = [int(x) for x in s.split(",") if x.strip()]
-    if not out or any(t < 1 for t in out):
-        raise argparse.ArgumentTypeError("threads: comma-separated positive integers")
-    return out
 
 
 def main(argv=None) -> int:
@@ -321,7 +304,7 @@ def main(argv=None) -> int:
     add_synthetic_args(ap)
     ap.add_argument(
         "--threads",
-        type=parse_threads,
+        type=int_list,
         default=[1, 2],
         help="comma-separated thread counts (default 1,2)",
     )

@@ -42,20 +42,22 @@ from functools import partial
 from multiprocessing import get_context
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
     bench_parser,
+    children_cpu_seconds,
     import_llama,
     machine_info,
     median,
-    open_llama,
+    race,
     require_powerinfer,
     synthetic_gguf,
     write_json,
 )
 from _decode_engines import LlamaCpp  # noqa: E402
+from _hybrid_engines import LlamaBench, LlamaGpu, gpu_free, greedy, llama_layers  # noqa: E402
+from _hybrid_inputs import profile_and_predictors, regime_tag  # noqa: E402
+from _hybrid_report import plan_summary, projection_row, report  # noqa: E402
 
 LLAMA7B = dict(dim=4096, ffn=11008, layers=32, heads=32, kv_heads=32, vocab=32000)
 SMALL = dict(dim=256, ffn=704, layers=4, heads=8, kv_heads=8, vocab=1000)  # ffn % 32 for Q4_0
@@ -65,148 +67,11 @@ CACHE = os.environ.get(
 )
 
 
-class LlamaGpu(LlamaCpp):
-    """llama.cpp with ``n_gpu_layers`` offloaded."""
-
-    def __init__(self, path: Path, threads: int, n_ctx: int, n_gpu_layers: int):
-        self.llm = open_llama(path, n_ctx, threads, logits_all=False, n_gpu_layers=n_gpu_layers)
-        self.lib = import_llama()[0]
-        self.n_vocab = self.llm.n_vocab()
-
-
-class LlamaBench:
-    """llama.cpp's own ``llama-bench`` binary (a CUDA build of the same source, where the Python
-    binding cannot be built: the lent GPU machine has no registry), ``-ngl`` layers offloaded,
-    flash attention off, one decode run of ``n`` tokens per call (``-p 0 -n n -r 1``)."""
-
-    def __init__(self, binary: str, path: Path, threads: int, n_gpu_layers: int):
-        self.cmd = [binary, "-m", str(path), "-ngl", str(n_gpu_layers), "-t", str(threads)]
-        self.cmd += ["-fa", "off", "-p", "0", "-r", "1", "-o", "json"]
-
-    def decode(self, prompt: list[int], n: int) -> tuple[int, float]:
-        import json
-        import subprocess
-
-        r = subprocess.run(self.cmd + ["-n", str(n)], capture_output=True, text=True, timeout=600)
-        if r.returncode != 0:
-            raise RuntimeError(f"llama-bench failed ({r.returncode}): {r.stderr[-2000:]}")
-        tps = json.loads(r.stdout)[0]["avg_ts"]
-        return n, n / tps
-
-
-def greedy(eng, prompt: list[int], n: int, phases: dict | None = None):
-    """Our engine: prefill ``prompt``, then ``n`` single-token greedy steps; (tokens, tok/s,
-    the decode steps' transfers summed over layers, or None without a GPU side). With
-    ``phases`` (a dict), the steps' phase times, cold bytes and transfers per slot are added
-    into it (for the projection)."""
-    eng.reset()
-    logits = eng.prefill(prompt)
-    info0 = eng.gpu_info()
-    out = []
-    t0 = time.perf_counter()
-    for _ in range(n):
-        out.append(int(np.argmax(logits)))
-        logits = eng.prefill([out[-1]])
-    tps = n / (time.perf_counter() - t0)
-    if info0 is None:
-        return out, tps, None
-    info1 = eng.gpu_info()
-    xfer = np.array(info1["transfers"]) - np.array(info0["transfers"])
-    if phases is not None:
-        p0, p1 = info0["phases"], info1["phases"]
-        phases["names"] = p1["names"]
-        for key in ("per_layer", "cold_bytes", "predictor_bytes"):
-            d = np.array(p1[key], dtype=float) - np.array(p0[key], dtype=float)
-            phases[key] = phases.get(key, 0) + d
-        phases["transfers"] = phases.get("transfers", 0) + xfer
-        phases["steps"] = phases.get("steps", 0) + p1["steps"] - p0["steps"]
-    return out, tps, np.append(xfer.sum(axis=0), info1["steps"] - info0["steps"])
-
-
-def regime_tag(shape: dict) -> str:
-    """The file-name tag of a synthetic regime other than the default (10% active, the gate
-    exactly low rank)."""
-    tag = f"-a{shape['active']:g}" if "active" in shape else ""
-    return tag + (f"-n{shape['gate_noise']:g}" if shape.get("gate_noise") else "")
-
-
-def planted_profile(shape: dict, seed: int, fingerprint: str, tokens: int = 100_000):
-    """A profile whose counts are the model's planted firing rates x ``tokens``."""
-    from powerinfer_rs.formats.profile import Profile
-    from powerinfer_rs.testing.synth_model import SynthSpec, SynthWeights
-
-    sw = SynthWeights(SynthSpec(**shape, activation="relu", seed=seed, max_context=4096))
-    p = [sw.firing_probabilities(i) for i in range(shape["layers"])]
-    counts = [np.round(x * tokens).astype(np.int64) for x in p]
-    meta = {"model_fingerprint": fingerprint, "corpus": '["planted synthetic power law"]'}
-    return Profile(counts, tokens, meta)
-
-
-def trained_predictors(args, path: Path, model_bytes: int):
-    """Predictor mode: the model's profile (with samples) on the package's calibration text and
-    predictors trained on it, by the same stages as ``python -m powerinfer_rs prepare`` with its
-    token counts (``--profile-tokens`` overrides), cached beside the model; (profile, file)."""
-    from powerinfer_rs.formats.profile import read_profile
-    from powerinfer_rs.runtime.autofit import CORPUS, _run_stage, stage_tokens
-
-    d = Path(args.model_dir) / f"{path.stem}-predictors"
-    prof_dir, pred = d / "profile", d / "predictors.safetensors"
-    if not pred.is_file():
-        tokens = args.profile_tokens or stage_tokens(model_bytes)[1]
-        common = ["--model", str(path), "--threads", str(args.threads)]
-        argv = common + ["--corpus", str(CORPUS), "--tokens", str(tokens), "--samples"]
-        _run_stage("profile", argv + ["--out", str(prof_dir), "--no-plot"], quiet=True)
-        tmp = d / "predictors.part.safetensors"
-        argv = ["--model", str(path), "--profile", str(prof_dir), "--out", str(tmp)]
-        _run_stage("train-predictors", argv, quiet=True)
-        tmp.replace(pred)
-    return read_profile(prof_dir), pred
-
-
-def oracle_predictor_file(args, shape: dict, path: Path, fingerprint: str) -> Path:
-    """Predictor mode's upper bound: rank-256 predictors built from the planted gate that mark
-    exactly the firing neurons (``testing.powerinfer_files.oracle_predictors``; synthetic,
-    F16), written once beside the model."""
-    from powerinfer_rs.formats.predictors import save_predictors
-    from powerinfer_rs.predictors.model import PredictorSet
-    from powerinfer_rs.testing.powerinfer_files import oracle_predictors
-    from powerinfer_rs.testing.synth_model import SynthSpec
-
-    out = Path(args.model_dir) / f"{path.stem}-oracle-predictors.safetensors"
-    if not out.is_file():
-        spec = SynthSpec(**shape, activation="relu", seed=args.seed, max_context=4096)
-        layers = oracle_predictors(spec)
-        pset = PredictorSet(layers, model_fingerprint=fingerprint, input="ffn_inp")
-        save_predictors(out, pset)
-    return out
-
-
-def llama_layers(model, budget: int, n_ctx: int) -> int:
-    """llama.cpp's n_gpu_layers for ``budget``: whole layers (weights + f16 K/V cache), then
-    the output head (n_layers + 1) when it fits too."""
-    c, used = model.config, 0
-    kv = 2 * n_ctx * c.n_kv_heads * c.head_dim * 2
-    for i in range(c.n_layers):
-        used += kv + sum(t.nbytes for k, t in model.tensors.items() if k.startswith(f"blk.{i}."))
-        if used > budget:
-            return i
-    head = sum(t.nbytes for k, t in model.tensors.items() if k.startswith("output"))
-    return c.n_layers + (used + head <= budget)
-
-
-def gpu_free() -> dict | None:
-    from powerinfer_rs.planning.gpu_probe import detect_gpu
-
-    g = detect_gpu()
-    return None if g is None else {"name": g.name, "free": g.free_bytes, "total": g.total_bytes}
-
-
 def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
     from powerinfer_rs import Engine, _core
     from powerinfer_rs.formats.plan import save_plan
     from powerinfer_rs.loading import load_model
     from powerinfer_rs.planning import load_hardware, make_plan
-    from powerinfer_rs.planning.predictor_size import fixed_predictor_sizes, read_predictor_sizes
 
     model = load_model(path)
     model_bytes = sum(t.nbytes for t in model.tensors.values())
@@ -214,19 +79,7 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
     prompt = list(model.tokenizer.encode(PROMPT))
     n_ctx = -(-(len(prompt) + args.tokens + 1) // 64) * 64
     t0 = time.perf_counter()
-    mode = dict(sparsity=args.sparsity)
-    if args.sparsity == "predictor" and args.predictors == "oracle":
-        prof = planted_profile(shape, args.seed, model.fingerprint)
-        pred = oracle_predictor_file(args, shape, path, model.fingerprint)
-        sizes = read_predictor_sizes(pred, model.config)
-        mode["predictors"] = str(pred)
-    elif args.sparsity == "predictor":
-        prof, pred = trained_predictors(args, path, model_bytes)
-        sizes = read_predictor_sizes(pred, model.config)
-        mode["predictors"] = str(pred)
-    else:
-        prof = planted_profile(shape, args.seed, model.fingerprint)
-        sizes = fixed_predictor_sizes(model.config, 0)  # no predictors in these modes
+    prof, sizes, mode = profile_and_predictors(args, shape, path, model, model_bytes)
     hw = load_hardware(args.hardware)
     if args.device != "gpu-sim" or args.project:  # this machine's CPU, measured
         from powerinfer_rs.stages.plan import measured_cpu
@@ -250,8 +103,6 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
         plan,
         Path(args.model_dir) / f"{path.stem}-{args.budget_share}-{args.sparsity}.plan.safetensors",
     )
-    pl = plan.placement
-    hot = sum(len(h) for h in plan.gpu_neurons)
     row = {
         "dtype": dtype,
         "model": str(path),
@@ -261,18 +112,7 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
         "prompt_tokens": len(prompt),
         "predictors_s": t_plan - t0,  # 0 when cached or not in predictor mode
         "plan_s": time.perf_counter() - t_plan,
-        "plan": {
-            "gpu_bytes": plan.gpu_bytes,
-            "attention_layers": sum(pl.attention),
-            "predictor_layers": sum(pl.predictor),
-            "output": bool(pl.output),
-            "hot_neurons": hot,
-            "hot_share": hot / (model.config.n_layers * model.config.ffn_dim),
-            "mass_share": plan.predicted["mass_share"],
-            "predicted_tok_s": plan.predicted["tokens_per_s"],
-            "cpu_mem_bw": hw.cpu_mem_bw,  # GB/s the planner assumed (measured on cuda)
-            "solver": plan.solver,
-        },
+        "plan": plan_summary(plan, model, hw),
         "mem_before": gpu_free() if args.device != "gpu-sim" else None,
     }
     kw = dict(threads=args.threads, n_ctx=n_ctx, **mode)
@@ -327,23 +167,24 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
             once(key, min(8, args.tokens))
     samples = {k: [] for k in engines}
     toks, xfer = {}, None
-    order = list(engines)
     probe = []  # the read bandwidth (GB/s) before each repeat, for the CPU side's share of it
-    for r in range(args.repeats):
+
+    def before(r: int) -> None:
         if args.project:
             probe.append(float(_core.measure_read_bandwidth(256 << 20, 2, args.threads)))
-        for key in order if r % 2 == 0 else order[::-1]:
-            t, tps, x = once(key, args.tokens, timed=True)
-            samples[key].append(tps)
-            toks.setdefault(key, t)
-            if x is not None:
-                xfer = x if xfer is None else xfer + x
-        print(
-            f"[{dtype}] repeat {r + 1}: "
-            + ", ".join(f"{k} {v[-1]:.2f}" for k, v in samples.items())
-            + " tok/s",
-            flush=True,
-        )
+
+    def ran(key: str, r: int, run) -> None:
+        nonlocal xfer
+        t, tps, x = run.value
+        samples[key].append(tps)
+        toks.setdefault(key, t)
+        if x is not None:
+            xfer = x if xfer is None else xfer + x
+        print(f"[{dtype}] repeat {r + 1}: {key} {tps:.2f} tok/s", flush=True)
+
+    fns = {k: (lambda k=k: once(k, args.tokens, timed=True)) for k in engines}
+    own = {k: children_cpu_seconds for k, e in engines.items() if isinstance(e, LlamaBench)}
+    race(fns, args.repeats, own_cpu=own, on_run=ran, before_round=before)
     if xfer is not None and xfer[-1] > 0:
         per = xfer[:4] / xfer[-1]
         row["transfers_per_token"] = dict(zip(("uploads", "downloads", "up_B", "down_B"), per))
@@ -363,127 +204,6 @@ def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
     engines.clear()
     gc.collect()  # free this dtype's device memory before the next one is measured
     return row
-
-
-def projection_row(args, model, plan, prof, phases: dict, samples: dict, hw, ngl: int) -> dict:
-    """The projected hybrid ratio over llama.cpp -ngl from the timed repeats (see
-    ``_hybrid_projection``)."""
-    from _hybrid_projection import format_projection, llama_seconds, project
-
-    from powerinfer_rs.planning.bandwidth import gpu_traffic_by_slot
-
-    c = model.config
-    traffic = gpu_traffic_by_slot(plan, model, prof, args.sparsity)
-    names = phases["names"]
-    ph = {
-        "names": names,
-        "per_layer": phases["per_layer"].tolist(),
-        "cold_bytes": phases["cold_bytes"].tolist(),
-    }
-    proj = project(ph, phases["transfers"].tolist(), phases["steps"], traffic, hw.sync_latency_us)
-    out = {"llama_cpu_ms": None}
-    out["cpu_side_ms"] = 1e3 * (
-        proj.total("cpu_serial") + proj.total("cpu_overlapped") + proj.total("handoff_host")
-    )
-    out["cold_bytes_per_token"] = proj.total("cold_bytes")
-    out["cpu_predictor_bytes_per_token"] = float(phases["predictor_bytes"].sum()) / phases["steps"]
-    per_phase = np.array(ph["per_layer"]).sum(axis=0) / phases["steps"]
-    out["phases_ms"] = {n: 1e3 * float(v) for n, v in zip(names, per_phase)}
-    # The cold FFN with its parallel regions' start (the dispatch phase): the bandwidth it
-    # reached over the whole time its rows took.
-    cold_at = [names.index("cold_ffn"), names.index("dispatch")]
-    cold_s = sum(p[i] for p in ph["per_layer"] for i in cold_at) / phases["steps"]
-    out["cold_ffn_ms"] = 1e3 * cold_s
-    out["cold_ffn_gbs"] = proj.total("cold_bytes") / cold_s / 1e9 if cold_s > 0 else None
-    out["handoff_host_us_per_layer"] = 1e6 * proj.total("handoff_host") / c.n_layers
-    out["link_us_per_layer"] = 1e6 * proj.total("link") / c.n_layers
-    out["gpu_attention_ms"] = 1e3 * proj.total("gpu_attention")
-    out["gpu_ffn_ms"] = 1e3 * proj.total("gpu_ffn")
-    out["hybrid_ms"] = 1e3 * proj.seconds
-    # The planner's cost model (this machine's CPU bandwidth, measured) for the same CPU side.
-    out["planner_cpu_side_ms"] = 1e3 * plan.predicted["cpu_time_per_token_s"]
-    if samples.get("llama.cpp"):
-        ngl = min(ngl, c.n_layers)
-        layer_bytes = sum(
-            t.nbytes
-            for k, t in model.tensors.items()
-            if k.startswith("blk.") and int(k.split(".")[1]) < ngl
-        )
-        llama_cpu = 1.0 / median(samples["llama.cpp"])
-        llama_s = llama_seconds(llama_cpu, layer_bytes, hw.sync_latency_us)
-        out["llama_cpu_ms"] = 1e3 * llama_cpu
-        out["llama_ms"] = 1e3 * llama_s
-        out["ratio"] = llama_s / proj.seconds
-        out["table"] = format_projection(proj, llama_s, c.n_layers)
-    return out
-
-
-def mib(x):
-    return "-" if x is None else f"{x / 2**20:.1f} MiB"
-
-
-def report(rows: list[dict], args) -> None:
-    print(
-        f"\nHybrid decode, device {args.device}, sparsity {args.sparsity}, {args.tokens} "
-        f"tokens x {args.repeats} repeats (median), {args.threads} threads (synthetic)"
-    )
-    for r in rows:
-        p, m = r["plan"], r["mem_after"]
-        print(
-            f"[{r['dtype']}] model {mib(r['model_bytes'])}, budget {mib(r['budget'])}, plan "
-            f"gpu_bytes {mib(p['gpu_bytes'])} (attention {p['attention_layers']} layers, "
-            f"predictors {p.get('predictor_layers', 0)} layers, output "
-            f"{p['output']}, {p['hot_neurons']} hot neurons = {p['hot_share']:.1%} of FFN, "
-            f"{p['mass_share']:.1%} of activation mass), allocated {mib(m['allocated_bytes'])}, "
-            f"free {mib((r['mem_before'] or {}).get('free'))} -> {mib(m['free_bytes'])} of "
-            f"{mib(m['total_bytes'])}"
-        )
-        t = r.get("transfers_per_token")
-        if t:
-            print(
-                f"    per token: {t['uploads']:.1f} uploads ({t['up_B'] / 1e3:.1f} kB), "
-                f"{t['downloads']:.1f} downloads ({t['down_B'] / 1e3:.1f} kB)"
-            )
-        if "mismatches" in r:
-            print(f"    greedy tokens hybrid vs cpu: {r['mismatches']} of {args.tokens} differ")
-        if "llama_n_gpu_layers" in r:
-            print(f"    llama.cpp n_gpu_layers {r['llama_n_gpu_layers']} (dense SiLU FFN)")
-    if args.project:
-        for r in rows:
-            pr = r["projection"]
-            print(
-                f"\n[{r['dtype']}] projection ({args.sparsity}; llama.cpp -ngl "
-                f"{r['llama_n_gpu_layers']}, its CPU part a {r['llama_cpu_layers']}-layer file "
-                f"run here): CPU side {pr['cpu_side_ms']:.2f} ms/token measured, "
-                f"{pr['planner_cpu_side_ms']:.2f} predicted by the planner"
-            )
-            print(pr.get("table", f"  llama.cpp skipped: {r.get('llama_skipped')}"))
-            top = sorted(pr["phases_ms"].items(), key=lambda kv: -kv[1])
-            print(
-                "  measured ms/token by phase (gpu_submit and gpu_wait: the host running the GPU "
-                "side on gpu-sim, not projected; kv_sync: the prompt's K/V rows, not a decode "
-                "step's): " + ", ".join(f"{k} {v:.3f}" for k, v in top if v > 0)
-            )
-            print(
-                f"  the CPU's predictors read {pr['cpu_predictor_bytes_per_token'] / 1e6:.1f} "
-                f"MB/token ({r['plan']['predictor_layers']} layers' predictors on the GPU)"
-            )
-            if pr["cold_ffn_gbs"]:
-                print(
-                    f"  cold FFN + dispatch {pr['cold_ffn_ms']:.2f} ms/token at "
-                    f"{pr['cold_ffn_gbs']:.1f} GB/s "
-                    f"= {pr['cold_ffn_gbs'] / pr['read_probe_gbs']:.0%} of the read probe "
-                    f"({pr['read_probe_gbs']:.1f} GB/s, median, measured between the repeats)"
-                )
-        return
-    hdr = f"{'device':<8} | {'dtype':<5} | {'engine':<9} | {'tok/s':>8} | {'vs cpu':>6}"
-    print("\n" + hdr + "\n" + "-" * len(hdr))
-    for r in rows:
-        for k, e in r["engines"].items():
-            dev = args.device if k == "hybrid" else ("cpu" if k == "cpu" else "cuda")
-            print(f"{dev:<8} | {r['dtype']:<5} | {k:<9} | {e['tok_s']:>8.2f} | {e['vs_cpu']:>6.2f}")
-        if "llama_skipped" in r:
-            print(f"{'-':<8} | {r['dtype']:<5} | {'llama.cpp':<9} | skipped: {r['llama_skipped']}")
 
 
 def main(argv=None) -> int:
@@ -599,12 +319,8 @@ def main(argv=None) -> int:
     except PowerInferError as e:
         ap.error(str(e))
     shape = dict(SMALL if args.small else LLAMA7B)
-    if args.layers:
-        shape["layers"] = args.layers
-    if args.active is not None:
-        shape["active"] = args.active
-    if args.gate_noise:
-        shape["gate_noise"] = args.gate_noise
+    regime = {"layers": args.layers, "active": args.active, "gate_noise": args.gate_noise or None}
+    shape.update({k: v for k, v in regime.items() if v is not None})
     dtypes = list(dict.fromkeys(args.dtype or ["F16", "Q4_0"]))
     cache = Path(args.model_dir)
     cache.mkdir(parents=True, exist_ok=True)

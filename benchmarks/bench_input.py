@@ -36,7 +36,7 @@ from _bench_common import (  # noqa: E402
     synthetic_gguf,
     write_json,
 )
-from _sparse_parts import race  # noqa: E402
+from _sparse_parts import race_modes  # noqa: E402
 
 PROMPT = "The history of the printing press begins in the fifteenth century, when Johannes"
 SYNTH_SHAPE = dict(dim=2048, ffn=5632, layers=16, heads=16, kv_heads=16, vocab=32000)
@@ -91,7 +91,7 @@ def bench(
             flush=True,
         )
     rep["perplexity_dense"] = ppl_dense
-    samples = race(engine, modes, prompt, args.tokens, args.repeats, 1)
+    samples = race_modes(engine, modes, prompt, args.tokens, args.repeats, 1)
     d = median(samples["dense"])
     rep["dense_tok_s"] = d
     for key, lv in rep["levels"].items():
@@ -146,16 +146,12 @@ def main(argv=None) -> int:
     pi = require_powerinfer()
     report: dict[str, Any] = {"machine": machine_info(), "parts": []}
     if not args.skip_smol:
-        from corpus import SOURCE_NAME, held_out_text
+        from corpus import SOURCE_NAME, held_out_ids
 
         path = Path(args.model) if args.model else default_model()
         eng = pi.Engine.from_pretrained(str(path), threads=args.threads, n_ctx=1024)
         need = args.calib_tokens + args.ppl_tokens
-        ids: list[int] = []
-        chars = 6 * need
-        while len(ids) < need:
-            ids = eng.tokenizer.encode(held_out_text(chars), add_bos=False)
-            chars *= 2
+        ids = held_out_ids(eng.tokenizer, need)
         cal, held = ids[: args.calib_tokens], ids[args.calib_tokens : need]
         print(f"\n== {path.name}: calibration and held-out text from {SOURCE_NAME} ==")
         rep = bench(

@@ -29,141 +29,16 @@ picks its resident clusters (``Engine.use_neuron_store(plan=...)``).
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-try:
-    import powerinfer_rs  # noqa: F401
-except ImportError:  # run from a checkout without an installed wheel
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-CGROUP = "powerinfer_rs_bench"
-
-
-def drop_cache(*paths: Path) -> None:
-    """Drop the files' pages from the page cache (POSIX_FADV_DONTNEED)."""
-    for p in paths:
-        if p.exists():
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
-class Cgroup:
-    """A memory cgroup (v2 or v1) with a limit; ``add(pid)`` places a process in it."""
-
-    def __init__(self, limit: int) -> None:
-        v2 = Path("/sys/fs/cgroup/cgroup.controllers").exists()
-        base = Path("/sys/fs/cgroup") if v2 else Path("/sys/fs/cgroup/memory")
-        self.path = base / CGROUP
-        self.path.mkdir(exist_ok=True)
-        knob = "memory.max" if v2 else "memory.limit_in_bytes"
-        (self.path / knob).write_text(str(limit))
-
-    def add(self, pid: int) -> None:
-        (self.path / "cgroup.procs").write_text(str(pid))
-
-    def close(self) -> None:
-        try:
-            self.path.rmdir()
-        except OSError:
-            pass
-
-
-def child(args: argparse.Namespace) -> int:
-    """One engine's run inside the cgroup: prints one JSON line."""
-    prompt = [int(t) for t in np.random.default_rng(1).integers(3, args.vocab - 3, 8)]
-    if args.child == "llama":
-        import llama_cpp.llama_cpp as lc
-        from llama_cpp import Llama
-
-        # llama.cpp's CPU backend copies weights it repacks ("extra buffer types", on by
-        # default; `--no-repack` on its command line) into anonymous memory, which a limit of a
-        # third of the model does not hold (the OOM killer ended it): off, it reads every weight
-        # from its memory map, as this comparison intends. llama-cpp-python has no argument for
-        # it, so its default model parameters are wrapped.
-        defaults = lc.llama_model_default_params
-
-        def mmap_only():
-            p = defaults()
-            p.use_extra_bufts = False
-            return p
-
-        lc.llama_model_default_params = mmap_only
-        llm = Llama(str(args.model), n_ctx=256, n_threads=args.threads, verbose=False)
-        llm.eval(prompt)
-        t0 = time.perf_counter()
-        for _ in range(args.tokens):
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-            llm.eval([tok])
-        dt = time.perf_counter() - t0
-        print(json.dumps({"kind": "llama", "tok_s": args.tokens / dt}))
-        return 0
-    from powerinfer_rs import Engine
-    from powerinfer_rs.loading import load_model
-    from powerinfer_rs.predictors import LayerPredictor, PredictorSet
-
-    model = load_model(args.model)
-    z = np.load(args.predictors)
-    layers = {
-        i: LayerPredictor(fc1=z[f"fc1_{i}"], fc2=z[f"fc2_{i}"], threshold=0.0)
-        for i in range(model.config.n_layers)
-    }
-    preds = PredictorSet(layers=layers, model_fingerprint=model.fingerprint, input="ffn_inp")
-    eng = Engine(model, threads=args.threads, mmap=True)
-    if args.child == "mmap":
-        eng.use_down_t_file(args.down_t)
-    if args.child == "store-plan":
-        # The planner's RAM tier: the plan's cache and resident clusters.
-        eng.use_neuron_store(args.store, plan=args.plan, io_threads=args.io_threads)
-    if args.child in ("store", "store-no-ahead"):
-        # The hot clusters resident from the planted activation law (what a profile measures).
-        from powerinfer_rs.testing.synth_model import SynthSpec, SynthWeights
-
-        spec = SynthSpec(args.dim, args.ffn, args.layers, args.heads, args.heads, args.vocab)
-        spec.active = args.active
-        gen = SynthWeights(spec)
-        hot = [gen.firing_probabilities(i) for i in range(args.layers)]
-        eng.use_neuron_store(
-            args.store,
-            cache=args.cache,
-            io_threads=args.io_threads,
-            hot=hot if args.resident_share > 0 else None,
-            resident_share=args.resident_share,
-            read_ahead=args.child == "store",
-        )
-    eng.set_sparsity("predictor", predictors=preds)
-    logits = eng.prefill(prompt)
-    for _ in range(4):  # warm-up
-        logits = eng.prefill([int(np.argmax(logits))])
-    eng.neuron_store_stats(reset=True)
-    t0 = time.perf_counter()
-    for _ in range(args.tokens):
-        logits = eng.prefill([int(np.argmax(logits))])
-    dt = time.perf_counter() - t0
-    out = {"kind": args.child, "tok_s": args.tokens / dt}
-    s = eng.neuron_store_stats()
-    if s:
-        out.update(
-            bytes_per_token=s["bytes_read"] / args.tokens,
-            hit_rate=s["hit_rate"],
-            ahead_per_token=s["ahead"] / args.tokens,
-            ahead_used_share=s["ahead_used"] / s["ahead"] if s["ahead"] else 0.0,
-            read_s_per_token=s["read_s"] / args.tokens,
-            direct=s["direct"],
-        )
-    print(json.dumps(out))
-    return 0
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# _bench_common finds powerinfer_rs in the checkout when no wheel is installed
+from _bench_common import children_cpu_seconds, markdown_table, race, write_json  # noqa: E402
+from _neuron_store_process import Cgroup, child, child_run, drop_cache  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,42 +167,42 @@ def main(argv: list[str] | None = None) -> int:
     known = ("store", "store-no-ahead", "store-plan", "mmap", "llama")
     if not kinds or any(k not in known for k in kinds):
         ap.error(f"--kinds: a comma-separated list of {', '.join(known)}")
-    rows: dict[str, list[dict]] = {k: [] for k in kinds}
+    paths = dict(model=model_path, store=store_path, down_t=down_t_path, pred=pred_path)
+
+    def run(kind: str) -> dict | None:
+        drop_cache(model_path, store_path, down_t_path)
+        return child_run(args, kind, cg, paths, cache, plan_path)
+
     try:
-        for r in range(args.repeats):
-            for kind in kinds if r % 2 == 0 else kinds[::-1]:
-                drop_cache(model_path, store_path, down_t_path)
-                cmd = [sys.executable, __file__, "--child", kind, "--model", str(model_path)]
-                cmd += ["--store", str(store_path), "--cache", str(cache)]
-                cmd += ["--tokens", str(args.tokens), "--threads", str(args.threads)]
-                cmd += ["--io-threads", str(args.io_threads), "--dim", str(args.dim)]
-                cmd += ["--ffn", str(args.ffn), "--layers", str(args.layers)]
-                cmd += ["--heads", str(args.heads), "--vocab", str(args.vocab)]
-                cmd += ["--active", str(args.active), "--resident-share", str(args.resident_share)]
-                cmd += ["--predictors", str(pred_path), "--down-t", str(down_t_path)]
-                cmd += ["--plan", str(plan_path)]
-                # The child joins the cgroup before it loads anything.
-                pre = f"echo $$ > {cg.path / 'cgroup.procs'} && exec "
-                proc = subprocess.run(
-                    ["sh", "-c", pre + " ".join(cmd)], capture_output=True, text=True
-                )
-                line = proc.stdout.strip().splitlines()[-1:] or [""]
-                try:
-                    res = json.loads(line[0])
-                except ValueError:
-                    why = "killed: out of memory?" if proc.returncode == -9 else ""
-                    print(f"{kind}: failed (rc {proc.returncode}) {why}", flush=True)
-                    print(proc.stderr[-2000:], flush=True)
-                    continue
-                rows[kind].append(res)
-                print(json.dumps(res), flush=True)
+        runs = race(
+            {k: (lambda k=k: run(k)) for k in kinds},
+            args.repeats,
+            own_cpu=dict.fromkeys(kinds, children_cpu_seconds),
+        )
     finally:
         cg.close()
+    rows = {
+        k: [{**r.value, "others_cpu": r.others_util} for r in rs if r.value]
+        for k, rs in runs.items()
+    }
     med = {k: float(np.median([x["tok_s"] for x in v])) for k, v in rows.items() if v}
-    print("\n| engine | decode tok/s | vs our mmap engine |\n|---|---|---|")
-    for k, v in med.items():
-        base = med.get("mmap")
-        print(f"| {k} | {v:.3f} | {v / base:.2f}x |" if base else f"| {k} | {v:.3f} | - |")
+    base = med.get("mmap")
+    table = [
+        {
+            "engine": k,
+            "tok_s": v,
+            "vs_mmap": v / base if base else None,
+            "others": float(np.median([x["others_cpu"] for x in rows[k]])),
+        }
+        for k, v in med.items()
+    ]
+    cols = [
+        ("engine", "engine", "s"),
+        ("decode tok/s", "tok_s", ".3f"),
+        ("vs our mmap engine", "vs_mmap", ".2f"),
+        ("others' CPUs", "others", ".2f"),
+    ]
+    print("\n" + markdown_table(table, cols))
     for kind in ("store", "store-no-ahead", "store-plan"):
         if not rows.get(kind):
             continue
@@ -343,9 +218,9 @@ def main(argv: list[str] | None = None) -> int:
             f"1 MiB bandwidth ({med[kind] / floor:.0%} of it), {iops_floor:.2f} tok/s from the "
             f"probe's {slot}-byte read rate ({med[kind] / iops_floor:.0%} of it)"
         )
-    if args.json:
-        out = {"rows": rows, "bandwidth_gbs": bw, "iops": probe.iops, "read_bytes": slot}
-        Path(args.json).write_text(json.dumps(out, indent=1))
+    write_json(
+        args.json, {"rows": rows, "bandwidth_gbs": bw, "iops": probe.iops, "read_bytes": slot}
+    )
     return 0
 
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -44,10 +43,11 @@ from _bench_common import (
     add_bandwidth_args,
     add_synthetic_args,
     bench_parser,
-    busy_cpu_seconds,
+    children_cpu_seconds,
     machine_info,
     measure_bandwidth,
     median,
+    race,
     require_powerinfer,
     write_json,
 )
@@ -190,30 +190,21 @@ def print_phases(rows: dict) -> None:
           f"{floor / total:.1%}")  # fmt: skip
 
 
-def run_powerinfer(bench: str, path: Path, threads: int, tokens: int) -> tuple[float, float]:
-    """(tokens/s, CPU-seconds per wall-second used by other processes) of one llama-bench run.
-    The subprocess's wall time includes loading the file; what others used over it does not
-    depend on that."""
+def run_powerinfer(bench: str, path: Path, threads: int, tokens: int) -> float:
+    """Tokens/s of one llama-bench run (its CPU is the race's children's counter; the
+    subprocess's wall time includes loading the file, what others used over it does not
+    depend on that)."""
     cmd = [bench, "-m", str(path), "-p", "0", "-n", str(tokens), "-t", str(threads)]
     cmd += ["-r", "1", "-ngl", "0", "-o", "json"]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0, b0 = time.perf_counter(), busy_cpu_seconds()
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    wall, busy = time.perf_counter() - t0, busy_cpu_seconds() - b0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({out.returncode}): {out.stderr[-2000:]}")
-    rows = json.loads(out.stdout)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return float(rows[0]["avg_ts"]), max(busy - cpu, 0.0) / wall
+    return float(json.loads(out.stdout)[0]["avg_ts"])
 
 
-def run_ours(engine, tokens: int) -> tuple[float, float]:
-    """(tokens/s, CPU-seconds per wall-second used by other processes) of one decode run."""
-    t0, c0, b0 = time.perf_counter(), time.process_time(), busy_cpu_seconds()
-    tps = decode_once(engine, [engine.tokenizer.bos_id], tokens)
-    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-    return tps, max(busy_cpu_seconds() - b0 - cpu, 0.0) / wall
+def run_ours(engine, tokens: int) -> float:
+    """Tokens/s of one decode run after the BOS token."""
+    return decode_once(engine, [engine.tokenizer.bos_id], tokens)
 
 
 def bench_file(args, path: Path, dtype: str, active: float, shape: tuple) -> list[dict]:
@@ -230,17 +221,18 @@ def bench_file(args, path: Path, dtype: str, active: float, shape: tuple) -> lis
         for _ in range(args.warmup):
             run_ours(eng, min(args.tokens, 16))
             run_powerinfer(args.llama_bench, path, threads, min(args.tokens, 16))
-        tps = {"powerinfer": [], "ours": []}
-        others = {"powerinfer": [], "ours": []}
-        for r in range(args.repeats):
-            order = ("powerinfer", "ours") if r % 2 == 0 else ("ours", "powerinfer")
-            for who in order:
-                if who == "ours":
-                    t, c = run_ours(eng, args.tokens)
-                else:
-                    t, c = run_powerinfer(args.llama_bench, path, threads, args.tokens)
-                tps[who].append(t)
-                others[who].append(c)
+        runs = race(
+            {
+                "powerinfer": lambda t=threads: run_powerinfer(
+                    args.llama_bench, path, t, args.tokens
+                ),
+                "ours": lambda e=eng: run_ours(e, args.tokens),
+            },
+            args.repeats,
+            own_cpu={"powerinfer": children_cpu_seconds},
+        )
+        tps = {k: [r.value for r in rs] for k, rs in runs.items()}
+        others = {k: [r.others_util for r in rs] for k, rs in runs.items()}
         layers, vocab = shape[2], shape[3]
         need = {
             "powerinfer": bytes_per_token(tb, layers, vocab, act, None),

@@ -34,7 +34,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from _bench_common import add_synthetic_args, bench_parser, median, require_powerinfer, write_json
+from _bench_common import (
+    add_synthetic_args,
+    bench_parser,
+    children_cpu_seconds,
+    median,
+    race,
+    require_powerinfer,
+    write_json,
+)
 
 #: PowerInfer's (llama.cpp's) decode timing line.
 EVAL_LINE = re.compile(
@@ -87,7 +95,7 @@ def run_powerinfer(
 def plan_and_index(args, path: Path, shape: tuple) -> tuple[Path, int, dict]:
     """Our plan for ``path`` (saved beside it) and PowerInfer's GPU index from it; (plan file,
     budget, facts)."""
-    from bench_hybrid import planted_profile
+    from _hybrid_inputs import planted_profile
 
     from powerinfer_rs.formats.plan import save_plan
     from powerinfer_rs.loading.powerinfer_gguf import load_powerinfer_gguf
@@ -140,7 +148,7 @@ def plan_and_index(args, path: Path, shape: tuple) -> tuple[Path, int, dict]:
 
 
 def bench_dtype(args, dtype: str, shape: tuple) -> dict:
-    from bench_hybrid import greedy
+    from _hybrid_engines import greedy
     from bench_powerinfer import pwri_file
 
     pi = require_powerinfer()
@@ -172,16 +180,20 @@ def bench_dtype(args, dtype: str, shape: tuple) -> dict:
 
     for who in names:
         once(who, min(args.tokens, 8))
-    tps: dict[str, list[float]] = {k: [] for k in names}
-    for r in range(args.repeats):
-        for who in names if r % 2 == 0 else names[::-1]:
-            tps[who].append(once(who, args.tokens))
+    runs = race(
+        {who: (lambda w=who: once(w, args.tokens)) for who in names},
+        args.repeats,
+        own_cpu={"powerinfer": children_cpu_seconds},
+    )
+    tps = {k: [r.value for r in rs] for k, rs in runs.items()}
+    others = {k: median([r.others_util for r in rs]) for k, rs in runs.items()}
     row = {
         "dtype": dtype,
         "file": str(path),
         "device": args.device,
         **facts,
         "tokens_per_s": tps,
+        "others_cpu_per_wall": others,
         "median_tokens_per_s": {k: median(v) for k, v in tps.items()},
         "powerinfer_placed_mib": placed or None,
         "synthetic": True,

@@ -32,7 +32,15 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from _bench_common import REPO, bench_parser, default_model, machine_info, write_json
+from _bench_common import (
+    REPO,
+    alternation,
+    bench_parser,
+    default_model,
+    machine_info,
+    race,
+    write_json,
+)
 
 TOPICS = ["a lighthouse", "a lost key", "the moon", "a bakery", "a storm", "a robot", "a river",
           "a old map", "a garden", "a train", "a violin", "a fox", "a snowy town", "a ship",
@@ -172,14 +180,22 @@ def main() -> int:
             extra = ["--port", str(port)] + (["--host", "127.0.0.1"] if name == "llama" else [])
             servers[name] = Server(name, argv[name] + extra, port, logs / f"{name}.log")
             stream_once(servers[name].url, "Hello!", 4)  # warm-up
-        for i, clients in enumerate(levels):
-            order = names if i % 2 == 0 else names[::-1]
-            for name in order:
-                cpu0 = cpu_seconds(servers[name].proc.pid)
-                r = run_level(servers[name].url, clients, a.requests, a.max_tokens)
-                r["server_cpu_per_wall"] = (cpu_seconds(servers[name].proc.pid) - cpu0) / r[
-                    "wall_s"
-                ]
+        for i, clients in enumerate(levels):  # one round of the race per level
+            runs = race(
+                {
+                    n: (
+                        lambda n=n, c=clients: run_level(
+                            servers[n].url, c, a.requests, a.max_tokens
+                        )
+                    )
+                    for n in alternation(names, i)
+                },
+                1,
+                own_cpu={n: (lambda n=n: cpu_seconds(servers[n].proc.pid)) for n in names},
+            )
+            for name, (run,) in runs.items():
+                r = {**run.value, "server_cpu_per_wall": run.cpu_util}
+                r["others_cpu_per_wall"] = run.others_util
                 report["levels"].setdefault(str(clients), {})[name] = r
                 print(f"  {name:5s} clients={clients:2d}: {r}", file=sys.stderr, flush=True)
     finally:

@@ -22,19 +22,14 @@ from __future__ import annotations
 import threading
 import time
 
-from _bench_common import bench_parser, default_model, median, write_json
+from _bench_common import bench_parser, default_model, median, race, write_json
 
 
 def alternate(repeats: int, a, b) -> tuple[float, float]:
-    """Median seconds of ``a()`` and ``b()``, alternated, the order reversed every other
-    repeat."""
-    ta, tb = [], []
-    for r in range(repeats):
-        for f, out in ((a, ta), (b, tb)) if r % 2 == 0 else ((b, tb), (a, ta)):
-            t = time.perf_counter()
-            f()
-            out.append(time.perf_counter() - t)
-    return median(ta), median(tb)
+    """Median seconds of ``a()`` and ``b()`` in the one race (alternated, the order reversed
+    every other repeat)."""
+    runs = race({"a": a, "b": b}, repeats)
+    return median([r.wall_s for r in runs["a"]]), median([r.wall_s for r in runs["b"]])
 
 
 def bench_pass(engine, n: int, repeats: int) -> dict:

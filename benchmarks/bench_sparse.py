@@ -45,7 +45,6 @@ from _bench_common import (  # noqa: E402
     add_bandwidth_args,
     add_synthetic_args,
     bench_parser,
-    default_model,
     machine_info,
     measure_bandwidth,
     median,
@@ -57,9 +56,10 @@ from _sparse_parts import (  # noqa: E402
     decode_activity,
     ffn_bytes,
     print_report,
-    race,
+    race_modes,
     sparse_bytes_per_token,
 )
+from _sparse_smol import bench_smol, load_or_train_predictors  # noqa: E402
 
 DEFAULT_PROMPT = (
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg"
@@ -141,7 +141,7 @@ def bench_synthetic(args, dtype: str) -> dict[str, Any]:
             "predictor_bytes_f32": pb,
         }
     bw = measure_bandwidth(args.threads, args.bw_bytes, args.bw_iters)[0]
-    samples = race(eng, modes, prompt, args.tokens, args.repeats, args.warmup)
+    samples = race_modes(eng, modes, prompt, args.tokens, args.repeats, args.warmup)
     bw2 = measure_bandwidth(args.threads, args.bw_bytes, args.bw_iters)[0]
     rep["bandwidth_gbs"] = max(bw, bw2)
     rep["modes"] = {}
@@ -166,113 +166,8 @@ def bench_synthetic(args, dtype: str) -> dict[str, Any]:
     return rep
 
 
-def load_or_train_predictors(args, eng, path: Path, calib: list[int]):
-    if args.train_predictors:
-        import tempfile
-
-        from powerinfer_rs.loading import load_model
-        from powerinfer_rs.predictors import train_predictors
-        from powerinfer_rs.stages.profile import profile_model
-
-        with tempfile.TemporaryDirectory() as d:
-            profile_model(
-                eng,
-                calib,
-                samples_to=d,
-                sample_metadata={
-                    "model_fingerprint": eng.loaded.fingerprint,
-                    "predictor_input": "ffn_norm",
-                },
-                progress=not args.quiet,
-            )
-            return train_predictors(
-                d, Path(d) / "p.safetensors", model=load_model(path), progress=not args.quiet
-            )
-    if args.predictors:
-        from powerinfer_rs.formats.predictors import load_predictors
-
-        pset = load_predictors(args.predictors)
-        if pset.model_fingerprint and pset.model_fingerprint != eng.loaded.fingerprint:
-            print(f"note: {args.predictors} is for another model; no predictor mode here")
-            return None
-        return pset
-    return None
-
-
 # ---------------------------------------------------------------------------------------------
 # (b) SmolLM2 threshold mode
-
-
-def bench_smol(args) -> dict[str, Any]:
-    pi = _pi()
-    from corpus import SOURCE_NAME, held_out_text
-
-    from powerinfer_rs.stages.calibrate import calibrate_thresholds, held_out_cost
-
-    path = Path(args.model) if args.model else default_model()
-    eng = pi.Engine.from_pretrained(str(path), threads=args.threads, n_ctx=args.n_ctx)
-    need = args.calib_tokens + args.ppl_tokens
-    ids: list[int] = []
-    chars = 6 * need
-    while len(ids) < need:
-        ids = eng.tokenizer.encode(held_out_text(chars), add_bos=False)
-        chars *= 2
-    cal, held = ids[: args.calib_tokens], ids[args.calib_tokens : need]
-    dense_b = int(eng.bytes_per_token)
-    layers = ffn_bytes(eng)
-    prompt = eng.tokenizer.encode(args.prompt)
-    rep: dict[str, Any] = {
-        "model": str(path),
-        "label": f"{path.name} (real model, {eng.config.activation})",
-        "synthetic": False,
-        "text": SOURCE_NAME,
-        "calibration_tokens": len(cal),
-        "heldout_tokens": len(held),
-        "dense_bytes_per_token": dense_b,
-        "targets": {},
-    }
-    print(f"\n== {rep['label']}: threshold mode ==", flush=True)
-    modes: dict[str, dict] = {"dense": {"mode": "dense"}}
-    bpt = {"dense": dense_b}
-    ppl_dense = None
-    for s in args.sparsities:
-        thr, _ = calibrate_thresholds(eng, cal, s, window=args.window, progress=not args.quiet)
-        ho = held_out_cost(eng, held, thr, window=args.window, progress=not args.quiet)
-        ppl_dense = ho.ppl_dense
-        label = f"threshold@{s:.2f}"
-        modes[label] = {"mode": "threshold", "thresholds": thr}
-        act = [1.0 - x for x in ho.sparsity]
-        bpt[label] = sparse_bytes_per_token(dense_b, layers, act, up_sparse=False)
-        rep["targets"][label] = {
-            "target_sparsity": s,
-            "measured_sparsity": float(np.mean(ho.sparsity)),
-            "perplexity": ho.ppl_threshold,
-            "perplexity_change": ho.ppl_change,
-        }
-        print(
-            f"  {label}: held-out perplexity {ho.ppl_threshold:.3f} vs dense "
-            f"{ho.ppl_dense:.3f} ({100 * ho.ppl_change:+.2f}%), measured sparsity "
-            f"{np.mean(ho.sparsity):.3f}",
-            flush=True,
-        )
-    rep["perplexity_dense"] = ppl_dense
-    bw = measure_bandwidth(args.threads, args.bw_bytes, args.bw_iters)[0]
-    samples = race(eng, modes, prompt, args.tokens, args.repeats, args.warmup)
-    bw2 = measure_bandwidth(args.threads, args.bw_bytes, args.bw_iters)[0]
-    rep["bandwidth_gbs"] = max(bw, bw2)
-    rep["modes"] = {}
-    d = median(samples["dense"])
-    for label, xs in samples.items():
-        tps = median(xs)
-        rep["modes"][label] = {
-            "tok_s": tps,
-            "samples": xs,
-            "ratio_vs_dense": tps / d,
-            "bytes_per_token": bpt[label],
-            "ideal_ratio_vs_dense": dense_b / bpt[label],
-            "achieved_gbs": bpt[label] * tps / 1e9,
-        }
-    return rep
 
 
 def parse_list(kind):

@@ -76,14 +76,10 @@ Examples::
 
 from __future__ import annotations
 
-import inspect
 import os
 import shlex
 import sys
-import time
 from pathlib import Path
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import (  # noqa: E402
@@ -94,477 +90,39 @@ from _bench_common import (  # noqa: E402
     import_llama,
     machine_info,
     measure_bandwidth,
-    median,
     open_llama,
-    require_powerinfer,
-    synthetic_gguf,
     write_json,
 )
+from _speculative_draft import run_draft_task  # noqa: E402
+from _speculative_engines import (  # noqa: E402
+    MissingApi,
+    check_draft_api,
+    llama_lookup_class,
+    open_ours,
+    ours_call_text,
+    probe_spec,
+)
+from _speculative_race import run_chat_task  # noqa: E402
+from _speculative_report import print_tables  # noqa: E402
 from _speculative_tasks import TASKS  # noqa: E402
 
 ALL_TASKS = [*TASKS, "draft"]
-SPEC_KEYS = ("drafted", "accepted", "acceptance_rate", "verify_steps", "tokens_per_step")
-
-#: Synthetic target/draft shape of the draft task (full run) and of --quick (the small llama
-#: other benchmarks cache).
-DRAFT_SHAPE = dict(dim=1024, ffn=2816, layers=8, heads=16, kv_heads=16, vocab=32000)
-DRAFT_SHAPE_QUICK = dict(dim=256, ffn=704, layers=4, heads=8, kv_heads=8, vocab=1000)
-
-MISSING_API = (
-    "this powerinfer_rs has no speculative decoding yet (issue 61): {err}. "
-    "Expected engine.generate(ids, ..., speculative='lookup'|'draft'|None, draft_max=K) and "
-    "Engine.from_pretrained(path, draft=DRAFT_PATH). Run with --skip-spec to measure only "
-    "the plain and llama.cpp modes."
-)
-
-
-class MissingApi(RuntimeError):
-    pass
 
 
 # ---------------------------------------------------------------------------------------------
 # our engine
 
 
-def open_ours(path, threads: int, n_ctx: int, draft=None):
-    pi = require_powerinfer()
-    kw = dict(threads=threads, n_ctx=n_ctx)
-    if draft is None:
-        return pi.Engine.from_pretrained(str(path), **kw)
-    try:
-        return pi.Engine.from_pretrained(str(path), draft=str(draft), **kw)
-    except TypeError as e:
-        raise MissingApi(MISSING_API.format(err=f"Engine.from_pretrained(draft=...): {e}")) from e
-
-
-def check_draft_api() -> None:
-    """Raise MissingApi when ``Engine.from_pretrained`` takes no ``draft=`` (before any run)."""
-    params = inspect.signature(require_powerinfer().Engine.from_pretrained).parameters
-    kinds = {p.kind for p in params.values()}
-    if "draft" not in params and inspect.Parameter.VAR_KEYWORD not in kinds:
-        raise MissingApi(MISSING_API.format(err="Engine.from_pretrained has no draft= argument"))
-
-
-def ours_kwargs(n: int, spec: str | None, k: int) -> dict:
-    # Plain is speculative="off" said explicitly: the engine's default ("auto") is lookup.
-    kw = dict(max_new_tokens=n, temperature=0.0, seed=0, ignore_eos=True, speculative=spec)
-    if spec != "off":
-        kw["draft_max"] = k
-    return kw
-
-
-def ours_call_text(n: int, spec: str | None, k: int) -> str:
-    args = ", ".join(f"{a}={v!r}" for a, v in ours_kwargs(n, spec, k).items())
-    return f"engine.generate(ids, {args})"
-
-
-def probe_spec(engine, ids: list[int], spec: str, k: int) -> None:
-    """Raise MissingApi when ``engine.generate`` does not take ``speculative=spec``."""
-    engine.reset()
-    try:
-        engine.generate(list(ids), **ours_kwargs(2, spec, k))
-    except TypeError as e:
-        raise MissingApi(MISSING_API.format(err=f"engine.generate(speculative=...): {e}")) from e
-
-
-def run_ours(engine, ids: list[int], n: int, spec: str | None, k: int) -> dict:
-    engine.reset()  # no prefix reuse between runs: every run prefills the prompt
-    t0 = time.perf_counter()
-    text = engine.generate(list(ids), **ours_kwargs(n, spec, k))
-    wall = time.perf_counter() - t0
-    st = engine.stats() if callable(getattr(engine, "stats", None)) else {}
-    gen = int(st.get("completion_tokens", n))
-    pre = float(st.get("prefill_seconds") or 0.0)
-    if pre > 0:
-        secs, how = wall - pre, "wall - prefill_seconds"
-    else:
-        secs, how = float(st.get("decode_seconds") or wall), "stats decode_seconds"
-    out = {"text": text, "tokens": gen, "decode_s": secs, "timing": how, "wall_s": wall}
-    out["stats_decode_tok_s"] = st.get("decode_tokens_per_second")
-    # The engine's names of the speculation counters (tokens per step: per verification step).
-    names = {
-        "drafted": "drafted_tokens",
-        "accepted": "accepted_tokens",
-        "acceptance_rate": "acceptance_rate",
-        "verify_steps": "verify_steps",
-        "tokens_per_step": "tokens_per_verify_step",
-    }
-    for key in SPEC_KEYS:
-        if st.get(names[key]) is not None:
-            out[key] = st[names[key]]
-    return out
-
-
 # ---------------------------------------------------------------------------------------------
 # llama.cpp
-
-
-def llama_lookup_class(llama_cpp):
-    """LlamaPromptLookupDecoding that counts its calls (verify steps) and drafted tokens."""
-    from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
-
-    class Counting(LlamaPromptLookupDecoding):
-        calls = 0
-        drafted = 0
-
-        def __call__(self, input_ids, /, **kwargs):
-            out = super().__call__(input_ids, **kwargs)
-            self.calls += 1
-            self.drafted += len(out)
-            return out
-
-    return Counting
-
-
-def run_llama(llm, ids: list[int], n: int, counter=None) -> dict:
-    llm.reset()
-    out = []
-    t_first = None
-    calls0 = drafted0 = 0
-    gen = llm.generate(list(ids), temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
-    try:
-        for tok in gen:
-            out.append(int(tok))
-            if t_first is None:
-                t_first = time.perf_counter()
-                if counter is not None:
-                    calls0, drafted0 = counter.calls, counter.drafted
-            if len(out) >= n:
-                break
-        t_last = time.perf_counter()
-    finally:
-        gen.close()
-    res = {"ids": out, "tokens": len(out), "decode_s": max(t_last - t_first, 1e-9)}
-    if counter is not None:
-        steps = counter.calls - calls0
-        res["verify_steps"] = steps
-        res["drafted"] = counter.drafted - drafted0
-        res["tokens_per_step"] = (len(out) - 1) / steps if steps else None
-    return res
 
 
 # ---------------------------------------------------------------------------------------------
 # one task
 
 
-def lookup_hit_share(prompt: list[int], out: list[int], ngram: int = 2) -> float:
-    """Share of ``out`` tokens that the continuation of the most recent earlier match of the
-    last 1..``ngram`` tokens (longest first) in prompt + output so far predicts: how much of a
-    greedy output a one-token prompt lookup would get right."""
-    seq, hits = list(prompt), 0
-    for tok in out:
-        pred = None
-        for n in range(min(ngram, len(seq) - 1), 0, -1):
-            key = seq[-n:]
-            j = next((j for j in range(len(seq) - n - 1, -1, -1) if seq[j : j + n] == key), None)
-            if j is not None:
-                pred = seq[j + n]
-                break
-        hits += pred == tok
-        seq.append(tok)
-    return hits / max(1, len(out))
-
-
-def first_difference(a: str, b: str) -> int | None:
-    """Index of the first character where ``a`` and ``b`` differ (None if equal)."""
-    if a == b:
-        return None
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
-
-
-def agreement(a: str | None, b: str | None) -> str:
-    if a is None or b is None:
-        return "-"
-    d = first_difference(a, b)
-    return "same" if d is None else f"differ@{d}/{max(len(a), len(b))}"
-
-
-def race(modes: dict, repeats: int, warmup: int) -> dict:
-    """Run every mode (name -> callable returning a result dict) ``warmup`` times untimed, then
-    ``repeats`` times alternating (order reversed every other repeat). Returns name -> list of
-    results, each with its ``cpu`` use (process CPU s / wall s) added."""
-    for fn in modes.values():
-        for _ in range(warmup):
-            fn()
-    results = {m: [] for m in modes}
-    order = list(modes)
-    for r in range(repeats):
-        for m in order if r % 2 == 0 else order[::-1]:
-            c0, w0 = time.process_time(), time.perf_counter()
-            res = modes[m]()
-            res["cpu"] = (time.process_time() - c0) / (time.perf_counter() - w0)
-            results[m].append(res)
-    return results
-
-
-def summarize(results: dict, n: int) -> dict:
-    """Per mode: median tokens/s, samples, medians of the speculation counters, CPU use."""
-    out = {}
-    for m, runs in results.items():
-        if not runs:
-            continue
-        rates = [(r["tokens"] - 1) / r["decode_s"] for r in runs]
-        s = {
-            "tok_s": median(rates),
-            "samples": rates,
-            "tokens": [r["tokens"] for r in runs],
-            "cpu_util": median([r["cpu"] for r in runs]),
-        }
-        if any(r["tokens"] != n for r in runs):
-            s["warning"] = f"generated {sorted({r['tokens'] for r in runs})} tokens, not {n}"
-        for key in (*SPEC_KEYS, "stats_decode_tok_s"):
-            vals = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
-            if vals:
-                s[key] = median(vals)
-        timings = {r.get("timing") for r in runs} - {None}
-        if timings:
-            s["timing"] = sorted(timings)
-        out[m] = s
-    return out
-
-
-def run_chat_task(name: str, args, ctx: dict) -> dict:
-    messages, default_n, kind = TASKS[name]
-    n = args.tokens or default_n
-    eng = ctx["ours"]
-    ids = list(eng.tokenizer.encode(eng.format_chat(messages)))
-    k = args.draft_max
-    row = {"task": name, "kind": kind, "prompt_tokens": len(ids), "tokens": n, "draft_max": k}
-    if len(ids) + n + k + 1 > args.n_ctx:
-        raise SystemExit(f"{name}: {len(ids)} prompt + {n} tokens + {k} drafted > --n-ctx")
-    modes = {}
-    if "ours" in args.engines:
-        modes["ours_plain"] = lambda: run_ours(eng, ids, n, "off", k)
-        if not args.skip_spec:
-            modes["ours_lookup"] = lambda: run_ours(eng, ids, n, "lookup", k)
-    if "llama" in args.engines and ctx.get("llama_plain") is not None:
-        lp, ll, counter = ctx["llama_plain"], ctx["llama_lookup"], ctx["counter"]
-        modes["llama_plain"] = lambda: run_llama(lp, ids, n)
-        modes["llama_lookup"] = lambda: run_llama(ll, ids, n, counter)
-        llama_ids = lp.tokenize(
-            eng.format_chat(messages).encode("utf-8"), add_bos=False, special=True
-        )
-        row["llama_tokenizer_agrees"] = list(llama_ids) == ids or (
-            ids[:1] == [eng.tokenizer.bos_id] and list(llama_ids) == ids[1:]
-        )
-    print(f"[{name}] {len(ids)} prompt tokens, {n} generated, modes {', '.join(modes)}", flush=True)
-    results = race(modes, args.repeats, args.warmup)
-    row["modes"] = summarize(results, n)
-    texts = {}
-    for m, runs in results.items():
-        last = runs[-1]
-        texts[m] = last["text"] if "text" in last else eng.tokenizer.decode(last["ids"])
-    if "llama_plain" in results and "llama_lookup" in results:
-        same_ids = results["llama_plain"][-1]["ids"] == results["llama_lookup"][-1]["ids"]
-        row["agree_llama_lookup_plain"] = (
-            "same" if same_ids else agreement(texts["llama_plain"], texts["llama_lookup"])
-        )
-    greedy = [
-        st.token
-        for st in eng.stream_tokens(ids, max_new_tokens=n, temperature=0.0, ignore_eos=True)
-        if st.token is not None
-    ]
-    row["lookup_hit_share"] = lookup_hit_share(ids, greedy)
-    row["agree_ours_lookup_plain"] = agreement(texts.get("ours_plain"), texts.get("ours_lookup"))
-    row["agree_ours_llama"] = agreement(texts.get("ours_plain"), texts.get("llama_plain"))
-    row["texts"] = texts
-    add_ratios(row)
-    for m, s in row["modes"].items():
-        print(f"  {m:13s} " + " ".join(f"{x:.1f}" for x in s["samples"]) + " tok/s", flush=True)
-    return row
-
-
-def add_ratios(row: dict) -> None:
-    md = row["modes"]
-
-    def r(a, b):
-        if a in md and b in md and md[b]["tok_s"] > 0:
-            return md[a]["tok_s"] / md[b]["tok_s"]
-        return None
-
-    row["lookup_over_plain"] = r("ours_lookup", "ours_plain")
-    row["lookup_over_llama_lookup"] = r("ours_lookup", "llama_lookup")
-    row["plain_over_llama_plain"] = r("ours_plain", "llama_plain")
-    row["llama_lookup_over_llama_plain"] = r("llama_lookup", "llama_plain")
-    row["draft_over_plain"] = r("ours_draft", "ours_plain")
-    if row["kind"] == "copy":
-        a, b = row["lookup_over_plain"], row["lookup_over_llama_lookup"]
-        row["target"] = ">=2x plain, >=1.2x llama lookup"
-        row["meets_target"] = None if a is None or b is None else (a >= 2.0 and b >= 1.2)
-    elif row["kind"] == "prose":
-        a = row["lookup_over_plain"]
-        row["target"] = ">=0.97x plain"
-        row["meets_target"] = None if a is None else a >= 0.97
-
-
-def draft_models(args) -> tuple[Path, Path, str]:
-    if args.draft_pair:
-        t, d = (Path(p) for p in args.draft_pair.split(",", 1))
-        return t, d, f"target {t.name}, draft {d.name}"
-    shape = dict(DRAFT_SHAPE_QUICK if args.quick else DRAFT_SHAPE, activation="relu")
-    cache = Path(args.cache)
-    target = synthetic_gguf(cache, args.target_dtype, shape, seed=args.seed)
-    dshape = dict(shape, layers=args.draft_layers or shape["layers"])
-    draft = synthetic_gguf(cache, args.draft_dtype, dshape, seed=args.seed)
-    dims = " ".join(f"{k}={v}" for k, v in shape.items() if k != "activation")
-    label = (
-        f"synthetic llama {dims} relu seed {args.seed}: target {args.target_dtype.upper()}, "
-        f"draft {args.draft_dtype.upper()} {dshape['layers']} layers (same weights)"
-    )
-    return target, draft, label
-
-
-def greedy_agreement(target, draft_path: Path, ids: list[int], n: int, args) -> float:
-    """Share of the target's ``n`` greedy tokens after ``ids`` that the draft model's argmax
-    predicts from the same prefix (``Engine.logits`` of both over prompt + output; untimed):
-    what a greedy draft's acceptance rate should come near."""
-    target.reset()
-    out = [
-        s.token
-        for s in target.stream_tokens(ids, max_new_tokens=n, temperature=0.0, ignore_eos=True)
-        if s.token is not None
-    ]
-    draft = open_ours(draft_path, args.threads, args.n_ctx)
-    pred = draft.logits(ids + out).argmax(-1)[len(ids) - 1 : -1]
-    target.reset()
-    return float(np.mean(pred == np.asarray(out)))
-
-
-def run_draft_task(args) -> dict:
-    n = args.tokens or 128
-    k = args.draft_max
-    target, draft, label = draft_models(args)
-    row = {"task": "draft", "kind": "draft", "label": label, "tokens": n, "draft_max": k}
-    row["synthetic"] = not args.draft_pair
-    row["target_model"], row["draft_model"] = str(target), str(draft)
-    print(f"[draft] {label}", flush=True)
-    eng = open_ours(target, args.threads, args.n_ctx, draft=None if args.skip_spec else draft)
-    vocab = int(eng.config.vocab_size)
-    rng = np.random.default_rng(args.seed)
-    ids = [int(t) for t in rng.integers(3, vocab, args.draft_prompt)]
-    row["prompt_tokens"] = len(ids)
-    modes = {"ours_plain": lambda: run_ours(eng, ids, n, "off", k)}
-    if not args.skip_spec:
-        probe_spec(eng, ids, "draft", k)
-        modes["ours_draft"] = lambda: run_ours(eng, ids, n, "draft", k)
-    results = race(modes, args.repeats, args.warmup)
-    row["modes"] = summarize(results, n)
-    row["greedy_agreement"] = greedy_agreement(eng, draft, ids, n, args)
-    texts = {m: runs[-1]["text"] for m, runs in results.items()}
-    row["agree_ours_draft_plain"] = agreement(texts.get("ours_plain"), texts.get("ours_draft"))
-    add_ratios(row)
-    for m, s in row["modes"].items():
-        print(f"  {m:13s} " + " ".join(f"{x:.1f}" for x in s["samples"]) + " tok/s", flush=True)
-    return row
-
-
 # ---------------------------------------------------------------------------------------------
 # report
-
-
-def fmt(x, spec=".1f"):
-    return "-" if x is None or (isinstance(x, float) and x != x) else format(x, spec)
-
-
-def print_tables(rep: dict) -> None:
-    rows = [r for r in rep["rows"] if r["kind"] != "draft"]
-    if rows:
-        print(
-            f"\nSpeculative decoding: {Path(rep['model']).name}, {rep['threads']} threads, "
-            f"draft_max {rep['draft_max']}, decode tok/s (median of {rep['repeats']})\n"
-        )
-        print(
-            "| task | prompt tok | gen tok | ours plain | ours lookup | lookup/plain | "
-            "llama plain | llama lookup | ours lookup/llama lookup | target | met |"
-        )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
-        for r in rows:
-            md = r["modes"]
-            met = {True: "yes", False: "NO", None: "-"}[r.get("meets_target")]
-            print(
-                f"| {r['task']} | {r['prompt_tokens']} | {r['tokens']} | "
-                f"{fmt(md.get('ours_plain', {}).get('tok_s'))} | "
-                f"{fmt(md.get('ours_lookup', {}).get('tok_s'))} | "
-                f"{fmt(r.get('lookup_over_plain'), '.2f')} | "
-                f"{fmt(md.get('llama_plain', {}).get('tok_s'))} | "
-                f"{fmt(md.get('llama_lookup', {}).get('tok_s'))} | "
-                f"{fmt(r.get('lookup_over_llama_lookup'), '.2f')} | {r.get('target', '')} | {met} |"
-            )
-        print(
-            "\n| task | copyable | ours tok/step | ours acceptance | ours drafted | "
-            "llama tok/step | llama drafted | ours lookup vs plain text | "
-            "llama lookup vs plain | ours vs llama |"
-        )
-        print("|---|---:|---:|---:|---:|---:|---:|---|---|---|")
-        for r in rows:
-            o, ll = r["modes"].get("ours_lookup", {}), r["modes"].get("llama_lookup", {})
-            print(
-                f"| {r['task']} | {fmt(r.get('lookup_hit_share'), '.2f')} | "
-                f"{fmt(o.get('tokens_per_step'), '.2f')} | "
-                f"{fmt(o.get('acceptance_rate'), '.2f')} | {fmt(o.get('drafted'), '.0f')} | "
-                f"{fmt(ll.get('tokens_per_step'), '.2f')} | {fmt(ll.get('drafted'), '.0f')} | "
-                f"{r.get('agree_ours_lookup_plain', '-')} | "
-                f"{r.get('agree_llama_lookup_plain', '-')} | {r.get('agree_ours_llama', '-')} |"
-            )
-    for r in rep["rows"]:
-        if r["kind"] != "draft":
-            continue
-        syn = " (synthetic)" if r["synthetic"] else ""
-        md = r["modes"]
-        d = md.get("ours_draft", {})
-        print(f"\nDraft model{syn}: {r['label']}, draft_max {r['draft_max']}\n")
-        print(
-            "| task | prompt tok | gen tok | ours plain | ours draft | draft/plain | "
-            "acceptance | greedy agreement | tok/step | drafted | text vs plain |"
-        )
-        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-        print(
-            f"| draft{syn} | {r['prompt_tokens']} | {r['tokens']} | "
-            f"{fmt(md.get('ours_plain', {}).get('tok_s'))} | {fmt(d.get('tok_s'))} | "
-            f"{fmt(r.get('draft_over_plain'), '.2f')} | {fmt(d.get('acceptance_rate'), '.2f')} | "
-            f"{fmt(r.get('greedy_agreement'), '.2f')} | "
-            f"{fmt(d.get('tokens_per_step'), '.2f')} | {fmt(d.get('drafted'), '.0f')} | "
-            f"{r.get('agree_ours_draft_plain', '-')} |"
-        )
-    if rows:
-        print(
-            "\ncopyable: share of our greedy output tokens that the most recent earlier match of"
-            " the last 2 (else 1) tokens in prompt + output predicts (untimed; a guide to what a"
-            " lookup can accept)"
-        )
-    print(f"\nmem BW: {rep['bandwidth_gbs']:.2f} GB/s ({rep['bandwidth_method']})")
-    cpu = [
-        f"{r['task']}/{m} {s['cpu_util']:.2f}" for r in rep["rows"] for m, s in r["modes"].items()
-    ]
-    print("cpu use (process CPU s / wall s, expect ~threads): " + ", ".join(cpu))
-    busy = [
-        f"{r['task']}/{m}"
-        for r in rep["rows"]
-        for m, s in r["modes"].items()
-        if s["cpu_util"] < 0.9 * rep["threads"]
-    ]
-    if busy:
-        print(
-            "WARNING: the machine looks busy (other processes took CPU time) during "
-            + ", ".join(busy)
-            + ": these figures are unreliable, run again on an idle machine"
-        )
-    for r in rep["rows"]:
-        for m, s in r["modes"].items():
-            if "warning" in s:
-                print(f"WARNING: {r['task']}/{m}: {s['warning']}")
-            if "timing" in s and "stats decode_seconds" in s["timing"]:
-                print(f"note: {r['task']}/{m}: timed by stats decode_seconds (no prefill_seconds)")
-        if r.get("llama_tokenizer_agrees") is False:
-            print(f"note: {r['task']}: llama.cpp's tokenizer gives other ids (ours are fed)")
-    print("\ncalls:")
-    for line in rep["calls"]:
-        print(f"  {line}")
-    for err in rep["errors"]:
-        print(f"ERROR: {err}")
 
 
 # ---------------------------------------------------------------------------------------------

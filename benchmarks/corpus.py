@@ -40,9 +40,20 @@ __all__ = [
     "SECTION_ORDER",
     "SOURCE_NAME",
     "CorpusError",
+    "held_out_ids",
     "held_out_text",
     "html_files",
 ]
+
+
+def held_out_ids(tokenizer, need: int) -> list[int]:
+    """At least ``need`` token ids of the held-out text (no BOS), read in growing prefixes."""
+    ids: list[int] = []
+    chars = 6 * need
+    while len(ids) < need:
+        ids = tokenizer.encode(held_out_text(chars), add_bos=False)
+        chars *= 2
+    return ids
 
 
 def main(argv: list[str] | None = None) -> int:

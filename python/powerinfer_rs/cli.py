@@ -5,7 +5,8 @@ engine; each takes ``--model`` (a GGUF file or a Hugging Face directory; default
 SmolLM2-135M-Instruct GGUF, fetched once into the cache) and ``--threads``. The stages of the
 sparsity pipeline (``calibrate``, ``profile``, ``train-predictors``, ``evaluate``, ``plan``) and
 the tools ``synth`` and ``thresholds`` get the rest of the command line, as
-``python -m powerinfer_rs.<stage>`` does.
+``python -m powerinfer_rs.<stage>`` does. ``bench`` prints prompt and decode tokens/s as
+llama-bench does (:mod:`.bench`).
 """
 
 from __future__ import annotations
@@ -583,6 +584,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_info_arguments(i)
     i.set_defaults(func=cmd_info)
+
+    from .bench import __doc__ as bench_doc
+    from .bench import add_arguments as add_bench_arguments
+    from .bench import cmd_bench
+
+    b = sub.add_parser(
+        "bench",
+        help="prompt (pp) and decode (tg) tokens/s, as llama-bench reports them",
+        description=bench_doc.split("\n\n")[0].split(": ", 1)[1],
+        epilog=bench_doc.split("\n\n", 1)[1],
+    )
+    add_bench_arguments(b)
+    b.set_defaults(func=cmd_bench)
     for name, (_, what) in STAGES.items():
         if "_" not in name:  # train_predictors is an alias of train-predictors
             sub.add_parser(name, help=what, add_help=False)
