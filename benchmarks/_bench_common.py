@@ -65,6 +65,7 @@ from powerinfer_rs.benchmarking import (  # noqa: E402, F401 (re-exported; found
     decode_rate,
     fmt,
     int_list,
+    looks_busy,
     markdown_table,
     median,
     race,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from powerinfer_rs.benchmarking import looks_busy
+
 
 def first_difference(a: str, b: str) -> int | None:
     """Index of the first character where ``a`` and ``b`` differ (None if equal)."""
@@ -132,7 +134,7 @@ def print_tables(rep: dict) -> None:
         f"{r['task']}/{m}"
         for r in rep["rows"]
         for m, s in r["modes"].items()
-        if s["cpu_util"] < 0.9 * rep["threads"]
+        if looks_busy(s.get("others_cpu_util"), s["cpu_util"], rep["threads"])
     ]
     if busy:
         print(

@@ -44,6 +44,7 @@ from _bench_common import (  # noqa: E402
     fmt,
     gguf_weight_bytes,
     int_list,
+    looks_busy,
     machine_info,
     markdown_table,
     measure_bandwidth,
@@ -242,10 +243,11 @@ def print_table(rep: dict) -> None:
     print(f"\nDecode speed{syn}: {rep['label']}, {bpt / 1e6:.2f} MB weights read per token")
     print(markdown_table([table_row(r, bpt) for r in rep["results"]], COLUMNS))
     busy = [
-        f"threads={r['threads']} {k} used {r[k + '_cpu_util']:.2f} CPUs"
+        f"threads={r['threads']} {k}: others used {r.get(k + '_others_cpu_util', 0):.2f} CPUs"
         for r in rep["results"]
         for k in ("ours", "llama")
-        if k + "_cpu_util" in r and r[k + "_cpu_util"] < 0.9 * r["threads"]
+        if k + "_cpu_util" in r
+        and looks_busy(r.get(k + "_others_cpu_util"), r[k + "_cpu_util"], r["threads"])
     ]
     if busy:
         print(

@@ -133,6 +133,19 @@ def race(
     return runs
 
 
+#: Other processes' CPUs (CPU s per wall s) above which a run's figures count as disturbed.
+BUSY_OTHERS = 0.25
+
+
+def looks_busy(others: float | None, own: float | None, threads: int) -> bool:
+    """Whether other processes took CPU time during a run: by their CPU where it was measured
+    (more than :data:`BUSY_OTHERS`), else by ours falling short of the ``threads`` asked for
+    (an engine that sleeps between operations falls short on an idle machine too)."""
+    if others is not None:
+        return others > BUSY_OTHERS
+    return own is not None and own < 0.9 * threads
+
+
 def summary(runs: Sequence[Run], rate: Callable[[Run], float]) -> dict[str, Any]:
     """Median ``rate`` over ``runs`` with its samples and the median CPU figures."""
     return {
