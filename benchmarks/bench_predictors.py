@@ -52,6 +52,7 @@ from _bench_common import (  # noqa: E402
 )
 
 RECALL = 0.99
+KINDS = ("gate", "up", "down")
 SHAPE = dict(dim=4096, ffn=11008, heads=32, kv_heads=32, vocab=4096)
 
 
@@ -96,6 +97,12 @@ def build_parser():
     ap.add_argument("--patience", type=int, default=None, help="TrainConfig.patience override")
     ap.add_argument("--start-rank", type=int, default=None, help="first rank tried")
     ap.add_argument("--no-quant", action="store_true", help="skip the Q8_0 / Q4_0 round trip")
+    ap.add_argument(
+        "--methods",
+        type=lambda s: [t for t in s.split(",") if t],
+        default=["gate-svd", "trained"],
+        help="how predictors are made: gate-svd (closed form from the gate), trained (Adam)",
+    )
     ap.add_argument("--json", default=None, help="write the results here")
     return ap
 
@@ -149,15 +156,33 @@ def profiled(a, model: Path, which: str, tokens: int) -> Path:
 
 
 # --------------------------------------------------------------------------- measures
-def prec_at_recall(scores: np.ndarray, true: np.ndarray) -> tuple[float, float, float]:
+def prec_at_recall(
+    scores: np.ndarray, true: np.ndarray, mass: np.ndarray | None = None
+) -> tuple[float, float, float, float]:
     """Threshold tuned for recall >= 0.99 on the first half of the rows, measured on the
-    second: (precision, recall, predicted share)."""
+    second: (precision, recall, predicted share, recall by activation mass: the share of
+    ``mass`` on the truly active pairs that the predicted ones hold; nan without ``mass``)."""
     from powerinfer_rs.predictors import mask_stats, tune_threshold
 
     h = scores.shape[0] // 2
     t = tune_threshold(scores[:h], true[:h], RECALL)
-    st = mask_stats(scores[h:] >= np.float32(t), true[h:])
-    return st.precision, st.recall, st.predicted_fraction
+    pred = scores[h:] >= np.float32(t)
+    st = mask_stats(pred, true[h:])
+    by_mass = float("nan")
+    if mass is not None:
+        on = mass[h:] * true[h:]
+        by_mass = float((on * pred).sum() / max(on.sum(), 1e-30))
+    return st.precision, st.recall, st.predicted_fraction, by_mass
+
+
+def activation_mass(lm, layer: int, x: np.ndarray) -> np.ndarray:
+    """``|a| * |down column|`` per (token, neuron): what dropping the neuron changes in the
+    layer's output (``a = relu(gate x) * (up x)``, the ReLU FFN's activation)."""
+    from powerinfer_rs.predictors.gate import tensor_f32
+
+    gate, up, down = (tensor_f32(lm.tensors[f"blk.{layer}.ffn_{k}"]) for k in KINDS)
+    a = np.maximum(x @ gate.T, 0) * (x @ up.T)
+    return np.abs(a) * np.linalg.norm(down, axis=0)[None, :]
 
 
 def quantized(pred, dtype: str):
@@ -188,11 +213,15 @@ def oracle_scores(a, active: float, noise: float, layer: int, x: np.ndarray) -> 
     return m / s[:, None]
 
 
-def run_layer(a, active, noise, n, layer, prof_a: Path, prof_b: Path, ffn_bytes: int) -> dict:
-    """Train one layer on ``n`` samples of text A; measure on text B."""
+def run_layer(a, method, active, noise, n, layer, prof_a: Path, prof_b: Path, lm) -> dict:
+    """Make one layer's predictor from ``n`` samples of text A by ``method``; measure on
+    text B."""
     from powerinfer_rs.formats.samples import load_samples
-    from powerinfer_rs.predictors import TrainConfig, mask_stats, train_layer
+    from powerinfer_rs.predictors import TrainConfig, layer_ffn_bytes, mask_stats, train_layer
+    from powerinfer_rs.predictors.gate import gate_weights
+    from powerinfer_rs.predictors.train_svd import train_layer_from_gate
 
+    ffn_bytes = layer_ffn_bytes(lm, layer)
     x, m = load_samples(prof_a, layer, max_rows=n)
     if x.shape[0] < n:
         raise SystemExit(f"{prof_a} holds {x.shape[0]} samples, {n} asked for")
@@ -204,24 +233,32 @@ def run_layer(a, active, noise, n, layer, prof_a: Path, prof_b: Path, ffn_bytes:
     if a.patience:
         cfg.patience = a.patience
     t0 = time.perf_counter()
-    pred = train_layer(
-        x,
-        m,
-        recall=RECALL,
-        max_rank=a.max_rank,
-        max_bytes=0.1 * ffn_bytes,
-        ffn_bytes=ffn_bytes,
-        start_rank=a.start_rank,
-        seed=layer,
-        config=cfg,
-    )
+    if method == "gate-svd":
+        pred = train_layer_from_gate(
+            x, m, gate_weights(lm, layer), recall=RECALL, max_rank=a.max_rank,
+            max_bytes=0.1 * ffn_bytes, ffn_bytes=ffn_bytes, seed=layer, config=cfg,
+        )  # fmt: skip
+    else:
+        pred = train_layer(
+            x,
+            m,
+            recall=RECALL,
+            max_rank=a.max_rank,
+            max_bytes=0.1 * ffn_bytes,
+            ffn_bytes=ffn_bytes,
+            start_rank=a.start_rank,
+            seed=layer,
+            config=cfg,
+        )
     minutes = (time.perf_counter() - t0) / 60
     del x, m
     xb, mb = load_samples(prof_b, layer)
+    mass = activation_mass(lm, layer, xb)
     logits = pred.logits(xb)
     at = mask_stats(logits >= np.float32(pred.threshold), mb)
-    p99, r99, pred_share = prec_at_recall(logits, mb)
+    p99, r99, pred_share, mass99 = prec_at_recall(logits, mb, mass)
     row = {
+        "method": method,
         "active": active,
         "noise": noise,
         "samples": n,
@@ -231,6 +268,7 @@ def run_layer(a, active, noise, n, layer, prof_a: Path, prof_b: Path, ffn_bytes:
         "prec@thr": at.precision,
         "prec@r99": p99,
         "recall@r99": r99,
+        "mass@r99": mass99,
         "pred%": 100 * pred_share,
         "true%": 100 * at.active_fraction,
         "min": minutes,
@@ -250,8 +288,9 @@ def run_layer(a, active, noise, n, layer, prof_a: Path, prof_b: Path, ffn_bytes:
 
 
 HEAD = (
-    f"{'active':>6} {'noise':>5} {'N':>6} {'L':>2} {'rank':>4} {'rec@thr':>7} {'prec@thr':>8} "
-    f"{'prec@r99':>8} {'pred%':>6} {'true%':>6} {'min':>6} {'MB f16':>7} {'MB q4':>6} "
+    f"{'method':>8} {'active':>6} {'noise':>5} {'N':>6} {'L':>2} {'rank':>4} {'rec@thr':>7} "
+    f"{'prec@thr':>8} {'prec@r99':>8} {'mass@r99':>8} {'pred%':>6} {'true%':>6} {'min':>6} "
+    f"{'MB f16':>7} {'MB q4':>6} "
     f"{'p99 q8':>6} {'p99 q4':>6} {'oracle':>6}"
 )
 
@@ -260,8 +299,9 @@ def fmt(r: dict) -> str:
     """One row of the table."""
     q4 = r.get("bytes_q4_0", float("nan")) / 1e6
     return (
-        f"{r['active']:>6} {r['noise']:>5} {r['samples']:>6} {r['layer']:>2} {r['rank']:>4} "
-        f"{r['recall@thr']:>7.4f} {r['prec@thr']:>8.3f} {r['prec@r99']:>8.3f} "
+        f"{r['method']:>8} {r['active']:>6} {r['noise']:>5} {r['samples']:>6} {r['layer']:>2} "
+        f"{r['rank']:>4} {r['recall@thr']:>7.4f} {r['prec@thr']:>8.3f} {r['prec@r99']:>8.3f} "
+        f"{r['mass@r99']:>8.4f} "
         f"{r['pred%']:>6.1f} {r['true%']:>6.1f} {r['min']:>6.2f} {r['bytes_f16'] / 1e6:>7.2f} "
         f"{q4:>6.2f} {r.get('prec@r99_q8_0', float('nan')):>6.3f} "
         f"{r.get('prec@r99_q4_0', float('nan')):>6.3f} {r['oracle']:>6.3f}"
@@ -285,15 +325,12 @@ def main(argv: list[str] | None = None) -> int:
             if a.stage == "profile":
                 continue
             from powerinfer_rs.loading import load_model
-            from powerinfer_rs.predictors import layer_ffn_bytes
 
             lm = load_model(model)
-            for n in a.samples:
+            for method, n in ((m, n) for m in a.methods for n in a.samples):
                 for layer in a.train_layers or range(a.layers):
                     with blas_threads(a.threads):
-                        r = run_layer(
-                            a, active, noise, n, layer, prof_a, prof_b, layer_ffn_bytes(lm, layer)
-                        )
+                        r = run_layer(a, method, active, noise, n, layer, prof_a, prof_b, lm)
                     report["rows"].append(r)
                     if len(report["rows"]) == 1:
                         print(HEAD, flush=True)

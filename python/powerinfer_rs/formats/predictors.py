@@ -2,8 +2,10 @@
 
 Tensors per layer ``i`` (only the layers that have a predictor):
 
-* ``blk.{i}.fc1``       ``[rank_i, dim]`` F16 or F32
-* ``blk.{i}.fc2``       ``[ffn, rank_i]`` same dtype
+* ``blk.{i}.fc1``       ``[rank_i, dim]`` F16 or F32; in a block format (``dtype`` Q8_0 or
+  Q4_0) U8 ``[rank_i, row bytes]``, the blocks as the engine reads them
+* ``blk.{i}.fc2``       ``[ffn, rank_i]`` same dtype (a block format: ``rank_i`` a multiple
+  of 32)
 * ``blk.{i}.threshold`` ``[1]`` F32 -- neuron ``j`` is active when ``(fc2 @ relu(fc1 @ x))[j] >=
   threshold`` (raw logit, no sigmoid)
 
@@ -29,7 +31,17 @@ import numpy as np
 
 from ..errors import ModelFileError, PlanError, UnsupportedError
 from ..loading.safetensors_mmap import read_header, read_safetensors
-from ..predictors.model import STORAGE_DTYPES, LayerPredictor, PredictorSet
+from ..loading.types import BLOCK_LAYOUT, TensorData
+from ..predictors.model import (
+    BLOCK_DTYPES,
+    PREDICTOR_DTYPES,
+    STORAGE_DTYPES,
+    LayerPredictor,
+    PredictorSet,
+    dequantize_matrix,
+    quantize_matrix,
+    stored_form,
+)
 
 FORMAT = "powerinfer-rs-predictors/1"
 
@@ -49,9 +61,8 @@ def save_predictors(path: str | os.PathLike[str], predictors: PredictorSet) -> P
     from safetensors.numpy import save_file
 
     dt = predictors.dtype
-    if dt not in STORAGE_DTYPES:
-        raise UnsupportedError(f"predictor dtype {dt!r} (supported: {tuple(STORAGE_DTYPES)})")
-    np_dt = STORAGE_DTYPES[dt]
+    if dt not in PREDICTOR_DTYPES:
+        raise UnsupportedError(f"predictor dtype {dt!r} (supported: {PREDICTOR_DTYPES})")
     tensors: dict[str, np.ndarray] = {}
     stats: dict[str, Any] = {}
     expert_stats: dict[str, Any] = {}
@@ -61,8 +72,7 @@ def save_predictors(path: str | os.PathLike[str], predictors: PredictorSet) -> P
         for i, e in sorted(predictors.experts)
     ]
     for prefix, key, p, into in units:
-        tensors[f"{prefix}.fc1"] = np.ascontiguousarray(p.fc1.astype(np_dt))
-        tensors[f"{prefix}.fc2"] = np.ascontiguousarray(p.fc2.astype(np_dt))
+        tensors[f"{prefix}.fc1"], tensors[f"{prefix}.fc2"] = stored_matrices(p, dt)
         tensors[f"{prefix}.threshold"] = np.array([p.threshold], dtype=np.float32)
         into[key] = p.stats
     meta = {
@@ -81,6 +91,39 @@ def save_predictors(path: str | os.PathLike[str], predictors: PredictorSet) -> P
     save_file(tensors, str(tmp), metadata=meta)
     os.replace(tmp, out)
     return out
+
+
+def stored_matrices(p: LayerPredictor, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """``p``'s ``(fc1, fc2)`` as a file of ``dtype`` stores them: float arrays, or a block
+    format's ``uint8 [rows, row bytes]`` (the rank padded to a multiple of 32)."""
+    if dtype not in BLOCK_DTYPES:
+        return tuple(np.ascontiguousarray(w.astype(STORAGE_DTYPES[dtype])) for w in (p.fc1, p.fc2))
+    return tuple(quantize_matrix(w, dtype) for w in stored_form(p.fc1, p.fc2, dtype))
+
+
+def stored_tensors(p: LayerPredictor, dtype: str) -> tuple[TensorData, TensorData]:
+    """``p``'s matrices in block format ``dtype`` as the engine takes them (the bytes a file
+    of that format holds)."""
+    q1, q2 = stored_matrices(p, dtype)
+    block, size = BLOCK_LAYOUT[dtype]
+    return tuple(
+        TensorData(name, dtype, q.shape[0], q.shape[1] // size * block, q.reshape(-1))
+        for name, q in (("fc1", q1), ("fc2", q2))
+    )
+
+
+def _block(raw, dtype: str, path: str) -> tuple[TensorData, np.ndarray]:
+    """A block-format tensor of a predictor file: as the engine takes it, and its values."""
+    block, size = BLOCK_LAYOUT[dtype]
+    if raw.dtype != "U8" or len(raw.shape) != 2 or raw.shape[1] % size or not raw.shape[1]:
+        raise ModelFileError(
+            f"{path}: tensor {raw.name!r} is {raw.dtype} {list(raw.shape)}, expected U8 "
+            f"[rows, a multiple of {size}] for {dtype}"
+        )
+    rows, cols = raw.shape[0], raw.shape[1] // size * block
+    data = np.ascontiguousarray(raw.data.view(np.uint8).reshape(-1))
+    t = TensorData(raw.name, dtype, rows, cols, data)
+    return t, dequantize_matrix(data.reshape(rows, -1), dtype, cols)
 
 
 def _to_f32(raw, path: str) -> np.ndarray:
@@ -115,6 +158,7 @@ def load_predictors(path: str | os.PathLike[str]) -> PredictorSet:
         raise ModelFileError(
             f"{p}: malformed predictor metadata (layers/experts/extra not objects)"
         )
+    block = meta.get("dtype") if meta.get("dtype") in BLOCK_DTYPES else None
     # unit -> tensor prefix: a layer index, or a (layer, expert) pair
     units: dict[int | tuple[int, int], str] = {}
 
@@ -143,28 +187,35 @@ def load_predictors(path: str | os.PathLike[str]) -> PredictorSet:
             fc1, fc2, thr = (raw[f"{prefix}.{k}"] for k in ("fc1", "fc2", "threshold"))
         except KeyError as e:
             raise ModelFileError(f"{p}: {what} lacks tensor {e.args[0]!r}") from None
-        if len(fc1.shape) != 2 or len(fc2.shape) != 2 or fc1.shape[0] != fc2.shape[1]:
+        stored = None
+        if block is not None:
+            (t1, w1), (t2, w2) = _block(fc1, block, p), _block(fc2, block, p)
+            stored, shapes = (t1, t2), ((t1.rows, t1.cols), (t2.rows, t2.cols))
+        else:
+            shapes = (tuple(fc1.shape), tuple(fc2.shape))
+        if len(shapes[0]) != 2 or len(shapes[1]) != 2 or shapes[0][0] != shapes[1][1]:
             raise ModelFileError(
-                f"{p}: {what}: fc1 {fc1.shape} [rank, dim] and fc2 {fc2.shape} [ffn, rank] "
-                "do not fit"
+                f"{p}: {what}: fc1 {list(shapes[0])} [rank, dim] and fc2 {list(shapes[1])} "
+                "[ffn, rank] do not fit"
             )
-        if 0 in fc1.shape or 0 in fc2.shape:
+        if 0 in shapes[0] + shapes[1]:
             raise ModelFileError(f"{p}: {what}: empty predictor matrices")
         if thr.shape != (1,) or thr.dtype != "F32":
             raise ModelFileError(f"{p}: {what}: threshold must be F32 [1], got {thr.shape}")
-        w1, w2 = _to_f32(fc1, p), _to_f32(fc2, p)
+        if block is None:
+            w1, w2 = _to_f32(fc1, p), _to_f32(fc2, p)
         t = float(_to_f32(thr, p)[0])
         if not (np.isfinite(w1).all() and np.isfinite(w2).all() and np.isfinite(t)):
             raise ModelFileError(f"{p}: {what}: non-finite predictor values")
         if isinstance(unit, int):
             s = stats.get(str(unit), {})
-            layers[unit] = LayerPredictor(w1, w2, t, s if isinstance(s, dict) else {})
+            layers[unit] = LayerPredictor(w1, w2, t, s if isinstance(s, dict) else {}, stored)
         else:
             s = expert_stats.get(f"{unit[0]}.{unit[1]}", {})
-            experts[unit] = LayerPredictor(w1, w2, t, s if isinstance(s, dict) else {})
+            experts[unit] = LayerPredictor(w1, w2, t, s if isinstance(s, dict) else {}, stored)
     if layers and experts:
         raise ModelFileError(f"{p}: holds both per-layer and per-expert predictors")
-    dtypes = {raw[f"{prefix}.fc1"].dtype for prefix in units.values()}
+    dtypes = {block} if block else {raw[f"{prefix}.fc1"].dtype for prefix in units.values()}
     dims = {pr.dim for pr in (*layers.values(), *experts.values())}
     if len(dims) > 1:
         raise ModelFileError(f"{p}: predictors disagree on the input width: {sorted(dims)}")
@@ -172,8 +223,8 @@ def load_predictors(path: str | os.PathLike[str]) -> PredictorSet:
     if inp not in ("ffn_norm", "ffn_inp"):
         raise ModelFileError(f"{p}: unknown predictor_input {inp!r}")
     dtype = dtypes.pop() if len(dtypes) == 1 else meta.get("dtype", "F16")
-    if dtype not in STORAGE_DTYPES:
-        raise ModelFileError(f"{p}: predictor dtype {dtype!r} (expected one of F16, F32)")
+    if dtype not in PREDICTOR_DTYPES:
+        raise ModelFileError(f"{p}: predictor dtype {dtype!r} (expected one of {PREDICTOR_DTYPES})")
     return PredictorSet(
         layers=layers,
         model_fingerprint=meta.get("model_fingerprint") or None,

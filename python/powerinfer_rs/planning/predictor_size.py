@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ModelFileError, ShapeError
-from ..loading.types import ModelConfig
+from ..loading.types import BLOCK_LAYOUT, ModelConfig
 
 #: Bytes per element of safetensors dtypes a predictor may use.
 _ST_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I8": 1, "U8": 1, "F8_E4M3": 1}
@@ -74,11 +74,8 @@ def predictor_set_sizes(predictors, config: ModelConfig) -> PredictorSizes:
     file's own predictors) as the engine holds them: ``fc1`` and ``fc2`` as the file stores them
     where they come in a block format (PowerInfer's Q4_0 predictors), else in the set's storage
     dtype. Every layer must have one."""
-    import numpy as np
+    from ..predictors.model import matrix_bytes
 
-    from ..predictors.model import STORAGE_DTYPES
-
-    item = np.dtype(STORAGE_DTYPES[predictors.dtype]).itemsize
     allocs, ranks = [], []
     for i in range(config.n_layers):
         p = predictors.layers.get(i)
@@ -87,7 +84,7 @@ def predictor_set_sizes(predictors, config: ModelConfig) -> PredictorSizes:
         if p.stored is not None:
             allocs.append([int(t.nbytes) for t in p.stored])
         else:
-            allocs.append([p.fc1.size * item, p.fc2.size * item])
+            allocs.append([matrix_bytes(*w.shape, predictors.dtype) for w in (p.fc1, p.fc2)])
         ranks.append(p.rank)
     return PredictorSizes(allocs, ranks, "the file's own predictors")
 
@@ -107,6 +104,9 @@ def read_predictor_sizes(path: str | os.PathLike[str], config: ModelConfig) -> P
     try:
         with safe_open(str(p), framework="numpy") as f:
             names = set(f.keys())
+            block = BLOCK_LAYOUT.get((f.metadata() or {}).get("dtype", ""))
+            if block is not None and block[0] == 1:
+                block = None  # a float format
             for i in range(config.n_layers):
                 sizes = []
                 shapes = []
@@ -120,6 +120,8 @@ def read_predictor_sizes(path: str | os.PathLike[str], config: ModelConfig) -> P
                     if dt not in _ST_ITEMSIZE or len(shape) != 2:
                         raise ModelFileError(f"{p}: {name} is {dt} {list(shape)}, expected 2-D")
                     sizes.append(shape[0] * shape[1] * _ST_ITEMSIZE[dt])
+                    if block is not None:  # U8 [rows, row bytes] of a block format
+                        shape = (shape[0], shape[1] // block[1] * block[0])
                     shapes.append(shape)
                 (r1, c1), (r2, c2) = shapes
                 if c1 != config.dim or r2 != config.ffn_dim or c2 != r1:

@@ -21,7 +21,15 @@ import numpy as np
 from ..errors import ShapeError
 
 PREDICTOR_INPUTS: tuple[str, ...] = ("ffn_norm", "ffn_inp")
+#: The float formats a predictor file stores its matrices in, by name.
 STORAGE_DTYPES: dict[str, Any] = {"F16": np.float16, "F32": np.float32}
+#: The block formats (ggml's, 32 values a block): stored as the engine reads them, a quarter or
+#: an eighth of F16's bytes more or less; a row's length (``dim`` for ``fc1``, the rank for
+#: ``fc2``) must be a multiple of 32, so ranks are padded up to one (zero rows, exact).
+BLOCK_DTYPES: tuple[str, ...] = ("Q8_0", "Q4_0")
+#: Every format a predictor may be stored in.
+PREDICTOR_DTYPES: tuple[str, ...] = (*STORAGE_DTYPES, *BLOCK_DTYPES)
+BLOCK = 32
 
 
 @dataclass
@@ -69,7 +77,7 @@ class LayerPredictor:
         return int(self.fc2.shape[0])
 
     def nbytes(self, dtype: str = "F16") -> int:
-        """Bytes of ``fc1`` + ``fc2`` stored as ``dtype`` (``"F16"`` or ``"F32"``)."""
+        """Bytes of ``fc1`` + ``fc2`` stored as ``dtype`` (one of :data:`PREDICTOR_DTYPES`)."""
         return param_bytes(self.rank, self.dim, self.ffn, dtype)
 
     def logits(self, x: np.ndarray) -> np.ndarray:
@@ -86,16 +94,67 @@ class LayerPredictor:
         return self.logits(x) >= np.float32(self.threshold)
 
 
+def _check_dtype(dtype: str) -> None:
+    if dtype not in PREDICTOR_DTYPES:
+        raise ShapeError(f"predictor dtype must be one of {PREDICTOR_DTYPES}, got {dtype!r}")
+
+
+def stored_rank(rank: int, dtype: str) -> int:
+    """The rank a predictor of ``rank`` is stored with in ``dtype`` (block formats: padded up
+    to a multiple of 32)."""
+    _check_dtype(dtype)
+    return -(-rank // BLOCK) * BLOCK if dtype in BLOCK_DTYPES else rank
+
+
+def matrix_bytes(rows: int, cols: int, dtype: str) -> int:
+    """Bytes of a ``[rows, cols]`` matrix stored in ``dtype``."""
+    from ..loading.types import row_bytes
+
+    _check_dtype(dtype)
+    return rows * row_bytes(dtype, cols)
+
+
 def param_bytes(rank: int, dim: int, ffn: int, dtype: str = "F16") -> int:
-    """Bytes of a rank-``rank`` predictor's two matrices in ``dtype``."""
-    if dtype not in STORAGE_DTYPES:
-        raise ShapeError(f"predictor dtype must be one of {tuple(STORAGE_DTYPES)}, got {dtype!r}")
-    return rank * (dim + ffn) * np.dtype(STORAGE_DTYPES[dtype]).itemsize
+    """Bytes of a rank-``rank`` predictor's two matrices in ``dtype`` (at its stored rank)."""
+    r = stored_rank(rank, dtype)
+    return matrix_bytes(r, dim, dtype) + matrix_bytes(ffn, r, dtype)
 
 
 def round_to(a: np.ndarray, dtype: str) -> np.ndarray:
-    """``a`` rounded to the storage ``dtype`` and back to float32."""
+    """``a`` rounded to the storage ``dtype`` and back to float32 (a block format: through the
+    engine's own quantizer, so the values are those the engine will compute with)."""
+    if dtype in BLOCK_DTYPES:
+        return np.asarray(dequantize_matrix(quantize_matrix(a, dtype), dtype, a.shape[1]))
+    _check_dtype(dtype)
     return np.asarray(a, dtype=STORAGE_DTYPES[dtype]).astype(np.float32)
+
+
+def quantize_matrix(a: np.ndarray, dtype: str) -> np.ndarray:
+    """``a [rows, cols]`` in block format ``dtype``: ``uint8 [rows, row bytes]``."""
+    from .. import _core
+
+    if a.shape[1] % BLOCK:
+        raise ShapeError(f"{dtype} rows must hold a multiple of {BLOCK} values, got {a.shape[1]}")
+    return _core.quantize(dtype, np.ascontiguousarray(a, dtype=np.float32))
+
+
+def dequantize_matrix(q: np.ndarray, dtype: str, cols: int) -> np.ndarray:
+    """float32 ``[rows, cols]`` of block-format bytes ``q``."""
+    from .. import _core
+
+    return np.asarray(_core.dequantize(dtype, np.ascontiguousarray(q), cols), dtype=np.float32)
+
+
+def stored_form(fc1: np.ndarray, fc2: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(fc1, fc2)`` as ``dtype`` stores them, as float32: the rank padded to
+    :func:`stored_rank` with zero rows of ``fc1`` and zero columns of ``fc2`` (which add nothing
+    to a logit), then rounded."""
+    rank = fc1.shape[0]
+    pad = stored_rank(rank, dtype) - rank
+    if pad:
+        fc1 = np.concatenate([fc1, np.zeros((pad, fc1.shape[1]), np.float32)])
+        fc2 = np.concatenate([fc2, np.zeros((fc2.shape[0], pad), np.float32)], axis=1)
+    return round_to(fc1, dtype), round_to(fc2, dtype)
 
 
 @dataclass

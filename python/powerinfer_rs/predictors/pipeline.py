@@ -22,9 +22,16 @@ from tqdm.auto import tqdm
 from ..errors import ModelFileError, PlanError, ShapeError
 from ..formats import samples as samples_mod
 from ..formats.predictors import save_predictors
+from .gate import fires_on_gate, gate_weights
 from .model import LayerPredictor, PredictorSet
 from .resume import resume_units
 from .train import TrainConfig, train_layer
+from .train_svd import train_layer_from_gate
+
+#: How a layer's predictor is made: ``auto`` (from the gate's weights where the layer's neurons
+#: fire on the gate alone and the model is at hand, else trained), ``gate-svd`` (always from the
+#: gate; an error where it cannot be) or ``trained`` (Adam on weighted BCE, :mod:`.train`).
+METHODS: tuple[str, ...] = ("auto", "gate-svd", "trained")
 
 
 def layer_ffn_bytes(model: Any, layer: int) -> int:
@@ -44,8 +51,9 @@ def layer_ffn_bytes(model: Any, layer: int) -> int:
     return total + down.nbytes
 
 
-def _settings(fingerprint, recall, fraction, cfg: TrainConfig, dim, ffn, inp, seed) -> dict:
+def _settings(fingerprint, recall, fraction, cfg: TrainConfig, dim, ffn, inp, seed, method):
     return {
+        "method": method,
         "model_fingerprint": fingerprint or "",
         "recall_target": recall,
         "max_bytes_fraction": fraction,
@@ -59,6 +67,7 @@ def _settings(fingerprint, recall, fraction, cfg: TrainConfig, dim, ffn, inp, se
 
 def _matches(old: dict, new: dict) -> bool:
     keys = (
+        "method",
         "model_fingerprint",
         "recall_target",
         "max_bytes_fraction",
@@ -83,15 +92,21 @@ def train_predictors(
     max_rows: int | None = None,
     progress: bool = True,
     log: Callable[[str], None] | None = None,
+    method: str = "auto",
 ) -> PredictorSet:
     """Train (or resume) predictors for ``layers`` (default all) and write ``out``.
 
     ``model`` (a :class:`~powerinfer_rs.loading.LoadedModel`, optional) supplies the
     fingerprint checked against the samples' and the per-layer FFN bytes the budget is taken
-    from (without it: f16 weights of the sampled shape). Returns the complete set written.
+    from (without it: f16 weights of the sampled shape), and the gate weights ``method``
+    (:data:`METHODS`) builds predictors from. Returns the complete set written.
     """
     cfg = config or TrainConfig()
     cfg.validate()
+    if method not in METHODS:
+        raise PlanError(f"predictor method must be one of {METHODS}, got {method!r}")
+    if method == "gate-svd" and model is None:
+        raise PlanError("method 'gate-svd' builds predictors from the gate's weights: pass model")
     say = log or (lambda s: None)
     if not 0.0 < max_bytes_fraction:
         raise PlanError(f"max_bytes_fraction must be positive, got {max_bytes_fraction}")
@@ -116,7 +131,7 @@ def train_predictors(
             progress=progress,
             say=say,
             settings=lambda fp, d, f: _settings(
-                fp, recall, max_bytes_fraction, cfg, d, f, inp, seed
+                fp, recall, max_bytes_fraction, cfg, d, f, inp, seed, "trained"
             ),
         )
     fingerprint = smeta.get("model_fingerprint") or None
@@ -139,7 +154,7 @@ def train_predictors(
     for i in todo:
         if not 0 <= i < n_layers:
             raise ShapeError(f"layer {i} outside [0, {n_layers})")
-    settings = _settings(fingerprint, recall, max_bytes_fraction, cfg, dim, ffn, inp, seed)
+    settings = _settings(fingerprint, recall, max_bytes_fraction, cfg, dim, ffn, inp, seed, method)
 
     out = Path(out)
     parts = out.with_name(out.name + ".parts")
@@ -155,17 +170,21 @@ def train_predictors(
     for i in bar:
         bar.set_postfix(layer=i)
         x, m = samples_mod.load_samples(profile_dir, i, max_rows=max_rows)
-        pred = train_layer(
-            x,
-            m,
-            recall=recall,
-            max_bytes=max_bytes_fraction * ffn_bytes[i],
-            ffn_bytes=ffn_bytes[i],
-            seed=seed + i,
-            config=cfg,
-            progress=progress,
-            desc=f"layer {i}",
-        )
+        gate = gate_weights(model, i) if model is not None and method != "trained" else None
+        pred = _from_gate(x, m, gate, i, method, recall, max_bytes_fraction * ffn_bytes[i],
+                          ffn_bytes[i], seed + i, cfg)  # fmt: skip
+        if pred is None:
+            pred = train_layer(
+                x,
+                m,
+                recall=recall,
+                max_bytes=max_bytes_fraction * ffn_bytes[i],
+                ffn_bytes=ffn_bytes[i],
+                seed=seed + i,
+                config=cfg,
+                progress=progress,
+                desc=f"layer {i}",
+            )
         pred.stats["ffn_bytes"] = ffn_bytes[i]
         pred.stats["n_samples"] = int(x.shape[0])
         done[i] = pred
@@ -179,6 +198,29 @@ def train_predictors(
     save_predictors(out, result)
     shutil.rmtree(parts, ignore_errors=True)
     return result
+
+
+def _from_gate(x, m, gate, layer, method, recall, max_bytes, ffn_bytes, seed, cfg):
+    """Layer ``layer``'s predictor from its gate, or None where ``auto`` falls back to training
+    (no gate, or the masks are not the gate's sign)."""
+    if gate is None:
+        if method == "gate-svd":
+            raise PlanError(f"layer {layer} has no gate or up projection to build a predictor from")
+        return None
+    ok, agree = fires_on_gate(gate, x, m)
+    if not ok:
+        if method == "gate-svd":
+            raise PlanError(
+                f"layer {layer}: its profiled masks agree with the gate's sign on only "
+                f"{100 * agree:.1f}% of pairs (a SiLU/GELU model's calibrated masks, or a "
+                "FATReLU threshold): use method 'trained'"
+            )
+        return None
+    pred = train_layer_from_gate(
+        x, m, gate, recall=recall, max_bytes=max_bytes, ffn_bytes=ffn_bytes, seed=seed, config=cfg
+    )
+    pred.stats["gate_agreement"] = agree
+    return pred
 
 
 def _set(layers: dict[int, LayerPredictor], settings: dict, cfg: TrainConfig, inp: str):

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 from ..errors import ShapeError
 from ._blas import blas_threads
 from .metrics import mask_stats, tune_threshold
-from .model import STORAGE_DTYPES, LayerPredictor, param_bytes, round_to
+from .model import PREDICTOR_DTYPES, LayerPredictor, param_bytes, stored_form
 from .sizing import initial_rank, layer_activity, rank_cap
 
 
@@ -67,8 +67,8 @@ class TrainConfig:
             raise ShapeError(f"val_fraction must lie in (0, 1), got {self.val_fraction}")
         if not self.lr > 0:
             raise ShapeError(f"lr must be positive, got {self.lr}")
-        if self.dtype not in STORAGE_DTYPES:
-            raise ShapeError(f"dtype must be one of {tuple(STORAGE_DTYPES)}, got {self.dtype}")
+        if self.dtype not in PREDICTOR_DTYPES:
+            raise ShapeError(f"dtype must be one of {PREDICTOR_DTYPES}, got {self.dtype}")
         if not 0.0 <= self.recall_margin <= 1.0:
             raise ShapeError(f"recall_margin must lie in [0, 1], got {self.recall_margin}")
         if self.ridge is not None and not self.ridge > 0:
@@ -320,7 +320,7 @@ def _search(
             desc=f"{desc} rank {rank}".strip(),
             basis=basis,
         )
-        w1, w2 = round_to(w1, cfg.dtype), round_to(w2, cfg.dtype)
+        w1, w2 = stored_form(w1, w2, cfg.dtype)
         t = tune_threshold(_logits_chunked(xtu, w1, w2), ytu, tune_target)
         st = mask_stats(_logits_chunked(xck, w1, w2) >= np.float32(t), yck)
         nbytes = param_bytes(rank, dim, ffn, cfg.dtype)

@@ -412,13 +412,21 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
                     "sparsity='predictor' needs predictors= (python -m "
                     "powerinfer_rs.train_predictors writes them)"
                 )
+            from ..formats.predictors import stored_tensors
+            from ..predictors.model import BLOCK_DTYPES
+
             self.predictors = predictors_for(predictors, self.loaded)
             # Predictors stored in f16 hold f16-exact values: hand them over as F16 (half the
             # bytes a token reads), anything else as F32.
             # Block-format predictors (a quantized PowerInfer file) go over as stored.
-            store = np.float16 if str(self.predictors.dtype).upper() == "F16" else np.float32
+            # Block-format predictors trained here (Q8_0, Q4_0) are quantized as a file stores
+            # them (the same bytes).
+            dtype = str(self.predictors.dtype).upper()
+            store = np.float16 if dtype == "F16" else np.float32
 
             def held(p, k):
+                if p.stored is None and dtype in BLOCK_DTYPES:
+                    p.stored = stored_tensors(p, dtype)
                 if p.stored is not None:
                     t = p.stored[k]
                     return (t.dtype, t.rows, t.cols, t.data)

@@ -16,11 +16,15 @@ from . import args as stage_args
 
 #: The ``--help`` description.
 DESCRIPTION = (
-    "Train one low-rank MLP activation predictor per layer (logits = fc2 . ReLU(fc1 . x), "
-    "neuron active when logit >= the layer's threshold) from profiler samples. The rank "
-    "grows per layer (x2) from a start chosen by the layer's sparsity and skewness until "
-    "the recall target holds on held-out samples at a threshold tuned on validation, "
-    "within a byte budget. A mixture of experts gets one per (layer, expert), kept only where "
+    "Make one low-rank activation predictor per layer (logits = fc2 . ReLU(fc1 . x), "
+    "neuron active when logit >= the layer's threshold) from profiler samples. In ReLU-family "
+    "layers it is built from the gate's weights (the best low-rank map of the gate's "
+    "pre-activations on the samples, each neuron's logit in units of what the map misses), "
+    "the largest rank within the byte budget first, halved while the recall target still "
+    "holds on held-out samples and the bytes read fall; elsewhere it is trained, the rank "
+    "growing (x2) from a start chosen by the layer's sparsity and skewness until the recall "
+    "target holds at a threshold tuned on validation, within the byte budget. A mixture of "
+    "experts gets one per (layer, expert), kept only where "
     "it meets the recall target and a routed token reads fewer bytes with it."
 )
 
@@ -84,9 +88,21 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0, help="random seed (splits, init, batches)")
     ap.add_argument(
         "--dtype",
-        choices=["f16", "f32"],
+        choices=["f16", "f32", "q8_0", "q4_0"],
         default="f16",
-        help="storage dtype of fc1/fc2 (bytes are counted in it; default f16)",
+        help="storage format of fc1/fc2: the bytes a token reads and the plan counts; q8_0 "
+        "and q4_0 are ggml's block formats, about 53%% and 28%% of f16's bytes, the rank "
+        "padded to a multiple of 32 (default f16)",
+    )
+    ap.add_argument(
+        "--method",
+        choices=["auto", "gate-svd", "trained"],
+        default="auto",
+        help="how each layer's predictor is made: gate-svd builds it from the gate's weights "
+        "and the samples' second moment (closed form, seconds a layer; for ReLU-family "
+        "layers, whose neurons fire on the gate's sign), trained fits it with Adam on "
+        "weighted cross-entropy (any activation; minutes a layer); auto (default) takes "
+        "gate-svd where the samples show it applies, else trains",
     )
     ap.add_argument(
         "--max-rows",
@@ -117,6 +133,7 @@ def _run(a: argparse.Namespace) -> int:
         max_rows=a.max_rows,
         progress=not a.quiet,
         log=lambda s: print(s, file=sys.stderr),
+        method=a.method,
     )
     print(format_table(result))
     print(f"wrote {a.out}")
