@@ -318,14 +318,7 @@ fn half_hot(ffn: usize, n_layers: usize) -> Vec<Vec<u32>> {
 
 #[test]
 fn placements_match_the_cpu_engine_in_every_format() {
-    for dtype in [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q4_1,
-    ] {
+    for dtype in DType::BASIC {
         let m = model(Activation::Relu, dtype, 256);
         let (n, ffn) = (m.config.n_layers, m.config.ffn_dim);
         let mut alternating = Layout::cpu(n);
