@@ -10,10 +10,9 @@ mod common;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use common::{config, values};
-use powerinfer_core::{
-    quantize_row, Activation, Buffer, DType, NeuronTable, PlanFile, RopeScaling, RopeStyle, Weight,
-};
+use common::{add_layers, config, values};
+use powerinfer_core::testing::quantized_weight;
+use powerinfer_core::{Activation, DType, NeuronTable, PlanFile, RopeScaling, RopeStyle, Weight};
 use powerinfer_engine::forward::Logits;
 use powerinfer_engine::{
     LayerPredictor, ModelWeights, Placement, PredictorInput, Session, Sparsity,
@@ -69,21 +68,6 @@ fn no_check() -> powerinfer_core::Result<()> {
     Ok(())
 }
 
-/// A weight of `rows × cols` in `dtype` from f32 values.
-fn weight(dtype: DType, rows: usize, cols: usize, vals: &[f32]) -> Weight {
-    let rb = dtype.row_bytes(cols).unwrap();
-    let mut bytes = vec![0u8; rb * rows];
-    for r in 0..rows {
-        quantize_row(
-            dtype,
-            &vals[r * cols..(r + 1) * cols],
-            &mut bytes[r * rb..(r + 1) * rb],
-        )
-        .unwrap();
-    }
-    Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
-}
-
 /// The tiny random model (dim 64, ffn 96, 4 heads of 16 over 2 KV heads, 2 layers) with every
 /// matrix stored as `dtype`, context `ctx`.
 fn model(act: Activation, dtype: DType, ctx: usize) -> Arc<ModelWeights> {
@@ -111,24 +95,13 @@ fn model_with(
         };
         t.insert(
             name,
-            weight(dt, rows, cols, &values(rows * cols, seed, scale)),
+            quantized_weight(dt, rows, cols, &values(rows * cols, seed, scale)),
         );
     };
     add("token_embd".into(), c.vocab_size, c.dim, 1.0);
     add("output_norm".into(), 1, c.dim, 1.0);
     add("output".into(), c.vocab_size, c.dim, 0.5);
-    for i in 0..c.n_layers {
-        let s = 1.0 / (c.dim as f32).sqrt();
-        add(format!("blk.{i}.attn_norm"), 1, c.dim, 1.0);
-        add(format!("blk.{i}.ffn_norm"), 1, c.dim, 1.0);
-        add(format!("blk.{i}.attn_q"), c.q_dim(), c.dim, s);
-        add(format!("blk.{i}.attn_k"), c.kv_dim(), c.dim, s);
-        add(format!("blk.{i}.attn_v"), c.kv_dim(), c.dim, s);
-        add(format!("blk.{i}.attn_output"), c.dim, c.q_dim(), s);
-        add(format!("blk.{i}.ffn_gate"), c.ffn_dim, c.dim, s);
-        add(format!("blk.{i}.ffn_up"), c.ffn_dim, c.dim, s);
-        add(format!("blk.{i}.ffn_down"), c.dim, c.ffn_dim, s);
-    }
+    add_layers(&c, add);
     Arc::new(ModelWeights::from_tensors(c, t).unwrap())
 }
 

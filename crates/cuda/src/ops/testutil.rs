@@ -2,7 +2,8 @@
 //! the launch token, tolerant comparisons.
 
 use powerinfer_core::testing::pseudo_random;
-use powerinfer_core::{quantize_row, Buffer, DType, Error, Result, Weight};
+pub(crate) use powerinfer_core::testing::random_weight as weight;
+use powerinfer_core::{DType, Error, Result, Weight};
 
 use crate::host::{HostBackend, HostBuf};
 
@@ -87,22 +88,6 @@ pub(crate) fn download<T: Elem>(be: &HostBackend, b: &HostBuf<T>) -> Vec<T> {
 /// Whether `r` failed with `Error::Shape`.
 pub(crate) fn is_shape(r: Result<()>) -> bool {
     matches!(r, Err(Error::Shape(_)))
-}
-
-/// A `rows × cols` weight of random values in `dtype`.
-pub(crate) fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Weight {
-    let rb = dtype.row_bytes(cols).unwrap();
-    let vals = pseudo_random(rows * cols, seed);
-    let mut bytes = vec![0u8; rb * rows];
-    for r in 0..rows {
-        quantize_row(
-            dtype,
-            &vals[r * cols..(r + 1) * cols],
-            &mut bytes[r * rb..(r + 1) * rb],
-        )
-        .unwrap();
-    }
-    Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
 }
 
 /// Columns for `dtype` that are not a round number: odd for the float formats, an odd count of

@@ -69,6 +69,14 @@ pub fn tensors(c: &ModelConfig) -> HashMap<String, Weight> {
     };
     add("token_embd".into(), c.vocab_size, c.dim, 1.0);
     add("output_norm".into(), 1, c.dim, 1.0);
+    add_layers(&c, add);
+    t
+}
+
+/// Every layer's tensors of config `c`, in order, given to `add` as (name, rows, cols, the
+/// scale of its random values): the norms (scale 1), then the attention and FFN matrices
+/// (scale 1/sqrt(dim)).
+pub fn add_layers(c: &ModelConfig, mut add: impl FnMut(String, usize, usize, f32)) {
     for i in 0..c.n_layers {
         let s = 1.0 / (c.dim as f32).sqrt();
         add(format!("blk.{i}.attn_norm"), 1, c.dim, 1.0);
@@ -81,5 +89,4 @@ pub fn tensors(c: &ModelConfig) -> HashMap<String, Weight> {
         add(format!("blk.{i}.ffn_up"), c.ffn_dim, c.dim, s);
         add(format!("blk.{i}.ffn_down"), c.dim, c.ffn_dim, s);
     }
-    t
 }
