@@ -97,6 +97,18 @@ impl DType {
         out
     }
 
+    /// `Error::Shape` unless a row of `values` weights in this format is `bytes` bytes (or
+    /// `values` is no whole number of blocks).
+    pub fn check_row(self, values: usize, bytes: usize) -> Result<()> {
+        let want = self.row_bytes(values)?;
+        crate::ensure!(
+            bytes == want,
+            Shape,
+            "{self} row of {values} values needs {want} bytes, got {bytes}"
+        );
+        Ok(())
+    }
+
     /// Weights per block.
     pub const fn block_size(self) -> usize {
         match self {
