@@ -10,7 +10,7 @@ mod common;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use common::{add_layers, config, values};
+use common::{add_layers, config, no_check, values};
 use powerinfer_core::testing::quantized_weight;
 use powerinfer_core::{Activation, DType, NeuronTable, PlanFile, RopeScaling, RopeStyle, Weight};
 use powerinfer_engine::forward::Logits;
@@ -62,10 +62,6 @@ fn devices_for(dtype: DType) -> Vec<&'static str> {
         d.retain(|&x| x != "gpu-emu");
     }
     d
-}
-
-fn no_check() -> powerinfer_core::Result<()> {
-    Ok(())
 }
 
 /// The tiny random model (dim 64, ffn 96, 4 heads of 16 over 2 KV heads, 2 layers) with every

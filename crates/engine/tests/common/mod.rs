@@ -30,6 +30,23 @@ pub fn model(activation: Activation) -> Arc<ModelWeights> {
     Arc::new(ModelWeights::from_tensors(c.clone(), tensors(&c)).unwrap())
 }
 
+/// The check a forward pass runs between layers that never stops it (the tests' "no cancel").
+pub fn no_check() -> powerinfer_core::Result<()> {
+    Ok(())
+}
+
+/// `(‖a − b‖, ‖b‖)`: the distance of `a` from the reference `b` and the reference's norm.
+pub fn diff_and_norm(a: &[f32], b: &[f32]) -> (f32, f32) {
+    let norm: f32 = b.iter().map(|v| v * v).sum::<f32>().sqrt();
+    let diff: f32 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y) * (x - y))
+        .sum::<f32>()
+        .sqrt();
+    (diff, norm)
+}
+
 /// The tensors of [`model`], its matrices (not the norms) quantized to `dtype`.
 pub fn quantized_tensors(
     c: &ModelConfig,
