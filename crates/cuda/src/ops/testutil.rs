@@ -6,6 +6,7 @@ pub(crate) use powerinfer_core::testing::random_weight as weight;
 use powerinfer_core::{DType, Error, Result, Weight};
 
 use crate::host::{HostBackend, HostBuf};
+use crate::kernels::GPU_DTYPES;
 
 /// The float64 decode attention the attention kernels are checked against (shared with the
 /// integration tests).
@@ -97,6 +98,36 @@ pub(crate) fn odd_cols(dtype: DType) -> usize {
         dtype.block_size() * if dtype.is_k_quant() { 3 } else { 7 }
     } else {
         203
+    }
+}
+
+/// A slab test's data of format pair `i`: gate and up in `GPU_DTYPES[i]`, down_t `shift`
+/// formats further on, their [`hot_dim`] width, the hot neurons of `seeds[0]`, x as uploaded
+/// (of `seeds[1]`) and as the kernels multiply it ([`x_hat`]), and [`FFN`] flags of `seeds[2]`.
+pub(crate) struct SlabCase {
+    pub dtype: DType,
+    pub dim: usize,
+    pub hot: Hot,
+    pub x0: Vec<f32>,
+    pub x: Vec<f32>,
+    pub flags: Vec<i32>,
+}
+
+impl SlabCase {
+    pub fn new(be: &HostBackend, i: usize, shift: usize, seeds: [u64; 3]) -> SlabCase {
+        let dtype = GPU_DTYPES[i];
+        let down = GPU_DTYPES[(i + shift) % GPU_DTYPES.len()];
+        let dim = hot_dim(dtype, down);
+        let hot = hot(be, dtype, down, dim, seeds[0]);
+        let x0 = pseudo_random(dim, seeds[1]);
+        SlabCase {
+            dtype,
+            dim,
+            hot,
+            x: x_hat(dtype, &x0),
+            x0,
+            flags: flags(FFN, seeds[2]),
+        }
     }
 }
 

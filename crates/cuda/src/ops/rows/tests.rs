@@ -68,15 +68,11 @@ fn sparse_matvec_matches_the_reference_on_every_format() {
 #[test]
 fn sparse_matvec_over_slabs_skips_inactive_and_padding_neurons() {
     let be = HostBackend::new();
-    for (i, dtype) in GPU_DTYPES.into_iter().enumerate() {
-        let down = GPU_DTYPES[(i + 2) % GPU_DTYPES.len()];
-        let dim = hot_dim(dtype, down);
-        let hot = hot(&be, dtype, down, dim, 10 * i as u64);
-        // x as uploaded, and the x the kernels multiply (int16 for the quantized formats).
-        let x0 = pseudo_random(dim, 7 + i as u64);
-        let x = x_hat(dtype, &x0);
-        let f = flags(FFN, i as u64);
-        let (dx, df) = (HostX::new(&be, dtype, &x0), upload(&be, &f));
+    for i in 0..GPU_DTYPES.len() {
+        let case = SlabCase::new(&be, i, 2, [10 * i as u64, 7 + i as u64, i as u64]);
+        let (dtype, dim, hot) = (case.dtype, case.dim, &case.hot);
+        let (x0, x, f) = (&case.x0, &case.x, &case.flags);
+        let (dx, df) = (HostX::new(&be, dtype, x0), upload(&be, f));
         let n = hot.slots();
         let mut y = upload(&be, &vec![9f32; n]);
         launch(
@@ -92,7 +88,7 @@ fn sparse_matvec_over_slabs_skips_inactive_and_padding_neurons() {
         let want: Vec<f32> = (0..n)
             .map(|r| match hot.id(r) {
                 Some(id) if f[id] != 0 => {
-                    act_ref(Act::Silu, reference::dot_row(dtype, hot.gate.row(id), &x))
+                    act_ref(Act::Silu, reference::dot_row(dtype, hot.gate.row(id), x))
                 }
                 _ => 0.0,
             })
@@ -106,15 +102,12 @@ fn sparse_matvec_over_slabs_skips_inactive_and_padding_neurons() {
 #[test]
 fn gate_up_over_slabs_matches_the_reference() {
     let be = HostBackend::new();
-    for (i, dtype) in GPU_DTYPES.into_iter().enumerate() {
-        let down = GPU_DTYPES[(i + 1) % GPU_DTYPES.len()];
-        let dim = hot_dim(dtype, down);
-        let hot = hot(&be, dtype, down, dim, 20 + i as u64);
-        // x as uploaded, and the x the kernels multiply (int16 for the quantized formats).
-        let x0 = pseudo_random(dim, 30 + i as u64);
-        let x = x_hat(dtype, &x0);
-        let f = flags(FFN, 40 + i as u64);
-        let (dx, df) = (HostX::new(&be, dtype, &x0), upload(&be, &f));
+    for i in 0..GPU_DTYPES.len() {
+        let seeds = [20 + i as u64, 30 + i as u64, 40 + i as u64];
+        let case = SlabCase::new(&be, i, 1, seeds);
+        let (dtype, dim, hot) = (case.dtype, case.dim, &case.hot);
+        let (x0, x, f) = (&case.x0, &case.x, &case.flags);
+        let (dx, df) = (HostX::new(&be, dtype, x0), upload(&be, f));
         // A list of slots, padding included.
         let slots: Vec<i32> = vec![23, 0, 5, 20, 21, 7, 7, 16];
         let didx = upload(&be, &slots);
@@ -147,8 +140,8 @@ fn gate_up_over_slabs_matches_the_reference() {
                         let r = if with_idx { slots[k] as usize } else { k };
                         match hot.id(r) {
                             Some(id) if !with_flags || f[id] != 0 => {
-                                let g = reference::dot_row(dtype, hot.gate.row(id), &x);
-                                let u = reference::dot_row(dtype, hot.up.row(id), &x);
+                                let g = reference::dot_row(dtype, hot.gate.row(id), x);
+                                let u = reference::dot_row(dtype, hot.up.row(id), x);
                                 act_ref(act, g) * u
                             }
                             _ => 0.0,
