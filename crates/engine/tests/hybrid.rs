@@ -101,6 +101,24 @@ fn model_with(
     Arc::new(ModelWeights::from_tensors(c, t).unwrap())
 }
 
+/// A random model of config `c` in Q4_K but for the matrices `part` picks, in `dtype`.
+fn q4_k_but(
+    c: powerinfer_core::ModelConfig,
+    part: impl Fn(&str) -> bool,
+    dtype: DType,
+) -> Arc<ModelWeights> {
+    model_with(c, |name, _| if part(name) { dtype } else { DType::Q4_K })
+}
+
+/// Assert `r` failed with `Error::Unsupported` naming `what`.
+fn assert_unsupported<T>(r: powerinfer_core::Result<T>, what: &str) {
+    match r {
+        Err(powerinfer_core::Error::Unsupported(msg)) if msg.contains(what) => {}
+        Err(e) => panic!("not Unsupported naming {what}: {e}"),
+        Ok(_) => panic!("not refused (expected Unsupported naming {what})"),
+    }
+}
+
 /// The format of matrix `name` with rows of `cols` weights in a Q4_K_M file, llama.cpp's recipe
 /// in its main lines (as `powerinfer_rs.testing.synth_types`): Q6_K for the output head and
 /// layer 0's attn_v and ffn_down, Q4_K elsewhere; rows that are no whole number of 256-weight
@@ -430,20 +448,10 @@ fn formats_without_gpu_kernels_stay_on_the_cpu_or_the_plan_is_refused() {
     };
     let n = c.n_layers;
     // Q3_K FFN matrices (no GPU kernels), Q4_K attention and output head.
-    let m = model_with(c.clone(), |name, _| {
-        if name.contains(".ffn_") {
-            DType::Q3_K
-        } else {
-            DType::Q4_K
-        }
-    });
+    let m = q4_k_but(c.clone(), |name| name.contains(".ffn_"), DType::Q3_K);
     let mut hot = Layout::cpu(n);
     hot.hot[1] = (0..40).collect();
-    let err = hot.try_placement(&m).unwrap_err();
-    assert!(
-        matches!(&err, powerinfer_core::Error::Unsupported(msg) if msg.contains("Q3_K")),
-        "{err}"
-    );
+    assert_unsupported(hot.try_placement(&m), "Q3_K");
     // Attention and the output head on the GPU, the FFN on the CPU: runs, as the CPU does.
     let mut attn = Layout::cpu(n);
     attn.attention = vec![true; n];
@@ -452,31 +460,11 @@ fn formats_without_gpu_kernels_stay_on_the_cpu_or_the_plan_is_refused() {
         check_tol(&m, &Sparsity::ExactRelu, &attn, dev, 6, TOL_K);
     }
     // Q2_K attention on the GPU is refused the same way.
-    let q2 = model_with(c.clone(), |name, _| {
-        if name.contains(".attn_") {
-            DType::Q2_K
-        } else {
-            DType::Q4_K
-        }
-    });
-    let err = attn.try_placement(&q2).unwrap_err();
-    assert!(
-        matches!(&err, powerinfer_core::Error::Unsupported(msg) if msg.contains("Q2_K")),
-        "{err}"
-    );
+    let q2 = q4_k_but(c.clone(), |name| name.contains(".attn_"), DType::Q2_K);
+    assert_unsupported(attn.try_placement(&q2), "Q2_K");
     // Gate and up in different formats: the fused gate/up kernel reads one.
-    let mixed = model_with(c, |name, _| {
-        if name.ends_with("ffn_up") {
-            DType::Q6_K
-        } else {
-            DType::Q4_K
-        }
-    });
-    let err = hot.try_placement(&mixed).unwrap_err();
-    assert!(
-        matches!(&err, powerinfer_core::Error::Unsupported(msg) if msg.contains("gate")),
-        "{err}"
-    );
+    let mixed = q4_k_but(c, |name| name.ends_with("ffn_up"), DType::Q6_K);
+    assert_unsupported(hot.try_placement(&mixed), "gate");
     assert!(attn.try_placement(&mixed).is_ok());
 }
 

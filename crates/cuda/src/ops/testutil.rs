@@ -105,11 +105,13 @@ pub(crate) fn odd_cols(dtype: DType) -> usize {
 /// formats further on, their [`hot_dim`] width, the hot neurons of `seeds[0]`, x as uploaded
 /// (of `seeds[1]`) and as the kernels multiply it ([`x_hat`]), and [`FFN`] flags of `seeds[2]`.
 pub(crate) struct SlabCase {
-    pub dtype: DType,
-    pub dim: usize,
+    /// The hot neurons (their rows' width: `hot.gate.cols`).
     pub hot: Hot,
+    /// x as uploaded.
     pub x0: Vec<f32>,
+    /// x as the kernels multiply it (int16 for the quantized formats).
     pub x: Vec<f32>,
+    /// Per neuron of the FFN: active or not.
     pub flags: Vec<i32>,
 }
 
@@ -121,8 +123,6 @@ impl SlabCase {
         let hot = hot(be, dtype, down, dim, seeds[0]);
         let x0 = pseudo_random(dim, seeds[1]);
         SlabCase {
-            dtype,
-            dim,
             hot,
             x: x_hat(dtype, &x0),
             x0,

@@ -7,7 +7,7 @@ use powerinfer_cpu::{reference, sparse_reference};
 use super::host::XSlice;
 use super::launch::{GateUp, QuantizeX, SparseMatvec, XArg};
 use crate::backend::Backend;
-use crate::host::HostBackend;
+use crate::host::{HostBackend, HostBuf};
 use crate::kernels::GPU_DTYPES;
 use crate::layout::{Act, FfnAct, RowLayout, XQ_BLOCK};
 use crate::ops::testutil::*;
@@ -68,9 +68,9 @@ fn sparse_matvec_matches_the_reference_on_every_format() {
 #[test]
 fn sparse_matvec_over_slabs_skips_inactive_and_padding_neurons() {
     let be = HostBackend::new();
-    for i in 0..GPU_DTYPES.len() {
+    for (i, dtype) in GPU_DTYPES.into_iter().enumerate() {
         let case = SlabCase::new(&be, i, 2, [10 * i as u64, 7 + i as u64, i as u64]);
-        let (dtype, dim, hot) = (case.dtype, case.dim, &case.hot);
+        let (dim, hot) = (case.hot.gate.cols, &case.hot);
         let (x0, x, f) = (&case.x0, &case.x, &case.flags);
         let (dx, df) = (HostX::new(&be, dtype, x0), upload(&be, f));
         let n = hot.slots();
@@ -102,10 +102,10 @@ fn sparse_matvec_over_slabs_skips_inactive_and_padding_neurons() {
 #[test]
 fn gate_up_over_slabs_matches_the_reference() {
     let be = HostBackend::new();
-    for i in 0..GPU_DTYPES.len() {
+    for (i, dtype) in GPU_DTYPES.into_iter().enumerate() {
         let seeds = [20 + i as u64, 30 + i as u64, 40 + i as u64];
         let case = SlabCase::new(&be, i, 1, seeds);
-        let (dtype, dim, hot) = (case.dtype, case.dim, &case.hot);
+        let (dim, hot) = (case.hot.gate.cols, &case.hot);
         let (x0, x, f) = (&case.x0, &case.x, &case.flags);
         let (dx, df) = (HostX::new(&be, dtype, x0), upload(&be, f));
         // A list of slots, padding included.
@@ -174,27 +174,28 @@ fn rows_that_need_not_be_read_are_not_read() {
     let be = HostBackend::new();
     let (dw, dx) = (upload(&be, &w), upload(&be, &[1f32; 5]));
     let df = upload(&be, &[1i32, 1, 0]);
-    let mut h = be.zeros::<f32>(3).unwrap();
-    launch(
-        &be,
-        GateUp {
+    // The f32 gate/up launch over these rows, with or without up rows and a bias.
+    let gate_up = |up_l: Option<RowLayout>, bias: Option<&HostBuf<f32>>, h: &mut HostBuf<f32>| {
+        let k = GateUp {
             dtype: DType::F32,
             w: &dw,
             gate_l: l(0, rb),
-            up_l: Some(l(3 * rb, rb)),
+            up_l,
             x: XArg::F32(&dx),
             cols,
             idx: None,
             n: 3,
             ids_l: l(6 * rb, 4),
             flags: Some(&df),
-            bias: None,
+            bias,
             act: FfnAct::from(Act::Relu),
             count: None,
-            h: &mut h,
-        },
-    )
-    .unwrap();
+            h,
+        };
+        launch(&be, k)
+    };
+    let mut h = be.zeros::<f32>(3).unwrap();
+    gate_up(Some(l(3 * rb, rb)), None, &mut h).unwrap();
     assert_eq!(download(&be, &h), [0.0, 50.0, 0.0]);
     // Gate-less with a bias by neuron id: the NaN up rows are never read; a bias past the
     // ids' range is a Shape error.
@@ -203,25 +204,7 @@ fn rows_that_need_not_be_read_are_not_read() {
         (vec![1.0; 1], None),
     ] {
         let db = upload(&be, &bias);
-        let r = launch(
-            &be,
-            GateUp {
-                dtype: DType::F32,
-                w: &dw,
-                gate_l: l(0, rb),
-                up_l: None,
-                x: XArg::F32(&dx),
-                cols,
-                idx: None,
-                n: 3,
-                ids_l: l(6 * rb, 4),
-                flags: Some(&df),
-                bias: Some(&db),
-                act: FfnAct::from(Act::Relu),
-                count: None,
-                h: &mut h,
-            },
-        );
+        let r = gate_up(None, Some(&db), &mut h);
         match want {
             Some(want) => {
                 r.unwrap();
