@@ -77,15 +77,6 @@ pub fn plan_file(data: &[u8]) {
     }
 }
 
-const DTYPES: [DType; 6] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q8_0,
-    DType::Q4_0,
-    DType::Q4_1,
-];
-
 /// The weight layout check (`Weight::new`: size against dtype and shape), the non-finite scan
 /// the engine runs on load (`first_non_finite_row`) and `dequantize_row` (dispatched SIMD and
 /// the scalar reference). Input: byte 0 = dtype, byte 1 = rows (mod 5), byte 2 = columns (in
@@ -93,7 +84,7 @@ const DTYPES: [DType; 6] = [
 /// scan passes must decode to finite values only (no silent NaN).
 pub fn weight_rows(data: &[u8]) {
     let [d, r, c, bytes @ ..] = data else { return };
-    let dtype = DTYPES[usize::from(*d) % DTYPES.len()];
+    let dtype = DType::BASIC[usize::from(*d) % DType::BASIC.len()];
     let rows = usize::from(*r % 5);
     let cols = usize::from(*c % 9) * dtype.block_size() + usize::from(*c >= 128);
     let w = match Weight::new(dtype, rows, cols, Buffer::from_bytes(bytes)) {

@@ -6,7 +6,6 @@
 use half::{bf16, f16};
 
 use crate::dtype::DType;
-use crate::ensure;
 use crate::error::Result;
 
 /// The little-endian f16 at byte `at`, as f32.
@@ -17,14 +16,7 @@ pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
 
 /// Decode `row` (exactly `dtype.row_bytes(out.len())` bytes) into `out`.
 pub fn dequantize_row(dtype: DType, row: &[u8], out: &mut [f32]) -> Result<()> {
-    let want = dtype.row_bytes(out.len())?;
-    ensure!(
-        row.len() == want,
-        Shape,
-        "{dtype} row of {} values needs {want} bytes, got {}",
-        out.len(),
-        row.len()
-    );
+    dtype.check_row(out.len(), row.len())?;
     let (n, bytes) = (dtype.block_size(), dtype.block_bytes());
     for (o, b) in out.chunks_exact_mut(n).zip(row.chunks_exact(bytes)) {
         dequantize_block(dtype, b, o);

@@ -54,22 +54,10 @@ pub enum DType {
 }
 
 impl DType {
-    /// Every supported format, for tests and tables.
-    pub const ALL: [DType; 13] = [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q4_1,
-        DType::Q5_0,
-        DType::Q5_1,
-        DType::Q2_K,
-        DType::Q3_K,
-        DType::Q4_K,
-        DType::Q5_K,
-        DType::Q6_K,
-    ];
+    /// Every supported format, for tests and tables: [`DType::BASIC`], Q5_0, Q5_1, then
+    /// [`DType::K_QUANTS`].
+    pub const ALL: [DType; 13] =
+        DType::join(&[&DType::BASIC, &[DType::Q5_0, DType::Q5_1], &DType::K_QUANTS]);
 
     /// The formats of one value or 32 weights per block that every backend (the GPU kernels
     /// included) takes.
@@ -90,6 +78,36 @@ impl DType {
         DType::Q5_K,
         DType::Q6_K,
     ];
+
+    /// `parts` one after the other, in order (for the format lists above, built at compile
+    /// time); `N` must be their total length.
+    pub const fn join<const N: usize>(parts: &[&[DType]]) -> [DType; N] {
+        let mut out = [DType::F32; N];
+        let (mut n, mut p) = (0, 0);
+        while p < parts.len() {
+            let mut i = 0;
+            while i < parts[p].len() {
+                out[n] = parts[p][i];
+                n += 1;
+                i += 1;
+            }
+            p += 1;
+        }
+        assert!(n == N, "DType::join: the parts' total length is not N");
+        out
+    }
+
+    /// `Error::Shape` unless a row of `values` weights in this format is `bytes` bytes (or
+    /// `values` is no whole number of blocks).
+    pub fn check_row(self, values: usize, bytes: usize) -> Result<()> {
+        let want = self.row_bytes(values)?;
+        crate::ensure!(
+            bytes == want,
+            Shape,
+            "{self} row of {values} values needs {want} bytes, got {bytes}"
+        );
+        Ok(())
+    }
 
     /// Weights per block.
     pub const fn block_size(self) -> usize {

@@ -149,17 +149,8 @@ impl NeuronTable {
             let t = st
                 .tensor(&name)
                 .map_err(|_| Error::Plan(format!("lacks {name}")))?;
-            ensure!(
-                t.dtype() == Dtype::I32 && t.shape().len() == 1,
-                Plan,
-                "{name} must be a 1-D int32 tensor, got {:?} {:?}",
-                t.dtype(),
-                t.shape()
-            );
-            let ids = t
-                .data()
-                .chunks_exact(4)
-                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            let ids = int32_vector(&name, &t)?
+                .into_iter()
                 .map(|v| {
                     u32::try_from(v).map_err(|_| Error::Plan(format!("{name}: negative id {v}")))
                 })
@@ -177,6 +168,22 @@ impl NeuronTable {
         table.check_model(n_layers, ffn)?;
         Ok(table)
     }
+}
+
+/// The values of plan-file tensor `name`, which must be a 1-D int32 tensor (`Error::Plan`
+/// otherwise).
+pub(crate) fn int32_vector(name: &str, t: &TensorView<'_>) -> Result<Vec<i32>> {
+    ensure!(
+        t.dtype() == Dtype::I32 && t.shape().len() == 1,
+        Plan,
+        "{name} must be a 1-D int32 tensor, got {:?} {:?}",
+        t.dtype(),
+        t.shape()
+    );
+    Ok(t.data()
+        .chunks_exact(4)
+        .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
 }
 
 #[cfg(test)]

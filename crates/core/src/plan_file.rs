@@ -234,6 +234,25 @@ fn meta_uint(meta: &HashMap<String, String>, key: &str) -> Result<usize> {
         .ok_or_else(|| Error::Plan(format!("metadata {key:?} is missing or not an integer")))
 }
 
+/// A plan file's metadata for the tests: `format`, the model fingerprint, the budget and GPU
+/// bytes, and the plan's JSON.
+#[cfg(test)]
+pub(crate) fn test_metadata(
+    format: &str,
+    fingerprint: &str,
+    budget_bytes: u64,
+    gpu_bytes: u64,
+    plan: &str,
+) -> HashMap<String, String> {
+    HashMap::from([
+        ("format".to_string(), format.to_string()),
+        ("model_fingerprint".to_string(), fingerprint.to_string()),
+        ("budget_bytes".to_string(), budget_bytes.to_string()),
+        ("gpu_bytes".to_string(), gpu_bytes.to_string()),
+        ("plan".to_string(), plan.to_string()),
+    ])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,13 +271,7 @@ mod tests {
 
     fn file(plan: &str, format: &str) -> Vec<u8> {
         let t = NeuronTable::from_hot_lists(16, &[vec![1, 2, 3, 4, 5], vec![]]).unwrap();
-        let meta = HashMap::from([
-            ("format".to_string(), format.to_string()),
-            ("model_fingerprint".to_string(), "abc".to_string()),
-            ("budget_bytes".to_string(), "1000".to_string()),
-            ("gpu_bytes".to_string(), "900".to_string()),
-            ("plan".to_string(), plan.to_string()),
-        ]);
+        let meta = test_metadata(format, "abc", 1000, 900, plan);
         t.to_safetensors(meta).unwrap()
     }
 

@@ -7,9 +7,10 @@
 
 use std::path::Path;
 
-use safetensors::{Dtype, SafeTensors};
+use safetensors::SafeTensors;
 
 use crate::error::{Error, Result};
+use crate::neuron_table::int32_vector;
 use crate::plan_file::{PlanFile, MAX_PLAN_COUNT};
 use crate::{bail, ensure};
 
@@ -70,18 +71,7 @@ fn ram_neurons(bytes: &[u8], file: &PlanFile, ffn: usize) -> Result<Vec<Vec<u32>
                 "tensor {name} is missing (the plan has a ram section)"
             );
         };
-        ensure!(
-            t.dtype() == Dtype::I32 && t.shape().len() == 1,
-            Plan,
-            "{name} must be a 1-D int32 tensor, got {:?} {:?}",
-            t.dtype(),
-            t.shape()
-        );
-        let ids: Vec<i32> = t
-            .data()
-            .chunks_exact(4)
-            .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
+        let ids = int32_vector(&name, &t)?;
         if ids.iter().any(|&v| v < 0 || v as usize >= ffn) {
             bail!(Plan, "{name} has ids outside [0, {ffn})");
         }
@@ -104,11 +94,9 @@ fn ram_neurons(bytes: &[u8], file: &PlanFile, ffn: usize) -> Result<Vec<Vec<u32>
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-
     use super::*;
     use crate::neuron_table::NeuronTable;
-    use crate::plan_file::PLAN_FORMAT;
+    use crate::plan_file::{test_metadata, PLAN_FORMAT};
 
     fn file(ram: Option<&[Vec<i32>]>) -> Vec<u8> {
         let mut j = serde_json::json!({
@@ -123,13 +111,7 @@ mod tests {
         if ram.is_some() {
             j["ram"] = serde_json::json!({"cluster": 1});
         }
-        let meta = HashMap::from([
-            ("format".to_string(), PLAN_FORMAT.to_string()),
-            ("model_fingerprint".to_string(), "fp".to_string()),
-            ("budget_bytes".to_string(), "10".to_string()),
-            ("gpu_bytes".to_string(), "9".to_string()),
-            ("plan".to_string(), j.to_string()),
-        ]);
+        let meta = test_metadata(PLAN_FORMAT, "fp", 10, 9, &j.to_string());
         let table = NeuronTable::from_hot_lists(16, &[vec![3, 1], vec![]]).unwrap();
         let ram: Vec<(String, Vec<i32>)> = ram
             .unwrap_or(&[])

@@ -5,20 +5,12 @@
 use half::{bf16, f16};
 
 use crate::dtype::DType;
-use crate::ensure;
 use crate::error::Result;
 use crate::quantize_k::{q2_k_block, q3_k_block, q45_k_block, q6_k_block};
 
 /// Encode `src` (one row) as `dtype` into `dst` (exactly `dtype.row_bytes(src.len())` bytes).
 pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
-    let want = dtype.row_bytes(src.len())?;
-    ensure!(
-        dst.len() == want,
-        Shape,
-        "{dtype} row of {} values needs {want} bytes, got {}",
-        src.len(),
-        dst.len()
-    );
+    dtype.check_row(src.len(), dst.len())?;
     match dtype {
         DType::F32 => put_each(src, dst, |v| v.to_le_bytes()),
         DType::F16 => put_each(src, dst, |v| f16::from_f32(v).to_le_bytes()),
@@ -63,12 +55,7 @@ fn q8_0_block(x: &[f32], out: &mut [u8]) {
 
 /// Q4_0: d = (the value of largest magnitude) / −8, q = clamp(round(x / d) + 8, 0, 15).
 fn q4_0_block(x: &[f32], out: &mut [u8]) {
-    let max = x
-        .iter()
-        .fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
-    let d = max / -8.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    out[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+    let id = signed_scale(x, -8.0, out);
     let q = |v: f32| ((v * id + 8.5) as i32).clamp(0, 15) as u8;
     for j in 0..16 {
         out[2 + j] = q(x[j]) | (q(x[j + 16]) << 4);
@@ -77,15 +64,7 @@ fn q4_0_block(x: &[f32], out: &mut [u8]) {
 
 /// Q4_1: m = min, d = (max − min) / 15, q = clamp(round((x − m) / d), 0, 15).
 fn q4_1_block(x: &[f32], out: &mut [u8]) {
-    let (min, max) = x
-        .iter()
-        .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
-            (a.min(v), b.max(v))
-        });
-    let d = (max - min) / 15.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    out[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
-    out[2..4].copy_from_slice(&f16::from_f32(min).to_le_bytes());
+    let (min, id) = affine_scale(x, 15.0, out);
     let q = |v: f32| (((v - min) * id + 0.5) as i32).clamp(0, 15) as u8;
     for j in 0..16 {
         out[4 + j] = q(x[j]) | (q(x[j + 16]) << 4);
@@ -95,12 +74,7 @@ fn q4_1_block(x: &[f32], out: &mut [u8]) {
 /// Q5_0: d = (the value of largest magnitude) / −16, q = clamp(round(x / d) + 16, 0, 31); bit 4
 /// of q[j] goes to bit j of `qh`.
 fn q5_0_block(x: &[f32], out: &mut [u8]) {
-    let max = x
-        .iter()
-        .fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
-    let d = max / -16.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    out[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+    let id = signed_scale(x, -16.0, out);
     let q: Vec<u32> = x
         .iter()
         .map(|v| ((v * id + 16.5) as i32).clamp(0, 31) as u32)
@@ -110,20 +84,41 @@ fn q5_0_block(x: &[f32], out: &mut [u8]) {
 
 /// Q5_1: m = min, d = (max − min) / 31, q = clamp(round((x − m) / d), 0, 31).
 fn q5_1_block(x: &[f32], out: &mut [u8]) {
-    let (min, max) = x
-        .iter()
-        .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
-            (a.min(v), b.max(v))
-        });
-    let d = (max - min) / 31.0;
-    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-    out[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
-    out[2..4].copy_from_slice(&f16::from_f32(min).to_le_bytes());
+    let (min, id) = affine_scale(x, 31.0, out);
     let q: Vec<u32> = x
         .iter()
         .map(|v| (((v - min) * id + 0.5) as i32).clamp(0, 31) as u32)
         .collect();
     put_five_bits(&q, &mut out[4..]);
+}
+
+/// The scale of a block with a zero point (Q4_0, Q5_0): d = (the value of largest magnitude)
+/// / `div`, written to `out[..2]` as f16; returns 1 / d (0 for d = 0).
+fn signed_scale(x: &[f32], div: f32, out: &mut [u8]) -> f32 {
+    let max = x
+        .iter()
+        .fold(0.0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+    let d = max / div;
+    out[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+    if d != 0.0 {
+        1.0 / d
+    } else {
+        0.0
+    }
+}
+
+/// The scale and min of a block with a min (Q4_1, Q5_1): d = (max − min) / `levels`, written
+/// to `out[..2]` and the min to `out[2..4]` as f16; returns (min, 1 / d (0 for d = 0)).
+fn affine_scale(x: &[f32], levels: f32, out: &mut [u8]) -> (f32, f32) {
+    let (min, max) = x
+        .iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(a, b), &v| {
+            (a.min(v), b.max(v))
+        });
+    let d = (max - min) / levels;
+    out[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+    out[2..4].copy_from_slice(&f16::from_f32(min).to_le_bytes());
+    (min, if d != 0.0 { 1.0 / d } else { 0.0 })
 }
 
 /// 32 five-bit quants as `qh` (4 bytes) then 16 bytes of low nibbles (Q4_0's order).
@@ -141,6 +136,15 @@ fn put_five_bits(q: &[u32], out: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Quant `j` of a block's 16 bytes of nibbles: the low nibbles hold 0..16, the high 16..32.
+    fn nibble(qs: &[u8], j: usize) -> u8 {
+        if j < 16 {
+            qs[j] & 15
+        } else {
+            qs[j - 16] >> 4
+        }
+    }
 
     /// Decode one block-format row with plain loops (independent of the encoder above).
     fn decode(dtype: DType, row: &[u8], n: usize) -> Vec<f32> {
@@ -161,29 +165,11 @@ mod tests {
                 .collect(),
             DType::Q4_0 => row
                 .chunks(18)
-                .flat_map(|b| {
-                    (0..32).map(move |j| {
-                        let q = if j < 16 {
-                            b[2 + j] & 15
-                        } else {
-                            b[2 + j - 16] >> 4
-                        };
-                        h(b) * (q as f32 - 8.0)
-                    })
-                })
+                .flat_map(|b| (0..32).map(move |j| h(b) * (nibble(&b[2..], j) as f32 - 8.0)))
                 .collect(),
             DType::Q4_1 => row
                 .chunks(20)
-                .flat_map(|b| {
-                    (0..32).map(move |j| {
-                        let q = if j < 16 {
-                            b[4 + j] & 15
-                        } else {
-                            b[4 + j - 16] >> 4
-                        };
-                        h(b) * q as f32 + h(&b[2..])
-                    })
-                })
+                .flat_map(|b| (0..32).map(move |j| h(b) * nibble(&b[4..], j) as f32 + h(&b[2..])))
                 .collect(),
             // Independent of the encoders; checked against gguf-py in tests/.
             _ => {

@@ -43,8 +43,12 @@ pub fn pseudo_random(n: usize, seed: u64) -> Vec<f32> {
 
 /// A `rows × cols` weight in `dtype`: [`pseudo_random`] values of `seed`, quantized row by row.
 pub fn random_weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Weight {
+    quantized_weight(dtype, rows, cols, &pseudo_random(rows * cols, seed))
+}
+
+/// A `rows × cols` weight in `dtype` from the row-major f32 `vals`, quantized row by row.
+pub fn quantized_weight(dtype: DType, rows: usize, cols: usize, vals: &[f32]) -> Weight {
     let rb = dtype.row_bytes(cols).expect("cols fit the format's blocks");
-    let vals = pseudo_random(rows * cols, seed);
     let mut bytes = vec![0u8; rb * rows];
     for (r, row) in bytes.chunks_exact_mut(rb).enumerate() {
         quantize_row(dtype, &vals[r * cols..(r + 1) * cols], row).expect("quantizing a row");

@@ -105,49 +105,9 @@ pub fn gpu_allocations(model: &ModelTensors<'_>, plan: &PlanFile) -> Result<Vec<
     let norm = align(NORM_ELEMENT_BYTES * c.dim);
     let mut out: Vec<Allocation> = Vec::new();
     for (i, l) in model.layers.iter().enumerate() {
-        let name = |t: &str| format!("blk.{i}.{t}");
-        let a = &c.arch;
-        // The family's f32 vectors of a step, where its flag is set.
-        let vectors = |out: &mut Vec<Allocation>, items: &[(&str, usize, bool)]| {
-            for &(t, len, on) in items {
-                if on {
-                    out.push((name(t), align(F32_BYTES * len)));
-                }
-            }
-        };
+        let layer = LayerAllocations { i, c, l, plan };
         if plan.attention[i] {
-            out.push((name("attn_norm"), norm));
-            vectors(&mut out, &[("attn_norm.bias", c.dim, a.layer_norm)]);
-            for (t, w) in [("attn_q", l.wq), ("attn_k", l.wk), ("attn_v", l.wv)] {
-                out.push((name(t), matrix_bytes(w)?));
-            }
-            let (q, kv) = (c.q_dim(), c.kv_dim());
-            // Per-head q/k norms, or whole-vector ones (OLMoE).
-            let (nq, nk) = match a.qk_norm_full {
-                true => (q, kv),
-                false => (c.head_dim, c.head_dim),
-            };
-            vectors(
-                &mut out,
-                &[
-                    ("attn_q.bias", q, a.qkv_bias),
-                    ("attn_k.bias", kv, a.qkv_bias),
-                    ("attn_v.bias", kv, a.qkv_bias),
-                    ("attn_q_norm", nq, a.qk_norm),
-                    ("attn_k_norm", nk, a.qk_norm),
-                ],
-            );
-            out.push((name("attn_output"), matrix_bytes(l.wo)?));
-            vectors(
-                &mut out,
-                &[
-                    ("attn_output.bias", c.dim, a.out_bias),
-                    ("post_attention_norm", c.dim, a.post_norms),
-                ],
-            );
-            let kv = align(plan.context * c.kv_dim() * plan.kv_cache.element_bytes());
-            out.push((name("cache_k"), kv));
-            out.push((name("cache_v"), kv));
+            layer.attention(&mut out)?;
         }
         if plan.predictor[i] {
             let sizes = &plan.predictor_allocations[i];
@@ -156,40 +116,12 @@ pub fn gpu_allocations(model: &ModelTensors<'_>, plan: &PlanFile) -> Result<Vec<
                 _ => &["pred"],
             };
             for (t, &b) in names.iter().zip(sizes) {
-                out.push((name(t), align(b)));
+                out.push((layer.name(t), align(b)));
             }
         }
         let n_slabs = plan.n_slabs(i);
         if n_slabs > 0 {
-            // A gate-less FFN (OPT, Falcon) holds its one input projection as the gate; its
-            // slabs carry no up rows (`neuron_read_bytes` of planning/model_shape.py).
-            let up = (!c.arch.no_gate).then_some(l.up);
-            let rows = c.n_routed_neurons();
-            for (what, w) in [("gate", Some(l.gate)), ("up", up)] {
-                let Some(w) = w else { continue };
-                ensure!(
-                    w.rows == rows && w.cols == c.dim,
-                    Shape,
-                    "layer {i} {what} is {} x {}, expected {rows} x {}",
-                    w.rows,
-                    w.cols,
-                    c.dim
-                );
-            }
-            check_shared(i, c, l)?;
-            let up = up.map(|u| u.dtype);
-            let slab = slab_geometry(l.gate.dtype, up, l.down_t, c.dim, plan.bucket)?;
-            out.push((name("ffn_norm"), norm));
-            vectors(
-                &mut out,
-                &[
-                    ("ffn_norm.bias", c.dim, a.layer_norm),
-                    ("ffn_up.bias", c.ffn_dim, a.ffn_bias),
-                    ("ffn_down.bias", c.dim, a.ffn_bias),
-                    ("post_ffw_norm", c.dim, a.post_norms),
-                ],
-            );
-            out.push((name("ffn_hot"), n_slabs * slab.slab_bytes));
+            layer.ffn(&mut out, n_slabs)?;
         }
     }
     if plan.output {
@@ -204,6 +136,109 @@ pub fn gpu_allocations(model: &ModelTensors<'_>, plan: &PlanFile) -> Result<Vec<
         out.extend(scratch_allocations(c, plan));
     }
     Ok(out)
+}
+
+/// One layer's part of [`gpu_allocations`]: layer `i` of config `c`, its tensors `l`, the plan.
+struct LayerAllocations<'a> {
+    i: usize,
+    c: &'a ModelConfig,
+    l: &'a LayerTensors<'a>,
+    plan: &'a PlanFile,
+}
+
+impl LayerAllocations<'_> {
+    /// The layer's tensor `t` (`blk.{i}.{t}`).
+    fn name(&self, t: &str) -> String {
+        format!("blk.{}.{t}", self.i)
+    }
+
+    /// The layer's f32 vectors of the family among `items` (name, length, whether the family
+    /// has it), in order, onto `out`.
+    fn vectors(&self, out: &mut Vec<Allocation>, items: &[(&str, usize, bool)]) {
+        for &(t, len, on) in items {
+            if on {
+                out.push((self.name(t), align(F32_BYTES * len)));
+            }
+        }
+    }
+
+    /// The layer's attention on the GPU onto `out`: its input norm, q/k/v and output matrices,
+    /// the family's biases and norms, and the KV caches of the plan's context.
+    fn attention(&self, out: &mut Vec<Allocation>) -> Result<()> {
+        let (c, l) = (self.c, self.l);
+        let a = &c.arch;
+        out.push((self.name("attn_norm"), align(NORM_ELEMENT_BYTES * c.dim)));
+        self.vectors(out, &[("attn_norm.bias", c.dim, a.layer_norm)]);
+        for (t, w) in [("attn_q", l.wq), ("attn_k", l.wk), ("attn_v", l.wv)] {
+            out.push((self.name(t), matrix_bytes(w)?));
+        }
+        let (q, kv) = (c.q_dim(), c.kv_dim());
+        // Per-head q/k norms, or whole-vector ones (OLMoE).
+        let (nq, nk) = match a.qk_norm_full {
+            true => (q, kv),
+            false => (c.head_dim, c.head_dim),
+        };
+        self.vectors(
+            out,
+            &[
+                ("attn_q.bias", q, a.qkv_bias),
+                ("attn_k.bias", kv, a.qkv_bias),
+                ("attn_v.bias", kv, a.qkv_bias),
+                ("attn_q_norm", nq, a.qk_norm),
+                ("attn_k_norm", nk, a.qk_norm),
+            ],
+        );
+        out.push((self.name("attn_output"), matrix_bytes(l.wo)?));
+        self.vectors(
+            out,
+            &[
+                ("attn_output.bias", c.dim, a.out_bias),
+                ("post_attention_norm", c.dim, a.post_norms),
+            ],
+        );
+        let plan = self.plan;
+        let kv = align(plan.context * c.kv_dim() * plan.kv_cache.element_bytes());
+        out.push((self.name("cache_k"), kv));
+        out.push((self.name("cache_v"), kv));
+        Ok(())
+    }
+
+    /// The layer's hot FFN of `n_slabs` slabs onto `out` (its norm, the family's FFN biases
+    /// and norm, the slabs), after checking the gate's and up's shapes and the shared expert.
+    fn ffn(&self, out: &mut Vec<Allocation>, n_slabs: usize) -> Result<()> {
+        let (i, c, l) = (self.i, self.c, self.l);
+        let a = &c.arch;
+        // A gate-less FFN (OPT, Falcon) holds its one input projection as the gate; its
+        // slabs carry no up rows (`neuron_read_bytes` of planning/model_shape.py).
+        let up = (!a.no_gate).then_some(l.up);
+        let rows = c.n_routed_neurons();
+        for (what, w) in [("gate", Some(l.gate)), ("up", up)] {
+            let Some(w) = w else { continue };
+            ensure!(
+                w.rows == rows && w.cols == c.dim,
+                Shape,
+                "layer {i} {what} is {} x {}, expected {rows} x {}",
+                w.rows,
+                w.cols,
+                c.dim
+            );
+        }
+        check_shared(i, c, l)?;
+        let up = up.map(|u| u.dtype);
+        let slab = slab_geometry(l.gate.dtype, up, l.down_t, c.dim, self.plan.bucket)?;
+        out.push((self.name("ffn_norm"), align(NORM_ELEMENT_BYTES * c.dim)));
+        self.vectors(
+            out,
+            &[
+                ("ffn_norm.bias", c.dim, a.layer_norm),
+                ("ffn_up.bias", c.ffn_dim, a.ffn_bias),
+                ("ffn_down.bias", c.dim, a.ffn_bias),
+                ("post_ffw_norm", c.dim, a.post_norms),
+            ],
+        );
+        out.push((self.name("ffn_hot"), n_slabs * slab.slab_bytes));
+        Ok(())
+    }
 }
 
 /// `Error::Unsupported` when layer `i` is a mixture of experts whose shared expert's rows are in

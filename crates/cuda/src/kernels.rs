@@ -9,19 +9,16 @@ use powerinfer_core::{ensure, DType, Result};
 /// Every weight format the GPU kernels take: each per-format kernel is instantiated once for
 /// each (`<prefix>_<suffix>`, see [`dtype_suffix`]). The rest (Q2_K, Q3_K) run on the CPU only;
 /// [`crate::ops`] refuses them with `Error::Unsupported` before anything is uploaded.
-pub const GPU_DTYPES: [DType; 11] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q8_0,
-    DType::Q4_0,
-    DType::Q4_1,
-    DType::Q5_0,
-    DType::Q5_1,
-    DType::Q4_K,
-    DType::Q5_K,
-    DType::Q6_K,
-];
+pub const GPU_DTYPES: [DType; 11] = DType::join(&[
+    &DType::BASIC,
+    &[
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+    ],
+]);
 
 /// The f16 KV cache's element name (the default cache).
 pub const KV_F16: &str = "f16";

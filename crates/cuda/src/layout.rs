@@ -578,18 +578,13 @@ mod tests {
         }
     }
     use super::*;
-    use powerinfer_core::{quantize_row, Buffer};
+    use powerinfer_core::testing::quantized_weight;
 
     fn weight(dtype: DType, rows: usize, cols: usize, seed: f32) -> Weight {
-        let mut bytes = vec![0u8; dtype.row_bytes(cols).unwrap() * rows];
-        let rb = dtype.row_bytes(cols).unwrap();
-        for r in 0..rows {
-            let vals: Vec<f32> = (0..cols)
-                .map(|c| ((r * 31 + c) as f32 * seed).sin())
-                .collect();
-            quantize_row(dtype, &vals, &mut bytes[r * rb..(r + 1) * rb]).unwrap();
-        }
-        Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
+        let vals: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i / cols * 31 + i % cols) as f32 * seed).sin())
+            .collect();
+        quantized_weight(dtype, rows, cols, &vals)
     }
 
     #[test]

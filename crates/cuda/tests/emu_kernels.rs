@@ -14,6 +14,9 @@
 #[path = "support/attention_ref.rs"]
 mod attention_ref;
 use attention_ref::attention_ref;
+#[path = "support/predictor_run.rs"]
+mod predictor_run;
+use predictor_run::run_predictor;
 #[path = "support/x_hat.rs"]
 mod x_hat;
 
@@ -311,32 +314,9 @@ fn predictor(dev: &EmuBackend, dtype: DType) {
     let logits: Vec<f64> = (0..ffn)
         .map(|j| (0..rank).map(|h| hidden[h] * f2[h][j]).sum())
         .collect();
-    let (d1, d2, dx) = (
-        dev.upload_weight(&fc1).unwrap(),
-        dev.upload_weight(&fc2_t).unwrap(),
-        dev.upload(&x).unwrap(),
-    );
-    let mut dh = dev.zeros::<f32>(rank).unwrap();
-    let mut dflags = dev.zeros::<i32>(ffn).unwrap();
-    let mut dlog = dev.zeros::<f32>(ffn).unwrap();
     let t = 0.05;
-    dev.predictor(
-        &d1,
-        &d2,
-        t,
-        XIn::floats(&dx),
-        &mut dh,
-        &mut dflags,
-        Some(&mut dlog),
-    )
-    .unwrap();
-    assert_close(
-        &dev.download(&dlog).unwrap(),
-        &logits,
-        4.0,
-        &format!("predictor {dtype}"),
-    );
-    let flags = dev.download(&dflags).unwrap();
+    let (got, flags) = run_predictor(dev, &fc1, &fc2_t, &x, t);
+    assert_close(&got, &logits, 4.0, &format!("predictor {dtype}"));
     for (j, l) in logits.iter().enumerate() {
         if (l - t as f64).abs() > 1e-3 {
             assert_eq!(flags[j] != 0, *l >= t as f64, "{dtype} flag {j}");

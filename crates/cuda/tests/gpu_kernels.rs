@@ -10,6 +10,9 @@
 #[path = "support/attention_ref.rs"]
 mod attention_ref;
 use attention_ref::attention_ref;
+#[path = "support/predictor_run.rs"]
+mod predictor_run;
+use predictor_run::run_predictor;
 #[path = "support/x_hat.rs"]
 mod x_hat;
 
@@ -615,27 +618,8 @@ fn predictor<B: Backend>(dev: &B) {
     let mut logits = vec![0f32; ffn];
     sparse_reference::axpy_rows(&fc2_t, &idx, &vals, &mut logits).unwrap();
     let threshold = 0.1;
-    let (d1, d2, dx) = (
-        dev.upload_weight(&fc1).unwrap(),
-        dev.upload_weight(&fc2_t).unwrap(),
-        dev.upload(&x).unwrap(),
-    );
-    let mut dh = dev.zeros::<f32>(rank).unwrap();
-    let mut dflags = dev.zeros::<i32>(ffn).unwrap();
-    let mut dlog = dev.zeros::<f32>(ffn).unwrap();
-    dev.predictor(
-        &d1,
-        &d2,
-        threshold,
-        XIn::floats(&dx),
-        &mut dh,
-        &mut dflags,
-        Some(&mut dlog),
-    )
-    .unwrap();
-    let got = dev.download(&dlog).unwrap();
+    let (got, flags) = run_predictor(dev, &fc1, &fc2_t, &x, threshold);
     assert_close(&got, &logits, 2.0, REL_TOL, "predictor logits");
-    let flags = dev.download(&dflags).unwrap();
     for j in 0..ffn {
         // Logits within rounding of the threshold may go either way.
         if (logits[j] - threshold).abs() > 1e-3 {

@@ -93,6 +93,7 @@ pub fn transpose_into(w: &Weight, out: &mut [u8]) -> Result<DType> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use powerinfer_core::testing::quantized_weight;
 
     fn decoded(w: &Weight) -> Vec<f32> {
         let mut out = vec![0.0; w.rows * w.cols];
@@ -109,14 +110,7 @@ mod tests {
             .map(|i| ((i * 7919) % 211) as f32 / 50.0 - 2.0)
             .collect();
         for dtype in [DType::F32, DType::F16, DType::BF16] {
-            let mut bytes = vec![0u8; dtype.row_bytes(cols).unwrap() * rows];
-            for (r, out) in bytes
-                .chunks_exact_mut(dtype.row_bytes(cols).unwrap())
-                .enumerate()
-            {
-                quantize_row(dtype, &vals[r * cols..(r + 1) * cols], out).unwrap();
-            }
-            let w = Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap();
+            let w = quantized_weight(dtype, rows, cols, &vals);
             let t = transpose(&w).unwrap();
             assert_eq!((t.rows, t.cols, t.dtype), (cols, rows, dtype));
             let (a, b) = (decoded(&w), decoded(&t));
@@ -146,13 +140,7 @@ mod tests {
             (Q3_K, 40, F16, 0.0),
         ];
         for (dtype, rows, want, tol) in cases {
-            let vals = powerinfer_core::testing::pseudo_random(rows * cols, 9);
-            let rb = dtype.row_bytes(cols).unwrap();
-            let mut bytes = vec![0u8; rb * rows];
-            for (r, out) in bytes.chunks_exact_mut(rb).enumerate() {
-                quantize_row(dtype, &vals[r * cols..(r + 1) * cols], out).unwrap();
-            }
-            let q = Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap();
+            let q = powerinfer_core::testing::random_weight(dtype, rows, cols, 9);
             let t = transpose(&q).unwrap();
             assert_eq!(
                 (t.dtype, t.rows, t.cols),
@@ -180,12 +168,7 @@ mod tests {
             .map(|i| ((i * 31) % 97) as f32 / 40.0 - 1.2)
             .collect();
         for dtype in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
-            let rb = dtype.row_bytes(cols).unwrap();
-            let mut bytes = vec![0u8; rb * rows];
-            for (r, out) in bytes.chunks_exact_mut(rb).enumerate() {
-                quantize_row(dtype, &vals[r * cols..(r + 1) * cols], out).unwrap();
-            }
-            let q = Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap();
+            let q = quantized_weight(dtype, rows, cols, &vals);
             let t = transpose(&q).unwrap();
             assert_eq!(t.dtype, dtype);
             let (a, b) = (decoded(&q), decoded(&t));
@@ -198,11 +181,7 @@ mod tests {
         }
         // 40 rows are not whole Q8_0 blocks once they become columns: F16 instead.
         let odd = Weight::from_f32(40, 32, &vec![0.5; 40 * 32]).unwrap();
-        let mut bytes = vec![0u8; 34 * 40];
-        for out in bytes.chunks_exact_mut(34) {
-            quantize_row(DType::Q8_0, &[0.5; 32], out).unwrap();
-        }
-        let q = Weight::new(DType::Q8_0, 40, 32, Buffer::from_bytes(&bytes)).unwrap();
+        let q = quantized_weight(DType::Q8_0, 40, 32, &[0.5; 40 * 32]);
         assert_eq!(transpose(&q).unwrap().dtype, DType::F16);
         assert_eq!(transposed_dtype(&q), DType::F16);
         assert_eq!(transpose(&odd).unwrap().dtype, DType::F32);

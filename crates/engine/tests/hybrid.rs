@@ -10,10 +10,9 @@ mod common;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use common::{config, values};
-use powerinfer_core::{
-    quantize_row, Activation, Buffer, DType, NeuronTable, PlanFile, RopeScaling, RopeStyle, Weight,
-};
+use common::{add_layers, config, no_check, values};
+use powerinfer_core::testing::quantized_weight;
+use powerinfer_core::{Activation, DType, NeuronTable, PlanFile, RopeScaling, RopeStyle, Weight};
 use powerinfer_engine::forward::Logits;
 use powerinfer_engine::{
     LayerPredictor, ModelWeights, Placement, PredictorInput, Session, Sparsity,
@@ -65,25 +64,6 @@ fn devices_for(dtype: DType) -> Vec<&'static str> {
     d
 }
 
-fn no_check() -> powerinfer_core::Result<()> {
-    Ok(())
-}
-
-/// A weight of `rows × cols` in `dtype` from f32 values.
-fn weight(dtype: DType, rows: usize, cols: usize, vals: &[f32]) -> Weight {
-    let rb = dtype.row_bytes(cols).unwrap();
-    let mut bytes = vec![0u8; rb * rows];
-    for r in 0..rows {
-        quantize_row(
-            dtype,
-            &vals[r * cols..(r + 1) * cols],
-            &mut bytes[r * rb..(r + 1) * rb],
-        )
-        .unwrap();
-    }
-    Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
-}
-
 /// The tiny random model (dim 64, ffn 96, 4 heads of 16 over 2 KV heads, 2 layers) with every
 /// matrix stored as `dtype`, context `ctx`.
 fn model(act: Activation, dtype: DType, ctx: usize) -> Arc<ModelWeights> {
@@ -111,25 +91,32 @@ fn model_with(
         };
         t.insert(
             name,
-            weight(dt, rows, cols, &values(rows * cols, seed, scale)),
+            quantized_weight(dt, rows, cols, &values(rows * cols, seed, scale)),
         );
     };
     add("token_embd".into(), c.vocab_size, c.dim, 1.0);
     add("output_norm".into(), 1, c.dim, 1.0);
     add("output".into(), c.vocab_size, c.dim, 0.5);
-    for i in 0..c.n_layers {
-        let s = 1.0 / (c.dim as f32).sqrt();
-        add(format!("blk.{i}.attn_norm"), 1, c.dim, 1.0);
-        add(format!("blk.{i}.ffn_norm"), 1, c.dim, 1.0);
-        add(format!("blk.{i}.attn_q"), c.q_dim(), c.dim, s);
-        add(format!("blk.{i}.attn_k"), c.kv_dim(), c.dim, s);
-        add(format!("blk.{i}.attn_v"), c.kv_dim(), c.dim, s);
-        add(format!("blk.{i}.attn_output"), c.dim, c.q_dim(), s);
-        add(format!("blk.{i}.ffn_gate"), c.ffn_dim, c.dim, s);
-        add(format!("blk.{i}.ffn_up"), c.ffn_dim, c.dim, s);
-        add(format!("blk.{i}.ffn_down"), c.dim, c.ffn_dim, s);
-    }
+    add_layers(&c, add);
     Arc::new(ModelWeights::from_tensors(c, t).unwrap())
+}
+
+/// A random model of config `c` in Q4_K but for the matrices `part` picks, in `dtype`.
+fn q4_k_but(
+    c: powerinfer_core::ModelConfig,
+    part: impl Fn(&str) -> bool,
+    dtype: DType,
+) -> Arc<ModelWeights> {
+    model_with(c, |name, _| if part(name) { dtype } else { DType::Q4_K })
+}
+
+/// Assert `r` failed with `Error::Unsupported` naming `what`.
+fn assert_unsupported<T>(r: powerinfer_core::Result<T>, what: &str) {
+    match r {
+        Err(powerinfer_core::Error::Unsupported(msg)) if msg.contains(what) => {}
+        Err(e) => panic!("not Unsupported naming {what}: {e}"),
+        Ok(_) => panic!("not refused (expected Unsupported naming {what})"),
+    }
 }
 
 /// The format of matrix `name` with rows of `cols` weights in a Q4_K_M file, llama.cpp's recipe
@@ -318,14 +305,7 @@ fn half_hot(ffn: usize, n_layers: usize) -> Vec<Vec<u32>> {
 
 #[test]
 fn placements_match_the_cpu_engine_in_every_format() {
-    for dtype in [
-        DType::F32,
-        DType::F16,
-        DType::BF16,
-        DType::Q8_0,
-        DType::Q4_0,
-        DType::Q4_1,
-    ] {
+    for dtype in DType::BASIC {
         let m = model(Activation::Relu, dtype, 256);
         let (n, ffn) = (m.config.n_layers, m.config.ffn_dim);
         let mut alternating = Layout::cpu(n);
@@ -468,20 +448,10 @@ fn formats_without_gpu_kernels_stay_on_the_cpu_or_the_plan_is_refused() {
     };
     let n = c.n_layers;
     // Q3_K FFN matrices (no GPU kernels), Q4_K attention and output head.
-    let m = model_with(c.clone(), |name, _| {
-        if name.contains(".ffn_") {
-            DType::Q3_K
-        } else {
-            DType::Q4_K
-        }
-    });
+    let m = q4_k_but(c.clone(), |name| name.contains(".ffn_"), DType::Q3_K);
     let mut hot = Layout::cpu(n);
     hot.hot[1] = (0..40).collect();
-    let err = hot.try_placement(&m).unwrap_err();
-    assert!(
-        matches!(&err, powerinfer_core::Error::Unsupported(msg) if msg.contains("Q3_K")),
-        "{err}"
-    );
+    assert_unsupported(hot.try_placement(&m), "Q3_K");
     // Attention and the output head on the GPU, the FFN on the CPU: runs, as the CPU does.
     let mut attn = Layout::cpu(n);
     attn.attention = vec![true; n];
@@ -490,31 +460,11 @@ fn formats_without_gpu_kernels_stay_on_the_cpu_or_the_plan_is_refused() {
         check_tol(&m, &Sparsity::ExactRelu, &attn, dev, 6, TOL_K);
     }
     // Q2_K attention on the GPU is refused the same way.
-    let q2 = model_with(c.clone(), |name, _| {
-        if name.contains(".attn_") {
-            DType::Q2_K
-        } else {
-            DType::Q4_K
-        }
-    });
-    let err = attn.try_placement(&q2).unwrap_err();
-    assert!(
-        matches!(&err, powerinfer_core::Error::Unsupported(msg) if msg.contains("Q2_K")),
-        "{err}"
-    );
+    let q2 = q4_k_but(c.clone(), |name| name.contains(".attn_"), DType::Q2_K);
+    assert_unsupported(attn.try_placement(&q2), "Q2_K");
     // Gate and up in different formats: the fused gate/up kernel reads one.
-    let mixed = model_with(c, |name, _| {
-        if name.ends_with("ffn_up") {
-            DType::Q6_K
-        } else {
-            DType::Q4_K
-        }
-    });
-    let err = hot.try_placement(&mixed).unwrap_err();
-    assert!(
-        matches!(&err, powerinfer_core::Error::Unsupported(msg) if msg.contains("gate")),
-        "{err}"
-    );
+    let mixed = q4_k_but(c, |name| name.ends_with("ffn_up"), DType::Q6_K);
+    assert_unsupported(hot.try_placement(&mixed), "gate");
     assert!(attn.try_placement(&mixed).is_ok());
 }
 

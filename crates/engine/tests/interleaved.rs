@@ -8,7 +8,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{config, quantized_tensors};
+use common::{config, diff_and_norm, no_check, quantized_tensors};
 use powerinfer_core::{Activation, DType, MatrixShape};
 use powerinfer_engine::forward::Logits;
 use powerinfer_engine::{Layouts, ModelWeights, Session, Sparsity};
@@ -39,22 +39,12 @@ fn model(dtype: DType, act: Activation, layouts: Layouts) -> Arc<ModelWeights> {
     Arc::new(ModelWeights::from_tensors_with(c, t, layouts).unwrap())
 }
 
-fn no_check() -> powerinfer_core::Result<()> {
-    Ok(())
-}
-
 /// The largest relative difference of two logit rows (vocab wide) over all rows.
 fn max_rel(a: &[f32], b: &[f32], vocab: usize) -> f32 {
     a.chunks(vocab)
         .zip(b.chunks(vocab))
         .map(|(a, b)| {
-            let n: f32 = b.iter().map(|v| v * v).sum::<f32>().sqrt();
-            let d: f32 = a
-                .iter()
-                .zip(b)
-                .map(|(x, y)| (x - y) * (x - y))
-                .sum::<f32>()
-                .sqrt();
+            let (d, n) = diff_and_norm(a, b);
             d / n
         })
         .fold(0.0, f32::max)

@@ -5,7 +5,7 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{config, model};
+use common::{config, diff_and_norm, model, no_check};
 use powerinfer_core::{Activation, Error, Weight};
 use powerinfer_engine::forward::Logits;
 use powerinfer_engine::{ModelWeights, Session, Sparsity};
@@ -15,18 +15,8 @@ const TOL: f32 = 1e-4;
 
 fn assert_close(a: &[f32], b: &[f32]) {
     assert_eq!(a.len(), b.len());
-    let norm: f32 = b.iter().map(|v| v * v).sum::<f32>().sqrt();
-    let diff: f32 = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (x - y) * (x - y))
-        .sum::<f32>()
-        .sqrt();
+    let (diff, norm) = diff_and_norm(a, b);
     assert!(diff <= TOL * norm, "relative difference {}", diff / norm);
-}
-
-fn no_check() -> powerinfer_core::Result<()> {
-    Ok(())
 }
 
 #[test]

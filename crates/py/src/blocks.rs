@@ -3,8 +3,8 @@
 
 use crate::exceptions::run_detached;
 use numpy::ndarray::Array2;
-use numpy::{IntoPyArray, PyArray2, PyReadonlyArray2};
-use powerinfer_core::{dequantize_row, ensure, quantize_row, DType, Error};
+use numpy::{Element, IntoPyArray, PyArray2, PyReadonlyArray2};
+use powerinfer_core::{dequantize_row, ensure, quantize_row, DType, Error, Result};
 use pyo3::prelude::*;
 use rayon::prelude::*;
 
@@ -17,21 +17,13 @@ pub fn quantize<'py>(
     dtype: &str,
     x: PyReadonlyArray2<'py, f32>,
 ) -> PyResult<Bound<'py, PyArray2<u8>>> {
-    let values = x.as_array().as_standard_layout().into_owned();
-    let (rows, cols) = values.dim();
     let dtype = dtype_of(py, dtype)?;
-    let out = run_detached(py, move || {
-        let rb = dtype.row_bytes(cols)?;
-        let src = values.as_slice().expect("standard layout");
-        let mut out = vec![0u8; rows * rb];
-        if rb > 0 {
-            out.par_chunks_mut(rb)
-                .zip(src.par_chunks(cols))
-                .try_for_each(|(o, x)| quantize_row(dtype, x, o))?;
-        }
-        Array2::from_shape_vec((rows, rb), out).map_err(|e| Error::Other(e.to_string()))
-    })?;
-    Ok(out.into_pyarray(py))
+    convert_rows(
+        py,
+        x,
+        move |_, cols| dtype.row_bytes(cols),
+        move |x, o| quantize_row(dtype, x, o),
+    )
 }
 
 /// Decode each row of the 2-D uint8 array `data` (rows of `cols` weights in `dtype`) to
@@ -43,24 +35,44 @@ pub fn dequantize<'py>(
     data: PyReadonlyArray2<'py, u8>,
     cols: usize,
 ) -> PyResult<Bound<'py, PyArray2<f32>>> {
-    let bytes = data.as_array().as_standard_layout().into_owned();
-    let (rows, width) = bytes.dim();
     let dtype = dtype_of(py, dtype)?;
-    let out = run_detached(py, move || {
+    let width_of = move |rows, width| {
         let rb = dtype.row_bytes(cols)?;
         ensure!(
             rb == width,
             Shape,
             "{rows} rows of {cols} {dtype} weights need {rb} bytes each, got {width}"
         );
-        let src = bytes.as_slice().expect("standard layout");
-        let mut out = vec![0f32; rows * cols];
-        if rb > 0 {
-            out.par_chunks_mut(cols)
-                .zip(src.par_chunks(rb))
-                .try_for_each(|(o, b)| dequantize_row(dtype, b, o))?;
+        Ok(cols)
+    };
+    convert_rows(py, data, width_of, move |b, o| dequantize_row(dtype, b, o))
+}
+
+/// Each row of the 2-D array `src` turned by `row` into a row of `width_of(rows, src
+/// width)` items, in parallel with the GIL released: the (rows, width) array (every row empty
+/// when either width is 0).
+fn convert_rows<'py, S, D>(
+    py: Python<'py>,
+    src: PyReadonlyArray2<'py, S>,
+    width_of: impl FnOnce(usize, usize) -> Result<usize> + Send,
+    row: impl Fn(&[S], &mut [D]) -> Result<()> + Sync + Send,
+) -> PyResult<Bound<'py, PyArray2<D>>>
+where
+    S: Element + Copy + Sync + Send,
+    D: Element + Copy + Default + Send,
+{
+    let src = src.as_array().as_standard_layout().into_owned();
+    let (rows, src_width) = src.dim();
+    let out = run_detached(py, move || {
+        let width = width_of(rows, src_width)?;
+        let src = src.as_slice().expect("standard layout");
+        let mut out = vec![D::default(); rows * width];
+        if src_width > 0 && width > 0 {
+            out.par_chunks_mut(width)
+                .zip(src.par_chunks(src_width))
+                .try_for_each(|(o, s)| row(s, o))?;
         }
-        Array2::from_shape_vec((rows, cols), out).map_err(|e| Error::Other(e.to_string()))
+        Array2::from_shape_vec((rows, width), out).map_err(|e| Error::Other(e.to_string()))
     })?;
     Ok(out.into_pyarray(py))
 }

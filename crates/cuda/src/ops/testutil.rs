@@ -2,9 +2,11 @@
 //! the launch token, tolerant comparisons.
 
 use powerinfer_core::testing::pseudo_random;
-use powerinfer_core::{quantize_row, Buffer, DType, Error, Result, Weight};
+pub(crate) use powerinfer_core::testing::random_weight as weight;
+use powerinfer_core::{DType, Error, Result, Weight};
 
 use crate::host::{HostBackend, HostBuf};
+use crate::kernels::GPU_DTYPES;
 
 /// The float64 decode attention the attention kernels are checked against (shared with the
 /// integration tests).
@@ -89,22 +91,6 @@ pub(crate) fn is_shape(r: Result<()>) -> bool {
     matches!(r, Err(Error::Shape(_)))
 }
 
-/// A `rows × cols` weight of random values in `dtype`.
-pub(crate) fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Weight {
-    let rb = dtype.row_bytes(cols).unwrap();
-    let vals = pseudo_random(rows * cols, seed);
-    let mut bytes = vec![0u8; rb * rows];
-    for r in 0..rows {
-        quantize_row(
-            dtype,
-            &vals[r * cols..(r + 1) * cols],
-            &mut bytes[r * rb..(r + 1) * rb],
-        )
-        .unwrap();
-    }
-    Weight::new(dtype, rows, cols, Buffer::from_bytes(&bytes)).unwrap()
-}
-
 /// Columns for `dtype` that are not a round number: odd for the float formats, an odd count of
 /// blocks (32-weight blocks or 256-weight super-blocks) for the quantized ones.
 pub(crate) fn odd_cols(dtype: DType) -> usize {
@@ -112,6 +98,36 @@ pub(crate) fn odd_cols(dtype: DType) -> usize {
         dtype.block_size() * if dtype.is_k_quant() { 3 } else { 7 }
     } else {
         203
+    }
+}
+
+/// A slab test's data of format pair `i`: gate and up in `GPU_DTYPES[i]`, down_t `shift`
+/// formats further on, their [`hot_dim`] width, the hot neurons of `seeds[0]`, x as uploaded
+/// (of `seeds[1]`) and as the kernels multiply it ([`x_hat`]), and [`FFN`] flags of `seeds[2]`.
+pub(crate) struct SlabCase {
+    /// The hot neurons (their rows' width: `hot.gate.cols`).
+    pub hot: Hot,
+    /// x as uploaded.
+    pub x0: Vec<f32>,
+    /// x as the kernels multiply it (int16 for the quantized formats).
+    pub x: Vec<f32>,
+    /// Per neuron of the FFN: active or not.
+    pub flags: Vec<i32>,
+}
+
+impl SlabCase {
+    pub fn new(be: &HostBackend, i: usize, shift: usize, seeds: [u64; 3]) -> SlabCase {
+        let dtype = GPU_DTYPES[i];
+        let down = GPU_DTYPES[(i + shift) % GPU_DTYPES.len()];
+        let dim = hot_dim(dtype, down);
+        let hot = hot(be, dtype, down, dim, seeds[0]);
+        let x0 = pseudo_random(dim, seeds[1]);
+        SlabCase {
+            hot,
+            x: x_hat(dtype, &x0),
+            x0,
+            flags: flags(FFN, seeds[2]),
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use powerinfer_core::{ensure, Result, Weight};
 
 use crate::backend::{Backend, DeviceSlice, DeviceWeight, Elem, HotFfn};
 use crate::kernels::ensure_gpu_dtype;
-use crate::layout::{pack_hot_rows, pack_hot_slabs, RowLayout, RowSpace};
+use crate::layout::{pack_hot_rows, pack_hot_slabs, RowLayout, RowSpace, SlabLayout};
 use crate::repack::repack_rows;
 
 /// Copies and uploads, checked, on any backend.
@@ -58,11 +58,7 @@ pub trait UploadOps: Backend {
         ids: &[u32],
         bucket: usize,
     ) -> Result<HotFfn<Self>> {
-        let (layout, bytes) = pack_hot_slabs(gate, up, down_t, ids, bucket)?;
-        Ok(HotFfn {
-            layout,
-            data: self.upload(&bytes)?,
-        })
+        upload_packed(self, pack_hot_slabs(gate, up, down_t, ids, bucket)?)
     }
 
     /// [`UploadOps::upload_hot_ffn`] over row spaces: a mixture of experts' flattened neurons
@@ -76,12 +72,17 @@ pub trait UploadOps: Backend {
         ids: &[u32],
         bucket: usize,
     ) -> Result<HotFfn<Self>> {
-        let (layout, bytes) = pack_hot_rows(gate, up, down_t, ids, bucket)?;
-        Ok(HotFfn {
-            layout,
-            data: self.upload(&bytes)?,
-        })
+        upload_packed(self, pack_hot_rows(gate, up, down_t, ids, bucket)?)
     }
 }
 
 impl<B: Backend> UploadOps for B {}
+
+/// One layer's packed hot neurons (the layout and bytes of [`pack_hot_slabs`] or
+/// [`pack_hot_rows`]) uploaded to `be`.
+fn upload_packed<B: Backend>(be: &B, (layout, bytes): (SlabLayout, Vec<u8>)) -> Result<HotFfn<B>> {
+    Ok(HotFfn {
+        layout,
+        data: be.upload(&bytes)?,
+    })
+}

@@ -30,6 +30,23 @@ pub fn model(activation: Activation) -> Arc<ModelWeights> {
     Arc::new(ModelWeights::from_tensors(c.clone(), tensors(&c)).unwrap())
 }
 
+/// The check a forward pass runs between layers that never stops it (the tests' "no cancel").
+pub fn no_check() -> powerinfer_core::Result<()> {
+    Ok(())
+}
+
+/// `(‖a − b‖, ‖b‖)`: the distance of `a` from the reference `b` and the reference's norm.
+pub fn diff_and_norm(a: &[f32], b: &[f32]) -> (f32, f32) {
+    let norm: f32 = b.iter().map(|v| v * v).sum::<f32>().sqrt();
+    let diff: f32 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y) * (x - y))
+        .sum::<f32>()
+        .sqrt();
+    (diff, norm)
+}
+
 /// The tensors of [`model`], its matrices (not the norms) quantized to `dtype`.
 pub fn quantized_tensors(
     c: &ModelConfig,
@@ -69,6 +86,14 @@ pub fn tensors(c: &ModelConfig) -> HashMap<String, Weight> {
     };
     add("token_embd".into(), c.vocab_size, c.dim, 1.0);
     add("output_norm".into(), 1, c.dim, 1.0);
+    add_layers(&c, add);
+    t
+}
+
+/// Every layer's tensors of config `c`, in order, given to `add` as (name, rows, cols, the
+/// scale of its random values): the norms (scale 1), then the attention and FFN matrices
+/// (scale 1/sqrt(dim)).
+pub fn add_layers(c: &ModelConfig, mut add: impl FnMut(String, usize, usize, f32)) {
     for i in 0..c.n_layers {
         let s = 1.0 / (c.dim as f32).sqrt();
         add(format!("blk.{i}.attn_norm"), 1, c.dim, 1.0);
@@ -81,5 +106,4 @@ pub fn tensors(c: &ModelConfig) -> HashMap<String, Weight> {
         add(format!("blk.{i}.ffn_up"), c.ffn_dim, c.dim, s);
         add(format!("blk.{i}.ffn_down"), c.dim, c.ffn_dim, s);
     }
-    t
 }

@@ -7,7 +7,7 @@ use powerinfer_cpu::{reference, sparse_reference};
 use super::host::XSlice;
 use super::launch::{GateUp, QuantizeX, SparseMatvec, XArg};
 use crate::backend::Backend;
-use crate::host::HostBackend;
+use crate::host::{HostBackend, HostBuf};
 use crate::kernels::GPU_DTYPES;
 use crate::layout::{Act, FfnAct, RowLayout, XQ_BLOCK};
 use crate::ops::testutil::*;
@@ -69,14 +69,10 @@ fn sparse_matvec_matches_the_reference_on_every_format() {
 fn sparse_matvec_over_slabs_skips_inactive_and_padding_neurons() {
     let be = HostBackend::new();
     for (i, dtype) in GPU_DTYPES.into_iter().enumerate() {
-        let down = GPU_DTYPES[(i + 2) % GPU_DTYPES.len()];
-        let dim = hot_dim(dtype, down);
-        let hot = hot(&be, dtype, down, dim, 10 * i as u64);
-        // x as uploaded, and the x the kernels multiply (int16 for the quantized formats).
-        let x0 = pseudo_random(dim, 7 + i as u64);
-        let x = x_hat(dtype, &x0);
-        let f = flags(FFN, i as u64);
-        let (dx, df) = (HostX::new(&be, dtype, &x0), upload(&be, &f));
+        let case = SlabCase::new(&be, i, 2, [10 * i as u64, 7 + i as u64, i as u64]);
+        let (dim, hot) = (case.hot.gate.cols, &case.hot);
+        let (x0, x, f) = (&case.x0, &case.x, &case.flags);
+        let (dx, df) = (HostX::new(&be, dtype, x0), upload(&be, f));
         let n = hot.slots();
         let mut y = upload(&be, &vec![9f32; n]);
         launch(
@@ -92,7 +88,7 @@ fn sparse_matvec_over_slabs_skips_inactive_and_padding_neurons() {
         let want: Vec<f32> = (0..n)
             .map(|r| match hot.id(r) {
                 Some(id) if f[id] != 0 => {
-                    act_ref(Act::Silu, reference::dot_row(dtype, hot.gate.row(id), &x))
+                    act_ref(Act::Silu, reference::dot_row(dtype, hot.gate.row(id), x))
                 }
                 _ => 0.0,
             })
@@ -107,14 +103,11 @@ fn sparse_matvec_over_slabs_skips_inactive_and_padding_neurons() {
 fn gate_up_over_slabs_matches_the_reference() {
     let be = HostBackend::new();
     for (i, dtype) in GPU_DTYPES.into_iter().enumerate() {
-        let down = GPU_DTYPES[(i + 1) % GPU_DTYPES.len()];
-        let dim = hot_dim(dtype, down);
-        let hot = hot(&be, dtype, down, dim, 20 + i as u64);
-        // x as uploaded, and the x the kernels multiply (int16 for the quantized formats).
-        let x0 = pseudo_random(dim, 30 + i as u64);
-        let x = x_hat(dtype, &x0);
-        let f = flags(FFN, 40 + i as u64);
-        let (dx, df) = (HostX::new(&be, dtype, &x0), upload(&be, &f));
+        let seeds = [20 + i as u64, 30 + i as u64, 40 + i as u64];
+        let case = SlabCase::new(&be, i, 1, seeds);
+        let (dim, hot) = (case.hot.gate.cols, &case.hot);
+        let (x0, x, f) = (&case.x0, &case.x, &case.flags);
+        let (dx, df) = (HostX::new(&be, dtype, x0), upload(&be, f));
         // A list of slots, padding included.
         let slots: Vec<i32> = vec![23, 0, 5, 20, 21, 7, 7, 16];
         let didx = upload(&be, &slots);
@@ -147,8 +140,8 @@ fn gate_up_over_slabs_matches_the_reference() {
                         let r = if with_idx { slots[k] as usize } else { k };
                         match hot.id(r) {
                             Some(id) if !with_flags || f[id] != 0 => {
-                                let g = reference::dot_row(dtype, hot.gate.row(id), &x);
-                                let u = reference::dot_row(dtype, hot.up.row(id), &x);
+                                let g = reference::dot_row(dtype, hot.gate.row(id), x);
+                                let u = reference::dot_row(dtype, hot.up.row(id), x);
                                 act_ref(act, g) * u
                             }
                             _ => 0.0,
@@ -181,27 +174,28 @@ fn rows_that_need_not_be_read_are_not_read() {
     let be = HostBackend::new();
     let (dw, dx) = (upload(&be, &w), upload(&be, &[1f32; 5]));
     let df = upload(&be, &[1i32, 1, 0]);
-    let mut h = be.zeros::<f32>(3).unwrap();
-    launch(
-        &be,
-        GateUp {
+    // The f32 gate/up launch over these rows, with or without up rows and a bias.
+    let gate_up = |up_l: Option<RowLayout>, bias: Option<&HostBuf<f32>>, h: &mut HostBuf<f32>| {
+        let k = GateUp {
             dtype: DType::F32,
             w: &dw,
             gate_l: l(0, rb),
-            up_l: Some(l(3 * rb, rb)),
+            up_l,
             x: XArg::F32(&dx),
             cols,
             idx: None,
             n: 3,
             ids_l: l(6 * rb, 4),
             flags: Some(&df),
-            bias: None,
+            bias,
             act: FfnAct::from(Act::Relu),
             count: None,
-            h: &mut h,
-        },
-    )
-    .unwrap();
+            h,
+        };
+        launch(&be, k)
+    };
+    let mut h = be.zeros::<f32>(3).unwrap();
+    gate_up(Some(l(3 * rb, rb)), None, &mut h).unwrap();
     assert_eq!(download(&be, &h), [0.0, 50.0, 0.0]);
     // Gate-less with a bias by neuron id: the NaN up rows are never read; a bias past the
     // ids' range is a Shape error.
@@ -210,25 +204,7 @@ fn rows_that_need_not_be_read_are_not_read() {
         (vec![1.0; 1], None),
     ] {
         let db = upload(&be, &bias);
-        let r = launch(
-            &be,
-            GateUp {
-                dtype: DType::F32,
-                w: &dw,
-                gate_l: l(0, rb),
-                up_l: None,
-                x: XArg::F32(&dx),
-                cols,
-                idx: None,
-                n: 3,
-                ids_l: l(6 * rb, 4),
-                flags: Some(&df),
-                bias: Some(&db),
-                act: FfnAct::from(Act::Relu),
-                count: None,
-                h: &mut h,
-            },
-        );
+        let r = gate_up(None, Some(&db), &mut h);
         match want {
             Some(want) => {
                 r.unwrap();
