@@ -145,7 +145,7 @@ def load_predictors(path: str | os.PathLike[str]) -> PredictorSet:
         raise ModelFileError(f"{p}: not a {FORMAT} file (metadata 'format' missing or different)")
     if not all(isinstance(v, str) for v in meta.values()):
         raise ModelFileError(f"{p}: safetensors metadata values must be strings")
-    raw = read_safetensors(p)
+    raw = read_safetensors(p, bytes_too=True)
     try:
         stats = json.loads(meta.get("layers") or "{}")
         expert_stats = json.loads(meta.get("experts") or "{}")

@@ -21,6 +21,8 @@ from .regular_file import regular_file
 
 #: safetensors dtype -> bytes per element, for the dtypes the engine takes.
 ITEMSIZE: dict[str, int] = {"BF16": 2, "F16": 2, "F32": 4}
+#: With ``bytes_too``: also raw bytes (a predictor file's block formats).
+ITEMSIZE_AND_BYTES: dict[str, int] = {**ITEMSIZE, "U8": 1}
 MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
@@ -58,13 +60,16 @@ def read_header(path: str | os.PathLike[str]) -> tuple[dict, int, int]:
     return header, 8 + n, size
 
 
-def read_safetensors(path: str | os.PathLike[str]) -> dict[str, RawTensor]:
+def read_safetensors(
+    path: str | os.PathLike[str], *, bytes_too: bool = False
+) -> dict[str, RawTensor]:
     """Memory-map ``path`` and return name -> :class:`RawTensor` (views into one read-only map).
 
     Validates every entry (dtype, shape, offsets inside the file, byte count matching the shape);
     raises :class:`ModelFileError` for malformed files and :class:`UnsupportedError` for dtypes
-    other than BF16/F16/F32.
+    other than BF16/F16/F32 (and U8 with ``bytes_too``).
     """
+    sizes = ITEMSIZE_AND_BYTES if bytes_too else ITEMSIZE
     p = os.fspath(path)
     header, start, size = read_header(p)
     data_len = size - start
@@ -88,9 +93,9 @@ def read_safetensors(path: str | os.PathLike[str]) -> dict[str, RawTensor]:
             raise ModelFileError(f"{p}: tensor {name!r} has malformed data_offsets {offs!r}")
         if not isinstance(dtype, str):
             raise ModelFileError(f"{p}: tensor {name!r} has a malformed dtype {dtype!r:.80}")
-        if dtype not in ITEMSIZE:
+        if dtype not in sizes:
             raise UnsupportedError(
-                f"{p}: tensor {name!r} has dtype {dtype!r} (supported: {', '.join(ITEMSIZE)})"
+                f"{p}: tensor {name!r} has dtype {dtype!r} (supported: {', '.join(sizes)})"
             )
         begin, end = offs
         if not 0 <= begin <= end <= data_len:
@@ -98,10 +103,10 @@ def read_safetensors(path: str | os.PathLike[str]) -> dict[str, RawTensor]:
                 f"{p}: tensor {name!r} bytes [{begin}, {end}) lie outside the file's "
                 f"{data_len} data bytes (truncated?)"
             )
-        if end - begin != math.prod(shape) * ITEMSIZE[dtype]:
+        if end - begin != math.prod(shape) * sizes[dtype]:
             raise ModelFileError(
                 f"{p}: tensor {name!r} has {end - begin} bytes, its shape {shape} {dtype} "
-                f"needs {math.prod(shape) * ITEMSIZE[dtype]}"
+                f"needs {math.prod(shape) * sizes[dtype]}"
             )
         entries.append((name, dtype, tuple(shape), begin, end))
     spans = sorted((b, e, name) for name, _, _, b, e in entries if e > b)

@@ -74,9 +74,10 @@ def predictor_set_sizes(predictors, config: ModelConfig) -> PredictorSizes:
     file's own predictors) as the engine holds them: ``fc1`` and ``fc2`` as the file stores them
     where they come in a block format (PowerInfer's Q4_0 predictors), else in the set's storage
     dtype. Every layer must have one."""
-    from ..predictors.model import matrix_bytes
+    from ..predictors.model import matrix_bytes, stored_rank
 
     allocs, ranks = [], []
+    dt = predictors.dtype
     for i in range(config.n_layers):
         p = predictors.layers.get(i)
         if p is None:
@@ -84,8 +85,9 @@ def predictor_set_sizes(predictors, config: ModelConfig) -> PredictorSizes:
         if p.stored is not None:
             allocs.append([int(t.nbytes) for t in p.stored])
         else:
-            allocs.append([matrix_bytes(*w.shape, predictors.dtype) for w in (p.fc1, p.fc2)])
-        ranks.append(p.rank)
+            r = stored_rank(p.rank, dt)
+            allocs.append([matrix_bytes(r, p.dim, dt), matrix_bytes(p.ffn, r, dt)])
+        ranks.append(p.stored[0].rows if p.stored is not None else stored_rank(p.rank, dt))
     return PredictorSizes(allocs, ranks, "the file's own predictors")
 
 

@@ -34,6 +34,10 @@ import numpy as np
 
 from ..errors import ShapeError
 
+#: The least spread of a neuron's miss, as a share of its pre-activation's spread: a neuron the
+#: map reproduces exactly would get unbounded logits (and f16 holds at most 65504).
+MISS_FLOOR = 1e-2
+
 
 @dataclass
 class LowRankMap:
@@ -127,9 +131,7 @@ def gate_map(
     miss = np.sqrt(
         np.maximum(np.einsum("ij,ij->i", resid @ s32, resid, dtype=np.float64), 1e-30)
     )
-    # a neuron the map reproduces exactly would get an infinite logit: floor its spread at a
-    # millionth of its pre-activation's
-    miss = np.maximum(miss, 1e-6 * spread).astype(np.float32)
+    miss = np.maximum(miss, MISS_FLOOR * spread).astype(np.float32)
     return LowRankMap(p.astype(np.float32), (q / miss[:, None]).astype(np.float32), miss)
 
 

@@ -22,7 +22,7 @@ from ..errors import ShapeError
 from .metrics import mask_stats, tune_threshold
 from .model import LayerPredictor, param_bytes, stored_form
 from .sizing import layer_activity, rank_cap
-from .svd import LowRankMap, gate_map, second_moment
+from .svd import MISS_FLOOR, LowRankMap, gate_map, second_moment
 from .train import TrainConfig, _split
 
 #: Smallest map rank tried (the ReLU form's rank is twice it).
@@ -38,7 +38,7 @@ def _truncated(full: LowRankMap, gate: np.ndarray, moment: np.ndarray, k: int) -
     resid = gate - q_unit @ p
     s32 = np.ascontiguousarray(moment, dtype=np.float32)
     miss = np.sqrt(np.maximum(np.einsum("ij,ij->i", resid @ s32, resid, dtype=np.float64), 0))
-    floor = 1e-6 * np.sqrt(np.maximum(np.einsum("ij,ij->i", gate @ s32, gate), 1e-30))
+    floor = MISS_FLOOR * np.sqrt(np.maximum(np.einsum("ij,ij->i", gate @ s32, gate), 1e-30))
     miss = np.maximum(miss, floor).astype(np.float32)
     return LowRankMap(p, (q_unit / miss[:, None]).astype(np.float32), miss)
 
