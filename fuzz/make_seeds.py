@@ -103,19 +103,9 @@ def gguf_seeds(put, tmp: Path) -> None:
     for pi in (False, True):
         tiny_gguf(tmp / "g.gguf", pi)
         put("gguf_file", f"{'pwri' if pi else 'gguf'}-tiny.gguf", (tmp / "g.gguf").read_bytes())
-    write_powerinfer_gguf(
-        tmp / "pi.gguf",
-        dim=8,
-        ffn=16,
-        layers=1,
-        heads=2,
-        kv_heads=1,
-        vocab=260,
-        ranks=2,
-        dtype="F16",
-    )
-    put("powerinfer_gguf", "pwri-d8-f16-l1.gguf", (tmp / "pi.gguf").read_bytes())
     shape = dict(dim=8, ffn=16, layers=1, heads=2, kv_heads=1, vocab=260)
+    write_powerinfer_gguf(tmp / "pi.gguf", **shape, ranks=2, dtype="F16")
+    put("powerinfer_gguf", "pwri-d8-f16-l1.gguf", (tmp / "pi.gguf").read_bytes())
     plain = write_gguf_model(tmp / "m.gguf", dtype="F16", **shape)
     put("gguf_model", "llama-d8-f16-l1.gguf", plain.read_bytes())
     # A mixture of experts (merged 3-D expert tensors, the router on the layer input).
