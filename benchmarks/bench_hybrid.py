@@ -41,13 +41,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import (  # noqa: E402
-    bench_parser,
-    machine_info,
-    require_powerinfer,
-    synthetic_gguf,
-    write_json,
-)
+import _bench_common as bench  # noqa: E402
 from _hybrid_dtype import run_dtype  # noqa: E402
 from _hybrid_inputs import regime_tag  # noqa: E402
 from _hybrid_report import report  # noqa: E402
@@ -158,7 +152,7 @@ def add_run_args(ap) -> None:
 def parse_args(argv=None):
     """The parsed and checked command line (--project implies device gpu-sim; --pool-spin-us
     set in the environment)."""
-    ap = bench_parser(__doc__)
+    ap = bench.bench_parser(__doc__)
     add_model_args(ap)
     add_run_args(ap)
     args = ap.parse_args(argv)
@@ -178,15 +172,15 @@ def write_models(args, shape: dict, dtypes: list[str]) -> list[Path]:
     """The synthetic GGUF of each dtype, written (once) into --model-dir in parallel."""
     cache = Path(args.model_dir)
     cache.mkdir(parents=True, exist_ok=True)
+    write = partial(bench.synthetic_gguf, cache, shape=shape, seed=args.seed, tag=regime_tag(shape))
     with ProcessPoolExecutor(len(dtypes), mp_context=get_context("spawn")) as pool:  # in parallel
-        write = partial(synthetic_gguf, cache, shape=shape, seed=args.seed, tag=regime_tag(shape))
         return list(pool.map(write, dtypes))
 
 
 def main(argv=None) -> int:
     """Run every dtype, report, write the JSON; 1 if a dtype failed, 2 without a CUDA device."""
     ap, args = parse_args(argv)
-    pi = require_powerinfer()
+    pi = bench.require_powerinfer()
     from powerinfer_rs.errors import CudaError, PowerInferError
     from powerinfer_rs.runtime.placement import check_device
 
@@ -216,8 +210,8 @@ def main(argv=None) -> int:
     good = [r for r in rows if "engines" in r]
     if good:
         report(good, args)
-    mi = {**machine_info(), "simd": pi._core.simd_level()}
-    write_json(args.json, dict(args=vars(args), shape=shape, machine=mi, rows=rows))
+    mi = {**bench.machine_info(), "simd": pi._core.simd_level()}
+    bench.write_json(args.json, dict(args=vars(args), shape=shape, machine=mi, rows=rows))
     return 0 if len(good) == len(rows) else 1
 
 

@@ -1,7 +1,7 @@
 """Helpers shared by several test modules (``from _helpers import ...``; the fixtures are in
-``conftest.py``): a tiny valid model config, the relative error of logits, the engine's logits
-and greedy tokens fed one token at a time, llama.cpp's greedy tokens, and the planner's toy
-machine, problems and placements."""
+``conftest.py``): a tiny valid model config, a small mixture of experts, the relative error of
+logits, the engine's logits and greedy tokens fed one token at a time, llama.cpp's greedy
+tokens, the profiler's counts, and the planner's toy machine, problems and placements."""
 
 from __future__ import annotations
 
@@ -22,6 +22,15 @@ def toy_config(**over: object):
 
     base = dict(arch="llama", rope_style="norm", activation="silu", **TINY_SIZES)
     return ModelConfig(**{**base, **over})
+
+
+def small_moe(synth_gguf):
+    """A synthetic qwen3moe model in F32 (``conftest.synth_gguf``'s shape, 8 experts of 64
+    neurons, 3 a token), loaded."""
+    from powerinfer_rs.loading import load_model
+
+    moe = dict(arch="qwen3moe", experts=8, experts_used=3, expert_ffn=64)
+    return load_model(synth_gguf(dtype="F32", activation="silu", **moe))
 
 
 def rel(a, b: np.ndarray) -> float:
