@@ -33,181 +33,28 @@ No CUDA device with --device cuda: a message, exit status 2.
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
-import time
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from multiprocessing import get_context
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_common import (  # noqa: E402
-    bench_parser,
-    children_cpu_seconds,
-    import_llama,
-    machine_info,
-    median,
-    race,
-    require_powerinfer,
-    synthetic_gguf,
-    write_json,
-)
-from _decode_engines import LlamaCpp  # noqa: E402
-from _hybrid_engines import LlamaBench, LlamaGpu, gpu_free, greedy, llama_layers  # noqa: E402
-from _hybrid_inputs import profile_and_predictors, regime_tag  # noqa: E402
-from _hybrid_report import plan_summary, projection_row, report  # noqa: E402
+import _bench_common as bench  # noqa: E402
+from _hybrid_dtype import run_dtype  # noqa: E402
+from _hybrid_inputs import regime_tag  # noqa: E402
+from _hybrid_report import report  # noqa: E402
 
 LLAMA7B = dict(dim=4096, ffn=11008, layers=32, heads=32, kv_heads=32, vocab=32000)
 SMALL = dict(dim=256, ffn=704, layers=4, heads=8, kv_heads=8, vocab=1000)  # ffn % 32 for Q4_0
-PROMPT = "The history of the printing press begins in the fifteenth century, when Gutenberg"
 CACHE = os.environ.get(
     "POWERINFER_RS_BENCH_CACHE", str(Path.home() / ".cache" / "powerinfer_rs" / "bench")
 )
 
 
-def run_dtype(args, dtype: str, shape: dict, path: Path) -> dict:
-    from powerinfer_rs import Engine, _core
-    from powerinfer_rs.formats.plan import save_plan
-    from powerinfer_rs.loading import load_model
-    from powerinfer_rs.planning import load_hardware, make_plan
-
-    model = load_model(path)
-    model_bytes = sum(t.nbytes for t in model.tensors.values())
-    budget = int(args.budget_share * model_bytes)
-    prompt = list(model.tokenizer.encode(PROMPT))
-    n_ctx = -(-(len(prompt) + args.tokens + 1) // 64) * 64
-    t0 = time.perf_counter()
-    prof, sizes, mode = profile_and_predictors(args, shape, path, model, model_bytes)
-    hw = load_hardware(args.hardware)
-    if args.device != "gpu-sim" or args.project:  # this machine's CPU, measured
-        from powerinfer_rs.stages.plan import measured_cpu
-
-        ffn_format = str(model.tensors["blk.0.ffn_up"].dtype)
-        hw, _ = measured_cpu(hw, args.threads, ffn_format=ffn_format)
-    t_plan = time.perf_counter()
-    plan = make_plan(
-        model,
-        prof,
-        hw,
-        budget,
-        context=n_ctx,
-        solver="auto",
-        objective=args.objective or ("mass" if args.small else "time"),
-        predictors=sizes,
-        min_neurons=0 if args.small else None,
-        sparsity=args.sparsity,
-    )
-    plan_path = save_plan(
-        plan,
-        Path(args.model_dir) / f"{path.stem}-{args.budget_share}-{args.sparsity}.plan.safetensors",
-    )
-    row = {
-        "dtype": dtype,
-        "model": str(path),
-        "model_bytes": model_bytes,
-        "budget": budget,
-        "n_ctx": n_ctx,
-        "prompt_tokens": len(prompt),
-        "predictors_s": t_plan - t0,  # 0 when cached or not in predictor mode
-        "plan_s": time.perf_counter() - t_plan,
-        "plan": plan_summary(plan, model, hw),
-        "mem_before": gpu_free() if args.device != "gpu-sim" else None,
-    }
-    kw = dict(threads=args.threads, n_ctx=n_ctx, **mode)
-    engines = {
-        "hybrid": Engine(model, plan=plan_path, device=args.device, vram_budget=budget, **kw)
-    }
-    info = engines["hybrid"].gpu_info() or {}  # free_bytes: cuMemGetInfo on cuda
-    row["mem_after"] = {k: info.get(k) for k in ("allocated_bytes", "free_bytes", "total_bytes")}
-    if not args.project:
-        engines["cpu"] = Engine(model, **kw)
-    llama_cpp, why = import_llama()
-    if args.project:
-        why = None
-        row["llama_n_gpu_layers"] = ngl = llama_layers(model, budget, n_ctx)
-        row["llama_cpu_layers"] = cpu_layers = max(1, shape["layers"] - ngl)
-        if llama_cpp is None:
-            why = "llama-cpp-python is not installed"
-        else:
-            # llama.cpp runs the FFN dense whatever the regime: one file serves every regime.
-            cpu_shape = {**shape, "layers": cpu_layers}
-            cpu_shape.pop("active", None)
-            cpu_shape.pop("gate_noise", None)
-            cpu_path = synthetic_gguf(Path(args.model_dir), dtype, cpu_shape, seed=args.seed)
-            engines["llama.cpp"] = LlamaCpp(cpu_path, args.threads, n_ctx)
-    elif args.device == "gpu-sim":
-        why = "device gpu-sim (no GPU to offload to)"
-    elif llama_cpp is not None and not llama_cpp.llama_supports_gpu_offload():
-        why = "llama-cpp-python was built without GPU offload"
-    elif llama_cpp is not None:
-        row["llama_n_gpu_layers"] = ngl = llama_layers(model, budget, n_ctx)
-        try:
-            engines["llama.cpp"] = LlamaGpu(path, args.threads, n_ctx, ngl)
-        except Exception as e:  # report and go on
-            why = f"cannot load: {e}"
-    if "llama.cpp" not in engines and args.llama_bench:
-        row["llama_n_gpu_layers"] = ngl = llama_layers(model, budget, n_ctx)
-        engines["llama.cpp"] = LlamaBench(args.llama_bench, path, args.threads, ngl)
-    if "llama.cpp" not in engines:
-        row["llama_skipped"] = why
-        print(f"[{dtype}] llama.cpp skipped: {why}", file=sys.stderr)
-
-    phases: dict = {}
-
-    def once(key, n, timed=False):
-        if key == "llama.cpp":
-            done, secs = engines[key].decode(prompt, n)
-            return None, done / secs, None
-        return greedy(engines[key], prompt, n, phases if timed and key == "hybrid" else None)
-
-    for key in engines:  # warm-up (llama-bench warms up itself)
-        if not isinstance(engines[key], LlamaBench):
-            once(key, min(8, args.tokens))
-    samples = {k: [] for k in engines}
-    toks, xfer = {}, None
-    probe = []  # the read bandwidth (GB/s) before each repeat, for the CPU side's share of it
-
-    def before(r: int) -> None:
-        if args.project:
-            probe.append(float(_core.measure_read_bandwidth(256 << 20, 2, args.threads)))
-
-    def ran(key: str, r: int, run) -> None:
-        nonlocal xfer
-        t, tps, x = run.value
-        samples[key].append(tps)
-        toks.setdefault(key, t)
-        if x is not None:
-            xfer = x if xfer is None else xfer + x
-        print(f"[{dtype}] repeat {r + 1}: {key} {tps:.2f} tok/s", flush=True)
-
-    fns = {k: (lambda k=k: once(k, args.tokens, timed=True)) for k in engines}
-    own = {k: children_cpu_seconds for k, e in engines.items() if isinstance(e, LlamaBench)}
-    race(fns, args.repeats, own_cpu=own, on_run=ran, before_round=before)
-    if xfer is not None and xfer[-1] > 0:
-        per = xfer[:4] / xfer[-1]
-        row["transfers_per_token"] = dict(zip(("uploads", "downloads", "up_B", "down_B"), per))
-    if args.project:
-        ngl = row["llama_n_gpu_layers"]
-        row["projection"] = projection_row(args, model, plan, prof, phases, samples, hw, ngl)
-        row["projection"]["read_probe_gbs"] = median(probe)
-        row["engines"] = {k: {"tok_s": median(v), "samples": v} for k, v in samples.items()}
-        engines.clear()
-        gc.collect()
-        return row
-    row["mismatches"] = sum(a != b for a, b in zip(toks["hybrid"], toks["cpu"]))
-    row["engines"] = {
-        k: {"tok_s": median(v), "samples": v, "vs_cpu": median(v) / median(samples["cpu"])}
-        for k, v in samples.items()
-    }
-    engines.clear()
-    gc.collect()  # free this dtype's device memory before the next one is measured
-    return row
-
-
-def main(argv=None) -> int:
-    ap = bench_parser(__doc__)
+def add_model_args(ap) -> None:
+    """The options of the model, its plan and the engines' sparsity."""
     ap.add_argument("--device", default="cuda", help="cuda, cuda:N or gpu-sim (default cuda)")
     ap.add_argument("--small", action="store_true", help=f"tiny model {SMALL}")
     ap.add_argument(
@@ -238,6 +85,10 @@ def main(argv=None) -> int:
         type=int,
         help="tokens profiled for --sparsity predictor (default prepare's for the model's size)",
     )
+
+
+def add_run_args(ap) -> None:
+    """The options of the runs, the planner and the synthetic model's regime."""
     ap.add_argument("--tokens", type=int, default=64, help="decode steps per run")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs per engine")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="default all cores")
@@ -296,6 +147,14 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic weights")
     ap.add_argument("--model-dir", default=CACHE, help=f"synthetic GGUFs and plans ({CACHE})")
     ap.add_argument("--json", help="write all figures to this JSON file")
+
+
+def parse_args(argv=None):
+    """The parsed and checked command line (--project implies device gpu-sim; --pool-spin-us
+    set in the environment)."""
+    ap = bench.bench_parser(__doc__)
+    add_model_args(ap)
+    add_run_args(ap)
     args = ap.parse_args(argv)
     if args.repeats < 1 or args.tokens < 1 or not 0 < args.budget_share <= 1:
         ap.error("--repeats and --tokens must be >= 1, --budget-share in (0, 1]")
@@ -306,7 +165,22 @@ def main(argv=None) -> int:
     if args.pool_spin_us is not None:
         # Read by each hybrid executor as it opens.
         os.environ["POWERINFER_RS_POOL_SPIN_US"] = str(args.pool_spin_us)
-    pi = require_powerinfer()
+    return ap, args
+
+
+def write_models(args, shape: dict, dtypes: list[str]) -> list[Path]:
+    """The synthetic GGUF of each dtype, written (once) into --model-dir in parallel."""
+    cache = Path(args.model_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    write = partial(bench.synthetic_gguf, cache, shape=shape, seed=args.seed, tag=regime_tag(shape))
+    with ProcessPoolExecutor(len(dtypes), mp_context=get_context("spawn")) as pool:  # in parallel
+        return list(pool.map(write, dtypes))
+
+
+def main(argv=None) -> int:
+    """Run every dtype, report, write the JSON; 1 if a dtype failed, 2 without a CUDA device."""
+    ap, args = parse_args(argv)
+    pi = bench.require_powerinfer()
     from powerinfer_rs.errors import CudaError, PowerInferError
     from powerinfer_rs.runtime.placement import check_device
 
@@ -322,11 +196,7 @@ def main(argv=None) -> int:
     regime = {"layers": args.layers, "active": args.active, "gate_noise": args.gate_noise or None}
     shape.update({k: v for k, v in regime.items() if v is not None})
     dtypes = list(dict.fromkeys(args.dtype or ["F16", "Q4_0"]))
-    cache = Path(args.model_dir)
-    cache.mkdir(parents=True, exist_ok=True)
-    with ProcessPoolExecutor(len(dtypes), mp_context=get_context("spawn")) as pool:  # in parallel
-        write = partial(synthetic_gguf, cache, shape=shape, seed=args.seed, tag=regime_tag(shape))
-        paths = list(pool.map(write, dtypes))
+    paths = write_models(args, shape, dtypes)
     rows = []
     for dtype, path in zip(dtypes, paths):
         try:
@@ -340,8 +210,8 @@ def main(argv=None) -> int:
     good = [r for r in rows if "engines" in r]
     if good:
         report(good, args)
-    mi = {**machine_info(), "simd": pi._core.simd_level()}
-    write_json(args.json, dict(args=vars(args), shape=shape, machine=mi, rows=rows))
+    mi = {**bench.machine_info(), "simd": pi._core.simd_level()}
+    bench.write_json(args.json, dict(args=vars(args), shape=shape, machine=mi, rows=rows))
     return 0 if len(good) == len(rows) else 1
 
 

@@ -40,8 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import children_cpu_seconds, markdown_table, race, write_json  # noqa: E402
 from _neuron_store_process import Cgroup, child, child_run, drop_cache  # noqa: E402
 
+KNOWN_KINDS = ("store", "store-no-ahead", "store-plan", "mmap", "llama")
 
-def main(argv: list[str] | None = None) -> int:
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (``--child`` and the options after it are the child process's)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dim", type=int, default=2048)
     ap.add_argument("--ffn", type=int, default=16384)
@@ -79,25 +82,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--predictors", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--down-t", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--plan", default=None, help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
-    if args.child:
-        return child(args)
+    return ap
 
-    from powerinfer_rs import Engine
-    from powerinfer_rs.formats.plan import save_plan
-    from powerinfer_rs.loading import load_model
-    from powerinfer_rs.planning import ModelShape
-    from powerinfer_rs.testing.powerinfer_files import oracle_predictors
-    from powerinfer_rs.testing.synth import write_gguf_model
+
+def synth_spec(args: argparse.Namespace):
+    """The ``SynthSpec`` of the synthetic model, its planted activity set."""
     from powerinfer_rs.testing.synth_model import SynthSpec
 
-    work = Path(args.workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    tag = f"d{args.dim}_f{args.ffn}_l{args.layers}_a{args.active}"
-    model_path = work / f"{tag}.gguf"
-    pred_path = work / f"{tag}.oracle.npz"
-    store_path = work / f"{tag}.c{args.cluster}.neurons"
-    down_t_path = work / f"{tag}.down_t"
+    spec = SynthSpec(args.dim, args.ffn, args.layers, args.heads, args.heads, args.vocab)
+    spec.active = args.active
+    return spec
+
+
+def prepare_files(args: argparse.Namespace, work: Path, tag: str) -> dict:
+    """Write (once each) the synthetic model, its oracle predictors, its neuron store and its
+    transposed down rows under ``work``; their paths, keyed model, store, down_t, pred."""
+    from powerinfer_rs import Engine
+    from powerinfer_rs.loading import load_model
+    from powerinfer_rs.testing.powerinfer_files import oracle_predictors
+    from powerinfer_rs.testing.synth import write_gguf_model
+
+    paths = dict(
+        model=work / f"{tag}.gguf",
+        store=work / f"{tag}.c{args.cluster}.neurons",
+        down_t=work / f"{tag}.down_t",
+        pred=work / f"{tag}.oracle.npz",
+    )
     shape = dict(
         dim=args.dim,
         ffn=args.ffn,
@@ -107,70 +117,60 @@ def main(argv: list[str] | None = None) -> int:
         vocab=args.vocab,
         active=args.active,
     )
-    if not model_path.exists():
-        print(f"writing the synthetic model {model_path} ...", flush=True)
-        write_gguf_model(model_path, dtype="F16", activation="relu", **shape)
-    if not pred_path.exists():
-        print(f"writing the oracle predictors {pred_path} ...", flush=True)
-        spec = SynthSpec(args.dim, args.ffn, args.layers, args.heads, args.heads, args.vocab)
-        spec.active = args.active
-        preds = oracle_predictors(spec, rank=160)
+    if not paths["model"].exists():
+        print(f"writing the synthetic model {paths['model']} ...", flush=True)
+        write_gguf_model(paths["model"], dtype="F16", activation="relu", **shape)
+    if not paths["pred"].exists():
+        print(f"writing the oracle predictors {paths['pred']} ...", flush=True)
+        preds = oracle_predictors(synth_spec(args), rank=160)
         arrays = {f"fc1_{i}": p.fc1 for i, p in preds.items()}
         arrays.update({f"fc2_{i}": p.fc2 for i, p in preds.items()})
-        np.savez(pred_path, **arrays)
-    if not store_path.exists():
-        print(f"writing the neuron store {store_path} ...", flush=True)
-        Engine(load_model(model_path), threads=args.threads).write_neuron_store(
-            store_path, cluster=args.cluster
+        np.savez(paths["pred"], **arrays)
+    if not paths["store"].exists():
+        print(f"writing the neuron store {paths['store']} ...", flush=True)
+        Engine(load_model(paths["model"]), threads=args.threads).write_neuron_store(
+            paths["store"], cluster=args.cluster
         )
-    if not down_t_path.exists():
-        print(f"writing the transposed down rows {down_t_path} ...", flush=True)
-        Engine(load_model(model_path), threads=args.threads).use_down_t_file(down_t_path)
-    size = model_path.stat().st_size
-    limit = int(args.limit_share * size)
-    # The store's cache: what the limit leaves after the resident part (attention, norms,
-    # embeddings, predictors) and 300 MiB of process overhead and page-cache headroom.
+    if not paths["down_t"].exists():
+        print(f"writing the transposed down rows {paths['down_t']} ...", flush=True)
+        Engine(load_model(paths["model"]), threads=args.threads).use_down_t_file(paths["down_t"])
+    return paths
+
+
+def resident_bytes(args: argparse.Namespace, model_path: Path) -> int:
+    """Bytes of the model's resident part: attention, norms, embeddings, and the predictors
+    as f32."""
+    from powerinfer_rs.loading import load_model
+
     m = load_model(model_path)
     resident = sum(t.nbytes for n, t in m.tensors.items() if "ffn_" not in n or "norm" in n)
-    resident += 160 * (args.dim + args.ffn) * 4 * args.layers  # the predictors, as f32
-    del m
-    cache = max(64 << 20, limit - resident - (300 << 20))
-    from powerinfer_rs.planning.ram_tier import cluster_bytes
-    from powerinfer_rs.planning.storage_probe import probe_storage
+    return resident + 160 * (args.dim + args.ffn) * 4 * args.layers
 
-    shape_ = ModelShape.from_model(load_model(model_path))
-    slot = max(cluster_bytes(shape_, i, args.cluster) for i in range(args.layers))
-    probe = probe_storage(store_path, read_bytes=slot, depth=args.io_threads)
-    bw = probe.read_bw
-    plan_path = work / f"{tag}.c{args.cluster}.ram-plan.safetensors"
-    if "store-plan" in args.kinds:
-        plan = ram_plan(args, shape_, limit, probe)
-        save_plan(plan, plan_path)
-        st = plan.ram["storage"]
-        print(
-            f"RAM tier for the limit: {plan.ram['resident_slots']} resident + "
-            f"{plan.ram['working_slots']} working clusters; predicted "
-            f"{st['reads_per_token']:,.0f} reads/token, {st['time_per_token_s']:.3f} s/token "
-            "of storage",
-            flush=True,
-        )
+
+def write_store_plan(args: argparse.Namespace, shape, limit: int, probe, plan_path: Path):
+    """Plan the RAM tier for ``limit`` (:func:`ram_plan`), save it to ``plan_path``, and print
+    what it predicts."""
+    from powerinfer_rs.formats.plan import save_plan
+
+    plan = ram_plan(args, shape, limit, probe)
+    save_plan(plan, plan_path)
+    st = plan.ram["storage"]
     print(
-        f"synthetic ReLU llama {size / 1e9:.2f} GB (F16, dim {args.dim}, ffn {args.ffn}, "
-        f"{args.layers} layers, {args.active:.0%} active); memory limit {limit / 1e9:.2f} GB; "
-        f"resident part {resident / 1e9:.2f} GB; store cache {cache / 1e9:.2f} GB; storage "
-        f"read bandwidth {bw:.2f} GB/s (1 MiB reads), {probe.iops:,.0f} reads/s of "
-        f"{slot} bytes ({args.io_threads} in flight, O_DIRECT {probe.direct})",
+        f"RAM tier for the limit: {plan.ram['resident_slots']} resident + "
+        f"{plan.ram['working_slots']} working clusters; predicted "
+        f"{st['reads_per_token']:,.0f} reads/token, {st['time_per_token_s']:.3f} s/token "
+        "of storage",
         flush=True,
     )
+
+
+def race_kinds(args, kinds: list[str], limit: int, paths: dict, cache: int, plan_path: Path):
+    """Each engine kind's runs (child processes in the memory-limited cgroup, page cache
+    dropped before each), raced in alternation; the rows of the runs that finished, by kind."""
     cg = Cgroup(limit)
-    kinds = [k for k in args.kinds.split(",") if not (args.no_llama and k == "llama")]
-    known = ("store", "store-no-ahead", "store-plan", "mmap", "llama")
-    if not kinds or any(k not in known for k in kinds):
-        ap.error(f"--kinds: a comma-separated list of {', '.join(known)}")
-    paths = dict(model=model_path, store=store_path, down_t=down_t_path, pred=pred_path)
 
     def run(kind: str) -> dict | None:
-        drop_cache(model_path, store_path, down_t_path)
+        drop_cache(paths["model"], paths["store"], paths["down_t"])
         return child_run(args, kind, cg, paths, cache, plan_path)
 
     try:
@@ -181,10 +181,15 @@ def main(argv: list[str] | None = None) -> int:
         )
     finally:
         cg.close()
-    rows = {
+    return {
         k: [{**r.value, "others_cpu": r.others_util} for r in rs if r.value]
         for k, rs in runs.items()
     }
+
+
+def report(rows: dict, probe, slot: int) -> None:
+    """Print the tokens/s table, and for each store kind its reads per token, cache hit rate
+    and the storage floors."""
     med = {k: float(np.median([x["tok_s"] for x in v])) for k, v in rows.items() if v}
     base = med.get("mmap")
     table = [
@@ -209,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
         bpt = float(np.median([x["bytes_per_token"] for x in rows[kind]]))
         hit = float(np.median([x["hit_rate"] for x in rows[kind]]))
         ahead = float(np.median([x["ahead_used_share"] for x in rows[kind]]))
-        floor = bw * 1e9 / bpt if bpt else math.inf
+        floor = probe.read_bw * 1e9 / bpt if bpt else math.inf
         # The reads are clusters of `slot` bytes: the probe's rate of such reads is the floor.
         iops_floor = probe.iops * slot / bpt if bpt else math.inf
         print(
@@ -218,8 +223,53 @@ def main(argv: list[str] | None = None) -> int:
             f"1 MiB bandwidth ({med[kind] / floor:.0%} of it), {iops_floor:.2f} tok/s from the "
             f"probe's {slot}-byte read rate ({med[kind] / iops_floor:.0%} of it)"
         )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the files, probe the storage, race the engines under the limit, report."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.child:
+        return child(args)
+
+    from powerinfer_rs.loading import load_model
+    from powerinfer_rs.planning import ModelShape
+    from powerinfer_rs.planning.ram_tier import cluster_bytes
+    from powerinfer_rs.planning.storage_probe import probe_storage
+
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    tag = f"d{args.dim}_f{args.ffn}_l{args.layers}_a{args.active}"
+    paths = prepare_files(args, work, tag)
+    size = paths["model"].stat().st_size
+    limit = int(args.limit_share * size)
+    # The store's cache: what the limit leaves after the resident part (attention, norms,
+    # embeddings, predictors) and 300 MiB of process overhead and page-cache headroom.
+    resident = resident_bytes(args, paths["model"])
+    cache = max(64 << 20, limit - resident - (300 << 20))
+
+    shape_ = ModelShape.from_model(load_model(paths["model"]))
+    slot = max(cluster_bytes(shape_, i, args.cluster) for i in range(args.layers))
+    probe = probe_storage(paths["store"], read_bytes=slot, depth=args.io_threads)
+    plan_path = work / f"{tag}.c{args.cluster}.ram-plan.safetensors"
+    if "store-plan" in args.kinds:
+        write_store_plan(args, shape_, limit, probe, plan_path)
+    print(
+        f"synthetic ReLU llama {size / 1e9:.2f} GB (F16, dim {args.dim}, ffn {args.ffn}, "
+        f"{args.layers} layers, {args.active:.0%} active); memory limit {limit / 1e9:.2f} GB; "
+        f"resident part {resident / 1e9:.2f} GB; store cache {cache / 1e9:.2f} GB; storage "
+        f"read bandwidth {probe.read_bw:.2f} GB/s (1 MiB reads), {probe.iops:,.0f} reads/s of "
+        f"{slot} bytes ({args.io_threads} in flight, O_DIRECT {probe.direct})",
+        flush=True,
+    )
+    kinds = [k for k in args.kinds.split(",") if not (args.no_llama and k == "llama")]
+    if not kinds or any(k not in KNOWN_KINDS for k in kinds):
+        ap.error(f"--kinds: a comma-separated list of {', '.join(KNOWN_KINDS)}")
+    rows = race_kinds(args, kinds, limit, paths, cache, plan_path)
+    report(rows, probe, slot)
     write_json(
-        args.json, {"rows": rows, "bandwidth_gbs": bw, "iops": probe.iops, "read_bytes": slot}
+        args.json,
+        {"rows": rows, "bandwidth_gbs": probe.read_bw, "iops": probe.iops, "read_bytes": slot},
     )
     return 0
 
@@ -231,10 +281,9 @@ def ram_plan(args: argparse.Namespace, shape, limit: int, probe):
     from powerinfer_rs.formats.profile import Profile
     from powerinfer_rs.planning import fixed_predictor_sizes, make_plan
     from powerinfer_rs.planning.hardware_profile import load_hardware
-    from powerinfer_rs.testing.synth_model import SynthSpec, SynthWeights
+    from powerinfer_rs.testing.synth_model import SynthWeights
 
-    spec = SynthSpec(args.dim, args.ffn, args.layers, args.heads, args.heads, args.vocab)
-    spec.active = args.active
+    spec = synth_spec(args)
     gen = SynthWeights(spec)
     tokens = 1_000_000
     counts = [

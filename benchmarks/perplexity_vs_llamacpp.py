@@ -90,13 +90,20 @@ class OurSide:
 
 
 def first_mismatch(a: list[int], b: list[int]) -> int | None:
+    """Index of the first id where ``a`` and ``b`` differ (the shorter length when one is a
+    prefix of the other), None when they are equal."""
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
             return i
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def main(argv=None) -> int:
+class SetupError(Exception):
+    """A setup failure (model, text, engine): printed as ``error: ...``, exit status 2."""
+
+
+def build_parser():
+    """The command line."""
     ap = bench.bench_parser(__doc__)
     ap.add_argument("--model", help="GGUF file (default: SmolLM2-135M-Instruct Q4_1)")
     ap.add_argument("--ctx", type=int, default=512, help="window length in tokens (default 512)")
@@ -122,17 +129,11 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--only", choices=["ours", "llama"], help="run one engine only")
     ap.add_argument("--json", help="also write the results to this JSON file")
-    args = ap.parse_args(argv)
-    if args.ctx < 2 or args.min_tokens < 2:
-        ap.error("--ctx and --min-tokens must be >= 2")
+    return ap
 
-    model = Path(args.model) if args.model else bench.default_model()
-    if not model.is_file():
-        print(f"error: model not found: {model}", file=sys.stderr)
-        return 2
-    n_windows = math.ceil(args.min_tokens / args.ctx)
-    need = n_windows * args.ctx
 
+def load_sides(model: Path, args) -> dict:
+    """The engines to score with, keyed "llama" and "ours" (as --only allows), loaded."""
     sides: dict[str, object] = {}
     for key, cls in (("llama", LlamaSide), ("ours", OurSide)):
         if args.only not in (None, key):
@@ -142,12 +143,13 @@ def main(argv=None) -> int:
             sides[key] = cls(model, args.ctx, args.threads)
             print(f"loaded {cls.name} in {time.perf_counter() - t0:.2f} s", file=sys.stderr)
         except Exception as e:
-            print(f"error: cannot load {cls.name}: {e}", file=sys.stderr)
-            return 2
-    tok_side = sides.get("llama") or sides["ours"]
-    tok_name = tok_side.name
+            raise SetupError(f"cannot load {cls.name}: {e}") from e
+    return sides
 
-    # the text: grow it until it tokenizes to enough ids
+
+def text_and_ids(tok_side, args, need: int) -> tuple[str, str, list[int]]:
+    """(text, its source, its ids from ``tok_side``): --text-file, or held-out prose grown
+    until it tokenizes to ``need`` ids at least."""
     if args.text_file:
         text = Path(args.text_file).read_text(encoding="utf-8")
         source = args.text_file
@@ -159,75 +161,75 @@ def main(argv=None) -> int:
             try:
                 text = held_out_text(chars)
             except CorpusError as e:
-                print(f"error: {e}", file=sys.stderr)
-                return 2
+                raise SetupError(str(e)) from e
             ids = tok_side.tokenize(text)
             if len(ids) >= need:
                 break
             chars = int(chars * need / max(len(ids), 1) * 1.2) + 1000
     if len(ids) < need:
-        print(f"error: the text has {len(ids)} tokens, {need} needed", file=sys.stderr)
-        return 2
+        raise SetupError(f"the text has {len(ids)} tokens, {need} needed")
+    return text, source, ids
 
-    # the tokenizers must agree (on the whole text, not only the scored part)
-    token_mismatch = None
-    if "llama" in sides and "ours" in sides:
-        ours_ids = sides["ours"].tokenize(text)
-        i = first_mismatch(ids, ours_ids)
-        if i is not None:
-            lo = max(0, i - 5)
-            token_mismatch = {
-                "index": i,
-                "llama_len": len(ids),
-                "ours_len": len(ours_ids),
-                "llama_ids": ids[lo : i + 5],
-                "ours_ids": ours_ids[lo : i + 5],
-                "llama_text": sides["llama"].detok(ids[lo : i + 5]),
-                "ours_text": sides["ours"].detok(ours_ids[lo : i + 5]),
-            }
-            print("TOKENIZER MISMATCH at id index", i, file=sys.stderr)
-            for k, v in token_mismatch.items():
-                print(f"  {k}: {v!r}", file=sys.stderr)
-        else:
-            print(f"tokenizers agree on all {len(ids)} ids", file=sys.stderr)
 
-    ids = ids[:need]
-    windows = [ids[s : s + args.ctx] for s in range(0, need, args.ctx)]
-    scored = sum(len(w) - 1 for w in windows)
-    print(
-        f"model {model.name}: {len(windows)} windows x {args.ctx} tokens, {scored} tokens "
-        f"scored, {args.threads} threads\ntext: {source} ({len(text)} chars); "
-        f"ids from {tok_name}'s tokenizer",
-        flush=True,
-    )
+def tokenizer_mismatch(sides: dict, text: str, ids: list[int]) -> dict | None:
+    """Where our tokenizer's ids of ``text`` first differ from llama.cpp's ``ids`` (the whole
+    text, not only the scored part), printed; None when they agree or one engine runs."""
+    if "llama" not in sides or "ours" not in sides:
+        return None
+    ours_ids = sides["ours"].tokenize(text)
+    i = first_mismatch(ids, ours_ids)
+    if i is None:
+        print(f"tokenizers agree on all {len(ids)} ids", file=sys.stderr)
+        return None
+    lo = max(0, i - 5)
+    token_mismatch = {
+        "index": i,
+        "llama_len": len(ids),
+        "ours_len": len(ours_ids),
+        "llama_ids": ids[lo : i + 5],
+        "ours_ids": ours_ids[lo : i + 5],
+        "llama_text": sides["llama"].detok(ids[lo : i + 5]),
+        "ours_text": sides["ours"].detok(ours_ids[lo : i + 5]),
+    }
+    print("TOKENIZER MISMATCH at id index", i, file=sys.stderr)
+    for k, v in token_mismatch.items():
+        print(f"  {k}: {v!r}", file=sys.stderr)
+    return token_mismatch
 
+
+def score_window(sides: dict, wi: int, w: list[int], nll: dict, secs: dict) -> dict:
+    """Score window ``wi`` (ids ``w``) with every side, adding to ``nll`` and ``secs``; the
+    window's row (per-side perplexity, and the log-prob agreement when both sides run)."""
+    lp = {}
+    row = {"window": wi}
+    for key, side in sides.items():
+        t0 = time.perf_counter()
+        lg = side.logits(w)
+        secs[key] += time.perf_counter() - t0
+        if not np.all(np.isfinite(lg[: len(w) - 1])):
+            raise SetupError(f"{side.name} returned non-finite logits in window {wi}")
+        x = window_nll(lg, w)
+        nll[key] += float(x.sum())
+        row[f"{key}_ppl"] = math.exp(float(x.mean()))
+        if len(sides) == 2:
+            lp[key] = log_softmax(lg[: len(w) - 1])
+    if len(lp) == 2:
+        d = np.abs(lp["ours"] - lp["llama"])
+        row["max_abs_logprob_diff"] = float(d.max())
+        row["mean_abs_logprob_diff"] = float(d.mean())
+        row["top1_agreement"] = float(
+            np.mean(lp["ours"].argmax(axis=1) == lp["llama"].argmax(axis=1))
+        )
+    return row
+
+
+def score_windows(sides: dict, windows: list[list[int]]) -> tuple[dict, dict, list[dict]]:
+    """(summed NLL per side, scoring seconds per side, per-window rows), progress printed."""
     nll = {k: 0.0 for k in sides}
     secs = {k: 0.0 for k in sides}
     per_window = []
     for wi, w in enumerate(windows):
-        lp = {}
-        row = {"window": wi}
-        for key, side in sides.items():
-            t0 = time.perf_counter()
-            lg = side.logits(w)
-            secs[key] += time.perf_counter() - t0
-            if not np.all(np.isfinite(lg[: len(w) - 1])):
-                print(
-                    f"error: {side.name} returned non-finite logits in window {wi}", file=sys.stderr
-                )
-                return 2
-            x = window_nll(lg, w)
-            nll[key] += float(x.sum())
-            row[f"{key}_ppl"] = math.exp(float(x.mean()))
-            if len(sides) == 2:
-                lp[key] = log_softmax(lg[: len(w) - 1])
-        if len(lp) == 2:
-            d = np.abs(lp["ours"] - lp["llama"])
-            row["max_abs_logprob_diff"] = float(d.max())
-            row["mean_abs_logprob_diff"] = float(d.mean())
-            row["top1_agreement"] = float(
-                np.mean(lp["ours"].argmax(axis=1) == lp["llama"].argmax(axis=1))
-            )
+        row = score_window(sides, wi, w, nll, secs)
         per_window.append(row)
         print(
             f"  window {wi + 1}/{len(windows)}: "
@@ -241,6 +243,71 @@ def main(argv=None) -> int:
             file=sys.stderr,
             flush=True,
         )
+    return nll, secs, per_window
+
+
+def verdict(ppl: dict, per_window: list[dict], token_mismatch: dict | None, args) -> tuple:
+    """(exit status, relative difference or None): prints the comparison of both sides' perplexity
+    against --max-rel-diff and the tokenizer check."""
+    if len(ppl) != 2:
+        return 0, None
+    status = 0
+    rel = abs(ppl["ours"] - ppl["llama"]) / ppl["llama"]
+    agree = float(np.mean([r["top1_agreement"] for r in per_window]))
+    print(
+        f"relative difference |ours - llama| / llama: {100 * rel:.3f}% "
+        f"(limit {100 * args.max_rel_diff:.2f}%); top-1 agreement {100 * agree:.1f}%"
+    )
+    if rel > args.max_rel_diff:
+        print(f"FAIL: perplexities differ by {100 * rel:.3f}% > {100 * args.max_rel_diff:.2f}%")
+        status = 1
+    if token_mismatch is not None:
+        msg = (
+            f"tokenizers disagree from id index {token_mismatch['index']} "
+            f"(llama {token_mismatch['llama_ids']} vs ours {token_mismatch['ours_ids']})"
+        )
+        if args.allow_token_mismatch:
+            print(f"WARNING: {msg}")
+        else:
+            print(f"FAIL: {msg}")
+            status = status or 3
+    if status == 0:
+        print("OK")
+    return status, rel
+
+
+def main(argv=None) -> int:
+    """Score both engines on the same windows; the exit status of :func:`verdict`, 2 on setup
+    errors."""
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    if args.ctx < 2 or args.min_tokens < 2:
+        ap.error("--ctx and --min-tokens must be >= 2")
+
+    model = Path(args.model) if args.model else bench.default_model()
+    if not model.is_file():
+        print(f"error: model not found: {model}", file=sys.stderr)
+        return 2
+    n_windows = math.ceil(args.min_tokens / args.ctx)
+    need = n_windows * args.ctx
+    try:
+        sides = load_sides(model, args)
+        tok_side = sides.get("llama") or sides["ours"]
+        text, source, ids = text_and_ids(tok_side, args, need)
+        token_mismatch = tokenizer_mismatch(sides, text, ids)
+        ids = ids[:need]
+        windows = [ids[s : s + args.ctx] for s in range(0, need, args.ctx)]
+        scored = sum(len(w) - 1 for w in windows)
+        print(
+            f"model {model.name}: {len(windows)} windows x {args.ctx} tokens, {scored} tokens "
+            f"scored, {args.threads} threads\ntext: {source} ({len(text)} chars); "
+            f"ids from {tok_side.name}'s tokenizer",
+            flush=True,
+        )
+        nll, secs, per_window = score_windows(sides, windows)
+    except SetupError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
     ppl = {k: math.exp(nll[k] / scored) for k in sides}
     print()
@@ -249,30 +316,7 @@ def main(argv=None) -> int:
             f"{side.name:>14} perplexity: {ppl[k]:.4f}   ({scored / secs[k]:.0f} tok/s scoring, "
             f"all logits)"
         )
-    status = 0
-    rel = None
-    if len(sides) == 2:
-        rel = abs(ppl["ours"] - ppl["llama"]) / ppl["llama"]
-        agree = float(np.mean([r["top1_agreement"] for r in per_window]))
-        print(
-            f"relative difference |ours - llama| / llama: {100 * rel:.3f}% "
-            f"(limit {100 * args.max_rel_diff:.2f}%); top-1 agreement {100 * agree:.1f}%"
-        )
-        if rel > args.max_rel_diff:
-            print(f"FAIL: perplexities differ by {100 * rel:.3f}% > {100 * args.max_rel_diff:.2f}%")
-            status = 1
-        if token_mismatch is not None:
-            msg = (
-                f"tokenizers disagree from id index {token_mismatch['index']} "
-                f"(llama {token_mismatch['llama_ids']} vs ours {token_mismatch['ours_ids']})"
-            )
-            if args.allow_token_mismatch:
-                print(f"WARNING: {msg}")
-            else:
-                print(f"FAIL: {msg}")
-                status = status or 3
-        if status == 0:
-            print("OK")
+    status, rel = verdict(ppl, per_window, token_mismatch, args)
 
     if args.json:
         rep = {

@@ -2,7 +2,8 @@
 
 A target module defines ``load() -> one_input`` (the imports of the parser happen inside
 ``load`` so atheris can instrument them) and ends with ``if __name__ == "__main__":
-fuzz_main(load)``. ``one_input(data)`` feeds the bytes to one parser's public entry point; a
+fuzz_main(load)`` (a target whose check is one reader's call takes its ``load`` from
+:func:`file_reader`). ``one_input(data)`` feeds the bytes to one parser's public entry point; a
 :class:`~powerinfer_rs.errors.PowerInferError` is the expected answer to bad bytes, anything
 else escaping ``one_input`` (a raw ``ValueError``, ``KeyError``, ``MemoryError``, a crash or a
 hang) is a finding.
@@ -16,6 +17,7 @@ installed one.
 from __future__ import annotations
 
 import atexit
+import importlib
 import os
 import shutil
 import sys
@@ -62,6 +64,22 @@ def write(path: Path, data: bytes) -> Path:
 def temp_file(name: str, data: bytes) -> Path:
     """``data`` written to ``<scratch>/name``."""
     return write(tmp_dir() / name, data)
+
+
+def file_reader(module: str, reader: str, name: str) -> Callable[[], OneInput]:
+    """The ``load`` of a target whose check is one call: ``module.reader`` on the input written
+    to the scratch file ``name`` (the reader imported when ``load`` runs, inside atheris's
+    instrumentation)."""
+
+    def load() -> OneInput:
+        read = getattr(importlib.import_module(module), reader)
+
+        def one_input(data: bytes) -> None:
+            read(temp_file(name, data))
+
+        return one_input
+
+    return load
 
 
 def guarded(one_input: OneInput) -> OneInput:
@@ -194,22 +212,9 @@ def plan_shape():
     from powerinfer_rs.loading.types import ModelConfig
     from powerinfer_rs.planning.model_shape import ModelShape
 
-    cfg = ModelConfig(
-        arch="llama",
-        n_layers=2,
-        dim=32,
-        ffn_dim=16,
-        n_heads=2,
-        n_kv_heads=1,
-        head_dim=16,
-        vocab_size=64,
-        max_context=64,
-        rms_eps=1e-5,
-        rope_theta=1e4,
-        rope_style="norm",
-        activation="relu",
-        bos_token_id=None,
-    )
+    sizes = dict(n_layers=2, dim=32, ffn_dim=16, n_heads=2, n_kv_heads=1, head_dim=16)
+    rest = dict(vocab_size=64, max_context=64, rms_eps=1e-5, rope_theta=1e4, bos_token_id=None)
+    cfg = ModelConfig(arch="llama", rope_style="norm", activation="relu", **sizes, **rest)
     return ModelShape.from_config(cfg, "Q8_0", fingerprint="fp")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _helpers import assert_batched_and_decoding_match, profile_counts, rel
 
 from powerinfer_rs.errors import ShapeError, UnsupportedError
 from powerinfer_rs.loading import load_model
@@ -34,10 +35,6 @@ GELU = ("gemma2", "gemma3", "falcon")
 REF_RTOL = 1e-5
 #: a sparse mode against the masked float64 reference.
 SPARSE_RTOL = 1e-3
-
-
-def rel(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.linalg.norm(np.asarray(a) - b) / np.linalg.norm(b))
 
 
 def ids_for(model, n: int = 14, seed: int = 3) -> list[int]:
@@ -119,10 +116,7 @@ def test_sliding_window_per_layer_pattern(synth_hf):
     m.fingerprint += "-swa2"
     ref = reference_logits(m, ids)
     eng = exact_kv_engine(m, threads=2)
-    assert rel(eng.logits(ids), ref) <= REF_RTOL
-    eng.reset()
-    rows = np.stack([eng.prefill([t]) for t in ids])
-    assert rel(rows, ref) <= REF_RTOL
+    assert_batched_and_decoding_match(eng, ids, ref, REF_RTOL)
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
@@ -169,9 +163,7 @@ def test_relu_modes_match_the_reference(synth_gguf, arch):
     ids = ids_for(m)
     ref = reference_logits(m, ids)
     eng = exact_kv_engine(m, threads=2, sparsity="exact-relu")
-    assert rel(eng.logits(ids), ref) <= REF_RTOL
-    eng.reset()
-    assert rel(np.stack([eng.prefill([x]) for x in ids]), ref) <= REF_RTOL
+    assert_batched_and_decoding_match(eng, ids, ref, REF_RTOL)
 
 
 def test_fused_tensors_are_split_into_views(synth_gguf):
@@ -240,9 +232,7 @@ def test_relu_families_hf_gguf_and_sparse_modes_match_the_reference(synth_hf, sy
     for m in (hf, gg):
         for mode in ("dense", "exact-relu"):
             eng = exact_kv_engine(m, threads=2, sparsity=mode)
-            assert rel(eng.logits(ids), ref) <= REF_RTOL
-            eng.reset()
-            assert rel(np.stack([eng.prefill([t]) for t in ids]), ref) <= REF_RTOL
+            assert_batched_and_decoding_match(eng, ids, ref, REF_RTOL)
     preds = random_predictors(gg, threshold=0.1)
     eng = exact_kv_engine(gg, threads=2, sparsity="predictor", predictors=preds)
 
@@ -279,10 +269,7 @@ def test_profiler_counts_fatrelu_activity(synth_gguf):
     )
     ids = ids_for(m, n=12)
     eng = exact_kv_engine(m, threads=2)
-    eng.start_profiling()
-    eng.logits(ids)
-    counts, tokens = eng.profile_counts()
-    eng.stop_profiling()
+    counts, tokens = profile_counts(eng, ids)
     _, gates = reference_forward(m, ids)
     t = m.config.relu_threshold
     assert tokens == len(ids)

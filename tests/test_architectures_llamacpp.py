@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _helpers import engine_greedy, llama_greedy, rel
 from test_architectures import ARCHS as FAMILY_ARGS
 from test_moe import MOE_ARCHS
 
@@ -42,10 +43,6 @@ ARCHS = {
     **MOE_ARCHS,
 }
 GELU_FAMILIES = ("gemma2", "gemma3", "falcon")
-
-
-def rel(a, b) -> float:
-    return float(np.linalg.norm(np.asarray(a) - b) / np.linalg.norm(b))
 
 
 def reference_with_f16_gelu(model, ids) -> np.ndarray:
@@ -98,17 +95,4 @@ def test_logits_and_greedy_tokens_match_llama_cpp(synth_gguf, arch):
         assert np.abs(got - want).max() <= LOGITS_ATOL
 
     # 32 greedy tokens on both sides from the same prompt.
-    llm.reset()
-    llm.eval(prompt)
-    ref_toks = []
-    for _ in range(32):
-        t = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-        ref_toks.append(t)
-        llm.eval([t])
-    eng.reset()
-    logits = eng.prefill(prompt)
-    toks = []
-    for _ in range(32):
-        toks.append(int(np.argmax(logits)))
-        logits = eng.prefill([toks[-1]])
-    assert toks == ref_toks
+    assert engine_greedy(eng, prompt, 32) == llama_greedy(llm, prompt, 32)

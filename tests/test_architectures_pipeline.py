@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _helpers import profile_counts
 
 from powerinfer_rs import Engine
 from powerinfer_rs.loading import load_model
@@ -74,10 +75,7 @@ def test_profile_counts_match_the_reference_on_a_parallel_gateless_family(synth_
     model = load_model(synth_gguf(dtype="F32", activation="relu", **SHAPE, **RELU["falcon"]))
     ids = [int(i) for i in np.random.default_rng(4).integers(3, 300, 20)]
     eng = Engine(model, threads=2)
-    eng.start_profiling()
-    eng.logits(ids)
-    counts, _ = eng.profile_counts()
-    eng.stop_profiling()
+    counts, _ = profile_counts(eng, ids)
     _, gates = reference_forward(model, ids)
     assert np.array_equal(counts, np.stack([(g > 0).sum(axis=0) for g in gates]))
 

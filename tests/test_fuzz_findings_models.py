@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _helpers import toy_config
 
 from powerinfer_rs.errors import ModelFileError
 from powerinfer_rs.formats.samples import SampleWriter, load_samples, shard_path
@@ -138,24 +139,8 @@ def test_infinite_norm_eps_or_rope_base_is_a_shape_error(key):
     """``llama.attention.layer_norm_rms_epsilon`` / ``llama.rope.freq_base`` = inf passed the
     ``> 0`` check (norms then output zeros)."""
     from powerinfer_rs.errors import ShapeError
-    from powerinfer_rs.loading.types import ModelConfig
 
-    cfg = ModelConfig(
-        arch="llama",
-        n_layers=1,
-        dim=8,
-        ffn_dim=16,
-        n_heads=2,
-        n_kv_heads=1,
-        head_dim=4,
-        vocab_size=260,
-        max_context=64,
-        rms_eps=1e-5,
-        rope_theta=1e4,
-        rope_style="norm",
-        activation="relu",
-        bos_token_id=None,
-    )
+    cfg = toy_config(n_layers=1, vocab_size=260, max_context=64, activation="relu")
     cfg.validate()
     with pytest.raises(ShapeError, match="positive and finite"):
         cfg.replace(**{key: float("inf")}).validate()

@@ -96,6 +96,18 @@ def assert_close(got, want, tol, what) -> None:
     assert worst <= tol * scale, f"{what}: max |diff| {worst:.3g} (scale {scale:.3g})"
 
 
+def assert_same_decode(want_eng: Engine, got_eng: Engine, prompt, steps: int, tol, what):
+    """``got_eng``'s greedy decode of ``steps`` tokens after ``prompt`` (:func:`greedy`) has
+    ``want_eng``'s tokens and, step by step, its logits within ``tol`` (:func:`assert_close`,
+    labelled "``what`` step i"); returns ``want_eng``'s logits."""
+    want, want_toks = greedy(want_eng, prompt, steps)
+    got, got_toks = greedy(got_eng, prompt, steps)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, w, tol, f"{what} step {i}")
+    assert got_toks == want_toks
+    return want
+
+
 def assert_phases(info: dict, n_layers: int) -> None:
     """The decode steps' phase times (gpu_info()["phases"]) add up to the steps' wall time (the
     executor's clock from a step's start to its end, within 5%: every moment is charged to one
@@ -192,11 +204,7 @@ def test_scaled_and_partial_rope_on_the_gpu_side(synth_gguf, tmp_path, device):
     cpu = Engine(m, threads=2, sparsity="exact-relu")
     hyb = Engine(m, threads=2, sparsity="exact-relu", plan=path, device=device)
     assert any(hyb.plan.attention)
-    want, want_toks = greedy(cpu, [5, 17, 123, 42, 7, 250], 40)
-    got, got_toks = greedy(hyb, [5, 17, 123, 42, 7, 250], 40)
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert_close(g, w, TOL, f"{device} rope step {i}")
-    assert got_toks == want_toks
+    assert_same_decode(cpu, hyb, [5, 17, 123, 42, 7, 250], 40, TOL, f"{device} rope")
 
 
 def random_gpu_predictors(model, rank: int) -> tuple[PredictorSet, PredictorSizes]:
@@ -246,11 +254,7 @@ def test_predictors_on_the_gpu_side(relu, tmp_path, device):
     path = plan_for(relu, tmp_path / "pred.safetensors", 0.6, predictors=sizes)
     cpu = Engine(relu, threads=2, sparsity="predictor", predictors=preds)
     hyb = Engine(relu, threads=2, sparsity="predictor", predictors=preds, plan=path, device=device)
-    want, want_toks = greedy(cpu, [1, 2, 3, 4], 24)
-    got, got_toks = greedy(hyb, [1, 2, 3, 4], 24)
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert_close(g, w, TOL, f"{device} predictor step {i}")
-    assert got_toks == want_toks
+    assert_same_decode(cpu, hyb, [1, 2, 3, 4], 24, TOL, f"{device} predictor")
     launches = hyb.gpu_info()["kernel_launches"]
     if launches is not None:  # gpu-emu and cuda count them
         # The predictor ran on the device, its active hot slots were gathered there, and
@@ -272,11 +276,7 @@ def test_the_hot_ffn_without_gathered_lists(relu, tmp_path, device, monkeypatch)
         extra = {"predictors": preds} if sparsity == "predictor" else {}
         cpu = Engine(relu, threads=2, sparsity=sparsity, **extra)
         hyb = Engine(relu, threads=2, sparsity=sparsity, plan=path, device=device, **extra)
-        want, want_toks = greedy(cpu, [1, 2, 3, 4], 8)
-        got, got_toks = greedy(hyb, [1, 2, 3, 4], 8)
-        for i, (g, w) in enumerate(zip(got, want)):
-            assert_close(g, w, TOL, f"{device} {sparsity} step {i}")
-        assert got_toks == want_toks
+        assert_same_decode(cpu, hyb, [1, 2, 3, 4], 8, TOL, f"{device} {sparsity}")
         launches = hyb.gpu_info()["kernel_launches"]
         if launches is not None:
             assert (
@@ -424,12 +424,8 @@ def test_q4_k_m_on_the_gpu_side_matches_the_cpu_engine(q4_k_m, tmp_path, device,
     assert any(hyb.plan.attention) and hyb.plan.output
     assert all(len(h) for h in hyb.plan.hot_neurons)
     prompt = [5, 17, 123, 42, 7, 250]
-    want, want_toks = greedy(cpu, prompt, 16)
-    got, got_toks = greedy(hyb, prompt, 16)
     tol = TOL_DENSE_K if sparsity == "dense" else TOL
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert_close(g, w, tol, f"{device} Q4_K_M {sparsity} step {i}")
-    assert got_toks == want_toks
+    assert_same_decode(cpu, hyb, prompt, 16, tol, f"{device} Q4_K_M {sparsity}")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -545,11 +541,7 @@ def test_powerinfer_files_are_planned_and_run_on_the_gpu_side(tmp_path, device, 
     assert cpu.sparsity == hyb.sparsity == "predictor"
     info = hyb.gpu_info()
     assert info is not None and info["allocated_bytes"] > 0
-    want, want_toks = greedy(cpu, [1, 2, 3, 4], 12)
-    got, got_toks = greedy(hyb, [1, 2, 3, 4], 12)
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert_close(g, w, TOL, f"{device} PowerInfer file, step {i}")
-    assert got_toks == want_toks
+    assert_same_decode(cpu, hyb, [1, 2, 3, 4], 12, TOL, f"{device} PowerInfer file,")
     index = write_powerinfer_gpu_index(
         tmp_path / "m.pwri.gguf.generated.gpuidx", plan.gpu_neurons, shape["ffn"], 1
     )

@@ -9,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+from _helpers import decode_logits, rel
 
 from powerinfer_rs import Engine
 from powerinfer_rs.errors import ModelFileError, PlanError, UnsupportedError
@@ -26,18 +27,6 @@ from reference import _weights, reference_forward
 #: The input mode against the float64 reference with the same masks (int16 inputs per group).
 REF_RTOL = 2e-3
 CROSSOVER_ENV = "POWERINFER_RS_INPUT_CROSSOVER"
-
-
-def rel(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
-def decode_logits(eng: Engine, ids: list[int]) -> np.ndarray:
-    """Logits of every position, fed one token at a time (the decode kernels)."""
-    eng.reset()
-    rows = [eng.prefill([t]) for t in ids]
-    eng.reset()
-    return np.stack(rows)
 
 
 def site_matrices(w, i: int, site: str) -> list[np.ndarray]:

@@ -10,8 +10,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from _helpers import decode_logits, rel
 from test_engine import assert_rows_close
-from test_sparsity import decode_logits, rel
 
 from powerinfer_rs import Engine
 from powerinfer_rs.loading import load_model

@@ -11,6 +11,7 @@ import pickle
 from pathlib import Path
 
 import pytest
+from _helpers import TINY_SIZES, toy_config
 
 from powerinfer_rs import _core
 from powerinfer_rs.errors import ShapeError, UnsupportedError
@@ -19,28 +20,10 @@ from powerinfer_rs.loading.archs import CONFIG_DEFAULTS, FAMILIES, Family, famil
 from powerinfer_rs.loading.types import ModelConfig, tensor_table
 from powerinfer_rs.runtime.engine import core_model_arguments
 
-SIZES = dict(
-    n_layers=2,
-    dim=8,
-    ffn_dim=16,
-    n_heads=2,
-    n_kv_heads=1,
-    head_dim=4,
-    vocab_size=300,
-    max_context=32,
-    rms_eps=1e-5,
-    rope_theta=1e4,
-)
-
-
-def config(**over: object) -> ModelConfig:
-    base = dict(arch="llama", rope_style="norm", activation="silu", **SIZES)
-    return ModelConfig(**{**base, **over})
-
 
 def test_the_loaders_use_the_engines_class():
     assert ModelConfig is _core.ModelConfig
-    c = config()
+    c = toy_config()
     assert list(c.to_dict()) == list(ModelConfig.FIELDS)
     assert set(CONFIG_DEFAULTS) < set(ModelConfig.FIELDS)
 
@@ -57,7 +40,7 @@ def test_the_type_stub_lists_every_field():
 
 
 def test_fields_read_set_copy_and_pickle():
-    c = config(eos_token_ids=[2], bos_token_id=1, sliding_window=4, rope_linear_factor=2.0)
+    c = toy_config(eos_token_ids=[2], bos_token_id=1, sliding_window=4, rope_linear_factor=2.0)
     assert (c.n_layers, c.sliding_window, c.rope_linear_factor, c.rotary_dims) == (2, 4, 2.0, 4)
     assert c.attn_softcap == 0.0 and c.rope_freq_factors == []  # unset
     for other in (pickle.loads(pickle.dumps(c)), copy.copy(c), copy.deepcopy(c)):
@@ -88,11 +71,11 @@ def test_fields_read_set_copy_and_pickle():
 )
 def test_a_bad_value_is_refused_as_it_is_set(change, error, match):
     with pytest.raises(error, match=match):
-        config(**change)
-    c = config()
+        toy_config(**change)
+    c = toy_config()
     with pytest.raises(error, match=match):
         setattr(c, *next(iter(change.items())))
-    assert c == config()  # nothing half-set
+    assert c == toy_config()  # nothing half-set
 
 
 @pytest.mark.parametrize(
@@ -109,25 +92,25 @@ def test_a_bad_value_is_refused_as_it_is_set(change, error, match):
     ],
 )
 def test_validate_checks_the_values_fit_together(change, error, match):
-    config().validate()
+    toy_config().validate()
     with pytest.raises(error, match=match):
-        config(**change).validate()
+        toy_config(**change).validate()
 
 
 def test_keywords_are_checked_like_a_python_call():
     with pytest.raises(TypeError, match="lacks dim"):
-        ModelConfig(**{k: v for k, v in config().to_dict().items() if k != "dim"})
+        ModelConfig(**{k: v for k, v in toy_config().to_dict().items() if k != "dim"})
     with pytest.raises(TypeError, match="no field 'n_layer'|no field \"n_layer\""):
-        config(n_layer=2)
+        toy_config(n_layer=2)
     with pytest.raises(AttributeError):
-        config().n_layer  # noqa: B018
+        toy_config().n_layer  # noqa: B018
     with pytest.raises(AttributeError):
-        config().n_layer = 2
+        toy_config().n_layer = 2
 
 
 def test_families_hold_config_values_by_field_name():
     for f in FAMILIES:
-        c = family_config(f, activation=f.activation, **SIZES)
+        c = family_config(f, activation=f.activation, **TINY_SIZES)
         assert c.arch == f.name and c.rope_style == f.rope_style
         for k, v in f.config.items():
             assert getattr(c, k) == v and getattr(f, k) == v

@@ -13,6 +13,7 @@ import re
 
 import numpy as np
 import pytest
+from _helpers import assert_batched_and_decoding_match, rel
 from test_sparsity import random_predictors
 
 from powerinfer_rs import Engine
@@ -49,10 +50,6 @@ def act_of(arch: str) -> str:
 REF_RTOL = 1e-5
 
 
-def rel(a, b) -> float:
-    return float(np.linalg.norm(np.asarray(a) - b) / np.linalg.norm(b))
-
-
 def ids_for(model, n: int = 12, seed: int = 5) -> list[int]:
     return [int(t) for t in np.random.default_rng(seed).integers(3, model.config.vocab_size, n)]
 
@@ -68,10 +65,7 @@ def test_families_match_the_reference_batched_and_decoding(synth_gguf, arch):
     ids = ids_for(m)
     ref = reference_logits(m, ids)
     eng = exact_kv_engine(m, threads=2)
-    assert rel(eng.logits(ids), ref) <= REF_RTOL
-    eng.reset()
-    rows = np.stack([eng.prefill([t]) for t in ids])
-    assert rel(rows, ref) <= REF_RTOL
+    assert_batched_and_decoding_match(eng, ids, ref, REF_RTOL)
     # Greedy tokens identical to the reference's.
     eng.reset()
     logits = eng.prefill(ids[:6])
@@ -147,9 +141,7 @@ def test_smallthinker_dense_first_windows(synth_gguf):
     m.fingerprint += "-window5"
     ref = reference_logits(m, ids)
     eng = exact_kv_engine(m, threads=2)
-    assert rel(eng.logits(ids), ref) <= REF_RTOL
-    eng.reset()
-    assert rel(np.stack([eng.prefill([t]) for t in ids]), ref) <= REF_RTOL
+    assert_batched_and_decoding_match(eng, ids, ref, REF_RTOL)
     c.swa_dense_first = False  # the other counting is another function
     m.fingerprint += "-dense-last"
     assert rel(reference_logits(m, ids), ref) > 100 * REF_RTOL
@@ -198,9 +190,7 @@ def test_threshold_inside_experts_matches_the_masked_reference(synth_gguf, arch)
     ref, _ = reference_forward(m, ids, moe_mask=mask)
     assert rel(ref, dense_ref) > 10 * REF_RTOL  # the thresholds really dropped neurons
     eng = Engine(m, threads=2, kv_cache="f32", sparsity="threshold", thresholds=t)
-    assert rel(eng.logits(ids), ref) <= REF_RTOL
-    eng.reset()
-    assert rel(np.stack([eng.prefill([x]) for x in ids]), ref) <= REF_RTOL
+    assert_batched_and_decoding_match(eng, ids, ref, REF_RTOL)
     assert eng.core_model.down_t_bytes > 0
     zero = Engine(m, threads=2, kv_cache="f32", sparsity="threshold", thresholds=[0.0] * 2)
     assert rel(np.stack([zero.prefill([x]) for x in ids]), dense_ref) <= REF_RTOL
@@ -344,18 +334,9 @@ def test_what_is_not_supported_yet_is_refused(synth_gguf, tmp_path):
     sites = [[0.1, 0.1, 0.1, 0.1]] * m.config.n_layers
     with pytest.raises(UnsupportedError, match="input mode inside experts"):
         Engine(m, threads=1).ctx.session.set_sparsity("input", input_thresholds=sites)
+    shape = dict(dim=64, ffn=64, layers=1, heads=4, kv_heads=2, vocab=300)
     with pytest.raises(UnsupportedError, match="GGUF only"):
-        write_hf_model(
-            tmp_path / "hf",
-            arch="smallthinker",
-            activation="relu",
-            dim=64,
-            ffn=64,
-            layers=1,
-            heads=4,
-            kv_heads=2,
-            vocab=300,
-        )
+        write_hf_model(tmp_path / "hf", arch="smallthinker", activation="relu", **shape)
 
 
 def test_expert_keys_as_llama_cpp_reads_them(synth_gguf):

@@ -11,7 +11,8 @@ import json
 
 import numpy as np
 import pytest
-from test_moe import MOE_ARCHS, REF_RTOL, act_of, ids_for, rel
+from _helpers import assert_batched_and_decoding_match, rel
+from test_moe import MOE_ARCHS, REF_RTOL, act_of, ids_for
 
 from powerinfer_rs import Engine
 from powerinfer_rs.errors import ModelFileError, PlanError
@@ -83,9 +84,7 @@ def test_predictors_inside_experts_match_the_masked_reference(synth_gguf, arch):
     assert rel(ref, dense) > 100 * REF_RTOL  # ... and that changes the function
     eng = exact_kv_engine(m, threads=2, sparsity="predictor", predictors=preds)
     assert eng.core_model.down_t_bytes > 0  # decoding reads the experts' transposed down rows
-    assert rel(eng.logits(ids), ref) <= REF_RTOL
-    eng.reset()
-    assert rel(np.stack([eng.prefill([t]) for t in ids]), ref) <= REF_RTOL
+    assert_batched_and_decoding_match(eng, ids, ref, REF_RTOL)
     # Predictors that name every neuron are the dense function.
     every = expert_predictors(m, skip=skip, threshold=-1e30)
     eng.set_sparsity("predictor", predictors=every)

@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 import pytest
-from test_hybrid import assert_close, greedy
+from test_hybrid import assert_close, assert_same_decode, greedy
 from test_moe import MOE_ARCHS
 from test_sparsity import random_predictors
 
@@ -55,12 +55,8 @@ def test_the_store_decodes_as_the_resident_engine(synth_gguf, tmp_path, dtype, m
     per_cluster = (size - 4096) // (SHAPE["layers"] * clusters)
     info = stored.use_neuron_store(path, cache=3 * per_cluster, io_threads=3)
     assert info["cache_slots"] == 3 and info["cluster"] == 4 and info["file_bytes"] == size
-    want, want_toks = greedy(resident, PROMPT, STEPS)
-    got, got_toks = greedy(stored, PROMPT, STEPS)
     tol = TOL_Q4 if dtype == "Q4_0" else TOL
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert_close(g, w, tol, f"{dtype} {mode} step {i}")
-    assert got_toks == want_toks
+    want = assert_same_decode(resident, stored, PROMPT, STEPS, tol, f"{dtype} {mode}")
     s = stored.neuron_store_stats(reset=True)
     assert s["misses"] > 0 and s["misses"] > 3 * s["hits"], s
     if mode == "predictor":  # whole clusters; exact-relu reads their up and down_t rows
@@ -176,11 +172,7 @@ def test_a_mixture_of_experts_decodes_from_its_store(synth_gguf, tmp_path, arch,
     per_cluster = (os.path.getsize(path) - 4096) // (c.n_layers * neurons // 4)
     stored.use_neuron_store(path, cache=6 * per_cluster, io_threads=3)
     stored.set_sparsity(mode)  # after the store: no transposed experts built
-    want, want_toks = greedy(resident, PROMPT, STEPS)
-    got, got_toks = greedy(stored, PROMPT, STEPS)
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert_close(g, w, tol, f"{arch} {mode} {dtype} step {i}")
-    assert got_toks == want_toks
+    want = assert_same_decode(resident, stored, PROMPT, STEPS, tol, f"{arch} {mode} {dtype}")
     s = stored.neuron_store_stats()
     assert s["misses"] > 0 and s["bytes_read"] > 0, s
     assert stored.core_model.down_t_bytes == 0  # no transposed experts in memory

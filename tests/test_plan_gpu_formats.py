@@ -5,17 +5,14 @@ formats) kept on the CPU by every solver, with the reason in the plan's solver n
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
+from _helpers import all_placements, toy_hardware, toy_problem
 
 from powerinfer_rs import _core
 from powerinfer_rs.formats.profile import synthetic_profile
 from powerinfer_rs.planning import (
-    HardwareProfile,
     ModelShape,
     Placement,
-    build_problem,
     evaluate,
     fixed_predictor_sizes,
     make_plan,
@@ -27,16 +24,7 @@ from powerinfer_rs.testing.synth_model import SynthSpec
 from powerinfer_rs.testing.synth_types import tensor_dtype
 
 #: A machine on which the GPU pays off even for tiny layers, with room for everything.
-TOY_HW = HardwareProfile(
-    name="toy",
-    vram_bytes=2**40,
-    gpu_mem_bw=100.0,
-    pcie_bw=10.0,
-    cpu_mem_bw=1.0,
-    cpu_cores=2,
-    launch_latency_us=0.1,
-    sync_latency_us=0.2,
-)
+TOY_HW = toy_hardware()
 
 
 def config(dim: int = 256, ffn: int = 512, layers: int = 2):
@@ -111,16 +99,9 @@ def test_refusals_name_the_format():
 def problem(shape: ModelShape, objective: str, budget: int = 2**40, seed: int = 0):
     c = shape.config
     prof = synthetic_profile(c.n_layers, c.ffn_dim, 500, seed=seed, zipf_a=1.2)
-    return build_problem(
-        shape,
-        prof,
-        TOY_HW,
-        budget,
-        objective=objective,
-        bucket=128,
-        context=16,
-        predictors=fixed_predictor_sizes(c, 1000),
-        min_neurons=0,
+    preds = fixed_predictor_sizes(c, 1000)
+    return toy_problem(
+        shape, prof, budget, objective=objective, bucket=128, predictors=preds, min_neurons=0
     )
 
 
@@ -156,20 +137,14 @@ def test_solvers_keep_refused_parts_on_the_cpu(objective):
     assert "output head" in ev.reason and "Q3_K" in ev.reason
     # Brute force over every placement: the best feasible one leaves them on the CPU, and the
     # solvers find it (the budget holds everything else).
-    per_layer = [
-        list(itertools.product(range(lt.n_buckets + 1), (False, True), (False, True)))
-        for lt in p.layers
-    ]
     best = None
-    for combo in itertools.product(*per_layer):
-        for out in (False, True):
-            pl = Placement([c[1] for c in combo], [c[2] for c in combo], [c[0] for c in combo], out)
-            e = evaluate(p, pl)
-            assert e.feasible == (not refused_parts_on_gpu(pl) and not idle_predictor(pl)), pl
-            if e.feasible:
-                v = e.objective(objective)
-                if best is None or (v > best if objective == "mass" else v < best):
-                    best = v
+    for pl in all_placements(p):
+        e = evaluate(p, pl)
+        assert e.feasible == (not refused_parts_on_gpu(pl) and not idle_predictor(pl)), pl
+        if e.feasible:
+            v = e.objective(objective)
+            if best is None or (v > best if objective == "mass" else v < best):
+                best = v
     g = solve_greedy(p).placement
     assert not refused_parts_on_gpu(g) and evaluate(p, g).feasible
     assert g.attention[1] and g.ffn_buckets[0] > 0

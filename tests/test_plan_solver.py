@@ -7,12 +7,12 @@ import sys
 
 import numpy as np
 import pytest
+from _helpers import all_placements, toy_hardware, toy_problem
 
 from powerinfer_rs.errors import PlanError
 from powerinfer_rs.formats.profile import synthetic_profile
 from powerinfer_rs.loading.types import ModelConfig
 from powerinfer_rs.planning import (
-    HardwareProfile,
     ModelShape,
     Placement,
     build_problem,
@@ -29,36 +29,12 @@ from powerinfer_rs.testing.synth_model import SynthSpec
 REL_TOL = 1e-9
 
 #: A toy machine on which the GPU pays off even for tiny layers.
-TOY_HW = HardwareProfile(
-    name="toy",
-    vram_bytes=2**40,
-    gpu_mem_bw=100.0,
-    pcie_bw=10.0,
-    cpu_mem_bw=1.0,
-    cpu_cores=2,
-    launch_latency_us=0.1,
-    sync_latency_us=0.2,
-)
+TOY_HW = toy_hardware()
 
 
 def tiny_config(layers: int, dim: int = 64, ffn: int = 128) -> ModelConfig:
     spec = SynthSpec(dim, ffn, layers, heads=4, kv_heads=2, vocab=300, max_context=64)
     return spec.model_config()
-
-
-def all_placements(p):
-    per_layer = [
-        list(itertools.product(range(lt.n_buckets + 1), (False, True), (False, True)))
-        for lt in p.layers
-    ]
-    for combo in itertools.product(*per_layer):
-        for out in (False, True):
-            yield Placement(
-                attention=[c[1] for c in combo],
-                predictor=[c[2] for c in combo],
-                ffn_buckets=[c[0] for c in combo],
-                output=out,
-            )
 
 
 def brute_force(p):
@@ -78,32 +54,13 @@ def make_problem(layers, buckets_of_32, budget_share, objective, min_neurons=Non
     shape = ModelShape.from_config(cfg, "Q4_0", dtypes=ffn)
     prof = synthetic_profile(layers, cfg.ffn_dim, 500, seed=seed, zipf_a=1.2)
     preds = fixed_predictor_sizes(cfg, 1000)
-    full = build_problem(
-        shape,
-        prof,
-        TOY_HW,
-        2**40,
-        objective=objective,
-        bucket=32,
-        context=16,
-        predictors=preds,
-        min_neurons=min_neurons,
-    )
+    kw = dict(objective=objective, bucket=32, predictors=preds, min_neurons=min_neurons)
+    full = toy_problem(shape, prof, 2**40, **kw)
     everything = Placement(
         [True] * layers, [True] * layers, [lt.n_buckets for lt in full.layers], True
     )
     budget = int(evaluate(full, everything).gpu_bytes * budget_share)
-    return build_problem(
-        shape,
-        prof,
-        TOY_HW,
-        budget,
-        objective=objective,
-        bucket=32,
-        context=16,
-        predictors=preds,
-        min_neurons=min_neurons,
-    )
+    return toy_problem(shape, prof, budget, **kw)
 
 
 CASES = [

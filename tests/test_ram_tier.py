@@ -11,7 +11,7 @@ import json
 
 import numpy as np
 import pytest
-from test_hybrid import assert_close, greedy
+from test_hybrid import assert_same_decode
 from test_neuron_store import PROMPT, SHAPE, STEPS, TOL, engines
 
 from powerinfer_rs import Engine
@@ -129,11 +129,7 @@ def test_the_store_runs_a_plans_ram_tier(model, profile, tmp_path):
     info = stored.use_neuron_store(path, plan=plan)
     assert info["cache_slots"] == 200
     assert info["resident_slots"] == plan.ram["resident_slots"]
-    want, want_toks = greedy(resident, PROMPT, STEPS)
-    got, got_toks = greedy(stored, PROMPT, STEPS)
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert_close(g, w, TOL, f"planned store step {i}")
-    assert got_toks == want_toks
+    assert_same_decode(resident, stored, PROMPT, STEPS, TOL, "planned store")
     assert stored.neuron_store_stats()["hits"] > 0
     # From the plan's file too.
     out = save_plan(plan, tmp_path / "PLAN.safetensors")
@@ -221,11 +217,7 @@ def test_a_mixture_of_experts_ram_tier(synth_gguf, tmp_path, arch, mode, slots):
     stored.set_sparsity(mode)
     assert info["cache_slots"] == slots
     assert info["resident_slots"] == plan.ram["resident_slots"]
-    want, want_toks = greedy(resident, PROMPT, STEPS)
-    got, got_toks = greedy(stored, PROMPT, STEPS)
-    for i, (g, w) in enumerate(zip(got, want)):
-        assert_close(g, w, TOL, f"{arch} planned store step {i}")
-    assert got_toks == want_toks
+    assert_same_decode(resident, stored, PROMPT, STEPS, TOL, f"{arch} planned store")
 
 
 def test_cluster_chances_with_neurons_read_together():

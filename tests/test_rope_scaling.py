@@ -30,6 +30,7 @@ import shutil
 import gguf
 import numpy as np
 import pytest
+from _helpers import engine_greedy, llama_greedy, rel
 
 from powerinfer_rs import _core
 from powerinfer_rs.errors import ModelFileError, ShapeError, UnsupportedError
@@ -77,10 +78,6 @@ def synth_args(variant: str) -> dict:
 
 def prompt(model, n: int = N_PROMPT) -> list[int]:
     return [int(t) for t in np.random.default_rng(2).integers(3, model.config.vocab_size, n)]
-
-
-def rel(a, b) -> float:
-    return float(np.linalg.norm(np.asarray(a) - b) / np.linalg.norm(b))
 
 
 def without_rope_scaling(m: LoadedModel) -> LoadedModel:
@@ -146,20 +143,7 @@ def test_gguf_matches_llama_cpp(synth_gguf, variant):
         assert far.max() > 100 * LOGITS_ATOL and (far > 10 * LOGITS_ATOL).mean() > 0.8, far
 
     # 32 greedy tokens on both sides from the same prompt.
-    llm.reset()
-    llm.eval(ids)
-    ref_toks = []
-    for _ in range(32):
-        t = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-        ref_toks.append(t)
-        llm.eval([t])
-    eng.reset()
-    logits = eng.prefill(ids)
-    toks = []
-    for _ in range(32):
-        toks.append(int(np.argmax(logits)))
-        logits = eng.prefill([toks[-1]])
-    assert toks == ref_toks
+    assert engine_greedy(eng, ids, 32) == llama_greedy(llm, ids, 32)
 
 
 def test_llama3_rope_freqs_are_the_converters(synth_gguf, synth_hf):

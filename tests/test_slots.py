@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from _helpers import small_moe
 
 from powerinfer_rs import Engine
 from powerinfer_rs.errors import UnsupportedError
@@ -163,12 +164,7 @@ def _mode_engine(case, relu, synth_gguf):
         model = load_model(synth_gguf(dtype="Q8_0", activation="silu", ffn=256, layers=3))
         return Engine(model, threads=2, sparsity="threshold", thresholds=[0.01] * 3)
     if case == "moe":
-        model = load_model(
-            synth_gguf(
-                dtype="F32", activation="silu", arch="qwen3moe", experts=8, experts_used=3,
-                expert_ffn=64,
-            )
-        )  # fmt: skip
+        model = small_moe(synth_gguf)
         return Engine(model, threads=2)
     return Engine(relu, threads=2, sparsity=case)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _helpers import decode_logits, rel
 
 from powerinfer_rs import Engine
 from powerinfer_rs.errors import PlanError, UnsupportedError
@@ -17,18 +18,6 @@ from reference import _weights, exact_kv_engine, reference_forward
 EXACT_RTOL = 1e-5
 #: a sparse mode against the float64 reference with the same mask.
 REF_RTOL = 1e-3
-
-
-def rel(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
-def decode_logits(eng: Engine, ids: list[int]) -> np.ndarray:
-    """Logits of every position, fed one token at a time (the sparse decode kernels)."""
-    eng.reset()
-    rows = [eng.prefill([t]) for t in ids]
-    eng.reset()
-    return np.stack(rows)
 
 
 @pytest.fixture(scope="module")

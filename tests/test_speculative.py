@@ -21,6 +21,7 @@ import math
 import numpy as np
 import pytest
 import tokenizers
+from _helpers import small_moe
 
 from powerinfer_rs import Engine
 from powerinfer_rs.errors import ShapeError, TokenError, UnsupportedError
@@ -377,12 +378,7 @@ def test_synthetic_greedy_and_seeded_are_the_same_in_every_mode(case, synth_gguf
         model = load_model(synth_gguf(dtype="Q8_0", activation="silu", ffn=256, layers=3))
         kw = {"sparsity": "threshold", "thresholds": [0.01] * 3}
     elif case == "moe":
-        model = load_model(
-            synth_gguf(
-                dtype="F32", activation="silu", arch="qwen3moe", experts=8, experts_used=3,
-                expert_ffn=64,
-            )
-        )  # fmt: skip
+        model = small_moe(synth_gguf)
     elif case == "gpu-sim":
         kw = {"sparsity": "exact-relu", "plan": _plan(relu, tmp_path), "device": "gpu-sim"}
     eng = Engine(model, threads=2, **kw)

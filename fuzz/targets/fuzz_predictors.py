@@ -4,17 +4,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness import fuzz_main, safetensors_mutator, temp_file  # noqa: E402
+from harness import file_reader, fuzz_main, safetensors_mutator  # noqa: E402
 
-
-def load():
-    from powerinfer_rs.formats.predictors import load_predictors
-
-    def one_input(data: bytes) -> None:
-        load_predictors(temp_file("predictors.safetensors", data))
-
-    return one_input
-
+load = file_reader("powerinfer_rs.formats.predictors", "load_predictors", "predictors.safetensors")
 
 if __name__ == "__main__":
     fuzz_main(load, mutator=safetensors_mutator)

@@ -5,17 +5,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness import fuzz_main, temp_file  # noqa: E402
+from harness import file_reader, fuzz_main  # noqa: E402
 
-
-def load():
-    from powerinfer_rs.loading.torch_pt import load_pt
-
-    def one_input(data: bytes) -> None:
-        load_pt(temp_file("in.pt", data))
-
-    return one_input
-
+load = file_reader("powerinfer_rs.loading.torch_pt", "load_pt", "in.pt")
 
 if __name__ == "__main__":
     fuzz_main(load)
