@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _helpers import assert_batched_and_decoding_match, profile_counts, rel
 
 from powerinfer_rs.errors import ShapeError, UnsupportedError
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.loading.archs import FAMILIES, split_fused
 from powerinfer_rs.loading.hf_loader import config_from_hf
 
+from _helpers import assert_batched_and_decoding_match, profile_counts, rel
 from reference import _weights, exact_kv_engine, reference_forward, reference_logits
 
 #: Families other than llama (tested everywhere else) and their extra synth arguments.

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _helpers import engine_greedy, llama_greedy, rel
 from test_architectures import ARCHS as FAMILY_ARGS
 from test_moe import MOE_ARCHS
 
@@ -29,6 +28,7 @@ from powerinfer_rs.loading.archs import family_named
 from powerinfer_rs.loading.gguf_loader import open_gguf
 
 import reference
+from _helpers import engine_greedy, llama_greedy, rel
 from reference import exact_kv_engine
 
 llama_cpp = pytest.importorskip("llama_cpp")

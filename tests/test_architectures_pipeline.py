@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _helpers import profile_counts
 
 from powerinfer_rs import Engine
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.stages.profile import main as profile_main
 
+from _helpers import profile_counts
 from reference import reference_forward
 
 SHAPE = dict(dim=64, ffn=128, layers=2, heads=4, vocab=300)

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _helpers import toy_config
 
 from powerinfer_rs.errors import ModelFileError
 from powerinfer_rs.formats.samples import SampleWriter, load_samples, shard_path
 from powerinfer_rs.loading.torch_pt import load_pt, save_pt
+
+from _helpers import toy_config
 
 
 def _patch_central(data: bytes, offset: int, value: bytes) -> bytes:

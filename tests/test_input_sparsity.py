@@ -9,7 +9,6 @@ import json
 
 import numpy as np
 import pytest
-from _helpers import decode_logits, rel
 
 from powerinfer_rs import Engine
 from powerinfer_rs.errors import ModelFileError, PlanError, UnsupportedError
@@ -22,6 +21,7 @@ from powerinfer_rs.formats.input_thresholds import (
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.stages.calibrate_input import calibrate_input, held_out_input_cost
 
+from _helpers import decode_logits, rel
 from reference import _weights, reference_forward
 
 #: The input mode against the float64 reference with the same masks (int16 inputs per group).

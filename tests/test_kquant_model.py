@@ -10,12 +10,12 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from _helpers import decode_logits, rel
 from test_engine import assert_rows_close
 
 from powerinfer_rs import Engine
 from powerinfer_rs.loading import load_model
 
+from _helpers import decode_logits, rel
 from reference import reference_logits
 
 #: dim 64 (not whole super-blocks: fallbacks) and dim 256 (every matrix a K-quant).

@@ -11,7 +11,6 @@ import pickle
 from pathlib import Path
 
 import pytest
-from _helpers import TINY_SIZES, toy_config
 
 from powerinfer_rs import _core
 from powerinfer_rs.errors import ShapeError, UnsupportedError
@@ -19,6 +18,8 @@ from powerinfer_rs.loading import load_model
 from powerinfer_rs.loading.archs import CONFIG_DEFAULTS, FAMILIES, Family, family_config
 from powerinfer_rs.loading.types import ModelConfig, tensor_table
 from powerinfer_rs.runtime.engine import core_model_arguments
+
+from _helpers import TINY_SIZES, toy_config
 
 
 def test_the_loaders_use_the_engines_class():

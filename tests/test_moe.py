@@ -13,7 +13,6 @@ import re
 
 import numpy as np
 import pytest
-from _helpers import assert_batched_and_decoding_match, rel
 from test_sparsity import random_predictors
 
 from powerinfer_rs import Engine
@@ -23,6 +22,7 @@ from powerinfer_rs.loading.archs import family_named
 from powerinfer_rs.loading.gguf_loader import config_from_metadata, open_gguf
 from powerinfer_rs.testing.synth import write_gguf_model, write_hf_model
 
+from _helpers import assert_batched_and_decoding_match, rel
 from reference import exact_kv_engine, greedy_reference, reference_forward, reference_logits
 
 #: Each MoE family's synth arguments: 8 experts, top-2 (top-3 for Qwen3-MoE), experts narrower

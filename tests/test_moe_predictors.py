@@ -11,7 +11,6 @@ import json
 
 import numpy as np
 import pytest
-from _helpers import assert_batched_and_decoding_match, rel
 from test_moe import MOE_ARCHS, REF_RTOL, act_of, ids_for
 
 from powerinfer_rs import Engine
@@ -24,6 +23,7 @@ from powerinfer_rs.predictors.experts import read_cost
 from powerinfer_rs.predictors.model import LayerPredictor, PredictorSet
 from powerinfer_rs.stages.profile import profile_model
 
+from _helpers import assert_batched_and_decoding_match, rel
 from reference import exact_kv_engine, reference_forward
 
 

@@ -6,7 +6,6 @@ formats) kept on the CPU by every solver, with the reason in the plan's solver n
 from __future__ import annotations
 
 import pytest
-from _helpers import all_placements, toy_hardware, toy_problem
 
 from powerinfer_rs import _core
 from powerinfer_rs.formats.profile import synthetic_profile
@@ -22,6 +21,8 @@ from powerinfer_rs.planning.greedy import solve_greedy
 from powerinfer_rs.planning.model_shape import GPU_DTYPES
 from powerinfer_rs.testing.synth_model import SynthSpec
 from powerinfer_rs.testing.synth_types import tensor_dtype
+
+from _helpers import all_placements, toy_hardware, toy_problem
 
 #: A machine on which the GPU pays off even for tiny layers, with room for everything.
 TOY_HW = toy_hardware()

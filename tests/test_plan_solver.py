@@ -7,7 +7,6 @@ import sys
 
 import numpy as np
 import pytest
-from _helpers import all_placements, toy_hardware, toy_problem
 
 from powerinfer_rs.errors import PlanError
 from powerinfer_rs.formats.profile import synthetic_profile
@@ -24,6 +23,8 @@ from powerinfer_rs.planning import (
 from powerinfer_rs.planning.greedy import solve_greedy
 from powerinfer_rs.planning.ilp import DEFAULT_MIP_GAP
 from powerinfer_rs.testing.synth_model import SynthSpec
+
+from _helpers import all_placements, toy_hardware, toy_problem
 
 #: Objective values agree to this relative tolerance (float sums in a different order).
 REL_TOL = 1e-9

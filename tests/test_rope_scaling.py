@@ -30,7 +30,6 @@ import shutil
 import gguf
 import numpy as np
 import pytest
-from _helpers import engine_greedy, llama_greedy, rel
 
 from powerinfer_rs import _core
 from powerinfer_rs.errors import ModelFileError, ShapeError, UnsupportedError
@@ -39,6 +38,7 @@ from powerinfer_rs.runtime.engine import core_model_arguments
 from powerinfer_rs.testing import synth
 from powerinfer_rs.testing.synth_model import SynthSpec
 
+from _helpers import engine_greedy, llama_greedy, rel
 from reference import exact_kv_engine, reference_logits, rope_inv_freq
 
 #: Pair wavelengths 6.3, 13.6, 29, 65, ... against 64/8 and 64/1: two pairs between them.

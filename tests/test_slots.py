@@ -14,7 +14,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-from _helpers import small_moe
 
 from powerinfer_rs import Engine
 from powerinfer_rs.errors import UnsupportedError
@@ -24,6 +23,8 @@ from powerinfer_rs.runtime.prefix_cache import PrefixCache, common_prefix
 from powerinfer_rs.runtime.slots import SlotPool
 from powerinfer_rs.runtime.speculative import PromptLookup
 from powerinfer_rs.runtime.streaming import GenerationCancelled
+
+from _helpers import small_moe
 
 #: Prompts of different lengths (several prefill chunks of CHUNK tokens for the long ones).
 PROMPTS = [

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _helpers import decode_logits, rel
 
 from powerinfer_rs import Engine
 from powerinfer_rs.errors import PlanError, UnsupportedError
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.predictors import LayerPredictor, PredictorSet
 
+from _helpers import decode_logits, rel
 from reference import _weights, exact_kv_engine, reference_forward
 
 #: exact-relu must be the dense function (issue 3): relative difference of logits.

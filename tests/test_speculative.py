@@ -21,7 +21,6 @@ import math
 import numpy as np
 import pytest
 import tokenizers
-from _helpers import small_moe
 
 from powerinfer_rs import Engine
 from powerinfer_rs.errors import ShapeError, TokenError, UnsupportedError
@@ -39,6 +38,8 @@ from powerinfer_rs.runtime.speculative import (
     decode_many,
 )
 from powerinfer_rs.runtime.tokenizer import Tokenizer
+
+from _helpers import small_moe
 
 PROMPT = [3, 17, 41, 99, 150, 7]
 #: Greedy tokens compared per synthetic case.
