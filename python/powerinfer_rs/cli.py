@@ -477,6 +477,8 @@ def cmd_perplexity(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``powerinfer-rs``: one subcommand per ``_add_*`` below, the stages and
+    tools named for ``--help`` only (:func:`main` hands them the rest of the line)."""
     p = argparse.ArgumentParser(
         prog="python -m powerinfer_rs",
         description="powerinfer-rs: fast local LLM inference (Rust core, Python front).",
@@ -485,7 +487,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add_argument("--version", action="version", version=f"powerinfer-rs {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_generate, _add_chat, _add_perplexity, _add_serve, _add_prepare, _add_info,
+                _add_bench):  # fmt: skip
+        add(sub)
+    for name, (_, what) in STAGES.items():
+        if "_" not in name:  # train_predictors is an alias of train-predictors
+            sub.add_parser(name, help=what, add_help=False)
+    return p
 
+
+def _add_generate(sub) -> None:
+    """``generate``: continue a prompt."""
     g = sub.add_parser("generate", help="continue a prompt", description="Continue a prompt.")
     _common(g)
     g.add_argument("--prompt", "-p", required=True, help="the text to continue")
@@ -496,6 +508,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_speculative_arguments(g)
     g.set_defaults(func=cmd_generate)
 
+
+def _add_chat(sub) -> None:
+    """``chat``: an interactive chat on stdin/stdout."""
     c = sub.add_parser(
         "chat", help="talk with the model", description="Interactive chat on stdin/stdout."
     )
@@ -505,6 +520,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_speculative_arguments(c)
     c.set_defaults(func=cmd_chat)
 
+
+def _add_perplexity(sub) -> None:
+    """``perplexity``: the perplexity of a text."""
     q = sub.add_parser(
         "perplexity",
         help="perplexity of a text",
@@ -523,6 +541,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     q.set_defaults(func=cmd_perplexity)
 
+
+def _add_serve(sub) -> None:
+    """``serve``: the OpenAI- and Anthropic-compatible HTTP server."""
     from .server.cli import add_arguments as add_server_arguments
 
     s = sub.add_parser(
@@ -536,6 +557,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_server_arguments(s)
     add_speculative_arguments(s, server=True)
     s.set_defaults(func=cmd_serve)
+
+
+def _add_prepare(sub) -> None:
+    """``prepare``: auto-fit a model to a VRAM budget, once."""
     r = sub.add_parser(
         "prepare",
         help="auto-fit a model to a VRAM budget, once",
@@ -572,6 +597,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     r.set_defaults(func=cmd_prepare)
 
+
+def _add_info(sub) -> None:
+    """``info``: what a model is and how it can run."""
     from .info import add_arguments as add_info_arguments
     from .info import cmd_info
 
@@ -585,6 +613,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_info_arguments(i)
     i.set_defaults(func=cmd_info)
 
+
+def _add_bench(sub) -> None:
+    """``bench``: prompt and decode tokens/s, as llama-bench reports them."""
     from .bench import __doc__ as bench_doc
     from .bench import add_arguments as add_bench_arguments
     from .bench import cmd_bench
@@ -597,10 +628,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_bench_arguments(b)
     b.set_defaults(func=cmd_bench)
-    for name, (_, what) in STAGES.items():
-        if "_" not in name:  # train_predictors is an alias of train-predictors
-            sub.add_parser(name, help=what, add_help=False)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
