@@ -212,10 +212,6 @@ def plan_ram_tier(
     ram_neurons, reads = _resident_neurons(shape, probs, resident, gpu_neurons, cluster)
     n_res = sum(int(k.size) for k in resident)
     cache = (n_res + work) * slot
-    per_layer = [
-        hardware.storage_seconds(r, b) if hardware is not None else None for r, b in zip(reads, cb)
-    ]
-    seconds = None if None in per_layer else float(sum(per_layer))
     ram = {
         "budget_bytes": int(ram_budget),
         "base_bytes": int(base),
@@ -227,14 +223,7 @@ def plan_ram_tier(
         "cache_bytes": int(cache),
         "total_bytes": int(base + overhead + cache),
         "resident_clusters": [int(k.size) for k in resident],
-        "storage": {
-            "reads_per_token": float(sum(reads)),
-            "bytes_per_token": _storage_bytes(reads, cb),
-            "reads_per_layer": reads,
-            "time_per_token_s": seconds,
-            "read_bw_gbs": float(getattr(hardware, "storage_read_bw", 0.0)),
-            "iops": float(getattr(hardware, "storage_iops", 0.0)),
-        },
+        "storage": _storage_section(reads, cb, hardware),
     }
     return ram_neurons, ram
 
@@ -287,12 +276,24 @@ def _resident_neurons(
     return ram_neurons, reads
 
 
-def _storage_bytes(reads: list[float], cluster_bytes: list[int]) -> float:
-    """The bytes a token is expected to read from storage (summed layer by layer)."""
-    total = 0.0
-    for r, b in zip(reads, cluster_bytes):
-        total += r * b
-    return total
+def _storage_section(reads: list[float], cb: list[int], hardware) -> dict:
+    """The ``ram`` section's ``storage`` part: the reads and bytes a token is expected to
+    fetch from storage (``reads`` per layer, of ``cb`` bytes each), and their time on
+    ``hardware``'s storage (None where it has no storage numbers)."""
+    storage_bytes = 0.0
+    for r, b in zip(reads, cb):
+        storage_bytes += r * b
+    per_layer = [
+        hardware.storage_seconds(r, b) if hardware is not None else None for r, b in zip(reads, cb)
+    ]
+    return {
+        "reads_per_token": float(sum(reads)),
+        "bytes_per_token": storage_bytes,
+        "reads_per_layer": reads,
+        "time_per_token_s": None if None in per_layer else float(sum(per_layer)),
+        "read_bw_gbs": float(getattr(hardware, "storage_read_bw", 0.0)),
+        "iops": float(getattr(hardware, "storage_iops", 0.0)),
+    }
 
 
 def check_ram_tier(
