@@ -1,0 +1,84 @@
+"""What the threshold files of both modes (:mod:`.thresholds`, :mod:`.input_thresholds`)
+share: their JSON read and written (atomically), their numbers checked, the calibration record
+(corpus, tokens) read back, and the model they were calibrated for checked."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import ModelFileError, PlanError
+from ..loading.regular_file import regular_file
+
+
+def write_json_atomically(path: str | os.PathLike[str], doc: dict[str, Any]) -> Path:
+    """Write ``doc`` as JSON to ``path`` through a ``.part`` file replaced at the end (its
+    folder made when missing); returns the path. The threshold files of both modes use it."""
+    p = Path(path)
+    if p.parent and not p.parent.exists():
+        p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".part")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, p)
+    return p
+
+
+def read_json(source: str) -> Any:
+    """The JSON document of the threshold file ``source``; :class:`ModelFileError` when it
+    is missing, unreadable or not JSON."""
+    try:
+        with open(regular_file(source), encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise ModelFileError(f"{source}: no such threshold file") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise ModelFileError(f"{source}: cannot read thresholds: {e}") from None
+
+
+def json_number(x: Any, what: str, source: str) -> float:
+    """A JSON number as a float; :class:`ModelFileError` for anything else, including an
+    integer too large for a float."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ModelFileError(f"{source}: '{what}' holds {x!r:.80}, not a number")
+    try:
+        return float(x)
+    except OverflowError:
+        raise ModelFileError(f"{source}: '{what}' holds a number out of range") from None
+
+
+def check_threshold(t: Any, what: str) -> None:
+    """:class:`PlanError` unless the threshold ``t`` (``what``, for the message) is a finite
+    number >= 0."""
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t):
+        raise PlanError(f"{what} is {t!r}, not a finite number")
+    if t < 0:
+        raise PlanError(f"{what} is negative ({t})")
+
+
+def calibration_record(doc: Mapping[str, Any], source: str) -> tuple[list[str], int]:
+    """The corpus names and the token count a threshold file records (none and 0 when it
+    records none); :class:`ModelFileError` for malformed ones."""
+    tokens = doc.get("tokens", 0)
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise ModelFileError(f"{source}: tokens {tokens!r} is not a count")
+    corpus = doc.get("corpus") or []
+    if not isinstance(corpus, list):
+        raise ModelFileError(f"{source}: corpus must be a list of names")
+    return [str(c) for c in corpus], tokens
+
+
+def check_calibrated_for(model: Any, fingerprint: str | None, source: str) -> int:
+    """:class:`PlanError` when a file calibrated for the model ``fingerprint`` (None: not
+    recorded) is given another ``model`` (a LoadedModel; one without a fingerprint passes);
+    returns the model's layer count for the caller's own check."""
+    fp = getattr(model, "fingerprint", None)
+    if fingerprint and fp and fingerprint != fp:
+        raise PlanError(
+            f"{source} was calibrated for another model (fingerprint {fingerprint}, this model "
+            f"{fp})"
+        )
+    return model.config.n_layers
