@@ -230,9 +230,9 @@ def calibrate(
     corpus: Sequence[str | os.PathLike[str]],
     out: str | os.PathLike[str],
     *,
-    tokens: int = DEFAULT_TOKENS,
     mode: str = "threshold",
     sparsity: float = 0.5,
+    tokens: int = DEFAULT_TOKENS,
     score: str = "wina",
     allocation: str = "uniform",
     output_head: bool = False,
@@ -253,35 +253,37 @@ def calibrate(
     engine = stage_args.load_engine(model, threads=threads)
     ids, names = stage_args.corpus_ids(engine, corpus, tokens)
     cal, held = split_ids(ids, heldout_fraction)
+    run = _Calibration(engine, cal, held, names, out, sparsity, window, seed, progress, report)
     if mode == "input":
-        _calibrate_inputs(
-            engine, cal, held, names, out, sparsity, score=score, allocation=allocation,
-            output_head=output_head, window=window, seed=seed, progress=progress, report=report,
-        )  # fmt: skip
+        _calibrate_inputs(run, score=score, allocation=allocation, output_head=output_head)
     else:
-        _calibrate_layers(
-            engine, cal, held, names, out, sparsity, window=window,
-            sample_values=sample_values, seed=seed, progress=progress, report=report,
-        )  # fmt: skip
+        _calibrate_layers(run, sample_values=sample_values)
     report(f"wrote {out}")
     return Path(out)
 
 
-def _calibrate_layers(
-    engine: Any,
-    cal: list[int],
-    held: list[int],
-    names: list[str],
-    out: str | os.PathLike[str],
-    sparsity: float,
-    *,
-    window: int,
-    sample_values: int,
-    seed: int,
-    progress: bool,
-    report: Callable[[str], None],
-) -> None:
+@dataclass
+class _Calibration:
+    """What both modes' calibrations work with: the engine, the calibration tokens and the
+    held-out ones, the corpus names, the file to write, the target share and the settings of
+    the passes, and where the report lines go."""
+
+    engine: Any
+    cal: list[int]
+    held: list[int]
+    names: list[str]
+    out: str | os.PathLike[str]
+    sparsity: float
+    window: int
+    seed: int
+    progress: bool
+    report: Callable[[str], None]
+
+
+def _calibrate_layers(run: _Calibration, *, sample_values: int) -> None:
     """``mode="threshold"``: per-layer thresholds, and their held-out cost."""
+    engine, cal, held, out, sparsity = run.engine, run.cal, run.held, run.out, run.sparsity
+    window, progress, report = run.window, run.progress, run.report
     cfg = engine.config
     print(
         f"calibrating {cfg.n_layers} layers ({cfg.activation}, ffn {cfg.ffn_dim}) to "
@@ -289,7 +291,7 @@ def _calibrate_layers(
         file=sys.stderr,
     )
     thresholds, below = calibrate_thresholds(
-        engine, cal, sparsity, window=window, sample_values=sample_values, seed=seed,
+        engine, cal, sparsity, window=window, sample_values=sample_values, seed=run.seed,
         progress=progress,
     )  # fmt: skip
     tf = ThresholdFile(
@@ -298,7 +300,7 @@ def _calibrate_layers(
         activation=cfg.activation,
         target_sparsity=sparsity,
         measured_sparsity=below,
-        corpus=names,
+        corpus=run.names,
         tokens=len(cal),
         extra={"measured_on": "calibration tokens, dense activations", "window": window},
     )
@@ -327,26 +329,13 @@ def _calibrate_layers(
         report(f"mean FFN sparsity on the calibration sample {mean:.3f} (no held-out part)")
 
 
-def _calibrate_inputs(
-    engine: Any,
-    cal: list[int],
-    held: list[int],
-    names: list[str],
-    out: str | os.PathLike[str],
-    sparsity: float,
-    *,
-    score: str,
-    allocation: str,
-    output_head: bool,
-    window: int,
-    seed: int,
-    progress: bool,
-    report: Callable[[str], None],
-) -> None:
+def _calibrate_inputs(run: _Calibration, *, score: str, allocation: str, output_head: bool) -> None:
     """``mode="input"``: per-site thresholds for the input mode, and their held-out cost."""
     from ..formats.input_thresholds import save_input_thresholds
     from .calibrate_input import calibrate_input, format_table, held_out_input_cost
 
+    engine, cal, held, out, sparsity = run.engine, run.cal, run.held, run.out, run.sparsity
+    window, progress, report = run.window, run.progress, run.report
     cfg = engine.config
     print(
         f"calibrating the input mode of {cfg.n_layers} layers ({score} scores, "
@@ -355,11 +344,11 @@ def _calibrate_inputs(
         file=sys.stderr,
     )
     c = calibrate_input(
-        engine, cal, sparsity, score=score, output=output_head, window=window, seed=seed,
+        engine, cal, sparsity, score=score, output=output_head, window=window, seed=run.seed,
         progress=progress, allocation=allocation,
     )  # fmt: skip
     tf = c.thresholds
-    tf.corpus = list(names)
+    tf.corpus = list(run.names)
     tf.extra.update(allocation=allocation, window=window)
     save_input_thresholds(out, tf)
     dropped = None
