@@ -39,8 +39,8 @@ from typing import Any
 from ..errors import ModelFileError, PlanError
 from ..loading.regular_file import regular_file
 from .threshold_json import (
+    ThresholdRecord,
     calibration_record,
-    check_calibrated_for,
     check_threshold,
     json_number,
     read_json,
@@ -66,7 +66,7 @@ _KNOWN = (
 
 
 @dataclass
-class InputThresholds:
+class InputThresholds(ThresholdRecord):
     """The contents of an input threshold file."""
 
     thresholds: list[list[float]]
@@ -79,14 +79,9 @@ class InputThresholds:
     tokens: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def n_layers(self) -> int:
-        return len(self.thresholds)
+    SOURCE = "input thresholds"
 
-    def validate(self, source: str = "input thresholds") -> None:
-        """Check types and ranges; :class:`PlanError` otherwise."""
-        if not self.thresholds:
-            raise PlanError(f"{source}: no thresholds")
+    def _check_values(self, source: str) -> None:
         if self.score not in SCORES:
             raise PlanError(f"{source}: score {self.score!r} (choose {', '.join(SCORES)})")
         for i, row in enumerate(self.thresholds):
@@ -98,14 +93,6 @@ class InputThresholds:
             for site, t in zip(SITES, row):
                 check_threshold(t, f"{source}: threshold of layer {i} {site}")
         check_threshold(self.output, f"{source}: output threshold")
-        if self.target_sparsity is not None and not 0.0 <= self.target_sparsity < 1.0:
-            raise PlanError(f"{source}: target_sparsity {self.target_sparsity} not in [0, 1)")
-
-    def check_model(self, model: Any, source: str = "input thresholds") -> None:
-        """Raise :class:`PlanError` unless the file fits ``model`` (a LoadedModel)."""
-        n = check_calibrated_for(model, self.model_fingerprint, source)
-        if self.n_layers != n:
-            raise PlanError(f"{source}: thresholds for {self.n_layers} layers, the model has {n}")
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {

@@ -71,14 +71,53 @@ def calibration_record(doc: Mapping[str, Any], source: str) -> tuple[list[str], 
     return [str(c) for c in corpus], tokens
 
 
-def check_calibrated_for(model: Any, fingerprint: str | None, source: str) -> int:
-    """:class:`PlanError` when a file calibrated for the model ``fingerprint`` (None: not
-    recorded) is given another ``model`` (a LoadedModel; one without a fingerprint passes);
-    returns the model's layer count for the caller's own check."""
-    fp = getattr(model, "fingerprint", None)
-    if fingerprint and fp and fingerprint != fp:
-        raise PlanError(
-            f"{source} was calibrated for another model (fingerprint {fingerprint}, this model "
-            f"{fp})"
-        )
-    return model.config.n_layers
+class ThresholdRecord:
+    """The checks both threshold files' dataclasses share (they hold ``thresholds``, one entry
+    per layer, ``model_fingerprint`` and ``target_sparsity``): :meth:`validate` runs the common
+    checks around the file's own (:meth:`_check_values`, :meth:`_check_rest`), and
+    :meth:`check_model` checks the model it was calibrated for."""
+
+    #: The file's name in messages when the caller gives none.
+    SOURCE = "thresholds"
+    thresholds: list
+    model_fingerprint: str | None
+    target_sparsity: float | None
+
+    @property
+    def n_layers(self) -> int:
+        """Number of layers."""
+        return len(self.thresholds)
+
+    def validate(self, source: str | None = None) -> None:
+        """Check types and ranges; :class:`PlanError` otherwise."""
+        source = self.SOURCE if source is None else source
+        if not self.thresholds:
+            raise PlanError(f"{source}: no thresholds")
+        self._check_values(source)
+        if self.target_sparsity is not None and not 0.0 <= self.target_sparsity < 1.0:
+            raise PlanError(f"{source}: target_sparsity {self.target_sparsity} not in [0, 1)")
+        self._check_rest(source)
+
+    def _check_values(self, source: str) -> None:
+        """The file's own checks of its thresholds."""
+
+    def _check_rest(self, source: str) -> None:
+        """The file's own checks after the target's."""
+
+    def _layers_differ(self, source: str, n: int) -> str:
+        """The message for thresholds of :attr:`n_layers` layers given an ``n``-layer model."""
+        return f"{source}: thresholds for {self.n_layers} layers, the model has {n}"
+
+    def check_model(self, model: Any, source: str | None = None) -> None:
+        """Raise :class:`PlanError` unless the file fits ``model`` (a LoadedModel): same
+        fingerprint (when the file has one) and one entry per layer."""
+        source = self.SOURCE if source is None else source
+        fp = getattr(model, "fingerprint", None)
+        if self.model_fingerprint and fp and self.model_fingerprint != fp:
+            raise PlanError(
+                f"{source} was calibrated for another model (fingerprint "
+                f"{self.model_fingerprint}, this model {fp})"
+            )
+        n = model.config.n_layers
+        if self.n_layers != n:
+            raise PlanError(self._layers_differ(source, n))

@@ -34,8 +34,8 @@ from typing import Any
 from ..errors import ModelFileError, PlanError, PowerInferError
 from ..loading.regular_file import regular_file
 from .threshold_json import (
+    ThresholdRecord,
     calibration_record,
-    check_calibrated_for,
     check_threshold,
     json_number,
     read_json,
@@ -56,7 +56,7 @@ _KNOWN = (
 
 
 @dataclass
-class ThresholdFile:
+class ThresholdFile(ThresholdRecord):
     """The contents of a threshold file."""
 
     thresholds: list[float]
@@ -68,31 +68,19 @@ class ThresholdFile:
     tokens: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def n_layers(self) -> int:
-        """Number of layers."""
-        return len(self.thresholds)
-
-    def validate(self, source: str = "thresholds") -> None:
-        """Check types and ranges; :class:`PlanError` otherwise."""
-        if not self.thresholds:
-            raise PlanError(f"{source}: no thresholds")
+    def _check_values(self, source: str) -> None:
         for i, t in enumerate(self.thresholds):
             check_threshold(t, f"{source}: threshold of layer {i}")
-        if self.target_sparsity is not None and not 0.0 <= self.target_sparsity < 1.0:
-            raise PlanError(f"{source}: target_sparsity {self.target_sparsity} not in [0, 1)")
+
+    def _check_rest(self, source: str) -> None:
         if self.measured_sparsity is not None and len(self.measured_sparsity) != self.n_layers:
             raise PlanError(
                 f"{source}: {len(self.measured_sparsity)} measured_sparsity values for "
                 f"{self.n_layers} layers"
             )
 
-    def check_model(self, model: Any, source: str = "thresholds") -> None:
-        """Raise :class:`PlanError` unless the file fits ``model`` (a LoadedModel): same
-        fingerprint (when the file has one) and one threshold per layer."""
-        n = check_calibrated_for(model, self.model_fingerprint, source)
-        if self.n_layers != n:
-            raise PlanError(f"{source}: {self.n_layers} thresholds for a {n}-layer model")
+    def _layers_differ(self, source: str, n: int) -> str:
+        return f"{source}: {self.n_layers} thresholds for a {n}-layer model"
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object written to disk."""
