@@ -46,7 +46,7 @@ from .errors import APIError, from_engine, parse_body
 from .responses import Calls, calls_for
 from .schemas import MAX_STOPS, DraftMax, Lenient, SpeculativeMode
 from .speculation import DEFAULTS, SpeculativeDefaults, speculative_kwargs
-from .sse import collect, failure, start_job
+from .sse import collect_answer, failure, start_job
 from .worker import Done, Job
 
 log = logging.getLogger("powerinfer_rs.server")
@@ -443,13 +443,7 @@ async def messages(request: Request, state: Any) -> Response:
             media_type="text/event-stream",
             headers=headers,
         )
-    try:
-        text, _, done = await collect(job)
-    finally:
-        watcher.cancel()
-        job.cancel()
-    if done.error is not None:
-        raise failure(done)
+    text, _, done = await collect_answer(job, watcher)
     made: list[ToolCall] = []
     if calls is not None:
         text, made = calls.parse(text)
