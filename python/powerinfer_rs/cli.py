@@ -27,7 +27,7 @@ from .runtime.speculative import (
     mode_of_flag,
 )
 from .stages import STAGES
-from .stages.args import at_least_int, float_in, nonneg_int, positive_float, positive_int
+from .stages.args import at_least_int, float_in, nonneg_int, positive_float, positive_int, share
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -133,12 +133,7 @@ def _sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--top-k", type=nonneg_int, default=40, help="keep the k likeliest tokens; 0 = off"
     )
-    p.add_argument(
-        "--top-p",
-        type=float_in(0.0, 1.0, low_open=True),
-        default=0.95,
-        help="nucleus sampling mass (0.95)",
-    )
+    p.add_argument("--top-p", type=share, default=0.95, help="nucleus sampling mass (0.95)")
     p.add_argument(
         "--repetition-penalty",
         type=positive_float,
@@ -344,17 +339,9 @@ def cmd_prepare(a: argparse.Namespace) -> int:
 
     device = _auto_device(a)
     p = prepare(
-        a.model,
-        a.vram_budget,
-        device=device,
-        hardware=a.hardware,
-        context=a.ctx,
-        kv_cache=a.kv_cache,
-        threads=a.threads,
-        out=a.out,
-        refresh=a.refresh,
-        quiet=a.quiet,
-    )
+        a.model, a.vram_budget, device=device, hardware=a.hardware, context=a.ctx,
+        kv_cache=a.kv_cache, threads=a.threads, out=a.out, refresh=a.refresh, quiet=a.quiet,
+    )  # fmt: skip
     made = [f"{k} {v}" for k, v in p.manifest["files"].items() if v]
     print(f"{p.dir}: {', '.join(made) or 'nothing to plan'}; sparsity {p.sparsity}")
     print(f"run it with: python -m powerinfer_rs generate --model {p.dir} --prompt ...")

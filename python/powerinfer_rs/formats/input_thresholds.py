@@ -38,14 +38,7 @@ from typing import Any
 
 from ..errors import ModelFileError, PlanError
 from ..loading.regular_file import regular_file
-from .threshold_json import (
-    ThresholdRecord,
-    calibration_record,
-    check_threshold,
-    json_number,
-    read_json,
-    write_json_atomically,
-)
+from . import threshold_json as tj
 
 FORMAT = "powerinfer-rs-input-thresholds/1"
 #: The sites of a layer, in the order of its thresholds.
@@ -66,7 +59,7 @@ _KNOWN = (
 
 
 @dataclass
-class InputThresholds(ThresholdRecord):
+class InputThresholds(tj.ThresholdRecord):
     """The contents of an input threshold file."""
 
     thresholds: list[list[float]]
@@ -80,6 +73,7 @@ class InputThresholds(ThresholdRecord):
     extra: dict[str, Any] = field(default_factory=dict)
 
     SOURCE = "input thresholds"
+    FORMAT = FORMAT
 
     def _check_values(self, source: str) -> None:
         if self.score not in SCORES:
@@ -91,46 +85,38 @@ class InputThresholds(ThresholdRecord):
                     f"({', '.join(SITES)})"
                 )
             for site, t in zip(SITES, row):
-                check_threshold(t, f"{source}: threshold of layer {i} {site}")
-        check_threshold(self.output, f"{source}: output threshold")
+                tj.check_threshold(t, f"{source}: threshold of layer {i} {site}")
+        tj.check_threshold(self.output, f"{source}: output threshold")
 
-    def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "format": FORMAT,
-            "model_fingerprint": self.model_fingerprint,
+    def _json_fields(self) -> dict[str, Any]:
+        rows = self.measured_sparsity
+        return {
             "score": self.score,
             "target_sparsity": self.target_sparsity,
             "thresholds": [[float(t) for t in row] for row in self.thresholds],
             "output": float(self.output),
-            "measured_sparsity": None
-            if self.measured_sparsity is None
-            else [[float(v) for v in row] for row in self.measured_sparsity],
-            "corpus": list(self.corpus),
-            "tokens": int(self.tokens),
+            "measured_sparsity": None if rows is None else [[float(v) for v in r] for r in rows],
         }
-        for k, v in self.extra.items():
-            doc.setdefault(k, v)
-        return doc
 
 
 def save_input_thresholds(path: str | os.PathLike[str], tf: InputThresholds) -> Path:
     """Validate and write ``tf`` as JSON (atomically); returns the path."""
     tf.validate(os.fspath(path))
-    return write_json_atomically(path, tf.to_json())
+    return tj.write_json_atomically(path, tf.to_json())
 
 
 def _from_doc(doc: Mapping[str, Any], source: str) -> InputThresholds:
     """The :class:`InputThresholds` of the file's document ``doc``, validated."""
 
     def number(x: Any, what: str) -> float:
-        return json_number(x, what, source)
+        return tj.json_number(x, what, source)
 
     def rows(v: Any, what: str) -> list[list[float]]:
         if not isinstance(v, list) or not all(isinstance(r, list) for r in v):
             raise ModelFileError(f"{source}: '{what}' must be a list of per-layer lists")
         return [[number(x, what) for x in r] for r in v]
 
-    corpus, tokens = calibration_record(doc, source)
+    corpus, tokens = tj.calibration_record(doc, source)
     target = doc.get("target_sparsity")
     measured = doc.get("measured_sparsity")
     score = doc.get("score", "teal")
@@ -156,7 +142,7 @@ def load_input_thresholds(path: str | os.PathLike[str], model: Any = None) -> In
     """Read an input threshold file; with ``model`` also check it fits it. Malformed files
     raise :class:`ModelFileError`, another model's :class:`PlanError`."""
     source = os.fspath(path)
-    doc = read_json(source)
+    doc = tj.read_json(source)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ModelFileError(
             f"{source}: not an input threshold file (format {FORMAT!r}; "

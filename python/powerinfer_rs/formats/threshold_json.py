@@ -77,11 +77,33 @@ class ThresholdRecord:
     checks around the file's own (:meth:`_check_values`, :meth:`_check_rest`), and
     :meth:`check_model` checks the model it was calibrated for."""
 
-    #: The file's name in messages when the caller gives none.
+    #: The file's name in messages when the caller gives none, and its format tag.
     SOURCE = "thresholds"
+    FORMAT = ""
     thresholds: list
     model_fingerprint: str | None
     target_sparsity: float | None
+    corpus: list[str]
+    tokens: int
+    extra: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object written to disk: the format tag and the fingerprint, the file's own
+        fields (:meth:`_json_fields`), the calibration record, then the other keys kept."""
+        doc: dict[str, Any] = {
+            "format": self.FORMAT,
+            "model_fingerprint": self.model_fingerprint,
+            **self._json_fields(),
+            "corpus": list(self.corpus),
+            "tokens": int(self.tokens),
+        }
+        for k, v in self.extra.items():
+            doc.setdefault(k, v)
+        return doc
+
+    def _json_fields(self) -> dict[str, Any]:
+        """The file's own keys of :meth:`to_json`, in order."""
+        return {}
 
     @property
     def n_layers(self) -> int:

@@ -59,6 +59,8 @@ _KNOWN = (
 class ThresholdFile(ThresholdRecord):
     """The contents of a threshold file."""
 
+    FORMAT = FORMAT
+
     thresholds: list[float]
     model_fingerprint: str | None = None
     activation: str | None = None
@@ -82,24 +84,14 @@ class ThresholdFile(ThresholdRecord):
     def _layers_differ(self, source: str, n: int) -> str:
         return f"{source}: {self.n_layers} thresholds for a {n}-layer model"
 
-    def to_json(self) -> dict[str, Any]:
-        """The JSON object written to disk."""
-        doc: dict[str, Any] = {
-            "format": FORMAT,
-            "model_fingerprint": self.model_fingerprint,
+    def _json_fields(self) -> dict[str, Any]:
+        measured = self.measured_sparsity
+        return {
             "activation": self.activation,
             "target_sparsity": self.target_sparsity,
             "thresholds": [float(t) for t in self.thresholds],
-            "measured_sparsity": None
-            if self.measured_sparsity is None
-            else [float(s) for s in self.measured_sparsity],
-            "corpus": list(self.corpus),
-            "tokens": int(self.tokens),
+            "measured_sparsity": None if measured is None else [float(s) for s in measured],
         }
-        for k, v in self.extra.items():
-            if k not in doc:
-                doc[k] = v
-        return doc
 
 
 def save_thresholds(path: str | os.PathLike[str], tf: ThresholdFile) -> Path:

@@ -457,6 +457,8 @@ _QK_NORMS = {"self_attn.q_norm.weight": "attn_q_norm", "self_attn.k_norm.weight"
 _ROUTER = {"mlp.gate.weight": "ffn_gate_inp"}
 #: What the Qwen and OLMoE mixtures of experts share: the experts' parameters (:data:`_EXPERTS`).
 _QWEN_STYLE_MOE: dict[str, Any] = dict(moe=True, hf_experts=_EXPERTS)
+#: Qwen3-MoE's and OLMoE's checkpoints: those and the router and q/k norms' parameters.
+_QK_NORM_MOE: dict[str, Any] = dict(hf_layer_names={**_ROUTER, **_QK_NORMS}, **_QWEN_STYLE_MOE)
 
 # Mixture-of-experts families (llama.cpp's graphs, src/models/<arch>.cpp; its build_moe_ffn):
 # softmax routers, SiLU experts. Qwen3-MoE and Mixtral renormalise the top-k weights, Qwen2-MoE
@@ -472,9 +474,8 @@ MOE_FAMILIES: tuple[Family, ...] = (
         ("qwen3_moe",),
         ("Qwen3MoeForCausalLM",),
         config=dict(qk_norm=True, expert_norm_weights=True),
-        hf_layer_names={**_ROUTER, **_QK_NORMS},
         hf_defaults=_QWEN3MOE_HF,
-        **_QWEN_STYLE_MOE,
+        **_QK_NORM_MOE,
     ),
     Family(
         "qwen2moe",
@@ -501,9 +502,8 @@ MOE_FAMILIES: tuple[Family, ...] = (
         ("olmoe",),
         ("OlmoeForCausalLM",),
         config=dict(qk_norm=True, qk_norm_full=True),
-        hf_layer_names={**_ROUTER, **_QK_NORMS},
         hf_defaults=_OLMOE_HF,
-        **_QWEN_STYLE_MOE,
+        **_QK_NORM_MOE,
     ),
     # PowerInfer's SmallThinker (llama.cpp's smallthinker.cpp): ReGLU experts, renormalised,
     # the router on the layer input before attention, softmax or sigmoid as the file says
