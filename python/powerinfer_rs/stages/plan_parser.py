@@ -39,19 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_input_args(ap)
-    _add_budget_args(ap)
-    _add_mode_args(ap)
-    _add_solver_args(ap)
+    _add_target_args(ap)
+    _add_pricing_args(ap)
     _add_output_args(ap)
-    _add_ram_tier_args(ap)
     ap.add_argument("--quiet", action="store_true", help="print only the summary lines")
     ap.add_argument("--verbose", action="store_true", help="show the HiGHS log")
     return ap
 
 
-def _add_input_args(ap: argparse.ArgumentParser) -> None:
-    """The model and its activation profile."""
+def _add_target_args(ap: argparse.ArgumentParser) -> None:
+    """What is planned: the model and its activation profile, the VRAM budget, the hardware
+    it is planned for and the KV cache the GPU holds."""
     ap.add_argument(
         "--model",
         required=True,
@@ -65,10 +63,6 @@ def _add_input_args(ap: argparse.ArgumentParser) -> None:
         help="activation profile directory (DIR/profile.safetensors, written by "
         "python -m powerinfer_rs.profile) or the .safetensors file itself",
     )
-
-
-def _add_budget_args(ap: argparse.ArgumentParser) -> None:
-    """The VRAM budget, the hardware it is planned for and the KV cache it holds."""
     ap.add_argument(
         "--vram-budget",
         required=True,
@@ -103,8 +97,10 @@ def _add_budget_args(ap: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_mode_args(ap: argparse.ArgumentParser) -> None:
-    """The engine's FFN mode the plan is priced for, and a mixture of experts' policy."""
+def _add_pricing_args(ap: argparse.ArgumentParser) -> None:
+    """How a placement is priced and solved: the engine's FFN mode and a mixture of experts'
+    policy, the objective and the bucket, the solver's limits, the predictor bytes reserved (a
+    file's, or a size per layer)."""
     ap.add_argument(
         "--sparsity",
         choices=SPARSITIES,
@@ -126,11 +122,6 @@ def _add_mode_args(ap: argparse.ArgumentParser) -> None:
         "experts and the output head on the GPU, then every routed expert of the last layers "
         "while the budget holds them, the rest on the CPU). Both route on the CPU",
     )
-
-
-def _add_solver_args(ap: argparse.ArgumentParser) -> None:
-    """What the integer program weighs and how it is solved: the objective, the bucket, the
-    solver's limits, the predictor bytes reserved (a file's, or a size per layer)."""
     ap.add_argument(
         "--objective",
         choices=OBJECTIVES,
@@ -196,7 +187,8 @@ def _add_solver_args(ap: argparse.ArgumentParser) -> None:
 
 
 def _add_output_args(ap: argparse.ArgumentParser) -> None:
-    """The plan file, its plot and the profile check."""
+    """The plan file, its plot and the profile check; the RAM tier (models bigger than RAM)
+    and the storage it reads from."""
     ap.add_argument(
         "--out",
         default="PLAN.safetensors",
@@ -214,10 +206,6 @@ def _add_output_args(ap: argparse.ArgumentParser) -> None:
         action="store_true",
         help="accept a profile recorded on another model of the same shape",
     )
-
-
-def _add_ram_tier_args(ap: argparse.ArgumentParser) -> None:
-    """The RAM tier (models bigger than RAM) and the storage it reads from."""
     ap.add_argument(
         "--ram-budget",
         metavar="SIZE",
