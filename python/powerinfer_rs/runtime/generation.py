@@ -86,6 +86,27 @@ class GenerationStats:
         return self.prefill_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
 
 
+#: The keys of :meth:`Generation.stats`: the :class:`GenerationStats` fields and rates, in order.
+STATS_KEYS = (
+    "prompt_tokens",
+    "prefill_tokens",
+    "cached_tokens",
+    "prefill_seconds",
+    "decode_tokens",
+    "decode_seconds",
+    "decode_tokens_per_second",
+    "completion_tokens",
+    "finish_reason",
+    "phases",
+    "speculative",
+    "drafted_tokens",
+    "accepted_tokens",
+    "acceptance_rate",
+    "verify_steps",
+    "tokens_per_verify_step",
+)
+
+
 def _texts(steps: TokenStream) -> Iterator[str]:
     """The non-empty texts of ``steps``; closing this generator closes ``steps``."""
     try:
@@ -338,26 +359,9 @@ class Generation:
         return None if info is None else dict(info["phases"]["total"])
 
     def stats(self) -> dict:
-        """Timing of the last generation as a dict."""
+        """Timing of the last generation as a dict (:data:`STATS_KEYS`)."""
         s = self.last_stats
-        return {
-            "prompt_tokens": s.prompt_tokens,
-            "prefill_tokens": s.prefill_tokens,
-            "cached_tokens": s.cached_tokens,
-            "prefill_seconds": s.prefill_seconds,
-            "decode_tokens": s.decode_tokens,
-            "decode_seconds": s.decode_seconds,
-            "decode_tokens_per_second": s.decode_tokens_per_second,
-            "completion_tokens": s.completion_tokens,
-            "finish_reason": s.finish_reason,
-            "phases": s.phases,
-            "speculative": s.speculative,
-            "drafted_tokens": s.drafted_tokens,
-            "accepted_tokens": s.accepted_tokens,
-            "acceptance_rate": s.acceptance_rate,
-            "verify_steps": s.verify_steps,
-            "tokens_per_verify_step": s.tokens_per_verify_step,
-        }
+        return {k: getattr(s, k) for k in STATS_KEYS}
 
     # -- internals -------------------------------------------------------------------------
 
