@@ -16,6 +16,7 @@ import importlib
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import _core
@@ -464,8 +465,9 @@ def cmd_perplexity(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The parser of ``powerinfer-rs``: one subcommand per ``_add_*`` below, the stages and
-    tools named for ``--help`` only (:func:`main` hands them the rest of the line)."""
+    """The parser of ``powerinfer-rs``: the commands of :func:`_commands`, ``bench``, and the
+    stages and tools named for ``--help`` only (:func:`main` hands them the rest of the
+    line)."""
     p = argparse.ArgumentParser(
         prog="python -m powerinfer_rs",
         description="powerinfer-rs: fast local LLM inference (Rust core, Python front).",
@@ -474,18 +476,56 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add_argument("--version", action="version", version=f"powerinfer-rs {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_generate, _add_chat, _add_perplexity, _add_serve, _add_prepare, _add_info,
-                _add_bench):  # fmt: skip
-        add(sub)
+    for name, (what, description, add_arguments) in _commands().items():
+        add_arguments(sub.add_parser(name, help=what, description=description))
+    _add_bench(sub)
     for name, (_, what) in STAGES.items():
         if "_" not in name:  # train_predictors is an alias of train-predictors
             sub.add_parser(name, help=what, add_help=False)
     return p
 
 
-def _add_generate(sub) -> None:
-    """``generate``: continue a prompt."""
-    g = sub.add_parser("generate", help="continue a prompt", description="Continue a prompt.")
+def _commands() -> dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None]]]:
+    """The commands that run the engine (and ``info``): name -> (help, description, the
+    function adding the command's arguments and its ``func``)."""
+    return {
+        "generate": ("continue a prompt", "Continue a prompt.", _generate_arguments),
+        "chat": ("talk with the model", "Interactive chat on stdin/stdout.", _chat_arguments),
+        "perplexity": (
+            "perplexity of a text",
+            "Perplexity of a text in non-overlapping windows.",
+            _perplexity_arguments,
+        ),
+        "serve": (
+            "OpenAI- and Anthropic-compatible HTTP server",
+            "Serve the model over the OpenAI API (/v1/chat/completions, /v1/completions, "
+            "/v1/models, /health) and Anthropic's (/v1/messages); needs pip install "
+            "'powerinfer-rs[server]'.",
+            _serve_arguments,
+        ),
+        "prepare": (
+            "auto-fit a model to a VRAM budget, once",
+            "Prepare a model to run within a VRAM budget: thresholds (SiLU/GELU models) or "
+            "predictors (ReLU models without their own), an activation profile and a plan, "
+            "made by the pipeline's stages on the calibration text shipped with the package "
+            "(Python 3.11 documentation prose, PSF License); the number of profiled tokens "
+            "shrinks with the model's size. Writes DIR, which --model DIR or --plan DIR runs; "
+            "generate, chat, perplexity and serve do the same into the cache when given "
+            "--vram-budget without --plan.",
+            _prepare_arguments,
+        ),
+        "info": (
+            "what a model is and how it can run",
+            "Family, shape, weight formats and bytes, the sparsity modes that apply and why; "
+            "with --vram-budget, what a plan would place on the GPU and the tokens/s the cost "
+            "model predicts (estimated from a synthetic power-law profile).",
+            _info_arguments,
+        ),
+    }
+
+
+def _generate_arguments(g: argparse.ArgumentParser) -> None:
+    """``generate``'s arguments: the prompt, how it is shown, the sampling."""
     _common(g)
     g.add_argument("--prompt", "-p", required=True, help="the text to continue")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
@@ -496,11 +536,8 @@ def _add_generate(sub) -> None:
     g.set_defaults(func=cmd_generate)
 
 
-def _add_chat(sub) -> None:
-    """``chat``: an interactive chat on stdin/stdout."""
-    c = sub.add_parser(
-        "chat", help="talk with the model", description="Interactive chat on stdin/stdout."
-    )
+def _chat_arguments(c: argparse.ArgumentParser) -> None:
+    """``chat``'s arguments: the system message, the sampling."""
     _common(c)
     c.add_argument("--system", default=None, help="system message")
     _sampling(c)
@@ -508,13 +545,8 @@ def _add_chat(sub) -> None:
     c.set_defaults(func=cmd_chat)
 
 
-def _add_perplexity(sub) -> None:
-    """``perplexity``: the perplexity of a text."""
-    q = sub.add_parser(
-        "perplexity",
-        help="perplexity of a text",
-        description="Perplexity of a text in non-overlapping windows.",
-    )
+def _perplexity_arguments(q: argparse.ArgumentParser) -> None:
+    """``perplexity``'s arguments: the text and its windows."""
     _common(q)
     q.add_argument("--file", "-f", default=None, help="text file to score")
     q.add_argument("--text", default=None, help="text to score")
@@ -529,36 +561,18 @@ def _add_perplexity(sub) -> None:
     q.set_defaults(func=cmd_perplexity)
 
 
-def _add_serve(sub) -> None:
-    """``serve``: the OpenAI- and Anthropic-compatible HTTP server."""
+def _serve_arguments(s: argparse.ArgumentParser) -> None:
+    """``serve``'s arguments: the engine's, the server's (:mod:`.server.cli`)."""
     from .server.cli import add_arguments as add_server_arguments
 
-    s = sub.add_parser(
-        "serve",
-        help="OpenAI- and Anthropic-compatible HTTP server",
-        description="Serve the model over the OpenAI API (/v1/chat/completions, "
-        "/v1/completions, /v1/models, /health) and Anthropic's (/v1/messages); needs pip "
-        "install 'powerinfer-rs[server]'.",
-    )
     _common(s)
     add_server_arguments(s)
     add_speculative_arguments(s, server=True)
     s.set_defaults(func=cmd_serve)
 
 
-def _add_prepare(sub) -> None:
-    """``prepare``: auto-fit a model to a VRAM budget, once."""
-    r = sub.add_parser(
-        "prepare",
-        help="auto-fit a model to a VRAM budget, once",
-        description="Prepare a model to run within a VRAM budget: thresholds (SiLU/GELU "
-        "models) or predictors (ReLU models without their own), an activation profile and a "
-        "plan, made by the pipeline's stages on the calibration text shipped with the package "
-        "(Python 3.11 documentation prose, PSF License); the number of profiled tokens shrinks "
-        "with the model's size. Writes DIR, which --model DIR or --plan DIR runs; generate, "
-        "chat, perplexity and serve do the same into the cache when given --vram-budget "
-        "without --plan.",
-    )
+def _prepare_arguments(r: argparse.ArgumentParser) -> None:
+    """``prepare``'s arguments: the model, the budget and what the plan is for."""
     r.add_argument("--model", "-m", default=None, help="GGUF file or Hugging Face directory")
     r.add_argument(
         "--vram-budget",
@@ -585,24 +599,17 @@ def _add_prepare(sub) -> None:
     r.set_defaults(func=cmd_prepare)
 
 
-def _add_info(sub) -> None:
-    """``info``: what a model is and how it can run."""
-    from .info import add_arguments as add_info_arguments
-    from .info import cmd_info
+def _info_arguments(i: argparse.ArgumentParser) -> None:
+    """``info``'s arguments (:mod:`.info`)."""
+    from .info import add_arguments, cmd_info
 
-    i = sub.add_parser(
-        "info",
-        help="what a model is and how it can run",
-        description="Family, shape, weight formats and bytes, the sparsity modes that apply "
-        "and why; with --vram-budget, what a plan would place on the GPU and the tokens/s the "
-        "cost model predicts (estimated from a synthetic power-law profile).",
-    )
-    add_info_arguments(i)
+    add_arguments(i)
     i.set_defaults(func=cmd_info)
 
 
 def _add_bench(sub) -> None:
-    """``bench``: prompt and decode tokens/s, as llama-bench reports them."""
+    """``bench``: prompt and decode tokens/s, as llama-bench reports them (its description
+    and epilog from :mod:`.bench`'s doc)."""
     from .bench import __doc__ as bench_doc
     from .bench import add_arguments as add_bench_arguments
     from .bench import cmd_bench
