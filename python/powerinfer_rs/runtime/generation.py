@@ -79,11 +79,18 @@ class GenerationStats:
 
     @property
     def decode_tokens_per_second(self) -> float:
-        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+        """Decoded tokens per second of decoding (0 before any)."""
+        return _per_second(self.decode_tokens, self.decode_seconds)
 
     @property
     def prefill_tokens_per_second(self) -> float:
-        return self.prefill_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+        """Prefilled tokens per second of prefill (0 before any)."""
+        return _per_second(self.prefill_tokens, self.prefill_seconds)
+
+
+def _per_second(n: int, seconds: float) -> float:
+    """``n`` per second over ``seconds`` (0 for no time)."""
+    return n / seconds if seconds > 0 else 0.0
 
 
 #: The keys of :meth:`Generation.stats`: the :class:`GenerationStats` fields and rates, in order.
