@@ -628,8 +628,10 @@ def _add_rope_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--rope-factor", type=positive_float, default=8.0, help="linear / llama3 scaling factor"
     )
-    ap.add_argument("--rope-low-freq-factor", type=positive_float, default=1.0, help="llama3")
-    ap.add_argument("--rope-high-freq-factor", type=positive_float, default=4.0, help="llama3")
+    for band, factor in (("low", 1.0), ("high", 4.0)):  # llama3's factors of its two bands
+        ap.add_argument(
+            f"--rope-{band}-freq-factor", type=positive_float, default=factor, help="llama3"
+        )
     ap.add_argument(
         "--rope-original-context",
         type=positive_int,
