@@ -137,6 +137,8 @@ class _Stages:
 
     def __init__(self, quiet: bool) -> None:
         self.quiet = quiet
+        #: Whether the stages draw their progress bars.
+        self.progress = not quiet
         self.seconds: dict[str, float] = {}
         self._held: list[str] = []
 
@@ -148,11 +150,11 @@ class _Stages:
             print(text, file=sys.stderr)
 
     def run(self, name: str, fn: Callable[..., Path], *args: Any, **kwargs: Any) -> Path:
-        """``fn(*args, **kwargs, progress=not quiet, report=...)``, timed as stage ``name``."""
+        """``fn(*args, **kwargs, report=...)``, timed as stage ``name``."""
         self._held = []
         t0 = time.perf_counter()
         try:
-            result = fn(*args, **kwargs, progress=not self.quiet, report=self.report)
+            result = fn(*args, **kwargs, report=self.report)
         except (PowerInferError, OSError) as e:
             for line in self._held:
                 print(line, file=sys.stderr)
@@ -358,7 +360,7 @@ def _run_stages(
     if not relu:
         files["thresholds"] = "thresholds.json"
         stages.run("calibrate", calibrate, path, [str(CORPUS)], d / "thresholds.json",
-                   tokens=cal_tokens, threads=threads)  # fmt: skip
+                   tokens=cal_tokens, threads=threads, progress=stages.progress)  # fmt: skip
     # A mixture of experts on the GPU side runs its ReLU experts exact-relu where the hybrid
     # runs no predictors inside experts (the engine's mode table); on the CPU alone,
     # predictors per expert where they pay.
@@ -369,11 +371,12 @@ def _run_stages(
         stages.run(
             "profile", profile, path, [str(CORPUS)], d / "profile", tokens=prof_tokens,
             thresholds=d / "thresholds.json" if files["thresholds"] else None,
-            samples=need_predictors, plot=False, threads=threads,
+            samples=need_predictors, plot=False, threads=threads, progress=stages.progress,
         )  # fmt: skip
     if need_predictors:
         files["predictors"] = "predictors.safetensors"
-        stages.run("train-predictors", train, path, d / "profile", d / files["predictors"])
+        stages.run("train-predictors", train, path, d / "profile", d / files["predictors"],
+                   progress=stages.progress)  # fmt: skip
     if budget_text is not None:
         files["plan"] = "plan.safetensors"
         predictors = d / files["predictors"] if files["predictors"] else None
