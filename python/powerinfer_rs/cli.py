@@ -16,6 +16,7 @@ import importlib
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import _core
@@ -27,7 +28,7 @@ from .runtime.speculative import (
     mode_of_flag,
 )
 from .stages import STAGES
-from .stages.args import at_least_int, float_in, nonneg_int, positive_float, positive_int
+from .stages.args import at_least_int, float_in, nonneg_int, positive_float, positive_int, share
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -133,12 +134,7 @@ def _sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--top-k", type=nonneg_int, default=40, help="keep the k likeliest tokens; 0 = off"
     )
-    p.add_argument(
-        "--top-p",
-        type=float_in(0.0, 1.0, low_open=True),
-        default=0.95,
-        help="nucleus sampling mass (0.95)",
-    )
+    p.add_argument("--top-p", type=share, default=0.95, help="nucleus sampling mass (0.95)")
     p.add_argument(
         "--repetition-penalty",
         type=positive_float,
@@ -344,17 +340,9 @@ def cmd_prepare(a: argparse.Namespace) -> int:
 
     device = _auto_device(a)
     p = prepare(
-        a.model,
-        a.vram_budget,
-        device=device,
-        hardware=a.hardware,
-        context=a.ctx,
-        kv_cache=a.kv_cache,
-        threads=a.threads,
-        out=a.out,
-        refresh=a.refresh,
-        quiet=a.quiet,
-    )
+        a.model, a.vram_budget, device=device, hardware=a.hardware, context=a.ctx,
+        kv_cache=a.kv_cache, threads=a.threads, out=a.out, refresh=a.refresh, quiet=a.quiet,
+    )  # fmt: skip
     made = [f"{k} {v}" for k, v in p.manifest["files"].items() if v]
     print(f"{p.dir}: {', '.join(made) or 'nothing to plan'}; sparsity {p.sparsity}")
     print(f"run it with: python -m powerinfer_rs generate --model {p.dir} --prompt ...")
@@ -477,6 +465,9 @@ def cmd_perplexity(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``powerinfer-rs``: the commands of :func:`_commands`, ``bench``, and the
+    stages and tools named for ``--help`` only (:func:`main` hands them the rest of the
+    line)."""
     p = argparse.ArgumentParser(
         prog="python -m powerinfer_rs",
         description="powerinfer-rs: fast local LLM inference (Rust core, Python front).",
@@ -485,8 +476,56 @@ def build_parser() -> argparse.ArgumentParser:
 
     p.add_argument("--version", action="version", version=f"powerinfer-rs {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (what, description, add_arguments) in _commands().items():
+        add_arguments(sub.add_parser(name, help=what, description=description))
+    _add_bench(sub)
+    for name, (_, what) in STAGES.items():
+        if "_" not in name:  # train_predictors is an alias of train-predictors
+            sub.add_parser(name, help=what, add_help=False)
+    return p
 
-    g = sub.add_parser("generate", help="continue a prompt", description="Continue a prompt.")
+
+def _commands() -> dict[str, tuple[str, str, Callable[[argparse.ArgumentParser], None]]]:
+    """The commands that run the engine (and ``info``): name -> (help, description, the
+    function adding the command's arguments and its ``func``)."""
+    return {
+        "generate": ("continue a prompt", "Continue a prompt.", _generate_arguments),
+        "chat": ("talk with the model", "Interactive chat on stdin/stdout.", _chat_arguments),
+        "perplexity": (
+            "perplexity of a text",
+            "Perplexity of a text in non-overlapping windows.",
+            _perplexity_arguments,
+        ),
+        "serve": (
+            "OpenAI- and Anthropic-compatible HTTP server",
+            "Serve the model over the OpenAI API (/v1/chat/completions, /v1/completions, "
+            "/v1/models, /health) and Anthropic's (/v1/messages); needs pip install "
+            "'powerinfer-rs[server]'.",
+            _serve_arguments,
+        ),
+        "prepare": (
+            "auto-fit a model to a VRAM budget, once",
+            "Prepare a model to run within a VRAM budget: thresholds (SiLU/GELU models) or "
+            "predictors (ReLU models without their own), an activation profile and a plan, "
+            "made by the pipeline's stages on the calibration text shipped with the package "
+            "(Python 3.11 documentation prose, PSF License); the number of profiled tokens "
+            "shrinks with the model's size. Writes DIR, which --model DIR or --plan DIR runs; "
+            "generate, chat, perplexity and serve do the same into the cache when given "
+            "--vram-budget without --plan.",
+            _prepare_arguments,
+        ),
+        "info": (
+            "what a model is and how it can run",
+            "Family, shape, weight formats and bytes, the sparsity modes that apply and why; "
+            "with --vram-budget, what a plan would place on the GPU and the tokens/s the cost "
+            "model predicts (estimated from a synthetic power-law profile).",
+            _info_arguments,
+        ),
+    }
+
+
+def _generate_arguments(g: argparse.ArgumentParser) -> None:
+    """``generate``'s arguments: the prompt, how it is shown, the sampling."""
     _common(g)
     g.add_argument("--prompt", "-p", required=True, help="the text to continue")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
@@ -496,20 +535,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_speculative_arguments(g)
     g.set_defaults(func=cmd_generate)
 
-    c = sub.add_parser(
-        "chat", help="talk with the model", description="Interactive chat on stdin/stdout."
-    )
+
+def _chat_arguments(c: argparse.ArgumentParser) -> None:
+    """``chat``'s arguments: the system message, the sampling."""
     _common(c)
     c.add_argument("--system", default=None, help="system message")
     _sampling(c)
     add_speculative_arguments(c)
     c.set_defaults(func=cmd_chat)
 
-    q = sub.add_parser(
-        "perplexity",
-        help="perplexity of a text",
-        description="Perplexity of a text in non-overlapping windows.",
-    )
+
+def _perplexity_arguments(q: argparse.ArgumentParser) -> None:
+    """``perplexity``'s arguments: the text and its windows."""
     _common(q)
     q.add_argument("--file", "-f", default=None, help="text file to score")
     q.add_argument("--text", default=None, help="text to score")
@@ -523,30 +560,19 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     q.set_defaults(func=cmd_perplexity)
 
+
+def _serve_arguments(s: argparse.ArgumentParser) -> None:
+    """``serve``'s arguments: the engine's, the server's (:mod:`.server.cli`)."""
     from .server.cli import add_arguments as add_server_arguments
 
-    s = sub.add_parser(
-        "serve",
-        help="OpenAI- and Anthropic-compatible HTTP server",
-        description="Serve the model over the OpenAI API (/v1/chat/completions, "
-        "/v1/completions, /v1/models, /health) and Anthropic's (/v1/messages); needs pip "
-        "install 'powerinfer-rs[server]'.",
-    )
     _common(s)
     add_server_arguments(s)
     add_speculative_arguments(s, server=True)
     s.set_defaults(func=cmd_serve)
-    r = sub.add_parser(
-        "prepare",
-        help="auto-fit a model to a VRAM budget, once",
-        description="Prepare a model to run within a VRAM budget: thresholds (SiLU/GELU "
-        "models) or predictors (ReLU models without their own), an activation profile and a "
-        "plan, made by the pipeline's stages on the calibration text shipped with the package "
-        "(Python 3.11 documentation prose, PSF License); the number of profiled tokens shrinks "
-        "with the model's size. Writes DIR, which --model DIR or --plan DIR runs; generate, "
-        "chat, perplexity and serve do the same into the cache when given --vram-budget "
-        "without --plan.",
-    )
+
+
+def _prepare_arguments(r: argparse.ArgumentParser) -> None:
+    """``prepare``'s arguments: the model, the budget and what the plan is for."""
     r.add_argument("--model", "-m", default=None, help="GGUF file or Hugging Face directory")
     r.add_argument(
         "--vram-budget",
@@ -572,19 +598,18 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     r.set_defaults(func=cmd_prepare)
 
-    from .info import add_arguments as add_info_arguments
-    from .info import cmd_info
 
-    i = sub.add_parser(
-        "info",
-        help="what a model is and how it can run",
-        description="Family, shape, weight formats and bytes, the sparsity modes that apply "
-        "and why; with --vram-budget, what a plan would place on the GPU and the tokens/s the "
-        "cost model predicts (estimated from a synthetic power-law profile).",
-    )
-    add_info_arguments(i)
+def _info_arguments(i: argparse.ArgumentParser) -> None:
+    """``info``'s arguments (:mod:`.info`)."""
+    from .info import add_arguments, cmd_info
+
+    add_arguments(i)
     i.set_defaults(func=cmd_info)
 
+
+def _add_bench(sub) -> None:
+    """``bench``: prompt and decode tokens/s, as llama-bench reports them (its description
+    and epilog from :mod:`.bench`'s doc)."""
     from .bench import __doc__ as bench_doc
     from .bench import add_arguments as add_bench_arguments
     from .bench import cmd_bench
@@ -597,10 +622,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_bench_arguments(b)
     b.set_defaults(func=cmd_bench)
-    for name, (_, what) in STAGES.items():
-        if "_" not in name:  # train_predictors is an alias of train-predictors
-            sub.add_parser(name, help=what, add_help=False)
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

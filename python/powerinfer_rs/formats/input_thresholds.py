@@ -30,7 +30,6 @@ Other keys (the calibration's perplexity report) are kept in :attr:`InputThresho
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ from typing import Any
 
 from ..errors import ModelFileError, PlanError
 from ..loading.regular_file import regular_file
-from .thresholds import write_json_atomically
+from . import threshold_json as tj
 
 FORMAT = "powerinfer-rs-input-thresholds/1"
 #: The sites of a layer, in the order of its thresholds.
@@ -60,7 +59,7 @@ _KNOWN = (
 
 
 @dataclass
-class InputThresholds:
+class InputThresholds(tj.ThresholdRecord):
     """The contents of an input threshold file."""
 
     thresholds: list[list[float]]
@@ -73,14 +72,10 @@ class InputThresholds:
     tokens: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def n_layers(self) -> int:
-        return len(self.thresholds)
+    SOURCE = "input thresholds"
+    FORMAT = FORMAT
 
-    def validate(self, source: str = "input thresholds") -> None:
-        """Check types and ranges; :class:`PlanError` otherwise."""
-        if not self.thresholds:
-            raise PlanError(f"{source}: no thresholds")
+    def _check_values(self, source: str) -> None:
         if self.score not in SCORES:
             raise PlanError(f"{source}: score {self.score!r} (choose {', '.join(SCORES)})")
         for i, row in enumerate(self.thresholds):
@@ -90,85 +85,38 @@ class InputThresholds:
                     f"({', '.join(SITES)})"
                 )
             for site, t in zip(SITES, row):
-                _check_value(t, f"{source}: threshold of layer {i} {site}")
-        _check_value(self.output, f"{source}: output threshold")
-        if self.target_sparsity is not None and not 0.0 <= self.target_sparsity < 1.0:
-            raise PlanError(f"{source}: target_sparsity {self.target_sparsity} not in [0, 1)")
+                tj.check_threshold(t, f"{source}: threshold of layer {i} {site}")
+        tj.check_threshold(self.output, f"{source}: output threshold")
 
-    def check_model(self, model: Any, source: str = "input thresholds") -> None:
-        """Raise :class:`PlanError` unless the file fits ``model`` (a LoadedModel)."""
-        fp = getattr(model, "fingerprint", None)
-        if self.model_fingerprint and fp and self.model_fingerprint != fp:
-            raise PlanError(
-                f"{source} was calibrated for another model (fingerprint "
-                f"{self.model_fingerprint}, this model {fp})"
-            )
-        n = model.config.n_layers
-        if self.n_layers != n:
-            raise PlanError(f"{source}: thresholds for {self.n_layers} layers, the model has {n}")
-
-    def to_json(self) -> dict[str, Any]:
-        doc: dict[str, Any] = {
-            "format": FORMAT,
-            "model_fingerprint": self.model_fingerprint,
+    def _json_fields(self) -> dict[str, Any]:
+        rows = self.measured_sparsity
+        return {
             "score": self.score,
             "target_sparsity": self.target_sparsity,
             "thresholds": [[float(t) for t in row] for row in self.thresholds],
             "output": float(self.output),
-            "measured_sparsity": None
-            if self.measured_sparsity is None
-            else [[float(v) for v in row] for row in self.measured_sparsity],
-            "corpus": list(self.corpus),
-            "tokens": int(self.tokens),
+            "measured_sparsity": None if rows is None else [[float(v) for v in r] for r in rows],
         }
-        for k, v in self.extra.items():
-            doc.setdefault(k, v)
-        return doc
-
-
-def _check_value(t: Any, what: str) -> None:
-    if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t):
-        raise PlanError(f"{what} is {t!r}, not a finite number")
-    if t < 0:
-        raise PlanError(f"{what} is negative ({t})")
 
 
 def save_input_thresholds(path: str | os.PathLike[str], tf: InputThresholds) -> Path:
     """Validate and write ``tf`` as JSON (atomically); returns the path."""
     tf.validate(os.fspath(path))
-    return write_json_atomically(path, tf.to_json())
-
-
-def _read(source: str) -> Any:
-    try:
-        with open(regular_file(source), encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise ModelFileError(f"{source}: no such threshold file") from None
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise ModelFileError(f"{source}: cannot read thresholds: {e}") from None
+    return tj.write_json_atomically(path, tf.to_json())
 
 
 def _from_doc(doc: Mapping[str, Any], source: str) -> InputThresholds:
+    """The :class:`InputThresholds` of the file's document ``doc``, validated."""
+
     def number(x: Any, what: str) -> float:
-        if isinstance(x, bool) or not isinstance(x, (int, float)):
-            raise ModelFileError(f"{source}: '{what}' holds {x!r:.80}, not a number")
-        try:
-            return float(x)
-        except OverflowError:
-            raise ModelFileError(f"{source}: '{what}' holds a number out of range") from None
+        return tj.json_number(x, what, source)
 
     def rows(v: Any, what: str) -> list[list[float]]:
         if not isinstance(v, list) or not all(isinstance(r, list) for r in v):
             raise ModelFileError(f"{source}: '{what}' must be a list of per-layer lists")
         return [[number(x, what) for x in r] for r in v]
 
-    tokens = doc.get("tokens", 0)
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-        raise ModelFileError(f"{source}: tokens {tokens!r} is not a count")
-    corpus = doc.get("corpus") or []
-    if not isinstance(corpus, list):
-        raise ModelFileError(f"{source}: corpus must be a list of names")
+    corpus, tokens = tj.calibration_record(doc, source)
     target = doc.get("target_sparsity")
     measured = doc.get("measured_sparsity")
     score = doc.get("score", "teal")
@@ -182,7 +130,7 @@ def _from_doc(doc: Mapping[str, Any], source: str) -> InputThresholds:
         model_fingerprint=str(fp) if fp else None,
         target_sparsity=None if target is None else number(target, "target_sparsity"),
         measured_sparsity=None if measured is None else rows(measured, "measured_sparsity"),
-        corpus=[str(c) for c in corpus],
+        corpus=corpus,
         tokens=tokens,
         extra={k: v for k, v in doc.items() if k not in _KNOWN},
     )
@@ -194,7 +142,7 @@ def load_input_thresholds(path: str | os.PathLike[str], model: Any = None) -> In
     """Read an input threshold file; with ``model`` also check it fits it. Malformed files
     raise :class:`ModelFileError`, another model's :class:`PlanError`."""
     source = os.fspath(path)
-    doc = _read(source)
+    doc = tj.read_json(source)
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ModelFileError(
             f"{source}: not an input threshold file (format {FORMAT!r}; "

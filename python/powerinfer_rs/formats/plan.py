@@ -203,6 +203,10 @@ def save_plan(plan: Plan, path: str | os.PathLike[str]) -> Path:
     return out
 
 
+#: The engine reader's placement entries, in :class:`Placement`'s order.
+_PLACEMENT_KEYS = ("attention", "predictor", "ffn_buckets", "output")
+
+
 def _read(path: Path) -> Plan:
     """The plan at ``path``, read by the engine's reader (``_core.read_plan``: the neuron
     tables, placement, predictor sizes and RAM tier ids, with the engine's checks and its
@@ -215,12 +219,7 @@ def _read(path: Path) -> Plan:
             model_fingerprint=r["model_fingerprint"],
             ffn_dim=r["ffn_dim"],
             gpu_neurons=list(r["gpu_neurons"]),
-            placement=Placement(
-                attention=r["attention"],
-                predictor=r["predictor"],
-                ffn_buckets=r["ffn_buckets"],
-                output=r["output"],
-            ),
+            placement=Placement(*(r[k] for k in _PLACEMENT_KEYS)),
             bucket=r["bucket"],
             context=r["context"],
             objective=str(j["objective"]),

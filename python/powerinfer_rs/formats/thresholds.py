@@ -24,8 +24,6 @@ other keys are kept as they are in :attr:`ThresholdFile.extra`. ``powerinfer-rs 
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import sys
 from collections.abc import Sequence
@@ -35,6 +33,14 @@ from typing import Any
 
 from ..errors import ModelFileError, PlanError, PowerInferError
 from ..loading.regular_file import regular_file
+from .threshold_json import (
+    ThresholdRecord,
+    calibration_record,
+    check_threshold,
+    json_number,
+    read_json,
+    write_json_atomically,
+)
 
 FORMAT = "powerinfer-rs-thresholds/1"
 _KNOWN = (
@@ -50,8 +56,10 @@ _KNOWN = (
 
 
 @dataclass
-class ThresholdFile:
+class ThresholdFile(ThresholdRecord):
     """The contents of a threshold file."""
+
+    FORMAT = FORMAT
 
     thresholds: list[float]
     model_fingerprint: str | None = None
@@ -62,71 +70,28 @@ class ThresholdFile:
     tokens: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def n_layers(self) -> int:
-        """Number of layers."""
-        return len(self.thresholds)
-
-    def validate(self, source: str = "thresholds") -> None:
-        """Check types and ranges; :class:`PlanError` otherwise."""
-        if not self.thresholds:
-            raise PlanError(f"{source}: no thresholds")
+    def _check_values(self, source: str) -> None:
         for i, t in enumerate(self.thresholds):
-            if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t):
-                raise PlanError(f"{source}: threshold of layer {i} is {t!r}, not a finite number")
-            if t < 0:
-                raise PlanError(f"{source}: threshold of layer {i} is negative ({t})")
-        if self.target_sparsity is not None and not 0.0 <= self.target_sparsity < 1.0:
-            raise PlanError(f"{source}: target_sparsity {self.target_sparsity} not in [0, 1)")
+            check_threshold(t, f"{source}: threshold of layer {i}")
+
+    def _check_rest(self, source: str) -> None:
         if self.measured_sparsity is not None and len(self.measured_sparsity) != self.n_layers:
             raise PlanError(
                 f"{source}: {len(self.measured_sparsity)} measured_sparsity values for "
                 f"{self.n_layers} layers"
             )
 
-    def check_model(self, model: Any, source: str = "thresholds") -> None:
-        """Raise :class:`PlanError` unless the file fits ``model`` (a LoadedModel): same
-        fingerprint (when the file has one) and one threshold per layer."""
-        fp = getattr(model, "fingerprint", None)
-        if self.model_fingerprint and fp and self.model_fingerprint != fp:
-            raise PlanError(
-                f"{source} was calibrated for another model (fingerprint "
-                f"{self.model_fingerprint}, this model {fp})"
-            )
-        n = model.config.n_layers
-        if self.n_layers != n:
-            raise PlanError(f"{source}: {self.n_layers} thresholds for a {n}-layer model")
+    def _layers_differ(self, source: str, n: int) -> str:
+        return f"{source}: {self.n_layers} thresholds for a {n}-layer model"
 
-    def to_json(self) -> dict[str, Any]:
-        """The JSON object written to disk."""
-        doc: dict[str, Any] = {
-            "format": FORMAT,
-            "model_fingerprint": self.model_fingerprint,
+    def _json_fields(self) -> dict[str, Any]:
+        measured = self.measured_sparsity
+        return {
             "activation": self.activation,
             "target_sparsity": self.target_sparsity,
             "thresholds": [float(t) for t in self.thresholds],
-            "measured_sparsity": None
-            if self.measured_sparsity is None
-            else [float(s) for s in self.measured_sparsity],
-            "corpus": list(self.corpus),
-            "tokens": int(self.tokens),
+            "measured_sparsity": None if measured is None else [float(s) for s in measured],
         }
-        for k, v in self.extra.items():
-            if k not in doc:
-                doc[k] = v
-        return doc
-
-
-def write_json_atomically(path: str | os.PathLike[str], doc: dict[str, Any]) -> Path:
-    """Write ``doc`` as JSON to ``path`` through a ``.part`` file replaced at the end (its
-    folder made when missing); returns the path. The threshold files of both modes use it."""
-    p = Path(path)
-    if p.parent and not p.parent.exists():
-        p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".part")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, p)
-    return p
 
 
 def save_thresholds(path: str | os.PathLike[str], tf: ThresholdFile) -> Path:
@@ -135,21 +100,10 @@ def save_thresholds(path: str | os.PathLike[str], tf: ThresholdFile) -> Path:
     return write_json_atomically(path, tf.to_json())
 
 
-def _number(x: Any, what: str, source: str) -> float:
-    """A JSON number as a float; :class:`ModelFileError` for anything else, including an
-    integer too large for a float."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise ModelFileError(f"{source}: '{what}' holds {x!r:.80}, not a number")
-    try:
-        return float(x)
-    except OverflowError:
-        raise ModelFileError(f"{source}: '{what}' holds a number out of range") from None
-
-
 def _float_list(v: Any, what: str, source: str) -> list[float]:
     if not isinstance(v, list):
         raise ModelFileError(f"{source}: '{what}' must be a list of numbers")
-    return [_number(x, what, source) for x in v]
+    return [json_number(x, what, source) for x in v]
 
 
 def load_thresholds(path: str | os.PathLike[str], model: Any = None) -> ThresholdFile:
@@ -157,13 +111,7 @@ def load_thresholds(path: str | os.PathLike[str], model: Any = None) -> Threshol
     (:class:`PlanError` for another model's file). Malformed files raise
     :class:`ModelFileError`."""
     source = regular_file(path)
-    try:
-        with open(source, encoding="utf-8") as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        raise ModelFileError(f"{source}: no such threshold file") from None
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise ModelFileError(f"{source}: cannot read thresholds: {e}") from None
+    doc = read_json(source)
     if not isinstance(doc, dict) or "thresholds" not in doc:
         raise ModelFileError(f"{source}: not a threshold file (no 'thresholds' list)")
     fmt = doc.get("format")
@@ -172,13 +120,8 @@ def load_thresholds(path: str | os.PathLike[str], model: Any = None) -> Threshol
     measured = doc.get("measured_sparsity")
     target = doc.get("target_sparsity")
     if target is not None:
-        target = _number(target, "target_sparsity", source)
-    tokens = doc.get("tokens", 0)
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-        raise ModelFileError(f"{source}: tokens {tokens!r} is not a count")
-    corpus = doc.get("corpus") or []
-    if not isinstance(corpus, list):
-        raise ModelFileError(f"{source}: corpus must be a list of names")
+        target = json_number(target, "target_sparsity", source)
+    corpus, tokens = calibration_record(doc, source)
     fp = doc.get("model_fingerprint")
     tf = ThresholdFile(
         thresholds=_float_list(doc["thresholds"], "thresholds", source),
@@ -188,7 +131,7 @@ def load_thresholds(path: str | os.PathLike[str], model: Any = None) -> Threshol
         measured_sparsity=None
         if measured is None
         else _float_list(measured, "measured_sparsity", source),
-        corpus=[str(c) for c in corpus],
+        corpus=corpus,
         tokens=tokens,
         extra={k: v for k, v in doc.items() if k not in _KNOWN},
     )

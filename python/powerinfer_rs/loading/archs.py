@@ -114,22 +114,17 @@ def family_config(f: Family, **values: Any) -> ModelConfig:
     return ModelConfig(**{**f.config, "arch": f.name, "rope_style": f.rope_style, **values})
 
 
-#: Values for the config fields without a default (a placeholder config's).
-_REQUIRED: dict[str, Any] = dict(
-    arch="",
-    n_layers=1,
-    dim=1,
-    ffn_dim=1,
-    n_heads=1,
-    n_kv_heads=1,
-    head_dim=2,
-    vocab_size=1,
-    max_context=1,
-    rms_eps=1.0,
-    rope_theta=1.0,
-    rope_style="norm",
-    activation="silu",
-)
+#: Values for the config fields without a default (a placeholder config's): every size 1
+#: but a head's (2: RoPE turns pairs), no name, SiLU.
+_REQUIRED: dict[str, Any] = {
+    **dict.fromkeys(("n_layers", "dim", "ffn_dim", "n_heads", "n_kv_heads"), 1),
+    **dict.fromkeys(("vocab_size", "max_context"), 1),
+    **dict.fromkeys(("rms_eps", "rope_theta"), 1.0),
+    "head_dim": 2,
+    "arch": "",
+    "rope_style": "norm",
+    "activation": "silu",
+}
 #: The config fields a family may fix, with their defaults as the engine declares them (the
 #: activation's: SiLU).
 CONFIG_DEFAULTS: dict[str, Any] = {
@@ -458,6 +453,12 @@ _MIXTRAL_HF.update(num_local_experts=8, num_experts_per_tok=2)
 #: Qwen's and OLMoE's expert parameters (Mixtral's are w1, w3, w2).
 _EXPERTS = ("mlp.experts.", {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"})
 _QK_NORMS = {"self_attn.q_norm.weight": "attn_q_norm", "self_attn.k_norm.weight": "attn_k_norm"}
+#: The router's parameter in Qwen's and OLMoE's checkpoints.
+_ROUTER = {"mlp.gate.weight": "ffn_gate_inp"}
+#: What the Qwen and OLMoE mixtures of experts share: the experts' parameters (:data:`_EXPERTS`).
+_QWEN_STYLE_MOE: dict[str, Any] = dict(moe=True, hf_experts=_EXPERTS)
+#: Qwen3-MoE's and OLMoE's checkpoints: those and the router and q/k norms' parameters.
+_QK_NORM_MOE: dict[str, Any] = dict(hf_layer_names={**_ROUTER, **_QK_NORMS}, **_QWEN_STYLE_MOE)
 
 # Mixture-of-experts families (llama.cpp's graphs, src/models/<arch>.cpp; its build_moe_ffn):
 # softmax routers, SiLU experts. Qwen3-MoE and Mixtral renormalise the top-k weights, Qwen2-MoE
@@ -473,10 +474,8 @@ MOE_FAMILIES: tuple[Family, ...] = (
         ("qwen3_moe",),
         ("Qwen3MoeForCausalLM",),
         config=dict(qk_norm=True, expert_norm_weights=True),
-        hf_layer_names={"mlp.gate.weight": "ffn_gate_inp", **_QK_NORMS},
         hf_defaults=_QWEN3MOE_HF,
-        moe=True,
-        hf_experts=_EXPERTS,
+        **_QK_NORM_MOE,
     ),
     Family(
         "qwen2moe",
@@ -486,7 +485,7 @@ MOE_FAMILIES: tuple[Family, ...] = (
         ("Qwen2MoeForCausalLM",),
         config=dict(qkv_bias=True, shared_expert_gate=True),
         hf_layer_names={
-            "mlp.gate.weight": "ffn_gate_inp",
+            **_ROUTER,
             "mlp.shared_expert.gate_proj.weight": "ffn_gate_shexp",
             "mlp.shared_expert.up_proj.weight": "ffn_up_shexp",
             "mlp.shared_expert.down_proj.weight": "ffn_down_shexp",
@@ -494,8 +493,7 @@ MOE_FAMILIES: tuple[Family, ...] = (
             **{f"self_attn.{x}_proj.bias": f"attn_{x}.bias" for x in ("q", "k", "v")},
         },
         hf_defaults=_QWEN2MOE_HF,
-        moe=True,
-        hf_experts=_EXPERTS,
+        **_QWEN_STYLE_MOE,
     ),
     Family(
         "olmoe",
@@ -504,10 +502,8 @@ MOE_FAMILIES: tuple[Family, ...] = (
         ("olmoe",),
         ("OlmoeForCausalLM",),
         config=dict(qk_norm=True, qk_norm_full=True),
-        hf_layer_names={"mlp.gate.weight": "ffn_gate_inp", **_QK_NORMS},
         hf_defaults=_OLMOE_HF,
-        moe=True,
-        hf_experts=_EXPERTS,
+        **_QK_NORM_MOE,
     ),
     # PowerInfer's SmallThinker (llama.cpp's smallthinker.cpp): ReGLU experts, renormalised,
     # the router on the layer input before attention, softmax or sigmoid as the file says

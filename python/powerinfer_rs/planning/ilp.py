@@ -165,6 +165,120 @@ def _start_column_values(
     return x
 
 
+class _Program:
+    """The integer program of a :class:`PlacementProblem` as it is built: the HiGHS model,
+    each layer's columns ``(ks, y, a, p, full, none)`` and option values, the budget row's
+    terms, the objective's constant and the shared columns ``h`` and ``u``."""
+
+    def __init__(self, p: PlacementProblem, inf: float) -> None:
+        self.p = p
+        self.inf = inf
+        self.timed = p.objective == "time"
+        self.md = _Model()
+        self.per_layer: list[tuple] = []
+        self.value_of: list[np.ndarray] = []
+        self.budget_cols: list[np.ndarray] = []
+        self.budget_vals: list[np.ndarray] = []
+        self.offset = 0.0
+        if self.timed:
+            self.tt = time_terms(p)
+            self.offset = self.tt.constant * _US
+        else:
+            self.mw = mass_weights(p)
+        self.h = self.u = -1
+
+    def option_values(self, i: int, ks: np.ndarray) -> np.ndarray:
+        """Layer ``i``'s value of each bucket count in ``ks`` (higher is better): minus its
+        FFN time in us, or the activation mass its buckets serve."""
+        if self.timed:
+            tt = self.tt
+            gpu = np.concatenate([[0.0], np.cumsum(tt.bucket_gpu[i])])[ks] + tt.ffn_launch
+            cpu = np.concatenate([[0.0], np.cumsum(tt.bucket_cpu[i][::-1])])[::-1][ks]
+            return -np.where(ks > 0, np.maximum(gpu, cpu), cpu) * _US
+        return np.concatenate([[0.0], np.cumsum(self.mw.buckets[i])])[ks] / self.mw.total
+
+    def add_layer(self, i: int) -> None:
+        """Layer ``i``'s columns, its one-choice row and its terms of the budget row."""
+        lt, md, inf = self.p.layers[i], self.md, self.inf
+        ks = layer_options(self.p, i)
+        value = self.option_values(i, ks)
+        keep = _undominated(ks, value, keep_last=self.timed)
+        ks, value = ks[keep], value[keep]
+        self.value_of.append(value)
+        nbytes = np.where(ks > 0, lt.ffn_fixed_bytes + ks * lt.slab_bytes, 0)
+        full = none = -1
+        a_ub = 1.0 if lt.attn_gpu else 0.0  # refused attention stays on the CPU
+        # A layer without predictor bytes (a mode without predictors) has nothing to place.
+        has_pred = lt.pred_bytes > 0
+        p_ub = 1.0 if has_pred else 0.0
+        if self.timed:
+            tt = self.tt
+            y = md.cols(-value)
+            a = md.cols((tt.attn_gpu[i] - tt.attn_cpu[i]) * _US, ub=a_ub)[0]
+            pr = md.cols((tt.pred_gpu[i] - tt.pred_cpu[i]) * _US, ub=p_ub)[0]
+            full, none = md.cols([-tt.sync * _US, -tt.sync * _US], integer=False)
+            self.offset += (tt.attn_cpu[i] + tt.pred_cpu[i] + tt.sync + tt.router[i]) * _US
+            self._whole_layer_rows(ks, lt, y, a, pr, full, none, has_pred)
+        else:
+            y = md.cols(value)
+            a = md.cols(self.mw.attention[i] / self.mw.total, ub=a_ub)[0]
+            pr = md.cols(self.mw.predictor[i] / self.mw.total, ub=p_ub)[0]
+        md.row(y, 1.0, 1.0, 1.0)  # exactly one choice per layer
+        if has_pred and ks[0] == 0:
+            # A predictor on the GPU serves the layer's hot neurons: a layer without any runs
+            # its FFN, predictor included, on the CPU (p <= 1 - y[0]).
+            md.row([pr, y[0]], [1.0, 1.0], -inf, 1.0)
+        self.per_layer.append((ks, y, a, pr, full, none))
+        self.budget_cols += [y, np.array([a, pr])]
+        self.budget_vals += [nbytes / _MIB, np.array([lt.attn_bytes, lt.pred_bytes]) / _MIB]
+
+    def _whole_layer_rows(self, ks, lt, y, a, pr, full, none, has_pred: bool) -> None:
+        """full <= y[K], a, p ; none <= y[0], 1 - a, 1 - p. A mixture of experts routes on
+        the CPU: never wholly on the GPU."""
+        md, inf = self.md, self.inf
+        if ks[-1] == lt.n_buckets and not lt.moe:
+            md.row([full, y[-1]], [1.0, -1.0], -inf, 0.0)
+        else:
+            md.row([full], [1.0], -inf, 0.0)
+        md.row([full, a], [1.0, -1.0], -inf, 0.0)
+        if has_pred:
+            md.row([full, pr], [1.0, -1.0], -inf, 0.0)
+        md.row([none, y[0]], [1.0, -1.0], -inf, 0.0)
+        md.row([none, a], [1.0, 1.0], -inf, 1.0)
+        md.row([none, pr], [1.0, 1.0], -inf, 1.0)
+
+    def add_output_and_budget(self) -> None:
+        """The output head's column ``h``, the anything-on-the-GPU column ``u`` (the scratch)
+        with its rows, and the budget row."""
+        p, md, inf = self.p, self.md, self.inf
+        h_ub = 1.0 if p.output_gpu else 0.0
+        if self.timed:
+            self.h = md.cols((self.tt.out_gpu - self.tt.out_cpu) * _US, ub=h_ub)[0]
+            self.offset += self.tt.out_cpu * _US
+        else:
+            self.h = md.cols(self.mw.output / self.mw.total, ub=h_ub)[0]
+        u = self.u = md.cols(0.0)[0]
+        for _ks, y, a, pr, _f, _n in self.per_layer:
+            md.row([u, y[0]], [1.0, 1.0], 1.0, inf)  # u >= 1 - y[l,0]
+            md.row([u, a], [1.0, -1.0], 0.0, inf)
+            md.row([u, pr], [1.0, -1.0], 0.0, inf)
+        md.row([u, self.h], [1.0, -1.0], 0.0, inf)
+        self.budget_cols.append(np.array([self.h, u]))
+        self.budget_vals.append(np.array([p.output_bytes, p.scratch_bytes]) / _MIB)
+        cols, vals = np.concatenate(self.budget_cols), np.concatenate(self.budget_vals)
+        md.row(cols, vals, -inf, p.budget / _MIB)
+
+    def placement(self, sol: np.ndarray) -> Placement:
+        """The placement of the solution's column values ``sol``."""
+        per_layer = self.per_layer
+        return Placement(
+            attention=[bool(sol[c[2]] > 0.5) for c in per_layer],
+            predictor=[bool(sol[c[3]] > 0.5) for c in per_layer],
+            ffn_buckets=[int(c[0][np.argmax(sol[c[1]])]) for c in per_layer],
+            output=bool(sol[self.h] > 0.5),
+        )
+
+
 def solve_ilp(
     p: PlacementProblem,
     *,
@@ -182,82 +296,11 @@ def solve_ilp(
     highspy = optional_import("highspy", "the ILP solver")
 
     t0 = time.perf_counter()
-    timed = p.objective == "time"
-    inf = highspy.kHighsInf
-    md = _Model()
-    budget_cols: list[np.ndarray] = []
-    budget_vals: list[np.ndarray] = []
-    per_layer = []
-    value_of = []
-    offset = 0.0
-    if timed:
-        tt = time_terms(p)
-        offset = tt.constant * _US
-    else:
-        mw = mass_weights(p)
-    for i, lt in enumerate(p.layers):
-        ks = layer_options(p, i)
-        if timed:
-            gpu = np.concatenate([[0.0], np.cumsum(tt.bucket_gpu[i])])[ks] + tt.ffn_launch
-            cpu = np.concatenate([[0.0], np.cumsum(tt.bucket_cpu[i][::-1])])[::-1][ks]
-            value = -np.where(ks > 0, np.maximum(gpu, cpu), cpu) * _US
-        else:
-            value = np.concatenate([[0.0], np.cumsum(mw.buckets[i])])[ks] / mw.total
-        keep = _undominated(ks, value, keep_last=timed)
-        ks, value = ks[keep], value[keep]
-        value_of.append(value)
-        nbytes = np.where(ks > 0, lt.ffn_fixed_bytes + ks * lt.slab_bytes, 0)
-        full = none = -1
-        a_ub = 1.0 if lt.attn_gpu else 0.0  # refused attention stays on the CPU
-        # A layer without predictor bytes (a mode without predictors) has nothing to place.
-        has_pred = lt.pred_bytes > 0
-        p_ub = 1.0 if has_pred else 0.0
-        if timed:
-            y = md.cols(-value)
-            a = md.cols((tt.attn_gpu[i] - tt.attn_cpu[i]) * _US, ub=a_ub)[0]
-            pr = md.cols((tt.pred_gpu[i] - tt.pred_cpu[i]) * _US, ub=p_ub)[0]
-            full, none = md.cols([-tt.sync * _US, -tt.sync * _US], integer=False)
-            offset += (tt.attn_cpu[i] + tt.pred_cpu[i] + tt.sync + tt.router[i]) * _US
-            # full <= y[K], a, p ; none <= y[0], 1 - a, 1 - p. A mixture of experts routes on
-            # the CPU: never wholly on the GPU.
-            if ks[-1] == lt.n_buckets and not lt.moe:
-                md.row([full, y[-1]], [1.0, -1.0], -inf, 0.0)
-            else:
-                md.row([full], [1.0], -inf, 0.0)
-            md.row([full, a], [1.0, -1.0], -inf, 0.0)
-            if has_pred:
-                md.row([full, pr], [1.0, -1.0], -inf, 0.0)
-            md.row([none, y[0]], [1.0, -1.0], -inf, 0.0)
-            md.row([none, a], [1.0, 1.0], -inf, 1.0)
-            md.row([none, pr], [1.0, 1.0], -inf, 1.0)
-        else:
-            y = md.cols(value)
-            a = md.cols(mw.attention[i] / mw.total, ub=a_ub)[0]
-            pr = md.cols(mw.predictor[i] / mw.total, ub=p_ub)[0]
-        md.row(y, 1.0, 1.0, 1.0)  # exactly one choice per layer
-        if has_pred and ks[0] == 0:
-            # A predictor on the GPU serves the layer's hot neurons: a layer without any runs
-            # its FFN, predictor included, on the CPU (p <= 1 - y[0]).
-            md.row([pr, y[0]], [1.0, 1.0], -inf, 1.0)
-        per_layer.append((ks, y, a, pr, full, none))
-        budget_cols += [y, np.array([a, pr])]
-        budget_vals += [nbytes / _MIB, np.array([lt.attn_bytes, lt.pred_bytes]) / _MIB]
-    h_ub = 1.0 if p.output_gpu else 0.0
-    if timed:
-        h = md.cols((tt.out_gpu - tt.out_cpu) * _US, ub=h_ub)[0]
-        offset += tt.out_cpu * _US
-    else:
-        h = md.cols(mw.output / mw.total, ub=h_ub)[0]
-    u = md.cols(0.0)[0]
-    for _ks, y, a, pr, _f, _n in per_layer:
-        md.row([u, y[0]], [1.0, 1.0], 1.0, inf)  # u >= 1 - y[l,0]
-        md.row([u, a], [1.0, -1.0], 0.0, inf)
-        md.row([u, pr], [1.0, -1.0], 0.0, inf)
-    md.row([u, h], [1.0, -1.0], 0.0, inf)
-    budget_cols.append(np.array([h, u]))
-    budget_vals.append(np.array([p.output_bytes, p.scratch_bytes]) / _MIB)
-    md.row(np.concatenate(budget_cols), np.concatenate(budget_vals), -inf, p.budget / _MIB)
-
+    prog = _Program(p, highspy.kHighsInf)
+    for i in range(len(p.layers)):
+        prog.add_layer(i)
+    prog.add_output_and_budget()
+    md = prog.md
     with contextlib.nullcontext() if log else _stdout_silenced():
         hs = highspy.Highs()  # the first one of a process prints HiGHS's banner on fd 1
     hs.setOptionValue("output_flag", bool(log))
@@ -266,10 +309,12 @@ def solve_ilp(
     hs.setOptionValue("presolve", "off")
     hs.setOptionValue("time_limit", float(time_limit))
     hs.setOptionValue("mip_rel_gap", float(mip_rel_gap))
-    hs.passModel(md.to_highs(highspy, timed, offset))
+    hs.passModel(md.to_highs(highspy, prog.timed, prog.offset))
     if start is not None:
         sol0 = highspy.HighsSolution()
-        sol0.col_value = _start_column_values(p, len(md.cost), per_layer, start, h, u, value_of)
+        sol0.col_value = _start_column_values(
+            p, len(md.cost), prog.per_layer, start, prog.h, prog.u, prog.value_of
+        )
         sol0.value_valid = True
         hs.setSolution(sol0)
     hs.run()
@@ -278,20 +323,13 @@ def solve_ilp(
     status_s = hs.modelStatusToString(status)
     if info.primal_solution_status != 2:  # kSolutionStatusFeasible
         raise PlanError(f"HiGHS found no feasible placement ({status_s})")
-    sol = np.asarray(hs.getSolution().col_value)
-    placement = Placement(
-        attention=[bool(sol[c[2]] > 0.5) for c in per_layer],
-        predictor=[bool(sol[c[3]] > 0.5) for c in per_layer],
-        ffn_buckets=[int(c[0][np.argmax(sol[c[1]])]) for c in per_layer],
-        output=bool(sol[h] > 0.5),
-    )
     obj = float(info.objective_function_value)
     label = "optimal" if status == highspy.HighsModelStatus.kOptimal else f"{status_s} (feasible)"
     return SolveResult(
-        placement=placement,
+        placement=prog.placement(np.asarray(hs.getSolution().col_value)),
         solver="highs",
         status=label,
-        objective=obj / _US if timed else obj,
+        objective=obj / _US if prog.timed else obj,
         mip_gap=float(info.mip_gap),
         solve_time_s=time.perf_counter() - t0,
         note=f"{len(md.cost)} columns, {len(md.row_lo)} rows",

@@ -213,6 +213,47 @@ def build_problem(
     bad options and :class:`VramBudgetError` for a budget the hardware cannot hold.
     """
     c = shape.config
+    _check_inputs(shape, profile, hardware, budget, objective, bucket, context, predictors)
+    kv_read = (context / 2) * acc.kv_dim(shape) * acc.kv_element_bytes(kv_cache) * 2
+    layers = []
+    for i in range(c.n_layers):
+        layers.append(_layer_terms(
+            shape, profile, hardware, i, bucket=bucket, context=context, kv_cache=kv_cache,
+            kv_read=kv_read, predictors=predictors, min_neurons=min_neurons, sparsity=sparsity,
+        ))  # fmt: skip
+    return PlacementProblem(
+        shape=shape,
+        hardware=hardware,
+        budget=int(budget),
+        objective=objective,
+        bucket=bucket,
+        context=context,
+        kv_cache=kv_cache,
+        sparsity=sparsity,
+        predictors=predictors,
+        layers=layers,
+        output_bytes=acc.total_bytes(acc.output_allocations(shape)),
+        output_read=shape.tensor_bytes("output") + shape.tensor_bytes("output_norm"),
+        scratch_bytes=acc.total_bytes(acc.scratch_allocations(shape, context, predictors)),
+        embed_read=shape.tensor_bytes("token_embd") // c.vocab_size,
+        total_counts=int(sum(int(lt.counts.sum()) for lt in layers)),
+        output_refused=shape.gpu_refusal("output"),
+    )
+
+
+def _check_inputs(
+    shape: ModelShape,
+    profile: Profile,
+    hardware: HardwareProfile,
+    budget: int,
+    objective: str,
+    bucket: int,
+    context: int,
+    predictors: PredictorSizes,
+) -> None:
+    """The errors of :func:`build_problem`'s inputs: a bad option, a budget the hardware
+    cannot hold, a profile or predictor sizes of another shape."""
+    c = shape.config
     if objective not in OBJECTIVES:
         raise PlanError(f"objective {objective!r}: choose one of {', '.join(OBJECTIVES)}")
     if isinstance(bucket, bool) or not isinstance(bucket, int) or bucket <= 0:
@@ -245,79 +286,85 @@ def build_problem(
         raise ShapeError(
             f"predictor sizes for {len(predictors.allocations)} layers, model has {c.n_layers}"
         )
-    hw = hardware
-    kv_read = (context / 2) * acc.kv_dim(shape) * acc.kv_element_bytes(kv_cache) * 2
-    layers = []
+
+
+def _neuron_order(
+    shape: ModelShape, profile: Profile, i: int, r: int, f: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Layer ``i``'s activation counts and tokens routed to each neuron (a mixture of
+    experts' shared expert appended, counted every token) and its neurons in placement order:
+    by activations (ties: lower id), or for a mixture of experts the shared expert first,
+    then by expected bytes read per token (``r`` per active neuron, ``f`` of them per routed
+    token), activations, id."""
+    tokens = int(profile.tokens)
+    shared = shape.config.shared_ffn_dim if shape.moe else 0
+    cnt = np.asarray(profile.counts[i], dtype=np.int64)
+    ids = np.arange(cnt.size + shared)
+    if not shape.moe:
+        route = np.full(cnt.size, tokens, dtype=np.int64)
+        return cnt, route, np.lexsort((ids, -cnt)).astype(np.int64)
+    # Tokens routing to each neuron's expert; the shared expert's run every token.
+    ec = np.asarray(profile.expert_counts[i], dtype=np.int64)  # type: ignore[index]
+    route = np.append(np.repeat(ec, shape.expert_ffn), np.full(shared, tokens))
+    cnt = np.append(cnt, np.full(shared, tokens))
+    read = cnt * (r - f) + route * f
+    first = (ids >= shape.routed_neurons).astype(np.int64)
+    return cnt, route, np.lexsort((ids, -cnt, -read, -first)).astype(np.int64)
+
+
+def _layer_terms(
+    shape: ModelShape,
+    profile: Profile,
+    hw: HardwareProfile,
+    i: int,
+    *,
+    bucket: int,
+    context: int,
+    kv_cache: str,
+    kv_read: float,
+    predictors: PredictorSizes,
+    min_neurons: int | None,
+    sparsity: str,
+) -> LayerTerms:
+    """Layer ``i``'s :class:`LayerTerms`: its buckets in placement order, their masses, and
+    the layer's bytes held and read."""
+    c = shape.config
     tokens = int(profile.tokens)
     shared = c.shared_ffn_dim if shape.moe else 0
-    for i in range(c.n_layers):
-        r = shape.neuron_read_bytes(i)
-        f = shape.neuron_fixed_read_bytes(i, sparsity)
-        cnt = np.asarray(profile.counts[i], dtype=np.int64)
-        ids = np.arange(cnt.size + shared)
-        if shape.moe:
-            # Tokens routing to each neuron's expert; the shared expert's run every token.
-            ec = np.asarray(profile.expert_counts[i], dtype=np.int64)  # type: ignore[index]
-            route = np.append(np.repeat(ec, shape.expert_ffn), np.full(shared, tokens))
-            cnt = np.append(cnt, np.full(shared, tokens))
-            # Shared first, then by expected bytes read per token, activations, id.
-            read = cnt * (r - f) + route * f
-            first = (ids >= shape.routed_neurons).astype(np.int64)
-            order = np.lexsort((ids, -cnt, -read, -first)).astype(np.int64)
-        else:
-            route = np.full(cnt.size, tokens, dtype=np.int64)
-            order = np.lexsort((ids, -cnt)).astype(np.int64)
-        sorted_counts = cnt[order]
-        starts = np.arange(0, cnt.size, bucket)
-        sizes = np.diff(np.append(starts, cnt.size))
-        bcounts = np.add.reduceat(sorted_counts, starts)
-        broute = np.add.reduceat(route[order], starts) / float(tokens)
-        attn_w = sum(shape.tensor_bytes(f"blk.{i}.{t}") for t in acc._ATTN_TENSORS)
-        if min_neurons is None:
-            q = route[order] / float(tokens)
-            m = min_neurons_for(sorted_counts / tokens, r, hw, c.dim, f, q)
-        else:
-            m = max(1, min(int(min_neurons), cnt.size))
-        m = max(m, shared)  # a layer with hot neurons holds its whole shared expert
-        layers.append(
-            LayerTerms(
-                order=order,
-                sizes=sizes,
-                counts=bcounts,
-                mass=bcounts / float(profile.tokens),
-                slab_bytes=acc.slab_bytes(shape, i, bucket),
-                ffn_fixed_bytes=acc.total_bytes(acc.ffn_fixed_allocations(shape, i)),
-                attn_bytes=acc.total_bytes(acc.attention_allocations(shape, i, context, kv_cache)),
-                pred_bytes=acc.total_bytes(acc.predictor_allocations(predictors, i)),
-                neuron_read=r,
-                neuron_fixed=f,
-                attn_weight_read=attn_w,
-                attn_read=attn_w + kv_read,
-                pred_read=predictors.layer_bytes(i),
-                min_neurons=m,
-                attn_refused=shape.gpu_refusal("attention", i),
-                ffn_refused=shape.gpu_refusal("ffn", i),
-                routed=broute,
-                router_read=shape.router_read_bytes(i),
-            )
-        )
-    return PlacementProblem(
-        shape=shape,
-        hardware=hw,
-        budget=int(budget),
-        objective=objective,
-        bucket=bucket,
-        context=context,
-        kv_cache=kv_cache,
-        sparsity=sparsity,
-        predictors=predictors,
-        layers=layers,
-        output_bytes=acc.total_bytes(acc.output_allocations(shape)),
-        output_read=shape.tensor_bytes("output") + shape.tensor_bytes("output_norm"),
-        scratch_bytes=acc.total_bytes(acc.scratch_allocations(shape, context, predictors)),
-        embed_read=shape.tensor_bytes("token_embd") // c.vocab_size,
-        total_counts=int(sum(int(lt.counts.sum()) for lt in layers)),
-        output_refused=shape.gpu_refusal("output"),
+    r = shape.neuron_read_bytes(i)
+    f = shape.neuron_fixed_read_bytes(i, sparsity)
+    cnt, route, order = _neuron_order(shape, profile, i, r, f)
+    sorted_counts = cnt[order]
+    starts = np.arange(0, cnt.size, bucket)
+    sizes = np.diff(np.append(starts, cnt.size))
+    bcounts = np.add.reduceat(sorted_counts, starts)
+    broute = np.add.reduceat(route[order], starts) / float(tokens)
+    attn_w = sum(shape.tensor_bytes(f"blk.{i}.{t}") for t in acc._ATTN_TENSORS)
+    if min_neurons is None:
+        q = route[order] / float(tokens)
+        m = min_neurons_for(sorted_counts / tokens, r, hw, c.dim, f, q)
+    else:
+        m = max(1, min(int(min_neurons), cnt.size))
+    m = max(m, shared)  # a layer with hot neurons holds its whole shared expert
+    return LayerTerms(
+        order=order,
+        sizes=sizes,
+        counts=bcounts,
+        mass=bcounts / float(profile.tokens),
+        slab_bytes=acc.slab_bytes(shape, i, bucket),
+        ffn_fixed_bytes=acc.total_bytes(acc.ffn_fixed_allocations(shape, i)),
+        attn_bytes=acc.total_bytes(acc.attention_allocations(shape, i, context, kv_cache)),
+        pred_bytes=acc.total_bytes(acc.predictor_allocations(predictors, i)),
+        neuron_read=r,
+        neuron_fixed=f,
+        attn_weight_read=attn_w,
+        attn_read=attn_w + kv_read,
+        pred_read=predictors.layer_bytes(i),
+        min_neurons=m,
+        attn_refused=shape.gpu_refusal("attention", i),
+        ffn_refused=shape.gpu_refusal("ffn", i),
+        routed=broute,
+        router_read=shape.router_read_bytes(i),
     )
 
 

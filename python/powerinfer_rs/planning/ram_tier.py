@@ -29,6 +29,7 @@ checked byte for byte when the plan is read.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -188,18 +189,9 @@ def plan_ram_tier(
         )
         for i in range(c.n_layers)
     ]
-
-    def working(resident: list[np.ndarray]) -> int:
-        touched = 0.0
-        for p, r in zip(probs, resident):
-            rest = p.copy()
-            rest[r] = 0.0
-            touched = max(touched, float(rest.sum()))
-        return math.ceil(WORKING_FACTOR * touched) + WORKING_SPARE
-
     none = [np.zeros(0, dtype=np.int64) for _ in probs]
     slots = room // slot if room > 0 else 0
-    need = working(none)
+    need = _working_slots(probs, none)
     if slots <= WORKING_SPARE:
         raise VramBudgetError(
             f"a RAM budget of {format_bytes(ram_budget)} holds no neuron store: the model needs "
@@ -207,45 +199,19 @@ def plan_ram_tier(
             f"{format_bytes(overhead)} for the process, and the store at least "
             f"{format_bytes((WORKING_SPARE + 1) * slot)}"
         )
-    # Clusters by firing probability (each costs one slot), over all layers; GPU-only clusters
-    # (probability 0 because every neuron is on the GPU, or none fires) are never resident.
-    keys = [np.flatnonzero(p > 0) for p in probs]
-    p_all = np.concatenate([p[k] for p, k in zip(probs, keys)])
-    layer_all = np.concatenate([np.full(k.size, i) for i, k in enumerate(keys)])
-    k_all = np.concatenate(keys)
-    order = np.lexsort((k_all, layer_all, -p_all))  # highest first; ties by layer, cluster
-
-    def take(n: int) -> list[np.ndarray]:
-        chosen = order[: max(0, n)]
-        return [np.sort(k_all[chosen[layer_all[chosen] == i]]) for i in range(len(probs))]
-
+    take = _hottest_clusters(probs)
     # The working set, first as if nothing were resident (its largest), then for the clusters
     # the rest of the slots make resident: never smaller than what those leave to storage.
     work = min(need, slots)
     resident = take(slots - work)
-    work = min(max(working(resident), WORKING_SPARE + 1), slots)
+    work = min(max(_working_slots(probs, resident), WORKING_SPARE + 1), slots)
     resident = take(slots - work)
-    ram_neurons = []
-    reads = []
-    storage_bytes = 0.0
     # What a read fetches: whole clusters, or exact-relu's up and down part.
     whole = sparsity != "exact-relu"
     cb = [cluster_bytes(shape, i, cluster, whole) for i in range(c.n_layers)]
-    for i, (p, ks) in enumerate(zip(probs, resident)):
-        ids = (ks[:, None] * cluster + np.arange(cluster)[None, :]).ravel()
-        ids = ids[ids < shape.routed_neurons]
-        ram_neurons.append(np.setdiff1d(ids, np.asarray(gpu_neurons[i]), assume_unique=True))
-        rest = p.copy()
-        rest[ks] = 0.0
-        reads.append(float(rest.sum()))
-        storage_bytes += reads[-1] * cb[i]
+    ram_neurons, reads = _resident_neurons(shape, probs, resident, gpu_neurons, cluster)
     n_res = sum(int(k.size) for k in resident)
     cache = (n_res + work) * slot
-    total_reads = float(sum(reads))
-    per_layer = [
-        hardware.storage_seconds(r, b) if hardware is not None else None for r, b in zip(reads, cb)
-    ]
-    seconds = None if None in per_layer else float(sum(per_layer))
     ram = {
         "budget_bytes": int(ram_budget),
         "base_bytes": int(base),
@@ -257,16 +223,77 @@ def plan_ram_tier(
         "cache_bytes": int(cache),
         "total_bytes": int(base + overhead + cache),
         "resident_clusters": [int(k.size) for k in resident],
-        "storage": {
-            "reads_per_token": total_reads,
-            "bytes_per_token": storage_bytes,
-            "reads_per_layer": reads,
-            "time_per_token_s": seconds,
-            "read_bw_gbs": float(getattr(hardware, "storage_read_bw", 0.0)),
-            "iops": float(getattr(hardware, "storage_iops", 0.0)),
-        },
+        "storage": _storage_section(reads, cb, hardware),
     }
     return ram_neurons, ram
+
+
+def _working_slots(probs: list[np.ndarray], resident: list[np.ndarray]) -> int:
+    """The store's working slots with the clusters ``resident`` held: the most clusters a
+    token is expected to read from storage in one layer, with a margin."""
+    touched = 0.0
+    for p, r in zip(probs, resident):
+        rest = p.copy()
+        rest[r] = 0.0
+        touched = max(touched, float(rest.sum()))
+    return math.ceil(WORKING_FACTOR * touched) + WORKING_SPARE
+
+
+def _hottest_clusters(probs: list[np.ndarray]) -> Callable[[int], list[np.ndarray]]:
+    """``take(n)``: per layer the sorted clusters among the ``n`` likeliest read over all
+    layers (each costs one slot; ties by layer, then cluster). GPU-only clusters (probability
+    0 because every neuron is on the GPU, or none fires) are never resident."""
+    keys = [np.flatnonzero(p > 0) for p in probs]
+    p_all = np.concatenate([p[k] for p, k in zip(probs, keys)])
+    layer_all = np.concatenate([np.full(k.size, i) for i, k in enumerate(keys)])
+    k_all = np.concatenate(keys)
+    order = np.lexsort((k_all, layer_all, -p_all))  # highest first; ties by layer, cluster
+
+    def take(n: int) -> list[np.ndarray]:
+        chosen = order[: max(0, n)]
+        return [np.sort(k_all[chosen[layer_all[chosen] == i]]) for i in range(len(probs))]
+
+    return take
+
+
+def _resident_neurons(
+    shape: ModelShape,
+    probs: list[np.ndarray],
+    resident: list[np.ndarray],
+    gpu_neurons: list[np.ndarray],
+    cluster: int,
+) -> tuple[list[np.ndarray], list[float]]:
+    """Per layer the neurons the ``resident`` clusters hold in RAM (less the GPU's), and the
+    clusters a token is expected to read from storage."""
+    ram_neurons, reads = [], []
+    for i, (p, ks) in enumerate(zip(probs, resident)):
+        ids = (ks[:, None] * cluster + np.arange(cluster)[None, :]).ravel()
+        ids = ids[ids < shape.routed_neurons]
+        ram_neurons.append(np.setdiff1d(ids, np.asarray(gpu_neurons[i]), assume_unique=True))
+        rest = p.copy()
+        rest[ks] = 0.0
+        reads.append(float(rest.sum()))
+    return ram_neurons, reads
+
+
+def _storage_section(reads: list[float], cb: list[int], hardware) -> dict:
+    """The ``ram`` section's ``storage`` part: the reads and bytes a token is expected to
+    fetch from storage (``reads`` per layer, of ``cb`` bytes each), and their time on
+    ``hardware``'s storage (None where it has no storage numbers)."""
+    storage_bytes = 0.0
+    for r, b in zip(reads, cb):
+        storage_bytes += r * b
+    per_layer = [
+        hardware.storage_seconds(r, b) if hardware is not None else None for r, b in zip(reads, cb)
+    ]
+    return {
+        "reads_per_token": float(sum(reads)),
+        "bytes_per_token": storage_bytes,
+        "reads_per_layer": reads,
+        "time_per_token_s": None if None in per_layer else float(sum(per_layer)),
+        "read_bw_gbs": float(getattr(hardware, "storage_read_bw", 0.0)),
+        "iops": float(getattr(hardware, "storage_iops", 0.0)),
+    }
 
 
 def check_ram_tier(

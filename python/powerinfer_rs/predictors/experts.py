@@ -110,8 +110,61 @@ def train_expert_predictors(
     """Train the experts' predictors of the samples under ``profile_dir`` (``meta`` their
     validated metadata) and write ``out``; ``settings(fingerprint, dim, ffn)`` gives the
     pipeline's settings record. See the module text."""
-    smeta = meta.get("metadata", {})
-    moe = smeta.get("moe")
+    n_layers, n_expert, ef = _moe_shape(meta)
+    if not 0.0 < recall <= 1.0:  # checked here: per expert, training errors only drop the expert
+        raise ShapeError(f"recall target must lie in (0, 1], got {recall}")
+    _check_model(model, meta, n_layers, n_expert, ef)
+    # What an expert without a predictor reads is the engine's rule for the model's experts:
+    # exact-relu for ReLU ones, everything for the others (whatever the profile's semantics).
+    relu = model.config.activation == "relu"
+    todo_layers = sorted(set(range(n_layers) if layers is None else layers))
+    for i in todo_layers:
+        if not 0 <= i < n_layers:
+            raise ShapeError(f"layer {i} outside [0, {n_layers})")
+    moe = meta["metadata"]["moe"]
+    sets = _settings(settings(model.fingerprint, meta["dim"], ef), moe, meta, min_samples, max_rows)
+    keys = [k for k in sets if k != "seed"]
+
+    out = Path(out)
+    parts = out.with_name(out.name + ".parts")
+    done, prev_meta, kept = resume_units(
+        out, sets, lambda old: all(old.get(k) == sets.get(k) for k in keys),
+        "unit_*.safetensors", lambda p: p.experts, say, "experts",
+    )  # fmt: skip
+    dropped = _resumed_dropped(prev_meta, kept, parts)
+    units = [(i, e) for i in todo_layers for e in range(n_expert)]
+    pending = [u for u in units if u not in done and f"{u[0]}.{u[1]}" not in dropped]
+    if len(pending) < len(units):
+        say(f"resuming: {len(units) - len(pending)} of {len(units)} experts already done")
+    cost = {i: expert_bytes(model, i, n_expert) for i in todo_layers}
+    bar = tqdm(pending, desc="expert predictors", unit="expert", disable=not progress)
+    for i, e in bar:
+        bar.set_postfix(layer=i, expert=e)
+        x, m = samples_mod.load_samples(profile_dir, i * n_expert + e, max_rows=max_rows)
+        pred, why = _train_expert(
+            x, m, cost[i], relu, recall=recall, max_bytes_fraction=max_bytes_fraction,
+            seed=seed + i * n_expert + e, cfg=cfg, min_samples=min_samples,
+        )  # fmt: skip
+        if pred is not None:
+            done[(i, e)] = pred
+            one = _set({(i, e): pred}, sets, cfg, {})
+            save_predictors(parts / f"unit_{i:03d}_{e:03d}.safetensors", one)
+        else:
+            dropped[f"{i}.{e}"] = why
+        (parts / DROPPED_NAME).write_text(json.dumps(dropped, default=float))
+    bar.close()
+    result = _set(done, sets, cfg, dropped)
+    save_predictors(out, result)
+    shutil.rmtree(parts, ignore_errors=True)
+    kept = sum(1 for u in done if u[0] in todo_layers)
+    say(f"{kept} of {len(units)} experts have a predictor that pays")
+    return result
+
+
+def _moe_shape(meta: dict[str, Any]) -> tuple[int, int, int]:
+    """``(layers, experts, neurons per expert)`` of the samples' ``moe`` metadata, checked
+    against their units."""
+    moe = meta.get("metadata", {}).get("moe")
     try:
         n_layers, n_expert, ef = (int(moe[k]) for k in ("n_layers", "n_expert", "expert_ffn"))
     except (TypeError, KeyError, ValueError):
@@ -121,10 +174,14 @@ def train_expert_predictors(
             f"{meta['dir']}: {meta['n_layers']} sample units of {meta['ffn_dim']} neurons do not "
             f"fit {n_layers} layers x {n_expert} experts of {ef}"
         )
+    return n_layers, n_expert, ef
+
+
+def _check_model(model: Any, meta: dict[str, Any], n_layers: int, n_expert: int, ef: int) -> None:
+    """A :class:`PlanError` or :class:`ShapeError` unless ``model`` is the one the samples
+    were profiled on (its shape, and its fingerprint where the samples record one)."""
     dim = meta["dim"]
-    if not 0.0 < recall <= 1.0:  # checked here: per expert, training errors only drop the expert
-        raise ShapeError(f"recall target must lie in (0, 1], got {recall}")
-    fingerprint = smeta.get("model_fingerprint") or None
+    fingerprint = meta.get("metadata", {}).get("model_fingerprint") or None
     if model is None:
         raise PlanError("training predictors per expert needs the model (its expert bytes)")
     c = model.config
@@ -141,23 +198,11 @@ def train_expert_predictors(
         )
     if fingerprint and fingerprint != model.fingerprint:
         raise PlanError(f"samples were profiled on model {fingerprint}, not on {model.fingerprint}")
-    fingerprint = model.fingerprint
-    # What an expert without a predictor reads is the engine's rule for the model's experts:
-    # exact-relu for ReLU ones, everything for the others (whatever the profile's semantics).
-    relu = c.activation == "relu"
-    todo_layers = sorted(set(range(n_layers) if layers is None else layers))
-    for i in todo_layers:
-        if not 0 <= i < n_layers:
-            raise ShapeError(f"layer {i} outside [0, {n_layers})")
-    sets = _settings(settings(fingerprint, dim, ef), moe, meta, min_samples, max_rows)
-    keys = [k for k in sets if k != "seed"]
 
-    out = Path(out)
-    parts = out.with_name(out.name + ".parts")
-    done, prev_meta, kept = resume_units(
-        out, sets, lambda old: all(old.get(k) == sets.get(k) for k in keys),
-        "unit_*.safetensors", lambda p: p.experts, say, "experts",
-    )  # fmt: skip
+
+def _resumed_dropped(prev_meta: Any, kept: Any, parts: Path) -> dict[str, dict[str, Any]]:
+    """The experts an earlier run left without a predictor, and why: from the previous
+    file's metadata and, where its parts are kept, the parts folder's record."""
     dropped: dict[str, dict[str, Any]] = {}
     if prev_meta is not None:
         dropped.update(_dropped(prev_meta.get("dropped")))
@@ -166,59 +211,52 @@ def train_expert_predictors(
             dropped.update(_dropped(json.loads((parts / DROPPED_NAME).read_text())))
         except (OSError, ValueError, RecursionError):
             pass
+    return dropped
 
-    units = [(i, e) for i in todo_layers for e in range(n_expert)]
-    pending = [u for u in units if u not in done and f"{u[0]}.{u[1]}" not in dropped]
-    if len(pending) < len(units):
-        say(f"resuming: {len(units) - len(pending)} of {len(units)} experts already done")
-    cost = {i: expert_bytes(model, i, n_expert) for i in todo_layers}
-    bar = tqdm(pending, desc="expert predictors", unit="expert", disable=not progress)
-    for i, e in bar:
-        bar.set_postfix(layer=i, expert=e)
-        key = f"{i}.{e}"
-        x, m = samples_mod.load_samples(profile_dir, i * n_expert + e, max_rows=max_rows)
-        g, u, d = cost[i]
-        if x.shape[0] < min_samples:
-            dropped[key] = {"reason": "few samples", "n_samples": int(x.shape[0])}
-        else:
-            try:
-                pred = train_layer(
-                    x,
-                    m,
-                    recall=recall,
-                    max_bytes=max_bytes_fraction * (g + u + d),
-                    ffn_bytes=g + u + d,
-                    seed=seed + i * n_expert + e,
-                    config=cfg,
-                    progress=False,
-                )
-            except (PlanError, ShapeError) as err:  # e.g. a budget too small for rank 1
-                dropped[key] = {"reason": "untrainable", "error": str(err)}
-                pred = None
-            if pred is not None:
-                without, with_ = read_cost(pred.stats, pred.nbytes(cfg.dtype), g, u, d, relu)
-                pred.stats.update(
-                    ffn_bytes=g + u + d,
-                    n_samples=int(x.shape[0]),
-                    bytes_without=without,
-                    bytes_with=with_,
-                )
-                if not pred.stats.get("met_target", False):
-                    dropped[key] = {"reason": "misses recall", **pred.stats}
-                elif with_ < without:
-                    done[(i, e)] = pred
-                    one = _set({(i, e): pred}, sets, cfg, {})
-                    save_predictors(parts / f"unit_{i:03d}_{e:03d}.safetensors", one)
-                else:
-                    dropped[key] = {"reason": "does not pay", **pred.stats}
-        (parts / DROPPED_NAME).write_text(json.dumps(dropped, default=float))
-    bar.close()
-    result = _set(done, sets, cfg, dropped)
-    save_predictors(out, result)
-    shutil.rmtree(parts, ignore_errors=True)
-    kept = sum(1 for u in done if u[0] in todo_layers)
-    say(f"{kept} of {len(units)} experts have a predictor that pays")
-    return result
+
+def _train_expert(
+    x: Any,
+    m: Any,
+    cost: tuple[float, float, float],
+    relu: bool,
+    *,
+    recall: float,
+    max_bytes_fraction: float,
+    seed: int,
+    cfg: TrainConfig,
+    min_samples: int,
+) -> tuple[LayerPredictor | None, dict[str, Any]]:
+    """One expert's predictor from its samples ``x``, ``m`` (``cost``: its gate, up and down
+    bytes), or None and why it runs without one (too few samples, untrainable, misses the
+    recall target, does not pay)."""
+    g, u, d = cost
+    if x.shape[0] < min_samples:
+        return None, {"reason": "few samples", "n_samples": int(x.shape[0])}
+    try:
+        pred = train_layer(
+            x,
+            m,
+            recall=recall,
+            max_bytes=max_bytes_fraction * (g + u + d),
+            ffn_bytes=g + u + d,
+            seed=seed,
+            config=cfg,
+            progress=False,
+        )
+    except (PlanError, ShapeError) as err:  # e.g. a budget too small for rank 1
+        return None, {"reason": "untrainable", "error": str(err)}
+    without, with_ = read_cost(pred.stats, pred.nbytes(cfg.dtype), g, u, d, relu)
+    pred.stats.update(
+        ffn_bytes=g + u + d,
+        n_samples=int(x.shape[0]),
+        bytes_without=without,
+        bytes_with=with_,
+    )
+    if not pred.stats.get("met_target", False):
+        return None, {"reason": "misses recall", **pred.stats}
+    if with_ < without:
+        return pred, {}
+    return None, {"reason": "does not pay", **pred.stats}
 
 
 def _set(

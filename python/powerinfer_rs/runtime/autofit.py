@@ -1,9 +1,9 @@
 """Auto-fit: from a model file to its hybrid run in one step.
 
 :func:`prepare` runs the sparsity pipeline's stages for a model and a VRAM budget, exactly as
-they run by hand (each stage's own ``main`` with the same arguments), on the calibration text
-shipped with the package (``data/calibration.txt``: prose of the Python 3.11 documentation,
-PSF License, see ``data/CALIBRATION-LICENSE.txt``):
+they run by hand (each stage's function, the one its command calls, with the same arguments),
+on the calibration text shipped with the package (``data/calibration.txt``: prose of the
+Python 3.11 documentation, PSF License, see ``data/CALIBRATION-LICENSE.txt``):
 
 1. ``calibrate``: per-layer thresholds (SiLU/GELU models; ReLU neurons are exactly 0 or not);
 2. ``profile``: how often each FFN neuron fires (with samples for the predictors of a ReLU
@@ -34,16 +34,16 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import PlanError
+from ..errors import PlanError, PowerInferError
 from ..planning.sizes import MAX_BUDGET
 from .prepared import (
     MANIFEST,
@@ -130,23 +130,45 @@ def _key(parts: dict) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _run_stage(name: str, argv: list[str], quiet: bool) -> float:
-    """Run stage ``name`` (its ``main(argv)``); its seconds. A failing stage is a PlanError
-    naming it (the stage has printed why)."""
-    import importlib
+class _Stages:
+    """Runs the stages of one preparation as functions, timing each: a stage's report lines
+    go to stderr, or with ``quiet`` are held and shown only when the stage fails; a failing
+    stage is a :class:`PlanError` naming it."""
 
-    from ..stages import STAGES
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        #: Whether the stages draw their progress bars.
+        self.progress = not quiet
+        self.seconds: dict[str, float] = {}
+        self._held: list[str] = []
 
-    module = importlib.import_module(f"..{STAGES[name][0]}", __package__)
-    t0 = time.perf_counter()
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out if quiet else sys.stderr):
-        code = module.main(argv + (["--quiet"] if quiet else []))
-    if code != 0:
-        if quiet:
-            sys.stderr.write(out.getvalue())
-        raise PlanError(f"auto-fit: the {name} stage failed (exit {code}); see above")
-    return time.perf_counter() - t0
+    def report(self, text: str) -> None:
+        """A stage's report line (what its command prints)."""
+        if self.quiet:
+            self._held.append(text)
+        else:
+            print(text, file=sys.stderr)
+
+    def run(self, name: str, fn: Callable[..., Path], *args: Any, **kwargs: Any) -> Path:
+        """``fn(*args, **kwargs, report=...)``, timed as stage ``name``."""
+        self._held = []
+        t0 = time.perf_counter()
+        try:
+            result = fn(*args, **kwargs, report=self.report)
+        except (PowerInferError, OSError) as e:
+            for line in self._held:
+                print(line, file=sys.stderr)
+            raise PlanError(f"auto-fit: the {name} stage failed: {_why(e)}") from e
+        self.seconds[name] = time.perf_counter() - t0
+        return result
+
+
+def _why(e: BaseException) -> str:
+    """An error in the words the stage commands print it in."""
+    if isinstance(e, OSError):
+        name = f"{e.filename}: " if getattr(e, "filename", None) else ""
+        return f"{name}{e.strerror or e}"
+    return str(e)
 
 
 def check_budget(vram_budget: str | int) -> int | None:
@@ -326,62 +348,68 @@ def _run_stages(
     quiet: bool,
 ) -> None:
     """Run the stages of the module doc into the empty directory ``d``, its manifest last."""
+    from ..stages.calibrate import calibrate
+    from ..stages.plan import plan
+    from ..stages.profile import profile
+    from ..stages.train_predictors import train
+
     cfg = loaded.config
     cal_tokens, prof_tokens = parts["tokens"]
-    corpus = str(CORPUS)
-    common = ["--model", path]
-    run = ["--threads", str(threads)]
-    timings: dict[str, float] = {}
+    stages = _Stages(quiet)
     files: dict[str, str | None] = {"plan": None, "thresholds": None, "predictors": None}
     if not relu:
         files["thresholds"] = "thresholds.json"
-        timings["calibrate"] = _run_stage(
-            "calibrate",
-            common + ["--corpus", corpus, "--tokens", str(cal_tokens)]
-            + ["--out", str(d / "thresholds.json")] + run,
-            quiet,
-        )  # fmt: skip
+        stages.run("calibrate", calibrate, path, [str(CORPUS)], d / "thresholds.json",
+                   tokens=cal_tokens, threads=threads, progress=stages.progress)  # fmt: skip
     # A mixture of experts on the GPU side runs its ReLU experts exact-relu where the hybrid
     # runs no predictors inside experts (the engine's mode table); on the CPU alone,
     # predictors per expert where they pay.
     moe_gpu = bool(cfg.n_expert) and budget_text is not None
-    need_predictors = relu and not own and _relu_mode(moe_gpu) == "predictor"
+    sparsity = "threshold" if not relu else _relu_mode(moe_gpu)
+    need_predictors = relu and not own and sparsity == "predictor"
     if budget_text is not None or need_predictors:
-        argv = common + ["--corpus", corpus, "--tokens", str(prof_tokens)]
-        argv += ["--out", str(d / "profile"), "--no-plot"] + run
-        if files["thresholds"]:
-            argv += ["--thresholds", str(d / "thresholds.json")]
-        if need_predictors:
-            argv += ["--samples"]
-        timings["profile"] = _run_stage("profile", argv, quiet)
+        stages.run(
+            "profile", profile, path, [str(CORPUS)], d / "profile", tokens=prof_tokens,
+            thresholds=d / "thresholds.json" if files["thresholds"] else None,
+            samples=need_predictors, plot=False, threads=threads, progress=stages.progress,
+        )  # fmt: skip
     if need_predictors:
         files["predictors"] = "predictors.safetensors"
-        timings["train-predictors"] = _run_stage(
-            "train-predictors",
-            common + ["--profile", str(d / "profile"), "--out", str(d / files["predictors"])],
-            quiet,
-        )
+        stages.run("train-predictors", train, path, d / "profile", d / files["predictors"],
+                   progress=stages.progress)  # fmt: skip
     if budget_text is not None:
         files["plan"] = "plan.safetensors"
-        argv = common + ["--profile", str(d / "profile"), "--vram-budget", budget_text]
-        argv += ["--context", str(ctx), "--kv-cache", kv_cache]
-        if hardware is not None:  # else the stage detects the GPU and measures this CPU
-            argv += ["--hardware", hw_name]
-        argv += ["--out", str(d / "plan.safetensors")]
-        if files["predictors"]:
-            argv += ["--predictors", str(d / files["predictors"])]
-        else:  # what a neuron costs: thresholds (SiLU/GELU) or a PowerInfer file's predictors
-            argv += ["--sparsity", "threshold" if not relu else _relu_mode(moe_gpu)]
-        timings["plan"] = _run_stage("plan", argv, quiet)
-    sparsity = "threshold" if not relu else _relu_mode(moe_gpu)
+        predictors = d / files["predictors"] if files["predictors"] else None
+        stages.run(
+            "plan", plan, path, d / "profile", budget_text, out=d / "plan.safetensors",
+            context=ctx, kv_cache=kv_cache,
+            # else the stage detects the GPU and measures this CPU
+            hardware=hw_name if hardware is not None else None,
+            predictors=predictors,
+            # what a neuron costs: thresholds (SiLU/GELU) or a PowerInfer file's predictors
+            sparsity=None if predictors is not None else sparsity, summary_only=quiet,
+        )  # fmt: skip
+    write_manifest(d, _manifest(d, path, parts, files, sparsity, stages.seconds))
+
+
+def _manifest(
+    d: Path,
+    path: str,
+    parts: dict[str, Any],
+    files: dict[str, str | None],
+    sparsity: str,
+    seconds: dict[str, float],
+) -> dict[str, Any]:
+    """The manifest of the preparation in ``d``: its key, files and their digests, the
+    sparsity it runs in and the stages' seconds."""
     ours = {v for v in files.values() if v is not None}
-    profiled = "profile" in timings
+    profiled = "profile" in seconds
     digests = {
         k: v
         for k, v in file_digests(d).items()
         if k in ours or (profiled and k.startswith("profile/"))
     }
-    manifest = {
+    return {
         "format": MANIFEST_FORMAT,
         "model": path,
         "model_files": model_record(path),
@@ -389,10 +417,9 @@ def _run_stages(
         "files": files,
         "digests": digests,
         "sparsity": sparsity,
-        "seconds": timings,
+        "seconds": seconds,
         "corpus": "data/calibration.txt (Python 3.11 documentation, PSF License)",
     }
-    write_manifest(d, manifest)
 
 
 #: Prefix of a preparation's working directory beside its target (``.NAME.part-PID-N``).

@@ -79,11 +79,39 @@ class GenerationStats:
 
     @property
     def decode_tokens_per_second(self) -> float:
-        return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else 0.0
+        """Decoded tokens per second of decoding (0 before any)."""
+        return _per_second(self.decode_tokens, self.decode_seconds)
 
     @property
     def prefill_tokens_per_second(self) -> float:
-        return self.prefill_tokens / self.prefill_seconds if self.prefill_seconds > 0 else 0.0
+        """Prefilled tokens per second of prefill (0 before any)."""
+        return _per_second(self.prefill_tokens, self.prefill_seconds)
+
+
+def _per_second(n: int, seconds: float) -> float:
+    """``n`` per second over ``seconds`` (0 for no time)."""
+    return n / seconds if seconds > 0 else 0.0
+
+
+#: The keys of :meth:`Generation.stats`: the :class:`GenerationStats` fields and rates, in order.
+STATS_KEYS = (
+    "prompt_tokens",
+    "prefill_tokens",
+    "cached_tokens",
+    "prefill_seconds",
+    "decode_tokens",
+    "decode_seconds",
+    "decode_tokens_per_second",
+    "completion_tokens",
+    "finish_reason",
+    "phases",
+    "speculative",
+    "drafted_tokens",
+    "accepted_tokens",
+    "acceptance_rate",
+    "verify_steps",
+    "tokens_per_verify_step",
+)
 
 
 def _texts(steps: TokenStream) -> Iterator[str]:
@@ -338,26 +366,9 @@ class Generation:
         return None if info is None else dict(info["phases"]["total"])
 
     def stats(self) -> dict:
-        """Timing of the last generation as a dict."""
+        """Timing of the last generation as a dict (:data:`STATS_KEYS`)."""
         s = self.last_stats
-        return {
-            "prompt_tokens": s.prompt_tokens,
-            "prefill_tokens": s.prefill_tokens,
-            "cached_tokens": s.cached_tokens,
-            "prefill_seconds": s.prefill_seconds,
-            "decode_tokens": s.decode_tokens,
-            "decode_seconds": s.decode_seconds,
-            "decode_tokens_per_second": s.decode_tokens_per_second,
-            "completion_tokens": s.completion_tokens,
-            "finish_reason": s.finish_reason,
-            "phases": s.phases,
-            "speculative": s.speculative,
-            "drafted_tokens": s.drafted_tokens,
-            "accepted_tokens": s.accepted_tokens,
-            "acceptance_rate": s.acceptance_rate,
-            "verify_steps": s.verify_steps,
-            "tokens_per_verify_step": s.tokens_per_verify_step,
-        }
+        return {k: getattr(s, k) for k in STATS_KEYS}
 
     # -- internals -------------------------------------------------------------------------
 

@@ -44,9 +44,9 @@ from ..runtime.streaming import TokenStream
 from ..runtime.tools import ToolCall
 from .errors import APIError, from_engine, parse_body
 from .responses import Calls, calls_for
-from .schemas import MAX_STOPS, DraftMax, SpeculativeMode
+from .schemas import MAX_STOPS, DraftMax, Lenient, SpeculativeMode
 from .speculation import DEFAULTS, SpeculativeDefaults, speculative_kwargs
-from .sse import collect, failure, start_job
+from .sse import collect_answer, failure, start_job
 from .worker import Done, Job
 
 log = logging.getLogger("powerinfer_rs.server")
@@ -86,29 +86,25 @@ class Block(BaseModel):
     is_error: Optional[bool] = None
 
 
-class AnthropicTool(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class AnthropicTool(Lenient):
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
     description: Optional[str] = None
     input_schema: dict[str, Any]
 
 
-class ToolChoice(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class ToolChoice(Lenient):
     type: Literal["auto", "any", "tool", "none"]
     name: Optional[str] = None
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class Message(Lenient):
     role: Literal["user", "assistant"]
     content: Union[str, list[Block]]
 
 
-class MessagesRequest(BaseModel):
+class MessagesRequest(Lenient):
     """``POST /v1/messages`` (unknown fields such as ``metadata`` are ignored)."""
 
-    model_config = ConfigDict(extra="ignore")
     model: str
     max_tokens: Annotated[int, Field(ge=1)]
     messages: Annotated[list[Message], Field(min_length=1)]
@@ -136,10 +132,9 @@ class MessagesRequest(BaseModel):
         ]  # fmt: skip
 
 
-class CountRequest(BaseModel):
+class CountRequest(Lenient):
     """``POST /v1/messages/count_tokens``."""
 
-    model_config = ConfigDict(extra="ignore")
     model: str
     messages: Annotated[list[Message], Field(min_length=1)]
     system: Union[str, list[Block], None] = None
@@ -448,13 +443,7 @@ async def messages(request: Request, state: Any) -> Response:
             media_type="text/event-stream",
             headers=headers,
         )
-    try:
-        text, _, done = await collect(job)
-    finally:
-        watcher.cancel()
-        job.cancel()
-    if done.error is not None:
-        raise failure(done)
+    text, _, done = await collect_answer(job, watcher)
     made: list[ToolCall] = []
     if calls is not None:
         text, made = calls.parse(text)

@@ -32,7 +32,7 @@ from .health import health
 from .responses import Calls, ChunkMaker, Envelope, TokenText, calls_for, full_response
 from .schemas import ChatRequest, CompletionRequest, NamedToolChoice, unsupported_fields
 from .speculation import DEFAULTS, SpeculativeDefaults, speculative_kwargs
-from .sse import collect, event_stream, failure, start_job
+from .sse import collect_answer, event_stream, start_job
 from .worker import Worker
 
 log = logging.getLogger("powerinfer_rs.server")
@@ -257,13 +257,7 @@ async def completion(request: Request, state: ServerState, kind: type) -> Respon
         return StreamingResponse(
             event_stream(job, chunks, watcher), media_type="text/event-stream", headers=headers
         )
-    try:
-        text, taken, done = await collect(job)
-    finally:
-        watcher.cancel()
-        job.cancel()
-    if done.error is not None:
-        raise failure(done)
+    text, taken, done = await collect_answer(job, watcher)
     return JSONResponse(full_response(env, text, taken, done, text_of, calls))
 
 

@@ -26,36 +26,37 @@ DraftMax = Annotated[int, Field(ge=0, le=MAX_DRAFT)]
 Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
 
 
-class StreamOptions(BaseModel):
+class Lenient(BaseModel):
+    """A request body or a part of one: fields the engine has no use for are ignored."""
+
     model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(Lenient):
     include_usage: bool = False
 
 
-class TextPart(BaseModel):
+class TextPart(Lenient):
     """One part of a message's content given as a list (only text parts are understood)."""
 
-    model_config = ConfigDict(extra="ignore")
     type: Literal["text"]
     text: str
 
 
-class FunctionCall(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class FunctionCall(Lenient):
     name: str
     arguments: str = ""
 
 
-class ToolCallIn(BaseModel):
+class ToolCallIn(Lenient):
     """A call an assistant message of the history made."""
 
-    model_config = ConfigDict(extra="ignore")
     id: Optional[str] = None
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class ChatMessage(Lenient):
     role: str
     content: Union[str, list[TextPart], None] = None
     tool_calls: Optional[list[ToolCallIn]] = None
@@ -77,27 +78,23 @@ class ChatMessage(BaseModel):
         return out
 
 
-class FunctionSpec(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class FunctionSpec(Lenient):
     name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
     description: Optional[str] = None
     parameters: Optional[dict[str, Any]] = None
     strict: Optional[bool] = None
 
 
-class Tool(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class Tool(Lenient):
     type: Literal["function"]
     function: FunctionSpec
 
 
-class NamedFunction(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class NamedFunction(Lenient):
     name: str
 
 
-class NamedToolChoice(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class NamedToolChoice(Lenient):
     type: Literal["function"]
     function: NamedFunction
 
@@ -110,23 +107,21 @@ class JsonSchemaFormat(BaseModel):
     strict: Optional[bool] = None
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(Lenient):
     """``response_format``: text, any JSON object, or JSON following a schema (constrained
     decoding: the output parses and validates)."""
 
-    model_config = ConfigDict(extra="ignore")
     type: Literal["text", "json_object", "json_schema"]
     json_schema: Optional[JsonSchemaFormat] = None
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(Lenient):
     """Fields both endpoints share. ``top_k``, ``repetition_penalty`` and ``ignore_eos`` are
     extensions (llama.cpp's and vLLM's servers take them too; pass them with the openai client's
     ``extra_body``), and so are ``speculative`` ("lookup", "draft", "auto", "off") and
     ``draft_max`` (speculative decoding; default: the server's ``--speculative`` and
     ``--draft-max``)."""
 
-    model_config = ConfigDict(extra="ignore")
     model: Optional[str] = None
     max_tokens: Optional[NonNegInt] = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0

@@ -70,6 +70,20 @@ async def collect(job: Job) -> tuple[str, list[TokenStep], Done]:
         steps.append(event)
 
 
+async def collect_answer(job: Job, watcher: asyncio.Task) -> tuple[str, list[TokenStep], Done]:
+    """A non-streamed answer's whole generation (:func:`collect`), the disconnect ``watcher``
+    and the job ended afterwards whatever happens; a generation that failed in the engine
+    raises :func:`failure`'s error."""
+    try:
+        text, steps, done = await collect(job)
+    finally:
+        watcher.cancel()
+        job.cancel()
+    if done.error is not None:
+        raise failure(done)
+    return text, steps, done
+
+
 async def event_stream(job: Job, chunks: ChunkMaker, watcher: asyncio.Task) -> AsyncIterator[bytes]:
     """The body of a streamed answer. Steps whose text is held back (part of a character or of
     a possible stop string) travel with the next chunk that has text."""

@@ -22,9 +22,11 @@ Example::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -223,41 +225,88 @@ def _check(a: argparse.Namespace) -> str | None:
     return None
 
 
-def _run(a: argparse.Namespace) -> int:
-    engine = stage_args.load_engine(a.model, threads=a.threads)
-    progress = not a.quiet
-    ids, names = stage_args.corpus_ids(engine, a.corpus, a.tokens)
-    cal, held = split_ids(ids, a.heldout_fraction)
-    if a.mode == "input":
-        return _run_input(a, engine, cal, held, names, progress)
+def calibrate(
+    model: str | os.PathLike[str],
+    corpus: Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    mode: str = "threshold",
+    sparsity: float = 0.5,
+    tokens: int = DEFAULT_TOKENS,
+    score: str = "wina",
+    allocation: str = "uniform",
+    output_head: bool = False,
+    heldout_fraction: float = 0.2,
+    window: int = 256,
+    sample_values: int = DEFAULT_SAMPLE_VALUES,
+    seed: int = 0,
+    threads: int = 0,
+    progress: bool = True,
+    report: Callable[[str], None] = print,
+) -> Path:
+    """The calibrate stage as a function: calibrate ``model`` on the first ``tokens`` of
+    ``corpus`` (``mode`` "threshold": per-layer thresholds; "input": per-site input
+    thresholds, with ``score``, ``allocation`` and ``output_head``), write the threshold file
+    ``out`` and return its path. The held-out tail (``heldout_fraction``) measures the cost;
+    the result table and summary go to ``report`` (the CLI prints them), the settings line to
+    stderr, progress bars too unless not ``progress``. Bad input is a :class:`PowerInferError`."""
+    engine = stage_args.load_engine(model, threads=threads)
+    ids, names = stage_args.corpus_ids(engine, corpus, tokens)
+    cal, held = split_ids(ids, heldout_fraction)
+    run = _Calibration(engine, cal, held, names, out, sparsity, window, seed, progress, report)
+    if mode == "input":
+        _calibrate_inputs(run, score=score, allocation=allocation, output_head=output_head)
+    else:
+        _calibrate_layers(run, sample_values=sample_values)
+    report(f"wrote {out}")
+    return Path(out)
+
+
+@dataclass
+class _Calibration:
+    """What both modes' calibrations work with: the engine, the calibration tokens and the
+    held-out ones, the corpus names, the file to write, the target share and the settings of
+    the passes, and where the report lines go."""
+
+    engine: Any
+    cal: list[int]
+    held: list[int]
+    names: list[str]
+    out: str | os.PathLike[str]
+    sparsity: float
+    window: int
+    seed: int
+    progress: bool
+    report: Callable[[str], None]
+
+
+def _calibrate_layers(run: _Calibration, *, sample_values: int) -> None:
+    """``mode="threshold"``: per-layer thresholds, and their held-out cost."""
+    engine, cal, held, out, sparsity = run.engine, run.cal, run.held, run.out, run.sparsity
+    window, progress, report = run.window, run.progress, run.report
     cfg = engine.config
     print(
         f"calibrating {cfg.n_layers} layers ({cfg.activation}, ffn {cfg.ffn_dim}) to "
-        f"{a.sparsity:.0%} FFN sparsity on {len(cal)} tokens; {len(held)} held out",
+        f"{sparsity:.0%} FFN sparsity on {len(cal)} tokens; {len(held)} held out",
         file=sys.stderr,
     )
     thresholds, below = calibrate_thresholds(
-        engine,
-        cal,
-        a.sparsity,
-        window=a.window,
-        sample_values=a.sample_values,
-        seed=a.seed,
+        engine, cal, sparsity, window=window, sample_values=sample_values, seed=run.seed,
         progress=progress,
-    )
+    )  # fmt: skip
     tf = ThresholdFile(
         thresholds=thresholds,
         model_fingerprint=engine.loaded.fingerprint,
         activation=cfg.activation,
-        target_sparsity=a.sparsity,
+        target_sparsity=sparsity,
         measured_sparsity=below,
-        corpus=names,
+        corpus=run.names,
         tokens=len(cal),
-        extra={"measured_on": "calibration tokens, dense activations", "window": a.window},
+        extra={"measured_on": "calibration tokens, dense activations", "window": window},
     )
-    save_thresholds(a.out, tf)
+    save_thresholds(out, tf)
     if held:
-        ho = held_out_cost(engine, held, thresholds, window=a.window, progress=progress)
+        ho = held_out_cost(engine, held, thresholds, window=window, progress=progress)
         tf.measured_sparsity = ho.sparsity
         tf.extra.update(
             measured_on="held-out tokens, threshold mode",
@@ -266,52 +315,45 @@ def _run(a: argparse.Namespace) -> int:
             perplexity_dense=ho.ppl_dense,
             perplexity_threshold=ho.ppl_threshold,
         )
-        save_thresholds(a.out, tf)
-    print(_table(thresholds, below, tf.measured_sparsity if held else None))
+        save_thresholds(out, tf)
+    report(_table(thresholds, below, tf.measured_sparsity if held else None))
     mean = float(np.mean(tf.measured_sparsity or below))
     if held:
-        print(
-            f"held-out ({ho.tokens} tokens, windows of {min(a.window, engine.n_ctx)}): "
+        report(
+            f"held-out ({ho.tokens} tokens, windows of {min(window, engine.n_ctx)}): "
             f"perplexity dense {ho.ppl_dense:.4f}, threshold {ho.ppl_threshold:.4f} "
             f"({stage_args.fmt_pct(ho.ppl_change)}); mean FFN sparsity {mean:.3f} "
-            f"(target {a.sparsity:.3f})"
+            f"(target {sparsity:.3f})"
         )
     else:
-        print(f"mean FFN sparsity on the calibration sample {mean:.3f} (no held-out part)")
-    print(f"wrote {a.out}")
-    return 0
+        report(f"mean FFN sparsity on the calibration sample {mean:.3f} (no held-out part)")
 
 
-def _run_input(a, engine, cal, held, names, progress: bool) -> int:
-    """``--mode input``: per-site thresholds for the input mode, and their held-out cost."""
+def _calibrate_inputs(run: _Calibration, *, score: str, allocation: str, output_head: bool) -> None:
+    """``mode="input"``: per-site thresholds for the input mode, and their held-out cost."""
     from ..formats.input_thresholds import save_input_thresholds
     from .calibrate_input import calibrate_input, format_table, held_out_input_cost
 
+    engine, cal, held, out, sparsity = run.engine, run.cal, run.held, run.out, run.sparsity
+    window, progress, report = run.window, run.progress, run.report
     cfg = engine.config
     print(
-        f"calibrating the input mode of {cfg.n_layers} layers ({a.score} scores, "
-        f"{a.allocation} allocation) to {a.sparsity:.0%} of projection inputs skipped on "
+        f"calibrating the input mode of {cfg.n_layers} layers ({score} scores, "
+        f"{allocation} allocation) to {sparsity:.0%} of projection inputs skipped on "
         f"{len(cal)} tokens; {len(held)} held out",
         file=sys.stderr,
     )
     c = calibrate_input(
-        engine,
-        cal,
-        a.sparsity,
-        score=a.score,
-        output=a.output_head,
-        window=a.window,
-        seed=a.seed,
-        progress=progress,
-        allocation=a.allocation,
-    )
+        engine, cal, sparsity, score=score, output=output_head, window=window, seed=run.seed,
+        progress=progress, allocation=allocation,
+    )  # fmt: skip
     tf = c.thresholds
-    tf.corpus = list(names)
-    tf.extra.update(allocation=a.allocation, window=a.window)
-    save_input_thresholds(a.out, tf)
+    tf.corpus = list(run.names)
+    tf.extra.update(allocation=allocation, window=window)
+    save_input_thresholds(out, tf)
     dropped = None
     if held:
-        ho = held_out_input_cost(engine, held, tf, window=a.window, progress=progress)
+        ho = held_out_input_cost(engine, held, tf, window=window, progress=progress)
         dropped = ho.dropped
         tf.extra.update(
             heldout_tokens=ho.tokens,
@@ -319,16 +361,25 @@ def _run_input(a, engine, cal, held, names, progress: bool) -> int:
             perplexity_dense=ho.ppl_dense,
             perplexity_input=ho.ppl_input,
         )
-        save_input_thresholds(a.out, tf)
-    print(format_table(tf, dropped))
+        save_input_thresholds(out, tf)
+    report(format_table(tf, dropped))
     if held:
-        print(
-            f"held-out ({ho.tokens} tokens, windows of {min(a.window, engine.n_ctx)}): "
+        report(
+            f"held-out ({ho.tokens} tokens, windows of {min(window, engine.n_ctx)}): "
             f"perplexity dense {ho.ppl_dense:.4f}, input {ho.ppl_input:.4f} "
             f"({stage_args.fmt_pct(ho.ppl_change)}); mean share of inputs skipped "
-            f"{float(np.mean(ho.dropped)):.3f} (target {a.sparsity:.3f})"
+            f"{float(np.mean(ho.dropped)):.3f} (target {sparsity:.3f})"
         )
-    print(f"wrote {a.out}")
+
+
+def _run(a: argparse.Namespace) -> int:
+    """``main``'s work: :func:`calibrate` with the parsed arguments."""
+    calibrate(
+        a.model, a.corpus, a.out, tokens=a.tokens, mode=a.mode, sparsity=a.sparsity,
+        score=a.score, allocation=a.allocation, output_head=a.output_head,
+        heldout_fraction=a.heldout_fraction, window=a.window, sample_values=a.sample_values,
+        seed=a.seed, threads=a.threads, progress=not a.quiet,
+    )  # fmt: skip
     return 0
 
 

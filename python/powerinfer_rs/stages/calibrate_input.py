@@ -14,7 +14,7 @@ state against the dense one, measured on the engine itself).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,6 +129,18 @@ def site_norms(engine: Any, score: str) -> list[list[np.ndarray]] | None:
     return [engine.input_column_norms(i) for i in range(n)] + [engine.input_column_norms(n)]
 
 
+def _site_scores(
+    layers: Sequence[Sequence[np.ndarray]], norms: list[list[np.ndarray]] | None
+) -> Iterator[tuple[int, int, np.ndarray]]:
+    """``(layer, site, scores)`` of each site's captured rows of a window (the first row, the
+    window's first token, left out: the mode keeps it dense): ``|x|``, times the site's column
+    norms with ``norms`` (WINA)."""
+    for i, four in enumerate(layers):
+        for k, rows in enumerate(four):
+            v = np.abs(rows[1:])
+            yield i, k, (v if norms is None else v * norms[i][k])
+
+
 def capture_scores(
     engine: Any,
     ids: Sequence[int],
@@ -148,12 +160,8 @@ def capture_scores(
 
     def on_window(_n: int) -> None:
         layers, out = engine.take_sites()
-        for i, four in enumerate(layers):
-            for k, rows in enumerate(four):
-                v = np.abs(rows[1:])
-                if norms is not None:
-                    v = v * norms[i][k]
-                sampler.add(4 * i + k, v)
+        for i, k, v in _site_scores(layers, norms):
+            sampler.add(4 * i + k, v)
         v = np.abs(out[1:])
         if norms is not None:
             v = v * norms[n][0]
@@ -277,13 +285,9 @@ def held_out_input_cost(
 
     def on_window(_n: int) -> None:
         layers, _out = engine.take_sites()
-        for i, four in enumerate(layers):
-            for k, rows in enumerate(four):
-                v = np.abs(rows[1:])
-                if norms is not None:
-                    v = v * norms[i][k]
-                dropped[i, k] += float(np.sum(v < tf.thresholds[i][k]))
-                counted[i, k] += v.size
+        for i, k, v in _site_scores(layers, norms):
+            dropped[i, k] += float(np.sum(v < tf.thresholds[i][k]))
+            counted[i, k] += v.size
 
     try:
         ppl_i = float(engine.perplexity_of_ids(list(ids), window=window, progress=progress))

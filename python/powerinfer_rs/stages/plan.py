@@ -1,226 +1,23 @@
-"""``python -m powerinfer_rs.plan``: argument parsing and the run, errors as one line."""
+"""``python -m powerinfer_rs.plan``: the plan stage as a function (:func:`plan`) and its
+command (``main``: the arguments of :mod:`.plan_parser`, errors as one line)."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import textwrap
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from ..facts import mode_refusal
-from ..planning.gpu_probe import AUTO_MARGIN_BYTES, auto_budget, detect_gpu
-from ..planning.hardware_profile import (
-    FALLBACK_PROFILE,
-    list_profiles,
-    load_hardware,
-    profile_for_gpu_name,
-)
+from ..planning.gpu_probe import auto_budget, detect_gpu
+from ..planning.hardware_profile import FALLBACK_PROFILE, load_hardware, profile_for_gpu_name
 from ..planning.ilp import DEFAULT_MIP_GAP
-from ..planning.model_shape import SPARSITIES
-from ..planning.planner import MOE_POLICIES, SOLVERS
-from ..planning.problem import BUCKET_SIZES, OBJECTIVES
 from ..planning.sizes import format_bytes, parse_bytes
 from .args import entry_point
+from .plan_parser import build_parser
 
-_EPILOG = f"""\
-Sizes: 8GiB, 512MiB (powers of 1024), 8GB (powers of 1000), or bytes; 0 = CPU only.
-Shipped hardware profiles: {", ".join(list_profiles())}.
-The model, the cost model and the sources of the profiles' numbers: planner/README.md.
-
-Example:
-  python -m powerinfer_rs.plan --model model.gguf --profile prof/ --vram-budget 8GiB \\
-      --hardware rtx4090 --objective time --out PLAN.safetensors --plot plan.png
-"""
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser (every option documented for ``--help``)."""
-    ap = argparse.ArgumentParser(
-        prog="python -m powerinfer_rs.plan",
-        description=textwrap.dedent(
-            """\
-            Decide which weights live in GPU memory: attention (+ KV cache), predictors, the
-            output head and the hottest FFN neurons in buckets, under an exact VRAM budget,
-            by an integer program solved with HiGHS (greedy fallback). Writes the plan file
-            (hot neuron ids per layer + placement metadata) and prints a per-layer table."""
-        ),
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    ap.add_argument(
-        "--model",
-        required=True,
-        metavar="M",
-        help="model: a .gguf file or a Hugging Face model directory",
-    )
-    ap.add_argument(
-        "--profile",
-        required=True,
-        metavar="DIR",
-        help="activation profile directory (DIR/profile.safetensors, written by "
-        "python -m powerinfer_rs.profile) or the .safetensors file itself",
-    )
-    ap.add_argument(
-        "--vram-budget",
-        required=True,
-        metavar="SIZE|auto",
-        help="GPU bytes the plan may allocate, e.g. 8GiB, 8GB, 512MiB, 0 (CPU "
-        "only); 'auto' = free VRAM of GPU 0 minus max("
-        f"{format_bytes(AUTO_MARGIN_BYTES)}, 5%%) (needs a GPU)",
-    )
-    ap.add_argument(
-        "--hardware",
-        metavar="NAME|FILE",
-        default=None,
-        help="hardware profile: a shipped name or a JSON file with the same keys. "
-        "Default: the detected GPU's profile with this machine's CPU measured (its read "
-        f"bandwidth and cores), else {FALLBACK_PROFILE} (planning for a machine other than "
-        "this one is fine)",
-    )
-    ap.add_argument(
-        "--context",
-        type=int,
-        default=None,
-        metavar="N",
-        help="context length the KV cache is sized for (default: the engine's, "
-        "min(4096, the model's context length))",
-    )
-    ap.add_argument(
-        "--kv-cache",
-        choices=["f16", "f32"],
-        default="f16",
-        help="precision of the KV cache, as the engine will hold it (Engine(kv_cache=...)): "
-        "f16 (default, as llama.cpp's) or f32 (twice the bytes per GPU layer's cache)",
-    )
-    ap.add_argument(
-        "--sparsity",
-        choices=SPARSITIES,
-        default=None,
-        help="the FFN mode the engine will run the plan in, which sets what a neuron costs: "
-        "predictor (default; for a mixture of experts exact-relu with ReLU experts, else "
-        "dense: only predicted-active rows are read; the GPU holds the "
-        "predictors), exact-relu (every cold neuron's gate row is read on the CPU), threshold "
-        "(gate and up rows), dense. The modes without predictors reserve no predictor bytes "
-        "unless --predictors or --predictor-bytes says otherwise",
-    )
-    ap.add_argument(
-        "--moe-policy",
-        choices=MOE_POLICIES,
-        default="neurons",
-        help="mixture-of-experts models only: neurons (default: the integer program places "
-        "hot experts and hot neurons inside warm experts, from the profile's routing counts); "
-        "n-cpu-moe (llama.cpp's --n-cpu-moe as a baseline: attention, KV caches, shared "
-        "experts and the output head on the GPU, then every routed expert of the last layers "
-        "while the budget holds them, the rest on the CPU). Both route on the CPU",
-    )
-    ap.add_argument(
-        "--objective",
-        choices=OBJECTIVES,
-        default="time",
-        help="time: minimise the predicted time per token from the hardware profile (also "
-        "solves mass and keeps that plan where it is rated faster); mass: maximise the "
-        "activation mass the GPU serves (PowerInfer's; dense parts count as always-active "
-        "neurons) (default time)",
-    )
-    ap.add_argument(
-        "--bucket",
-        type=int,
-        choices=BUCKET_SIZES,
-        default=64,
-        help="neurons per GPU bucket, the granularity of the hot set (default 64)",
-    )
-    ap.add_argument(
-        "--time-limit",
-        type=float,
-        default=10.0,
-        metavar="S",
-        help="HiGHS time limit in seconds (default 10); the best placement found "
-        "is used and its MIP gap reported",
-    )
-    ap.add_argument(
-        "--mip-gap",
-        type=float,
-        default=DEFAULT_MIP_GAP,
-        metavar="G",
-        help=f"relative MIP gap at which HiGHS stops (default {DEFAULT_MIP_GAP})",
-    )
-    ap.add_argument(
-        "--min-neurons",
-        type=int,
-        default=None,
-        metavar="N",
-        help="hot neurons a layer needs before it uses the GPU for its FFN "
-        "(default: per layer, the fewest whose saving pays for a sync and PCIe "
-        "transfer, from the hardware profile; 0 = no minimum)",
-    )
-    pg = ap.add_mutually_exclusive_group()
-    pg.add_argument(
-        "--predictors",
-        metavar="FILE",
-        default=None,
-        help="predictors .safetensors (blk.{i}.fc1, blk.{i}.fc2) whose sizes are "
-        "counted; default: an f16 estimate at rank max(64, ffn_dim/64 rounded up "
-        "to 64)",
-    )
-    pg.add_argument(
-        "--predictor-bytes",
-        metavar="SIZE",
-        default=None,
-        help="bytes of each layer's predictor instead of the estimate",
-    )
-    ap.add_argument(
-        "--solver",
-        choices=SOLVERS,
-        default="auto",
-        help="auto: HiGHS, greedy if highspy is missing or fails; highs; greedy",
-    )
-    ap.add_argument(
-        "--out",
-        default="PLAN.safetensors",
-        metavar="PLAN",
-        help="plan file to write (default PLAN.safetensors)",
-    )
-    ap.add_argument(
-        "--plot",
-        default=None,
-        metavar="PNG",
-        help="also write a PNG of per-layer GPU share and bytes (needs matplotlib)",
-    )
-    ap.add_argument(
-        "--ignore-fingerprint",
-        action="store_true",
-        help="accept a profile recorded on another model of the same shape",
-    )
-    ap.add_argument(
-        "--ram-budget",
-        metavar="SIZE",
-        default=None,
-        help="plan a RAM tier too (models bigger than RAM): of the neurons the GPU does not "
-        "hold, the hottest stay resident in RAM within SIZE (with everything else the process "
-        "keeps: attention, embeddings, KV caches, predictors, 256 MiB for itself) and the rest "
-        "are read from storage through the neuron store (Engine.use_neuron_store(path, "
-        "plan=...)). Predictor and exact-relu modes (a mixture of experts: dense or "
-        "exact-relu, over its routed experts' neurons)",
-    )
-    ap.add_argument(
-        "--store-cluster",
-        type=int,
-        default=1,
-        metavar="N",
-        help="neurons per neuron-store cluster the RAM tier plans for (as "
-        "Engine.write_neuron_store(cluster=N); default 1)",
-    )
-    ap.add_argument(
-        "--probe-storage",
-        metavar="FILE",
-        default=None,
-        help="measure the storage holding FILE (the model file, or the neuron store: at least "
-        "64 MiB; its pages are dropped from the page cache) for the RAM tier's read cost: "
-        "random reads of a store cluster's size and 1 MiB reads, 8 in flight, a few seconds. "
-        "Without it the hardware profile's storage_* numbers are used, if it has them",
-    )
-    ap.add_argument("--quiet", action="store_true", help="print only the summary lines")
-    ap.add_argument("--verbose", action="store_true", help="show the HiGHS log")
-    return ap
+__all__ = ["build_parser", "main", "measured_cpu", "plan", "run"]
 
 
 def measured_cpu(profile, threads: int | None = None, ffn_format: str | None = None):
@@ -285,118 +82,181 @@ def _size(flag: str, text: str) -> int:
         raise PlanError(f"{flag}: {e}") from None
 
 
-def run(args: argparse.Namespace) -> int:
-    """Do the work for parsed ``args``; raises :class:`PowerInferError` on bad input."""
-    from ..errors import PlanError
+def plan(
+    model: str | os.PathLike[str],
+    profile: str | os.PathLike[str],
+    vram_budget: str | int,
+    *,
+    out: str | os.PathLike[str] = "PLAN.safetensors",
+    hardware: str | None = None,
+    context: int | None = None,
+    kv_cache: str = "f16",
+    predictors: str | os.PathLike[str] | None = None,
+    predictor_bytes: str | int | None = None,
+    sparsity: str | None = None,
+    moe_policy: str = "neurons",
+    objective: str = "time",
+    bucket: int = 64,
+    min_neurons: int | None = None,
+    solver: str = "auto",
+    time_limit: float = 10.0,
+    mip_gap: float = DEFAULT_MIP_GAP,
+    ram_budget: str | int | None = None,
+    store_cluster: int = 1,
+    probe_storage: str | os.PathLike[str] | None = None,
+    plot: str | os.PathLike[str] | None = None,
+    ignore_fingerprint: bool = False,
+    summary_only: bool = False,
+    verbose: bool = False,
+    report: Callable[[str], None] = print,
+) -> Path:
+    """The plan stage as a function: place ``model``'s weights under ``vram_budget`` (a size,
+    or "auto": GPU 0's free memory less a margin) from the activation ``profile`` (a directory
+    or its ``profile.safetensors``), write the plan file ``out`` and return its path. The
+    options are the command's (``--help``); ``hardware`` None plans for this machine (the
+    detected GPU's profile with this CPU measured). The notes and the per-layer table go to
+    ``report`` (the CLI prints them; ``summary_only``: the table's last lines), and with
+    ``plot`` a PNG is written too. Bad input is a :class:`PowerInferError`."""
     from ..formats.plan import save_plan
     from ..formats.profile import read_profile
-    from ..loading import load_model
-    from ..loading.powerinfer_gguf import is_powerinfer_gguf, load_powerinfer_gguf
     from ..planning.model_shape import ModelShape
     from ..planning.planner import default_sparsity, make_plan
+    from ..planning.report import format_table, plot_plan
+
+    _check_limits(context, time_limit, mip_gap, min_neurons)
+    auto = str(vram_budget).strip().lower() == "auto"
+    budget = None if auto else _size("--vram-budget", vram_budget)
+    pred_bytes = None if predictor_bytes is None else _size("--predictor-bytes", predictor_bytes)
+    ram = None if ram_budget is None else _size("--ram-budget", ram_budget)
+    _check_choices(predictors, predictor_bytes, ram_budget, probe_storage)
+    loaded, own = _load(model)
+    shape = ModelShape.from_model(loaded)
+    probed: list = []
+    hw, note = _resolve_hardware(hardware, probed, shape.dtype(shape.ffn_tensor(0, "up")))
+    notes = [note] if note else []
+    if auto:
+        budget = auto_budget(probed[0] if probed else None)
+        notes.append(f"budget auto: {format_bytes(budget)}")
+    # the engine's KV cache: n_ctx (default 4096) clamped to the model's context length
+    ctx = min(context or 4096, shape.config.max_context)
+    if context is not None and context > ctx:
+        notes.append(
+            f"context: the model holds {ctx} tokens, not {context}: KV cache sized for {ctx}"
+        )
+    prof = read_profile(profile)
+    mode = sparsity or default_sparsity(shape)
+    preds = _predictor_sizes(shape, mode, predictors, pred_bytes, own)
+    if probe_storage is not None:
+        hw, note = _with_probed_storage(hw, shape, probe_storage, store_cluster)
+        notes.append(note)
+    made = make_plan(
+        shape, prof, hw, budget, objective=objective, bucket=bucket, context=ctx,
+        predictors=preds, min_neurons=min_neurons, kv_cache=kv_cache, sparsity=mode,
+        moe_policy=moe_policy, solver=solver, time_limit=time_limit, mip_gap=mip_gap,
+        check_fingerprint=not ignore_fingerprint, log=verbose, ram_budget=ram,
+        store_cluster=store_cluster,
+    )  # fmt: skip
+    if notes:
+        report("; ".join(notes))
+    table = format_table(made)
+    report("\n".join(table.splitlines()[-4:]) if summary_only else table)
+    path = save_plan(made, out)
+    report(f"plan written to {path}")
+    if plot:
+        plot_plan(made, plot)
+        report(f"plot written to {plot}")
+    return Path(path)
+
+
+def _check_limits(
+    context: int | None, time_limit: float, mip_gap: float, min_neurons: int | None
+) -> None:
+    """A :class:`PlanError` for a limit out of its range."""
+    from ..errors import PlanError
+
+    if context is not None and context <= 0:
+        raise PlanError(f"--context must be positive, got {context}")
+    if not time_limit > 0:  # NaN included; inf = no limit
+        raise PlanError(f"--time-limit must be positive, got {time_limit}")
+    if not 0 <= mip_gap < 1:
+        raise PlanError(f"--mip-gap must be in [0, 1), got {mip_gap}")
+    if min_neurons is not None and min_neurons < 0:
+        raise PlanError(f"--min-neurons must not be negative, got {min_neurons}")
+
+
+def _check_choices(predictors: Any, predictor_bytes: Any, ram_budget: Any, probe: Any) -> None:
+    """A :class:`PlanError` for options that do not go together (the parser keeps
+    ``--predictors`` and ``--predictor-bytes`` apart itself)."""
+    from ..errors import PlanError
+
+    if predictors is not None and predictor_bytes is not None:
+        raise PlanError("--predictors and --predictor-bytes: give one of them")
+    if ram_budget is None and probe is not None:
+        raise PlanError("--probe-storage prices the RAM tier: give --ram-budget too")
+
+
+def _load(model: str | os.PathLike[str]) -> tuple[Any, Any]:
+    """The loaded model and, for a PowerInfer file, its own predictors (else None)."""
+    from ..loading import load_model
+    from ..loading.powerinfer_gguf import is_powerinfer_gguf, load_powerinfer_gguf
+
+    if os.path.isfile(model) and is_powerinfer_gguf(model):
+        pwri = load_powerinfer_gguf(model)
+        return pwri.model, pwri.predictors
+    return load_model(model), None
+
+
+def _predictor_sizes(shape: Any, sparsity: str, predictors: Any, pred_bytes: int | None, own: Any):
+    """The predictor bytes per layer the plan reserves (None: the planner's estimate)."""
+    from ..errors import PlanError
     from ..planning.predictor_size import (
         fixed_predictor_sizes,
         predictor_set_sizes,
         read_predictor_sizes,
     )
-    from ..planning.report import format_table, plot_plan
 
-    if args.context is not None and args.context <= 0:
-        raise PlanError(f"--context must be positive, got {args.context}")
-    if not args.time_limit > 0:  # NaN included; inf = no limit
-        raise PlanError(f"--time-limit must be positive, got {args.time_limit}")
-    if not 0 <= args.mip_gap < 1:
-        raise PlanError(f"--mip-gap must be in [0, 1), got {args.mip_gap}")
-    if args.min_neurons is not None and args.min_neurons < 0:
-        raise PlanError(f"--min-neurons must not be negative, got {args.min_neurons}")
-    auto = str(args.vram_budget).strip().lower() == "auto"
-    budget = None if auto else _size("--vram-budget", args.vram_budget)
-    pred_bytes = (
-        None if args.predictor_bytes is None else _size("--predictor-bytes", args.predictor_bytes)
-    )
-    ram_budget = None if args.ram_budget is None else _size("--ram-budget", args.ram_budget)
-    if args.ram_budget is None and args.probe_storage is not None:
-        raise PlanError("--probe-storage prices the RAM tier: give --ram-budget too")
-    own = None  # a PowerInfer file's own predictors
-    if os.path.isfile(args.model) and is_powerinfer_gguf(args.model):
-        pwri = load_powerinfer_gguf(args.model)
-        model, own = pwri.model, pwri.predictors
-    else:
-        model = load_model(args.model)
-    shape = ModelShape.from_model(model)
-    probed: list = []
-    hardware, note = _resolve_hardware(
-        args.hardware, probed, shape.dtype(shape.ffn_tensor(0, "up"))
-    )
-    if auto:
-        budget = auto_budget(probed[0] if probed else None)
-        note = (note + "; " if note else "") + f"budget auto: {format_bytes(budget)}"
-    # the engine's KV cache: n_ctx (default 4096) clamped to the model's context length
-    context = min(args.context or 4096, shape.config.max_context)
-    if args.context is not None and args.context > context:
-        note = (note + "; " if note else "") + (
-            f"context: the model holds {context} tokens, not {args.context}: KV cache sized "
-            f"for {context}"
-        )
-    profile = read_profile(args.profile)
-    sparsity = args.sparsity or default_sparsity(shape)
     why = mode_refusal("predictor", "moe_gpu") if shape.moe else None
-    if args.predictors is not None and why:
+    if predictors is not None and why:
         raise PlanError(f"{why}: plan a mixture of experts without --predictors")
-    if args.predictors is not None:
-        preds = read_predictor_sizes(args.predictors, shape.config)
-    elif pred_bytes is not None:
-        preds = fixed_predictor_sizes(shape.config, pred_bytes)
-    elif sparsity != "predictor":
-        preds = fixed_predictor_sizes(shape.config, 0)  # the mode reads no predictor
-    elif own is not None:
-        preds = predictor_set_sizes(own, shape.config)
-    else:
-        preds = None
-    if args.probe_storage is not None:
-        from ..planning.ram_tier import cluster_bytes
-        from ..planning.storage_probe import probe_storage
+    if predictors is not None:
+        return read_predictor_sizes(predictors, shape.config)
+    if pred_bytes is not None:
+        return fixed_predictor_sizes(shape.config, pred_bytes)
+    if sparsity != "predictor":
+        return fixed_predictor_sizes(shape.config, 0)  # the mode reads no predictor
+    if own is not None:
+        return predictor_set_sizes(own, shape.config)
+    return None
 
-        size = max(
-            cluster_bytes(shape, i, args.store_cluster) for i in range(shape.config.n_layers)
-        )
-        probe = probe_storage(args.probe_storage, read_bytes=size)
-        hardware = hardware.with_storage(probe)
-        note = (note + "; " if note else "") + (
-            f"storage measured on {args.probe_storage}: {probe.read_bw:.2f} GB/s (1 MiB reads), "
-            f"{probe.iops:,.0f} reads/s of {format_bytes(size)}, {probe.depth} in flight"
-            + ("" if probe.direct else " (through the page cache: O_DIRECT refused)")
-        )
-    plan = make_plan(
-        shape,
-        profile,
-        hardware,
-        budget,
-        objective=args.objective,
-        bucket=args.bucket,
-        context=context,
-        predictors=preds,
-        min_neurons=args.min_neurons,
-        kv_cache=args.kv_cache,
-        sparsity=sparsity,
-        moe_policy=args.moe_policy,
-        solver=args.solver,
-        time_limit=args.time_limit,
-        mip_gap=args.mip_gap,
-        check_fingerprint=not args.ignore_fingerprint,
-        log=args.verbose,
-        ram_budget=ram_budget,
-        store_cluster=args.store_cluster,
+
+def _with_probed_storage(hardware: Any, shape: Any, path: Any, cluster: int) -> tuple[Any, str]:
+    """``hardware`` with the storage holding ``path`` measured for the RAM tier, and a note."""
+    from ..planning.ram_tier import cluster_bytes
+    from ..planning.storage_probe import probe_storage
+
+    size = max(cluster_bytes(shape, i, cluster) for i in range(shape.config.n_layers))
+    probe = probe_storage(path, read_bytes=size)
+    note = (
+        f"storage measured on {path}: {probe.read_bw:.2f} GB/s (1 MiB reads), "
+        f"{probe.iops:,.0f} reads/s of {format_bytes(size)}, {probe.depth} in flight"
+        + ("" if probe.direct else " (through the page cache: O_DIRECT refused)")
     )
-    if note:
-        print(note)
-    table = format_table(plan)
-    print("\n".join(table.splitlines()[-4:]) if args.quiet else table)
-    out = save_plan(plan, args.out)
-    print(f"plan written to {out}")
-    if args.plot:
-        plot_plan(plan, args.plot)
-        print(f"plot written to {args.plot}")
+    return hardware.with_storage(probe), note
+
+
+def run(args: argparse.Namespace) -> int:
+    """Do the work for parsed ``args`` (:func:`plan`); raises :class:`PowerInferError` on bad
+    input."""
+    plan(
+        args.model, args.profile, args.vram_budget, out=args.out, hardware=args.hardware,
+        context=args.context, kv_cache=args.kv_cache, sparsity=args.sparsity,
+        moe_policy=args.moe_policy, objective=args.objective, bucket=args.bucket,
+        time_limit=args.time_limit, mip_gap=args.mip_gap, min_neurons=args.min_neurons,
+        solver=args.solver, predictors=args.predictors, predictor_bytes=args.predictor_bytes,
+        plot=args.plot, ignore_fingerprint=args.ignore_fingerprint, ram_budget=args.ram_budget,
+        store_cluster=args.store_cluster, probe_storage=args.probe_storage,
+        summary_only=args.quiet, verbose=args.verbose,
+    )  # fmt: skip
     return 0
 
 

@@ -29,7 +29,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -315,96 +315,113 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _run(a: argparse.Namespace) -> int:
+def profile(
+    model: str | os.PathLike[str],
+    corpus: Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    tokens: int = DEFAULT_TOKENS,
+    thresholds: str | os.PathLike[str] | None = None,
+    samples: bool = False,
+    sample_tokens: int | None = None,
+    window: int = 256,
+    seed: int = 0,
+    plot: bool = True,
+    threads: int = 0,
+    progress: bool = True,
+    report: Callable[[str], None] = print,
+) -> Path:
+    """The profile stage as a function: profile ``model`` densely over the first ``tokens``
+    of ``corpus`` (a neuron active by the threshold file ``thresholds``, or act > 0 for a ReLU
+    model without one) into the directory ``out`` -- the counts, ``summary.json``, the plots
+    unless not ``plot`` and, with ``samples``, predictor-training samples -- and return the
+    path of the profile file written. The summary table goes to ``report`` (the CLI prints
+    it); progress bars to stderr unless not ``progress``."""
     from ..formats.profile import write_profile
 
-    engine = stage_args.load_engine(a.model, threads=a.threads)
-    semantics, thresholds = resolve_semantics(engine, a.thresholds)
-    ids, names = stage_args.corpus_ids(engine, a.corpus, a.tokens)
-    if len(ids) < a.tokens:
+    engine = stage_args.load_engine(model, threads=threads)
+    semantics, values = resolve_semantics(engine, None if thresholds is None else str(thresholds))
+    ids, names = stage_args.corpus_ids(engine, corpus, tokens)
+    if len(ids) < tokens:
         print(f"note: the corpus holds only {len(ids)} tokens", file=sys.stderr)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    d = Path(out)
+    d.mkdir(parents=True, exist_ok=True)
     cfg = engine.config
     fingerprint = engine.loaded.fingerprint
     meta = {
         "model_fingerprint": fingerprint,
         "predictor_input": "ffn_norm",
         "semantics": semantics,
-        "thresholds": thresholds,
+        "thresholds": values,
         "corpus": names,
     }
     experts: list[np.ndarray] = []
-    counts, tokens, rows = profile_model(
-        engine,
-        ids,
-        window=a.window,
-        thresholds=thresholds,
-        samples_to=out if a.samples else None,
-        sample_tokens=a.sample_tokens,
-        sample_metadata=meta,
-        seed=a.seed,
-        progress=not a.quiet,
+    counts, n_tokens, rows = profile_model(
+        engine, ids, window=window, thresholds=values, samples_to=d if samples else None,
+        sample_tokens=sample_tokens, sample_metadata=meta, seed=seed, progress=progress,
         experts=experts,
-    )
+    )  # fmt: skip
     extra = {
         "semantics": semantics,
         "activation": cfg.activation,
-        "window": str(min(a.window, engine.n_ctx)),
+        "window": str(min(window, engine.n_ctx)),
     }
-    if thresholds is not None:
-        extra["thresholds"] = json.dumps(thresholds)
-        extra["thresholds_file"] = os.fspath(a.thresholds)
+    if values is not None:
+        extra["thresholds"] = json.dumps(values)
+        extra["thresholds_file"] = os.fspath(thresholds)  # type: ignore[arg-type]
     path = write_profile(
-        out,
-        list(counts),
-        tokens,
-        model_fingerprint=fingerprint,
-        corpus=names,
-        extra_meta=extra,
-        expert_counts=experts or None,
-    )
-    rows_table = layer_table(counts, tokens)
-    (out / SUMMARY_NAME).write_text(
-        json.dumps(
-            {
-                "model": os.fspath(a.model),
-                "model_fingerprint": fingerprint,
-                "semantics": semantics,
-                "tokens": tokens,
-                "corpus": names,
-                "layers": rows_table,
-            },
-            indent=1,
-        )
-    )
-    if not a.no_plot:
-        plot_activation(
-            counts,
-            tokens,
-            out / PNG_NAME,
-            title=f"{Path(a.model).name}: FFN activation frequency ({semantics}, {tokens} tokens)",
-        )
-    neurons = counts.shape[1]
+        d, list(counts), n_tokens, model_fingerprint=fingerprint, corpus=names,
+        extra_meta=extra, expert_counts=experts or None,
+    )  # fmt: skip
+    rows_table = layer_table(counts, n_tokens)
+    summary = {
+        "model": os.fspath(model),
+        "model_fingerprint": fingerprint,
+        "semantics": semantics,
+        "tokens": n_tokens,
+        "corpus": names,
+        "layers": rows_table,
+    }
+    (d / SUMMARY_NAME).write_text(json.dumps(summary, indent=1))
+    name = Path(model).name
+    if plot:
+        title = f"{name}: FFN activation frequency ({semantics}, {n_tokens} tokens)"
+        plot_activation(counts, n_tokens, d / PNG_NAME, title=title)
     if experts:
-        routed = np.asarray(experts)
-        share = routed / max(1, tokens)
-        top = np.sort(share, axis=1)[:, ::-1]
-        print(
-            f"experts: {cfg.n_expert} per layer, {cfg.n_expert_used} per token; the hottest "
-            f"expert takes {top[:, 0].mean():.3f} of tokens, the coldest {top[:, -1].mean():.3f}"
-            " (layer means)"
-        )
-        if not a.no_plot:
-            plot_experts(routed, tokens, out / EXPERTS_PNG_NAME, title=Path(a.model).name)
-    print(f"profiled {tokens} tokens, {cfg.n_layers} layers x {neurons} neurons ({semantics})")
-    print(format_layer_table(rows_table))
-    plots = "" if a.no_plot else f", {out / PNG_NAME}"
-    if experts and not a.no_plot:
-        plots += f", {out / EXPERTS_PNG_NAME}"
-    print(f"wrote {path}{plots}")
-    if a.samples:
-        print(f"wrote {rows} sample rows per layer to {out / 'samples'}")
+        _report_experts(cfg, np.asarray(experts), n_tokens, report)
+        if plot:
+            plot_experts(np.asarray(experts), n_tokens, d / EXPERTS_PNG_NAME, title=name)
+    report(
+        f"profiled {n_tokens} tokens, {cfg.n_layers} layers x {counts.shape[1]} neurons "
+        f"({semantics})"
+    )
+    report(format_layer_table(rows_table))
+    plots = "" if not plot else f", {d / PNG_NAME}"
+    if experts and plot:
+        plots += f", {d / EXPERTS_PNG_NAME}"
+    report(f"wrote {path}{plots}")
+    if samples:
+        report(f"wrote {rows} sample rows per layer to {d / 'samples'}")
+    return Path(path)
+
+
+def _report_experts(cfg: Any, routed: np.ndarray, tokens: int, report: Callable[[str], None]):
+    """The line on how evenly a mixture of experts routes its tokens."""
+    top = np.sort(routed / max(1, tokens), axis=1)[:, ::-1]
+    report(
+        f"experts: {cfg.n_expert} per layer, {cfg.n_expert_used} per token; the hottest "
+        f"expert takes {top[:, 0].mean():.3f} of tokens, the coldest {top[:, -1].mean():.3f}"
+        " (layer means)"
+    )
+
+
+def _run(a: argparse.Namespace) -> int:
+    """``main``'s work: :func:`profile` with the parsed arguments."""
+    profile(
+        a.model, a.corpus, a.out, tokens=a.tokens, thresholds=a.thresholds, samples=a.samples,
+        sample_tokens=a.sample_tokens, window=a.window, seed=a.seed, plot=not a.no_plot,
+        threads=a.threads, progress=not a.quiet,
+    )  # fmt: skip
     return 0
 
 

@@ -10,7 +10,10 @@ samples are per (layer, expert) and so are the predictors, each kept only where 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from . import args as stage_args
 
@@ -114,29 +117,51 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _run(a: argparse.Namespace) -> int:
+def train(
+    model: str | os.PathLike[str],
+    profile: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    recall: float = 0.99,
+    max_bytes_fraction: float = 0.1,
+    layers: Sequence[int] | None = None,
+    epochs: int | None = None,
+    seed: int = 0,
+    dtype: str = "f16",
+    max_rows: int | None = None,
+    progress: bool = True,
+    report: Callable[[str], None] = print,
+    method: str = "auto",
+) -> Path:
+    """The train-predictors stage as a function: train ``model``'s predictors from the
+    samples in the profile directory ``profile`` into ``out`` (resuming the layers already
+    there) and return its path. The result table goes to ``report`` (the CLI prints it), the
+    training log to stderr, progress bars too unless not ``progress``."""
     from ..loading import load_model
     from ..predictors import TrainConfig, format_table, train_predictors
 
-    cfg = TrainConfig(dtype=a.dtype.upper())
-    if a.epochs is not None:
-        cfg.epochs = a.epochs
+    cfg = TrainConfig(dtype=dtype.upper())
+    if epochs is not None:
+        cfg.epochs = epochs
     result = train_predictors(
-        a.profile,
-        a.out,
-        model=load_model(a.model),
-        recall=a.recall,
-        max_bytes_fraction=a.max_bytes_fraction,
-        layers=a.layers,
-        seed=a.seed,
-        config=cfg,
-        max_rows=a.max_rows,
-        progress=not a.quiet,
+        profile, out, model=load_model(model), recall=recall,
+        max_bytes_fraction=max_bytes_fraction, layers=None if layers is None else list(layers),
+        seed=seed, config=cfg, max_rows=max_rows, progress=progress,
         log=lambda s: print(s, file=sys.stderr),
-        method=a.method,
-    )
-    print(format_table(result))
-    print(f"wrote {a.out}")
+        method=method,
+    )  # fmt: skip
+    report(format_table(result))
+    report(f"wrote {out}")
+    return Path(out)
+
+
+def _run(a: argparse.Namespace) -> int:
+    """``main``'s work: :func:`train` with the parsed arguments."""
+    train(
+        a.model, a.profile, a.out, recall=a.recall, max_bytes_fraction=a.max_bytes_fraction,
+        layers=a.layers, epochs=a.epochs, seed=a.seed, dtype=a.dtype, max_rows=a.max_rows,
+        progress=not a.quiet, method=a.method,
+    )  # fmt: skip
     return 0
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import ShapeError, UnsupportedError
 from ..loading.archs import FAMILIES, Family, hf_layer_names
 from ..loading.gguf_loader import ACTIVATION_KEY, RELU_THRESHOLD_KEY
+from ..stages.args import float_in, nonneg_int, positive_float, positive_int, run_cli, share
 from .synth_model import (
     BOS_ID,
     EOS_ID,
@@ -557,15 +558,26 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
 
 
 # --------------------------------------------------------------------------- CLI
-def main(argv: list[str] | None = None) -> int:
-    """``python -m powerinfer_rs.synth``: write a synthetic model."""
-    from ..stages.args import float_in, nonneg_int, positive_float, positive_int, run_cli, share
-
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``python -m powerinfer_rs.synth``, its options in groups by concern."""
     ap = argparse.ArgumentParser(
         prog="python -m powerinfer_rs.synth",
         description="Write a synthetic model of any supported family (random weights, planted "
         "power-law FFN activation frequencies) as an HF directory or a GGUF file.",
     )
+    _add_shape_args(ap)
+    _add_family_args(ap)
+    _add_rope_args(ap)
+    _add_format_args(ap)
+    _add_gate_args(ap)
+    _add_moe_args(ap)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", required=True, help="output directory (hf) or .gguf path")
+    return ap
+
+
+def _add_shape_args(ap: argparse.ArgumentParser) -> None:
+    """The transformer's sizes."""
     ap.add_argument("--dim", type=positive_int, default=256, help="hidden size")
     ap.add_argument("--ffn", type=positive_int, default=704, help="FFN (intermediate) size")
     ap.add_argument("--layers", type=positive_int, default=4)
@@ -574,6 +586,10 @@ def main(argv: list[str] | None = None) -> int:
         "--kv-heads", type=positive_int, default=None, help="KV heads (default: --heads)"
     )
     ap.add_argument("--vocab", type=positive_int, default=1024)
+
+
+def _add_family_args(ap: argparse.ArgumentParser) -> None:
+    """The family, its activation (and the planted share active) and its attention window."""
     ap.add_argument(
         "--active",
         type=float_in(0.0, 1.0, low_open=True),
@@ -597,6 +613,10 @@ def main(argv: list[str] | None = None) -> int:
         help="attention window (llama/mistral/phi3; 0 = none)",
     )
     ap.add_argument("--max-context", type=positive_int, default=512)
+
+
+def _add_rope_args(ap: argparse.ArgumentParser) -> None:
+    """RoPE: its base, its scaling and the share of each head that rotates."""
     ap.add_argument("--rope-theta", type=positive_float, default=10000.0, help="RoPE base")
     ap.add_argument(
         "--rope-scaling",
@@ -608,8 +628,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--rope-factor", type=positive_float, default=8.0, help="linear / llama3 scaling factor"
     )
-    ap.add_argument("--rope-low-freq-factor", type=positive_float, default=1.0, help="llama3")
-    ap.add_argument("--rope-high-freq-factor", type=positive_float, default=4.0, help="llama3")
+    for band, factor in (("low", 1.0), ("high", 4.0)):  # llama3's factors of its two bands
+        ap.add_argument(
+            f"--rope-{band}-freq-factor", type=positive_float, default=factor, help="llama3"
+        )
     ap.add_argument(
         "--rope-original-context",
         type=positive_int,
@@ -623,6 +645,10 @@ def main(argv: list[str] | None = None) -> int:
         help="partial RoPE: the first int(head_dim * factor) values of each head rotate "
         "(GGUF: rope.dimension_count; HF: partial_rotary_factor)",
     )
+
+
+def _add_format_args(ap: argparse.ArgumentParser) -> None:
+    """The file format, its dtype and shards, and a tied output head."""
     ap.add_argument(
         "--format",
         default="hf",
@@ -632,6 +658,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", choices=list(HF_DTYPES), default="bf16", help="for --format hf")
     ap.add_argument("--shards", type=int, choices=[1, 2], default=1, help="for --format hf")
     ap.add_argument("--tie", action="store_true", help="tie the output head to the embeddings")
+
+
+def _add_gate_args(ap: argparse.ArgumentParser) -> None:
+    """The planted low-rank gate structure that makes activity predictable."""
     ap.add_argument(
         "--gate-rank",
         type=nonneg_int,
@@ -646,6 +676,10 @@ def main(argv: list[str] | None = None) -> int:
         help="share of each gate row's variance from a full-rank random part added to the "
         "planted low-rank one (0 = exactly low rank; a low-rank predictor is then inexact)",
     )
+
+
+def _add_moe_args(ap: argparse.ArgumentParser) -> None:
+    """A mixture of experts' experts (MoE families)."""
     ap.add_argument(
         "--experts", type=nonneg_int, default=0, help="experts per layer (MoE families)"
     )
@@ -659,9 +693,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--shared-ffn", type=nonneg_int, default=0, help="qwen2moe's shared expert (0 = --ffn)"
     )
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", required=True, help="output directory (hf) or .gguf path")
-    a = ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m powerinfer_rs.synth``: write a synthetic model."""
+    a = build_parser().parse_args(argv)
     keys = ("dim", "ffn", "layers", "heads", "vocab", "activation", "max_context", "seed")
     extra = ("active", "tie", "gate_rank", "gate_noise", "arch", "sliding_window")
     extra += ("rope_theta", "rope_scaling")
