@@ -205,17 +205,9 @@ fn dense_ffn(layer: &Layer, b: &mut Bufs) -> powerinfer_core::Result<()> {
 /// (branch-free, as the engine does it), then an axpy over their down_t rows.
 fn threshold_steps(layer: &Layer, b: &mut Bufs) -> powerinfer_core::Result<()> {
     gate_up(layer, b)?;
-    let ffn = b.yk.len();
-    b.idx.resize(ffn, 0);
-    b.vals.resize(ffn, 0.0);
-    let mut k = 0;
-    for (i, &h) in b.yk.iter().enumerate() {
-        b.idx[k] = i as u32;
-        b.vals[k] = h;
-        k += usize::from(h.abs() >= b.t);
-    }
+    powerinfer_cpu::compact_kept(&b.yk, b.t, &mut b.idx, &mut b.vals);
     b.y.fill(0.0);
-    powerinfer_cpu::axpy_rows(&layer.down_t, &b.idx[..k], &b.vals[..k], &mut b.y)
+    powerinfer_cpu::axpy_rows(&layer.down_t, &b.idx, &b.vals, &mut b.y)
 }
 
 /// Exact-relu's FFN as separate passes (the engine's decode before the fused op): the dense

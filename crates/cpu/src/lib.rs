@@ -36,6 +36,7 @@ pub use operands::interleaved::Interleaved;
 pub use operands::matrix::{Matrix, MatrixRef};
 pub use ops::attend::attend_head;
 pub use ops::attend_block::{attend_block, block_attention_is_fast, BlockScratch, QueryBlock};
+pub use ops::compact::compact_kept;
 pub use ops::input_major::matvec_input;
 pub use ops::interleaved::{
     matvec_interleaved, matvec_interleaved_many, matvec_interleaved_tokens,

@@ -7,8 +7,8 @@
 
 use powerinfer_core::{Result, Weight};
 use powerinfer_cpu::{
-    axpy_rows, matmul, matvec, matvec_matrices, matvec_matrices_tokens, matvec_rows, sparse_ffn,
-    GateRows, MatrixRef, SparseFfn,
+    axpy_rows, compact_kept, matmul, matvec, matvec_matrices, matvec_matrices_tokens, matvec_rows,
+    sparse_ffn, GateRows, MatrixRef, SparseFfn,
 };
 use rayon::prelude::*;
 
@@ -344,17 +344,7 @@ fn sparse_decode(call: &FfnCall<'_>, s: &mut FfnScratch, out: &mut [f32]) -> Res
                 matvec(&lw.w_down, &s.gate, out)?;
                 return Ok(Phase::Down);
             }
-            // Branch-free compaction: which neurons pass follows no predictable pattern.
-            s.idx.resize(ffn, 0);
-            s.vals.resize(ffn, 0.0);
-            let mut k = 0;
-            for (i, &h) in s.gate.iter().enumerate() {
-                s.idx[k] = i as u32;
-                s.vals[k] = h;
-                k += usize::from(h.abs() >= t);
-            }
-            s.idx.truncate(k);
-            s.vals.truncate(k);
+            compact_kept(&s.gate, t, &mut s.idx, &mut s.vals);
             out.fill(0.0);
             axpy_rows(down_t, &s.idx, &s.vals, out)?;
             Ok(Phase::Down)

@@ -184,51 +184,67 @@ impl InputMajor {
     /// a buffer of the wrong size).
     pub fn new(w: &Weight) -> Result<InputMajor> {
         check::weight_bytes(w)?;
-        let (rows, cols, dtype) = (w.rows, w.cols, w.dtype);
-        let rows_pad = rows.div_ceil(SUB).max(1) * SUB;
-        let float = match dtype {
+        let float = match w.dtype {
             DType::F32 => Some(Lines::F32),
             DType::F16 => Some(Lines::F16),
             DType::BF16 => Some(Lines::BF16),
             _ => None,
         };
-        if let Some(lines) = float {
-            let group = 32;
-            let n_groups = cols.div_ceil(group).max(1);
-            let line_bytes = rows_pad / SUB * lines.sub_bytes();
-            let chunk_bytes = group * line_bytes;
-            let mut data = PageBuf::zeroed(n_groups * chunk_bytes);
-            let eb = dtype.block_bytes();
-            data.as_mut_slice()
-                .par_chunks_mut(line_bytes)
-                .enumerate()
-                .filter(|(c, _)| *c < cols)
-                .for_each(|(c, line)| {
-                    for r in 0..rows {
-                        line[r * eb..(r + 1) * eb].copy_from_slice(&w.row(r)[c * eb..(c + 1) * eb]);
-                    }
-                });
-            return Ok(InputMajor {
-                dtype,
-                rows,
-                cols,
-                rows_pad,
-                lines,
-                line_bytes,
-                off: 0,
-                group,
-                scales: ScaleType::F32,
-                has_min: false,
-                n_groups,
-                chunk_bytes,
-                data: data.freeze(),
-            });
+        let mut m = match float {
+            Some(lines) => InputMajor::laid_out(w, lines, 0, 32, (ScaleType::F32, false)),
+            None => InputMajor::surveyed(w)?,
+        };
+        let mut data = PageBuf::zeroed(m.n_groups * m.chunk_bytes);
+        if m.lines.is_float() {
+            m.fill_float(w, data.as_mut_slice());
+        } else {
+            m.fill_quantized(w, data.as_mut_slice());
         }
+        m.data = data.freeze();
+        Ok(m)
+    }
 
-        // Pass 1: the integer range, whether every scale and min is an f16, whether any min is
-        // not 0.
+    /// The layout of `w`'s copy in `lines` (quants less `off`, `group` inputs per group, its
+    /// scales as `scales`, with or without mins), its data still empty: float lines take groups
+    /// of 32 and no tables.
+    fn laid_out(
+        w: &Weight,
+        lines: Lines,
+        off: i32,
+        group: usize,
+        (scales, has_min): (ScaleType, bool),
+    ) -> InputMajor {
+        let rows_pad = w.rows.div_ceil(SUB).max(1) * SUB;
+        let n_groups = match lines.is_float() {
+            true => w.cols.div_ceil(group).max(1),
+            false => w.cols / group,
+        };
+        let line_bytes = rows_pad / SUB * lines.sub_bytes();
+        let mut m = InputMajor {
+            dtype: w.dtype,
+            rows: w.rows,
+            cols: w.cols,
+            rows_pad,
+            lines,
+            line_bytes,
+            off,
+            group,
+            scales,
+            has_min,
+            n_groups,
+            chunk_bytes: 0,
+            data: Buffer::from_bytes(&[]),
+        };
+        m.chunk_bytes = m.table_bytes() + group * line_bytes;
+        m
+    }
+
+    /// The layout of a quantized `w`'s copy from pass 1 over its blocks: the integer range (4-bit
+    /// or byte lines), whether every scale and min is an f16, whether any min is not 0.
+    fn surveyed(w: &Weight) -> Result<InputMajor> {
+        let (dtype, cols) = (w.dtype, w.cols);
         let (bs, bb) = (dtype.block_size(), dtype.block_bytes());
-        let survey = (0..rows)
+        let survey = (0..w.rows)
             .into_par_iter()
             .map(|r| {
                 let mut a = Affine::default();
@@ -257,33 +273,48 @@ impl InputMajor {
         } else {
             ScaleType::F32
         };
-        let has_min = survey.has_min;
-        let n_groups = cols / group;
-        let sb = scales.bytes();
-        let table = rows_pad * sb;
-        let line_bytes = rows_pad / SUB * lines.sub_bytes();
-        let chunk_bytes = table * (1 + has_min as usize) + group * line_bytes;
-        let mut data = PageBuf::zeroed(n_groups * chunk_bytes);
-        let put = |buf: &mut [u8], v: f32| match scales {
+        let tables = (scales, survey.has_min);
+        Ok(InputMajor::laid_out(w, lines, off, group, tables))
+    }
+
+    /// Copy the float `w` into `data` (this layout's zeroed bytes), one column line per task.
+    fn fill_float(&self, w: &Weight, data: &mut [u8]) {
+        let eb = self.dtype.block_bytes();
+        data.par_chunks_mut(self.line_bytes)
+            .enumerate()
+            .filter(|(c, _)| *c < self.cols)
+            .for_each(|(c, line)| {
+                for r in 0..self.rows {
+                    line[r * eb..(r + 1) * eb].copy_from_slice(&w.row(r)[c * eb..(c + 1) * eb]);
+                }
+            });
+    }
+
+    /// Pass 2 of a quantized `w` into `data` (this layout's zeroed bytes): one chunk (group) per
+    /// task, each decoding the group's block of every row into its scales, mins and lines.
+    fn fill_quantized(&self, w: &Weight, data: &mut [u8]) {
+        let (dtype, lines, group, off) = (self.dtype, self.lines, self.group, self.off);
+        let (bs, bb) = (dtype.block_size(), dtype.block_bytes());
+        let (sb, table, has_min) = (self.scales.bytes(), self.scale_table_bytes(), self.has_min);
+        let (line_bytes, lines_at) = (self.line_bytes, self.table_bytes());
+        let put = |buf: &mut [u8], v: f32| match self.scales {
             ScaleType::F16 => buf[..2].copy_from_slice(&f16::from_f32(v).to_le_bytes()),
             ScaleType::F32 => buf[..4].copy_from_slice(&v.to_le_bytes()),
         };
-        // One chunk (group) per task: each decodes the group's block of every row.
         let per_block = bs / group;
-        data.as_mut_slice()
-            .par_chunks_mut(chunk_bytes)
+        data.par_chunks_mut(self.chunk_bytes)
             .enumerate()
             .for_each(|(g, chunk)| {
                 let mut a = Affine::default();
                 let (bi, k) = (g / per_block, g % per_block);
-                for r in 0..rows {
+                for r in 0..self.rows {
                     affine_block(dtype, &w.row(r)[bi * bb..(bi + 1) * bb], &mut a);
                     put(&mut chunk[r * sb..], a.s[k]);
                     if has_min {
                         put(&mut chunk[table + r * sb..], a.m[k]);
                     }
                     let (at, hi) = line_pos(lines, r);
-                    let body = &mut chunk[table * (1 + has_min as usize)..];
+                    let body = &mut chunk[lines_at..];
                     for i in 0..group {
                         let q = a.q[k * group + i] as i32;
                         let byte = &mut body[i * line_bytes + at];
@@ -297,21 +328,6 @@ impl InputMajor {
                     }
                 }
             });
-        Ok(InputMajor {
-            dtype,
-            rows,
-            cols,
-            rows_pad,
-            lines,
-            line_bytes,
-            off,
-            group,
-            scales,
-            has_min,
-            n_groups,
-            chunk_bytes,
-            data: data.freeze(),
-        })
     }
 
     /// Bytes this copy holds.

@@ -75,7 +75,9 @@ where
     F: Fn(u32, f32) -> f32 + Sync,
     C: Fn(f32, f32) -> f32 + Sync,
 {
-    sparse_ffn_at(simd::level(), ffn, x, rows, fire, combine, y)
+    let part = SparsePart { ffn: *ffn, rows };
+    let fire = |_: usize, i: u32, g: f32| fire(i, g);
+    sparse_ffn_many_at(simd::level(), &[part], x, fire, combine, &mut [y])
 }
 
 /// One FFN of a [`sparse_ffn_many`] call (a routed expert): its matrices and gate rows.
@@ -101,25 +103,6 @@ where
     C: Fn(f32, f32) -> f32 + Sync,
 {
     sparse_ffn_many_at(simd::level(), parts, x, fire, combine, ys)
-}
-
-/// [`sparse_ffn`] on a given SIMD level.
-pub(crate) fn sparse_ffn_at<F, C>(
-    level: Level,
-    ffn: &SparseFfn<'_>,
-    x: &[f32],
-    rows: GateRows<'_>,
-    fire: F,
-    combine: C,
-    y: &mut [f32],
-) -> Result<usize>
-where
-    F: Fn(u32, f32) -> f32 + Sync,
-    C: Fn(f32, f32) -> f32 + Sync,
-{
-    let part = SparsePart { ffn: *ffn, rows };
-    let fire = |_: usize, i: u32, g: f32| fire(i, g);
-    sparse_ffn_many_at(level, &[part], x, fire, combine, &mut [y])
 }
 
 /// A part's rows, checked: its gate (listed rows), up and down_t.
@@ -341,7 +324,10 @@ mod tests {
             };
             let fire = |i: u32, g: f32| if keep[i as usize] { act.apply(g) } else { 0.0 };
             let mut got = vec![f32::NAN; x.len()];
-            let n = sparse_ffn_at(level, &ffn, x, rows, fire, |a, u| a * u, &mut got).unwrap();
+            let part = SparsePart { ffn, rows };
+            let fire = |_: usize, i: u32, g: f32| fire(i, g);
+            let n = sparse_ffn_many_at(level, &[part], x, fire, |a, u| a * u, &mut [&mut got]);
+            let n = n.unwrap();
             let firing = clear.iter().filter(|&&i| act.apply(g64(i) as f32) != 0.0);
             assert_eq!(n, firing.count(), "{level:?} {act:?} fired");
             let (want, scale, slack) = reference_ffn(level, &ffn, act, x, &clear);

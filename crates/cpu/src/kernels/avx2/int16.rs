@@ -18,7 +18,7 @@ use std::arch::x86_64::*;
 /// signed bytes (see [`super::split8`]).
 const X_MAX: f32 = 32639.0;
 /// Blocks whose scales are converted together (one f32 vector's worth).
-const CHUNK: usize = 8;
+pub(super) const CHUNK: usize = 8;
 
 /// x quantized to int16, per 32-weight block. The per-block vectors are zero-padded to a
 /// multiple of [`CHUNK`] blocks so a chunk's eight lanes can always be loaded.
@@ -166,24 +166,71 @@ pub(super) unsafe fn quant_rows_i16<Q: QuantFormat, const R: usize, const FETCH:
     out: &mut [f32],
 ) {
     let mut acc = [_mm256_setzero_ps(); R];
-    let full = xq.blocks / CHUNK * CHUNK;
+    each_chunk::<Q, R, FETCH>(next, xq.blocks, |b0, n| {
+        // SAFETY: blocks b0..b0 + n exist, per the caller.
+        unsafe { chunk_dot::<Q, R>(p, xq, b0, n, &mut acc) }
+    });
+    for (a, o) in acc.iter().zip(out.iter_mut()) {
+        *o = hsum(*a);
+    }
+}
+
+/// Walk `blocks` blocks a chunk at a time: `chunk(b0, n)` for blocks `b0..b0 + n`, the whole
+/// chunks with the constant `n = CHUNK` (so an inlined chunk kernel takes them with no per-block
+/// checks), then the partial last one; with `FETCH`, the same blocks of the rows at `next[i]`
+/// are fetched before each chunk.
+#[inline(always)]
+pub(super) fn each_chunk<Q: QuantFormat, const R: usize, const FETCH: bool>(
+    next: &[*const u8; R],
+    blocks: usize,
+    mut chunk: impl FnMut(usize, usize),
+) {
+    let full = blocks / CHUNK * CHUNK;
     for b0 in (0..full).step_by(CHUNK) {
         if FETCH {
             fetch_chunk::<Q, R>(next, b0, CHUNK);
         }
-        // SAFETY: blocks b0..b0 + CHUNK exist, per the caller.
-        unsafe { chunk_dot::<Q, R>(p, xq, b0, CHUNK, &mut acc) };
+        chunk(b0, CHUNK);
     }
-    if full < xq.blocks {
+    if full < blocks {
         if FETCH {
-            fetch_chunk::<Q, R>(next, full, xq.blocks - full);
+            fetch_chunk::<Q, R>(next, full, blocks - full);
         }
-        // SAFETY: blocks full..blocks exist, per the caller.
-        unsafe { chunk_dot::<Q, R>(p, xq, full, xq.blocks - full, &mut acc) };
+        chunk(full, blocks - full);
     }
-    for (a, o) in acc.iter().zip(out.iter_mut()) {
-        *o = hsum(*a);
+}
+
+/// Per row, d·s_x of blocks `b0..b0 + n` (`n <= CHUNK`) of the `R` rows at `p[i]` (lane k:
+/// block b0 + k), eight blocks per conversion; for a format with mins (`Offset::Min`), their
+/// Σ m_b·Σx_b over the chunk added to `offs[i]`, eight blocks per FMA.
+///
+/// # Safety
+/// Blocks b0..b0 + n readable at each `p[i]`; `b0 + n <= xq.blocks()`; the CPU has AVX2, FMA
+/// and F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn chunk_factors<Q: QuantFormat, const R: usize>(
+    p: &[*const u8; R],
+    xq: &XQuant,
+    (b0, n): (usize, usize),
+    offs: &mut [__m256; R],
+) -> [[f32; CHUNK]; R] {
+    let mut ds = [[0f32; CHUNK]; R];
+    // SAFETY: the per-block vectors are padded to whole chunks, so lanes b0..b0 + 8 exist; each
+    // row's blocks b0..b0 + n are readable per the caller.
+    unsafe {
+        let sx = _mm256_loadu_ps(xq.scale.as_ptr().add(b0));
+        for (i, (m, dsi)) in offs.iter_mut().zip(&mut ds).enumerate() {
+            let row = p[i].add(b0 * Q::BLOCK_BYTES);
+            _mm256_storeu_ps(dsi.as_mut_ptr(), _mm256_mul_ps(Q::scales8(row, n), sx));
+            // Offsets are independent of the quants: Σ_b offset_b · Σx_b, eight at a time.
+            if Q::OFFSET == Offset::Min {
+                let s = _mm256_loadu_ps(xq.sum.as_ptr().add(b0));
+                *m = _mm256_fmadd_ps(Q::mins8(row, n), s, *m);
+            }
+        }
     }
+    ds
 }
 
 /// Hint the cache to fetch blocks `b0..b0 + n` of each row starting at `next[i]`.
@@ -223,26 +270,10 @@ unsafe fn chunk_dot<Q: QuantFormat, const R: usize>(
 ) {
     // A local copy: through the reference, LLVM stored every accumulator after each FMA.
     let mut acc = *acc_out;
-    // Per row, d·s_x of the chunk's blocks, read back one broadcast per block.
-    let mut ds = [[0f32; CHUNK]; R];
-    // SAFETY: the per-block vectors are padded to whole chunks, so lanes b0..b0 + 8 exist; each
-    // row's blocks b0..b0 + n are readable per the caller.
-    unsafe {
-        let sx = _mm256_loadu_ps(xq.scale.as_ptr().add(b0));
-        for (i, (a, dsi)) in acc.iter_mut().zip(&mut ds).enumerate() {
-            let row = p[i].add(b0 * Q::BLOCK_BYTES);
-            let d = Q::scales8(row, n);
-            _mm256_storeu_ps(dsi.as_mut_ptr(), _mm256_mul_ps(d, sx));
-            // Offsets are independent of the quants: Σ_b offset_b · Σx_b, eight at a time.
-            match Q::OFFSET {
-                Offset::None | Offset::MinusEight => {}
-                Offset::Min => {
-                    let s = _mm256_loadu_ps(xq.sum.as_ptr().add(b0));
-                    *a = _mm256_fmadd_ps(Q::mins8(row, n), s, *a);
-                }
-            }
-        }
-    }
+    // Per row, d·s_x of the chunk's blocks, read back one broadcast per block; the mins go
+    // straight into the accumulators.
+    // SAFETY: per the caller.
+    let ds = unsafe { chunk_factors::<Q, R>(p, xq, (b0, n), &mut acc) };
     let xp = xq.q.as_ptr();
     for k in 0..n {
         let b = b0 + k;

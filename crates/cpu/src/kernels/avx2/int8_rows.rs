@@ -34,6 +34,17 @@ fn fetch<const R: usize>(next: &[*const u8; R], start: usize, end: usize) {
     }
 }
 
+/// Blocks in chunk `c` of the rows dotted with `x`: `N`, or for `N` 0 the rest of the row (at
+/// most [`CHUNK`]).
+#[inline(always)]
+fn chunk_len<const N: usize>(x: &X8, c: usize) -> usize {
+    if N == 0 {
+        (x.blocks() - CHUNK * c).min(CHUNK)
+    } else {
+        N
+    }
+}
+
 /// The kernel of [`Int8Format`] `F` over `R` rows and the tokens `xs`, for one instruction set:
 /// `$feat` its features, `$dot(start, u, x)` its exact i32 lane sums start + Σ u·x over each 4
 /// bytes (u unsigned below 128 or exactly 128, x signed).
@@ -172,11 +183,7 @@ macro_rules! int8_kernel {
             acc_out: &mut [[__m256; 2]; R],
         ) {
             let mut acc = *acc_out;
-            let n = if N == 0 {
-                (x.blocks() - CHUNK * c).min(CHUNK)
-            } else {
-                N
-            };
+            let n = chunk_len::<N>(x, c);
             let mut dw = [[0f32; CHUNK]; R];
             // SAFETY: n blocks readable at each p[i] per the caller; x's per-block vectors hold
             // blocks 8c..8c + n (and are padded to whole chunks).
@@ -222,11 +229,7 @@ macro_rules! int8_kernel {
         ) {
             // A local copy, kept in registers (through the reference, every FMA is stored).
             let mut acc = *acc_out;
-            let n = if N == 0 {
-                (x.blocks() - CHUNK * c).min(CHUNK)
-            } else {
-                N
-            };
+            let n = chunk_len::<N>(x, c);
             // Each row's per-32 weight scales (formats scaled per 32), broadcast per block.
             let mut dw = [[0f32; CHUNK]; R];
             // SAFETY: the per-block vectors of x are padded to whole chunks; blocks 8c..8c + n

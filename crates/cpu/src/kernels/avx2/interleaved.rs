@@ -77,56 +77,53 @@ pub(crate) fn finish(a: &Acc) -> [f32; 8] {
     out
 }
 
+/// The (format, level) table of one numerics' group kernels: `$blocks` names the 32-block
+/// formats' kernel (`group_i16` or `group_i8`), `$q8` AVX2's own Q8_0 one, `$k4` and `$k6` the
+/// K-quants'.
+macro_rules! kernel_table {
+    ($dtype:expr, $wide:expr, $blocks:ident, $q8:ident, $k4:ident, $k6:ident) => {{
+        use fmt::*;
+        Some(match ($dtype, $wide) {
+            (DType::Q4_0, true) => vnni::$blocks::<Q4_0, T>,
+            (DType::Q4_1, true) => vnni::$blocks::<Q4_1, T>,
+            (DType::Q5_0, true) => vnni::$blocks::<Q5_0, T>,
+            (DType::Q5_1, true) => vnni::$blocks::<Q5_1, T>,
+            (DType::Q8_0, true) => vnni::$blocks::<Q8_0, T>,
+            (DType::Q4_0, false) => avx2::$blocks::<Q4_0, T>,
+            (DType::Q4_1, false) => avx2::$blocks::<Q4_1, T>,
+            (DType::Q5_0, false) => avx2::$blocks::<Q5_0, T>,
+            (DType::Q5_1, false) => avx2::$blocks::<Q5_1, T>,
+            (DType::Q8_0, false) => avx2::$q8::<T>,
+            (DType::Q4_K, true) => vnni::$k4::<Q4_K, T>,
+            (DType::Q5_K, true) => vnni::$k4::<Q5_K, T>,
+            (DType::Q4_K, false) => avx2::$k4::<Q4_K, T>,
+            (DType::Q5_K, false) => avx2::$k4::<Q5_K, T>,
+            (DType::Q6_K, true) => vnni::$k6::<T>,
+            (DType::Q6_K, false) => avx2::$k6::<T>,
+            _ => return None,
+        })
+    }};
+}
+
 /// The int16-x group kernel of `dtype` on the level (`wide`: AVX-512 VNNI, else AVX2); `None`
 /// for a format without an interleaved layout.
 pub(crate) fn kernel_i16<const T: usize>(
     dtype: DType,
     wide: bool,
 ) -> Option<GroupKernel<XQuant, T>> {
-    use fmt::*;
-    Some(match (dtype, wide) {
-        (DType::Q4_0, true) => vnni::group_i16::<Q4_0, T>,
-        (DType::Q4_1, true) => vnni::group_i16::<Q4_1, T>,
-        (DType::Q5_0, true) => vnni::group_i16::<Q5_0, T>,
-        (DType::Q5_1, true) => vnni::group_i16::<Q5_1, T>,
-        (DType::Q8_0, true) => vnni::group_i16::<Q8_0, T>,
-        (DType::Q4_0, false) => avx2::group_i16::<Q4_0, T>,
-        (DType::Q4_1, false) => avx2::group_i16::<Q4_1, T>,
-        (DType::Q5_0, false) => avx2::group_i16::<Q5_0, T>,
-        (DType::Q5_1, false) => avx2::group_i16::<Q5_1, T>,
-        (DType::Q8_0, false) => avx2::q8_group_i16::<T>,
-        (DType::Q4_K, true) => vnni::k4_group_i16::<Q4_K, T>,
-        (DType::Q5_K, true) => vnni::k4_group_i16::<Q5_K, T>,
-        (DType::Q4_K, false) => avx2::k4_group_i16::<Q4_K, T>,
-        (DType::Q5_K, false) => avx2::k4_group_i16::<Q5_K, T>,
-        (DType::Q6_K, true) => vnni::k6_group_i16::<T>,
-        (DType::Q6_K, false) => avx2::k6_group_i16::<T>,
-        _ => return None,
-    })
+    kernel_table!(
+        dtype,
+        wide,
+        group_i16,
+        q8_group_i16,
+        k4_group_i16,
+        k6_group_i16
+    )
 }
 
 /// The int8-x group kernel of `dtype` on the level, as [`kernel_i16`].
 pub(crate) fn kernel_i8<const T: usize>(dtype: DType, wide: bool) -> Option<GroupKernel<X8, T>> {
-    use fmt::*;
-    Some(match (dtype, wide) {
-        (DType::Q4_0, true) => vnni::group_i8::<Q4_0, T>,
-        (DType::Q4_1, true) => vnni::group_i8::<Q4_1, T>,
-        (DType::Q5_0, true) => vnni::group_i8::<Q5_0, T>,
-        (DType::Q5_1, true) => vnni::group_i8::<Q5_1, T>,
-        (DType::Q8_0, true) => vnni::group_i8::<Q8_0, T>,
-        (DType::Q4_0, false) => avx2::group_i8::<Q4_0, T>,
-        (DType::Q4_1, false) => avx2::group_i8::<Q4_1, T>,
-        (DType::Q5_0, false) => avx2::group_i8::<Q5_0, T>,
-        (DType::Q5_1, false) => avx2::group_i8::<Q5_1, T>,
-        (DType::Q8_0, false) => avx2::q8_group_i8::<T>,
-        (DType::Q4_K, true) => vnni::k4_group_i8::<Q4_K, T>,
-        (DType::Q5_K, true) => vnni::k4_group_i8::<Q5_K, T>,
-        (DType::Q4_K, false) => avx2::k4_group_i8::<Q4_K, T>,
-        (DType::Q5_K, false) => avx2::k4_group_i8::<Q5_K, T>,
-        (DType::Q6_K, true) => vnni::k6_group_i8::<T>,
-        (DType::Q6_K, false) => avx2::k6_group_i8::<T>,
-        _ => return None,
-    })
+    kernel_table!(dtype, wide, group_i8, q8_group_i8, k4_group_i8, k6_group_i8)
 }
 
 /// Per-block integer start values an x brings to the interleaved dots: −8·Σq (Q4_0's bias; a
@@ -136,19 +133,18 @@ pub(crate) struct Starts(Vec<[i32; 2]>);
 impl Starts {
     /// For the int16 x.
     pub(crate) fn of_int16(xq: &XQuant) -> Starts {
-        Starts(
-            xq.neg_bias8
-                .chunks_exact(8)
-                .map(|l| [l[..4].iter().sum(), l[4..].iter().sum()])
-                .collect(),
-        )
+        Starts::of_lanes(&xq.neg_bias8)
     }
 
     /// For the int8 x.
     pub(crate) fn of_int8(x: &X8) -> Starts {
+        Starts::of_lanes(&x.neg8)
+    }
+
+    /// From an x's −8·Σq per 4 values, eight lanes per block: each half's four summed.
+    fn of_lanes(neg8: &[i32]) -> Starts {
         Starts(
-            x.neg8
-                .chunks_exact(8)
+            neg8.chunks_exact(8)
                 .map(|l| [l[..4].iter().sum(), l[4..].iter().sum()])
                 .collect(),
         )

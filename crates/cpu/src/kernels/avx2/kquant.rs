@@ -271,12 +271,7 @@ impl KFormat for Q3K {
         };
         let s: [i8; 16] = std::array::from_fn(|s| (k3_scale(s, &sc) as i32 - 32) as i8);
         // SAFETY: `s` is 16 readable bytes.
-        let [a, b] = unsafe { i8x16_f32(s.as_ptr() as *const u8) };
-        let d = _mm256_set1_ps(d);
-        Factors {
-            scale: [_mm256_mul_ps(a, d), _mm256_mul_ps(b, d)],
-            min: [_mm256_setzero_ps(); 2],
-        }
+        signed_scales(unsafe { i8x16_f32(s.as_ptr() as *const u8) }, d)
     }
 
     #[inline]
@@ -296,6 +291,17 @@ impl KFormat for Q3K {
             }
         }
         out
+    }
+}
+
+/// Q3_K and Q6_K's factors: their sixteen signed per-16 scales `sc` (as f32) times `d`, no mins.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn signed_scales([a, b]: [__m256; 2], d: f32) -> Factors {
+    let d = _mm256_set1_ps(d);
+    Factors {
+        scale: [_mm256_mul_ps(a, d), _mm256_mul_ps(b, d)],
+        min: [_mm256_setzero_ps(); 2],
     }
 }
 
@@ -359,55 +365,56 @@ unsafe fn nibbles_q45<const QS: usize>(p: *const u8, c: usize) -> [__m256i; 8] {
     ]
 }
 
-impl KFormat for Q4K {
-    const BYTES: usize = 144;
-    const HAS_MIN: bool = true;
-    const CHUNK: usize = 64;
-    const PER16: bool = false;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn factors(p: *const u8) -> Factors {
-        // SAFETY: forwarded.
-        unsafe { factors_q45(p) }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn chunk(p: *const u8, c: usize) -> [__m256i; 8] {
-        // SAFETY: forwarded; Q4_K's nibbles start at byte 16.
-        unsafe { nibbles_q45::<16>(p, c) }
-    }
-}
-
-impl KFormat for Q5K {
-    const BYTES: usize = 176;
-    const HAS_MIN: bool = true;
-    const CHUNK: usize = 64;
-    const PER16: bool = false;
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn factors(p: *const u8) -> Factors {
-        // SAFETY: forwarded.
-        unsafe { factors_q45(p) }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn chunk(p: *const u8, c: usize) -> [__m256i; 8] {
-        // SAFETY: forwarded; Q5_K's nibbles start at byte 48 after the 32 qh bytes at 16.
-        unsafe {
-            let mut q = nibbles_q45::<48>(p, c);
+/// Q4_K and Q5_K's quants of weights 64c .. 64c + 64: the nibbles at `p + QS`, with `FIFTH`
+/// (Q5_K) each one's fifth bit from the 32 qh bytes at 16.
+///
+/// # Safety
+/// The block's bytes are readable at `p`, `c < 4`; the CPU has AVX2/FMA/F16C.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn chunk_q45<const QS: usize, const FIFTH: bool>(p: *const u8, c: usize) -> [__m256i; 8] {
+    // SAFETY: the nibbles of chunk c, and Q5_K's qh bytes, lie inside the readable block.
+    unsafe {
+        let mut q = nibbles_q45::<QS>(p, c);
+        if FIFTH {
             let qh = [bytes16(p.add(16)), bytes16(p.add(32))];
             // Vector k holds 32-block 2c + k / 2, whose fifth bits are bit 2c + k / 2 of qh.
             for (k, v) in q.iter_mut().take(4).enumerate() {
                 *v = _mm256_or_si256(*v, bit_to(qh[k % 2], 2 * c + k / 2, 16));
             }
-            q
         }
+        q
     }
 }
+
+/// [`KFormat`] for Q4_K (`$bytes` 144, nibbles at 16) and Q5_K (176, nibbles at 48 after the
+/// qh bytes: `$fifth`): one 6-bit scale and min per 32-block ([`factors_q45`]).
+macro_rules! impl_q45 {
+    ($t:ty, $bytes:expr, $qs:expr, $fifth:expr) => {
+        impl KFormat for $t {
+            const BYTES: usize = $bytes;
+            const HAS_MIN: bool = true;
+            const CHUNK: usize = 64;
+            const PER16: bool = false;
+
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn factors(p: *const u8) -> Factors {
+                // SAFETY: forwarded.
+                unsafe { factors_q45(p) }
+            }
+
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn chunk(p: *const u8, c: usize) -> [__m256i; 8] {
+                // SAFETY: forwarded.
+                unsafe { chunk_q45::<$qs, $fifth>(p, c) }
+            }
+        }
+    };
+}
+impl_q45!(Q4K, 144, 16, false);
+impl_q45!(Q5K, 176, 48, true);
 
 impl KFormat for Q6K {
     const BYTES: usize = 210;
@@ -419,12 +426,8 @@ impl KFormat for Q6K {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn factors(p: *const u8) -> Factors {
         // SAFETY: the 16 scales sit at 192, d at 208 of the readable block.
-        let ([a, b], d) = unsafe { (i8x16_f32(p.add(192)), half(p.add(208))) };
-        let d = _mm256_set1_ps(d);
-        Factors {
-            scale: [_mm256_mul_ps(a, d), _mm256_mul_ps(b, d)],
-            min: [_mm256_setzero_ps(); 2],
-        }
+        let (sc, d) = unsafe { (i8x16_f32(p.add(192)), half(p.add(208))) };
+        signed_scales(sc, d)
     }
 
     #[inline]
@@ -479,6 +482,51 @@ pub(super) fn fetch_superblock<K: KFormat, const R: usize>(next: &[*const u8; R]
     }
 }
 
+/// x's share of super-block `sb` in the int16 dots: its eight blocks' scales s_x and its
+/// sixteen halves' sums Σx; with `FETCH`, super-block sb of each row at `next[i]` is fetched
+/// first.
+///
+/// # Safety
+/// Super-block sb of x exists (`8·sb < xq.blocks()`); the CPU has AVX2/FMA/F16C. `next` may
+/// hold any addresses.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn superblock_x<K: KFormat, const R: usize, const FETCH: bool>(
+    next: &[*const u8; R],
+    xq: &XQuant,
+    sb: usize,
+) -> (__m256, [__m256; 2]) {
+    if FETCH {
+        fetch_superblock::<K, R>(next, sb);
+    }
+    let (sx, sum16) = (xq.scale.as_ptr(), xq.sum16.as_ptr());
+    // SAFETY: xq holds 8 scales and 16 sums per super-block, sb's among them per the caller.
+    unsafe {
+        (
+            _mm256_loadu_ps(sx.add(8 * sb)),
+            [
+                _mm256_loadu_ps(sum16.add(16 * sb)),
+                _mm256_loadu_ps(sum16.add(16 * sb + 8)),
+            ],
+        )
+    }
+}
+
+/// d·sc·s_x per 16-weight half of a super-block scaled per 16 (`PER16`): the halves' `scale`
+/// times x's block scales `s`, each block's twice.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn half_factors(scale: [__m256; 2], s: __m256) -> [f32; 16] {
+    let mut ds = [0f32; 16];
+    let s2 = twice(s);
+    // SAFETY: sixteen floats in two stores.
+    unsafe {
+        _mm256_storeu_ps(ds.as_mut_ptr(), _mm256_mul_ps(scale[0], s2[0]));
+        _mm256_storeu_ps(ds.as_mut_ptr().add(8), _mm256_mul_ps(scale[1], s2[1]));
+    }
+    ds
+}
+
 /// out[i] = dot(row i, x) for the `R` K-quant rows starting at `p[i]`, on the int16 x; with
 /// `FETCH`, the rows at `next[i]` are fetched into the cache block by block alongside. Row by
 /// row within a super-block, each chunk of quants going from the decoder straight into the
@@ -496,19 +544,12 @@ pub(super) unsafe fn rows_i16<K: KFormat, const R: usize, const FETCH: bool>(
     out: &mut [f32],
 ) {
     let mut acc = [[_mm256_setzero_ps(); 2]; R];
-    let (xp, sx, sum16) = (xq.q.as_ptr(), xq.scale.as_ptr(), xq.sum16.as_ptr());
+    let xp = xq.q.as_ptr();
     for sb in 0..xq.blocks() / 8 {
-        if FETCH {
-            fetch_superblock::<K, R>(next, sb);
-        }
         // SAFETY: super-block sb of each row is readable per the caller; xq holds 256 values,
         // 8 scales and 16 sums per super-block.
         unsafe {
-            let s = _mm256_loadu_ps(sx.add(8 * sb));
-            let x16 = [
-                _mm256_loadu_ps(sum16.add(16 * sb)),
-                _mm256_loadu_ps(sum16.add(16 * sb + 8)),
-            ];
+            let (s, x16) = superblock_x::<K, R, FETCH>(next, xq, sb);
             let xs = xp.add(QK * sb);
             for (&row, a) in p.iter().zip(acc.iter_mut()) {
                 let blk = row.add(sb * K::BYTES);
@@ -516,9 +557,7 @@ pub(super) unsafe fn rows_i16<K: KFormat, const R: usize, const FETCH: bool>(
                 // d·sc·s_x per 32-block (lanes 0..8) or per 16-weight half (0..16).
                 let mut ds = [0f32; 16];
                 if K::PER16 {
-                    let s2 = twice(s);
-                    _mm256_storeu_ps(ds.as_mut_ptr(), _mm256_mul_ps(f.scale[0], s2[0]));
-                    _mm256_storeu_ps(ds.as_mut_ptr().add(8), _mm256_mul_ps(f.scale[1], s2[1]));
+                    ds = half_factors(f.scale, s);
                 } else {
                     _mm256_storeu_ps(ds.as_mut_ptr(), _mm256_mul_ps(f.scale[0], s));
                 }

@@ -134,50 +134,100 @@ unsafe fn rows_with<F: Format>(base: *const u8, row_bytes: usize, x: &[f32], out
     }
 }
 
-/// y += Σ_i a[i] · row i, for the `n <= GROUP` rows `rows[..n]`, each holding `y.len()` weights
-/// of `dtype` (sizes checked by the caller).
-/// `wide`: float-format rows take the 512-bit kernel (only on the AVX-512 level).
-pub(crate) fn axpy_group(
-    dtype: DType,
-    rows: &[&[u8]],
-    next: &[&[u8]],
-    a: &[f32],
-    y: &mut [f32],
-    wide: bool,
-) {
-    debug_check_wide(wide);
-    let g = RowGroup::checked(dtype, rows, next, y.len(), a.len());
-    // SAFETY: features detected (the dispatcher's contract, checked in debug builds), the
-    // AVX-512 level where `wide`; the check above keeps every row's y.len() weights readable.
-    unsafe {
-        with_rows!(rows.len(), R => with_wide_float!(wide, dtype,
-            F => wide_float::axpy::<F, R>(&g, a, y),
-            else => with_format!(dtype, F => F::axpy::<R>(&g, a, y))))
+/// An entry point over a group of rows (`rows[..n]`, `n <= GROUP`, each of `dtype`; sizes checked
+/// by the caller), fetching the `next` rows alongside: `$name(dtype, rows, next, $x, $y, wide)`
+/// runs the format's `$op` kernel (`wide`: float-format rows take the 512-bit one, only on the
+/// AVX-512 level) after [`RowGroup::checked`] with `$weights` weights per row and `$count`
+/// values per row.
+macro_rules! group_entry {
+    ($(#[$doc:meta])* $name:ident($x:ident, $y:ident), $weights:expr, $count:expr, $op:ident) => {
+        $(#[$doc])*
+        pub(crate) fn $name(
+            dtype: DType,
+            rows: &[&[u8]],
+            next: &[&[u8]],
+            $x: &[f32],
+            $y: &mut [f32],
+            wide: bool,
+        ) {
+            debug_check_wide(wide);
+            let g = RowGroup::checked(dtype, rows, next, $weights, $count);
+            // SAFETY: features detected (the dispatcher's contract, checked in debug builds),
+            // the AVX-512 level where `wide`; the check above keeps every row's weights
+            // readable.
+            unsafe {
+                with_rows!(rows.len(), R => with_wide_float!(wide, dtype,
+                    F => wide_float::$op::<F, R>(&g, $x, $y),
+                    else => with_format!(dtype, F => F::$op::<R>(&g, $x, $y))))
+            }
+        }
+    };
+}
+
+group_entry!(
+    /// y += Σ_i a[i] · row i, for the rows each holding `y.len()` weights.
+    axpy_group(a, y),
+    y.len(),
+    a.len(),
+    axpy
+);
+
+group_entry!(
+    /// out[i] = dot(rows[i], x) for the rows each holding `x.len()` values. Quantized rows take
+    /// the f32 path here; the int16-x kernel (`super::scattered_dot_i16`) is the fast one for
+    /// them.
+    dot_group(x, out),
+    x.len(),
+    out.len(),
+    dot
+);
+
+/// Rows `first..first + R` of the consecutive rows at `base`, `row_bytes` apart, as pointers
+/// (wrapping: ones past the end are only ever prefetched).
+#[inline(always)]
+fn row_ptrs<const R: usize>(base: *const u8, row_bytes: usize, first: usize) -> [*const u8; R] {
+    std::array::from_fn(|i| base.wrapping_add((first + i) * row_bytes))
+}
+
+/// The first row of the tile fetched alongside tile `g` of the `full` rows in whole tiles: the
+/// tile `ahead` tiles later (PREFETCH_BYTES ahead), fetched chunk by chunk in step; the last
+/// tiles re-touch their own rows.
+#[inline(always)]
+fn tile_ahead(g: usize, ahead: usize, full: usize) -> usize {
+    match (g + ahead) * QROWS < full {
+        true => (g + ahead) * QROWS,
+        false => g * QROWS,
     }
 }
 
-/// out[i] = dot(rows[i], x) for the `n <= GROUP` rows `rows[..n]`, each holding `x.len()`
-/// values of `dtype` (sizes checked by the caller), fetching the `next` rows alongside.
-/// Quantized rows take the f32 path here; the int16-x kernel (`super::scattered_dot_i16`) is
-/// the fast one for them.
-/// `wide`: float-format rows take the 512-bit kernel (only on the AVX-512 level).
-pub(crate) fn dot_group(
+/// The checks of a call on up to 8 scattered rows of `dtype` and as many `next` ones: each row
+/// holds `blocks` blocks, and `out_len` is the row count.
+fn check_scattered(
     dtype: DType,
+    (rows, next): (&[&[u8]], &[&[u8]]),
+    blocks: usize,
+    out_len: usize,
+) {
+    let want = dtype.row_bytes(32 * blocks).unwrap_or(usize::MAX);
+    assert!(
+        dtype.is_quantized()
+            && rows.len() == out_len
+            && rows.len() <= 8
+            && next.len() <= 8
+            && rows.iter().all(|r| r.len() >= want)
+    );
+}
+
+/// The `R` scattered rows and the rows fetched beside them (a row's own where `next` has
+/// none), as pointers.
+#[inline(always)]
+fn scattered_ptrs<const R: usize>(
     rows: &[&[u8]],
     next: &[&[u8]],
-    x: &[f32],
-    out: &mut [f32],
-    wide: bool,
-) {
-    debug_check_wide(wide);
-    let g = RowGroup::checked(dtype, rows, next, x.len(), out.len());
-    // SAFETY: features detected (the dispatcher's contract, checked in debug builds), the
-    // AVX-512 level where `wide`; the check above keeps every row's x.len() weights readable.
-    unsafe {
-        with_rows!(rows.len(), R => with_wide_float!(wide, dtype,
-            F => wide_float::dot::<F, R>(&g, x, out),
-            else => with_format!(dtype, F => F::dot::<R>(&g, x, out))))
-    }
+) -> ([*const u8; R], [*const u8; R]) {
+    let p: [*const u8; R] = std::array::from_fn(|i| rows[i].as_ptr());
+    let q: [*const u8; R] = std::array::from_fn(|i| next.get(i).map_or(p[i], |r| r.as_ptr()));
+    (p, q)
 }
 
 /// out[i] = dot(row i, x) for consecutive quantized rows, on the int16-quantized x
@@ -199,18 +249,11 @@ pub(crate) fn rows_dot_i16(
     let full = out.len() / QROWS * QROWS;
     let ahead = prefetch_tiles(QROWS * row_bytes);
     for (g, o) in out[..full].chunks_exact_mut(QROWS).enumerate() {
-        let p: [*const u8; QROWS] =
-            std::array::from_fn(|i| base.wrapping_add((g * QROWS + i) * row_bytes));
-        // A later tile's rows (PREFETCH_BYTES ahead), fetched chunk by chunk in step: the int16
-        // kernel is slow enough per byte that the hardware prefetchers alone leave DRAM idle
-        // between tiles (dense Q4_0 decode of the synthetic dim-2048 model: 39 -> 57 tok/s on
-        // 2 threads). The last tiles re-touch their own rows.
-        let next = match (g + ahead) * QROWS < full {
-            true => (g + ahead) * QROWS,
-            false => g * QROWS,
-        };
-        let q: [*const u8; QROWS] =
-            std::array::from_fn(|i| base.wrapping_add((next + i) * row_bytes));
+        let p = row_ptrs::<QROWS>(base, row_bytes, g * QROWS);
+        // A later tile's rows, fetched in step: the int16 kernel is slow enough per byte that
+        // the hardware prefetchers alone leave DRAM idle between tiles (dense Q4_0 decode of
+        // the synthetic dim-2048 model: 39 -> 57 tok/s on 2 threads).
+        let q = row_ptrs::<QROWS>(base, row_bytes, tile_ahead(g, ahead, full));
         // SAFETY: features detected by the dispatcher; the assert keeps rows g·QROWS.. inside
         // `rows`, each with xq.blocks() blocks; `q` is only prefetched.
         unsafe { int16_rows::<QROWS, true>(dtype, &p, &q, xq, o, wide) };
@@ -289,16 +332,8 @@ pub(crate) fn rows_dot_x8(
     let ahead = prefetch_tiles(QROWS * row_bytes);
     for (xs, outs) in xs.chunks(X8_TOKENS).zip(outs.chunks_mut(X8_TOKENS)) {
         for g in 0..full / QROWS {
-            let p: [*const u8; QROWS] =
-                std::array::from_fn(|i| base.wrapping_add((g * QROWS + i) * row_bytes));
-            // A later tile's rows (PREFETCH_BYTES ahead), fetched chunk by chunk in step; the
-            // last tiles re-touch their own rows.
-            let next = match (g + ahead) * QROWS < full {
-                true => (g + ahead) * QROWS,
-                false => g * QROWS,
-            };
-            let q: [*const u8; QROWS] =
-                std::array::from_fn(|i| base.wrapping_add((next + i) * row_bytes));
+            let p = row_ptrs::<QROWS>(base, row_bytes, g * QROWS);
+            let q = row_ptrs::<QROWS>(base, row_bytes, tile_ahead(g, ahead, full));
             // SAFETY: features detected by the dispatcher (VNNI where `vnni`); the asserts keep
             // rows g·QROWS.. inside `rows`, each with `blocks` blocks; `q` is only prefetched.
             let got = with_int8!(dtype, F => unsafe {
@@ -336,17 +371,9 @@ pub(crate) fn scattered_dot_x8(
 ) {
     debug_check_level();
     debug_check_wide(vnni);
-    let want = dtype.row_bytes(32 * x.blocks()).unwrap_or(usize::MAX);
-    assert!(
-        dtype.is_quantized()
-            && rows.len() == out.len()
-            && rows.len() <= 8
-            && next.len() <= 8
-            && rows.iter().all(|r| r.len() >= want)
-    );
+    check_scattered(dtype, (rows, next), x.blocks(), out.len());
     with_rows!(rows.len(), R => {
-        let p: [*const u8; R] = std::array::from_fn(|i| rows[i].as_ptr());
-        let q: [*const u8; R] = std::array::from_fn(|i| next.get(i).map_or(p[i], |r| r.as_ptr()));
+        let (p, q) = scattered_ptrs::<R>(rows, next);
         // SAFETY: features detected by the dispatcher (VNNI where `vnni`); the assert keeps
         // every row's blocks readable; `q` is only prefetched.
         let got = with_int8!(dtype, F => unsafe {
@@ -371,17 +398,9 @@ pub(crate) fn scattered_dot_i16(
 ) {
     debug_check_level();
     debug_check_wide(wide);
-    let want = dtype.row_bytes(32 * xq.blocks()).unwrap_or(usize::MAX);
-    assert!(
-        dtype.is_quantized()
-            && rows.len() == out.len()
-            && rows.len() <= 8
-            && next.len() <= 8
-            && rows.iter().all(|r| r.len() >= want)
-    );
+    check_scattered(dtype, (rows, next), xq.blocks(), out.len());
     with_rows!(rows.len(), R => {
-        let p: [*const u8; R] = std::array::from_fn(|i| rows[i].as_ptr());
-        let q: [*const u8; R] = std::array::from_fn(|i| next.get(i).map_or(p[i], |r| r.as_ptr()));
+        let (p, q) = scattered_ptrs::<R>(rows, next);
         // SAFETY: features detected by the dispatcher; the assert keeps every row's blocks
         // readable; `q` is only prefetched.
         unsafe { int16_rows::<R, true>(dtype, &p, &q, xq, out, wide) }

@@ -68,43 +68,11 @@ pub(super) use with_rows;
 /// [`Format`] for formats of the given kinds, from the kind's generic kernels:
 /// `float` formats, `quant` formats with their accumulation kernel, or `k`-quants.
 macro_rules! impl_format {
-    (float: $($t:ty),*) => {$(
+    (@impl $t:ty, $dot:path, $axpy:path, $dequant:path) => {
         impl Format for $t {
             unsafe fn dot<const R: usize>(g: &RowGroup, x: &[f32], out: &mut [f32]) {
                 // SAFETY: forwarded from the caller.
-                unsafe { rows::float_dot::<Self, R>(g, x, out) }
-            }
-            unsafe fn axpy<const R: usize>(g: &RowGroup, a: &[f32], y: &mut [f32]) {
-                // SAFETY: forwarded from the caller.
-                unsafe { rows::float_axpy::<Self, R>(g, a, y) }
-            }
-            unsafe fn dequant(row: *const u8, out: &mut [f32]) {
-                // SAFETY: forwarded from the caller.
-                unsafe { dequant::float_row::<Self>(row, out) }
-            }
-        }
-    )*};
-    (k: $($t:ty),*) => {$(
-        impl Format for $t {
-            unsafe fn dot<const R: usize>(g: &RowGroup, x: &[f32], out: &mut [f32]) {
-                // SAFETY: forwarded from the caller.
-                unsafe { kquant::dot::<Self, R>(g, x, out) }
-            }
-            unsafe fn axpy<const R: usize>(g: &RowGroup, a: &[f32], y: &mut [f32]) {
-                // SAFETY: forwarded from the caller.
-                unsafe { kquant::axpy::<Self, R>(g, a, y) }
-            }
-            unsafe fn dequant(row: *const u8, out: &mut [f32]) {
-                // SAFETY: forwarded from the caller.
-                unsafe { kquant::dequant::<Self>(row, out) }
-            }
-        }
-    )*};
-    (quant: $($t:ty => $axpy:path),*) => {$(
-        impl Format for $t {
-            unsafe fn dot<const R: usize>(g: &RowGroup, x: &[f32], out: &mut [f32]) {
-                // SAFETY: forwarded from the caller.
-                unsafe { dot::quant_rows::<Self, R>(g, x, out) }
+                unsafe { $dot(g, x, out) }
             }
             unsafe fn axpy<const R: usize>(g: &RowGroup, a: &[f32], y: &mut [f32]) {
                 // SAFETY: forwarded from the caller.
@@ -112,9 +80,20 @@ macro_rules! impl_format {
             }
             unsafe fn dequant(row: *const u8, out: &mut [f32]) {
                 // SAFETY: forwarded from the caller.
-                unsafe { dequant::quant_row::<Self>(row, out) }
+                unsafe { $dequant(row, out) }
             }
         }
+    };
+    (float: $($t:ty),*) => {$(
+        impl_format!(@impl $t, rows::float_dot::<Self, R>, rows::float_axpy::<Self, R>,
+            dequant::float_row::<Self>);
+    )*};
+    (k: $($t:ty),*) => {$(
+        impl_format!(@impl $t, kquant::dot::<Self, R>, kquant::axpy::<Self, R>,
+            kquant::dequant::<Self>);
+    )*};
+    (quant: $($t:ty => $axpy:path),*) => {$(
+        impl_format!(@impl $t, dot::quant_rows::<Self, R>, $axpy, dequant::quant_row::<Self>);
     )*};
 }
 

@@ -9,8 +9,8 @@
 //! low sum's integer start value (−8·Σx or −16·Σx per lane, shared by all rows). Same x, same
 //! products, same exact integer sums as [`super::wide`]: only faster.
 
-use super::int16::XQuant;
-use super::quant::{Offset, QuantFormat, Q4_0, Q4_1, Q5_0, Q5_1};
+use super::int16::{chunk_factors, each_chunk, XQuant};
+use super::quant::{QuantFormat, Q4_0, Q4_1, Q5_0, Q5_1};
 use std::arch::x86_64::*;
 
 /// A 32-weight block format whose quants are unsigned bytes below 32.
@@ -25,45 +25,42 @@ pub(super) trait SplitFormat: QuantFormat {
     unsafe fn quants_u8(p: *const u8) -> __m256i;
 }
 
-/// [`SplitFormat`] for a 4-bit format (nibbles at `$qs`) or a 5-bit one (u32 `qh` at `$qh`:
-/// bit j is bit 4 of weight j).
+/// [`SplitFormat`] for a 4-bit format (`$decode` [`nibbles_u8`], its nibbles from byte `$at`)
+/// or a 5-bit one ([`five_bits_u8`], its qh and then its nibbles from byte `$at`).
 macro_rules! impl_split {
-    ($t:ty, $bias:expr, nibbles at $qs:expr) => {
+    ($t:ty, $bias:expr, $decode:ident at $at:expr) => {
         impl SplitFormat for $t {
             const BIAS: i32 = $bias;
 
             #[inline]
             #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
             unsafe fn quants_u8(p: *const u8) -> __m256i {
-                // SAFETY: the 16 nibble bytes start at $qs in the readable block.
-                unsafe { nibbles_u8(p.add($qs)) }
-            }
-        }
-    };
-    ($t:ty, $bias:expr, qh at $qh:expr) => {
-        impl SplitFormat for $t {
-            const BIAS: i32 = $bias;
-
-            #[inline]
-            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-            unsafe fn quants_u8(p: *const u8) -> __m256i {
-                // SAFETY: qh, then the 16 nibble bytes, start at $qh in the readable block.
-                unsafe {
-                    let qh = (p.add($qh) as *const u32).read_unaligned();
-                    let q = nibbles_u8(p.add($qh + 4));
-                    _mm256_mask_add_epi8(q, qh, q, _mm256_set1_epi8(16))
-                }
+                // SAFETY: the decoder's bytes start at $at in the readable block.
+                unsafe { $decode(p.add($at)) }
             }
         }
     };
 }
-impl_split!(Q4_0, 8, nibbles at 2);
-impl_split!(Q4_1, 0, nibbles at 4);
-impl_split!(Q5_0, 16, qh at 2);
-impl_split!(Q5_1, 0, qh at 4);
+impl_split!(Q4_0, 8, nibbles_u8 at 2);
+impl_split!(Q4_1, 0, nibbles_u8 at 4);
+impl_split!(Q5_0, 16, five_bits_u8 at 2);
+impl_split!(Q5_1, 0, five_bits_u8 at 4);
 
-/// Blocks whose scales are gathered and converted together (as in [`super::int16`]).
-const CHUNK: usize = 8;
+/// A Q5 block's 32 five-bit quants as unsigned bytes: the nibbles at `p + 4` plus 16 where bit
+/// j of the u32 `qh` at `p` is set (weight j).
+///
+/// # Safety
+/// 20 bytes readable at `p`; the CPU has the AVX-512 level.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn five_bits_u8(p: *const u8) -> __m256i {
+    // SAFETY: 20 readable bytes per the caller: qh, then the 16 nibble bytes.
+    unsafe {
+        let qh = (p as *const u32).read_unaligned();
+        let q = nibbles_u8(p.add(4));
+        _mm256_mask_add_epi8(q, qh, q, _mm256_set1_epi8(16))
+    }
+}
 
 /// The 32 nibbles at `q` as unsigned bytes in weight order (low nibbles are weights 0..16,
 /// high nibbles 16..32).
@@ -95,22 +92,10 @@ pub(super) unsafe fn quant_rows_split<Q: SplitFormat, const R: usize, const FETC
 ) {
     let mut acc = [_mm256_setzero_ps(); R];
     let mut offs = [_mm256_setzero_ps(); R];
-    let blocks = xq.blocks();
-    let full = blocks / CHUNK * CHUNK;
-    for b0 in (0..full).step_by(CHUNK) {
-        if FETCH {
-            super::int16::fetch_chunk::<Q, R>(next, b0, CHUNK);
-        }
-        // SAFETY: blocks b0..b0 + CHUNK exist, per the caller.
-        unsafe { chunk_dot::<Q, R>(p, xq, b0, CHUNK, &mut acc, &mut offs) };
-    }
-    if full < blocks {
-        if FETCH {
-            super::int16::fetch_chunk::<Q, R>(next, full, blocks - full);
-        }
-        // SAFETY: blocks full..blocks exist, per the caller.
-        unsafe { chunk_dot::<Q, R>(p, xq, full, blocks - full, &mut acc, &mut offs) };
-    }
+    each_chunk::<Q, R, FETCH>(next, xq.blocks(), |b0, n| {
+        // SAFETY: blocks b0..b0 + n exist, per the caller.
+        unsafe { chunk_dot::<Q, R>(p, xq, b0, n, &mut acc, &mut offs) }
+    });
     for ((a, m), o) in acc.iter().zip(&offs).zip(out.iter_mut()) {
         *o = super::reduce::hsum(_mm256_add_ps(*a, *m));
     }
@@ -131,20 +116,8 @@ unsafe fn chunk_dot<Q: SplitFormat, const R: usize>(
     offs: &mut [__m256; R],
 ) {
     let mut acc = *acc_out;
-    let mut ds = [[0f32; CHUNK]; R];
-    // SAFETY: the per-block vectors of xq are padded to whole chunks; each row's blocks
-    // b0..b0 + n are readable per the caller.
-    unsafe {
-        let sx = _mm256_loadu_ps(xq.scale.as_ptr().add(b0));
-        for (i, (m, dsi)) in offs.iter_mut().zip(&mut ds).enumerate() {
-            let row = p[i].add(b0 * Q::BLOCK_BYTES);
-            _mm256_storeu_ps(dsi.as_mut_ptr(), _mm256_mul_ps(Q::scales8(row, n), sx));
-            if Q::OFFSET == Offset::Min {
-                let s = _mm256_loadu_ps(xq.sum.as_ptr().add(b0));
-                *m = _mm256_fmadd_ps(Q::mins8(row, n), s, *m);
-            }
-        }
-    }
+    // SAFETY: per the caller.
+    let ds = unsafe { chunk_factors::<Q, R>(p, xq, (b0, n), offs) };
     let (hl, start) = (xq.hl.as_ptr(), xq.neg_bias8.as_ptr());
     for k in 0..n {
         let b = b0 + k;

@@ -11,14 +11,11 @@
 //! 512-bit register measured slower than two one-token passes for two tokens (its ops run on
 //! fewer ports).
 
-use super::int16::{fetch_chunk, XQuant};
+use super::int16::{each_chunk, XQuant, CHUNK};
 use super::quant::Offset;
 use super::reduce::hsum;
 use super::split8::SplitFormat;
 use std::arch::x86_64::*;
-
-/// Blocks whose scales are gathered and converted together (as in [`super::split8`]).
-const CHUNK: usize = 8;
 
 /// One token's int16 x in the kernel's lane order: per block, the values of weights 4j, 4j + 1
 /// for j = 0..8, then those of weights 4j + 2, 4j + 3.
@@ -72,22 +69,10 @@ unsafe fn rows_tokens<Q: SplitFormat, const R: usize, const T: usize, const FETC
 ) {
     let mut acc = [[_mm256_setzero_ps(); T]; R];
     let mut offs = [[_mm256_setzero_ps(); T]; R];
-    let blocks = xs[0].blocks();
-    let full = blocks / CHUNK * CHUNK;
-    for b0 in (0..full).step_by(CHUNK) {
-        if FETCH {
-            fetch_chunk::<Q, R>(next, b0, CHUNK);
-        }
-        // SAFETY: blocks b0..b0 + CHUNK exist, per the caller.
-        unsafe { chunk_tokens::<Q, R, T>(p, xs, lanes, b0, CHUNK, &mut acc, &mut offs) };
-    }
-    if full < blocks {
-        if FETCH {
-            fetch_chunk::<Q, R>(next, full, blocks - full);
-        }
-        // SAFETY: blocks full..blocks exist, per the caller.
-        unsafe { chunk_tokens::<Q, R, T>(p, xs, lanes, full, blocks - full, &mut acc, &mut offs) };
-    }
+    each_chunk::<Q, R, FETCH>(next, xs[0].blocks(), |b0, n| {
+        // SAFETY: blocks b0..b0 + n exist, per the caller.
+        unsafe { chunk_tokens::<Q, R, T>(p, xs, lanes, b0, n, &mut acc, &mut offs) }
+    });
     for i in 0..R {
         for t in 0..T {
             out[t][i] = hsum(_mm256_add_ps(acc[i][t], offs[i][t]));

@@ -18,6 +18,34 @@ const KC: usize = 512;
 /// The CPU must have AVX2, FMA and F16C. (Slices are bounds-checked against `cols`.)
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn tile_dot(w: &[f32], cols: usize, x: &[f32], out: &mut [f32]) {
+    let mr = |left: usize| if left >= MR { MR } else { 1 };
+    sweep::<KC, NT>((w, x), cols, out, mr, |blk, shape, r, sums| {
+        // SAFETY: the block's rows and tokens exist and its outputs are in bounds (`sweep`).
+        unsafe {
+            match shape {
+                (MR, NT) => micro::<MR, NT>(blk, r, sums),
+                (MR, _) => micro::<MR, 1>(blk, r, sums),
+                (_, NT) => micro::<1, NT>(blk, r, sums),
+                _ => micro::<1, 1>(blk, r, sums),
+            }
+        }
+    });
+}
+
+/// The sweep of a tile kernel over `w` (r rows of `cols`) and `x` (tokens of `cols`): `out`
+/// zeroed, then per cache block of `KC` columns, per run of `NT` tokens (1 for the last few) and
+/// per run of `mr(rows left)` rows, `micro(block, (rows, tokens), r, sums)` with the block's
+/// `Block` and `sums` the outputs from its first (token, row): rows i..i + rows and tokens
+/// t..t + tokens exist, each with the block's len values from its pointers, and
+/// sums[j·r + ii] is in bounds for j < tokens, ii < rows.
+#[inline(always)]
+pub(super) fn sweep<const KC: usize, const NT: usize>(
+    (w, x): (&[f32], &[f32]),
+    cols: usize,
+    out: &mut [f32],
+    mr: impl Fn(usize) -> usize,
+    mut micro: impl FnMut(Block, (usize, usize), usize, &mut [f32]),
+) {
     let r = w.len() / cols;
     let n = x.len() / cols;
     assert!(out.len() == r * n && w.len() == r * cols && x.len() == n * cols);
@@ -29,24 +57,14 @@ pub(super) unsafe fn tile_dot(w: &[f32], cols: usize, x: &[f32], out: &mut [f32]
             let nt = if n - t >= NT { NT } else { 1 };
             let mut i = 0;
             while i < r {
-                let mr = if r - i >= MR { MR } else { 1 };
+                let mr = mr(r - i);
                 let blk = Block {
                     w: w[i * cols + k0..].as_ptr(),
                     x: x[t * cols + k0..].as_ptr(),
                     stride: cols,
                     len: kl,
                 };
-                let sums = &mut out[t * r + i..];
-                // SAFETY: rows i..i+mr and tokens t..t+nt exist, each with kl values from k0,
-                // and out[(t+j)·r + i + ii] is in bounds for j < nt, ii < mr.
-                unsafe {
-                    match (mr, nt) {
-                        (MR, NT) => micro::<MR, NT>(blk, r, sums),
-                        (MR, _) => micro::<MR, 1>(blk, r, sums),
-                        (_, NT) => micro::<1, NT>(blk, r, sums),
-                        _ => micro::<1, 1>(blk, r, sums),
-                    }
-                }
+                micro(blk, (mr, nt), r, &mut out[t * r + i..]);
                 i += mr;
             }
             t += nt;

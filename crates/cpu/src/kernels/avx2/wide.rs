@@ -11,8 +11,8 @@
 //!   ([`WideFormat::quants32`]): nibbles are split inside one 512-bit register, Q5's fifth bits
 //!   enter through a mask register, and Q5_0's −16 joins Q4_0's −8 in the integer start value.
 
-use super::int16::XQuant;
-use super::quant::{Offset, QuantFormat, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
+use super::int16::{chunk_factors, each_chunk, XQuant};
+use super::quant::{QuantFormat, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use std::arch::x86_64::*;
 
 /// A 32-weight block format's quants as one 512-bit vector.
@@ -85,44 +85,26 @@ impl WideFormat for Q8_0 {
     }
 }
 
-/// [`WideFormat`] for a nibble format whose nibbles start at byte `$qs`.
-macro_rules! impl_q4 {
-    ($t:ty, $qs:expr, $bias:expr) => {
+/// [`WideFormat`] for a 4-bit format (`$decode` [`nibbles32`], its nibbles from byte `$at`) or
+/// a 5-bit one ([`five_bits32`], its qh and then its nibbles from byte `$at`).
+macro_rules! impl_wide {
+    ($t:ty, $bias:expr, $decode:ident at $at:expr) => {
         impl WideFormat for $t {
             const BIAS: i16 = $bias;
 
             #[inline]
             #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
             unsafe fn quants32(p: *const u8) -> __m512i {
-                // SAFETY: the 16 nibble bytes start at $qs in the readable block.
-                unsafe { nibbles32(p.add($qs)) }
+                // SAFETY: the decoder's bytes start at $at in the readable block.
+                unsafe { $decode(p.add($at)) }
             }
         }
     };
 }
-impl_q4!(Q4_0, 2, 8);
-impl_q4!(Q4_1, 4, 0);
-
-/// [`WideFormat`] for a Q5 format whose qh starts at byte `$qh`.
-macro_rules! impl_q5 {
-    ($t:ty, $qh:expr, $bias:expr) => {
-        impl WideFormat for $t {
-            const BIAS: i16 = $bias;
-
-            #[inline]
-            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-            unsafe fn quants32(p: *const u8) -> __m512i {
-                // SAFETY: qh and the nibbles start at $qh in the readable block.
-                unsafe { five_bits32(p.add($qh)) }
-            }
-        }
-    };
-}
-impl_q5!(Q5_0, 2, 16);
-impl_q5!(Q5_1, 4, 0);
-
-/// Blocks whose scales are gathered and converted together (as in [`super::int16`]).
-const CHUNK: usize = 8;
+impl_wide!(Q4_0, 8, nibbles32 at 2);
+impl_wide!(Q4_1, 0, nibbles32 at 4);
+impl_wide!(Q5_0, 16, five_bits32 at 2);
+impl_wide!(Q5_1, 0, five_bits32 at 4);
 
 /// out[i] = dot(row i, x) for the `R` quantized rows starting at `p[i]`, on the int16 x; with
 /// `FETCH`, the rows at `next[i]` are fetched into the cache chunk by chunk alongside. The
@@ -143,22 +125,10 @@ pub(super) unsafe fn quant_rows_i16<Q: WideFormat, const R: usize, const FETCH: 
     let mut acc = [_mm512_setzero_ps(); R];
     // Q4_1 and Q5_1's Σ m_b·Σx_b, eight blocks per FMA.
     let mut offs = [_mm256_setzero_ps(); R];
-    let blocks = xq.blocks();
-    let full = blocks / CHUNK * CHUNK;
-    for b0 in (0..full).step_by(CHUNK) {
-        if FETCH {
-            super::int16::fetch_chunk::<Q, R>(next, b0, CHUNK);
-        }
-        // SAFETY: blocks b0..b0 + CHUNK exist, per the caller.
-        unsafe { chunk_dot::<Q, R>(p, xq, b0, CHUNK, &mut acc, &mut offs) };
-    }
-    if full < blocks {
-        if FETCH {
-            super::int16::fetch_chunk::<Q, R>(next, full, blocks - full);
-        }
-        // SAFETY: blocks full..blocks exist, per the caller.
-        unsafe { chunk_dot::<Q, R>(p, xq, full, blocks - full, &mut acc, &mut offs) };
-    }
+    each_chunk::<Q, R, FETCH>(next, xq.blocks(), |b0, n| {
+        // SAFETY: blocks b0..b0 + n exist, per the caller.
+        unsafe { chunk_dot::<Q, R>(p, xq, b0, n, &mut acc, &mut offs) }
+    });
     for ((a, m), o) in acc.iter().zip(&offs).zip(out.iter_mut()) {
         *o = _mm512_reduce_add_ps(*a) + super::reduce::hsum(*m);
     }
@@ -181,20 +151,8 @@ unsafe fn chunk_dot<Q: WideFormat, const R: usize>(
 ) {
     // A local copy: through the reference, LLVM stored every accumulator after each FMA.
     let mut acc = *acc_out;
-    let mut ds = [[0f32; CHUNK]; R];
-    // SAFETY: the per-block vectors of xq are padded to whole chunks, so lanes b0..b0 + 8
-    // exist; each row's blocks b0..b0 + n are readable per the caller.
-    unsafe {
-        let sx = _mm256_loadu_ps(xq.scale.as_ptr().add(b0));
-        for (i, (m, dsi)) in offs.iter_mut().zip(&mut ds).enumerate() {
-            let row = p[i].add(b0 * Q::BLOCK_BYTES);
-            _mm256_storeu_ps(dsi.as_mut_ptr(), _mm256_mul_ps(Q::scales8(row, n), sx));
-            if Q::OFFSET == Offset::Min {
-                let s = _mm256_loadu_ps(xq.sum.as_ptr().add(b0));
-                *m = _mm256_fmadd_ps(Q::mins8(row, n), s, *m);
-            }
-        }
-    }
+    // SAFETY: per the caller.
+    let ds = unsafe { chunk_factors::<Q, R>(p, xq, (b0, n), offs) };
     let xp = xq.q.as_ptr();
     for k in 0..n {
         let b = b0 + k;

@@ -9,7 +9,7 @@
 //! Q2_K and Q3_K pair the AVX2 decoder's 16-weight vectors.
 
 use super::int16::XQuant;
-use super::kquant::{fetch_superblock, twice, KFormat, Q2K, Q3K, Q4K, Q5K, Q6K, QK};
+use super::kquant::{half_factors, superblock_x, KFormat, Q2K, Q3K, Q4K, Q5K, Q6K, QK};
 use std::arch::x86_64::*;
 
 /// A K-quant's quants as 512-bit vectors.
@@ -122,51 +122,54 @@ unsafe fn factors8_q45(p: *const u8) -> (__m256, __m256) {
     (_mm256_mul_ps(f(sc), d), _mm256_mul_ps(f(mn), dmin))
 }
 
-impl WideK for Q4K {
-    const BIAS: i16 = 0;
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn factors8(p: *const u8) -> (__m256, __m256) {
-        // SAFETY: forwarded.
-        unsafe { factors8_q45(p) }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn chunk32(p: *const u8, c: usize) -> [__m512i; 4] {
-        // SAFETY: forwarded; Q4_K's nibbles start at byte 16.
-        let [a, b] = unsafe { nibbles64::<16>(p, c) };
-        [a, b, a, b]
-    }
-}
-
-impl WideK for Q5K {
-    const BIAS: i16 = 0;
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn factors8(p: *const u8) -> (__m256, __m256) {
-        // SAFETY: forwarded.
-        unsafe { factors8_q45(p) }
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn chunk32(p: *const u8, c: usize) -> [__m512i; 4] {
-        // SAFETY: forwarded; the 32 qh bytes sit at 16, the nibbles from 48.
-        unsafe {
-            let [a, b] = nibbles64::<48>(p, c);
+/// Q4_K and Q5_K's quants of weights 64c .. 64c + 64 as two 32-blocks (each twice, filling the
+/// four vectors): the nibbles at `p + QS`, with `FIFTH` (Q5_K) each one's fifth bit from the 32
+/// qh bytes at 16.
+///
+/// # Safety
+/// The block's bytes are readable at `p`, `c < 4`; the CPU has the AVX-512 level.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+unsafe fn chunk32_q45<const QS: usize, const FIFTH: bool>(p: *const u8, c: usize) -> [__m512i; 4] {
+    // SAFETY: the nibbles of chunk c, and Q5_K's qh bytes, lie inside the readable block.
+    unsafe {
+        let [mut a, mut b] = nibbles64::<QS>(p, c);
+        if FIFTH {
             let qh = _mm256_loadu_si256(p.add(16).cast());
             // Weight i of 32-block j has its fifth bit at bit j of qh[i].
             let bit = |j: usize| _mm256_test_epi8_mask(qh, _mm256_set1_epi8(1 << j));
             let sixteen = _mm512_set1_epi16(16);
-            let a = _mm512_mask_add_epi16(a, bit(2 * c), a, sixteen);
-            let b = _mm512_mask_add_epi16(b, bit(2 * c + 1), b, sixteen);
-            [a, b, a, b]
+            a = _mm512_mask_add_epi16(a, bit(2 * c), a, sixteen);
+            b = _mm512_mask_add_epi16(b, bit(2 * c + 1), b, sixteen);
         }
+        [a, b, a, b]
     }
 }
+
+/// [`WideK`] for Q4_K (nibbles at 16) and Q5_K (nibbles at 48 after the qh bytes: `$fifth`).
+macro_rules! impl_wide_q45 {
+    ($t:ty, $qs:expr, $fifth:expr) => {
+        impl WideK for $t {
+            const BIAS: i16 = 0;
+
+            #[inline]
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+            unsafe fn factors8(p: *const u8) -> (__m256, __m256) {
+                // SAFETY: forwarded.
+                unsafe { factors8_q45(p) }
+            }
+
+            #[inline]
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+            unsafe fn chunk32(p: *const u8, c: usize) -> [__m512i; 4] {
+                // SAFETY: forwarded.
+                unsafe { chunk32_q45::<$qs, $fifth>(p, c) }
+            }
+        }
+    };
+}
+impl_wide_q45!(Q4K, 16, false);
+impl_wide_q45!(Q5K, 48, true);
 
 impl WideK for Q6K {
     const BIAS: i16 = 32;
@@ -230,20 +233,12 @@ pub(super) unsafe fn rows_i16<K: WideK, const R: usize, const FETCH: bool>(
     let mut acc = [_mm512_setzero_ps(); R];
     // Σ min·Σx over the 16-weight halves, two 8-lane vectors per row.
     let mut mins = [[_mm256_setzero_ps(); 2]; R];
-    let (xp, sx, sum16) = (xq.q.as_ptr(), xq.scale.as_ptr(), xq.sum16.as_ptr());
-    let sum32 = xq.sum.as_ptr();
+    let (xp, sum32) = (xq.q.as_ptr(), xq.sum.as_ptr());
     for sb in 0..xq.blocks() / 8 {
-        if FETCH {
-            fetch_superblock::<K, R>(next, sb);
-        }
         // SAFETY: super-block sb of each row is readable per the caller; xq holds 256 values,
         // 8 scales and 16 sums per super-block.
         unsafe {
-            let s = _mm256_loadu_ps(sx.add(8 * sb));
-            let x16 = [
-                _mm256_loadu_ps(sum16.add(16 * sb)),
-                _mm256_loadu_ps(sum16.add(16 * sb + 8)),
-            ];
+            let (s, x16) = superblock_x::<K, R, FETCH>(next, xq, sb);
             let x32 = _mm256_loadu_ps(sum32.add(8 * sb));
             let xs = xp.add(QK * sb);
             let xv: [__m512i; 8] =
@@ -258,9 +253,7 @@ pub(super) unsafe fn rows_i16<K: WideK, const R: usize, const FETCH: bool>(
                 let mut ds = [0f32; 16];
                 if K::PER16 {
                     let f = K::factors(blk);
-                    let s2 = twice(s);
-                    _mm256_storeu_ps(ds.as_mut_ptr(), _mm256_mul_ps(f.scale[0], s2[0]));
-                    _mm256_storeu_ps(ds.as_mut_ptr().add(8), _mm256_mul_ps(f.scale[1], s2[1]));
+                    ds = half_factors(f.scale, s);
                     if K::HAS_MIN {
                         m[0] = _mm256_fnmadd_ps(f.min[0], x16[0], m[0]);
                         m[1] = _mm256_fnmadd_ps(f.min[1], x16[1], m[1]);

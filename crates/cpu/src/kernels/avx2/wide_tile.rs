@@ -8,7 +8,7 @@
 //! transposing tree (23 shuffles and adds for eight sums, against about eight per sum one by
 //! one) and added to the output as one 8-lane vector. Column tails are masked loads.
 
-use super::tile::Block;
+use super::tile::{sweep, Block};
 use std::arch::x86_64::*;
 
 /// Weight rows per register block (the whole tile of `ops::matmul`).
@@ -25,47 +25,25 @@ const KC: usize = 1024;
 /// The CPU must have the AVX-512 level. (Slices are bounds-checked against `cols`.)
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
 pub(super) unsafe fn tile_dot(w: &[f32], cols: usize, x: &[f32], out: &mut [f32]) {
-    let r = w.len() / cols;
-    let n = x.len() / cols;
-    assert!(out.len() == r * n && w.len() == r * cols && x.len() == n * cols);
-    out.fill(0.0);
-    for k0 in (0..cols).step_by(KC) {
-        let kl = KC.min(cols - k0);
-        let mut t = 0;
-        while t < n {
-            let nt = if n - t >= NT { NT } else { 1 };
-            let mut i = 0;
-            while i < r {
-                let mr = match r - i {
-                    left if left >= MR => MR,
-                    left if left >= 4 => 4,
-                    _ => 1,
-                };
-                let blk = Block {
-                    w: w[i * cols + k0..].as_ptr(),
-                    x: x[t * cols + k0..].as_ptr(),
-                    stride: cols,
-                    len: kl,
-                };
-                let sums = &mut out[t * r + i..];
-                // SAFETY: rows i..i+mr and tokens t..t+nt exist, each with kl values from k0,
-                // and out[(t+j)·r + i + ii] is in bounds for j < nt, ii < mr; the CPU has the
-                // AVX-512 level per the caller.
-                unsafe {
-                    match (mr, nt) {
-                        (MR, NT) => micro::<MR, NT>(blk, r, sums),
-                        (MR, _) => micro::<MR, 1>(blk, r, sums),
-                        (4, NT) => micro::<4, NT>(blk, r, sums),
-                        (4, _) => micro::<4, 1>(blk, r, sums),
-                        (_, NT) => micro::<1, NT>(blk, r, sums),
-                        _ => micro::<1, 1>(blk, r, sums),
-                    }
-                }
-                i += mr;
+    let mr = |left: usize| match left {
+        left if left >= MR => MR,
+        left if left >= 4 => 4,
+        _ => 1,
+    };
+    sweep::<KC, NT>((w, x), cols, out, mr, |blk, shape, r, sums| {
+        // SAFETY: the block's rows and tokens exist and its outputs are in bounds (`sweep`);
+        // the CPU has the AVX-512 level per the caller.
+        unsafe {
+            match shape {
+                (MR, NT) => micro::<MR, NT>(blk, r, sums),
+                (MR, _) => micro::<MR, 1>(blk, r, sums),
+                (4, NT) => micro::<4, NT>(blk, r, sums),
+                (4, _) => micro::<4, 1>(blk, r, sums),
+                (_, NT) => micro::<1, NT>(blk, r, sums),
+                _ => micro::<1, 1>(blk, r, sums),
             }
-            t += nt;
         }
-    }
+    });
 }
 
 /// out[j·out_stride + ii] += dot(w row ii, x token j) over the block, for ii < M, j < T.
