@@ -187,14 +187,10 @@ def activation_mass(lm, layer: int, x: np.ndarray) -> np.ndarray:
 
 def quantized(pred, dtype: str):
     """``pred``'s weights after a round trip through block format ``dtype``, and its bytes."""
-    from powerinfer_rs import _core
+    from powerinfer_rs.predictors.model import stored_form
 
-    out, nbytes = [], 0
-    for w in (pred.fc1, pred.fc2):
-        q = _core.quantize(dtype, np.ascontiguousarray(w, dtype=np.float32))
-        nbytes += q.nbytes
-        out.append(_core.dequantize(dtype, q, w.shape[1]))
-    return out, nbytes
+    out = stored_form(pred.fc1, pred.fc2, dtype)  # the rank padded to 32 where it must be
+    return out, pred.nbytes(dtype)
 
 
 def oracle_scores(a, active: float, noise: float, layer: int, x: np.ndarray) -> np.ndarray:

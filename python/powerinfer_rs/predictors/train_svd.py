@@ -80,6 +80,8 @@ def train_layer_from_gate(
     if max_bytes is not None:
         cap = min(cap, rank_cap(max_bytes, dim, ffn, cfg.dtype))
     kmax = min(cap // 2, dim, ffn)
+    if kmax >= MIN_MAP_RANK:  # the ReLU form's rank a multiple of 32: block formats pad none
+        kmax -= kmax % MIN_MAP_RANK
     if kmax < 1:
         raise ShapeError(f"the byte or rank cap leaves no rank (cap {cap})")
     ffn_bytes = 3.0 * dim * ffn * 2 if ffn_bytes is None else float(ffn_bytes)
