@@ -100,3 +100,18 @@ def test_train_layer_from_gate_meets_the_recall_target_on_held_out_rows():
     with pytest.raises(ShapeError) as e:
         train_layer_from_gate(x, mask[:, :10], gate)
     assert isinstance(e.value, PowerInferError)
+
+
+def test_every_ranks_miss_is_what_the_map_leaves_out_on_the_samples():
+    """GateMaps.at(r)'s misses (from the eigenvectors alone) against diag(R S R^T) of the
+    residual gate R, for the leading and truncated ranks."""
+    from powerinfer_rs.predictors.svd import GateMaps
+
+    gate, _ = planted(0.2)
+    s = second_moment([inputs(3000, 1)], DIM)
+    maps = GateMaps(gate, s, 40)
+    for r in (40, 17, 5):
+        m = maps.at(r)
+        resid = gate.astype(np.float64) - (m.q * m.miss[:, None]).astype(np.float64) @ m.p
+        want = np.sqrt(np.einsum("ij,ij->i", resid @ s, resid))
+        np.testing.assert_allclose(m.miss, np.maximum(want, 1e-2 * maps.spread), rtol=2e-3)

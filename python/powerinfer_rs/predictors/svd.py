@@ -99,6 +99,60 @@ def _top_eigvecs(apply, size: int, k: int, seed: int, power: int) -> np.ndarray:
     return (basis @ vecs[:, order]).astype(np.float32)
 
 
+class GateMaps:
+    """The maps of every rank up to ``k`` of ``gate [ffn, dim]``'s pre-activations under the
+    second moment ``moment [dim, dim]`` (see the module doc), from one eigendecomposition:
+    :meth:`at` gives the rank-``r`` one. ``balance``: neurons in units of their own spread
+    first.
+
+    The misses of every rank come from the eigenvectors alone. In balanced units
+    (``B = D^-1 G S G^T D^-1``, ``W = B V``, ``M = V^T W``) the miss of neuron ``j`` at rank
+    ``r`` is ``d_j^2 (B_jj - 2 (V_r W_r^T)_jj + (V_r M_r V_r^T)_jj)``, so a rank costs
+    ``ffn r^2`` operations, not the ``ffn dim^2`` of ``diag(R S R^T)``."""
+
+    def __init__(
+        self,
+        gate: np.ndarray,
+        moment: np.ndarray,
+        k: int,
+        *,
+        seed: int = 0,
+        power: int = 3,
+        balance: bool = True,
+    ) -> None:
+        gate = np.ascontiguousarray(gate, dtype=np.float32)
+        ffn, dim = gate.shape
+        if moment.shape != (dim, dim):
+            raise ShapeError(f"second moment {moment.shape} does not fit a gate of width {dim}")
+        self.k = max(1, min(int(k), ffn, dim))
+        gs = gate @ np.ascontiguousarray(moment, dtype=np.float32)  # [ffn, dim]: G S
+        spread2 = np.maximum(np.einsum("ij,ij->i", gs, gate, dtype=np.float64), 1e-30)
+        self.spread = np.sqrt(spread2)
+        d = self.spread.astype(np.float32) if balance else np.ones(ffn, np.float32)
+
+        def apply(w: np.ndarray) -> np.ndarray:  # (D^-1 G S G^T D^-1) w
+            return (gs @ (gate.T @ (w / d[:, None]))) / d[:, None]
+
+        self.gate, self.d = gate, d
+        self.b_diag = spread2 / d.astype(np.float64) ** 2
+        self.v = _top_eigvecs(apply, ffn, self.k, seed, power)  # [ffn, k]
+        self.w = apply(self.v).astype(np.float64)  # B V
+        self.p_full = (self.v.T / d[None, :]) @ gate  # V^T D^-1 G  [k, dim]
+
+    def at(self, r: int) -> LowRankMap:
+        """The rank-``r`` map (``r <= k``): the leading ``r`` components."""
+        r = max(1, min(int(r), self.k))
+        v, w = self.v[:, :r].astype(np.float64), self.w[:, :r]
+        m = v.T @ w
+        unit = self.b_diag - 2 * np.einsum("ij,ij->i", v, w) + np.einsum("ij,ij->i", v @ m, v)
+        miss = np.sqrt(np.maximum(unit, 0.0)) * self.d
+        miss = np.maximum(miss, MISS_FLOOR * self.spread).astype(np.float32)
+        q = self.v[:, :r] * (self.d / miss)[:, None]  # D V, each row over its miss
+        return LowRankMap(
+            np.ascontiguousarray(self.p_full[:r], np.float32), q.astype(np.float32), miss
+        )
+
+
 def gate_map(
     gate: np.ndarray,
     moment: np.ndarray,
@@ -108,31 +162,8 @@ def gate_map(
     power: int = 3,
     balance: bool = True,
 ) -> LowRankMap:
-    """The rank-``k`` map of ``gate [ffn, dim]``'s pre-activations under the second moment
-    ``moment [dim, dim]`` (see the module doc); ``balance``: neurons in units of their own
-    spread first."""
-    gate = np.ascontiguousarray(gate, dtype=np.float32)
-    ffn, dim = gate.shape
-    if moment.shape != (dim, dim):
-        raise ShapeError(f"second moment {moment.shape} does not fit a gate of width {dim}")
-    k = max(1, min(int(k), ffn, dim))
-    s32 = np.ascontiguousarray(moment, dtype=np.float32)
-    gs = gate @ s32  # [ffn, dim]: G S
-    spread = np.sqrt(np.maximum(np.einsum("ij,ij->i", gs, gate, dtype=np.float64), 1e-30))
-    d = spread.astype(np.float32) if balance else np.ones(ffn, np.float32)
-
-    def apply(w: np.ndarray) -> np.ndarray:  # (D^-1 G S G^T D^-1) w
-        return (gs @ (gate.T @ (w / d[:, None]))) / d[:, None]
-
-    v = _top_eigvecs(apply, ffn, k, seed, power)  # [ffn, k]
-    p = (v.T / d[None, :]) @ gate  # V^T D^-1 G  [k, dim]
-    q = v * d[:, None]  # D V  [ffn, k]
-    resid = gate - q @ p
-    miss = np.sqrt(
-        np.maximum(np.einsum("ij,ij->i", resid @ s32, resid, dtype=np.float64), 1e-30)
-    )
-    miss = np.maximum(miss, MISS_FLOOR * spread).astype(np.float32)
-    return LowRankMap(p.astype(np.float32), (q / miss[:, None]).astype(np.float32), miss)
+    """The rank-``k`` map of ``gate``'s pre-activations under ``moment`` (:class:`GateMaps`)."""
+    return GateMaps(gate, moment, k, seed=seed, power=power, balance=balance).at(k)
 
 
 def firing_agreement(gate: np.ndarray, x: np.ndarray, mask: np.ndarray, cut: float = 0.0) -> float:

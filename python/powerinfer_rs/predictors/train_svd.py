@@ -22,25 +22,13 @@ from ..errors import ShapeError
 from .metrics import mask_stats, tune_threshold
 from .model import LayerPredictor, param_bytes, stored_form
 from .sizing import layer_activity, rank_cap
-from .svd import MISS_FLOOR, LowRankMap, gate_map, second_moment
+from .svd import GateMaps, second_moment
 from .train import TrainConfig, _split
 
 #: Smallest map rank tried (the ReLU form's rank is twice it).
 MIN_MAP_RANK = 16
 #: Largest map rank tried without a byte cap.
 MAX_MAP_RANK = 512
-
-
-def _truncated(full: LowRankMap, gate: np.ndarray, moment: np.ndarray, k: int) -> LowRankMap:
-    """The rank-``k`` map made of ``full``'s leading ``k`` components, its misses recomputed."""
-    q_unit = full.q[:, :k] * full.miss[:, None]
-    p = full.p[:k]
-    resid = gate - q_unit @ p
-    s32 = np.ascontiguousarray(moment, dtype=np.float32)
-    miss = np.sqrt(np.maximum(np.einsum("ij,ij->i", resid @ s32, resid, dtype=np.float64), 0))
-    floor = MISS_FLOOR * np.sqrt(np.maximum(np.einsum("ij,ij->i", gate @ s32, gate), 1e-30))
-    miss = np.maximum(miss, floor).astype(np.float32)
-    return LowRankMap(p, (q_unit / miss[:, None]).astype(np.float32), miss)
 
 
 def train_layer_from_gate(
@@ -89,12 +77,12 @@ def train_layer_from_gate(
     if cfg.max_eval_rows:
         tu, ck = tu[: cfg.max_eval_rows], ck[: cfg.max_eval_rows]
     moment = second_moment([x[tr]], dim)
-    full = gate_map(gate, moment, kmax, seed=seed)
+    maps = GateMaps(gate, moment, kmax, seed=seed)
     tune_target = 1.0 - (1.0 - recall) * cfg.recall_margin
     attempts: list[dict[str, Any]] = []
     k = kmax
     while True:
-        m = full if k == kmax else _truncated(full, gate, moment, k)
+        m = maps.at(k)
         pred = LayerPredictor(*stored_form(*m.relu_form(), cfg.dtype))
         t = tune_threshold(_logits_relu(pred, x[tu]), mask[tu], tune_target)
         st = mask_stats(_logits_relu(pred, x[ck]) >= np.float32(t), mask[ck])
