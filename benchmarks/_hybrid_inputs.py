@@ -32,18 +32,19 @@ def trained_predictors(args, path: Path, model_bytes: int):
     predictors trained on it, by the same stages as ``python -m powerinfer_rs prepare`` with its
     token counts (``--profile-tokens`` overrides), cached beside the model; (profile, file)."""
     from powerinfer_rs.formats.profile import read_profile
-    from powerinfer_rs.runtime.autofit import CORPUS, _run_stage, stage_tokens
+    from powerinfer_rs.runtime.autofit import CORPUS, stage_tokens
+    from powerinfer_rs.stages.profile import profile
+    from powerinfer_rs.stages.train_predictors import train
 
     d = Path(args.model_dir) / f"{path.stem}-predictors"
     prof_dir, pred = d / "profile", d / "predictors.safetensors"
     if not pred.is_file():
         tokens = args.profile_tokens or stage_tokens(model_bytes)[1]
-        common = ["--model", str(path), "--threads", str(args.threads)]
-        argv = common + ["--corpus", str(CORPUS), "--tokens", str(tokens), "--samples"]
-        _run_stage("profile", argv + ["--out", str(prof_dir), "--no-plot"], quiet=True)
+        quiet = lambda s: None  # noqa: E731
+        profile(path, [CORPUS], prof_dir, tokens=tokens, samples=True, plot=False,
+                threads=args.threads, progress=False, report=quiet)  # fmt: skip
         tmp = d / "predictors.part.safetensors"
-        argv = ["--model", str(path), "--profile", str(prof_dir), "--out", str(tmp)]
-        _run_stage("train-predictors", argv, quiet=True)
+        train(path, prof_dir, tmp, progress=False, report=quiet)
         tmp.replace(pred)
     return read_profile(prof_dir), pred
 
