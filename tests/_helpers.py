@@ -125,3 +125,17 @@ def all_placements(p) -> Iterator:
                 ffn_buckets=[c[0] for c in combo],
                 output=out,
             )
+
+
+def load_tool(name: str):
+    """``tools/{name}.py`` of this tree as a module (registered in ``sys.modules``)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -4,12 +4,12 @@ over the limit."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from _helpers import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "function_lengths.py"
@@ -18,11 +18,7 @@ pytestmark = pytest.mark.skipif(not TOOL.is_file(), reason="needs the source tre
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("function_lengths", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["function_lengths"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("function_lengths")
 
 
 RUST = """\

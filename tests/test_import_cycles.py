@@ -3,13 +3,14 @@ circles it must (a Python package and a Rust crate written here) and passes acyc
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from _helpers import load_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "import_cycles.py"
@@ -21,11 +22,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("import_cycles", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["import_cycles"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("import_cycles")
 
 
 def _write(root: Path, files: dict[str, str]) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from powerinfer_rs.errors import PowerInferError, ShapeError
 from powerinfer_rs.predictors.metrics import mask_stats, tune_threshold
-from powerinfer_rs.predictors.svd import firing_agreement, gate_map, second_moment
+from powerinfer_rs.predictors.svd import GateMaps, firing_agreement, second_moment
 from powerinfer_rs.predictors.train_svd import train_layer_from_gate
 
 DIM, FFN, PLANTED, BIAS = 192, 520, 12, 3.0
@@ -59,7 +59,7 @@ def test_second_moment_is_the_mean_outer_product_over_every_batch():
 def test_an_exactly_low_rank_gate_is_predicted_exactly():
     gate, _ = planted(0.0)
     x, xb = inputs(6000, 1), inputs(4000, 2)
-    m = gate_map(gate, second_moment([x], DIM), PLANTED + 1)
+    m = GateMaps(gate, second_moment([x], DIM), PLANTED + 1).at(PLANTED + 1)
     truth = xb @ gate.T > 0
     assert prec_at_99(m.logits(xb), truth) > 0.97
     fc1, fc2 = m.relu_form()
@@ -75,7 +75,8 @@ def test_a_noisy_gate_reaches_the_low_rank_ceiling():
     gate, low = planted(noise)
     x, xb = inputs(8000, 1), inputs(8000, 2)
     truth = xb @ gate.T > 0
-    got = prec_at_99(gate_map(gate, second_moment([x], DIM), PLANTED + 1).logits(xb), truth)
+    m = GateMaps(gate, second_moment([x], DIM), PLANTED + 1).at(PLANTED + 1)
+    got = prec_at_99(m.logits(xb), truth)
     # the Bayes rule of one who knows the bias and the low-rank part exactly
     m = np.outer(xb[:, 0], gate[:, 0]) + xb[:, 1:] @ low.T
     s = np.sqrt(noise * (xb[:, 1:] ** 2).sum(axis=1) / DIM)
@@ -105,8 +106,6 @@ def test_train_layer_from_gate_meets_the_recall_target_on_held_out_rows():
 def test_every_ranks_miss_is_what_the_map_leaves_out_on_the_samples():
     """GateMaps.at(r)'s misses (from the eigenvectors alone) against diag(R S R^T) of the
     residual gate R, for the leading and truncated ranks."""
-    from powerinfer_rs.predictors.svd import GateMaps
-
     gate, _ = planted(0.2)
     s = second_moment([inputs(3000, 1)], DIM)
     maps = GateMaps(gate, s, 40)

@@ -153,19 +153,6 @@ class GateMaps:
         )
 
 
-def gate_map(
-    gate: np.ndarray,
-    moment: np.ndarray,
-    k: int,
-    *,
-    seed: int = 0,
-    power: int = 3,
-    balance: bool = True,
-) -> LowRankMap:
-    """The rank-``k`` map of ``gate``'s pre-activations under ``moment`` (:class:`GateMaps`)."""
-    return GateMaps(gate, moment, k, seed=seed, power=power, balance=balance).at(k)
-
-
 def firing_agreement(gate: np.ndarray, x: np.ndarray, mask: np.ndarray, cut: float = 0.0) -> float:
     """The share of ``(token, neuron)`` pairs where ``gate @ x > cut`` agrees with ``mask``: how
     far the samples' firing is a threshold on the gate's pre-activation (1.0 for ReLU at cut 0;
