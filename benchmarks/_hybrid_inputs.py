@@ -36,15 +36,19 @@ def trained_predictors(args, path: Path, model_bytes: int):
     from powerinfer_rs.stages.profile import profile
     from powerinfer_rs.stages.train_predictors import train
 
-    d = Path(args.model_dir) / f"{path.stem}-predictors"
-    prof_dir, pred = d / "profile", d / "predictors.safetensors"
+    dtype = getattr(args, "predictor_dtype", "f16")
+    base = Path(args.model_dir) / f"{path.stem}-predictors"
+    d = base if dtype == "f16" else base.with_name(f"{base.name}-{dtype}")
+    # one profile per model: the f16 predictors' directory holds it
+    prof_dir, pred = base / "profile", d / "predictors.safetensors"
     if not pred.is_file():
-        tokens = args.profile_tokens or stage_tokens(model_bytes)[1]
         quiet = lambda s: None  # noqa: E731
-        profile(path, [CORPUS], prof_dir, tokens=tokens, samples=True, plot=False,
-                threads=args.threads, progress=False, report=quiet)  # fmt: skip
+        if not (prof_dir / "samples" / "meta.json").is_file():
+            tokens = args.profile_tokens or stage_tokens(model_bytes)[1]
+            profile(path, [CORPUS], prof_dir, tokens=tokens, samples=True, plot=False,
+                    threads=args.threads, progress=False, report=quiet)  # fmt: skip
         tmp = d / "predictors.part.safetensors"
-        train(path, prof_dir, tmp, progress=False, report=quiet)
+        train(path, prof_dir, tmp, dtype=dtype, progress=False, report=quiet)
         tmp.replace(pred)
     return read_profile(prof_dir), pred
 

@@ -85,6 +85,13 @@ def add_model_args(ap) -> None:
         type=int,
         help="tokens profiled for --sparsity predictor (default prepare's for the model's size)",
     )
+    ap.add_argument(
+        "--predictor-dtype",
+        choices=["f16", "q8_0", "q4_0"],
+        default="f16",
+        help="storage format of trained predictors (train_predictors --dtype): the bytes the "
+        "plan places and a token reads",
+    )
 
 
 def add_run_args(ap) -> None:

@@ -105,3 +105,17 @@ def test_a_malformed_block_tensor_is_a_model_file_error(relu_model, tmp_path):
     save_file(tensors, str(tmp_path / "bad.safetensors"), metadata=meta)
     with pytest.raises(ModelFileError, match="U8"):
         load_predictors(tmp_path / "bad.safetensors")
+
+
+def test_the_rank_cap_of_a_block_format_counts_its_bytes_a_rank():
+    """A byte budget holds about twice the rank in Q8_0 as in F16 (34 bytes a 32 values against
+    64), in whole blocks of 32: the rank search is not capped at one block."""
+    from powerinfer_rs.predictors.sizing import rank_cap
+
+    budget = 0.1 * 3 * 4096 * 11008 * 0.5625  # a tenth of a 7B layer's Q4_0 FFN
+    f16, q8, q4 = (rank_cap(budget, 4096, 11008, dt) for dt in ("F16", "Q8_0", "Q4_0"))
+    assert q8 % 32 == 0 and q4 % 32 == 0
+    for cap, size in ((q8, 34), (q4, 18)):
+        assert 64 / size * f16 - 32 <= cap <= 64 / size * f16  # the F16 rank's bytes, in blocks
+    fits = [param_bytes(r, 4096, 11008, "Q8_0") <= budget for r in (q8, q8 + 32)]
+    assert fits == [True, False]

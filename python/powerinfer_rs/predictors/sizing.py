@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..errors import PlanError
-from .model import param_bytes
+from .model import param_bytes, stored_rank
 
 
 @dataclass
@@ -55,10 +55,11 @@ def initial_rank(activity: LayerActivity, min_rank: int = 16) -> int:
 
 
 def rank_cap(max_bytes: float, dim: int, ffn: int, dtype: str = "F16") -> int:
-    """The widest rank whose predictor fits ``max_bytes``; :class:`PlanError` if not even
-    rank 1 does."""
-    per_rank = param_bytes(1, dim, ffn, dtype)
-    cap = int(max_bytes // per_rank)
+    """The widest rank whose predictor fits ``max_bytes`` (a block format: a multiple of 32,
+    the ranks it stores); :class:`PlanError` if not even rank 1 does."""
+    step = stored_rank(1, dtype)  # 32 for a block format, whose ranks come in blocks
+    per_rank = param_bytes(step, dim, ffn, dtype) / step
+    cap = int(max_bytes // per_rank) // step * step
     if cap < 1:
         raise PlanError(
             f"a predictor byte budget of {max_bytes:.0f} B per layer cannot hold even a rank-1 "
