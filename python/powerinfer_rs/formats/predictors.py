@@ -39,8 +39,8 @@ from ..predictors.model import (
     LayerPredictor,
     PredictorSet,
     dequantize_matrix,
+    padded,
     quantize_matrix,
-    stored_form,
 )
 
 FORMAT = "powerinfer-rs-predictors/1"
@@ -98,7 +98,7 @@ def stored_matrices(p: LayerPredictor, dtype: str) -> tuple[np.ndarray, np.ndarr
     format's ``uint8 [rows, row bytes]`` (the rank padded to a multiple of 32)."""
     if dtype not in BLOCK_DTYPES:
         return tuple(np.ascontiguousarray(w.astype(STORAGE_DTYPES[dtype])) for w in (p.fc1, p.fc2))
-    return tuple(quantize_matrix(w, dtype) for w in stored_form(p.fc1, p.fc2, dtype))
+    return tuple(quantize_matrix(w, dtype) for w in padded(p.fc1, p.fc2, dtype))
 
 
 def stored_tensors(p: LayerPredictor, dtype: str) -> tuple[TensorData, TensorData]:

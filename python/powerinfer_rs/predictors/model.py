@@ -145,16 +145,20 @@ def dequantize_matrix(q: np.ndarray, dtype: str, cols: int) -> np.ndarray:
     return np.asarray(_core.dequantize(dtype, np.ascontiguousarray(q), cols), dtype=np.float32)
 
 
-def stored_form(fc1: np.ndarray, fc2: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(fc1, fc2)`` as ``dtype`` stores them, as float32: the rank padded to
-    :func:`stored_rank` with zero rows of ``fc1`` and zero columns of ``fc2`` (which add nothing
-    to a logit), then rounded."""
+def padded(fc1: np.ndarray, fc2: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(fc1, fc2)`` at the rank ``dtype`` stores (:func:`stored_rank`): zero rows of ``fc1``
+    and zero columns of ``fc2`` added, which add nothing to a logit."""
     rank = fc1.shape[0]
     pad = stored_rank(rank, dtype) - rank
     if pad:
         fc1 = np.concatenate([fc1, np.zeros((pad, fc1.shape[1]), np.float32)])
         fc2 = np.concatenate([fc2, np.zeros((fc2.shape[0], pad), np.float32)], axis=1)
-    return round_to(fc1, dtype), round_to(fc2, dtype)
+    return fc1, fc2
+
+
+def stored_form(fc1: np.ndarray, fc2: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(fc1, fc2)`` as ``dtype`` stores them, as float32: :func:`padded`, then rounded."""
+    return tuple(round_to(w, dtype) for w in padded(fc1, fc2, dtype))
 
 
 @dataclass

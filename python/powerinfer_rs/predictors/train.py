@@ -269,6 +269,17 @@ def _split(n: int, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarr
     return perm[n_val:], perm[:n_tune], perm[n_tune:n_val]
 
 
+def check_samples(x: np.ndarray, recall: float) -> None:
+    """:class:`ShapeError` unless ``x`` holds at least 16 finite rows and ``recall`` lies in
+    (0, 1]: what every way of making a layer's predictor needs."""
+    if x.shape[0] < 16:
+        raise ShapeError(f"need at least 16 samples to make a predictor, got {x.shape[0]}")
+    if not 0.0 < recall <= 1.0:
+        raise ShapeError(f"recall target must lie in (0, 1], got {recall}")
+    if not np.isfinite(x).all():
+        raise ShapeError("predictor samples contain NaN or infinite inputs")
+
+
 def _logits_chunked(x: np.ndarray, w1: np.ndarray, w2: np.ndarray, chunk: int = 8192):
     return np.concatenate([_forward(x[i : i + chunk], w1, w2)[1] for i in range(0, len(x), chunk)])
 
@@ -378,12 +389,7 @@ def train_layer(
         )
     n, dim = x.shape
     ffn = mask.shape[1]
-    if n < 16:
-        raise ShapeError(f"need at least 16 samples to train a predictor, got {n}")
-    if not 0.0 < recall <= 1.0:
-        raise ShapeError(f"recall target must lie in (0, 1], got {recall}")
-    if not np.isfinite(x).all():
-        raise ShapeError("predictor samples contain NaN or infinite inputs")
+    check_samples(x, recall)
     cap = dim if max_rank is None and max_bytes is None else 1 << 30
     if max_rank is not None:
         cap = min(cap, int(max_rank))

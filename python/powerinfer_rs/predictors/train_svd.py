@@ -23,7 +23,7 @@ from .metrics import mask_stats, tune_threshold
 from .model import LayerPredictor, param_bytes, stored_form
 from .sizing import layer_activity, rank_cap
 from .svd import GateMaps, second_moment
-from .train import TrainConfig, _split
+from .train import TrainConfig, _logits_chunked, _split, check_samples
 
 #: Smallest map rank tried (the ReLU form's rank is twice it).
 MIN_MAP_RANK = 16
@@ -59,10 +59,7 @@ def train_layer_from_gate(
         )
     n, dim = x.shape
     ffn = gate.shape[0]
-    if n < 16:
-        raise ShapeError(f"need at least 16 samples to fit a predictor, got {n}")
-    if not np.isfinite(x).all():
-        raise ShapeError("predictor samples contain NaN or infinite inputs")
+    check_samples(x, recall)
     t0 = time.perf_counter()
     cap = MAX_MAP_RANK * 2 if max_rank is None else int(max_rank)
     if max_bytes is not None:
@@ -84,8 +81,8 @@ def train_layer_from_gate(
     while True:
         m = maps.at(k)
         pred = LayerPredictor(*stored_form(*m.relu_form(), cfg.dtype))
-        t = tune_threshold(_logits_relu(pred, x[tu]), mask[tu], tune_target)
-        st = mask_stats(_logits_relu(pred, x[ck]) >= np.float32(t), mask[ck])
+        t = tune_threshold(_logits_chunked(x[tu], pred.fc1, pred.fc2), mask[tu], tune_target)
+        st = mask_stats(_logits_chunked(x[ck], pred.fc1, pred.fc2) >= np.float32(t), mask[ck])
         nbytes = param_bytes(2 * k, dim, ffn, cfg.dtype)
         pred.threshold = t
         attempts.append(
@@ -115,8 +112,3 @@ def train_layer_from_gate(
         "attempts": [{k: a[k] for k in keys} for a in attempts],
     }
     return chosen
-
-
-def _logits_relu(pred: LayerPredictor, x: np.ndarray, chunk: int = 8192) -> np.ndarray:
-    """The stored predictor's logits (the values the engine compares), chunked."""
-    return np.concatenate([pred.logits(x[i : i + chunk]) for i in range(0, len(x), chunk)])
