@@ -46,6 +46,7 @@ def projection_row(args, model, plan, prof, phases: dict, samples: dict, hw, ngl
     out["hybrid_ms"] = 1e3 * proj.seconds
     # The planner's cost model (this machine's CPU bandwidth, measured) for the same CPU side.
     out["planner_cpu_side_ms"] = 1e3 * plan.predicted["cpu_time_per_token_s"]
+    out["cpu_side_by_kind"] = cpu_side_by_kind(plan, proj, c.n_layers)
     if samples.get("llama.cpp"):
         ngl = min(ngl, c.n_layers)
         layer_bytes = sum(
@@ -60,6 +61,48 @@ def projection_row(args, model, plan, prof, phases: dict, samples: dict, hw, ngl
         out["ratio"] = llama_s / proj.seconds
         out["table"] = format_projection(proj, llama_s, c.n_layers)
     return out
+
+
+def layer_kind(plan, i: int) -> str:
+    """What layer ``i`` of ``plan`` leaves the CPU: its attention and FFN ("attention+ffn"),
+    its FFN ("ffn"), the cold part of a split FFN ("cold"), or nothing ("none")."""
+    pl = plan.placement
+    hot = len(plan.gpu_neurons[i]) > 0
+    if not pl.attention[i]:
+        return "attention+ffn" if not hot else "attention+cold"
+    return "cold" if hot else "ffn"
+
+
+def cpu_side_by_kind(plan, proj, n_layers: int) -> dict:
+    """The CPU side's ms per token, measured (the projection's serial, overlapped and host
+    hand-off parts) and as the planner priced it, summed over layers of each kind
+    (:func:`layer_kind`), with the output head apart: where the cost model is off."""
+    priced = plan.predicted.get("layer_cpu_time_s") or [0.0] * n_layers
+    out: dict[str, dict] = {}
+    for i in range(n_layers):
+        s = proj.slots[i]
+        k = out.setdefault(layer_kind(plan, i), {"layers": 0, "measured_ms": 0.0, "priced_ms": 0.0})
+        k["layers"] += 1
+        k["measured_ms"] += 1e3 * (s.cpu_serial + s.cpu_overlapped + s.handoff_host)
+        k["priced_ms"] += 1e3 * priced[i]
+    head = proj.slots[n_layers]
+    total_priced = 1e3 * plan.predicted["cpu_time_per_token_s"]
+    out["output"] = {
+        "layers": 0,
+        "measured_ms": 1e3 * (head.cpu_serial + head.cpu_overlapped + head.handoff_host),
+        "priced_ms": total_priced - sum(v["priced_ms"] for v in out.values()),
+    }
+    return out
+
+
+def format_by_kind(by_kind: dict) -> str:
+    """One line per layer kind: measured against priced ms per token."""
+    parts = [
+        f"{k} ({v['layers']} layers) {v['measured_ms']:.2f} measured / {v['priced_ms']:.2f} "
+        "priced"
+        for k, v in by_kind.items()
+    ]
+    return "  CPU side by layer kind, ms/token: " + "; ".join(parts)
 
 
 def mib(x):
@@ -102,6 +145,7 @@ def report(rows: list[dict], args) -> None:
                 f"{pr['planner_cpu_side_ms']:.2f} predicted by the planner"
             )
             print(pr.get("table", f"  llama.cpp skipped: {r.get('llama_skipped')}"))
+            print(format_by_kind(pr["cpu_side_by_kind"]))
             top = sorted(pr["phases_ms"].items(), key=lambda kv: -kv[1])
             print(
                 "  measured ms/token by phase (gpu_submit and gpu_wait: the host running the GPU "

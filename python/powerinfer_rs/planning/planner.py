@@ -167,6 +167,7 @@ def plan_from_solution(problem: PlacementProblem, res: SolveResult, profile: Pro
         "layer_time_s": ev.layer_time,
         "output_time_s": ev.output_time,
         "cpu_time_per_token_s": ev.cpu_time_per_token,
+        "layer_cpu_time_s": ev.layer_cpu_time,
         "layer_split": ev.split,
         "mass_share": ev.mass_share,
         "layer_mass_share": ev.layer_mass_share,
