@@ -16,12 +16,14 @@ pub mod pages;
 pub mod plan_file;
 pub mod plan_record;
 pub mod quantize;
+pub mod rope;
 mod quantize_k;
 pub mod testing;
 pub mod weight;
 
 pub use buffer::Buffer;
-pub use config::{Activation, ArchFeatures, ModelConfig, RopeScaling, RopeStyle, TensorShape};
+pub use config::{Activation, ArchFeatures, ModelConfig, RopeStyle, TensorShape};
+pub use rope::{RopeFreqs, RopeScaling};
 pub use dequantize::dequantize_row;
 pub use device::{Device, DEVICE_NAMES};
 pub use dtype::DType;
