@@ -5,7 +5,7 @@
 
 use crate::error::Result;
 use crate::moe_config::MoeFeatures;
-pub use crate::rope::RopeScaling;
+use crate::rope::RopeScaling;
 use crate::{bail, ensure};
 
 /// How RoPE pairs the dimensions of a head.

@@ -4,6 +4,7 @@
 
 pub mod buffer;
 pub mod config;
+mod config_rope;
 pub mod dequantize;
 pub mod device;
 pub mod dtype;
