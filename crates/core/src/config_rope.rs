@@ -19,7 +19,10 @@ fn check_factors(what: &str, factors: &[f32], pairs: usize, rope_dims: usize) ->
         .enumerate()
         .find(|(_, f)| !(**f > 0.0 && f.is_finite()))
     {
-        bail!(Shape, "RoPE {what}: factor {i} is {f}, must be positive and finite");
+        bail!(
+            Shape,
+            "RoPE {what}: factor {i} is {f}, must be positive and finite"
+        );
     }
     Ok(())
 }

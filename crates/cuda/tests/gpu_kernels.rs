@@ -1329,10 +1329,26 @@ fn checked_errors<B: Backend>(dev: &B) {
     assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
     // More rotated pairs than a head holds; more than the kernel takes.
     let mut x = zeros_f32(64);
-    let e = dev.rope(&mut x, None, 64, 0, &RopeFreqs::plain(vec![1.0; 33]), RopeStyle::Norm, None);
+    let e = dev.rope(
+        &mut x,
+        None,
+        64,
+        0,
+        &RopeFreqs::plain(vec![1.0; 33]),
+        RopeStyle::Norm,
+        None,
+    );
     assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
     let mut x = zeros_f32(1024);
-    let e = dev.rope(&mut x, None, 1024, 0, &RopeFreqs::plain(vec![1.0; 257]), RopeStyle::Neox, None);
+    let e = dev.rope(
+        &mut x,
+        None,
+        1024,
+        0,
+        &RopeFreqs::plain(vec![1.0; 257]),
+        RopeStyle::Neox,
+        None,
+    );
     assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
 }
 
