@@ -51,6 +51,7 @@ malformed keys.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -267,19 +268,15 @@ def hf_rope_fields(cfg: dict[str, Any], head_dim: int, theta: float) -> dict[str
     return out
 
 
+@dataclass
 class _HfRope:
     """One config.json's RoPE scaling as the per-type readers below take it."""
 
-    def __init__(
-        self, cfg: dict[str, Any], scaling: dict[str, Any], kind: str, theta: float, dims: int
-    ):
-        self.cfg, self.scaling, self.kind, self.theta, self.rope_dims = (
-            cfg,
-            scaling,
-            kind,
-            theta,
-            dims,
-        )
+    cfg: dict[str, Any]
+    scaling: dict[str, Any]
+    kind: str
+    theta: float
+    rope_dims: int
 
     def num(self, key: str, default: float | None = None) -> float:
         """``rope_scaling[key]``, positive (``default`` when absent or null)."""
