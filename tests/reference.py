@@ -117,17 +117,23 @@ def rope_inv_freq(
 
 
 def rope(
-    x: np.ndarray, positions: np.ndarray, theta: float, style: str, inv: np.ndarray | None = None
+    x: np.ndarray,
+    positions: np.ndarray,
+    theta: float,
+    style: str,
+    inv: np.ndarray | None = None,
+    mscale: float = 1.0,
 ) -> np.ndarray:
     """Rotary embedding of ``x`` shaped ``(n, heads, head_dim)`` at ``positions``: the first
     ``2 * len(inv)`` values of each head rotate (all with ``inv`` None: ``theta``'s plain
-    frequencies), the rest pass through, as HF's partial rotary embedding does."""
+    frequencies), cos and sin times ``mscale`` (HF's ``attention_scaling``), the rest pass
+    through, as HF's partial rotary embedding does."""
     hd = x.shape[-1]
     if inv is None:
         inv = rope_inv_freq(theta, hd)
     rot = 2 * len(inv)
     ang = positions.astype(np.float64)[:, None] * inv[None, :]  # (n, rot/2)
-    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    cos, sin = mscale * np.cos(ang)[:, None, :], mscale * np.sin(ang)[:, None, :]
     out = x.copy()
     if style == "norm":
         a, b = x[..., 0:rot:2], x[..., 1:rot:2]
@@ -247,11 +253,12 @@ def reference_forward(
         if not c.learned_pos and not (c.no_rope_step and i % c.no_rope_step == 0):
             rot = c.rope_dims or c.head_dim
             # Layers with their own base (Gemma 3's local ones) use HF's default RoPE.
-            inv = rope_inv_freq(theta, rot)
+            inv, mscale = rope_inv_freq(theta, rot), 1.0
             if not local:
                 inv = rope_inv_freq(theta, rot, c.rope_linear_factor, c.rope_freq_factors)
-            q = rope(q, pos, theta, c.rope_style, inv)
-            k = rope(k, pos, theta, c.rope_style, inv)
+                mscale = c.rope_attn_factor or 1.0  # HF's attention_scaling on cos and sin
+            q = rope(q, pos, theta, c.rope_style, inv, mscale)
+            k = rope(k, pos, theta, c.rope_style, inv, mscale)
         att = np.empty((n, c.n_heads, c.head_dim))
         for hq in range(c.n_heads):
             kv = hq // group

@@ -192,9 +192,12 @@ def test_unsupported_hf_settings_are_refused():
         config_from_hf({**base, "model_type": "gpt_bigcode"})
     with pytest.raises(UnsupportedError):
         config_from_hf({**base, "model_type": "qwen2", "use_sliding_window": True})
-    longrope = {"type": "longrope", "long_factor": [1.0] * 4, "short_factor": [1.0] * 4}
-    with pytest.raises(UnsupportedError, match="longrope"):
+    # LongRoPE (test_rope_yarn_longrope.py): one factor per rotated pair, else a ShapeError.
+    longrope = {"type": "longrope", "long_factor": [2.0] * 4, "short_factor": [1.0] * 4}
+    with pytest.raises(ShapeError, match="short_factor"):
         config_from_hf({**base, "model_type": "phi3", "rope_scaling": longrope})
+    lr = {**base, "model_type": "phi3", "rope_scaling": longrope, "partial_rotary_factor": 0.5}
+    assert config_from_hf(lr).rope_long_factors == [2.0] * 4
     p = config_from_hf({**base, "model_type": "phi3", "partial_rotary_factor": 0.5})
     assert (p.rope_dims, p.rotary_dims) == (8, 8)
     with pytest.raises(UnsupportedError):

@@ -207,6 +207,23 @@ def test_scaled_and_partial_rope_on_the_gpu_side(synth_gguf, tmp_path, device):
     assert_same_decode(cpu, hyb, [5, 17, 123, 42, 7, 250], 40, TOL, f"{device} rope")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("arch", ["llama", "phi3"])
+def test_yarn_and_longrope_on_the_gpu_side(synth_gguf, tmp_path, device, arch):
+    """YaRN (llama: its ramp's frequencies and magnitude) and Phi-3's LongRoPE (the long
+    factors at the plan's context of 256 over an original 64, and its magnitude): the GPU
+    side's RoPE gives the CPU engine's logits over 40 steps."""
+    kind = "yarn" if arch == "llama" else "longrope"
+    rope = dict(rope_theta=500.0, rope_scaling=kind, rope_factor=4.0, rope_original_context=64)
+    m = load_model(synth_gguf(dtype="F16", seed=3, arch=arch, **rope, **SHAPE))
+    assert m.config.rope_attn_factor > 1 and bool(m.config.rope_long_factors) == (kind != "yarn")
+    path = plan_for(m, tmp_path / f"{kind}.safetensors", 0.6)
+    cpu = Engine(m, threads=2, sparsity="exact-relu", n_ctx=256)
+    hyb = Engine(m, threads=2, sparsity="exact-relu", plan=path, device=device)
+    assert any(hyb.plan.attention) and hyb.n_ctx == 256
+    assert_same_decode(cpu, hyb, [5, 17, 123, 42, 7, 250], 40, TOL, f"{device} {kind}")
+
+
 def random_gpu_predictors(model, rank: int) -> tuple[PredictorSet, PredictorSizes]:
     """Random predictors of ``rank`` for every layer (about a third of the neurons marked
     active) and the GPU sizes a plan reserves for them (f16 fc1 and fc2)."""

@@ -334,8 +334,10 @@ def test_bad_config(synth_hf, tmp_path):
     cfg_path.write_text(json.dumps({**cfg, "num_key_value_heads": 3}))
     with pytest.raises(ShapeError):
         load_model(d)
-    cfg_path.write_text(json.dumps({**cfg, "rope_scaling": {"type": "yarn", "factor": 2.0}}))
-    with pytest.raises(UnsupportedError, match="RoPE scaling type 'yarn'"):
+    cfg_path.write_text(
+        json.dumps({**cfg, "rope_scaling": {"type": "ntk-by-parts", "factor": 2.0}})
+    )
+    with pytest.raises(UnsupportedError, match="RoPE scaling type 'ntk-by-parts'"):
         load_model(d)
     del cfg["hidden_size"]
     cfg_path.write_text(json.dumps(cfg))

@@ -251,7 +251,7 @@ def test_synth_cli_writes_rope_scaling(tmp_path):
         <= 1e-5
     )
     with pytest.raises(SystemExit):
-        synth.main([*common, "--rope-scaling", "yarn", "--out", str(tmp_path / "x")])
+        synth.main([*common, "--rope-scaling", "dynamic", "--out", str(tmp_path / "x")])
 
 
 # --------------------------------------------------------------------------- errors
@@ -312,26 +312,13 @@ def test_gguf_malformed_rope_is_a_typed_error(tmp_path, monkeypatch):
             load_model(p)
 
 
-@pytest.mark.parametrize("kind", ["yarn", "longrope", "llama3", "dynamic"])
+@pytest.mark.parametrize("kind", ["su", "llama3", "dynamic"])
 def test_gguf_unsupported_scaling_names_the_type(tmp_path, monkeypatch, kind):
+    """Types llama.cpp does not read from a GGUF file (YaRN and LongRoPE:
+    test_rope_yarn_longrope.py)."""
     meta = {"rope.scaling.type": kind, "rope.scaling.factor": 4.0}
     p = write_gguf(tmp_path, monkeypatch, kind, meta=meta, rope_scaling="none")
     with pytest.raises(UnsupportedError, match=f"RoPE scaling type '{kind}'"):
-        load_model(p)
-    # YaRN with factor 1 scales nothing (as before).
-    if kind == "yarn":
-        meta["rope.scaling.factor"] = 1.0
-        p = write_gguf(tmp_path, monkeypatch, "yarn1", meta=meta, rope_scaling="none")
-        assert load_model(p).config.rope_linear_factor == 0.0
-
-
-def test_gguf_longrope_factors_are_refused(tmp_path, monkeypatch):
-    src = write_gguf(tmp_path, monkeypatch, "l3").read_bytes()
-    # Same length: rope_freqs.weight -> rope_factors_long (Phi-3 128k's LongRoPE tensor).
-    assert len(b"rope_freqs.weight") == len(b"rope_factors_long")
-    p = tmp_path / "longrope.gguf"
-    p.write_bytes(src.replace(b"rope_freqs.weight", b"rope_factors_long"))
-    with pytest.raises(UnsupportedError, match="LongRoPE"):
         load_model(p)
 
 
@@ -359,10 +346,14 @@ def _hf_copy(synth_hf, tmp_path, name: str):
 @pytest.mark.parametrize(
     ("change", "error", "match"),
     [
-        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, UnsupportedError, "'yarn'"),
-        ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, UnsupportedError, "'dynamic'"),
-        ({"rope_scaling": {"type": "longrope", "long_factor": [1]}}, UnsupportedError, "longrope"),
-        ({"rope_scaling": {"type": "su", "short_factor": [1]}}, UnsupportedError, "'su'"),
+        ({"rope_scaling": {"rope_type": "ntk", "factor": 4.0}}, UnsupportedError, "'ntk'"),
+        ({"rope_scaling": {"type": "dynamic"}}, ModelFileError, "factor"),
+        ({"rope_scaling": {"type": "longrope", "long_factor": [1]}}, ModelFileError, "short_fac"),
+        (
+            {"rope_scaling": {"type": "su", "short_factor": [1], "long_factor": [1]}},
+            ShapeError,
+            "short_factor",
+        ),
         ({"rope_scaling": {"factor": 2.0}}, UnsupportedError, "None"),
         ({"rope_scaling": "linear"}, ModelFileError, "rope_scaling"),
         ({"rope_scaling": {"type": "linear", "factor": 0}}, ModelFileError, "factor"),

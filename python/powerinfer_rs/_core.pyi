@@ -190,6 +190,9 @@ class ModelConfig:
     rope_dims: int
     rope_linear_factor: float
     rope_freq_factors: list[float]
+    rope_attn_factor: float
+    rope_long_factors: list[float]
+    rope_original_context: int
     n_expert: int
     n_expert_used: int
     expert_ffn_dim: int
@@ -204,6 +207,7 @@ class ModelConfig:
     def replace(self, **changes: object) -> ModelConfig: ...
     def to_dict(self) -> dict[str, object]: ...
     def validate(self) -> None: ...
+    def for_context(self, n_ctx: int) -> ModelConfig: ...
     @property
     def rotary_dims(self) -> int: ...
     @property

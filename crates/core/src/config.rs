@@ -5,6 +5,7 @@
 
 use crate::error::Result;
 use crate::moe_config::MoeFeatures;
+use crate::rope::RopeScaling;
 use crate::{bail, ensure};
 
 /// How RoPE pairs the dimensions of a head.
@@ -32,34 +33,6 @@ impl RopeStyle {
             RopeStyle::Norm => "norm",
             RopeStyle::Neox => "neox",
         }
-    }
-}
-
-/// What changes RoPE's angles beyond the base `theta`, and how much of each head rotates.
-/// `RopeScaling::default()` is plain RoPE over the whole head.
-///
-/// Pair `i` (of `rope_dims / 2`) of a head at position `p` turns by
-/// `p · theta^(−2i / rope_dims) / linear_factor / freq_factors[i]`, as llama.cpp's `rope_ext`
-/// computes it (`freq_scale = 1 / linear_factor`, `freq_factors` = the `rope_freqs` tensor) and
-/// as Hugging Face's `inv_freq` does (linear: `inv_freq / factor`; llama3: `inv_freq` divided
-/// per pair). Only the first `rope_dims` values of each head rotate, in the model's
-/// [`RopeStyle`] (norm: pairs `(2i, 2i+1)`; neox: `(i, i + rope_dims/2)`); the rest pass
-/// through (llama.cpp's `n_rot < head_dim`, HF's `partial_rotary_factor`).
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct RopeScaling {
-    /// Rotated values at the start of each head; 0 means all of `head_dim`.
-    pub dims: usize,
-    /// Linear scaling: positions divided by this (None: 1).
-    pub linear_factor: Option<f32>,
-    /// Per-pair frequency divisors, `rope_dims / 2` of them (Llama 3.1's "llama3" scaling);
-    /// empty: none.
-    pub freq_factors: Vec<f32>,
-}
-
-impl RopeScaling {
-    /// Whether anything scales the angles (a layer with its own base ignores the scaling).
-    pub fn scales(&self) -> bool {
-        self.linear_factor.is_some() || !self.freq_factors.is_empty()
     }
 }
 
@@ -358,46 +331,6 @@ impl ModelConfig {
         Ok(())
     }
 
-    fn validate_rope(&self) -> Result<()> {
-        let r = &self.rope;
-        ensure!(
-            r.dims.is_multiple_of(2) && r.dims <= self.head_dim,
-            Shape,
-            "rope_dims {} must be even and at most head_dim {}",
-            r.dims,
-            self.head_dim
-        );
-        if let Some(f) = r.linear_factor {
-            ensure!(
-                f > 0.0 && f.is_finite(),
-                Shape,
-                "the linear RoPE scaling factor {f} must be positive and finite"
-            );
-        }
-        if !r.freq_factors.is_empty() {
-            let pairs = self.rope_dims() / 2;
-            ensure!(
-                r.freq_factors.len() == pairs,
-                Shape,
-                "{} RoPE frequency factors for {pairs} rotated pairs (rope_dims {})",
-                r.freq_factors.len(),
-                self.rope_dims()
-            );
-            if let Some((i, f)) = r
-                .freq_factors
-                .iter()
-                .enumerate()
-                .find(|(_, f)| !(**f > 0.0 && f.is_finite()))
-            {
-                bail!(
-                    Shape,
-                    "RoPE frequency factor {i} is {f}, must be positive and finite"
-                );
-            }
-        }
-        Ok(())
-    }
-
     /// Values of each head that RoPE rotates (`head_dim` unless partial).
     pub fn rope_dims(&self) -> usize {
         if self.rope.dims == 0 {
@@ -411,33 +344,6 @@ impl ModelConfig {
     /// 3's sliding layers), unscaled, as in llama.cpp and HF.
     pub fn rope_local(&self, l: usize) -> bool {
         self.arch.window(l).is_some() && self.arch.rope_theta_local.is_some()
-    }
-
-    /// The angle per position of each rotated pair (`rope_dims / 2` of them) in the global
-    /// layers (`local` false: `rope_theta^(−2i / rope_dims) / linear_factor /
-    /// freq_factors[i]`) or in those with their own base (`local`: `rope_theta_local^(−2i /
-    /// rope_dims)`, see [`ModelConfig::rope_local`]), in f64: positions reach tens of
-    /// thousands of radians, where f32 loses the phase.
-    pub fn rope_inv_freqs(&self, local: bool) -> Vec<f64> {
-        let theta = match (local, self.arch.rope_theta_local) {
-            (true, Some(t)) => t,
-            _ => self.rope_theta,
-        };
-        let n = self.rope_dims();
-        (0..n / 2)
-            .map(|i| {
-                let mut f = (theta as f64).powf(-2.0 * i as f64 / n as f64);
-                if !local {
-                    if let Some(lin) = self.rope.linear_factor {
-                        f /= lin as f64;
-                    }
-                    if let Some(&ff) = self.rope.freq_factors.get(i) {
-                        f /= ff as f64;
-                    }
-                }
-                f
-            })
-            .collect()
     }
 
     /// Width of the query projection output.
@@ -645,55 +551,6 @@ mod tests {
         let mut c = cfg();
         c.head_dim = 15;
         assert!(c.validate().is_err());
-    }
-
-    #[test]
-    fn rope_scaling_is_validated() {
-        let mut c = cfg(); // head_dim 16
-        c.rope.dims = 8;
-        c.rope.freq_factors = vec![1.0, 2.0, 4.0, 8.0];
-        c.rope.linear_factor = Some(2.0);
-        assert!(c.validate().is_ok());
-        let bad = |f: &dyn Fn(&mut ModelConfig)| {
-            let mut b = c.clone();
-            f(&mut b);
-            matches!(b.validate(), Err(crate::Error::Shape(_)))
-        };
-        assert!(bad(&|b| b.rope.dims = 7));
-        assert!(bad(&|b| b.rope.dims = 18));
-        assert!(bad(&|b| b.rope.freq_factors.push(1.0)));
-        assert!(bad(&|b| b.rope.freq_factors[1] = 0.0));
-        assert!(bad(&|b| b.rope.freq_factors[2] = f32::NAN));
-        assert!(bad(&|b| b.rope.freq_factors[3] = f32::INFINITY));
-        assert!(bad(&|b| b.rope.linear_factor = Some(-1.0)));
-        assert!(bad(&|b| b.rope.linear_factor = Some(f32::NAN)));
-        // Without partial RoPE the factors cover head_dim / 2 pairs.
-        assert!(bad(&|b| b.rope.dims = 0));
-    }
-
-    #[test]
-    fn rope_inv_freqs_scale_the_global_layers() {
-        let mut c = cfg();
-        let plain = c.rope_inv_freqs(false);
-        assert_eq!(plain.len(), 8);
-        assert!((plain[3] - 10000f64.powf(-6.0 / 16.0)).abs() < 1e-15);
-        c.rope.dims = 8;
-        c.rope.freq_factors = vec![1.0, 2.0, 4.0, 8.0];
-        c.rope.linear_factor = Some(4.0);
-        let f = c.rope_inv_freqs(false);
-        assert_eq!(f.len(), 4);
-        for (i, v) in f.iter().enumerate() {
-            let want = 10000f64.powf(-2.0 * i as f64 / 8.0) / 4.0 / (1u32 << i) as f64;
-            assert!((v - want).abs() <= want * 1e-15, "pair {i}");
-        }
-        // Gemma 3's sliding layers keep their own base, unscaled.
-        c.arch.sliding_window = Some(4);
-        c.arch.swa_pattern = 2;
-        c.arch.rope_theta_local = Some(100.0);
-        assert!(c.rope_local(0) && !c.rope_local(1));
-        let local = c.rope_inv_freqs(true);
-        assert!((local[1] - 100f64.powf(-0.25)).abs() < 1e-15);
-        assert_eq!(c.rope_inv_freqs(false), f);
     }
 
     #[test]

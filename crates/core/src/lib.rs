@@ -4,6 +4,7 @@
 
 pub mod buffer;
 pub mod config;
+mod config_rope;
 pub mod dequantize;
 pub mod device;
 pub mod dtype;
@@ -17,11 +18,12 @@ pub mod plan_file;
 pub mod plan_record;
 pub mod quantize;
 mod quantize_k;
+pub mod rope;
 pub mod testing;
 pub mod weight;
 
 pub use buffer::Buffer;
-pub use config::{Activation, ArchFeatures, ModelConfig, RopeScaling, RopeStyle, TensorShape};
+pub use config::{Activation, ArchFeatures, ModelConfig, RopeStyle, TensorShape};
 pub use dequantize::dequantize_row;
 pub use device::{Device, DEVICE_NAMES};
 pub use dtype::DType;
@@ -33,4 +35,5 @@ pub use pages::PageBuf;
 pub use plan_file::{PlanFile, MAX_PLAN_BYTES, MAX_PLAN_COUNT, PLAN_FORMAT};
 pub use plan_record::PlanRecord;
 pub use quantize::quantize_row;
+pub use rope::{RopeFreqs, RopeScaling};
 pub use weight::{MatrixShape, Weight};

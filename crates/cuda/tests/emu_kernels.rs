@@ -439,17 +439,25 @@ fn norm_rope_attention(dev: &EmuBackend) {
     let inv: Vec<f64> = (0..hd / 2)
         .map(|i| 500_000f64.powf(-2.0 * i as f64 / hd as f64))
         .collect();
+    // The magnitude (YaRN's attention factor) scales the rotated values.
+    let mscale = 1.25;
+    let freqs = powerinfer_core::RopeFreqs {
+        inv: inv.clone(),
+        mscale,
+    };
     for style in [
         powerinfer_core::RopeStyle::Norm,
         powerinfer_core::RopeStyle::Neox,
     ] {
         let q = values(hd * heads, 19);
         let mut dq = dev.upload(&q).unwrap();
-        dev.rope(&mut dq, None, hd, pos, &inv, style, None).unwrap();
+        dev.rope(&mut dq, None, hd, pos, &freqs, style, None)
+            .unwrap();
         let mut want: Vec<f64> = q.iter().map(|v| *v as f64).collect();
         for head in want.chunks_exact_mut(hd) {
             for (i, f) in inv.iter().enumerate() {
                 let (s, c) = (pos as f64 * f).sin_cos();
+                let (s, c) = (s * mscale, c * mscale);
                 let (a, b) = match style {
                     powerinfer_core::RopeStyle::Norm => (2 * i, 2 * i + 1),
                     powerinfer_core::RopeStyle::Neox => (i, i + hd / 2),

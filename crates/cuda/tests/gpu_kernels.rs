@@ -17,7 +17,7 @@ use predictor_run::run_predictor;
 mod x_hat;
 
 use half::f16;
-use powerinfer_core::{Activation, Buffer, DType, Error, RopeStyle, Weight};
+use powerinfer_core::{Activation, Buffer, DType, Error, RopeFreqs, RopeStyle, Weight};
 use powerinfer_cpu::{reference, sparse_reference};
 use powerinfer_cuda::layout::att_part_len;
 use powerinfer_cuda::ops::prelude::*;
@@ -766,7 +766,8 @@ fn norm_rope<B: Backend>(dev: &B) {
     assert!(got.iter().zip(&rms).any(|(a, b)| (a - b).abs() > 0.1));
 
     // RoPE, both styles, at a large position: the whole head, and the first half of it (partial
-    // RoPE) with per-pair frequency divisors (Llama 3.1's factors) and linear scaling.
+    // RoPE) with per-pair frequency divisors (Llama 3.1's factors) and linear scaling, its
+    // rotated values times a magnitude (YaRN's attention factor).
     let (hd, heads, pos, theta) = (64, 5, 12_345, 10000.0f64);
     for rot in [hd, hd / 2] {
         let div = |i: usize| {
@@ -779,13 +780,18 @@ fn norm_rope<B: Backend>(dev: &B) {
         let inv: Vec<f64> = (0..rot / 2)
             .map(|i| theta.powf(-2.0 * i as f64 / rot as f64) / div(i))
             .collect();
+        let mscale = if rot == hd { 1.0 } else { 1.2 };
+        let freqs = RopeFreqs {
+            inv: inv.clone(),
+            mscale,
+        };
         for style in [RopeStyle::Norm, RopeStyle::Neox] {
             let q = values(hd * heads, 15);
             let mut want = q.clone();
             for head in want.chunks_exact_mut(hd) {
                 for (i, f) in inv.iter().enumerate() {
                     let a = pos as f64 * f;
-                    let (s, c) = (a.sin() as f32, a.cos() as f32);
+                    let (s, c) = ((a.sin() * mscale) as f32, (a.cos() * mscale) as f32);
                     let (ia, ib) = match style {
                         RopeStyle::Norm => (2 * i, 2 * i + 1),
                         RopeStyle::Neox => (i, i + rot / 2),
@@ -796,7 +802,8 @@ fn norm_rope<B: Backend>(dev: &B) {
                 }
             }
             let mut dq = dev.upload(&q).unwrap();
-            dev.rope(&mut dq, None, hd, pos, &inv, style, None).unwrap();
+            dev.rope(&mut dq, None, hd, pos, &freqs, style, None)
+                .unwrap();
             assert_close(
                 &dev.download(&dq).unwrap(),
                 &want,
@@ -829,6 +836,7 @@ fn rope_qk<B: Backend>(dev: &B) {
         let inv: Vec<f64> = (0..rot / 2)
             .map(|i| 10000f64.powf(-2.0 * i as f64 / rot as f64))
             .collect();
+        let freqs = RopeFreqs::plain(inv.clone());
         let (qn, kn) = (values(hd, 41), values(hd, 42));
         for style in [RopeStyle::Norm, RopeStyle::Neox] {
             for normed in [false, true] {
@@ -870,7 +878,7 @@ fn rope_qk<B: Backend>(dev: &B) {
                 let (mut dq, mut dk) = (dev.upload(&q).unwrap(), dev.upload(&k).unwrap());
                 let (dqn, dkn) = (dev.upload(&qn).unwrap(), dev.upload(&kn).unwrap());
                 let norms = normed.then_some((&dqn, &dkn, eps));
-                dev.rope(&mut dq, Some(&mut dk), hd, pos, &inv, style, norms)
+                dev.rope(&mut dq, Some(&mut dk), hd, pos, &freqs, style, norms)
                     .unwrap();
                 let what = format!("{style:?} {rot} of {hd}, normed {normed}");
                 let scale = if normed { 4.0 } else { 1.0 + nq as f32 };
@@ -884,7 +892,7 @@ fn rope_qk<B: Backend>(dev: &B) {
     // Keys not of whole heads, or norm weights of another length, are refused.
     let mut dq = dev.upload(&values(64, 1)).unwrap();
     let mut odd = dev.upload(&values(65, 2)).unwrap();
-    let inv = [1.0f64; 8];
+    let inv = RopeFreqs::plain(vec![1.0f64; 8]);
     let err = dev.rope(&mut dq, Some(&mut odd), 32, 1, &inv, RopeStyle::Neox, None);
     assert!(matches!(err, Err(Error::Shape(_))), "{err:?}");
     let mut dk = dev.upload(&values(32, 2)).unwrap();
@@ -1315,16 +1323,32 @@ fn checked_errors<B: Backend>(dev: &B) {
     kv_checked_errors::<B, u16>(dev);
     kv_checked_errors::<B, f32>(dev);
     // RoPE over a length that is no whole number of heads.
-    let inv = vec![1.0f64; 32];
+    let inv = RopeFreqs::plain(vec![1.0f64; 32]);
     let mut odd = zeros_f32(65);
     let e = dev.rope(&mut odd, None, 64, 0, &inv, RopeStyle::Norm, None);
     assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
     // More rotated pairs than a head holds; more than the kernel takes.
     let mut x = zeros_f32(64);
-    let e = dev.rope(&mut x, None, 64, 0, &[1.0; 33], RopeStyle::Norm, None);
+    let e = dev.rope(
+        &mut x,
+        None,
+        64,
+        0,
+        &RopeFreqs::plain(vec![1.0; 33]),
+        RopeStyle::Norm,
+        None,
+    );
     assert!(matches!(e, Err(Error::Shape(_))), "{e:?}");
     let mut x = zeros_f32(1024);
-    let e = dev.rope(&mut x, None, 1024, 0, &[1.0; 257], RopeStyle::Neox, None);
+    let e = dev.rope(
+        &mut x,
+        None,
+        1024,
+        0,
+        &RopeFreqs::plain(vec![1.0; 257]),
+        RopeStyle::Neox,
+        None,
+    );
     assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
 }
 

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 mod support;
 use support::find_nvrtc;
 
+use powerinfer_core::RopeFreqs;
 use powerinfer_cuda::launch_spec::LaunchSpec;
 use powerinfer_cuda::ops;
 use powerinfer_cuda::ops::attention::launch::{AttentionDecode, AttentionMerge, KvStore};
@@ -236,7 +237,7 @@ fn every_spec() -> Vec<LaunchSpec> {
         k_heads: 1,
         head_dim: 32,
         pos: 3,
-        inv_freqs: &[1.0; 16],
+        freqs: &RopeFreqs::plain(vec![1.0; 16]),
         neox: true,
         x_norm: Some(&x),
         k_norm: Some(&x),

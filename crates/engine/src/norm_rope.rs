@@ -1,6 +1,6 @@
 //! RMSNorm and rotary position embeddings (both pairings), on f32 rows.
 
-use powerinfer_core::RopeStyle;
+use powerinfer_core::{RopeFreqs, RopeStyle};
 
 /// `out = x / sqrt(mean(x²) + eps) * w`, one row.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
@@ -22,8 +22,9 @@ pub fn layer_norm(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
     }
 }
 
-/// Rotary embedding tables for one position: cos and sin of `pos · inv_freq[i]` for each
-/// rotated pair ([`ModelConfig::rope_inv_freqs`](powerinfer_core::ModelConfig::rope_inv_freqs)).
+/// Rotary embedding tables for one position: cos and sin of `pos · inv[i]` for each rotated
+/// pair, times the magnitude ([`RopeFreqs::cos_sin`], from
+/// [`ModelConfig::rope_freqs`](powerinfer_core::ModelConfig::rope_freqs)).
 pub struct RopeAngles {
     pub cos: Vec<f32>,
     pub sin: Vec<f32>,
@@ -31,14 +32,8 @@ pub struct RopeAngles {
 
 impl RopeAngles {
     /// Angles for position `pos` (computed in f64: positions reach tens of thousands of rad).
-    pub fn new(pos: usize, inv_freqs: &[f64]) -> RopeAngles {
-        let (cos, sin) = inv_freqs
-            .iter()
-            .map(|f| {
-                let (s, c) = (pos as f64 * f).sin_cos();
-                (c as f32, s as f32)
-            })
-            .unzip();
+    pub fn new(pos: usize, freqs: &RopeFreqs) -> RopeAngles {
+        let (cos, sin) = (0..freqs.pairs()).map(|i| freqs.cos_sin(pos, i)).unzip();
         RopeAngles { cos, sin }
     }
 }
@@ -100,7 +95,7 @@ mod tests {
         let inv: Vec<f64> = (0..hd / 2)
             .map(|i| 10000f64.powf(-2.0 * i as f64 / hd as f64))
             .collect();
-        let ang = RopeAngles::new(37, &inv);
+        let ang = RopeAngles::new(37, &RopeFreqs::plain(inv));
         let neox_in: Vec<f32> = (0..hd).map(|i| i as f32 * 0.3 - 1.0).collect();
         let mut norm_in = vec![0.0; hd];
         for i in 0..hd / 2 {
@@ -124,7 +119,7 @@ mod tests {
     fn partial_rope_rotates_the_leading_values_only() {
         // rope_dims 4 of head_dim 8: neox pairs (0,2), (1,3); norm pairs (0,1), (2,3).
         let inv = [1.0f64, 0.1];
-        let ang = RopeAngles::new(3, &inv);
+        let ang = RopeAngles::new(3, &RopeFreqs::plain(inv.to_vec()));
         let x: Vec<f32> = (0..16).map(|i| i as f32 * 0.25 - 2.0).collect();
         for style in [RopeStyle::Neox, RopeStyle::Norm] {
             let mut y = x.clone();

@@ -99,10 +99,10 @@ impl Angles {
     /// The angles of the rows at `positions`.
     pub fn at(c: &ModelConfig, positions: &[usize]) -> Angles {
         let of = |local: bool| -> Vec<RopeAngles> {
-            let inv = c.rope_inv_freqs(local);
+            let freqs = c.rope_freqs(local);
             positions
                 .iter()
-                .map(|&p| RopeAngles::new(p, &inv))
+                .map(|&p| RopeAngles::new(p, &freqs))
                 .collect()
         };
         Angles {

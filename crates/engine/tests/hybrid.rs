@@ -351,6 +351,8 @@ fn scaled_and_partial_rope_match_the_cpu_engine() {
             dims: 8,
             linear_factor: Some(1.5),
             freq_factors: vec![1.0, 1.7, 5.0, 8.0],
+            attn_factor: Some(1.3),
+            ..RopeScaling::default()
         };
         let m = model_with(c, |_, _| DType::F32);
         let (n, ffn) = (m.config.n_layers, m.config.ffn_dim);

@@ -250,6 +250,9 @@ config_fields! {
         rope_dims: core.rope.dims;
         rope_linear_factor: core.rope.linear_factor;
         rope_freq_factors: core.rope.freq_factors;
+        rope_attn_factor: core.rope.attn_factor;
+        rope_long_factors: core.rope.long_factors;
+        rope_original_context: core.rope.original_context;
         n_expert: core.moe.n_expert;
         n_expert_used: core.moe.n_expert_used;
         expert_ffn_dim: core.moe.expert_ffn_dim;
@@ -404,6 +407,17 @@ impl PyModelConfig {
     /// ids) or `UnsupportedError` (FATReLU without ReLU) naming the first that does not.
     fn validate(&self) -> PyResult<()> {
         check(self.check())
+    }
+
+    /// This config for a context of `n_ctx` positions: LongRoPE's long factors
+    /// (`rope_long_factors`) as `rope_freq_factors` when `n_ctx` is above
+    /// `rope_original_context`, the short ones otherwise, and no long factors left (llama.cpp's
+    /// rule); the same config without long factors.
+    fn for_context(&self, n_ctx: usize) -> Self {
+        PyModelConfig {
+            core: self.core.for_context(n_ctx),
+            ..self.clone()
+        }
     }
 
     /// Values of each head that RoPE rotates (`rope_dims`, or all of `head_dim`).

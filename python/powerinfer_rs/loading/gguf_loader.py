@@ -10,8 +10,8 @@ q/k rows permuted by the converter, so RoPE rotates adjacent pairs: ``rope_style
 the other families keep HF's row order (``"neox"``). Fused tensors (Phi-3's ``attn_qkv`` and
 gate+up ``ffn_up``) are split into row views.
 
-RoPE scaling (linear, Llama 3.1's ``rope_freqs`` factors) and partial RoPE
-(``rope.dimension_count`` below the head size) are read by :mod:`.rope`; YaRN, LongRoPE and
+RoPE scaling (linear, Llama 3.1's ``rope_freqs`` factors, YaRN, LongRoPE's factor tensors) and
+partial RoPE (``rope.dimension_count`` below the head size) are read by :mod:`.rope`;
 other scaling types are refused.
 
 The header is parsed by :mod:`.gguf_file` (fast and strict) rather than ``gguf.GGUFReader``.
@@ -35,7 +35,13 @@ from ..errors import ModelFileError, ShapeError, UnsupportedError
 from ..runtime.tokenizer import Tokenizer
 from .archs import GGUF_FAMILIES, Family, family_config, family_named, split_fused
 from .gguf_file import MAGIC, GGUFFile, starts_with
-from .rope import UNSUPPORTED_TENSORS, gguf_rope_fields, rope_freqs_values
+from .rope import (
+    LONGROPE_TENSORS,
+    gguf_original_context,
+    gguf_rope_fields,
+    gguf_scaling_type,
+    rope_freqs_values,
+)
 from .types import (
     ACTIVATIONS,
     SUPPORTED_DTYPES,
@@ -97,6 +103,8 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
         raise ShapeError(f"attention.key_length ({head_dim}) must be positive")
     rope_dims = _int(meta, f"{a}.rope.dimension_count", head_dim)
     rope = gguf_rope_fields(meta, a, head_dim, rope_dims)
+    # YaRN's reach (factor x original) where the file's context_length says less.
+    max_context = max(_int(meta, f"{a}.context_length", 2048), rope.pop("max_context", 0))
     tokens = meta.get("tokenizer.ggml.tokens")
     n_tokens = len(tokens) if isinstance(tokens, list) else None
     vocab = _int(meta, f"{a}.vocab_size", n_tokens)
@@ -124,7 +132,7 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
         n_kv_heads=n_kv,
         head_dim=head_dim,
         vocab_size=vocab,
-        max_context=_int(meta, f"{a}.context_length", 2048),
+        max_context=max_context,
         rms_eps=_float(meta, f"{a}.attention.layer_norm_{eps_kind}", None),
         rope_theta=_float(meta, f"{a}.rope.freq_base", 10000.0),
         activation=activation,
@@ -224,38 +232,67 @@ def _family(meta: dict[str, Any]) -> Family:
     return fam
 
 
+def _read_rope_tensor(gf: GGUFFile, t: Any, name: str, fam: Family, cfg: ModelConfig) -> None:
+    """A RoPE factor tensor into ``cfg``: ``rope_freqs`` (Llama 3.1's factors) as
+    ``rope_freq_factors``; LongRoPE's ``rope_factors_short`` / ``_long`` as
+    ``rope_freq_factors`` / ``rope_long_factors`` with the original context they switch at
+    (llama.cpp reads them from phi3 files, and from the others whose ``rope.scaling.type`` is
+    "longrope")."""
+    path, buf, a = gf.path, gf.data, fam.gguf_arch
+    full = f"{name}.weight"
+    if name in LONGROPE_TENSORS and a != "phi3" and gguf_scaling_type(gf.metadata, a) != "longrope":
+        raise UnsupportedError(
+            f"{path}: tensor {full!r}: LongRoPE factors in a {a} file whose rope.scaling.type is "
+            "not 'longrope' (llama.cpp reads them only then, and from phi3 files)"
+        )
+    nbytes = t.nbytes
+    if nbytes is None or t.offset + nbytes > int(buf.size):
+        raise ModelFileError(f"{path}: tensor {full!r} extends past the end of the file")
+    raw = np.asarray(buf[t.offset : t.offset + nbytes])
+    try:
+        vals = rope_freqs_values(t.type_name, list(t.dims), raw, cfg.rotary_dims, name)
+    except (ShapeError, ModelFileError, UnsupportedError) as e:
+        raise type(e)(f"{path}: {e}") from None
+    if name == "rope_freqs":
+        cfg.rope_freq_factors = vals
+        return
+    setattr(cfg, LONGROPE_TENSORS[name], vals)
+    cfg.rope_original_context = gguf_original_context(gf.metadata, a)
+
+
+def _check_rope_tensors(path: str, names: set[str], cfg: ModelConfig) -> None:
+    """llama.cpp's use of the factor tensors found: ``rope_freqs`` or LongRoPE's, not both;
+    LongRoPE without its long factors runs plain frequencies past the original context."""
+    longrope = names & set(LONGROPE_TENSORS)
+    if longrope and "rope_freqs" in names:
+        raise UnsupportedError(
+            f"{path}: both rope_freqs and LongRoPE's {sorted(longrope)} (llama.cpp reads one)"
+        )
+    if longrope and "rope_factors_long" not in longrope:
+        cfg.rope_long_factors = [1.0] * (cfg.rotary_dims // 2)
+
+
 def _tensor_views(gf: GGUFFile, fam: Family, cfg: ModelConfig) -> dict[str, TensorData]:
     """Canonical name -> TensorData for every weight tensor in the file (and the biases of the
-    families that have them; PowerInfer's ``ffn_down_t.bias`` is ``ffn_down.bias``). The
-    ``rope_freqs`` tensor (Llama 3.1's RoPE factors) goes into ``cfg.rope_freq_factors``."""
+    families that have them; PowerInfer's ``ffn_down_t.bias`` is ``ffn_down.bias``). The RoPE
+    factor tensors go into ``cfg`` (:func:`_read_rope_tensor`)."""
     path = gf.path
     buf = gf.data  # np.memmap, uint8, the whole file
     size = int(buf.size)
     out: dict[str, TensorData] = {}
+    rope_tensors: set[str] = set()
     for t in gf.tensors:
         full = t.name.replace("ffn_down_t.bias", "ffn_down.bias")
         bias = full.endswith(".bias") and full.rsplit(".", 2)[-2] + ".bias" in fam.biases()
         if full.endswith(".bias") and not bias:
             raise UnsupportedError(f"{path}: tensor {full!r} (a bias the family has not)")
-        stem = full.rsplit(".", 1)[0]
-        if stem in UNSUPPORTED_TENSORS:
-            raise UnsupportedError(
-                f"{path}: tensor {full!r}: RoPE scaling {UNSUPPORTED_TENSORS[stem]} is not "
-                "supported"
-            )
         if not (full.endswith(".weight") or bias):
             continue
         name = full if bias else full[: -len(".weight")]
         dtype = t.type_name
-        if name == "rope_freqs":
-            nbytes = t.nbytes
-            if nbytes is None or t.offset + nbytes > size:
-                raise ModelFileError(f"{path}: tensor {full!r} extends past the end of the file")
-            raw = np.asarray(buf[t.offset : t.offset + nbytes])
-            try:
-                cfg.rope_freq_factors = rope_freqs_values(dtype, list(t.dims), raw, cfg.rotary_dims)
-            except (ShapeError, ModelFileError, UnsupportedError) as e:
-                raise type(e)(f"{path}: {e}") from None
+        if name == "rope_freqs" or name in LONGROPE_TENSORS:
+            _read_rope_tensor(gf, t, name, fam, cfg)
+            rope_tensors.add(name)
             continue
         if dtype not in SUPPORTED_DTYPES:
             raise UnsupportedError(
@@ -282,6 +319,7 @@ def _tensor_views(gf: GGUFFile, fam: Family, cfg: ModelConfig) -> dict[str, Tens
                 f"{path}: tensor {full!r} extends past the end of the file (truncated?)"
             )
         out[name] = TensorData(name, dtype, rows, cols, buf[start : start + nbytes])
+    _check_rope_tensors(path, rope_tensors, cfg)
     return out
 
 

@@ -4,8 +4,9 @@ Supported: the families of :mod:`.archs` (Llama, Mistral, Bamboo, Qwen2, Qwen3, 
 Gemma 2, Gemma 3, OPT, Falcon) in BF16/F16/F32, either one ``model.safetensors`` or shards
 listed by ``model.safetensors.index.json``. HF checkpoints keep q/k in the original layout, so RoPE
 rotates the halves of each head: ``rope_style = "neox"``. Fused tensors (Phi-3's ``qkv_proj``
-and ``gate_up_proj``) are split into row views. RoPE scaling ("linear", Llama 3.1's "llama3")
-and ``partial_rotary_factor`` are read by :mod:`.rope`; other scaling types are refused.
+and ``gate_up_proj``) are split into row views. RoPE scaling (linear, Llama 3.1's llama3, YaRN,
+LongRoPE, dynamic NTK up to ``max_position_embeddings``) and ``partial_rotary_factor`` are read
+by :mod:`.rope`; other scaling types are refused.
 """
 
 from __future__ import annotations
@@ -185,6 +186,8 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     if head_dim <= 0:
         raise ShapeError(f"config.json: head_dim must be positive, got {head_dim}")
     extra.update(hf_rope_fields(cfg, head_dim, float(rope_theta)))
+    # YaRN's reach (factor x original) where max_position_embeddings says less.
+    max_context = max(_req_int(cfg, "max_position_embeddings", 2048), extra.pop("max_context", 0))
     bos = cfg.get("bos_token_id")
     kv = extra.pop("n_kv_heads", None) or cfg.get("num_key_value_heads")
     sizes = {
@@ -202,7 +205,7 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         n_heads=n_heads,
         head_dim=head_dim,
         vocab_size=_req_int(cfg, "vocab_size"),
-        max_context=_req_int(cfg, "max_position_embeddings", 2048),
+        max_context=max_context,
         **sizes,
         rope_theta=float(rope_theta),
         rope_style="neox",

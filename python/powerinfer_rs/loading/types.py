@@ -110,6 +110,9 @@ ROPE_DEFAULTS: dict[str, object] = {
     "rope_dims": 0,
     "rope_linear_factor": 0.0,
     "rope_freq_factors": [],
+    "rope_attn_factor": 0.0,
+    "rope_long_factors": [],
+    "rope_original_context": 0,
 }
 
 #: The model config, declared once by the engine (crates/py/src/config.rs): built with
@@ -132,7 +135,10 @@ ROPE_DEFAULTS: dict[str, object] = {
 #: RoPE (:mod:`.rope`): ``rope_dims`` values at the start of each head rotate (0: all of
 #: ``head_dim``; fewer for partial RoPE), pair ``i`` at position ``p`` by
 #: ``p * theta^(-2i/rope_dims) / rope_linear_factor / rope_freq_factors[i]`` (linear
-#: scaling, 0 = none; Llama 3.1's per-pair factors, ``rope_dims / 2`` of them, empty = none);
+#: scaling, 0 = none; Llama 3.1's per-pair factors, ``rope_dims / 2`` of them, empty = none;
+#: YaRN's ramp as per-pair factors too), the rotated values times ``rope_attn_factor`` (YaRN's
+#: and LongRoPE's attention factor, 0 = 1); LongRoPE's ``rope_long_factors`` replace the
+#: factors for a context above ``rope_original_context`` (``config.for_context(n_ctx)``);
 #: layers with their own base (``rope_theta_local``) are not scaled.
 ModelConfig = _core.ModelConfig
 

@@ -34,10 +34,14 @@ from .weight_memory import copy_weights
 DEFAULT_N_CTX = 4096
 
 
-def core_model_arguments(loaded: LoadedModel) -> tuple[_core.ModelConfig, dict]:
-    """``(config, tensors)`` as ``_core.Model`` takes them: the config and per tensor
-    ``(dtype, rows, cols, bytes)`` (a tied output head is left to the embeddings)."""
-    cfg = loaded.config
+def core_model_arguments(
+    loaded: LoadedModel, n_ctx: int | None = None
+) -> tuple[_core.ModelConfig, dict]:
+    """``(config, tensors)`` as ``_core.Model`` takes them: the config (for a context of
+    ``n_ctx`` positions: LongRoPE's factors chosen, ``ModelConfig.for_context``; None: the
+    loaded one, its short factors) and per tensor ``(dtype, rows, cols, bytes)`` (a tied
+    output head is left to the embeddings)."""
+    cfg = loaded.config if n_ctx is None else loaded.config.for_context(n_ctx)
     tensors = {
         name: (t.dtype, t.rows, t.cols, t.data)
         for name, t in loaded.tensors.items()
@@ -87,7 +91,11 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         self.loaded = loaded
         self.config = loaded.config
         self.tokenizer = loaded.tokenizer
-        cfg, tensors = core_model_arguments(loaded)
+        # LongRoPE's factors are chosen by the context (llama.cpp's rule), before the weights.
+        if n_ctx is not None:
+            n_ctx = check_int("n_ctx", n_ctx, 1)
+        rope_ctx = min(n_ctx or DEFAULT_N_CTX, loaded.config.max_context)
+        cfg, tensors = core_model_arguments(loaded, rope_ctx)
         copy = copy_weights(mmap, sum(int(t[3].nbytes) for t in tensors.values()))
         mode = api_sparsity(sparsity, thresholds, predictors, default="dense")
         # Where the FFN runs as whole-matrix products on the CPU (dense, and the input mode's
@@ -117,6 +125,11 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
             raise PlanError(
                 f"n_ctx={n_ctx} is more than the plan's context of {gpu_context} positions (its "
                 "GPU KV caches); plan again with a larger --context or pass a smaller n_ctx"
+            )
+        if loaded.config.for_context(min(n_ctx, cfg.max_context)) != cfg:
+            raise PlanError(
+                f"the plan's context of {n_ctx} positions takes the other LongRoPE factors than "
+                f"the default context of {rope_ctx}: pass n_ctx={n_ctx} explicitly"
             )
         #: The context: the session (its KV cache and sparsity mode) and the tokens in it.
         self.ctx = Context(_core.Session(self._model, threads, min(n_ctx, cfg.max_context)))
@@ -247,7 +260,7 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
                 f"draft must be a model path or a LoadedModel, got {type(draft).__name__}"
             )
         check_same_vocab(self.loaded, loaded)
-        cfg, tensors = core_model_arguments(loaded)
+        cfg, tensors = core_model_arguments(loaded, self._n_ctx)
         model = _core.Model(cfg, tensors, copy_weights=False, interleave_ffn=True)
         self.draft = DraftModel(loaded, model, self._threads, self._n_ctx, self.kv_cache)
 

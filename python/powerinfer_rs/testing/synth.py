@@ -23,6 +23,7 @@ import numpy as np
 from ..errors import ShapeError, UnsupportedError
 from ..loading.archs import FAMILIES, Family, hf_layer_names
 from ..loading.gguf_loader import ACTIVATION_KEY, RELU_THRESHOLD_KEY
+from ..loading.rope import longrope_attn_factor
 from ..stages.args import float_in, nonneg_int, positive_float, positive_int, run_cli, share
 from .synth_model import (
     BOS_ID,
@@ -75,6 +76,15 @@ def _hf_rope(spec: SynthSpec) -> dict[str, Any] | None:
             "high_freq_factor": spec.rope_high_freq_factor,
             "original_max_position_embeddings": spec.rope_original_context,
         }
+    if spec.rope_scaling == "yarn":
+        return {
+            "rope_type": "yarn",
+            "factor": spec.rope_factor,
+            "original_max_position_embeddings": spec.rope_original_context,
+        }
+    if spec.rope_scaling == "longrope":  # Phi-3 128k's (the original context at the top)
+        short, long = spec.longrope_factors()
+        return {"type": "longrope", "short_factor": short, "long_factor": long}
     return None
 
 
@@ -120,7 +130,8 @@ def _hf_config(spec: SynthSpec, torch_dtype: str) -> dict[str, Any]:
             out.update(head_dim=s.head_dim, attention_bias=False)
     elif f.name == "phi3":
         out.update(sliding_window=s.window or None, partial_rotary_factor=s.partial_rotary)
-        out.update(original_max_position_embeddings=4096, embd_pdrop=0.0, resid_pdrop=0.0)
+        orig = s.rope_original_context if s.rope_scaling == "longrope" else 4096
+        out.update(original_max_position_embeddings=orig, embd_pdrop=0.0, resid_pdrop=0.0)
         out["pad_token_id"] = 32000 if s.vocab > 32000 else None
     elif f.post_norms:  # Gemma 2/3
         p = f.swa_pattern
@@ -383,7 +394,9 @@ def add_converter_metadata(w: Any, spec: SynthSpec, name: str, file_type: int) -
     _add_sizes(w, s)
     partial = s.rope_dims != s.head_dim
     if arch == "phi3":  # conversion/phi.py Phi3MiniModel
-        w.add_rope_scaling_orig_ctx_len(4096)  # Phi3Config's original_max_position_embeddings
+        longrope = s.rope_scaling == "longrope"
+        # Phi3Config's original_max_position_embeddings (4096 unless the config says).
+        w.add_rope_scaling_orig_ctx_len(s.rope_original_context if longrope else 4096)
         w.add_layer_norm_rms_eps(s.rms_eps)
         w.add_rope_dimension_count(s.rope_dims)
         w.add_rope_freq_base(s.rope_theta)
@@ -391,6 +404,9 @@ def add_converter_metadata(w: Any, spec: SynthSpec, name: str, file_type: int) -
         if s.rope_scaling == "linear":
             w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(s.rope_factor)
+        if longrope:  # Phi3MiniModel.generate_extra_tensors: the factor tensors, and this
+            orig = s.rope_original_context
+            w.add_rope_scaling_attn_factors(longrope_attn_factor(s.max_context / orig, orig))
     elif arch == "gemma2":  # conversion/gemma.py Gemma2Model
         w.add_layer_norm_rms_eps(s.rms_eps)
         w.add_key_length(s.head_dim)
@@ -405,6 +421,10 @@ def add_converter_metadata(w: Any, spec: SynthSpec, name: str, file_type: int) -
         if s.rope_scaling == "linear":
             w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(s.rope_factor)
+        elif s.rope_scaling == "yarn":
+            w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            w.add_rope_scaling_factor(s.rope_factor)
+            w.add_rope_scaling_orig_ctx_len(s.rope_original_context)
         w.add_rope_freq_base(s.rope_theta)
         if f.rope_theta_local:
             w.add_rope_freq_base_swa(f.rope_theta_local)  # Gemma3TextConfig's rope_local_base_freq
@@ -463,6 +483,20 @@ def add_tokenizer(w: Any, spec: SynthSpec, tokenizer_pre: str) -> None:
     w.add_add_bos_token(False)
 
 
+def _rope_tensors(spec: SynthSpec) -> dict[str, np.ndarray]:
+    """The RoPE factor tensors llama.cpp's converter writes for ``spec``: llama3's
+    ``rope_freqs``; Phi-3's LongRoPE ``rope_factors_long`` and ``rope_factors_short``."""
+    if spec.rope_scaling == "llama3":
+        return {"rope_freqs": np.asarray(spec.llama3_factors(), dtype=np.float32)}
+    if spec.rope_scaling == "longrope":
+        short, long = spec.longrope_factors()
+        return {
+            "rope_factors_long": np.asarray(long, dtype=np.float32),
+            "rope_factors_short": np.asarray(short, dtype=np.float32),
+        }
+    return {}
+
+
 def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **shape: Any) -> Path:
     """Write the same synthetic model as :func:`write_hf_model` (same ``shape`` keywords) as a
     GGUF file of its family, with llama.cpp's architecture, keys and tensor names.
@@ -510,17 +544,11 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
         for n, s in order
         if len(s) >= 2
     }
-    # Llama 3.1's RoPE factors: an F32 vector of rope_dims / 2, first, as llama.cpp's
-    # converter yields it.
-    rope_freqs = (
-        np.asarray(spec.llama3_factors(), dtype=np.float32)
-        if spec.rope_scaling == "llama3"
-        else None
-    )
-    if rope_freqs is not None:
-        w.add_tensor_info(
-            "rope_freqs.weight", rope_freqs.shape, np.dtype(np.float32), rope_freqs.nbytes
-        )
+    # Llama 3.1's RoPE factors (Phi-3's LongRoPE ones): F32 vectors of rope_dims / 2, first, as
+    # llama.cpp's converter yields them.
+    rope_tensors = _rope_tensors(spec)
+    for rname, v in rope_tensors.items():
+        w.add_tensor_info(f"{rname}.weight", v.shape, np.dtype(np.float32), v.nbytes)
     for name, shape in order:
         full = name if name.endswith(".bias") else f"{name}.weight"
         if len(shape) == 1:
@@ -543,8 +571,8 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
-    if rope_freqs is not None:
-        w.write_tensor_data(rope_freqs)
+    for v in rope_tensors.values():
+        w.write_tensor_data(v)
     for name, shape in order:
         x = gen.gguf_tensor(name)
         if len(shape) == 1:
@@ -620,10 +648,11 @@ def _add_rope_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--rope-theta", type=positive_float, default=10000.0, help="RoPE base")
     ap.add_argument(
         "--rope-scaling",
-        choices=["none", "linear", "llama3"],
+        choices=["none", "linear", "llama3", "yarn", "longrope"],
         default="none",
-        help="RoPE scaling: linear (positions / --rope-factor), or Llama 3.1's llama3 factors "
-        "(GGUF: a rope_freqs tensor; HF: rope_scaling)",
+        help="RoPE scaling: linear (positions / --rope-factor), Llama 3.1's llama3 factors "
+        "(GGUF: a rope_freqs tensor; HF: rope_scaling), yarn (--rope-factor over "
+        "--rope-original-context), or Phi-3's longrope (phi3 only: short and long factors)",
     )
     ap.add_argument(
         "--rope-factor", type=positive_float, default=8.0, help="linear / llama3 scaling factor"
@@ -636,7 +665,7 @@ def _add_rope_args(ap: argparse.ArgumentParser) -> None:
         "--rope-original-context",
         type=positive_int,
         default=8192,
-        help="llama3: original_max_position_embeddings",
+        help="llama3, yarn and longrope: original_max_position_embeddings",
     )
     ap.add_argument(
         "--partial-rotary-factor",

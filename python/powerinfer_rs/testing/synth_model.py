@@ -60,7 +60,7 @@ import numpy as np
 
 from ..errors import ShapeError, UnsupportedError
 from ..loading.archs import Family, family_config, family_named
-from ..loading.rope import llama3_factors
+from ..loading.rope import llama3_factors, longrope_attn_factor, yarn_factors, yarn_mscale
 from ..loading.types import ModelConfig
 from .synth_vocab import (  # noqa: F401  (re-exported: the vocabulary of the synthetic models)
     BOS_ID,
@@ -117,9 +117,11 @@ class SynthSpec:
     attn_softcap: float = 50.0
     final_softcap: float = 30.0
     relu_threshold: float = 0.0
-    #: RoPE scaling: "none", "linear" (positions divided by ``rope_factor``) or "llama3"
+    #: RoPE scaling: "none", "linear" (positions divided by ``rope_factor``), "llama3"
     #: (Llama 3.1's per-pair factors from ``rope_factor``, ``rope_low_freq_factor``,
-    #: ``rope_high_freq_factor`` and ``rope_original_context``).
+    #: ``rope_high_freq_factor`` and ``rope_original_context``), "yarn" (``rope_factor`` over
+    #: ``rope_original_context``) or "longrope" (Phi-3's short and long factors,
+    #: :meth:`longrope_factors`, for ``max_context`` over ``rope_original_context``).
     rope_scaling: str = "none"
     rope_factor: float = 8.0
     rope_low_freq_factor: float = 1.0
@@ -191,7 +193,24 @@ class SynthSpec:
             out["rope_linear_factor"] = self.rope_factor
         elif self.rope_scaling == "llama3":
             out["rope_freq_factors"] = self.llama3_factors()
+        elif self.rope_scaling == "yarn":
+            orig, f = self.rope_original_context, self.rope_factor
+            out["rope_freq_factors"] = yarn_factors(self.rope_theta, self.rope_dims, f, orig)
+            out["rope_attn_factor"] = yarn_mscale(f)
+        elif self.rope_scaling == "longrope":
+            orig = self.rope_original_context
+            out["rope_freq_factors"], out["rope_long_factors"] = self.longrope_factors()
+            out["rope_original_context"] = orig
+            out["rope_attn_factor"] = longrope_attn_factor(self.max_context / orig, orig)
         return out
+
+    def longrope_factors(self) -> tuple[list[float], list[float]]:
+        """LongRoPE's (short, long) per-pair factors of this model: the short ones near 1
+        (``1 + 0.5 i / pairs``), the long ones growing to ``rope_factor`` (Phi-3's shape)."""
+        n = self.rope_dims // 2
+        short = [1.0 + 0.5 * i / n for i in range(n)]
+        long = [1.0 + (self.rope_factor - 1.0) * (i / max(n - 1, 1)) ** 1.5 for i in range(n)]
+        return short, long
 
     def llama3_factors(self) -> list[float]:
         """The "llama3" per-pair factors (llama.cpp's ``rope_freqs.weight``)."""
@@ -227,8 +246,15 @@ class SynthSpec:
             raise ShapeError(f"sliding_window {self.sliding_window} for {self.arch}")
         if self.arch == "opt" and self.kv_heads != self.heads:
             raise ShapeError("opt has one KV head per query head: kv_heads must equal heads")
-        if self.rope_scaling not in ("none", "linear", "llama3"):
-            raise UnsupportedError(f"rope_scaling {self.rope_scaling!r} (none, linear, llama3)")
+        kinds = ("none", "linear", "llama3", "yarn", "longrope")
+        if self.rope_scaling not in kinds:
+            raise UnsupportedError(f"rope_scaling {self.rope_scaling!r} ({', '.join(kinds)})")
+        if self.rope_scaling == "longrope" and self.arch != "phi3":
+            raise UnsupportedError("longrope: Phi-3's (llama.cpp's converter writes it for phi3)")
+        if self.rope_scaling in ("yarn", "longrope") and not (
+            0 < self.rope_original_context < self.max_context and self.rope_theta > 1
+        ):
+            raise ShapeError(f"{self.rope_scaling} needs 0 < rope_original_context < max_context")
         if not 0.0 < self.partial_rotary <= 1.0:
             raise ShapeError("partial_rotary must lie in (0, 1]")
         if self.rope_dims < 2 or self.rope_dims % 2:

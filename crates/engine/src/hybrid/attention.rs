@@ -1,7 +1,7 @@
 //! A layer's attention block on the GPU: its program's steps ([`AttnStep`]), each one kernel or
 //! a few, from the residual `sc.x` (current on the device) back into it.
 
-use powerinfer_core::{bail, ModelConfig, Result};
+use powerinfer_core::{bail, ModelConfig, Result, RopeFreqs};
 use powerinfer_cuda::ops::prelude::*;
 use powerinfer_cuda::{Act, AttnParams, Backend, KvElem};
 
@@ -19,7 +19,7 @@ pub struct AttnPass<'a, B: Backend> {
     pub sc: &'a mut GpuScratch<B>,
     pub a: &'a mut GpuAttention<B>,
     /// RoPE's angles: the global layers' and the sliding layers' (see `Executor`).
-    pub inv_freqs: &'a [Vec<f64>; 2],
+    pub inv_freqs: &'a [RopeFreqs; 2],
 }
 
 /// Store the position's keys and values in a layer's caches (of element `T`) and attend over

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use powerinfer_core::{ensure, Result, Side};
+use powerinfer_core::{ensure, Result, RopeFreqs, Side};
 use powerinfer_cuda::{Allocation, Backend};
 
 use crate::forward::{attention_block, embed, ffn_block, output_block, Angles, Kv, Rows, Scratch};
@@ -51,7 +51,7 @@ pub struct Executor<B: Backend> {
     moe: bool,
     /// RoPE's angle per position of each rotated pair: the global layers' and, for families
     /// whose sliding layers have their own base, theirs.
-    inv_freqs: [Vec<f64>; 2],
+    inv_freqs: [RopeFreqs; 2],
     /// Where the residual stream and a parallel block's saved input are current.
     streams: Streams,
     /// The settings from the environment (gathering lists on the GPU, the pool's spin).
@@ -85,7 +85,7 @@ impl<B: Backend> Executor<B> {
             cpu: CpuFfnScratch::default(),
             moe_cold,
             moe: c.moe.is_moe(),
-            inv_freqs: [c.rope_inv_freqs(false), c.rope_inv_freqs(true)],
+            inv_freqs: [c.rope_freqs(false), c.rope_freqs(true)],
             streams: Streams::default(),
             knobs: Knobs::from_env(),
         })

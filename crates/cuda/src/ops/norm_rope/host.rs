@@ -1,7 +1,7 @@
 //! The contracts of `rms_norm`, `layer_norm` and `rope` (norm_rope.cu) on host memory, over
 //! f32 rows.
 
-use powerinfer_core::Result;
+use powerinfer_core::{Result, RopeFreqs};
 
 use crate::host::view::prefix_mut;
 use crate::layout::xq_bytes;
@@ -73,21 +73,16 @@ pub(crate) fn quantize_rows(out: &[f32], n: usize, xq: Option<&mut [u8]>) -> Res
     Ok(())
 }
 
-/// Rotate the first `2 · inv_freqs.len()` values of every head of `x` (heads of `head_dim`,
-/// contiguous) in place for position `pos`: pair i turns by `pos · inv_freqs[i]` (in f64);
-/// `neox` pairs (i, i + n), else (2i, 2i + 1); the rest of each head is unchanged.
-pub(crate) fn rope(x: &mut [f32], head_dim: usize, pos: usize, inv_freqs: &[f64], neox: bool) {
-    let half = inv_freqs.len();
+/// Rotate the first `2 · freqs.pairs()` values of every head of `x` (heads of `head_dim`,
+/// contiguous) in place for position `pos`: pair i turns by `pos · freqs.inv[i]` (in f64), times
+/// the magnitude ([`RopeFreqs::cos_sin`]); `neox` pairs (i, i + n), else (2i, 2i + 1); the rest
+/// of each head is unchanged.
+pub(crate) fn rope(x: &mut [f32], head_dim: usize, pos: usize, freqs: &RopeFreqs, neox: bool) {
+    let half = freqs.pairs();
     if half == 0 || head_dim == 0 {
         return;
     }
-    let angles: Vec<(f32, f32)> = inv_freqs
-        .iter()
-        .map(|f| {
-            let (s, c) = (pos as f64 * f).sin_cos();
-            (c as f32, s as f32)
-        })
-        .collect();
+    let angles: Vec<(f32, f32)> = (0..half).map(|i| freqs.cos_sin(pos, i)).collect();
     for head in x.chunks_exact_mut(head_dim) {
         for (i, &(c, s)) in angles.iter().enumerate() {
             let (a, b) = if neox {

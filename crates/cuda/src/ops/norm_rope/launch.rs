@@ -1,7 +1,7 @@
 //! The launches of `kernels/norm_rope.cu`: one struct per kernel, its fields the kernel's
 //! parameters in order.
 
-use powerinfer_core::{ensure, Result};
+use powerinfer_core::{ensure, Result, RopeFreqs};
 
 use super::host;
 use crate::backend::kernel;
@@ -26,20 +26,19 @@ pub const MAX_ROPE_PAIRS: usize = 256;
 pub const NORM_THREADS: u32 = 256;
 
 /// norm_rope.cu's `RopeAngles` by value for position `pos`, into `a`: the cosine, then the
-/// sine, of `pos · inv[i]` for each pair, formed and evaluated in f64 here (as the CPU engine
-/// does; positions reach tens of thousands of radians, where f32 loses the phase) and rounded
-/// to f32; MAX_ROPE_PAIRS of each, the unused ones 0.
-pub fn push_rope_angles(a: &mut KernelArgs, pos: usize, inv: &[f64]) -> Result<()> {
+/// sine, of `pos · inv[i]` for each pair times the magnitude, as [`RopeFreqs::cos_sin`] forms
+/// them in f64 (the CPU engine's tables too; positions reach tens of thousands of radians,
+/// where f32 loses the phase) and rounds them to f32; MAX_ROPE_PAIRS of each, the unused ones 0.
+pub fn push_rope_angles(a: &mut KernelArgs, pos: usize, freqs: &RopeFreqs) -> Result<()> {
     ensure!(
-        inv.len() <= MAX_ROPE_PAIRS,
+        freqs.pairs() <= MAX_ROPE_PAIRS,
         Unsupported,
         "rope: {} rotated pairs, the kernel takes at most {MAX_ROPE_PAIRS}",
-        inv.len()
+        freqs.pairs()
     );
     let (mut cos, mut sin) = (vec![0f32; MAX_ROPE_PAIRS], vec![0f32; MAX_ROPE_PAIRS]);
-    for (i, f) in inv.iter().enumerate() {
-        let (s, c) = (pos as f64 * f).sin_cos();
-        (cos[i], sin[i]) = (c as f32, s as f32);
+    for i in 0..freqs.pairs() {
+        (cos[i], sin[i]) = freqs.cos_sin(pos, i);
     }
     let b: Vec<u8> = cos
         .iter()
@@ -103,9 +102,10 @@ kernel! {
 }
 
 kernel! {
-    /// `rope`: rotate the first `2 · inv_freqs.len()` values of every head of `x` (`n_heads`
+    /// `rope`: rotate the first `2 · freqs.pairs()` values of every head of `x` (`n_heads`
     /// heads) and of `k` (`k_heads`, the keys: one launch for both) in place for position `pos`,
-    /// pair i by `pos · inv_freqs[i]` (in f64; at most [`MAX_ROPE_PAIRS`] pairs); `neox` pairs
+    /// pair i by `pos · freqs.inv[i]` (in f64; at most [`MAX_ROPE_PAIRS`] pairs), the rotated
+    /// values times `freqs.mscale` ([`RopeFreqs::cos_sin`]); `neox` pairs
     /// (i, i + n), else (2i, 2i + 1). With `x_norm` (`k_norm`) each head of `x` (`k`) is first
     /// RMS-normed over its `head_dim` values with that weight and `eps` (the per-head q/k norm).
     struct Rope<'a, B> {
@@ -115,7 +115,7 @@ kernel! {
         k_heads: usize,
         head_dim: usize,
         pos: usize,
-        inv_freqs: &'a [f64],
+        freqs: &'a RopeFreqs,
         neox: bool,
         x_norm: Option<&'a B::Buf<f32>>,
         k_norm: Option<&'a B::Buf<f32>>,
@@ -132,8 +132,8 @@ kernel! {
         a.ptr(k.k.map_or(0, |k| dev.addr_mut(k)))
             .i32(to_i32(k_heads, "key heads")?);
         a.i32(to_i32(k.head_dim, "head_dim")?);
-        a.i32(to_i32(k.inv_freqs.len(), "rope pairs")?);
-        push_rope_angles(&mut a, k.pos, k.inv_freqs)?;
+        a.i32(to_i32(k.freqs.pairs(), "rope pairs")?);
+        push_rope_angles(&mut a, k.pos, k.freqs)?;
         a.i32(i32::from(k.neox));
         let norm = |w: Option<&B::Buf<f32>>| w.map_or(0, |w| dev.addr(w));
         a.ptr(norm(k.x_norm))
@@ -145,12 +145,12 @@ kernel! {
         LaunchSpec::per_element(&SOURCE, "rope".into(), threads, a)
     }
     host(k) {
-        let (head_dim, inv_freqs) = (k.head_dim, k.inv_freqs);
+        let (head_dim, freqs) = (k.head_dim, k.freqs);
         ensure!(
-            2 * inv_freqs.len() <= head_dim,
+            2 * freqs.pairs() <= head_dim,
             Shape,
             "rope: {} pairs in heads of {head_dim}",
-            inv_freqs.len()
+            freqs.pairs()
         );
         let heads = [
             ("x", Some(k.x), k.n_heads, k.x_norm),
@@ -164,7 +164,7 @@ kernel! {
                 let w = prefix(B::data(w), head_dim, "norm weight")?;
                 host::rms_norm_in_place(h, w, k.eps);
             }
-            host::rope(h, head_dim, k.pos, inv_freqs, k.neox);
+            host::rope(h, head_dim, k.pos, freqs, k.neox);
         }
         Ok(())
     }

@@ -3,7 +3,7 @@
 //! embeddings in place (optionally after the per-head q/k norm), checked ([`NormRopeOps`]),
 //! launched ([`launch`]) and run on host memory (`host`).
 
-use powerinfer_core::{ensure, Result, RopeStyle};
+use powerinfer_core::{ensure, Result, RopeFreqs, RopeStyle};
 
 use crate::backend::{Backend, Checked, DeviceSlice};
 use crate::layout::xq_bytes;
@@ -125,8 +125,9 @@ pub trait NormRopeOps: Backend {
     }
 
     /// Rotate every head of `x` (and of `k`: the keys, in the same launch) in place for position
-    /// `pos`: the first `2 · inv_freqs.len()` values of each head, pair i by `pos · inv_freqs[i]`
-    /// ([`ModelConfig::rope_inv_freqs`](powerinfer_core::ModelConfig::rope_inv_freqs)); with
+    /// `pos`: the first `2 · freqs.pairs()` values of each head, pair i by `pos · freqs.inv[i]`,
+    /// times `freqs.mscale` ([`RopeFreqs::cos_sin`], from
+    /// [`ModelConfig::rope_freqs`](powerinfer_core::ModelConfig::rope_freqs)); with
     /// `norms`, each head RMS-normed first (x's with the first weight, k's with the second).
     fn rope(
         &self,
@@ -134,7 +135,7 @@ pub trait NormRopeOps: Backend {
         k: Option<&mut Self::Buf<f32>>,
         head_dim: usize,
         pos: usize,
-        inv_freqs: &[f64],
+        freqs: &RopeFreqs,
         style: RopeStyle,
         norms: Option<QkNorms<'_, Self>>,
     ) -> Result<()> {
@@ -150,16 +151,16 @@ pub trait NormRopeOps: Backend {
             k.as_deref().map_or(0, |k| k.len())
         );
         ensure!(
-            !inv_freqs.is_empty() && 2 * inv_freqs.len() <= head_dim,
+            freqs.pairs() > 0 && 2 * freqs.pairs() <= head_dim,
             Shape,
             "rope: {} rotated pairs in heads of {head_dim}",
-            inv_freqs.len()
+            freqs.pairs()
         );
         ensure!(
-            inv_freqs.len() <= MAX_ROPE_PAIRS,
+            freqs.pairs() <= MAX_ROPE_PAIRS,
             Unsupported,
             "rope: {} rotated pairs, the GPU kernel takes at most {MAX_ROPE_PAIRS} (head_dim {})",
-            inv_freqs.len(),
+            freqs.pairs(),
             2 * MAX_ROPE_PAIRS
         );
         if let Some((qn, kn, _)) = norms {
@@ -183,7 +184,7 @@ pub trait NormRopeOps: Backend {
             k_heads,
             head_dim,
             pos,
-            inv_freqs,
+            freqs,
             neox: style == RopeStyle::Neox,
             x_norm: norms.map(|n| n.0),
             k_norm: norms.map(|n| n.1),

@@ -1,6 +1,7 @@
 //! The family's kernels on the host backend against their contracts.
 
 use powerinfer_core::testing::pseudo_random;
+use powerinfer_core::RopeFreqs;
 
 use super::launch::{push_rope_angles, Norm, Rope, MAX_ROPE_PAIRS};
 use crate::backend::Backend;
@@ -91,25 +92,30 @@ fn layer_norm_centres_and_scales_each_row() {
 #[test]
 fn rope_rotates_pairs_of_both_styles_with_f64_angles() {
     let be = HostBackend::new();
-    // (head_dim, heads, pos, theta, rotated dims, step): pair i's frequency divided by
-    // 1 + step · i (Llama 3.1's factors grow along the pairs).
+    // (head_dim, heads, pos, theta, rotated dims, step, magnitude): pair i's frequency divided
+    // by 1 + step · i (Llama 3.1's factors grow along the pairs), cos and sin times the
+    // magnitude (YaRN's and LongRoPE's attention factor).
     let cases = [
-        (64, 5, 12_345, 10000.0f64, 64, 0.0),
-        (128, 3, 7, 500000.0, 128, 0.0),
-        (64, 2, 3_000, 10000.0, 64, 1.0),
-        (32, 3, 901, 10000.0, 16, 0.5),
+        (64, 5, 12_345, 10000.0f64, 64, 0.0, 1.0),
+        (128, 3, 7, 500000.0, 128, 0.0, 1.0),
+        (64, 2, 3_000, 10000.0, 64, 1.0, 1.3),
+        (32, 3, 901, 10000.0, 16, 0.5, 0.8),
     ];
-    for (hd, heads, pos, theta, rot, step) in cases {
+    for (hd, heads, pos, theta, rot, step, mscale) in cases {
         let inv: Vec<f64> = (0..rot / 2)
             .map(|i| theta.powf(-2.0 * i as f64 / rot as f64) / (1.0 + step * i as f64))
             .collect();
+        let freqs = RopeFreqs {
+            inv: inv.clone(),
+            mscale,
+        };
         for neox in [false, true] {
             let q = pseudo_random(hd * heads + 3, hd as u64);
             let mut want = q.clone();
             for head in want[..hd * heads].chunks_exact_mut(hd) {
                 for (i, f) in inv.iter().enumerate() {
                     let a = pos as f64 * f;
-                    let (s, c) = (a.sin() as f32, a.cos() as f32);
+                    let (s, c) = ((a.sin() * mscale) as f32, (a.cos() * mscale) as f32);
                     let (ia, ib) = if neox {
                         (i, i + rot / 2)
                     } else {
@@ -130,7 +136,7 @@ fn rope_rotates_pairs_of_both_styles_with_f64_angles() {
                     k_heads: 0,
                     head_dim: hd,
                     pos,
-                    inv_freqs: &inv,
+                    freqs: &freqs,
                     neox,
                     x_norm: None,
                     k_norm: None,
@@ -151,7 +157,7 @@ fn rope_rotates_pairs_of_both_styles_with_f64_angles() {
     let mut dq = upload(&be, &q);
     let inv: Vec<f64> = (0..16).map(|i| 10000f64.powf(-(i as f64) / 16.0)).collect();
     let long = vec![1.0; 17];
-    let mut rope = |n_heads, pos, inv_freqs: &[f64]| {
+    let mut rope = |n_heads, pos, freqs: &RopeFreqs| {
         launch(
             &be,
             Rope {
@@ -161,7 +167,7 @@ fn rope_rotates_pairs_of_both_styles_with_f64_angles() {
                 k_heads: 0,
                 head_dim: 32,
                 pos,
-                inv_freqs,
+                freqs,
                 neox: true,
                 x_norm: None,
                 k_norm: None,
@@ -169,6 +175,7 @@ fn rope_rotates_pairs_of_both_styles_with_f64_angles() {
             },
         )
     };
+    let (inv, long) = (RopeFreqs::plain(inv), RopeFreqs::plain(long));
     rope(2, 0, &inv).unwrap();
     assert!(is_shape(rope(3, 1, &inv)));
     assert!(is_shape(rope(2, 1, &long)));
@@ -184,7 +191,7 @@ fn the_kernel_takes_max_rope_pairs() {
 #[test]
 fn rope_angles_pack_cosines_then_sines_in_f64() {
     let mut a = crate::launch_spec::KernelArgs::default();
-    push_rope_angles(&mut a, 3, &[0.5, 2.0]).unwrap();
+    push_rope_angles(&mut a, 3, &RopeFreqs::plain(vec![0.5, 2.0])).unwrap();
     assert_eq!(a.sizes(), [8 * MAX_ROPE_PAIRS]);
     let rb = a.bytes(0);
     let f = |at: usize| f32::from_le_bytes(rb[at..at + 4].try_into().unwrap());
@@ -194,5 +201,6 @@ fn rope_angles_pack_cosines_then_sines_in_f64() {
         ((6.0f64).cos() as f32, (6.0f64).sin() as f32)
     );
     assert!(rb[8..sin_at].iter().all(|&b| b == 0));
-    assert!(push_rope_angles(&mut a, 0, &[0.0; MAX_ROPE_PAIRS + 1]).is_err());
+    let over = RopeFreqs::plain(vec![0.0; MAX_ROPE_PAIRS + 1]);
+    assert!(push_rope_angles(&mut a, 0, &over).is_err());
 }
