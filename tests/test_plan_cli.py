@@ -239,8 +239,13 @@ def test_a_detected_gpu_is_planned_with_this_machines_cpu(files, capsys, monkeyp
         calls.append((dtype, threads))
         return 30.0  # the model's FFN format runs slower than the memory reads: it sets the rate
 
+    def rows(dtype, listed, fire, nbytes, iters, threads):
+        calls.append((dtype, listed, fire, threads))
+        return 12.0 if fire == 1.0 else 20.0  # firing rows by index, the gate pass
+
     monkeypatch.setattr(_core, "measure_read_bandwidth", measure)
     monkeypatch.setattr(_core, "measure_format_bandwidth", rate)
+    monkeypatch.setattr(_core, "measure_rows_bandwidth", rows)
     out = d / "plan-here.safetensors"
     argv = ["--model", str(model_path), "--profile", str(prof), "--vram-budget", "400KiB"]
     assert main(argv + ["--context", "64", "--bucket", "32", "--out", str(out)]) == 0
@@ -251,4 +256,7 @@ def test_a_detected_gpu_is_planned_with_this_machines_cpu(files, capsys, monkeyp
     plan = load_plan(out, model, budget_bytes=400 * 1024)
     assert plan.hardware["name"] == "h200" and plan.hardware["cpu_mem_bw"] == 30.0
     assert plan.hardware["cpu_cores"] == calls[0][2] and calls[1] == (ffn_format, calls[0][2])
-    assert plan.hardware["cpu_dispatch_us"] > 0 and len(calls) == 2
+    assert plan.hardware["cpu_dispatch_us"] > 0 and len(calls) == 4
+    # The cold neurons' rates, probed on the model's format, are what the plan prices them at.
+    assert plan.hardware["cpu_rows_bw"] == 12.0 and plan.hardware["cpu_gate_bw"] == 20.0
+    assert [c[0] for c in calls[2:]] == [ffn_format] * 2 and "rows by index 12 GB/s" in text

@@ -262,6 +262,12 @@ def test_hardware_from_file_and_errors(tmp_path):
     f.write_text(json.dumps({**d, "cpu_dispatch_us": -1}))
     with pytest.raises(PlanError, match="cpu_dispatch_us"):
         load_hardware(f)
+    # The rows-by-index rates (optional): read back, the dense rate where absent.
+    hw = load_hardware(f.write_text(json.dumps({**d, "cpu_rows_bw": 9.5})) and f)
+    assert hw.rows_bw == 9.5 and hw.gate_bw == hw.cpu_mem_bw == d["cpu_mem_bw"]
+    f.write_text(json.dumps({**d, "cpu_gate_bw": "fast"}))
+    with pytest.raises(PlanError, match="cpu_gate_bw"):
+        load_hardware(f)
     with pytest.raises(PlanError):
         load_hardware("no-such-card")
     del d["pcie_bw"]

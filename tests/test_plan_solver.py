@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 
@@ -220,12 +221,14 @@ def test_modes_without_predictors_place_no_predictor(objective, solver):
     assert not any(ev.split)
 
 
-@pytest.mark.parametrize("no_gate", [False, True])
-def test_each_sparsity_mode_costs_what_it_reads(no_gate):
+@pytest.mark.parametrize("no_gate,rows_rates", [(False, False), (True, False), (False, True)])
+def test_each_sparsity_mode_costs_what_it_reads(no_gate, rows_rates):
     """The time objective's cost of a neuron is its mode's reads (float64 by hand, CPU-only
     placement): predictor mode reads the active neurons' gate, up and down rows; exact-relu
     reads every neuron's gate row (the up row of a gate-less FFN) and the active ones' other
-    rows; threshold every gate and up row and the active down rows; dense every row."""
+    rows; threshold every gate and up row and the active down rows; dense every row. Firing
+    rows cost the CPU's rows-by-index rate and rows read whether they fire its gate rate, where
+    the profile has them measured (else its dense rate)."""
     layers = 2
     spec = SynthSpec(64, 128, layers, heads=4, kv_heads=2, vocab=300, max_context=64)
     cfg = (SynthSpec(**{**vars(spec), "arch": "opt"}) if no_gate else spec).model_config()
@@ -238,20 +241,23 @@ def test_each_sparsity_mode_costs_what_it_reads(no_gate):
     fixed = {"predictor": 0, "exact-relu": gate or row, "threshold": gate + row}
     fixed["dense"] = per_neuron
     cpu_only = Placement.cpu_only(layers)
-    times = {}
+    hw, times = TOY_HW, {}
+    if rows_rates:
+        hw = dataclasses.replace(hw, cpu_rows_bw=hw.cpu_mem_bw / 3, cpu_gate_bw=hw.cpu_mem_bw / 2)
     for mode, f in fixed.items():
         p = build_problem(
-            shape, prof, TOY_HW, 0, objective="time", bucket=32, context=16,
+            shape, prof, hw, 0, objective="time", bucket=32, context=16,
             predictors=fixed_predictor_sizes(cfg, 0), sparsity=mode,
         )  # fmt: skip
         assert all(lt.neuron_fixed == f and lt.neuron_read == per_neuron for lt in p.layers)
         times[mode] = evaluate(p, cpu_only).time_per_token
         assert p.sparsity == mode
     active = sum(float(np.sum(c)) for c in prof.counts) / prof.tokens  # per token, all layers
-    c_bw = TOY_HW.cpu_mem_bw * 1e9
+    r_bw, s_bw = (hw.cpu_rows_bw or hw.cpu_mem_bw) * 1e9, (hw.cpu_gate_bw or hw.cpu_mem_bw) * 1e9
     for mode, f in fixed.items():
-        # Against predictor mode: every neuron's f bytes, less the active ones' f bytes.
-        extra = (layers * cfg.ffn_dim - active) * f / c_bw
+        # Against predictor mode: every neuron's f bytes streamed, less the active ones' f bytes
+        # read by index.
+        extra = layers * cfg.ffn_dim * f / s_bw - active * f / r_bw
         assert times[mode] - times["predictor"] == pytest.approx(extra, rel=1e-9, abs=1e-15)
     assert times["predictor"] < times["exact-relu"] <= times["threshold"] < times["dense"]
 

@@ -26,6 +26,16 @@ def measure_format_bandwidth(
 ) -> float:
     """GB/s at which `threads` threads run a matvec over weights of `dtype`."""
 
+def measure_rows_bandwidth(
+    dtype: str,
+    listed: float,
+    fire: float,
+    bytes: int = ...,
+    iters: int = ...,
+    threads: int = ...,
+) -> float:
+    """GB/s of weight bytes the sparse FFN reads by rows (`listed` gate rows, `fire` firing)."""
+
 def measure_dispatch(
     threads: int = ..., rounds: int = ..., idle_us: int = ..., warm: bool = ...
 ) -> float:

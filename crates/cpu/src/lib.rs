@@ -27,7 +27,9 @@ mod simd;
 #[cfg(test)]
 mod testutil;
 
-pub use bandwidth::{measure_format_bandwidth, measure_read_bandwidth, pseudo_random_weight};
+pub use bandwidth::{
+    measure_format_bandwidth, measure_read_bandwidth, measure_rows_bandwidth, pseudo_random_weight,
+};
 pub use layout::{interleaving, LAYOUT_ENV};
 pub use numerics::{numerics, Numerics, NUMERICS_ENV};
 pub use operands::attention::HeadCache;

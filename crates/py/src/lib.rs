@@ -82,6 +82,34 @@ fn measure_format_bandwidth(
     })
 }
 
+/// The rate in GB/s of weight bytes read at which `threads` threads (0 = all cores) run the
+/// engine's sparse FFN by rows (gate, up and down_t rows of `dtype`, `bytes` of them in all):
+/// `listed` of the neurons' gate rows read, `fire` of those firing (their up and down_t rows
+/// read too); the best of `iters`. What a plan's cold neurons cost on the CPU.
+#[pyfunction]
+#[pyo3(signature = (dtype, listed, fire, bytes = 96 << 20, iters = 3, threads = 0))]
+fn measure_rows_bandwidth(
+    py: Python<'_>,
+    dtype: &str,
+    listed: f64,
+    fire: f64,
+    bytes: usize,
+    iters: usize,
+    threads: usize,
+) -> PyResult<f64> {
+    let dtype =
+        powerinfer_core::DType::from_name(dtype).map_err(|e| exceptions::to_pyerr(py, e))?;
+    for (name, v) in [("listed", listed), ("fire", fire)] {
+        if !(v > 0.0 && v <= 1.0) {
+            let msg = format!("{name} must be in (0, 1], got {v}");
+            return Err(pyo3::exceptions::PyValueError::new_err(msg));
+        }
+    }
+    on_pool(py, threads, || {
+        powerinfer_cpu::measure_rows_bandwidth(dtype, bytes, listed, fire, iters)
+    })
+}
+
 /// The delay, in seconds, until all of a pool of `threads` threads (0 = all cores) has started
 /// a parallel region after `idle_us` microseconds without work: the median of `rounds`; with
 /// `warm`, the pool warmed first as the hybrid executor does before each layer.
@@ -129,6 +157,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(measure_read_bandwidth, m)?)?;
     m.add_function(wrap_pyfunction!(measure_dispatch, m)?)?;
     m.add_function(wrap_pyfunction!(measure_format_bandwidth, m)?)?;
+    m.add_function(wrap_pyfunction!(measure_rows_bandwidth, m)?)?;
     m.add_function(wrap_pyfunction!(probe_storage_reads, m)?)?;
     m.add_function(wrap_pyfunction!(blocks::quantize, m)?)?;
     m.add_function(wrap_pyfunction!(blocks::dequantize, m)?)?;

@@ -13,7 +13,8 @@ weighted share placed on the GPU, in [0, 1]. The *FFN mass share* reported besid
 neurons only.
 
 Time (seconds per token, decode): per layer, attention then predictor run on their device, then
-the FFN runs on both at once (``max`` of GPU and CPU parts), plus a sync and PCIe transfer when
+the FFN runs on both at once (``max`` of GPU and CPU parts; the CPU's cold neurons at its
+measured rows-by-index rates, its dense parts at its dense rate), plus a sync and PCIe transfer when
 the layer is split between devices; plus the output head and one embedding row. A mixture of
 experts' layer also routes on the CPU (its router's bytes), so it is split whenever the GPU holds
 any part of it, and a bucket's mass is what it reads per token (routed neurons' rows, not just
@@ -78,8 +79,23 @@ def bucket_read(lt) -> np.ndarray:
     """Expected weight bytes each bucket of a layer reads per token: its active neurons' rows,
     and the rows its mode reads whether a neuron fires (``neuron_fixed``) of every neuron (of
     every neuron whose expert is routed, in a mixture of experts: ``routed``)."""
+    fired, fixed = bucket_read_parts(lt)
+    return fired + fixed
+
+
+def bucket_read_parts(lt) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`bucket_read` in its two parts, which the CPU reads at different rates: the rows of
+    neurons that fire (scattered, by index) and the rows read whether they fire (streamed)."""
     f = lt.neuron_fixed
-    return lt.mass * (lt.neuron_read - f) + lt.routed * float(f)
+    return lt.mass * (lt.neuron_read - f), lt.routed * float(f)
+
+
+def bucket_cpu_time(p: PlacementProblem, lt) -> np.ndarray:
+    """Seconds per token each bucket costs the CPU when cold: its firing rows at the CPU's
+    rows-by-index rate, its streamed rows at the gate rate (each the dense rate where the
+    profile has no measured one)."""
+    fired, fixed = bucket_read_parts(lt)
+    return fired / p.cpu_rows_bw + fixed / p.cpu_gate_bw
 
 
 def time_terms(p: PlacementProblem) -> TimeTerms:
@@ -91,7 +107,7 @@ def time_terms(p: PlacementProblem) -> TimeTerms:
         pred_gpu=[lt.pred_read / g + lam for lt in p.layers],
         pred_cpu=[lt.pred_read / c for lt in p.layers],
         bucket_gpu=[bucket_read(lt) / g for lt in p.layers],
-        bucket_cpu=[bucket_read(lt) / c for lt in p.layers],
+        bucket_cpu=[bucket_cpu_time(p, lt) for lt in p.layers],
         ffn_launch=lam,
         sync=p.sync_cost(),
         router=[lt.router_read / c for lt in p.layers],

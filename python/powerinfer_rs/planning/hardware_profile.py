@@ -36,6 +36,12 @@ _STORAGE_FIELDS = ("storage_read_bw", "storage_iops", "storage_read_bytes")
 #: Optional (0 when absent): the CPU pool's start after idle, in microseconds, as
 #: ``_core.measure_dispatch`` measures it; part of the cost of a layer split between devices.
 _DISPATCH_FIELD = "cpu_dispatch_us"
+#: Optional (0 when absent: priced at ``cpu_mem_bw``): the rates the CPU reads an FFN's rows by
+#: index, GB/s, as ``_core.measure_rows_bandwidth`` measures them: ``cpu_rows_bw`` for the rows
+#: of neurons that fire (scattered gate, up and down_t rows), ``cpu_gate_bw`` for gate rows read
+#: whether they fire (exact-relu's gate pass over the cold neurons). Neither is the dense rate:
+#: on 2 cores Q4_0 rows by index ran at 0.4x-0.7x the interleaved dense matvec.
+_ROWS_FIELDS = ("cpu_rows_bw", "cpu_gate_bw")
 
 #: Substrings of ``nvidia-smi --query-gpu=name`` -> shipped profile, most specific first.
 _GPU_NAME_TO_PROFILE = (
@@ -54,7 +60,9 @@ class HardwareProfile:
     Bandwidths are in GB/s (10^9 bytes per second), latencies in microseconds.
     ``gpu_mem_bw == 0`` means there is no GPU (only a budget of 0 fits). The storage fields
     (0: not measured): ``storage_read_bw`` GB/s of 1 MiB reads, ``storage_iops`` random reads
-    per second of ``storage_read_bytes`` each, several in flight.
+    per second of ``storage_read_bytes`` each, several in flight. The rows-by-index rates (0:
+    not measured, priced at ``cpu_mem_bw``): ``cpu_rows_bw`` GB/s of firing neurons' rows,
+    ``cpu_gate_bw`` GB/s of gate rows streamed whether they fire.
     """
 
     name: str
@@ -70,6 +78,18 @@ class HardwareProfile:
     storage_iops: float = 0.0
     storage_read_bytes: int = 0
     cpu_dispatch_us: float = 0.0
+    cpu_rows_bw: float = 0.0
+    cpu_gate_bw: float = 0.0
+
+    @property
+    def rows_bw(self) -> float:
+        """GB/s the CPU reads firing neurons' rows by index (``cpu_mem_bw`` when not measured)."""
+        return self.cpu_rows_bw or self.cpu_mem_bw
+
+    @property
+    def gate_bw(self) -> float:
+        """GB/s the CPU streams gate rows by index (``cpu_mem_bw`` when not measured)."""
+        return self.cpu_gate_bw or self.cpu_mem_bw
 
     @property
     def has_storage(self) -> bool:
@@ -120,7 +140,7 @@ class HardwareProfile:
             if v < 0:
                 raise PlanError(f"{source}: {k} must not be negative, got {v}")
             vals[k] = v
-        for k in (*_STORAGE_FIELDS, _DISPATCH_FIELD):
+        for k in (*_STORAGE_FIELDS, _DISPATCH_FIELD, *_ROWS_FIELDS):
             v = d.get(k, 0)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise PlanError(f"{source}: {k} must be a number, got {v!r}")
@@ -145,6 +165,8 @@ class HardwareProfile:
             storage_iops=float(vals["storage_iops"]),
             storage_read_bytes=int(vals["storage_read_bytes"]),
             cpu_dispatch_us=float(vals[_DISPATCH_FIELD]),
+            cpu_rows_bw=float(vals["cpu_rows_bw"]),
+            cpu_gate_bw=float(vals["cpu_gate_bw"]),
         )
 
 

@@ -143,6 +143,16 @@ class PlacementProblem:
         return self.hardware.cpu_mem_bw * 1e9
 
     @property
+    def cpu_rows_bw(self) -> float:
+        """CPU rate of firing neurons' rows read by index, bytes/s."""
+        return self.hardware.rows_bw * 1e9
+
+    @property
+    def cpu_gate_bw(self) -> float:
+        """CPU rate of gate rows streamed by index whether they fire, bytes/s."""
+        return self.hardware.gate_bw * 1e9
+
+    @property
     def pcie_bw(self) -> float:
         """PCIe bandwidth, bytes/s (inf without a GPU)."""
         return self.hardware.pcie_bw * 1e9 if self.hardware.has_gpu else float("inf")
@@ -170,20 +180,23 @@ def min_neurons_for(
 ) -> int:
     """m_l: the fewest hottest neurons whose GPU time saving pays for a split.
 
-    Moving neuron ``i`` (frequency ``p_i``) to the GPU saves ``(p_i (r - f) + q_i f) (1/C -
-    1/G)`` seconds per token (``f``: its bytes read every token its expert is routed,
+    Moving neuron ``i`` (frequency ``p_i``) to the GPU saves ``p_i (r - f) (1/R - 1/G) + q_i f
+    (1/S - 1/G)`` seconds per token (``R``, ``S``: the CPU's rates for firing rows and for rows
+    streamed whether they fire, :attr:`HardwareProfile.rows_bw` and ``gate_bw``; ``f``: the
+    bytes read every token its expert is routed,
     :attr:`LayerTerms.neuron_fixed`; ``q_i``: that share of tokens, 1 for a dense FFN); a
     split layer pays one launch, one sync and ``2 * 4 * dim`` PCIe bytes. Returns the smallest
     ``m`` with the top-``m`` saving at least that, or the whole layer when none does.
     """
     n = int(freq_sorted.size)
-    if not hw.has_gpu or hw.gpu_mem_bw <= hw.cpu_mem_bw:
+    if not hw.has_gpu or hw.gpu_mem_bw <= min(hw.rows_bw, hw.gate_bw):
         return n
-    per_byte = 1 / (hw.cpu_mem_bw * 1e9) - 1 / (hw.gpu_mem_bw * 1e9)
+    g = 1 / (hw.gpu_mem_bw * 1e9)
+    per_fired, per_fixed = 1 / (hw.rows_bw * 1e9) - g, 1 / (hw.gate_bw * 1e9) - g
     lat = hw.launch_latency_us + hw.sync_latency_us + hw.cpu_dispatch_us
     overhead = lat * 1e-6 + 8 * dim / (hw.pcie_bw * 1e9)
     q = 1.0 if routed_sorted is None else routed_sorted
-    saved = np.cumsum((freq_sorted * (neuron_read - fixed) + q * fixed) * per_byte)
+    saved = np.cumsum(freq_sorted * (neuron_read - fixed) * per_fired + q * fixed * per_fixed)
     k = int(np.searchsorted(saved, overhead))  # first index with saved >= overhead
     return max(1, min(n, k + 1))
 

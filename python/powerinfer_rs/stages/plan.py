@@ -28,8 +28,11 @@ def measured_cpu(profile, threads: int | None = None, ffn_format: str | None = N
     8-channel DDR5 host at 307 GB/s, where a lent 16-core VM reached 54); and a note. With
     ``ffn_format`` (the model's FFN weight format), the CPU's bandwidth is the lower of the read
     probe and the rate its matvec reaches on that format (``_core.measure_format_bandwidth``,
-    128 MiB, best of 3): where decoding the format costs more than reading it (Q4_0 on few
-    cores) that is what the CPU side of a plan reaches, and what the cost model must price."""
+    1 GiB, best of 3, in the interleaved layout the engine's dense products read): where
+    decoding the format costs more than reading it (Q4_0 on few cores) that is what the CPU's
+    dense parts reach. And the cold neurons' own rates (``_core.measure_rows_bandwidth``, 1 GiB
+    of FFN rows read by index: firing rows at 10% listed, the gate pass with 1% firing), which
+    the cost model prices the cold FFN at."""
     import dataclasses
     import os
 
@@ -43,12 +46,26 @@ def measured_cpu(profile, threads: int | None = None, ffn_format: str | None = N
         f"{dispatch_us:.1f} us (the profile says {profile.cpu_mem_bw:.0f} GB/s, "
         f"{profile.cpu_cores} cores)"
     )
+    rows = {}
     if ffn_format is not None:
-        rate = float(_core.measure_format_bandwidth(ffn_format, 128 << 20, 3, cores))
+        # 1 GiB: above the last-level cache of a big server part (480 MiB seen on a 2-core VM).
+        size = 1 << 30
+        rate = float(_core.measure_format_bandwidth(ffn_format, size, 3, cores))
         if rate < bw:
             note += f"; {ffn_format} matvec {rate:.0f} GB/s: the CPU's rate for this model"
             bw = rate
-    out = dataclasses.replace(profile, cpu_mem_bw=bw, cpu_cores=cores, cpu_dispatch_us=dispatch_us)
+        # Cold neurons are read by index, not by the dense products: their own rates.
+        rows = {
+            k: float(_core.measure_rows_bandwidth(ffn_format, listed, fire, size, 3, cores))
+            for k, listed, fire in (("cpu_rows_bw", 0.1, 1.0), ("cpu_gate_bw", 1.0, 0.01))
+        }
+        note += (
+            f"; rows by index {rows['cpu_rows_bw']:.0f} GB/s firing, "
+            f"{rows['cpu_gate_bw']:.0f} GB/s gate pass"
+        )
+    out = dataclasses.replace(
+        profile, cpu_mem_bw=bw, cpu_cores=cores, cpu_dispatch_us=dispatch_us, **rows
+    )
     return out, note
 
 
