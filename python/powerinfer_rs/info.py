@@ -194,7 +194,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "model",
         nargs="?",
         default=None,
-        help="GGUF file or Hugging Face model directory (default: SmolLM2-135M-Instruct)",
+        help="GGUF file (the first shard of a split one), Hugging Face model directory or hub "
+        "id org/repo[:QUANT] (default: SmolLM2-135M-Instruct)",
     )
     p.add_argument(
         "--vram-budget",
