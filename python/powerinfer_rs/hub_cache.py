@@ -15,16 +15,16 @@ import argparse
 from typing import Any
 
 from .errors import HubError
-from .loading.hub import client, parse_hub_id
+from .loading.hub import cache_dir, client, parse_hub_id
 from .loading.hub_files import gguf_candidates
 from .planning.sizes import format_bytes
 
 
 def _scan(hub: Any) -> tuple[str, list[Any]]:
     """(the cache directory, its model repos by id); none when the cache does not exist."""
-    cache = str(hub.constants.HF_HUB_CACHE)
+    cache = cache_dir(hub)
     try:
-        info = hub.scan_cache_dir()
+        info = hub.scan_cache_dir(cache)
     except hub.errors.CacheNotFound:
         return cache, []
     repos = [r for r in info.repos if r.repo_type == "model"]
@@ -82,7 +82,7 @@ def remove_model(hub: Any, spec: str) -> str:
         have = ", ".join(r.repo_id for r in repos) or "nothing"
         raise HubError(f"{repo_id} is not in the Hugging Face cache {cache} (it holds: {have})")
     repo = found[0]
-    strategy = hub.scan_cache_dir().delete_revisions(*(r.commit_hash for r in repo.revisions))
+    strategy = hub.scan_cache_dir(cache).delete_revisions(*(r.commit_hash for r in repo.revisions))
     strategy.execute()
     freed = format_bytes(strategy.expected_freed_size)
     return f"removed {repo.repo_id} from {cache}: {freed} freed"

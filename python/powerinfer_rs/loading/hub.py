@@ -75,6 +75,12 @@ def _errors(hub: Any) -> Any:
     return hub.errors
 
 
+def cache_dir(hub: Any) -> str:
+    """The client's cache directory (``HF_HUB_CACHE``, else ``$HF_HOME/hub``), as its
+    ``constants`` say now: passed to every call, so all of them use the same one."""
+    return str(hub.constants.HF_HUB_CACHE)
+
+
 def offline(hub: Any) -> bool:
     """Whether the client is in offline mode (``HF_HUB_OFFLINE``)."""
     is_offline = getattr(hub.constants, "is_offline_mode", None)
@@ -105,10 +111,10 @@ def _cached_files(hub: Any, repo: str, why: str, remedy: str) -> tuple[list[str]
     directory, as the client resolves it offline; a :class:`HubError` saying ``why`` the hub
     was not asked and the ``remedy`` when there is none."""
     try:
-        folder = Path(hub.snapshot_download(repo, local_files_only=True))
+        folder = Path(hub.snapshot_download(repo, local_files_only=True, cache_dir=cache_dir(hub)))
     except _errors(hub).LocalEntryNotFoundError:
         raise HubError(
-            f"{repo}: {why}, and the Hugging Face cache ({hub.constants.HF_HUB_CACHE}) has no "
+            f"{repo}: {why}, and the Hugging Face cache ({cache_dir(hub)}) has no "
             f"copy of it: {remedy}, or point HF_HOME at the cache that holds it"
         ) from None
     files = []
@@ -184,6 +190,6 @@ def _download(hub: Any, repo: str, filename: str) -> Path:
     """One file of ``repo`` into the cache (the client's progress bar; nothing fetched when it
     is there already)."""
     try:
-        return Path(hub.hf_hub_download(repo, filename))
+        return Path(hub.hf_hub_download(repo, filename, cache_dir=cache_dir(hub)))
     except Exception as e:
         raise _hub_error(hub, repo, e) from None
