@@ -14,7 +14,7 @@ import pytest
 
 from powerinfer_rs import Engine
 from powerinfer_rs.cli import main
-from powerinfer_rs.errors import HubError
+from powerinfer_rs.errors import HubError, UnsupportedError
 from powerinfer_rs.hub_cache import list_models, remove_model
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.loading.hub import client, resolve_model
@@ -152,3 +152,76 @@ def test_commands_take_hub_ids_and_say_what_is_wrong(home, capsys):
     assert "error: HubError: acme/missing: offline (HF_HUB_OFFLINE is set)" in err
     assert main(["models", "rm", "acme/tiny-hf"]) == 0
     assert "removed acme/tiny-hf" in capsys.readouterr().out
+
+
+class _Info:
+    """What ``HfApi.model_info`` returns, as far as the resolver reads it."""
+
+    def __init__(self, files):
+        self.siblings = [type("Sibling", (), {"rfilename": f})() for f in files]
+
+
+def _online(monkeypatch, model_info):
+    """Online, with the hub's answers stubbed: ``model_info`` (a function of the repo id) and
+    ``hf_hub_download`` (which records its calls and answers from the cache)."""
+    monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub.HfApi, "model_info", lambda self, repo, **kw: model_info(repo))
+    calls, real = [], hub.hf_hub_download
+
+    def download(repo, filename, **kw):
+        calls.append(filename)
+        monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", True)  # answer from the cache
+        try:
+            return real(repo, filename, **kw)
+        finally:
+            monkeypatch.setattr(hub.constants, "HF_HUB_OFFLINE", False)
+
+    monkeypatch.setattr(hub, "hf_hub_download", download)
+    return calls
+
+
+def test_online_every_shard_is_downloaded_in_order(home, monkeypatch):
+    names = [f"F32/tiny-F32-{i:05d}-of-00003.gguf" for i in (1, 2, 3)]
+    calls = _online(monkeypatch, lambda repo: _Info(["README.md", "tiny-Q8_0.gguf", *names[::-1]]))
+    path = resolve_model("acme/tiny-GGUF:F32")
+    assert calls == names and path.endswith(names[0])
+    assert load_model(path).files[2].endswith(names[2])
+
+
+def test_online_errors_say_what_to_do(home, monkeypatch):
+    def gated(repo):
+        raise hub.errors.GatedRepoError("403 Client Error: access to the repo is restricted")
+
+    _online(monkeypatch, gated)
+    with pytest.raises(
+        HubError, match=r"acme/g is gated: accept its terms on .*acme/g and set HF_TOKEN"
+    ):
+        resolve_model("acme/g")
+
+    def missing(repo):
+        raise hub.errors.RepositoryNotFoundError("401 Client Error: Repository Not Found")
+
+    _online(monkeypatch, missing)
+    with pytest.raises(
+        HubError, match=r"acme/m: no such model repo on the hub, or it is private \(set HF_TOKEN"
+    ):
+        resolve_model("acme/m:Q4_K_M")
+
+    def down(repo):
+        raise ConnectionError("connection refused")
+
+    _online(monkeypatch, down)  # the hub unreachable: the cache answers, else says so
+    assert resolve_model("acme/tiny-GGUF:Q8_0").endswith("tiny-Q8_0.gguf")
+    with pytest.raises(
+        HubError,
+        match=r"acme/x: the hub cannot be reached \(ConnectionError: connection refused\).*"
+        r"check the network",
+    ):
+        resolve_model("acme/x")
+
+
+def test_without_huggingface_hub_the_error_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # import fails
+    with pytest.raises(UnsupportedError, match=r"hub id .*pip install 'powerinfer-rs\[hub\]'"):
+        resolve_model("acme/never-there")
+    assert resolve_model("/no/such/file.gguf") == "/no/such/file.gguf"  # paths need no client
