@@ -109,6 +109,17 @@ def test_the_same_quant_twice_is_ambiguous_until_a_path_names_one():
     ]  # fmt: skip
 
 
+def test_the_defaults_and_exclusions_are_llama_cpps():
+    assert q(["m-F16.gguf", "m-Q6_K.gguf", "m-Q8_0.gguf"], None) == ["m-Q8_0.gguf"]  # then Q8_0
+    drafts = ["mtp-m-Q4_K_M.gguf", "eagle3-m-Q4_K_M.gguf", "m-imatrix-Q4_K_M.gguf"]
+    assert q([*drafts, "m-Q6_K.gguf"], None) == ["m-Q6_K.gguf"]  # never a draft head
+    # The tag followed by "." or "-", as llama.cpp matches it; the label itself among several.
+    both = ["m-Q4_K_XL.gguf", "m-UD-Q4_K_XL.gguf"]
+    assert q(both, "Q4_K_XL") == ["m-Q4_K_XL.gguf"] and q(both, "ud-q4_k_xl") == [both[1]]
+    with pytest.raises(HubError, match="matches 2 files"):
+        q(["a/m-Q8_0.gguf", "b/m-Q8_0.gguf"], "Q8_0")
+
+
 def test_vision_projectors_are_never_the_model():
     assert q(GEMMA_VISION, None) == ["gemma-3-4b-it-Q4_K_M.gguf"]
     assert q(GEMMA_VISION, "F16") == ["gemma-3-4b-it-f16.gguf"]

@@ -79,13 +79,15 @@ def test_a_quant_resolves_to_the_clients_own_cached_file(home, sources):
     )
 
 
-def test_no_tag_and_no_q4_k_m_takes_the_first_file_every_shard_of_it(home, sources):
-    loaded = load_model("acme/tiny-GGUF")  # F32/... sorts first: the split
+def test_a_split_tag_loads_every_shard_and_no_tag_takes_q8_0(home, sources):
+    loaded = load_model("acme/tiny-GGUF:f32")
     assert [Path(f).name for f in loaded.files] == [
         f"tiny-F32-{i:05d}-of-00003.gguf" for i in (1, 2, 3)
     ]
     assert Path(loaded.files[0]).parent.name == "F32"
     assert loaded.fingerprint == load_model(sources["split"]).fingerprint
+    # No tag: Q4_K_M, else Q8_0 (llama.cpp's defaults), though F32/... sorts first.
+    assert resolve_model("acme/tiny-GGUF").endswith("/tiny-Q8_0.gguf")
 
 
 def test_a_safetensors_repo_is_its_snapshot_directory(home, sources):

@@ -1,16 +1,21 @@
 """Which files of a hub repo a model id means: the tag-to-file choice of ``org/repo[:QUANT]``,
 on a repo's file list alone (no client, no network), so it is tested on real repos' lists.
 
-As llama.cpp's ``-hf org/repo[:quant]`` (and the hub's own choice behind it):
+As llama.cpp's ``-hf org/repo[:quant]`` (``common/download.cpp``: ``find_best_model``,
+``gguf_filename_is_model``, ``get_split_files``):
 
-* the GGUF files are the candidates, less the vision projectors (``mmproj*``); the shards of a
-  split file (``-00001-of-00003.gguf``, ...) are one candidate, fetched together;
-* a tag picks the file whose quant label (``Q4_K_M``, ``UD-Q4_K_XL``, ``IQ2_M``, ``MXFP4``,
-  ``BF16``, ... as the name ends) is the tag, compared without case; else the one whose path
-  holds the tag as a word (between separators); a tag that is a file's path or name picks it;
-* no tag: ``Q4_K_M``, else the first GGUF file by path;
-* two candidates for one tag is an ambiguity, none a missing file: each a :class:`HubError`
-  that lists what there is and how to ask for it.
+* the GGUF files are the candidates, less those whose name holds ``mmproj``, ``imatrix``,
+  ``mtp-``, ``eagle3-``, ``dflash-`` or ``dspark-`` (projectors and draft heads); the shards of
+  a split file (``-00001-of-00003.gguf``, ...) are one candidate, fetched together;
+* a tag picks the file whose path holds it followed by ``.`` or ``-`` (``Q4_K_M-``, ``Q8_0.``),
+  compared without case; no tag means ``Q4_K_M``, else ``Q8_0``, else the first GGUF file by
+  path.
+
+Where llama.cpp takes the first of several files a tag matches, two files are a
+:class:`HubError` here, unless one's quant label (``Q4_K_XL`` beside ``UD-Q4_K_XL``) is the tag
+itself; a tag that is a file's path or name (our addition, in place of llama.cpp's
+``--hf-file``) picks that file. No file for the tag is a :class:`HubError` listing the quants
+the repo has.
 
 A repo without GGUF files but with ``config.json`` and ``*.safetensors`` at its top is a Hugging
 Face model directory: its top-level configs, weights and tokenizer files are fetched.
@@ -25,8 +30,10 @@ from pathlib import PurePosixPath
 from ..errors import HubError
 from .gguf_split import SHARD_NAME
 
-#: The quant of a repo id without a tag (llama.cpp's and the hub's default).
-DEFAULT_QUANT = "Q4_K_M"
+#: The quants a repo id without a tag asks for, in order (llama.cpp's ``find_best_model``).
+DEFAULT_QUANTS = ("Q4_K_M", "Q8_0")
+#: Names of GGUF files that are not a model (llama.cpp's ``gguf_filename_is_model``).
+NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")
 #: A quant label as GGUF publishers end file names with it: llama.cpp's types and the mixes of
 #: its quantizer (``Q4_K_M``, ``IQ2_XXS``, ``TQ1_0``, ``MXFP4_MOE``), unsloth's dynamic ones
 #: (``UD-Q4_K_XL``), the float types.
@@ -66,7 +73,7 @@ class GGUFCandidate:
 
 def _is_model_gguf(path: str) -> bool:
     name = PurePosixPath(path).name.lower()
-    return name.endswith(".gguf") and not name.startswith("mmproj")
+    return name.endswith(".gguf") and not any(w in name for w in NOT_MODELS)
 
 
 def gguf_candidates(files: list[str]) -> list[GGUFCandidate]:
@@ -98,12 +105,10 @@ def available_quants(cands: list[GGUFCandidate]) -> list[str]:
     return sorted({c.label or PurePosixPath(c.first).name for c in cands})
 
 
-def _word(tag: str) -> re.Pattern[str]:
-    return re.compile(rf"(?<![A-Za-z0-9_]){re.escape(tag)}(?![A-Za-z0-9_])", re.IGNORECASE)
-
-
 def _matches(cands: list[GGUFCandidate], tag: str) -> list[GGUFCandidate]:
-    """The candidates ``tag`` names: by path or file name, else by label, else as a word."""
+    """The candidates ``tag`` names: by path or file name; else those whose first file's path
+    holds the tag followed by ``.`` or ``-`` (llama.cpp's ``tag[.-]``, without case), narrowed
+    to those whose label is the tag when there are several."""
     low = tag.lower()
     by_name = [
         c
@@ -112,11 +117,10 @@ def _matches(cands: list[GGUFCandidate], tag: str) -> list[GGUFCandidate]:
     ]
     if by_name:
         return by_name
-    by_label = [c for c in cands if c.label == tag.upper()]
-    if by_label:
-        return by_label
-    word = _word(tag)
-    return [c for c in cands if word.search(c.stem)]
+    pattern = re.compile(re.escape(tag) + "[.-]", re.IGNORECASE)
+    found = [c for c in cands if pattern.search(c.first)]
+    exact = [c for c in found if c.label == tag.upper()]
+    return exact if len(found) > 1 and exact else found
 
 
 def choose_gguf(repo: str, files: list[str], tag: str | None) -> list[str]:
@@ -127,18 +131,19 @@ def choose_gguf(repo: str, files: list[str], tag: str | None) -> list[str]:
     if not cands:
         raise HubError(f"{repo}: no GGUF file in the repo")
     if tag is None:
-        found = _matches(cands, DEFAULT_QUANT)
+        found = next((f for f in (_matches(cands, t) for t in DEFAULT_QUANTS) if f), [])
         if not found:
             return cands[0].files
+        which = found[0].label or DEFAULT_QUANTS[0]
     else:
         found = _matches(cands, tag)
+        which = tag
     if not found:
         raise HubError(
             f"{repo}: no GGUF file for the tag {tag!r}; the repo has "
             f"{', '.join(available_quants(cands))} (ask for one as {repo}:QUANT)"
         )
     if len(found) > 1:
-        which = tag or DEFAULT_QUANT
         raise HubError(
             f"{repo}: the tag {which!r} matches {len(found)} files: "
             f"{', '.join(c.first for c in found)}; name one: {repo}:<its path, as listed>"
