@@ -20,7 +20,7 @@ from powerinfer_rs.info import report
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.loading.gguf_loader import open_gguf
 from powerinfer_rs.loading.gguf_split import shard_of_name, split_path, split_prefix
-from powerinfer_rs.runtime.prepared import model_paths
+from powerinfer_rs.runtime.prepared import model_paths, model_problem, model_record
 from powerinfer_rs.testing.synth import write_gguf_model
 
 from conftest import SMALL
@@ -117,11 +117,20 @@ def test_split_file_runs_as_the_unsplit_one_bit_for_bit(files):
     assert np.array_equal(want, got)
 
 
-def test_prepared_records_and_info_show_every_shard(files):
+def test_prepared_records_and_info_show_every_shard(files, tmp_path):
     _, first = files
     assert [p.name for p in model_paths(first)] == [
         f"m-Q8_0-{i:05d}-of-00005.gguf" for i in range(1, 6)
     ]
+    # A prepared directory's record of the model: every shard, and a rewrite of any is seen.
+    shards = _copy_split(first, tmp_path / "c")
+    record = model_record(shards[0])
+    assert [r["name"] for r in record] == [p.name for p in shards]
+    assert model_problem(shards[0], record) is None
+    data = bytearray(shards[3].read_bytes())
+    data[-1] ^= 1
+    shards[3].write_bytes(bytes(data))
+    assert model_problem(shards[0], record) == f"{shards[3]} has changed"
     text = report(load_model(first), None, None, 64)
     assert "shards       5 files: m-Q8_0-00001-of-00005.gguf (" in text
     assert "m-Q8_0-00005-of-00005.gguf (" in text

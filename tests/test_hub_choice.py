@@ -154,6 +154,15 @@ def test_hub_id_grammar():
         assert parse_hub_id(path) is None, path
 
 
+def test_a_draft_model_may_be_a_hub_id():
+    from powerinfer_rs.cli import build_parser
+
+    a = build_parser().parse_args(["generate", "-p", "x", "--speculative", "org/draft:Q8_0"])
+    assert a.speculative == "org/draft:Q8_0"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", "-p", "x", "--speculative", "nodraft"])
+
+
 def test_a_local_path_wins_over_a_hub_id(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "org").mkdir()
