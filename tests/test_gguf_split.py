@@ -262,3 +262,18 @@ def test_llama_cpp_loads_the_same_split(files, tmp_path):
     ours = Engine(load_model(first), threads=1, kv_cache="f32").logits(ids)
     # Both quantize x their own way over Q8_0 weights: close, not equal.
     assert np.linalg.norm(ours - theirs) / np.linalg.norm(theirs) <= 1e-2
+
+
+def test_the_real_model_split_by_ggml_runs_bit_for_bit(smol_path, smol, tmp_path):
+    """SmolLM2-135M-Instruct Q4_1, split in three by ggml's writer as gguf-split splits it."""
+    pytest.importorskip("llama_cpp")
+    from powerinfer_rs.testing.ggml_split import ggml_split
+
+    n = len(open_gguf(smol_path).tensors)
+    shards = ggml_split(smol_path, str(tmp_path / "smol"), -(-n // 3))
+    assert len(shards) == 3
+    split = load_model(shards[0])
+    assert split.fingerprint == smol.fingerprint and len(split.files) == 3
+    ids = split.tokenizer.encode("The capital of France is", add_bos=True)
+    want = Engine(smol, threads=2).logits(ids)
+    assert np.array_equal(Engine(split, threads=2).logits(ids), want)
