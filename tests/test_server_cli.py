@@ -29,6 +29,7 @@ def test_serve_arguments():
     assert (a.host, a.port, a.ctx, a.max_queue, a.api_key) == ("127.0.0.1", 8000, 512, 64, None)
     assert model_id("/x/SmolLM2-135M-Instruct.Q4_1.gguf", None) == "SmolLM2-135M-Instruct.Q4_1"
     assert model_id("/x/model-dir/", None) == "model-dir"
+    assert model_id("/x/gpt-oss-120b-mxfp4-00001-of-00003.gguf", None) == "gpt-oss-120b-mxfp4"
     assert model_id("/x/m.gguf", "local") == "local"
 
 

@@ -60,7 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "-m",
         action="append",
         default=None,
-        help="GGUF file or Hugging Face directory; repeat for several (default: "
+        help="GGUF file, Hugging Face directory or hub id org/repo[:QUANT]; repeat for several "
+        "(default: "
         "SmolLM2-135M-Instruct Q4_1, fetched once into the cache)",
     )
     p.add_argument(

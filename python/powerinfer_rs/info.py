@@ -11,6 +11,7 @@ file's header and tensor table: no weights are loaded into the engine.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 from collections import defaultdict
 
@@ -112,12 +113,28 @@ def estimate_plan(model: LoadedModel, budget: int, hardware: str | None, context
     return make_plan(model, profile, hw, budget, context=context, solver="greedy")
 
 
+def _shard_lines(model: LoadedModel) -> list[str]:
+    """The ``shards`` line of a model read from several files (a split GGUF's shards, a
+    directory's safetensors files): each file's name and size."""
+    if len(model.files) < 2:
+        return []
+    parts = []
+    for f in model.files:
+        try:
+            size = format_bytes(os.path.getsize(f))
+        except OSError:
+            size = "?"
+        parts.append(f"{os.path.basename(f)} ({size})")
+    return [f"shards       {len(model.files)} files: {', '.join(parts)}"]
+
+
 def report(model: LoadedModel, budget: int | None, hardware: str | None, context: int) -> str:
     """The text ``info`` prints."""
     c = model.config
     total = sum(b for _, b in tensor_kinds(model).values())
     lines = [
         f"model        {model.path}",
+        *_shard_lines(model),
         f"family       {c.arch} ({c.activation}, RoPE {c.rope_style})"
         if not c.learned_pos
         else f"family       {c.arch} ({c.activation}, learned positions)",
@@ -177,7 +194,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "model",
         nargs="?",
         default=None,
-        help="GGUF file or Hugging Face model directory (default: SmolLM2-135M-Instruct)",
+        help="GGUF file (the first shard of a split one), Hugging Face model directory or hub "
+        "id org/repo[:QUANT] (default: SmolLM2-135M-Instruct)",
     )
     p.add_argument(
         "--vram-budget",

@@ -27,6 +27,11 @@ pub enum Error {
     /// A placement whose device bytes exceed the VRAM budget it must fit.
     #[error("VRAM budget exceeded: {0}")]
     VramBudget(String),
+    /// A model asked for by hub id that cannot be resolved: no file for the tag, two files for
+    /// it, offline without a cached copy, a missing or gated repo. (Raised from Python; declared
+    /// here so every class lives in one place.)
+    #[error("hub: {0}")]
+    Hub(String),
     /// A CUDA driver, NVRTC or kernel launch error, or no GPU where one was asked for.
     #[error("CUDA error: {0}")]
     Cuda(String),
@@ -50,6 +55,7 @@ impl Error {
             Error::ContextOverflow(_) => "ContextOverflowError",
             Error::Plan(_) => "PlanError",
             Error::VramBudget(_) => "VramBudgetError",
+            Error::Hub(_) => "HubError",
             Error::Cuda(_) => "CudaError",
             Error::Interrupted | Error::Other(_) => "InternalError",
         }

@@ -13,7 +13,7 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
 
 /// Each class: name, the built-in it also derives from, docstring. `PowerInferError` first.
-const CLASSES: [(&str, &str, &str); 10] = [
+const CLASSES: [(&str, &str, &str); 11] = [
     (
         "PowerInferError",
         "Exception",
@@ -54,6 +54,13 @@ const CLASSES: [(&str, &str, &str); 10] = [
         "VramBudgetError",
         "MemoryError",
         "A placement that does not fit the VRAM budget.",
+    ),
+    (
+        "HubError",
+        "ValueError",
+        "A model asked for by hub id (org/repo[:QUANT]) that cannot be fetched or resolved: \
+         a missing or gated repo, no file or two files for the tag, offline without a cached \
+         copy.",
     ),
     (
         "CudaError",

@@ -1,7 +1,8 @@
 """Model loading: GGUF files and Hugging Face directories -> :class:`LoadedModel`.
 
-``load_model(path)`` picks the loader from what ``path`` is. Weights come back as raw,
-memory-mapped byte views (:class:`TensorData`) under canonical llama tensor names.
+``load_model(path)`` picks the loader from what ``path`` is (a hub id is fetched first).
+Weights come back as raw, memory-mapped byte views (:class:`TensorData`) under canonical llama
+tensor names.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 from ..errors import ModelFileError
 from .gguf_loader import load_gguf
 from .hf_loader import load_hf_dir
+from .hub import resolve_model
 from .types import (
     BLOCK_LAYOUT,
     SUPPORTED_DTYPES,
@@ -24,8 +26,10 @@ from .types import (
 
 
 def load_model(path: str | os.PathLike[str]) -> LoadedModel:
-    """Load a model from a ``.gguf`` file or a Hugging Face model directory."""
-    p = Path(path)
+    """Load a model from a ``.gguf`` file (the first shard of a split one), a Hugging Face
+    model directory, or a hub id ``org/repo[:QUANT]`` that is not a local path (fetched into
+    the HF cache: :func:`~.hub.resolve_model`)."""
+    p = Path(resolve_model(path))
     try:
         is_dir, is_file = p.is_dir(), p.is_file()
     except OSError as e:  # e.g. a directory on the way that this user may not enter
@@ -57,5 +61,6 @@ __all__ = [
     "load_gguf",
     "load_hf_dir",
     "load_model",
+    "resolve_model",
     "row_bytes",
 ]

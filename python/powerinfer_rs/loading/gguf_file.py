@@ -118,6 +118,9 @@ class GGUFTensorInfo:
     offset: int
     #: bytes of the tensor's data (None for a type id not in :data:`GGML_TYPES`)
     nbytes: int | None = None
+    #: which shard of a split model holds it (from 0; :mod:`.gguf_split`), its offset being
+    #: into that shard
+    shard: int = 0
 
     @property
     def type_name(self) -> str:

@@ -34,7 +34,8 @@ import numpy as np
 from ..errors import ModelFileError, ShapeError, UnsupportedError
 from ..runtime.tokenizer import Tokenizer
 from .archs import GGUF_FAMILIES, Family, family_config, family_named, split_fused
-from .gguf_file import MAGIC, GGUFFile, starts_with
+from .gguf_file import MAGIC, GGUFTensorInfo, starts_with
+from .gguf_split import GGUFModelFiles
 from .rope import (
     LONGROPE_TENSORS,
     gguf_original_context,
@@ -59,9 +60,10 @@ ACTIVATION_KEY = "powerinfer_rs.activation"
 RELU_THRESHOLD_KEY = "powerinfer_rs.relu_threshold"
 
 
-def open_gguf(path: str | os.PathLike[str]) -> GGUFFile:
-    """Parse a GGUF file's header (memory-mapped, read-only); ModelFileError if malformed."""
-    return GGUFFile(path)
+def open_gguf(path: str | os.PathLike[str]) -> GGUFModelFiles:
+    """Parse a GGUF model's header (memory-mapped, read-only): one file, or every shard of a
+    split one given by its first (:mod:`.gguf_split`); ModelFileError if malformed."""
+    return GGUFModelFiles(path)
 
 
 def _int(meta: dict[str, Any], key: str, default: int | None = None) -> int:
@@ -232,13 +234,15 @@ def _family(meta: dict[str, Any]) -> Family:
     return fam
 
 
-def _read_rope_tensor(gf: GGUFFile, t: Any, name: str, fam: Family, cfg: ModelConfig) -> None:
+def _read_rope_tensor(
+    gf: GGUFModelFiles, t: GGUFTensorInfo, name: str, fam: Family, cfg: ModelConfig
+) -> None:
     """A RoPE factor tensor into ``cfg``: ``rope_freqs`` (Llama 3.1's factors) as
     ``rope_freq_factors``; LongRoPE's ``rope_factors_short`` / ``_long`` as
     ``rope_freq_factors`` / ``rope_long_factors`` with the original context they switch at
     (llama.cpp reads them from phi3 files, and from the others whose ``rope.scaling.type`` is
     "longrope")."""
-    path, buf, a = gf.path, gf.data, fam.gguf_arch
+    path, buf, a = gf.path_of(t), gf.data_of(t), fam.gguf_arch
     full = f"{name}.weight"
     if name in LONGROPE_TENSORS and a != "phi3" and gguf_scaling_type(gf.metadata, a) != "longrope":
         raise UnsupportedError(
@@ -272,16 +276,17 @@ def _check_rope_tensors(path: str, names: set[str], cfg: ModelConfig) -> None:
         cfg.rope_long_factors = [1.0] * (cfg.rotary_dims // 2)
 
 
-def _tensor_views(gf: GGUFFile, fam: Family, cfg: ModelConfig) -> dict[str, TensorData]:
-    """Canonical name -> TensorData for every weight tensor in the file (and the biases of the
-    families that have them; PowerInfer's ``ffn_down_t.bias`` is ``ffn_down.bias``). The RoPE
-    factor tensors go into ``cfg`` (:func:`_read_rope_tensor`)."""
-    path = gf.path
-    buf = gf.data  # np.memmap, uint8, the whole file
-    size = int(buf.size)
+def _tensor_views(gf: GGUFModelFiles, fam: Family, cfg: ModelConfig) -> dict[str, TensorData]:
+    """Canonical name -> TensorData for every weight tensor in the file or its shards (and the
+    biases of the families that have them; PowerInfer's ``ffn_down_t.bias`` is
+    ``ffn_down.bias``), each a view of its own shard's memory map. The RoPE factor tensors go
+    into ``cfg`` (:func:`_read_rope_tensor`)."""
     out: dict[str, TensorData] = {}
     rope_tensors: set[str] = set()
     for t in gf.tensors:
+        path = gf.path_of(t)
+        buf = gf.data_of(t)  # np.memmap, uint8, the whole shard
+        size = int(buf.size)
         full = t.name.replace("ffn_down_t.bias", "ffn_down.bias")
         bias = full.endswith(".bias") and full.rsplit(".", 2)[-2] + ".bias" in fam.biases()
         if full.endswith(".bias") and not bias:
@@ -319,7 +324,7 @@ def _tensor_views(gf: GGUFFile, fam: Family, cfg: ModelConfig) -> dict[str, Tens
                 f"{path}: tensor {full!r} extends past the end of the file (truncated?)"
             )
         out[name] = TensorData(name, dtype, rows, cols, buf[start : start + nbytes])
-    _check_rope_tensors(path, rope_tensors, cfg)
+    _check_rope_tensors(gf.path, rope_tensors, cfg)
     return out
 
 
@@ -348,7 +353,7 @@ def load_gguf(path: str | os.PathLike[str]) -> LoadedModel:
         raise ShapeError(
             f"{p}: tokenizer has {tok.vocab_size} tokens, the model only {cfg.vocab_size}"
         )
-    return loaded_model(p, meta, cfg, tensors, tok)
+    return loaded_model(p, meta, cfg, tensors, tok, files=gf.paths)
 
 
 def fit_position_table(cfg: ModelConfig, tensors: dict[str, TensorData], path: str) -> None:
@@ -367,10 +372,15 @@ def fit_position_table(cfg: ModelConfig, tensors: dict[str, TensorData], path: s
 
 
 def loaded_model(
-    path: str, meta: dict[str, Any], cfg: ModelConfig, tensors: dict[str, TensorData], tok: Any
+    path: str,
+    meta: dict[str, Any],
+    cfg: ModelConfig,
+    tensors: dict[str, TensorData],
+    tok: Any,
+    files: list[str] | None = None,
 ) -> LoadedModel:
     """The :class:`LoadedModel` of a GGUF file: its chat template from the metadata ``meta``
-    and its fingerprint."""
+    and its fingerprint; ``files``: the shards of a split file (default: ``[path]``)."""
     template = meta.get("tokenizer.chat_template")
     return LoadedModel(
         config=cfg,
@@ -379,6 +389,7 @@ def loaded_model(
         chat_template=template if isinstance(template, str) else None,
         path=path,
         fingerprint=fingerprint(cfg, tensors),
+        files=list(files or [path]),
     )
 
 

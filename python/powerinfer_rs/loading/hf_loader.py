@@ -323,7 +323,8 @@ def load_hf_dir(path: str | os.PathLike[str]) -> LoadedModel:
         )
 
     family = family_named(cfg.arch)
-    tensors = _tensors(_weight_files(d), family)
+    weight_files = _weight_files(d)
+    tensors = _tensors(weight_files, family)
     if family.moe:
         merge_experts(tensors, cfg, str(d))
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
@@ -350,4 +351,5 @@ def load_hf_dir(path: str | os.PathLike[str]) -> LoadedModel:
         chat_template=_chat_template(d, tok_cfg),
         path=str(d),
         fingerprint=fingerprint(cfg, tensors),
+        files=[str(f) for f in weight_files],
     )

@@ -45,6 +45,7 @@ from ..loading.gguf_loader import (
     fit_position_table,
     loaded_model,
 )
+from ..loading.gguf_split import GGUFModelFiles
 from ..loading.types import (
     LoadedModel,
     TensorData,
@@ -125,7 +126,7 @@ def load_powerinfer_gguf(
     tok = Tokenizer.from_gguf(meta)
     cfg = config_from_metadata(meta, tok)
     fam = GGUF_FAMILIES[arch]
-    tensors = _tensor_views(gf, fam, cfg)
+    tensors = _tensor_views(GGUFModelFiles(gf), fam, cfg)
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     split_fused(fam, tensors, q_dim, kv_dim, cfg.ffn_dim)
     fit_position_table(cfg, tensors, p)

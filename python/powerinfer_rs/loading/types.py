@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -153,6 +153,9 @@ class LoadedModel:
     chat_template: str | None
     path: str
     fingerprint: str
+    #: the files the weights are read from: ``[path]``, the shards of a split GGUF, or a
+    #: directory's safetensors files (empty when the loader does not say)
+    files: list[str] = field(default_factory=list)
 
 
 def layer_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:

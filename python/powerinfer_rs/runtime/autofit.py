@@ -267,12 +267,12 @@ def prepare(
 
     With "auto" and no GPU (or a CPU ``device``) nothing is planned: it says so and prepares
     the CPU's sparse mode (thresholds or predictors) only."""
-    from ..loading import load_model
+    from ..loading import load_model, resolve_model
     from ..planning.sizes import format_bytes
     from .default_model import default_model_path
 
     budget = check_budget(vram_budget)
-    path = os.path.abspath(default_model_path() if model is None else model)
+    path = os.path.abspath(default_model_path() if model is None else resolve_model(model))
     own = _own_predictors(path)
     if own:
         from ..loading.powerinfer_gguf import load_powerinfer_gguf

@@ -19,7 +19,7 @@ from ..errors import (
     TokenError,
     UnsupportedError,
 )
-from ..loading import LoadedModel, load_model
+from ..loading import LoadedModel, load_model, resolve_model
 from .checks import check_int, check_threads
 from .context import Context
 from .draft import DraftModel
@@ -167,8 +167,11 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         kv_cache: str | None = None,
         draft: str | os.PathLike[str] | LoadedModel | None = None,
     ) -> Engine:
-        """Load a GGUF file or a Hugging Face model directory (default: SmolLM2-135M-Instruct,
-        fetched once into the cache). ``threads=0`` uses one thread per core.
+        """Load a GGUF file (the first shard of a split one), a Hugging Face model directory,
+        or a hub id ``"org/repo"`` / ``"org/repo:QUANT"`` (fetched into the Hugging Face cache
+        through ``huggingface_hub``; a local path that exists wins; see
+        :mod:`powerinfer_rs.loading.hub`). Default: SmolLM2-135M-Instruct, fetched once into
+        the cache. ``threads=0`` uses one thread per core.
 
         ``sparsity``: "dense" (exact), "exact-relu" (ReLU models: skip neurons whose ReLU is 0,
         same function as dense), "threshold" (skip neurons with |act(gate)·up| below a per-layer
@@ -213,6 +216,8 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
             path = default_model_path()
         elif not isinstance(path, (str, os.PathLike)):
             raise ModelFileError(f"path must be a file or directory path, got {path!r}")
+        else:
+            path = resolve_model(path)  # a hub id that is not a local path: fetched
         from ..loading.powerinfer_gguf import is_powerinfer_gguf, load_powerinfer_gguf
 
         # A file argument without a mode selects its mode (said once), as on the command line.

@@ -31,6 +31,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from ..errors import ModelFileError, PlanError
+from ..loading.gguf_split import model_file_paths
 
 #: The file a complete prepared directory holds.
 MANIFEST = "prepared.json"
@@ -122,11 +123,12 @@ def content_digest(tensors: dict[str, Any]) -> str:
 
 
 def model_paths(model: str | os.PathLike[str]) -> list[Path]:
-    """The files a model is read from: the file itself, or every regular file (not hidden)
-    directly inside a model directory, sorted by name."""
+    """The files a model is read from: the file itself (every shard of a split GGUF given by
+    its first), or every regular file (not hidden) directly inside a model directory, sorted by
+    name."""
     p = Path(model)
     if not p.is_dir():
-        return [p]
+        return model_file_paths(p)
     return sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith("."))
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .._lazy import optional_import
+from ..loading.gguf_split import SHARD_NAME
 
 SERVER_EXTRA = "pip install 'powerinfer-rs[server]'"
 
@@ -52,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def model_id(model: str | None, alias: str | None) -> str:
     """The id the API serves the model under: ``alias``, else the file or directory name
-    without ``.gguf``."""
+    without ``.gguf`` (and without a split file's ``-00001-of-0000N``)."""
     if alias:
         return alias
     if model is None:
@@ -60,6 +61,7 @@ def model_id(model: str | None, alias: str | None) -> str:
 
         model = str(default_model_path())
     name = Path(model).name or Path(model).resolve().name
+    name = SHARD_NAME.sub(".gguf", name)  # a split file's model, not its first shard
     return name[: -len(".gguf")] if name.endswith(".gguf") else name
 
 

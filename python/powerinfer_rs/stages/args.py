@@ -52,7 +52,9 @@ def stage_parser(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument(
-        "--model", required=True, help=model_help or "GGUF file or Hugging Face model directory"
+        "--model",
+        required=True,
+        help=model_help or "GGUF file, Hugging Face model directory or hub id org/repo[:QUANT]",
     )
     return ap
 

@@ -497,7 +497,14 @@ def _rope_tensors(spec: SynthSpec) -> dict[str, np.ndarray]:
     return {}
 
 
-def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **shape: Any) -> Path:
+def write_gguf_model(
+    out_path: str | os.PathLike[str],
+    *,
+    dtype: str = "F16",
+    split_max_tensors: int = 0,
+    split_max_size: int = 0,
+    **shape: Any,
+) -> Path:
     """Write the same synthetic model as :func:`write_hf_model` (same ``shape`` keywords) as a
     GGUF file of its family, with llama.cpp's architecture, keys and tensor names.
 
@@ -510,6 +517,11 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
     RoPE as llama.cpp's converter writes it: ``rope.dimension_count`` = the rotated dims,
     linear scaling as ``rope.scaling.type``/``factor``, llama3 scaling as an F32
     ``rope_freqs.weight`` of the per-pair factors. Returns ``out_path``.
+
+    ``split_max_tensors`` / ``split_max_size`` (bytes) split the file as
+    ``convert_hf_to_gguf.py --split-max-tensors / --split-max-size`` does (gguf-py's own
+    writer): shards ``<stem>-00001-of-0000N.gguf``, ... beside ``out_path``, and the first
+    shard's path is returned (``out_path`` itself when one shard suffices).
     """
     import gguf
 
@@ -522,9 +534,17 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
         raise ShapeError(f"{dtype} needs dim and ffn to be multiples of 32")
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".part")
+    # Shards are written into a directory of their own, then moved beside ``out``.
+    work = out.with_name(out.name + ".part.d")
+    work.mkdir(exist_ok=True)
+    tmp = work / out.name
 
-    w = gguf.GGUFWriter(str(tmp), spec.family.gguf_arch)
+    w = gguf.GGUFWriter(
+        str(tmp),
+        spec.family.gguf_arch,
+        split_max_tensors=split_max_tensors,
+        split_max_size=split_max_size,
+    )
     # general.name leaves the family out: llama.cpp looks special tokens of Phi-3's vocabulary
     # up by name ("</s>", "<s>") when the model name contains "phi3", which ours has not.
     name = f"synthetic-{spec.activation}-d{spec.dim}-f{spec.ffn}-l{spec.layers}"
@@ -581,8 +601,21 @@ def write_gguf_model(out_path: str | os.PathLike[str], *, dtype: str = "F16", **
         data = encode(x.reshape(-1, shape[-1]), types[name])
         w.write_tensor_data(data.reshape(*shape[:-1], -1))
     w.close()
-    os.replace(tmp, out)
-    return out
+    return _move_shards(w.format_shard_names(tmp), out, work)
+
+
+def _move_shards(written: list[Path], out: Path, work: Path) -> Path:
+    """Move the files a writer made in ``work`` beside ``out`` (``out`` itself for one file);
+    returns the first."""
+    if len(written) == 1:
+        os.replace(written[0], out)
+        work.rmdir()
+        return out
+    final = [out.with_name(p.name) for p in written]
+    for src, dst in zip(written, final):
+        os.replace(src, dst)
+    work.rmdir()
+    return final[0]
 
 
 # --------------------------------------------------------------------------- CLI
