@@ -19,13 +19,20 @@ from ..errors import ModelFileError, PlanError
 from ..facts import mode_refusal, modes_at
 from ..loading.types import BLOCK_LAYOUT, LoadedModel, ModelConfig, expected_shapes, row_bytes
 
-#: The 32-weight format a K-quant's ``down_t`` falls back to when ``dim`` is not a multiple of
-#: 256 (llama.cpp's own fallbacks; crates/engine/src/transpose.rs ``k_fallback``).
-K_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+#: The 32-weight format a super-block format's ``down_t`` falls back to when ``dim`` is not a
+#: multiple of 256 (llama.cpp's own fallbacks; crates/engine/src/transpose.rs ``k_fallback``).
+K_FALLBACK = {
+    "Q2_K": "Q4_0",
+    "Q3_K": "Q4_0",
+    "Q4_K": "Q5_0",
+    "Q5_K": "Q5_1",
+    "Q6_K": "Q8_0",
+    "IQ4_XS": "IQ4_NL",
+}
 
 #: The weight formats the GPU kernels take (crates/cuda/src/kernels.rs ``GPU_DTYPES``, exported as
-#: ``_core.GPU_DTYPES``); the engine refuses a plan putting a matrix in any other (Q2_K, Q3_K) on
-#: the GPU, so the planner keeps those parts on the CPU.
+#: ``_core.GPU_DTYPES``); the engine refuses a plan putting a matrix in any other (Q2_K, Q3_K, the
+#: table formats IQ4_NL, IQ4_XS, MXFP4) on the GPU, so the planner keeps those parts on the CPU.
 GPU_DTYPES = (
     "F32",
     "F16",
