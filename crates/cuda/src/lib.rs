@@ -24,6 +24,7 @@
 
 pub mod alloc_plan;
 pub mod backend;
+pub mod convert;
 pub mod graph;
 pub mod host;
 pub mod kernels;
@@ -60,6 +61,7 @@ pub use backend::{Backend, Checked, DeviceSlice, DeviceWeight, Elem, HostMem, Ho
 #[cfg(feature = "emu")]
 pub use emu::{emu_entries, EmuBackend, GPU_EMU};
 pub use host::{HostBackend, HostBuf};
+pub use convert::{device_dtype, device_rows, is_converted};
 pub use kernels::{is_gpu_dtype, GPU_DTYPES};
 pub use layout::{
     align, pack_hot_rows, pack_hot_slabs, slab_bytes, slab_geometry, Act, AttnParams, FfnAct,

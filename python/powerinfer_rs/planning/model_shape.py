@@ -47,6 +47,16 @@ GPU_DTYPES = (
     "Q6_K",
 )
 
+#: The formats converted at upload to a GPU format (``_core.GPU_UPLOAD_AS``: the table formats to
+#: Q8_0): the GPU holds their rows in that format.
+GPU_UPLOAD_AS: dict[str, str] = dict(_core.GPU_UPLOAD_AS)
+
+
+def gpu_dtype(dtype: str) -> str:
+    """The format ``dtype``'s rows take on the GPU (:data:`GPU_UPLOAD_AS`, else itself)."""
+    return GPU_UPLOAD_AS.get(dtype, dtype)
+
+
 #: Parts of a model the GPU may hold: a layer's attention or FFN (hot neurons), the output head.
 GPU_PARTS = ("attention", "ffn", "output")
 
@@ -141,10 +151,12 @@ class ModelShape:
         """``(rows, cols)`` of tensor ``name``."""
         return self._shapes[name]
 
-    def tensor_bytes(self, name: str) -> int:
-        """Bytes of tensor ``name`` in its stored format."""
+    def tensor_bytes(self, name: str, gpu: bool = False) -> int:
+        """Bytes of tensor ``name`` in its stored format (``gpu``: in the format it takes on the
+        GPU, :func:`gpu_dtype`)."""
         rows, cols = self.shape(name)
-        return rows * row_bytes(self.dtype(name), cols)
+        dt = self.dtype(name)
+        return rows * row_bytes(gpu_dtype(dt) if gpu else dt, cols)
 
     def down_t_dtype(self, layer: int, name: str | None = None) -> str:
         """Dtype of the transposed down projection, as the engine's ``transposed_dtype``:
@@ -175,7 +187,7 @@ class ModelShape:
             formats = {"output": self.dtype("output")}
         else:
             raise ValueError(f"part {part!r}: one of {', '.join(GPU_PARTS)}")
-        refused = [f"{n} is {d}" for n, d in formats.items() if d not in GPU_DTYPES]
+        refused = [f"{n} is {d}" for n, d in formats.items() if gpu_dtype(d) not in GPU_DTYPES]
         if refused:
             return f"{', '.join(refused)}: no GPU kernels for that format"
         if part == "ffn" and not self.config.no_gate:
@@ -226,18 +238,16 @@ class ModelShape:
             return gate + up
         return self.neuron_read_bytes(layer)
 
-    def neuron_read_bytes(self, layer: int) -> int:
+    def neuron_read_bytes(self, layer: int, gpu: bool = False) -> int:
         """Weight bytes of one FFN neuron: its gate row (none for gate-less families) + up
-        row + down_t row."""
+        row + down_t row (``gpu``: in the formats they take on the GPU, :func:`gpu_dtype`)."""
         d = self.config.dim
-        gate = (
-            0 if self.config.no_gate else row_bytes(self.dtype(self.ffn_tensor(layer, "gate")), d)
-        )
-        return (
-            gate
-            + row_bytes(self.dtype(self.ffn_tensor(layer, "up")), d)
-            + row_bytes(self.down_t_dtype(layer), d)
-        )
+
+        def rb(dt: str) -> int:
+            return row_bytes(gpu_dtype(dt) if gpu else dt, d)
+
+        gate = 0 if self.config.no_gate else rb(self.dtype(self.ffn_tensor(layer, "gate")))
+        return gate + rb(self.dtype(self.ffn_tensor(layer, "up"))) + rb(self.down_t_dtype(layer))
 
     def router_read_bytes(self, layer: int) -> int:
         """Bytes a mixture of experts' layer reads per token to route, on the CPU: the router
@@ -255,4 +265,13 @@ SPARSITIES = modes_at("gpu")
 #: The modes a mixture of experts' plan is for: those its GPU side runs inside experts.
 MOE_SPARSITIES = modes_at("moe_gpu")
 
-__all__ = ["GPU_DTYPES", "GPU_PARTS", "K_FALLBACK", "MOE_SPARSITIES", "SPARSITIES", "ModelShape"]
+__all__ = [
+    "GPU_DTYPES",
+    "GPU_PARTS",
+    "GPU_UPLOAD_AS",
+    "K_FALLBACK",
+    "MOE_SPARSITIES",
+    "SPARSITIES",
+    "ModelShape",
+    "gpu_dtype",
+]
