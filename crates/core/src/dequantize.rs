@@ -335,7 +335,10 @@ mod tests {
         b[2 + 3] = 0xf0;
         let mut out = [0f32; 32];
         dequantize_row(DType::IQ4_NL, &b, &mut out).unwrap();
-        assert_eq!((out[0], out[3], out[19]), (0.5 * 1.0, 0.5 * -127.0, 0.5 * 113.0));
+        assert_eq!(
+            (out[0], out[3], out[19]),
+            (0.5 * 1.0, 0.5 * -127.0, 0.5 * 113.0)
+        );
         // MXFP4: e = 129 gives 2^(129 − 128) = 2; index 7 is 12 (e2m1 6, doubled).
         let mut b = vec![129u8];
         b.extend([0x07u8; 16]);

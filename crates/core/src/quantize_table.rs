@@ -112,7 +112,11 @@ pub(crate) fn iq4_xs_block(x: &[f32], out: &mut [u8]) {
     let mut high = 0u16;
     for (s, &sc) in scales.iter().enumerate() {
         let l = ((id * sc).round() as i32).clamp(-32, 31);
-        indices(&x[32 * s..32 * s + 32], d * l as f32, &mut idx[32 * s..32 * s + 32]);
+        indices(
+            &x[32 * s..32 * s + 32],
+            d * l as f32,
+            &mut idx[32 * s..32 * s + 32],
+        );
         let l = (l + 32) as u8;
         out[4 + s / 2] |= (l & 15) << (4 * (s % 2));
         high |= ((l >> 4) as u16) << (2 * s);
@@ -157,7 +161,11 @@ mod tests {
         quantize_row(dtype, x, &mut buf).unwrap();
         let mut back = vec![0f32; x.len()];
         dequantize_row(dtype, &buf, &mut back).unwrap();
-        let err: f64 = x.iter().zip(&back).map(|(a, b)| ((a - b) as f64).powi(2)).sum();
+        let err: f64 = x
+            .iter()
+            .zip(&back)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum();
         let norm: f64 = x.iter().map(|&a| (a as f64).powi(2)).sum();
         (err / norm).sqrt()
     }
@@ -166,13 +174,19 @@ mod tests {
     fn weights(n: usize) -> Vec<f32> {
         let mut s = 7u64;
         let mut u = || {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             (s >> 40) as f32 / (1u64 << 24) as f32 - 0.5
         };
         (0..n)
             .map(|i| {
                 let g = u() + u() + u() + u();
-                if i % 97 == 0 { 4.0 * g } else { g }
+                if i % 97 == 0 {
+                    4.0 * g
+                } else {
+                    g
+                }
             })
             .collect()
     }
@@ -183,7 +197,11 @@ mod tests {
     fn round_trip_error_is_bounded() {
         let x = weights(256 * 32);
         let q4 = relative_rms(DType::Q4_0, &x);
-        for (dtype, bound) in [(DType::IQ4_NL, 0.9), (DType::IQ4_XS, 0.9), (DType::MXFP4, 1.6)] {
+        for (dtype, bound) in [
+            (DType::IQ4_NL, 0.9),
+            (DType::IQ4_XS, 0.9),
+            (DType::MXFP4, 1.6),
+        ] {
             let e = relative_rms(dtype, &x);
             eprintln!("{dtype}: relative RMS error {e:.4} (Q4_0 {q4:.4})");
             assert!(e < bound * q4, "{dtype}: {e} >= {bound} x Q4_0's {q4}");

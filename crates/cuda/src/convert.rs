@@ -85,14 +85,19 @@ mod tests {
         let mut s = seed;
         let mut out: Vec<u8> = (0..n)
             .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 (s >> 33) as u8
             })
             .collect();
         for b in out.chunks_exact_mut(dtype.block_bytes()) {
             match dtype {
                 DType::MXFP4 => b[0] = 104 + b[0] % 43, // s = −24..=18
-                _ => b[..2].copy_from_slice(&f16::from_f32(0.001 * (b[0] as f32 - 128.0)).to_le_bytes()),
+                _ => {
+                    let d = f16::from_f32(0.001 * (b[0] as f32 - 128.0));
+                    b[..2].copy_from_slice(&d.to_le_bytes());
+                }
             }
         }
         out

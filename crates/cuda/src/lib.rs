@@ -58,10 +58,10 @@ pub use stub::{device_count, driver_available, is_available, CudaDevice};
 
 pub use alloc_plan::{gpu_allocations, Allocation, LayerTensors, ModelTensors};
 pub use backend::{Backend, Checked, DeviceSlice, DeviceWeight, Elem, HostMem, HotFfn, Kernel};
+pub use convert::{device_dtype, device_rows, is_converted};
 #[cfg(feature = "emu")]
 pub use emu::{emu_entries, EmuBackend, GPU_EMU};
 pub use host::{HostBackend, HostBuf};
-pub use convert::{device_dtype, device_rows, is_converted};
 pub use kernels::{is_gpu_dtype, GPU_DTYPES};
 pub use layout::{
     align, pack_hot_rows, pack_hot_slabs, slab_bytes, slab_geometry, Act, AttnParams, FfnAct,

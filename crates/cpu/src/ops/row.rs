@@ -108,7 +108,10 @@ mod tests {
             for level in available() {
                 let mut got = vec![1f32; cols];
                 dispatch::dequantize_row(level, dtype, &row, &mut got);
-                let same = got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits());
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits());
                 assert!(same, "{level:?} {dtype} cols {cols}");
             }
         });

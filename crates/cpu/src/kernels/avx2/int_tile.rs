@@ -734,7 +734,10 @@ mod tests {
             return;
         }
         let mut rng = Rng::new(77);
-        for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized() && !d.is_table()) {
+        for dtype in DType::ALL
+            .into_iter()
+            .filter(|d| d.is_quantized() && !d.is_table())
+        {
             let cols_list: &[usize] = match dtype.is_super_block() {
                 true => &[256, 512, 2816],
                 false => &[32, 96, 2816],
