@@ -171,7 +171,8 @@ impl DType {
 
     /// Byte offsets of a block's f16 fields (scales, mins); empty for the float formats, whose
     /// every value is a float, and for MXFP4, whose E8M0 scale is finite whatever its bits
-    /// (2^(e − 128), as ggml decodes it). The load-time NaN/infinity check reads these.
+    /// (2^(e − 128), as ggml decodes it; the load-time check tests the weights its largest
+    /// exponents overflow instead). The load-time NaN/infinity check reads these.
     pub const fn f16_fields(self) -> &'static [usize] {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => &[],
