@@ -27,6 +27,10 @@ F16_FIELDS = {
     "Q4_K": (0, 2),
     "Q5_K": (0, 2),
     "Q6_K": (208,),
+    "IQ4_NL": (0,),
+    "IQ4_XS": (0,),
+    # MXFP4's E8M0 scale: every byte is a finite scale (subnormal for 0 and 1, 2^127 for 255).
+    "MXFP4": (),
 }
 #: Largest relative RMS round-trip error of our encoder on Gaussian rows (measured 0.34, 0.17,
 #: 0.084, 0.041, 0.022 for Q2_K..Q6_K on heavier-tailed rows in the Rust tests).
@@ -41,6 +45,9 @@ ROUND_TRIP = {
     "Q4_K": 0.1,
     "Q5_K": 0.05,
     "Q6_K": 0.025,
+    "IQ4_NL": 0.1,
+    "IQ4_XS": 0.1,
+    "MXFP4": 0.2,
 }
 
 
@@ -79,10 +86,10 @@ def test_quantize_round_trips_through_gguf(dtype):
     np.testing.assert_array_equal(_core.dequantize(dtype, raw, cols), back)
 
 
-@pytest.mark.parametrize("dtype", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"])
+@pytest.mark.parametrize("dtype", ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "MXFP4"])
 def test_legacy_encoder_matches_gguf_bytes(dtype):
     """The 32-weight formats follow ggml's reference rounding; gguf-py's encoder is a port of it
-    (allow a few blocks to differ by a rounding tie)."""
+    (allow a few blocks to differ by a rounding tie). gguf-py has no IQ4_NL/IQ4_XS encoder."""
     rng = np.random.default_rng(6)
     x = rng.standard_normal((5, 320)).astype(np.float32)
     ours = _core.quantize(dtype, x)

@@ -226,11 +226,11 @@ def test_gguf_unsupported_arch(synth_gguf, tmp_path):
 
 def test_gguf_unsupported_tensor_type(synth_gguf, tmp_path):
     src = synth_gguf("F32").read_bytes()
-    # tensor info: name, u32 n_dims (2), 2 x u64 dims, then u32 type -> 20 (IQ4_NL)
-    patched = _patch_after(src, b"blk.0.ffn_gate.weight", 4 + 16, struct.pack("<I", 20))
-    p = tmp_path / "iq4.gguf"
+    # tensor info: name, u32 n_dims (2), 2 x u64 dims, then u32 type -> 9 (Q8_1)
+    patched = _patch_after(src, b"blk.0.ffn_gate.weight", 4 + 16, struct.pack("<I", 9))
+    p = tmp_path / "q8_1.gguf"
     p.write_bytes(patched)
-    with pytest.raises(UnsupportedError, match="blk.0.ffn_gate.weight.*IQ4_NL"):
+    with pytest.raises(UnsupportedError, match="blk.0.ffn_gate.weight.*Q8_1"):
         load_model(p)
 
 

@@ -43,7 +43,7 @@ def engines(model, mode: str):
     return Engine(model, **kw), Engine(model, **kw)
 
 
-@pytest.mark.parametrize("dtype", ["F16", "Q8_0", "Q4_0"])
+@pytest.mark.parametrize("dtype", ["F16", "Q8_0", "Q4_0", "IQ4_NL", "MXFP4"])
 @pytest.mark.parametrize("mode", ["exact-relu", "predictor"])
 def test_the_store_decodes_as_the_resident_engine(synth_gguf, tmp_path, dtype, mode):
     model = load_model(synth_gguf(dtype=dtype, activation="relu", seed=3, **SHAPE))

@@ -131,7 +131,7 @@ def test_gguf_needs_blocks(tmp_path):
     with pytest.raises(ShapeError):
         synth.write_gguf_model(tmp_path / "x.gguf", dim=48, ffn=96, dtype="Q4_0", **tiny)
     with pytest.raises(UnsupportedError):
-        synth.write_gguf_model(tmp_path / "x.gguf", dim=64, ffn=96, dtype="IQ4_NL", **tiny)
+        synth.write_gguf_model(tmp_path / "x.gguf", dim=64, ffn=96, dtype="IQ2_XXS", **tiny)
     with pytest.raises(UnsupportedError):
         synth.write_hf_model(tmp_path / "y", dim=64, ffn=96, dtype="f64", **tiny)
 

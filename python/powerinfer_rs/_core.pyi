@@ -64,7 +64,12 @@ def cuda_device_count() -> int:
 
 GPU_DTYPES: tuple[str, ...]
 """The weight formats the GPU kernels take ("F32", ..., "Q4_K", "Q5_K", "Q6_K"); a plan putting a
-matrix in another format (Q2_K, Q3_K) on the GPU is refused."""
+matrix in another format (Q2_K, Q3_K) on the GPU is refused, except those of GPU_UPLOAD_AS."""
+
+GPU_UPLOAD_AS: dict[str, str]
+"""The formats converted at upload, each to the GPU format its rows take on the device
+({"IQ4_NL": "Q8_0", "IQ4_XS": "Q8_0", "MXFP4": "Q8_0"}; crates/cuda/src/convert.rs): the GPU
+holds (and the planner counts) the converted bytes."""
 
 def parse_device(device: str) -> tuple[str, int | None]:
     """``(kind, index)`` of a device name: kind "cpu", "gpu-sim", "gpu-emu" or "cuda", index

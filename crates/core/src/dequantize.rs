@@ -37,6 +37,14 @@ pub fn dequantize_block(dtype: DType, b: &[u8], out: &mut [f32]) {
             }
         }
         DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => legacy_block(dtype, b, out),
+        DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4 => {
+            let mut d = [0f32; 8];
+            let mut q = [0i8; 256];
+            unpack_table(dtype, b, &mut d, &mut q);
+            for (i, (o, &qi)) in out.iter_mut().zip(&q).enumerate() {
+                *o = d[i / 32] * qi as f32;
+            }
+        }
         DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => {
             let mut sub = SubScales::default();
             let mut q = [0i8; 256];
@@ -90,6 +98,75 @@ pub fn legacy_affine(dtype: DType, b: &[u8]) -> (f32, Option<f32>, [i8; 32]) {
 /// The little-endian u32 at byte `at`.
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+/// IQ4_NL's (and IQ4_XS's) 16 non-linear values (ggml's `kvalues_iq4nl`).
+pub const IQ4NL_VALUES: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// MXFP4's 16 values: the e2m1 numbers (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives)
+/// doubled to integers (ggml's `kvalues_mxfp4`); [`e8m0_half`] halves the scale to match.
+pub const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// The value table of a table format.
+pub const fn table_values(dtype: DType) -> &'static [i8; 16] {
+    match dtype {
+        DType::MXFP4 => &MXFP4_VALUES,
+        _ => &IQ4NL_VALUES,
+    }
+}
+
+/// An E8M0 exponent byte as half its OCP scale: 2^(e − 128) (ggml's `GGML_E8M0_TO_FP32_HALF`:
+/// e = 0 and 1 give the subnormals 2^−128 and 2^−127; every byte is finite).
+#[inline]
+pub const fn e8m0_half(e: u8) -> f32 {
+    let bits = match e {
+        0 | 1 => 0x0020_0000u32 << e,
+        _ => (e as u32 - 1) << 23,
+    };
+    f32::from_bits(bits)
+}
+
+/// The 6-bit scale of IQ4_XS sub-block `s` (0..8, before the −32) from the block's u16
+/// `scales_h` (bytes 2..4) and 4 bytes `scales_l` (bytes 4..8).
+#[inline]
+pub fn iq4xs_scale(b: &[u8], s: usize) -> u8 {
+    let high = u16::from_le_bytes([b[2], b[3]]);
+    let low = (b[4 + s / 2] >> (4 * (s % 2))) & 15;
+    low | (((high >> (2 * s)) & 3) as u8) << 4
+}
+
+/// Split a table-format block into its per-32 scales `d` (one for IQ4_NL and MXFP4, eight for
+/// IQ4_XS: d·(scale − 32) in f32, as ggml computes it) and its table values `q` (the first
+/// `dtype.block_size()` of them).
+pub fn unpack_table(dtype: DType, b: &[u8], d: &mut [f32; 8], q: &mut [i8; 256]) {
+    let values = table_values(dtype);
+    let (sub, qs) = match dtype {
+        DType::IQ4_NL => {
+            d[0] = f16_at(b, 0);
+            (1, &b[2..18])
+        }
+        DType::MXFP4 => {
+            d[0] = e8m0_half(b[0]);
+            (1, &b[1..17])
+        }
+        DType::IQ4_XS => {
+            let dd = f16_at(b, 0);
+            for (s, ds) in d.iter_mut().enumerate() {
+                *ds = dd * (iq4xs_scale(b, s) as i32 - 32) as f32;
+            }
+            (8, &b[8..136])
+        }
+        _ => unreachable!("{dtype} is not a table format"),
+    };
+    for s in 0..sub {
+        let idx = &qs[16 * s..16 * s + 16];
+        for j in 0..16 {
+            q[32 * s + j] = values[(idx[j] & 15) as usize];
+            q[32 * s + j + 16] = values[(idx[j] >> 4) as usize];
+        }
+    }
 }
 
 /// A K-quant super-block's sub-blocks: `n` (16 or 8) of them, sub-block s standing for
@@ -248,6 +325,41 @@ mod tests {
         // s = 7: scale = (sm[11] & 15) | (sm[3] >> 6) << 4 = 1 | 3 << 4; min = 15 | 1 << 4.
         assert_eq!(k4_scale_min(7, &sm), (49, 31));
         assert_eq!(k4_scale_min(4, &sm), (10, 9));
+    }
+
+    #[test]
+    fn table_formats_layout() {
+        // IQ4_NL: d = 0.5; weight 3 index 0 (−127), weight 19 index 15 (113).
+        let mut b = h(0.5).to_vec();
+        b.extend([0x88u8; 16]);
+        b[2 + 3] = 0xf0;
+        let mut out = [0f32; 32];
+        dequantize_row(DType::IQ4_NL, &b, &mut out).unwrap();
+        assert_eq!(
+            (out[0], out[3], out[19]),
+            (0.5 * 1.0, 0.5 * -127.0, 0.5 * 113.0)
+        );
+        // MXFP4: e = 129 gives 2^(129 − 128) = 2; index 7 is 12 (e2m1 6, doubled).
+        let mut b = vec![129u8];
+        b.extend([0x07u8; 16]);
+        dequantize_row(DType::MXFP4, &b, &mut out).unwrap();
+        assert_eq!((out[0], out[16]), (24.0, 0.0));
+        assert_eq!(e8m0_half(0), 2f32.powi(-128));
+        assert_eq!(e8m0_half(1), 2f32.powi(-127));
+        assert_eq!(e8m0_half(127), 0.5);
+        assert_eq!(e8m0_half(255), 2f32.powi(127));
+        // IQ4_XS: sub-block 5 scale = low nibble of scales_l[2] >> 4 | bits 10..12 of
+        // scales_h << 4 = 3 | 2 << 4 = 35, i.e. 3 after the −32.
+        let mut b = vec![0u8; 136];
+        b[..2].copy_from_slice(&h(0.25));
+        b[2..4].copy_from_slice(&(2u16 << 10).to_le_bytes());
+        b[6] = 0x30;
+        b[8 + 16 * 5] = 0x0f; // weight 160: index 15, weight 176: index 0
+        let mut out = [0f32; 256];
+        dequantize_row(DType::IQ4_XS, &b, &mut out).unwrap();
+        assert_eq!(out[160], 0.25 * 3.0 * 113.0);
+        assert_eq!(out[176], 0.25 * 3.0 * -127.0);
+        assert_eq!(out[0], 0.25 * -32.0 * -127.0);
     }
 
     #[test]

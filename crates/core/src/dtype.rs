@@ -31,6 +31,18 @@
 //! - `Q6_K` (210 bytes): 128 bytes `ql`, 64 bytes `qh`, 16 × i8 `scales`, f16 `d`. Weight
 //!   i = 128n + 32k + l has low 4 bits from ql[64n + 32(k % 2) + l] (low nibble for k < 2, high
 //!   nibble for k >= 2), high 2 bits (qh[32n + l] >> 2k) & 3; w = d·scales[i / 16]·(q − 32).
+//!
+//! The table formats store 4-bit indices into a fixed table of 16 non-linear values
+//! ([`crate::dequantize::IQ4NL_VALUES`], [`crate::dequantize::MXFP4_VALUES`]), in Q4_0's nibble
+//! order (byte j: index of weight j low, of weight j + 16 high):
+//! - `IQ4_NL` (18 bytes per 32): f16 `d`, 16 bytes of indices; w = d·table[idx].
+//! - `MXFP4` (17 bytes per 32): one E8M0 exponent byte `e`, 16 bytes of indices into the e2m1
+//!   values doubled; w = 2^(e − 128)·table[idx] (half of the OCP scale 2^(e − 127), undoing
+//!   the doubling; ggml's `GGML_E8M0_TO_FP32_HALF`, exponents 0 and 1 subnormal).
+//! - `IQ4_XS` (136 bytes per 256): f16 `d`, u16 `scales_h`, 4 bytes `scales_l`, then 8 × 16
+//!   bytes of indices, one 32-weight sub-block each. Sub-block s has the 6-bit scale
+//!   `(scales_l[s / 2] >> 4(s % 2)) & 15 | ((scales_h >> 2s) & 3) << 4`, standing for that
+//!   value − 32; w = (d·scale)·table[idx] with IQ4_NL's table.
 
 use crate::error::{Error, Result};
 
@@ -51,13 +63,21 @@ pub enum DType {
     Q4_K,
     Q5_K,
     Q6_K,
+    IQ4_NL,
+    IQ4_XS,
+    MXFP4,
 }
 
 impl DType {
-    /// Every supported format, for tests and tables: [`DType::BASIC`], Q5_0, Q5_1, then
-    /// [`DType::K_QUANTS`].
-    pub const ALL: [DType; 13] =
-        DType::join(&[&DType::BASIC, &[DType::Q5_0, DType::Q5_1], &DType::K_QUANTS]);
+    /// Every supported format, for tests and tables: [`DType::BASIC`], Q5_0, Q5_1,
+    /// [`DType::K_QUANTS`], then [`DType::TABLE`]. A format's index here is its id in the files
+    /// we write (neuron store, down_t): new formats are appended.
+    pub const ALL: [DType; 16] = DType::join(&[
+        &DType::BASIC,
+        &[DType::Q5_0, DType::Q5_1],
+        &DType::K_QUANTS,
+        &DType::TABLE,
+    ]);
 
     /// The formats of one value or 32 weights per block that every backend (the GPU kernels
     /// included) takes.
@@ -78,6 +98,9 @@ impl DType {
         DType::Q5_K,
         DType::Q6_K,
     ];
+
+    /// The table formats: 4-bit indices into 16 non-linear values (see the module docs).
+    pub const TABLE: [DType; 3] = [DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4];
 
     /// `parts` one after the other, in order (for the format lists above, built at compile
     /// time); `N` must be their total length.
@@ -114,7 +137,9 @@ impl DType {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
             DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => 32,
+            DType::IQ4_NL | DType::MXFP4 => 32,
             DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => 256,
+            DType::IQ4_XS => 256,
         }
     }
 
@@ -133,6 +158,9 @@ impl DType {
             DType::Q4_K => 144,
             DType::Q5_K => 176,
             DType::Q6_K => 210,
+            DType::IQ4_NL => 18,
+            DType::IQ4_XS => 136,
+            DType::MXFP4 => 17,
         }
     }
 
@@ -142,11 +170,14 @@ impl DType {
     }
 
     /// Byte offsets of a block's f16 fields (scales, mins); empty for the float formats, whose
-    /// every value is a float. The load-time NaN/infinity check reads these.
+    /// every value is a float, and for MXFP4, whose E8M0 scale is finite whatever its bits
+    /// (2^(e − 128), as ggml decodes it; the load-time check tests the weights its largest
+    /// exponents overflow instead). The load-time NaN/infinity check reads these.
     pub const fn f16_fields(self) -> &'static [usize] {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => &[],
-            DType::Q8_0 | DType::Q4_0 | DType::Q5_0 => &[0],
+            DType::Q8_0 | DType::Q4_0 | DType::Q5_0 | DType::IQ4_NL | DType::IQ4_XS => &[0],
+            DType::MXFP4 => &[],
             DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
             DType::Q2_K => &[80, 82],
             DType::Q3_K => &[108],
@@ -154,9 +185,14 @@ impl DType {
         }
     }
 
-    /// True for the K-quants (256-weight super-blocks).
-    pub const fn is_k_quant(self) -> bool {
+    /// True for the formats of 256-weight super-blocks (the K-quants and IQ4_XS).
+    pub const fn is_super_block(self) -> bool {
         self.block_size() == 256
+    }
+
+    /// True for the table formats ([`DType::TABLE`]).
+    pub const fn is_table(self) -> bool {
+        matches!(self, DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4)
     }
 
     /// Bytes of one row of `cols` weights; an error when `cols` is not a whole number of blocks.
@@ -188,6 +224,9 @@ impl DType {
             DType::Q4_K => "Q4_K",
             DType::Q5_K => "Q5_K",
             DType::Q6_K => "Q6_K",
+            DType::IQ4_NL => "IQ4_NL",
+            DType::IQ4_XS => "IQ4_XS",
+            DType::MXFP4 => "MXFP4",
         }
     }
 
@@ -229,5 +268,8 @@ mod tests {
         assert!(matches!(DType::Q8_0.row_bytes(33), Err(Error::Shape(_))));
         assert_eq!(DType::Q6_K.row_bytes(512).unwrap(), 420);
         assert!(matches!(DType::Q4_K.row_bytes(576), Err(Error::Shape(_))));
+        assert_eq!(DType::IQ4_XS.row_bytes(512).unwrap(), 272);
+        assert_eq!(DType::MXFP4.row_bytes(64).unwrap(), 34);
+        assert_eq!(DType::IQ4_NL.row_bytes(64).unwrap(), 36);
     }
 }

@@ -18,6 +18,7 @@ pub mod plan_file;
 pub mod plan_record;
 pub mod quantize;
 mod quantize_k;
+mod quantize_table;
 pub mod rope;
 pub mod testing;
 pub mod weight;

@@ -1,12 +1,14 @@
 //! Encoding f32 rows into the block formats (the ggml reference rounding), for the layouts the
 //! engine builds once at load (the transposed down projection of the sparse FFN) and for the
-//! synthetic model writers. The K-quants' encoders live in [`crate::quantize_k`].
+//! synthetic model writers. The K-quants' encoders live in [`crate::quantize_k`], the table
+//! formats' in [`crate::quantize_table`].
 
 use half::{bf16, f16};
 
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::quantize_k::{q2_k_block, q3_k_block, q45_k_block, q6_k_block};
+use crate::quantize_table::{iq4_nl_block, iq4_xs_block, mxfp4_block};
 
 /// Encode `src` (one row) as `dtype` into `dst` (exactly `dtype.row_bytes(src.len())` bytes).
 pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
@@ -25,6 +27,9 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
         DType::Q4_K => per_block(dtype, src, dst, |x, o| q45_k_block(x, o, false)),
         DType::Q5_K => per_block(dtype, src, dst, |x, o| q45_k_block(x, o, true)),
         DType::Q6_K => per_block(dtype, src, dst, q6_k_block),
+        DType::IQ4_NL => per_block(dtype, src, dst, iq4_nl_block),
+        DType::IQ4_XS => per_block(dtype, src, dst, iq4_xs_block),
+        DType::MXFP4 => per_block(dtype, src, dst, mxfp4_block),
     }
     Ok(())
 }
@@ -186,7 +191,8 @@ mod tests {
         let x: Vec<f32> = (0..96)
             .map(|i| ((i * 37 % 29) as f32 - 14.0) * 0.11)
             .collect();
-        for dtype in DType::ALL.into_iter().filter(|d| !d.is_k_quant()) {
+        let plain = |d: &DType| !d.is_super_block() && !d.is_table();
+        for dtype in DType::ALL.into_iter().filter(plain) {
             let mut buf = vec![0u8; dtype.row_bytes(x.len()).unwrap()];
             quantize_row(dtype, &x, &mut buf).unwrap();
             let back = decode(dtype, &buf, x.len());

@@ -71,12 +71,14 @@ pub struct ModelTensors<'a> {
     pub output: MatrixShape,
 }
 
-/// Bytes of a whole matrix on the device: `rows · row_bytes`, aligned. `Error::Unsupported`
+/// Bytes of a whole matrix on the device: `rows · row_bytes` in its device format
+/// ([`crate::convert::device_dtype`]), aligned. `Error::Unsupported`
 /// for a format the GPU kernels do not take ([`crate::GPU_DTYPES`]): a plan putting such a
 /// matrix on the GPU is refused when it is read, before anything is uploaded.
 fn matrix_bytes(w: MatrixShape) -> Result<usize> {
-    crate::kernels::ensure_gpu_dtype(w.dtype)?;
-    Ok(align(w.rows * w.dtype.row_bytes(w.cols)?))
+    let dtype = crate::convert::device_dtype(w.dtype);
+    crate::kernels::ensure_gpu_dtype(dtype)?;
+    Ok(align(w.rows * dtype.row_bytes(w.cols)?))
 }
 
 /// Every device allocation of `plan` on `model`, layer by layer, then the output head, then

@@ -7,7 +7,8 @@
 use powerinfer_core::{ensure, DType, Result};
 
 /// Every weight format the GPU kernels take: each per-format kernel is instantiated once for
-/// each (`<prefix>_<suffix>`, see [`dtype_suffix`]). The rest (Q2_K, Q3_K) run on the CPU only;
+/// each (`<prefix>_<suffix>`, see [`dtype_suffix`]). The rest (Q2_K, Q3_K and the table formats
+/// IQ4_NL, IQ4_XS, MXFP4) run on the CPU only;
 /// [`crate::ops`] refuses them with `Error::Unsupported` before anything is uploaded.
 pub const GPU_DTYPES: [DType; 11] = DType::join(&[
     &DType::BASIC,
@@ -43,8 +44,8 @@ pub fn is_gpu_dtype(dtype: DType) -> bool {
     GPU_DTYPES.contains(&dtype)
 }
 
-/// `Error::Unsupported` unless the GPU kernels take `dtype` ([`GPU_DTYPES`]; Q2_K and Q3_K run
-/// on the CPU only, so far).
+/// `Error::Unsupported` unless the GPU kernels take `dtype` ([`GPU_DTYPES`]; Q2_K, Q3_K and the
+/// table formats run on the CPU only, so far).
 pub fn ensure_gpu_dtype(dtype: DType) -> Result<()> {
     ensure!(
         is_gpu_dtype(dtype),
@@ -161,6 +162,9 @@ pub const fn dtype_suffix(d: DType) -> &'static str {
         DType::Q4_K => "q4_k",
         DType::Q5_K => "q5_k",
         DType::Q6_K => "q6_k",
+        DType::IQ4_NL => "iq4_nl",
+        DType::IQ4_XS => "iq4_xs",
+        DType::MXFP4 => "mxfp4",
     }
 }
 
@@ -177,7 +181,8 @@ mod tests {
             .into_iter()
             .filter(|d| !is_gpu_dtype(*d))
             .collect();
-        assert_eq!(off, [DType::Q2_K, DType::Q3_K]);
+        let table = [DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4];
+        assert_eq!(off, [&[DType::Q2_K, DType::Q3_K][..], &table].concat());
         // Every block size is even: the kernels need 2-byte aligned rows only.
         for d in GPU_DTYPES {
             assert!(d.block_bytes().is_multiple_of(2), "{d}");

@@ -11,6 +11,7 @@
 //! `n_slabs · slab_bytes` bytes. A partial last bucket is padded with zero rows whose id is −1
 //! (never active).
 
+use crate::convert::{device_dtype, device_rows};
 use powerinfer_core::{bail, ensure, Activation, DType, Result, Weight};
 
 /// Every device allocation is rounded up to this many bytes (cudaMalloc's alignment).
@@ -303,7 +304,8 @@ pub struct SlabGeometry {
 }
 
 /// The slab geometry for `bucket` neurons whose gate, up (None: a gate-less FFN, no up rows)
-/// and down_t rows of `dim` weights are stored as `gate`, `up`, `down_t`. `Error::Unsupported`
+/// and down_t rows of `dim` weights are stored as `gate`, `up`, `down_t` (on the device: as
+/// [`device_dtype`], the table formats converted to Q8_0). `Error::Unsupported`
 /// when a matrix's rows would not be aligned for its element loads (f32: 4 bytes, the rest: 2),
 /// the ids not to 4 bytes or a format has no GPU kernels; `Error::Plan` for a zero bucket;
 /// `Error::Shape` when `dim` is no whole number of a format's blocks.
@@ -318,7 +320,7 @@ pub fn slab_geometry(
     let parts = [Some(gate), up, Some(down_t)];
     let mut row_bytes = [0usize; 3];
     for (rb, d) in row_bytes.iter_mut().zip(parts) {
-        if let Some(d) = d {
+        if let Some(d) = d.map(device_dtype) {
             crate::kernels::ensure_gpu_dtype(d)?;
             *rb = d.row_bytes(dim)?;
         }
@@ -423,8 +425,9 @@ impl<'a> RowSpace<'a> {
 /// Pack the hot neurons `ids` (slot order) of one layer into slabs of `bucket` neurons:
 /// gate/up are `[ffn, dim]` (no up for a gate-less FFN), down_t is `[ffn, dim]` (the down
 /// projection transposed). Returns the layout and the bytes to upload (exactly
-/// [`SlabLayout::total_bytes`]), rows of the 32-weight quantized formats repacked
-/// ([`crate::repack`]). [`pack_hot_rows`] over one matrix of each kind.
+/// [`SlabLayout::total_bytes`]), rows of the table formats converted to Q8_0
+/// ([`crate::convert`]), of the 32-weight quantized formats repacked ([`crate::repack`]).
+/// [`pack_hot_rows`] over one matrix of each kind.
 pub fn pack_hot_slabs(
     gate: &Weight,
     up: Option<&Weight>,
@@ -477,9 +480,9 @@ pub fn pack_hot_rows(
         offsets,
         slab_bytes: slab,
     } = slab_geometry(
-        gate.dtype(),
-        up.map(|u| u.dtype()),
-        down_t.dtype(),
+        device_dtype(gate.dtype()),
+        up.map(|u| device_dtype(u.dtype())),
+        device_dtype(down_t.dtype()),
         dim,
         bucket,
     )?;
@@ -501,9 +504,9 @@ pub fn pack_hot_rows(
         slab_bytes: slab,
         dim,
         ffn,
-        gate_dtype: gate.dtype(),
-        up_dtype: up.map(|u| u.dtype()),
-        down_dtype: down_t.dtype(),
+        gate_dtype: device_dtype(gate.dtype()),
+        up_dtype: up.map(|u| device_dtype(u.dtype())),
+        down_dtype: device_dtype(down_t.dtype()),
         gate: mk(offsets[0], g_rb)?,
         up: up.map(|_| mk(offsets[1], u_rb)).transpose()?,
         down: mk(offsets[2], d_rb)?,
@@ -526,9 +529,11 @@ pub fn pack_hot_rows(
             let Some(row) = w.row(id as usize) else {
                 bail!(Plan, "hot neuron {id} out of range for ffn {ffn}");
             };
+            let row = device_rows(w.dtype(), w.cols(), row)?;
+            let dtype = device_dtype(w.dtype());
             let at = l.byte_offset(slot);
             let dst = &mut bytes[at..at + row.len()];
-            dst.copy_from_slice(&crate::repack::repack_rows(w.dtype(), w.cols(), row)?);
+            dst.copy_from_slice(&crate::repack::repack_rows(dtype, w.cols(), &row)?);
         }
     }
     Ok((layout, bytes))

@@ -24,6 +24,7 @@
 
 pub mod alloc_plan;
 pub mod backend;
+pub mod convert;
 pub mod graph;
 pub mod host;
 pub mod kernels;
@@ -57,6 +58,7 @@ pub use stub::{device_count, driver_available, is_available, CudaDevice};
 
 pub use alloc_plan::{gpu_allocations, Allocation, LayerTensors, ModelTensors};
 pub use backend::{Backend, Checked, DeviceSlice, DeviceWeight, Elem, HostMem, HotFfn, Kernel};
+pub use convert::{device_dtype, device_rows, is_converted};
 #[cfg(feature = "emu")]
 pub use emu::{emu_entries, EmuBackend, GPU_EMU};
 pub use host::{HostBackend, HostBuf};

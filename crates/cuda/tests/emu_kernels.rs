@@ -116,7 +116,7 @@ fn down_reference(dd: &[Vec<f64>], hot: &[u32], h: &[f32], y0: &[f32]) -> Vec<f6
 
 /// Columns for a format: odd for float formats, an odd number of blocks otherwise.
 fn cols_for(dtype: DType) -> usize {
-    if dtype.is_k_quant() {
+    if dtype.is_super_block() {
         256 * 3
     } else if dtype.is_quantized() {
         32 * 11
@@ -305,7 +305,7 @@ fn row_kernels(dev: &EmuBackend, dtype: DType) {
 /// The predictor: fc1 (F16, a sparse_matvec launch with ReLU), then fc2_t in `dtype`.
 fn predictor(dev: &EmuBackend, dtype: DType) {
     let (dim, rank) = (96, 37);
-    let ffn = if dtype.is_k_quant() { 512 } else { 32 * 9 };
+    let ffn = if dtype.is_super_block() { 512 } else { 32 * 9 };
     let fc1 = weight(DType::F16, rank, dim, 10);
     let fc2_t = weight(dtype, rank, ffn, 11);
     let (f1, f2) = (decoded(&fc1), decoded(&fc2_t));

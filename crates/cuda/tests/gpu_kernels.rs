@@ -122,7 +122,7 @@ fn weight(dtype: DType, rows: usize, cols: usize, seed: u64) -> Weight {
 /// Columns for a format: odd where the format allows it, else an odd number of blocks (of 32
 /// weights, or 256-weight super-blocks for the K-quants).
 fn cols_for(dtype: DType) -> usize {
-    if dtype.is_k_quant() {
+    if dtype.is_super_block() {
         256 * 5
     } else if dtype.is_quantized() {
         32 * 13
@@ -326,7 +326,7 @@ fn hot_ffn<B: Backend>(dev: &B) {
         ]);
     for (dtype, down) in mixes {
         let ffn = 203;
-        let dim = if dtype.is_k_quant() || down.is_k_quant() {
+        let dim = if dtype.is_super_block() || down.is_super_block() {
             256 * 3
         } else {
             32 * 7

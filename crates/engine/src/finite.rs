@@ -7,7 +7,8 @@ use powerinfer_core::{bail, DType, Result, Weight};
 use rayon::prelude::*;
 
 /// True when a row holds a NaN or an infinity: every value of the float formats, the f16
-/// scale (and min) fields of the block formats (their quantized integers are always finite).
+/// scale (and min) fields of the block formats (their quantized integers are always finite),
+/// and for MXFP4 the weights its largest exponents make infinite ([`mxfp4_overflows`]).
 /// Bit tests on all-ones exponents, folded without early exit so the loops vectorise.
 fn row_has_non_finite(dtype: DType, row: &[u8]) -> bool {
     let u16_at = |b: &[u8], i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
@@ -22,11 +23,26 @@ fn row_has_non_finite(dtype: DType, row: &[u8]) -> bool {
         DType::BF16 => row
             .chunks_exact(2)
             .fold(false, |bad, b| bad | (u16_at(b, 0) & 0x7f80 == 0x7f80)),
+        DType::MXFP4 => row
+            .chunks_exact(dtype.block_bytes())
+            .fold(false, |bad, b| bad | mxfp4_overflows(b)),
         _ => row.chunks_exact(dtype.block_bytes()).fold(false, |bad, b| {
             let fields = dtype.f16_fields().iter();
             bad | fields.fold(false, |f, &at| f | (u16_at(b, at) & 0x7c00 == 0x7c00))
         }),
     }
+}
+
+/// Whether an MXFP4 block decodes to an infinity: its scale 2^(e − 128) is finite for every
+/// exponent byte, but times a table value (at most 12) it leaves f32's range from e = 253 up.
+fn mxfp4_overflows(b: &[u8]) -> bool {
+    use powerinfer_core::dequantize::{e8m0_half, MXFP4_VALUES};
+    if b[0] < 253 {
+        return false;
+    }
+    let d = e8m0_half(b[0]);
+    let inf = |i: u8| (d * MXFP4_VALUES[i as usize] as f32).is_infinite();
+    b[1..17].iter().any(|&q| inf(q & 15) || inf(q >> 4))
 }
 
 /// The first row of `w` holding a NaN or an infinity (see `row_has_non_finite`).
@@ -89,14 +105,17 @@ mod tests {
                 "{dtype:?}"
             );
             // Row 2: its last value (float formats) or the scale of its second block.
+            // (MXFP4: the exponent of its second block, 2^127, times its first weight's 12.)
             let at = |rb: usize| match dtype {
                 DType::F32 => 2 * rb + rb - 4,
                 DType::F16 | DType::BF16 => 2 * rb + rb - 2,
+                DType::MXFP4 => 2 * rb + dtype.block_bytes(),
                 _ => 2 * rb + dtype.block_bytes() + dtype.f16_fields()[0],
             };
             let bad: Vec<u8> = match dtype {
                 DType::F32 => f32::NAN.to_le_bytes().to_vec(),
                 DType::BF16 => bf16::INFINITY.to_le_bytes().to_vec(),
+                DType::MXFP4 => vec![255, 0x07],
                 _ => nan16.to_vec(),
             };
             let w = weight(dtype, |b, rb| {
@@ -104,6 +123,16 @@ mod tests {
                 b[i..i + bad.len()].copy_from_slice(&bad);
             });
             assert_eq!(first_non_finite_row(&w), Some(2), "{dtype:?}");
+        }
+        // MXFP4's largest exponents are finite scales; only the weights they overflow count.
+        // (2^124·12, 2^127·1, 2^125·6; 2^125·8 would be 2^128.)
+        let finite = [[252u8, 0x77], [255, 0x10], [253, 0x55]];
+        for [e, q] in finite {
+            let w = weight(DType::MXFP4, |b, _| {
+                b[0] = e;
+                b[1..17].fill(q);
+            });
+            assert_eq!(first_non_finite_row(&w), None, "e {e} q {q:#x}");
         }
         // The min (dmin) fields count too.
         for dtype in DType::ALL.into_iter().filter(|d| d.f16_fields().len() == 2) {

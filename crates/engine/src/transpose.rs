@@ -7,7 +7,7 @@
 //! weights: the sparse modes of a quantized model differ from its dense mode by that rounding.
 //! When the new row length is not a whole number of blocks, a K-quant's rows take the 32-weight
 //! format llama.cpp substitutes in the same case (Q2_K, Q3_K -> Q4_0; Q4_K -> Q5_0; Q5_K -> Q5_1;
-//! Q6_K -> Q8_0) where the length is a multiple of 32, and F16 otherwise.
+//! Q6_K -> Q8_0; IQ4_XS -> IQ4_NL) where the length is a multiple of 32, and F16 otherwise.
 
 use powerinfer_core::{quantize_row, Buffer, DType, MatrixShape, Result, Weight};
 use rayon::prelude::*;
@@ -34,6 +34,7 @@ pub const fn k_fallback(dtype: DType) -> DType {
         DType::Q4_K => DType::Q5_0,
         DType::Q5_K => DType::Q5_1,
         DType::Q6_K => DType::Q8_0,
+        DType::IQ4_XS => DType::IQ4_NL,
         other => other,
     }
 }

@@ -185,6 +185,10 @@ pub fn down_crossover_share(dtype: DType) -> f32 {
         DType::Q4_K => 0.2,
         // Not measured (the bench's formats stop at Q4_K and Q6_K): as their neighbours.
         DType::Q2_K | DType::Q3_K | DType::Q5_K => 0.25,
+        // Not measured: the table formats' axpy is the generic one of Q5_0 (32-blocks) and
+        // the K-quants' (IQ4_XS).
+        DType::IQ4_NL | DType::MXFP4 => 0.45,
+        DType::IQ4_XS => 0.25,
     }
 }
 

@@ -23,5 +23,13 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("built_with_emu", powerinfer_cuda::BUILT_WITH_EMU)?;
     let formats = powerinfer_cuda::GPU_DTYPES.map(|d| d.name());
     m.add("GPU_DTYPES", pyo3::types::PyTuple::new(m.py(), formats)?)?;
+    let upload_as = pyo3::types::PyDict::new(m.py());
+    for d in powerinfer_core::DType::ALL
+        .into_iter()
+        .filter(|d| powerinfer_cuda::is_converted(*d))
+    {
+        upload_as.set_item(d.name(), powerinfer_cuda::device_dtype(d).name())?;
+    }
+    m.add("GPU_UPLOAD_AS", upload_as)?;
     Ok(())
 }

@@ -38,6 +38,9 @@ BLOCK_LAYOUT: dict[str, tuple[int, int]] = {
     "Q4_K": (256, 144),
     "Q5_K": (256, 176),
     "Q6_K": (256, 210),
+    "IQ4_NL": (32, 18),
+    "IQ4_XS": (256, 136),
+    "MXFP4": (32, 17),
 }
 
 SUPPORTED_DTYPES: tuple[str, ...] = tuple(BLOCK_LAYOUT)

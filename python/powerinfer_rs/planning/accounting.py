@@ -105,7 +105,10 @@ def attention_allocations(
     q_dim, kv = c.n_heads * c.head_dim, kv_dim(shape)
 
     def matrices(names: tuple[str, ...]) -> list[Allocation]:
-        return [(f"blk.{layer}.{t}", align(shape.tensor_bytes(f"blk.{layer}.{t}"))) for t in names]
+        return [
+            (f"blk.{layer}.{t}", align(shape.tensor_bytes(f"blk.{layer}.{t}", gpu=True)))
+            for t in names
+        ]
 
     out = [(f"blk.{layer}.attn_norm", align(norm_bytes(shape)))]
     out += _vectors(layer, [("attn_norm.bias", c.dim, c.layer_norm)])
@@ -138,8 +141,9 @@ def predictor_allocations(pred: PredictorSizes, layer: int) -> list[Allocation]:
 
 
 def slab_bytes(shape: ModelShape, layer: int, bucket: int) -> int:
-    """Bytes of one slab of ``bucket`` hot neurons of ``layer`` (rows + ids, 256-aligned)."""
-    return align(bucket * (shape.neuron_read_bytes(layer) + NEURON_ID_BYTES))
+    """Bytes of one slab of ``bucket`` hot neurons of ``layer`` (rows in their GPU formats +
+    ids, 256-aligned)."""
+    return align(bucket * (shape.neuron_read_bytes(layer, gpu=True) + NEURON_ID_BYTES))
 
 
 def ffn_fixed_allocations(shape: ModelShape, layer: int) -> list[Allocation]:
@@ -172,7 +176,7 @@ def output_allocations(shape: ModelShape) -> list[Allocation]:
     return [
         ("output_norm", align(norm_bytes(shape))),
         *_vectors(None, [("output_norm.bias", shape.config.dim, shape.config.layer_norm)]),
-        ("output", align(shape.tensor_bytes("output"))),
+        ("output", align(shape.tensor_bytes("output", gpu=True))),
         ("output.logits", align(4 * shape.config.vocab_size)),
     ]
 

@@ -19,13 +19,20 @@ from ..errors import ModelFileError, PlanError
 from ..facts import mode_refusal, modes_at
 from ..loading.types import BLOCK_LAYOUT, LoadedModel, ModelConfig, expected_shapes, row_bytes
 
-#: The 32-weight format a K-quant's ``down_t`` falls back to when ``dim`` is not a multiple of
-#: 256 (llama.cpp's own fallbacks; crates/engine/src/transpose.rs ``k_fallback``).
-K_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+#: The 32-weight format a super-block format's ``down_t`` falls back to when ``dim`` is not a
+#: multiple of 256 (llama.cpp's own fallbacks; crates/engine/src/transpose.rs ``k_fallback``).
+K_FALLBACK = {
+    "Q2_K": "Q4_0",
+    "Q3_K": "Q4_0",
+    "Q4_K": "Q5_0",
+    "Q5_K": "Q5_1",
+    "Q6_K": "Q8_0",
+    "IQ4_XS": "IQ4_NL",
+}
 
 #: The weight formats the GPU kernels take (crates/cuda/src/kernels.rs ``GPU_DTYPES``, exported as
-#: ``_core.GPU_DTYPES``); the engine refuses a plan putting a matrix in any other (Q2_K, Q3_K) on
-#: the GPU, so the planner keeps those parts on the CPU.
+#: ``_core.GPU_DTYPES``); the engine refuses a plan putting a matrix in any other (Q2_K, Q3_K, the
+#: table formats IQ4_NL, IQ4_XS, MXFP4) on the GPU, so the planner keeps those parts on the CPU.
 GPU_DTYPES = (
     "F32",
     "F16",
@@ -39,6 +46,16 @@ GPU_DTYPES = (
     "Q5_K",
     "Q6_K",
 )
+
+#: The formats converted at upload to a GPU format (``_core.GPU_UPLOAD_AS``: the table formats to
+#: Q8_0): the GPU holds their rows in that format.
+GPU_UPLOAD_AS: dict[str, str] = dict(_core.GPU_UPLOAD_AS)
+
+
+def gpu_dtype(dtype: str) -> str:
+    """The format ``dtype``'s rows take on the GPU (:data:`GPU_UPLOAD_AS`, else itself)."""
+    return GPU_UPLOAD_AS.get(dtype, dtype)
+
 
 #: Parts of a model the GPU may hold: a layer's attention or FFN (hot neurons), the output head.
 GPU_PARTS = ("attention", "ffn", "output")
@@ -134,10 +151,12 @@ class ModelShape:
         """``(rows, cols)`` of tensor ``name``."""
         return self._shapes[name]
 
-    def tensor_bytes(self, name: str) -> int:
-        """Bytes of tensor ``name`` in its stored format."""
+    def tensor_bytes(self, name: str, gpu: bool = False) -> int:
+        """Bytes of tensor ``name`` in its stored format (``gpu``: in the format it takes on the
+        GPU, :func:`gpu_dtype`)."""
         rows, cols = self.shape(name)
-        return rows * row_bytes(self.dtype(name), cols)
+        dt = self.dtype(name)
+        return rows * row_bytes(gpu_dtype(dt) if gpu else dt, cols)
 
     def down_t_dtype(self, layer: int, name: str | None = None) -> str:
         """Dtype of the transposed down projection, as the engine's ``transposed_dtype``:
@@ -168,7 +187,7 @@ class ModelShape:
             formats = {"output": self.dtype("output")}
         else:
             raise ValueError(f"part {part!r}: one of {', '.join(GPU_PARTS)}")
-        refused = [f"{n} is {d}" for n, d in formats.items() if d not in GPU_DTYPES]
+        refused = [f"{n} is {d}" for n, d in formats.items() if gpu_dtype(d) not in GPU_DTYPES]
         if refused:
             return f"{', '.join(refused)}: no GPU kernels for that format"
         if part == "ffn" and not self.config.no_gate:
@@ -219,18 +238,16 @@ class ModelShape:
             return gate + up
         return self.neuron_read_bytes(layer)
 
-    def neuron_read_bytes(self, layer: int) -> int:
+    def neuron_read_bytes(self, layer: int, gpu: bool = False) -> int:
         """Weight bytes of one FFN neuron: its gate row (none for gate-less families) + up
-        row + down_t row."""
+        row + down_t row (``gpu``: in the formats they take on the GPU, :func:`gpu_dtype`)."""
         d = self.config.dim
-        gate = (
-            0 if self.config.no_gate else row_bytes(self.dtype(self.ffn_tensor(layer, "gate")), d)
-        )
-        return (
-            gate
-            + row_bytes(self.dtype(self.ffn_tensor(layer, "up")), d)
-            + row_bytes(self.down_t_dtype(layer), d)
-        )
+
+        def rb(dt: str) -> int:
+            return row_bytes(gpu_dtype(dt) if gpu else dt, d)
+
+        gate = 0 if self.config.no_gate else rb(self.dtype(self.ffn_tensor(layer, "gate")))
+        return gate + rb(self.dtype(self.ffn_tensor(layer, "up"))) + rb(self.down_t_dtype(layer))
 
     def router_read_bytes(self, layer: int) -> int:
         """Bytes a mixture of experts' layer reads per token to route, on the CPU: the router
@@ -248,4 +265,13 @@ SPARSITIES = modes_at("gpu")
 #: The modes a mixture of experts' plan is for: those its GPU side runs inside experts.
 MOE_SPARSITIES = modes_at("moe_gpu")
 
-__all__ = ["GPU_DTYPES", "GPU_PARTS", "K_FALLBACK", "MOE_SPARSITIES", "SPARSITIES", "ModelShape"]
+__all__ = [
+    "GPU_DTYPES",
+    "GPU_PARTS",
+    "GPU_UPLOAD_AS",
+    "K_FALLBACK",
+    "MOE_SPARSITIES",
+    "SPARSITIES",
+    "ModelShape",
+    "gpu_dtype",
+]

@@ -2,11 +2,13 @@
 
 A whole-file dtype ("Q8_0", "Q4_K", ...) stores every 2-D weight in it; a K-quant tensor whose
 rows are not a whole number of 256-weight super-blocks falls back to a 32-weight format as
-llama.cpp's quantizer does (Q2_K, Q3_K -> Q4_0; Q4_K -> Q5_0; Q5_K -> Q5_1; Q6_K -> Q8_0).
+llama.cpp's quantizer does (Q2_K, Q3_K -> Q4_0; Q4_K -> Q5_0; Q5_K -> Q5_1; Q6_K -> Q8_0;
+IQ4_XS -> IQ4_NL).
 The mix "Q4_K_M" follows llama.cpp's recipe in its main lines: Q6_K for the output head and for
 ``attn_v`` / ``ffn_down`` of the first and last eighth of the layers and every third layer in
-between, Q4_K elsewhere. Legacy formats are encoded by gguf-py, K-quants by our own encoder
-(``_core.quantize``; gguf-py has none for them).
+between, Q4_K elsewhere. Legacy formats are encoded by gguf-py, K-quants and the table formats
+(IQ4_NL, IQ4_XS, MXFP4) by our own encoder (``_core.quantize``, ggml's reference rounding; gguf-py
+has none for most of them).
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import numpy as np
 #: Per-tensor formats a file can be written in.
 TENSOR_DTYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
 K_DTYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+#: The table formats (4-bit indices into 16 non-linear values).
+TABLE_DTYPES = ("IQ4_NL", "IQ4_XS", "MXFP4")
 #: Whole-file dtypes: one format, or a mix.
-GGUF_DTYPES = (*TENSOR_DTYPES, *K_DTYPES, "Q4_K_M")
+GGUF_DTYPES = (*TENSOR_DTYPES, *K_DTYPES, *TABLE_DTYPES, "Q4_K_M")
 #: general.file_type values (llama.cpp's llama_ftype).
 GGUF_FILE_TYPE = {
     "F32": 0,
@@ -33,8 +37,18 @@ GGUF_FILE_TYPE = {
     "Q4_K_M": 15,
     "Q5_K": 16,
     "Q6_K": 18,
+    "IQ4_NL": 25,
+    "IQ4_XS": 30,
+    "MXFP4": 38,
 }
-K_FALLBACK = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+K_FALLBACK = {
+    "Q2_K": "Q4_0",
+    "Q3_K": "Q4_0",
+    "Q4_K": "Q5_0",
+    "Q5_K": "Q5_1",
+    "Q6_K": "Q8_0",
+    "IQ4_XS": "IQ4_NL",
+}
 
 
 def _more_bits(layer: int, n_layers: int) -> bool:
@@ -65,7 +79,7 @@ def encode(x: np.ndarray, dtype: str) -> np.ndarray:
         return np.ascontiguousarray(x, dtype=np.float32)
     if dtype == "F16":
         return x.astype(np.float16)
-    if dtype in K_DTYPES:
+    if dtype in K_DTYPES or dtype in TABLE_DTYPES:
         from .. import _core
 
         return _core.quantize(dtype, np.ascontiguousarray(x, dtype=np.float32))

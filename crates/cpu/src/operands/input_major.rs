@@ -148,7 +148,7 @@ impl Default for Affine {
 /// Split one block of `dtype` into [`Affine`] form, in the dequantizer's own float operations
 /// (so `s·q + m` is the dequantized value bit for bit).
 fn affine_block(dtype: DType, b: &[u8], a: &mut Affine) {
-    use powerinfer_core::dequantize::{legacy_affine, unpack_k, SubScales};
+    use powerinfer_core::dequantize::{legacy_affine, unpack_k, unpack_table, SubScales};
     let f16_at = |at: usize| f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
     match dtype {
         DType::Q8_0 => {
@@ -165,6 +165,14 @@ fn affine_block(dtype: DType, b: &[u8], a: &mut Affine) {
             a.s[0] = d;
             a.m[0] = m.unwrap_or(0.0);
             a.q[..32].copy_from_slice(&q);
+        }
+        DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4 => {
+            // The table values are the integers, each 32-weight sub-block's scale the factor.
+            let mut d = [0f32; 8];
+            unpack_table(dtype, b, &mut d, &mut a.q);
+            a.group = 32;
+            a.s[..8].copy_from_slice(&d);
+            a.m[..8].fill(0.0);
         }
         _ => {
             let mut sub = SubScales::default();

@@ -148,7 +148,7 @@ mod tests {
     const ROWS: [usize; 5] = [1, 33, 128, 261, 2 * UNIT_ROWS + 40];
 
     fn cols_of(dtype: DType) -> [usize; 2] {
-        match (dtype.is_k_quant(), dtype.is_quantized()) {
+        match (dtype.is_super_block(), dtype.is_quantized()) {
             (true, _) => [256, 768],
             (false, true) => [32, 160],
             _ => [7, 77],

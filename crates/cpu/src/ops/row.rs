@@ -97,6 +97,27 @@ mod tests {
     }
 
     #[test]
+    fn table_formats_dequantize_bit_exact_on_every_level() {
+        // w = d·value is one rounding, so every level gives the core decoder's bits.
+        each_row(4, |_, dtype, cols, row| {
+            if !dtype.is_table() {
+                return;
+            }
+            let mut want = vec![0f32; cols];
+            powerinfer_core::dequantize_row(dtype, &row, &mut want).unwrap();
+            for level in available() {
+                let mut got = vec![1f32; cols];
+                dispatch::dequantize_row(level, dtype, &row, &mut got);
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits());
+                assert!(same, "{level:?} {dtype} cols {cols}");
+            }
+        });
+    }
+
+    #[test]
     fn shape_errors_are_errors_not_panics() {
         // A Q8_0 block is 32 weights; 5 bytes hold no whole number of f16s.
         assert!(is_shape(dequantize_row(

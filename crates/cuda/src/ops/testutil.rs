@@ -95,7 +95,7 @@ pub(crate) fn is_shape(r: Result<()>) -> bool {
 /// blocks (32-weight blocks or 256-weight super-blocks) for the quantized ones.
 pub(crate) fn odd_cols(dtype: DType) -> usize {
     if dtype.is_quantized() {
-        dtype.block_size() * if dtype.is_k_quant() { 3 } else { 7 }
+        dtype.block_size() * if dtype.is_super_block() { 3 } else { 7 }
     } else {
         203
     }

@@ -4,6 +4,7 @@
 use powerinfer_core::{ensure, Result, Weight};
 
 use crate::backend::{Backend, DeviceSlice, DeviceWeight, Elem, HotFfn};
+use crate::convert::{device_dtype, device_rows};
 use crate::kernels::ensure_gpu_dtype;
 use crate::layout::{pack_hot_rows, pack_hot_slabs, RowLayout, RowSpace, SlabLayout};
 use crate::repack::repack_rows;
@@ -24,10 +25,11 @@ pub trait UploadOps: Backend {
         Ok(out)
     }
 
-    /// Upload a whole weight matrix (rows as stored, the 32-weight quantized formats repacked:
-    /// [`crate::repack`]).
+    /// Upload a whole weight matrix (rows as stored, the table formats converted to Q8_0:
+    /// [`crate::convert`]; the 32-weight quantized formats repacked: [`crate::repack`]).
     fn upload_weight(&self, w: &Weight) -> Result<DeviceWeight<Self>> {
-        ensure_gpu_dtype(w.dtype)?;
+        let dtype = device_dtype(w.dtype);
+        ensure_gpu_dtype(dtype)?;
         let rb = w.dtype.row_bytes(w.cols)?;
         ensure!(
             w.n_bytes() == rb * w.rows,
@@ -38,12 +40,13 @@ pub trait UploadOps: Backend {
             w.cols,
             w.n_bytes()
         );
+        let rows = device_rows(w.dtype, w.cols, w.bytes())?;
         Ok(DeviceWeight {
-            dtype: w.dtype,
+            dtype,
             rows: w.rows,
             cols: w.cols,
-            layout: RowLayout::dense(w.rows, rb)?,
-            data: self.upload(&repack_rows(w.dtype, w.cols, w.bytes())?)?,
+            layout: RowLayout::dense(w.rows, dtype.row_bytes(w.cols)?)?,
+            data: self.upload(&repack_rows(dtype, w.cols, &rows)?)?,
         })
     }
 

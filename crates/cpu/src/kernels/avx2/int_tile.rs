@@ -314,6 +314,9 @@ macro_rules! with_tile_format {
                 $body
             })*
             DType::F32 | DType::F16 | DType::BF16 => unreachable!("float format in the int tile"),
+            DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4 => {
+                unreachable!("no int tile for the table formats (XTile::new declines them)")
+            }
         }
     };
 }
@@ -334,10 +337,14 @@ pub(crate) struct XTile {
 
 impl XTile {
     /// `n` tokens of `cols` (whole spans of `dtype`, a quantized format) prepared for the
-    /// tile; `None` when x holds a NaN or infinity (the f32 path then propagates it). Callers
+    /// tile; `None` when x holds a NaN or infinity (the f32 path then propagates it) or `dtype` is
+    /// a table format (no integer tile: their matmuls take the per-token kernels). Callers
     /// first keep to the tokens [`token_fits`] accepts.
     pub(crate) fn new(dtype: DType, x: &[f32], n: usize, cols: usize) -> Option<XTile> {
         crate::simd::debug_check_wide(true);
+        if dtype.is_table() {
+            return None;
+        }
         assert!(
             dtype.is_quantized()
                 && x.len() == n * cols
@@ -353,6 +360,9 @@ impl XTile {
 /// most [`RHO_MAX`] of Σ|x|. Depends on the token alone, so a token's products come out the
 /// same whichever tokens share its matmul.
 pub(crate) fn token_fits(dtype: DType, x: &[f32]) -> bool {
+    if dtype.is_table() {
+        return false;
+    }
     let x_max = with_tile_format!(dtype, F => F::X_MAX);
     let (mut l1, mut steps) = (0f32, 0f32);
     for block in x.chunks(XB) {
@@ -724,8 +734,11 @@ mod tests {
             return;
         }
         let mut rng = Rng::new(77);
-        for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized()) {
-            let cols_list: &[usize] = match dtype.is_k_quant() {
+        for dtype in DType::ALL
+            .into_iter()
+            .filter(|d| d.is_quantized() && !d.is_table())
+        {
+            let cols_list: &[usize] = match dtype.is_super_block() {
                 true => &[256, 512, 2816],
                 false => &[32, 96, 2816],
             };

@@ -35,6 +35,7 @@ mod select;
 mod split8;
 mod split8_tokens;
 pub(crate) use split8_tokens::XLanes;
+mod table;
 mod tile;
 mod wide;
 mod wide_float;
@@ -475,6 +476,9 @@ unsafe fn int16_rows_avx2<const R: usize, const FETCH: bool>(
             DType::Q4_K => kquant::rows_i16::<kquant::Q4K, R, FETCH>(p, next, xq, out),
             DType::Q5_K => kquant::rows_i16::<kquant::Q5K, R, FETCH>(p, next, xq, out),
             DType::Q6_K => kquant::rows_i16::<kquant::Q6K, R, FETCH>(p, next, xq, out),
+            DType::IQ4_NL => int16::quant_rows_i16::<table::IQ4NL, R, FETCH>(p, next, xq, out),
+            DType::MXFP4 => int16::quant_rows_i16::<table::MXFP4, R, FETCH>(p, next, xq, out),
+            DType::IQ4_XS => kquant::rows_i16::<table::IQ4XS, R, FETCH>(p, next, xq, out),
             DType::F32 | DType::F16 | DType::BF16 => {}
         }
     }

@@ -1,0 +1,139 @@
+//! The formats the GPU takes by conversion at upload: the table formats (IQ4_NL, IQ4_XS,
+//! MXFP4) have no GPU kernels of their own; their rows are re-encoded as Q8_0 on the way to the
+//! device ([`device_dtype`], [`device_rows`]), and the device kernels, the slabs and the plan's
+//! accounting see Q8_0 rows (34 bytes per 32 weights where the host holds 18, 17 or 17).
+//!
+//! The conversion, per 32 weights (w = scale·value, the value an int8 of the format's table):
+//! - IQ4_NL: d and the values as they are: exact (the same f32 products).
+//! - MXFP4: w = 2^s·v with v in ±{0..12} (s = e − 128): d = 2^(s − k), q = v·2^k with the
+//!   smallest k in 0..=3 that brings d under f16's largest power 2^15; exact for s in −24..=18
+//!   (every scale a real tensor holds), else the nearest Q8_0 (d clamped to f16's range).
+//! - IQ4_XS: each 32-weight sub-block's d·(scale − 32), computed in f32 as the CPU does, rounded
+//!   to f16 as the Q8_0 scale, the values as they are: one f16 rounding of the sub-block scale
+//!   (relative 2^−11 at most).
+
+use std::borrow::Cow;
+
+use half::f16;
+use powerinfer_core::dequantize::unpack_table;
+use powerinfer_core::{ensure, DType, Result};
+
+/// The format `dtype`'s rows take on a device: Q8_0 for the table formats, else `dtype`.
+pub const fn device_dtype(dtype: DType) -> DType {
+    match is_converted(dtype) {
+        true => DType::Q8_0,
+        false => dtype,
+    }
+}
+
+/// Whether `dtype`'s rows are converted at upload (the table formats).
+pub const fn is_converted(dtype: DType) -> bool {
+    dtype.is_table()
+}
+
+/// Rows of `cols` weights in `dtype` (whole rows, GGUF layout) as [`device_dtype`] rows, GGUF
+/// layout (the repack comes after); `rows` itself when `dtype` is not converted.
+pub fn device_rows(dtype: DType, cols: usize, rows: &[u8]) -> Result<Cow<'_, [u8]>> {
+    if !is_converted(dtype) {
+        return Ok(Cow::Borrowed(rows));
+    }
+    let rb = dtype.row_bytes(cols)?;
+    ensure!(
+        rb > 0 && rows.len().is_multiple_of(rb),
+        Shape,
+        "{} bytes are no whole number of {dtype} rows of {cols} weights",
+        rows.len()
+    );
+    let n_blocks = rows.len() / dtype.block_bytes();
+    let sub = dtype.block_size() / 32;
+    let mut out = vec![0u8; n_blocks * sub * 34];
+    let (mut d, mut q) = ([0f32; 8], [0i8; 256]);
+    for (b, o) in rows
+        .chunks_exact(dtype.block_bytes())
+        .zip(out.chunks_exact_mut(34 * sub))
+    {
+        unpack_table(dtype, b, &mut d, &mut q);
+        for (s, blk) in o.chunks_exact_mut(34).enumerate() {
+            let vals = &q[32 * s..32 * s + 32];
+            let (scale, shift) = match dtype {
+                DType::MXFP4 => mxfp4_scale(d[0]),
+                _ => (f16::from_f32(d[s]), 0),
+            };
+            blk[..2].copy_from_slice(&scale.to_le_bytes());
+            for (qo, &v) in blk[2..].iter_mut().zip(vals) {
+                *qo = (((v as i32) << shift).clamp(-127, 127) as i8) as u8;
+            }
+        }
+    }
+    Ok(Cow::Owned(out))
+}
+
+/// An MXFP4 block scale 2^s (f32, exact) as a Q8_0 f16 scale and the shift of the values
+/// (see the module docs): exact in f16 where s − shift lies in −24..=15.
+fn mxfp4_scale(d: f32) -> (f16, u32) {
+    let s = d.log2().round() as i32;
+    let shift = (s - 15).clamp(0, 3);
+    (f16::from_f32(2f32.powi(s - shift)), shift as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use powerinfer_core::dequantize_row;
+
+    fn rows(dtype: DType, n: usize, seed: u64) -> Vec<u8> {
+        let mut s = seed;
+        let mut out: Vec<u8> = (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (s >> 33) as u8
+            })
+            .collect();
+        for b in out.chunks_exact_mut(dtype.block_bytes()) {
+            match dtype {
+                DType::MXFP4 => b[0] = 104 + b[0] % 43, // s = −24..=18
+                _ => {
+                    let d = f16::from_f32(0.001 * (b[0] as f32 - 128.0));
+                    b[..2].copy_from_slice(&d.to_le_bytes());
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn iq4_nl_and_mxfp4_convert_exactly_iq4_xs_within_an_f16_scale() {
+        for dtype in DType::TABLE {
+            let cols = 512;
+            let raw = rows(dtype, 3 * dtype.row_bytes(cols).unwrap(), 9);
+            let conv = device_rows(dtype, cols, &raw).unwrap();
+            assert_eq!(conv.len(), 3 * DType::Q8_0.row_bytes(cols).unwrap());
+            let (mut want, mut got) = (vec![0f32; 3 * cols], vec![0f32; 3 * cols]);
+            dequantize_row(dtype, &raw, &mut want).unwrap();
+            dequantize_row(DType::Q8_0, &conv, &mut got).unwrap();
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                match dtype {
+                    DType::IQ4_XS => {
+                        let tol = w.abs() * (2f32.powi(-11) + 2f32.powi(-22));
+                        assert!((g - w).abs() <= tol, "{i}: {g} vs {w}")
+                    }
+                    _ => assert_eq!(g.to_bits(), w.to_bits(), "{dtype} weight {i}: {g} vs {w}"),
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn other_formats_pass_through() {
+        assert_eq!(device_dtype(DType::Q4_K), DType::Q4_K);
+        assert!(!is_converted(DType::Q8_0) && is_converted(DType::MXFP4));
+        let raw = [7u8; 18];
+        assert!(matches!(
+            device_rows(DType::Q4_0, 32, &raw).unwrap(),
+            Cow::Borrowed(_)
+        ));
+        assert!(device_rows(DType::IQ4_NL, 32, &raw[..17]).is_err());
+    }
+}
