@@ -192,6 +192,11 @@ def test_parallel_tool_calls_false_keeps_the_first_call(first_only, names):
     assert [c.name for c in streamed.finish()[1]] == names
 
 
+def test_a_constraint_beside_a_required_call_is_a_400(server):
+    body = {**CHAT, "tools": TOOLS, "tool_choice": "required", "grammar": GBNF}
+    error_of(post(server, "/v1/chat/completions", body), "grammar")
+
+
 def test_parallel_tool_calls_is_accepted_on_chat(server):
     for value in (True, False):
         body = {**CHAT, "max_tokens": 24, "tools": TOOLS, "tool_choice": "required",

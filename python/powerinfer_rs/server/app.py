@@ -217,10 +217,12 @@ def prepare(
             if len(prompt) != 1:
                 raise APIError(400, "prompt: give one prompt per request", param=param)
             prompt = prompt[0]
-    grammar = calls.grammar if calls is not None and calls.grammar is not None else None
-    where = "tools"
-    if grammar is None:
-        grammar, where = response_grammar(req)
+    grammar, where = response_grammar(req)
+    if calls is not None and calls.grammar is not None:
+        if grammar is not None:  # a required call's arguments follow the tool's schema
+            raise APIError(400, f"{where} cannot constrain an answer that tool_choice makes a "
+                           "tool call", param=where)  # fmt: skip
+        grammar, where = calls.grammar, "tools"
     kwargs = req.engine_kwargs(limit)
     kwargs.update(speculative_kwargs(engine, req.speculative, req.draft_max, defaults))
     try:
