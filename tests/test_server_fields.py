@@ -204,3 +204,31 @@ def test_parallel_tool_calls_is_accepted_on_chat(server):
         resp = post(server, "/v1/chat/completions", body)
         assert resp.status_code == 200, resp.text
         assert len(resp.json()["choices"][0]["message"]["tool_calls"]) == 1
+
+
+#: Every declared field of the two requests and what happens to it: passed to the engine (by
+#: ``engine_kwargs`` or the route), or refused when set (:func:`unsupported_fields`, ``n`` and
+#: ``best_of`` above 1). A field added to a schema fails here until it is put in one of them.
+ENGINE = {
+    "max_tokens", "temperature", "top_p", "top_k", "min_p", "typical_p", "seed", "stop",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos",
+}  # fmt: skip
+ROUTE = {"model", "n", "stream", "stream_options", "speculative", "draft_max", "grammar",
+         "json_schema", "response_format"}  # fmt: skip
+CHAT_ONLY = {"messages", "tools", "tool_choice", "parallel_tool_calls",
+             "max_completion_tokens", "logprobs", "top_logprobs"}  # fmt: skip
+COMPLETION_ONLY = {"prompt", "logprobs", "echo", "best_of"}
+REFUSED = {"functions", "logit_bias"}
+REFUSED_COMPLETION = {"tools", "suffix"}
+
+
+def test_every_declared_field_is_honoured_or_refused():
+    from powerinfer_rs.server.schemas import ChatRequest, CompletionRequest, unsupported_fields
+
+    assert set(ChatRequest.model_fields) == ENGINE | ROUTE | CHAT_ONLY | REFUSED
+    want = ENGINE | ROUTE | COMPLETION_ONLY | REFUSED | REFUSED_COMPLETION
+    assert set(CompletionRequest.model_fields) == want
+    assert set(ChatRequest(messages=[{"role": "user"}]).engine_kwargs(1)) >= ENGINE - {"max_tokens"}
+    for name in REFUSED | REFUSED_COMPLETION:
+        req = CompletionRequest(prompt="x", **{name: "x" if name == "suffix" else {"a": 1}})
+        assert unsupported_fields(req) == [name]
