@@ -242,6 +242,10 @@ BAD_NUMBERS = [
     ("generate", "--top-k", "-1"),
     ("generate", "--top-p", "1.5"),
     ("generate", "--top-p", "0"),
+    ("generate", "--min-p", "-0.1"),
+    ("generate", "--min-p", "1.5"),
+    ("generate", "--typical-p", "0"),
+    ("generate", "--typical-p", "1.1"),
     ("generate", "--repetition-penalty", "0"),
     ("perplexity", "--window", "1"),
     ("perplexity", "--max-tokens-scored", "-1"),
@@ -327,6 +331,22 @@ def test_kv_cache_option_reaches_the_engine(files, capsys, monkeypatch):
     with pytest.raises(SystemExit):
         cli.main(_argv(files, "generate") + ["--kv-cache", "q8_0"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_min_p_and_typical_p_reach_the_engine(files, monkeypatch):
+    from powerinfer_rs.runtime.engine import Engine
+
+    seen = []
+    real = Engine.stream_tokens
+
+    def spy(self, prompt, **kw):
+        seen.append((kw["min_p"], kw["typical_p"]))
+        return real(self, prompt, **kw)
+
+    monkeypatch.setattr(Engine, "stream_tokens", spy)
+    assert cli.main(_argv(files, "generate") + ["--quiet"]) == 0
+    assert cli.main(_argv(files, "generate") + ["--min-p", "0.1", "--typical-p", "0.9"]) == 0
+    assert seen == [(0.0, 1.0), (0.1, 0.9)]
 
 
 def test_predictor_file_without_mode_selects_it(files, capsys):

@@ -138,6 +138,18 @@ def _sampling(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--top-p", type=share, default=0.95, help="nucleus sampling mass (0.95)")
     p.add_argument(
+        "--min-p",
+        type=float_in(0.0, 1.0),
+        default=0.0,
+        help="drop tokens less likely than this times the likeliest (llama.cpp's); 0 = off",
+    )
+    p.add_argument(
+        "--typical-p",
+        type=share,
+        default=1.0,
+        help="locally typical sampling mass (llama.cpp's typical-p); 1 = off",
+    )
+    p.add_argument(
         "--repetition-penalty",
         type=positive_float,
         default=1.0,
@@ -210,6 +222,8 @@ def _gen_kwargs(a: argparse.Namespace) -> dict:
         "temperature": a.temperature,
         "top_k": a.top_k,
         "top_p": a.top_p,
+        "min_p": a.min_p,
+        "typical_p": a.typical_p,
         "repetition_penalty": a.repetition_penalty,
         "seed": a.seed,
         "stop": a.stop,

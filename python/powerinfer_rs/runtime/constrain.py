@@ -63,7 +63,10 @@ def ll_tokenizer(tokenizer: Any, n_vocab: int) -> Any:
 @dataclass(frozen=True)
 class Grammar:
     """A constraint as given: ``kind`` "json_schema" (``value`` a schema dict, or True for any
-    JSON object), "lark" or "regex" (``value`` the text)."""
+    JSON object), "lark", "gbnf" (llama.cpp's grammar format, converted to Lark by
+    llguidance's own converter, which passes Lark text starting ``%llguidance`` or
+    ``start:`` through as llama.cpp's llguidance build does) or "regex" (``value`` the
+    text)."""
 
     kind: str
     value: Any
@@ -71,7 +74,7 @@ class Grammar:
     @property
     def argument(self) -> str:
         """The generation argument that gives a constraint of this kind."""
-        return {"lark": "grammar"}.get(self.kind, self.kind)
+        return {"lark": "grammar", "gbnf": "grammar"}.get(self.kind, self.kind)
 
     def compile(self) -> str:
         """llguidance's grammar text; a :class:`GrammarError` naming the argument for text that
@@ -88,9 +91,21 @@ class Grammar:
             return llg.LLMatcher.grammar_from_json_schema(compact(schema))
         if self.kind == "lark":
             return llg.LLMatcher.grammar_from_lark(self.value)
+        if self.kind == "gbnf":
+            return llg.LLMatcher.grammar_from_lark(gbnf_as_lark(self.value))
         if self.kind == "regex":
             return llg.LLMatcher.grammar_from_regex(self.value)
         raise GrammarError(f"unknown grammar kind {self.kind!r}")
+
+
+def gbnf_as_lark(text: str) -> str:
+    """GBNF ``text`` as llguidance's Lark (its converter, ``llguidance.gbnf_to_lark``); text it
+    cannot read is a :class:`GrammarError` saying where."""
+    conv = optional_import("llguidance.gbnf_to_lark", "GBNF grammars", GRAMMAR_EXTRA)
+    try:
+        return conv.any_to_lark(text)
+    except Exception as e:  # the converter raises its own error, and others on odd input
+        raise GrammarError(f"grammar: not a GBNF grammar the engine can read: {e}") from None
 
 
 def grammar_of(json_schema: Any = None, grammar: Any = None, regex: Any = None) -> Grammar | None:

@@ -204,6 +204,8 @@ class Generation:
         temperature: float = 0.8,
         top_k: int = 40,
         top_p: float = 0.95,
+        min_p: float = 0.0,
+        typical_p: float = 1.0,
         repetition_penalty: float = 1.0,
         presence_penalty: float = 0.0,
         frequency_penalty: float = 0.0,
@@ -219,7 +221,10 @@ class Generation:
     ) -> TokenStream:
         """The continuation of ``prompt`` one sampled token at a time (:class:`TokenStep`).
 
-        ``temperature=0`` is greedy. ``presence_penalty``/``frequency_penalty`` (in [-2, 2])
+        ``temperature=0`` is greedy. After ``top_k``, ``typical_p`` (locally typical sampling,
+        1: off), ``top_p`` and ``min_p`` (drop tokens less likely than ``min_p`` times the
+        likeliest, 0: off) cut the candidates in llama.cpp's order
+        (:func:`~.sampling.distribution`). ``presence_penalty``/``frequency_penalty`` (in [-2, 2])
         lower the logits of tokens already generated, once / per occurrence (OpenAI's rule);
         ``repetition_penalty`` scales those of tokens in the prompt or the output. ``stop``
         strings end generation (they are not yielded). Generation also ends at an
@@ -256,7 +261,14 @@ class Generation:
         if g is not None:
             constraint = Constraint(g, self.tokenizer, self.config.vocab_size)
         params = SamplingParams(
-            temperature, top_k, top_p, repetition_penalty, presence_penalty, frequency_penalty
+            temperature,
+            top_k,
+            top_p,
+            repetition_penalty,
+            presence_penalty,
+            frequency_penalty,
+            min_p=min_p,
+            typical_p=typical_p,
         )
         params.validate()
         max_new_tokens = check_int("max_new_tokens", max_new_tokens, 0)

@@ -1,5 +1,6 @@
 """Next-token choice from logits: repetition, presence and frequency penalties, temperature,
-top-k, top-p (numpy); log-probabilities of the model's distribution."""
+top-k, typical-p, top-p, min-p (numpy; in llama.cpp's order, typical-p and min-p in
+:mod:`.truncation`); log-probabilities of the model's distribution."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from .checks import check_int, check_real
+from .truncation import min_p_filter, typical_filter
 
 #: Presence and frequency penalties lie in [-PENALTY_LIMIT, PENALTY_LIMIT] (OpenAI's range).
 PENALTY_LIMIT = 2.0
@@ -65,7 +67,8 @@ class PositionDraws:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick the next token. ``temperature == 0`` means greedy (argmax)."""
+    """How to pick the next token. ``temperature == 0`` means greedy (argmax). ``min_p`` (0:
+    off) and ``typical_p`` (1: off) are llama.cpp's (:mod:`.truncation`)."""
 
     temperature: float = 0.8
     top_k: int = 40
@@ -73,6 +76,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    min_p: float = 0.0
+    typical_p: float = 1.0
 
     @property
     def greedy(self) -> bool:
@@ -87,7 +92,7 @@ class SamplingParams:
     def validate(self) -> None:
         """Raise ShapeError, naming the argument, for values of the wrong type or outside
         their ranges."""
-        names = ("temperature", "top_p", "repetition_penalty")
+        names = ("temperature", "top_p", "repetition_penalty", "min_p", "typical_p")
         for name in names + ("presence_penalty", "frequency_penalty"):
             check_real(name, getattr(self, name))
         check_int("top_k", self.top_k)
@@ -97,6 +102,10 @@ class SamplingParams:
             raise ShapeError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not (0.0 < self.top_p <= 1.0):
             raise ShapeError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not (0.0 <= self.min_p <= 1.0):
+            raise ShapeError(f"min_p must be in [0, 1] (0 = off), got {self.min_p}")
+        if not (0.0 < self.typical_p <= 1.0):
+            raise ShapeError(f"typical_p must be in (0, 1] (1 = off), got {self.typical_p}")
         if not (self.repetition_penalty > 0.0):
             raise ShapeError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -138,9 +147,9 @@ def distribution(
     counts: Mapping[int, int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(ids, p)``: the distribution :func:`sample` draws from (penalties, temperature, top-k,
-    top-p applied), likeliest first; ``p`` sums to 1. Temperature 0 (greedy, with or without
-    penalties) is the one id with ``p == [1.0]``. Speculative decoding
-    (:mod:`.speculative`) verifies drafts against this same distribution."""
+    typical-p, top-p, min-p applied, in that order), likeliest first; ``p`` sums to 1.
+    Temperature 0 (greedy, with or without penalties) is the one id with ``p == [1.0]``.
+    Speculative decoding (:mod:`.speculative`) verifies drafts against this same distribution."""
     if params.greedy:
         if np.ndim(logits) != 1:
             raise ShapeError(f"sample() takes one row of logits, got shape {np.shape(logits)}")
@@ -168,10 +177,11 @@ def distribution(
     ids, x = ids[order], x[order]
     p = np.exp(x - x[0])
     p /= p.sum()
+    ids, p = typical_filter(ids, p, params.typical_p)
     if params.top_p < 1.0:
         cut = int(np.searchsorted(np.cumsum(p), params.top_p)) + 1
         ids, p = ids[:cut], p[:cut] / p[:cut].sum()
-    return ids, p
+    return min_p_filter(ids, p, params.min_p)
 
 
 def sample(

@@ -21,13 +21,15 @@ from starlette.routing import Route
 
 from ..errors import PowerInferError
 from ..runtime.chat import ChatTemplateError
-from ..runtime.constrain import Grammar, GrammarError, closed_schema
+from ..runtime.constrain import GrammarError
 from ..runtime.engine import Engine
 from ..runtime.slots import SlotPool
 from ..runtime.speculative import DEFAULT_DRAFT_MAX, resolve_speculative
 from ..runtime.streaming import TokenStream
 from . import anthropic
+from .constraints import response_grammar
 from .errors import APIError, from_engine, parse_body
+from .fields import unknown_field_error
 from .health import health
 from .responses import Calls, ChunkMaker, Envelope, TokenText, calls_for, full_response
 from .schemas import ChatRequest, CompletionRequest, NamedToolChoice, unsupported_fields
@@ -162,6 +164,9 @@ async def parse(request: Request, kind: type) -> ChatRequest | CompletionRequest
     bad = unsupported_fields(req)
     if bad:
         raise APIError(400, f"'{bad[0]}' is not supported by this server", param=bad[0])
+    unknown = unknown_field_error(req.model_extra or {})
+    if unknown is not None:
+        raise unknown
     return req
 
 
@@ -175,21 +180,9 @@ def tool_setup(engine: Engine, req: ChatRequest) -> Calls | None:
     if tools is None:
         return None
     named = choice.function.name if isinstance(choice, NamedToolChoice) else None
-    return calls_for(engine, tools, choice == "required", named, "tool_choice")
-
-
-def response_grammar(req: ChatRequest | CompletionRequest) -> Grammar | None:
-    """The constraint ``response_format`` asks for (None: plain text)."""
-    rf = req.response_format
-    if rf is None or rf.type == "text":
-        return None
-    if rf.type == "json_object":
-        return Grammar("json_schema", True)
-    if rf.json_schema is None:
-        raise APIError(400, "response_format.json_schema is required for type json_schema",
-                       param="response_format.json_schema")  # fmt: skip
-    schema = rf.json_schema.json_schema
-    return Grammar("json_schema", closed_schema(schema) if rf.json_schema.strict else schema)
+    calls = calls_for(engine, tools, choice == "required", named, "tool_choice")
+    calls.first_only = req.parallel_tool_calls is False
+    return calls
 
 
 def prepare(
@@ -224,10 +217,12 @@ def prepare(
             if len(prompt) != 1:
                 raise APIError(400, "prompt: give one prompt per request", param=param)
             prompt = prompt[0]
-    grammar = calls.grammar if calls is not None and calls.grammar is not None else None
-    where = "tools"
-    if grammar is None:
-        grammar, where = response_grammar(req), "response_format"
+    grammar, where = response_grammar(req)
+    if calls is not None and calls.grammar is not None:
+        if grammar is not None:  # a required call's arguments follow the tool's schema
+            raise APIError(400, f"{where} cannot constrain an answer that tool_choice makes a "
+                           "tool call", param=where)  # fmt: skip
+        grammar, where = calls.grammar, "tools"
     kwargs = req.engine_kwargs(limit)
     kwargs.update(speculative_kwargs(engine, req.speculative, req.draft_max, defaults))
     try:
@@ -235,7 +230,8 @@ def prepare(
         steps = make(prompt, logprobs=req.engine_logprobs, grammar=grammar, **kwargs)
         return steps, calls
     except GrammarError as e:
-        raise APIError(400, str(e), param=where, code="invalid_schema") from None
+        code = "invalid_grammar" if where == "grammar" else "invalid_schema"
+        raise APIError(400, str(e), param=where, code=code) from None
     except PowerInferError as e:
         raise from_engine(e, param) from None
 

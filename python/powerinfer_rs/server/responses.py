@@ -20,11 +20,15 @@ from .worker import Done
 class Calls:
     """A chat request's tools: the model may answer with calls of ``tools``; its answer was
     made to start with ``prefix`` (the opening of a required call), which is part of it, and
-    continues as ``grammar`` allows (the call's arguments as the tool's schema)."""
+    continues as ``grammar`` allows (the call's arguments as the tool's schema).
+    ``first_only`` (``parallel_tool_calls: false``): the model may write several calls in one
+    answer and the parsers read them all, so only the first is returned (calls are returned at
+    the answer's end, streamed or not, so none has been sent before)."""
 
     tools: list[dict[str, Any]]
     prefix: str = ""
     grammar: Grammar | None = None  # the rest of a required call, constrained
+    first_only: bool = False
     stream: ToolCallStream = field(init=False)
 
     def __post_init__(self) -> None:
@@ -36,13 +40,16 @@ class Calls:
         that does not parse (cut off by ``max_tokens``) is no content: its text is the inside
         of a call, never shown."""
         content, calls = parse_tool_calls(self.prefix + text, self.tools)
-        return ("", []) if self.prefix and not calls else (content, calls)
+        return ("", []) if self.prefix and not calls else (content, self._kept(calls))
 
     def finish(self) -> tuple[str, list[ToolCall]]:
         """The streamed answer's end: the content still to show and the calls (see
         :meth:`parse`)."""
         rest, calls = self.stream.finish()
-        return ("", []) if self.prefix and not calls else (rest, calls)
+        return ("", []) if self.prefix and not calls else (rest, self._kept(calls))
+
+    def _kept(self, calls: list[ToolCall]) -> list[ToolCall]:
+        return calls[:1] if self.first_only else calls
 
 
 def calls_for(

@@ -1,7 +1,9 @@
 """Request bodies of the OpenAI endpoints (pydantic models, validated strictly: a number sent as
-a string is refused, not coerced). Fields the engine has no use for (``user``, ``metadata``,
-...) are ignored; fields asking for something it does not do (``logit_bias``,
-``response_format``, ...) are refused by :func:`unsupported_fields`."""
+a string is refused, not coerced). Top-level fields they do not declare are kept
+(``model_extra``) and refused by name unless :mod:`.fields` lists them as no-ops (``user``,
+``metadata``, ...); declared fields asking for something the engine does not do
+(``logit_bias``, ...) are refused by :func:`unsupported_fields`. Nested parts (messages,
+tools) ignore what they do not use."""
 
 # ruff: noqa: UP007, UP045 (pydantic evaluates these annotations at run time; Python 3.9
 # cannot evaluate `X | Y`)
@@ -109,24 +111,33 @@ class JsonSchemaFormat(BaseModel):
 
 class ResponseFormat(Lenient):
     """``response_format``: text, any JSON object, or JSON following a schema (constrained
-    decoding: the output parses and validates)."""
+    decoding: the output parses and validates). ``{"type": "json_object", "schema": S}`` (a
+    llama.cpp extension) is JSON following ``S``."""
 
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
     type: Literal["text", "json_object", "json_schema"]
     json_schema: Optional[JsonSchemaFormat] = None
+    object_schema: Optional[dict[str, Any]] = Field(None, alias="schema")
 
 
-class SamplingFields(Lenient):
-    """Fields both endpoints share. ``top_k``, ``repetition_penalty`` and ``ignore_eos`` are
-    extensions (llama.cpp's and vLLM's servers take them too; pass them with the openai client's
-    ``extra_body``), and so are ``speculative`` ("lookup", "draft", "auto", "off") and
-    ``draft_max`` (speculative decoding; default: the server's ``--speculative`` and
-    ``--draft-max``)."""
+class SamplingFields(BaseModel):
+    """Fields both endpoints share. ``top_k``, ``min_p`` (0: off), ``typical_p`` (1: off),
+    ``repetition_penalty`` and ``ignore_eos`` are extensions (llama.cpp's and vLLM's servers
+    take them too; pass them with the openai client's ``extra_body``), and so are llama.cpp's
+    ``grammar`` (GBNF) and ``json_schema`` (a schema the output follows), ``speculative``
+    ("lookup", "draft", "auto", "off") and ``draft_max`` (speculative decoding; default: the
+    server's ``--speculative`` and ``--draft-max``). Undeclared fields land in
+    ``model_extra`` (see :mod:`.fields`)."""
+
+    model_config = ConfigDict(extra="allow")
 
     model: Optional[str] = None
     max_tokens: Optional[NonNegInt] = None
     temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     top_k: NonNegInt = 0
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+    typical_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     seed: Optional[NonNegInt] = None
     stop: Union[str, Annotated[list[str], Field(max_length=MAX_STOPS)], None] = None
     presence_penalty: Penalty = 0.0
@@ -138,6 +149,8 @@ class SamplingFields(Lenient):
     ignore_eos: bool = False
     speculative: Optional[SpeculativeMode] = None
     draft_max: Optional[DraftMax] = None
+    grammar: Optional[str] = None
+    json_schema: Optional[dict[str, Any]] = None
     # Asked-for features the engine does not have: refused when given a value.
     functions: Optional[Any] = None
     logit_bias: Optional[Any] = None
@@ -150,6 +163,8 @@ class SamplingFields(Lenient):
             "temperature": self.temperature,
             "top_k": self.top_k,
             "top_p": self.top_p,
+            "min_p": self.min_p,
+            "typical_p": self.typical_p,
             "repetition_penalty": self.repetition_penalty,
             "presence_penalty": self.presence_penalty,
             "frequency_penalty": self.frequency_penalty,
