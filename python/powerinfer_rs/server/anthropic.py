@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable
@@ -42,6 +41,7 @@ from ..runtime.chat import ChatTemplateError
 from ..runtime.constrain import GrammarError
 from ..runtime.streaming import TokenStream
 from ..runtime.tools import ToolCall
+from .auth import bearer_key, key_matches
 from .errors import APIError, from_engine, parse_body
 from .responses import Calls, calls_for
 from .schemas import MAX_STOPS, DraftMax, Lenient, SpeculativeMode
@@ -275,13 +275,12 @@ def anthropic_route(
 
 def check_key(request: Request, state: Any) -> None:
     """``x-api-key`` (Anthropic's header) or ``Authorization: Bearer``."""
-    if state.api_key is None:
+    if not state.api_keys:
         return
     key = request.headers.get("x-api-key")
     if key is None:
-        scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
-        key = bearer.strip() if scheme.lower() == "bearer" else None
-    if key is None or not hmac.compare_digest(key, state.api_key):
+        key = bearer_key(request.headers.get("authorization", ""))
+    if not key_matches(key, state.api_keys):
         what = "no API key given" if key is None else "incorrect API key"
         raise APIError(401, f"{what} (send 'x-api-key: KEY')")
 

@@ -4,10 +4,9 @@ hand-over of each generation to the :class:`~.worker.Worker`."""
 from __future__ import annotations
 
 import functools
-import hmac
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -27,7 +26,9 @@ from ..runtime.slots import SlotPool
 from ..runtime.speculative import DEFAULT_DRAFT_MAX, resolve_speculative
 from ..runtime.streaming import TokenStream
 from . import anthropic
+from .auth import bearer_key, key_matches, normalise_keys
 from .constraints import response_grammar
+from .cors import cors_middleware
 from .errors import APIError, from_engine, parse_body
 from .fields import unknown_field_error
 from .health import health
@@ -52,7 +53,7 @@ class ServerState:
 
     engine: Engine
     model_id: str
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()
     max_queue: int = DEFAULT_MAX_QUEUE
     speculative: SpeculativeDefaults = field(default_factory=SpeculativeDefaults)
     parallel: int = 1
@@ -110,11 +111,10 @@ def error_response(e: APIError) -> JSONResponse:
 
 
 def check_key(request: Request, state: ServerState) -> None:
-    if state.api_key is None:
+    if not state.api_keys:
         return
     given = request.headers.get("authorization", "")
-    scheme, _, key = given.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip(), state.api_key):
+    if not key_matches(bearer_key(given), state.api_keys):
         what = "no API key given" if not given else "incorrect API key"
         raise APIError(401, f"{what} (send 'Authorization: Bearer KEY')", code="invalid_api_key")
 
@@ -281,20 +281,24 @@ def create_app(
     engine: Engine,
     *,
     model_id: str,
-    api_key: str | None = None,
+    api_key: str | Sequence[str] | None = None,
     max_queue: int = DEFAULT_MAX_QUEUE,
     speculative: str = "auto",
     draft_max: int = DEFAULT_DRAFT_MAX,
     parallel: int = 1,
     cache_mib: int = 0,
+    cors_origins: str | list[str] | None = None,
 ) -> Starlette:
     """The application serving ``engine`` as ``model_id``: OpenAI's routes, and Anthropic's
-    ``/v1/messages`` (:mod:`.anthropic`). ``speculative`` and ``draft_max``: the speculative
-    decoding of requests that do not say (:mod:`.speculation`); checked here. ``parallel``:
-    requests decoding together in slots (:mod:`..runtime.slots`; a hybrid engine serves one
-    at a time whatever it says); ``cache_mib``: the slots' prefix cache (MiB, 0: off). The
-    defaults (1, 0) serve one request at a time on the engine's own context, as
-    ``serve --parallel 1 --cache-ram 0``."""
+    ``/v1/messages`` (:mod:`.anthropic`). ``api_key``: the key, or keys (a list or a comma
+    list), any of which a request must give (:mod:`.auth`; None: none asked).
+    ``speculative`` and ``draft_max``: the speculative decoding of requests that do not say
+    (:mod:`.speculation`); checked here. ``parallel``: requests decoding together in slots
+    (:mod:`..runtime.slots`; a hybrid engine serves one at a time whatever it says);
+    ``cache_mib``: the slots' prefix cache (MiB, 0: off). The defaults (1, 0) serve one
+    request at a time on the engine's own context, as ``serve --parallel 1 --cache-ram 0``.
+    ``cors_origins``: the origins browser pages may call from (a comma list or ``*``;
+    :mod:`.cors`; None: CORS off)."""
     # A bad default fails now, not at the first request.
     resolve_speculative(speculative, draft_max, getattr(engine, "draft", None))
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
@@ -302,7 +306,8 @@ def create_app(
     if isinstance(cache_mib, bool) or not isinstance(cache_mib, int) or cache_mib < 0:
         raise ValueError(f"cache_mib must be an integer >= 0, got {cache_mib!r}")
     defaults = SpeculativeDefaults(speculative, draft_max)
-    state = ServerState(engine, model_id, api_key, max_queue, defaults, parallel, cache_mib)
+    keys = normalise_keys(api_key)
+    state = ServerState(engine, model_id, keys, max_queue, defaults, parallel, cache_mib)
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
@@ -324,7 +329,10 @@ def create_app(
         Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
     ]
     app = Starlette(
-        routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error}
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: http_error},
+        middleware=cors_middleware(cors_origins),
     )
     app.state.server = state
     return app

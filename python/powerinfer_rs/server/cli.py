@@ -11,6 +11,7 @@ from typing import Any
 
 from .._lazy import optional_import
 from ..loading.gguf_split import SHARD_NAME
+from .auth import APIKeyFileError, read_key_file, split_keys
 
 SERVER_EXTRA = "pip install 'powerinfer-rs[server]'"
 
@@ -21,8 +22,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000, help="TCP port (8000)")
     p.add_argument(
         "--api-key",
-        default=os.environ.get("POWERINFER_RS_API_KEY"),
-        help="require 'Authorization: Bearer KEY' (default: $POWERINFER_RS_API_KEY; none)",
+        action="append",
+        default=None,
+        metavar="KEY[,KEY...]",
+        help="require one of these keys, in 'Authorization: Bearer KEY' (or Anthropic's "
+        "'x-api-key: KEY'); repeatable, or a comma list (default: $POWERINFER_RS_API_KEY; none)",
+    )
+    p.add_argument(
+        "--api-key-file",
+        default=None,
+        metavar="FILE",
+        help="more keys, one a line ('#' starts a comment); a missing or empty file stops "
+        "the server at startup",
+    )
+    p.add_argument(
+        "--cors-origins",
+        default=None,
+        metavar="ORIGINS",
+        help="let browser pages from these origins call the API: a comma list "
+        "('https://a.example,http://localhost:3000') or '*' for any (default: off). Preflight "
+        "OPTIONS requests need no key",
     )
     p.add_argument(
         "--max-queue",
@@ -65,6 +84,20 @@ def model_id(model: str | None, alias: str | None) -> str:
     return name[: -len(".gguf")] if name.endswith(".gguf") else name
 
 
+def api_keys(a: argparse.Namespace) -> list[str]:
+    """The keys the server asks for: ``--api-key`` (each one a key or a comma list; else
+    $POWERINFER_RS_API_KEY) and ``--api-key-file``'s; a file that cannot be read or lists no
+    key stops the command (:class:`SystemExit`)."""
+    given = a.api_key if a.api_key else [os.environ.get("POWERINFER_RS_API_KEY")]
+    keys = split_keys(given)
+    if a.api_key_file is not None:
+        try:
+            keys += read_key_file(a.api_key_file)
+        except APIKeyFileError as e:
+            raise SystemExit(f"serve: {e}") from None
+    return keys
+
+
 def serve(a: argparse.Namespace, engine_options: dict) -> int:
     """Load the engine and serve it until interrupted."""
     uvicorn = optional_import("uvicorn", "serve", SERVER_EXTRA)
@@ -80,6 +113,7 @@ def serve(a: argparse.Namespace, engine_options: dict) -> int:
         raise SystemExit(f"serve: --parallel must be >= 1, got {a.parallel}")
     if a.cache_ram < 0:
         raise SystemExit(f"serve: --cache-ram must be >= 0, got {a.cache_ram}")
+    keys = api_keys(a)  # a bad key file fails before the model loads
     logging.basicConfig(
         level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -88,7 +122,8 @@ def serve(a: argparse.Namespace, engine_options: dict) -> int:
     app = create_app(
         engine,
         model_id=name,
-        api_key=a.api_key,
+        api_key=keys or None,
+        cors_origins=a.cors_origins,
         max_queue=a.max_queue,
         speculative=mode_of_flag(a.speculative),
         draft_max=a.draft_max,
