@@ -13,6 +13,7 @@ from ..runtime.constrain import Grammar, GrammarError, check_tool_schemas, tool_
 from ..runtime.streaming import TokenStep
 from ..runtime.tokenizer import Tokenizer
 from ..runtime.tools import ToolCall, ToolCallStream, parse_tool_calls, template_takes_tools
+from .timings import timings
 from .worker import Done
 
 
@@ -225,7 +226,7 @@ def full_response(
             "finish_reason": finish_reason(done),
         }
         obj = "text_completion"
-    return env.body(obj, [choice], {"usage": usage(done)})
+    return env.body(obj, [choice], {"usage": usage(done), "timings": timings(done)})
 
 
 class ChunkMaker:
@@ -269,7 +270,13 @@ class ChunkMaker:
         return self._piece(text, steps, None)
 
     def last(self, text: str, steps: list[TokenStep], done: Done) -> list[dict[str, Any]]:
-        """The closing chunks: the text left, the calls (one chunk each), the finish reason."""
+        """The closing chunks: the text left, the calls (one chunk each), the finish reason;
+        the last carries the answer's :func:`~.timings.timings`."""
+        out = self._last(text, steps, done)
+        out[-1]["timings"] = timings(done)
+        return out
+
+    def _last(self, text: str, steps: list[TokenStep], done: Done) -> list[dict[str, Any]]:
         if self.calls is None:
             return [self._piece(text, steps, finish_reason(done))]
         self.calls.stream.push(text)

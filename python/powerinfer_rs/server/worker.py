@@ -33,6 +33,9 @@ class Done:
     completion_tokens: int
     error: BaseException | None = None
     stop_sequence: str | None = None  # the stop string that ended it
+    #: The stream's :class:`~..runtime.generation.GenerationStats` (prefill and decode times,
+    #: prompt tokens from the cache, speculative counts); None before it ran.
+    stats: Any = None
 
 
 @dataclass
@@ -177,7 +180,9 @@ class Worker:
         finally:
             job.steps.close()
         reason = "cancelled" if job.cancelled else stats.finish_reason
-        return Done(reason, stats.prompt_tokens, job.completion_tokens, None, stats.stop_sequence)
+        return Done(
+            reason, stats.prompt_tokens, job.completion_tokens, None, stats.stop_sequence, stats
+        )
 
 
 def _log_job(job: Job) -> None:
