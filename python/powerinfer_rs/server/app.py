@@ -14,10 +14,12 @@ from typing import Any, Callable
 import anyio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from .._lazy import optional_import
 from ..errors import PowerInferError
 from ..runtime.chat import ChatTemplateError
 from ..runtime.constrain import GrammarError
@@ -32,6 +34,7 @@ from .cors import cors_middleware
 from .errors import APIError, from_engine, parse_body
 from .fields import unknown_field_error
 from .health import health
+from .metrics import Counters, CountRequests, render
 from .responses import Calls, ChunkMaker, Envelope, TokenText, calls_for, full_response
 from .schemas import ChatRequest, CompletionRequest, NamedToolChoice, unsupported_fields
 from .speculation import DEFAULTS, SpeculativeDefaults, speculative_kwargs
@@ -60,12 +63,14 @@ class ServerState:
     cache_mib: int = 0
     created: int = field(default_factory=lambda: int(time.time()))
     worker: Worker = field(init=False)
+    counters: Counters = field(init=False, default_factory=Counters)
     pool: SlotPool | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         if self.engine.can_batch and (self.parallel > 1 or self.cache_mib > 0):
             self.pool = SlotPool(self.engine, self.parallel, cache_bytes=self.cache_mib << 20)
         self.worker = Worker(self.max_queue, self.slots)
+        self.worker.on_done = self.counters.job
 
     @property
     def slots(self) -> int:
@@ -258,6 +263,17 @@ async def completion(request: Request, state: ServerState, kind: type) -> Respon
 
 
 @api_route
+async def metrics(request: Request, state: ServerState) -> Response:
+    """``GET /metrics`` (``serve --metrics``): Prometheus' text format (:mod:`.metrics`); it
+    asks for the API key as the other routes do."""
+    check_key(request, state)
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    body = await anyio.to_thread.run_sync(render, state, state.counters)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+@api_route
 async def chat_completions(request: Request, state: ServerState) -> Response:
     return await completion(request, state, ChatRequest)
 
@@ -288,6 +304,7 @@ def create_app(
     parallel: int = 1,
     cache_mib: int = 0,
     cors_origins: str | list[str] | None = None,
+    metrics_route: bool = False,
 ) -> Starlette:
     """The application serving ``engine`` as ``model_id``: OpenAI's routes, and Anthropic's
     ``/v1/messages`` (:mod:`.anthropic`). ``api_key``: the key, or keys (a list or a comma
@@ -298,7 +315,8 @@ def create_app(
     ``cache_mib``: the slots' prefix cache (MiB, 0: off). The defaults (1, 0) serve one
     request at a time on the engine's own context, as ``serve --parallel 1 --cache-ram 0``.
     ``cors_origins``: the origins browser pages may call from (a comma list or ``*``;
-    :mod:`.cors`; None: CORS off)."""
+    :mod:`.cors`; None: CORS off). ``metrics_route``: serve ``GET /metrics`` (:mod:`.metrics`,
+    needs ``prometheus_client``)."""
     # A bad default fails now, not at the first request.
     resolve_speculative(speculative, draft_max, getattr(engine, "draft", None))
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
@@ -328,11 +346,16 @@ def create_app(
         Route("/v1/messages", anthropic.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
     ]
+    middleware = cors_middleware(cors_origins)
+    if metrics_route:
+        optional_import("prometheus_client", "the /metrics route", "pip install prometheus_client")
+        routes.append(Route("/metrics", metrics, methods=["GET"]))
+        middleware.append(Middleware(CountRequests, counters=state.counters))
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={HTTPException: http_error},
-        middleware=cors_middleware(cors_origins),
+        middleware=middleware,
     )
     app.state.server = state
     return app

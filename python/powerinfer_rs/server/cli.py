@@ -44,6 +44,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "OPTIONS requests need no key",
     )
     p.add_argument(
+        "--metrics",
+        action="store_true",
+        help="serve GET /metrics in Prometheus' text format: requests by endpoint and status, "
+        "tokens, prefill and decode seconds, busy slots, the queue, the prefix cache, "
+        "speculative drafts (default: off; it asks for the API key as the other routes do; "
+        "needs prometheus_client)",
+    )
+    p.add_argument(
         "--max-queue",
         type=int,
         default=64,
@@ -103,6 +111,8 @@ def serve(a: argparse.Namespace, engine_options: dict) -> int:
     uvicorn = optional_import("uvicorn", "serve", SERVER_EXTRA)
     optional_import("starlette", "serve", SERVER_EXTRA)
     optional_import("pydantic", "serve", SERVER_EXTRA)
+    if a.metrics:
+        optional_import("prometheus_client", "serve --metrics", SERVER_EXTRA)
     from ..runtime.engine import Engine
     from ..runtime.speculative import mode_of_flag
     from .app import create_app
@@ -124,6 +134,7 @@ def serve(a: argparse.Namespace, engine_options: dict) -> int:
         model_id=name,
         api_key=keys or None,
         cors_origins=a.cors_origins,
+        metrics_route=a.metrics,
         max_queue=a.max_queue,
         speculative=mode_of_flag(a.speculative),
         draft_max=a.draft_max,

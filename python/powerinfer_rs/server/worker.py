@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..runtime.streaming import GenerationCancelled, TokenStream
 
@@ -78,7 +78,8 @@ class Worker:
     """``threads`` threads running jobs (one: the thread that owns the engine's context;
     more: one per slot of a :class:`~..runtime.slots.SlotPool`). ``submit`` queues a job or
     raises :class:`QueueFull` at once; ``jobs_done`` counts finished jobs (tests wait on it);
-    ``running`` maps each busy thread to its job."""
+    ``running`` maps each busy thread to its job; ``on_done``, when set, is called with each
+    finished job (in its thread, before it counts in ``jobs_done``)."""
 
     def __init__(self, max_queue: int, threads: int = 1):
         if max_queue < 1:
@@ -94,6 +95,7 @@ class Worker:
         self.running: dict[int, Job] = {}
         self.last: Job | None = None
         self.jobs_done = 0
+        self.on_done: Callable[[Job], None] | None = None
         self._ids = itertools.count(1)
 
     @property
@@ -154,6 +156,8 @@ class Worker:
             finally:
                 job.finished = time.perf_counter()
                 _log_job(job)  # before the job counts as done: tests wait on jobs_done
+                if self.on_done is not None:
+                    self.on_done(job)
                 with self._done_lock:
                     del self.running[index]
                     self.last = job
