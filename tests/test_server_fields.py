@@ -214,7 +214,7 @@ ENGINE = {
     "presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos",
 }  # fmt: skip
 ROUTE = {"model", "n", "stream", "stream_options", "speculative", "draft_max", "grammar",
-         "json_schema", "response_format"}  # fmt: skip
+         "json_schema", "response_format", "return_progress"}  # fmt: skip
 CHAT_ONLY = {"messages", "tools", "tool_choice", "parallel_tool_calls",
              "max_completion_tokens", "logprobs", "top_logprobs"}  # fmt: skip
 COMPLETION_ONLY = {"prompt", "logprobs", "echo", "best_of"}

@@ -253,7 +253,7 @@ async def completion(request: Request, state: ServerState, kind: type) -> Respon
     env = Envelope(rid, state.model_id, chat)
     text_of = TokenText(state.engine.tokenizer) if req.engine_logprobs is not None else None
     if req.stream:
-        chunks = ChunkMaker(env, text_of, req.include_usage, calls)
+        chunks = ChunkMaker(env, text_of, req.include_usage, calls, req.return_progress)
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(
             event_stream(job, chunks, watcher), media_type="text/event-stream", headers=headers

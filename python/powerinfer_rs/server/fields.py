@@ -26,7 +26,6 @@ NO_OPS: dict[str, str] = {
     "id_slot": "llama.cpp's choice of slot; the slot pool assigns slots (any slot gives the "
     "same output)",
     "timings_per_token": "llama.cpp's per-chunk timings; the chunks are the same without them",
-    "return_progress": "llama.cpp's prompt-progress events; the answer is the same without them",
 }
 
 #: Features the engine does not implement, accepted at the value that turns them off, and the

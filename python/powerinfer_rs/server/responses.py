@@ -239,8 +239,10 @@ class ChunkMaker:
         text_of: TokenText | None,
         include_usage: bool,
         calls: Calls | None = None,
+        progress: bool = False,
     ):
         self.env = env
+        self.progress = progress
         self.text_of = text_of
         self.include_usage = include_usage
         self.calls = calls
@@ -258,6 +260,24 @@ class ChunkMaker:
             return None
         delta = {"role": "assistant", "content": ""}
         return self._chunk({"index": 0, "delta": delta, "logprobs": None, "finish_reason": None})
+
+    def prompt_progress(self, stats: Any) -> dict[str, Any] | None:
+        """With ``return_progress``, llama.cpp's ``prompt_progress`` chunk (no choices) once
+        the prompt is in: ``total`` prompt tokens, ``cache`` (reused), ``processed`` (all of
+        them by then, the reused ones included) and ``time_ms`` (the prefill's). The chunked
+        prefill does not report between chunks, so this is the one event."""
+        if not self.progress or stats is None:
+            return None
+        obj = "chat.completion.chunk" if self.env.chat else "text_completion"
+        total = stats.prompt_tokens
+        extra: dict[str, Any] = {"usage": None} if self.include_usage else {}
+        extra["prompt_progress"] = {
+            "total": total,
+            "cache": stats.cached_tokens,
+            "processed": total,
+            "time_ms": stats.prefill_seconds * 1000.0,
+        }
+        return self.env.body(obj, [], extra)
 
     def piece(self, text: str, steps: list[TokenStep]) -> dict[str, Any] | None:
         """The chunk of ``text``, or None while it is held back (the start of a tool call)."""

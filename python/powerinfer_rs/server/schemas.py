@@ -146,6 +146,7 @@ class SamplingFields(BaseModel):
     n: Annotated[int, Field(ge=1)] = 1  # one choice per request: n > 1 is refused
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
+    return_progress: bool = False  # llama.cpp's: a prompt_progress chunk before the first token
     ignore_eos: bool = False
     speculative: Optional[SpeculativeMode] = None
     draft_max: Optional[DraftMax] = None

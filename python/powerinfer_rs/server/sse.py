@@ -91,11 +91,16 @@ async def event_stream(job: Job, chunks: ChunkMaker, watcher: asyncio.Task) -> A
         first = chunks.first()
         if first is not None:
             yield sse(first)
-        text, steps = "", []
+        text, steps, started = "", [], False
         while True:
             event = await job.events.get()
             if isinstance(event, Done):
                 break
+            if not started:
+                started = True
+                progress = chunks.prompt_progress(job.steps.stats)
+                if progress is not None:
+                    yield sse(progress)
             text += event.text
             steps.append(event)
             if text:
