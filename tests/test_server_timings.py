@@ -81,3 +81,15 @@ def test_stream_timings_in_the_last_chunk(client, path):
 def test_timings_without_stats():
     t = timings(Done("cancelled", 5, 0))
     assert t["cache_n"] == 0 and t["prompt_n"] == 5 and t["predicted_per_second"] == 0.0
+
+
+def test_timings_on_the_engines_own_context(smol):
+    """Without slots (one request at a time): a follow-up that extends the last prompt reuses
+    the context's tokens, and says so in cache_n."""
+    body = {"prompt": PROMPT, "max_tokens": 2, "temperature": 0}
+    with TestClient(create_app(Engine(smol, threads=1), model_id="m")) as c:
+        first = c.post("/v1/completions", json=body).json()
+        assert_consistent(first["timings"], first["usage"])
+        again = c.post("/v1/completions", json={**body, "prompt": PROMPT + " And"}).json()
+        assert_consistent(again["timings"], again["usage"])
+        assert again["timings"]["cache_n"] > 0
