@@ -31,6 +31,7 @@ from . import anthropic
 from .auth import bearer_key, key_matches, normalise_keys
 from .constraints import response_grammar
 from .cors import cors_middleware
+from .echo import EchoStream, apply_echo, echo_stream
 from .errors import APIError, from_engine, parse_body
 from .fields import unknown_field_error
 from .health import health
@@ -164,6 +165,8 @@ async def parse(request: Request, kind: type) -> ChatRequest | CompletionRequest
         raise unknown_model(req.model, state)
     if req.n != 1:
         raise APIError(400, f"n={req.n}: this server returns one choice per request", param="n")
+    if getattr(req, "echo", False) and req.stream:
+        raise APIError(400, "echo cannot be streamed; ask without stream", param="echo")
     if getattr(req, "best_of", None) not in (None, 1):
         raise APIError(400, "best_of must be 1 (one choice per request)", param="best_of")
     bad = unsupported_fields(req)
@@ -233,6 +236,8 @@ def prepare(
     try:
         make = stream_tokens or engine.stream_tokens
         steps = make(prompt, logprobs=req.engine_logprobs, grammar=grammar, **kwargs)
+        if getattr(req, "echo", False):
+            steps = echo_stream(engine, prompt, steps, req.engine_logprobs, limit)
         return steps, calls
     except GrammarError as e:
         code = "invalid_grammar" if where == "grammar" else "invalid_schema"
@@ -259,7 +264,10 @@ async def completion(request: Request, state: ServerState, kind: type) -> Respon
             event_stream(job, chunks, watcher), media_type="text/event-stream", headers=headers
         )
     text, taken, done = await collect_answer(job, watcher)
-    return JSONResponse(full_response(env, text, taken, done, text_of, calls))
+    body = full_response(env, text, taken, done, text_of, calls)
+    if isinstance(steps, EchoStream):
+        body = apply_echo(body, steps, text_of, taken)
+    return JSONResponse(body)
 
 
 @api_route

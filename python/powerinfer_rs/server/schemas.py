@@ -236,6 +236,4 @@ def unsupported_fields(req: SamplingFields) -> list[str]:
     names = ["functions", "logit_bias"]
     if isinstance(req, CompletionRequest):
         names += ["tools", "suffix"]
-        if req.echo:
-            return [n for n in names if getattr(req, n)] + ["echo"]
     return [n for n in names if getattr(req, n)]
