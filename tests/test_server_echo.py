@@ -98,3 +98,32 @@ def test_echo_cannot_be_streamed(server):
     with server.http() as http:
         resp = http.post("/v1/completions", json={"prompt": PROMPT, "echo": True, "stream": True})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "echo"
+
+
+@pytest.fixture(scope="module")
+def slots_server(smol):
+    from powerinfer_rs import Engine
+
+    from live_server import LiveServer
+
+    live = LiveServer(Engine(smol, threads=2), parallel=2, cache_mib=8)
+    yield live
+    live.stop()
+
+
+def test_echo_beside_slot_generations_keeps_both_exact(slots_server):
+    from concurrent.futures import ThreadPoolExecutor
+
+    eng = slots_server.engine
+    ids = eng.tokenizer.encode(PROMPT)
+    want = log_softmax_scores(eng, ids)
+    plain = {"prompt": "Once upon a time", "max_tokens": 8, "ignore_eos": True}
+    alone = post(slots_server, plain)["text"]
+    echo = {"prompt": PROMPT, "max_tokens": 3, "echo": True, "logprobs": 0}
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda b: post(slots_server, b), [echo, plain, echo, plain]))
+    for g in got[0::2]:
+        assert np.allclose(g["logprobs"]["token_logprobs"][1 : len(ids)], want, atol=1e-5, rtol=0)
+    assert [g["text"] for g in got[1::2]] == [alone, alone]
+    again = post(slots_server, echo)
+    assert again == got[0]  # deterministic, the prefix cache's hit included
