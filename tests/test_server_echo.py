@@ -94,10 +94,20 @@ def test_the_openai_client_reads_an_lm_eval_style_loglikelihood(server):
     assert lp.text_offset[n_ctx] == len(context)
 
 
-def test_echo_cannot_be_streamed(server):
-    with server.http() as http:
-        resp = http.post("/v1/completions", json={"prompt": PROMPT, "echo": True, "stream": True})
-    assert resp.status_code == 400 and resp.json()["error"]["param"] == "echo"
+@pytest.mark.parametrize("max_tokens", [0, 5])
+def test_a_streamed_echo_is_the_whole_one(server, max_tokens):
+    body = {"prompt": PROMPT, "max_tokens": max_tokens, "echo": True, "logprobs": 2,
+            "temperature": 0}  # fmt: skip
+    whole = post(server, body)
+    chunks = list(server.client().completions.create(model=MODEL_ID, stream=True, **body))
+    assert chunks[0].choices[0].text == PROMPT and chunks[0].choices[0].logprobs.tokens
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole["text"]
+    got: dict[str, list] = {k: [] for k in whole["logprobs"]}
+    for c in chunks:
+        if c.choices and c.choices[0].logprobs is not None:
+            for k in got:
+                got[k] += getattr(c.choices[0].logprobs, k)
+    assert got == whole["logprobs"]
 
 
 @pytest.fixture(scope="module")

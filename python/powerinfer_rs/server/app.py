@@ -165,8 +165,6 @@ async def parse(request: Request, kind: type) -> ChatRequest | CompletionRequest
         raise unknown_model(req.model, state)
     if req.n != 1:
         raise APIError(400, f"n={req.n}: this server returns one choice per request", param="n")
-    if getattr(req, "echo", False) and req.stream:
-        raise APIError(400, "echo cannot be streamed; ask without stream", param="echo")
     if getattr(req, "best_of", None) not in (None, 1):
         raise APIError(400, "best_of must be 1 (one choice per request)", param="best_of")
     bad = unsupported_fields(req)

@@ -8,7 +8,8 @@ The prompt's logits come from one batched pass over the prompt
 (:meth:`~..runtime.engine.Engine.logits`, on a fresh context), run by the worker thread as
 the job's first step (:class:`EchoStream`), so it waits its turn with every other request
 and is deterministic; the generation that follows runs as any other (its slot, its prefix
-cache). Streaming with ``echo`` is refused (a 400 naming ``echo``)."""
+cache). Streamed, the first chunk carries the prompt's text (and its logprobs when asked):
+:func:`echo_chunk`."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 
 from ..runtime.sampling import log_probs
 from ..runtime.streaming import TokenStep, TokenStream
-from .responses import TokenText, completion_logprobs
+from .responses import ChunkMaker, TokenText, completion_logprobs
 
 
 class PromptLogprobs:
@@ -110,3 +111,15 @@ def apply_echo(body: dict[str, Any], stream: EchoStream, text_of: TokenText | No
     if text_of is not None and stream.prompt is not None:
         choice["logprobs"] = echo_logprobs(stream.prompt, text_of, steps, len(echoed))
     return body
+
+
+def echo_chunk(chunks: ChunkMaker, stream: TokenStream) -> dict[str, Any] | None:
+    """A streamed echo's first chunk, sent once the prompt's pass is done (at the job's first
+    event): the prompt's text and, when asked, its tokens' logprobs; None for a stream without
+    ``echo``."""
+    if not isinstance(stream, EchoStream):
+        return None
+    lps = None
+    if chunks.text_of is not None and stream.prompt is not None:
+        lps = echo_logprobs(stream.prompt, chunks.text_of, [], 0)
+    return chunks.text_chunk(stream.echoed, lps)

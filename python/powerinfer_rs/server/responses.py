@@ -279,6 +279,12 @@ class ChunkMaker:
         }
         return self.env.body(obj, [], extra)
 
+    def text_chunk(self, text: str, logprobs: dict[str, Any] | None) -> dict[str, Any]:
+        """A completion chunk of ``text`` (the echoed prompt) with ``logprobs`` as given; the
+        next pieces' offsets start after it."""
+        self.offset += len(text)
+        return self._chunk({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": None})
+
     def piece(self, text: str, steps: list[TokenStep]) -> dict[str, Any] | None:
         """The chunk of ``text``, or None while it is held back (the start of a tool call)."""
         if self.calls is not None:

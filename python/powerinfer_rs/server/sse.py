@@ -13,6 +13,7 @@ from starlette.requests import Request
 
 from ..runtime.constrain import GrammarError
 from ..runtime.streaming import TokenStep, TokenStream
+from .echo import echo_chunk
 from .errors import APIError
 from .responses import ChunkMaker
 from .worker import Done, Job, QueueFull, Worker
@@ -94,6 +95,10 @@ async def event_stream(job: Job, chunks: ChunkMaker, watcher: asyncio.Task) -> A
         text, steps, started = "", [], False
         while True:
             event = await job.events.get()
+            if not started and not (isinstance(event, Done) and event.error is not None):
+                echoed = echo_chunk(chunks, job.steps)  # the prompt's pass is done by now
+                if echoed is not None:
+                    yield sse(echoed)
             if isinstance(event, Done):
                 break
             if not started:
