@@ -110,6 +110,16 @@ def test_a_streamed_echo_is_the_whole_one(server, max_tokens):
     assert got == whole["logprobs"]
 
 
+def test_a_bos_the_tokenizer_added_sits_at_offset_0():
+    from powerinfer_rs.server.echo import PromptLogprobs, echo_logprobs
+
+    texts = {1: "<s>", 2: "Hi", 3: " there"}
+    prompt = PromptLogprobs([1, 2, 3], [None, -1.0, -2.0], [None, [], []])
+    got = echo_logprobs(prompt, lambda i: (texts[i], []), [], len("Hi there"))
+    assert got["tokens"] == ["<s>", "Hi", " there"] and got["text_offset"] == [0, 0, 2]
+    assert got["token_logprobs"] == [None, -1.0, -2.0]
+
+
 @pytest.fixture(scope="module")
 def slots_server(smol):
     from powerinfer_rs import Engine

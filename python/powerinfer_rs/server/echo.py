@@ -73,12 +73,14 @@ def echo_logprobs(
     prompt: PromptLogprobs, text_of: TokenText, steps: list[TokenStep], offset: int
 ) -> dict[str, Any]:
     """The ``logprobs`` object of an echoed answer: the prompt's tokens, then the generated
-    ones (whose ``text_offset`` starts at ``offset``, the echoed text's length)."""
-    tokens, offsets, at = [], [], 0
-    for i in prompt.ids:
-        text = text_of(i)[0]
-        tokens.append(text)
-        offsets.append(at)
+    ones (whose ``text_offset`` starts at ``offset``, the echoed text's length). Prompt
+    offsets count back from its end, so a token the tokenizer added before a string prompt
+    (a BOS, not in the echoed text) sits at 0 with the first token of the text."""
+    tokens = [text_of(i)[0] for i in prompt.ids]
+    shift = sum(len(t) for t in tokens) - offset
+    offsets, at = [], 0
+    for text in tokens:
+        offsets.append(max(0, at - shift))
         at += len(text)
     tops = [None if t is None else {text_of(i)[0]: lp for i, lp in t} for t in prompt.tops]
     rest = completion_logprobs(steps, text_of, offset)
@@ -121,5 +123,5 @@ def echo_chunk(chunks: ChunkMaker, stream: TokenStream) -> dict[str, Any] | None
         return None
     lps = None
     if chunks.text_of is not None and stream.prompt is not None:
-        lps = echo_logprobs(stream.prompt, chunks.text_of, [], 0)
+        lps = echo_logprobs(stream.prompt, chunks.text_of, [], len(stream.echoed))
     return chunks.text_chunk(stream.echoed, lps)
