@@ -1,0 +1,62 @@
+"""The ``<think>`` reasoning splitter on transcripts as thinking models write them: a closed
+block, a forced-open one (the prompt ends with ``<think>\\n``), none; streamed at every chunk
+boundary, which must give the non-streamed split and never show part of a tag."""
+
+from __future__ import annotations
+
+import pytest
+
+from powerinfer_rs.runtime.reasoning import (
+    ReasoningSplitter,
+    forced_open,
+    split_reasoning,
+    template_thinks,
+)
+
+CASES = [
+    ("<think>\nThe user greets me.\n</think>\n\nHello!", False, "The user greets me.", "Hello!"),
+    ("The user greets me.\n</think>\n\nHello!", True, "The user greets me.", "Hello!"),
+    ("<think>\n\n</think>\n\nHello!", False, "", "Hello!"),  # Qwen3 without thinking
+    ("Hello! a < b </thin", False, "", "Hello! a < b </thin"),
+    ("Hello!", False, "", "Hello!"),
+    ("Still thinking, cut off", True, "Still thinking, cut off", ""),
+    ("<think>a</think>b</think>c", False, "a", "b</think>c"),
+]
+
+
+@pytest.mark.parametrize(("text", "opened", "reasoning", "content"), CASES)
+def test_the_whole_answer_splits(text, opened, reasoning, content):
+    assert split_reasoning(text, opened) == (reasoning, content)
+
+
+def _streamed(pieces: list[str], opened: bool) -> tuple[str, str]:
+    s = ReasoningSplitter(opened)
+    r, c = "", ""
+    for p in pieces:
+        dr, dc = s.push(p)
+        assert not dr.endswith(("<", "</", "</th"))  # no part of a closing tag shown
+        r, c = r + dr, c + dc
+    dr, dc = s.finish()
+    return r + dr, c + dc
+
+
+@pytest.mark.parametrize(("text", "opened", "reasoning", "content"), CASES)
+def test_every_chunk_boundary_streams_to_the_same_split(text, opened, reasoning, content):
+    for i in range(len(text) + 1):
+        for j in range(i, len(text) + 1):
+            assert _streamed([text[:i], text[i:j], text[j:]], opened) == (reasoning, content)
+    assert _streamed(list(text), opened) == (reasoning, content)
+
+
+def test_a_partial_closing_tag_is_held_back():
+    s = ReasoningSplitter(opened=True)
+    assert s.push("hmm </thi") == ("hmm ", "")
+    assert s.push("nk>Hi") == ("", "Hi")
+
+
+def test_forced_open_is_read_from_the_prompt():
+    assert forced_open("<|im_start|>assistant\n<think>\n")
+    assert forced_open("<｜Assistant｜><think>\n")
+    assert not forced_open("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert not forced_open("<|im_start|>assistant\n")
+    assert template_thinks("{{ '<think>\\n' }}") and not template_thinks(None)
