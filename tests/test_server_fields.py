@@ -216,7 +216,8 @@ ENGINE = {
 ROUTE = {"model", "n", "stream", "stream_options", "speculative", "draft_max", "grammar",
          "json_schema", "response_format", "return_progress"}  # fmt: skip
 CHAT_ONLY = {"messages", "tools", "tool_choice", "parallel_tool_calls",
-             "max_completion_tokens", "logprobs", "top_logprobs"}  # fmt: skip
+             "max_completion_tokens", "logprobs", "top_logprobs",
+             "chat_template_kwargs", "reasoning_effort"}  # to the template  # fmt: skip
 COMPLETION_ONLY = {"prompt", "logprobs", "echo", "best_of"}
 REFUSED = {"functions", "logit_bias"}
 REFUSED_COMPLETION = {"tools", "suffix"}

@@ -154,10 +154,13 @@ class Generation:
         messages: list[dict],
         add_generation_prompt: bool = True,
         tools: list[dict] | None = None,
+        template_kwargs: dict | None = None,
     ) -> str:
         """The prompt text the model's chat template makes of ``messages``, with OpenAI-style
         ``tools`` the model may call (:mod:`.tools`: the template's own way, or a fallback
-        system prompt; earlier calls and results in ``messages`` written to match)."""
+        system prompt; earlier calls and results in ``messages`` written to match).
+        ``template_kwargs``: more variables for the template (``enable_thinking``,
+        ``reasoning_effort``), as ``chat_template_kwargs`` in HF's ``apply_chat_template``."""
         from .chat import check_text_args
         from .tools import prompt_messages
 
@@ -175,6 +178,7 @@ class Generation:
             messages, extra = prompt_messages(messages, tools, template)
         else:
             extra = {}
+        extra = {**(template_kwargs or {}), **extra}
         return format_chat(
             template,
             messages,

@@ -24,6 +24,7 @@ from ..errors import PowerInferError
 from ..runtime.chat import ChatTemplateError
 from ..runtime.constrain import GrammarError
 from ..runtime.engine import Engine
+from ..runtime.reasoning import ReasoningSplitter
 from ..runtime.slots import SlotPool
 from ..runtime.speculative import DEFAULT_DRAFT_MAX, resolve_speculative
 from ..runtime.streaming import TokenStream
@@ -40,6 +41,7 @@ from .responses import Calls, ChunkMaker, Envelope, TokenText, calls_for, full_r
 from .schemas import ChatRequest, CompletionRequest, NamedToolChoice, unsupported_fields
 from .speculation import DEFAULTS, SpeculativeDefaults, speculative_kwargs
 from .sse import collect_answer, event_stream, start_job
+from .thinking import check_format, splitter_for, template_kwargs
 from .worker import Worker
 
 log = logging.getLogger("powerinfer_rs.server")
@@ -62,6 +64,8 @@ class ServerState:
     speculative: SpeculativeDefaults = field(default_factory=SpeculativeDefaults)
     parallel: int = 1
     cache_mib: int = 0
+    reasoning_format: str = "auto"
+    reasoning_budget: int = -1
     created: int = field(default_factory=lambda: int(time.time()))
     worker: Worker = field(init=False)
     counters: Counters = field(init=False, default_factory=Counters)
@@ -196,12 +200,15 @@ def prepare(
     req: ChatRequest | CompletionRequest,
     defaults: SpeculativeDefaults = DEFAULTS,
     stream_tokens: Callable[..., TokenStream] | None = None,
-) -> tuple[TokenStream, Calls | None]:
+    reasoning: tuple[str, int] = ("auto", -1),
+) -> tuple[TokenStream, Calls | None, ReasoningSplitter | None]:
     """Check the request against the engine and make its token stream (runs in a thread: it
     renders the chat template and tokenizes; it does not touch the context); ``defaults``: the
     server's speculative decoding options; ``stream_tokens``: what makes the stream (default:
-    the engine's own, see :meth:`ServerState.stream_tokens`)."""
-    calls = None
+    the engine's own, see :meth:`ServerState.stream_tokens`); ``reasoning``: the server's
+    reasoning format and budget (:mod:`.thinking`). Returns the stream, the tools' parser and
+    the reasoning splitter (None: the answer is not split)."""
+    calls, think = None, None
     if isinstance(req, ChatRequest):
         param = "messages"
         calls = tool_setup(engine, req)
@@ -209,11 +216,14 @@ def prepare(
             prompt: Any = engine.format_chat(
                 [m.as_template_message() for m in req.messages],
                 tools=None if calls is None else calls.tools,
+                template_kwargs=template_kwargs(req, reasoning[1]),
             )
         except ChatTemplateError as e:
             raise APIError(400, str(e), param=e.param or param) from None
         except PowerInferError as e:
             raise from_engine(e, param) from None
+        if calls is None or not calls.prefix:  # a started call is no reasoning
+            think = splitter_for(engine.loaded.chat_template, prompt, reasoning[0])
         if calls is not None:
             prompt += calls.prefix
         limit = req.token_limit if req.token_limit is not None else engine.n_ctx
@@ -236,7 +246,7 @@ def prepare(
         steps = make(prompt, logprobs=req.engine_logprobs, grammar=grammar, **kwargs)
         if getattr(req, "echo", False):
             steps = echo_stream(engine, prompt, steps, req.engine_logprobs, limit)
-        return steps, calls
+        return steps, calls, think
     except GrammarError as e:
         code = "invalid_grammar" if where == "grammar" else "invalid_schema"
         raise APIError(400, str(e), param=where, code=code) from None
@@ -249,20 +259,21 @@ async def completion(request: Request, state: ServerState, kind: type) -> Respon
     req = await parse(request, kind)
     chat = kind is ChatRequest
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{state.worker.next_id()}"
-    steps, calls = await anyio.to_thread.run_sync(
-        prepare, state.engine, req, state.speculative, state.stream_tokens(rid)
+    reasoning = (state.reasoning_format, state.reasoning_budget)
+    steps, calls, think = await anyio.to_thread.run_sync(
+        prepare, state.engine, req, state.speculative, state.stream_tokens(rid), reasoning
     )
     job, watcher = start_job(request, state.worker, rid, steps)
     env = Envelope(rid, state.model_id, chat)
     text_of = TokenText(state.engine.tokenizer) if req.engine_logprobs is not None else None
     if req.stream:
-        chunks = ChunkMaker(env, text_of, req.include_usage, calls, req.return_progress)
+        chunks = ChunkMaker(env, text_of, req.include_usage, calls, req.return_progress, think)
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(
             event_stream(job, chunks, watcher), media_type="text/event-stream", headers=headers
         )
     text, taken, done = await collect_answer(job, watcher)
-    body = full_response(env, text, taken, done, text_of, calls)
+    body = full_response(env, text, taken, done, text_of, calls, think)
     if isinstance(steps, EchoStream):
         body = apply_echo(body, steps, text_of, taken)
     return JSONResponse(body)
@@ -311,6 +322,8 @@ def create_app(
     cache_mib: int = 0,
     cors_origins: str | list[str] | None = None,
     metrics_route: bool = False,
+    reasoning_format: str = "auto",
+    reasoning_budget: int = -1,
 ) -> Starlette:
     """The application serving ``engine`` as ``model_id``: OpenAI's routes, and Anthropic's
     ``/v1/messages`` (:mod:`.anthropic`). ``api_key``: the key, or keys (a list or a comma
@@ -322,7 +335,10 @@ def create_app(
     request at a time on the engine's own context, as ``serve --parallel 1 --cache-ram 0``.
     ``cors_origins``: the origins browser pages may call from (a comma list or ``*``;
     :mod:`.cors`; None: CORS off). ``metrics_route``: serve ``GET /metrics`` (:mod:`.metrics`,
-    needs ``prometheus_client``)."""
+    needs ``prometheus_client``). ``reasoning_format``: ``auto`` (a ``<think>`` template's
+    reasoning goes to ``reasoning_content``) or ``none`` (all in ``content``);
+    ``reasoning_budget``: 0 renders with ``enable_thinking`` false, -1 leaves it to the model
+    (:mod:`.thinking`)."""
     # A bad default fails now, not at the first request.
     resolve_speculative(speculative, draft_max, getattr(engine, "draft", None))
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
@@ -331,7 +347,8 @@ def create_app(
         raise ValueError(f"cache_mib must be an integer >= 0, got {cache_mib!r}")
     defaults = SpeculativeDefaults(speculative, draft_max)
     keys = normalise_keys(api_key)
-    state = ServerState(engine, model_id, keys, max_queue, defaults, parallel, cache_mib)
+    state = ServerState(engine, model_id, keys, max_queue, defaults, parallel, cache_mib,
+                        check_format(reasoning_format), reasoning_budget)  # fmt: skip
 
     @asynccontextmanager
     async def lifespan(app: Starlette):

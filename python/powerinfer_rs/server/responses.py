@@ -10,6 +10,7 @@ from functools import lru_cache
 from typing import Any
 
 from ..runtime.constrain import Grammar, GrammarError, check_tool_schemas, tool_call_grammar
+from ..runtime.reasoning import ReasoningSplitter
 from ..runtime.streaming import TokenStep
 from ..runtime.tokenizer import Tokenizer
 from ..runtime.tools import ToolCall, ToolCallStream, parse_tool_calls, template_takes_tools
@@ -85,6 +86,14 @@ def calls_for(
     else:
         prefix = '<tool_call>{"name": "'
     return Calls(tools, prefix, tool_call_grammar(tools, named))
+
+
+def split_with(think: ReasoningSplitter, text: str) -> tuple[str, str]:
+    """``(reasoning, content)`` of a whole answer by a fresh splitter like ``think``."""
+    s = ReasoningSplitter(think.opened)
+    r1, c1 = s.push(text)
+    r2, c2 = s.finish()
+    return r1 + r2, c1 + c2
 
 
 #: The engine's finish reasons as OpenAI's.
@@ -199,10 +208,15 @@ def full_response(
     done: Done,
     text_of: TokenText | None,
     calls: Calls | None = None,
+    think: ReasoningSplitter | None = None,
 ) -> dict[str, Any]:
-    """The non-streamed body."""
+    """The non-streamed body; with ``think``, the reasoning is ``reasoning_content`` and the
+    rest (where tool calls are looked for) ``content``."""
     if env.chat:
         message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+        if think is not None:
+            message["reasoning_content"], text = split_with(think, text)
+            message["content"] = text
         reason = finish_reason(done)
         if calls is not None:
             content, made = calls.parse(text)
@@ -240,7 +254,9 @@ class ChunkMaker:
         include_usage: bool,
         calls: Calls | None = None,
         progress: bool = False,
+        think: ReasoningSplitter | None = None,
     ):
+        self.think = think
         self.env = env
         self.progress = progress
         self.text_of = text_of
@@ -286,14 +302,18 @@ class ChunkMaker:
         return self._chunk({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": None})
 
     def piece(self, text: str, steps: list[TokenStep]) -> dict[str, Any] | None:
-        """The chunk of ``text``, or None while it is held back (the start of a tool call)."""
-        if self.calls is not None:
+        """The chunk of ``text``, or None while it is held back (the start of a tool call, or
+        of a reasoning tag). Reasoning goes out as ``reasoning_content`` deltas."""
+        reasoning = ""
+        if self.think is not None:
+            reasoning, text = self.think.push(text)
+        if self.calls is not None and text:
             text = self.calls.stream.push(text)
-            if not text:
-                self.held += steps
-                return None
-            steps, self.held = self.held + steps, []
-        return self._piece(text, steps, None)
+        if not text and not reasoning:
+            self.held += steps
+            return None
+        steps, self.held = self.held + steps, []
+        return self._piece(text, steps, None, reasoning)
 
     def last(self, text: str, steps: list[TokenStep], done: Done) -> list[dict[str, Any]]:
         """The closing chunks: the text left, the calls (one chunk each), the finish reason;
@@ -303,6 +323,18 @@ class ChunkMaker:
         return out
 
     def _last(self, text: str, steps: list[TokenStep], done: Done) -> list[dict[str, Any]]:
+        lead: list[dict[str, Any]] = []
+        if self.think is not None:
+            steps, self.held = self.held + steps, []
+            r1, c1 = self.think.push(text)
+            r2, c2 = self.think.finish()
+            if r1 + r2:
+                lead.append(self._piece("", steps, None, r1 + r2))
+                steps = []
+            text = c1 + c2
+        return lead + self._closing(text, steps, done)
+
+    def _closing(self, text: str, steps: list[TokenStep], done: Done) -> list[dict[str, Any]]:
         if self.calls is None:
             return [self._piece(text, steps, finish_reason(done))]
         self.calls.stream.push(text)
@@ -321,10 +353,14 @@ class ChunkMaker:
                                 "finish_reason": "tool_calls"}))  # fmt: skip
         return out
 
-    def _piece(self, text: str, steps: list[TokenStep], reason: str | None) -> dict[str, Any]:
+    def _piece(
+        self, text: str, steps: list[TokenStep], reason: str | None, reasoning: str = ""
+    ) -> dict[str, Any]:
         if self.env.chat:
             lps = chat_logprobs(steps, self.text_of) if self.text_of and steps else None
-            delta = {"content": text} if text or reason is None else {}
+            delta = {"content": text} if text or (reason is None and not reasoning) else {}
+            if reasoning:
+                delta = {"reasoning_content": reasoning, **delta}
             choice = {"index": 0, "delta": delta, "logprobs": lps, "finish_reason": reason}
         else:
             lps = None

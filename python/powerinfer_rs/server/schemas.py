@@ -189,6 +189,8 @@ class ChatRequest(SamplingFields):
     max_completion_tokens: Optional[NonNegInt] = None
     logprobs: bool = False
     top_logprobs: Optional[Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)]] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None  # more template variables
+    reasoning_effort: Optional[str] = None  # to the template (gpt-oss reads it)
 
     @property
     def token_limit(self) -> Optional[int]:

@@ -1,0 +1,38 @@
+"""Reasoning in the server's answers (:mod:`..runtime.reasoning`): whether a request's answer
+is split, and the split as OpenAI's ``reasoning_content`` (llama.cpp's and DeepSeek's field)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..runtime.reasoning import FORMATS, ReasoningSplitter, forced_open, template_thinks
+
+
+def check_format(fmt: str) -> str:
+    """``--reasoning-format``: ``auto`` (split for a ``<think>`` template) or ``none``."""
+    if fmt not in FORMATS:
+        raise ValueError(f"reasoning format must be one of {FORMATS}, got {fmt!r}")
+    return fmt
+
+
+def splitter_for(template: str | None, prompt: str, fmt: str) -> ReasoningSplitter | None:
+    """The splitter of an answer to ``prompt`` (rendered from ``template``), or None when
+    the answer stays whole: ``fmt`` ``none``, or a template that does not think."""
+    if fmt == "none" or not isinstance(prompt, str) or not template_thinks(template):
+        return None
+    return ReasoningSplitter(opened=forced_open(prompt))
+
+
+def template_kwargs(req: Any, budget: int = -1) -> dict[str, Any]:
+    """What a chat request passes to the template: its ``chat_template_kwargs``, and
+    ``reasoning_effort`` (gpt-oss templates read it; others ignore it). ``budget`` 0
+    (``--reasoning-budget 0``) renders with ``enable_thinking`` false unless the request
+    says."""
+    out: dict[str, Any] = {}
+    if budget == 0:
+        out["enable_thinking"] = False
+    out.update(getattr(req, "chat_template_kwargs", None) or {})
+    effort = getattr(req, "reasoning_effort", None)
+    if effort is not None:
+        out["reasoning_effort"] = effort
+    return out

@@ -1,0 +1,80 @@
+"""Reasoning in the server's answers: a ``<think>`` template's answer split into
+``reasoning_content`` and ``content`` (streamed as its own deltas), read back by the real
+``openai`` client; ``chat_template_kwargs`` reaching the template; ``--reasoning-format none``.
+
+SmolLM2 does not think, so the template is a thinking one (forced-open as DeepSeek-R1's, the
+block closed empty with ``enable_thinking`` false as Qwen3's) and the model's output is a
+scripted transcript, one character per step."""
+
+from __future__ import annotations
+
+import pytest
+
+from powerinfer_rs.runtime.generation import GenerationStats
+from powerinfer_rs.runtime.streaming import TokenStep, TokenStream
+
+THINK_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
+    "{% else %}<think>\n{% endif %}{% endif %}"
+)
+THOUGHT = "The user says hi. </thinking> is not the tag.\nI greet back."
+ANSWER = "Hello! How can I help?"
+ASK = [{"role": "user", "content": "hi"}]
+
+
+def scripted(prompt, **kwargs):
+    """The transcript a thinking model writes after ``prompt``: reasoning closed by
+    ``</think>`` when the prompt opened the block, else the answer alone."""
+    text = f"{THOUGHT}\n</think>\n\n{ANSWER}" if prompt.endswith("<think>\n") else ANSWER
+    stats = GenerationStats(prompt_tokens=3, finish_reason="eos", completion_tokens=len(text))
+    return TokenStream((TokenStep(i, c) for i, c in enumerate(text)), stats)
+
+
+@pytest.fixture
+def thinking(server, monkeypatch):
+    monkeypatch.setattr(server.engine.loaded, "chat_template", THINK_TEMPLATE)
+    monkeypatch.setattr(server.engine, "stream_tokens", scripted)
+    return server
+
+
+def test_the_reasoning_is_reasoning_content_not_content(thinking):
+    r = thinking.client().chat.completions.create(model="smollm2", messages=ASK)
+    msg = r.choices[0].message
+    assert msg.content == ANSWER
+    assert msg.reasoning_content == THOUGHT  # an extra field on the client's pydantic model
+
+
+def test_the_stream_sends_reasoning_deltas_then_content(thinking):
+    stream = thinking.client().chat.completions.create(model="smollm2", messages=ASK,
+                                                       stream=True)  # fmt: skip
+    reasoning, content, order = "", "", []
+    for chunk in stream:
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        r = getattr(delta, "reasoning_content", None) or ""
+        reasoning += r
+        content += delta.content or ""
+        if r or delta.content:
+            order.append("r" if r else "c")
+    assert (reasoning, content) == (THOUGHT, ANSWER)
+    assert order == sorted(order, reverse=True)  # all reasoning first
+    assert "</think>" not in reasoning + content
+
+
+def test_chat_template_kwargs_reach_the_template(thinking):
+    kwargs = {"chat_template_kwargs": {"enable_thinking": False}, "reasoning_effort": "low"}
+    r = thinking.client().chat.completions.create(model="smollm2", messages=ASK,
+                                                  extra_body=kwargs)  # fmt: skip
+    msg = r.choices[0].message
+    assert msg.content == ANSWER and not getattr(msg, "reasoning_content", None)
+
+
+def test_reasoning_format_none_keeps_everything_in_content(thinking, monkeypatch):
+    monkeypatch.setattr(thinking.state, "reasoning_format", "none")
+    r = thinking.client().chat.completions.create(model="smollm2", messages=ASK)
+    msg = r.choices[0].message
+    assert msg.content == f"{THOUGHT}\n</think>\n\n{ANSWER}"
+    assert getattr(msg, "reasoning_content", None) is None
