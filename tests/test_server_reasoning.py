@@ -78,3 +78,36 @@ def test_reasoning_format_none_keeps_everything_in_content(thinking, monkeypatch
     msg = r.choices[0].message
     assert msg.content == f"{THOUGHT}\n</think>\n\n{ANSWER}"
     assert getattr(msg, "reasoning_content", None) is None
+
+
+def _anthropic(server):
+    anthropic = pytest.importorskip("anthropic")
+    return anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=120)
+
+
+def test_messages_put_the_reasoning_in_a_thinking_block_first(thinking):
+    r = _anthropic(thinking).messages.create(model="smollm2", max_tokens=64, messages=ASK)
+    assert [b.type for b in r.content] == ["thinking", "text"]
+    assert (r.content[0].thinking, r.content[1].text) == (THOUGHT, ANSWER)
+    history = [*ASK, {"role": "assistant", "content": [b.model_dump() for b in r.content]},
+               {"role": "user", "content": "and?"}]  # fmt: skip
+    again = _anthropic(thinking).messages.create(model="smollm2", max_tokens=64,
+                                                 messages=history)  # fmt: skip
+    assert again.content[-1].text == ANSWER  # a thinking block in the history is taken
+
+
+def test_messages_stream_thinking_deltas_then_text(thinking):
+    client = _anthropic(thinking)
+    with client.messages.stream(model="smollm2", max_tokens=64, messages=ASK) as stream:
+        kinds = [e.delta.type for e in stream if e.type == "content_block_delta"]
+        final = stream.get_final_message()
+    assert kinds == sorted(kinds, reverse=True) and set(kinds) == {"thinking_delta", "text_delta"}
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert (final.content[0].thinking, final.content[1].text) == (THOUGHT, ANSWER)
+
+
+def test_messages_thinking_disabled_renders_without_thinking(thinking):
+    r = _anthropic(thinking).messages.create(
+        model="smollm2", max_tokens=64, messages=ASK, thinking={"type": "disabled"}
+    )
+    assert [b.type for b in r.content] == ["text"] and r.content[0].text == ANSWER

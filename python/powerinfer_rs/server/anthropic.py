@@ -39,14 +39,17 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from ..errors import PowerInferError
 from ..runtime.chat import ChatTemplateError
 from ..runtime.constrain import GrammarError
+from ..runtime.reasoning import ReasoningSplitter
 from ..runtime.streaming import TokenStream
 from ..runtime.tools import ToolCall
+from .anthropic_blocks import BlockStream, blocks, event
 from .auth import bearer_key, key_matches
 from .errors import APIError, from_engine, parse_body
-from .responses import Calls, calls_for
+from .responses import Calls, calls_for, split_with
 from .schemas import MAX_STOPS, DraftMax, Lenient, SpeculativeMode
 from .speculation import DEFAULTS, SpeculativeDefaults, speculative_kwargs
 from .sse import collect_answer, failure, start_job
+from .thinking import splitter_for, template_kwargs
 from .worker import Done, Job
 
 log = logging.getLogger("powerinfer_rs.server")
@@ -119,6 +122,8 @@ class MessagesRequest(Lenient):
     #: Extensions: speculative decoding (see :mod:`.speculation`).
     speculative: Optional[SpeculativeMode] = None
     draft_max: Optional[DraftMax] = None
+    #: ``{"type": "disabled"}`` renders with ``enable_thinking`` false; else the model thinks.
+    thinking: Optional[dict[str, Any]] = None
 
     def openai_tools(self) -> Optional[list[dict[str, Any]]]:
         """The tools in OpenAI's shape (what :mod:`..runtime.tools` takes); None without any
@@ -169,6 +174,8 @@ def turn_messages(m: Message, where: str) -> list[dict[str, Any]]:
         at = f"{where}[{i}]"
         if b.type == "text" and b.text is not None:
             texts.append(b)
+        elif b.type in ("thinking", "redacted_thinking") and m.role == "assistant":
+            continue  # earlier reasoning is not shown to the model again
         elif b.type == "tool_use" and m.role == "assistant" and b.name:
             fn = {"name": b.name, "arguments": json.dumps(b.input or {})}
             calls.append({"id": b.id, "type": "function", "function": fn})
@@ -290,10 +297,12 @@ def prepare(
     req: MessagesRequest,
     defaults: SpeculativeDefaults = DEFAULTS,
     stream_tokens: Callable[..., TokenStream] | None = None,
-) -> tuple[TokenStream, int, Calls | None]:
-    """The request's token stream, its prompt's token count and its tools (runs in a
-    thread); ``defaults``: the server's speculative decoding options; ``stream_tokens``: what
-    makes the stream (default: the engine's own)."""
+    reasoning: tuple[str, int] = ("auto", -1),
+) -> tuple[TokenStream, int, Calls | None, ReasoningSplitter | None]:
+    """The request's token stream, its prompt's token count, its tools and its reasoning
+    splitter (runs in a thread); ``defaults``: the server's speculative decoding options;
+    ``stream_tokens``: what makes the stream (default: the engine's own); ``reasoning``: the
+    server's reasoning format and budget (:mod:`.thinking`)."""
     tools = req.openai_tools()
     calls = None
     if tools is not None:
@@ -303,11 +312,17 @@ def prepare(
             raise APIError(400, "tool_choice of type tool needs a name", param="tool_choice")
         calls = calls_for(engine, tools, choice == "any", named, "tool_choice.name")
     try:
-        prompt = engine.format_chat(template_messages(req), tools=tools)
+        kw = template_kwargs(None, reasoning[1])
+        if (req.thinking or {}).get("type") == "disabled":
+            kw["enable_thinking"] = False
+        prompt = engine.format_chat(template_messages(req), tools=tools, template_kwargs=kw)
     except ChatTemplateError as e:
         raise APIError(400, str(e), param="messages") from None
     except PowerInferError as e:
         raise from_engine(e, "messages") from None
+    think = None
+    if calls is None or not calls.prefix:
+        think = splitter_for(engine.loaded.chat_template, prompt, reasoning[0])
     if calls is not None:
         prompt += calls.prefix
     spec = speculative_kwargs(engine, req.speculative, req.draft_max, defaults)
@@ -327,7 +342,7 @@ def prepare(
         raise APIError(400, str(e), param="tools") from None
     except PowerInferError as e:
         raise from_engine(e, "messages") from None
-    return steps, len(engine.tokenizer.encode(prompt)), calls
+    return steps, len(engine.tokenizer.encode(prompt)), calls, think
 
 
 def tool_use(call: ToolCall) -> dict[str, Any]:
@@ -343,9 +358,11 @@ def message(
     done: Done | None,
     inputs: int,
     calls: list[ToolCall] = (),  # type: ignore[assignment]
+    reasoning: str = "",
 ) -> dict:
-    """A ``message`` object: whole (``done`` given) or as ``message_start`` opens it."""
-    content = [] if not text else [{"type": "text", "text": text}]
+    """A ``message`` object: whole (``done`` given) or as ``message_start`` opens it; the
+    ``reasoning`` is a ``thinking`` block before the text."""
+    content = blocks(reasoning, text)
     content += [tool_use(c) for c in calls]
     reason = None if done is None else STOP_REASONS.get(done.finish_reason, "end_turn")
     if calls:
@@ -365,28 +382,30 @@ def message(
     }
 
 
-def event(kind: str, body: dict[str, Any]) -> bytes:
-    data = json.dumps({"type": kind, **body}, ensure_ascii=False)
-    return f"event: {kind}\ndata: {data}\n\n".encode()
-
-
 async def events(
-    job: Job, rid: str, model: str, inputs: int, watcher: asyncio.Task, calls: Calls | None
+    job: Job,
+    rid: str,
+    model: str,
+    inputs: int,
+    watcher: asyncio.Task,
+    calls: Calls | None,
+    think: ReasoningSplitter | None = None,
 ) -> AsyncIterator[bytes]:
-    """The streamed answer in Anthropic's events: a text block opened at the first text, then
-    one ``tool_use`` block per call (its input in one ``input_json_delta``)."""
-    index = -1
+    """The streamed answer in Anthropic's events: a ``thinking`` block (the reasoning) and a
+    text block, each opened at its first text, then one ``tool_use`` block per call (its
+    input in one ``input_json_delta``)."""
+    out = BlockStream()
 
-    def text_delta(text: str) -> list[bytes]:
-        nonlocal index
-        out = []
-        if index < 0:
-            index = 0
-            block = {"type": "text", "text": ""}
-            out.append(event("content_block_start", {"index": 0, "content_block": block}))
-        delta = {"type": "text_delta", "text": text}
-        out.append(event("content_block_delta", {"index": 0, "delta": delta}))
-        return out
+    def deltas(text: str, end: bool = False) -> list[bytes]:
+        reasoning = ""
+        if think is not None:
+            reasoning, text = think.push(text)
+            if end:
+                r, c = think.finish()
+                reasoning, text = reasoning + r, text + c
+        if calls is not None and text:
+            text = calls.stream.push(text)
+        return out.delta("thinking", reasoning) + out.delta("text", text)
 
     try:
         yield event("message_start", {"message": message(rid, model, None, None, inputs)})
@@ -395,28 +414,22 @@ async def events(
             item = await job.events.get()
             if isinstance(item, Done):
                 break
-            text = item.text if calls is None else calls.stream.push(item.text)
-            if text:
-                for b in text_delta(text):
-                    yield b
+            for b in deltas(item.text):
+                yield b
         if item.error is not None:
             yield event("error", {"error": error_body(failure(item))["error"]})
             return
+        for b in deltas("", end=True):
+            yield b
         made: list[ToolCall] = []
         if calls is not None:
             rest, made = calls.finish()
-            if rest:
-                for b in text_delta(rest):
-                    yield b
-        if index == 0:
-            yield event("content_block_stop", {"index": 0})
-        for call in made:
-            index += 1
-            block = {**tool_use(call), "input": {}}
-            yield event("content_block_start", {"index": index, "content_block": block})
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(call.arguments)}
-            yield event("content_block_delta", {"index": index, "delta": delta})
-            yield event("content_block_stop", {"index": index})
+            for b in out.delta("text", rest):
+                yield b
+        for b in out.close():
+            yield b
+        for b in tool_blocks(made, out.index):
+            yield b
         whole = message(rid, model, None, item, inputs, made)
         delta = {"stop_reason": whole["stop_reason"], "stop_sequence": whole["stop_sequence"]}
         yield event("message_delta", {"delta": delta, "usage": whole["usage"]})
@@ -426,27 +439,45 @@ async def events(
         job.cancel()
 
 
+def tool_blocks(made: list[ToolCall], index: int) -> list[bytes]:
+    """The streamed ``tool_use`` blocks, numbered after block ``index``."""
+    out = []
+    for call in made:
+        index += 1
+        block = {**tool_use(call), "input": {}}
+        out.append(event("content_block_start", {"index": index, "content_block": block}))
+        delta = {"type": "input_json_delta", "partial_json": json.dumps(call.arguments)}
+        out.append(event("content_block_delta", {"index": index, "delta": delta}))
+        out.append(event("content_block_stop", {"index": index}))
+    return out
+
+
 @anthropic_route
 async def messages(request: Request, state: Any) -> Response:
     check_key(request, state)
     req = parse_body(await request.body(), MessagesRequest)
     rid = f"msg_{state.worker.next_id()}"
-    steps, inputs, calls = await anyio.to_thread.run_sync(
-        prepare, state.engine, req, state.speculative, state.stream_tokens(rid)
+    reasoning = (state.reasoning_format, state.reasoning_budget)
+    steps, inputs, calls, think = await anyio.to_thread.run_sync(
+        prepare, state.engine, req, state.speculative, state.stream_tokens(rid), reasoning
     )
     job, watcher = start_job(request, state.worker, rid, steps)
     if req.stream:
         headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
         return StreamingResponse(
-            events(job, rid, state.model_id, inputs, watcher, calls),
+            events(job, rid, state.model_id, inputs, watcher, calls, think),
             media_type="text/event-stream",
             headers=headers,
         )
     text, _, done = await collect_answer(job, watcher)
+    reasoning = ""
+    if think is not None:
+        reasoning, text = split_with(think, text)
     made: list[ToolCall] = []
     if calls is not None:
         text, made = calls.parse(text)
-    return JSONResponse(message(rid, state.model_id, text, done, done.prompt_tokens, made))
+    body = message(rid, state.model_id, text, done, done.prompt_tokens, made, reasoning)
+    return JSONResponse(body)
 
 
 @anthropic_route

@@ -73,6 +73,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "that start with the same tokens (2048 MiB; 0: off)",
     )
     p.add_argument(
+        "--reasoning-format",
+        choices=("auto", "none"),
+        default="auto",
+        help="auto (default): a <think> template's reasoning goes to reasoning_content and "
+        "Anthropic thinking blocks; none: it stays in the answer's content",
+    )
+    p.add_argument(
+        "--reasoning-budget",
+        type=int,
+        default=-1,
+        metavar="N",
+        help="-1 (default): the model thinks as it likes; 0: no thinking (the template is "
+        "rendered with enable_thinking false, where it reads it)",
+    )
+    p.add_argument(
         "--model-alias", default=None, help="the model's id in the API (default: the file name)"
     )
     p.add_argument("--log-level", default="info", help="debug, info (default), warning")
@@ -123,6 +138,8 @@ def serve(a: argparse.Namespace, engine_options: dict) -> int:
         raise SystemExit(f"serve: --parallel must be >= 1, got {a.parallel}")
     if a.cache_ram < 0:
         raise SystemExit(f"serve: --cache-ram must be >= 0, got {a.cache_ram}")
+    if a.reasoning_budget not in (-1, 0):
+        raise SystemExit(f"serve: --reasoning-budget must be -1 or 0, got {a.reasoning_budget}")
     keys = api_keys(a)  # a bad key file fails before the model loads
     logging.basicConfig(
         level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -140,6 +157,8 @@ def serve(a: argparse.Namespace, engine_options: dict) -> int:
         draft_max=a.draft_max,
         parallel=a.parallel,
         cache_mib=a.cache_ram,
+        reasoning_format=a.reasoning_format,
+        reasoning_budget=a.reasoning_budget,
     )
     log = logging.getLogger("powerinfer_rs.server")
     url = f"http://{a.host}:{a.port}/v1"
