@@ -60,3 +60,29 @@ def test_forced_open_is_read_from_the_prompt():
     assert not forced_open("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert not forced_open("<|im_start|>assistant\n")
     assert template_thinks("{{ '<think>\\n' }}") and not template_thinks(None)
+
+
+@pytest.fixture
+def eng(server):
+    """The shared server's engine (SmolLM2)."""
+    return server.engine
+
+
+def test_engine_chat_returns_the_answer_with_the_reasoning_apart(eng, monkeypatch):
+    from powerinfer_rs.runtime.reasoning import ChatReply
+
+    template = "{% for m in messages %}{{ m.content }}\n{% endfor %}<think>\n"
+    monkeypatch.setattr(eng.loaded, "chat_template", template)
+    monkeypatch.setattr(eng, "generate", lambda prompt, **kw: "Hmm.\n</think>\n\nHi!")
+    reply = eng.chat([{"role": "user", "content": "hi"}], max_new_tokens=4)
+    assert isinstance(reply, ChatReply) and isinstance(reply, str)
+    assert (reply, reply.reasoning, reply.content) == ("Hi!", "Hmm.", "Hi!")
+    whole = eng.chat([{"role": "user", "content": "hi"}], reasoning_format="none")
+    assert (whole, whole.reasoning) == ("Hmm.\n</think>\n\nHi!", "")
+
+
+def test_engine_chat_of_a_template_that_does_not_think_is_unchanged(eng):
+    reply = eng.chat([{"role": "user", "content": "hi"}], max_new_tokens=3, temperature=0)
+    assert reply.reasoning == "" and reply == eng.generate(
+        eng.format_chat([{"role": "user", "content": "hi"}]), max_new_tokens=3, temperature=0
+    )

@@ -14,6 +14,7 @@ from .chat import format_chat
 from .checks import check_int, check_seed
 from .constrain import Constraint, Grammar, grammar_of
 from .context import Claim, Context
+from .reasoning import ChatReply, reply_of
 from .sampling import PositionDraws, SamplingParams
 from .speculative import DEFAULT_DRAFT_MAX, Drafter, resolve_speculative
 from .speculative_step import SpeculativeStep
@@ -145,9 +146,22 @@ class Generation:
         with self.ctx.lock:
             return "".join(self.stream(prompt, **kwargs))
 
-    def chat(self, messages: list[dict], **kwargs) -> str:
-        """Answer a conversation formatted with the model's own chat template."""
-        return self.generate(self.format_chat(messages), **kwargs)
+    def chat(
+        self,
+        messages: list[dict],
+        *,
+        reasoning_format: str = "auto",
+        template_kwargs: dict | None = None,
+        **kwargs,
+    ) -> ChatReply:
+        """Answer a conversation formatted with the model's own chat template. The reply is a
+        string, the answer; a ``<think>`` model's reasoning is apart, in its ``reasoning``
+        (:class:`~.reasoning.ChatReply`; ``reasoning_format="none"``: all in the string).
+        ``template_kwargs`` go to the template (e.g. ``{"enable_thinking": False}``); the
+        other arguments are :meth:`stream`'s."""
+        prompt = self.format_chat(messages, template_kwargs=template_kwargs)
+        text = self.generate(prompt, **kwargs)
+        return reply_of(self.loaded.chat_template, prompt, text, reasoning_format)
 
     def format_chat(
         self,

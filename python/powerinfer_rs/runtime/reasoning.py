@@ -133,3 +133,30 @@ class ReasoningSplitter:
                 return "", ""
             return rest.rstrip("\n"), ""
         return "", rest
+
+
+class ChatReply(str):
+    """What :meth:`~.engine.Engine.chat` returns: the answer (the string itself, the
+    reasoning left out) with the ``reasoning`` apart (``""`` when the model did not think or
+    the template is not a ``<think>`` one), so callers that take a string keep working."""
+
+    reasoning: str
+
+    def __new__(cls, content: str, reasoning: str = "") -> ChatReply:
+        out = super().__new__(cls, content)
+        out.reasoning = reasoning
+        return out
+
+    @property
+    def content(self) -> str:
+        """The answer as a plain string."""
+        return str(self)
+
+
+def reply_of(template: str | None, prompt: str, text: str, fmt: str = "auto") -> ChatReply:
+    """The :class:`ChatReply` of ``text`` generated after ``prompt`` (rendered from
+    ``template``): split when ``fmt`` is ``auto`` and the template thinks."""
+    if fmt == "none" or not template_thinks(template):
+        return ChatReply(text)
+    reasoning, content = split_reasoning(text, forced_open(prompt))
+    return ChatReply(content, reasoning)
