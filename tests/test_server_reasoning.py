@@ -111,3 +111,16 @@ def test_messages_thinking_disabled_renders_without_thinking(thinking):
         model="smollm2", max_tokens=64, messages=ASK, thinking={"type": "disabled"}
     )
     assert [b.type for b in r.content] == ["text"] and r.content[0].text == ANSWER
+
+
+def test_reasoning_budget_zero_renders_without_thinking(thinking, monkeypatch):
+    monkeypatch.setattr(thinking.state, "reasoning_budget", 0)
+    msg = thinking.client().chat.completions.create(model="smollm2", messages=ASK).choices[0]
+    assert msg.message.content == ANSWER and not getattr(msg.message, "reasoning_content", None)
+
+
+def test_a_bad_reasoning_format_fails_at_startup(server):
+    from powerinfer_rs.server.app import create_app
+
+    with pytest.raises(ValueError, match="reasoning format"):
+        create_app(server.engine, model_id="m", reasoning_format="deepseek")
