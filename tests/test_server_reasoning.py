@@ -124,3 +124,13 @@ def test_a_bad_reasoning_format_fails_at_startup(server):
 
     with pytest.raises(ValueError, match="reasoning format"):
         create_app(server.engine, model_id="m", reasoning_format="deepseek")
+
+
+def test_chat_template_kwargs_may_not_set_what_the_server_sets(server):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as e:
+        server.client().chat.completions.create(
+            model="smollm2", messages=ASK, extra_body={"chat_template_kwargs": {"bos_token": "x"}}
+        )
+    assert e.value.body["param"] == "chat_template_kwargs"

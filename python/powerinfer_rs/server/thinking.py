@@ -6,6 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..runtime.reasoning import FORMATS, ReasoningSplitter, forced_open, template_thinks
+from .errors import APIError
+
+#: Template variables the server sets itself: ``chat_template_kwargs`` may not name them.
+RESERVED = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token")
 
 
 def check_format(fmt: str) -> str:
@@ -27,11 +31,16 @@ def template_kwargs(req: Any, budget: int = -1) -> dict[str, Any]:
     """What a chat request passes to the template: its ``chat_template_kwargs``, and
     ``reasoning_effort`` (gpt-oss templates read it; others ignore it). ``budget`` 0
     (``--reasoning-budget 0``) renders with ``enable_thinking`` false unless the request
-    says."""
+    says. A request's kwargs naming a variable the server sets (:data:`RESERVED`) is a 400."""
     out: dict[str, Any] = {}
     if budget == 0:
         out["enable_thinking"] = False
-    out.update(getattr(req, "chat_template_kwargs", None) or {})
+    given = getattr(req, "chat_template_kwargs", None) or {}
+    taken = sorted(set(given) & set(RESERVED))
+    if taken:
+        raise APIError(400, f"chat_template_kwargs may not set {taken}: the server sets them",
+                       param="chat_template_kwargs")  # fmt: skip
+    out.update(given)
     effort = getattr(req, "reasoning_effort", None)
     if effort is not None:
         out["reasoning_effort"] = effort
