@@ -19,6 +19,13 @@ THINK_TEMPLATE = (
     "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n"
     "{% else %}<think>\n{% endif %}{% endif %}"
 )
+#: Qwen3's generation prompt: the model opens its own block; an empty one closed when off.
+QWEN3_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}"
+    "{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}{%- endif %}"
+)
 THOUGHT = "The user says hi. </thinking> is not the tag.\nI greet back."
 ANSWER = "Hello! How can I help?"
 ASK = [{"role": "user", "content": "hi"}]
@@ -27,14 +34,20 @@ ASK = [{"role": "user", "content": "hi"}]
 def scripted(prompt, **kwargs):
     """The transcript a thinking model writes after ``prompt``: reasoning closed by
     ``</think>`` when the prompt opened the block, else the answer alone."""
-    text = f"{THOUGHT}\n</think>\n\n{ANSWER}" if prompt.endswith("<think>\n") else ANSWER
+    if prompt.endswith("<think>\n"):  # forced open
+        text = f"{THOUGHT}\n</think>\n\n{ANSWER}"
+    elif prompt.endswith("</think>\n\n"):  # thinking off
+        text = ANSWER
+    else:
+        text = f"<think>\n{THOUGHT}\n</think>\n\n{ANSWER}"
     stats = GenerationStats(prompt_tokens=3, finish_reason="eos", completion_tokens=len(text))
     return TokenStream((TokenStep(i, c) for i, c in enumerate(text)), stats)
 
 
-@pytest.fixture
-def thinking(server, monkeypatch):
-    monkeypatch.setattr(server.engine.loaded, "chat_template", THINK_TEMPLATE)
+@pytest.fixture(params=["forced-open", "qwen3"])
+def thinking(server, monkeypatch, request):
+    template = THINK_TEMPLATE if request.param == "forced-open" else QWEN3_TEMPLATE
+    monkeypatch.setattr(server.engine.loaded, "chat_template", template)
     monkeypatch.setattr(server.engine, "stream_tokens", scripted)
     return server
 
@@ -76,7 +89,7 @@ def test_reasoning_format_none_keeps_everything_in_content(thinking, monkeypatch
     monkeypatch.setattr(thinking.state, "reasoning_format", "none")
     r = thinking.client().chat.completions.create(model="smollm2", messages=ASK)
     msg = r.choices[0].message
-    assert msg.content == f"{THOUGHT}\n</think>\n\n{ANSWER}"
+    assert msg.content.endswith(f"{THOUGHT}\n</think>\n\n{ANSWER}")
     assert getattr(msg, "reasoning_content", None) is None
 
 
