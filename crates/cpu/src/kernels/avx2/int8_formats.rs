@@ -127,10 +127,25 @@ unsafe fn load32(p: *const u8) -> __m256i {
     unsafe { _mm256_loadu_si256(p.cast()) }
 }
 
-/// [`Int8Format`] for a 32-block format: its block size, sign, bias and mins, and how a block's
-/// quants read (`$quants`: a function of the block's address).
+/// [`Int8Format`] for a 32-block format: its block size, sign, bias and mins, how a block's
+/// quants read (`$quants`: a function of the block's address) and, optionally, how n blocks'
+/// scale and min factors read (`factors`: a function of the first block's address and n;
+/// default: an f16 scale leading each block, and an f16 min after it where the format has mins).
 macro_rules! impl_blocks {
     ($t:ty, signed $signed:expr, bias $bias:expr, mins $mins:expr, $quants:expr) => {
+        impl_blocks!($t, signed $signed, bias $bias, mins $mins,
+            factors |p: *const u8, n: usize| {
+                let bb = <$t as QuantFormat>::BLOCK_BYTES;
+                let min = match $mins {
+                    Mins::None => _mm256_setzero_ps(),
+                    _ => halves8(p.add(2), bb, n),
+                };
+                (halves8(p, bb, n), min)
+            },
+            $quants);
+    };
+    ($t:ty, signed $signed:expr, bias $bias:expr, mins $mins:expr, factors $factors:expr,
+     $quants:expr) => {
         impl Int8Format for $t {
             const CHUNK_BYTES: usize = 8 * <$t as QuantFormat>::BLOCK_BYTES;
             const BLOCK_BYTES: usize = <$t as QuantFormat>::BLOCK_BYTES;
@@ -169,19 +184,14 @@ macro_rules! impl_blocks {
             #[inline]
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn factors(p: *const u8, n: usize) -> (__m256, __m256) {
-                let bb = <Self as QuantFormat>::BLOCK_BYTES;
-                // SAFETY: the n blocks at p are readable: their scales (and mins) lead them.
-                unsafe {
-                    let min = match $mins {
-                        Mins::None => _mm256_setzero_ps(),
-                        _ => halves8(p.add(2), bb, n),
-                    };
-                    (halves8(p, bb, n), min)
-                }
+                // SAFETY: the n blocks at p are readable per the caller; `$factors` reads only
+                // their scales (and mins).
+                unsafe { $factors(p, n) }
             }
         }
     };
 }
+pub(super) use impl_blocks;
 // Each `$quants` runs inside `block`'s unsafe block: it is called with a readable block; the quants' offsets are the
 // formats' own (Q8_0: 32 bytes after d; Q4: 16 nibble bytes after d (and m); Q5: qh, then the
 // nibbles).

@@ -7,7 +7,7 @@
 //! 32-weight sub-blocks, a scale each, no mins), and as [`Int8Format`]s (the int8-x dot, signed
 //! quants as Q8_0's).
 
-use super::int8_formats::{Decoded, Int8Format, Mins};
+use super::int8_formats::{impl_blocks, Decoded, Int8Format, Mins};
 use super::kquant::{Factors, KFormat};
 use super::quant::{Offset, QuantFormat};
 use powerinfer_core::dequantize::{e8m0_half, iq4xs_scale, IQ4NL_VALUES, MXFP4_VALUES};
@@ -222,56 +222,18 @@ impl KFormat for IQ4XS {
     }
 }
 
-/// [`Int8Format`] for a 32-block table format (signed quants as Q8_0's, no bias, no mins).
-macro_rules! impl_table_int8 {
-    ($t:ty, $values:expr) => {
-        impl Int8Format for $t {
-            const CHUNK_BYTES: usize = 8 * <$t as QuantFormat>::BLOCK_BYTES;
-            const BLOCK_BYTES: usize = <$t as QuantFormat>::BLOCK_BYTES;
-            const SIGNED: bool = true;
-            const BIAS: i32 = 0;
-            const PER16: bool = false;
-            const MINS: Mins = Mins::None;
-            const BLOCKWISE: bool = true;
-
-            #[inline]
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn decode(p: *const u8, n: usize) -> Decoded {
-                let mut q = [_mm256_setzero_si256(); 8];
-                // SAFETY: the n blocks at p are readable per the caller.
-                unsafe {
-                    for (k, qk) in q.iter_mut().enumerate().take(n) {
-                        *qk = <Self as Int8Format>::block(p, k);
-                    }
-                    let (scale, min) = <Self as Int8Format>::factors(p, n);
-                    Decoded {
-                        q,
-                        scale: [scale, _mm256_setzero_ps()],
-                        min: [min, _mm256_setzero_ps()],
-                    }
-                }
-            }
-
-            #[inline]
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn block(p: *const u8, k: usize) -> __m256i {
-                let b = p.wrapping_add(k * <Self as QuantFormat>::BLOCK_BYTES);
-                // SAFETY: block k is readable per the caller; its indices follow its scale.
-                unsafe { lookup32(b.add(<Self as QuantFormat>::QS), $values) }
-            }
-
-            #[inline]
-            #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn factors(p: *const u8, n: usize) -> (__m256, __m256) {
-                // SAFETY: the n blocks at p are readable per the caller.
-                let s = unsafe { <Self as QuantFormat>::scales8(p, n) };
-                (s, _mm256_setzero_ps())
-            }
-        }
-    };
-}
-impl_table_int8!(IQ4NL, &IQ4NL_VALUES);
-impl_table_int8!(MXFP4, &MXFP4_VALUES);
+// The 32-block table formats: signed quants as Q8_0's (no bias, no mins), read by lookup
+// through the format's values; their scales as the format stores them (f16 d, E8M0 e).
+impl_blocks!(IQ4NL, signed true, bias 0, mins Mins::None,
+    factors |p: *const u8, n: usize| {
+        (<IQ4NL as QuantFormat>::scales8(p, n), _mm256_setzero_ps())
+    },
+    |b: *const u8| { lookup32(b.add(<IQ4NL as QuantFormat>::QS), &IQ4NL_VALUES) });
+impl_blocks!(MXFP4, signed true, bias 0, mins Mins::None,
+    factors |p: *const u8, n: usize| {
+        (<MXFP4 as QuantFormat>::scales8(p, n), _mm256_setzero_ps())
+    },
+    |b: *const u8| { lookup32(b.add(<MXFP4 as QuantFormat>::QS), &MXFP4_VALUES) });
 
 impl Int8Format for IQ4XS {
     const CHUNK_BYTES: usize = 136;
