@@ -24,7 +24,7 @@ from ..runtime.engine import Engine
 from ..runtime.slots import SlotPool
 from ..runtime.speculative import DEFAULT_DRAFT_MAX, resolve_speculative
 from ..runtime.streaming import TokenStream
-from . import anthropic
+from . import anthropic, responses_api
 from .auth import normalise_keys
 from .cors import cors_middleware
 from .echo import EchoStream, apply_echo
@@ -34,6 +34,7 @@ from .health import health
 from .metrics import Counters, CountRequests, render
 from .prepare import prepare
 from .responses import ChunkMaker, Envelope, TokenText, full_response
+from .responses_output import ResponseStore
 from .routing import api_route, check_key, error_response, unknown_model
 from .schemas import ChatRequest, CompletionRequest, unsupported_fields
 from .speculation import SpeculativeDefaults
@@ -66,6 +67,8 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     worker: Worker = field(init=False)
     counters: Counters = field(init=False, default_factory=Counters)
+    #: Stored Responses API answers, for ``previous_response_id`` (:mod:`.responses_api`).
+    responses: ResponseStore = field(init=False, default_factory=ResponseStore)
     pool: SlotPool | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
@@ -218,7 +221,7 @@ def create_app(
     needs ``prometheus_client``). ``reasoning_format``: ``auto`` (a ``<think>`` template's
     reasoning goes to ``reasoning_content``) or ``none`` (all in ``content``);
     ``reasoning_budget``: 0 renders with ``enable_thinking`` false, -1 leaves it to the model
-    (:mod:`.thinking`)."""
+    (:mod:`.thinking`). ``/v1/responses`` is OpenAI's Responses API (:mod:`.responses_api`)."""
     # A bad default fails now, not at the first request.
     resolve_speculative(speculative, draft_max, getattr(engine, "draft", None))
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
@@ -246,6 +249,8 @@ def create_app(
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/responses", responses_api.create, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses_api.retrieve, methods=["GET"]),
         Route("/v1/messages", anthropic.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
     ]
