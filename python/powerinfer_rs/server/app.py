@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .._lazy import optional_import
+from ..runtime.embeddings import check_pooling
 from ..runtime.engine import Engine
 from ..runtime.slots import SlotPool
 from ..runtime.speculative import DEFAULT_DRAFT_MAX, resolve_speculative
@@ -28,6 +29,7 @@ from . import anthropic, responses_api
 from .auth import normalise_keys
 from .cors import cors_middleware
 from .echo import EchoStream, apply_echo
+from .embeddings import embeddings
 from .errors import APIError, parse_body
 from .fields import unknown_field_error
 from .health import health
@@ -64,6 +66,8 @@ class ServerState:
     cache_mib: int = 0
     reasoning_format: str = "auto"
     reasoning_budget: int = -1
+    #: The embeddings' pooling (None: the model's, :mod:`..runtime.embeddings`).
+    pooling: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     worker: Worker = field(init=False)
     counters: Counters = field(init=False, default_factory=Counters)
@@ -207,6 +211,7 @@ def create_app(
     metrics_route: bool = False,
     reasoning_format: str = "auto",
     reasoning_budget: int = -1,
+    pooling: str | None = None,
 ) -> Starlette:
     """The application serving ``engine`` as ``model_id``: OpenAI's routes, and Anthropic's
     ``/v1/messages`` (:mod:`.anthropic`). ``api_key``: the key, or keys (a list or a comma
@@ -221,7 +226,9 @@ def create_app(
     needs ``prometheus_client``). ``reasoning_format``: ``auto`` (a ``<think>`` template's
     reasoning goes to ``reasoning_content``) or ``none`` (all in ``content``);
     ``reasoning_budget``: 0 renders with ``enable_thinking`` false, -1 leaves it to the model
-    (:mod:`.thinking`). ``/v1/responses`` is OpenAI's Responses API (:mod:`.responses_api`)."""
+    (:mod:`.thinking`). ``pooling``: the pooling of ``/v1/embeddings`` (mean, cls or last;
+    None: the model's, :mod:`..runtime.embeddings`). ``/v1/responses`` is OpenAI's Responses
+    API (:mod:`.responses_api`)."""
     # A bad default fails now, not at the first request.
     resolve_speculative(speculative, draft_max, getattr(engine, "draft", None))
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
@@ -231,7 +238,8 @@ def create_app(
     defaults = SpeculativeDefaults(speculative, draft_max)
     keys = normalise_keys(api_key)
     state = ServerState(engine, model_id, keys, max_queue, defaults, parallel, cache_mib,
-                        check_format(reasoning_format), reasoning_budget)  # fmt: skip
+                        check_format(reasoning_format), reasoning_budget,
+                        None if pooling is None else check_pooling(pooling))  # fmt: skip
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
@@ -249,6 +257,7 @@ def create_app(
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
         Route("/v1/responses", responses_api.create, methods=["POST"]),
         Route("/v1/responses/{response_id}", responses_api.retrieve, methods=["GET"]),
         Route("/v1/messages", anthropic.messages, methods=["POST"]),
