@@ -31,6 +31,11 @@ def test_serve_arguments():
     assert model_id("/x/model-dir/", None) == "model-dir"
     assert model_id("/x/gpt-oss-120b-mxfp4-00001-of-00003.gguf", None) == "gpt-oss-120b-mxfp4"
     assert model_id("/x/m.gguf", "local") == "local"
+    assert a.pooling is None  # the model's pooling
+    pooled = build_parser().parse_args(["serve", "--model", "m.gguf", "--pooling", "cls"])
+    assert pooled.pooling == "cls"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--model", "m.gguf", "--pooling", "rank"])
 
 
 def test_serve_command_answers_and_logs_each_request(smol_path, tmp_path):

@@ -93,3 +93,21 @@ def test_timings_on_the_engines_own_context(smol):
         again = c.post("/v1/completions", json={**body, "prompt": PROMPT + " And"}).json()
         assert_consistent(again["timings"], again["usage"])
         assert again["timings"]["cache_n"] > 0
+
+
+def test_messages_timings_in_the_body_and_the_streams_message_delta(client):
+    """Anthropic's ``/v1/messages`` carries the same ``timings``: in the body, and streamed in
+    its ``message_delta`` event (the one with the stop reason and the usage)."""
+    body = {"model": "any", "max_tokens": 3, "temperature": 0,
+            "messages": [{"role": "user", "content": "Hi"}]}  # fmt: skip
+
+    def as_openai(usage: dict) -> dict:
+        return {"prompt_tokens": usage["input_tokens"], "completion_tokens": usage["output_tokens"]}
+
+    got = client.post("/v1/messages", json=body).json()
+    assert_consistent(got["timings"], as_openai(got["usage"]))
+    with client.stream("POST", "/v1/messages", json={**body, "stream": True}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    with_timings = [e for e in events if "timings" in e]
+    assert [e["type"] for e in with_timings] == ["message_delta"]
+    assert_consistent(with_timings[0]["timings"], as_openai(with_timings[0]["usage"]))

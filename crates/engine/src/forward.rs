@@ -20,7 +20,7 @@ use crate::project_site::{project_site, SiteCopies, SiteRead};
 use crate::sparsity::Sparsity;
 use crate::weights::ModelWeights;
 
-/// Which logits a forward pass returns.
+/// Which logits a forward pass returns (or, [`Logits::Hidden`], which rows before the head).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logits {
     /// Only the last token's (decoding).
@@ -31,6 +31,20 @@ pub enum Logits {
     /// before it gives (speculative verification): the products share their weight reads,
     /// attention and sparse FFNs run per token.
     Steps,
+    /// No logits: every token's final hidden state after the output norm (n × dim), the
+    /// output head not computed (embeddings). The pass is [`Logits::All`]'s up to the head,
+    /// so these rows times the output matrix are its logits.
+    Hidden,
+}
+
+impl Logits {
+    /// Floats per returned row: the vocabulary, or the model's width for [`Logits::Hidden`].
+    pub fn row_width(self, config: &powerinfer_core::ModelConfig) -> usize {
+        match self {
+            Logits::Hidden => config.dim,
+            Logits::Last | Logits::All | Logits::Steps => config.vocab_size,
+        }
+    }
 }
 
 /// Token ids as callers hold them (Python ints, any `i64`) as the engine's `u32` ids: the one
@@ -78,7 +92,7 @@ pub fn forward(
     let s = scratch;
     s.arith = match which {
         Logits::Steps => Arith::Steps,
-        Logits::Last | Logits::All => Arith::Batch,
+        Logits::Last | Logits::All | Logits::Hidden => Arith::Batch,
     };
     embed(model, tokens, start, &mut s.x)?;
     let angles = Angles::new(c, start, n);
@@ -99,12 +113,8 @@ pub fn forward(
     if let Some(p) = profiler {
         p.tokens += n as u64;
         if p.capture_sites {
-            let bias = match model.program.output.norm {
-                NormKind::Rms => None,
-                NormKind::Layer => model.output_norm_bias.as_deref(),
-            };
             let mut rows = Vec::new();
-            norm_rows_with(&s.x, &model.output_norm, bias, c.rms_eps, &mut rows);
+            final_norm(model, &s.x, &mut rows);
             p.output_in.extend_from_slice(&rows);
         }
     }
@@ -112,6 +122,12 @@ pub fn forward(
     let (first, n_out) = match which {
         Logits::Last => (n - 1, 1),
         Logits::All | Logits::Steps => (0, n),
+        Logits::Hidden => {
+            let mut rows = Vec::new();
+            final_norm(model, &s.x, &mut rows);
+            mark(Phase::Other);
+            return Ok(rows);
+        }
     };
     output_block(model, mode, s, start, first, n_out)
 }
@@ -165,6 +181,16 @@ pub(crate) fn embed(
     Ok(())
 }
 
+/// The output norm (RMS, or LayerNorm with its bias) of the rows of `x` into `out`: what the
+/// output head reads, and what [`Logits::Hidden`] returns.
+fn final_norm(model: &ModelWeights, x: &[f32], out: &mut Vec<f32>) {
+    let bias = match model.program.output.norm {
+        NormKind::Rms => None,
+        NormKind::Layer => model.output_norm_bias.as_deref(),
+    };
+    norm_rows_with(x, &model.output_norm, bias, model.config.rms_eps, out);
+}
+
 /// Logits of the `n_out` tokens of `s.x` from row `first` on (final norm, output head); `start`
 /// is the position of row 0 (the input mode keeps the context's first position dense).
 pub(crate) fn output_block(
@@ -177,17 +203,7 @@ pub(crate) fn output_block(
 ) -> Result<Vec<f32>> {
     let c = &model.config;
     let p = &model.program.output;
-    let bias = match p.norm {
-        NormKind::Rms => None,
-        NormKind::Layer => model.output_norm_bias.as_deref(),
-    };
-    norm_rows_with(
-        &s.x[first * c.dim..],
-        &model.output_norm,
-        bias,
-        c.rms_eps,
-        &mut s.xn,
-    );
+    final_norm(model, &s.x[first * c.dim..], &mut s.xn);
     mark(Phase::Other);
     let mut logits = Vec::new();
     let t = match mode {

@@ -335,7 +335,9 @@ impl Session {
     /// Feed `tokens` after the cached context, in chunks of [`PREFILL_CHUNK`]; returns the last
     /// token's logits, or every token's when `which` is [`Logits::All`] (or
     /// [`Logits::Steps`]: each as a one-token step computes it, for speculative verification;
-    /// on the hybrid executor one of its decode steps per token). The `between` callback
+    /// on the hybrid executor one of its decode steps per token), or every token's final
+    /// hidden state (n × dim, the output head skipped) for [`Logits::Hidden`] (embeddings;
+    /// batched CPU passes, also on the hybrid executor). The `between` callback
     /// runs between chunks and may abort (e.g. on Ctrl-C) by returning an error; on any error
     /// the cache is rolled back to where it was.
     pub fn feed(
@@ -470,7 +472,7 @@ impl Session {
         let mut last = Vec::new();
         let n_chunks = tokens.len().div_ceil(PREFILL_CHUNK);
         let start = self.cache.len();
-        let vocab = self.model.config.vocab_size.max(1);
+        let width = which.row_width(&self.model.config).max(1);
         for (i, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
             let (model, cache, scratch) = (&*self.model, &mut self.cache, &mut self.scratch);
             let (mode, profiler) = (&self.mode, self.profiler.as_mut());
@@ -482,7 +484,7 @@ impl Session {
                     // Decode steps on the hybrid executor: one of its steps per token.
                     Some(h) if which == Logits::Steps && profiler.is_none() => {
                         let t0 = std::time::Instant::now();
-                        let mut all = Vec::with_capacity(chunk.len() * vocab);
+                        let mut all = Vec::with_capacity(chunk.len() * width);
                         for &t in chunk {
                             all.extend(h.decode(model, mode, cache, t)?);
                         }
@@ -490,7 +492,9 @@ impl Session {
                         Ok(all)
                     }
                     // One token and no profile: the hybrid decode step.
-                    Some(h) if chunk.len() == 1 && profiler.is_none() => {
+                    Some(h)
+                        if chunk.len() == 1 && profiler.is_none() && which != Logits::Hidden =>
+                    {
                         let t0 = std::time::Instant::now();
                         let out = h.decode(model, mode, cache, chunk[0]);
                         *decode_seconds += t0.elapsed().as_secs_f64();
@@ -511,20 +515,25 @@ impl Session {
             // into numpy errors or a silent nan); the caller's `feed` rolls the cache back.
             if let Some(bad) = logits.iter().position(|v| !v.is_finite()) {
                 let row = match which {
-                    Logits::All | Logits::Steps => bad / vocab,
+                    Logits::All | Logits::Steps | Logits::Hidden => bad / width,
                     Logits::Last => chunk.len() - 1,
                 };
                 let at = i * PREFILL_CHUNK + row;
+                let what = if which == Logits::Hidden {
+                    "hidden states"
+                } else {
+                    "logits"
+                };
                 powerinfer_core::bail!(
                     Other,
-                    "the forward pass gave non-finite logits at position {} (token id {}); \
+                    "the forward pass gave non-finite {what} at position {} (token id {}); \
                      the weights are finite, so the model overflows float32 on this input",
                     start + at,
                     tokens[at]
                 );
             }
             match which {
-                Logits::All | Logits::Steps => all.extend_from_slice(&logits),
+                Logits::All | Logits::Steps | Logits::Hidden => all.extend_from_slice(&logits),
                 Logits::Last => last = logits,
             }
             if i + 1 < n_chunks {
@@ -532,7 +541,7 @@ impl Session {
             }
         }
         Ok(match which {
-            Logits::All | Logits::Steps => all,
+            Logits::All | Logits::Steps | Logits::Hidden => all,
             Logits::Last => last,
         })
     }

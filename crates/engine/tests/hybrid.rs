@@ -815,3 +815,35 @@ fn slots_decode_as_their_sessions_alone() {
         }
     }
 }
+
+/// [`Logits::Hidden`] on the hybrid executor runs the CPU pass (one token too, never the
+/// executor's decode step, which gives logits): the rows are the CPU engine's, dim wide, and
+/// decoding after them agrees, so the GPU layers' caches were kept in step.
+#[test]
+fn hidden_states_on_the_hybrid_executor_are_the_cpus() {
+    let m = model(Activation::Relu, DType::Q4_0, 256);
+    let (n, ffn, dim) = (m.config.n_layers, m.config.ffn_dim, m.config.dim);
+    let mut l = Layout::all_gpu(n, ffn);
+    l.hot = half_hot(ffn, n);
+    l.attention = vec![true, false];
+    for dev in devices() {
+        let mut cpu = session(&m, &Sparsity::ExactRelu, None, "cpu");
+        let mut gpu = session(&m, &Sparsity::ExactRelu, Some(l.placement(&m)), dev);
+        assert!(gpu.hybrid().is_some(), "{dev}: no hybrid executor");
+        for s in [&mut cpu, &mut gpu] {
+            s.feed(&[1, 2, 3], Logits::Last, no_check).unwrap();
+            s.feed(&[4], Logits::Last, no_check).unwrap();
+        }
+        for tokens in [&[5u32][..], &[6, 7, 8]] {
+            let want = cpu.feed(tokens, Logits::Hidden, no_check).unwrap();
+            let got = gpu.feed(tokens, Logits::Hidden, no_check).unwrap();
+            assert_eq!(got.len(), tokens.len() * dim, "{dev}: hidden rows");
+            assert_close(&got, &want, TOL_Q4, &format!("{dev}: hidden states"));
+        }
+        let (g, w) = (greedy(&mut gpu, &[9], 4), greedy(&mut cpu, &[9], 4));
+        for (a, b) in g.0.iter().zip(&w.0) {
+            assert_close(a, b, TOL_Q4, &format!("{dev}: decode after hidden states"));
+        }
+        assert_eq!(g.1, w.1);
+    }
+}

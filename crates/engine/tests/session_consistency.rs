@@ -5,7 +5,7 @@ mod common;
 
 use std::collections::HashMap;
 
-use common::{config, diff_and_norm, model, no_check};
+use common::{config, diff_and_norm, model, no_check, tensors};
 use powerinfer_core::{Activation, Error, Weight};
 use powerinfer_engine::forward::Logits;
 use powerinfer_engine::{ModelWeights, Session, Sparsity};
@@ -141,4 +141,46 @@ fn non_finite_logits_are_an_error_and_leave_the_cache_as_it_was() {
         "{err}"
     );
     assert_eq!(s.n_past(), 0);
+}
+
+/// The final hidden states ([`Logits::Hidden`]) are the rows the output head reads: times the
+/// (tied, f32) output matrix they give [`Logits::All`]'s logits, and the context advances
+/// as a logits pass advances it.
+#[test]
+fn hidden_states_times_the_output_matrix_are_the_logits() {
+    let m = model(Activation::Silu);
+    let (dim, vocab) = (m.config.dim, m.config.vocab_size);
+    let tokens: Vec<u32> = (0..9).map(|i| (i * 11 % 50) as u32).collect();
+    let mut a = Session::new(m.clone(), 2, 0).unwrap();
+    let hidden = a.feed(&tokens, Logits::Hidden, no_check).unwrap();
+    assert_eq!(hidden.len(), tokens.len() * dim);
+    let mut b = Session::new(m.clone(), 2, 0).unwrap();
+    let logits = b.feed(&tokens, Logits::All, no_check).unwrap();
+    let t = tensors(&m.config);
+    let head = t.get("output").unwrap_or(&t["token_embd"]);
+    let w: Vec<f32> = (0..vocab)
+        .flat_map(|r| {
+            head.row(r)
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let product: Vec<f32> = hidden
+        .chunks_exact(dim)
+        .flat_map(|h| {
+            w.chunks_exact(dim)
+                .map(|row| row.iter().zip(h).map(|(x, y)| x * y).sum::<f32>())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert_close(&product, &logits);
+    assert_eq!((a.n_past(), b.n_past()), (tokens.len(), tokens.len()));
+    let next_a = a.feed(&[3], Logits::Last, no_check).unwrap();
+    let next_b = b.feed(&[3], Logits::Last, no_check).unwrap();
+    assert_eq!(next_a, next_b);
+    assert!(matches!(
+        a.feed(&[99], Logits::Hidden, no_check),
+        Err(Error::Token(_))
+    ));
 }

@@ -98,6 +98,29 @@ impl PySession {
         matrix(py, vocab, logits)
     }
 
+    /// Append `tokens` to the context and return every token's final hidden state, after the
+    /// output norm and before the output head (which is not computed): float32 of shape
+    /// (len(tokens), dim), the rows that `feed(tokens, all_logits=True)` multiplies by the
+    /// output matrix (embeddings pool these). On error the context is unchanged.
+    #[pyo3(signature = (tokens))]
+    fn feed_hidden<'py>(
+        &self,
+        py: Python<'py>,
+        tokens: Vec<i64>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let mut guard = self.lock(py);
+        let config = &guard.model().config;
+        let (vocab, dim) = (config.vocab_size, config.dim);
+        let ids = check(token_ids(&tokens, vocab))?;
+        let session = &mut *guard;
+        let rows = run_detached(py, move || {
+            let check_signals =
+                || Python::attach(|py| py.check_signals()).map_err(|_| Error::Interrupted);
+            session.feed(&ids, Logits::Hidden, check_signals)
+        })?;
+        matrix(py, dim, rows)
+    }
+
     /// Append `tokens` to the context as successive one-token decode steps would, in one pass
     /// (speculative verification): float32 logits of shape (len(tokens), vocab), row i
     /// bit-identical to what `feed([tokens[i]])` gives after the tokens before it. The

@@ -382,6 +382,9 @@ def loaded_model(
     """The :class:`LoadedModel` of a GGUF file: its chat template from the metadata ``meta``
     and its fingerprint; ``files``: the shards of a split file (default: ``[path]``)."""
     template = meta.get("tokenizer.chat_template")
+    pooling = meta.get(f"{meta.get('general.architecture')}.pooling_type")
+    if isinstance(pooling, bool) or not isinstance(pooling, int):
+        pooling = None
     return LoadedModel(
         config=cfg,
         tensors=tensors,
@@ -390,6 +393,7 @@ def loaded_model(
         path=path,
         fingerprint=fingerprint(cfg, tensors),
         files=list(files or [path]),
+        pooling_type=pooling,
     )
 
 

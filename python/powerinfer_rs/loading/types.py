@@ -159,6 +159,9 @@ class LoadedModel:
     #: the files the weights are read from: ``[path]``, the shards of a split GGUF, or a
     #: directory's safetensors files (empty when the loader does not say)
     files: list[str] = field(default_factory=list)
+    #: the GGUF's ``{arch}.pooling_type`` (llama.cpp's enum: 0 none, 1 mean, 2 cls, 3 last,
+    #: 4 rank), None where the file does not say (see :mod:`..runtime.embeddings`)
+    pooling_type: int | None = None
 
 
 def layer_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:

@@ -556,6 +556,37 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         finally:
             self.reset()
 
+    @locked
+    def hidden_states(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Float32 final hidden states of shape (len(token_ids), dim) for a fresh context: each
+        token's after the output norm, the rows the output head multiplies into
+        :meth:`logits` (the head itself is not computed). The context is forgotten after."""
+        ids = self._check_ids(token_ids)
+        if not ids:
+            raise ShapeError("hidden_states() needs at least one token")
+        self.reset()
+        try:
+            return self.ctx.session.feed_hidden(ids)
+        finally:
+            self.reset()
+
+    def embed(
+        self,
+        inputs: str | Sequence[str] | Sequence[Sequence[int]],
+        *,
+        pooling: str | None = None,
+        normalize: bool = True,
+    ) -> np.ndarray:
+        """Embeddings of ``inputs`` (a string, strings, or token-id lists), float32 of shape
+        (len(inputs), dim): each input's :meth:`hidden_states` on its own, pooled (``mean``,
+        ``cls`` or ``last``; default: the file's ``pooling_type``, mean where it names none:
+        :mod:`.embeddings`) and L2-normalized (``normalize``), as llama-server returns them.
+        Uses the engine's context, which is forgotten after (as :meth:`logits`)."""
+        from .embeddings import embed_ids, model_pooling, token_lists
+
+        how = pooling if pooling is not None else model_pooling(self.loaded.pooling_type)
+        return embed_ids(self.hidden_states, token_lists(self, inputs), how, normalize)
+
     def perplexity(self, text: str, *, window: int = 512, progress: bool = False) -> float:
         """Perplexity of ``text`` in non-overlapping windows of ``window`` tokens; every token
         after the first of each window is scored."""

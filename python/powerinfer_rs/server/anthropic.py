@@ -6,7 +6,8 @@ or text blocks), ``max_tokens`` (required), ``stop_sequences`` (the one that end
 reported in ``stop_sequence``), ``temperature``, ``top_p``, ``top_k``, ``stream`` (Anthropic's
 events: ``message_start``, ``content_block_start``, ``ping``, ``content_block_delta``,
 ``content_block_stop``, ``message_delta``, ``message_stop``; ``error`` when the engine fails),
-``POST /v1/messages/count_tokens``, and errors in Anthropic's shape
+``POST /v1/messages/count_tokens``, llama-server's ``timings`` (:mod:`.timings`; in the
+body, and in a stream's ``message_delta``), and errors in Anthropic's shape
 (``{"type": "error", "error": {"type", "message"}}``). The key is taken from ``x-api-key`` (or
 ``Authorization: Bearer``). Any ``model`` name is accepted (agents send their own); answers
 name the served model. ``tools`` with ``tool_choice`` (auto, any, tool, none) as in the OpenAI
@@ -50,6 +51,7 @@ from .schemas import MAX_STOPS, DraftMax, Lenient, SpeculativeMode
 from .speculation import DEFAULTS, SpeculativeDefaults, speculative_kwargs
 from .sse import collect_answer, failure, start_job
 from .thinking import splitter_for, template_kwargs
+from .timings import timings
 from .worker import Done, Job
 
 log = logging.getLogger("powerinfer_rs.server")
@@ -360,13 +362,15 @@ def message(
     calls: list[ToolCall] = (),  # type: ignore[assignment]
     reasoning: str = "",
 ) -> dict:
-    """A ``message`` object: whole (``done`` given) or as ``message_start`` opens it; the
-    ``reasoning`` is a ``thinking`` block before the text."""
+    """A ``message`` object: whole (``done`` given, with llama-server's ``timings``:
+    :mod:`.timings`) or as ``message_start`` opens it; the ``reasoning`` is a ``thinking``
+    block before the text."""
     content = blocks(reasoning, text)
     content += [tool_use(c) for c in calls]
     reason = None if done is None else STOP_REASONS.get(done.finish_reason, "end_turn")
     if calls:
         reason = "tool_use"
+    extra = {} if done is None else {"timings": timings(done)}
     return {
         "id": rid,
         "type": "message",
@@ -379,6 +383,7 @@ def message(
             "input_tokens": inputs,
             "output_tokens": 0 if done is None else done.completion_tokens,
         },
+        **extra,
     }
 
 
@@ -432,7 +437,8 @@ async def events(
             yield b
         whole = message(rid, model, None, item, inputs, made)
         delta = {"stop_reason": whole["stop_reason"], "stop_sequence": whole["stop_sequence"]}
-        yield event("message_delta", {"delta": delta, "usage": whole["usage"]})
+        body = {"delta": delta, "usage": whole["usage"], "timings": whole["timings"]}
+        yield event("message_delta", body)
         yield event("message_stop", {})
     finally:
         watcher.cancel()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -20,28 +20,28 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .._lazy import optional_import
-from ..errors import PowerInferError
-from ..runtime.chat import ChatTemplateError
-from ..runtime.constrain import GrammarError
+from ..runtime.embeddings import check_pooling
 from ..runtime.engine import Engine
-from ..runtime.reasoning import ReasoningSplitter
 from ..runtime.slots import SlotPool
 from ..runtime.speculative import DEFAULT_DRAFT_MAX, resolve_speculative
 from ..runtime.streaming import TokenStream
-from . import anthropic
-from .auth import bearer_key, key_matches, normalise_keys
-from .constraints import response_grammar
+from . import anthropic, responses_api
+from .auth import normalise_keys
 from .cors import cors_middleware
-from .echo import EchoStream, apply_echo, echo_stream
-from .errors import APIError, from_engine, parse_body
+from .echo import EchoStream, apply_echo
+from .embeddings import embeddings
+from .errors import APIError, parse_body
 from .fields import unknown_field_error
 from .health import health
 from .metrics import Counters, CountRequests, render
-from .responses import Calls, ChunkMaker, Envelope, TokenText, calls_for, full_response
-from .schemas import ChatRequest, CompletionRequest, NamedToolChoice, unsupported_fields
-from .speculation import DEFAULTS, SpeculativeDefaults, speculative_kwargs
+from .prepare import prepare
+from .responses import ChunkMaker, Envelope, TokenText, full_response
+from .responses_output import ResponseStore
+from .routing import api_route, check_key, error_response, unknown_model
+from .schemas import ChatRequest, CompletionRequest, unsupported_fields
+from .speculation import SpeculativeDefaults
 from .sse import collect_answer, event_stream, start_job
-from .thinking import check_format, splitter_for, template_kwargs
+from .thinking import check_format
 from .worker import Worker
 
 log = logging.getLogger("powerinfer_rs.server")
@@ -66,9 +66,13 @@ class ServerState:
     cache_mib: int = 0
     reasoning_format: str = "auto"
     reasoning_budget: int = -1
+    #: The embeddings' pooling (None: the model's, :mod:`..runtime.embeddings`).
+    pooling: str | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     worker: Worker = field(init=False)
     counters: Counters = field(init=False, default_factory=Counters)
+    #: Stored Responses API answers, for ``previous_response_id`` (:mod:`.responses_api`).
+    responses: ResponseStore = field(init=False, default_factory=ResponseStore)
     pool: SlotPool | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
@@ -95,40 +99,6 @@ class ServerState:
         return functools.partial(self.pool.stream_tokens, request=rid)
 
 
-def api_route(
-    fn: Callable[[Request, ServerState], Awaitable[Response]],
-) -> Callable[[Request], Awaitable[Response]]:
-    """A route answering every failure in OpenAI's error shape, never with a traceback."""
-
-    @functools.wraps(fn)
-    async def route(request: Request) -> Response:
-        state: ServerState = request.app.state.server
-        try:
-            return await fn(request, state)
-        except APIError as e:
-            log.info("%s %s -> %d %s", request.method, request.url.path, e.status, e.message)
-            return error_response(e)
-        except Exception:
-            log.exception("%s %s failed", request.method, request.url.path)
-            return error_response(APIError(500, "internal server error", type="server_error"))
-
-    return route
-
-
-def error_response(e: APIError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if e.status == 401 else None
-    return JSONResponse(e.body(), status_code=e.status, headers=headers)
-
-
-def check_key(request: Request, state: ServerState) -> None:
-    if not state.api_keys:
-        return
-    given = request.headers.get("authorization", "")
-    if not key_matches(bearer_key(given), state.api_keys):
-        what = "no API key given" if not given else "incorrect API key"
-        raise APIError(401, f"{what} (send 'Authorization: Bearer KEY')", code="invalid_api_key")
-
-
 def model_card(state: ServerState) -> dict[str, Any]:
     return {
         "id": state.model_id,
@@ -153,15 +123,6 @@ async def get_model(request: Request, state: ServerState) -> Response:
     return JSONResponse(model_card(state))
 
 
-def unknown_model(name: str, state: ServerState) -> APIError:
-    return APIError(
-        404,
-        f"the model '{name}' does not exist; this server serves '{state.model_id}'",
-        param="model",
-        code="model_not_found",
-    )
-
-
 async def parse(request: Request, kind: type) -> ChatRequest | CompletionRequest:
     req = parse_body(await request.body(), kind)
     state: ServerState = request.app.state.server
@@ -178,80 +139,6 @@ async def parse(request: Request, kind: type) -> ChatRequest | CompletionRequest
     if unknown is not None:
         raise unknown
     return req
-
-
-def tool_setup(engine: Engine, req: ChatRequest) -> Calls | None:
-    """The request's tools and how the answer starts (see :class:`~.responses.Calls`); a
-    ``tool_choice`` that names no given tool is a 400."""
-    tools = req.active_tools
-    choice = req.tool_choice
-    if choice not in (None, "none", "auto") and not req.tools:
-        raise APIError(400, "tool_choice needs tools", param="tool_choice")
-    if tools is None:
-        return None
-    named = choice.function.name if isinstance(choice, NamedToolChoice) else None
-    calls = calls_for(engine, tools, choice == "required", named, "tool_choice")
-    calls.first_only = req.parallel_tool_calls is False
-    return calls
-
-
-def prepare(
-    engine: Engine,
-    req: ChatRequest | CompletionRequest,
-    defaults: SpeculativeDefaults = DEFAULTS,
-    stream_tokens: Callable[..., TokenStream] | None = None,
-    reasoning: tuple[str, int] = ("auto", -1),
-) -> tuple[TokenStream, Calls | None, ReasoningSplitter | None]:
-    """Check the request against the engine and make its token stream (runs in a thread: it
-    renders the chat template and tokenizes; it does not touch the context); ``defaults``: the
-    server's speculative decoding options; ``stream_tokens``: what makes the stream (default:
-    the engine's own, see :meth:`ServerState.stream_tokens`); ``reasoning``: the server's
-    reasoning format and budget (:mod:`.thinking`). Returns the stream, the tools' parser and
-    the reasoning splitter (None: the answer is not split)."""
-    calls, think = None, None
-    if isinstance(req, ChatRequest):
-        param = "messages"
-        calls = tool_setup(engine, req)
-        try:
-            prompt: Any = engine.format_chat(
-                [m.as_template_message() for m in req.messages],
-                tools=None if calls is None else calls.tools,
-                template_kwargs=template_kwargs(req, reasoning[1]),
-            )
-        except ChatTemplateError as e:
-            raise APIError(400, str(e), param=e.param or param) from None
-        except PowerInferError as e:
-            raise from_engine(e, param) from None
-        if calls is None or not calls.prefix:  # a started call is no reasoning
-            think = splitter_for(engine.loaded.chat_template, prompt, reasoning[0])
-        if calls is not None:
-            prompt += calls.prefix
-        limit = req.token_limit if req.token_limit is not None else engine.n_ctx
-    else:
-        param, prompt, limit = "prompt", req.prompt, req.token_limit
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-            if len(prompt) != 1:
-                raise APIError(400, "prompt: give one prompt per request", param=param)
-            prompt = prompt[0]
-    grammar, where = response_grammar(req)
-    if calls is not None and calls.grammar is not None:
-        if grammar is not None:  # a required call's arguments follow the tool's schema
-            raise APIError(400, f"{where} cannot constrain an answer that tool_choice makes a "
-                           "tool call", param=where)  # fmt: skip
-        grammar, where = calls.grammar, "tools"
-    kwargs = req.engine_kwargs(limit)
-    kwargs.update(speculative_kwargs(engine, req.speculative, req.draft_max, defaults))
-    try:
-        make = stream_tokens or engine.stream_tokens
-        steps = make(prompt, logprobs=req.engine_logprobs, grammar=grammar, **kwargs)
-        if getattr(req, "echo", False):
-            steps = echo_stream(engine, prompt, steps, req.engine_logprobs, limit)
-        return steps, calls, think
-    except GrammarError as e:
-        code = "invalid_grammar" if where == "grammar" else "invalid_schema"
-        raise APIError(400, str(e), param=where, code=code) from None
-    except PowerInferError as e:
-        raise from_engine(e, param) from None
 
 
 async def completion(request: Request, state: ServerState, kind: type) -> Response:
@@ -324,6 +211,7 @@ def create_app(
     metrics_route: bool = False,
     reasoning_format: str = "auto",
     reasoning_budget: int = -1,
+    pooling: str | None = None,
 ) -> Starlette:
     """The application serving ``engine`` as ``model_id``: OpenAI's routes, and Anthropic's
     ``/v1/messages`` (:mod:`.anthropic`). ``api_key``: the key, or keys (a list or a comma
@@ -338,7 +226,9 @@ def create_app(
     needs ``prometheus_client``). ``reasoning_format``: ``auto`` (a ``<think>`` template's
     reasoning goes to ``reasoning_content``) or ``none`` (all in ``content``);
     ``reasoning_budget``: 0 renders with ``enable_thinking`` false, -1 leaves it to the model
-    (:mod:`.thinking`)."""
+    (:mod:`.thinking`). ``pooling``: the pooling of ``/v1/embeddings`` (mean, cls or last;
+    None: the model's, :mod:`..runtime.embeddings`). ``/v1/responses`` is OpenAI's Responses
+    API (:mod:`.responses_api`)."""
     # A bad default fails now, not at the first request.
     resolve_speculative(speculative, draft_max, getattr(engine, "draft", None))
     if isinstance(parallel, bool) or not isinstance(parallel, int) or parallel < 1:
@@ -348,7 +238,8 @@ def create_app(
     defaults = SpeculativeDefaults(speculative, draft_max)
     keys = normalise_keys(api_key)
     state = ServerState(engine, model_id, keys, max_queue, defaults, parallel, cache_mib,
-                        check_format(reasoning_format), reasoning_budget)  # fmt: skip
+                        check_format(reasoning_format), reasoning_budget,
+                        None if pooling is None else check_pooling(pooling))  # fmt: skip
 
     @asynccontextmanager
     async def lifespan(app: Starlette):
@@ -366,6 +257,9 @@ def create_app(
         Route("/v1/models/{model:path}", get_model, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings, methods=["POST"]),
+        Route("/v1/responses", responses_api.create, methods=["POST"]),
+        Route("/v1/responses/{response_id}", responses_api.retrieve, methods=["GET"]),
         Route("/v1/messages", anthropic.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
     ]

@@ -88,6 +88,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "rendered with enable_thinking false, where it reads it)",
     )
     p.add_argument(
+        "--pooling",
+        choices=("mean", "cls", "last"),
+        default=None,
+        help="how /v1/embeddings pools the tokens' hidden states (default: the file's "
+        "pooling_type; mean where it names none)",
+    )
+    p.add_argument(
         "--model-alias", default=None, help="the model's id in the API (default: the file name)"
     )
     p.add_argument("--log-level", default="info", help="debug, info (default), warning")
@@ -159,6 +166,7 @@ def serve(a: argparse.Namespace, engine_options: dict) -> int:
         cache_mib=a.cache_ram,
         reasoning_format=a.reasoning_format,
         reasoning_budget=a.reasoning_budget,
+        pooling=a.pooling,
     )
     log = logging.getLogger("powerinfer_rs.server")
     url = f"http://{a.host}:{a.port}/v1"
