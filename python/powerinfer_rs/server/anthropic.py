@@ -39,7 +39,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from ..errors import PowerInferError
 from ..runtime.chat import ChatTemplateError
 from ..runtime.constrain import GrammarError
-from ..runtime.reasoning import ReasoningSplitter
+from ..runtime.reasoning import Splitter
 from ..runtime.streaming import TokenStream
 from ..runtime.tools import ToolCall
 from .anthropic_blocks import BlockStream, blocks, event
@@ -298,7 +298,7 @@ def prepare(
     defaults: SpeculativeDefaults = DEFAULTS,
     stream_tokens: Callable[..., TokenStream] | None = None,
     reasoning: tuple[str, int] = ("auto", -1),
-) -> tuple[TokenStream, int, Calls | None, ReasoningSplitter | None]:
+) -> tuple[TokenStream, int, Calls | None, Splitter | None]:
     """The request's token stream, its prompt's token count, its tools and its reasoning
     splitter (runs in a thread); ``defaults``: the server's speculative decoding options;
     ``stream_tokens``: what makes the stream (default: the engine's own); ``reasoning``: the
@@ -389,7 +389,7 @@ async def events(
     inputs: int,
     watcher: asyncio.Task,
     calls: Calls | None,
-    think: ReasoningSplitter | None = None,
+    think: Splitter | None = None,
 ) -> AsyncIterator[bytes]:
     """The streamed answer in Anthropic's events: a ``thinking`` block (the reasoning) and a
     text block, each opened at its first text, then one ``tool_use`` block per call (its

@@ -24,7 +24,7 @@ from ..errors import PowerInferError
 from ..runtime.chat import ChatTemplateError
 from ..runtime.constrain import GrammarError
 from ..runtime.engine import Engine
-from ..runtime.reasoning import ReasoningSplitter
+from ..runtime.reasoning import Splitter
 from ..runtime.slots import SlotPool
 from ..runtime.speculative import DEFAULT_DRAFT_MAX, resolve_speculative
 from ..runtime.streaming import TokenStream
@@ -201,7 +201,7 @@ def prepare(
     defaults: SpeculativeDefaults = DEFAULTS,
     stream_tokens: Callable[..., TokenStream] | None = None,
     reasoning: tuple[str, int] = ("auto", -1),
-) -> tuple[TokenStream, Calls | None, ReasoningSplitter | None]:
+) -> tuple[TokenStream, Calls | None, Splitter | None]:
     """Check the request against the engine and make its token stream (runs in a thread: it
     renders the chat template and tokenizes; it does not touch the context); ``defaults``: the
     server's speculative decoding options; ``stream_tokens``: what makes the stream (default:

@@ -1,0 +1,39 @@
+"""Constraining arguments written as XML-ish key/value pairs (Qwen3-Coder's ``<parameter=K>``,
+GLM's ``<arg_key>``/``<arg_value>``): the keys the schema names, each value as its type."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..constrain import closed_schema, compact
+from .base import lit
+
+
+def value_rule(rule: str, schema: Any, json_tail: str) -> str:
+    """The Lark rule for one value: text without ``<`` for a string (or a value of no declared
+    type), else JSON of ``schema`` followed by ``json_tail``."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if kind in (None, "string"):
+        return f"{rule}: /[^<]*/"
+    tail = f" {lit(json_tail)}" if json_tail else ""
+    return f"{rule}: %json {json.dumps(compact(closed_schema(schema)))}{tail}"
+
+
+def xml_arguments(
+    i: int, f: dict[str, Any], pair: tuple[str, str, str], json_tail: str = ""
+) -> tuple[str, list[str]]:
+    """The Lark sequence of function ``f``'s arguments, each written ``open KEY mid VALUE
+    close`` (``pair``): required ones in the schema's order, then the optional ones, each
+    optional; and the value rules it uses."""
+    schema = f.get("parameters") or {}
+    props = schema.get("properties") or {}
+    required = [k for k in props if k in (schema.get("required") or [])]
+    optional = [k for k in props if k not in required]
+    parts, rules = [], []
+    for j, key in enumerate(required + optional):
+        rule = f"v_{i}_{j}"
+        rules.append(value_rule(rule, props[key], json_tail))
+        item = f"{lit(pair[0] + key + pair[1])} {rule} {lit(pair[2])}"
+        parts.append(item if key in required else f"({item})?")
+    return " ".join(parts), rules
