@@ -49,7 +49,7 @@ from .responses import Calls, calls_for, split_with
 from .schemas import MAX_STOPS, DraftMax, Lenient, SpeculativeMode
 from .speculation import DEFAULTS, SpeculativeDefaults, speculative_kwargs
 from .sse import collect_answer, failure, start_job
-from .thinking import splitter_for, template_kwargs
+from .thinking import splitter_for, template_kwargs, with_call
 from .worker import Done, Job
 
 log = logging.getLogger("powerinfer_rs.server")
@@ -324,7 +324,7 @@ def prepare(
     if calls is None or not calls.prefix:
         think = splitter_for(engine.loaded.chat_template, prompt, reasoning[0])
     if calls is not None:
-        prompt += calls.prefix
+        prompt = with_call(prompt, calls.prefix)
     spec = speculative_kwargs(engine, req.speculative, req.draft_max, defaults)
     try:
         make = stream_tokens or engine.stream_tokens

@@ -41,7 +41,7 @@ from .responses import Calls, ChunkMaker, Envelope, TokenText, calls_for, full_r
 from .schemas import ChatRequest, CompletionRequest, NamedToolChoice, unsupported_fields
 from .speculation import DEFAULTS, SpeculativeDefaults, speculative_kwargs
 from .sse import collect_answer, event_stream, start_job
-from .thinking import check_format, splitter_for, template_kwargs
+from .thinking import check_format, splitter_for, template_kwargs, with_call
 from .worker import Worker
 
 log = logging.getLogger("powerinfer_rs.server")
@@ -225,7 +225,7 @@ def prepare(
         if calls is None or not calls.prefix:  # a started call is no reasoning
             think = splitter_for(engine.loaded.chat_template, prompt, reasoning[0])
         if calls is not None:
-            prompt += calls.prefix
+            prompt = with_call(prompt, calls.prefix)
         limit = req.token_limit if req.token_limit is not None else engine.n_ctx
     else:
         param, prompt, limit = "prompt", req.prompt, req.token_limit

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runtime.reasoning import FORMATS, Splitter, splitter_of, template_thinks
+from ..runtime.reasoning import CLOSE, FORMATS, Splitter, forced_open, splitter_of, template_thinks
 from .errors import APIError
 
 #: Template variables the server sets itself: ``chat_template_kwargs`` may not name them.
@@ -26,6 +26,14 @@ def splitter_for(template: str | None, prompt: str, fmt: str) -> Splitter | None
     if fmt == "none" or not isinstance(prompt, str) or not template_thinks(template):
         return None
     return splitter_of(template, prompt)
+
+
+def with_call(prompt: str, prefix: str) -> str:
+    """``prompt`` followed by a forced call's ``prefix``; a think block the prompt left open
+    (DeepSeek-R1's ``<think>\n``) is closed first: the call is the answer, not reasoning."""
+    if prefix and forced_open(prompt):
+        prompt += CLOSE + "\n\n"
+    return prompt + prefix
 
 
 def template_kwargs(req: Any, budget: int = -1) -> dict[str, Any]:

@@ -83,11 +83,17 @@ def typed_value(raw: str, schema: Any) -> Any:
 
 def partial_suffix(text: str, markers: tuple[str, ...]) -> int:
     """The length of the longest end of ``text`` that is a proper start of one of
-    ``markers`` (text to hold back while streaming: it may begin one)."""
+    ``markers`` (text to hold back while streaming: it may begin one). Only the last
+    ``len(marker) - 1`` characters are looked at, from each place the marker's first
+    character occurs there (usually none), so a call costs a ``find`` per marker."""
     keep = 0
     for marker in markers:
-        for n in range(min(len(marker) - 1, len(text)), keep, -1):
-            if text.endswith(marker[:n]):
-                keep = n
+        if len(marker) - 1 <= keep:
+            continue
+        at = text.find(marker[0], max(0, len(text) - len(marker) + 1))
+        while at >= 0:
+            if marker.startswith(text[at:]):
+                keep = max(keep, len(text) - at)
                 break
+            at = text.find(marker[0], at + 1)
     return keep

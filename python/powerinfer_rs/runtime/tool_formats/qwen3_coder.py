@@ -23,7 +23,7 @@ from .call import ToolCall, schemas_of, typed_value
 from .xml_args import xml_arguments
 
 MARKERS = ("<tool_call>", "<function=")
-_CALL = re.compile(r"(?:<tool_call>\s*)?<function=([^>\n]+)>(.*?)(?:</function>|$)", re.S)
+_CALL = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", re.S)
 _PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.S)
 
 
@@ -50,7 +50,11 @@ def parse(text: str, tools: list[dict[str, Any]]) -> tuple[str, list[ToolCall]] 
         calls.append(ToolCall(name, args))
     if not calls:
         return None
-    return text[: found[0].start()].strip(), calls
+    start = found[0].start()
+    opening = text.rfind("<tool_call>", 0, start)
+    if opening >= 0 and not text[opening + len("<tool_call>") : start].strip():
+        start = opening
+    return text[:start].strip(), calls
 
 
 def force(tools: list[dict[str, Any]], named: str | None) -> tuple[str, Grammar]:
