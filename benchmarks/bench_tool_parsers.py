@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from test_tool_formats import CALLS, FAMILIES, TOOLS, template, transcript  # noqa: E402
+
 from powerinfer_rs.runtime.reasoning import splitter_of, template_thinks  # noqa: E402
 from powerinfer_rs.runtime.tools import ToolCallStream, tool_format  # noqa: E402
-
-from test_tool_formats import CALLS, FAMILIES, TOOLS, template, transcript  # noqa: E402
 
 PIECE = 4  # characters per piece: about one token of English text
 WORDS = "the weather in paris is mild today and the tool will say more about it ".split()
