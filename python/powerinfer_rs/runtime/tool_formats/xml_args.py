@@ -12,11 +12,14 @@ from .base import lit
 
 def value_rule(rule: str, schema: Any, json_tail: str) -> str:
     """The Lark rule for one value: text without ``<`` for a string (or a value of no declared
-    type), else JSON of ``schema`` followed by ``json_tail``."""
+    type), a boolean as JSON or as Jinja prints Python's (``True``: Qwen3-Coder's template
+    writes them so), else JSON of ``schema``; a non-string followed by ``json_tail``."""
     kind = schema.get("type") if isinstance(schema, dict) else None
     if kind in (None, "string"):
         return f"{rule}: /[^<]*/"
     tail = f" {lit(json_tail)}" if json_tail else ""
+    if kind == "boolean":
+        return f'{rule}: ("true" | "false" | "True" | "False"){tail}'
     return f"{rule}: %json {json.dumps(compact(closed_schema(schema)))}{tail}"
 
 
