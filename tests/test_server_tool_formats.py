@@ -14,7 +14,6 @@ import pytest
 from test_tool_formats import ASK, CALLS, THOUGHT, TOOLS, render, template, transcript
 
 from powerinfer_rs.runtime.generation import GenerationStats
-from powerinfer_rs.runtime.reasoning import reply_of
 from powerinfer_rs.runtime.streaming import TokenStep, TokenStream
 
 FINAL = "It is sunny in Paris."
@@ -158,11 +157,16 @@ def test_messages_answer_thinking_then_tool_use_blocks(family, server, name):
             assert r.content[0].thinking == THOUGHT
 
 
-def test_the_python_apis_reply_keeps_gpt_oss_analysis_apart():
-    tpl = template("gpt-oss")
-    prompt = render(tpl, ASK, True)
+def test_engine_chat_keeps_gpt_oss_analysis_apart(server, monkeypatch):
+    """The Python API's :class:`ChatReply` on the real gpt-oss template: the prompt ends with
+    the generation prompt, the analysis channel is ``reasoning``, the final one the reply."""
+    eng = server.engine
     text = f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant<|channel|>final" \
            f"<|message|>{FINAL}"  # fmt: skip
-    reply = reply_of(tpl, prompt, text)
+    seen = []
+    monkeypatch.setattr(eng.loaded, "chat_template", template("gpt-oss"))
+    monkeypatch.setattr(eng, "generate", lambda prompt, **kw: seen.append(prompt) or text)
+    reply = eng.chat(ASK, max_new_tokens=4)
+    assert seen[0].endswith("<|start|>assistant") and "<|channel|>" in seen[0]
     assert (str(reply), reply.reasoning) == (FINAL, THOUGHT)
-    assert reply_of(tpl, prompt, text, "none") == text
+    assert eng.chat(ASK, reasoning_format="none") == text
