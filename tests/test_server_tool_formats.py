@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_tool_formats import ASK, CALLS, THOUGHT, TOOLS, render, template, transcript
+from test_tool_formats import ASK, CALLS, THOUGHT, TOOLS, template, transcript
 
 from powerinfer_rs.runtime.generation import GenerationStats
 from powerinfer_rs.runtime.streaming import TokenStep, TokenStream
