@@ -80,10 +80,11 @@ def one_call(
 
 
 def json_forcer(opening: str, head: Callable[[str], str], tail: str = "") -> Forcer:
-    """A forcer for a family whose arguments are JSON: the prompt ends with ``opening`` (and,
-    for a named call, the Lark-free text ``head(name)`` rendered as text: the call's start up
-    to its arguments); for any tool the grammar writes ``head(name)`` itself. ``head`` gives
-    Lark text; ``tail`` (Lark) follows the arguments."""
+    """A forcer for a family whose arguments are JSON. ``head(name)`` is the Lark text of a
+    call's start after ``opening`` up to its arguments (literals and ``<special>`` tokens),
+    ``tail`` the Lark text after them. A named call's prompt ends with ``opening`` and the text
+    of its head, and the grammar is its arguments and tail; for any tool the prompt ends with
+    ``opening`` and the grammar writes one of the heads, then that tool's arguments."""
 
     def force(tools: list[dict[str, Any]], named: str | None) -> tuple[str, Grammar]:
         def build(i: int, f: dict[str, Any], any_tool: bool) -> tuple[str, list[str]]:

@@ -19,14 +19,15 @@ from .call import ToolCall, schemas_of, typed_value
 from .xml_args import xml_arguments
 
 MARKERS = ("<tool_call>",)
-_CALL = re.compile(r"<tool_call>\s*([^\n<]*?)\s*(?=<arg_key>|</tool_call>|\n|$)(.*?)"
-                   r"(?:</tool_call>|$)", re.S)  # fmt: skip
+_CALL = re.compile(r"<tool_call>\s*([^\n<]*?)\s*(?=<arg_key>|</tool_call>|\n)(.*?)</tool_call>",
+                   re.S)  # fmt: skip
 _ARG = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)(?:</arg_value>|$)", re.S)
 
 
 def parse(text: str, tools: list[dict[str, Any]]) -> tuple[str, list[ToolCall]] | None:
     """``(content, calls)`` of GLM calls, or None (a ``<tool_call>`` holding JSON is a Hermes
-    call: left to the JSON family)."""
+    call: left to the JSON family). A call must be closed: one cut off (by ``max_tokens``)
+    could miss arguments."""
     schemas = schemas_of(tools)
     found = list(_CALL.finditer(text))
     calls = []

@@ -23,7 +23,7 @@ from .call import ToolCall, schemas_of, typed_value
 from .xml_args import xml_arguments
 
 MARKERS = ("<tool_call>", "<function=")
-_CALL = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|$)", re.S)
+_CALL = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
 _PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|$)", re.S)
 
 
@@ -34,7 +34,8 @@ def _value(raw: str) -> str:
 
 
 def parse(text: str, tools: list[dict[str, Any]]) -> tuple[str, list[ToolCall]] | None:
-    """``(content, calls)`` of Qwen3-Coder calls, or None."""
+    """``(content, calls)`` of Qwen3-Coder calls, or None. A call must be closed
+    (``</function>``): one cut off (by ``max_tokens``) could miss arguments."""
     schemas = schemas_of(tools)
     found = list(_CALL.finditer(text))
     calls = []
