@@ -235,3 +235,13 @@ def test_the_forced_grammar_accepts_the_templates_own_call(server, name, named):
     ids = tok.encode(rest, add_bos=False, special=False)
     assert m.consume_tokens(ids), (rest, m.get_error())
     assert m.is_accepting(), rest
+
+
+@pytest.mark.parametrize(("name", "closing"), [("qwen3-coder", "</function>"),
+                                               ("glm-4.6", "</tool_call>")])  # fmt: skip
+def test_an_xml_call_cut_off_before_its_closing_tag_is_no_call(name, closing):
+    prompt, text = transcript(name, CALLS[:1])
+    cut = text[: text.rindex(closing)]
+    fmt = tool_format(template(name))
+    assert parse_tool_calls(text, TOOLS, fmt)[1]
+    assert parse_tool_calls(cut, TOOLS, fmt) == (cut, [])
