@@ -51,7 +51,7 @@ def family(server, monkeypatch):
 def _chat(server, stream: bool, **kw):
     """``(reasoning, content, calls, finish reason, content deltas)`` of a chat request."""
     c = server.client()
-    kw = dict(model="m", messages=ASK, tools=TOOLS, max_tokens=64, **kw)
+    kw = dict(model="smollm2", messages=ASK, tools=TOOLS, max_tokens=64, **kw)
     if not stream:
         ch = c.chat.completions.create(**kw).choices[0]
         calls = [(t.function.name, json.loads(t.function.arguments))
@@ -144,7 +144,7 @@ def test_messages_answer_thinking_then_tool_use_blocks(family, server, name):
     _, text = transcript(name, CALLS[:1], THOUGHT if thinks else "")
     family(name, text)
     client = _anthropic(server)
-    kw = dict(model="m", max_tokens=64, messages=ASK, tools=ANTHROPIC_TOOLS)
+    kw = dict(model="smollm2", max_tokens=64, messages=ASK, tools=ANTHROPIC_TOOLS)
     whole = client.messages.create(**kw)
     with client.messages.stream(**kw) as stream:
         streamed = stream.get_final_message()
@@ -167,6 +167,7 @@ def test_engine_chat_keeps_gpt_oss_analysis_apart(server, monkeypatch):
     monkeypatch.setattr(eng.loaded, "chat_template", template("gpt-oss"))
     monkeypatch.setattr(eng, "generate", lambda prompt, **kw: seen.append(prompt) or text)
     reply = eng.chat(ASK, max_new_tokens=4)
-    assert seen[0].endswith("<|start|>assistant") and "<|channel|>" in seen[0]
+    assert seen[0].endswith("<|start|>user<|message|>What is the weather in Paris?<|end|>"
+                           "<|start|>assistant")
     assert (str(reply), reply.reasoning) == (FINAL, THOUGHT)
     assert eng.chat(ASK, reasoning_format="none") == text

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..constrain import Grammar, check_tool_schemas, closed_schema, compact
+from ..constrain import Grammar, check_tool_schemas, closed_schema
 from .call import ToolCall, function_specs
 
 #: A family's parser: ``(content, calls)`` of a whole answer, or None where it makes no call
@@ -54,10 +54,24 @@ def lit(text: str) -> str:
     return json.dumps(text)
 
 
+#: llguidance's JSON layout for arguments: one fixed layout (free whitespace lets a small model
+#: write blank lines forever), the one the templates write past calls in (``tojson``: ", "
+#: and ": "), so a constrained call reads as the model was trained on.
+TEMPLATE_JSON = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def schema_text(schema: Any) -> str:
+    """``schema`` (closed as OpenAI's strict mode) as Lark's ``%json`` takes it, in
+    :data:`TEMPLATE_JSON`'s layout unless it sets its own."""
+    out = closed_schema(schema)
+    if isinstance(out, dict) and "x-guidance" not in out:
+        out = {**out, "x-guidance": TEMPLATE_JSON}
+    return json.dumps(out)
+
+
 def json_rule(i: int, f: dict[str, Any]) -> str:
     """The Lark rule ``args_i``: the arguments of function ``f`` as its (closed) schema."""
-    schema = compact(closed_schema(f.get("parameters") or {"type": "object"}))
-    return f"args_{i}: %json {json.dumps(schema)}"
+    return f"args_{i}: %json {schema_text(f.get('parameters') or {'type': 'object'})}"
 
 
 def one_call(

@@ -3,11 +3,9 @@ GLM's ``<arg_key>``/``<arg_value>``): the keys the schema names, each value as i
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from ..constrain import closed_schema, compact
-from .base import lit
+from .base import lit, schema_text
 
 
 def value_rule(rule: str, schema: Any, json_tail: str) -> str:
@@ -20,7 +18,7 @@ def value_rule(rule: str, schema: Any, json_tail: str) -> str:
     tail = f" {lit(json_tail)}" if json_tail else ""
     if kind == "boolean":
         return f'{rule}: ("true" | "false" | "True" | "False"){tail}'
-    return f"{rule}: %json {json.dumps(compact(closed_schema(schema)))}{tail}"
+    return f"{rule}: %json {schema_text(schema)}{tail}"
 
 
 def xml_arguments(
