@@ -21,6 +21,8 @@ from .tool_formats.harmony import ENDS, MESSAGE, call_text
 _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
 _RECIPIENT = re.compile(r"\bto=([^\s<]+)")
 _LONGEST_END = max(len(e) for e in ENDS)
+#: A header longer than this (no ``<|message|>`` yet) is not one: the text is plain.
+LONGEST_HEADER = 256
 
 
 def _may_be_header(head: str) -> bool:
@@ -65,7 +67,7 @@ class HarmonySplitter:
             at = self.buf.find(MESSAGE)
             if at < 0:
                 head = self.buf.lstrip()
-                if head and not _may_be_header(head):
+                if head and (not _may_be_header(head) or len(head) > LONGEST_HEADER):
                     self.state = "plain"
                     return True
                 return False
