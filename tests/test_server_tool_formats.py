@@ -125,6 +125,8 @@ def test_a_named_call_is_started_and_constrained_in_the_familys_syntax(
     choice = {"type": "function", "function": {"name": "get_weather"}}
     _, content, calls, reason, _ = _chat(server, stream, tool_choice=choice)
     assert script.prompt.endswith(opening)
+    if name == "deepseek-r1":  # the prompt's open think block is closed before the call
+        assert script.prompt.endswith("<think>\n</think>\n\n" + opening)
     assert script.grammar is not None and script.grammar.kind == "lark"
     assert (content, calls, reason) == ("", [("get_weather", args)], "tool_calls")
 
