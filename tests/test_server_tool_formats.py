@@ -120,7 +120,7 @@ def test_a_named_call_is_started_and_constrained_in_the_familys_syntax(
 ):
     args = {"city": "Paris", "days": 3, "metric": True}
     _, text = transcript(name, CALLS[:1])
-    rest = text[text.index(opening) + len(opening):] if opening in text else json.dumps(args)
+    rest = text[text.index(opening) + len(opening) :] if opening in text else json.dumps(args)
     script = family(name, rest)
     choice = {"type": "function", "function": {"name": "get_weather"}}
     _, content, calls, reason, _ = _chat(server, stream, tool_choice=choice)
@@ -169,7 +169,8 @@ def test_engine_chat_keeps_gpt_oss_analysis_apart(server, monkeypatch):
     monkeypatch.setattr(eng.loaded, "chat_template", template("gpt-oss"))
     monkeypatch.setattr(eng, "generate", lambda prompt, **kw: seen.append(prompt) or text)
     reply = eng.chat(ASK, max_new_tokens=4)
-    assert seen[0].endswith("<|start|>user<|message|>What is the weather in Paris?<|end|>"
-                           "<|start|>assistant")
+    assert seen[0].endswith(
+        "<|start|>user<|message|>What is the weather in Paris?<|end|><|start|>assistant"
+    )
     assert (str(reply), reply.reasoning) == (FINAL, THOUGHT)
     assert eng.chat(ASK, reasoning_format="none") == text

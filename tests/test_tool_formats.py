@@ -164,8 +164,10 @@ def test_gpt_oss_as_the_model_writes_it_analysis_then_a_call_or_a_final_answer()
     without calls is its final channel, the analysis its reasoning."""
     name, prompt = "gpt-oss", render(template("gpt-oss"), ASK, True)
     assert prompt.endswith("<|start|>assistant")
-    text = (f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant<|channel|>"
-            'commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}')
+    text = (
+        f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant<|channel|>"
+        'commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Paris"}'
+    )
     assert split(name, prompt, text)[:3] == (THOUGHT, "", [("get_weather", {"city": "Paris"})])
     final = f"<|channel|>analysis<|message|>{THOUGHT}<|end|><|start|>assistant<|channel|>final" \
             "<|message|>It is sunny in Paris."  # fmt: skip
@@ -203,7 +205,7 @@ def test_a_forced_call_starts_in_the_familys_syntax(name, named):
     at = text.find(prefix.split("\n")[0][:12]) if name != "gpt-oss" else 0
     if name != "gpt-oss":
         assert text[at:].startswith(prefix), (text, prefix)
-        rest = text[at + len(prefix):]
+        rest = text[at + len(prefix) :]
     else:  # the model's form (the recipient after the channel), as the prefix writes it
         rest = ("get_weather <|constrain|>json<|message|>" if named is None else "") + \
             json.dumps(ARGS)  # fmt: skip
@@ -226,7 +228,7 @@ def test_the_forced_grammar_accepts_the_templates_own_call(server, name, named):
     _, text = transcript(name, CALLS[:1])
     prefix, grammar = fmt.force(TOOLS, named)
     at = text.index(prefix)
-    rest = text[at + len(prefix):]
+    rest = text[at + len(prefix) :]
     if name == "deepseek-r1":
         rest = rest.split("<｜tool▁call▁end｜>")[0]
     tok = server.engine.tokenizer

@@ -32,6 +32,8 @@ FALLBACK_PROMPT = (
     "for each call and nothing else; the results come back in <tool_response> tags. "
     "The functions:\n"
 )
+
+
 def template_takes_tools(template: str | None) -> bool:
     """Whether a chat template reads a ``tools`` variable."""
     return template is not None and re.search(r"\btools\b", template) is not None

@@ -59,6 +59,7 @@ _INTRO = "You can call the following functions to answer the user (as JSON schem
 PROMPT_R1 = _INTRO + "{tools}\n\nTo call them, answer exactly in this syntax:\n" + _EXAMPLE_R1
 PROMPT_V31 = _INTRO + "{tools}\n\nTo call them, answer exactly in this syntax:\n" + _EXAMPLE_V31
 
+
 def history(m: dict[str, Any]) -> dict[str, Any]:
     """A past call message as DeepSeek's templates take it: arguments as JSON text."""
     calls = [{**c, "function": {**c["function"],
