@@ -86,3 +86,37 @@ def test_engine_chat_of_a_template_that_does_not_think_is_unchanged(eng):
     assert reply.reasoning == "" and reply == eng.generate(
         eng.format_chat([{"role": "user", "content": "hi"}]), max_new_tokens=3, temperature=0
     )
+
+
+# -- gpt-oss harmony -------------------------------------------------------------------------
+
+HARMONY = [
+    # (model output after "<|start|>assistant", reasoning, content)
+    ("<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>"
+     "Hi!", "Think.", "Hi!"),
+    ("<|channel|>final<|message|>Hi <|en", "", "Hi <|en"),  # a cut-off tag is text at the end
+    ("<|channel|>analysis<|message|>Still thinking", "Still thinking", ""),  # cut off
+    ("Plain text, no channels.", "", "Plain text, no channels."),
+    ("<|channel|>commentary<|message|>Let me look.<|end|><|start|>assistant<|channel|>final"
+     "<|message|>Done.", "", "Let me look.Done."),  # a preamble to the user is content
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "reasoning", "content"), HARMONY)
+def test_harmony_channels_split_whole_and_at_every_boundary(text, reasoning, content):
+    from powerinfer_rs.runtime.harmony import HarmonySplitter
+
+    def run(pieces):
+        s = HarmonySplitter()
+        r, c = "", ""
+        for p in pieces:
+            dr, dc = s.push(p)
+            assert "<|end|>" not in dc + dr and "<|message|>" not in dc + dr
+            r, c = r + dr, c + dc
+        dr, dc = s.finish()
+        return r + dr, c + dc
+
+    assert run([text]) == (reasoning, content)
+    for i in range(len(text) + 1):
+        assert run([text[:i], text[i:]]) == (reasoning, content), i
+    assert run(list(text)) == (reasoning, content)

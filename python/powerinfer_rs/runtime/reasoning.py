@@ -1,5 +1,6 @@
 """Reasoning kept apart from the answer for ``<think>`` models (DeepSeek-R1 distills, Qwen3,
-GLM), as llama.cpp's ``--reasoning-format auto`` does.
+GLM) and gpt-oss (its harmony ``analysis`` channel: :mod:`.harmony`), as llama.cpp's
+``--reasoning-format auto`` does.
 
 A model's output is split into ``(reasoning, content)``: the text inside ``<think>…</think>``
 is the reasoning, the rest the answer. A *forced-open* template ends the prompt with
@@ -11,8 +12,13 @@ incrementally for streams and never emits part of a tag.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Union
+
+from .harmony import HarmonySplitter
 
 OPEN = "<think>"
+#: What marks a harmony (gpt-oss) template.
+HARMONY = "<|channel|>"
 CLOSE = "</think>"
 
 #: The values ``--reasoning-format`` takes.
@@ -20,8 +26,17 @@ FORMATS = ("auto", "none")
 
 
 def template_thinks(template: str | None) -> bool:
-    """Whether a chat template is a ``<think>`` template (its text names the tag)."""
-    return template is not None and OPEN in template
+    """Whether a chat template is a thinking one: a ``<think>`` template (its text names the
+    tag) or a harmony one (gpt-oss: it names ``<|channel|>``)."""
+    return template is not None and (OPEN in template or HARMONY in template)
+
+
+def splitter_of(template: str | None, prompt: str) -> Splitter:
+    """A fresh splitter for an answer to ``prompt`` rendered from a thinking ``template``:
+    harmony's, or a ``<think>`` one (opened when the prompt left a block open)."""
+    if template is not None and HARMONY in template:
+        return HarmonySplitter()
+    return ReasoningSplitter(opened=forced_open(prompt))
 
 
 def forced_open(prompt: str) -> bool:
@@ -67,6 +82,10 @@ class ReasoningSplitter:
         self.state = "think" if self.opened else "start"
         self.buf = ""
         self.lead = True  # the newline right after a tag is not shown
+
+    def fresh(self) -> ReasoningSplitter:
+        """A new splitter of the same kind (for a whole answer)."""
+        return ReasoningSplitter(self.opened)
 
     def push(self, text: str) -> tuple[str, str]:
         """Take ``text``; return the reasoning and content deltas now certain."""
@@ -135,6 +154,10 @@ class ReasoningSplitter:
         return "", rest
 
 
+#: Either splitter: both have ``push``, ``finish`` and ``fresh``.
+Splitter = Union[ReasoningSplitter, HarmonySplitter]
+
+
 class ChatReply(str):
     """What :meth:`~.engine.Engine.chat` returns: the answer (the string itself, the
     reasoning left out) with the ``reasoning`` apart (``""`` when the model did not think or
@@ -158,5 +181,7 @@ def reply_of(template: str | None, prompt: str, text: str, fmt: str = "auto") ->
     ``template``): split when ``fmt`` is ``auto`` and the template thinks."""
     if fmt == "none" or not template_thinks(template):
         return ChatReply(text)
-    reasoning, content = split_reasoning(text, forced_open(prompt))
-    return ChatReply(content, reasoning)
+    s = splitter_of(template, prompt)
+    r1, c1 = s.push(text)
+    r2, c2 = s.finish()
+    return ChatReply(c1 + c2, r1 + r2)

@@ -6,24 +6,24 @@ plain ChatML) gets :data:`FALLBACK_PROMPT` in the system message, asking for Her
 (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``); earlier calls and results in the
 history are then written the same way (results as ``<tool_response>`` in a user turn).
 
-Output: :func:`parse_tool_calls` reads the conventions of the shipped templates:
-- Hermes / Qwen: ``<tool_call>{json}</tool_call>``, one per call (a last one may be cut off by
-  the end of the text);
-- Mistral: ``[TOOL_CALLS]`` then a JSON list of calls;
-- Llama 3.x: ``<|python_tag|>`` then JSON calls separated by ``;``, or the whole answer one JSON
-  object ``{"name": ..., "parameters": {...}}``.
-A call must name one of the given tools and carry a JSON object of arguments; anything else
-stays text. :class:`ToolCallStream` does the same while streaming: text before a call is shown
-at once, a call is held back until it is complete.
+Output: :func:`parse_tool_calls` reads the calls in the template's family (:mod:`.tool_formats`:
+Qwen3-Coder and GLM XML, DeepSeek R1/V3.1, Kimi-K2, gpt-oss harmony), and the JSON conventions
+(Hermes/Qwen ``<tool_call>``, Mistral ``[TOOL_CALLS]``, Llama 3) for any template. A call must
+name one of the given tools and carry an object of arguments; anything else stays text.
+:class:`ToolCallStream` does the same while streaming: text before a call is shown at once, a
+call is held back until the answer ends. A template of a known family that renders no tools
+(DeepSeek's) gets the tools described in its family's syntax in the system message.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import re
-from dataclasses import dataclass
 from typing import Any
+
+from .tool_formats import ToolCall, ToolFormat, format_of, function_specs
+from .tool_formats.call import partial_suffix
+from .tool_formats.json_calls import GENERIC
 
 #: The system prompt a template without tool support gets (the tools' JSON follows).
 FALLBACK_PROMPT = (
@@ -32,34 +32,6 @@ FALLBACK_PROMPT = (
     "for each call and nothing else; the results come back in <tool_response> tags. "
     "The functions:\n"
 )
-#: What starts a call in each convention.
-MARKERS = ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>")
-
-_ids = itertools.count(1)
-
-
-@dataclass
-class ToolCall:
-    """One call: the function's name, its arguments and an id for the tool's answer."""
-
-    name: str
-    arguments: dict[str, Any]
-    id: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.id:
-            self.id = f"call_{next(_ids):08d}"
-
-    def openai(self, index: int | None = None) -> dict[str, Any]:
-        """As an OpenAI ``tool_calls`` entry (``index`` for a streamed delta)."""
-        out: dict[str, Any] = {
-            "id": self.id,
-            "type": "function",
-            "function": {"name": self.name, "arguments": json.dumps(self.arguments)},
-        }
-        if index is not None:
-            out = {"index": index, **out}
-        return out
 
 
 def template_takes_tools(template: str | None) -> bool:
@@ -67,9 +39,9 @@ def template_takes_tools(template: str | None) -> bool:
     return template is not None and re.search(r"\btools\b", template) is not None
 
 
-def function_specs(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ``function`` part of each OpenAI tool."""
-    return [t.get("function", t) for t in tools]
+def tool_format(template: str | None) -> ToolFormat:
+    """The tool-call family of a chat template (:func:`.tool_formats.format_of`)."""
+    return format_of(template, template_takes_tools(template))
 
 
 def _arguments(value: Any) -> dict[str, Any]:
@@ -147,9 +119,14 @@ def prompt_messages(
     messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, template: str | None
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """``(messages, template variables)`` for a conversation with ``tools`` (None: none); a
-    history whose calls and results do not add up is refused (:func:`check_tool_history`)."""
+    history whose calls and results do not add up is refused (:func:`check_tool_history`).
+    Past calls stay structured (``tool_calls`` with arguments as objects) for a template that
+    renders them; else they are written as Hermes calls."""
     check_tool_history(messages)
-    native = template_takes_tools(template)
+    renders = template_takes_tools(template)
+    fmt = format_of(template, renders)
+    prompt = fmt.prompt  # a family's own words for its tools
+    native = renders or bool(prompt)
     out: list[dict[str, Any]] = []
     for m in messages:
         m = dict(m)
@@ -165,6 +142,7 @@ def prompt_messages(
                     {"type": "function", "id": c.get("id"), "function": f}
                     for c, f in zip(calls, fns)
                 ]
+                m = fmt.past_calls(m)
             else:
                 text = "\n".join(f"<tool_call>{json.dumps(f)}</tool_call>" for f in fns)
                 m = {
@@ -179,116 +157,84 @@ def prompt_messages(
         out.append(m)
     if not tools:
         return out, {}
-    if native:
+    if renders:
         return out, {"tools": tools}
     spec = "\n".join(json.dumps(f) for f in function_specs(tools))
+    intro = prompt.replace("{tools}", spec) if prompt else FALLBACK_PROMPT + spec
     if out and out[0].get("role") == "system":
         out[0] = {
             "role": "system",
-            "content": f"{out[0].get('content') or ''}\n\n{FALLBACK_PROMPT}{spec}",
+            "content": f"{out[0].get('content') or ''}\n\n{intro}",
         }
     else:
-        out.insert(0, {"role": "system", "content": FALLBACK_PROMPT + spec})
+        out.insert(0, {"role": "system", "content": intro})
     return out, {}
 
 
-def _call(obj: Any, names: set[str]) -> ToolCall | None:
-    if not isinstance(obj, dict) or obj.get("name") not in names:
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return None
-    return ToolCall(obj["name"], args) if isinstance(args, dict) else None
-
-
-def _json_values(text: str) -> list[Any]:
-    """The JSON values at the start of ``text`` one after another (separated by whitespace,
-    ``;`` or ``,``); stops at the first thing that is not one."""
-    dec = json.JSONDecoder()
-    out, i = [], 0
-    while True:
-        while i < len(text) and text[i] in " \t\r\n;,":
-            i += 1
-        if i >= len(text):
-            return out
-        try:
-            value, i = dec.raw_decode(text, i)
-        except json.JSONDecodeError:
-            return out
-        out.append(value)
-
-
-def parse_tool_calls(text: str, tools: list[dict[str, Any]]) -> tuple[str, list[ToolCall]]:
+def parse_tool_calls(
+    text: str, tools: list[dict[str, Any]], fmt: ToolFormat = GENERIC
+) -> tuple[str, list[ToolCall]]:
     """``(content, calls)``: the text before the first call and the calls ``text`` makes of
-    ``tools`` (see the module doc); ``(text, [])`` when it makes none."""
-    names = {f.get("name") for f in function_specs(tools)}
-    hermes = list(re.finditer(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", text, re.S))
-    if hermes:
-        calls = [_call(v, names) for m in hermes for v in _json_values(m.group(1))[:1]]
-        if calls and all(calls):
-            return text[: hermes[0].start()].strip(), calls  # type: ignore[return-value]
-    for marker in ("[TOOL_CALLS]", "<|python_tag|>"):
-        at = text.find(marker)
-        if at >= 0:
-            values = _json_values(text[at + len(marker) :])
-            if len(values) == 1 and isinstance(values[0], list):
-                values = values[0]
-            calls = [_call(v, names) for v in values]
-            if calls and all(calls):
-                return text[:at].strip(), calls  # type: ignore[return-value]
-    stripped = text.strip()
-    if stripped.startswith("{"):
-        values = _json_values(stripped)
-        calls = [_call(v, names) for v in values]
-        if calls and all(calls):
-            return "", calls  # type: ignore[return-value]
+    ``tools`` in family ``fmt`` or a JSON convention (see the module doc); ``(text, [])``
+    when it makes none."""
+    for family in (fmt, GENERIC) if fmt is not GENERIC else (GENERIC,):
+        got = family.parse(text, tools)
+        if got is not None:
+            return got
     return text, []
 
 
 class ToolCallStream:
     """Streamed text with tools: :meth:`push` returns what can be shown as content now (text
-    before any call marker, and never the start of one); :meth:`finish` parses the whole
-    answer and returns ``(content still to show, calls)``."""
+    before any call marker of family ``fmt`` or the JSON conventions, and never the start of
+    one); :meth:`finish` parses the whole answer and returns ``(content still to show,
+    calls)``. Each push looks only at the text not shown yet (a few characters: what may
+    start a marker), and at nothing once a call began, so its cost per token is constant."""
 
-    def __init__(self, tools: list[dict[str, Any]]):
+    def __init__(self, tools: list[dict[str, Any]], fmt: ToolFormat = GENERIC):
         self.tools = tools
-        self.text = ""
+        self.fmt = fmt
+        self.markers = tuple(dict.fromkeys(fmt.markers + GENERIC.markers))
+        self.parts: list[str] = []
+        self.rest = ""  # the text after what was shown, until a call begins
         self.shown = 0
         self.holding = False
 
     def push(self, piece: str) -> str:
-        self.text += piece
+        """Take ``piece``; return the content that can be shown now."""
         if self.holding:
+            self.parts.append(piece)
             return ""
-        if not self.text[self.shown :].strip() and self.shown == 0:
+        rest = self.rest + piece
+        if self.shown == 0 and not rest.strip():
+            self.rest = rest
             return ""
-        if self.shown == 0 and self.text.lstrip().startswith("{"):
-            self.holding = True  # perhaps a Llama 3 call: wait for the whole answer
-            return ""
-        rest = self.text[self.shown :]
-        for marker in MARKERS:
+        if self.shown == 0 and self.fmt.holds_json and rest.lstrip().startswith("{"):
+            return self._hold(rest, 0)  # perhaps a Llama 3 call: wait for the whole answer
+        for marker in self.markers:
             at = rest.find(marker)
             if at >= 0:
-                self.holding = True
-                return self._show(at)
-        keep = 0
-        for marker in MARKERS:
-            for n in range(min(len(marker) - 1, len(rest)), 0, -1):
-                if rest.endswith(marker[:n]):
-                    keep = max(keep, n)
-                    break
-        return self._show(len(rest) - keep)
+                return self._hold(rest, at)
+        n = len(rest) - partial_suffix(rest, self.markers)
+        self.rest = rest[n:]
+        return self._shown(rest[:n])
 
-    def _show(self, n: int) -> str:
-        out = self.text[self.shown : self.shown + n]
-        self.shown += n
-        return out
+    def _hold(self, rest: str, at: int) -> str:
+        self.holding = True
+        self.rest = ""
+        shown = self._shown(rest[:at])
+        self.parts.append(rest[at:])
+        return shown
+
+    def _shown(self, text: str) -> str:
+        self.parts.append(text)
+        self.shown += len(text)
+        return text
 
     def finish(self) -> tuple[str, list[ToolCall]]:
-        content, calls = parse_tool_calls(self.text, self.tools)
+        """The answer's end: the content not shown yet and the calls."""
+        text = "".join(self.parts) + self.rest
+        content, calls = parse_tool_calls(text, self.tools, self.fmt)
         if not calls:
-            return self.text[self.shown :], []
+            return text[self.shown :], []
         return content[self.shown :] if len(content) > self.shown else "", calls

@@ -40,7 +40,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from ..errors import PowerInferError
 from ..runtime.chat import ChatTemplateError
 from ..runtime.constrain import GrammarError
-from ..runtime.reasoning import ReasoningSplitter
+from ..runtime.reasoning import Splitter
 from ..runtime.streaming import TokenStream
 from ..runtime.tools import ToolCall
 from .anthropic_blocks import BlockStream, blocks, event
@@ -50,7 +50,7 @@ from .responses import Calls, calls_for, split_with
 from .schemas import MAX_STOPS, DraftMax, Lenient, SpeculativeMode
 from .speculation import DEFAULTS, SpeculativeDefaults, speculative_kwargs
 from .sse import collect_answer, failure, start_job
-from .thinking import splitter_for, template_kwargs
+from .thinking import splitter_for, template_kwargs, with_call
 from .timings import timings
 from .worker import Done, Job
 
@@ -300,7 +300,7 @@ def prepare(
     defaults: SpeculativeDefaults = DEFAULTS,
     stream_tokens: Callable[..., TokenStream] | None = None,
     reasoning: tuple[str, int] = ("auto", -1),
-) -> tuple[TokenStream, int, Calls | None, ReasoningSplitter | None]:
+) -> tuple[TokenStream, int, Calls | None, Splitter | None]:
     """The request's token stream, its prompt's token count, its tools and its reasoning
     splitter (runs in a thread); ``defaults``: the server's speculative decoding options;
     ``stream_tokens``: what makes the stream (default: the engine's own); ``reasoning``: the
@@ -326,7 +326,7 @@ def prepare(
     if calls is None or not calls.prefix:
         think = splitter_for(engine.loaded.chat_template, prompt, reasoning[0])
     if calls is not None:
-        prompt += calls.prefix
+        prompt = with_call(prompt, calls.prefix)
     spec = speculative_kwargs(engine, req.speculative, req.draft_max, defaults)
     try:
         make = stream_tokens or engine.stream_tokens
@@ -394,7 +394,7 @@ async def events(
     inputs: int,
     watcher: asyncio.Task,
     calls: Calls | None,
-    think: ReasoningSplitter | None = None,
+    think: Splitter | None = None,
 ) -> AsyncIterator[bytes]:
     """The streamed answer in Anthropic's events: a ``thinking`` block (the reasoning) and a
     text block, each opened at its first text, then one ``tool_use`` block per call (its

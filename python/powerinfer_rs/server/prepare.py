@@ -10,7 +10,7 @@ from ..errors import PowerInferError
 from ..runtime.chat import ChatTemplateError
 from ..runtime.constrain import GrammarError
 from ..runtime.engine import Engine
-from ..runtime.reasoning import ReasoningSplitter
+from ..runtime.reasoning import Splitter
 from ..runtime.streaming import TokenStream
 from .constraints import response_grammar
 from .echo import echo_stream
@@ -18,7 +18,7 @@ from .errors import APIError, from_engine
 from .responses import Calls, calls_for
 from .schemas import ChatRequest, CompletionRequest, NamedToolChoice
 from .speculation import DEFAULTS, SpeculativeDefaults, speculative_kwargs
-from .thinking import splitter_for, template_kwargs
+from .thinking import splitter_for, template_kwargs, with_call
 
 
 def tool_setup(engine: Engine, req: ChatRequest) -> Calls | None:
@@ -42,7 +42,7 @@ def prepare(
     defaults: SpeculativeDefaults = DEFAULTS,
     stream_tokens: Callable[..., TokenStream] | None = None,
     reasoning: tuple[str, int] = ("auto", -1),
-) -> tuple[TokenStream, Calls | None, ReasoningSplitter | None]:
+) -> tuple[TokenStream, Calls | None, Splitter | None]:
     """Check the request against the engine and make its token stream (runs in a thread: it
     renders the chat template and tokenizes; it does not touch the context); ``defaults``: the
     server's speculative decoding options; ``stream_tokens``: what makes the stream (default:
@@ -66,7 +66,7 @@ def prepare(
         if calls is None or not calls.prefix:  # a started call is no reasoning
             think = splitter_for(engine.loaded.chat_template, prompt, reasoning[0])
         if calls is not None:
-            prompt += calls.prefix
+            prompt = with_call(prompt, calls.prefix)
         limit = req.token_limit if req.token_limit is not None else engine.n_ctx
     else:
         param, prompt, limit = "prompt", req.prompt, req.token_limit

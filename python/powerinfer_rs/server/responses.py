@@ -3,17 +3,18 @@ completions, usage, finish reasons and log-probabilities."""
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from ..runtime.constrain import Grammar, GrammarError, check_tool_schemas, tool_call_grammar
-from ..runtime.reasoning import ReasoningSplitter
+from ..runtime.constrain import Grammar, GrammarError, check_tool_schemas
+from ..runtime.reasoning import Splitter
 from ..runtime.streaming import TokenStep
 from ..runtime.tokenizer import Tokenizer
-from ..runtime.tools import ToolCall, ToolCallStream, parse_tool_calls, template_takes_tools
+from ..runtime.tool_formats import ToolFormat
+from ..runtime.tool_formats.json_calls import GENERIC
+from ..runtime.tools import ToolCall, ToolCallStream, parse_tool_calls, tool_format
 from .timings import timings
 from .worker import Done
 
@@ -25,23 +26,25 @@ class Calls:
     continues as ``grammar`` allows (the call's arguments as the tool's schema).
     ``first_only`` (``parallel_tool_calls: false``): the model may write several calls in one
     answer and the parsers read them all, so only the first is returned (calls are returned at
-    the answer's end, streamed or not, so none has been sent before)."""
+    the answer's end, streamed or not, so none has been sent before). ``fmt``: the family the
+    template writes calls in (:mod:`..runtime.tool_formats`)."""
 
     tools: list[dict[str, Any]]
     prefix: str = ""
     grammar: Grammar | None = None  # the rest of a required call, constrained
     first_only: bool = False
+    fmt: ToolFormat = GENERIC
     stream: ToolCallStream = field(init=False)
 
     def __post_init__(self) -> None:
-        self.stream = ToolCallStream(self.tools)
+        self.stream = ToolCallStream(self.tools, self.fmt)
         self.stream.push(self.prefix)
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """The content and the calls of a whole answer. A call the prompt started (``prefix``)
         that does not parse (cut off by ``max_tokens``) is no content: its text is the inside
         of a call, never shown."""
-        content, calls = parse_tool_calls(self.prefix + text, self.tools)
+        content, calls = parse_tool_calls(self.prefix + text, self.tools, self.fmt)
         return ("", []) if self.prefix and not calls else (content, self._kept(calls))
 
     def finish(self) -> tuple[str, list[ToolCall]]:
@@ -58,12 +61,13 @@ def calls_for(
     engine: Any, tools: list[dict[str, Any]], required: bool, named: str | None, param: str
 ) -> Calls:
     """How an answer with OpenAI-style ``tools`` starts: free (the model may call one), or,
-    when a call is ``required`` or one is ``named``, as a call whose arguments are constrained
-    to the tool's schema. Hermes-style conventions (the fallback prompt's, Qwen's, Hermes')
-    are started in the prompt; other templates are left to the model. A ``named`` tool that is
-    not among ``tools`` is a 400 on ``param``, and so is a tool no call could satisfy (its
-    parameters have no finite instance: :func:`~..runtime.constrain.check_tool_schemas`)
-    whatever the choice, before anything is generated."""
+    when a call is ``required`` or one is ``named``, as a call in the template's family
+    (:func:`~..runtime.tools.tool_format`) started in the prompt, its arguments constrained to
+    the tool's schema; a family whose calls cannot be started (a template rendering its own
+    JSON convention) leaves them to the model. A ``named`` tool that is not among ``tools``
+    is a 400 on ``param``, and so is a tool no call could satisfy (its parameters have no
+    finite instance: :func:`~..runtime.constrain.check_tool_schemas`) whatever the choice,
+    before anything is generated."""
     from .errors import APIError
 
     try:
@@ -77,20 +81,16 @@ def calls_for(
             f"{param} names the tool '{named}', which is not among the tools ({names})",
             param=param,
         )
-    template = engine.loaded.chat_template
-    hermes = not template_takes_tools(template) or "<tool_call>" in (template or "")
-    if not hermes or (named is None and not required):
-        return Calls(tools)
-    if named is not None:
-        prefix = '<tool_call>{"name": ' + json.dumps(named) + ', "arguments": '
-    else:
-        prefix = '<tool_call>{"name": "'
-    return Calls(tools, prefix, tool_call_grammar(tools, named))
+    fmt = tool_format(engine.loaded.chat_template)
+    if fmt.force is None or (named is None and not required):
+        return Calls(tools, fmt=fmt)
+    prefix, grammar = fmt.force(tools, named)
+    return Calls(tools, prefix, grammar, fmt=fmt)
 
 
-def split_with(think: ReasoningSplitter, text: str) -> tuple[str, str]:
+def split_with(think: Splitter, text: str) -> tuple[str, str]:
     """``(reasoning, content)`` of a whole answer by a fresh splitter like ``think``."""
-    s = ReasoningSplitter(think.opened)
+    s = think.fresh()
     r1, c1 = s.push(text)
     r2, c2 = s.finish()
     return r1 + r2, c1 + c2
@@ -208,7 +208,7 @@ def full_response(
     done: Done,
     text_of: TokenText | None,
     calls: Calls | None = None,
-    think: ReasoningSplitter | None = None,
+    think: Splitter | None = None,
 ) -> dict[str, Any]:
     """The non-streamed body; with ``think``, the reasoning is ``reasoning_content`` and the
     rest (where tool calls are looked for) ``content``."""
@@ -254,7 +254,7 @@ class ChunkMaker:
         include_usage: bool,
         calls: Calls | None = None,
         progress: bool = False,
-        think: ReasoningSplitter | None = None,
+        think: Splitter | None = None,
     ):
         self.think = think
         self.env = env

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from ..runtime.reasoning import ReasoningSplitter
+from ..runtime.reasoning import Splitter
 from ..runtime.tools import ToolCall
 from .errors import APIError, from_validation, parse_body
 from .fields import unknown_field_error
@@ -194,7 +194,7 @@ async def stream_events(
     job: Job,
     watcher: asyncio.Task,
     out: EventStream,
-    think: ReasoningSplitter | None,
+    think: Splitter | None,
     calls: Calls | None,
     reasoning_tokens: Callable[[str], int],
     keep: Callable[[str, list[ToolCall], dict[str, Any]], None],

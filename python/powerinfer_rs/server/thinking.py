@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runtime.reasoning import FORMATS, ReasoningSplitter, forced_open, template_thinks
+from ..runtime.reasoning import CLOSE, FORMATS, Splitter, forced_open, splitter_of, template_thinks
 from .errors import APIError
 
 #: Template variables the server sets itself: ``chat_template_kwargs`` may not name them.
@@ -13,18 +13,27 @@ RESERVED = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_toke
 
 
 def check_format(fmt: str) -> str:
-    """``--reasoning-format``: ``auto`` (split for a ``<think>`` template) or ``none``."""
+    """``--reasoning-format``: ``auto`` (split for a ``<think>`` or harmony template) or
+    ``none``."""
     if fmt not in FORMATS:
         raise ValueError(f"reasoning format must be one of {FORMATS}, got {fmt!r}")
     return fmt
 
 
-def splitter_for(template: str | None, prompt: str, fmt: str) -> ReasoningSplitter | None:
+def splitter_for(template: str | None, prompt: str, fmt: str) -> Splitter | None:
     """The splitter of an answer to ``prompt`` (rendered from ``template``), or None when
     the answer stays whole: ``fmt`` ``none``, or a template that does not think."""
     if fmt == "none" or not isinstance(prompt, str) or not template_thinks(template):
         return None
-    return ReasoningSplitter(opened=forced_open(prompt))
+    return splitter_of(template, prompt)
+
+
+def with_call(prompt: str, prefix: str) -> str:
+    """``prompt`` followed by a forced call's ``prefix``; a think block the prompt left open
+    (DeepSeek-R1's ``<think>\n``) is closed first: the call is the answer, not reasoning."""
+    if prefix and forced_open(prompt):
+        prompt += CLOSE + "\n\n"
+    return prompt + prefix
 
 
 def template_kwargs(req: Any, budget: int = -1) -> dict[str, Any]:
