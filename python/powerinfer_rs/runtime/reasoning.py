@@ -160,3 +160,13 @@ def reply_of(template: str | None, prompt: str, text: str, fmt: str = "auto") ->
         return ChatReply(text)
     reasoning, content = split_reasoning(text, forced_open(prompt))
     return ChatReply(content, reasoning)
+
+
+def reasoning_start(template: str | None, prompt: str, fmt: str = "auto") -> str | None:
+    """Where a constraint on the answer to ``prompt`` (rendered from ``template``) starts
+    (``stream_tokens(reasoning=...)``): "open" when the prompt left a think block open,
+    "allowed" when the template thinks (the model may open one), None when the answer is not
+    split (``fmt`` none, or no ``<think>`` template): from the first token."""
+    if fmt == "none" or not template_thinks(template):
+        return None
+    return "open" if forced_open(prompt) else "allowed"

@@ -243,6 +243,8 @@ def prepare(
     kwargs.update(speculative_kwargs(engine, req.speculative, req.draft_max, defaults))
     try:
         make = stream_tokens or engine.stream_tokens
+        if think is not None and grammar is not None:  # the grammar binds after the reasoning
+            kwargs["reasoning"] = "open" if think.opened else "allowed"
         steps = make(prompt, logprobs=req.engine_logprobs, grammar=grammar, **kwargs)
         if getattr(req, "echo", False):
             steps = echo_stream(engine, prompt, steps, req.engine_logprobs, limit)
