@@ -88,6 +88,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         "llama.cpp's) or f32; default: the plan's (--plan), else f16",
     )
     p.add_argument(
+        "--chat-template-file",
+        default=None,
+        metavar="FILE",
+        help="a Jinja chat template used instead of the model's (as llama.cpp's): for a file "
+        "whose template is broken or missing; chat, tool calls and the reasoning split follow it",
+    )
+    p.add_argument(
         "--plan",
         default=None,
         help="placement plan (python -m powerinfer_rs plan, or a directory of prepare): which "
@@ -263,7 +270,19 @@ def _engine_options(a: argparse.Namespace) -> dict:
         "device": a.device or "cpu",
         "vram_budget": a.vram_budget,
         "draft": draft_path(a),
+        "chat_template": chat_template_of(a),
     }
+
+
+def chat_template_of(a: argparse.Namespace) -> str | None:
+    """The template text of ``--chat-template-file`` (read and checked now, before the model
+    loads), or None for the model's own."""
+    path = getattr(a, "chat_template_file", None)
+    if path is None:
+        return None
+    from .runtime.chat_template_file import read_chat_template
+
+    return read_chat_template(path)
 
 
 def draft_path(a: argparse.Namespace) -> str | None:

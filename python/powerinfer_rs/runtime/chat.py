@@ -70,7 +70,9 @@ def _strftime_now(fmt: str) -> str:
 
 
 @lru_cache(maxsize=16)
-def _compile(template: str) -> jinja2.Template:
+def compile_template(template: str) -> jinja2.Template:
+    """``template`` compiled in the sandbox (cached); :class:`ModelFileError` when it does not
+    compile (the Jinja error its cause)."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
@@ -114,7 +116,7 @@ def format_chat(
     msgs = _check_messages(messages)
     for name, value in extra.items():
         check_text_args(value, name)
-    tpl = _compile(template if template is not None else CHATML_TEMPLATE)
+    tpl = compile_template(template if template is not None else CHATML_TEMPLATE)
     try:
         return tpl.render(
             messages=msgs,

@@ -20,6 +20,7 @@ from ..errors import (
     UnsupportedError,
 )
 from ..loading import LoadedModel, load_model, resolve_model
+from .chat_template_file import with_chat_template
 from .checks import check_int, check_threads
 from .context import Context
 from .draft import DraftModel
@@ -80,12 +81,15 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         mmap: bool | None = None,
         kv_cache: str | None = None,
         draft: str | os.PathLike[str] | LoadedModel | None = None,
+        chat_template: str | None = None,
     ):
         if not isinstance(loaded, LoadedModel):
             raise ShapeError(
                 "loaded must be a LoadedModel (powerinfer_rs.loading.load_model); "
                 f"got {type(loaded).__name__} (Engine.from_pretrained takes a path)"
             )
+        if chat_template is not None:
+            loaded = with_chat_template(loaded, chat_template)
         threads = check_threads(threads)
         self.device = check_device(device)
         self.loaded = loaded
@@ -166,6 +170,7 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         mmap: bool | None = None,
         kv_cache: str | None = None,
         draft: str | os.PathLike[str] | LoadedModel | None = None,
+        chat_template: str | None = None,
     ) -> Engine:
         """Load a GGUF file (the first shard of a split one), a Hugging Face model directory,
         or a hub id ``"org/repo"`` / ``"org/repo:QUANT"`` (fetched into the Hugging Face cache
@@ -207,7 +212,11 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
 
         ``draft``: a smaller model with the same tokenizer (a path, or a LoadedModel) that
         drafts tokens for speculative decoding (:meth:`set_draft`); generation then runs it by
-        default (``speculative="auto"``, see :meth:`stream_tokens`)."""
+        default (``speculative="auto"``, see :meth:`stream_tokens`).
+
+        ``chat_template``: Jinja text used instead of the model's chat template (a file's
+        broken or missing one; ``--chat-template-file`` on the command line), by chat, tools
+        and the reasoning split alike; checked to compile here (ModelFileError)."""
         check_int("threads", threads, 0)
         check_device(device)
         if path is None:
@@ -242,6 +251,7 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
             mmap=mmap,
             kv_cache=kv_cache,
             draft=draft,
+            chat_template=chat_template,
         )
 
     @locked

@@ -14,7 +14,8 @@ from .chat import format_chat
 from .checks import check_int, check_seed
 from .constrain import Constraint, Grammar, grammar_of
 from .context import Claim, Context
-from .reasoning import ChatReply, reply_of
+from .reasoning import ChatReply, reasoning_start, reply_of
+from .reasoning_constraint import AfterReasoning
 from .sampling import PositionDraws, SamplingParams
 from .speculative import DEFAULT_DRAFT_MAX, Drafter, resolve_speculative
 from .speculative_step import SpeculativeStep
@@ -158,8 +159,12 @@ class Generation:
         string, the answer; a ``<think>`` model's reasoning is apart, in its ``reasoning``
         (:class:`~.reasoning.ChatReply`; ``reasoning_format="none"``: all in the string).
         ``template_kwargs`` go to the template (e.g. ``{"enable_thinking": False}``); the
-        other arguments are :meth:`stream`'s."""
+        other arguments are :meth:`stream`'s; a constraint (``json_schema``, ``grammar``,
+        ``regex``) binds the answer after the reasoning."""
         prompt = self.format_chat(messages, template_kwargs=template_kwargs)
+        kwargs.setdefault(
+            "reasoning", reasoning_start(self.loaded.chat_template, prompt, reasoning_format)
+        )
         text = self.generate(prompt, **kwargs)
         return reply_of(self.loaded.chat_template, prompt, text, reasoning_format)
 
@@ -236,6 +241,7 @@ class Generation:
         regex: str | None = None,
         speculative: str | Drafter | None = "auto",
         draft_max: int = DEFAULT_DRAFT_MAX,
+        reasoning: str | None = None,
     ) -> TokenStream:
         """The continuation of ``prompt`` one sampled token at a time (:class:`TokenStep`).
 
@@ -257,7 +263,9 @@ class Generation:
         sampled, and generation ends ("eos") when it is complete; cut off by
         ``max_new_tokens`` first, it ends with "length" (the output is then incomplete). A
         schema or grammar the engine cannot use is a :class:`~.constrain.GrammarError` naming
-        the part.
+        the part. ``reasoning`` lets a thinking model reason before the constraint binds
+        (:mod:`.reasoning_constraint`): "open" (the prompt left a ``<think>`` block open) or
+        "allowed" (the model may open one); None: it binds the first token.
 
         Speculative decoding (:mod:`.speculative`): ``speculative="lookup"`` drafts the tokens
         that followed the latest earlier occurrence of the context's last few tokens (text the
@@ -278,6 +286,8 @@ class Generation:
         g = grammar if isinstance(grammar, Grammar) else grammar_of(json_schema, grammar, regex)
         if g is not None:
             constraint = Constraint(g, self.tokenizer, self.config.vocab_size)
+            if reasoning is not None:
+                constraint = AfterReasoning(constraint, self.tokenizer, reasoning)
         params = SamplingParams(
             temperature,
             top_k,

@@ -185,3 +185,14 @@ def reply_of(template: str | None, prompt: str, text: str, fmt: str = "auto") ->
     r1, c1 = s.push(text)
     r2, c2 = s.finish()
     return ChatReply(c1 + c2, r1 + r2)
+
+
+def reasoning_start(template: str | None, prompt: str, fmt: str = "auto") -> str | None:
+    """Where a constraint on the answer to ``prompt`` (rendered from ``template``) starts
+    (``stream_tokens(reasoning=...)``): "open" when the prompt left a think block open,
+    "allowed" when the template thinks (the model may open one), None when the answer is not
+    split (``fmt`` none, or no ``<think>`` template: a harmony one's answer is in its final
+    channel, which the grammar does not open yet): from the first token."""
+    if fmt == "none" or template is None or OPEN not in template:
+        return None
+    return "open" if forced_open(prompt) else "allowed"

@@ -10,7 +10,7 @@ from ..errors import PowerInferError
 from ..runtime.chat import ChatTemplateError
 from ..runtime.constrain import GrammarError
 from ..runtime.engine import Engine
-from ..runtime.reasoning import Splitter
+from ..runtime.reasoning import Splitter, reasoning_start
 from ..runtime.streaming import TokenStream
 from .constraints import response_grammar
 from .echo import echo_stream
@@ -84,6 +84,8 @@ def prepare(
     kwargs.update(speculative_kwargs(engine, req.speculative, req.draft_max, defaults))
     try:
         make = stream_tokens or engine.stream_tokens
+        if think is not None and grammar is not None:  # the grammar binds after the reasoning
+            kwargs["reasoning"] = reasoning_start(engine.loaded.chat_template, prompt, reasoning[0])
         steps = make(prompt, logprobs=req.engine_logprobs, grammar=grammar, **kwargs)
         if getattr(req, "echo", False):
             steps = echo_stream(engine, prompt, steps, req.engine_logprobs, limit)
