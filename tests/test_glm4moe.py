@@ -261,3 +261,26 @@ def distance(logits: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     kl = (np.exp(lp) * (lp - lq)).sum(axis=1)
     return float(rows.max()), float(kl.mean())
 
+
+def test_chat_renders_through_glms_template_in_the_file(synth_hf, synth_gguf):
+    """GLM's template (its [gMASK]<sop> prefix and turn markers, an assistant turn's
+    <think></think> block, enable_thinking=false as /nothink) stored in the GGUF and in
+    tokenizer_config.json is the one a chat renders through."""
+    from powerinfer_rs.testing.synth import chat_template
+
+    msgs = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "the rain"},
+        {"role": "assistant", "content": "in spain"},
+        {"role": "user", "content": "falls"},
+    ]
+    for m in (load_model(synth_hf(dtype="f32", **GLM_ARGS)), load_model(synth_gguf(**GLM_ARGS))):
+        assert m.chat_template == chat_template("glm4moe")
+        eng = exact_kv_engine(m, threads=2)
+        assert eng.format_chat(msgs) == (
+            "[gMASK]<sop><|system|>\nbe brief<|user|>\nthe rain"
+            "<|assistant|>\n<think></think>\nin spain<|user|>\nfalls<|assistant|>"
+        )
+        off = eng.format_chat(msgs[1:2], template_kwargs={"enable_thinking": False})
+        assert off == "[gMASK]<sop><|user|>\nthe rain/nothink<|assistant|>\n<think></think>"
+        assert isinstance(eng.chat(msgs, max_new_tokens=3), str)
