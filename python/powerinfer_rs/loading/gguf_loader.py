@@ -1,6 +1,8 @@
 """Load a GGUF file of a supported family (:mod:`.archs`: llama/mistral, qwen2, qwen3, phi3,
-gemma2, gemma3, falcon with llama.cpp's keys and tensor names; bamboo and opt with PowerInfer's):
-config from its metadata, tensors as raw mmap views.
+gemma2, gemma3, falcon and the mixtures of experts (qwen3moe, qwen2moe, olmoe, mixtral,
+smallthinker, glm4moe) with llama.cpp's keys and tensor names; bamboo and opt with
+PowerInfer's): config from its metadata, tensors as raw mmap views. GLM-4.5's NextN/MTP blocks
+past the decoder (``nextn_predict_layers``) are left out, as llama.cpp skips them.
 
 Weights keep their GGUF encoding (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K);
 nothing is dequantised.
