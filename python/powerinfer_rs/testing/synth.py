@@ -805,6 +805,14 @@ def _add_moe_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--shared-ffn", type=nonneg_int, default=0, help="qwen2moe's shared expert (0 = --ffn)"
     )
+    ap.add_argument(
+        "--dense-lead", type=nonneg_int, default=0, help="glm4moe: leading dense layers"
+    )
+    ap.add_argument("--shared-experts", type=nonneg_int, default=1, help="glm4moe: shared experts")
+    ap.add_argument(
+        "--expert-scale", type=positive_float, default=1.0, help="glm4moe: routed_scaling_factor"
+    )
+    ap.add_argument("--nextn", type=nonneg_int, default=0, help="glm4moe: NextN/MTP blocks")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -815,6 +823,7 @@ def main(argv: list[str] | None = None) -> int:
     extra += ("rope_theta", "rope_scaling")
     extra += ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor")
     extra += ("rope_original_context", "experts", "experts_used", "expert_ffn", "shared_ffn")
+    extra += ("dense_lead", "shared_experts", "expert_scale", "nextn")
     common = {k: getattr(a, k) for k in (*keys, *extra)}
     common["partial_rotary"] = a.partial_rotary_factor
     common["kv_heads"] = a.kv_heads or a.heads
