@@ -8,7 +8,10 @@ realistic ratios scaled to this machine, one per ``--shapes`` entry, all dim 102
 
 - ``qwen3moe``: 32 experts of width 512, top-4, 4 KV heads (issue 59's acceptance shape);
 - ``olmoe``: 64 experts of width 512, top-8, one KV head per query head (OLMoE's);
-- ``mixtral``: 8 experts of width 3584 (3.5x dim, Mixtral's ratio), top-2, 4 KV heads.
+- ``mixtral``: 8 experts of width 3584 (3.5x dim, Mixtral's ratio), top-2, 4 KV heads;
+- ``glm4moe``: GLM-4.5-Air's ratios at a quarter of its width: 64 experts of 352 (1408 / 4),
+  top-8 by sigmoid with the correction bias, one shared expert of 352, layer 0 dense of 2736
+  (10944 / 4), half of each head rotating, 4 KV heads, and its NextN block (skipped by both).
 
 ``--dim``/``--layers``/``--experts``/... override a shape's numbers. Each is written once as F16
 and quantized by llama.cpp (``llama_cpp.llama_model_quantize``) to each ``--formats`` entry
@@ -85,7 +88,20 @@ SHAPES = {
     "qwen3moe": dict(arch="qwen3moe", kv_heads=4, experts=32, experts_used=4, expert_ffn=512),
     "olmoe": dict(arch="olmoe", kv_heads=16, experts=64, experts_used=8, ffn=512),
     "mixtral": dict(arch="mixtral", kv_heads=4, experts=8, experts_used=2, ffn=3584),
+    "glm4moe": dict(
+        arch="glm4moe",
+        kv_heads=4,
+        experts=64,
+        experts_used=8,
+        expert_ffn=352,
+        ffn=2736,
+        dense_lead=1,
+        partial_rotary=0.5,
+        nextn=1,
+    ),
 }
+#: The synth keywords only GLM-4.5's shape sets.
+GLM_KEYS = ("dense_lead", "partial_rotary", "nextn")
 
 
 def shape_of(args, name: str) -> dict:
@@ -120,6 +136,7 @@ def synthetic_f16(args, arch: str = "qwen3moe") -> Path:
         expert_ffn=base.get("expert_ffn", 0),
         max_context=4096,
         seed=args.seed,
+        **{k: base[k] for k in GLM_KEYS if k in base},
     )
     if arch == "smallthinker":  # ReGLU experts with a planted activation law; no window
         shape.update(

@@ -276,7 +276,7 @@ def reference_forward(
         else:
             ffn_norm = p + ("attn_norm_2" if p + "attn_norm_2" in w else "attn_norm")
         h = site_mask(i, "ffn_in", norm(x_in, ffn_norm))
-        if c.n_expert:
+        if c.n_expert and i >= c.dense_lead_layers:  # GLM-4.5's first layers are dense
             trace = None if moe_trace is None else (moe_trace, i)
             mask = None
             if moe_mask is not None:
@@ -307,7 +307,9 @@ def moe_ffn(
     build_moe_ffn) computes it: router logits, softmax or sigmoid, the ``n_expert_used`` most
     probable experts, their probabilities (divided by their sum where the family renormalises,
     times the weight scale where set) weighting each expert's ``down(act(gate h) * up h)``;
-    plus the shared expert, scaled by ``sigmoid(gate_inp_shexp . h)`` where it has that gate."""
+    plus the shared expert, scaled by ``sigmoid(gate_inp_shexp . h)`` where it has that gate.
+    GLM-4.5 / DeepSeek-V3 (:func:`selection_scores`): the experts are chosen by the
+    probabilities plus the correction bias, within the best expert groups."""
     n, d = h.shape
     e, ef = c.n_expert, c.expert_ffn_dim or c.ffn_dim
     logits = router_in @ w[p + "ffn_gate_inp"].T
@@ -316,12 +318,13 @@ def moe_ffn(
         probs = z / z.sum(axis=1, keepdims=True)
     else:
         probs = 1.0 / (1.0 + np.exp(-logits))
+    select = selection_scores(c, w, p, probs)
     gate = w[p + "ffn_gate_exps"].reshape(e, ef, d)
     up = w[p + "ffn_up_exps"].reshape(e, ef, d)
     down = w[p + "ffn_down_exps"].reshape(e, d, ef)
     out = np.zeros((n, d))
     for t in range(n):
-        top = np.argsort(-probs[t], kind="stable")[: c.n_expert_used]
+        top = np.argsort(-select[t], kind="stable")[: c.n_expert_used]
         wts = probs[t, top]
         if c.expert_norm_weights:
             wts = wts / max(wts.sum(), 6.103515625e-5)
@@ -342,6 +345,25 @@ def moe_ffn(
             sh = sh / (1.0 + np.exp(-(h @ w[p + "ffn_gate_inp_shexp"].reshape(-1))))[:, None]
         out += sh
     return out
+
+
+def selection_scores(c, w, p: str, probs: np.ndarray) -> np.ndarray:
+    """The scores the top-k is taken over (tokens x experts): the probabilities, plus the
+    router's correction bias ``exp_probs_b.bias`` where the family has one; with expert groups
+    (``expert_groups`` > 1) only the ``expert_groups_used`` groups whose two best scores sum
+    highest keep theirs, the others -inf (DeepSeek-V3's rule; llama.cpp masks with -inf)."""
+    select = probs + w[p + "exp_probs_b.bias"].reshape(1, -1) if c.expert_score_bias else probs
+    g = c.expert_groups
+    if g <= 1:
+        return select
+    n, e = select.shape
+    grouped = select.reshape(n, g, e // g)
+    best = np.sort(grouped, axis=2)[:, :, ::-1][:, :, :2].sum(axis=2)
+    out = np.full_like(grouped, -np.inf)
+    for t in range(n):
+        keep = np.argsort(-best[t], kind="stable")[: c.expert_groups_used]
+        out[t, keep] = grouped[t, keep]
+    return out.reshape(n, e)
 
 
 def reference_logits(model: LoadedModel, tokens: list[int]) -> np.ndarray:

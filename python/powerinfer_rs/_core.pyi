@@ -218,6 +218,10 @@ class ModelConfig:
     expert_norm_weights: bool
     expert_weights_scale: float
     router_on_residual: bool
+    dense_lead_layers: int
+    expert_score_bias: bool
+    expert_groups: int
+    expert_groups_used: int
 
     def __init__(self, **fields: object) -> None: ...
     def replace(self, **changes: object) -> ModelConfig: ...
@@ -229,7 +233,7 @@ class ModelConfig:
     @property
     def n_neurons(self) -> int: ...
     def global_tensors(self) -> list[tuple[str, int, int, bool]]: ...
-    def layer_tensors(self) -> list[tuple[str, int, int, bool]]: ...
+    def layer_tensors(self, layer: int | None = None) -> list[tuple[str, int, int, bool]]: ...
 
 class Model:
     """Model weights handed over without copies (or, with ``copy_weights``, the tensors of

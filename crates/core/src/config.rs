@@ -284,6 +284,13 @@ impl ModelConfig {
         self.validate_rope()?;
         self.moe.validate()?;
         ensure!(
+            self.moe.dense_lead <= self.n_layers,
+            Shape,
+            "{} leading dense layers in a {}-layer model",
+            self.moe.dense_lead,
+            self.n_layers
+        );
+        ensure!(
             !self.moe.is_moe() || !(self.arch.no_gate || self.arch.ffn_bias || self.arch.up_act),
             Unsupported,
             "experts without a gate, with FFN biases or an activated up projection"
@@ -356,6 +363,26 @@ impl ModelConfig {
         self.n_kv_heads * self.head_dim
     }
 
+    /// Whether layer `l`'s FFN is a mixture of experts (a MoE model's first
+    /// [`MoeFeatures::dense_lead`] layers are dense).
+    pub fn is_moe_layer(&self, l: usize) -> bool {
+        self.moe.is_moe() && l >= self.moe.dense_lead
+    }
+
+    /// `Unsupported` for a mixture of experts with leading dense layers: `what` (the sparse
+    /// modes, the GPU hybrid, the neuron store, profiling) counts every layer's neurons as one
+    /// flattened expert space ([`ModelConfig::n_neurons`]), which a dense layer is not.
+    pub fn refuse_dense_lead(&self, what: &str) -> Result<()> {
+        ensure!(
+            self.moe.dense_lead == 0 || !self.moe.is_moe(),
+            Unsupported,
+            "{what} on a mixture of experts with {} leading dense layers (GLM-4.5's \
+             first_k_dense_replace): such a model runs dense on the CPU",
+            self.moe.dense_lead
+        );
+        Ok(())
+    }
+
     /// The neurons of one layer's FFN as plans count them: `ffn_dim`, or for a mixture of
     /// experts the flattened space of its routed experts (`n_expert · expert_ffn`: neuron
     /// `e · expert_ffn + j` is row j of expert e, the merged tensors' own row order) followed by
@@ -395,10 +422,17 @@ impl ModelConfig {
         out
     }
 
-    /// The tensors of every layer, named without their `blk.N.` prefix, in file order: what
-    /// the family's steps read (see [`TensorShape`]). The Python loaders' shape checks and
-    /// the engine's weight table both read it.
+    /// The tensors of a layer past the leading dense ones (a routed layer of a mixture of
+    /// experts; any layer of a dense model): [`ModelConfig::layer_tensors_at`].
     pub fn layer_tensors(&self) -> Vec<TensorShape> {
+        self.layer_tensors_at(usize::MAX)
+    }
+
+    /// The tensors of layer `l`, named without their `blk.N.` prefix, in file order: what
+    /// the family's steps read (see [`TensorShape`]); a leading dense layer of a mixture of
+    /// experts has a dense FFN of `ffn_dim`. The Python loaders' shape checks and the
+    /// engine's weight table both read it.
+    pub fn layer_tensors_at(&self, l: usize) -> Vec<TensorShape> {
         let (d, a) = (self.dim, &self.arch);
         let (q, kv, f) = (self.q_dim(), self.kv_dim(), self.ffn_dim);
         let (m, v) = (TensorShape::matrix, TensorShape::vector);
@@ -449,7 +483,7 @@ impl ModelConfig {
                 ..v(bias, d)
             });
         }
-        if self.moe.is_moe() {
+        if self.is_moe_layer(l) {
             out.extend(self.moe_tensors());
             if a.post_norms {
                 out.push(v("post_ffw_norm", d));
@@ -488,6 +522,9 @@ impl ModelConfig {
             TensorShape::matrix("ffn_up_exps", e * ef, d),
             TensorShape::matrix("ffn_down_exps", e * d, ef),
         ];
+        if m.score_bias {
+            out.push(TensorShape::vector("exp_probs_b.bias", e));
+        }
         if sf > 0 {
             if m.shared_gate {
                 out.push(TensorShape::vector("ffn_gate_inp_shexp", d));
@@ -533,6 +570,16 @@ mod tests {
         let l = c.layer_tensors();
         let q = l.iter().find(|t| t.name == "attn_q_norm").unwrap();
         assert_eq!(q.cols, c.q_dim());
+        // GLM-4.5: a leading dense layer, the router's correction bias on the others.
+        (c.moe.dense_lead, c.moe.score_bias) = (1, true);
+        c.validate().unwrap();
+        let names = |l: usize| -> Vec<_> { c.layer_tensors_at(l).iter().map(|t| t.name).collect() };
+        assert!(names(0).contains(&"ffn_gate") && !names(0).contains(&"ffn_gate_inp"));
+        assert!(names(1).contains(&"exp_probs_b.bias") && !names(1).contains(&"ffn_up"));
+        assert_eq!(c.layer_tensors(), c.layer_tensors_at(1));
+        assert!(!c.is_moe_layer(0) && c.is_moe_layer(1));
+        c.moe.dense_lead = c.n_layers + 1;
+        assert!(c.validate().is_err());
     }
 
     fn cfg() -> ModelConfig {

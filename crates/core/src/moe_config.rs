@@ -2,8 +2,9 @@
 //! many a token uses, their width, the router's gating, and the shared expert. Every value is
 //! llama.cpp's (its `build_moe_ffn` and the family graphs in `src/models/`); the loaders fill
 //! them from the GGUF keys (`<arch>.expert_count`, `expert_used_count`,
-//! `expert_feed_forward_length`, `expert_shared_feed_forward_length`, `expert_gating_func`,
-//! `expert_weights_norm`, `expert_weights_scale`) and the family's own defaults.
+//! `expert_feed_forward_length`, `expert_shared_feed_forward_length`, `expert_shared_count`,
+//! `expert_gating_func`, `expert_weights_norm`, `expert_weights_scale`,
+//! `leading_dense_block_count`) and the family's own defaults.
 
 use crate::error::Result;
 use crate::{bail, ensure};
@@ -46,6 +47,10 @@ impl Gating {
 /// A token's FFN output is `Σ_{e ∈ top-k} w_e · down_e(act(gate_e x) · up_e x)` (+ the shared
 /// expert), where `p = gating(router x)`, top-k are the `n_expert_used` largest `p`, and
 /// `w_e = p_e`, divided by their sum when `norm_weights`, times `weights_scale` where set.
+/// With a correction bias (`score_bias`, GLM-4.5 and DeepSeek-V3's `e_score_correction_bias`)
+/// the experts are chosen by `p + b` but weighted by `p`; with expert groups (`n_group` > 1)
+/// only the `topk_group` groups of the best group scores (each the sum of its two largest
+/// `p + b`) are candidates.
 /// Experts are stored as llama.cpp's merged 3-D tensors: `ffn_{gate,up}_exps` are
 /// `n_expert × expert_ffn` rows of `dim`, `ffn_down_exps` `n_expert × dim` rows of
 /// `expert_ffn` (expert `e` is one contiguous block of each).
@@ -69,6 +74,16 @@ pub struct MoeFeatures {
     /// The router reads the layer's input residual before attention, not the FFN's normed
     /// input (SmallThinker).
     pub router_on_residual: bool,
+    /// The first `dense_lead` layers have a dense FFN of the config's `ffn_dim` instead of
+    /// experts (GLM-4.5's and DeepSeek's `first_k_dense_replace`).
+    pub dense_lead: usize,
+    /// Each routed layer's router has a correction bias (`exp_probs_b.bias`, n_expert values)
+    /// added to the probabilities to choose the top-k only.
+    pub score_bias: bool,
+    /// Expert groups (0 or 1: none): the experts split into `n_group` equal groups ...
+    pub n_group: usize,
+    /// ... of which the `topk_group` best hold the candidates.
+    pub topk_group: usize,
 }
 
 impl MoeFeatures {
@@ -85,17 +100,28 @@ impl MoeFeatures {
         }
     }
 
+    /// Whether the experts are chosen group by group ([`MoeFeatures::n_group`] > 1).
+    pub fn grouped(&self) -> bool {
+        self.n_group > 1
+    }
+
     /// Check the values fit together (nothing to check for a dense FFN beyond unset fields).
     pub fn validate(&self) -> Result<()> {
         if !self.is_moe() {
             ensure!(
-                self.n_expert_used == 0 && self.shared_ffn_dim == 0 && !self.router_on_residual,
+                self.n_expert_used == 0
+                    && self.shared_ffn_dim == 0
+                    && !self.router_on_residual
+                    && self.dense_lead == 0
+                    && !self.score_bias
+                    && !self.grouped(),
                 Shape,
-                "expert settings (n_expert_used, shared_ffn_dim, router_on_residual) without \
-                 experts (n_expert 0)"
+                "expert settings (n_expert_used, shared_ffn_dim, router_on_residual, \
+                 dense_lead, score_bias, n_group) without experts (n_expert 0)"
             );
             return Ok(());
         }
+        self.validate_groups()?;
         ensure!(
             (1..=self.n_expert).contains(&self.n_expert_used),
             Shape,
@@ -119,6 +145,27 @@ impl MoeFeatures {
             !self.shared_gate || self.shared_ffn_dim > 0,
             Shape,
             "a shared expert gate without a shared expert (shared_ffn_dim 0)"
+        );
+        Ok(())
+    }
+
+    /// The expert groups divide the experts and leave at least `n_expert_used` candidates.
+    fn validate_groups(&self) -> Result<()> {
+        if !self.grouped() {
+            return Ok(());
+        }
+        let (g, k) = (self.n_group, self.topk_group);
+        ensure!(
+            self.n_expert.is_multiple_of(g),
+            Shape,
+            "{} experts do not split into {g} groups",
+            self.n_expert
+        );
+        ensure!(
+            (1..=g).contains(&k) && k * (self.n_expert / g) >= self.n_expert_used,
+            Shape,
+            "topk_group {k} must lie in 1..={g} and hold n_expert_used {} experts",
+            self.n_expert_used
         );
         Ok(())
     }
@@ -147,6 +194,12 @@ mod tests {
         assert!(bad(&|b| b.n_expert_used = 9));
         assert!(bad(&|b| b.weights_scale = Some(f32::NAN)));
         assert!(bad(&|b| b.shared_gate = true));
+        assert!(bad(&|b| (b.n_group, b.topk_group) = (3, 1)));
+        assert!(bad(&|b| (b.n_group, b.topk_group) = (4, 0)));
+        assert!(!bad(&|b| (b.n_group, b.topk_group) = (4, 1)));
+        assert!(bad(
+            &|b| (b.n_expert, b.n_expert_used, b.dense_lead) = (0, 0, 1)
+        ));
         assert!(!bad(&|b| (b.n_expert, b.n_expert_used) = (0, 0)));
         assert!(bad(&|b| b.n_expert = 0));
         assert_eq!(Gating::from_name("sigmoid").unwrap(), Gating::Sigmoid);

@@ -230,7 +230,7 @@ impl ModelProgram {
                 up_act: a.up_act,
                 in_bias: a.ffn_bias,
             };
-            let core = match c.moe.is_moe() {
+            let core = match c.is_moe_layer(l) {
                 true => FfnStep::Moe(kind),
                 false => FfnStep::Ffn(kind),
             };
@@ -244,7 +244,7 @@ impl ModelProgram {
             ffn.push(FfnStep::Residual);
             LayerProgram {
                 save_residual: a.parallel,
-                early_router: c.moe.is_moe() && c.moe.router_on_residual,
+                early_router: c.is_moe_layer(l) && c.moe.router_on_residual,
                 attention,
                 ffn,
             }

@@ -229,7 +229,7 @@ impl LayerWeights {
         let wk = Matrix::Rows(t.take("attn_k")?);
         let wv = Matrix::Rows(t.take("attn_v")?);
         let wo = Matrix::Rows(t.take("attn_output")?);
-        let ffn = match c.moe.is_moe() {
+        let ffn = match c.is_moe_layer(i) {
             true => take_moe_ffn(c, &mut t)?,
             false => take_dense_ffn(c, &mut t)?,
         };
@@ -292,8 +292,9 @@ fn repack(m: &mut Matrix) -> Result<()> {
     Ok(())
 }
 
-/// A mixture of experts' FFN: the router, the merged expert tensors (viewed per expert) and
-/// the shared expert where the family has one, with its gate.
+/// A mixture of experts' FFN: the router (with its correction bias where the family has one),
+/// the merged expert tensors (viewed per expert) and the shared expert where the family has
+/// one, with its gate.
 fn take_moe_ffn(c: &ModelConfig, t: &mut LayerTensors<'_>) -> Result<FfnTensors> {
     let gate_inp = match (c.moe.shared_ffn_dim, c.moe.shared_gate) {
         (1.., true) => Some(t.vector("ffn_gate_inp_shexp")?),
@@ -314,7 +315,11 @@ fn take_moe_ffn(c: &ModelConfig, t: &mut LayerTensors<'_>) -> Result<FfnTensors>
             down: t.take("ffn_down_shexp")?,
         }),
     };
-    let moe = MoeWeights::new(&c.moe, router, &gate, &up, &down, shared)?;
+    let bias = match c.moe.score_bias {
+        true => Some(t.vector("exp_probs_b.bias")?),
+        false => None,
+    };
+    let moe = MoeWeights::new(&c.moe, router, bias, [&gate, &up, &down], shared)?;
     Ok(FfnTensors {
         gate,
         up,

@@ -130,7 +130,8 @@ pub fn moe_ffn(
     );
     s.routes.resize_with(n, Vec::new);
     for (t, r) in s.routes.iter_mut().enumerate() {
-        route(m, &logits[t * m.n_expert..(t + 1) * m.n_expert], r);
+        let lg = &logits[t * m.n_expert..(t + 1) * m.n_expert];
+        route(m, w.score_bias.as_deref(), lg, r);
     }
     if let (1, Some(store), None, None) = (n, call.store, threshold, &profiler) {
         store_decode(call, store, s, out)?;

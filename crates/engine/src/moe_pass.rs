@@ -289,7 +289,7 @@ impl PassRun<'_> {
                 None => {
                     // SAFETY: the logits are complete (synced) and nobody writes them any more.
                     let logits = p.early.unwrap_or_else(|| unsafe { d.read(self.at.lg) });
-                    route(m, logits, own);
+                    route(m, p.w.score_bias.as_deref(), logits, own);
                     own
                 }
             };

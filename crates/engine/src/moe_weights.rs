@@ -27,6 +27,9 @@ pub struct MoeWeights {
     pub up: Vec<Weight>,
     pub down: Vec<Weight>,
     pub shared: Option<SharedExpert>,
+    /// The router's correction bias (`exp_probs_b.bias`, n_expert values): added to the
+    /// probabilities to choose the experts, not to their weights ([`route`]).
+    pub score_bias: Option<Vec<f32>>,
 }
 
 /// `w`'s rows as `n` equal consecutive blocks, each a weight of its own (no copy).
@@ -48,14 +51,13 @@ fn row_blocks(w: &Weight, n: usize) -> Result<Vec<Weight>> {
 }
 
 impl MoeWeights {
-    /// The experts of the merged tensors `gate`, `up` (n_expert·expert_ffn rows) and `down`
-    /// (n_expert·dim rows), and the router.
+    /// The experts of the merged tensors `experts` (gate and up: n_expert·expert_ffn rows;
+    /// down: n_expert·dim rows), and the router with its correction bias where it has one.
     pub fn new(
         m: &MoeFeatures,
         router: Weight,
-        gate: &Weight,
-        up: &Weight,
-        down: &Weight,
+        score_bias: Option<Vec<f32>>,
+        [gate, up, down]: [&Weight; 3],
         shared: Option<SharedExpert>,
     ) -> Result<MoeWeights> {
         ensure!(
@@ -65,7 +67,15 @@ impl MoeWeights {
             router.rows,
             m.n_expert
         );
+        ensure!(
+            score_bias.as_ref().is_none_or(|b| b.len() == m.n_expert),
+            Shape,
+            "the router's correction bias has {:?} values for {} experts",
+            score_bias.as_ref().map(Vec::len),
+            m.n_expert
+        );
         Ok(MoeWeights {
+            score_bias,
             router,
             gate: row_blocks(gate, m.n_expert)?,
             up: row_blocks(up, m.n_expert)?,
@@ -86,26 +96,26 @@ impl MoeWeights {
 }
 
 /// The experts one token is routed to, with their weights, from the router's `logits` (as
-/// llama.cpp: probabilities by the gating, the `n_expert_used` largest (ties to the lower
-/// index), their probabilities, divided by their sum (clamped to ≥ 6.1e-5) when
-/// `norm_weights`, times `weights_scale`).
-pub fn route(m: &MoeFeatures, logits: &[f32], out: &mut Vec<(u32, f32)>) {
-    let probs: Vec<f64> = match m.gating {
-        Gating::Softmax => {
-            let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
-            let e: Vec<f64> = logits.iter().map(|&l| (l as f64 - max).exp()).collect();
-            let sum: f64 = e.iter().sum();
-            e.into_iter().map(|v| v / sum).collect()
-        }
-        Gating::Sigmoid => logits
-            .iter()
-            .map(|&l| 1.0 / (1.0 + (-(l as f64)).exp()))
-            .collect(),
+/// llama.cpp's `build_moe_ffn`): probabilities `p` by the gating; the selection scores `p + b`
+/// with the correction bias `bias` where the layer has one; with expert groups, every expert
+/// outside the `topk_group` groups of the largest group scores (the sum of a group's two
+/// largest selection scores, ties to the lower group) out of the running; the
+/// `n_expert_used` largest selection scores (ties to the lower index); their probabilities
+/// `p`, divided by their sum (clamped to ≥ 6.1e-5) when `norm_weights`, times
+/// `weights_scale`.
+pub fn route(m: &MoeFeatures, bias: Option<&[f32]>, logits: &[f32], out: &mut Vec<(u32, f32)>) {
+    let probs = gate_probs(m, logits);
+    let mut select: Vec<f64> = match bias {
+        Some(b) => probs.iter().zip(b).map(|(&p, &b)| p + b as f64).collect(),
+        None => probs.clone(),
     };
-    let mut order: Vec<u32> = (0..probs.len() as u32).collect();
+    if m.grouped() {
+        keep_best_groups(m, &mut select);
+    }
+    let mut order: Vec<u32> = (0..select.len() as u32).collect();
     let k = m.n_expert_used.min(order.len());
     // Largest first, NaN last, ties to the lower index.
-    let rank = |i: u32| match probs[i as usize] {
+    let rank = |i: u32| match select[i as usize] {
         p if p.is_nan() => f64::NEG_INFINITY,
         p => p,
     };
@@ -128,6 +138,52 @@ pub fn route(m: &MoeFeatures, logits: &[f32], out: &mut Vec<(u32, f32)>) {
     }
     if let Some(s) = m.weights_scale {
         out.iter_mut().for_each(|(_, w)| *w *= s);
+    }
+}
+
+/// Set the selection scores of every expert outside the `topk_group` best groups to -inf
+/// (a group's score: the sum of its two largest, NaN counted as -inf).
+fn keep_best_groups(m: &MoeFeatures, select: &mut [f64]) {
+    let size = select.len() / m.n_group;
+    let score = |g: &[f64]| {
+        let (mut a, mut b) = (f64::NEG_INFINITY, f64::NEG_INFINITY);
+        for v in g
+            .iter()
+            .map(|&v| if v.is_nan() { f64::NEG_INFINITY } else { v })
+        {
+            if v > a {
+                (a, b) = (v, a);
+            } else if v > b {
+                b = v;
+            }
+        }
+        match size {
+            1 => a,
+            _ => a + b,
+        }
+    };
+    let scores: Vec<f64> = select.chunks_exact(size).map(score).collect();
+    let mut groups: Vec<usize> = (0..m.n_group).collect();
+    groups.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+    for &g in &groups[m.topk_group.min(m.n_group)..] {
+        select[g * size..(g + 1) * size].fill(f64::NEG_INFINITY);
+    }
+}
+
+/// The gating's probabilities of the router's logits (softmax over all experts, or each
+/// expert's sigmoid), in f64.
+fn gate_probs(m: &MoeFeatures, logits: &[f32]) -> Vec<f64> {
+    match m.gating {
+        Gating::Softmax => {
+            let max = logits.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+            let e: Vec<f64> = logits.iter().map(|&l| (l as f64 - max).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            e.into_iter().map(|v| v / sum).collect()
+        }
+        Gating::Sigmoid => logits
+            .iter()
+            .map(|&l| 1.0 / (1.0 + (-(l as f64)).exp()))
+            .collect(),
     }
 }
 
@@ -162,25 +218,59 @@ mod tests {
     fn routing_follows_llama_cpp() {
         let logits = [0.5f32, 2.0, -1.0, 1.5, 0.0];
         let mut r = Vec::new();
-        route(&feats(Gating::Softmax, false, None), &logits, &mut r);
+        route(&feats(Gating::Softmax, false, None), None, &logits, &mut r);
         let e: Vec<f64> = logits.iter().map(|&l| (l as f64).exp()).collect();
         let sum: f64 = e.iter().sum();
         assert_eq!(r.iter().map(|p| p.0).collect::<Vec<_>>(), vec![1, 3]);
         assert!((r[0].1 as f64 - e[1] / sum).abs() < 1e-7);
         assert!((r[1].1 as f64 - e[3] / sum).abs() < 1e-7);
-        route(&feats(Gating::Softmax, true, Some(2.0)), &logits, &mut r);
+        route(
+            &feats(Gating::Softmax, true, Some(2.0)),
+            None,
+            &logits,
+            &mut r,
+        );
         let w1 = e[1] / (e[1] + e[3]);
         assert!((r[0].1 as f64 - 2.0 * w1).abs() < 1e-6);
-        route(&feats(Gating::Sigmoid, false, None), &logits, &mut r);
+        route(&feats(Gating::Sigmoid, false, None), None, &logits, &mut r);
         assert!((r[1].1 as f64 - 1.0 / (1.0 + (-1.5f64).exp())).abs() < 1e-7);
         // NaN never wins; ties keep both candidates.
         route(
             &feats(Gating::Sigmoid, false, None),
+            None,
             &[f32::NAN, 1.0, 1.0, 0.0, 0.0],
             &mut r,
         );
         assert_eq!(r.iter().map(|p| p.0).collect::<Vec<_>>().len(), 2);
         assert!(r.iter().all(|p| p.0 == 1 || p.0 == 2));
+    }
+
+    #[test]
+    fn correction_bias_and_groups_choose_weights_do_not() {
+        let logits = [0.5f32, 2.0, -1.0, 1.5, 0.0, 0.2];
+        let sig = |l: f32| 1.0 / (1.0 + (-(l as f64)).exp());
+        let mut m = MoeFeatures {
+            n_expert: 6,
+            ..feats(Gating::Sigmoid, false, Some(2.5))
+        };
+        let mut r = Vec::new();
+        // The bias lifts experts 2 and 4 over 1 and 3; their weights stay their sigmoids.
+        let bias = [0.0f32, 0.0, 2.0, 0.0, 1.0, 0.0];
+        route(&m, Some(&bias), &logits, &mut r);
+        assert_eq!(r.iter().map(|p| p.0).collect::<Vec<_>>(), vec![2, 4]);
+        assert!((r[0].1 as f64 - 2.5 * sig(-1.0)).abs() < 1e-6);
+        m.norm_weights = true;
+        route(&m, Some(&bias), &logits, &mut r);
+        let w2 = sig(-1.0) / (sig(-1.0) + sig(0.0));
+        assert!((r[0].1 as f64 - 2.5 * w2).abs() < 1e-6);
+        // Three groups of two: scores {0.62+0.88, 0.27+0.82, 0.5+0.55} -> group 0 only.
+        (m.n_group, m.topk_group) = (3, 1);
+        route(&m, None, &logits, &mut r);
+        assert_eq!(r.iter().map(|p| p.0).collect::<Vec<_>>(), vec![1, 0]);
+        // Two groups kept: 0 and 1, so expert 3 (1.5) wins over 0 (0.5).
+        m.topk_group = 2;
+        route(&m, None, &logits, &mut r);
+        assert_eq!(r.iter().map(|p| p.0).collect::<Vec<_>>(), vec![1, 3]);
     }
 
     #[test]

@@ -186,6 +186,9 @@ impl Sparsity {
     pub fn validate(&self, c: &ModelConfig) -> Result<()> {
         let (n_layers, dim, ffn, act) = (c.n_layers, c.dim, c.ffn_dim, c.activation);
         let moe = c.moe.is_moe();
+        if !matches!(self, Sparsity::Dense) {
+            c.refuse_dense_lead("a sparse mode")?;
+        }
         match self {
             Sparsity::Dense => {}
             Sparsity::ExactRelu => ensure!(

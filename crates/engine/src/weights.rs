@@ -78,17 +78,23 @@ impl std::fmt::Debug for StoreHandle {
 }
 
 /// Every tensor the config describes ([`ModelConfig::global_tensors`],
-/// [`ModelConfig::layer_tensors`]) present where required and of its shape. A layer's
+/// [`ModelConfig::layer_tensors_at`]) present where required and of its shape. A layer's
 /// `ffn_down` may come transposed instead, as PowerInfer's `ffn_down_t` (`ffn x dim`).
 fn check_shapes(c: &ModelConfig, tensors: &HashMap<String, Weight>) -> Result<()> {
-    let layer = c.layer_tensors();
+    // A mixture of experts' leading dense layers have their own list.
+    let (lead, routed) = (c.layer_tensors_at(0), c.layer_tensors());
     let named = |prefix: String, t: TensorShape| (prefix + t.name, t);
     let global = c
         .global_tensors()
         .into_iter()
         .map(|t| named(String::new(), t));
-    let layers =
-        (0..c.n_layers).flat_map(|i| layer.iter().map(move |t| named(format!("blk.{i}."), *t)));
+    let layers = (0..c.n_layers).flat_map(|i| {
+        let list = match i < c.moe.dense_lead {
+            true => &lead,
+            false => &routed,
+        };
+        list.iter().map(move |t| named(format!("blk.{i}."), *t))
+    });
     for (name, t) in global.chain(layers) {
         let transposed = format!("{name}_t");
         let (name, rows, cols) = match tensors.contains_key(&transposed) && t.name == "ffn_down" {

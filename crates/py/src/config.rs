@@ -262,6 +262,10 @@ config_fields! {
         expert_norm_weights: core.moe.norm_weights;
         expert_weights_scale: core.moe.weights_scale;
         router_on_residual: core.moe.router_on_residual;
+        dense_lead_layers: core.moe.dense_lead;
+        expert_score_bias: core.moe.score_bias;
+        expert_groups: core.moe.n_group;
+        expert_groups_used: core.moe.topk_group;
     }
 }
 
@@ -439,10 +443,15 @@ impl PyModelConfig {
         tensor_rows(self.core.global_tensors())
     }
 
-    /// `[(suffix, rows, cols, required), ...]` of each layer's tensors (names after
-    /// `blk.N.`): what the engine's weight table reads, and the loaders check.
-    fn layer_tensors(&self) -> Vec<TensorRow> {
-        tensor_rows(self.core.layer_tensors())
+    /// `[(suffix, rows, cols, required), ...]` of layer `layer`'s tensors (names after
+    /// `blk.N.`; None: a layer past the leading dense ones): what the engine's weight table
+    /// reads, and the loaders check.
+    #[pyo3(signature = (layer=None))]
+    fn layer_tensors(&self, layer: Option<usize>) -> Vec<TensorRow> {
+        tensor_rows(match layer {
+            Some(l) => self.core.layer_tensors_at(l),
+            None => self.core.layer_tensors(),
+        })
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {

@@ -87,6 +87,9 @@ class Family:
     #: says, and the global layers lose RoPE (llama.cpp's smallthinker.cpp: 4096, with
     #: n_no_rope_layer_step 4 on the dense-first pattern).
     gguf_fixed_window: int = 0
+    #: GGUF layer tensor names (after ``blk.N.``) that are another canonical tensor in this
+    #: family's files (GLM-4.5's FFN norm is ``post_attention_norm``).
+    gguf_layer_names: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unknown = set(self.config) - set(CONFIG_DEFAULTS)
@@ -103,6 +106,8 @@ class Family:
         """Canonical names of the bias vectors the family's models carry (a layer's without
         ``blk.N.``), from the engine's tensor list of its config."""
         sizes = {k: v for k, v in _REQUIRED.items() if k not in ("arch", "rope_style")}
+        if self.moe:  # one expert, so that the experts' tensors are listed
+            sizes.update(n_expert=1, n_expert_used=1)
         c = family_config(self, **{**sizes, "activation": self.activation})
         names = [t[0] for t in c.global_tensors() + c.layer_tensors()]
         return tuple(n for n in names if n.endswith(".bias"))
@@ -450,6 +455,15 @@ del _OLMOE_HF["head_dim"]  # OlmoeConfig has none (hidden // heads)
 _MIXTRAL_HF = {**_LLAMA_HF, "rms_norm_eps": 1e-5, "rope_theta": 1e6, "num_key_value_heads": 8}
 _MIXTRAL_HF.update(max_position_embeddings=4096 * 32, sliding_window=None)
 _MIXTRAL_HF.update(num_local_experts=8, num_experts_per_tok=2)
+# Glm4MoeConfig: GLM-4.5-Air's sizes; sigmoid routing with a correction bias, renormalised,
+# one shared expert, the first layer dense, half of each head rotating, no q/k/v bias.
+_GLM4MOE_HF = {**_LLAMA_HF, "rms_norm_eps": 1e-5, "num_key_value_heads": 8}
+_GLM4MOE_HF.update(max_position_embeddings=131072, partial_rotary_factor=0.5)
+_GLM4MOE_HF.update(bos_token_id=None, eos_token_id=None, attention_bias=False)
+_GLM4MOE_HF.update(n_routed_experts=128, num_experts_per_tok=8, moe_intermediate_size=1408)
+_GLM4MOE_HF.update(n_shared_experts=1, routed_scaling_factor=1.0, n_group=1, topk_group=1)
+_GLM4MOE_HF.update(first_k_dense_replace=1, norm_topk_prob=True, use_qk_norm=False)
+del _GLM4MOE_HF["head_dim"]  # Glm4MoeConfig has none (the modeling code's hidden // heads)
 #: Qwen's and OLMoE's expert parameters (Mixtral's are w1, w3, w2).
 _EXPERTS = ("mlp.experts.", {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"})
 _QK_NORMS = {"self_attn.q_norm.weight": "attn_q_norm", "self_attn.k_norm.weight": "attn_k_norm"}
@@ -527,6 +541,36 @@ MOE_FAMILIES: tuple[Family, ...] = (
         hf_defaults=_LLAMA_HF,
         moe=True,
     ),
+    # GLM-4.5/4.6/4.7 (llama.cpp's glm4-moe.cpp): sigmoid routing whose top-k is chosen with
+    # a correction bias (exp_probs_b) and weighted without it, renormalised and scaled as the
+    # file says, shared experts without a gate, the first leading_dense_block_count layers
+    # dense, q/k/v biases, q/k norms where the file has them, NeoX RoPE over
+    # rope.dimension_count values, and NextN layers past the decoder (loaded, never run).
+    Family(
+        "glm4moe",
+        "glm4moe",
+        "neox",
+        ("glm4_moe",),
+        ("Glm4MoeForCausalLM",),
+        config=dict(qkv_bias=True, expert_gating="sigmoid", expert_score_bias=True),
+        hf_layer_names={
+            **_ROUTER,
+            **_QK_NORMS,
+            "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
+            "mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp",
+            "mlp.shared_experts.up_proj.weight": "ffn_up_shexp",
+            "mlp.shared_experts.down_proj.weight": "ffn_down_shexp",
+            **{f"self_attn.{x}_proj.bias": f"attn_{x}.bias" for x in ("q", "k", "v")},
+            # A NextN/MTP layer's own parameters (that layer is left out at load).
+            "eh_proj.weight": "nextn.eh_proj",
+            "enorm.weight": "nextn.enorm",
+            "hnorm.weight": "nextn.hnorm",
+            "shared_head.norm.weight": "nextn.shared_head_norm",
+        },
+        hf_defaults=_GLM4MOE_HF,
+        gguf_layer_names={"post_attention_norm": "ffn_norm"},
+        **_QWEN_STYLE_MOE,
+    ),
     Family(
         "mixtral",
         "llama",
@@ -572,6 +616,15 @@ def hf_layer_names(f: Family) -> dict[str, str]:
     if f.hf_own_names:
         return dict(f.hf_layer_names)
     return {**LLAMA_HF_LAYER_NAMES, **f.hf_layer_names}
+
+
+def nextn_layer(name: str, cfg: ModelConfig) -> bool:
+    """Whether tensor ``name`` belongs to a block past the decoder's ``cfg.n_layers`` (GLM's
+    NextN/MTP layers, which llama.cpp loads and skips): the loaders leave those out."""
+    if not name.startswith("blk."):
+        return False
+    layer = name.split(".", 2)[1]
+    return layer.isdigit() and int(layer) >= cfg.n_layers
 
 
 def _rows(t: TensorData, name: str, start: int, stop: int) -> TensorData:

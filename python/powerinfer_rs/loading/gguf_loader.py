@@ -1,6 +1,8 @@
 """Load a GGUF file of a supported family (:mod:`.archs`: llama/mistral, qwen2, qwen3, phi3,
-gemma2, gemma3, falcon with llama.cpp's keys and tensor names; bamboo and opt with PowerInfer's):
-config from its metadata, tensors as raw mmap views.
+gemma2, gemma3, falcon and the mixtures of experts (qwen3moe, qwen2moe, olmoe, mixtral,
+smallthinker, glm4moe) with llama.cpp's keys and tensor names; bamboo and opt with
+PowerInfer's): config from its metadata, tensors as raw mmap views. GLM-4.5's NextN/MTP blocks
+past the decoder (``nextn_predict_layers``) are left out, as llama.cpp skips them.
 
 Weights keep their GGUF encoding (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K);
 nothing is dequantised.
@@ -33,7 +35,7 @@ import numpy as np
 
 from ..errors import ModelFileError, ShapeError, UnsupportedError
 from ..runtime.tokenizer import Tokenizer
-from .archs import GGUF_FAMILIES, Family, family_config, family_named, split_fused
+from .archs import GGUF_FAMILIES, Family, family_config, family_named, nextn_layer, split_fused
 from .gguf_file import MAGIC, GGUFTensorInfo, starts_with
 from .gguf_split import GGUFModelFiles
 from .rope import (
@@ -176,6 +178,8 @@ def _read_experts(meta: dict[str, Any], fam: Family, cfg: ModelConfig) -> None:
         )
     if fam.name in ("qwen2moe", "qwen3moe"):
         expert_ffn = _int(meta, f"{a}.expert_feed_forward_length", cfg.ffn_dim // n_used)
+    elif fam.name == "glm4moe":
+        expert_ffn = _glm4moe_experts(meta, cfg)
     elif fam.name == "smallthinker":
         expert_ffn = _int(meta, f"{a}.expert_feed_forward_length", cfg.ffn_dim)
         gating = meta.get(f"{a}.expert_gating_func")
@@ -191,6 +195,38 @@ def _read_experts(meta: dict[str, Any], fam: Family, cfg: ModelConfig) -> None:
     cfg.n_expert, cfg.n_expert_used, cfg.expert_ffn_dim = n_expert, n_used, expert_ffn
     if fam.shared_expert_gate:
         cfg.shared_ffn_dim = _int(meta, f"{a}.expert_shared_feed_forward_length", cfg.ffn_dim)
+
+
+def _glm4moe_experts(meta: dict[str, Any], cfg: ModelConfig) -> int:
+    """GLM-4.5's expert settings into ``cfg`` as llama.cpp's glm4-moe.cpp reads them; returns
+    each expert's width (``expert_feed_forward_length``, required). ``expert_shared_count``
+    (required) shared experts of that width make one shared expert; the first
+    ``leading_dense_block_count`` layers (default 0) are dense; ``expert_gating_func`` (1
+    softmax, 2 sigmoid; absent: sigmoid); ``expert_weights_norm`` (default false) and
+    ``expert_weights_scale`` (the converter writes routed_scaling_factor; absent: 1); the
+    last ``nextn_predict_layers`` blocks (default 0) are the NextN/MTP layers llama.cpp loads
+    but never runs, so the decoder has ``block_count`` less those."""
+    a = "glm4moe"
+    expert_ffn = _int(meta, f"{a}.expert_feed_forward_length")
+    cfg.shared_ffn_dim = expert_ffn * _int(meta, f"{a}.expert_shared_count")
+    cfg.dense_lead_layers = _int(meta, f"{a}.leading_dense_block_count", 0)
+    gating = meta.get(f"{a}.expert_gating_func", 2)
+    if gating not in (1, 2):
+        raise UnsupportedError(f"{a}.expert_gating_func {gating!r} (1 softmax, 2 sigmoid)")
+    cfg.expert_gating = "softmax" if gating == 1 else "sigmoid"
+    norm = meta.get(f"{a}.expert_weights_norm", False)
+    if not isinstance(norm, bool):
+        raise ModelFileError(f"GGUF metadata key {a}.expert_weights_norm must be a bool")
+    cfg.expert_norm_weights = norm
+    scale = _float(meta, f"{a}.expert_weights_scale", 1.0)
+    cfg.expert_weights_scale = 0.0 if scale == 1.0 else scale
+    nextn = _int(meta, f"{a}.nextn_predict_layers", 0)
+    if not 0 <= nextn < cfg.n_layers:
+        raise ModelFileError(
+            f"{a}.nextn_predict_layers {nextn} must lie below block_count {cfg.n_layers}"
+        )
+    cfg.n_layers -= nextn
+    return expert_ffn
 
 
 def _swa_pattern(meta: dict[str, Any], fam: Family, n_layers: int) -> int:
@@ -283,17 +319,21 @@ def _tensor_views(gf: GGUFModelFiles, fam: Family, cfg: ModelConfig) -> dict[str
     into ``cfg`` (:func:`_read_rope_tensor`)."""
     out: dict[str, TensorData] = {}
     rope_tensors: set[str] = set()
+    biases = fam.biases()
     for t in gf.tensors:
         path = gf.path_of(t)
         buf = gf.data_of(t)  # np.memmap, uint8, the whole shard
         size = int(buf.size)
         full = t.name.replace("ffn_down_t.bias", "ffn_down.bias")
-        bias = full.endswith(".bias") and full.rsplit(".", 2)[-2] + ".bias" in fam.biases()
+        bias = full.endswith(".bias") and full.rsplit(".", 2)[-2] + ".bias" in biases
         if full.endswith(".bias") and not bias:
             raise UnsupportedError(f"{path}: tensor {full!r} (a bias the family has not)")
         if not (full.endswith(".weight") or bias):
             continue
         name = full if bias else full[: -len(".weight")]
+        if fam.name == "glm4moe" and nextn_layer(name, cfg):
+            continue  # a NextN/MTP block: never run
+        name = _renamed(name, fam)
         dtype = t.type_name
         if name == "rope_freqs" or name in LONGROPE_TENSORS:
             _read_rope_tensor(gf, t, name, fam, cfg)
@@ -328,6 +368,23 @@ def _tensor_views(gf: GGUFModelFiles, fam: Family, cfg: ModelConfig) -> dict[str
     return out
 
 
+def _renamed(name: str, fam: Family) -> str:
+    """The canonical name of a layer tensor the family's files name otherwise
+    (:attr:`.archs.Family.gguf_layer_names`)."""
+    if not fam.gguf_layer_names or not name.startswith("blk."):
+        return name
+    _, layer, kind = name.split(".", 2)
+    return f"blk.{layer}.{fam.gguf_layer_names.get(kind, kind)}"
+
+
+def _optional_tensors(fam: Family, cfg: ModelConfig, tensors: dict[str, TensorData]) -> None:
+    """GLM-4.5's optional q/k norms and q/k/v biases: on where the file has them (llama.cpp
+    creates them as not required)."""
+    if fam.name == "glm4moe":
+        cfg.qk_norm = "blk.0.attn_q_norm" in tensors
+        cfg.qkv_bias = "blk.0.attn_q.bias" in tensors
+
+
 def load_gguf(path: str | os.PathLike[str]) -> LoadedModel:
     """Load a GGUF file of a supported family (memory-mapped, zero copy)."""
     p = str(Path(path))
@@ -340,6 +397,7 @@ def load_gguf(path: str | os.PathLike[str]) -> LoadedModel:
     tok = Tokenizer.from_gguf(meta)
     cfg = config_from_metadata(meta, tok)
     tensors = _tensor_views(gf, fam, cfg)
+    _optional_tensors(fam, cfg, tensors)
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     split_fused(fam, tensors, q_dim, kv_dim, cfg.ffn_dim)
     fit_position_table(cfg, tensors, p)

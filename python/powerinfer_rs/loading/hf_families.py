@@ -120,6 +120,8 @@ def moe_fields(fam: Family, cfg: dict[str, Any]) -> dict[str, Any]:
     ``decoder_sparse_step`` > 1) and OLMoE's ``clip_qkv`` are refused."""
     if not fam.moe:
         return {}
+    if fam.name == "glm4moe":
+        return _glm4moe_fields(cfg)
     out: dict[str, Any] = {}
     key = "num_local_experts" if fam.name == "mixtral" else "num_experts"
     out["n_expert"] = _count(cfg, key)
@@ -139,6 +141,37 @@ def moe_fields(fam: Family, cfg: dict[str, Any]) -> dict[str, Any]:
     norm = cfg.get("norm_topk_prob")
     out["expert_norm_weights"] = True if fam.name == "mixtral" else bool(norm)
     return out
+
+
+def _glm4moe_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Glm4MoeConfig's expert and attention settings (as modeling_glm4_moe reads them):
+    ``n_routed_experts`` experts of ``moe_intermediate_size``, ``num_experts_per_tok`` per
+    token chosen by sigmoid plus the correction bias within the ``topk_group`` best of
+    ``n_group`` groups, renormalised when ``norm_topk_prob``, times ``routed_scaling_factor``;
+    ``n_shared_experts`` shared experts of the same width as one; the first
+    ``first_k_dense_replace`` layers dense; q/k/v biases with ``attention_bias``, q/k norms with
+    ``use_qk_norm``."""
+    ef = _count(cfg, "moe_intermediate_size")
+    shared = cfg.get("n_shared_experts")
+    lead = cfg.get("first_k_dense_replace")
+    for key, v in (("n_shared_experts", shared), ("first_k_dense_replace", lead)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ModelFileError(f"config.json: {key!r} must be an integer >= 0, got {v!r:.80}")
+    groups, used = _count(cfg, "n_group"), _count(cfg, "topk_group")
+    scale = number(cfg, "routed_scaling_factor", 1.0)
+    return {
+        "n_expert": _count(cfg, "n_routed_experts"),
+        "n_expert_used": _count(cfg, "num_experts_per_tok"),
+        "expert_ffn_dim": ef,
+        "shared_ffn_dim": ef * shared,
+        "dense_lead_layers": lead,
+        "expert_groups": groups if groups > 1 else 0,
+        "expert_groups_used": used if groups > 1 else 0,
+        "expert_norm_weights": bool(cfg.get("norm_topk_prob")),
+        "expert_weights_scale": 0.0 if scale == 1.0 else scale,
+        "qkv_bias": bool(cfg.get("attention_bias")),
+        "qk_norm": bool(cfg.get("use_qk_norm")),
+    }
 
 
 def merge_experts(tensors: dict[str, TensorData], cfg: Any, source: str) -> None:

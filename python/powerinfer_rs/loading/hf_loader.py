@@ -27,6 +27,7 @@ from .archs import (
     family_named,
     hf_family,
     hf_layer_names,
+    nextn_layer,
     split_fused,
 )
 from .hf_families import (
@@ -325,6 +326,9 @@ def load_hf_dir(path: str | os.PathLike[str]) -> LoadedModel:
     family = family_named(cfg.arch)
     weight_files = _weight_files(d)
     tensors = _tensors(weight_files, family)
+    if family.name == "glm4moe":  # the NextN/MTP layers past the decoder: never run
+        for name in [n for n in tensors if nextn_layer(n, cfg)]:
+            del tensors[name]
     if family.moe:
         merge_experts(tensors, cfg, str(d))
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim

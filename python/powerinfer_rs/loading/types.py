@@ -117,6 +117,13 @@ ROPE_DEFAULTS: dict[str, object] = {
     "rope_long_factors": [],
     "rope_original_context": 0,
 }
+#: The expert fields GLM-4.5 added, left out of the fingerprint when unset for the same reason.
+MOE_DEFAULTS: dict[str, object] = {
+    "dense_lead_layers": 0,
+    "expert_score_bias": False,
+    "expert_groups": 0,
+    "expert_groups_used": 0,
+}
 
 #: The model config, declared once by the engine (crates/py/src/config.rs): built with
 #: keywords (``arch``, the eight sizes, ``rms_eps``, ``rope_theta``, ``rope_style`` and
@@ -166,7 +173,8 @@ class LoadedModel:
 
 def layer_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
     """Canonical suffix (after ``blk.N.``) -> ``(rows, cols)`` of the tensors every layer of
-    ``config``'s family needs (the engine's own list: ``ModelConfig.layer_tensors``)."""
+    ``config``'s family needs past a mixture of experts' leading dense layers (the engine's
+    own list: ``ModelConfig.layer_tensors``)."""
     return {n: (r, c) for n, r, c, required in config.layer_tensors() if required}
 
 
@@ -174,9 +182,11 @@ def tensor_table(config: ModelConfig) -> dict[str, tuple[int, int, bool]]:
     """Canonical tensor name -> ``(rows, cols, required)`` of every tensor ``config`` implies
     or allows (the tied output head, Falcon's ``attn_norm_2``), as the engine reads them."""
     out = {n: (r, c, req) for n, r, c, req in config.global_tensors()}
-    per_layer = config.layer_tensors()
+    # A mixture of experts' leading dense layers (GLM-4.5) have a dense FFN.
+    lead, per_layer = config.layer_tensors(0), config.layer_tensors()
     for i in range(config.n_layers):
-        out.update({f"blk.{i}.{n}": (r, c, req) for n, r, c, req in per_layer})
+        layer = lead if i < config.dense_lead_layers else per_layer
+        out.update({f"blk.{i}.{n}": (r, c, req) for n, r, c, req in layer})
     return out
 
 
@@ -194,7 +204,9 @@ def check_layer_count(config: ModelConfig, tensors: dict[str, TensorData], sourc
     """:class:`ModelFileError` when the file's tensors cannot hold ``config.n_layers`` layers,
     before anything loops over the layers (a block count of 10^7 in a 15 KB file used to spend
     minutes and gigabytes listing the tensors it would need)."""
-    need = config.n_layers * len(layer_shapes(config))
+    lead = min(config.dense_lead_layers, config.n_layers)
+    dense = sum(1 for t in config.layer_tensors(0) if t[3]) if lead else 0
+    need = lead * dense + (config.n_layers - lead) * len(layer_shapes(config))
     if need > len(tensors):
         raise ModelFileError(
             f"{source}: {config.n_layers} layers need {need} layer tensors, the file has "
@@ -239,7 +251,7 @@ def fingerprint(config: ModelConfig, tensors: dict[str, TensorData], sample: int
     """
     h = hashlib.sha256()
     fields = config.to_dict()
-    for k, none in ROPE_DEFAULTS.items():
+    for k, none in {**ROPE_DEFAULTS, **MOE_DEFAULTS}.items():
         if fields.get(k) == none:
             del fields[k]
     h.update(json.dumps(fields, sort_keys=True).encode())

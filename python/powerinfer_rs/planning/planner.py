@@ -211,6 +211,18 @@ def plan_from_solution(problem: PlacementProblem, res: SolveResult, profile: Pro
     )
 
 
+def refuse_dense_lead(shape: ModelShape) -> None:
+    """:class:`UnsupportedError` for a mixture of experts with leading dense layers (GLM-4.5's
+    first_k_dense_replace): a plan counts one flattened expert space per layer."""
+    lead = shape.config.dense_lead_layers
+    if shape.moe and lead:
+        raise UnsupportedError(
+            f"a plan of a mixture of experts with {lead} leading dense layers (GLM-4.5's "
+            "first_k_dense_replace): the plan counts one flattened expert space per layer; such "
+            "a model runs dense on the CPU"
+        )
+
+
 def make_plan(
     model: LoadedModel | ModelShape,
     profile: Profile,
@@ -256,9 +268,11 @@ def make_plan(
 
     Raises :class:`PlanError` when the profile was made on another model (unless
     ``check_fingerprint`` is False), :class:`ShapeError` when it does not fit the model's shape,
-    and :class:`VramBudgetError` for a budget the hardware cannot hold.
+    :class:`VramBudgetError` for a budget the hardware cannot hold, and
+    :class:`UnsupportedError` for a mixture of experts with leading dense layers (GLM-4.5).
     """
     shape = ModelShape.coerce(model)
+    refuse_dense_lead(shape)
     if (
         check_fingerprint
         and profile.model_fingerprint

@@ -46,13 +46,16 @@ def hf_name(name: str, family: Family | None = None) -> str:
     """HF parameter name of a canonical (or fused) tensor name of ``family`` (default llama);
     a bias is named after its weight."""
     fam = family or FAMILIES[0]
+    names = {v: k for k, v in hf_layer_names(fam).items()}
+    if name.startswith("blk.") and name.split(".", 2)[2] in names:  # GLM's exp_probs_b.bias
+        _, layer, kind = name.split(".", 2)
+        return f"{fam.hf_layer_prefix}{layer}.{names[kind]}"
     if name.endswith(".bias"):
         return hf_name(name[: -len(".bias")], fam)[: -len(".weight")] + ".bias"
     glob = {v: k for k, v in fam.hf_globals.items()}
     if name in glob:
         return glob[name]
     _, layer, kind = name.split(".", 2)
-    names = {v: k for k, v in hf_layer_names(fam).items()}
     return f"{fam.hf_layer_prefix}{layer}.{names[kind]}"
 
 
@@ -159,7 +162,7 @@ def _hf_config(spec: SynthSpec, torch_dtype: str) -> dict[str, Any]:
         out["num_ln_in_parallel_attn"] = None
     if f.moe:
         out.update(_hf_moe_config(s))
-    if s.partial_rotary != 1.0 and f.name != "phi3":
+    if f.name == "glm4moe" or (s.partial_rotary != 1.0 and f.name != "phi3"):
         # Read by transformers' RoPE initialisation from any config (an extra attribute).
         out["partial_rotary_factor"] = s.partial_rotary
     if s.rope_scaling == "llama3":
@@ -173,6 +176,8 @@ def _hf_moe_config(s: SynthSpec) -> dict[str, Any]:
     """The expert keys of a mixture-of-experts config.json, as the family's class saves
     them (transformers 4.57): Qwen3-MoE renormalises (its released checkpoints do, and
     llama.cpp always does), Qwen2-MoE and OLMoE do not."""
+    if s.arch == "glm4moe":
+        return _hf_glm4moe_config(s)
     out: dict[str, Any] = {"num_experts_per_tok": s.experts_used, "output_router_logits": False}
     out["router_aux_loss_coef"] = 0.001 if s.arch != "mixtral" else 0.02
     if s.arch == "mixtral":
@@ -193,13 +198,28 @@ def _hf_moe_config(s: SynthSpec) -> dict[str, Any]:
     return out
 
 
+def _hf_glm4moe_config(s: SynthSpec) -> dict[str, Any]:
+    """Glm4MoeConfig's keys (4.57; ``num_nextn_predict_layers`` as the released checkpoints
+    carry it, where the model has NextN layers)."""
+    out: dict[str, Any] = {"n_routed_experts": s.experts, "num_experts_per_tok": s.experts_used}
+    out.update(moe_intermediate_size=s.eff, n_shared_experts=s.shared_experts)
+    out.update(routed_scaling_factor=s.expert_scale, first_k_dense_replace=s.dense_lead)
+    out.update(n_group=s.expert_groups or 1, topk_group=s.expert_groups_used or 1)
+    out.update(norm_topk_prob=True, use_qk_norm=s.use_qk_norm, attention_bias=True)
+    if s.nextn:
+        out["num_nextn_predict_layers"] = s.nextn
+    return out
+
+
 def _hf_entries(gen: SynthWeights, name: str, st: str) -> list[tuple[str, str, tuple[int, ...]]]:
     """The HF parameters of canonical tensor ``name``: one, or for merged experts one per
     expert (``model.layers.N.mlp.experts.E.gate_proj.weight``)."""
     s, fam = gen.spec, gen.spec.family
     shape = dict(s.tensor_shapes(fused=True))[name]
     if len(shape) != 3:
-        return [(hf_name(name, fam), st, shape)]
+        # GLM's correction bias is float32 in its checkpoints, whatever the weights' dtype.
+        dt = "F32" if name.endswith("exp_probs_b.bias") else st
+        return [(hf_name(name, fam), dt, shape)]
     assert fam.hf_experts is not None
     path, projs = fam.hf_experts
     layer, kind = name.split(".")[1:]
@@ -318,7 +338,7 @@ def write_hf_model(
         entries = [e for n in group for e in _hf_entries(gen, n, st)]
         # Merged experts go out one expert at a time.
         arrays = (
-            _encode_hf(a, st)
+            _encode_hf(a, "F32" if n.endswith("exp_probs_b.bias") else st)
             for n in group
             for a in _per_expert(_hf_tensor(gen, n), len(shapes[n]) == 3)
         )
@@ -345,8 +365,8 @@ def add_llama_metadata(
 
 
 def _add_sizes(w: Any, s: SynthSpec) -> None:
-    """The size keys every converter writes."""
-    w.add_block_count(s.layers)
+    """The size keys every converter writes (GLM's block count with its NextN layers)."""
+    w.add_block_count(s.layers + s.nextn)
     w.add_context_length(s.max_context)
     w.add_embedding_length(s.dim)
     w.add_feed_forward_length(s.ffn)
@@ -435,7 +455,7 @@ def add_converter_metadata(w: Any, spec: SynthSpec, name: str, file_type: int) -
         if arch == "llama":
             w.add_vocab_size(s.vocab)
             w.add_rope_dimension_count(s.rope_dims)
-        elif partial:
+        elif partial or arch == "glm4moe":  # Glm4MoeModel writes it always
             w.add_rope_dimension_count(s.rope_dims)
         if arch == "gemma3":
             if s.window:
@@ -454,6 +474,9 @@ def _add_experts(w: Any, s: SynthSpec) -> None:
     num_experts_per_tok); Qwen2/3-MoE's ``expert_feed_forward_length`` (moe_intermediate_size)
     and Qwen2-MoE's ``expert_shared_feed_forward_length``. OLMoE's and Mixtral's experts are
     ``feed_forward_length`` wide."""
+    if s.arch == "glm4moe":  # conversion's Glm4MoeModel (TextModel: expert_used_count)
+        _add_glm4moe_experts(w, s)
+        return
     w.add_expert_count(s.experts)
     w.add_expert_used_count(s.experts_used)
     if s.arch in ("qwen2moe", "qwen3moe", "smallthinker"):
@@ -468,6 +491,23 @@ def _add_experts(w: Any, s: SynthSpec) -> None:
             w.add_sliding_window(s.sliding_window)
     if s.shared_width:
         w.add_expert_shared_feed_forward_length(s.shared_width)
+
+
+def _add_glm4moe_experts(w: Any, s: SynthSpec) -> None:
+    """Glm4MoeModel.set_gguf_parameters' expert keys, in its order (TextModel has written
+    ``expert_used_count``; ``nextn_predict_layers`` only where config.json has the key)."""
+    import gguf
+
+    w.add_expert_used_count(s.experts_used)
+    w.add_expert_count(s.experts)
+    w.add_expert_feed_forward_length(s.eff)
+    w.add_expert_shared_count(s.shared_experts)
+    w.add_leading_dense_block_count(s.dense_lead)
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_expert_weights_scale(s.expert_scale)
+    w.add_expert_weights_norm(True)
+    if s.nextn:
+        w.add_nextn_predict_layers(s.nextn)
 
 
 def add_tokenizer(w: Any, spec: SynthSpec, tokenizer_pre: str) -> None:
@@ -570,7 +610,7 @@ def write_gguf_model(
     for rname, v in rope_tensors.items():
         w.add_tensor_info(f"{rname}.weight", v.shape, np.dtype(np.float32), v.nbytes)
     for name, shape in order:
-        full = name if name.endswith(".bias") else f"{name}.weight"
+        full = gguf_name(name, spec.family)
         if len(shape) == 1:
             w.add_tensor_info(full, shape, np.dtype(np.float32), shape[0] * 4)
             continue
@@ -602,6 +642,16 @@ def write_gguf_model(
         w.write_tensor_data(data.reshape(*shape[:-1], -1))
     w.close()
     return _move_shards(w.format_shard_names(tmp), out, work)
+
+
+def gguf_name(name: str, family: Family) -> str:
+    """The GGUF tensor name of canonical tensor ``name`` (``.weight`` added, biases as they
+    are; GLM's FFN norm is ``post_attention_norm``)."""
+    if name.startswith("blk.") and family.gguf_layer_names:
+        _, layer, kind = name.split(".", 2)
+        back = {v: k for k, v in family.gguf_layer_names.items()}
+        name = f"blk.{layer}.{back.get(kind, kind)}"
+    return name if name.endswith(".bias") else f"{name}.weight"
 
 
 def _move_shards(written: list[Path], out: Path, work: Path) -> Path:
@@ -755,6 +805,14 @@ def _add_moe_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument(
         "--shared-ffn", type=nonneg_int, default=0, help="qwen2moe's shared expert (0 = --ffn)"
     )
+    ap.add_argument(
+        "--dense-lead", type=nonneg_int, default=0, help="glm4moe: leading dense layers"
+    )
+    ap.add_argument("--shared-experts", type=nonneg_int, default=1, help="glm4moe: shared experts")
+    ap.add_argument(
+        "--expert-scale", type=positive_float, default=1.0, help="glm4moe: routed_scaling_factor"
+    )
+    ap.add_argument("--nextn", type=nonneg_int, default=0, help="glm4moe: NextN/MTP blocks")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -765,6 +823,7 @@ def main(argv: list[str] | None = None) -> int:
     extra += ("rope_theta", "rope_scaling")
     extra += ("rope_factor", "rope_low_freq_factor", "rope_high_freq_factor")
     extra += ("rope_original_context", "experts", "experts_used", "expert_ffn", "shared_ffn")
+    extra += ("dense_lead", "shared_experts", "expert_scale", "nextn")
     common = {k: getattr(a, k) for k in (*keys, *extra)}
     common["partial_rotary"] = a.partial_rotary_factor
     common["kv_heads"] = a.kv_heads or a.heads

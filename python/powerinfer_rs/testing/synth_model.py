@@ -137,14 +137,43 @@ class SynthSpec:
     experts_used: int = 0
     expert_ffn: int = 0
     shared_ffn: int = 0
-    #: SmallThinker's router gating ("softmax" or "sigmoid": its expert_gating_func key).
+    #: SmallThinker's router gating ("softmax" or "sigmoid": its expert_gating_func key;
+    #: GLM-4.5's is sigmoid).
     expert_gating: str = "softmax"
+    #: GLM-4.5: leading dense layers (first_k_dense_replace), shared experts of the experts'
+    #: width (n_shared_experts), the weights' scale (routed_scaling_factor), q/k norms
+    #: (use_qk_norm), NextN/MTP blocks after the decoder (num_nextn_predict_layers), and the
+    #: expert groups (n_group / topk_group: 0 none; Hugging Face only, which llama.cpp's
+    #: converter does not write for the family).
+    dense_lead: int = 0
+    shared_experts: int = 1
+    expert_scale: float = 1.0
+    use_qk_norm: bool = False
+    nextn: int = 0
+    expert_groups: int = 0
+    expert_groups_used: int = 0
 
     def __post_init__(self) -> None:
         # A mixture-of-experts family without expert counts: 8 experts, 2 per token.
         if family_named(self.arch).moe:
             self.experts = self.experts or 8
             self.experts_used = self.experts_used or 2
+        if self.arch == "glm4moe":
+            self.expert_gating = "sigmoid"
+
+    @property
+    def glm(self) -> bool:
+        """GLM-4.5's layer (:attr:`dense_lead` and the fields after it)."""
+        return self.arch == "glm4moe"
+
+    def moe_layer(self, layer: int) -> bool:
+        """Whether ``layer`` has experts (GLM-4.5's first ``dense_lead`` layers do not)."""
+        return self.family.moe and layer >= self.dense_lead
+
+    @property
+    def qk_norm(self) -> bool:
+        """Whether q and k are RMS-normed (the family's, or GLM-4.5's ``use_qk_norm``)."""
+        return self.family.qk_norm or (self.glm and self.use_qk_norm)
 
     @property
     def eff(self) -> int:
@@ -153,7 +182,10 @@ class SynthSpec:
 
     @property
     def shared_width(self) -> int:
-        """The shared expert's width (Qwen2-MoE), 0 without one."""
+        """The shared expert's width (Qwen2-MoE's; GLM-4.5's shared experts as one), 0
+        without one."""
+        if self.glm:
+            return self.eff * self.shared_experts
         return (self.shared_ffn or self.ffn) if self.family.shared_expert_gate else 0
 
     @property
@@ -175,6 +207,7 @@ class SynthSpec:
         """``head_dim`` as the family's config class stores it: None for Mistral (whose
         class keeps null), Falcon, OPT and Qwen2 (which have no such key), else the size."""
         no_head_dim = ("mistral", "mixtral", "bamboo", "falcon", "opt", "qwen2", "qwen2moe")
+        no_head_dim += ("glm4moe",)
         if self.arch in (*no_head_dim, "olmoe"):
             return None
         return self.head_dim
@@ -281,8 +314,13 @@ class SynthSpec:
                 raise ShapeError(f"{self.arch}: need 0 < experts_used <= experts")
             if self.expert_gating not in ("softmax", "sigmoid"):
                 raise UnsupportedError(f"expert_gating {self.expert_gating!r}")
-            if self.expert_gating != "softmax" and self.arch != "smallthinker":
+            if self.expert_gating != "softmax" and self.arch not in ("smallthinker", "glm4moe"):
                 raise ShapeError(f"{self.arch} routes with a softmax")
+            if not 0 <= self.dense_lead <= self.layers or (self.dense_lead and not self.glm):
+                raise ShapeError(f"{self.arch}: dense_lead {self.dense_lead}")
+            g, k = self.expert_groups, self.expert_groups_used
+            if g and (self.experts % g or not 0 < k <= g or not self.glm):
+                raise ShapeError(f"expert groups {g}/{k} for {self.experts} experts")
             fixed = ("olmoe", "mixtral", "smallthinker")
             if self.arch in fixed and self.expert_ffn not in (0, self.ffn):
                 raise ShapeError(f"{self.arch}: the experts are ffn wide (expert_ffn 0)")
@@ -328,8 +366,23 @@ class SynthSpec:
             no_rope_step=4 if self.arch == "smallthinker" and self.window else 0,
             expert_ffn_dim=self.eff if self.experts else 0,
             shared_ffn_dim=self.shared_width,
+            **self._glm_fields(),
             **self.rope_fields(),  # type: ignore[arg-type]
         )
+
+    def _glm_fields(self) -> dict[str, object]:
+        """GLM-4.5's config fields (:attr:`dense_lead` and after)."""
+        if not self.glm:
+            return {}
+        scale = 0.0 if self.expert_scale == 1.0 else self.expert_scale
+        return {
+            "dense_lead_layers": self.dense_lead,
+            "expert_norm_weights": True,
+            "expert_weights_scale": scale,
+            "qk_norm": self.use_qk_norm,
+            "expert_groups": self.expert_groups if self.expert_groups > 1 else 0,
+            "expert_groups_used": self.expert_groups_used if self.expert_groups > 1 else 0,
+        }
 
     @property
     def softcaps(self) -> tuple[float, float]:
@@ -351,8 +404,11 @@ class SynthSpec:
         def norm(name: str) -> list[tuple[str, tuple[int, ...]]]:
             return [(name, (d,))] + ([(name + ".bias", (d,))] if f.layer_norm else [])
 
-        for i in range(self.layers):
+        for i in range(self.layers + self.nextn):
             p = f"blk.{i}."
+            if i >= self.layers:  # a NextN/MTP block: its own tensors, then a decoder layer
+                out += [(p + "nextn.eh_proj", (d, 2 * d)), (p + "nextn.enorm", (d,))]
+                out += [(p + "nextn.hnorm", (d,)), (p + "nextn.shared_head_norm", (d,))]
             out += norm(p + "attn_norm")
             if fuse_qkv:
                 out.append((p + "attn_qkv", (q + 2 * kv, d)))
@@ -360,7 +416,7 @@ class SynthSpec:
                 out += [(p + "attn_q", (q, d)), (p + "attn_k", (kv, d)), (p + "attn_v", (kv, d))]
             if f.qkv_bias:
                 out += [(p + f"attn_{x}.bias", (n,)) for x, n in zip("qkv", (q, kv, kv))]
-            if f.qk_norm:
+            if self.qk_norm:
                 nq, nk = (q, kv) if f.qk_norm_full else (hd, hd)
                 out += [(p + "attn_q_norm", (nq,)), (p + "attn_k_norm", (nk,))]
             out.append((p + "attn_output", (d, q)))
@@ -368,7 +424,7 @@ class SynthSpec:
             if f.post_norms:
                 out.append((p + "post_attention_norm", (d,)))
             out += [] if f.parallel else norm(p + "ffn_norm")
-            if f.moe:
+            if self.moe_layer(i):
                 out += self._expert_shapes(p)
                 continue
             if fuse_ffn:
@@ -397,8 +453,12 @@ class SynthSpec:
             (p + "ffn_up_exps", (e, ef, d)),
             (p + "ffn_down_exps", (e, d, ef)),
         ]
+        if self.glm:
+            out.append((p + "exp_probs_b.bias", (e,)))
+        if sf and self.family.shared_expert_gate:
+            out.append((p + "ffn_gate_inp_shexp", (d,)))
         if sf:
-            out += [(p + "ffn_gate_inp_shexp", (d,)), (p + "ffn_gate_shexp", (sf, d))]
+            out += [(p + "ffn_gate_shexp", (sf, d))]
             out += [(p + "ffn_up_shexp", (sf, d)), (p + "ffn_down_shexp", (d, sf))]
         return out
 
@@ -477,6 +537,12 @@ class SynthWeights:
             return x
         if name == "output":
             return self._normal(name, (s.vocab, d), 1.0 / math.sqrt(d))
+        if ".nextn." in name:  # never run: any values of its shape
+            shape = dict(s.tensor_shapes())[name]
+            return self._normal(name, shape, 1.0 / math.sqrt(shape[-1]))
+        if name.endswith(".exp_probs_b.bias"):
+            # GLM's correction bias: large enough to change which experts are chosen.
+            return self._normal(name, (s.experts,), 0.3)
         if name.endswith(".bias"):
             # As wide as the rows of its weight; what is added to the residual stream leaves
             # the bias channel 0 alone.

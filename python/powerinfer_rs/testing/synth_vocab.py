@@ -90,6 +90,20 @@ FAMILY_TEMPLATES = {
         "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
     ),
+    # GLM-4.5's turn markers after its [gMASK]<sop> prefix; an assistant turn carries its
+    # (empty unless given) <think></think> block; enable_thinking=false appends /nothink to the
+    # user's turn and closes the generation prompt's thinking block.
+    "glm4moe": (
+        "[gMASK]<sop>{% set think = enable_thinking is not defined or enable_thinking %}"
+        "{% for m in messages %}"
+        "{% if m['role'] == 'assistant' %}<|assistant|>\n<think>"
+        "{{ (m['reasoning_content'] or '') | trim }}</think>\n{{ m['content'] | trim }}"
+        "{% else %}<|{{ m['role'] }}|>\n{{ m['content'] }}"
+        "{{ '/nothink' if m['role'] == 'user' and not think else '' }}{% endif %}"
+        "{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>"
+        "{{ '' if think else '\n<think></think>' }}{% endif %}"
+    ),
 }
 
 

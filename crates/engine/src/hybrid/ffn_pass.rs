@@ -291,7 +291,7 @@ impl<B: Backend> FfnPass<'_, B> {
             logits.len(),
             mf.n_expert
         );
-        route(mf, logits, &mut cpu.routes);
+        route(mf, m.score_bias.as_deref(), logits, &mut cpu.routes);
         token_weights(mf, m, &cpu.routes, &cpu.xn, &mut cpu.expert_w);
         self.link.enter(l, HybridPhase::GpuSubmit);
         Ok(())
