@@ -193,7 +193,7 @@ fn attend_rows(
 ) {
     let n = k.len() / cache_width(shape);
     cache.write(l, start, k, v);
-    let (keys, values) = cache.layer(l, start + n);
+    let (keys, values) = cache.rows(l, start + n);
     match arith {
         Arith::Batch => attention(shape, q, keys, values, start, att),
         Arith::Steps => {

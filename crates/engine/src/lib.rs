@@ -38,7 +38,7 @@ pub mod weights;
 
 pub use forward::token_ids;
 pub use input_sparse::{InputScore, InputSparsity, SITES as INPUT_SITES};
-pub use kv_cache::{KvCache, KvPrecision};
+pub use kv_cache::{KvCache, KvPrecision, KvTypes};
 pub use layer::ModelProgram;
 pub use layer_weights::{LayerWeights, Layouts};
 pub use phases::{Phase, PhaseTimes};
