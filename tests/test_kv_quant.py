@@ -1,8 +1,9 @@
 """ggml's block formats in the KV cache (q8_0, q4_0, q4_1 along head_dim; keys and values
 apart where asked, as llama.cpp's -ctk/-ctv), on the CPU engine: a multi-token decode pass's
-rows (verification, slots) equal one-token steps bit for bit, the logits stay near the float64 reference (looser than f16's),
-every sparse mode, the slots and the prefix cache's snapshots take them, the snapshot's bytes
-are the planner's, and the hybrid executor refuses them (UnsupportedError naming the type).
+rows (verification, slots) equal one-token steps bit for bit, the logits stay near the float64
+reference (looser than f16's), every sparse mode, the slots and the prefix cache's snapshots
+take them, the snapshot's bytes are the planner's, and the hybrid executor refuses them
+(UnsupportedError naming the type).
 The perplexity against llama.cpp's on the same GGUF: tests/test_kv_quant_llamacpp.py."""
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ pub mod hybrid;
 mod input_ffn;
 pub mod input_sparse;
 pub mod kv_cache;
+mod kv_rotation;
 pub mod layer;
 pub mod layer_weights;
 pub mod modes;
