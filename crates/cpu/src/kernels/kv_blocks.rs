@@ -54,8 +54,9 @@ impl KvBlock for Q8_0 {
     fn dot(b: &[u8], dq: f32, qs: &[i8], _: i32) -> f32 {
         let ks = &b[2..2 + QK];
         let mut s = 0i32;
+        // i8 · i8 fits i16 (at most 128²): 16-bit products, which vectorise to pair sums.
         for (&k, &q) in ks.iter().zip(&qs[..QK]) {
-            s += (k as i8 as i32) * (q as i32);
+            s += i32::from(k as i8 as i16 * q as i16);
         }
         (f16_at(b, 0) * dq) * s as f32
     }
