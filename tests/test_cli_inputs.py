@@ -329,7 +329,7 @@ def test_kv_cache_option_reaches_the_engine(files, capsys, monkeypatch):
         assert cli.main(_argv(files, "generate") + extra + ["--quiet"]) == 0
         assert seen[-1] == want
     with pytest.raises(SystemExit):
-        cli.main(_argv(files, "generate") + ["--kv-cache", "q8_0"])
+        cli.main(_argv(files, "generate") + ["--kv-cache", "q5_1"])
     assert "invalid choice" in capsys.readouterr().err
 
 

@@ -1,6 +1,7 @@
 """The KV cache's precision: one setting for the CPU and the GPU layers, f16 by default (as
-llama.cpp's), f32 on request. Against the float64 reference, every family at f16 stays within
-1e-3 of the largest logit (prefill and one-token decoding), at f32 within 1e-5; the two
+llama.cpp's), f32 on request, ggml's q8_0/q4_0/q4_1 blocks on the CPU (keys and values apart
+where asked; tests/test_kv_quant.py). Against the float64 reference, every family at f16 stays
+within 1e-3 of the largest logit (prefill and one-token decoding), at f32 within 1e-5; the two
 settings give different logits (the rounding happens), and the hybrid executor's GPU layers,
 which hold f16, agree with the CPU engine at f16 (tests/test_hybrid_families.py)."""
 
@@ -49,7 +50,10 @@ def test_each_precision_against_the_float64_reference(synth_gguf, arch):
 def test_default_and_bad_settings(synth_gguf):
     m = load_model(synth_gguf(dtype="F32"))
     assert Engine(m).kv_cache == "f16"
-    with pytest.raises(UnsupportedError, match="KV cache precision"):
+    with pytest.raises(UnsupportedError, match="KV cache type"):
+        Engine(m, kv_cache="q5_1")
+    # SMALL's heads are 16 values wide: no whole 32-value block.
+    with pytest.raises(UnsupportedError, match="head_dim a multiple of 32"):
         Engine(m, kv_cache="q8_0")
 
 

@@ -82,11 +82,22 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--kv-cache",
-        choices=["f16", "f32"],
+        choices=_core.KV_CACHE_TYPES,
         default=None,
-        help="precision of the KV cache, one setting for the CPU and the GPU layers: f16 (as "
-        "llama.cpp's) or f32; default: the plan's (--plan), else f16",
+        help="precision of the KV cache's keys and values, one setting for the CPU and the GPU "
+        "layers: f16 (as llama.cpp's), f32, or ggml's blocks q8_0, q4_0, q4_1 (CPU device "
+        "only); default: the plan's (--plan), else f16",
     )
+    for side, name in (("k", "keys"), ("v", "values")):
+        p.add_argument(
+            f"--kv-cache-{side}",
+            f"-ct{side}",
+            f"--cache-type-{side}",
+            choices=_core.KV_CACHE_TYPES,
+            default=None,
+            help=f"precision of the KV cache's {name} alone (llama.cpp's -ct{side}); "
+            "default: --kv-cache's",
+        )
     p.add_argument(
         "--chat-template-file",
         default=None,
@@ -266,6 +277,8 @@ def _engine_options(a: argparse.Namespace) -> dict:
         "predictors": a.predictors,
         "mmap": a.mmap,
         "kv_cache": a.kv_cache,
+        "kv_cache_k": a.kv_cache_k,
+        "kv_cache_v": a.kv_cache_v,
         "plan": a.plan,
         "device": a.device or "cpu",
         "vram_budget": a.vram_budget,
@@ -640,7 +653,7 @@ def _prepare_arguments(r: argparse.ArgumentParser) -> None:
     )
     r.add_argument("--hardware", default=None, help="hardware profile (default: detected)")
     r.add_argument("--ctx", type=positive_int, default=None, help="context the plan holds")
-    r.add_argument("--kv-cache", choices=["f16", "f32"], default="f16", help="KV precision")
+    r.add_argument("--kv-cache", choices=("f16", "f32"), default="f16", help="KV precision")
     r.add_argument("--threads", "-t", type=nonneg_int, default=0, help="CPU threads")
     r.add_argument("--refresh", action="store_true", help="prepare again even if cached")
     r.add_argument("--quiet", "-q", action="store_true", help="no progress bars")

@@ -29,7 +29,7 @@ pub use dequantize::dequantize_row;
 pub use device::{Device, DEVICE_NAMES};
 pub use dtype::DType;
 pub use error::{Error, Result};
-pub use kv_precision::KvPrecision;
+pub use kv_precision::{KvPrecision, KvTypes};
 pub use moe_config::{Gating, MoeFeatures};
 pub use neuron_table::{LayerTable, NeuronTable, Side};
 pub use pages::PageBuf;

@@ -16,7 +16,7 @@ use safetensors::SafeTensors;
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::kv_precision::KvPrecision;
+use crate::kv_precision::KvTypes;
 use crate::neuron_table::NeuronTable;
 use crate::{bail, ensure};
 
@@ -40,8 +40,9 @@ pub struct PlanFile {
     pub bucket: usize,
     /// KV cache positions (and attention-score width) the GPU buffers are sized for.
     pub context: usize,
-    /// The precision of the GPU layers' KV caches (`kv_cache` in the JSON; f16 when absent).
-    pub kv_cache: KvPrecision,
+    /// The precisions of the GPU layers' KV caches (`kv_cache` in the JSON, as
+    /// [`KvTypes::from_name`] reads it; f16 when absent).
+    pub kv_cache: KvTypes,
     /// Per layer: attention weights, input norm and KV cache on the GPU.
     pub attention: Vec<bool>,
     /// Per layer: the activation predictor on the GPU.
@@ -81,8 +82,8 @@ impl PlanFile {
             bucket: uint(field(&j, "bucket")?, "bucket")?,
             context: uint(field(&j, "context")?, "context")?,
             kv_cache: match j.get("kv_cache") {
-                None => KvPrecision::F16,
-                Some(v) => KvPrecision::from_name(v.as_str().unwrap_or("(not a string)"))
+                None => KvTypes::default(),
+                Some(v) => KvTypes::from_name(v.as_str().unwrap_or("(not a string)"))
                     .map_err(|e| Error::Plan(format!("kv_cache: {e}")))?,
             },
             attention: list(field(placement, "attention")?, "attention", Value::as_bool)?,

@@ -4,9 +4,10 @@
 
 #[cfg(target_arch = "x86_64")]
 use crate::kernels::avx2;
+use crate::kernels::kv_blocks;
 use crate::kernels::scalar;
 use crate::numerics::{numerics, Numerics};
-use crate::operands::attention::{Head, ScoreBlock, ValueBlock};
+use crate::operands::attention::{Head, KvHead, KvScratch, ScoreBlock, ValueBlock};
 use crate::simd::Level;
 use powerinfer_core::DType;
 
@@ -191,6 +192,19 @@ pub(crate) fn attend_head(level: Level, head: &Head<'_>, scores: &mut Vec<f32>, 
     by_level!(level,
         avx2 => avx2::attend_head(head, scores, out),
         scalar => scalar::attend_head(head, scores, out),
+    )
+}
+
+/// One head over a cache with block-format keys or values (sizes checked by the op).
+pub(crate) fn attend_head_kv(
+    level: Level,
+    head: &KvHead<'_>,
+    scratch: &mut KvScratch,
+    out: &mut [f32],
+) {
+    by_level!(level,
+        avx2 => avx2::attend_head_kv(head, scratch, out),
+        scalar => kv_blocks::attend_head_kv_portable(head, scratch, out),
     )
 }
 

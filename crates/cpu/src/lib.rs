@@ -32,12 +32,13 @@ pub use bandwidth::{
 };
 pub use layout::{interleaving, LAYOUT_ENV};
 pub use numerics::{numerics, Numerics, NUMERICS_ENV};
-pub use operands::attention::HeadCache;
+pub use operands::attention::{HeadCache, KvHeadCache, KvRows, KvScratch};
 pub use operands::input_major::{ActiveInput, InputMajor};
 pub use operands::interleaved::Interleaved;
 pub use operands::matrix::{Matrix, MatrixRef};
 pub use ops::attend::attend_head;
 pub use ops::attend_block::{attend_block, block_attention_is_fast, BlockScratch, QueryBlock};
+pub use ops::attend_kv::{attend_head_kv, KV_BLOCK_FORMATS};
 pub use ops::compact::compact_kept;
 pub use ops::input_major::matvec_input;
 pub use ops::interleaved::{

@@ -9,7 +9,7 @@
 //!
 //! * per layer with attention on the GPU: `blk.{i}.attn_norm` (f32), `attn_q`, `attn_k`,
 //!   `attn_v`, `attn_output` (stored formats), `cache_k`, `cache_v` (`context · kv_dim` values
-//!   at the plan's `kv_cache` precision, f16 or f32);
+//!   at the plan's `kv_cache` precisions, each f16, f32 or ggml's q8_0/q4_0/q4_1 blocks);
 //! * with the predictor: `blk.{i}.pred_fc1`, `pred_fc2` (sizes recorded in the plan), or
 //!   `blk.{i}.pred` when the plan gives one size;
 //! * with hot neurons: `blk.{i}.ffn_norm` (f32) and `blk.{i}.ffn_hot`, `n_slabs` slabs of
@@ -199,9 +199,9 @@ impl LayerAllocations<'_> {
             ],
         );
         let plan = self.plan;
-        let kv = align(plan.context * c.kv_dim() * plan.kv_cache.element_bytes());
-        out.push((self.name("cache_k"), kv));
-        out.push((self.name("cache_v"), kv));
+        let kv = |p: powerinfer_core::KvPrecision| align(plan.context * p.row_bytes(c.kv_dim()));
+        out.push((self.name("cache_k"), kv(plan.kv_cache.k)));
+        out.push((self.name("cache_v"), kv(plan.kv_cache.v)));
         Ok(())
     }
 
@@ -397,7 +397,7 @@ mod tests {
             model_fingerprint: String::new(),
             bucket,
             context: 32,
-            kv_cache: powerinfer_core::KvPrecision::F16,
+            kv_cache: powerinfer_core::KvTypes::default(),
             attention: vec![true, false],
             predictor: vec![true, true],
             ffn_buckets: vec![11usize.div_ceil(bucket), 0],

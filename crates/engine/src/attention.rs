@@ -5,7 +5,8 @@
 //! which reads every key and value once per strip of queries instead of once per query.
 
 use powerinfer_cpu::{
-    attend_block, attend_head, block_attention_is_fast, BlockScratch, HeadCache, QueryBlock,
+    attend_block, attend_head, attend_head_kv, block_attention_is_fast, BlockScratch, HeadCache,
+    KvHeadCache, KvRows, KvScratch, QueryBlock,
 };
 use rayon::prelude::*;
 
@@ -68,9 +69,66 @@ fn attend_head_capped(
 /// Attention for `n` new tokens whose positions are `start..start+n`.
 ///
 /// `q` is n × (n_heads·head_dim); `keys`/`values` hold positions `0..start+n`, each row
-/// n_kv_heads·head_dim wide; `out` is n × (n_heads·head_dim). Token t attends to positions
-/// `0..=start+t` (or the last `window` of them).
+/// n_kv_heads·head_dim wide (f32 values, or a quantized cache's blocks); `out` is
+/// n × (n_heads·head_dim). Token t attends to positions `0..=start+t` (or the last `window` of
+/// them). Over blocks every (token, head) is one `powerinfer_cpu::attend_head_kv`, so a
+/// token's output has the same bits whatever else the call holds.
 pub fn attention(
+    shape: &AttnShape,
+    q: &[f32],
+    keys: KvRows<'_>,
+    values: KvRows<'_>,
+    start: usize,
+    out: &mut [f32],
+) {
+    match (keys, values) {
+        (KvRows::F32(k), KvRows::F32(v)) => attention_f32(shape, q, k, v, start, out),
+        _ => attention_blocks(shape, q, keys, values, start, out),
+    }
+}
+
+/// [`attention`] over a cache with a block side: one [`attend_head_kv`] per (token, head).
+fn attention_blocks(
+    shape: &AttnShape,
+    q: &[f32],
+    keys: KvRows<'_>,
+    values: KvRows<'_>,
+    start: usize,
+    out: &mut [f32],
+) {
+    let hd = shape.head_dim;
+    let q_dim = shape.n_heads * hd;
+    let kv_dim = shape.n_kv_heads * hd;
+    let group = shape.n_heads / shape.n_kv_heads;
+    let scale = shape.scale.unwrap_or(1.0 / (hd as f32).sqrt());
+    let one_head = |scratch: &mut KvScratch, idx: usize, o: &mut [f32]| {
+        let (t, h) = (idx / shape.n_heads, idx % shape.n_heads);
+        let kvh = h / group;
+        let qh = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
+        let end = start + t + 1;
+        let first = shape.window.map_or(0, |w| end.saturating_sub(w));
+        let cache = KvHeadCache {
+            keys: keys.skip(first * kv_dim + kvh * hd),
+            values: values.skip(first * kv_dim + kvh * hd),
+            stride: kv_dim,
+        };
+        attend_head_kv(qh, cache, end - first, scale, shape.softcap, scratch, o);
+    };
+    let work = out.len() / hd * (start + out.len() / q_dim) * hd;
+    if work < PARALLEL_MIN_WORK {
+        let mut scratch = KvScratch::default();
+        for (idx, o) in out.chunks_mut(hd).enumerate() {
+            one_head(&mut scratch, idx, o);
+        }
+    } else {
+        out.par_chunks_mut(hd)
+            .enumerate()
+            .for_each_init(KvScratch::default, |s, (idx, o)| one_head(s, idx, o));
+    }
+}
+
+/// [`attention`] over f32 keys and values.
+fn attention_f32(
     shape: &AttnShape,
     q: &[f32],
     keys: &[f32],
@@ -253,7 +311,14 @@ mod tests {
         let k = gen(total * 20, 2);
         let v = gen(total * 20, 3);
         let mut out = vec![0.0f32; n * 60];
-        attention(&shape, &q, &k, &v, start, &mut out);
+        attention(
+            &shape,
+            &q,
+            KvRows::F32(&k),
+            KvRows::F32(&v),
+            start,
+            &mut out,
+        );
         let r = reference(&shape, &q, &k, &v, start, n);
         for (a, b) in out.iter().zip(&r) {
             assert!((*a as f64 - b).abs() < 1e-5, "{a} vs {b}");
@@ -283,5 +348,68 @@ mod tests {
         check(3, 41, Some(17));
         check_with(0, 33, Some(9), Some(0.7), Some(20.0));
         check_with(12, 5, None, None, Some(0.5));
+    }
+
+    /// Keys and values quantized to `dtype` as a cache stores them (rows of `width`).
+    fn blocks(dtype: powerinfer_core::DType, x: &[f32], width: usize) -> (Vec<u8>, Vec<f32>) {
+        let rb = dtype.row_bytes(width).unwrap();
+        let mut b = vec![0u8; x.len() / width * rb];
+        let mut back = vec![0f32; x.len()];
+        powerinfer_core::quantize::quantize_row(dtype, x, &mut b).unwrap();
+        powerinfer_core::dequantize_row(dtype, &b, &mut back).unwrap();
+        (b, back)
+    }
+
+    #[test]
+    fn block_caches_give_batched_rows_the_bits_of_steps_and_match_f32_values() {
+        use powerinfer_core::DType;
+        let (start, n) = (37, 9);
+        let total = start + n;
+        for (window, softcap) in [(None, None), (Some(11), Some(20.0))] {
+            let shape = AttnShape {
+                n_heads: 4,
+                n_kv_heads: 2,
+                head_dim: 64,
+                window,
+                scale: None,
+                softcap,
+            };
+            let gen = |len: usize, seed: u32| -> Vec<f32> {
+                (0..len)
+                    .map(|i| {
+                        (((i as u32).wrapping_mul(2654435761u32) ^ seed) % 1000) as f32 / 500.0
+                            - 1.0
+                    })
+                    .collect()
+            };
+            let (q, k, v) = (gen(n * 256, 1), gen(total * 128, 2), gen(total * 128, 3));
+            for dt in [DType::Q8_0, DType::Q4_0, DType::Q4_1] {
+                let (kb, _) = blocks(dt, &k, 128);
+                let (vb, vback) = blocks(dt, &v, 128);
+                let (kr, vr) = (KvRows::Blocks(dt, &kb), KvRows::Blocks(dt, &vb));
+                let mut batch = vec![0f32; n * 256];
+                attention(&shape, &q, kr, vr, start, &mut batch);
+                let mut steps = vec![0f32; n * 256];
+                for (t, o) in steps.chunks_exact_mut(256).enumerate() {
+                    attention(&shape, &q[t * 256..(t + 1) * 256], kr, vr, start + t, o);
+                }
+                assert_eq!(batch, steps, "{dt} {window:?}");
+                // f32 keys, block values: only the value sums' rounding differs from f32.
+                let mut mixed = vec![0f32; n * 256];
+                attention(&shape, &q, KvRows::F32(&k), vr, start, &mut mixed);
+                let mut float = vec![0f32; n * 256];
+                attention(
+                    &shape,
+                    &q,
+                    KvRows::F32(&k),
+                    KvRows::F32(&vback),
+                    start,
+                    &mut float,
+                );
+                for (a, b) in mixed.iter().zip(&float) {
+                    assert!((a - b).abs() < 1e-5, "{dt} {window:?}: {a} vs {b}");
+                }
+            }
+        }
     }
 }

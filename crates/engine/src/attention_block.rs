@@ -9,6 +9,7 @@ use crate::attention::{attention, AttnShape};
 use crate::ffn::Arith;
 use crate::input_sparse::{site_matrix, Site};
 use crate::kv_cache::KvCache;
+use crate::kv_rotation::{rotate, rotated, KvRotation};
 use crate::layer::AttnStep;
 use crate::norm_rope::apply_rope;
 use crate::pass_rows::Kv;
@@ -176,9 +177,10 @@ fn attend_pass(
     }
 }
 
-/// The keys and values of rows at positions `start..` into `cache` (layer `l`), and their
-/// attention over it: one pass over all queries ([`Arith::Batch`]) or one query at a time, as
-/// decode steps attend ([`Arith::Steps`]).
+/// The keys and values of rows at positions `start..` into `cache` (layer `l`; rotated where
+/// a side is quantized, [`KvRotation`]), and their attention over it: one pass over all
+/// queries ([`Arith::Batch`]) or one query at a time, as decode steps attend
+/// ([`Arith::Steps`]).
 #[allow(clippy::too_many_arguments)]
 fn attend_rows(
     shape: &AttnShape,
@@ -192,16 +194,23 @@ fn attend_rows(
     att: &mut [f32],
 ) {
     let n = k.len() / cache_width(shape);
-    cache.write(l, start, k, v);
-    let (keys, values) = cache.layer(l, start + n);
+    // A quantized side is kept rotated (llama.cpp's attn_rot_k/v): keys and the queries that
+    // meet them, values and the outputs they make.
+    let rot = KvRotation::of(cache.types(), shape.head_dim);
+    cache.write(l, start, &rotated(k, rot.k), &rotated(v, rot.v));
+    let q = rotated(q, rot.k);
+    let (keys, values) = cache.rows(l, start + n);
     match arith {
-        Arith::Batch => attention(shape, q, keys, values, start, att),
+        Arith::Batch => attention(shape, &q[..], keys, values, start, att),
         Arith::Steps => {
             let qd = shape.n_heads * shape.head_dim;
             for (t, (q, o)) in q.chunks_exact(qd).zip(att.chunks_exact_mut(qd)).enumerate() {
                 attention(shape, q, keys, values, start + t, o);
             }
         }
+    }
+    if let Some(block) = rot.v {
+        rotate(att, block);
     }
 }
 

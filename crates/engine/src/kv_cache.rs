@@ -1,14 +1,18 @@
 //! The key/value cache: per layer, one row of `kv_dim` keys and one of values per position,
 //! grown in steps as the context fills so short sessions stay small.
 //!
-//! Its precision ([`KvPrecision`]) is one setting shared by the CPU and the GPU layers: f16 by
-//! default, as llama.cpp's, f32 on request. The CPU side holds its rows as f32 in memory
-//! either way (its attention kernels read f32); at f16 every value is rounded to the nearest f16
-//! (ties to even, as the GPU's `kv_store` does) when written, so both sides attend over the
-//! same numbers and a row moved between them is exact.
+//! Its precisions ([`KvTypes`]: one for the keys, one for the values) are one setting shared by
+//! the CPU and the GPU layers: f16 by default, as llama.cpp's, f32 on request, or ggml's q8_0,
+//! q4_0 and q4_1 blocks along `head_dim` (CPU only for now). At f16 and f32 the CPU side holds
+//! its rows as f32 in memory (its float attention kernels read f32); at f16 every value is
+//! rounded to the nearest f16 (ties to even, as the GPU's `kv_store` does) when written, so both
+//! sides attend over the same numbers and a row moved between them is exact. A block side holds
+//! ggml's bytes, quantized when a position is written by ggml's reference rounding.
 
-pub use powerinfer_core::KvPrecision;
+use powerinfer_core::quantize::quantize_row;
 use powerinfer_core::{ensure, Result};
+pub use powerinfer_core::{KvPrecision, KvTypes};
+use powerinfer_cpu::KvRows;
 
 /// Positions added to the cache at a time when it grows.
 const GROW_STEP: usize = 256;
@@ -43,41 +47,174 @@ pub fn round_to_f16(x: f32) -> f32 {
     }
 }
 
+/// One layer's keys (or values) for every position held: f32 values (f16 or f32 precision) or
+/// ggml block bytes (q8_0, q4_0, q4_1), `kv_dim` values per position.
+#[derive(Debug)]
+enum Rows {
+    Float(Vec<f32>),
+    Blocks(Vec<u8>),
+}
+
+/// The rows of one side (keys or values) of every layer, at one precision.
+#[derive(Debug)]
+struct Side {
+    precision: KvPrecision,
+    layers: Vec<Rows>,
+}
+
+impl Side {
+    fn new(precision: KvPrecision, n_layers: usize) -> Side {
+        let empty = || match precision.is_quantized() {
+            true => Rows::Blocks(Vec::new()),
+            false => Rows::Float(Vec::new()),
+        };
+        Side {
+            precision,
+            layers: (0..n_layers).map(|_| empty()).collect(),
+        }
+    }
+
+    /// Bytes of one position of one layer as a snapshot holds it (f16 values at f16).
+    fn position_bytes(&self, kv_dim: usize) -> usize {
+        self.precision.row_bytes(kv_dim)
+    }
+
+    /// Room for `positions` positions in every layer.
+    fn resize(&mut self, positions: usize, kv_dim: usize) {
+        let bytes = positions * self.position_bytes(kv_dim);
+        for rows in &mut self.layers {
+            match rows {
+                Rows::Float(v) => v.resize(positions * kv_dim, 0.0),
+                Rows::Blocks(b) => b.resize(bytes, 0),
+            }
+        }
+    }
+
+    /// Positions `start..` of `layer` from `src` (whole rows), rounded or quantized.
+    fn write(&mut self, layer: usize, start: usize, kv_dim: usize, src: &[f32]) {
+        let p = self.precision;
+        match &mut self.layers[layer] {
+            Rows::Float(v) => {
+                let rows = &mut v[start * kv_dim..start * kv_dim + src.len()];
+                rows.copy_from_slice(src);
+                round(p, rows);
+            }
+            Rows::Blocks(b) => {
+                let rb = p.row_bytes(kv_dim);
+                let dst = &mut b[start * rb..(start + src.len() / kv_dim.max(1)) * rb];
+                for (row, out) in src.chunks_exact(kv_dim).zip(dst.chunks_exact_mut(rb)) {
+                    // Whole blocks: the session checked kv_dim against the block size.
+                    let _ = quantize_row(p.dtype(), row, out);
+                }
+            }
+        }
+    }
+
+    /// Positions `0..n` of `layer` as the attention kernels read them.
+    fn rows(&self, layer: usize, n: usize, kv_dim: usize) -> KvRows<'_> {
+        match &self.layers[layer] {
+            Rows::Float(v) => KvRows::F32(&v[..n * kv_dim]),
+            Rows::Blocks(b) => KvRows::Blocks(
+                self.precision.dtype(),
+                &b[..n * self.position_bytes(kv_dim)],
+            ),
+        }
+    }
+
+    /// Positions `0..n` of `layer` as snapshot bytes onto `out`.
+    fn snapshot(&self, layer: usize, n: usize, kv_dim: usize, out: &mut Vec<u8>) {
+        match &self.layers[layer] {
+            Rows::Float(v) => {
+                let rows = &v[..n * kv_dim];
+                match self.precision {
+                    KvPrecision::F32 => out.extend(rows.iter().flat_map(|x| x.to_le_bytes())),
+                    _ => out.extend(
+                        rows.iter()
+                            .flat_map(|&x| half::f16::from_f32(x).to_bits().to_le_bytes()),
+                    ),
+                }
+            }
+            Rows::Blocks(b) => out.extend_from_slice(&b[..n * self.position_bytes(kv_dim)]),
+        }
+    }
+
+    /// Positions `0..` of `layer` from snapshot bytes `src` (room already made).
+    fn restore(&mut self, layer: usize, src: &[u8]) {
+        let p = self.precision;
+        match &mut self.layers[layer] {
+            Rows::Float(v) if p == KvPrecision::F32 => {
+                for (d, b) in v.iter_mut().zip(src.chunks_exact(4)) {
+                    *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            Rows::Float(v) => {
+                for (d, b) in v.iter_mut().zip(src.chunks_exact(2)) {
+                    *d = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
+                }
+            }
+            Rows::Blocks(b) => b[..src.len()].copy_from_slice(src),
+        }
+    }
+
+    /// Bytes allocated.
+    fn allocated_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|r| match r {
+                Rows::Float(v) => v.len() * 4,
+                Rows::Blocks(b) => b.len(),
+            })
+            .sum()
+    }
+}
+
 /// Keys and values of every layer for positions `0..len`.
 #[derive(Debug)]
 pub struct KvCache {
-    precision: KvPrecision,
     kv_dim: usize,
     capacity: usize,
     len: usize,
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
+    /// Positions the rows have room for.
+    room: usize,
+    keys: Side,
+    values: Side,
 }
 
 impl KvCache {
     /// An empty cache for `n_layers` layers of width `kv_dim`, holding at most `capacity`
     /// positions at the default precision (f16).
     pub fn new(n_layers: usize, kv_dim: usize, capacity: usize) -> KvCache {
+        let t = KvTypes::default();
         KvCache {
-            precision: KvPrecision::default(),
             kv_dim,
             capacity,
             len: 0,
-            keys: vec![Vec::new(); n_layers],
-            values: vec![Vec::new(); n_layers],
+            room: 0,
+            keys: Side::new(t.k, n_layers),
+            values: Side::new(t.v, n_layers),
         }
     }
 
-    /// The precision of the values held.
-    pub fn precision(&self) -> KvPrecision {
-        self.precision
+    /// The precision of the keys and of the values held.
+    pub fn types(&self) -> KvTypes {
+        KvTypes {
+            k: self.keys.precision,
+            v: self.values.precision,
+        }
     }
 
-    /// Hold values at `p` from now on; the positions held are forgotten (their values were
-    /// rounded for the old precision).
-    pub fn set_precision(&mut self, p: KvPrecision) {
-        self.precision = p;
+    /// Hold keys and values at `t` from now on; the positions held are forgotten (their values
+    /// were rounded for the old precision), and so is the memory.
+    /// [`Unsupported`](powerinfer_core::Error::Unsupported) for a block format when `kv_dim`
+    /// is no whole number of blocks (the session checks `head_dim` too).
+    pub fn set_types(&mut self, t: KvTypes) -> Result<()> {
+        t.check_head_dim(self.kv_dim)?;
+        let n_layers = self.keys.layers.len();
+        self.keys = Side::new(t.k, n_layers);
+        self.values = Side::new(t.v, n_layers);
         self.len = 0;
+        self.room = 0;
+        Ok(())
     }
 
     /// Positions held.
@@ -105,34 +242,41 @@ impl KvCache {
             self.len,
             self.capacity
         );
-        let have = self
-            .keys
-            .first()
-            .map_or(0, |k| k.len() / self.kv_dim.max(1));
-        if need > have {
+        if need > self.room {
             let grow_to = (need.div_ceil(GROW_STEP) * GROW_STEP).min(self.capacity);
-            for buf in self.keys.iter_mut().chain(self.values.iter_mut()) {
-                buf.resize(grow_to * self.kv_dim, 0.0);
-            }
+            self.keys.resize(grow_to, self.kv_dim);
+            self.values.resize(grow_to, self.kv_dim);
+            self.room = grow_to;
         }
         Ok(())
     }
 
-    /// Write keys and values for positions `start..start+n` of `layer` (n rows each).
-    /// At f16 precision the values are rounded to f16.
+    /// Write keys and values for positions `start..start+n` of `layer` (n rows each), rounded
+    /// to f16 or quantized to blocks as the precision says.
     pub fn write(&mut self, layer: usize, start: usize, k: &[f32], v: &[f32]) {
-        let off = start * self.kv_dim;
-        for (dst, src) in [(&mut self.keys[layer], k), (&mut self.values[layer], v)] {
-            let rows = &mut dst[off..off + src.len()];
-            rows.copy_from_slice(src);
-            round(self.precision, rows);
-        }
+        self.keys.write(layer, start, self.kv_dim, k);
+        self.values.write(layer, start, self.kv_dim, v);
     }
 
-    /// Keys and values of `layer` for positions `0..n`.
-    pub fn layer(&self, layer: usize, n: usize) -> (&[f32], &[f32]) {
-        let end = n * self.kv_dim;
-        (&self.keys[layer][..end], &self.values[layer][..end])
+    /// Keys and values of `layer` for positions `0..n`, as the attention kernels read them.
+    pub fn rows(&self, layer: usize, n: usize) -> (KvRows<'_>, KvRows<'_>) {
+        (
+            self.keys.rows(layer, n, self.kv_dim),
+            self.values.rows(layer, n, self.kv_dim),
+        )
+    }
+
+    /// Keys and values of `layer` for positions `0..n` as f32 values (both sides f16 or f32;
+    /// [`Unsupported`](powerinfer_core::Error::Unsupported) for block formats).
+    pub fn layer(&self, layer: usize, n: usize) -> Result<(&[f32], &[f32])> {
+        match self.rows(layer, n) {
+            (KvRows::F32(k), KvRows::F32(v)) => Ok((k, v)),
+            _ => powerinfer_core::bail!(
+                Unsupported,
+                "a {} KV cache read as f32 values",
+                self.types().name()
+            ),
+        }
     }
 
     /// Mark positions `0..len` as valid (after a forward pass wrote them).
@@ -145,18 +289,15 @@ impl KvCache {
         self.len = self.len.min(len);
     }
 
-    /// Bytes per position of a [`KvCache::snapshot`]: every layer's key and value rows at the
-    /// cache's precision (2 bytes a value at f16, 4 at f32).
+    /// Bytes per position of a [`KvCache::snapshot`]: every layer's key and value rows at
+    /// their precisions (2 bytes a value at f16, 4 at f32, ggml's blocks for q8_0/q4_0/q4_1).
     pub fn snapshot_bytes_per_position(&self) -> usize {
-        let width = match self.precision {
-            KvPrecision::F16 => 2,
-            KvPrecision::F32 => 4,
-        };
-        self.keys.len() * 2 * self.kv_dim * width
+        self.keys.layers.len() * self.types().position_bytes(self.kv_dim)
     }
 
     /// Positions `0..n` (n ≤ [`KvCache::len`]) as bytes: per layer its keys then its values,
-    /// little-endian at the cache's precision (exact: f16 values were rounded when written).
+    /// at their precisions (f16/f32 little-endian, blocks as stored; exact: values were
+    /// rounded or quantized when written).
     pub fn snapshot(&self, n: usize) -> Result<Vec<u8>> {
         ensure!(
             n <= self.len,
@@ -165,33 +306,25 @@ impl KvCache {
             self.len
         );
         let mut out = Vec::with_capacity(n * self.snapshot_bytes_per_position());
-        for (k, v) in self.keys.iter().zip(&self.values) {
-            for rows in [k, v] {
-                let rows = &rows[..n * self.kv_dim];
-                match self.precision {
-                    KvPrecision::F16 => out.extend(
-                        rows.iter()
-                            .flat_map(|&x| half::f16::from_f32(x).to_bits().to_le_bytes()),
-                    ),
-                    KvPrecision::F32 => out.extend(rows.iter().flat_map(|x| x.to_le_bytes())),
-                }
-            }
+        for l in 0..self.keys.layers.len() {
+            self.keys.snapshot(l, n, self.kv_dim, &mut out);
+            self.values.snapshot(l, n, self.kv_dim, &mut out);
         }
         Ok(out)
     }
 
     /// Make the cache exactly the `n` positions of a [`KvCache::snapshot`] (`data` of this
-    /// cache's shape and precision; a [`Shape`](powerinfer_core::Error::Shape) error, and the
+    /// cache's shape and precisions; a [`Shape`](powerinfer_core::Error::Shape) error, and the
     /// cache unchanged, otherwise).
     pub fn restore(&mut self, data: &[u8], n: usize) -> Result<()> {
         let want = n.checked_mul(self.snapshot_bytes_per_position());
         ensure!(
             want == Some(data.len()),
             Shape,
-            "a KV snapshot of {} bytes is not {n} positions of this cache ({} bytes each at {:?})",
+            "a KV snapshot of {} bytes is not {n} positions of this cache ({} bytes each at {})",
             data.len(),
             self.snapshot_bytes_per_position(),
-            self.precision
+            self.types().name()
         );
         ensure!(
             n <= self.capacity,
@@ -201,25 +334,15 @@ impl KvCache {
         );
         self.len = 0;
         self.reserve(n)?;
-        let per_rows = data.len() / (2 * self.keys.len()).max(1);
-        let mut chunks = data.chunks_exact(per_rows.max(1));
-        for (k, v) in self.keys.iter_mut().zip(self.values.iter_mut()) {
-            for rows in [k, v] {
-                let src = chunks.next().unwrap_or(&[]);
-                let dst = &mut rows[..n * self.kv_dim];
-                match self.precision {
-                    KvPrecision::F16 => {
-                        for (d, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
-                            *d = half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32();
-                        }
-                    }
-                    KvPrecision::F32 => {
-                        for (d, b) in dst.iter_mut().zip(src.chunks_exact(4)) {
-                            *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                        }
-                    }
-                }
-            }
+        let (kb, vb) = (
+            n * self.keys.position_bytes(self.kv_dim),
+            n * self.values.position_bytes(self.kv_dim),
+        );
+        let mut at = 0;
+        for l in 0..self.keys.layers.len() {
+            self.keys.restore(l, &data[at..at + kb]);
+            self.values.restore(l, &data[at + kb..at + kb + vb]);
+            at += kb + vb;
         }
         self.len = n;
         Ok(())
@@ -227,11 +350,7 @@ impl KvCache {
 
     /// Bytes currently allocated.
     pub fn allocated_bytes(&self) -> usize {
-        self.keys
-            .iter()
-            .chain(self.values.iter())
-            .map(|b| b.len() * 4)
-            .sum()
+        self.keys.allocated_bytes() + self.values.allocated_bytes()
     }
 }
 
@@ -247,7 +366,7 @@ mod tests {
         assert_eq!(c.allocated_bytes(), 2 * 2 * 256 * 4 * 4);
         c.write(1, 0, &[1.0; 12], &[2.0; 12]);
         c.set_len(3);
-        let (k, v) = c.layer(1, 3);
+        let (k, v) = c.layer(1, 3).unwrap();
         assert_eq!(k, &[1.0; 12]);
         assert_eq!(v, &[2.0; 12]);
         c.reserve(297).unwrap();
@@ -258,15 +377,18 @@ mod tests {
     }
 
     #[test]
-    fn snapshot_restores_every_value_at_both_precisions() {
-        for p in [KvPrecision::F16, KvPrecision::F32] {
-            let mut c = KvCache::new(3, 5, 40);
-            c.set_precision(p);
+    fn snapshot_restores_every_value_at_every_precision() {
+        let mut types: Vec<KvTypes> = KvPrecision::ALL.map(KvTypes::both).to_vec();
+        types.push(KvTypes::from_name("q8_0/f16").unwrap());
+        types.push(KvTypes::from_name("f32/q4_1").unwrap());
+        for p in types {
+            let mut c = KvCache::new(3, 64, 40);
+            c.set_types(p).unwrap();
             c.reserve(7).unwrap();
             let mut s = 7u32;
             for l in 0..3 {
                 let mut row = || {
-                    (0..7 * 5)
+                    (0..7 * 64)
                         .map(|_| {
                             s = s.wrapping_mul(1_103_515_245).wrapping_add(12_345);
                             (s >> 8) as f32 / 3e5 - 20.0
@@ -279,14 +401,22 @@ mod tests {
             c.set_len(7);
             let snap = c.snapshot(6).unwrap();
             assert_eq!(snap.len(), 6 * c.snapshot_bytes_per_position());
-            let mut d = KvCache::new(3, 5, 40);
-            d.set_precision(p);
+            let mut d = KvCache::new(3, 64, 40);
+            d.set_types(p).unwrap();
             d.reserve(9).unwrap();
             d.set_len(9);
             d.restore(&snap, 6).unwrap();
             assert_eq!(d.len(), 6);
-            for l in 0..3 {
-                assert_eq!(d.layer(l, 6), c.layer(l, 6), "{p:?} layer {l}");
+            assert_eq!(
+                snap.len(),
+                6 * 3 * p.position_bytes(64),
+                "{p:?}: the bytes of its types"
+            );
+            assert_eq!(d.snapshot(6).unwrap(), snap, "{p:?}: the same bytes again");
+            if !p.is_quantized() {
+                for l in 0..3 {
+                    assert_eq!(d.layer(l, 6).unwrap(), c.layer(l, 6).unwrap(), "{p:?} {l}");
+                }
             }
             assert!(matches!(c.snapshot(8), Err(Error::Shape(_))));
             assert!(matches!(d.restore(&snap[1..], 6), Err(Error::Shape(_))));
@@ -339,10 +469,44 @@ mod tests {
         let mut c = KvCache::new(1, 4, 8);
         c.reserve(1).unwrap();
         c.write(0, 0, &x, &x);
-        assert_eq!(c.layer(0, 1), (&f16[..], &f16[..]));
-        c.set_precision(KvPrecision::F32);
+        assert_eq!(c.layer(0, 1).unwrap(), (&f16[..], &f16[..]));
+        c.set_types(KvTypes::both(KvPrecision::F32)).unwrap();
         assert_eq!(c.len(), 0);
+        c.reserve(1).unwrap();
         c.write(0, 0, &x, &x);
-        assert_eq!(c.layer(0, 1), (&x[..], &x[..]));
+        assert_eq!(c.layer(0, 1).unwrap(), (&x[..], &x[..]));
+    }
+
+    #[test]
+    fn block_precisions_hold_ggml_blocks_of_what_they_write() {
+        let x: Vec<f32> = (0..2 * 64)
+            .map(|i| ((i * 37) % 101) as f32 / 13.0 - 3.0)
+            .collect();
+        for p in [KvPrecision::Q8_0, KvPrecision::Q4_0, KvPrecision::Q4_1] {
+            let mut c = KvCache::new(2, 64, 300);
+            c.set_types(KvTypes {
+                k: p,
+                v: KvPrecision::F16,
+            })
+            .unwrap();
+            c.reserve(2).unwrap();
+            c.write(1, 0, &x, &x);
+            c.set_len(2);
+            let mut want = vec![0u8; 2 * p.row_bytes(64)];
+            for (row, out) in x.chunks(64).zip(want.chunks_mut(p.row_bytes(64))) {
+                quantize_row(p.dtype(), row, out).unwrap();
+            }
+            match c.rows(1, 2) {
+                (KvRows::Blocks(dt, k), KvRows::F32(_)) => {
+                    assert_eq!((dt, k), (p.dtype(), &want[..]), "{p:?}");
+                }
+                other => panic!("{p:?}: {other:?}"),
+            }
+            assert!(matches!(c.layer(1, 2), Err(Error::Unsupported(_))));
+            assert_eq!(c.allocated_bytes(), 2 * 256 * (p.row_bytes(64) + 64 * 4));
+        }
+        let mut c = KvCache::new(1, 48, 8);
+        let q = KvTypes::both(KvPrecision::Q8_0);
+        assert!(matches!(c.set_types(q), Err(Error::Unsupported(_))));
     }
 }

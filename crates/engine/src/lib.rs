@@ -15,6 +15,7 @@ pub mod hybrid;
 mod input_ffn;
 pub mod input_sparse;
 pub mod kv_cache;
+mod kv_rotation;
 pub mod layer;
 pub mod layer_weights;
 pub mod modes;
@@ -38,7 +39,7 @@ pub mod weights;
 
 pub use forward::token_ids;
 pub use input_sparse::{InputScore, InputSparsity, SITES as INPUT_SITES};
-pub use kv_cache::{KvCache, KvPrecision};
+pub use kv_cache::{KvCache, KvPrecision, KvTypes};
 pub use layer::ModelProgram;
 pub use layer_weights::{LayerWeights, Layouts};
 pub use phases::{Phase, PhaseTimes};

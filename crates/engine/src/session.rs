@@ -8,7 +8,7 @@ use powerinfer_core::{Device, Error, Result};
 use crate::forward::{forward, Logits, Scratch};
 use crate::hybrid;
 use crate::hybrid::api::{refuse_cpu_only, Hybrid};
-use crate::kv_cache::{KvCache, KvPrecision};
+use crate::kv_cache::{KvCache, KvTypes};
 use crate::phases::{self, PhaseTimes};
 use crate::placement::Placement;
 use crate::profiler::Profiler;
@@ -162,13 +162,25 @@ impl Session {
         Ok(())
     }
 
-    /// Hold the KV cache at precision `p` (f16 by default; one setting for the CPU and the GPU
-    /// layers). The context is forgotten, and a hybrid executor is opened again for it.
-    pub fn set_kv_precision(&mut self, p: KvPrecision) -> Result<()> {
-        if p == self.cache.precision() {
+    /// Hold the KV cache's keys and values at `t` (f16 by default; one setting for the CPU and
+    /// the GPU layers). The context is forgotten, and a hybrid executor is opened again for it
+    /// (which refuses block formats: its GPU attention reads f16 or f32).
+    /// [`Unsupported`](powerinfer_core::Error::Unsupported) for a block format whose 32 values
+    /// do not divide `head_dim`; the cache is unchanged then.
+    pub fn set_kv_types(&mut self, t: KvTypes) -> Result<()> {
+        if t == self.cache.types() {
             return Ok(());
         }
-        self.cache.set_precision(p);
+        t.check_head_dim(self.model.config.head_dim)?;
+        powerinfer_core::ensure!(
+            self.hybrid.is_none() || (!t.is_quantized() && t.k == t.v),
+            Unsupported,
+            "a {} KV cache on the hybrid executor (device {}): its GPU attention reads f16 or f32 \
+             caches, keys and values alike",
+            t.name(),
+            self.device
+        );
+        self.cache.set_types(t)?;
         self.truncate(0);
         if self.hybrid.is_some() {
             return self.open_device(self.device, self.capacity);
@@ -176,9 +188,9 @@ impl Session {
         Ok(())
     }
 
-    /// The KV cache's precision.
-    pub fn kv_precision(&self) -> KvPrecision {
-        self.cache.precision()
+    /// The KV cache's key and value precisions.
+    pub fn kv_types(&self) -> KvTypes {
+        self.cache.types()
     }
 
     /// The sparsity mode.
@@ -229,7 +241,7 @@ impl Session {
         };
         if placement.file.uses_gpu() {
             let (model, mode) = (&self.model, &self.mode);
-            let kv = self.cache.precision();
+            let kv = self.cache.types();
             let mut h = self
                 .pool
                 .install(|| hybrid::open(device, model, placement, mode, kv, capacity))?;

@@ -191,7 +191,7 @@ impl Layout {
             model_fingerprint: String::new(),
             bucket: self.bucket,
             context: c.max_context,
-            kv_cache: powerinfer_core::KvPrecision::F16,
+            kv_cache: powerinfer_core::KvTypes::default(),
             attention: self.attention.clone(),
             predictor: self.predictor.clone(),
             ffn_buckets: self

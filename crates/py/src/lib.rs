@@ -163,6 +163,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(blocks::dequantize, m)?)?;
     let modes = powerinfer_engine::SparsityMode::ALL.map(|m| m.name());
     m.add("SPARSITY_MODES", pyo3::types::PyTuple::new(m.py(), modes)?)?;
+    let kv_types = powerinfer_core::KvPrecision::ALL.map(|p| p.name());
+    m.add(
+        "KV_CACHE_TYPES",
+        pyo3::types::PyTuple::new(m.py(), kv_types)?,
+    )?;
     m.add(
         "INPUT_SITES",
         pyo3::types::PyTuple::new(m.py(), powerinfer_engine::INPUT_SITES)?,

@@ -43,9 +43,10 @@ impl PyPlan {
         self.inner.file.context
     }
 
-    /// The precision of the GPU layers' KV caches: "f16" or "f32".
+    /// The precision of the GPU layers' KV caches: "f16", "f32", "q8_0", "q4_0", "q4_1", or
+    /// "k/v" where keys and values differ.
     #[getter]
-    fn kv_cache(&self) -> &'static str {
+    fn kv_cache(&self) -> String {
         self.inner.file.kv_cache.name()
     }
 

@@ -7,7 +7,7 @@ use numpy::{IntoPyArray, PyArray2};
 use powerinfer_core::Error;
 use powerinfer_engine::forward::Logits;
 use powerinfer_engine::{
-    token_ids, InputScore, InputSparsity, KvPrecision, Session, Sparsity, SparsityMode,
+    token_ids, InputScore, InputSparsity, KvPrecision, KvTypes, Session, Sparsity, SparsityMode,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
@@ -202,20 +202,39 @@ impl PySession {
         run_detached(py, move || session.set_sparsity(sparsity))
     }
 
-    /// Hold the KV cache at `precision`: "f16" (the default, as llama.cpp's) or "f32"; one
-    /// setting for the CPU and the GPU layers. The context is forgotten.
-    #[pyo3(signature = (precision))]
-    fn set_kv_cache(&self, py: Python<'_>, precision: &str) -> PyResult<()> {
-        let p = check(KvPrecision::from_name(precision))?;
+    /// Hold the KV cache at `precision`: "f16" (the default, as llama.cpp's), "f32", or ggml's
+    /// blocks "q8_0", "q4_0", "q4_1" (CPU only), for keys and values, or "k/v" for each
+    /// ("q8_0/f16"); `v` sets the values' apart. One setting for the CPU and the GPU layers.
+    /// The context is forgotten. UnsupportedError for an unknown type, a block type on the
+    /// hybrid executor, or a head_dim no multiple of 32 with a block type.
+    #[pyo3(signature = (precision, v = None))]
+    fn set_kv_cache(&self, py: Python<'_>, precision: &str, v: Option<&str>) -> PyResult<()> {
+        let mut t = check(KvTypes::from_name(precision))?;
+        if let Some(v) = v {
+            t.v = check(KvPrecision::from_name(v))?;
+        }
         let mut guard = self.lock(py);
         let session = &mut *guard;
-        run_detached(py, move || session.set_kv_precision(p))
+        run_detached(py, move || session.set_kv_types(t))
     }
 
-    /// The KV cache's precision: "f16" or "f32".
+    /// The KV cache's precision: one name where keys and values share it ("f16", "f32",
+    /// "q8_0", "q4_0", "q4_1"), else "k/v" ("q8_0/f16").
     #[getter]
-    fn kv_cache(&self, py: Python<'_>) -> &'static str {
-        self.lock(py).kv_precision().name()
+    fn kv_cache(&self, py: Python<'_>) -> String {
+        self.lock(py).kv_types().name()
+    }
+
+    /// The keys' precision alone.
+    #[getter]
+    fn kv_cache_k(&self, py: Python<'_>) -> &'static str {
+        self.lock(py).kv_types().k.name()
+    }
+
+    /// The values' precision alone.
+    #[getter]
+    fn kv_cache_v(&self, py: Python<'_>) -> &'static str {
+        self.lock(py).kv_types().v.name()
     }
 
     /// Adopt a plan from `Model.load_plan` (of this session's model), or drop it with None. On

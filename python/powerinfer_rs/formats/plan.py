@@ -32,6 +32,7 @@ import numpy as np
 from .. import _core
 from ..errors import PlanError, VramBudgetError
 from ..loading.types import LoadedModel
+from ..planning.accounting import kv_types
 from ..planning.model_shape import ModelShape
 from ..planning.placement import Placement
 from ..planning.predictor_size import PredictorSizes
@@ -127,8 +128,10 @@ class Plan:
                 )
         if min(self.predictors.ranks, default=0) < 0:
             raise PlanError(f"{source}: negative predictor rank in {self.predictors.ranks}")
-        if self.kv_cache not in ("f16", "f32"):
-            raise PlanError(f"{source}: kv_cache {self.kv_cache!r}: expected f16 or f32")
+        try:
+            kv_types(self.kv_cache)
+        except PlanError as e:
+            raise PlanError(f"{source}: {e}") from None
         if self.bucket <= 0 or self.context <= 0:
             raise PlanError(f"{source}: bucket and context must be positive")
         for i, ids in enumerate(self.gpu_neurons):

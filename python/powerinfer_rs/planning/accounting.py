@@ -9,11 +9,11 @@ Per layer ``l`` (when placed on the GPU):
 
 * attention: ``attn_norm`` (f32, see :data:`NORM_ELEMENT_BYTES`), ``attn_q``, ``attn_k``,
   ``attn_v``, ``attn_output`` in their stored formats, and the KV cache ``cache_k``,
-  ``cache_v``: ``context x kv_dim`` values each at the plan's ``kv_cache`` precision (f16 by
-  default, or f32); with the family's extra vectors (f32, in the
-  order of the layer program): ``attn_norm.bias`` (LayerNorm), ``attn_{q,k,v}.bias`` (after
-  the matrices), ``attn_q_norm``, ``attn_k_norm`` (head_dim each), ``attn_output.bias``,
-  ``post_attention_norm``;
+  ``cache_v``: ``context x kv_dim`` values each at the plan's ``kv_cache`` precisions (keys',
+  values'; f16 by default, f32, or ggml's q8_0/q4_0/q4_1 blocks of 32 values); with the
+  family's extra vectors (f32, in the order of the layer program): ``attn_norm.bias``
+  (LayerNorm), ``attn_{q,k,v}.bias`` (after the matrices), ``attn_q_norm``, ``attn_k_norm``
+  (head_dim each), ``attn_output.bias``, ``post_attention_norm``;
 * predictor: ``pred_fc1``, ``pred_fc2`` (see :mod:`.predictor_size`);
 * FFN, when the layer has hot neurons: ``ffn_norm`` (f32), the family's ``ffn_norm.bias``,
   ``ffn_up.bias`` (ffn_dim), ``ffn_down.bias``, ``post_ffw_norm`` (f32), and ``ffn_hot``,
@@ -52,9 +52,9 @@ if TYPE_CHECKING:
 
 Allocation = tuple[str, int]
 
-#: Bytes per element of the KV cache at each precision (``kv_cache``: f16 by default, as
-#: llama.cpp's, or f32), one setting for the CPU and the GPU layers.
-KV_ELEMENT_BYTES = {"f16": 2, "f32": 4}
+#: The KV cache's precisions (``kv_cache``: f16 by default, as llama.cpp's, f32, or ggml's
+#: 32-value blocks), one setting for the CPU and the GPU layers: (values, bytes) per block.
+KV_BLOCKS = {"f16": (1, 2), "f32": (1, 4), "q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20)}
 #: Bytes of a neuron id stored in a slab (i32).
 NEURON_ID_BYTES = 4
 #: Bytes per element of an RMSNorm weight on the GPU: the engine keeps norms as f32 whatever
@@ -77,17 +77,54 @@ def kv_dim(shape: ModelShape) -> int:
     return shape.config.n_kv_heads * shape.config.head_dim
 
 
-def kv_element_bytes(kv_cache: str) -> int:
-    """Bytes of one cached value at precision ``kv_cache`` ("f16" or "f32")."""
-    if kv_cache not in KV_ELEMENT_BYTES:
-        raise PlanError(f"kv_cache {kv_cache!r}: choose f16 or f32")
-    return KV_ELEMENT_BYTES[kv_cache]
+def kv_types(kv_cache: str) -> tuple[str, str]:
+    """The keys' and the values' precisions of ``kv_cache``: one name for both ("q8_0") or
+    "k/v" ("q8_0/f16"); PlanError for an unknown one."""
+    k, _, v = str(kv_cache).lower().partition("/")
+    v = v or k
+    for p in (k, v):
+        if p not in KV_BLOCKS:
+            raise PlanError(f"kv_cache {kv_cache!r}: choose from {', '.join(KV_BLOCKS)} (or k/v)")
+    return k, v
 
 
-def kv_cache_bytes(shape: ModelShape, context: int, kv_cache: str = "f16") -> int:
-    """Bytes of one layer's K or V cache for ``context`` positions at precision ``kv_cache``,
-    before alignment."""
-    return context * kv_dim(shape) * kv_element_bytes(kv_cache)
+def kv_row_bytes(precision: str, width: int) -> int:
+    """Bytes of ``width`` cached values at one precision (whole blocks)."""
+    per, nbytes = KV_BLOCKS[precision]
+    return width // per * nbytes
+
+
+def kv_value_bytes(kv_cache: str) -> float:
+    """Mean bytes of one cached value, keys and values together (2 at f16; 1.0625 at q8_0)."""
+    k, v = kv_types(kv_cache)
+    return (kv_row_bytes(k, 32) + kv_row_bytes(v, 32)) / 64
+
+
+def kv_element_bytes(kv_cache: str) -> float:
+    """Bytes of one cached value at ``kv_cache`` (keys and values averaged), as
+    :func:`kv_value_bytes`."""
+    return kv_value_bytes(kv_cache)
+
+
+def kv_cache_bytes(shape: ModelShape, context: int, kv_cache: str = "f16", side: str = "k") -> int:
+    """Bytes of one layer's K (``side="k"``) or V cache for ``context`` positions at
+    ``kv_cache``'s precision for that side, before alignment."""
+    k, v = kv_types(kv_cache)
+    return context * kv_row_bytes(k if side == "k" else v, kv_dim(shape))
+
+
+def kv_position_bytes(shape: ModelShape, kv_cache: str = "f16") -> int:
+    """Bytes of one position's keys and values in every layer, as the engine's KV snapshot
+    holds them (``Session.kv_snapshot_bytes_per_position``)."""
+    k, v = kv_types(kv_cache)
+    return shape.config.n_layers * (kv_row_bytes(k, kv_dim(shape)) + kv_row_bytes(v, kv_dim(shape)))
+
+
+def cpu_kv_bytes(shape: ModelShape, context: int, kv_cache: str = "f16") -> int:
+    """Bytes of one layer's CPU KV cache (keys and values) for ``context`` positions: f16 and
+    f32 sides as f32 in memory (rounded to f16 at f16), block sides as their blocks."""
+    sides = [p if p in ("q8_0", "q4_0", "q4_1") else "f32" for p in kv_types(kv_cache)]
+    return context * sum(kv_row_bytes(p, kv_dim(shape)) for p in sides)
 
 
 def _vectors(layer: int | None, items: list[tuple[str, int, bool]]) -> list[Allocation]:
@@ -129,8 +166,10 @@ def attention_allocations(
         layer,
         [("attn_output.bias", c.dim, c.out_bias), ("post_attention_norm", c.dim, c.post_norms)],
     )
-    cache = align(kv_cache_bytes(shape, context, kv_cache))
-    out += [(f"blk.{layer}.cache_k", cache), (f"blk.{layer}.cache_v", cache)]
+    out += [
+        (f"blk.{layer}.cache_{side}", align(kv_cache_bytes(shape, context, kv_cache, side)))
+        for side in ("k", "v")
+    ]
     return out
 
 
@@ -324,15 +363,20 @@ def total_bytes(allocations: list[Allocation]) -> int:
 
 
 __all__ = [
-    "KV_ELEMENT_BYTES",
+    "KV_BLOCKS",
     "NEURON_ID_BYTES",
     "NORM_ELEMENT_BYTES",
     "attention_allocations",
     "ffn_allocations",
     "ffn_fixed_allocations",
     "gpu_allocation",
+    "cpu_kv_bytes",
     "kv_cache_bytes",
     "kv_element_bytes",
+    "kv_position_bytes",
+    "kv_row_bytes",
+    "kv_types",
+    "kv_value_bytes",
     "norm_bytes",
     "output_allocations",
     "placement_allocation",

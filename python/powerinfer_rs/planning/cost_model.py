@@ -165,8 +165,8 @@ def evaluate(p: PlacementProblem, pl: Placement) -> Evaluation:
     layer_cpu_time = []
     mass = 0.0
     gpu_counts = 0
-    kv_raw = 2 * p.context * p.shape.config.n_kv_heads * p.shape.config.head_dim * 2
-    kv_raw *= kv_element_bytes(p.kv_cache) // 2
+    kv_raw = 2 * p.context * p.shape.config.n_kv_heads * p.shape.config.head_dim
+    kv_raw = int(kv_raw * kv_element_bytes(p.kv_cache))
     for i, lt in enumerate(p.layers):
         k = int(pl.ffn_buckets[i])
         a, pr = bool(pl.attention[i]), bool(pl.predictor[i])

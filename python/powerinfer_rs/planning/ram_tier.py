@@ -37,7 +37,7 @@ from ..errors import PlanError, VramBudgetError
 from ..facts import mode_refusal
 from ..formats.profile import Profile
 from ..loading.types import row_bytes
-from .accounting import kv_cache_bytes
+from .accounting import cpu_kv_bytes
 from .model_shape import ModelShape
 from .placement import Placement
 from .predictor_size import PredictorSizes
@@ -99,8 +99,8 @@ def base_ram_bytes(
         total += shape.tensor_bytes(name)
     for i in range(c.n_layers):
         if not placement.attention[i]:
-            # The CPU holds its KV rows as f32 whatever the precision (rounded to f16 at f16).
-            total += 2 * kv_cache_bytes(shape, context, "f32")
+            # The CPU holds f16 and f32 rows as f32 (rounded to f16 at f16), blocks as blocks.
+            total += cpu_kv_bytes(shape, context, kv_cache)
         if sparsity == "predictor" and not placement.predictor[i]:
             total += predictors.layer_bytes(i)
     return total

@@ -51,6 +51,16 @@ def core_model_arguments(
     return cfg, tensors
 
 
+def kv_spec(kv_cache: str, k: str | None, v: str | None) -> str:
+    """The session's KV types ("k/v") from ``kv_cache`` (one name, or "k/v") with the keys'
+    or the values' overridden by ``k``/``v`` where given (the names are checked by the core:
+    UnsupportedError)."""
+    if k is None and v is None:
+        return kv_cache
+    base_k, _, base_v = str(kv_cache).partition("/")
+    return f"{k or base_k}/{v or base_v or base_k}"
+
+
 class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
     """A model ready to run: weights in Rust, tokenizer and chat template in Python.
 
@@ -81,6 +91,8 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         mmap: bool | None = None,
         kv_cache: str | None = None,
         draft: str | os.PathLike[str] | LoadedModel | None = None,
+        kv_cache_k: str | None = None,
+        kv_cache_v: str | None = None,
         chat_template: str | None = None,
     ):
         if not isinstance(loaded, LoadedModel):
@@ -139,7 +151,7 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         self.ctx = Context(_core.Session(self._model, threads, min(n_ctx, cfg.max_context)))
         if kv_cache is None:
             kv_cache = adopted.kv_cache if adopted is not None else "f16"
-        self.ctx.session.set_kv_cache(kv_cache)
+        self.ctx.session.set_kv_cache(kv_spec(kv_cache, kv_cache_k, kv_cache_v))
         self._threads = self.ctx.session.threads
         self._n_ctx = self.ctx.session.n_ctx
         self.last_stats = GenerationStats()
@@ -170,6 +182,8 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         mmap: bool | None = None,
         kv_cache: str | None = None,
         draft: str | os.PathLike[str] | LoadedModel | None = None,
+        kv_cache_k: str | None = None,
+        kv_cache_v: str | None = None,
         chat_template: str | None = None,
     ) -> Engine:
         """Load a GGUF file (the first shard of a split one), a Hugging Face model directory,
@@ -206,9 +220,13 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
         copies when transparent huge pages are available and the weights take at most half of
         the available memory (see :mod:`powerinfer_rs.runtime.weight_memory`).
 
-        ``kv_cache``: the precision of the keys and values kept, "f16" (as llama.cpp's) or
-        "f32"; one setting for the CPU and the GPU layers, so both attend over the same
-        numbers. Default: the plan's (``python -m powerinfer_rs.plan --kv-cache``), else f16.
+        ``kv_cache``: the precision of the keys and values kept, "f16" (as llama.cpp's), "f32",
+        or ggml's 32-value blocks along head_dim "q8_0", "q4_0", "q4_1" (quantized as each
+        position is written, read by integer dots as llama.cpp's; CPU device only: the hybrid
+        refuses them with UnsupportedError); one setting for the CPU and the GPU layers, so both
+        attend over the same numbers. ``kv_cache_k``/``kv_cache_v`` set the keys' or the
+        values' apart (llama.cpp's ``-ctk``/``-ctv``). Default: the plan's
+        (``python -m powerinfer_rs.plan --kv-cache``), else f16.
 
         ``draft``: a smaller model with the same tokenizer (a path, or a LoadedModel) that
         drafts tokens for speculative decoding (:meth:`set_draft`); generation then runs it by
@@ -251,6 +269,8 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
             mmap=mmap,
             kv_cache=kv_cache,
             draft=draft,
+            kv_cache_k=kv_cache_k,
+            kv_cache_v=kv_cache_v,
             chat_template=chat_template,
         )
 
@@ -291,8 +311,19 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
 
     @property
     def kv_cache(self) -> str:
-        """The KV cache's precision: "f16" or "f32"."""
+        """The KV cache's precision: one name where keys and values share it ("f16", "f32",
+        "q8_0", "q4_0", "q4_1"), else "k/v" (e.g. "q8_0/f16")."""
         return self.ctx.session.kv_cache
+
+    @property
+    def kv_cache_k(self) -> str:
+        """The keys' precision."""
+        return self.ctx.session.kv_cache_k
+
+    @property
+    def kv_cache_v(self) -> str:
+        """The values' precision."""
+        return self.ctx.session.kv_cache_v
 
     @property
     @locked

@@ -90,10 +90,12 @@ def _add_target_args(ap: argparse.ArgumentParser) -> None:
     )
     ap.add_argument(
         "--kv-cache",
-        choices=["f16", "f32"],
+        choices=("f16", "f32", "q8_0", "q4_0", "q4_1"),
         default="f16",
         help="precision of the KV cache, as the engine will hold it (Engine(kv_cache=...)): "
-        "f16 (default, as llama.cpp's) or f32 (twice the bytes per GPU layer's cache)",
+        "f16 (default, as llama.cpp's), f32 (twice the bytes per GPU layer's cache), or "
+        "ggml's blocks q8_0, q4_0, q4_1 (counted at their bytes; the hybrid executor does not "
+        "run them yet)",
     )
 
 

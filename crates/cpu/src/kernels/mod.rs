@@ -5,6 +5,7 @@
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2;
 pub(crate) mod cols;
+pub(crate) mod kv_blocks;
 pub(crate) mod scalar;
 
 /// e^x for x <= 0 (the softmax's shifted scores), to about 2 ulp; values below −87 give

@@ -60,3 +60,61 @@ pub(crate) struct ValueBlock<'a> {
     pub(crate) stride: usize,
     pub(crate) hd: usize,
 }
+
+/// One side (keys or values) of a head's cache: f32 values, or ggml block bytes of a 32-value
+/// format (q8_0, q4_0, q4_1) with whole blocks per head.
+#[derive(Clone, Copy, Debug)]
+pub enum KvRows<'a> {
+    /// Position p's vector is `hd` values from `p · stride`.
+    F32(&'a [f32]),
+    /// Position p's vector is the `hd / 32` blocks from byte `p · stride / 32 · block_bytes`.
+    Blocks(powerinfer_core::DType, &'a [u8]),
+}
+
+impl<'a> KvRows<'a> {
+    /// The same rows from value `at` on (a multiple of 32 for blocks).
+    pub fn skip(self, at: usize) -> KvRows<'a> {
+        match self {
+            KvRows::F32(v) => KvRows::F32(&v[at..]),
+            KvRows::Blocks(dt, b) => KvRows::Blocks(dt, &b[at / 32 * dt.block_bytes()..]),
+        }
+    }
+
+    /// Values held (whole blocks for block rows).
+    pub(crate) fn values(&self) -> usize {
+        match self {
+            KvRows::F32(v) => v.len(),
+            KvRows::Blocks(dt, b) => b.len() / dt.block_bytes() * 32,
+        }
+    }
+}
+
+/// A head's cache whose keys or values may be block formats: position p's vectors start at
+/// value `p · stride` of each side.
+#[derive(Clone, Copy, Debug)]
+pub struct KvHeadCache<'a> {
+    pub keys: KvRows<'a>,
+    pub values: KvRows<'a>,
+    pub stride: usize,
+}
+
+/// One head's problem over a [`KvHeadCache`], as the kernels take it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KvHead<'a> {
+    pub(crate) q: &'a [f32],
+    pub(crate) cache: KvHeadCache<'a>,
+    pub(crate) n_pos: usize,
+    pub(crate) scale: f32,
+    pub(crate) softcap: Option<f32>,
+}
+
+/// Scratch of [`crate::attend_head_kv`], reused across calls: the scores and the query as
+/// q8_0 (its bytes, then per block its scale, integers and their sum).
+#[derive(Default, Debug)]
+pub struct KvScratch {
+    pub(crate) scores: Vec<f32>,
+    pub(crate) qbytes: Vec<u8>,
+    pub(crate) qd: Vec<f32>,
+    pub(crate) qs: Vec<i8>,
+    pub(crate) qsum: Vec<i32>,
+}

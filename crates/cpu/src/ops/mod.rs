@@ -4,6 +4,7 @@
 
 pub(crate) mod attend;
 pub(crate) mod attend_block;
+pub(crate) mod attend_kv;
 pub(crate) mod compact;
 pub(crate) mod input_major;
 pub(crate) mod interleaved;

@@ -351,7 +351,8 @@ impl<B: Backend> GpuAttention<B> {
         let out_bias = reg.maybe(dev, &name("attn_output.bias"), lw.out_bias.as_deref())?;
         let post = lw.post_norms.as_ref().map(|[a, _]| &a[..]);
         let post_norm = reg.maybe(dev, &name("post_attention_norm"), post)?;
-        let cache = match plan.kv_cache {
+        // Quantized caches were refused when the executor was opened (`hybrid::open`).
+        let cache = match plan.kv_cache.k {
             KvPrecision::F16 => KvBufs::F16(
                 reg.zeros(dev, &name("cache_k"), kv)?,
                 reg.zeros(dev, &name("cache_v"), kv)?,
@@ -360,6 +361,7 @@ impl<B: Backend> GpuAttention<B> {
                 reg.zeros(dev, &name("cache_k"), kv)?,
                 reg.zeros(dev, &name("cache_v"), kv)?,
             ),
+            p => bail!(Unsupported, "a {} KV cache on the GPU", p.name()),
         };
         Ok(GpuAttention {
             norm,

@@ -57,7 +57,7 @@ impl KvSync {
             let Some(a) = layer.attention.as_mut() else {
                 continue;
             };
-            let (keys, values) = cache.layer(l, len);
+            let (keys, values) = cache.layer(l, len)?;
             let at = from * a.kv_dim;
             match &mut a.cache {
                 KvBufs::F16(k, v) => up(link, l, [&keys[at..], &values[at..]], [k, v], at)?,

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use powerinfer_core::{bail, ensure, Device, Result};
 use powerinfer_cuda::HostBackend;
 
-use crate::kv_cache::KvPrecision;
+use crate::kv_cache::KvTypes;
 use crate::placement::Placement;
 use crate::sparsity::Sparsity;
 use crate::weights::ModelWeights;
@@ -51,9 +51,16 @@ pub fn open(
     model: &ModelWeights,
     placement: Arc<Placement>,
     mode: &Sparsity,
-    kv: KvPrecision,
+    kv: KvTypes,
     capacity: Option<usize>,
 ) -> Result<Box<dyn Hybrid>> {
+    ensure!(
+        !kv.is_quantized() && kv.k == kv.v,
+        Unsupported,
+        "a {} KV cache on the hybrid executor (device {device}): its GPU attention reads f16 or \
+         f32 caches, keys and values alike; run it with kv_cache=\"f16\", or on device=\"cpu\"",
+        kv.name()
+    );
     let planned = placement.file.kv_cache;
     ensure!(
         planned == kv || !placement.file.attention.iter().any(|&a| a),

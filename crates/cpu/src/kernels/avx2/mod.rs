@@ -42,7 +42,7 @@ mod wide_float;
 mod wide_k;
 mod wide_tile;
 
-use crate::operands::attention::{Head, ScoreBlock, ValueBlock};
+use crate::operands::attention::{Head, KvHead, KvScratch, ScoreBlock, ValueBlock};
 use crate::simd::{debug_check_level, debug_check_wide};
 use formats::Format;
 pub(crate) use int16::XQuant;
@@ -544,6 +544,20 @@ pub(crate) fn block_values(vb: &ValueBlock<'_>, out: &mut [f32], out_stride: usi
     assert!(n_q == 0 || out.len() >= (n_q - 1) * out_stride + hd);
     // SAFETY: the AVX-512 level per the dispatcher; the asserts are the kernel's size contract.
     unsafe { attend_block::values(vb, out, out_stride) }
+}
+
+/// One head over a cache with block-format keys or values: the portable body of
+/// [`crate::kernels::kv_blocks`] compiled for AVX2/FMA/F16C.
+pub(crate) fn attend_head_kv(head: &KvHead<'_>, scratch: &mut KvScratch, out: &mut [f32]) {
+    debug_check_level();
+    // SAFETY: features detected by the dispatcher; the body is safe Rust (bounds-checked
+    // slices), only compiled with those features enabled.
+    unsafe { attend_head_kv_avx2(head, scratch, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn attend_head_kv_avx2(head: &KvHead<'_>, scratch: &mut KvScratch, out: &mut [f32]) {
+    crate::kernels::kv_blocks::attend_head_kv(head, scratch, out)
 }
 
 /// One attention head (see [`attend::attend_head`]).
