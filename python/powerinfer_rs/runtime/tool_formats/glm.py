@@ -15,8 +15,8 @@ from typing import Any
 
 from ..constrain import Grammar
 from .base import ToolFormat, lit, one_call
-from .call import ToolCall, schemas_of, typed_value
-from .xml_args import xml_arguments
+from .call import ToolCall
+from .xml_args import xml_arguments, xml_calls
 
 MARKERS = ("<tool_call>",)
 _CALL = re.compile(r"<tool_call>\s*([^\n<]*?)\s*(?=<arg_key>|</tool_call>|\n)(.*?)</tool_call>",
@@ -28,19 +28,8 @@ def parse(text: str, tools: list[dict[str, Any]]) -> tuple[str, list[ToolCall]] 
     """``(content, calls)`` of GLM calls, or None (a ``<tool_call>`` holding JSON is a Hermes
     call: left to the JSON family). A call must be closed: one cut off (by ``max_tokens``)
     could miss arguments."""
-    schemas = schemas_of(tools)
     found = list(_CALL.finditer(text))
-    calls = []
-    for m in found:
-        name = m.group(1).strip()
-        if name not in schemas:
-            return None
-        props = schemas[name].get("properties") or {}
-        args = {}
-        for a in _ARG.finditer(m.group(2)):
-            key = a.group(1).strip()
-            args[key] = typed_value(a.group(2), props.get(key))
-        calls.append(ToolCall(name, args))
+    calls = xml_calls(found, tools, _ARG)
     if not calls:
         return None
     return text[: found[0].start()].strip(), calls

@@ -19,8 +19,8 @@ from typing import Any
 
 from ..constrain import Grammar
 from .base import ToolFormat, lit, one_call
-from .call import ToolCall, schemas_of, typed_value
-from .xml_args import xml_arguments
+from .call import ToolCall
+from .xml_args import xml_arguments, xml_calls
 
 MARKERS = ("<tool_call>", "<function=")
 _CALL = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
@@ -36,19 +36,8 @@ def _value(raw: str) -> str:
 def parse(text: str, tools: list[dict[str, Any]]) -> tuple[str, list[ToolCall]] | None:
     """``(content, calls)`` of Qwen3-Coder calls, or None. A call must be closed
     (``</function>``): one cut off (by ``max_tokens``) could miss arguments."""
-    schemas = schemas_of(tools)
     found = list(_CALL.finditer(text))
-    calls = []
-    for m in found:
-        name = m.group(1).strip()
-        if name not in schemas:
-            return None
-        props = schemas[name].get("properties") or {}
-        args = {}
-        for p in _PARAM.finditer(m.group(2)):
-            key = p.group(1).strip()
-            args[key] = typed_value(_value(p.group(2)), props.get(key))
-        calls.append(ToolCall(name, args))
+    calls = xml_calls(found, tools, _PARAM, _value)
     if not calls:
         return None
     start = found[0].start()

@@ -1,11 +1,39 @@
-"""Constraining arguments written as XML-ish key/value pairs (Qwen3-Coder's ``<parameter=K>``,
-GLM's ``<arg_key>``/``<arg_value>``): the keys the schema names, each value as its type."""
+"""Arguments written as XML-ish key/value pairs (Qwen3-Coder's ``<parameter=K>``, GLM's
+``<arg_key>``/``<arg_value>``): read back typed by the tool's schema, and constrained to the
+keys the schema names, each value as its type."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from typing import Any
 
 from .base import lit, schema_text
+from .call import ToolCall, schemas_of, typed_value
+
+
+def xml_calls(
+    found: list[re.Match[str]],
+    tools: list[dict[str, Any]],
+    arg: re.Pattern[str],
+    raw: Callable[[str], str] = lambda v: v,
+) -> list[ToolCall] | None:
+    """The calls of ``found`` (each match: the name in group 1, the body in group 2), their
+    arguments the ``arg`` matches of the body (key in group 1, value in group 2, cleaned by
+    ``raw``) typed by the tool's schema; None when a name is no tool's."""
+    schemas = schemas_of(tools)
+    calls = []
+    for m in found:
+        name = m.group(1).strip()
+        if name not in schemas:
+            return None
+        props = schemas[name].get("properties") or {}
+        args = {}
+        for a in arg.finditer(m.group(2)):
+            key = a.group(1).strip()
+            args[key] = typed_value(raw(a.group(2)), props.get(key))
+        calls.append(ToolCall(name, args))
+    return calls
 
 
 def value_rule(rule: str, schema: Any, json_tail: str) -> str:
