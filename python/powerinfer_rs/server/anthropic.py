@@ -50,7 +50,7 @@ from .responses import Calls, calls_for, split_with
 from .schemas import MAX_STOPS, DraftMax, Lenient, SpeculativeMode
 from .speculation import DEFAULTS, SpeculativeDefaults, speculative_kwargs
 from .sse import collect_answer, failure, start_job
-from .thinking import splitter_for, template_kwargs, with_call
+from .thinking import split_piece, splitter_for, template_kwargs, with_call
 from .timings import timings
 from .worker import Done, Job
 
@@ -402,14 +402,7 @@ async def events(
     out = BlockStream()
 
     def deltas(text: str, end: bool = False) -> list[bytes]:
-        reasoning = ""
-        if think is not None:
-            reasoning, text = think.push(text)
-            if end:
-                r, c = think.finish()
-                reasoning, text = reasoning + r, text + c
-        if calls is not None and text:
-            text = calls.stream.push(text)
+        reasoning, text = split_piece(think, calls, text, end)
         return out.delta("thinking", reasoning) + out.delta("text", text)
 
     try:

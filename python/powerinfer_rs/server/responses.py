@@ -15,6 +15,7 @@ from ..runtime.tokenizer import Tokenizer
 from ..runtime.tool_formats import ToolFormat
 from ..runtime.tool_formats.json_calls import GENERIC
 from ..runtime.tools import ToolCall, ToolCallStream, parse_tool_calls, tool_format
+from .thinking import split_piece
 from .timings import timings
 from .worker import Done
 
@@ -304,11 +305,7 @@ class ChunkMaker:
     def piece(self, text: str, steps: list[TokenStep]) -> dict[str, Any] | None:
         """The chunk of ``text``, or None while it is held back (the start of a tool call, or
         of a reasoning tag). Reasoning goes out as ``reasoning_content`` deltas."""
-        reasoning = ""
-        if self.think is not None:
-            reasoning, text = self.think.push(text)
-        if self.calls is not None and text:
-            text = self.calls.stream.push(text)
+        reasoning, text = split_piece(self.think, self.calls, text)
         if not text and not reasoning:
             self.held += steps
             return None

@@ -46,6 +46,7 @@ from .responses_stream import EventStream
 from .routing import api_route, check_key, unknown_model
 from .schemas import ChatRequest
 from .sse import collect_answer, failure, start_job
+from .thinking import split_piece
 from .worker import Done, Job
 
 #: The chat request's parameter names as the Responses API names them (errors name these).
@@ -204,14 +205,7 @@ async def stream_events(
     thought, shown = [], []
 
     def deltas(text: str, end: bool = False) -> list[bytes]:
-        reasoning = ""
-        if think is not None:
-            reasoning, text = think.push(text)
-            if end:
-                r, c = think.finish()
-                reasoning, text = reasoning + r, text + c
-        if calls is not None and text:
-            text = calls.stream.push(text)
+        reasoning, text = split_piece(think, calls, text, end)
         thought.append(reasoning)
         shown.append(text)
         return out.delta("reasoning", reasoning) + out.delta("message", text)

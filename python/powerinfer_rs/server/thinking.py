@@ -28,6 +28,23 @@ def splitter_for(template: str | None, prompt: str, fmt: str) -> Splitter | None
     return splitter_of(template, prompt)
 
 
+def split_piece(
+    think: Splitter | None, calls: Any, text: str, end: bool = False
+) -> tuple[str, str]:
+    """``(reasoning, text)`` of a streamed piece of the answer: split by ``think`` (``end``:
+    the last piece, the splitter flushed), then the text held back by ``calls``' stream
+    (:class:`~.responses.Calls`, or None) where it may start a tool call."""
+    reasoning = ""
+    if think is not None:
+        reasoning, text = think.push(text)
+        if end:
+            r, c = think.finish()
+            reasoning, text = reasoning + r, text + c
+    if calls is not None and text:
+        text = calls.stream.push(text)
+    return reasoning, text
+
+
 def with_call(prompt: str, prefix: str) -> str:
     """``prompt`` followed by a forced call's ``prefix``; a think block the prompt left open
     (DeepSeek-R1's ``<think>\n``) is closed first: the call is the answer, not reasoning."""
