@@ -87,6 +87,54 @@ pub fn attention(
     }
 }
 
+/// One (token, head) of an attention call: its query, the offset in the cache rows of its
+/// first attended position's KV head (`first · kv_dim + kv_head · head_dim`), and how many
+/// positions it attends to.
+struct HeadTask<'a> {
+    q: &'a [f32],
+    offset: usize,
+    len: usize,
+}
+
+/// Run `one` for every (token, head) of `out` (n × n_heads·head_dim), in order on one thread
+/// for small calls, else in parallel with a scratch `S` per worker; each head's output is its
+/// own slice, so the bits do not depend on the split.
+fn each_head<S: Default + Send>(
+    shape: &AttnShape,
+    q: &[f32],
+    start: usize,
+    out: &mut [f32],
+    one: impl Fn(&mut S, HeadTask<'_>, &mut [f32]) + Sync,
+) {
+    let hd = shape.head_dim;
+    let q_dim = shape.n_heads * hd;
+    let kv_dim = shape.n_kv_heads * hd;
+    let group = shape.n_heads / shape.n_kv_heads;
+    let task = |s: &mut S, idx: usize, o: &mut [f32]| {
+        let (t, h) = (idx / shape.n_heads, idx % shape.n_heads);
+        let end = start + t + 1;
+        let first = shape.window.map_or(0, |w| end.saturating_sub(w));
+        let head = HeadTask {
+            q: &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd],
+            offset: first * kv_dim + (h / group) * hd,
+            len: end - first,
+        };
+        one(s, head, o);
+    };
+    // Multiply-adds of the whole call; below this a parallel region costs more than it saves.
+    let work = out.len() / hd * (start + out.len() / q_dim) * hd;
+    if work < PARALLEL_MIN_WORK {
+        let mut s = S::default();
+        for (idx, o) in out.chunks_mut(hd).enumerate() {
+            task(&mut s, idx, o);
+        }
+    } else {
+        out.par_chunks_mut(hd)
+            .enumerate()
+            .for_each_init(S::default, |s, (idx, o)| task(s, idx, o));
+    }
+}
+
 /// [`attention`] over a cache with a block side: one [`attend_head_kv`] per (token, head).
 fn attention_blocks(
     shape: &AttnShape,
@@ -97,34 +145,16 @@ fn attention_blocks(
     out: &mut [f32],
 ) {
     let hd = shape.head_dim;
-    let q_dim = shape.n_heads * hd;
     let kv_dim = shape.n_kv_heads * hd;
-    let group = shape.n_heads / shape.n_kv_heads;
     let scale = shape.scale.unwrap_or(1.0 / (hd as f32).sqrt());
-    let one_head = |scratch: &mut KvScratch, idx: usize, o: &mut [f32]| {
-        let (t, h) = (idx / shape.n_heads, idx % shape.n_heads);
-        let kvh = h / group;
-        let qh = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
-        let end = start + t + 1;
-        let first = shape.window.map_or(0, |w| end.saturating_sub(w));
+    each_head(shape, q, start, out, |scratch: &mut KvScratch, head, o| {
         let cache = KvHeadCache {
-            keys: keys.skip(first * kv_dim + kvh * hd),
-            values: values.skip(first * kv_dim + kvh * hd),
+            keys: keys.skip(head.offset),
+            values: values.skip(head.offset),
             stride: kv_dim,
         };
-        attend_head_kv(qh, cache, end - first, scale, shape.softcap, scratch, o);
-    };
-    let work = out.len() / hd * (start + out.len() / q_dim) * hd;
-    if work < PARALLEL_MIN_WORK {
-        let mut scratch = KvScratch::default();
-        for (idx, o) in out.chunks_mut(hd).enumerate() {
-            one_head(&mut scratch, idx, o);
-        }
-    } else {
-        out.par_chunks_mut(hd)
-            .enumerate()
-            .for_each_init(KvScratch::default, |s, (idx, o)| one_head(s, idx, o));
-    }
+        attend_head_kv(head.q, cache, head.len, scale, shape.softcap, scratch, o);
+    });
 }
 
 /// [`attention`] over f32 keys and values.
@@ -137,42 +167,23 @@ fn attention_f32(
     out: &mut [f32],
 ) {
     let hd = shape.head_dim;
-    let q_dim = shape.n_heads * hd;
     let kv_dim = shape.n_kv_heads * hd;
-    let group = shape.n_heads / shape.n_kv_heads;
     let scale = shape.scale.unwrap_or(1.0 / (hd as f32).sqrt());
-    let one_head = |scores: &mut Vec<f32>, idx: usize, o: &mut [f32]| {
-        let (t, h) = (idx / shape.n_heads, idx % shape.n_heads);
-        let kvh = h / group;
-        let qh = &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd];
-        let end = start + t + 1;
-        let first = shape.window.map_or(0, |w| end.saturating_sub(w));
-        let cache = HeadCache {
-            keys: &keys[first * kv_dim + kvh * hd..],
-            values: &values[first * kv_dim + kvh * hd..],
-            stride: kv_dim,
-        };
-        match shape.softcap {
-            None => attend_head(qh, cache, end - first, scale, scores, o),
-            Some(cap) => attend_head_capped(qh, cache, end - first, scale, cap, scores, o),
-        }
-    };
-    let n = out.len() / q_dim;
+    let n = out.len() / (shape.n_heads * hd);
     if n >= BLOCK_MIN_TOKENS && block_attention_is_fast() {
         return blocked(shape, q, keys, values, start, out);
     }
-    // Multiply-adds of the whole call; below this a parallel region costs more than it saves.
-    let work = out.len() / hd * (start + out.len() / q_dim) * hd;
-    if work < PARALLEL_MIN_WORK {
-        let mut scores = Vec::new();
-        for (idx, o) in out.chunks_mut(hd).enumerate() {
-            one_head(&mut scores, idx, o);
+    each_head(shape, q, start, out, |scores: &mut Vec<f32>, head, o| {
+        let cache = HeadCache {
+            keys: &keys[head.offset..],
+            values: &values[head.offset..],
+            stride: kv_dim,
+        };
+        match shape.softcap {
+            None => attend_head(head.q, cache, head.len, scale, scores, o),
+            Some(cap) => attend_head_capped(head.q, cache, head.len, scale, cap, scores, o),
         }
-    } else {
-        out.par_chunks_mut(hd)
-            .enumerate()
-            .for_each_init(Vec::new, |scores, (idx, o)| one_head(scores, idx, o));
-    }
+    });
 }
 
 /// [`attention`] for several tokens on the block kernels: one task per (head, strip of
