@@ -179,8 +179,11 @@ class Generation:
         ``tools`` the model may call (:mod:`.tools`: the template's own way, or a fallback
         system prompt; earlier calls and results in ``messages`` written to match).
         ``template_kwargs``: more variables for the template (``enable_thinking``,
-        ``reasoning_effort``), as ``chat_template_kwargs`` in HF's ``apply_chat_template``."""
+        ``reasoning_effort``), as ``chat_template_kwargs`` in HF's ``apply_chat_template``.
+        An assistant message's ``reasoning_content`` goes to templates that read it
+        (:mod:`.reasoning_history`)."""
         from .chat import check_text_args
+        from .reasoning_history import past_reasoning
         from .tools import prompt_messages
 
         if tools is not None:
@@ -200,7 +203,7 @@ class Generation:
         extra = {**(template_kwargs or {}), **extra}
         return format_chat(
             template,
-            messages,
+            past_reasoning(messages, template),
             add_generation_prompt=add_generation_prompt,
             bos_token=bos or "",
             eos_token=eos or "",
