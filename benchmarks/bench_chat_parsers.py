@@ -18,7 +18,9 @@ Both ask for ``--max-tokens`` tokens with ``ignore_eos`` at temperature 0 (the s
 tokens; checked). Per request: the decode rate as the client sees it, ``max_tokens / (wall -
 prompt time)`` (wall: request sent to the stream's last byte; prompt time: the server's
 ``timings.prompt_ms``, as the prefix cache leaves it), and the server's own
-``timings.predicted_per_second``. Prints the median of each arm and on/off. The reasoning
+``timings.predicted_per_second``. Prints the median of each arm, on/off, and the median of
+each round's own on/off (the two runs of a round are next to each other in time, so the
+machine's drift cancels better). The reasoning
 splitter's cost per piece is in bench_tool_parsers.py (SmolLM2's template does not think).
 """
 
@@ -140,13 +142,16 @@ def summarize(report: dict) -> None:
     for key in ("client_tok_s", "server_tok_s"):
         m_on = statistics.median(r[key] for r in on)
         m_off = statistics.median(r[key] for r in off)
-        out[key] = {"on": m_on, "off": m_off, "ratio": m_on / m_off if m_off else 0.0}
+        paired = statistics.median(a[key] / b[key] for a, b in zip(on, off) if b[key])
+        out[key] = {"on": m_on, "off": m_off, "ratio": m_on / m_off if m_off else 0.0,
+                    "paired_ratio": paired}  # fmt: skip
     report["summary"] = out
     print(f"prompt tokens on/off: {on[0]['prompt_tokens']}/{off[0]['prompt_tokens']}; "
           f"{on[0]['tokens']} tokens per answer; "
           f"tool calls in the on answer: {on[0]['calls']}")  # fmt: skip
     for key, v in out.items():
-        print(f"{key}: parsers on {v['on']:.2f}, off {v['off']:.2f}, on/off {v['ratio']:.4f}")
+        print(f"{key}: parsers on {v['on']:.2f}, off {v['off']:.2f}, on/off {v['ratio']:.4f} "
+              f"(median of the rounds' own on/off: {v['paired_ratio']:.4f})")
 
 
 if __name__ == "__main__":
