@@ -18,10 +18,11 @@ Both ask for ``--max-tokens`` tokens with ``ignore_eos`` at temperature 0 (the s
 tokens; checked). Per request: the decode rate as the client sees it, ``max_tokens / (wall -
 prompt time)`` (wall: request sent to the stream's last byte; prompt time: the server's
 ``timings.prompt_ms``, as the prefix cache leaves it), and the server's own
-``timings.predicted_per_second``. Prints the median of each arm, on/off, and the median of
-each round's own on/off (the two runs of a round are next to each other in time, so the
-machine's drift cancels better). The reasoning
-splitter's cost per piece is in bench_tool_parsers.py (SmolLM2's template does not think).
+``timings.predicted_per_second``, and the server process's CPU milliseconds per token (what
+the parsers add shows there even when other work on the machine moves the rates). Prints the
+median of each arm, on/off, and the median of each round's own on/off (a round's two runs are
+next to each other in time, so the machine's drift cancels better). The reasoning splitter's
+cost per piece is in bench_tool_parsers.py (SmolLM2's template does not think).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from pathlib import Path
 
 import httpx
 from _bench_common import REPO, alternation, bench_parser, default_model, machine_info, write_json
-from bench_server import Server, free_port
+from bench_server import Server, cpu_seconds, free_port
 
 sys.path.insert(0, str(REPO / "python"))
 
@@ -70,9 +71,11 @@ def bodies(template: str | None, max_tokens: int) -> dict[str, dict]:
             "off": {**common, "messages": rendered}}  # fmt: skip
 
 
-def stream_once(url: str, body: dict) -> dict:
-    """One streamed chat completion: the client's decode rate, the server's, and the text."""
+def stream_once(url: str, body: dict, pid: int) -> dict:
+    """One streamed chat completion: the client's decode rate, the server's, the server
+    process's CPU seconds (server ``pid``), and the text."""
     text, calls, usage, timings = [], [], {}, {}
+    cpu0 = cpu_seconds(pid)
     t0 = time.perf_counter()
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as r:
         r.raise_for_status()
@@ -87,11 +90,13 @@ def stream_once(url: str, body: dict) -> dict:
                 timings = ch.get("timings") or chunk.get("timings") or timings
             timings = chunk.get("timings") or timings
     wall = time.perf_counter() - t0
+    cpu = cpu_seconds(pid) - cpu0
     n = usage.get("completion_tokens", 0)
     decode_s = wall - timings.get("prompt_ms", 0.0) / 1000.0
     return {"tokens": n, "prompt_tokens": usage.get("prompt_tokens"), "wall_s": wall,
             "client_tok_s": n / decode_s if decode_s > 0 else 0.0,
             "server_tok_s": timings.get("predicted_per_second", 0.0),
+            "server_cpu_ms_per_tok": 1000.0 * cpu / n if n else 0.0,
             "text": "".join(text), "calls": len(calls)}  # fmt: skip
 
 
@@ -116,10 +121,10 @@ def main() -> int:
                     "runs": {"on": [], "off": []}}  # fmt: skip
     try:
         for name in ("on", "off"):
-            stream_once(server.url, reqs[name])  # warm-up (and the prefix cache)
+            stream_once(server.url, reqs[name], server.proc.pid)  # warm-up (and the prefix cache)
         for r in range(a.rounds):
             for name in alternation(["on", "off"], r):
-                run = stream_once(server.url, reqs[name])
+                run = stream_once(server.url, reqs[name], server.proc.pid)
                 report["runs"][name].append(run)
                 print(f"  round {r} {name:3s}: client {run['client_tok_s']:.2f} tok/s, server "
                       f"{run['server_tok_s']:.2f} tok/s", file=sys.stderr, flush=True)  # fmt: skip
@@ -139,7 +144,7 @@ def summarize(report: dict) -> None:
     if len({r["tokens"] for r in on + off}) != 1 or (not on[0]["calls"] and len(same) != 1):
         print("warning: the two arms did not decode the same answer", file=sys.stderr)
     out = {}
-    for key in ("client_tok_s", "server_tok_s"):
+    for key in ("client_tok_s", "server_tok_s", "server_cpu_ms_per_tok"):
         m_on = statistics.median(r[key] for r in on)
         m_off = statistics.median(r[key] for r in off)
         paired = statistics.median(a[key] / b[key] for a, b in zip(on, off) if b[key])
