@@ -22,9 +22,10 @@ MODEL_ID = "smollm2"
 
 
 class LiveServer:
-    """``create_app(engine, **options)`` served until :meth:`stop`."""
+    """``create_app(engine, **options)`` served until :meth:`stop`; ``wrap``: an ASGI
+    wrapper put around the app (to watch what reaches it)."""
 
-    def __init__(self, engine, **options):
+    def __init__(self, engine, wrap=None, **options):
         self.engine = engine
         self.app = create_app(engine, model_id=MODEL_ID, **options)
         self.state = self.app.state.server
@@ -33,7 +34,8 @@ class LiveServer:
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(self.app, log_level="warning", access_log=False)
+        asgi = wrap(self.app) if wrap else self.app
+        config = uvicorn.Config(asgi, log_level="warning", access_log=False)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [sock]}, daemon=True

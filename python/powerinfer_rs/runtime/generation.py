@@ -14,6 +14,7 @@ from .chat import format_chat
 from .checks import check_int, check_seed
 from .constrain import Constraint, Grammar, grammar_of
 from .context import Claim, Context
+from .harmony_constraint import HARMONY_START, in_final_channel
 from .reasoning import ChatReply, reasoning_start, reply_of
 from .reasoning_constraint import AfterReasoning
 from .sampling import PositionDraws, SamplingParams
@@ -179,8 +180,11 @@ class Generation:
         ``tools`` the model may call (:mod:`.tools`: the template's own way, or a fallback
         system prompt; earlier calls and results in ``messages`` written to match).
         ``template_kwargs``: more variables for the template (``enable_thinking``,
-        ``reasoning_effort``), as ``chat_template_kwargs`` in HF's ``apply_chat_template``."""
+        ``reasoning_effort``), as ``chat_template_kwargs`` in HF's ``apply_chat_template``.
+        An assistant message's ``reasoning_content`` goes to templates that read it
+        (:mod:`.reasoning_history`)."""
         from .chat import check_text_args
+        from .reasoning_history import past_reasoning
         from .tools import prompt_messages
 
         if tools is not None:
@@ -200,7 +204,7 @@ class Generation:
         extra = {**(template_kwargs or {}), **extra}
         return format_chat(
             template,
-            messages,
+            past_reasoning(messages, template),
             add_generation_prompt=add_generation_prompt,
             bos_token=bos or "",
             eos_token=eos or "",
@@ -218,6 +222,16 @@ class Generation:
         but slower than running them one after the other.
         """
         return _texts(self.stream_tokens(prompt, **kwargs))
+
+    def _constraint(self, g: Grammar, reasoning: str | None) -> Any:
+        """The constraint of grammar ``g`` for a stream, from where ``reasoning`` says
+        (:meth:`stream_tokens`)."""
+        if reasoning == HARMONY_START:  # gpt-oss: the grammar opens the final channel
+            g, reasoning = in_final_channel(g), None
+        constraint: Any = Constraint(g, self.tokenizer, self.config.vocab_size)
+        if reasoning is not None:
+            constraint = AfterReasoning(constraint, self.tokenizer, reasoning)
+        return constraint
 
     def stream_tokens(
         self,
@@ -265,7 +279,9 @@ class Generation:
         schema or grammar the engine cannot use is a :class:`~.constrain.GrammarError` naming
         the part. ``reasoning`` lets a thinking model reason before the constraint binds
         (:mod:`.reasoning_constraint`): "open" (the prompt left a ``<think>`` block open) or
-        "allowed" (the model may open one); None: it binds the first token.
+        "allowed" (the model may open one), "harmony" (gpt-oss: analysis messages, then the
+        grammar opens the final channel: :mod:`.harmony_constraint`); None: it binds the
+        first token.
 
         Speculative decoding (:mod:`.speculative`): ``speculative="lookup"`` drafts the tokens
         that followed the latest earlier occurrence of the context's last few tokens (text the
@@ -282,12 +298,8 @@ class Generation:
         stop, eos, length, logprobs and constraint behaviour. ``stats`` reports the tokens
         drafted and accepted.
         """
-        constraint = None
         g = grammar if isinstance(grammar, Grammar) else grammar_of(json_schema, grammar, regex)
-        if g is not None:
-            constraint = Constraint(g, self.tokenizer, self.config.vocab_size)
-            if reasoning is not None:
-                constraint = AfterReasoning(constraint, self.tokenizer, reasoning)
+        constraint = None if g is None else self._constraint(g, reasoning)
         params = SamplingParams(
             temperature,
             top_k,

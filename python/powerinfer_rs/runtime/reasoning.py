@@ -189,10 +189,13 @@ def reply_of(template: str | None, prompt: str, text: str, fmt: str = "auto") ->
 
 def reasoning_start(template: str | None, prompt: str, fmt: str = "auto") -> str | None:
     """Where a constraint on the answer to ``prompt`` (rendered from ``template``) starts
-    (``stream_tokens(reasoning=...)``): "open" when the prompt left a think block open,
+    (``stream_tokens(reasoning=...)``): "harmony" for a harmony template (the grammar opens
+    the final channel after any analysis, whatever ``fmt``: it is the model's format, not the
+    split; :mod:`.harmony_constraint`), "open" when the prompt left a think block open,
     "allowed" when the template thinks (the model may open one), None when the answer is not
-    split (``fmt`` none, or no ``<think>`` template: a harmony one's answer is in its final
-    channel, which the grammar does not open yet): from the first token."""
+    split (``fmt`` none, or no ``<think>`` template): from the first token."""
+    if template is not None and HARMONY in template:
+        return "harmony"
     if fmt == "none" or template is None or OPEN not in template:
         return None
     return "open" if forced_open(prompt) else "allowed"

@@ -166,18 +166,20 @@ def block_text(content: Union[str, list[Block], None], where: str) -> str:
 
 
 def turn_messages(m: Message, where: str) -> list[dict[str, Any]]:
-    """One turn as the chat template's messages: an assistant's text and ``tool_use`` blocks
-    (as OpenAI-style ``tool_calls``), a user's ``tool_result`` blocks (as ``tool`` messages,
-    first) and text."""
+    """One turn as the chat template's messages: an assistant's text, ``tool_use`` blocks
+    (as OpenAI-style ``tool_calls``) and ``thinking`` blocks (as ``reasoning_content``), a
+    user's ``tool_result`` blocks (as ``tool`` messages, first) and text."""
     if isinstance(m.content, str):
         return [{"role": m.role, "content": m.content}]
-    texts, calls, results = [], [], []
+    texts, calls, results, thoughts = [], [], [], []
     for i, b in enumerate(m.content):
         at = f"{where}[{i}]"
         if b.type == "text" and b.text is not None:
             texts.append(b)
-        elif b.type in ("thinking", "redacted_thinking") and m.role == "assistant":
-            continue  # earlier reasoning is not shown to the model again
+        elif b.type == "thinking" and m.role == "assistant":
+            thoughts.append(str(getattr(b, "thinking", None) or ""))
+        elif b.type == "redacted_thinking" and m.role == "assistant":
+            continue  # encrypted by another server: nothing a template can show
         elif b.type == "tool_use" and m.role == "assistant" and b.name:
             fn = {"name": b.name, "arguments": json.dumps(b.input or {})}
             calls.append({"id": b.id, "type": "function", "function": fn})
@@ -194,6 +196,8 @@ def turn_messages(m: Message, where: str) -> list[dict[str, Any]]:
         msg: dict[str, Any] = {"role": "assistant", "content": text}
         if calls:
             msg["tool_calls"] = calls
+        if thoughts:  # for the templates that read it (runtime.reasoning_history)
+            msg["reasoning_content"] = "\n".join(thoughts)
         out.append(msg)
     elif text or not results:
         out.append({"role": "user", "content": text})

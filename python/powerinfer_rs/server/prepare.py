@@ -84,7 +84,8 @@ def prepare(
     kwargs.update(speculative_kwargs(engine, req.speculative, req.draft_max, defaults))
     try:
         make = stream_tokens or engine.stream_tokens
-        if think is not None and grammar is not None:  # the grammar binds after the reasoning
+        if grammar is not None and where != "tools" and param == "messages":
+            # a chat answer's grammar binds after the reasoning (harmony: its final channel)
             kwargs["reasoning"] = reasoning_start(engine.loaded.chat_template, prompt, reasoning[0])
         steps = make(prompt, logprobs=req.engine_logprobs, grammar=grammar, **kwargs)
         if getattr(req, "echo", False):

@@ -167,9 +167,9 @@ async def create(request: Request, state: Any) -> Response:
     env = Envelope(rid, state.model_id, settings(req))
     count = state.engine.tokenizer.encode
 
-    def keep(text: str, made: list[ToolCall], body: dict[str, Any]) -> None:
+    def keep(text: str, made: list[ToolCall], body: dict[str, Any], thought: str) -> None:
         if req.store:
-            state.responses.put(rid, messages + [history_turn(text, made)], body)
+            state.responses.put(rid, messages + [history_turn(text, made, thought)], body)
 
     def reasoning_tokens(text: str) -> int:
         return len(count(text, add_bos=False)) if text else 0
@@ -187,7 +187,7 @@ async def create(request: Request, state: Any) -> Response:
         text, made = calls.parse(text)
     items = output_items(rid.removeprefix("resp_"), thought, text, made, done)
     body = env.body(response_status(done, made), items, done, reasoning_tokens(thought))
-    keep(text, made, body)
+    keep(text, made, body, thought)
     return JSONResponse(body)
 
 
@@ -198,7 +198,7 @@ async def stream_events(
     think: Splitter | None,
     calls: Calls | None,
     reasoning_tokens: Callable[[str], int],
-    keep: Callable[[str, list[ToolCall], dict[str, Any]], None],
+    keep: Callable[[str, list[ToolCall], dict[str, Any], str], None],
 ) -> AsyncIterator[bytes]:
     """The streamed answer (:class:`~.responses_stream.EventStream`): the reasoning and the
     text as they come (what may start a tool call held back), the calls at the end."""
@@ -234,7 +234,7 @@ async def stream_events(
         for b in events:
             yield b
         if out.final is not None:
-            keep("".join(shown), made, out.final)
+            keep("".join(shown), made, out.final, "".join(thought))
     finally:
         watcher.cancel()
         job.cancel()

@@ -120,12 +120,15 @@ def response_status(done: Done, calls: list[ToolCall]) -> str:
     return "completed" if calls else item_status(done)
 
 
-def history_turn(text: str, calls: list[ToolCall]) -> dict[str, Any]:
-    """The answer as the assistant message a later turn's history holds (its reasoning left
-    out, as the chat templates leave earlier reasoning out)."""
+def history_turn(text: str, calls: list[ToolCall], reasoning: str = "") -> dict[str, Any]:
+    """The answer as the assistant message a later turn's history holds; its ``reasoning``
+    as ``reasoning_content``, for the templates that read it
+    (:mod:`~..runtime.reasoning_history`)."""
     msg: dict[str, Any] = {"role": "assistant", "content": text}
     if calls:
         msg["tool_calls"] = [c.openai() for c in calls]
+    if reasoning:
+        msg["reasoning_content"] = reasoning
     return msg
 
 

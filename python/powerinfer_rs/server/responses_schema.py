@@ -6,8 +6,10 @@ translation into the chat request the chat route runs (:class:`~.schemas.ChatReq
 Input items understood: messages (``role`` user, system, developer (as system) or assistant;
 ``content`` a string or ``input_text`` / ``output_text`` parts), ``function_call`` (an earlier
 call, joined to the assistant turn before it) and ``function_call_output`` (its result, a
-``tool`` message); ``reasoning`` items are taken and dropped (earlier reasoning is not shown to
-the model again). Anything else (images, files, other tools' calls) is a 400 naming it."""
+``tool`` message); a ``reasoning`` item's text (its ``reasoning_text`` content, else its
+summary) is the ``reasoning_content`` of the assistant turn after it, for the templates that
+read it (:mod:`~..runtime.reasoning_history`; dropped where no assistant turn follows).
+Anything else (images, files, other tools' calls) is a 400 naming it."""
 
 # ruff: noqa: UP007, UP045 (pydantic evaluates these annotations at run time; Python 3.9
 # cannot evaluate `X | Y`)
@@ -125,6 +127,16 @@ def _text(content: Union[str, list[Part], None], where: str) -> str:
     return "".join(out)
 
 
+def reasoning_text(item: InputItem) -> str:
+    """A ``reasoning`` item's text: its ``reasoning_text`` content parts, else its summary's
+    ``summary_text`` parts (an ``encrypted_content`` is another server's: not read)."""
+    parts = [p.text for p in item.content or [] if not isinstance(p, str) and p.text]
+    if not parts:
+        summary = (item.model_extra or {}).get("summary") or []
+        parts = [p.get("text") or "" for p in summary if isinstance(p, dict)]
+    return "\n".join(p for p in parts if p)
+
+
 def input_messages(given: Union[str, list[InputItem], None]) -> list[dict[str, Any]]:
     """``input`` as chat messages (the dicts :class:`~.schemas.ChatMessage` takes): a string is
     one user message; ``function_call`` items join the assistant message before them (or
@@ -134,23 +146,31 @@ def input_messages(given: Union[str, list[InputItem], None]) -> list[dict[str, A
     if isinstance(given, str):
         return [{"role": "user", "content": given}]
     out: list[dict[str, Any]] = []
+    thought: list[str] = []  # reasoning items waiting for their assistant turn
     for i, item in enumerate(given):
         at = f"input[{i}]"
         kind = item.type or ("message" if item.role is not None else None)
+        carried = ""  # the reasoning of the assistant turn this item starts
+        if kind != "reasoning":
+            carried, thought = "\n".join(t for t in thought if t), []
         if kind == "message":
             role = ROLES.get(item.role or "")
             if role is None:
                 raise APIError(400, f"{at}.role: {item.role!r} is not one of {sorted(ROLES)}",
                                param=f"{at}.role")  # fmt: skip
             out.append({"role": role, "content": _text(item.content, f"{at}.content")})
+            if role == "assistant" and carried:
+                out[-1]["reasoning_content"] = carried
         elif kind == "function_call":
             if not item.call_id or not item.name:
                 raise APIError(400, f"{at}: a function_call needs 'call_id' and 'name'",
                                param=at)  # fmt: skip
             fn = {"name": item.name, "arguments": item.arguments or "{}"}
             call = {"id": item.call_id, "type": "function", "function": fn}
-            if not out or out[-1]["role"] != "assistant":
+            if not out or out[-1]["role"] != "assistant" or carried:
                 out.append({"role": "assistant", "content": ""})
+                if carried:
+                    out[-1]["reasoning_content"] = carried
             out[-1].setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
             if not item.call_id:
@@ -159,7 +179,7 @@ def input_messages(given: Union[str, list[InputItem], None]) -> list[dict[str, A
             text = _text(item.output, f"{at}.output")
             out.append({"role": "tool", "tool_call_id": item.call_id, "content": text})
         elif kind == "reasoning":
-            continue  # earlier reasoning is not shown to the model again
+            thought.append(reasoning_text(item))
         else:
             raise APIError(400, f"{at}: '{kind}' input items are not supported by this server",
                            param=f"{at}.type")  # fmt: skip

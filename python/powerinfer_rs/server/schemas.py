@@ -64,16 +64,21 @@ class ChatMessage(Lenient):
     tool_calls: Optional[list[ToolCallIn]] = None
     tool_call_id: Optional[str] = None
     name: Optional[str] = None
+    reasoning_content: Optional[str] = None
 
     def as_template_message(self) -> dict[str, Any]:
         """The dict the chat template gets: role and content (text parts joined), and an
-        assistant's ``tool_calls`` or a tool result's ``tool_call_id`` and ``name``."""
+        assistant's ``tool_calls`` and ``reasoning_content`` (its earlier reasoning, for the
+        templates that read it: :mod:`~..runtime.reasoning_history`) or a tool result's
+        ``tool_call_id`` and ``name``."""
         content = self.content
         if isinstance(content, list):
             content = "".join(p.text for p in content)
         out: dict[str, Any] = {"role": self.role, "content": content or ""}
         if self.tool_calls:
             out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.reasoning_content is not None and self.role == "assistant":
+            out["reasoning_content"] = self.reasoning_content
         for key in ("tool_call_id", "name"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
