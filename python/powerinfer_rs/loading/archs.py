@@ -571,6 +571,32 @@ MOE_FAMILIES: tuple[Family, ...] = (
         gguf_layer_names={"post_attention_norm": "ffn_norm"},
         **_QWEN_STYLE_MOE,
     ),
+    # gpt-oss (llama.cpp's openai-moe.cpp, arch "gpt-oss"): q/k/v and output biases, a sink
+    # logit per head (attn_sinks) in every softmax, even layers sliding (load_swa_pattern's
+    # default 2: layer i slides where i % 2 == 0) over attention.sliding_window, the
+    # post-attention norm as the FFN norm, the router's top-k of its biased logits weighted by
+    # the softmax over the k (SOFTMAX_WEIGHT), biased experts with the clamped SwiGLU
+    # (swiglu_oai: alpha 1.702, limit 7.0, both fixed in llama.cpp's graph), NeoX RoPE with
+    # YaRN from the rope.scaling keys.
+    Family(
+        "gpt-oss",
+        "gpt-oss",
+        "neox",
+        ("gpt_oss",),
+        ("GptOssForCausalLM",),
+        config=dict(
+            qkv_bias=True,
+            out_bias=True,
+            attn_sinks=True,
+            swa_pattern=2,
+            expert_gating="softmax_weight",
+            expert_bias=True,
+            swiglu_limit=7.0,
+        ),
+        window=True,
+        gguf_layer_names={"post_attention_norm": "ffn_norm"},
+        moe=True,
+    ),
     Family(
         "mixtral",
         "llama",
