@@ -256,3 +256,70 @@ def test_chat_renders_through_the_harmony_template_in_the_file(files):
     text = eng.format_chat([{"role": "user", "content": "the rain"}])
     assert "<|start|>user<|message|>the rain<|end|>" in text
     assert text.endswith("<|start|>assistant")
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+    """(dtype, experts) -> a synthetic Hugging Face directory, written once per module."""
+    from powerinfer_rs.testing.synth_gptoss import write_gptoss_hf
+
+    made: dict[tuple, Path] = {}
+
+    def get(dtype: str = "bf16", experts: str | None = "mxfp4") -> Path:
+        if (dtype, experts) not in made:
+            d = tmp_path_factory.mktemp("gptoss_hf")
+            made[dtype, experts] = write_gptoss_hf(
+                d, dtype=dtype, experts=experts, chat_template=TEMPLATE
+            )
+        return made[dtype, experts]
+
+    return get
+
+
+def test_hf_mxfp4_experts_are_the_converters_bytes(hf_dirs, files):
+    """openai/gpt-oss-20b's layout (config.json's keys, MXFP4 *_blocks / *_scales, gate and up
+    interleaved): the experts load as MXFP4, byte for byte the blocks llama.cpp's converter
+    repacks into its GGUF (the same codes and exponents); the bf16 tensors as the GGUF's."""
+    import json
+
+    d = hf_dirs()
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "mxfp4"
+    hf, gg = load_model(d), load_model(files("BF16", "MXFP4"))
+    c = hf.config
+    assert (c.arch, c.n_expert, c.n_expert_used, c.expert_ffn_dim) == ("gpt-oss", 4, 2, 64)
+    assert (c.swa_pattern, c.sliding_window, c.swiglu_limit, c.expert_gating) == (
+        2,
+        16,
+        7.0,
+        "softmax_weight",
+    )
+    assert c.attn_sinks and c.expert_bias and c.qkv_bias and c.out_bias
+    assert hf.chat_template == TEMPLATE
+    for i in range(c.n_layers):
+        for x in ("gate", "up", "down"):
+            a, b = hf.tensors[f"blk.{i}.ffn_{x}_exps"], gg.tensors[f"blk.{i}.ffn_{x}_exps"]
+            assert (a.dtype, a.rows, a.cols) == (b.dtype, b.rows, b.cols) == (a.dtype, 256, 64)
+            assert a.dtype == "MXFP4"
+            assert np.array_equal(np.asarray(a.data), np.asarray(b.data)), (i, x)
+        a, b = hf.tensors[f"blk.{i}.attn_q"], gg.tensors[f"blk.{i}.attn_q"]
+        assert np.array_equal(np.asarray(a.data), np.asarray(b.data))
+
+
+@pytest.mark.parametrize("dtype,experts", [("f32", None), ("bf16", "mxfp4")])
+def test_hf_matches_the_reference_batched_and_decoding(hf_dirs, files, dtype, experts):
+    """The checkpoint runs within 1e-5 of the float64 reference of its own weights (YaRN as
+    transformers with config.json's truncate false) batched, and one token at a time within
+    1e-5 (f32) or 1e-3 (MXFP4 experts: one token's products take its activations rounded to
+    q8_0 blocks, as llama.cpp's do: 6e-5 measured); the f32 one holds the GGUF F32 file's
+    tensors exactly."""
+    hf = load_model(hf_dirs(dtype, experts))
+    ids = ids_for(hf, n=24)
+    ref = reference_logits(hf, ids)
+    eng = exact_kv_engine(hf, threads=2)
+    assert rel(eng.logits(ids), ref) <= REF_RTOL
+    assert rel(decode_logits(eng, ids), ref) <= (REF_RTOL if experts is None else 1e-3)
+    if dtype == "f32":
+        gg = load_model(files())
+        for name, t in gg.tensors.items():
+            assert np.array_equal(np.asarray(hf.tensors[name].data), np.asarray(t.data)), name

@@ -480,6 +480,33 @@ _QK_NORM_MOE: dict[str, Any] = dict(hf_layer_names={**_ROUTER, **_QK_NORMS}, **_
 # OLMoE RMS-norms q and k whole (weights of q_dim / kv_dim). Mixtral is llama's arch with
 # experts (its file has expert_count); the GGUF loader reads it as the "llama" family and takes
 # the expert settings of the "mixtral" entry.
+#: transformers' GptOssConfig defaults (4.55) of the keys the loader reads.
+_GPTOSS_HF: dict[str, object] = {
+    "num_hidden_layers": 36,
+    "num_local_experts": 128,
+    "vocab_size": 201088,
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "head_dim": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "sliding_window": 128,
+    "rope_theta": 150000.0,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_scaling": {
+        "rope_type": "yarn",
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 4096,
+    },
+    "attention_bias": True,
+    "num_experts_per_tok": 4,
+}
 MOE_FAMILIES: tuple[Family, ...] = (
     Family(
         "qwen3moe",
@@ -595,7 +622,14 @@ MOE_FAMILIES: tuple[Family, ...] = (
         ),
         window=True,
         gguf_layer_names={"post_attention_norm": "ffn_norm"},
+        hf_layer_names={
+            "self_attn.sinks": "attn_sinks",
+            "mlp.router.weight": "ffn_gate_inp",
+        },
+        hf_defaults=_GPTOSS_HF,
         moe=True,
+        # The experts are fused tensors, not one per expert: loading/hf_gptoss.py reads them.
+        hf_experts=("mlp.experts.", {}),
     ),
     Family(
         "mixtral",

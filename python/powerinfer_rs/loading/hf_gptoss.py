@@ -31,8 +31,10 @@ EXPERTS = "mlp.experts."
 
 def gptoss_fields(cfg: dict[str, Any]) -> dict[str, Any]:
     """GptOssConfig's expert settings (``num_local_experts`` experts of ``intermediate_size``,
-    ``num_experts_per_tok`` per token, ``swiglu_limit``, default 7.0) and its layer pattern:
+    ``num_experts_per_tok`` per token; ``swiglu_limit``, which GptOssConfig does not declare
+    and the modeling code fixes at 7.0, read where config.json has it) and its layer pattern:
     ``layer_types`` must slide on the even layers (the only pattern llama.cpp runs)."""
+
     def count(key: str) -> int:
         v = cfg.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
@@ -88,39 +90,52 @@ def hf_mxfp4(ggml: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return blocks.astype(np.uint8), np.ascontiguousarray(ggml[..., 0])
 
 
+def _take(raw: dict[str, RawTensor], name: str, ndim: int, source: str) -> tuple[str, np.ndarray]:
+    """Tensor ``name`` out of ``raw``: (its dtype, its values)."""
+    rt = raw.pop(name, None)
+    if rt is None:
+        raise ModelFileError(f"{source}: tensor {name!r} is missing")
+    return rt.dtype, _array(rt, ndim, source)
+
+
+def _layer_experts(raw: dict[str, RawTensor], i: int, source: str) -> dict[str, TensorData]:
+    """Layer ``i``'s experts and their biases, in the engine's names."""
+    p, b = f"model.layers.{i}.{EXPERTS}", f"blk.{i}."
+    parts: dict[str, tuple[str, np.ndarray]] = {}
+    if p + "gate_up_proj_blocks" in raw:
+        gu = ggml_mxfp4(
+            _take(raw, p + "gate_up_proj_blocks", 4, source)[1],
+            _take(raw, p + "gate_up_proj_scales", 3, source)[1],
+        )
+        down = ggml_mxfp4(
+            _take(raw, p + "down_proj_blocks", 4, source)[1],
+            _take(raw, p + "down_proj_scales", 3, source)[1],
+        )
+        parts.update(gate=("MXFP4", gu[:, 0::2]), up=("MXFP4", gu[:, 1::2]), down=("MXFP4", down))
+    else:
+        dt, gu = _take(raw, p + "gate_up_proj", 3, source)
+        gu = gu.transpose(0, 2, 1)  # n x 2·width x dim
+        dd, down = _take(raw, p + "down_proj", 3, source)
+        parts.update(
+            gate=(dt, gu[:, 0::2]), up=(dt, gu[:, 1::2]), down=(dd, down.transpose(0, 2, 1))
+        )
+    bt, gub = _take(raw, p + "gate_up_proj_bias", 2, source)
+    parts.update({"gate.bias": (bt, gub[:, 0::2]), "up.bias": (bt, gub[:, 1::2])})
+    parts["down.bias"] = _take(raw, p + "down_proj_bias", 2, source)
+    out = {}
+    for x, (dt, v) in parts.items():
+        proj, _, bias = x.partition(".")
+        name = b + f"ffn_{proj}_exps" + (".bias" if bias else "")
+        out[name] = _data(name, dt, v)
+    return out
+
+
 def gptoss_experts(raw: dict[str, RawTensor], n_layers: int, source: str) -> dict[str, TensorData]:
     """Every layer's experts (``raw``: the checkpoint's ``mlp.experts.*`` tensors by full name)
     as the engine's ``blk.N.ffn_{gate,up,down}_exps`` and their ``.bias`` vectors."""
     out: dict[str, TensorData] = {}
     for i in range(n_layers):
-        p, b = f"model.layers.{i}.{EXPERTS}", f"blk.{i}."
-
-        def get(key: str, ndim: int) -> np.ndarray:
-            rt = raw.pop(p + key, None)
-            if rt is None:
-                raise ModelFileError(f"{source}: tensor {p + key!r} is missing")
-            return _array(rt, ndim, source)
-
-        if p + "gate_up_proj_blocks" in raw:
-            gu = ggml_mxfp4(get("gate_up_proj_blocks", 4), get("gate_up_proj_scales", 3))
-            down = ggml_mxfp4(get("down_proj_blocks", 4), get("down_proj_scales", 3))
-            parts = {"gate": gu[:, 0::2], "up": gu[:, 1::2], "down": down}
-            dtypes = dict.fromkeys(parts, "MXFP4")
-        else:
-            rt = raw[p + "gate_up_proj"]
-            gu = get("gate_up_proj", 3).transpose(0, 2, 1)  # n x 2·width x dim
-            down_rt = raw[p + "down_proj"]
-            parts = {"gate": gu[:, 0::2], "up": gu[:, 1::2]}
-            parts["down"] = get("down_proj", 3).transpose(0, 2, 1)
-            dtypes = {"gate": rt.dtype, "up": rt.dtype, "down": down_rt.dtype}
-        bias_rt = raw.get(p + "gate_up_proj_bias")
-        gub = get("gate_up_proj_bias", 2)
-        down_bias_rt = raw.get(p + "down_proj_bias")
-        biases = {"gate": gub[:, 0::2], "up": gub[:, 1::2], "down": get("down_proj_bias", 2)}
-        for x, v in parts.items():
-            out[b + f"ffn_{x}_exps"] = _data(b + f"ffn_{x}_exps", dtypes[x], v)
-            dt = (down_bias_rt if x == "down" else bias_rt).dtype  # type: ignore[union-attr]
-            out[b + f"ffn_{x}_exps.bias"] = _data(b + f"ffn_{x}_exps.bias", dt, biases[x])
+        out.update(_layer_experts(raw, i, source))
     if raw:
         raise UnsupportedError(f"{source}: expert tensors {sorted(raw)[:4]} (not gpt-oss's)")
     return out

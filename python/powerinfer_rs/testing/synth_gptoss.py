@@ -40,6 +40,7 @@ from ..errors import ShapeError, UnsupportedError
 from .synth import add_tokenizer
 from .synth_model import f32_to_bf16_bits
 from .synth_types import encode
+from .synth_vocab import BOS_ID, EOS_ID
 
 #: The dtypes the converter's --outtype gives the non-expert matrices of these files.
 OUT_TYPES = ("F32", "F16", "BF16")
@@ -202,4 +203,162 @@ def write_gptoss_gguf(
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return out
+
+
+# --------------------------------------------------------------------------- Hugging Face
+def _hf_config(s: GptOssSpec, torch_dtype: str, mxfp4: bool) -> dict:
+    """config.json with the keys openai/gpt-oss-20b's carries (its values scaled down)."""
+    cfg = {
+        "architectures": ["GptOssForCausalLM"],
+        "attention_bias": True,
+        "attention_dropout": 0.0,
+        "eos_token_id": EOS_ID,
+        "experts_per_token": s.experts_used,
+        "head_dim": s.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": s.dim,
+        "initial_context_length": s.rope_original_context,
+        "initializer_range": 0.02,
+        "intermediate_size": s.expert_ffn,
+        "layer_types": [
+            "sliding_attention" if i % 2 == 0 else "full_attention" for i in range(s.layers)
+        ],
+        "max_position_embeddings": s.max_context,
+        "model_type": "gpt_oss",
+        "num_attention_heads": s.heads,
+        "num_experts_per_tok": s.experts_used,
+        "num_hidden_layers": s.layers,
+        "num_key_value_heads": s.kv_heads,
+        "num_local_experts": s.experts,
+        "output_router_logits": False,
+        "pad_token_id": BOS_ID,
+        "rms_norm_eps": s.rms_eps,
+        "rope_scaling": {
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "factor": s.rope_factor,
+            "original_max_position_embeddings": s.rope_original_context,
+            "rope_type": "yarn",
+            "truncate": False,
+        },
+        "rope_theta": s.rope_theta,
+        "router_aux_loss_coef": 0.9,
+        "sliding_window": s.sliding_window,
+        "swiglu_limit": 7.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": torch_dtype,
+        "transformers_version": "4.55.0.dev0",
+        "use_cache": True,
+        "vocab_size": s.vocab,
+    }
+    if mxfp4:
+        keep = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens"]
+        cfg["quantization_config"] = {
+            "modules_to_not_convert": [*keep, "lm_head"],
+            "quant_method": "mxfp4",
+        }
+    return cfg
+
+
+#: Canonical layer names -> the checkpoint's (after ``model.layers.N.``), experts apart.
+_HF_NAMES = {
+    "attn_norm": "input_layernorm.weight",
+    "post_attention_norm": "post_attention_layernorm.weight",
+    "attn_sinks": "self_attn.sinks",
+    "ffn_gate_inp": "mlp.router.weight",
+    "ffn_gate_inp.bias": "mlp.router.bias",
+    **{f"attn_{x}": f"self_attn.{x}_proj.weight" for x in "qkv"},
+    **{f"attn_{x}.bias": f"self_attn.{x}_proj.bias" for x in "qkv"},
+    "attn_output": "self_attn.o_proj.weight",
+    "attn_output.bias": "self_attn.o_proj.bias",
+}
+
+
+def _interleave(a: np.ndarray, b: np.ndarray, axis: int) -> np.ndarray:
+    """``a`` at the even and ``b`` at the odd indices of ``axis``."""
+    out = np.stack([a, b], axis=axis + 1)
+    shape = list(a.shape)
+    shape[axis] *= 2
+    return out.reshape(shape)
+
+
+def _hf_experts(w: dict[str, np.ndarray], i: int, mxfp4: bool) -> dict[str, np.ndarray]:
+    """Layer ``i``'s ``mlp.experts.*`` as the checkpoint stores them (module docs of
+    loading/hf_gptoss.py): MXFP4 blocks and scales (uint8), or float arrays."""
+    from ..loading.hf_gptoss import hf_mxfp4
+
+    p, q = f"blk.{i}.", f"model.layers.{i}.mlp.experts."
+    gate, up, down = (w[p + f"ffn_{x}_exps"] for x in ("gate", "up", "down"))
+    out = {
+        q + "gate_up_proj_bias": _interleave(
+            w[p + "ffn_gate_exps.bias"], w[p + "ffn_up_exps.bias"], 1
+        ),
+        q + "down_proj_bias": w[p + "ffn_down_exps.bias"],
+    }
+    if not mxfp4:
+        out[q + "gate_up_proj"] = _interleave(gate, up, 1).transpose(0, 2, 1)
+        out[q + "down_proj"] = down.transpose(0, 2, 1)
+        return out
+
+    def blocks(x: np.ndarray) -> np.ndarray:
+        raw = encode(x.reshape(-1, x.shape[-1]), "MXFP4")
+        return raw.reshape(*x.shape[:-1], x.shape[-1] // 32, 17)
+
+    gu, dn = hf_mxfp4(_interleave(blocks(gate), blocks(up), 1)), hf_mxfp4(blocks(down))
+    out[q + "gate_up_proj_blocks"], out[q + "gate_up_proj_scales"] = gu
+    out[q + "down_proj_blocks"], out[q + "down_proj_scales"] = dn
+    return out
+
+
+def write_gptoss_hf(
+    out_dir: str | os.PathLike[str],
+    *,
+    dtype: str = "bf16",
+    experts: str | None = "mxfp4",
+    chat_template: str | None = None,
+    **shape,
+) -> Path:
+    """Write the synthetic gpt-oss model of ``shape`` as a Hugging Face directory as
+    openai/gpt-oss-20b ships (its config.json keys; the experts fused, MXFP4 blocks and scales
+    with ``experts="mxfp4"``, else ``dtype`` floats; everything else ``dtype``: "bf16" or "f32"),
+    the same values as :func:`write_gptoss_gguf` writes (the MXFP4 codes identical)."""
+    import json
+
+    from .synth import write_safetensors
+    from .synth_vocab import SPECIAL_TOKENS, build_tokenizer
+
+    if dtype not in ("bf16", "f32") or experts not in (None, "mxfp4"):
+        raise UnsupportedError(f"gpt-oss checkpoints of {dtype} with {experts} experts")
+    s = GptOssSpec(**shape)
+    s.validate()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch_dtype = {"bf16": "bfloat16", "f32": "float32"}[dtype]
+    config = _hf_config(s, torch_dtype, experts is not None)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    build_tokenizer(s.vocab).save(str(out / "tokenizer.json"))
+    tok = {"bos_token": SPECIAL_TOKENS[BOS_ID], "eos_token": SPECIAL_TOKENS[EOS_ID]}
+    tok.update(add_bos_token=False, model_max_length=s.max_context)
+    if chat_template is not None:
+        tok["chat_template"] = chat_template
+    (out / "tokenizer_config.json").write_text(json.dumps(tok, indent=2))
+    w = s.weights()
+    tensors: dict[str, np.ndarray] = {"model.embed_tokens.weight": w["token_embd"]}
+    for i in range(s.layers):
+        p = f"blk.{i}."
+        tensors.update({f"model.layers.{i}.{v}": w[p + k] for k, v in _HF_NAMES.items()})
+        tensors.update(_hf_experts(w, i, experts is not None))
+    tensors["model.norm.weight"] = w["output_norm"]
+    tensors["lm_head.weight"] = w["output"]
+    st = "BF16" if dtype == "bf16" else "F32"
+
+    def stored(a: np.ndarray) -> tuple[str, np.ndarray]:
+        if a.dtype == np.uint8:
+            return "U8", a
+        return (st, f32_to_bf16_bits(a)) if st == "BF16" else (st, a.astype(np.float32))
+
+    pairs = {n: stored(a) for n, a in tensors.items()}
+    entries = [(n, dt, tuple(a.shape)) for n, (dt, a) in pairs.items()]
+    write_safetensors(out / "model.safetensors", entries, (a for _, a in pairs.values()))
     return out
