@@ -63,7 +63,7 @@ def files(tmp_path_factory):
         if key not in made:
             d = tmp_path_factory.mktemp("gptoss")
             made[key] = write_gptoss_gguf(
-                d / "m.gguf", dtype=dtype, experts=experts, chat_template=TEMPLATE, **shape
+                d / "m.gguf", dtype=dtype, expert_dtype=experts, chat_template=TEMPLATE, **shape
             )
         return made[key]
 
@@ -269,7 +269,7 @@ def hf_dirs(tmp_path_factory):
         if (dtype, experts) not in made:
             d = tmp_path_factory.mktemp("gptoss_hf")
             made[dtype, experts] = write_gptoss_hf(
-                d, dtype=dtype, experts=experts, chat_template=TEMPLATE
+                d, dtype=dtype, expert_dtype=experts, chat_template=TEMPLATE
             )
         return made[dtype, experts]
 

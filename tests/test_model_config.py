@@ -131,7 +131,7 @@ def test_one_tensor_list_serves_loader_and_engine(synth_gguf, tmp_path, arch):
     if arch == "gpt-oss":  # its own writer (the converter's tensors: sinks, expert biases)
         from powerinfer_rs.testing.synth_gptoss import write_gptoss_gguf
 
-        path = write_gptoss_gguf(tmp_path / "g.gguf", dtype="F32", experts=None)
+        path = write_gptoss_gguf(tmp_path / "g.gguf", dtype="F32", expert_dtype=None)
     else:
         path = synth_gguf(dtype="F32", arch=arch, tie=tie, activation="relu", **extra)
     m = load_model(path)

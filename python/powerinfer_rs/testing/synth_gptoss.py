@@ -13,9 +13,9 @@ Tensors per layer: ``attn_norm``, ``attn_{q,k,v,output}`` with their biases, ``a
 (n_heads), ``post_attention_norm`` (the FFN norm), the router ``ffn_gate_inp`` with its bias,
 the merged experts ``ffn_{gate,up,down}_exps`` ({cols, rows, n_expert}) with their 2-D biases
 ({width, n_expert}). Dtypes as the converter writes them: norms, biases, sinks and the router
-F32 always; the experts MXFP4 from an MXFP4 checkpoint (``experts="MXFP4"``, the repacked
+F32 always; the experts MXFP4 from an MXFP4 checkpoint (``expert_dtype="MXFP4"``, the repacked
 blocks: ggml's MXFP4 layout, encoded here by our own quantizer) or the output type where the
-checkpoint stores them dequantised (``experts=None``); the other matrices in ``dtype`` (the
+checkpoint stores them dequantised (``expert_dtype=None``); the other matrices in ``dtype`` (the
 converter's ``--outtype``: "BF16" for the bf16 checkpoint's auto, "F16", or "F32" for the tight
 numeric check).
 
@@ -180,7 +180,7 @@ def write_gptoss_gguf(
     out_path: str | os.PathLike[str],
     *,
     dtype: str = "BF16",
-    experts: str | None = "MXFP4",
+    expert_dtype: str | None = "MXFP4",
     chat_template: str | None = None,
     **shape,
 ) -> Path:
@@ -188,15 +188,15 @@ def write_gptoss_gguf(
     converter would (module docs); returns ``out_path``."""
     import gguf
 
-    if dtype not in OUT_TYPES or experts not in (None, "MXFP4"):
-        raise UnsupportedError(f"gpt-oss files of {dtype} with {experts} experts")
+    if dtype not in OUT_TYPES or expert_dtype not in (None, "MXFP4"):
+        raise UnsupportedError(f"gpt-oss files of {dtype} with {expert_dtype} experts")
     s = GptOssSpec(**shape)
     s.validate()
     out = Path(out_path)
     w = gguf.GGUFWriter(str(out), "gpt-oss")
-    _add_keys(w, s, FILE_TYPE[dtype] if experts is None else 38, chat_template)
+    _add_keys(w, s, FILE_TYPE[dtype] if expert_dtype is None else 38, chat_template)
     for name, x in s.weights().items():
-        arr, raw = _stored(name, x, dtype, experts)
+        arr, raw = _stored(name, x, dtype, expert_dtype)
         full = name if name.endswith(".bias") else name + ".weight"
         w.add_tensor(full, arr, raw_dtype=raw)
     w.write_header_to_file()
@@ -315,27 +315,28 @@ def write_gptoss_hf(
     out_dir: str | os.PathLike[str],
     *,
     dtype: str = "bf16",
-    experts: str | None = "mxfp4",
+    expert_dtype: str | None = "mxfp4",
     chat_template: str | None = None,
     **shape,
 ) -> Path:
     """Write the synthetic gpt-oss model of ``shape`` as a Hugging Face directory as
-    openai/gpt-oss-20b ships (its config.json keys; the experts fused, MXFP4 blocks and scales
-    with ``experts="mxfp4"``, else ``dtype`` floats; everything else ``dtype``: "bf16" or "f32"),
-    the same values as :func:`write_gptoss_gguf` writes (the MXFP4 codes identical)."""
+    openai/gpt-oss-20b ships (its config.json keys; the experts fused, MXFP4 blocks and
+    scales with ``expert_dtype="mxfp4"``, else ``dtype`` floats; everything else ``dtype``:
+    "bf16" or "f32"), the same values as :func:`write_gptoss_gguf` writes (the MXFP4 codes
+    identical)."""
     import json
 
     from .synth import write_safetensors
     from .synth_vocab import SPECIAL_TOKENS, build_tokenizer
 
-    if dtype not in ("bf16", "f32") or experts not in (None, "mxfp4"):
-        raise UnsupportedError(f"gpt-oss checkpoints of {dtype} with {experts} experts")
+    if dtype not in ("bf16", "f32") or expert_dtype not in (None, "mxfp4"):
+        raise UnsupportedError(f"gpt-oss checkpoints of {dtype} with {expert_dtype} experts")
     s = GptOssSpec(**shape)
     s.validate()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch_dtype = {"bf16": "bfloat16", "f32": "float32"}[dtype]
-    config = _hf_config(s, torch_dtype, experts is not None)
+    config = _hf_config(s, torch_dtype, expert_dtype is not None)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     build_tokenizer(s.vocab).save(str(out / "tokenizer.json"))
     tok = {"bos_token": SPECIAL_TOKENS[BOS_ID], "eos_token": SPECIAL_TOKENS[EOS_ID]}
@@ -348,7 +349,7 @@ def write_gptoss_hf(
     for i in range(s.layers):
         p = f"blk.{i}."
         tensors.update({f"model.layers.{i}.{v}": w[p + k] for k, v in _HF_NAMES.items()})
-        tensors.update(_hf_experts(w, i, experts is not None))
+        tensors.update(_hf_experts(w, i, expert_dtype is not None))
     tensors["model.norm.weight"] = w["output_norm"]
     tensors["lm_head.weight"] = w["output"]
     st = "BF16" if dtype == "bf16" else "F32"
