@@ -323,3 +323,18 @@ def test_hf_matches_the_reference_batched_and_decoding(hf_dirs, files, dtype, ex
         gg = load_model(files())
         for name, t in gg.tensors.items():
             assert np.array_equal(np.asarray(hf.tensors[name].data), np.asarray(t.data)), name
+
+
+def test_mxfp4_experts_decode_as_gguf_py_does(files):
+    """The engine's MXFP4 decoder on the file's expert tensors is gguf-py's dequantizer, bit
+    for bit."""
+    from powerinfer_rs import _core
+
+    from reference import dequantize_with_gguf
+
+    m = load_model(files("BF16", "MXFP4"))
+    for x in ("gate", "up", "down"):
+        t = m.tensors[f"blk.1.ffn_{x}_exps"]
+        raw = np.ascontiguousarray(np.asarray(t.data)).reshape(t.rows, -1)  # a memmap's bytes
+        ours = _core.dequantize("MXFP4", raw, t.cols)
+        np.testing.assert_array_equal(ours, dequantize_with_gguf(t).astype(np.float32))
