@@ -11,7 +11,12 @@ realistic ratios scaled to this machine, one per ``--shapes`` entry, all dim 102
 - ``mixtral``: 8 experts of width 3584 (3.5x dim, Mixtral's ratio), top-2, 4 KV heads;
 - ``glm4moe``: GLM-4.5-Air's ratios at a quarter of its width: 64 experts of 352 (1408 / 4),
   top-8 by sigmoid with the correction bias, one shared expert of 352, layer 0 dense of 2736
-  (10944 / 4), half of each head rotating, 4 KV heads, and its NextN block (skipped by both).
+  (10944 / 4), half of each head rotating, 4 KV heads, and its NextN block (skipped by both);
+- ``gpt-oss``: gpt-oss-20b's ratios: 32 experts as wide as dim (2880 / 2880), top-4, 8 query
+  heads per KV head, heads of 64, even layers sliding over 128 positions, attention sinks,
+  biased experts with the clamped SwiGLU, YaRN (synth_gptoss's writer; its experts are
+  written F16 and quantized with the rest, ``MXFP4`` = llama.cpp's MXFP4_MOE ftype 38, the
+  format gpt-oss ships in).
 
 ``--dim``/``--layers``/``--experts``/... override a shape's numbers. Each is written once as F16
 and quantized by llama.cpp (``llama_cpp.llama_model_quantize``) to each ``--formats`` entry
@@ -79,7 +84,7 @@ from _moe_phases import format_phases, hybrid_cpu_side, phase_table, print_hybri
 from _moe_smallthinker import print_smallthinker, race_exact_relu  # noqa: E402
 
 #: llama.cpp's llama_ftype of each format the quantizer is asked for.
-FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
+FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "MXFP4": 38}
 
 
 #: Each ``--shapes`` entry: its family and numbers (``ffn`` is the experts' width where the
@@ -99,6 +104,7 @@ SHAPES = {
         partial_rotary=0.5,
         nextn=1,
     ),
+    "gpt-oss": dict(arch="gpt-oss", kv_heads=2, experts=32, experts_used=4, expert_ffn=1024),
 }
 #: The synth keywords only GLM-4.5's shape sets.
 GLM_KEYS = ("dense_lead", "partial_rotary", "nextn")
@@ -122,6 +128,8 @@ def synthetic_f16(args, arch: str = "qwen3moe") -> Path:
     from powerinfer_rs.testing.synth import write_gguf_model
 
     base = shape_of(args, "qwen3moe" if arch == "smallthinker" else arch)
+    if arch == "gpt-oss":
+        return _gptoss_f16(args, base)
     shape = dict(
         dim=base["dim"],
         ffn=base["ffn"],
@@ -159,6 +167,24 @@ def synthetic_f16(args, arch: str = "qwen3moe") -> Path:
         write_gguf_model(tmp, dtype="F16", **shape)
         os.replace(tmp, path)
         print(f"  done in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    return path
+
+
+def _gptoss_f16(args, base: dict) -> Path:
+    """The synthetic gpt-oss of shape ``base`` as F16 (experts included), written once."""
+    from powerinfer_rs.testing.synth_gptoss import write_gptoss_gguf
+
+    shape = {k: base[k] for k in ("dim", "layers", "heads", "kv_heads", "experts")}
+    shape.update(experts_used=base["experts_used"], expert_ffn=base["expert_ffn"])
+    shape.update(head_dim=base["dim"] // base["heads"], vocab=args.vocab, seed=args.seed)
+    shape.update(sliding_window=128, rope_factor=32.0, rope_original_context=128)
+    tag = "-".join(f"{k}{v}" for k, v in shape.items())
+    path = Path(args.cache) / f"synthetic-gpt-oss-f16-{tag}.gguf"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".part.gguf")
+        write_gptoss_gguf(tmp, dtype="F16", expert_dtype=None, **shape)
+        os.replace(tmp, path)
     return path
 
 

@@ -264,9 +264,12 @@ def reference_forward(
         for hq in range(c.n_heads):
             kv = hq // group
             s = cap(q[:, hq, :] @ k[:, kv, :].T * scale, c.attn_softcap) + mask
-            s -= s.max(axis=1, keepdims=True)
-            e = np.exp(s)
-            att[:, hq, :] = (e / e.sum(axis=1, keepdims=True)) @ v[:, kv, :]
+            # gpt-oss: the head's sink logit joins the max and the denominator, with no value.
+            sink = w[p + "attn_sinks"].reshape(-1)[hq] if c.attn_sinks else -np.inf
+            m = np.maximum(s.max(axis=1, keepdims=True), sink)
+            e = np.exp(s - m)
+            z = e.sum(axis=1, keepdims=True) + np.exp(sink - m)
+            att[:, hq, :] = (e / z) @ v[:, kv, :]
         att_in = site_mask(i, "attn_out", att.reshape(n, -1))
         o = bias(att_in @ w[p + "attn_output"].T, p + "attn_output", c.out_bias)
         x_in = x  # a parallel block's FFN reads the residual from before the attention
@@ -313,7 +316,12 @@ def moe_ffn(
     n, d = h.shape
     e, ef = c.n_expert, c.expert_ffn_dim or c.ffn_dim
     logits = router_in @ w[p + "ffn_gate_inp"].T
-    if c.expert_gating == "softmax":
+    eb = c.expert_bias  # gpt-oss: biases on the router and on every expert's projections
+    if eb:
+        logits = logits + w[p + "ffn_gate_inp.bias"].reshape(1, -1)
+    if c.expert_gating == "softmax_weight":  # the top-k of the logits, softmax over the k
+        probs = logits
+    elif c.expert_gating == "softmax":
         z = np.exp(logits - logits.max(axis=1, keepdims=True))
         probs = z / z.sum(axis=1, keepdims=True)
     else:
@@ -322,21 +330,28 @@ def moe_ffn(
     gate = w[p + "ffn_gate_exps"].reshape(e, ef, d)
     up = w[p + "ffn_up_exps"].reshape(e, ef, d)
     down = w[p + "ffn_down_exps"].reshape(e, d, ef)
+    bg, bu, bd = np.zeros((e, ef)), np.zeros((e, ef)), np.zeros((e, d))
+    if eb:
+        bg, bu, bd = (w[p + f"ffn_{x}_exps.bias"].reshape(e, -1) for x in ("gate", "up", "down"))
     out = np.zeros((n, d))
     for t in range(n):
         top = np.argsort(-select[t], kind="stable")[: c.n_expert_used]
         wts = probs[t, top]
+        if c.expert_gating == "softmax_weight":
+            z = np.exp(wts - wts.max())
+            wts = z / z.sum()
         if c.expert_norm_weights:
             wts = wts / max(wts.sum(), 6.103515625e-5)
         if c.expert_weights_scale:
             wts = wts * c.expert_weights_scale
         for ex, wt in zip(top, wts):
-            hv = act(gate[ex] @ h[t]) * (up[ex] @ h[t])
+            g, u = gate[ex] @ h[t] + bg[ex], up[ex] @ h[t] + bu[ex]
+            hv = swiglu_oai(g, u, c.swiglu_limit) if c.swiglu_limit else act(g) * u
             if mask is not None:
                 hv = mask(t, hv, int(ex), h[t])
             if trace is not None:
                 trace[0].append((trace[1], t, int(ex), hv))
-            out[t] += wt * (down[ex] @ hv)
+            out[t] += wt * (down[ex] @ hv + bd[ex])
     if c.shared_ffn_dim:
         sh = (act(h @ w[p + "ffn_gate_shexp"].T) * (h @ w[p + "ffn_up_shexp"].T)) @ w[
             p + "ffn_down_shexp"
@@ -345,6 +360,18 @@ def moe_ffn(
             sh = sh / (1.0 + np.exp(-(h @ w[p + "ffn_gate_inp_shexp"].reshape(-1))))[:, None]
         out += sh
     return out
+
+
+#: The slope in gpt-oss's clamped SwiGLU (transformers' GptOssExperts.alpha, llama.cpp's).
+SWIGLU_OAI_ALPHA = 1.702
+
+
+def swiglu_oai(gate: np.ndarray, up: np.ndarray, limit: float) -> np.ndarray:
+    """gpt-oss's clamped SwiGLU as transformers' GptOssExperts computes it: the gate clamped
+    above at ``limit``, the up value to ``[-limit, limit]``, ``g·σ(1.702·g)·(u + 1)``."""
+    g = np.minimum(gate, limit)
+    u = np.clip(up, -limit, limit)
+    return g / (1.0 + np.exp(-SWIGLU_OAI_ALPHA * g)) * (u + 1.0)
 
 
 def selection_scores(c, w, p: str, probs: np.ndarray) -> np.ndarray:

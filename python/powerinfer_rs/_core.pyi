@@ -223,6 +223,9 @@ class ModelConfig:
     expert_score_bias: bool
     expert_groups: int
     expert_groups_used: int
+    attn_sinks: bool
+    expert_bias: bool
+    swiglu_limit: float
 
     def __init__(self, **fields: object) -> None: ...
     def replace(self, **changes: object) -> ModelConfig: ...

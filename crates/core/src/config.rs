@@ -134,6 +134,9 @@ pub struct ArchFeatures {
     pub attn_softcap: Option<f32>,
     /// Final logits soft-capped the same way (Gemma 2).
     pub final_softcap: Option<f32>,
+    /// A learned logit per query head (`blk.N.attn_sinks`, n_heads values) joins each
+    /// softmax's denominator with no value (gpt-oss's attention sinks).
+    pub attn_sinks: bool,
     /// FATReLU's threshold (ProSparse): with a ReLU activation, `x` where `x > t`, else 0.
     pub relu_threshold: f32,
     /// The FFN's up projection passes through the activation too: `act(gate)·act(up)` (Bamboo).
@@ -369,16 +372,25 @@ impl ModelConfig {
         self.moe.is_moe() && l >= self.moe.dense_lead
     }
 
-    /// `Unsupported` for a mixture of experts with leading dense layers: `what` (the sparse
-    /// modes, the GPU hybrid, the neuron store, profiling) counts every layer's neurons as one
-    /// flattened expert space ([`ModelConfig::n_neurons`]), which a dense layer is not.
-    pub fn refuse_dense_lead(&self, what: &str) -> Result<()> {
+    /// `Unsupported` for a mixture of experts whose FFN is not the flattened expert space of
+    /// plain `down(act(gate)·up)` neurons: `what` (the sparse modes, the GPU hybrid, the
+    /// neuron store, profiling) counts every layer's neurons as one flattened expert space
+    /// ([`ModelConfig::n_neurons`]), which a leading dense layer (GLM-4.5) is not, and whose
+    /// neurons' output is zero where their gate is, which biased experts with the clamped
+    /// SwiGLU (gpt-oss: `(u + 1)` and the down bias) do not give.
+    pub fn refuse_non_flat(&self, what: &str) -> Result<()> {
         ensure!(
             self.moe.dense_lead == 0 || !self.moe.is_moe(),
             Unsupported,
             "{what} on a mixture of experts with {} leading dense layers (GLM-4.5's \
              first_k_dense_replace): such a model runs dense on the CPU",
             self.moe.dense_lead
+        );
+        ensure!(
+            !(self.moe.expert_bias || self.moe.swiglu_limit.is_some() || self.arch.attn_sinks),
+            Unsupported,
+            "{what} on a mixture of experts with expert biases, the clamped SwiGLU or \
+             attention sinks (gpt-oss): such a model runs dense on the CPU"
         );
         Ok(())
     }
@@ -459,6 +471,9 @@ impl ModelConfig {
         if a.out_bias {
             out.push(v("attn_output.bias", d));
         }
+        if a.attn_sinks {
+            out.push(v("attn_sinks", self.n_heads));
+        }
         if a.post_norms {
             out.push(v("post_attention_norm", d));
         }
@@ -524,6 +539,14 @@ impl ModelConfig {
         ];
         if m.score_bias {
             out.push(TensorShape::vector("exp_probs_b.bias", e));
+        }
+        if m.expert_bias {
+            out.extend([
+                TensorShape::vector("ffn_gate_inp.bias", e),
+                TensorShape::vector("ffn_gate_exps.bias", e * ef),
+                TensorShape::vector("ffn_up_exps.bias", e * ef),
+                TensorShape::vector("ffn_down_exps.bias", e * d),
+            ]);
         }
         if sf > 0 {
             if m.shared_gate {

@@ -30,7 +30,7 @@ pub use device::{Device, DEVICE_NAMES};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use kv_precision::{KvPrecision, KvTypes};
-pub use moe_config::{Gating, MoeFeatures};
+pub use moe_config::{swiglu_oai, Gating, MoeFeatures};
 pub use neuron_table::{LayerTable, NeuronTable, Side};
 pub use pages::PageBuf;
 pub use plan_file::{PlanFile, MAX_PLAN_BYTES, MAX_PLAN_COUNT, PLAN_FORMAT};

@@ -17,6 +17,9 @@ pub enum Gating {
     Softmax,
     /// `sigmoid(logit)` per expert (SmallThinker's sigmoid routers, DeepSeek V3).
     Sigmoid,
+    /// The top-k of the raw logits, weighted by the softmax over the k chosen (llama.cpp's
+    /// `SOFTMAX_WEIGHT`; gpt-oss).
+    SoftmaxWeight,
 }
 
 impl Gating {
@@ -25,9 +28,10 @@ impl Gating {
         Ok(match name {
             "softmax" => Gating::Softmax,
             "sigmoid" => Gating::Sigmoid,
+            "softmax_weight" => Gating::SoftmaxWeight,
             _ => bail!(
                 Unsupported,
-                "expert gating {name:?} (supported: softmax, sigmoid)"
+                "expert gating {name:?} (supported: softmax, sigmoid, softmax_weight)"
             ),
         })
     }
@@ -37,6 +41,7 @@ impl Gating {
         match self {
             Gating::Softmax => "softmax",
             Gating::Sigmoid => "sigmoid",
+            Gating::SoftmaxWeight => "softmax_weight",
         }
     }
 }
@@ -84,6 +89,27 @@ pub struct MoeFeatures {
     pub n_group: usize,
     /// ... of which the `topk_group` best hold the candidates.
     pub topk_group: usize,
+    /// Biases on the router's logits (`ffn_gate_inp.bias`, n_expert) and on every expert's
+    /// gate, up and down outputs (`ffn_{gate,up}_exps.bias`, n_expert·expert_ffn;
+    /// `ffn_down_exps.bias`, n_expert·dim), the down bias added before the route's weight
+    /// (gpt-oss).
+    pub expert_bias: bool,
+    /// The clamped SwiGLU of gpt-oss (llama.cpp's `swiglu_oai`) with this limit: with
+    /// `g = min(gate, limit)` and `u = clamp(up, -limit, limit)`, `g·σ(1.702·g)·(u + 1)`
+    /// instead of `act(gate)·up` (None: the config's activation).
+    pub swiglu_limit: Option<f32>,
+}
+
+/// The slope inside the sigmoid of gpt-oss's clamped SwiGLU (llama.cpp's and HF's alpha).
+pub const SWIGLU_OAI_ALPHA: f32 = 1.702;
+
+/// gpt-oss's clamped SwiGLU of one gate and up value (see [`MoeFeatures::swiglu_limit`]), in
+/// llama.cpp's f32 order of operations.
+#[inline]
+pub fn swiglu_oai(gate: f32, up: f32, limit: f32) -> f32 {
+    let g = gate.min(limit);
+    let u = up.clamp(-limit, limit);
+    g / (1.0 + (SWIGLU_OAI_ALPHA * -g).exp()) * (u + 1.0)
 }
 
 impl MoeFeatures {
@@ -114,14 +140,23 @@ impl MoeFeatures {
                     && !self.router_on_residual
                     && self.dense_lead == 0
                     && !self.score_bias
-                    && !self.grouped(),
+                    && !self.grouped()
+                    && !self.expert_bias
+                    && self.swiglu_limit.is_none(),
                 Shape,
                 "expert settings (n_expert_used, shared_ffn_dim, router_on_residual, \
-                 dense_lead, score_bias, n_group) without experts (n_expert 0)"
+                 dense_lead, score_bias, n_group, expert_bias, swiglu_limit) without experts \
+                 (n_expert 0)"
             );
             return Ok(());
         }
         self.validate_groups()?;
+        ensure!(
+            self.swiglu_limit.is_none_or(|l| l > 0.0 && l.is_finite()),
+            Shape,
+            "swiglu_limit {:?} must be positive and finite",
+            self.swiglu_limit
+        );
         ensure!(
             (1..=self.n_expert).contains(&self.n_expert_used),
             Shape,

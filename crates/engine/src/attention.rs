@@ -23,7 +23,7 @@ const BLOCK_TASKS_PER_THREAD: usize = 2;
 const PARALLEL_MIN_WORK: usize = 1 << 15;
 
 /// Shape of one attention call.
-pub struct AttnShape {
+pub struct AttnShape<'a> {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
@@ -33,35 +33,87 @@ pub struct AttnShape {
     pub scale: Option<f32>,
     /// Scores soft-capped to `c · tanh(s / c)` before the softmax (Gemma 2).
     pub softcap: Option<f32>,
+    /// Per query head a sink logit that joins the softmax's max and denominator with no
+    /// value (gpt-oss's `attn_sinks`); None: no sinks.
+    pub sinks: Option<&'a [f32]>,
 }
 
-/// One head over `len` cached positions with soft-capped scores: the plain loops (the fast
-/// kernel has no cap; Gemma 2 is the only family that sets one).
-fn attend_head_capped(
+/// What the plain loops of one head apply beyond the scaled dot products: Gemma 2's cap and
+/// gpt-oss's sink logit.
+#[derive(Clone, Copy)]
+struct PlainExtras {
+    cap: Option<f32>,
+    sink: Option<f32>,
+}
+
+/// Scratch of [`attend_head_plain`]: the scores, and one position's key and value where a
+/// side is in blocks.
+#[derive(Default)]
+struct PlainScratch {
+    scores: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+/// Position `p`'s `hd` values of one side of a head's cache (`rows` from the head's offset,
+/// `stride` values per position), dequantized into `buf` where the side is in blocks.
+fn kv_row<'b>(
+    rows: KvRows<'b>,
+    p: usize,
+    stride: usize,
+    hd: usize,
+    buf: &'b mut Vec<f32>,
+) -> &'b [f32] {
+    match rows {
+        KvRows::F32(v) => &v[p * stride..p * stride + hd],
+        KvRows::Blocks(dt, b) => {
+            let bb = dt.block_bytes();
+            let at = p * stride / 32 * bb;
+            buf.resize(hd, 0.0);
+            // The cache wrote these blocks itself: a row of whole blocks dequantizes.
+            let _ = powerinfer_core::dequantize_row(dt, &b[at..at + hd / 32 * bb], buf);
+            buf
+        }
+    }
+}
+
+/// One head over `len` cached positions by the plain loops, with the extras the fast kernels
+/// have not (a soft-cap: Gemma 2; a sink logit: gpt-oss, whose sink joins the max and the
+/// denominator, `out = Σ_p e^(s_p − m) v_p / (e^(sink − m) + Σ_p e^(s_p − m))`). Every
+/// (token, head) of a call takes the same loops, so batched rows have the bits of steps.
+fn attend_head_plain(
     q: &[f32],
-    cache: HeadCache<'_>,
+    cache: KvHeadCache<'_>,
     len: usize,
     scale: f32,
-    cap: f32,
-    scores: &mut Vec<f32>,
+    ex: PlainExtras,
+    s: &mut PlainScratch,
     out: &mut [f32],
 ) {
     let hd = q.len();
-    scores.clear();
-    scores.extend((0..len).map(|p| {
-        let k = &cache.keys[p * cache.stride..p * cache.stride + hd];
-        let s: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
-        cap * (s / cap).tanh()
-    }));
-    let m = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut z = 0.0f32;
-    scores.iter_mut().for_each(|s| {
-        *s = (*s - m).exp();
-        z += *s;
+    let st = cache.stride;
+    s.scores.clear();
+    for p in 0..len {
+        let k = kv_row(cache.keys, p, st, hd, &mut s.k);
+        let d: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
+        s.scores.push(match ex.cap {
+            Some(cap) => cap * (d / cap).tanh(),
+            None => d,
+        });
+    }
+    let mut m = s.scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if let Some(sink) = ex.sink {
+        m = m.max(sink);
+    }
+    let mut z = ex.sink.map_or(0.0, |sink| (sink - m).exp());
+    s.scores.iter_mut().for_each(|v| {
+        *v = (*v - m).exp();
+        z += *v;
     });
     out.fill(0.0);
-    for (p, &w) in scores.iter().enumerate() {
-        let v = &cache.values[p * cache.stride..p * cache.stride + hd];
+    for p in 0..len {
+        let w = s.scores[p];
+        let v = kv_row(cache.values, p, st, hd, &mut s.v);
         out.iter_mut().zip(v).for_each(|(o, v)| *o += w / z * v);
     }
 }
@@ -74,15 +126,16 @@ fn attend_head_capped(
 /// them). Over blocks every (token, head) is one `powerinfer_cpu::attend_head_kv`, so a
 /// token's output has the same bits whatever else the call holds.
 pub fn attention(
-    shape: &AttnShape,
+    shape: &AttnShape<'_>,
     q: &[f32],
     keys: KvRows<'_>,
     values: KvRows<'_>,
     start: usize,
     out: &mut [f32],
 ) {
-    match (keys, values) {
-        (KvRows::F32(k), KvRows::F32(v)) => attention_f32(shape, q, k, v, start, out),
+    match (keys, values, shape.sinks) {
+        (_, _, Some(_)) => attention_plain(shape, q, keys, values, start, out),
+        (KvRows::F32(k), KvRows::F32(v), None) => attention_f32(shape, q, k, v, start, out),
         _ => attention_blocks(shape, q, keys, values, start, out),
     }
 }
@@ -94,13 +147,15 @@ struct HeadTask<'a> {
     q: &'a [f32],
     offset: usize,
     len: usize,
+    /// The head's query head (its sink's index).
+    head: usize,
 }
 
 /// Run `one` for every (token, head) of `out` (n × n_heads·head_dim), in order on one thread
 /// for small calls, else in parallel with a scratch `S` per worker; each head's output is its
 /// own slice, so the bits do not depend on the split.
 fn each_head<S: Default + Send>(
-    shape: &AttnShape,
+    shape: &AttnShape<'_>,
     q: &[f32],
     start: usize,
     out: &mut [f32],
@@ -118,6 +173,7 @@ fn each_head<S: Default + Send>(
             q: &q[t * q_dim + h * hd..t * q_dim + (h + 1) * hd],
             offset: first * kv_dim + (h / group) * hd,
             len: end - first,
+            head: h,
         };
         one(s, head, o);
     };
@@ -135,9 +191,42 @@ fn each_head<S: Default + Send>(
     }
 }
 
+/// [`attention`] with sinks: one [`attend_head_plain`] per (token, head), over f32 or block
+/// sides.
+fn attention_plain(
+    shape: &AttnShape<'_>,
+    q: &[f32],
+    keys: KvRows<'_>,
+    values: KvRows<'_>,
+    start: usize,
+    out: &mut [f32],
+) {
+    let hd = shape.head_dim;
+    let kv_dim = shape.n_kv_heads * hd;
+    let scale = shape.scale.unwrap_or(1.0 / (hd as f32).sqrt());
+    each_head(
+        shape,
+        q,
+        start,
+        out,
+        |scratch: &mut PlainScratch, head, o| {
+            let cache = KvHeadCache {
+                keys: keys.skip(head.offset),
+                values: values.skip(head.offset),
+                stride: kv_dim,
+            };
+            let ex = PlainExtras {
+                cap: shape.softcap,
+                sink: shape.sinks.map(|s| s[head.head]),
+            };
+            attend_head_plain(head.q, cache, head.len, scale, ex, scratch, o);
+        },
+    );
+}
+
 /// [`attention`] over a cache with a block side: one [`attend_head_kv`] per (token, head).
 fn attention_blocks(
-    shape: &AttnShape,
+    shape: &AttnShape<'_>,
     q: &[f32],
     keys: KvRows<'_>,
     values: KvRows<'_>,
@@ -159,7 +248,7 @@ fn attention_blocks(
 
 /// [`attention`] over f32 keys and values.
 fn attention_f32(
-    shape: &AttnShape,
+    shape: &AttnShape<'_>,
     q: &[f32],
     keys: &[f32],
     values: &[f32],
@@ -173,23 +262,40 @@ fn attention_f32(
     if n >= BLOCK_MIN_TOKENS && block_attention_is_fast() {
         return blocked(shape, q, keys, values, start, out);
     }
-    each_head(shape, q, start, out, |scores: &mut Vec<f32>, head, o| {
-        let cache = HeadCache {
-            keys: &keys[head.offset..],
-            values: &values[head.offset..],
-            stride: kv_dim,
-        };
-        match shape.softcap {
-            None => attend_head(head.q, cache, head.len, scale, scores, o),
-            Some(cap) => attend_head_capped(head.q, cache, head.len, scale, cap, scores, o),
-        }
-    });
+    each_head(
+        shape,
+        q,
+        start,
+        out,
+        |s: &mut PlainScratch, head, o| match shape.softcap {
+            None => {
+                let cache = HeadCache {
+                    keys: &keys[head.offset..],
+                    values: &values[head.offset..],
+                    stride: kv_dim,
+                };
+                attend_head(head.q, cache, head.len, scale, &mut s.scores, o)
+            }
+            Some(cap) => {
+                let cache = KvHeadCache {
+                    keys: KvRows::F32(&keys[head.offset..]),
+                    values: KvRows::F32(&values[head.offset..]),
+                    stride: kv_dim,
+                };
+                let ex = PlainExtras {
+                    cap: Some(cap),
+                    sink: None,
+                };
+                attend_head_plain(head.q, cache, head.len, scale, ex, s, o)
+            }
+        },
+    );
 }
 
 /// [`attention`] for several tokens on the block kernels: one task per (head, strip of
 /// tokens), each task's output gathered into `out` afterwards.
 fn blocked(
-    shape: &AttnShape,
+    shape: &AttnShape<'_>,
     q: &[f32],
     keys: &[f32],
     values: &[f32],
@@ -247,7 +353,7 @@ mod tests {
 
     /// Straight f64 loops over the definition.
     fn reference(
-        shape: &AttnShape,
+        shape: &AttnShape<'_>,
         q: &[f32],
         k: &[f32],
         v: &[f32],
@@ -278,9 +384,13 @@ mod tests {
                         None => s,
                     })
                     .collect();
-                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sink = shape.sinks.map(|s| s[h] as f64);
+                let m = s
+                    .iter()
+                    .cloned()
+                    .fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-                let z: f64 = e.iter().sum();
+                let z: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
                 for (p, w) in (first..).zip(&e) {
                     for i in 0..hd {
                         out[t * qd + h * hd + i] += w / z * v[p * kd + kvh * hd + i] as f64;
@@ -295,12 +405,28 @@ mod tests {
         check_with(start, n, window, None, None);
     }
 
+    /// Sink logits of the six heads of [`check_with`]: small, large (the sink takes most of
+    /// the weight) and negative.
+    const SINKS: [f32; 6] = [0.3, 4.0, -2.0, 0.0, 1.5, -0.5];
+
     fn check_with(
         start: usize,
         n: usize,
         window: Option<usize>,
         scale: Option<f32>,
         softcap: Option<f32>,
+    ) {
+        check_sinks(start, n, window, scale, softcap, None);
+        check_sinks(start, n, window, scale, softcap, Some(&SINKS));
+    }
+
+    fn check_sinks(
+        start: usize,
+        n: usize,
+        window: Option<usize>,
+        scale: Option<f32>,
+        softcap: Option<f32>,
+        sinks: Option<&[f32]>,
     ) {
         let shape = AttnShape {
             n_heads: 6,
@@ -309,6 +435,7 @@ mod tests {
             window,
             scale,
             softcap,
+            sinks,
         };
         let total = start + n;
         let gen = |len: usize, seed: u32| -> Vec<f32> {
@@ -376,7 +503,12 @@ mod tests {
         use powerinfer_core::DType;
         let (start, n) = (37, 9);
         let total = start + n;
-        for (window, softcap) in [(None, None), (Some(11), Some(20.0))] {
+        let sinks = [0.5f32, 3.0, -1.0, 0.0];
+        for (window, softcap, sinks) in [
+            (None, None, None),
+            (Some(11), Some(20.0), None),
+            (Some(11), None, Some(&sinks[..])),
+        ] {
             let shape = AttnShape {
                 n_heads: 4,
                 n_kv_heads: 2,
@@ -384,6 +516,7 @@ mod tests {
                 window,
                 scale: None,
                 softcap,
+                sinks,
             };
             let gen = |len: usize, seed: u32| -> Vec<f32> {
                 (0..len)

@@ -100,6 +100,7 @@ pub(crate) fn attention_block(
                     window: p.window,
                     scale: Some(p.scale),
                     softcap: p.softcap,
+                    sinks: lw.attn_sinks.as_deref(),
                 };
                 attend_pass(&shape, arith, kv, l, s, n);
             }
@@ -141,7 +142,7 @@ pub(crate) fn attention_block(
 /// values written into their caches first: one context's run in `arith`, or each slot's rows
 /// over its own cache as decode steps.
 fn attend_pass(
-    shape: &AttnShape,
+    shape: &AttnShape<'_>,
     arith: Arith,
     kv: &mut Kv<'_, '_>,
     l: usize,
@@ -183,7 +184,7 @@ fn attend_pass(
 /// ([`Arith::Steps`]).
 #[allow(clippy::too_many_arguments)]
 fn attend_rows(
-    shape: &AttnShape,
+    shape: &AttnShape<'_>,
     arith: Arith,
     cache: &mut KvCache,
     l: usize,
@@ -215,6 +216,6 @@ fn attend_rows(
 }
 
 /// Values per position of a cache row (keys or values) for `shape`.
-fn cache_width(shape: &AttnShape) -> usize {
+fn cache_width(shape: &AttnShape<'_>) -> usize {
     shape.n_kv_heads * shape.head_dim
 }

@@ -5,7 +5,7 @@
 //! scoring, profiling) run dense matrix-matrix products and apply the same mode as a mask, so
 //! every mode computes the same function whether tokens come one by one or in a batch.
 
-use powerinfer_core::{Result, Weight};
+use powerinfer_core::{swiglu_oai, Result, Weight};
 use powerinfer_cpu::{
     axpy_rows, compact_kept, matmul, matvec, matvec_matrices, matvec_matrices_tokens, matvec_rows,
     sparse_ffn, GateRows, MatrixRef, SparseFfn,
@@ -423,8 +423,12 @@ fn batched(
     project(&lw.w_down, &s.gate, n, out, call.arith)
 }
 
-/// h = act(gate)·up in place in `gate` (the gated families' product, or act(gate) alone).
+/// h = act(gate)·up in place in `gate` (the gated families' product, or act(gate) alone;
+/// gpt-oss's clamped SwiGLU where the kind has its limit).
 pub(crate) fn activate(act: FfnKind, gate: &mut [f32], up: &[f32]) {
+    if let Some(limit) = act.swiglu_limit {
+        return par_rows(gate, up, |g, u| *g = swiglu_oai(*g, u, limit));
+    }
     apply_activation(act, gate);
     match (act.gated, act.up_act) {
         (false, _) => {}

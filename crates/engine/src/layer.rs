@@ -72,6 +72,9 @@ pub struct FfnKind {
     pub up_act: bool,
     /// A bias on the activated input projection, added before the activation (OPT).
     pub in_bias: bool,
+    /// gpt-oss's clamped SwiGLU with this limit instead of `act(gate)·up`
+    /// ([`powerinfer_core::MoeFeatures::swiglu_limit`]).
+    pub swiglu_limit: Option<f32>,
 }
 
 impl FfnKind {
@@ -229,6 +232,7 @@ impl ModelProgram {
                 gated: !a.no_gate,
                 up_act: a.up_act,
                 in_bias: a.ffn_bias,
+                swiglu_limit: c.moe.swiglu_limit.filter(|_| c.is_moe_layer(l)),
             };
             let core = match c.is_moe_layer(l) {
                 true => FfnStep::Moe(kind),
@@ -337,6 +341,7 @@ mod tests {
             gated: true,
             up_act: true,
             in_bias: false,
+            swiglu_limit: None,
         };
         assert_eq!((k.apply(0.4), k.apply(0.6)), (0.0, 0.6));
         assert_eq!(k.times_up(2.0, -1.0), 0.0);

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use powerinfer_core::{bail, ensure, MatrixShape, ModelConfig, Result, Weight};
 use powerinfer_cpu::{Interleaved, Matrix};
 
-use crate::moe_weights::{MoeWeights, SharedExpert};
+use crate::moe_weights::{ExpertBias, MoeWeights, SharedExpert};
 
 /// One decoder layer.
 #[derive(Clone, Debug)]
@@ -54,6 +54,11 @@ pub struct LayerWeights {
     /// Biases of the FFN's activated input projection (ffn wide) and of its down projection
     /// (dim wide) (`ffn_bias`).
     pub ffn_bias: Option<[Vec<f32>; 2]>,
+    /// Each query head's attention sink logit (`attn_sinks`, n_heads values; families with
+    /// [`ArchFeatures::attn_sinks`]).
+    ///
+    /// [`ArchFeatures::attn_sinks`]: powerinfer_core::ArchFeatures::attn_sinks
+    pub attn_sinks: Option<Vec<f32>>,
 }
 
 /// Which of a model's matrices are interleaved at load where their format has the layout
@@ -241,6 +246,10 @@ impl LayerWeights {
         };
         let norms = take_norms(c, &mut t, ffn_norm_name)?;
         let biases = take_biases(c, &mut t, ffn_norm_name)?;
+        let attn_sinks = match c.arch.attn_sinks {
+            true => Some(t.vector("attn_sinks")?),
+            false => None,
+        };
         let (w_gate, w_up, w_down) = (
             Matrix::Rows(ffn.gate),
             Matrix::Rows(ffn.up),
@@ -263,6 +272,7 @@ impl LayerWeights {
             norm_bias: biases.norm,
             out_bias: biases.out,
             ffn_bias: biases.ffn,
+            attn_sinks,
         };
         Ok((layer, ffn.down_t))
     }
@@ -319,7 +329,17 @@ fn take_moe_ffn(c: &ModelConfig, t: &mut LayerTensors<'_>) -> Result<FfnTensors>
         true => Some(t.vector("exp_probs_b.bias")?),
         false => None,
     };
-    let moe = MoeWeights::new(&c.moe, router, bias, [&gate, &up, &down], shared)?;
+    let expert_bias = match c.moe.expert_bias {
+        true => Some(ExpertBias {
+            router: t.vector("ffn_gate_inp.bias")?,
+            gate: t.vector("ffn_gate_exps.bias")?,
+            up: t.vector("ffn_up_exps.bias")?,
+            down: t.vector("ffn_down_exps.bias")?,
+        }),
+        false => None,
+    };
+    let mut moe = MoeWeights::new(&c.moe, router, bias, [&gate, &up, &down], shared)?;
+    moe.set_expert_bias(expert_bias)?;
     Ok(FfnTensors {
         gate,
         up,

@@ -19,7 +19,7 @@ use rayon::prelude::*;
 use crate::ffn::{activate, project, project_many, Arith};
 use crate::layer::FfnKind;
 use crate::moe_pass::{experts_pass, ExpertsPass};
-use crate::moe_weights::{route, shared_scale, MoeWeights};
+use crate::moe_weights::{route, shared_scale, ExpertBias, MoeWeights};
 use crate::neuron_store::store::{Active, NeuronStore};
 use crate::profiler::Profiler;
 use crate::sparsity::{mask_unpredicted, predicted_active, LayerPredictor, PredictorScratch};
@@ -91,7 +91,9 @@ impl MoeCall<'_> {
 
 /// The router's logits (n × n_expert) of the `n` rows of `x` into `out`.
 pub fn router_logits(w: &MoeWeights, x: &[f32], n: usize, out: &mut Vec<f32>) -> Result<()> {
-    project(&w.router, x, n, out, Arith::Batch)
+    project(&w.router, x, n, out, Arith::Batch)?;
+    w.bias_logits(out);
+    Ok(())
 }
 
 /// The MoE FFN output of `call.n` tokens (n × dim) into `out`; router logits come from
@@ -369,8 +371,12 @@ fn batch(
             [&mut s.gate, &mut s.up],
             Arith::Batch,
         )?;
-        activate(act, &mut s.gate, &s.up);
         let ef = w.gate[e].rows;
+        if let Some(b) = &w.expert_bias {
+            add_each_row(&mut s.gate, ExpertBias::of(&b.gate, e, ef));
+            add_each_row(&mut s.up, ExpertBias::of(&b.up, e, ef));
+        }
+        activate(act, &mut s.gate, &s.up);
         // Threshold mode masks the activations of the tokens it sparsifies.
         if let Some(t) = call.threshold {
             for (row, &(tok, _)) in s.gate.chunks_exact_mut(ef).zip(tokens) {
@@ -406,6 +412,9 @@ fn batch(
             }
         }
         project(&w.down[e], &s.gate, m, &mut s.ye, Arith::Batch)?;
+        if let Some(b) = &w.expert_bias {
+            add_each_row(&mut s.ye, ExpertBias::of(&b.down, e, dim));
+        }
         for (i, &(t, wt)) in tokens.iter().enumerate() {
             let y = &s.ye[i * dim..(i + 1) * dim];
             out[t * dim..(t + 1) * dim]
@@ -449,6 +458,13 @@ fn shared(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut [f32]) -> Result<()>
             .for_each(|(o, v)| *o += scale * v);
     }
     Ok(())
+}
+
+/// `rows` (rows of `bias.len()`) += `bias`, row by row.
+pub(crate) fn add_each_row(rows: &mut [f32], bias: &[f32]) {
+    for r in rows.chunks_exact_mut(bias.len()) {
+        r.iter_mut().zip(bias).for_each(|(v, b)| *v += b);
+    }
 }
 
 /// The router's logits of `n` tokens before the attention block (families whose router reads

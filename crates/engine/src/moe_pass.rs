@@ -22,7 +22,7 @@ use powerinfer_cpu::{in_pass, Disjoint, Pass, PreparedX};
 
 use crate::ffn::activate;
 use crate::layer::FfnKind;
-use crate::moe_weights::{route, shared_scale, MoeWeights, SharedExpert};
+use crate::moe_weights::{route, shared_scale, ExpertBias, MoeWeights, SharedExpert};
 
 /// Rows per piece of a thread's share of a product (the matvec kernels' row groups).
 const ALIGN: usize = 8;
@@ -244,10 +244,38 @@ impl<'r> Items<'r> {
         }
     }
 
+    /// Route i's expert and the layer's expert biases, where it has them (the shared expert
+    /// has none).
+    fn bias(&self, i: usize) -> Option<(usize, &'r ExpertBias)> {
+        let &(e, _) = self.routes.get(i)?;
+        Some((e as usize, self.w.expert_bias.as_ref()?))
+    }
+
     /// Rows of item i computed.
     fn computed(&self, i: usize) -> usize {
         let (.., ids, width) = self.item(i);
         ids.map_or(width, |v| v.len())
+    }
+}
+
+/// `out` (a thread's share `rows` of expert `e`'s values, or of its listed rows `ids[rows]`)
+/// += the expert's part of `bias` (`width` values per expert).
+fn add_bias(
+    out: &mut [f32],
+    bias: &[f32],
+    e: usize,
+    ids: Option<&[u32]>,
+    rows: std::ops::Range<usize>,
+    width: usize,
+) {
+    let b = ExpertBias::of(bias, e, width);
+    match ids {
+        Some(ids) => {
+            for (o, &j) in out.iter_mut().zip(&ids[rows]) {
+                *o += b[j as usize];
+            }
+        }
+        None => out.iter_mut().zip(&b[rows]).for_each(|(o, b)| *o += b),
     }
 }
 
@@ -279,7 +307,12 @@ impl PassRun<'_> {
             pass.share(&router, 1, |_, rows| {
                 // SAFETY: this thread's rows of the logits, written by it alone before the sync.
                 let part = unsafe { d.part(self.at.lg, rows.clone()) };
-                self.xp.rows(&p.w.router, rows, part);
+                self.xp.rows(&p.w.router, rows.clone(), part);
+                if let Some(b) = &p.w.expert_bias {
+                    part.iter_mut()
+                        .zip(&b.router[rows])
+                        .for_each(|(l, b)| *l += b);
+                }
             });
             pass.sync();
         }
@@ -338,6 +371,10 @@ impl PassRun<'_> {
                     self.xp.rows(u, rows.clone(), upart);
                 }
             }
+            if let Some((e, b)) = items.bias(i) {
+                add_bias(gp, &b.gate, e, ids, rows.clone(), self.ef);
+                add_bias(upart, &b.up, e, ids, rows.clone(), self.ef);
+            }
             activate(self.p.act, gp, upart);
             match ids {
                 Some(ids) => {
@@ -374,7 +411,11 @@ impl PassRun<'_> {
                 PreparedX::new(unsafe { d.read(at.hid + i) }, self.down_quantized)
             });
             // SAFETY: this thread's rows of item i's output, its own until the sync.
-            h.rows(dn, rows.clone(), unsafe { d.part(at.y + i, rows) });
+            let y = unsafe { d.part(at.y + i, rows.clone()) };
+            h.rows(dn, rows.clone(), y);
+            if let Some((e, b)) = items.bias(i) {
+                add_bias(y, &b.down, e, None, rows, self.p.dim);
+            }
         });
     }
 

@@ -16,6 +16,25 @@ pub struct SharedExpert {
     pub down: Weight,
 }
 
+/// gpt-oss's biases of one layer's router and experts ([`MoeFeatures::expert_bias`]).
+#[derive(Clone, Debug)]
+pub struct ExpertBias {
+    /// Added to the router's logits (n_expert).
+    pub router: Vec<f32>,
+    /// Added to expert e's gate and up outputs: values `e·expert_ffn..(e+1)·expert_ffn`.
+    pub gate: Vec<f32>,
+    pub up: Vec<f32>,
+    /// Added to expert e's down output (values `e·dim..(e+1)·dim`) before its route weight.
+    pub down: Vec<f32>,
+}
+
+impl ExpertBias {
+    /// Expert `e`'s part of `b` (one of this struct's per-expert vectors), `width` wide.
+    pub fn of(b: &[f32], e: usize, width: usize) -> &[f32] {
+        &b[e * width..(e + 1) * width]
+    }
+}
+
 /// One layer's experts.
 #[derive(Clone, Debug)]
 pub struct MoeWeights {
@@ -30,6 +49,8 @@ pub struct MoeWeights {
     /// The router's correction bias (`exp_probs_b.bias`, n_expert values): added to the
     /// probabilities to choose the experts, not to their weights ([`route`]).
     pub score_bias: Option<Vec<f32>>,
+    /// The router's and the experts' biases (gpt-oss).
+    pub expert_bias: Option<ExpertBias>,
 }
 
 /// `w`'s rows as `n` equal consecutive blocks, each a weight of its own (no copy).
@@ -81,7 +102,38 @@ impl MoeWeights {
             up: row_blocks(up, m.n_expert)?,
             down: row_blocks(down, m.n_expert)?,
             shared,
+            expert_bias: None,
         })
+    }
+
+    /// Give the layer its router and expert biases, checked against the experts' shapes.
+    pub fn set_expert_bias(&mut self, b: Option<ExpertBias>) -> Result<()> {
+        if let Some(b) = &b {
+            let (n, ef, dim) = (self.gate.len(), self.gate[0].rows, self.down[0].rows);
+            ensure!(
+                b.router.len() == n
+                    && b.gate.len() == n * ef
+                    && b.up.len() == n * ef
+                    && b.down.len() == n * dim,
+                Shape,
+                "expert biases of {}, {}, {}, {} values for {n} experts of {ef} (dim {dim})",
+                b.router.len(),
+                b.gate.len(),
+                b.up.len(),
+                b.down.len()
+            );
+        }
+        self.expert_bias = b;
+        Ok(())
+    }
+
+    /// Add the router's bias (where the layer has one) to `n` rows of logits.
+    pub fn bias_logits(&self, logits: &mut [f32]) {
+        if let Some(b) = &self.expert_bias {
+            for row in logits.chunks_exact_mut(b.router.len()) {
+                row.iter_mut().zip(&b.router).for_each(|(l, b)| *l += b);
+            }
+        }
     }
 
     /// Weight bytes one token reads: the router, `k` experts and the shared expert.
@@ -101,7 +153,7 @@ impl MoeWeights {
 /// outside the `topk_group` groups of the largest group scores (the sum of a group's two
 /// largest selection scores, ties to the lower group) out of the running; the
 /// `n_expert_used` largest selection scores (ties to the lower index); their probabilities
-/// `p`, divided by their sum (clamped to ≥ 6.1e-5) when `norm_weights`, times
+/// `p` (for [`Gating::SoftmaxWeight`], the softmax over the chosen logits), divided by their sum (clamped to ≥ 6.1e-5) when `norm_weights`, times
 /// `weights_scale`.
 pub fn route(m: &MoeFeatures, bias: Option<&[f32]>, logits: &[f32], out: &mut Vec<(u32, f32)>) {
     let probs = gate_probs(m, logits);
@@ -126,7 +178,22 @@ pub fn route(m: &MoeFeatures, bias: Option<&[f32]>, logits: &[f32], out: &mut Ve
     }
     order.sort_by(cmp);
     out.clear();
-    out.extend(order.into_iter().map(|i| (i, probs[i as usize] as f32)));
+    match m.gating {
+        // gpt-oss: the softmax over the chosen logits.
+        Gating::SoftmaxWeight => {
+            let max = order
+                .iter()
+                .map(|&i| probs[i as usize])
+                .fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = order
+                .iter()
+                .map(|&i| (probs[i as usize] - max).exp())
+                .collect();
+            let sum: f64 = e.iter().sum();
+            out.extend(order.iter().zip(&e).map(|(&i, &v)| (i, (v / sum) as f32)));
+        }
+        _ => out.extend(order.into_iter().map(|i| (i, probs[i as usize] as f32))),
+    }
     if m.norm_weights {
         let sum: f64 = out
             .iter()
@@ -184,6 +251,7 @@ fn gate_probs(m: &MoeFeatures, logits: &[f32]) -> Vec<f64> {
             .iter()
             .map(|&l| 1.0 / (1.0 + (-(l as f64)).exp()))
             .collect(),
+        Gating::SoftmaxWeight => logits.iter().map(|&l| l as f64).collect(),
     }
 }
 

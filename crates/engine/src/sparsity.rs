@@ -187,7 +187,7 @@ impl Sparsity {
         let (n_layers, dim, ffn, act) = (c.n_layers, c.dim, c.ffn_dim, c.activation);
         let moe = c.moe.is_moe();
         if !matches!(self, Sparsity::Dense) {
-            c.refuse_dense_lead("a sparse mode")?;
+            c.refuse_non_flat("a sparse mode")?;
         }
         match self {
             Sparsity::Dense => {}

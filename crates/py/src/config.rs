@@ -266,6 +266,9 @@ config_fields! {
         expert_score_bias: core.moe.score_bias;
         expert_groups: core.moe.n_group;
         expert_groups_used: core.moe.topk_group;
+        attn_sinks: core.arch.attn_sinks;
+        expert_bias: core.moe.expert_bias;
+        swiglu_limit: core.moe.swiglu_limit;
     }
 }
 

@@ -480,6 +480,33 @@ _QK_NORM_MOE: dict[str, Any] = dict(hf_layer_names={**_ROUTER, **_QK_NORMS}, **_
 # OLMoE RMS-norms q and k whole (weights of q_dim / kv_dim). Mixtral is llama's arch with
 # experts (its file has expert_count); the GGUF loader reads it as the "llama" family and takes
 # the expert settings of the "mixtral" entry.
+#: transformers' GptOssConfig defaults (4.55) of the keys the loader reads.
+_GPTOSS_HF: dict[str, object] = {
+    "num_hidden_layers": 36,
+    "num_local_experts": 128,
+    "vocab_size": 201088,
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "head_dim": 64,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "sliding_window": 128,
+    "rope_theta": 150000.0,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_scaling": {
+        "rope_type": "yarn",
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 4096,
+    },
+    "attention_bias": True,
+    "num_experts_per_tok": 4,
+}
 MOE_FAMILIES: tuple[Family, ...] = (
     Family(
         "qwen3moe",
@@ -570,6 +597,39 @@ MOE_FAMILIES: tuple[Family, ...] = (
         hf_defaults=_GLM4MOE_HF,
         gguf_layer_names={"post_attention_norm": "ffn_norm"},
         **_QWEN_STYLE_MOE,
+    ),
+    # gpt-oss (llama.cpp's openai-moe.cpp, arch "gpt-oss"): q/k/v and output biases, a sink
+    # logit per head (attn_sinks) in every softmax, even layers sliding (load_swa_pattern's
+    # default 2: layer i slides where i % 2 == 0) over attention.sliding_window, the
+    # post-attention norm as the FFN norm, the router's top-k of its biased logits weighted by
+    # the softmax over the k (SOFTMAX_WEIGHT), biased experts with the clamped SwiGLU
+    # (swiglu_oai: alpha 1.702, limit 7.0, both fixed in llama.cpp's graph), NeoX RoPE with
+    # YaRN from the rope.scaling keys.
+    Family(
+        "gpt-oss",
+        "gpt-oss",
+        "neox",
+        ("gpt_oss",),
+        ("GptOssForCausalLM",),
+        config=dict(
+            qkv_bias=True,
+            out_bias=True,
+            attn_sinks=True,
+            swa_pattern=2,
+            expert_gating="softmax_weight",
+            expert_bias=True,
+            swiglu_limit=7.0,
+        ),
+        window=True,
+        gguf_layer_names={"post_attention_norm": "ffn_norm"},
+        hf_layer_names={
+            "self_attn.sinks": "attn_sinks",
+            "mlp.router.weight": "ffn_gate_inp",
+        },
+        hf_defaults=_GPTOSS_HF,
+        moe=True,
+        # The experts are fused tensors, not one per expert: loading/hf_gptoss.py reads them.
+        hf_experts=("mlp.experts.", {}),
     ),
     Family(
         "mixtral",

@@ -180,6 +180,8 @@ def _read_experts(meta: dict[str, Any], fam: Family, cfg: ModelConfig) -> None:
         expert_ffn = _int(meta, f"{a}.expert_feed_forward_length", cfg.ffn_dim // n_used)
     elif fam.name == "glm4moe":
         expert_ffn = _glm4moe_experts(meta, cfg)
+    elif fam.name == "gpt-oss":  # openai-moe.cpp: expert_feed_forward_length, required
+        expert_ffn = _int(meta, f"{a}.expert_feed_forward_length")
     elif fam.name == "smallthinker":
         expert_ffn = _int(meta, f"{a}.expert_feed_forward_length", cfg.ffn_dim)
         gating = meta.get(f"{a}.expert_gating_func")
@@ -357,6 +359,8 @@ def _tensor_views(gf: GGUFModelFiles, fam: Family, cfg: ModelConfig) -> dict[str
             raise ShapeError(f"{path}: tensor {full!r} has unusable shape {dims}")
         cols = dims[0]
         rows = int(np.prod(dims[1:flat], dtype=np.int64)) if len(dims) > 1 else 1
+        if name.endswith("_exps.bias"):  # gpt-oss's {width, n_expert} biases: one vector
+            cols, rows = cols * rows, 1
         nbytes = rows * row_bytes(dtype, cols)
         start = t.offset
         if start + nbytes > size:

@@ -122,6 +122,10 @@ def moe_fields(fam: Family, cfg: dict[str, Any]) -> dict[str, Any]:
         return {}
     if fam.name == "glm4moe":
         return _glm4moe_fields(cfg)
+    if fam.name == "gpt-oss":
+        from .hf_gptoss import gptoss_fields
+
+        return gptoss_fields(cfg)
     out: dict[str, Any] = {}
     key = "num_local_experts" if fam.name == "mixtral" else "num_experts"
     out["n_expert"] = _count(cfg, key)

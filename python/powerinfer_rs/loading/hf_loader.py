@@ -38,6 +38,7 @@ from .hf_families import (
     moe_fields,
     number,
 )
+from .hf_gptoss import gptoss_experts
 from .regular_file import regular_file
 from .rope import hf_rope_fields, rope_parameters_v4
 from .safetensors_mmap import RawTensor, read_safetensors
@@ -247,11 +248,19 @@ def _weight_files(d: Path) -> list[Path]:
     return shards
 
 
-def _tensors(files: list[Path], family: Family) -> dict[str, TensorData]:
+def _tensors(files: list[Path], family: Family, cfg: ModelConfig) -> dict[str, TensorData]:
     out: dict[str, TensorData] = {}
+    # gpt-oss's fused experts (3-D, or MXFP4 blocks as bytes): loading/hf_gptoss.py.
+    gptoss = family.name == "gpt-oss"
+    experts: dict[str, RawTensor] = {}
     for f in files:
-        raw: dict[str, RawTensor] = read_safetensors(f)
+        raw: dict[str, RawTensor] = read_safetensors(f, bytes_too=gptoss)
         for hf_name, rt in raw.items():
+            if gptoss and ".mlp.experts." in hf_name:
+                experts[hf_name] = rt
+                continue
+            if rt.dtype == "U8":
+                raise UnsupportedError(f"{f}: tensor {hf_name!r} of bytes (U8)")
             try:
                 name = canonical_name(hf_name, family)
             except UnsupportedError as e:
@@ -269,6 +278,8 @@ def _tensors(files: list[Path], family: Family) -> dict[str, TensorData]:
             if rows == 0 or cols == 0:
                 raise ShapeError(f"{f}: tensor {hf_name!r} is empty")
             out[name] = TensorData(name, rt.dtype, rows, cols, rt.data)
+    if gptoss:
+        out.update(gptoss_experts(experts, cfg.n_layers, str(files[0].parent)))
     return out
 
 
@@ -325,11 +336,11 @@ def load_hf_dir(path: str | os.PathLike[str]) -> LoadedModel:
 
     family = family_named(cfg.arch)
     weight_files = _weight_files(d)
-    tensors = _tensors(weight_files, family)
+    tensors = _tensors(weight_files, family, cfg)
     if family.name == "glm4moe":  # the NextN/MTP layers past the decoder: never run
         for name in [n for n in tensors if nextn_layer(n, cfg)]:
             del tensors[name]
-    if family.moe:
+    if family.moe and family.name != "gpt-oss":  # gpt-oss's are merged already
         merge_experts(tensors, cfg, str(d))
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     if family.name == "falcon" and 1 < cfg.n_kv_heads == cfg.n_heads:

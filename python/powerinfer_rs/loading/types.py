@@ -123,6 +123,10 @@ MOE_DEFAULTS: dict[str, object] = {
     "expert_score_bias": False,
     "expert_groups": 0,
     "expert_groups_used": 0,
+    # gpt-oss's
+    "attn_sinks": False,
+    "expert_bias": False,
+    "swiglu_limit": 0.0,
 }
 
 #: The model config, declared once by the engine (crates/py/src/config.rs): built with

@@ -211,15 +211,23 @@ def plan_from_solution(problem: PlacementProblem, res: SolveResult, profile: Pro
     )
 
 
-def refuse_dense_lead(shape: ModelShape) -> None:
+def refuse_non_flat(shape: ModelShape) -> None:
     """:class:`UnsupportedError` for a mixture of experts with leading dense layers (GLM-4.5's
-    first_k_dense_replace): a plan counts one flattened expert space per layer."""
+    first_k_dense_replace: a plan counts one flattened expert space per layer) or gpt-oss's
+    biased experts, clamped SwiGLU and attention sinks."""
     lead = shape.config.dense_lead_layers
     if shape.moe and lead:
         raise UnsupportedError(
             f"a plan of a mixture of experts with {lead} leading dense layers (GLM-4.5's "
             "first_k_dense_replace): the plan counts one flattened expert space per layer; such "
             "a model runs dense on the CPU"
+        )
+    c = shape.config
+    if shape.moe and (c.expert_bias or c.swiglu_limit or c.attn_sinks):
+        raise UnsupportedError(
+            "a plan of a mixture of experts with expert biases, the clamped SwiGLU or attention "
+            "sinks (gpt-oss): a neuron's output is not zero where its gate is, and the GPU's "
+            "attention has no sinks; such a model runs dense on the CPU"
         )
 
 
@@ -269,10 +277,11 @@ def make_plan(
     Raises :class:`PlanError` when the profile was made on another model (unless
     ``check_fingerprint`` is False), :class:`ShapeError` when it does not fit the model's shape,
     :class:`VramBudgetError` for a budget the hardware cannot hold, and
-    :class:`UnsupportedError` for a mixture of experts with leading dense layers (GLM-4.5).
+    :class:`UnsupportedError` for a mixture of experts with leading dense layers (GLM-4.5) or
+    gpt-oss's biased experts.
     """
     shape = ModelShape.coerce(model)
-    refuse_dense_lead(shape)
+    refuse_non_flat(shape)
     if (
         check_fingerprint
         and profile.model_fingerprint

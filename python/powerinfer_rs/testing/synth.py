@@ -257,7 +257,7 @@ def write_safetensors(
     """Write a safetensors file from ``(name, dtype, shape)`` entries and matching arrays
     (streamed, in order). The header is padded with spaces to a multiple of 8. Returns the
     number of data bytes."""
-    size = {"BF16": 2, "F16": 2, "F32": 4}
+    size = {"BF16": 2, "F16": 2, "F32": 4, "U8": 1}
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     off = 0
     for name, dt, shape in entries:

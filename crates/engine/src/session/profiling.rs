@@ -21,7 +21,7 @@ impl Session {
                 c.n_layers
             );
         }
-        c.refuse_dense_lead("profiling")?;
+        c.refuse_non_flat("profiling")?;
         self.profiler = Some(match c.moe.is_moe() {
             true => {
                 let ef = c.moe.expert_ffn(c.ffn_dim);
