@@ -1,6 +1,6 @@
 //! One decode head's attention at long context: the f32 cache (`attend_head`, what an f16 KV
 //! cache computes over) against the quantized caches (`attend_head_kv`, q8_0 and q4_0 on both
-//! sides), head_dim 64 as SmolLM2's and Llama's small models, 4,096 cached positions. The
+//! sides, and q8_0 on one side), head_dim 64 as SmolLM2's and Llama's small models, 4,096 cached positions. The
 //! throughput is the cache bytes each reads per second, so the rows compare as bytes and as time.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -25,8 +25,11 @@ fn values(n: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
-/// `rows` quantized to `dtype`, one row of `HD` values per position.
+/// `rows` quantized to `dtype`, one row of `HD` values per position (none for f32).
 fn blocks(dtype: DType, rows: &[f32]) -> Vec<u8> {
+    if dtype == DType::F32 {
+        return Vec::new();
+    }
     let per = dtype.row_bytes(HD).unwrap();
     let mut out = vec![0u8; rows.len() / HD * per];
     for (r, o) in rows.chunks_exact(HD).zip(out.chunks_exact_mut(per)) {
@@ -61,16 +64,35 @@ fn bench(c: &mut Criterion) {
             )
         })
     });
-    for dtype in [DType::Q8_0, DType::Q4_0] {
-        let (kb, vb) = (blocks(dtype, &k), blocks(dtype, &v));
+    let pairs = [
+        (DType::Q8_0, DType::Q8_0),
+        (DType::Q4_0, DType::Q4_0),
+        (DType::Q8_0, DType::F32),
+        (DType::F32, DType::Q8_0),
+    ];
+    for (kt, vt) in pairs {
+        let (kb, vb) = (blocks(kt, &k), blocks(vt, &v));
+        let side = |dtype: DType, b: &'static [u8], f: &'static [f32]| match dtype {
+            DType::F32 => KvRows::F32(f),
+            _ => KvRows::Blocks(dtype, b),
+        };
+        let (kb, vb): (&'static [u8], &'static [u8]) = (kb.leak(), vb.leak());
+        let (kf, vf): (&'static [f32], &'static [f32]) = (k.clone().leak(), v.clone().leak());
         let cache = KvHeadCache {
-            keys: KvRows::Blocks(dtype, &kb),
-            values: KvRows::Blocks(dtype, &vb),
+            keys: side(kt, kb, kf),
+            values: side(vt, vb, vf),
             stride: HD,
         };
+        let bytes = |dtype: DType, b: &[u8]| {
+            if dtype == DType::F32 {
+                N_POS * HD * 4
+            } else {
+                b.len()
+            }
+        };
         let mut scratch = KvScratch::default();
-        g.throughput(Throughput::Bytes((kb.len() + vb.len()) as u64));
-        g.bench_function(BenchmarkId::new(dtype.to_string(), N_POS), |b| {
+        g.throughput(Throughput::Bytes((bytes(kt, kb) + bytes(vt, vb)) as u64));
+        g.bench_function(BenchmarkId::new(format!("{kt}/{vt}"), N_POS), |b| {
             b.iter(|| {
                 attend_head_kv(
                     &q,
