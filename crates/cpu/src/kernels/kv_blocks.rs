@@ -8,10 +8,12 @@
 //! 3. out = Σ_p w_p · v_p from each value block dequantized on the fly (w_p·d per block times
 //!    its integers, plus w_p·m for q4_1).
 //!
-//! One body, `#[inline(always)]`, generic over the block format ([`KvBlock`]): the scalar level
-//! calls it as portable Rust, the AVX2 level from a `#[target_feature]` function so the same
-//! loops compile to 256-bit integer and float code. Every level gives the same bits (integer
-//! sums are exact in any order; every float operation is in the same order).
+//! One body, `#[inline(always)]`, generic over the block format ([`KvBlock`]) and over a SIMD
+//! level's two block loops ([`KvPasses`]): the scalar level runs the portable loops
+//! ([`Portable`]), the AVX2 level its intrinsics (`super::avx2::kv_passes`: byte-pair
+//! products for the integer dot, the output held in registers while the value blocks stream
+//! by). Every level gives the same bits (integer sums are exact in any order; every float
+//! operation is the same, in the same order).
 
 use half::f16;
 use powerinfer_core::DType;
@@ -29,43 +31,74 @@ fn f16_at(b: &[u8], at: usize) -> f32 {
     f16::from_bits(u16::from_le_bytes([b[at], b[at + 1]])).to_f32()
 }
 
-/// A block format of the cache: how one block dots with a q8_0 query block and adds into an
-/// output row.
-trait KvBlock {
+/// Where a block's 32 integers are and how they are stored.
+#[derive(Clone, Copy)]
+pub(crate) enum Ints {
+    /// 32 signed bytes from byte `.0`.
+    Bytes(usize),
+    /// 16 bytes from byte `at`: value j in byte j's low nibble, j + 16 in its high one, each
+    /// less `bias`.
+    Nibbles { at: usize, bias: i32 },
+}
+
+/// A block format of the cache: where its integers are ([`Ints`]), how their dot with a q8_0
+/// query block is scaled, and the coefficients of its values.
+pub(crate) trait KvBlock {
     /// Bytes per block.
     const BYTES: usize;
-    /// Σ_i q_i·k_i for the block `b` and a query block (`dq` its scale, `qs` its 32 integers,
-    /// `qsum` their sum).
-    fn dot(b: &[u8], dq: f32, qs: &[i8], qsum: i32) -> f32;
-    /// out[i] += w · v_i for the block's 32 values.
-    fn axpy(b: &[u8], w: f32, out: &mut [f32]);
+    /// The block's integers.
+    const INTS: Ints;
+    /// The block's term of q·k from `isum` = Σ_i q_i·k_i over its integers (`dq` the query
+    /// block's scale, `qsum` the sum of its integers).
+    fn scale(b: &[u8], dq: f32, isum: i32, qsum: i32) -> f32;
+    /// (c, m) with the block's value i = c·k_i + m times the weight `w` (m unused for
+    /// [`Ints::Bytes`]).
+    fn coeffs(b: &[u8], w: f32) -> (f32, f32);
 }
 
 /// q8_0: d, 32 × i8.
-struct Q8_0;
-/// q4_0: d, 16 bytes (value j in byte j's low nibble, j + 16 in its high one), v = d·(n − 8).
-struct Q4_0;
-/// q4_1: d, m, 16 bytes as q4_0's, v = d·n + m.
-struct Q4_1;
+pub(crate) struct Q8_0;
+/// q4_0: d, 16 nibble bytes, v = d·(n − 8).
+pub(crate) struct Q4_0;
+/// q4_1: d, m, 16 nibble bytes, v = d·n + m.
+pub(crate) struct Q4_1;
 
 impl KvBlock for Q8_0 {
     const BYTES: usize = 34;
+    const INTS: Ints = Ints::Bytes(2);
     #[inline(always)]
-    fn dot(b: &[u8], dq: f32, qs: &[i8], _: i32) -> f32 {
-        let ks = &b[2..2 + QK];
-        let mut s = 0i32;
-        // i8 · i8 fits i16 (at most 128²): 16-bit products, which vectorise to pair sums.
-        for (&k, &q) in ks.iter().zip(&qs[..QK]) {
-            s += i32::from(k as i8 as i16 * q as i16);
-        }
-        (f16_at(b, 0) * dq) * s as f32
+    fn scale(b: &[u8], dq: f32, isum: i32, _: i32) -> f32 {
+        (f16_at(b, 0) * dq) * isum as f32
     }
     #[inline(always)]
-    fn axpy(b: &[u8], w: f32, out: &mut [f32]) {
-        let c = w * f16_at(b, 0);
-        for (o, &k) in out[..QK].iter_mut().zip(&b[2..2 + QK]) {
-            *o += c * (k as i8 as f32);
-        }
+    fn coeffs(b: &[u8], w: f32) -> (f32, f32) {
+        (w * f16_at(b, 0), 0.0)
+    }
+}
+
+impl KvBlock for Q4_0 {
+    const BYTES: usize = 18;
+    const INTS: Ints = Ints::Nibbles { at: 2, bias: 8 };
+    #[inline(always)]
+    fn scale(b: &[u8], dq: f32, isum: i32, _: i32) -> f32 {
+        (f16_at(b, 0) * dq) * isum as f32
+    }
+    #[inline(always)]
+    fn coeffs(b: &[u8], w: f32) -> (f32, f32) {
+        (w * f16_at(b, 0), 0.0)
+    }
+}
+
+impl KvBlock for Q4_1 {
+    const BYTES: usize = 20;
+    const INTS: Ints = Ints::Nibbles { at: 4, bias: 0 };
+    #[inline(always)]
+    fn scale(b: &[u8], dq: f32, isum: i32, qsum: i32) -> f32 {
+        (f16_at(b, 0) * dq) * isum as f32 + f16_at(b, 2) * (dq * qsum as f32)
+    }
+    #[inline(always)]
+    fn coeffs(b: &[u8], w: f32) -> (f32, f32) {
+        (w * f16_at(b, 0), w * f16_at(b, 2))
     }
 }
 
@@ -90,28 +123,78 @@ fn nibble_axpy(ns: &[u8], c: f32, m: f32, bias: i32, out: &mut [f32]) {
     }
 }
 
-impl KvBlock for Q4_0 {
-    const BYTES: usize = 18;
-    #[inline(always)]
-    fn dot(b: &[u8], dq: f32, qs: &[i8], _: i32) -> f32 {
-        (f16_at(b, 0) * dq) * nibble_dot(&b[2..], qs, 8) as f32
-    }
-    #[inline(always)]
-    fn axpy(b: &[u8], w: f32, out: &mut [f32]) {
-        nibble_axpy(&b[2..], w * f16_at(b, 0), 0.0, 8, out);
+/// Σ_i q_i·k_i over block `b`'s integers and a query block's.
+#[inline(always)]
+fn int_dot<B: KvBlock>(b: &[u8], qs: &[i8]) -> i32 {
+    match B::INTS {
+        Ints::Bytes(at) => {
+            let mut s = 0i32;
+            // i8 · i8 fits i16 (at most 128²): 16-bit products, which vectorise to pair sums.
+            for (&k, &q) in b[at..at + QK].iter().zip(&qs[..QK]) {
+                s += i32::from(k as i8 as i16 * q as i16);
+            }
+            s
+        }
+        Ints::Nibbles { at, bias } => nibble_dot(&b[at..], qs, bias),
     }
 }
 
-impl KvBlock for Q4_1 {
-    const BYTES: usize = 20;
+/// out[i] += w · v_i for block `b`'s 32 values.
+#[inline(always)]
+fn block_axpy<B: KvBlock>(b: &[u8], w: f32, out: &mut [f32]) {
+    let (c, m) = B::coeffs(b, w);
+    match B::INTS {
+        Ints::Bytes(at) => {
+            for (o, &k) in out[..QK].iter_mut().zip(&b[at..at + QK]) {
+                *o += c * (k as i8 as f32);
+            }
+        }
+        Ints::Nibbles { at, bias } => nibble_axpy(&b[at..], c, m, bias, out),
+    }
+}
+
+/// A SIMD level's loops over the block side of a head (the portable ones: [`Portable`]).
+/// Every level's must give [`Portable`]'s bits: the integer sums are exact, and each output
+/// is the same float operations in the same order.
+pub(crate) trait KvPasses {
+    /// scores[p] = Σ_blocks B::scale(key block, its dot with the query block), blocks in
+    /// order, for positions `0..n_pos`.
+    fn scores<B: KvBlock>(k: &[u8], pos_bytes: usize, n_pos: usize, s: &KvScratch, out: &mut [f32]);
+    /// out += Σ_p w[p] · v_p over value blocks, positions in order for every output.
+    fn values<B: KvBlock>(v: &[u8], pos_bytes: usize, w: &[f32], out: &mut [f32]);
+}
+
+/// The portable loops (the scalar level; the reference of the others).
+pub(crate) struct Portable;
+
+impl KvPasses for Portable {
     #[inline(always)]
-    fn dot(b: &[u8], dq: f32, qs: &[i8], qsum: i32) -> f32 {
-        let isum = nibble_dot(&b[4..], qs, 0);
-        (f16_at(b, 0) * dq) * isum as f32 + f16_at(b, 2) * (dq * qsum as f32)
+    fn scores<B: KvBlock>(
+        k: &[u8],
+        pos_bytes: usize,
+        n_pos: usize,
+        s: &KvScratch,
+        out: &mut [f32],
+    ) {
+        let nb = s.qd.len();
+        for (p, o) in out.iter_mut().enumerate().take(n_pos) {
+            let row = &k[p * pos_bytes..p * pos_bytes + nb * B::BYTES];
+            let mut acc = 0f32;
+            for (i, b) in row.chunks_exact(B::BYTES).enumerate() {
+                acc += B::scale(b, s.qd[i], int_dot::<B>(b, &s.qs[i * QK..]), s.qsum[i]);
+            }
+            *o = acc;
+        }
     }
     #[inline(always)]
-    fn axpy(b: &[u8], w: f32, out: &mut [f32]) {
-        nibble_axpy(&b[4..], w * f16_at(b, 0), w * f16_at(b, 2), 0, out);
+    fn values<B: KvBlock>(v: &[u8], pos_bytes: usize, w: &[f32], out: &mut [f32]) {
+        let nb = out.len() / QK;
+        for (p, &wp) in w.iter().enumerate() {
+            let row = &v[p * pos_bytes..p * pos_bytes + nb * B::BYTES];
+            for (b, o) in row.chunks_exact(B::BYTES).zip(out.chunks_exact_mut(QK)) {
+                block_axpy::<B>(b, wp, o);
+            }
+        }
     }
 }
 
@@ -154,41 +237,13 @@ fn quantize_query(q: &[f32], scratch: &mut KvScratch) {
     }
 }
 
-/// scores[p] = Σ_blocks dot(key block, query block) for positions `0..n_pos`.
-#[inline(always)]
-fn block_scores<B: KvBlock>(
-    keys: &[u8],
-    pos_bytes: usize,
-    n_pos: usize,
-    s: &KvScratch,
-    scores: &mut [f32],
-) {
-    let nb = s.qd.len();
-    for (p, out) in scores.iter_mut().enumerate().take(n_pos) {
-        let row = &keys[p * pos_bytes..p * pos_bytes + nb * B::BYTES];
-        let mut acc = 0f32;
-        for (i, b) in row.chunks_exact(B::BYTES).enumerate() {
-            acc += B::dot(b, s.qd[i], &s.qs[i * QK..], s.qsum[i]);
-        }
-        *out = acc;
-    }
-}
-
-/// out += Σ_p w[p] · v_p over value blocks.
-#[inline(always)]
-fn block_values<B: KvBlock>(values: &[u8], pos_bytes: usize, w: &[f32], out: &mut [f32]) {
-    let nb = out.len() / QK;
-    for (p, &wp) in w.iter().enumerate() {
-        let row = &values[p * pos_bytes..p * pos_bytes + nb * B::BYTES];
-        for (b, o) in row.chunks_exact(B::BYTES).zip(out.chunks_exact_mut(QK)) {
-            B::axpy(b, wp, o);
-        }
-    }
-}
-
 /// The head's attention into `out` (sizes checked by the op; see the module header).
 #[inline(always)]
-pub(crate) fn attend_head_kv(head: &KvHead<'_>, scratch: &mut KvScratch, out: &mut [f32]) {
+pub(crate) fn attend_head_kv<L: KvPasses>(
+    head: &KvHead<'_>,
+    scratch: &mut KvScratch,
+    out: &mut [f32],
+) {
     let (q, n_pos, stride) = (head.q, head.n_pos, head.cache.stride);
     let hd = q.len();
     let mut scores = std::mem::take(&mut scratch.scores);
@@ -203,7 +258,7 @@ pub(crate) fn attend_head_kv(head: &KvHead<'_>, scratch: &mut KvScratch, out: &m
         KvRows::Blocks(dtype, k) => {
             quantize_query(q, scratch);
             let pos_bytes = stride / QK * dtype.block_bytes();
-            with_block!(dtype, B => block_scores::<B>(k, pos_bytes, n_pos, scratch, &mut scores));
+            with_block!(dtype, B => L::scores::<B>(k, pos_bytes, n_pos, scratch, &mut scores));
         }
     }
     for s in scores.iter_mut() {
@@ -228,7 +283,7 @@ pub(crate) fn attend_head_kv(head: &KvHead<'_>, scratch: &mut KvScratch, out: &m
         }
         KvRows::Blocks(dtype, v) => {
             let pos_bytes = stride / QK * dtype.block_bytes();
-            with_block!(dtype, B => block_values::<B>(v, pos_bytes, &scores, out));
+            with_block!(dtype, B => L::values::<B>(v, pos_bytes, &scores, out));
         }
     }
     scratch.scores = scores;
@@ -236,5 +291,5 @@ pub(crate) fn attend_head_kv(head: &KvHead<'_>, scratch: &mut KvScratch, out: &m
 
 /// [`attend_head_kv`] in portable Rust (the scalar level).
 pub(crate) fn attend_head_kv_portable(head: &KvHead<'_>, scratch: &mut KvScratch, out: &mut [f32]) {
-    attend_head_kv(head, scratch, out)
+    attend_head_kv::<Portable>(head, scratch, out)
 }

@@ -25,6 +25,7 @@ mod int8_rows;
 mod int_tile;
 pub(crate) mod interleaved;
 mod kquant;
+mod kv_passes;
 mod q4_axpy;
 mod quant;
 mod read;
@@ -546,8 +547,9 @@ pub(crate) fn block_values(vb: &ValueBlock<'_>, out: &mut [f32], out_stride: usi
     unsafe { attend_block::values(vb, out, out_stride) }
 }
 
-/// One head over a cache with block-format keys or values: the portable body of
-/// [`crate::kernels::kv_blocks`] compiled for AVX2/FMA/F16C.
+/// One head over a cache with block-format keys or values: the body of
+/// [`crate::kernels::kv_blocks`] compiled for AVX2/FMA/F16C, with its block loops in
+/// intrinsics (`kv_passes`).
 pub(crate) fn attend_head_kv(head: &KvHead<'_>, scratch: &mut KvScratch, out: &mut [f32]) {
     debug_check_level();
     // SAFETY: features detected by the dispatcher; the body is safe Rust (bounds-checked
@@ -557,7 +559,7 @@ pub(crate) fn attend_head_kv(head: &KvHead<'_>, scratch: &mut KvScratch, out: &m
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn attend_head_kv_avx2(head: &KvHead<'_>, scratch: &mut KvScratch, out: &mut [f32]) {
-    crate::kernels::kv_blocks::attend_head_kv(head, scratch, out)
+    crate::kernels::kv_blocks::attend_head_kv::<kv_passes::Avx2>(head, scratch, out)
 }
 
 /// One attention head (see [`attend::attend_head`]).
