@@ -103,6 +103,9 @@ pub(crate) fn attention_block(
                 };
                 attend_pass(&shape, arith, kv, l, s, n);
             }
+            AttnStep::Mla(p) => {
+                crate::mla::mla_attention(c, lw, l, p, kv, s, n, angles)?;
+            }
             AttnStep::Output { bias } => {
                 if let Some(p) = profiler.as_deref_mut() {
                     p.record_site(l, Site::AttnOut, &s.att);
@@ -140,7 +143,7 @@ pub(crate) fn attention_block(
 /// The attention of the pass's `n` rows in `s.q`/`s.k`/`s.v` into `s.att`, their keys and
 /// values written into their caches first: one context's run in `arith`, or each slot's rows
 /// over its own cache as decode steps.
-fn attend_pass(
+pub(crate) fn attend_pass(
     shape: &AttnShape,
     arith: Arith,
     kv: &mut Kv<'_, '_>,

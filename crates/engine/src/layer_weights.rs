@@ -54,6 +54,10 @@ pub struct LayerWeights {
     /// Biases of the FFN's activated input projection (ffn wide) and of its down projection
     /// (dim wide) (`ffn_bias`).
     pub ffn_bias: Option<[Vec<f32>; 2]>,
+    /// A latent-attention layer's query compression, latent norm and per-head absorptions
+    /// (DeepSeek-V2/V3); `wq` is then `attn_q_b` (or `attn_q`), `wk` `attn_kv_a_mqa` and `wv`
+    /// the same matrix again (never read).
+    pub mla: Option<crate::mla::MlaWeights>,
 }
 
 /// Which of a model's matrices are interleaved at load where their format has the layout
@@ -225,9 +229,15 @@ impl LayerWeights {
             map: tensors,
             norm_offset: c.arch.norm_offset,
         };
-        let wq = Matrix::Rows(t.take("attn_q")?);
-        let wk = Matrix::Rows(t.take("attn_k")?);
-        let wv = Matrix::Rows(t.take("attn_v")?);
+        let (wq, wk, wv, mla) = match c.arch.mla.is_mla() {
+            true => take_mla(c, &mut t)?,
+            false => (
+                Matrix::Rows(t.take("attn_q")?),
+                Matrix::Rows(t.take("attn_k")?),
+                Matrix::Rows(t.take("attn_v")?),
+                None,
+            ),
+        };
         let wo = Matrix::Rows(t.take("attn_output")?);
         let ffn = match c.is_moe_layer(i) {
             true => take_moe_ffn(c, &mut t)?,
@@ -263,6 +273,7 @@ impl LayerWeights {
             norm_bias: biases.norm,
             out_bias: biases.out,
             ffn_bias: biases.ffn,
+            mla,
         };
         Ok((layer, ffn.down_t))
     }
@@ -272,16 +283,47 @@ impl LayerWeights {
     /// read expert by expert, never whole, so they keep the file's rows.
     pub(crate) fn interleave(&mut self, layouts: Layouts) -> Result<()> {
         let ffn = layouts.ffn && self.moe.is_none();
-        let attn = [&mut self.wq, &mut self.wk, &mut self.wv, &mut self.wo];
+        let attn = [&mut self.wq, &mut self.wk, &mut self.wo];
         let ffn_mats = [&mut self.w_gate, &mut self.w_up, &mut self.w_down];
         for m in attn.into_iter().filter(|_| layouts.attention) {
             repack(m)?;
+        }
+        match &mut self.mla {
+            // `wv` is `wk` again, never read: not repacked a second time.
+            Some(mla) => {
+                if let (true, Some((q_a, _))) = (layouts.attention, &mut mla.q_a) {
+                    repack(q_a)?;
+                }
+            }
+            None if layouts.attention => repack(&mut self.wv)?,
+            None => {}
         }
         for m in ffn_mats.into_iter().filter(|_| ffn) {
             repack(m)?;
         }
         Ok(())
     }
+}
+
+/// A latent-attention layer's `wq` (`attn_q_b`, or `attn_q` without a query compression),
+/// `wk` (`attn_kv_a_mqa`), `wv` (the same again) and the rest of its weights.
+fn take_mla(
+    c: &ModelConfig,
+    t: &mut LayerTensors<'_>,
+) -> Result<(Matrix, Matrix, Matrix, Option<crate::mla::MlaWeights>)> {
+    let (wq, q_a) = match c.arch.mla.q_lora_rank {
+        0 => (t.take("attn_q")?, None),
+        _ => {
+            let q_a = (t.take("attn_q_a")?, t.norm("attn_q_a_norm")?);
+            (t.take("attn_q_b")?, Some(q_a))
+        }
+    };
+    let kv_a = t.take("attn_kv_a_mqa")?;
+    let kv_norm = t.norm("attn_kv_a_norm")?;
+    let (k_b, v_b) = (t.take("attn_k_b")?, t.take("attn_v_b")?);
+    let mla = crate::mla::MlaWeights::new(c, q_a, kv_norm, &k_b, &v_b)?;
+    let wk = Matrix::Rows(kv_a.clone());
+    Ok((Matrix::Rows(wq), wk, Matrix::Rows(kv_a), Some(mla)))
 }
 
 /// `m` in its interleaved layout where its format has one ([`Matrix::for_products`]).

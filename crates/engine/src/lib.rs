@@ -18,6 +18,7 @@ pub mod kv_cache;
 mod kv_rotation;
 pub mod layer;
 pub mod layer_weights;
+pub mod mla;
 pub mod modes;
 pub mod moe;
 mod moe_pass;

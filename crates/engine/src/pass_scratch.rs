@@ -79,6 +79,7 @@ pub struct Scratch {
     pub(crate) ffn: FfnScratch,
     pub(crate) input: InputScratch,
     pub(crate) moe: MoeScratch,
+    pub(crate) mla: crate::mla::MlaScratch,
     /// How the current pass multiplies several tokens (set by [`forward`]).
     pub(crate) arith: Arith,
 }

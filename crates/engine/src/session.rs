@@ -70,7 +70,10 @@ impl Session {
             0 => c.max_context,
             n => n.min(c.max_context),
         };
-        let cache = KvCache::new(c.n_layers, c.kv_dim(), n_ctx);
+        let cache = match c.arch.mla.is_mla() {
+            true => KvCache::latent(c.n_layers, c.kv_dim(), n_ctx),
+            false => KvCache::new(c.n_layers, c.kv_dim(), n_ctx),
+        };
         Session {
             model,
             cache,

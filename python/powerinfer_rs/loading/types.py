@@ -124,6 +124,13 @@ MOE_DEFAULTS: dict[str, object] = {
     "expert_groups": 0,
     "expert_groups_used": 0,
 }
+#: The latent-attention fields DeepSeek-V2/V3 added (0: ordinary attention), likewise.
+MLA_DEFAULTS: dict[str, object] = {
+    "mla_kv_lora_rank": 0,
+    "mla_q_lora_rank": 0,
+    "mla_qk_nope": 0,
+    "mla_v_head_dim": 0,
+}
 
 #: The model config, declared once by the engine (crates/py/src/config.rs): built with
 #: keywords (``arch``, the eight sizes, ``rms_eps``, ``rope_theta``, ``rope_style`` and
@@ -251,7 +258,7 @@ def fingerprint(config: ModelConfig, tensors: dict[str, TensorData], sample: int
     """
     h = hashlib.sha256()
     fields = config.to_dict()
-    for k, none in {**ROPE_DEFAULTS, **MOE_DEFAULTS}.items():
+    for k, none in {**ROPE_DEFAULTS, **MOE_DEFAULTS, **MLA_DEFAULTS}.items():
         if fields.get(k) == none:
             del fields[k]
     h.update(json.dumps(fields, sort_keys=True).encode())
