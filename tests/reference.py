@@ -237,7 +237,8 @@ def reference_forward(
             if c.n_expert and i >= c.dense_lead_layers:
                 x = x + moe_ffn(c, w, p, h, h, act, None if moe_trace is None else (moe_trace, i))
             else:
-                x = x + (act(h @ w[p + "ffn_gate"].T) * (h @ w[p + "ffn_up"].T)) @ w[p + "ffn_down"].T
+                g, u = act(h @ w[p + "ffn_gate"].T), h @ w[p + "ffn_up"].T
+                x = x + (g * u) @ w[p + "ffn_down"].T
             continue
         q, k, v = (h @ w[p + f"attn_{x}"].T for x in "qkv")
         if c.qkv_bias:
@@ -318,7 +319,8 @@ def mla_attention(c, w, p: str, h: np.ndarray, pos: np.ndarray, mask: np.ndarray
     n, nh = h.shape[0], c.n_heads
     r, rot, nope, vd = c.mla_kv_lora_rank, c.rotary_dims, c.mla_qk_nope, c.mla_v_head_dim
     if c.mla_q_lora_rank:
-        q = rms_norm(h @ w[p + "attn_q_a"].T, w[p + "attn_q_a_norm"], c.rms_eps) @ w[p + "attn_q_b"].T
+        qa = rms_norm(h @ w[p + "attn_q_a"].T, w[p + "attn_q_a_norm"], c.rms_eps)
+        q = qa @ w[p + "attn_q_b"].T
     else:
         q = h @ w[p + "attn_q"].T
     q = q.reshape(n, nh, nope + rot)

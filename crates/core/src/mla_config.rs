@@ -70,3 +70,65 @@ impl MlaFeatures {
         self.qk_nope + rope_dims
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::testing::tiny_config;
+    use crate::{Activation, Error, ModelConfig, RopeStyle};
+
+    /// A DeepSeek-like config: 4 heads over a latent of 32 with 16 rotated dims.
+    fn mla(q_lora_rank: usize) -> ModelConfig {
+        let mut c = tiny_config(Activation::Silu);
+        (c.n_heads, c.n_kv_heads, c.head_dim, c.rope.dims) = (4, 1, 48, 16);
+        c.rope_style = RopeStyle::Norm;
+        c.arch.mla = super::MlaFeatures {
+            kv_lora_rank: 32,
+            q_lora_rank,
+            qk_nope: 24,
+            v_head_dim: 20,
+        };
+        c
+    }
+
+    #[test]
+    fn the_latent_attention_lists_its_tensors_and_checks_its_widths() {
+        let c = mla(40);
+        c.validate().unwrap();
+        let l = c.layer_tensors();
+        let get = |n: &str| l.iter().find(|t| t.name == n).map(|t| (t.rows, t.cols));
+        let d = c.dim;
+        assert_eq!(get("attn_q_a"), Some((40, d)));
+        assert_eq!(get("attn_q_b"), Some((4 * 40, 40)));
+        assert_eq!(get("attn_kv_a_mqa"), Some((48, d)));
+        assert_eq!(get("attn_k_b"), Some((4 * 32, 24)));
+        assert_eq!(get("attn_v_b"), Some((4 * 20, 32)));
+        assert_eq!(get("attn_output"), Some((d, 4 * 20)));
+        assert_eq!(
+            (get("attn_q"), get("attn_k"), get("attn_v")),
+            (None, None, None)
+        );
+        let lite = mla(0).layer_tensors();
+        assert!(lite.iter().any(|t| t.name == "attn_q" && t.rows == 4 * 40));
+        assert_eq!(
+            c.kv_dim(),
+            48,
+            "one cached row: the latent and the rotated key"
+        );
+        let bad = |f: fn(&mut ModelConfig)| {
+            let mut c = mla(40);
+            f(&mut c);
+            c.validate().unwrap_err()
+        };
+        assert!(matches!(bad(|c| c.n_kv_heads = 2), Error::Shape(_)));
+        assert!(matches!(bad(|c| c.head_dim = 50), Error::Shape(_)));
+        assert!(matches!(bad(|c| c.arch.mla.qk_nope = 0), Error::Shape(_)));
+        assert!(matches!(
+            bad(|c| c.rope_style = RopeStyle::Neox),
+            Error::Unsupported(_)
+        ));
+        assert!(matches!(
+            c.refuse_dense_lead("a sparse mode"),
+            Err(Error::Unsupported(_))
+        ));
+    }
+}

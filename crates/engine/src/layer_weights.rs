@@ -57,7 +57,7 @@ pub struct LayerWeights {
     /// A latent-attention layer's query compression, latent norm and per-head absorptions
     /// (DeepSeek-V2/V3); `wq` is then `attn_q_b` (or `attn_q`), `wk` `attn_kv_a_mqa` and `wv`
     /// the same matrix again (never read).
-    pub mla: Option<crate::mla::MlaWeights>,
+    pub mla: Option<crate::mla_weights::MlaWeights>,
 }
 
 /// Which of a model's matrices are interleaved at load where their format has the layout
@@ -310,7 +310,12 @@ impl LayerWeights {
 fn take_mla(
     c: &ModelConfig,
     t: &mut LayerTensors<'_>,
-) -> Result<(Matrix, Matrix, Matrix, Option<crate::mla::MlaWeights>)> {
+) -> Result<(
+    Matrix,
+    Matrix,
+    Matrix,
+    Option<crate::mla_weights::MlaWeights>,
+)> {
     let (wq, q_a) = match c.arch.mla.q_lora_rank {
         0 => (t.take("attn_q")?, None),
         _ => {
@@ -321,7 +326,7 @@ fn take_mla(
     let kv_a = t.take("attn_kv_a_mqa")?;
     let kv_norm = t.norm("attn_kv_a_norm")?;
     let (k_b, v_b) = (t.take("attn_k_b")?, t.take("attn_v_b")?);
-    let mla = crate::mla::MlaWeights::new(c, q_a, kv_norm, &k_b, &v_b)?;
+    let mla = crate::mla_weights::MlaWeights::new(c, q_a, kv_norm, &k_b, &v_b)?;
     let wk = Matrix::Rows(kv_a.clone());
     Ok((Matrix::Rows(wq), wk, Matrix::Rows(kv_a), Some(mla)))
 }
