@@ -183,6 +183,31 @@ def test_a_kv_snapshot_round_trip(files):
     np.testing.assert_array_equal(b.feed(ids[7:]), a.feed(ids[7:]))
 
 
+def test_decode_slots_over_latent_caches_equal_each_session_alone(files):
+    """Several sessions' decode steps in one pass (the server's slots), each over its own
+    latent cache: every row equals that session's own step bit for bit."""
+    from powerinfer_rs import _core
+
+    m = load_model(files("gguf"))
+    eng = Engine(m, threads=2)
+    prompts = [ids_for(m, n=k, seed=k) for k in (3, 6, 9)]
+
+    def sessions(shared: bool):
+        out = []
+        for p in prompts:
+            s = _core.Session(eng._model, 2, 64, threads_of=eng.core_session if shared else None)
+            s.feed(p)
+            out.append(s)
+        return out
+
+    slots, alone = sessions(True), sessions(False)
+    for toks in ([[42], [7, 99, 5], [100]], [[3], [4], [5, 6]]):
+        got = _core.decode_slots(slots, toks)
+        for r, t, g in zip(alone, toks, got):
+            want = r.decode(t) if len(t) > 1 else r.feed(t)
+            np.testing.assert_array_equal(g, want)
+
+
 @pytest.mark.parametrize("kv", ["q8_0", "q4_0", "q8_0/f16", "f32/f16"])
 def test_quantized_or_mixed_kv_caches_are_refused(files, kv):
     m = load_model(files("gguf"))
@@ -297,6 +322,48 @@ def test_logits_within_llama_cpps_distance_and_64_greedy_tokens(files, kind):
     assert err["ours"][1] <= max(err["llama.cpp"][1], 1e-9)
     if kind == "gguf":
         assert engine_greedy(eng, prompt, 64) == llama_greedy(llm, prompt, 64)
+
+
+def test_yarn_as_llama_cpp_scales_deepseek(tmp_path):
+    """DeepSeek-V2-Lite's YaRN (factor over the original context, mscale_all_dim 0.707): the
+    frequencies ramp, the rotation keeps magnitude 1 and the scores take mscale² (llama.cpp's
+    yarn_log_multiplier fix); our logits and 64 greedy tokens against llama.cpp's, on a prompt
+    past the original context of 64, and the reference; without the multiplier: refused."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from powerinfer_rs.loading.gguf_loader import config_from_metadata
+
+    spec = DeepseekSpec(v3=False, yarn_factor=8.0, yarn_original=64, seed=7)
+    path = write_deepseek_gguf(tmp_path / "yarn.gguf", spec)
+    m = load_model(path)
+    c = m.config
+    mscale = 1.0 + 0.1 * 0.707 * np.log(8.0)
+    assert c.attn_scale == pytest.approx(mscale**2 / np.sqrt(48), rel=1e-5)
+    assert c.rope_attn_factor == 0.0 and len(c.rope_freq_factors) == 8
+    prompt = ids_for(m, n=80, seed=9)
+    llm = llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=160,
+        n_threads=2,
+        n_threads_batch=2,
+        logits_all=True,
+        type_k=0,
+        type_v=0,
+        verbose=False,
+    )
+    llm.eval(prompt)
+    theirs = np.asarray(llm.scores[: len(prompt)], dtype=np.float64)
+    eng = exact_kv_engine(m, threads=2)
+    ours = eng.logits(prompt).astype(np.float64)
+    ref = reference_logits(m, prompt)
+    err = {k: distance(v, ref) for k, v in (("ours", ours), ("llama.cpp", theirs))}
+    print("deepseek2 YaRN vs the float64 reference (max rel, mean KL):", err)
+    assert distance(ours, theirs)[0] <= 1e-4
+    assert err["ours"][0] <= max(err["llama.cpp"][0], 1e-5)
+    assert engine_greedy(eng, prompt[:8], 64) == llama_greedy(llm, prompt[:8], 64)
+    meta = dict(open_gguf(path).metadata)
+    del meta["deepseek2.rope.scaling.yarn_log_multiplier"]
+    with pytest.raises(UnsupportedError, match="yarn_log_multiplier"):
+        config_from_metadata(meta, None)
 
 
 def distance(logits: np.ndarray, ref: np.ndarray) -> tuple[float, float]:

@@ -244,8 +244,7 @@ def _deepseek2_experts(meta: dict[str, Any], cfg: ModelConfig) -> int:
     ``leading_dense_block_count`` (default 0), ``expert_gating_func`` (1 softmax, 2 sigmoid;
     absent: softmax, DeepSeek-V2's), ``expert_weights_norm`` (default false),
     ``expert_weights_scale`` (default: none), ``expert_group_count`` /
-    ``expert_group_used_count`` (default: no groups). YaRN's scaling of the attention
-    (``rope.scaling.yarn_log_multiplier``, DeepSeek's mscale) is not implemented: refused."""
+    ``expert_group_used_count`` (default: no groups). YaRN: :func:`_deepseek2_yarn`."""
     a = "deepseek2"
     cfg.mla_kv_lora_rank = _int(meta, f"{a}.attention.kv_lora_rank")
     lite = cfg.n_layers in (26, 27, 48)
@@ -262,10 +261,7 @@ def _deepseek2_experts(meta: dict[str, Any], cfg: ModelConfig) -> int:
     cfg.mla_v_head_dim = _int(meta, f"{a}.attention.value_length_mla")
     if _int(meta, f"{a}.attention.value_length") != cfg.mla_kv_lora_rank:
         raise ShapeError(f"{a}.attention.value_length is not kv_lora_rank")
-    if f"{a}.rope.scaling.yarn_log_multiplier" in meta or cfg.rope_attn_factor:
-        raise UnsupportedError(
-            f"{a} with YaRN scaling (DeepSeek's mscale of the attention is not implemented)"
-        )
+    _deepseek2_yarn(meta, cfg)
     expert_ffn = _int(meta, f"{a}.expert_feed_forward_length")
     cfg.shared_ffn_dim = expert_ffn * _int(meta, f"{a}.expert_shared_count")
     cfg.dense_lead_layers = _int(meta, f"{a}.leading_dense_block_count", 0)
@@ -284,6 +280,31 @@ def _deepseek2_experts(meta: dict[str, Any], cfg: ModelConfig) -> int:
         cfg.expert_groups = groups
         cfg.expert_groups_used = _int(meta, f"{a}.expert_group_used_count")
     return expert_ffn
+
+
+def _deepseek2_yarn(meta: dict[str, Any], cfg: ModelConfig) -> None:
+    """DeepSeek's YaRN as llama.cpp's deepseek2 graph applies it: the frequencies ramp as for
+    any YaRN file (``cfg``'s factors, already read), but the rotation keeps the magnitude
+    ``rope.scaling.attn_factor`` (default 1: llama.cpp cancels YaRN's ``0.1 ln(factor) + 1``
+    there) and the attention scores are scaled by ``mscale² / sqrt(qk_nope + rope)`` instead,
+    ``mscale = attn_factor · (1 + 0.1 · mscale_all_dim · ln(factor))`` with ``mscale_all_dim``
+    = ``rope.scaling.yarn_log_multiplier / 0.1`` (the converter writes 0.1 · mscale_all_dim),
+    as transformers' DeepSeek attention scales its softmax. YaRN without that key is refused."""
+    a = "deepseek2"
+    if gguf_scaling_type(meta, a) != "yarn" or meta.get(f"{a}.rope.scaling.factor", 0.0) in (
+        0.0,
+        1.0,
+    ):
+        return
+    key = f"{a}.rope.scaling.yarn_log_multiplier"
+    if key not in meta:
+        raise UnsupportedError(f"{a} with YaRN but without {key}")
+    mscale_all = _float(meta, key, None) / 0.1
+    factor = _float(meta, f"{a}.rope.scaling.factor", None)
+    attn = _float(meta, f"{a}.rope.scaling.attn_factor", 1.0)
+    mscale = attn * (1.0 + 0.1 * mscale_all * float(np.log(factor)))
+    cfg.rope_attn_factor = 0.0 if attn == 1.0 else attn
+    cfg.attn_scale = mscale * mscale / float(np.sqrt(cfg.mla_qk_nope + cfg.rotary_dims))
 
 
 def _swa_pattern(meta: dict[str, Any], fam: Family, n_layers: int) -> int:

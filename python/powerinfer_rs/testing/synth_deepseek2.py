@@ -55,7 +55,26 @@ class DeepseekSpec:
     max_context: int = 256  # max_position_embeddings
     rope_theta: float = 10000.0
     rms_eps: float = 1e-6
+    #: YaRN (rope_scaling type "yarn": factor over original_max_position_embeddings, with
+    #: mscale = mscale_all_dim, as the published configs); 0: none.
+    yarn_factor: float = 0.0
+    yarn_original: int = 64
+    mscale_all_dim: float = 0.707
     seed: int = 0
+
+    def rope_scaling(self) -> dict | None:
+        """config.json's rope_scaling (DeepSeek-V2-Lite's keys), None without YaRN."""
+        if not self.yarn_factor:
+            return None
+        return {
+            "type": "yarn",
+            "factor": self.yarn_factor,
+            "original_max_position_embeddings": self.yarn_original,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": self.mscale_all_dim,
+            "mscale_all_dim": self.mscale_all_dim,
+        }
 
     def hf_config(self, torch_dtype: str = "float32") -> dict:
         """config.json as DeepseekV2Config / DeepseekV3Config writes it (the keys the real
@@ -98,7 +117,7 @@ class DeepseekSpec:
             "eos_token_id": EOS_ID,
             "tie_word_embeddings": False,
             "rope_theta": self.rope_theta,
-            "rope_scaling": None,
+            "rope_scaling": self.rope_scaling(),
             "attention_bias": False,
             "attention_dropout": 0.0,
             "torch_dtype": torch_dtype,
@@ -222,6 +241,12 @@ def _add_keys(w, s: DeepseekSpec) -> None:
     w.add_feed_forward_length(s.ffn)
     w.add_head_count(s.heads)
     w.add_head_count_kv(1)  # MLA as MQA
+    if s.yarn_factor:  # TextModel: rope_scaling's type, factor, original context, betas
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(s.yarn_factor)
+        w.add_rope_scaling_orig_ctx_len(s.yarn_original)
+        w.add_rope_scaling_yarn_beta_fast(32)
+        w.add_rope_scaling_yarn_beta_slow(1)
     w.add_rope_freq_base(s.rope_theta)
     w.add_layer_norm_rms_eps(s.rms_eps)
     w.add_expert_count(s.experts)
@@ -246,6 +271,8 @@ def _add_keys(w, s: DeepseekSpec) -> None:
     if c["norm_topk_prob"]:
         w.add_expert_weights_norm(True)
     w.add_rope_dimension_count(s.qk_rope)
+    if s.yarn_factor:  # [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]: 0.1 x mscale_all_dim
+        w.add_rope_scaling_yarn_log_mul(0.1 * s.mscale_all_dim)
 
 
 def write_deepseek_gguf(path: str | os.PathLike[str], s: DeepseekSpec) -> Path:
