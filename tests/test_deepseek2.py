@@ -211,7 +211,7 @@ def test_decode_slots_over_latent_caches_equal_each_session_alone(files):
 @pytest.mark.parametrize("kv", ["q8_0", "q4_0", "q8_0/f16", "f32/f16"])
 def test_quantized_or_mixed_kv_caches_are_refused(files, kv):
     m = load_model(files("gguf"))
-    with pytest.raises(UnsupportedError):
+    with pytest.raises(UnsupportedError, match="latent attention"):
         Engine(m, threads=2, kv_cache=kv).logits(ids_for(m, n=3))
 
 

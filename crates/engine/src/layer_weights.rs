@@ -97,6 +97,9 @@ impl Layouts {
         let which = match name.split('.').collect::<Vec<_>>()[..] {
             ["output"] => self.attention,
             ["blk", _, "attn_q" | "attn_k" | "attn_v" | "attn_output"] => self.attention,
+            // Latent attention's whole-matrix products (DeepSeek); its per-head attn_k_b and
+            // attn_v_b views stay the file's rows.
+            ["blk", _, "attn_q_a" | "attn_q_b" | "attn_kv_a_mqa"] => self.attention,
             ["blk", _, "ffn_gate" | "ffn_up" | "ffn_down"] => self.ffn,
             _ => false,
         };

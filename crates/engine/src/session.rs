@@ -174,7 +174,10 @@ impl Session {
         if t == self.cache.types() {
             return Ok(());
         }
-        t.check_head_dim(self.model.config.head_dim)?;
+        // A latent cache refuses block formats itself (its row is keys and values at once).
+        if !self.cache.is_latent() {
+            t.check_head_dim(self.model.config.head_dim)?;
+        }
         powerinfer_core::ensure!(
             self.hybrid.is_none() || (!t.is_quantized() && t.k == t.v),
             Unsupported,
