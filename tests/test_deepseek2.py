@@ -366,6 +366,29 @@ def test_yarn_as_llama_cpp_scales_deepseek(tmp_path):
         config_from_metadata(meta, None)
 
 
+def test_hf_yarn_is_the_gguf_conversions(tmp_path):
+    """The same YaRN from config.json's rope_scaling (transformers' semantics): the scores'
+    scale and the rotation's magnitude as its GGUF conversion's (which llama.cpp checks, above),
+    the frequencies within transformers' rounding of the ramp's corners (truncate), the engine
+    on the reference."""
+    spec = DeepseekSpec(v3=False, yarn_factor=8.0, yarn_original=64, seed=7)
+    hf = load_model(write_deepseek_hf(tmp_path / "hf", spec))
+    gg = load_model(write_deepseek_gguf(tmp_path / "yarn.gguf", spec))
+    assert hf.config.attn_scale == pytest.approx(gg.config.attn_scale, rel=1e-6)
+    assert hf.config.rope_attn_factor == gg.config.rope_attn_factor == 0.0
+    assert (hf.config.rotary_dims, hf.config.max_context) == (16, gg.config.max_context)
+    f_hf, f_gg = np.asarray(hf.config.rope_freq_factors), np.asarray(gg.config.rope_freq_factors)
+    assert f_hf.shape == f_gg.shape == (8,) and f_hf[0] == f_gg[0] == 1.0
+    assert f_hf[-1] == pytest.approx(8.0) and f_gg[-1] == pytest.approx(8.0)
+    ids = ids_for(hf, n=80, seed=9)
+    assert rel(exact_kv_engine(hf, threads=2).logits(ids), reference_logits(hf, ids)) <= REF_RTOL
+    cfg = json.loads((tmp_path / "hf" / "config.json").read_text())
+    cfg["rope_scaling"] = {"type": "linear", "factor": 2.0}
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedError, match="YaRN only"):
+        load_model(tmp_path / "hf")
+
+
 def distance(logits: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     """(largest relative logit error over the positions, mean KL(ref || logits))."""
     rows = np.abs(logits - ref).max(axis=1) / np.abs(ref).max(axis=1)

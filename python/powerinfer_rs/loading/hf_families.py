@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import ModelFileError, ShapeError, UnsupportedError
 from .archs import Family
+from .rope import hf_rope_fields, yarn_mscale
 from .types import TensorData
 
 
@@ -198,13 +199,16 @@ def deepseek_attention(cfg: dict[str, Any]) -> dict[str, Any]:
     ``q_lora_rank`` (null: one q_proj), ``qk_nope_head_dim``, ``qk_rope_head_dim`` (the rotated
     dims, adjacent pairs: the modeling code interleaves q_pe/k_pe before rotate_half),
     ``v_head_dim``; the cached row is ``kv_lora_rank + qk_rope_head_dim`` wide with one KV
-    head, as llama.cpp's converter writes it. RoPE scaling (V2/V3's YaRN with its mscale of
-    the attention) is refused."""
-    if cfg.get("rope_scaling"):
-        raise UnsupportedError("DeepSeek with rope_scaling (YaRN's mscale is not implemented)")
+    head, as llama.cpp's converter writes it. YaRN (V2/V3's ``rope_scaling``) as the modeling
+    code applies it: transformers' YaRN over the rope dims (its magnitude
+    ``get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)``), the softmax scale
+    times ``get_mscale(factor, mscale_all_dim)²`` where ``mscale_all_dim`` is set; other
+    scaling types are refused."""
     q_lora = cfg.get("q_lora_rank")
     r, rope = _count(cfg, "kv_lora_rank"), _count(cfg, "qk_rope_head_dim")
+    out = _deepseek_yarn(cfg, rope, _count(cfg, "qk_nope_head_dim") + rope)
     return {
+        **out,
         "mla_kv_lora_rank": r,
         "mla_q_lora_rank": 0 if q_lora is None else _count(cfg, "q_lora_rank"),
         "mla_qk_nope": _count(cfg, "qk_nope_head_dim"),
@@ -214,6 +218,23 @@ def deepseek_attention(cfg: dict[str, Any]) -> dict[str, Any]:
         "n_kv_heads": 1,
         "rope_style": "norm",
     }
+
+
+def _deepseek_yarn(cfg: dict[str, Any], rope: int, qk_head: int) -> dict[str, Any]:
+    """The RoPE fields of a DeepSeek config (:func:`deepseek_attention`)."""
+    scaling = cfg.get("rope_scaling")
+    if not scaling:
+        return {}
+    kind = scaling.get("type", scaling.get("rope_type")) if isinstance(scaling, dict) else None
+    if kind != "yarn":
+        raise UnsupportedError(f"DeepSeek with rope_scaling {scaling!r:.80} (YaRN only)")
+    out = hf_rope_fields(cfg, rope, number(cfg, "rope_theta", 10000.0))
+    out.pop("rope_dims", None)
+    mscale_all = scaling.get("mscale_all_dim")
+    if mscale_all:
+        m = yarn_mscale(number(scaling, "factor", 1.0), number(scaling, "mscale_all_dim", 1.0))
+        out["attn_scale"] = m * m / qk_head**0.5
+    return out
 
 
 def split_kv_b(tensors: dict[str, TensorData], cfg: Any) -> None:

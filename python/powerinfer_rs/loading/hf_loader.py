@@ -188,10 +188,11 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     head_dim = _req_int({"head_dim": head_dim}, "head_dim")
     if head_dim <= 0:
         raise ShapeError(f"config.json: head_dim must be positive, got {head_dim}")
-    extra.update(hf_rope_fields(cfg, head_dim, float(rope_theta)))
     if fam.name == "deepseek2":  # the latent row is the head (:func:`deepseek_attention`)
         extra.update(deepseek_attention(cfg))
         head_dim = extra.pop("head_dim")
+    else:
+        extra.update(hf_rope_fields(cfg, head_dim, float(rope_theta)))
     # YaRN's reach (factor x original) where max_position_embeddings says less.
     max_context = max(_req_int(cfg, "max_position_embeddings", 2048), extra.pop("max_context", 0))
     bos = cfg.get("bos_token_id")
