@@ -157,6 +157,12 @@ MLA_DEFAULTS: dict[str, object] = {
 #: and LongRoPE's attention factor, 0 = 1); LongRoPE's ``rope_long_factors`` replace the
 #: factors for a context above ``rope_original_context`` (``config.for_context(n_ctx)``);
 #: layers with their own base (``rope_theta_local``) are not scaled.
+#:
+#: Multi-head latent attention (DeepSeek-V2/V3; ``mla_kv_lora_rank`` 0: none): the latent's
+#: width ``mla_kv_lora_rank``, the query's compression ``mla_q_lora_rank`` (0: one ``attn_q``),
+#: each query head's ``mla_qk_nope`` values absorbed through ``attn_k_b`` and each head's
+#: output width ``mla_v_head_dim``; ``head_dim`` is then the cached row (``kv_lora_rank +
+#: rope_dims``), ``n_kv_heads`` 1 and ``rope_dims`` the rotated part.
 ModelConfig = _core.ModelConfig
 
 
