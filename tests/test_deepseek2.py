@@ -366,6 +366,38 @@ def test_yarn_as_llama_cpp_scales_deepseek(tmp_path):
         config_from_metadata(meta, None)
 
 
+def test_v2_lite_gguf_has_one_attn_q(tmp_path):
+    """DeepSeek-V2-Lite's form (no q_lora_rank: one attn_q), which llama.cpp reads only at its
+    "lite" layer counts (27 here): our logits against llama.cpp's and the reference, greedy
+    text equal."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    spec = DeepseekSpec(v3=False, layers=27, q_lora_rank=0, experts=4, seed=8)
+    path = write_deepseek_gguf(tmp_path / "lite.gguf", spec)
+    m = load_model(path)
+    assert m.config.mla_q_lora_rank == 0 and "blk.0.attn_q" in m.tensors
+    assert "deepseek2.attention.q_lora_rank" not in open_gguf(path).metadata
+    prompt = ids_for(m, n=8, seed=3)
+    llm = llama_cpp.Llama(
+        model_path=str(path),
+        n_ctx=64,
+        n_threads=2,
+        n_threads_batch=2,
+        logits_all=True,
+        type_k=0,
+        type_v=0,
+        verbose=False,
+    )
+    llm.eval(prompt)
+    theirs = np.asarray(llm.scores[: len(prompt)], dtype=np.float64)
+    eng = exact_kv_engine(m, threads=2)
+    ours = eng.logits(prompt).astype(np.float64)
+    ref = reference_logits(m, prompt)
+    err = {k: distance(v, ref) for k, v in (("ours", ours), ("llama.cpp", theirs))}
+    print("deepseek2 V2-Lite form vs the float64 reference (max rel, mean KL):", err)
+    assert err["ours"][0] <= max(err["llama.cpp"][0], 1e-5)
+    assert engine_greedy(eng, prompt, 16) == llama_greedy(llm, prompt, 16)
+
+
 def test_hf_yarn_is_the_gguf_conversions(tmp_path):
     """The same YaRN from config.json's rope_scaling (transformers' semantics): the scores'
     scale and the rotation's magnitude as its GGUF conversion's (which llama.cpp checks, above),
