@@ -231,6 +231,15 @@ def reference_forward(
         h = site_mask(i, "attn_in", norm(x, p + "attn_norm"))
         # A router on the layer input reads the residual before attention (SmallThinker).
         router_in = x if c.router_on_residual else None
+        if c.mla_kv_lora_rank:  # DeepSeek-V2/V3's latent attention, textbook form
+            x = x + mla_attention(c, w, p, h, pos, causal)
+            h = norm(x, p + "ffn_norm")
+            if c.n_expert and i >= c.dense_lead_layers:
+                x = x + moe_ffn(c, w, p, h, h, act, None if moe_trace is None else (moe_trace, i))
+            else:
+                g, u = act(h @ w[p + "ffn_gate"].T), h @ w[p + "ffn_up"].T
+                x = x + (g * u) @ w[p + "ffn_down"].T
+            continue
         q, k, v = (h @ w[p + f"attn_{x}"].T for x in "qkv")
         if c.qkv_bias:
             q, k, v = (y + w[p + f"attn_{x}.bias"].reshape(-1) for y, x in zip((q, k, v), "qkv"))
@@ -301,6 +310,43 @@ def reference_forward(
     x = site_mask(c.n_layers, "output", norm(x, "output_norm"))
     logits = cap(x @ w["output"].T, c.final_softcap)
     return logits, gates
+
+
+def mla_attention(c, w, p: str, h: np.ndarray, pos: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """Multi-head latent attention (DeepSeek-V2/V3) as the published modeling code writes it,
+    not absorbed: the query (through its compression and norm where it has one) split per
+    head into ``q_nope, q_pe``; ``[c, k_pe] = W_kv_a h``, ``c`` RMS-normed; every head's keys
+    ``[K_b[h]^T c, k_pe]`` and values ``V_b[h] c`` decompressed (``attn_k_b`` is kv_b_proj's
+    k half transposed, per head kv_lora_rank x qk_nope); RoPE (adjacent pairs) on ``q_pe`` and
+    ``k_pe``; softmax over ``q·k / sqrt(qk_nope + rope)``; ``W_o`` of the heads' outputs.
+    YaRN (DeepSeek's): the config's frequencies and rotation magnitude, and its query scale
+    (``attn_scale``: mscale² / sqrt(qk_nope + rope)) in place of the plain one."""
+    n, nh = h.shape[0], c.n_heads
+    r, rot, nope, vd = c.mla_kv_lora_rank, c.rotary_dims, c.mla_qk_nope, c.mla_v_head_dim
+    if c.mla_q_lora_rank:
+        qa = rms_norm(h @ w[p + "attn_q_a"].T, w[p + "attn_q_a_norm"], c.rms_eps)
+        q = qa @ w[p + "attn_q_b"].T
+    else:
+        q = h @ w[p + "attn_q"].T
+    q = q.reshape(n, nh, nope + rot)
+    kv = h @ w[p + "attn_kv_a_mqa"].T
+    lat = rms_norm(kv[:, :r], w[p + "attn_kv_a_norm"], c.rms_eps)
+    inv = rope_inv_freq(c.rope_theta, rot, c.rope_linear_factor, c.rope_freq_factors)
+    ms = c.rope_attn_factor or 1.0
+    q_pe = rope(q[:, :, nope:], pos, c.rope_theta, "norm", inv, ms)
+    k_pe = rope(kv[:, None, r:], pos, c.rope_theta, "norm", inv, ms)[:, 0]
+    scale = c.attn_scale or 1.0 / np.sqrt(nope + rot)
+    k_b = w[p + "attn_k_b"].reshape(nh, r, nope)
+    v_b = w[p + "attn_v_b"].reshape(nh, vd, r)
+    out = np.empty((n, nh, vd))
+    for hd in range(nh):
+        k = np.concatenate([lat @ k_b[hd], k_pe], axis=1)  # (n, nope + rot)
+        v = lat @ v_b[hd].T  # (n, vd)
+        qh = np.concatenate([q[:, hd, :nope], q_pe[:, hd]], axis=1)
+        s = qh @ k.T * scale + mask
+        e = np.exp(s - s.max(axis=1, keepdims=True))
+        out[:, hd] = (e / e.sum(axis=1, keepdims=True)) @ v
+    return out.reshape(n, nh * vd) @ w[p + "attn_output"].T
 
 
 def moe_ffn(

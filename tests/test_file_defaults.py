@@ -249,8 +249,10 @@ HF = {
     f.name: f
     for f in FAMILIES
     # Bamboo's and SmallThinker's config classes are their repositories' own code; gpt-oss's
-    # synthetic directories come from its own writer (tests/test_gptoss.py).
-    if f.name not in ("bamboo", "gpt-oss") and (not f.moe or f.hf_experts)
+    # synthetic directories come from its own writer (tests/test_gptoss.py); DeepSeek's carry
+    # the keys of the published configs (of the models' own code: scoring_func, topk_method,
+    # ...), written by synth_deepseek2 and read in test_deepseek2.
+    if f.name not in ("bamboo", "gpt-oss", "deepseek2") and (not f.moe or f.hf_experts)
 }
 #: Families' synth arguments for HF directories.
 HF_ARGS = {

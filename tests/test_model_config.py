@@ -132,6 +132,10 @@ def test_one_tensor_list_serves_loader_and_engine(synth_gguf, tmp_path, arch):
         from powerinfer_rs.testing.synth_gptoss import write_gptoss_gguf
 
         path = write_gptoss_gguf(tmp_path / "g.gguf", dtype="F32", expert_dtype=None)
+    elif arch == "deepseek2":  # its own writer (latent attention's tensors)
+        from powerinfer_rs.testing.synth_deepseek2 import DeepseekSpec, write_deepseek_gguf
+
+        path = write_deepseek_gguf(tmp_path / "ds.gguf", DeepseekSpec())
     else:
         path = synth_gguf(dtype="F32", arch=arch, tie=tie, activation="relu", **extra)
     m = load_model(path)

@@ -204,6 +204,10 @@ class ModelConfig:
     ffn_bias: bool
     out_bias: bool
     parallel: bool
+    mla_kv_lora_rank: int
+    mla_q_lora_rank: int
+    mla_qk_nope: int
+    mla_v_head_dim: int
     rope_dims: int
     rope_linear_factor: float
     rope_freq_factors: list[float]

@@ -4,6 +4,7 @@
 //! the forward pass, not a second forward pass.
 
 use crate::error::Result;
+use crate::mla_config::MlaFeatures;
 use crate::moe_config::MoeFeatures;
 use crate::rope::RopeScaling;
 use crate::{bail, ensure};
@@ -158,6 +159,8 @@ pub struct ArchFeatures {
     /// Attention and FFN in parallel from the same residual: `x + attn(n1(x)) + ffn(n2(x))`,
     /// `n2` = `attn_norm_2` where the file has it, else the attention's norm (Falcon).
     pub parallel: bool,
+    /// Multi-head latent attention (DeepSeek-V2/V3); off by default.
+    pub mla: MlaFeatures,
 }
 
 impl ArchFeatures {
@@ -286,6 +289,14 @@ impl ModelConfig {
         );
         self.validate_rope()?;
         self.moe.validate()?;
+        let mla = &self.arch.mla;
+        mla.validate(self.head_dim, self.n_kv_heads, self.rope_dims())?;
+        ensure!(
+            !mla.is_mla() || self.rope_style == RopeStyle::Norm,
+            Unsupported,
+            "latent attention with {} RoPE (DeepSeek's pairs are adjacent)",
+            self.rope_style.name()
+        );
         ensure!(
             self.moe.dense_lead <= self.n_layers,
             Shape,
@@ -380,6 +391,12 @@ impl ModelConfig {
     /// SwiGLU (gpt-oss: `(u + 1)` and the down bias) do not give.
     pub fn refuse_non_flat(&self, what: &str) -> Result<()> {
         ensure!(
+            !self.arch.mla.is_mla(),
+            Unsupported,
+            "{what} on multi-head latent attention (DeepSeek-V2/V3): its latent KV cache and \
+             absorbed projections run dense on the CPU only"
+        );
+        ensure!(
             self.moe.dense_lead == 0 || !self.moe.is_moe(),
             Unsupported,
             "{what} on a mixture of experts with {} leading dense layers (GLM-4.5's \
@@ -446,11 +463,15 @@ impl ModelConfig {
     /// engine's weight table both read it.
     pub fn layer_tensors_at(&self, l: usize) -> Vec<TensorShape> {
         let (d, a) = (self.dim, &self.arch);
-        let (q, kv, f) = (self.q_dim(), self.kv_dim(), self.ffn_dim);
+        let (q, kv) = (self.q_dim(), self.kv_dim());
         let (m, v) = (TensorShape::matrix, TensorShape::vector);
         let mut out = vec![v("attn_norm", d)];
         if a.layer_norm {
             out.push(v("attn_norm.bias", d));
+        }
+        if a.mla.is_mla() {
+            out.extend(self.mla_tensors());
+            return self.ffn_tensors_at(l, out);
         }
         out.extend([m("attn_q", q, d), m("attn_k", kv, d), m("attn_v", kv, d)]);
         if a.qkv_bias {
@@ -477,6 +498,13 @@ impl ModelConfig {
         if a.post_norms {
             out.push(v("post_attention_norm", d));
         }
+        self.ffn_tensors_at(l, out)
+    }
+
+    /// `out` (a layer's attention tensors) followed by layer `l`'s FFN tensors.
+    fn ffn_tensors_at(&self, l: usize, mut out: Vec<TensorShape>) -> Vec<TensorShape> {
+        let (d, a, f) = (self.dim, &self.arch, self.ffn_dim);
+        let (m, v) = (TensorShape::matrix, TensorShape::vector);
         // A parallel block norms the FFN input with `attn_norm_2` where the file has one,
         // else with the attention's norm.
         let (ffn_norm, required) = match a.parallel {
@@ -524,6 +552,33 @@ impl ModelConfig {
 }
 
 impl ModelConfig {
+    /// A latent-attention layer's tensors (llama.cpp's `deepseek2`): the query (compressed,
+    /// `attn_q_a` → `attn_q_a_norm` → `attn_q_b`, or one `attn_q`), the joint compression of
+    /// keys and values with the rotated key (`attn_kv_a_mqa`, then `attn_kv_a_norm` on the
+    /// latent part), the per-head absorptions (`attn_k_b`: per head `kv_lora_rank` rows of
+    /// `qk_nope`; `attn_v_b`: per head `v_head_dim` rows of `kv_lora_rank`) and the output.
+    fn mla_tensors(&self) -> Vec<TensorShape> {
+        let (d, h, mla) = (self.dim, self.n_heads, &self.arch.mla);
+        let (m, v) = (TensorShape::matrix, TensorShape::vector);
+        let (r, qh) = (mla.kv_lora_rank, mla.q_head(self.rope_dims()));
+        let mut out = match mla.q_lora_rank {
+            0 => vec![m("attn_q", h * qh, d)],
+            ql => vec![
+                m("attn_q_a", ql, d),
+                v("attn_q_a_norm", ql),
+                m("attn_q_b", h * qh, ql),
+            ],
+        };
+        out.extend([
+            m("attn_kv_a_mqa", self.kv_dim(), d),
+            v("attn_kv_a_norm", r),
+            m("attn_k_b", h * r, mla.qk_nope),
+            m("attn_v_b", h * mla.v_head_dim, r),
+            m("attn_output", d, h * mla.v_head_dim),
+        ]);
+        out
+    }
+
     /// A layer's expert tensors, in llama.cpp's file order: the router (`ffn_gate_inp`,
     /// `n_expert x dim`), the merged experts (expert `e` is rows `e·rows..(e+1)·rows` of each:
     /// `ffn_gate_exps` and `ffn_up_exps` of `expert_ffn` rows, `ffn_down_exps` of `dim` rows),

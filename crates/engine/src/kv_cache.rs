@@ -178,6 +178,10 @@ pub struct KvCache {
     room: usize,
     keys: Side,
     values: Side,
+    /// The values are the leading part of each key row, held once (multi-head latent
+    /// attention: the key row is `c_kv` then `k_pe`, the value `c_kv`); the value side holds
+    /// nothing.
+    latent: bool,
 }
 
 impl KvCache {
@@ -192,7 +196,23 @@ impl KvCache {
             room: 0,
             keys: Side::new(t.k, n_layers),
             values: Side::new(t.v, n_layers),
+            latent: false,
         }
+    }
+
+    /// An empty latent cache ([`KvCache::new`]): one row of `kv_dim` per position and layer
+    /// whose leading part the attention reads as the value (multi-head latent attention); its
+    /// precision is f16 or f32, keys and values alike.
+    pub fn latent(n_layers: usize, kv_dim: usize, capacity: usize) -> KvCache {
+        KvCache {
+            latent: true,
+            ..KvCache::new(n_layers, kv_dim, capacity)
+        }
+    }
+
+    /// Whether the values are read from the key rows ([`KvCache::latent`]).
+    pub fn is_latent(&self) -> bool {
+        self.latent
     }
 
     /// The precision of the keys and of the values held.
@@ -208,6 +228,13 @@ impl KvCache {
     /// [`Unsupported`](powerinfer_core::Error::Unsupported) for a block format when `kv_dim`
     /// is no whole number of blocks (the session checks `head_dim` too).
     pub fn set_types(&mut self, t: KvTypes) -> Result<()> {
+        ensure!(
+            !self.latent || (!t.is_quantized() && t.k == t.v),
+            Unsupported,
+            "a {} KV cache for latent attention (DeepSeek-V2/V3): its one row per position is \
+             keys and values at once, kept f16 or f32",
+            t.name()
+        );
         t.check_head_dim(self.kv_dim)?;
         let n_layers = self.keys.layers.len();
         self.keys = Side::new(t.k, n_layers);
@@ -245,21 +272,30 @@ impl KvCache {
         if need > self.room {
             let grow_to = (need.div_ceil(GROW_STEP) * GROW_STEP).min(self.capacity);
             self.keys.resize(grow_to, self.kv_dim);
-            self.values.resize(grow_to, self.kv_dim);
+            if !self.latent {
+                self.values.resize(grow_to, self.kv_dim);
+            }
             self.room = grow_to;
         }
         Ok(())
     }
 
     /// Write keys and values for positions `start..start+n` of `layer` (n rows each), rounded
-    /// to f16 or quantized to blocks as the precision says.
+    /// to f16 or quantized to blocks as the precision says. A latent cache takes the keys
+    /// alone (`v` is not read).
     pub fn write(&mut self, layer: usize, start: usize, k: &[f32], v: &[f32]) {
         self.keys.write(layer, start, self.kv_dim, k);
-        self.values.write(layer, start, self.kv_dim, v);
+        if !self.latent {
+            self.values.write(layer, start, self.kv_dim, v);
+        }
     }
 
     /// Keys and values of `layer` for positions `0..n`, as the attention kernels read them.
     pub fn rows(&self, layer: usize, n: usize) -> (KvRows<'_>, KvRows<'_>) {
+        if self.latent {
+            let k = self.keys.rows(layer, n, self.kv_dim);
+            return (k, k);
+        }
         (
             self.keys.rows(layer, n, self.kv_dim),
             self.values.rows(layer, n, self.kv_dim),
@@ -292,7 +328,11 @@ impl KvCache {
     /// Bytes per position of a [`KvCache::snapshot`]: every layer's key and value rows at
     /// their precisions (2 bytes a value at f16, 4 at f32, ggml's blocks for q8_0/q4_0/q4_1).
     pub fn snapshot_bytes_per_position(&self) -> usize {
-        self.keys.layers.len() * self.types().position_bytes(self.kv_dim)
+        let layers = self.keys.layers.len();
+        match self.latent {
+            true => layers * self.keys.position_bytes(self.kv_dim),
+            false => layers * self.types().position_bytes(self.kv_dim),
+        }
     }
 
     /// Positions `0..n` (n ≤ [`KvCache::len`]) as bytes: per layer its keys then its values,
@@ -308,7 +348,9 @@ impl KvCache {
         let mut out = Vec::with_capacity(n * self.snapshot_bytes_per_position());
         for l in 0..self.keys.layers.len() {
             self.keys.snapshot(l, n, self.kv_dim, &mut out);
-            self.values.snapshot(l, n, self.kv_dim, &mut out);
+            if !self.latent {
+                self.values.snapshot(l, n, self.kv_dim, &mut out);
+            }
         }
         Ok(out)
     }
@@ -336,12 +378,14 @@ impl KvCache {
         self.reserve(n)?;
         let (kb, vb) = (
             n * self.keys.position_bytes(self.kv_dim),
-            n * self.values.position_bytes(self.kv_dim),
+            n * self.values.position_bytes(self.kv_dim) * usize::from(!self.latent),
         );
         let mut at = 0;
         for l in 0..self.keys.layers.len() {
             self.keys.restore(l, &data[at..at + kb]);
-            self.values.restore(l, &data[at + kb..at + kb + vb]);
+            if !self.latent {
+                self.values.restore(l, &data[at + kb..at + kb + vb]);
+            }
             at += kb + vb;
         }
         self.len = n;
@@ -423,6 +467,29 @@ mod tests {
             assert!(matches!(d.restore(&snap, 5), Err(Error::Shape(_))));
             assert_eq!(d.len(), 6, "a refused restore changes nothing");
         }
+    }
+
+    #[test]
+    fn a_latent_cache_holds_one_row_read_as_keys_and_values() {
+        let mut c = KvCache::latent(2, 8, 300);
+        c.reserve(3).unwrap();
+        assert_eq!(c.allocated_bytes(), 2 * 256 * 8 * 4, "the key rows alone");
+        let k: Vec<f32> = (0..24).map(|i| i as f32 * 0.5).collect();
+        c.write(1, 0, &k, &[]);
+        c.set_len(3);
+        let (keys, values) = c.layer(1, 3).unwrap();
+        assert_eq!((keys, values), (&k[..], &k[..]));
+        assert_eq!(c.snapshot_bytes_per_position(), 2 * 8 * 2, "f16 key rows");
+        let snap = c.snapshot(3).unwrap();
+        let mut d = KvCache::latent(2, 8, 300);
+        d.restore(&snap, 3).unwrap();
+        assert_eq!(d.layer(1, 3).unwrap().0, &k[..]);
+        let q8 = KvTypes::both(KvPrecision::Q8_0);
+        assert!(matches!(c.set_types(q8), Err(Error::Unsupported(_))));
+        let mixed = KvTypes::from_name("f32/f16").unwrap();
+        assert!(matches!(c.set_types(mixed), Err(Error::Unsupported(_))));
+        c.set_types(KvTypes::both(KvPrecision::F32)).unwrap();
+        assert_eq!(c.snapshot_bytes_per_position(), 2 * 8 * 4);
     }
 
     #[test]

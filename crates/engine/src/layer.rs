@@ -42,6 +42,10 @@ pub enum AttnStep {
     Attend(AttendParams),
     /// `o = Wo att`, plus its bias when `bias` (OPT).
     Output { bias: bool },
+    /// Multi-head latent attention from the normed input to `o` (DeepSeek-V2/V3: its query,
+    /// the latent cache row, the absorbed heads, the output projection; [`crate::mla`]), in
+    /// place of q/k/v, RoPE, attend and output.
+    Mla(AttendParams),
     /// `o = rms(o) · post_attention_norm` (Gemma 2/3).
     PostNorm,
     /// `x += o`.
@@ -185,6 +189,25 @@ pub struct OutputProgram {
     pub softcap: Option<f32>,
 }
 
+/// The steps of ordinary attention after its q/k/v (q/k norm, RoPE, attend, output).
+fn plain_attention(c: &ModelConfig, l: usize, attention: &mut Vec<AttnStep>) {
+    let a = &c.arch;
+    if a.qk_norm {
+        attention.push(AttnStep::QkNorm);
+    }
+    if !a.learned_pos && a.rope_on(l) {
+        attention.push(AttnStep::Rope {
+            local: c.rope_local(l),
+        });
+    }
+    attention.push(AttnStep::Attend(AttendParams {
+        window: a.window(l),
+        scale: a.attn_scale.unwrap_or(1.0 / (c.head_dim as f32).sqrt()),
+        softcap: a.attn_softcap,
+    }));
+    attention.push(AttnStep::Output { bias: a.out_bias });
+}
+
 /// The whole model's program.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelProgram {
@@ -204,20 +227,20 @@ impl ModelProgram {
         };
         let layer = |l: usize| {
             let mut attention = vec![AttnStep::Norm(norm), AttnStep::Qkv { bias: a.qkv_bias }];
-            if a.qk_norm {
-                attention.push(AttnStep::QkNorm);
+            if a.mla.is_mla() {
+                let head = a.mla.q_head(c.rope_dims()) as f32;
+                attention = vec![
+                    AttnStep::Norm(norm),
+                    AttnStep::Mla(AttendParams {
+                        window: a.window(l),
+                        scale: a.attn_scale.unwrap_or(1.0 / head.sqrt()),
+                        softcap: None,
+                    }),
+                ];
             }
-            if !a.learned_pos && a.rope_on(l) {
-                attention.push(AttnStep::Rope {
-                    local: c.rope_local(l),
-                });
+            if !a.mla.is_mla() {
+                plain_attention(c, l, &mut attention);
             }
-            attention.push(AttnStep::Attend(AttendParams {
-                window: a.window(l),
-                scale: a.attn_scale.unwrap_or(1.0 / (c.head_dim as f32).sqrt()),
-                softcap: a.attn_softcap,
-            }));
-            attention.push(AttnStep::Output { bias: a.out_bias });
             if a.post_norms {
                 attention.push(AttnStep::PostNorm);
             }

@@ -59,6 +59,10 @@ pub struct LayerWeights {
     ///
     /// [`ArchFeatures::attn_sinks`]: powerinfer_core::ArchFeatures::attn_sinks
     pub attn_sinks: Option<Vec<f32>>,
+    /// A latent-attention layer's query compression, latent norm and per-head absorptions
+    /// (DeepSeek-V2/V3); `wq` is then `attn_q_b` (or `attn_q`), `wk` `attn_kv_a_mqa` and `wv`
+    /// the same matrix again (never read).
+    pub mla: Option<crate::mla_weights::MlaWeights>,
 }
 
 /// Which of a model's matrices are interleaved at load where their format has the layout
@@ -98,6 +102,9 @@ impl Layouts {
         let which = match name.split('.').collect::<Vec<_>>()[..] {
             ["output"] => self.attention,
             ["blk", _, "attn_q" | "attn_k" | "attn_v" | "attn_output"] => self.attention,
+            // Latent attention's whole-matrix products (DeepSeek); its per-head attn_k_b and
+            // attn_v_b views stay the file's rows.
+            ["blk", _, "attn_q_a" | "attn_q_b" | "attn_kv_a_mqa"] => self.attention,
             ["blk", _, "ffn_gate" | "ffn_up" | "ffn_down"] => self.ffn,
             _ => false,
         };
@@ -230,9 +237,15 @@ impl LayerWeights {
             map: tensors,
             norm_offset: c.arch.norm_offset,
         };
-        let wq = Matrix::Rows(t.take("attn_q")?);
-        let wk = Matrix::Rows(t.take("attn_k")?);
-        let wv = Matrix::Rows(t.take("attn_v")?);
+        let (wq, wk, wv, mla) = match c.arch.mla.is_mla() {
+            true => take_mla(c, &mut t)?,
+            false => (
+                Matrix::Rows(t.take("attn_q")?),
+                Matrix::Rows(t.take("attn_k")?),
+                Matrix::Rows(t.take("attn_v")?),
+                None,
+            ),
+        };
         let wo = Matrix::Rows(t.take("attn_output")?);
         let ffn = match c.is_moe_layer(i) {
             true => take_moe_ffn(c, &mut t)?,
@@ -273,6 +286,7 @@ impl LayerWeights {
             out_bias: biases.out,
             ffn_bias: biases.ffn,
             attn_sinks,
+            mla,
         };
         Ok((layer, ffn.down_t))
     }
@@ -282,16 +296,52 @@ impl LayerWeights {
     /// read expert by expert, never whole, so they keep the file's rows.
     pub(crate) fn interleave(&mut self, layouts: Layouts) -> Result<()> {
         let ffn = layouts.ffn && self.moe.is_none();
-        let attn = [&mut self.wq, &mut self.wk, &mut self.wv, &mut self.wo];
+        let attn = [&mut self.wq, &mut self.wk, &mut self.wo];
         let ffn_mats = [&mut self.w_gate, &mut self.w_up, &mut self.w_down];
         for m in attn.into_iter().filter(|_| layouts.attention) {
             repack(m)?;
+        }
+        match &mut self.mla {
+            // `wv` is `wk` again, never read: not repacked a second time.
+            Some(mla) => {
+                if let (true, Some((q_a, _))) = (layouts.attention, &mut mla.q_a) {
+                    repack(q_a)?;
+                }
+            }
+            None if layouts.attention => repack(&mut self.wv)?,
+            None => {}
         }
         for m in ffn_mats.into_iter().filter(|_| ffn) {
             repack(m)?;
         }
         Ok(())
     }
+}
+
+/// A latent-attention layer's `wq` (`attn_q_b`, or `attn_q` without a query compression),
+/// `wk` (`attn_kv_a_mqa`), `wv` (the same again) and the rest of its weights.
+fn take_mla(
+    c: &ModelConfig,
+    t: &mut LayerTensors<'_>,
+) -> Result<(
+    Matrix,
+    Matrix,
+    Matrix,
+    Option<crate::mla_weights::MlaWeights>,
+)> {
+    let (wq, q_a) = match c.arch.mla.q_lora_rank {
+        0 => (t.take("attn_q")?, None),
+        _ => {
+            let q_a = (t.take("attn_q_a")?, t.norm("attn_q_a_norm")?);
+            (t.take("attn_q_b")?, Some(q_a))
+        }
+    };
+    let kv_a = t.take("attn_kv_a_mqa")?;
+    let kv_norm = t.norm("attn_kv_a_norm")?;
+    let (k_b, v_b) = (t.take("attn_k_b")?, t.take("attn_v_b")?);
+    let mla = crate::mla_weights::MlaWeights::new(c, q_a, kv_norm, &k_b, &v_b)?;
+    let wk = Matrix::Rows(kv_a.clone());
+    Ok((Matrix::Rows(wq), wk, Matrix::Rows(kv_a), Some(mla)))
 }
 
 /// `m` in its interleaved layout where its format has one ([`Matrix::for_products`]).

@@ -2,6 +2,7 @@
 //! pass (embeddings, RMSNorm, RoPE, grouped-query attention, gated FFN, output head) over the CPU
 //! kernels. Prompts are prefilled in batches (matrix-matrix); decoding is one matvec per weight.
 
+mod attend_pass;
 pub mod attention;
 mod attention_block;
 pub mod device;
@@ -18,6 +19,8 @@ pub mod kv_cache;
 mod kv_rotation;
 pub mod layer;
 pub mod layer_weights;
+pub mod mla;
+pub mod mla_weights;
 pub mod modes;
 pub mod moe;
 mod moe_pass;

@@ -79,8 +79,24 @@ pub struct Scratch {
     pub(crate) ffn: FfnScratch,
     pub(crate) input: InputScratch,
     pub(crate) moe: MoeScratch,
+    pub(crate) mla: MlaScratch,
     /// How the current pass multiplies several tokens (set by [`forward`]).
     pub(crate) arith: Arith,
+}
+
+/// Scratch of the latent attention ([`crate::mla`]; beside the pass's q, k, v and att).
+#[derive(Default)]
+pub(crate) struct MlaScratch {
+    /// The compressed query (n × q_lora_rank), then its norm.
+    pub(crate) qa: Vec<f32>,
+    pub(crate) qa_norm: Vec<f32>,
+    /// The projected query (n × heads·(qk_nope + rope)).
+    pub(crate) q: Vec<f32>,
+    /// One head's inputs (n rows) and outputs (n rows) of its absorption.
+    pub(crate) head_in: Vec<f32>,
+    pub(crate) head_out: Vec<f32>,
+    /// The heads' outputs after `attn_v_b` (n × heads·v_head_dim).
+    pub(crate) out: Vec<f32>,
 }
 
 /// RoPE angles of a chunk's tokens: the model's global ones and, for families whose sliding

@@ -70,7 +70,10 @@ impl Session {
             0 => c.max_context,
             n => n.min(c.max_context),
         };
-        let cache = KvCache::new(c.n_layers, c.kv_dim(), n_ctx);
+        let cache = match c.arch.mla.is_mla() {
+            true => KvCache::latent(c.n_layers, c.kv_dim(), n_ctx),
+            false => KvCache::new(c.n_layers, c.kv_dim(), n_ctx),
+        };
         Session {
             model,
             cache,
@@ -171,7 +174,10 @@ impl Session {
         if t == self.cache.types() {
             return Ok(());
         }
-        t.check_head_dim(self.model.config.head_dim)?;
+        // A latent cache refuses block formats itself (its row is keys and values at once).
+        if !self.cache.is_latent() {
+            t.check_head_dim(self.model.config.head_dim)?;
+        }
         powerinfer_core::ensure!(
             self.hybrid.is_none() || (!t.is_quantized() && t.k == t.v),
             Unsupported,

@@ -247,6 +247,10 @@ config_fields! {
         ffn_bias: core.arch.ffn_bias;
         out_bias: core.arch.out_bias;
         parallel: core.arch.parallel;
+        mla_kv_lora_rank: core.arch.mla.kv_lora_rank;
+        mla_q_lora_rank: core.arch.mla.q_lora_rank;
+        mla_qk_nope: core.arch.mla.qk_nope;
+        mla_v_head_dim: core.arch.mla.v_head_dim;
         rope_dims: core.rope.dims;
         rope_linear_factor: core.rope.linear_factor;
         rope_freq_factors: core.rope.freq_factors;

@@ -631,6 +631,36 @@ MOE_FAMILIES: tuple[Family, ...] = (
         # The experts are fused tensors, not one per expert: loading/hf_gptoss.py reads them.
         hf_experts=("mlp.experts.", {}),
     ),
+    # DeepSeek-V2/V3 (llama.cpp's deepseek2.cpp): multi-head latent attention (the converter
+    # splits kv_b_proj into attn_k_b, transposed, and attn_v_b, and writes key_length as the
+    # latent row kv_lora_rank + rope dims with one KV head), adjacent-pair RoPE over the rope
+    # dims, softmax (V2) or sigmoid with the correction bias (V3) routing, renormalised and
+    # scaled as the file says, expert groups, shared experts without a gate, the first
+    # leading_dense_block_count layers dense.
+    Family(
+        "deepseek2",
+        "deepseek2",
+        "norm",
+        ("deepseek_v2", "deepseek_v3"),
+        ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"),
+        # V3's correction bias; the loaders turn it off where the file has none (V2).
+        config=dict(expert_score_bias=True),
+        hf_layer_names={
+            **_ROUTER,
+            "mlp.gate.e_score_correction_bias": "exp_probs_b.bias",
+            "mlp.shared_experts.gate_proj.weight": "ffn_gate_shexp",
+            "mlp.shared_experts.up_proj.weight": "ffn_up_shexp",
+            "mlp.shared_experts.down_proj.weight": "ffn_down_shexp",
+            "self_attn.q_proj.weight": "attn_q",
+            "self_attn.q_a_proj.weight": "attn_q_a",
+            "self_attn.q_a_layernorm.weight": "attn_q_a_norm",
+            "self_attn.q_b_proj.weight": "attn_q_b",
+            "self_attn.kv_a_proj_with_mqa.weight": "attn_kv_a_mqa",
+            "self_attn.kv_a_layernorm.weight": "attn_kv_a_norm",
+            "self_attn.kv_b_proj.weight": "attn_kv_b",
+        },
+        **_QWEN_STYLE_MOE,
+    ),
     Family(
         "mixtral",
         "llama",

@@ -1,6 +1,6 @@
 """Load a GGUF file of a supported family (:mod:`.archs`: llama/mistral, qwen2, qwen3, phi3,
 gemma2, gemma3, falcon and the mixtures of experts (qwen3moe, qwen2moe, olmoe, mixtral,
-smallthinker, glm4moe) with llama.cpp's keys and tensor names; bamboo and opt with
+smallthinker, glm4moe, deepseek2) with llama.cpp's keys and tensor names; bamboo and opt with
 PowerInfer's): config from its metadata, tensors as raw mmap views. GLM-4.5's NextN/MTP blocks
 past the decoder (``nextn_predict_layers``) are left out, as llama.cpp skips them.
 
@@ -101,7 +101,8 @@ def config_from_metadata(meta: dict[str, Any], tokenizer: Tokenizer | None) -> M
     if n_heads <= 0 or dim <= 0:
         raise ShapeError(f"embedding_length ({dim}) and head_count ({n_heads}) must be positive")
     head_dim = _int(meta, f"{a}.attention.key_length", dim // n_heads)
-    if _int(meta, f"{a}.attention.value_length", head_dim) != head_dim:
+    mla = fam.name == "deepseek2"  # value_length: the latent part of the key row
+    if not mla and _int(meta, f"{a}.attention.value_length", head_dim) != head_dim:
         raise UnsupportedError("attention.value_length differing from key_length")
     if head_dim <= 0:
         raise ShapeError(f"attention.key_length ({head_dim}) must be positive")
@@ -182,6 +183,8 @@ def _read_experts(meta: dict[str, Any], fam: Family, cfg: ModelConfig) -> None:
         expert_ffn = _glm4moe_experts(meta, cfg)
     elif fam.name == "gpt-oss":  # openai-moe.cpp: expert_feed_forward_length, required
         expert_ffn = _int(meta, f"{a}.expert_feed_forward_length")
+    elif fam.name == "deepseek2":
+        expert_ffn = _deepseek2_experts(meta, cfg)
     elif fam.name == "smallthinker":
         expert_ffn = _int(meta, f"{a}.expert_feed_forward_length", cfg.ffn_dim)
         gating = meta.get(f"{a}.expert_gating_func")
@@ -229,6 +232,81 @@ def _glm4moe_experts(meta: dict[str, Any], cfg: ModelConfig) -> int:
         )
     cfg.n_layers -= nextn
     return expert_ffn
+
+
+def _deepseek2_experts(meta: dict[str, Any], cfg: ModelConfig) -> int:
+    """DeepSeek-V2/V3's latent attention and expert settings into ``cfg`` as llama.cpp's
+    deepseek2.cpp reads them; returns each expert's width (``expert_feed_forward_length``,
+    required). Attention: ``kv_lora_rank`` (required); ``q_lora_rank`` (required, as
+    llama.cpp requires it of every file but its "lite" layer counts 26/27/48; absent there: one
+    ``attn_q``); ``key_length_mla`` (qk_nope + rope) and ``value_length_mla`` (v_head_dim), which
+    llama.cpp takes from ``key_length`` / ``value_length`` when absent (pre-MLA files, whose
+    ``attn_kv_b`` this loader does not read); ``key_length`` must be ``kv_lora_rank + rope``.
+    Experts: ``expert_shared_count`` (required) shared experts of the expert width,
+    ``leading_dense_block_count`` (default 0), ``expert_gating_func`` (1 softmax, 2 sigmoid;
+    absent: softmax, DeepSeek-V2's), ``expert_weights_norm`` (default false),
+    ``expert_weights_scale`` (default: none), ``expert_group_count`` /
+    ``expert_group_used_count`` (default: no groups). YaRN: :func:`_deepseek2_yarn`."""
+    a = "deepseek2"
+    cfg.mla_kv_lora_rank = _int(meta, f"{a}.attention.kv_lora_rank")
+    lite = cfg.n_layers in (26, 27, 48)
+    q_lora = meta.get(f"{a}.attention.q_lora_rank")
+    if q_lora is None and not lite:
+        raise ModelFileError(f"GGUF metadata key '{a}.attention.q_lora_rank' is missing")
+    cfg.mla_q_lora_rank = 0 if lite or q_lora is None else _int(meta, f"{a}.attention.q_lora_rank")
+    if f"{a}.attention.key_length_mla" not in meta:
+        raise UnsupportedError(
+            f"a {a} file without attention.key_length_mla (converted before MLA: attn_kv_b)"
+        )
+    qk = _int(meta, f"{a}.attention.key_length_mla")
+    cfg.mla_qk_nope = qk - cfg.rotary_dims
+    cfg.mla_v_head_dim = _int(meta, f"{a}.attention.value_length_mla")
+    if _int(meta, f"{a}.attention.value_length") != cfg.mla_kv_lora_rank:
+        raise ShapeError(f"{a}.attention.value_length is not kv_lora_rank")
+    _deepseek2_yarn(meta, cfg)
+    expert_ffn = _int(meta, f"{a}.expert_feed_forward_length")
+    cfg.shared_ffn_dim = expert_ffn * _int(meta, f"{a}.expert_shared_count")
+    cfg.dense_lead_layers = _int(meta, f"{a}.leading_dense_block_count", 0)
+    gating = meta.get(f"{a}.expert_gating_func", 1)
+    if gating not in (1, 2):
+        raise UnsupportedError(f"{a}.expert_gating_func {gating!r} (1 softmax, 2 sigmoid)")
+    cfg.expert_gating = "softmax" if gating == 1 else "sigmoid"
+    norm = meta.get(f"{a}.expert_weights_norm", False)
+    if not isinstance(norm, bool):
+        raise ModelFileError(f"GGUF metadata key {a}.expert_weights_norm must be a bool")
+    cfg.expert_norm_weights = norm
+    scale = _float(meta, f"{a}.expert_weights_scale", 0.0)
+    cfg.expert_weights_scale = 0.0 if scale == 1.0 else scale
+    groups = _int(meta, f"{a}.expert_group_count", 0)
+    if groups > 1:
+        cfg.expert_groups = groups
+        cfg.expert_groups_used = _int(meta, f"{a}.expert_group_used_count")
+    return expert_ffn
+
+
+def _deepseek2_yarn(meta: dict[str, Any], cfg: ModelConfig) -> None:
+    """DeepSeek's YaRN as llama.cpp's deepseek2 graph applies it: the frequencies ramp as for
+    any YaRN file (``cfg``'s factors, already read), but the rotation keeps the magnitude
+    ``rope.scaling.attn_factor`` (default 1: llama.cpp cancels YaRN's ``0.1 ln(factor) + 1``
+    there) and the attention scores are scaled by ``mscale² / sqrt(qk_nope + rope)`` instead,
+    ``mscale = attn_factor · (1 + 0.1 · mscale_all_dim · ln(factor))`` with ``mscale_all_dim``
+    = ``rope.scaling.yarn_log_multiplier / 0.1`` (the converter writes 0.1 · mscale_all_dim),
+    as transformers' DeepSeek attention scales its softmax. YaRN without that key is refused."""
+    a = "deepseek2"
+    if gguf_scaling_type(meta, a) != "yarn" or meta.get(f"{a}.rope.scaling.factor", 0.0) in (
+        0.0,
+        1.0,
+    ):
+        return
+    key = f"{a}.rope.scaling.yarn_log_multiplier"
+    if key not in meta:
+        raise UnsupportedError(f"{a} with YaRN but without {key}")
+    mscale_all = _float(meta, key, None) / 0.1
+    factor = _float(meta, f"{a}.rope.scaling.factor", None)
+    attn = _float(meta, f"{a}.rope.scaling.attn_factor", 1.0)
+    mscale = attn * (1.0 + 0.1 * mscale_all * float(np.log(factor)))
+    cfg.rope_attn_factor = 0.0 if attn == 1.0 else attn
+    cfg.attn_scale = mscale * mscale / float(np.sqrt(cfg.mla_qk_nope + cfg.rotary_dims))
 
 
 def _swa_pattern(meta: dict[str, Any], fam: Family, n_layers: int) -> int:
@@ -354,7 +432,7 @@ def _tensor_views(gf: GGUFModelFiles, fam: Family, cfg: ModelConfig) -> dict[str
             )
         # Merged experts are 3-D ({cols, rows, n_expert}): expert e is rows e*rows.. of a 2-D
         # view of n_expert * rows rows.
-        flat = 3 if name.endswith("_exps") else 2
+        flat = 3 if name.endswith(("_exps", ".attn_k_b", ".attn_v_b")) else 2
         if any(d <= 0 for d in dims) or any(d != 1 for d in dims[flat:]):
             raise ShapeError(f"{path}: tensor {full!r} has unusable shape {dims}")
         cols = dims[0]
@@ -387,6 +465,8 @@ def _optional_tensors(fam: Family, cfg: ModelConfig, tensors: dict[str, TensorDa
     if fam.name == "glm4moe":
         cfg.qk_norm = "blk.0.attn_q_norm" in tensors
         cfg.qkv_bias = "blk.0.attn_q.bias" in tensors
+    if fam.name == "deepseek2":  # V3's correction bias (exp_probs_b), not V2's
+        cfg.expert_score_bias = f"blk.{cfg.dense_lead_layers}.exp_probs_b.bias" in tensors
 
 
 def load_gguf(path: str | os.PathLike[str]) -> LoadedModel:

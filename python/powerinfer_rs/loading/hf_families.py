@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import ModelFileError, ShapeError, UnsupportedError
 from .archs import Family
+from .rope import hf_rope_fields, yarn_mscale
 from .types import TensorData
 
 
@@ -126,6 +127,8 @@ def moe_fields(fam: Family, cfg: dict[str, Any]) -> dict[str, Any]:
         from .hf_gptoss import gptoss_fields
 
         return gptoss_fields(cfg)
+    if fam.name == "deepseek2":
+        return _deepseek_fields(cfg)
     out: dict[str, Any] = {}
     key = "num_local_experts" if fam.name == "mixtral" else "num_experts"
     out["n_expert"] = _count(cfg, key)
@@ -176,6 +179,89 @@ def _glm4moe_fields(cfg: dict[str, Any]) -> dict[str, Any]:
         "qkv_bias": bool(cfg.get("attention_bias")),
         "qk_norm": bool(cfg.get("use_qk_norm")),
     }
+
+
+def _deepseek_fields(cfg: dict[str, Any]) -> dict[str, Any]:
+    """DeepseekV2/V3Config's expert settings, as GLM-4.5's (:func:`_glm4moe_fields`: the same
+    keys) but routed as ``scoring_func`` says (V2's softmax, V3's sigmoid); V2's
+    ``group_limited_greedy`` (each group scored by its best expert, not its best two) is
+    refused. No q/k/v biases or q/k norms."""
+    score = cfg.get("scoring_func", "softmax")
+    if score not in ("softmax", "sigmoid"):
+        raise UnsupportedError(f"DeepSeek scoring_func {score!r} (softmax, sigmoid)")
+    out = _glm4moe_fields({**cfg, "attention_bias": False, "use_qk_norm": False})
+    if cfg.get("topk_method") == "group_limited_greedy" and out["expert_groups"]:
+        raise UnsupportedError("DeepSeek-V2's group_limited_greedy routing over expert groups")
+    out.pop("qkv_bias")
+    out.pop("qk_norm")
+    out["expert_gating"] = score
+    return out
+
+
+def deepseek_attention(cfg: dict[str, Any]) -> dict[str, Any]:
+    """DeepseekV2/V3Config's latent attention as config fields: ``kv_lora_rank``,
+    ``q_lora_rank`` (null: one q_proj), ``qk_nope_head_dim``, ``qk_rope_head_dim`` (the rotated
+    dims, adjacent pairs: the modeling code interleaves q_pe/k_pe before rotate_half),
+    ``v_head_dim``; the cached row is ``kv_lora_rank + qk_rope_head_dim`` wide with one KV
+    head, as llama.cpp's converter writes it. YaRN (V2/V3's ``rope_scaling``) as the modeling
+    code applies it: transformers' YaRN over the rope dims (its magnitude
+    ``get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)``), the softmax scale
+    times ``get_mscale(factor, mscale_all_dim)²`` where ``mscale_all_dim`` is set; other
+    scaling types are refused."""
+    q_lora = cfg.get("q_lora_rank")
+    r, rope = _count(cfg, "kv_lora_rank"), _count(cfg, "qk_rope_head_dim")
+    out = _deepseek_yarn(cfg, rope, _count(cfg, "qk_nope_head_dim") + rope)
+    return {
+        **out,
+        "mla_kv_lora_rank": r,
+        "mla_q_lora_rank": 0 if q_lora is None else _count(cfg, "q_lora_rank"),
+        "mla_qk_nope": _count(cfg, "qk_nope_head_dim"),
+        "mla_v_head_dim": _count(cfg, "v_head_dim"),
+        "rope_dims": rope,
+        "head_dim": r + rope,
+        "n_kv_heads": 1,
+        "rope_style": "norm",
+    }
+
+
+def _deepseek_yarn(cfg: dict[str, Any], rope: int, qk_head: int) -> dict[str, Any]:
+    """The RoPE fields of a DeepSeek config (:func:`deepseek_attention`)."""
+    scaling = cfg.get("rope_scaling")
+    if not scaling:
+        return {}
+    kind = scaling.get("type", scaling.get("rope_type")) if isinstance(scaling, dict) else None
+    if kind != "yarn":
+        raise UnsupportedError(f"DeepSeek with rope_scaling {scaling!r:.80} (YaRN only)")
+    out = hf_rope_fields(cfg, rope, number(cfg, "rope_theta", 10000.0))
+    out.pop("rope_dims", None)
+    mscale_all = scaling.get("mscale_all_dim")
+    if mscale_all:
+        m = yarn_mscale(number(scaling, "factor", 1.0), number(scaling, "mscale_all_dim", 1.0))
+        out["attn_scale"] = m * m / qk_head**0.5
+    return out
+
+
+def split_kv_b(tensors: dict[str, TensorData], cfg: Any) -> None:
+    """Split, in place, each layer's fused ``kv_b_proj`` (``attn_kv_b``: per head qk_nope
+    rows of k then v_head_dim rows of v, each kv_lora_rank wide) as llama.cpp's converter does:
+    ``attn_k_b`` per head transposed (kv_lora_rank rows of qk_nope) and ``attn_v_b``. One copy
+    each (float formats: elements moved whole)."""
+    h, r, nope, vd = cfg.n_heads, cfg.mla_kv_lora_rank, cfg.mla_qk_nope, cfg.mla_v_head_dim
+    for name in [n for n in tensors if n.endswith(".attn_kv_b")]:
+        t = tensors.pop(name)
+        p = name[: -len("attn_kv_b")]
+        if (t.rows, t.cols) != (h * (nope + vd), r):
+            raise ShapeError(
+                f"tensor {name} is {t.rows}x{t.cols}, the config implies {h * (nope + vd)}x{r}"
+            )
+        if t.dtype not in ("F32", "F16", "BF16"):
+            raise UnsupportedError(f"tensor {name}: a fused kv_b_proj in {t.dtype}")
+        size = t.row_bytes // r
+        x = np.asarray(t.data).reshape(h, nope + vd, r, size)
+        k_b = np.ascontiguousarray(x[:, :nope].transpose(0, 2, 1, 3)).reshape(-1)
+        v_b = np.ascontiguousarray(x[:, nope:]).reshape(-1)
+        tensors[p + "attn_k_b"] = TensorData(p + "attn_k_b", t.dtype, h * r, nope, k_b)
+        tensors[p + "attn_v_b"] = TensorData(p + "attn_v_b", t.dtype, h * vd, r, v_b)
 
 
 def merge_experts(tensors: dict[str, TensorData], cfg: Any, source: str) -> None:

@@ -31,12 +31,14 @@ from .archs import (
     split_fused,
 )
 from .hf_families import (
+    deepseek_attention,
     falcon_qkv_in_order,
     family_fields,
     gemma_fields,
     merge_experts,
     moe_fields,
     number,
+    split_kv_b,
 )
 from .hf_gptoss import gptoss_experts
 from .regular_file import regular_file
@@ -187,7 +189,11 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
     head_dim = _req_int({"head_dim": head_dim}, "head_dim")
     if head_dim <= 0:
         raise ShapeError(f"config.json: head_dim must be positive, got {head_dim}")
-    extra.update(hf_rope_fields(cfg, head_dim, float(rope_theta)))
+    if fam.name == "deepseek2":  # the latent row is the head (:func:`deepseek_attention`)
+        extra.update(deepseek_attention(cfg))
+        head_dim = extra.pop("head_dim")
+    else:
+        extra.update(hf_rope_fields(cfg, head_dim, float(rope_theta)))
     # YaRN's reach (factor x original) where max_position_embeddings says less.
     max_context = max(_req_int(cfg, "max_position_embeddings", 2048), extra.pop("max_context", 0))
     bos = cfg.get("bos_token_id")
@@ -210,7 +216,7 @@ def config_from_hf(cfg: dict[str, Any]) -> ModelConfig:
         max_context=max_context,
         **sizes,
         rope_theta=float(rope_theta),
-        rope_style="neox",
+        rope_style=extra.pop("rope_style", "neox"),
         activation=_activation(fam.hf_act_key, act_name),
         bos_token_id=bos if isinstance(bos, int) and not isinstance(bos, bool) else None,
         eos_token_ids=_ids(cfg.get("eos_token_id")),
@@ -342,6 +348,10 @@ def load_hf_dir(path: str | os.PathLike[str]) -> LoadedModel:
             del tensors[name]
     if family.moe and family.name != "gpt-oss":  # gpt-oss's are merged already
         merge_experts(tensors, cfg, str(d))
+    if family.name == "deepseek2":
+        split_kv_b(tensors, cfg)
+        # V3's correction bias, not V2's.
+        cfg.expert_score_bias = f"blk.{cfg.dense_lead_layers}.exp_probs_b.bias" in tensors
     q_dim, kv_dim = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
     if family.name == "falcon" and 1 < cfg.n_kv_heads == cfg.n_heads:
         falcon_qkv_in_order(tensors, cfg.n_heads, cfg.head_dim)

@@ -128,6 +128,13 @@ MOE_DEFAULTS: dict[str, object] = {
     "expert_bias": False,
     "swiglu_limit": 0.0,
 }
+#: The latent-attention fields DeepSeek-V2/V3 added (0: ordinary attention), likewise.
+MLA_DEFAULTS: dict[str, object] = {
+    "mla_kv_lora_rank": 0,
+    "mla_q_lora_rank": 0,
+    "mla_qk_nope": 0,
+    "mla_v_head_dim": 0,
+}
 
 #: The model config, declared once by the engine (crates/py/src/config.rs): built with
 #: keywords (``arch``, the eight sizes, ``rms_eps``, ``rope_theta``, ``rope_style`` and
@@ -154,6 +161,12 @@ MOE_DEFAULTS: dict[str, object] = {
 #: and LongRoPE's attention factor, 0 = 1); LongRoPE's ``rope_long_factors`` replace the
 #: factors for a context above ``rope_original_context`` (``config.for_context(n_ctx)``);
 #: layers with their own base (``rope_theta_local``) are not scaled.
+#:
+#: Multi-head latent attention (DeepSeek-V2/V3; ``mla_kv_lora_rank`` 0: none): the latent's
+#: width ``mla_kv_lora_rank``, the query's compression ``mla_q_lora_rank`` (0: one ``attn_q``),
+#: each query head's ``mla_qk_nope`` values absorbed through ``attn_k_b`` and each head's
+#: output width ``mla_v_head_dim``; ``head_dim`` is then the cached row (``kv_lora_rank +
+#: rope_dims``), ``n_kv_heads`` 1 and ``rope_dims`` the rotated part.
 ModelConfig = _core.ModelConfig
 
 
@@ -255,7 +268,7 @@ def fingerprint(config: ModelConfig, tensors: dict[str, TensorData], sample: int
     """
     h = hashlib.sha256()
     fields = config.to_dict()
-    for k, none in {**ROPE_DEFAULTS, **MOE_DEFAULTS}.items():
+    for k, none in {**ROPE_DEFAULTS, **MOE_DEFAULTS, **MLA_DEFAULTS}.items():
         if fields.get(k) == none:
             del fields[k]
     h.update(json.dumps(fields, sort_keys=True).encode())

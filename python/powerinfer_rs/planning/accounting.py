@@ -77,6 +77,12 @@ def kv_dim(shape: ModelShape) -> int:
     return shape.config.n_kv_heads * shape.config.head_dim
 
 
+def kv_latent(shape: ModelShape) -> bool:
+    """Whether the values are read from the key rows (DeepSeek's latent attention: one row
+    of ``kv_lora_rank + rope dims`` per position and layer, no value rows)."""
+    return bool(getattr(shape.config, "mla_kv_lora_rank", 0))
+
+
 def kv_types(kv_cache: str) -> tuple[str, str]:
     """The keys' and the values' precisions of ``kv_cache``: one name for both ("q8_0") or
     "k/v" ("q8_0/f16"); PlanError for an unknown one."""
@@ -117,13 +123,16 @@ def kv_position_bytes(shape: ModelShape, kv_cache: str = "f16") -> int:
     """Bytes of one position's keys and values in every layer, as the engine's KV snapshot
     holds them (``Session.kv_snapshot_bytes_per_position``)."""
     k, v = kv_types(kv_cache)
-    return shape.config.n_layers * (kv_row_bytes(k, kv_dim(shape)) + kv_row_bytes(v, kv_dim(shape)))
+    values = 0 if kv_latent(shape) else kv_row_bytes(v, kv_dim(shape))
+    return shape.config.n_layers * (kv_row_bytes(k, kv_dim(shape)) + values)
 
 
 def cpu_kv_bytes(shape: ModelShape, context: int, kv_cache: str = "f16") -> int:
     """Bytes of one layer's CPU KV cache (keys and values) for ``context`` positions: f16 and
     f32 sides as f32 in memory (rounded to f16 at f16), block sides as their blocks."""
     sides = [p if p in ("q8_0", "q4_0", "q4_1") else "f32" for p in kv_types(kv_cache)]
+    if kv_latent(shape):
+        sides = sides[:1]
     return context * sum(kv_row_bytes(p, kv_dim(shape)) for p in sides)
 
 

@@ -213,8 +213,13 @@ def plan_from_solution(problem: PlacementProblem, res: SolveResult, profile: Pro
 
 def refuse_non_flat(shape: ModelShape) -> None:
     """:class:`UnsupportedError` for a mixture of experts with leading dense layers (GLM-4.5's
-    first_k_dense_replace: a plan counts one flattened expert space per layer) or gpt-oss's
-    biased experts, clamped SwiGLU and attention sinks."""
+    first_k_dense_replace: a plan counts one flattened expert space per layer), gpt-oss's
+    biased experts, clamped SwiGLU and attention sinks, or multi-head latent attention."""
+    if getattr(shape.config, "mla_kv_lora_rank", 0):
+        raise UnsupportedError(
+            "a plan of multi-head latent attention (DeepSeek-V2/V3): its latent KV cache and "
+            "absorbed projections have no GPU side; such a model runs dense on the CPU"
+        )
     lead = shape.config.dense_lead_layers
     if shape.moe and lead:
         raise UnsupportedError(

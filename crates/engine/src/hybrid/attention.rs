@@ -93,6 +93,7 @@ impl<B: Backend> AttnPass<'_, B> {
                     qk_norm_pending = false;
                 }
                 AttnStep::Attend(p) => self.attend(p)?,
+                AttnStep::Mla(_) => bail!(Unsupported, "layer {l}: latent attention on the GPU"),
                 AttnStep::Output { bias } => {
                     let into_residual = !bias && matches!(next, Some(AttnStep::Residual));
                     self.output(*bias, into_residual)?;
