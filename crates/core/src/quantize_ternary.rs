@@ -30,7 +30,7 @@ pub(crate) fn tq2_0_block(x: &[f32], out: &mut [u8]) {
 /// number as a fraction of 3^5 times 256, rounded up.
 fn pack5(trits: impl Iterator<Item = u8>) -> u8 {
     let q = trits.fold(0u16, |q, t| q * 3 + t as u16);
-    ((q * 256 + 242) / 243) as u8
+    (q * 256).div_ceil(243) as u8
 }
 
 /// One TQ1_0 block (54 bytes) of 256 weights (the weight order in [`crate::dtype`]).
