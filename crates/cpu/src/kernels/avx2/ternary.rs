@@ -7,9 +7,10 @@
 //! kernels as an [`Int8Format`].
 //!
 //! TQ2_0's sub-block s is the 2-bit field s % 4 of the 32 bytes at 32·(s / 4), less 1. TQ1_0's
-//! bytes hold five trits as a base-3 fraction of 256: trit n of byte b is ((b·3^n mod 256)·3)
-//! >> 8, i.e. 0, 1 or 2 as b·3^n mod 256 lies below 86, below 171, or above; the products are
-//! byte adds (×3 = b + b + b, wrapping), the thresholds unsigned compares.
+//! bytes hold five trits as a base-3 fraction of 256: trit n of byte b is the top base-3 digit
+//! of b·3^n mod 256 (ggml's `(v·3) >> 8`), i.e. 0, 1 or 2 as that lies below 86, below 171, or
+//! above; the products are byte adds (×3 = b + b + b, wrapping), the thresholds unsigned
+//! compares.
 
 use super::int8_formats::{Decoded, Int8Format, Mins};
 use super::kquant::{Factors, KFormat};
