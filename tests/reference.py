@@ -39,7 +39,7 @@ import numpy as np
 from powerinfer_rs.errors import TokenError, UnsupportedError
 from powerinfer_rs.loading import LoadedModel, TensorData
 from powerinfer_rs.loading.powerinfer_gguf import dequantize_tensor
-from powerinfer_rs.testing.synth_types import TABLE_DTYPES
+from powerinfer_rs.testing.synth_types import TABLE_DTYPES, TERNARY_DTYPES
 
 _CACHE: OrderedDict[str, dict[str, np.ndarray]] = OrderedDict()
 _CACHE_MODELS = 2
@@ -71,7 +71,9 @@ def dequantize(t: TensorData) -> np.ndarray:
         d, b = _blocks(t, 20)
         m = b[:, 2:4].copy().view(np.float16).astype(np.float32)
         out = d * _nibbles(b[:, 4:]) + m
-    elif t.dtype in ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", *TABLE_DTYPES):
+    elif t.dtype in ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", *TABLE_DTYPES) or (
+        t.dtype in TERNARY_DTYPES
+    ):
         # gguf-py's numpy dequantizer: independent of the Rust decoder it checks.
         return dequantize_with_gguf(t)
     else:

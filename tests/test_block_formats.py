@@ -31,6 +31,8 @@ F16_FIELDS = {
     "IQ4_XS": (0,),
     # MXFP4's E8M0 scale: every byte is a finite scale (subnormal for 0 and 1, 2^127 for 255).
     "MXFP4": (),
+    "TQ1_0": (52,),
+    "TQ2_0": (64,),
 }
 #: Largest relative RMS round-trip error of our encoder on Gaussian rows (measured 0.34, 0.17,
 #: 0.084, 0.041, 0.022 for Q2_K..Q6_K on heavier-tailed rows in the Rust tests).
@@ -48,6 +50,9 @@ ROUND_TRIP = {
     "IQ4_NL": 0.1,
     "IQ4_XS": 0.1,
     "MXFP4": 0.2,
+    # Ternary: d = max|x| per 256 weights, so most Gaussian weights round to 0.
+    "TQ1_0": 0.9,
+    "TQ2_0": 0.9,
 }
 
 
@@ -97,6 +102,16 @@ def test_legacy_encoder_matches_gguf_bytes(dtype):
     size = BLOCK_LAYOUT[dtype][1]
     same = (ours.reshape(-1, size) == theirs.reshape(-1, size)).all(axis=1)
     assert same.mean() > 0.9, same.mean()
+
+
+@pytest.mark.parametrize("dtype", ["TQ1_0", "TQ2_0"])
+def test_ternary_encoder_matches_gguf_bytes(dtype):
+    """The ternary formats follow ggml's reference rounding (``quantize_row_tq*_0_ref``), which
+    gguf-py ports: the same bytes, block for block."""
+    x = np.random.default_rng(7).standard_normal((5, 3 * 256)).astype(np.float32)
+    ours = _core.quantize(dtype, x)
+    theirs = gguf.quants.quantize(x, gguf.GGMLQuantizationType[dtype])
+    np.testing.assert_array_equal(ours, theirs)
 
 
 def test_bad_inputs_are_typed_errors():

@@ -446,17 +446,19 @@ def test_q4_k_m_on_the_gpu_side_matches_the_cpu_engine(q4_k_m, tmp_path, device,
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", ["IQ4_NL", "IQ4_XS", "MXFP4"])
-def test_table_formats_run_as_q8_0_on_the_gpu_side(synth_gguf, tmp_path, device, dtype):
-    """The table formats have no GPU kernels: their rows are converted to Q8_0 at upload
-    (crates/cuda/src/convert.rs: IQ4_NL and MXFP4 exactly, IQ4_XS with its sub-block scales
-    rounded to f16), the plan counts the Q8_0 bytes (the engine checks them against its own),
-    and the hybrid decodes as the CPU engine."""
+@pytest.mark.parametrize("dtype", ["IQ4_NL", "IQ4_XS", "MXFP4", "TQ1_0", "TQ2_0"])
+def test_decoded_formats_run_as_q8_0_on_the_gpu_side(synth_gguf, tmp_path, device, dtype):
+    """The table and ternary formats have no GPU kernels: their rows are converted to Q8_0 at
+    upload (crates/cuda/src/convert.rs: IQ4_NL, MXFP4, TQ1_0 and TQ2_0 exactly, IQ4_XS with its
+    sub-block scales rounded to f16), the plan counts the Q8_0 bytes (the engine checks them
+    against its own), and the hybrid decodes as the CPU engine."""
     model = load_model(synth_gguf(dtype, seed=3, **K_SHAPE))
     assert {t.dtype for t in model.tensors.values() if t.rows > 1} == {dtype}
     # About 1.2 of the file's bytes as Q8_0 (a table format holds 17 or 18 bytes per 32 where
-    # Q8_0 holds 34): attention, output head and hot neurons on the GPU.
-    path = plan_for(model, tmp_path / "t.safetensors", 1.2)
+    # Q8_0 holds 34; the ternary ones 6.75 or 8.25: 4x as much): attention, output head and hot
+    # neurons on the GPU.
+    share = 4.8 if dtype.startswith("TQ") else 1.2
+    path = plan_for(model, tmp_path / "t.safetensors", share)
     cpu = Engine(model, threads=2, sparsity="exact-relu")
     hyb = Engine(model, threads=2, sparsity="exact-relu", plan=path, device=device)
     assert any(hyb.plan.attention) and hyb.plan.output

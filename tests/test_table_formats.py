@@ -1,9 +1,11 @@
-"""The table formats (IQ4_NL, IQ4_XS, MXFP4: 4-bit indices into 16 non-linear values) end to
-end, on files written by llama.cpp's own quantizer (llama-cpp-python's
-``llama_model_quantize``; IQ4_NL and IQ4_XS need no importance matrix) from a synthetic F32
-model: IQ4_NL and IQ4_XS with llama.cpp's default recipe for the file type (the head in Q6_K),
-MXFP4 as llama.cpp's MXFP4_MOE type writes it (the experts of a synthetic Qwen3-MoE in MXFP4,
-the rest Q8_0), and a dense file with every matrix in MXFP4 (``pure``) for the sparse modes.
+"""The decoded formats end to end: the table formats (IQ4_NL, IQ4_XS, MXFP4: 4-bit indices into
+16 non-linear values) and the ternary ones (TQ1_0, TQ2_0: {-1, 0, 1} times a scale per 256), on
+files written by llama.cpp's own quantizer (llama-cpp-python's ``llama_model_quantize``; none of
+them needs an importance matrix) from a synthetic F32 model: IQ4_NL, IQ4_XS, TQ1_0 and TQ2_0
+with llama.cpp's default recipe for the file type (the head in Q6_K; for TQ*, the token
+embeddings in Q4_K), MXFP4 as llama.cpp's
+MXFP4_MOE type writes it (the experts of a synthetic Qwen3-MoE in MXFP4, the rest Q8_0), and a
+dense file with every matrix in MXFP4 (``pure``) for the sparse modes.
 
 - every table-format tensor decodes (``_core.dequantize``) to gguf-py's values bit for bit;
 - the largest per-position relative logit error against the float64 reference of the same
@@ -37,6 +39,8 @@ FILES = {
     "IQ4_NL": (25, False, {}, {"IQ4_NL", "Q6_K"}),
     "IQ4_XS": (30, False, {}, {"IQ4_XS", "Q6_K"}),
     "MXFP4": (38, False, MOE, {"MXFP4", "Q8_0", "F32"}),
+    "TQ1_0": (36, False, {}, {"TQ1_0", "Q6_K", "Q4_K"}),
+    "TQ2_0": (37, False, {}, {"TQ2_0", "Q6_K", "Q4_K"}),
 }
 #: The dense file with every matrix in MXFP4 (llama.cpp's ``pure`` quantization).
 MXFP4_DENSE = (38, True, {}, {"MXFP4"})
@@ -116,7 +120,9 @@ def test_logits_within_llama_cpps_distance_of_the_reference(quantized, dtype):
     assert max(batched, one) <= theirs, (batched, one, theirs)
 
 
-@pytest.mark.parametrize("spec", [FILES["IQ4_NL"], FILES["IQ4_XS"], MXFP4_DENSE])
+@pytest.mark.parametrize(
+    "spec", [FILES["IQ4_NL"], FILES["IQ4_XS"], MXFP4_DENSE, FILES["TQ1_0"], FILES["TQ2_0"]]
+)
 def test_exact_relu_decodes_as_dense(quantized, spec):
     """Sparse decoding reads ``down_t``, the down projection re-encoded in its format: close to
     dense, not equal; the batched path is the dense function."""

@@ -37,7 +37,7 @@ pub fn dequantize_block(dtype: DType, b: &[u8], out: &mut [f32]) {
             }
         }
         DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => legacy_block(dtype, b, out),
-        DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4 => {
+        DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4 | DType::TQ1_0 | DType::TQ2_0 => {
             let mut d = [0f32; 8];
             let mut q = [0i8; 256];
             unpack_table(dtype, b, &mut d, &mut q);
@@ -137,10 +137,14 @@ pub fn iq4xs_scale(b: &[u8], s: usize) -> u8 {
     low | (((high >> (2 * s)) & 3) as u8) << 4
 }
 
-/// Split a table-format block into its per-32 scales `d` (one for IQ4_NL and MXFP4, eight for
-/// IQ4_XS: d·(scale − 32) in f32, as ggml computes it) and its table values `q` (the first
-/// `dtype.block_size()` of them).
+/// Split a decoded-format block ([`DType::is_decoded`]) into its per-32 scales `d` (one for
+/// IQ4_NL and MXFP4; eight for IQ4_XS: d·(scale − 32) in f32, as ggml computes it; the block's
+/// d eight times for the ternary formats) and its int8 values `q` (the first
+/// `dtype.block_size()` of them: table values, or the trits −1, 0, 1 (and TQ2_0's 2)).
 pub fn unpack_table(dtype: DType, b: &[u8], d: &mut [f32; 8], q: &mut [i8; 256]) {
+    if let DType::TQ1_0 | DType::TQ2_0 = dtype {
+        return unpack_ternary(dtype, b, d, q);
+    }
     let values = table_values(dtype);
     let (sub, qs) = match dtype {
         DType::IQ4_NL => {
@@ -167,6 +171,36 @@ pub fn unpack_table(dtype: DType, b: &[u8], d: &mut [f32; 8], q: &mut [i8; 256])
             q[32 * s + j + 16] = values[(idx[j] >> 4) as usize];
         }
     }
+}
+
+/// [`unpack_table`] for the ternary formats (layouts in [`crate::dtype`]).
+fn unpack_ternary(dtype: DType, b: &[u8], d: &mut [f32; 8], q: &mut [i8; 256]) {
+    if dtype == DType::TQ2_0 {
+        d.fill(f16_at(b, 64));
+        for (i, qi) in q.iter_mut().enumerate() {
+            let (j, l, m) = (i / 128, i / 32 % 4, i % 32);
+            *qi = ((b[32 * j + m] >> (2 * l)) & 3) as i8 - 1;
+        }
+        return;
+    }
+    d.fill(f16_at(b, 52));
+    for (i, qi) in q.iter_mut().enumerate() {
+        let (byte, n) = match i {
+            0..160 => (b[i % 32], i / 32),
+            160..240 => (b[32 + (i - 160) % 16], (i - 160) / 16),
+            _ => (b[48 + (i - 240) % 4], (i - 240) / 4),
+        };
+        *qi = tq1_trit(byte, n);
+    }
+}
+
+/// Trit `n` (0..5) of a TQ1_0 byte, as −1, 0 or 1: the byte is a base-3 fraction of 256, and
+/// multiplying by 3^n (mod 256) brings trit n to the top, where ·3 >> 8 reads it (ggml's way).
+#[inline]
+pub fn tq1_trit(byte: u8, n: usize) -> i8 {
+    const POW3: [u8; 5] = [1, 3, 9, 27, 81];
+    let v = byte.wrapping_mul(POW3[n]);
+    ((v as u16 * 3) >> 8) as i8 - 1
 }
 
 /// A K-quant super-block's sub-blocks: `n` (16 or 8) of them, sub-block s standing for
@@ -360,6 +394,33 @@ mod tests {
         assert_eq!(out[160], 0.25 * 3.0 * 113.0);
         assert_eq!(out[176], 0.25 * 3.0 * -127.0);
         assert_eq!(out[0], 0.25 * -32.0 * -127.0);
+    }
+
+    #[test]
+    fn ternary_layout() {
+        // TQ2_0: d = 0.5 at byte 64; weight 128 + 32·2 + 5 = 197 is bits 4..6 of qs[37].
+        let mut b = vec![0x55u8; 66]; // every 2-bit field 1: weight 0
+        b[64..].copy_from_slice(&h(0.5));
+        b[37] = 0x55 & !0x30 | 0x30; // field 2 of byte 37 = 3: weight 2
+        b[3] = 0x54; // field 0 of byte 3 = 0: weight −1
+        let mut out = [0f32; 256];
+        dequantize_row(DType::TQ2_0, &b, &mut out).unwrap();
+        assert_eq!((out[197], out[3], out[35], out[0]), (1.0, -0.5, 0.0, 0.0));
+        // TQ1_0: trit n of a byte is ((byte·3^n mod 256)·3) >> 8, then − 1: 0x80 reads 1 at
+        // every n (all 0 after the − 1), 255 reads 2 first, 0 reads 0 everywhere.
+        assert_eq!(
+            (0..5).map(|n| tq1_trit(0x80, n)).collect::<Vec<_>>(),
+            [0; 5]
+        );
+        assert_eq!(tq1_trit(255, 0), 1);
+        assert_eq!(tq1_trit(0, 3), -1);
+        let mut b = vec![0u8; 54];
+        b[52..].copy_from_slice(&h(2.0));
+        b[7] = 255; // weight 7 (trit 0 of qs[7]) = 1
+        b[32 + 3] = 255; // weight 160 + 3 = 1
+        b[48 + 1] = 255; // weight 241 = 1
+        dequantize_row(DType::TQ1_0, &b, &mut out).unwrap();
+        assert_eq!((out[7], out[163], out[241], out[0]), (2.0, 2.0, 2.0, -2.0));
     }
 
     #[test]

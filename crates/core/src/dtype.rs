@@ -43,6 +43,19 @@
 //!   bytes of indices, one 32-weight sub-block each. Sub-block s has the 6-bit scale
 //!   `(scales_l[s / 2] >> 4(s % 2)) & 15 | ((scales_h >> 2s) & 3) << 4`, standing for that
 //!   value − 32; w = (d·scale)·table[idx] with IQ4_NL's table.
+//!
+//! The ternary formats store weights in {−1, 0, 1} (TQ2_0 also takes 2) times one f16 `d` per
+//! 256 (ggml's `block_tq1_0`, `block_tq2_0`):
+//! - `TQ2_0` (66 bytes): 64 bytes `qs`, f16 `d`. Weight i = 128j + 32l + m is
+//!   ((qs[32j + m] >> 2l) & 3) − 1.
+//! - `TQ1_0` (54 bytes): 48 bytes `qs`, 4 bytes `qh`, f16 `d`; five trits per byte as a base-3
+//!   fraction of 256 (trit n of byte b: ((b·3^n mod 256)·3) >> 8, then − 1). Weights 0..160 are
+//!   trit i / 32 of qs[i % 32]; 160..240 trit (i − 160) / 16 of qs[32 + (i − 160) % 16];
+//!   240..256 trit (i − 240) / 4 of qh[(i − 240) % 4].
+//!
+//! The table and ternary formats are the "decoded" ones ([`DType::is_decoded`]): a block
+//! unpacks into int8 values with one f32 scale per 32 weights and no mins
+//! (`crate::dequantize::unpack_table`).
 
 use crate::error::{Error, Result};
 
@@ -66,17 +79,20 @@ pub enum DType {
     IQ4_NL,
     IQ4_XS,
     MXFP4,
+    TQ1_0,
+    TQ2_0,
 }
 
 impl DType {
     /// Every supported format, for tests and tables: [`DType::BASIC`], Q5_0, Q5_1,
-    /// [`DType::K_QUANTS`], then [`DType::TABLE`]. A format's index here is its id in the files
-    /// we write (neuron store, down_t): new formats are appended.
-    pub const ALL: [DType; 16] = DType::join(&[
+    /// [`DType::K_QUANTS`], [`DType::TABLE`], then [`DType::TERNARY`]. A format's index here is
+    /// its id in the files we write (neuron store, down_t): new formats are appended.
+    pub const ALL: [DType; 18] = DType::join(&[
         &DType::BASIC,
         &[DType::Q5_0, DType::Q5_1],
         &DType::K_QUANTS,
         &DType::TABLE,
+        &DType::TERNARY,
     ]);
 
     /// The formats of one value or 32 weights per block that every backend (the GPU kernels
@@ -101,6 +117,9 @@ impl DType {
 
     /// The table formats: 4-bit indices into 16 non-linear values (see the module docs).
     pub const TABLE: [DType; 3] = [DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4];
+
+    /// The ternary formats (see the module docs).
+    pub const TERNARY: [DType; 2] = [DType::TQ1_0, DType::TQ2_0];
 
     /// `parts` one after the other, in order (for the format lists above, built at compile
     /// time); `N` must be their total length.
@@ -139,7 +158,7 @@ impl DType {
             DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => 32,
             DType::IQ4_NL | DType::MXFP4 => 32,
             DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => 256,
-            DType::IQ4_XS => 256,
+            DType::IQ4_XS | DType::TQ1_0 | DType::TQ2_0 => 256,
         }
     }
 
@@ -161,6 +180,8 @@ impl DType {
             DType::IQ4_NL => 18,
             DType::IQ4_XS => 136,
             DType::MXFP4 => 17,
+            DType::TQ1_0 => 54,
+            DType::TQ2_0 => 66,
         }
     }
 
@@ -182,17 +203,24 @@ impl DType {
             DType::Q2_K => &[80, 82],
             DType::Q3_K => &[108],
             DType::Q6_K => &[208],
+            DType::TQ1_0 => &[52],
+            DType::TQ2_0 => &[64],
         }
     }
 
-    /// True for the formats of 256-weight super-blocks (the K-quants and IQ4_XS).
+    /// True for the formats of 256-weight super-blocks (the K-quants, IQ4_XS, the ternary ones).
     pub const fn is_super_block(self) -> bool {
         self.block_size() == 256
     }
 
-    /// True for the table formats ([`DType::TABLE`]).
-    pub const fn is_table(self) -> bool {
-        matches!(self, DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4)
+    /// True for the decoded formats, [`DType::TABLE`] and [`DType::TERNARY`]: a block unpacks
+    /// into int8 values with a scale per 32 weights (`crate::dequantize::unpack_table`). They
+    /// have no GPU kernels of their own (converted to Q8_0 at upload) and no integer tile.
+    pub const fn is_decoded(self) -> bool {
+        matches!(
+            self,
+            DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4 | DType::TQ1_0 | DType::TQ2_0
+        )
     }
 
     /// Bytes of one row of `cols` weights; an error when `cols` is not a whole number of blocks.
@@ -227,6 +255,8 @@ impl DType {
             DType::IQ4_NL => "IQ4_NL",
             DType::IQ4_XS => "IQ4_XS",
             DType::MXFP4 => "MXFP4",
+            DType::TQ1_0 => "TQ1_0",
+            DType::TQ2_0 => "TQ2_0",
         }
     }
 
@@ -271,5 +301,8 @@ mod tests {
         assert_eq!(DType::IQ4_XS.row_bytes(512).unwrap(), 272);
         assert_eq!(DType::MXFP4.row_bytes(64).unwrap(), 34);
         assert_eq!(DType::IQ4_NL.row_bytes(64).unwrap(), 36);
+        assert_eq!(DType::TQ1_0.row_bytes(512).unwrap(), 108);
+        assert_eq!(DType::TQ2_0.row_bytes(256).unwrap(), 66);
+        assert!(matches!(DType::TQ2_0.row_bytes(32), Err(Error::Shape(_))));
     }
 }

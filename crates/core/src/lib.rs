@@ -20,6 +20,7 @@ pub mod plan_record;
 pub mod quantize;
 mod quantize_k;
 mod quantize_table;
+mod quantize_ternary;
 pub mod rope;
 pub mod testing;
 pub mod weight;

@@ -1,7 +1,7 @@
 //! Encoding f32 rows into the block formats (the ggml reference rounding), for the layouts the
 //! engine builds once at load (the transposed down projection of the sparse FFN) and for the
 //! synthetic model writers. The K-quants' encoders live in [`crate::quantize_k`], the table
-//! formats' in [`crate::quantize_table`].
+//! formats' in [`crate::quantize_table`], the ternary ones' in [`crate::quantize_ternary`].
 
 use half::{bf16, f16};
 
@@ -9,6 +9,7 @@ use crate::dtype::DType;
 use crate::error::Result;
 use crate::quantize_k::{q2_k_block, q3_k_block, q45_k_block, q6_k_block};
 use crate::quantize_table::{iq4_nl_block, iq4_xs_block, mxfp4_block};
+use crate::quantize_ternary::{tq1_0_block, tq2_0_block};
 
 /// Encode `src` (one row) as `dtype` into `dst` (exactly `dtype.row_bytes(src.len())` bytes).
 pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
@@ -30,6 +31,8 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
         DType::IQ4_NL => per_block(dtype, src, dst, iq4_nl_block),
         DType::IQ4_XS => per_block(dtype, src, dst, iq4_xs_block),
         DType::MXFP4 => per_block(dtype, src, dst, mxfp4_block),
+        DType::TQ1_0 => per_block(dtype, src, dst, tq1_0_block),
+        DType::TQ2_0 => per_block(dtype, src, dst, tq2_0_block),
     }
     Ok(())
 }
@@ -191,7 +194,7 @@ mod tests {
         let x: Vec<f32> = (0..96)
             .map(|i| ((i * 37 % 29) as f32 - 14.0) * 0.11)
             .collect();
-        let plain = |d: &DType| !d.is_super_block() && !d.is_table();
+        let plain = |d: &DType| !d.is_super_block() && !d.is_decoded();
         for dtype in DType::ALL.into_iter().filter(plain) {
             let mut buf = vec![0u8; dtype.row_bytes(x.len()).unwrap()];
             quantize_row(dtype, &x, &mut buf).unwrap();

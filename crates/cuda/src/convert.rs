@@ -1,7 +1,8 @@
-//! The formats the GPU takes by conversion at upload: the table formats (IQ4_NL, IQ4_XS,
-//! MXFP4) have no GPU kernels of their own; their rows are re-encoded as Q8_0 on the way to the
-//! device ([`device_dtype`], [`device_rows`]), and the device kernels, the slabs and the plan's
-//! accounting see Q8_0 rows (34 bytes per 32 weights where the host holds 18, 17 or 17).
+//! The formats the GPU takes by conversion at upload: the decoded formats (the table formats
+//! IQ4_NL, IQ4_XS, MXFP4 and the ternary TQ1_0, TQ2_0) have no GPU kernels of their own; their
+//! rows are re-encoded as Q8_0 on the way to the device ([`device_dtype`], [`device_rows`]), and
+//! the device kernels, the slabs and the plan's accounting see Q8_0 rows (34 bytes per 32
+//! weights where the host holds 18, 17, 17, 6.75 or 8.25).
 //!
 //! The conversion, per 32 weights (w = scale·value, the value an int8 of the format's table):
 //! - IQ4_NL: d and the values as they are: exact (the same f32 products).
@@ -11,6 +12,7 @@
 //! - IQ4_XS: each 32-weight sub-block's d·(scale − 32), computed in f32 as the CPU does, rounded
 //!   to f16 as the Q8_0 scale, the values as they are: one f16 rounding of the sub-block scale
 //!   (relative 2^−11 at most).
+//! - TQ1_0, TQ2_0: the block's f16 d as every sub-block's scale, the trits as the values: exact.
 
 use std::borrow::Cow;
 
@@ -18,7 +20,7 @@ use half::f16;
 use powerinfer_core::dequantize::unpack_table;
 use powerinfer_core::{ensure, DType, Result};
 
-/// The format `dtype`'s rows take on a device: Q8_0 for the table formats, else `dtype`.
+/// The format `dtype`'s rows take on a device: Q8_0 for the decoded formats, else `dtype`.
 pub const fn device_dtype(dtype: DType) -> DType {
     match is_converted(dtype) {
         true => DType::Q8_0,
@@ -26,9 +28,9 @@ pub const fn device_dtype(dtype: DType) -> DType {
     }
 }
 
-/// Whether `dtype`'s rows are converted at upload (the table formats).
+/// Whether `dtype`'s rows are converted at upload (the decoded formats).
 pub const fn is_converted(dtype: DType) -> bool {
-    dtype.is_table()
+    dtype.is_decoded()
 }
 
 /// Rows of `cols` weights in `dtype` (whole rows, GGUF layout) as [`device_dtype`] rows, GGUF
@@ -95,8 +97,9 @@ mod tests {
             match dtype {
                 DType::MXFP4 => b[0] = 104 + b[0] % 43, // s = −24..=18
                 _ => {
+                    let at = dtype.f16_fields()[0];
                     let d = f16::from_f32(0.001 * (b[0] as f32 - 128.0));
-                    b[..2].copy_from_slice(&d.to_le_bytes());
+                    b[at..at + 2].copy_from_slice(&d.to_le_bytes());
                 }
             }
         }
@@ -104,8 +107,8 @@ mod tests {
     }
 
     #[test]
-    fn iq4_nl_and_mxfp4_convert_exactly_iq4_xs_within_an_f16_scale() {
-        for dtype in DType::TABLE {
+    fn iq4_nl_mxfp4_and_ternary_convert_exactly_iq4_xs_within_an_f16_scale() {
+        for dtype in [&DType::TABLE[..], &DType::TERNARY].concat() {
             let cols = 512;
             let raw = rows(dtype, 3 * dtype.row_bytes(cols).unwrap(), 9);
             let conv = device_rows(dtype, cols, &raw).unwrap();

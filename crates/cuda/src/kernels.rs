@@ -7,8 +7,9 @@
 use powerinfer_core::{ensure, DType, Result};
 
 /// Every weight format the GPU kernels take: each per-format kernel is instantiated once for
-/// each (`<prefix>_<suffix>`, see [`dtype_suffix`]). The rest (Q2_K, Q3_K and the table formats
-/// IQ4_NL, IQ4_XS, MXFP4) run on the CPU only;
+/// each (`<prefix>_<suffix>`, see [`dtype_suffix`]). The rest (Q2_K, Q3_K and the decoded
+/// formats IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0, which `crate::convert` turns into Q8_0 at upload)
+/// have no kernels of their own;
 /// [`crate::ops`] refuses them with `Error::Unsupported` before anything is uploaded.
 pub const GPU_DTYPES: [DType; 11] = DType::join(&[
     &DType::BASIC,
@@ -165,6 +166,8 @@ pub const fn dtype_suffix(d: DType) -> &'static str {
         DType::IQ4_NL => "iq4_nl",
         DType::IQ4_XS => "iq4_xs",
         DType::MXFP4 => "mxfp4",
+        DType::TQ1_0 => "tq1_0",
+        DType::TQ2_0 => "tq2_0",
     }
 }
 
@@ -181,8 +184,8 @@ mod tests {
             .into_iter()
             .filter(|d| !is_gpu_dtype(*d))
             .collect();
-        let table = [DType::IQ4_NL, DType::IQ4_XS, DType::MXFP4];
-        assert_eq!(off, [&[DType::Q2_K, DType::Q3_K][..], &table].concat());
+        let decoded = [&DType::TABLE[..], &DType::TERNARY].concat();
+        assert_eq!(off, [&[DType::Q2_K, DType::Q3_K][..], &decoded].concat());
         // Every block size is even: the kernels need 2-byte aligned rows only.
         for d in GPU_DTYPES {
             assert!(d.block_bytes().is_multiple_of(2), "{d}");

@@ -195,6 +195,9 @@ pub fn down_crossover_share(dtype: DType) -> f32 {
         // the K-quants' (IQ4_XS).
         DType::IQ4_NL | DType::MXFP4 => 0.45,
         DType::IQ4_XS => 0.25,
+        // Not measured: the ternary formats' axpy is the K-quants' generic one over their
+        // blocks decoded to int8, as the K-quants'.
+        DType::TQ1_0 | DType::TQ2_0 => 0.2,
     }
 }
 

@@ -41,6 +41,8 @@ BLOCK_LAYOUT: dict[str, tuple[int, int]] = {
     "IQ4_NL": (32, 18),
     "IQ4_XS": (256, 136),
     "MXFP4": (32, 17),
+    "TQ1_0": (256, 54),
+    "TQ2_0": (256, 66),
 }
 
 SUPPORTED_DTYPES: tuple[str, ...] = tuple(BLOCK_LAYOUT)

@@ -30,9 +30,15 @@ K_FALLBACK = {
     "IQ4_XS": "IQ4_NL",
 }
 
+#: The formats whose ``down_t`` is re-encoded in another format where its rows fit (the ternary
+#: ones in Q8_0: one ternary scale cannot hold the 256 source rows' scales a transposed block
+#: gathers; crates/engine/src/transpose.rs ``transposed_format``).
+TRANSPOSED_FORMAT = {"TQ1_0": "Q8_0", "TQ2_0": "Q8_0"}
+
 #: The weight formats the GPU kernels take (crates/cuda/src/kernels.rs ``GPU_DTYPES``, exported as
-#: ``_core.GPU_DTYPES``); the engine refuses a plan putting a matrix in any other (Q2_K, Q3_K, the
-#: table formats IQ4_NL, IQ4_XS, MXFP4) on the GPU, so the planner keeps those parts on the CPU.
+#: ``_core.GPU_DTYPES``); the engine refuses a plan putting a matrix in any other (Q2_K, Q3_K) on
+#: the GPU, so the planner keeps those parts on the CPU; the decoded formats (IQ4_NL, IQ4_XS,
+#: MXFP4, TQ1_0, TQ2_0) go there converted (:data:`GPU_UPLOAD_AS`).
 GPU_DTYPES = (
     "F32",
     "F16",
@@ -47,8 +53,8 @@ GPU_DTYPES = (
     "Q6_K",
 )
 
-#: The formats converted at upload to a GPU format (``_core.GPU_UPLOAD_AS``: the table formats to
-#: Q8_0): the GPU holds their rows in that format.
+#: The formats converted at upload to a GPU format (``_core.GPU_UPLOAD_AS``: the table and ternary
+#: formats to Q8_0): the GPU holds their rows in that format.
 GPU_UPLOAD_AS: dict[str, str] = dict(_core.GPU_UPLOAD_AS)
 
 
@@ -160,11 +166,12 @@ class ModelShape:
 
     def down_t_dtype(self, layer: int, name: str | None = None) -> str:
         """Dtype of the transposed down projection, as the engine's ``transposed_dtype``:
-        ``ffn_down``'s own dtype (an expert's: ``ffn_down_exps``'s; ``name`` another tensor's)
-        when ``dim`` is a whole number of its blocks, else a K-quant's 32-weight fallback
-        (:data:`K_FALLBACK`) when that fits, else F16."""
+        ``ffn_down``'s own dtype (an expert's: ``ffn_down_exps``'s; ``name`` another tensor's;
+        :data:`TRANSPOSED_FORMAT` for the ternary ones) when ``dim`` is a whole number of its
+        blocks, else a K-quant's 32-weight fallback (:data:`K_FALLBACK`) when that fits, else
+        F16."""
         dt = self.dtype(name or self.ffn_tensor(layer, "down"))
-        for cand in (dt, K_FALLBACK.get(dt, dt)):
+        for cand in (TRANSPOSED_FORMAT.get(dt, dt), K_FALLBACK.get(dt, dt)):
             if self.config.dim % BLOCK_LAYOUT[cand][0] == 0:
                 return cand
         return "F16"
@@ -270,6 +277,7 @@ __all__ = [
     "GPU_PARTS",
     "GPU_UPLOAD_AS",
     "K_FALLBACK",
+    "TRANSPOSED_FORMAT",
     "MOE_SPARSITIES",
     "SPARSITIES",
     "ModelShape",

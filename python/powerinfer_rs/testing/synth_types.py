@@ -3,12 +3,12 @@
 A whole-file dtype ("Q8_0", "Q4_K", ...) stores every 2-D weight in it; a K-quant tensor whose
 rows are not a whole number of 256-weight super-blocks falls back to a 32-weight format as
 llama.cpp's quantizer does (Q2_K, Q3_K -> Q4_0; Q4_K -> Q5_0; Q5_K -> Q5_1; Q6_K -> Q8_0;
-IQ4_XS -> IQ4_NL).
+IQ4_XS -> IQ4_NL; TQ1_0, TQ2_0 -> Q4_0).
 The mix "Q4_K_M" follows llama.cpp's recipe in its main lines: Q6_K for the output head and for
 ``attn_v`` / ``ffn_down`` of the first and last eighth of the layers and every third layer in
-between, Q4_K elsewhere. Legacy formats are encoded by gguf-py, K-quants and the table formats
-(IQ4_NL, IQ4_XS, MXFP4) by our own encoder (``_core.quantize``, ggml's reference rounding; gguf-py
-has none for most of them).
+between, Q4_K elsewhere. Legacy formats are encoded by gguf-py, K-quants, the table formats
+(IQ4_NL, IQ4_XS, MXFP4) and the ternary ones (TQ1_0, TQ2_0) by our own encoder
+(``_core.quantize``, ggml's reference rounding; gguf-py has none for most of them).
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ TENSOR_DTYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
 K_DTYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 #: The table formats (4-bit indices into 16 non-linear values).
 TABLE_DTYPES = ("IQ4_NL", "IQ4_XS", "MXFP4")
+#: The ternary formats ({-1, 0, 1} times a scale per 256 weights).
+TERNARY_DTYPES = ("TQ1_0", "TQ2_0")
 #: Whole-file dtypes: one format, or a mix.
-GGUF_DTYPES = (*TENSOR_DTYPES, *K_DTYPES, *TABLE_DTYPES, "Q4_K_M")
+GGUF_DTYPES = (*TENSOR_DTYPES, *K_DTYPES, *TABLE_DTYPES, *TERNARY_DTYPES, "Q4_K_M")
 #: general.file_type values (llama.cpp's llama_ftype).
 GGUF_FILE_TYPE = {
     "F32": 0,
@@ -40,6 +42,8 @@ GGUF_FILE_TYPE = {
     "IQ4_NL": 25,
     "IQ4_XS": 30,
     "MXFP4": 38,
+    "TQ1_0": 36,
+    "TQ2_0": 37,
 }
 K_FALLBACK = {
     "Q2_K": "Q4_0",
@@ -48,6 +52,8 @@ K_FALLBACK = {
     "Q5_K": "Q5_1",
     "Q6_K": "Q8_0",
     "IQ4_XS": "IQ4_NL",
+    "TQ1_0": "Q4_0",
+    "TQ2_0": "Q4_0",
 }
 
 
@@ -79,7 +85,7 @@ def encode(x: np.ndarray, dtype: str) -> np.ndarray:
         return np.ascontiguousarray(x, dtype=np.float32)
     if dtype == "F16":
         return x.astype(np.float16)
-    if dtype in K_DTYPES or dtype in TABLE_DTYPES:
+    if dtype in K_DTYPES or dtype in TABLE_DTYPES or dtype in TERNARY_DTYPES:
         from .. import _core
 
         return _core.quantize(dtype, np.ascontiguousarray(x, dtype=np.float32))

@@ -100,7 +100,7 @@ mod tests {
     fn table_formats_dequantize_bit_exact_on_every_level() {
         // w = d·value is one rounding, so every level gives the core decoder's bits.
         each_row(4, |_, dtype, cols, row| {
-            if !dtype.is_table() {
+            if !dtype.is_decoded() {
                 return;
             }
             let mut want = vec![0f32; cols];

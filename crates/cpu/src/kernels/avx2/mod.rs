@@ -37,6 +37,7 @@ mod split8;
 mod split8_tokens;
 pub(crate) use split8_tokens::XLanes;
 mod table;
+mod ternary;
 mod tile;
 mod wide;
 mod wide_float;
@@ -480,6 +481,8 @@ unsafe fn int16_rows_avx2<const R: usize, const FETCH: bool>(
             DType::IQ4_NL => int16::quant_rows_i16::<table::IQ4NL, R, FETCH>(p, next, xq, out),
             DType::MXFP4 => int16::quant_rows_i16::<table::MXFP4, R, FETCH>(p, next, xq, out),
             DType::IQ4_XS => kquant::rows_i16::<table::IQ4XS, R, FETCH>(p, next, xq, out),
+            DType::TQ1_0 => kquant::rows_i16::<ternary::TQ1, R, FETCH>(p, next, xq, out),
+            DType::TQ2_0 => kquant::rows_i16::<ternary::TQ2, R, FETCH>(p, next, xq, out),
             DType::F32 | DType::F16 | DType::BF16 => {}
         }
     }
