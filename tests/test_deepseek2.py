@@ -14,6 +14,7 @@ import json
 
 import numpy as np
 import pytest
+from llamacpp_check import compare_with_llama_cpp, distance
 
 from powerinfer_rs import Engine
 from powerinfer_rs.errors import ModelFileError, UnsupportedError
@@ -294,34 +295,16 @@ def test_logits_within_llama_cpps_distance_and_64_greedy_tokens(files, kind):
     further than llama.cpp's own distance (floored at f32 rounding); F32: 64 greedy tokens
     identical (on Q8_0 llama.cpp's own rounding, activations quantized too, is 2000 times
     ours against the reference, and its text departs from the reference's)."""
-    llama_cpp = pytest.importorskip("llama_cpp")
     path = files(kind)
     m = load_model(path)
     if kind == "q8_0":
         assert m.tensors["blk.1.attn_k_b"].dtype == "Q8_0"
         assert m.tensors["blk.1.attn_kv_a_mqa"].dtype == "Q8_0"
     prompt = ids_for(m, n=12, seed=2)
-    llm = llama_cpp.Llama(
-        model_path=str(path),
-        n_ctx=96,
-        n_threads=2,
-        n_threads_batch=2,
-        logits_all=True,
-        type_k=0,
-        type_v=0,
-        verbose=False,
-    )
-    llm.eval(prompt)
-    theirs = np.asarray(llm.scores[: len(prompt)], dtype=np.float64)
-    eng = exact_kv_engine(m, threads=2)
-    ours = eng.logits(prompt).astype(np.float64)
-    ref = reference_logits(m, prompt)
-    err = {k: distance(v, ref) for k, v in (("ours", ours), ("llama.cpp", theirs))}
-    print(f"deepseek2 {kind} vs the float64 reference (max rel, mean KL):", err)
-    assert err["ours"][0] <= max(err["llama.cpp"][0], 1e-5)
-    assert err["ours"][1] <= max(err["llama.cpp"][1], 1e-9)
+    run = compare_with_llama_cpp(m, path, prompt, f"deepseek2 {kind}", n_ctx=96)
+    run.assert_within_llama_cpp()
     if kind == "gguf":
-        assert engine_greedy(eng, prompt, 64) == llama_greedy(llm, prompt, 64)
+        assert engine_greedy(run.eng, prompt, 64) == llama_greedy(run.llm, prompt, 64)
 
 
 def test_yarn_as_llama_cpp_scales_deepseek(tmp_path):
@@ -329,7 +312,6 @@ def test_yarn_as_llama_cpp_scales_deepseek(tmp_path):
     frequencies ramp, the rotation keeps magnitude 1 and the scores take mscale² (llama.cpp's
     yarn_log_multiplier fix); our logits and 64 greedy tokens against llama.cpp's, on a prompt
     past the original context of 64, and the reference; without the multiplier: refused."""
-    llama_cpp = pytest.importorskip("llama_cpp")
     from powerinfer_rs.loading.gguf_loader import config_from_metadata
 
     spec = DeepseekSpec(v3=False, yarn_factor=8.0, yarn_original=64, seed=7)
@@ -340,26 +322,10 @@ def test_yarn_as_llama_cpp_scales_deepseek(tmp_path):
     assert c.attn_scale == pytest.approx(mscale**2 / np.sqrt(48), rel=1e-5)
     assert c.rope_attn_factor == 0.0 and len(c.rope_freq_factors) == 8
     prompt = ids_for(m, n=80, seed=9)
-    llm = llama_cpp.Llama(
-        model_path=str(path),
-        n_ctx=160,
-        n_threads=2,
-        n_threads_batch=2,
-        logits_all=True,
-        type_k=0,
-        type_v=0,
-        verbose=False,
-    )
-    llm.eval(prompt)
-    theirs = np.asarray(llm.scores[: len(prompt)], dtype=np.float64)
-    eng = exact_kv_engine(m, threads=2)
-    ours = eng.logits(prompt).astype(np.float64)
-    ref = reference_logits(m, prompt)
-    err = {k: distance(v, ref) for k, v in (("ours", ours), ("llama.cpp", theirs))}
-    print("deepseek2 YaRN vs the float64 reference (max rel, mean KL):", err)
-    assert distance(ours, theirs)[0] <= 1e-4
-    assert err["ours"][0] <= max(err["llama.cpp"][0], 1e-5)
-    assert engine_greedy(eng, prompt[:8], 64) == llama_greedy(llm, prompt[:8], 64)
+    run = compare_with_llama_cpp(m, path, prompt, "deepseek2 YaRN", n_ctx=160)
+    assert distance(run.ours, run.theirs)[0] <= 1e-4
+    run.assert_within_llama_cpp(kl=False)
+    assert engine_greedy(run.eng, prompt[:8], 64) == llama_greedy(run.llm, prompt[:8], 64)
     meta = dict(open_gguf(path).metadata)
     del meta["deepseek2.rope.scaling.yarn_log_multiplier"]
     with pytest.raises(UnsupportedError, match="yarn_log_multiplier"):
@@ -370,32 +336,15 @@ def test_v2_lite_gguf_has_one_attn_q(tmp_path):
     """DeepSeek-V2-Lite's form (no q_lora_rank: one attn_q), which llama.cpp reads only at its
     "lite" layer counts (27 here): our logits against llama.cpp's and the reference, greedy
     text equal."""
-    llama_cpp = pytest.importorskip("llama_cpp")
     spec = DeepseekSpec(v3=False, layers=27, q_lora_rank=0, experts=4, seed=8)
     path = write_deepseek_gguf(tmp_path / "lite.gguf", spec)
     m = load_model(path)
     assert m.config.mla_q_lora_rank == 0 and "blk.0.attn_q" in m.tensors
     assert "deepseek2.attention.q_lora_rank" not in open_gguf(path).metadata
     prompt = ids_for(m, n=8, seed=3)
-    llm = llama_cpp.Llama(
-        model_path=str(path),
-        n_ctx=64,
-        n_threads=2,
-        n_threads_batch=2,
-        logits_all=True,
-        type_k=0,
-        type_v=0,
-        verbose=False,
-    )
-    llm.eval(prompt)
-    theirs = np.asarray(llm.scores[: len(prompt)], dtype=np.float64)
-    eng = exact_kv_engine(m, threads=2)
-    ours = eng.logits(prompt).astype(np.float64)
-    ref = reference_logits(m, prompt)
-    err = {k: distance(v, ref) for k, v in (("ours", ours), ("llama.cpp", theirs))}
-    print("deepseek2 V2-Lite form vs the float64 reference (max rel, mean KL):", err)
-    assert err["ours"][0] <= max(err["llama.cpp"][0], 1e-5)
-    assert engine_greedy(eng, prompt, 16) == llama_greedy(llm, prompt, 16)
+    run = compare_with_llama_cpp(m, path, prompt, "deepseek2 V2-Lite form", n_ctx=64)
+    run.assert_within_llama_cpp(kl=False)
+    assert engine_greedy(run.eng, prompt, 16) == llama_greedy(run.llm, prompt, 16)
 
 
 def test_hf_yarn_is_the_gguf_conversions(tmp_path):
@@ -419,16 +368,3 @@ def test_hf_yarn_is_the_gguf_conversions(tmp_path):
     (tmp_path / "hf" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(UnsupportedError, match="YaRN only"):
         load_model(tmp_path / "hf")
-
-
-def distance(logits: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
-    """(largest relative logit error over the positions, mean KL(ref || logits))."""
-    rows = np.abs(logits - ref).max(axis=1) / np.abs(ref).max(axis=1)
-
-    def logp(x):
-        z = x - x.max(axis=1, keepdims=True)
-        return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-
-    lp, lq = logp(ref), logp(logits)
-    kl = (np.exp(lp) * (lp - lq)).sum(axis=1)
-    return float(rows.max()), float(kl.mean())

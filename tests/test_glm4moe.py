@@ -16,6 +16,7 @@ import shutil
 
 import numpy as np
 import pytest
+from llamacpp_check import compare_with_llama_cpp
 
 from powerinfer_rs import Engine
 from powerinfer_rs.errors import ShapeError, UnsupportedError
@@ -235,45 +236,14 @@ def test_logits_within_llama_cpps_distance_and_64_greedy_tokens(synth_gguf, dtyp
     file's dequantised weights), largest relative error per position and mean KL, ours no
     further than llama.cpp's own distance (floored at f32 rounding); F32: 64 greedy tokens
     identical."""
-    llama_cpp = pytest.importorskip("llama_cpp")
     args = {**GLM_ARGS, "dim": 256, "expert_ffn": 256} if dtype != "F32" else GLM_ARGS
     path = synth_gguf(dtype=dtype, seed=11, **args)
     m = load_model(path)
     prompt = ids_for(m, n=12, seed=2)
-    llm = llama_cpp.Llama(
-        model_path=str(path),
-        n_ctx=96,
-        n_threads=2,
-        n_threads_batch=2,
-        logits_all=True,
-        type_k=0,
-        type_v=0,
-        verbose=False,
-    )
-    llm.eval(prompt)
-    theirs = np.asarray(llm.scores[: len(prompt)], dtype=np.float64)
-    eng = exact_kv_engine(m, threads=2)
-    ours = eng.logits(prompt).astype(np.float64)
-    ref = reference_logits(m, prompt)
-    err = {k: distance(v, ref) for k, v in (("ours", ours), ("llama.cpp", theirs))}
-    print(f"glm4moe {dtype} vs the float64 reference (max rel, mean KL):", err)
-    assert err["ours"][0] <= max(err["llama.cpp"][0], 1e-5)
-    assert err["ours"][1] <= max(err["llama.cpp"][1], 1e-9)
+    run = compare_with_llama_cpp(m, path, prompt, f"glm4moe {dtype}", n_ctx=96)
+    run.assert_within_llama_cpp()
     if dtype == "F32":
-        assert engine_greedy(eng, prompt, 64) == llama_greedy(llm, prompt, 64)
-
-
-def distance(logits: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
-    """(largest relative logit error over the positions, mean KL(ref || logits))."""
-    rows = np.abs(logits - ref).max(axis=1) / np.abs(ref).max(axis=1)
-
-    def logp(x):
-        z = x - x.max(axis=1, keepdims=True)
-        return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-
-    lp, lq = logp(ref), logp(logits)
-    kl = (np.exp(lp) * (lp - lq)).sum(axis=1)
-    return float(rows.max()), float(kl.mean())
+        assert engine_greedy(run.eng, prompt, 64) == llama_greedy(run.llm, prompt, 64)
 
 
 def test_chat_renders_through_glms_template_in_the_file(synth_hf, synth_gguf):

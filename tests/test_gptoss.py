@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from llamacpp_check import compare_with_llama_cpp
 
 from powerinfer_rs import Engine
 from powerinfer_rs.errors import UnsupportedError
@@ -143,10 +144,10 @@ def test_each_feature_changes_the_function(files, feature):
 
 def test_matches_the_reference_batched_and_decoding_past_the_window(files):
     """F32: a 40-token prompt over a 16-position window, batched and one token at a time,
-    within 1e-5 of the float64 reference. The batched rows and the one-token steps differ
-    only by the projections' rounding (matrix products against matrix-vector products, as
-    for every family: 8e-7 on a llama or GLM file of the same size); the attention with
-    sinks gives a query the same bits batched or alone (crates/engine attention.rs tests)."""
+    within 1e-5 of the float64 reference; a session's batched rows (``Session.decode``) are
+    its one-token steps bit for bit. (``Engine.logits``' prompt pass differs from the steps
+    by the projections' rounding only, matrix products against matrix-vector products, as for
+    every family: 8e-7 on a llama or GLM file of the same size.)"""
     m = load_model(files())
     ids = ids_for(m, n=40)
     ref = reference_logits(m, ids)
@@ -154,6 +155,9 @@ def test_matches_the_reference_batched_and_decoding_past_the_window(files):
     batched, steps = eng.logits(ids), decode_logits(eng, ids)
     assert rel(batched, ref) <= REF_RTOL and rel(steps, ref) <= REF_RTOL
     assert rel(batched, steps) <= 1e-6
+    s = eng.new_session()
+    stepped = np.concatenate([s.feed([t]) for t in ids])
+    np.testing.assert_array_equal(eng.new_session().decode(ids), stepped)
 
 
 def test_snapshot_resumes_with_sinks_and_window_bit_for_bit(files):
@@ -199,19 +203,6 @@ def test_what_it_does_not_run_is_a_typed_error(files, tmp_path, what):
     assert rel(eng.logits(ids), reference_logits(m, ids)) <= 1e-3
 
 
-def distance(logits: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
-    """(largest relative logit error over the positions, mean KL(ref || logits))."""
-    rows = np.abs(logits - ref).max(axis=1) / np.abs(ref).max(axis=1)
-
-    def logp(x):
-        z = x - x.max(axis=1, keepdims=True)
-        return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
-
-    lp, lq = logp(ref), logp(logits)
-    kl = (np.exp(lp) * (lp - lq)).sum(axis=1)
-    return float(rows.max()), float(kl.mean())
-
-
 @pytest.mark.parametrize("dtype,experts", [("F32", None), ("BF16", "MXFP4")])
 def test_logits_within_llama_cpps_distance_and_64_greedy_tokens(files, dtype, experts):
     """llama.cpp runs the same file: both sides' logits against the float64 reference (of the
@@ -220,32 +211,14 @@ def test_logits_within_llama_cpps_distance_and_64_greedy_tokens(files, dtype, ex
     rounding); F32: 64 greedy tokens identical (the BF16/MXFP4 file's greedy text drifts
     apart where llama.cpp's own error, its activations rounded to bf16 and q8_0 for the
     products, flips a near tie: ours is 5e-7 from the reference there, llama.cpp's 4e-2)."""
-    llama_cpp = pytest.importorskip("llama_cpp")
     path = files(dtype, experts)
     m = load_model(path)
     prompt = ids_for(m, n=24, seed=2)
-    llm = llama_cpp.Llama(
-        model_path=str(path),
-        n_ctx=128,
-        n_threads=2,
-        n_threads_batch=2,
-        logits_all=True,
-        type_k=0,
-        type_v=0,
-        swa_full=True,
-        verbose=False,
-    )
-    llm.eval(prompt)
-    theirs = np.asarray(llm.scores[: len(prompt)], dtype=np.float64)
-    eng = exact_kv_engine(m, threads=2)
-    ours = eng.logits(prompt).astype(np.float64)
-    ref = reference_logits(m, prompt)
-    err = {k: distance(v, ref) for k, v in (("ours", ours), ("llama.cpp", theirs))}
-    print(f"gpt-oss {dtype}/{experts} vs the float64 reference (max rel, mean KL):", err)
-    assert err["ours"][0] <= max(err["llama.cpp"][0], 1e-5)
-    assert err["ours"][1] <= max(err["llama.cpp"][1], 1e-9)
+    label = f"gpt-oss {dtype}/{experts}"
+    run = compare_with_llama_cpp(m, path, prompt, label, n_ctx=128, swa_full=True)
+    run.assert_within_llama_cpp()
     if dtype == "F32":
-        assert engine_greedy(eng, prompt, 64) == llama_greedy(llm, prompt, 64)
+        assert engine_greedy(run.eng, prompt, 64) == llama_greedy(run.llm, prompt, 64)
 
 
 def test_chat_renders_through_the_harmony_template_in_the_file(files):
