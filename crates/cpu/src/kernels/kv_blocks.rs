@@ -49,11 +49,18 @@ pub(crate) trait KvBlock {
     /// The block's integers.
     const INTS: Ints;
     /// The block's term of q·k from `isum` = Σ_i q_i·k_i over its integers (`dq` the query
-    /// block's scale, `qsum` the sum of its integers).
-    fn scale(b: &[u8], dq: f32, isum: i32, qsum: i32) -> f32;
+    /// block's scale, `qsum` the sum of its integers); by default a block of one scale d at
+    /// byte 0: d·dq·isum.
+    #[inline(always)]
+    fn scale(b: &[u8], dq: f32, isum: i32, _qsum: i32) -> f32 {
+        (f16_at(b, 0) * dq) * isum as f32
+    }
     /// (c, m) with the block's value i = c·k_i + m times the weight `w` (m unused for
-    /// [`Ints::Bytes`]).
-    fn coeffs(b: &[u8], w: f32) -> (f32, f32);
+    /// [`Ints::Bytes`]); by default (w·d, 0).
+    #[inline(always)]
+    fn coeffs(b: &[u8], w: f32) -> (f32, f32) {
+        (w * f16_at(b, 0), 0.0)
+    }
 }
 
 /// q8_0: d, 32 × i8.
@@ -66,27 +73,11 @@ pub(crate) struct Q4_1;
 impl KvBlock for Q8_0 {
     const BYTES: usize = 34;
     const INTS: Ints = Ints::Bytes(2);
-    #[inline(always)]
-    fn scale(b: &[u8], dq: f32, isum: i32, _: i32) -> f32 {
-        (f16_at(b, 0) * dq) * isum as f32
-    }
-    #[inline(always)]
-    fn coeffs(b: &[u8], w: f32) -> (f32, f32) {
-        (w * f16_at(b, 0), 0.0)
-    }
 }
 
 impl KvBlock for Q4_0 {
     const BYTES: usize = 18;
     const INTS: Ints = Ints::Nibbles { at: 2, bias: 8 };
-    #[inline(always)]
-    fn scale(b: &[u8], dq: f32, isum: i32, _: i32) -> f32 {
-        (f16_at(b, 0) * dq) * isum as f32
-    }
-    #[inline(always)]
-    fn coeffs(b: &[u8], w: f32) -> (f32, f32) {
-        (w * f16_at(b, 0), 0.0)
-    }
 }
 
 impl KvBlock for Q4_1 {
