@@ -202,6 +202,31 @@ def _read_experts(meta: dict[str, Any], fam: Family, cfg: ModelConfig) -> None:
         cfg.shared_ffn_dim = _int(meta, f"{a}.expert_shared_feed_forward_length", cfg.ffn_dim)
 
 
+def _shared_lead_and_routing(
+    meta: dict[str, Any], cfg: ModelConfig, a: str, gating: int, scale: float
+) -> int:
+    """The expert keys GLM-4.5's and DeepSeek's graphs read alike, into ``cfg``; returns each
+    expert's width (``expert_feed_forward_length``, required). ``expert_shared_count``
+    (required) shared experts of that width make one shared expert; the first
+    ``leading_dense_block_count`` layers (default 0) are dense; ``expert_gating_func`` (1
+    softmax, 2 sigmoid; absent: ``gating``); ``expert_weights_norm`` (default false);
+    ``expert_weights_scale`` (absent: ``scale``; 1 and 0 both mean none)."""
+    expert_ffn = _int(meta, f"{a}.expert_feed_forward_length")
+    cfg.shared_ffn_dim = expert_ffn * _int(meta, f"{a}.expert_shared_count")
+    cfg.dense_lead_layers = _int(meta, f"{a}.leading_dense_block_count", 0)
+    func = meta.get(f"{a}.expert_gating_func", gating)
+    if func not in (1, 2):
+        raise UnsupportedError(f"{a}.expert_gating_func {func!r} (1 softmax, 2 sigmoid)")
+    cfg.expert_gating = "softmax" if func == 1 else "sigmoid"
+    norm = meta.get(f"{a}.expert_weights_norm", False)
+    if not isinstance(norm, bool):
+        raise ModelFileError(f"GGUF metadata key {a}.expert_weights_norm must be a bool")
+    cfg.expert_norm_weights = norm
+    weights_scale = _float(meta, f"{a}.expert_weights_scale", scale)
+    cfg.expert_weights_scale = 0.0 if weights_scale == 1.0 else weights_scale
+    return expert_ffn
+
+
 def _glm4moe_experts(meta: dict[str, Any], cfg: ModelConfig) -> int:
     """GLM-4.5's expert settings into ``cfg`` as llama.cpp's glm4-moe.cpp reads them; returns
     each expert's width (``expert_feed_forward_length``, required). ``expert_shared_count``
@@ -212,19 +237,7 @@ def _glm4moe_experts(meta: dict[str, Any], cfg: ModelConfig) -> int:
     last ``nextn_predict_layers`` blocks (default 0) are the NextN/MTP layers llama.cpp loads
     but never runs, so the decoder has ``block_count`` less those."""
     a = "glm4moe"
-    expert_ffn = _int(meta, f"{a}.expert_feed_forward_length")
-    cfg.shared_ffn_dim = expert_ffn * _int(meta, f"{a}.expert_shared_count")
-    cfg.dense_lead_layers = _int(meta, f"{a}.leading_dense_block_count", 0)
-    gating = meta.get(f"{a}.expert_gating_func", 2)
-    if gating not in (1, 2):
-        raise UnsupportedError(f"{a}.expert_gating_func {gating!r} (1 softmax, 2 sigmoid)")
-    cfg.expert_gating = "softmax" if gating == 1 else "sigmoid"
-    norm = meta.get(f"{a}.expert_weights_norm", False)
-    if not isinstance(norm, bool):
-        raise ModelFileError(f"GGUF metadata key {a}.expert_weights_norm must be a bool")
-    cfg.expert_norm_weights = norm
-    scale = _float(meta, f"{a}.expert_weights_scale", 1.0)
-    cfg.expert_weights_scale = 0.0 if scale == 1.0 else scale
+    expert_ffn = _shared_lead_and_routing(meta, cfg, a, gating=2, scale=1.0)
     nextn = _int(meta, f"{a}.nextn_predict_layers", 0)
     if not 0 <= nextn < cfg.n_layers:
         raise ModelFileError(
@@ -264,19 +277,7 @@ def _deepseek2_experts(meta: dict[str, Any], cfg: ModelConfig) -> int:
     if _int(meta, f"{a}.attention.value_length") != cfg.mla_kv_lora_rank:
         raise ShapeError(f"{a}.attention.value_length is not kv_lora_rank")
     _deepseek2_yarn(meta, cfg)
-    expert_ffn = _int(meta, f"{a}.expert_feed_forward_length")
-    cfg.shared_ffn_dim = expert_ffn * _int(meta, f"{a}.expert_shared_count")
-    cfg.dense_lead_layers = _int(meta, f"{a}.leading_dense_block_count", 0)
-    gating = meta.get(f"{a}.expert_gating_func", 1)
-    if gating not in (1, 2):
-        raise UnsupportedError(f"{a}.expert_gating_func {gating!r} (1 softmax, 2 sigmoid)")
-    cfg.expert_gating = "softmax" if gating == 1 else "sigmoid"
-    norm = meta.get(f"{a}.expert_weights_norm", False)
-    if not isinstance(norm, bool):
-        raise ModelFileError(f"GGUF metadata key {a}.expert_weights_norm must be a bool")
-    cfg.expert_norm_weights = norm
-    scale = _float(meta, f"{a}.expert_weights_scale", 0.0)
-    cfg.expert_weights_scale = 0.0 if scale == 1.0 else scale
+    expert_ffn = _shared_lead_and_routing(meta, cfg, a, gating=1, scale=0.0)
     groups = _int(meta, f"{a}.expert_group_count", 0)
     if groups > 1:
         cfg.expert_groups = groups
