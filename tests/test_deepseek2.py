@@ -15,6 +15,7 @@ import json
 import numpy as np
 import pytest
 from llamacpp_check import compare_with_llama_cpp, distance
+from refusals import attempt_unsupported
 
 from powerinfer_rs import Engine
 from powerinfer_rs.errors import ModelFileError, UnsupportedError
@@ -221,24 +222,10 @@ def test_what_it_does_not_run_is_a_typed_error(files, tmp_path, what):
     """The sparse modes, profiling, the neuron store and a GPU plan (the hybrid executor,
     which runs only from one, refuses too) have no latent attention: refused, typed, and the
     engine still runs dense."""
-    from powerinfer_rs.formats.profile import Profile
-    from powerinfer_rs.planning import load_hardware, make_plan
-
     m = load_model(files("gguf"))
     eng = Engine(m, threads=2)
-    c = m.config
     with pytest.raises(UnsupportedError, match="latent attention"):
-        if what == "threshold":
-            eng.set_sparsity("threshold", thresholds=[0.1] * c.n_layers)
-        elif what == "profiling":
-            eng.start_profiling()
-        elif what == "neuron store":
-            eng.write_neuron_store(tmp_path / "ds.store")
-        else:
-            counts = [np.full(c.n_expert * c.expert_ffn_dim, 10, np.int64)] * c.n_layers
-            routed = [np.full(c.n_expert, 10, np.int64)] * c.n_layers
-            prof = Profile(counts, 100, {}, expert_counts=routed)
-            make_plan(m, prof, load_hardware("rtx4090"), 10**7, sparsity="dense")
+        attempt_unsupported(eng, m, what, tmp_path)
     ids = ids_for(m, n=4)
     assert rel(eng.logits(ids), reference_logits(m, ids)) <= 1e-3
 

@@ -17,6 +17,7 @@ import shutil
 import numpy as np
 import pytest
 from llamacpp_check import compare_with_llama_cpp
+from refusals import attempt_unsupported
 
 from powerinfer_rs import Engine
 from powerinfer_rs.errors import ShapeError, UnsupportedError
@@ -208,24 +209,10 @@ def test_what_it_does_not_run_yet_is_a_typed_error(synth_gguf, tmp_path, what):
     """The sparse modes, profiling, the neuron store and the GPU plan (the engine's hybrid
     refuses it too, where its executor opens) count one flattened expert space per layer:
     refused, typed."""
-    from powerinfer_rs.formats.profile import Profile
-    from powerinfer_rs.planning import load_hardware, make_plan
-
     m = load_model(synth_gguf(**GLM_ARGS))
     eng = Engine(m, threads=2)
-    c = m.config
     with pytest.raises(UnsupportedError, match="leading dense layers"):
-        if what == "threshold":
-            eng.set_sparsity("threshold", thresholds=[0.1] * 3)
-        elif what == "profiling":
-            eng.start_profiling()
-        elif what == "neuron store":
-            eng.write_neuron_store(tmp_path / "glm.store")
-        else:
-            counts = [np.full(c.n_expert * c.expert_ffn_dim, 10, np.int64)] * c.n_layers
-            routed = [np.full(c.n_expert, 10, np.int64)] * c.n_layers
-            prof = Profile(counts, 100, {}, expert_counts=routed)
-            make_plan(m, prof, load_hardware("rtx4090"), 10**7, sparsity="dense")
+        attempt_unsupported(eng, m, what, tmp_path)
     ids = ids_for(m, n=4)
     assert rel(eng.logits(ids), reference_logits(m, ids)) <= 1e-3  # still usable, dense
 
