@@ -11,6 +11,8 @@ pub mod dtype;
 pub mod error;
 pub mod files;
 pub mod kv_precision;
+pub mod lattice_grids;
+mod lattice_grids_data;
 pub mod mla_config;
 pub mod moe_config;
 pub mod neuron_table;
