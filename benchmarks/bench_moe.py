@@ -16,7 +16,14 @@ realistic ratios scaled to this machine, one per ``--shapes`` entry, all dim 102
   heads per KV head, heads of 64, even layers sliding over 128 positions, attention sinks,
   biased experts with the clamped SwiGLU, YaRN (synth_gptoss's writer; its experts are
   written F16 and quantized with the rest, ``MXFP4`` = llama.cpp's MXFP4_MOE ftype 38, the
-  format gpt-oss ships in).
+  format gpt-oss ships in);
+- ``deepseek2``: DeepSeek-V2-Lite's ratios at half its width: multi-head latent attention
+  (16 heads, a latent of 256 = 512 / 2, nope 64 / rope 32 / value 64 per head: 128 / 64 /
+  128 halved; the query through a LoRA of 512 as V2 has, since llama.cpp reads V2-Lite's
+  single q projection only at its layer counts), 64 experts of 704 (1408 / 2), top-6 by softmax
+  (V2's routing), 2 shared experts, layer 0 dense of 5472 (10944 / 2); written all-F32 by
+  synth_deepseek2's writer and quantized with the rest. ``--heads`` and ``--layers`` apply;
+  ``--dim`` scales the latent and the head widths with it.
 
 ``--dim``/``--layers``/``--experts``/... override a shape's numbers. Each is written once as F16
 and quantized by llama.cpp (``llama_cpp.llama_model_quantize``) to each ``--formats`` entry
@@ -105,6 +112,9 @@ SHAPES = {
         nextn=1,
     ),
     "gpt-oss": dict(arch="gpt-oss", kv_heads=2, experts=32, experts_used=4, expert_ffn=1024),
+    "deepseek2": dict(
+        arch="deepseek2", kv_heads=16, experts=64, experts_used=6, expert_ffn=704, ffn=5472
+    ),
 }
 #: The synth keywords only GLM-4.5's shape sets.
 GLM_KEYS = ("dense_lead", "partial_rotary", "nextn")
@@ -130,6 +140,8 @@ def synthetic_f16(args, arch: str = "qwen3moe") -> Path:
     base = shape_of(args, "qwen3moe" if arch == "smallthinker" else arch)
     if arch == "gpt-oss":
         return _gptoss_f16(args, base)
+    if arch == "deepseek2":
+        return _deepseek2_f32(args, base)
     shape = dict(
         dim=base["dim"],
         ffn=base["ffn"],
@@ -184,6 +196,30 @@ def _gptoss_f16(args, base: dict) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".part.gguf")
         write_gptoss_gguf(tmp, dtype="F16", expert_dtype=None, **shape)
+        os.replace(tmp, path)
+    return path
+
+
+def _deepseek2_f32(args, base: dict) -> Path:
+    """The synthetic DeepSeek-V2-Lite-like model of shape ``base``, all-F32 as the converter
+    writes it from the float checkpoint (the file llama.cpp quantizes), written once."""
+    from powerinfer_rs.testing.synth_deepseek2 import DeepseekSpec, write_deepseek_gguf
+
+    dim = base["dim"]
+    spec = DeepseekSpec(
+        dim=dim, layers=base["layers"], heads=base["heads"], vocab=args.vocab, q_lora_rank=dim // 2,
+        kv_lora_rank=dim // 4, qk_nope=dim // 16, qk_rope=dim // 32, v_head_dim=dim // 16,
+        ffn=base["ffn"], expert_ffn=base["expert_ffn"], experts=base["experts"],
+        experts_used=base["experts_used"], shared_experts=2, dense_lead=1, v3=False,
+        groups=1, groups_used=1, scale=1.0, max_context=4096, seed=args.seed,
+    )  # fmt: skip
+    tag = f"d{dim}-l{spec.layers}-h{spec.heads}-e{spec.experts}x{spec.expert_ffn}-s{args.seed}"
+    path = Path(args.cache) / f"synthetic-deepseek2-f16-{tag}.gguf"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        print(f"writing {path} (all F32) ...", file=sys.stderr, flush=True)
+        tmp = path.with_suffix(".part.gguf")
+        write_deepseek_gguf(tmp, spec)
         os.replace(tmp, path)
     return path
 

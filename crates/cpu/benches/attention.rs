@@ -6,7 +6,9 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use powerinfer_core::quantize::quantize_row;
 use powerinfer_core::DType;
-use powerinfer_cpu::{attend_head, attend_head_kv, HeadCache, KvHeadCache, KvRows, KvScratch};
+use powerinfer_cpu::{
+    attend_head, attend_head_kv, HeadCache, KvHeadCache, KvRows, KvScratch, SoftmaxExtras,
+};
 use std::hint::black_box;
 
 const HD: usize = 64;
@@ -59,6 +61,7 @@ fn bench(c: &mut Criterion) {
                 f32_cache,
                 N_POS,
                 0.125,
+                None,
                 &mut scores,
                 black_box(&mut out),
             )
@@ -99,7 +102,7 @@ fn bench(c: &mut Criterion) {
                     cache,
                     N_POS,
                     0.125,
-                    None,
+                    SoftmaxExtras::default(),
                     &mut scratch,
                     black_box(&mut out),
                 )

@@ -32,7 +32,7 @@ pub use bandwidth::{
 };
 pub use layout::{interleaving, LAYOUT_ENV};
 pub use numerics::{numerics, Numerics, NUMERICS_ENV};
-pub use operands::attention::{HeadCache, KvHeadCache, KvRows, KvScratch};
+pub use operands::attention::{HeadCache, KvHeadCache, KvRows, KvScratch, SoftmaxExtras};
 pub use operands::input_major::{ActiveInput, InputMajor};
 pub use operands::interleaved::Interleaved;
 pub use operands::matrix::{Matrix, MatrixRef};

@@ -6,7 +6,7 @@
 
 use powerinfer_cpu::{
     attend_block, attend_head, attend_head_kv, block_attention_is_fast, BlockScratch, HeadCache,
-    KvHeadCache, KvRows, KvScratch, QueryBlock,
+    KvHeadCache, KvRows, KvScratch, QueryBlock, SoftmaxExtras,
 };
 use rayon::prelude::*;
 
@@ -38,84 +38,12 @@ pub struct AttnShape<'a> {
     pub sinks: Option<&'a [f32]>,
 }
 
-/// What the plain loops of one head apply beyond the scaled dot products: Gemma 2's cap and
-/// gpt-oss's sink logit.
-#[derive(Clone, Copy)]
-struct PlainExtras {
-    cap: Option<f32>,
-    sink: Option<f32>,
-}
-
-/// Scratch of [`attend_head_plain`]: the scores, and one position's key and value where a
-/// side is in blocks.
+/// Scratch of the per-head kernels over f32 sides: `attend_head`'s scores, and
+/// `attend_head_kv`'s scratch where the scores are soft-capped.
 #[derive(Default)]
-struct PlainScratch {
+struct F32Scratch {
     scores: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-}
-
-/// Position `p`'s `hd` values of one side of a head's cache (`rows` from the head's offset,
-/// `stride` values per position), dequantized into `buf` where the side is in blocks.
-fn kv_row<'b>(
-    rows: KvRows<'b>,
-    p: usize,
-    stride: usize,
-    hd: usize,
-    buf: &'b mut Vec<f32>,
-) -> &'b [f32] {
-    match rows {
-        KvRows::F32(v) => &v[p * stride..p * stride + hd],
-        KvRows::Blocks(dt, b) => {
-            let bb = dt.block_bytes();
-            let at = p * stride / 32 * bb;
-            buf.resize(hd, 0.0);
-            // The cache wrote these blocks itself: a row of whole blocks dequantizes.
-            let _ = powerinfer_core::dequantize_row(dt, &b[at..at + hd / 32 * bb], buf);
-            buf
-        }
-    }
-}
-
-/// One head over `len` cached positions by the plain loops, with the extras the fast kernels
-/// have not (a soft-cap: Gemma 2; a sink logit: gpt-oss, whose sink joins the max and the
-/// denominator, `out = Σ_p e^(s_p − m) v_p / (e^(sink − m) + Σ_p e^(s_p − m))`). Every
-/// (token, head) of a call takes the same loops, so batched rows have the bits of steps.
-fn attend_head_plain(
-    q: &[f32],
-    cache: KvHeadCache<'_>,
-    len: usize,
-    scale: f32,
-    ex: PlainExtras,
-    s: &mut PlainScratch,
-    out: &mut [f32],
-) {
-    let hd = q.len();
-    let st = cache.stride;
-    s.scores.clear();
-    for p in 0..len {
-        let k = kv_row(cache.keys, p, st, hd, &mut s.k);
-        let d: f32 = q.iter().zip(k).map(|(a, b)| a * b).sum::<f32>() * scale;
-        s.scores.push(match ex.cap {
-            Some(cap) => cap * (d / cap).tanh(),
-            None => d,
-        });
-    }
-    let mut m = s.scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    if let Some(sink) = ex.sink {
-        m = m.max(sink);
-    }
-    let mut z = ex.sink.map_or(0.0, |sink| (sink - m).exp());
-    s.scores.iter_mut().for_each(|v| {
-        *v = (*v - m).exp();
-        z += *v;
-    });
-    out.fill(0.0);
-    for p in 0..len {
-        let w = s.scores[p];
-        let v = kv_row(cache.values, p, st, hd, &mut s.v);
-        out.iter_mut().zip(v).for_each(|(o, v)| *o += w / z * v);
-    }
+    kv: KvScratch,
 }
 
 /// Attention for `n` new tokens whose positions are `start..start+n`.
@@ -133,9 +61,8 @@ pub fn attention(
     start: usize,
     out: &mut [f32],
 ) {
-    match (keys, values, shape.sinks) {
-        (_, _, Some(_)) => attention_plain(shape, q, keys, values, start, out),
-        (KvRows::F32(k), KvRows::F32(v), None) => attention_f32(shape, q, k, v, start, out),
+    match (keys, values) {
+        (KvRows::F32(k), KvRows::F32(v)) => attention_f32(shape, q, k, v, start, out),
         _ => attention_blocks(shape, q, keys, values, start, out),
     }
 }
@@ -191,39 +118,6 @@ fn each_head<S: Default + Send>(
     }
 }
 
-/// [`attention`] with sinks: one [`attend_head_plain`] per (token, head), over f32 or block
-/// sides.
-fn attention_plain(
-    shape: &AttnShape<'_>,
-    q: &[f32],
-    keys: KvRows<'_>,
-    values: KvRows<'_>,
-    start: usize,
-    out: &mut [f32],
-) {
-    let hd = shape.head_dim;
-    let kv_dim = shape.n_kv_heads * hd;
-    let scale = shape.scale.unwrap_or(1.0 / (hd as f32).sqrt());
-    each_head(
-        shape,
-        q,
-        start,
-        out,
-        |scratch: &mut PlainScratch, head, o| {
-            let cache = KvHeadCache {
-                keys: keys.skip(head.offset),
-                values: values.skip(head.offset),
-                stride: kv_dim,
-            };
-            let ex = PlainExtras {
-                cap: shape.softcap,
-                sink: shape.sinks.map(|s| s[head.head]),
-            };
-            attend_head_plain(head.q, cache, head.len, scale, ex, scratch, o);
-        },
-    );
-}
-
 /// [`attention`] over a cache with a block side: one [`attend_head_kv`] per (token, head).
 fn attention_blocks(
     shape: &AttnShape<'_>,
@@ -242,7 +136,11 @@ fn attention_blocks(
             values: values.skip(head.offset),
             stride: kv_dim,
         };
-        attend_head_kv(head.q, cache, head.len, scale, shape.softcap, scratch, o);
+        let extras = SoftmaxExtras {
+            softcap: shape.softcap,
+            sink: shape.sinks.map(|s| s[head.head]),
+        };
+        attend_head_kv(head.q, cache, head.len, scale, extras, scratch, o);
     });
 }
 
@@ -259,22 +157,20 @@ fn attention_f32(
     let kv_dim = shape.n_kv_heads * hd;
     let scale = shape.scale.unwrap_or(1.0 / (hd as f32).sqrt());
     let n = out.len() / (shape.n_heads * hd);
-    if n >= BLOCK_MIN_TOKENS && block_attention_is_fast() {
+    // The block kernels have no sinks.
+    if n >= BLOCK_MIN_TOKENS && block_attention_is_fast() && shape.sinks.is_none() {
         return blocked(shape, q, keys, values, start, out);
     }
-    each_head(
-        shape,
-        q,
-        start,
-        out,
-        |s: &mut PlainScratch, head, o| match shape.softcap {
+    each_head(shape, q, start, out, |s: &mut F32Scratch, head, o| {
+        let sink = shape.sinks.map(|s| s[head.head]);
+        match shape.softcap {
             None => {
                 let cache = HeadCache {
                     keys: &keys[head.offset..],
                     values: &values[head.offset..],
                     stride: kv_dim,
                 };
-                attend_head(head.q, cache, head.len, scale, &mut s.scores, o)
+                attend_head(head.q, cache, head.len, scale, sink, &mut s.scores, o)
             }
             Some(cap) => {
                 let cache = KvHeadCache {
@@ -282,14 +178,14 @@ fn attention_f32(
                     values: KvRows::F32(&values[head.offset..]),
                     stride: kv_dim,
                 };
-                let ex = PlainExtras {
-                    cap: Some(cap),
-                    sink: None,
+                let extras = SoftmaxExtras {
+                    softcap: Some(cap),
+                    sink,
                 };
-                attend_head_plain(head.q, cache, head.len, scale, ex, s, o)
+                attend_head_kv(head.q, cache, head.len, scale, extras, &mut s.kv, o)
             }
-        },
-    );
+        }
+    });
 }
 
 /// [`attention`] for several tokens on the block kernels: one task per (head, strip of

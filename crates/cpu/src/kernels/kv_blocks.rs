@@ -18,7 +18,7 @@
 use half::f16;
 use powerinfer_core::DType;
 
-use super::exp_nonpositive;
+use super::{exp_nonpositive, sink_term, softmax_max};
 use super::scalar::dot_f32;
 use crate::operands::attention::{KvHead, KvRows, KvScratch};
 
@@ -254,15 +254,16 @@ pub(crate) fn attend_head_kv<L: KvPasses>(
     }
     for s in scores.iter_mut() {
         *s *= head.scale;
-        if let Some(c) = head.softcap {
+        if let Some(c) = head.extras.softcap {
             *s = c * (*s / c).tanh();
         }
     }
-    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    let sink = head.extras.sink;
+    let max = softmax_max(&scores, sink);
     for s in scores.iter_mut() {
         *s = exp_nonpositive(*s - max);
     }
-    let inv = 1.0 / scores.iter().sum::<f32>();
+    let inv = 1.0 / (scores.iter().sum::<f32>() + sink_term(sink, max));
     scores.iter_mut().for_each(|s| *s *= inv);
     out.fill(0.0);
     match head.cache.values {

@@ -8,6 +8,19 @@ pub(crate) mod cols;
 pub(crate) mod kv_blocks;
 pub(crate) mod scalar;
 
+/// The softmax's shift: the max of `scores` and the sink logit, if any.
+#[inline(always)]
+pub(crate) fn softmax_max(scores: &[f32], sink: Option<f32>) -> f32 {
+    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    sink.map_or(max, |s| max.max(s))
+}
+
+/// The sink's term of the softmax's denominator, e^(sink − max) (0 without a sink).
+#[inline(always)]
+pub(crate) fn sink_term(sink: Option<f32>, max: f32) -> f32 {
+    sink.map_or(0.0, |s| exp_nonpositive(s - max))
+}
+
 /// e^x for x <= 0 (the softmax's shifted scores), to about 2 ulp; values below −87 give
 /// e^−87 ≈ 1.6e−38 instead of a smaller number or 0, which no softmax sum (>= 1) can see. NaN
 /// stays NaN. Cephes' expf: x = n·ln2 + r with |r| <= ln2/2, e^r from a degree-6 polynomial,

@@ -3,7 +3,7 @@
 //! 256) at a time into a stack buffer and dotted from there, so the compiler can vectorise the inner loops; row
 //! accumulation decodes a chunk of each row into a stack buffer and adds it in f32.
 
-use super::exp_nonpositive;
+use super::{exp_nonpositive, sink_term, softmax_max};
 use crate::operands::attention::{Head, ScoreBlock, ValueBlock};
 use half::{bf16, f16};
 use powerinfer_core::DType;
@@ -198,11 +198,11 @@ pub(crate) fn attend_head<'h>(head: &Head<'h>, scores: &mut Vec<f32>, out: &mut 
     for (p, s) in scores.iter_mut().enumerate() {
         *s = dot_f32(q, at(cache.keys, p)) * scale;
     }
-    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    let max = softmax_max(scores, head.sink);
     for s in scores.iter_mut() {
         *s = exp_nonpositive(*s - max);
     }
-    let inv = 1.0 / scores.iter().sum::<f32>();
+    let inv = 1.0 / (scores.iter().sum::<f32>() + sink_term(head.sink, max));
     out.fill(0.0);
     // Four positions per pass: out is read and written once per four value vectors.
     let mut quads = scores.chunks_exact(4);

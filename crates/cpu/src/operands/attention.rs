@@ -12,14 +12,26 @@ pub struct HeadCache<'a> {
     pub stride: usize,
 }
 
+/// What a head's softmax applies beyond the scaled dot products.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SoftmaxExtras {
+    /// Scores soft-capped to `c · tanh(s / c)` before the softmax (Gemma 2).
+    pub softcap: Option<f32>,
+    /// A logit that joins the softmax's max and denominator with no value (gpt-oss's
+    /// `attn_sinks`): `out = Σ_p e^(s_p − m) v_p / (e^(sink − m) + Σ_p e^(s_p − m))`, m the
+    /// max over the scores and the sink.
+    pub sink: Option<f32>,
+}
+
 /// One head's attention problem, as the kernels take it: the query (`hd = q.len()` values),
-/// the cache, the number of positions and the score scale.
+/// the cache, the number of positions, the score scale and the sink logit (if any).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Head<'a> {
     pub(crate) q: &'a [f32],
     pub(crate) cache: HeadCache<'a>,
     pub(crate) n_pos: usize,
     pub(crate) scale: f32,
+    pub(crate) sink: Option<f32>,
 }
 
 impl Head<'_> {
@@ -105,7 +117,7 @@ pub(crate) struct KvHead<'a> {
     pub(crate) cache: KvHeadCache<'a>,
     pub(crate) n_pos: usize,
     pub(crate) scale: f32,
-    pub(crate) softcap: Option<f32>,
+    pub(crate) extras: SoftmaxExtras,
 }
 
 /// Scratch of [`crate::attend_head_kv`], reused across calls: the scores and the query as

@@ -12,7 +12,9 @@ use crate::operands::attention::{Head, HeadCache};
 use crate::simd;
 
 /// `out = Σ_p softmax_p((q·k_p)·scale) · v_p` over positions `0..n_pos` of `cache`, with
-/// `scores` as scratch (resized to `n_pos`). `hd = q.len() = out.len()`.
+/// `scores` as scratch (resized to `n_pos`). `hd = q.len() = out.len()`. A `sink` logit joins
+/// the softmax's max and denominator with no value (see
+/// [`SoftmaxExtras::sink`](crate::SoftmaxExtras::sink)).
 ///
 /// # Panics
 /// When `n_pos == 0` or the cache holds fewer than `n_pos` positions of `hd` values.
@@ -21,6 +23,7 @@ pub fn attend_head(
     cache: HeadCache<'_>,
     n_pos: usize,
     scale: f32,
+    sink: Option<f32>,
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
@@ -29,6 +32,7 @@ pub fn attend_head(
         cache,
         n_pos,
         scale,
+        sink,
     };
     head.check(out);
     dispatch::attend_head(simd::level(), &head, scores, out);
@@ -39,8 +43,14 @@ mod tests {
     use super::*;
     use crate::simd::Level;
 
-    /// Straight f64 loops over the definition.
-    fn reference(q: &[f32], c: HeadCache<'_>, n_pos: usize, scale: f32) -> Vec<f64> {
+    /// Straight f64 loops over the definition (a sink joins the max and the denominator).
+    fn reference(
+        q: &[f32],
+        c: HeadCache<'_>,
+        n_pos: usize,
+        scale: f32,
+        sink: Option<f32>,
+    ) -> Vec<f64> {
         let hd = q.len();
         let s: Vec<f64> = (0..n_pos)
             .map(|p| {
@@ -48,9 +58,10 @@ mod tests {
                 (0..hd).map(|i| q[i] as f64 * k[i] as f64).sum::<f64>() * scale as f64
             })
             .collect();
-        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let sink = sink.map(f64::from);
+        let m = s.iter().cloned().fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
         let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-        let z: f64 = e.iter().sum();
+        let z: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
         (0..hd)
             .map(|i| {
                 (0..n_pos)
@@ -80,22 +91,26 @@ mod tests {
                 values: &values,
                 stride,
             };
-            let want = reference(&q, c, n_pos, 0.3);
-            for level in simd::available() {
-                let mut out = vec![f32::NAN; hd];
-                let mut scores = Vec::new();
-                let head = Head {
-                    q: &q,
-                    cache: c,
-                    n_pos,
-                    scale: 0.3,
-                };
-                dispatch::attend_head(level, &head, &mut scores, &mut out);
-                for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
-                    assert!(
-                        (g as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()),
-                        "{level:?} hd {hd} n_pos {n_pos} [{i}]: {g} vs {w}"
-                    );
+            // No sink, one below the scores, one that takes most of the weight.
+            for sink in [None, Some(-2.0), Some(6.0)] {
+                let want = reference(&q, c, n_pos, 0.3, sink);
+                for level in simd::available() {
+                    let mut out = vec![f32::NAN; hd];
+                    let mut scores = Vec::new();
+                    let head = Head {
+                        q: &q,
+                        cache: c,
+                        n_pos,
+                        scale: 0.3,
+                        sink,
+                    };
+                    dispatch::attend_head(level, &head, &mut scores, &mut out);
+                    for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
+                        assert!(
+                            (g as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                            "{level:?} hd {hd} n_pos {n_pos} sink {sink:?} [{i}]: {g} vs {w}"
+                        );
+                    }
                 }
             }
         }
@@ -112,13 +127,14 @@ mod tests {
         let mut q = vec![0.1f32; 16];
         q[3] = f32::NAN;
         let mut out = vec![0.0f32; 16];
-        attend_head(&q, c, 3, 1.0, &mut Vec::new(), &mut out);
+        attend_head(&q, c, 3, 1.0, None, &mut Vec::new(), &mut out);
         assert!(out.iter().all(|v| v.is_nan()), "{out:?}");
         let head = Head {
             q: &q,
             cache: c,
             n_pos: 3,
             scale: 1.0,
+            sink: Some(0.5),
         };
         dispatch::attend_head(Level::Scalar, &head, &mut Vec::new(), &mut out);
         assert!(out.iter().all(|v| v.is_nan()), "{out:?}");
@@ -133,6 +149,6 @@ mod tests {
             values: &k,
             stride: 4,
         };
-        attend_head(&[0.0; 4], c, 3, 1.0, &mut Vec::new(), &mut [0.0; 4]);
+        attend_head(&[0.0; 4], c, 3, 1.0, None, &mut Vec::new(), &mut [0.0; 4]);
     }
 }

@@ -7,14 +7,15 @@
 use powerinfer_core::DType;
 
 use crate::dispatch;
-use crate::operands::attention::{KvHead, KvHeadCache, KvRows, KvScratch};
+use crate::operands::attention::{KvHead, KvHeadCache, KvRows, KvScratch, SoftmaxExtras};
 use crate::simd;
 
 /// The block formats a KV cache side may hold.
 pub const KV_BLOCK_FORMATS: [DType; 3] = [DType::Q8_0, DType::Q4_0, DType::Q4_1];
 
 /// `out = Σ_p softmax_p(capped (q·k_p)·scale) · v_p` over positions `0..n_pos` of `cache`, with
-/// `scratch` reused across calls. `hd = q.len() = out.len()`.
+/// `scratch` reused across calls; `extras` the soft-cap and the sink logit, if any.
+/// `hd = q.len() = out.len()`.
 ///
 /// # Panics
 /// When `n_pos == 0`, a side's format is no KV block format, `hd` or the stride of a block side
@@ -24,7 +25,7 @@ pub fn attend_head_kv(
     cache: KvHeadCache<'_>,
     n_pos: usize,
     scale: f32,
-    softcap: Option<f32>,
+    extras: SoftmaxExtras,
     scratch: &mut KvScratch,
     out: &mut [f32],
 ) {
@@ -33,7 +34,7 @@ pub fn attend_head_kv(
         cache,
         n_pos,
         scale,
-        softcap,
+        extras,
     };
     check(&head, out);
     dispatch::attend_head_kv(simd::level(), &head, scratch, out);
@@ -106,7 +107,13 @@ mod tests {
 
     /// f64 loops over the definition on the same quantized data (and, where the keys are
     /// blocks, the query as its q8_0 blocks decode).
-    fn reference(q: &[f32], k: &Side, v: &Side, n_pos: usize, stride: usize, cap: f64) -> Vec<f64> {
+    fn reference(
+        q: &[f32],
+        (k, v): (&Side, &Side),
+        n_pos: usize,
+        stride: usize,
+        (cap, sink): (f64, Option<f32>),
+    ) -> Vec<f64> {
         let hd = q.len();
         let mut qd: Vec<f32> = q.to_vec();
         if k.dtype.is_quantized() {
@@ -125,9 +132,10 @@ mod tests {
                 }
             })
             .collect();
-        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let sink = sink.map(f64::from);
+        let m = s.iter().cloned().fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
         let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-        let z: f64 = e.iter().sum();
+        let z: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
         (0..hd)
             .map(|i| {
                 (0..n_pos)
@@ -154,13 +162,17 @@ mod tests {
                         values: v.rows(),
                         stride,
                     };
-                    let want = reference(&q, &k, &v, n_pos, stride, 0.0);
+                    let sink = (kt == vt).then_some(1.5);
+                    let want = reference(&q, (&k, &v), n_pos, stride, (0.0, sink));
                     let head = KvHead {
                         q: &q,
                         cache,
                         n_pos,
                         scale: 0.3,
-                        softcap: None,
+                        extras: SoftmaxExtras {
+                            softcap: None,
+                            sink,
+                        },
                     };
                     let mut first: Option<Vec<f32>> = None;
                     for level in available() {
@@ -195,11 +207,22 @@ mod tests {
         let q = rng.vec(hd);
         let (mut a, mut b) = (vec![0f32; hd], vec![0f32; hd]);
         let mut scratch = KvScratch::default();
-        attend_head_kv(&q, cache, n_pos, 0.3, None, &mut scratch, &mut a);
-        attend_head_kv(&q, cache, n_pos, 0.3, Some(0.01), &mut scratch, &mut b);
+        let capped = SoftmaxExtras {
+            softcap: Some(0.01),
+            sink: None,
+        };
+        let sunk = SoftmaxExtras {
+            softcap: None,
+            sink: Some(3.0),
+        };
+        let mut c = vec![0f32; hd];
+        attend_head_kv(&q, cache, n_pos, 0.3, SoftmaxExtras::default(), &mut scratch, &mut a);
+        attend_head_kv(&q, cache, n_pos, 0.3, capped, &mut scratch, &mut b);
+        attend_head_kv(&q, cache, n_pos, 0.3, sunk, &mut scratch, &mut c);
         assert_ne!(a, b, "a tight cap flattens the weights");
-        for (out, cap) in [(&a, 0.0), (&b, 0.01)] {
-            let want = reference(&q, &k, &k, n_pos, hd, cap);
+        assert_ne!(a, c, "a sink takes weight");
+        for (out, cap, sink) in [(&a, 0.0, None), (&b, 0.01, None), (&c, 0.0, Some(3.0))] {
+            let want = reference(&q, (&k, &k), n_pos, hd, (cap, sink));
             for (&g, &w) in out.iter().zip(&want) {
                 assert!(
                     (g as f64 - w).abs() <= 2e-5 * (1.0 + w.abs()),
@@ -214,7 +237,7 @@ mod tests {
                 cache,
                 n_pos + 1,
                 0.3,
-                None,
+                SoftmaxExtras::default(),
                 &mut KvScratch::default(),
                 &mut o,
             );

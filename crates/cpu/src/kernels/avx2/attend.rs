@@ -3,14 +3,14 @@
 //! the output held in registers 32 values at a time while every position's value rows stream by.
 
 use super::reduce::hsum;
-use crate::kernels::exp_nonpositive;
+use crate::kernels::{exp_nonpositive, sink_term, softmax_max};
 use crate::operands::attention::Head;
 use std::arch::x86_64::*;
 
 /// Output values held in registers per pass over the positions.
 const SPAN: usize = 32;
 
-/// `out = Σ_p softmax_p((q·k_p)·scale) · v_p` over the head's positions.
+/// `out = Σ_p softmax_p((q·k_p)·scale) · v_p` over the head's positions (and its sink).
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; the sizes pass [`Head::check`] (`out.len() == q.len() = hd`,
@@ -31,9 +31,9 @@ pub(super) unsafe fn attend_head(head: &Head<'_>, scores: &mut Vec<f32>, out: &m
             _ => scores_any(q, kp, cache.stride, scale, scores),
         }
     }
-    let max = scores.iter().fold(f32::NEG_INFINITY, |m, &s| m.max(s));
+    let max = softmax_max(scores, head.sink);
     let mut sum = _mm256_setzero_ps();
-    let mut tail = 0.0f32;
+    let mut tail = sink_term(head.sink, max);
     let mut chunks = scores.chunks_exact_mut(8);
     for c in &mut chunks {
         for s in c.iter_mut() {
