@@ -18,8 +18,8 @@
 use half::f16;
 use powerinfer_core::DType;
 
-use super::{exp_nonpositive, sink_term, softmax_max};
 use super::scalar::dot_f32;
+use super::{exp_nonpositive, sink_term, softmax_max};
 use crate::operands::attention::{KvHead, KvRows, KvScratch};
 
 /// Values per block.

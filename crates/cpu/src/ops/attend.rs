@@ -59,7 +59,10 @@ mod tests {
             })
             .collect();
         let sink = sink.map(f64::from);
-        let m = s.iter().cloned().fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
+        let m = s
+            .iter()
+            .cloned()
+            .fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
         let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
         let z: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
         (0..hd)

@@ -133,7 +133,10 @@ mod tests {
             })
             .collect();
         let sink = sink.map(f64::from);
-        let m = s.iter().cloned().fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
+        let m = s
+            .iter()
+            .cloned()
+            .fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
         let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
         let z: f64 = e.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
         (0..hd)
@@ -216,7 +219,15 @@ mod tests {
             sink: Some(3.0),
         };
         let mut c = vec![0f32; hd];
-        attend_head_kv(&q, cache, n_pos, 0.3, SoftmaxExtras::default(), &mut scratch, &mut a);
+        attend_head_kv(
+            &q,
+            cache,
+            n_pos,
+            0.3,
+            SoftmaxExtras::default(),
+            &mut scratch,
+            &mut a,
+        );
         attend_head_kv(&q, cache, n_pos, 0.3, capped, &mut scratch, &mut b);
         attend_head_kv(&q, cache, n_pos, 0.3, sunk, &mut scratch, &mut c);
         assert_ne!(a, b, "a tight cap flattens the weights");
