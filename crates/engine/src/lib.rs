@@ -20,6 +20,7 @@ mod kv_rotation;
 pub mod layer;
 pub mod layer_weights;
 pub mod mla;
+mod mla_heads;
 pub mod mla_weights;
 pub mod modes;
 pub mod moe;

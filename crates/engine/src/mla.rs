@@ -9,6 +9,8 @@
 //! `[c, k_pe] = W_kv_a xn`, `c = rms(c)`, RoPE on `q_pe` and `k_pe`; per head
 //! `q_lat = K_b[h] q_nope` (`kv_lora_rank` values), scores `q_lat·c + q_pe·k_pe` scaled by
 //! `1/sqrt(qk_nope + rope)`, `o_lat = Σ softmax · c`, `o_h = V_b[h] o_lat`; `out = W_o o`.
+//! One token's per-head products run as one parallel pass over every head
+//! ([`crate::mla_heads`]); several tokens' as one matrix product per head.
 
 use powerinfer_core::{bail, ModelConfig, Result, RopeStyle};
 
@@ -17,6 +19,7 @@ use crate::attention::AttnShape;
 use crate::ffn::{project, Arith};
 use crate::layer::AttendParams;
 use crate::layer_weights::LayerWeights;
+use crate::mla_heads::heads_matvec;
 use crate::mla_weights::MlaWeights;
 use crate::norm_rope::{apply_rope, rms_norm};
 use crate::pass_rows::Kv;
@@ -134,6 +137,14 @@ fn absorb_query(
         }
     }
     s.q.resize(n * h * lat, 0.0);
+    if n == 1 {
+        let q = &s.mla.q;
+        heads_matvec(&mw.k_b, |hd| &q[hd * qh..hd * qh + nope], &mut s.q, lat, 0)?;
+        for (hd, row) in s.q.chunks_exact_mut(lat).enumerate() {
+            row[r..].copy_from_slice(&q[hd * qh + nope..(hd + 1) * qh]);
+        }
+        return Ok(());
+    }
     for (hd, k_b) in mw.k_b.iter().enumerate() {
         gather(&m.q, h * qh, hd * qh, nope, &mut m.head_in);
         project(k_b, &m.head_in, n, &mut m.head_out, arith)?;
@@ -151,6 +162,16 @@ fn heads_out(c: &ModelConfig, mw: &MlaWeights, s: &mut Scratch, n: usize, a: Ari
     let (r, lat, vd, h) = (mla.kv_lora_rank, c.head_dim, mla.v_head_dim, c.n_heads);
     let m = &mut s.mla;
     m.out.resize(n * h * vd, 0.0);
+    if n == 1 {
+        let att = &s.att;
+        return heads_matvec(
+            &mw.v_b,
+            |hd| &att[hd * lat..hd * lat + r],
+            &mut m.out,
+            vd,
+            0,
+        );
+    }
     for (hd, v_b) in mw.v_b.iter().enumerate() {
         gather(&s.att, h * lat, hd * lat, r, &mut m.head_in);
         project(v_b, &m.head_in, n, &mut m.head_out, a)?;
