@@ -224,8 +224,8 @@ def refuse_non_flat(shape: ModelShape) -> None:
     if shape.moe and lead:
         raise UnsupportedError(
             f"a plan of a mixture of experts with {lead} leading dense layers (GLM-4.5's "
-            "first_k_dense_replace): the plan counts one flattened expert space per layer; such "
-            "a model runs dense on the CPU"
+            "first_k_dense_replace): the plan counts one flattened expert space for every "
+            "layer; such a model runs on the CPU (dense, or in its sparse modes)"
         )
     c = shape.config
     if shape.moe and (c.expert_bias or c.swiglu_limit or c.attn_sinks):
