@@ -6,9 +6,9 @@ layer dense; q/k/v biases, optional q/k norms; NeoX RoPE over half of each head;
 after the decoder that is loaded and never run. Against the float64 reference (tests/reference.py
 ``moe_ffn``, ``selection_scores``), batched and one token at a time, F32, F16 and K-quants;
 against llama.cpp itself (llama-cpp-python) on the same files; and what the model does not run
-yet (the GPU hybrid, the neuron store, plans: they count one neuron space for every layer,
-which the dense layer does not share) is refused with a typed error; the sparse modes and
-profiling, with each layer's own neuron space: test_glm4moe_sparse.py."""
+yet (the neuron store: it counts one neuron space for every layer, which the dense layer does
+not share) is refused with a typed error; the sparse modes and profiling, with each layer's
+own neuron space: test_glm4moe_sparse.py; plans and the hybrid: test_glm4moe_hybrid.py."""
 
 from __future__ import annotations
 
@@ -205,11 +205,11 @@ def load_model_with(d, cfg: dict, **changes):
     return load_model(d)
 
 
-@pytest.mark.parametrize("what", ["neuron store", "plan"])
+@pytest.mark.parametrize("what", ["neuron store"])
 def test_what_it_does_not_run_yet_is_a_typed_error(synth_gguf, tmp_path, what):
-    """The neuron store and the GPU plan (the engine's hybrid refuses it too, where its
-    executor opens) count one neuron space for every layer, which GLM's leading dense layer
-    does not share: refused, typed (the sparse modes and profiling: test_glm4moe_sparse.py)."""
+    """The neuron store counts one neuron space for every layer, which GLM's leading dense
+    layer does not share: refused, typed (the sparse modes and profiling:
+    test_glm4moe_sparse.py; plans and the hybrid: test_glm4moe_hybrid.py)."""
     m = load_model(synth_gguf(**GLM_ARGS))
     eng = Engine(m, threads=2)
     with pytest.raises(UnsupportedError, match="leading dense layers"):

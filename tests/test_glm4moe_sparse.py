@@ -4,9 +4,8 @@ gate/up/down's ``ffn_dim`` neurons, the others the flattened experts (plus the s
 On the synthetic GLM files of tests/test_glm4moe.py (a ReLU variant where exact-relu must be
 the dense function): exact-relu, threshold and predictor mode against the float64 reference
 masked the same way, batched and one token at a time; the profiler's per-layer counts against
-the reference's activity; the profile stage's file with each layer's own width. What still
-counts one neuron space for every layer (the GPU hybrid, the neuron store, plans) refuses,
-typed: tests/test_glm4moe.py."""
+the reference's activity; the profile stage's file with each layer's own width. The neuron
+store, which counts one neuron space for every layer, refuses, typed: tests/test_glm4moe.py."""
 
 from __future__ import annotations
 

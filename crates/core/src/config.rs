@@ -405,9 +405,9 @@ impl ModelConfig {
     }
 
     /// [`ModelConfig::refuse_non_flat`], and `Unsupported` for a mixture of experts with
-    /// leading dense layers (GLM-4.5's first_k_dense_replace): `what` (the GPU hybrid, the
-    /// neuron store) sizes its slabs, clusters and plan for one neuron count in every layer,
-    /// while such a model's layers have their own ([`ModelConfig::layer_neurons`]).
+    /// leading dense layers (GLM-4.5's first_k_dense_replace): `what` (the neuron store) sizes
+    /// its clusters for one neuron count in every layer, while such a model's layers have
+    /// their own ([`ModelConfig::layer_neurons`]).
     pub fn refuse_uneven_layers(&self, what: &str) -> Result<()> {
         self.refuse_non_flat(what)?;
         ensure!(
@@ -415,7 +415,7 @@ impl ModelConfig {
             Unsupported,
             "{what} on a mixture of experts with {} leading dense layers (GLM-4.5's \
              first_k_dense_replace): its layers' neuron counts differ ({} and {}); the sparse \
-             modes and profiling run it on the CPU",
+             modes, profiling and the GPU hybrid run it from the mapped weights",
             self.moe.dense_lead,
             self.ffn_dim,
             self.n_neurons()
@@ -467,6 +467,15 @@ impl ModelConfig {
     /// [`ModelConfig::layer_neurons`] of every layer.
     pub fn neuron_counts(&self) -> Vec<usize> {
         (0..self.n_layers).map(|l| self.layer_neurons(l)).collect()
+    }
+
+    /// The most neurons of any layer ([`ModelConfig::layer_neurons`]): what buffers shared by
+    /// every layer hold.
+    pub fn max_neurons(&self) -> usize {
+        match self.moe.dense_lead {
+            0 => self.n_neurons(),
+            _ => self.n_neurons().max(self.ffn_dim),
+        }
     }
 
     /// Whether every layer has the same neuron count ([`ModelConfig::layer_neurons`]): all
@@ -717,6 +726,7 @@ mod tests {
         want[0] = c.ffn_dim;
         assert_eq!(c.neuron_counts(), want);
         assert!(!c.uniform_neurons());
+        assert_eq!(c.max_neurons(), moe_neurons.max(c.ffn_dim));
         assert!(c.refuse_non_flat("x").is_ok());
         assert!(matches!(
             c.refuse_uneven_layers("x"),

@@ -77,7 +77,7 @@ pub fn open(
         Plan,
         "the plan puts nothing on the GPU; run it with device=\"cpu\""
     );
-    model.config.refuse_uneven_layers("the GPU hybrid")?;
+    model.config.refuse_non_flat("the GPU hybrid")?;
     refuse_cpu_only(mode, model.config.moe.is_moe())?;
     crate::device::check_available(device)?;
     match device {
