@@ -4,8 +4,8 @@ gate/up/down's ``ffn_dim`` neurons, the others the flattened experts (plus the s
 On the synthetic GLM files of tests/test_glm4moe.py (a ReLU variant where exact-relu must be
 the dense function): exact-relu, threshold and predictor mode against the float64 reference
 masked the same way, batched and one token at a time; the profiler's per-layer counts against
-the reference's activity; the profile stage's file with each layer's own width. The neuron
-store, which counts one neuron space for every layer, refuses, typed: tests/test_glm4moe.py."""
+the reference's activity; the profile stage's file with each layer's own width; the neuron
+store of each layer's own neurons against the resident engine."""
 
 from __future__ import annotations
 
@@ -163,3 +163,39 @@ def test_profile_counts_each_layers_own_neurons(synth_gguf, tmp_path):
     assert prof.layer_neurons == widths and prof.dense_lead == 1
     assert prof.counts[0].sum() > 0 and not prof.expert_counts[0].any()
     assert (np.asarray(prof.expert_counts[1:]).sum(axis=1) == prof.tokens * c.n_expert_used).all()
+
+
+@pytest.mark.parametrize(("act", "mode"), [("relu", "exact-relu"), ("silu", "dense")])
+def test_the_store_decodes_as_the_resident_engine(synth_gguf, tmp_path, act, mode):
+    """GLM's neuron store holds each layer's own neurons (a version-3 header: the dense lead's
+    ffn_dim, the layers of experts' routed neurons): decoding from it with a cache of a few
+    clusters gives the resident engine's logits; exact-relu reads the dense lead's and the
+    experts' rows from it (no transposed copy in memory), dense mode the experts' (the dense
+    lead's dense products read the mapped weights); hot clusters from the profile's
+    per-layer counts stay resident."""
+    from test_hybrid import assert_close, assert_same_decode, greedy
+    from test_neuron_store import PROMPT, STEPS, TOL
+
+    from powerinfer_rs.runtime.neuron_store import store_neurons
+
+    m = glm(synth_gguf, activation=act, active=0.2)
+    c = m.config
+    assert store_neurons(c) == c.layer_routed_neurons
+    resident = Engine(m, threads=2, sparsity=mode)
+    stored = Engine(m, threads=2)
+    path = Engine(m).write_neuron_store(tmp_path / "glm.neurons", cluster=8)
+    with open(path, "rb") as f:
+        assert f.read(12)[8] == 3  # the layers' own counts
+    stored.use_neuron_store(path, cache=1 << 16, io_threads=2)
+    stored.set_sparsity(mode)
+    want = assert_same_decode(resident, stored, PROMPT, STEPS, TOL, f"glm4moe {mode}")
+    s = stored.neuron_store_stats()
+    assert s["misses"] > 0 and s["bytes_read"] > 0, s
+    assert stored.core_model.down_t_bytes == 0  # no transposed rows in memory
+    counts = [np.arange(n)[::-1].copy() for n in c.layer_neurons]
+    info = stored.use_neuron_store(path, cache=1 << 17, hot=counts)
+    assert info["resident_slots"] > 0
+    got, _ = greedy(stored, PROMPT, STEPS)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, w, TOL, f"glm4moe {mode} hot step {i}")
+    assert stored.neuron_store_stats()["hits"] > 0

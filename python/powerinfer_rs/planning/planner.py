@@ -367,8 +367,8 @@ def _with_ram(
     if len(set(shape.neuron_counts)) > 1:
         raise UnsupportedError(
             "a RAM tier for a mixture of experts with leading dense layers (GLM-4.5's "
-            "first_k_dense_replace): the neuron store counts one neuron space for every layer; "
-            "plan without --ram-budget"
+            "first_k_dense_replace): the RAM tier's planner counts one neuron space for every "
+            "layer; plan without --ram-budget (the neuron store itself takes such a model)"
         )
     from .ram_tier import DEFAULT_OVERHEAD, plan_ram_tier
 
