@@ -5,9 +5,9 @@ renormalised and scaled by routed_scaling_factor; one shared expert without a ga
 layer dense; q/k/v biases, optional q/k norms; NeoX RoPE over half of each head; a NextN block
 after the decoder that is loaded and never run. Against the float64 reference (tests/reference.py
 ``moe_ffn``, ``selection_scores``), batched and one token at a time, F32, F16 and K-quants;
-against llama.cpp itself (llama-cpp-python) on the same files; and what the model does not run
-yet (the sparse modes, the GPU hybrid, the neuron store, profiling: their neuron space is one
-flattened expert space per layer, which a dense layer is not) is refused with a typed error."""
+against llama.cpp itself (llama-cpp-python) on the same files. The sparse modes, profiling and
+the neuron store, over each layer's own neuron space: test_glm4moe_sparse.py; plans and the
+hybrid: test_glm4moe_hybrid.py."""
 
 from __future__ import annotations
 
@@ -17,10 +17,9 @@ import shutil
 import numpy as np
 import pytest
 from llamacpp_check import compare_with_llama_cpp
-from refusals import attempt_unsupported
 
 from powerinfer_rs import Engine
-from powerinfer_rs.errors import ShapeError, UnsupportedError
+from powerinfer_rs.errors import ShapeError
 from powerinfer_rs.loading import load_model
 from powerinfer_rs.loading.gguf_file import GGUFFile
 from powerinfer_rs.loading.gguf_loader import open_gguf
@@ -202,19 +201,6 @@ def test_expert_groups_as_deepseek_v3_chooses_them(synth_hf, tmp_path):
 def load_model_with(d, cfg: dict, **changes):
     (d / "config.json").write_text(json.dumps({**cfg, **changes}))
     return load_model(d)
-
-
-@pytest.mark.parametrize("what", ["threshold", "profiling", "neuron store", "plan"])
-def test_what_it_does_not_run_yet_is_a_typed_error(synth_gguf, tmp_path, what):
-    """The sparse modes, profiling, the neuron store and the GPU plan (the engine's hybrid
-    refuses it too, where its executor opens) count one flattened expert space per layer:
-    refused, typed."""
-    m = load_model(synth_gguf(**GLM_ARGS))
-    eng = Engine(m, threads=2)
-    with pytest.raises(UnsupportedError, match="leading dense layers"):
-        attempt_unsupported(eng, m, what, tmp_path)
-    ids = ids_for(m, n=4)
-    assert rel(eng.logits(ids), reference_logits(m, ids)) <= 1e-3  # still usable, dense
 
 
 @pytest.mark.parametrize("dtype", ["F32", "Q4_K_M"])

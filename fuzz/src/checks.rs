@@ -62,7 +62,7 @@ fn allocations(plan: &PlanFile, n_layers: usize, ffn: usize) {
 pub fn plan_file(data: &[u8]) {
     let [l, f, bytes @ ..] = data else { return };
     let (n_layers, ffn) = (usize::from(*l % 8), usize::from(*f));
-    match PlanFile::from_safetensors(bytes, n_layers, ffn) {
+    match PlanFile::from_safetensors(bytes, &vec![ffn; n_layers]) {
         Ok(plan) => {
             assert_eq!(plan.table.layers.len(), n_layers);
             for (i, layer) in plan.table.layers.iter().enumerate() {

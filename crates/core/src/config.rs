@@ -383,25 +383,17 @@ impl ModelConfig {
         self.moe.is_moe() && l >= self.moe.dense_lead
     }
 
-    /// `Unsupported` for a mixture of experts whose FFN is not the flattened expert space of
-    /// plain `down(act(gate)·up)` neurons: `what` (the sparse modes, the GPU hybrid, the
-    /// neuron store, profiling) counts every layer's neurons as one flattened expert space
-    /// ([`ModelConfig::n_neurons`]), which a leading dense layer (GLM-4.5) is not, and whose
-    /// neurons' output is zero where their gate is, which biased experts with the clamped
-    /// SwiGLU (gpt-oss: `(u + 1)` and the down bias) do not give.
+    /// `Unsupported` for a model whose FFN neurons are not plain `down(act(gate)·up)` rows
+    /// over the standard attention: `what` (the sparse modes, profiling, the GPU hybrid, the
+    /// neuron store) skips or places neurons whose output is zero where their gate's is, which
+    /// biased experts with the clamped SwiGLU (gpt-oss: `(u + 1)` and the down bias) do not
+    /// give, and runs on the standard KV cache, which latent attention (DeepSeek) does not use.
     pub fn refuse_non_flat(&self, what: &str) -> Result<()> {
         ensure!(
             !self.arch.mla.is_mla(),
             Unsupported,
             "{what} on multi-head latent attention (DeepSeek-V2/V3): its latent KV cache and \
              absorbed projections run dense on the CPU only"
-        );
-        ensure!(
-            self.moe.dense_lead == 0 || !self.moe.is_moe(),
-            Unsupported,
-            "{what} on a mixture of experts with {} leading dense layers (GLM-4.5's \
-             first_k_dense_replace): such a model runs dense on the CPU",
-            self.moe.dense_lead
         );
         ensure!(
             !(self.moe.expert_bias || self.moe.swiglu_limit.is_some() || self.arch.attn_sinks),
@@ -412,10 +404,30 @@ impl ModelConfig {
         Ok(())
     }
 
-    /// The neurons of one layer's FFN as plans count them: `ffn_dim`, or for a mixture of
-    /// experts the flattened space of its routed experts (`n_expert · expert_ffn`: neuron
-    /// `e · expert_ffn + j` is row j of expert e, the merged tensors' own row order) followed by
-    /// the shared expert's `shared_ffn_dim` neurons.
+    /// [`ModelConfig::refuse_non_flat`], and `Unsupported` for a mixture of experts with
+    /// leading dense layers (GLM-4.5's first_k_dense_replace): `what` (the neuron store) sizes
+    /// its clusters for one neuron count in every layer, while such a model's layers have
+    /// their own ([`ModelConfig::layer_neurons`]).
+    pub fn refuse_uneven_layers(&self, what: &str) -> Result<()> {
+        self.refuse_non_flat(what)?;
+        ensure!(
+            self.uniform_neurons(),
+            Unsupported,
+            "{what} on a mixture of experts with {} leading dense layers (GLM-4.5's \
+             first_k_dense_replace): its layers' neuron counts differ ({} and {}); the sparse \
+             modes, profiling and the GPU hybrid run it from the mapped weights",
+            self.moe.dense_lead,
+            self.ffn_dim,
+            self.n_neurons()
+        );
+        Ok(())
+    }
+
+    /// The neurons of a mixture-of-experts layer's FFN as plans count them (`ffn_dim` for a
+    /// dense model): the flattened space of its routed experts (`n_expert · expert_ffn`:
+    /// neuron `e · expert_ffn + j` is row j of expert e, the merged tensors' own row order)
+    /// followed by the shared expert's `shared_ffn_dim` neurons. A leading dense layer has its
+    /// own count ([`ModelConfig::layer_neurons`]).
     pub fn n_neurons(&self) -> usize {
         match self.moe.is_moe() {
             true => self.n_routed_neurons() + self.moe.shared_ffn_dim,
@@ -430,6 +442,46 @@ impl ModelConfig {
             true => self.moe.n_expert * self.moe.expert_ffn(self.ffn_dim),
             false => self.ffn_dim,
         }
+    }
+
+    /// Layer `l`'s neurons as plans count them: [`ModelConfig::n_neurons`] for a layer of
+    /// experts, `ffn_dim` (its plain gate, up and down rows) for a dense one (every layer of a
+    /// dense model, a mixture of experts' first [`MoeFeatures::dense_lead`]).
+    pub fn layer_neurons(&self, l: usize) -> usize {
+        match self.is_moe_layer(l) {
+            true => self.n_neurons(),
+            false => self.ffn_dim,
+        }
+    }
+
+    /// Layer `l`'s neurons the profiler counts and the sparse modes choose among: the routed
+    /// experts' flattened space ([`ModelConfig::n_routed_neurons`]) for a layer of experts
+    /// (its shared expert always runs), `ffn_dim` for a dense layer.
+    pub fn layer_routed_neurons(&self, l: usize) -> usize {
+        match self.is_moe_layer(l) {
+            true => self.n_routed_neurons(),
+            false => self.ffn_dim,
+        }
+    }
+
+    /// [`ModelConfig::layer_neurons`] of every layer.
+    pub fn neuron_counts(&self) -> Vec<usize> {
+        (0..self.n_layers).map(|l| self.layer_neurons(l)).collect()
+    }
+
+    /// The most neurons of any layer ([`ModelConfig::layer_neurons`]): what buffers shared by
+    /// every layer hold.
+    pub fn max_neurons(&self) -> usize {
+        match self.moe.dense_lead {
+            0 => self.n_neurons(),
+            _ => self.n_neurons().max(self.ffn_dim),
+        }
+    }
+
+    /// Whether every layer has the same neuron count ([`ModelConfig::layer_neurons`]): all
+    /// but a mixture of experts with leading dense layers of another width.
+    pub fn uniform_neurons(&self) -> bool {
+        !self.moe.is_moe() || self.moe.dense_lead == 0 || self.ffn_dim == self.n_neurons()
     }
 
     /// The tensors outside the layers, in file order (see [`TensorShape`]).
@@ -648,6 +700,9 @@ mod tests {
         let l = c.layer_tensors();
         let q = l.iter().find(|t| t.name == "attn_q_norm").unwrap();
         assert_eq!(q.cols, c.q_dim());
+        // Without leading dense layers every layer is the flattened expert space.
+        assert!(c.uniform_neurons() && c.neuron_counts() == vec![4 * 32 + 48; c.n_layers]);
+        assert_eq!(cfg().neuron_counts(), vec![cfg().ffn_dim; c.n_layers]);
         // GLM-4.5: a leading dense layer, the router's correction bias on the others.
         (c.moe.dense_lead, c.moe.score_bias) = (1, true);
         c.validate().unwrap();
@@ -656,6 +711,27 @@ mod tests {
         assert!(names(1).contains(&"exp_probs_b.bias") && !names(1).contains(&"ffn_up"));
         assert_eq!(c.layer_tensors(), c.layer_tensors_at(1));
         assert!(!c.is_moe_layer(0) && c.is_moe_layer(1));
+        // Each layer's own neuron space: the dense lead's ffn_dim, the experts' flattened one.
+        let moe_neurons = 4 * 32 + 48;
+        assert_eq!(c.n_neurons(), moe_neurons);
+        assert_eq!(
+            (c.layer_neurons(0), c.layer_neurons(1)),
+            (c.ffn_dim, moe_neurons)
+        );
+        assert_eq!(
+            (c.layer_routed_neurons(0), c.layer_routed_neurons(1)),
+            (c.ffn_dim, 128)
+        );
+        let mut want = vec![moe_neurons; c.n_layers];
+        want[0] = c.ffn_dim;
+        assert_eq!(c.neuron_counts(), want);
+        assert!(!c.uniform_neurons());
+        assert_eq!(c.max_neurons(), moe_neurons.max(c.ffn_dim));
+        assert!(c.refuse_non_flat("x").is_ok());
+        assert!(matches!(
+            c.refuse_uneven_layers("x"),
+            Err(crate::Error::Unsupported(_))
+        ));
         c.moe.dense_lead = c.n_layers + 1;
         assert!(c.validate().is_err());
     }

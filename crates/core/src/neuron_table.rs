@@ -75,27 +75,44 @@ impl NeuronTable {
         }
     }
 
-    /// From per-layer hot id lists.
+    /// From per-layer hot id lists, every layer of `ffn` neurons.
     pub fn from_hot_lists(ffn: usize, lists: &[Vec<u32>]) -> Result<NeuronTable> {
+        NeuronTable::from_layer_lists(&vec![ffn; lists.len()], lists)
+    }
+
+    /// From per-layer hot id lists, layer i of `counts[i]` neurons (a mixture of experts'
+    /// leading dense layers have their own count: `ModelConfig::layer_neurons`).
+    pub fn from_layer_lists(counts: &[usize], lists: &[Vec<u32>]) -> Result<NeuronTable> {
+        ensure!(
+            counts.len() == lists.len(),
+            Plan,
+            "{} hot lists for {} layers",
+            lists.len(),
+            counts.len()
+        );
         let layers = lists
             .iter()
+            .zip(counts)
             .enumerate()
-            .map(|(i, l)| {
+            .map(|(i, (l, &ffn))| {
                 LayerTable::new(ffn, l).map_err(|e| Error::Plan(format!("layer {i}: {e}")))
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(NeuronTable { layers })
     }
 
-    /// Check the table fits a model of `n_layers` layers of `ffn` neurons.
-    pub fn check_model(&self, n_layers: usize, ffn: usize) -> Result<()> {
+    /// Check the table fits a model whose layer i has `counts[i]` neurons
+    /// (`ModelConfig::neuron_counts`).
+    pub fn check_model(&self, counts: &[usize]) -> Result<()> {
         ensure!(
-            self.layers.len() == n_layers,
+            self.layers.len() == counts.len(),
             Plan,
-            "neuron table has {} layers, the model {n_layers}",
-            self.layers.len()
+            "neuron table has {} layers, the model {}",
+            self.layers.len(),
+            counts.len()
         );
-        if let Some((i, l)) = self.layers.iter().enumerate().find(|(_, l)| l.ffn() != ffn) {
+        let mut layers = self.layers.iter().zip(counts).enumerate();
+        if let Some((i, (l, ffn))) = layers.find(|(_, (l, &ffn))| l.ffn() != ffn) {
             bail!(
                 Plan,
                 "neuron table layer {i} has {} neurons, the model {ffn}",
@@ -139,8 +156,10 @@ impl NeuronTable {
         safetensors::serialize(views, Some(metadata)).map_err(|e| Error::Plan(e.to_string()))
     }
 
-    /// Parse safetensors bytes (see [`NeuronTable::to_safetensors`]).
-    pub fn from_safetensors(bytes: &[u8], n_layers: usize, ffn: usize) -> Result<NeuronTable> {
+    /// Parse safetensors bytes (see [`NeuronTable::to_safetensors`]) for layers of `counts[i]`
+    /// neurons each.
+    pub fn from_safetensors(bytes: &[u8], counts: &[usize]) -> Result<NeuronTable> {
+        let n_layers = counts.len();
         let st = SafeTensors::deserialize(bytes)
             .map_err(|e| Error::Plan(format!("not a plan file: {e}")))?;
         let mut lists = Vec::with_capacity(n_layers);
@@ -164,8 +183,8 @@ impl NeuronTable {
             Plan,
             "unexpected tensors in the plan file"
         );
-        let table = NeuronTable::from_hot_lists(ffn, &lists)?;
-        table.check_model(n_layers, ffn)?;
+        let table = NeuronTable::from_layer_lists(counts, &lists)?;
+        table.check_model(counts)?;
         Ok(table)
     }
 }
@@ -208,9 +227,14 @@ mod tests {
         assert!(matches!(LayerTable::new(4, &[4]), Err(Error::Plan(_))));
         assert!(matches!(LayerTable::new(4, &[1, 1]), Err(Error::Plan(_))));
         let t = NeuronTable::from_hot_lists(8, &[vec![1], vec![]]).unwrap();
-        assert!(t.check_model(2, 8).is_ok());
-        assert!(t.check_model(3, 8).is_err());
-        assert!(t.check_model(2, 9).is_err());
+        assert!(t.check_model(&[8, 8]).is_ok());
+        assert!(t.check_model(&[8, 8, 8]).is_err());
+        assert!(t.check_model(&[8, 9]).is_err());
+        // Layers of their own widths (GLM-4.5's dense lead, then experts).
+        let t = NeuronTable::from_layer_lists(&[4, 8], &[vec![3], vec![7]]).unwrap();
+        assert!(t.check_model(&[4, 8]).is_ok() && t.check_model(&[8, 8]).is_err());
+        assert!(NeuronTable::from_layer_lists(&[4, 8], &[vec![5], vec![]]).is_err());
+        assert!(NeuronTable::from_layer_lists(&[4], &[vec![], vec![]]).is_err());
         assert_eq!(NeuronTable::all_cold(2, 8).layers[1].cold.len(), 8);
     }
 
@@ -218,10 +242,12 @@ mod tests {
     fn safetensors_round_trip_and_garbage() {
         let t = NeuronTable::from_hot_lists(16, &[vec![3, 9, 15], vec![], vec![0]]).unwrap();
         let bytes = t.to_safetensors(HashMap::new()).unwrap();
-        assert_eq!(NeuronTable::from_safetensors(&bytes, 3, 16).unwrap(), t);
-        assert!(NeuronTable::from_safetensors(&bytes, 4, 16).is_err());
-        assert!(NeuronTable::from_safetensors(&bytes, 3, 12).is_err());
-        assert!(NeuronTable::from_safetensors(b"garbage", 3, 16).is_err());
-        assert!(NeuronTable::from_safetensors(&bytes[..bytes.len() - 2], 3, 16).is_err());
+        assert_eq!(NeuronTable::from_safetensors(&bytes, &[16; 3]).unwrap(), t);
+        assert!(NeuronTable::from_safetensors(&bytes, &[16; 4]).is_err());
+        assert!(NeuronTable::from_safetensors(&bytes, &[12; 3]).is_err());
+        assert!(NeuronTable::from_safetensors(b"garbage", &[16; 3]).is_err());
+        assert!(NeuronTable::from_safetensors(&bytes[..bytes.len() - 2], &[16; 3]).is_err());
+        assert!(NeuronTable::from_safetensors(&bytes, &[16, 4, 1]).is_ok());
+        assert!(NeuronTable::from_safetensors(&bytes, &[16, 16, 0]).is_err());
     }
 }

@@ -7,7 +7,10 @@
 //! `model_fingerprint`, `budget_bytes`, `gpu_bytes` and `plan`, a JSON object of which this
 //! reads `n_layers`, `ffn_dim`, `bucket`, `context`, `kv_cache`, `placement.{attention, predictor,
 //! ffn_buckets, output}` and `predictors.{allocations, ranks}`; the rest (hardware, predicted
-//! speed, solver report) is the planner's business.
+//! speed, solver report) is the planner's business. Layers of their own neuron counts (a mixture
+//! of experts' leading dense layers: GLM-4.5) are listed in `layer_neurons` (one count per
+//! layer; `ffn_dim` is then the widest); a plan without it has `ffn_dim` neurons in every layer,
+//! as every plan before it.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -62,18 +65,21 @@ pub struct PlanFile {
 }
 
 impl PlanFile {
-    /// Read a plan file for a model of `n_layers` layers of `ffn` neurons.
-    pub fn load(path: &Path, n_layers: usize, ffn: usize) -> Result<PlanFile> {
+    /// Read a plan file for a model whose layer i has `counts[i]` neurons
+    /// (`ModelConfig::neuron_counts`).
+    pub fn load(path: &Path, counts: &[usize]) -> Result<PlanFile> {
         let bytes = crate::files::read_regular(path)
             .map_err(|e| Error::Plan(format!("{}: cannot read: {e}", path.display())))?;
-        PlanFile::from_safetensors(&bytes, n_layers, ffn)
+        PlanFile::from_safetensors(&bytes, counts)
             .map_err(|e| Error::Plan(format!("{}: {e}", path.display())))
     }
 
-    /// Parse plan-file bytes; [`Error::Plan`] for anything malformed or not fitting the model.
-    pub fn from_safetensors(bytes: &[u8], n_layers: usize, ffn: usize) -> Result<PlanFile> {
+    /// Parse plan-file bytes for layers of `counts[i]` neurons; [`Error::Plan`] for anything
+    /// malformed or not fitting the model.
+    pub fn from_safetensors(bytes: &[u8], counts: &[usize]) -> Result<PlanFile> {
         let (meta, _, j) = header(bytes)?;
-        let table = NeuronTable::from_safetensors(bytes, n_layers, ffn)?;
+        let n_layers = counts.len();
+        let table = NeuronTable::from_safetensors(bytes, counts)?;
         let placement = field(&j, "placement")?;
         let predictors = field(&j, "predictors")?;
         let plan = PlanFile {
@@ -101,14 +107,14 @@ impl PlanFile {
             budget_bytes: meta_uint(&meta, "budget_bytes")?,
             gpu_bytes: meta_uint(&meta, "gpu_bytes")?,
         };
-        let (jl, jf) = (
-            uint(field(&j, "n_layers")?, "n_layers")?,
-            uint(field(&j, "ffn_dim")?, "ffn_dim")?,
-        );
+        let theirs = layer_neurons(&j)?;
         ensure!(
-            jl == n_layers && jf == ffn,
+            theirs == counts,
             Plan,
-            "plan is for {jl} layers x {jf} neurons, the model has {n_layers} x {ffn}"
+            "plan is for {} layers x {} neurons, the model has {n_layers} x {}",
+            theirs.len(),
+            shown(&theirs),
+            shown(counts)
         );
         plan.validate()?;
         Ok(plan)
@@ -182,6 +188,38 @@ impl PlanFile {
     /// Whether anything is on the GPU (then the shared scratch buffers are allocated).
     pub fn uses_gpu(&self) -> bool {
         self.output || (0..self.table.layers.len()).any(|i| self.layer_uses_gpu(i))
+    }
+}
+
+/// The neurons of each layer a plan's JSON records: `layer_neurons` where the layers differ,
+/// else `ffn_dim` for each of its `n_layers`; each at most [`MAX_PLAN_COUNT`].
+pub(crate) fn layer_neurons(j: &Value) -> Result<Vec<usize>> {
+    let n_layers = uint(field(j, "n_layers")?, "n_layers")?;
+    let ffn = uint(field(j, "ffn_dim")?, "ffn_dim")?;
+    ensure!(
+        n_layers <= MAX_PLAN_COUNT && ffn <= MAX_PLAN_COUNT,
+        Plan,
+        "n_layers {n_layers} or ffn_dim {ffn} exceeds {MAX_PLAN_COUNT}"
+    );
+    let Some(v) = j.get("layer_neurons") else {
+        return Ok(vec![ffn; n_layers]);
+    };
+    let counts = uints(v, "layer_neurons")?;
+    ensure!(
+        counts.len() == n_layers && counts.iter().max() == Some(&ffn),
+        Plan,
+        "layer_neurons lists {} layers widest {:?}, the plan {n_layers} of ffn_dim {ffn}",
+        counts.len(),
+        counts.iter().max()
+    );
+    Ok(counts)
+}
+
+/// Layer neuron counts as an error message shows them: one number when they agree.
+fn shown(counts: &[usize]) -> String {
+    match counts.split_first() {
+        Some((first, rest)) if rest.iter().all(|c| c == first) => first.to_string(),
+        _ => format!("{counts:?}"),
     }
 }
 
@@ -278,7 +316,7 @@ mod tests {
 
     #[test]
     fn reads_the_placement() {
-        let p = PlanFile::from_safetensors(&file(&plan_json(&[2, 0]), PLAN_FORMAT), 2, 16);
+        let p = PlanFile::from_safetensors(&file(&plan_json(&[2, 0]), PLAN_FORMAT), &[16, 16]);
         let p = p.unwrap();
         assert_eq!((p.bucket, p.context, p.gpu_bytes), (4, 32, 900));
         assert_eq!(p.attention, [true, false]);
@@ -315,11 +353,33 @@ mod tests {
             b"garbage".to_vec(),
         ];
         for b in &bad {
-            let e = PlanFile::from_safetensors(b, 2, 16).unwrap_err();
+            let e = PlanFile::from_safetensors(b, &[16, 16]).unwrap_err();
             assert!(matches!(e, Error::Plan(_)), "{e}");
         }
         let good = file(&plan_json(&[2, 0]), PLAN_FORMAT);
-        assert!(PlanFile::from_safetensors(&good, 3, 16).is_err());
-        assert!(PlanFile::from_safetensors(&good, 2, 17).is_err());
+        assert!(PlanFile::from_safetensors(&good, &[16; 3]).is_err());
+        assert!(PlanFile::from_safetensors(&good, &[17, 17]).is_err());
+        assert!(PlanFile::from_safetensors(&good, &[8, 16]).is_err());
+    }
+
+    #[test]
+    fn layers_of_their_own_widths() {
+        // GLM-4.5: layer 0 dense of 8 neurons, layer 1 experts of 16; `layer_neurons` says so.
+        let t = NeuronTable::from_layer_lists(&[8, 16], &[vec![1, 2, 3, 4, 5], vec![]]).unwrap();
+        let own =
+            plan_json(&[2, 0]).replace("\"n_layers\":2", "\"n_layers\":2,\"layer_neurons\":[8,16]");
+        let bytes = t.to_safetensors(test_metadata(PLAN_FORMAT, "abc", 1000, 900, &own));
+        let bytes = bytes.unwrap();
+        let p = PlanFile::from_safetensors(&bytes, &[8, 16]).unwrap();
+        assert_eq!((p.table.layers[0].ffn(), p.table.layers[1].ffn()), (8, 16));
+        let e = PlanFile::from_safetensors(&bytes, &[16, 16]).unwrap_err();
+        assert!(e.to_string().contains("[8, 16]"), "{e}");
+        // A list that disagrees with n_layers or ffn_dim is refused.
+        for bad in ["[8,16,16]", "[8,8]"] {
+            let j = own.replace("[8,16]", bad);
+            let b = t.to_safetensors(test_metadata(PLAN_FORMAT, "abc", 1000, 900, &j));
+            let e = PlanFile::from_safetensors(&b.unwrap(), &[8, 16]).unwrap_err();
+            assert!(matches!(e, Error::Plan(_)), "{e}");
+        }
     }
 }

@@ -11,7 +11,7 @@ use safetensors::SafeTensors;
 
 use crate::error::{Error, Result};
 use crate::neuron_table::int32_vector;
-use crate::plan_file::{PlanFile, MAX_PLAN_COUNT};
+use crate::plan_file::PlanFile;
 use crate::{bail, ensure};
 
 /// Everything a plan file holds that a reader needs.
@@ -37,17 +37,11 @@ impl PlanRecord {
     /// Parse plan-file bytes, taking the layer and neuron counts from the file itself.
     pub fn from_safetensors(bytes: &[u8]) -> Result<PlanRecord> {
         let (_, text, json) = crate::plan_file::header(bytes)?;
-        let count = |key| crate::plan_file::uint(crate::plan_file::field(&json, key)?, key);
-        let (n_layers, ffn) = (count("n_layers")?, count("ffn_dim")?);
-        ensure!(
-            n_layers <= MAX_PLAN_COUNT && ffn <= MAX_PLAN_COUNT,
-            Plan,
-            "n_layers {n_layers} or ffn_dim {ffn} exceeds {MAX_PLAN_COUNT}"
-        );
-        let file = PlanFile::from_safetensors(bytes, n_layers, ffn)?;
+        let counts = crate::plan_file::layer_neurons(&json)?;
+        let file = PlanFile::from_safetensors(bytes, &counts)?;
         let ram_neurons = match json.get("ram") {
             None => None,
-            Some(_) => Some(ram_neurons(bytes, &file, ffn)?),
+            Some(_) => Some(ram_neurons(bytes, &file)?),
         };
         Ok(PlanRecord {
             file,
@@ -57,9 +51,9 @@ impl PlanRecord {
     }
 }
 
-/// The RAM tier's id lists: per layer a 1-D int32 tensor of ascending ids below `ffn`, none of
-/// them hot.
-fn ram_neurons(bytes: &[u8], file: &PlanFile, ffn: usize) -> Result<Vec<Vec<u32>>> {
+/// The RAM tier's id lists: per layer a 1-D int32 tensor of ascending ids below the layer's
+/// neuron count, none of them hot.
+fn ram_neurons(bytes: &[u8], file: &PlanFile) -> Result<Vec<Vec<u32>>> {
     let st = SafeTensors::deserialize(bytes)
         .map_err(|e| Error::Plan(format!("not a plan file: {e}")))?;
     let mut out = Vec::with_capacity(file.table.layers.len());
@@ -72,6 +66,7 @@ fn ram_neurons(bytes: &[u8], file: &PlanFile, ffn: usize) -> Result<Vec<Vec<u32>
             );
         };
         let ids = int32_vector(&name, &t)?;
+        let ffn = layer.ffn();
         if ids.iter().any(|&v| v < 0 || v as usize >= ffn) {
             bail!(Plan, "{name} has ids outside [0, {ffn})");
         }

@@ -95,7 +95,7 @@ pub fn gpu_allocations(model: &ModelTensors<'_>, plan: &PlanFile) -> Result<Vec<
         model.layers.len(),
         c.n_layers
     );
-    plan.table.check_model(c.n_layers, c.n_neurons())?;
+    plan.table.check_model(&c.neuron_counts())?;
     ensure!(
         plan.attention.len() == c.n_layers
             && plan.predictor.len() == c.n_layers
@@ -213,7 +213,7 @@ impl LayerAllocations<'_> {
         // A gate-less FFN (OPT, Falcon) holds its one input projection as the gate; its
         // slabs carry no up rows (`neuron_read_bytes` of planning/model_shape.py).
         let up = (!a.no_gate).then_some(l.up);
-        let rows = c.n_routed_neurons();
+        let rows = c.layer_routed_neurons(i);
         for (what, w) in [("gate", Some(l.gate)), ("up", up)] {
             let Some(w) = w else { continue };
             ensure!(
@@ -280,7 +280,8 @@ fn check_shared(i: usize, c: &ModelConfig, l: &LayerTensors<'_>) -> Result<()> {
 /// the normed keys), for parallel blocks `saved` (dim: the residual before the attention, the
 /// FFN's input); for a mixture of experts `expert_w` (n_expert + 1: each expert's routing
 /// weight for the token, 0 where not routed, then the shared expert's scale). `hb`, `active`
-/// and `part` count the layer's neurons (`ModelConfig::n_neurons`: experts flattened). Then
+/// and `part` count the widest layer's neurons (`ModelConfig::max_neurons`: experts
+/// flattened). Then
 /// `xq` (bytes, not floats): the input of the quantized row kernels, x quantized
 /// ([`crate::layout::xq_bytes`] of the longer of dim and q_dim); the lists compacted on the GPU
 /// ([`crate::Compacted`], a layer's neurons each): `slots` (i32: the active hot slots of
@@ -291,7 +292,7 @@ pub fn scratch_allocations(c: &ModelConfig, plan: &PlanFile) -> Vec<Allocation> 
     let kn = c.arch.qk_norm.then_some(("kn", c.kv_dim()));
     let saved = c.arch.parallel.then_some(("saved", c.dim));
     let experts = c.moe.is_moe().then_some(("expert_w", c.moe.n_expert + 1));
-    let ffn = c.n_neurons();
+    let ffn = c.max_neurons();
     [
         ("x", c.dim),
         ("xb", c.dim),

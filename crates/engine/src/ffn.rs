@@ -172,6 +172,10 @@ pub fn ffn(
 ) -> Result<Phase> {
     let dim = call.model.config.dim;
     out.resize(call.n * dim, 0.0);
+    let call = &FfnCall {
+        mode: call.mode.for_dense_layer(call.layer),
+        ..*call
+    };
     powerinfer_core::ensure!(
         !matches!(call.mode, Sparsity::Input(_)),
         Other,

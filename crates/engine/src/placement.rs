@@ -31,7 +31,7 @@ impl Placement {
         fingerprint: Option<&str>,
     ) -> Result<Placement> {
         let c = &weights.config;
-        let file = PlanFile::load(path, c.n_layers, c.n_neurons())?;
+        let file = PlanFile::load(path, &c.neuron_counts())?;
         if let Some(fp) = fingerprint {
             let theirs = file.model_fingerprint.as_str();
             ensure!(
@@ -59,7 +59,7 @@ impl Placement {
     /// projections differ in format (the fused gate/up kernel reads both in one).
     pub fn new(weights: &ModelWeights, file: PlanFile) -> Result<Placement> {
         let c = &weights.config;
-        file.table.check_model(c.n_layers, c.n_neurons())?;
+        file.table.check_model(&c.neuron_counts())?;
         for (i, l) in weights.layers.iter().enumerate() {
             ensure!(
                 file.table.layers[i].hot.is_empty() || l.w_gate.dtype() == l.w_up.dtype(),
@@ -72,9 +72,10 @@ impl Placement {
             );
         }
         // A mixture of experts' shared expert runs whole on one side: on the GPU with the
-        // layer's hot neurons (the planner puts it first), else on the CPU.
-        let (routed, all) = (c.n_routed_neurons(), c.n_neurons());
+        // layer's hot neurons (the planner puts it first), else on the CPU. (A dense layer's
+        // neurons are all its own: routed and all agree.)
         for (i, l) in file.table.layers.iter().enumerate() {
+            let (routed, all) = (c.layer_routed_neurons(i), c.layer_neurons(i));
             let shared = l.hot.iter().filter(|&&n| n as usize >= routed).count();
             ensure!(
                 l.hot.is_empty() || shared == all - routed,

@@ -1,6 +1,8 @@
 //! Activation profiling inside the forward pass: per layer and neuron, how many tokens found the
 //! neuron active, and optionally the (FFN input, activation) rows predictor training learns from.
 
+use powerinfer_core::ModelConfig;
+
 use crate::sparsity::is_active;
 
 /// Rows captured for one layer since the last take: FFN inputs (after the FFN norm) and the
@@ -47,8 +49,14 @@ impl Profiler {
         thresholds: Option<Vec<f32>>,
         capture: bool,
     ) -> Profiler {
+        Profiler::with_widths(vec![ffn; n_layers], thresholds, capture)
+    }
+
+    /// A zeroed profiler for layers of `widths[l]` neurons each.
+    fn with_widths(widths: Vec<usize>, thresholds: Option<Vec<f32>>, capture: bool) -> Profiler {
+        let n_layers = widths.len();
         Profiler {
-            counts: vec![vec![0; ffn]; n_layers],
+            counts: widths.into_iter().map(|w| vec![0; w]).collect(),
             tokens: 0,
             thresholds,
             capture,
@@ -60,20 +68,22 @@ impl Profiler {
         }
     }
 
-    /// A zeroed profiler for a mixture of experts: `n_expert` experts of `expert_ffn` neurons
-    /// per layer (one flattened neuron space per layer), routing counted per expert; with
-    /// `capture` each token's FFN input and its routed experts' activations (in route order,
-    /// `n_expert_used × expert_ffn` per token) are kept.
-    pub fn for_experts(
-        n_layers: usize,
-        n_expert: usize,
-        expert_ffn: usize,
-        thresholds: Option<Vec<f32>>,
-        capture: bool,
-    ) -> Profiler {
+    /// A zeroed profiler for the model of config `c`: layer l counts its own neurons
+    /// ([`ModelConfig::layer_routed_neurons`]: a dense layer's `ffn_dim`, a layer of experts'
+    /// flattened routed space of `n_expert × expert_ffn`). A mixture of experts also counts
+    /// its routing per expert, `n_expert` per layer (zero in its leading dense layers, which
+    /// route nothing); with `capture` each token's FFN input and its activations are kept (a
+    /// layer of experts': its routed experts' in route order, `n_expert_used × expert_ffn` per
+    /// token).
+    pub fn for_model(c: &ModelConfig, thresholds: Option<Vec<f32>>, capture: bool) -> Profiler {
+        let widths = (0..c.n_layers).map(|l| c.layer_routed_neurons(l)).collect();
+        let expert_counts = match c.moe.is_moe() {
+            true => vec![vec![0; c.moe.n_expert]; c.n_layers],
+            false => Vec::new(),
+        };
         Profiler {
-            expert_counts: vec![vec![0; n_expert]; n_layers],
-            ..Profiler::new(n_layers, n_expert * expert_ffn, thresholds, capture)
+            expert_counts,
+            ..Profiler::with_widths(widths, thresholds, capture)
         }
     }
 
@@ -180,12 +190,30 @@ mod tests {
 
     #[test]
     fn experts_count_routing_and_their_neurons() {
-        let mut p = Profiler::for_experts(2, 3, 2, None, false);
+        let mut c = powerinfer_core::testing::tiny_config(powerinfer_core::Activation::Silu);
+        (c.moe.n_expert, c.moe.n_expert_used, c.moe.expert_ffn_dim) = (3, 2, 2);
+        let mut p = Profiler::for_model(&c, None, false);
         assert_eq!(p.counts[1].len(), 6);
         p.record_expert(1, 2, &[0.0, 1.0, 3.0, 0.0, 2.0, 2.0], 2);
         p.record_expert(1, 0, &[1.0, 0.0], 2);
         assert_eq!(p.expert_counts[1], vec![1, 0, 3]);
         assert_eq!(p.counts[1], vec![1, 0, 0, 0, 2, 2]);
         assert_eq!(p.expert_counts[0], vec![0, 0, 0]);
+    }
+
+    #[test]
+    fn each_layer_counts_its_own_neurons() {
+        // GLM-4.5: layer 0 a dense FFN of ffn_dim neurons, the others 3 experts of 2.
+        let mut c = powerinfer_core::testing::tiny_config(powerinfer_core::Activation::Silu);
+        (c.moe.n_expert, c.moe.n_expert_used, c.moe.expert_ffn_dim) = (3, 2, 2);
+        c.moe.dense_lead = 1;
+        let mut p = Profiler::for_model(&c, None, false);
+        let widths: Vec<usize> = p.counts.iter().map(Vec::len).collect();
+        assert_eq!(widths[0], c.ffn_dim);
+        assert!(widths[1..].iter().all(|&w| w == 6));
+        let row: Vec<f32> = (0..c.ffn_dim).map(|j| (j % 2) as f32).collect();
+        p.record(0, &[], &row, c.ffn_dim, 0);
+        assert_eq!(p.counts[0].iter().sum::<u64>(), (c.ffn_dim / 2) as u64);
+        assert!(p.expert_counts.iter().all(|e| e.len() == 3));
     }
 }

@@ -148,7 +148,7 @@ impl Session {
             if p.output > 0.0 {
                 self.pool.install(|| model.output_copy().map(|_| ()))?;
             }
-        } else if !matches!(mode, Sparsity::Dense) && !c.moe.is_moe() {
+        } else if !matches!(mode, Sparsity::Dense) && (0..c.n_layers).any(|l| !c.is_moe_layer(l)) {
             let model = &self.model;
             // A neuron store holds the transposed rows exact-relu and predictor mode read: no
             // copy in memory (threshold mode still builds it).

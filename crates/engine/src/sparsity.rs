@@ -176,6 +176,17 @@ impl Sparsity {
         }
     }
 
+    /// The mode a dense FFN layer `l` runs: this one, but exact-relu in predictor mode where
+    /// the layer has no predictor of its own (a mixture of experts' leading dense layers, as
+    /// its experts without one: the dense function of a SiLU layer).
+    pub fn for_dense_layer(&self, l: usize) -> &Sparsity {
+        static EXACT_RELU: Sparsity = Sparsity::ExactRelu;
+        match self {
+            Sparsity::Predictor { layers, .. } if layers.get(l).is_none() => &EXACT_RELU,
+            other => other,
+        }
+    }
+
     /// Name as the Python API spells it.
     pub fn name(&self) -> &'static str {
         self.mode().name()
@@ -220,7 +231,8 @@ impl Sparsity {
                 experts,
                 input,
             } if moe => {
-                // No expert may have a predictor (none paid): every expert runs exact-relu.
+                // No expert may have a predictor (none paid): every expert runs exact-relu,
+                // and so do the leading dense layers (GLM-4.5's), which take none.
                 ensure!(
                     layers.is_empty(),
                     Plan,
@@ -228,6 +240,11 @@ impl Sparsity {
                      profile), not {} per-layer ones",
                     layers.len()
                 );
+                if let Some(l) = (0..experts.len().min(c.moe.dense_lead))
+                    .find(|&l| experts[l].iter().any(Option::is_some))
+                {
+                    bail!(Plan, "expert predictors for layer {l}, a dense layer");
+                }
                 ensure!(
                     *input == PredictorInput::FfnNorm,
                     Plan,

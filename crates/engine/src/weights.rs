@@ -302,7 +302,8 @@ impl ModelWeights {
         Ok(set)
     }
 
-    /// The transposed down projections (ffn rows of dim weights per layer), built once.
+    /// The transposed down projections (ffn rows of dim weights per layer), built once. A
+    /// layer of experts has an empty one (0 × 0: its experts' are [`ModelWeights::expert_down_t`]).
     pub fn down_t(&self) -> Result<&[Weight]> {
         if let Some(d) = self.down_t.get() {
             return Ok(d);
@@ -312,19 +313,22 @@ impl ModelWeights {
         let sizes = self
             .layers
             .iter()
-            .map(|l| crate::transpose::transposed_bytes(&l.w_down))
+            .map(|l| match l.moe {
+                Some(_) => Ok(0),
+                None => crate::transpose::transposed_bytes(&l.w_down),
+            })
             .collect::<Result<Vec<_>>>()?;
         let mut store = PageBuf::zeroed(sizes.iter().sum());
         let mut dtypes = Vec::with_capacity(sizes.len());
         let mut rest = store.as_mut_slice();
         for (l, &n) in self.layers.iter().zip(&sizes) {
             let (part, tail) = rest.split_at_mut(n);
-            // The file's rows of an interleaved down, gathered for the transpose alone.
-            dtypes.push(crate::transpose::transpose_into(
-                &*l.w_down.to_rows()?,
-                part,
-            )?);
             rest = tail;
+            // The file's rows of an interleaved down, gathered for the transpose alone.
+            dtypes.push(match l.moe {
+                Some(_) => DType::F32,
+                None => crate::transpose::transpose_into(&*l.w_down.to_rows()?, part)?,
+            });
         }
         let store = store.freeze();
         let mut built = Vec::with_capacity(sizes.len());
@@ -338,7 +342,11 @@ impl ModelWeights {
                     start + n
                 );
             };
-            built.push(Weight::new(dtype, l.w_down.cols(), l.w_down.rows(), bytes)?);
+            let (rows, cols) = match l.moe {
+                Some(_) => (0, 0),
+                None => (l.w_down.cols(), l.w_down.rows()),
+            };
+            built.push(Weight::new(dtype, rows, cols, bytes)?);
             start += n;
         }
         let _ = self.down_t.set(built);

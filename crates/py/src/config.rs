@@ -445,6 +445,23 @@ impl PyModelConfig {
         self.core.n_neurons()
     }
 
+    /// Each layer's neurons as plans count them: `n_neurons` for a layer of experts, `ffn_dim`
+    /// for a dense one (a mixture of experts' first `dense_lead_layers`).
+    #[getter]
+    fn layer_neurons(&self) -> Vec<usize> {
+        self.core.neuron_counts()
+    }
+
+    /// Each layer's neurons the profiler counts and the sparse modes choose among: a layer of
+    /// experts' routed ones (`n_expert · expert_ffn`, its shared expert always runs), a dense
+    /// layer's `ffn_dim`.
+    #[getter]
+    fn layer_routed_neurons(&self) -> Vec<usize> {
+        (0..self.core.n_layers)
+            .map(|l| self.core.layer_routed_neurons(l))
+            .collect()
+    }
+
     /// `[(name, rows, cols, required), ...]` of the tensors outside the layers.
     fn global_tensors(&self) -> Vec<TensorRow> {
         tensor_rows(self.core.global_tensors())

@@ -18,7 +18,8 @@ fn ids<'py>(py: Python<'py>, list: &[u32]) -> Bound<'py, PyArray1<i64>> {
 }
 
 /// Read the plan file at `path` (PlanError, naming it, for anything malformed): a dict of what
-/// the engine reads (`model_fingerprint`, `n_layers`, `ffn_dim`, `bucket`, `context`,
+/// the engine reads (`model_fingerprint`, `n_layers`, `ffn_dim` (the widest layer's),
+/// `layer_neurons` (each layer's), `bucket`, `context`,
 /// `kv_cache`, `budget_bytes`, `gpu_bytes`, `attention`, `predictor`, `ffn_buckets`, `output`,
 /// `predictor_allocations`, `predictor_ranks`, `gpu_neurons`: int64 arrays per layer), the RAM
 /// tier's `ram_neurons` (int64 arrays per layer, or None) and `json`, the whole `plan`
@@ -31,7 +32,9 @@ fn read_plan<'py>(py: Python<'py>, path: &Bound<'py, PyAny>) -> PyResult<Bound<'
     let d = PyDict::new(py);
     d.set_item("model_fingerprint", &f.model_fingerprint)?;
     d.set_item("n_layers", f.table.layers.len())?;
-    d.set_item("ffn_dim", f.table.layers.first().map_or(0, |l| l.ffn()))?;
+    let counts: Vec<usize> = f.table.layers.iter().map(|l| l.ffn()).collect();
+    d.set_item("ffn_dim", counts.iter().copied().max().unwrap_or(0))?;
+    d.set_item("layer_neurons", counts)?;
     d.set_item("bucket", f.bucket)?;
     d.set_item("context", f.context)?;
     d.set_item("kv_cache", f.kv_cache.name())?;

@@ -399,18 +399,22 @@ impl PySession {
         self.lock(py).profiler().map_or(0, |p| p.tokens)
     }
 
-    /// Activation counts of the running profile, int64 of shape (n_layers, ffn).
+    /// Activation counts of the running profile, int64 of shape (n_layers, ffn): row l holds
+    /// layer l's neurons (`ModelConfig.layer_routed_neurons`); a narrower layer than the
+    /// widest (a mixture of experts' leading dense layer, or its layers of experts) is padded
+    /// with zeros past its own.
     fn profile_counts<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<i64>>> {
         let guard = self.lock(py);
         let p = guard
             .profiler()
             .ok_or_else(|| to_pyerr(py, Error::Plan("not profiling".into())))?;
-        let cols = p.counts.first().map_or(0, Vec::len);
-        matrix(
-            py,
-            cols,
-            p.counts.iter().flatten().map(|&c| c as i64).collect(),
-        )
+        let cols = p.counts.iter().map(Vec::len).max().unwrap_or(0);
+        let flat = p
+            .counts
+            .iter()
+            .flat_map(|l| (0..cols).map(|j| l.get(j).map_or(0, |&c| c as i64)))
+            .collect();
+        matrix(py, cols, flat)
     }
 
     /// Tokens routed to each expert in the running profile, int64 of shape (n_layers,
@@ -441,21 +445,22 @@ impl PySession {
     }
 
     /// Rows captured since the last call, per layer: (x float32 (n, dim), act float32 (n, ffn));
-    /// a mixture of experts: (x, act float32 (n, n_expert_used * expert_ffn), routes int64 (n,
-    /// n_expert_used)), each token's routed experts' activations in route order and the
-    /// experts they are.
+    /// a mixture of experts' layer of experts: (x, act float32 (n, n_expert_used *
+    /// expert_ffn), routes int64 (n, n_expert_used)), each token's routed experts' activations
+    /// in route order and the experts they are (its leading dense layers: (x, act) as a dense
+    /// model's).
     fn take_captured<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyTuple>>> {
         let mut guard = self.lock(py);
-        let c = &guard.model().config;
-        let moe = c.moe.is_moe();
+        let c = guard.model().config.clone();
         let k = c.moe.n_expert_used;
-        let ffn = match moe {
-            true => k * c.moe.expert_ffn(c.ffn_dim),
-            false => c.ffn_dim,
-        };
         let dim = c.dim;
         let mut out = Vec::new();
-        for cap in guard.take_captured() {
+        for (l, cap) in guard.take_captured().into_iter().enumerate() {
+            let moe = c.is_moe_layer(l);
+            let ffn = match moe {
+                true => k * c.moe.expert_ffn(c.ffn_dim),
+                false => c.ffn_dim,
+            };
             let x = matrix(py, dim, cap.x)?.into_any();
             let act = matrix(py, ffn, cap.act)?.into_any();
             let t = match moe {

@@ -8,6 +8,10 @@ flags per layer (attention + KV, predictor, FFN buckets) and global (output head
 bytes per device (per layer and total), predicted time and tokens/s, the solver's status, MIP gap
 and solve time, the per-layer minimum of hot neurons, and the predictor sizes counted.
 
+A mixture of experts whose leading dense layers (GLM-4.5's) have another neuron count than its
+layers of experts records each layer's in ``layer_neurons`` (``ffn_dim`` is then the widest); a
+plan without it has ``ffn_dim`` neurons in every layer.
+
 A plan with a RAM tier (``--ram-budget``, :mod:`~powerinfer_rs.planning.ram_tier`) also has
 tensors ``blk.{i}.ram_neurons`` (int32, sorted): the CPU neurons resident in RAM (the rest are
 read from storage through the neuron store), and a ``ram`` object in ``plan``: the RAM budget,
@@ -67,6 +71,14 @@ class Plan:
     ram_neurons: list[np.ndarray] | None = None
     #: The RAM tier's bytes, slots and storage cost ({} without one).
     ram: dict = field(default_factory=dict)
+    #: Each layer's neurons where they differ (a mixture of experts' leading dense layers:
+    #: GLM-4.5; JSON ``layer_neurons``, ``ffn_dim`` the widest); None: ``ffn_dim`` in each.
+    layer_neurons: list[int] | None = None
+
+    @property
+    def neuron_counts(self) -> list[int]:
+        """Each layer's neurons."""
+        return list(self.layer_neurons or [self.ffn_dim] * self.n_layers)
 
     @property
     def n_layers(self) -> int:
@@ -134,11 +146,12 @@ class Plan:
             raise PlanError(f"{source}: {e}") from None
         if self.bucket <= 0 or self.context <= 0:
             raise PlanError(f"{source}: bucket and context must be positive")
+        counts = self.neuron_counts
+        if len(counts) != n or max(counts, default=0) != self.ffn_dim:
+            raise PlanError(f"{source}: layer_neurons {counts} for {n} layers of {self.ffn_dim}")
         for i, ids in enumerate(self.gpu_neurons):
-            if ids.ndim != 1 or (ids.size and (ids[0] < 0 or ids[-1] >= self.ffn_dim)):
-                raise PlanError(
-                    f"{source}: blk.{i}.gpu_neurons has ids outside [0, {self.ffn_dim})"
-                )
+            if ids.ndim != 1 or (ids.size and (ids[0] < 0 or ids[-1] >= counts[i])):
+                raise PlanError(f"{source}: blk.{i}.gpu_neurons has ids outside [0, {counts[i]})")
             if ids.size > 1 and not (np.diff(ids) > 0).all():
                 raise PlanError(f"{source}: blk.{i}.gpu_neurons is not sorted and unique")
             if -(-ids.size // self.bucket) != pl.ffn_buckets[i]:
@@ -155,6 +168,7 @@ class Plan:
             "model_fingerprint": self.model_fingerprint,
             "n_layers": self.n_layers,
             "ffn_dim": self.ffn_dim,
+            **({"layer_neurons": list(self.layer_neurons)} if self.layer_neurons else {}),
             "budget_bytes": self.budget_bytes,
             "hardware": self.hardware,
             "context": self.context,
@@ -241,6 +255,7 @@ def _read(path: Path) -> Plan:
             kv_cache=r["kv_cache"],
             ram_neurons=r["ram_neurons"],
             ram=dict(j["ram"]) if r["ram_neurons"] is not None else {},
+            layer_neurons=list(j["layer_neurons"]) if "layer_neurons" in j else None,
         )
     except Exception as e:  # a planner section missing or of another type
         raise PlanError(f"{path}: not a readable plan file: {e!r}") from None
@@ -270,11 +285,10 @@ def load_plan(
                 f"{p} was made for model {plan.model_fingerprint or '(unknown)'}, not this one "
                 f"({shape.fingerprint or '(unknown)'}); plan again for this model"
             )
-        c = shape.config
-        if plan.n_layers != c.n_layers or plan.ffn_dim != shape.n_neurons:
+        if plan.neuron_counts != shape.neuron_counts:
             raise PlanError(
-                f"{p}: plan is for {plan.n_layers} layers x {plan.ffn_dim} neurons, the model has "
-                f"{c.n_layers} x {shape.n_neurons}"
+                f"{p}: plan is for {plan.n_layers} layers x {_shown(plan.neuron_counts)} "
+                f"neurons, the model has {shape.config.n_layers} x {_shown(shape.neuron_counts)}"
             )
         actual = total_bytes(gpu_allocation(plan, shape))
         if actual != plan.gpu_bytes:
@@ -288,6 +302,11 @@ def load_plan(
             f"than the budget of {format_bytes(budget_bytes)} ({budget_bytes} B)"
         )
     return plan
+
+
+def _shown(counts: list[int]) -> str:
+    """Layer neuron counts as a message shows them: one number when they agree."""
+    return str(counts[0]) if counts and len(set(counts)) == 1 else str(counts)
 
 
 __all__ = ["PLAN_FORMAT", "Plan", "load_plan", "save_plan"]

@@ -11,7 +11,10 @@ Written by the profiler (``python -m powerinfer_rs.profile``) and read by the pl
 A mixture-of-experts model's profile counts each layer's flattened neuron space (``ffn_dim`` =
 ``n_expert * expert_ffn``; neuron ``e * expert_ffn + j`` is neuron j of expert e, counted in the
 tokens routed to e) and adds tensors ``blk.{i}.expert_count`` (int64 ``[n_expert]``: tokens
-routed to each expert) and metadata ``n_expert``, ``expert_ffn``.
+routed to each expert) and metadata ``n_expert``, ``expert_ffn``. Its first ``dense_lead``
+layers (metadata ``dense_lead``, GLM-4.5's first_k_dense_replace; 0 when absent) are dense FFNs
+counted as a dense model's, ``[ffn_dim of the dense layer]`` each, with expert counts of zero;
+``ffn_dim`` is then the widest layer's.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class Profile:
     meta: dict[str, str] = field(default_factory=dict)
     #: Mixture of experts: per layer, tokens routed to each expert (None for a dense model).
     expert_counts: list[np.ndarray] | None = None
+    #: Mixture of experts: its first layers with a dense FFN (GLM-4.5's), which route nothing.
+    dense_lead: int = 0
 
     @property
     def n_expert(self) -> int:
@@ -51,8 +56,14 @@ class Profile:
 
     @property
     def ffn_dim(self) -> int:
-        """Neurons per layer."""
-        return int(self.counts[0].size) if self.counts else 0
+        """Neurons per layer (the widest layer's where a mixture of experts' leading dense
+        layers differ, see :attr:`layer_neurons`)."""
+        return max((int(c.size) for c in self.counts), default=0)
+
+    @property
+    def layer_neurons(self) -> list[int]:
+        """Each layer's neurons counted."""
+        return [int(c.size) for c in self.counts]
 
     @property
     def model_fingerprint(self) -> str:
@@ -71,11 +82,15 @@ class Profile:
             raise ModelFileError(f"{source}: tokens must be an integer, got {self.tokens!r}")
         if not 0 < self.tokens < 1 << 63:
             raise ModelFileError(f"{source}: tokens must be in [1, 2^63), got {self.tokens}")
-        ffn = self.counts[0].size
+        if not 0 <= self.dense_lead < len(self.counts) or (self.dense_lead and not self.n_expert):
+            raise ShapeError(f"{source}: {self.dense_lead} leading dense layers")
+        lead = self.counts[0].size
+        ffn = self.counts[-1].size
         for i, c in enumerate(self.counts):
-            if c.ndim != 1 or c.size != ffn or c.size == 0:
+            want = lead if i < self.dense_lead else ffn
+            if c.ndim != 1 or c.size != want or c.size == 0:
                 raise ShapeError(
-                    f"{source}: blk.{i}.active_count has shape {c.shape}, expected [{ffn}]"
+                    f"{source}: blk.{i}.active_count has shape {c.shape}, expected [{want}]"
                 )
             if not np.issubdtype(c.dtype, np.integer):
                 raise ModelFileError(f"{source}: blk.{i}.active_count is {c.dtype}, not integer")
@@ -101,7 +116,10 @@ class Profile:
                 raise ModelFileError(
                     f"{source}: blk.{i}.expert_count outside [0, tokens={self.tokens}]"
                 )
-            if (c.reshape(n, -1).max(axis=1) > e).any():
+            if i < self.dense_lead:
+                if e.any():
+                    raise ModelFileError(f"{source}: blk.{i}: a dense layer routed tokens")
+            elif (c.reshape(n, -1).max(axis=1) > e).any():
                 raise ModelFileError(
                     f"{source}: blk.{i}: a neuron counted in more tokens than its expert"
                 )
@@ -121,16 +139,20 @@ def write_profile(
     corpus: list[str] | None = None,
     extra_meta: dict[str, str] | None = None,
     expert_counts: list[np.ndarray] | None = None,
+    dense_lead: int = 0,
 ) -> Path:
-    """Write ``out_dir/profile.safetensors``; returns its path. Validates first."""
+    """Write ``out_dir/profile.safetensors``; returns its path. Validates first. ``counts[i]``
+    holds layer i's own neurons (``dense_lead``: a mixture of experts' leading dense layers,
+    whose widths differ from its layers of experts')."""
     from safetensors.numpy import save_file
 
     ec = None
     if expert_counts is not None:
         ec = [np.ascontiguousarray(e, dtype=np.int64) for e in expert_counts]
     prof = Profile(
-        [np.ascontiguousarray(c, dtype=np.int64) for c in counts], int(tokens), expert_counts=ec
-    )
+        [np.ascontiguousarray(c, dtype=np.int64) for c in counts], int(tokens), expert_counts=ec,
+        dense_lead=dense_lead,
+    )  # fmt: skip
     prof.validate("write_profile")
     meta = {
         **(extra_meta or {}),
@@ -147,7 +169,10 @@ def write_profile(
     tmp = path.with_name(path.name + ".part")
     tensors = {f"blk.{i}.active_count": c for i, c in enumerate(prof.counts)}
     if ec is not None:
-        meta.update(n_expert=str(prof.n_expert), expert_ffn=str(prof.ffn_dim // prof.n_expert))
+        ef = prof.counts[-1].size // prof.n_expert
+        meta.update(n_expert=str(prof.n_expert), expert_ffn=str(ef))
+        if dense_lead:
+            meta["dense_lead"] = str(int(dense_lead))
         tensors.update({f"blk.{i}.expert_count": e for i, e in enumerate(ec)})
     save_file(tensors, str(tmp), meta)
     os.replace(tmp, path)
@@ -191,7 +216,11 @@ def read_profile(path: str | os.PathLike[str]) -> Profile:
         raise
     except Exception as e:  # safetensors raises its own error types for malformed files
         raise ModelFileError(f"{p}: cannot read activation profile: {e}") from None
-    prof = Profile(counts, tokens, meta, expert_counts=experts)
+    try:
+        lead = int(meta.get("dense_lead", "0"))
+    except ValueError:
+        raise ModelFileError(f"{p}: dense_lead {meta.get('dense_lead')!r}") from None
+    prof = Profile(counts, tokens, meta, expert_counts=experts, dense_lead=lead)
     prof.validate(str(p))
     if str(prof.ffn_dim) != meta.get("ffn_dim", str(prof.ffn_dim)):
         raise ShapeError(f"{p}: ffn_dim metadata {meta.get('ffn_dim')} != tensors' {prof.ffn_dim}")

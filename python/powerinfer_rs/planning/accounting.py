@@ -272,8 +272,9 @@ def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -
     norms ``kn`` (kv_dim: the normed keys); for parallel attention+FFN families (Falcon)
     ``saved`` (dim: the residual before the attention, the FFN's input); for a mixture of
     experts ``expert_w`` (n_expert + 1: the token's weight of each expert, then the shared
-    expert's scale). ``hb``, ``active`` and ``part`` count a layer's neurons
-    (:attr:`.ModelShape.n_neurons`: a mixture of experts' flattened space). Then ``xq``, in
+    expert's scale). ``hb``, ``active`` and ``part`` count the widest layer's neurons
+    (:attr:`.ModelShape.neuron_counts`: a mixture of experts' flattened space, or its leading
+    dense layers' ``ffn_dim`` where wider). Then ``xq``, in
     bytes: the input of the quantized row kernels, x quantized to int16 blocks of
     :data:`XQ_BLOCK` bytes per 32 values, for the longer of dim and n_heads * head_dim; and the
     lists compacted on the GPU, a layer's neurons each: ``slots`` (i32: predictor mode's active
@@ -281,7 +282,7 @@ def scratch_allocations(shape: ModelShape, context: int, pred: PredictorSizes) -
     pass's rows and their activations) with ``rows_n``.
     """
     c = shape.config
-    ffn = shape.n_neurons
+    ffn = max(shape.neuron_counts)
     f32 = {
         "x": c.dim,
         "xb": c.dim,
@@ -352,9 +353,10 @@ def gpu_allocation(plan: Plan, model: LoadedModel | ModelShape) -> list[Allocati
     c = shape.config
     if len(plan.gpu_neurons) != c.n_layers:
         raise PlanError(f"plan has {len(plan.gpu_neurons)} layers, the model {c.n_layers}")
-    if plan.ffn_dim != shape.n_neurons:
+    if plan.neuron_counts != shape.neuron_counts:
         raise PlanError(
-            f"plan is for {plan.ffn_dim} neurons per layer, the model has {shape.n_neurons}"
+            f"plan is for {plan.neuron_counts} neurons per layer, the model has "
+            f"{shape.neuron_counts}"
         )
     return placement_allocation(
         shape,

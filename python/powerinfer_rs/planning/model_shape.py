@@ -6,8 +6,10 @@ alone (:meth:`ModelShape.from_config`), so a 70B-shaped plan needs no 40 GB file
 A mixture of experts is planned over each layer's flattened neuron space
 (``config.n_neurons``): neuron ``e * expert_ffn + j`` is row j of expert e in the merged
 ``ffn_{gate,up,down}_exps`` tensors (GGUF's own layout), then the shared expert's neurons
-(``ffn_*_shexp``). A neuron's rows are the same kinds as a dense FFN's (gate, up, transposed
-down), so slabs, byte accounting and the cost model read them alike.
+(``ffn_*_shexp``). Its leading dense layers (GLM-4.5's first_k_dense_replace) are planned as a
+dense model's, over their own ``ffn_dim`` neurons (:meth:`ModelShape.layer_neurons`). A
+neuron's rows are the same kinds as a dense FFN's (gate, up, transposed down), so slabs, byte
+accounting and the cost model read them alike.
 """
 
 from __future__ import annotations
@@ -102,14 +104,38 @@ class ModelShape:
         routed experts' flattened neurons followed by the shared expert's."""
         return self.config.n_neurons
 
+    def layer_moe(self, layer: int) -> bool:
+        """Whether ``layer``'s FFN is a mixture of experts (not one of its leading dense
+        layers)."""
+        return self.moe and layer >= self.config.dense_lead_layers
+
+    def layer_routed(self, layer: int) -> int:
+        """``layer``'s neurons a profile counts: :attr:`routed_neurons` for a layer of experts,
+        ``ffn_dim`` for a dense one."""
+        return self.routed_neurons if self.layer_moe(layer) else self.config.ffn_dim
+
+    def layer_neurons(self, layer: int) -> int:
+        """``layer``'s neurons as plans count them: :attr:`n_neurons` for a layer of experts,
+        ``ffn_dim`` for a dense one (``config.layer_neurons``)."""
+        return self.n_neurons if self.layer_moe(layer) else self.config.ffn_dim
+
+    @property
+    def neuron_counts(self) -> list[int]:
+        """:meth:`layer_neurons` of every layer."""
+        return [self.layer_neurons(i) for i in range(self.config.n_layers)]
+
+    def layer_shared(self, layer: int) -> int:
+        """The shared expert's neurons of ``layer`` (0 for a dense layer or none)."""
+        return self.config.shared_ffn_dim if self.layer_moe(layer) else 0
+
     def ffn_tensor(self, layer: int, kind: str) -> str:
         """The tensor holding ``layer``'s ``kind`` ("gate", "up", "down") rows: ``ffn_gate``,
         or a mixture of experts' merged ``ffn_gate_exps``."""
-        return f"blk.{layer}.ffn_{kind}" + ("_exps" if self.moe else "")
+        return f"blk.{layer}.ffn_{kind}" + ("_exps" if self.layer_moe(layer) else "")
 
     def shared_tensor(self, layer: int, kind: str) -> str | None:
         """The shared expert's ``kind`` tensor of ``layer``, or None without one."""
-        return f"blk.{layer}.ffn_{kind}_shexp" if self.config.shared_ffn_dim else None
+        return f"blk.{layer}.ffn_{kind}_shexp" if self.layer_shared(layer) else None
 
     @classmethod
     def from_model(cls, model: LoadedModel) -> ModelShape:
@@ -202,7 +228,7 @@ class ModelShape:
             if gate != up:
                 up_name = names[1].split(".", 2)[-1]
                 return f"{names[0]} is {gate} and {up_name} {up}: the GPU reads both in one"
-        if part == "ffn" and self.config.shared_ffn_dim:
+        if part == "ffn" and self.layer_shared(layer):
             return self._shared_refusal(layer)
         return None
 
@@ -259,7 +285,7 @@ class ModelShape:
     def router_read_bytes(self, layer: int) -> int:
         """Bytes a mixture of experts' layer reads per token to route, on the CPU: the router
         (``ffn_gate_inp``) and the shared expert's gate vector; 0 for a dense FFN."""
-        if not self.moe:
+        if not self.layer_moe(layer):
             return 0
         out = self.tensor_bytes(f"blk.{layer}.ffn_gate_inp")
         if f"blk.{layer}.ffn_gate_inp_shexp" in self._shapes:

@@ -87,8 +87,8 @@ def n_cpu_moe(problem: PlacementProblem) -> SolveResult:
     on the same budget. :class:`VramBudgetError` when the budget cannot hold the base part."""
     t0 = time.perf_counter()
     p = problem
-    shared = p.shape.config.shared_ffn_dim
-    base = [-(-shared // p.bucket) if lt.ffn_gpu else 0 for lt in p.layers]
+    shared = [p.shape.layer_shared(i) for i in range(len(p.layers))]
+    base = [-(-s // p.bucket) if lt.ffn_gpu else 0 for s, lt in zip(shared, p.layers)]
     pl = Placement(
         attention=[lt.attn_gpu for lt in p.layers],
         predictor=[False] * len(p.layers),
@@ -173,11 +173,13 @@ def plan_from_solution(problem: PlacementProblem, res: SolveResult, profile: Pro
         "layer_mass_share": ev.layer_mass_share,
         "mass_objective": ev.mass_objective,
     }
+    counts = p.shape.neuron_counts
     if p.shape.moe:
         predicted["moe_policy"] = "n-cpu-moe" if res.solver == "n-cpu-moe" else "neurons"
     return Plan(
         model_fingerprint=p.shape.fingerprint,
-        ffn_dim=p.shape.n_neurons,
+        ffn_dim=max(p.shape.neuron_counts),
+        layer_neurons=None if len(set(counts)) == 1 else counts,
         gpu_neurons=hot_neurons(p, pl),
         placement=pl,
         bucket=p.bucket,
@@ -212,20 +214,13 @@ def plan_from_solution(problem: PlacementProblem, res: SolveResult, profile: Pro
 
 
 def refuse_non_flat(shape: ModelShape) -> None:
-    """:class:`UnsupportedError` for a mixture of experts with leading dense layers (GLM-4.5's
-    first_k_dense_replace: a plan counts one flattened expert space per layer), gpt-oss's
-    biased experts, clamped SwiGLU and attention sinks, or multi-head latent attention."""
+    """:class:`UnsupportedError` for gpt-oss's biased experts, clamped SwiGLU and attention
+    sinks, or multi-head latent attention (a mixture of experts' leading dense layers, GLM-4.5's,
+    are planned over their own neurons)."""
     if getattr(shape.config, "mla_kv_lora_rank", 0):
         raise UnsupportedError(
             "a plan of multi-head latent attention (DeepSeek-V2/V3): its latent KV cache and "
             "absorbed projections have no GPU side; such a model runs dense on the CPU"
-        )
-    lead = shape.config.dense_lead_layers
-    if shape.moe and lead:
-        raise UnsupportedError(
-            f"a plan of a mixture of experts with {lead} leading dense layers (GLM-4.5's "
-            "first_k_dense_replace): the plan counts one flattened expert space per layer; such "
-            "a model runs dense on the CPU"
         )
     c = shape.config
     if shape.moe and (c.expert_bias or c.swiglu_limit or c.attn_sinks):
@@ -282,8 +277,7 @@ def make_plan(
     Raises :class:`PlanError` when the profile was made on another model (unless
     ``check_fingerprint`` is False), :class:`ShapeError` when it does not fit the model's shape,
     :class:`VramBudgetError` for a budget the hardware cannot hold, and
-    :class:`UnsupportedError` for a mixture of experts with leading dense layers (GLM-4.5) or
-    gpt-oss's biased experts.
+    :class:`UnsupportedError` for gpt-oss's biased experts or latent attention.
     """
     shape = ModelShape.coerce(model)
     refuse_non_flat(shape)
@@ -370,6 +364,12 @@ def _with_ram(
     """``plan`` with its RAM tier under ``ram_budget`` (unchanged without one)."""
     if ram_budget is None:
         return plan
+    if len(set(shape.neuron_counts)) > 1:
+        raise UnsupportedError(
+            "a RAM tier for a mixture of experts with leading dense layers (GLM-4.5's "
+            "first_k_dense_replace): the RAM tier's planner counts one neuron space for every "
+            "layer; plan without --ram-budget (the neuron store itself takes such a model)"
+        )
     from .ram_tier import DEFAULT_OVERHEAD, plan_ram_tier
 
     plan.ram_neurons, plan.ram = plan_ram_tier(

@@ -15,6 +15,8 @@ inside the expert together): hot experts first, then hot neurons of warm experts
 expert's neurons (read every token) come first and a layer with hot neurons holds all of them
 (the executor runs the shared expert whole on one side). Routing itself stays on the CPU
 (:attr:`LayerTerms.router_read`), so such a layer is split whenever the GPU holds any of it.
+Its leading dense layers (GLM-4.5's) are a dense model's layers, over their own ``ffn_dim``
+neurons (:meth:`.ModelShape.layer_neurons`).
 """
 
 from __future__ import annotations
@@ -285,10 +287,11 @@ def _check_inputs(
             f"budget {format_bytes(budget)} exceeds the {format_bytes(hardware.vram_bytes)} of "
             f"VRAM of hardware {hardware.name!r}"
         )
-    if profile.n_layers != c.n_layers or profile.ffn_dim != shape.routed_neurons:
+    want = [shape.layer_routed(i) for i in range(c.n_layers)]
+    if profile.n_layers != c.n_layers or profile.layer_neurons != want:
         raise ShapeError(
-            f"the profile has {profile.n_layers} layers x {profile.ffn_dim} neurons, the model "
-            f"{c.n_layers} x {shape.routed_neurons}"
+            f"the profile has {profile.n_layers} layers x {_counts(profile.layer_neurons)} "
+            f"neurons, the model {c.n_layers} x {_counts(want)}"
         )
     if shape.moe and (profile.expert_counts is None or profile.n_expert != c.n_expert):
         raise ShapeError(
@@ -301,6 +304,11 @@ def _check_inputs(
         )
 
 
+def _counts(counts: list[int]) -> str:
+    """Layer neuron counts as a message shows them: one number when they agree."""
+    return str(counts[0]) if counts and len(set(counts)) == 1 else str(counts)
+
+
 def _neuron_order(
     shape: ModelShape, profile: Profile, i: int, r: int, f: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -310,10 +318,10 @@ def _neuron_order(
     then by expected bytes read per token (``r`` per active neuron, ``f`` of them per routed
     token), activations, id."""
     tokens = int(profile.tokens)
-    shared = shape.config.shared_ffn_dim if shape.moe else 0
+    shared = shape.layer_shared(i)
     cnt = np.asarray(profile.counts[i], dtype=np.int64)
     ids = np.arange(cnt.size + shared)
-    if not shape.moe:
+    if not shape.layer_moe(i):
         route = np.full(cnt.size, tokens, dtype=np.int64)
         return cnt, route, np.lexsort((ids, -cnt)).astype(np.int64)
     # Tokens routing to each neuron's expert; the shared expert's run every token.
@@ -321,7 +329,7 @@ def _neuron_order(
     route = np.append(np.repeat(ec, shape.expert_ffn), np.full(shared, tokens))
     cnt = np.append(cnt, np.full(shared, tokens))
     read = cnt * (r - f) + route * f
-    first = (ids >= shape.routed_neurons).astype(np.int64)
+    first = (ids >= shape.layer_routed(i)).astype(np.int64)
     return cnt, route, np.lexsort((ids, -cnt, -read, -first)).astype(np.int64)
 
 
@@ -343,7 +351,7 @@ def _layer_terms(
     the layer's bytes held and read."""
     c = shape.config
     tokens = int(profile.tokens)
-    shared = c.shared_ffn_dim if shape.moe else 0
+    shared = shape.layer_shared(i)
     r = shape.neuron_read_bytes(i)
     f = shape.neuron_fixed_read_bytes(i, sparsity)
     cnt, route, order = _neuron_order(shape, profile, i, r, f)

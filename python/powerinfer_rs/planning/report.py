@@ -27,7 +27,7 @@ def format_table(plan: Plan) -> str:
         lines.append(
             f"{i:>5} {'gpu' if pl.attention[i] else 'cpu':>4} "
             f"{'gpu' if pl.predictor[i] else 'cpu':>4} "
-            f"{plan.gpu_neurons[i].size:>6}/{plan.ffn_dim:<5} "
+            f"{plan.gpu_neurons[i].size:>6}/{plan.neuron_counts[i]:<5} "
             f"{pr['layer_mass_share'][i]:>9.1%} "
             f"{_mib(by['gpu']['per_layer'][i]):>10} {_mib(by['cpu']['per_layer'][i]):>10} "
             f"{pr['layer_time_s'][i] * 1e6:>9.1f}"
@@ -41,7 +41,7 @@ def format_table(plan: Plan) -> str:
     )
     lines.append(
         f"{'total':>5} {sum(pl.attention):>4} {sum(pl.predictor):>4} "
-        f"{n_hot:>6}/{plan.ffn_dim * plan.n_layers:<5} {pr['mass_share']:>9.1%} "
+        f"{n_hot:>6}/{sum(plan.neuron_counts):<5} {pr['mass_share']:>9.1%} "
         f"{_mib(by['gpu']['total']):>10} {_mib(by['cpu']['total']):>10} "
         f"{pr['time_per_token_s'] * 1e6:>9.1f}"
     )
@@ -71,7 +71,7 @@ def ram_lines(plan: Plan) -> list[str]:
     st = r["storage"]
     n_ram = sum(int(n.size) for n in plan.ram_neurons or [])
     n_gpu = sum(int(n.size) for n in plan.gpu_neurons)
-    n_all = plan.ffn_dim * plan.n_layers
+    n_all = sum(plan.neuron_counts)
     t = st.get("time_per_token_s")
     cost = (
         f"{t * 1e3:.1f} ms/token at {st['iops']:,.0f} reads/s and {st['read_bw_gbs']:.2f} GB/s"

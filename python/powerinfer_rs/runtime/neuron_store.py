@@ -55,12 +55,12 @@ def hot_clusters(counts, cluster: int, n: int) -> list[list[int]]:
     return [sorted(ks) for ks in out]
 
 
-def store_neurons(config) -> int:
-    """Neurons per layer in a store: ``ffn_dim``, or a mixture of experts' routed neurons
-    (``n_expert`` x the expert FFN; its shared expert stays with the mapped weights)."""
-    if config.n_expert:
-        return config.n_expert * (config.expert_ffn_dim or config.ffn_dim)
-    return config.ffn_dim
+def store_neurons(config) -> list[int]:
+    """Each layer's neurons in a store: ``ffn_dim``, or for a layer of experts its routed
+    neurons (``n_expert`` x the expert FFN; its shared expert stays with the mapped weights;
+    ``config.layer_routed_neurons``: a mixture of experts' leading dense layers have
+    ``ffn_dim``)."""
+    return list(config.layer_routed_neurons)
 
 
 class NeuronStoreMethods:
@@ -149,15 +149,17 @@ class NeuronStoreMethods:
             c = self.config
             # A mixture of experts' profile counts its routed neurons, then its shared
             # expert's, which the store does not hold.
-            n = store_neurons(c)
-            want = c.n_neurons if c.n_expert else c.ffn_dim
-            if len(counts) != c.n_layers or any(len(x) not in (n, want) for x in counts):
+            ns, want = store_neurons(c), list(c.layer_neurons)
+            if len(counts) != c.n_layers or any(
+                len(x) not in (n, w) for x, n, w in zip(counts, ns, want)
+            ):
                 self._model.close_neuron_store()
+                shown = want[0] if len(set(want)) == 1 else want
                 raise ShapeError(
-                    f"hot counts must be {c.n_layers} layers of {want} neurons, one count "
+                    f"hot counts must be {c.n_layers} layers of {shown} neurons, one count "
                     "per neuron (a profile of this model)"
                 )
-            counts = [np.asarray(x)[:n] for x in counts]
+            counts = [np.asarray(x)[:n] for x, n in zip(counts, ns)]
             s = self._model.neuron_store_stats(False)
             n = int(resident_share * s["cache_slots"])
             self._model.neuron_store_load_resident(hot_clusters(counts, s["cluster"], n))
@@ -186,9 +188,10 @@ class NeuronStoreMethods:
                 f"the plan places {on_gpu} neurons on the GPU; the neuron store runs on the CPU "
                 "engine: plan with --vram-budget 0"
             )
-        n = store_neurons(self.config)
-        if any(ids.size and ids[-1] >= n for ids in plan.ram_neurons):
-            raise PlanError(f"the plan's RAM neurons go past the store's {n} per layer")
+        ns = store_neurons(self.config)
+        if any(ids.size and ids[-1] >= n for ids, n in zip(plan.ram_neurons, ns)):
+            shown = ns[0] if len(set(ns)) == 1 else ns
+            raise PlanError(f"the plan's RAM neurons go past the store's {shown} per layer")
         c = int(plan.ram["cluster"])
         resident = [sorted({int(i) // c for i in ids}) for ids in plan.ram_neurons]
         return plan, int(plan.ram["cache_bytes"]), resident

@@ -65,14 +65,17 @@ def profile_model(
     experts: list[np.ndarray] | None = None,
 ) -> tuple[np.ndarray, int, int]:
     """Profile ``engine`` (run densely) over ``ids``: returns (counts int64 ``(n_layers,
-    ffn)``, tokens counted, sample rows written). With ``samples_to`` (a profile directory)
+    ffn)``, tokens counted, sample rows written); row i holds layer i's own neurons
+    (``config.layer_routed_neurons``), zero past them where its layers differ (a mixture of
+    experts' leading dense layers). With ``samples_to`` (a profile directory)
     also stream (x, mask) samples to ``samples_to/samples``: at most ``sample_tokens`` token
     rows per layer, drawn uniformly over the whole run (all rows when None). A mixture of
     experts counts its flattened neuron space (``n_expert * expert_ffn`` per layer) and, with
     ``experts`` (a list), appends each layer's tokens routed per expert to it; its samples are
     per (layer, expert), unit ``layer * n_expert + expert``: each sampled token's FFN input
     under every expert it is routed to, with the mask over that expert's neurons (samples
-    metadata ``moe``)."""
+    metadata ``moe``). The leading dense layers of a mixture of experts (GLM-4.5's) write no
+    samples: they take no predictor (predictor mode runs them exact-relu)."""
     from ..formats.samples import SampleWriter
 
     cfg = engine.config
@@ -116,6 +119,8 @@ def profile_model(
             return
         for layer, cap in enumerate(caps):
             t = None if thr is None else thr[layer]
+            if len(cap) == 2 and n_expert:
+                continue  # a mixture of experts' leading dense layer
             if not n_expert:
                 x, act = cap
                 writer.add(layer, x[rows], stage_args.active_mask(act[rows], t))
@@ -145,11 +150,12 @@ def profile_model(
     return np.asarray(counts, dtype=np.int64), int(tokens), written
 
 
-def layer_table(counts: np.ndarray, tokens: int) -> list[dict[str, float]]:
-    """Per layer: sparsity (1 - mean active fraction), top-10 % / top-20 % share of the
-    activations, and the share of neurons never active."""
+def layer_table(counts: Sequence[np.ndarray], tokens: int) -> list[dict[str, float]]:
+    """Per layer (each its own neurons): sparsity (1 - mean active fraction), top-10 % /
+    top-20 % share of the activations, and the share of neurons never active."""
     out = []
-    for i, c in enumerate(np.asarray(counts)):
+    for i, c in enumerate(counts):
+        c = np.asarray(c)
         freq = c / max(1, tokens)
         out.append(
             {
@@ -182,9 +188,10 @@ def format_layer_table(rows: list[dict[str, float]]) -> str:
 
 
 def plot_activation(
-    counts: np.ndarray, tokens: int, path: str | os.PathLike[str], title: str = ""
+    counts: Sequence[np.ndarray], tokens: int, path: str | os.PathLike[str], title: str = ""
 ) -> Path:
-    """Write a log-log plot of each layer's activation frequencies sorted hottest first."""
+    """Write a log-log plot of each layer's activation frequencies (each its own neurons)
+    sorted hottest first."""
     from ..planning.report import pyplot
 
     plt = pyplot()
@@ -193,19 +200,19 @@ def plot_activation(
     from matplotlib.colors import Normalize
     from matplotlib.ticker import MaxNLocator
 
-    counts = np.asarray(counts)
-    n_layers, ffn = counts.shape
+    n_layers, ffn = len(counts), max(np.asarray(c).size for c in counts)
     fig, ax = plt.subplots(figsize=(7.5, 5), dpi=110)
     norm = Normalize(vmin=0, vmax=max(1, n_layers - 1))
     cmap = matplotlib.colormaps["viridis"]
     rank = np.arange(1, ffn + 1)
     for i in range(n_layers):
-        freq = np.sort(counts[i])[::-1] / max(1, tokens)
+        freq = np.sort(np.asarray(counts[i]))[::-1] / max(1, tokens)
         keep = freq > 0
-        ax.plot(rank[keep], freq[keep], color=cmap(norm(i)), lw=1.0, alpha=0.85)
+        ax.plot(rank[: freq.size][keep], freq[keep], color=cmap(norm(i)), lw=1.0, alpha=0.85)
     # a 1/rank guide through the layers' mean frequency at the 10 % rank
     r0 = max(1, ffn // 10)
-    f0 = float(np.sort(counts, axis=1)[:, ::-1][:, r0 - 1].mean()) / max(1, tokens)
+    at = [np.sort(np.asarray(c))[::-1][min(r0, np.asarray(c).size) - 1] for c in counts]
+    f0 = float(np.mean(at)) / max(1, tokens)
     if f0 > 0:
         ax.plot(rank, np.minimum(1.0, f0 * r0 / rank), "k--", lw=0.8, label=r"$\propto$ 1/rank")
         ax.legend(loc="lower left")
@@ -356,11 +363,13 @@ def profile(
         "corpus": names,
     }
     experts: list[np.ndarray] = []
-    counts, n_tokens, rows = profile_model(
+    padded, n_tokens, rows = profile_model(
         engine, ids, window=window, thresholds=values, samples_to=d if samples else None,
         sample_tokens=sample_tokens, sample_metadata=meta, seed=seed, progress=progress,
         experts=experts,
     )  # fmt: skip
+    counts = [padded[i, :w] for i, w in enumerate(cfg.layer_routed_neurons)]
+    lead = cfg.dense_lead_layers if cfg.n_expert else 0
     extra = {
         "semantics": semantics,
         "activation": cfg.activation,
@@ -370,8 +379,8 @@ def profile(
         extra["thresholds"] = json.dumps(values)
         extra["thresholds_file"] = os.fspath(thresholds)  # type: ignore[arg-type]
     path = write_profile(
-        d, list(counts), n_tokens, model_fingerprint=fingerprint, corpus=names,
-        extra_meta=extra, expert_counts=experts or None,
+        d, counts, n_tokens, model_fingerprint=fingerprint, corpus=names,
+        extra_meta=extra, expert_counts=experts or None, dense_lead=lead,
     )  # fmt: skip
     rows_table = layer_table(counts, n_tokens)
     summary = {
@@ -392,7 +401,7 @@ def profile(
         if plot:
             plot_experts(np.asarray(experts), n_tokens, d / EXPERTS_PNG_NAME, title=name)
     report(
-        f"profiled {n_tokens} tokens, {cfg.n_layers} layers x {counts.shape[1]} neurons "
+        f"profiled {n_tokens} tokens, {cfg.n_layers} layers x {padded.shape[1]} neurons "
         f"({semantics})"
     )
     report(format_layer_table(rows_table))

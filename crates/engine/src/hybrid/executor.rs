@@ -69,7 +69,8 @@ impl<B: Backend> Executor<B> {
             .table
             .layers
             .iter()
-            .map(|t| match c.moe.is_moe() && !t.hot.is_empty() {
+            .enumerate()
+            .map(|(l, t)| match c.is_moe_layer(l) && !t.hot.is_empty() {
                 true => cold_by_expert(&t.hot, c.moe.n_expert, ef),
                 false => Vec::new(),
             })

@@ -81,7 +81,7 @@ impl<'a> FfnChoices<'a> {
             gpu_predictor,
             saved: prog.save_residual,
             // A mixture of experts routes on the CPU.
-            host_needed: !table.cold.is_empty() || cpu_predictor || model.config.moe.is_moe(),
+            host_needed: !table.cold.is_empty() || cpu_predictor || model.config.is_moe_layer(l),
             // Its output goes straight into the residual unless a post-norm comes between.
             direct: !prog.ffn.contains(&FfnStep::PostNorm),
             // Dense rows hold almost no exact zeros: gathering would only add a launch.

@@ -468,7 +468,7 @@ impl<B: Backend> GpuScratch<B> {
         let mut z = |n: &str, len: usize| reg.zeros::<B, f32>(dev, &format!("scratch.{n}"), len);
         let (x, xb, xb2) = (z("x", c.dim)?, z("xb", c.dim)?, z("xb2", c.dim)?);
         let (q, k, v) = (z("q", c.q_dim())?, z("k", c.kv_dim())?, z("v", c.kv_dim())?);
-        let ffn = c.n_neurons();
+        let ffn = c.max_neurons();
         let (att, hb) = (z("att", c.q_dim())?, z("hb", ffn)?);
         let active = reg.zeros::<B, i32>(dev, "scratch.active", ffn)?;
         let mut z = |n: &str, len: usize| reg.zeros::<B, f32>(dev, &format!("scratch.{n}"), len);

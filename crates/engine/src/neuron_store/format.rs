@@ -13,7 +13,10 @@
 //! length and the UTF-8 bytes of the model's fingerprint (at most [`MAX_FINGERPRINT`]), then
 //! per layer the gate, up and down_t formats as `u8` indices into [`DType::ALL`] (255: no up
 //! rows, a gate-less FFN), then the `u64` FNV-1a hash of every header byte before it; zeros
-//! pad it. Everything else (row bytes, cluster bytes, each layer's offset) is derived from
+//! pad it. Version 3, written only where the layers' neuron counts differ (a mixture of experts'
+//! leading dense layers: GLM-4.5), has the widest layer's count in place of the neurons per
+//! layer and each layer's `u64` count after the formats (before the hash); every other store
+//! is version 2, as before. Everything else (row bytes, cluster bytes, each layer's offset) is derived from
 //! those, and the file's size must be exactly the layout's. The hash is there because the
 //! cluster size is not implied by anything else: a changed one often gives the same size
 //! (clusters padded to [`ALIGN`]) and would read rows from the wrong offsets. Version 1 (no
@@ -23,8 +26,10 @@ use powerinfer_core::{bail, ensure, DType, Error, Result};
 
 /// The file's magic bytes.
 pub const MAGIC: &[u8; 8] = b"PIRSNST1";
-/// The format version this build writes and reads.
+/// The format version this build writes for layers of one neuron count (and reads).
 pub const VERSION: u32 = 2;
+/// The format version of layers of their own neuron counts (written and read).
+pub const VERSION_LAYERS: u32 = 3;
 /// Alignment of every offset and length in the file (and of the reader's buffers).
 pub const ALIGN: usize = 4096;
 /// Longest fingerprint a header holds.
@@ -60,6 +65,8 @@ pub struct LayerLayout {
     /// Bytes of a whole cluster (up, down_t, then gate rows), padded: what predictor mode reads.
     pub cluster_bytes: usize,
     pub n_clusters: usize,
+    /// The layer's neurons.
+    pub neurons: usize,
 }
 
 impl LayerLayout {
@@ -79,6 +86,7 @@ impl LayerLayout {
             up_down_bytes,
             cluster_bytes: up_down_bytes + align(cluster * row_bytes[0]),
             n_clusters: ffn.div_ceil(cluster),
+            neurons: ffn,
         })
     }
 
@@ -92,6 +100,7 @@ impl LayerLayout {
 #[derive(Clone, Debug, PartialEq)]
 pub struct StoreLayout {
     pub dim: usize,
+    /// The widest layer's neurons (each layer's: [`LayerLayout::neurons`]).
     pub ffn: usize,
     pub cluster: usize,
     pub fingerprint: String,
@@ -106,14 +115,16 @@ fn dtype_index(d: DType) -> u8 {
 }
 
 impl StoreLayout {
-    /// The layout for `formats` (per layer gate, up, down_t) of a model of `dim` and `ffn`.
+    /// The layout for `formats` (per layer gate, up, down_t) of a model of `dim` whose layer i
+    /// has `counts[i]` neurons.
     pub(super) fn build(
         dim: usize,
-        ffn: usize,
+        counts: &[usize],
         cluster: usize,
         fingerprint: &str,
         formats: &[[Option<DType>; 3]],
     ) -> Result<StoreLayout> {
+        let ffn = counts.iter().copied().max().unwrap_or(0);
         ensure!(
             (1..=4096).contains(&cluster),
             Shape,
@@ -126,17 +137,25 @@ impl StoreLayout {
             fingerprint.len()
         );
         ensure!(
-            !formats.is_empty() && dim > 0 && ffn > 0,
+            !formats.is_empty()
+                && dim > 0
+                && counts.len() == formats.len()
+                && counts.iter().all(|&n| n > 0),
             ModelFile,
-            "a neuron store of {} layers of {ffn} neurons of width {dim}",
+            "a neuron store of {} layers of {counts:?} neurons of width {dim}",
             formats.len()
         );
-        let header_bytes =
-            align(8 + 4 + 4 + 8 + 8 + 8 + 4 + fingerprint.len() + 3 * formats.len() + 8);
+        let per_layer = match counts.iter().all(|&n| n == ffn) {
+            true => 0,
+            false => 8 * counts.len(),
+        };
+        let header_bytes = align(
+            8 + 4 + 4 + 8 + 8 + 8 + 4 + fingerprint.len() + 3 * formats.len() + per_layer + 8,
+        );
         let mut offset = header_bytes as u64;
         let mut layers = Vec::with_capacity(formats.len());
-        for f in formats {
-            let mut l = LayerLayout::new(*f, dim, cluster, ffn)?;
+        for (f, &n) in formats.iter().zip(counts) {
+            let mut l = LayerLayout::new(*f, dim, cluster, n)?;
             l.offset = offset;
             let bytes = (l.n_clusters as u64).checked_mul(l.cluster_bytes as u64);
             offset = bytes
@@ -161,11 +180,20 @@ impl StoreLayout {
             .map_or(self.header_bytes as u64, |l| l.cluster_offset(l.n_clusters))
     }
 
+    /// Whether the layers' neuron counts differ (the header is then version 3).
+    fn uneven(&self) -> bool {
+        self.layers.iter().any(|l| l.neurons != self.ffn)
+    }
+
     /// The header's bytes (padded to [`ALIGN`]).
     pub fn header(&self) -> Vec<u8> {
         let mut h = Vec::with_capacity(self.header_bytes);
         h.extend_from_slice(MAGIC);
-        h.extend_from_slice(&VERSION.to_le_bytes());
+        let version = match self.uneven() {
+            true => VERSION_LAYERS,
+            false => VERSION,
+        };
+        h.extend_from_slice(&version.to_le_bytes());
         h.extend_from_slice(&(self.layers.len() as u32).to_le_bytes());
         for v in [self.dim, self.ffn, self.cluster] {
             h.extend_from_slice(&(v as u64).to_le_bytes());
@@ -176,6 +204,11 @@ impl StoreLayout {
             h.push(dtype_index(l.gate));
             h.push(l.up.map_or(NO_UP, dtype_index));
             h.push(dtype_index(l.down));
+        }
+        if self.uneven() {
+            for l in &self.layers {
+                h.extend_from_slice(&(l.neurons as u64).to_le_bytes());
+            }
         }
         h.extend_from_slice(&fnv1a(&h).to_le_bytes());
         h.resize(self.header_bytes, 0);
@@ -204,9 +237,9 @@ impl StoreLayout {
             u64::from_le_bytes(b)
         };
         let version = u32_at(take(4)?);
-        if version != VERSION {
+        if version != VERSION && version != VERSION_LAYERS {
             return Err(bad(&format!(
-                "version {version}, this build reads {VERSION}"
+                "version {version}, this build reads {VERSION} and {VERSION_LAYERS}"
             )));
         }
         let n_layers = u32_at(take(4)?) as usize;
@@ -239,13 +272,24 @@ impl StoreLayout {
             };
             formats.push([dtype(f[0]), up, dtype(f[2])]);
         }
+        let mut counts = vec![ffn; n_layers];
+        if version == VERSION_LAYERS {
+            for c in &mut counts {
+                *c = size(u64_at(take(8)?), "neurons")?;
+            }
+        }
         // Every byte so far (the fields are fixed-width but for the fingerprint and formats).
-        let hashed = fnv1a(&bytes[..8 + 4 + 4 + 24 + 4 + fp_len + 3 * n_layers]);
+        let per_layer = (version == VERSION_LAYERS) as usize * 8 * n_layers;
+        let hashed = fnv1a(&bytes[..8 + 4 + 4 + 24 + 4 + fp_len + 3 * n_layers + per_layer]);
         if u64_at(take(8)?) != hashed {
             return Err(bad("the header's hash does not match its bytes"));
         }
-        let layout = StoreLayout::build(dim, ffn, cluster, &fingerprint, &formats)
+        let layout = StoreLayout::build(dim, &counts, cluster, &fingerprint, &formats)
             .map_err(|e| bad(&e.to_string()))?;
+        // A version names whether the counts differ; the widest is the header's.
+        if layout.ffn != ffn || (version == VERSION_LAYERS) != layout.uneven() {
+            return Err(bad("the layers' neuron counts disagree with the header"));
+        }
         // The header's padding is zeros, as the writer leaves it.
         let pad = bytes.get(at..layout.header_bytes).unwrap_or_default();
         if pad.iter().any(|&b| b != 0) {
@@ -275,7 +319,7 @@ mod tests {
     #[test]
     fn header_round_trip_and_rejections() {
         let f = [Some(DType::Q8_0), Some(DType::Q8_0), Some(DType::F16)];
-        let l = StoreLayout::build(64, 100, 8, "abc", &[f, f]).unwrap();
+        let l = StoreLayout::build(64, &[100, 100], 8, "abc", &[f, f]).unwrap();
         assert_eq!(l.header_bytes, ALIGN);
         assert_eq!(l.layers[0].n_clusters, 13);
         assert_eq!(l.layers[0].up_down_bytes, align(8 * (68 + 128)));
@@ -296,12 +340,31 @@ mod tests {
     }
 
     #[test]
+    fn layers_of_their_own_counts_are_version_3() {
+        let f = [Some(DType::Q8_0), Some(DType::Q8_0), Some(DType::F16)];
+        let even = StoreLayout::build(64, &[100, 100], 8, "abc", &[f, f]).unwrap();
+        assert_eq!(even.header()[8], 2);
+        let l = StoreLayout::build(64, &[40, 100], 8, "abc", &[f, f]).unwrap();
+        assert_eq!((l.header()[8], l.ffn), (3, 100));
+        assert_eq!((l.layers[0].n_clusters, l.layers[1].n_clusters), (5, 13));
+        assert_eq!(l.layers[1].offset, l.layers[0].cluster_offset(5));
+        let h = l.header();
+        assert_eq!(StoreLayout::parse(&h, l.file_bytes(), "t").unwrap(), l);
+        assert!(StoreLayout::build(64, &[0, 100], 8, "abc", &[f, f]).is_err());
+        assert!(StoreLayout::build(64, &[100], 8, "abc", &[f, f]).is_err());
+    }
+
+    #[test]
     fn every_single_bit_flip_of_a_header_is_refused() {
         // Mixed formats, a ReLU layer without up rows, a fingerprint: every field in play.
         let f = [Some(DType::Q8_0), Some(DType::Q4_0), Some(DType::F16)];
         let g = [Some(DType::Q4_1), None, Some(DType::Q8_0)];
-        for cluster in [1, 8, 32, 33] {
-            let l = StoreLayout::build(96, 160, cluster, "fp-0123", &[f, g, f]).unwrap();
+        // One count per layer (version 2), and GLM-4.5's dense lead of its own (version 3).
+        for (cluster, counts) in [1, 8, 32, 33]
+            .into_iter()
+            .flat_map(|c| [(c, [160, 160, 160]), (c, [96, 160, 160])])
+        {
+            let l = StoreLayout::build(96, &counts, cluster, "fp-0123", &[f, g, f]).unwrap();
             let h = l.header();
             assert_eq!(StoreLayout::parse(&h, l.file_bytes(), "t").unwrap(), l);
             for bit in 0..8 * h.len() {
@@ -311,7 +374,7 @@ mod tests {
                 // header's cluster size (`check_model`), and the model's fingerprint.
                 let accepted = StoreLayout::parse(&b, l.file_bytes(), "t").is_ok_and(|got| {
                     let formats = [f, g, f];
-                    let want = StoreLayout::build(96, 160, got.cluster, "fp-0123", &formats);
+                    let want = StoreLayout::build(96, &counts, got.cluster, "fp-0123", &formats);
                     want.is_ok_and(|w| w == got) && got.fingerprint == "fp-0123"
                 });
                 assert!(

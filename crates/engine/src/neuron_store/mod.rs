@@ -79,7 +79,7 @@ impl StoreLayout {
                 ]
             })
             .collect();
-        StoreLayout::build(c.dim, store_neurons(model)?, cluster, fingerprint, &formats)
+        StoreLayout::build(c.dim, &store_neurons(model), cluster, fingerprint, &formats)
     }
 
     /// `Error::ModelFile` unless this layout is `model`'s (same shape and formats) and, when
@@ -113,16 +113,11 @@ impl StoreLayout {
     }
 }
 
-/// Neurons per layer in `model`'s store: `ffn_dim`, or a mixture of experts' routed neurons
-/// (the rows of its merged gate tensor), the same in every layer.
-pub fn store_neurons(model: &ModelWeights) -> Result<usize> {
-    let n = model.layers.first().map_or(0, |l| l.w_gate.rows());
-    ensure!(
-        model.layers.iter().all(|l| l.w_gate.rows() == n),
-        Unsupported,
-        "a neuron store of layers with different numbers of neurons"
-    );
-    Ok(n)
+/// Each layer's neurons in `model`'s store: `ffn_dim`, or for a layer of experts its routed
+/// neurons (the rows of its merged gate tensor; a mixture of experts' leading dense layers have
+/// `ffn_dim`).
+pub fn store_neurons(model: &ModelWeights) -> Vec<usize> {
+    model.layers.iter().map(|l| l.w_gate.rows()).collect()
 }
 
 /// Write `model`'s neuron store to `path` in clusters of `cluster` neurons (the transposed down
@@ -134,10 +129,10 @@ pub fn write_store(
     fingerprint: &str,
 ) -> Result<u64> {
     let layout = StoreLayout::for_model(model, cluster, fingerprint)?;
-    let moe = model.config.moe.is_moe();
     // A mixture of experts' transposed down rows are made one layer at a time (and dropped):
-    // the writer needs one layer's, not the model's, beside the mapped weights.
-    let down_t = match moe {
+    // the writer needs one layer's, not the model's, beside the mapped weights. Dense layers
+    // (every layer of a dense model, a mixture of experts' leading ones) read the model's.
+    let down_t = match model.layers.iter().all(|l| l.moe.is_some()) {
         true => &[][..],
         false => model.down_t()?,
     };
@@ -150,8 +145,9 @@ pub fn write_store(
     out.write_all(&layout.header()).map_err(io)?;
     for (i, l) in layout.layers.iter().enumerate() {
         let lw = &model.layers[i];
+        let moe = lw.moe.is_some();
         let experts: Vec<Weight> = match &lw.moe {
-            Some(m) if moe => m
+            Some(m) => m
                 .down
                 .par_iter()
                 .map(crate::transpose::transpose)
@@ -164,7 +160,7 @@ pub fn write_store(
             buf.fill(0);
             for j in 0..cluster {
                 let n = k * cluster + j;
-                if n >= layout.ffn {
+                if n >= l.neurons {
                     break;
                 }
                 if l.up.is_some() {

@@ -229,7 +229,7 @@ impl NeuronStore {
         let _turn = self.turn.lock().map_err(|_| poisoned())?;
         let landed = self.land_ahead(layer);
         let c = self.layout.cluster;
-        let (groups, full) = self.cluster_groups(active)?;
+        let (groups, full) = self.cluster_groups(active, l.neurons)?;
         let need = if full {
             l.cluster_bytes
         } else {
@@ -322,9 +322,14 @@ impl NeuronStore {
         Ok(())
     }
 
-    /// The `active` neurons by cluster, in cluster order: (cluster, local ids, the value each
-    /// carries), and whether their gate rows are read too (Listed, Scaled).
-    fn cluster_groups(&self, active: Active<'_>) -> Result<(Vec<ClusterGroup>, bool)> {
+    /// The `active` neurons (of a layer of `neurons`) by cluster, in cluster order: (cluster,
+    /// local ids, the value each carries), and whether their gate rows are read too (Listed,
+    /// Scaled).
+    fn cluster_groups(
+        &self,
+        active: Active<'_>,
+        neurons: usize,
+    ) -> Result<(Vec<ClusterGroup>, bool)> {
         let c = self.layout.cluster;
         // The active neurons of each cluster: (cluster, local ids, activations when known).
         // The values each neuron carries: its activation (Firing), or a factor on the one its
@@ -346,12 +351,7 @@ impl NeuronStore {
         let mut groups: Vec<ClusterGroup> = Vec::new();
         for i in order {
             let id = ids[i] as usize;
-            ensure!(
-                id < self.layout.ffn,
-                Shape,
-                "neuron {id} of a layer of {}",
-                self.layout.ffn
-            );
+            ensure!(id < neurons, Shape, "neuron {id} of a layer of {neurons}");
             let k = (id / c) as u32;
             if groups.last().is_none_or(|g| g.0 != k) {
                 groups.push((k, Vec::new(), Vec::new()));

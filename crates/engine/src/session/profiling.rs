@@ -22,13 +22,7 @@ impl Session {
             );
         }
         c.refuse_non_flat("profiling")?;
-        self.profiler = Some(match c.moe.is_moe() {
-            true => {
-                let ef = c.moe.expert_ffn(c.ffn_dim);
-                Profiler::for_experts(c.n_layers, c.moe.n_expert, ef, thresholds, capture)
-            }
-            false => Profiler::new(c.n_layers, c.ffn_dim, thresholds, capture),
-        });
+        self.profiler = Some(Profiler::for_model(c, thresholds, capture));
         Ok(())
     }
 
