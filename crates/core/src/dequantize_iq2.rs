@@ -33,7 +33,11 @@ pub fn iq2_point(dtype: DType, b: &[u8], p: usize) -> (&'static [i8; 8], u8, u8)
         DType::IQ2_XS => {
             let v = u16::from_le_bytes([b[2 + 2 * p], b[3 + 2 * p]]);
             let ls = (b[66 + s] >> (4 * (l / 2))) & 15;
-            (&IQ2XS_GRID[(v & 511) as usize], KSIGNS[(v >> 9) as usize], ls)
+            (
+                &IQ2XS_GRID[(v & 511) as usize],
+                KSIGNS[(v >> 9) as usize],
+                ls,
+            )
         }
         DType::IQ2_S => {
             let high = ((b[66 + s] as usize) << (8 - 2 * l)) & 0x300;
@@ -107,7 +111,10 @@ mod tests {
         b[66 + 2] = 0x30;
         dequantize_row(DType::IQ2_XS, &b, &mut out).unwrap();
         let g = IQ2XS_GRID[300];
-        assert_eq!((out[80], out[81]), (-0.875 * g[0] as f32, 0.875 * g[1] as f32));
+        assert_eq!(
+            (out[80], out[81]),
+            (-0.875 * g[0] as f32, 0.875 * g[1] as f32)
+        );
         assert_eq!(out[87], -0.875 * g[7] as f32);
         // IQ2_S point 6 (sub-block 1, l = 2): index 0x2_05 (qh[1] bits 4..6 = 2), sign byte
         // 0x04, scale high nibble 0: db = 0.125.
@@ -118,6 +125,9 @@ mod tests {
         b[66 + 1] = 2 << 4;
         dequantize_row(DType::IQ2_S, &b, &mut out).unwrap();
         let g = IQ2S_GRID[0x205];
-        assert_eq!((out[48], out[50]), (0.125 * g[0] as f32, -0.125 * g[2] as f32));
+        assert_eq!(
+            (out[48], out[50]),
+            (0.125 * g[0] as f32, -0.125 * g[2] as f32)
+        );
     }
 }

@@ -200,7 +200,10 @@ mod tests {
                     };
                     for (gi, wi) in g.iter().zip(w) {
                         let tol = step + wi.abs() * (2f32.powi(-11) + 2f32.powi(-22));
-                        assert!((gi - wi).abs() <= tol, "{dtype} sub-block {s}: {gi} vs {wi}");
+                        assert!(
+                            (gi - wi).abs() <= tol,
+                            "{dtype} sub-block {s}: {gi} vs {wi}"
+                        );
                     }
                 }
             }

@@ -88,7 +88,9 @@ unsafe fn xs_sub(p: *const u8, s: usize) -> __m256i {
     let v: [u16; 4] = unsafe { (p.add(2 + 8 * s) as *const [u16; 4]).read_unaligned() };
     let v = v.map(u16::from_le);
     let g = std::array::from_fn(|l| entry(&IQ2XS_GRID, (v[l] & 511) as usize));
-    let signs = (0..4).fold(0u32, |w, l| w | (KSIGNS[(v[l] >> 9) as usize] as u32) << (8 * l));
+    let signs = (0..4).fold(0u32, |w, l| {
+        w | (KSIGNS[(v[l] >> 9) as usize] as u32) << (8 * l)
+    });
     signed(g, signs)
 }
 
