@@ -33,10 +33,11 @@ unsafe fn u32_at(p: *const u8) -> u32 {
     u32::from_le_bytes(unsafe { (p as *const [u8; 4]).read_unaligned() })
 }
 
-/// Grid entry `i` of `grid` as a u64 (its 8 bytes).
+/// Grid entry `i` of `grid` as a u64 (its 8 bytes, one load).
 #[inline(always)]
 fn entry(grid: &[[i8; 8]], i: usize) -> i64 {
-    i64::from_le_bytes(grid[i].map(|v| v as u8))
+    // SAFETY: grid[i] is 8 readable bytes (bounds-checked); unaligned read.
+    i64::from_le(unsafe { (grid[i].as_ptr() as *const i64).read_unaligned() })
 }
 
 /// The four points' grid entries `g` negated where the 32 sign bits `signs` say (bit 8l + j:
