@@ -1,7 +1,7 @@
 //! The 2-bit lattice i-quants (IQ2_XXS, IQ2_XS, IQ2_S; layouts in `powerinfer_core::dtype`)
 //! under AVX2: a 32-weight sub-block is four codebook points, each an 8-byte grid entry
-//! (`powerinfer_core::lattice_grids`, values 8, 25, 43) gathered as one u64, and 32 sign bits
-//! spread to byte masks (`vpshufb` + compare) that negate their weights (`vpsignb`): 32 signed
+//! (`powerinfer_core::lattice_grids`, values 8, 25, 43) gathered as one u64, and each point's
+//! sign byte looked up as a u64 of byte masks that negate its weights ((g ^ m) − m): 32 signed
 //! bytes in weight order, exact. From there a block is what a K-quant super-block is to the
 //! generic families: eight 32-weight sub-blocks of signed int8 values and a scale per 32
 //! (IQ2_XXS) or per 16 weights (IQ2_XS, IQ2_S, `PER16`), no mins. So the K-quant kernels take
@@ -40,26 +40,37 @@ fn entry(grid: &[[i8; 8]], i: usize) -> i64 {
     i64::from_le(unsafe { (grid[i].as_ptr() as *const i64).read_unaligned() })
 }
 
-/// The four points' grid entries `g` negated where the 32 sign bits `signs` say (bit 8l + j:
-/// weight j of point l).
+/// Each sign byte's 8 bits as 8 bytes, 0xFF where set (bit j: byte j), as one u64.
+static SIGN_MASKS: [i64; 256] = {
+    let mut t = [0i64; 256];
+    let mut b = 0;
+    while b < 256 {
+        let mut j = 0;
+        while j < 8 {
+            if b >> j & 1 == 1 {
+                t[b] |= 0xFF << (8 * j);
+            }
+            j += 1;
+        }
+        b += 1;
+    }
+    t
+};
+
+/// The byte mask of the 8 signs `s` (a sign byte: bit j negates weight j).
+#[inline(always)]
+fn mask(s: u8) -> i64 {
+    SIGN_MASKS[s as usize]
+}
+
+/// The four points' grid entries `g` negated where the byte masks `m` are set (0xFF), as
+/// (g ^ m) − m: two's complement negation where m = −1.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn signed(g: [i64; 4], signs: u32) -> __m256i {
+fn signed(g: [i64; 4], m: [i64; 4]) -> __m256i {
     let v = _mm256_setr_epi64x(g[0], g[1], g[2], g[3]);
-    // Byte j takes sign byte j / 8, then keeps bit j % 8.
-    let spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(signs as i32),
-        _mm256_setr_epi64x(
-            0,
-            0x0101_0101_0101_0101,
-            0x0202_0202_0202_0202,
-            0x0303_0303_0303_0303,
-        ),
-    );
-    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    let neg = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    // −1 where negated, else 1: vpsignb's multiplier.
-    _mm256_sign_epi8(v, _mm256_or_si256(neg, _mm256_set1_epi8(1)))
+    let m = _mm256_setr_epi64x(m[0], m[1], m[2], m[3]);
+    _mm256_sub_epi8(_mm256_xor_si256(v, m), m)
 }
 
 /// IQ2_XXS's sub-block `s` (0..8) of the block at `p`.
@@ -72,10 +83,8 @@ unsafe fn xxs_sub(p: *const u8, s: usize) -> __m256i {
     // SAFETY: the sub-block's 8 bytes at 2 + 8s lie in the 66-byte block (s < 8).
     let (idx, aux) = unsafe { (u32_at(p.add(2 + 8 * s)), u32_at(p.add(6 + 8 * s))) };
     let g = std::array::from_fn(|l| entry(&IQ2XXS_GRID, (idx >> (8 * l)) as usize & 255));
-    let signs = (0..4).fold(0u32, |w, l| {
-        w | (KSIGNS[(aux >> (7 * l)) as usize & 127] as u32) << (8 * l)
-    });
-    signed(g, signs)
+    let m = std::array::from_fn(|l| mask(KSIGNS[(aux >> (7 * l)) as usize & 127]));
+    signed(g, m)
 }
 
 /// IQ2_XS's sub-block `s` (0..8) of the block at `p`.
@@ -89,10 +98,8 @@ unsafe fn xs_sub(p: *const u8, s: usize) -> __m256i {
     let v: [u16; 4] = unsafe { (p.add(2 + 8 * s) as *const [u16; 4]).read_unaligned() };
     let v = v.map(u16::from_le);
     let g = std::array::from_fn(|l| entry(&IQ2XS_GRID, (v[l] & 511) as usize));
-    let signs = (0..4).fold(0u32, |w, l| {
-        w | (KSIGNS[(v[l] >> 9) as usize] as u32) << (8 * l)
-    });
-    signed(g, signs)
+    let m = std::array::from_fn(|l| mask(KSIGNS[(v[l] >> 9) as usize]));
+    signed(g, m)
 }
 
 /// IQ2_S's sub-block `s` (0..8) of the block at `p`.
@@ -115,7 +122,7 @@ unsafe fn s_sub(p: *const u8, s: usize) -> __m256i {
         let high = (qh << (8 - 2 * l)) & 0x300;
         entry(&IQ2S_GRID, (idx >> (8 * l)) as usize & 255 | high)
     });
-    signed(g, signs)
+    signed(g, std::array::from_fn(|l| mask((signs >> (8 * l)) as u8)))
 }
 
 /// d·(0.5 + ls)·0.25 for the eight `ls` values, d the block's f16 at `p`.
