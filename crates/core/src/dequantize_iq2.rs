@@ -8,7 +8,6 @@
 //! There is no encoder: [`crate::quantize::quantize_row`] refuses these formats (their
 //! quantizers search the lattice under an importance matrix; files come from llama.cpp).
 
-use crate::dequantize::f16_at;
 use crate::dtype::DType;
 use crate::lattice_grids::{IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, KSIGNS};
 
@@ -60,7 +59,7 @@ pub fn signed_point(grid: &[i8; 8], signs: u8) -> [i8; 8] {
 /// Split an IQ2 block into its per-16 scales `d` (weights 16h..16h + 16 have d[h]; IQ2_XXS's
 /// halves of a sub-block share one) and its 256 signed values `q`.
 pub fn unpack_iq2(dtype: DType, b: &[u8], d: &mut [f32; 16], q: &mut [i8; 256]) {
-    let dd = f16_at(b, 0);
+    let dd = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
     for p in 0..32 {
         let (grid, signs, ls) = iq2_point(dtype, b, p);
         q[8 * p..8 * p + 8].copy_from_slice(&signed_point(grid, signs));
