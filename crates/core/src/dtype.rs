@@ -53,9 +53,24 @@
 //!   trit i / 32 of qs[i % 32]; 160..240 trit (i − 160) / 16 of qs[32 + (i − 160) % 16];
 //!   240..256 trit (i − 240) / 4 of qh[(i − 240) % 4].
 //!
-//! The table and ternary formats are the "decoded" ones ([`DType::is_decoded`]): a block
-//! unpacks into int8 values with one f32 scale per 32 weights and no mins
-//! (`crate::dequantize::unpack_table`).
+//! The 2-bit lattice i-quants code 8 weights at a time as a point of a lattice codebook
+//! (`crate::lattice_grids`: values 8, 25, 43) and 8 sign bits, in 256-weight blocks led by an
+//! f16 `d`; a 32-weight sub-block s (four points) has a 4-bit scale `ls` (IQ2_XS, IQ2_S: one
+//! per 16-weight half), standing for db = d·(0.5 + ls)·0.25, and w = db·grid[j]·(±1), in f32 as
+//! ggml computes it (ggml's `block_iq2_xxs`, `block_iq2_xs`, `block_iq2_s`):
+//! - `IQ2_XXS` (66 bytes): f16 d, then per sub-block two u32: the first the four points' 8-bit
+//!   grid indices (into `IQ2XXS_GRID`), the second four 7-bit sign indices (into `KSIGNS`, bits
+//!   7l..7l + 7 for point l) and `ls` in bits 28..32.
+//! - `IQ2_XS` (74 bytes): f16 d, 32 u16 (point p: grid index `& 511` into `IQ2XS_GRID`, sign
+//!   index `>> 9` into `KSIGNS`), 8 bytes of scales (sub-block s: low nibble for weights
+//!   32s..32s + 16, high nibble for the rest).
+//! - `IQ2_S` (82 bytes): f16 d, 32 bytes of grid index low bits, 32 sign bytes (bit j of byte p
+//!   negates weight 8p + j), 8 bytes qh (bits 2l..2l + 2 of qh[s] are the index's bits 8..10
+//!   for point 4s + l, into `IQ2S_GRID`), 8 bytes of scales as IQ2_XS's.
+//!
+//! The table, ternary and 2-bit lattice formats are the "decoded" ones ([`DType::is_decoded`]):
+//! a block unpacks into int8 values with one f32 scale per 32 weights (per 16 for IQ2_XS and
+//! IQ2_S) and no mins (`crate::dequantize::unpack_table`, `crate::dequantize_iq2::unpack_iq2`).
 
 use crate::error::{Error, Result};
 
@@ -81,18 +96,23 @@ pub enum DType {
     MXFP4,
     TQ1_0,
     TQ2_0,
+    IQ2_XXS,
+    IQ2_XS,
+    IQ2_S,
 }
 
 impl DType {
     /// Every supported format, for tests and tables: [`DType::BASIC`], Q5_0, Q5_1,
-    /// [`DType::K_QUANTS`], [`DType::TABLE`], then [`DType::TERNARY`]. A format's index here is
-    /// its id in the files we write (neuron store, down_t): new formats are appended.
-    pub const ALL: [DType; 18] = DType::join(&[
+    /// [`DType::K_QUANTS`], [`DType::TABLE`], [`DType::TERNARY`], then [`DType::LATTICE_IQ2`].
+    /// A format's index here is its id in the files we write (neuron store, down_t): new formats
+    /// are appended.
+    pub const ALL: [DType; 21] = DType::join(&[
         &DType::BASIC,
         &[DType::Q5_0, DType::Q5_1],
         &DType::K_QUANTS,
         &DType::TABLE,
         &DType::TERNARY,
+        &DType::LATTICE_IQ2,
     ]);
 
     /// The formats of one value or 32 weights per block that every backend (the GPU kernels
@@ -120,6 +140,9 @@ impl DType {
 
     /// The ternary formats (see the module docs).
     pub const TERNARY: [DType; 2] = [DType::TQ1_0, DType::TQ2_0];
+
+    /// The 2-bit lattice i-quants (see the module docs).
+    pub const LATTICE_IQ2: [DType; 3] = [DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S];
 
     /// `parts` one after the other, in order (for the format lists above, built at compile
     /// time); `N` must be their total length.
@@ -159,6 +182,7 @@ impl DType {
             DType::IQ4_NL | DType::MXFP4 => 32,
             DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => 256,
             DType::IQ4_XS | DType::TQ1_0 | DType::TQ2_0 => 256,
+            DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => 256,
         }
     }
 
@@ -182,6 +206,9 @@ impl DType {
             DType::MXFP4 => 17,
             DType::TQ1_0 => 54,
             DType::TQ2_0 => 66,
+            DType::IQ2_XXS => 66,
+            DType::IQ2_XS => 74,
+            DType::IQ2_S => 82,
         }
     }
 
@@ -198,6 +225,7 @@ impl DType {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => &[],
             DType::Q8_0 | DType::Q4_0 | DType::Q5_0 | DType::IQ4_NL | DType::IQ4_XS => &[0],
+            DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => &[0],
             DType::MXFP4 => &[],
             DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
             DType::Q2_K => &[80, 82],
@@ -213,13 +241,22 @@ impl DType {
         self.block_size() == 256
     }
 
-    /// True for the decoded formats, [`DType::TABLE`] and [`DType::TERNARY`]: a block unpacks
-    /// into int8 values with a scale per 32 weights (`crate::dequantize::unpack_table`). They
-    /// have no GPU kernels of their own (converted to Q8_0 at upload) and no integer tile.
+    /// True for the decoded formats, [`DType::TABLE`], [`DType::TERNARY`] and
+    /// [`DType::LATTICE_IQ2`]: a block unpacks into int8 values with a scale per 32 weights
+    /// (`crate::dequantize::unpack_table`; per 16 for IQ2_XS and IQ2_S,
+    /// `crate::dequantize_iq2::unpack_iq2`). They have no GPU kernels of their own (converted
+    /// to Q8_0 at upload) and no integer tile.
     pub const fn is_decoded(self) -> bool {
         matches!(
             self,
-            DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4 | DType::TQ1_0 | DType::TQ2_0
+            DType::IQ4_NL
+                | DType::IQ4_XS
+                | DType::MXFP4
+                | DType::TQ1_0
+                | DType::TQ2_0
+                | DType::IQ2_XXS
+                | DType::IQ2_XS
+                | DType::IQ2_S
         )
     }
 
@@ -257,6 +294,9 @@ impl DType {
             DType::MXFP4 => "MXFP4",
             DType::TQ1_0 => "TQ1_0",
             DType::TQ2_0 => "TQ2_0",
+            DType::IQ2_XXS => "IQ2_XXS",
+            DType::IQ2_XS => "IQ2_XS",
+            DType::IQ2_S => "IQ2_S",
         }
     }
 
@@ -303,6 +343,9 @@ mod tests {
         assert_eq!(DType::IQ4_NL.row_bytes(64).unwrap(), 36);
         assert_eq!(DType::TQ1_0.row_bytes(512).unwrap(), 108);
         assert_eq!(DType::TQ2_0.row_bytes(256).unwrap(), 66);
+        assert_eq!(DType::IQ2_XXS.row_bytes(512).unwrap(), 132);
+        assert_eq!(DType::IQ2_XS.row_bytes(256).unwrap(), 74);
+        assert_eq!(DType::IQ2_S.row_bytes(256).unwrap(), 82);
         assert!(matches!(DType::TQ2_0.row_bytes(32), Err(Error::Shape(_))));
     }
 }

@@ -6,6 +6,7 @@ pub mod buffer;
 pub mod config;
 mod config_rope;
 pub mod dequantize;
+pub mod dequantize_iq2;
 pub mod device;
 pub mod dtype;
 pub mod error;

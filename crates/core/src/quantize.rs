@@ -12,6 +12,7 @@ use crate::quantize_table::{iq4_nl_block, iq4_xs_block, mxfp4_block};
 use crate::quantize_ternary::{tq1_0_block, tq2_0_block};
 
 /// Encode `src` (one row) as `dtype` into `dst` (exactly `dtype.row_bytes(src.len())` bytes).
+/// The 2-bit lattice formats ([`DType::LATTICE_IQ2`]) have no encoder here: `Unsupported`.
 pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
     dtype.check_row(src.len(), dst.len())?;
     match dtype {
@@ -33,6 +34,13 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
         DType::MXFP4 => per_block(dtype, src, dst, mxfp4_block),
         DType::TQ1_0 => per_block(dtype, src, dst, tq1_0_block),
         DType::TQ2_0 => per_block(dtype, src, dst, tq2_0_block),
+        DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => {
+            crate::bail!(
+                Unsupported,
+                "no encoder for {dtype} (a lattice search under an importance matrix: use \
+                 llama.cpp's quantizer)"
+            )
+        }
     }
     Ok(())
 }

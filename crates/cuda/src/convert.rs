@@ -1,8 +1,9 @@
 //! The formats the GPU takes by conversion at upload: the decoded formats (the table formats
-//! IQ4_NL, IQ4_XS, MXFP4 and the ternary TQ1_0, TQ2_0) have no GPU kernels of their own; their
+//! IQ4_NL, IQ4_XS, MXFP4, the ternary TQ1_0, TQ2_0 and the 2-bit lattice IQ2_XXS, IQ2_XS,
+//! IQ2_S) have no GPU kernels of their own; their
 //! rows are re-encoded as Q8_0 on the way to the device ([`device_dtype`], [`device_rows`]), and
 //! the device kernels, the slabs and the plan's accounting see Q8_0 rows (34 bytes per 32
-//! weights where the host holds 18, 17, 17, 6.75 or 8.25).
+//! weights where the host holds 18, 17, 17, 6.75, 8.25, 8.25, 9.25 or 10.25).
 //!
 //! The conversion, per 32 weights (w = scale·value, the value an int8 of the format's table):
 //! - IQ4_NL: d and the values as they are: exact (the same f32 products).
@@ -13,12 +14,20 @@
 //!   to f16 as the Q8_0 scale, the values as they are: one f16 rounding of the sub-block scale
 //!   (relative 2^−11 at most).
 //! - TQ1_0, TQ2_0: the block's f16 d as every sub-block's scale, the trits as the values: exact.
+//! - IQ2_XXS: each sub-block's d·(0.5 + ls)·0.25 (in f32 as the CPU computes it) rounded to f16
+//!   as the Q8_0 scale, the signed grid values (|q| ≤ 43) as the values: one f16 rounding of the
+//!   sub-block scale (relative 2^−11 at most). IQ2_XS and IQ2_S the same where a sub-block's two
+//!   16-weight halves have one scale; where they differ, one Q8_0 scale cannot hold both, and the
+//!   sub-block's 32 dequantized weights are re-encoded by ggml's Q8_0 rule (d = max|w| / 127,
+//!   q = round(w / d)): each weight within half a step, max|w| / 254, plus the f16 rounding of d
+//!   (relative 2^−11 of |w|).
 
 use std::borrow::Cow;
 
 use half::f16;
 use powerinfer_core::dequantize::unpack_table;
-use powerinfer_core::{ensure, DType, Result};
+use powerinfer_core::dequantize_iq2::unpack_iq2;
+use powerinfer_core::{ensure, quantize_row, DType, Result};
 
 /// The format `dtype`'s rows take on a device: Q8_0 for the decoded formats, else `dtype`.
 pub const fn device_dtype(dtype: DType) -> DType {
@@ -49,17 +58,22 @@ pub fn device_rows(dtype: DType, cols: usize, rows: &[u8]) -> Result<Cow<'_, [u8
     let n_blocks = rows.len() / dtype.block_bytes();
     let sub = dtype.block_size() / 32;
     let mut out = vec![0u8; n_blocks * sub * 34];
-    let (mut d, mut q) = ([0f32; 8], [0i8; 256]);
+    let (mut d, mut q) = ([0f32; 16], [0i8; 256]);
     for (b, o) in rows
         .chunks_exact(dtype.block_bytes())
         .zip(out.chunks_exact_mut(34 * sub))
     {
-        unpack_table(dtype, b, &mut d, &mut q);
+        let per16 = unpack_any(dtype, b, &mut d, &mut q);
         for (s, blk) in o.chunks_exact_mut(34).enumerate() {
             let vals = &q[32 * s..32 * s + 32];
+            if per16 && d[2 * s] != d[2 * s + 1] {
+                requantize(&d[2 * s..2 * s + 2], vals, blk);
+                continue;
+            }
+            let ds = if per16 { d[2 * s] } else { d[s] };
             let (scale, shift) = match dtype {
                 DType::MXFP4 => mxfp4_scale(d[0]),
-                _ => (f16::from_f32(d[s]), 0),
+                _ => (f16::from_f32(ds), 0),
             };
             blk[..2].copy_from_slice(&scale.to_le_bytes());
             for (qo, &v) in blk[2..].iter_mut().zip(vals) {
@@ -68,6 +82,36 @@ pub fn device_rows(dtype: DType, cols: usize, rows: &[u8]) -> Result<Cow<'_, [u8
         }
     }
     Ok(Cow::Owned(out))
+}
+
+/// The block `b` as int8 values `q` and scales `d`: per 32 weights in `d[..8]` (false), or per
+/// 16 in `d` (true: IQ2_XS, IQ2_S; IQ2_XXS's are per 32 as well, read from its halves).
+fn unpack_any(dtype: DType, b: &[u8], d: &mut [f32; 16], q: &mut [i8; 256]) -> bool {
+    if !DType::LATTICE_IQ2.contains(&dtype) {
+        let mut d8 = [0f32; 8];
+        unpack_table(dtype, b, &mut d8, q);
+        d[..8].copy_from_slice(&d8);
+        return false;
+    }
+    unpack_iq2(dtype, b, d, q);
+    if dtype == DType::IQ2_XXS {
+        for s in 0..8 {
+            d[s] = d[2 * s];
+        }
+        return false;
+    }
+    true
+}
+
+/// A 32-weight sub-block of two half scales `d` and values `q` as the Q8_0 block `blk`, by
+/// ggml's Q8_0 rule on its dequantized weights (see the module docs).
+fn requantize(d: &[f32], q: &[i8], blk: &mut [u8]) {
+    let w: Vec<f32> = q
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| d[i / 16] * v as f32)
+        .collect();
+    quantize_row(DType::Q8_0, &w, blk).expect("32 weights make one Q8_0 block");
 }
 
 /// An MXFP4 block scale 2^s (f32, exact) as a Q8_0 f16 scale and the shift of the values
@@ -123,6 +167,44 @@ mod tests {
                         assert!((g - w).abs() <= tol, "{i}: {g} vs {w}")
                     }
                     _ => assert_eq!(g.to_bits(), w.to_bits(), "{dtype} weight {i}: {g} vs {w}"),
+                }
+            }
+        }
+    }
+
+    /// IQ2_XXS converts within an f16 rounding of its sub-block scales; IQ2_XS and IQ2_S within
+    /// half a Q8_0 step of their sub-block's largest weight (and that f16 rounding), exactly as
+    /// IQ2_XXS where a sub-block's halves share their scale (every scale byte set to 0x77 here,
+    /// then random).
+    #[test]
+    fn lattice_iq2_converts_within_the_stated_bound() {
+        for dtype in DType::LATTICE_IQ2 {
+            let cols = 512;
+            for equal in [true, false] {
+                let mut raw = rows(dtype, 3 * dtype.row_bytes(cols).unwrap(), 11);
+                if equal && dtype != DType::IQ2_XXS {
+                    for b in raw.chunks_exact_mut(dtype.block_bytes()) {
+                        let n = b.len();
+                        b[n - 8..].fill(0x77);
+                    }
+                }
+                let conv = device_rows(dtype, cols, &raw).unwrap();
+                let (mut want, mut got) = (vec![0f32; 3 * cols], vec![0f32; 3 * cols]);
+                dequantize_row(dtype, &raw, &mut want).unwrap();
+                dequantize_row(DType::Q8_0, &conv, &mut got).unwrap();
+                for (s, (g, w)) in got.chunks(32).zip(want.chunks(32)).enumerate() {
+                    let amax = w.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let step = match equal || dtype == DType::IQ2_XXS {
+                        true => 0.0,
+                        false => amax / 254.0 * (1.0 + 2f32.powi(-10)),
+                    };
+                    for (gi, wi) in g.iter().zip(w) {
+                        let tol = step + wi.abs() * (2f32.powi(-11) + 2f32.powi(-22));
+                        assert!(
+                            (gi - wi).abs() <= tol,
+                            "{dtype} sub-block {s}: {gi} vs {wi}"
+                        );
+                    }
                 }
             }
         }

@@ -5,7 +5,8 @@
 //! Float formats transpose exactly. Block formats are decoded, transposed and re-encoded in the
 //! same format (as PowerInfer's converter does), so `down_t` is a new quantization of the same
 //! weights: the sparse modes of a quantized model differ from its dense mode by that rounding.
-//! The ternary formats are the exception ([`transposed_format`]): their transposes take Q8_0.
+//! The ternary and 2-bit lattice formats are the exception ([`transposed_format`]): their
+//! transposes take Q8_0.
 //! When the new row length is not a whole number of blocks, a K-quant's rows take the 32-weight
 //! format llama.cpp substitutes in the same case (Q2_K, Q3_K -> Q4_0; Q4_K -> Q5_0; Q5_K -> Q5_1;
 //! Q6_K -> Q8_0; IQ4_XS -> IQ4_NL) where the length is a multiple of 32, and F16 otherwise.
@@ -32,10 +33,12 @@ pub fn transposed_dtype(w: impl Into<MatrixShape>) -> DType {
 /// each of 256 source rows, each row's block with its own scale; one ternary scale and three
 /// levels cannot hold them (re-encoded ternary, exact-relu decoding of a synthetic ReLU model
 /// left dense by 7% of the logits, where the other formats stay within the test's 5%); Q8_0
-/// can, at 4 to 5 times the bytes.
+/// can, at 4 to 5 times the bytes. The 2-bit lattice formats (IQ2_XXS, IQ2_XS, IQ2_S) have
+/// no encoder here (a lattice search under an importance matrix): Q8_0 as well.
 pub const fn transposed_format(dtype: DType) -> DType {
     match dtype {
         DType::TQ1_0 | DType::TQ2_0 => DType::Q8_0,
+        DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => DType::Q8_0,
         other => other,
     }
 }

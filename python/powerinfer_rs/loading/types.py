@@ -43,6 +43,9 @@ BLOCK_LAYOUT: dict[str, tuple[int, int]] = {
     "MXFP4": (32, 17),
     "TQ1_0": (256, 54),
     "TQ2_0": (256, 66),
+    "IQ2_XXS": (256, 66),
+    "IQ2_XS": (256, 74),
+    "IQ2_S": (256, 82),
 }
 
 SUPPORTED_DTYPES: tuple[str, ...] = tuple(BLOCK_LAYOUT)

@@ -174,6 +174,14 @@ fn affine_block(dtype: DType, b: &[u8], a: &mut Affine) {
             a.s[..8].copy_from_slice(&d);
             a.m[..8].fill(0.0);
         }
+        DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => {
+            // The signed grid values are the integers, each 16-weight half's scale the factor.
+            let mut d = [0f32; 16];
+            powerinfer_core::dequantize_iq2::unpack_iq2(dtype, b, &mut d, &mut a.q);
+            a.group = 16;
+            a.s = d;
+            a.m.fill(0.0);
+        }
         _ => {
             let mut sub = SubScales::default();
             unpack_k(dtype, b, &mut sub, &mut a.q);

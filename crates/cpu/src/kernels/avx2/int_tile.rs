@@ -314,7 +314,14 @@ macro_rules! with_tile_format {
                 $body
             })*
             DType::F32 | DType::F16 | DType::BF16 => unreachable!("float format in the int tile"),
-            DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4 | DType::TQ1_0 | DType::TQ2_0 => {
+            DType::IQ4_NL
+            | DType::IQ4_XS
+            | DType::MXFP4
+            | DType::TQ1_0
+            | DType::TQ2_0
+            | DType::IQ2_XXS
+            | DType::IQ2_XS
+            | DType::IQ2_S => {
                 unreachable!("no int tile for the decoded formats (XTile::new declines them)")
             }
         }

@@ -24,6 +24,7 @@ mod int8_formats;
 mod int8_rows;
 mod int_tile;
 pub(crate) mod interleaved;
+mod iq2;
 mod kquant;
 mod kv_passes;
 mod q4_axpy;
@@ -483,6 +484,9 @@ unsafe fn int16_rows_avx2<const R: usize, const FETCH: bool>(
             DType::IQ4_XS => kquant::rows_i16::<table::IQ4XS, R, FETCH>(p, next, xq, out),
             DType::TQ1_0 => kquant::rows_i16::<ternary::TQ1, R, FETCH>(p, next, xq, out),
             DType::TQ2_0 => kquant::rows_i16::<ternary::TQ2, R, FETCH>(p, next, xq, out),
+            DType::IQ2_XXS => kquant::rows_i16::<iq2::IQ2XXS, R, FETCH>(p, next, xq, out),
+            DType::IQ2_XS => kquant::rows_i16::<iq2::IQ2XS, R, FETCH>(p, next, xq, out),
+            DType::IQ2_S => kquant::rows_i16::<iq2::IQ2S, R, FETCH>(p, next, xq, out),
             DType::F32 | DType::F16 | DType::BF16 => {}
         }
     }

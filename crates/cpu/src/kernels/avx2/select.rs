@@ -6,7 +6,7 @@
 
 use super::formats::{Bf16, Format, F16, F32};
 use super::row_group::RowGroup;
-use super::{dequant, dot, kquant, q4_axpy, quant, rows, table, ternary};
+use super::{dequant, dot, iq2, kquant, q4_axpy, quant, rows, table, ternary};
 
 /// `$body` with the type `$F` standing for the [`Format`] of the runtime dtype `$dtype`.
 macro_rules! with_format {
@@ -15,11 +15,12 @@ macro_rules! with_format {
             F32 = f::F32, F16 = f::F16, BF16 = f::Bf16, Q8_0 = q::Q8_0, Q4_0 = q::Q4_0, Q4_1 = q::Q4_1,
             Q5_0 = q::Q5_0, Q5_1 = q::Q5_1, Q2_K = k::Q2K, Q3_K = k::Q3K, Q4_K = k::Q4K,
             Q5_K = k::Q5K, Q6_K = k::Q6K, IQ4_NL = t::IQ4NL, IQ4_XS = t::IQ4XS, MXFP4 = t::MXFP4,
-            TQ1_0 = tq::TQ1, TQ2_0 = tq::TQ2)
+            TQ1_0 = tq::TQ1, TQ2_0 = tq::TQ2, IQ2_XXS = l2::IQ2XXS, IQ2_XS = l2::IQ2XS,
+            IQ2_S = l2::IQ2S)
     };
     (@ $dtype:expr, $F:ident => $body:expr; $($d:ident = $t:ty),*) => {{
         use $crate::kernels::avx2::{
-            formats as f, kquant as k, quant as q, table as t, ternary as tq,
+            formats as f, iq2 as l2, kquant as k, quant as q, table as t, ternary as tq,
         };
         match $dtype {
             $(powerinfer_core::DType::$d => {
@@ -111,4 +112,4 @@ impl_format!(quant:
     table::MXFP4 => rows::quant_axpy::<Self, R>
 );
 impl_format!(k: kquant::Q2K, kquant::Q3K, kquant::Q4K, kquant::Q5K, kquant::Q6K, table::IQ4XS,
-    ternary::TQ1, ternary::TQ2);
+    ternary::TQ1, ternary::TQ2, iq2::IQ2XXS, iq2::IQ2XS, iq2::IQ2S);
