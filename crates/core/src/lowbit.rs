@@ -25,6 +25,17 @@ pub const fn ue4m3_half(x: u8) -> f32 {
     int as f32 * f32::from_bits(((e + 127) as u32) << 23)
 }
 
+/// [`ue4m3_half`] of every byte, for the kernels' table lookups.
+pub static UE4M3_HALF: [f32; 256] = {
+    let mut t = [0f32; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = ue4m3_half(i as u8);
+        i += 1;
+    }
+    t
+};
+
 /// Split a low-bit block ([`DType::is_lowbit`]) into its per-16 scales `d` (the first
 /// `dtype.block_size() / 16`: NVFP4's four UE4M3 scales as [`ue4m3_half`], Q1_0's and Q2_0's
 /// f16 d repeated) and its int8 values `q` (the first `dtype.block_size()`: MXFP4's doubled
@@ -92,6 +103,7 @@ mod tests {
         }
         assert_eq!((ue4m3_half(0x7E), ue4m3_half(0xFF)), (224.0, 240.0));
         assert_eq!(ue4m3_half(1), 2f32.powi(-10));
+        assert!((0..=255u8).all(|x| UE4M3_HALF[x as usize] == ue4m3_half(x)));
     }
 
     #[test]
