@@ -43,6 +43,9 @@ BLOCK_LAYOUT: dict[str, tuple[int, int]] = {
     "MXFP4": (32, 17),
     "TQ1_0": (256, 54),
     "TQ2_0": (256, 66),
+    "NVFP4": (64, 36),
+    "Q1_0": (128, 18),
+    "Q2_0": (64, 18),
 }
 
 SUPPORTED_DTYPES: tuple[str, ...] = tuple(BLOCK_LAYOUT)
