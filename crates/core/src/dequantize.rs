@@ -45,9 +45,7 @@ pub fn dequantize_block(dtype: DType, b: &[u8], out: &mut [f32]) {
                 *o = d[i / 32] * qi as f32;
             }
         }
-        DType::NVFP4 | DType::Q1_0 | DType::Q2_0 => {
-            crate::lowbit::dequantize_lowbit(dtype, b, out)
-        }
+        DType::NVFP4 | DType::Q1_0 | DType::Q2_0 => crate::lowbit::dequantize_lowbit(dtype, b, out),
         DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => {
             let mut sub = SubScales::default();
             let mut q = [0i8; 256];

@@ -55,7 +55,11 @@ pub fn unpack_lowbit(dtype: DType, b: &[u8], d: &mut [f32; 8], q: &mut [i8; 128]
         DType::Q1_0 => {
             d.fill(f16_at(b, 0));
             for (j, qj) in q.iter_mut().enumerate() {
-                *qj = if (b[2 + j / 8] >> (j % 8)) & 1 == 1 { 1 } else { -1 };
+                *qj = if (b[2 + j / 8] >> (j % 8)) & 1 == 1 {
+                    1
+                } else {
+                    -1
+                };
             }
         }
         DType::Q2_0 => {
@@ -99,7 +103,11 @@ mod tests {
     #[test]
     fn ue4m3_matches_ggml_on_every_byte() {
         for x in 0..=255u8 {
-            assert_eq!(ue4m3_half(x).to_bits(), ue4m3_ggml(x).to_bits(), "byte {x:#x}");
+            assert_eq!(
+                ue4m3_half(x).to_bits(),
+                ue4m3_ggml(x).to_bits(),
+                "byte {x:#x}"
+            );
         }
         assert_eq!((ue4m3_half(0x7E), ue4m3_half(0xFF)), (224.0, 240.0));
         assert_eq!(ue4m3_half(1), 2f32.powi(-10));

@@ -31,7 +31,7 @@ pub(crate) fn q2_0_block(x: &[f32], out: &mut [u8]) {
 /// mantissa rounded by its next bit (a carry bumps the exponent), subnormals below 2^−6 as
 /// round(x·2^9) in 1..=7, exponents from 15 up saturating to 0x7E; 0 for x <= 0 or NaN.
 pub(crate) fn ue4m3_of(x: f32) -> u8 {
-    if !(x > 0.0) {
+    if x.is_nan() || x <= 0.0 {
         return 0;
     }
     let x = x.min(448.0);
@@ -122,7 +122,10 @@ mod tests {
             assert!((num / den).sqrt() < tol, "{dtype}: {}", (num / den).sqrt());
             // Signs survive wherever a weight is not rounded to zero.
             for (a, b) in x.iter().zip(&y) {
-                assert!(*b == 0.0 || a.signum() == b.signum() || *a == 0.0, "{dtype}");
+                assert!(
+                    *b == 0.0 || a.signum() == b.signum() || *a == 0.0,
+                    "{dtype}"
+                );
             }
         }
     }

@@ -100,7 +100,10 @@ unsafe fn nvfp4_sub(p: *const u8, k: usize) -> __m256i {
     // SAFETY: the 16 index bytes lie in block k / 2 (its qs from byte 4).
     let v = unsafe { _mm_loadu_si128(p.add(36 * (k / 2) + 4 + 16 * (k % 2)).cast()) };
     let m = _mm_set1_epi8(15);
-    let (lo, hi) = (_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16::<4>(v), m));
+    let (lo, hi) = (
+        _mm_and_si128(v, m),
+        _mm_and_si128(_mm_srli_epi16::<4>(v), m),
+    );
     // Weights 0..8 are the low nibbles of bytes 0..8, 8..16 their high nibbles; the same for
     // the second 16 weights and bytes 8..16.
     let idx = _mm256_set_m128i(_mm_unpackhi_epi64(lo, hi), _mm_unpacklo_epi64(lo, hi));
@@ -126,7 +129,12 @@ unsafe fn nvfp4_scales(p: *const u8, n: usize) -> [__m256; 2] {
         }
     }
     // SAFETY: sixteen f32 on the stack.
-    unsafe { [_mm256_loadu_ps(s.as_ptr()), _mm256_loadu_ps(s.as_ptr().add(8))] }
+    unsafe {
+        [
+            _mm256_loadu_ps(s.as_ptr()),
+            _mm256_loadu_ps(s.as_ptr().add(8)),
+        ]
+    }
 }
 
 /// Q2_0's sub-block `k` (0..8) of the chunk at `p`: block k / 2's code bytes 8·(k % 2)..
@@ -139,7 +147,10 @@ unsafe fn q2_sub(p: *const u8, k: usize) -> __m256i {
     // SAFETY: the 8 code bytes lie in block k / 2 (its qs from byte 2).
     let bits = unsafe { (p.add(18 * (k / 2) + 2 + 8 * (k % 2)) as *const i64).read_unaligned() };
     let v = _mm256_shuffle_epi8(_mm256_set1_epi64x(bits), bytes32(&Q2_SPREAD));
-    let (lo, hi) = (has_bits(v, bytes32(&Q2_LOW)), has_bits(v, bytes32(&Q2_HIGH)));
+    let (lo, hi) = (
+        has_bits(v, bytes32(&Q2_LOW)),
+        has_bits(v, bytes32(&Q2_HIGH)),
+    );
     // code − 1 = −1 + low + 2·high, the bits as −1 where set.
     let t = _mm256_sub_epi8(_mm256_set1_epi8(-1), lo);
     _mm256_sub_epi8(_mm256_sub_epi8(t, hi), hi)
@@ -254,7 +265,10 @@ macro_rules! impl_lowbit {
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn factors(p: *const u8, n: usize) -> (__m256, __m256) {
                 // SAFETY: the n sub-blocks are readable per the caller.
-                (unsafe { <$t as Scales>::scales(p, n)[0] }, _mm256_setzero_ps())
+                (
+                    unsafe { <$t as Scales>::scales(p, n)[0] },
+                    _mm256_setzero_ps(),
+                )
             }
         }
     };
@@ -368,8 +382,8 @@ pub(super) unsafe fn dot<F: Int8Format, const R: usize>(g: &RowGroup, x: &[f32],
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn axpy<F: Int8Format, const R: usize>(g: &RowGroup, a: &[f32], y: &mut [f32]) {
     let yp = y.as_mut_ptr();
-    for i in 0..R {
-        let ai = _mm256_set1_ps(a[i]);
+    for (i, &coef) in a.iter().enumerate().take(R) {
+        let ai = _mm256_set1_ps(coef);
         // SAFETY: y.len() weights readable at each row per the caller; y holds 32 per
         // sub-block.
         unsafe {
@@ -416,12 +430,11 @@ pub(super) unsafe fn rows_i16<F: Int8Format, const R: usize>(
     xq: &XQuant,
     out: &mut [f32],
 ) {
-    let hat: Vec<f32> = xq
-        .q
-        .iter()
-        .enumerate()
-        .map(|(i, &q)| xq.scale[i / 32] * q as f32)
-        .collect();
+    let hat: Vec<f32> =
+        xq.q.iter()
+            .enumerate()
+            .map(|(i, &q)| xq.scale[i / 32] * q as f32)
+            .collect();
     // SAFETY: forwarded from the caller.
     unsafe { dot_rows::<F>(p, next, &hat, out) }
 }
