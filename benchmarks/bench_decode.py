@@ -309,7 +309,7 @@ def main(argv=None) -> int:
         choices=[
             *("F16", "F32", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"),
             *("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M"),
-            *("IQ4_NL", "IQ4_XS", "MXFP4", "TQ1_0", "TQ2_0"),
+            *("IQ4_NL", "IQ4_XS", "MXFP4", "TQ1_0", "TQ2_0", "NVFP4", "Q1_0"),
             *LATTICE,
         ],
         help="use a synthetic llama (dim 2048, ffn 5504, 8 layers, 16/16 heads, "

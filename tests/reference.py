@@ -75,10 +75,15 @@ def dequantize(t: TensorData) -> np.ndarray:
         m = b[:, 2:4].copy().view(np.float16).astype(np.float32)
         out = d * _nibbles(b[:, 4:]) + m
     elif t.dtype in ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", *TABLE_DTYPES) or (
-        t.dtype in (*TERNARY_DTYPES, *LATTICE_IQ2)
+        t.dtype in (*TERNARY_DTYPES, *LATTICE_IQ2, "NVFP4")
     ):
         # gguf-py's numpy dequantizer: independent of the Rust decoder it checks.
         return dequantize_with_gguf(t)
+    elif t.dtype in ("Q1_0", "Q2_0"):
+        # gguf-py has no numpy code for these: ggml's own decoder (libggml-base through ctypes).
+        from ggml_types import to_float
+
+        return to_float(t.dtype, np.asarray(t.data), t.cols)
     else:
         raise UnsupportedError(f"reference: dtype {t.dtype}")
     return np.asarray(out, dtype=np.float32).reshape(t.rows, t.cols)

@@ -13,6 +13,7 @@ from powerinfer_rs.errors import ShapeError, UnsupportedError
 from powerinfer_rs.loading import BLOCK_LAYOUT
 
 gguf = pytest.importorskip("gguf")
+llama_cpp = pytest.importorskip("llama_cpp")
 
 QUANTIZED = [d for d, (block, _) in BLOCK_LAYOUT.items() if block > 1]
 #: The formats we decode but do not encode (lattice searches under an importance matrix:
@@ -37,6 +38,10 @@ F16_FIELDS = {
     "MXFP4": (),
     "TQ1_0": (52,),
     "TQ2_0": (64,),
+    # NVFP4's UE4M3 scales: every byte a finite scale.
+    "NVFP4": (),
+    "Q1_0": (0,),
+    "Q2_0": (0,),
     "IQ2_XXS": (0,),
     "IQ2_XS": (0,),
     "IQ2_S": (0,),
@@ -60,6 +65,11 @@ ROUND_TRIP = {
     # Ternary: d = max|x| per 256 weights, so most Gaussian weights round to 0.
     "TQ1_0": 0.9,
     "TQ2_0": 0.9,
+    "NVFP4": 0.15,
+    # Q1_0 keeps the signs and the mean |x| per 128 (sqrt(1 - 2/pi) = 0.6 on Gaussian rows);
+    # Q2_0 has d = max|x| per 64, so most Gaussian weights round to 0.
+    "Q1_0": 0.65,
+    "Q2_0": 0.9,
 }
 
 
@@ -73,6 +83,16 @@ def random_blocks(rng: np.random.Generator, dtype: str, rows: int, blocks: int) 
     return raw.reshape(rows, blocks * size)
 
 
+def reference_dequantize(raw: np.ndarray, dtype: str, cols: int) -> np.ndarray:
+    """gguf-py's numpy decoder, or ggml's own (through ctypes) for Q1_0 and Q2_0, which gguf-py
+    has none for."""
+    if dtype in ("Q1_0", "Q2_0"):
+        from ggml_types import to_float
+
+        return to_float(dtype, raw, cols)
+    return gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[dtype])
+
+
 @pytest.mark.parametrize("dtype", QUANTIZED)
 @pytest.mark.parametrize("rows,blocks", [(1, 1), (7, 3), (13, 5)])
 def test_dequantize_matches_gguf(dtype, rows, blocks):
@@ -80,7 +100,7 @@ def test_dequantize_matches_gguf(dtype, rows, blocks):
     raw = random_blocks(rng, dtype, rows, blocks)
     cols = blocks * BLOCK_LAYOUT[dtype][0]
     ours = _core.dequantize(dtype, raw, cols)
-    theirs = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[dtype])
+    theirs = reference_dequantize(raw, dtype, cols)
     assert ours.shape == (rows, cols)
     np.testing.assert_array_equal(ours, theirs.astype(np.float32))
 
@@ -92,7 +112,7 @@ def test_quantize_round_trips_through_gguf(dtype):
     x = rng.standard_normal((rows, cols)).astype(np.float32) * 0.05
     raw = _core.quantize(dtype, x)
     assert raw.shape == (rows, cols // BLOCK_LAYOUT[dtype][0] * BLOCK_LAYOUT[dtype][1])
-    back = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[dtype])
+    back = reference_dequantize(raw, dtype, cols)
     rel = np.sqrt(np.mean((back - x) ** 2) / np.mean(x**2))
     assert rel < ROUND_TRIP[dtype], rel
     np.testing.assert_array_equal(_core.dequantize(dtype, raw, cols), back)

@@ -45,6 +45,7 @@ pub fn dequantize_block(dtype: DType, b: &[u8], out: &mut [f32]) {
                 *o = d[i / 32] * qi as f32;
             }
         }
+        DType::NVFP4 | DType::Q1_0 | DType::Q2_0 => crate::lowbit::dequantize_lowbit(dtype, b, out),
         DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => {
             crate::dequantize_iq2::dequantize_iq2_block(dtype, b, out)
         }

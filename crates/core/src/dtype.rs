@@ -71,6 +71,18 @@
 //! The table, ternary and 2-bit lattice formats are the "decoded" ones ([`DType::is_decoded`]):
 //! a block unpacks into int8 values with one f32 scale per 32 weights (per 16 for IQ2_XS and
 //! IQ2_S) and no mins (`crate::dequantize::unpack_table`, `crate::dequantize_iq2::unpack_iq2`).
+//!
+//! The low-bit formats ([`DType::LOWBIT`]; ggml's `block_nvfp4`, `block_q1_0`, `block_q2_0`)
+//! unpack into int8 values with one f32 scale per 16 weights (`crate::lowbit::unpack_lowbit`):
+//! - `NVFP4` (36 bytes per 64): 4 UE4M3 scale bytes (one per 16 weights), then 32 bytes of
+//!   E2M1 indices into MXFP4's doubled values, 8 bytes per 16 weights: weight 16s + j is the
+//!   low nibble of qs[8s + j] (j < 8) or the high nibble of qs[8s + j − 8];
+//!   w = ue4m3_half(d[s])·table[idx] (`crate::lowbit::ue4m3_half`: half the UE4M3 value,
+//!   undoing the doubling; ggml's `ggml_ue4m3_to_fp32`).
+//! - `Q1_0` (18 bytes per 128): f16 `d`, 16 bytes of sign bits; weight j is bit j % 8 of
+//!   qs[j / 8]: w = d where it is set, else −d.
+//! - `Q2_0` (18 bytes per 64): f16 `d`, 16 bytes of 2-bit codes; weight j is bits 2(j % 4) of
+//!   qs[j / 4]: w = (q − 1)·d, q in 0..4.
 
 use crate::error::{Error, Result};
 
@@ -96,6 +108,9 @@ pub enum DType {
     MXFP4,
     TQ1_0,
     TQ2_0,
+    NVFP4,
+    Q1_0,
+    Q2_0,
     IQ2_XXS,
     IQ2_XS,
     IQ2_S,
@@ -103,15 +118,16 @@ pub enum DType {
 
 impl DType {
     /// Every supported format, for tests and tables: [`DType::BASIC`], Q5_0, Q5_1,
-    /// [`DType::K_QUANTS`], [`DType::TABLE`], [`DType::TERNARY`], then [`DType::LATTICE_IQ2`].
-    /// A format's index here is its id in the files we write (neuron store, down_t): new formats
-    /// are appended.
-    pub const ALL: [DType; 21] = DType::join(&[
+    /// [`DType::K_QUANTS`], [`DType::TABLE`], [`DType::TERNARY`], [`DType::LOWBIT`], then
+    /// [`DType::LATTICE_IQ2`]. A format's index here is its id in the files we write (neuron
+    /// store, down_t): new formats are appended.
+    pub const ALL: [DType; 24] = DType::join(&[
         &DType::BASIC,
         &[DType::Q5_0, DType::Q5_1],
         &DType::K_QUANTS,
         &DType::TABLE,
         &DType::TERNARY,
+        &DType::LOWBIT,
         &DType::LATTICE_IQ2,
     ]);
 
@@ -141,6 +157,8 @@ impl DType {
     /// The ternary formats (see the module docs).
     pub const TERNARY: [DType; 2] = [DType::TQ1_0, DType::TQ2_0];
 
+    /// The low-bit formats of a scale per 16 weights once unpacked (see the module docs).
+    pub const LOWBIT: [DType; 3] = [DType::NVFP4, DType::Q1_0, DType::Q2_0];
     /// The 2-bit lattice i-quants (see the module docs).
     pub const LATTICE_IQ2: [DType; 3] = [DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S];
 
@@ -182,6 +200,8 @@ impl DType {
             DType::IQ4_NL | DType::MXFP4 => 32,
             DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => 256,
             DType::IQ4_XS | DType::TQ1_0 | DType::TQ2_0 => 256,
+            DType::NVFP4 | DType::Q2_0 => 64,
+            DType::Q1_0 => 128,
             DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => 256,
         }
     }
@@ -206,6 +226,8 @@ impl DType {
             DType::MXFP4 => 17,
             DType::TQ1_0 => 54,
             DType::TQ2_0 => 66,
+            DType::NVFP4 => 36,
+            DType::Q1_0 | DType::Q2_0 => 18,
             DType::IQ2_XXS => 66,
             DType::IQ2_XS => 74,
             DType::IQ2_S => 82,
@@ -218,15 +240,17 @@ impl DType {
     }
 
     /// Byte offsets of a block's f16 fields (scales, mins); empty for the float formats, whose
-    /// every value is a float, and for MXFP4, whose E8M0 scale is finite whatever its bits
+    /// every value is a float, for MXFP4, whose E8M0 scale is finite whatever its bits
     /// (2^(e − 128), as ggml decodes it; the load-time check tests the weights its largest
-    /// exponents overflow instead). The load-time NaN/infinity check reads these.
+    /// exponents overflow instead), and for NVFP4, whose UE4M3 scales are all finite (at most
+    /// 240, so every weight at most 2,880). The load-time NaN/infinity check reads these.
     pub const fn f16_fields(self) -> &'static [usize] {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => &[],
             DType::Q8_0 | DType::Q4_0 | DType::Q5_0 | DType::IQ4_NL | DType::IQ4_XS => &[0],
             DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => &[0],
-            DType::MXFP4 => &[],
+            DType::MXFP4 | DType::NVFP4 => &[],
+            DType::Q1_0 | DType::Q2_0 => &[0],
             DType::Q4_1 | DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
             DType::Q2_K => &[80, 82],
             DType::Q3_K => &[108],
@@ -258,6 +282,13 @@ impl DType {
                 | DType::IQ2_XS
                 | DType::IQ2_S
         )
+    }
+
+    /// True for the low-bit formats, [`DType::LOWBIT`]: a block unpacks into int8 values with a
+    /// scale per 16 weights (`crate::lowbit::unpack_lowbit`). Like the decoded formats they have
+    /// no GPU kernels of their own (converted at upload) and no integer tile.
+    pub const fn is_lowbit(self) -> bool {
+        matches!(self, DType::NVFP4 | DType::Q1_0 | DType::Q2_0)
     }
 
     /// Bytes of one row of `cols` weights; an error when `cols` is not a whole number of blocks.
@@ -294,6 +325,9 @@ impl DType {
             DType::MXFP4 => "MXFP4",
             DType::TQ1_0 => "TQ1_0",
             DType::TQ2_0 => "TQ2_0",
+            DType::NVFP4 => "NVFP4",
+            DType::Q1_0 => "Q1_0",
+            DType::Q2_0 => "Q2_0",
             DType::IQ2_XXS => "IQ2_XXS",
             DType::IQ2_XS => "IQ2_XS",
             DType::IQ2_S => "IQ2_S",
@@ -347,5 +381,9 @@ mod tests {
         assert_eq!(DType::IQ2_XS.row_bytes(256).unwrap(), 74);
         assert_eq!(DType::IQ2_S.row_bytes(256).unwrap(), 82);
         assert!(matches!(DType::TQ2_0.row_bytes(32), Err(Error::Shape(_))));
+        assert_eq!(DType::NVFP4.row_bytes(576).unwrap(), 324);
+        assert_eq!(DType::Q2_0.row_bytes(576).unwrap(), 162);
+        assert_eq!(DType::Q1_0.row_bytes(512).unwrap(), 72);
+        assert!(matches!(DType::Q1_0.row_bytes(576), Err(Error::Shape(_))));
     }
 }

@@ -1,13 +1,15 @@
 //! Encoding f32 rows into the block formats (the ggml reference rounding), for the layouts the
 //! engine builds once at load (the transposed down projection of the sparse FFN) and for the
 //! synthetic model writers. The K-quants' encoders live in [`crate::quantize_k`], the table
-//! formats' in [`crate::quantize_table`], the ternary ones' in [`crate::quantize_ternary`].
+//! formats' in [`crate::quantize_table`], the ternary ones' in [`crate::quantize_ternary`], the
+//! low-bit ones' in [`crate::quantize_lowbit`].
 
 use half::{bf16, f16};
 
 use crate::dtype::DType;
 use crate::error::Result;
 use crate::quantize_k::{q2_k_block, q3_k_block, q45_k_block, q6_k_block};
+use crate::quantize_lowbit::{nvfp4_block, q1_0_block, q2_0_block};
 use crate::quantize_table::{iq4_nl_block, iq4_xs_block, mxfp4_block};
 use crate::quantize_ternary::{tq1_0_block, tq2_0_block};
 
@@ -34,6 +36,9 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
         DType::MXFP4 => per_block(dtype, src, dst, mxfp4_block),
         DType::TQ1_0 => per_block(dtype, src, dst, tq1_0_block),
         DType::TQ2_0 => per_block(dtype, src, dst, tq2_0_block),
+        DType::NVFP4 => per_block(dtype, src, dst, nvfp4_block),
+        DType::Q1_0 => per_block(dtype, src, dst, q1_0_block),
+        DType::Q2_0 => per_block(dtype, src, dst, q2_0_block),
         DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => {
             crate::bail!(
                 Unsupported,
@@ -202,7 +207,7 @@ mod tests {
         let x: Vec<f32> = (0..96)
             .map(|i| ((i * 37 % 29) as f32 - 14.0) * 0.11)
             .collect();
-        let plain = |d: &DType| !d.is_super_block() && !d.is_decoded();
+        let plain = |d: &DType| !d.is_super_block() && !d.is_decoded() && !d.is_lowbit();
         for dtype in DType::ALL.into_iter().filter(plain) {
             let mut buf = vec![0u8; dtype.row_bytes(x.len()).unwrap()];
             quantize_row(dtype, &x, &mut buf).unwrap();

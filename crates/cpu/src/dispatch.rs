@@ -219,7 +219,9 @@ pub(crate) fn read_sum(level: Level, data: &[u64]) -> u64 {
 /// One x prepared for dot products with weight rows on a level: on the x86 levels, quantized
 /// rows take the quantized-x kernels of the process's [`Numerics`] (int16 x, or int8 x of
 /// `kernels::avx2::int8_rows`), x quantized once (when it is finite and whole 32-blocks) and
-/// shared by every product that reads it; other rows are dotted with x itself.
+/// shared by every product that reads it; other rows are dotted with x itself. The low-bit
+/// formats (`DType::is_lowbit`) take the int8 x whatever the numerics (they have no int16-x
+/// kernel), quantized on their first product.
 pub(crate) struct Activations<'a> {
     level: Level,
     x: &'a [f32],
@@ -227,6 +229,10 @@ pub(crate) struct Activations<'a> {
     xq: Option<avx2::XQuant>,
     #[cfg(target_arch = "x86_64")]
     x8: Option<avx2::X8>,
+    /// The int8 x of the low-bit formats' products where the numerics made none (`None`
+    /// inside where x is not finite or not whole 32-blocks, or the level is not x86).
+    #[cfg(target_arch = "x86_64")]
+    x8_lowbit: std::sync::OnceLock<Option<avx2::X8>>,
 }
 
 impl<'a> Activations<'a> {
@@ -260,6 +266,8 @@ impl<'a> Activations<'a> {
                 avx2 => int8.then(|| avx2::X8::new(x)).flatten(),
                 scalar => None,
             ),
+            #[cfg(target_arch = "x86_64")]
+            x8_lowbit: std::sync::OnceLock::new(),
         }
     }
 
@@ -274,14 +282,25 @@ impl<'a> Activations<'a> {
     #[cfg(target_arch = "x86_64")]
     #[inline]
     fn int16(&self, dtype: DType) -> Option<&avx2::XQuant> {
-        self.xq.as_ref().filter(|_| dtype.is_quantized())
+        self.xq
+            .as_ref()
+            .filter(|_| dtype.is_quantized() && !dtype.is_lowbit())
     }
 
     /// The int8 x, where quantized rows of `dtype` take the int8-x kernels.
     #[cfg(target_arch = "x86_64")]
     #[inline]
     fn int8(&self, dtype: DType) -> Option<&avx2::X8> {
-        self.x8.as_ref().filter(|_| dtype.is_quantized())
+        if !dtype.is_quantized() {
+            return None;
+        }
+        if self.x8.is_some() || !dtype.is_lowbit() {
+            return self.x8.as_ref();
+        }
+        let whole = self.level.is_x86_simd() && self.x.len().is_multiple_of(32);
+        self.x8_lowbit
+            .get_or_init(|| whole.then(|| avx2::X8::new(self.x)).flatten())
+            .as_ref()
     }
 
     /// out[i] = dot(row i, x) over consecutive rows of `row_bytes` bytes.

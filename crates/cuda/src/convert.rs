@@ -1,9 +1,10 @@
 //! The formats the GPU takes by conversion at upload: the decoded formats (the table formats
 //! IQ4_NL, IQ4_XS, MXFP4, the ternary TQ1_0, TQ2_0 and the 2-bit lattice IQ2_XXS, IQ2_XS,
-//! IQ2_S) have no GPU kernels of their own; their
-//! rows are re-encoded as Q8_0 on the way to the device ([`device_dtype`], [`device_rows`]), and
-//! the device kernels, the slabs and the plan's accounting see Q8_0 rows (34 bytes per 32
-//! weights where the host holds 18, 17, 17, 6.75, 8.25, 8.25, 9.25 or 10.25).
+//! IQ2_S) and the low-bit ones (NVFP4, Q1_0, Q2_0) have no GPU kernels of their own; their
+//! rows are re-encoded on the way to the device ([`device_dtype`], [`device_rows`]) as Q8_0
+//! (NVFP4: F16), and the device kernels, the slabs and the plan's accounting see those rows
+//! (34 bytes per 32 weights where the host holds 18, 17, 17, 6.75, 8.25, 8.25, 9.25, 10.25,
+//! 4.5 or 9; NVFP4's 2 bytes a weight where the host holds 0.5625).
 //!
 //! The conversion, per 32 weights (w = scale·value, the value an int8 of the format's table):
 //! - IQ4_NL: d and the values as they are: exact (the same f32 products).
@@ -21,6 +22,12 @@
 //!   sub-block's 32 dequantized weights are re-encoded by ggml's Q8_0 rule (d = max|w| / 127,
 //!   q = round(w / d)): each weight within half a step, max|w| / 254, plus the f16 rounding of d
 //!   (relative 2^−11 of |w|).
+//! - Q1_0, Q2_0: the block's f16 d as every 32-weight sub-block's scale, the values ±1 or
+//!   −1..=2 as they are: exact.
+//! - NVFP4: each weight as an f16: exact. A weight is a UE4M3 scale (4 significant bits, 2^−10
+//!   .. 240) times a doubled E2M1 value (at most 2 significant bits, up to 12), so at most 6
+//!   significant bits between 2^−10 and 2,880: inside f16's normal range. (Q8_0 cannot hold it
+//!   exactly: a 32-weight Q8_0 block has one scale where NVFP4 has two, of any ratio.)
 
 use std::borrow::Cow;
 
@@ -29,17 +36,19 @@ use powerinfer_core::dequantize::unpack_table;
 use powerinfer_core::dequantize_iq2::unpack_iq2;
 use powerinfer_core::{ensure, quantize_row, DType, Result};
 
-/// The format `dtype`'s rows take on a device: Q8_0 for the decoded formats, else `dtype`.
+/// The format `dtype`'s rows take on a device: F16 for NVFP4, Q8_0 for the other converted
+/// formats, else `dtype`.
 pub const fn device_dtype(dtype: DType) -> DType {
-    match is_converted(dtype) {
-        true => DType::Q8_0,
-        false => dtype,
+    match (dtype, is_converted(dtype)) {
+        (DType::NVFP4, _) => DType::F16,
+        (_, true) => DType::Q8_0,
+        (_, false) => dtype,
     }
 }
 
-/// Whether `dtype`'s rows are converted at upload (the decoded formats).
+/// Whether `dtype`'s rows are converted at upload (the decoded and low-bit formats).
 pub const fn is_converted(dtype: DType) -> bool {
-    dtype.is_decoded()
+    dtype.is_decoded() || dtype.is_lowbit()
 }
 
 /// Rows of `cols` weights in `dtype` (whole rows, GGUF layout) as [`device_dtype`] rows, GGUF
@@ -55,6 +64,9 @@ pub fn device_rows(dtype: DType, cols: usize, rows: &[u8]) -> Result<Cow<'_, [u8
         "{} bytes are no whole number of {dtype} rows of {cols} weights",
         rows.len()
     );
+    if dtype.is_lowbit() {
+        return Ok(Cow::Owned(lowbit_rows(dtype, rows)));
+    }
     let n_blocks = rows.len() / dtype.block_bytes();
     let sub = dtype.block_size() / 32;
     let mut out = vec![0u8; n_blocks * sub * 34];
@@ -112,6 +124,29 @@ fn requantize(d: &[f32], q: &[i8], blk: &mut [u8]) {
         .map(|(i, &v)| d[i / 16] * v as f32)
         .collect();
     quantize_row(DType::Q8_0, &w, blk).expect("32 weights make one Q8_0 block");
+}
+
+/// Whole rows of a low-bit format as [`device_dtype`] rows (see the module docs): NVFP4's
+/// weights decoded and stored as f16, Q1_0's and Q2_0's 32-weight sub-blocks as Q8_0 blocks
+/// of the block's d.
+fn lowbit_rows(dtype: DType, rows: &[u8]) -> Vec<u8> {
+    use powerinfer_core::lowbit::unpack_lowbit;
+    let n = dtype.block_size();
+    let mut out = Vec::with_capacity(rows.len() / dtype.block_bytes() * n * 2);
+    let (mut d, mut q) = ([0f32; 8], [0i8; 128]);
+    for b in rows.chunks_exact(dtype.block_bytes()) {
+        unpack_lowbit(dtype, b, &mut d, &mut q);
+        if dtype == DType::NVFP4 {
+            let w = (0..n).map(|i| f16::from_f32(d[i / 16] * q[i] as f32));
+            out.extend(w.flat_map(f16::to_le_bytes));
+            continue;
+        }
+        for vals in q[..n].chunks_exact(32) {
+            out.extend(f16::from_f32(d[0]).to_le_bytes());
+            out.extend(vals.iter().map(|&v| v as u8));
+        }
+    }
+    out
 }
 
 /// An MXFP4 block scale 2^s (f32, exact) as a Q8_0 f16 scale and the shift of the values
@@ -208,6 +243,39 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn lowbit_formats_convert_exactly() {
+        for dtype in DType::LOWBIT {
+            let cols = 512;
+            let mut raw = rows(DType::Q8_0, 3 * dtype.row_bytes(cols).unwrap(), 5);
+            if dtype == DType::NVFP4 {
+                // Every scale byte, the largest (0xFF: 240) and subnormal ones among them.
+                for (i, b) in raw.chunks_exact_mut(36).enumerate() {
+                    b[..4].copy_from_slice(&[(4 * i) as u8, (4 * i + 1) as u8, 0xFF, 1]);
+                }
+            } else {
+                for (i, b) in raw.chunks_exact_mut(18).enumerate() {
+                    let d = f16::from_f32(0.01 * (i as f32 - 20.0));
+                    b[..2].copy_from_slice(&d.to_le_bytes());
+                }
+            }
+            let conv = device_rows(dtype, cols, &raw).unwrap();
+            let dev = device_dtype(dtype);
+            assert_eq!(conv.len(), 3 * dev.row_bytes(cols).unwrap(), "{dtype}");
+            let (mut want, mut got) = (vec![0f32; 3 * cols], vec![0f32; 3 * cols]);
+            dequantize_row(dtype, &raw, &mut want).unwrap();
+            dequantize_row(dev, &conv, &mut got).unwrap();
+            assert!(want.iter().any(|w| w.abs() > 1000.0) || dtype != DType::NVFP4);
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.to_bits(), w.to_bits(), "{dtype} weight {i}: {g} vs {w}");
+            }
+        }
+        assert_eq!(
+            (device_dtype(DType::NVFP4), device_dtype(DType::Q1_0)),
+            (DType::F16, DType::Q8_0)
+        );
     }
 
     #[test]

@@ -8,8 +8,8 @@ use powerinfer_core::{ensure, DType, Result};
 
 /// Every weight format the GPU kernels take: each per-format kernel is instantiated once for
 /// each (`<prefix>_<suffix>`, see [`dtype_suffix`]). The rest (Q2_K, Q3_K and the decoded
-/// formats IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0, IQ2_XXS, IQ2_XS, IQ2_S, which `crate::convert`
-/// turns into Q8_0 at upload)
+/// formats IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0, IQ2_XXS, IQ2_XS, IQ2_S and the low-bit NVFP4,
+/// Q1_0, Q2_0, which `crate::convert` turns into Q8_0 or F16 at upload)
 /// have no kernels of their own;
 /// [`crate::ops`] refuses them with `Error::Unsupported` before anything is uploaded.
 pub const GPU_DTYPES: [DType; 11] = DType::join(&[
@@ -169,6 +169,9 @@ pub const fn dtype_suffix(d: DType) -> &'static str {
         DType::MXFP4 => "mxfp4",
         DType::TQ1_0 => "tq1_0",
         DType::TQ2_0 => "tq2_0",
+        DType::NVFP4 => "nvfp4",
+        DType::Q1_0 => "q1_0",
+        DType::Q2_0 => "q2_0",
         DType::IQ2_XXS => "iq2_xxs",
         DType::IQ2_XS => "iq2_xs",
         DType::IQ2_S => "iq2_s",
@@ -188,7 +191,13 @@ mod tests {
             .into_iter()
             .filter(|d| !is_gpu_dtype(*d))
             .collect();
-        let decoded = [&DType::TABLE[..], &DType::TERNARY, &DType::LATTICE_IQ2].concat();
+        let decoded = [
+            &DType::TABLE[..],
+            &DType::TERNARY,
+            &DType::LOWBIT,
+            &DType::LATTICE_IQ2,
+        ]
+        .concat();
         assert_eq!(off, [&[DType::Q2_K, DType::Q3_K][..], &decoded].concat());
         // Every block size is even: the kernels need 2-byte aligned rows only.
         for d in GPU_DTYPES {

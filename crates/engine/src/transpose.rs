@@ -5,8 +5,8 @@
 //! Float formats transpose exactly. Block formats are decoded, transposed and re-encoded in the
 //! same format (as PowerInfer's converter does), so `down_t` is a new quantization of the same
 //! weights: the sparse modes of a quantized model differ from its dense mode by that rounding.
-//! The ternary and 2-bit lattice formats are the exception ([`transposed_format`]): their
-//! transposes take Q8_0.
+//! The ternary, low-bit and 2-bit lattice formats are the exception ([`transposed_format`]):
+//! their transposes take Q8_0.
 //! When the new row length is not a whole number of blocks, a K-quant's rows take the 32-weight
 //! format llama.cpp substitutes in the same case (Q2_K, Q3_K -> Q4_0; Q4_K -> Q5_0; Q5_K -> Q5_1;
 //! Q6_K -> Q8_0; IQ4_XS -> IQ4_NL) where the length is a multiple of 32, and F16 otherwise.
@@ -35,9 +35,14 @@ pub fn transposed_dtype(w: impl Into<MatrixShape>) -> DType {
 /// left dense by 7% of the logits, where the other formats stay within the test's 5%); Q8_0
 /// can, at 4 to 5 times the bytes. The 2-bit lattice formats (IQ2_XXS, IQ2_XS, IQ2_S) have
 /// no encoder here (a lattice search under an importance matrix): Q8_0 as well.
+///
+/// The low-bit formats take Q8_0 too: Q1_0's and Q2_0's one scale per 128 or 64 weights as the
+/// ternary ones; NVFP4 re-encoded would round every weight a second time to E2M1 (a further
+/// error of its own size), where Q8_0 rounds it to 1/254 of its block's largest at most.
 pub const fn transposed_format(dtype: DType) -> DType {
     match dtype {
         DType::TQ1_0 | DType::TQ2_0 => DType::Q8_0,
+        DType::NVFP4 | DType::Q1_0 | DType::Q2_0 => DType::Q8_0,
         DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => DType::Q8_0,
         other => other,
     }
@@ -160,6 +165,10 @@ mod tests {
             (TQ1_0, 512, Q8_0, 0.02),
             (TQ2_0, 288, Q8_0, 0.02),
             (TQ2_0, 40, F16, 0.0),
+            // The low-bit formats' transposes in Q8_0, rows of 288 or 512.
+            (NVFP4, 288, Q8_0, 0.02),
+            (Q1_0, 512, Q8_0, 0.02),
+            (Q2_0, 288, Q8_0, 0.02),
         ];
         for (dtype, rows, want, tol) in cases {
             let q = powerinfer_core::testing::random_weight(dtype, rows, cols, 9);

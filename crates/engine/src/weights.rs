@@ -198,6 +198,8 @@ pub fn down_crossover_share(dtype: DType) -> f32 {
         // Not measured: the ternary formats' axpy is the K-quants' generic one over their
         // blocks decoded to int8, as the K-quants'.
         DType::TQ1_0 | DType::TQ2_0 => 0.2,
+        // Not measured: the low-bit formats' axpy decodes each chunk to f32 row by row.
+        DType::NVFP4 | DType::Q1_0 | DType::Q2_0 => 0.2,
         // Not measured: the 2-bit lattice formats' axpy is the same generic one over their
         // grid points gathered and signed.
         DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => 0.2,

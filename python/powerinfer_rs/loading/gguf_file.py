@@ -103,6 +103,9 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
     34: ("TQ1_0", 256, 54),
     35: ("TQ2_0", 256, 66),
     39: ("MXFP4", 32, 17),
+    40: ("NVFP4", 64, 36),
+    41: ("Q1_0", 128, 18),
+    42: ("Q2_0", 64, 18),
 }
 #: ggml type id -> name.
 GGML_TYPE_NAMES: dict[int, str] = {i: t[0] for i, t in GGML_TYPES.items()}

@@ -32,13 +32,16 @@ K_FALLBACK = {
     "IQ4_XS": "IQ4_NL",
 }
 
-#: The formats whose ``down_t`` is re-encoded in another format where its rows fit (the ternary
-#: ones in Q8_0: one ternary scale cannot hold the 256 source rows' scales a transposed block
-#: gathers; the 2-bit lattice ones in Q8_0: no encoder of ours; crates/engine/src/transpose.rs
-#: ``transposed_format``).
+#: The formats whose ``down_t`` is re-encoded in another format where its rows fit (the ternary,
+#: low-bit and 2-bit lattice ones in Q8_0: one ternary, Q1_0 or Q2_0 scale cannot hold the
+#: source rows' scales a transposed block gathers, NVFP4 would round each weight twice, and the
+#: lattice ones have no encoder of ours; crates/engine/src/transpose.rs ``transposed_format``).
 TRANSPOSED_FORMAT = {
     "TQ1_0": "Q8_0",
     "TQ2_0": "Q8_0",
+    "NVFP4": "Q8_0",
+    "Q1_0": "Q8_0",
+    "Q2_0": "Q8_0",
     "IQ2_XXS": "Q8_0",
     "IQ2_XS": "Q8_0",
     "IQ2_S": "Q8_0",
@@ -47,7 +50,8 @@ TRANSPOSED_FORMAT = {
 #: The weight formats the GPU kernels take (crates/cuda/src/kernels.rs ``GPU_DTYPES``, exported as
 #: ``_core.GPU_DTYPES``); the engine refuses a plan putting a matrix in any other (Q2_K, Q3_K) on
 #: the GPU, so the planner keeps those parts on the CPU; the decoded formats (IQ4_NL, IQ4_XS,
-#: MXFP4, TQ1_0, TQ2_0, IQ2_XXS, IQ2_XS, IQ2_S) go there converted (:data:`GPU_UPLOAD_AS`).
+#: MXFP4, TQ1_0, TQ2_0, IQ2_XXS, IQ2_XS, IQ2_S) and the low-bit ones (NVFP4, Q1_0, Q2_0) go
+#: there converted (:data:`GPU_UPLOAD_AS`).
 GPU_DTYPES = (
     "F32",
     "F16",
@@ -62,8 +66,8 @@ GPU_DTYPES = (
     "Q6_K",
 )
 
-#: The formats converted at upload to a GPU format (``_core.GPU_UPLOAD_AS``: the table and ternary
-#: formats to Q8_0): the GPU holds their rows in that format.
+#: The formats converted at upload to a GPU format (``_core.GPU_UPLOAD_AS``: the table, ternary,
+#: Q1_0 and Q2_0 formats to Q8_0, NVFP4 to F16): the GPU holds their rows in that format.
 GPU_UPLOAD_AS: dict[str, str] = dict(_core.GPU_UPLOAD_AS)
 
 

@@ -182,6 +182,15 @@ fn affine_block(dtype: DType, b: &[u8], a: &mut Affine) {
             a.s = d;
             a.m.fill(0.0);
         }
+        DType::NVFP4 | DType::Q1_0 | DType::Q2_0 => {
+            // The int8 values are the integers, each 16 weights' scale the factor.
+            let (mut d, mut q) = ([0f32; 8], [0i8; 128]);
+            powerinfer_core::lowbit::unpack_lowbit(dtype, b, &mut d, &mut q);
+            a.group = 16;
+            a.s[..8].copy_from_slice(&d);
+            a.m[..8].fill(0.0);
+            a.q[..128].copy_from_slice(&q);
+        }
         _ => {
             let mut sub = SubScales::default();
             unpack_k(dtype, b, &mut sub, &mut a.q);

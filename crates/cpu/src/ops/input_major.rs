@@ -150,6 +150,7 @@ mod tests {
     fn cols_of(dtype: DType) -> [usize; 2] {
         match (dtype.is_super_block(), dtype.is_quantized()) {
             (true, _) => [256, 768],
+            (false, true) if dtype.is_lowbit() => [128, 640],
             (false, true) => [32, 160],
             _ => [7, 77],
         }

@@ -73,6 +73,13 @@ pub(crate) fn random_row(rng: &mut Rng, dtype: DType, cols: usize) -> Vec<u8> {
                     // rounding of a 100x outlier passes the f32-x bound by 4% (int8 x: exact).
                     out[at] = 122 + (rng.next_u64() % 4) as u8;
                 }
+                if dtype == DType::NVFP4 {
+                    // UE4M3 scales of exponents 4..7 (2^−4 .. 2^−1 once halved), within a
+                    // factor of 16 as a tensor's are.
+                    for t in 0..4 {
+                        out[at + t] = 0x20 + (rng.next_u64() % 24) as u8;
+                    }
+                }
             }
         }
     }
@@ -101,10 +108,10 @@ pub(crate) fn assert_dot_close(got: f32, dtype: DType, row: &[u8], x: &[f32], wh
 }
 
 /// Whether a product of `dtype` rows with `x` on `level` takes the int8-x kernels (the int8
-/// numerics, quantized rows on the x86 levels, x finite and whole 32-blocks): it then computes
-/// with x̂, the int8 x.
+/// numerics or a low-bit format, quantized rows on the x86 levels, x finite and whole
+/// 32-blocks): it then computes with x̂, the int8 x.
 pub(crate) fn takes_x8(level: crate::simd::Level, dtype: DType, x: &[f32]) -> bool {
-    crate::numerics::numerics() == crate::numerics::Numerics::Int8
+    (crate::numerics::numerics() == crate::numerics::Numerics::Int8 || dtype.is_lowbit())
         && level.is_x86_simd()
         && dtype.is_quantized()
         && crate::reference::x8::x8_hat(x).is_some()
@@ -171,6 +178,9 @@ pub(crate) fn x8_gap(level: crate::simd::Level, dtype: DType, row: &[u8], x: &[f
 pub(crate) fn test_cols(dtype: DType) -> &'static [usize] {
     if dtype.is_super_block() {
         &[256, 512, 256 * 3, 256 * 9, 4096]
+    } else if dtype.is_lowbit() {
+        // Whole blocks of 64 and 128: odd counts of them, and partial chunks of eight 32s.
+        &[128, 384, 640, 128 * 37, 4096]
     } else if dtype.is_quantized() {
         &[32, 64, 96, 32 * 37, 4096]
     } else {
@@ -179,10 +189,13 @@ pub(crate) fn test_cols(dtype: DType) -> &'static [usize] {
 }
 
 /// A column count of whole blocks for `dtype`: `cols` (a multiple of 32) as is, or eight times
-/// it for the K-quants (so the same number of 256-weight super-blocks as of 32-weight blocks).
+/// it for the K-quants (so the same number of 256-weight super-blocks as of 32-weight blocks),
+/// or four times it for the low-bit formats (whole blocks of 64 and 128).
 pub(crate) fn qcols(dtype: DType, cols: usize) -> usize {
     if dtype.is_super_block() {
         8 * cols
+    } else if dtype.is_lowbit() {
+        4 * cols
     } else {
         cols
     }

@@ -383,13 +383,13 @@ macro_rules! with_int8 {
         with_int8!(@ $dtype, $F => $body, $other; Q8_0 = q::Q8_0, Q4_0 = q::Q4_0,
             Q4_1 = q::Q4_1, Q5_0 = q::Q5_0, Q5_1 = q::Q5_1, Q2_K = k::Q2K, Q3_K = k::Q3K,
             Q4_K = k::Q4K, Q5_K = k::Q5K, Q6_K = k::Q6K, IQ4_NL = t::IQ4NL, IQ4_XS = t::IQ4XS,
-            MXFP4 = t::MXFP4, TQ1_0 = tq::TQ1, TQ2_0 = tq::TQ2, IQ2_XXS = l2::IQ2XXS,
-            IQ2_XS = l2::IQ2XS, IQ2_S = l2::IQ2S)
+            MXFP4 = t::MXFP4, TQ1_0 = tq::TQ1, TQ2_0 = tq::TQ2, NVFP4 = lb::NVFP4, Q1_0 = lb::Q1,
+            Q2_0 = lb::Q2, IQ2_XXS = l2::IQ2XXS, IQ2_XS = l2::IQ2XS, IQ2_S = l2::IQ2S)
     };
     (@ $dtype:expr, $F:ident => $body:expr, $other:expr; $($d:ident = $t:ty),*) => {{
         #[allow(unused_imports)]
         use $crate::kernels::avx2::{
-            iq2 as l2, kquant as k, quant as q, table as t, ternary as tq,
+            iq2 as l2, kquant as k, lowbit as lb, quant as q, table as t, ternary as tq,
         };
         match $dtype {
             $(powerinfer_core::DType::$d => {
@@ -450,9 +450,10 @@ mod tests {
     fn exact_on_the_same_x_and_the_same_bits_at_any_batch() {
         let mut rng = Rng::new(83);
         for dtype in DType::ALL.into_iter().filter(|d| d.is_quantized()) {
-            let counts: Vec<usize> = match dtype.is_super_block() {
-                true => vec![8, 16, 24],
-                false => (1..=17).collect(),
+            let counts: Vec<usize> = match dtype.block_size() {
+                256 => vec![8, 16, 24],
+                // Whole blocks of 64 or 128: odd chunk counts and partial last chunks.
+                b => (1..=20).filter(|k| (32 * k) % b == 0).collect(),
             };
             for blocks in counts {
                 let cols = 32 * blocks;

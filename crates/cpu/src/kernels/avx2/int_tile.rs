@@ -324,6 +324,9 @@ macro_rules! with_tile_format {
             | DType::IQ2_S => {
                 unreachable!("no int tile for the decoded formats (XTile::new declines them)")
             }
+            DType::NVFP4 | DType::Q1_0 | DType::Q2_0 => {
+                unreachable!("no int tile for the low-bit formats (XTile::new declines them)")
+            }
         }
     };
 }
@@ -349,7 +352,7 @@ impl XTile {
     /// first keep to the tokens [`token_fits`] accepts.
     pub(crate) fn new(dtype: DType, x: &[f32], n: usize, cols: usize) -> Option<XTile> {
         crate::simd::debug_check_wide(true);
-        if dtype.is_decoded() {
+        if dtype.is_decoded() || dtype.is_lowbit() {
             return None;
         }
         assert!(
@@ -367,7 +370,7 @@ impl XTile {
 /// most [`RHO_MAX`] of Σ|x|. Depends on the token alone, so a token's products come out the
 /// same whichever tokens share its matmul.
 pub(crate) fn token_fits(dtype: DType, x: &[f32]) -> bool {
-    if dtype.is_decoded() {
+    if dtype.is_decoded() || dtype.is_lowbit() {
         return false;
     }
     let x_max = with_tile_format!(dtype, F => F::X_MAX);
@@ -743,7 +746,7 @@ mod tests {
         let mut rng = Rng::new(77);
         for dtype in DType::ALL
             .into_iter()
-            .filter(|d| d.is_quantized() && !d.is_decoded())
+            .filter(|d| d.is_quantized() && !d.is_decoded() && !d.is_lowbit())
         {
             let cols_list: &[usize] = match dtype.is_super_block() {
                 true => &[256, 512, 2816],

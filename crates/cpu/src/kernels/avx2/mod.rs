@@ -27,6 +27,7 @@ pub(crate) mod interleaved;
 mod iq2;
 mod kquant;
 mod kv_passes;
+mod lowbit;
 mod q4_axpy;
 mod quant;
 mod read;
@@ -484,6 +485,9 @@ unsafe fn int16_rows_avx2<const R: usize, const FETCH: bool>(
             DType::IQ4_XS => kquant::rows_i16::<table::IQ4XS, R, FETCH>(p, next, xq, out),
             DType::TQ1_0 => kquant::rows_i16::<ternary::TQ1, R, FETCH>(p, next, xq, out),
             DType::TQ2_0 => kquant::rows_i16::<ternary::TQ2, R, FETCH>(p, next, xq, out),
+            DType::NVFP4 => lowbit::rows_i16::<lowbit::NVFP4, R>(p, next, xq, out),
+            DType::Q1_0 => lowbit::rows_i16::<lowbit::Q1, R>(p, next, xq, out),
+            DType::Q2_0 => lowbit::rows_i16::<lowbit::Q2, R>(p, next, xq, out),
             DType::IQ2_XXS => kquant::rows_i16::<iq2::IQ2XXS, R, FETCH>(p, next, xq, out),
             DType::IQ2_XS => kquant::rows_i16::<iq2::IQ2XS, R, FETCH>(p, next, xq, out),
             DType::IQ2_S => kquant::rows_i16::<iq2::IQ2S, R, FETCH>(p, next, xq, out),

@@ -6,7 +6,7 @@
 
 use super::formats::{Bf16, Format, F16, F32};
 use super::row_group::RowGroup;
-use super::{dequant, dot, iq2, kquant, q4_axpy, quant, rows, table, ternary};
+use super::{dequant, dot, iq2, kquant, lowbit, q4_axpy, quant, rows, table, ternary};
 
 /// `$body` with the type `$F` standing for the [`Format`] of the runtime dtype `$dtype`.
 macro_rules! with_format {
@@ -15,12 +15,13 @@ macro_rules! with_format {
             F32 = f::F32, F16 = f::F16, BF16 = f::Bf16, Q8_0 = q::Q8_0, Q4_0 = q::Q4_0, Q4_1 = q::Q4_1,
             Q5_0 = q::Q5_0, Q5_1 = q::Q5_1, Q2_K = k::Q2K, Q3_K = k::Q3K, Q4_K = k::Q4K,
             Q5_K = k::Q5K, Q6_K = k::Q6K, IQ4_NL = t::IQ4NL, IQ4_XS = t::IQ4XS, MXFP4 = t::MXFP4,
-            TQ1_0 = tq::TQ1, TQ2_0 = tq::TQ2, IQ2_XXS = l2::IQ2XXS, IQ2_XS = l2::IQ2XS,
-            IQ2_S = l2::IQ2S)
+            TQ1_0 = tq::TQ1, TQ2_0 = tq::TQ2, NVFP4 = lb::NVFP4, Q1_0 = lb::Q1, Q2_0 = lb::Q2,
+            IQ2_XXS = l2::IQ2XXS, IQ2_XS = l2::IQ2XS, IQ2_S = l2::IQ2S)
     };
     (@ $dtype:expr, $F:ident => $body:expr; $($d:ident = $t:ty),*) => {{
         use $crate::kernels::avx2::{
-            formats as f, iq2 as l2, kquant as k, quant as q, table as t, ternary as tq,
+            formats as f, iq2 as l2, kquant as k, lowbit as lb, quant as q, table as t,
+            ternary as tq,
         };
         match $dtype {
             $(powerinfer_core::DType::$d => {
@@ -70,7 +71,8 @@ macro_rules! with_rows {
 pub(super) use with_rows;
 
 /// [`Format`] for formats of the given kinds, from the kind's generic kernels:
-/// `float` formats, `quant` formats with their accumulation kernel, or `k`-quants.
+/// `float` formats, `quant` formats with their accumulation kernel, `k`-quants, or `lowbit`
+/// formats.
 macro_rules! impl_format {
     (@impl $t:ty, $dot:path, $axpy:path, $dequant:path) => {
         impl Format for $t {
@@ -96,6 +98,10 @@ macro_rules! impl_format {
         impl_format!(@impl $t, kquant::dot::<Self, R>, kquant::axpy::<Self, R>,
             kquant::dequant::<Self>);
     )*};
+    (lowbit: $($t:ty),*) => {$(
+        impl_format!(@impl $t, lowbit::dot::<Self, R>, lowbit::axpy::<Self, R>,
+            lowbit::dequant::<Self>);
+    )*};
     (quant: $($t:ty => $axpy:path),*) => {$(
         impl_format!(@impl $t, dot::quant_rows::<Self, R>, $axpy, dequant::quant_row::<Self>);
     )*};
@@ -113,3 +119,4 @@ impl_format!(quant:
 );
 impl_format!(k: kquant::Q2K, kquant::Q3K, kquant::Q4K, kquant::Q5K, kquant::Q6K, table::IQ4XS,
     ternary::TQ1, ternary::TQ2, iq2::IQ2XXS, iq2::IQ2XS, iq2::IQ2S);
+impl_format!(lowbit: lowbit::NVFP4, lowbit::Q1, lowbit::Q2);
