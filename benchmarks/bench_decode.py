@@ -61,6 +61,11 @@ DEFAULT_PROMPT = (
 
 #: Shape of the --synthetic model (a llama-7B-like layer width, few layers).
 SYNTH_SHAPE = dict(dim=2048, ffn=5504, layers=8, heads=16, kv_heads=16, vocab=32000)
+#: The lattice i-quants (no encoder of ours: llama.cpp's quantizer functions write them, every
+#: matrix in the format, from the F32 synthetic model; testing.ggml_quantizer).
+LATTICE = ("IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
+#: Their shape: every row whole 256-weight super-blocks, small enough for IQ1's search.
+LATTICE_SHAPE = dict(dim=1024, ffn=2816, layers=6, heads=8, kv_heads=8, vocab=8192)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -69,7 +74,16 @@ SYNTH_SHAPE = dict(dim=2048, ffn=5504, layers=8, heads=16, kv_heads=16, vocab=32
 
 def synthetic_model(kind: str, cache: Path, activation: str, seed: int) -> Path:
     """Create (once) and return the synthetic GGUF of dtype ``kind``."""
-    return synthetic_gguf(cache, kind, {**SYNTH_SHAPE, "activation": activation}, seed=seed)
+    if kind not in LATTICE:
+        return synthetic_gguf(cache, kind, {**SYNTH_SHAPE, "activation": activation}, seed=seed)
+    from powerinfer_rs.testing.ggml_quantizer import quantize_gguf
+
+    src = synthetic_gguf(cache, "F32", {**LATTICE_SHAPE, "activation": activation}, seed=seed)
+    dst = src.with_name(src.name.replace("-f32-", f"-{kind.lower()}-"))
+    if not dst.is_file():
+        print(f"quantizing {dst} with llama.cpp's quantizer ...", file=sys.stderr, flush=True)
+        quantize_gguf(src, dst.with_suffix(".part"), kind).replace(dst)
+    return dst
 
 
 # ---------------------------------------------------------------------------------------------
@@ -78,9 +92,10 @@ def synthetic_model(kind: str, cache: Path, activation: str, seed: int) -> Path:
 def run(args) -> dict:
     if args.synthetic:
         model = synthetic_model(args.synthetic, Path(args.cache), args.activation, args.seed)
+        shape = LATTICE_SHAPE if args.synthetic in LATTICE else SYNTH_SHAPE
         label = (
             f"synthetic {args.synthetic.upper()} llama "
-            + " ".join(f"{k}={v}" for k, v in SYNTH_SHAPE.items())
+            + " ".join(f"{k}={v}" for k, v in shape.items())
             + f" act={args.activation}"
         )
     else:
@@ -293,10 +308,13 @@ def main(argv=None) -> int:
             *("F16", "F32", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"),
             *("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M"),
             *("IQ4_NL", "IQ4_XS", "MXFP4", "TQ1_0", "TQ2_0"),
+            *LATTICE,
         ],
         help="use a synthetic llama (dim 2048, ffn 5504, 8 layers, 16/16 heads, "
         "vocab 32000) of this dtype, written once into --cache (K-quants, IQ4_XS, TQ*: ffn_down, "
-        "whose rows of 5504 are not whole super-blocks, takes llama.cpp's 32-weight fallback)",
+        "whose rows of 5504 are not whole super-blocks, takes llama.cpp's 32-weight fallback; "
+        "the lattice IQ3_XXS..IQ1_M: dim 1024, ffn 2816, 6 layers, vocab 8192, every matrix in "
+        "the format, by llama.cpp's quantizer)",
     )
     ap.add_argument(
         "--activation",

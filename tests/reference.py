@@ -41,6 +41,9 @@ from powerinfer_rs.loading import LoadedModel, TensorData
 from powerinfer_rs.loading.powerinfer_gguf import dequantize_tensor
 from powerinfer_rs.testing.synth_types import TABLE_DTYPES, TERNARY_DTYPES
 
+#: The lattice i-quants (no encoder of ours; files from testing.ggml_quantizer).
+LATTICE_DTYPES = ("IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
+
 _CACHE: OrderedDict[str, dict[str, np.ndarray]] = OrderedDict()
 _CACHE_MODELS = 2
 
@@ -72,7 +75,7 @@ def dequantize(t: TensorData) -> np.ndarray:
         m = b[:, 2:4].copy().view(np.float16).astype(np.float32)
         out = d * _nibbles(b[:, 4:]) + m
     elif t.dtype in ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", *TABLE_DTYPES) or (
-        t.dtype in TERNARY_DTYPES
+        t.dtype in TERNARY_DTYPES or t.dtype in LATTICE_DTYPES
     ):
         # gguf-py's numpy dequantizer: independent of the Rust decoder it checks.
         return dequantize_with_gguf(t)

@@ -53,7 +53,29 @@
 //!   trit i / 32 of qs[i % 32]; 160..240 trit (i − 160) / 16 of qs[32 + (i − 160) % 16];
 //!   240..256 trit (i − 240) / 4 of qh[(i − 240) % 4].
 //!
-//! The table and ternary formats are the "decoded" ones ([`DType::is_decoded`]): a block
+//! The lattice i-quants ([`DType::LATTICE`]; ggml's `block_iq3_xxs`, `block_iq3_s`,
+//! `block_iq1_s`, `block_iq1_m`) store 256 weights as indices into fixed codebooks of 4 or 8 weights
+//! (`crate::lattice_grids`), a scale per 32-weight sub-block (IQ1_M: per 16) relative to one
+//! f16 `d`:
+//! - `IQ3_XXS` (98 bytes): f16 `d`, 64 bytes `qs` (a 4-weight point of `IQ3XXS_GRID` each:
+//!   weights 4k..4k + 4 take point qs[k]), then per sub-block s a u32 at 66 + 4s: four 7-bit
+//!   sign indices (bits 7l.., into `KSIGNS`: bit j negates weight 8l + j of the sub-block) and a
+//!   4-bit `ls` on top; w = (d·(0.5 + ls)·0.5)·(±grid).
+//! - `IQ3_S` (110 bytes): f16 `d`, 64 bytes `qs` (low 8 bits of point indices into the 512 of
+//!   `IQ3S_GRID`), 8 bytes `qh` (bit k of qh[s]: bit 8 of sub-block s's index k), 32 bytes
+//!   `signs` (byte 4s + l, bit j: weight 8l + j of sub-block s negated), 4 bytes of 4-bit
+//!   scales (sub-block s: nibble s % 2 of byte s / 2); w = (d·(1 + 2·sc))·(±grid).
+//! - `IQ1_S` (50 bytes): f16 `d`, 32 bytes `qs` (low 8 bits of indices into the 2,048 8-weight
+//!   points of `IQ1S_GRID`, values −1, 0, 1), 8 × u16 `qh` (sub-block s: bits 3l..3l + 3 the
+//!   high bits of group l's index, bits 12..15 the scale k, bit 15 the sign of δ = ±1/8);
+//!   w = (d·(2k + 1))·(g + δ).
+//! - `IQ1_M` (56 bytes): 32 bytes `qs` (low index bits, as IQ1_S), 16 bytes `qh` (group l of
+//!   sub-block s: nibble l % 2 of qh[2s + l / 2], bits 0..3 the index's high bits, bit 3 the
+//!   sign of its own δ), 8 bytes of four u16 scale words: a 3-bit k per 16 weights (half j of
+//!   sub-block s: bits 6(s % 2) + 3j of word s / 2) and the f16 `d` in the words' top nibbles
+//!   (word i: bits 4i..4i + 4 of d); w = (d·(2k + 1))·(g + δ).
+//!
+//! The table, ternary and lattice formats are the "decoded" ones ([`DType::is_decoded`]): a block
 //! unpacks into int8 values with one f32 scale per 32 weights and no mins
 //! (`crate::dequantize::unpack_table`).
 
@@ -81,18 +103,24 @@ pub enum DType {
     MXFP4,
     TQ1_0,
     TQ2_0,
+    IQ3_XXS,
+    IQ3_S,
+    IQ1_S,
+    IQ1_M,
 }
 
 impl DType {
     /// Every supported format, for tests and tables: [`DType::BASIC`], Q5_0, Q5_1,
-    /// [`DType::K_QUANTS`], [`DType::TABLE`], then [`DType::TERNARY`]. A format's index here is
-    /// its id in the files we write (neuron store, down_t): new formats are appended.
-    pub const ALL: [DType; 18] = DType::join(&[
+    /// [`DType::K_QUANTS`], [`DType::TABLE`], [`DType::TERNARY`], then [`DType::LATTICE`]. A
+    /// format's index here is its id in the files we write (neuron store, down_t): new formats
+    /// are appended.
+    pub const ALL: [DType; 22] = DType::join(&[
         &DType::BASIC,
         &[DType::Q5_0, DType::Q5_1],
         &DType::K_QUANTS,
         &DType::TABLE,
         &DType::TERNARY,
+        &DType::LATTICE,
     ]);
 
     /// The formats of one value or 32 weights per block that every backend (the GPU kernels
@@ -120,6 +148,11 @@ impl DType {
 
     /// The ternary formats (see the module docs).
     pub const TERNARY: [DType; 2] = [DType::TQ1_0, DType::TQ2_0];
+
+    /// The lattice i-quants we read (see the module docs): decoded like the table formats, with
+    /// no encoder of ours ([`crate::quantize_row`] refuses them; files come from llama.cpp's
+    /// quantizer).
+    pub const LATTICE: [DType; 4] = [DType::IQ3_XXS, DType::IQ3_S, DType::IQ1_S, DType::IQ1_M];
 
     /// `parts` one after the other, in order (for the format lists above, built at compile
     /// time); `N` must be their total length.
@@ -159,6 +192,7 @@ impl DType {
             DType::IQ4_NL | DType::MXFP4 => 32,
             DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => 256,
             DType::IQ4_XS | DType::TQ1_0 | DType::TQ2_0 => 256,
+            DType::IQ3_XXS | DType::IQ3_S | DType::IQ1_S | DType::IQ1_M => 256,
         }
     }
 
@@ -182,6 +216,10 @@ impl DType {
             DType::MXFP4 => 17,
             DType::TQ1_0 => 54,
             DType::TQ2_0 => 66,
+            DType::IQ3_XXS => 98,
+            DType::IQ3_S => 110,
+            DType::IQ1_S => 50,
+            DType::IQ1_M => 56,
         }
     }
 
@@ -205,6 +243,10 @@ impl DType {
             DType::Q6_K => &[208],
             DType::TQ1_0 => &[52],
             DType::TQ2_0 => &[64],
+            DType::IQ3_XXS | DType::IQ3_S | DType::IQ1_S => &[0],
+            // d spread over the scale words' top nibbles (`crate::dequantize_iq1::iq1m_d`):
+            // the load-time check assembles it.
+            DType::IQ1_M => &[],
         }
     }
 
@@ -213,14 +255,28 @@ impl DType {
         self.block_size() == 256
     }
 
-    /// True for the decoded formats, [`DType::TABLE`] and [`DType::TERNARY`]: a block unpacks
-    /// into int8 values with a scale per 32 weights (`crate::dequantize::unpack_table`). They
+    /// True for the decoded formats, [`DType::TABLE`], [`DType::TERNARY`] and
+    /// [`DType::LATTICE`]: a block unpacks into int8 values with a scale per 32 weights
+    /// (`crate::dequantize::unpack_table`; IQ1_M per 16: `crate::dequantize::unpack_k`). They
     /// have no GPU kernels of their own (converted to Q8_0 at upload) and no integer tile.
     pub const fn is_decoded(self) -> bool {
         matches!(
             self,
             DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4 | DType::TQ1_0 | DType::TQ2_0
+        ) || self.is_lattice()
+    }
+
+    /// True for [`DType::LATTICE`].
+    pub const fn is_lattice(self) -> bool {
+        matches!(
+            self,
+            DType::IQ3_XXS | DType::IQ3_S | DType::IQ1_S | DType::IQ1_M
         )
+    }
+
+    /// Whether [`crate::quantize_row`] encodes this format (all but [`DType::LATTICE`]).
+    pub const fn has_encoder(self) -> bool {
+        !self.is_lattice()
     }
 
     /// Bytes of one row of `cols` weights; an error when `cols` is not a whole number of blocks.
@@ -257,6 +313,10 @@ impl DType {
             DType::MXFP4 => "MXFP4",
             DType::TQ1_0 => "TQ1_0",
             DType::TQ2_0 => "TQ2_0",
+            DType::IQ3_XXS => "IQ3_XXS",
+            DType::IQ3_S => "IQ3_S",
+            DType::IQ1_S => "IQ1_S",
+            DType::IQ1_M => "IQ1_M",
         }
     }
 
@@ -304,5 +364,9 @@ mod tests {
         assert_eq!(DType::TQ1_0.row_bytes(512).unwrap(), 108);
         assert_eq!(DType::TQ2_0.row_bytes(256).unwrap(), 66);
         assert!(matches!(DType::TQ2_0.row_bytes(32), Err(Error::Shape(_))));
+        assert_eq!(DType::IQ3_XXS.row_bytes(512).unwrap(), 196);
+        assert_eq!(DType::IQ3_S.row_bytes(256).unwrap(), 110);
+        assert_eq!(DType::IQ1_S.row_bytes(768).unwrap(), 150);
+        assert_eq!(DType::IQ1_M.row_bytes(512).unwrap(), 112);
     }
 }

@@ -6,6 +6,8 @@ pub mod buffer;
 pub mod config;
 mod config_rope;
 pub mod dequantize;
+pub mod dequantize_iq1;
+pub mod dequantize_iq3;
 pub mod device;
 pub mod dtype;
 pub mod error;

@@ -11,7 +11,9 @@ use crate::quantize_k::{q2_k_block, q3_k_block, q45_k_block, q6_k_block};
 use crate::quantize_table::{iq4_nl_block, iq4_xs_block, mxfp4_block};
 use crate::quantize_ternary::{tq1_0_block, tq2_0_block};
 
-/// Encode `src` (one row) as `dtype` into `dst` (exactly `dtype.row_bytes(src.len())` bytes).
+/// Encode `src` (one row) as `dtype` into `dst` (exactly `dtype.row_bytes(src.len())` bytes);
+/// `Error::Unsupported` for the lattice i-quants, which we read but do not write
+/// ([`DType::has_encoder`]).
 pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
     dtype.check_row(src.len(), dst.len())?;
     match dtype {
@@ -33,6 +35,11 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
         DType::MXFP4 => per_block(dtype, src, dst, mxfp4_block),
         DType::TQ1_0 => per_block(dtype, src, dst, tq1_0_block),
         DType::TQ2_0 => per_block(dtype, src, dst, tq2_0_block),
+        // No encoder of ours: their files come from llama.cpp's quantizer (importance-matrix
+        // searches over the codebooks).
+        DType::IQ3_XXS | DType::IQ3_S | DType::IQ1_S | DType::IQ1_M => {
+            crate::bail!(Unsupported, "encoding {dtype} (read-only format)")
+        }
     }
     Ok(())
 }

@@ -8,7 +8,7 @@ use powerinfer_core::{ensure, DType, Result};
 
 /// Every weight format the GPU kernels take: each per-format kernel is instantiated once for
 /// each (`<prefix>_<suffix>`, see [`dtype_suffix`]). The rest (Q2_K, Q3_K and the decoded
-/// formats IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0, which `crate::convert` turns into Q8_0 at upload)
+/// formats IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0 and the lattice ones, which `crate::convert` turns into Q8_0 at upload)
 /// have no kernels of their own;
 /// [`crate::ops`] refuses them with `Error::Unsupported` before anything is uploaded.
 pub const GPU_DTYPES: [DType; 11] = DType::join(&[
@@ -168,6 +168,10 @@ pub const fn dtype_suffix(d: DType) -> &'static str {
         DType::MXFP4 => "mxfp4",
         DType::TQ1_0 => "tq1_0",
         DType::TQ2_0 => "tq2_0",
+        DType::IQ3_XXS => "iq3_xxs",
+        DType::IQ3_S => "iq3_s",
+        DType::IQ1_S => "iq1_s",
+        DType::IQ1_M => "iq1_m",
     }
 }
 
@@ -184,7 +188,7 @@ mod tests {
             .into_iter()
             .filter(|d| !is_gpu_dtype(*d))
             .collect();
-        let decoded = [&DType::TABLE[..], &DType::TERNARY].concat();
+        let decoded = [&DType::TABLE[..], &DType::TERNARY, &DType::LATTICE].concat();
         assert_eq!(off, [&[DType::Q2_K, DType::Q3_K][..], &decoded].concat());
         // Every block size is even: the kernels need 2-byte aligned rows only.
         for d in GPU_DTYPES {

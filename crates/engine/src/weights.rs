@@ -198,6 +198,9 @@ pub fn down_crossover_share(dtype: DType) -> f32 {
         // Not measured: the ternary formats' axpy is the K-quants' generic one over their
         // blocks decoded to int8, as the K-quants'.
         DType::TQ1_0 | DType::TQ2_0 => 0.2,
+        // Not measured: the lattice formats' axpy is the same generic one over their
+        // gathered codebook points.
+        DType::IQ3_XXS | DType::IQ3_S | DType::IQ1_S | DType::IQ1_M => 0.2,
     }
 }
 

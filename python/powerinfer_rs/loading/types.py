@@ -43,6 +43,10 @@ BLOCK_LAYOUT: dict[str, tuple[int, int]] = {
     "MXFP4": (32, 17),
     "TQ1_0": (256, 54),
     "TQ2_0": (256, 66),
+    "IQ3_XXS": (256, 98),
+    "IQ3_S": (256, 110),
+    "IQ1_S": (256, 50),
+    "IQ1_M": (256, 56),
 }
 
 SUPPORTED_DTYPES: tuple[str, ...] = tuple(BLOCK_LAYOUT)

@@ -32,13 +32,21 @@ K_FALLBACK = {
 
 #: The formats whose ``down_t`` is re-encoded in another format where its rows fit (the ternary
 #: ones in Q8_0: one ternary scale cannot hold the 256 source rows' scales a transposed block
-#: gathers; crates/engine/src/transpose.rs ``transposed_format``).
-TRANSPOSED_FORMAT = {"TQ1_0": "Q8_0", "TQ2_0": "Q8_0"}
+#: gathers; the lattice i-quants in Q8_0: we have no encoder for them;
+#: crates/engine/src/transpose.rs ``transposed_format``).
+TRANSPOSED_FORMAT = {
+    "TQ1_0": "Q8_0",
+    "TQ2_0": "Q8_0",
+    "IQ3_XXS": "Q8_0",
+    "IQ3_S": "Q8_0",
+    "IQ1_S": "Q8_0",
+    "IQ1_M": "Q8_0",
+}
 
 #: The weight formats the GPU kernels take (crates/cuda/src/kernels.rs ``GPU_DTYPES``, exported as
 #: ``_core.GPU_DTYPES``); the engine refuses a plan putting a matrix in any other (Q2_K, Q3_K) on
 #: the GPU, so the planner keeps those parts on the CPU; the decoded formats (IQ4_NL, IQ4_XS,
-#: MXFP4, TQ1_0, TQ2_0) go there converted (:data:`GPU_UPLOAD_AS`).
+#: MXFP4, TQ1_0, TQ2_0, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) go there converted (:data:`GPU_UPLOAD_AS`).
 GPU_DTYPES = (
     "F32",
     "F16",

@@ -314,7 +314,8 @@ macro_rules! with_tile_format {
                 $body
             })*
             DType::F32 | DType::F16 | DType::BF16 => unreachable!("float format in the int tile"),
-            DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4 | DType::TQ1_0 | DType::TQ2_0 => {
+            DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4 | DType::TQ1_0 | DType::TQ2_0
+            | DType::IQ3_XXS | DType::IQ3_S | DType::IQ1_S | DType::IQ1_M => {
                 unreachable!("no int tile for the decoded formats (XTile::new declines them)")
             }
         }

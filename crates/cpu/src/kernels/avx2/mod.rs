@@ -23,9 +23,12 @@ pub(crate) mod int8;
 mod int8_formats;
 mod int8_rows;
 mod int_tile;
+mod iq1;
+mod iq3;
 pub(crate) mod interleaved;
 mod kquant;
 mod kv_passes;
+mod lattice;
 mod q4_axpy;
 mod quant;
 mod read;
@@ -483,6 +486,10 @@ unsafe fn int16_rows_avx2<const R: usize, const FETCH: bool>(
             DType::IQ4_XS => kquant::rows_i16::<table::IQ4XS, R, FETCH>(p, next, xq, out),
             DType::TQ1_0 => kquant::rows_i16::<ternary::TQ1, R, FETCH>(p, next, xq, out),
             DType::TQ2_0 => kquant::rows_i16::<ternary::TQ2, R, FETCH>(p, next, xq, out),
+            DType::IQ3_XXS => kquant::rows_i16::<iq3::IQ3XXS, R, FETCH>(p, next, xq, out),
+            DType::IQ3_S => kquant::rows_i16::<iq3::IQ3S, R, FETCH>(p, next, xq, out),
+            DType::IQ1_S => kquant::rows_i16::<iq1::IQ1S, R, FETCH>(p, next, xq, out),
+            DType::IQ1_M => kquant::rows_i16::<iq1::IQ1M, R, FETCH>(p, next, xq, out),
             DType::F32 | DType::F16 | DType::BF16 => {}
         }
     }

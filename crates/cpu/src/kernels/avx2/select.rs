@@ -6,7 +6,7 @@
 
 use super::formats::{Bf16, Format, F16, F32};
 use super::row_group::RowGroup;
-use super::{dequant, dot, kquant, q4_axpy, quant, rows, table, ternary};
+use super::{dequant, dot, iq1, iq3, kquant, q4_axpy, quant, rows, table, ternary};
 
 /// `$body` with the type `$F` standing for the [`Format`] of the runtime dtype `$dtype`.
 macro_rules! with_format {
@@ -15,11 +15,13 @@ macro_rules! with_format {
             F32 = f::F32, F16 = f::F16, BF16 = f::Bf16, Q8_0 = q::Q8_0, Q4_0 = q::Q4_0, Q4_1 = q::Q4_1,
             Q5_0 = q::Q5_0, Q5_1 = q::Q5_1, Q2_K = k::Q2K, Q3_K = k::Q3K, Q4_K = k::Q4K,
             Q5_K = k::Q5K, Q6_K = k::Q6K, IQ4_NL = t::IQ4NL, IQ4_XS = t::IQ4XS, MXFP4 = t::MXFP4,
-            TQ1_0 = tq::TQ1, TQ2_0 = tq::TQ2)
+            TQ1_0 = tq::TQ1, TQ2_0 = tq::TQ2, IQ3_XXS = i3::IQ3XXS, IQ3_S = i3::IQ3S,
+            IQ1_S = i1::IQ1S, IQ1_M = i1::IQ1M)
     };
     (@ $dtype:expr, $F:ident => $body:expr; $($d:ident = $t:ty),*) => {{
         use $crate::kernels::avx2::{
-            formats as f, kquant as k, quant as q, table as t, ternary as tq,
+            formats as f, iq1 as i1, iq3 as i3, kquant as k, quant as q, table as t,
+            ternary as tq,
         };
         match $dtype {
             $(powerinfer_core::DType::$d => {
@@ -111,4 +113,5 @@ impl_format!(quant:
     table::MXFP4 => rows::quant_axpy::<Self, R>
 );
 impl_format!(k: kquant::Q2K, kquant::Q3K, kquant::Q4K, kquant::Q5K, kquant::Q6K, table::IQ4XS,
-    ternary::TQ1, ternary::TQ2);
+    ternary::TQ1, ternary::TQ2, iq3::IQ3XXS, iq3::IQ3S, iq1::IQ1S,
+    iq1::IQ1M);
