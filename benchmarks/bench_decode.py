@@ -65,7 +65,7 @@ SYNTH_SHAPE = dict(dim=2048, ffn=5504, layers=8, heads=16, kv_heads=16, vocab=32
 #: matrix in the format, from the F32 synthetic model; testing.ggml_quantizer).
 LATTICE = ("IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
 #: Their shape: every row whole 256-weight super-blocks, small enough for IQ1's search.
-LATTICE_SHAPE = dict(dim=1024, ffn=2816, layers=6, heads=8, kv_heads=8, vocab=8192)
+LATTICE_SHAPE = dict(dim=1024, ffn=2816, layers=10, heads=8, kv_heads=8, vocab=8192)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,7 +313,7 @@ def main(argv=None) -> int:
         help="use a synthetic llama (dim 2048, ffn 5504, 8 layers, 16/16 heads, "
         "vocab 32000) of this dtype, written once into --cache (K-quants, IQ4_XS, TQ*: ffn_down, "
         "whose rows of 5504 are not whole super-blocks, takes llama.cpp's 32-weight fallback; "
-        "the lattice IQ3_XXS..IQ1_M: dim 1024, ffn 2816, 6 layers, vocab 8192, every matrix in "
+        "the lattice IQ3_XXS..IQ1_M: dim 1024, ffn 2816, 10 layers, vocab 8192, every matrix in "
         "the format, by llama.cpp's quantizer)",
     )
     ap.add_argument(
