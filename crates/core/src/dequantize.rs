@@ -37,8 +37,14 @@ pub fn dequantize_block(dtype: DType, b: &[u8], out: &mut [f32]) {
             }
         }
         DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => legacy_block(dtype, b, out),
-        DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4 | DType::TQ1_0 | DType::TQ2_0
-        | DType::IQ3_XXS | DType::IQ3_S | DType::IQ1_S => {
+        DType::IQ4_NL
+        | DType::IQ4_XS
+        | DType::MXFP4
+        | DType::TQ1_0
+        | DType::TQ2_0
+        | DType::IQ3_XXS
+        | DType::IQ3_S
+        | DType::IQ1_S => {
             let mut d = [0f32; 8];
             let mut q = [0i8; 256];
             unpack_table(dtype, b, &mut d, &mut q);

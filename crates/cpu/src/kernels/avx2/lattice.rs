@@ -64,7 +64,12 @@ pub(super) fn per32(d: [f32; 8]) -> [__m256; 2] {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn per16(d: [f32; 16]) -> [__m256; 2] {
     // SAFETY: sixteen f32 on the stack, unaligned loads.
-    unsafe { [_mm256_loadu_ps(d.as_ptr()), _mm256_loadu_ps(d.as_ptr().add(8))] }
+    unsafe {
+        [
+            _mm256_loadu_ps(d.as_ptr()),
+            _mm256_loadu_ps(d.as_ptr().add(8)),
+        ]
+    }
 }
 
 /// [`KFormat`] and [`Int8Format`] for a lattice format: its block bytes, whether its scales are
@@ -123,7 +128,10 @@ macro_rules! impl_lattice {
 
             #[inline]
             #[target_feature(enable = "avx2,fma,f16c")]
-            unsafe fn decode(p: *const u8, _n: usize) -> $crate::kernels::avx2::int8_formats::Decoded {
+            unsafe fn decode(
+                p: *const u8,
+                _n: usize,
+            ) -> $crate::kernels::avx2::int8_formats::Decoded {
                 let mut v = [_mm256_setzero_si256(); 8];
                 for (k, vk) in v.iter_mut().enumerate() {
                     // SAFETY: the block is readable per the caller; sub-block k < 8.
