@@ -149,6 +149,23 @@ mod tests {
         }
     }
 
+    /// IQ1_M's d spread over its scale words' top nibbles: an infinite one (0x7c00) is found,
+    /// the same nibbles under other scale bits too, a finite d is not.
+    #[test]
+    fn iq1_m_assembles_its_d_for_the_check() {
+        let block = |d: u16, low: u8| {
+            let mut b = vec![low; 56];
+            for i in 0..4 {
+                b[49 + 2 * i] = (low & 0x0f) | (((d >> (4 * i)) & 15) as u8) << 4;
+            }
+            b
+        };
+        let w = |b: Vec<u8>| Weight::new(DType::IQ1_M, 1, 256, Buffer::from_bytes(&b)).unwrap();
+        assert_eq!(first_non_finite_row(&w(block(0x7c00, 0))), Some(0));
+        assert_eq!(first_non_finite_row(&w(block(0x7e01, 0xff))), Some(0));
+        assert_eq!(first_non_finite_row(&w(block(0x3800, 0xff))), None);
+    }
+
     #[test]
     fn check_finite_names_the_first_bad_tensor_and_row() {
         let mut t = HashMap::new();
