@@ -61,9 +61,11 @@ DEFAULT_PROMPT = (
 
 #: Shape of the --synthetic model (a llama-7B-like layer width, few layers).
 SYNTH_SHAPE = dict(dim=2048, ffn=5504, layers=8, heads=16, kv_heads=16, vocab=32000)
-#: The lattice i-quants' --synthetic shape: every row whole 256-weight blocks, and small enough
-#: for llama.cpp's lattice search (minutes on two cores).
-LATTICE = ("IQ2_XXS", "IQ2_XS", "IQ2_S")
+#: The lattice i-quants (no encoder of ours: llama.cpp's quantizer functions write them, every
+#: matrix in the format, from the F32 synthetic model; testing.ggml_quantizer).
+LATTICE = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
+#: Their --synthetic shape: every row whole 256-weight super-blocks, small enough for the
+#: lattice searches (minutes on two cores for IQ2_XS and IQ1_S).
 LATTICE_SHAPE = dict(dim=1024, ffn=2816, layers=4, heads=8, kv_heads=8, vocab=4096)
 
 
@@ -82,9 +84,8 @@ def synthetic_model(kind: str, cache: Path, activation: str, seed: int) -> Path:
     src = synthetic_gguf(cache, "F32", {**LATTICE_SHAPE, "activation": activation}, seed=seed)
     dst = src.with_name(src.name.replace("-f32-", f"-{kind.lower()}-"))
     if not dst.is_file():
-        print(f"quantizing {dst} ...", file=sys.stderr, flush=True)
-        quantize_gguf(src, dst.with_suffix(".part"), kind)
-        os.replace(dst.with_suffix(".part"), dst)
+        print(f"quantizing {dst} with llama.cpp's quantizer ...", file=sys.stderr, flush=True)
+        quantize_gguf(src, dst.with_suffix(".part"), kind).replace(dst)
     return dst
 
 
@@ -315,8 +316,8 @@ def main(argv=None) -> int:
         help="use a synthetic llama (dim 2048, ffn 5504, 8 layers, 16/16 heads, "
         "vocab 32000) of this dtype, written once into --cache (K-quants, IQ4_XS, TQ*: ffn_down, "
         "whose rows of 5504 are not whole super-blocks, takes llama.cpp's 32-weight fallback; "
-        "IQ2_*: dim 1024, ffn 2816, 4 layers, 8/8 heads, vocab 4096, every matrix in the format, "
-        "by llama.cpp's quantizer functions)",
+        "the lattice IQ2_XXS..IQ1_M: dim 1024, ffn 2816, 4 layers, 8/8 heads, vocab 4096, every "
+        "matrix in the format, by llama.cpp's quantizer functions)",
     )
     ap.add_argument(
         "--activation",

@@ -43,6 +43,8 @@ from powerinfer_rs.testing.synth_types import TABLE_DTYPES, TERNARY_DTYPES
 
 #: The 2-bit lattice i-quants (decoded by gguf-py as well; no synthetic writer of ours).
 LATTICE_IQ2 = ("IQ2_XXS", "IQ2_XS", "IQ2_S")
+#: The 3- and 1-bit lattice i-quants (no encoder of ours; files from testing.ggml_quantizer).
+LATTICE_DTYPES = ("IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
 
 _CACHE: OrderedDict[str, dict[str, np.ndarray]] = OrderedDict()
 _CACHE_MODELS = 2
@@ -75,7 +77,7 @@ def dequantize(t: TensorData) -> np.ndarray:
         m = b[:, 2:4].copy().view(np.float16).astype(np.float32)
         out = d * _nibbles(b[:, 4:]) + m
     elif t.dtype in ("Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", *TABLE_DTYPES) or (
-        t.dtype in (*TERNARY_DTYPES, *LATTICE_IQ2, "NVFP4")
+        t.dtype in (*TERNARY_DTYPES, *LATTICE_IQ2, *LATTICE_DTYPES, "NVFP4")
     ):
         # gguf-py's numpy dequantizer: independent of the Rust decoder it checks.
         return dequantize_with_gguf(t)

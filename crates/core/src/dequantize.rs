@@ -37,7 +37,14 @@ pub fn dequantize_block(dtype: DType, b: &[u8], out: &mut [f32]) {
             }
         }
         DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => legacy_block(dtype, b, out),
-        DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4 | DType::TQ1_0 | DType::TQ2_0 => {
+        DType::IQ4_NL
+        | DType::IQ4_XS
+        | DType::MXFP4
+        | DType::TQ1_0
+        | DType::TQ2_0
+        | DType::IQ3_XXS
+        | DType::IQ3_S
+        | DType::IQ1_S => {
             let mut d = [0f32; 8];
             let mut q = [0i8; 256];
             unpack_table(dtype, b, &mut d, &mut q);
@@ -49,7 +56,7 @@ pub fn dequantize_block(dtype: DType, b: &[u8], out: &mut [f32]) {
         DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => {
             crate::dequantize_iq2::dequantize_iq2_block(dtype, b, out)
         }
-        DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K => {
+        DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ1_M => {
             let mut sub = SubScales::default();
             let mut q = [0i8; 256];
             unpack_k(dtype, b, &mut sub, &mut q);
@@ -143,11 +150,18 @@ pub fn iq4xs_scale(b: &[u8], s: usize) -> u8 {
 
 /// Split a decoded-format block ([`DType::is_decoded`]) into its per-32 scales `d` (one for
 /// IQ4_NL and MXFP4; eight for IQ4_XS: d·(scale − 32) in f32, as ggml computes it; the block's
-/// d eight times for the ternary formats) and its int8 values `q` (the first
-/// `dtype.block_size()` of them: table values, or the trits −1, 0, 1 (and TQ2_0's 2)).
+/// d eight times for the ternary formats; the lattice formats' sub-block scales, see
+/// `crate::dequantize_iq3` and `crate::dequantize_iq1`) and its int8 values `q` (the first
+/// `dtype.block_size()` of them: table values, the trits −1, 0, 1 (and TQ2_0's 2), or the
+/// lattice formats' signed codebook values).
 pub fn unpack_table(dtype: DType, b: &[u8], d: &mut [f32; 8], q: &mut [i8; 256]) {
-    if let DType::TQ1_0 | DType::TQ2_0 = dtype {
-        return unpack_ternary(dtype, b, d, q);
+    match dtype {
+        DType::TQ1_0 | DType::TQ2_0 => return unpack_ternary(dtype, b, d, q),
+        DType::IQ3_XXS => return crate::dequantize_iq3::unpack_iq3xxs(b, d, q),
+        DType::IQ3_S => return crate::dequantize_iq3::unpack_iq3s(b, d, q),
+        DType::IQ1_S => return crate::dequantize_iq1::unpack_iq1s(b, d, q),
+        DType::IQ1_M => unreachable!("IQ1_M's scales are per 16 weights: unpack_k"),
+        _ => {}
     }
     let values = table_values(dtype);
     let (sub, qs) = match dtype {
@@ -248,9 +262,10 @@ pub fn k3_scale(s: usize, sc: &[u8]) -> u8 {
 }
 
 /// Split a K-quant block into its sub-block scales and its 256 signed integer quants (Q3_K's
-/// −4 and Q6_K's −32 already applied).
+/// −4 and Q6_K's −32 already applied); IQ1_M's block (16 scales, no mins) likewise.
 pub fn unpack_k(dtype: DType, b: &[u8], sub: &mut SubScales, q: &mut [i8; 256]) {
     match dtype {
+        DType::IQ1_M => crate::dequantize_iq1::unpack_iq1m(b, sub, q),
         DType::Q2_K => {
             let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
             sub.n = 16;

@@ -68,9 +68,33 @@
 //!   negates weight 8p + j), 8 bytes qh (bits 2l..2l + 2 of qh[s] are the index's bits 8..10
 //!   for point 4s + l, into `IQ2S_GRID`), 8 bytes of scales as IQ2_XS's.
 //!
-//! The table, ternary and 2-bit lattice formats are the "decoded" ones ([`DType::is_decoded`]):
-//! a block unpacks into int8 values with one f32 scale per 32 weights (per 16 for IQ2_XS and
-//! IQ2_S) and no mins (`crate::dequantize::unpack_table`, `crate::dequantize_iq2::unpack_iq2`).
+//! The 3- and 1-bit lattice i-quants ([`DType::LATTICE_IQ3_IQ1`]; ggml's `block_iq3_xxs`,
+//! `block_iq3_s`, `block_iq1_s`, `block_iq1_m`) store 256 weights as indices into fixed
+//! codebooks of 4 or 8 weights (`crate::lattice_grids`), a scale per 32-weight sub-block (IQ1_M:
+//! per 16) relative to one f16 `d`:
+//! - `IQ3_XXS` (98 bytes): f16 `d`, 64 bytes `qs` (a 4-weight point of `IQ3XXS_GRID` each:
+//!   weights 4k..4k + 4 take point qs[k]), then per sub-block s a u32 at 66 + 4s: four 7-bit
+//!   sign indices (bits 7l.., into `KSIGNS`: bit j negates weight 8l + j of the sub-block) and a
+//!   4-bit `ls` on top; w = (d·(0.5 + ls)·0.5)·(±grid).
+//! - `IQ3_S` (110 bytes): f16 `d`, 64 bytes `qs` (low 8 bits of point indices into the 512 of
+//!   `IQ3S_GRID`), 8 bytes `qh` (bit k of qh[s]: bit 8 of sub-block s's index k), 32 bytes
+//!   `signs` (byte 4s + l, bit j: weight 8l + j of sub-block s negated), 4 bytes of 4-bit
+//!   scales (sub-block s: nibble s % 2 of byte s / 2); w = (d·(1 + 2·sc))·(±grid).
+//! - `IQ1_S` (50 bytes): f16 `d`, 32 bytes `qs` (low 8 bits of indices into the 2,048 8-weight
+//!   points of `IQ1S_GRID`, values −1, 0, 1), 8 × u16 `qh` (sub-block s: bits 3l..3l + 3 the
+//!   high bits of group l's index, bits 12..15 the scale k, bit 15 the sign of δ = ±1/8);
+//!   w = (d·(2k + 1))·(g + δ).
+//! - `IQ1_M` (56 bytes): 32 bytes `qs` (low index bits, as IQ1_S), 16 bytes `qh` (group l of
+//!   sub-block s: nibble l % 2 of qh[2s + l / 2], bits 0..3 the index's high bits, bit 3 the
+//!   sign of its own δ), 8 bytes of four u16 scale words: a 3-bit k per 16 weights (half j of
+//!   sub-block s: bits 6(s % 2) + 3j of word s / 2) and the f16 `d` in the words' top nibbles
+//!   (word i: bits 4i..4i + 4 of d); w = (d·(2k + 1))·(g + δ).
+//!
+//! The table, ternary and lattice formats are the "decoded" ones ([`DType::is_decoded`]): a
+//! block unpacks into int8 values with one f32 scale per 32 weights (per 16 for IQ2_XS, IQ2_S
+//! and IQ1_M) and no mins (`crate::dequantize::unpack_table`, `crate::dequantize_iq2::unpack_iq2`,
+//! IQ1_M through `crate::dequantize::unpack_k`). The lattice formats have no encoder of ours
+//! ([`DType::has_encoder`]).
 //!
 //! The low-bit formats ([`DType::LOWBIT`]; ggml's `block_nvfp4`, `block_q1_0`, `block_q2_0`)
 //! unpack into int8 values with one f32 scale per 16 weights (`crate::lowbit::unpack_lowbit`):
@@ -114,14 +138,18 @@ pub enum DType {
     IQ2_XXS,
     IQ2_XS,
     IQ2_S,
+    IQ3_XXS,
+    IQ3_S,
+    IQ1_S,
+    IQ1_M,
 }
 
 impl DType {
     /// Every supported format, for tests and tables: [`DType::BASIC`], Q5_0, Q5_1,
-    /// [`DType::K_QUANTS`], [`DType::TABLE`], [`DType::TERNARY`], [`DType::LOWBIT`], then
-    /// [`DType::LATTICE_IQ2`]. A format's index here is its id in the files we write (neuron
-    /// store, down_t): new formats are appended.
-    pub const ALL: [DType; 24] = DType::join(&[
+    /// [`DType::K_QUANTS`], [`DType::TABLE`], [`DType::TERNARY`], [`DType::LOWBIT`],
+    /// [`DType::LATTICE_IQ2`], then [`DType::LATTICE_IQ3_IQ1`]. A format's index here is its id
+    /// in the files we write (neuron store, down_t): new formats are appended.
+    pub const ALL: [DType; 28] = DType::join(&[
         &DType::BASIC,
         &[DType::Q5_0, DType::Q5_1],
         &DType::K_QUANTS,
@@ -129,6 +157,7 @@ impl DType {
         &DType::TERNARY,
         &DType::LOWBIT,
         &DType::LATTICE_IQ2,
+        &DType::LATTICE_IQ3_IQ1,
     ]);
 
     /// The formats of one value or 32 weights per block that every backend (the GPU kernels
@@ -161,6 +190,9 @@ impl DType {
     pub const LOWBIT: [DType; 3] = [DType::NVFP4, DType::Q1_0, DType::Q2_0];
     /// The 2-bit lattice i-quants (see the module docs).
     pub const LATTICE_IQ2: [DType; 3] = [DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S];
+    /// The 3- and 1-bit lattice i-quants (see the module docs).
+    pub const LATTICE_IQ3_IQ1: [DType; 4] =
+        [DType::IQ3_XXS, DType::IQ3_S, DType::IQ1_S, DType::IQ1_M];
 
     /// `parts` one after the other, in order (for the format lists above, built at compile
     /// time); `N` must be their total length.
@@ -203,6 +235,7 @@ impl DType {
             DType::NVFP4 | DType::Q2_0 => 64,
             DType::Q1_0 => 128,
             DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => 256,
+            DType::IQ3_XXS | DType::IQ3_S | DType::IQ1_S | DType::IQ1_M => 256,
         }
     }
 
@@ -231,6 +264,10 @@ impl DType {
             DType::IQ2_XXS => 66,
             DType::IQ2_XS => 74,
             DType::IQ2_S => 82,
+            DType::IQ3_XXS => 98,
+            DType::IQ3_S => 110,
+            DType::IQ1_S => 50,
+            DType::IQ1_M => 56,
         }
     }
 
@@ -257,6 +294,10 @@ impl DType {
             DType::Q6_K => &[208],
             DType::TQ1_0 => &[52],
             DType::TQ2_0 => &[64],
+            DType::IQ3_XXS | DType::IQ3_S | DType::IQ1_S => &[0],
+            // d spread over the scale words' top nibbles (`crate::dequantize_iq1::iq1m_d`):
+            // the load-time check assembles it.
+            DType::IQ1_M => &[],
         }
     }
 
@@ -266,22 +307,34 @@ impl DType {
     }
 
     /// True for the decoded formats, [`DType::TABLE`], [`DType::TERNARY`] and
-    /// [`DType::LATTICE_IQ2`]: a block unpacks into int8 values with a scale per 32 weights
-    /// (`crate::dequantize::unpack_table`; per 16 for IQ2_XS and IQ2_S,
-    /// `crate::dequantize_iq2::unpack_iq2`). They have no GPU kernels of their own (converted
-    /// to Q8_0 at upload) and no integer tile.
+    /// [`DType::LATTICE_IQ2`], [`DType::LATTICE_IQ3_IQ1`]: a block unpacks into int8 values
+    /// with a scale per 32 weights (`crate::dequantize::unpack_table`; per 16 for IQ2_XS and
+    /// IQ2_S, `crate::dequantize_iq2::unpack_iq2`, and IQ1_M, `crate::dequantize::unpack_k`).
+    /// They have no GPU kernels of their own (converted to Q8_0 at upload) and no integer tile.
     pub const fn is_decoded(self) -> bool {
         matches!(
             self,
-            DType::IQ4_NL
-                | DType::IQ4_XS
-                | DType::MXFP4
-                | DType::TQ1_0
-                | DType::TQ2_0
-                | DType::IQ2_XXS
+            DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4 | DType::TQ1_0 | DType::TQ2_0
+        ) || self.is_lattice()
+    }
+
+    /// True for the lattice i-quants, [`DType::LATTICE_IQ2`] and [`DType::LATTICE_IQ3_IQ1`].
+    pub const fn is_lattice(self) -> bool {
+        matches!(
+            self,
+            DType::IQ2_XXS
                 | DType::IQ2_XS
                 | DType::IQ2_S
+                | DType::IQ3_XXS
+                | DType::IQ3_S
+                | DType::IQ1_S
+                | DType::IQ1_M
         )
+    }
+
+    /// Whether [`crate::quantize_row`] encodes this format (all but the lattice i-quants).
+    pub const fn has_encoder(self) -> bool {
+        !self.is_lattice()
     }
 
     /// True for the low-bit formats, [`DType::LOWBIT`]: a block unpacks into int8 values with a
@@ -331,6 +384,10 @@ impl DType {
             DType::IQ2_XXS => "IQ2_XXS",
             DType::IQ2_XS => "IQ2_XS",
             DType::IQ2_S => "IQ2_S",
+            DType::IQ3_XXS => "IQ3_XXS",
+            DType::IQ3_S => "IQ3_S",
+            DType::IQ1_S => "IQ1_S",
+            DType::IQ1_M => "IQ1_M",
         }
     }
 
@@ -385,5 +442,9 @@ mod tests {
         assert_eq!(DType::Q2_0.row_bytes(576).unwrap(), 162);
         assert_eq!(DType::Q1_0.row_bytes(512).unwrap(), 72);
         assert!(matches!(DType::Q1_0.row_bytes(576), Err(Error::Shape(_))));
+        assert_eq!(DType::IQ3_XXS.row_bytes(512).unwrap(), 196);
+        assert_eq!(DType::IQ3_S.row_bytes(256).unwrap(), 110);
+        assert_eq!(DType::IQ1_S.row_bytes(768).unwrap(), 150);
+        assert_eq!(DType::IQ1_M.row_bytes(512).unwrap(), 112);
     }
 }

@@ -13,8 +13,9 @@ use crate::quantize_lowbit::{nvfp4_block, q1_0_block, q2_0_block};
 use crate::quantize_table::{iq4_nl_block, iq4_xs_block, mxfp4_block};
 use crate::quantize_ternary::{tq1_0_block, tq2_0_block};
 
-/// Encode `src` (one row) as `dtype` into `dst` (exactly `dtype.row_bytes(src.len())` bytes).
-/// The 2-bit lattice formats ([`DType::LATTICE_IQ2`]) have no encoder here: `Unsupported`.
+/// Encode `src` (one row) as `dtype` into `dst` (exactly `dtype.row_bytes(src.len())` bytes);
+/// `Error::Unsupported` for the lattice i-quants, which we read but do not write
+/// ([`DType::has_encoder`]).
 pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
     dtype.check_row(src.len(), dst.len())?;
     match dtype {
@@ -39,11 +40,19 @@ pub fn quantize_row(dtype: DType, src: &[f32], dst: &mut [u8]) -> Result<()> {
         DType::NVFP4 => per_block(dtype, src, dst, nvfp4_block),
         DType::Q1_0 => per_block(dtype, src, dst, q1_0_block),
         DType::Q2_0 => per_block(dtype, src, dst, q2_0_block),
-        DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => {
+        // No encoder of ours (`DType::has_encoder`): their files come from llama.cpp's quantizer
+        // (importance-matrix searches over the codebooks).
+        DType::IQ2_XXS
+        | DType::IQ2_XS
+        | DType::IQ2_S
+        | DType::IQ3_XXS
+        | DType::IQ3_S
+        | DType::IQ1_S
+        | DType::IQ1_M => {
             crate::bail!(
                 Unsupported,
-                "no encoder for {dtype} (a lattice search under an importance matrix: use \
-                 llama.cpp's quantizer)"
+                "no encoder for {dtype}, a read-only format (a lattice search under an \
+                 importance matrix: use llama.cpp's quantizer)"
             )
         }
     }

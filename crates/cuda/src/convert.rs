@@ -1,10 +1,11 @@
 //! The formats the GPU takes by conversion at upload: the decoded formats (the table formats
-//! IQ4_NL, IQ4_XS, MXFP4, the ternary TQ1_0, TQ2_0 and the 2-bit lattice IQ2_XXS, IQ2_XS,
-//! IQ2_S) and the low-bit ones (NVFP4, Q1_0, Q2_0) have no GPU kernels of their own; their
-//! rows are re-encoded on the way to the device ([`device_dtype`], [`device_rows`]) as Q8_0
-//! (NVFP4: F16), and the device kernels, the slabs and the plan's accounting see those rows
-//! (34 bytes per 32 weights where the host holds 18, 17, 17, 6.75, 8.25, 8.25, 9.25, 10.25,
-//! 4.5 or 9; NVFP4's 2 bytes a weight where the host holds 0.5625).
+//! IQ4_NL, IQ4_XS, MXFP4, the ternary TQ1_0, TQ2_0 and the lattice IQ2_XXS, IQ2_XS, IQ2_S,
+//! IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) and the low-bit ones (NVFP4, Q1_0, Q2_0) have no GPU kernels
+//! of their own; their rows are re-encoded on the way to the device ([`device_dtype`],
+//! [`device_rows`]) as Q8_0 (NVFP4: F16), and the device kernels, the slabs and the plan's
+//! accounting see those rows (34 bytes per 32 weights where the host holds 18, 17, 17, 6.75,
+//! 8.25, 8.25, 9.25, 10.25, 12.25, 13.75, 6.25, 7, 4.5 or 9; NVFP4's 2 bytes a weight where the
+//! host holds 0.5625).
 //!
 //! The conversion, per 32 weights (w = scale·value, the value an int8 of the format's table):
 //! - IQ4_NL: d and the values as they are: exact (the same f32 products).
@@ -28,13 +29,23 @@
 //!   .. 240) times a doubled E2M1 value (at most 2 significant bits, up to 12), so at most 6
 //!   significant bits between 2^−10 and 2,880: inside f16's normal range. (Q8_0 cannot hold it
 //!   exactly: a 32-weight Q8_0 block has one scale where NVFP4 has two, of any ratio.)
+//! - IQ3_XXS, IQ3_S, IQ1_S: each 32-weight sub-block's scale (d·(0.5 + ls)·0.5, d·(1 + 2·sc),
+//!   d·(2k + 1) / 8; f32 as the CPU computes it) rounded to f16, the signed codebook values
+//!   (at most 62, 15 and 9 in magnitude) as they are: one f16 rounding of the sub-block scale,
+//!   relative 2^−11 at most (while the scale stays in f16's normal range: |d| below 2^15 for
+//!   IQ3_XXS and IQ3_S, below 2^15·8/15 for IQ1_S; larger scales saturate at f16's
+//!   largest).
+//! - IQ1_M: its scales are per 16 weights, Q8_0's per 32: the weights are decoded (the CPU's
+//!   values) and encoded as Q8_0 (d = max|w| / 127 rounded to f16, q = round(w / d)): each
+//!   weight within half a step, max|w| / 254 of its 32-block, plus the f16 rounding of d
+//!   (relative 2^−11 of the weight).
 
 use std::borrow::Cow;
 
 use half::f16;
 use powerinfer_core::dequantize::unpack_table;
 use powerinfer_core::dequantize_iq2::unpack_iq2;
-use powerinfer_core::{ensure, quantize_row, DType, Result};
+use powerinfer_core::{dequantize_row, ensure, quantize_row, DType, Result};
 
 /// The format `dtype`'s rows take on a device: F16 for NVFP4, Q8_0 for the other converted
 /// formats, else `dtype`.
@@ -67,6 +78,9 @@ pub fn device_rows(dtype: DType, cols: usize, rows: &[u8]) -> Result<Cow<'_, [u8
     if dtype.is_lowbit() {
         return Ok(Cow::Owned(lowbit_rows(dtype, rows)));
     }
+    if dtype == DType::IQ1_M {
+        return Ok(Cow::Owned(requantized_q8_0(dtype, cols, rows)?));
+    }
     let n_blocks = rows.len() / dtype.block_bytes();
     let sub = dtype.block_size() / 32;
     let mut out = vec![0u8; n_blocks * sub * 34];
@@ -85,7 +99,7 @@ pub fn device_rows(dtype: DType, cols: usize, rows: &[u8]) -> Result<Cow<'_, [u8
             let ds = if per16 { d[2 * s] } else { d[s] };
             let (scale, shift) = match dtype {
                 DType::MXFP4 => mxfp4_scale(d[0]),
-                _ => (f16::from_f32(ds), 0),
+                _ => (f16::from_f32(ds.clamp(-F16_MAX, F16_MAX)), 0),
             };
             blk[..2].copy_from_slice(&scale.to_le_bytes());
             for (qo, &v) in blk[2..].iter_mut().zip(vals) {
@@ -148,6 +162,21 @@ fn lowbit_rows(dtype: DType, rows: &[u8]) -> Vec<u8> {
     }
     out
 }
+/// `rows` (whole rows of `cols` in `dtype`) decoded and encoded again as Q8_0 (IQ1_M: its
+/// scales per 16 weights have no per-32 Q8_0 form; see the module docs).
+fn requantized_q8_0(dtype: DType, cols: usize, rows: &[u8]) -> Result<Vec<u8>> {
+    let (rb, qb) = (dtype.row_bytes(cols)?, DType::Q8_0.row_bytes(cols)?);
+    let mut out = vec![0u8; rows.len() / rb * qb];
+    let mut w = vec![0f32; cols];
+    for (r, o) in rows.chunks_exact(rb).zip(out.chunks_exact_mut(qb)) {
+        dequantize_row(dtype, r, &mut w)?;
+        quantize_row(DType::Q8_0, &w, o)?;
+    }
+    Ok(out)
+}
+
+/// f16's largest finite value: sub-block scales past it saturate there.
+const F16_MAX: f32 = 65504.0;
 
 /// An MXFP4 block scale 2^s (f32, exact) as a Q8_0 f16 scale and the shift of the values
 /// (see the module docs): exact in f16 where s − shift lies in −24..=15.
@@ -160,7 +189,6 @@ fn mxfp4_scale(d: f32) -> (f16, u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use powerinfer_core::dequantize_row;
 
     fn rows(dtype: DType, n: usize, seed: u64) -> Vec<u8> {
         let mut s = seed;
@@ -175,6 +203,14 @@ mod tests {
         for b in out.chunks_exact_mut(dtype.block_bytes()) {
             match dtype {
                 DType::MXFP4 => b[0] = 104 + b[0] % 43, // s = −24..=18
+                DType::IQ1_M => {
+                    // d in the top nibbles of the four scale words.
+                    let d = f16::from_f32(0.001 * (b[0] as f32 - 128.0)).to_bits();
+                    for i in 0..4 {
+                        let w = 49 + 2 * i;
+                        b[w] = (b[w] & 0x0f) | (((d >> (4 * i)) & 15) as u8) << 4;
+                    }
+                }
                 _ => {
                     let at = dtype.f16_fields()[0];
                     let d = f16::from_f32(0.001 * (b[0] as f32 - 128.0));
@@ -186,8 +222,8 @@ mod tests {
     }
 
     #[test]
-    fn iq4_nl_mxfp4_and_ternary_convert_exactly_iq4_xs_within_an_f16_scale() {
-        for dtype in [&DType::TABLE[..], &DType::TERNARY].concat() {
+    fn iq4_nl_mxfp4_and_ternary_convert_exactly_iq4_xs_and_lattice_within_an_f16_scale() {
+        for dtype in [&DType::TABLE[..], &DType::TERNARY, &DType::LATTICE_IQ3_IQ1].concat() {
             let cols = 512;
             let raw = rows(dtype, 3 * dtype.row_bytes(cols).unwrap(), 9);
             let conv = device_rows(dtype, cols, &raw).unwrap();
@@ -197,9 +233,15 @@ mod tests {
             dequantize_row(DType::Q8_0, &conv, &mut got).unwrap();
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 match dtype {
-                    DType::IQ4_XS => {
+                    DType::IQ4_XS | DType::IQ3_XXS | DType::IQ3_S | DType::IQ1_S => {
                         let tol = w.abs() * (2f32.powi(-11) + 2f32.powi(-22));
                         assert!((g - w).abs() <= tol, "{i}: {g} vs {w}")
+                    }
+                    DType::IQ1_M => {
+                        let blk = &want[i / 32 * 32..i / 32 * 32 + 32];
+                        let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+                        let tol = amax / 254.0 * 1.001 + w.abs() * 2f32.powi(-10);
+                        assert!((g - w).abs() <= tol, "IQ1_M {i}: {g} vs {w}")
                     }
                     _ => assert_eq!(g.to_bits(), w.to_bits(), "{dtype} weight {i}: {g} vs {w}"),
                 }

@@ -8,7 +8,7 @@ use powerinfer_core::{ensure, DType, Result};
 
 /// Every weight format the GPU kernels take: each per-format kernel is instantiated once for
 /// each (`<prefix>_<suffix>`, see [`dtype_suffix`]). The rest (Q2_K, Q3_K and the decoded
-/// formats IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0, IQ2_XXS, IQ2_XS, IQ2_S and the low-bit NVFP4,
+/// formats IQ4_NL, IQ4_XS, MXFP4, TQ1_0, TQ2_0, the lattice i-quants and the low-bit NVFP4,
 /// Q1_0, Q2_0, which `crate::convert` turns into Q8_0 or F16 at upload)
 /// have no kernels of their own;
 /// [`crate::ops`] refuses them with `Error::Unsupported` before anything is uploaded.
@@ -175,6 +175,10 @@ pub const fn dtype_suffix(d: DType) -> &'static str {
         DType::IQ2_XXS => "iq2_xxs",
         DType::IQ2_XS => "iq2_xs",
         DType::IQ2_S => "iq2_s",
+        DType::IQ3_XXS => "iq3_xxs",
+        DType::IQ3_S => "iq3_s",
+        DType::IQ1_S => "iq1_s",
+        DType::IQ1_M => "iq1_m",
     }
 }
 
@@ -196,6 +200,7 @@ mod tests {
             &DType::TERNARY,
             &DType::LOWBIT,
             &DType::LATTICE_IQ2,
+            &DType::LATTICE_IQ3_IQ1,
         ]
         .concat();
         assert_eq!(off, [&[DType::Q2_K, DType::Q3_K][..], &decoded].concat());

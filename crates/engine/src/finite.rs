@@ -8,7 +8,8 @@ use rayon::prelude::*;
 
 /// True when a row holds a NaN or an infinity: every value of the float formats, the f16
 /// scale (and min) fields of the block formats (their quantized integers are always finite),
-/// and for MXFP4 the weights its largest exponents make infinite ([`mxfp4_overflows`]).
+/// for MXFP4 the weights its largest exponents make infinite ([`mxfp4_overflows`]), and for
+/// IQ1_M its d, assembled from the scale words' top nibbles.
 /// Bit tests on all-ones exponents, folded without early exit so the loops vectorise.
 fn row_has_non_finite(dtype: DType, row: &[u8]) -> bool {
     let u16_at = |b: &[u8], i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
@@ -26,6 +27,9 @@ fn row_has_non_finite(dtype: DType, row: &[u8]) -> bool {
         DType::MXFP4 => row
             .chunks_exact(dtype.block_bytes())
             .fold(false, |bad, b| bad | mxfp4_overflows(b)),
+        DType::IQ1_M => row.chunks_exact(56).fold(false, |bad, b| {
+            bad | !powerinfer_core::dequantize_iq1::iq1m_d(b).is_finite()
+        }),
         _ => row.chunks_exact(dtype.block_bytes()).fold(false, |bad, b| {
             let fields = dtype.f16_fields().iter();
             bad | fields.fold(false, |f, &at| f | (u16_at(b, at) & 0x7c00 == 0x7c00))
@@ -98,7 +102,8 @@ mod tests {
     fn non_finite_values_are_found_in_every_format() {
         let nan16 = f16::NAN.to_le_bytes();
         let inf16 = f16::NEG_INFINITY.to_le_bytes();
-        for dtype in DType::ALL {
+        // The formats we encode (the lattice ones: tests/test_lattice_iq3_iq1.py's files).
+        for dtype in DType::ALL.into_iter().filter(|d| d.has_encoder()) {
             assert_eq!(
                 first_non_finite_row(&weight(dtype, |_, _| {})),
                 None,
@@ -142,6 +147,23 @@ mod tests {
             });
             assert_eq!(first_non_finite_row(&w), Some(1), "{dtype}");
         }
+    }
+
+    /// IQ1_M's d spread over its scale words' top nibbles: an infinite one (0x7c00) is found,
+    /// the same nibbles under other scale bits too, a finite d is not.
+    #[test]
+    fn iq1_m_assembles_its_d_for_the_check() {
+        let block = |d: u16, low: u8| {
+            let mut b = vec![low; 56];
+            for i in 0..4 {
+                b[49 + 2 * i] = (low & 0x0f) | (((d >> (4 * i)) & 15) as u8) << 4;
+            }
+            b
+        };
+        let w = |b: Vec<u8>| Weight::new(DType::IQ1_M, 1, 256, Buffer::from_bytes(&b)).unwrap();
+        assert_eq!(first_non_finite_row(&w(block(0x7c00, 0))), Some(0));
+        assert_eq!(first_non_finite_row(&w(block(0x7e01, 0xff))), Some(0));
+        assert_eq!(first_non_finite_row(&w(block(0x3800, 0xff))), None);
     }
 
     #[test]

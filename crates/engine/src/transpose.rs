@@ -29,7 +29,7 @@ pub fn transposed_dtype(w: impl Into<MatrixShape>) -> DType {
 }
 
 /// The format a transpose of `dtype` is re-encoded in where its rows are whole blocks of it:
-/// `dtype` itself, but Q8_0 for the ternary formats. A transposed block gathers one weight from
+/// `dtype` itself, but Q8_0 for the ternary and the lattice formats. A transposed block gathers one weight from
 /// each of 256 source rows, each row's block with its own scale; one ternary scale and three
 /// levels cannot hold them (re-encoded ternary, exact-relu decoding of a synthetic ReLU model
 /// left dense by 7% of the logits, where the other formats stay within the test's 5%); Q8_0
@@ -44,6 +44,8 @@ pub const fn transposed_format(dtype: DType) -> DType {
         DType::TQ1_0 | DType::TQ2_0 => DType::Q8_0,
         DType::NVFP4 | DType::Q1_0 | DType::Q2_0 => DType::Q8_0,
         DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => DType::Q8_0,
+        // No encoder of ours (`DType::has_encoder`); Q8_0 holds the gathered scales too.
+        DType::IQ3_XXS | DType::IQ3_S | DType::IQ1_S | DType::IQ1_M => DType::Q8_0,
         other => other,
     }
 }

@@ -203,6 +203,9 @@ pub fn down_crossover_share(dtype: DType) -> f32 {
         // Not measured: the 2-bit lattice formats' axpy is the same generic one over their
         // grid points gathered and signed.
         DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => 0.2,
+        // Not measured: the lattice formats' axpy is the same generic one over their
+        // gathered codebook points.
+        DType::IQ3_XXS | DType::IQ3_S | DType::IQ1_S | DType::IQ1_M => 0.2,
     }
 }
 

@@ -49,6 +49,10 @@ BLOCK_LAYOUT: dict[str, tuple[int, int]] = {
     "IQ2_XXS": (256, 66),
     "IQ2_XS": (256, 74),
     "IQ2_S": (256, 82),
+    "IQ3_XXS": (256, 98),
+    "IQ3_S": (256, 110),
+    "IQ1_S": (256, 50),
+    "IQ1_M": (256, 56),
 }
 
 SUPPORTED_DTYPES: tuple[str, ...] = tuple(BLOCK_LAYOUT)

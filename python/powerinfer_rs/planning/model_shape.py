@@ -33,9 +33,9 @@ K_FALLBACK = {
 }
 
 #: The formats whose ``down_t`` is re-encoded in another format where its rows fit (the ternary,
-#: low-bit and 2-bit lattice ones in Q8_0: one ternary, Q1_0 or Q2_0 scale cannot hold the
-#: source rows' scales a transposed block gathers, NVFP4 would round each weight twice, and the
-#: lattice ones have no encoder of ours; crates/engine/src/transpose.rs ``transposed_format``).
+#: low-bit and lattice ones in Q8_0: one ternary, Q1_0 or Q2_0 scale cannot hold the source
+#: rows' scales a transposed block gathers, NVFP4 would round each weight twice, and the lattice
+#: i-quants have no encoder of ours; crates/engine/src/transpose.rs ``transposed_format``).
 TRANSPOSED_FORMAT = {
     "TQ1_0": "Q8_0",
     "TQ2_0": "Q8_0",
@@ -45,13 +45,17 @@ TRANSPOSED_FORMAT = {
     "IQ2_XXS": "Q8_0",
     "IQ2_XS": "Q8_0",
     "IQ2_S": "Q8_0",
+    "IQ3_XXS": "Q8_0",
+    "IQ3_S": "Q8_0",
+    "IQ1_S": "Q8_0",
+    "IQ1_M": "Q8_0",
 }
 
 #: The weight formats the GPU kernels take (crates/cuda/src/kernels.rs ``GPU_DTYPES``, exported as
 #: ``_core.GPU_DTYPES``); the engine refuses a plan putting a matrix in any other (Q2_K, Q3_K) on
 #: the GPU, so the planner keeps those parts on the CPU; the decoded formats (IQ4_NL, IQ4_XS,
-#: MXFP4, TQ1_0, TQ2_0, IQ2_XXS, IQ2_XS, IQ2_S) and the low-bit ones (NVFP4, Q1_0, Q2_0) go
-#: there converted (:data:`GPU_UPLOAD_AS`).
+#: MXFP4, TQ1_0, TQ2_0, the lattice IQ2_XXS..IQ1_M) and the low-bit ones (NVFP4, Q1_0, Q2_0)
+#: go there converted (:data:`GPU_UPLOAD_AS`).
 GPU_DTYPES = (
     "F32",
     "F16",

@@ -166,7 +166,14 @@ fn affine_block(dtype: DType, b: &[u8], a: &mut Affine) {
             a.m[0] = m.unwrap_or(0.0);
             a.q[..32].copy_from_slice(&q);
         }
-        DType::IQ4_NL | DType::IQ4_XS | DType::MXFP4 | DType::TQ1_0 | DType::TQ2_0 => {
+        DType::IQ4_NL
+        | DType::IQ4_XS
+        | DType::MXFP4
+        | DType::TQ1_0
+        | DType::TQ2_0
+        | DType::IQ3_XXS
+        | DType::IQ3_S
+        | DType::IQ1_S => {
             // The table values (trits) are the integers, each 32-weight sub-block's scale the factor.
             let mut d = [0f32; 8];
             unpack_table(dtype, b, &mut d, &mut a.q);

@@ -67,6 +67,14 @@ pub(crate) fn random_row(rng: &mut Rng, dtype: DType, cols: usize) -> Vec<u8> {
                     let r = if k == 0 { d } else { m };
                     out[at + f..at + f + 2].copy_from_slice(&half(rng.uniform(-r, r)));
                 }
+                if dtype == DType::IQ1_M {
+                    // IQ1_M's f16 d lies in the top nibbles of its four scale words.
+                    let d = f16::from_f32(rng.uniform(-0.002, 0.002)).to_bits();
+                    for i in 0..4 {
+                        let w = at + 48 + 2 * i + 1;
+                        out[w] = (out[w] & 0x0f) | (((d >> (4 * i)) & 15) as u8) << 4;
+                    }
+                }
                 if dtype == DType::MXFP4 {
                     // An E8M0 exponent of a weight's range, the blocks' scales within a factor
                     // of 8 as a tensor's are (2^−6 .. 2^−3): with 2^−9 .. 2^−2 the int16 x's

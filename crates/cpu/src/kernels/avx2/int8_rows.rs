@@ -384,12 +384,14 @@ macro_rules! with_int8 {
             Q4_1 = q::Q4_1, Q5_0 = q::Q5_0, Q5_1 = q::Q5_1, Q2_K = k::Q2K, Q3_K = k::Q3K,
             Q4_K = k::Q4K, Q5_K = k::Q5K, Q6_K = k::Q6K, IQ4_NL = t::IQ4NL, IQ4_XS = t::IQ4XS,
             MXFP4 = t::MXFP4, TQ1_0 = tq::TQ1, TQ2_0 = tq::TQ2, NVFP4 = lb::NVFP4, Q1_0 = lb::Q1,
-            Q2_0 = lb::Q2, IQ2_XXS = l2::IQ2XXS, IQ2_XS = l2::IQ2XS, IQ2_S = l2::IQ2S)
+            Q2_0 = lb::Q2, IQ2_XXS = l2::IQ2XXS, IQ2_XS = l2::IQ2XS, IQ2_S = l2::IQ2S,
+            IQ3_XXS = i3::IQ3XXS, IQ3_S = i3::IQ3S, IQ1_S = i1::IQ1S, IQ1_M = i1::IQ1M)
     };
     (@ $dtype:expr, $F:ident => $body:expr, $other:expr; $($d:ident = $t:ty),*) => {{
         #[allow(unused_imports)]
         use $crate::kernels::avx2::{
-            iq2 as l2, kquant as k, lowbit as lb, quant as q, table as t, ternary as tq,
+            iq1 as i1, iq2 as l2, iq3 as i3, kquant as k, lowbit as lb, quant as q, table as t,
+            ternary as tq,
         };
         match $dtype {
             $(powerinfer_core::DType::$d => {

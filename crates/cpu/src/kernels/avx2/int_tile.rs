@@ -321,7 +321,11 @@ macro_rules! with_tile_format {
             | DType::TQ2_0
             | DType::IQ2_XXS
             | DType::IQ2_XS
-            | DType::IQ2_S => {
+            | DType::IQ2_S
+            | DType::IQ3_XXS
+            | DType::IQ3_S
+            | DType::IQ1_S
+            | DType::IQ1_M => {
                 unreachable!("no int tile for the decoded formats (XTile::new declines them)")
             }
             DType::NVFP4 | DType::Q1_0 | DType::Q2_0 => {

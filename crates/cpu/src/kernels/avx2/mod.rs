@@ -24,9 +24,12 @@ mod int8_formats;
 mod int8_rows;
 mod int_tile;
 pub(crate) mod interleaved;
+mod iq1;
 mod iq2;
+mod iq3;
 mod kquant;
 mod kv_passes;
+mod lattice;
 mod lowbit;
 mod q4_axpy;
 mod quant;
@@ -491,6 +494,10 @@ unsafe fn int16_rows_avx2<const R: usize, const FETCH: bool>(
             DType::IQ2_XXS => kquant::rows_i16::<iq2::IQ2XXS, R, FETCH>(p, next, xq, out),
             DType::IQ2_XS => kquant::rows_i16::<iq2::IQ2XS, R, FETCH>(p, next, xq, out),
             DType::IQ2_S => kquant::rows_i16::<iq2::IQ2S, R, FETCH>(p, next, xq, out),
+            DType::IQ3_XXS => kquant::rows_i16::<iq3::IQ3XXS, R, FETCH>(p, next, xq, out),
+            DType::IQ3_S => kquant::rows_i16::<iq3::IQ3S, R, FETCH>(p, next, xq, out),
+            DType::IQ1_S => kquant::rows_i16::<iq1::IQ1S, R, FETCH>(p, next, xq, out),
+            DType::IQ1_M => kquant::rows_i16::<iq1::IQ1M, R, FETCH>(p, next, xq, out),
             DType::F32 | DType::F16 | DType::BF16 => {}
         }
     }

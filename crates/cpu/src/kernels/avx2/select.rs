@@ -6,7 +6,7 @@
 
 use super::formats::{Bf16, Format, F16, F32};
 use super::row_group::RowGroup;
-use super::{dequant, dot, iq2, kquant, lowbit, q4_axpy, quant, rows, table, ternary};
+use super::{dequant, dot, iq1, iq2, iq3, kquant, lowbit, q4_axpy, quant, rows, table, ternary};
 
 /// `$body` with the type `$F` standing for the [`Format`] of the runtime dtype `$dtype`.
 macro_rules! with_format {
@@ -16,11 +16,13 @@ macro_rules! with_format {
             Q5_0 = q::Q5_0, Q5_1 = q::Q5_1, Q2_K = k::Q2K, Q3_K = k::Q3K, Q4_K = k::Q4K,
             Q5_K = k::Q5K, Q6_K = k::Q6K, IQ4_NL = t::IQ4NL, IQ4_XS = t::IQ4XS, MXFP4 = t::MXFP4,
             TQ1_0 = tq::TQ1, TQ2_0 = tq::TQ2, NVFP4 = lb::NVFP4, Q1_0 = lb::Q1, Q2_0 = lb::Q2,
-            IQ2_XXS = l2::IQ2XXS, IQ2_XS = l2::IQ2XS, IQ2_S = l2::IQ2S)
+            IQ2_XXS = l2::IQ2XXS, IQ2_XS = l2::IQ2XS, IQ2_S = l2::IQ2S, IQ3_XXS = i3::IQ3XXS,
+            IQ3_S = i3::IQ3S, IQ1_S = i1::IQ1S, IQ1_M = i1::IQ1M)
     };
     (@ $dtype:expr, $F:ident => $body:expr; $($d:ident = $t:ty),*) => {{
         use $crate::kernels::avx2::{
-            formats as f, iq2 as l2, kquant as k, lowbit as lb, quant as q, table as t,
+            formats as f, iq1 as i1, iq2 as l2, iq3 as i3, kquant as k, lowbit as lb, quant as q,
+            table as t,
             ternary as tq,
         };
         match $dtype {
@@ -118,5 +120,6 @@ impl_format!(quant:
     table::MXFP4 => rows::quant_axpy::<Self, R>
 );
 impl_format!(k: kquant::Q2K, kquant::Q3K, kquant::Q4K, kquant::Q5K, kquant::Q6K, table::IQ4XS,
-    ternary::TQ1, ternary::TQ2, iq2::IQ2XXS, iq2::IQ2XS, iq2::IQ2S);
+    ternary::TQ1, ternary::TQ2, iq2::IQ2XXS, iq2::IQ2XS, iq2::IQ2S, iq3::IQ3XXS, iq3::IQ3S,
+    iq1::IQ1S, iq1::IQ1M);
 impl_format!(lowbit: lowbit::NVFP4, lowbit::Q1, lowbit::Q2);

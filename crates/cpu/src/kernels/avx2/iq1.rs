@@ -1,0 +1,86 @@
+//! IQ1_S and IQ1_M (layouts in `powerinfer_core::dtype`) under AVX2: a 32-weight sub-block is
+//! four 8-weight codebook points of values −1, 0, 1, gathered from the grid in one
+//! `vpgatherdq`, then made the int8 values 8g ± 1 (the ±1/8 shift times 8;
+//! `powerinfer_core::dequantize_iq1`) by a sign multiply of 8 and an add; the scales (dl / 8,
+//! per 32 weights for IQ1_S, per 16 for IQ1_M) are the core's. The families' kernels come from
+//! [`impl_lattice!`].
+
+use super::lattice::{gather8, impl_lattice, per16, per32};
+use powerinfer_core::dequantize_iq1::{iq1m_scales, iq1s_qh, iq1s_scales};
+use powerinfer_core::lattice_grids::IQ1S_GRID;
+use std::arch::x86_64::*;
+
+/// IQ1_S: f16 d, 32 low index bytes, 8 u16 of high bits, scale and shift sign.
+pub(super) struct IQ1S;
+/// IQ1_M: 32 low index bytes, 16 of high bits and shift signs, 8 of scales and the spread d.
+pub(super) struct IQ1M;
+
+/// The 32 values 8g + delta of four grid points (indices `idx`), `delta` ±1.
+///
+/// # Safety
+/// Every index below 2,048; the CPU has AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn points8(idx: [i32; 4], delta: [i8; 4]) -> __m256i {
+    // SAFETY: per the caller.
+    let g = unsafe { gather8(&IQ1S_GRID, _mm_loadu_si128(idx.as_ptr().cast())) };
+    let d = _mm256_setr_epi64x(
+        i64::from_le_bytes([delta[0] as u8; 8]),
+        i64::from_le_bytes([delta[1] as u8; 8]),
+        i64::from_le_bytes([delta[2] as u8; 8]),
+        i64::from_le_bytes([delta[3] as u8; 8]),
+    );
+    // 8·g for g in {−1, 0, 1} is g's sign times 8.
+    _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), d)
+}
+
+/// IQ1_S's sub-block `s` (0..8) of the block at `p`.
+///
+/// # Safety
+/// The block (50 bytes) readable at `p`; the CPU has AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq1s_sub(p: *const u8, s: usize) -> __m256i {
+    // SAFETY: the block's 50 bytes are readable per the caller; an index is 11 bits.
+    unsafe {
+        let b = std::slice::from_raw_parts(p, 50);
+        let qh = iq1s_qh(b, s) as i32;
+        let idx = std::array::from_fn(|l| b[2 + 4 * s + l] as i32 | ((qh >> (3 * l)) & 7) << 8);
+        let delta = if qh & 0x8000 != 0 { -1 } else { 1 };
+        points8(idx, [delta; 4])
+    }
+}
+
+/// IQ1_S's scales as the families' factors.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq1s_factors(b: &[u8]) -> [__m256; 2] {
+    per32(iq1s_scales(b))
+}
+
+/// IQ1_M's sub-block `s` (0..8) of the block at `p`.
+///
+/// # Safety
+/// The block (56 bytes) readable at `p`; the CPU has AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq1m_sub(p: *const u8, s: usize) -> __m256i {
+    // SAFETY: the block's 56 bytes are readable per the caller; an index is 11 bits.
+    unsafe {
+        let b = std::slice::from_raw_parts(p, 56);
+        let nib = |l: usize| (b[32 + 2 * s + l / 2] >> (4 * (l % 2))) & 15;
+        let idx = std::array::from_fn(|l| b[4 * s + l] as i32 | ((nib(l) & 7) as i32) << 8);
+        let delta = std::array::from_fn(|l| if nib(l) & 8 != 0 { -1 } else { 1 });
+        points8(idx, delta)
+    }
+}
+
+/// IQ1_M's sixteen scales as the families' factors.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq1m_factors(b: &[u8]) -> [__m256; 2] {
+    per16(iq1m_scales(b))
+}
+
+impl_lattice!(IQ1S, 50, per16 false, iq1s_factors, iq1s_sub);
+impl_lattice!(IQ1M, 56, per16 true, iq1m_factors, iq1m_sub);
