@@ -50,16 +50,30 @@ def _write(tmp_path, name: str, data: bytes):
     return p
 
 
+def _layout_of(gguf, type_id: int, name: str) -> tuple[int, int]:
+    """(block size, block bytes) of a ggml type by gguf-py, or, for a type newer than the
+    installed gguf-py (Q2_0 in gguf 0.19), by ggml's own type traits."""
+    try:
+        qt = gguf.GGMLQuantizationType(type_id)
+    except ValueError:
+        pytest.importorskip("llama_cpp")
+        from powerinfer_rs.testing.ggml_quantizer import ggml_traits
+
+        t = ggml_traits(name)
+        return int(t.blck_size), int(t.type_size)
+    assert qt.name == name
+    return gguf.GGML_QUANT_SIZES[qt]
+
+
 def test_ggml_type_table_matches_gguf_package():
     gguf = pytest.importorskip("gguf")
     for type_id, (name, block, size) in GGML_TYPES.items():
-        qt = gguf.GGMLQuantizationType(type_id)
-        assert qt.name == name
-        assert gguf.GGML_QUANT_SIZES[qt] == (block, size), name
+        assert _layout_of(gguf, type_id, name) == (block, size), name
     # Every format the engine takes has ggml's block size, including the Q5 and K-quants.
     assert {"Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"} <= set(BLOCK_LAYOUT)
+    ids = {name: type_id for type_id, (name, _, _) in GGML_TYPES.items()}
     for name, layout in BLOCK_LAYOUT.items():
-        assert gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]] == layout, name
+        assert _layout_of(gguf, ids[name], name) == layout, name
 
 
 def test_gguf_good_file_sizes(synth_gguf):

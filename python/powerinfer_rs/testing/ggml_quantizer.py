@@ -54,7 +54,7 @@ TypeChoice = Callable[[str, tuple[int, ...]], "str | None"]
 
 
 class _TypeTraits(ctypes.Structure):
-    """The head of ``struct ggml_type_traits`` up to ``to_float``."""
+    """``struct ggml_type_traits``."""
 
     _fields_ = [
         ("type_name", ctypes.c_char_p),
@@ -63,6 +63,7 @@ class _TypeTraits(ctypes.Structure):
         ("type_size", ctypes.c_size_t),
         ("is_quantized", ctypes.c_bool),
         ("to_float", ctypes.c_void_p),
+        ("from_float_ref", ctypes.c_void_p),
     ]
 
 
@@ -192,13 +193,32 @@ def quantize_gguf(
     return path
 
 
+def ggml_traits(dtype: str) -> _TypeTraits:
+    """ggml's type traits of ``dtype``, its name checked against ggml's."""
+    traits = _lib().ggml_get_type_traits(_type_id(dtype)).contents
+    if traits.type_name.decode().upper() != dtype:
+        raise UnsupportedError(f"ggml's type {_type_id(dtype)} is {traits.type_name}, not {dtype}")
+    return traits
+
+
 def ggml_dequantize(dtype: str, raw: bytes, n: int) -> np.ndarray:
     """ggml's own ``to_float`` of ``n`` weights of type ``dtype`` stored in ``raw``."""
-    lib = _lib()
-    traits = lib.ggml_get_type_traits(_type_id(dtype)).contents
+    traits = ggml_traits(dtype)
     if not traits.to_float:
         raise UnsupportedError(f"ggml has no to_float for {dtype}")
     out = np.empty(n, dtype=np.float32)
     buf = ctypes.create_string_buffer(bytes(raw), len(raw))
     _TO_FLOAT(traits.to_float)(ctypes.addressof(buf), out.ctypes.data, n)
+    return out
+
+
+def ggml_quantize_ref(dtype: str, x: np.ndarray) -> np.ndarray:
+    """``x`` (float32 rows) encoded by ggml's reference quantizer (``from_float_ref``): uint8
+    ``(rows, row_bytes)``."""
+    traits = ggml_traits(dtype)
+    if not traits.from_float_ref:
+        raise UnsupportedError(f"ggml has no reference encoder for {dtype}")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    out = np.zeros((x.shape[0], x.shape[1] // traits.blck_size * traits.type_size), np.uint8)
+    _TO_FLOAT(traits.from_float_ref)(x.ctypes.data, out.ctypes.data, x.size)
     return out
