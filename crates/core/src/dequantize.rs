@@ -3,16 +3,12 @@
 //! values equal ggml's (and gguf-py's) dequantization bit for bit. The plain-loop oracle the
 //! kernels are tested against, and the decoder of the scalar kernels for the K-quants.
 
-use half::{bf16, f16};
+use half::bf16;
 
+use crate::block_values::f16_at;
+pub use crate::block_values::{SubScales, IQ4NL_VALUES, MXFP4_VALUES};
 use crate::dtype::DType;
 use crate::error::Result;
-
-/// The little-endian f16 at byte `at`, as f32.
-#[inline]
-pub(crate) fn f16_at(b: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
-}
 
 /// Decode `row` (exactly `dtype.row_bytes(out.len())` bytes) into `out`.
 pub fn dequantize_row(dtype: DType, row: &[u8], out: &mut [f32]) -> Result<()> {
@@ -110,15 +106,6 @@ pub fn legacy_affine(dtype: DType, b: &[u8]) -> (f32, Option<f32>, [i8; 32]) {
 fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
-
-/// IQ4_NL's (and IQ4_XS's) 16 non-linear values (ggml's `kvalues_iq4nl`).
-pub const IQ4NL_VALUES: [i8; 16] = [
-    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-];
-
-/// MXFP4's 16 values: the e2m1 numbers (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives)
-/// doubled to integers (ggml's `kvalues_mxfp4`); [`e8m0_half`] halves the scale to match.
-pub const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// The value table of a table format.
 pub const fn table_values(dtype: DType) -> &'static [i8; 16] {
@@ -221,25 +208,6 @@ pub fn tq1_trit(byte: u8, n: usize) -> i8 {
     ((v as u16 * 3) >> 8) as i8 - 1
 }
 
-/// A K-quant super-block's sub-blocks: `n` (16 or 8) of them, sub-block s standing for
-/// w = d[s]·q − m[s] (d[s] = d·scale, m[s] = dmin·min, both computed in f32 as ggml does).
-#[derive(Clone, Copy, Debug)]
-pub struct SubScales {
-    pub n: usize,
-    pub d: [f32; 16],
-    pub m: [f32; 16],
-}
-
-impl Default for SubScales {
-    fn default() -> Self {
-        SubScales {
-            n: 16,
-            d: [0.0; 16],
-            m: [0.0; 16],
-        }
-    }
-}
-
 /// Scale and min of sub-block `s` of a Q4_K/Q5_K block's 12 packed bytes (6 bits each).
 #[inline]
 pub fn k4_scale_min(s: usize, sm: &[u8]) -> (u8, u8) {
@@ -336,6 +304,7 @@ pub fn unpack_k(dtype: DType, b: &[u8], sub: &mut SubScales, q: &mut [i8; 256]) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::f16;
 
     fn h(v: f32) -> [u8; 2] {
         f16::from_f32(v).to_le_bytes()

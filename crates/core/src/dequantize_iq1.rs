@@ -8,7 +8,7 @@
 //! number rounded once, so `scale·value` equals ggml's weight bit for bit; the values lie in
 //! −9..=9.
 
-use crate::dequantize::{f16_at, SubScales};
+use crate::block_values::{f16_at, SubScales};
 use crate::lattice_grids::IQ1S_GRID;
 
 /// Eight int8 values 8g ± 1 of the codebook point `idx`, `delta` the ±1.

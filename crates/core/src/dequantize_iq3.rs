@@ -5,7 +5,7 @@
 //! `scale·value` is ggml's dequantized weight bit for bit (one rounding either way: ggml's
 //! `db·grid·(±1)` negates an already rounded product).
 
-use crate::dequantize::f16_at;
+use crate::block_values::f16_at;
 use crate::lattice_grids::{IQ3S_GRID, IQ3XXS_GRID, KSIGNS};
 
 /// Eight weights from two 4-weight codebook points, weight j negated where bit j of `signs`

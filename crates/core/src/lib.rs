@@ -2,6 +2,7 @@
 //! buffers, model configuration, neuron tables and plan files, and the error type every crate
 //! returns.
 
+mod block_values;
 pub mod buffer;
 pub mod config;
 mod config_rope;

@@ -3,7 +3,7 @@
 //! kernel family and the GPU upload build on, and their f32 decoder in ggml's order of float
 //! operations (one product d·value per weight, so the values equal ggml's bit for bit).
 
-use crate::dequantize::{f16_at, MXFP4_VALUES};
+use crate::block_values::{f16_at, MXFP4_VALUES};
 use crate::dtype::DType;
 
 /// A UE4M3 scale byte as half its value (ggml's `ggml_ue4m3_to_fp32`, which halves it to undo
