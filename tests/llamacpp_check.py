@@ -15,6 +15,9 @@ import pytest
 
 from reference import exact_kv_engine, reference_logits
 
+#: ggml's f32 type id (llama.cpp's KV cache type for the comparisons).
+GGML_TYPE_F32 = 0
+
 
 def distance(logits: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
     """(largest relative logit error over the positions, mean KL(ref || logits))."""
@@ -73,3 +76,31 @@ def compare_with_llama_cpp(
     err = {k: distance(v, ref) for k, v in (("ours", ours), ("llama.cpp", theirs))}
     print(f"{label} vs the float64 reference (max rel, mean KL):", err)
     return Compared(eng, llm, ours, theirs, err)
+
+
+def worst_relative(got: np.ndarray, ref: np.ndarray) -> float:
+    """The largest per-position relative error of logits ``got`` against ``ref``."""
+    got, ref = np.asarray(got), np.asarray(ref)
+    return float(np.max(np.linalg.norm(got - ref, axis=1) / np.linalg.norm(ref, axis=1)))
+
+
+def format_errors(path: Path, model: Any, n: int = 16, seed: int = 3) -> tuple[float, float, float]:
+    """A weight format's check: the largest relative logit error against the float64 reference
+    of the file's own weights of ours batched, ours one token at a time, and llama.cpp's (f32 KV
+    on both sides), over ``n`` random ids."""
+    import llama_cpp
+
+    from _helpers import decode_logits
+
+    rng = np.random.default_rng(seed)
+    ids = [int(t) for t in rng.integers(3, model.config.vocab_size, n)]
+    ref = reference_logits(model, ids)
+    llm = llama_cpp.Llama(
+        model_path=str(path), n_ctx=64, n_threads=2, n_threads_batch=2, logits_all=True,
+        type_k=GGML_TYPE_F32, type_v=GGML_TYPE_F32, verbose=False,
+    )  # fmt: skip
+    llm.eval(ids)
+    theirs = worst_relative(llm.scores[: len(ids)], ref)
+    eng = exact_kv_engine(model, threads=2)
+    batched = worst_relative(eng.logits(ids), ref)
+    return batched, worst_relative(decode_logits(eng, ids), ref), theirs

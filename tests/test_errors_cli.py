@@ -72,7 +72,7 @@ def test_rust_side_rejects_bad_tensors(small):
         _core.Model(cfg, t)
 
     t = dict(tensors)
-    t["blk.0.attn_k"] = ("IQ2_XXS", *tensors["blk.0.attn_k"][1:])
+    t["blk.0.attn_k"] = ("Q8_K", *tensors["blk.0.attn_k"][1:])  # llama.cpp's activation type
     with pytest.raises(UnsupportedError):
         _core.Model(cfg, t)
 

@@ -21,13 +21,13 @@ import os
 
 import numpy as np
 import pytest
+from llamacpp_check import format_errors
 from test_hybrid import DEVICES, assert_same_decode, plan_for
 
 from powerinfer_rs import Engine, _core
 from powerinfer_rs.loading import load_model
 
 from _helpers import decode_logits, rel
-from reference import exact_kv_engine, reference_logits
 
 llama_cpp = pytest.importorskip("llama_cpp")
 gguf = pytest.importorskip("gguf")
@@ -40,7 +40,6 @@ SHAPE = dict(dim=256, ffn=256, layers=2, heads=4, kv_heads=2, vocab=300)
 #: The layer matrices in the order the formats rotate over (gate and up share one: the GPU's
 #: fused gate/up kernel reads one format, as the recipes keep them).
 KINDS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_down")
-GGML_TYPE_F32 = 0
 
 
 def rotated(name: str, shape: tuple[int, ...]) -> str | None:
@@ -79,30 +78,9 @@ def test_every_format_is_there_and_decodes_bit_for_bit(iq2_model):
     assert seen == set(FORMATS)
 
 
-def _worst(got: np.ndarray, ref: np.ndarray) -> float:
-    """The largest per-position relative error of logits ``got`` against ``ref``."""
-    return float(np.max(np.linalg.norm(got - ref, axis=1) / np.linalg.norm(ref, axis=1)))
-
-
 def test_logits_within_llama_cpps_distance_of_the_reference(iq2_path, iq2_model):
     model = iq2_model
-    ids = [int(t) for t in np.random.default_rng(3).integers(3, model.config.vocab_size, 16)]
-    ref = reference_logits(model, ids)
-    llm = llama_cpp.Llama(
-        model_path=str(iq2_path),
-        n_ctx=64,
-        n_threads=2,
-        n_threads_batch=2,
-        logits_all=True,
-        type_k=GGML_TYPE_F32,
-        type_v=GGML_TYPE_F32,
-        verbose=False,
-    )
-    llm.eval(ids)
-    theirs = _worst(np.asarray(llm.scores[: len(ids)]), ref)
-    eng = exact_kv_engine(model, threads=2)
-    batched = _worst(eng.logits(ids), ref)
-    one = _worst(decode_logits(eng, ids), ref)
+    batched, one, theirs = format_errors(iq2_path, model)
     assert max(batched, one) <= theirs, (batched, one, theirs)
 
 

@@ -26,15 +26,14 @@ from collections import Counter
 import numpy as np
 import pytest
 from ggml_types import GGML_TYPE, from_float, llama_quantize, to_float
+from llamacpp_check import format_errors
 from test_hybrid import assert_same_decode
-from test_table_formats import _worst
 
 from powerinfer_rs import Engine, _core
 from powerinfer_rs.info import report
 from powerinfer_rs.loading import load_model
 
 from _helpers import decode_logits, rel
-from reference import exact_kv_engine, reference_logits
 
 llama_cpp = pytest.importorskip("llama_cpp")
 gguf = pytest.importorskip("gguf")
@@ -48,7 +47,6 @@ FILES = {
     "Q1_0": (40, False, {"Q1_0", "Q6_K"}),
     "Q2_0": (41, False, {"Q2_0", "Q6_K", "Q4_K"}),
 }
-GGML_TYPE_F32 = 0
 
 
 @pytest.fixture(scope="module")
@@ -111,23 +109,7 @@ def test_encoder_writes_ggmls_reference_bytes(dtype):
 def test_logits_within_llama_cpps_distance_of_the_reference(quantized, dtype):
     path = quantized(dtype)
     model = load_model(path)
-    ids = [int(t) for t in np.random.default_rng(3).integers(3, model.config.vocab_size, 16)]
-    ref = reference_logits(model, ids)
-    llm = llama_cpp.Llama(
-        model_path=str(path),
-        n_ctx=64,
-        n_threads=2,
-        n_threads_batch=2,
-        logits_all=True,
-        type_k=GGML_TYPE_F32,
-        type_v=GGML_TYPE_F32,
-        verbose=False,
-    )
-    llm.eval(ids)
-    theirs = _worst(np.asarray(llm.scores[: len(ids)]), ref)
-    eng = exact_kv_engine(model, threads=2)
-    batched = _worst(eng.logits(ids), ref)
-    one = _worst(decode_logits(eng, ids), ref)
+    batched, one, theirs = format_errors(path, model)
     assert max(batched, one) <= theirs, (batched, one, theirs)
 
 

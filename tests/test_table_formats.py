@@ -21,12 +21,12 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from llamacpp_check import format_errors
 
 from powerinfer_rs import Engine, _core
 from powerinfer_rs.loading import load_model
 
 from _helpers import decode_logits, rel
-from reference import exact_kv_engine, reference_logits
 
 llama_cpp = pytest.importorskip("llama_cpp")
 gguf = pytest.importorskip("gguf")
@@ -44,7 +44,6 @@ FILES = {
 }
 #: The dense file with every matrix in MXFP4 (llama.cpp's ``pure`` quantization).
 MXFP4_DENSE = (38, True, {}, {"MXFP4"})
-GGML_TYPE_F32 = 0
 
 
 @pytest.fixture(scope="module")
@@ -91,32 +90,11 @@ def test_dequantize_is_gguf_py_bit_for_bit(quantized, dtype):
     assert checked >= 6
 
 
-def _worst(got: np.ndarray, ref: np.ndarray) -> float:
-    """The largest per-position relative error of logits ``got`` against ``ref``."""
-    return float(np.max(np.linalg.norm(got - ref, axis=1) / np.linalg.norm(ref, axis=1)))
-
-
 @pytest.mark.parametrize("dtype", list(FILES))
 def test_logits_within_llama_cpps_distance_of_the_reference(quantized, dtype):
     path = quantized(FILES[dtype])
     model = load_model(path)
-    ids = [int(t) for t in np.random.default_rng(3).integers(3, model.config.vocab_size, 16)]
-    ref = reference_logits(model, ids)
-    llm = llama_cpp.Llama(
-        model_path=str(path),
-        n_ctx=64,
-        n_threads=2,
-        n_threads_batch=2,
-        logits_all=True,
-        type_k=GGML_TYPE_F32,
-        type_v=GGML_TYPE_F32,
-        verbose=False,
-    )
-    llm.eval(ids)
-    theirs = _worst(np.asarray(llm.scores[: len(ids)]), ref)
-    eng = exact_kv_engine(model, threads=2)
-    batched = _worst(eng.logits(ids), ref)
-    one = _worst(decode_logits(eng, ids), ref)
+    batched, one, theirs = format_errors(path, model)
     assert max(batched, one) <= theirs, (batched, one, theirs)
 
 
