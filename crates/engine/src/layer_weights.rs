@@ -106,9 +106,11 @@ impl Layouts {
             // attn_v_b views stay the file's rows.
             ["blk", _, "attn_q_a" | "attn_q_b" | "attn_kv_a_mqa"] => self.attention,
             ["blk", _, "ffn_gate" | "ffn_up" | "ffn_down"] => self.ffn,
+            // Packed for the decode pass beside the file's rows, which stay where they are.
+            ["blk", _, "ffn_gate_exps" | "ffn_up_exps" | "ffn_down_exps"] => self.ffn,
             _ => false,
         };
-        which && powerinfer_cpu::interleaving() && Interleaved::fits_shape(shape)
+        which && powerinfer_cpu::interleaving() && Interleaved::pays(shape)
     }
 
     /// `w` as a matrix, interleaved when `on` (and its format allows).
@@ -292,10 +294,18 @@ impl LayerWeights {
     }
 
     /// Repack the matrices `layouts` names in their interleaved layout where the format has
-    /// one (the file's rows dropped as each is done). A mixture of experts' merged tensors are
-    /// read expert by expert, never whole, so they keep the file's rows.
+    /// one (the file's rows dropped as each is done). A mixture of experts' merged tensors
+    /// keep the file's rows (the batched and row-by-index paths read them expert by expert)
+    /// and, with `layouts.ffn`, gain an interleaved copy for the decode pass
+    /// ([`MoeWeights::pack`]).
     pub(crate) fn interleave(&mut self, layouts: Layouts) -> Result<()> {
         let ffn = layouts.ffn && self.moe.is_none();
+        if let (true, Some(moe)) = (layouts.ffn, &mut self.moe) {
+            let merged = [&self.w_gate, &self.w_up, &self.w_down].map(Matrix::as_rows);
+            if let [Some(g), Some(u), Some(d)] = merged {
+                moe.pack([g, u, d])?;
+            }
+        }
         let attn = [&mut self.wq, &mut self.wk, &mut self.wo];
         let ffn_mats = [&mut self.w_gate, &mut self.w_up, &mut self.w_down];
         for m in attn.into_iter().filter(|_| layouts.attention) {

@@ -17,8 +17,10 @@
 
 use std::cell::RefCell;
 
+use std::ops::Range;
+
 use powerinfer_core::{ensure, MoeFeatures, Result, Weight};
-use powerinfer_cpu::{in_pass, Disjoint, Pass, PreparedX};
+use powerinfer_cpu::{in_pass, Disjoint, Interleaved, Pass, PreparedX};
 
 use crate::ffn::activate;
 use crate::layer::FfnKind;
@@ -209,9 +211,38 @@ impl BufIndex {
     }
 }
 
+/// One of an item's matrices: its rows, and where the layer is packed
+/// ([`crate::moe_weights::PackedExperts`]) the interleaved tensor that holds them from a row on.
+#[derive(Clone, Copy)]
+struct Mat<'w> {
+    w: &'w Weight,
+    packed: Option<(&'w Interleaved, usize)>,
+}
+
+impl<'w> Mat<'w> {
+    /// `w`, interleaved as rows `at..` of `packed` where there is one.
+    fn new(w: &'w Weight, packed: Option<&'w std::sync::Arc<Interleaved>>, at: usize) -> Self {
+        Mat {
+            w,
+            packed: packed.map(|p| (&**p, at)),
+        }
+    }
+
+    /// `out` = its rows `rows` dotted with `x` (a share of a pass: eight-aligned, or to the end).
+    fn rows(&self, x: &PreparedX<'_>, rows: Range<usize>, out: &mut [f32]) {
+        match self.packed {
+            Some((il, at)) => x.rows_interleaved(il, at + rows.start..at + rows.end, out),
+            None => x.rows(self.w, rows, out),
+        }
+    }
+}
+
+/// A layer without packed experts: every matrix read in rows.
+static UNPACKED: [Option<std::sync::Arc<Interleaved>>; 3] = [None, None, None];
+
 /// One item of a thread's pass: an expert's gate, up and down, the rows computed (None: all)
 /// and its neurons.
-type Item<'w> = (&'w Weight, &'w Weight, &'w Weight, Option<&'w [u32]>, usize);
+type Item<'w> = (Mat<'w>, Mat<'w>, Mat<'w>, Option<&'w [u32]>, usize);
 
 /// The pass's items once the token is routed: route i's expert, then the shared expert.
 struct Items<'r> {
@@ -237,9 +268,26 @@ impl<'r> Items<'r> {
                 let e = e as usize;
                 // A list of every row is the contiguous rows.
                 let ids = listed(self.rows, e).filter(|v| v.len() < ef);
-                (&w.gate[e], &w.up[e], &w.down[e], ids, ef)
+                let [g, u, d] = w.packed.as_ref().map_or(&UNPACKED, |p| &p.experts);
+                let dim = w.down[e].rows;
+                (
+                    Mat::new(&w.gate[e], g.as_ref(), e * ef),
+                    Mat::new(&w.up[e], u.as_ref(), e * ef),
+                    Mat::new(&w.down[e], d.as_ref(), e * dim),
+                    ids,
+                    ef,
+                )
             }
-            (None, Some(sh)) => (&sh.gate, &sh.up, &sh.down, None, self.sh_ef),
+            (None, Some(sh)) => {
+                let [g, u, d] = w.packed.as_ref().map_or(&UNPACKED, |p| &p.shared);
+                (
+                    Mat::new(&sh.gate, g.as_ref(), 0),
+                    Mat::new(&sh.up, u.as_ref(), 0),
+                    Mat::new(&sh.down, d.as_ref(), 0),
+                    None,
+                    self.sh_ef,
+                )
+            }
             (None, None) => unreachable!("item {i} beyond the routes"),
         }
     }
@@ -349,7 +397,7 @@ impl PassRun<'_> {
         let pairs: Vec<(usize, usize)> = (0..items.len())
             .map(|i| {
                 let (g, u, ..) = items.item(i);
-                (items.computed(i), g.row_bytes() + u.row_bytes())
+                (items.computed(i), g.w.row_bytes() + u.w.row_bytes())
             })
             .collect();
         pass.share(&pairs, ALIGN, |i, rows| {
@@ -363,12 +411,12 @@ impl PassRun<'_> {
             };
             match ids {
                 Some(ids) => {
-                    self.xp.rows_listed(g, &ids[rows.clone()], gp);
-                    self.xp.rows_listed(u, &ids[rows.clone()], upart);
+                    self.xp.rows_listed(g.w, &ids[rows.clone()], gp);
+                    self.xp.rows_listed(u.w, &ids[rows.clone()], upart);
                 }
                 None => {
-                    self.xp.rows(g, rows.clone(), gp);
-                    self.xp.rows(u, rows.clone(), upart);
+                    g.rows(&self.xp, rows.clone(), gp);
+                    u.rows(&self.xp, rows.clone(), upart);
                 }
             }
             if let Some((e, b)) = items.bias(i) {
@@ -399,7 +447,7 @@ impl PassRun<'_> {
                 0 => (0, 0),
                 _ => {
                     let (_, _, dn, ..) = items.item(i);
-                    (dn.rows, dn.row_bytes())
+                    (dn.w.rows, dn.w.row_bytes())
                 }
             })
             .collect();
@@ -412,7 +460,7 @@ impl PassRun<'_> {
             });
             // SAFETY: this thread's rows of item i's output, its own until the sync.
             let y = unsafe { d.part(at.y + i, rows.clone()) };
-            h.rows(dn, rows.clone(), y);
+            dn.rows(h, rows.clone(), y);
             if let Some((e, b)) = items.bias(i) {
                 add_bias(y, &b.down, e, None, rows, self.p.dim);
             }

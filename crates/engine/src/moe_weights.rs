@@ -4,7 +4,10 @@
 //! the FFN passes that compute the experts ([`crate::moe`], the one-pass decode) and the
 //! weights that hold them.
 
+use std::sync::Arc;
+
 use powerinfer_core::{bail, ensure, Gating, MoeFeatures, Result, Weight};
+use powerinfer_cpu::Interleaved;
 
 /// A shared expert every token runs (Qwen2-MoE).
 #[derive(Clone, Debug)]
@@ -51,6 +54,33 @@ pub struct MoeWeights {
     pub score_bias: Option<Vec<f32>>,
     /// The router's and the experts' biases (gpt-oss).
     pub expert_bias: Option<ExpertBias>,
+    /// The experts interleaved for the one-token pass, where the engine decodes dense on the
+    /// CPU ([`MoeWeights::pack`]); the row views above stay for everything else.
+    pub packed: Option<PackedExperts>,
+}
+
+/// A layer's experts with their rows interleaved by eight, for the decode pass's whole
+/// products (`crate::moe_pass`): the merged tensors whole, so expert e's rows are rows
+/// `e·rows..(e + 1)·rows` of its tensor (whole groups: a tensor is packed only where an
+/// expert's rows are a multiple of eight), and the shared expert's matrices. None where the
+/// format's interleaved layout does not pay ([`Interleaved::pays`]).
+#[derive(Clone, Debug)]
+pub struct PackedExperts {
+    /// `ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`.
+    pub experts: [Option<Arc<Interleaved>>; 3],
+    /// The shared expert's gate, up and down.
+    pub shared: [Option<Arc<Interleaved>>; 3],
+}
+
+/// Rows of a group of the interleaved layout.
+const GROUP_ROWS: usize = 8;
+
+/// `w` interleaved where its layout pays and `per` (rows of one expert) is whole groups.
+fn packed(w: &Weight, per: usize) -> Result<Option<Arc<Interleaved>>> {
+    match per.is_multiple_of(GROUP_ROWS) && Interleaved::pays(w.into()) {
+        true => Ok(Some(Arc::new(Interleaved::new(w)?))),
+        false => Ok(None),
+    }
 }
 
 /// `w`'s rows as `n` equal consecutive blocks, each a weight of its own (no copy).
@@ -103,7 +133,38 @@ impl MoeWeights {
             down: row_blocks(down, m.n_expert)?,
             shared,
             expert_bias: None,
+            packed: None,
         })
+    }
+
+    /// Interleave the merged expert tensors `merged` (gate, up, down: the ones [`Self::new`]
+    /// was given) and the shared expert's matrices for the decode pass, where their formats'
+    /// layouts pay and [`powerinfer_cpu::interleaving`] allows. The copy is kept beside the row
+    /// views (the file's rows, which the batched and row-by-index paths read).
+    pub fn pack(&mut self, [gate, up, down]: [&Weight; 3]) -> Result<()> {
+        if !powerinfer_cpu::interleaving() {
+            return Ok(());
+        }
+        let (ef, dim) = (self.gate[0].rows, self.down[0].rows);
+        ensure!(
+            gate.rows == self.gate.len() * ef && down.rows == self.down.len() * dim,
+            Shape,
+            "merged expert tensors of {} and {} rows for {} experts of {ef} (dim {dim})",
+            gate.rows,
+            down.rows,
+            self.gate.len()
+        );
+        let experts = [packed(gate, ef)?, packed(up, ef)?, packed(down, dim)?];
+        let shared = match &self.shared {
+            Some(s) => [
+                packed(&s.gate, GROUP_ROWS)?,
+                packed(&s.up, GROUP_ROWS)?,
+                packed(&s.down, GROUP_ROWS)?,
+            ],
+            None => [None, None, None],
+        };
+        self.packed = Some(PackedExperts { experts, shared });
+        Ok(())
     }
 
     /// Give the layer its router and expert biases, checked against the experts' shapes.

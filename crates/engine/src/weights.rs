@@ -531,6 +531,24 @@ impl ModelWeights {
         })
     }
 
+    /// Whether the merged expert tensor `name` (`blk.N.ffn_{gate,up,down}_exps`) has an
+    /// interleaved copy the decode pass reads beside its rows
+    /// ([`crate::moe_weights::MoeWeights::pack`]).
+    pub fn has_packed_copy(&self, name: &str) -> bool {
+        let Some((blk, rest)) = name.strip_prefix("blk.").and_then(|n| n.split_once('.')) else {
+            return false;
+        };
+        let which = match rest {
+            "ffn_gate_exps" => 0,
+            "ffn_up_exps" => 1,
+            "ffn_down_exps" => 2,
+            _ => return false,
+        };
+        let l = blk.parse::<usize>().ok().and_then(|l| self.layers.get(l));
+        l.and_then(|l| l.moe.as_ref()?.packed.as_ref())
+            .is_some_and(|p| p.experts[which].is_some())
+    }
+
     /// Weight bytes a decode step reads: every matrix once (of a mixture of experts, the
     /// router, `n_expert_used` experts and the shared expert), one embedding row, the norms.
     pub fn bytes_per_token(&self) -> usize {

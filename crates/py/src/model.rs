@@ -66,17 +66,22 @@ impl PyModel {
     }
 
     /// How the engine keeps tensor `name`'s rows: `"rows"` (the file's layout, borrowed or
-    /// copied) or `"interleaved"` (rows interleaved by eight at load, in place of the file's
-    /// layout); `KeyError` for a name the engine holds no matrix under.
+    /// copied), `"interleaved"` (rows interleaved by eight at load, in place of the file's
+    /// layout) or, for a merged expert tensor, `"rows+interleaved"` (the file's rows and an
+    /// interleaved copy the one-token pass reads); `KeyError` for a name the engine holds no
+    /// matrix under.
     fn tensor_layout(&self, name: &str) -> PyResult<&'static str> {
         let w = self
             .weights
             .tensor(name)
             .ok_or_else(|| PyKeyError::new_err(name.to_string()))?;
-        Ok(match w.is_interleaved() {
-            true => "interleaved",
-            false => "rows",
-        })
+        Ok(
+            match (w.is_interleaved(), self.weights.has_packed_copy(name)) {
+                (true, _) => "interleaved",
+                (false, true) => "rows+interleaved",
+                (false, false) => "rows",
+            },
+        )
     }
 
     /// Weight bytes one decoded token reads (every matrix once, one embedding row, norms).

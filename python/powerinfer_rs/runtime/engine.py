@@ -29,7 +29,7 @@ from .modes import api_sparsity
 from .neuron_store import NeuronStoreMethods
 from .placement import PlanAndDevice, check_device
 from .tokenizer import check_text
-from .weight_memory import copy_weights
+from .weight_memory import copy_weights, room_for_packed_experts
 
 #: Context size used when the caller gives none (the model's own if smaller).
 DEFAULT_N_CTX = 4096
@@ -112,12 +112,16 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
             n_ctx = check_int("n_ctx", n_ctx, 1)
         rope_ctx = min(n_ctx or DEFAULT_N_CTX, loaded.config.max_context)
         cfg, tensors = core_model_arguments(loaded, rope_ctx)
-        copy = copy_weights(mmap, sum(int(t[3].nbytes) for t in tensors.values()))
+        weight_bytes = sum(int(t[3].nbytes) for t in tensors.values())
+        copy = copy_weights(mmap, weight_bytes)
         mode = api_sparsity(sparsity, thresholds, predictors, default="dense")
         # Where the FFN runs as whole-matrix products on the CPU (dense, and the input mode's
         # dense fallbacks) its matrices are interleaved too; a mode that reads rows by index,
-        # chosen later, gathers row-major copies on first use.
+        # chosen later, gathers row-major copies on first use. A mixture of experts keeps its
+        # rows and gains an interleaved copy of its experts where there is room for one.
         whole_ffn = mode in ("dense", "input") and self.device == "cpu" and plan is None
+        if loaded.config.n_expert:
+            whole_ffn = whole_ffn and room_for_packed_experts(mmap, weight_bytes)
         self._model = _core.Model(
             cfg, tensors, copy_weights=copy, interleave_ffn=whole_ffn and vram_budget is None
         )
@@ -403,11 +407,14 @@ class Engine(Generation, PlanAndDevice, NeuronStoreMethods):
 
     def tensor_layout(self, name: str) -> str:
         """How the engine keeps tensor ``name``'s rows: ``"rows"`` (the file's layout, read
-        from the file's map or copied) or ``"interleaved"`` (the whole-matrix products'
-        matrices in Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K, the attention's and the head's,
-        and the FFN's on a dense CPU engine: rows interleaved by eight at load, in place of the
-        file's layout, so one 32-byte load feeds eight rows); KeyError for a name the engine
-        holds no matrix under."""
+        from the file's map or copied), ``"interleaved"`` (the whole-matrix products'
+        matrices in Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K, the attention's and the head's, and
+        the FFN's on a dense CPU engine: rows interleaved by eight at load, in place of the
+        file's layout, so one 32-byte load feeds eight rows; Q6_K's row kernel is the faster)
+        or ``"rows+interleaved"`` (a mixture of experts' merged expert tensors on a dense CPU
+        engine with room for a copy: the file's rows for the batched and row-by-index paths and
+        an interleaved copy the one-token pass reads); KeyError for a name the engine holds no
+        matrix under."""
         if not isinstance(name, str):
             raise KeyError(name)
         return self._model.tensor_layout(name)

@@ -110,3 +110,16 @@ def copy_weights(mmap: object, weight_bytes: int) -> bool:
         return False
     avail = available_memory()
     return avail is not None and weight_bytes <= MAX_SHARE_OF_AVAILABLE * avail
+
+
+def room_for_packed_experts(mmap: object, weight_bytes: int) -> bool:
+    """Whether a mixture of experts decoded dense on the CPU gets an interleaved copy of its
+    experts for the decode pass (``_core.Model(..., interleave_ffn=True)``): a second copy of
+    most of the weights beside the file's map, so only where a copy is what ``mmap`` asks for
+    (``False``) or, by default (``None``), where the weights take at most half the available
+    memory (huge pages or not); never with ``mmap=True`` (zero copy, a model bigger than RAM
+    on a neuron store)."""
+    if mmap is not None:
+        return mmap is False
+    avail = available_memory()
+    return avail is not None and weight_bytes <= MAX_SHARE_OF_AVAILABLE * avail

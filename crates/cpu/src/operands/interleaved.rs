@@ -134,6 +134,15 @@ impl Interleaved {
         has_layout(s.dtype) && s.rows >= GROUP_ROWS && s.cols.is_multiple_of(32)
     }
 
+    /// Whether a product of `s` reads it faster interleaved than in rows: [`Self::fits_shape`]
+    /// and not Q6_K, whose six-bit quants cost more to unpack in lanes than the row kernel
+    /// spends (`examples/interleaved_matvec`, 2 threads, AVX2, 2026-12-08: 2048 x 5504 rows
+    /// 14.5 GB/s against 11.8 interleaved, 32000 x 1024 11.6 against 10.2; int8 x 11.8
+    /// against 10.6).
+    pub fn pays(s: MatrixShape) -> bool {
+        Interleaved::fits_shape(s) && s.dtype != DType::Q6_K
+    }
+
     /// Bytes of the interleaved store (the same as the row-major weight's).
     pub fn n_bytes(&self) -> usize {
         self.data.len()

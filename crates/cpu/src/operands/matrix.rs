@@ -28,11 +28,11 @@ pub enum MatrixRef<'a> {
 }
 
 impl Matrix {
-    /// `w` in the layout its dense products read fastest: interleaved where the format has that
-    /// layout ([`Interleaved::fits`]) and [`crate::interleaving`] allows, else as it is. The
+    /// `w` in the layout its dense products read fastest: interleaved where that layout pays
+    /// ([`Interleaved::pays`]) and [`crate::interleaving`] allows, else as it is. The
     /// row-major bytes are dropped with `w`.
     pub fn for_products(w: Weight) -> Result<Matrix> {
-        match crate::interleaving() && Interleaved::fits(&w) {
+        match crate::interleaving() && Interleaved::pays((&w).into()) {
             true => Ok(Matrix::Interleaved(
                 Arc::new(Interleaved::new(&w)?),
                 Arc::default(),

@@ -120,7 +120,7 @@ mod tests {
             (DType::Q4_0, 7, 64, false),
             (DType::Q8_0, 16, 64, true),
             (DType::Q4_K, 9, 512, true),
-            (DType::Q6_K, 17, 256, true),
+            (DType::Q6_K, 17, 256, false),
             (DType::Q5_0, 16, 64, true),
             (DType::Q5_1, 11, 96, true),
             (DType::Q5_K, 16, 256, true),

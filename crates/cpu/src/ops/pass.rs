@@ -14,6 +14,7 @@
 use super::sparse::listed_dot;
 use crate::check::{self, Rows};
 use crate::dispatch::Activations;
+use crate::operands::interleaved::Interleaved;
 use crate::simd;
 use powerinfer_core::{Result, Weight};
 use std::marker::PhantomData;
@@ -237,6 +238,38 @@ impl<'a> PreparedX<'a> {
         self.act
             .rows_dot(w.dtype, &w.bytes()[rows.start * rb..rows.end * rb], rb, out);
     }
+
+    /// `out[k] = dot(row rows.start + k of w, x)` of an interleaved weight, on this thread: the
+    /// bits [`crate::matvec_interleaved`] gives those rows. `rows.start` is a multiple of eight
+    /// and so is `rows.end` unless it is `w.rows` (the row-major tail rows then join in).
+    ///
+    /// # Panics
+    /// If `rows` is outside `w`, not so aligned, `out` is not `rows.len()` long or x is not
+    /// `w.cols` long.
+    pub fn rows_interleaved(&self, w: &Interleaved, rows: Range<usize>, out: &mut [f32]) {
+        use crate::operands::interleaved::GROUP_ROWS;
+        let grouped = w.groups() * GROUP_ROWS;
+        assert!(
+            rows.start <= rows.end
+                && rows.end <= w.rows
+                && out.len() == rows.len()
+                && self.len == w.cols
+                && rows.start.is_multiple_of(GROUP_ROWS)
+                && (rows.end.is_multiple_of(GROUP_ROWS) || rows.end == w.rows)
+        );
+        let split = rows.end.min(grouped).max(rows.start);
+        let (head, tail_out) = out.split_at_mut(split - rows.start);
+        if !head.is_empty() {
+            self.act
+                .interleaved_groups(w, rows.start / GROUP_ROWS, head);
+        }
+        if !tail_out.is_empty() {
+            let (tail, rb) = w.tail();
+            let from = split - grouped;
+            let bytes = &tail[from * rb..(from + tail_out.len()) * rb];
+            self.act.rows_dot(w.dtype, bytes, rb, tail_out);
+        }
+    }
 }
 
 /// Buffers the threads of a [`Pass`] write in disjoint parts and read after a sync. Holds the
@@ -331,6 +364,40 @@ mod tests {
                 assert!(cols.start.is_multiple_of(16));
             }
             assert!(seen.iter().flatten().all(|&c| c == 1), "{threads} threads");
+        }
+    }
+
+    /// Pieces of an interleaved weight's rows (eight-aligned, the last one into the row-major
+    /// tail) give the bits of the whole matvec, in every format with a layout.
+    #[test]
+    fn interleaved_rows_in_pieces_are_the_matvec_bits() {
+        let mut rng = Rng::new(43);
+        for (dtype, rows, cols) in [
+            (DType::Q4_K, 45, 512),
+            (DType::Q4_0, 27, 96),
+            (DType::Q8_0, 16, 64),
+            (DType::Q5_K, 19, 256),
+            (DType::Q6_K, 33, 256),
+        ] {
+            let w = random_weight(&mut rng, dtype, rows, cols);
+            let il = Interleaved::new(&w).unwrap();
+            let x = rng.vec(cols);
+            let mut want = vec![0f32; rows];
+            crate::matvec_interleaved(&il, &x, &mut want).unwrap();
+            let xp = PreparedX::new(&x, true);
+            let mut got = vec![f32::NAN; rows];
+            let mut at = 0;
+            for len in [8, 0, 16].into_iter().chain(std::iter::repeat(8)) {
+                let end = (at + len).min(rows);
+                let end = if rows - end < 8 { rows } else { end };
+                xp.rows_interleaved(&il, at..end, &mut got[at..end]);
+                at = end;
+                if at == rows {
+                    break;
+                }
+            }
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&want), bits(&got), "{dtype} {rows} x {cols}");
         }
     }
 
