@@ -95,8 +95,8 @@ def test_stored_formats_match_the_reference(synth_gguf, arch, dtype):
 def test_dense_decode_reads_interleaved_experts(synth_gguf, arch, dtype):
     """A dense CPU engine with room for a copy decodes from interleaved experts (and the
     shared expert's): the same function as the rows a mapped engine reads, within the
-    kernels' roundings, each within the quantized reference's distance; batched prompts still read the
-    rows (the same bits either way)."""
+    kernels' roundings, each within the quantized reference's distance; batched prompts
+    still read the rows (the same bits either way)."""
     kw = {**MOE_ARCHS[arch], "dim": 256, "expert_ffn": 256}
     m = load_model(synth_gguf(dtype=dtype, activation="silu", arch=arch, **kw))
     packed, mapped = Engine(m, threads=2, mmap=False), Engine(m, threads=2, mmap=True)
