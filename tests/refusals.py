@@ -1,6 +1,6 @@
-"""What the MoE families that run dense only (gpt-oss's biased experts and sinks, DeepSeek's
-latent attention) must refuse, typed: one attempt per name, for the tests'
-``pytest.raises(UnsupportedError)``."""
+"""What the MoE families off the flat path (gpt-oss's biased experts and sinks: the neuron
+store, the plan; DeepSeek's latent attention: all of these) must refuse, typed: one attempt per
+name, for the tests' ``pytest.raises(UnsupportedError)``."""
 
 from __future__ import annotations
 

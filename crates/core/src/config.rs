@@ -383,11 +383,13 @@ impl ModelConfig {
         self.moe.is_moe() && l >= self.moe.dense_lead
     }
 
-    /// `Unsupported` for a model whose FFN neurons are not plain `down(act(gate)·up)` rows
-    /// over the standard attention: `what` (the sparse modes, profiling, the GPU hybrid, the
-    /// neuron store) skips or places neurons whose output is zero where their gate's is, which
-    /// biased experts with the clamped SwiGLU (gpt-oss: `(u + 1)` and the down bias) do not
-    /// give, and runs on the standard KV cache, which latent attention (DeepSeek) does not use.
+    /// `Unsupported` for a model off the standard KV cache: `what` (the sparse modes,
+    /// profiling, the GPU hybrid, the neuron store) runs over the standard attention's caches,
+    /// which latent attention (DeepSeek) does not use. gpt-oss's biased experts with the
+    /// clamped SwiGLU pass: the sparse modes and the profiler keep its biases (the gate and up
+    /// biases before the activation, the down bias of every routed expert whatever its active
+    /// set) and threshold on `|swiglu_oai(gate, up)|`, whose zeros are only where the clamped
+    /// gate is 0 or the up value −1 (no exact-relu for it: that is its dense function).
     pub fn refuse_non_flat(&self, what: &str) -> Result<()> {
         ensure!(
             !self.arch.mla.is_mla(),
@@ -395,11 +397,20 @@ impl ModelConfig {
             "{what} on multi-head latent attention (DeepSeek-V2/V3): its latent KV cache and \
              absorbed projections run dense on the CPU only"
         );
+        Ok(())
+    }
+
+    /// [`ModelConfig::refuse_non_flat`], and `Unsupported` for gpt-oss's expert biases, clamped
+    /// SwiGLU and attention sinks: `what` (the neuron store) holds plain `down(act(gate)·up)`
+    /// rows, without the biases such an expert adds.
+    pub fn refuse_expert_biases(&self, what: &str) -> Result<()> {
+        self.refuse_non_flat(what)?;
         ensure!(
             !(self.moe.expert_bias || self.moe.swiglu_limit.is_some() || self.arch.attn_sinks),
             Unsupported,
             "{what} on a mixture of experts with expert biases, the clamped SwiGLU or \
-             attention sinks (gpt-oss): such a model runs dense on the CPU"
+             attention sinks (gpt-oss): it runs from the mapped weights (dense, threshold or \
+             predictor mode)"
         );
         Ok(())
     }

@@ -10,10 +10,14 @@
 //   even), or as they are. Thread per element.
 // attention_decode: flash-decoding. The query heads of one KV head attend to positions
 //   first..n_pos, score s = (q * scale) . k, soft-capped to softcap * tanh(s / softcap) when
-//   softcap > 0 (Gemma 2), then softmax. The positions are cut into chunks of `chunk`
-//   (gridDim.z = ceil((n_pos - first) / chunk), each chunk non-empty); block (x, y, z) takes
-//   query heads y * group + x * ATT_GROUP .. + ATT_GROUP of KV head y (group = n_heads /
-//   n_kv_heads: K and V are read once for all of them) over chunk z. One position's row is
+//   softcap > 0 (Gemma 2), then softmax; with `sinks` (null: none; gpt-oss) head h's sink logit
+//   sinks[h] joins the softmax's max and normaliser as one more score without a value:
+//   out = sum_p e^(s_p - M) v_p / (e^(sink - M) + sum_p e^(s_p - M)), M the largest of the
+//   scores and the sink (one chunk: here; more: in attention_merge, once). The positions
+//   are cut into chunks of `chunk` (gridDim.z = ceil((n_pos - first) / chunk), each chunk
+//   non-empty); block (x, y, z) takes query heads y * group + x * ATT_GROUP .. + ATT_GROUP of
+//   KV head y (group = n_heads / n_kv_heads: K and V are read once for all of them) over
+//   chunk z. One position's row is
 //   read by a segment of `lpp` lanes (the row's 16-byte pieces rounded up to a power of two),
 //   16 bytes per lane and load when head_dim fills whole pieces (else element by element,
 //   padded with 0), 32 / lpp positions at once per warp, ATT_WARPS warps: each segment keeps a
@@ -23,9 +27,10 @@
 //   + 2]) and attention_merge combines the chunks in order.
 //   head_dim <= ATT_MAX_HEAD_DIM; first < n_pos. Launch: blockDim.x = ATT_WARPS * 32, static
 //   shared memory only.
-// attention_merge: out[h] = sum_c acc_c exp(m_c - M) / sum_c l_c exp(m_c - M), M = max_c m_c,
-//   over the n_chunks partial states of head h = blockIdx.x (gridDim.x = n_heads), chunks in
-//   order. blockDim.x = 256.
+// attention_merge: out[h] = sum_c acc_c exp(m_c - M) / (e^(sink - M) + sum_c l_c exp(m_c - M)),
+//   M = max(sink, max_c m_c), over the n_chunks partial states of head h = blockIdx.x
+//   (gridDim.x = n_heads), chunks in order; sink = sinks[h], or none (the term 0, M over the
+//   chunks) when sinks is null. blockDim.x = 256.
 
 #define ATT_WARPS 4
 #define ATT_GROUP 4
@@ -111,8 +116,9 @@ template <typename T>
 __device__ __forceinline__ void attention_decode_impl(const float* q, const T* cache_k,
                                                       const T* cache_v, int first, int n_pos,
                                                       int group, int head_dim, int kv_dim,
-                                                      float scale, float softcap, int chunk,
-                                                      float* part, float* out) {
+                                                      float scale, float softcap,
+                                                      const float* sinks, int chunk, float* part,
+                                                      float* out) {
     constexpr int E = 16 / sizeof(T);      // elements per 16-byte piece
     constexpr int CPL = ATT_LANE_VALS / E;  // pieces per lane
     SHARED_ARRAY(float, qs, [ATT_GROUP][ATT_MAX_HEAD_DIM]);
@@ -220,11 +226,14 @@ __device__ __forceinline__ void attention_decode_impl(const float* q, const T* c
         }
     }
     __syncthreads();
-    // The warps merged in order, per query head and output value.
+    // The warps merged in order, per query head and output value; with one chunk the head's
+    // sink (if any) joins the max and the normaliser first (more chunks: attention_merge).
+    const bool sink = sinks != nullptr && n_chunks == 1;
     for (int g = 0; g < gh; ++g) {
-        float gm = NEG_INF;
+        const float sv = sink ? sinks[h0 + g] : NEG_INF;
+        float gm = sv;
         for (int w = 0; w < ATT_WARPS; ++w) gm = fmaxf(gm, wm[w][g]);
-        float den = 0.0f;
+        float den = sink ? expf(sv - gm) : 0.0f;
         for (int w = 0; w < ATT_WARPS; ++w) {
             if (wl[w][g] > 0.0f) den += wl[w][g] * expf(wm[w][g] - gm);
         }
@@ -247,12 +256,14 @@ __device__ __forceinline__ void attention_decode_impl(const float* q, const T* c
     }
 }
 
-KERNEL attention_merge(const float* part, int n_chunks, int head_dim, float* out) {
+KERNEL attention_merge(const float* part, int n_chunks, int head_dim, const float* sinks,
+                       float* out) {
     const int h = blockIdx.x;
     const float* ph = part + (i64)h * n_chunks * (head_dim + 2);
-    float gm = NEG_INF;
+    const float sv = sinks ? sinks[h] : NEG_INF;
+    float gm = sv;
     for (int c = 0; c < n_chunks; ++c) gm = fmaxf(gm, ph[(i64)c * (head_dim + 2) + head_dim]);
-    float den = 0.0f;
+    float den = sinks ? expf(sv - gm) : 0.0f;
     for (int c = 0; c < n_chunks; ++c) {
         const float* pc = ph + (i64)c * (head_dim + 2);
         den += pc[head_dim + 1] * expf(pc[head_dim] - gm);
@@ -277,10 +288,10 @@ EMU_ENTRY(attention_merge)
     EMU_ENTRY(KV_STORE)                                                                         \
     KERNEL_N(ATT_WARPS * WARP) ATTENTION_DECODE(                                                \
         const float* q, const T* cache_k, const T* cache_v, int first, int n_pos, int group,    \
-        int head_dim, int kv_dim, float scale, float softcap, int chunk, float* part,           \
-        float* out) {                                                                           \
+        int head_dim, int kv_dim, float scale, float softcap, const float* sinks, int chunk,    \
+        float* part, float* out) {                                                              \
         attention_decode_impl<T>(q, cache_k, cache_v, first, n_pos, group, head_dim, kv_dim,    \
-                                 scale, softcap, chunk, part, out);                             \
+                                 scale, softcap, sinks, chunk, part, out);                      \
     }                                                                                           \
     EMU_ENTRY(ATTENTION_DECODE)
 

@@ -113,6 +113,15 @@ __device__ __forceinline__ float ffn_act(int act, float t, float x) {
     return apply_act(act, x);
 }
 
+// gpt-oss's clamped SwiGLU (llama.cpp's swiglu_oai, the CPU engine's powerinfer_core::swiglu_oai,
+// in its f32 order): the gate clamped above at `limit`, the up value to [-limit, limit],
+// g * sigmoid(1.702 g) * (u + 1).
+__device__ __forceinline__ float swiglu_oai(float gate, float up, float limit) {
+    const float g = fminf(gate, limit);
+    const float u = fminf(fmaxf(up, -limit), limit);
+    return g / (1.0f + expf(1.702f * -g)) * (u + 1.0f);
+}
+
 // gate_up's use of the up rows: none (a gate-less FFN: OPT, Falcon), times u, times act(u)
 // (Bamboo). The launch's `up_mode`.
 #define UP_NONE 0
@@ -147,14 +156,17 @@ __device__ __forceinline__ float ffn_act(int act, float t, float x) {
 // (UP_LINEAR), act(dot(up[row k], x)) (UP_ACT) or 1 (UP_NONE): the fused gate/up pass of the
 // FFN, act with FATReLU's threshold relu_t. The bias (null: none) has one value per FFN neuron,
 // indexed by the slot's id; padding slots (id -1) give 0. The up row is not read when g is
-// exactly 0 (ReLU), as on the CPU. With `count` (a device int written by compact_flags), only
-// the first min(*count, n) outputs are computed (the grid is sized for n; the blocks past the
-// count return at once), the others left as they are.
+// exactly 0 (ReLU), as on the CPU. With swiglu_limit > 0 (gpt-oss; up rows required) instead
+// h[k] = swiglu_oai(dot(gate[row k], x) + bias[id], dot(up[row k], x) + up_bias[id],
+// swiglu_limit), up_bias (null: none) one value per FFN neuron as bias. With `count` (a device
+// int written by compact_flags), only the first min(*count, n) outputs are computed (the grid
+// is sized for n; the blocks past the count return at once), the others left as they are.
 #define GATE_UP(NAME)                                                                           \
     KERNEL gate_up_##NAME(                                                                      \
         const u8* w, RowLayout gate_l, RowLayout up_l, const XIN_##NAME* x, int cols,           \
-        const int* idx, int n, RowLayout ids_l, const int* flags, const float* bias, int act,   \
-        float relu_t, int up_mode, const int* count, float* h) {                                \
+        const int* idx, int n, RowLayout ids_l, const int* flags, const float* bias,            \
+        const float* up_bias, int act, float relu_t, float swiglu_limit, int up_mode,           \
+        const int* count, float* h) {                                                           \
         if (count) n = min(n, *count);                                                          \
         if ((int)blockIdx.x * ROWS_PER_BLOCK >= n) return; /* the whole block */                \
         DYNAMIC_SHARED(float, xs);                                                              \
@@ -163,13 +175,20 @@ __device__ __forceinline__ float ffn_act(int act, float t, float x) {
         const int end = min(n, (int)(blockIdx.x + 1) * ROWS_PER_BLOCK);                         \
         for (int k = blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / WARP; k < end; k += warps) {   \
             const int r = idx ? idx[k] : k;                                                     \
-            const int id = (flags || bias) ? slot_id(w, ids_l, r) : 0;                          \
+            const int id = (flags || bias || up_bias) ? slot_id(w, ids_l, r) : 0;               \
             float out = 0.0f;                                                                   \
             if (id >= 0 && (flags == nullptr || flags[id] != 0)) {                              \
                 const float dg =                                                                \
                     warp_sum(lane_dot_##NAME(row_ptr(w, gate_l, r), xv, cols, lane));           \
-                out = ffn_act(act, relu_t, dg + (bias ? bias[id] : 0.0f));                      \
-                if (out != 0.0f && up_mode != UP_NONE) {                                        \
+                if (swiglu_limit > 0.0f) {                                                      \
+                    const float u =                                                             \
+                        warp_sum(lane_dot_##NAME(row_ptr(w, up_l, r), xv, cols, lane));         \
+                    out = swiglu_oai(dg + (bias ? bias[id] : 0.0f),                             \
+                                     u + (up_bias ? up_bias[id] : 0.0f), swiglu_limit);         \
+                } else {                                                                        \
+                    out = ffn_act(act, relu_t, dg + (bias ? bias[id] : 0.0f));                  \
+                }                                                                               \
+                if (out != 0.0f && up_mode != UP_NONE && swiglu_limit <= 0.0f) {                \
                     const float u =                                                             \
                         warp_sum(lane_dot_##NAME(row_ptr(w, up_l, r), xv, cols, lane));         \
                     out *= up_mode == UP_ACT ? ffn_act(act, relu_t, u) : u;                     \

@@ -21,8 +21,9 @@
 //!   (vocab f32);
 //! * the family's f32 vectors, where its layer program has their steps, each after the tensor
 //!   its step follows: `attn_norm.bias`; `attn_{q,k,v}.bias`, `attn_q_norm`, `attn_k_norm`
-//!   (after `attn_v`); `attn_output.bias`, `post_attention_norm`; `ffn_norm.bias`,
-//!   `ffn_up.bias` (ffn), `ffn_down.bias`, `post_ffw_norm` (after `ffn_norm`);
+//!   (after `attn_v`), `attn_sinks` (n_heads); `attn_output.bias`, `post_attention_norm`; `ffn_norm.bias`,
+//!   `ffn_up.bias` (ffn), `ffn_down.bias`, `post_ffw_norm`, `ffn_{gate,up}_exps.bias` (the
+//!   layer's neurons, gpt-oss) (after `ffn_norm`);
 //!   `output_norm.bias`;
 //! * when anything is on the GPU: the shared `scratch.*` buffers.
 //!
@@ -188,6 +189,7 @@ impl LayerAllocations<'_> {
                 ("attn_v.bias", kv, a.qkv_bias),
                 ("attn_q_norm", nq, a.qk_norm),
                 ("attn_k_norm", nk, a.qk_norm),
+                ("attn_sinks", c.n_heads, a.attn_sinks),
             ],
         );
         out.push((self.name("attn_output"), matrix_bytes(l.wo)?));
@@ -229,6 +231,9 @@ impl LayerAllocations<'_> {
         let up = up.map(|u| u.dtype);
         let slab = slab_geometry(l.gate.dtype, up, l.down_t, c.dim, self.plan.bucket)?;
         out.push((self.name("ffn_norm"), align(NORM_ELEMENT_BYTES * c.dim)));
+        // gpt-oss: its experts' gate and up biases over the layer's neurons.
+        let eb = c.moe.expert_bias && c.is_moe_layer(i);
+        let n = c.layer_neurons(i);
         self.vectors(
             out,
             &[
@@ -236,6 +241,8 @@ impl LayerAllocations<'_> {
                 ("ffn_up.bias", c.ffn_dim, a.ffn_bias),
                 ("ffn_down.bias", c.dim, a.ffn_bias),
                 ("post_ffw_norm", c.dim, a.post_norms),
+                ("ffn_gate_exps.bias", n, eb),
+                ("ffn_up_exps.bias", n, eb),
             ],
         );
         out.push((self.name("ffn_hot"), n_slabs * slab.slab_bytes));

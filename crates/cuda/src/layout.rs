@@ -200,6 +200,10 @@ pub struct FfnAct {
     pub relu_threshold: f32,
     /// The up value passes through the activation too (Bamboo).
     pub up_act: bool,
+    /// gpt-oss's clamped SwiGLU with this limit (0: none): `h = swiglu_oai(g + b_g, u + b_u,
+    /// limit)` over the biased gate and up values instead of `act(g)·u`
+    /// (`powerinfer_core::swiglu_oai`); the gate/up pass with up rows only.
+    pub swiglu_limit: f32,
 }
 
 impl From<Act> for FfnAct {
@@ -209,6 +213,7 @@ impl From<Act> for FfnAct {
             act,
             relu_threshold: 0.0,
             up_act: false,
+            swiglu_limit: 0.0,
         }
     }
 }

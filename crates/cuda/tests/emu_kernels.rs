@@ -3,7 +3,7 @@
 //! `dequantize_row` (never the CPU crate's SIMD kernels), on shapes at the kernels' edges: odd
 //! row counts and partial blocks, padding slots of a partial slab, the split down pass (partial
 //! sums added in a fixed order), norms longer than a block, a long context (f16 and f32 caches)
-//! under a sliding window and a soft-cap. One backend runs it all, and the set of entries it launched must equal the modules'
+//! under a sliding window and a soft-cap, attention sinks below, near and above the scores. One backend runs it all, and the set of entries it launched must equal the modules'
 //! entries. Also: the emulator holds exactly the compiled kernels, and refuses launches CUDA
 //! would refuse.
 //!
@@ -477,6 +477,57 @@ fn norm_rope_attention(dev: &EmuBackend) {
 
     long_attention::<u16>(dev);
     long_attention::<f32>(dev);
+    sink_attention(dev);
+}
+
+/// Attention with a sink logit per head (gpt-oss) below, near and above the head's scores, in
+/// one chunk (the decode kernel adds the sink) and in three (attention_merge adds it), over a
+/// sliding window of an f16 cache.
+fn sink_attention(dev: &EmuBackend) {
+    let (nh, nkv, hd, n_pos) = (6, 2, 64, 150);
+    let p = AttnParams {
+        window: Some(140),
+        ..AttnParams::new(nh, nkv, hd)
+    };
+    let (first, kv) = (n_pos - 140, nkv * hd);
+    let kb: Vec<u16> = values(n_pos * kv, 30).iter().map(|v| u16::from_f32(2.0 * v)).collect();
+    let vb: Vec<u16> = values(n_pos * kv, 31).iter().map(|&v| u16::from_f32(v)).collect();
+    let (ck, cv) = (dev.upload(&kb).unwrap(), dev.upload(&vb).unwrap());
+    let q: Vec<f32> = values(nh * hd, 32).iter().map(|v| 4.0 * v).collect();
+    let dq = dev.upload(&q).unwrap();
+    let f = |b: u16| b.to_f32() as f64;
+    let (kf, vf) = (|i: usize| f(kb[i]), |i: usize| f(vb[i]));
+    let scale = 1.0 / (hd as f64).sqrt();
+    // Each head's highest and lowest score over the window.
+    let scores: Vec<(f64, f64)> = (0..nh)
+        .map(|h| {
+            let g = h / (nh / nkv);
+            (first..n_pos)
+                .map(|t| (0..hd).map(|i| q[h * hd + i] as f64 * kf(t * kv + g * hd + i)).sum::<f64>() * scale)
+                .fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)))
+        })
+        .collect();
+    let plain = attention_ref(&q, kf, vf, (nkv, hd), first, n_pos, scale, None, None);
+    for (place, at) in [("below", 0usize), ("near", 1), ("above", 2)] {
+        let sinks: Vec<f32> = scores
+            .iter()
+            .map(|&(lo, hi)| [lo - 20.0, hi - 0.1, hi + 12.0][at] as f32)
+            .collect();
+        let ds = dev.upload(&sinks).unwrap();
+        let want = attention_ref(&q, kf, vf, (nkv, hd), first, n_pos, scale, None, Some(&sinks));
+        if at > 0 {
+            let moved = plain.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+            assert!(moved > 1e-2, "a sink {place} the scores changes the output ({moved})");
+        }
+        for parts in [0, 3] {
+            let mut part = dev.zeros::<f32>(parts * nh * (hd + 2)).unwrap();
+            let mut out = dev.zeros::<f32>(nh * hd).unwrap();
+            dev.attention(&dq, &ck, &cv, n_pos, &p, Some(&ds), &mut part, &mut out)
+                .unwrap();
+            let what = format!("attention with sinks {place} the scores, {parts} partial states");
+            assert_close(&dev.download(&out).unwrap(), &want, 1.0, &what);
+        }
+    }
 }
 
 /// Attention over a long context in caches of `T` (written straight into the caches), and
@@ -506,12 +557,12 @@ fn long_attention<T: KvElem>(dev: &EmuBackend) {
     let mut part = dev
         .zeros::<f32>(powerinfer_cuda::layout::att_part_len(nh, hd, ctx))
         .unwrap();
-    dev.attention(&dq, &ck, &cv, n_pos, &p, &mut part, &mut out)
+    dev.attention(&dq, &ck, &cv, n_pos, &p, None, &mut part, &mut out)
         .unwrap();
     let f = |b: T| b.to_f32() as f64;
     let (kf, vf) = (|i: usize| f(kb[i]), |i: usize| f(vb[i]));
     let scale = 1.0 / (hd as f64).sqrt();
-    let want = attention_ref(&q, kf, vf, (nkv, hd), first, n_pos, scale, Some(cap));
+    let want = attention_ref(&q, kf, vf, (nkv, hd), first, n_pos, scale, Some(cap), None);
     assert_close(
         &dev.download(&out).unwrap(),
         &want,

@@ -1078,7 +1078,7 @@ fn attention_case<B: Backend, T: KvElem>(
     let (kf, vf) = (|i: usize| kr[i] as f64, |i: usize| vr[i] as f64);
     let cap = p.softcap.map(f64::from);
     let scale = p.scale as f64;
-    let want: Vec<f32> = attention_ref(&q, kf, vf, (nkv, hd), first, n_pos, scale, cap)
+    let want: Vec<f32> = attention_ref(&q, kf, vf, (nkv, hd), first, n_pos, scale, cap, None)
         .iter()
         .map(|&w| w as f32)
         .collect();
@@ -1086,7 +1086,7 @@ fn attention_case<B: Backend, T: KvElem>(
     let mut out = dev.zeros::<f32>(nh * hd).unwrap();
     // The flash-decoding scratch as the plan sizes it for this context.
     let mut part = dev.zeros::<f32>(att_part_len(nh, hd, context)).unwrap();
-    dev.attention(&dq, &ck, &cv, n_pos, p, &mut part, &mut out)
+    dev.attention(&dq, &ck, &cv, n_pos, p, None, &mut part, &mut out)
         .unwrap();
     let got = dev.download(&out).unwrap();
     let what = format!("attention over {} caches {p:?}, {n_pos} positions", T::NAME);
@@ -1369,6 +1369,7 @@ fn kv_checked_errors<B: Backend, T: KvElem>(dev: &B) {
         &cv,
         4,
         &AttnParams::new(1, 1, hd),
+        None,
         &mut part,
         &mut out,
     );
@@ -1407,7 +1408,7 @@ fn kv_checked_errors<B: Backend, T: KvElem>(dev: &B) {
         ),
     ];
     for (p, shape) in bad {
-        let e = dev.attention(&q, &ck, &cv, 4, &p, &mut part, &mut out);
+        let e = dev.attention(&q, &ck, &cv, 4, &p, None, &mut part, &mut out);
         match shape {
             true => assert!(matches!(e, Err(Error::Shape(_))), "{e:?}"),
             false => assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}"),

@@ -169,6 +169,7 @@ fn every_spec() -> Vec<LaunchSpec> {
             ids_l: l,
             flags: None,
             bias: Some(&x),
+            up_bias: Some(&x),
             act: FfnAct {
                 relu_threshold: 0.25,
                 up_act: true,
@@ -340,6 +341,7 @@ fn kv_specs<T: KvElem>(
         head_dim: 32,
         scale: 0.2,
         softcap: 30.0,
+        sinks: Some(x),
         chunk: 64,
         part: &mut part,
         out,
@@ -350,6 +352,7 @@ fn kv_specs<T: KvElem>(
         n_heads: 2,
         head_dim: 32,
         n_chunks: 3,
+        sinks: Some(x),
         out,
     };
     [store, att, launch.spec(dev).unwrap()]

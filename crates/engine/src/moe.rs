@@ -87,6 +87,12 @@ impl MoeCall<'_> {
     fn predictor(&self, e: usize) -> Option<&LayerPredictor> {
         self.predictors?.get(e)?.as_ref()
     }
+
+    /// Whether the experts are gpt-oss's: biased, or with the clamped SwiGLU, whose neurons do
+    /// not fire by their gate alone (no exact-relu pass of gate rows first).
+    fn biased(&self) -> bool {
+        self.w.expert_bias.is_some() || self.act.swiglu_limit.is_some()
+    }
 }
 
 /// The router's logits (n × n_expert) of the `n` rows of `x` into `out`.
@@ -141,6 +147,7 @@ pub fn moe_ffn(
     }
     match (n, call.down_t, threshold, profiler) {
         (1, Some(down_t), Some(t), None) => threshold_decode(call, down_t, t, s, out)?,
+        (1, Some(_), None, None) if call.biased() => listed_decode(call, s, out)?,
         (1, Some(down_t), None, None) => sparse_decode(call, down_t, s, out)?,
         (_, _, _, profiler) => batch(call, s, profiler, out)?,
     }
@@ -310,8 +317,14 @@ fn threshold_decode(
     routed_gate_up(w, route, call.xn, inner)?;
     s.idx.resize_with(k, Vec::new);
     s.vals.resize_with(k, Vec::new);
-    for ((pair, idx), vals) in inner.chunks_exact_mut(2).zip(&mut s.idx).zip(&mut s.vals) {
+    let ef = w.gate[0].rows;
+    let lists = inner.chunks_exact_mut(2).zip(&mut s.idx).zip(&mut s.vals);
+    for (((pair, idx), vals), &(e, _)) in lists.zip(route) {
         let (g, u) = pair.split_at_mut(1);
+        if let Some(b) = &w.expert_bias {
+            add_each_row(&mut g[0], ExpertBias::of(&b.gate, e as usize, ef));
+            add_each_row(&mut u[0], ExpertBias::of(&b.up, e as usize, ef));
+        }
         activate(act, &mut g[0], &u[0]);
         idx.clear();
         vals.clear();
@@ -330,12 +343,48 @@ fn threshold_decode(
     let mut outs = slices(ys, call.dim);
     outs.iter_mut().for_each(|y| y.fill(0.0));
     axpy_rows_many(&parts, &mut outs)?;
-    for ((y, &(_, wt)), idx) in ys.iter().zip(route).zip(&s.idx) {
-        if !idx.is_empty() {
-            out.iter_mut().zip(y).for_each(|(o, v)| *o += wt * v);
+    // A biased expert adds its down bias whatever passed (gpt-oss).
+    for ((y, &(e, wt)), idx) in outs.iter_mut().zip(route).zip(&s.idx) {
+        match &w.expert_bias {
+            Some(b) => add_each_row(y, ExpertBias::of(&b.down, e as usize, call.dim)),
+            None if idx.is_empty() => continue,
+            None => {}
         }
+        out.iter_mut().zip(y.iter()).for_each(|(o, v)| *o += wt * v);
     }
     Ok(())
+}
+
+/// One token through biased experts (gpt-oss) outside threshold mode: each routed expert's
+/// gate and up rows of the neurons its predictor names (every neuron without a predictor, or
+/// outside predictor mode), their biases, the clamped SwiGLU, then the expert's down product
+/// over those activations (the others zero) and its down bias, every routed expert in one
+/// parallel pass ([`experts_pass`] with the rows listed), summed with their weights.
+fn listed_decode(call: &MoeCall<'_>, s: &mut MoeScratch, out: &mut [f32]) -> Result<()> {
+    let (w, ef) = (call.w, call.w.gate[0].rows);
+    let route = &s.routes[0];
+    s.predicted.resize_with(call.m.n_expert, Vec::new);
+    s.pred.resize_with(1, PredictorScratch::default);
+    s.predicted.iter_mut().for_each(Vec::clear);
+    for &(e, _) in route {
+        let ids = &mut s.predicted[e as usize];
+        match call.predictor(e as usize) {
+            Some(p) => predicted_active(p, call.xn, &mut s.pred[0], ids)?,
+            None => ids.extend(0..ef as u32),
+        }
+    }
+    let pass = ExpertsPass {
+        m: call.m,
+        w,
+        act: call.act,
+        xn: call.xn,
+        dim: call.dim,
+        early: None,
+        routes: Some(route),
+        rows: Some(&s.predicted),
+        shared: false,
+    };
+    experts_pass(&pass, &mut s.bufs, out)
 }
 
 /// A batch: the tokens grouped by expert, one product per expert over its tokens.

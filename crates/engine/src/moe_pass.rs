@@ -468,7 +468,8 @@ impl PassRun<'_> {
     }
 
     /// This thread's columns of `out`: the routed experts' outputs times their weights, in
-    /// route order, then the shared expert's times its scale.
+    /// route order (a biased expert with no row computed: its down bias), then the shared
+    /// expert's times its scale.
     fn sum(&self, pass: &Pass<'_>, items: &Items<'_>) {
         let (d, at, routes) = (&self.d, self.at, items.routes);
         let cols = pass.span(self.p.dim, COLS);
@@ -476,6 +477,11 @@ impl PassRun<'_> {
         let acc = unsafe { d.part(self.o, cols.clone()) };
         for (i, &(_, wt)) in routes.iter().enumerate() {
             if items.computed(i) == 0 {
+                // No row computed: a biased expert's output is its down bias (gpt-oss).
+                if let Some((e, b)) = items.bias(i) {
+                    let bd = &ExpertBias::of(&b.down, e, self.p.dim)[cols.clone()];
+                    acc.iter_mut().zip(bd).for_each(|(a, v)| *a += wt * v);
+                }
                 continue;
             }
             // SAFETY: as above.

@@ -13,10 +13,12 @@ Per layer ``l`` (when placed on the GPU):
   values'; f16 by default, f32, or ggml's q8_0/q4_0/q4_1 blocks of 32 values); with the
   family's extra vectors (f32, in the order of the layer program): ``attn_norm.bias``
   (LayerNorm), ``attn_{q,k,v}.bias`` (after the matrices), ``attn_q_norm``, ``attn_k_norm``
-  (head_dim each), ``attn_output.bias``, ``post_attention_norm``;
+  (head_dim each), ``attn_sinks`` (n_heads, gpt-oss), ``attn_output.bias``,
+  ``post_attention_norm``;
 * predictor: ``pred_fc1``, ``pred_fc2`` (see :mod:`.predictor_size`);
 * FFN, when the layer has hot neurons: ``ffn_norm`` (f32), the family's ``ffn_norm.bias``,
-  ``ffn_up.bias`` (ffn_dim), ``ffn_down.bias``, ``post_ffw_norm`` (f32), and ``ffn_hot``,
+  ``ffn_up.bias`` (ffn_dim), ``ffn_down.bias``, ``post_ffw_norm`` (f32),
+  ``ffn_{gate,up}_exps.bias`` (the layer's neurons, gpt-oss), and ``ffn_hot``,
   which holds the hot neurons in *slabs* of ``bucket`` neurons. A slab is the bucket's gate
   rows, up rows (none for gate-less families) and
   ``down_t`` rows (the down projection transposed, so a neuron's down vector is one contiguous
@@ -168,6 +170,8 @@ def attention_allocations(
             # per head, or over the whole vector (OLMoE)
             ("attn_q_norm", q_dim if c.qk_norm_full else c.head_dim, c.qk_norm),
             ("attn_k_norm", kv if c.qk_norm_full else c.head_dim, c.qk_norm),
+            # gpt-oss: a sink logit per query head
+            ("attn_sinks", c.n_heads, c.attn_sinks),
         ],
     )
     out += matrices(_ATTN_MATRICES[3:])
@@ -196,8 +200,11 @@ def slab_bytes(shape: ModelShape, layer: int, bucket: int) -> int:
 
 def ffn_fixed_allocations(shape: ModelShape, layer: int) -> list[Allocation]:
     """What a layer with any hot neuron allocates besides its slabs: the FFN input norm and the
-    family's FFN biases and post-norm."""
+    family's FFN biases and post-norm (gpt-oss: its experts' gate and up biases over the
+    layer's neurons; their down biases stay on the CPU)."""
     c = shape.config
+    eb = bool(c.expert_bias) and shape.layer_moe(layer)
+    n = shape.layer_neurons(layer)
     return [(f"blk.{layer}.ffn_norm", align(norm_bytes(shape)))] + _vectors(
         layer,
         [
@@ -205,6 +212,8 @@ def ffn_fixed_allocations(shape: ModelShape, layer: int) -> list[Allocation]:
             ("ffn_up.bias", c.ffn_dim, c.ffn_bias),
             ("ffn_down.bias", c.dim, c.ffn_bias),
             ("post_ffw_norm", c.dim, c.post_norms),
+            ("ffn_gate_exps.bias", n, eb),
+            ("ffn_up_exps.bias", n, eb),
         ],
     )
 

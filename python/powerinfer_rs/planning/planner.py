@@ -214,20 +214,13 @@ def plan_from_solution(problem: PlacementProblem, res: SolveResult, profile: Pro
 
 
 def refuse_non_flat(shape: ModelShape) -> None:
-    """:class:`UnsupportedError` for gpt-oss's biased experts, clamped SwiGLU and attention
-    sinks, or multi-head latent attention (a mixture of experts' leading dense layers, GLM-4.5's,
-    are planned over their own neurons)."""
+    """:class:`UnsupportedError` for multi-head latent attention (a mixture of experts' leading
+    dense layers, GLM-4.5's, are planned over their own neurons; gpt-oss's biased experts and
+    attention sinks over its flattened experts, the biases and sinks on the GPU with them)."""
     if getattr(shape.config, "mla_kv_lora_rank", 0):
         raise UnsupportedError(
             "a plan of multi-head latent attention (DeepSeek-V2/V3): its latent KV cache and "
             "absorbed projections have no GPU side; such a model runs dense on the CPU"
-        )
-    c = shape.config
-    if shape.moe and (c.expert_bias or c.swiglu_limit or c.attn_sinks):
-        raise UnsupportedError(
-            "a plan of a mixture of experts with expert biases, the clamped SwiGLU or attention "
-            "sinks (gpt-oss): a neuron's output is not zero where its gate is, and the GPU's "
-            "attention has no sinks; such a model runs dense on the CPU"
         )
 
 
@@ -364,6 +357,11 @@ def _with_ram(
     """``plan`` with its RAM tier under ``ram_budget`` (unchanged without one)."""
     if ram_budget is None:
         return plan
+    if shape.moe and shape.config.expert_bias:
+        raise UnsupportedError(
+            "a RAM tier for gpt-oss's biased experts: the neuron store holds no expert biases; "
+            "plan without --ram-budget"
+        )
     if len(set(shape.neuron_counts)) > 1:
         raise UnsupportedError(
             "a RAM tier for a mixture of experts with leading dense layers (GLM-4.5's "

@@ -212,21 +212,35 @@ pub(crate) struct Neurons<'a> {
     ids: Rows<'a>,
     flags: Option<&'a [i32]>,
     bias: Option<&'a [f32]>,
+    up_bias: Option<&'a [f32]>,
 }
 
 impl<'a> Neurons<'a> {
-    /// Ids at `ids_l` in `ids_buf`, with the optional flags and bias.
+    /// Ids at `ids_l` in `ids_buf`, with the optional flags and gate and up biases.
     pub(crate) fn new(
         ids_buf: &'a [u8],
         ids_l: RowLayout,
         flags: Option<&'a [i32]>,
-        bias: Option<&'a [f32]>,
+        [bias, up_bias]: [Option<&'a [f32]>; 2],
     ) -> Result<Neurons<'a>> {
         Ok(Neurons {
             ids: Rows::ids(ids_buf, ids_l)?,
             flags,
             bias,
+            up_bias,
         })
+    }
+
+    /// The up bias of matrix row `r` (0 without one; a padding row's is 0). An id past the
+    /// bias is a Shape error.
+    pub(crate) fn up_bias(&self, r: usize) -> Result<f32> {
+        let Some(b) = self.up_bias else {
+            return Ok(0.0);
+        };
+        match self.ids.id(r)? {
+            id if id < 0 => Ok(0.0),
+            id => Ok(b[index(id, b.len(), "neuron id (up bias)")?]),
+        }
     }
 
     /// The gate bias of matrix row `r` (0 without one), or None when the row yields 0 unread

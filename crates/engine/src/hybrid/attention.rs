@@ -27,10 +27,10 @@ pub struct AttnPass<'a, B: Backend> {
 fn attend<B: Backend, T: KvElem>(
     dev: &B,
     sc: &mut GpuScratch<B>,
-    cache_k: &mut B::Buf<T>,
-    cache_v: &mut B::Buf<T>,
+    [cache_k, cache_v]: [&mut B::Buf<T>; 2],
     pos: usize,
     p: &AttnParams,
+    sinks: Option<&B::Buf<f32>>,
 ) -> Result<()> {
     dev.kv_store(&sc.k, &sc.v, pos, cache_k, cache_v)?;
     dev.attention(
@@ -39,6 +39,7 @@ fn attend<B: Backend, T: KvElem>(
         cache_v,
         pos + 1,
         p,
+        sinks,
         &mut sc.attp,
         &mut sc.att,
     )
@@ -162,7 +163,8 @@ impl<B: Backend> AttnPass<'_, B> {
             .rope(&mut sc.q, Some(&mut sc.k), hd, self.pos, inv, style, norms)
     }
 
-    /// Store the position's keys and values and attend over the cache: `sc.att`.
+    /// Store the position's keys and values and attend over the cache (with the layer's sinks,
+    /// gpt-oss): `sc.att`.
     fn attend(&mut self, p: &AttendParams) -> Result<()> {
         let c = self.c;
         let params = AttnParams {
@@ -174,9 +176,11 @@ impl<B: Backend> AttnPass<'_, B> {
             softcap: p.softcap,
         };
         let (dev, sc, pos) = (self.dev, &mut *self.sc, self.pos);
-        match &mut self.a.cache {
-            KvBufs::F16(k, v) => attend(dev, sc, k, v, pos, &params),
-            KvBufs::F32(k, v) => attend(dev, sc, k, v, pos, &params),
+        let a = &mut *self.a;
+        let sinks = a.sinks.as_ref();
+        match &mut a.cache {
+            KvBufs::F16(k, v) => attend(dev, sc, [k, v], pos, &params, sinks),
+            KvBufs::F32(k, v) => attend(dev, sc, [k, v], pos, &params, sinks),
         }
     }
 

@@ -10,7 +10,7 @@ use powerinfer_cpu::{axpy_rows, matvec_rows, sparse_ffn_many, GateRows, SparseFf
 
 use crate::layer::FfnKind;
 use crate::moe_pass::{experts_pass, ExpertsPass};
-use crate::moe_weights::{shared_scale, MoeWeights};
+use crate::moe_weights::{shared_scale, ExpertBias, MoeWeights};
 
 /// Each expert's cold neurons (rows of the expert, ascending) given the layer's hot neurons
 /// (flattened ids, ascending): what the CPU computes when the expert is routed.
@@ -51,9 +51,12 @@ pub fn token_weights(
 /// rows, then the up and transposed down rows of those that fire, every routed expert's tasks in
 /// one parallel region ([`sparse_ffn_many`], as the CPU engine's sparse experts); with
 /// `threshold`, per expert its gate and up rows, then the down rows of those with
-/// |act(gate)·up| >= t. Each expert's output times its weight,
+/// |act(gate)·up| >= t. Biased experts (gpt-oss) add their gate and up biases to the cold rows
+/// (the clamped SwiGLU of them), and the CPU adds every routed expert's down bias, hot or cold
+/// (the GPU's hot part has none). Each expert's output times its weight,
 /// summed into `out` (dim, overwritten); `bufs` is scratch reused across tokens. Returns the
-/// bytes of expert rows read, or None when no routed expert has cold neurons.
+/// bytes of expert rows read, or None when no routed expert has cold neurons and none has a
+/// down bias (nothing to add).
 #[allow(clippy::too_many_arguments)]
 pub fn cold_experts(
     m: &MoeFeatures,
@@ -84,6 +87,7 @@ pub fn cold_experts(
             rows: Some(cold),
             shared: false,
         };
+        // (A biased expert's down bias comes in the pass, whether it has cold rows or none.)
         experts_pass(&pass, bufs, out)?;
         let mut bytes = 0;
         for &(e, _) in routes {
@@ -93,7 +97,8 @@ pub fn cold_experts(
                     + w.down[e].n_bytes();
             }
         }
-        return Ok((bytes > 0).then_some(bytes as u64));
+        let biased = w.expert_bias.is_some() && !routes.is_empty();
+        return Ok((bytes > 0 || biased).then_some(bytes as u64));
     }
     let work: Vec<(usize, f32)> = routes
         .iter()
@@ -139,7 +144,8 @@ pub fn cold_experts(
         Some(t) => {
             for (&(e, _), y) in work.iter().zip(ys.iter_mut()) {
                 y.fill(0.0);
-                let passed = threshold_rows(&ffn(e), act, t, xn, &cold[e], y)?;
+                let bias = w.expert_bias.as_ref().map(|b| (b, e));
+                let passed = threshold_rows(&ffn(e), act, bias, t, xn, &cold[e], y)?;
                 bytes += cold[e].len() * (w.gate[e].row_bytes() + w.up[e].row_bytes())
                     + passed * down_t[e].row_bytes();
             }
@@ -148,15 +154,25 @@ pub fn cold_experts(
     for (y, &(_, wt)) in bufs.iter().zip(&work) {
         out.iter_mut().zip(y).for_each(|(o, v)| *o += wt * v);
     }
-    Ok((!work.is_empty()).then_some(bytes as u64))
+    // Every routed expert's down bias, on the CPU side only.
+    if let Some(b) = &w.expert_bias {
+        for &(e, wt) in routes {
+            let bd = ExpertBias::of(&b.down, e as usize, dim);
+            out.iter_mut().zip(bd).for_each(|(o, v)| *o += wt * v);
+        }
+    }
+    let biased = w.expert_bias.is_some() && !routes.is_empty();
+    Ok((!work.is_empty() || biased).then_some(bytes as u64))
 }
 
-/// Threshold mode over the rows `ids` of one expert: their gate and up rows, then the
-/// transposed down rows of the neurons with |act(gate)·up| >= `t`, into `y`. Returns how many
-/// passed.
+/// Threshold mode over the rows `ids` of one expert: their gate and up rows (with expert `e`'s
+/// gate and up biases where `bias` gives them), then the transposed down rows of the neurons
+/// with |act(gate)·up| >= `t` (the clamped SwiGLU's value for gpt-oss), into `y`. Returns how
+/// many passed.
 fn threshold_rows(
     ffn: &SparseFfn<'_>,
     act: FfnKind,
+    bias: Option<(&ExpertBias, usize)>,
     t: f32,
     xn: &[f32],
     ids: &[u32],
@@ -167,9 +183,20 @@ fn threshold_rows(
     if let Some(up) = ffn.up {
         matvec_rows(up, xn, ids, &mut u)?;
     }
+    if let Some((b, e)) = bias {
+        let ef = ffn.gate.rows;
+        let (bg, bu) = (ExpertBias::of(&b.gate, e, ef), ExpertBias::of(&b.up, e, ef));
+        for ((&i, g), u) in ids.iter().zip(&mut g).zip(&mut u) {
+            *g += bg[i as usize];
+            *u += bu[i as usize];
+        }
+    }
     let (mut idx, mut vals) = (Vec::new(), Vec::new());
     for ((&i, &g), &u) in ids.iter().zip(&g).zip(&u) {
-        let h = act.times_up(act.apply(g), u);
+        let h = match act.swiglu_limit {
+            Some(limit) => powerinfer_core::swiglu_oai(g, u, limit),
+            None => act.times_up(act.apply(g), u),
+        };
         if h.abs() >= t {
             idx.push(i);
             vals.push(h);

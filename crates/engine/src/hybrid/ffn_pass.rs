@@ -29,6 +29,7 @@ fn gpu_act(k: FfnKind) -> FfnAct {
         act: Act::from(k.act),
         relu_threshold: k.relu_threshold,
         up_act: k.up_act,
+        swiglu_limit: k.swiglu_limit.unwrap_or(0.0),
     }
 }
 
@@ -313,7 +314,8 @@ impl<B: Backend> FfnPass<'_, B> {
         let act = gpu_act(kind);
         let quant = hot.layout.gate_dtype.is_quantized();
         let x = sc.xq.xb(dev, quant, site, &sc.xb)?;
-        dev.hot_gate_up(hot, x, Some(&sc.active), act, None, &mut sc.hb)?;
+        let bias = f.expert_bias.as_ref().map_or([None, None], |[g, u]| [Some(g), Some(u)]);
+        dev.hot_gate_up_biased(hot, x, Some(&sc.active), act, bias, &mut sc.hb)?;
         if let Some(t) = self.choices.threshold {
             // The routed experts' slots: the shared expert (all of it hot, the largest ids)
             // runs dense, as on the CPU, in the last slots.

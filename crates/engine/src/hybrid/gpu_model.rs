@@ -83,6 +83,8 @@ pub struct GpuAttention<B: Backend> {
     pub wv: DeviceWeight<B>,
     pub qkv_bias: Option<[B::Buf<f32>; 3]>,
     pub qk_norm: Option<[B::Buf<f32>; 2]>,
+    /// gpt-oss's sink logit per query head (`attn_sinks`).
+    pub sinks: Option<B::Buf<f32>>,
     pub wo: DeviceWeight<B>,
     pub out_bias: Option<B::Buf<f32>>,
     pub post_norm: Option<B::Buf<f32>>,
@@ -174,6 +176,9 @@ pub struct GpuFfn<B: Backend> {
     pub in_bias: Option<B::Buf<f32>>,
     pub down_bias: Option<B::Buf<f32>>,
     pub post_norm: Option<B::Buf<f32>>,
+    /// gpt-oss's experts' gate and up biases over the layer's flattened neurons (indexed by
+    /// neuron id; the shared expert's, if any, 0); their down biases stay on the CPU side.
+    pub expert_bias: Option<[B::Buf<f32>; 2]>,
     pub hot: HotFfn<B>,
 }
 
@@ -347,6 +352,7 @@ impl<B: Backend> GpuAttention<B> {
             ]),
             None => None,
         };
+        let sinks = reg.maybe(dev, &name("attn_sinks"), lw.attn_sinks.as_deref())?;
         let wo = reg.weight(dev, &name("attn_output"), &lw.wo)?;
         let out_bias = reg.maybe(dev, &name("attn_output.bias"), lw.out_bias.as_deref())?;
         let post = lw.post_norms.as_ref().map(|[a, _]| &a[..]);
@@ -371,6 +377,7 @@ impl<B: Backend> GpuAttention<B> {
             wv,
             qkv_bias,
             qk_norm,
+            sinks,
             wo,
             out_bias,
             post_norm,
@@ -404,6 +411,21 @@ impl<B: Backend> GpuFfn<B> {
         let down_bias = reg.maybe(dev, &name("ffn_down.bias"), downb)?;
         let post = lw.post_norms.as_ref().map(|[_, f]| &f[..]);
         let post_norm = reg.maybe(dev, &name("post_ffw_norm"), post)?;
+        let expert_bias = match lw.moe.as_ref().and_then(|m| m.expert_bias.as_ref()) {
+            Some(b) => {
+                let n = model.config.layer_neurons(i);
+                let mut flat = |v: &[f32], t: &str| {
+                    let mut all = v.to_vec();
+                    all.resize(n, 0.0);
+                    reg.upload(dev, &name(t), &all)
+                };
+                Some([
+                    flat(&b.gate, "ffn_gate_exps.bias")?,
+                    flat(&b.up, "ffn_up_exps.bias")?,
+                ])
+            }
+            None => None,
+        };
         let hot = upload_hot(dev, model, plan, i, downs)?;
         reg.note(&name("ffn_hot"), hot.n_bytes());
         Ok(GpuFfn {
@@ -412,6 +434,7 @@ impl<B: Backend> GpuFfn<B> {
             in_bias,
             down_bias,
             post_norm,
+            expert_bias,
             hot,
         })
     }

@@ -66,7 +66,7 @@ impl StoreLayout {
     /// are its routed experts' flattened (neuron `e·E + j` is row `j` of expert `e`, GGUF's own
     /// order in the merged tensors); its shared expert stays with the mapped weights.
     pub fn for_model(model: &ModelWeights, cluster: usize, fingerprint: &str) -> Result<Self> {
-        model.config.refuse_non_flat("a neuron store")?;
+        model.config.refuse_expert_biases("a neuron store")?;
         let c = &model.config;
         let formats: Vec<[Option<DType>; 3]> = (0..c.n_layers)
             .map(|i| {

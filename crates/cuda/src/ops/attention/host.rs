@@ -74,14 +74,17 @@ pub(crate) struct Dst<'a> {
 /// `s_p = (q[h]·scale) · k[p]`, soft-capped to `c · tanh(s_p / c)` when the cap `c` > 0, their
 /// max m, normaliser `l = Σ_p e^(s_p − m)` and unnormalised output `Σ_p e^(s_p − m) · v[p]`
 /// (the sums in f64); one chunk gives `out[h]` = output / l, more go to `dst.part` for
-/// [`attention_merge`]. `q` and `out` hold n_heads · head_dim values; the range must hold at
-/// least one position (the kernel's output would be 0/0).
+/// [`attention_merge`]. With `sinks` (one logit per query head, gpt-oss) and one chunk, head
+/// h's sink joins the max and the normaliser (`m = max(m, sink)`, `l += e^(sink − m)`); more
+/// chunks leave it to the merge. `q` and `out` hold n_heads · head_dim values; the range must
+/// hold at least one position (the kernel's output would be 0/0).
 pub(crate) fn attention_decode<T: KvElem>(
     heads: &Heads,
     q: &[f32],
     [cache_k, cache_v]: [&[T]; 2],
     positions: std::ops::Range<usize>,
     [scale, softcap]: [f32; 2],
+    sinks: Option<&[f32]>,
     dst: Dst<'_>,
 ) -> Result<()> {
     let Heads {
@@ -134,9 +137,15 @@ pub(crate) fn attention_decode<T: KvElem>(
                     }
                 })
                 .collect();
-            let m = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            // With one chunk the head's sink joins here (more: in the merge).
+            let sink = sinks.filter(|_| n_chunks == 1).map(|s| s[h] as f64);
+            let m = scores
+                .iter()
+                .copied()
+                .chain(sink)
+                .fold(f64::NEG_INFINITY, f64::max);
             acc.fill(0.0);
-            let mut denom = 0.0;
+            let mut denom = sink.map_or(0.0, |s| (s - m).exp());
             for (p, &s) in range.zip(&scores) {
                 let e = (s - m).exp();
                 denom += e;
@@ -166,12 +175,14 @@ pub(crate) fn attention_decode<T: KvElem>(
 }
 
 /// `attention_merge`: for each head, the `n_chunks` partial states of `part` (see
-/// [`attention_decode`]) combined in chunk order: `out = Σ_c acc_c e^(m_c − M) / Σ_c l_c
-/// e^(m_c − M)`, M the largest m_c (the sums in f64).
+/// [`attention_decode`]) combined in chunk order: `out = Σ_c acc_c e^(m_c − M) / (e^(sink − M)
+/// + Σ_c l_c e^(m_c − M))`, M the largest of the m_c and the head's sink (`sinks`; none: no
+/// such term), the sums in f64.
 pub(crate) fn attention_merge(
     part: &[f32],
     n_chunks: usize,
     head_dim: usize,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
 ) -> Result<()> {
     let stride = head_dim + 2;
@@ -187,19 +198,21 @@ pub(crate) fn attention_merge(
     }
     for (h, oh) in out.chunks_exact_mut(head_dim).enumerate() {
         let ph = &part[h * n_chunks * stride..][..n_chunks * stride];
+        let sink = sinks.map(|s| s[h] as f64);
         let m = ph
             .chunks_exact(stride)
             .map(|pc| pc[head_dim] as f64)
+            .chain(sink)
             .fold(f64::NEG_INFINITY, f64::max);
         let w: Vec<f64> = ph
             .chunks_exact(stride)
             .map(|pc| (pc[head_dim] as f64 - m).exp())
             .collect();
-        let denom: f64 = ph
-            .chunks_exact(stride)
-            .zip(&w)
-            .map(|(pc, w)| pc[head_dim + 1] as f64 * w)
-            .sum();
+        let denom: f64 = sink.map_or(0.0, |s| (s - m).exp())
+            + ph.chunks_exact(stride)
+                .zip(&w)
+                .map(|(pc, w)| pc[head_dim + 1] as f64 * w)
+                .sum::<f64>();
         for (d, o) in oh.iter_mut().enumerate() {
             let a: f64 = ph
                 .chunks_exact(stride)

@@ -62,9 +62,10 @@ kernel! {
 kernel! {
     /// `attention_decode` (`attention_decode_f32` for f32 caches): one query over positions
     /// `first..n_pos` of the caches, grouped-query, scores `(q · scale)·k`, soft-capped by
-    /// `softcap` when > 0, in chunks of `chunk` positions. One chunk: the output to `out`; more:
+    /// `softcap` when > 0, with each head's sink logit in `sinks` joining the softmax where
+    /// given (gpt-oss), in chunks of `chunk` positions. One chunk: the output to `out`; more:
     /// each chunk's unnormalised output, max and normaliser to `part`
-    /// (`[n_heads][n_chunks][head_dim + 2]`), for [`AttentionMerge`].
+    /// (`[n_heads][n_chunks][head_dim + 2]`, without the sink), for [`AttentionMerge`].
     struct AttentionDecode<'a, B> {
         q: &'a B::Buf<f32>,
         caches: KvCaches<'a, B>,
@@ -75,6 +76,7 @@ kernel! {
         head_dim: usize,
         scale: f32,
         softcap: f32,
+        sinks: Option<&'a B::Buf<f32>>,
         chunk: usize,
         part: &'a mut B::Buf<f32>,
         out: &'a mut B::Buf<f32>,
@@ -82,9 +84,9 @@ kernel! {
     entry(k) = kv_entry("attention_decode", k.caches.elem());
     spec(k, dev, a) {
         // attention_decode[_f32](q, cache_k, cache_v, first, n_pos, group, head_dim, kv_dim,
-        // scale, softcap, chunk, part, out): block (x, y, z) = query heads x * ATT_GROUP.. of the
-        // group of KV head y over chunk z; head_dim <= MAX_HEAD_DIM fits the kernel's static
-        // shared arrays; first < n_pos.
+        // scale, softcap, sinks, chunk, part, out): block (x, y, z) = query heads x * ATT_GROUP..
+        // of the group of KV head y over chunk z; head_dim <= MAX_HEAD_DIM fits the kernel's
+        // static shared arrays; first < n_pos; sinks (null: none) holds n_heads floats.
         let entry = k.entry();
         let (n_heads, n_kv_heads, head_dim) = (k.n_heads, k.n_kv_heads, k.head_dim);
         let group = n_heads / n_kv_heads.max(1);
@@ -97,6 +99,7 @@ kernel! {
             .i32(to_i32(n_kv_heads * head_dim, "kv_dim")?);
         a.f32(k.scale)
             .f32(k.softcap)
+            .ptr(k.sinks.map_or(0, |s| dev.addr(s)))
             .i32(to_i32(k.chunk, "chunk")?);
         a.ptr(dev.addr_mut(k.part)).ptr(dev.addr_mut(k.out));
         let chunks = grid(k.n_pos.saturating_sub(k.first), k.chunk.max(1))?;
@@ -111,6 +114,10 @@ kernel! {
         let q = prefix(B::data(k.q), total, "q")?;
         let out = prefix_mut(B::data_mut(k.out), total, "out")?;
         let (positions, params) = (k.first..k.n_pos, [k.scale, k.softcap]);
+        let sinks = match k.sinks {
+            Some(s) => Some(prefix(B::data(s), k.n_heads, "sinks")?),
+            None => None,
+        };
         let dst = Dst {
             chunk: k.chunk,
             part: B::data_mut(k.part),
@@ -119,11 +126,11 @@ kernel! {
         match k.caches {
             KvCaches::F16 { k, v } => {
                 let caches = [B::data(k), B::data(v)];
-                host::attention_decode(&shape, q, caches, positions, params, dst)
+                host::attention_decode(&shape, q, caches, positions, params, sinks, dst)
             }
             KvCaches::F32 { k, v } => {
                 let caches = [B::data(k), B::data(v)];
-                host::attention_decode(&shape, q, caches, positions, params, dst)
+                host::attention_decode(&shape, q, caches, positions, params, sinks, dst)
             }
         }
     }
@@ -131,20 +138,23 @@ kernel! {
 
 kernel! {
     /// `attention_merge`: the chunks' partial states in `part` combined, in chunk order, into
-    /// each head's output.
+    /// each head's output, each head's sink logit in `sinks` joining the softmax where given.
     struct AttentionMerge<'a, B> {
         part: &'a B::Buf<f32>,
         n_heads: usize,
         head_dim: usize,
         n_chunks: usize,
+        sinks: Option<&'a B::Buf<f32>>,
         out: &'a mut B::Buf<f32>,
     }
     entry = "attention_merge";
     spec(k, dev, a) {
-        // attention_merge(part, n_chunks, head_dim, out): a block per head.
+        // attention_merge(part, n_chunks, head_dim, sinks, out): a block per head; sinks (null:
+        // none) holds n_heads floats.
         a.ptr(dev.addr(k.part))
             .i32(to_i32(k.n_chunks, "chunks")?);
         a.i32(to_i32(k.head_dim, "head_dim")?)
+            .ptr(k.sinks.map_or(0, |s| dev.addr(s)))
             .ptr(dev.addr_mut(k.out));
         let blocks = [to_i32(k.n_heads, "heads")? as u32, 1];
         let entry = k.entry();
@@ -152,7 +162,11 @@ kernel! {
     }
     host(k) {
         let total = product(k.n_heads, k.head_dim, "n_heads × head_dim")?;
+        let sinks = match k.sinks {
+            Some(s) => Some(prefix(B::data(s), k.n_heads, "sinks")?),
+            None => None,
+        };
         let out = prefix_mut(B::data_mut(k.out), total, "out")?;
-        host::attention_merge(B::data(k.part), k.n_chunks, k.head_dim, out)
+        host::attention_merge(B::data(k.part), k.n_chunks, k.head_dim, sinks, out)
     }
 }

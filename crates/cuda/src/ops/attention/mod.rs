@@ -59,12 +59,15 @@ pub trait AttentionOps: Backend {
     /// Decode attention for the token at position `n_pos − 1`: `q` is n_heads × head_dim, the
     /// caches hold positions 0..n_pos (rows of n_kv_heads × head_dim), `out` is n_heads × head_dim;
     /// the query attends to positions `p.first(n_pos)..n_pos`, scores `(q·k)·p.scale`, soft-capped
-    /// to `c · tanh(s / c)` with `p.softcap = Some(c)`. Flash-decoding: the positions are cut into
+    /// to `c · tanh(s / c)` with `p.softcap = Some(c)`; with `sinks` (n_heads values: gpt-oss's
+    /// `attn_sinks`) head h's sink logit joins the softmax's max and normaliser as a score
+    /// without a value, once (in the merge when the positions take several chunks), as the CPU
+    /// side's `SoftmaxExtras` adds it. Flash-decoding: the positions are cut into
     /// as many chunks as `part` holds partial states for ([`att_chunking`], at least
     /// [`crate::layout::ATT_MIN_CHUNK`] positions each), merged by a second launch; one chunk (a
     /// short context, or an empty `part`) is one launch. `Error::Unsupported` for head_dim >
     /// [`MAX_HEAD_DIM`], a scale that is no finite number or a cap that is no positive one;
-    /// `Error::Shape` for a window of 0 positions.
+    /// `Error::Shape` for a window of 0 positions or sinks of another length than n_heads.
     #[allow(clippy::too_many_arguments)]
     fn attention<T: KvElem>(
         &self,
@@ -73,6 +76,7 @@ pub trait AttentionOps: Backend {
         cache_v: &Self::Buf<T>,
         n_pos: usize,
         p: &AttnParams,
+        sinks: Option<&Self::Buf<f32>>,
         part: &mut Self::Buf<f32>,
         out: &mut Self::Buf<f32>,
     ) -> Result<()> {
@@ -108,6 +112,12 @@ pub trait AttentionOps: Backend {
             "attention: {n_pos} positions do not fit the cache"
         );
         ensure!(
+            sinks.is_none_or(|s| s.len() == n_heads),
+            Shape,
+            "attention: {} sinks for {n_heads} heads",
+            sinks.map_or(0, |s| s.len())
+        );
+        ensure!(
             window != Some(0),
             Shape,
             "attention: a sliding window of 0 positions"
@@ -134,6 +144,7 @@ pub trait AttentionOps: Backend {
             head_dim,
             scale,
             softcap: softcap.unwrap_or(0.0),
+            sinks,
             chunk,
             part,
             out,
@@ -145,6 +156,7 @@ pub trait AttentionOps: Backend {
                 n_heads,
                 head_dim,
                 n_chunks,
+                sinks,
                 out,
             };
             self.launch(merge, Checked(()))?;

@@ -121,16 +121,30 @@ fn attention_decode_at<T: KvElem>() {
         let round =
             |v: &[f32]| -> Vec<f32> { v.iter().map(|x| T::from_f32(*x).to_f32()).collect() };
         let (kr, vr) = (round(&k), round(&v));
-        // All positions, the last 3 (a window), and soft-capped scores.
-        for (first, cap) in [(0, 0.0f32), (n_pos.saturating_sub(3), 0.0), (0, 0.5)] {
+        // All positions, the last 3 (a window), and soft-capped scores; without sinks, and
+        // with sinks below, near and above each head's scores.
+        let cases = [(0, 0.0f32), (n_pos.saturating_sub(3), 0.0), (0, 0.5)];
+        for ((first, cap), place) in cases.into_iter().flat_map(|c| SINKS.map(|p| (c, p))) {
             let capped = (cap > 0.0).then_some(cap as f64);
             let (kf, vf) = (|i: usize| kr[i] as f64, |i: usize| vr[i] as f64);
             let shape = (nkv, hd);
-            let want: Vec<f32> =
-                attention_ref(&q, kf, vf, shape, first, n_pos, scale as f64, capped)
-                    .iter()
-                    .map(|&w| w as f32)
-                    .collect();
+            let span = (first, n_pos, scale as f64, capped);
+            let sinks = place.map(|p| sinks_at(p, &head_scores(&q, &kr, shape, span)));
+            let want: Vec<f32> = attention_ref(
+                &q,
+                kf,
+                vf,
+                shape,
+                first,
+                n_pos,
+                scale as f64,
+                capped,
+                sinks.as_deref(),
+            )
+            .iter()
+            .map(|&w| w as f32)
+            .collect();
+            let d_sinks = sinks.as_deref().map(|s| upload(&be, s));
             let dq = upload(&be, &q);
             // One chunk (the output directly), and chunks of 4 positions merged.
             for chunk in [n_pos, 4] {
@@ -149,6 +163,7 @@ fn attention_decode_at<T: KvElem>() {
                         head_dim: hd,
                         scale,
                         softcap: cap,
+                        sinks: d_sinks.as_ref(),
                         chunk,
                         part: &mut part,
                         out: &mut out,
@@ -161,17 +176,93 @@ fn attention_decode_at<T: KvElem>() {
                         n_heads: nh,
                         head_dim: hd,
                         n_chunks,
+                        sinks: d_sinks.as_ref(),
                         out: &mut out,
                     };
                     launch(&be, merge).unwrap();
                 }
                 let what = format!(
-                    "{} {nh}/{nkv} x {hd} from {first} cap {cap}, {n_chunks} chunks",
+                    "{} {nh}/{nkv} x {hd} from {first} cap {cap}, sinks {place:?}, {n_chunks} \
+                     chunks",
                     T::NAME
                 );
                 assert_close(&download(&be, &out), &want, 1e-5, &what);
             }
         }
+    }
+}
+
+/// Where a test puts each head's sink logit against its scores.
+#[derive(Clone, Copy, Debug)]
+enum Sink {
+    /// 20 below the head's lowest score (it weighs e^-20 of a score).
+    Below,
+    /// Within half a unit of the head's highest score.
+    Near,
+    /// 12 above the head's highest score (it takes nearly all the weight).
+    Above,
+}
+
+/// No sinks, then each placement.
+const SINKS: [Option<Sink>; 4] = [None, Some(Sink::Below), Some(Sink::Near), Some(Sink::Above)];
+
+/// Each query head's (lowest, highest) score `(q·k)·scale` (capped as the span says) over
+/// positions `first..n_pos` of the keys `k` (rows of `n_kv · hd`), in f64.
+fn head_scores(
+    q: &[f32],
+    k: &[f32],
+    (n_kv, hd): (usize, usize),
+    (first, n_pos, scale, cap): (usize, usize, f64, Option<f64>),
+) -> Vec<(f64, f64)> {
+    let nh = q.len() / hd;
+    (0..nh)
+        .map(|h| {
+            let g = h / (nh / n_kv);
+            let s = (first..n_pos).map(|p| {
+                let kp = &k[p * n_kv * hd + g * hd..][..hd];
+                let s: f64 = q[h * hd..][..hd]
+                    .iter()
+                    .zip(kp)
+                    .map(|(&a, &b)| a as f64 * b as f64)
+                    .sum::<f64>()
+                    * scale;
+                cap.map_or(s, |c| c * (s / c).tanh())
+            });
+            s.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)))
+        })
+        .collect()
+}
+
+/// One sink logit per head placed against its score range as `place` says.
+fn sinks_at(place: Sink, scores: &[(f64, f64)]) -> Vec<f32> {
+    scores
+        .iter()
+        .enumerate()
+        .map(|(h, &(lo, hi))| match place {
+            Sink::Below => (lo - 20.0) as f32,
+            Sink::Near => (hi + 0.25 * (h % 3) as f64 - 0.25) as f32,
+            Sink::Above => (hi + 12.0) as f32,
+        })
+        .collect()
+}
+
+#[test]
+fn sinks_change_the_softmax_where_they_weigh() {
+    // The reference with sinks near or above the scores differs from the one without: the
+    // attention test above checks a term that matters.
+    let (nh, nkv, hd, n_pos) = (4, 2, 32, 9);
+    let (k, v) = (pseudo_random(n_pos * nkv * hd, 3), pseudo_random(n_pos * nkv * hd, 4));
+    let q: Vec<f32> = pseudo_random(nh * hd, 5).iter().map(|x| 8.0 * x).collect();
+    let (kf, vf) = (|i: usize| k[i] as f64, |i: usize| v[i] as f64);
+    let scale = 1.0 / (hd as f64).sqrt();
+    let plain = attention_ref(&q, kf, vf, (nkv, hd), 0, n_pos, scale, None, None);
+    let scores = head_scores(&q, &k, (nkv, hd), (0, n_pos, scale, None));
+    for (place, least) in [(Sink::Near, 0.05), (Sink::Above, 0.5)] {
+        let s = sinks_at(place, &scores);
+        let with = attention_ref(&q, kf, vf, (nkv, hd), 0, n_pos, scale, None, Some(&s));
+        let diff = plain.iter().zip(&with).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        let top = plain.iter().map(|a| a.abs()).fold(0.0, f64::max);
+        assert!(diff > least * top, "{place:?}: {diff} of {top}");
     }
 }
 
@@ -195,6 +286,7 @@ fn bad_attention_shapes_are_errors() {
                 head_dim,
                 scale: 0.125,
                 softcap: 0.0,
+                sinks: None,
                 chunk: 64,
                 part: &mut part,
                 out: &mut out,

@@ -29,6 +29,7 @@ fn fat_relu_keeps_values_above_its_threshold_only() {
         act,
         relu_threshold,
         up_act: false,
+        swiglu_limit: 0.0,
     };
     let f = |a, x| super::host::apply_ffn_act(a, x);
     assert_eq!(f(fat(0.5, Act::Relu), 0.5), 0.0);

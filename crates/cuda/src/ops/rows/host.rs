@@ -10,6 +10,7 @@ use powerinfer_core::Result;
 
 use crate::host::view::{prefix, prefix_mut, shape, Active, Neurons, Picks, Rows};
 use crate::layout::{xq_bytes, Act, FfnAct, XQ_BLOCK};
+use powerinfer_core::swiglu_oai;
 use crate::ops::elementwise::host::{apply_act, apply_ffn_act};
 
 /// Largest |q| of quantized x (`XQ_MAX` in common.cuh).
@@ -109,7 +110,8 @@ pub(crate) fn sparse_matvec(
 /// `h[k] = g · u'` for k in 0..n with `g = act(dot(gate[row k], x) + bias)` and
 /// `u' = dot(up[row k], x)`, `act` of it with `act.up_act`, or 1 without up rows (a gate-less
 /// FFN); `act` with its FATReLU threshold. The up row is not read when `g` is exactly 0, nor
-/// any row of a neuron `neurons` says yields 0.
+/// any row of a neuron `neurons` says yields 0. With `act.swiglu_limit` > 0 and up rows
+/// (gpt-oss) `h[k] = swiglu_oai(dot(gate, x) + bias, dot(up, x) + up bias, limit)`.
 pub(crate) fn gate_up(
     (gate, up): (&Rows<'_>, Option<&Rows<'_>>),
     x: &[f32],
@@ -124,6 +126,11 @@ pub(crate) fn gate_up(
         let Some(bias) = neurons.gate_bias(r)? else {
             continue;
         };
+        if let (Some(up), true) = (up, act.swiglu_limit > 0.0) {
+            let u = up.dot(r, x)? + neurons.up_bias(r)?;
+            *out = swiglu_oai(gate.dot(r, x)? + bias, u, act.swiglu_limit);
+            continue;
+        }
         let g = apply_ffn_act(act, gate.dot(r, x)? + bias);
         *out = g;
         if let (Some(up), true) = (up, g != 0.0) {

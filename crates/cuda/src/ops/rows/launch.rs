@@ -192,9 +192,10 @@ kernel! {
     /// `u' = dot(up[k], x)` (`act` of it with `act.up_act`; 1 without up rows: `up_l` None), `act`
     /// with its FATReLU threshold; the up row not read when `g` is 0; ids (for `flags` and `bias`,
     /// each one entry per FFN neuron) live in `w` at `ids_l`, and a padding slot (id −1) gives 0
-    /// when either is given. `x` as [`XArg`] says for the format; with `count` (written by
-    /// `compact_flags`) only the first `min(count[0], n)` outputs are computed, the others left as
-    /// they are.
+    /// when either is given. With `act.swiglu_limit` > 0 (gpt-oss) instead `h[k] =
+    /// swiglu_oai(dot(gate[k], x) + bias[id(k)], dot(up[k], x) + up_bias[id(k)], limit)`. `x` as
+    /// [`XArg`] says for the format; with `count` (written by `compact_flags`) only the first
+    /// `min(count[0], n)` outputs are computed, the others left as they are.
     struct GateUp<'a, B> {
         dtype: DType,
         w: &'a B::Buf<u8>,
@@ -207,17 +208,18 @@ kernel! {
         ids_l: RowLayout,
         flags: Option<&'a B::Buf<i32>>,
         bias: Option<&'a B::Buf<f32>>,
+        up_bias: Option<&'a B::Buf<f32>>,
         act: FfnAct,
         count: Option<&'a B::Buf<i32>>,
         h: &'a mut B::Buf<f32>,
     }
     entry(k) = format!("gate_up_{}", dtype_suffix(k.dtype));
     spec(k, dev, a) {
-        // gate_up_<dtype>(w, gate_l, up_l, x, cols, idx, n, ids_l, flags, bias, act, relu_t,
-        // up_mode, count, h): the slab layouts come from pack_hot_slabs for this buffer, slots
-        // 0..n hold ids < ffn or −1, flags and bias have one entry per FFN neuron; h holds n
-        // floats; count (null: none) one int. Without up rows the kernel never reads up_l
-        // (UP_NONE).
+        // gate_up_<dtype>(w, gate_l, up_l, x, cols, idx, n, ids_l, flags, bias, up_bias, act,
+        // relu_t, swiglu_limit, up_mode, count, h): the slab layouts come from pack_hot_slabs for
+        // this buffer, slots 0..n hold ids < ffn or −1, flags, bias and up_bias have one entry
+        // per FFN neuron; h holds n floats; count (null: none) one int. Without up rows the
+        // kernel never reads up_l (UP_NONE; swiglu_limit is 0 then).
         k.x.check("gate_up", k.dtype)?;
         let entry = k.entry();
         let opt = |b: Option<&B::Buf<i32>>| b.map_or(0, |b| dev.addr(b));
@@ -236,9 +238,11 @@ kernel! {
             .i32(to_i32(k.n, "hot")?);
         a.layout(&k.ids_l)
             .ptr(opt(k.flags))
-            .ptr(k.bias.map_or(0, |b| dev.addr(b)));
+            .ptr(k.bias.map_or(0, |b| dev.addr(b)))
+            .ptr(k.up_bias.map_or(0, |b| dev.addr(b)));
         a.i32(k.act.act as i32)
             .f32(k.act.relu_threshold)
+            .f32(k.act.swiglu_limit)
             .i32(up_mode)
             .ptr(opt(k.count))
             .ptr(dev.addr_mut(k.h));
@@ -255,7 +259,7 @@ kernel! {
             .map(|l| Rows::new(w, l, dtype, cols, "up"))
             .transpose()?;
         let flags = k.flags.map(|f| B::data(f));
-        let bias = k.bias.map(|b| B::data(b));
+        let bias = [k.bias, k.up_bias].map(|b| b.map(|b| B::data(b)));
         let neurons = Neurons::new(w, k.ids_l, flags, bias)?;
         let picks = Picks::new(k.idx.map(|i| B::data(i)), n)?;
         let x = host::x_values(k.x.slice(), cols)?;

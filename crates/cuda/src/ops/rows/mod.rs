@@ -134,13 +134,16 @@ enum Active<'a, B: Backend> {
     Slots(&'a Compacted<B>),
 }
 
+/// The gate and up biases of a gate/up pass, one value per FFN neuron each (None: none).
+type GateUpBias<'a, B> = [Option<&'a <B as Backend>::Buf<f32>>; 2];
+
 fn gate_up<B: Backend>(
     dev: &B,
     ffn: &HotFfn<B>,
     x: XIn<'_, B>,
     active: Active<'_, B>,
     act: FfnAct,
-    gate_bias: Option<&B::Buf<f32>>,
+    [gate_bias, up_bias]: GateUpBias<'_, B>,
     h: &mut B::Buf<f32>,
 ) -> Result<()> {
     let (flags, idx, count) = match active {
@@ -163,12 +166,26 @@ fn gate_up<B: Backend>(
         flags.map_or(0, |f| f.len()),
         l.ffn
     );
+    for (b, what) in [(gate_bias, "gate"), (up_bias, "up")] {
+        ensure!(
+            b.is_none_or(|b| b.len() == l.ffn),
+            Shape,
+            "hot_gate_up: a {what} bias of {} for ffn {}",
+            b.map_or(0, |b| b.len()),
+            l.ffn
+        );
+    }
+    let lim = act.swiglu_limit;
     ensure!(
-        gate_bias.is_none_or(|b| b.len() == l.ffn),
-        Shape,
-        "hot_gate_up: a gate bias of {} for ffn {}",
-        gate_bias.map_or(0, |b| b.len()),
-        l.ffn
+        lim.is_finite() && lim >= 0.0 && (lim == 0.0 || l.up.is_some()) && !act.up_act,
+        Unsupported,
+        "hot_gate_up: the clamped SwiGLU's limit {lim} (a non-negative number, over up rows, \
+         without an activated up)"
+    );
+    ensure!(
+        up_bias.is_none() || lim > 0.0,
+        Unsupported,
+        "hot_gate_up: an up bias without the clamped SwiGLU"
     );
     ensure!(
         l.up_dtype.is_none_or(|u| u == l.gate_dtype),
@@ -199,6 +216,7 @@ fn gate_up<B: Backend>(
         ids_l: l.ids,
         flags,
         bias: gate_bias,
+        up_bias,
         act,
         count,
         h,
@@ -275,7 +293,22 @@ pub trait RowOps: Backend {
         gate_bias: Option<&Self::Buf<f32>>,
         h: &mut Self::Buf<f32>,
     ) -> Result<()> {
-        gate_up(self, ffn, x, Active::Flags(flags), act, gate_bias, h)
+        gate_up(self, ffn, x, Active::Flags(flags), act, [gate_bias, None], h)
+    }
+
+    /// [`RowOps::hot_gate_up`] of gpt-oss's experts: with `act.swiglu_limit` > 0, `h[r] =
+    /// swiglu_oai(dot(gate[r], x) + bias[0][id], dot(up[r], x) + bias[1][id], limit)`, each
+    /// bias one value per FFN neuron (the flattened experts' `ffn_{gate,up}_exps.bias`).
+    fn hot_gate_up_biased(
+        &self,
+        ffn: &HotFfn<Self>,
+        x: XIn<'_, Self>,
+        flags: Option<&Self::Buf<i32>>,
+        act: FfnAct,
+        bias: [Option<&Self::Buf<f32>>; 2],
+        h: &mut Self::Buf<f32>,
+    ) -> Result<()> {
+        gate_up(self, ffn, x, Active::Flags(flags), act, bias, h)
     }
 
     /// [`RowOps::hot_gate_up`] over the slots of `slots` only (`CompactOps::active_slots`):
@@ -290,7 +323,7 @@ pub trait RowOps: Backend {
         h: &mut Self::Buf<f32>,
     ) -> Result<()> {
         slots.check(ffn.layout.n_hot, "hot_gate_up")?;
-        gate_up(self, ffn, x, Active::Slots(slots), act, gate_bias, h)
+        gate_up(self, ffn, x, Active::Slots(slots), act, [gate_bias, None], h)
     }
 }
 

@@ -129,6 +129,7 @@ fn gate_up_over_slabs_matches_the_reference() {
                         ids_l: hot.layout.ids,
                         flags: with_flags.then_some(&df),
                         bias: None,
+                        up_bias: None,
                         act: FfnAct::from(act),
                         count: None,
                         h: &mut h,
@@ -152,6 +153,62 @@ fn gate_up_over_slabs_matches_the_reference() {
                 assert_close(&download(&be, &h), &want, TOL, &what);
             }
         }
+    }
+}
+
+#[test]
+fn gate_up_with_the_clamped_swiglu_adds_both_biases() {
+    // gpt-oss's experts: h = swiglu_oai(g + b_g[id], u + b_u[id], 7) over the active slots,
+    // with gate and up values past the clamp (x scaled up); inactive and padding slots 0.
+    let be = HostBackend::new();
+    let lim = 7.0f32;
+    for dtype in [DType::F32, DType::Q8_0] {
+        let i = GPU_DTYPES.iter().position(|&d| d == dtype).unwrap();
+        let case = SlabCase::new(&be, i, 1, [50, 51, 52 + i as u64]);
+        let (dim, hot) = (case.hot.gate.cols, &case.hot);
+        let x0: Vec<f32> = case.x0.iter().map(|v| 6.0 * v).collect();
+        let x = x_hat(dtype, &x0);
+        let (dx, df) = (HostX::new(&be, dtype, &x0), upload(&be, &case.flags));
+        let (bg, bu) = (pseudo_random(FFN, 53), pseudo_random(FFN, 54));
+        let (dbg, dbu) = (upload(&be, &bg), upload(&be, &bu));
+        let act = FfnAct {
+            swiglu_limit: lim,
+            ..FfnAct::from(Act::Silu)
+        };
+        let n = hot.slots();
+        let mut h = upload(&be, &vec![5f32; n]);
+        let k = GateUp {
+            dtype,
+            w: &hot.buf,
+            gate_l: hot.layout.gate,
+            up_l: hot.layout.up,
+            x: dx.arg(),
+            cols: dim,
+            idx: None,
+            n,
+            ids_l: hot.layout.ids,
+            flags: Some(&df),
+            bias: Some(&dbg),
+            up_bias: Some(&dbu),
+            act,
+            count: None,
+            h: &mut h,
+        };
+        launch(&be, k).unwrap();
+        let mut clamped = 0;
+        let want: Vec<f32> = (0..n)
+            .map(|r| match hot.id(r) {
+                Some(id) if case.flags[id] != 0 => {
+                    let g = reference::dot_row(dtype, hot.gate.row(id), &x) + bg[id];
+                    let u = reference::dot_row(dtype, hot.up.row(id), &x) + bu[id];
+                    clamped += usize::from(g > lim || u.abs() > lim);
+                    powerinfer_core::swiglu_oai(g, u, lim)
+                }
+                _ => 0.0,
+            })
+            .collect();
+        assert!(clamped > 0, "{dtype}: no value past the clamp");
+        assert_close(&download(&be, &h), &want, TOL, &format!("{dtype} swiglu_oai"));
     }
 }
 
@@ -188,6 +245,7 @@ fn rows_that_need_not_be_read_are_not_read() {
             ids_l: l(6 * rb, 4),
             flags: Some(&df),
             bias,
+            up_bias: None,
             act: FfnAct::from(Act::Relu),
             count: None,
             h,
