@@ -221,7 +221,9 @@ pub(crate) fn read_sum(level: Level, data: &[u64]) -> u64 {
 /// `kernels::avx2::int8_rows`), x quantized once (when it is finite and whole 32-blocks) and
 /// shared by every product that reads it; other rows are dotted with x itself. The low-bit
 /// formats (`DType::is_lowbit`) take the int8 x whatever the numerics (they have no int16-x
-/// kernel), quantized on their first product.
+/// kernel), quantized on their first product; the formats of the int8 x per 256
+/// (`kernels::avx2::takes_x8k`: the 2-bit lattice i-quants) take that one whatever the
+/// numerics, quantized on their first product too.
 pub(crate) struct Activations<'a> {
     level: Level,
     x: &'a [f32],
@@ -233,6 +235,10 @@ pub(crate) struct Activations<'a> {
     /// inside where x is not finite or not whole 32-blocks, or the level is not x86).
     #[cfg(target_arch = "x86_64")]
     x8_lowbit: std::sync::OnceLock<Option<avx2::X8>>,
+    /// The int8 x per 256 of the formats that take it (`None` inside where x is not finite
+    /// or not whole 256-blocks, or the level is not x86).
+    #[cfg(target_arch = "x86_64")]
+    x8k: std::sync::OnceLock<Option<avx2::X8K>>,
 }
 
 impl<'a> Activations<'a> {
@@ -268,6 +274,8 @@ impl<'a> Activations<'a> {
             ),
             #[cfg(target_arch = "x86_64")]
             x8_lowbit: std::sync::OnceLock::new(),
+            #[cfg(target_arch = "x86_64")]
+            x8k: std::sync::OnceLock::new(),
         }
     }
 
@@ -303,8 +311,25 @@ impl<'a> Activations<'a> {
             .as_ref()
     }
 
+    /// The int8 x per 256, where rows of `dtype` take it.
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    fn int8k(&self, dtype: DType) -> Option<&avx2::X8K> {
+        if !self.level.is_x86_simd() || !avx2::takes_x8k(dtype) {
+            return None;
+        }
+        let whole = self.x.len().is_multiple_of(256);
+        self.x8k
+            .get_or_init(|| whole.then(|| avx2::X8K::new(self.x)).flatten())
+            .as_ref()
+    }
+
     /// out[i] = dot(row i, x) over consecutive rows of `row_bytes` bytes.
     pub(crate) fn rows_dot(&self, dtype: DType, rows: &[u8], row_bytes: usize, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(x8k) = self.int8k(dtype) {
+            return avx2::rows_dot_x8k(dtype, rows, row_bytes, &[x8k], &mut [out]);
+        }
         #[cfg(target_arch = "x86_64")]
         if let Some(x8) = self.int8(dtype) {
             return avx2::rows_dot_x8(dtype, rows, row_bytes, &[x8], &mut [out], self.wide());
@@ -321,6 +346,10 @@ impl<'a> Activations<'a> {
     #[inline]
     pub(crate) fn group_dot(&self, dtype: DType, rows: &[&[u8]], next: &[&[u8]], out: &mut [f32]) {
         debug_assert!(rows.len() == out.len() && rows.len() <= GROUP && next.len() <= GROUP);
+        #[cfg(target_arch = "x86_64")]
+        if let Some(x8k) = self.int8k(dtype) {
+            return avx2::scattered_dot_x8k(dtype, rows, next, x8k, out);
+        }
         #[cfg(target_arch = "x86_64")]
         if let Some(x8) = self.int8(dtype) {
             return avx2::scattered_dot_x8(dtype, rows, next, x8, out, self.wide());
@@ -445,6 +474,16 @@ impl<'a> Tokens<'a> {
         outs: &mut [&mut [f32]],
     ) {
         debug_assert_eq!(outs.len(), self.acts.len());
+        #[cfg(target_arch = "x86_64")]
+        if let Some(xs) = self
+            .acts
+            .iter()
+            .map(|a| a.int8k(dtype))
+            .collect::<Option<Vec<_>>>()
+        {
+            // Every token at once, each row's block decoded once for them all.
+            return avx2::rows_dot_x8k(dtype, rows, row_bytes, &xs, outs);
+        }
         #[cfg(target_arch = "x86_64")]
         if let Some(xs) = self
             .acts

@@ -4,6 +4,7 @@
 
 pub mod sparse;
 pub mod x8;
+pub mod x8k;
 
 use half::f16;
 use powerinfer_core::{DType, Result, Weight};

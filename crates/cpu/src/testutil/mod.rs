@@ -115,14 +115,24 @@ pub(crate) fn assert_dot_close(got: f32, dtype: DType, row: &[u8], x: &[f32], wh
     );
 }
 
-/// Whether a product of `dtype` rows with `x` on `level` takes the int8-x kernels (the int8
-/// numerics or a low-bit format, quantized rows on the x86 levels, x finite and whole
-/// 32-blocks): it then computes with x̂, the int8 x.
-pub(crate) fn takes_x8(level: crate::simd::Level, dtype: DType, x: &[f32]) -> bool {
-    (crate::numerics::numerics() == crate::numerics::Numerics::Int8 || dtype.is_lowbit())
-        && level.is_x86_simd()
-        && dtype.is_quantized()
-        && crate::reference::x8::x8_hat(x).is_some()
+/// The int8 x̂ a product of `dtype` rows with `x` computes with on `level`, where it takes a
+/// quantized x of int8: per 256 for the formats that take that one (`kernels::avx2::takes_x8k`,
+/// x finite and whole 256-blocks), else per 32 under the int8 numerics or for a low-bit format
+/// (quantized rows on the x86 levels, x finite and whole 32-blocks); `None` otherwise.
+pub(crate) fn x8_seen(level: crate::simd::Level, dtype: DType, x: &[f32]) -> Option<Vec<f32>> {
+    if !level.is_x86_simd() || !dtype.is_quantized() {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if crate::kernels::avx2::takes_x8k(dtype) {
+        if let Some(hat) = crate::reference::x8k::x8k_hat(x) {
+            return Some(hat);
+        }
+    }
+    let int8 = crate::numerics::numerics() == crate::numerics::Numerics::Int8;
+    (int8 || dtype.is_lowbit())
+        .then(|| crate::reference::x8::x8_hat(x))
+        .flatten()
 }
 
 /// Allowed |error| of an int8-x dot against the float64 dot of the same weights and the same
@@ -132,17 +142,14 @@ pub(crate) fn x8_tol(cols: usize) -> f64 {
     f64::from(f32::EPSILON) * (cols / 32 + 16) as f64
 }
 
-/// The x a product of `dtype` rows computes with on `level`: x̂ where it takes the int8-x
-/// kernels ([`takes_x8`]), else x itself.
+/// The x a product of `dtype` rows computes with on `level`: x̂ where it takes an int8-x
+/// kernel ([`x8_seen`]), else x itself.
 pub(crate) fn x_seen(level: crate::simd::Level, dtype: DType, x: &[f32]) -> Vec<f32> {
-    match takes_x8(level, dtype, x) {
-        true => crate::reference::x8::x8_hat(x).unwrap(),
-        false => x.to_vec(),
-    }
+    x8_seen(level, dtype, x).unwrap_or_else(|| x.to_vec())
 }
 
 /// Panic unless `got`, a dot of `row` with `x` computed on `level`, is right: within the f32
-/// roundings of the float64 dot with x̂ where the level takes the int8-x kernels (exact on the
+/// roundings of the float64 dot with x̂ where the level takes an int8-x kernel (exact on the
 /// same quantized x), else within the f32-x bound of [`assert_dot_close`].
 pub(crate) fn assert_dot_seen(
     got: f32,
@@ -152,10 +159,9 @@ pub(crate) fn assert_dot_seen(
     x: &[f32],
     what: &str,
 ) {
-    if !takes_x8(level, dtype, x) {
+    let Some(hat) = x8_seen(level, dtype, x) else {
         return assert_dot_close(got, dtype, row, x, what);
-    }
-    let hat = crate::reference::x8::x8_hat(x).unwrap();
+    };
     let want = crate::reference::dot_row_f64(dtype, row, &hat);
     let scale = crate::reference::abs_dot_row(dtype, row, &hat);
     let err = (got as f64 - want).abs();
@@ -168,12 +174,11 @@ pub(crate) fn assert_dot_seen(
 }
 
 /// How far the int8 x can move a dot of `row` on `level`: Σ|w|·|x − x̂| where the level takes
-/// the int8-x kernels, else 0 (a bound, not an estimate).
+/// an int8-x kernel, else 0 (a bound, not an estimate).
 pub(crate) fn x8_gap(level: crate::simd::Level, dtype: DType, row: &[u8], x: &[f32]) -> f64 {
-    if !takes_x8(level, dtype, x) {
+    let Some(hat) = x8_seen(level, dtype, x) else {
         return 0.0;
-    }
-    let hat = crate::reference::x8::x8_hat(x).unwrap();
+    };
     let mut w = vec![0f32; x.len()];
     crate::reference::dequantize_row(dtype, row, &mut w).unwrap();
     w.iter()

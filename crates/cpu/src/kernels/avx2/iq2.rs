@@ -28,14 +28,14 @@ pub(super) struct IQ2S;
 /// # Safety
 /// 4 bytes readable at `p`.
 #[inline(always)]
-unsafe fn u32_at(p: *const u8) -> u32 {
+pub(super) unsafe fn u32_at(p: *const u8) -> u32 {
     // SAFETY: per the caller, unaligned.
     u32::from_le_bytes(unsafe { (p as *const [u8; 4]).read_unaligned() })
 }
 
 /// Grid entry `i` of `grid` as a u64 (its 8 bytes, one load).
 #[inline(always)]
-fn entry(grid: &[[i8; 8]], i: usize) -> i64 {
+pub(super) fn entry(grid: &[[i8; 8]], i: usize) -> i64 {
     // SAFETY: grid[i] is 8 readable bytes (bounds-checked); unaligned read.
     i64::from_le(unsafe { (grid[i].as_ptr() as *const i64).read_unaligned() })
 }

@@ -9,8 +9,9 @@
 //! Layering (each file imports only files below it; none imports this one): [`reduce`]
 //! (horizontal sums), [`row_group`] (rows read together and their cache hints), [`quant`] and
 //! [`formats`] (how formats decode, the [`formats::Format`] trait), the generic kernels
-//! ([`rows`], [`dot`], [`dequant`], [`int16`], [`kquant`], ...), [`select`] (each dtype's
-//! `Format` impl and the macros that pick one at run time), and this module's entry points.
+//! ([`rows`], [`dot`], [`dequant`], [`int16`], [`kquant`], [`int8_k`] and [`iq2_dot`], ...),
+//! [`select`] (each dtype's `Format` impl and the macros that pick one at run time), and this
+//! module's entry points.
 
 mod attend;
 mod attend_block;
@@ -20,12 +21,14 @@ mod dot;
 mod formats;
 mod int16;
 pub(crate) mod int8;
+mod int8_k;
 mod int8_formats;
 mod int8_rows;
 mod int_tile;
 pub(crate) mod interleaved;
 mod iq1;
 mod iq2;
+mod iq2_dot;
 mod iq3;
 mod kquant;
 mod kv_passes;
@@ -54,6 +57,8 @@ use crate::simd::{debug_check_level, debug_check_wide};
 use formats::Format;
 pub(crate) use int16::XQuant;
 pub(crate) use int8::X8;
+use int8_k::{with_x8k, X8KRows, X8K_TOKENS};
+pub(crate) use int8_k::{takes_x8k, X8K};
 use int8_rows::with_int8;
 pub(crate) use int8_rows::TOKENS as X8_TOKENS;
 pub(crate) use int_tile::{
@@ -364,6 +369,84 @@ pub(crate) fn rows_dot_x8(
             }
         }
     }
+}
+
+/// `outs[t][i]` = dot(row i, token `xs[t]`) over consecutive rows of `dtype`
+/// (`outs[t].len()` of them), on the int8 x per 256 (see [`int8_k`]; `dtype` one that
+/// [`takes_x8k`]): each token's values the same bits whatever tokens share the call.
+pub(crate) fn rows_dot_x8k(
+    dtype: DType,
+    rows: &[u8],
+    row_bytes: usize,
+    xs: &[&X8K],
+    outs: &mut [&mut [f32]],
+) {
+    debug_check_level();
+    let count = outs.first().map_or(0, |o| o.len());
+    let blocks = xs.first().map_or(0, |x| x.blocks());
+    let want = dtype.row_bytes(256 * blocks).unwrap_or(usize::MAX);
+    assert!(takes_x8k(dtype) && outs.len() == xs.len());
+    assert!(outs.iter().all(|o| o.len() == count) && xs.iter().all(|x| x.blocks() == blocks));
+    assert!(rows.len() >= count * row_bytes && row_bytes >= want);
+    let base = rows.as_ptr();
+    let full = count / QROWS * QROWS;
+    let ahead = prefetch_tiles(QROWS * row_bytes);
+    for (xs, outs) in xs.chunks(X8K_TOKENS).zip(outs.chunks_mut(X8K_TOKENS)) {
+        with_rows!(xs.len(), T => {
+            let xt: [&X8K; T] = std::array::from_fn(|t| xs[t]);
+            for g in 0..full / QROWS {
+                let p = row_ptrs::<QROWS>(base, row_bytes, g * QROWS);
+                let q = row_ptrs::<QROWS>(base, row_bytes, tile_ahead(g, ahead, full));
+                // SAFETY: features detected by the dispatcher; the asserts keep rows
+                // g·QROWS.. inside `rows`, each with `blocks` blocks; `q` is only prefetched.
+                let got = with_x8k!(dtype, F => unsafe {
+                    F::rows::<QROWS, T, true>(&p, &q, &xt, blocks)
+                }, else => unreachable!("{dtype} takes no int8 x per 256"));
+                for (t, o) in outs.iter_mut().enumerate() {
+                    for (i, r) in got.iter().enumerate() {
+                        o[g * QROWS + i] = r[t];
+                    }
+                }
+            }
+            for i in full..count {
+                let p = [base.wrapping_add(i * row_bytes)];
+                // SAFETY: as above, for the single row i.
+                let got = with_x8k!(dtype, F => unsafe {
+                    F::rows::<1, T, false>(&p, &p, &xt, blocks)
+                }, else => unreachable!("{dtype} takes no int8 x per 256"));
+                for (t, o) in outs.iter_mut().enumerate() {
+                    o[i] = got[0][t];
+                }
+            }
+        })
+    }
+}
+
+/// out[i] = dot(rows[i], x) for up to 8 scattered rows of `dtype` (one that [`takes_x8k`],
+/// each at least `x.blocks()` blocks) on the int8 x per 256, fetching the `next` rows (up to
+/// as many, read next by the caller) in step; each value the bits [`rows_dot_x8k`] gives that
+/// row.
+pub(crate) fn scattered_dot_x8k(
+    dtype: DType,
+    rows: &[&[u8]],
+    next: &[&[u8]],
+    x: &X8K,
+    out: &mut [f32],
+) {
+    debug_check_level();
+    check_scattered(dtype, (rows, next), 8 * x.blocks(), out.len());
+    assert!(takes_x8k(dtype));
+    with_rows!(rows.len(), R => {
+        let (p, q) = scattered_ptrs::<R>(rows, next);
+        // SAFETY: features detected by the dispatcher; the asserts keep every row's blocks
+        // readable; `q` is only prefetched.
+        let got = with_x8k!(dtype, F => unsafe {
+            F::rows::<R, 1, true>(&p, &q, &[x], x.blocks())
+        }, else => unreachable!("{dtype} takes no int8 x per 256"));
+        for (o, r) in out.iter_mut().zip(&got) {
+            *o = r[0];
+        }
+    })
 }
 
 /// out[i] = dot(rows[i], x) for up to 8 scattered quantized rows (each at least `x.blocks()`
