@@ -67,6 +67,10 @@ LATTICE = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
 #: Their --synthetic shape: every row whole 256-weight super-blocks, small enough for the
 #: lattice searches (minutes on two cores for IQ2_XS and IQ1_S).
 LATTICE_SHAPE = dict(dim=1024, ffn=2816, layers=4, heads=8, kv_heads=8, vocab=4096)
+#: Formats whose --synthetic file llama.cpp's quantizer functions write from the F32 one (every
+#: matrix in the format): the lattice i-quants, and Q2_0, which the installed gguf-py has no type
+#: id for (so our writer cannot store it); Q2_0's at the dim-2048 shape.
+GGML_WRITTEN = (*LATTICE, "Q2_0")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -74,14 +78,16 @@ LATTICE_SHAPE = dict(dim=1024, ffn=2816, layers=4, heads=8, kv_heads=8, vocab=40
 
 
 def synthetic_model(kind: str, cache: Path, activation: str, seed: int) -> Path:
-    """Create (once) and return the synthetic GGUF of dtype ``kind``: a lattice i-quant's from
-    the F32 model by llama.cpp's quantizer functions (every matrix, an importance matrix of
-    ``testing.ggml_quantizer``; our writer has no lattice encoder)."""
-    if kind not in LATTICE:
-        return synthetic_gguf(cache, kind, {**SYNTH_SHAPE, "activation": activation}, seed=seed)
+    """Create (once) and return the synthetic GGUF of dtype ``kind``: one of
+    :data:`GGML_WRITTEN` from the F32 model by llama.cpp's quantizer functions (every matrix, an
+    importance matrix of ``testing.ggml_quantizer``; our writer has no lattice encoder, and
+    gguf-py no Q2_0)."""
+    shape = LATTICE_SHAPE if kind in LATTICE else SYNTH_SHAPE
+    if kind not in GGML_WRITTEN:
+        return synthetic_gguf(cache, kind, {**shape, "activation": activation}, seed=seed)
     from powerinfer_rs.testing.ggml_quantizer import quantize_gguf
 
-    src = synthetic_gguf(cache, "F32", {**LATTICE_SHAPE, "activation": activation}, seed=seed)
+    src = synthetic_gguf(cache, "F32", {**shape, "activation": activation}, seed=seed)
     dst = src.with_name(src.name.replace("-f32-", f"-{kind.lower()}-"))
     if not dst.is_file():
         print(f"quantizing {dst} with llama.cpp's quantizer ...", file=sys.stderr, flush=True)
@@ -311,13 +317,13 @@ def main(argv=None) -> int:
             *("F16", "F32", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"),
             *("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_K_M"),
             *("IQ4_NL", "IQ4_XS", "MXFP4", "TQ1_0", "TQ2_0", "NVFP4", "Q1_0"),
-            *LATTICE,
+            *GGML_WRITTEN,
         ],
         help="use a synthetic llama (dim 2048, ffn 5504, 8 layers, 16/16 heads, "
         "vocab 32000) of this dtype, written once into --cache (K-quants, IQ4_XS, TQ*: ffn_down, "
         "whose rows of 5504 are not whole super-blocks, takes llama.cpp's 32-weight fallback; "
         "the lattice IQ2_XXS..IQ1_M: dim 1024, ffn 2816, 4 layers, 8/8 heads, vocab 4096, every "
-        "matrix in the format, by llama.cpp's quantizer functions)",
+        "matrix in the format, by llama.cpp's quantizer functions, as is Q2_0 at dim 2048)",
     )
     ap.add_argument(
         "--activation",

@@ -12,10 +12,16 @@
 //! - `s` and `s16`: Σ d·q per 32-block and per 16-value half, for the formats with stored mins
 //!   (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K): the min times the sum of the very x̂ the quants are dotted
 //!   with.
+//!
+//! A format whose decoder gives a block's quants in another order than the weights' (an
+//! [`XOrder`]: the low-bit formats' bit fields read by one shift and one mask) is dotted with x
+//! in that order: each block's quants permuted alike, with its `dv` and `neg8` lanes for that
+//! order, built once per x on the first product that asks ([`X8::view`]).
 
 use super::reduce::hmax;
 use crate::reference::x8::X8_MAX;
 use std::arch::x86_64::*;
+use std::sync::OnceLock;
 
 /// Blocks per chunk: the per-block vectors are zero-padded to whole chunks, so eight lanes from
 /// a chunk's start can always be loaded.
@@ -36,6 +42,82 @@ pub(crate) struct X8 {
     pub(super) neg8: Vec<i32>,
     /// Number of 32-blocks.
     blocks: usize,
+    /// The quants and lanes in each reordering ([`XOrder::Nibbles`], [`XOrder::Crumbs`]),
+    /// built on first use.
+    ordered: [OnceLock<Ordered>; 2],
+}
+
+/// The order in which a format's decoder gives a 32-block's quants: position p of the byte
+/// vector holds weight `perm()[p]` of the block. Each 4-byte lane of a dot stays within one
+/// 16-weight half, so x's per-half scales still apply lane by lane ([`XOrder::lane_halves`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum XOrder {
+    /// Weight order.
+    Natural,
+    /// NVFP4's nibbles: the 16 low nibbles of a sub-block's bytes (weights 0..8, 16..24), then
+    /// their high nibbles (weights 8..16, 24..32).
+    Nibbles,
+    /// Q2_0's 2-bit fields: position 8i + b holds field i of byte b, weight 4b + i.
+    Crumbs,
+}
+
+impl XOrder {
+    /// Weight of the block at each position.
+    pub(super) const fn perm(self) -> [usize; 32] {
+        let mut t = [0usize; 32];
+        let mut p = 0;
+        while p < 32 {
+            t[p] = match self {
+                XOrder::Natural => p,
+                XOrder::Nibbles => match p / 8 {
+                    1 => p + 8,
+                    2 => p - 8,
+                    _ => p,
+                },
+                XOrder::Crumbs => 4 * (p % 8) + p / 8,
+            };
+            p += 1;
+        }
+        t
+    }
+
+    /// The half (0 or 1) of the weights in each i32 lane of a block's dot.
+    pub(super) const fn lane_halves(self) -> [i32; 8] {
+        let perm = self.perm();
+        let mut h = [0i32; 8];
+        let mut l = 0;
+        while l < 8 {
+            h[l] = (perm[4 * l] / 16) as i32;
+            l += 1;
+        }
+        h
+    }
+}
+
+/// An x's quants and per-lane vectors in one [`XOrder`].
+struct Ordered {
+    q: Vec<i8>,
+    dv: Vec<f32>,
+    neg8: Vec<i32>,
+}
+
+/// What the row kernels read of an x for a format: its quants, `dv` and `neg8` in the format's
+/// [`XOrder`], and the order-free sums.
+#[derive(Clone, Copy)]
+pub(super) struct X8View<'a> {
+    pub(super) q: &'a [i8],
+    pub(super) dv: &'a [f32],
+    pub(super) neg8: &'a [i32],
+    pub(super) s: &'a [f32],
+    pub(super) s16: &'a [f32],
+    blocks: usize,
+}
+
+impl X8View<'_> {
+    /// Number of 32-blocks.
+    pub(super) fn blocks(&self) -> usize {
+        self.blocks
+    }
 }
 
 impl X8 {
@@ -53,6 +135,7 @@ impl X8 {
             s16: vec![0.0; 2 * padded],
             neg8: vec![0; blocks * 8],
             blocks,
+            ordered: [OnceLock::new(), OnceLock::new()],
         };
         // SAFETY: only reached on the x86 levels, after AVX2/FMA/F16C were detected.
         let finite = unsafe { quantize(x, &mut xq) };
@@ -62,6 +145,47 @@ impl X8 {
     /// Number of 32-blocks.
     pub(crate) fn blocks(&self) -> usize {
         self.blocks
+    }
+
+    /// This x as the kernels of a format with decoder order `order` read it (the reordered
+    /// copy built on the first call for that order).
+    pub(super) fn view(&self, order: XOrder) -> X8View<'_> {
+        let (q, dv, neg8) = match order {
+            XOrder::Natural => (&self.q[..], &self.dv[..], &self.neg8[..]),
+            XOrder::Nibbles | XOrder::Crumbs => {
+                let o = self.ordered[(order == XOrder::Crumbs) as usize]
+                    .get_or_init(|| self.reordered(order));
+                (&o.q[..], &o.dv[..], &o.neg8[..])
+            }
+        };
+        X8View {
+            q,
+            dv,
+            neg8,
+            s: &self.s,
+            s16: &self.s16,
+            blocks: self.blocks,
+        }
+    }
+
+    /// The quants, `dv` and `neg8` of this x in `order`.
+    fn reordered(&self, order: XOrder) -> Ordered {
+        let (perm, halves) = (order.perm(), order.lane_halves());
+        let q: Vec<i8> = self
+            .q
+            .chunks_exact(32)
+            .flat_map(|b| perm.map(|w| b[w]))
+            .collect();
+        let dv = self
+            .dv
+            .chunks_exact(8)
+            .flat_map(|d| halves.map(|h| d[4 * h as usize]))
+            .collect();
+        let neg8 = q
+            .chunks_exact(4)
+            .map(|l| -8 * l.iter().map(|&v| i32::from(v)).sum::<i32>())
+            .collect();
+        Ordered { q, dv, neg8 }
     }
 }
 
@@ -177,5 +301,38 @@ mod tests {
         assert!(X8::new(&bad).is_none());
         bad[33] = f32::NEG_INFINITY;
         assert!(X8::new(&bad).is_none());
+    }
+
+    /// Each order is a permutation of the block whose dot lanes keep to one half, and an x's
+    /// view in it holds its quants so permuted, each lane's half scale and its −8·Σq.
+    #[test]
+    fn reordered_views_are_the_quants_permuted() {
+        let mut rng = Rng::new(82);
+        let mut x = rng.vec(32 * 5);
+        x[40] = -50.0;
+        let xq = X8::new(&x).unwrap();
+        for order in [XOrder::Natural, XOrder::Nibbles, XOrder::Crumbs] {
+            let (perm, halves) = (order.perm(), order.lane_halves());
+            let mut seen = perm;
+            seen.sort_unstable();
+            assert_eq!(seen, std::array::from_fn(|i| i), "{order:?}");
+            for (p, &w) in perm.iter().enumerate() {
+                assert_eq!(w / 16, halves[p / 4] as usize, "{order:?} position {p}");
+            }
+            let v = xq.view(order);
+            assert_eq!(v.blocks(), 5);
+            for b in 0..5 {
+                for (p, &w) in perm.iter().enumerate() {
+                    assert_eq!(v.q[32 * b + p], xq.q[32 * b + w]);
+                }
+                for (l, &h) in halves.iter().enumerate() {
+                    let half = &xq.q[32 * b + 16 * h as usize..][..16];
+                    assert_eq!(v.dv[8 * b + l], xq.dv[8 * b + 4 * h as usize]);
+                    let lane: i32 = (0..4).map(|i| i32::from(v.q[32 * b + 4 * l + i])).sum();
+                    assert_eq!(v.neg8[8 * b + l], -8 * lane);
+                    assert!((0..4).all(|i| half.contains(&v.q[32 * b + 4 * l + i])));
+                }
+            }
+        }
     }
 }

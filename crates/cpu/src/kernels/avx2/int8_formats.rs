@@ -8,6 +8,7 @@
 //! (0 where the format has none). The kernels take the bias in integers from the x's
 //! [`super::int8::X8::neg8`], and the mins against x's d·Σq sums.
 
+use super::int8::XOrder;
 use super::kquant::{KFormat, Q2K, Q3K, Q4K, Q5K, Q6K};
 use super::quant::{halves8, QuantFormat, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use std::arch::x86_64::*;
@@ -43,12 +44,14 @@ pub(super) trait Int8Format {
     const BLOCK_BYTES: usize;
     /// Whether the quants are signed bytes (Q8_0) rather than unsigned ones below 64.
     const SIGNED: bool;
-    /// Subtracted from every quant: 0, 4, 8, 16 or 32.
+    /// Subtracted from every quant: 0, 1, 4, 8, 12, 16 or 32.
     const BIAS: i32;
     /// Whether the scales are per 16-weight half (else per 32-block).
     const PER16: bool;
     /// Where the mins sit.
     const MINS: Mins;
+    /// The order of a block's quants in [`Decoded::q`] (and the x they are dotted with).
+    const ORDER: XOrder = XOrder::Natural;
 
     /// Whether each block decodes on its own ([`Int8Format::block`], the 32-block formats): a
     /// one-token kernel then decodes block by block beside its dots instead of chunk by chunk.
@@ -73,6 +76,15 @@ pub(super) trait Int8Format {
     /// # Safety
     /// As for [`Int8Format::decode`].
     unsafe fn factors(p: *const u8, n: usize) -> (__m256, __m256);
+
+    /// Block `k`'s two half scales in the lanes of its dot ([`XOrder::lane_halves`]); only
+    /// where `BLOCKWISE` and `PER16`.
+    ///
+    /// # Safety
+    /// As for [`Int8Format::block`].
+    unsafe fn half_scales(_p: *const u8, _k: usize) -> __m256 {
+        unreachable!("only the blockwise formats scaled per 16 have half scales")
+    }
 }
 
 /// 32 unsigned nibbles of the 16 bytes at `q`, in weight order (low nibbles are weights 0..16).

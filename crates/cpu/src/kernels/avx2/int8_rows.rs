@@ -11,7 +11,7 @@
 //! and tokens share the call: so a token's dots are bit-identical whether it comes alone or with
 //! others, and on either instruction set. Mins enter once per chunk against x's Σ d·q sums.
 
-use super::int8::{CHUNK, X8};
+use super::int8::{X8View, CHUNK, X8};
 use super::int8_formats::{Int8Format, Mins};
 use super::reduce::hsum;
 use std::arch::x86_64::*;
@@ -37,7 +37,7 @@ fn fetch<const R: usize>(next: &[*const u8; R], start: usize, end: usize) {
 /// Blocks in chunk `c` of the rows dotted with `x`: `N`, or for `N` 0 the rest of the row (at
 /// most [`CHUNK`]).
 #[inline(always)]
-fn chunk_len<const N: usize>(x: &X8, c: usize) -> usize {
+fn chunk_len<const N: usize>(x: &X8View, c: usize) -> usize {
     if N == 0 {
         (x.blocks() - CHUNK * c).min(CHUNK)
     } else {
@@ -71,6 +71,13 @@ macro_rules! int8_kernel {
         ) -> [[f32; TOKENS]; R] {
             debug_assert!(xs.len() <= T && T <= TOKENS);
             debug_assert!(xs.iter().all(|x| x.blocks() == blocks));
+            let mut out = [[0f32; TOKENS]; R];
+            if xs.is_empty() {
+                return out;
+            }
+            // Each token as `F` reads it (its quants in the decoder's order).
+            let xv: [X8View; T] =
+                std::array::from_fn(|t| xs[t.min(xs.len() - 1)].view(F::ORDER));
             // Two accumulators per (row, token): even and odd blocks.
             let mut acc = [[[_mm256_setzero_ps(); 2]; R]; T];
             let mut rows = [Rows::UNSET; R];
@@ -90,8 +97,8 @@ macro_rules! int8_kernel {
                     // SAFETY: as below.
                     unsafe {
                         match n {
-                            CHUNK => chunk_blockwise::<F, R, CHUNK>(&pc, xs[0], c, &mut acc[0]),
-                            _ => chunk_blockwise::<F, R, 0>(&pc, xs[0], c, &mut acc[0]),
+                            CHUNK => chunk_blockwise::<F, R, CHUNK>(&pc, &xv[0], c, &mut acc[0]),
+                            _ => chunk_blockwise::<F, R, 0>(&pc, &xv[0], c, &mut acc[0]),
                         }
                     }
                     continue;
@@ -106,8 +113,8 @@ macro_rules! int8_kernel {
                         unsafe {
                             rows_chunk::<F>(&mut r[0], pi.add(at), n);
                             match n {
-                                CHUNK => chunk_token::<F, 1, CHUNK>(&r, xs[0], c, &mut a),
-                                _ => chunk_token::<F, 1, 0>(&r, xs[0], c, &mut a),
+                                CHUNK => chunk_token::<F, 1, CHUNK>(&r, &xv[0], c, &mut a),
+                                _ => chunk_token::<F, 1, 0>(&r, &xv[0], c, &mut a),
                             }
                         }
                         acc[0][i] = a[0];
@@ -119,7 +126,7 @@ macro_rules! int8_kernel {
                     // tokens hold every block of the rows.
                     unsafe { rows_chunk::<F>(r, pi.add(at), n) };
                 }
-                for (x, a) in xs.iter().zip(acc.iter_mut()) {
+                for (x, a) in xv.iter().zip(acc.iter_mut()).take(xs.len()) {
                     // SAFETY: the tokens hold every block of the rows.
                     unsafe {
                         match n {
@@ -129,7 +136,6 @@ macro_rules! int8_kernel {
                     }
                 }
             }
-            let mut out = [[0f32; TOKENS]; R];
             for (t, a) in acc.iter().enumerate().take(xs.len()) {
                 for (o, ai) in out.iter_mut().zip(a) {
                     o[t] = hsum(_mm256_add_ps(ai[0], ai[1]));
@@ -158,9 +164,9 @@ macro_rules! int8_kernel {
             }
             // Per block, its halves' scales in its dot's lanes 0..4 and 4..8.
             if F::PER16 {
+                let halves = _mm256_loadu_si256(F::ORDER.lane_halves().as_ptr().cast());
                 for (k, h) in r.half.iter_mut().enumerate() {
-                    let j = 2 * (k % 4) as i32;
-                    let idx = _mm256_setr_epi32(j, j, j, j, j + 1, j + 1, j + 1, j + 1);
+                    let idx = _mm256_add_epi32(halves, _mm256_set1_epi32(2 * (k % 4) as i32));
                     *h = MaybeUninit::new(_mm256_permutevar8x32_ps(dec.scale[k / 4], idx));
                 }
             }
@@ -178,7 +184,7 @@ macro_rules! int8_kernel {
         #[target_feature(enable = $feat)]
         unsafe fn chunk_blockwise<F: Int8Format, const R: usize, const N: usize>(
             p: &[*const u8; R],
-            x: &X8,
+            x: &X8View,
             c: usize,
             acc_out: &mut [[__m256; 2]; R],
         ) {
@@ -189,6 +195,9 @@ macro_rules! int8_kernel {
             // blocks 8c..8c + n (and are padded to whole chunks).
             unsafe {
                 for ((&pi, a), dwi) in p.iter().zip(acc.iter_mut()).zip(dw.iter_mut()) {
+                    if F::PER16 {
+                        continue;
+                    }
                     let (scale, min) = F::factors(pi, n);
                     if F::MINS == Mins::Per32 {
                         let s = _mm256_loadu_ps(x.s.as_ptr().add(CHUNK * c));
@@ -206,8 +215,17 @@ macro_rules! int8_kernel {
                             false => (q, xv),
                         };
                         let f = _mm256_cvtepi32_ps($dot(start, u, xk));
-                        let d = _mm256_broadcast_ss(dwi.get_unchecked(k));
-                        a[k % 2] = _mm256_fmadd_ps(_mm256_mul_ps(d, dx), f, a[k % 2]);
+                        a[k % 2] = match F::PER16 {
+                            // As `chunk_token`'s arms, operation for operation.
+                            true => {
+                                let h = _mm256_mul_ps(F::half_scales(pi, k), dx);
+                                _mm256_fmadd_ps(f, h, a[k % 2])
+                            }
+                            false => {
+                                let d = _mm256_broadcast_ss(dwi.get_unchecked(k));
+                                _mm256_fmadd_ps(_mm256_mul_ps(d, dx), f, a[k % 2])
+                            }
+                        };
                     }
                 }
             }
@@ -223,7 +241,7 @@ macro_rules! int8_kernel {
         #[target_feature(enable = $feat)]
         unsafe fn chunk_token<F: Int8Format, const R: usize, const N: usize>(
             rows: &[Rows; R],
-            x: &X8,
+            x: &X8View,
             c: usize,
             acc_out: &mut [[__m256; 2]; R],
         ) {
@@ -312,7 +330,7 @@ impl Rows {
 /// Block b exists in `x`; the CPU has AVX2.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn x_block<F: Int8Format>(x: &X8, b: usize) -> (__m256i, __m256i, __m256) {
+unsafe fn x_block<F: Int8Format>(x: &X8View, b: usize) -> (__m256i, __m256i, __m256) {
     // SAFETY: block b's quants, lanes and scales are in x per the caller.
     unsafe {
         (
@@ -330,17 +348,20 @@ unsafe fn x_block<F: Int8Format>(x: &X8, b: usize) -> (__m256i, __m256i, __m256)
 /// Block b exists in `x`; the CPU has AVX2.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn bias_start<F: Int8Format>(x: &X8, b: usize) -> __m256i {
+unsafe fn bias_start<F: Int8Format>(x: &X8View, b: usize) -> __m256i {
     if F::BIAS == 0 {
         return _mm256_setzero_si256();
     }
     // SAFETY: block b's eight lanes are in neg8 per the caller.
     let neg8 = unsafe { _mm256_loadu_si256(x.neg8.as_ptr().add(8 * b).cast()) };
     match F::BIAS {
+        1 => _mm256_srai_epi32::<3>(neg8),
         4 => _mm256_srai_epi32::<1>(neg8),
         8 => neg8,
+        12 => _mm256_add_epi32(neg8, _mm256_srai_epi32::<1>(neg8)),
         16 => _mm256_slli_epi32::<1>(neg8),
-        _ => _mm256_slli_epi32::<2>(neg8),
+        32 => _mm256_slli_epi32::<2>(neg8),
+        _ => unreachable!("no start value for a bias of {}", F::BIAS),
     }
 }
 

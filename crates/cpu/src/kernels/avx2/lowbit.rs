@@ -1,20 +1,30 @@
 //! The low-bit formats (NVFP4, Q1_0, Q2_0; layouts in `powerinfer_core::dtype`) under AVX2.
-//! Each format says how one 32-weight sub-block of its blocks (half an NVFP4 or Q2_0 block, a
-//! quarter of a Q1_0 block) decodes into 32 signed bytes in weight order, and where its scales
-//! sit; a chunk of eight sub-blocks (four NVFP4 or Q2_0 blocks, two Q1_0 blocks) is then what
-//! the int8-x kernels of [`super::int8_rows`] take as an [`Int8Format`]: NVFP4 scaled per 16
-//! weights (its two UE4M3 scales per sub-block: each half's integer dot scaled by its own, the
-//! way Q6_K's halves are), Q1_0 and Q2_0 per 32 (their block's f16 d). These formats take the
-//! int8 x whatever the process's numerics (`crate::dispatch::Activations`); their f32-x kernels
-//! here (dot, row accumulation, row decoding) serve a non-finite x, and [`rows_i16`] the int16
-//! x where a caller hands one.
+//! For the int8-x kernels of [`super::int8_rows`] each format is an [`Int8Format`] whose
+//! 32-weight sub-blocks (half an NVFP4 or Q2_0 block, a quarter of a Q1_0 block) decode on
+//! their own into 32 unsigned bytes u with a bias (w = u − BIAS, the bias taken in integers
+//! from x's sums): NVFP4's doubled E2M1 values plus 12, Q1_0's bits as 0 or 2 less 1, Q2_0's
+//! codes less 1. The decoders read each bit field with the fewest operations and give the
+//! quants in the order that leaves them in ([`XOrder`]; x is reordered alike once per vector):
+//! - NVFP4 ([`XOrder::Nibbles`]): the sub-block's 16 bytes in both 128-bit lanes, the second
+//!   lane shifted right by 4, masked to nibbles and looked up in the biased values with one
+//!   byte shuffle. Scaled per 16 weights (its two UE4M3 scales per sub-block: each half's
+//!   integer dot scaled by its own).
+//! - Q2_0 ([`XOrder::Crumbs`]): the sub-block's 8 bytes in each 64-bit lane, lane i shifted
+//!   right by 2i and masked to two bits (position 8i + b: field i of byte b).
+//! - Q1_0 (weight order): the 4 sign bytes spread so that byte j holds the source byte of
+//!   weight j, its bit tested by mask and compare, and the mask kept as 2.
 //!
-//! Decoding: NVFP4's nibbles are looked up in MXFP4's doubled E2M1 values with one byte shuffle
-//! (16 index bytes: low nibbles of bytes 0..8, their high nibbles, then the same of bytes
-//! 8..16); Q2_0's 8 bytes and Q1_0's 4 are spread so that byte j holds the source byte of
-//! weight j, then its two bits (or one) are tested by mask and compare.
+//! Q1_0 and Q2_0 are scaled per 32 (their block's f16 d). These formats take the int8 x
+//! whatever the process's numerics (`crate::dispatch::Activations`); their f32-x kernels here
+//! (dot, row accumulation, row decoding) decode each sub-block in weight order into its signed
+//! values ([`LowBit::natural`]) and serve a non-finite x, and [`rows_i16`] the int16 x where a
+//! caller hands one. There, NVFP4's nibbles are looked up in MXFP4's doubled E2M1 values (16
+//! index bytes: low nibbles of bytes 0..8, their high nibbles, then the same of bytes 8..16);
+//! Q2_0's 8 bytes and Q1_0's 4 are spread so that byte j holds the source byte of weight j,
+//! then its two bits (or one) are tested by mask and compare.
 
 use super::int16::XQuant;
+use super::int8::XOrder;
 use super::int8_formats::{Decoded, Int8Format, Mins};
 use super::reduce::hsum;
 use super::row_group::{fetch_lines, RowGroup};
@@ -179,63 +189,167 @@ unsafe fn q1_sub(p: *const u8, k: usize) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn d_per_sub(p: *const u8, n: usize, per: usize) -> __m256 {
-    let mut h = [0u16; 8];
-    for (k, hk) in h.iter_mut().enumerate().take(n) {
-        // SAFETY: block k / per is readable; its d is its first 2 bytes.
-        *hk = unsafe { (p.add(18 * (k / per)) as *const u16).read_unaligned() };
+    // The eight f16 lanes as two words, each block's d read once (no stores to reload).
+    let mut w = [0u64; 2];
+    for b in 0..n.div_ceil(per) {
+        // SAFETY: block b holds one of the first n sub-blocks, so it is readable; its d is its
+        // first 2 bytes.
+        let h = u64::from(unsafe { (p.add(18 * b) as *const u16).read_unaligned() });
+        for k in b * per..(b * per + per).min(n) {
+            w[k / 4] |= h << (16 * (k % 4));
+        }
     }
-    // SAFETY: eight u16 on the stack.
-    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(h.as_ptr().cast()) })
+    _mm256_cvtph_ps(_mm_set_epi64x(w[1] as i64, w[0] as i64))
 }
 
-/// The scales of `n` sub-blocks of a low-bit chunk, as [`Decoded::scale`] holds them.
-trait Scales {
+/// NVFP4's doubled E2M1 values plus its bias of 12 (0..=24: unsigned bytes for the dot).
+const NVFP4_BIASED: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (MXFP4_VALUES[i] + 12) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// NVFP4's sub-block `k` (0..8) of the chunk at `p` as biased values u (w = u − 12) in
+/// [`XOrder::Nibbles`]: the low nibbles of its 16 bytes, then their high nibbles.
+///
+/// # Safety
+/// Block k / 2 readable at `p`; the CPU has AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nvfp4_biased(p: *const u8, k: usize) -> __m256i {
+    // SAFETY: the 16 index bytes lie in block k / 2 (its qs from byte 4).
+    let v = unsafe { _mm_loadu_si128(p.add(36 * (k / 2) + 4 + 16 * (k % 2)).cast()) };
+    let both = _mm256_broadcastsi128_si256(v);
+    let idx = _mm256_and_si256(
+        _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)),
+        _mm256_set1_epi8(15),
+    );
+    // SAFETY: NVFP4_BIASED is 16 readable bytes.
+    let t = unsafe { _mm_loadu_si128(NVFP4_BIASED.as_ptr().cast()) };
+    _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(t), idx)
+}
+
+/// NVFP4's sub-block `k`'s two half scales in the lanes of its dot in [`XOrder::Nibbles`].
+///
+/// # Safety
+/// Block k / 2 readable at `p`; the CPU has AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn nvfp4_half_scales(p: *const u8, k: usize) -> __m256 {
+    const _: () = assert!(matches!(XOrder::Nibbles.lane_halves(), [0, 0, 1, 1, 0, 0, 1, 1]));
+    // SAFETY: the sub-block's two scale bytes lie in block k / 2's first 4; every byte indexes
+    // the 256-entry table.
+    unsafe {
+        let e = p.add(36 * (k / 2) + 2 * (k % 2));
+        let s0 = _mm256_broadcast_ss(UE4M3_HALF.get_unchecked(*e as usize));
+        let s1 = _mm256_broadcast_ss(UE4M3_HALF.get_unchecked(*e.add(1) as usize));
+        _mm256_blend_ps::<0b1100_1100>(s0, s1)
+    }
+}
+
+/// Q2_0's sub-block `k` (0..8) of the chunk at `p` as its codes u (w = u − 1) in
+/// [`XOrder::Crumbs`].
+///
+/// # Safety
+/// Block k / 2 readable at `p`; the CPU has AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_codes(p: *const u8, k: usize) -> __m256i {
+    // SAFETY: the 8 code bytes lie in block k / 2 (its qs from byte 2).
+    let bits = unsafe { (p.add(18 * (k / 2) + 2 + 8 * (k % 2)) as *const i64).read_unaligned() };
+    let shifted = _mm256_srlv_epi64(_mm256_set1_epi64x(bits), _mm256_setr_epi64x(0, 2, 4, 6));
+    _mm256_and_si256(shifted, _mm256_set1_epi8(3))
+}
+
+/// Q1_0's sub-block `k` (0..8) of the chunk at `p` as u = 2·bit (w = u − 1), weight order.
+///
+/// # Safety
+/// Block k / 4 readable at `p`; the CPU has AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q1_doubled(p: *const u8, k: usize) -> __m256i {
+    // SAFETY: the 4 sign bytes lie in block k / 4 (its qs from byte 2).
+    let bits = unsafe { (p.add(18 * (k / 4) + 2 + 4 * (k % 4)) as *const i32).read_unaligned() };
+    let v = _mm256_shuffle_epi8(_mm256_set1_epi32(bits), bytes32(&Q1_SPREAD));
+    _mm256_and_si256(has_bits(v, bytes32(&Q1_BIT)), _mm256_set1_epi8(2))
+}
+
+/// Q1_0's scales of `n` sub-blocks, as [`Decoded::scale`] holds them (its blocks' d, per 32).
+///
+/// # Safety
+/// As for [`d_per_sub`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q1_scales(p: *const u8, n: usize) -> [__m256; 2] {
+    // SAFETY: per the caller.
+    [unsafe { d_per_sub(p, n, 4) }, _mm256_setzero_ps()]
+}
+
+/// Q2_0's scales of `n` sub-blocks, as [`Decoded::scale`] holds them.
+///
+/// # Safety
+/// As for [`d_per_sub`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q2_scales(p: *const u8, n: usize) -> [__m256; 2] {
+    // SAFETY: per the caller.
+    [unsafe { d_per_sub(p, n, 2) }, _mm256_setzero_ps()]
+}
+
+/// A low-bit format as its f32-x kernels read it: each sub-block's signed values in weight
+/// order, and the scales of a chunk's sub-blocks.
+pub(super) trait LowBit: Int8Format {
+    /// Sub-block `k`'s values of the chunk at `p`, in weight order.
+    ///
+    /// # Safety
+    /// Sub-block k readable at `p`; the CPU has AVX2/FMA/F16C.
+    unsafe fn natural(p: *const u8, k: usize) -> __m256i;
+
+    /// The scales of the first `n` sub-blocks of the chunk at `p`, as [`Decoded::scale`] holds
+    /// them.
+    ///
     /// # Safety
     /// The blocks of the first `n` sub-blocks readable at `p`; the CPU has AVX2/FMA/F16C.
     unsafe fn scales(p: *const u8, n: usize) -> [__m256; 2];
 }
 
-impl Scales for NVFP4 {
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn scales(p: *const u8, n: usize) -> [__m256; 2] {
-        // SAFETY: forwarded from the caller.
-        unsafe { nvfp4_scales(p, n) }
-    }
-}
-
-impl Scales for Q1 {
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn scales(p: *const u8, n: usize) -> [__m256; 2] {
-        // SAFETY: forwarded from the caller.
-        [unsafe { d_per_sub(p, n, 4) }, _mm256_setzero_ps()]
-    }
-}
-
-impl Scales for Q2 {
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn scales(p: *const u8, n: usize) -> [__m256; 2] {
-        // SAFETY: forwarded from the caller.
-        [unsafe { d_per_sub(p, n, 2) }, _mm256_setzero_ps()]
-    }
-}
-
-/// [`Int8Format`] for a low-bit format: its chunk bytes (eight sub-blocks), whether it is
-/// scaled per 16, whether a sub-block's scale reads on its own (per 32), and its sub-block
-/// decoder.
+/// [`LowBit`] and [`Int8Format`] for a low-bit format: its chunk bytes (eight sub-blocks),
+/// whether it is scaled per 16, its bias and order, its int8-x sub-block decoder (`$biased`)
+/// and its weight-order one (`$natural`), and how a chunk's scales read (`$scales`: a function
+/// of the chunk's address and n).
 macro_rules! impl_lowbit {
-    ($t:ty, chunk $chunk:expr, per16 $per16:expr, $sub:ident) => {
+    ($t:ty, chunk $chunk:expr, per16 $per16:expr, bias $bias:expr, order $order:expr,
+     $biased:ident, $natural:ident, $scales:ident $(, halves $halves:ident)?) => {
+        impl LowBit for $t {
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn natural(p: *const u8, k: usize) -> __m256i {
+                // SAFETY: sub-block k is readable per the caller.
+                unsafe { $natural(p, k) }
+            }
+
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn scales(p: *const u8, n: usize) -> [__m256; 2] {
+                // SAFETY: the n sub-blocks' blocks are readable per the caller.
+                unsafe { $scales(p, n) }
+            }
+        }
+
         impl Int8Format for $t {
             const CHUNK_BYTES: usize = $chunk;
             // A partial chunk's bytes per sub-block, rounded up (only its prefetch reads it).
             const BLOCK_BYTES: usize = ($chunk as usize).div_ceil(8);
-            const SIGNED: bool = true;
-            const BIAS: i32 = 0;
+            const SIGNED: bool = false;
+            const BIAS: i32 = $bias;
             const PER16: bool = $per16;
             const MINS: Mins = Mins::None;
-            const BLOCKWISE: bool = !$per16;
+            const ORDER: XOrder = $order;
+            const BLOCKWISE: bool = true;
 
             #[inline]
             #[target_feature(enable = "avx2,fma,f16c")]
@@ -244,11 +358,11 @@ macro_rules! impl_lowbit {
                 // SAFETY: the n sub-blocks at p are readable per the caller.
                 unsafe {
                     for (k, qk) in q.iter_mut().enumerate().take(n) {
-                        *qk = $sub(p, k);
+                        *qk = $biased(p, k);
                     }
                     Decoded {
                         q,
-                        scale: <$t as Scales>::scales(p, n),
+                        scale: $scales(p, n),
                         min: [_mm256_setzero_ps(); 2],
                     }
                 }
@@ -258,25 +372,34 @@ macro_rules! impl_lowbit {
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn block(p: *const u8, k: usize) -> __m256i {
                 // SAFETY: sub-block k is readable per the caller.
-                unsafe { $sub(p, k) }
+                unsafe { $biased(p, k) }
             }
 
             #[inline]
             #[target_feature(enable = "avx2,fma,f16c")]
             unsafe fn factors(p: *const u8, n: usize) -> (__m256, __m256) {
                 // SAFETY: the n sub-blocks are readable per the caller.
-                (
-                    unsafe { <$t as Scales>::scales(p, n)[0] },
-                    _mm256_setzero_ps(),
-                )
+                (unsafe { $scales(p, n)[0] }, _mm256_setzero_ps())
             }
+
+            $(
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn half_scales(p: *const u8, k: usize) -> __m256 {
+                // SAFETY: sub-block k is readable per the caller.
+                unsafe { $halves(p, k) }
+            }
+            )?
         }
     };
 }
 
-impl_lowbit!(NVFP4, chunk 144, per16 true, nvfp4_sub);
-impl_lowbit!(Q1, chunk 36, per16 false, q1_sub);
-impl_lowbit!(Q2, chunk 72, per16 false, q2_sub);
+impl_lowbit!(NVFP4, chunk 144, per16 true, bias 12, order XOrder::Nibbles, nvfp4_biased,
+    nvfp4_sub, nvfp4_scales, halves nvfp4_half_scales);
+impl_lowbit!(Q1, chunk 36, per16 false, bias 1, order XOrder::Natural, q1_doubled, q1_sub,
+    q1_scales);
+impl_lowbit!(Q2, chunk 72, per16 false, bias 1, order XOrder::Crumbs, q2_codes, q2_sub,
+    q2_scales);
 
 /// Lane `i` of `v` in every lane.
 #[inline]
@@ -317,7 +440,7 @@ fn weights32<F: Int8Format>(dec: &Decoded, k: usize) -> [__m256; 4] {
 /// The row's `len` weights (a multiple of the format's block) readable at `row`; AVX2/FMA/F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn each_sub<F: Int8Format>(
+unsafe fn each_sub<F: LowBit>(
     row: *const u8,
     next: *const u8,
     len: usize,
@@ -332,8 +455,16 @@ unsafe fn each_sub<F: Int8Format>(
             fetch_lines::<1>(&[next; 8], off);
             off += 64;
         }
-        // SAFETY: chunk c's n sub-blocks are inside the readable row.
-        let dec = unsafe { F::decode(row.add(at), n) };
+        let mut dec = Decoded {
+            q: [_mm256_setzero_si256(); 8],
+            // SAFETY: chunk c's n sub-blocks are inside the readable row.
+            scale: unsafe { F::scales(row.add(at), n) },
+            min: [_mm256_setzero_ps(); 2],
+        };
+        for (k, qk) in dec.q.iter_mut().enumerate().take(n) {
+            // SAFETY: as above.
+            *qk = unsafe { F::natural(row.add(at), k) };
+        }
         for k in 0..n {
             each(8 * c + k, weights32::<F>(&dec, k));
         }
@@ -346,7 +477,7 @@ unsafe fn each_sub<F: Int8Format>(
 /// `x.len()` weights readable at each row, `out.len() >= p.len()`; AVX2/FMA/F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_rows<F: Int8Format>(p: &[*const u8], q: &[*const u8], x: &[f32], out: &mut [f32]) {
+unsafe fn dot_rows<F: LowBit>(p: &[*const u8], q: &[*const u8], x: &[f32], out: &mut [f32]) {
     let xp = x.as_ptr();
     for ((&row, &next), o) in p.iter().zip(q).zip(out.iter_mut()) {
         let mut acc = [_mm256_setzero_ps(); 2];
@@ -369,7 +500,7 @@ unsafe fn dot_rows<F: Int8Format>(p: &[*const u8], q: &[*const u8], x: &[f32], o
 /// As for `Format::dot`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot<F: Int8Format, const R: usize>(g: &RowGroup, x: &[f32], out: &mut [f32]) {
+pub(super) unsafe fn dot<F: LowBit, const R: usize>(g: &RowGroup, x: &[f32], out: &mut [f32]) {
     // SAFETY: forwarded from the caller.
     unsafe { dot_rows::<F>(&g.p[..R], &g.q[..R], x, out) }
 }
@@ -380,7 +511,7 @@ pub(super) unsafe fn dot<F: Int8Format, const R: usize>(g: &RowGroup, x: &[f32],
 /// As for `Format::axpy`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn axpy<F: Int8Format, const R: usize>(g: &RowGroup, a: &[f32], y: &mut [f32]) {
+pub(super) unsafe fn axpy<F: LowBit, const R: usize>(g: &RowGroup, a: &[f32], y: &mut [f32]) {
     let yp = y.as_mut_ptr();
     for (i, &coef) in a.iter().enumerate().take(R) {
         let ai = _mm256_set1_ps(coef);
@@ -404,7 +535,7 @@ pub(super) unsafe fn axpy<F: Int8Format, const R: usize>(g: &RowGroup, a: &[f32]
 /// As for `Format::dequant`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dequant<F: Int8Format>(row: *const u8, out: &mut [f32]) {
+pub(super) unsafe fn dequant<F: LowBit>(row: *const u8, out: &mut [f32]) {
     let op = out.as_mut_ptr();
     // SAFETY: out.len() weights readable at row per the caller; out holds 32 per sub-block.
     unsafe {
@@ -424,7 +555,7 @@ pub(super) unsafe fn dequant<F: Int8Format>(row: *const u8, out: &mut [f32]) {
 /// `32·xq.blocks()` weights readable at each row, `out.len() >= R`; AVX2/FMA/F16C.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn rows_i16<F: Int8Format, const R: usize>(
+pub(super) unsafe fn rows_i16<F: LowBit, const R: usize>(
     p: &[*const u8; R],
     next: &[*const u8; R],
     xq: &XQuant,
