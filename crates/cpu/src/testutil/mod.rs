@@ -116,10 +116,11 @@ pub(crate) fn assert_dot_close(got: f32, dtype: DType, row: &[u8], x: &[f32], wh
 }
 
 /// Whether a product of `dtype` rows with `x` on `level` takes the int8-x kernels (the int8
-/// numerics or a low-bit format, quantized rows on the x86 levels, x finite and whole
+/// numerics or an `int8_always` format, quantized rows on the x86 levels, x finite and whole
 /// 32-blocks): it then computes with x̂, the int8 x.
 pub(crate) fn takes_x8(level: crate::simd::Level, dtype: DType, x: &[f32]) -> bool {
-    (crate::numerics::numerics() == crate::numerics::Numerics::Int8 || dtype.is_lowbit())
+    (crate::numerics::numerics() == crate::numerics::Numerics::Int8
+        || crate::numerics::int8_always(dtype))
         && level.is_x86_simd()
         && dtype.is_quantized()
         && crate::reference::x8::x8_hat(x).is_some()

@@ -22,7 +22,7 @@ pub(crate) const TOKENS: usize = 8;
 
 /// Hint the cache to fetch bytes `start..end` of each row at `next[i]`.
 #[inline(always)]
-fn fetch<const R: usize>(next: &[*const u8; R], start: usize, end: usize) {
+pub(super) fn fetch<const R: usize>(next: &[*const u8; R], start: usize, end: usize) {
     for q in next {
         let mut off = start & !63;
         while off < end {
@@ -417,8 +417,15 @@ pub(super) unsafe fn rows_of<F: Int8Format, const R: usize, const FETCH: bool>(
     blocks: usize,
 ) -> [[f32; TOKENS]; R] {
     // SAFETY: forwarded from the caller. One token takes the kernel sized for one (its
-    // accumulators set up and stored for it alone); its arithmetic is the same.
+    // accumulators set up and stored for it alone); its arithmetic is the same. A fused
+    // kernel is AVX2 alone, so the same on both levels.
     unsafe {
+        if F::FUSED {
+            return match xs.len() {
+                1 => F::fused::<R, 1, FETCH>(p, next, xs, blocks),
+                _ => F::fused::<R, TOKENS, FETCH>(p, next, xs, blocks),
+            };
+        }
         match (vnni, xs.len()) {
             (true, 1) => vnni::rows::<F, R, 1, FETCH>(p, next, xs, blocks),
             (true, _) => vnni::rows::<F, R, TOKENS, FETCH>(p, next, xs, blocks),

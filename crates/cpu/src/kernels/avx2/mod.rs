@@ -30,6 +30,7 @@ mod iq3;
 mod kquant;
 mod kv_passes;
 mod lattice;
+mod lattice_x8;
 mod lowbit;
 mod q4_axpy;
 mod quant;
