@@ -84,7 +84,10 @@ unsafe fn iq3xxs_x8_scales(p: *const u8) -> [__m256; 2] {
     let (d, aux) = unsafe { (f16_at(p), _mm256_loadu_si256(p.add(66).cast())) };
     let ls = _mm256_cvtepi32_ps(_mm256_srli_epi32::<28>(aux));
     let half = _mm256_set1_ps(0.5);
-    let v = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(d), _mm256_add_ps(half, ls)), half);
+    let v = _mm256_mul_ps(
+        _mm256_mul_ps(_mm256_set1_ps(d), _mm256_add_ps(half, ls)),
+        half,
+    );
     per32_lanes(v)
 }
 

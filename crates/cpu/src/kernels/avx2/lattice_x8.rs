@@ -166,7 +166,12 @@ pub(super) fn per32_lanes(v: __m256) -> [__m256; 2] {
 pub(super) fn per16_lanes(d: &[f32; 16]) -> [__m256; 2] {
     let order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     // SAFETY: sixteen f32 behind the reference, two unaligned loads.
-    let (v0, v1) = unsafe { (_mm256_loadu_ps(d.as_ptr()), _mm256_loadu_ps(d.as_ptr().add(8))) };
+    let (v0, v1) = unsafe {
+        (
+            _mm256_loadu_ps(d.as_ptr()),
+            _mm256_loadu_ps(d.as_ptr().add(8)),
+        )
+    };
     [
         _mm256_permutevar8x32_ps(v0, order),
         _mm256_permutevar8x32_ps(v1, order),
