@@ -22,7 +22,7 @@ import re
 import numpy as np
 import pytest
 from llamacpp_check import format_errors
-from test_hybrid import DEVICES, TOL, assert_same_decode, plan_for
+from test_hybrid import DEVICES, TOL_INT8, assert_close, assert_same_decode, greedy, plan_for
 
 from powerinfer_rs import Engine, _core
 from powerinfer_rs.loading import load_model
@@ -140,8 +140,17 @@ def test_the_plan_runs_them_as_q8_0_on_the_gpu_side(lattice, tmp_path, device, d
     hyb = Engine(model, threads=2, sparsity="exact-relu", plan=path, device=device)
     assert any(hyb.plan.attention) and hyb.plan.output
     assert all(len(h) for h in hyb.plan.hot_neurons)
-    tol = TOL_IQ1_M if dtype == "IQ1_M" else TOL
-    assert_same_decode(cpu, hyb, [5, 17, 123, 42, 7, 250], 8, tol, f"{device} {dtype}")
+    # The CPU's products take the int8 x (the fused kernels), the GPU's Q8_0 rows another x:
+    # test_hybrid's TOL_INT8 (measured on gpu-sim: 4.5e-3 of the largest logit for IQ3_XXS,
+    # 7.4e-3 for IQ3_S, 5.9e-3 for IQ1_S). The hybrid reads the CPU's greedy tokens: on random
+    # weights a near-tie may fall either way between two numerics, and the decodes then part.
+    tol = max(TOL_IQ1_M, TOL_INT8) if dtype == "IQ1_M" else TOL_INT8
+    prompt = [5, 17, 123, 42, 7, 250]
+    want, toks = greedy(cpu, prompt, 8)
+    hyb.reset()
+    got = [hyb.prefill(prompt)] + [hyb.prefill([t]) for t in toks]
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, w, tol, f"{device} {dtype} step {i}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

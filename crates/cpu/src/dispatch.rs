@@ -6,7 +6,7 @@
 use crate::kernels::avx2;
 use crate::kernels::kv_blocks;
 use crate::kernels::scalar;
-use crate::numerics::{numerics, Numerics};
+use crate::numerics::{int8_always, numerics, Numerics};
 use crate::operands::attention::{Head, KvHead, KvScratch, ScoreBlock, ValueBlock};
 use crate::simd::Level;
 use powerinfer_core::DType;
@@ -220,8 +220,8 @@ pub(crate) fn read_sum(level: Level, data: &[u64]) -> u64 {
 /// rows take the quantized-x kernels of the process's [`Numerics`] (int16 x, or int8 x of
 /// `kernels::avx2::int8_rows`), x quantized once (when it is finite and whole 32-blocks) and
 /// shared by every product that reads it; other rows are dotted with x itself. The low-bit
-/// formats (`DType::is_lowbit`) take the int8 x whatever the numerics (they have no int16-x
-/// kernel), quantized on their first product; the formats of the int8 x per 256
+/// formats and the fused IQ3/IQ1 lattice ones ([`int8_always`]) take the int8 x whatever the
+/// numerics, quantized on their first product; the formats of the int8 x per 256
 /// (`kernels::avx2::takes_x8k`: the 2-bit lattice i-quants) take that one whatever the
 /// numerics, quantized on their first product too.
 pub(crate) struct Activations<'a> {
@@ -231,7 +231,7 @@ pub(crate) struct Activations<'a> {
     xq: Option<avx2::XQuant>,
     #[cfg(target_arch = "x86_64")]
     x8: Option<avx2::X8>,
-    /// The int8 x of the low-bit formats' products where the numerics made none (`None`
+    /// The int8 x of [`int8_always`] formats' products where the numerics made none (`None`
     /// inside where x is not finite or not whole 32-blocks, or the level is not x86).
     #[cfg(target_arch = "x86_64")]
     x8_lowbit: std::sync::OnceLock<Option<avx2::X8>>,
@@ -302,7 +302,7 @@ impl<'a> Activations<'a> {
         if !dtype.is_quantized() {
             return None;
         }
-        if self.x8.is_some() || !dtype.is_lowbit() {
+        if self.x8.is_some() || !int8_always(dtype) {
             return self.x8.as_ref();
         }
         let whole = self.level.is_x86_simd() && self.x.len().is_multiple_of(32);

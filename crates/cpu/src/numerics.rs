@@ -2,9 +2,22 @@
 //! process ([`numerics`]): the int16 x (`kernels::avx2::int16`, the default) or the int8 x in
 //! blocks of 32 with a scale per 16 values (`kernels::avx2::int8`, opt-in while its row kernels
 //! are brought to the memory floor; see `benchmarks/accuracy_vs_reference.py` for how each
-//! scores against a float64 reference). The scalar level always takes f32 x.
+//! scores against a float64 reference). The scalar level always takes f32 x. Some formats
+//! take the int8 x whatever the numerics ([`int8_always`]).
 
+use powerinfer_core::DType;
 use std::sync::OnceLock;
+
+/// Whether products of `dtype` rows take the int8 x whatever the numerics: the low-bit formats
+/// (no int16-x kernel) and the lattice formats with a fused int8-x kernel
+/// (`kernels::avx2::lattice_x8`: IQ3_XXS, IQ3_S, IQ1_S, IQ1_M), faster than their int16-x one.
+pub(crate) fn int8_always(dtype: DType) -> bool {
+    dtype.is_lowbit()
+        || matches!(
+            dtype,
+            DType::IQ3_XXS | DType::IQ3_S | DType::IQ1_S | DType::IQ1_M
+        )
+}
 
 /// The environment variable that selects the activations: `int16` (the default) or `int8`.
 pub const NUMERICS_ENV: &str = "POWERINFER_RS_NUMERICS";

@@ -117,8 +117,9 @@ pub(crate) fn assert_dot_close(got: f32, dtype: DType, row: &[u8], x: &[f32], wh
 
 /// The int8 x̂ a product of `dtype` rows with `x` computes with on `level`, where it takes a
 /// quantized x of int8: per 256 for the formats that take that one (`kernels::avx2::takes_x8k`,
-/// x finite and whole 256-blocks), else per 32 under the int8 numerics or for a low-bit format
-/// (quantized rows on the x86 levels, x finite and whole 32-blocks); `None` otherwise.
+/// x finite and whole 256-blocks), else per 32 under the int8 numerics or for an
+/// `int8_always` format (the low-bit and fused IQ3/IQ1 ones; quantized rows on the x86
+/// levels, x finite and whole 32-blocks); `None` otherwise.
 pub(crate) fn x8_seen(level: crate::simd::Level, dtype: DType, x: &[f32]) -> Option<Vec<f32>> {
     if !level.is_x86_simd() || !dtype.is_quantized() {
         return None;
@@ -130,7 +131,7 @@ pub(crate) fn x8_seen(level: crate::simd::Level, dtype: DType, x: &[f32]) -> Opt
         }
     }
     let int8 = crate::numerics::numerics() == crate::numerics::Numerics::Int8;
-    (int8 || dtype.is_lowbit())
+    (int8 || crate::numerics::int8_always(dtype))
         .then(|| crate::reference::x8::x8_hat(x))
         .flatten()
 }

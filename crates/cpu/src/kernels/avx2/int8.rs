@@ -12,6 +12,9 @@
 //! - `s` and `s16`: Σ d·q per 32-block and per 16-value half, for the formats with stored mins
 //!   (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K): the min times the sum of the very x̂ the quants are dotted
 //!   with.
+//! - `dh`: each chunk's sixteen half scales in the lane order of a super-block's reduced dots
+//!   ([`super::lattice_x8`]: a 256-weight super-block's eight block dots summed per half by
+//!   `vphaddd`, so one conversion and one FMA take each half's integer sum).
 //!
 //! A format whose decoder gives a block's quants in another order than the weights' (an
 //! [`XOrder`]: the low-bit formats' bit fields read by one shift and one mask) is dotted with x
@@ -40,6 +43,9 @@ pub(crate) struct X8 {
     pub(super) s16: Vec<f32>,
     /// Per block, eight lanes: −8·(q[4j] + … + q[4j + 3]) in lane j.
     pub(super) neg8: Vec<i32>,
+    /// Per chunk, sixteen lanes: block k's half h scale at lane 8·(k / 4) + 4·h + k % 4 (the
+    /// order of [`super::lattice_x8`]'s reduced dots); padded to whole chunks with zeros.
+    pub(super) dh: Vec<f32>,
     /// Number of 32-blocks.
     blocks: usize,
     /// The quants and lanes in each reordering ([`XOrder::Nibbles`], [`XOrder::Crumbs`]),
@@ -134,6 +140,7 @@ impl X8 {
             s: vec![0.0; padded],
             s16: vec![0.0; 2 * padded],
             neg8: vec![0; blocks * 8],
+            dh: vec![0.0; 2 * padded],
             blocks,
             ordered: [OnceLock::new(), OnceLock::new()],
         };
@@ -202,7 +209,7 @@ unsafe fn quantize(x: &[f32], xq: &mut X8) -> bool {
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for b in 0..xq.blocks {
         // SAFETY: block b's 32 values are in x (four unaligned loads); its 32 quants and eight
-        // lanes are in q and neg8 (unaligned stores); d, s and s16 hold block b (padded).
+        // lanes are in q and neg8 (unaligned stores); d, s, s16 and dh hold block b (padded).
         unsafe {
             let xb = x.as_ptr().add(32 * b);
             let v = [0, 8, 16, 24].map(|k| _mm256_loadu_ps(xb.add(k)));
@@ -245,6 +252,9 @@ unsafe fn quantize(x: &[f32], xq: &mut X8) -> bool {
             *xq.s.get_unchecked_mut(b) = s0 + s1;
             *xq.s16.get_unchecked_mut(2 * b) = s0;
             *xq.s16.get_unchecked_mut(2 * b + 1) = s1;
+            let at = 16 * (b / CHUNK) + 8 * (b % CHUNK / 4) + b % 4;
+            *xq.dh.get_unchecked_mut(at) = d[0];
+            *xq.dh.get_unchecked_mut(at + 4) = d[1];
         }
     }
     true
@@ -294,6 +304,8 @@ mod tests {
                 for j in 0..8 {
                     assert_eq!(xq.neg8[8 * b + j], -8 * sum(4 * j..4 * j + 4));
                 }
+                let at = 16 * (b / 8) + 8 * (b % 8 / 4) + b % 4;
+                assert_eq!([xq.dh[at], xq.dh[at + 4]], [d[2 * b], d[2 * b + 1]]);
             }
         }
         let mut bad = vec![1.0f32; 64];

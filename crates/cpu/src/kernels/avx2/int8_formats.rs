@@ -8,7 +8,8 @@
 //! (0 where the format has none). The kernels take the bias in integers from the x's
 //! [`super::int8::X8::neg8`], and the mins against x's d·Σq sums.
 
-use super::int8::XOrder;
+use super::int8::{XOrder, X8};
+use super::int8_rows::TOKENS;
 use super::kquant::{KFormat, Q2K, Q3K, Q4K, Q5K, Q6K};
 use super::quant::{halves8, QuantFormat, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use std::arch::x86_64::*;
@@ -84,6 +85,25 @@ pub(super) trait Int8Format {
     /// As for [`Int8Format::block`].
     unsafe fn half_scales(_p: *const u8, _k: usize) -> __m256 {
         unreachable!("only the blockwise formats scaled per 16 have half scales")
+    }
+
+    /// Whether the format has a fused kernel of its own ([`Int8Format::fused`], the lattice
+    /// formats' [`super::lattice_x8`]) that every int8-x product (dense, batched, by index)
+    /// takes instead of the generic decode-then-dot kernel.
+    const FUSED: bool = false;
+
+    /// The fused kernel, as [`super::int8_rows::rows_of`] is called: out[i][t] = dot(row i,
+    /// token t) for `R` rows and at most `T` tokens; only where `FUSED`.
+    ///
+    /// # Safety
+    /// As for the generic kernel.
+    unsafe fn fused<const R: usize, const T: usize, const FETCH: bool>(
+        _p: &[*const u8; R],
+        _next: &[*const u8; R],
+        _xs: &[&X8],
+        _blocks: usize,
+    ) -> [[f32; TOKENS]; R] {
+        unreachable!("the format has no fused int8-x kernel")
     }
 }
 

@@ -22,7 +22,7 @@ pub(crate) const TOKENS: usize = 8;
 
 /// Hint the cache to fetch bytes `start..end` of each row at `next[i]`.
 #[inline(always)]
-fn fetch<const R: usize>(next: &[*const u8; R], start: usize, end: usize) {
+pub(super) fn fetch<const R: usize>(next: &[*const u8; R], start: usize, end: usize) {
     for q in next {
         let mut off = start & !63;
         while off < end {
@@ -76,8 +76,7 @@ macro_rules! int8_kernel {
                 return out;
             }
             // Each token as `F` reads it (its quants in the decoder's order).
-            let xv: [X8View; T] =
-                std::array::from_fn(|t| xs[t.min(xs.len() - 1)].view(F::ORDER));
+            let xv: [X8View; T] = std::array::from_fn(|t| xs[t.min(xs.len() - 1)].view(F::ORDER));
             // Two accumulators per (row, token): even and odd blocks.
             let mut acc = [[[_mm256_setzero_ps(); 2]; R]; T];
             let mut rows = [Rows::UNSET; R];
@@ -438,8 +437,15 @@ pub(super) unsafe fn rows_of<F: Int8Format, const R: usize, const FETCH: bool>(
     blocks: usize,
 ) -> [[f32; TOKENS]; R] {
     // SAFETY: forwarded from the caller. One token takes the kernel sized for one (its
-    // accumulators set up and stored for it alone); its arithmetic is the same.
+    // accumulators set up and stored for it alone); its arithmetic is the same. A fused
+    // kernel is AVX2 alone, so the same on both levels.
     unsafe {
+        if F::FUSED {
+            return match xs.len() {
+                1 => F::fused::<R, 1, FETCH>(p, next, xs, blocks),
+                _ => F::fused::<R, TOKENS, FETCH>(p, next, xs, blocks),
+            };
+        }
         match (vnni, xs.len()) {
             (true, 1) => vnni::rows::<F, R, 1, FETCH>(p, next, xs, blocks),
             (true, _) => vnni::rows::<F, R, TOKENS, FETCH>(p, next, xs, blocks),

@@ -3,9 +3,12 @@
 //! `vpgatherdq`, then made the int8 values 8g ± 1 (the ±1/8 shift times 8;
 //! `powerinfer_core::dequantize_iq1`) by a sign multiply of 8 and an add; the scales (dl / 8,
 //! per 32 weights for IQ1_S, per 16 for IQ1_M) are the core's. The families' kernels come from
-//! [`impl_lattice!`].
+//! [`impl_lattice!`]; the int8-x products take [`super::lattice_x8`], which reads a sub-block
+//! as the magnitudes |8g ± 1| with the values themselves as the signs put on x ([`abs_signs`]:
+//! no value is 0).
 
 use super::lattice::{gather8, impl_lattice, per16, per32};
+use super::lattice_x8::{per16_lanes, per32_lanes};
 use powerinfer_core::dequantize_iq1::{iq1m_scales, iq1s_qh, iq1s_scales};
 use powerinfer_core::lattice_grids::IQ1S_GRID;
 use std::arch::x86_64::*;
@@ -82,5 +85,58 @@ fn iq1m_factors(b: &[u8]) -> [__m256; 2] {
     per16(iq1m_scales(b))
 }
 
-impl_lattice!(IQ1S, 50, per16 false, iq1s_factors, iq1s_sub);
-impl_lattice!(IQ1M, 56, per16 true, iq1m_factors, iq1m_sub);
+/// A sub-block's values `v` (8g ± 1, never 0) as the fused kernel's magnitudes and signs.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn abs_signs(v: __m256i) -> (__m256i, __m256i) {
+    (_mm256_abs_epi8(v), v)
+}
+
+/// IQ1_S's sub-block `s` for the fused int8-x kernel.
+///
+/// # Safety
+/// As for [`iq1s_sub`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq1s_x8(p: *const u8, s: usize) -> (__m256i, __m256i) {
+    // SAFETY: forwarded from the caller.
+    abs_signs(unsafe { iq1s_sub(p, s) })
+}
+
+/// IQ1_S's scales in the fused kernel's lanes.
+///
+/// # Safety
+/// The block (50 bytes) readable at `p`; the CPU has AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq1s_x8_scales(p: *const u8) -> [__m256; 2] {
+    // SAFETY: the block's bytes are readable per the caller.
+    let d = iq1s_scales(unsafe { std::slice::from_raw_parts(p, 50) });
+    // SAFETY: eight f32 on the stack, unaligned.
+    per32_lanes(unsafe { _mm256_loadu_ps(d.as_ptr()) })
+}
+
+/// IQ1_M's sub-block `s` for the fused int8-x kernel.
+///
+/// # Safety
+/// As for [`iq1m_sub`].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq1m_x8(p: *const u8, s: usize) -> (__m256i, __m256i) {
+    // SAFETY: forwarded from the caller.
+    abs_signs(unsafe { iq1m_sub(p, s) })
+}
+
+/// IQ1_M's sixteen scales in the fused kernel's lanes.
+///
+/// # Safety
+/// The block (56 bytes) readable at `p`; the CPU has AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn iq1m_x8_scales(p: *const u8) -> [__m256; 2] {
+    // SAFETY: the block's bytes are readable per the caller.
+    per16_lanes(&iq1m_scales(unsafe { std::slice::from_raw_parts(p, 56) }))
+}
+
+impl_lattice!(IQ1S, 50, per16 false, iq1s_factors, iq1s_sub, x8 iq1s_x8, iq1s_x8_scales);
+impl_lattice!(IQ1M, 56, per16 true, iq1m_factors, iq1m_sub, x8 iq1m_x8, iq1m_x8_scales);

@@ -1,17 +1,19 @@
-//! What the lattice i-quants' AVX2 kernels share (IQ3_XXS, IQ3_S: [`super::iq3`]; IQ1_S:
-//! [`super::iq1`]): a block is eight 32-weight sub-blocks, each decoded by its format into 32
+//! What the lattice i-quants' AVX2 kernels share (IQ3_XXS, IQ3_S: [`super::iq3`]; IQ1_S,
+//! IQ1_M: [`super::iq1`]): a block is eight 32-weight sub-blocks, each decoded by its format into 32
 //! signed bytes in weight order (codebook points gathered from the grid, signs applied), with
 //! one f32 scale per sub-block and no mins, so to the generic families it is what a ternary or
 //! IQ4_XS super-block is: a [`KFormat`] (the int16-x dot, the f32 dot, row accumulation, row
-//! decoding) and an [`Int8Format`] (the int8-x kernels) from [`impl_lattice!`].
+//! decoding) from [`impl_lattice!`]. Their int8-x products take the fused kernel of
+//! [`super::lattice_x8`] (its [`Int8Format`] is `FUSED`), which reads each sub-block as grid
+//! magnitudes and signs put on x instead of decoded bytes.
 
 use std::arch::x86_64::*;
 
-/// `v` with byte i negated where bit i % 8 of byte i / 8 of `signs` is set (four sign bytes, one
-/// per 8 weights).
+/// The four sign bytes `signs` (one per 8 weights) spread to 32 bytes: −1 in byte i where bit
+/// i % 8 of byte i / 8 is set, else 1 (a `vpsignb` source).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn apply_signs(v: __m256i, signs: u32) -> __m256i {
+pub(super) fn sign_bytes(signs: u32) -> __m256i {
     // Byte i takes sign byte i / 8, then keeps bit i % 8: −1 where set.
     let spread = _mm256_shuffle_epi8(
         _mm256_set1_epi32(signs as i32),
@@ -24,8 +26,16 @@ pub(super) fn apply_signs(v: __m256i, signs: u32) -> __m256i {
     );
     let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
     let neg = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    _mm256_or_si256(neg, _mm256_set1_epi8(1))
+}
+
+/// `v` with byte i negated where bit i % 8 of byte i / 8 of `signs` is set (four sign bytes, one
+/// per 8 weights).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) fn apply_signs(v: __m256i, signs: u32) -> __m256i {
     // sign_epi8 by −1 or 1: negated or kept (no value is 0 in the IQ3 grids, nor −128).
-    _mm256_sign_epi8(v, _mm256_or_si256(neg, _mm256_set1_epi8(1)))
+    _mm256_sign_epi8(v, sign_bytes(signs))
 }
 
 /// Eight 4-byte codebook points of `grid` (the points' indices in the lanes of `idx`), as 32
@@ -72,11 +82,32 @@ pub(super) fn per16(d: [f32; 16]) -> [__m256; 2] {
     }
 }
 
-/// [`KFormat`] and [`Int8Format`] for a lattice format: its block bytes, whether its scales are
-/// per 16 weights, its factors (a function of the block's bytes giving the scales through
-/// [`per32`] or [`per16`]) and its sub-block decoder (`unsafe fn(p, s) -> __m256i`).
+/// [`KFormat`], [`Int8Format`] (fused: [`super::lattice_x8`]) and
+/// [`super::lattice_x8::LatticeX8`] for a lattice format: its block bytes, whether its scales
+/// are per 16 weights, its factors (a function of the block's bytes giving the scales through
+/// [`per32`] or [`per16`]), its sub-block decoder (`unsafe fn(p, s) -> __m256i`), and for the
+/// fused kernel its sub-block reader and scales (`LatticeX8::sub`, `LatticeX8::scales`).
 macro_rules! impl_lattice {
-    ($t:ty, $bytes:expr, per16 $per16:expr, $factors:path, $sub:path) => {
+    ($t:ty, $bytes:expr, per16 $per16:expr, $factors:path, $sub:path,
+     x8 $xsub:path, $xscales:path) => {
+        impl $crate::kernels::avx2::lattice_x8::LatticeX8 for $t {
+            const BYTES: usize = $bytes;
+
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn sub(p: *const u8, s: usize) -> (__m256i, __m256i) {
+                // SAFETY: forwarded from the caller.
+                unsafe { $xsub(p, s) }
+            }
+
+            #[inline]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            unsafe fn scales(p: *const u8) -> [__m256; 2] {
+                // SAFETY: forwarded from the caller.
+                unsafe { $xscales(p) }
+            }
+        }
+
         impl $crate::kernels::avx2::kquant::KFormat for $t {
             const BYTES: usize = $bytes;
             const HAS_MIN: bool = false;
@@ -117,6 +148,22 @@ macro_rules! impl_lattice {
             const MINS: $crate::kernels::avx2::int8_formats::Mins =
                 $crate::kernels::avx2::int8_formats::Mins::None;
             const BLOCKWISE: bool = false;
+            const FUSED: bool = true;
+
+            #[inline]
+            unsafe fn fused<const R: usize, const T: usize, const FETCH: bool>(
+                p: &[*const u8; R],
+                next: &[*const u8; R],
+                xs: &[&$crate::kernels::avx2::int8::X8],
+                blocks: usize,
+            ) -> [[f32; $crate::kernels::avx2::int8_rows::TOKENS]; R] {
+                // SAFETY: forwarded from the caller (the dispatcher detected AVX2).
+                unsafe {
+                    $crate::kernels::avx2::lattice_x8::rows::<Self, R, T, FETCH>(
+                        p, next, xs, blocks,
+                    )
+                }
+            }
 
             unsafe fn block(_p: *const u8, _k: usize) -> __m256i {
                 unreachable!("a lattice block decodes whole")
