@@ -81,9 +81,8 @@ unsafe fn quantize(x: &[f32], xq: &mut X8K) -> bool {
             };
             for k in 0..8 {
                 // Round to nearest even (the default MXCSR mode), as `round_ties_even`.
-                let i: [__m256i; 4] = std::array::from_fn(|j| {
-                    _mm256_cvtps_epi32(_mm256_mul_ps(v[4 * k + j], inv))
-                });
+                let i: [__m256i; 4] =
+                    std::array::from_fn(|j| _mm256_cvtps_epi32(_mm256_mul_ps(v[4 * k + j], inv)));
                 let w = _mm256_packs_epi16(
                     _mm256_packs_epi32(i[0], i[1]),
                     _mm256_packs_epi32(i[2], i[3]),
@@ -161,7 +160,13 @@ mod tests {
         // x·127/max|x| lands on k + 0.5 for these: ties go to even.
         cases.push(
             (0..256)
-                .map(|i| if i == 0 { 127.0 } else { (i % 126) as f32 + 0.5 })
+                .map(|i| {
+                    if i == 0 {
+                        127.0
+                    } else {
+                        (i % 126) as f32 + 0.5
+                    }
+                })
                 .collect(),
         );
         for x in cases {

@@ -401,7 +401,9 @@ mod tests {
                 let row_bytes = dtype.row_bytes(cols).unwrap();
                 let mut x: Vec<Vec<f32>> = (0..tokens).map(|_| rng.vec(cols)).collect();
                 x[0][cols / 3] = 90.0;
-                x[1] = (0..cols).map(|i| if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
+                x[1] = (0..cols)
+                    .map(|i| if i % 3 == 0 { -1.0 } else { 1.0 })
+                    .collect();
                 let xq: Vec<X8K> = x.iter().map(|t| X8K::new(t).unwrap()).collect();
                 let refs: Vec<&X8K> = xq.iter().collect();
                 let mut outs = vec![vec![f32::NAN; rows]; tokens];
