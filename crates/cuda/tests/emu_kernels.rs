@@ -490,8 +490,14 @@ fn sink_attention(dev: &EmuBackend) {
         ..AttnParams::new(nh, nkv, hd)
     };
     let (first, kv) = (n_pos - 140, nkv * hd);
-    let kb: Vec<u16> = values(n_pos * kv, 30).iter().map(|v| u16::from_f32(2.0 * v)).collect();
-    let vb: Vec<u16> = values(n_pos * kv, 31).iter().map(|&v| u16::from_f32(v)).collect();
+    let kb: Vec<u16> = values(n_pos * kv, 30)
+        .iter()
+        .map(|v| u16::from_f32(2.0 * v))
+        .collect();
+    let vb: Vec<u16> = values(n_pos * kv, 31)
+        .iter()
+        .map(|&v| u16::from_f32(v))
+        .collect();
     let (ck, cv) = (dev.upload(&kb).unwrap(), dev.upload(&vb).unwrap());
     let q: Vec<f32> = values(nh * hd, 32).iter().map(|v| 4.0 * v).collect();
     let dq = dev.upload(&q).unwrap();
@@ -503,7 +509,12 @@ fn sink_attention(dev: &EmuBackend) {
         .map(|h| {
             let g = h / (nh / nkv);
             (first..n_pos)
-                .map(|t| (0..hd).map(|i| q[h * hd + i] as f64 * kf(t * kv + g * hd + i)).sum::<f64>() * scale)
+                .map(|t| {
+                    (0..hd)
+                        .map(|i| q[h * hd + i] as f64 * kf(t * kv + g * hd + i))
+                        .sum::<f64>()
+                        * scale
+                })
                 .fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)))
         })
         .collect();
@@ -514,10 +525,27 @@ fn sink_attention(dev: &EmuBackend) {
             .map(|&(lo, hi)| [lo - 20.0, hi - 0.1, hi + 12.0][at] as f32)
             .collect();
         let ds = dev.upload(&sinks).unwrap();
-        let want = attention_ref(&q, kf, vf, (nkv, hd), first, n_pos, scale, None, Some(&sinks));
+        let want = attention_ref(
+            &q,
+            kf,
+            vf,
+            (nkv, hd),
+            first,
+            n_pos,
+            scale,
+            None,
+            Some(&sinks),
+        );
         if at > 0 {
-            let moved = plain.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
-            assert!(moved > 1e-2, "a sink {place} the scores changes the output ({moved})");
+            let moved = plain
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
+            assert!(
+                moved > 1e-2,
+                "a sink {place} the scores changes the output ({moved})"
+            );
         }
         for parts in [0, 3] {
             let mut part = dev.zeros::<f32>(parts * nh * (hd + 2)).unwrap();

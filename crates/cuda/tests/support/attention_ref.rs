@@ -35,7 +35,8 @@ pub fn attention_ref(
             .collect();
         let sink = sinks.map(|v| v[h] as f64);
         let m = s.iter().cloned().chain(sink).fold(f64::MIN, f64::max);
-        let z: f64 = s.iter().map(|x| (x - m).exp()).sum::<f64>() + sink.map_or(0.0, |v| (v - m).exp());
+        let z: f64 =
+            s.iter().map(|x| (x - m).exp()).sum::<f64>() + sink.map_or(0.0, |v| (v - m).exp());
         for i in 0..hd {
             want[h * hd + i] = (first..n_pos)
                 .zip(&s)

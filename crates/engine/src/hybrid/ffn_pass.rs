@@ -314,7 +314,10 @@ impl<B: Backend> FfnPass<'_, B> {
         let act = gpu_act(kind);
         let quant = hot.layout.gate_dtype.is_quantized();
         let x = sc.xq.xb(dev, quant, site, &sc.xb)?;
-        let bias = f.expert_bias.as_ref().map_or([None, None], |[g, u]| [Some(g), Some(u)]);
+        let bias = f
+            .expert_bias
+            .as_ref()
+            .map_or([None, None], |[g, u]| [Some(g), Some(u)]);
         dev.hot_gate_up_biased(hot, x, Some(&sc.active), act, bias, &mut sc.hb)?;
         if let Some(t) = self.choices.threshold {
             // The routed experts' slots: the shared expert (all of it hot, the largest ids)

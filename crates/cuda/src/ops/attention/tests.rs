@@ -251,7 +251,10 @@ fn sinks_change_the_softmax_where_they_weigh() {
     // The reference with sinks near or above the scores differs from the one without: the
     // attention test above checks a term that matters.
     let (nh, nkv, hd, n_pos) = (4, 2, 32, 9);
-    let (k, v) = (pseudo_random(n_pos * nkv * hd, 3), pseudo_random(n_pos * nkv * hd, 4));
+    let (k, v) = (
+        pseudo_random(n_pos * nkv * hd, 3),
+        pseudo_random(n_pos * nkv * hd, 4),
+    );
     let q: Vec<f32> = pseudo_random(nh * hd, 5).iter().map(|x| 8.0 * x).collect();
     let (kf, vf) = (|i: usize| k[i] as f64, |i: usize| v[i] as f64);
     let scale = 1.0 / (hd as f64).sqrt();
@@ -260,7 +263,11 @@ fn sinks_change_the_softmax_where_they_weigh() {
     for (place, least) in [(Sink::Near, 0.05), (Sink::Above, 0.5)] {
         let s = sinks_at(place, &scores);
         let with = attention_ref(&q, kf, vf, (nkv, hd), 0, n_pos, scale, None, Some(&s));
-        let diff = plain.iter().zip(&with).map(|(a, b)| (a - b).abs()).fold(0.0, f64::max);
+        let diff = plain
+            .iter()
+            .zip(&with)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f64::max);
         let top = plain.iter().map(|a| a.abs()).fold(0.0, f64::max);
         assert!(diff > least * top, "{place:?}: {diff} of {top}");
     }

@@ -10,8 +10,8 @@ use powerinfer_core::Result;
 
 use crate::host::view::{prefix, prefix_mut, shape, Active, Neurons, Picks, Rows};
 use crate::layout::{xq_bytes, Act, FfnAct, XQ_BLOCK};
-use powerinfer_core::swiglu_oai;
 use crate::ops::elementwise::host::{apply_act, apply_ffn_act};
+use powerinfer_core::swiglu_oai;
 
 /// Largest |q| of quantized x (`XQ_MAX` in common.cuh).
 const XQ_MAX: f32 = 32639.0;

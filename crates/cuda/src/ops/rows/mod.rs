@@ -293,7 +293,15 @@ pub trait RowOps: Backend {
         gate_bias: Option<&Self::Buf<f32>>,
         h: &mut Self::Buf<f32>,
     ) -> Result<()> {
-        gate_up(self, ffn, x, Active::Flags(flags), act, [gate_bias, None], h)
+        gate_up(
+            self,
+            ffn,
+            x,
+            Active::Flags(flags),
+            act,
+            [gate_bias, None],
+            h,
+        )
     }
 
     /// [`RowOps::hot_gate_up`] of gpt-oss's experts: with `act.swiglu_limit` > 0, `h[r] =
@@ -323,7 +331,15 @@ pub trait RowOps: Backend {
         h: &mut Self::Buf<f32>,
     ) -> Result<()> {
         slots.check(ffn.layout.n_hot, "hot_gate_up")?;
-        gate_up(self, ffn, x, Active::Slots(slots), act, [gate_bias, None], h)
+        gate_up(
+            self,
+            ffn,
+            x,
+            Active::Slots(slots),
+            act,
+            [gate_bias, None],
+            h,
+        )
     }
 }
 

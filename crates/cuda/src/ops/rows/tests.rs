@@ -208,7 +208,12 @@ fn gate_up_with_the_clamped_swiglu_adds_both_biases() {
             })
             .collect();
         assert!(clamped > 0, "{dtype}: no value past the clamp");
-        assert_close(&download(&be, &h), &want, TOL, &format!("{dtype} swiglu_oai"));
+        assert_close(
+            &download(&be, &h),
+            &want,
+            TOL,
+            &format!("{dtype} swiglu_oai"),
+        );
     }
 }
 
