@@ -158,3 +158,37 @@ def test_the_gpu_attention_takes_the_sinks(tmp_path_factory, tmp_path):
         a, b = hyb.prefill([t]), eng_off.prefill([t])
         worst = max(worst, float(np.abs(a - b).max() / max(1.0, np.abs(b).max())))
     assert worst > 10 * TOL, worst
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    """A fresh prepared-files cache (test_autofit.py's)."""
+    monkeypatch.setenv("POWERINFER_RS_CACHE", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def test_vram_budget_auto_prepares_and_runs_the_hybrid(cache):
+    """``--vram-budget auto``'s stages on gpt-oss (calibrated thresholds, the profile at its
+    flattened width, the plan with its sinks and expert biases): the prepared plan runs on
+    gpu-sim with the GPU allocations the plan's, and the command's text is that engine's."""
+    from test_autofit import fast_gpu, generate, prepared_dirs
+
+    from powerinfer_rs.formats.plan import load_plan
+    from powerinfer_rs.formats.profile import read_profile
+    from powerinfer_rs.runtime import autofit
+
+    model = write_gptoss_gguf(cache / "gptoss.gguf", chat_template=TEMPLATE)
+    hw = ["--vram-budget", "2MiB", "--device", "gpu-sim", "--hardware", fast_gpu(cache)]
+    code, out, err = generate("--model", str(model), *hw)
+    assert code == 0, err
+    (d,) = prepared_dirs(cache)
+    assert autofit.read_prepared(d).sparsity == "threshold"
+    c = load_model(model).config
+    assert read_profile(d / "profile").layer_neurons == [c.n_expert * c.expert_ffn_dim] * 2
+    plan = load_plan(d / "plan.safetensors")
+    assert plan.gpu_bytes > 0
+    opts = autofit.read_prepared(d).engine_options()
+    eng = Engine.from_pretrained(str(model), threads=2, device="gpu-sim", **opts)
+    assert eng.gpu_info()["allocations"] == eng.plan.allocations
+    assert any(n.endswith("attn_sinks") for n, _ in eng.gpu_info()["allocations"])
+    assert out == eng.generate("the cat sat", max_new_tokens=8, temperature=0) + "\n"
