@@ -1,5 +1,5 @@
-"""What the MoE families off the flat path (gpt-oss's biased experts and sinks: the neuron
-store, the plan; DeepSeek's latent attention: all of these) must refuse, typed: one attempt per
+"""What the MoE families off the flat path (gpt-oss's biased experts: the neuron store;
+DeepSeek's latent attention: all of these) must refuse, typed: one attempt per
 name, for the tests' ``pytest.raises(UnsupportedError)``."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ router's bias and top-k of its logits weighted by the softmax over the k, biased
 the clamped SwiGLU, YaRN. Against the float64 reference (tests/reference.py: the sinks, the
 clamped SwiGLU ``swiglu_oai``, the routing), batched and one token at a time, and against
 llama.cpp itself (llama-cpp-python) on the same files; what the model does not run (the neuron
-store, the GPU plan) is refused with a typed error."""
+store) is refused with a typed error."""
 
 from __future__ import annotations
 
@@ -177,11 +177,11 @@ def test_snapshot_resumes_with_sinks_and_window_bit_for_bit(files):
     assert rel(rb, reference_logits(m, ids)[30:]) <= REF_RTOL
 
 
-@pytest.mark.parametrize("what", ["neuron store", "plan"])
+@pytest.mark.parametrize("what", ["neuron store"])
 def test_what_it_does_not_run_is_a_typed_error(files, tmp_path, what):
-    """The neuron store holds plain rows without the experts' biases, and the GPU plan is
-    refused: both typed; the model still runs dense. (The sparse modes and profiling run:
-    tests/test_gptoss_sparse.py.)"""
+    """The neuron store holds plain rows without the experts' biases: refused, typed; the
+    model still runs dense. (The sparse modes and profiling run: tests/test_gptoss_sparse.py;
+    the GPU plan and the hybrid: tests/test_gptoss_hybrid.py.)"""
     m = load_model(files())
     eng = Engine(m, threads=2)
     with pytest.raises(UnsupportedError, match="gpt-oss"):

@@ -6,7 +6,9 @@ biases and the clamped SwiGLU on the GPU, and the CPU adds every routed expert's
 its cold part. On gpu-sim (each kernel's contract) and gpu-emu (the CUDA kernels' source run on
 the CPU: no GPU here), in dense and threshold mode, against the CPU engine in the same mode:
 logits within the hybrid tolerance, greedy tokens equal, over a context past the window; the
-GPU allocations those of the plan and of the planner's accounting, name for name."""
+GPU allocations those of the plan and of the planner's accounting, name for name. MXFP4
+experts upload as Q8_0 exactly; their transposed down rows are a Q8_0 copy (dense mode's
+tolerance below)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,11 @@ from powerinfer_rs.testing.synth_gptoss import write_gptoss_gguf
 
 #: The hybrid's tolerance (test_hybrid.py's TOL): f16 KV caches on both sides, other sums.
 TOL = 1e-3
+#: Dense mode with MXFP4 experts: the GPU's hot down rows (and the CPU engine's sparse ones) are
+#: the transposed experts re-encoded in Q8_0, where the CPU engine's dense decode reads the
+#: file's MXFP4 rows: 7.7e-3 of the largest logit with every expert on the GPU, the same as the
+#: CPU engine's own threshold mode at t = 0 (which reads that copy) against its dense decode.
+TOL_MXFP4_DENSE = 1e-2
 #: A prompt past the 16-position window, then decode steps on the GPU.
 PROMPT = [int(t) for t in np.random.default_rng(4).integers(3, 300, 20)]
 STEPS = 6
@@ -105,8 +112,15 @@ def test_the_hybrid_matches_the_cpu_engine(tmp_path_factory, tmp_path, experts, 
     want, want_toks = greedy(cpu, PROMPT, STEPS)
     got, got_toks = greedy(hyb, PROMPT, STEPS)
     what = f"gpt-oss {experts} {mode} {device} {place}"
+    tol = TOL_MXFP4_DENSE if (experts and mode == "dense") else TOL
     for i, (g, w) in enumerate(zip(got, want)):
-        assert_close(g, w, TOL, f"{what} step {i}")
+        assert_close(g, w, tol, f"{what} step {i}")
+    if experts and mode == "dense" and place == "all":
+        # ... and within TOL of the CPU engine reading that same copy (t = 0: the dense function).
+        zero = Engine(m, threads=2, sparsity="threshold", thresholds=[0.0] * c.n_layers)
+        same, _ = greedy(zero, PROMPT, STEPS)
+        for i, (g, w) in enumerate(zip(got, same)):
+            assert_close(g, w, TOL, f"{what} step {i} against the transposed rows")
     assert got_toks == want_toks
     info = hyb.gpu_info()
     assert info["steps"] >= STEPS and sum(t[2] + t[3] for t in info["transfers"]) > 0
@@ -144,3 +158,37 @@ def test_the_gpu_attention_takes_the_sinks(tmp_path_factory, tmp_path):
         a, b = hyb.prefill([t]), eng_off.prefill([t])
         worst = max(worst, float(np.abs(a - b).max() / max(1.0, np.abs(b).max())))
     assert worst > 10 * TOL, worst
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    """A fresh prepared-files cache (test_autofit.py's)."""
+    monkeypatch.setenv("POWERINFER_RS_CACHE", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def test_vram_budget_auto_prepares_and_runs_the_hybrid(cache):
+    """``--vram-budget auto``'s stages on gpt-oss (calibrated thresholds, the profile at its
+    flattened width, the plan with its sinks and expert biases): the prepared plan runs on
+    gpu-sim with the GPU allocations the plan's, and the command's text is that engine's."""
+    from test_autofit import fast_gpu, generate, prepared_dirs
+
+    from powerinfer_rs.formats.plan import load_plan
+    from powerinfer_rs.formats.profile import read_profile
+    from powerinfer_rs.runtime import autofit
+
+    model = write_gptoss_gguf(cache / "gptoss.gguf", chat_template=TEMPLATE)
+    hw = ["--vram-budget", "2MiB", "--device", "gpu-sim", "--hardware", fast_gpu(cache)]
+    code, out, err = generate("--model", str(model), *hw)
+    assert code == 0, err
+    (d,) = prepared_dirs(cache)
+    assert autofit.read_prepared(d).sparsity == "threshold"
+    c = load_model(model).config
+    assert read_profile(d / "profile").layer_neurons == [c.n_expert * c.expert_ffn_dim] * 2
+    plan = load_plan(d / "plan.safetensors")
+    assert plan.gpu_bytes > 0
+    opts = autofit.read_prepared(d).engine_options()
+    eng = Engine.from_pretrained(str(model), threads=2, device="gpu-sim", **opts)
+    assert eng.gpu_info()["allocations"] == eng.plan.allocations
+    assert any(n.endswith("attn_sinks") for n, _ in eng.gpu_info()["allocations"])
+    assert out == eng.generate("the cat sat", max_new_tokens=8, temperature=0) + "\n"

@@ -112,6 +112,7 @@ def test_profile_counts_and_the_profile_file(path, tmp_path):
     |h| >= t, as the float64 reference routes and activates them; the profile stage writes
     gpt-oss's flattened width per layer (and reads it back)."""
     from powerinfer_rs.formats.profile import read_profile
+    from powerinfer_rs.formats.thresholds import ThresholdFile, save_thresholds
     from powerinfer_rs.stages import profile as stage
 
     m = load_model(path)
@@ -139,8 +140,13 @@ def test_profile_counts_and_the_profile_file(path, tmp_path):
     out, text = tmp_path / "prof", tmp_path / "text.txt"
     words = "the river ran past old stone mills where bakers sold warm bread at dawn".split()
     text.write_text(" ".join(np.random.default_rng(9).choice(words, 300)), encoding="utf-8")
+    tf = save_thresholds(
+        tmp_path / "t.json",
+        ThresholdFile(thresholds=t, model_fingerprint=m.fingerprint, activation="silu"),
+    )
     argv = ["--model", str(path), "--corpus", str(text), "--out", str(out), "--tokens", "64"]
-    assert stage.main([*argv, "--quiet", "--samples"]) == 0
+    assert stage.main([*argv, "--thresholds", str(tf), "--quiet", "--samples"]) == 0
     prof = read_profile(out)
     assert prof.layer_neurons == [c.n_expert * ef] * c.n_layers
+    assert 0 < sum(int(x.sum()) for x in prof.counts) < int(np.sum(prof.expert_counts)) * ef
     assert (np.asarray(prof.expert_counts).sum(axis=1) == prof.tokens * c.n_expert_used).all()

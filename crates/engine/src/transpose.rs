@@ -37,12 +37,14 @@ pub fn transposed_dtype(w: impl Into<MatrixShape>) -> DType {
 /// no encoder here (a lattice search under an importance matrix): Q8_0 as well.
 ///
 /// The low-bit formats take Q8_0 too: Q1_0's and Q2_0's one scale per 128 or 64 weights as the
-/// ternary ones; NVFP4 re-encoded would round every weight a second time to E2M1 (a further
-/// error of its own size), where Q8_0 rounds it to 1/254 of its block's largest at most.
+/// ternary ones; NVFP4 and MXFP4 re-encoded would round every weight a second time to E2M1 (a
+/// further error of its own size: gpt-oss's MXFP4 experts decoded through an MXFP4 down_t
+/// were 2.7e-2 of the largest logit from their dense decode on the synthetic file), where Q8_0
+/// rounds it to 1/254 of its block's largest at most.
 pub const fn transposed_format(dtype: DType) -> DType {
     match dtype {
         DType::TQ1_0 | DType::TQ2_0 => DType::Q8_0,
-        DType::NVFP4 | DType::Q1_0 | DType::Q2_0 => DType::Q8_0,
+        DType::NVFP4 | DType::MXFP4 | DType::Q1_0 | DType::Q2_0 => DType::Q8_0,
         DType::IQ2_XXS | DType::IQ2_XS | DType::IQ2_S => DType::Q8_0,
         // No encoder of ours (`DType::has_encoder`); Q8_0 holds the gathered scales too.
         DType::IQ3_XXS | DType::IQ3_S | DType::IQ1_S | DType::IQ1_M => DType::Q8_0,

@@ -34,12 +34,14 @@ K_FALLBACK = {
 
 #: The formats whose ``down_t`` is re-encoded in another format where its rows fit (the ternary,
 #: low-bit and lattice ones in Q8_0: one ternary, Q1_0 or Q2_0 scale cannot hold the source
-#: rows' scales a transposed block gathers, NVFP4 would round each weight twice, and the lattice
-#: i-quants have no encoder of ours; crates/engine/src/transpose.rs ``transposed_format``).
+#: rows' scales a transposed block gathers, NVFP4 and MXFP4 would round each weight twice, and
+#: the lattice i-quants have no encoder of ours; crates/engine/src/transpose.rs
+#: ``transposed_format``).
 TRANSPOSED_FORMAT = {
     "TQ1_0": "Q8_0",
     "TQ2_0": "Q8_0",
     "NVFP4": "Q8_0",
+    "MXFP4": "Q8_0",
     "Q1_0": "Q8_0",
     "Q2_0": "Q8_0",
     "IQ2_XXS": "Q8_0",

@@ -175,9 +175,9 @@ pub(crate) fn attention_decode<T: KvElem>(
 }
 
 /// `attention_merge`: for each head, the `n_chunks` partial states of `part` (see
-/// [`attention_decode`]) combined in chunk order: `out = Σ_c acc_c e^(m_c − M) / (e^(sink − M)
-/// + Σ_c l_c e^(m_c − M))`, M the largest of the m_c and the head's sink (`sinks`; none: no
-/// such term), the sums in f64.
+/// [`attention_decode`]) combined in chunk order: `out = Σ_c acc_c e^(m_c − M) /
+/// (e^(sink − M) + Σ_c l_c e^(m_c − M))`, M the largest of the m_c and the head's sink
+/// (`sinks`; none: no such term), the sums in f64.
 pub(crate) fn attention_merge(
     part: &[f32],
     n_chunks: usize,
