@@ -105,9 +105,9 @@ fn main() {
                     true => w8
                         .iter()
                         .for_each(|w| powerinfer_cpu::matvec(w, &x, &mut y).unwrap()),
-                    false => i8.iter().for_each(|w| {
-                        powerinfer_cpu::matvec_interleaved(w, &x, &mut y).unwrap()
-                    }),
+                    false => i8
+                        .iter()
+                        .for_each(|w| powerinfer_cpu::matvec_interleaved(w, &x, &mut y).unwrap()),
                 }
                 *b = b.min(t.elapsed().as_secs_f64());
                 *c = c.min((cpu_ns() - c0) * 1e-9);

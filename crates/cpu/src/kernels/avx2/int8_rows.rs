@@ -76,8 +76,7 @@ macro_rules! int8_kernel {
                 return out;
             }
             // Each token as `F` reads it (its quants in the decoder's order).
-            let xv: [X8View; T] =
-                std::array::from_fn(|t| xs[t.min(xs.len() - 1)].view(F::ORDER));
+            let xv: [X8View; T] = std::array::from_fn(|t| xs[t.min(xs.len() - 1)].view(F::ORDER));
             // Two accumulators per (row, token): even and odd blocks.
             let mut acc = [[[_mm256_setzero_ps(); 2]; R]; T];
             let mut rows = [Rows::UNSET; R];

@@ -240,7 +240,10 @@ unsafe fn nvfp4_biased(p: *const u8, k: usize) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn nvfp4_half_scales(p: *const u8, k: usize) -> __m256 {
-    const _: () = assert!(matches!(XOrder::Nibbles.lane_halves(), [0, 0, 1, 1, 0, 0, 1, 1]));
+    const _: () = assert!(matches!(
+        XOrder::Nibbles.lane_halves(),
+        [0, 0, 1, 1, 0, 0, 1, 1]
+    ));
     // SAFETY: the sub-block's two scale bytes lie in block k / 2's first 4; every byte indexes
     // the 256-entry table.
     unsafe {
