@@ -92,15 +92,60 @@ fn abs_signs(v: __m256i) -> (__m256i, __m256i) {
     (_mm256_abs_epi8(v), v)
 }
 
-/// IQ1_S's sub-block `s` for the fused int8-x kernel.
+/// The fused kernel's magnitudes and signs of four grid points: low index bytes `qs` (one per
+/// point), high bits `high` (bits 8..11 of each lane's index, garbage elsewhere) and the points'
+/// shifts `delta` (±1 bytes).
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn x8_points(qs: u32, high: __m128i, delta: __m256i) -> (__m256i, __m256i) {
+    let low = _mm_cvtepu8_epi32(_mm_cvtsi32_si128(qs as i32));
+    let idx = _mm_or_si128(low, _mm_and_si128(high, _mm_set1_epi32(0x700)));
+    // SAFETY: every index is 11 bits, below the grid's 2,048 points.
+    let g = unsafe { gather8(&IQ1S_GRID, idx) };
+    abs_signs(_mm256_add_epi8(
+        _mm256_sign_epi8(_mm256_set1_epi8(8), g),
+        delta,
+    ))
+}
+
+/// The four little-endian bytes at `p` as a u32.
+///
+/// # Safety
+/// 4 bytes readable at `p`.
+#[inline(always)]
+unsafe fn u32_at(p: *const u8) -> u32 {
+    // SAFETY: per the caller, unaligned.
+    u32::from_le(unsafe { (p as *const u32).read_unaligned() })
+}
+
+/// The two little-endian bytes at `p` as a u32.
+///
+/// # Safety
+/// 2 bytes readable at `p`.
+#[inline(always)]
+unsafe fn u16_at(p: *const u8) -> u32 {
+    // SAFETY: per the caller, unaligned.
+    u16::from_le(unsafe { (p as *const u16).read_unaligned() }) as u32
+}
+
+/// IQ1_S's sub-block `s` for the fused int8-x kernel (its indices and shift in vectors).
 ///
 /// # Safety
 /// As for [`iq1s_sub`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn iq1s_x8(p: *const u8, s: usize) -> (__m256i, __m256i) {
-    // SAFETY: forwarded from the caller.
-    abs_signs(unsafe { iq1s_sub(p, s) })
+    // SAFETY: the low index bytes at 2 + 4s and qh at 34 + 2s lie in the readable block.
+    unsafe {
+        let qh = u16_at(p.add(34 + 2 * s));
+        // Point l's high bits are bits 3l..3l + 3 of qh: at 8.. after qh << 8 >> 3l.
+        let high = _mm_srlv_epi32(_mm_set1_epi32((qh << 8) as i32), _mm_setr_epi32(0, 3, 6, 9));
+        let delta = if qh & 0x8000 != 0 { -1 } else { 1 };
+        x8_points(u32_at(p.add(2 + 4 * s)), high, _mm256_set1_epi8(delta))
+    }
 }
 
 /// IQ1_S's scales in the fused kernel's lanes.
@@ -116,15 +161,34 @@ unsafe fn iq1s_x8_scales(p: *const u8) -> [__m256; 2] {
     per32_lanes(unsafe { _mm256_loadu_ps(d.as_ptr()) })
 }
 
-/// IQ1_M's sub-block `s` for the fused int8-x kernel.
+/// IQ1_M's sub-block `s` for the fused int8-x kernel (its indices and shifts in vectors).
 ///
 /// # Safety
 /// As for [`iq1m_sub`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn iq1m_x8(p: *const u8, s: usize) -> (__m256i, __m256i) {
-    // SAFETY: forwarded from the caller.
-    abs_signs(unsafe { iq1m_sub(p, s) })
+    // SAFETY: the low index bytes at 4s and the four nibbles at 32 + 2s lie in the block.
+    unsafe {
+        let nib = u16_at(p.add(32 + 2 * s));
+        // Point l's nibble is bits 4l..4l + 4: its low three the index's bits 8..11, its top
+        // one the shift's sign.
+        let high = _mm_srlv_epi32(
+            _mm_set1_epi32((nib << 8) as i32),
+            _mm_setr_epi32(0, 4, 8, 12),
+        );
+        let top = _mm256_srlv_epi64(
+            _mm256_set1_epi64x(nib as i64),
+            _mm256_setr_epi64x(3, 7, 11, 15),
+        );
+        let one = _mm256_set1_epi64x(1);
+        let neg = _mm256_cmpeq_epi64(_mm256_and_si256(top, one), one);
+        x8_points(
+            u32_at(p.add(4 * s)),
+            high,
+            _mm256_or_si256(neg, _mm256_set1_epi8(1)),
+        )
+    }
 }
 
 /// IQ1_M's sixteen scales in the fused kernel's lanes.

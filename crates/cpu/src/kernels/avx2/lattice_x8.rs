@@ -209,8 +209,8 @@ mod tests {
     /// The int8-x products of these formats are the fused kernel's (no other decodes them).
     #[test]
     fn the_lattice_formats_take_the_fused_kernel() {
-        assert!(<iq3::IQ3XXS as Int8Format>::FUSED && <iq3::IQ3S as Int8Format>::FUSED);
-        assert!(<iq1::IQ1S as Int8Format>::FUSED && <iq1::IQ1M as Int8Format>::FUSED);
+        const { assert!(<iq3::IQ3XXS as Int8Format>::FUSED && <iq3::IQ3S as Int8Format>::FUSED) };
+        const { assert!(<iq1::IQ1S as Int8Format>::FUSED && <iq1::IQ1M as Int8Format>::FUSED) };
         assert!(FUSED.iter().all(|&d| crate::numerics::int8_always(d)));
     }
 
