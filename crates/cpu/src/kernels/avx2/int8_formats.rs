@@ -9,10 +9,12 @@
 //! [`super::int8::X8::neg8`], and the mins against x's d·Σq sums.
 
 use super::int8::{XOrder, X8};
-use super::int8_rows::TOKENS;
 use super::kquant::{KFormat, Q2K, Q3K, Q4K, Q5K, Q6K};
 use super::quant::{halves8, QuantFormat, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0};
 use std::arch::x86_64::*;
+
+/// Tokens one kernel call dots with its rows (callers with more split them).
+pub(crate) const TOKENS: usize = 8;
 
 /// Where a format's mins sit.
 #[derive(Clone, Copy, PartialEq, Eq)]

@@ -17,8 +17,7 @@ use super::reduce::hsum;
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
 
-/// Tokens one kernel call dots with its rows (callers with more split them).
-pub(crate) const TOKENS: usize = 8;
+pub(crate) use super::int8_formats::TOKENS;
 
 /// Hint the cache to fetch bytes `start..end` of each row at `next[i]`.
 #[inline(always)]
