@@ -19,15 +19,30 @@ pub const X8_SCALE_RUN: usize = 16;
 /// 16-value half-block; `None` when x holds a NaN or an infinity, or its length is not a
 /// multiple of 32.
 pub fn quantize_x8(x: &[f32]) -> Option<(Vec<i8>, Vec<f32>)> {
-    if !x.len().is_multiple_of(32) || x.iter().any(|v| !v.is_finite()) {
+    match x.len().is_multiple_of(32) {
+        true => quantize_runs(x, X8_SCALE_RUN),
+        false => None,
+    }
+}
+
+/// The values the int8 x stands for, d·q, in f32 (each product rounded once to f32);
+/// `None` as for [`quantize_x8`].
+pub fn x8_hat(x: &[f32]) -> Option<Vec<f32>> {
+    match x.len().is_multiple_of(32) {
+        true => hat_runs(x, X8_SCALE_RUN),
+        false => None,
+    }
+}
+
+/// x quantized to int8 with one scale per `run` values (the rule above; `x.len()` a multiple
+/// of `run`): `(q, d)`; `None` when x holds a NaN or an infinity or is not whole runs.
+pub(crate) fn quantize_runs(x: &[f32], run: usize) -> Option<(Vec<i8>, Vec<f32>)> {
+    if !x.len().is_multiple_of(run) || x.iter().any(|v| !v.is_finite()) {
         return None;
     }
     let mut q = vec![0i8; x.len()];
-    let mut d = Vec::with_capacity(x.len() / X8_SCALE_RUN);
-    for (xb, qb) in x
-        .chunks_exact(X8_SCALE_RUN)
-        .zip(q.chunks_exact_mut(X8_SCALE_RUN))
-    {
+    let mut d = Vec::with_capacity(x.len() / run);
+    for (xb, qb) in x.chunks_exact(run).zip(q.chunks_exact_mut(run)) {
         let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
         let inv = match X8_MAX / amax {
             inv if amax > 0.0 && inv.is_finite() => inv,
@@ -41,12 +56,11 @@ pub fn quantize_x8(x: &[f32]) -> Option<(Vec<i8>, Vec<f32>)> {
     Some((q, d))
 }
 
-/// The values the int8 x stands for, d·q, in f32 (each product rounded once to f32);
-/// `None` as for [`quantize_x8`].
-pub fn x8_hat(x: &[f32]) -> Option<Vec<f32>> {
-    let (q, d) = quantize_x8(x)?;
+/// d·q of [`quantize_runs`], in f32.
+pub(crate) fn hat_runs(x: &[f32], run: usize) -> Option<Vec<f32>> {
+    let (q, d) = quantize_runs(x, run)?;
     Some(
-        q.chunks_exact(X8_SCALE_RUN)
+        q.chunks_exact(run)
             .zip(&d)
             .flat_map(|(qb, &db)| qb.iter().map(move |&v| v as f32 * db))
             .collect(),

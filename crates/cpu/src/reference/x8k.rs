@@ -8,7 +8,7 @@
 //! run: the formats whose sub-block scales are small integers (the 2-bit lattice i-quants) take
 //! their whole 256-weight block as one integer dot against it, with one float step per block.
 
-use super::x8::X8_MAX;
+use super::x8::{hat_runs, quantize_runs};
 
 /// Values sharing one scale.
 pub const X8K_BLOCK: usize = 256;
@@ -16,35 +16,13 @@ pub const X8K_BLOCK: usize = 256;
 /// x quantized to int8 in blocks of 256: `(q, d)` with `q.len() == x.len()` and one `d` per
 /// block; `None` when x holds a NaN or an infinity, or its length is not a multiple of 256.
 pub fn quantize_x8k(x: &[f32]) -> Option<(Vec<i8>, Vec<f32>)> {
-    if !x.len().is_multiple_of(X8K_BLOCK) || x.iter().any(|v| !v.is_finite()) {
-        return None;
-    }
-    let mut q = vec![0i8; x.len()];
-    let mut d = Vec::with_capacity(x.len() / X8K_BLOCK);
-    for (xb, qb) in x.chunks_exact(X8K_BLOCK).zip(q.chunks_exact_mut(X8K_BLOCK)) {
-        let amax = xb.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-        let inv = match X8_MAX / amax {
-            inv if amax > 0.0 && inv.is_finite() => inv,
-            _ => 0.0,
-        };
-        for (o, &v) in qb.iter_mut().zip(xb) {
-            *o = (v * inv).round_ties_even() as i8;
-        }
-        d.push(amax / X8_MAX);
-    }
-    Some((q, d))
+    quantize_runs(x, X8K_BLOCK)
 }
 
 /// The values the int8 x stands for, d·q, in f32 (each product rounded once to f32);
 /// `None` as for [`quantize_x8k`].
 pub fn x8k_hat(x: &[f32]) -> Option<Vec<f32>> {
-    let (q, d) = quantize_x8k(x)?;
-    Some(
-        q.chunks_exact(X8K_BLOCK)
-            .zip(&d)
-            .flat_map(|(qb, &db)| qb.iter().map(move |&v| v as f32 * db))
-            .collect(),
-    )
+    hat_runs(x, X8K_BLOCK)
 }
 
 #[cfg(test)]
