@@ -179,30 +179,10 @@ impl Iq2Sub for IQ2S {
         });
         Sub {
             grid: points(g),
-            sign: spread_signs(signs),
+            sign: super::lattice::sign_bytes(signs),
             scale: half_scales(prep, k),
         }
     }
-}
-
-/// The sign multipliers of 32 weights from their four sign bytes (bit i % 8 of byte i / 8 for
-/// weight i): −1 where set, else 1.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn spread_signs(signs: u32) -> __m256i {
-    // Byte i takes sign byte i / 8, then keeps bit i % 8.
-    let spread = _mm256_shuffle_epi8(
-        _mm256_set1_epi32(signs as i32),
-        _mm256_setr_epi64x(
-            0,
-            0x0101_0101_0101_0101,
-            0x0202_0202_0202_0202,
-            0x0303_0303_0303_0303,
-        ),
-    );
-    let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-    let neg = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    _mm256_or_si256(neg, _mm256_set1_epi8(1))
 }
 
 /// The sub-block's scaled i32 sums against the 32 quants `x`: 2·ls + 1 times Σ grid·sign·x
