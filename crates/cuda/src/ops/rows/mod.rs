@@ -177,7 +177,7 @@ fn gate_up<B: Backend>(
     }
     let lim = act.swiglu_limit;
     ensure!(
-        lim.is_finite() && lim >= 0.0 && (lim == 0.0 || l.up.is_some()) && !act.up_act,
+        lim.is_finite() && lim >= 0.0 && (lim == 0.0 || (l.up.is_some() && !act.up_act)),
         Unsupported,
         "hot_gate_up: the clamped SwiGLU's limit {lim} (a non-negative number, over up rows, \
          without an activated up)"
